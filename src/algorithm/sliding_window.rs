@@ -1,0 +1,230 @@
+//! The exact sliding window: a sliding log kept in a bounded ring of timestamps.
+
+use super::too_big;
+use crate::clock::{nanos, Clock};
+use crate::decision::{Admission, Rejection};
+use crate::error::{ConfigError, TryAcquireError};
+use crate::sync::{AtomicU64, Ordering, Spin};
+use crossbeam_utils::CachePadded;
+use std::time::Duration;
+use strength_reduce::StrengthReducedU64;
+
+/// The largest limit the exact sliding window accepts: its ring costs 8 bytes per permit.
+pub(crate) const MAX_SLIDING_LIMIT: u32 = 1 << 24;
+
+/// Times are stored shifted left by one bit; later ones saturate (about 292 years after the epoch).
+const MAX_TIME: u64 = u64::MAX >> 1;
+
+/// A slot that no ticket has written yet: time 0 with lap parity 1 ("lap −1"), so lap 0 sees it as
+/// unpublished and lap 1 (which never reads it before lap 0 wrote it) cannot mistake it.
+const UNWRITTEN: u64 = 1;
+
+/// At most `limit` (N) admissions in any interval of length `window` (W), on the times it assigns.
+///
+/// Every admitted permit takes a ticket `k` from a counter and records its time in ring slot
+/// `k mod N`. Ticket k is admitted only if ticket k − N is at least W old. With times non-decreasing
+/// in ticket order (see the module docs), any N + 1 admissions include two tickets N apart, which are
+/// at least W apart: no interval of length W holds N + 1. There is no trimming thread: expiry is one
+/// comparison against the slot that ticket k would overwrite.
+///
+/// **Publication.** A writer claims tickets with a CAS on `head` and only then writes the slots, so
+/// a reader can arrive in between and find the slot still holding the previous lap's time. Each slot
+/// therefore carries the parity of its lap, as crossbeam's `ArrayQueue` carries a stamp:
+///
+/// | slot word | meaning for a reader expecting ticket j |
+/// |---|---|
+/// | `time << 1 \| (j / N) & 1` | ticket j is published at `time` |
+/// | `time << 1 \| ((j / N) + 1) & 1` | ticket j − N is still there: j's writer is between claim and publish (or the reader is stale) |
+///
+/// A reader that sees the wrong parity never decides on it: it snoozes and reloads `head`. No third
+/// state is possible: ticket j can only be claimed after j − N was published (its claimer checked
+/// it), so a slot is never two laps behind.
+///
+/// **Memory:** N words for the ring plus one cache line for the counters.
+pub(crate) struct SlidingWindow {
+    tickets: CachePadded<Tickets>,
+    slots: Box<[AtomicU64]>,
+    limit: u32,
+    window: u64,
+    per_lap: StrengthReducedU64,
+}
+
+struct Tickets {
+    /// Tickets handed out so far: the next admission takes ticket `head`.
+    head: AtomicU64,
+    /// A hint for `remaining`: every ticket below it had expired when it was stored. It shares the
+    /// cache line of `head`, which the admit path has just written anyway.
+    expired: AtomicU64,
+}
+
+impl SlidingWindow {
+    pub(crate) fn new(limit: u32, window: Duration) -> Result<Self, ConfigError> {
+        if limit == 0 {
+            return Err(ConfigError::Zero { what: "limit" });
+        }
+        if limit > MAX_SLIDING_LIMIT {
+            return Err(ConfigError::TooLarge {
+                what: "sliding window limit",
+                max: "16777216 (8 bytes of ring per permit; use the sliding counter for more)",
+            });
+        }
+        let window = nanos(window, "window")?;
+        if window == 0 {
+            return Err(ConfigError::Zero { what: "window" });
+        }
+        Ok(SlidingWindow {
+            tickets: CachePadded::new(Tickets {
+                head: AtomicU64::new(0),
+                expired: AtomicU64::new(0),
+            }),
+            slots: (0..limit).map(|_| AtomicU64::new(UNWRITTEN)).collect(),
+            limit,
+            window,
+            per_lap: StrengthReducedU64::new(u64::from(limit)),
+        })
+    }
+
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The slot of ticket `ticket` and the parity its lap writes.
+    #[inline]
+    fn slot(&self, ticket: u64) -> (&AtomicU64, u64) {
+        let (lap, index) = StrengthReducedU64::div_rem(ticket, self.per_lap);
+        (&self.slots[index as usize], lap & 1)
+    }
+
+    /// The time of ticket `ticket`, if its writer has published it.
+    #[inline]
+    fn published(&self, ticket: u64) -> Option<u64> {
+        let (slot, parity) = self.slot(ticket);
+        // Acquire: pairs with the Release store of the slot. Whoever claimed a later ticket read this
+        // slot with Acquire before its Release CAS on `head`, and we loaded `head` with Acquire, so
+        // the previous lap's write happens-before this load: we cannot see an older lap (two laps
+        // behind, with the right parity by accident).
+        let word = slot.load(Ordering::Acquire);
+        (word & 1 == parity).then_some(word >> 1)
+    }
+
+    #[inline]
+    fn expired(&self, ticket: u64, now: u64) -> bool {
+        matches!(self.published(ticket), Some(t) if t.saturating_add(self.window) <= now)
+    }
+
+    #[inline]
+    pub(crate) fn try_acquire<C: Clock>(
+        &self,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        if n > self.limit {
+            return Err(too_big(n, self.limit));
+        }
+        let want = u64::from(n.max(1));
+        let limit = u64::from(self.limit);
+        let spin = Spin::new();
+        // Acquire: pairs with the Release CAS of every earlier claim (a release sequence of RMWs):
+        // their clock reads and slot checks happen before our clock read and slot loads.
+        let mut head = self.tickets.head.load(Ordering::Acquire);
+        loop {
+            let now = clock.now().min(MAX_TIME);
+            let end = head + want;
+            if end > limit {
+                // The newest of the tickets that must have expired; times are monotonic in ticket
+                // order, so the older ones have too.
+                match self.published(end - 1 - limit) {
+                    Some(t) => {
+                        let free_at = t.saturating_add(self.window);
+                        if free_at > now {
+                            return Err(TryAcquireError::Rejected(Rejection::new(
+                                free_at - now,
+                                self.limit,
+                            )));
+                        }
+                    }
+                    None => {
+                        // Its writer is between claim and publish: never decide on a stale slot.
+                        spin.snooze();
+                        // Acquire: as above.
+                        head = self.tickets.head.load(Ordering::Acquire);
+                        continue;
+                    }
+                }
+            }
+            if n == 0 {
+                let reset = match head.checked_sub(1).and_then(|t| self.published(t)) {
+                    Some(t) => t.saturating_add(self.window).saturating_sub(now),
+                    None => 0,
+                };
+                return Ok(Admission::new(now, reset, self.remaining(head, now)));
+            }
+            // Release on success: publishes our clock reading and the slot check above to every
+            // later claimer. Acquire on failure: as for the first load.
+            match self.tickets.head.compare_exchange_weak(
+                head,
+                end,
+                Ordering::Release,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    for ticket in head..end {
+                        let (slot, parity) = self.slot(ticket);
+                        // Release: pairs with the Acquire in `published`.
+                        slot.store((now << 1) | parity, Ordering::Release);
+                    }
+                    return Ok(Admission::new(now, self.window, self.remaining(end, now)));
+                }
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Permits that tickets `end`, `end + 1`, … could take at `now`: N minus the tickets in
+    /// `[end − N, end)` that are still in the window. Finds the first live ticket by galloping from
+    /// the `expired` hint, so the cost is amortised O(1) per admission, O(log N) at worst.
+    ///
+    /// Unpublished tickets count as live; the result is exact when no admission is in flight.
+    fn remaining(&self, end: u64, now: u64) -> u32 {
+        let limit = u64::from(self.limit);
+        // Relaxed: a hint, any value it ever held is a valid lower bound.
+        let hint = self.tickets.expired.load(Ordering::Relaxed);
+        let mut low = hint.max(end.saturating_sub(limit));
+        if low >= end || !self.expired(low, now) {
+            return (limit - (end - low.min(end))) as u32;
+        }
+        // Invariant: `low` has expired; find `high`, the first live ticket (or `end`).
+        let mut step = 1;
+        let mut high = loop {
+            let probe = low + step;
+            if probe >= end {
+                break end;
+            }
+            if !self.expired(probe, now) {
+                break probe;
+            }
+            low = probe;
+            step *= 2;
+        };
+        while high - low > 1 {
+            let mid = low + (high - low) / 2;
+            if self.expired(mid, now) {
+                low = mid;
+            } else {
+                high = mid;
+            }
+        }
+        if high > hint {
+            // Relaxed: a hint (see the load).
+            self.tickets.expired.store(high, Ordering::Relaxed);
+        }
+        (limit - (end - high)) as u32
+    }
+
+    /// Permits available at `now` (a snapshot).
+    pub(crate) fn available(&self, now: u64) -> u32 {
+        // Acquire: as in try_acquire, so the slots we read are at least as new as `head`.
+        let head = self.tickets.head.load(Ordering::Acquire);
+        self.remaining(head, now)
+    }
+}

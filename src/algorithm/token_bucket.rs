@@ -1,0 +1,130 @@
+//! Token bucket as GCRA: one atomic word holding the theoretical arrival time.
+
+use super::too_big;
+use crate::clock::{nanos, Clock};
+use crate::decision::{Admission, Rejection};
+use crate::error::{ConfigError, TryAcquireError};
+use crate::sync::{AtomicU64, Ordering};
+use crate::Rate;
+
+/// The generic cell rate algorithm with emission interval `T` (time per permit) and a burst `b`.
+///
+/// The word holds the theoretical arrival time `tat` (nanoseconds since the clock's epoch). A request
+/// for n permits at `now` computes `next = max(tat, now) + n·T` and is admitted iff
+/// `next − now ≤ b·T`; the bucket is then `(b·T − (next − now)) / T` permits full.
+///
+/// | word holds | decision | new word |
+/// |---|---|---|
+/// | tat with max(tat, now) + n·T − now ≤ b·T | admit | max(tat, now) + n·T |
+/// | otherwise | reject, retry after (next − now) − b·T | unchanged |
+///
+/// `T` is the period divided by the permits, rounded *up* to a whole nanosecond, so the long-run
+/// rate is never above the configured one (and below it by less than one nanosecond per permit).
+pub(crate) struct TokenBucket {
+    tat: AtomicU64,
+    interval: u64,
+    capacity: u64,
+    burst: u32,
+}
+
+impl TokenBucket {
+    pub(crate) fn new(rate: Rate, burst: u32) -> Result<Self, ConfigError> {
+        if rate.permits == 0 {
+            return Err(ConfigError::Zero {
+                what: "rate permits",
+            });
+        }
+        let period = nanos(rate.period, "rate period")?;
+        if period == 0 {
+            return Err(ConfigError::Zero {
+                what: "rate period",
+            });
+        }
+        if burst == 0 {
+            return Err(ConfigError::Zero { what: "burst" });
+        }
+        let interval = period.div_ceil(u64::from(rate.permits));
+        // Keep b·T well inside u64 so that `tat`, which never exceeds now + b·T, cannot overflow
+        // for centuries.
+        let capacity = interval
+            .checked_mul(u64::from(burst))
+            .filter(|c| *c <= u64::MAX / 4)
+            .ok_or(ConfigError::TooLarge {
+                what: "burst × (period / permits)",
+                max: "about 146 years",
+            })?;
+        Ok(TokenBucket {
+            tat: AtomicU64::new(0),
+            interval,
+            capacity,
+            burst,
+        })
+    }
+
+    pub(crate) fn limit(&self) -> u32 {
+        self.burst
+    }
+
+    #[inline]
+    pub(crate) fn try_acquire<C: Clock>(
+        &self,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        if n > self.burst {
+            return Err(too_big(n, self.burst));
+        }
+        // Acquire: pairs with the Release of the CAS that stored this tat, so our clock read below
+        // is no earlier than the one that produced it.
+        let mut tat = self.tat.load(Ordering::Acquire);
+        loop {
+            let now = clock.now();
+            let start = tat.max(now);
+            let next = start.saturating_add(u64::from(n.max(1)) * self.interval);
+            let ahead = next - now;
+            if ahead > self.capacity {
+                return Err(TryAcquireError::Rejected(Rejection::new(
+                    ahead - self.capacity,
+                    self.burst,
+                )));
+            }
+            if n == 0 {
+                let full_in = start - now;
+                return Ok(Admission::with_fraction(
+                    now,
+                    full_in,
+                    self.burst,
+                    1,
+                    full_in,
+                    self.interval,
+                ));
+            }
+            // Release on success: publishes our clock reading with the new tat. Acquire on
+            // failure: as for the first load.
+            match self
+                .tat
+                .compare_exchange_weak(tat, next, Ordering::Release, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    return Ok(Admission::with_fraction(
+                        now,
+                        ahead,
+                        self.burst,
+                        1,
+                        ahead,
+                        self.interval,
+                    ))
+                }
+                Err(actual) => tat = actual,
+            }
+        }
+    }
+
+    /// Permits available at `now` (a snapshot).
+    pub(crate) fn available(&self, now: u64) -> u32 {
+        // Relaxed: a statistic; no decision depends on it.
+        let ahead = self.tat.load(Ordering::Relaxed).saturating_sub(now);
+        self.burst
+            .saturating_sub(ahead.div_ceil(self.interval).min(u64::from(u32::MAX)) as u32)
+    }
+}

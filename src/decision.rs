@@ -1,0 +1,147 @@
+//! What a limiter answers: an [`Admission`] or a [`Rejection`].
+//!
+//! Both are small `Copy` values. Quantities that need a division (the remaining permits of a token
+//! bucket or sliding counter, the durations) are kept as raw integers and computed when asked for, so
+//! the admit path does no division that a caller may never look at.
+
+use std::time::Duration;
+
+/// A successful acquisition: what an HTTP layer needs for its rate-limit headers.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, ManualClock, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// let limiter = RateLimiter::with_clock(
+///     Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) },
+///     clock.clone(),
+/// )?;
+/// clock.advance(Duration::from_millis(250));
+/// let ok = limiter.try_acquire_n(3)?;
+/// assert_eq!(ok.remaining(), 7);
+/// assert_eq!(ok.reset_after(), Duration::from_millis(750));
+/// assert_eq!(ok.at(), Duration::from_millis(250));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    at: u64,
+    reset_after: u64,
+    // remaining = base - ceil(mul * num / den), evaluated lazily in u128.
+    base: u32,
+    mul: u32,
+    num: u64,
+    den: u64,
+}
+
+impl Admission {
+    #[inline]
+    pub(crate) fn new(at: u64, reset_after: u64, remaining: u32) -> Self {
+        Admission {
+            at,
+            reset_after,
+            base: remaining,
+            mul: 0,
+            num: 0,
+            den: 1,
+        }
+    }
+
+    /// `remaining = base - ceil(mul * num / den)`, computed only when asked for.
+    #[inline]
+    pub(crate) fn with_fraction(
+        at: u64,
+        reset_after: u64,
+        base: u32,
+        mul: u32,
+        num: u64,
+        den: u64,
+    ) -> Self {
+        Admission {
+            at,
+            reset_after,
+            base,
+            mul,
+            num,
+            den,
+        }
+    }
+
+    /// Permits that could still be admitted right now, after this admission.
+    ///
+    /// Exact for a quiescent limiter; under concurrent use it is a snapshot taken at the admission.
+    pub fn remaining(&self) -> u32 {
+        let used = (self.mul as u128 * self.num as u128).div_ceil(self.den.max(1) as u128);
+        (self.base as u128).saturating_sub(used) as u32
+    }
+
+    /// Time until the limiter is back to its full capacity if nothing else is admitted: the end of
+    /// the window (fixed window), the expiry of this admission (sliding window), or the time the
+    /// bucket is full again (token bucket).
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_nanos(self.reset_after)
+    }
+
+    /// When the limiter admitted this call, as time since its clock's epoch.
+    ///
+    /// For the sliding window this is the timestamp stored in its log: the exactness contract ("at
+    /// most `limit` admissions in any interval of length `window`") holds on these values.
+    pub fn at(&self) -> Duration {
+        Duration::from_nanos(self.at)
+    }
+
+    /// [`at`](Self::at) in whole nanoseconds.
+    pub fn at_nanos(&self) -> u64 {
+        self.at
+    }
+}
+
+/// A rejection: when to try again, and the limit that was hit.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, ManualClock, Rate, RateLimiter};
+///
+/// let limiter = RateLimiter::with_clock(
+///     Algorithm::TokenBucket { rate: Rate::per_second(4), burst: 1 },
+///     ManualClock::new(),
+/// )?;
+/// limiter.try_acquire()?;
+/// let rejection = *limiter.try_acquire().unwrap_err().rejection().unwrap();
+/// assert_eq!(rejection.retry_after(), Duration::from_millis(250));
+/// assert_eq!(rejection.limit(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rejection {
+    retry_after: u64,
+    limit: u32,
+}
+
+impl Rejection {
+    #[inline]
+    pub(crate) fn new(retry_after: u64, limit: u32) -> Self {
+        Rejection { retry_after, limit }
+    }
+
+    /// The exact time until the requested permits could be admitted, if nothing else is admitted
+    /// meanwhile. Never rounded: an HTTP layer rounds up to whole seconds itself.
+    pub fn retry_after(&self) -> Duration {
+        Duration::from_nanos(self.retry_after)
+    }
+
+    /// [`retry_after`](Self::retry_after) in whole nanoseconds.
+    pub fn retry_after_nanos(&self) -> u64 {
+        self.retry_after
+    }
+
+    /// The limit that was hit: the window limit, or the burst of a token bucket.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+}
