@@ -120,7 +120,10 @@ impl fmt::Display for TryAcquireError {
                 r.limit(),
                 r.retry_after()
             ),
-            TryAcquireError::InsufficientCapacity { requested, capacity } => write!(
+            TryAcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            } => write!(
                 f,
                 "{requested} permits requested but at most {capacity} can ever be admitted at once"
             ),

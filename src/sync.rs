@@ -84,7 +84,10 @@ impl Counters {
             // Only this thread ever writes `mine`, so load + store loses no update; Relaxed because the
             // counters order nothing else.
             let slot = &mine[which];
-            slot.store(slot.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+            slot.store(
+                slot.load(Ordering::Relaxed).wrapping_add(1),
+                Ordering::Relaxed,
+            );
         }
         #[cfg(turnstile_loom)]
         self.shared[which].fetch_add(1, Ordering::Relaxed);
