@@ -49,3 +49,8 @@ pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, UpkeepClock};
 pub use decision::{Admission, Rejection};
 pub use error::{ConfigError, TryAcquireError};
 pub use limiter::{Algorithm, Rate, RateLimiter, Stats};
+
+/// The README's examples, compiled and run as doc tests so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -96,6 +96,12 @@ impl FixedWindow {
         }
     }
 
+    /// Every atomic word, for tests that check a rejection wrote nothing.
+    #[cfg(test)]
+    pub(crate) fn words(&self) -> Vec<u64> {
+        vec![self.state.load(Ordering::Relaxed)]
+    }
+
     /// Permits available at `now` (a snapshot).
     pub(crate) fn available(&self, now: u64) -> u32 {
         // Relaxed: a statistic; no decision depends on it.

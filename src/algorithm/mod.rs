@@ -46,3 +46,55 @@ pub(crate) fn too_big(requested: u32, capacity: u32) -> TryAcquireError {
         capacity,
     }
 }
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::Rate;
+    use std::time::Duration;
+
+    /// Drives an algorithm to exhaustion at several points in time, then checks that a burst of
+    /// rejections (single, multi-permit and probes) leaves every atomic word as it was.
+    fn rejections_write_nothing<A>(
+        state: A,
+        try_acquire: impl Fn(&A, u32, &ManualClock) -> Result<crate::Admission, TryAcquireError>,
+        words: impl Fn(&A) -> Vec<u64>,
+    ) {
+        let clock = ManualClock::new();
+        for step in 0..20 {
+            clock.advance(Duration::from_millis(37 * step));
+            while try_acquire(&state, 1, &clock).is_ok() {}
+            let before = words(&state);
+            for n in [1, 2, 0, 1] {
+                assert!(try_acquire(&state, n, &clock).is_err());
+            }
+            assert_eq!(words(&state), before, "a rejection wrote shared memory");
+        }
+    }
+
+    #[test]
+    fn rejections_write_no_shared_memory() {
+        let window = Duration::from_millis(100);
+        rejections_write_nothing(
+            FixedWindow::new(5, window).unwrap(),
+            |s, n, c| s.try_acquire(n, c),
+            FixedWindow::words,
+        );
+        rejections_write_nothing(
+            SlidingWindow::new(5, window).unwrap(),
+            |s, n, c| s.try_acquire(n, c),
+            SlidingWindow::words,
+        );
+        rejections_write_nothing(
+            SlidingCounter::new(5, window).unwrap(),
+            |s, n, c| s.try_acquire(n, c),
+            SlidingCounter::words,
+        );
+        rejections_write_nothing(
+            TokenBucket::new(Rate::new(5, window), 5).unwrap(),
+            |s, n, c| s.try_acquire(n, c),
+            TokenBucket::words,
+        );
+    }
+}

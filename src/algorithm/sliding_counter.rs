@@ -199,6 +199,15 @@ impl SlidingCounter {
         }
     }
 
+    /// Every atomic word, for tests that check a rejection wrote nothing.
+    #[cfg(test)]
+    pub(crate) fn words(&self) -> Vec<u64> {
+        vec![
+            self.current.load(Ordering::Relaxed),
+            self.previous.load(Ordering::Relaxed),
+        ]
+    }
+
     /// Permits available at `now` (a snapshot).
     pub(crate) fn available(&self, now: u64) -> u32 {
         let (window, elapsed) = StrengthReducedU64::div_rem(now, self.per_window);

@@ -221,6 +221,17 @@ impl SlidingWindow {
         (limit - (end - high)) as u32
     }
 
+    /// Every atomic word, for tests that check a rejection wrote nothing.
+    #[cfg(test)]
+    pub(crate) fn words(&self) -> Vec<u64> {
+        let mut words = vec![
+            self.tickets.head.load(Ordering::Relaxed),
+            self.tickets.expired.load(Ordering::Relaxed),
+        ];
+        words.extend(self.slots.iter().map(|s| s.load(Ordering::Relaxed)));
+        words
+    }
+
     /// Permits available at `now` (a snapshot).
     pub(crate) fn available(&self, now: u64) -> u32 {
         // Acquire: as in try_acquire, so the slots we read are at least as new as `head`.

@@ -120,6 +120,12 @@ impl TokenBucket {
         }
     }
 
+    /// Every atomic word, for tests that check a rejection wrote nothing.
+    #[cfg(test)]
+    pub(crate) fn words(&self) -> Vec<u64> {
+        vec![self.tat.load(Ordering::Relaxed)]
+    }
+
     /// Permits available at `now` (a snapshot).
     pub(crate) fn available(&self, now: u64) -> u32 {
         // Relaxed: a statistic; no decision depends on it.
