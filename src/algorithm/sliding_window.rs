@@ -37,8 +37,11 @@ const UNWRITTEN: u64 = 1;
 /// | `time << 1 \| ((j / N) + 1) & 1` | ticket j − N is still there: j's writer is between claim and publish (or the reader is stale) |
 ///
 /// A reader that sees the wrong parity never decides on it: it snoozes and reloads `head`. No third
-/// state is possible: ticket j can only be claimed after j − N was published (its claimer checked
-/// it), so a slot is never two laps behind.
+/// state is possible: a claim of tickets `[head, end)` first checks that *every* slot it will
+/// overwrite (tickets `[head − N, end − N)`) holds its own ticket's write, so ticket j is only ever
+/// claimed after j − N was published and a slot is never two laps behind. (Checking only the newest
+/// of them is not enough for multi-permit claims: a preempted writer of an older ticket could then
+/// store its time over the next lap. The loom model `multi_ticket_claim_*` found this.)
 ///
 /// **Memory:** N words for the ring plus one cache line for the counters.
 pub(crate) struct SlidingWindow {
@@ -131,9 +134,10 @@ impl SlidingWindow {
             let now = clock.now().min(MAX_TIME);
             let end = head + want;
             if end > limit {
-                // The newest of the tickets that must have expired; times are monotonic in ticket
-                // order, so the older ones have too.
-                match self.published(end - 1 - limit) {
+                // The newest of the tickets whose slots we would overwrite must have expired; times
+                // are non-decreasing in ticket order, so the older ones have too.
+                let newest = end - 1 - limit;
+                let published = match self.published(newest) {
                     Some(t) => {
                         let free_at = t.saturating_add(self.window);
                         if free_at > now {
@@ -142,14 +146,19 @@ impl SlidingWindow {
                                 self.limit,
                             )));
                         }
+                        // Every slot we overwrite must hold its own ticket's write, not only the
+                        // newest: a writer of an older one that is still between claim and publish
+                        // would otherwise store its time over our lap later.
+                        (head.saturating_sub(limit)..newest).all(|t| self.published(t).is_some())
                     }
-                    None => {
-                        // Its writer is between claim and publish: never decide on a stale slot.
-                        spin.snooze();
-                        // Acquire: as above.
-                        head = self.tickets.head.load(Ordering::Acquire);
-                        continue;
-                    }
+                    None => false,
+                };
+                if !published {
+                    // A writer is between claim and publish: never decide on a stale slot.
+                    spin.snooze();
+                    // Acquire: as above.
+                    head = self.tickets.head.load(Ordering::Acquire);
+                    continue;
                 }
             }
             if n == 0 {
