@@ -1,8 +1,7 @@
 //! What a limiter answers: an [`Admission`] or a [`Rejection`].
 //!
-//! Both are small `Copy` values. Quantities that need a division (the remaining permits of a token
-//! bucket or sliding counter, the durations) are kept as raw integers and computed when asked for, so
-//! the admit path does no division that a caller may never look at.
+//! Both are small `Copy` values (24 and 16 bytes) of raw integers; durations are converted when asked
+//! for. Keeping them small matters: the whole `Result` is returned on every call.
 
 use std::time::Duration;
 
@@ -30,43 +29,16 @@ use std::time::Duration;
 pub struct Admission {
     at: u64,
     reset_after: u64,
-    // remaining = base - ceil(mul * num / den), evaluated lazily in u128.
-    base: u32,
-    mul: u32,
-    num: u64,
-    den: u64,
+    remaining: u32,
 }
 
 impl Admission {
-    #[inline]
+    #[inline(always)]
     pub(crate) fn new(at: u64, reset_after: u64, remaining: u32) -> Self {
         Admission {
             at,
             reset_after,
-            base: remaining,
-            mul: 0,
-            num: 0,
-            den: 1,
-        }
-    }
-
-    /// `remaining = base - ceil(mul * num / den)`, computed only when asked for.
-    #[inline]
-    pub(crate) fn with_fraction(
-        at: u64,
-        reset_after: u64,
-        base: u32,
-        mul: u32,
-        num: u64,
-        den: u64,
-    ) -> Self {
-        Admission {
-            at,
-            reset_after,
-            base,
-            mul,
-            num,
-            den,
+            remaining,
         }
     }
 
@@ -74,8 +46,7 @@ impl Admission {
     ///
     /// Exact for a quiescent limiter; under concurrent use it is a snapshot taken at the admission.
     pub fn remaining(&self) -> u32 {
-        let used = (self.mul as u128 * self.num as u128).div_ceil(self.den.max(1) as u128);
-        (self.base as u128).saturating_sub(used) as u32
+        self.remaining
     }
 
     /// Time until the limiter is back to its full capacity if nothing else is admitted: the end of

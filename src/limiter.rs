@@ -130,7 +130,9 @@ impl State {
         })
     }
 
-    #[inline]
+    // Always inlined: the caller knows the clock type, and an out-of-line call returns the whole
+    // `Result` through memory, which costs more than the decision (see BENCHMARKS.md).
+    #[inline(always)]
     pub(crate) fn try_acquire<C: Clock>(
         &self,
         n: u32,
@@ -396,7 +398,7 @@ impl<C: Clock> RateLimiter<C> {
     /// assert!(limiter.try_acquire().is_err());
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire(&self) -> Result<Admission, TryAcquireError> {
         self.try_acquire_n(1)
     }
@@ -424,7 +426,7 @@ impl<C: Clock> RateLimiter<C> {
     /// assert!(matches!(limiter.try_acquire_n(6), Err(TryAcquireError::InsufficientCapacity { .. })));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire_n(&self, n: u32) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
         let decision = inner.state.try_acquire(n, &inner.clock);

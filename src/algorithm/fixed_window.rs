@@ -5,6 +5,7 @@ use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering};
+use crossbeam_utils::CachePadded;
 use std::time::Duration;
 use strength_reduce::StrengthReducedU64;
 
@@ -22,7 +23,8 @@ use strength_reduce::StrengthReducedU64;
 /// "v ≠ w" always means an *older* window: the word is loaded before the clock is read, and the clock
 /// is monotonic, so no thread can see a window id newer than its own `now`.
 pub(crate) struct FixedWindow {
-    state: AtomicU64,
+    /// Alone on its cache line: the parameters below are read by every call, the word is written.
+    state: CachePadded<AtomicU64>,
     limit: u32,
     window: u64,
     per_window: StrengthReducedU64,
@@ -38,7 +40,7 @@ impl FixedWindow {
             return Err(ConfigError::Zero { what: "window" });
         }
         Ok(FixedWindow {
-            state: AtomicU64::new(pack(0, 0)),
+            state: CachePadded::new(AtomicU64::new(pack(0, 0))),
             limit,
             window,
             per_window: StrengthReducedU64::new(window),
@@ -49,7 +51,7 @@ impl FixedWindow {
         self.limit
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_acquire<C: Clock>(
         &self,
         n: u32,

@@ -5,6 +5,7 @@ use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering};
+use crossbeam_utils::CachePadded;
 use std::time::Duration;
 use strength_reduce::StrengthReducedU64;
 
@@ -33,11 +34,16 @@ use strength_reduce::StrengthReducedU64;
 /// Rolling over stores `previous` *before* the CAS that moves `current` to the new window, so a
 /// thread that loads the new `current` (Acquire) finds the final count of the window before it.
 pub(crate) struct SlidingCounter {
-    current: AtomicU64,
-    previous: AtomicU64,
+    /// Both words on one cache line of their own, apart from the read-only parameters below.
+    words: CachePadded<Words>,
     limit: u32,
     window: u64,
     per_window: StrengthReducedU64,
+}
+
+struct Words {
+    current: AtomicU64,
+    previous: AtomicU64,
 }
 
 /// Is the (id, count) word `a` later than `b`? Ids compare by wrapping distance.
@@ -46,6 +52,15 @@ fn later(a: u64, b: u64) -> bool {
     let ((aid, ac), (bid, bc)) = (unpack(a), unpack(b));
     let distance = aid.wrapping_sub(bid) as i32;
     distance > 0 || (distance == 0 && ac > bc)
+}
+
+/// `a / b` (b > 0), in 64 bits when both fit: a u128 division is a library call several times slower.
+#[inline]
+fn div(a: u128, b: u128) -> u128 {
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a / b),
+        _ => a / b,
+    }
 }
 
 impl SlidingCounter {
@@ -58,8 +73,10 @@ impl SlidingCounter {
             return Err(ConfigError::Zero { what: "window" });
         }
         Ok(SlidingCounter {
-            current: AtomicU64::new(pack(0, 0)),
-            previous: AtomicU64::new(pack(u32::MAX, 0)),
+            words: CachePadded::new(Words {
+                current: AtomicU64::new(pack(0, 0)),
+                previous: AtomicU64::new(pack(u32::MAX, 0)),
+            }),
             limit,
             window,
             per_window: StrengthReducedU64::new(window),
@@ -78,7 +95,7 @@ impl SlidingCounter {
             // Relaxed is enough: the Acquire load of `current` that produced `word` synchronised
             // with the CAS that rolled into window `id`, and that CAS came after the store of
             // `previous`, so coherence guarantees we read that store or a later one.
-            let (pid, pcount) = unpack(self.previous.load(Ordering::Relaxed));
+            let (pid, pcount) = unpack(self.words.previous.load(Ordering::Relaxed));
             let prev = if pid == id.wrapping_sub(1) { pcount } else { 0 };
             (prev, count)
         } else if wid == id.wrapping_sub(1) {
@@ -96,6 +113,10 @@ impl SlidingCounter {
     }
 
     /// Exact time until n permits fit, given the counts now and no further admissions.
+    ///
+    /// Out of line and cold: only rejections need it, and its divisions would crowd the admit path.
+    #[cold]
+    #[inline(never)]
     fn retry_after(&self, prev: u32, cur: u32, n: u32, elapsed: u64) -> u64 {
         let w = u128::from(self.window);
         let (prev, cur, n, limit) = (
@@ -106,20 +127,22 @@ impl SlidingCounter {
         );
         if cur + n <= limit && prev > 0 {
             // Later in this window: need prev·(W − e') ≤ (limit − cur − n)·W.
-            let first = w - ((limit - cur - n) * w / prev).min(w);
+            let first = w - div((limit - cur - n) * w, prev).min(w);
             if first < w {
                 return (first as u64).saturating_sub(elapsed);
             }
         }
         // In the next window this window's count becomes prev and cur starts at 0; `first == W`
         // means the window after that (where prev is 0).
-        let first = ((limit - n) * w)
-            .checked_div(cur)
-            .map_or(0, |room| w - room.min(w));
+        let first = if cur == 0 {
+            0
+        } else {
+            w - div((limit - n) * w, cur).min(w)
+        };
         (self.window - elapsed) + first as u64
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_acquire<C: Clock>(
         &self,
         n: u32,
@@ -130,7 +153,7 @@ impl SlidingCounter {
         }
         // Acquire: pairs with the Release CAS that wrote this word: our clock read below is no
         // earlier than the writer's, and the roll-over store of `previous` is visible (see counts).
-        let mut word = self.current.load(Ordering::Acquire);
+        let mut word = self.words.current.load(Ordering::Acquire);
         loop {
             let now = clock.now();
             let (window, elapsed) = StrengthReducedU64::div_rem(now, self.per_window);
@@ -150,13 +173,10 @@ impl SlidingCounter {
                 } else {
                     0
                 };
-                Admission::with_fraction(
+                Admission::new(
                     now,
                     reset,
-                    self.limit - cur - taken,
-                    prev,
-                    self.window - elapsed,
-                    self.window,
+                    self.limit - cur - taken - self.weighted(prev, elapsed),
                 )
             };
             if n == 0 {
@@ -169,7 +189,7 @@ impl SlidingCounter {
             // Release on success: orders the `previous` store above (and our clock read) before
             // the new word for every thread that loads it with Acquire. Acquire on failure: as for
             // the first load.
-            match self.current.compare_exchange_weak(
+            match self.words.current.compare_exchange_weak(
                 word,
                 pack(id, cur + n),
                 Ordering::Release,
@@ -185,9 +205,9 @@ impl SlidingCounter {
     /// same window): a fetch_max under wrapping window ids.
     fn publish_previous(&self, word: u64) {
         // Relaxed throughout: `previous` is published by the Release CAS on `current` that follows.
-        let mut seen = self.previous.load(Ordering::Relaxed);
+        let mut seen = self.words.previous.load(Ordering::Relaxed);
         while later(word, seen) {
-            match self.previous.compare_exchange_weak(
+            match self.words.previous.compare_exchange_weak(
                 seen,
                 word,
                 Ordering::Relaxed,
@@ -203,18 +223,34 @@ impl SlidingCounter {
     #[cfg(test)]
     pub(crate) fn words(&self) -> Vec<u64> {
         vec![
-            self.current.load(Ordering::Relaxed),
-            self.previous.load(Ordering::Relaxed),
+            self.words.current.load(Ordering::Relaxed),
+            self.words.previous.load(Ordering::Relaxed),
         ]
+    }
+
+    /// ⌈prev · (W − e) / W⌉: the previous window's share of the estimate, in whole permits.
+    #[inline(always)]
+    fn weighted(&self, prev: u32, elapsed: u64) -> u32 {
+        if prev == 0 {
+            return 0;
+        }
+        let product = u128::from(prev) * u128::from(self.window - elapsed);
+        // The share never exceeds prev, so it fits in u32; the division is strength-reduced when
+        // the product fits in 64 bits (windows under ~4 s always, longer ones at small counts).
+        let share = match u64::try_from(product + u128::from(self.window) - 1) {
+            Ok(p) => u128::from(p / self.per_window),
+            Err(_) => product.div_ceil(u128::from(self.window)),
+        };
+        share as u32
     }
 
     /// Permits available at `now` (a snapshot).
     pub(crate) fn available(&self, now: u64) -> u32 {
         let (window, elapsed) = StrengthReducedU64::div_rem(now, self.per_window);
         // Acquire: as in try_acquire, so that `previous` is current for this word.
-        let (prev, cur) = self.counts(self.current.load(Ordering::Acquire), window as u32);
-        let weighted = (u128::from(prev) * u128::from(self.window - elapsed))
-            .div_ceil(u128::from(self.window));
-        (u128::from(self.limit).saturating_sub(u128::from(cur) + weighted)) as u32
+        let (prev, cur) = self.counts(self.words.current.load(Ordering::Acquire), window as u32);
+        self.limit
+            .saturating_sub(cur)
+            .saturating_sub(self.weighted(prev, elapsed))
     }
 }

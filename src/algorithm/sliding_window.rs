@@ -115,7 +115,7 @@ impl SlidingWindow {
         matches!(self.published(ticket), Some(t) if t.saturating_add(self.window) <= now)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_acquire<C: Clock>(
         &self,
         n: u32,
@@ -194,14 +194,24 @@ impl SlidingWindow {
     /// the `expired` hint, so the cost is amortised O(1) per admission, O(log N) at worst.
     ///
     /// Unpublished tickets count as live; the result is exact when no admission is in flight.
+    #[inline]
     fn remaining(&self, end: u64, now: u64) -> u32 {
         let limit = u64::from(self.limit);
         // Relaxed: a hint, any value it ever held is a valid lower bound.
         let hint = self.tickets.expired.load(Ordering::Relaxed);
-        let mut low = hint.max(end.saturating_sub(limit));
+        let low = hint.max(end.saturating_sub(limit));
         if low >= end || !self.expired(low, now) {
             return (limit - (end - low.min(end))) as u32;
         }
+        self.remaining_gallop(end, now, hint, low)
+    }
+
+    /// The slow part of [`remaining`](Self::remaining): `low` has expired, find the first live
+    /// ticket after it.
+    #[cold]
+    #[inline(never)]
+    fn remaining_gallop(&self, end: u64, now: u64, hint: u64, mut low: u64) -> u32 {
+        let limit = u64::from(self.limit);
         // Invariant: `low` has expired; find `high`, the first live ticket (or `end`).
         let mut step = 1;
         let mut high = loop {

@@ -6,6 +6,8 @@ use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering};
 use crate::Rate;
+use crossbeam_utils::CachePadded;
+use strength_reduce::StrengthReducedU64;
 
 /// The generic cell rate algorithm with emission interval `T` (time per permit) and a burst `b`.
 ///
@@ -21,8 +23,11 @@ use crate::Rate;
 /// `T` is the period divided by the permits, rounded *up* to a whole nanosecond, so the long-run
 /// rate is never above the configured one (and below it by less than one nanosecond per permit).
 pub(crate) struct TokenBucket {
-    tat: AtomicU64,
+    /// Alone on its cache line: the parameters below are read by every call, the word is written.
+    tat: CachePadded<AtomicU64>,
     interval: u64,
+    /// `interval` strength-reduced: `remaining` divides by it on every admission.
+    per_permit: StrengthReducedU64,
     capacity: u64,
     burst: u32,
 }
@@ -54,8 +59,9 @@ impl TokenBucket {
                 max: "about 146 years",
             })?;
         Ok(TokenBucket {
-            tat: AtomicU64::new(0),
+            tat: CachePadded::new(AtomicU64::new(0)),
             interval,
+            per_permit: StrengthReducedU64::new(interval),
             capacity,
             burst,
         })
@@ -65,7 +71,7 @@ impl TokenBucket {
         self.burst
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_acquire<C: Clock>(
         &self,
         n: u32,
@@ -90,14 +96,7 @@ impl TokenBucket {
             }
             if n == 0 {
                 let full_in = start - now;
-                return Ok(Admission::with_fraction(
-                    now,
-                    full_in,
-                    self.burst,
-                    1,
-                    full_in,
-                    self.interval,
-                ));
+                return Ok(Admission::new(now, full_in, self.remaining(full_in)));
             }
             // Release on success: publishes our clock reading with the new tat. Acquire on
             // failure: as for the first load.
@@ -105,16 +104,7 @@ impl TokenBucket {
                 .tat
                 .compare_exchange_weak(tat, next, Ordering::Release, Ordering::Acquire)
             {
-                Ok(_) => {
-                    return Ok(Admission::with_fraction(
-                        now,
-                        ahead,
-                        self.burst,
-                        1,
-                        ahead,
-                        self.interval,
-                    ))
-                }
+                Ok(_) => return Ok(Admission::new(now, ahead, self.remaining(ahead))),
                 Err(actual) => tat = actual,
             }
         }
@@ -126,11 +116,19 @@ impl TokenBucket {
         vec![self.tat.load(Ordering::Relaxed)]
     }
 
+    /// Whole permits left when the bucket's arrival time is `ahead` of now: burst − ⌈ahead / T⌉.
+    #[inline(always)]
+    fn remaining(&self, ahead: u64) -> u32 {
+        // ahead ≤ capacity ≤ u64::MAX / 4 on every caller's path, so the addition cannot overflow.
+        let used =
+            (ahead.saturating_add(self.interval - 1) / self.per_permit).min(u64::from(u32::MAX));
+        self.burst.saturating_sub(used as u32)
+    }
+
     /// Permits available at `now` (a snapshot).
     pub(crate) fn available(&self, now: u64) -> u32 {
         // Relaxed: a statistic; no decision depends on it.
         let ahead = self.tat.load(Ordering::Relaxed).saturating_sub(now);
-        self.burst
-            .saturating_sub(ahead.div_ceil(self.interval).min(u64::from(u32::MAX)) as u32)
+        self.remaining(ahead)
     }
 }
