@@ -1,10 +1,11 @@
 //! Loom model of the sliding window counter (`src/algorithm/sliding_counter.rs`).
 //!
-//! Protocol: `current` packs (window id, count); `previous` holds (id, final count) of the last
-//! window rolled over. A caller loads `current` (Acquire), then reads the clock; to roll into a new
-//! window it first raises `previous` (a Relaxed fetch_max under wrapping ids), *then* CASes `current`
-//! (Release) to (new id, n), so a reader that loads the new `current` finds the previous window's
-//! final count. Admission rule at elapsed `e` into the window:
+//! Protocol: `current` packs (window id, count); `previous[id & 1]` holds (id, final count) of
+//! window `id` once rolled over. A caller loads `current` (Acquire), then reads the clock; to roll
+//! into a new window it first publishes into the slot of the old window's parity (load the slot
+//! with Acquire, check `current` still holds its word, CAS the slot with Release), *then* CASes
+//! `current` (Release) to (new id, n), so a reader that loads the new `current` finds the previous
+//! window's final count. Admission rule at elapsed `e` into the window:
 //! `prev·(W − e) + (cur + n)·W ≤ limit·W`.
 //!
 //! The models race 2-3 threads on limits 2 and 3 over a `ManualClock`, with a thread that moves the
@@ -244,5 +245,31 @@ fn two_rollovers() {
             ],
         );
         check(&l, 2, &log);
+    });
+}
+
+/// Limit 2, window 1 already rolled over with prev = 2 and cur = 1 at e = 5, where the estimate is
+/// exactly the limit. One thread acquires at t = 15 (must be rejected: 2·5 + 2·10 > 20); another
+/// moves the clock into window 2 and acquires, rolling over and publishing window 1's count.
+///
+/// A single `previous` word fails this model: the roll-over into window 2 publishes (1, 1) before
+/// its CAS, the window-1 caller then reads `previous`, finds id 1 instead of 0, takes prev = 0 and
+/// admits with the estimate already at the limit. Two slots chosen by window parity keep window 0's
+/// count readable until `current` has left window 1 (after which no window-1 CAS can succeed).
+#[test]
+fn rollover_publish_does_not_hide_prev_from_old_window() {
+    model(|| {
+        let l = limiter(2);
+        let log = race(
+            &l,
+            &[
+                Op::Acquire(2),
+                Op::Advance(WINDOW + WINDOW / 2),
+                Op::Acquire(1),
+            ],
+            &[&[Op::Acquire(1)], &[Op::Advance(WINDOW), Op::Acquire(1)]],
+        );
+        let per_window = check(&l, 2, &log);
+        assert_eq!(per_window.get(&0), Some(&2));
     });
 }

@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | fixed window | ≤ limit per aligned window; up to 2 × limit across a boundary | 8 bytes | a full window's worth at each boundary |
 //! | sliding window (exact log) | ≤ limit in *every* interval of length window | 8 bytes × limit | up to limit at once, then paced by expiry |
-//! | sliding counter | approximate: < 2 × limit in any window-long interval | 16 bytes | smoothed |
+//! | sliding counter | approximate: < 2 × limit in any window-long interval | 24 bytes | smoothed |
 //! | token bucket (GCRA) | ≤ burst + rate × t in any interval of length t | 8 bytes | up to burst, refilled continuously |
 //!
 //! ```

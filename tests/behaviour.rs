@@ -190,7 +190,7 @@ fn sliding_counter_weights_the_previous_window() {
 
 #[test]
 fn sliding_counter_memory_is_independent_of_the_limit() {
-    // 1,000,000 per minute and 10 per second are the same two words; both accept large limits.
+    // 1,000,000 per minute and 10 per second are the same three words; both accept large limits.
     let (big, clock) = limiter(Algorithm::SlidingCounter {
         limit: 1_000_000,
         window: Duration::from_secs(60),

@@ -20,19 +20,29 @@ use strength_reduce::StrengthReducedU64;
 /// most `limit + prev · x / W < 2·limit` admissions; the worst case needs the previous window's
 /// admissions bunched at its very end. Use the exact sliding window when that matters.
 ///
-/// **Memory:** two words whatever the limit: 1,000,000 per minute costs what 10 per second costs.
+/// **Memory:** three words whatever the limit: 1,000,000 per minute costs what 10 per second costs.
 ///
-/// State: `current` = (window id, count) as in [`pack`]; `previous` = (id, count) of the last window
-/// that was rolled over, so readers can find `prev` once `current` has moved on.
+/// State: `current` = (window id, count) as in [`pack`]; `previous[id & 1]` = (id, final count) of
+/// window `id`, written when `current` rolls over from `id` to `id + 1`, so readers in window
+/// `id + 1` can find `prev` once `current` has moved on.
 ///
 /// | `current` holds (now in window w) | prev used | cur used | admit writes |
 /// |---|---|---|---|
-/// | (w, c) | `previous`.count if its id is w − 1, else 0 | c | `current` = (w, c + n) |
-/// | (w − 1, c) | c | 0 | `previous` ≥ (w − 1, c), then `current` = (w, n) |
+/// | (w, c) | `previous[(w − 1) & 1]`.count if its id is w − 1, else 0 | c | `current` = (w, c + n) |
+/// | (w − 1, c) | c | 0 | `previous[(w − 1) & 1]` = (w − 1, c), then `current` = (w, n) |
 /// | older | 0 | 0 | `current` = (w, n) |
 ///
 /// Rolling over stores `previous` *before* the CAS that moves `current` to the new window, so a
 /// thread that loads the new `current` (Acquire) finds the final count of the window before it.
+///
+/// **Why two `previous` slots.** The roll-over from `w` to `w + 1` publishes `(w, c)` before its CAS,
+/// and that CAS can lose to a caller still deciding in window `w` (its clock read came first). With
+/// one slot that caller would read `(w, c)` where it expects `(w − 1, _)`, take prev = 0, and admit
+/// over the estimate (the stress audit and the loom model
+/// `rollover_publish_does_not_hide_prev_from_old_window` both caught this). With a slot per parity the
+/// roll-over into `w + 1` writes the slot window `w` callers do not read; the next writer of their
+/// slot rolls into `w + 2`, which needs `current` to have reached `w + 1` already, and from then on
+/// no CAS expecting a window-`w` word can succeed.
 pub(crate) struct SlidingCounter {
     /// Both words on one cache line of their own, apart from the read-only parameters below.
     words: CachePadded<Words>,
@@ -43,15 +53,8 @@ pub(crate) struct SlidingCounter {
 
 struct Words {
     current: AtomicU64,
-    previous: AtomicU64,
-}
-
-/// Is the (id, count) word `a` later than `b`? Ids compare by wrapping distance.
-#[inline]
-fn later(a: u64, b: u64) -> bool {
-    let ((aid, ac), (bid, bc)) = (unpack(a), unpack(b));
-    let distance = aid.wrapping_sub(bid) as i32;
-    distance > 0 || (distance == 0 && ac > bc)
+    /// `previous[id & 1]` holds (id, final count) of window `id` once it has been rolled over.
+    previous: [AtomicU64; 2],
 }
 
 /// `a / b` (b > 0), in 64 bits when both fit: a u128 division is a library call several times slower.
@@ -75,7 +78,11 @@ impl SlidingCounter {
         Ok(SlidingCounter {
             words: CachePadded::new(Words {
                 current: AtomicU64::new(pack(0, 0)),
-                previous: AtomicU64::new(pack(u32::MAX, 0)),
+                // (u32::MAX, 0): "window −1 admitted nothing", in the slot window 0 reads.
+                previous: [
+                    AtomicU64::new(pack(u32::MAX, 0)),
+                    AtomicU64::new(pack(u32::MAX, 0)),
+                ],
             }),
             limit,
             window,
@@ -94,8 +101,11 @@ impl SlidingCounter {
         if wid == id {
             // Relaxed is enough: the Acquire load of `current` that produced `word` synchronised
             // with the CAS that rolled into window `id`, and that CAS came after the store of
-            // `previous`, so coherence guarantees we read that store or a later one.
-            let (pid, pcount) = unpack(self.words.previous.load(Ordering::Relaxed));
+            // `previous`, so coherence guarantees we read that store or a later one. A later one can
+            // only be window id + 1's (publishes are validated against `current`), which means
+            // `current` has left window `id` and our CAS on `word` will fail anyway.
+            let slot = &self.words.previous[(id.wrapping_sub(1) & 1) as usize];
+            let (pid, pcount) = unpack(slot.load(Ordering::Relaxed));
             let prev = if pid == id.wrapping_sub(1) { pcount } else { 0 };
             (prev, count)
         } else if wid == id.wrapping_sub(1) {
@@ -201,18 +211,31 @@ impl SlidingCounter {
         }
     }
 
-    /// Raises `previous` to `word` unless it already holds a later window (or a larger count for the
-    /// same window): a fetch_max under wrapping window ids.
+    /// Publishes `word` = (id, final count) into `previous[id & 1]` before the roll-over CAS out of
+    /// window `id`, unless `current` has already moved past `word` (then the caller's CAS fails too
+    /// and it retries with the new word).
+    ///
+    /// The publish is validated rather than ordered: load the slot (Acquire), check that `current`
+    /// still holds `word`, then CAS the slot from what was loaded. A publisher whose word is stale
+    /// either sees the newer publish (and through its Acquire, the newer `current`, so the check
+    /// fails) or loaded the slot before it (so its CAS fails and it looks again). So a stale word
+    /// never overwrites a newer one, and ids are only ever compared for equality: no wrapping-distance
+    /// judgement that a slot left idle for 2^31 windows could fool.
+    #[cold]
     fn publish_previous(&self, word: u64) {
-        // Relaxed throughout: `previous` is published by the Release CAS on `current` that follows.
-        let mut seen = self.words.previous.load(Ordering::Relaxed);
-        while later(word, seen) {
-            match self.words.previous.compare_exchange_weak(
-                seen,
-                word,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
+        let slot = &self.words.previous[(unpack(word).0 & 1) as usize];
+        // Acquire: pairs with the Release CAS of the publisher of `seen`, whose check of `current`
+        // then happens before ours: if it saw a later word, so do we.
+        let mut seen = slot.load(Ordering::Acquire);
+        loop {
+            // Acquire: we need the newest `current` the publisher of `seen` saw, or a later one.
+            // (Relaxed would do for the comparison alone; Acquire is what carries the argument.)
+            if seen == word || self.words.current.load(Ordering::Acquire) != word {
+                return;
+            }
+            // Release on success: the next publisher that loads our value must also see the
+            // `current` we checked. Acquire on failure: as for the first load.
+            match slot.compare_exchange_weak(seen, word, Ordering::Release, Ordering::Acquire) {
                 Ok(_) => return,
                 Err(actual) => seen = actual,
             }
@@ -220,11 +243,12 @@ impl SlidingCounter {
     }
 
     /// Every atomic word, for tests that check a rejection wrote nothing.
-    #[cfg(test)]
+    #[cfg(all(test, not(turnstile_loom)))]
     pub(crate) fn words(&self) -> Vec<u64> {
         vec![
             self.words.current.load(Ordering::Relaxed),
-            self.words.previous.load(Ordering::Relaxed),
+            self.words.previous[0].load(Ordering::Relaxed),
+            self.words.previous[1].load(Ordering::Relaxed),
         ]
     }
 
