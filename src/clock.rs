@@ -315,3 +315,58 @@ impl Clock for ManualClock {
         self.nanos.load(Ordering::Relaxed)
     }
 }
+
+/// tokio's clock (`tokio::time::Instant`): follows tokio's paused and auto-advanced time in tests.
+///
+/// Give a limiter this clock when its `acquire().await` runs under `#[tokio::test(start_paused =
+/// true)]` or `tokio::time::pause()`: waiting heads sleep on tokio's timer, and with this clock the
+/// limiter reads the same time the timer advances. Outside paused time it reads `Instant::now`, at
+/// the same cost as [`MonotonicClock`]. Must be created inside a tokio runtime when time is paused
+/// (its epoch is tokio's "now").
+///
+/// - **Resolution:** 1 ns (the OS clock); paused time moves in the steps tokio takes.
+/// - **Monotonic:** yes (tokio's `Instant` never goes back).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Clock, TokioClock};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let clock = TokioClock::new();
+/// tokio::time::sleep(Duration::from_secs(3)).await; // paused time: returns at once
+/// assert_eq!(clock.now(), 3_000_000_000);
+/// # }
+/// ```
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    epoch: tokio::time::Instant,
+}
+
+#[cfg(feature = "tokio")]
+impl TokioClock {
+    /// A clock whose epoch is tokio's now.
+    pub fn new() -> Self {
+        TokioClock {
+            epoch: tokio::time::Instant::now(),
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Clock for TokioClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        saturating_nanos(self.epoch.elapsed())
+    }
+}

@@ -83,6 +83,8 @@ pub enum TryAcquireError {
         /// The most permits one call can ever get (the limit, or the burst of a token bucket).
         capacity: u32,
     },
+    /// The limiter was [closed](crate::RateLimiter::close).
+    Closed,
 }
 
 impl TryAcquireError {
@@ -106,7 +108,7 @@ impl TryAcquireError {
     pub fn rejection(&self) -> Option<&Rejection> {
         match self {
             TryAcquireError::Rejected(r) => Some(r),
-            TryAcquireError::InsufficientCapacity { .. } => None,
+            TryAcquireError::InsufficientCapacity { .. } | TryAcquireError::Closed => None,
         }
     }
 }
@@ -127,8 +129,136 @@ impl fmt::Display for TryAcquireError {
                 f,
                 "{requested} permits requested but at most {capacity} can ever be admitted at once"
             ),
+            TryAcquireError::Closed => f.write_str("the limiter is closed"),
         }
     }
 }
 
 impl std::error::Error for TryAcquireError {}
+
+/// Why an `acquire` (async or blocking) did not get its permits.
+///
+/// Waiting never ends in a rate rejection: a waiter stays queued until its permits are admitted, or
+/// one of these happens.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::{AcquireError, ConcurrencyLimiter};
+///
+/// let limiter = ConcurrencyLimiter::new(2)?;
+/// assert_eq!(
+///     limiter.acquire_blocking_n(3).unwrap_err(),
+///     AcquireError::InsufficientCapacity { requested: 3, capacity: 2 }
+/// );
+/// limiter.close();
+/// assert_eq!(limiter.acquire_blocking().unwrap_err(), AcquireError::Closed);
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// `requested` permits can never be admitted at once; returned immediately, nothing queued.
+    InsufficientCapacity {
+        /// Permits asked for.
+        requested: u32,
+        /// The most permits one call can ever get.
+        capacity: u32,
+    },
+    /// The queue could not take the waiter: it was full when the waiter arrived (oldest-first
+    /// order), or the waiter was among the oldest failed to make room for newer ones (newest-first
+    /// order).
+    QueueFull {
+        /// Permits asked for.
+        requested: u32,
+        /// The queue's limit, in permits.
+        queue_limit: u64,
+    },
+    /// The limiter was closed before the permits were admitted.
+    Closed,
+    /// The deadline passed first; nothing was consumed.
+    Timeout,
+}
+
+impl fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            } => write!(
+                f,
+                "{requested} permits requested but at most {capacity} can ever be admitted at once"
+            ),
+            AcquireError::QueueFull {
+                requested,
+                queue_limit,
+            } => write!(
+                f,
+                "the wait queue has no room for {requested} more permits (its limit is {queue_limit})"
+            ),
+            AcquireError::Closed => f.write_str("the limiter is closed"),
+            AcquireError::Timeout => f.write_str("timed out waiting for permits"),
+        }
+    }
+}
+
+impl std::error::Error for AcquireError {}
+
+/// Why a [`ConcurrencyLimiter::try_acquire`](crate::ConcurrencyLimiter::try_acquire) did not get
+/// its permits.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::{ConcurrencyLimiter, TryPermitError};
+///
+/// let limiter = ConcurrencyLimiter::new(1)?;
+/// let _held = limiter.try_acquire().unwrap();
+/// assert!(matches!(limiter.try_acquire(), Err(TryPermitError::NoPermits { available: 0, .. })));
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TryPermitError {
+    /// Not enough permits free now (or, oldest-first, others are already waiting for them).
+    NoPermits {
+        /// Permits free at the time of the call (a snapshot).
+        available: u32,
+        /// Permits asked for.
+        requested: u32,
+    },
+    /// `requested` exceeds the limit and can never be admitted.
+    InsufficientCapacity {
+        /// Permits asked for.
+        requested: u32,
+        /// The limit.
+        capacity: u32,
+    },
+    /// The limiter was closed.
+    Closed,
+}
+
+impl fmt::Display for TryPermitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TryPermitError::NoPermits {
+                available,
+                requested,
+            } => write!(
+                f,
+                "{requested} permits requested, {available} free (or others are queued first)"
+            ),
+            TryPermitError::InsufficientCapacity {
+                requested,
+                capacity,
+            } => write!(
+                f,
+                "{requested} permits requested but at most {capacity} can ever be held at once"
+            ),
+            TryPermitError::Closed => f.write_str("the limiter is closed"),
+        }
+    }
+}
+
+impl std::error::Error for TryPermitError {}

@@ -40,15 +40,21 @@
 
 mod algorithm;
 mod clock;
+mod concurrency;
 mod decision;
 mod error;
 mod limiter;
+mod queue;
 mod sync;
 
+#[cfg(feature = "tokio")]
+pub use clock::TokioClock;
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, UpkeepClock};
+pub use concurrency::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, OwnedPermit, Permit};
 pub use decision::{Admission, Rejection};
-pub use error::{ConfigError, TryAcquireError};
-pub use limiter::{Algorithm, Rate, RateLimiter, Stats};
+pub use error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
+pub use limiter::{Algorithm, Rate, RateLimiter, RateLimiterBuilder, Stats};
+pub use queue::{QueueOrder, DEFAULT_QUEUE_LIMIT};
 
 /// The README's examples, compiled and run as doc tests so that they cannot rot.
 #[cfg(doctest)]

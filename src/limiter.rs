@@ -2,9 +2,11 @@
 
 use crate::algorithm::{FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::{Clock, DefaultClock};
-use crate::decision::Admission;
-use crate::error::{ConfigError, TryAcquireError};
-use crate::sync::{Arc, Counters, ADMITTED, REJECTED};
+use crate::decision::{Admission, Rejection};
+use crate::error::{AcquireError, ConfigError, TryAcquireError};
+use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, CLOSED, DEFAULT_QUEUE_LIMIT, WAITERS};
+use crate::sync::{Arc, AtomicU64, Counters, Ordering, ADMITTED, CANCELLED, REJECTED};
+use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::time::Duration;
 
@@ -167,6 +169,9 @@ impl State {
 
 /// Counts kept by a limiter.
 ///
+/// Every call ends in exactly one of `admitted`, `rejected` or `cancelled`, so once no call is in
+/// flight `admitted + rejected + cancelled` is the number of calls.
+///
 /// # Examples
 ///
 /// ```
@@ -186,13 +191,20 @@ impl State {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Successful `try_acquire` calls (probes with n = 0 included).
+    /// Calls that got their permits (`try_acquire` and `acquire` alike; probes with n = 0
+    /// included).
     pub admitted: u64,
-    /// Failed `try_acquire` calls: rejections and requests that can never fit.
+    /// Calls that failed: rejections, requests that can never fit, a full queue, a closed limiter.
     pub rejected: u64,
+    /// Waits given up: `acquire` futures dropped while queued, and timeouts.
+    pub cancelled: u64,
     /// Permits that could be admitted right now. A snapshot: approximate while other threads are
-    /// acquiring.
+    /// acquiring. For a concurrency limiter, the permits not held.
     pub available: u32,
+    /// Waiters queued now.
+    pub waiting: usize,
+    /// Permits the queued waiters ask for.
+    pub queued_permits: u64,
 }
 
 /// A rate limiter: one of the four [`Algorithm`]s over one [`Clock`].
@@ -220,9 +232,104 @@ pub struct RateLimiter<C: Clock = DefaultClock> {
 
 struct Inner<C> {
     state: State,
+    /// [`WAITERS`] and [`CLOSED`]; zero on the fast path. Read by every `try_acquire`, written only
+    /// when the queue turns empty or non-empty and on close, so it sits on a line of its own.
+    gate: CachePadded<AtomicU64>,
     algorithm: Algorithm,
     clock: C,
     counters: Counters,
+    queue: WaitQueue,
+}
+
+impl<C: Clock> Inner<C> {
+    /// `try_acquire` when the gate is not clear: closed, or others are queued.
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_gated(&self, n: u32) -> Result<Admission, TryAcquireError> {
+        // Relaxed: as in `try_acquire_n`.
+        let gate = self.gate.load(Ordering::Relaxed);
+        if gate & CLOSED != 0 {
+            return Err(TryAcquireError::Closed);
+        }
+        if gate & WAITERS == 0 || self.queue.order() == QueueOrder::NewestFirst {
+            return self.state.try_acquire(n, &self.clock);
+        }
+        let capacity = self.state.limit();
+        if n > capacity {
+            return Err(TryAcquireError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            });
+        }
+        // Oldest first and others are queued: no barging. The retry-after is what the algorithm
+        // alone would say for one permit (a probe consumes nothing): a lower bound, since the queue
+        // is served first.
+        Err(match self.state.try_acquire(0, &self.clock) {
+            Err(rejected) => rejected,
+            Ok(_) => TryAcquireError::Rejected(Rejection::new(0, capacity)),
+        })
+    }
+
+    /// The head's attempt: the algorithm, ignoring the gate.
+    fn take(&self, n: u32) -> Result<Admission, Blocked> {
+        match self.state.try_acquire(n, &self.clock) {
+            Ok(admission) => Ok(admission),
+            Err(TryAcquireError::Rejected(r)) => Err(Blocked::Until(r.retry_after_nanos())),
+            Err(TryAcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            }) => Err(Blocked::Fail(AcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            })),
+            Err(TryAcquireError::Closed) => Err(Blocked::Fail(AcquireError::Closed)),
+        }
+    }
+
+    /// The part of `acquire` that every caller runs first: validate, then try without queueing if
+    /// nobody is queued. `Ok(None)` means "queue up".
+    #[inline(always)]
+    fn acquire_fast(&self, n: u32) -> Result<Option<Admission>, AcquireError> {
+        // Relaxed: as in `try_acquire_n`.
+        let gate = self.gate.load(Ordering::Relaxed);
+        if gate == 0 {
+            match self.state.try_acquire(n, &self.clock) {
+                Ok(admission) => {
+                    self.counters.bump(ADMITTED);
+                    return Ok(Some(admission));
+                }
+                Err(TryAcquireError::Rejected(_)) => return Ok(None),
+                Err(_) => {}
+            }
+        }
+        self.acquire_check(n, gate)
+    }
+
+    #[cold]
+    fn acquire_check(&self, n: u32, gate: u64) -> Result<Option<Admission>, AcquireError> {
+        let capacity = self.state.limit();
+        let error = if gate & CLOSED != 0 {
+            AcquireError::Closed
+        } else if n > capacity {
+            AcquireError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            }
+        } else {
+            return Ok(None);
+        };
+        self.counters.bump(REJECTED);
+        Err(error)
+    }
+
+    fn wait(&self, n: u32) -> Wait<'_> {
+        Wait {
+            queue: &self.queue,
+            gate: &self.gate,
+            counters: &self.counters,
+            permits: n,
+        }
+    }
 }
 
 impl<C: Clock> Clone for RateLimiter<C> {
@@ -344,6 +451,141 @@ impl RateLimiter<DefaultClock> {
     pub fn token_bucket(rate: Rate, burst: u32) -> Result<Self, ConfigError> {
         Self::new(Algorithm::TokenBucket { rate, burst })
     }
+
+    /// A builder for the settings the constructors leave at their defaults: the clock, the queue
+    /// order and the queue limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ManualClock, QueueOrder, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::builder(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) })
+    ///     .clock(ManualClock::new())
+    ///     .queue_order(QueueOrder::NewestFirst)
+    ///     .queue_limit(100)
+    ///     .build()?;
+    /// assert_eq!(limiter.queue_limit(), 100);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn builder(algorithm: Algorithm) -> RateLimiterBuilder<DefaultClock> {
+        RateLimiterBuilder {
+            algorithm,
+            clock: DefaultClock::new(),
+            order: QueueOrder::OldestFirst,
+            queue_limit: DEFAULT_QUEUE_LIMIT,
+        }
+    }
+}
+
+/// Builds a [`RateLimiter`] with a chosen clock and queue settings; see [`RateLimiter::builder`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, MonotonicClock, RateLimiter};
+///
+/// let limiter = RateLimiter::builder(Algorithm::SlidingWindow { limit: 3, window: Duration::from_secs(1) })
+///     .clock(MonotonicClock::new())
+///     .queue_limit(0) // never wait: acquire fails at once when it would have to queue
+///     .build()?;
+/// assert!(limiter.try_acquire().is_ok());
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RateLimiterBuilder<C> {
+    algorithm: Algorithm,
+    clock: C,
+    order: QueueOrder,
+    queue_limit: u64,
+}
+
+impl<C: Clock> RateLimiterBuilder<C> {
+    /// Reads `clock` instead of the default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ManualClock, RateLimiter};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = RateLimiter::builder(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// clock.advance(Duration::from_secs(2));
+    /// assert_eq!(limiter.try_acquire()?.at(), Duration::from_secs(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn clock<C2: Clock>(self, clock: C2) -> RateLimiterBuilder<C2> {
+        RateLimiterBuilder {
+            algorithm: self.algorithm,
+            clock,
+            order: self.order,
+            queue_limit: self.queue_limit,
+        }
+    }
+
+    /// The order queued waiters are served in (default: [`QueueOrder::OldestFirst`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, QueueOrder, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::builder(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })
+    ///     .queue_order(QueueOrder::NewestFirst)
+    ///     .build()?;
+    /// assert_eq!(limiter.queue_order(), QueueOrder::NewestFirst);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_order(mut self, order: QueueOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// The most permits that may wait at once (default: [`DEFAULT_QUEUE_LIMIT`]). 0 means that
+    /// `acquire` never waits: it fails with `QueueFull` whenever it would have to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::builder(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })
+    ///     .queue_limit(16)
+    ///     .build()?;
+    /// assert_eq!(limiter.queue_limit(), 16);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_limit(mut self, permits: u64) -> Self {
+        self.queue_limit = permits;
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] if an algorithm parameter is zero or too large.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, RateLimiter};
+    ///
+    /// let bad = RateLimiter::builder(Algorithm::FixedWindow { limit: 0, window: Duration::from_secs(1) }).build();
+    /// assert_eq!(bad.unwrap_err(), ConfigError::Zero { what: "limit" });
+    /// ```
+    pub fn build(self) -> Result<RateLimiter<C>, ConfigError> {
+        RateLimiter::build(self.algorithm, self.clock, self.order, self.queue_limit)
+    }
 }
 
 impl<C: Clock> RateLimiter<C> {
@@ -371,12 +613,28 @@ impl<C: Clock> RateLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn with_clock(algorithm: Algorithm, clock: C) -> Result<Self, ConfigError> {
+        Self::build(
+            algorithm,
+            clock,
+            QueueOrder::OldestFirst,
+            DEFAULT_QUEUE_LIMIT,
+        )
+    }
+
+    fn build(
+        algorithm: Algorithm,
+        clock: C,
+        order: QueueOrder,
+        queue_limit: u64,
+    ) -> Result<Self, ConfigError> {
         Ok(RateLimiter {
             inner: Arc::new(Inner {
                 state: State::new(algorithm)?,
+                gate: CachePadded::new(AtomicU64::new(0)),
                 algorithm,
                 clock,
                 counters: Counters::new(),
+                queue: WaitQueue::new(order, queue_limit),
             }),
         })
     }
@@ -407,12 +665,18 @@ impl<C: Clock> RateLimiter<C> {
     ///
     /// `n == 0` is a probe: admitted iff at least one permit is available, consuming nothing.
     ///
+    /// **No barging.** Under [`QueueOrder::OldestFirst`] (the default), while anyone is queued in
+    /// [`acquire`](Self::acquire) or [`acquire_blocking`](Self::acquire_blocking) this fails with a
+    /// rejection rather than take permits the queue is waiting for; its `retry_after` is then a
+    /// lower bound (what the algorithm alone would say for one permit, 0 if it has one).
+    ///
     /// # Errors
     ///
     /// - [`TryAcquireError::Rejected`]: not enough permits now; `retry_after` is the exact time until
     ///   `n` permits could be admitted if nothing else is.
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst) and can never be
     ///   admitted.
+    /// - [`TryAcquireError::Closed`]: the limiter was [closed](Self::close).
     ///
     /// # Examples
     ///
@@ -429,7 +693,13 @@ impl<C: Clock> RateLimiter<C> {
     #[inline(always)]
     pub fn try_acquire_n(&self, n: u32) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
-        let decision = inner.state.try_acquire(n, &inner.clock);
+        // Relaxed: the gate carries no data; a call that misses a bit just set is ordered before
+        // the enqueue or close that set it.
+        let decision = if inner.gate.load(Ordering::Relaxed) == 0 {
+            inner.state.try_acquire(n, &inner.clock)
+        } else {
+            inner.try_acquire_gated(n)
+        };
         inner
             .counters
             .bump(if decision.is_ok() { ADMITTED } else { REJECTED });
@@ -452,10 +722,14 @@ impl<C: Clock> RateLimiter<C> {
     /// ```
     pub fn stats(&self) -> Stats {
         let inner = &*self.inner;
+        let (waiting, queued_permits) = inner.queue.len();
         Stats {
             admitted: inner.counters.sum(ADMITTED),
             rejected: inner.counters.sum(REJECTED),
+            cancelled: inner.counters.sum(CANCELLED),
             available: inner.state.available(inner.clock.now()),
+            waiting,
+            queued_permits,
         }
     }
 
@@ -508,5 +782,314 @@ impl<C: Clock> RateLimiter<C> {
     /// ```
     pub fn clock(&self) -> &C {
         &self.inner.clock
+    }
+
+    /// Waits until one permit is admitted. See [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future consumes no permit and frees its place in the queue.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) },
+    ///     TokioClock::new(),
+    /// )?;
+    /// let start = tokio::time::Instant::now();
+    /// limiter.acquire().await?;
+    /// limiter.acquire().await?; // waits for the next window
+    /// assert_eq!(start.elapsed(), Duration::from_secs(1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire(&self) -> Result<Admission, AcquireError> {
+        self.acquire_n(1).await
+    }
+
+    /// Waits until `n` permits are admitted at once, in a fair, bounded queue.
+    ///
+    /// If nobody is queued and the permits are available, this returns at the first poll without
+    /// touching the queue. Otherwise the caller joins the queue. Waiters are served in
+    /// [`QueueOrder`] (oldest first by default; a large request at the head is not overtaken). The
+    /// head waiter sleeps on the tokio timer for exactly the time the algorithm says its permits
+    /// free (no polling, no background task); when it is served, the next waiter becomes the head.
+    /// `n == 0` waits until a permit is available and consumes nothing.
+    ///
+    /// Needs a tokio runtime with the time driver when it has to wait (as `tokio::time::sleep`
+    /// does). With tokio's paused time, give the limiter a [`TokioClock`](crate::TokioClock) so that
+    /// both read the same time.
+    ///
+    /// # Errors
+    ///
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit (or burst).
+    /// - [`AcquireError::QueueFull`] at once if the queue has no room for `n` more permits, or
+    ///   later if a newest-first queue fails this (oldest) waiter to make room.
+    /// - [`AcquireError::Closed`] if the limiter is or gets [closed](Self::close).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future at any await point (a `tokio::time::timeout`, a `select!`
+    /// branch, an aborted task) consumes no permit, frees its place in the queue and, if it was
+    /// the head, wakes the next waiter. It is counted in [`Stats::cancelled`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Rate, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::with_clock(
+    ///     Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 5 },
+    ///     TokioClock::new(),
+    /// )?;
+    /// let start = tokio::time::Instant::now();
+    /// limiter.acquire_n(5).await?; // the full burst, at once
+    /// limiter.acquire_n(5).await?; // five more permits take 500 ms to accrue
+    /// assert_eq!(start.elapsed(), Duration::from_millis(500));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_n(&self, n: u32) -> Result<Admission, AcquireError> {
+        let inner = &*self.inner;
+        if let Some(admission) = inner.acquire_fast(n)? {
+            return Ok(admission);
+        }
+        // Boxed so that the fast path's future stays small.
+        Box::pin(self.acquire_slow(n)).await
+    }
+
+    #[cfg(feature = "tokio")]
+    async fn acquire_slow(&self, n: u32) -> Result<Admission, AcquireError> {
+        let inner = &*self.inner;
+        let mut timer = crate::queue::Timer::default();
+        inner
+            .wait(n)
+            .run_async(|| inner.take(n), |cx, nanos| timer.poll(cx, nanos))
+            .await
+    }
+
+    /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is consumed.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`] when `timeout` passes
+    /// first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::with_clock(
+    ///     Algorithm::SlidingWindow { limit: 1, window: Duration::from_secs(10) },
+    ///     TokioClock::new(),
+    /// )?;
+    /// limiter.acquire().await?;
+    /// let late = limiter.acquire_timeout(1, Duration::from_secs(1)).await;
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// assert_eq!(limiter.stats().waiting, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_timeout(
+        &self,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<Admission, AcquireError> {
+        match tokio::time::timeout(timeout, self.acquire_n(n)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(AcquireError::Timeout),
+        }
+    }
+
+    /// Blocks the calling thread until one permit is admitted. See
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_blocking_n`](Self::acquire_blocking_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use turnstile::{Algorithm, MonotonicClock, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 1, window: Duration::from_millis(20) },
+    ///     MonotonicClock::new(),
+    /// )?;
+    /// let start = Instant::now();
+    /// limiter.acquire_blocking()?;
+    /// limiter.acquire_blocking()?; // the next 20 ms window
+    /// assert!(start.elapsed() >= Duration::from_millis(20));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking(&self) -> Result<Admission, AcquireError> {
+        self.acquire_blocking_n(1)
+    }
+
+    /// Blocks the calling thread until `n` permits are admitted, in the same fair, bounded queue as
+    /// [`acquire_n`](Self::acquire_n) (async and blocking waiters share it).
+    ///
+    /// The head waiter parks the thread for exactly the time the algorithm says its permits free;
+    /// the others wait, without polling, to be woken as the head.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Rate, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::token_bucket(Rate::per_second(1000), 10)?;
+    /// let threads: Vec<_> = (0..4)
+    ///     .map(|_| {
+    ///         let limiter = limiter.clone();
+    ///         std::thread::spawn(move || limiter.acquire_blocking_n(5).map(|_| ()))
+    ///     })
+    ///     .collect();
+    /// for t in threads {
+    ///     t.join().unwrap()?;
+    /// }
+    /// assert_eq!(limiter.stats().admitted, 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_n(&self, n: u32) -> Result<Admission, AcquireError> {
+        self.blocking(n, None)
+    }
+
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n) with a time limit (real time); on timeout
+    /// nothing is consumed and the waiter leaves the queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::fixed_window(1, Duration::from_secs(3600))?;
+    /// limiter.acquire_blocking()?;
+    /// let late = limiter.acquire_blocking_timeout(1, Duration::from_millis(10));
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_timeout(
+        &self,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<Admission, AcquireError> {
+        self.blocking(n, std::time::Instant::now().checked_add(timeout))
+    }
+
+    fn blocking(
+        &self,
+        n: u32,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Admission, AcquireError> {
+        let inner = &*self.inner;
+        if let Some(admission) = inner.acquire_fast(n)? {
+            return Ok(admission);
+        }
+        inner.wait(n).run_blocking(|| inner.take(n), deadline)
+    }
+
+    /// Closes the limiter: every queued waiter fails with [`AcquireError::Closed`], and every later
+    /// `try_acquire` or `acquire` fails at once. Closing twice is harmless.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{RateLimiter, TryAcquireError};
+    ///
+    /// let limiter = RateLimiter::fixed_window(10, Duration::from_secs(1))?;
+    /// limiter.close();
+    /// assert!(limiter.is_closed());
+    /// assert_eq!(limiter.try_acquire().unwrap_err(), TryAcquireError::Closed);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn close(&self) {
+        let inner = &*self.inner;
+        inner.queue.close(&inner.gate);
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::RateLimiter;
+    ///
+    /// let limiter = RateLimiter::fixed_window(10, Duration::from_secs(1))?;
+    /// assert!(!limiter.is_closed());
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        // Relaxed: a snapshot.
+        self.inner.gate.load(Ordering::Relaxed) & CLOSED != 0
+    }
+
+    /// The order queued waiters are served in.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{QueueOrder, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::fixed_window(10, Duration::from_secs(1))?;
+    /// assert_eq!(limiter.queue_order(), QueueOrder::OldestFirst);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_order(&self) -> QueueOrder {
+        self.inner.queue.order()
+    }
+
+    /// The most permits that may wait in the queue at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{RateLimiter, DEFAULT_QUEUE_LIMIT};
+    ///
+    /// let limiter = RateLimiter::fixed_window(10, Duration::from_secs(1))?;
+    /// assert_eq!(limiter.queue_limit(), DEFAULT_QUEUE_LIMIT);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_limit(&self) -> u64 {
+        self.inner.queue.limit()
     }
 }

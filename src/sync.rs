@@ -10,12 +10,122 @@
 #[cfg(not(turnstile_loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(turnstile_loom))]
-pub(crate) use std::sync::Arc;
+pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::Arc;
+pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
+
+/// Locks `mutex`, ignoring poisoning: every critical section in this crate leaves its data
+/// consistent before anything in it can panic, so a poisoned lock holds valid data.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    #[cfg(not(turnstile_loom))]
+    {
+        mutex
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    #[cfg(turnstile_loom)]
+    {
+        mutex.lock().unwrap()
+    }
+}
+
+/// A one-thread wake-up signal for blocking waiters: an epoch counter that [`notify`](Self::notify)
+/// bumps.
+///
+/// Normal builds wait on the counter with atomic-wait's futex `wait`/`wake_one` (untimed waits,
+/// for example for a release) or park the thread with a timeout (waits for time, or with a
+/// deadline; atomic-wait has no timed wait); `notify` does both wake-ups. Under loom, whose model
+/// threads cannot block in the kernel, a `Mutex<u32>` + `Condvar` stands in, and a timed wait
+/// returns at once (callers treat every return as possibly spurious and look again).
+pub(crate) struct Signal {
+    #[cfg(not(turnstile_loom))]
+    epoch: std::sync::atomic::AtomicU32,
+    #[cfg(not(turnstile_loom))]
+    thread: std::thread::Thread,
+    #[cfg(turnstile_loom)]
+    epoch: loom::sync::Mutex<u32>,
+    #[cfg(turnstile_loom)]
+    changed: loom::sync::Condvar,
+}
+
+impl Signal {
+    /// A signal owned by the calling thread.
+    pub(crate) fn new() -> Self {
+        Signal {
+            #[cfg(not(turnstile_loom))]
+            epoch: std::sync::atomic::AtomicU32::new(0),
+            #[cfg(not(turnstile_loom))]
+            thread: std::thread::current(),
+            #[cfg(turnstile_loom)]
+            epoch: loom::sync::Mutex::new(0),
+            #[cfg(turnstile_loom)]
+            changed: loom::sync::Condvar::new(),
+        }
+    }
+
+    /// The current epoch: read it *before* checking the condition, then wait on it.
+    pub(crate) fn epoch(&self) -> u32 {
+        #[cfg(not(turnstile_loom))]
+        {
+            // Acquire: pairs with the Release in `notify`, so whatever the notifier did before
+            // notifying is visible once we see its epoch.
+            self.epoch.load(Ordering::Acquire)
+        }
+        #[cfg(turnstile_loom)]
+        {
+            *self.epoch.lock().unwrap()
+        }
+    }
+
+    /// Blocks until the epoch differs from `seen` (or spuriously).
+    pub(crate) fn wait(&self, seen: u32) {
+        #[cfg(not(turnstile_loom))]
+        atomic_wait::wait(&self.epoch, seen);
+        #[cfg(turnstile_loom)]
+        {
+            let mut epoch = self.epoch.lock().unwrap();
+            while *epoch == seen {
+                epoch = self.changed.wait(epoch).unwrap();
+            }
+        }
+    }
+
+    /// Blocks until the epoch differs from `seen`, `timeout` passes, or spuriously.
+    pub(crate) fn wait_timeout(&self, seen: u32, timeout: std::time::Duration) {
+        #[cfg(not(turnstile_loom))]
+        {
+            // A notify between this check and the park leaves an unpark token, so the park
+            // returns at once: no lost wake-up.
+            if self.epoch() == seen {
+                std::thread::park_timeout(timeout);
+            }
+        }
+        #[cfg(turnstile_loom)]
+        {
+            let _ = (seen, timeout);
+            loom::thread::yield_now();
+        }
+    }
+
+    /// Wakes the owner thread.
+    pub(crate) fn notify(&self) {
+        #[cfg(not(turnstile_loom))]
+        {
+            // Release: pairs with the Acquire in `epoch`.
+            self.epoch.fetch_add(1, Ordering::Release);
+            atomic_wait::wake_one(&self.epoch);
+            self.thread.unpark();
+        }
+        #[cfg(turnstile_loom)]
+        {
+            *self.epoch.lock().unwrap() += 1;
+            self.changed.notify_all();
+        }
+    }
+}
 
 /// Waits politely while another thread finishes a short critical step (for example publishing a
 /// slot it has just claimed).
@@ -55,15 +165,17 @@ impl Spin {
 /// there a single atomic with `fetch_add` keeps the counts exact.
 pub(crate) struct Counters {
     #[cfg(not(turnstile_loom))]
-    per_thread: thread_local::ThreadLocal<crossbeam_utils::CachePadded<[AtomicU64; 2]>>,
+    per_thread: thread_local::ThreadLocal<crossbeam_utils::CachePadded<[AtomicU64; 3]>>,
     #[cfg(turnstile_loom)]
-    shared: [AtomicU64; 2],
+    shared: [AtomicU64; 3],
 }
 
 /// Index of the "admitted" counter.
 pub(crate) const ADMITTED: usize = 0;
 /// Index of the "rejected" counter.
 pub(crate) const REJECTED: usize = 1;
+/// Index of the "cancelled" counter: waits given up (future dropped, timed out).
+pub(crate) const CANCELLED: usize = 2;
 
 impl Counters {
     pub(crate) fn new() -> Self {
@@ -71,7 +183,7 @@ impl Counters {
             #[cfg(not(turnstile_loom))]
             per_thread: thread_local::ThreadLocal::new(),
             #[cfg(turnstile_loom)]
-            shared: [AtomicU64::new(0), AtomicU64::new(0)],
+            shared: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 

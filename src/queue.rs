@@ -1,0 +1,509 @@
+//! The wait queue behind every `acquire`: fair, bounded, cancel-safe, one wake per event.
+//!
+//! # Protocol: the head acts
+//!
+//! Waiters are kept in arrival order (a `BTreeMap` keyed by a sequence number, under a mutex that
+//! only the slow path takes). The **head** is the oldest waiter ([`QueueOrder::OldestFirst`]) or the
+//! newest ([`QueueOrder::NewestFirst`]). Only the head tries to take permits, and it does so itself,
+//! under the queue's mutex, through the `take` closure its limiter supplies:
+//!
+//! - a rate limiter's head runs the algorithm; if it is rejected it sleeps for the exact
+//!   `retry_after` the algorithm reports (the oldest timestamp leaving the window, the next window,
+//!   the GCRA arrival time) and tries again: no polling, no background task;
+//! - a concurrency limiter's head takes permits from the permit word; if too few are free it sleeps
+//!   until a release wakes it.
+//!
+//! When the head leaves (served, cancelled, or failed) the next head is woken: one event wakes one
+//! waiter. Permits are never handed to a waiter that is not running: the head takes them in the
+//! same critical section in which it learns it got them, and returns them to its caller without an
+//! await in between. That is what makes cancellation trivially safe: dropping a waiter removes its
+//! entry and, if it was the head, wakes the next one. Nothing else can have been given to it.
+//!
+//! # The gate word
+//!
+//! Each limiter has one atomic word whose [`WAITERS`] bit says "someone is queued" and whose
+//! [`CLOSED`] bit says "closed". `try_acquire` reads it with one load and, under oldest-first
+//! order, fails rather than jumping the queue while `WAITERS` is set. The queue sets `WAITERS`
+//! (under its mutex) before the first waiter's first attempt and clears it when the last waiter
+//! leaves. A concurrency limiter keeps these bits in its permit word, so that a release is one
+//! `fetch_add` that also tells it whether to wake the head.
+//!
+//! No lost wake-up: the head's attempt and the registration of its waker happen under the mutex. A
+//! releaser adds its permits first and then, if it saw `WAITERS`, takes the mutex to wake the head;
+//! either its add came before the head's attempt (which then sees the permits) or its wake comes
+//! after the registration.
+
+use crate::error::AcquireError;
+use crate::sync::{
+    lock, Arc, AtomicU64, Counters, Mutex, Ordering, Signal, ADMITTED, CANCELLED, REJECTED,
+};
+use std::collections::BTreeMap;
+#[cfg(feature = "tokio")]
+use std::future::Future;
+#[cfg(feature = "tokio")]
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+/// Gate bit: at least one waiter is queued.
+pub(crate) const WAITERS: u64 = 1 << 32;
+/// Gate bit: the limiter is closed. Never cleared.
+pub(crate) const CLOSED: u64 = 1 << 33;
+
+/// The queue limit limiters get unless told otherwise: 65,536 queued permits.
+///
+/// Each waiter costs about 100 bytes while it waits, so the default bounds a limiter's queue at a
+/// few MiB even when every waiter asks for one permit.
+pub const DEFAULT_QUEUE_LIMIT: u64 = 65_536;
+
+/// Which waiter is served first when permits become available.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::{ConcurrencyLimiter, QueueOrder};
+///
+/// let limiter = ConcurrencyLimiter::builder(1)
+///     .queue_order(QueueOrder::NewestFirst)
+///     .queue_limit(10)
+///     .build()?;
+/// assert_eq!(limiter.queue_order(), QueueOrder::NewestFirst);
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum QueueOrder {
+    /// First come, first served (the default). A large request at the head is not overtaken by
+    /// smaller ones behind it, and `try_acquire` fails while anyone is queued (no barging).
+    #[default]
+    OldestFirst,
+    /// The newest waiter is served first; when the queue is full, the oldest waiters fail with
+    /// [`AcquireError::QueueFull`] to make room (as .NET's `QueueProcessingOrder.NewestFirst`
+    /// does). `try_acquire` does not defer to waiters: it is the newest caller of all.
+    NewestFirst,
+}
+
+/// Why the head (or a waiter behind it) cannot proceed yet.
+pub(crate) enum Blocked {
+    /// A rate limiter rejected the head: try again in this many nanoseconds of its clock.
+    Until(u64),
+    /// Too few permits are free: wait for a release.
+    Release,
+    /// Not the head: wait to be promoted.
+    Behind,
+    /// The request can no longer succeed (for example the limiter shrank): fail it.
+    Fail(AcquireError),
+}
+
+/// What a waiter's turn ended with.
+pub(crate) enum Turn<T> {
+    /// Served or failed; the waiter has left the queue.
+    Done(Result<T, AcquireError>),
+    /// Still queued; the waker is registered.
+    Wait(Blocked),
+}
+
+/// How a waiter wants to be woken.
+pub(crate) enum Registration<'a> {
+    Task(&'a Waker),
+    Thread(&'a Arc<Signal>),
+}
+
+enum Wake {
+    Nobody,
+    Task(Waker),
+    Thread(Arc<Signal>),
+}
+
+impl Wake {
+    fn wake(self) {
+        match self {
+            Wake::Nobody => {}
+            Wake::Task(waker) => waker.wake(),
+            Wake::Thread(signal) => signal.notify(),
+        }
+    }
+
+    fn register(&mut self, who: Registration<'_>) {
+        match (who, &*self) {
+            (Registration::Task(new), Wake::Task(old)) if old.will_wake(new) => {}
+            (Registration::Task(new), _) => *self = Wake::Task(new.clone()),
+            (Registration::Thread(signal), _) => *self = Wake::Thread(Arc::clone(signal)),
+        }
+    }
+}
+
+struct Waiter {
+    permits: u32,
+    wake: Wake,
+}
+
+struct Waiters {
+    live: BTreeMap<u64, Waiter>,
+    /// Waiters failed by `close` or evicted (newest-first), until they look or are dropped.
+    failed: BTreeMap<u64, AcquireError>,
+    next: u64,
+    /// Permits asked for by `live` waiters.
+    permits: u64,
+    closed: bool,
+}
+
+pub(crate) struct WaitQueue {
+    waiters: Mutex<Waiters>,
+    order: QueueOrder,
+    limit: u64,
+}
+
+impl WaitQueue {
+    pub(crate) fn new(order: QueueOrder, limit: u64) -> Self {
+        WaitQueue {
+            waiters: Mutex::new(Waiters {
+                live: BTreeMap::new(),
+                failed: BTreeMap::new(),
+                next: 0,
+                permits: 0,
+                closed: false,
+            }),
+            order,
+            limit,
+        }
+    }
+
+    pub(crate) fn order(&self) -> QueueOrder {
+        self.order
+    }
+
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn head(&self, waiters: &Waiters) -> Option<u64> {
+        match self.order {
+            QueueOrder::OldestFirst => waiters.live.keys().next().copied(),
+            QueueOrder::NewestFirst => waiters.live.keys().next_back().copied(),
+        }
+    }
+
+    /// Waiters queued now and the permits they ask for.
+    pub(crate) fn len(&self) -> (usize, u64) {
+        let waiters = lock(&self.waiters);
+        (waiters.live.len(), waiters.permits)
+    }
+
+    /// Queues a waiter for `permits`; returns its sequence number.
+    pub(crate) fn enqueue(&self, gate: &AtomicU64, permits: u32) -> Result<u64, AcquireError> {
+        let full = |requested| AcquireError::QueueFull {
+            requested,
+            queue_limit: self.limit,
+        };
+        let need = u64::from(permits);
+        let mut evicted = Vec::new();
+        let seq = {
+            let mut waiters = lock(&self.waiters);
+            if waiters.closed {
+                return Err(AcquireError::Closed);
+            }
+            if need > self.limit {
+                return Err(full(permits));
+            }
+            while waiters.permits + need > self.limit {
+                if self.order == QueueOrder::OldestFirst {
+                    return Err(full(permits));
+                }
+                // Newest first: fail the oldest to make room.
+                let Some((seq, old)) = waiters.live.pop_first() else {
+                    break;
+                };
+                waiters.permits -= u64::from(old.permits);
+                waiters.failed.insert(seq, full(old.permits));
+                evicted.push(old.wake);
+            }
+            if waiters.live.is_empty() {
+                // Relaxed: the bit is read and written only by read-modify-writes or by loads that
+                // need no other data with it; on the permit word, modification order alone makes a
+                // releaser either see it or come before our first attempt (see the module docs).
+                gate.fetch_or(WAITERS, Ordering::Relaxed);
+            }
+            let seq = waiters.next;
+            waiters.next += 1;
+            waiters.live.insert(
+                seq,
+                Waiter {
+                    permits,
+                    wake: Wake::Nobody,
+                },
+            );
+            waiters.permits += need;
+            seq
+        };
+        for wake in evicted {
+            wake.wake();
+        }
+        Ok(seq)
+    }
+
+    /// The waiter `seq` looks at its place: if it is the head it runs `take`; otherwise (or if
+    /// `take` is blocked) it registers `who` to be woken.
+    pub(crate) fn turn<T>(
+        &self,
+        gate: &AtomicU64,
+        seq: u64,
+        who: Registration<'_>,
+        take: impl FnOnce() -> Result<T, Blocked>,
+    ) -> Turn<T> {
+        let mut next = Wake::Nobody;
+        let turn = {
+            let mut waiters = lock(&self.waiters);
+            if let Some(error) = waiters.failed.remove(&seq) {
+                return Turn::Done(Err(error));
+            }
+            if self.head(&waiters) != Some(seq) {
+                return match waiters.live.get_mut(&seq) {
+                    Some(me) => {
+                        me.wake.register(who);
+                        Turn::Wait(Blocked::Behind)
+                    }
+                    // Not queued and not failed: cannot happen while the ticket is held; answer as
+                    // a closed queue rather than wait forever.
+                    None => Turn::Done(Err(AcquireError::Closed)),
+                };
+            }
+            match take() {
+                Ok(value) => {
+                    self.leave(&mut waiters, gate, seq, &mut next);
+                    Turn::Done(Ok(value))
+                }
+                Err(Blocked::Fail(error)) => {
+                    self.leave(&mut waiters, gate, seq, &mut next);
+                    Turn::Done(Err(error))
+                }
+                Err(blocked) => {
+                    if let Some(me) = waiters.live.get_mut(&seq) {
+                        me.wake.register(who);
+                    }
+                    Turn::Wait(blocked)
+                }
+            }
+        };
+        next.wake();
+        turn
+    }
+
+    /// Removes live waiter `seq`; if it was the head, hands the turn to the next head (returned in
+    /// `next` to be woken after unlocking) or clears `WAITERS` when nobody is left.
+    fn leave(&self, waiters: &mut Waiters, gate: &AtomicU64, seq: u64, next: &mut Wake) -> bool {
+        let was_head = self.head(waiters) == Some(seq);
+        let Some(me) = waiters.live.remove(&seq) else {
+            return false;
+        };
+        waiters.permits -= u64::from(me.permits);
+        if waiters.live.is_empty() {
+            // Relaxed: see `enqueue`.
+            gate.fetch_and(!WAITERS, Ordering::Relaxed);
+        } else if was_head {
+            if let Some(head) = self.head(waiters) {
+                if let Some(h) = waiters.live.get_mut(&head) {
+                    *next = std::mem::replace(&mut h.wake, Wake::Nobody);
+                }
+            }
+        }
+        true
+    }
+
+    /// Drops waiter `seq` (its future was dropped, or it timed out). Returns whether it was still
+    /// queued or failed-but-unseen, that is, whether this counts as a cancellation.
+    pub(crate) fn cancel(&self, gate: &AtomicU64, seq: u64) -> bool {
+        let mut next = Wake::Nobody;
+        let cancelled = {
+            let mut waiters = lock(&self.waiters);
+            waiters.failed.remove(&seq).is_some() || self.leave(&mut waiters, gate, seq, &mut next)
+        };
+        next.wake();
+        cancelled
+    }
+
+    /// Wakes the head (a concurrency limiter's release saw `WAITERS`).
+    pub(crate) fn wake_head(&self) {
+        let wake = {
+            let mut waiters = lock(&self.waiters);
+            match self.head(&waiters) {
+                Some(head) => match waiters.live.get_mut(&head) {
+                    Some(h) => std::mem::replace(&mut h.wake, Wake::Nobody),
+                    None => Wake::Nobody,
+                },
+                None => Wake::Nobody,
+            }
+        };
+        wake.wake();
+    }
+
+    /// Closes the queue: sets `CLOSED`, fails every waiter with [`AcquireError::Closed`] and wakes
+    /// them; later enqueues fail at once.
+    pub(crate) fn close(&self, gate: &AtomicU64) {
+        // Relaxed: `try_acquire` only needs to see the bit eventually; a call that misses it is
+        // ordered before the close.
+        gate.fetch_or(CLOSED, Ordering::Relaxed);
+        let wakes: Vec<Wake> = {
+            let mut waiters = lock(&self.waiters);
+            waiters.closed = true;
+            waiters.permits = 0;
+            let live = std::mem::take(&mut waiters.live);
+            let mut wakes = Vec::with_capacity(live.len());
+            for (seq, waiter) in live {
+                waiters.failed.insert(seq, AcquireError::Closed);
+                wakes.push(waiter.wake);
+            }
+            // Relaxed: see `enqueue`.
+            gate.fetch_and(!WAITERS, Ordering::Relaxed);
+            wakes
+        };
+        for wake in wakes {
+            wake.wake();
+        }
+    }
+}
+
+/// A queued waiter's place. Dropping it while still queued cancels the wait.
+struct Ticket<'a> {
+    queue: &'a WaitQueue,
+    gate: &'a AtomicU64,
+    counters: &'a Counters,
+    seq: u64,
+    queued: bool,
+}
+
+impl Ticket<'_> {
+    /// Looks at the turn; on `Done`, the ticket is spent and the outcome counted.
+    fn turn<T>(
+        &mut self,
+        who: Registration<'_>,
+        take: impl FnOnce() -> Result<T, Blocked>,
+    ) -> Turn<T> {
+        let turn = self.queue.turn(self.gate, self.seq, who, take);
+        if let Turn::Done(outcome) = &turn {
+            self.queued = false;
+            self.counters
+                .bump(if outcome.is_ok() { ADMITTED } else { REJECTED });
+        }
+        turn
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.queued && self.queue.cancel(self.gate, self.seq) {
+            self.counters.bump(CANCELLED);
+        }
+    }
+}
+
+/// Everything a waiting call needs from its limiter.
+pub(crate) struct Wait<'a> {
+    pub(crate) queue: &'a WaitQueue,
+    pub(crate) gate: &'a AtomicU64,
+    pub(crate) counters: &'a Counters,
+    pub(crate) permits: u32,
+}
+
+impl<'a> Wait<'a> {
+    fn enqueue(&self) -> Result<Ticket<'a>, AcquireError> {
+        match self.queue.enqueue(self.gate, self.permits) {
+            Ok(seq) => Ok(Ticket {
+                queue: self.queue,
+                gate: self.gate,
+                counters: self.counters,
+                seq,
+                queued: true,
+            }),
+            Err(error) => {
+                self.counters.bump(REJECTED);
+                Err(error)
+            }
+        }
+    }
+
+    /// Waits in the queue as an async task. `sleep` is called when the head must wait for time
+    /// (`Blocked::Until`): it arms a timer for that many nanoseconds and polls it.
+    ///
+    /// Cancel safety: dropping the returned future at its await removes the waiter (the ticket's
+    /// `Drop`) and, if it was the head, wakes the next one. Permits are taken only inside a poll
+    /// that then returns `Ready`, so a dropped future never holds any.
+    pub(crate) async fn run_async<T>(
+        self,
+        mut take: impl FnMut() -> Result<T, Blocked>,
+        mut sleep: impl FnMut(&mut Context<'_>, u64) -> Poll<()>,
+    ) -> Result<T, AcquireError> {
+        let mut ticket = self.enqueue()?;
+        std::future::poll_fn(|cx| loop {
+            match ticket.turn(Registration::Task(cx.waker()), &mut take) {
+                Turn::Done(outcome) => return Poll::Ready(outcome),
+                Turn::Wait(Blocked::Until(nanos)) => match sleep(cx, nanos) {
+                    Poll::Ready(()) => continue,
+                    Poll::Pending => return Poll::Pending,
+                },
+                Turn::Wait(_) => return Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    /// Waits in the queue on the calling thread, until served, failed, or `deadline` passes.
+    pub(crate) fn run_blocking<T>(
+        self,
+        mut take: impl FnMut() -> Result<T, Blocked>,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<T, AcquireError> {
+        let mut ticket = self.enqueue()?;
+        let signal = Arc::new(Signal::new());
+        loop {
+            let seen = signal.epoch();
+            let blocked = match ticket.turn(Registration::Thread(&signal), &mut take) {
+                Turn::Done(outcome) => return outcome,
+                Turn::Wait(blocked) => blocked,
+            };
+            let left = match deadline {
+                Some(deadline) => {
+                    let now = std::time::Instant::now();
+                    if now >= deadline {
+                        // Dropping the ticket cancels the wait and counts it.
+                        return Err(AcquireError::Timeout);
+                    }
+                    Some(deadline - now)
+                }
+                None => None,
+            };
+            match (blocked, left) {
+                (Blocked::Until(nanos), left) => {
+                    let until = std::time::Duration::from_nanos(nanos.max(1));
+                    signal.wait_timeout(seen, left.map_or(until, |l| l.min(until)));
+                }
+                (_, Some(left)) => signal.wait_timeout(seen, left),
+                (_, None) => signal.wait(seen),
+            }
+        }
+    }
+}
+
+/// A tokio timer for a head that waits for time; allocated on first use, then reset.
+#[cfg(feature = "tokio")]
+#[derive(Default)]
+pub(crate) struct Timer {
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+#[cfg(feature = "tokio")]
+impl Timer {
+    /// Arms the timer `nanos` from now (at least 1 ns) and polls it.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>, nanos: u64) -> Poll<()> {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_nanos(nanos.max(1));
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        sleep.as_mut().reset(deadline);
+        sleep.as_mut().poll(cx)
+    }
+}
+
+/// For waiters that never wait for time (a concurrency limiter's): `Blocked::Until` does not occur.
+pub(crate) fn no_timer(_: &mut Context<'_>, _: u64) -> Poll<()> {
+    Poll::Pending
+}
