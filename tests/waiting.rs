@@ -1,0 +1,545 @@
+//! Waiting: `acquire().await` and `acquire_blocking` on rate and concurrency limiters.
+//!
+//! Rate-limiter waits run on tokio's paused time with a `TokioClock`, so a head waiter's timer and
+//! the limiter's clock agree to the nanosecond and "wakes exactly when its slot frees" can be
+//! asserted with `==`. Concurrency waits need no time at all. Only the blocking tests use real
+//! threads, because blocking is what they test.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use turnstile::{
+    AcquireError, Algorithm, ConcurrencyLimiter, QueueOrder, Rate, RateLimiter, TokioClock,
+    TryAcquireError, TryPermitError,
+};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// Lets every spawned task run until it blocks (on a current-thread runtime).
+async fn settle() {
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn bucket(rate: Rate, burst: u32) -> RateLimiter<TokioClock> {
+    RateLimiter::with_clock(Algorithm::TokenBucket { rate, burst }, TokioClock::new()).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_waiters_are_served_in_arrival_order_exactly_on_time() {
+    let limiter = bucket(Rate::per_second(1000), 1);
+    let start = Instant::now();
+    limiter.try_acquire().unwrap(); // the bucket is now empty: every waiter queues
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..1000u64 {
+        let (limiter, order) = (limiter.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let admission = limiter.acquire().await.unwrap();
+            order
+                .lock()
+                .unwrap()
+                .push((i, admission.at(), start.elapsed()));
+        }));
+        settle().await; // task i is queued before task i + 1 is spawned
+    }
+    assert_eq!(limiter.stats().waiting, 1000);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap();
+    for (k, &(i, at, woke)) in order.iter().enumerate() {
+        assert_eq!(i, k as u64, "served out of order");
+        let slot = MS * (k as u32 + 1);
+        assert_eq!(at, slot, "admission {k} not at its slot");
+        assert_eq!(woke, slot, "waiter {k} woke late or early");
+    }
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.admitted, stats.waiting, stats.queued_permits),
+        (1001, 0, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_algorithm_wakes_its_head_exactly_when_the_slot_frees() {
+    let w = Duration::from_secs(1);
+    // (algorithm, the time the second acquire must return)
+    let cases = [
+        (
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: w,
+            },
+            w,
+        ),
+        (
+            Algorithm::SlidingWindow {
+                limit: 1,
+                window: w,
+            },
+            w + MS * 250,
+        ),
+        (
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(4),
+                burst: 1,
+            },
+            MS * 500,
+        ),
+        // Window 0 is full; in window 1 the previous count (1) still weighs (W − e)/W > 0, so
+        // the first fit is the start of window 2.
+        (
+            Algorithm::SlidingCounter {
+                limit: 1,
+                window: w,
+            },
+            w * 2,
+        ),
+    ];
+    for (algorithm, expected) in cases {
+        let limiter = RateLimiter::with_clock(algorithm, TokioClock::new()).unwrap();
+        let start = Instant::now();
+        tokio::time::sleep(MS * 250).await;
+        limiter.acquire().await.unwrap();
+        let admission = limiter.acquire().await.unwrap();
+        assert_eq!(start.elapsed(), expected, "{algorithm:?}");
+        assert_eq!(admission.at(), expected, "{algorithm:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_request_at_the_head_is_not_overtaken() {
+    let limiter = bucket(Rate::per_second(10), 5);
+    let start = Instant::now();
+    limiter.try_acquire_n(5).unwrap();
+    let big = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire_n(5).await.map(|_| start.elapsed()) })
+    };
+    settle().await;
+    let small = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire_n(1).await.map(|_| start.elapsed()) })
+    };
+    // One permit accrues after 100 ms: enough for `small`, but `big` is first in line.
+    assert_eq!(big.await.unwrap().unwrap(), MS * 500);
+    assert_eq!(small.await.unwrap().unwrap(), MS * 600);
+}
+
+#[tokio::test(start_paused = true)]
+async fn try_acquire_does_not_barge_past_waiters() {
+    let limiter = ConcurrencyLimiter::new(2).unwrap();
+    let held = limiter.try_acquire_n(2).unwrap();
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(limiter.acquire_owned(2))
+    };
+    settle().await;
+    drop(held);
+    // Two permits are free for an instant, but the queued waiter gets them, not a barger.
+    assert!(matches!(
+        limiter.try_acquire(),
+        Err(TryPermitError::NoPermits { .. })
+    ));
+    let permit = waiter.await.unwrap().unwrap();
+    assert_eq!(permit.permits(), 2);
+
+    // Rate limiter: while a waiter is queued, try_acquire is rejected.
+    let rate = bucket(Rate::per_second(10), 1);
+    rate.try_acquire().unwrap();
+    let queued = {
+        let rate = rate.clone();
+        tokio::spawn(async move { rate.acquire().await.map(|a| a.at()) })
+    };
+    settle().await;
+    assert!(matches!(
+        rate.try_acquire(),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert_eq!(queued.await.unwrap().unwrap(), MS * 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn newest_first_serves_the_newest_and_evicts_the_oldest_when_full() {
+    let limiter = ConcurrencyLimiter::builder(1)
+        .queue_order(QueueOrder::NewestFirst)
+        .queue_limit(2)
+        .build()
+        .unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let spawn = |name: &'static str| {
+        let (limiter, served) = (limiter.clone(), Arc::clone(&served));
+        tokio::spawn(async move {
+            let outcome = limiter.acquire_owned(1).await.map(|permit| {
+                served.lock().unwrap().push(name);
+                tokio::spawn(async move {
+                    tokio::task::yield_now().await;
+                    drop(permit);
+                })
+            });
+            outcome.map(|_| ())
+        })
+    };
+    let a = spawn("a");
+    settle().await;
+    let b = spawn("b");
+    settle().await;
+    let c = spawn("c"); // the queue (limit 2) is full: the oldest, a, fails
+    settle().await;
+    assert_eq!(
+        a.await.unwrap().unwrap_err(),
+        AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 2
+        }
+    );
+    drop(held);
+    b.await.unwrap().unwrap();
+    c.await.unwrap().unwrap();
+    assert_eq!(*served.lock().unwrap(), ["c", "b"]);
+    settle().await;
+    assert_eq!(limiter.available(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_oldest_first_queue_fails_new_waiters_at_once() {
+    let limiter = RateLimiter::builder(Algorithm::FixedWindow {
+        limit: 5,
+        window: Duration::from_secs(1),
+    })
+    .clock(TokioClock::new())
+    .queue_limit(3)
+    .build()
+    .unwrap();
+    limiter.try_acquire_n(5).unwrap();
+    let spawn = |n| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire_n(n).await.map(|a| a.at()) })
+    };
+    let first = spawn(1);
+    settle().await;
+    let second = spawn(2); // 1 + 2 queued permits: exactly the limit, fits
+    settle().await;
+    assert_eq!(limiter.stats().queued_permits, 3);
+    // One more permit would not fit: fails without waiting.
+    let before = Instant::now();
+    assert_eq!(
+        limiter.acquire_n(1).await.unwrap_err(),
+        AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 3
+        }
+    );
+    assert_eq!(before.elapsed(), Duration::ZERO);
+    // More than the queue could ever hold, even when empty:
+    let small_queue = ConcurrencyLimiter::builder(10)
+        .queue_limit(4)
+        .build()
+        .unwrap();
+    let _all = small_queue.try_acquire_n(10).unwrap();
+    assert!(matches!(
+        small_queue.acquire_n(5).await,
+        Err(AcquireError::QueueFull { requested: 5, .. })
+    ));
+    assert_eq!(first.await.unwrap().unwrap(), Duration::from_secs(1));
+    assert_eq!(second.await.unwrap().unwrap(), Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn close_fails_every_waiter_and_every_later_call() {
+    let limiter = bucket(Rate::per_minute(1), 1);
+    limiter.try_acquire().unwrap();
+    let waiters: Vec<JoinHandle<_>> = (0..3)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire().await })
+        })
+        .collect();
+    settle().await;
+    assert_eq!(limiter.stats().waiting, 3);
+    limiter.close();
+    for w in waiters {
+        assert_eq!(w.await.unwrap().unwrap_err(), AcquireError::Closed);
+    }
+    assert_eq!(limiter.try_acquire().unwrap_err(), TryAcquireError::Closed);
+    assert_eq!(limiter.acquire().await.unwrap_err(), AcquireError::Closed);
+    assert_eq!(
+        limiter.acquire_blocking().unwrap_err(),
+        AcquireError::Closed
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.waiting), (1, 6, 0));
+
+    let permits = ConcurrencyLimiter::new(1).unwrap();
+    let held = permits.try_acquire().unwrap();
+    let waiter = tokio::spawn(permits.acquire_owned(1));
+    settle().await;
+    permits.close();
+    assert_eq!(waiter.await.unwrap().unwrap_err(), AcquireError::Closed);
+    drop(held); // a permit held across close is still given back
+    assert_eq!(permits.available(), 1);
+    assert_eq!(permits.try_acquire().unwrap_err(), TryPermitError::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_zero_waits_for_a_permit_and_takes_nothing() {
+    let limiter = bucket(Rate::per_second(10), 2);
+    let start = Instant::now();
+    limiter.try_acquire_n(2).unwrap();
+    let probe = limiter.acquire_n(0).await.unwrap();
+    assert_eq!(start.elapsed(), MS * 100);
+    assert_eq!(probe.remaining(), 1);
+    // It consumed nothing: the permit that freed is still there.
+    assert_eq!(limiter.try_acquire().unwrap().remaining(), 0);
+
+    let permits = ConcurrencyLimiter::new(1).unwrap();
+    let held = permits.try_acquire().unwrap();
+    let probe = tokio::spawn(permits.acquire_owned(0));
+    settle().await;
+    assert!(!probe.is_finished());
+    drop(held);
+    assert_eq!(probe.await.unwrap().unwrap().permits(), 0);
+    assert_eq!(permits.available(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn more_than_the_limit_fails_at_once_without_queueing() {
+    let limiter = bucket(Rate::per_second(10), 3);
+    assert_eq!(
+        limiter.acquire_n(4).await.unwrap_err(),
+        AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        }
+    );
+    assert_eq!(
+        limiter.acquire_blocking_n(4).unwrap_err(),
+        AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        }
+    );
+    let permits = ConcurrencyLimiter::new(3).unwrap();
+    let _all = permits.try_acquire_n(3).unwrap(); // even while it is exhausted
+    assert!(matches!(
+        permits.acquire_n(4).await,
+        Err(AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        })
+    ));
+    assert_eq!(limiter.stats().waiting, 0);
+    assert_eq!(permits.stats().waiting, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_waiter_consumes_nothing_and_promotes_the_next() {
+    let limiter = bucket(Rate::per_second(1), 1);
+    let start = Instant::now();
+    limiter.try_acquire().unwrap();
+    let patient = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire().await.map(|a| a.at()) })
+    };
+    settle().await; // queued first
+    let impatient = limiter.acquire_timeout(1, MS * 300).await;
+    assert_eq!(impatient.unwrap_err(), AcquireError::Timeout);
+    assert_eq!(start.elapsed(), MS * 300);
+    assert_eq!(patient.await.unwrap().unwrap(), Duration::from_secs(1));
+    // A head that times out hands the turn on: with NewestFirst the impatient one was the head.
+    let newest = RateLimiter::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 1,
+    })
+    .clock(TokioClock::new())
+    .queue_order(QueueOrder::NewestFirst)
+    .build()
+    .unwrap();
+    let t0 = Instant::now();
+    newest.try_acquire().unwrap();
+    let older = {
+        let newest = newest.clone();
+        tokio::spawn(async move { newest.acquire().await.map(|_| t0.elapsed()) })
+    };
+    settle().await;
+    assert_eq!(
+        newest.acquire_timeout(1, MS * 300).await.unwrap_err(),
+        AcquireError::Timeout
+    );
+    assert_eq!(older.await.unwrap().unwrap(), Duration::from_secs(1));
+    let stats = newest.stats();
+    assert_eq!((stats.admitted, stats.cancelled, stats.waiting), (2, 1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_waiting_future_frees_its_place() {
+    let permits = ConcurrencyLimiter::builder(1)
+        .queue_limit(1)
+        .build()
+        .unwrap();
+    let held = permits.try_acquire().unwrap();
+    let first = tokio::spawn(permits.acquire_owned(1));
+    settle().await;
+    assert!(matches!(
+        permits.acquire_n(1).await,
+        Err(AcquireError::QueueFull { .. })
+    ));
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    // The aborted waiter's place is free again and it took nothing.
+    let second = tokio::spawn(permits.acquire_owned(1));
+    settle().await;
+    assert_eq!(permits.stats().waiting, 1);
+    drop(held);
+    let permit = second.await.unwrap().unwrap();
+    assert_eq!(permits.available(), 0);
+    drop(permit);
+    let stats = permits.stats();
+    assert_eq!(
+        (
+            stats.admitted,
+            stats.rejected,
+            stats.cancelled,
+            stats.available
+        ),
+        (2, 1, 1, 1)
+    );
+}
+
+#[test]
+fn blocking_waiters_exclude_each_other_and_all_get_through() {
+    let limiter = ConcurrencyLimiter::new(3).unwrap();
+    let inside = AtomicUsize::new(0);
+    let most = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (limiter, inside, most) = (&limiter, &inside, &most);
+            s.spawn(move || {
+                for i in 0..200 {
+                    let n = 1 + (t + i) % 3;
+                    let permit = limiter.acquire_blocking_n(n as u32).unwrap();
+                    let now = inside.fetch_add(n, Ordering::SeqCst) + n;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    assert!(now <= 3, "{now} permits held at once");
+                    std::thread::yield_now();
+                    inside.fetch_sub(n, Ordering::SeqCst);
+                    drop(permit);
+                }
+            });
+        }
+    });
+    assert_eq!(most.load(Ordering::SeqCst), 3);
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.admitted, stats.available, stats.waiting),
+        (1600, 3, 0)
+    );
+}
+
+#[test]
+fn blocking_waiters_are_served_in_arrival_order() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let order = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let (limiter, order) = (&limiter, &order);
+            s.spawn(move || {
+                let _permit = limiter.acquire_blocking().unwrap();
+                order.lock().unwrap().push(i);
+            });
+            // Wait until thread i is queued before starting thread i + 1.
+            while limiter.stats().waiting < i + 1 {
+                std::thread::yield_now();
+            }
+        }
+        drop(held);
+    });
+    assert_eq!(*order.lock().unwrap(), (0..8).collect::<Vec<_>>());
+}
+
+#[test]
+fn blocking_rate_waits_sleep_until_the_slot_frees() {
+    // Real time is the thing under test here: the head parks for the retry-after.
+    let limiter = RateLimiter::with_clock(
+        Algorithm::SlidingWindow {
+            limit: 2,
+            window: Duration::from_millis(50),
+        },
+        turnstile::MonotonicClock::new(),
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    let times: Vec<Duration> = (0..6)
+        .map(|_| limiter.acquire_blocking().unwrap().at())
+        .collect();
+    // Pairs 50 ms apart, and never early: at most 2 in any 50 ms.
+    for i in 2..times.len() {
+        assert!(
+            times[i] - times[i - 2] >= Duration::from_millis(50),
+            "{times:?}"
+        );
+    }
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "woke far too late"
+    );
+    assert_eq!(
+        limiter.acquire_blocking_timeout(1, Duration::ZERO).err(),
+        Some(AcquireError::Timeout)
+    );
+}
+
+#[test]
+fn blocking_timeout_on_a_concurrency_limiter_leaves_the_queue() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let start = std::time::Instant::now();
+    assert_eq!(
+        limiter
+            .acquire_blocking_timeout(1, Duration::from_millis(20))
+            .unwrap_err(),
+        AcquireError::Timeout
+    );
+    assert!(start.elapsed() >= Duration::from_millis(20));
+    assert_eq!(limiter.stats().waiting, 0);
+    drop(held);
+    assert!(limiter.try_acquire().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_and_blocking_waiters_share_one_queue() {
+    let limiter = ConcurrencyLimiter::new(2).unwrap();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let (l, inside) = (limiter.clone(), Arc::clone(&in_flight));
+        handles.push(tokio::task::spawn_blocking(move || {
+            for _ in 0..100 {
+                let _p = l.acquire_blocking().unwrap();
+                assert!(inside.fetch_add(1, Ordering::SeqCst) < 2);
+                inside.fetch_sub(1, Ordering::SeqCst);
+            }
+        }));
+        let (l, inside) = (limiter.clone(), Arc::clone(&in_flight));
+        handles.push(tokio::spawn(async move {
+            for _ in 0..100 {
+                let _p = l.acquire().await.unwrap();
+                assert!(inside.fetch_add(1, Ordering::SeqCst) < 2);
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(limiter.stats().admitted, 800);
+    assert_eq!(limiter.available(), 2);
+}
