@@ -1,0 +1,256 @@
+//! Cancellation stress: many acquires given up at random points — timeouts, `select!` losers,
+//! aborted tasks, blocking timeouts — on real threads and a multi-thread runtime. Afterwards every
+//! permit must be back, the queue empty, and the statistics must add up exactly:
+//! `admitted + rejected + cancelled` equals the number of acquire calls that ran.
+//!
+//! Real time on purpose: the races between a release, a timer and a drop are what is under test.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use turnstile::{Algorithm, ConcurrencyLimiter, MonotonicClock, Rate, RateLimiter};
+
+/// xorshift64*: a small deterministic generator per task, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+/// Counts a future in `calls` the first time it is polled: an acquire that is never polled never
+/// ran, so it is not in the limiter's statistics either.
+struct Counted<F> {
+    inner: Pin<Box<F>>,
+    calls: Arc<AtomicU64>,
+    polled: bool,
+}
+
+fn counted<F: Future>(calls: &Arc<AtomicU64>, inner: F) -> Counted<F> {
+    Counted {
+        inner: Box::pin(inner),
+        calls: Arc::clone(calls),
+        polled: false,
+    }
+}
+
+impl<F: Future> Future for Counted<F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        if !self.polled {
+            self.polled = true;
+            self.calls.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+const LIMIT: u32 = 3;
+
+#[test]
+fn concurrency_limiter_survives_100k_cancelled_and_completed_acquires() {
+    let limiter = ConcurrencyLimiter::new(LIMIT).unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let held = Arc::new(AtomicUsize::new(0));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+
+    const TASKS: u64 = 6;
+    const PER_TASK: u64 = 16_000;
+    const THREADS: u64 = 2;
+    const PER_THREAD: u64 = 8_000;
+
+    // Holds a permit for a moment, checking the limit from inside.
+    fn hold(held: &AtomicUsize, n: u32) {
+        let now = held.fetch_add(n as usize, Ordering::SeqCst) + n as usize;
+        assert!(now <= LIMIT as usize, "{now} permits held at once");
+        held.fetch_sub(n as usize, Ordering::SeqCst);
+    }
+
+    std::thread::scope(|s| {
+        // Blocking waiters with short timeouts, sharing the queue with the async ones.
+        for t in 0..THREADS {
+            let (limiter, calls, admitted, held) = (&limiter, &calls, &admitted, &held);
+            s.spawn(move || {
+                let mut rng = Rng::new(1000 + t);
+                for _ in 0..PER_THREAD {
+                    let n = rng.below(u64::from(LIMIT) + 1) as u32;
+                    let timeout = Duration::from_micros(rng.below(60));
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(permit) = limiter.acquire_blocking_timeout(n, timeout) {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        hold(held, permit.permits());
+                    }
+                }
+            });
+        }
+
+        runtime.block_on(async {
+            let mut tasks = Vec::new();
+            for t in 0..TASKS {
+                let (limiter, calls, admitted, held) = (
+                    limiter.clone(),
+                    Arc::clone(&calls),
+                    Arc::clone(&admitted),
+                    Arc::clone(&held),
+                );
+                tasks.push(tokio::spawn(async move {
+                    let mut rng = Rng::new(t);
+                    for _ in 0..PER_TASK {
+                        let n = rng.below(u64::from(LIMIT) + 1) as u32;
+                        let acquire = counted(&calls, limiter.acquire_n(n));
+                        let permit = match rng.below(3) {
+                            // A timeout of 0 to 50 µs.
+                            0 => {
+                                let d = Duration::from_micros(rng.below(50));
+                                tokio::time::timeout(d, acquire).await.ok()
+                            }
+                            // Lose a select! against a few yields.
+                            1 => {
+                                let yields = rng.below(4);
+                                tokio::select! {
+                                    p = acquire => Some(p),
+                                    _ = async {
+                                        for _ in 0..yields {
+                                            tokio::task::yield_now().await;
+                                        }
+                                    } => None,
+                                }
+                            }
+                            // Wait it out.
+                            _ => Some(acquire.await),
+                        };
+                        if let Some(Ok(permit)) = permit {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                            hold(&held, permit.permits());
+                            if rng.below(2) == 0 {
+                                tokio::task::yield_now().await;
+                            }
+                        }
+                    }
+                }));
+            }
+            // Tasks aborted at random points while waiting (or holding).
+            let mut rng = Rng::new(99);
+            for _ in 0..4_000 {
+                let (limiter, calls, admitted) =
+                    (limiter.clone(), Arc::clone(&calls), Arc::clone(&admitted));
+                let task = tokio::spawn(async move {
+                    let permit = counted(&calls, limiter.acquire_owned(1)).await;
+                    if permit.is_ok() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::task::yield_now().await;
+                    drop(permit);
+                });
+                for _ in 0..rng.below(3) {
+                    tokio::task::yield_now().await;
+                }
+                task.abort();
+                let _ = task.await;
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+        });
+    });
+
+    let stats = limiter.stats();
+    let calls = calls.load(Ordering::Relaxed);
+    assert!(calls >= 100_000, "only {calls} acquires ran");
+    assert_eq!(
+        limiter.available(),
+        LIMIT,
+        "a permit was lost or duplicated"
+    );
+    assert_eq!(
+        (stats.waiting, stats.queued_permits),
+        (0, 0),
+        "queue not empty"
+    );
+    assert_eq!(
+        stats.admitted + stats.rejected + stats.cancelled,
+        calls,
+        "stats do not add up: {stats:?}"
+    );
+    assert_eq!(stats.admitted, admitted.load(Ordering::Relaxed));
+    assert!(stats.cancelled > 1_000, "the test must cancel: {stats:?}");
+    assert!(stats.admitted > 10_000, "the test must admit: {stats:?}");
+    // Still fully usable afterwards.
+    assert_eq!(limiter.try_acquire_n(LIMIT).unwrap().permits(), LIMIT);
+}
+
+#[test]
+fn rate_limiter_waiters_cancelled_at_random_never_over_admit() {
+    let rate = Rate::per_second(100_000);
+    let burst = 5;
+    let limiter = RateLimiter::with_clock(
+        Algorithm::TokenBucket { rate, burst },
+        MonotonicClock::new(),
+    )
+    .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let times = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (limiter, calls, times) =
+                    (limiter.clone(), Arc::clone(&calls), Arc::clone(&times));
+                tokio::spawn(async move {
+                    let mut rng = Rng::new(7 + t);
+                    let mut mine = Vec::new();
+                    for _ in 0..4_000 {
+                        let n = 1 + rng.below(u64::from(burst)) as u32;
+                        let d = Duration::from_micros(rng.below(100));
+                        let acquire = counted(&calls, limiter.acquire_n(n));
+                        if let Ok(Ok(a)) = tokio::time::timeout(d, acquire).await {
+                            mine.push((a.at_nanos(), u64::from(n)));
+                        }
+                    }
+                    times.lock().unwrap().extend(mine);
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let stats = limiter.stats();
+    let calls = calls.load(Ordering::Relaxed);
+    assert_eq!((stats.waiting, stats.queued_permits), (0, 0));
+    assert_eq!(stats.admitted + stats.rejected + stats.cancelled, calls);
+    assert!(stats.cancelled > 100 && stats.admitted > 100, "{stats:?}");
+    // GCRA conformance of everything admitted, through the queue or not.
+    let mut admissions = times.lock().unwrap().clone();
+    assert_eq!(admissions.len() as u64, stats.admitted);
+    admissions.sort_unstable();
+    let interval = 1_000_000_000 / 100_000u64;
+    let capacity = interval * u64::from(burst);
+    let (mut credit, mut last) = (capacity, 0u64);
+    for (t, n) in admissions {
+        credit = (credit + (t - last)).min(capacity);
+        last = t;
+        credit = credit
+            .checked_sub(n * interval)
+            .unwrap_or_else(|| panic!("over-admission at {t} ns"));
+    }
+}
