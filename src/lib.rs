@@ -1,9 +1,12 @@
 //! # turnstile
 //!
-//! Admit or reject work by rate, per key, on one machine or across many.
+//! Admit or reject work by rate and by concurrency, per key, on one machine or across many.
 //!
-//! This release provides the lock-free core: four rate-limit algorithms behind one handle,
-//! [`RateLimiter`], with a non-blocking [`try_acquire`](RateLimiter::try_acquire).
+//! This release provides four lock-free rate-limit algorithms behind one handle, [`RateLimiter`],
+//! with a non-blocking [`try_acquire`](RateLimiter::try_acquire), waiting in a fair, bounded,
+//! cancel-safe queue ([`acquire`](RateLimiter::acquire) `.await`,
+//! [`acquire_blocking`](RateLimiter::acquire_blocking)), and a [`ConcurrencyLimiter`] for "at most
+//! N in flight".
 //!
 //! | algorithm | exactness | memory | bursts |
 //! |---|---|---|---|
@@ -31,6 +34,8 @@
 //!   [`Admission::at`]): proven for small cases by loom models (`loom-tests/`) and audited on real
 //!   threads (`tests/stress.rs`).
 //! - **Denials are free**: a rejected `try_acquire` writes no shared memory.
+//! - **Waiting is fair and cancel-safe**: waiters are served in [`QueueOrder`]; dropping a waiting
+//!   future consumes nothing and passes the turn on.
 //! - **Bad input** gets a [`ConfigError`], never a panic.
 //! - **Time** comes from one [`Clock`] per limiter; tests use [`ManualClock`].
 
