@@ -270,8 +270,10 @@ impl<C: Clock> Inner<C> {
         })
     }
 
-    /// The head's attempt: the algorithm, ignoring the gate.
+    /// The head's attempt: the algorithm, ignoring the gate. The head has usually just slept until
+    /// its slot frees, so a cached clock is brought up to date first.
     fn take(&self, n: u32) -> Result<Admission, Blocked> {
+        self.clock.catch_up();
         match self.state.try_acquire(n, &self.clock) {
             Ok(admission) => Ok(admission),
             Err(TryAcquireError::Rejected(r)) => Err(Blocked::Until(r.retry_after_nanos())),
