@@ -1,6 +1,6 @@
 //! [`RateLimiter`]: the handle users hold.
 
-use crate::algorithm::{FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
+use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
@@ -109,26 +109,42 @@ pub enum Algorithm {
     },
 }
 
+/// One algorithm's parameters and the one cell of state an unkeyed limiter owns.
+pub(crate) struct Single<A: Algo> {
+    algo: A,
+    /// On a cache line of its own: every admission writes it, the parameters are only read.
+    cell: CachePadded<A::Cell>,
+}
+
+impl<A: Algo> Single<A> {
+    fn new(algo: A) -> Self {
+        let cell = CachePadded::new(algo.cell());
+        Single { algo, cell }
+    }
+}
+
 pub(crate) enum State {
-    Fixed(FixedWindow),
-    Sliding(SlidingWindow),
-    Counter(SlidingCounter),
-    Bucket(TokenBucket),
+    Fixed(Single<FixedWindow>),
+    Sliding(Single<SlidingWindow>),
+    Counter(Single<SlidingCounter>),
+    Bucket(Single<TokenBucket>),
 }
 
 impl State {
     pub(crate) fn new(algorithm: Algorithm) -> Result<Self, ConfigError> {
         Ok(match algorithm {
             Algorithm::FixedWindow { limit, window } => {
-                State::Fixed(FixedWindow::new(limit, window)?)
+                State::Fixed(Single::new(FixedWindow::new(limit, window)?))
             }
             Algorithm::SlidingWindow { limit, window } => {
-                State::Sliding(SlidingWindow::new(limit, window)?)
+                State::Sliding(Single::new(SlidingWindow::new(limit, window)?))
             }
             Algorithm::SlidingCounter { limit, window } => {
-                State::Counter(SlidingCounter::new(limit, window)?)
+                State::Counter(Single::new(SlidingCounter::new(limit, window)?))
             }
-            Algorithm::TokenBucket { rate, burst } => State::Bucket(TokenBucket::new(rate, burst)?),
+            Algorithm::TokenBucket { rate, burst } => {
+                State::Bucket(Single::new(TokenBucket::new(rate, burst)?))
+            }
         })
     }
 
@@ -141,28 +157,28 @@ impl State {
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
         match self {
-            State::Fixed(s) => s.try_acquire(n, clock),
-            State::Sliding(s) => s.try_acquire(n, clock),
-            State::Counter(s) => s.try_acquire(n, clock),
-            State::Bucket(s) => s.try_acquire(n, clock),
+            State::Fixed(s) => s.algo.try_acquire(&s.cell, n, clock),
+            State::Sliding(s) => s.algo.try_acquire(&s.cell, n, clock),
+            State::Counter(s) => s.algo.try_acquire(&s.cell, n, clock),
+            State::Bucket(s) => s.algo.try_acquire(&s.cell, n, clock),
         }
     }
 
     pub(crate) fn available(&self, now: u64) -> u32 {
         match self {
-            State::Fixed(s) => s.available(now),
-            State::Sliding(s) => s.available(now),
-            State::Counter(s) => s.available(now),
-            State::Bucket(s) => s.available(now),
+            State::Fixed(s) => s.algo.available(&s.cell, now),
+            State::Sliding(s) => s.algo.available(&s.cell, now),
+            State::Counter(s) => s.algo.available(&s.cell, now),
+            State::Bucket(s) => s.algo.available(&s.cell, now),
         }
     }
 
     pub(crate) fn limit(&self) -> u32 {
         match self {
-            State::Fixed(s) => s.limit(),
-            State::Sliding(s) => s.limit(),
-            State::Counter(s) => s.limit(),
-            State::Bucket(s) => s.limit(),
+            State::Fixed(s) => s.algo.limit(),
+            State::Sliding(s) => s.algo.limit(),
+            State::Counter(s) => s.algo.limit(),
+            State::Bucket(s) => s.algo.limit(),
         }
     }
 }

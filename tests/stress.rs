@@ -4,6 +4,8 @@
 //! Each audit makes at least 10^6 attempts, from more threads than the machine has cores (so threads
 //! are preempted mid-protocol), with a mix of single and multi-permit requests.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Barrier;
 use std::time::Duration;
@@ -54,25 +56,19 @@ fn hammer<C: Clock>(limiter: &RateLimiter<C>) -> Vec<(u64, u64)> {
     admissions
 }
 
-fn permits(admissions: &[(u64, u64)]) -> Vec<u64> {
-    admissions
-        .iter()
-        .flat_map(|&(t, n)| std::iter::repeat_n(t, n as usize))
-        .collect()
-}
-
 fn audit_fixed<C: Clock>(clock: C, limit: u32, window: Duration) {
     let limiter = RateLimiter::with_clock(Algorithm::FixedWindow { limit, window }, clock).unwrap();
+    let admissions = hammer(&limiter);
+    assert_eq!(
+        common::fixed_violations(&admissions, limit, window),
+        0,
+        "windows over the limit"
+    );
     let w = window.as_nanos() as u64;
     let mut per_window: HashMap<u64, u64> = HashMap::new();
-    for (t, n) in hammer(&limiter) {
+    for (t, n) in admissions {
         *per_window.entry(t / w).or_default() += n;
     }
-    let violations = per_window
-        .values()
-        .filter(|&&c| c > u64::from(limit))
-        .count();
-    assert_eq!(violations, 0, "windows over the limit");
     assert!(
         per_window.values().any(|&c| c == u64::from(limit)),
         "some window filled up"
@@ -82,16 +78,9 @@ fn audit_fixed<C: Clock>(clock: C, limit: u32, window: Duration) {
 fn audit_sliding<C: Clock>(clock: C, limit: u32, window: Duration) {
     let limiter =
         RateLimiter::with_clock(Algorithm::SlidingWindow { limit, window }, clock).unwrap();
-    let w = window.as_nanos() as u64;
-    let times = permits(&hammer(&limiter));
-    let n = limit as usize;
-    // Any limit + 1 permits within one window would put two permits `limit` apart in sorted
-    // order less than a window apart.
-    let violations = (0..times.len().saturating_sub(n))
-        .filter(|&i| times[i + n] - times[i] < w)
-        .count();
     assert_eq!(
-        violations, 0,
+        common::sliding_violations(&hammer(&limiter), limit, window),
+        0,
         "intervals of one window holding more than the limit"
     );
 }
@@ -99,47 +88,18 @@ fn audit_sliding<C: Clock>(clock: C, limit: u32, window: Duration) {
 fn audit_counter<C: Clock>(clock: C, limit: u32, window: Duration) {
     let limiter =
         RateLimiter::with_clock(Algorithm::SlidingCounter { limit, window }, clock).unwrap();
-    let w = window.as_nanos() as u64;
-    let mut counts: HashMap<u64, u64> = HashMap::new();
-    let mut violations = 0;
-    // Replay in time order: each admission must have satisfied prev·(W − e) + (cur + n)·W ≤ limit·W
-    // given the admissions before it (ties at one instant may come in any order).
-    for (t, n) in hammer(&limiter) {
-        let (k, e) = (t / w, t % w);
-        let prev = if k == 0 {
-            0
-        } else {
-            counts.get(&(k - 1)).copied().unwrap_or(0)
-        };
-        let cur = counts.get(&k).copied().unwrap_or(0);
-        let lhs = prev as u128 * (w - e) as u128 + (cur + n) as u128 * w as u128;
-        if lhs > u128::from(limit) * w as u128 {
-            violations += 1;
-        }
-        *counts.entry(k).or_default() += n;
-    }
-    assert_eq!(violations, 0, "admissions above the weighted estimate");
-    assert!(counts.values().all(|&c| c <= u64::from(limit)));
+    assert_eq!(
+        common::counter_violations(&hammer(&limiter), limit, window),
+        0,
+        "admissions above the weighted estimate"
+    );
 }
 
 fn audit_bucket<C: Clock>(clock: C, rate: Rate, burst: u32) {
     let limiter = RateLimiter::with_clock(Algorithm::TokenBucket { rate, burst }, clock).unwrap();
-    let interval = (rate.period.as_nanos() as u64).div_ceil(u64::from(rate.permits));
-    let capacity = interval * u64::from(burst);
-    let (mut credit, mut last, mut violations) = (capacity, 0u64, 0);
-    for (t, n) in hammer(&limiter) {
-        credit = (credit + (t - last)).min(capacity);
-        last = t;
-        match credit.checked_sub(n * interval) {
-            Some(left) => credit = left,
-            None => {
-                violations += 1;
-                credit = 0;
-            }
-        }
-    }
     assert_eq!(
-        violations, 0,
+        common::bucket_violations(&hammer(&limiter), rate, burst),
+        0,
         "admissions the token bucket had no credit for"
     );
 }

@@ -1,11 +1,10 @@
 //! Fixed window: one atomic word, updated by compare-and-swap.
 
-use super::{pack, too_big, unpack};
+use super::{pack, too_big, unpack, window_id, Algo, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering};
-use crossbeam_utils::CachePadded;
 use std::time::Duration;
 use strength_reduce::StrengthReducedU64;
 
@@ -22,9 +21,10 @@ use strength_reduce::StrengthReducedU64;
 ///
 /// "v ≠ w" always means an *older* window: the word is loaded before the clock is read, and the clock
 /// is monotonic, so no thread can see a window id newer than its own `now`.
+///
+/// This struct holds the parameters; the word is the [`Algo::Cell`], kept by the limiter (one per
+/// key in a keyed limiter). A word of [`RETIRED`] belongs to a key that eviction removed.
 pub(crate) struct FixedWindow {
-    /// Alone on its cache line: the parameters below are read by every call, the word is written.
-    state: CachePadded<AtomicU64>,
     limit: u32,
     window: u64,
     per_window: StrengthReducedU64,
@@ -40,20 +40,42 @@ impl FixedWindow {
             return Err(ConfigError::Zero { what: "window" });
         }
         Ok(FixedWindow {
-            state: CachePadded::new(AtomicU64::new(pack(0, 0))),
             limit,
             window,
             per_window: StrengthReducedU64::new(window),
         })
     }
 
-    pub(crate) fn limit(&self) -> u32 {
+    /// Permits free in `word` at `now`, the time until `now`'s window ends, and that window's id.
+    #[inline(always)]
+    fn free(&self, word: u64, now: u64) -> (u32, u64, u32) {
+        let window = now / self.per_window;
+        let until_reset = window
+            .saturating_add(1)
+            .saturating_mul(self.window)
+            .saturating_sub(now);
+        let id = window_id(window);
+        let (wid, count) = unpack(word);
+        let used = if wid == id { count } else { 0 };
+        (self.limit - used, until_reset, id)
+    }
+}
+
+impl Algo for FixedWindow {
+    type Cell = AtomicU64;
+
+    fn cell(&self) -> AtomicU64 {
+        AtomicU64::new(pack(0, 0))
+    }
+
+    fn limit(&self) -> u32 {
         self.limit
     }
 
     #[inline(always)]
-    pub(crate) fn try_acquire<C: Clock>(
+    fn try_acquire<C: Clock>(
         &self,
+        state: &AtomicU64,
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
@@ -62,17 +84,13 @@ impl FixedWindow {
         }
         // Acquire: pairs with the Release of the CAS that wrote this word, so the clock read below
         // happens after the writer's clock read and returns a time no earlier than its window.
-        let mut current = self.state.load(Ordering::Acquire);
+        let mut current = state.load(Ordering::Acquire);
         loop {
+            if current == RETIRED {
+                return Err(TryAcquireError::Closed);
+            }
             let now = clock.now();
-            let window = now / self.per_window;
-            let until_reset = window
-                .saturating_add(1)
-                .saturating_mul(self.window)
-                .saturating_sub(now);
-            let (id, count) = unpack(current);
-            let used = if id == window as u32 { count } else { 0 };
-            let free = self.limit - used;
+            let (free, until_reset, id) = self.free(current, now);
             if free < n.max(1) {
                 // The next window starts empty and n ≤ limit, so that is exactly when n fits.
                 return Err(TryAcquireError::Rejected(Rejection::new(
@@ -83,36 +101,52 @@ impl FixedWindow {
             if n == 0 {
                 return Ok(Admission::new(now, until_reset, free));
             }
-            let next = pack(window as u32, used + n);
+            let next = pack(id, self.limit - free + n);
             // Release on success: publishes our clock reading to the next thread that loads the
             // word (see the load above). Acquire on failure: we use the new word the same way.
-            match self.state.compare_exchange_weak(
-                current,
-                next,
-                Ordering::Release,
-                Ordering::Acquire,
-            ) {
+            match state.compare_exchange_weak(current, next, Ordering::Release, Ordering::Acquire) {
                 Ok(_) => return Ok(Admission::new(now, until_reset, free - n)),
                 Err(actual) => current = actual,
             }
         }
     }
 
-    /// Every atomic word, for tests that check a rejection wrote nothing.
     #[cfg(all(test, not(turnstile_loom)))]
-    pub(crate) fn words(&self) -> Vec<u64> {
-        vec![self.state.load(Ordering::Relaxed)]
+    fn words(state: &AtomicU64) -> Vec<u64> {
+        vec![state.load(Ordering::Relaxed)]
     }
 
-    /// Permits available at `now` (a snapshot).
-    pub(crate) fn available(&self, now: u64) -> u32 {
+    fn available(&self, state: &AtomicU64, now: u64) -> u32 {
         // Relaxed: a statistic; no decision depends on it.
-        let (id, count) = unpack(self.state.load(Ordering::Relaxed));
-        let window = now / self.per_window;
-        if id == window as u32 {
-            self.limit - count
-        } else {
-            self.limit
+        match state.load(Ordering::Relaxed) {
+            RETIRED => self.limit,
+            word => self.free(word, now).0,
         }
+    }
+
+    fn retire<C: Clock>(&self, state: &AtomicU64, clock: &C) -> Result<(), u64> {
+        // Acquire: as in `try_acquire`, so our clock read is no earlier than the last admission's.
+        let word = state.load(Ordering::Acquire);
+        if word == RETIRED {
+            return Ok(());
+        }
+        let now = clock.now();
+        let (free, until_reset, _) = self.free(word, now);
+        if free < self.limit {
+            // Busy until its window ends.
+            return Err(now.saturating_add(until_reset));
+        }
+        // Release on success: publishes our clock reading to whoever sees RETIRED and re-creates
+        // the key, so the fresh word is used at times no earlier than ours. Relaxed on failure: an
+        // admission landed; we only report "busy".
+        state
+            .compare_exchange(word, RETIRED, Ordering::Release, Ordering::Relaxed)
+            .map(drop)
+            .map_err(|_| now)
+    }
+
+    fn retired(state: &AtomicU64) -> bool {
+        // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
+        state.load(Ordering::Relaxed) == RETIRED
     }
 }

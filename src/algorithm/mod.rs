@@ -16,17 +16,80 @@ pub(crate) use sliding_counter::SlidingCounter;
 pub(crate) use sliding_window::SlidingWindow;
 pub(crate) use token_bucket::TokenBucket;
 
+use crate::clock::Clock;
+use crate::decision::Admission;
 use crate::error::TryAcquireError;
 
-/// Packs a window id (low 32 bits of `now / window`) and a count into one word.
+/// What every algorithm provides: shared parameters (`self`) acting on a cell of atomic state.
 ///
-/// | bits 63..32 | bits 31..0 |
-/// |---|---|
-/// | window id, wrapping | permits counted in that window |
+/// An unkeyed limiter owns one cell; a keyed limiter owns one per key, created by [`cell`] on a
+/// key's first use and removed by [`retire`] once it is indistinguishable from a fresh one.
 ///
-/// Ids are compared for equality only (or as "the id just before"), so wrapping after 2^32 windows
-/// can only make two windows 2^32 apart look like one: the limiter is then *stricter* for one
-/// window, never looser.
+/// **Retirement.** `retire` swaps an idle cell's state word to [`RETIRED`] with a compare-and-swap
+/// from the very word it judged idle, so it fails if any admission landed in between. A caller
+/// that loads `RETIRED` (or whose CAS fails with it) gets [`TryAcquireError::Closed`] back, never a
+/// decision: the keyed limiter then drops the dead cell from its map and retries on a fresh one.
+/// An admission is therefore never made on, or lost with, a cell that eviction has removed.
+///
+/// [`cell`]: Algo::cell
+/// [`retire`]: Algo::retire
+pub(crate) trait Algo: Send + Sync + 'static {
+    /// The atomic state of one limiter (one key).
+    type Cell: Send + Sync + 'static;
+
+    /// A fresh cell: nothing admitted yet.
+    fn cell(&self) -> Self::Cell;
+
+    /// The most permits one call can ask for.
+    fn limit(&self) -> u32;
+
+    /// Takes `n` permits from `cell` at the clock's time, all or nothing; `n == 0` is a probe.
+    /// Loads the state before it reads the clock (see the module docs); writes nothing when it
+    /// rejects. `Err(Closed)` means the cell is retired.
+    fn try_acquire<C: Clock>(
+        &self,
+        cell: &Self::Cell,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError>;
+
+    /// Permits available at `now` (a snapshot; a retired cell counts as fresh).
+    fn available(&self, cell: &Self::Cell, now: u64) -> u32;
+
+    /// Marks `cell` retired if it is idle now (its state admits exactly what a fresh cell would,
+    /// now and later). `Err(t)`: not idle; it cannot become idle before clock time `t`.
+    fn retire<C: Clock>(&self, cell: &Self::Cell, clock: &C) -> Result<(), u64>;
+
+    /// Whether `cell` is retired. Retirement is final, so a `true` never goes stale.
+    fn retired(cell: &Self::Cell) -> bool;
+
+    /// Every atomic word, for tests that check a rejection wrote nothing.
+    #[cfg(all(test, not(turnstile_loom)))]
+    fn words(cell: &Self::Cell) -> Vec<u64>;
+}
+
+/// The state word of a retired cell. No live state word takes this value: window words keep bit
+/// 63 clear (31-bit ids, see [`pack`]), and arrival times and ticket counters stay below 2^63.
+pub(crate) const RETIRED: u64 = u64::MAX;
+
+/// The id of window `window`: its low 31 bits.
+#[inline(always)]
+pub(crate) fn window_id(window: u64) -> u32 {
+    (window as u32) & ID_MASK
+}
+
+/// Window ids are 31 bits, so that a window word never has bit 63 set (see [`RETIRED`]).
+pub(crate) const ID_MASK: u32 = u32::MAX >> 1;
+
+/// Packs a window id ([`window_id`]: the low 31 bits of `now / window`) and a count into one word.
+///
+/// | bit 63 | bits 62..32 | bits 31..0 |
+/// |---|---|---|
+/// | 0 (1 only in [`RETIRED`]) | window id, wrapping | permits counted in that window |
+///
+/// Ids are compared for equality only (or as "the id just before", modulo 2^31), so wrapping after
+/// 2^31 windows can only make two windows 2^31 apart look like one: the limiter is then *stricter*
+/// for one window, never looser.
 #[inline]
 pub(crate) fn pack(window: u32, count: u32) -> u64 {
     (u64::from(window) << 32) | u64::from(count)
@@ -56,45 +119,79 @@ mod tests {
 
     /// Drives an algorithm to exhaustion at several points in time, then checks that a burst of
     /// rejections (single, multi-permit and probes) leaves every atomic word as it was.
-    fn rejections_write_nothing<A>(
-        state: A,
-        try_acquire: impl Fn(&A, u32, &ManualClock) -> Result<crate::Admission, TryAcquireError>,
-        words: impl Fn(&A) -> Vec<u64>,
-    ) {
+    fn rejections_write_nothing<A: Algo>(algo: A) {
         let clock = ManualClock::new();
+        let cell = algo.cell();
         for step in 0..20 {
             clock.advance(Duration::from_millis(37 * step));
-            while try_acquire(&state, 1, &clock).is_ok() {}
-            let before = words(&state);
+            while algo.try_acquire(&cell, 1, &clock).is_ok() {}
+            let before = A::words(&cell);
             for n in [1, 2, 0, 1] {
-                assert!(try_acquire(&state, n, &clock).is_err());
+                assert!(algo.try_acquire(&cell, n, &clock).is_err());
             }
-            assert_eq!(words(&state), before, "a rejection wrote shared memory");
+            assert_eq!(A::words(&cell), before, "a rejection wrote shared memory");
         }
     }
 
     #[test]
     fn rejections_write_no_shared_memory() {
         let window = Duration::from_millis(100);
-        rejections_write_nothing(
-            FixedWindow::new(5, window).unwrap(),
-            |s, n, c| s.try_acquire(n, c),
-            FixedWindow::words,
+        rejections_write_nothing(FixedWindow::new(5, window).unwrap());
+        rejections_write_nothing(SlidingWindow::new(5, window).unwrap());
+        rejections_write_nothing(SlidingCounter::new(5, window).unwrap());
+        rejections_write_nothing(TokenBucket::new(Rate::new(5, window), 5).unwrap());
+    }
+
+    /// A cell retires only when idle, says when it will be idle otherwise, and once retired
+    /// answers `Closed` to every call without writing.
+    fn retires_only_when_idle<A: Algo>(algo: A, idle_after: Duration) {
+        let clock = ManualClock::new();
+        let cell = algo.cell();
+        assert_eq!(algo.retire(&cell, &clock), Ok(()), "a fresh cell is idle");
+        assert_eq!(
+            algo.try_acquire(&cell, 1, &clock),
+            Err(TryAcquireError::Closed)
         );
-        rejections_write_nothing(
-            SlidingWindow::new(5, window).unwrap(),
-            |s, n, c| s.try_acquire(n, c),
-            SlidingWindow::words,
+        assert_eq!(algo.available(&cell, 0), algo.limit());
+
+        let cell = algo.cell();
+        clock.advance(Duration::from_millis(5));
+        algo.try_acquire(&cell, 1, &clock).unwrap();
+        let busy_until = algo.retire(&cell, &clock).unwrap_err();
+        assert!(
+            busy_until > clock.now(),
+            "busy_until {busy_until} is not ahead"
         );
-        rejections_write_nothing(
-            SlidingCounter::new(5, window).unwrap(),
-            |s, n, c| s.try_acquire(n, c),
-            SlidingCounter::words,
+        assert!(busy_until <= clock.now() + idle_after.as_nanos() as u64);
+        clock.set(Duration::from_nanos(busy_until - 1));
+        assert!(
+            algo.retire(&cell, &clock).is_err(),
+            "retired before busy_until"
         );
-        rejections_write_nothing(
-            TokenBucket::new(Rate::new(5, window), 5).unwrap(),
-            |s, n, c| s.try_acquire(n, c),
-            TokenBucket::words,
+        // `busy_until` is a lower bound; one more idle period later the cell is idle for sure.
+        clock.set(Duration::from_nanos(busy_until));
+        clock.advance(idle_after);
+        let before = A::words(&cell);
+        assert_eq!(algo.retire(&cell, &clock), Ok(()));
+        assert_ne!(A::words(&cell), before);
+        let retired = A::words(&cell);
+        assert_eq!(
+            algo.try_acquire(&cell, 1, &clock),
+            Err(TryAcquireError::Closed)
         );
+        assert_eq!(
+            algo.try_acquire(&cell, 0, &clock),
+            Err(TryAcquireError::Closed)
+        );
+        assert_eq!(A::words(&cell), retired, "a retired cell was written");
+    }
+
+    #[test]
+    fn cells_retire_only_when_idle() {
+        let window = Duration::from_millis(100);
+        retires_only_when_idle(FixedWindow::new(5, window).unwrap(), window);
+        retires_only_when_idle(SlidingWindow::new(5, window).unwrap(), window);
+        retires_only_when_idle(SlidingCounter::new(5, window).unwrap(), window * 2);
+        retires_only_when_idle(TokenBucket::new(Rate::new(5, window), 5).unwrap(), window);
     }
 }

@@ -1,11 +1,10 @@
 //! Sliding window counter: the previous and current fixed-window counts, weighted.
 
-use super::{pack, too_big, unpack};
+use super::{pack, too_big, unpack, window_id, Algo, ID_MASK, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering};
-use crossbeam_utils::CachePadded;
 use std::time::Duration;
 use strength_reduce::StrengthReducedU64;
 
@@ -43,18 +42,26 @@ use strength_reduce::StrengthReducedU64;
 /// roll-over into `w + 1` writes the slot window `w` callers do not read; the next writer of their
 /// slot rolls into `w + 2`, which needs `current` to have reached `w + 1` already, and from then on
 /// no CAS expecting a window-`w` word can succeed.
+///
+/// This struct holds the parameters; the three words are the [`Algo::Cell`], [`Words`]. Retiring
+/// swaps `current` to [`RETIRED`] (window words never have bit 63 set).
 pub(crate) struct SlidingCounter {
-    /// Both words on one cache line of their own, apart from the read-only parameters below.
-    words: CachePadded<Words>,
     limit: u32,
     window: u64,
     per_window: StrengthReducedU64,
 }
 
-struct Words {
+/// The state of one sliding counter.
+pub(crate) struct Words {
     current: AtomicU64,
     /// `previous[id & 1]` holds (id, final count) of window `id` once it has been rolled over.
     previous: [AtomicU64; 2],
+}
+
+/// The id of the window before window `id`, modulo 2^31 like the ids themselves.
+#[inline(always)]
+fn before(id: u32) -> u32 {
+    id.wrapping_sub(1) & ID_MASK
 }
 
 /// `a / b` (b > 0), in 64 bits when both fit: a u128 division is a library call several times slower.
@@ -76,27 +83,15 @@ impl SlidingCounter {
             return Err(ConfigError::Zero { what: "window" });
         }
         Ok(SlidingCounter {
-            words: CachePadded::new(Words {
-                current: AtomicU64::new(pack(0, 0)),
-                // (u32::MAX, 0): "window −1 admitted nothing", in the slot window 0 reads.
-                previous: [
-                    AtomicU64::new(pack(u32::MAX, 0)),
-                    AtomicU64::new(pack(u32::MAX, 0)),
-                ],
-            }),
             limit,
             window,
             per_window: StrengthReducedU64::new(window),
         })
     }
 
-    pub(crate) fn limit(&self) -> u32 {
-        self.limit
-    }
-
     /// (prev, cur) as seen by a caller in window `id` whose `current` word is `word`.
     #[inline]
-    fn counts(&self, word: u64, id: u32) -> (u32, u32) {
+    fn counts(&self, words: &Words, word: u64, id: u32) -> (u32, u32) {
         let (wid, count) = unpack(word);
         if wid == id {
             // Relaxed is enough: the Acquire load of `current` that produced `word` synchronised
@@ -104,11 +99,11 @@ impl SlidingCounter {
             // `previous`, so coherence guarantees we read that store or a later one. A later one can
             // only be window id + 1's (publishes are validated against `current`), which means
             // `current` has left window `id` and our CAS on `word` will fail anyway.
-            let slot = &self.words.previous[(id.wrapping_sub(1) & 1) as usize];
+            let slot = &words.previous[(before(id) & 1) as usize];
             let (pid, pcount) = unpack(slot.load(Ordering::Relaxed));
-            let prev = if pid == id.wrapping_sub(1) { pcount } else { 0 };
+            let prev = if pid == before(id) { pcount } else { 0 };
             (prev, count)
-        } else if wid == id.wrapping_sub(1) {
+        } else if wid == before(id) {
             (count, 0)
         } else {
             (0, 0)
@@ -152,9 +147,76 @@ impl SlidingCounter {
         (self.window - elapsed) + first as u64
     }
 
+    /// Publishes `word` = (id, final count) into `previous[id & 1]` before the roll-over CAS out of
+    /// window `id`, unless `current` has already moved past `word` (then the caller's CAS fails too
+    /// and it retries with the new word).
+    ///
+    /// The publish is validated rather than ordered: load the slot (Acquire), check that `current`
+    /// still holds `word`, then CAS the slot from what was loaded. A publisher whose word is stale
+    /// either sees the newer publish (and through its Acquire, the newer `current`, so the check
+    /// fails) or loaded the slot before it (so its CAS fails and it looks again). So a stale word
+    /// never overwrites a newer one, and ids are only ever compared for equality: no wrapping-distance
+    /// judgement that a slot left idle for 2^30 windows could fool.
+    #[cold]
+    fn publish_previous(words: &Words, word: u64) {
+        let slot = &words.previous[(unpack(word).0 & 1) as usize];
+        // Acquire: pairs with the Release CAS of the publisher of `seen`, whose check of `current`
+        // then happens before ours: if it saw a later word, so do we.
+        let mut seen = slot.load(Ordering::Acquire);
+        loop {
+            // Acquire: we need the newest `current` the publisher of `seen` saw, or a later one.
+            // (Relaxed would do for the comparison alone; Acquire is what carries the argument.)
+            if seen == word || words.current.load(Ordering::Acquire) != word {
+                return;
+            }
+            // Release on success: the next publisher that loads our value must also see the
+            // `current` we checked. Acquire on failure: as for the first load.
+            match slot.compare_exchange_weak(seen, word, Ordering::Release, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(actual) => seen = actual,
+            }
+        }
+    }
+
+    /// ⌈prev · (W − e) / W⌉: the previous window's share of the estimate, in whole permits.
     #[inline(always)]
-    pub(crate) fn try_acquire<C: Clock>(
+    fn weighted(&self, prev: u32, elapsed: u64) -> u32 {
+        if prev == 0 {
+            return 0;
+        }
+        let product = u128::from(prev) * u128::from(self.window - elapsed);
+        // The share never exceeds prev, so it fits in u32; the division is strength-reduced when
+        // the product fits in 64 bits (windows under ~4 s always, longer ones at small counts).
+        let share = match u64::try_from(product + u128::from(self.window) - 1) {
+            Ok(p) => u128::from(p / self.per_window),
+            Err(_) => product.div_ceil(u128::from(self.window)),
+        };
+        share as u32
+    }
+}
+
+impl Algo for SlidingCounter {
+    type Cell = Words;
+
+    fn cell(&self) -> Words {
+        Words {
+            current: AtomicU64::new(pack(0, 0)),
+            // (ID_MASK, 0): "window −1 admitted nothing", in the slot window 0 reads.
+            previous: [
+                AtomicU64::new(pack(ID_MASK, 0)),
+                AtomicU64::new(pack(ID_MASK, 0)),
+            ],
+        }
+    }
+
+    fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    #[inline(always)]
+    fn try_acquire<C: Clock>(
         &self,
+        words: &Words,
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
@@ -163,12 +225,15 @@ impl SlidingCounter {
         }
         // Acquire: pairs with the Release CAS that wrote this word: our clock read below is no
         // earlier than the writer's, and the roll-over store of `previous` is visible (see counts).
-        let mut word = self.words.current.load(Ordering::Acquire);
+        let mut word = words.current.load(Ordering::Acquire);
         loop {
+            if word == RETIRED {
+                return Err(TryAcquireError::Closed);
+            }
             let now = clock.now();
             let (window, elapsed) = StrengthReducedU64::div_rem(now, self.per_window);
-            let id = window as u32;
-            let (prev, cur) = self.counts(word, id);
+            let id = window_id(window);
+            let (prev, cur) = self.counts(words, word, id);
             if !self.fits(prev, cur, n.max(1), elapsed) {
                 return Err(TryAcquireError::Rejected(Rejection::new(
                     self.retry_after(prev, cur, n.max(1), elapsed),
@@ -193,13 +258,13 @@ impl SlidingCounter {
                 return Ok(remaining(0));
             }
             let (wid, count) = unpack(word);
-            if wid != id && wid == id.wrapping_sub(1) {
-                self.publish_previous(pack(wid, count));
+            if wid != id && wid == before(id) {
+                Self::publish_previous(words, pack(wid, count));
             }
             // Release on success: orders the `previous` store above (and our clock read) before
             // the new word for every thread that loads it with Acquire. Acquire on failure: as for
             // the first load.
-            match self.words.current.compare_exchange_weak(
+            match words.current.compare_exchange_weak(
                 word,
                 pack(id, cur + n),
                 Ordering::Release,
@@ -211,70 +276,53 @@ impl SlidingCounter {
         }
     }
 
-    /// Publishes `word` = (id, final count) into `previous[id & 1]` before the roll-over CAS out of
-    /// window `id`, unless `current` has already moved past `word` (then the caller's CAS fails too
-    /// and it retries with the new word).
-    ///
-    /// The publish is validated rather than ordered: load the slot (Acquire), check that `current`
-    /// still holds `word`, then CAS the slot from what was loaded. A publisher whose word is stale
-    /// either sees the newer publish (and through its Acquire, the newer `current`, so the check
-    /// fails) or loaded the slot before it (so its CAS fails and it looks again). So a stale word
-    /// never overwrites a newer one, and ids are only ever compared for equality: no wrapping-distance
-    /// judgement that a slot left idle for 2^31 windows could fool.
-    #[cold]
-    fn publish_previous(&self, word: u64) {
-        let slot = &self.words.previous[(unpack(word).0 & 1) as usize];
-        // Acquire: pairs with the Release CAS of the publisher of `seen`, whose check of `current`
-        // then happens before ours: if it saw a later word, so do we.
-        let mut seen = slot.load(Ordering::Acquire);
-        loop {
-            // Acquire: we need the newest `current` the publisher of `seen` saw, or a later one.
-            // (Relaxed would do for the comparison alone; Acquire is what carries the argument.)
-            if seen == word || self.words.current.load(Ordering::Acquire) != word {
-                return;
-            }
-            // Release on success: the next publisher that loads our value must also see the
-            // `current` we checked. Acquire on failure: as for the first load.
-            match slot.compare_exchange_weak(seen, word, Ordering::Release, Ordering::Acquire) {
-                Ok(_) => return,
-                Err(actual) => seen = actual,
-            }
-        }
-    }
-
-    /// Every atomic word, for tests that check a rejection wrote nothing.
     #[cfg(all(test, not(turnstile_loom)))]
-    pub(crate) fn words(&self) -> Vec<u64> {
+    fn words(words: &Words) -> Vec<u64> {
         vec![
-            self.words.current.load(Ordering::Relaxed),
-            self.words.previous[0].load(Ordering::Relaxed),
-            self.words.previous[1].load(Ordering::Relaxed),
+            words.current.load(Ordering::Relaxed),
+            words.previous[0].load(Ordering::Relaxed),
+            words.previous[1].load(Ordering::Relaxed),
         ]
     }
 
-    /// ⌈prev · (W − e) / W⌉: the previous window's share of the estimate, in whole permits.
-    #[inline(always)]
-    fn weighted(&self, prev: u32, elapsed: u64) -> u32 {
-        if prev == 0 {
-            return 0;
-        }
-        let product = u128::from(prev) * u128::from(self.window - elapsed);
-        // The share never exceeds prev, so it fits in u32; the division is strength-reduced when
-        // the product fits in 64 bits (windows under ~4 s always, longer ones at small counts).
-        let share = match u64::try_from(product + u128::from(self.window) - 1) {
-            Ok(p) => u128::from(p / self.per_window),
-            Err(_) => product.div_ceil(u128::from(self.window)),
-        };
-        share as u32
-    }
-
-    /// Permits available at `now` (a snapshot).
-    pub(crate) fn available(&self, now: u64) -> u32 {
-        let (window, elapsed) = StrengthReducedU64::div_rem(now, self.per_window);
+    fn available(&self, words: &Words, now: u64) -> u32 {
         // Acquire: as in try_acquire, so that `previous` is current for this word.
-        let (prev, cur) = self.counts(self.words.current.load(Ordering::Acquire), window as u32);
+        let word = words.current.load(Ordering::Acquire);
+        if word == RETIRED {
+            return self.limit;
+        }
+        let (window, elapsed) = StrengthReducedU64::div_rem(now, self.per_window);
+        let (prev, cur) = self.counts(words, word, window_id(window));
         self.limit
             .saturating_sub(cur)
             .saturating_sub(self.weighted(prev, elapsed))
+    }
+
+    fn retire<C: Clock>(&self, words: &Words, clock: &C) -> Result<(), u64> {
+        // Acquire: as in `try_acquire`.
+        let word = words.current.load(Ordering::Acquire);
+        if word == RETIRED {
+            return Ok(());
+        }
+        let now = clock.now();
+        let window = now / self.per_window;
+        let id = window_id(window);
+        if self.counts(words, word, id) != (0, 0) {
+            // Counts of window w weigh on windows w and w + 1; a word of window `id` is forgotten
+            // from window id + 2 on, one of the window before from id + 1 on.
+            let ahead = if unpack(word).0 == id { 2 } else { 1 };
+            return Err(window.saturating_add(ahead).saturating_mul(self.window));
+        }
+        // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.
+        words
+            .current
+            .compare_exchange(word, RETIRED, Ordering::Release, Ordering::Relaxed)
+            .map(drop)
+            .map_err(|_| now)
+    }
+
+    fn retired(words: &Words) -> bool {
+        // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
+        words.current.load(Ordering::Relaxed) == RETIRED
     }
 }

@@ -1,11 +1,10 @@
 //! The exact sliding window: a sliding log kept in a bounded ring of timestamps.
 
-use super::too_big;
+use super::{too_big, Algo, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering, Spin};
-use crossbeam_utils::CachePadded;
 use std::time::Duration;
 use strength_reduce::StrengthReducedU64;
 
@@ -43,21 +42,24 @@ const UNWRITTEN: u64 = 1;
 /// of them is not enough for multi-permit claims: a preempted writer of an older ticket could then
 /// store its time over the next lap. The loom model `multi_ticket_claim_*` found this.)
 ///
-/// **Memory:** N words for the ring plus one cache line for the counters.
+/// **Memory:** N words for the ring plus two counters and the ring's pointer (32 bytes).
+///
+/// This struct holds the parameters; the [`Ring`] is the [`Algo::Cell`]. Retiring swaps `head` to
+/// [`RETIRED`] (ticket counters stay far below it).
 pub(crate) struct SlidingWindow {
-    tickets: CachePadded<Tickets>,
-    slots: Box<[AtomicU64]>,
     limit: u32,
     window: u64,
     per_lap: StrengthReducedU64,
 }
 
-struct Tickets {
+/// The state of one exact sliding window.
+pub(crate) struct Ring {
     /// Tickets handed out so far: the next admission takes ticket `head`.
     head: AtomicU64,
     /// A hint for `remaining`: every ticket below it had expired when it was stored. It shares the
     /// cache line of `head`, which the admit path has just written anyway.
     expired: AtomicU64,
+    slots: Box<[AtomicU64]>,
 }
 
 impl SlidingWindow {
@@ -76,32 +78,23 @@ impl SlidingWindow {
             return Err(ConfigError::Zero { what: "window" });
         }
         Ok(SlidingWindow {
-            tickets: CachePadded::new(Tickets {
-                head: AtomicU64::new(0),
-                expired: AtomicU64::new(0),
-            }),
-            slots: (0..limit).map(|_| AtomicU64::new(UNWRITTEN)).collect(),
             limit,
             window,
             per_lap: StrengthReducedU64::new(u64::from(limit)),
         })
     }
 
-    pub(crate) fn limit(&self) -> u32 {
-        self.limit
-    }
-
     /// The slot of ticket `ticket` and the parity its lap writes.
     #[inline]
-    fn slot(&self, ticket: u64) -> (&AtomicU64, u64) {
+    fn slot<'r>(&self, ring: &'r Ring, ticket: u64) -> (&'r AtomicU64, u64) {
         let (lap, index) = StrengthReducedU64::div_rem(ticket, self.per_lap);
-        (&self.slots[index as usize], lap & 1)
+        (&ring.slots[index as usize], lap & 1)
     }
 
     /// The time of ticket `ticket`, if its writer has published it.
     #[inline]
-    fn published(&self, ticket: u64) -> Option<u64> {
-        let (slot, parity) = self.slot(ticket);
+    fn published(&self, ring: &Ring, ticket: u64) -> Option<u64> {
+        let (slot, parity) = self.slot(ring, ticket);
         // Acquire: pairs with the Release store of the slot. Whoever claimed a later ticket read this
         // slot with Acquire before its Release CAS on `head`, and we loaded `head` with Acquire, so
         // the previous lap's write happens-before this load: we cannot see an older lap (two laps
@@ -111,13 +104,81 @@ impl SlidingWindow {
     }
 
     #[inline]
-    fn expired(&self, ticket: u64, now: u64) -> bool {
-        matches!(self.published(ticket), Some(t) if t.saturating_add(self.window) <= now)
+    fn expired(&self, ring: &Ring, ticket: u64, now: u64) -> bool {
+        matches!(self.published(ring, ticket), Some(t) if t.saturating_add(self.window) <= now)
+    }
+
+    /// Permits that tickets `end`, `end + 1`, … could take at `now`: N minus the tickets in
+    /// `[end − N, end)` that are still in the window. Finds the first live ticket by galloping from
+    /// the `expired` hint, so the cost is amortised O(1) per admission, O(log N) at worst.
+    ///
+    /// Unpublished tickets count as live; the result is exact when no admission is in flight.
+    #[inline]
+    fn remaining(&self, ring: &Ring, end: u64, now: u64) -> u32 {
+        let limit = u64::from(self.limit);
+        // Relaxed: a hint, any value it ever held is a valid lower bound.
+        let hint = ring.expired.load(Ordering::Relaxed);
+        let low = hint.max(end.saturating_sub(limit));
+        if low >= end || !self.expired(ring, low, now) {
+            return (limit - (end - low.min(end))) as u32;
+        }
+        self.remaining_gallop(ring, end, now, hint, low)
+    }
+
+    /// The slow part of [`remaining`](Self::remaining): `low` has expired, find the first live
+    /// ticket after it.
+    #[cold]
+    #[inline(never)]
+    fn remaining_gallop(&self, ring: &Ring, end: u64, now: u64, hint: u64, mut low: u64) -> u32 {
+        let limit = u64::from(self.limit);
+        // Invariant: `low` has expired; find `high`, the first live ticket (or `end`).
+        let mut step = 1;
+        let mut high = loop {
+            let probe = low + step;
+            if probe >= end {
+                break end;
+            }
+            if !self.expired(ring, probe, now) {
+                break probe;
+            }
+            low = probe;
+            step *= 2;
+        };
+        while high - low > 1 {
+            let mid = low + (high - low) / 2;
+            if self.expired(ring, mid, now) {
+                low = mid;
+            } else {
+                high = mid;
+            }
+        }
+        if high > hint {
+            // Relaxed: a hint (see the load).
+            ring.expired.store(high, Ordering::Relaxed);
+        }
+        (limit - (end - high)) as u32
+    }
+}
+
+impl Algo for SlidingWindow {
+    type Cell = Ring;
+
+    fn cell(&self) -> Ring {
+        Ring {
+            head: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            slots: (0..self.limit).map(|_| AtomicU64::new(UNWRITTEN)).collect(),
+        }
+    }
+
+    fn limit(&self) -> u32 {
+        self.limit
     }
 
     #[inline(always)]
-    pub(crate) fn try_acquire<C: Clock>(
+    fn try_acquire<C: Clock>(
         &self,
+        ring: &Ring,
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
@@ -129,15 +190,18 @@ impl SlidingWindow {
         let spin = Spin::new();
         // Acquire: pairs with the Release CAS of every earlier claim (a release sequence of RMWs):
         // their clock reads and slot checks happen before our clock read and slot loads.
-        let mut head = self.tickets.head.load(Ordering::Acquire);
+        let mut head = ring.head.load(Ordering::Acquire);
         loop {
+            if head == RETIRED {
+                return Err(TryAcquireError::Closed);
+            }
             let now = clock.now().min(MAX_TIME);
             let end = head + want;
             if end > limit {
                 // The newest of the tickets whose slots we would overwrite must have expired; times
                 // are non-decreasing in ticket order, so the older ones have too.
                 let newest = end - 1 - limit;
-                let published = match self.published(newest) {
+                let published = match self.published(ring, newest) {
                     Some(t) => {
                         let free_at = t.saturating_add(self.window);
                         if free_at > now {
@@ -149,7 +213,8 @@ impl SlidingWindow {
                         // Every slot we overwrite must hold its own ticket's write, not only the
                         // newest: a writer of an older one that is still between claim and publish
                         // would otherwise store its time over our lap later.
-                        (head.saturating_sub(limit)..newest).all(|t| self.published(t).is_some())
+                        (head.saturating_sub(limit)..newest)
+                            .all(|t| self.published(ring, t).is_some())
                     }
                     None => false,
                 };
@@ -157,104 +222,84 @@ impl SlidingWindow {
                     // A writer is between claim and publish: never decide on a stale slot.
                     spin.snooze();
                     // Acquire: as above.
-                    head = self.tickets.head.load(Ordering::Acquire);
+                    head = ring.head.load(Ordering::Acquire);
                     continue;
                 }
             }
             if n == 0 {
-                let reset = match head.checked_sub(1).and_then(|t| self.published(t)) {
+                let reset = match head.checked_sub(1).and_then(|t| self.published(ring, t)) {
                     Some(t) => t.saturating_add(self.window).saturating_sub(now),
                     None => 0,
                 };
-                return Ok(Admission::new(now, reset, self.remaining(head, now)));
+                return Ok(Admission::new(now, reset, self.remaining(ring, head, now)));
             }
             // Release on success: publishes our clock reading and the slot check above to every
             // later claimer. Acquire on failure: as for the first load.
-            match self.tickets.head.compare_exchange_weak(
-                head,
-                end,
-                Ordering::Release,
-                Ordering::Acquire,
-            ) {
+            match ring
+                .head
+                .compare_exchange_weak(head, end, Ordering::Release, Ordering::Acquire)
+            {
                 Ok(_) => {
                     for ticket in head..end {
-                        let (slot, parity) = self.slot(ticket);
+                        let (slot, parity) = self.slot(ring, ticket);
                         // Release: pairs with the Acquire in `published`.
                         slot.store((now << 1) | parity, Ordering::Release);
                     }
-                    return Ok(Admission::new(now, self.window, self.remaining(end, now)));
+                    return Ok(Admission::new(
+                        now,
+                        self.window,
+                        self.remaining(ring, end, now),
+                    ));
                 }
                 Err(actual) => head = actual,
             }
         }
     }
 
-    /// Permits that tickets `end`, `end + 1`, … could take at `now`: N minus the tickets in
-    /// `[end − N, end)` that are still in the window. Finds the first live ticket by galloping from
-    /// the `expired` hint, so the cost is amortised O(1) per admission, O(log N) at worst.
-    ///
-    /// Unpublished tickets count as live; the result is exact when no admission is in flight.
-    #[inline]
-    fn remaining(&self, end: u64, now: u64) -> u32 {
-        let limit = u64::from(self.limit);
-        // Relaxed: a hint, any value it ever held is a valid lower bound.
-        let hint = self.tickets.expired.load(Ordering::Relaxed);
-        let low = hint.max(end.saturating_sub(limit));
-        if low >= end || !self.expired(low, now) {
-            return (limit - (end - low.min(end))) as u32;
-        }
-        self.remaining_gallop(end, now, hint, low)
-    }
-
-    /// The slow part of [`remaining`](Self::remaining): `low` has expired, find the first live
-    /// ticket after it.
-    #[cold]
-    #[inline(never)]
-    fn remaining_gallop(&self, end: u64, now: u64, hint: u64, mut low: u64) -> u32 {
-        let limit = u64::from(self.limit);
-        // Invariant: `low` has expired; find `high`, the first live ticket (or `end`).
-        let mut step = 1;
-        let mut high = loop {
-            let probe = low + step;
-            if probe >= end {
-                break end;
-            }
-            if !self.expired(probe, now) {
-                break probe;
-            }
-            low = probe;
-            step *= 2;
-        };
-        while high - low > 1 {
-            let mid = low + (high - low) / 2;
-            if self.expired(mid, now) {
-                low = mid;
-            } else {
-                high = mid;
-            }
-        }
-        if high > hint {
-            // Relaxed: a hint (see the load).
-            self.tickets.expired.store(high, Ordering::Relaxed);
-        }
-        (limit - (end - high)) as u32
-    }
-
-    /// Every atomic word, for tests that check a rejection wrote nothing.
     #[cfg(all(test, not(turnstile_loom)))]
-    pub(crate) fn words(&self) -> Vec<u64> {
+    fn words(ring: &Ring) -> Vec<u64> {
         let mut words = vec![
-            self.tickets.head.load(Ordering::Relaxed),
-            self.tickets.expired.load(Ordering::Relaxed),
+            ring.head.load(Ordering::Relaxed),
+            ring.expired.load(Ordering::Relaxed),
         ];
-        words.extend(self.slots.iter().map(|s| s.load(Ordering::Relaxed)));
+        words.extend(ring.slots.iter().map(|s| s.load(Ordering::Relaxed)));
         words
     }
 
-    /// Permits available at `now` (a snapshot).
-    pub(crate) fn available(&self, now: u64) -> u32 {
+    fn available(&self, ring: &Ring, now: u64) -> u32 {
         // Acquire: as in try_acquire, so the slots we read are at least as new as `head`.
-        let head = self.tickets.head.load(Ordering::Acquire);
-        self.remaining(head, now)
+        match ring.head.load(Ordering::Acquire) {
+            RETIRED => self.limit,
+            head => self.remaining(ring, head, now),
+        }
+    }
+
+    fn retire<C: Clock>(&self, ring: &Ring, clock: &C) -> Result<(), u64> {
+        // Acquire: as in `try_acquire`: the newest ticket's slot write, and our clock read, come
+        // after its claimer's clock read.
+        let head = ring.head.load(Ordering::Acquire);
+        if head == RETIRED {
+            return Ok(());
+        }
+        let now = clock.now().min(MAX_TIME);
+        if let Some(newest) = head.checked_sub(1) {
+            // Times are non-decreasing in ticket order, so the newest ticket expires last. A
+            // writer still between claim and publish makes the ring busy; look again shortly.
+            match self.published(ring, newest) {
+                Some(t) if t.saturating_add(self.window) <= now => {}
+                Some(t) => return Err(t.saturating_add(self.window)),
+                None => return Err(now),
+            }
+        }
+        // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.
+        ring.head
+            .compare_exchange(head, RETIRED, Ordering::Release, Ordering::Relaxed)
+            .map(drop)
+            .map_err(|_| now)
+    }
+
+    fn retired(ring: &Ring) -> bool {
+        // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
+        ring.head.load(Ordering::Relaxed) == RETIRED
     }
 }

@@ -1,12 +1,11 @@
 //! Token bucket as GCRA: one atomic word holding the theoretical arrival time.
 
-use super::too_big;
+use super::{too_big, Algo, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering};
 use crate::Rate;
-use crossbeam_utils::CachePadded;
 use strength_reduce::StrengthReducedU64;
 
 /// The generic cell rate algorithm with emission interval `T` (time per permit) and a burst `b`.
@@ -22,9 +21,10 @@ use strength_reduce::StrengthReducedU64;
 ///
 /// `T` is the period divided by the permits, rounded *up* to a whole nanosecond, so the long-run
 /// rate is never above the configured one (and below it by less than one nanosecond per permit).
+///
+/// This struct holds the parameters; the `tat` word is the [`Algo::Cell`]. `tat` never exceeds
+/// now + b·T < 2^63, so [`RETIRED`] is never a live value.
 pub(crate) struct TokenBucket {
-    /// Alone on its cache line: the parameters below are read by every call, the word is written.
-    tat: CachePadded<AtomicU64>,
     interval: u64,
     /// `interval` strength-reduced: `remaining` divides by it on every admission.
     per_permit: StrengthReducedU64,
@@ -59,7 +59,6 @@ impl TokenBucket {
                 max: "about 146 years",
             })?;
         Ok(TokenBucket {
-            tat: CachePadded::new(AtomicU64::new(0)),
             interval,
             per_permit: StrengthReducedU64::new(interval),
             capacity,
@@ -67,13 +66,31 @@ impl TokenBucket {
         })
     }
 
-    pub(crate) fn limit(&self) -> u32 {
+    /// Whole permits left when the bucket's arrival time is `ahead` of now: burst − ⌈ahead / T⌉.
+    #[inline(always)]
+    fn remaining(&self, ahead: u64) -> u32 {
+        // ahead ≤ capacity ≤ u64::MAX / 4 on every caller's path, so the addition cannot overflow.
+        let used =
+            (ahead.saturating_add(self.interval - 1) / self.per_permit).min(u64::from(u32::MAX));
+        self.burst.saturating_sub(used as u32)
+    }
+}
+
+impl Algo for TokenBucket {
+    type Cell = AtomicU64;
+
+    fn cell(&self) -> AtomicU64 {
+        AtomicU64::new(0)
+    }
+
+    fn limit(&self) -> u32 {
         self.burst
     }
 
     #[inline(always)]
-    pub(crate) fn try_acquire<C: Clock>(
+    fn try_acquire<C: Clock>(
         &self,
+        state: &AtomicU64,
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
@@ -82,8 +99,11 @@ impl TokenBucket {
         }
         // Acquire: pairs with the Release of the CAS that stored this tat, so our clock read below
         // is no earlier than the one that produced it.
-        let mut tat = self.tat.load(Ordering::Acquire);
+        let mut tat = state.load(Ordering::Acquire);
         loop {
+            if tat == RETIRED {
+                return Err(TryAcquireError::Closed);
+            }
             let now = clock.now();
             let start = tat.max(now);
             let next = start.saturating_add(u64::from(n.max(1)) * self.interval);
@@ -100,35 +120,47 @@ impl TokenBucket {
             }
             // Release on success: publishes our clock reading with the new tat. Acquire on
             // failure: as for the first load.
-            match self
-                .tat
-                .compare_exchange_weak(tat, next, Ordering::Release, Ordering::Acquire)
-            {
+            match state.compare_exchange_weak(tat, next, Ordering::Release, Ordering::Acquire) {
                 Ok(_) => return Ok(Admission::new(now, ahead, self.remaining(ahead))),
                 Err(actual) => tat = actual,
             }
         }
     }
 
-    /// Every atomic word, for tests that check a rejection wrote nothing.
     #[cfg(all(test, not(turnstile_loom)))]
-    pub(crate) fn words(&self) -> Vec<u64> {
-        vec![self.tat.load(Ordering::Relaxed)]
+    fn words(state: &AtomicU64) -> Vec<u64> {
+        vec![state.load(Ordering::Relaxed)]
     }
 
-    /// Whole permits left when the bucket's arrival time is `ahead` of now: burst − ⌈ahead / T⌉.
-    #[inline(always)]
-    fn remaining(&self, ahead: u64) -> u32 {
-        // ahead ≤ capacity ≤ u64::MAX / 4 on every caller's path, so the addition cannot overflow.
-        let used =
-            (ahead.saturating_add(self.interval - 1) / self.per_permit).min(u64::from(u32::MAX));
-        self.burst.saturating_sub(used as u32)
-    }
-
-    /// Permits available at `now` (a snapshot).
-    pub(crate) fn available(&self, now: u64) -> u32 {
+    fn available(&self, state: &AtomicU64, now: u64) -> u32 {
         // Relaxed: a statistic; no decision depends on it.
-        let ahead = self.tat.load(Ordering::Relaxed).saturating_sub(now);
-        self.remaining(ahead)
+        match state.load(Ordering::Relaxed) {
+            RETIRED => self.burst,
+            tat => self.remaining(tat.saturating_sub(now)),
+        }
+    }
+
+    fn retire<C: Clock>(&self, state: &AtomicU64, clock: &C) -> Result<(), u64> {
+        // Acquire: as in `try_acquire`.
+        let tat = state.load(Ordering::Acquire);
+        if tat == RETIRED {
+            return Ok(());
+        }
+        let now = clock.now();
+        if tat > now {
+            // The bucket is full again (as fresh as a new one) at `tat`.
+            return Err(tat);
+        }
+        // Release on success: as in the fixed window's `retire`. Relaxed on failure: an admission
+        // landed, so the bucket is busy; we report `now` and look again later.
+        state
+            .compare_exchange(tat, RETIRED, Ordering::Release, Ordering::Relaxed)
+            .map(drop)
+            .map_err(|_| now)
+    }
+
+    fn retired(state: &AtomicU64) -> bool {
+        // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
+        state.load(Ordering::Relaxed) == RETIRED
     }
 }

@@ -1,0 +1,80 @@
+//! Contract checks shared by the stress audits: each takes one limiter's (or one key's) admissions
+//! as `(time, permits)` sorted by time and counts the admissions that break the algorithm's
+//! contract. The answer must be 0.
+
+#![allow(dead_code)] // each test binary uses the checks it needs
+
+use std::collections::HashMap;
+use std::time::Duration;
+use turnstile::Rate;
+
+/// Fixed windows holding more than `limit` permits.
+pub fn fixed_violations(admissions: &[(u64, u64)], limit: u32, window: Duration) -> usize {
+    let w = window.as_nanos() as u64;
+    let mut per_window: HashMap<u64, u64> = HashMap::new();
+    for &(t, n) in admissions {
+        *per_window.entry(t / w).or_default() += n;
+    }
+    per_window
+        .values()
+        .filter(|&&c| c > u64::from(limit))
+        .count()
+}
+
+/// Intervals of length `window` holding more than `limit` permits.
+pub fn sliding_violations(admissions: &[(u64, u64)], limit: u32, window: Duration) -> usize {
+    let w = window.as_nanos() as u64;
+    let times: Vec<u64> = admissions
+        .iter()
+        .flat_map(|&(t, n)| std::iter::repeat_n(t, n as usize))
+        .collect();
+    let n = limit as usize;
+    // Any limit + 1 permits within one window would put two permits `limit` apart in sorted
+    // order less than a window apart.
+    (0..times.len().saturating_sub(n))
+        .filter(|&i| times[i + n] - times[i] < w)
+        .count()
+}
+
+/// Admissions above the sliding counter's weighted estimate, replayed in time order: each must
+/// have satisfied prev·(W − e) + (cur + n)·W ≤ limit·W given the admissions before it (ties at
+/// one instant may come in any order). Also counts fixed windows over the limit.
+pub fn counter_violations(admissions: &[(u64, u64)], limit: u32, window: Duration) -> usize {
+    let w = window.as_nanos() as u64;
+    let mut counts: HashMap<u64, u64> = HashMap::new();
+    let mut violations = 0;
+    for &(t, n) in admissions {
+        let (k, e) = (t / w, t % w);
+        let prev = if k == 0 {
+            0
+        } else {
+            counts.get(&(k - 1)).copied().unwrap_or(0)
+        };
+        let cur = counts.get(&k).copied().unwrap_or(0);
+        let lhs = prev as u128 * (w - e) as u128 + (cur + n) as u128 * w as u128;
+        if lhs > u128::from(limit) * w as u128 {
+            violations += 1;
+        }
+        *counts.entry(k).or_default() += n;
+    }
+    violations + counts.values().filter(|&&c| c > u64::from(limit)).count()
+}
+
+/// Admissions a GCRA token bucket had no credit for.
+pub fn bucket_violations(admissions: &[(u64, u64)], rate: Rate, burst: u32) -> usize {
+    let interval = (rate.period.as_nanos() as u64).div_ceil(u64::from(rate.permits));
+    let capacity = interval * u64::from(burst);
+    let (mut credit, mut last, mut violations) = (capacity, 0u64, 0);
+    for &(t, n) in admissions {
+        credit = (credit + (t - last)).min(capacity);
+        last = t;
+        match credit.checked_sub(n * interval) {
+            Some(left) => credit = left,
+            None => {
+                violations += 1;
+                credit = 0;
+            }
+        }
+    }
+    violations
+}
