@@ -85,6 +85,13 @@ pub enum TryAcquireError {
     },
     /// The limiter was [closed](crate::RateLimiter::close).
     Closed,
+    /// A keyed limiter holds its maximum number of keys, none of them is idle, and its overflow
+    /// policy is to reject new keys ([`KeyOverflow::Reject`](crate::KeyOverflow::Reject)).
+    /// Existing keys are still served; retrying once some keys have gone idle may succeed.
+    TooManyKeys {
+        /// The limiter's key cap.
+        max_keys: usize,
+    },
 }
 
 impl TryAcquireError {
@@ -108,7 +115,9 @@ impl TryAcquireError {
     pub fn rejection(&self) -> Option<&Rejection> {
         match self {
             TryAcquireError::Rejected(r) => Some(r),
-            TryAcquireError::InsufficientCapacity { .. } | TryAcquireError::Closed => None,
+            TryAcquireError::InsufficientCapacity { .. }
+            | TryAcquireError::Closed
+            | TryAcquireError::TooManyKeys { .. } => None,
         }
     }
 }
@@ -130,6 +139,10 @@ impl fmt::Display for TryAcquireError {
                 "{requested} permits requested but at most {capacity} can ever be admitted at once"
             ),
             TryAcquireError::Closed => f.write_str("the limiter is closed"),
+            TryAcquireError::TooManyKeys { max_keys } => write!(
+                f,
+                "the limiter already tracks its maximum of {max_keys} keys and none is idle"
+            ),
         }
     }
 }

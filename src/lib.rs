@@ -48,6 +48,8 @@ mod clock;
 mod concurrency;
 mod decision;
 mod error;
+#[cfg(feature = "keyed")]
+mod keyed;
 mod limiter;
 mod queue;
 mod sync;
@@ -58,6 +60,8 @@ pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, UpkeepClock};
 pub use concurrency::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, OwnedPermit, Permit};
 pub use decision::{Admission, Rejection};
 pub use error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
+#[cfg(feature = "keyed")]
+pub use keyed::{KeyOverflow, KeyedLimiter, KeyedLimiterBuilder, KeyedStats, DEFAULT_MAX_KEYS};
 pub use limiter::{Algorithm, Rate, RateLimiter, RateLimiterBuilder, Stats};
 pub use queue::{QueueOrder, DEFAULT_QUEUE_LIMIT};
 

@@ -300,7 +300,11 @@ impl<C: Clock> Inner<C> {
                 requested,
                 capacity,
             })),
-            Err(TryAcquireError::Closed) => Err(Blocked::Fail(AcquireError::Closed)),
+            // An unkeyed cell is never retired and has no key cap; `Closed` cannot come from the
+            // algorithm here, but failing the waiter is the safe answer to anything unexpected.
+            Err(TryAcquireError::Closed | TryAcquireError::TooManyKeys { .. }) => {
+                Err(Blocked::Fail(AcquireError::Closed))
+            }
         }
     }
 

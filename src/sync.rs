@@ -165,9 +165,9 @@ impl Spin {
 /// there a single atomic with `fetch_add` keeps the counts exact.
 pub(crate) struct Counters {
     #[cfg(not(turnstile_loom))]
-    per_thread: thread_local::ThreadLocal<crossbeam_utils::CachePadded<[AtomicU64; 3]>>,
+    per_thread: thread_local::ThreadLocal<crossbeam_utils::CachePadded<[AtomicU64; 4]>>,
     #[cfg(turnstile_loom)]
-    shared: [AtomicU64; 3],
+    shared: [AtomicU64; 4],
 }
 
 /// Index of the "admitted" counter.
@@ -176,6 +176,9 @@ pub(crate) const ADMITTED: usize = 0;
 pub(crate) const REJECTED: usize = 1;
 /// Index of the "cancelled" counter: waits given up (future dropped, timed out).
 pub(crate) const CANCELLED: usize = 2;
+/// Index of the "overflowed" counter: keyed calls for a new key that found the key cap reached.
+#[cfg(feature = "keyed")]
+pub(crate) const OVERFLOWED: usize = 3;
 
 impl Counters {
     pub(crate) fn new() -> Self {
@@ -183,7 +186,12 @@ impl Counters {
             #[cfg(not(turnstile_loom))]
             per_thread: thread_local::ThreadLocal::new(),
             #[cfg(turnstile_loom)]
-            shared: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            shared: [
+                AtomicU64::new(0),
+                AtomicU64::new(0),
+                AtomicU64::new(0),
+                AtomicU64::new(0),
+            ],
         }
     }
 
@@ -216,5 +224,123 @@ impl Counters {
         }
         #[cfg(turnstile_loom)]
         self.shared[which].load(Ordering::Relaxed)
+    }
+}
+
+/// The concurrent map behind keyed limiters: key → cell of atomic state, the cell stored inline in
+/// the map's entry (no `Arc` per key).
+///
+/// Normal builds use `papaya::HashMap` (chosen by `benches/keyed_map.rs`, see ARCHITECTURE.md):
+/// lookups are lock-free and write no shared memory, entries never move once inserted (a
+/// reference stays the live value until removal), and removed entries are reclaimed only after
+/// every reader that could see them has left. Under loom a `Mutex<HashMap<K, Arc<V>>>` stands in:
+/// it is linearizable like papaya, and callers run their closures *outside* its lock, so the model
+/// explores every interleaving of the cells' own atomics with the map's operations.
+///
+/// The API is closure-based so that a reference never outlives the lookup that produced it.
+#[cfg(feature = "keyed")]
+pub(crate) struct KeyMap<K, V, S> {
+    #[cfg(not(turnstile_loom))]
+    map: papaya::HashMap<K, V, S>,
+    #[cfg(turnstile_loom)]
+    map: Mutex<std::collections::HashMap<K, Arc<V>, S>>,
+}
+
+#[cfg(feature = "keyed")]
+impl<K, V, S> KeyMap<K, V, S>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync,
+    V: Send + Sync,
+    S: std::hash::BuildHasher,
+{
+    pub(crate) fn with_hasher(hasher: S) -> Self {
+        KeyMap {
+            #[cfg(not(turnstile_loom))]
+            map: papaya::HashMap::with_hasher(hasher),
+            #[cfg(turnstile_loom)]
+            map: Mutex::new(std::collections::HashMap::with_hasher(hasher)),
+        }
+    }
+
+    /// Runs `f` on the value of `key`, if present.
+    #[inline(always)]
+    pub(crate) fn get<R>(&self, key: &K, f: impl FnOnce(&V) -> R) -> Option<R> {
+        #[cfg(not(turnstile_loom))]
+        {
+            let guard = self.map.guard();
+            self.map.get(key, &guard).map(f)
+        }
+        #[cfg(turnstile_loom)]
+        {
+            let value = lock(&self.map).get(key).cloned();
+            value.map(|v| f(&v))
+        }
+    }
+
+    /// Inserts `value` under `key` unless the key is present; if it is, runs `f` on the value
+    /// there instead and returns its result (`None`: ours was inserted).
+    pub(crate) fn try_insert<R>(&self, key: K, value: V, f: impl FnOnce(&V) -> R) -> Option<R> {
+        #[cfg(not(turnstile_loom))]
+        {
+            let guard = self.map.guard();
+            match self.map.try_insert(key, value, &guard) {
+                Ok(_) => None,
+                Err(occupied) => Some(f(occupied.current)),
+            }
+        }
+        #[cfg(turnstile_loom)]
+        {
+            let existing = {
+                let mut map = lock(&self.map);
+                match map.get(&key) {
+                    Some(v) => Arc::clone(v),
+                    None => {
+                        map.insert(key, Arc::new(value));
+                        return None;
+                    }
+                }
+            };
+            Some(f(&existing))
+        }
+    }
+
+    /// Removes `key` if `pred` holds for its value; true if this call removed it.
+    pub(crate) fn remove_if(&self, key: &K, pred: impl Fn(&V) -> bool) -> bool {
+        #[cfg(not(turnstile_loom))]
+        {
+            let guard = self.map.guard();
+            matches!(self.map.remove_if(key, |_, v| pred(v), &guard), Ok(Some(_)))
+        }
+        #[cfg(turnstile_loom)]
+        {
+            let mut map = lock(&self.map);
+            if map.get(key).is_some_and(|v| pred(v)) {
+                map.remove(key);
+                true
+            } else {
+                false
+            }
+        }
+    }
+
+    /// Calls `f` on every entry (a weakly consistent snapshot under concurrent changes).
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+        #[cfg(not(turnstile_loom))]
+        {
+            let guard = self.map.guard();
+            for (k, v) in self.map.iter(&guard) {
+                f(k, v);
+            }
+        }
+        #[cfg(turnstile_loom)]
+        {
+            let entries: Vec<(K, Arc<V>)> = lock(&self.map)
+                .iter()
+                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .collect();
+            for (k, v) in entries {
+                f(&k, &v);
+            }
+        }
     }
 }

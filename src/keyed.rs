@@ -1,0 +1,1019 @@
+//! [`KeyedLimiter`]: one rate limiter per key (IP address, user, API token, session), for millions
+//! of keys, with idle keys evicted and a hard cap on how many are kept.
+
+use crate::algorithm::{too_big, Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
+use crate::clock::{Clock, DefaultClock};
+use crate::decision::Admission;
+use crate::error::{ConfigError, TryAcquireError};
+use crate::limiter::Algorithm;
+use crate::sync::{Arc, AtomicU64, Counters, KeyMap, Ordering, ADMITTED, OVERFLOWED, REJECTED};
+use crossbeam_utils::CachePadded;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+
+/// The key cap keyed limiters get unless told otherwise: 1,048,576 keys.
+///
+/// A fixed window or token bucket costs about 54 bytes per `u64` key (BENCHMARKS.md), so the
+/// default bounds such a limiter at about 56 MB however many distinct keys arrive.
+pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
+
+/// What a [`KeyedLimiter`] does with a call for a *new* key when it already holds
+/// [`max_keys`](KeyedLimiterBuilder::max_keys) keys and sweeping found none idle.
+///
+/// Calls for keys already present are never affected.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, KeyOverflow, KeyedLimiter, ManualClock, TryAcquireError};
+///
+/// let limiter = KeyedLimiter::builder(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) })
+///     .clock(ManualClock::new())
+///     .max_keys(1)
+///     .overflow(KeyOverflow::Reject)
+///     .build()?;
+/// limiter.try_acquire(&"alice")?;
+/// assert_eq!(limiter.try_acquire(&"bob"), Err(TryAcquireError::TooManyKeys { max_keys: 1 }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum KeyOverflow {
+    /// Fail the call with [`TryAcquireError::TooManyKeys`] (the default): memory stays bounded
+    /// and no key is ever limited by another key's traffic.
+    #[default]
+    Reject,
+    /// Serve the call from one limiter that all overflow keys share (same algorithm and
+    /// parameters): under a flood of distinct keys, the flood shares one key's budget.
+    Shared,
+}
+
+/// Counts kept by a [`KeyedLimiter`], over all keys.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, KeyedLimiter, ManualClock};
+///
+/// let limiter = KeyedLimiter::with_clock(
+///     Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) },
+///     ManualClock::new(),
+/// )?;
+/// let _ = limiter.try_acquire(&1u64);
+/// let _ = limiter.try_acquire(&1u64);
+/// let _ = limiter.try_acquire(&2u64);
+/// let stats = limiter.stats();
+/// assert_eq!((stats.admitted, stats.rejected, stats.keys), (2, 1, 2));
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct KeyedStats {
+    /// Calls that got their permits (probes included).
+    pub admitted: u64,
+    /// Calls that failed, including those rejected by [`KeyOverflow::Reject`].
+    pub rejected: u64,
+    /// Calls for a new key that found the cap reached and no idle key to evict (served by the
+    /// shared overflow limiter or rejected, per [`KeyOverflow`]).
+    pub overflowed: u64,
+    /// Idle keys evicted so far.
+    pub evicted: u64,
+    /// Keys held now.
+    pub keys: usize,
+}
+
+/// A rate limiter per key: every key gets its own state of the same [`Algorithm`], created on
+/// the key's first admission and evicted once it is idle.
+///
+/// - **Lock-free hits.** A call for a key already present is one lookup in a lock-free map
+///   (papaya) plus the algorithm's compare-and-swap on the key's own state, stored inline in the
+///   map entry. It takes no lock, allocates nothing, and when it is rejected it writes no shared
+///   memory at all.
+/// - **Idle eviction that never loses an admission.** A key whose state admits exactly what a
+///   fresh one would is *retired* (a compare-and-swap from the very state judged idle to a
+///   sentinel, which fails if any admission landed in between) and then removed. A call that finds
+///   its key retired removes the dead entry and retries on a fresh one; it never decides on the
+///   dead state. Eviction runs incrementally as new keys are inserted (amortised O(1) per insert,
+///   bounded by one shard per call), when the cap is reached, and on [`sweep`](Self::sweep).
+/// - **Hard cap.** At most [`max_keys`](Self::max_keys) keys. When full, idle keys go first;
+///   if none is idle, the [`KeyOverflow`] policy applies to the new key.
+///
+/// Keys are hashed with foldhash (randomly seeded per limiter) unless another `BuildHasher` is
+/// given; keys are often chosen by clients, so a seeded hasher keeps them from aiming collisions.
+///
+/// Cloning is cheap and clones share state.
+///
+/// # Examples
+///
+/// ```
+/// use std::net::IpAddr;
+/// use turnstile::{Algorithm, KeyedLimiter, Rate};
+///
+/// let per_ip = KeyedLimiter::new(Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 20 })?;
+/// let client: IpAddr = "203.0.113.7".parse()?;
+/// match per_ip.try_acquire(&client) {
+///     Ok(admission) => println!("ok, {} left", admission.remaining()),
+///     Err(e) => println!("429: {e}"),
+/// }
+/// assert_eq!(per_ip.len(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedLimiter<K, C: Clock = DefaultClock, S = foldhash::fast::RandomState> {
+    inner: Arc<Inner<K, C, S>>,
+}
+
+struct Inner<K, C, S> {
+    store: Store<K, S>,
+    algorithm: Algorithm,
+    ctx: Ctx<C, S>,
+}
+
+/// What every store needs from its limiter besides the cells.
+struct Ctx<C, S> {
+    clock: C,
+    /// Picks a key's shard (and is cloned into every shard's map).
+    hasher: S,
+    /// `shards.len() - 1`; the shard count is a power of two.
+    shard_mask: usize,
+    max_keys: usize,
+    overflow: KeyOverflow,
+    /// Keys held, over all shards. Written only when a key is inserted or removed.
+    keys: CachePadded<AtomicU64>,
+    /// Idle keys evicted so far. Written only by evictions.
+    evicted: AtomicU64,
+    /// Where the next make-room sweep starts, so that pressure spreads over the shards.
+    cursor: AtomicU64,
+    counters: Counters,
+}
+
+enum Store<K, S> {
+    Fixed(Keyed<FixedWindow, K, S>),
+    Sliding(Keyed<SlidingWindow, K, S>),
+    Counter(Keyed<SlidingCounter, K, S>),
+    Bucket(Keyed<TokenBucket, K, S>),
+}
+
+/// One algorithm's parameters, its per-key cells, and the shared overflow cell.
+struct Keyed<A: Algo, K, S> {
+    algo: A,
+    shards: Box<[Shard<K, A::Cell, S>]>,
+    overflow: CachePadded<A::Cell>,
+}
+
+/// A part of the key space with its own map, so that eviction can work on a bounded slice.
+struct Shard<K, V, S> {
+    map: KeyMap<K, V, S>,
+    /// Keys in this shard.
+    len: AtomicU64,
+    /// Keys inserted since this shard was last swept: a sweep is due when they reach the number
+    /// of keys that sweep left.
+    inserted: AtomicU64,
+    /// 1 while a thread sweeps this shard: one sweeper per shard at a time.
+    sweeping: AtomicU64,
+    /// Clock time before which a sweep can evict nothing (the earliest time a key it saw busy
+    /// turns idle); lowered to "now" by every insert.
+    not_before: AtomicU64,
+}
+
+/// Below this many keys a shard is swept only when the cap demands it.
+const MIN_SWEEP: u64 = 64;
+/// A shard is at most this many keys when the cap is reached (more shards for larger caps), so
+/// that one sweep, the most eviction work a call can do per shard, stays short.
+const SHARD_KEYS: usize = 4096;
+/// Shards a call for a new key may sweep to make room when the cap is reached.
+const MAKE_ROOM_SHARDS: usize = 3;
+
+impl<K, V, S: BuildHasher + Clone> Shard<K, V, S>
+where
+    K: Hash + Eq + Clone + Send + Sync,
+    V: Send + Sync,
+{
+    fn new(hasher: S) -> Self {
+        Shard {
+            map: KeyMap::with_hasher(hasher),
+            len: AtomicU64::new(0),
+            inserted: AtomicU64::new(0),
+            sweeping: AtomicU64::new(0),
+            not_before: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<C: Clock, S> Ctx<C, S> {
+    /// Reserves room for one more key; false at the cap.
+    fn reserve_key(&self) -> bool {
+        // Relaxed: the count guards a bound, not other data; the CAS makes it exact.
+        self.keys
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |k| {
+                (k < self.max_keys as u64).then_some(k + 1)
+            })
+            .is_ok()
+    }
+
+    fn release_keys(&self, n: u64) {
+        if n > 0 {
+            // Relaxed: as in `reserve_key`.
+            self.keys.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<A: Algo, K, S> Keyed<A, K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync,
+    S: BuildHasher + Clone,
+{
+    fn new(algo: A, shards: usize, hasher: &S) -> Self {
+        let overflow = CachePadded::new(algo.cell());
+        Keyed {
+            shards: (0..shards).map(|_| Shard::new(hasher.clone())).collect(),
+            overflow,
+            algo,
+        }
+    }
+
+    #[inline(always)]
+    fn try_acquire<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+    ) -> Result<Admission, TryAcquireError> {
+        let shard = &self.shards[shard];
+        loop {
+            let outcome = match shard
+                .map
+                .get(key, |cell| self.algo.try_acquire(cell, n, &ctx.clock))
+            {
+                Some(outcome) => outcome,
+                None => self.first_use(ctx, shard, key, n),
+            };
+            match outcome {
+                // The key's cell was retired by eviction: drop the dead entry and retry, which
+                // finds (or makes) a fresh one.
+                Err(TryAcquireError::Closed) => self.remove_retired(ctx, shard, key),
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// A call for a key that is not in the map.
+    #[cold]
+    #[inline(never)]
+    fn first_use<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: &Shard<K, A::Cell, S>,
+        key: &K,
+        n: u32,
+    ) -> Result<Admission, TryAcquireError> {
+        let limit = self.algo.limit();
+        if n > limit {
+            return Err(too_big(n, limit));
+        }
+        if n == 0 {
+            // A probe consumes nothing, so it creates no key: answer for a fresh state.
+            let fresh = self.algo.cell();
+            return self.algo.try_acquire(&fresh, 0, &ctx.clock);
+        }
+        if !ctx.reserve_key() && !self.make_room(ctx, shard) {
+            ctx.counters.bump(OVERFLOWED);
+            return match ctx.overflow {
+                KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
+                    max_keys: ctx.max_keys,
+                }),
+                KeyOverflow::Shared => self.algo.try_acquire(&self.overflow, n, &ctx.clock),
+            };
+        }
+        // Admit on a private fresh cell first, then publish it: a cell enters the map already
+        // holding an admission, so it is busy and no sweeper can retire it before it is used
+        // (which would make this call retry, and a fast sweeper could starve it).
+        let cell = self.algo.cell();
+        let outcome = self.algo.try_acquire(&cell, n, &ctx.clock);
+        // Relaxed: bookkeeping for when to sweep; no decision about admissions depends on it.
+        // Counted before the insert so that a concurrent removal never takes `len` below zero.
+        let len = shard.len.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(outcome) = shard.map.try_insert(key.clone(), cell, |existing| {
+            self.algo.try_acquire(existing, n, &ctx.clock)
+        }) {
+            // Another call inserted the key first: our private cell and its admission are
+            // dropped unseen, the call is decided on the key's cell, and our reservation is
+            // given back.
+            shard.len.fetch_sub(1, Ordering::Relaxed);
+            ctx.release_keys(1);
+            return outcome;
+        }
+        shard.not_before.store(0, Ordering::Relaxed);
+        let inserted = shard.inserted.fetch_add(1, Ordering::Relaxed) + 1;
+        // Due once the inserts since the last sweep match the keys it left (len − inserted).
+        if 2 * inserted >= len.max(MIN_SWEEP) {
+            // Amortised: a shard of L keys is swept after L inserts, so each insert pays for about
+            // one key looked at; and one call sweeps at most this one shard.
+            self.sweep_shard(ctx, shard);
+        }
+        outcome
+    }
+
+    /// At the cap: sweeps this shard, then a few others, until one key is evicted and its room
+    /// reserved. False if none was idle.
+    #[cold]
+    fn make_room<C: Clock>(&self, ctx: &Ctx<C, S>, own: &Shard<K, A::Cell, S>) -> bool {
+        if self.sweep_shard(ctx, own) > 0 && ctx.reserve_key() {
+            return true;
+        }
+        for _ in 1..MAKE_ROOM_SHARDS {
+            // Relaxed: only spreads the work; any value is a valid starting point.
+            let next = ctx.cursor.fetch_add(1, Ordering::Relaxed) as usize & ctx.shard_mask;
+            if self.sweep_shard(ctx, &self.shards[next]) > 0 && ctx.reserve_key() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Removes `key`'s entry if its cell is retired.
+    #[cold]
+    fn remove_retired<C: Clock>(&self, ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, key: &K) {
+        if shard.map.remove_if(key, A::retired) {
+            Self::removed(ctx, shard, 1);
+        }
+    }
+
+    fn removed<C: Clock>(ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, n: u64) {
+        if n > 0 {
+            // Relaxed: counts only.
+            shard.len.fetch_sub(n, Ordering::Relaxed);
+            ctx.evicted.fetch_add(n, Ordering::Relaxed);
+            ctx.release_keys(n);
+        }
+    }
+
+    /// Retires and removes every idle key of `shard`; returns how many. Skips the shard if
+    /// another thread is sweeping it or if nothing in it can be idle yet.
+    fn sweep_shard<C: Clock>(&self, ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>) -> u64 {
+        // Relaxed: a hint; a stale value only makes us sweep in vain or a little late.
+        if ctx.clock.now() < shard.not_before.load(Ordering::Relaxed) {
+            return 0;
+        }
+        // Acquire: pairs with the Release store that ended the previous sweep of this shard, so
+        // its bookkeeping is visible. A plain flag: the sweep itself needs no mutual exclusion
+        // for correctness (retire and remove are atomic), only to avoid doing the work twice.
+        if shard
+            .sweeping
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return 0;
+        }
+        shard.inserted.store(0, Ordering::Relaxed);
+        let mut next = u64::MAX;
+        let mut evicted = 0;
+        shard
+            .map
+            .for_each(|key, cell| match self.algo.retire(cell, &ctx.clock) {
+                Ok(()) => {
+                    if shard.map.remove_if(key, A::retired) {
+                        evicted += 1;
+                    }
+                }
+                Err(idle_at) => next = next.min(idle_at),
+            });
+        // Relaxed: a hint (see the load). An insert racing with this store may be overwritten;
+        // its key is then swept no later than `next` or the next insert.
+        shard.not_before.store(next, Ordering::Relaxed);
+        Self::removed(ctx, shard, evicted);
+        // Release: pairs with the Acquire above.
+        shard.sweeping.store(0, Ordering::Release);
+        evicted
+    }
+
+    fn sweep<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
+        self.shards
+            .iter()
+            .map(|shard| self.sweep_shard(ctx, shard))
+            .sum()
+    }
+
+    fn available<C: Clock>(&self, ctx: &Ctx<C, S>, shard: usize, key: &K) -> u32 {
+        let now = ctx.clock.now();
+        self.shards[shard]
+            .map
+            .get(key, |cell| self.algo.available(cell, now))
+            .unwrap_or_else(|| self.algo.limit())
+    }
+}
+
+/// Runs `$body` with `$keyed` bound to the store's `Keyed<A, K, S>`, whatever `A` is.
+macro_rules! with_store {
+    ($store:expr, $keyed:ident => $body:expr) => {
+        match $store {
+            Store::Fixed($keyed) => $body,
+            Store::Sliding($keyed) => $body,
+            Store::Counter($keyed) => $body,
+            Store::Bucket($keyed) => $body,
+        }
+    };
+}
+
+impl<K, C: Clock, S> Clone for KeyedLimiter<K, C, S> {
+    fn clone(&self) -> Self {
+        KeyedLimiter {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K, C: Clock, S> fmt::Debug for KeyedLimiter<K, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("algorithm", &self.inner.algorithm)
+            .field("max_keys", &self.inner.ctx.max_keys)
+            .field("overflow", &self.inner.ctx.overflow)
+            // Relaxed: a snapshot for display.
+            .field("keys", &self.inner.ctx.keys.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`KeyedLimiter`] with a chosen clock, key cap, overflow policy or hasher.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, KeyOverflow, KeyedLimiter, ManualClock};
+///
+/// let limiter = KeyedLimiter::<String, _>::builder(Algorithm::SlidingWindow {
+///     limit: 100,
+///     window: Duration::from_secs(60),
+/// })
+/// .clock(ManualClock::new())
+/// .max_keys(10_000)
+/// .overflow(KeyOverflow::Shared)
+/// .build()?;
+/// assert_eq!(limiter.max_keys(), 10_000);
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct KeyedLimiterBuilder<K, C = DefaultClock, S = foldhash::fast::RandomState> {
+    algorithm: Algorithm,
+    clock: C,
+    hasher: S,
+    max_keys: usize,
+    overflow: KeyOverflow,
+    _key: std::marker::PhantomData<fn(&K)>,
+}
+
+impl<K> KeyedLimiter<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// A keyed limiter running `algorithm` per key on the [`DefaultClock`], with at most
+    /// [`DEFAULT_MAX_KEYS`] keys and [`KeyOverflow::Reject`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] if a parameter is zero or too large.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let per_user = KeyedLimiter::new(Algorithm::FixedWindow { limit: 2, window: Duration::from_secs(60) })?;
+    /// assert!(per_user.try_acquire(&"alice").is_ok());
+    /// assert!(per_user.try_acquire(&"alice").is_ok());
+    /// assert!(per_user.try_acquire(&"alice").is_err());
+    /// assert!(per_user.try_acquire(&"bob").is_ok()); // keys are independent
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn new(algorithm: Algorithm) -> Result<Self, ConfigError> {
+        Self::builder(algorithm).build()
+    }
+
+    /// A builder starting from `algorithm` with the defaults of [`new`](Self::new).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{Algorithm, KeyedLimiter, Rate};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::builder(Algorithm::TokenBucket { rate: Rate::per_second(5), burst: 5 })
+    ///     .max_keys(1_000)
+    ///     .build()?;
+    /// assert_eq!(limiter.max_keys(), 1_000);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn builder(algorithm: Algorithm) -> KeyedLimiterBuilder<K> {
+        KeyedLimiterBuilder {
+            algorithm,
+            clock: DefaultClock::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            max_keys: DEFAULT_MAX_KEYS,
+            overflow: KeyOverflow::Reject,
+            _key: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<K, C: Clock> KeyedLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// A keyed limiter running `algorithm` per key on `clock`, with the defaults of
+    /// [`new`](KeyedLimiter::new).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] if a parameter is zero or too large.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, ManualClock};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) },
+    ///     clock.clone(),
+    /// )?;
+    /// limiter.try_acquire(&7u32)?;
+    /// assert!(limiter.try_acquire(&7u32).is_err());
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(limiter.try_acquire(&7u32).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_clock(algorithm: Algorithm, clock: C) -> Result<Self, ConfigError> {
+        KeyedLimiter::<K>::builder(algorithm).clock(clock).build()
+    }
+}
+
+impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
+    /// Uses `clock` (for example a [`ManualClock`](crate::ManualClock) in tests).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Clock, KeyedLimiter, MonotonicClock};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::builder(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })
+    ///     .clock(MonotonicClock::new())
+    ///     .build()?;
+    /// assert!(limiter.clock().now() < 1_000_000_000);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedLimiterBuilder<K, C2, S> {
+        KeyedLimiterBuilder {
+            algorithm: self.algorithm,
+            clock,
+            hasher: self.hasher,
+            max_keys: self.max_keys,
+            overflow: self.overflow,
+            _key: std::marker::PhantomData,
+        }
+    }
+
+    /// Hashes keys with `hasher` instead of foldhash. Keep it randomly seeded if clients choose
+    /// the keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::hash::RandomState;
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::<String>::builder(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })
+    ///     .hasher(RandomState::new()) // std's SipHash
+    ///     .build()?;
+    /// assert!(limiter.try_acquire(&"k".to_string()).is_ok());
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn hasher<S2: BuildHasher + Clone>(self, hasher: S2) -> KeyedLimiterBuilder<K, C, S2> {
+        KeyedLimiterBuilder {
+            algorithm: self.algorithm,
+            clock: self.clock,
+            hasher,
+            max_keys: self.max_keys,
+            overflow: self.overflow,
+            _key: std::marker::PhantomData,
+        }
+    }
+
+    /// Keeps at most `max_keys` keys (default [`DEFAULT_MAX_KEYS`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::builder(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })
+    ///     .max_keys(100)
+    ///     .build()?;
+    /// assert_eq!(limiter.max_keys(), 100);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// What to do with a new key when the cap is reached and no key is idle (default
+    /// [`KeyOverflow::Reject`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyOverflow, KeyedLimiter, ManualClock};
+    ///
+    /// let limiter = KeyedLimiter::builder(Algorithm::FixedWindow { limit: 2, window: Duration::from_secs(1) })
+    ///     .clock(ManualClock::new())
+    ///     .max_keys(1)
+    ///     .overflow(KeyOverflow::Shared)
+    ///     .build()?;
+    /// limiter.try_acquire(&1u8)?;
+    /// limiter.try_acquire(&2u8)?; // over the cap: the shared limiter
+    /// limiter.try_acquire(&3u8)?; // the shared limiter again
+    /// assert!(limiter.try_acquire(&4u8).is_err()); // it allows 2 per second, for all of them
+    /// assert_eq!(limiter.stats().overflowed, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn overflow(mut self, policy: KeyOverflow) -> Self {
+        self.overflow = policy;
+        self
+    }
+}
+
+impl<K, C: Clock, S> KeyedLimiterBuilder<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] if an algorithm parameter is zero or too large, or `max_keys` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, KeyedLimiter};
+    ///
+    /// let bad = KeyedLimiter::<u64>::builder(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })
+    ///     .max_keys(0)
+    ///     .build();
+    /// assert_eq!(bad.unwrap_err(), ConfigError::Zero { what: "max_keys" });
+    /// ```
+    pub fn build(self) -> Result<KeyedLimiter<K, C, S>, ConfigError> {
+        if self.max_keys == 0 {
+            return Err(ConfigError::Zero { what: "max_keys" });
+        }
+        let parallel = std::thread::available_parallelism().map_or(4, usize::from);
+        let shards = (self.max_keys.div_ceil(SHARD_KEYS))
+            .max(4 * parallel)
+            .clamp(16, 4096)
+            .next_power_of_two();
+        let h = &self.hasher;
+        let store = match self.algorithm {
+            Algorithm::FixedWindow { limit, window } => {
+                Store::Fixed(Keyed::new(FixedWindow::new(limit, window)?, shards, h))
+            }
+            Algorithm::SlidingWindow { limit, window } => {
+                Store::Sliding(Keyed::new(SlidingWindow::new(limit, window)?, shards, h))
+            }
+            Algorithm::SlidingCounter { limit, window } => {
+                Store::Counter(Keyed::new(SlidingCounter::new(limit, window)?, shards, h))
+            }
+            Algorithm::TokenBucket { rate, burst } => {
+                Store::Bucket(Keyed::new(TokenBucket::new(rate, burst)?, shards, h))
+            }
+        };
+        Ok(KeyedLimiter {
+            inner: Arc::new(Inner {
+                store,
+                algorithm: self.algorithm,
+                ctx: Ctx {
+                    clock: self.clock,
+                    hasher: self.hasher,
+                    shard_mask: shards - 1,
+                    max_keys: self.max_keys,
+                    overflow: self.overflow,
+                    keys: CachePadded::new(AtomicU64::new(0)),
+                    evicted: AtomicU64::new(0),
+                    cursor: AtomicU64::new(0),
+                    counters: Counters::new(),
+                },
+            }),
+        })
+    }
+}
+
+impl<K, C: Clock, S> KeyedLimiter<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    #[inline(always)]
+    fn shard(&self, key: &K) -> usize {
+        let ctx = &self.inner.ctx;
+        // The high half of the hash picks the shard; the map uses the low bits for its buckets.
+        (ctx.hasher.hash_one(key) >> 32) as usize & ctx.shard_mask
+    }
+
+    /// Takes one permit for `key` if one is available now. Never blocks.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::new(Algorithm::SlidingWindow { limit: 1, window: Duration::from_secs(60) })?;
+    /// assert!(limiter.try_acquire(&"token-1").is_ok());
+    /// assert!(limiter.try_acquire(&"token-1").is_err());
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire(&self, key: &K) -> Result<Admission, TryAcquireError> {
+        self.try_acquire_n(key, 1)
+    }
+
+    /// Takes `n` permits for `key` at once if they are all available now; otherwise takes none.
+    /// Never blocks. Same semantics as [`RateLimiter::try_acquire_n`](crate::RateLimiter::try_acquire_n)
+    /// on the key's own limiter; a key seen for the first time starts fresh.
+    ///
+    /// `n == 0` is a probe and never creates a key.
+    ///
+    /// # Errors
+    ///
+    /// - [`TryAcquireError::Rejected`]: the key has too few permits now; `retry_after` is exact.
+    /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst).
+    /// - [`TryAcquireError::TooManyKeys`]: a new key, the cap is reached, nothing is idle, and the
+    ///   policy is [`KeyOverflow::Reject`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, ManualClock};
+    ///
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) },
+    ///     ManualClock::new(),
+    /// )?;
+    /// assert_eq!(limiter.try_acquire_n(&("alice", "/upload"), 8)?.remaining(), 2);
+    /// assert!(limiter.try_acquire_n(&("alice", "/upload"), 3).is_err());
+    /// assert!(limiter.try_acquire_n(&("alice", "/search"), 3).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_n(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        let outcome = with_store!(&inner.store, s => s.try_acquire(&inner.ctx, shard, key, n));
+        inner
+            .ctx
+            .counters
+            .bump(if outcome.is_ok() { ADMITTED } else { REJECTED });
+        outcome
+    }
+
+    /// Permits `key` could take now (a snapshot; a key not held has the full limit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::new(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) })?;
+    /// limiter.try_acquire_n(&1u64, 2)?;
+    /// assert_eq!(limiter.available(&1u64), 3);
+    /// assert_eq!(limiter.available(&2u64), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn available(&self, key: &K) -> u32 {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        with_store!(&inner.store, s => s.available(&inner.ctx, shard, key))
+    }
+
+    /// Evicts every idle key now; returns how many were evicted.
+    ///
+    /// Calls for new keys already evict incrementally, and at the cap; `sweep` is for returning
+    /// memory sooner, for example from a periodic task (see
+    /// [`run_sweeper`](Self::run_sweeper)). It never removes a key that is not idle, and it runs
+    /// concurrently with every other call; a shard that another thread is sweeping is skipped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, ManualClock};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+    ///     clock.clone(),
+    /// )?;
+    /// for ip in 0..100u32 {
+    ///     limiter.try_acquire(&ip)?;
+    /// }
+    /// assert_eq!(limiter.sweep(), 0); // all busy in this window
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(limiter.sweep(), 100);
+    /// assert!(limiter.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sweep(&self) -> usize {
+        let inner = &*self.inner;
+        with_store!(&inner.store, s => s.sweep(&inner.ctx)) as usize
+    }
+
+    /// Sweeps every `every` until the last handle to the limiter is dropped: spawn it on tokio
+    /// (`tokio::spawn(limiter.run_sweeper(Duration::from_secs(10)))`) to return memory from idle
+    /// keys without waiting for new keys to arrive.
+    ///
+    /// It holds only a weak reference, so it does not keep the limiter alive, and the shards'
+    /// sweep flags keep it from sweeping a shard that a call is already sweeping.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it holds nothing across its awaits but the weak reference; dropping it stops
+    /// the sweeping and leaves the limiter as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+    ///     TokioClock::new(),
+    /// )?;
+    /// let sweeper = tokio::spawn(limiter.run_sweeper(Duration::from_secs(5)));
+    /// limiter.try_acquire(&"session-1")?;
+    /// tokio::time::sleep(Duration::from_secs(6)).await;
+    /// assert!(limiter.is_empty());
+    /// drop(limiter);
+    /// sweeper.await?; // ends once the limiter is gone
+    /// # Ok(())
+    /// # }
+    /// ```
+    // Not under loom: loom's `Arc` has no weak references, and the sweeper is a plain loop over
+    // `sweep`, which the models cover.
+    #[cfg(all(feature = "tokio", not(turnstile_loom)))]
+    pub fn run_sweeper(
+        &self,
+        every: std::time::Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static
+    where
+        C: 'static,
+    {
+        let weak = Arc::downgrade(&self.inner);
+        async move {
+            let mut ticks = tokio::time::interval(every.max(std::time::Duration::from_millis(1)));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                with_store!(&inner.store, s => s.sweep(&inner.ctx));
+            }
+        }
+    }
+
+    /// Keys held now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::new(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) })?;
+    /// limiter.try_acquire(&'a')?;
+    /// limiter.try_acquire(&'b')?;
+    /// assert_eq!(limiter.len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        // Relaxed: a snapshot.
+        self.inner.ctx.keys.load(Ordering::Relaxed) as usize
+    }
+
+    /// Whether no key is held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::new(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) })?;
+    /// assert!(limiter.is_empty());
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counts over all keys. `admitted + rejected` is the number of calls once none is in flight.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) })?;
+    /// let _ = limiter.try_acquire(&1u16);
+    /// let _ = limiter.try_acquire(&1u16);
+    /// let stats = limiter.stats();
+    /// assert_eq!((stats.admitted, stats.rejected, stats.keys), (1, 1, 1));
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn stats(&self) -> KeyedStats {
+        let ctx = &self.inner.ctx;
+        KeyedStats {
+            admitted: ctx.counters.sum(ADMITTED),
+            rejected: ctx.counters.sum(REJECTED),
+            overflowed: ctx.counters.sum(OVERFLOWED),
+            // Relaxed: a statistic.
+            evicted: ctx.evicted.load(Ordering::Relaxed),
+            keys: self.len(),
+        }
+    }
+
+    /// The key cap.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, DEFAULT_MAX_KEYS};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::new(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) })?;
+    /// assert_eq!(limiter.max_keys(), DEFAULT_MAX_KEYS);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn max_keys(&self) -> usize {
+        self.inner.ctx.max_keys
+    }
+
+    /// The algorithm every key runs, with its parameters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{Algorithm, KeyedLimiter, Rate};
+    ///
+    /// let algorithm = Algorithm::TokenBucket { rate: Rate::per_second(1), burst: 1 };
+    /// let limiter = KeyedLimiter::<u64>::new(algorithm)?;
+    /// assert_eq!(limiter.algorithm(), algorithm);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn algorithm(&self) -> Algorithm {
+        self.inner.algorithm
+    }
+
+    /// The limiter's clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Clock, KeyedLimiter, ManualClock};
+    ///
+    /// let limiter = KeyedLimiter::<u64, _>::with_clock(
+    ///     Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) },
+    ///     ManualClock::new(),
+    /// )?;
+    /// limiter.clock().advance(Duration::from_secs(2));
+    /// assert_eq!(limiter.clock().now(), 2_000_000_000);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn clock(&self) -> &C {
+        &self.inner.ctx.clock
+    }
+}

@@ -1,0 +1,395 @@
+//! `KeyedLimiter`: keys are independent, idle keys are evicted and busy ones never are, the key cap
+//! holds under a flood of distinct keys, and (on real threads) eviction racing with admissions
+//! never lets a key exceed its limit.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::Duration;
+use turnstile::{
+    Algorithm, Clock, KeyOverflow, KeyedLimiter, ManualClock, MonotonicClock, Rate, TryAcquireError,
+};
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn all_algorithms(limit: u32) -> [Algorithm; 4] {
+    [
+        Algorithm::FixedWindow { limit, window: SEC },
+        Algorithm::SlidingWindow { limit, window: SEC },
+        Algorithm::SlidingCounter { limit, window: SEC },
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(limit),
+            burst: limit,
+        },
+    ]
+}
+
+fn manual(algorithm: Algorithm) -> KeyedLimiter<u64, ManualClock> {
+    KeyedLimiter::with_clock(algorithm, ManualClock::new()).unwrap()
+}
+
+#[test]
+fn keys_are_independent() {
+    for algorithm in all_algorithms(3) {
+        let limiter = manual(algorithm);
+        for _ in 0..3 {
+            limiter.try_acquire(&1).unwrap();
+        }
+        let rejected = limiter.try_acquire(&1).unwrap_err();
+        assert!(rejected.rejection().is_some(), "{algorithm:?}: {rejected}");
+        // Another key starts fresh and is not affected by key 1.
+        assert_eq!(limiter.try_acquire_n(&2, 3).unwrap().remaining(), 0);
+        assert_eq!(limiter.available(&1), 0);
+        assert_eq!(
+            limiter.available(&3),
+            3,
+            "a key never seen has the full limit"
+        );
+        assert_eq!(limiter.len(), 2);
+        let stats = limiter.stats();
+        assert_eq!((stats.admitted, stats.rejected), (4, 1), "{algorithm:?}");
+    }
+}
+
+#[test]
+fn decisions_match_an_unkeyed_limiter_per_key() {
+    // The same script against a keyed limiter (per key) and one unkeyed limiter per key.
+    for algorithm in all_algorithms(4) {
+        let clock = ManualClock::new();
+        let keyed = KeyedLimiter::with_clock(algorithm, clock.clone()).unwrap();
+        let single: Vec<_> = (0..3)
+            .map(|_| turnstile::RateLimiter::with_clock(algorithm, clock.clone()).unwrap())
+            .collect();
+        let mut x = 12345u64;
+        for step in 0..2_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = (x % 3) as usize;
+            let n = (x >> 8) as u32 % 4;
+            if step % 7 == 0 {
+                clock.advance(Duration::from_millis(x % 170));
+            }
+            if step % 300 == 0 {
+                clock.advance(3 * SEC); // every key goes idle
+            }
+            if step % 97 == 0 || step % 300 == 1 {
+                keyed.sweep(); // eviction must not change any decision
+            }
+            let a = keyed.try_acquire_n(&(key as u64), n);
+            let b = single[key].try_acquire_n(n);
+            assert_eq!(a, b, "{algorithm:?} step {step} key {key} n {n}");
+        }
+        assert!(
+            keyed.stats().evicted > 0,
+            "{algorithm:?}: sweeps evicted nothing"
+        );
+    }
+}
+
+#[test]
+fn idle_keys_are_evicted_and_busy_ones_kept() {
+    for algorithm in all_algorithms(5) {
+        let limiter = manual(algorithm);
+        let clock = limiter.clock().clone();
+        for key in 0..100 {
+            limiter.try_acquire(&key).unwrap();
+        }
+        assert_eq!(limiter.sweep(), 0, "{algorithm:?}: evicted a busy key");
+        assert_eq!(limiter.len(), 100);
+        // Two windows later every key is idle (the counter remembers one window back).
+        clock.advance(2 * SEC);
+        limiter.try_acquire_n(&7, 2).unwrap(); // key 7 is busy again
+        assert_eq!(limiter.sweep(), 99, "{algorithm:?}");
+        assert_eq!(limiter.len(), 1);
+        assert_eq!(
+            limiter.available(&7),
+            3,
+            "{algorithm:?}: the busy key kept its state"
+        );
+        let stats = limiter.stats();
+        assert_eq!((stats.evicted, stats.keys), (99, 1));
+    }
+}
+
+#[test]
+fn new_keys_evict_idle_ones_incrementally() {
+    // No sweep() call: inserting keys sweeps their shard once it has seen as many inserts as it
+    // holds keys, so idle keys do not pile up.
+    let limiter = manual(Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_millis(10),
+    });
+    let clock = limiter.clock().clone();
+    let mut peak = 0;
+    for key in 0..200_000u64 {
+        if key % 1_000 == 0 {
+            clock.advance(Duration::from_millis(10)); // every earlier key turns idle
+        }
+        limiter.try_acquire(&key).unwrap();
+        peak = peak.max(limiter.len());
+    }
+    assert!(limiter.stats().evicted > 150_000);
+    assert!(peak < 40_000, "idle keys piled up: {peak} held at once");
+}
+
+#[test]
+fn cap_rejects_new_keys_when_none_is_idle() {
+    let limiter = KeyedLimiter::builder(Algorithm::FixedWindow {
+        limit: 2,
+        window: SEC,
+    })
+    .clock(ManualClock::new())
+    .max_keys(10)
+    .build()
+    .unwrap();
+    for key in 0..10u64 {
+        limiter.try_acquire(&key).unwrap();
+    }
+    assert_eq!(
+        limiter.try_acquire(&10),
+        Err(TryAcquireError::TooManyKeys { max_keys: 10 })
+    );
+    assert_eq!(
+        TryAcquireError::TooManyKeys { max_keys: 10 }.to_string(),
+        "the limiter already tracks its maximum of 10 keys and none is idle"
+    );
+    // Keys already held are still served.
+    assert!(limiter.try_acquire(&3).is_ok());
+    assert!(limiter.try_acquire(&3).is_err());
+    // Probes never create keys, so they are answered even at the cap.
+    assert_eq!(limiter.try_acquire_n(&10, 0).unwrap().remaining(), 2);
+    assert_eq!(limiter.len(), 10);
+    let stats = limiter.stats();
+    assert_eq!(stats.overflowed, 1);
+    // Once keys are idle, a new key takes the place of one.
+    limiter.clock().advance(SEC);
+    assert!(limiter.try_acquire(&10).is_ok());
+    assert!(limiter.len() <= 10);
+}
+
+#[test]
+fn cap_shares_one_limiter_among_overflow_keys() {
+    let limiter = KeyedLimiter::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(2),
+        burst: 2,
+    })
+    .clock(ManualClock::new())
+    .max_keys(2)
+    .overflow(KeyOverflow::Shared)
+    .build()
+    .unwrap();
+    limiter.try_acquire(&"a").unwrap();
+    limiter.try_acquire(&"b").unwrap();
+    // Every further key shares one bucket of 2.
+    assert!(limiter.try_acquire(&"c").is_ok());
+    assert!(limiter.try_acquire(&"d").is_ok());
+    let err = limiter.try_acquire(&"e").unwrap_err();
+    assert_eq!(
+        err.rejection().unwrap().retry_after(),
+        Duration::from_millis(500)
+    );
+    // The held keys are untouched.
+    assert_eq!(limiter.available(&"a"), 1);
+    assert_eq!(limiter.stats().overflowed, 3);
+    assert_eq!(limiter.len(), 2);
+}
+
+#[test]
+fn a_million_distinct_keys_stay_within_the_cap() {
+    // An attacker sends 1,000,000 distinct keys, each once, while time moves slowly: at most
+    // `max_keys` are ever held, and once keys go idle new ones are admitted again.
+    let max_keys = 10_000;
+    let limiter = KeyedLimiter::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 10,
+    })
+    .clock(ManualClock::new())
+    .max_keys(max_keys)
+    .build()
+    .unwrap();
+    let clock = limiter.clock().clone();
+    let (mut admitted, mut too_many) = (0u64, 0u64);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..1_000_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if i % 1_000 == 0 {
+            clock.advance(Duration::from_millis(20));
+        }
+        match limiter.try_acquire(&x) {
+            Ok(_) => admitted += 1,
+            Err(TryAcquireError::TooManyKeys { .. }) => too_many += 1,
+            Err(e) => panic!("unexpected {e}"),
+        }
+        assert!(limiter.len() <= max_keys, "cap exceeded at call {i}");
+    }
+    // A key admitted once is idle 1 s later (one permit at 1/s), 50,000 calls later: the cap binds,
+    // and about `max_keys` new keys get in per second of clock, 20 s in all.
+    assert!(
+        too_many > 500_000,
+        "the cap was reached only {too_many} times"
+    );
+    assert!(
+        (150_000..=250_000).contains(&admitted),
+        "admitted {admitted}, expected about 200,000"
+    );
+    let stats = limiter.stats();
+    assert_eq!(stats.admitted + stats.rejected, 1_000_000);
+    assert_eq!(stats.overflowed, too_many);
+}
+
+#[test]
+fn bad_input_is_a_typed_error_and_creates_no_key() {
+    let limiter = manual(Algorithm::FixedWindow {
+        limit: 3,
+        window: SEC,
+    });
+    assert_eq!(
+        limiter.try_acquire_n(&1, 4),
+        Err(TryAcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        })
+    );
+    assert!(limiter.try_acquire_n(&1, 0).is_ok());
+    assert!(limiter.is_empty(), "a failed call or a probe created a key");
+    assert!(KeyedLimiter::<u64>::new(Algorithm::FixedWindow {
+        limit: 0,
+        window: SEC
+    })
+    .is_err());
+    assert!(KeyedLimiter::<u64>::builder(Algorithm::FixedWindow {
+        limit: 1,
+        window: SEC
+    })
+    .max_keys(0)
+    .build()
+    .is_err());
+}
+
+#[test]
+fn u32_max_limits_work_per_key() {
+    let limiter = manual(Algorithm::FixedWindow {
+        limit: u32::MAX,
+        window: SEC,
+    });
+    assert_eq!(limiter.try_acquire_n(&1, u32::MAX).unwrap().remaining(), 0);
+    assert!(limiter.try_acquire(&1).is_err());
+    limiter.clock().advance(SEC);
+    assert_eq!(limiter.sweep(), 1);
+    assert_eq!(limiter.try_acquire(&1).unwrap().remaining(), u32::MAX - 1);
+}
+
+// --- Stress: eviction racing with admissions on real threads -------------------------------------
+
+const HOT_KEYS: u64 = 10_000;
+const THREADS: usize = 4;
+const ATTEMPTS_PER_THREAD: u64 = 250_000;
+
+/// Four threads walk the same key sequence (so they collide on keys) in bursts of 8 attempts per
+/// key while a fifth thread sweeps without pause, so keys are retired and re-created under the
+/// callers' feet. Returns every admission per key, sorted by time.
+fn hammer_keys<C: Clock>(limiter: &KeyedLimiter<u64, C>) -> HashMap<u64, Vec<(u64, u64)>> {
+    let barrier = Barrier::new(THREADS + 1);
+    let done = AtomicBool::new(false);
+    let per_thread: Vec<Vec<(u64, u64, u64)>> = std::thread::scope(|s| {
+        let sweeper = s.spawn(|| {
+            barrier.wait();
+            let mut swept = 0;
+            while !done.load(Ordering::Relaxed) {
+                swept += limiter.sweep();
+            }
+            swept
+        });
+        let handles: Vec<_> = (0..THREADS as u64)
+            .map(|id| {
+                let (barrier, limiter) = (&barrier, limiter);
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    barrier.wait();
+                    for i in 0..ATTEMPTS_PER_THREAD {
+                        let key = (i / 8).wrapping_mul(0x9E37_79B9) % HOT_KEYS;
+                        let n = if id < 2 { 1 } else { 1 + (i % 3) as u32 };
+                        if let Ok(a) = limiter.try_acquire_n(&key, n) {
+                            mine.push((key, a.at_nanos(), u64::from(n)));
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let results = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        done.store(true, Ordering::Relaxed);
+        assert!(
+            sweeper.join().unwrap() > 0,
+            "the sweeper never evicted a key"
+        );
+        results
+    });
+    let mut by_key: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+    let mut admitted = 0;
+    for (key, t, n) in per_thread.into_iter().flatten() {
+        by_key.entry(key).or_default().push((t, n));
+        admitted += 1;
+    }
+    for v in by_key.values_mut() {
+        v.sort_unstable();
+    }
+    let stats = limiter.stats();
+    let attempts = THREADS as u64 * ATTEMPTS_PER_THREAD;
+    assert_eq!(stats.admitted + stats.rejected, attempts, "stats add up");
+    assert_eq!(stats.admitted, admitted);
+    assert!(
+        stats.rejected > attempts / 10,
+        "the audit must exercise rejections"
+    );
+    assert!(stats.evicted > 1_000, "the audit must exercise eviction");
+    by_key
+}
+
+fn audit(algorithm: Algorithm, violations: impl Fn(&[(u64, u64)]) -> usize) {
+    let limiter = KeyedLimiter::with_clock(algorithm, MonotonicClock::new()).unwrap();
+    let by_key = hammer_keys(&limiter);
+    assert!(
+        by_key.len() > (HOT_KEYS / 2) as usize,
+        "too few keys admitted"
+    );
+    let bad: usize = by_key.values().map(|a| violations(a)).sum();
+    assert_eq!(bad, 0, "{algorithm:?}: over-admissions across all keys");
+}
+
+#[test]
+fn keyed_fixed_window_never_over_admits_under_eviction() {
+    let (limit, window) = (4, Duration::from_micros(50));
+    audit(Algorithm::FixedWindow { limit, window }, |a| {
+        common::fixed_violations(a, limit, window)
+    });
+}
+
+#[test]
+fn keyed_sliding_window_never_over_admits_under_eviction() {
+    let (limit, window) = (4, Duration::from_micros(50));
+    audit(Algorithm::SlidingWindow { limit, window }, |a| {
+        common::sliding_violations(a, limit, window)
+    });
+}
+
+#[test]
+fn keyed_sliding_counter_respects_its_estimate_under_eviction() {
+    let (limit, window) = (4, Duration::from_micros(50));
+    audit(Algorithm::SlidingCounter { limit, window }, |a| {
+        common::counter_violations(a, limit, window)
+    });
+}
+
+#[test]
+fn keyed_token_bucket_conforms_under_eviction() {
+    let (rate, burst) = (Rate::new(1, Duration::from_micros(20)), 4);
+    audit(Algorithm::TokenBucket { rate, burst }, |a| {
+        common::bucket_violations(a, rate, burst)
+    });
+}
