@@ -306,7 +306,13 @@ where
             ctx.release_keys(1);
             return outcome;
         }
-        shard.not_before.store(0, Ordering::Relaxed);
+        // Release: pairs with the Acquire swap that starts a sweep: if that swap reads our 0, the
+        // sweep sees our key; if it comes earlier, our 0 lands after it and survives the sweep's
+        // closing `fetch_min`. Either way a new key is never hidden from later sweeps. An RMW,
+        // not a store: under C++'s rules a store would do (RMW atomicity puts it after a swap
+        // that did not read it), but loom orders plain stores only partially against RMWs it
+        // has not seen and would report a shard stuck at "never"; the RMW keeps the model exact.
+        shard.not_before.fetch_min(0, Ordering::Release);
         let inserted = shard.inserted.fetch_add(1, Ordering::Relaxed) + 1;
         // Due once the inserts since the last sweep match the keys it left (len − inserted).
         if 2 * inserted >= len.max(MIN_SWEEP) {
@@ -369,6 +375,12 @@ where
             return 0;
         }
         shard.inserted.store(0, Ordering::Relaxed);
+        // AcqRel: Acquire pairs with the Release store of an insert (see `first_use`). From here
+        // the hint is rebuilt: this sweep lowers it to the earliest time a key it saw turns idle,
+        // and any insert meanwhile lowers it to 0. (Storing our result instead of taking the
+        // minimum lost such an insert: the loom model `sweep_vs_acquire_on_an_idle_key` found a
+        // shard left at "never" with an idle key in it.)
+        shard.not_before.swap(u64::MAX, Ordering::AcqRel);
         let mut next = u64::MAX;
         let mut evicted = 0;
         shard
@@ -381,9 +393,8 @@ where
                 }
                 Err(idle_at) => next = next.min(idle_at),
             });
-        // Relaxed: a hint (see the load). An insert racing with this store may be overwritten;
-        // its key is then swept no later than `next` or the next insert.
-        shard.not_before.store(next, Ordering::Relaxed);
+        // Relaxed: the minimum keeps any insert's 0; ordering is carried by the swap above.
+        shard.not_before.fetch_min(next, Ordering::Relaxed);
         Self::removed(ctx, shard, evicted);
         // Release: pairs with the Acquire above.
         shard.sweeping.store(0, Ordering::Release);

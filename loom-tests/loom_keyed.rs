@@ -1,0 +1,222 @@
+//! Loom model of keyed eviction racing with admissions (`src/keyed.rs`, `Algo::retire`).
+//!
+//! Protocol: a key's cell of atomics lives in a map. A sweeper *retires* an idle cell with a CAS
+//! from the very state word it judged idle to `RETIRED` (so the CAS fails if an admission landed
+//! in between), then removes the entry. A caller that loads `RETIRED`, or whose CAS fails with it,
+//! never decides on that cell: it removes the dead entry itself and retries. A key seen for the
+//! first time (or again after eviction) is admitted on a private fresh cell, which is then
+//! inserted; if another caller inserted the key first, the private cell is dropped unseen and the
+//! call is decided on the winner's cell. The key count is reserved before an insert and released
+//! by the removal that actually took the entry out.
+//!
+//! Under loom the map is a `Mutex<HashMap<K, Arc<Cell>>>` (linearizable, like papaya), and callers
+//! run the algorithm on a cell outside the map's lock, so every interleaving of the cells' atomics
+//! with map operations is explored. The models use `KeyedLimiter` on a `ManualClock` with 1-2
+//! racing threads besides the main one, and assert:
+//! - no over-admission: the admissions' assigned times, grouped by window (fixed window) or
+//!   replayed through GCRA (token bucket), never exceed the limit, across evictions;
+//! - no lost admission: a key admitted just before a sweep keeps its state (the sweep cannot
+//!   retire it), and when two callers race on an evicted key exactly one fresh cell wins;
+//! - the books balance: `len()` equals the keys really held (a final sweep after everything is
+//!   idle brings it to exactly 0), `admitted + rejected` equals the calls made;
+//! - the cap: two new keys racing for the last free slot never both get in.
+//!
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed`
+#![cfg(turnstile_loom)]
+
+use loom::thread;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
+use std::time::Duration;
+use turnstile::{Algorithm, KeyedLimiter, ManualClock, Rate, TryAcquireError};
+
+/// Window length (and GCRA emission interval) in nanoseconds.
+const W: u64 = 10;
+
+/// A hasher with fixed keys, so every loom execution puts a key in the same shard.
+type Fixed = BuildHasherDefault<DefaultHasher>;
+type Limiter = KeyedLimiter<u64, ManualClock, Fixed>;
+
+fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
+        loom::model(f);
+    } else {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(2);
+        builder.check(f);
+    }
+}
+
+fn limiter(algorithm: Algorithm, max_keys: usize) -> Arc<Limiter> {
+    Arc::new(
+        KeyedLimiter::<u64>::builder(algorithm)
+            .clock(ManualClock::new())
+            .hasher(Fixed::default())
+            .max_keys(max_keys)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn fixed(limit: u32) -> Algorithm {
+    Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_nanos(W),
+    }
+}
+
+/// Admission times of one key, or `None` for a rejection.
+fn attempt(l: &Limiter, key: u64) -> Option<u64> {
+    match l.try_acquire(&key) {
+        Ok(a) => Some(a.at_nanos()),
+        Err(TryAcquireError::Rejected(_)) => None,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+/// Windows holding more than `limit` admissions.
+fn over_limit(times: &[u64], limit: usize) -> usize {
+    let mut per_window = std::collections::HashMap::new();
+    for t in times {
+        *per_window.entry(t / W).or_insert(0usize) += 1;
+    }
+    per_window.values().filter(|&&c| c > limit).count()
+}
+
+/// A sweep races with two admissions on a key that was busy in window 0 and is idle in window
+/// 1: whether the sweep retires the cell before, between or after them, or loses its CAS to
+/// them, window 1 admits exactly one.
+#[test]
+fn sweep_vs_acquire_on_an_idle_key() {
+    model(|| {
+        let l = limiter(fixed(1), 4);
+        assert!(attempt(&l, 1).is_some());
+        l.clock().advance(Duration::from_nanos(W));
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        let a = attempt(&l, 1);
+        let b = attempt(&l, 1);
+        let swept = sweeper.join().unwrap();
+        let times: Vec<u64> = [Some(0), a, b].into_iter().flatten().collect();
+        assert_eq!(over_limit(&times, 1), 0, "over-admitted: {times:?}");
+        assert_eq!(times.len(), 2, "window 1 must admit exactly one: {times:?}");
+        assert!(swept <= 1);
+        let stats = l.stats();
+        assert_eq!((stats.admitted, stats.rejected), (2, 1));
+        assert_eq!(l.len(), 1, "the key is held once more");
+        // Everything idle two windows on: a final sweep empties the map and the count exactly.
+        l.clock().advance(Duration::from_nanos(2 * W));
+        assert_eq!(l.sweep(), 1);
+        assert_eq!(l.len(), 0);
+    });
+}
+
+/// A sweep races with an admission on a key that is still busy: the sweep cannot retire it, so
+/// the key's state (one permit used of two) survives.
+#[test]
+fn sweep_never_retires_a_busy_key() {
+    model(|| {
+        let l = limiter(fixed(2), 4);
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        let first = attempt(&l, 1);
+        let swept = sweeper.join().unwrap();
+        assert!(first.is_some());
+        // If the sweep ran before the admission the key was absent; after it, busy. Either way
+        // nothing that held an admission was evicted.
+        assert_eq!(swept, 0);
+        assert!(attempt(&l, 1).is_some());
+        assert!(attempt(&l, 1).is_none(), "the key's state was lost");
+        assert_eq!(l.len(), 1);
+    });
+}
+
+/// Two callers race on a key that a third thread is evicting: each may see the retired cell,
+/// remove it, and insert its own private cell; exactly one fresh cell wins and window 1 admits
+/// exactly one of them.
+#[test]
+fn two_callers_race_on_an_evicted_key() {
+    model(|| {
+        let l = limiter(fixed(1), 4);
+        assert!(attempt(&l, 1).is_some());
+        l.clock().advance(Duration::from_nanos(W));
+        let (sweeper, other) = {
+            let (l1, l2) = (Arc::clone(&l), Arc::clone(&l));
+            (
+                thread::spawn(move || l1.sweep()),
+                thread::spawn(move || attempt(&l2, 1)),
+            )
+        };
+        let mine = attempt(&l, 1);
+        let theirs = other.join().unwrap();
+        sweeper.join().unwrap();
+        let admitted = [mine, theirs].iter().flatten().count();
+        assert_eq!(
+            admitted, 1,
+            "window 1 admitted {admitted}: {mine:?} {theirs:?}"
+        );
+        assert_eq!(l.len(), 1);
+        let stats = l.stats();
+        assert_eq!(stats.admitted + stats.rejected, 3);
+        l.clock().advance(Duration::from_nanos(2 * W));
+        assert_eq!(l.sweep(), 1);
+        assert_eq!(l.len(), 0, "the key count drifted");
+    });
+}
+
+/// GCRA across an eviction: burst 1, one permit per W. A sweep at 2W (the bucket is full again,
+/// so the cell is idle) races with two admissions at 2W: one conforms, the other is rejected.
+#[test]
+fn token_bucket_conforms_across_eviction() {
+    model(|| {
+        let l = limiter(
+            Algorithm::TokenBucket {
+                rate: Rate::new(1, Duration::from_nanos(W)),
+                burst: 1,
+            },
+            4,
+        );
+        assert!(attempt(&l, 7).is_some());
+        l.clock().advance(Duration::from_nanos(2 * W));
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        let a = attempt(&l, 7);
+        let b = attempt(&l, 7);
+        sweeper.join().unwrap();
+        assert_eq!(a, Some(2 * W));
+        assert_eq!(b, None, "a second permit within one emission interval");
+    });
+}
+
+/// The cap: one slot left and two new keys race for it (with the cap's make-room sweep finding
+/// nothing idle): exactly one gets in, the other is rejected as over the cap.
+#[test]
+fn two_new_keys_race_for_the_last_slot() {
+    model(|| {
+        let l = limiter(fixed(1), 2);
+        assert!(attempt(&l, 1).is_some());
+        let other = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.try_acquire(&3).map(|_| ()))
+        };
+        let mine = l.try_acquire(&2).map(|_| ());
+        let theirs = other.join().unwrap();
+        let too_many = TryAcquireError::TooManyKeys { max_keys: 2 };
+        let outcomes = [mine, theirs];
+        assert_eq!(
+            outcomes.iter().filter(|o| o.is_ok()).count(),
+            1,
+            "{outcomes:?}"
+        );
+        assert_eq!(outcomes.iter().filter(|o| **o == Err(too_many)).count(), 1);
+        assert_eq!(l.len(), 2);
+        assert_eq!(l.stats().overflowed, 1);
+    });
+}
