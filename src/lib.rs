@@ -50,6 +50,8 @@ mod decision;
 mod error;
 #[cfg(feature = "keyed")]
 mod keyed;
+#[cfg(feature = "keyed")]
+mod keylocks;
 mod limiter;
 mod queue;
 mod sync;
@@ -62,6 +64,11 @@ pub use decision::{Admission, Rejection};
 pub use error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
 #[cfg(feature = "keyed")]
 pub use keyed::{KeyOverflow, KeyedLimiter, KeyedLimiterBuilder, KeyedStats, DEFAULT_MAX_KEYS};
+#[cfg(feature = "keyed")]
+pub use keylocks::{
+    KeyLocks, KeyLocksBuilder, OwnedReadGuard, OwnedWriteGuard, ReadGuard, TryLockError,
+    WriteGuard, DEFAULT_POOL_PER_SHARD,
+};
 pub use limiter::{Algorithm, Rate, RateLimiter, RateLimiterBuilder, Stats};
 pub use queue::{QueueOrder, DEFAULT_QUEUE_LIMIT};
 

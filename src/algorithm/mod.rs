@@ -58,9 +58,11 @@ pub(crate) trait Algo: Send + Sync + 'static {
 
     /// Marks `cell` retired if it is idle now (its state admits exactly what a fresh cell would,
     /// now and later). `Err(t)`: not idle; it cannot become idle before clock time `t`.
+    #[cfg_attr(not(feature = "keyed"), allow(dead_code))] // only keyed limiters evict
     fn retire<C: Clock>(&self, cell: &Self::Cell, clock: &C) -> Result<(), u64>;
 
     /// Whether `cell` is retired. Retirement is final, so a `true` never goes stale.
+    #[cfg_attr(not(feature = "keyed"), allow(dead_code))]
     fn retired(cell: &Self::Cell) -> bool;
 
     /// Every atomic word, for tests that check a rejection wrote nothing.

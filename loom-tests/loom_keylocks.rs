@@ -1,0 +1,272 @@
+//! Loom models of `KeyLocks` (`src/keylocks.rs`).
+//!
+//! Protocol under test: each shard is a mutex around a table of keys in use; a key's doorman
+//! `{ readers, writer, queue }` is created (or taken from the shard's bounded pool) on first use and
+//! leaves the table, back to the pool, when `readers + writer + queue.len()` reaches zero. Grants
+//! are hand-offs: the releaser removes the waiter from the queue, counts its hold, and wakes it
+//! after unlocking; a waiter learns it was granted by not finding its ticket. A dropped waiter
+//! either removes its ticket or, if granted meanwhile, gives the hold back (the refund).
+//!
+//! Models (one shard, pool bound 1, so every release of the last hold returns the doorman to the
+//! pool and the next first use takes it back out):
+//!
+//! 1. `acquire_release_pool_*`: blocking writers/readers on one key racing a second key of the same
+//!    shard whose doorman cycles through the pool. Mutual exclusion is checked inside every
+//!    critical section with a loom atomic; a doorman that left the table while a waiter still
+//!    referenced it would hit the `unreachable!` in the waiter's look. At the end the map is empty,
+//!    the pool within its bound, and the key free.
+//! 2. `cancel_vs_grant_*`: a read or write future polled once (queued behind a held writer) and
+//!    then dropped, racing the writer's release, with a blocking writer queued too. Whatever the
+//!    order, the lock ends free, nothing is leaked, and the blocking writer is served; a lost
+//!    wake-up would leave it blocked forever, which loom reports as a deadlock.
+//! 3. `async_waiter_is_woken`: a task waiting in `read().await` (driven by `block_on` below, whose
+//!    waker unparks a loom thread) is woken by the writer's release.
+//!
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom
+//! cargo test --release --test loom_keylocks`
+#![cfg(turnstile_loom)]
+
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use turnstile::KeyLocks;
+
+/// Runs `f` under loom. `loom::model` reads `LOOM_MAX_PREEMPTIONS` (and `LOOM_LOG`, …) from the
+/// environment; without `LOOM_MAX_PREEMPTIONS` the models default to 2 preemptions rather than an
+/// unbounded search.
+fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
+        loom::model(f);
+    } else {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(2);
+        builder.check(f);
+    }
+}
+
+fn locks() -> KeyLocks<u8> {
+    KeyLocks::builder()
+        .shards(1)
+        .pool_per_shard(1)
+        .build()
+        .unwrap()
+}
+
+const WRITER: usize = 1 << 16;
+
+/// Who is inside one key's critical section: a writer bit and a reader count.
+#[derive(Clone)]
+struct Inside(Arc<AtomicUsize>);
+
+impl Inside {
+    fn new() -> Self {
+        Inside(Arc::new(AtomicUsize::new(0)))
+    }
+
+    fn write(&self) {
+        let before = self.0.fetch_add(WRITER, Ordering::SeqCst);
+        assert_eq!(before, 0, "a writer found others inside");
+        self.0.fetch_sub(WRITER, Ordering::SeqCst);
+    }
+
+    fn read(&self) {
+        let before = self.0.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(before & WRITER, 0, "a reader found a writer inside");
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The end state every model must reach.
+fn assert_quiescent(locks: &KeyLocks<u8>) {
+    assert_eq!(locks.len(), 0, "a doorman is still in the map");
+    assert!(locks.pooled() <= 1, "the pool outgrew its bound");
+    assert!(locks.try_write(&0).is_ok(), "the key is not free");
+    assert_eq!(locks.len(), 0);
+}
+
+fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// A waker that unparks a loom thread.
+struct Unpark(loom::thread::Thread);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Drives `fut` to completion on the current loom thread, parking while it is pending. loom's
+/// own `block_on` needs its `futures` feature; this is the same idea with `park`/`unpark`
+/// (an unpark before the park is kept as a token, as in std). A wake-up that never comes leaves
+/// every thread parked, which loom reports as a deadlock.
+fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    let waker = Waker::from(std::sync::Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        thread::park();
+    }
+}
+
+/// A blocking writer and a blocking reader on key 0, while the main thread cycles key 1's doorman
+/// through the pool of the same shard and also tries key 0.
+#[test]
+fn acquire_release_pool_writer_reader() {
+    model(|| {
+        let locks = locks();
+        let inside = Inside::new();
+        let writer = {
+            let (locks, inside) = (locks.clone(), inside.clone());
+            thread::spawn(move || {
+                let _w = locks.write_blocking(&0);
+                inside.write();
+            })
+        };
+        let reader = {
+            let (locks, inside) = (locks.clone(), inside.clone());
+            thread::spawn(move || {
+                let _r = locks.read_blocking(&0);
+                inside.read();
+            })
+        };
+        drop(locks.try_write(&1).expect("key 1 is only used here"));
+        if let Ok(_w) = locks.try_write(&0) {
+            inside.write();
+        }
+        writer.join().unwrap();
+        reader.join().unwrap();
+        assert_quiescent(&locks);
+    });
+}
+
+/// Two blocking writers on key 0 (one waits for the other, hand-off on release) while the main
+/// thread reads key 0 and cycles key 1 through the pool.
+#[test]
+fn acquire_release_pool_two_writers() {
+    model(|| {
+        let locks = locks();
+        let inside = Inside::new();
+        let writers: Vec<_> = (0..2)
+            .map(|_| {
+                let (locks, inside) = (locks.clone(), inside.clone());
+                thread::spawn(move || {
+                    let _w = locks.write_blocking(&0);
+                    inside.write();
+                })
+            })
+            .collect();
+        if let Ok(_r) = locks.try_read(&0) {
+            inside.read();
+        }
+        drop(locks.try_read(&1).expect("key 1 is only used here"));
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert_quiescent(&locks);
+    });
+}
+
+/// Two blocking readers (sharing) and a blocking writer on key 0, so the doorman's reference count
+/// goes above one and its last holder is either kind; the main thread also cycles key 1.
+#[test]
+fn acquire_release_pool_two_readers_writer() {
+    model(|| {
+        let locks = locks();
+        let inside = Inside::new();
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (locks, inside) = (locks.clone(), inside.clone());
+                thread::spawn(move || {
+                    let _r = locks.read_blocking(&0);
+                    inside.read();
+                })
+            })
+            .collect();
+        {
+            let _w = locks.write_blocking(&0);
+            inside.write();
+        }
+        drop(locks.try_write(&1).expect("key 1 is only used here"));
+        for r in readers {
+            r.join().unwrap();
+        }
+        assert_quiescent(&locks);
+    });
+}
+
+/// A future for key 0 is polled once while a writer holds the key (so it queues, unless the
+/// release came first) and then dropped, racing the writer's release; a blocking writer waits
+/// too. Covers: cancel while queued, cancel after the grant (refund), and grant after cancel.
+fn cancel_vs_grant(write: bool) {
+    model(move || {
+        let locks = locks();
+        let inside = Inside::new();
+        let held = locks.try_write_owned(&0).unwrap();
+        let canceller = {
+            let (locks, inside) = (locks.clone(), inside.clone());
+            thread::spawn(move || {
+                if write {
+                    let fut = pin!(locks.write(&0));
+                    if let Poll::Ready(_w) = poll_once(fut) {
+                        inside.write();
+                    }
+                } else {
+                    let fut = pin!(locks.read(&0));
+                    if let Poll::Ready(_r) = poll_once(fut) {
+                        inside.read();
+                    }
+                }
+                // The future is dropped here, queued or granted.
+            })
+        };
+        let releaser = thread::spawn(move || drop(held));
+        {
+            let _w = locks.write_blocking(&0);
+            inside.write();
+        }
+        canceller.join().unwrap();
+        releaser.join().unwrap();
+        assert_quiescent(&locks);
+    });
+}
+
+#[test]
+fn cancel_vs_grant_read() {
+    cancel_vs_grant(false);
+}
+
+#[test]
+fn cancel_vs_grant_write() {
+    cancel_vs_grant(true);
+}
+
+/// An async reader waits behind a writer and is woken by the release (`block_on` parks the model
+/// thread until its waker is called: a lost wake-up is a deadlock).
+#[test]
+fn async_waiter_is_woken() {
+    model(|| {
+        let locks = locks();
+        let inside = Inside::new();
+        let held = locks.try_write_owned(&0).unwrap();
+        let reader = {
+            let (locks, inside) = (locks.clone(), inside.clone());
+            thread::spawn(move || {
+                block_on(async {
+                    let _r = locks.read(&0).await;
+                    inside.read();
+                })
+            })
+        };
+        drop(held);
+        reader.join().unwrap();
+        assert_quiescent(&locks);
+    });
+}

@@ -1,0 +1,961 @@
+//! `KeyLocks`: exclusion, sharing, fairness, cancellation and doorman reuse.
+//!
+//! Exclusion is checked from inside the critical sections with one counter per key (a writer bit
+//! and a reader count): a writer must find it zero, a reader must find no writer bit. Fairness and
+//! ordering tests run on tokio's paused clock (current-thread runtime, deterministic); stress and
+//! cancellation tests run on real threads and a multi-thread runtime, because the races are what
+//! is under test. No test sleeps to move time forward.
+
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+use turnstile::{KeyLocks, TryLockError};
+
+const WRITER: u64 = 1 << 32;
+
+/// One counter per key, checked from inside critical sections.
+struct Occupancy {
+    keys: Vec<AtomicU64>,
+    max_readers: AtomicU64,
+}
+
+impl Occupancy {
+    fn new(keys: usize) -> Arc<Self> {
+        Arc::new(Occupancy {
+            keys: (0..keys).map(|_| AtomicU64::new(0)).collect(),
+            max_readers: AtomicU64::new(0),
+        })
+    }
+
+    fn enter_write(&self, key: usize) {
+        let before = self.keys[key].fetch_add(WRITER, Ordering::SeqCst);
+        assert_eq!(
+            before, 0,
+            "a writer of key {key} found others inside: {before:#x}"
+        );
+    }
+
+    fn leave_write(&self, key: usize) {
+        self.keys[key].fetch_sub(WRITER, Ordering::SeqCst);
+    }
+
+    fn enter_read(&self, key: usize) {
+        let before = self.keys[key].fetch_add(1, Ordering::SeqCst);
+        assert_eq!(
+            before & WRITER,
+            0,
+            "a reader of key {key} found a writer inside"
+        );
+        self.max_readers.fetch_max(before + 1, Ordering::Relaxed);
+    }
+
+    fn leave_read(&self, key: usize) {
+        self.keys[key].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Enters for the lifetime of the returned value (so a cancelled critical section leaves).
+    fn inside(&self, key: usize, write: bool) -> Inside<'_> {
+        if write {
+            self.enter_write(key);
+        } else {
+            self.enter_read(key);
+        }
+        Inside {
+            occupancy: self,
+            key,
+            write,
+        }
+    }
+
+    fn assert_empty(&self) {
+        for (k, c) in self.keys.iter().enumerate() {
+            assert_eq!(c.load(Ordering::SeqCst), 0, "key {k} still occupied");
+        }
+    }
+}
+
+struct Inside<'a> {
+    occupancy: &'a Occupancy,
+    key: usize,
+    write: bool,
+}
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        if self.write {
+            self.occupancy.leave_write(self.key);
+        } else {
+            self.occupancy.leave_read(self.key);
+        }
+    }
+}
+
+/// xorshift64*: a small deterministic generator per task, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+/// Polls `fut` once with a waker that does nothing.
+fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// Lets every spawned task run until it blocks (on a current-thread runtime).
+async fn settle() {
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// After a run: no key in use, the pool within its bound, and the locks still work at once.
+fn assert_quiescent<K: std::hash::Hash + Eq + Clone>(locks: &KeyLocks<K>, key: &K) {
+    assert_eq!(locks.len(), 0, "keys left in use");
+    assert!(locks.is_empty());
+    let bound = locks.shards() * locks.pool_per_shard();
+    assert!(
+        locks.pooled() <= bound,
+        "pool {} above its bound {bound}",
+        locks.pooled()
+    );
+    let write = pin!(locks.write(key));
+    match poll_once(write) {
+        Poll::Ready(guard) => drop(guard),
+        Poll::Pending => panic!("a write on a quiescent KeyLocks did not succeed at once"),
+    }
+    assert_eq!(locks.len(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exclusion
+
+#[test]
+fn exclusion_on_a_multi_thread_runtime() {
+    const KEYS: usize = 3;
+    const TASKS: u64 = 8;
+    const OPS: u64 = 2_000;
+    let locks: KeyLocks<usize> = KeyLocks::new();
+    let occupancy = Occupancy::new(KEYS);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let (locks, occupancy) = (locks.clone(), Arc::clone(&occupancy));
+                tokio::spawn(async move {
+                    let mut rng = Rng::new(t + 1);
+                    for _ in 0..OPS {
+                        let key = rng.below(KEYS as u64) as usize;
+                        if rng.below(4) == 0 {
+                            let _w = locks.write(&key).await;
+                            occupancy.enter_write(key);
+                            tokio::task::yield_now().await;
+                            occupancy.leave_write(key);
+                        } else {
+                            let _r = locks.read(&key).await;
+                            occupancy.enter_read(key);
+                            tokio::task::yield_now().await;
+                            occupancy.leave_read(key);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    occupancy.assert_empty();
+    assert!(
+        occupancy.max_readers.load(Ordering::Relaxed) >= 2,
+        "readers never overlapped: the test did not exercise sharing"
+    );
+    assert_quiescent(&locks, &0);
+}
+
+#[test]
+fn exclusion_on_blocking_threads_with_try_calls() {
+    const KEYS: usize = 2;
+    const OPS: u64 = 5_000;
+    let locks: KeyLocks<usize> = KeyLocks::builder().shards(2).build().unwrap();
+    let occupancy = Occupancy::new(KEYS);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (locks, occupancy) = (&locks, &occupancy);
+            s.spawn(move || {
+                let mut rng = Rng::new(t + 11);
+                for _ in 0..OPS {
+                    let key = rng.below(KEYS as u64) as usize;
+                    match rng.below(6) {
+                        0 => {
+                            let _w = locks.write_blocking(&key);
+                            occupancy.enter_write(key);
+                            std::thread::yield_now();
+                            occupancy.leave_write(key);
+                        }
+                        1 => {
+                            if let Ok(_w) = locks.try_write(&key) {
+                                occupancy.enter_write(key);
+                                occupancy.leave_write(key);
+                            }
+                        }
+                        2 => {
+                            if let Ok(_r) = locks.try_read(&key) {
+                                occupancy.enter_read(key);
+                                occupancy.leave_read(key);
+                            }
+                        }
+                        _ => {
+                            let _r = locks.read_blocking(&key);
+                            occupancy.enter_read(key);
+                            std::thread::yield_now();
+                            occupancy.leave_read(key);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    occupancy.assert_empty();
+    assert_quiescent(&locks, &0);
+}
+
+/// Async tasks and blocking threads share one queue per key.
+#[test]
+fn exclusion_with_async_and_blocking_callers_on_the_same_keys() {
+    const KEYS: usize = 2;
+    let locks: KeyLocks<usize> = KeyLocks::new();
+    let occupancy = Occupancy::new(KEYS);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap();
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (locks, occupancy) = (&locks, &occupancy);
+            s.spawn(move || {
+                let mut rng = Rng::new(t + 21);
+                for _ in 0..3_000 {
+                    let key = rng.below(KEYS as u64) as usize;
+                    if rng.below(2) == 0 {
+                        let _w = locks.write_blocking(&key);
+                        occupancy.enter_write(key);
+                        occupancy.leave_write(key);
+                    } else {
+                        let _r = locks.read_blocking(&key);
+                        occupancy.enter_read(key);
+                        std::thread::yield_now();
+                        occupancy.leave_read(key);
+                    }
+                }
+            });
+        }
+        runtime.block_on(async {
+            let tasks: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let (locks, occupancy) = (locks.clone(), Arc::clone(&occupancy));
+                    tokio::spawn(async move {
+                        let mut rng = Rng::new(t + 31);
+                        for _ in 0..3_000 {
+                            let key = rng.below(KEYS as u64) as usize;
+                            if rng.below(2) == 0 {
+                                let _w = locks.write_owned(&key).await;
+                                occupancy.enter_write(key);
+                                tokio::task::yield_now().await;
+                                occupancy.leave_write(key);
+                            } else {
+                                let _r = locks.read(&key).await;
+                                occupancy.enter_read(key);
+                                occupancy.leave_read(key);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+    });
+    occupancy.assert_empty();
+    assert_quiescent(&locks, &0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharing, try semantics, keys
+
+#[tokio::test(start_paused = true)]
+async fn two_readers_hold_at_once() {
+    let locks: KeyLocks<String> = KeyLocks::new();
+    let a = locks.read("k").await;
+    let b = locks.read("k").await;
+    assert_eq!(locks.len(), 1);
+    drop((a, b));
+
+    // Both readers must be inside together to pass the barrier; if reads did not share, the
+    // second would wait for the first forever and the (paused-clock) timeout would fire.
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let tasks: Vec<_> = (0..2)
+        .map(|_| {
+            let (locks, barrier) = (locks.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                let _r = locks.read("k").await;
+                tokio::time::timeout(Duration::from_secs(3600), barrier.wait())
+                    .await
+                    .expect("the other reader never got in: readers do not share");
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(locks.is_empty());
+}
+
+#[test]
+fn try_read_and_try_write_semantics() {
+    let locks: KeyLocks<String> = KeyLocks::new();
+
+    // Free key: both succeed, and the key is in use only while held.
+    let w = locks.try_write("k").unwrap();
+    assert_eq!(locks.len(), 1);
+    assert_eq!(locks.try_write("k").unwrap_err(), TryLockError::WriteLocked);
+    assert_eq!(locks.try_read("k").unwrap_err(), TryLockError::WriteLocked);
+    assert!(locks.try_write("other").is_ok()); // independent keys
+    drop(w);
+    assert_eq!(locks.len(), 0);
+
+    let r1 = locks.try_read("k").unwrap();
+    let r2 = locks.try_read("k").unwrap();
+    assert_eq!(
+        locks.try_write("k").unwrap_err(),
+        TryLockError::ReadLocked { readers: 2 }
+    );
+
+    // A writer queues behind the readers; from then on a new reader does not overtake it.
+    let mut writer = Box::pin(locks.write("k"));
+    assert!(poll_once(writer.as_mut()).is_pending());
+    assert_eq!(locks.waiters("k"), 1);
+    assert_eq!(
+        locks.try_read("k").unwrap_err(),
+        TryLockError::WriterQueued { waiters: 1 }
+    );
+    assert_eq!(
+        locks.try_write("k").unwrap_err(),
+        TryLockError::ReadLocked { readers: 2 }
+    );
+    drop(r1);
+    assert!(
+        poll_once(writer.as_mut()).is_pending(),
+        "one reader still holds"
+    );
+    drop(r2); // grants the writer
+    let w = match poll_once(writer.as_mut()) {
+        Poll::Ready(w) => w,
+        Poll::Pending => panic!("the last reader's release did not grant the writer"),
+    };
+    assert_eq!(locks.try_read("k").unwrap_err(), TryLockError::WriteLocked);
+    drop(w);
+    drop(writer);
+    assert!(locks.is_empty());
+
+    // Errors display and are std errors.
+    let e: Box<dyn std::error::Error> = Box::new(TryLockError::ReadLocked { readers: 3 });
+    assert_eq!(e.to_string(), "the key is locked by 3 reader(s)");
+}
+
+#[test]
+fn keys_are_looked_up_by_borrowed_forms_and_compared_exactly() {
+    let locks: KeyLocks<String> = KeyLocks::builder().shards(1).build().unwrap();
+    let owned = String::from("user:1");
+    let _w = locks.try_write(&owned).unwrap();
+    assert!(locks.try_read("user:1").is_err()); // &str finds the String key
+    assert!(locks.try_write("user:10").is_ok()); // a different key, same shard
+    let locks: KeyLocks<Vec<u8>> = KeyLocks::new();
+    let _r = locks.try_read(&b"abc"[..]).unwrap(); // &[u8] for Vec<u8>
+    assert!(locks.try_write(&b"abc".to_vec()).is_err());
+}
+
+#[test]
+fn downgrade_admits_queued_readers_but_not_writers() {
+    let locks: KeyLocks<u32> = KeyLocks::new();
+    let w = locks.try_write(&1).unwrap();
+    let mut r1 = Box::pin(locks.read(&1));
+    let mut r2 = Box::pin(locks.read(&1));
+    let mut w2 = Box::pin(locks.write(&1));
+    let mut r3 = Box::pin(locks.read(&1));
+    for pending in [
+        poll_once(r1.as_mut()).is_pending(),
+        poll_once(r2.as_mut()).is_pending(),
+        poll_once(w2.as_mut()).is_pending(),
+        poll_once(r3.as_mut()).is_pending(),
+    ] {
+        assert!(pending);
+    }
+    let r0 = w.downgrade();
+    let (Poll::Ready(g1), Poll::Ready(g2)) = (poll_once(r1.as_mut()), poll_once(r2.as_mut()))
+    else {
+        panic!("the readers at the front were not granted by the downgrade");
+    };
+    assert!(poll_once(w2.as_mut()).is_pending());
+    assert!(
+        poll_once(r3.as_mut()).is_pending(),
+        "r3 must stay behind w2"
+    );
+    drop((r0, g1, g2));
+    let Poll::Ready(g) = poll_once(w2.as_mut()) else {
+        panic!("w2 not granted after the readers left")
+    };
+    assert!(poll_once(r3.as_mut()).is_pending());
+    drop(g);
+    let Poll::Ready(g) = poll_once(r3.as_mut()) else {
+        panic!("r3 not granted")
+    };
+    drop(g);
+    drop((r1, r2, w2, r3));
+    assert!(locks.is_empty());
+}
+
+#[test]
+fn owned_guards_outlive_the_handle_and_cross_threads() {
+    let locks: KeyLocks<String> = KeyLocks::new();
+    let w = locks.try_write_owned("k").unwrap();
+    let clone = locks.clone();
+    drop(locks);
+    assert!(clone.try_read("k").is_err());
+    std::thread::spawn(move || drop(w)).join().unwrap();
+    let r = clone.try_read_owned("k").unwrap();
+    assert_send_static(&r);
+    drop(r);
+    assert!(clone.is_empty());
+}
+
+fn assert_send_static<T: Send + Sync + 'static>(_: &T) {}
+
+// ---------------------------------------------------------------------------------------------
+// Fairness
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_served_in_arrival_order_with_reader_batches() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let held = locks.write(&0).await;
+    // Arrival order: W1 R1 R2 W2 R3 (each queued before the next is spawned).
+    // R2 holds longer than R1, so that every event has its own instant.
+    let plan = [
+        ("W1", true, 10),
+        ("R1", false, 10),
+        ("R2", false, 20),
+        ("W2", true, 10),
+        ("R3", false, 10),
+    ];
+    let mut tasks = Vec::new();
+    for (name, write, hold) in plan {
+        let (locks, log) = (locks.clone(), Arc::clone(&log));
+        tasks.push(tokio::spawn(async move {
+            let guard_w;
+            let guard_r;
+            if write {
+                guard_w = Some(locks.write(&0).await);
+                guard_r = None;
+            } else {
+                guard_r = Some(locks.read(&0).await);
+                guard_w = None;
+            }
+            log.lock().unwrap().push(format!("+{name}"));
+            tokio::time::sleep(Duration::from_millis(hold)).await; // paused clock: no real wait
+            log.lock().unwrap().push(format!("-{name}"));
+            drop((guard_w, guard_r));
+        }));
+        settle().await;
+    }
+    assert_eq!(locks.waiters(&0), 5);
+    drop(held);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let log = log.lock().unwrap().join(" ");
+    assert_eq!(log, "+W1 -W1 +R1 +R2 -R1 -R2 +W2 -W2 +R3 -R3");
+    assert!(locks.is_empty());
+}
+
+/// A continuous stream of overlapping readers (there is never a moment without a reader) must
+/// not keep a writer out: readers that arrive after it queue behind it.
+#[tokio::test(start_paused = true)]
+async fn a_writer_is_not_starved_by_a_stream_of_readers() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    let start = tokio::time::Instant::now();
+    let late_readers_before_writer = Arc::new(AtomicUsize::new(0));
+    let writer_in = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A reader every 5 ms, each holding for 10 ms: always one or two readers inside, for 1 s.
+    let stream = {
+        let (locks, late, writer_in) = (
+            locks.clone(),
+            Arc::clone(&late_readers_before_writer),
+            Arc::clone(&writer_in),
+        );
+        tokio::spawn(async move {
+            let mut readers = Vec::new();
+            for i in 0..200u64 {
+                tokio::time::sleep_until(start + Duration::from_millis(5 * i)).await;
+                let (locks, late, writer_in) =
+                    (locks.clone(), Arc::clone(&late), Arc::clone(&writer_in));
+                let arrived = start.elapsed();
+                readers.push(tokio::spawn(async move {
+                    let _r = locks.read(&0).await;
+                    // Arrived after the writer (at 12 ms) but got in before it: starvation.
+                    if arrived > Duration::from_millis(12) && !writer_in.load(Ordering::SeqCst) {
+                        late.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }));
+            }
+            for r in readers {
+                r.await.unwrap();
+            }
+        })
+    };
+    tokio::time::sleep_until(start + Duration::from_millis(12)).await;
+    let w = locks.write(&0).await;
+    writer_in.store(true, Ordering::SeqCst);
+    let waited = start.elapsed();
+    drop(w);
+    // Readers inside at 12 ms arrived at 5 and 10 ms; the last leaves at 20 ms.
+    assert_eq!(
+        waited,
+        Duration::from_millis(20),
+        "the writer waited too long"
+    );
+    stream.await.unwrap();
+    assert_eq!(late_readers_before_writer.load(Ordering::SeqCst), 0);
+    assert!(locks.is_empty());
+}
+
+/// The same on real threads: readers keep the key read-locked without pause, a writer still
+/// gets in, every time, and promptly (bounded by the readers already inside).
+#[test]
+fn a_writer_gets_in_while_threads_keep_reading() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let reads = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let _r = locks.read_blocking(&0);
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        // Wait until readers are streaming.
+        while reads.load(Ordering::Relaxed) < 1_000 {
+            std::thread::yield_now();
+        }
+        for _ in 0..200 {
+            let _w = locks.write_blocking(&0);
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(locks.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancellation
+
+/// The refund path, deterministically: a waiter is granted the lock and dropped before it looks.
+#[test]
+fn a_granted_but_dropped_waiter_passes_the_lock_on() {
+    for first_is_writer in [false, true] {
+        let locks: KeyLocks<u8> = KeyLocks::new();
+        let held = locks.try_write(&0).unwrap();
+        let mut first: Pin<Box<dyn Future<Output = ()> + '_>> = if first_is_writer {
+            Box::pin(async { drop(locks.write(&0).await) })
+        } else {
+            Box::pin(async { drop(locks.read(&0).await) })
+        };
+        assert!(poll_once(first.as_mut()).is_pending());
+        let mut behind = Box::pin(locks.write(&0));
+        assert!(poll_once(behind.as_mut()).is_pending());
+        assert_eq!(locks.waiters(&0), 2);
+        drop(held); // grants `first`, which never looks
+        assert_eq!(locks.waiters(&0), 1);
+        assert!(poll_once(behind.as_mut()).is_pending(), "first still holds");
+        drop(first); // the refund: releases and grants `behind`
+        let Poll::Ready(w) = poll_once(behind.as_mut()) else {
+            panic!("the dropped waiter kept its grant (first_is_writer = {first_is_writer})");
+        };
+        drop(w);
+        drop(behind);
+        assert_quiescent(&locks, &0);
+    }
+}
+
+/// A cancelled writer at the front lets the readers behind it in, if readers hold.
+#[test]
+fn a_cancelled_front_writer_admits_the_readers_behind_it() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    let r = locks.try_read(&0).unwrap();
+    let mut w = Box::pin(locks.write(&0));
+    assert!(poll_once(w.as_mut()).is_pending());
+    let mut r2 = Box::pin(locks.read(&0));
+    assert!(poll_once(r2.as_mut()).is_pending());
+    drop(w);
+    let Poll::Ready(g) = poll_once(r2.as_mut()) else {
+        panic!("the reader behind a cancelled writer was not granted");
+    };
+    drop((r, g, r2));
+    assert_quiescent(&locks, &0);
+}
+
+/// Many waits given up at random points — timeouts, `select!` losers, aborted tasks, futures
+/// polled once and dropped — racing completed locks on a multi-thread runtime and blocking
+/// threads. Afterwards nothing is in use, the pool is within its bound, and a write succeeds at
+/// once; exclusion is checked throughout.
+#[test]
+fn cancellation_stress_leaves_nothing_behind() {
+    const KEYS: usize = 3;
+    const TASKS: u64 = 6;
+    const PER_TASK: u64 = 8_000;
+    let locks: KeyLocks<usize> = KeyLocks::builder()
+        .shards(2)
+        .pool_per_shard(2)
+        .build()
+        .unwrap();
+    let occupancy = Occupancy::new(KEYS);
+    let cancelled = Arc::new(AtomicU64::new(0));
+    let completed = Arc::new(AtomicU64::new(0));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let blocking_timeouts = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        // Blocking threads keep the keys busy so that waits do queue.
+        for t in 0..2u64 {
+            let (locks, occupancy, stop) = (&locks, &occupancy, &stop);
+            let blocking_timeouts = &blocking_timeouts;
+            s.spawn(move || {
+                let mut rng = Rng::new(t + 41);
+                while !stop.load(Ordering::Relaxed) {
+                    let key = rng.below(KEYS as u64) as usize;
+                    let write = rng.below(3) == 0;
+                    // A third of the blocking waits have a time limit of up to 50 µs: they give
+                    // up on real threads, racing the releases that grant them.
+                    let timeout = (rng.below(3) == 0).then(|| Duration::from_micros(rng.below(50)));
+                    let guard = match (write, timeout) {
+                        (true, None) => Some(Guard::Write(locks.write_blocking(&key))),
+                        (false, None) => Some(Guard::Read(locks.read_blocking(&key))),
+                        (true, Some(t)) => locks.write_blocking_timeout(&key, t).map(Guard::Write),
+                        (false, Some(t)) => locks.read_blocking_timeout(&key, t).map(Guard::Read),
+                    };
+                    match guard {
+                        Some(guard) => {
+                            let _inside = occupancy.inside(key, write);
+                            std::thread::yield_now();
+                            drop(_inside);
+                            drop(guard);
+                        }
+                        None => {
+                            blocking_timeouts.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+        runtime.block_on(async {
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|t| {
+                    let (locks, occupancy) = (locks.clone(), Arc::clone(&occupancy));
+                    let (cancelled, completed) = (Arc::clone(&cancelled), Arc::clone(&completed));
+                    tokio::spawn(async move {
+                        let mut rng = Rng::new(t + 51);
+                        for _ in 0..PER_TASK {
+                            let key = rng.below(KEYS as u64) as usize;
+                            let write = rng.below(3) == 0;
+                            // Only the wait is cancelled; a guard that is returned is used.
+                            let wait = lock(&locks, key, write);
+                            let guard = match rng.below(4) {
+                                0 => {
+                                    let limit = Duration::from_micros(rng.below(30));
+                                    tokio::time::timeout(limit, wait).await.ok()
+                                }
+                                1 => {
+                                    let mut wait = pin!(wait);
+                                    // Poll once, then drop: queued, or granted before the drop.
+                                    match poll_once(wait.as_mut()) {
+                                        Poll::Ready(guard) => Some(guard),
+                                        Poll::Pending => None,
+                                    }
+                                }
+                                2 => tokio::select! {
+                                    biased;
+                                    _ = tokio::task::yield_now() => None,
+                                    guard = wait => Some(guard),
+                                },
+                                _ => Some(wait.await),
+                            };
+                            match guard {
+                                Some(guard) => {
+                                    let _inside = occupancy.inside(key, write);
+                                    tokio::task::yield_now().await;
+                                    drop(_inside);
+                                    drop(guard);
+                                    completed.fetch_add(1, Ordering::Relaxed);
+                                }
+                                None => {
+                                    cancelled.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            // Aborted tasks: each waits for a lock and is aborted at a random moment.
+            let mut rng = Rng::new(99);
+            for i in 0..2_000u64 {
+                let key = (i % KEYS as u64) as usize;
+                let locks = locks.clone();
+                let occupancy = Arc::clone(&occupancy);
+                let task = tokio::spawn(async move {
+                    let _w = locks.write_owned(&key).await;
+                    let _inside = occupancy.inside(key, true);
+                    tokio::task::yield_now().await;
+                });
+                for _ in 0..rng.below(3) {
+                    tokio::task::yield_now().await;
+                }
+                task.abort();
+                if let Err(e) = task.await {
+                    assert!(e.is_cancelled());
+                    cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        stop.store(true, Ordering::Relaxed);
+    });
+    occupancy.assert_empty();
+    let (cancelled, completed) = (
+        cancelled.load(Ordering::Relaxed),
+        completed.load(Ordering::Relaxed),
+    );
+    assert!(
+        cancelled >= 10_000,
+        "only {cancelled} waits were cancelled ({completed} completed): too few to test cancellation"
+    );
+    let blocking_timeouts = blocking_timeouts.load(Ordering::Relaxed);
+    eprintln!(
+        "cancelled {cancelled} waits, completed {completed}; {blocking_timeouts} blocking waits timed out"
+    );
+    assert!(locks.pooled() <= 4, "pool above 2 shards x 2");
+    assert_quiescent(&locks, &0);
+}
+
+#[test]
+fn blocking_waits_with_a_time_limit_give_up_and_leave_the_queue() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    let w = locks.try_write(&0).unwrap();
+    std::thread::scope(|s| {
+        for write in [false, true] {
+            let locks = &locks;
+            s.spawn(move || {
+                let limit = Duration::from_millis(20);
+                let started = std::time::Instant::now();
+                let got = if write {
+                    locks.write_blocking_timeout(&0, limit).is_some()
+                } else {
+                    locks.read_blocking_timeout(&0, limit).is_some()
+                };
+                assert!(!got, "granted while the writer held the key");
+                assert!(started.elapsed() >= limit, "gave up early");
+            });
+        }
+    });
+    assert_eq!(locks.waiters(&0), 0, "a timed-out waiter stayed queued");
+    assert_eq!(locks.len(), 1);
+    // A waiter with time to spare is granted by the release.
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            locks
+                .write_blocking_timeout(&0, Duration::from_secs(3600))
+                .is_some()
+        });
+        while locks.waiters(&0) == 0 {
+            std::thread::yield_now();
+        }
+        drop(w);
+        assert!(waiter.join().unwrap());
+    });
+    assert_quiescent(&locks, &0);
+}
+
+#[test]
+fn handles_guards_and_futures_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: &T) {}
+    let locks: KeyLocks<String> = KeyLocks::new();
+    send_sync(&locks);
+    let r = locks.try_read("a").unwrap();
+    send_sync(&r);
+    let w = locks.try_write("b").unwrap();
+    send_sync(&w);
+    let (or, ow) = (
+        locks.try_read_owned("c").unwrap(),
+        locks.try_write_owned("d").unwrap(),
+    );
+    send_sync(&or);
+    send_sync(&ow);
+    send(&locks.read("e"));
+    send(&locks.write("e"));
+    send(&locks.read_owned("e"));
+    send(&locks.write_owned("e"));
+    drop((r, w, or, ow));
+    assert!(locks.is_empty());
+}
+
+/// A read or write guard, so that both kinds of wait have one type.
+enum Guard<'a> {
+    Read(#[allow(dead_code)] turnstile::ReadGuard<'a, usize>),
+    Write(#[allow(dead_code)] turnstile::WriteGuard<'a, usize>),
+}
+
+async fn lock(locks: &KeyLocks<usize>, key: usize, write: bool) -> Guard<'_> {
+    if write {
+        Guard::Write(locks.write(&key).await)
+    } else {
+        Guard::Read(locks.read(&key).await)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Doorman reuse
+
+#[test]
+fn doormen_are_pooled_up_to_the_bound_and_the_map_empties() {
+    let locks: KeyLocks<u64> = KeyLocks::builder()
+        .shards(2)
+        .pool_per_shard(3)
+        .build()
+        .unwrap();
+    for round in 0..5 {
+        let guards: Vec<_> = (0..100).map(|k| locks.try_write(&k).unwrap()).collect();
+        assert_eq!(locks.len(), 100);
+        // Every pooled doorman was taken for one of the 100 keys.
+        assert_eq!(locks.pooled(), 0, "round {round}");
+        drop(guards);
+        assert_eq!(locks.len(), 0);
+        // 100 keys over 2 shards: both shards get at least 3 (all but certain), so both fill.
+        assert_eq!(locks.pooled(), 6, "round {round}");
+    }
+    // Reuse: one key in use takes one pooled doorman and gives it back.
+    let g = locks.try_read(&7).unwrap();
+    assert_eq!(locks.pooled(), 5);
+    drop(g);
+    assert_eq!(locks.pooled(), 6);
+
+    // No pooling at all.
+    let none: KeyLocks<u64> = KeyLocks::builder().pool_per_shard(0).build().unwrap();
+    drop(
+        (0..10)
+            .map(|k| none.try_write(&k).unwrap())
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(none.pooled(), 0);
+    assert!(none.is_empty());
+}
+
+/// Doormen with waiters are pooled too (their queues are what pooling saves), and the bound
+/// holds while many keys are contended at once.
+#[test]
+fn contended_doormen_respect_the_pool_bound() {
+    let locks: KeyLocks<u64> = KeyLocks::builder()
+        .shards(4)
+        .pool_per_shard(2)
+        .build()
+        .unwrap();
+    let max_pooled = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let (locks, max_pooled) = (&locks, &max_pooled);
+            s.spawn(move || {
+                let mut rng = Rng::new(t + 61);
+                for i in 0..5_000u64 {
+                    let key = rng.below(64);
+                    if rng.below(2) == 0 {
+                        let _w = locks.write_blocking(&key);
+                    } else {
+                        let _r = locks.read_blocking(&key);
+                    }
+                    if i % 64 == 0 {
+                        max_pooled.fetch_max(locks.pooled(), Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert!(max_pooled.load(Ordering::Relaxed) <= 8);
+    assert!(locks.pooled() <= 8);
+    assert_quiescent(&locks, &0);
+}
+
+#[test]
+fn a_hundred_thousand_fresh_keys_leave_an_empty_map() {
+    let locks: KeyLocks<u64> = KeyLocks::new();
+    let guards: Vec<_> = (0..100_000).map(|k| locks.try_read(&k).unwrap()).collect();
+    assert_eq!(locks.len(), 100_000);
+    drop(guards);
+    assert_eq!(locks.len(), 0);
+    assert!(locks.pooled() <= locks.shards() * locks.pool_per_shard());
+    assert_quiescent(&locks, &0);
+}
+
+#[test]
+fn builder_rejects_bad_shard_counts() {
+    use turnstile::ConfigError;
+    assert_eq!(
+        KeyLocks::<u8>::builder().shards(0).build().unwrap_err(),
+        ConfigError::Zero { what: "shards" }
+    );
+    assert!(matches!(
+        KeyLocks::<u8>::builder().shards(usize::MAX).build(),
+        Err(ConfigError::TooLarge { what: "shards", .. })
+    ));
+    assert_eq!(
+        KeyLocks::<u8>::builder()
+            .shards(1 << 16)
+            .build()
+            .unwrap()
+            .shards(),
+        1 << 16
+    );
+    assert_eq!(
+        KeyLocks::<u8>::builder()
+            .shards(6)
+            .build()
+            .unwrap()
+            .shards(),
+        8
+    );
+    let locks = KeyLocks::<u8>::new();
+    assert!(locks.shards() >= 4 && locks.shards().is_power_of_two());
+    assert!(format!("{locks:?}").starts_with("KeyLocks"));
+}
