@@ -220,3 +220,46 @@ fn two_new_keys_race_for_the_last_slot() {
         assert_eq!(l.stats().overflowed, 1);
     });
 }
+
+/// Per-key waiting: a key's queue is created by its first waiter and retired by whichever waiter
+/// leaves it empty, possibly while another is about to join it (which must then find it closed,
+/// drop it from the map and make a new one, never wait in a queue nobody can find). Two blocking
+/// waiters on an exhausted key with a queue limit of 0 (so that each one creates or finds the
+/// queue, is refused, and retires it, without waiting for time, which loom cannot explore):
+/// both fail with `QueueFull`, each counted once, and no queue is left behind.
+#[test]
+fn waiters_race_with_queue_retirement() {
+    model(|| {
+        let l = Arc::new(
+            KeyedLimiter::<u64>::builder(fixed(1))
+                .clock(ManualClock::new())
+                .hasher(Fixed::default())
+                .max_keys(4)
+                .queue_limit(0)
+                .build()
+                .unwrap(),
+        );
+        assert!(attempt(&l, 1).is_some());
+        let waiter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&1).map(|_| ()))
+        };
+        let mine = l.acquire_blocking(&1).map(|_| ());
+        let theirs = waiter.join().unwrap();
+        let full = Err(turnstile::AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 0,
+        });
+        assert_eq!((mine, theirs), (full, full));
+        let stats = l.stats();
+        assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 2, 0));
+        assert_eq!(
+            (stats.waiting, stats.waiting_keys),
+            (0, 0),
+            "a queue was left behind"
+        );
+        // The key is served normally afterwards.
+        l.clock().advance(Duration::from_nanos(W));
+        assert!(attempt(&l, 1).is_some());
+    });
+}

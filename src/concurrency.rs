@@ -174,6 +174,7 @@ impl Inner {
             gate: &self.word,
             counters: &self.counters,
             permits: n,
+            retry_closed: false,
         }
     }
 

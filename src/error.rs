@@ -191,6 +191,13 @@ pub enum AcquireError {
     Closed,
     /// The deadline passed first; nothing was consumed.
     Timeout,
+    /// A keyed limiter holds its maximum number of keys, none is idle, and its overflow policy is
+    /// to reject new keys ([`KeyOverflow::Reject`](crate::KeyOverflow::Reject)): the waiter's key
+    /// could not be admitted.
+    TooManyKeys {
+        /// The limiter's key cap.
+        max_keys: usize,
+    },
 }
 
 impl fmt::Display for AcquireError {
@@ -211,6 +218,10 @@ impl fmt::Display for AcquireError {
                 "the wait queue has no room for {requested} more permits (its limit is {queue_limit})"
             ),
             AcquireError::Closed => f.write_str("the limiter is closed"),
+            AcquireError::TooManyKeys { max_keys } => write!(
+                f,
+                "the limiter already tracks its maximum of {max_keys} keys and none is idle"
+            ),
             AcquireError::Timeout => f.write_str("timed out waiting for permits"),
         }
     }

@@ -3,10 +3,13 @@
 
 use crate::algorithm::{too_big, Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::{Clock, DefaultClock};
-use crate::decision::Admission;
-use crate::error::{ConfigError, TryAcquireError};
+use crate::decision::{Admission, Rejection};
+use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::Algorithm;
-use crate::sync::{Arc, AtomicU64, Counters, KeyMap, Ordering, ADMITTED, OVERFLOWED, REJECTED};
+use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, DEFAULT_QUEUE_LIMIT, WAITERS};
+use crate::sync::{
+    Arc, AtomicU64, Counters, KeyMap, Ordering, ADMITTED, CANCELLED, OVERFLOWED, REJECTED,
+};
 use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -75,6 +78,8 @@ pub struct KeyedStats {
     pub admitted: u64,
     /// Calls that failed, including those rejected by [`KeyOverflow::Reject`].
     pub rejected: u64,
+    /// Waits given up: `acquire` futures dropped while queued, and timeouts.
+    pub cancelled: u64,
     /// Calls for a new key that found the cap reached and no idle key to evict (served by the
     /// shared overflow limiter or rejected, per [`KeyOverflow`]).
     pub overflowed: u64,
@@ -82,6 +87,12 @@ pub struct KeyedStats {
     pub evicted: u64,
     /// Keys held now.
     pub keys: usize,
+    /// Waiters queued now, over all keys.
+    pub waiting: usize,
+    /// Permits the queued waiters ask for, over all keys.
+    pub queued_permits: u64,
+    /// Keys that have a wait queue now.
+    pub waiting_keys: usize,
 }
 
 /// A rate limiter per key: every key gets its own state of the same [`Algorithm`], created on
@@ -128,6 +139,26 @@ struct Inner<K, C, S> {
     store: Store<K, S>,
     algorithm: Algorithm,
     ctx: Ctx<C, S>,
+    /// The wait queues of the keys that have waiters (see [`KeyWait`]).
+    waits: KeyMap<K, Arc<KeyWait>, S>,
+    /// Entries in `waits`. Read by every `try_acquire` (zero on the fast path), written only when
+    /// a key gains its first waiter or its queue is retired.
+    waiting_keys: CachePadded<AtomicU64>,
+    order: QueueOrder,
+    queue_limit: u64,
+}
+
+/// One key's wait queue: created when the key gets its first waiter, retired and dropped from
+/// the map when its last waiter leaves.
+///
+/// Retiring closes the queue only if it is empty (under its mutex), *then* removes it from the
+/// map. A waiter that looked the queue up just before finds it closed when it tries to join,
+/// removes it from the map itself if it is still there, and looks again: nobody ever waits in a
+/// queue that nobody can find.
+struct KeyWait {
+    /// [`WAITERS`] and `CLOSED` (retired), as for an unkeyed limiter's gate.
+    gate: AtomicU64,
+    queue: WaitQueue,
 }
 
 /// What every store needs from its limiter besides the cells.
@@ -417,6 +448,18 @@ where
     }
 }
 
+impl<K, C, S> Inner<K, C, S> {
+    /// The most permits one call can ask for.
+    fn algorithm_limit(&self) -> u32 {
+        match &self.store {
+            Store::Fixed(s) => s.algo.limit(),
+            Store::Sliding(s) => s.algo.limit(),
+            Store::Counter(s) => s.algo.limit(),
+            Store::Bucket(s) => s.algo.limit(),
+        }
+    }
+}
+
 /// Runs `$body` with `$keyed` bound to the store's `Keyed<A, K, S>`, whatever `A` is.
 macro_rules! with_store {
     ($store:expr, $keyed:ident => $body:expr) => {
@@ -476,6 +519,8 @@ pub struct KeyedLimiterBuilder<K, C = DefaultClock, S = foldhash::fast::RandomSt
     hasher: S,
     max_keys: usize,
     overflow: KeyOverflow,
+    order: QueueOrder,
+    queue_limit: u64,
     _key: std::marker::PhantomData<fn(&K)>,
 }
 
@@ -527,6 +572,8 @@ where
             hasher: foldhash::fast::RandomState::default(),
             max_keys: DEFAULT_MAX_KEYS,
             overflow: KeyOverflow::Reject,
+            order: QueueOrder::OldestFirst,
+            queue_limit: DEFAULT_QUEUE_LIMIT,
             _key: std::marker::PhantomData,
         }
     }
@@ -587,6 +634,8 @@ impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
             hasher: self.hasher,
             max_keys: self.max_keys,
             overflow: self.overflow,
+            order: self.order,
+            queue_limit: self.queue_limit,
             _key: std::marker::PhantomData,
         }
     }
@@ -614,6 +663,8 @@ impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
             hasher,
             max_keys: self.max_keys,
             overflow: self.overflow,
+            order: self.order,
+            queue_limit: self.queue_limit,
             _key: std::marker::PhantomData,
         }
     }
@@ -660,6 +711,45 @@ impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
     /// ```
     pub fn overflow(mut self, policy: KeyOverflow) -> Self {
         self.overflow = policy;
+        self
+    }
+
+    /// The order in which each key's waiters are served (default [`QueueOrder::OldestFirst`]).
+    /// Queues are per key: one key's waiters never delay another key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, QueueOrder};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::builder(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })
+    ///     .queue_order(QueueOrder::NewestFirst)
+    ///     .build()?;
+    /// assert_eq!(limiter.queue_order(), QueueOrder::NewestFirst);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_order(mut self, order: QueueOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// The most permits each key's queue may hold waiters for (default [`DEFAULT_QUEUE_LIMIT`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::builder(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })
+    ///     .queue_limit(10)
+    ///     .build()?;
+    /// assert_eq!(limiter.queue_limit(), 10);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_limit(mut self, permits: u64) -> Self {
+        self.queue_limit = permits;
         self
     }
 }
@@ -713,6 +803,10 @@ where
         Ok(KeyedLimiter {
             inner: Arc::new(Inner {
                 store,
+                waits: KeyMap::with_hasher(self.hasher.clone()),
+                waiting_keys: CachePadded::new(AtomicU64::new(0)),
+                order: self.order,
+                queue_limit: self.queue_limit,
                 algorithm: self.algorithm,
                 ctx: Ctx {
                     clock: self.clock,
@@ -795,13 +889,57 @@ where
     #[inline]
     pub fn try_acquire_n(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
-        let shard = self.shard(key);
-        let outcome = with_store!(&inner.store, s => s.try_acquire(&inner.ctx, shard, key, n));
+        // Relaxed: like an unkeyed limiter's gate, a hint read once; a waiter that arrives just
+        // after this load is one this call may precede.
+        let outcome = if inner.waiting_keys.load(Ordering::Relaxed) != 0 {
+            self.try_acquire_queued(key, n)
+        } else {
+            self.decide(key, n)
+        };
         inner
             .ctx
             .counters
             .bump(if outcome.is_ok() { ADMITTED } else { REJECTED });
         outcome
+    }
+
+    /// The decision for `key`, without counting it.
+    #[inline(always)]
+    fn decide(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        with_store!(&inner.store, s => s.try_acquire(&inner.ctx, shard, key, n))
+    }
+
+    /// Whether `key` has waiters queued now.
+    fn has_waiters(&self, key: &K) -> bool {
+        self.inner
+            .waits
+            .get(key, |w| w.gate.load(Ordering::Relaxed) & WAITERS != 0)
+            .unwrap_or(false)
+    }
+
+    /// `try_acquire` while some key has waiters: no barging past this key's queue under
+    /// oldest-first order.
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_queued(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
+        if self.inner.order == QueueOrder::NewestFirst || !self.has_waiters(key) {
+            return self.decide(key, n);
+        }
+        let capacity = self.inner.algorithm_limit();
+        if n > capacity {
+            return Err(TryAcquireError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            });
+        }
+        // As for an unkeyed limiter: the retry-after is what the key's state alone says for one
+        // permit, a lower bound since the queue is served first.
+        Err(match self.decide(key, 0) {
+            Err(rejected) => rejected,
+            Ok(_) => TryAcquireError::Rejected(Rejection::new(0, capacity)),
+        })
     }
 
     /// Permits `key` could take now (a snapshot; a key not held has the full limit).
@@ -949,7 +1087,8 @@ where
         self.len() == 0
     }
 
-    /// Counts over all keys. `admitted + rejected` is the number of calls once none is in flight.
+    /// Counts over all keys. `admitted + rejected + cancelled` is the number of calls once none
+    /// is in flight.
     ///
     /// # Examples
     ///
@@ -966,13 +1105,18 @@ where
     /// ```
     pub fn stats(&self) -> KeyedStats {
         let ctx = &self.inner.ctx;
+        let (waiting_keys, waiting, queued_permits) = self.queued();
         KeyedStats {
             admitted: ctx.counters.sum(ADMITTED),
             rejected: ctx.counters.sum(REJECTED),
+            cancelled: ctx.counters.sum(CANCELLED),
             overflowed: ctx.counters.sum(OVERFLOWED),
             // Relaxed: a statistic.
             evicted: ctx.evicted.load(Ordering::Relaxed),
             keys: self.len(),
+            waiting,
+            queued_permits,
+            waiting_keys,
         }
     }
 
@@ -1026,5 +1170,441 @@ where
     /// ```
     pub fn clock(&self) -> &C {
         &self.inner.ctx.clock
+    }
+}
+
+/// Waiting for a key's permits: per-key fair queues.
+impl<K, C: Clock, S> KeyedLimiter<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// The queue order of every key's waiters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, QueueOrder};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })?;
+    /// assert_eq!(limiter.queue_order(), QueueOrder::OldestFirst);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_order(&self) -> QueueOrder {
+        self.inner.order
+    }
+
+    /// The queue limit of every key, in permits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, DEFAULT_QUEUE_LIMIT};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })?;
+    /// assert_eq!(limiter.queue_limit(), DEFAULT_QUEUE_LIMIT);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_limit(&self) -> u64 {
+        self.inner.queue_limit
+    }
+
+    /// Keys that have a wait queue now, and the waiters and permits queued over all of them.
+    fn queued(&self) -> (usize, usize, u64) {
+        let (mut keys, mut waiters, mut permits) = (0, 0, 0);
+        self.inner.waits.for_each(|_, w| {
+            let (n, p) = w.queue.len();
+            keys += 1;
+            waiters += n;
+            permits += p;
+        });
+        (keys, waiters, permits)
+    }
+
+    /// Validates and tries without queueing when `key` has no waiters. `Ok(None)`: queue up.
+    fn acquire_fast(&self, key: &K, n: u32) -> Result<Option<Admission>, AcquireError> {
+        let inner = &*self.inner;
+        let counters = &inner.ctx.counters;
+        // Relaxed: as in `try_acquire_n`.
+        if inner.waiting_keys.load(Ordering::Relaxed) == 0 || !self.has_waiters(key) {
+            let error = match self.decide(key, n) {
+                Ok(admission) => {
+                    counters.bump(ADMITTED);
+                    return Ok(Some(admission));
+                }
+                Err(TryAcquireError::Rejected(_)) => return Ok(None),
+                Err(error) => waiting_error(error),
+            };
+            counters.bump(REJECTED);
+            return Err(error);
+        }
+        let capacity = inner.algorithm_limit();
+        if n > capacity {
+            counters.bump(REJECTED);
+            return Err(AcquireError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            });
+        }
+        Ok(None)
+    }
+
+    /// The queue of `key`, created if it has none.
+    fn key_wait(&self, key: &K) -> Arc<KeyWait> {
+        let inner = &*self.inner;
+        if let Some(wait) = inner.waits.get(key, Arc::clone) {
+            return wait;
+        }
+        let fresh = Arc::new(KeyWait {
+            gate: AtomicU64::new(0),
+            queue: WaitQueue::new(inner.order, inner.queue_limit),
+        });
+        match inner
+            .waits
+            .try_insert(key.clone(), Arc::clone(&fresh), Arc::clone)
+        {
+            None => {
+                // Relaxed: a count; the map insert is what waiters synchronise through.
+                inner.waiting_keys.fetch_add(1, Ordering::Relaxed);
+                fresh
+            }
+            Some(existing) => existing,
+        }
+    }
+
+    /// Drops `key`'s queue `wait` from the map if it is empty: closes it first (so that nobody
+    /// joins it afterwards), then removes it unless someone else already has.
+    fn retire_wait(&self, key: &K, wait: &Arc<KeyWait>) {
+        let inner = &*self.inner;
+        // Relaxed: a hint; `close_if_idle` decides under the queue's mutex.
+        if wait.gate.load(Ordering::Relaxed) & WAITERS != 0 || !wait.queue.close_if_idle(&wait.gate)
+        {
+            return;
+        }
+        if inner.waits.remove_if(key, |w| Arc::ptr_eq(w, wait)) {
+            // Relaxed: as in `key_wait`.
+            inner.waiting_keys.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The head waiter's attempt: the key's state, ignoring its queue.
+    fn take(&self, key: &K, n: u32) -> Result<Admission, Blocked> {
+        self.inner.ctx.clock.catch_up();
+        match self.decide(key, n) {
+            Ok(admission) => Ok(admission),
+            Err(TryAcquireError::Rejected(r)) => Err(Blocked::Until(r.retry_after_nanos())),
+            Err(error) => Err(Blocked::Fail(waiting_error(error))),
+        }
+    }
+
+    fn wait<'a>(&'a self, wait: &'a KeyWait, n: u32) -> Wait<'a> {
+        Wait {
+            queue: &wait.queue,
+            gate: &wait.gate,
+            counters: &self.inner.ctx.counters,
+            permits: n,
+            retry_closed: true,
+        }
+    }
+
+    /// Waits until one permit for `key` is admitted. See [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future consumes no permit and frees its place in the key's queue.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) },
+    ///     TokioClock::new(),
+    /// )?;
+    /// let start = tokio::time::Instant::now();
+    /// limiter.acquire(&"alice").await?;
+    /// limiter.acquire(&"bob").await?; // another key: no wait
+    /// limiter.acquire(&"alice").await?; // waits for alice's next window
+    /// assert_eq!(start.elapsed(), Duration::from_secs(1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire(&self, key: &K) -> Result<Admission, AcquireError> {
+        self.acquire_n(key, 1).await
+    }
+
+    /// Waits until `n` permits for `key` are admitted at once, in the key's own fair, bounded
+    /// queue; the same semantics as [`RateLimiter::acquire_n`](crate::RateLimiter::acquire_n) per
+    /// key. Keys never wait for each other.
+    ///
+    /// If `key` has no waiters and its permits are available, this returns at the first poll. A
+    /// key's queue exists only while it has waiters (or, briefly, until the last one's exit drops
+    /// it), so the per-key cost is paid only by keys that wait. While some key has waiters,
+    /// `try_acquire` on *any* key makes one more lookup to check that key's queue (no barging).
+    ///
+    /// # Errors
+    ///
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit (or burst).
+    /// - [`AcquireError::QueueFull`] if the key's queue has no room for `n` more permits (or, under
+    ///   [`QueueOrder::NewestFirst`], this waiter was among the oldest failed to make room).
+    /// - [`AcquireError::TooManyKeys`] if the key is new, the cap is reached, nothing is idle, and
+    ///   the policy is [`KeyOverflow::Reject`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future at any await point (a timeout, a `select!` branch, an
+    /// aborted task) consumes no permit, frees its place in the key's queue and, if it was the
+    /// head, wakes the next waiter; the key's queue is dropped once its last waiter is gone.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, Rate, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 5 },
+    ///     TokioClock::new(),
+    /// )?;
+    /// let start = tokio::time::Instant::now();
+    /// limiter.acquire_n(&7u64, 5).await?; // the burst, at once
+    /// limiter.acquire_n(&7u64, 5).await?; // 500 ms to accrue five more
+    /// assert_eq!(start.elapsed(), Duration::from_millis(500));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_n(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
+        if let Some(admission) = self.acquire_fast(key, n)? {
+            return Ok(admission);
+        }
+        // Boxed so that the fast path's future stays small.
+        Box::pin(self.acquire_slow(key, n)).await
+    }
+
+    #[cfg(feature = "tokio")]
+    async fn acquire_slow(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
+        loop {
+            let wait = self.key_wait(key);
+            let exit = RetireOnExit {
+                limiter: self,
+                key,
+                wait: &wait,
+            };
+            let mut timer = crate::queue::Timer::default();
+            let outcome = self
+                .wait(&wait, n)
+                .run_async(|| self.take(key, n), |cx, nanos| timer.poll(cx, nanos))
+                .await;
+            drop(exit);
+            match outcome {
+                // The queue was retired between our lookup and our enqueue: look again.
+                Err(AcquireError::Closed) => continue,
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is consumed.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, KeyedLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::SlidingWindow { limit: 1, window: Duration::from_secs(10) },
+    ///     TokioClock::new(),
+    /// )?;
+    /// limiter.acquire(&"k").await?;
+    /// let late = limiter.acquire_timeout(&"k", 1, Duration::from_secs(1)).await;
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// assert_eq!(limiter.stats().waiting, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_timeout(
+        &self,
+        key: &K,
+        n: u32,
+        timeout: std::time::Duration,
+    ) -> Result<Admission, AcquireError> {
+        match tokio::time::timeout(timeout, self.acquire_n(key, n)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(AcquireError::Timeout),
+        }
+    }
+
+    /// Blocks the calling thread until one permit for `key` is admitted. See
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use turnstile::{Algorithm, KeyedLimiter, MonotonicClock};
+    ///
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 1, window: Duration::from_millis(20) },
+    ///     MonotonicClock::new(),
+    /// )?;
+    /// let start = Instant::now();
+    /// limiter.acquire_blocking(&1u8)?;
+    /// limiter.acquire_blocking(&1u8)?; // key 1's next 20 ms window
+    /// assert!(start.elapsed() >= Duration::from_millis(20));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking(&self, key: &K) -> Result<Admission, AcquireError> {
+        self.acquire_blocking_n(key, 1)
+    }
+
+    /// Blocks the calling thread until `n` permits for `key` are admitted, in the same per-key
+    /// queue as [`acquire_n`](Self::acquire_n) (async and blocking waiters share it).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{Algorithm, KeyedLimiter, Rate};
+    ///
+    /// let limiter = KeyedLimiter::new(Algorithm::TokenBucket { rate: Rate::per_second(1000), burst: 10 })?;
+    /// let threads: Vec<_> = (0..4)
+    ///     .map(|_| {
+    ///         let limiter = limiter.clone();
+    ///         std::thread::spawn(move || limiter.acquire_blocking_n(&"shared", 5).map(|_| ()))
+    ///     })
+    ///     .collect();
+    /// for t in threads {
+    ///     t.join().unwrap()?;
+    /// }
+    /// assert_eq!(limiter.stats().admitted, 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_n(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
+        self.blocking(key, n, None)
+    }
+
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n) with a time limit (real time); on timeout
+    /// nothing is consumed and the waiter leaves the key's queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) })?;
+    /// limiter.acquire_blocking(&"k")?;
+    /// let late = limiter.acquire_blocking_timeout(&"k", 1, Duration::from_millis(10));
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_timeout(
+        &self,
+        key: &K,
+        n: u32,
+        timeout: std::time::Duration,
+    ) -> Result<Admission, AcquireError> {
+        self.blocking(key, n, std::time::Instant::now().checked_add(timeout))
+    }
+
+    fn blocking(
+        &self,
+        key: &K,
+        n: u32,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Admission, AcquireError> {
+        if let Some(admission) = self.acquire_fast(key, n)? {
+            return Ok(admission);
+        }
+        loop {
+            let wait = self.key_wait(key);
+            let _exit = RetireOnExit {
+                limiter: self,
+                key,
+                wait: &wait,
+            };
+            match self
+                .wait(&wait, n)
+                .run_blocking(|| self.take(key, n), deadline)
+            {
+                Err(AcquireError::Closed) => continue,
+                outcome => return outcome,
+            }
+        }
+    }
+}
+
+/// Drops a key's queue from the map when a waiter leaves it empty, however the waiter leaves
+/// (served, failed, timed out, or its future dropped).
+struct RetireOnExit<'a, K, C: Clock, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    limiter: &'a KeyedLimiter<K, C, S>,
+    key: &'a K,
+    wait: &'a Arc<KeyWait>,
+}
+
+impl<K, C: Clock, S> Drop for RetireOnExit<'_, K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        self.limiter.retire_wait(self.key, self.wait);
+    }
+}
+
+/// A `try_acquire` failure seen by a waiter (never `Rejected`: a waiter waits instead).
+fn waiting_error(error: TryAcquireError) -> AcquireError {
+    match error {
+        TryAcquireError::InsufficientCapacity {
+            requested,
+            capacity,
+        } => AcquireError::InsufficientCapacity {
+            requested,
+            capacity,
+        },
+        TryAcquireError::TooManyKeys { max_keys } => AcquireError::TooManyKeys { max_keys },
+        // A keyed limiter is never closed, and a retired cell is retried inside the store.
+        TryAcquireError::Rejected(_) | TryAcquireError::Closed => AcquireError::Closed,
     }
 }

@@ -350,6 +350,7 @@ impl<C: Clock> Inner<C> {
             gate: &self.gate,
             counters: &self.counters,
             permits: n,
+            retry_closed: false,
         }
     }
 }

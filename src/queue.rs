@@ -336,6 +336,25 @@ impl WaitQueue {
         wake.wake();
     }
 
+    /// Closes the queue if nobody waits in it: later enqueues fail with `Closed`. True if closed
+    /// (now or before). A keyed limiter retires a key's queue this way before it drops it from its
+    /// map, so that a waiter who found the queue just before cannot join a queue nobody serves:
+    /// its enqueue fails and it looks the key up again.
+    #[cfg(feature = "keyed")]
+    pub(crate) fn close_if_idle(&self, gate: &AtomicU64) -> bool {
+        let mut waiters = lock(&self.waiters);
+        if waiters.closed {
+            return true;
+        }
+        if !waiters.live.is_empty() {
+            return false;
+        }
+        waiters.closed = true;
+        // Relaxed: as in `close`.
+        gate.fetch_or(CLOSED, Ordering::Relaxed);
+        true
+    }
+
     /// Closes the queue: sets `CLOSED`, fails every waiter with [`AcquireError::Closed`] and wakes
     /// them; later enqueues fail at once.
     pub(crate) fn close(&self, gate: &AtomicU64) {
@@ -402,6 +421,9 @@ pub(crate) struct Wait<'a> {
     pub(crate) gate: &'a AtomicU64,
     pub(crate) counters: &'a Counters,
     pub(crate) permits: u32,
+    /// A closed queue is a retired one that the caller will replace and retry (a keyed limiter's
+    /// per-key queue): an enqueue that fails with `Closed` is then not counted as a rejection.
+    pub(crate) retry_closed: bool,
 }
 
 impl<'a> Wait<'a> {
@@ -414,6 +436,7 @@ impl<'a> Wait<'a> {
                 seq,
                 queued: true,
             }),
+            Err(AcquireError::Closed) if self.retry_closed => Err(AcquireError::Closed),
             Err(error) => {
                 self.counters.bump(REJECTED);
                 Err(error)

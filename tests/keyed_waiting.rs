@@ -1,0 +1,351 @@
+//! Waiting on a `KeyedLimiter`: per-key fair queues on tokio's paused time (and blocking
+//! threads), keys independent, no barging, cancel safety, and queues that exist only while a key
+//! has waiters.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use turnstile::{
+    AcquireError, Algorithm, KeyOverflow, KeyedLimiter, Rate, TokioClock, TryAcquireError,
+};
+
+type Limiter = KeyedLimiter<&'static str, TokioClock>;
+
+fn bucket(per_second: u32, burst: u32) -> Arc<Limiter> {
+    Arc::new(
+        KeyedLimiter::with_clock(
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(per_second),
+                burst,
+            },
+            TokioClock::new(),
+        )
+        .unwrap(),
+    )
+}
+
+/// Spawns `count` waiters on `key` one after another (each is queued before the next starts),
+/// each recording its index and the time it was served.
+async fn spawn_waiters(
+    limiter: &Arc<Limiter>,
+    key: &'static str,
+    count: usize,
+    start: Instant,
+    served: &Arc<std::sync::Mutex<Vec<(usize, Duration)>>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for i in 0..count {
+        let (limiter, served) = (Arc::clone(limiter), Arc::clone(served));
+        tasks.push(tokio::spawn(async move {
+            limiter.acquire(&key).await.unwrap();
+            served.lock().unwrap().push((i, start.elapsed()));
+        }));
+        // Let the task run until it is queued.
+        tokio::task::yield_now().await;
+    }
+    tasks
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn waiters_of_one_key_are_served_in_order_exactly_when_their_slot_frees() {
+    let limiter = bucket(10, 1);
+    let start = Instant::now();
+    let served = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks = spawn_waiters(&limiter, "a", 200, start, &served).await;
+    assert_eq!(
+        limiter.stats().waiting,
+        199,
+        "the first is admitted at once"
+    );
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let served = served.lock().unwrap();
+    for (k, &(i, at)) in served.iter().enumerate() {
+        assert_eq!(i, k, "served out of order");
+        assert_eq!(
+            at,
+            Duration::from_millis(100 * k as u64),
+            "waiter {k} served late"
+        );
+    }
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.admitted, stats.waiting, stats.waiting_keys),
+        (200, 0, 0)
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn keys_do_not_wait_for_each_other() {
+    let limiter = bucket(1, 1);
+    let start = Instant::now();
+    let served = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks = spawn_waiters(&limiter, "busy", 10, start, &served).await;
+    assert_eq!(limiter.stats().waiting_keys, 1);
+    // Another key is served at once, by `acquire` and by `try_acquire`.
+    limiter.acquire(&"idle").await.unwrap();
+    assert!(limiter.try_acquire(&"other").is_ok());
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(start.elapsed(), Duration::from_secs(9));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn no_barging_past_a_keys_queue() {
+    let limiter = bucket(10, 2);
+    limiter.try_acquire_n(&"a", 2).unwrap();
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.acquire_n(&"a", 2).await })
+    };
+    tokio::task::yield_now().await;
+    // 100 ms later one permit is free, but the queued waiter wants two: try_acquire must not
+    // take it from them.
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let refused = limiter.try_acquire(&"a").unwrap_err();
+    assert!(matches!(refused, TryAcquireError::Rejected(_)), "{refused}");
+    assert!(
+        limiter.try_acquire(&"b").is_ok(),
+        "another key is not held back"
+    );
+    waiter.await.unwrap().unwrap();
+    assert_eq!(limiter.stats().waiting_keys, 0);
+    // With nobody queued, try_acquire on the key works again.
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(limiter.try_acquire(&"a").is_ok());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn cancelled_waiters_leave_no_trace() {
+    let limiter = bucket(100, 1);
+    limiter.try_acquire(&"a").unwrap();
+    // Calls made: a task aborted before its first poll makes none.
+    let calls = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let mut handles = Vec::new();
+    for i in 0..1_000u64 {
+        let (limiter, calls) = (Arc::clone(&limiter), Arc::clone(&calls));
+        handles.push(tokio::spawn(async move {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // Timeouts from 0 to 99 ms: many give up, some are served.
+            limiter
+                .acquire_timeout(&"a", 1, Duration::from_millis(i % 100))
+                .await
+                .is_ok()
+        }));
+    }
+    // Let every task make its call and queue up, then abort a few while they wait.
+    tokio::task::yield_now().await;
+    for h in handles.iter().step_by(7) {
+        h.abort();
+    }
+    let mut served = 0;
+    for h in handles {
+        if let Ok(true) = h.await {
+            served += 1;
+        }
+    }
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.waiting, stats.queued_permits, stats.waiting_keys),
+        (0, 0, 0)
+    );
+    let calls = calls.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(calls > 500, "only {calls} tasks ran");
+    assert_eq!(stats.admitted + stats.rejected + stats.cancelled, calls);
+    assert_eq!(stats.admitted, served + 1);
+    assert!(stats.cancelled > 500, "cancelled {}", stats.cancelled);
+    // The key's queue is gone and its permits are all there: the next acquire is immediate
+    // once the bucket has refilled.
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let before = Instant::now();
+    limiter.acquire(&"a").await.unwrap();
+    assert_eq!(before.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn each_key_has_its_own_bounded_queue() {
+    let limiter = Arc::new(
+        KeyedLimiter::<&'static str, _>::builder(Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(1),
+        })
+        .clock(TokioClock::new())
+        .queue_limit(2)
+        .build()
+        .unwrap(),
+    );
+    limiter.try_acquire(&"a").unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let limiter = Arc::clone(&limiter);
+        waiters.push(tokio::spawn(async move { limiter.acquire(&"a").await }));
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        limiter.acquire(&"a").await.unwrap_err(),
+        AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 2
+        }
+    );
+    // Key "b" has a queue of its own.
+    limiter.try_acquire(&"b").unwrap();
+    let b = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.acquire(&"b").await })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().waiting_keys, 2);
+    for w in waiters {
+        w.await.unwrap().unwrap();
+    }
+    b.await.unwrap().unwrap();
+    assert_eq!(limiter.stats().waiting_keys, 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn impossible_requests_fail_at_once() {
+    let limiter = Arc::new(
+        KeyedLimiter::<&'static str, _>::builder(Algorithm::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(1),
+        })
+        .clock(TokioClock::new())
+        .max_keys(1)
+        .overflow(KeyOverflow::Reject)
+        .build()
+        .unwrap(),
+    );
+    assert_eq!(
+        limiter.acquire_n(&"a", 4).await.unwrap_err(),
+        AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        }
+    );
+    limiter.acquire(&"a").await.unwrap();
+    assert_eq!(
+        limiter.acquire(&"b").await.unwrap_err(),
+        AcquireError::TooManyKeys { max_keys: 1 }
+    );
+    assert_eq!(
+        AcquireError::TooManyKeys { max_keys: 1 }.to_string(),
+        "the limiter already tracks its maximum of 1 keys and none is idle"
+    );
+    // A probe waits for nothing and consumes nothing.
+    limiter.acquire_n(&"a", 0).await.unwrap();
+    assert_eq!(limiter.available(&"a"), 2);
+}
+
+#[test]
+fn blocking_waiters_share_the_keys_queue() {
+    let limiter = Arc::new(
+        KeyedLimiter::<u32, _>::with_clock(
+            Algorithm::FixedWindow {
+                limit: 2,
+                window: Duration::from_millis(20),
+            },
+            turnstile::MonotonicClock::new(),
+        )
+        .unwrap(),
+    );
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            std::thread::spawn(move || {
+                let mut times = Vec::new();
+                for _ in 0..5 {
+                    times.push(limiter.acquire_blocking(&9).unwrap().at_nanos());
+                }
+                times
+            })
+        })
+        .collect();
+    let mut times: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    times.sort_unstable();
+    let window = 20_000_000;
+    let mut per_window = std::collections::HashMap::new();
+    for t in &times {
+        *per_window.entry(t / window).or_insert(0) += 1;
+    }
+    assert!(per_window.values().all(|&c| c <= 2), "{per_window:?}");
+    assert_eq!(times.len(), 20);
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.waiting_keys), (20, 0));
+}
+
+/// Real threads, real time: tasks on a multi-thread runtime wait on four keys, give up at random
+/// (timeouts, aborts), and the keys' queues come and go under them. Afterwards the books balance,
+/// no queue is left, and no key ever admitted more than its limit per window.
+#[test]
+fn keyed_waiting_survives_cancellation_on_real_threads() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(3)
+        .enable_time()
+        .build()
+        .unwrap();
+    let window = Duration::from_millis(2);
+    let limiter = Arc::new(
+        KeyedLimiter::<u8, _>::with_clock(
+            Algorithm::FixedWindow { limit: 3, window },
+            turnstile::MonotonicClock::new(),
+        )
+        .unwrap(),
+    );
+    let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let admitted: Vec<(u8, u64, u32)> = runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..4_000u64 {
+            let (limiter, calls) = (Arc::clone(&limiter), Arc::clone(&calls));
+            let key = (i % 4) as u8;
+            tasks.push(tokio::spawn(async move {
+                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let timeout = Duration::from_micros(500 + (i * 7919) % 20_000);
+                let n = 1 + (i % 2) as u32;
+                limiter
+                    .acquire_timeout(&key, n, timeout)
+                    .await
+                    .ok()
+                    .map(|a| (key, a.at_nanos(), n))
+            }));
+            if i % 50 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        for t in tasks.iter().skip(3).step_by(11) {
+            t.abort();
+        }
+        let mut admitted = Vec::new();
+        for t in tasks {
+            if let Ok(Some(a)) = t.await {
+                admitted.push(a);
+            }
+        }
+        admitted
+    });
+    let stats = limiter.stats();
+    let calls = calls.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(stats.admitted + stats.rejected + stats.cancelled, calls);
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0), "{stats:?}");
+    assert!(
+        stats.cancelled > 100,
+        "too few cancellations to mean much: {stats:?}"
+    );
+    assert!(admitted.len() > 100);
+    // Permits per key and window: at most the limit, 3.
+    let w = window.as_nanos() as u64;
+    let mut per_window = std::collections::HashMap::new();
+    for (key, at, n) in &admitted {
+        *per_window.entry((*key, at / w)).or_insert(0u32) += n;
+    }
+    assert!(
+        per_window.values().all(|&c| c <= 3),
+        "a key admitted more than its limit in one window"
+    );
+}
