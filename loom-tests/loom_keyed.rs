@@ -263,3 +263,31 @@ fn waiters_race_with_queue_retirement() {
         assert!(attempt(&l, 1).is_some());
     });
 }
+
+/// A key's first two callers race with a clock advance and a sweep: the cell one of them creates
+/// may be evicted while the other is still on its way in. Whatever the interleaving, no window
+/// admits more than its limit. (The first design admitted a new key's first call on a private
+/// cell before publishing it; a caller that read the clock, lost the CPU, and published after
+/// the key had lived and been evicted in that same window admitted a second time in it.)
+#[test]
+fn first_callers_race_with_eviction() {
+    model(|| {
+        let l = limiter(fixed(1), 4);
+        let (other, mover) = {
+            let (l1, l2) = (Arc::clone(&l), Arc::clone(&l));
+            (
+                thread::spawn(move || attempt(&l1, 1)),
+                thread::spawn(move || {
+                    l2.clock().advance(Duration::from_nanos(W));
+                    l2.sweep()
+                }),
+            )
+        };
+        let mine = attempt(&l, 1);
+        let theirs = other.join().unwrap();
+        mover.join().unwrap();
+        let times: Vec<u64> = [mine, theirs].into_iter().flatten().collect();
+        assert!(!times.is_empty());
+        assert_eq!(over_limit(&times, 1), 0, "over-admitted: {times:?}");
+    });
+}

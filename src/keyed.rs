@@ -174,8 +174,12 @@ struct Ctx<C, S> {
     keys: CachePadded<AtomicU64>,
     /// Idle keys evicted so far. Written only by evictions.
     evicted: AtomicU64,
-    /// Where the next make-room sweep starts, so that pressure spreads over the shards.
+    /// Where the next make-room pass starts, so that pressure spreads over the shards.
     cursor: AtomicU64,
+    /// A lower bound of every shard's `not_before`: before this time no key anywhere can be idle,
+    /// so a new key at the cap skips the search for room in O(1). Lowered with every shard hint;
+    /// raised only by a full make-room pass (swap to MAX at its start, `fetch_min` at its end).
+    room_at: AtomicU64,
     counters: Counters,
 }
 
@@ -213,8 +217,6 @@ const MIN_SWEEP: u64 = 64;
 /// A shard is at most this many keys when the cap is reached (more shards for larger caps), so
 /// that one sweep, the most eviction work a call can do per shard, stays short.
 const SHARD_KEYS: usize = 4096;
-/// Shards a call for a new key may sweep to make room when the cap is reached.
-const MAKE_ROOM_SHARDS: usize = 3;
 
 impl<K, V, S: BuildHasher + Clone> Shard<K, V, S>
 where
@@ -319,20 +321,22 @@ where
                 KeyOverflow::Shared => self.algo.try_acquire(&self.overflow, n, &ctx.clock),
             };
         }
-        // Admit on a private fresh cell first, then publish it: a cell enters the map already
-        // holding an admission, so it is busy and no sweeper can retire it before it is used
-        // (which would make this call retry, and a fast sweeper could starve it).
-        let cell = self.algo.cell();
-        let outcome = self.algo.try_acquire(&cell, n, &ctx.clock);
+        // Insert a fresh cell, then admit on whichever cell is there through the ordinary path
+        // (load, then clock), so that the admission's time is no earlier than anything that
+        // happened to the key before, including the eviction of an earlier cell. A sweeper never
+        // retires a cell that has not admitted yet (`Algo::retire`), so the inserter is not
+        // starved by one looping beside it.
         // Relaxed: bookkeeping for when to sweep; no decision about admissions depends on it.
         // Counted before the insert so that a concurrent removal never takes `len` below zero.
         let len = shard.len.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Some(outcome) = shard.map.try_insert(key.clone(), cell, |existing| {
-            self.algo.try_acquire(existing, n, &ctx.clock)
-        }) {
-            // Another call inserted the key first: our private cell and its admission are
-            // dropped unseen, the call is decided on the key's cell, and our reservation is
-            // given back.
+        let (outcome, inserted) = shard
+            .map
+            .insert_then(key.clone(), self.algo.cell(), |cell| {
+                self.algo.try_acquire(cell, n, &ctx.clock)
+            });
+        if !inserted {
+            // Another call inserted the key first: the call was decided on its cell, and our
+            // reservation is given back.
             shard.len.fetch_sub(1, Ordering::Relaxed);
             ctx.release_keys(1);
             return outcome;
@@ -344,6 +348,8 @@ where
         // that did not read it), but loom orders plain stores only partially against RMWs it
         // has not seen and would report a shard stuck at "never"; the RMW keeps the model exact.
         shard.not_before.fetch_min(0, Ordering::Release);
+        // Relaxed: a hint; see `room_at`.
+        ctx.room_at.fetch_min(0, Ordering::Relaxed);
         let inserted = shard.inserted.fetch_add(1, Ordering::Relaxed) + 1;
         // Due once the inserts since the last sweep match the keys it left (len − inserted).
         if 2 * inserted >= len.max(MIN_SWEEP) {
@@ -354,20 +360,36 @@ where
         outcome
     }
 
-    /// At the cap: sweeps this shard, then a few others, until one key is evicted and its room
-    /// reserved. False if none was idle.
+    /// At the cap: looks for an idle key to evict, this key's shard first, then every other
+    /// shard whose hint says it may hold one, and reserves the room it frees. False if no key is
+    /// idle. When nothing can be idle before `room_at`, this is one load; a pass that finds
+    /// nothing raises `room_at` to the earliest time a key it saw turns idle, so a flood of new
+    /// keys while every key is busy costs one pass, not one per call.
     #[cold]
     fn make_room<C: Clock>(&self, ctx: &Ctx<C, S>, own: &Shard<K, A::Cell, S>) -> bool {
-        if self.sweep_shard(ctx, own) > 0 && ctx.reserve_key() {
-            return true;
+        // Relaxed: a hint, as `not_before`.
+        if ctx.clock.now() < ctx.room_at.load(Ordering::Relaxed) {
+            return false;
         }
-        for _ in 1..MAKE_ROOM_SHARDS {
-            // Relaxed: only spreads the work; any value is a valid starting point.
-            let next = ctx.cursor.fetch_add(1, Ordering::Relaxed) as usize & ctx.shard_mask;
-            if self.sweep_shard(ctx, &self.shards[next]) > 0 && ctx.reserve_key() {
+        // AcqRel: as the swap that starts a sweep (see `sweep_shard`); from here `room_at` is
+        // rebuilt as the minimum of the shard hints seen, and any hint lowered meanwhile lowers
+        // it too.
+        ctx.room_at.swap(u64::MAX, Ordering::AcqRel);
+        // Relaxed: only spreads the work; any value is a valid starting point.
+        let start = ctx.cursor.fetch_add(1, Ordering::Relaxed) as usize;
+        let others = (0..self.shards.len()).map(|i| &self.shards[(start + i) & ctx.shard_mask]);
+        let mut earliest = u64::MAX;
+        for shard in std::iter::once(own).chain(others) {
+            if self.sweep_shard(ctx, shard) > 0 && ctx.reserve_key() {
+                // Other shards were not looked at: their keys may be idle now.
+                ctx.room_at.fetch_min(0, Ordering::Relaxed);
                 return true;
             }
+            // Relaxed: a hint.
+            earliest = earliest.min(shard.not_before.load(Ordering::Relaxed));
         }
+        // Relaxed: the minimum keeps any lower value stored meanwhile.
+        ctx.room_at.fetch_min(earliest, Ordering::Relaxed);
         false
     }
 
@@ -426,6 +448,8 @@ where
             });
         // Relaxed: the minimum keeps any insert's 0; ordering is carried by the swap above.
         shard.not_before.fetch_min(next, Ordering::Relaxed);
+        // Relaxed: `room_at` stays at or below every shard's hint.
+        ctx.room_at.fetch_min(next, Ordering::Relaxed);
         Self::removed(ctx, shard, evicted);
         // Release: pairs with the Acquire above.
         shard.sweeping.store(0, Ordering::Release);
@@ -817,6 +841,7 @@ where
                     keys: CachePadded::new(AtomicU64::new(0)),
                     evicted: AtomicU64::new(0),
                     cursor: AtomicU64::new(0),
+                    room_at: AtomicU64::new(0),
                     counters: Counters::new(),
                 },
             }),
@@ -1261,17 +1286,12 @@ where
             gate: AtomicU64::new(0),
             queue: WaitQueue::new(inner.order, inner.queue_limit),
         });
-        match inner
-            .waits
-            .try_insert(key.clone(), Arc::clone(&fresh), Arc::clone)
-        {
-            None => {
-                // Relaxed: a count; the map insert is what waiters synchronise through.
-                inner.waiting_keys.fetch_add(1, Ordering::Relaxed);
-                fresh
-            }
-            Some(existing) => existing,
+        let (wait, inserted) = inner.waits.insert_then(key.clone(), fresh, Arc::clone);
+        if inserted {
+            // Relaxed: a count; the map insert is what waiters synchronise through.
+            inner.waiting_keys.fetch_add(1, Ordering::Relaxed);
         }
+        wait
     }
 
     /// Drops `key`'s queue `wait` from the map if it is empty: closes it first (so that nobody
@@ -1470,17 +1490,17 @@ where
     /// # Examples
     ///
     /// ```
-    /// use std::time::{Duration, Instant};
+    /// use std::time::Duration;
     /// use turnstile::{Algorithm, KeyedLimiter, MonotonicClock};
     ///
     /// let limiter = KeyedLimiter::with_clock(
     ///     Algorithm::FixedWindow { limit: 1, window: Duration::from_millis(20) },
     ///     MonotonicClock::new(),
     /// )?;
-    /// let start = Instant::now();
-    /// limiter.acquire_blocking(&1u8)?;
-    /// limiter.acquire_blocking(&1u8)?; // key 1's next 20 ms window
-    /// assert!(start.elapsed() >= Duration::from_millis(20));
+    /// let first = limiter.acquire_blocking(&1u8)?;
+    /// let second = limiter.acquire_blocking(&1u8)?; // key 1's next 20 ms window
+    /// let window = |t: Duration| t.as_millis() / 20;
+    /// assert!(window(second.at()) > window(first.at()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acquire_blocking(&self, key: &K) -> Result<Admission, AcquireError> {

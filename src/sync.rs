@@ -277,30 +277,31 @@ where
         }
     }
 
-    /// Inserts `value` under `key` unless the key is present; if it is, runs `f` on the value
-    /// there instead and returns its result (`None`: ours was inserted).
-    pub(crate) fn try_insert<R>(&self, key: K, value: V, f: impl FnOnce(&V) -> R) -> Option<R> {
+    /// Inserts `value` under `key` unless the key is present, then runs `f` on the value now
+    /// there (ours or the one found); the flag says whether ours was inserted.
+    pub(crate) fn insert_then<R>(&self, key: K, value: V, f: impl FnOnce(&V) -> R) -> (R, bool) {
         #[cfg(not(turnstile_loom))]
         {
             let guard = self.map.guard();
             match self.map.try_insert(key, value, &guard) {
-                Ok(_) => None,
-                Err(occupied) => Some(f(occupied.current)),
+                Ok(ours) => (f(ours), true),
+                Err(occupied) => (f(occupied.current), false),
             }
         }
         #[cfg(turnstile_loom)]
         {
-            let existing = {
+            let (value, inserted) = {
                 let mut map = lock(&self.map);
                 match map.get(&key) {
-                    Some(v) => Arc::clone(v),
+                    Some(v) => (Arc::clone(v), false),
                     None => {
-                        map.insert(key, Arc::new(value));
-                        return None;
+                        let v = Arc::new(value);
+                        map.insert(key, Arc::clone(&v));
+                        (v, true)
                     }
                 }
             };
-            Some(f(&existing))
+            (f(&value), inserted)
         }
     }
 

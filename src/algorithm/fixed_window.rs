@@ -131,6 +131,10 @@ impl Algo for FixedWindow {
             return Ok(());
         }
         let now = clock.now();
+        if word == pack(0, 0) {
+            // Never used: its inserter is about to admit on it (see `Algo::retire`).
+            return Err(now);
+        }
         let (free, until_reset, _) = self.free(word, now);
         if free < self.limit {
             // Busy until its window ends.

@@ -282,14 +282,16 @@ impl Algo for SlidingWindow {
             return Ok(());
         }
         let now = clock.now().min(MAX_TIME);
-        if let Some(newest) = head.checked_sub(1) {
-            // Times are non-decreasing in ticket order, so the newest ticket expires last. A
-            // writer still between claim and publish makes the ring busy; look again shortly.
-            match self.published(ring, newest) {
-                Some(t) if t.saturating_add(self.window) <= now => {}
-                Some(t) => return Err(t.saturating_add(self.window)),
-                None => return Err(now),
-            }
+        let Some(newest) = head.checked_sub(1) else {
+            // Never used: its inserter is about to admit on it (see `Algo::retire`).
+            return Err(now);
+        };
+        // Times are non-decreasing in ticket order, so the newest ticket expires last. A writer
+        // still between claim and publish makes the ring busy; look again shortly.
+        match self.published(ring, newest) {
+            Some(t) if t.saturating_add(self.window) <= now => {}
+            Some(t) => return Err(t.saturating_add(self.window)),
+            None => return Err(now),
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.
         ring.head

@@ -147,6 +147,10 @@ impl Algo for TokenBucket {
             return Ok(());
         }
         let now = clock.now();
+        if tat == 0 {
+            // Never used: its inserter is about to admit on it (see `Algo::retire`).
+            return Err(now);
+        }
         if tat > now {
             // The bucket is full again (as fresh as a new one) at `tat`.
             return Err(tat);
