@@ -174,8 +174,8 @@ pub(crate) struct Ctx<C, S> {
     hasher: S,
     /// `shards.len() - 1`; the shard count is a power of two.
     shard_mask: usize,
-    max_keys: usize,
-    overflow: KeyOverflow,
+    pub(crate) max_keys: usize,
+    pub(crate) overflow: KeyOverflow,
     /// Keys held, over all shards. Written only when a key is inserted or removed.
     pub(crate) keys: CachePadded<AtomicU64>,
     /// Idle keys evicted so far. Written only by evictions.
@@ -299,6 +299,22 @@ impl<C: Clock, S> Ctx<C, S> {
                 (k < self.max_keys as u64).then_some(k + 1)
             })
             .is_ok()
+    }
+
+    /// A key's cell of `shard` may have just turned idle at a moment no clock predicts (a
+    /// keyed concurrency limiter's last permit came back): lowers the shard's and the limiter's
+    /// sweep hints so that sweeps and the search for room at the cap look at it again. A load
+    /// first, so that the common case (hints already 0) writes nothing shared.
+    pub(crate) fn idle_hint<K, V>(&self, shard: &Shard<K, V, S>) {
+        // Relaxed: a hint. Release on the RMW: as an insert's (see `first_use`), pairs with the
+        // Acquire swap that starts a sweep, so a sweep that reads our 0 sees the idle cell.
+        if shard.not_before.load(Ordering::Relaxed) != 0 {
+            shard.not_before.fetch_min(0, Ordering::Release);
+        }
+        // Relaxed: a hint; see `room_at`.
+        if self.room_at.load(Ordering::Relaxed) != 0 {
+            self.room_at.fetch_min(0, Ordering::Relaxed);
+        }
     }
 
     fn release_keys(&self, n: u64) {
@@ -524,6 +540,18 @@ where
         // Release: pairs with the Acquire above.
         shard.sweeping.store(0, Ordering::Release);
         evicted
+    }
+
+    /// Sweeps every shard, ignoring the hints that let a sweep skip a shard (for cells whose
+    /// idleness no clock predicts, a hint can be left stale by a release racing a sweep).
+    pub(crate) fn sweep_all<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
+        for shard in self.shards.iter() {
+            // Release: as an insert's lowering (see `first_use`).
+            shard.not_before.fetch_min(0, Ordering::Release);
+        }
+        // Relaxed: a hint.
+        ctx.room_at.fetch_min(0, Ordering::Relaxed);
+        self.sweep(ctx)
     }
 
     pub(crate) fn sweep<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
@@ -1692,7 +1720,7 @@ where
 }
 
 /// A `try_acquire` failure seen by a waiter (never `Rejected`: a waiter waits instead).
-fn waiting_error(error: TryAcquireError) -> AcquireError {
+pub(crate) fn waiting_error(error: TryAcquireError) -> AcquireError {
     match error {
         TryAcquireError::InsufficientCapacity {
             requested,

@@ -1,0 +1,1 @@
+#![cfg(turnstile_loom)]
