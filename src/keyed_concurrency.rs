@@ -1022,18 +1022,18 @@ where
     pub fn stats(&self) -> KeyedStats {
         let ctx = &self.inner.ctx;
         let (waiting_keys, waiting, queued_permits) = self.inner.waits.queued();
-        let mut stats = KeyedStats::default();
-        stats.admitted = ctx.counters.sum(ADMITTED);
-        stats.rejected = ctx.counters.sum(REJECTED);
-        stats.cancelled = ctx.counters.sum(CANCELLED);
-        stats.overflowed = ctx.counters.sum(OVERFLOWED);
-        // Relaxed: a statistic.
-        stats.evicted = ctx.evicted.load(Ordering::Relaxed);
-        stats.keys = self.len();
-        stats.waiting = waiting;
-        stats.queued_permits = queued_permits;
-        stats.waiting_keys = waiting_keys;
-        stats
+        KeyedStats {
+            admitted: ctx.counters.sum(ADMITTED),
+            rejected: ctx.counters.sum(REJECTED),
+            cancelled: ctx.counters.sum(CANCELLED),
+            overflowed: ctx.counters.sum(OVERFLOWED),
+            // Relaxed: a statistic.
+            evicted: ctx.evicted.load(Ordering::Relaxed),
+            keys: self.len(),
+            waiting,
+            queued_permits,
+            waiting_keys,
+        }
     }
 }
 
