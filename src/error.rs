@@ -261,6 +261,12 @@ pub enum TryPermitError {
     },
     /// The limiter was closed.
     Closed,
+    /// A keyed concurrency limiter already holds its cap of keys, none is idle, and the overflow
+    /// policy is to reject new keys.
+    TooManyKeys {
+        /// The cap.
+        max_keys: usize,
+    },
 }
 
 impl fmt::Display for TryPermitError {
@@ -281,6 +287,9 @@ impl fmt::Display for TryPermitError {
                 "{requested} permits requested but at most {capacity} can ever be held at once"
             ),
             TryPermitError::Closed => f.write_str("the limiter is closed"),
+            TryPermitError::TooManyKeys { max_keys } => {
+                write!(f, "the limiter already holds {max_keys} keys, none idle")
+            }
         }
     }
 }

@@ -139,13 +139,19 @@ struct Inner<K, C, S> {
     store: Store<K, S>,
     algorithm: Algorithm,
     ctx: Ctx<C, S>,
+    waits: Waits<K, S>,
+}
+
+/// The per-key wait queues of a keyed limiter (rate or concurrency): one [`KeyWait`] per key
+/// that has waiters, in a map of its own.
+pub(crate) struct Waits<K, S> {
     /// The wait queues of the keys that have waiters (see [`KeyWait`]).
-    waits: KeyMap<K, Arc<KeyWait>, S>,
-    /// Entries in `waits`. Read by every `try_acquire` (zero on the fast path), written only when
+    pub(crate) map: KeyMap<K, Arc<KeyWait>, S>,
+    /// Entries in `map`. Read by every `try_acquire` (zero on the fast path), written only when
     /// a key gains its first waiter or its queue is retired.
-    waiting_keys: CachePadded<AtomicU64>,
-    order: QueueOrder,
-    queue_limit: u64,
+    pub(crate) waiting_keys: CachePadded<AtomicU64>,
+    pub(crate) order: QueueOrder,
+    pub(crate) queue_limit: u64,
 }
 
 /// One key's wait queue: created when the key gets its first waiter, retired and dropped from
@@ -155,32 +161,32 @@ struct Inner<K, C, S> {
 /// map. A waiter that looked the queue up just before finds it closed when it tries to join,
 /// removes it from the map itself if it is still there, and looks again: nobody ever waits in a
 /// queue that nobody can find.
-struct KeyWait {
+pub(crate) struct KeyWait {
     /// [`WAITERS`] and `CLOSED` (retired), as for an unkeyed limiter's gate.
-    gate: AtomicU64,
-    queue: WaitQueue,
+    pub(crate) gate: AtomicU64,
+    pub(crate) queue: WaitQueue,
 }
 
 /// What every store needs from its limiter besides the cells.
-struct Ctx<C, S> {
+pub(crate) struct Ctx<C, S> {
     clock: C,
     /// Picks a key's shard (and is cloned into every shard's map).
     hasher: S,
     /// `shards.len() - 1`; the shard count is a power of two.
     shard_mask: usize,
-    max_keys: usize,
-    overflow: KeyOverflow,
+    pub(crate) max_keys: usize,
+    pub(crate) overflow: KeyOverflow,
     /// Keys held, over all shards. Written only when a key is inserted or removed.
-    keys: CachePadded<AtomicU64>,
+    pub(crate) keys: CachePadded<AtomicU64>,
     /// Idle keys evicted so far. Written only by evictions.
-    evicted: AtomicU64,
+    pub(crate) evicted: AtomicU64,
     /// Where the next make-room pass starts, so that pressure spreads over the shards.
     cursor: AtomicU64,
     /// A lower bound of every shard's `not_before`: before this time no key anywhere can be idle,
     /// so a new key at the cap skips the search for room in O(1). Lowered with every shard hint;
     /// raised only by a full make-room pass (swap to MAX at its start, `fetch_min` at its end).
     room_at: AtomicU64,
-    counters: Counters,
+    pub(crate) counters: Counters,
 }
 
 enum Store<K, S> {
@@ -191,15 +197,23 @@ enum Store<K, S> {
 }
 
 /// One algorithm's parameters, its per-key cells, and the shared overflow cell.
-struct Keyed<A: Algo, K, S> {
-    algo: A,
-    shards: Box<[Shard<K, A::Cell, S>]>,
-    overflow: CachePadded<A::Cell>,
+pub(crate) struct Keyed<A: Algo, K, S> {
+    pub(crate) algo: A,
+    pub(crate) shards: Box<[Shard<K, A::Cell, S>]>,
+    pub(crate) overflow: CachePadded<A::Cell>,
+}
+
+/// Where a call was decided: on its key's own cell, or on the shared overflow cell
+/// ([`KeyOverflow::Shared`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    Key,
+    Overflow,
 }
 
 /// A part of the key space with its own map, so that eviction can work on a bounded slice.
-struct Shard<K, V, S> {
-    map: KeyMap<K, V, S>,
+pub(crate) struct Shard<K, V, S> {
+    pub(crate) map: KeyMap<K, V, S>,
     /// Keys in this shard.
     len: AtomicU64,
     /// Keys inserted since this shard was last swept: a sweep is due when they reach the number
@@ -209,14 +223,14 @@ struct Shard<K, V, S> {
     sweeping: AtomicU64,
     /// Clock time before which a sweep can evict nothing (the earliest time a key it saw busy
     /// turns idle); lowered to "now" by every insert.
-    not_before: AtomicU64,
+    pub(crate) not_before: AtomicU64,
 }
 
 /// Below this many keys a shard is swept only when the cap demands it.
 const MIN_SWEEP: u64 = 64;
 /// A shard is at most this many keys when the cap is reached (more shards for larger caps), so
 /// that one sweep, the most eviction work a call can do per shard, stays short.
-const SHARD_KEYS: usize = 4096;
+pub(crate) const SHARD_KEYS: usize = 4096;
 
 impl<K, V, S: BuildHasher + Clone> Shard<K, V, S>
 where
@@ -234,7 +248,49 @@ where
     }
 }
 
+/// The shard count for a cap of `max_keys`: enough that one shard holds at most [`SHARD_KEYS`]
+/// at the cap, at least 16 and 4 × cores, a power of two.
+pub(crate) fn shard_count(max_keys: usize) -> usize {
+    let parallel = std::thread::available_parallelism().map_or(4, usize::from);
+    max_keys
+        .div_ceil(SHARD_KEYS)
+        .max(4 * parallel)
+        .clamp(16, 4096)
+        .next_power_of_two()
+}
+
 impl<C: Clock, S> Ctx<C, S> {
+    pub(crate) fn new(
+        clock: C,
+        hasher: S,
+        shards: usize,
+        max_keys: usize,
+        overflow: KeyOverflow,
+    ) -> Self {
+        Ctx {
+            clock,
+            hasher,
+            shard_mask: shards - 1,
+            max_keys,
+            overflow,
+            keys: CachePadded::new(AtomicU64::new(0)),
+            evicted: AtomicU64::new(0),
+            cursor: AtomicU64::new(0),
+            room_at: AtomicU64::new(0),
+            counters: Counters::new(),
+        }
+    }
+
+    /// The shard of `key`.
+    #[inline(always)]
+    pub(crate) fn shard<K: Hash>(&self, key: &K) -> usize
+    where
+        S: BuildHasher,
+    {
+        // The high half of the hash picks the shard; the map uses the low bits for its buckets.
+        (self.hasher.hash_one(key) >> 32) as usize & self.shard_mask
+    }
+
     /// Reserves room for one more key; false at the cap.
     fn reserve_key(&self) -> bool {
         // Relaxed: the count guards a bound, not other data; the CAS makes it exact.
@@ -243,6 +299,22 @@ impl<C: Clock, S> Ctx<C, S> {
                 (k < self.max_keys as u64).then_some(k + 1)
             })
             .is_ok()
+    }
+
+    /// A key's cell of `shard` may have just turned idle at a moment no clock predicts (a
+    /// keyed concurrency limiter's last permit came back): lowers the shard's and the limiter's
+    /// sweep hints so that sweeps and the search for room at the cap look at it again. A load
+    /// first, so that the common case (hints already 0) writes nothing shared.
+    pub(crate) fn idle_hint<K, V>(&self, shard: &Shard<K, V, S>) {
+        // Relaxed: a hint. Release on the RMW: as an insert's (see `first_use`), pairs with the
+        // Acquire swap that starts a sweep, so a sweep that reads our 0 sees the idle cell.
+        if shard.not_before.load(Ordering::Relaxed) != 0 {
+            shard.not_before.fetch_min(0, Ordering::Release);
+        }
+        // Relaxed: a hint; see `room_at`.
+        if self.room_at.load(Ordering::Relaxed) != 0 {
+            self.room_at.fetch_min(0, Ordering::Relaxed);
+        }
     }
 
     fn release_keys(&self, n: u64) {
@@ -258,7 +330,7 @@ where
     K: Hash + Eq + Clone + Send + Sync,
     S: BuildHasher + Clone,
 {
-    fn new(algo: A, shards: usize, hasher: &S) -> Self {
+    pub(crate) fn new(algo: A, shards: usize, hasher: &S) -> Self {
         let overflow = CachePadded::new(algo.cell());
         Keyed {
             shards: (0..shards).map(|_| Shard::new(hasher.clone())).collect(),
@@ -275,14 +347,30 @@ where
         key: &K,
         n: u32,
     ) -> Result<Admission, TryAcquireError> {
+        self.with_cell(ctx, shard, key, n, |cell| {
+            self.algo.try_acquire(cell, n, &ctx.clock)
+        })
+        .map(|(admission, _)| admission)
+    }
+
+    /// Runs `op` (a call for `n` permits) on `key`'s cell: the one in the map, or a fresh one
+    /// inserted for a new key (cap and overflow policy applied, see `first_use`). `op` answers
+    /// `Err(Closed)` on a retired cell; the dead entry is then removed and `op` runs again on a
+    /// fresh one. Every keyed decision goes through here, whatever the algorithm.
+    #[inline(always)]
+    pub(crate) fn with_cell<C: Clock, R>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+        op: impl Fn(&A::Cell) -> Result<R, TryAcquireError>,
+    ) -> Result<(R, Slot), TryAcquireError> {
         let shard = &self.shards[shard];
         loop {
-            let outcome = match shard
-                .map
-                .get(key, |cell| self.algo.try_acquire(cell, n, &ctx.clock))
-            {
-                Some(outcome) => outcome,
-                None => self.first_use(ctx, shard, key, n),
+            let outcome = match shard.map.get(key, &op) {
+                Some(outcome) => outcome.map(|r| (r, Slot::Key)),
+                None => self.first_use(ctx, shard, key, n, &op),
             };
             match outcome {
                 // The key's cell was retired by eviction: drop the dead entry and retry, which
@@ -296,13 +384,14 @@ where
     /// A call for a key that is not in the map.
     #[cold]
     #[inline(never)]
-    fn first_use<C: Clock>(
+    fn first_use<C: Clock, R>(
         &self,
         ctx: &Ctx<C, S>,
         shard: &Shard<K, A::Cell, S>,
         key: &K,
         n: u32,
-    ) -> Result<Admission, TryAcquireError> {
+        op: &impl Fn(&A::Cell) -> Result<R, TryAcquireError>,
+    ) -> Result<(R, Slot), TryAcquireError> {
         let limit = self.algo.limit();
         if n > limit {
             return Err(too_big(n, limit));
@@ -310,7 +399,7 @@ where
         if n == 0 {
             // A probe consumes nothing, so it creates no key: answer for a fresh state.
             let fresh = self.algo.cell();
-            return self.algo.try_acquire(&fresh, 0, &ctx.clock);
+            return op(&fresh).map(|r| (r, Slot::Key));
         }
         if !ctx.reserve_key() && !self.make_room(ctx, shard) {
             ctx.counters.bump(OVERFLOWED);
@@ -318,7 +407,7 @@ where
                 KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
                     max_keys: ctx.max_keys,
                 }),
-                KeyOverflow::Shared => self.algo.try_acquire(&self.overflow, n, &ctx.clock),
+                KeyOverflow::Shared => op(&self.overflow).map(|r| (r, Slot::Overflow)),
             };
         }
         // Insert a fresh cell, then admit on whichever cell is there through the ordinary path
@@ -329,11 +418,8 @@ where
         // Relaxed: bookkeeping for when to sweep; no decision about admissions depends on it.
         // Counted before the insert so that a concurrent removal never takes `len` below zero.
         let len = shard.len.fetch_add(1, Ordering::Relaxed) + 1;
-        let (outcome, inserted) = shard
-            .map
-            .insert_then(key.clone(), self.algo.cell(), |cell| {
-                self.algo.try_acquire(cell, n, &ctx.clock)
-            });
+        let (outcome, inserted) = shard.map.insert_then(key.clone(), self.algo.cell(), op);
+        let outcome = outcome.map(|r| (r, Slot::Key));
         if !inserted {
             // Another call inserted the key first: the call was decided on its cell, and our
             // reservation is given back.
@@ -366,7 +452,7 @@ where
     /// nothing raises `room_at` to the earliest time a key it saw turns idle, so a flood of new
     /// keys while every key is busy costs one pass, not one per call.
     #[cold]
-    fn make_room<C: Clock>(&self, ctx: &Ctx<C, S>, own: &Shard<K, A::Cell, S>) -> bool {
+    pub(crate) fn make_room<C: Clock>(&self, ctx: &Ctx<C, S>, own: &Shard<K, A::Cell, S>) -> bool {
         // Relaxed: a hint, as `not_before`.
         if ctx.clock.now() < ctx.room_at.load(Ordering::Relaxed) {
             return false;
@@ -456,7 +542,19 @@ where
         evicted
     }
 
-    fn sweep<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
+    /// Sweeps every shard, ignoring the hints that let a sweep skip a shard (for cells whose
+    /// idleness no clock predicts, a hint can be left stale by a release racing a sweep).
+    pub(crate) fn sweep_all<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
+        for shard in self.shards.iter() {
+            // Release: as an insert's lowering (see `first_use`).
+            shard.not_before.fetch_min(0, Ordering::Release);
+        }
+        // Relaxed: a hint.
+        ctx.room_at.fetch_min(0, Ordering::Relaxed);
+        self.sweep(ctx)
+    }
+
+    pub(crate) fn sweep<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
         self.shards
             .iter()
             .map(|shard| self.sweep_shard(ctx, shard))
@@ -804,11 +902,7 @@ where
         if self.max_keys == 0 {
             return Err(ConfigError::Zero { what: "max_keys" });
         }
-        let parallel = std::thread::available_parallelism().map_or(4, usize::from);
-        let shards = (self.max_keys.div_ceil(SHARD_KEYS))
-            .max(4 * parallel)
-            .clamp(16, 4096)
-            .next_power_of_two();
+        let shards = shard_count(self.max_keys);
         let h = &self.hasher;
         let store = match self.algorithm {
             Algorithm::FixedWindow { limit, window } => {
@@ -827,23 +921,15 @@ where
         Ok(KeyedLimiter {
             inner: Arc::new(Inner {
                 store,
-                waits: KeyMap::with_hasher(self.hasher.clone()),
-                waiting_keys: CachePadded::new(AtomicU64::new(0)),
-                order: self.order,
-                queue_limit: self.queue_limit,
+                waits: Waits::new(self.hasher.clone(), self.order, self.queue_limit),
                 algorithm: self.algorithm,
-                ctx: Ctx {
-                    clock: self.clock,
-                    hasher: self.hasher,
-                    shard_mask: shards - 1,
-                    max_keys: self.max_keys,
-                    overflow: self.overflow,
-                    keys: CachePadded::new(AtomicU64::new(0)),
-                    evicted: AtomicU64::new(0),
-                    cursor: AtomicU64::new(0),
-                    room_at: AtomicU64::new(0),
-                    counters: Counters::new(),
-                },
+                ctx: Ctx::new(
+                    self.clock,
+                    self.hasher,
+                    shards,
+                    self.max_keys,
+                    self.overflow,
+                ),
             }),
         })
     }
@@ -856,9 +942,7 @@ where
 {
     #[inline(always)]
     fn shard(&self, key: &K) -> usize {
-        let ctx = &self.inner.ctx;
-        // The high half of the hash picks the shard; the map uses the low bits for its buckets.
-        (ctx.hasher.hash_one(key) >> 32) as usize & ctx.shard_mask
+        self.inner.ctx.shard(key)
     }
 
     /// Takes one permit for `key` if one is available now. Never blocks.
@@ -914,9 +998,7 @@ where
     #[inline]
     pub fn try_acquire_n(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
-        // Relaxed: like an unkeyed limiter's gate, a hint read once; a waiter that arrives just
-        // after this load is one this call may precede.
-        let outcome = if inner.waiting_keys.load(Ordering::Relaxed) != 0 {
+        let outcome = if inner.waits.any() {
             self.try_acquire_queued(key, n)
         } else {
             self.decide(key, n)
@@ -936,20 +1018,12 @@ where
         with_store!(&inner.store, s => s.try_acquire(&inner.ctx, shard, key, n))
     }
 
-    /// Whether `key` has waiters queued now.
-    fn has_waiters(&self, key: &K) -> bool {
-        self.inner
-            .waits
-            .get(key, |w| w.gate.load(Ordering::Relaxed) & WAITERS != 0)
-            .unwrap_or(false)
-    }
-
     /// `try_acquire` while some key has waiters: no barging past this key's queue under
     /// oldest-first order.
     #[cold]
     #[inline(never)]
     fn try_acquire_queued(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
-        if self.inner.order == QueueOrder::NewestFirst || !self.has_waiters(key) {
+        if self.inner.waits.order == QueueOrder::NewestFirst || !self.inner.waits.has_waiters(key) {
             return self.decide(key, n);
         }
         let capacity = self.inner.algorithm_limit();
@@ -1130,7 +1204,7 @@ where
     /// ```
     pub fn stats(&self) -> KeyedStats {
         let ctx = &self.inner.ctx;
-        let (waiting_keys, waiting, queued_permits) = self.queued();
+        let (waiting_keys, waiting, queued_permits) = self.inner.waits.queued();
         KeyedStats {
             admitted: ctx.counters.sum(ADMITTED),
             rejected: ctx.counters.sum(REJECTED),
@@ -1217,7 +1291,7 @@ where
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn queue_order(&self) -> QueueOrder {
-        self.inner.order
+        self.inner.waits.order
     }
 
     /// The queue limit of every key, in permits.
@@ -1233,27 +1307,14 @@ where
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn queue_limit(&self) -> u64 {
-        self.inner.queue_limit
-    }
-
-    /// Keys that have a wait queue now, and the waiters and permits queued over all of them.
-    fn queued(&self) -> (usize, usize, u64) {
-        let (mut keys, mut waiters, mut permits) = (0, 0, 0);
-        self.inner.waits.for_each(|_, w| {
-            let (n, p) = w.queue.len();
-            keys += 1;
-            waiters += n;
-            permits += p;
-        });
-        (keys, waiters, permits)
+        self.inner.waits.queue_limit
     }
 
     /// Validates and tries without queueing when `key` has no waiters. `Ok(None)`: queue up.
     fn acquire_fast(&self, key: &K, n: u32) -> Result<Option<Admission>, AcquireError> {
         let inner = &*self.inner;
         let counters = &inner.ctx.counters;
-        // Relaxed: as in `try_acquire_n`.
-        if inner.waiting_keys.load(Ordering::Relaxed) == 0 || !self.has_waiters(key) {
+        if !inner.waits.any() || !inner.waits.has_waiters(key) {
             let error = match self.decide(key, n) {
                 Ok(admission) => {
                     counters.bump(ADMITTED);
@@ -1276,39 +1337,6 @@ where
         Ok(None)
     }
 
-    /// The queue of `key`, created if it has none.
-    fn key_wait(&self, key: &K) -> Arc<KeyWait> {
-        let inner = &*self.inner;
-        if let Some(wait) = inner.waits.get(key, Arc::clone) {
-            return wait;
-        }
-        let fresh = Arc::new(KeyWait {
-            gate: AtomicU64::new(0),
-            queue: WaitQueue::new(inner.order, inner.queue_limit),
-        });
-        let (wait, inserted) = inner.waits.insert_then(key.clone(), fresh, Arc::clone);
-        if inserted {
-            // Relaxed: a count; the map insert is what waiters synchronise through.
-            inner.waiting_keys.fetch_add(1, Ordering::Relaxed);
-        }
-        wait
-    }
-
-    /// Drops `key`'s queue `wait` from the map if it is empty: closes it first (so that nobody
-    /// joins it afterwards), then removes it unless someone else already has.
-    fn retire_wait(&self, key: &K, wait: &Arc<KeyWait>) {
-        let inner = &*self.inner;
-        // Relaxed: a hint; `close_if_idle` decides under the queue's mutex.
-        if wait.gate.load(Ordering::Relaxed) & WAITERS != 0 || !wait.queue.close_if_idle(&wait.gate)
-        {
-            return;
-        }
-        if inner.waits.remove_if(key, |w| Arc::ptr_eq(w, wait)) {
-            // Relaxed: as in `key_wait`.
-            inner.waiting_keys.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-
     /// The head waiter's attempt: the key's state, ignoring its queue.
     fn take(&self, key: &K, n: u32) -> Result<Admission, Blocked> {
         self.inner.ctx.clock.catch_up();
@@ -1320,13 +1348,7 @@ where
     }
 
     fn wait<'a>(&'a self, wait: &'a KeyWait, n: u32) -> Wait<'a> {
-        Wait {
-            queue: &wait.queue,
-            gate: &wait.gate,
-            counters: &self.inner.ctx.counters,
-            permits: n,
-            retry_closed: true,
-        }
+        self.inner.waits.wait(wait, &self.inner.ctx.counters, n)
     }
 
     /// Waits until one permit for `key` is admitted. See [`acquire_n`](Self::acquire_n).
@@ -1418,9 +1440,9 @@ where
     #[cfg(feature = "tokio")]
     async fn acquire_slow(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
         loop {
-            let wait = self.key_wait(key);
+            let wait = self.inner.waits.key_wait(key);
             let exit = RetireOnExit {
-                limiter: self,
+                waits: &self.inner.waits,
                 key,
                 wait: &wait,
             };
@@ -1574,9 +1596,9 @@ where
             return Ok(admission);
         }
         loop {
-            let wait = self.key_wait(key);
+            let wait = self.inner.waits.key_wait(key);
             let _exit = RetireOnExit {
-                limiter: self,
+                waits: &self.inner.waits,
                 key,
                 wait: &wait,
             };
@@ -1593,28 +1615,112 @@ where
 
 /// Drops a key's queue from the map when a waiter leaves it empty, however the waiter leaves
 /// (served, failed, timed out, or its future dropped).
-struct RetireOnExit<'a, K, C: Clock, S>
+pub(crate) struct RetireOnExit<'a, K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Clone + Send + Sync + 'static,
+    K: Hash + Eq + Clone + Send + Sync,
+    S: BuildHasher,
 {
-    limiter: &'a KeyedLimiter<K, C, S>,
-    key: &'a K,
-    wait: &'a Arc<KeyWait>,
+    pub(crate) waits: &'a Waits<K, S>,
+    pub(crate) key: &'a K,
+    pub(crate) wait: &'a Arc<KeyWait>,
 }
 
-impl<K, C: Clock, S> Drop for RetireOnExit<'_, K, C, S>
+impl<K, S> Drop for RetireOnExit<'_, K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Clone + Send + Sync + 'static,
+    K: Hash + Eq + Clone + Send + Sync,
+    S: BuildHasher,
 {
     fn drop(&mut self) {
-        self.limiter.retire_wait(self.key, self.wait);
+        self.waits.retire(self.key, self.wait);
+    }
+}
+
+impl<K, S> Waits<K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync,
+    S: BuildHasher,
+{
+    pub(crate) fn new(hasher: S, order: QueueOrder, queue_limit: u64) -> Self {
+        Waits {
+            map: KeyMap::with_hasher(hasher),
+            waiting_keys: CachePadded::new(AtomicU64::new(0)),
+            order,
+            queue_limit,
+        }
+    }
+
+    /// Whether any key has a queue now.
+    #[inline(always)]
+    pub(crate) fn any(&self) -> bool {
+        // Relaxed: like an unkeyed limiter's gate, a hint read once; a waiter that arrives just
+        // after this load is one the caller may precede.
+        self.waiting_keys.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether `key` has waiters queued now.
+    pub(crate) fn has_waiters(&self, key: &K) -> bool {
+        self.map
+            .get(key, |w| w.gate.load(Ordering::Relaxed) & WAITERS != 0)
+            .unwrap_or(false)
+    }
+
+    /// Keys that have a wait queue now, and the waiters and permits queued over all of them.
+    pub(crate) fn queued(&self) -> (usize, usize, u64) {
+        let (mut keys, mut waiters, mut permits) = (0, 0, 0);
+        self.map.for_each(|_, w| {
+            let (n, p) = w.queue.len();
+            keys += 1;
+            waiters += n;
+            permits += p;
+        });
+        (keys, waiters, permits)
+    }
+
+    /// The queue of `key`, created if it has none.
+    pub(crate) fn key_wait(&self, key: &K) -> Arc<KeyWait> {
+        if let Some(wait) = self.map.get(key, Arc::clone) {
+            return wait;
+        }
+        let fresh = Arc::new(KeyWait {
+            gate: AtomicU64::new(0),
+            queue: WaitQueue::new(self.order, self.queue_limit),
+        });
+        let (wait, inserted) = self.map.insert_then(key.clone(), fresh, Arc::clone);
+        if inserted {
+            // Relaxed: a count; the map insert is what waiters synchronise through.
+            self.waiting_keys.fetch_add(1, Ordering::Relaxed);
+        }
+        wait
+    }
+
+    /// Drops `key`'s queue `wait` from the map if it is empty: closes it first (so that nobody
+    /// joins it afterwards), then removes it unless someone else already has.
+    pub(crate) fn retire(&self, key: &K, wait: &Arc<KeyWait>) {
+        // Relaxed: a hint; `close_if_idle` decides under the queue's mutex.
+        if wait.gate.load(Ordering::Relaxed) & WAITERS != 0 || !wait.queue.close_if_idle(&wait.gate)
+        {
+            return;
+        }
+        if self.map.remove_if(key, |w| Arc::ptr_eq(w, wait)) {
+            // Relaxed: as in `key_wait`.
+            self.waiting_keys.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A waiting call's view of `wait`.
+    pub(crate) fn wait<'a>(&self, wait: &'a KeyWait, counters: &'a Counters, n: u32) -> Wait<'a> {
+        Wait {
+            queue: &wait.queue,
+            gate: &wait.gate,
+            counters,
+            permits: n,
+            retry_closed: true,
+        }
     }
 }
 
 /// A `try_acquire` failure seen by a waiter (never `Rejected`: a waiter waits instead).
-fn waiting_error(error: TryAcquireError) -> AcquireError {
+pub(crate) fn waiting_error(error: TryAcquireError) -> AcquireError {
     match error {
         TryAcquireError::InsufficientCapacity {
             requested,

@@ -51,6 +51,8 @@ mod error;
 #[cfg(feature = "keyed")]
 mod keyed;
 #[cfg(feature = "keyed")]
+mod keyed_concurrency;
+#[cfg(feature = "keyed")]
 mod keylocks;
 mod limiter;
 mod queue;
@@ -64,6 +66,10 @@ pub use decision::{Admission, Rejection};
 pub use error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
 #[cfg(feature = "keyed")]
 pub use keyed::{KeyOverflow, KeyedLimiter, KeyedLimiterBuilder, KeyedStats, DEFAULT_MAX_KEYS};
+#[cfg(feature = "keyed")]
+pub use keyed_concurrency::{
+    KeyedConcurrencyLimiter, KeyedConcurrencyLimiterBuilder, KeyedPermit, OwnedKeyedPermit,
+};
 #[cfg(feature = "keyed")]
 pub use keylocks::{
     KeyLocks, KeyLocksBuilder, OwnedReadGuard, OwnedWriteGuard, ReadGuard, TryLockError,

@@ -1,0 +1,306 @@
+//! `KeyedConcurrencyLimiter`: the per-key limit on real threads, eviction that never drops a key
+//! with permits out, the cap, waiting (try/async/blocking), per-key FIFO on paused time, and
+//! cancellation that leaves the books balanced and no queue behind.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use turnstile::{AcquireError, KeyOverflow, KeyedConcurrencyLimiter, TryPermitError};
+
+#[test]
+fn per_key_limit_holds_on_real_threads() {
+    const LIMIT: u32 = 3;
+    const KEYS: usize = 4;
+    let limiter = KeyedConcurrencyLimiter::<usize>::new(LIMIT).unwrap();
+    let inside: Arc<Vec<AtomicU32>> = Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
+    let calls = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (limiter, inside, calls) = (limiter.clone(), inside.clone(), calls.clone());
+            std::thread::spawn(move || {
+                for i in 0..1500 {
+                    let key = (t + i) % KEYS;
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    let permit = if i % 3 == 0 {
+                        match limiter.try_acquire(&key) {
+                            Ok(p) => p,
+                            Err(TryPermitError::NoPermits { .. }) => continue,
+                            Err(e) => panic!("{e}"),
+                        }
+                    } else {
+                        limiter.acquire_blocking(&key).unwrap()
+                    };
+                    let now = inside[key].fetch_add(1, Ordering::SeqCst) + 1;
+                    assert!(now <= LIMIT, "key {key}: {now} in flight");
+                    if i % 7 == 0 {
+                        std::thread::yield_now();
+                    }
+                    inside[key].fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                    if i % 100 == 0 {
+                        limiter.sweep();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = limiter.stats();
+    assert_eq!(
+        stats.admitted + stats.rejected + stats.cancelled,
+        calls.load(Ordering::Relaxed)
+    );
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+    for key in 0..KEYS {
+        assert_eq!(limiter.available(&key), LIMIT);
+    }
+    limiter.sweep();
+    assert!(limiter.is_empty(), "{} keys left", limiter.len());
+}
+
+#[test]
+fn keys_are_independent() {
+    let limiter = KeyedConcurrencyLimiter::new(1).unwrap();
+    let _a = limiter.try_acquire(&"a").unwrap();
+    assert!(matches!(
+        limiter.try_acquire(&"a"),
+        Err(TryPermitError::NoPermits {
+            available: 0,
+            requested: 1
+        })
+    ));
+    let _b = limiter.try_acquire(&"b").unwrap();
+    assert!(matches!(
+        limiter.try_acquire_n(&"c", 2),
+        Err(TryPermitError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        })
+    ));
+    // A probe creates no key.
+    assert!(limiter.try_acquire_n(&"d", 0).is_ok());
+    assert_eq!(limiter.len(), 2);
+}
+
+#[test]
+fn eviction_takes_idle_keys_and_never_keys_with_permits_out() {
+    let limiter = KeyedConcurrencyLimiter::new(2).unwrap();
+    for k in 0..100u32 {
+        drop(limiter.try_acquire(&k).unwrap());
+    }
+    let held = limiter.try_acquire_n(&7u32, 2).unwrap();
+    let owned = limiter.try_acquire_owned(8u32, 1).unwrap();
+    assert_eq!(limiter.sweep(), 98);
+    assert_eq!(limiter.len(), 2);
+    assert_eq!(limiter.sweep(), 0, "held keys stay");
+    assert!(limiter.try_acquire(&7u32).is_err(), "key 7 kept its state");
+    assert_eq!(limiter.available(&8u32), 1);
+    drop(held);
+    assert_eq!(limiter.available(&7u32), 2);
+    drop(owned);
+    assert_eq!(limiter.sweep(), 2);
+    assert!(limiter.is_empty());
+    assert_eq!(limiter.stats().evicted, 100);
+}
+
+#[test]
+fn a_sweeper_racing_holders_never_loses_a_permit() {
+    let limiter = KeyedConcurrencyLimiter::<u64>::new(1).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sweeper = {
+        let (limiter, stop) = (limiter.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                limiter.sweep();
+            }
+        })
+    };
+    let inside: Arc<Vec<AtomicU32>> = Arc::new((0..8).map(|_| AtomicU32::new(0)).collect());
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            let (limiter, inside) = (limiter.clone(), inside.clone());
+            std::thread::spawn(move || {
+                for i in 0..3000u64 {
+                    let key = (i * 3 + t) % 8;
+                    let p = limiter.acquire_blocking(&key).unwrap();
+                    assert_eq!(inside[key as usize].fetch_add(1, Ordering::SeqCst), 0);
+                    inside[key as usize].fetch_sub(1, Ordering::SeqCst);
+                    drop(p);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    sweeper.join().unwrap();
+    limiter.sweep();
+    assert!(limiter.is_empty());
+}
+
+#[test]
+fn the_cap_evicts_idle_keys_first_then_applies_the_policy() {
+    let limiter = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(2)
+        .overflow(KeyOverflow::Reject)
+        .build()
+        .unwrap();
+    let _a = limiter.try_acquire(&1u8).unwrap();
+    drop(limiter.try_acquire(&2u8).unwrap()); // idle now
+    let _c = limiter.try_acquire(&3u8).unwrap(); // evicts key 2
+    assert_eq!(limiter.len(), 2);
+    assert_eq!(
+        limiter.try_acquire(&4u8).unwrap_err(),
+        TryPermitError::TooManyKeys { max_keys: 2 }
+    );
+    assert_eq!(limiter.stats().overflowed, 1);
+    drop(_c);
+    assert!(limiter.try_acquire(&4u8).is_ok(), "room once key 3 is idle");
+
+    let shared = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _a = shared.try_acquire(&1u8).unwrap();
+    let b = shared.try_acquire(&2u8).unwrap();
+    assert!(
+        shared.try_acquire(&3u8).is_err(),
+        "one pool for all overflow keys"
+    );
+    drop(b); // back to the pool, not to a key
+    let _c = shared.try_acquire(&3u8).unwrap();
+    assert_eq!(shared.len(), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn overflow_waiters_are_woken_by_pool_releases() {
+    let limiter = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _a = limiter.try_acquire_owned(1u8, 1).unwrap();
+    let b = limiter.try_acquire_owned(2u8, 1).unwrap(); // the pool
+    let waiter = tokio::spawn(limiter.acquire_owned(3u8, 1));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(!waiter.is_finished());
+    drop(b);
+    let c = tokio::time::timeout(Duration::from_secs(1), waiter)
+        .await
+        .expect("woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(*c.key(), 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn waiters_of_a_key_are_served_in_order() {
+    let limiter = KeyedConcurrencyLimiter::new(1).unwrap();
+    let first = limiter.try_acquire_owned("k", 1).unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let (limiter, order) = (limiter.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = limiter.acquire(&"k").await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(permit);
+        }));
+        tokio::time::sleep(Duration::from_millis(1)).await; // arrival order
+    }
+    // No barging while they wait; other keys are free.
+    assert!(limiter.try_acquire(&"k").is_err());
+    assert!(limiter.try_acquire(&"other").is_ok());
+    assert_eq!(limiter.stats().waiting, 5);
+    drop(first);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+}
+
+#[test]
+fn a_blocked_thread_is_woken_by_a_release_and_timeouts_leave() {
+    let limiter = KeyedConcurrencyLimiter::new(2).unwrap();
+    let held = limiter.try_acquire_n(&1u32, 2).unwrap();
+    let late = limiter.acquire_blocking_timeout(&1, 1, Duration::from_millis(5));
+    assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    let waiter = {
+        let limiter = limiter.clone();
+        std::thread::spawn(move || limiter.acquire_blocking_n(&1u32, 2).map(|p| p.permits()))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    drop(held);
+    assert_eq!(waiter.join().unwrap().unwrap(), 2);
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.cancelled, stats.waiting), (2, 1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_stress_balances_the_books() {
+    let limiter = KeyedConcurrencyLimiter::<u32>::new(2).unwrap();
+    let inside: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
+    let mut tasks = Vec::new();
+    let calls = 4 * 400;
+    for t in 0..4u32 {
+        let (limiter, inside) = (limiter.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..400u32 {
+                let key = (t + i) % 4;
+                let wait = Duration::from_micros(u64::from(i % 5) * 50);
+                let attempt = limiter.acquire_timeout(&key, 1 + i % 2, wait);
+                if i % 11 == 0 {
+                    // Dropped mid-wait by a select: an abort at an await point.
+                    tokio::select! {
+                        _ = attempt => {}
+                        _ = tokio::task::yield_now() => {}
+                    }
+                    continue;
+                }
+                if let Ok(permit) = attempt.await {
+                    let now = inside[key as usize].fetch_add(permit.permits(), Ordering::SeqCst)
+                        + permit.permits();
+                    assert!(now <= 2);
+                    tokio::task::yield_now().await;
+                    inside[key as usize].fetch_sub(permit.permits(), Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let stats = limiter.stats();
+    assert_eq!(stats.admitted + stats.rejected + stats.cancelled, calls);
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+    for key in 0..4 {
+        assert_eq!(limiter.available(&key), 2);
+    }
+    limiter.sweep();
+    assert!(limiter.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_permits_cross_tasks() {
+    let limiter = KeyedConcurrencyLimiter::new(1).unwrap();
+    let mut handles = Vec::new();
+    for i in 0..20u32 {
+        let permit = limiter.acquire_owned(i % 2, 1).await.unwrap();
+        handles.push(tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            drop(permit);
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(limiter.stats().admitted, 20);
+    assert_eq!(limiter.available(&0), 1);
+}
