@@ -191,6 +191,13 @@ pub enum AcquireError {
     Closed,
     /// The deadline passed first; nothing was consumed.
     Timeout,
+    /// A keyed member of a [`KeyedChain`](crate::KeyedChain) holds its maximum number of keys,
+    /// none is idle, and its overflow policy is to reject new keys. Returned at once: the chain
+    /// cannot tell when a key will go idle.
+    TooManyKeys {
+        /// The member's key cap.
+        max_keys: usize,
+    },
 }
 
 impl fmt::Display for AcquireError {
@@ -212,6 +219,10 @@ impl fmt::Display for AcquireError {
             ),
             AcquireError::Closed => f.write_str("the limiter is closed"),
             AcquireError::Timeout => f.write_str("timed out waiting for permits"),
+            AcquireError::TooManyKeys { max_keys } => write!(
+                f,
+                "the limiter already tracks its maximum of {max_keys} keys and none is idle"
+            ),
         }
     }
 }

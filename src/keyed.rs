@@ -249,7 +249,7 @@ where
                 .get(key, |cell| self.algo.try_acquire(cell, n, &ctx.clock))
             {
                 Some(outcome) => outcome,
-                None => self.first_use(ctx, shard, key, n),
+                None => self.first_use(ctx, shard, key, n).0,
             };
             match outcome {
                 // The key's cell was retired by eviction: drop the dead entry and retry, which
@@ -260,7 +260,8 @@ where
         }
     }
 
-    /// A call for a key that is not in the map.
+    /// A call for a key that is not in the map. The flag is true if the call was decided on the
+    /// shared overflow cell (the key cap was reached and the policy is `Shared`).
     #[cold]
     #[inline(never)]
     fn first_use<C: Clock>(
@@ -269,23 +270,26 @@ where
         shard: &Shard<K, A::Cell, S>,
         key: &K,
         n: u32,
-    ) -> Result<Admission, TryAcquireError> {
+    ) -> (Result<Admission, TryAcquireError>, bool) {
         let limit = self.algo.limit();
         if n > limit {
-            return Err(too_big(n, limit));
+            return (Err(too_big(n, limit)), false);
         }
         if n == 0 {
             // A probe consumes nothing, so it creates no key: answer for a fresh state.
             let fresh = self.algo.cell();
-            return self.algo.try_acquire(&fresh, 0, &ctx.clock);
+            return (self.algo.try_acquire(&fresh, 0, &ctx.clock), false);
         }
         if !ctx.reserve_key() && !self.make_room(ctx, shard) {
             ctx.counters.bump(OVERFLOWED);
             return match ctx.overflow {
-                KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
-                    max_keys: ctx.max_keys,
-                }),
-                KeyOverflow::Shared => self.algo.try_acquire(&self.overflow, n, &ctx.clock),
+                KeyOverflow::Reject => (
+                    Err(TryAcquireError::TooManyKeys {
+                        max_keys: ctx.max_keys,
+                    }),
+                    false,
+                ),
+                KeyOverflow::Shared => (self.algo.try_acquire(&self.overflow, n, &ctx.clock), true),
             };
         }
         // Admit on a private fresh cell first, then publish it: a cell enters the map already
@@ -304,7 +308,7 @@ where
             // given back.
             shard.len.fetch_sub(1, Ordering::Relaxed);
             ctx.release_keys(1);
-            return outcome;
+            return (outcome, false);
         }
         // Release: pairs with the Acquire swap that starts a sweep: if that swap reads our 0, the
         // sweep sees our key; if it comes earlier, our 0 lands after it and survives the sweep's
@@ -320,7 +324,7 @@ where
             // one key looked at; and one call sweeps at most this one shard.
             self.sweep_shard(ctx, shard);
         }
-        outcome
+        (outcome, false)
     }
 
     /// At the cap: sweeps this shard, then a few others, until one key is evicted and its room
@@ -406,6 +410,78 @@ where
             .iter()
             .map(|shard| self.sweep_shard(ctx, shard))
             .sum()
+    }
+
+    /// A chain's first pass: would `key` admit `n.max(1)` permits now? Writes nothing and
+    /// creates no key; a key not held (or retired) answers as a fresh one.
+    fn chain_check<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+    ) -> Result<Admission, TryAcquireError> {
+        let limit = self.algo.limit();
+        if n > limit {
+            return Err(too_big(n, limit));
+        }
+        match self.shards[shard]
+            .map
+            .get(key, |cell| self.algo.check(cell, n, &ctx.clock))
+        {
+            Some(Err(TryAcquireError::Closed)) | None => {
+                // A fresh cell admits any n up to the limit; only the verdict is used.
+                Ok(Admission::new(ctx.clock.now(), 0, limit))
+            }
+            Some(outcome) => outcome,
+        }
+    }
+
+    /// A chain's commit: `try_acquire` on the key, also saying whether the shared overflow cell
+    /// decided it (so that a refund goes to the same cell).
+    fn chain_commit<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, bool) {
+        let shard = &self.shards[shard];
+        loop {
+            let outcome = match shard
+                .map
+                .get(key, |cell| self.algo.try_acquire(cell, n, &ctx.clock))
+            {
+                Some(outcome) => (outcome, false),
+                None => self.first_use(ctx, shard, key, n),
+            };
+            match outcome {
+                (Err(TryAcquireError::Closed), _) => self.remove_retired(ctx, shard, key),
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// Gives back an admission `chain_commit` made. The key's cell may have been evicted and
+    /// made again since: a cell is evicted only once our admission no longer weighs on it, and
+    /// the new cell is used at clock times no earlier than the eviction (see ARCHITECTURE.md),
+    /// so every algorithm's refund finds nothing of ours on it and writes nothing.
+    fn chain_refund<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+        admission: &Admission,
+        overflow: bool,
+    ) {
+        if overflow {
+            self.algo.refund(&self.overflow, n, admission, &ctx.clock);
+        } else {
+            self.shards[shard]
+                .map
+                .get(key, |cell| self.algo.refund(cell, n, admission, &ctx.clock));
+        }
     }
 
     fn available<C: Clock>(&self, ctx: &Ctx<C, S>, shard: usize, key: &K) -> u32 {
@@ -1026,5 +1102,57 @@ where
     /// ```
     pub fn clock(&self) -> &C {
         &self.inner.ctx.clock
+    }
+}
+
+/// What a [`KeyedChain`](crate::KeyedChain) needs from a keyed member.
+impl<K, C: Clock, S> KeyedLimiter<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// Without `COMMIT`: would `key` admit `n.max(1)` permits (`n == 0`: the member's own probe)?
+    /// With it: takes them. Counts nothing. The flag says the shared overflow cell decided.
+    pub(crate) fn chain_decide<const COMMIT: bool>(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, bool) {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        if COMMIT || n == 0 {
+            with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))
+        } else {
+            let outcome = with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n));
+            (outcome, false)
+        }
+    }
+
+    /// Gives back an admission `chain_decide::<true>` returned.
+    pub(crate) fn chain_refund(&self, key: &K, n: u32, admission: &Admission, overflow: bool) {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        with_store!(&inner.store, s => s.chain_refund(&inner.ctx, shard, key, n, admission, overflow));
+    }
+
+    /// Whether refunds are exact (every algorithm but the exact sliding window).
+    pub(crate) fn chain_exact_refund(&self) -> bool {
+        with_store!(&self.inner.store, s => s.algo.exact_refund())
+    }
+
+    /// The most permits one call can get.
+    pub(crate) fn chain_capacity(&self) -> u32 {
+        with_store!(&self.inner.store, s => s.algo.limit())
+    }
+
+    /// Counts one chain call on this member's statistics.
+    pub(crate) fn chain_count(&self, which: usize) {
+        self.inner.ctx.counters.bump(which);
+    }
+
+    /// Brings the clock up to date before a retry after sleeping.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn chain_catch_up(&self) {
+        self.inner.ctx.clock.catch_up();
     }
 }
