@@ -25,11 +25,36 @@ use std::time::Duration;
 /// assert_eq!(ok.at(), Duration::from_millis(250));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub struct Admission {
     at: u64,
     reset_after: u64,
     remaining: u32,
+    /// What a [`Chain`](crate::Chain) needs to give this admission back, beyond `at`: for the
+    /// exact sliding window, the ring slot of the first ticket (bits 0..24) and its lap parity
+    /// (bit 31); 0 for the other algorithms. It sits in what would otherwise be padding, so the
+    /// admission stays 24 bytes. Not part of equality or `Debug`: it names no property of the
+    /// admission a caller can observe.
+    token: u32,
+}
+
+impl PartialEq for Admission {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.reset_after, self.remaining)
+            == (other.at, other.reset_after, other.remaining)
+    }
+}
+
+impl Eq for Admission {}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("at", &self.at)
+            .field("reset_after", &self.reset_after)
+            .field("remaining", &self.remaining)
+            .finish()
+    }
 }
 
 impl Admission {
@@ -39,7 +64,31 @@ impl Admission {
             at,
             reset_after,
             remaining,
+            token: 0,
         }
+    }
+
+    /// An admission carrying a refund token (see the field).
+    #[inline(always)]
+    pub(crate) fn with_token(at: u64, reset_after: u64, remaining: u32, token: u32) -> Self {
+        Admission {
+            at,
+            reset_after,
+            remaining,
+            token,
+        }
+    }
+
+    /// [`reset_after`](Self::reset_after) in whole nanoseconds.
+    #[inline]
+    pub(crate) fn reset_after_nanos(&self) -> u64 {
+        self.reset_after
+    }
+
+    /// The refund token (see the field).
+    #[inline]
+    pub(crate) fn token(&self) -> u32 {
+        self.token
     }
 
     /// Permits that could still be admitted right now, after this admission.
@@ -58,8 +107,9 @@ impl Admission {
 
     /// When the limiter admitted this call, as time since its clock's epoch.
     ///
-    /// For the sliding window this is the timestamp stored in its log: the exactness contract ("at
-    /// most `limit` admissions in any interval of length `window`") holds on these values.
+    /// For the sliding window this is the time its log keeps (as this time plus the window): the
+    /// exactness contract ("at most `limit` admissions in any interval of length `window`") holds
+    /// on these values. For a [`Chain`](crate::Chain), the latest of the members' times.
     pub fn at(&self) -> Duration {
         Duration::from_nanos(self.at)
     }

@@ -191,9 +191,10 @@ pub enum AcquireError {
     Closed,
     /// The deadline passed first; nothing was consumed.
     Timeout,
-    /// A keyed limiter holds its maximum number of keys, none is idle, and its overflow policy is
-    /// to reject new keys ([`KeyOverflow::Reject`](crate::KeyOverflow::Reject)): the waiter's key
-    /// could not be admitted.
+    /// A keyed limiter (or a keyed member of a [`KeyedChain`](crate::KeyedChain)) holds its
+    /// maximum number of keys, none is idle, and its overflow policy is to reject new keys
+    /// ([`KeyOverflow::Reject`](crate::KeyOverflow::Reject)): the waiter's key could not be
+    /// admitted. Returned at once.
     TooManyKeys {
         /// The limiter's key cap.
         max_keys: usize,

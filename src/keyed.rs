@@ -381,7 +381,8 @@ where
         }
     }
 
-    /// A call for a key that is not in the map.
+    /// A call for a key that is not in the map; the `Slot` says whether it was decided on the
+    /// shared overflow cell (the key cap was reached and the policy is `Shared`).
     #[cold]
     #[inline(never)]
     fn first_use<C: Clock, R>(
@@ -559,6 +560,70 @@ where
             .iter()
             .map(|shard| self.sweep_shard(ctx, shard))
             .sum()
+    }
+
+    /// A chain's first pass: would `key` admit `n.max(1)` permits now? Writes nothing and
+    /// creates no key; a key not held (or retired) answers as a fresh one.
+    fn chain_check<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+    ) -> Result<Admission, TryAcquireError> {
+        let limit = self.algo.limit();
+        if n > limit {
+            return Err(too_big(n, limit));
+        }
+        match self.shards[shard]
+            .map
+            .get(key, |cell| self.algo.check(cell, n, &ctx.clock))
+        {
+            Some(Err(TryAcquireError::Closed)) | None => {
+                // A fresh cell admits any n up to the limit; only the verdict is used.
+                Ok(Admission::new(ctx.clock.now(), 0, limit))
+            }
+            Some(outcome) => outcome,
+        }
+    }
+
+    /// A chain's commit: `try_acquire` on the key, also saying whether the shared overflow cell
+    /// decided it (so that a refund goes to the same cell).
+    fn chain_commit<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, bool) {
+        match self.with_cell(ctx, shard, key, n, |cell| {
+            self.algo.try_acquire(cell, n, &ctx.clock)
+        }) {
+            Ok((admission, slot)) => (Ok(admission), slot == Slot::Overflow),
+            Err(error) => (Err(error), false),
+        }
+    }
+
+    /// Gives back an admission `chain_commit` made. The key's cell may have been evicted and
+    /// made again since: a cell is evicted only once our admission no longer weighs on it, and
+    /// the new cell is used at clock times no earlier than the eviction (see ARCHITECTURE.md),
+    /// so every algorithm's refund finds nothing of ours on it and writes nothing.
+    fn chain_refund<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+        admission: &Admission,
+        overflow: bool,
+    ) {
+        if overflow {
+            self.algo.refund(&self.overflow, n, admission, &ctx.clock);
+        } else {
+            self.shards[shard]
+                .map
+                .get(key, |cell| self.algo.refund(cell, n, admission, &ctx.clock));
+        }
     }
 
     fn available<C: Clock>(&self, ctx: &Ctx<C, S>, shard: usize, key: &K) -> u32 {
@@ -1732,5 +1797,57 @@ pub(crate) fn waiting_error(error: TryAcquireError) -> AcquireError {
         TryAcquireError::TooManyKeys { max_keys } => AcquireError::TooManyKeys { max_keys },
         // A keyed limiter is never closed, and a retired cell is retried inside the store.
         TryAcquireError::Rejected(_) | TryAcquireError::Closed => AcquireError::Closed,
+    }
+}
+
+/// What a [`KeyedChain`](crate::KeyedChain) needs from a keyed member.
+impl<K, C: Clock, S> KeyedLimiter<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// Without `COMMIT`: would `key` admit `n.max(1)` permits (`n == 0`: the member's own probe)?
+    /// With it: takes them. Counts nothing. The flag says the shared overflow cell decided.
+    pub(crate) fn chain_decide<const COMMIT: bool>(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, bool) {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        if COMMIT || n == 0 {
+            with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))
+        } else {
+            let outcome = with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n));
+            (outcome, false)
+        }
+    }
+
+    /// Gives back an admission `chain_decide::<true>` returned.
+    pub(crate) fn chain_refund(&self, key: &K, n: u32, admission: &Admission, overflow: bool) {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        with_store!(&inner.store, s => s.chain_refund(&inner.ctx, shard, key, n, admission, overflow));
+    }
+
+    /// Whether refunds are exact (every algorithm but the exact sliding window).
+    pub(crate) fn chain_exact_refund(&self) -> bool {
+        with_store!(&self.inner.store, s => s.algo.exact_refund())
+    }
+
+    /// The most permits one call can get.
+    pub(crate) fn chain_capacity(&self) -> u32 {
+        with_store!(&self.inner.store, s => s.algo.limit())
+    }
+
+    /// Counts one chain call on this member's statistics.
+    pub(crate) fn chain_count(&self, which: usize) {
+        self.inner.ctx.counters.bump(which);
+    }
+
+    /// Brings the clock up to date before a retry after sleeping.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn chain_catch_up(&self) {
+        self.inner.ctx.clock.catch_up();
     }
 }

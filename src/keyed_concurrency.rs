@@ -118,16 +118,36 @@ impl Algo for Concurrency {
         self.limit
     }
 
-    fn try_acquire<C: Clock>(
+    fn decide<C: Clock, const COMMIT: bool>(
         &self,
         cell: &AtomicU64,
         n: u32,
         _clock: &C,
     ) -> Result<Admission, TryAcquireError> {
+        if !COMMIT {
+            // A check (chains do not take concurrency members): whether n.max(1) are free now.
+            // Relaxed: a verdict only; nothing is written or ordered by it.
+            let word = cell.load(Ordering::Relaxed);
+            if word == RETIRED {
+                return Err(TryAcquireError::Closed);
+            }
+            let want = n.max(1);
+            return if free(word) >= want {
+                Ok(Admission::new(0, 0, free(word) - want))
+            } else {
+                Err(TryAcquireError::Rejected(Rejection::new(0, self.limit)))
+            };
+        }
         match self.take(cell, n)? {
             Ok(remaining) => Ok(Admission::new(0, 0, remaining)),
             Err(_) => Err(TryAcquireError::Rejected(Rejection::new(0, self.limit))),
         }
+    }
+
+    fn refund<C: Clock>(&self, _cell: &AtomicU64, _n: u32, _admission: &Admission, _clock: &C) {
+        // Chains take rate limiters only; a concurrency permit goes back through its guard's
+        // release, which also wakes the key's waiters. Giving nothing back here is the
+        // conservative answer (never looser) should anything ever call it.
     }
 
     fn available(&self, cell: &AtomicU64, _now: u64) -> u32 {

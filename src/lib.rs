@@ -6,7 +6,8 @@
 //! with a non-blocking [`try_acquire`](RateLimiter::try_acquire), waiting in a fair, bounded,
 //! cancel-safe queue ([`acquire`](RateLimiter::acquire) `.await`,
 //! [`acquire_blocking`](RateLimiter::acquire_blocking)), and a [`ConcurrencyLimiter`] for "at most
-//! N in flight".
+//! N in flight". [`Chain`] (and, per key, `KeyedChain`) applies several limits at once, all or
+//! nothing.
 //!
 //! | algorithm | exactness | memory | bursts |
 //! |---|---|---|---|
@@ -44,6 +45,7 @@
 #![warn(rust_2018_idioms, unreachable_pub)]
 
 mod algorithm;
+mod chain;
 mod clock;
 mod concurrency;
 mod decision;
@@ -58,6 +60,9 @@ mod limiter;
 mod queue;
 mod sync;
 
+pub use chain::{Chain, ChainStats};
+#[cfg(feature = "keyed")]
+pub use chain::{KeyedChain, KeyedChainBuilder};
 #[cfg(feature = "tokio")]
 pub use clock::TokioClock;
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, UpkeepClock};

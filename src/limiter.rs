@@ -156,11 +156,41 @@ impl State {
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
+        self.decide::<C, true>(n, clock)
+    }
+
+    /// [`Algo::decide`]: takes the permits with `COMMIT`, only decides without.
+    #[inline(always)]
+    pub(crate) fn decide<C: Clock, const COMMIT: bool>(
+        &self,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
         match self {
-            State::Fixed(s) => s.algo.try_acquire(&s.cell, n, clock),
-            State::Sliding(s) => s.algo.try_acquire(&s.cell, n, clock),
-            State::Counter(s) => s.algo.try_acquire(&s.cell, n, clock),
-            State::Bucket(s) => s.algo.try_acquire(&s.cell, n, clock),
+            State::Fixed(s) => s.algo.decide::<C, COMMIT>(&s.cell, n, clock),
+            State::Sliding(s) => s.algo.decide::<C, COMMIT>(&s.cell, n, clock),
+            State::Counter(s) => s.algo.decide::<C, COMMIT>(&s.cell, n, clock),
+            State::Bucket(s) => s.algo.decide::<C, COMMIT>(&s.cell, n, clock),
+        }
+    }
+
+    /// [`Algo::refund`].
+    pub(crate) fn refund<C: Clock>(&self, n: u32, admission: &Admission, clock: &C) {
+        match self {
+            State::Fixed(s) => s.algo.refund(&s.cell, n, admission, clock),
+            State::Sliding(s) => s.algo.refund(&s.cell, n, admission, clock),
+            State::Counter(s) => s.algo.refund(&s.cell, n, admission, clock),
+            State::Bucket(s) => s.algo.refund(&s.cell, n, admission, clock),
+        }
+    }
+
+    /// [`Algo::exact_refund`].
+    pub(crate) fn exact_refund(&self) -> bool {
+        match self {
+            State::Fixed(s) => s.algo.exact_refund(),
+            State::Sliding(s) => s.algo.exact_refund(),
+            State::Counter(s) => s.algo.exact_refund(),
+            State::Bucket(s) => s.algo.exact_refund(),
         }
     }
 
@@ -258,17 +288,29 @@ struct Inner<C> {
 }
 
 impl<C: Clock> Inner<C> {
+    /// `try_acquire_n` without the statistics: the gate, then the algorithm. Without `COMMIT` it
+    /// only decides (a chain's first pass).
+    #[inline(always)]
+    fn decide<const COMMIT: bool>(&self, n: u32) -> Result<Admission, TryAcquireError> {
+        // Relaxed: as in `try_acquire_n`.
+        if self.gate.load(Ordering::Relaxed) == 0 {
+            self.state.decide::<C, COMMIT>(n, &self.clock)
+        } else {
+            self.try_acquire_gated::<COMMIT>(n)
+        }
+    }
+
     /// `try_acquire` when the gate is not clear: closed, or others are queued.
     #[cold]
     #[inline(never)]
-    fn try_acquire_gated(&self, n: u32) -> Result<Admission, TryAcquireError> {
+    fn try_acquire_gated<const COMMIT: bool>(&self, n: u32) -> Result<Admission, TryAcquireError> {
         // Relaxed: as in `try_acquire_n`.
         let gate = self.gate.load(Ordering::Relaxed);
         if gate & CLOSED != 0 {
             return Err(TryAcquireError::Closed);
         }
         if gate & WAITERS == 0 || self.queue.order() == QueueOrder::NewestFirst {
-            return self.state.try_acquire(n, &self.clock);
+            return self.state.decide::<C, COMMIT>(n, &self.clock);
         }
         let capacity = self.state.limit();
         if n > capacity {
@@ -716,13 +758,9 @@ impl<C: Clock> RateLimiter<C> {
     #[inline(always)]
     pub fn try_acquire_n(&self, n: u32) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
-        // Relaxed: the gate carries no data; a call that misses a bit just set is ordered before
-        // the enqueue or close that set it.
-        let decision = if inner.gate.load(Ordering::Relaxed) == 0 {
-            inner.state.try_acquire(n, &inner.clock)
-        } else {
-            inner.try_acquire_gated(n)
-        };
+        // The gate is loaded Relaxed (in `decide`): it carries no data; a call that misses a bit
+        // just set is ordered before the enqueue or close that set it.
+        let decision = inner.decide::<true>(n);
         inner
             .counters
             .bump(if decision.is_ok() { ADMITTED } else { REJECTED });
@@ -1114,5 +1152,41 @@ impl<C: Clock> RateLimiter<C> {
     /// ```
     pub fn queue_limit(&self) -> u64 {
         self.inner.queue.limit()
+    }
+}
+
+/// What a [`Chain`](crate::Chain) needs from a member: decisions without statistics, refunds, and
+/// one count per chain call.
+impl<C: Clock> RateLimiter<C> {
+    /// The gate and the algorithm, counting nothing: with `COMMIT` the permits are taken, without
+    /// it `n.max(1)` permits are only checked.
+    #[inline]
+    pub(crate) fn chain_decide<const COMMIT: bool>(
+        &self,
+        n: u32,
+    ) -> Result<Admission, TryAcquireError> {
+        self.inner.decide::<COMMIT>(n)
+    }
+
+    /// Gives back an admission `chain_decide::<true>` returned (see [`Algo::refund`]).
+    pub(crate) fn chain_refund(&self, n: u32, admission: &Admission) {
+        let inner = &*self.inner;
+        inner.state.refund(n, admission, &inner.clock);
+    }
+
+    /// Whether refunds are exact (every algorithm but the exact sliding window).
+    pub(crate) fn chain_exact_refund(&self) -> bool {
+        self.inner.state.exact_refund()
+    }
+
+    /// Counts one chain call on this member's statistics.
+    pub(crate) fn chain_count(&self, which: usize) {
+        self.inner.counters.bump(which);
+    }
+
+    /// Brings the clock up to date before a retry after sleeping.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn chain_catch_up(&self) {
+        self.inner.clock.catch_up();
     }
 }

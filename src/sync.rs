@@ -179,6 +179,9 @@ pub(crate) const CANCELLED: usize = 2;
 /// Index of the "overflowed" counter: keyed calls for a new key that found the key cap reached.
 #[cfg(feature = "keyed")]
 pub(crate) const OVERFLOWED: usize = 3;
+/// Index of a chain's "refunded" counter: calls in which a member admitted and had to be given
+/// its permits back. (A chain has no keys of its own, so it uses the slot of `OVERFLOWED`.)
+pub(crate) const REFUNDED: usize = 3;
 
 impl Counters {
     pub(crate) fn new() -> Self {

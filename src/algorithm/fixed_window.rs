@@ -73,7 +73,7 @@ impl Algo for FixedWindow {
     }
 
     #[inline(always)]
-    fn try_acquire<C: Clock>(
+    fn decide<C: Clock, const COMMIT: bool>(
         &self,
         state: &AtomicU64,
         n: u32,
@@ -98,7 +98,7 @@ impl Algo for FixedWindow {
                     self.limit,
                 )));
             }
-            if n == 0 {
+            if n == 0 || !COMMIT {
                 return Ok(Admission::new(now, until_reset, free));
             }
             let next = pack(id, self.limit - free + n);
@@ -107,6 +107,42 @@ impl Algo for FixedWindow {
             match state.compare_exchange_weak(current, next, Ordering::Release, Ordering::Acquire) {
                 Ok(_) => return Ok(Admission::new(now, until_reset, free - n)),
                 Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Takes `n` off the count if the word still holds the admission's window, and the clock is
+    /// still in it; otherwise the window has ended, the admission no longer weighs on any
+    /// decision, and there is nothing to give back.
+    ///
+    /// **Why it is exact and never looser.** Invariant: the word's count is at least the permits
+    /// of the never-refunded admissions in its window (every admission adds its own n, every
+    /// refund subtracts only an n that it added, in the window it added it to). The admission
+    /// being refunded is still counted when its refund runs, so the count minus n is still at
+    /// least the rest; and with the clock unchanged it is exactly the count the window would have
+    /// without it. Requiring the clock to be in the admission's window also rules out the 31-bit
+    /// id wrap: the word's window lies between the admission's and the clock's (load-then-clock),
+    /// so a matching id is that very window.
+    fn refund<C: Clock>(&self, state: &AtomicU64, n: u32, admission: &Admission, clock: &C) {
+        let window = admission.at_nanos() / self.per_window;
+        let id = window_id(window);
+        // Acquire: as in `try_acquire`: our clock read below is no earlier than the last writer's.
+        let mut word = state.load(Ordering::Acquire);
+        loop {
+            let (wid, count) = unpack(word);
+            if word == RETIRED || wid != id || clock.now() / self.per_window != window {
+                return;
+            }
+            // Release on success: publishes our clock reading like an admission does. Acquire on
+            // failure: as for the first load.
+            match state.compare_exchange_weak(
+                word,
+                pack(id, count.saturating_sub(n)),
+                Ordering::Release,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(actual) => word = actual,
             }
         }
     }

@@ -43,15 +43,62 @@ pub(crate) trait Algo: Send + Sync + 'static {
     /// The most permits one call can ask for.
     fn limit(&self) -> u32;
 
-    /// Takes `n` permits from `cell` at the clock's time, all or nothing; `n == 0` is a probe.
+    /// The decision for `n` permits at the clock's time. With `COMMIT` the permits are taken
+    /// (all or nothing; `n == 0` is a probe for one permit that takes nothing); without it the
+    /// decision is made for `n.max(1)` permits and nothing is written either way (for `n > 0`
+    /// only the verdict and `at` of such a check are meaningful).
     /// Loads the state before it reads the clock (see the module docs); writes nothing when it
     /// rejects. `Err(Closed)` means the cell is retired.
-    fn try_acquire<C: Clock>(
+    fn decide<C: Clock, const COMMIT: bool>(
         &self,
         cell: &Self::Cell,
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError>;
+
+    /// Takes `n` permits from `cell` at the clock's time, all or nothing; `n == 0` is a probe.
+    #[inline(always)]
+    #[cfg_attr(not(feature = "keyed"), allow(dead_code))] // unkeyed limiters call `decide`
+    fn try_acquire<C: Clock>(
+        &self,
+        cell: &Self::Cell,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        self.decide::<C, true>(cell, n, clock)
+    }
+
+    /// Whether `n.max(1)` permits would be admitted now, writing nothing: a chain's first pass.
+    #[inline(always)]
+    #[cfg_attr(not(feature = "keyed"), allow(dead_code))] // unkeyed limiters call `decide`
+    fn check<C: Clock>(
+        &self,
+        cell: &Self::Cell,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        self.decide::<C, false>(cell, n, clock)
+    }
+
+    /// Gives back the `n` permits of `admission`, which `try_acquire` on this cell returned, as
+    /// far as that can be done without making the cell looser than if the admission had never
+    /// happened. Used by a [`Chain`](crate::Chain) when a later member rejects.
+    ///
+    /// Every implementation keeps one invariant, stated per algorithm: the state always charges
+    /// *at least* the admissions that are never refunded, so every decision made on it is at
+    /// least as strict as the same decision without the refunded admissions. A refund that
+    /// cannot prove it is still exact gives back less (or nothing): conservative, never looser.
+    /// A retired cell is never written (a cell holding a live admission is not idle, so it
+    /// cannot have been retired while there was anything left to give back).
+    fn refund<C: Clock>(&self, cell: &Self::Cell, n: u32, admission: &Admission, clock: &C);
+
+    /// Whether [`refund`](Self::refund) restores the state exactly (for every later decision)
+    /// whenever the clock has not moved since the admission, whatever else was admitted in
+    /// between. The exact sliding window's refund is positional instead (see its docs), so a
+    /// chain commits its sliding-window members last.
+    fn exact_refund(&self) -> bool {
+        true
+    }
 
     /// Permits available at `now` (a snapshot; a retired cell counts as fresh).
     fn available(&self, cell: &Self::Cell, now: u64) -> u32;
@@ -122,6 +169,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::Rate;
+    use proptest::prelude::*;
     use std::time::Duration;
 
     /// Drives an algorithm to exhaustion at several points in time, then checks that a burst of
@@ -137,6 +185,139 @@ mod tests {
                 assert!(algo.try_acquire(&cell, n, &clock).is_err());
             }
             assert_eq!(A::words(&cell), before, "a rejection wrote shared memory");
+        }
+    }
+
+    /// `check` decides like `try_acquire` would and writes nothing, admitting or not.
+    fn checks_write_nothing<A: Algo>(algo: A) {
+        let clock = ManualClock::new();
+        let cell = algo.cell();
+        for step in 0..40u64 {
+            clock.advance(Duration::from_millis(13 * (step % 5)));
+            for n in [1, 2, 3] {
+                let before = A::words(&cell);
+                let checked = algo.check(&cell, n, &clock).is_ok();
+                assert_eq!(A::words(&cell), before, "a check wrote shared memory");
+                let admitted = algo.try_acquire(&cell, n, &clock).is_ok();
+                assert_eq!(checked, admitted, "check and try_acquire disagree (n {n})");
+            }
+        }
+    }
+
+    #[test]
+    fn checks_write_no_shared_memory() {
+        let window = Duration::from_millis(100);
+        checks_write_nothing(FixedWindow::new(5, window).unwrap());
+        checks_write_nothing(SlidingWindow::new(5, window).unwrap());
+        checks_write_nothing(SlidingCounter::new(5, window).unwrap());
+        checks_write_nothing(TokenBucket::new(Rate::new(5, window), 5).unwrap());
+    }
+
+    /// One step of the refund property: move the clock, then take n permits and keep them, take
+    /// n permits and hold them for a later refund, or refund one of the held admissions.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Keep { advance: u64, n: u32 },
+        Hold { advance: u64, n: u32 },
+        Release { advance: u64, which: usize },
+    }
+
+    fn steps(limit: u32, window: u64) -> impl Strategy<Value = Vec<Step>> {
+        let advance = || prop_oneof![3 => Just(0u64), 4 => 0..=window, 1 => 0..=3 * window];
+        let step = prop_oneof![
+            3 => (advance(), 1..=limit).prop_map(|(advance, n)| Step::Keep { advance, n }),
+            2 => (advance(), 1..=limit).prop_map(|(advance, n)| Step::Hold { advance, n }),
+            2 => (advance(), any::<usize>())
+                .prop_map(|(advance, which)| Step::Release { advance, which }),
+        ];
+        prop::collection::vec(step, 1..80)
+    }
+
+    /// Refunds never make a cell looser than a twin that never saw the refunded admissions: the
+    /// twin gets exactly the admissions the refunding cell keeps, and must admit each of them too
+    /// (held admissions, refunded later, are never on the twin). `exact(at, now)` says whether a
+    /// refund at clock `now` of an admission at `at` is exact for this algorithm (see each
+    /// `refund`); while every refund so far was and nothing is held, the two cells must agree on
+    /// every decision and on `available`.
+    fn refunds_are_never_looser<A: Algo>(
+        algo: A,
+        steps: &[Step],
+        exact: impl Fn(u64, u64) -> bool,
+    ) {
+        let clock = ManualClock::new();
+        let (cell, twin) = (algo.cell(), algo.cell());
+        let mut held: Vec<(u32, Admission)> = Vec::new();
+        let mut exact_so_far = true;
+        let release_all = [Step::Release {
+            advance: 0,
+            which: 0,
+        }];
+        let tail = std::iter::repeat_n(&release_all[0], steps.len());
+        for step in steps.iter().chain(tail) {
+            match *step {
+                Step::Keep { advance, n } | Step::Hold { advance, n } => {
+                    clock.advance(Duration::from_nanos(advance));
+                    let got = algo.try_acquire(&cell, n, &clock);
+                    if let (Step::Hold { .. }, Ok(admission)) = (step, got) {
+                        held.push((n, admission));
+                    } else if got.is_ok() {
+                        let twin_got = algo.try_acquire(&twin, n, &clock);
+                        assert!(twin_got.is_ok(), "looser than the twin at {}", clock.now());
+                        if exact_so_far && held.is_empty() {
+                            assert_eq!(got, twin_got, "admission differs from the twin");
+                        }
+                    } else if exact_so_far && held.is_empty() {
+                        assert_eq!(got, algo.check(&twin, n, &clock), "the twin admits");
+                    }
+                }
+                Step::Release { advance, which } => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    clock.advance(Duration::from_nanos(advance));
+                    let (n, admission) = held.swap_remove(which % held.len());
+                    algo.refund(&cell, n, &admission, &clock);
+                    exact_so_far &= exact(admission.at_nanos(), clock.now());
+                }
+            }
+            let now = clock.now();
+            if exact_so_far && held.is_empty() {
+                assert_eq!(algo.available(&cell, now), algo.available(&twin, now));
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn fixed_window_refunds((limit, window, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps(l, w)))) {
+            let algo = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
+            refunds_are_never_looser(algo, &steps, |_, _| true);
+        }
+
+        #[test]
+        fn sliding_counter_refunds((limit, window, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps(l, w)))) {
+            let algo = SlidingCounter::new(limit, Duration::from_nanos(window)).unwrap();
+            // Exact while `current` has not rolled over, which it cannot have in the same window.
+            refunds_are_never_looser(algo, &steps, |at, now| at / window == now / window);
+        }
+
+        #[test]
+        fn token_bucket_refunds((burst, permits, period, steps) in (1u32..6, 1u32..4, 1u64..40)
+            .prop_flat_map(|(b, p, t)| (Just(b), Just(p), Just(t), steps(b, t)))) {
+            let algo = TokenBucket::new(Rate::new(permits, Duration::from_nanos(period)), burst).unwrap();
+            refunds_are_never_looser(algo, &steps, |at, now| at == now);
+        }
+
+        #[test]
+        fn sliding_window_refunds((limit, window, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps(l, w)))) {
+            let algo = SlidingWindow::new(limit, Duration::from_nanos(window)).unwrap();
+            // Positional: never looser, exact only until the first refund.
+            refunds_are_never_looser(algo, &steps, |_, _| false);
         }
     }
 

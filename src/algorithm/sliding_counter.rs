@@ -96,9 +96,11 @@ impl SlidingCounter {
         if wid == id {
             // Relaxed is enough: the Acquire load of `current` that produced `word` synchronised
             // with the CAS that rolled into window `id`, and that CAS came after the store of
-            // `previous`, so coherence guarantees we read that store or a later one. A later one can
-            // only be window id + 1's (publishes are validated against `current`), which means
-            // `current` has left window `id` and our CAS on `word` will fail anyway.
+            // `previous`, so coherence guarantees we read that store or a later one. A later one is
+            // either a larger count for the same window (within an id the slot only grows, see
+            // `publish_previous`: conservative) or window id + 1's (publishes are validated against
+            // `current`), which means `current` has left window `id` and our CAS on `word` will
+            // fail anyway.
             let slot = &words.previous[(before(id) & 1) as usize];
             let (pid, pcount) = unpack(slot.load(Ordering::Relaxed));
             let prev = if pid == before(id) { pcount } else { 0 };
@@ -147,32 +149,49 @@ impl SlidingCounter {
         (self.window - elapsed) + first as u64
     }
 
-    /// Publishes `word` = (id, final count) into `previous[id & 1]` before the roll-over CAS out of
-    /// window `id`, unless `current` has already moved past `word` (then the caller's CAS fails too
-    /// and it retries with the new word).
+    /// Makes `previous[id & 1]` hold (id, at least count) for `word` = (id, count), before the
+    /// roll-over CAS out of window `id`. Returns false, publishing nothing, if `current` no
+    /// longer holds `word`: the caller must then decide again rather than attempt its CAS.
     ///
     /// The publish is validated rather than ordered: load the slot (Acquire), check that `current`
     /// still holds `word`, then CAS the slot from what was loaded. A publisher whose word is stale
     /// either sees the newer publish (and through its Acquire, the newer `current`, so the check
     /// fails) or loaded the slot before it (so its CAS fails and it looks again). So a stale word
-    /// never overwrites a newer one, and ids are only ever compared for equality: no wrapping-distance
-    /// judgement that a slot left idle for 2^30 windows could fool.
+    /// never overwrites a newer window's, and ids are only ever compared for equality: no
+    /// wrapping-distance judgement that a slot left idle for 2^30 windows could fool.
+    ///
+    /// **Refunds.** A chain's [`refund`](Algo::refund) lowers `current`'s count, so within one
+    /// window `current` can go down and back up to a value it held before (ABA). Two rules keep
+    /// the published count at least the window's final count anyway:
+    /// - *within one id the slot only grows*: a slot already holding (id, c′ ≥ count) is left
+    ///   alone, so a publisher that saw a lower count mid-excursion cannot lower it;
+    /// - *no roll-over without a publish*: if the check fails, the caller reloads instead of
+    ///   trying its CAS, which could succeed after the excursion returned to `word` and roll the
+    ///   window over with nothing (or an older window) in the slot.
+    ///
+    /// Without refunds both rules change nothing: counts only grow within a window, and a failed
+    /// check meant a failing CAS.
     #[cold]
-    fn publish_previous(words: &Words, word: u64) {
-        let slot = &words.previous[(unpack(word).0 & 1) as usize];
+    fn publish_previous(words: &Words, word: u64) -> bool {
+        let (id, count) = unpack(word);
+        let slot = &words.previous[(id & 1) as usize];
         // Acquire: pairs with the Release CAS of the publisher of `seen`, whose check of `current`
         // then happens before ours: if it saw a later word, so do we.
         let mut seen = slot.load(Ordering::Acquire);
         loop {
+            let (sid, scount) = unpack(seen);
+            if sid == id && scount >= count {
+                return true;
+            }
             // Acquire: we need the newest `current` the publisher of `seen` saw, or a later one.
             // (Relaxed would do for the comparison alone; Acquire is what carries the argument.)
-            if seen == word || words.current.load(Ordering::Acquire) != word {
-                return;
+            if words.current.load(Ordering::Acquire) != word {
+                return false;
             }
             // Release on success: the next publisher that loads our value must also see the
             // `current` we checked. Acquire on failure: as for the first load.
             match slot.compare_exchange_weak(seen, word, Ordering::Release, Ordering::Acquire) {
-                Ok(_) => return,
+                Ok(_) => return true,
                 Err(actual) => seen = actual,
             }
         }
@@ -214,7 +233,7 @@ impl Algo for SlidingCounter {
     }
 
     #[inline(always)]
-    fn try_acquire<C: Clock>(
+    fn decide<C: Clock, const COMMIT: bool>(
         &self,
         words: &Words,
         n: u32,
@@ -254,12 +273,17 @@ impl Algo for SlidingCounter {
                     self.limit - cur - taken - self.weighted(prev, elapsed),
                 )
             };
-            if n == 0 {
+            if n == 0 || !COMMIT {
                 return Ok(remaining(0));
             }
             let (wid, count) = unpack(word);
-            if wid != id && wid == before(id) {
-                Self::publish_previous(words, pack(wid, count));
+            if wid != id && wid == before(id) && !Self::publish_previous(words, pack(wid, count)) {
+                // `current` moved on: decide again on its new value. (Our CAS would fail anyway,
+                // unless refunds took `current` away and back to `word`; rolling over without
+                // the publish would then hide the window's count. See `publish_previous`.)
+                // Acquire: as for the first load.
+                word = words.current.load(Ordering::Acquire);
+                continue;
             }
             // Release on success: orders the `previous` store above (and our clock read) before
             // the new word for every thread that loads it with Acquire. Acquire on failure: as for
@@ -271,6 +295,47 @@ impl Algo for SlidingCounter {
                 Ordering::Acquire,
             ) {
                 Ok(_) => return Ok(remaining(n)),
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Takes `n` off `current`'s count if `current` still holds the admission's window and the
+    /// clock is at most one window past it. Once `current` has rolled over, the count lives on in
+    /// `previous` as the next window's `prev`, and it stays there: conservative (the refunded
+    /// permits keep weighing on the estimate until that window ends), never looser.
+    ///
+    /// **Why it is exact and never looser.** Invariant: `current`'s count, and a published
+    /// `previous` count, are at least the permits of the never-refunded admissions in their
+    /// window. Admissions add their own n; a refund subtracts only an n its admission added to
+    /// that same window, while it is still counted there; `publish_previous` never lowers a
+    /// published count within a window (see there for why refunds need that). The estimate is
+    /// monotone in both counts, so every decision is at least as strict as without the refunded
+    /// admissions; before the roll-over, with the clock in the admission's window, it is exact.
+    /// The clock bound rules out the 31-bit id wrap: `current`'s window lies between the
+    /// admission's and the clock's, and ids of windows w and w + 1 differ.
+    fn refund<C: Clock>(&self, words: &Words, n: u32, admission: &Admission, clock: &C) {
+        let window = admission.at_nanos() / self.per_window;
+        let id = window_id(window);
+        // Acquire: as in `try_acquire`: our clock read below is no earlier than the last writer's.
+        let mut word = words.current.load(Ordering::Acquire);
+        loop {
+            let (wid, count) = unpack(word);
+            if word == RETIRED
+                || wid != id
+                || clock.now() / self.per_window > window.saturating_add(1)
+            {
+                return;
+            }
+            // Release on success: publishes our clock reading like an admission does (a reader
+            // that loads our word decides at a time no earlier). Acquire on failure: as above.
+            match words.current.compare_exchange_weak(
+                word,
+                pack(id, count.saturating_sub(n)),
+                Ordering::Release,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
                 Err(actual) => word = actual,
             }
         }
@@ -328,5 +393,61 @@ impl Algo for SlidingCounter {
     fn retired(words: &Words) -> bool {
         // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
         words.current.load(Ordering::Relaxed) == RETIRED
+    }
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// The refund excursion of `publish_previous`'s docs, replayed step by step: roller R (in
+    /// window 1) publishes (0, 2); a refund takes `current` to (0, 1); roller S publishes (0, 1);
+    /// an admission still in window 0 takes `current` back to (0, 2); R's roll-over CAS from
+    /// (0, 2) succeeds. Window 1 must then see prev = 2, not 1.
+    #[test]
+    fn refund_excursion_cannot_lower_previous() {
+        let algo = SlidingCounter::new(3, Duration::from_nanos(10)).unwrap();
+        let words = algo.cell();
+        let clock = ManualClock::new();
+        algo.try_acquire(&words, 1, &clock).unwrap();
+        let refunded = algo.try_acquire(&words, 1, &clock).unwrap();
+        let r_word = words.current.load(Ordering::Relaxed);
+        assert_eq!(unpack(r_word), (0, 2));
+        // R, in window 1, publishes (0, 2) and is preempted before its CAS.
+        assert!(SlidingCounter::publish_previous(&words, r_word));
+        algo.refund(&words, 1, &refunded, &clock);
+        let s_word = words.current.load(Ordering::Relaxed);
+        assert_eq!(unpack(s_word), (0, 1));
+        // S publishes (0, 1): the slot keeps the larger count of the same window.
+        assert!(SlidingCounter::publish_previous(&words, s_word));
+        assert_eq!(unpack(words.previous[0].load(Ordering::Relaxed)), (0, 2));
+        // An admission with a window-0 clock reading takes `current` back to (0, 2) ...
+        algo.try_acquire(&words, 1, &clock).unwrap();
+        // ... so R's roll-over CAS succeeds, and window 1 finds prev = 2.
+        words
+            .current
+            .compare_exchange(r_word, pack(1, 1), Ordering::Release, Ordering::Relaxed)
+            .unwrap();
+        clock.set(Duration::from_nanos(10));
+        assert_eq!(algo.counts(&words, pack(1, 1), 1), (2, 1));
+        // At e = 0 of window 1 the estimate is 2 + 1: a third permit is refused.
+        assert!(algo.try_acquire(&words, 1, &clock).is_err());
+    }
+
+    /// A roller whose check of `current` fails publishes nothing and must not try its CAS.
+    #[test]
+    fn publish_refuses_a_stale_word() {
+        let algo = SlidingCounter::new(3, Duration::from_nanos(10)).unwrap();
+        let words = algo.cell();
+        let clock = ManualClock::new();
+        let first = algo.try_acquire(&words, 1, &clock).unwrap();
+        let stale = words.current.load(Ordering::Relaxed);
+        algo.refund(&words, 1, &first, &clock);
+        assert!(!SlidingCounter::publish_previous(&words, stale));
+        assert_eq!(
+            unpack(words.previous[0].load(Ordering::Relaxed)),
+            (ID_MASK, 0)
+        );
     }
 }

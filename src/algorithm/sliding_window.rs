@@ -11,20 +11,28 @@ use strength_reduce::StrengthReducedU64;
 /// The largest limit the exact sliding window accepts: its ring costs 8 bytes per permit.
 pub(crate) const MAX_SLIDING_LIMIT: u32 = 1 << 24;
 
-/// Times are stored shifted left by one bit; later ones saturate (about 292 years after the epoch).
+/// Expiry times are stored shifted left by one bit; later ones saturate (about 292 years after the
+/// epoch), and a saturated one never expires (clock readings are capped one below it).
 const MAX_TIME: u64 = u64::MAX >> 1;
 
-/// A slot that no ticket has written yet: time 0 with lap parity 1 ("lap −1"), so lap 0 sees it as
-/// unpublished and lap 1 (which never reads it before lap 0 wrote it) cannot mistake it.
+/// A slot that no ticket has written yet: expiry 0 with lap parity 1 ("lap −1"), so lap 0 sees it
+/// as unpublished and lap 1 (which never reads it before lap 0 wrote it) cannot mistake it.
 const UNWRITTEN: u64 = 1;
+
+/// The refund token's slot index (bits 0..24; limits are at most 2^24) and lap parity (bit 31).
+const TOKEN_INDEX: u32 = (1 << 24) - 1;
+const TOKEN_PARITY: u32 = 1 << 31;
 
 /// At most `limit` (N) admissions in any interval of length `window` (W), on the times it assigns.
 ///
-/// Every admitted permit takes a ticket `k` from a counter and records its time in ring slot
-/// `k mod N`. Ticket k is admitted only if ticket k − N is at least W old. With times non-decreasing
-/// in ticket order (see the module docs), any N + 1 admissions include two tickets N apart, which are
-/// at least W apart: no interval of length W holds N + 1. There is no trimming thread: expiry is one
-/// comparison against the slot that ticket k would overwrite.
+/// Every admitted permit takes a ticket `k` from a counter and records its expiry (its time plus W)
+/// in ring slot `k mod N`. Ticket k is admitted only if ticket k − N has expired. With times
+/// non-decreasing in ticket order (see the module docs), any N + 1 admissions include two tickets
+/// N apart, which are at least W apart: no interval of length W holds N + 1. There is no trimming
+/// thread: expiry is one comparison against the slot that ticket k would overwrite.
+///
+/// Storing the expiry rather than the time is what lets a [refund](Algo::refund) write "expired"
+/// as expiry 0, which every clock reading passes, even in the first window after the epoch.
 ///
 /// **Publication.** A writer claims tickets with a CAS on `head` and only then writes the slots, so
 /// a reader can arrive in between and find the slot still holding the previous lap's time. Each slot
@@ -32,8 +40,8 @@ const UNWRITTEN: u64 = 1;
 ///
 /// | slot word | meaning for a reader expecting ticket j |
 /// |---|---|
-/// | `time << 1 \| (j / N) & 1` | ticket j is published at `time` |
-/// | `time << 1 \| ((j / N) + 1) & 1` | ticket j − N is still there: j's writer is between claim and publish (or the reader is stale) |
+/// | `expiry << 1 \| (j / N) & 1` | ticket j is published; it expires at `expiry` (0: refunded) |
+/// | `expiry << 1 \| ((j / N) + 1) & 1` | ticket j − N is still there: j's writer is between claim and publish (or the reader is stale) |
 ///
 /// A reader that sees the wrong parity never decides on it: it snoozes and reloads `head`. No third
 /// state is possible: a claim of tickets `[head, end)` first checks that *every* slot it will
@@ -41,6 +49,29 @@ const UNWRITTEN: u64 = 1;
 /// claimed after j − N was published and a slot is never two laps behind. (Checking only the newest
 /// of them is not enough for multi-permit claims: a preempted writer of an older ticket could then
 /// store its time over the next lap. The loom model `multi_ticket_claim_*` found this.)
+///
+/// **Refunds (positional).** A [chain](crate::Chain) gives an admission back by overwriting its
+/// tickets' slots with expiry 0, keeping their lap parity, if they still hold its own words.
+/// The tickets stay claimed, so a refunded permit is reused when its *position* comes round:
+/// ticket k + N finds k expired at once, but claims go in ticket order, so it comes after the
+/// admissions older than k have left the window. That is conservative (at the latest, the
+/// permit comes back when the refunded admission itself would have expired), never looser:
+///
+/// - *Claims stay exact.* In any interval of length W, each residue class mod N holds at most
+///   one live (never-refunded) ticket: for live k < k′ ≡ k, ticket k + N ≤ k′ lies between them
+///   in time, and its claim saw k's own word (k is never zeroed), unexpired, and would have
+///   refused. So no interval holds more than N live admissions.
+/// - Refunded tickets read as expired out of time order, so a claim of several tickets checks
+///   that *every* slot it overwrites has expired, not only the newest, and retiring looks past
+///   refunded tickets for the newest real one.
+/// - `remaining` (headers and `available`, never a decision) gallops assuming expiry is a prefix
+///   in ticket order; a refunded ticket among live ones can make it over-count what is free,
+///   by at most the live tickets older than the refunded one, until those expire.
+///
+/// Taking the tickets back instead (moving `head` back) would be exact, but lets `head` repeat a
+/// value: a claimer that validated its slots before the refund could then succeed with its CAS
+/// on slots that a third thread has since refilled. Chains therefore commit sliding-window members
+/// last, so that with one such member its refund is never needed.
 ///
 /// **Memory:** N words for the ring plus two counters and the ring's pointer (32 bytes).
 ///
@@ -91,7 +122,7 @@ impl SlidingWindow {
         (&ring.slots[index as usize], lap & 1)
     }
 
-    /// The time of ticket `ticket`, if its writer has published it.
+    /// The expiry of ticket `ticket` (0 if refunded), if its writer has published it.
     #[inline]
     fn published(&self, ring: &Ring, ticket: u64) -> Option<u64> {
         let (slot, parity) = self.slot(ring, ticket);
@@ -105,7 +136,13 @@ impl SlidingWindow {
 
     #[inline]
     fn expired(&self, ring: &Ring, ticket: u64, now: u64) -> bool {
-        matches!(self.published(ring, ticket), Some(t) if t.saturating_add(self.window) <= now)
+        matches!(self.published(ring, ticket), Some(expiry) if expiry <= now)
+    }
+
+    /// The expiry stored for an admission at `now` (a clock reading capped at `MAX_TIME − 1`).
+    #[inline(always)]
+    fn expiry(&self, now: u64) -> u64 {
+        now.saturating_add(self.window).min(MAX_TIME)
     }
 
     /// Permits that tickets `end`, `end + 1`, … could take at `now`: N minus the tickets in
@@ -176,7 +213,7 @@ impl Algo for SlidingWindow {
     }
 
     #[inline(always)]
-    fn try_acquire<C: Clock>(
+    fn decide<C: Clock, const COMMIT: bool>(
         &self,
         ring: &Ring,
         n: u32,
@@ -195,26 +232,40 @@ impl Algo for SlidingWindow {
             if head == RETIRED {
                 return Err(TryAcquireError::Closed);
             }
-            let now = clock.now().min(MAX_TIME);
+            let now = clock.now().min(MAX_TIME - 1);
             let end = head + want;
             if end > limit {
-                // The newest of the tickets whose slots we would overwrite must have expired; times
-                // are non-decreasing in ticket order, so the older ones have too.
+                // Every ticket whose slot we would overwrite must have expired. Times are
+                // non-decreasing in ticket order, so the newest decides, unless it was refunded
+                // (expiry 0): refunded tickets are expired out of order, so the others are
+                // checked too.
                 let newest = end - 1 - limit;
                 let published = match self.published(ring, newest) {
-                    Some(t) => {
-                        let free_at = t.saturating_add(self.window);
-                        if free_at > now {
-                            return Err(TryAcquireError::Rejected(Rejection::new(
-                                free_at - now,
-                                self.limit,
-                            )));
-                        }
+                    Some(expiry) if expiry > now => {
+                        // Exact: older tickets expire no later (or were refunded).
+                        return Err(TryAcquireError::Rejected(Rejection::new(
+                            expiry - now,
+                            self.limit,
+                        )));
+                    }
+                    Some(_) => {
                         // Every slot we overwrite must hold its own ticket's write, not only the
                         // newest: a writer of an older one that is still between claim and publish
                         // would otherwise store its time over our lap later.
-                        (head.saturating_sub(limit)..newest)
-                            .all(|t| self.published(ring, t).is_some())
+                        let mut latest = 0;
+                        let all = (head.saturating_sub(limit)..newest).all(|t| {
+                            self.published(ring, t)
+                                .map(|expiry| latest = latest.max(expiry))
+                                .is_some()
+                        });
+                        if all && latest > now {
+                            // Only after a refund in place: an older ticket outlives the newest.
+                            return Err(TryAcquireError::Rejected(Rejection::new(
+                                latest - now,
+                                self.limit,
+                            )));
+                        }
+                        all
                     }
                     None => false,
                 };
@@ -226,12 +277,19 @@ impl Algo for SlidingWindow {
                     continue;
                 }
             }
-            if n == 0 {
+            if n == 0 || !COMMIT {
                 let reset = match head.checked_sub(1).and_then(|t| self.published(ring, t)) {
-                    Some(t) => t.saturating_add(self.window).saturating_sub(now),
+                    Some(expiry) => expiry.saturating_sub(now),
                     None => 0,
                 };
-                return Ok(Admission::new(now, reset, self.remaining(ring, head, now)));
+                // A check (n > 0) only needs the verdict; `remaining` may store its hint, and a
+                // check writes nothing.
+                let remaining = if n == 0 {
+                    self.remaining(ring, head, now)
+                } else {
+                    0
+                };
+                return Ok(Admission::new(now, reset, remaining));
             }
             // Release on success: publishes our clock reading and the slot check above to every
             // later claimer. Acquire on failure: as for the first load.
@@ -240,20 +298,69 @@ impl Algo for SlidingWindow {
                 .compare_exchange_weak(head, end, Ordering::Release, Ordering::Acquire)
             {
                 Ok(_) => {
-                    for ticket in head..end {
-                        let (slot, parity) = self.slot(ring, ticket);
+                    let expiry = self.expiry(now);
+                    let (lap, first) = StrengthReducedU64::div_rem(head, self.per_lap);
+                    let mut index = first as usize;
+                    let mut parity = lap & 1;
+                    for _ in head..end {
                         // Release: pairs with the Acquire in `published`.
-                        slot.store((now << 1) | parity, Ordering::Release);
+                        ring.slots[index].store((expiry << 1) | parity, Ordering::Release);
+                        index += 1;
+                        if index == ring.slots.len() {
+                            (index, parity) = (0, parity ^ 1);
+                        }
                     }
-                    return Ok(Admission::new(
+                    let token = first as u32 | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
+                    return Ok(Admission::with_token(
                         now,
                         self.window,
                         self.remaining(ring, end, now),
+                        token,
                     ));
                 }
                 Err(actual) => head = actual,
             }
         }
+    }
+
+    /// Overwrites the admission's tickets with expiry 0 ("refunded", lap parity kept), each only
+    /// if its slot still holds exactly the word the admission wrote. See the type's docs for why
+    /// this is positional (conservative) and why claims stay exact.
+    ///
+    /// The token names the first ticket's slot and lap parity; the admission's `at` gives the
+    /// expiry it stored. A slot holding anything else has been taken by ticket k + N (our ticket
+    /// had expired, so there is nothing left to give back): ticket k + 2N carries k's parity but
+    /// an expiry at least W later, so the comparison cannot mistake it for ours. Nothing is
+    /// written if the ring is retired or our tickets have expired (the ring was then possibly
+    /// judged idle; refunding an expired ticket would change no decision anyway).
+    fn refund<C: Clock>(&self, ring: &Ring, n: u32, admission: &Admission, clock: &C) {
+        let expiry = self.expiry(admission.at_nanos());
+        // Acquire: as in `try_acquire`: our clock read comes after the last claimer's.
+        if ring.head.load(Ordering::Acquire) == RETIRED || expiry <= clock.now() {
+            return;
+        }
+        let token = admission.token();
+        let mut index = (token & TOKEN_INDEX) as usize;
+        let mut parity = u64::from(token & TOKEN_PARITY != 0);
+        for _ in 0..n {
+            // Release on success: pairs with the Acquire in `published`, like a claim's store, so
+            // that whoever claims over our zero sees everything before it. Relaxed on failure: the
+            // slot has moved on to a later lap; there is nothing to give back.
+            let _ = ring.slots[index].compare_exchange(
+                (expiry << 1) | parity,
+                parity,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+            index += 1;
+            if index == ring.slots.len() {
+                (index, parity) = (0, parity ^ 1);
+            }
+        }
+    }
+
+    fn exact_refund(&self) -> bool {
+        false
     }
 
     #[cfg(all(test, not(turnstile_loom)))]
@@ -267,6 +374,7 @@ impl Algo for SlidingWindow {
     }
 
     fn available(&self, ring: &Ring, now: u64) -> u32 {
+        let now = now.min(MAX_TIME - 1);
         // Acquire: as in try_acquire, so the slots we read are at least as new as `head`.
         match ring.head.load(Ordering::Acquire) {
             RETIRED => self.limit,
@@ -281,17 +389,21 @@ impl Algo for SlidingWindow {
         if head == RETIRED {
             return Ok(());
         }
-        let now = clock.now().min(MAX_TIME);
-        let Some(newest) = head.checked_sub(1) else {
+        let now = clock.now().min(MAX_TIME - 1);
+        if head == 0 {
             // Never used: its inserter is about to admit on it (see `Algo::retire`).
             return Err(now);
-        };
-        // Times are non-decreasing in ticket order, so the newest ticket expires last. A writer
+        }
+        // Times are non-decreasing in ticket order, so the newest ticket expires last; refunded
+        // tickets (expiry 0) are skipped, since they say nothing about the older ones. A writer
         // still between claim and publish makes the ring busy; look again shortly.
-        match self.published(ring, newest) {
-            Some(t) if t.saturating_add(self.window) <= now => {}
-            Some(t) => return Err(t.saturating_add(self.window)),
-            None => return Err(now),
+        for ticket in (head.saturating_sub(u64::from(self.limit))..head).rev() {
+            match self.published(ring, ticket) {
+                Some(0) => continue,
+                Some(expiry) if expiry <= now => break,
+                Some(expiry) => return Err(expiry),
+                None => return Err(now),
+            }
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.
         ring.head

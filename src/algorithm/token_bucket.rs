@@ -88,7 +88,7 @@ impl Algo for TokenBucket {
     }
 
     #[inline(always)]
-    fn try_acquire<C: Clock>(
+    fn decide<C: Clock, const COMMIT: bool>(
         &self,
         state: &AtomicU64,
         n: u32,
@@ -114,7 +114,7 @@ impl Algo for TokenBucket {
                     self.burst,
                 )));
             }
-            if n == 0 {
+            if n == 0 || !COMMIT {
                 let full_in = start - now;
                 return Ok(Admission::new(now, full_in, self.remaining(full_in)));
             }
@@ -122,6 +122,55 @@ impl Algo for TokenBucket {
             // failure: as for the first load.
             match state.compare_exchange_weak(tat, next, Ordering::Release, Ordering::Acquire) {
                 Ok(_) => return Ok(Admission::new(now, ahead, self.remaining(ahead))),
+                Err(actual) => tat = actual,
+            }
+        }
+    }
+
+    /// Moves `tat` back by `n·T − (now − at)` (nothing once that is ≤ 0): the whole `n·T` when
+    /// the clock has not moved since the admission, less the longer the refund comes after it.
+    ///
+    /// **Why not simply `n·T`.** GCRA's state is `tat` over the admissions so far, `G(L)` with
+    /// `G(L + a) = max(G(L), t_a) + n_a·T`. Removing admission j from L lowers G by
+    /// `d = G(L) − G(L \ {j})`, and d can be *less* than `n_j·T`: if the bucket drained after j
+    /// (a later admission k found `tat` behind its `t_k`), the `max` absorbed part of j. Example:
+    /// one permit at 0 (`tat` = T), another at 10·T (`tat` = 11·T); without the first, `tat`
+    /// would still be 11·T, so subtracting T would credit a permit the bucket never lacked.
+    ///
+    /// **The bound used.** Each later step k gives `d_k ≥ min(d_{k−1}, G_{k−1} − t_k)`, with
+    /// `d_j ≥ n_j·T`, `G_{k−1} ≥ G_j ≥ t_j + n_j·T` and `t_k ≤ now` (every admission this
+    /// refund's CAS can follow read its clock before our clock read: load-then-clock). So
+    /// `d ≥ n_j·T − (now − t_j)`, which is what this subtracts.
+    ///
+    /// **Invariant (never looser).** The word is at least `G` over the admissions not yet
+    /// refunded: an admission maps `tat ≥ G(L)` to `max(tat, t) + n·T ≥ G(L + a)` (monotone), and
+    /// a refund subtracts at most d. `G` over a subset is smaller, so the word also bounds `G` over
+    /// the admissions that are never refunded, and every decision made on it is at least as
+    /// strict as on those alone. With the clock unchanged (`now = at`: `ManualClock`, or the same
+    /// tick of an `UpkeepClock`) the refund is exact: the word becomes `max(tat_before, at)`,
+    /// which decides every later call like `tat_before`.
+    fn refund<C: Clock>(&self, state: &AtomicU64, n: u32, admission: &Admission, clock: &C) {
+        let cost = u64::from(n) * self.interval;
+        // Acquire: as in `try_acquire`: every admission our CAS follows read its clock earlier.
+        let mut tat = state.load(Ordering::Acquire);
+        loop {
+            if tat == RETIRED {
+                return;
+            }
+            let elapsed = clock.now().saturating_sub(admission.at_nanos());
+            let give = cost.saturating_sub(elapsed);
+            if give == 0 {
+                return;
+            }
+            // Release on success: publishes our clock reading with the new tat, as an admission
+            // does. Acquire on failure: as for the first load.
+            match state.compare_exchange_weak(
+                tat,
+                tat.saturating_sub(give),
+                Ordering::Release,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
                 Err(actual) => tat = actual,
             }
         }

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses the checks it needs
 
+pub mod models;
+
 use std::collections::HashMap;
 use std::time::Duration;
 use turnstile::Rate;

@@ -1,0 +1,1339 @@
+//! [`Chain`] and [`KeyedChain`]: several limits at once, admitted only if every member admits.
+//!
+//! **Design: check, then commit with refund.** A call runs in two passes over the members:
+//!
+//! 1. *check*: every member decides `n` permits without taking them (no writes). If any rejects,
+//!    the call is rejected with the largest `retry_after` among the members, and nothing was
+//!    written anywhere: a chain's denials are as free as a single limiter's.
+//! 2. *commit*: the members take their permits one after the other. If one rejects now (another
+//!    thread took what the check saw), every member that already took its permits is given them
+//!    back (`Algo::refund`), and the call is rejected.
+//!
+//! Sequentially the commit never fails after a successful check (every algorithm only gets more
+//! permissive as time passes with nothing admitted), so refunds happen only when calls race.
+//! Refunds are exact for the fixed window, the sliding counter (before its window rolls over)
+//! and the token bucket (when the clock has not moved since the admission), and conservative
+//! otherwise; the exact sliding window's refund is positional (a refunded permit comes back once
+//! the admissions before it have left the window), so sliding-window members are committed last:
+//! with one of them, it is never refunded. ARCHITECTURE.md has the argument per algorithm.
+//!
+//! Why not check-then-commit alone, or locks: a check is stale the moment it is made, and a lock
+//! over several limiters would put a shared write on every call, including every denial.
+
+use crate::clock::{Clock, DefaultClock};
+use crate::decision::{Admission, Rejection};
+#[cfg(feature = "tokio")]
+use crate::error::AcquireError;
+use crate::error::{ConfigError, TryAcquireError};
+#[cfg(feature = "keyed")]
+use crate::keyed::KeyedLimiter;
+use crate::limiter::RateLimiter;
+use crate::sync::{Arc, Counters, ADMITTED, CANCELLED, REFUNDED, REJECTED};
+use std::fmt;
+#[cfg(feature = "keyed")]
+use std::hash::{BuildHasher, Hash};
+
+/// One member of a chain, as the chain's core sees it. `Q` is the key type (`()` for unkeyed
+/// chains).
+trait Member<Q: ?Sized> {
+    /// Without `COMMIT`: would the member admit `n.max(1)` permits now (`n == 0`: its own probe)?
+    /// Writes nothing. With it: takes them; the flag says which cell to refund (keyed overflow).
+    fn decide<const COMMIT: bool>(
+        &self,
+        key: &Q,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, bool);
+    fn refund(&self, key: &Q, n: u32, admission: &Admission, flag: bool);
+    fn exact_refund(&self) -> bool;
+    fn capacity(&self) -> u32;
+    /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
+    fn count(&self, which: usize);
+    #[cfg(feature = "tokio")]
+    fn catch_up(&self);
+}
+
+impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
+    #[inline]
+    fn decide<const COMMIT: bool>(
+        &self,
+        _: &Q,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, bool) {
+        (self.chain_decide::<COMMIT>(n), false)
+    }
+    fn refund(&self, _: &Q, n: u32, admission: &Admission, _: bool) {
+        self.chain_refund(n, admission);
+    }
+    fn exact_refund(&self) -> bool {
+        self.chain_exact_refund()
+    }
+    fn capacity(&self) -> u32 {
+        RateLimiter::capacity(self)
+    }
+    fn count(&self, which: usize) {
+        self.chain_count(which);
+    }
+    #[cfg(feature = "tokio")]
+    fn catch_up(&self) {
+        self.chain_catch_up();
+    }
+}
+
+/// The members and the logic shared by [`Chain`] and [`KeyedChain`].
+struct Core<L> {
+    members: Box<[L]>,
+    /// Commit order: members with exact refunds first, then the exact sliding windows.
+    order: Box<[usize]>,
+    /// The smallest member capacity: the most permits one call can ever get.
+    capacity: u32,
+    counters: Counters,
+}
+
+/// Admissions combined: the smallest `remaining`, the largest `reset_after`, the latest `at`.
+fn combine(acc: Option<Admission>, a: Admission) -> Admission {
+    match acc {
+        None => Admission::new(a.at_nanos(), a.reset_after_nanos(), a.remaining()),
+        Some(b) => Admission::new(
+            a.at_nanos().max(b.at_nanos()),
+            a.reset_after_nanos().max(b.reset_after_nanos()),
+            a.remaining().min(b.remaining()),
+        ),
+    }
+}
+
+/// The rejection with the largest `retry_after`; the earlier one on a tie.
+fn worse(acc: Option<Rejection>, r: Rejection) -> Rejection {
+    match acc {
+        Some(a) if a.retry_after_nanos() >= r.retry_after_nanos() => a,
+        _ => r,
+    }
+}
+
+impl<L> Core<L> {
+    fn new<Q: ?Sized>(members: Vec<L>, global_from: usize) -> Result<Self, ConfigError>
+    where
+        L: Member<Q>,
+    {
+        if members.is_empty() {
+            return Err(ConfigError::Zero {
+                what: "chain members",
+            });
+        }
+        // Exact refunds first; within each group, per-key members before global ones (they are
+        // the less contended, so a commit race, and with it a refund, is less likely on them),
+        // then the order given.
+        let mut order: Vec<usize> = (0..members.len()).collect();
+        order.sort_by_key(|&i| (!members[i].exact_refund(), i >= global_from));
+        let capacity = members.iter().map(L::capacity).min().unwrap_or(0);
+        Ok(Core {
+            members: members.into_boxed_slice(),
+            order: order.into_boxed_slice(),
+            capacity,
+            counters: Counters::new(),
+        })
+    }
+
+    /// One all-or-nothing attempt; counts nothing. On success `each` (if given, one slot per
+    /// member) holds every member's admission.
+    fn attempt<Q: ?Sized>(
+        &self,
+        key: &Q,
+        n: u32,
+        mut each: Option<&mut [Admission]>,
+    ) -> Result<Admission, TryAcquireError>
+    where
+        L: Member<Q>,
+    {
+        if n > self.capacity {
+            return Err(TryAcquireError::InsufficientCapacity {
+                requested: n,
+                capacity: self.capacity,
+            });
+        }
+        // Pass 1: check every member, writing nothing.
+        let mut probed = None;
+        let mut rejected = None;
+        for (i, member) in self.members.iter().enumerate() {
+            match member.decide::<false>(key, n).0 {
+                Ok(a) => {
+                    probed = Some(combine(probed, a));
+                    if let Some(each) = each.as_deref_mut() {
+                        each[i] = a;
+                    }
+                }
+                Err(TryAcquireError::Rejected(r)) => rejected = Some(worse(rejected, r)),
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(r) = rejected {
+            return Err(TryAcquireError::Rejected(r));
+        }
+        if n == 0 {
+            // A probe: what the members' own probes said.
+            return Ok(probed.expect("a chain has members"));
+        }
+        // Pass 2: commit in `order`, refunding on the way back if a later member rejects.
+        let (failed, error) = match self.commit(key, n, 0, &mut each) {
+            Ok(admission) => return Ok(admission),
+            Err(failure) => failure,
+        };
+        if failed != self.order[0] {
+            // Some member had admitted and was given its permits back.
+            self.counters.bump(REFUNDED);
+        }
+        let TryAcquireError::Rejected(r) = error else {
+            return Err(error);
+        };
+        // The largest retry-after: the member that rejected, and every other one as it stands
+        // now (the refunded ones included).
+        let mut rejected = None;
+        for (i, member) in self.members.iter().enumerate() {
+            let decision = if i == failed {
+                Err(error)
+            } else {
+                member.decide::<false>(key, n).0
+            };
+            match decision {
+                Ok(_) => {}
+                Err(TryAcquireError::Rejected(r)) => rejected = Some(worse(rejected, r)),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(TryAcquireError::Rejected(rejected.unwrap_or(r)))
+    }
+
+    /// Commits `order[pos..]`, then returns the combined admission; on failure, refunds what it
+    /// took and returns the failing member's index and error. Recursive so that each member's
+    /// admission waits for its refund on the stack: no allocation, however long the chain.
+    fn commit<Q: ?Sized>(
+        &self,
+        key: &Q,
+        n: u32,
+        pos: usize,
+        each: &mut Option<&mut [Admission]>,
+    ) -> Result<Admission, (usize, TryAcquireError)>
+    where
+        L: Member<Q>,
+    {
+        let i = self.order[pos];
+        let member = &self.members[i];
+        let admission = match member.decide::<true>(key, n) {
+            (Ok(a), flag) => (a, flag),
+            (Err(e), _) => return Err((i, e)),
+        };
+        let rest = if pos + 1 < self.order.len() {
+            match self.commit(key, n, pos + 1, each) {
+                Ok(rest) => Some(rest),
+                Err(failed) => {
+                    member.refund(key, n, &admission.0, admission.1);
+                    // The failure is reported as a refund only once (by `attempt`); a member
+                    // that failed first refunded nothing.
+                    return Err(failed);
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(each) = each.as_deref_mut() {
+            each[i] = admission.0;
+        }
+        Ok(combine(rest, admission.0))
+    }
+
+    /// `attempt`, counted: once on the chain and once on every member.
+    fn try_acquire<Q: ?Sized>(
+        &self,
+        key: &Q,
+        n: u32,
+        each: Option<&mut [Admission]>,
+    ) -> Result<Admission, TryAcquireError>
+    where
+        L: Member<Q>,
+    {
+        let outcome = self.attempt(key, n, each);
+        self.count(if outcome.is_ok() { ADMITTED } else { REJECTED });
+        outcome
+    }
+
+    fn count<Q: ?Sized>(&self, which: usize)
+    where
+        L: Member<Q>,
+    {
+        self.counters.bump(which);
+        for member in self.members.iter() {
+            member.count(which);
+        }
+    }
+
+    /// `try_acquire` that fills `out` with the members' admissions, in member order.
+    fn try_acquire_into<Q: ?Sized>(
+        &self,
+        key: &Q,
+        n: u32,
+        out: &mut Vec<Admission>,
+    ) -> Result<Admission, TryAcquireError>
+    where
+        L: Member<Q>,
+    {
+        out.clear();
+        out.resize(self.members.len(), Admission::new(0, 0, 0));
+        let outcome = self.try_acquire(key, n, Some(out.as_mut_slice()));
+        if outcome.is_err() {
+            out.clear();
+        }
+        outcome
+    }
+
+    fn stats(&self) -> ChainStats {
+        ChainStats {
+            admitted: self.counters.sum(ADMITTED),
+            rejected: self.counters.sum(REJECTED),
+            cancelled: self.counters.sum(CANCELLED),
+            refunded: self.counters.sum(REFUNDED),
+        }
+    }
+
+    /// Retries until every member admits at once, sleeping on tokio's timer for the largest
+    /// `retry_after` in between.
+    #[cfg(feature = "tokio")]
+    async fn acquire<Q: ?Sized>(&self, key: &Q, n: u32) -> Result<Admission, AcquireError>
+    where
+        L: Member<Q>,
+    {
+        /// Counts the call as cancelled if the future is dropped before it finishes.
+        struct Finish<'a, L, Q: ?Sized>
+        where
+            L: Member<Q>,
+        {
+            core: &'a Core<L>,
+            done: bool,
+            _key: std::marker::PhantomData<fn(&Q)>,
+        }
+        impl<L: Member<Q>, Q: ?Sized> Drop for Finish<'_, L, Q> {
+            fn drop(&mut self) {
+                if !self.done {
+                    self.core.count(CANCELLED);
+                }
+            }
+        }
+        let mut finish = Finish {
+            core: self,
+            done: false,
+            _key: std::marker::PhantomData,
+        };
+        loop {
+            let error = match self.attempt(key, n, None) {
+                Ok(admission) => {
+                    finish.done = true;
+                    self.count(ADMITTED);
+                    return Ok(admission);
+                }
+                Err(TryAcquireError::Rejected(r)) => {
+                    // A member that defers to its own queue of waiters reports 0: poll gently.
+                    let wait = r.retry_after().max(MIN_BACKOFF);
+                    tokio::time::sleep(wait).await;
+                    for member in self.members.iter() {
+                        member.catch_up();
+                    }
+                    continue;
+                }
+                Err(TryAcquireError::InsufficientCapacity {
+                    requested,
+                    capacity,
+                }) => AcquireError::InsufficientCapacity {
+                    requested,
+                    capacity,
+                },
+                Err(TryAcquireError::TooManyKeys { max_keys }) => {
+                    AcquireError::TooManyKeys { max_keys }
+                }
+                Err(TryAcquireError::Closed) => AcquireError::Closed,
+            };
+            finish.done = true;
+            self.count(REJECTED);
+            return Err(error);
+        }
+    }
+}
+
+/// The shortest sleep between two attempts of a chain's `acquire`: a member whose own queue has
+/// waiters (oldest first) rejects with a `retry_after` of 0, and the chain must not spin on it.
+#[cfg(feature = "tokio")]
+const MIN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Counts kept by a [`Chain`] or [`KeyedChain`].
+///
+/// Every call ends in exactly one of `admitted`, `rejected` or `cancelled`. A chain call is
+/// also counted once on every member (as admitted, rejected or cancelled; keyed members, which
+/// count no cancellations, as rejected), so a member's statistics cover the calls it was asked
+/// about, whether it was the one that refused or not.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, Chain, ManualClock, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// let window = Duration::from_secs(1);
+/// let small = RateLimiter::with_clock(Algorithm::FixedWindow { limit: 1, window }, clock.clone())?;
+/// let large = RateLimiter::with_clock(Algorithm::FixedWindow { limit: 9, window }, clock)?;
+/// let chain = Chain::new([small.clone(), large.clone()])?;
+/// chain.try_acquire()?;
+/// assert!(chain.try_acquire().is_err());
+/// let stats = chain.stats();
+/// assert_eq!((stats.admitted, stats.rejected, stats.refunded), (1, 1, 0));
+/// assert_eq!((large.stats().admitted, large.stats().rejected), (1, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ChainStats {
+    /// Calls that got their permits from every member (probes included).
+    pub admitted: u64,
+    /// Calls that failed: rejections, requests that can never fit, a closed member, a full
+    /// key cap.
+    pub rejected: u64,
+    /// `acquire` futures dropped before they got their permits, and timeouts.
+    pub cancelled: u64,
+    /// Calls that passed the check pass but lost a race in the commit pass, so that members
+    /// which had already admitted were given their permits back. Included in `rejected`.
+    pub refunded: u64,
+}
+
+/// Several rate limiters at once: a call is admitted only if every member admits it.
+///
+/// For example 10 per second *and* 1,000 per hour: a chain of two [`RateLimiter`]s. The
+/// members are ordinary limiters (cloned handles: their state is shared with every other
+/// handle) on one clock type; each keeps its own algorithm and its own clock.
+///
+/// - **All or nothing.** When a member rejects, the others are not charged: every member is
+///   first *checked* without writing anything, and only if all admit are the permits taken; a
+///   member that loses a race in that second pass makes the chain give the permits it already
+///   took back (refunds: exact for the fixed window, the token bucket and the sliding counter
+///   when the clock has not moved on, conservative otherwise; see ARCHITECTURE.md).
+/// - **Denials are free**: a call that a member rejects at the check writes no shared memory.
+/// - **The answer is combined.** An admission reports the smallest `remaining` and the largest
+///   `reset_after` over the members (and the latest `at`); a rejection the largest
+///   `retry_after`, with the `limit` of the member that said so. With nothing else admitted
+///   meanwhile, that is exactly when the whole chain admits: each member's answer only improves
+///   with time.
+/// - A limiter listed twice is charged twice.
+///
+/// Cloning is cheap and clones share state.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, Chain, ManualClock, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// let per_second = RateLimiter::with_clock(
+///     Algorithm::SlidingWindow { limit: 10, window: Duration::from_secs(1) },
+///     clock.clone(),
+/// )?;
+/// let per_hour = RateLimiter::with_clock(
+///     Algorithm::SlidingWindow { limit: 1_000, window: Duration::from_secs(3600) },
+///     clock.clone(),
+/// )?;
+/// let chain = Chain::new([per_second.clone(), per_hour.clone()])?;
+///
+/// assert_eq!(chain.try_acquire_n(10)?.remaining(), 0); // the per-second limit is spent
+/// let rejection = *chain.try_acquire().unwrap_err().rejection().unwrap();
+/// assert_eq!(rejection.retry_after(), Duration::from_secs(1));
+/// assert_eq!(per_hour.stats().available, 990); // the rejected call took nothing per hour
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Chain<C: Clock = DefaultClock> {
+    core: Arc<Core<RateLimiter<C>>>,
+}
+
+impl<C: Clock> Clone for Chain<C> {
+    fn clone(&self) -> Self {
+        Chain {
+            core: Arc::clone(&self.core),
+        }
+    }
+}
+
+impl<C: Clock> fmt::Debug for Chain<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chain")
+            .field("members", &self.core.members)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Clock> Chain<C> {
+    /// A chain of `members`, in the order given (which only decides the order of
+    /// [`try_acquire_n_into`](Self::try_acquire_n_into)'s admissions and which of two equally
+    /// late rejections is reported).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Zero`] if `members` is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Chain, ConfigError, Rate, RateLimiter};
+    ///
+    /// let chain = Chain::new([
+    ///     RateLimiter::token_bucket(Rate::per_second(10), 20)?,
+    ///     RateLimiter::fixed_window(1_000, Duration::from_secs(3600))?,
+    /// ])?;
+    /// assert_eq!(chain.capacity(), 20);
+    /// assert_eq!(
+    ///     Chain::new(Vec::<RateLimiter>::new()).unwrap_err(),
+    ///     ConfigError::Zero { what: "chain members" },
+    /// );
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn new(members: impl IntoIterator<Item = RateLimiter<C>>) -> Result<Self, ConfigError> {
+        let members: Vec<_> = members.into_iter().collect();
+        let global_from = members.len();
+        Ok(Chain {
+            core: Arc::new(Core::new::<()>(members, global_from)?),
+        })
+    }
+
+    /// Takes one permit from every member, or none. See [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Chain, RateLimiter};
+    ///
+    /// let chain = Chain::new([RateLimiter::fixed_window(1, Duration::from_secs(60))?])?;
+    /// assert!(chain.try_acquire().is_ok());
+    /// assert!(chain.try_acquire().is_err());
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire(&self) -> Result<Admission, TryAcquireError> {
+        self.try_acquire_n(1)
+    }
+
+    /// Takes `n` permits from every member if every member admits them now; otherwise takes none
+    /// from any. Never blocks.
+    ///
+    /// `n == 0` is a probe: admitted iff every member has a permit now, consuming nothing (the
+    /// admission combines the members' own probes).
+    ///
+    /// A member with waiters queued in its own [`acquire`](RateLimiter::acquire) (oldest first)
+    /// rejects, as its own `try_acquire` would: chains do not barge either.
+    ///
+    /// # Errors
+    ///
+    /// - [`TryAcquireError::Rejected`]: some member has too few permits now; `retry_after` is
+    ///   the largest over the members (exact when nothing else is admitted meanwhile), `limit`
+    ///   that member's limit.
+    /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the smallest member capacity.
+    /// - [`TryAcquireError::Closed`]: a member was closed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Chain, ManualClock, RateLimiter, TryAcquireError};
+    ///
+    /// let clock = ManualClock::new();
+    /// let minute = RateLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(60) },
+    ///     clock.clone(),
+    /// )?;
+    /// let second = RateLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 2, window: Duration::from_secs(1) },
+    ///     clock.clone(),
+    /// )?;
+    /// let chain = Chain::new([minute.clone(), second])?;
+    /// chain.try_acquire_n(2)?;
+    /// clock.advance(Duration::from_secs(1));
+    /// // The per-second member admits 2 again, the per-minute member only 1: nothing is taken.
+    /// let err = chain.try_acquire_n(2).unwrap_err();
+    /// assert_eq!(err.rejection().unwrap().retry_after(), Duration::from_secs(59));
+    /// assert_eq!(minute.stats().available, 1);
+    /// assert!(matches!(chain.try_acquire_n(3), Err(TryAcquireError::InsufficientCapacity { capacity: 2, .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_n(&self, n: u32) -> Result<Admission, TryAcquireError> {
+        self.core.try_acquire(&(), n, None)
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n) that also reports every member's own admission:
+    /// on success `each` holds one per member, in member order (for example for one rate-limit
+    /// header per policy); on failure it is left empty. `each` is reused, so a caller that keeps
+    /// it allocates nothing after the first call.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Chain, ManualClock, RateLimiter};
+    ///
+    /// let clock = ManualClock::new();
+    /// let chain = Chain::new([
+    ///     RateLimiter::with_clock(Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) }, clock.clone())?,
+    ///     RateLimiter::with_clock(Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(60) }, clock)?,
+    /// ])?;
+    /// let mut each = Vec::new();
+    /// let all = chain.try_acquire_n_into(4, &mut each)?;
+    /// assert_eq!(each.iter().map(|a| a.remaining()).collect::<Vec<_>>(), [6, 96]);
+    /// assert_eq!(all.remaining(), 6);
+    /// assert_eq!(all.reset_after(), Duration::from_secs(60));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire_n_into(
+        &self,
+        n: u32,
+        each: &mut Vec<Admission>,
+    ) -> Result<Admission, TryAcquireError> {
+        self.core.try_acquire_into(&(), n, each)
+    }
+
+    /// Waits until one permit is admitted by every member. See [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: no permit is held across an await; dropping the future consumes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Chain, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = TokioClock::new();
+    /// let chain = Chain::new([RateLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) },
+    ///     clock,
+    /// )?])?;
+    /// let start = tokio::time::Instant::now();
+    /// chain.acquire().await?;
+    /// chain.acquire().await?; // the next window
+    /// assert_eq!(start.elapsed(), Duration::from_secs(1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire(&self) -> Result<Admission, AcquireError> {
+        self.acquire_n(1).await
+    }
+
+    /// Waits until every member admits `n` permits at once.
+    ///
+    /// Each attempt is an all-or-nothing [`try_acquire_n`](Self::try_acquire_n); after a
+    /// rejection the caller sleeps on tokio's timer for its `retry_after` (the largest over the
+    /// members, at least 1 ms) and tries again. Needs a tokio runtime with the time driver; with
+    /// paused time, give the members a [`TokioClock`](crate::TokioClock).
+    ///
+    /// **Fairness: none across members.** A waiting chain call is not queued anywhere: it does not
+    /// join the members' own wait queues, and calls that arrive while it sleeps can take the
+    /// permits it waits for (so under sustained contention it can wait indefinitely), and two
+    /// waiting chain calls are served in no particular order. It does defer to a member's own
+    /// queued waiters (oldest-first members reject chain attempts while anyone is queued).
+    ///
+    /// # Errors
+    ///
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the smallest capacity.
+    /// - [`AcquireError::Closed`] if a member is or gets closed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: between attempts the call holds no permit of any member (each attempt takes
+    /// all or nothing without awaiting), so dropping the future at its await (a timeout, a
+    /// `select!` branch, an aborted task) consumes nothing. It is counted as cancelled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Chain, Rate, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = TokioClock::new();
+    /// let chain = Chain::new([
+    ///     RateLimiter::with_clock(Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 5 }, clock.clone())?,
+    ///     RateLimiter::with_clock(Algorithm::FixedWindow { limit: 8, window: Duration::from_secs(2) }, clock)?,
+    /// ])?;
+    /// let start = tokio::time::Instant::now();
+    /// chain.acquire_n(5).await?; // both admit at once
+    /// chain.acquire_n(3).await?; // the bucket needs 300 ms to refill 3 permits
+    /// assert_eq!(start.elapsed(), Duration::from_millis(300));
+    /// chain.acquire_n(1).await?; // the window's 8 are spent: wait for the next one, at 2 s
+    /// assert_eq!(start.elapsed(), Duration::from_secs(2));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_n(&self, n: u32) -> Result<Admission, AcquireError> {
+        self.core.acquire(&(), n).await
+    }
+
+    /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is consumed.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`] when `timeout` passes
+    /// first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, Chain, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let chain = Chain::new([RateLimiter::with_clock(
+    ///     Algorithm::SlidingWindow { limit: 1, window: Duration::from_secs(10) },
+    ///     TokioClock::new(),
+    /// )?])?;
+    /// chain.acquire().await?;
+    /// let late = chain.acquire_timeout(1, Duration::from_secs(1)).await;
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// assert_eq!(chain.stats().cancelled, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_timeout(
+        &self,
+        n: u32,
+        timeout: std::time::Duration,
+    ) -> Result<Admission, AcquireError> {
+        match tokio::time::timeout(timeout, self.acquire_n(n)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(AcquireError::Timeout),
+        }
+    }
+
+    /// The members, in the order given.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Chain, RateLimiter};
+    ///
+    /// let chain = Chain::new([RateLimiter::fixed_window(5, Duration::from_secs(1))?])?;
+    /// chain.try_acquire_n(2)?;
+    /// assert_eq!(chain.members()[0].stats().available, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn members(&self) -> &[RateLimiter<C>] {
+        &self.core.members
+    }
+
+    /// The most permits one call can get: the smallest member capacity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Chain, Rate, RateLimiter};
+    ///
+    /// let chain = Chain::new([
+    ///     RateLimiter::token_bucket(Rate::per_second(100), 7)?,
+    ///     RateLimiter::fixed_window(50, Duration::from_secs(1))?,
+    /// ])?;
+    /// assert_eq!(chain.capacity(), 7);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn capacity(&self) -> u32 {
+        self.core.capacity
+    }
+
+    /// Counts so far. See [`ChainStats`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Chain, RateLimiter};
+    ///
+    /// let chain = Chain::new([RateLimiter::fixed_window(1, Duration::from_secs(60))?])?;
+    /// let _ = chain.try_acquire();
+    /// let _ = chain.try_acquire();
+    /// assert_eq!((chain.stats().admitted, chain.stats().rejected), (1, 1));
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn stats(&self) -> ChainStats {
+        self.core.stats()
+    }
+}
+
+/// A member of a [`KeyedChain`]: a limiter per key, or one limiter for every key.
+#[cfg(feature = "keyed")]
+enum Link<K, C: Clock, S> {
+    PerKey(KeyedLimiter<K, C, S>),
+    Global(RateLimiter<C>),
+}
+
+#[cfg(feature = "keyed")]
+impl<K, C, S> Member<K> for Link<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    #[inline]
+    fn decide<const COMMIT: bool>(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, bool) {
+        match self {
+            Link::PerKey(l) => l.chain_decide::<COMMIT>(key, n),
+            Link::Global(l) => (l.chain_decide::<COMMIT>(n), false),
+        }
+    }
+    fn refund(&self, key: &K, n: u32, admission: &Admission, overflow: bool) {
+        match self {
+            Link::PerKey(l) => l.chain_refund(key, n, admission, overflow),
+            Link::Global(l) => l.chain_refund(n, admission),
+        }
+    }
+    fn exact_refund(&self) -> bool {
+        match self {
+            Link::PerKey(l) => l.chain_exact_refund(),
+            Link::Global(l) => l.chain_exact_refund(),
+        }
+    }
+    fn capacity(&self) -> u32 {
+        match self {
+            Link::PerKey(l) => l.chain_capacity(),
+            Link::Global(l) => l.capacity(),
+        }
+    }
+    fn count(&self, which: usize) {
+        match self {
+            // Keyed statistics count no cancellations: a given-up wait ended without permits.
+            Link::PerKey(l) => l.chain_count(if which == CANCELLED { REJECTED } else { which }),
+            Link::Global(l) => l.chain_count(which),
+        }
+    }
+    #[cfg(feature = "tokio")]
+    fn catch_up(&self) {
+        match self {
+            Link::PerKey(l) => l.chain_catch_up(),
+            Link::Global(l) => l.chain_catch_up(),
+        }
+    }
+}
+
+/// Several limits per key at once, plus limits shared by every key: a call for a key is admitted
+/// only if every per-key member admits it for that key and every global member admits it.
+///
+/// For example 10 per second and 1,000 per hour per user, plus 5,000 per second for the whole
+/// service. The semantics are [`Chain`]'s (check every member, then commit, refunding on a lost
+/// race; the combined admission and the largest `retry_after`); the per-key members are
+/// [`KeyedLimiter`]s on the same key type, the global ones [`RateLimiter`]s, all on one clock
+/// type. Build one with [`KeyedChain::builder`].
+///
+/// A check creates no key; a key is created by its first commit, as with the keyed limiter's
+/// own `try_acquire`. Refunds find the key's cell again by its key; a cell evicted meanwhile no
+/// longer held anything of the refunded admission, and its replacement is left alone.
+///
+/// Cloning is cheap and clones share state.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, KeyedChain, KeyedLimiter, ManualClock, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// let per_user = KeyedLimiter::with_clock(
+///     Algorithm::FixedWindow { limit: 2, window: Duration::from_secs(1) },
+///     clock.clone(),
+/// )?;
+/// let everyone = RateLimiter::with_clock(
+///     Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
+///     clock.clone(),
+/// )?;
+/// let chain = KeyedChain::builder().per_key(per_user).global(everyone).build()?;
+///
+/// chain.try_acquire_n(&"alice", 2)?;
+/// assert!(chain.try_acquire(&"alice").is_err()); // alice's 2 per second
+/// chain.try_acquire(&"bob")?;
+/// assert!(chain.try_acquire(&"carol").is_err()); // everyone's 3 per second
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(feature = "keyed")]
+pub struct KeyedChain<K, C: Clock = DefaultClock, S = foldhash::fast::RandomState> {
+    core: Arc<Core<Link<K, C, S>>>,
+}
+
+#[cfg(feature = "keyed")]
+impl<K, C: Clock, S> Clone for KeyedChain<K, C, S> {
+    fn clone(&self) -> Self {
+        KeyedChain {
+            core: Arc::clone(&self.core),
+        }
+    }
+}
+
+#[cfg(feature = "keyed")]
+impl<K, C: Clock, S> fmt::Debug for KeyedChain<K, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("KeyedChain");
+        for member in self.core.members.iter() {
+            match member {
+                Link::PerKey(l) => d.field("per_key", l),
+                Link::Global(l) => d.field("global", l),
+            };
+        }
+        d.finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`KeyedChain`]: per-key members and global members, in the order added.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, KeyedChain, KeyedLimiter, Rate, RateLimiter};
+///
+/// let chain = KeyedChain::builder()
+///     .per_key(KeyedLimiter::<u64>::new(Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 10 })?)
+///     .per_key(KeyedLimiter::new(Algorithm::SlidingWindow { limit: 1_000, window: Duration::from_secs(3600) })?)
+///     .global(RateLimiter::token_bucket(Rate::per_second(5_000), 5_000)?)
+///     .build()?;
+/// assert!(chain.try_acquire(&42).is_ok());
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
+#[cfg(feature = "keyed")]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct KeyedChainBuilder<K, C: Clock = DefaultClock, S = foldhash::fast::RandomState> {
+    per_key: Vec<KeyedLimiter<K, C, S>>,
+    global: Vec<RateLimiter<C>>,
+}
+
+#[cfg(feature = "keyed")]
+impl<K, C: Clock, S> fmt::Debug for KeyedChainBuilder<K, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedChainBuilder")
+            .field("per_key", &self.per_key)
+            .field("global", &self.global)
+            .finish()
+    }
+}
+
+#[cfg(feature = "keyed")]
+impl<K, C: Clock, S> KeyedChainBuilder<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// Adds a member limiting each key on its own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter};
+    ///
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::<&str>::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) })?)
+    ///     .build()?;
+    /// assert!(chain.try_acquire(&"a").is_ok());
+    /// assert!(chain.try_acquire(&"a").is_err());
+    /// assert!(chain.try_acquire(&"b").is_ok());
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn per_key(mut self, limiter: KeyedLimiter<K, C, S>) -> Self {
+        self.per_key.push(limiter);
+        self
+    }
+
+    /// Adds a member shared by every key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedChain, RateLimiter};
+    ///
+    /// let chain = KeyedChain::<u32>::builder()
+    ///     .global(RateLimiter::fixed_window(1, Duration::from_secs(60))?)
+    ///     .build()?;
+    /// assert!(chain.try_acquire(&1).is_ok());
+    /// assert!(chain.try_acquire(&2).is_err()); // one per minute for all keys together
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn global(mut self, limiter: RateLimiter<C>) -> Self {
+        self.global.push(limiter);
+        self
+    }
+
+    /// Builds the chain.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Zero`] if no member was added.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{ConfigError, KeyedChain};
+    ///
+    /// let empty = KeyedChain::<u64>::builder().build();
+    /// assert_eq!(empty.unwrap_err(), ConfigError::Zero { what: "chain members" });
+    /// ```
+    pub fn build(self) -> Result<KeyedChain<K, C, S>, ConfigError> {
+        let global_from = self.per_key.len();
+        let members: Vec<Link<K, C, S>> = self
+            .per_key
+            .into_iter()
+            .map(Link::PerKey)
+            .chain(self.global.into_iter().map(Link::Global))
+            .collect();
+        Ok(KeyedChain {
+            core: Arc::new(Core::new::<K>(members, global_from)?),
+        })
+    }
+}
+
+#[cfg(feature = "keyed")]
+impl<K, C: Clock, S> KeyedChain<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// An empty builder; add members with [`per_key`](KeyedChainBuilder::per_key) and
+    /// [`global`](KeyedChainBuilder::global).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter};
+    ///
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::<u64>::new(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) })?)
+    ///     .build()?;
+    /// assert_eq!(chain.capacity(), 5);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn builder() -> KeyedChainBuilder<K, C, S> {
+        KeyedChainBuilder {
+            per_key: Vec::new(),
+            global: Vec::new(),
+        }
+    }
+
+    /// Takes one permit for `key` from every member, or none. See
+    /// [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter};
+    ///
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::new(Algorithm::SlidingWindow { limit: 1, window: Duration::from_secs(60) })?)
+    ///     .build()?;
+    /// assert!(chain.try_acquire(&"token-1").is_ok());
+    /// assert!(chain.try_acquire(&"token-1").is_err());
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire(&self, key: &K) -> Result<Admission, TryAcquireError> {
+        self.try_acquire_n(key, 1)
+    }
+
+    /// Takes `n` permits for `key` from every member if all admit them now; otherwise takes none
+    /// from any. Never blocks. Same semantics as [`Chain::try_acquire_n`], with each per-key
+    /// member deciding on `key`'s own state.
+    ///
+    /// # Errors
+    ///
+    /// As [`Chain::try_acquire_n`], and [`TryAcquireError::TooManyKeys`] if a per-key member
+    /// cannot take a new key (see [`KeyOverflow`](crate::KeyOverflow)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter, ManualClock, RateLimiter};
+    ///
+    /// let clock = ManualClock::new();
+    /// let per_key = KeyedLimiter::with_clock(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) }, clock.clone())?;
+    /// let global = RateLimiter::with_clock(Algorithm::FixedWindow { limit: 6, window: Duration::from_secs(1) }, clock)?;
+    /// let chain = KeyedChain::builder().per_key(per_key.clone()).global(global).build()?;
+    /// chain.try_acquire_n(&1u8, 4)?;
+    /// // Key 2 could take 3, but the global member has only 2 left: key 2 is charged nothing.
+    /// assert!(chain.try_acquire_n(&2u8, 3).is_err());
+    /// assert_eq!(per_key.available(&2u8), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_n(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
+        self.core.try_acquire(key, n, None)
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n) that also reports every member's admission: on
+    /// success `each` holds one per member, per-key members first, each group in the order
+    /// added; on failure it is left empty.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter, ManualClock, RateLimiter};
+    ///
+    /// let clock = ManualClock::new();
+    /// let chain = KeyedChain::builder()
+    ///     .global(RateLimiter::with_clock(Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(1) }, clock.clone())?)
+    ///     .per_key(KeyedLimiter::with_clock(Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) }, clock)?)
+    ///     .build()?;
+    /// let mut each = Vec::new();
+    /// chain.try_acquire_n_into(&"k", 3, &mut each)?;
+    /// assert_eq!(each.iter().map(|a| a.remaining()).collect::<Vec<_>>(), [7, 97]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire_n_into(
+        &self,
+        key: &K,
+        n: u32,
+        each: &mut Vec<Admission>,
+    ) -> Result<Admission, TryAcquireError> {
+        self.core.try_acquire_into(key, n, each)
+    }
+
+    /// Waits until one permit for `key` is admitted by every member. See
+    /// [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: no permit is held across an await; dropping the future consumes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::with_clock(
+    ///         Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) },
+    ///         TokioClock::new(),
+    ///     )?)
+    ///     .build()?;
+    /// let start = tokio::time::Instant::now();
+    /// chain.acquire(&"alice").await?;
+    /// chain.acquire(&"bob").await?; // another key: no wait
+    /// chain.acquire(&"alice").await?; // alice's next window
+    /// assert_eq!(start.elapsed(), Duration::from_secs(1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire(&self, key: &K) -> Result<Admission, AcquireError> {
+        self.acquire_n(key, 1).await
+    }
+
+    /// Waits until every member admits `n` permits for `key` at once; see
+    /// [`Chain::acquire_n`] for how it waits and its (absent) fairness.
+    ///
+    /// # Errors
+    ///
+    /// As [`Chain::acquire_n`], and [`AcquireError::TooManyKeys`] at once if a per-key member
+    /// cannot take a new key.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: between attempts the call holds no permit of any member, so dropping the
+    /// future consumes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter, Rate, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = TokioClock::new();
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::with_clock(Algorithm::TokenBucket { rate: Rate::per_second(2), burst: 2 }, clock.clone())?)
+    ///     .global(RateLimiter::with_clock(Algorithm::TokenBucket { rate: Rate::per_second(100), burst: 100 }, clock)?)
+    ///     .build()?;
+    /// let start = tokio::time::Instant::now();
+    /// chain.acquire_n(&7u32, 2).await?;
+    /// chain.acquire_n(&7u32, 2).await?; // key 7 refills 2 permits in a second
+    /// assert_eq!(start.elapsed(), Duration::from_secs(1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_n(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
+        self.core.acquire(key, n).await
+    }
+
+    /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is consumed.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, KeyedChain, KeyedLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::with_clock(
+    ///         Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) },
+    ///         TokioClock::new(),
+    ///     )?)
+    ///     .build()?;
+    /// chain.acquire(&1u64).await?;
+    /// let late = chain.acquire_timeout(&1u64, 1, Duration::from_secs(1)).await;
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_timeout(
+        &self,
+        key: &K,
+        n: u32,
+        timeout: std::time::Duration,
+    ) -> Result<Admission, AcquireError> {
+        match tokio::time::timeout(timeout, self.acquire_n(key, n)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(AcquireError::Timeout),
+        }
+    }
+
+    /// The per-key members, in the order added.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter};
+    ///
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::new(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) })?)
+    ///     .build()?;
+    /// chain.try_acquire_n(&"k", 2)?;
+    /// assert_eq!(chain.per_key().next().unwrap().available(&"k"), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn per_key(&self) -> impl Iterator<Item = &KeyedLimiter<K, C, S>> + '_ {
+        self.core.members.iter().filter_map(|m| match m {
+            Link::PerKey(l) => Some(l),
+            Link::Global(_) => None,
+        })
+    }
+
+    /// The global members, in the order added.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedChain, RateLimiter};
+    ///
+    /// let chain = KeyedChain::<u8>::builder()
+    ///     .global(RateLimiter::fixed_window(5, Duration::from_secs(60))?)
+    ///     .build()?;
+    /// chain.try_acquire(&1)?;
+    /// assert_eq!(chain.global().next().unwrap().stats().available, 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn global(&self) -> impl Iterator<Item = &RateLimiter<C>> + '_ {
+        self.core.members.iter().filter_map(|m| match m {
+            Link::PerKey(_) => None,
+            Link::Global(l) => Some(l),
+        })
+    }
+
+    /// The most permits one call can get: the smallest member capacity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter, RateLimiter};
+    ///
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::<u64>::new(Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) })?)
+    ///     .global(RateLimiter::fixed_window(4, Duration::from_secs(1))?)
+    ///     .build()?;
+    /// assert_eq!(chain.capacity(), 4);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn capacity(&self) -> u32 {
+        self.core.capacity
+    }
+
+    /// Counts so far. See [`ChainStats`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter};
+    ///
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) })?)
+    ///     .build()?;
+    /// let _ = chain.try_acquire(&'x');
+    /// let _ = chain.try_acquire(&'x');
+    /// assert_eq!((chain.stats().admitted, chain.stats().rejected), (1, 1));
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn stats(&self) -> ChainStats {
+        self.core.stats()
+    }
+}

@@ -1,0 +1,808 @@
+//! `Chain` and `KeyedChain`: several limits at once.
+//!
+//! - proptest: random sequences of (advance the clock, chain calls, direct calls on single
+//!   members) against the sequential reference models of `tests/common/models.rs`, in which a
+//!   rejected chain call charges nothing. To make the chain's refund path run sequentially, a
+//!   chain call can carry an *injected* direct call on some member that fires between the chain's
+//!   check pass and its commit pass (a clock whose reading runs a hook: exactly the interleaving a
+//!   racing thread produces). The model then applies the injected call first and decides the
+//!   chain all or nothing after it. Decisions, `remaining`, `retry_after` and `limit` must match
+//!   exactly, and so must the number of calls that refunded. Every algorithm is compared
+//!   exactly; chains hold at most one exact sliding window, which the chain commits last and so
+//!   never refunds (its refund is positional: see `refund_positional_sliding_window` below).
+//! - scenarios: 10 per second and 1,000 per hour per key plus a global limit; the largest
+//!   retry-after; a later member's rejection leaves earlier members' `available()` unchanged.
+//! - a stress audit on real threads: a chain of two members raced by direct calls on each
+//!   member, every member's contract checked on its own admission times.
+
+mod common;
+
+use common::models::{AnyModel, Expected, Model};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+use turnstile::{
+    Admission, Algorithm, Chain, ChainStats, Clock, KeyedChain, KeyedLimiter, ManualClock,
+    MonotonicClock, Rate, RateLimiter, TryAcquireError,
+};
+
+// ---------------------------------------------------------------------------------------------
+// A clock that can run a hook inside a reading.
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct HookState {
+    now: AtomicU64,
+    /// Readings left before the hook fires (0: disarmed).
+    countdown: AtomicUsize,
+    hook: Mutex<Option<Hook>>,
+}
+
+/// A manual clock whose `countdown`-th reading from now runs a hook first (once).
+#[derive(Clone, Default)]
+struct HookClock(Arc<HookState>);
+
+impl HookClock {
+    fn advance(&self, nanos: u64) {
+        self.0.now.fetch_add(nanos, Ordering::SeqCst);
+    }
+
+    fn arm(&self, readings: usize, hook: Hook) {
+        *self.0.hook.lock().unwrap() = Some(hook);
+        self.0.countdown.store(readings, Ordering::SeqCst);
+    }
+
+    /// Disarms; true if the hook had fired.
+    fn disarm(&self) -> bool {
+        self.0.countdown.store(0, Ordering::SeqCst);
+        self.0.hook.lock().unwrap().take().is_none()
+    }
+}
+
+impl Clock for HookClock {
+    fn now(&self) -> u64 {
+        let fire = self
+            .0
+            .countdown
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
+            == Ok(1);
+        if fire {
+            let hook = self.0.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        self.0.now.load(Ordering::SeqCst)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The proptest.
+
+/// A member: its algorithm, and whether it limits per key.
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    algorithm: Algorithm,
+    keyed: bool,
+}
+
+fn algorithm(kind: u8, limit: u32, window: u64) -> Algorithm {
+    let window = Duration::from_nanos(window);
+    match kind {
+        0 => Algorithm::FixedWindow { limit, window },
+        1 => Algorithm::SlidingCounter { limit, window },
+        2 => Algorithm::TokenBucket {
+            rate: Rate::new(limit.div_ceil(2), window),
+            burst: limit,
+        },
+        _ => Algorithm::SlidingWindow { limit, window },
+    }
+}
+
+fn is_sliding_window(spec: &Spec) -> bool {
+    matches!(spec.algorithm, Algorithm::SlidingWindow { .. })
+}
+
+/// 1–3 members of random algorithms, at most one of them an exact sliding window.
+fn specs(keyed: bool) -> impl Strategy<Value = Vec<Spec>> {
+    prop::collection::vec((0u8..4, 1u32..6, 1u64..30, any::<bool>()), 1..=3).prop_map(
+        move |members| {
+            let mut seen_sliding = false;
+            members
+                .into_iter()
+                .map(|(kind, limit, window, per_key)| {
+                    let kind = if kind == 3 && std::mem::replace(&mut seen_sliding, true) {
+                        0
+                    } else {
+                        kind
+                    };
+                    Spec {
+                        algorithm: algorithm(kind, limit, window),
+                        keyed: keyed && per_key,
+                    }
+                })
+                .collect()
+        },
+    )
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Advance(u64),
+    /// A chain call for key, n; optionally with a direct call (member, n) injected between the
+    /// check and the commit pass.
+    Chain(u8, u32, Option<(usize, u32)>),
+    /// A direct call on member j for key, n.
+    Direct(usize, u8, u32),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        2 => prop_oneof![3 => Just(0u64), 4 => 0u64..30, 1 => 0u64..120].prop_map(Op::Advance),
+        4 => (0u8..2, 0u32..5, prop::option::weighted(0.5, (0usize..3, 1u32..5)))
+            .prop_map(|(k, n, inject)| Op::Chain(k, n, inject)),
+        2 => (0usize..3, 0u8..2, 0u32..5).prop_map(|(j, k, n)| Op::Direct(j, k, n)),
+    ];
+    prop::collection::vec(op, 1..100)
+}
+
+/// A member under test: a global `RateLimiter` or a `KeyedLimiter` keyed by `u8`.
+#[derive(Clone)]
+enum Live {
+    Global(RateLimiter<HookClock>),
+    PerKey(KeyedLimiter<u8, HookClock>),
+}
+
+impl Live {
+    fn try_acquire_n(&self, key: u8, n: u32) -> Result<Admission, TryAcquireError> {
+        match self {
+            Live::Global(l) => l.try_acquire_n(n),
+            Live::PerKey(l) => l.try_acquire_n(&key, n),
+        }
+    }
+}
+
+/// The reference: one model per member (global) or per member and key.
+struct Reference {
+    specs: Vec<Spec>,
+    models: HashMap<(usize, u8), AnyModel>,
+}
+
+impl Reference {
+    fn model(&mut self, member: usize, key: u8) -> &mut AnyModel {
+        let spec = self.specs[member];
+        let key = if spec.keyed { key } else { 0 };
+        self.models
+            .entry((member, key))
+            .or_insert_with(|| AnyModel::new(spec.algorithm))
+    }
+
+    fn direct(&mut self, member: usize, key: u8, now: u64, n: u32) -> Expected {
+        self.model(member, key).decide(now, u64::from(n))
+    }
+
+    /// Each member's decision for key, n at `now`, without committing.
+    fn check(&mut self, key: u8, now: u64, n: u32) -> Vec<Expected> {
+        (0..self.specs.len())
+            .map(|j| self.model(j, key).clone().decide(now, u64::from(n)))
+            .collect()
+    }
+
+    fn commit(&mut self, key: u8, now: u64, n: u32) {
+        for j in 0..self.specs.len() {
+            assert!(matches!(
+                self.model(j, key).decide(now, u64::from(n)),
+                Some(Ok(_))
+            ));
+        }
+    }
+}
+
+/// What the chain answers, reduced to what the models know: Ok(remaining) or
+/// Err((retry_after, limit)), or None for "can never fit".
+type ChainExpected = Option<Result<u64, (u64, u32)>>;
+
+fn limit_of(spec: &Spec) -> u32 {
+    match spec.algorithm {
+        Algorithm::FixedWindow { limit, .. }
+        | Algorithm::SlidingWindow { limit, .. }
+        | Algorithm::SlidingCounter { limit, .. } => limit,
+        Algorithm::TokenBucket { burst, .. } => burst,
+        other => panic!("unknown {other:?}"),
+    }
+}
+
+/// Combines the members' decisions: all admit, or the largest retry (the first on a tie).
+fn combine(specs: &[Spec], decisions: &[Expected]) -> ChainExpected {
+    if decisions.iter().any(Option::is_none) {
+        return None;
+    }
+    let mut worst: Option<(u64, u32)> = None;
+    let mut remaining = u64::MAX;
+    for (spec, decision) in specs.iter().zip(decisions) {
+        match decision.unwrap() {
+            Ok(r) => remaining = remaining.min(r),
+            Err(retry) => {
+                if worst.is_none_or(|(w, _)| retry > w) {
+                    worst = Some((retry, limit_of(spec)));
+                }
+            }
+        }
+    }
+    Some(worst.map_or(Ok(remaining), Err))
+}
+
+fn reduce(outcome: Result<Admission, TryAcquireError>, now: u64) -> ChainExpected {
+    match outcome {
+        Ok(a) => {
+            assert_eq!(a.at_nanos(), now);
+            Some(Ok(u64::from(a.remaining())))
+        }
+        Err(TryAcquireError::Rejected(r)) => Some(Err((r.retry_after_nanos(), r.limit()))),
+        Err(TryAcquireError::InsufficientCapacity { .. }) => None,
+        Err(e) => panic!("unexpected {e:?}"),
+    }
+}
+
+fn reduce_single(outcome: Result<Admission, TryAcquireError>) -> Expected {
+    match outcome {
+        Ok(a) => Some(Ok(u64::from(a.remaining()))),
+        Err(TryAcquireError::Rejected(r)) => Some(Err(r.retry_after_nanos())),
+        Err(TryAcquireError::InsufficientCapacity { .. }) => None,
+        Err(e) => panic!("unexpected {e:?}"),
+    }
+}
+
+/// Runs `ops` on a chain of `specs` (a `Chain` if `keyed` is false, else a `KeyedChain`) and on
+/// the reference, comparing every answer.
+fn check_chain(specs: &[Spec], ops: &[Op], keyed: bool) {
+    let clock = HookClock::default();
+    let live: Vec<Live> = specs
+        .iter()
+        .map(|s| {
+            if s.keyed {
+                Live::PerKey(KeyedLimiter::with_clock(s.algorithm, clock.clone()).unwrap())
+            } else {
+                Live::Global(RateLimiter::with_clock(s.algorithm, clock.clone()).unwrap())
+            }
+        })
+        .collect();
+    // The chain lists per-key members first (`KeyedChain`'s member order); `member[i]` is the
+    // index in `specs` of the chain's i-th member.
+    let mut member: Vec<usize> = (0..specs.len()).filter(|&j| specs[j].keyed).collect();
+    member.extend((0..specs.len()).filter(|&j| !specs[j].keyed));
+    let chained: Vec<Spec> = member.iter().map(|&j| specs[j]).collect();
+    let chain: Box<dyn Fn(u8, u32) -> Result<Admission, TryAcquireError>>;
+    let stats: Box<dyn Fn() -> ChainStats>;
+    if keyed {
+        let mut builder = KeyedChain::<u8, HookClock>::builder();
+        for &j in &member {
+            builder = match &live[j] {
+                Live::PerKey(l) => builder.per_key(l.clone()),
+                Live::Global(l) => builder.global(l.clone()),
+            };
+        }
+        let c = builder.build().unwrap();
+        let c2 = c.clone();
+        chain = Box::new(move |k, n| c.try_acquire_n(&k, n));
+        stats = Box::new(move || c2.stats());
+    } else {
+        let c = Chain::new(live.iter().map(|l| match l {
+            Live::Global(l) => l.clone(),
+            Live::PerKey(_) => unreachable!("an unkeyed chain has no per-key members"),
+        }))
+        .unwrap();
+        let c2 = c.clone();
+        chain = Box::new(move |_, n| c.try_acquire_n(n));
+        stats = Box::new(move || c2.stats());
+    }
+    // The chain commits exact refunds first (per-key before global), sliding windows last.
+    let mut order: Vec<usize> = (0..chained.len()).collect();
+    order.sort_by_key(|&i| (is_sliding_window(&chained[i]), !chained[i].keyed));
+    let capacity = specs.iter().map(limit_of).min().unwrap();
+
+    let mut reference = Reference {
+        specs: chained.clone(),
+        models: HashMap::new(),
+    };
+    let (mut calls, mut refunds) = (0u64, 0u64);
+    for (i, op) in ops.iter().enumerate() {
+        let now = clock.0.now.load(Ordering::SeqCst);
+        match *op {
+            Op::Advance(d) => clock.advance(d),
+            Op::Direct(j, key, n) => {
+                let j = j % specs.len();
+                let pos = member.iter().position(|&m| m == j).unwrap();
+                let got = reduce_single(live[j].try_acquire_n(key, n));
+                assert_eq!(got, reference.direct(pos, key, now, n), "op {i}: {op:?}");
+            }
+            Op::Chain(key, n, inject) => {
+                calls += 1;
+                let checked = reference.check(key, now, n);
+                let passes =
+                    n > 0 && n <= capacity && checked.iter().all(|d| matches!(d, Some(Ok(_))));
+                let injected = inject.filter(|_| passes).map(|(j, m)| {
+                    let j = j % specs.len();
+                    let pos = member.iter().position(|&x| x == j).unwrap();
+                    let slot: Arc<Mutex<Option<Result<Admission, TryAcquireError>>>> =
+                        Arc::default();
+                    let (target, out) = (live[j].clone(), Arc::clone(&slot));
+                    // One reading per member for the check pass; the next is the commit's.
+                    clock.arm(
+                        specs.len() + 1,
+                        Box::new(move || {
+                            *out.lock().unwrap() = Some(target.try_acquire_n(key, m));
+                        }),
+                    );
+                    (pos, m, slot)
+                });
+                let got = reduce(chain(key, n), now);
+                let expected = match &injected {
+                    None => {
+                        let expected = combine(&chained, &checked);
+                        if matches!(expected, Some(Ok(_))) && n > 0 {
+                            reference.commit(key, now, n);
+                        }
+                        expected
+                    }
+                    Some((pos, m, slot)) => {
+                        assert!(clock.disarm(), "op {i}: the injected call did not run");
+                        let nested = reduce_single(slot.lock().unwrap().take().unwrap());
+                        assert_eq!(
+                            nested,
+                            reference.direct(*pos, key, now, *m),
+                            "op {i}: injected"
+                        );
+                        let after = reference.check(key, now, n);
+                        let expected = combine(&chained, &after);
+                        if matches!(expected, Some(Ok(_))) {
+                            reference.commit(key, now, n);
+                        } else if matches!(after[order[0]], Some(Ok(_))) {
+                            // The first member committed and was refunded.
+                            refunds += 1;
+                        }
+                        expected
+                    }
+                };
+                clock.disarm();
+                assert_eq!(got, expected, "op {i}: {op:?} at {now}, chain {chained:?}");
+            }
+        }
+    }
+    let stats = stats();
+    assert_eq!(stats.admitted + stats.rejected, calls);
+    assert_eq!(stats.refunded, refunds, "refunds");
+    REFUNDS_SEEN.fetch_add(refunds, Ordering::Relaxed);
+}
+
+/// Refunds over all cases, to show that the injected races do reach the refund path.
+static REFUNDS_SEEN: AtomicU64 = AtomicU64::new(0);
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+
+    #[test]
+    fn chain_matches_model(specs in specs(false), ops in ops()) {
+        check_chain(&specs, &ops, false);
+    }
+
+    #[test]
+    fn keyed_chain_matches_model(specs in specs(true), ops in ops()) {
+        check_chain(&specs, &ops, true);
+    }
+}
+
+#[test]
+fn chain_matches_model_with_refunds() {
+    // The proptests above run in this binary too; this one only checks that, over a fixed run,
+    // the injected races refund often.
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let before = REFUNDS_SEEN.load(Ordering::Relaxed);
+    for _ in 0..200 {
+        let specs = specs(true).new_tree(&mut runner).unwrap().current();
+        let ops = ops().new_tree(&mut runner).unwrap().current();
+        check_chain(&specs, &ops, true);
+    }
+    let refunds = REFUNDS_SEEN.load(Ordering::Relaxed) - before;
+    assert!(refunds >= 50, "only {refunds} refunds in 200 runs");
+    eprintln!("{refunds} refunds in 200 runs");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios.
+
+fn manual(algorithm: Algorithm, clock: &ManualClock) -> RateLimiter<ManualClock> {
+    RateLimiter::with_clock(algorithm, clock.clone()).unwrap()
+}
+
+fn keyed(algorithm: Algorithm, clock: &ManualClock) -> KeyedLimiter<&'static str, ManualClock> {
+    KeyedLimiter::with_clock(algorithm, clock.clone()).unwrap()
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// 10 per second and 1,000 per hour per key, plus 1,500 per hour for everyone.
+#[test]
+fn ten_per_second_and_a_thousand_per_hour_per_key_plus_a_global_limit() {
+    let clock = ManualClock::new();
+    let per_second = keyed(
+        Algorithm::SlidingWindow {
+            limit: 10,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let per_hour = keyed(
+        Algorithm::SlidingWindow {
+            limit: 1_000,
+            window: HOUR,
+        },
+        &clock,
+    );
+    let global = manual(
+        Algorithm::FixedWindow {
+            limit: 1_500,
+            window: HOUR,
+        },
+        &clock,
+    );
+    let chain = KeyedChain::builder()
+        .per_key(per_second.clone())
+        .per_key(per_hour.clone())
+        .global(global.clone())
+        .build()
+        .unwrap();
+
+    // Alice: 10 in the first second, then the per-second limit says when.
+    for i in 0..10 {
+        assert_eq!(chain.try_acquire(&"alice").unwrap().remaining(), 9 - i);
+    }
+    let r = *chain
+        .try_acquire(&"alice")
+        .unwrap_err()
+        .rejection()
+        .unwrap();
+    assert_eq!((r.retry_after(), r.limit()), (SECOND, 10));
+    assert_eq!(
+        per_hour.available(&"alice"),
+        990,
+        "the rejection took nothing per hour"
+    );
+    assert_eq!(global.stats().available, 1_490);
+
+    // Ten a second for 99 more seconds: 1,000 in all, then the hourly limit.
+    for _ in 1..100 {
+        clock.advance(SECOND);
+        chain.try_acquire_n(&"alice", 10).unwrap();
+    }
+    clock.advance(SECOND);
+    let r = *chain
+        .try_acquire(&"alice")
+        .unwrap_err()
+        .rejection()
+        .unwrap();
+    assert_eq!(r.limit(), 1_000);
+    assert_eq!(
+        r.retry_after(),
+        HOUR - Duration::from_secs(100),
+        "the first ten leave at 1 h"
+    );
+    assert_eq!(
+        per_second.available(&"alice"),
+        10,
+        "per second was not charged"
+    );
+
+    // Bob has his own limits, but the 1,500 per hour for everyone is shared.
+    for _ in 0..50 {
+        clock.advance(SECOND);
+        chain.try_acquire_n(&"bob", 10).unwrap();
+    }
+    clock.advance(SECOND);
+    let r = *chain.try_acquire(&"bob").unwrap_err().rejection().unwrap();
+    assert_eq!(r.limit(), 1_500);
+    assert_eq!(
+        r.retry_after(),
+        HOUR - clock.elapsed(),
+        "the global window ends at 1 h"
+    );
+    assert_eq!(per_second.available(&"bob"), 10);
+    assert_eq!(per_hour.available(&"bob"), 500);
+
+    // At the hour the global window resets and Alice's first second has left her hourly log.
+    clock.set(HOUR);
+    assert_eq!(chain.try_acquire_n(&"alice", 10).unwrap().remaining(), 0);
+    assert!(chain.try_acquire(&"alice").is_err());
+    assert_eq!(chain.try_acquire_n(&"bob", 10).unwrap().remaining(), 0);
+    let stats = chain.stats();
+    assert_eq!(stats.refunded, 0, "sequential calls never refund");
+}
+
+/// The rejection reports the member with the largest retry-after, whatever the order.
+#[test]
+fn the_largest_retry_after_is_reported() {
+    let clock = ManualClock::new();
+    let fixed = |limit, secs| Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_secs(secs),
+    };
+    let a = manual(fixed(1, 1), &clock);
+    let b = manual(fixed(1, 60), &clock);
+    let c = manual(
+        Algorithm::TokenBucket {
+            rate: Rate::new(1, Duration::from_secs(10)),
+            burst: 1,
+        },
+        &clock,
+    );
+    for members in [[&a, &b, &c], [&c, &b, &a], [&b, &a, &c]] {
+        let chain = Chain::new(members.map(Clone::clone)).unwrap();
+        clock.advance(Duration::from_secs(3600));
+        chain.try_acquire().unwrap();
+        clock.advance(Duration::from_millis(500));
+        let r = *chain.try_acquire().unwrap_err().rejection().unwrap();
+        assert_eq!(r.retry_after(), Duration::from_millis(59_500));
+        assert_eq!(r.limit(), 1);
+        // After the minute member's window, the bucket's 10 s have long passed too.
+        clock.advance(r.retry_after());
+        chain.try_acquire().unwrap();
+    }
+}
+
+/// Builds a chain whose commit pass loses a race on its last member: a direct call on that
+/// member, injected between the passes, takes its last permits.
+fn refund_scenario(first: Algorithm) {
+    let clock = HookClock::default();
+    let first = RateLimiter::with_clock(first, clock.clone()).unwrap();
+    let last = RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: 2,
+            window: Duration::from_nanos(1_000),
+        },
+        clock.clone(),
+    )
+    .unwrap();
+    let chain = Chain::new([first.clone(), last.clone()]).unwrap();
+    clock.advance(10);
+    chain.try_acquire().unwrap();
+    let before = (first.stats().available, first.try_acquire_n(0).unwrap());
+    let thief = last.clone();
+    clock.arm(3, Box::new(move || thief.try_acquire().map(drop).unwrap()));
+    let err = chain.try_acquire().unwrap_err();
+    assert!(clock.disarm(), "the race was injected");
+    assert_eq!(err.rejection().unwrap().retry_after_nanos(), 990);
+    assert_eq!(
+        (first.stats().available, first.try_acquire_n(0).unwrap()),
+        before,
+        "the earlier member is exactly as before the rejected call"
+    );
+    assert_eq!(chain.stats().refunded, 1);
+    assert_eq!(last.stats().available, 0);
+}
+
+/// A later member's rejection leaves an earlier member's `available()` (and its every answer)
+/// unchanged, for each algorithm whose refund is exact.
+#[test]
+fn a_later_rejection_leaves_earlier_members_unchanged() {
+    let window = Duration::from_nanos(1_000);
+    refund_scenario(Algorithm::FixedWindow { limit: 5, window });
+    refund_scenario(Algorithm::SlidingCounter { limit: 5, window });
+    refund_scenario(Algorithm::TokenBucket {
+        rate: Rate::new(5, window),
+        burst: 5,
+    });
+}
+
+/// The exact sliding window's refund is positional: the refunded ticket frees once the tickets
+/// before it have left the window (and never admits more than the limit in any window).
+#[test]
+fn refund_positional_sliding_window() {
+    let clock = HookClock::default();
+    let window = Duration::from_nanos(100);
+    let first =
+        RateLimiter::with_clock(Algorithm::SlidingWindow { limit: 3, window }, clock.clone())
+            .unwrap();
+    let second =
+        RateLimiter::with_clock(Algorithm::SlidingWindow { limit: 2, window }, clock.clone())
+            .unwrap();
+    let chain = Chain::new([first.clone(), second.clone()]).unwrap();
+    first.try_acquire().unwrap(); // ticket 0 at t = 0
+    clock.advance(10);
+    chain.try_acquire().unwrap(); // ticket 1 at t = 10
+    let thief = second.clone();
+    clock.arm(3, Box::new(move || thief.try_acquire().map(drop).unwrap()));
+    assert!(chain.try_acquire().is_err()); // ticket 2 of `first` is taken, then refunded
+    assert!(clock.disarm());
+    assert_eq!(chain.stats().refunded, 1);
+    // `first` holds tickets 0 (t = 0) and 1 (t = 10), and ticket 2, refunded. The exact log
+    // would have room for one more now; the ring's next ticket, 3, overwrites ticket 0, live
+    // until 100. Conservative.
+    let r = *first.try_acquire().unwrap_err().rejection().unwrap();
+    assert_eq!(r.retry_after_nanos(), 90);
+    clock.advance(90); // t = 100
+    first.try_acquire().unwrap(); // ticket 3
+    assert!(
+        first.try_acquire().is_err(),
+        "ticket 4 overwrites ticket 1 (t = 10)"
+    );
+    clock.advance(10); // t = 110
+                       // Ticket 5 overwrites the refunded ticket 2: free at once, no waiting for its expiry.
+    first.try_acquire_n(2).unwrap();
+    assert!(
+        first.try_acquire().is_err(),
+        "3 in the window: 100, 110, 110"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stress: real threads, a chain of two members, every member audited.
+
+const THREADS: usize = 4;
+const ATTEMPTS: usize = 100_000;
+
+/// Races chain calls (threads 0, 1 and 2) against each other and against direct calls on the
+/// members (thread 3, alternating), records every member's admissions with that member's own
+/// times, and returns them with the chain's statistics. The second member is the tighter one,
+/// so that two chain calls often both pass the check while only one fits in the commit.
+fn hammer<C: Clock>(members: [RateLimiter<C>; 2]) -> ([Vec<(u64, u64)>; 2], ChainStats) {
+    let chain = Chain::new(members.clone()).unwrap();
+    let barrier = Barrier::new(THREADS);
+    let logs: Vec<[Vec<(u64, u64)>; 2]> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|id| {
+                let (chain, members, barrier) = (chain.clone(), members.clone(), &barrier);
+                s.spawn(move || {
+                    let mut mine: [Vec<(u64, u64)>; 2] = Default::default();
+                    let mut each = Vec::new();
+                    barrier.wait();
+                    for i in 0..ATTEMPTS {
+                        let n = 1 + (i % 2) as u32;
+                        if id < THREADS - 1 {
+                            if chain.try_acquire_n_into(n, &mut each).is_ok() {
+                                for (log, a) in mine.iter_mut().zip(&each) {
+                                    log.push((a.at_nanos(), u64::from(n)));
+                                }
+                            }
+                        } else if let Ok(a) = members[i % 2].try_acquire_n(n) {
+                            mine[i % 2].push((a.at_nanos(), u64::from(n)));
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut merged: [Vec<(u64, u64)>; 2] = Default::default();
+    for log in logs {
+        for (m, l) in merged.iter_mut().zip(log) {
+            m.extend(l);
+        }
+    }
+    for m in &mut merged {
+        m.sort_unstable();
+        assert!(m.len() > 1000, "the audit must exercise admissions");
+    }
+    let stats = chain.stats();
+    assert_eq!(
+        stats.admitted + stats.rejected,
+        ((THREADS - 1) * ATTEMPTS) as u64
+    );
+    (merged, stats)
+}
+
+/// Audits fresh members until a run has refunded at least once (at most five runs; on a loaded
+/// machine the threads can end up taking turns instead of racing). Every run is audited.
+fn audit<C: Clock + Clone>(clock: C, algorithms: [Algorithm; 2]) -> ChainStats {
+    for _ in 0..4 {
+        let stats = audit_once(clock.clone(), algorithms);
+        if stats.refunded > 0 {
+            return stats;
+        }
+    }
+    let stats = audit_once(clock, algorithms);
+    assert!(
+        stats.refunded > 0,
+        "the audit must exercise refunds: {stats:?}"
+    );
+    stats
+}
+
+fn audit_once<C: Clock + Clone>(clock: C, algorithms: [Algorithm; 2]) -> ChainStats {
+    let members = algorithms.map(|a| RateLimiter::with_clock(a, clock.clone()).unwrap());
+    let (logs, stats) = hammer(members);
+    for (log, algorithm) in logs.iter().zip(algorithms) {
+        let violations = match algorithm {
+            Algorithm::FixedWindow { limit, window } => {
+                common::fixed_violations(log, limit, window)
+            }
+            Algorithm::SlidingWindow { limit, window } => {
+                common::sliding_violations(log, limit, window)
+            }
+            Algorithm::SlidingCounter { limit, window } => {
+                common::counter_violations(log, limit, window)
+            }
+            Algorithm::TokenBucket { rate, burst } => common::bucket_violations(log, rate, burst),
+            other => panic!("unknown {other:?}"),
+        };
+        assert_eq!(violations, 0, "{algorithm:?} broke its contract");
+    }
+    stats
+}
+
+#[test]
+fn refunds_never_over_admit_fixed_and_bucket() {
+    let stats = audit(
+        MonotonicClock::new(),
+        [
+            Algorithm::FixedWindow {
+                limit: 40,
+                window: Duration::from_micros(20),
+            },
+            Algorithm::TokenBucket {
+                rate: Rate::new(1, Duration::from_micros(1)),
+                burst: 2,
+            },
+        ],
+    );
+    eprintln!("fixed + bucket: {stats:?}");
+}
+
+#[test]
+fn refunds_never_over_admit_bucket_and_counter() {
+    let stats = audit(
+        MonotonicClock::new(),
+        [
+            Algorithm::TokenBucket {
+                rate: Rate::new(2, Duration::from_micros(1)),
+                burst: 20,
+            },
+            Algorithm::SlidingCounter {
+                limit: 4,
+                window: Duration::from_micros(5),
+            },
+        ],
+    );
+    eprintln!("bucket + counter: {stats:?}");
+}
+
+#[test]
+fn refunds_never_over_admit_counter_and_fixed() {
+    let stats = audit(
+        MonotonicClock::new(),
+        [
+            Algorithm::SlidingCounter {
+                limit: 40,
+                window: Duration::from_micros(20),
+            },
+            Algorithm::FixedWindow {
+                limit: 4,
+                window: Duration::from_micros(5),
+            },
+        ],
+    );
+    eprintln!("counter + fixed: {stats:?}");
+}
+
+#[test]
+fn refunds_never_over_admit_two_sliding_windows() {
+    let stats = audit(
+        MonotonicClock::new(),
+        [
+            Algorithm::SlidingWindow {
+                limit: 40,
+                window: Duration::from_micros(20),
+            },
+            Algorithm::SlidingWindow {
+                limit: 4,
+                window: Duration::from_micros(5),
+            },
+        ],
+    );
+    eprintln!("sliding + sliding: {stats:?}");
+}
