@@ -25,40 +25,14 @@
 //! Run: `cargo bench --bench keyed_map`.
 
 use criterion::{black_box, criterion_group, BenchmarkId, Criterion, Throughput};
+#[path = "common/heap.rs"]
+mod heap;
+
 use foldhash::fast::RandomState as Fold;
-use std::alloc::{GlobalAlloc, Layout, System};
+use heap::{key_sequence, Heap};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-/// Counts live heap bytes, for the bytes-per-key figures.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so this
-// allocator keeps `System`'s contract; it only adds a counter.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which `System` shares.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: `ptr` came from `alloc` above with this `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size, Ordering::Relaxed);
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: as for `alloc` and `dealloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// The operation every candidate performs on a hit: what a fixed window's admit does.
 #[inline(always)]
@@ -164,19 +138,6 @@ impl<S: Hasher> Candidate for Dash<S> {
     }
 }
 
-/// A fixed pseudo-random walk over `0..n` (xorshift), so every run looks up the same keys.
-fn key_sequence(n: u64, len: usize, seed: u64) -> Vec<u64> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        })
-        .collect()
-}
-
 fn bench_candidate<M: Candidate>(c: &mut Criterion, n: u64, label: &str) {
     let map = M::with_keys(n);
     let keys = key_sequence(n, 1 << 16, 0x9E37_79B9_7F4A_7C15);
@@ -262,9 +223,9 @@ fn hits(c: &mut Criterion) {
 }
 
 fn bytes_per_key<M: Candidate>(n: u64) -> f64 {
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = Heap::now().live;
     let map = M::with_keys(n);
-    let after = LIVE.load(Ordering::Relaxed);
+    let after = Heap::now().live;
     assert!(map.hit(n - 1), "{}: the last key is missing", M::name());
     drop(map);
     (after - before) as f64 / n as f64
