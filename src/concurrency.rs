@@ -3,11 +3,14 @@
 use crate::error::{AcquireError, ConfigError, TryPermitError};
 use crate::limiter::Stats;
 use crate::queue::{
-    no_timer, Blocked, QueueOrder, Wait, WaitQueue, CLOSED, DEFAULT_QUEUE_LIMIT, WAITERS,
+    no_timer, Acquire, Blocked, Phases, QueueOrder, SlowWait, Wait, WaitQueue, CLOSED,
+    DEFAULT_QUEUE_LIMIT, WAITERS,
 };
 use crate::sync::{Arc, AtomicU64, Counters, Ordering, ADMITTED, CANCELLED, REJECTED};
 use crossbeam_utils::CachePadded;
 use std::fmt;
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 /// Permits free in a permit word (its low 32 bits).
@@ -147,8 +150,9 @@ impl Inner {
         self.take(n, false).map_err(|_| Blocked::Release)
     }
 
-    /// Validates and tries the fast path; `Ok(false)` means "queue up".
-    fn acquire_fast(&self, n: u32) -> Result<bool, AcquireError> {
+    /// Validates and tries the fast path; `Pending` means "queue up".
+    #[inline(always)]
+    fn acquire_fast(&self, n: u32) -> Poll<Result<(), AcquireError>> {
         let error = if n > self.limit {
             AcquireError::InsufficientCapacity {
                 requested: n,
@@ -158,14 +162,14 @@ impl Inner {
             match self.take(n, true) {
                 Ok(()) => {
                     self.counters.bump(ADMITTED);
-                    return Ok(true);
+                    return Poll::Ready(Ok(()));
                 }
                 Err(TryPermitError::Closed) => AcquireError::Closed,
-                Err(_) => return Ok(false),
+                Err(_) => return Poll::Pending,
             }
         };
         self.counters.bump(REJECTED);
-        Err(error)
+        Poll::Ready(Err(error))
     }
 
     fn wait(&self, n: u32) -> Wait<'_> {
@@ -178,12 +182,9 @@ impl Inner {
         }
     }
 
-    async fn acquire(&self, n: u32) -> Result<(), AcquireError> {
-        if self.acquire_fast(n)? {
-            return Ok(());
-        }
-        // Boxed so that the fast path's future stays small.
-        Box::pin(self.wait(n).run_async(|| self.take_head(n), no_timer)).await
+    /// The wait in the queue, after the fast path said to queue up.
+    async fn acquire_slow(&self, n: u32) -> Result<(), AcquireError> {
+        self.wait(n).run_async(|| self.take_head(n), no_timer).await
     }
 
     fn acquire_blocking(
@@ -191,8 +192,8 @@ impl Inner {
         n: u32,
         deadline: Option<std::time::Instant>,
     ) -> Result<(), AcquireError> {
-        if self.acquire_fast(n)? {
-            return Ok(());
+        if let Poll::Ready(outcome) = self.acquire_fast(n) {
+            return outcome;
         }
         self.wait(n).run_blocking(|| self.take_head(n), deadline)
     }
@@ -365,8 +366,9 @@ impl ConcurrencyLimiter {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn acquire(&self) -> Result<Permit<'_>, AcquireError> {
-        self.acquire_n(1).await
+    #[inline]
+    pub fn acquire(&self) -> impl Future<Output = Result<Permit<'_>, AcquireError>> + Send + '_ {
+        self.acquire_n(1)
     }
 
     /// Waits until `n` permits can be held at once, in a fair, bounded queue.
@@ -403,11 +405,14 @@ impl ConcurrencyLimiter {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn acquire_n(&self, n: u32) -> Result<Permit<'_>, AcquireError> {
-        self.inner.acquire(n).await?;
-        Ok(Permit {
-            limiter: &self.inner,
-            permits: n,
+    #[inline]
+    pub fn acquire_n(
+        &self,
+        n: u32,
+    ) -> impl Future<Output = Result<Permit<'_>, AcquireError>> + Send + '_ {
+        Acquire::new(Borrowed {
+            inner: &self.inner,
+            n,
         })
     }
 
@@ -440,15 +445,11 @@ impl ConcurrencyLimiter {
     pub fn acquire_owned(
         &self,
         n: u32,
-    ) -> impl std::future::Future<Output = Result<OwnedPermit, AcquireError>> + Send + 'static {
-        let limiter = self.clone();
-        async move {
-            limiter.inner.acquire(n).await?;
-            Ok(OwnedPermit {
-                limiter,
-                permits: n,
-            })
-        }
+    ) -> impl Future<Output = Result<OwnedPermit, AcquireError>> + Send + 'static {
+        Acquire::new(Owned {
+            limiter: self.clone(),
+            n,
+        })
     }
 
     /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is held.
@@ -777,6 +778,70 @@ impl ConcurrencyLimiterBuilder {
                 counters: Counters::new(),
                 queue: WaitQueue::new(self.order, self.queue_limit),
             }),
+        })
+    }
+}
+
+/// The two halves of [`ConcurrencyLimiter::acquire_n`].
+struct Borrowed<'a> {
+    inner: &'a Inner,
+    n: u32,
+}
+
+impl<'a> Phases<'a> for Borrowed<'a> {
+    type Output = Permit<'a>;
+
+    #[inline(always)]
+    fn fast(&mut self) -> Poll<Result<Permit<'a>, AcquireError>> {
+        let (inner, permits) = (self.inner, self.n);
+        match inner.acquire_fast(permits) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(Permit {
+                limiter: inner,
+                permits,
+            })),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn slow(&mut self) -> SlowWait<'a, Permit<'a>> {
+        let (inner, permits) = (self.inner, self.n);
+        Box::pin(async move {
+            inner.acquire_slow(permits).await?;
+            Ok(Permit {
+                limiter: inner,
+                permits,
+            })
+        })
+    }
+}
+
+/// The two halves of [`ConcurrencyLimiter::acquire_owned`].
+struct Owned {
+    limiter: ConcurrencyLimiter,
+    n: u32,
+}
+
+impl Phases<'static> for Owned {
+    type Output = OwnedPermit;
+
+    #[inline(always)]
+    fn fast(&mut self) -> Poll<Result<OwnedPermit, AcquireError>> {
+        match self.limiter.inner.acquire_fast(self.n) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(OwnedPermit {
+                limiter: self.limiter.clone(),
+                permits: self.n,
+            })),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn slow(&mut self) -> SlowWait<'static, OwnedPermit> {
+        let (limiter, permits) = (self.limiter.clone(), self.n);
+        Box::pin(async move {
+            limiter.inner.acquire_slow(permits).await?;
+            Ok(OwnedPermit { limiter, permits })
         })
     }
 }

@@ -12,7 +12,10 @@ use crate::sync::{
 };
 use crossbeam_utils::CachePadded;
 use std::fmt;
+#[cfg(feature = "tokio")]
+use std::future::Future;
 use std::hash::{BuildHasher, Hash};
+use std::task::Poll;
 
 /// The key cap keyed limiters get unless told otherwise: 1,048,576 keys.
 ///
@@ -1376,31 +1379,32 @@ where
         self.inner.waits.queue_limit
     }
 
-    /// Validates and tries without queueing when `key` has no waiters. `Ok(None)`: queue up.
-    fn acquire_fast(&self, key: &K, n: u32) -> Result<Option<Admission>, AcquireError> {
+    /// Validates and tries without queueing when `key` has no waiters. `Pending`: queue up.
+    #[inline(always)]
+    fn acquire_fast(&self, key: &K, n: u32) -> Poll<Result<Admission, AcquireError>> {
         let inner = &*self.inner;
         let counters = &inner.ctx.counters;
         if !inner.waits.any() || !inner.waits.has_waiters(key) {
             let error = match self.decide(key, n) {
                 Ok(admission) => {
                     counters.bump(ADMITTED);
-                    return Ok(Some(admission));
+                    return Poll::Ready(Ok(admission));
                 }
-                Err(TryAcquireError::Rejected(_)) => return Ok(None),
+                Err(TryAcquireError::Rejected(_)) => return Poll::Pending,
                 Err(error) => waiting_error(error),
             };
             counters.bump(REJECTED);
-            return Err(error);
+            return Poll::Ready(Err(error));
         }
         let capacity = inner.algorithm_limit();
         if n > capacity {
             counters.bump(REJECTED);
-            return Err(AcquireError::InsufficientCapacity {
+            return Poll::Ready(Err(AcquireError::InsufficientCapacity {
                 requested: n,
                 capacity,
-            });
+            }));
         }
-        Ok(None)
+        Poll::Pending
     }
 
     /// The head waiter's attempt: the key's state, ignoring its queue.
@@ -1448,8 +1452,12 @@ where
     /// # }
     /// ```
     #[cfg(feature = "tokio")]
-    pub async fn acquire(&self, key: &K) -> Result<Admission, AcquireError> {
-        self.acquire_n(key, 1).await
+    #[inline]
+    pub fn acquire<'a>(
+        &'a self,
+        key: &'a K,
+    ) -> impl Future<Output = Result<Admission, AcquireError>> + Send + 'a {
+        self.acquire_n(key, 1)
     }
 
     /// Waits until `n` permits for `key` are admitted at once, in the key's own fair, bounded
@@ -1495,12 +1503,17 @@ where
     /// # }
     /// ```
     #[cfg(feature = "tokio")]
-    pub async fn acquire_n(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
-        if let Some(admission) = self.acquire_fast(key, n)? {
-            return Ok(admission);
-        }
-        // Boxed so that the fast path's future stays small.
-        Box::pin(self.acquire_slow(key, n)).await
+    #[inline]
+    pub fn acquire_n<'a>(
+        &'a self,
+        key: &'a K,
+        n: u32,
+    ) -> impl Future<Output = Result<Admission, AcquireError>> + Send + 'a {
+        crate::queue::Acquire::new(KeyedAcquire {
+            limiter: self,
+            key,
+            n,
+        })
     }
 
     #[cfg(feature = "tokio")]
@@ -1658,8 +1671,8 @@ where
         n: u32,
         deadline: Option<std::time::Instant>,
     ) -> Result<Admission, AcquireError> {
-        if let Some(admission) = self.acquire_fast(key, n)? {
-            return Ok(admission);
+        if let Poll::Ready(outcome) = self.acquire_fast(key, n) {
+            return outcome;
         }
         loop {
             let wait = self.inner.waits.key_wait(key);
@@ -1676,6 +1689,32 @@ where
                 outcome => return outcome,
             }
         }
+    }
+}
+
+/// The two halves of [`KeyedLimiter::acquire_n`].
+#[cfg(feature = "tokio")]
+struct KeyedAcquire<'a, K, C: Clock, S> {
+    limiter: &'a KeyedLimiter<K, C, S>,
+    key: &'a K,
+    n: u32,
+}
+
+#[cfg(feature = "tokio")]
+impl<'a, K, C: Clock, S> crate::queue::Phases<'a> for KeyedAcquire<'a, K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    type Output = Admission;
+
+    #[inline(always)]
+    fn fast(&mut self) -> Poll<Result<Admission, AcquireError>> {
+        self.limiter.acquire_fast(self.key, self.n)
+    }
+
+    fn slow(&mut self) -> crate::queue::SlowWait<'a, Admission> {
+        Box::pin(self.limiter.acquire_slow(self.key, self.n))
     }
 }
 

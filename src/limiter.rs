@@ -8,6 +8,9 @@ use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, CLOSED, DEFAULT_QUEUE_L
 use crate::sync::{Arc, AtomicU64, Counters, Ordering, ADMITTED, CANCELLED, REJECTED};
 use crossbeam_utils::CachePadded;
 use std::fmt;
+#[cfg(feature = "tokio")]
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 /// A rate: `permits` per `period`.
@@ -351,26 +354,26 @@ impl<C: Clock> Inner<C> {
     }
 
     /// The part of `acquire` that every caller runs first: validate, then try without queueing if
-    /// nobody is queued. `Ok(None)` means "queue up".
+    /// nobody is queued. `Pending` means "queue up".
     #[inline(always)]
-    fn acquire_fast(&self, n: u32) -> Result<Option<Admission>, AcquireError> {
+    fn acquire_fast(&self, n: u32) -> Poll<Result<Admission, AcquireError>> {
         // Relaxed: as in `try_acquire_n`.
         let gate = self.gate.load(Ordering::Relaxed);
         if gate == 0 {
-            match self.state.try_acquire(n, &self.clock) {
+            return match self.state.try_acquire(n, &self.clock) {
                 Ok(admission) => {
                     self.counters.bump(ADMITTED);
-                    return Ok(Some(admission));
+                    Poll::Ready(Ok(admission))
                 }
-                Err(TryAcquireError::Rejected(_)) => return Ok(None),
-                Err(_) => {}
-            }
+                Err(TryAcquireError::Rejected(_)) => Poll::Pending,
+                Err(_) => self.acquire_check(n, gate),
+            };
         }
         self.acquire_check(n, gate)
     }
 
     #[cold]
-    fn acquire_check(&self, n: u32, gate: u64) -> Result<Option<Admission>, AcquireError> {
+    fn acquire_check(&self, n: u32, gate: u64) -> Poll<Result<Admission, AcquireError>> {
         let capacity = self.state.limit();
         let error = if gate & CLOSED != 0 {
             AcquireError::Closed
@@ -380,10 +383,10 @@ impl<C: Clock> Inner<C> {
                 capacity,
             }
         } else {
-            return Ok(None);
+            return Poll::Pending;
         };
         self.counters.bump(REJECTED);
-        Err(error)
+        Poll::Ready(Err(error))
     }
 
     fn wait(&self, n: u32) -> Wait<'_> {
@@ -875,8 +878,9 @@ impl<C: Clock> RateLimiter<C> {
     /// # }
     /// ```
     #[cfg(feature = "tokio")]
-    pub async fn acquire(&self) -> Result<Admission, AcquireError> {
-        self.acquire_n(1).await
+    #[inline]
+    pub fn acquire(&self) -> impl Future<Output = Result<Admission, AcquireError>> + Send + '_ {
+        self.acquire_n(1)
     }
 
     /// Waits until `n` permits are admitted at once, in a fair, bounded queue.
@@ -925,13 +929,12 @@ impl<C: Clock> RateLimiter<C> {
     /// # }
     /// ```
     #[cfg(feature = "tokio")]
-    pub async fn acquire_n(&self, n: u32) -> Result<Admission, AcquireError> {
-        let inner = &*self.inner;
-        if let Some(admission) = inner.acquire_fast(n)? {
-            return Ok(admission);
-        }
-        // Boxed so that the fast path's future stays small.
-        Box::pin(self.acquire_slow(n)).await
+    #[inline]
+    pub fn acquire_n(
+        &self,
+        n: u32,
+    ) -> impl Future<Output = Result<Admission, AcquireError>> + Send + '_ {
+        crate::queue::Acquire::new(RateAcquire { limiter: self, n })
     }
 
     #[cfg(feature = "tokio")]
@@ -1079,8 +1082,8 @@ impl<C: Clock> RateLimiter<C> {
         deadline: Option<std::time::Instant>,
     ) -> Result<Admission, AcquireError> {
         let inner = &*self.inner;
-        if let Some(admission) = inner.acquire_fast(n)? {
-            return Ok(admission);
+        if let Poll::Ready(outcome) = inner.acquire_fast(n) {
+            return outcome;
         }
         inner.wait(n).run_blocking(|| inner.take(n), deadline)
     }
@@ -1152,6 +1155,27 @@ impl<C: Clock> RateLimiter<C> {
     /// ```
     pub fn queue_limit(&self) -> u64 {
         self.inner.queue.limit()
+    }
+}
+
+/// The two halves of [`RateLimiter::acquire_n`].
+#[cfg(feature = "tokio")]
+struct RateAcquire<'a, C: Clock> {
+    limiter: &'a RateLimiter<C>,
+    n: u32,
+}
+
+#[cfg(feature = "tokio")]
+impl<'a, C: Clock> crate::queue::Phases<'a> for RateAcquire<'a, C> {
+    type Output = Admission;
+
+    #[inline(always)]
+    fn fast(&mut self) -> Poll<Result<Admission, AcquireError>> {
+        self.limiter.inner.acquire_fast(self.n)
+    }
+
+    fn slow(&mut self) -> crate::queue::SlowWait<'a, Admission> {
+        Box::pin(self.limiter.acquire_slow(self.n))
     }
 }
 

@@ -38,9 +38,7 @@ use crate::sync::{
     lock, Arc, AtomicU64, Counters, Mutex, Ordering, Signal, ADMITTED, CANCELLED, REJECTED,
 };
 use std::collections::BTreeMap;
-#[cfg(feature = "tokio")]
 use std::future::Future;
-#[cfg(feature = "tokio")]
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
@@ -529,4 +527,86 @@ impl Timer {
 /// For waiters that never wait for time (a concurrency limiter's): `Blocked::Until` does not occur.
 pub(crate) fn no_timer(_: &mut Context<'_>, _: u64) -> Poll<()> {
     Poll::Pending
+}
+
+/// The queued part of an acquire, boxed: built only when the fast path says to queue up, so the
+/// future a caller awaits stays a few words long.
+pub(crate) type SlowWait<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, AcquireError>> + Send + 'a>>;
+
+/// The two halves of an `acquire`: what [`Acquire`] runs.
+pub(crate) trait Phases<'a>: Unpin {
+    /// What an admitted call returns (an admission, a permit guard).
+    type Output;
+
+    /// Validates and tries without queueing; `Pending` means "queue up". Counts what it decides.
+    /// (It returns the very type the future does, so that the answer needs no repacking.)
+    fn fast(&mut self) -> Poll<Result<Self::Output, AcquireError>>;
+
+    /// The wait in the queue, once `fast` has said to queue up.
+    fn slow(&mut self) -> SlowWait<'a, Self::Output>;
+}
+
+/// The future behind every `acquire`.
+///
+/// Its first poll runs the fast path inline and, when that decides, returns `Ready` at once: on a
+/// free limiter an `.await` costs what `try_acquire` does, with no nested `async fn` state machine
+/// to step through and no copy of the answer between frames. Only a caller that must queue builds
+/// (and boxes) the slow future, in a cold function.
+///
+/// Cancel safety: before the first poll nothing has happened; the fast path returns `Ready` in the
+/// same poll in which it takes permits; the slow future is cancel-safe (see [`Wait::run_async`]).
+pub(crate) struct Acquire<'a, P: Phases<'a>> {
+    phases: P,
+    slow: Option<SlowWait<'a, P::Output>>,
+    done: bool,
+}
+
+impl<'a, P: Phases<'a>> Acquire<'a, P> {
+    #[inline(always)]
+    pub(crate) fn new(phases: P) -> Self {
+        Acquire {
+            phases,
+            slow: None,
+            done: false,
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<Result<P::Output, AcquireError>> {
+        // As an `async fn` would: a finished future has nothing left to give.
+        assert!(
+            !self.done,
+            "an acquire future was polled after it completed"
+        );
+        let phases = &mut self.phases;
+        let slow = self.slow.get_or_insert_with(|| phases.slow());
+        let outcome = std::task::ready!(slow.as_mut().poll(cx));
+        self.slow = None;
+        self.done = true;
+        Poll::Ready(outcome)
+    }
+}
+
+impl<'a, P: Phases<'a>> Future for Acquire<'a, P> {
+    type Output = Result<P::Output, AcquireError>;
+
+    // Always inlined, as `try_acquire` is: the caller knows the limiter's clock type, and an
+    // out-of-line poll returns the whole answer through memory.
+    #[inline(always)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.slow.is_none() && !this.done {
+            // Marked done first, so that the answer goes straight to the caller (setting the flag
+            // between computing and returning it made the compiler copy it through the stack).
+            this.done = true;
+            let fast = this.phases.fast();
+            if fast.is_ready() {
+                return fast;
+            }
+            this.done = false;
+        }
+        this.poll_slow(cx)
+    }
 }

@@ -543,3 +543,55 @@ async fn async_and_blocking_waiters_share_one_queue() {
     assert_eq!(limiter.stats().admitted, 800);
     assert_eq!(limiter.available(), 2);
 }
+
+/// The acquire futures are plain `Future`s with a fast first poll: one that completed on the fast
+/// path and is polled again (a contract violation) panics, as a finished `async fn` does, instead
+/// of taking a second permit. Both kinds of limiter, both paths.
+#[test]
+fn an_acquire_future_polled_after_completion_panics_and_takes_nothing_more() {
+    use std::future::Future;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::task::{Context, Waker};
+
+    fn poll_twice<F: Future>(future: F) -> (bool, bool) {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut future = std::pin::pin!(future);
+        let first = future.as_mut().poll(&mut cx).is_ready();
+        let again = catch_unwind(AssertUnwindSafe(|| {
+            let _ = future.as_mut().poll(&mut cx);
+        }));
+        (first, again.is_err())
+    }
+
+    let limiter = RateLimiter::fixed_window(10, Duration::from_secs(60)).unwrap();
+    assert_eq!(poll_twice(limiter.acquire()), (true, true));
+    assert_eq!(limiter.stats().admitted, 1);
+    assert_eq!(limiter.stats().available, 9);
+
+    // A failed fast path (n above the limit) completes too.
+    assert_eq!(poll_twice(limiter.acquire_n(11)), (true, true));
+    assert_eq!((limiter.stats().admitted, limiter.stats().rejected), (1, 1));
+
+    let concurrency = ConcurrencyLimiter::new(2).unwrap();
+    let (first, panicked) = poll_twice(concurrency.acquire());
+    assert!(first && panicked);
+    assert_eq!(
+        concurrency.available(),
+        2,
+        "the permit was dropped with the future"
+    );
+    assert_eq!(concurrency.stats().admitted, 1);
+}
+
+/// A future that had to queue completes on a later poll, and is finished after that too.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_that_queued_completes_once() {
+    let limiter = bucket(Rate::per_second(10), 1);
+    limiter.acquire().await.unwrap();
+    let start = Instant::now();
+    let admission = limiter.acquire().await.unwrap();
+    assert_eq!(start.elapsed(), 100 * MS);
+    assert_eq!(admission.remaining(), 0);
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.waiting, stats.cancelled), (2, 0, 0));
+}
