@@ -8,7 +8,8 @@ use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::Algorithm;
 use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
-    Arc, AtomicU64, Counters, KeyMap, Ordering, ADMITTED, CANCELLED, OVERFLOWED, REJECTED,
+    Arc, AtomicU64, Counters, KeyMap, Ordering, Reclaimer, ADMITTED, CANCELLED, OVERFLOWED,
+    REJECTED,
 };
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -235,12 +236,12 @@ pub(crate) const SHARD_KEYS: usize = 4096;
 
 impl<K, V, S: BuildHasher + Clone> Shard<K, V, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
-    V: Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Send + Sync + 'static,
 {
-    fn new(hasher: S) -> Self {
+    fn new(hasher: S, reclaimer: &Reclaimer) -> Self {
         Shard {
-            map: KeyMap::with_hasher(hasher),
+            map: KeyMap::with_hasher(hasher, reclaimer),
             len: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
             sweeping: AtomicU64::new(0),
@@ -328,13 +329,16 @@ impl<C: Clock, S> Ctx<C, S> {
 
 impl<A: Algo, K, S> Keyed<A, K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone,
 {
     pub(crate) fn new(algo: A, shards: usize, hasher: &S) -> Self {
         let overflow = CachePadded::new(algo.cell());
+        let reclaimer = Reclaimer::new();
         Keyed {
-            shards: (0..shards).map(|_| Shard::new(hasher.clone())).collect(),
+            shards: (0..shards)
+                .map(|_| Shard::new(hasher.clone(), &reclaimer))
+                .collect(),
             overflow,
             algo,
         }
@@ -1683,7 +1687,7 @@ where
 /// (served, failed, timed out, or its future dropped).
 pub(crate) struct RetireOnExit<'a, K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
     pub(crate) waits: &'a Waits<K, S>,
@@ -1693,7 +1697,7 @@ where
 
 impl<K, S> Drop for RetireOnExit<'_, K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
     fn drop(&mut self) {
@@ -1703,12 +1707,12 @@ where
 
 impl<K, S> Waits<K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
     pub(crate) fn new(hasher: S, order: QueueOrder, queue_limit: u64) -> Self {
         Waits {
-            map: KeyMap::with_hasher(hasher),
+            map: KeyMap::with_hasher(hasher, &Reclaimer::new()),
             waiting_keys: CachePadded::new(AtomicU64::new(0)),
             order,
             queue_limit,
