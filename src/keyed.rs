@@ -485,14 +485,17 @@ where
         false
     }
 
-    /// Removes `key`'s entry if its cell is retired.
+    /// Removes `key`'s entry if its cell is retired. (Not counted here: the sweep that retired
+    /// the cell counted it as evicted.)
     #[cold]
-    fn remove_retired<C: Clock>(&self, ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, key: &K) {
-        if shard.map.remove_if(key, A::retired) {
-            Self::removed(ctx, shard, 1);
-        }
+    fn remove_retired<C: Clock>(&self, _ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, key: &K) {
+        shard.map.remove_if(key, A::retired);
     }
 
+    /// Counts `n` keys evicted: by the sweep that retired their cells, which is exactly one per
+    /// cell (retirement is a compare-and-swap, and final), whoever then removes the dead entry.
+    /// A retired entry still in the map is no longer counted against the cap; the sweep removes
+    /// it right after retiring it, so at most one per sweeping thread is ever in that state.
     fn removed<C: Clock>(ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, n: u64) {
         if n > 0 {
             // Relaxed: counts only.
@@ -528,16 +531,28 @@ where
         shard.not_before.swap(u64::MAX, Ordering::AcqRel);
         let mut next = u64::MAX;
         let mut evicted = 0;
-        shard
-            .map
-            .for_each(|key, cell| match self.algo.retire(cell, &ctx.clock) {
+        // One walk that retires each idle cell and removes its entry in place (no second lookup
+        // per key). A cell found retired already (by an earlier walk of a table that a resize
+        // then replaced) is only removed.
+        // `touch` loads a cell's word ahead of its turn (see `KeyMap::retain`).
+        let touch = |cell: &A::Cell| {
+            std::hint::black_box(A::retired(cell));
+        };
+        shard.map.retain(touch, |_, cell| {
+            if A::retired(cell) {
+                return false;
+            }
+            match self.algo.retire(cell, &ctx.clock) {
                 Ok(()) => {
-                    if shard.map.remove_if(key, A::retired) {
-                        evicted += 1;
-                    }
+                    evicted += 1;
+                    false
                 }
-                Err(idle_at) => next = next.min(idle_at),
-            });
+                Err(idle_at) => {
+                    next = next.min(idle_at);
+                    true
+                }
+            }
+        });
         // Relaxed: the minimum keeps any insert's 0; ordering is carried by the swap above.
         shard.not_before.fetch_min(next, Ordering::Relaxed);
         // Relaxed: `room_at` stays at or below every shard's hint.

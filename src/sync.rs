@@ -370,6 +370,66 @@ where
         }
     }
 
+    /// Calls `keep` on every entry and removes those it answers false for, each in one step from
+    /// the entry `keep` saw (an entry replaced meanwhile is not removed), with one guard per
+    /// call: no second lookup per removal. A weakly consistent walk under concurrent changes;
+    /// `keep` may be called more than once for an entry (papaya retries a table that a resize
+    /// replaced), so it must be idempotent in its answer.
+    ///
+    /// `touch` is called on values ahead of `keep`, to load them early (see below); it must
+    /// only read.
+    pub(crate) fn retain(&self, touch: impl Fn(&V), mut keep: impl FnMut(&K, &V) -> bool) {
+        #[cfg(not(turnstile_loom))]
+        {
+            use seize::Guard as _;
+            let guard = self.map.guard();
+            // The entries are separate allocations, met in table (hash) order, so in a map
+            // larger than the cache every one is a miss, and `keep`'s compare-and-swaps (and
+            // papaya's, removing) keep the CPU from running ahead into the next miss. So before
+            // every `BATCH` calls of `keep`, an iterator over the same table has `touch` load the
+            // next `BATCH` values back to back, with nothing in between to stop their misses
+            // from overlapping. (The iterator reads only the table; the two walks skip the same
+            // empty slots, so it stays in step but for entries changed meanwhile, which only
+            // makes a touch useless, never wrong.)
+            const BATCH: usize = 32;
+            let mut ahead = self.map.iter(&guard);
+            let mut until_touch = 0;
+            self.map.retain(
+                |k, v| {
+                    if until_touch == 0 {
+                        ahead.by_ref().take(BATCH).for_each(|(_, next)| touch(next));
+                        until_touch = BATCH;
+                    }
+                    until_touch -= 1;
+                    keep(k, v)
+                },
+                &guard,
+            );
+            // Hand what this thread retired (entries removed here, tables that inserts' resizes
+            // replaced) to reclamation now rather than when a full batch is reached: it is freed
+            // as soon as no reader can hold it, at the latest when `guard` is dropped, if no
+            // other thread is reading. One `membarrier` system call per walk.
+            guard.flush();
+        }
+        #[cfg(turnstile_loom)]
+        {
+            let _ = touch;
+            let entries: Vec<(K, Arc<V>)> = lock(&self.map)
+                .iter()
+                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .collect();
+            for (k, v) in entries {
+                if !keep(&k, &v) {
+                    let mut map = lock(&self.map);
+                    // As papaya's compare-and-swap on the entry: only the entry `keep` saw.
+                    if map.get(&k).is_some_and(|now| Arc::ptr_eq(now, &v)) {
+                        map.remove(&k);
+                    }
+                }
+            }
+        }
+    }
+
     /// Calls `f` on every entry (a weakly consistent snapshot under concurrent changes).
     pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
         #[cfg(not(turnstile_loom))]
