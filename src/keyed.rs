@@ -352,6 +352,26 @@ where
         key: &K,
         n: u32,
     ) -> Result<Admission, TryAcquireError> {
+        // The hit on a live cell first, with the decision as the only closure (LLVM then inlines
+        // it into the lookup); a missing or retired key takes the general path.
+        match self.shards[shard]
+            .map
+            .get(key, |cell| self.algo.try_acquire(cell, n, &ctx.clock))
+        {
+            Some(Err(TryAcquireError::Closed)) | None => self.try_acquire_slow(ctx, shard, key, n),
+            Some(outcome) => outcome,
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_slow<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+    ) -> Result<Admission, TryAcquireError> {
         self.with_cell(ctx, shard, key, n, |cell| {
             self.algo.try_acquire(cell, n, &ctx.clock)
         })
