@@ -430,6 +430,16 @@ where
         }
     }
 
+    /// Hands what this thread has retired (removed entries, replaced tables) to reclamation now
+    /// instead of when its batch is full; it is freed once no reader can still hold it.
+    pub(crate) fn flush(&self) {
+        #[cfg(not(turnstile_loom))]
+        {
+            use seize::Guard as _;
+            self.map.guard().flush();
+        }
+    }
+
     /// Calls `f` on every entry (a weakly consistent snapshot under concurrent changes).
     pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
         #[cfg(not(turnstile_loom))]
