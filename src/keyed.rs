@@ -17,9 +17,9 @@ use std::hash::{BuildHasher, Hash};
 
 /// The key cap keyed limiters get unless told otherwise: 1,048,576 keys.
 ///
-/// A fixed window or token bucket costs about 58 bytes per `u64` key as requested from the
-/// allocator, about 74 as glibc holds them (BENCHMARKS.md), so the default bounds such a limiter
-/// at about 80 MB however many distinct keys arrive.
+/// A fixed window or token bucket costs about 37 bytes per `u64` key as requested from the
+/// allocator, about 53 as glibc holds them (BENCHMARKS.md), so the default bounds such a limiter
+/// at about 56 MB however many distinct keys arrive.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 
 /// What a [`KeyedLimiter`] does with a call for a *new* key when it already holds
@@ -231,7 +231,7 @@ pub(crate) struct Shard<K, V, S> {
 /// A shard whose key count reaches a multiple of this flushes its thread's reclamation batch
 /// (one `membarrier` system call per this many inserts into the shard), so that tables replaced
 /// by resizes while it grows are freed promptly: right after inserting 1M keys, about 9 bytes
-/// per key of them still awaited reclamation without it, 1.5 with it (BENCHMARKS.md).
+/// per key of them still awaited reclamation without it, at most about 2 with it (BENCHMARKS.md).
 const FLUSH_EVERY: u64 = 256;
 /// Below this many keys a shard is swept only when the cap demands it.
 const MIN_SWEEP: u64 = 64;
