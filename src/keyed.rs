@@ -1756,7 +1756,7 @@ where
 {
     pub(crate) fn new(hasher: S, order: QueueOrder, queue_limit: u64) -> Self {
         Waits {
-            map: KeyMap::with_hasher(hasher, &Reclaimer::new()),
+            map: KeyMap::with_hasher(hasher, &Reclaimer::unflushed()),
             waiting_keys: CachePadded::new(AtomicU64::new(0)),
             order,
             queue_limit,

@@ -252,10 +252,20 @@ impl Reclaimer {
     #[cfg(not(turnstile_loom))]
     const BATCH: usize = 512;
 
+    /// The reclaimer of a store's shards (a large batch; the store flushes it itself).
     pub(crate) fn new() -> Self {
         Reclaimer {
             #[cfg(not(turnstile_loom))]
             collector: std::sync::Arc::new(seize::Collector::new().batch_size(Self::BATCH)),
+        }
+    }
+
+    /// A reclaimer with seize's default batch, for a map that nothing flushes (the per-key wait
+    /// queues: their removed queues are freed after 32 retirements, as before).
+    pub(crate) fn unflushed() -> Self {
+        Reclaimer {
+            #[cfg(not(turnstile_loom))]
+            collector: std::sync::Arc::new(seize::Collector::new()),
         }
     }
 }
