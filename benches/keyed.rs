@@ -13,7 +13,7 @@
 //! | `keyed_admit_1t/{1k,1m}_keys` | `try_acquire` / `check_key` on a key already present, admitted; one thread |
 //! | `keyed_admit_2t/{1k,1m}_keys` | the same while a second thread runs the same loop on another key sequence; time of one thread per call |
 //! | `keyed_reject_1t/…`, `keyed_reject_2t/…` | the same with every key's budget spent at setup: every call is rejected |
-//! | `…/turnstile/fixed_window (swept)` | admit runs again after one `sweep()` that evicts nothing but finishes papaya's incremental resizes left in progress by the inserts |
+//! | `…/turnstile/fixed_window (swept)` | admit runs again after one `sweep()` that evicts nothing (the state a limiter with a periodic sweeper settles in) |
 //! | `keyed_sweep/1m_keys` | one `sweep()` over 1,000,000 keys, all idle (evicts all) or all busy (evicts none); governor's `retain_recent()` beside it |
 //!
 //! and, after the timings, the heap bytes per key of each of turnstile's four algorithms and of
@@ -44,16 +44,17 @@
 //! cost is (live bytes after inserting 1,000,000 keys − before) / 1,000,000, the key included.
 //! Keys are inserted on a frozen `ManualClock`, so none turns idle and nothing is removed: papaya
 //! frees removed entries late (seize's deferred reclamation), so removals would count garbage.
-//! Resizes still leave each papaya table's predecessors to deferred reclamation; the table of
-//! live large allocations printed per structure shows them. A second column estimates what glibc
-//! malloc really holds (a chunk of max(32, size + 8 rounded up to 16) bytes per allocation),
-//! which matters for stores that allocate every entry separately.
+//! Resizes still leave some replaced papaya tables awaiting reclamation (the store flushes its
+//! reclamation batch every 256 inserts into a shard, and after every sweep); the `(after a
+//! sweep)` rows measure the same limiters after one `sweep()` that evicts nothing, and the table
+//! of live large allocations printed per structure shows the tables. A second column estimates
+//! what glibc malloc really holds (a chunk of max(32, size + 8 rounded up to 16) bytes per
+//! allocation), which matters for stores that allocate every entry separately.
 //!
 //! **Sweep.** Fixed window and token bucket, 10 per second. Setup (untimed, per iteration)
 //! builds a `KeyedLimiter` on a `ManualClock` with `max_keys(2_000_000)` and inserts 1,000,000
 //! keys; for the idle case it then advances the clock two windows. One `sweep()` is timed; it
-//! must return 1,000,000 (idle) or 0 (busy). Like every first walk of a freshly filled papaya
-//! map, it also finishes the incremental resizes the inserts left in progress. The busy sweep is
+//! must return 1,000,000 (idle) or 0 (busy). The busy sweep is
 //! the first one after population, which walks every key; later busy sweeps skip each shard on
 //! its `not_before` hint, so that is measured too (`busy_repeat`). governor's `retain_recent()`
 //! over 1,000,000 keys on its `FakeRelativeClock` is the peer.
@@ -271,9 +272,8 @@ fn bench_existing_keys(c: &mut Criterion) {
             }
             if admit {
                 // The fixed window again after one `sweep()`, which evicts nothing here (every
-                // key is busy) but, walking every shard, finishes the incremental resizes that
-                // the inserts left in progress: the state a limiter with a periodic sweeper
-                // settles in.
+                // key is busy) but walks every shard and flushes reclamation: the state a
+                // limiter with a periodic sweeper settles in.
                 let id = "turnstile/fixed_window (swept)";
                 let limiter = turnstile_populated(ADMIT[0].1, n);
                 assert_eq!(limiter.sweep(), 0, "{id}: evicted a busy key");
@@ -494,10 +494,16 @@ fn footprint<T>(
 }
 
 /// A turnstile keyed limiter (default `max_keys`) on a frozen clock with keys `0..n`: no key
-/// turns idle, so nothing is evicted (or left to deferred reclamation) while inserting.
-fn turnstile_footprint(name: &str, alg: Algorithm, n: u64) -> Footprint {
+/// turns idle, so nothing is evicted (or left to deferred reclamation) while inserting. With
+/// `swept`, one `sweep()` (which evicts nothing) follows, as a periodic sweeper would run.
+fn turnstile_footprint(name: &str, alg: Algorithm, n: u64, swept: bool) -> Footprint {
+    let label = if swept {
+        format!("turnstile/{name} (after a sweep)")
+    } else {
+        format!("turnstile/{name}")
+    };
     footprint(
-        &format!("turnstile/{name}"),
+        &label,
         n,
         || {
             let limiter = KeyedLimiter::builder(alg)
@@ -506,6 +512,9 @@ fn turnstile_footprint(name: &str, alg: Algorithm, n: u64) -> Footprint {
                 .expect("valid bench configuration");
             for k in 0..n {
                 limiter.try_acquire(&k).expect("the first call for a key");
+            }
+            if swept {
+                assert_eq!(limiter.sweep(), 0, "a sweep evicted a busy key");
             }
             limiter
         },
@@ -528,12 +537,15 @@ fn governor_footprint(n: u64) -> Footprint {
 fn memory() {
     let mut rows: Vec<Footprint> = ORDINARY
         .iter()
-        .map(|&(name, alg)| turnstile_footprint(name, alg, MEMORY_KEYS))
+        .map(|&(name, alg)| turnstile_footprint(name, alg, MEMORY_KEYS, false))
         .collect();
+    for &(name, alg) in &ORDINARY[..2] {
+        rows.push(turnstile_footprint(name, alg, MEMORY_KEYS, true));
+    }
     rows.push(governor_footprint(MEMORY_KEYS));
     // The fixed cost of a limiter, and its share at 1,000 keys.
     for n in [0, 1_000] {
-        rows.push(turnstile_footprint("fixed_window", ORDINARY[0].1, n));
+        rows.push(turnstile_footprint("fixed_window", ORDINARY[0].1, n, false));
         rows.push(governor_footprint(n));
     }
 

@@ -8,7 +8,8 @@ use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::Algorithm;
 use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
-    Arc, AtomicU64, Counters, KeyMap, Ordering, ADMITTED, CANCELLED, OVERFLOWED, REJECTED,
+    Arc, AtomicU64, Counters, KeyMap, Ordering, Reclaimer, ADMITTED, CANCELLED, OVERFLOWED,
+    REJECTED,
 };
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -19,9 +20,9 @@ use std::task::Poll;
 
 /// The key cap keyed limiters get unless told otherwise: 1,048,576 keys.
 ///
-/// A fixed window or token bucket costs about 58 bytes per `u64` key as requested from the
-/// allocator, about 74 as glibc holds them (BENCHMARKS.md), so the default bounds such a limiter
-/// at about 80 MB however many distinct keys arrive.
+/// A fixed window or token bucket costs about 37 bytes per `u64` key as requested from the
+/// allocator, about 53 as glibc holds them (BENCHMARKS.md), so the default bounds such a limiter
+/// at about 56 MB however many distinct keys arrive.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 
 /// What a [`KeyedLimiter`] does with a call for a *new* key when it already holds
@@ -230,6 +231,11 @@ pub(crate) struct Shard<K, V, S> {
     pub(crate) not_before: AtomicU64,
 }
 
+/// A shard whose key count reaches a multiple of this flushes its thread's reclamation batch
+/// (one `membarrier` system call per this many inserts into the shard), so that tables replaced
+/// by resizes while it grows are freed promptly: right after inserting 1M keys, about 9 bytes
+/// per key of them still awaited reclamation without it, at most about 2 with it (BENCHMARKS.md).
+const FLUSH_EVERY: u64 = 256;
 /// Below this many keys a shard is swept only when the cap demands it.
 const MIN_SWEEP: u64 = 64;
 /// A shard is at most this many keys when the cap is reached (more shards for larger caps), so
@@ -238,12 +244,12 @@ pub(crate) const SHARD_KEYS: usize = 4096;
 
 impl<K, V, S: BuildHasher + Clone> Shard<K, V, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
-    V: Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Send + Sync + 'static,
 {
-    fn new(hasher: S) -> Self {
+    fn new(hasher: S, reclaimer: &Reclaimer) -> Self {
         Shard {
-            map: KeyMap::with_hasher(hasher),
+            map: KeyMap::with_hasher(hasher, reclaimer),
             len: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
             sweeping: AtomicU64::new(0),
@@ -331,13 +337,16 @@ impl<C: Clock, S> Ctx<C, S> {
 
 impl<A: Algo, K, S> Keyed<A, K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone,
 {
     pub(crate) fn new(algo: A, shards: usize, hasher: &S) -> Self {
         let overflow = CachePadded::new(algo.cell());
+        let reclaimer = Reclaimer::new();
         Keyed {
-            shards: (0..shards).map(|_| Shard::new(hasher.clone())).collect(),
+            shards: (0..shards)
+                .map(|_| Shard::new(hasher.clone(), &reclaimer))
+                .collect(),
             overflow,
             algo,
         }
@@ -345,6 +354,26 @@ where
 
     #[inline(always)]
     fn try_acquire<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+    ) -> Result<Admission, TryAcquireError> {
+        // The hit on a live cell first, with the decision as the only closure (LLVM then inlines
+        // it into the lookup); a missing or retired key takes the general path.
+        match self.shards[shard]
+            .map
+            .get(key, |cell| self.algo.try_acquire(cell, n, &ctx.clock))
+        {
+            Some(Err(TryAcquireError::Closed)) | None => self.try_acquire_slow(ctx, shard, key, n),
+            Some(outcome) => outcome,
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_slow<C: Clock>(
         &self,
         ctx: &Ctx<C, S>,
         shard: usize,
@@ -447,6 +476,10 @@ where
             // Amortised: a shard of L keys is swept after L inserts, so each insert pays for about
             // one key looked at; and one call sweeps at most this one shard.
             self.sweep_shard(ctx, shard);
+        } else if len % FLUSH_EVERY == 0 {
+            // A growing shard's resizes retire its old tables; hand them to reclamation within
+            // `FLUSH_EVERY` inserts rather than when a batch fills (sweeps flush too).
+            shard.map.flush();
         }
         outcome
     }
@@ -484,14 +517,17 @@ where
         false
     }
 
-    /// Removes `key`'s entry if its cell is retired.
+    /// Removes `key`'s entry if its cell is retired. (Not counted here: the sweep that retired
+    /// the cell counted it as evicted.)
     #[cold]
-    fn remove_retired<C: Clock>(&self, ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, key: &K) {
-        if shard.map.remove_if(key, A::retired) {
-            Self::removed(ctx, shard, 1);
-        }
+    fn remove_retired<C: Clock>(&self, _ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, key: &K) {
+        shard.map.remove_if(key, A::retired);
     }
 
+    /// Counts `n` keys evicted: by the sweep that retired their cells, which is exactly one per
+    /// cell (retirement is a compare-and-swap, and final), whoever then removes the dead entry.
+    /// A retired entry still in the map is no longer counted against the cap; the sweep removes
+    /// it right after retiring it, so at most one per sweeping thread is ever in that state.
     fn removed<C: Clock>(ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, n: u64) {
         if n > 0 {
             // Relaxed: counts only.
@@ -527,16 +563,28 @@ where
         shard.not_before.swap(u64::MAX, Ordering::AcqRel);
         let mut next = u64::MAX;
         let mut evicted = 0;
-        shard
-            .map
-            .for_each(|key, cell| match self.algo.retire(cell, &ctx.clock) {
+        // One walk that retires each idle cell and removes its entry in place (no second lookup
+        // per key). A cell found retired already (by an earlier walk of a table that a resize
+        // then replaced) is only removed.
+        // `touch` loads a cell's word ahead of its turn (see `KeyMap::retain`).
+        let touch = |cell: &A::Cell| {
+            std::hint::black_box(A::retired(cell));
+        };
+        shard.map.retain(touch, |_, cell| {
+            if A::retired(cell) {
+                return false;
+            }
+            match self.algo.retire(cell, &ctx.clock) {
                 Ok(()) => {
-                    if shard.map.remove_if(key, A::retired) {
-                        evicted += 1;
-                    }
+                    evicted += 1;
+                    false
                 }
-                Err(idle_at) => next = next.min(idle_at),
-            });
+                Err(idle_at) => {
+                    next = next.min(idle_at);
+                    true
+                }
+            }
+        });
         // Relaxed: the minimum keeps any insert's 0; ordering is carried by the swap above.
         shard.not_before.fetch_min(next, Ordering::Relaxed);
         // Relaxed: `room_at` stays at or below every shard's hint.
@@ -1722,7 +1770,7 @@ where
 /// (served, failed, timed out, or its future dropped).
 pub(crate) struct RetireOnExit<'a, K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
     pub(crate) waits: &'a Waits<K, S>,
@@ -1732,7 +1780,7 @@ where
 
 impl<K, S> Drop for RetireOnExit<'_, K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
     fn drop(&mut self) {
@@ -1742,12 +1790,12 @@ where
 
 impl<K, S> Waits<K, S>
 where
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
     pub(crate) fn new(hasher: S, order: QueueOrder, queue_limit: u64) -> Self {
         Waits {
-            map: KeyMap::with_hasher(hasher),
+            map: KeyMap::with_hasher(hasher, &Reclaimer::unflushed()),
             waiting_keys: CachePadded::new(AtomicU64::new(0)),
             order,
             queue_limit,

@@ -230,6 +230,46 @@ impl Counters {
     }
 }
 
+/// The memory reclaimer that a keyed store's maps share (seize's, behind papaya): one per store
+/// rather than one per map, so that an empty store costs a few hundred bytes per shard instead
+/// of about 17 KB, and so that what one shard retires (removed entries, tables replaced by a
+/// resize) is freed as the store's traffic as a whole fills reclamation batches, rather than
+/// waiting for that one shard to fill a batch of its own. Under loom there is nothing to share.
+#[cfg(feature = "keyed")]
+#[derive(Clone)]
+pub(crate) struct Reclaimer {
+    #[cfg(not(turnstile_loom))]
+    collector: std::sync::Arc<seize::Collector>,
+}
+
+#[cfg(feature = "keyed")]
+impl Reclaimer {
+    /// Retired entries a thread collects before it reclaims them. Each reclamation costs a
+    /// `membarrier` system call (seize's heavy barrier); seize's default of 32 made one call per
+    /// 32 evictions (32,256 for a sweep of 1M idle keys). A batch holds pointers to garbage only,
+    /// and the store also flushes it explicitly (after every shard sweep, and every 256 inserts
+    /// into a shard), so the larger batch does not hold replaced tables for long.
+    #[cfg(not(turnstile_loom))]
+    const BATCH: usize = 512;
+
+    /// The reclaimer of a store's shards (a large batch; the store flushes it itself).
+    pub(crate) fn new() -> Self {
+        Reclaimer {
+            #[cfg(not(turnstile_loom))]
+            collector: std::sync::Arc::new(seize::Collector::new().batch_size(Self::BATCH)),
+        }
+    }
+
+    /// A reclaimer with seize's default batch, for a map that nothing flushes (the per-key wait
+    /// queues: their removed queues are freed after 32 retirements, as before).
+    pub(crate) fn unflushed() -> Self {
+        Reclaimer {
+            #[cfg(not(turnstile_loom))]
+            collector: std::sync::Arc::new(seize::Collector::new()),
+        }
+    }
+}
+
 /// The concurrent map behind keyed limiters: key → cell of atomic state, the cell stored inline in
 /// the map's entry (no `Arc` per key).
 ///
@@ -252,14 +292,29 @@ pub(crate) struct KeyMap<K, V, S> {
 #[cfg(feature = "keyed")]
 impl<K, V, S> KeyMap<K, V, S>
 where
-    K: std::hash::Hash + Eq + Clone + Send + Sync,
-    V: Send + Sync,
+    // 'static: papaya's shared collector may free entries after the map itself is gone.
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    V: Send + Sync + 'static,
     S: std::hash::BuildHasher,
 {
-    pub(crate) fn with_hasher(hasher: S) -> Self {
+    /// An empty map reclaiming through `reclaimer`.
+    ///
+    /// Resizes block writers until the copy is done (papaya's `ResizeMode::Blocking`) instead of
+    /// moving 64 entries per write: with incremental resizing a burst of inserts left many maps
+    /// mid-resize, so lookups probed two tables and the first walk of a map finished the copy
+    /// (profiled: a walk of a freshly filled map 262 → 7.7 ns per key, 1M-key lookups about 30 %
+    /// faster; ARCHITECTURE.md). A shard holds a few thousand keys at most, so the blocking copy
+    /// stays short.
+    pub(crate) fn with_hasher(hasher: S, reclaimer: &Reclaimer) -> Self {
+        #[cfg(turnstile_loom)]
+        let _ = reclaimer;
         KeyMap {
             #[cfg(not(turnstile_loom))]
-            map: papaya::HashMap::with_hasher(hasher),
+            map: papaya::HashMap::builder()
+                .hasher(hasher)
+                .shared_collector(std::sync::Arc::clone(&reclaimer.collector))
+                .resize_mode(papaya::ResizeMode::Blocking)
+                .build(),
             #[cfg(turnstile_loom)]
             map: Mutex::new(std::collections::HashMap::with_hasher(hasher)),
         }
@@ -324,6 +379,76 @@ where
             } else {
                 false
             }
+        }
+    }
+
+    /// Calls `keep` on every entry and removes those it answers false for, each in one step from
+    /// the entry `keep` saw (an entry replaced meanwhile is not removed), with one guard per
+    /// call: no second lookup per removal. A weakly consistent walk under concurrent changes;
+    /// `keep` may be called more than once for an entry (papaya retries a table that a resize
+    /// replaced), so it must be idempotent in its answer.
+    ///
+    /// `touch` is called on values ahead of `keep`, to load them early (see below); it must
+    /// only read.
+    pub(crate) fn retain(&self, touch: impl Fn(&V), mut keep: impl FnMut(&K, &V) -> bool) {
+        #[cfg(not(turnstile_loom))]
+        {
+            use seize::Guard as _;
+            let guard = self.map.guard();
+            // The entries are separate allocations, met in table (hash) order, so in a map
+            // larger than the cache every one is a miss, and `keep`'s compare-and-swaps (and
+            // papaya's, removing) keep the CPU from running ahead into the next miss. So before
+            // every `BATCH` calls of `keep`, an iterator over the same table has `touch` load the
+            // next `BATCH` values back to back, with nothing in between to stop their misses
+            // from overlapping. (The iterator reads only the table; the two walks skip the same
+            // empty slots, so it stays in step but for entries changed meanwhile, which only
+            // makes a touch useless, never wrong.)
+            const BATCH: usize = 32;
+            let mut ahead = self.map.iter(&guard);
+            let mut until_touch = 0;
+            self.map.retain(
+                |k, v| {
+                    if until_touch == 0 {
+                        ahead.by_ref().take(BATCH).for_each(|(_, next)| touch(next));
+                        until_touch = BATCH;
+                    }
+                    until_touch -= 1;
+                    keep(k, v)
+                },
+                &guard,
+            );
+            // Hand what this thread retired (entries removed here, tables that inserts' resizes
+            // replaced) to reclamation now rather than when a full batch is reached: it is freed
+            // as soon as no reader can hold it, at the latest when `guard` is dropped, if no
+            // other thread is reading. One `membarrier` system call per walk.
+            guard.flush();
+        }
+        #[cfg(turnstile_loom)]
+        {
+            let _ = touch;
+            let entries: Vec<(K, Arc<V>)> = lock(&self.map)
+                .iter()
+                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .collect();
+            for (k, v) in entries {
+                if !keep(&k, &v) {
+                    let mut map = lock(&self.map);
+                    // As papaya's compare-and-swap on the entry: only the entry `keep` saw.
+                    if map.get(&k).is_some_and(|now| Arc::ptr_eq(now, &v)) {
+                        map.remove(&k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands what this thread has retired (removed entries, replaced tables) to reclamation now
+    /// instead of when its batch is full; it is freed once no reader can still hold it.
+    pub(crate) fn flush(&self) {
+        #[cfg(not(turnstile_loom))]
+        {
+            use seize::Guard as _;
+            self.map.guard().flush();
         }
     }
 
