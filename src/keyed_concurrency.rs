@@ -110,6 +110,16 @@ impl Concurrency {
 impl Algo for Concurrency {
     type Cell = AtomicU64;
 
+    /// Never called: keyed concurrency limiters have no reconfiguration.
+    fn reconfigure<C: Clock>(
+        &self,
+        _to: &Self,
+        _clock: &C,
+        _cells: &dyn Fn(&dyn Fn(&AtomicU64)),
+    ) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
     fn cell(&self) -> AtomicU64 {
         AtomicU64::new(u64::from(self.limit))
     }

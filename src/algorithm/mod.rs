@@ -18,7 +18,7 @@ pub(crate) use token_bucket::TokenBucket;
 
 use crate::clock::Clock;
 use crate::decision::Admission;
-use crate::error::TryAcquireError;
+use crate::error::{ConfigError, TryAcquireError};
 
 /// What every algorithm provides: shared parameters (`self`) acting on a cell of atomic state.
 ///
@@ -113,6 +113,19 @@ pub(crate) trait Algo: Send + Sync + 'static {
     #[cfg_attr(not(feature = "keyed"), allow(dead_code))] // only keyed limiters evict
     fn retire<C: Clock>(&self, cell: &Self::Cell, clock: &C) -> Result<(), u64>;
 
+    /// Replaces the parameters with those of `to` (a freshly validated instance of the same
+    /// algorithm), translating the state as each algorithm documents, at the clock's time.
+    /// `cells` calls its argument on every cell (an unkeyed limiter's one, or every key's and the
+    /// overflow cell of a keyed limiter); only algorithms whose translation writes cells use it.
+    /// Callers serialise reconfigurations (each limiter holds a mutex around this call). On
+    /// `Err` nothing has changed.
+    fn reconfigure<C: Clock>(
+        &self,
+        to: &Self,
+        clock: &C,
+        cells: &dyn Fn(&dyn Fn(&Self::Cell)),
+    ) -> Result<(), ConfigError>;
+
     /// Whether `cell` is retired. Retirement is final, so a `true` never goes stale.
     #[cfg_attr(not(feature = "keyed"), allow(dead_code))]
     fn retired(cell: &Self::Cell) -> bool;
@@ -120,6 +133,146 @@ pub(crate) trait Algo: Send + Sync + 'static {
     /// Every atomic word, for tests that check a rejection wrote nothing.
     #[cfg(all(test, not(turnstile_loom)))]
     fn words(cell: &Self::Cell) -> Vec<u64>;
+}
+
+/// A divisor and its strength-reduced multiplier, kept as plain words so that it can live in
+/// [`Params`](crate::sync::Params) and be replaced at run time without recomputing it on the hot
+/// path. The arithmetic is `strength_reduce::StrengthReducedU64`'s (whose fields are private):
+/// a power of two divides by shifting, anything else multiplies by ⌊(2^128 − 1) / d⌋ + 1 and
+/// keeps the top 64 bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Divisor {
+    divisor: u64,
+    multiplier: u128,
+}
+
+impl Divisor {
+    /// `divisor` must be positive (every caller validated it).
+    pub(crate) fn new(divisor: u64) -> Self {
+        let divisor = divisor.max(1);
+        let multiplier = if divisor.is_power_of_two() {
+            0
+        } else {
+            u128::MAX / u128::from(divisor) + 1
+        };
+        Divisor {
+            divisor,
+            multiplier,
+        }
+    }
+
+    /// The divisor.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> u64 {
+        self.divisor
+    }
+
+    /// `n / d`.
+    #[inline(always)]
+    pub(crate) fn div(&self, n: u64) -> u64 {
+        if self.multiplier == 0 {
+            n >> self.divisor.trailing_zeros()
+        } else {
+            let n = u128::from(n);
+            let hi = n * (self.multiplier >> 64);
+            let lo = (n * u128::from(self.multiplier as u64)) >> 64;
+            ((hi + lo) >> 64) as u64
+        }
+    }
+
+    /// `(n / d, n % d)`.
+    #[inline(always)]
+    pub(crate) fn div_rem(&self, n: u64) -> (u64, u64) {
+        let q = self.div(n);
+        (q, n - q * self.divisor)
+    }
+
+    pub(crate) fn to_words(self) -> [u64; 3] {
+        [
+            self.divisor,
+            (self.multiplier >> 64) as u64,
+            self.multiplier as u64,
+        ]
+    }
+
+    pub(crate) fn from_words(words: [u64; 3]) -> Self {
+        Divisor {
+            divisor: words[0],
+            multiplier: (u128::from(words[1]) << 64) | u128::from(words[2]),
+        }
+    }
+}
+
+/// The window grid of the fixed window and the sliding counter: window number
+/// `base + (now + shift) / window` (wrapping), elapsed `(now + shift) % window`.
+///
+/// A limiter starts with `shift = base = 0`, which is exactly the aligned grid `now / window`.
+/// [`rebase`](Self::rebase) changes the window length at run time without handing out a fresh
+/// window: the current window keeps its number (and so its count), and ends at the earlier of its
+/// old end and `now + new window`; later windows have the new length. Window numbers therefore
+/// keep increasing with time across any number of changes, which is all the 31-bit id rules need
+/// (see [`pack`]): ids are still compared for equality only, and a wrap still only makes the
+/// limiter stricter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Grid {
+    pub(crate) window: Divisor,
+    shift: u64,
+    base: u64,
+}
+
+impl Grid {
+    pub(crate) fn new(window: u64) -> Self {
+        Grid {
+            window: Divisor::new(window),
+            shift: 0,
+            base: 0,
+        }
+    }
+
+    /// The window length.
+    #[inline(always)]
+    pub(crate) fn len(&self) -> u64 {
+        self.window.get()
+    }
+
+    /// The number of the window holding `now` and the time elapsed in it.
+    #[inline(always)]
+    pub(crate) fn locate(&self, now: u64) -> (u64, u64) {
+        let (q, elapsed) = self.window.div_rem(now.saturating_add(self.shift));
+        (self.base.wrapping_add(q), elapsed)
+    }
+
+    /// The grid for windows of length `to` from `now` on (see the type's docs). Times before
+    /// `now` are never located on the new grid: the new parameters are published after this
+    /// clock reading, and every caller that loads them reads its clock afterwards.
+    pub(crate) fn rebase(&self, to: u64, now: u64) -> Self {
+        let (number, elapsed) = self.locate(now);
+        let old_end = now.saturating_add(self.len() - elapsed);
+        let end = old_end.min(now.saturating_add(to));
+        // Make `end` a boundary of the new grid: (end + shift) is a multiple of `to`.
+        let shift = (to - end % to) % to;
+        let window = Divisor::new(to);
+        // `now` lies in [end − to, end), so it is in grid window (end + shift) / to − 1.
+        let q = window.div(now.saturating_add(shift));
+        Grid {
+            window,
+            shift,
+            base: number.wrapping_sub(q),
+        }
+    }
+
+    pub(crate) fn to_words(self) -> [u64; 5] {
+        let [d, hi, lo] = self.window.to_words();
+        [d, hi, lo, self.shift, self.base]
+    }
+
+    pub(crate) fn from_words(w: [u64; 5]) -> Self {
+        Grid {
+            window: Divisor::from_words([w[0], w[1], w[2]]),
+            shift: w[3],
+            base: w[4],
+        }
+    }
 }
 
 /// The state word of a retired cell. No live state word takes this value: window words keep bit
