@@ -5,7 +5,7 @@
 //! the cap, per-key wait queues) hosting one more [`Algo`]: [`Concurrency`], whose cell is a
 //! permit word.
 
-use crate::algorithm::{Algo, RETIRED};
+use crate::algorithm::{Algo, EachCell, RETIRED};
 use crate::clock::Clock;
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
@@ -115,7 +115,7 @@ impl Algo for Concurrency {
         &self,
         _to: &Self,
         _clock: &C,
-        _cells: &dyn Fn(&dyn Fn(&AtomicU64)),
+        _cells: EachCell<'_, AtomicU64>,
     ) -> Result<(), ConfigError> {
         Ok(())
     }

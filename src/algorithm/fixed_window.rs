@@ -1,6 +1,6 @@
 //! Fixed window: one atomic word, updated by compare-and-swap.
 
-use super::{pack, too_big, unpack, window_id, Algo, Grid, RETIRED};
+use super::{pack, too_big, unpack, window_id, Algo, EachCell, Grid, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
@@ -246,13 +246,14 @@ impl Algo for FixedWindow {
     /// New parameters, published in one step (no cell is written): a new limit applies at once
     /// to the count already in the current window (a count above a lowered limit admits nothing
     /// until the window ends); a new window length rebases the grid ([`Grid::rebase`]): the
-    /// current window keeps its id and count and ends at the earlier of its old end and
-    /// now + the new length, so a reconfiguration never hands out a fresh window.
+    /// current window keeps its id, count and start and takes the new length (or, if it is
+    /// already older than that, ends at the earlier of its old end and now + the new length),
+    /// so a reconfiguration never hands out a fresh window.
     fn reconfigure<C: Clock>(
         &self,
         to: &Self,
         clock: &C,
-        _cells: &dyn Fn(&dyn Fn(&AtomicU64)),
+        _cells: EachCell<'_, AtomicU64>,
     ) -> Result<(), ConfigError> {
         let from = Shape::from_words(self.params.current());
         let target = Shape::from_words(to.params.current());

@@ -123,7 +123,7 @@ pub(crate) trait Algo: Send + Sync + 'static {
         &self,
         to: &Self,
         clock: &C,
-        cells: &dyn Fn(&dyn Fn(&Self::Cell)),
+        cells: EachCell<'_, Self::Cell>,
     ) -> Result<(), ConfigError>;
 
     /// Whether `cell` is retired. Retirement is final, so a `true` never goes stale.
@@ -208,8 +208,9 @@ impl Divisor {
 ///
 /// A limiter starts with `shift = base = 0`, which is exactly the aligned grid `now / window`.
 /// [`rebase`](Self::rebase) changes the window length at run time without handing out a fresh
-/// window: the current window keeps its number (and so its count), and ends at the earlier of its
-/// old end and `now + new window`; later windows have the new length. Window numbers therefore
+/// window: the current window keeps its number (and so its count) and its start, and takes the
+/// new length; if it is already older than the new length, it ends at the earlier of its old end
+/// and `now + new length` instead. Later windows have the new length. Window numbers therefore
 /// keep increasing with time across any number of changes, which is all the 31-bit id rules need
 /// (see [`pack`]): ids are still compared for equality only, and a wrap still only makes the
 /// limiter stricter.
@@ -247,12 +248,19 @@ impl Grid {
     /// clock reading, and every caller that loads them reads its clock afterwards.
     pub(crate) fn rebase(&self, to: u64, now: u64) -> Self {
         let (number, elapsed) = self.locate(now);
-        let old_end = now.saturating_add(self.len() - elapsed);
-        let end = old_end.min(now.saturating_add(to));
+        let start = now - elapsed;
+        let end = if elapsed < to {
+            // Young enough for the new length: keep the start.
+            start.saturating_add(to)
+        } else {
+            // Already older than the new length: end soon, but never at once.
+            let old_end = now.saturating_add(self.len() - elapsed);
+            old_end.min(now.saturating_add(to))
+        };
         // Make `end` a boundary of the new grid: (end + shift) is a multiple of `to`.
         let shift = (to - end % to) % to;
         let window = Divisor::new(to);
-        // `now` lies in [end − to, end), so it is in grid window (end + shift) / to − 1.
+        // end − to ≤ now < end in both cases, so `now` is in grid window (end + shift) / to − 1.
         let q = window.div(now.saturating_add(shift));
         Grid {
             window,
@@ -274,6 +282,9 @@ impl Grid {
         }
     }
 }
+
+/// Visits cells: calls its argument on every cell of a limiter (see [`Algo::reconfigure`]).
+pub(crate) type EachCell<'a, T> = &'a dyn Fn(&dyn Fn(&T));
 
 /// The state word of a retired cell. No live state word takes this value: window words keep bit
 /// 63 clear (31-bit ids, see [`pack`]), and arrival times and ticket counters stay below 2^63.

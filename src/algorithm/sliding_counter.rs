@@ -1,6 +1,6 @@
 //! Sliding window counter: the previous and current fixed-window counts, weighted.
 
-use super::{pack, too_big, unpack, window_id, Algo, Divisor, Grid, ID_MASK, RETIRED};
+use super::{pack, too_big, unpack, window_id, Algo, Divisor, EachCell, Grid, ID_MASK, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
@@ -440,13 +440,13 @@ impl Algo for SlidingCounter {
 
     /// New parameters, published in one step (no cell is written): a new limit applies at once
     /// to the counts kept; a new window length rebases the grid ([`Grid::rebase`]) so that the
-    /// current window keeps its id and count (and the previous window its count, now weighted
-    /// over the new length) and ends at the earlier of its old end and now + the new length.
+    /// current window keeps its id, count and start (and the previous window its count, now
+    /// weighted over the new length), as the fixed window's does.
     fn reconfigure<C: Clock>(
         &self,
         to: &Self,
         clock: &C,
-        _cells: &dyn Fn(&dyn Fn(&Words)),
+        _cells: EachCell<'_, Words>,
     ) -> Result<(), ConfigError> {
         let (from, target) = (self.shape().0, to.shape().0);
         // Read before publishing, as in the fixed window's `reconfigure`.

@@ -1,6 +1,6 @@
 //! The exact sliding window: a sliding log kept in a bounded ring of timestamps.
 
-use super::{too_big, Algo, RETIRED};
+use super::{too_big, Algo, EachCell, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
@@ -149,11 +149,6 @@ impl SlidingWindow {
             capacity,
             per_lap: StrengthReducedU64::new(u64::from(capacity)),
         })
-    }
-
-    /// R: the largest limit this ring can hold.
-    pub(crate) fn capacity(&self) -> u32 {
-        self.capacity
     }
 
     /// The parameters now, and the version they were published under.
@@ -520,7 +515,7 @@ impl Algo for SlidingWindow {
         &self,
         to: &Self,
         _clock: &C,
-        _cells: &dyn Fn(&dyn Fn(&Ring)),
+        _cells: EachCell<'_, Ring>,
     ) -> Result<(), ConfigError> {
         let target = to.shape().0;
         if target.limit > self.capacity {

@@ -1,6 +1,6 @@
 //! Token bucket as GCRA: one atomic word holding the theoretical arrival time.
 
-use super::{too_big, Algo, Divisor, RETIRED};
+use super::{too_big, Algo, Divisor, EachCell, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
@@ -368,7 +368,7 @@ impl Algo for TokenBucket {
         &self,
         to: &Self,
         clock: &C,
-        cells: &dyn Fn(&dyn Fn(&AtomicU64)),
+        cells: EachCell<'_, AtomicU64>,
     ) -> Result<(), ConfigError> {
         let (from, target) = (self.shape().0, to.shape().0);
         // Read before publishing: every caller that loads the new parameters reads its clock
