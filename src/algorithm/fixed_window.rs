@@ -7,7 +7,8 @@ use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering, Params};
 use std::time::Duration;
 
-/// At most `limit` permits per window; windows are `[k·window, (k+1)·window)` on the clock's epoch.
+/// At most `limit` permits per window; windows are `[k·window, (k+1)·window)` on the clock's epoch,
+/// until a reconfiguration changes the window length and rebases the grid ([`Grid`]).
 ///
 /// State: one word, see [`pack`] for its layout. Transitions (n ≥ 1 permits at time `now` in window
 /// `w`):
@@ -19,7 +20,9 @@ use std::time::Duration;
 /// | (v ≠ `w`, _) and n ≤ limit | admit (a new window) | (`w`, n) |
 ///
 /// "v ≠ w" always means an *older* window: the word is loaded before the clock is read, and the clock
-/// is monotonic, so no thread can see a window id newer than its own `now`.
+/// is monotonic, so no thread can see a window id newer than its own `now` under the parameters
+/// it decides with. (A word written under newer parameters is caught by the version re-check
+/// before the CAS: see [`Algo::reconfigure`] and ARCHITECTURE.md.)
 ///
 /// This struct holds the parameters; the word is the [`Algo::Cell`], kept by the limiter (one per
 /// key in a keyed limiter). A word of [`RETIRED`] belongs to a key that eviction removed.

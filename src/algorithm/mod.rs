@@ -287,7 +287,8 @@ impl Grid {
 pub(crate) type EachCell<'a, T> = &'a dyn Fn(&dyn Fn(&T));
 
 /// The state word of a retired cell. No live state word takes this value: window words keep bit
-/// 63 clear (31-bit ids, see [`pack`]), and arrival times and ticket counters stay below 2^63.
+/// 63 clear (31-bit ids, see [`pack`]), ticket counters stay below 2^63, and a token bucket's
+/// word is an epoch bit over an arrival time below 2^63 − 1.
 pub(crate) const RETIRED: u64 = u64::MAX;
 
 /// The id of window `window`: its low 31 bits.
@@ -448,6 +449,33 @@ mod tests {
             if exact_so_far && held.is_empty() {
                 assert_eq!(algo.available(&cell, now), algo.available(&twin, now));
             }
+        }
+    }
+
+    proptest! {
+        /// The stored strength reduction divides exactly, whatever the divisor (powers of two,
+        /// 1, u64::MAX included), and survives a round trip through its words.
+        #[test]
+        fn divisor_divides_exactly(d in prop_oneof![1u64..100, any::<u64>().prop_map(|d| d.max(1)),
+                                                   (0u32..64).prop_map(|s| 1u64 << s)],
+                                   n in any::<u64>()) {
+            let divisor = Divisor::from_words(Divisor::new(d).to_words());
+            prop_assert_eq!(divisor.div_rem(n), (n / d, n % d));
+        }
+
+        /// A rebased grid keeps the current window's number at the switch and never ends it at
+        /// once; later windows have the new length.
+        #[test]
+        fn rebase_keeps_the_current_window(w in 1u64..1000, to in 1u64..1000, now in 0u64..100_000) {
+            let grid = Grid::new(w);
+            let (number, _) = grid.locate(now);
+            let rebased = grid.rebase(to, now);
+            let (same, elapsed) = rebased.locate(now);
+            prop_assert_eq!(same, number);
+            prop_assert!(elapsed < to);
+            let end = now + (to - elapsed);
+            prop_assert_eq!(rebased.locate(end), (number + 1, 0));
+            prop_assert_eq!(rebased.locate(end + to), (number + 2, 0));
         }
     }
 

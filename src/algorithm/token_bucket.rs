@@ -362,8 +362,8 @@ impl Algo for TokenBucket {
 
     /// New parameters in a new epoch, then every cell translated (see the type's docs): the
     /// parameters are published first, so a caller that meets an untranslated word translates
-    /// it itself; the sweep over `cells` makes sure no word is still two epochs old at the next
-    /// reconfiguration (a word's epoch is one bit).
+    /// it itself; the sweep over `cells` makes sure no word that still owes a debt is two
+    /// epochs old at the next reconfiguration (a word's epoch is one bit).
     fn reconfigure<C: Clock>(
         &self,
         to: &Self,
@@ -384,7 +384,9 @@ impl Algo for TokenBucket {
         cells(&|cell| {
             // Acquire: as in `try_acquire`, for the word we translate.
             let mut word = cell.load(Ordering::Acquire);
-            while word != RETIRED && p.tat(word).is_none() {
+            // A word full by the switch (`tat ≤ t`, never-used cells included) is left alone:
+            // it reads as full under any epoch at any later time, so it needs no epoch.
+            while word != RETIRED && p.tat(word).is_none() && word & !EPOCH > p.switched_at {
                 // Release on success: publishes the translated word like an admission does.
                 // Acquire on failure: as for the first load.
                 match cell.compare_exchange_weak(
