@@ -181,6 +181,17 @@ impl TokenBucket {
         let (words, version) = self.params.load();
         (Shape::from_words(words), version)
     }
+
+    /// [`Shape::translate`] of an other-epoch `word` under the parameters of `version`, or
+    /// `None` if they are no longer current (the word is then of a newer epoch, or the
+    /// parameters changed again: decide again). Out of line and re-reading the parameters, so
+    /// that the decision loop does not keep the translation's words live in registers.
+    #[cold]
+    #[inline(never)]
+    fn translate_under(&self, version: u64, word: u64) -> Option<u64> {
+        let (p, now_version) = self.shape();
+        (now_version == version).then(|| p.translate(word))
+    }
 }
 
 impl Algo for TokenBucket {
@@ -218,8 +229,10 @@ impl Algo for TokenBucket {
                     Some(tat) => tat,
                     // The other epoch: newer parameters than our snapshot (reload them) or the
                     // previous ones (translate).
-                    None if self.params.changed(version) => continue 'params,
-                    None => p.translate(word),
+                    None => match self.translate_under(version, word) {
+                        Some(tat) => tat,
+                        None => continue 'params,
+                    },
                 };
                 let now = clock.now().min(MAX_NOW);
                 let start = tat.max(now);
