@@ -56,7 +56,7 @@ impl Rate {
 /// | algorithm | exactness | memory | bursts |
 /// |---|---|---|---|
 /// | `FixedWindow` | ≤ limit per aligned window; up to 2 × limit across a boundary | 8 bytes | a full window's worth at each boundary |
-/// | `SlidingWindow` | ≤ limit in *every* interval of length window | 8 bytes × limit | up to limit at once, then paced by expiry |
+/// | `SlidingWindow` | ≤ limit in *every* interval of length window | 8 bytes × limit (× `max_limit` if set) | up to limit at once, then paced by expiry |
 /// | `SlidingCounter` | approximate: < 2 × limit in any window-long interval, typically within a few % | 24 bytes | like the sliding window, smoothed |
 /// | `TokenBucket` | GCRA: ≤ burst + rate × t in any interval of length t | 8 bytes | up to burst, refilled continuously |
 ///
