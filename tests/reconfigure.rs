@@ -572,3 +572,65 @@ proptest! {
         }
     }
 }
+
+/// Four threads hammer a limiter (real clock) while a fifth flips its limit between 5 and 20
+/// (same window). Every admission is audited afterwards: no window-long interval (aligned for the
+/// fixed window, any for the sliding log) holds more than the larger limit, the bound every
+/// admission's own parameter set implies. A lost count or a torn parameter read would break it.
+#[test]
+fn limit_flips_under_load_never_exceed_the_larger_limit() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let window = Duration::from_millis(2);
+    for algorithm in [fixed(20, window), sliding(20, window)] {
+        let limiter = RateLimiter::builder(algorithm)
+            .clock(turnstile::MonotonicClock::new())
+            .build()
+            .unwrap();
+        let done = AtomicBool::new(false);
+        let mut admissions: Vec<(u64, u64)> = std::thread::scope(|s| {
+            let flipper = s.spawn(|| {
+                let mut flips = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    let limit = if flips % 2 == 0 { 5 } else { 20 };
+                    let to = match algorithm {
+                        Algorithm::FixedWindow { .. } => fixed(limit, window),
+                        _ => sliding(limit, window),
+                    };
+                    limiter.reconfigure(to).unwrap();
+                    flips += 1;
+                    std::thread::yield_now();
+                }
+                flips
+            });
+            let workers: Vec<_> = (0..4u32)
+                .map(|id| {
+                    let limiter = &limiter;
+                    s.spawn(move || {
+                        let mut mine = Vec::new();
+                        for i in 0..100_000u32 {
+                            let n = if id < 2 { 1 } else { 1 + i % 3 };
+                            if let Ok(a) = limiter.try_acquire_n(n) {
+                                mine.push((a.at_nanos(), u64::from(n)));
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let all: Vec<_> = workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect();
+            done.store(true, Ordering::Relaxed);
+            assert!(flipper.join().unwrap() > 10, "the flipper must run");
+            all
+        });
+        admissions.sort_unstable();
+        assert!(admissions.len() > 100, "{algorithm:?}: too few admissions");
+        let violations = match algorithm {
+            Algorithm::FixedWindow { .. } => common::fixed_violations(&admissions, 20, window),
+            _ => common::sliding_violations(&admissions, 20, window),
+        };
+        assert_eq!(violations, 0, "{algorithm:?}");
+    }
+}
