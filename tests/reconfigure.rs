@@ -591,7 +591,7 @@ fn limit_flips_under_load_never_exceed_the_larger_limit() {
             let flipper = s.spawn(|| {
                 let mut flips = 0u64;
                 while !done.load(Ordering::Relaxed) {
-                    let limit = if flips % 2 == 0 { 5 } else { 20 };
+                    let limit = if flips & 1 == 0 { 5 } else { 20 };
                     let to = match algorithm {
                         Algorithm::FixedWindow { .. } => fixed(limit, window),
                         _ => sliding(limit, window),
