@@ -33,6 +33,22 @@ pub enum ConfigError {
         /// The largest accepted value, in words (for example "584 years" or "16777216").
         max: &'static str,
     },
+    /// A reconfiguration asked for a different algorithm than the limiter runs. A limiter's
+    /// state cannot be translated between algorithms; build a new limiter instead.
+    AlgorithmChanged {
+        /// The algorithm the limiter runs (for example "fixed window").
+        from: &'static str,
+        /// The algorithm asked for.
+        to: &'static str,
+    },
+    /// A reconfiguration raised an exact sliding window's limit above the capacity its ring was
+    /// allocated for (the limit it was built with, or the builder's `max_limit`).
+    AboveMaxLimit {
+        /// The limit asked for.
+        limit: u32,
+        /// The largest limit this limiter can take.
+        max_limit: u32,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -40,6 +56,16 @@ impl fmt::Display for ConfigError {
         match self {
             ConfigError::Zero { what } => write!(f, "{what} must be greater than zero"),
             ConfigError::TooLarge { what, max } => write!(f, "{what} is too large (at most {max})"),
+            ConfigError::AlgorithmChanged { from, to } => write!(
+                f,
+                "cannot reconfigure a {from} limiter as a {to}: its state cannot be translated \
+                 between algorithms; build a new limiter instead"
+            ),
+            ConfigError::AboveMaxLimit { limit, max_limit } => write!(
+                f,
+                "limit {limit} is above this sliding window's max_limit of {max_limit} (its ring \
+                 of timestamps is allocated once; set a larger max_limit on the builder)"
+            ),
         }
     }
 }

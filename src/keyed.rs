@@ -5,11 +5,11 @@ use crate::algorithm::{too_big, Algo, FixedWindow, SlidingCounter, SlidingWindow
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
-use crate::limiter::Algorithm;
+use crate::limiter::{build_sliding, Algorithm};
 use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
-    Arc, AtomicU64, Counters, KeyMap, Ordering, Reclaimer, ADMITTED, CANCELLED, OVERFLOWED,
-    REJECTED,
+    lock, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED, CANCELLED,
+    OVERFLOWED, REJECTED,
 };
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -142,7 +142,9 @@ pub struct KeyedLimiter<K, C: Clock = DefaultClock, S = foldhash::fast::RandomSt
 
 struct Inner<K, C, S> {
     store: Store<K, S>,
-    algorithm: Algorithm,
+    /// The parameters now. Its mutex serialises reconfigurations (every key's parameters are
+    /// read without it).
+    algorithm: Mutex<Algorithm>,
     ctx: Ctx<C, S>,
     waits: Waits<K, S>,
 }
@@ -350,6 +352,16 @@ where
             overflow,
             algo,
         }
+    }
+
+    /// Calls `f` on every key's cell and on the shared overflow cell (a weakly consistent
+    /// pass: keys inserted meanwhile may be missed, and are fresh or decided under the new
+    /// parameters).
+    fn for_each_cell(&self, f: &dyn Fn(&A::Cell)) {
+        for shard in self.shards.iter() {
+            shard.map.for_each(|_, cell| f(cell));
+        }
+        f(&self.overflow);
     }
 
     #[inline(always)]
@@ -722,7 +734,7 @@ impl<K, C: Clock, S> Clone for KeyedLimiter<K, C, S> {
 impl<K, C: Clock, S> fmt::Debug for KeyedLimiter<K, C, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLimiter")
-            .field("algorithm", &self.inner.algorithm)
+            .field("algorithm", &*lock(&self.inner.algorithm))
             .field("max_keys", &self.inner.ctx.max_keys)
             .field("overflow", &self.inner.ctx.overflow)
             // Relaxed: a snapshot for display.
@@ -760,6 +772,7 @@ pub struct KeyedLimiterBuilder<K, C = DefaultClock, S = foldhash::fast::RandomSt
     overflow: KeyOverflow,
     order: QueueOrder,
     queue_limit: u64,
+    max_limit: Option<u32>,
     _key: std::marker::PhantomData<fn(&K)>,
 }
 
@@ -813,6 +826,7 @@ where
             overflow: KeyOverflow::Reject,
             order: QueueOrder::OldestFirst,
             queue_limit: DEFAULT_QUEUE_LIMIT,
+            max_limit: None,
             _key: std::marker::PhantomData,
         }
     }
@@ -875,6 +889,7 @@ impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
             overflow: self.overflow,
             order: self.order,
             queue_limit: self.queue_limit,
+            max_limit: self.max_limit,
             _key: std::marker::PhantomData,
         }
     }
@@ -904,6 +919,7 @@ impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
             overflow: self.overflow,
             order: self.order,
             queue_limit: self.queue_limit,
+            max_limit: self.max_limit,
             _key: std::marker::PhantomData,
         }
     }
@@ -991,6 +1007,30 @@ impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
         self.queue_limit = permits;
         self
     }
+
+    /// The largest limit a later [`reconfigure`](KeyedLimiter::reconfigure) may set on an exact
+    /// sliding window (default: the limit it is built with). Every key's ring of timestamps is
+    /// allocated for this many permits (8 bytes each, per key), since a ring cannot grow without
+    /// a lock. The other algorithms keep O(1) state per key and ignore this.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let window = Duration::from_secs(1);
+    /// let limiter = KeyedLimiter::<u64>::builder(Algorithm::SlidingWindow { limit: 2, window })
+    ///     .max_limit(8)
+    ///     .build()?;
+    /// limiter.reconfigure(Algorithm::SlidingWindow { limit: 8, window })?;
+    /// assert!(limiter.try_acquire_n(&1, 8).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_limit(mut self, max_limit: u32) -> Self {
+        self.max_limit = Some(max_limit);
+        self
+    }
 }
 
 impl<K, C: Clock, S> KeyedLimiterBuilder<K, C, S>
@@ -1026,7 +1066,8 @@ where
                 Store::Fixed(Keyed::new(FixedWindow::new(limit, window)?, shards, h))
             }
             Algorithm::SlidingWindow { limit, window } => {
-                Store::Sliding(Keyed::new(SlidingWindow::new(limit, window)?, shards, h))
+                let algo = build_sliding(limit, window, self.max_limit)?;
+                Store::Sliding(Keyed::new(algo, shards, h))
             }
             Algorithm::SlidingCounter { limit, window } => {
                 Store::Counter(Keyed::new(SlidingCounter::new(limit, window)?, shards, h))
@@ -1039,7 +1080,7 @@ where
             inner: Arc::new(Inner {
                 store,
                 waits: Waits::new(self.hasher.clone(), self.order, self.queue_limit),
-                algorithm: self.algorithm,
+                algorithm: Mutex::new(self.algorithm),
                 ctx: Ctx::new(
                     self.clock,
                     self.hasher,
@@ -1352,7 +1393,8 @@ where
         self.inner.ctx.max_keys
     }
 
-    /// The algorithm every key runs, with its parameters.
+    /// The algorithm every key runs, with its parameters: those it was built with, or the last
+    /// successful [`reconfigure`](Self::reconfigure).
     ///
     /// # Examples
     ///
@@ -1365,7 +1407,80 @@ where
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn algorithm(&self) -> Algorithm {
-        self.inner.algorithm
+        *lock(&self.inner.algorithm)
+    }
+
+    /// Changes the limit, window, rate or burst of *every* key at run time, keeping each key's
+    /// state, with the semantics of [`RateLimiter::reconfigure`](crate::RateLimiter::reconfigure)
+    /// per key. All keys share one parameter set, so the change reaches every key (and keys
+    /// created later) at once; each key's queued waiters look again, and those asking for more
+    /// than the new capacity fail with [`AcquireError::InsufficientCapacity`].
+    ///
+    /// Cost: O(1) for the fixed window, the sliding counter and the sliding window (only the
+    /// shared parameters change; each key's state is read under them). A token bucket also
+    /// visits every key once, to translate its state to the new parameters' epoch (a caller
+    /// that meets a key first translates it itself), so that is O(keys); the hot path takes no
+    /// lock either way. Reconfigurations are serialised by a mutex.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::reconfigure`](crate::RateLimiter::reconfigure); on error nothing
+    /// changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, ManualClock};
+    ///
+    /// let window = Duration::from_secs(60);
+    /// let limiter = KeyedLimiter::with_clock(Algorithm::FixedWindow { limit: 5, window }, ManualClock::new())?;
+    /// limiter.try_acquire_n(&"alice", 5)?;
+    /// limiter.try_acquire_n(&"bob", 2)?;
+    /// // A plan change for everybody: 3 per minute. Alice is over it until her window ends,
+    /// // Bob has one left, a new key gets three.
+    /// limiter.reconfigure(Algorithm::FixedWindow { limit: 3, window })?;
+    /// assert!(limiter.try_acquire(&"alice").is_err());
+    /// assert_eq!(limiter.try_acquire(&"bob")?.remaining(), 0);
+    /// assert_eq!(limiter.try_acquire(&"carol")?.remaining(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reconfigure(&self, algorithm: Algorithm) -> Result<(), ConfigError> {
+        let inner = &*self.inner;
+        let mut current = lock(&inner.algorithm);
+        let clock = &inner.ctx.clock;
+        let from = *current;
+        let kind_changed = || ConfigError::AlgorithmChanged {
+            from: from.name(),
+            to: algorithm.name(),
+        };
+        match (&inner.store, algorithm) {
+            (Store::Fixed(s), Algorithm::FixedWindow { limit, window }) => {
+                let to = FixedWindow::new(limit, window)?;
+                s.algo.reconfigure(&to, clock, &|f| s.for_each_cell(f))
+            }
+            (Store::Sliding(s), Algorithm::SlidingWindow { limit, window }) => {
+                let to = SlidingWindow::new(limit, window)?;
+                s.algo.reconfigure(&to, clock, &|f| s.for_each_cell(f))
+            }
+            (Store::Counter(s), Algorithm::SlidingCounter { limit, window }) => {
+                let to = SlidingCounter::new(limit, window)?;
+                s.algo.reconfigure(&to, clock, &|f| s.for_each_cell(f))
+            }
+            (Store::Bucket(s), Algorithm::TokenBucket { rate, burst }) => {
+                let to = TokenBucket::new(rate, burst)?;
+                s.algo.reconfigure(&to, clock, &|f| s.for_each_cell(f))
+            }
+            _ => Err(kind_changed()),
+        }?;
+        *current = algorithm;
+        drop(current);
+        let capacity = inner.algorithm_limit();
+        inner
+            .waits
+            .map
+            .for_each(|_, wait| wait.queue.reconfigured(&wait.gate, capacity));
+        Ok(())
     }
 
     /// The limiter's clock.

@@ -5,7 +5,7 @@
 //! the cap, per-key wait queues) hosting one more [`Algo`]: [`Concurrency`], whose cell is a
 //! permit word.
 
-use crate::algorithm::{Algo, RETIRED};
+use crate::algorithm::{Algo, EachCell, RETIRED};
 use crate::clock::Clock;
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
@@ -109,6 +109,16 @@ impl Concurrency {
 
 impl Algo for Concurrency {
     type Cell = AtomicU64;
+
+    /// Never called: keyed concurrency limiters have no reconfiguration.
+    fn reconfigure<C: Clock>(
+        &self,
+        _to: &Self,
+        _clock: &C,
+        _cells: EachCell<'_, AtomicU64>,
+    ) -> Result<(), ConfigError> {
+        Ok(())
+    }
 
     fn cell(&self) -> AtomicU64 {
         AtomicU64::new(u64::from(self.limit))

@@ -5,7 +5,7 @@ use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, CLOSED, DEFAULT_QUEUE_LIMIT, WAITERS};
-use crate::sync::{Arc, AtomicU64, Counters, Ordering, ADMITTED, CANCELLED, REJECTED};
+use crate::sync::{lock, Arc, AtomicU64, Counters, Mutex, Ordering, ADMITTED, CANCELLED, REJECTED};
 use crossbeam_utils::CachePadded;
 use std::fmt;
 #[cfg(feature = "tokio")]
@@ -59,7 +59,7 @@ impl Rate {
 /// | algorithm | exactness | memory | bursts |
 /// |---|---|---|---|
 /// | `FixedWindow` | ≤ limit per aligned window; up to 2 × limit across a boundary | 8 bytes | a full window's worth at each boundary |
-/// | `SlidingWindow` | ≤ limit in *every* interval of length window | 8 bytes × limit | up to limit at once, then paced by expiry |
+/// | `SlidingWindow` | ≤ limit in *every* interval of length window | 8 bytes × limit (× `max_limit` if set) | up to limit at once, then paced by expiry |
 /// | `SlidingCounter` | approximate: < 2 × limit in any window-long interval, typically within a few % | 24 bytes | like the sliding window, smoothed |
 /// | `TokenBucket` | GCRA: ≤ burst + rate × t in any interval of length t | 8 bytes | up to burst, refilled continuously |
 ///
@@ -112,6 +112,31 @@ pub enum Algorithm {
     },
 }
 
+impl Algorithm {
+    /// The algorithm's name in messages ("fixed window", ...).
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow { .. } => "fixed window",
+            Algorithm::SlidingWindow { .. } => "sliding window",
+            Algorithm::SlidingCounter { .. } => "sliding counter",
+            Algorithm::TokenBucket { .. } => "token bucket",
+        }
+    }
+}
+
+/// Builds the algorithm `algorithm` names, validated; `max_limit` sizes a sliding window's ring.
+pub(crate) fn build_sliding(
+    limit: u32,
+    window: Duration,
+    max_limit: Option<u32>,
+) -> Result<SlidingWindow, ConfigError> {
+    let algo = SlidingWindow::new(limit, window)?;
+    match max_limit {
+        Some(max) => algo.with_capacity(max),
+        None => Ok(algo),
+    }
+}
+
 /// One algorithm's parameters and the one cell of state an unkeyed limiter owns.
 pub(crate) struct Single<A: Algo> {
     algo: A,
@@ -134,13 +159,13 @@ pub(crate) enum State {
 }
 
 impl State {
-    pub(crate) fn new(algorithm: Algorithm) -> Result<Self, ConfigError> {
+    pub(crate) fn new(algorithm: Algorithm, max_limit: Option<u32>) -> Result<Self, ConfigError> {
         Ok(match algorithm {
             Algorithm::FixedWindow { limit, window } => {
                 State::Fixed(Single::new(FixedWindow::new(limit, window)?))
             }
             Algorithm::SlidingWindow { limit, window } => {
-                State::Sliding(Single::new(SlidingWindow::new(limit, window)?))
+                State::Sliding(Single::new(build_sliding(limit, window, max_limit)?))
             }
             Algorithm::SlidingCounter { limit, window } => {
                 State::Counter(Single::new(SlidingCounter::new(limit, window)?))
@@ -214,6 +239,38 @@ impl State {
             State::Bucket(s) => s.algo.limit(),
         }
     }
+
+    /// [`Algo::reconfigure`] with `to`'s parameters, validated first; `from` is what the state
+    /// runs now (for the error when the kind differs). Callers serialise.
+    pub(crate) fn reconfigure<C: Clock>(
+        &self,
+        from: Algorithm,
+        to: Algorithm,
+        clock: &C,
+    ) -> Result<(), ConfigError> {
+        match (self, to) {
+            (State::Fixed(s), Algorithm::FixedWindow { limit, window }) => {
+                let to = FixedWindow::new(limit, window)?;
+                s.algo.reconfigure(&to, clock, &|f| f(&s.cell))
+            }
+            (State::Sliding(s), Algorithm::SlidingWindow { limit, window }) => {
+                let to = SlidingWindow::new(limit, window)?;
+                s.algo.reconfigure(&to, clock, &|f| f(&s.cell))
+            }
+            (State::Counter(s), Algorithm::SlidingCounter { limit, window }) => {
+                let to = SlidingCounter::new(limit, window)?;
+                s.algo.reconfigure(&to, clock, &|f| f(&s.cell))
+            }
+            (State::Bucket(s), Algorithm::TokenBucket { rate, burst }) => {
+                let to = TokenBucket::new(rate, burst)?;
+                s.algo.reconfigure(&to, clock, &|f| f(&s.cell))
+            }
+            _ => Err(ConfigError::AlgorithmChanged {
+                from: from.name(),
+                to: to.name(),
+            }),
+        }
+    }
 }
 
 /// Counts kept by a limiter.
@@ -284,7 +341,9 @@ struct Inner<C> {
     /// [`WAITERS`] and [`CLOSED`]; zero on the fast path. Read by every `try_acquire`, written only
     /// when the queue turns empty or non-empty and on close, so it sits on a line of its own.
     gate: CachePadded<AtomicU64>,
-    algorithm: Algorithm,
+    /// The parameters now. Its mutex serialises reconfigurations (the state's parameters are
+    /// read without it).
+    algorithm: Mutex<Algorithm>,
     clock: C,
     counters: Counters,
     queue: WaitQueue,
@@ -411,7 +470,7 @@ impl<C: Clock> Clone for RateLimiter<C> {
 impl<C: Clock> fmt::Debug for RateLimiter<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("algorithm", &self.inner.algorithm)
+            .field("algorithm", &*lock(&self.inner.algorithm))
             .finish_non_exhaustive()
     }
 }
@@ -543,6 +602,7 @@ impl RateLimiter<DefaultClock> {
             clock: DefaultClock::new(),
             order: QueueOrder::OldestFirst,
             queue_limit: DEFAULT_QUEUE_LIMIT,
+            max_limit: None,
         }
     }
 }
@@ -569,6 +629,7 @@ pub struct RateLimiterBuilder<C> {
     clock: C,
     order: QueueOrder,
     queue_limit: u64,
+    max_limit: Option<u32>,
 }
 
 impl<C: Clock> RateLimiterBuilder<C> {
@@ -594,6 +655,7 @@ impl<C: Clock> RateLimiterBuilder<C> {
             clock,
             order: self.order,
             queue_limit: self.queue_limit,
+            max_limit: self.max_limit,
         }
     }
 
@@ -636,6 +698,35 @@ impl<C: Clock> RateLimiterBuilder<C> {
         self
     }
 
+    /// The largest limit a later [`reconfigure`](RateLimiter::reconfigure) may set on an
+    /// exact sliding window (default: the limit it is built with). Its ring of timestamps
+    /// cannot grow without a lock, so it is allocated once for this many permits (8 bytes
+    /// each, at most 16,777,216); a smaller limit uses part of it. The other algorithms keep
+    /// O(1) state whatever the limit and ignore this.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::builder(Algorithm::SlidingWindow { limit: 10, window: Duration::from_secs(1) })
+    ///     .max_limit(100)
+    ///     .build()?;
+    /// limiter.reconfigure(Algorithm::SlidingWindow { limit: 100, window: Duration::from_secs(1) })?;
+    /// assert_eq!(limiter.capacity(), 100);
+    /// let too_many = Algorithm::SlidingWindow { limit: 101, window: Duration::from_secs(1) };
+    /// assert_eq!(
+    ///     limiter.reconfigure(too_many).unwrap_err(),
+    ///     ConfigError::AboveMaxLimit { limit: 101, max_limit: 100 }
+    /// );
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn max_limit(mut self, max_limit: u32) -> Self {
+        self.max_limit = Some(max_limit);
+        self
+    }
+
     /// Builds the limiter.
     ///
     /// # Errors
@@ -652,7 +743,13 @@ impl<C: Clock> RateLimiterBuilder<C> {
     /// assert_eq!(bad.unwrap_err(), ConfigError::Zero { what: "limit" });
     /// ```
     pub fn build(self) -> Result<RateLimiter<C>, ConfigError> {
-        RateLimiter::build(self.algorithm, self.clock, self.order, self.queue_limit)
+        RateLimiter::build(
+            self.algorithm,
+            self.clock,
+            self.order,
+            self.queue_limit,
+            self.max_limit,
+        )
     }
 }
 
@@ -686,6 +783,7 @@ impl<C: Clock> RateLimiter<C> {
             clock,
             QueueOrder::OldestFirst,
             DEFAULT_QUEUE_LIMIT,
+            None,
         )
     }
 
@@ -694,12 +792,13 @@ impl<C: Clock> RateLimiter<C> {
         clock: C,
         order: QueueOrder,
         queue_limit: u64,
+        max_limit: Option<u32>,
     ) -> Result<Self, ConfigError> {
         Ok(RateLimiter {
             inner: Arc::new(Inner {
-                state: State::new(algorithm)?,
+                state: State::new(algorithm, max_limit)?,
                 gate: CachePadded::new(AtomicU64::new(0)),
-                algorithm,
+                algorithm: Mutex::new(algorithm),
                 clock,
                 counters: Counters::new(),
                 queue: WaitQueue::new(order, queue_limit),
@@ -797,7 +896,8 @@ impl<C: Clock> RateLimiter<C> {
         }
     }
 
-    /// The algorithm and parameters this limiter was built with.
+    /// The algorithm and parameters this limiter runs: those it was built with, or the last
+    /// successful [`reconfigure`](Self::reconfigure).
     ///
     /// # Examples
     ///
@@ -810,7 +910,75 @@ impl<C: Clock> RateLimiter<C> {
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn algorithm(&self) -> Algorithm {
-        self.inner.algorithm
+        *lock(&self.inner.algorithm)
+    }
+
+    /// Changes the limit, window, rate or burst at run time, keeping the state: what was
+    /// admitted still counts. Clones share the change; it applies at once to every later call,
+    /// and queued waiters look again at once (a waiter whose request no longer fits the new
+    /// capacity fails with [`AcquireError::InsufficientCapacity`]).
+    ///
+    /// How the state carries over, per algorithm:
+    ///
+    /// - **Fixed window, sliding counter**: the count of the current window is kept (and the
+    ///   previous window's, for the counter); a new limit applies to it at once (a count above a
+    ///   lowered limit admits nothing until the window ends). A new window length never hands out
+    ///   a fresh window: the current window keeps its start and takes the new length (if it is
+    ///   already older than that, it ends at the earlier of its old end and now + the new
+    ///   length), and the windows after it have the new length.
+    /// - **Token bucket**: the bucket stays as *full* as it was (a full bucket stays full, an
+    ///   empty one empty, 70 % stays 70 % of the new burst) and refills at the new rate.
+    /// - **Sliding window** (exact log): the limit can move anywhere up to the builder's
+    ///   [`max_limit`](RateLimiterBuilder::max_limit) (by default the limit it was built with;
+    ///   the ring of timestamps is allocated once); admissions already logged keep the expiry
+    ///   they were admitted with, and a new window applies to later admissions.
+    ///
+    /// The parameters are read on the hot path as one consistent snapshot (a seqlock: plain loads,
+    /// no lock, no write); a decision is made under one parameter set, never a mix, and a call
+    /// that started under the old parameters re-decides if they change before it commits.
+    /// Reconfigurations are serialised by a mutex; the hot path never takes it.
+    ///
+    /// # Errors
+    ///
+    /// - [`ConfigError::AlgorithmChanged`] if `algorithm` is another kind than the limiter runs
+    ///   (state cannot be translated between algorithms);
+    /// - [`ConfigError::AboveMaxLimit`] for a sliding window limit above its `max_limit`;
+    /// - the constructors' [`ConfigError`]s for parameters that are zero or too large.
+    ///
+    /// On error nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, ManualClock, Rate, RateLimiter};
+    ///
+    /// let window = Duration::from_secs(60);
+    /// let limiter = RateLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 10, window },
+    ///     ManualClock::new(),
+    /// )?;
+    /// limiter.try_acquire_n(8)?;
+    /// // Raise the limit: the 8 already admitted in this window still count.
+    /// limiter.reconfigure(Algorithm::FixedWindow { limit: 12, window })?;
+    /// assert_eq!(limiter.try_acquire_n(4)?.remaining(), 0);
+    /// assert_eq!(limiter.capacity(), 12);
+    /// // Another algorithm is a typed error, and changes nothing.
+    /// let bucket = Algorithm::TokenBucket { rate: Rate::per_second(1), burst: 1 };
+    /// assert!(matches!(limiter.reconfigure(bucket), Err(ConfigError::AlgorithmChanged { .. })));
+    /// assert_eq!(limiter.algorithm(), Algorithm::FixedWindow { limit: 12, window });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reconfigure(&self, algorithm: Algorithm) -> Result<(), ConfigError> {
+        let inner = &*self.inner;
+        let mut current = lock(&inner.algorithm);
+        inner.state.reconfigure(*current, algorithm, &inner.clock)?;
+        *current = algorithm;
+        drop(current);
+        // Waiters look again under the new parameters: the head may be admissible earlier, and
+        // a request above the new capacity can never succeed now.
+        inner.queue.reconfigured(&inner.gate, inner.state.limit());
+        Ok(())
     }
 
     /// The most permits one call can get: the limit, or the burst of a token bucket.

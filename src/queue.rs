@@ -334,6 +334,49 @@ impl WaitQueue {
         wake.wake();
     }
 
+    /// The limiter's parameters changed: every waiter that asks for more than `capacity` fails
+    /// with [`AcquireError::InsufficientCapacity`] at once, and the head (new or not) is woken
+    /// to try again under the new parameters (it may be admissible earlier, or later; it
+    /// re-arms its timer either way).
+    pub(crate) fn reconfigured(&self, gate: &AtomicU64, capacity: u32) {
+        let mut wakes = Vec::new();
+        {
+            let mut waiters = lock(&self.waiters);
+            let too_big: Vec<u64> = waiters
+                .live
+                .iter()
+                .filter(|(_, w)| w.permits > capacity)
+                .map(|(seq, _)| *seq)
+                .collect();
+            for seq in too_big {
+                if let Some(waiter) = waiters.live.remove(&seq) {
+                    waiters.permits -= u64::from(waiter.permits);
+                    waiters.failed.insert(
+                        seq,
+                        AcquireError::InsufficientCapacity {
+                            requested: waiter.permits,
+                            capacity,
+                        },
+                    );
+                    wakes.push(waiter.wake);
+                }
+            }
+            if waiters.live.is_empty() {
+                if !wakes.is_empty() {
+                    // Relaxed: see `enqueue`.
+                    gate.fetch_and(!WAITERS, Ordering::Relaxed);
+                }
+            } else if let Some(head) = self.head(&waiters) {
+                if let Some(h) = waiters.live.get_mut(&head) {
+                    wakes.push(std::mem::replace(&mut h.wake, Wake::Nobody));
+                }
+            }
+        }
+        for wake in wakes {
+            wake.wake();
+        }
+    }
+
     /// Closes the queue if nobody waits in it: later enqueues fail with `Closed`. True if closed
     /// (now or before). A keyed limiter retires a key's queue this way before it drops it from its
     /// map, so that a waiter who found the queue just before cannot join a queue nobody serves:

@@ -8,12 +8,12 @@
 //! and break its build.
 
 #[cfg(not(turnstile_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
 #[cfg(not(turnstile_loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
@@ -124,6 +124,99 @@ impl Signal {
             *self.epoch.lock().unwrap() += 1;
             self.changed.notify_all();
         }
+    }
+}
+
+/// `N` parameter words that the hot path reads without a lock and a rare writer replaces: a
+/// seqlock built from atomics (no `unsafe`).
+///
+/// | `version` | meaning |
+/// |---|---|
+/// | even `2g` | generation `g` is published: `words` hold it |
+/// | odd | a writer is replacing the words; readers retry |
+///
+/// **Reader** ([`load`](Self::load)): version (Acquire), every word (Relaxed), `fence(Acquire)`,
+/// version again (Relaxed); the snapshot is used only if both versions are the same even number.
+/// **Writer** ([`store`](Self::store), serialised by its caller's mutex): version + 1 (Relaxed),
+/// `fence(Release)`, the words (Relaxed), version + 2 (Release).
+///
+/// Why a snapshot is never torn: if a reader's Relaxed load of a word returns a value a writer
+/// stored, that store comes after the writer's release fence, so the reader's acquire fence
+/// synchronises with it and the reader's second version load sees the writer's odd version or
+/// later: the versions differ and the reader retries. If it returns only older values while the
+/// first version load saw the final (Release) version of a later writer, the Acquire on that
+/// load made every word of that writer visible first, so coherence forbids the older values.
+/// This is Boehm's seqlock ("Can seqlocks get along with programming language memory models?",
+/// 2012), the variant with fences; `loom-tests/loom_reconfigure.rs` checks it.
+///
+/// On x86 and AArch64 the reader is N + 2 plain loads; the line is written only by a
+/// reconfiguration, so it stays shared in every core's cache.
+pub(crate) struct Params<const N: usize> {
+    version: AtomicU64,
+    words: [AtomicU64; N],
+}
+
+impl<const N: usize> Params<N> {
+    pub(crate) fn new(words: [u64; N]) -> Self {
+        Params {
+            version: AtomicU64::new(0),
+            words: std::array::from_fn(|i| AtomicU64::new(words[i])),
+        }
+    }
+
+    /// A consistent snapshot of the words and the version it was published under.
+    #[inline(always)]
+    pub(crate) fn load(&self) -> ([u64; N], u64) {
+        loop {
+            // Acquire: pairs with the writer's final Release store, so its words are visible.
+            let before = self.version.load(Ordering::Acquire);
+            let words = std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed));
+            // Acquire fence: if any word load above read a store made after a writer's release
+            // fence, the version load below sees that writer's odd version (or later).
+            fence(Ordering::Acquire);
+            let after = self.version.load(Ordering::Relaxed);
+            if before == after && before & 1 == 0 {
+                return (words, before);
+            }
+            Self::wait();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn wait() {
+        Spin::new().snooze();
+    }
+
+    /// Whether a writer has started since the snapshot of `version` was taken.
+    ///
+    /// Relaxed is enough for what callers use it for: a caller that loaded a cell word written
+    /// under newer parameters (with Acquire, from a writer that had loaded those parameters with
+    /// Acquire) sees the newer version by coherence; otherwise the check only narrows the window
+    /// in which a decision can overlap a reconfiguration (see ARCHITECTURE.md).
+    #[inline(always)]
+    pub(crate) fn changed(&self, version: u64) -> bool {
+        self.version.load(Ordering::Relaxed) != version
+    }
+
+    /// The words as they are now. Only for the writer, under its caller's mutex (so the last
+    /// store happens before this load).
+    pub(crate) fn current(&self) -> [u64; N] {
+        std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed))
+    }
+
+    /// Publishes `words`. Callers serialise writers (each limiter's reconfigure mutex).
+    pub(crate) fn store(&self, words: [u64; N]) {
+        let version = self.version.load(Ordering::Relaxed);
+        self.version.store(version + 1, Ordering::Relaxed);
+        // Release fence: orders the odd version before every word store below, for any reader
+        // whose acquire fence follows a load of one of them (see the type's docs).
+        fence(Ordering::Release);
+        for (word, value) in self.words.iter().zip(words) {
+            word.store(value, Ordering::Relaxed);
+        }
+        // Release: a reader that loads this version (Acquire) sees every word stored above.
+        self.version.store(version + 2, Ordering::Release);
     }
 }
 

@@ -1,14 +1,14 @@
 //! Fixed window: one atomic word, updated by compare-and-swap.
 
-use super::{pack, too_big, unpack, window_id, Algo, RETIRED};
+use super::{pack, too_big, unpack, window_id, Algo, EachCell, Grid, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering, Params};
 use std::time::Duration;
-use strength_reduce::StrengthReducedU64;
 
-/// At most `limit` permits per window; windows are `[k·window, (k+1)·window)` on the clock's epoch.
+/// At most `limit` permits per window; windows are `[k·window, (k+1)·window)` on the clock's epoch,
+/// until a reconfiguration changes the window length and rebases the grid ([`Grid`]).
 ///
 /// State: one word, see [`pack`] for its layout. Transitions (n ≥ 1 permits at time `now` in window
 /// `w`):
@@ -20,14 +20,49 @@ use strength_reduce::StrengthReducedU64;
 /// | (v ≠ `w`, _) and n ≤ limit | admit (a new window) | (`w`, n) |
 ///
 /// "v ≠ w" always means an *older* window: the word is loaded before the clock is read, and the clock
-/// is monotonic, so no thread can see a window id newer than its own `now`.
+/// is monotonic, so no thread can see a window id newer than its own `now` under the parameters
+/// it decides with. (A word written under newer parameters is caught by the version re-check
+/// before the CAS: see [`Algo::reconfigure`] and ARCHITECTURE.md.)
 ///
 /// This struct holds the parameters; the word is the [`Algo::Cell`], kept by the limiter (one per
 /// key in a keyed limiter). A word of [`RETIRED`] belongs to a key that eviction removed.
 pub(crate) struct FixedWindow {
+    /// [`Shape`] as words, replaceable at run time by [`Algo::reconfigure`].
+    params: Params<6>,
+}
+
+/// The fixed window's parameters: a snapshot of [`FixedWindow::params`].
+#[derive(Clone, Copy)]
+struct Shape {
     limit: u32,
-    window: u64,
-    per_window: StrengthReducedU64,
+    grid: Grid,
+}
+
+impl Shape {
+    fn to_words(self) -> [u64; 6] {
+        let [a, b, c, d, e] = self.grid.to_words();
+        [u64::from(self.limit), a, b, c, d, e]
+    }
+
+    #[inline(always)]
+    fn from_words(w: [u64; 6]) -> Self {
+        Shape {
+            limit: w[0] as u32,
+            grid: Grid::from_words([w[1], w[2], w[3], w[4], w[5]]),
+        }
+    }
+
+    /// Permits used in `word` and free at `now`, the time until `now`'s window ends, and that
+    /// window's id. `used` can exceed the limit after a reconfiguration lowered it.
+    #[inline(always)]
+    fn free(&self, word: u64, now: u64) -> (u32, u32, u64, u32) {
+        let (window, elapsed) = self.grid.locate(now);
+        let until_reset = self.grid.len() - elapsed;
+        let id = window_id(window);
+        let (wid, count) = unpack(word);
+        let used = if wid == id { count } else { 0 };
+        (used, self.limit.saturating_sub(used), until_reset, id)
+    }
 }
 
 impl FixedWindow {
@@ -39,25 +74,20 @@ impl FixedWindow {
         if window == 0 {
             return Err(ConfigError::Zero { what: "window" });
         }
-        Ok(FixedWindow {
+        let shape = Shape {
             limit,
-            window,
-            per_window: StrengthReducedU64::new(window),
+            grid: Grid::new(window),
+        };
+        Ok(FixedWindow {
+            params: Params::new(shape.to_words()),
         })
     }
 
-    /// Permits free in `word` at `now`, the time until `now`'s window ends, and that window's id.
+    /// The parameters now, and the version they were published under.
     #[inline(always)]
-    fn free(&self, word: u64, now: u64) -> (u32, u64, u32) {
-        let window = now / self.per_window;
-        let until_reset = window
-            .saturating_add(1)
-            .saturating_mul(self.window)
-            .saturating_sub(now);
-        let id = window_id(window);
-        let (wid, count) = unpack(word);
-        let used = if wid == id { count } else { 0 };
-        (self.limit - used, until_reset, id)
+    fn shape(&self) -> (Shape, u64) {
+        let (words, version) = self.params.load();
+        (Shape::from_words(words), version)
     }
 }
 
@@ -69,7 +99,7 @@ impl Algo for FixedWindow {
     }
 
     fn limit(&self) -> u32 {
-        self.limit
+        self.shape().0.limit
     }
 
     #[inline(always)]
@@ -79,34 +109,57 @@ impl Algo for FixedWindow {
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
-        if n > self.limit {
-            return Err(too_big(n, self.limit));
-        }
-        // Acquire: pairs with the Release of the CAS that wrote this word, so the clock read below
-        // happens after the writer's clock read and returns a time no earlier than its window.
-        let mut current = state.load(Ordering::Acquire);
-        loop {
-            if current == RETIRED {
-                return Err(TryAcquireError::Closed);
+        'params: loop {
+            let (p, version) = self.shape();
+            if n > p.limit {
+                return Err(too_big(n, p.limit));
             }
-            let now = clock.now();
-            let (free, until_reset, id) = self.free(current, now);
-            if free < n.max(1) {
-                // The next window starts empty and n ≤ limit, so that is exactly when n fits.
-                return Err(TryAcquireError::Rejected(Rejection::new(
-                    until_reset,
-                    self.limit,
-                )));
-            }
-            if n == 0 || !COMMIT {
-                return Ok(Admission::new(now, until_reset, free));
-            }
-            let next = pack(id, self.limit - free + n);
-            // Release on success: publishes our clock reading to the next thread that loads the
-            // word (see the load above). Acquire on failure: we use the new word the same way.
-            match state.compare_exchange_weak(current, next, Ordering::Release, Ordering::Acquire) {
-                Ok(_) => return Ok(Admission::new(now, until_reset, free - n)),
-                Err(actual) => current = actual,
+            // Acquire: pairs with the Release of the CAS that wrote this word, so the clock read
+            // below happens after the writer's clock read and returns a time no earlier than its
+            // window (and, if the writer decided under newer parameters, `changed` below sees
+            // their version).
+            let mut current = state.load(Ordering::Acquire);
+            loop {
+                if current == RETIRED {
+                    return Err(TryAcquireError::Closed);
+                }
+                let now = clock.now();
+                let (used, free, until_reset, id) = p.free(current, now);
+                if free < n.max(1) {
+                    // The next window starts empty and n ≤ limit, so that is exactly when n fits.
+                    return Err(TryAcquireError::Rejected(Rejection::new(
+                        until_reset,
+                        p.limit,
+                    )));
+                }
+                if n == 0 || !COMMIT {
+                    return Ok(Admission::new(now, until_reset, free));
+                }
+                if self.params.changed(version) {
+                    // Reconfigured since our snapshot: decide again under the new parameters
+                    // rather than write a word the new grid would read differently.
+                    continue 'params;
+                }
+                let next = pack(id, used + n);
+                // Release on success: publishes our clock reading to the next thread that loads
+                // the word (see the load above). Acquire on failure: we use the new word the same
+                // way.
+                match state.compare_exchange_weak(
+                    current,
+                    next,
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        return Ok(Admission::with_token(
+                            now,
+                            until_reset,
+                            free - n,
+                            version as u32,
+                        ))
+                    }
+                    Err(actual) => current = actual,
+                }
             }
         }
     }
@@ -123,14 +176,21 @@ impl Algo for FixedWindow {
     /// without it. Requiring the clock to be in the admission's window also rules out the 31-bit
     /// id wrap: the word's window lies between the admission's and the clock's (load-then-clock),
     /// so a matching id is that very window.
+    ///
+    /// **Reconfigured since.** The admission carries the parameters' version (its token); if it
+    /// is no longer current, nothing is given back (conservative: the grid may have moved).
     fn refund<C: Clock>(&self, state: &AtomicU64, n: u32, admission: &Admission, clock: &C) {
-        let window = admission.at_nanos() / self.per_window;
+        let (p, version) = self.shape();
+        if version as u32 != admission.token() {
+            return;
+        }
+        let window = p.grid.locate(admission.at_nanos()).0;
         let id = window_id(window);
         // Acquire: as in `try_acquire`: our clock read below is no earlier than the last writer's.
         let mut word = state.load(Ordering::Acquire);
         loop {
             let (wid, count) = unpack(word);
-            if word == RETIRED || wid != id || clock.now() / self.per_window != window {
+            if word == RETIRED || wid != id || p.grid.locate(clock.now()).0 != window {
                 return;
             }
             // Release on success: publishes our clock reading like an admission does. Acquire on
@@ -154,9 +214,10 @@ impl Algo for FixedWindow {
 
     fn available(&self, state: &AtomicU64, now: u64) -> u32 {
         // Relaxed: a statistic; no decision depends on it.
+        let p = self.shape().0;
         match state.load(Ordering::Relaxed) {
-            RETIRED => self.limit,
-            word => self.free(word, now).0,
+            RETIRED => p.limit,
+            word => p.free(word, now).1,
         }
     }
 
@@ -171,8 +232,8 @@ impl Algo for FixedWindow {
             // Never used: its inserter is about to admit on it (see `Algo::retire`).
             return Err(now);
         }
-        let (free, until_reset, _) = self.free(word, now);
-        if free < self.limit {
+        let (used, _, until_reset, _) = self.shape().0.free(word, now);
+        if used > 0 {
             // Busy until its window ends.
             return Err(now.saturating_add(until_reset));
         }
@@ -183,6 +244,38 @@ impl Algo for FixedWindow {
             .compare_exchange(word, RETIRED, Ordering::Release, Ordering::Relaxed)
             .map(drop)
             .map_err(|_| now)
+    }
+
+    /// New parameters, published in one step (no cell is written): a new limit applies at once
+    /// to the count already in the current window (a count above a lowered limit admits nothing
+    /// until the window ends); a new window length rebases the grid ([`Grid::rebase`]): the
+    /// current window keeps its id, count and start and takes the new length (or, if it is
+    /// already older than that, ends at the earlier of its old end and now + the new length),
+    /// so a reconfiguration never hands out a fresh window.
+    fn reconfigure<C: Clock>(
+        &self,
+        to: &Self,
+        clock: &C,
+        _cells: EachCell<'_, AtomicU64>,
+    ) -> Result<(), ConfigError> {
+        let from = Shape::from_words(self.params.current());
+        let target = Shape::from_words(to.params.current());
+        // Read before publishing: every caller that loads the new parameters reads its clock
+        // later, so it never locates a time before `now` on the new grid.
+        let now = clock.now();
+        let grid = if target.grid.len() == from.grid.len() {
+            from.grid
+        } else {
+            from.grid.rebase(target.grid.len(), now)
+        };
+        self.params.store(
+            Shape {
+                limit: target.limit,
+                grid,
+            }
+            .to_words(),
+        );
+        Ok(())
     }
 
     fn retired(state: &AtomicU64) -> bool {

@@ -18,7 +18,7 @@ pub(crate) use token_bucket::TokenBucket;
 
 use crate::clock::Clock;
 use crate::decision::Admission;
-use crate::error::TryAcquireError;
+use crate::error::{ConfigError, TryAcquireError};
 
 /// What every algorithm provides: shared parameters (`self`) acting on a cell of atomic state.
 ///
@@ -113,6 +113,19 @@ pub(crate) trait Algo: Send + Sync + 'static {
     #[cfg_attr(not(feature = "keyed"), allow(dead_code))] // only keyed limiters evict
     fn retire<C: Clock>(&self, cell: &Self::Cell, clock: &C) -> Result<(), u64>;
 
+    /// Replaces the parameters with those of `to` (a freshly validated instance of the same
+    /// algorithm), translating the state as each algorithm documents, at the clock's time.
+    /// `cells` calls its argument on every cell (an unkeyed limiter's one, or every key's and the
+    /// overflow cell of a keyed limiter); only algorithms whose translation writes cells use it.
+    /// Callers serialise reconfigurations (each limiter holds a mutex around this call). On
+    /// `Err` nothing has changed.
+    fn reconfigure<C: Clock>(
+        &self,
+        to: &Self,
+        clock: &C,
+        cells: EachCell<'_, Self::Cell>,
+    ) -> Result<(), ConfigError>;
+
     /// Whether `cell` is retired. Retirement is final, so a `true` never goes stale.
     #[cfg_attr(not(feature = "keyed"), allow(dead_code))]
     fn retired(cell: &Self::Cell) -> bool;
@@ -122,8 +135,160 @@ pub(crate) trait Algo: Send + Sync + 'static {
     fn words(cell: &Self::Cell) -> Vec<u64>;
 }
 
+/// A divisor and its strength-reduced multiplier, kept as plain words so that it can live in
+/// [`Params`](crate::sync::Params) and be replaced at run time without recomputing it on the hot
+/// path. The arithmetic is `strength_reduce::StrengthReducedU64`'s (whose fields are private):
+/// a power of two divides by shifting, anything else multiplies by ⌊(2^128 − 1) / d⌋ + 1 and
+/// keeps the top 64 bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Divisor {
+    divisor: u64,
+    multiplier: u128,
+}
+
+impl Divisor {
+    /// `divisor` must be positive (every caller validated it).
+    pub(crate) fn new(divisor: u64) -> Self {
+        let divisor = divisor.max(1);
+        let multiplier = if divisor.is_power_of_two() {
+            0
+        } else {
+            u128::MAX / u128::from(divisor) + 1
+        };
+        Divisor {
+            divisor,
+            multiplier,
+        }
+    }
+
+    /// The divisor.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> u64 {
+        self.divisor
+    }
+
+    /// `n / d`.
+    #[inline(always)]
+    pub(crate) fn div(&self, n: u64) -> u64 {
+        if self.multiplier == 0 {
+            n >> self.divisor.trailing_zeros()
+        } else {
+            let n = u128::from(n);
+            let hi = n * (self.multiplier >> 64);
+            let lo = (n * u128::from(self.multiplier as u64)) >> 64;
+            ((hi + lo) >> 64) as u64
+        }
+    }
+
+    /// `(n / d, n % d)`.
+    #[inline(always)]
+    pub(crate) fn div_rem(&self, n: u64) -> (u64, u64) {
+        let q = self.div(n);
+        (q, n - q * self.divisor)
+    }
+
+    pub(crate) fn to_words(self) -> [u64; 3] {
+        [
+            self.divisor,
+            (self.multiplier >> 64) as u64,
+            self.multiplier as u64,
+        ]
+    }
+
+    pub(crate) fn from_words(words: [u64; 3]) -> Self {
+        Divisor {
+            divisor: words[0],
+            multiplier: (u128::from(words[1]) << 64) | u128::from(words[2]),
+        }
+    }
+}
+
+/// The window grid of the fixed window and the sliding counter: window number
+/// `base + (now + shift) / window` (wrapping), elapsed `(now + shift) % window`.
+///
+/// A limiter starts with `shift = base = 0`, which is exactly the aligned grid `now / window`.
+/// [`rebase`](Self::rebase) changes the window length at run time without handing out a fresh
+/// window: the current window keeps its number (and so its count) and its start, and takes the
+/// new length; if it is already older than the new length, it ends at the earlier of its old end
+/// and `now + new length` instead. Later windows have the new length. Window numbers therefore
+/// keep increasing with time across any number of changes, which is all the 31-bit id rules need
+/// (see [`pack`]): ids are still compared for equality only, and a wrap still only makes the
+/// limiter stricter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Grid {
+    pub(crate) window: Divisor,
+    shift: u64,
+    base: u64,
+}
+
+impl Grid {
+    pub(crate) fn new(window: u64) -> Self {
+        Grid {
+            window: Divisor::new(window),
+            shift: 0,
+            base: 0,
+        }
+    }
+
+    /// The window length.
+    #[inline(always)]
+    pub(crate) fn len(&self) -> u64 {
+        self.window.get()
+    }
+
+    /// The number of the window holding `now` and the time elapsed in it.
+    #[inline(always)]
+    pub(crate) fn locate(&self, now: u64) -> (u64, u64) {
+        let (q, elapsed) = self.window.div_rem(now.saturating_add(self.shift));
+        (self.base.wrapping_add(q), elapsed)
+    }
+
+    /// The grid for windows of length `to` from `now` on (see the type's docs). Times before
+    /// `now` are never located on the new grid: the new parameters are published after this
+    /// clock reading, and every caller that loads them reads its clock afterwards.
+    pub(crate) fn rebase(&self, to: u64, now: u64) -> Self {
+        let (number, elapsed) = self.locate(now);
+        let start = now - elapsed;
+        let end = if elapsed < to {
+            // Young enough for the new length: keep the start.
+            start.saturating_add(to)
+        } else {
+            // Already older than the new length: end soon, but never at once.
+            let old_end = now.saturating_add(self.len() - elapsed);
+            old_end.min(now.saturating_add(to))
+        };
+        // Make `end` a boundary of the new grid: (end + shift) is a multiple of `to`.
+        let shift = (to - end % to) % to;
+        let window = Divisor::new(to);
+        // end − to ≤ now < end in both cases, so `now` is in grid window (end + shift) / to − 1.
+        let q = window.div(now.saturating_add(shift));
+        Grid {
+            window,
+            shift,
+            base: number.wrapping_sub(q),
+        }
+    }
+
+    pub(crate) fn to_words(self) -> [u64; 5] {
+        let [d, hi, lo] = self.window.to_words();
+        [d, hi, lo, self.shift, self.base]
+    }
+
+    pub(crate) fn from_words(w: [u64; 5]) -> Self {
+        Grid {
+            window: Divisor::from_words([w[0], w[1], w[2]]),
+            shift: w[3],
+            base: w[4],
+        }
+    }
+}
+
+/// Visits cells: calls its argument on every cell of a limiter (see [`Algo::reconfigure`]).
+pub(crate) type EachCell<'a, T> = &'a dyn Fn(&dyn Fn(&T));
+
 /// The state word of a retired cell. No live state word takes this value: window words keep bit
-/// 63 clear (31-bit ids, see [`pack`]), and arrival times and ticket counters stay below 2^63.
+/// 63 clear (31-bit ids, see [`pack`]), ticket counters stay below 2^63, and a token bucket's
+/// word is an epoch bit over an arrival time below 2^63 − 1.
 pub(crate) const RETIRED: u64 = u64::MAX;
 
 /// The id of window `window`: its low 31 bits.
@@ -284,6 +449,33 @@ mod tests {
             if exact_so_far && held.is_empty() {
                 assert_eq!(algo.available(&cell, now), algo.available(&twin, now));
             }
+        }
+    }
+
+    proptest! {
+        /// The stored strength reduction divides exactly, whatever the divisor (powers of two,
+        /// 1, u64::MAX included), and survives a round trip through its words.
+        #[test]
+        fn divisor_divides_exactly(d in prop_oneof![1u64..100, any::<u64>().prop_map(|d| d.max(1)),
+                                                   (0u32..64).prop_map(|s| 1u64 << s)],
+                                   n in any::<u64>()) {
+            let divisor = Divisor::from_words(Divisor::new(d).to_words());
+            prop_assert_eq!(divisor.div_rem(n), (n / d, n % d));
+        }
+
+        /// A rebased grid keeps the current window's number at the switch and never ends it at
+        /// once; later windows have the new length.
+        #[test]
+        fn rebase_keeps_the_current_window(w in 1u64..1000, to in 1u64..1000, now in 0u64..100_000) {
+            let grid = Grid::new(w);
+            let (number, _) = grid.locate(now);
+            let rebased = grid.rebase(to, now);
+            let (same, elapsed) = rebased.locate(now);
+            prop_assert_eq!(same, number);
+            prop_assert!(elapsed < to);
+            let end = now + (to - elapsed);
+            prop_assert_eq!(rebased.locate(end), (number + 1, 0));
+            prop_assert_eq!(rebased.locate(end + to), (number + 2, 0));
         }
     }
 

@@ -1,12 +1,11 @@
 //! Sliding window counter: the previous and current fixed-window counts, weighted.
 
-use super::{pack, too_big, unpack, window_id, Algo, ID_MASK, RETIRED};
+use super::{pack, too_big, unpack, window_id, Algo, Divisor, EachCell, Grid, ID_MASK, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering, Params};
 use std::time::Duration;
-use strength_reduce::StrengthReducedU64;
 
 /// Approximates a sliding window with two counts: at elapsed time `e` into window `w`, the estimate
 /// is `prev · (W − e) / W + cur`, where `prev` is window `w − 1`'s final count. A request for n
@@ -46,9 +45,19 @@ use strength_reduce::StrengthReducedU64;
 /// This struct holds the parameters; the three words are the [`Algo::Cell`], [`Words`]. Retiring
 /// swaps `current` to [`RETIRED`] (window words never have bit 63 set).
 pub(crate) struct SlidingCounter {
+    /// [`Shape`] as words, replaceable at run time by [`Algo::reconfigure`].
+    params: Params<6>,
+}
+
+/// The sliding counter's parameters: a snapshot of [`SlidingCounter::params`].
+#[derive(Clone, Copy)]
+struct Shape {
     limit: u32,
+    /// `grid.len()`, the window length W.
     window: u64,
-    per_window: StrengthReducedU64,
+    /// `grid.window`: W strength-reduced.
+    per_window: Divisor,
+    grid: Grid,
 }
 
 /// The state of one sliding counter.
@@ -83,10 +92,22 @@ impl SlidingCounter {
             return Err(ConfigError::Zero { what: "window" });
         }
         Ok(SlidingCounter {
-            limit,
-            window,
-            per_window: StrengthReducedU64::new(window),
+            params: Params::new(Shape::words(limit, Grid::new(window))),
         })
+    }
+
+    /// The parameters now, and the version they were published under.
+    #[inline(always)]
+    fn shape(&self) -> (Shape, u64) {
+        let (w, version) = self.params.load();
+        let grid = Grid::from_words([w[1], w[2], w[3], w[4], w[5]]);
+        let shape = Shape {
+            limit: w[0] as u32,
+            window: grid.len(),
+            per_window: grid.window,
+            grid,
+        };
+        (shape, version)
     }
 
     /// (prev, cur) as seen by a caller in window `id` whose `current` word is `word`.
@@ -110,43 +131,6 @@ impl SlidingCounter {
         } else {
             (0, 0)
         }
-    }
-
-    #[inline]
-    fn fits(&self, prev: u32, cur: u32, n: u32, elapsed: u64) -> bool {
-        let w = u128::from(self.window);
-        u128::from(prev) * u128::from(self.window - elapsed) + (u128::from(cur) + u128::from(n)) * w
-            <= u128::from(self.limit) * w
-    }
-
-    /// Exact time until n permits fit, given the counts now and no further admissions.
-    ///
-    /// Out of line and cold: only rejections need it, and its divisions would crowd the admit path.
-    #[cold]
-    #[inline(never)]
-    fn retry_after(&self, prev: u32, cur: u32, n: u32, elapsed: u64) -> u64 {
-        let w = u128::from(self.window);
-        let (prev, cur, n, limit) = (
-            u128::from(prev),
-            u128::from(cur),
-            u128::from(n),
-            u128::from(self.limit),
-        );
-        if cur + n <= limit && prev > 0 {
-            // Later in this window: need prev·(W − e') ≤ (limit − cur − n)·W.
-            let first = w - div((limit - cur - n) * w, prev).min(w);
-            if first < w {
-                return (first as u64).saturating_sub(elapsed);
-            }
-        }
-        // In the next window this window's count becomes prev and cur starts at 0; `first == W`
-        // means the window after that (where prev is 0).
-        let first = if cur == 0 {
-            0
-        } else {
-            w - div((limit - n) * w, cur).min(w)
-        };
-        (self.window - elapsed) + first as u64
     }
 
     /// Makes `previous[id & 1]` hold (id, at least count) for `word` = (id, count), before the
@@ -196,6 +180,50 @@ impl SlidingCounter {
             }
         }
     }
+}
+
+impl Shape {
+    fn words(limit: u32, grid: Grid) -> [u64; 6] {
+        let [a, b, c, d, e] = grid.to_words();
+        [u64::from(limit), a, b, c, d, e]
+    }
+
+    #[inline]
+    fn fits(&self, prev: u32, cur: u32, n: u32, elapsed: u64) -> bool {
+        let w = u128::from(self.window);
+        u128::from(prev) * u128::from(self.window - elapsed) + (u128::from(cur) + u128::from(n)) * w
+            <= u128::from(self.limit) * w
+    }
+
+    /// Exact time until n permits fit, given the counts now and no further admissions.
+    ///
+    /// Out of line and cold: only rejections need it, and its divisions would crowd the admit path.
+    #[cold]
+    #[inline(never)]
+    fn retry_after(&self, prev: u32, cur: u32, n: u32, elapsed: u64) -> u64 {
+        let w = u128::from(self.window);
+        let (prev, cur, n, limit) = (
+            u128::from(prev),
+            u128::from(cur),
+            u128::from(n),
+            u128::from(self.limit),
+        );
+        if cur + n <= limit && prev > 0 {
+            // Later in this window: need prev·(W − e') ≤ (limit − cur − n)·W.
+            let first = w - div((limit - cur - n) * w, prev).min(w);
+            if first < w {
+                return (first as u64).saturating_sub(elapsed);
+            }
+        }
+        // In the next window this window's count becomes prev and cur starts at 0; `first == W`
+        // means the window after that (where prev is 0).
+        let first = if cur == 0 {
+            0
+        } else {
+            w - div((limit - n) * w, cur).min(w)
+        };
+        (self.window - elapsed) + first as u64
+    }
 
     /// ⌈prev · (W − e) / W⌉: the previous window's share of the estimate, in whole permits.
     #[inline(always)]
@@ -207,7 +235,7 @@ impl SlidingCounter {
         // The share never exceeds prev, so it fits in u32; the division is strength-reduced when
         // the product fits in 64 bits (windows under ~4 s always, longer ones at small counts).
         let share = match u64::try_from(product + u128::from(self.window) - 1) {
-            Ok(p) => u128::from(p / self.per_window),
+            Ok(p) => u128::from(self.per_window.div(p)),
             Err(_) => product.div_ceil(u128::from(self.window)),
         };
         share as u32
@@ -229,7 +257,7 @@ impl Algo for SlidingCounter {
     }
 
     fn limit(&self) -> u32 {
-        self.limit
+        self.shape().0.limit
     }
 
     #[inline(always)]
@@ -239,63 +267,75 @@ impl Algo for SlidingCounter {
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
-        if n > self.limit {
-            return Err(too_big(n, self.limit));
-        }
-        // Acquire: pairs with the Release CAS that wrote this word: our clock read below is no
-        // earlier than the writer's, and the roll-over store of `previous` is visible (see counts).
-        let mut word = words.current.load(Ordering::Acquire);
-        loop {
-            if word == RETIRED {
-                return Err(TryAcquireError::Closed);
+        'params: loop {
+            let (p, version) = self.shape();
+            if n > p.limit {
+                return Err(too_big(n, p.limit));
             }
-            let now = clock.now();
-            let (window, elapsed) = StrengthReducedU64::div_rem(now, self.per_window);
-            let id = window_id(window);
-            let (prev, cur) = self.counts(words, word, id);
-            if !self.fits(prev, cur, n.max(1), elapsed) {
-                return Err(TryAcquireError::Rejected(Rejection::new(
-                    self.retry_after(prev, cur, n.max(1), elapsed),
-                    self.limit,
-                )));
-            }
-            let remaining = |taken: u32| {
-                let reset = if cur + taken > 0 {
-                    self.window.saturating_mul(2) - elapsed
-                } else if prev > 0 {
-                    self.window - elapsed
-                } else {
-                    0
+            // Acquire: pairs with the Release CAS that wrote this word: our clock read below is
+            // no earlier than the writer's, the roll-over store of `previous` is visible (see
+            // counts), and if the writer decided under newer parameters, `changed` sees them.
+            let mut word = words.current.load(Ordering::Acquire);
+            loop {
+                if word == RETIRED {
+                    return Err(TryAcquireError::Closed);
+                }
+                let now = clock.now();
+                let (window, elapsed) = p.grid.locate(now);
+                let id = window_id(window);
+                let (prev, cur) = self.counts(words, word, id);
+                if !p.fits(prev, cur, n.max(1), elapsed) {
+                    return Err(TryAcquireError::Rejected(Rejection::new(
+                        p.retry_after(prev, cur, n.max(1), elapsed),
+                        p.limit,
+                    )));
+                }
+                let remaining = |taken: u32| {
+                    let reset = if cur + taken > 0 {
+                        p.window.saturating_mul(2) - elapsed
+                    } else if prev > 0 {
+                        p.window - elapsed
+                    } else {
+                        0
+                    };
+                    Admission::with_token(
+                        now,
+                        reset,
+                        p.limit - cur - taken - p.weighted(prev, elapsed),
+                        version as u32,
+                    )
                 };
-                Admission::new(
-                    now,
-                    reset,
-                    self.limit - cur - taken - self.weighted(prev, elapsed),
-                )
-            };
-            if n == 0 || !COMMIT {
-                return Ok(remaining(0));
-            }
-            let (wid, count) = unpack(word);
-            if wid != id && wid == before(id) && !Self::publish_previous(words, pack(wid, count)) {
-                // `current` moved on: decide again on its new value. (Our CAS would fail anyway,
-                // unless refunds took `current` away and back to `word`; rolling over without
-                // the publish would then hide the window's count. See `publish_previous`.)
-                // Acquire: as for the first load.
-                word = words.current.load(Ordering::Acquire);
-                continue;
-            }
-            // Release on success: orders the `previous` store above (and our clock read) before
-            // the new word for every thread that loads it with Acquire. Acquire on failure: as for
-            // the first load.
-            match words.current.compare_exchange_weak(
-                word,
-                pack(id, cur + n),
-                Ordering::Release,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Ok(remaining(n)),
-                Err(actual) => word = actual,
+                if n == 0 || !COMMIT {
+                    return Ok(remaining(0));
+                }
+                if self.params.changed(version) {
+                    // Reconfigured since our snapshot: decide again under the new parameters.
+                    continue 'params;
+                }
+                let (wid, count) = unpack(word);
+                if wid != id
+                    && wid == before(id)
+                    && !Self::publish_previous(words, pack(wid, count))
+                {
+                    // `current` moved on: decide again on its new value. (Our CAS would fail
+                    // anyway, unless refunds took `current` away and back to `word`; rolling over
+                    // without the publish would then hide the window's count. See
+                    // `publish_previous`.) Acquire: as for the first load.
+                    word = words.current.load(Ordering::Acquire);
+                    continue;
+                }
+                // Release on success: orders the `previous` store above (and our clock read)
+                // before the new word for every thread that loads it with Acquire. Acquire on
+                // failure: as for the first load.
+                match words.current.compare_exchange_weak(
+                    word,
+                    pack(id, cur + n),
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => return Ok(remaining(n)),
+                    Err(actual) => word = actual,
+                }
             }
         }
     }
@@ -314,16 +354,21 @@ impl Algo for SlidingCounter {
     /// admissions; before the roll-over, with the clock in the admission's window, it is exact.
     /// The clock bound rules out the 31-bit id wrap: `current`'s window lies between the
     /// admission's and the clock's, and ids of windows w and w + 1 differ.
+    ///
+    /// **Reconfigured since.** If the admission's parameters version (its token) is no longer
+    /// current, nothing is given back (conservative).
     fn refund<C: Clock>(&self, words: &Words, n: u32, admission: &Admission, clock: &C) {
-        let window = admission.at_nanos() / self.per_window;
+        let (p, version) = self.shape();
+        if version as u32 != admission.token() {
+            return;
+        }
+        let window = p.grid.locate(admission.at_nanos()).0;
         let id = window_id(window);
         // Acquire: as in `try_acquire`: our clock read below is no earlier than the last writer's.
         let mut word = words.current.load(Ordering::Acquire);
         loop {
             let (wid, count) = unpack(word);
-            if word == RETIRED
-                || wid != id
-                || clock.now() / self.per_window > window.saturating_add(1)
+            if word == RETIRED || wid != id || p.grid.locate(clock.now()).0.wrapping_sub(window) > 1
             {
                 return;
             }
@@ -352,15 +397,16 @@ impl Algo for SlidingCounter {
 
     fn available(&self, words: &Words, now: u64) -> u32 {
         // Acquire: as in try_acquire, so that `previous` is current for this word.
+        let p = self.shape().0;
         let word = words.current.load(Ordering::Acquire);
         if word == RETIRED {
-            return self.limit;
+            return p.limit;
         }
-        let (window, elapsed) = StrengthReducedU64::div_rem(now, self.per_window);
+        let (window, elapsed) = p.grid.locate(now);
         let (prev, cur) = self.counts(words, word, window_id(window));
-        self.limit
+        p.limit
             .saturating_sub(cur)
-            .saturating_sub(self.weighted(prev, elapsed))
+            .saturating_sub(p.weighted(prev, elapsed))
     }
 
     fn retire<C: Clock>(&self, words: &Words, clock: &C) -> Result<(), u64> {
@@ -374,13 +420,15 @@ impl Algo for SlidingCounter {
             // Never used: its inserter is about to admit on it (see `Algo::retire`).
             return Err(now);
         }
-        let window = now / self.per_window;
+        let p = self.shape().0;
+        let (window, elapsed) = p.grid.locate(now);
         let id = window_id(window);
         if self.counts(words, word, id) != (0, 0) {
             // Counts of window w weigh on windows w and w + 1; a word of window `id` is forgotten
             // from window id + 2 on, one of the window before from id + 1 on.
             let ahead = if unpack(word).0 == id { 2 } else { 1 };
-            return Err(window.saturating_add(ahead).saturating_mul(self.window));
+            let start = now - elapsed;
+            return Err(start.saturating_add(p.window.saturating_mul(ahead)));
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.
         words
@@ -388,6 +436,28 @@ impl Algo for SlidingCounter {
             .compare_exchange(word, RETIRED, Ordering::Release, Ordering::Relaxed)
             .map(drop)
             .map_err(|_| now)
+    }
+
+    /// New parameters, published in one step (no cell is written): a new limit applies at once
+    /// to the counts kept; a new window length rebases the grid ([`Grid::rebase`]) so that the
+    /// current window keeps its id, count and start (and the previous window its count, now
+    /// weighted over the new length), as the fixed window's does.
+    fn reconfigure<C: Clock>(
+        &self,
+        to: &Self,
+        clock: &C,
+        _cells: EachCell<'_, Words>,
+    ) -> Result<(), ConfigError> {
+        let (from, target) = (self.shape().0, to.shape().0);
+        // Read before publishing, as in the fixed window's `reconfigure`.
+        let now = clock.now();
+        let grid = if target.window == from.window {
+            from.grid
+        } else {
+            from.grid.rebase(target.window, now)
+        };
+        self.params.store(Shape::words(target.limit, grid));
+        Ok(())
     }
 
     fn retired(words: &Words) -> bool {

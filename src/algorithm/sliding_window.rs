@@ -1,10 +1,10 @@
 //! The exact sliding window: a sliding log kept in a bounded ring of timestamps.
 
-use super::{too_big, Algo, RETIRED};
+use super::{too_big, Algo, EachCell, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
-use crate::sync::{AtomicU64, Ordering, Spin};
+use crate::sync::{AtomicU64, Ordering, Params, Spin};
 use std::time::Duration;
 use strength_reduce::StrengthReducedU64;
 
@@ -73,14 +73,33 @@ const TOKEN_PARITY: u32 = 1 << 31;
 /// on slots that a third thread has since refilled. Chains therefore commit sliding-window members
 /// last, so that with one such member its refund is never needed.
 ///
-/// **Memory:** N words for the ring plus two counters and the ring's pointer (32 bytes).
+/// **Reconfiguration.** The ring cannot grow without a lock, so it has a fixed *capacity* R ≥ N
+/// (the limit it was built with, or a larger `max_limit`), and the limit N can be set anywhere in
+/// 1..=R at run time. Slots, laps and parities are counted in R (ticket k lives in slot k mod R);
+/// the decision is counted in N (ticket k needs ticket k − N expired). A claim of `[head, end)`
+/// checks that the slots it overwrites (tickets `[head − R, end − R)`) are published *and* that
+/// the tickets it is decided on (`[head − N, end − N)`) are published and expired; with R = N
+/// the two ranges are the same, as before. Every admission keeps the expiry it was admitted with:
+/// a new window applies to admissions made after the change.
+///
+/// **Memory:** R words for the ring plus two counters and the ring's pointer (32 bytes).
 ///
 /// This struct holds the parameters; the [`Ring`] is the [`Algo::Cell`]. Retiring swaps `head` to
 /// [`RETIRED`] (ticket counters stay far below it).
 pub(crate) struct SlidingWindow {
+    /// `[limit, window]`, replaceable at run time by [`Algo::reconfigure`].
+    params: Params<2>,
+    /// R: slots per ring, fixed at construction.
+    capacity: u32,
+    /// R, strength-reduced: a ticket's slot and lap.
+    per_lap: StrengthReducedU64,
+}
+
+/// The sliding window's parameters: a snapshot of [`SlidingWindow::params`].
+#[derive(Clone, Copy)]
+struct Shape {
     limit: u32,
     window: u64,
-    per_lap: StrengthReducedU64,
 }
 
 /// The state of one exact sliding window.
@@ -109,10 +128,53 @@ impl SlidingWindow {
             return Err(ConfigError::Zero { what: "window" });
         }
         Ok(SlidingWindow {
-            limit,
-            window,
+            params: Params::new([u64::from(limit), window]),
+            capacity: limit,
             per_lap: StrengthReducedU64::new(u64::from(limit)),
         })
+    }
+
+    /// The same parameters with a ring of `max_limit.max(limit)` slots, so that a later
+    /// reconfiguration can raise the limit up to it.
+    pub(crate) fn with_capacity(self, max_limit: u32) -> Result<Self, ConfigError> {
+        if max_limit > MAX_SLIDING_LIMIT {
+            return Err(ConfigError::TooLarge {
+                what: "sliding window max_limit",
+                max: "16777216 (8 bytes of ring per permit; use the sliding counter for more)",
+            });
+        }
+        let capacity = max_limit.max(self.capacity);
+        Ok(SlidingWindow {
+            params: self.params,
+            capacity,
+            per_lap: StrengthReducedU64::new(u64::from(capacity)),
+        })
+    }
+
+    /// The parameters now, and the version they were published under.
+    #[inline(always)]
+    fn shape(&self) -> (Shape, u64) {
+        let ([limit, window], version) = self.params.load();
+        (
+            Shape {
+                limit: limit as u32,
+                window,
+            },
+            version,
+        )
+    }
+
+    /// Whether tickets `[from, to)` are all published (their writers have stored them), and the
+    /// latest expiry among them.
+    #[inline]
+    fn all_published(&self, ring: &Ring, from: u64, to: u64) -> (bool, u64) {
+        let mut latest = 0;
+        let all = (from..to).all(|t| {
+            self.published(ring, t)
+                .map(|expiry| latest = latest.max(expiry))
+                .is_some()
+        });
+        (all, latest)
     }
 
     /// The slot of ticket `ticket` and the parity its lap writes.
@@ -141,8 +203,8 @@ impl SlidingWindow {
 
     /// The expiry stored for an admission at `now` (a clock reading capped at `MAX_TIME − 1`).
     #[inline(always)]
-    fn expiry(&self, now: u64) -> u64 {
-        now.saturating_add(self.window).min(MAX_TIME)
+    fn expiry(now: u64, window: u64) -> u64 {
+        now.saturating_add(window).min(MAX_TIME)
     }
 
     /// Permits that tickets `end`, `end + 1`, … could take at `now`: N minus the tickets in
@@ -151,23 +213,30 @@ impl SlidingWindow {
     ///
     /// Unpublished tickets count as live; the result is exact when no admission is in flight.
     #[inline]
-    fn remaining(&self, ring: &Ring, end: u64, now: u64) -> u32 {
-        let limit = u64::from(self.limit);
+    fn remaining(&self, ring: &Ring, end: u64, now: u64, limit: u32) -> u32 {
+        let limit = u64::from(limit);
         // Relaxed: a hint, any value it ever held is a valid lower bound.
         let hint = ring.expired.load(Ordering::Relaxed);
         let low = hint.max(end.saturating_sub(limit));
         if low >= end || !self.expired(ring, low, now) {
             return (limit - (end - low.min(end))) as u32;
         }
-        self.remaining_gallop(ring, end, now, hint, low)
+        self.remaining_gallop(ring, end, now, hint, low, limit)
     }
 
     /// The slow part of [`remaining`](Self::remaining): `low` has expired, find the first live
     /// ticket after it.
     #[cold]
     #[inline(never)]
-    fn remaining_gallop(&self, ring: &Ring, end: u64, now: u64, hint: u64, mut low: u64) -> u32 {
-        let limit = u64::from(self.limit);
+    fn remaining_gallop(
+        &self,
+        ring: &Ring,
+        end: u64,
+        now: u64,
+        hint: u64,
+        mut low: u64,
+        limit: u64,
+    ) -> u32 {
         // Invariant: `low` has expired; find `high`, the first live ticket (or `end`).
         let mut step = 1;
         let mut high = loop {
@@ -204,12 +273,14 @@ impl Algo for SlidingWindow {
         Ring {
             head: AtomicU64::new(0),
             expired: AtomicU64::new(0),
-            slots: (0..self.limit).map(|_| AtomicU64::new(UNWRITTEN)).collect(),
+            slots: (0..self.capacity)
+                .map(|_| AtomicU64::new(UNWRITTEN))
+                .collect(),
         }
     }
 
     fn limit(&self) -> u32 {
-        self.limit
+        self.shape().0.limit
     }
 
     #[inline(always)]
@@ -219,106 +290,124 @@ impl Algo for SlidingWindow {
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
-        if n > self.limit {
-            return Err(too_big(n, self.limit));
-        }
-        let want = u64::from(n.max(1));
-        let limit = u64::from(self.limit);
         let spin = Spin::new();
-        // Acquire: pairs with the Release CAS of every earlier claim (a release sequence of RMWs):
-        // their clock reads and slot checks happen before our clock read and slot loads.
-        let mut head = ring.head.load(Ordering::Acquire);
-        loop {
-            if head == RETIRED {
-                return Err(TryAcquireError::Closed);
+        'params: loop {
+            let (p, version) = self.shape();
+            if n > p.limit {
+                return Err(too_big(n, p.limit));
             }
-            let now = clock.now().min(MAX_TIME - 1);
-            let end = head + want;
-            if end > limit {
-                // Every ticket whose slot we would overwrite must have expired. Times are
-                // non-decreasing in ticket order, so the newest decides, unless it was refunded
-                // (expiry 0): refunded tickets are expired out of order, so the others are
-                // checked too.
-                let newest = end - 1 - limit;
-                let published = match self.published(ring, newest) {
-                    Some(expiry) if expiry > now => {
-                        // Exact: older tickets expire no later (or were refunded).
-                        return Err(TryAcquireError::Rejected(Rejection::new(
-                            expiry - now,
-                            self.limit,
-                        )));
-                    }
-                    Some(_) => {
-                        // Every slot we overwrite must hold its own ticket's write, not only the
-                        // newest: a writer of an older one that is still between claim and publish
-                        // would otherwise store its time over our lap later.
-                        let mut latest = 0;
-                        let all = (head.saturating_sub(limit)..newest).all(|t| {
-                            self.published(ring, t)
-                                .map(|expiry| latest = latest.max(expiry))
-                                .is_some()
-                        });
-                        if all && latest > now {
-                            // Only after a refund in place: an older ticket outlives the newest.
+            let want = u64::from(n.max(1));
+            let limit = u64::from(p.limit);
+            let capacity = u64::from(self.capacity);
+            // Acquire: pairs with the Release CAS of every earlier claim (a release sequence of
+            // RMWs): their clock reads and slot checks happen before our clock read and slot
+            // loads.
+            let mut head = ring.head.load(Ordering::Acquire);
+            loop {
+                if head == RETIRED {
+                    return Err(TryAcquireError::Closed);
+                }
+                let now = clock.now().min(MAX_TIME - 1);
+                let end = head + want;
+                if end > limit {
+                    // Every ticket we are decided on must have expired. Times are
+                    // non-decreasing in ticket order, so the newest decides, unless it was
+                    // refunded (expiry 0) or admitted under a longer window: those expire out
+                    // of order, so the others are checked too.
+                    let newest = end - 1 - limit;
+                    let published = match self.published(ring, newest) {
+                        Some(expiry) if expiry > now => {
+                            // Exact: older tickets expire no later (or were refunded).
                             return Err(TryAcquireError::Rejected(Rejection::new(
-                                latest - now,
-                                self.limit,
+                                expiry - now,
+                                p.limit,
                             )));
                         }
-                        all
-                    }
-                    None => false,
-                };
-                if !published {
-                    // A writer is between claim and publish: never decide on a stale slot.
-                    spin.snooze();
-                    // Acquire: as above.
-                    head = ring.head.load(Ordering::Acquire);
-                    continue;
-                }
-            }
-            if n == 0 || !COMMIT {
-                let reset = match head.checked_sub(1).and_then(|t| self.published(ring, t)) {
-                    Some(expiry) => expiry.saturating_sub(now),
-                    None => 0,
-                };
-                // A check (n > 0) only needs the verdict; `remaining` may store its hint, and a
-                // check writes nothing.
-                let remaining = if n == 0 {
-                    self.remaining(ring, head, now)
-                } else {
-                    0
-                };
-                return Ok(Admission::new(now, reset, remaining));
-            }
-            // Release on success: publishes our clock reading and the slot check above to every
-            // later claimer. Acquire on failure: as for the first load.
-            match ring
-                .head
-                .compare_exchange_weak(head, end, Ordering::Release, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    let expiry = self.expiry(now);
-                    let (lap, first) = StrengthReducedU64::div_rem(head, self.per_lap);
-                    let mut index = first as usize;
-                    let mut parity = lap & 1;
-                    for _ in head..end {
-                        // Release: pairs with the Acquire in `published`.
-                        ring.slots[index].store((expiry << 1) | parity, Ordering::Release);
-                        index += 1;
-                        if index == ring.slots.len() {
-                            (index, parity) = (0, parity ^ 1);
+                        Some(_) => {
+                            // Every slot we overwrite must hold its own ticket's write, not only
+                            // the newest: a writer of an older one that is still between claim
+                            // and publish would otherwise store its time over our lap later.
+                            let (all, latest) =
+                                self.all_published(ring, head.saturating_sub(limit), newest);
+                            if all && latest > now {
+                                // Only after a refund in place (or a shorter window): an older
+                                // ticket outlives the newest.
+                                return Err(TryAcquireError::Rejected(Rejection::new(
+                                    latest - now,
+                                    p.limit,
+                                )));
+                            }
+                            // With a ring larger than the limit, the slots we overwrite hold
+                            // older tickets than those we decided on: they too must be published.
+                            all && (capacity == limit
+                                || end <= capacity
+                                || self
+                                    .all_published(
+                                        ring,
+                                        head.saturating_sub(capacity),
+                                        end - capacity,
+                                    )
+                                    .0)
                         }
+                        None => false,
+                    };
+                    if !published {
+                        // A writer is between claim and publish: never decide on a stale slot.
+                        spin.snooze();
+                        // Acquire: as above.
+                        head = ring.head.load(Ordering::Acquire);
+                        continue;
                     }
-                    let token = first as u32 | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
-                    return Ok(Admission::with_token(
-                        now,
-                        self.window,
-                        self.remaining(ring, end, now),
-                        token,
-                    ));
                 }
-                Err(actual) => head = actual,
+                if n == 0 || !COMMIT {
+                    let reset = match head.checked_sub(1).and_then(|t| self.published(ring, t)) {
+                        Some(expiry) => expiry.saturating_sub(now),
+                        None => 0,
+                    };
+                    // A check (n > 0) only needs the verdict; `remaining` may store its hint,
+                    // and a check writes nothing.
+                    let remaining = if n == 0 {
+                        self.remaining(ring, head, now, p.limit)
+                    } else {
+                        0
+                    };
+                    return Ok(Admission::new(now, reset, remaining));
+                }
+                if self.params.changed(version) {
+                    // Reconfigured since our snapshot: decide again under the new parameters.
+                    continue 'params;
+                }
+                // Release on success: publishes our clock reading and the slot check above to
+                // every later claimer. Acquire on failure: as for the first load.
+                match ring.head.compare_exchange_weak(
+                    head,
+                    end,
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        let expiry = Self::expiry(now, p.window);
+                        let (lap, first) = StrengthReducedU64::div_rem(head, self.per_lap);
+                        let mut index = first as usize;
+                        let mut parity = lap & 1;
+                        for _ in head..end {
+                            // Release: pairs with the Acquire in `published`.
+                            ring.slots[index].store((expiry << 1) | parity, Ordering::Release);
+                            index += 1;
+                            if index == ring.slots.len() {
+                                (index, parity) = (0, parity ^ 1);
+                            }
+                        }
+                        let token = first as u32 | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
+                        return Ok(Admission::with_token(
+                            now,
+                            p.window,
+                            self.remaining(ring, end, now, p.limit),
+                            token,
+                        ));
+                    }
+                    Err(actual) => head = actual,
+                }
             }
         }
     }
@@ -333,8 +422,11 @@ impl Algo for SlidingWindow {
     /// an expiry at least W later, so the comparison cannot mistake it for ours. Nothing is
     /// written if the ring is retired or our tickets have expired (the ring was then possibly
     /// judged idle; refunding an expired ticket would change no decision anyway).
+    ///
+    /// After a reconfiguration of the window the expiry recomputed from `at` differs from the
+    /// stored one, so nothing matches and nothing is given back (conservative).
     fn refund<C: Clock>(&self, ring: &Ring, n: u32, admission: &Admission, clock: &C) {
-        let expiry = self.expiry(admission.at_nanos());
+        let expiry = Self::expiry(admission.at_nanos(), self.shape().0.window);
         // Acquire: as in `try_acquire`: our clock read comes after the last claimer's.
         if ring.head.load(Ordering::Acquire) == RETIRED || expiry <= clock.now() {
             return;
@@ -376,9 +468,10 @@ impl Algo for SlidingWindow {
     fn available(&self, ring: &Ring, now: u64) -> u32 {
         let now = now.min(MAX_TIME - 1);
         // Acquire: as in try_acquire, so the slots we read are at least as new as `head`.
+        let limit = self.shape().0.limit;
         match ring.head.load(Ordering::Acquire) {
-            RETIRED => self.limit,
-            head => self.remaining(ring, head, now),
+            RETIRED => limit,
+            head => self.remaining(ring, head, now, limit),
         }
     }
 
@@ -396,8 +489,10 @@ impl Algo for SlidingWindow {
         }
         // Times are non-decreasing in ticket order, so the newest ticket expires last; refunded
         // tickets (expiry 0) are skipped, since they say nothing about the older ones. A writer
-        // still between claim and publish makes the ring busy; look again shortly.
-        for ticket in (head.saturating_sub(u64::from(self.limit))..head).rev() {
+        // still between claim and publish makes the ring busy; look again shortly. (After a
+        // reconfiguration shortened the window, an older ticket can outlive the newest by at
+        // most the difference; retiring then forgets it early, like a refund would.)
+        for ticket in (head.saturating_sub(u64::from(self.capacity))..head).rev() {
             match self.published(ring, ticket) {
                 Some(0) => continue,
                 Some(expiry) if expiry <= now => break,
@@ -410,6 +505,27 @@ impl Algo for SlidingWindow {
             .compare_exchange(head, RETIRED, Ordering::Release, Ordering::Relaxed)
             .map(drop)
             .map_err(|_| now)
+    }
+
+    /// New parameters, published in one step (no slot is written): the limit can move anywhere
+    /// in 1..=R (the ring's capacity; beyond it a typed error), a new window applies to
+    /// admissions made from now on, and every admission already in the ring keeps the expiry
+    /// it was admitted with.
+    fn reconfigure<C: Clock>(
+        &self,
+        to: &Self,
+        _clock: &C,
+        _cells: EachCell<'_, Ring>,
+    ) -> Result<(), ConfigError> {
+        let target = to.shape().0;
+        if target.limit > self.capacity {
+            return Err(ConfigError::AboveMaxLimit {
+                limit: target.limit,
+                max_limit: self.capacity,
+            });
+        }
+        self.params.store([u64::from(target.limit), target.window]);
+        Ok(())
     }
 
     fn retired(ring: &Ring) -> bool {

@@ -1,12 +1,11 @@
 //! Token bucket as GCRA: one atomic word holding the theoretical arrival time.
 
-use super::{too_big, Algo, RETIRED};
+use super::{too_big, Algo, Divisor, EachCell, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering, Params};
 use crate::Rate;
-use strength_reduce::StrengthReducedU64;
 
 /// The generic cell rate algorithm with emission interval `T` (time per permit) and a burst `b`.
 ///
@@ -22,14 +21,119 @@ use strength_reduce::StrengthReducedU64;
 /// `T` is the period divided by the permits, rounded *up* to a whole nanosecond, so the long-run
 /// rate is never above the configured one (and below it by less than one nanosecond per permit).
 ///
-/// This struct holds the parameters; the `tat` word is the [`Algo::Cell`]. `tat` never exceeds
-/// now + b·T < 2^63, so [`RETIRED`] is never a live value.
+/// **The word and reconfiguration.** Bit 63 is the *epoch* of the parameters the word was written
+/// under (parity of the number of reconfigurations); bits 62..0 are `tat`:
+///
+/// | bit 63 | bits 62..0 | meaning |
+/// |---|---|---|
+/// | the parameters' epoch | tat | written under the current parameters |
+/// | the other epoch | tat | written under the previous parameters: translate before use |
+/// | 1 | all ones | [`RETIRED`] (never a live value: tat < 2^63 − 1) |
+///
+/// A reconfiguration keeps how *full* the bucket is: the debt `tat − t` at the switch time `t`
+/// (clamped to the old capacity b·T) is scaled by new capacity / old capacity, so a full bucket
+/// stays full, an empty one stays empty, a bucket at 70 % stays at 70 %, and it refills at the new
+/// rate from then on (Guava's `setRate` scales its stored permits the same way). The translation
+/// is a pure function of the word and the published parameters (`t`, the old capacity), so
+/// whoever applies it first, a caller deciding on an old-epoch word or the reconfigure's own sweep
+/// over every cell, writes the same value; the CAS that translates a word is the admission's own.
+/// Time is capped at 2^62 ns (146 years after the clock's epoch; later times read as that), so
+/// `tat ≤ now + b·T < 2^63` and the epoch bit is never part of a time.
+///
+/// This struct holds the parameters; the word is the [`Algo::Cell`].
 pub(crate) struct TokenBucket {
-    interval: u64,
-    /// `interval` strength-reduced: `remaining` divides by it on every admission.
-    per_permit: StrengthReducedU64,
+    /// [`Shape`] as words, replaceable at run time by [`Algo::reconfigure`].
+    params: Params<8>,
+}
+
+/// Bit 63 of a word: the epoch it was written under.
+const EPOCH: u64 = 1 << 63;
+/// Times are capped here, so that `tat`, at most a capacity (≤ 2^62) ahead, stays below 2^63 − 1.
+const MAX_NOW: u64 = 1 << 62;
+
+/// The token bucket's parameters: a snapshot of [`TokenBucket::params`].
+#[derive(Clone, Copy)]
+struct Shape {
+    /// T, strength-reduced: `remaining` divides by it on every admission.
+    per_permit: Divisor,
+    /// b·T.
     capacity: u64,
     burst: u32,
+    /// 0 or [`EPOCH`]: the epoch words written under these parameters carry.
+    epoch: u64,
+    /// The previous parameters' capacity (0 before the first reconfiguration).
+    prev_capacity: u64,
+    /// The clock time of the last reconfiguration.
+    switched_at: u64,
+}
+
+impl Shape {
+    fn to_words(self) -> [u64; 8] {
+        let [d, hi, lo] = self.per_permit.to_words();
+        [
+            d,
+            hi,
+            lo,
+            self.capacity,
+            u64::from(self.burst),
+            self.epoch,
+            self.prev_capacity,
+            self.switched_at,
+        ]
+    }
+
+    #[inline(always)]
+    fn from_words(w: [u64; 8]) -> Self {
+        Shape {
+            per_permit: Divisor::from_words([w[0], w[1], w[2]]),
+            capacity: w[3],
+            burst: w[4] as u32,
+            epoch: w[5],
+            prev_capacity: w[6],
+            switched_at: w[7],
+        }
+    }
+
+    /// T.
+    #[inline(always)]
+    fn interval(&self) -> u64 {
+        self.per_permit.get()
+    }
+
+    /// Whole permits left when the bucket's arrival time is `ahead` of now: burst − ⌈ahead / T⌉.
+    #[inline(always)]
+    fn remaining(&self, ahead: u64) -> u32 {
+        // ahead < 2^63 on every caller's path, and T ≤ 2^62, so the addition cannot overflow.
+        let used = self
+            .per_permit
+            .div(ahead.saturating_add(self.interval() - 1))
+            .min(u64::from(u32::MAX));
+        self.burst.saturating_sub(used as u32)
+    }
+
+    /// `tat` of `word` (bit 63 cleared), or `None` if it was written under the other epoch.
+    #[inline(always)]
+    fn tat(&self, word: u64) -> Option<u64> {
+        (word & EPOCH == self.epoch).then_some(word & !EPOCH)
+    }
+
+    /// The `tat` a word written under the previous parameters stands for under these: its debt
+    /// at the switch, clamped to the old capacity, scaled by new capacity / old capacity and
+    /// rounded up (never looser). A bucket full at the switch (`tat ≤ t`) stays full.
+    #[cold]
+    #[inline(never)]
+    fn translate(&self, word: u64) -> u64 {
+        let debt = (word & !EPOCH)
+            .saturating_sub(self.switched_at)
+            .min(self.prev_capacity);
+        if debt == 0 {
+            return self.switched_at;
+        }
+        // debt ≤ old capacity, so the scaled debt is at most the new capacity (≤ 2^62).
+        let scaled = (u128::from(debt) * u128::from(self.capacity))
+            .div_ceil(u128::from(self.prev_capacity)) as u64;
+        self.switched_at + scaled
+    }
 }
 
 impl TokenBucket {
@@ -50,7 +154,7 @@ impl TokenBucket {
         }
         let interval = period.div_ceil(u64::from(rate.permits));
         // Keep b·T well inside u64 so that `tat`, which never exceeds now + b·T, cannot overflow
-        // for centuries.
+        // for centuries (and leaves bit 63 to the epoch).
         let capacity = interval
             .checked_mul(u64::from(burst))
             .filter(|c| *c <= u64::MAX / 4)
@@ -58,21 +162,35 @@ impl TokenBucket {
                 what: "burst × (period / permits)",
                 max: "about 146 years",
             })?;
-        Ok(TokenBucket {
-            interval,
-            per_permit: StrengthReducedU64::new(interval),
+        let shape = Shape {
+            per_permit: Divisor::new(interval),
             capacity,
             burst,
+            epoch: 0,
+            prev_capacity: 0,
+            switched_at: 0,
+        };
+        Ok(TokenBucket {
+            params: Params::new(shape.to_words()),
         })
     }
 
-    /// Whole permits left when the bucket's arrival time is `ahead` of now: burst − ⌈ahead / T⌉.
+    /// The parameters now, and the version they were published under.
     #[inline(always)]
-    fn remaining(&self, ahead: u64) -> u32 {
-        // ahead ≤ capacity ≤ u64::MAX / 4 on every caller's path, so the addition cannot overflow.
-        let used =
-            (ahead.saturating_add(self.interval - 1) / self.per_permit).min(u64::from(u32::MAX));
-        self.burst.saturating_sub(used as u32)
+    fn shape(&self) -> (Shape, u64) {
+        let (words, version) = self.params.load();
+        (Shape::from_words(words), version)
+    }
+
+    /// [`Shape::translate`] of an other-epoch `word` under the parameters of `version`, or
+    /// `None` if they are no longer current (the word is then of a newer epoch, or the
+    /// parameters changed again: decide again). Out of line and re-reading the parameters, so
+    /// that the decision loop does not keep the translation's words live in registers.
+    #[cold]
+    #[inline(never)]
+    fn translate_under(&self, version: u64, word: u64) -> Option<u64> {
+        let (p, now_version) = self.shape();
+        (now_version == version).then(|| p.translate(word))
     }
 }
 
@@ -84,7 +202,7 @@ impl Algo for TokenBucket {
     }
 
     fn limit(&self) -> u32 {
-        self.burst
+        self.shape().0.burst
     }
 
     #[inline(always)]
@@ -94,35 +212,64 @@ impl Algo for TokenBucket {
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
-        if n > self.burst {
-            return Err(too_big(n, self.burst));
-        }
-        // Acquire: pairs with the Release of the CAS that stored this tat, so our clock read below
-        // is no earlier than the one that produced it.
-        let mut tat = state.load(Ordering::Acquire);
-        loop {
-            if tat == RETIRED {
-                return Err(TryAcquireError::Closed);
+        'params: loop {
+            let (p, version) = self.shape();
+            if n > p.burst {
+                return Err(too_big(n, p.burst));
             }
-            let now = clock.now();
-            let start = tat.max(now);
-            let next = start.saturating_add(u64::from(n.max(1)) * self.interval);
-            let ahead = next - now;
-            if ahead > self.capacity {
-                return Err(TryAcquireError::Rejected(Rejection::new(
-                    ahead - self.capacity,
-                    self.burst,
-                )));
-            }
-            if n == 0 || !COMMIT {
-                let full_in = start - now;
-                return Ok(Admission::new(now, full_in, self.remaining(full_in)));
-            }
-            // Release on success: publishes our clock reading with the new tat. Acquire on
-            // failure: as for the first load.
-            match state.compare_exchange_weak(tat, next, Ordering::Release, Ordering::Acquire) {
-                Ok(_) => return Ok(Admission::new(now, ahead, self.remaining(ahead))),
-                Err(actual) => tat = actual,
+            // Acquire: pairs with the Release of the CAS that stored this word, so our clock read
+            // below is no earlier than the one that produced it (and if it was written under newer
+            // parameters, `changed` below sees their version).
+            let mut word = state.load(Ordering::Acquire);
+            loop {
+                if word == RETIRED {
+                    return Err(TryAcquireError::Closed);
+                }
+                let tat = match p.tat(word) {
+                    Some(tat) => tat,
+                    // The other epoch: newer parameters than our snapshot (reload them) or the
+                    // previous ones (translate).
+                    None => match self.translate_under(version, word) {
+                        Some(tat) => tat,
+                        None => continue 'params,
+                    },
+                };
+                let now = clock.now().min(MAX_NOW);
+                let start = tat.max(now);
+                let next = start.saturating_add(u64::from(n.max(1)) * p.interval());
+                let ahead = next - now;
+                if ahead > p.capacity {
+                    return Err(TryAcquireError::Rejected(Rejection::new(
+                        ahead - p.capacity,
+                        p.burst,
+                    )));
+                }
+                if n == 0 || !COMMIT {
+                    let full_in = start - now;
+                    return Ok(Admission::new(now, full_in, p.remaining(full_in)));
+                }
+                if self.params.changed(version) {
+                    // Reconfigured since our snapshot: decide again under the new parameters.
+                    continue 'params;
+                }
+                // Release on success: publishes our clock reading with the new tat. Acquire on
+                // failure: as for the first load.
+                match state.compare_exchange_weak(
+                    word,
+                    next | p.epoch,
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        return Ok(Admission::with_token(
+                            now,
+                            ahead,
+                            p.remaining(ahead),
+                            version as u32,
+                        ))
+                    }
+                    Err(actual) => word = actual,
+                }
             }
         }
     }
@@ -149,14 +296,21 @@ impl Algo for TokenBucket {
     /// strict as on those alone. With the clock unchanged (`now = at`: `ManualClock`, or the same
     /// tick of an `UpkeepClock`) the refund is exact: the word becomes `max(tat_before, at)`,
     /// which decides every later call like `tat_before`.
+    ///
+    /// **Reconfigured since.** If the admission's parameters version (its token) is no longer
+    /// current, or the word is of another epoch, nothing is given back (conservative).
     fn refund<C: Clock>(&self, state: &AtomicU64, n: u32, admission: &Admission, clock: &C) {
-        let cost = u64::from(n) * self.interval;
+        let (p, version) = self.shape();
+        if version as u32 != admission.token() {
+            return;
+        }
+        let cost = u64::from(n) * p.interval();
         // Acquire: as in `try_acquire`: every admission our CAS follows read its clock earlier.
-        let mut tat = state.load(Ordering::Acquire);
+        let mut word = state.load(Ordering::Acquire);
         loop {
-            if tat == RETIRED {
+            let Some(tat) = p.tat(word).filter(|_| word != RETIRED) else {
                 return;
-            }
+            };
             let elapsed = clock.now().saturating_sub(admission.at_nanos());
             let give = cost.saturating_sub(elapsed);
             if give == 0 {
@@ -165,13 +319,13 @@ impl Algo for TokenBucket {
             // Release on success: publishes our clock reading with the new tat, as an admission
             // does. Acquire on failure: as for the first load.
             match state.compare_exchange_weak(
-                tat,
-                tat.saturating_sub(give),
+                word,
+                tat.saturating_sub(give) | p.epoch,
                 Ordering::Release,
                 Ordering::Acquire,
             ) {
                 Ok(_) => return,
-                Err(actual) => tat = actual,
+                Err(actual) => word = actual,
             }
         }
     }
@@ -183,33 +337,83 @@ impl Algo for TokenBucket {
 
     fn available(&self, state: &AtomicU64, now: u64) -> u32 {
         // Relaxed: a statistic; no decision depends on it.
+        let p = self.shape().0;
         match state.load(Ordering::Relaxed) {
-            RETIRED => self.burst,
-            tat => self.remaining(tat.saturating_sub(now)),
+            RETIRED => p.burst,
+            word => {
+                let tat = p.tat(word).unwrap_or_else(|| p.translate(word));
+                p.remaining(tat.saturating_sub(now.min(MAX_NOW)))
+            }
         }
     }
 
     fn retire<C: Clock>(&self, state: &AtomicU64, clock: &C) -> Result<(), u64> {
         // Acquire: as in `try_acquire`.
-        let tat = state.load(Ordering::Acquire);
-        if tat == RETIRED {
+        let word = state.load(Ordering::Acquire);
+        if word == RETIRED {
             return Ok(());
         }
-        let now = clock.now();
-        if tat == 0 {
+        let now = clock.now().min(MAX_NOW);
+        if word == 0 {
             // Never used: its inserter is about to admit on it (see `Algo::retire`).
             return Err(now);
         }
+        let p = self.shape().0;
+        let tat = p.tat(word).unwrap_or_else(|| p.translate(word));
         if tat > now {
-            // The bucket is full again (as fresh as a new one) at `tat`.
+            // The bucket is full again (as fresh as a new one) at `tat`, under either epoch's
+            // reading of the word (a translated debt is no longer than the new capacity).
             return Err(tat);
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: an admission
         // landed, so the bucket is busy; we report `now` and look again later.
         state
-            .compare_exchange(tat, RETIRED, Ordering::Release, Ordering::Relaxed)
+            .compare_exchange(word, RETIRED, Ordering::Release, Ordering::Relaxed)
             .map(drop)
             .map_err(|_| now)
+    }
+
+    /// New parameters in a new epoch, then every cell translated (see the type's docs): the
+    /// parameters are published first, so a caller that meets an untranslated word translates
+    /// it itself; the sweep over `cells` makes sure no word that still owes a debt is two
+    /// epochs old at the next reconfiguration (a word's epoch is one bit).
+    fn reconfigure<C: Clock>(
+        &self,
+        to: &Self,
+        clock: &C,
+        cells: EachCell<'_, AtomicU64>,
+    ) -> Result<(), ConfigError> {
+        let (from, target) = (self.shape().0, to.shape().0);
+        // Read before publishing: every caller that loads the new parameters reads its clock
+        // later, so no caller decides at a time before the switch under them.
+        let now = clock.now().min(MAX_NOW);
+        let p = Shape {
+            epoch: from.epoch ^ EPOCH,
+            prev_capacity: from.capacity,
+            switched_at: now,
+            ..target
+        };
+        self.params.store(p.to_words());
+        cells(&|cell| {
+            // Acquire: as in `try_acquire`, for the word we translate.
+            let mut word = cell.load(Ordering::Acquire);
+            // A word full by the switch (`tat ≤ t`, never-used cells included) is left alone:
+            // it reads as full under any epoch at any later time, so it needs no epoch.
+            while word != RETIRED && p.tat(word).is_none() && word & !EPOCH > p.switched_at {
+                // Release on success: publishes the translated word like an admission does.
+                // Acquire on failure: as for the first load.
+                match cell.compare_exchange_weak(
+                    word,
+                    p.translate(word) | p.epoch,
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => break,
+                    Err(actual) => word = actual,
+                }
+            }
+        });
+        Ok(())
     }
 
     fn retired(state: &AtomicU64) -> bool {

@@ -1,0 +1,223 @@
+//! Loom models of reconfiguration (`RateLimiter::reconfigure`, `src/sync.rs` `Params`).
+//!
+//! Protocols checked:
+//! - **The parameter seqlock** (`Params`): a writer (serialised by the limiter's mutex) makes the
+//!   version odd, `fence(Release)`, stores the words Relaxed, makes the version even with
+//!   Release; a reader loads the version (Acquire), the words (Relaxed), `fence(Acquire)`, the
+//!   version again, and retries unless both are the same even number. `snapshots_are_never_torn`
+//!   observes the snapshot through a probe's `remaining` and `reset_after`, which come from two
+//!   different words (the limit and the window grid): a torn read would pair one set's limit
+//!   with the other's window.
+//! - **Deciding under one set, re-checking before the CAS**: a call re-checks the version just
+//!   before its CAS and decides again if it moved. A call that loads a cell word written under
+//!   newer parameters sees their version by coherence (the writer loaded them with Acquire before
+//!   its Release CAS, and we load the word with Acquire), so it cannot add its stale decision on
+//!   top of a newer one. `no_over_admission_after_lowering` fails without that re-check (a
+//!   stale limit of 2 admits on top of the count 1 written under the new limit of 1).
+//! - **Token bucket epochs**: parameters are published with a flipped epoch bit, then the
+//!   reconfigure translates every word; a caller meeting an old-epoch word translates it in its
+//!   own CAS. `bucket_translation_races_admissions` checks that the translation (by either) and
+//!   admissions never lose or double a debt; `bucket_lazy_translation` fails if a caller uses an
+//!   old-epoch word untranslated.
+//! - **Sliding window ring larger than the limit**: `sliding_raise_within_capacity` raises the
+//!   limit of a ring with spare slots while claims race, checking the log bound.
+//!
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom
+//! cargo test --release --test loom_reconfigure`
+#![cfg(turnstile_loom)]
+
+use loom::thread;
+use std::time::Duration;
+use turnstile::{Algorithm, Clock, ManualClock, Rate, RateLimiter, TryAcquireError};
+
+type Limiter = RateLimiter<ManualClock>;
+
+fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
+        loom::model(f);
+    } else {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(2);
+        builder.check(f);
+    }
+}
+
+fn ns(n: u64) -> Duration {
+    Duration::from_nanos(n)
+}
+
+fn fixed(limit: u32, window: u64) -> Algorithm {
+    Algorithm::FixedWindow {
+        limit,
+        window: ns(window),
+    }
+}
+
+fn limiter(algorithm: Algorithm) -> Limiter {
+    RateLimiter::with_clock(algorithm, ManualClock::new()).unwrap()
+}
+
+/// A probe racing a reconfiguration sees one parameter set or the other, never a mix.
+#[test]
+fn snapshots_are_never_torn() {
+    model(|| {
+        let l = limiter(fixed(1, 10));
+        let reader = {
+            let l = l.clone();
+            thread::spawn(move || {
+                let probe = l.try_acquire_n(0).unwrap();
+                (probe.remaining(), probe.reset_after().as_nanos() as u64)
+            })
+        };
+        l.reconfigure(fixed(3, 1000)).unwrap();
+        let seen = reader.join().unwrap();
+        // Window [0, 10) is young enough to keep its start: it becomes [0, 1000).
+        assert!(seen == (1, 10) || seen == (3, 1000), "torn: {seen:?}");
+        let after = l.try_acquire_n(0).unwrap();
+        assert_eq!(
+            (after.remaining(), after.reset_after().as_nanos() as u64),
+            (3, 1000)
+        );
+    });
+}
+
+/// Limit 2 lowered to 1. One call races the reconfiguration; another starts after it returned.
+/// The later call is decided under limit 1, and the racing one cannot add a permit on top of it
+/// with its stale limit of 2: at most one of the two is admitted.
+#[test]
+fn no_over_admission_after_lowering() {
+    model(|| {
+        let l = limiter(fixed(2, 10));
+        let racer = {
+            let l = l.clone();
+            thread::spawn(move || l.try_acquire().is_ok())
+        };
+        l.reconfigure(fixed(1, 10)).unwrap();
+        let late = l.try_acquire().is_ok();
+        let early = racer.join().unwrap();
+        assert!(
+            u32::from(early) + u32::from(late) <= 1,
+            "both admitted across a lowering"
+        );
+        assert_eq!(l.stats().available, 0);
+        assert_eq!(l.stats().admitted, u64::from(early) + u64::from(late));
+    });
+}
+
+/// Raising a sliding counter's limit while a call races it and another starts after it: never
+/// more than the new limit, and the count is never lost (a later probe sees every admission).
+#[test]
+fn raise_keeps_the_count() {
+    model(|| {
+        let counter = |limit| Algorithm::SlidingCounter {
+            limit,
+            window: ns(10),
+        };
+        let l = limiter(counter(1));
+        let racer = {
+            let l = l.clone();
+            thread::spawn(move || l.try_acquire().is_ok())
+        };
+        l.reconfigure(counter(2)).unwrap();
+        let late = l.try_acquire().is_ok();
+        let admitted = u32::from(racer.join().unwrap()) + u32::from(late);
+        assert!(late, "a limit of 2 has room after at most one admission");
+        assert!((1..=2).contains(&admitted));
+        assert_eq!(l.stats().available, 2 - admitted);
+    });
+}
+
+/// Burst 2 at one permit per 16 ns, halved to one per 32 ns (same burst: the fullness, and so
+/// the permit count, carries over; powers of two keep the divisor's multiplier words unchanged,
+/// which keeps the model small). One call takes the whole burst while the reconfiguration
+/// publishes and translates; another starts after it. At one instant no more than the burst is
+/// ever admitted, and what is left afterwards is exactly the burst minus what was taken.
+#[test]
+fn bucket_translation_races_admissions() {
+    model(|| {
+        let bucket = |period| Algorithm::TokenBucket {
+            rate: Rate::new(1, ns(period)),
+            burst: 2,
+        };
+        let l = limiter(bucket(16));
+        let racer = {
+            let l = l.clone();
+            thread::spawn(move || if l.try_acquire_n(2).is_ok() { 2 } else { 0 })
+        };
+        l.reconfigure(bucket(32)).unwrap();
+        let late = match l.try_acquire() {
+            Ok(_) => 1,
+            Err(TryAcquireError::Rejected(_)) => 0,
+            Err(e) => panic!("{e}"),
+        };
+        let taken = racer.join().unwrap() + late;
+        assert!(taken <= 2, "{taken} permits from a burst of 2");
+        assert_eq!(l.stats().available, 2 - taken);
+        // One new interval (32 ns) later exactly one more permit has accrued.
+        l.clock().advance(ns(32));
+        assert_eq!(l.stats().available, (3 - taken).min(2));
+    });
+}
+
+/// An empty bucket stays empty through a rate change, whoever translates its word: a call racing
+/// the reconfiguration may meet the word between the publication of the new parameters and the
+/// reconfigure's sweep, and must translate it itself (reading the old arrival time under the new
+/// interval would hand out a permit).
+#[test]
+fn bucket_lazy_translation() {
+    model(|| {
+        let bucket = |period| Algorithm::TokenBucket {
+            rate: Rate::new(1, ns(period)),
+            burst: 2,
+        };
+        let l = limiter(bucket(16));
+        l.try_acquire_n(2).unwrap();
+        let racer = {
+            let l = l.clone();
+            thread::spawn(move || l.try_acquire().is_ok())
+        };
+        l.reconfigure(bucket(32)).unwrap();
+        assert!(
+            !racer.join().unwrap(),
+            "an empty bucket handed out a permit"
+        );
+        assert_eq!(l.stats().available, 0);
+    });
+}
+
+/// A ring of 2 slots running limit 1, raised to 2 while calls race and the clock moves past the
+/// window: every window-long interval holds at most 2 admissions, and at most 1 before the
+/// raise could have been seen.
+#[test]
+fn sliding_raise_within_capacity() {
+    model(|| {
+        let sliding = |limit| Algorithm::SlidingWindow {
+            limit,
+            window: ns(10),
+        };
+        let l = RateLimiter::builder(sliding(1))
+            .clock(ManualClock::new())
+            .max_limit(2)
+            .build()
+            .unwrap();
+        l.try_acquire().unwrap();
+        let racer = {
+            let l = l.clone();
+            thread::spawn(move || {
+                l.clock().advance(ns(10));
+                l.try_acquire().ok().map(|a| a.at_nanos())
+            })
+        };
+        l.reconfigure(sliding(2)).unwrap();
+        let mine = l.try_acquire().ok().map(|a| a.at_nanos());
+        let theirs = racer.join().unwrap();
+        let mut times: Vec<u64> = [Some(0), mine, theirs].into_iter().flatten().collect();
+        times.sort_unstable();
+        for (i, &t) in times.iter().enumerate() {
+            let within = times[i..].iter().filter(|&&u| u < t + 10).count();
+            assert!(within <= 2, "{times:?}");
+        }
+        let now = l.clock().now();
+        assert!(now == 10);
+    });
+}

@@ -1,0 +1,636 @@
+//! Reconfiguration (issue 4): changing a limiter's parameters at run time keeps its state, per
+//! algorithm as documented on `RateLimiter::reconfigure`; keyed limiters change every key; queued
+//! waiters look again; errors change nothing. Time is driven by `ManualClock` or tokio's paused
+//! time; the blocking test waits for a real thread to queue, without sleeping.
+
+mod common;
+
+use common::models::{CreditModel, Model};
+use proptest::prelude::*;
+use std::time::Duration;
+use turnstile::{
+    AcquireError, Algorithm, ConfigError, KeyedLimiter, ManualClock, Rate, RateLimiter, TokioClock,
+    TryAcquireError,
+};
+
+const S: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+fn manual(algorithm: Algorithm) -> (RateLimiter<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    (
+        RateLimiter::with_clock(algorithm, clock.clone()).unwrap(),
+        clock,
+    )
+}
+
+fn retry(result: Result<turnstile::Admission, TryAcquireError>) -> Duration {
+    match result {
+        Err(TryAcquireError::Rejected(r)) => r.retry_after(),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+fn fixed(limit: u32, window: Duration) -> Algorithm {
+    Algorithm::FixedWindow { limit, window }
+}
+
+fn counter(limit: u32, window: Duration) -> Algorithm {
+    Algorithm::SlidingCounter { limit, window }
+}
+
+fn sliding(limit: u32, window: Duration) -> Algorithm {
+    Algorithm::SlidingWindow { limit, window }
+}
+
+fn bucket(permits: u32, period: Duration, burst: u32) -> Algorithm {
+    Algorithm::TokenBucket {
+        rate: Rate::new(permits, period),
+        burst,
+    }
+}
+
+#[test]
+fn fixed_window_new_limit_applies_to_the_count_kept() {
+    let (limiter, clock) = manual(fixed(10, 10 * S));
+    clock.advance(4 * S);
+    limiter.try_acquire_n(8).unwrap();
+    // Lowered below the count: nothing more until the window ends, then 5 per window.
+    limiter.reconfigure(fixed(5, 10 * S)).unwrap();
+    assert_eq!(retry(limiter.try_acquire()), 6 * S);
+    assert_eq!(limiter.stats().available, 0);
+    assert_eq!(limiter.capacity(), 5);
+    // Raised: the 8 still count.
+    limiter.reconfigure(fixed(12, 10 * S)).unwrap();
+    assert_eq!(limiter.try_acquire_n(4).unwrap().remaining(), 0);
+    assert!(limiter.try_acquire().is_err());
+    clock.advance(6 * S);
+    assert_eq!(limiter.try_acquire_n(12).unwrap().remaining(), 0);
+    assert_eq!(limiter.algorithm(), fixed(12, 10 * S));
+}
+
+#[test]
+fn fixed_window_new_length_never_hands_out_a_fresh_window() {
+    // Growing: the current window [0, 10) keeps its start and becomes [0, 60).
+    let (limiter, clock) = manual(fixed(3, 10 * S));
+    clock.advance(4 * S);
+    limiter.try_acquire_n(3).unwrap();
+    limiter.reconfigure(fixed(3, 60 * S)).unwrap();
+    assert_eq!(retry(limiter.try_acquire()), 56 * S);
+    clock.advance(56 * S);
+    let admitted = limiter.try_acquire_n(3).unwrap();
+    assert_eq!(admitted.reset_after(), 60 * S);
+    assert_eq!(retry(limiter.try_acquire()), 60 * S);
+
+    // Shrinking a window younger than the new length: [0, 60) becomes [0, 10).
+    let (limiter, clock) = manual(fixed(3, 60 * S));
+    clock.advance(5 * S);
+    limiter.try_acquire_n(3).unwrap();
+    limiter.reconfigure(fixed(3, 10 * S)).unwrap();
+    assert_eq!(retry(limiter.try_acquire()), 5 * S);
+    clock.advance(5 * S);
+    limiter.try_acquire_n(3).unwrap();
+    assert_eq!(retry(limiter.try_acquire()), 10 * S);
+
+    // Shrinking a window older than the new length: it ends at now + the new length, or at its
+    // old end if that comes first; never at once.
+    clock.advance(10 * S); // t = 20 s, window [20, 30)
+    limiter.reconfigure(fixed(3, 60 * S)).unwrap(); // [20, 80)
+    clock.advance(30 * S); // t = 50 s
+    limiter.try_acquire_n(3).unwrap();
+    limiter.reconfigure(fixed(3, 20 * S)).unwrap(); // 30 s old: ends at min(80, 70)
+    assert_eq!(retry(limiter.try_acquire()), 20 * S);
+    clock.advance(15 * S); // t = 65 s, still the window [50, 70) on the grid: full
+    limiter.reconfigure(fixed(3, 10 * S)).unwrap(); // 15 s old: ends at min(70, 75)
+    assert_eq!(retry(limiter.try_acquire()), 5 * S);
+    clock.advance(5 * S);
+    assert_eq!(limiter.try_acquire().unwrap().reset_after(), 10 * S);
+}
+
+#[test]
+fn sliding_counter_keeps_both_counts() {
+    let (limiter, clock) = manual(counter(10, 10 * S));
+    limiter.try_acquire_n(10).unwrap();
+    clock.advance(10 * S); // window 1: prev = 10 weighs fully at its start
+    assert!(limiter.try_acquire().is_err());
+    // Raise the limit: 5 fit on top of the previous window's 10 at e = 0.
+    limiter.reconfigure(counter(15, 10 * S)).unwrap();
+    assert_eq!(limiter.try_acquire_n(5).unwrap().remaining(), 0);
+    // A longer window keeps the current window's start (and its count): e = 0, still full.
+    limiter.reconfigure(counter(15, 20 * S)).unwrap();
+    assert!(limiter.try_acquire().is_err());
+    // Halfway through the 20 s window, half of the previous count weighs: 15 − 5 − 5 = 5 left.
+    clock.advance(10 * S);
+    assert_eq!(limiter.stats().available, 5);
+    // Lower than the current count: nothing until both counts have faded.
+    limiter.reconfigure(counter(4, 20 * S)).unwrap();
+    assert!(limiter.try_acquire().is_err());
+    assert_eq!(limiter.stats().available, 0);
+    assert_eq!(limiter.algorithm(), counter(4, 20 * S));
+    clock.advance(100 * S);
+    assert_eq!(limiter.try_acquire_n(4).unwrap().remaining(), 0);
+}
+
+#[test]
+fn token_bucket_keeps_how_full_it_is() {
+    // Empty at 10/s, then 1/s: still empty, refills at the new rate.
+    let (limiter, clock) = manual(bucket(10, S, 10));
+    limiter.try_acquire_n(10).unwrap();
+    limiter.reconfigure(bucket(1, S, 10)).unwrap();
+    assert_eq!(retry(limiter.try_acquire()), S);
+    clock.advance(S);
+    limiter.try_acquire().unwrap();
+    assert!(limiter.try_acquire().is_err());
+
+    // Half full, burst doubled: half of the new burst.
+    let (limiter, _clock) = manual(bucket(1, S, 10));
+    limiter.try_acquire_n(5).unwrap();
+    limiter.reconfigure(bucket(1, S, 20)).unwrap();
+    assert_eq!(limiter.stats().available, 10);
+    assert_eq!(limiter.try_acquire_n(10).unwrap().remaining(), 0);
+    assert!(limiter.try_acquire().is_err());
+
+    // Full stays full: raising the burst of an idle bucket gives the whole new burst.
+    let (limiter, _clock) = manual(bucket(1, S, 5));
+    limiter.reconfigure(bucket(1, S, 50)).unwrap();
+    assert_eq!(limiter.try_acquire_n(50).unwrap().remaining(), 0);
+    assert_eq!(limiter.capacity(), 50);
+
+    // Lowering the burst of a 70 % full bucket: 70 % of the new burst.
+    let (limiter, _clock) = manual(bucket(1, S, 10));
+    limiter.try_acquire_n(3).unwrap();
+    limiter.reconfigure(bucket(1, S, 5)).unwrap();
+    assert_eq!(limiter.stats().available, 3); // 3.5 rounds down: never looser
+}
+
+#[test]
+fn token_bucket_survives_many_reconfigurations() {
+    // The epoch is one bit: every reconfiguration flips it, and every word is translated.
+    let (limiter, clock) = manual(bucket(10, S, 10));
+    for i in 0..20u32 {
+        limiter.try_acquire_n(5).unwrap();
+        limiter
+            .reconfigure(bucket(10 + i % 3, S, 10 + i % 2))
+            .unwrap();
+        clock.advance(S);
+    }
+    assert!(limiter.stats().available >= 10);
+}
+
+#[test]
+fn sliding_window_limit_moves_within_max_limit() {
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::builder(sliding(2, 10 * S))
+        .clock(clock.clone())
+        .max_limit(4)
+        .build()
+        .unwrap();
+    limiter.try_acquire_n(2).unwrap();
+    assert!(limiter.try_acquire().is_err());
+    limiter.reconfigure(sliding(4, 10 * S)).unwrap();
+    limiter.try_acquire_n(2).unwrap();
+    assert_eq!(retry(limiter.try_acquire()), 10 * S);
+    assert_eq!(
+        limiter.reconfigure(sliding(5, 10 * S)).unwrap_err(),
+        ConfigError::AboveMaxLimit {
+            limit: 5,
+            max_limit: 4
+        }
+    );
+    // Lowered to 1: the newest admission (4 in the log) must leave first.
+    clock.advance(3 * S);
+    limiter.reconfigure(sliding(1, 10 * S)).unwrap();
+    assert_eq!(retry(limiter.try_acquire()), 7 * S);
+    clock.advance(7 * S);
+    limiter.try_acquire().unwrap();
+    assert!(limiter.try_acquire().is_err());
+
+    // Without max_limit the ring holds the built limit: raising is a typed error.
+    let (limiter, _clock) = manual(sliding(3, S));
+    assert_eq!(
+        limiter.reconfigure(sliding(4, S)).unwrap_err(),
+        ConfigError::AboveMaxLimit {
+            limit: 4,
+            max_limit: 3
+        }
+    );
+}
+
+#[test]
+fn sliding_window_admissions_keep_their_expiry() {
+    let (limiter, clock) = manual(sliding(2, 10 * S));
+    limiter.try_acquire().unwrap(); // expires at 10 s
+    clock.advance(S);
+    limiter.reconfigure(sliding(2, 2 * S)).unwrap();
+    limiter.try_acquire().unwrap(); // expires at 3 s
+                                    // The log is full; the oldest entry keeps its 10 s expiry.
+    assert_eq!(retry(limiter.try_acquire()), 9 * S);
+    clock.advance(9 * S);
+    limiter.try_acquire().unwrap();
+    // Only the 3 s entry had expired by then, and it was the next to be overwritten.
+    limiter.try_acquire().unwrap();
+    assert_eq!(retry(limiter.try_acquire()), 2 * S);
+}
+
+#[test]
+fn errors_change_nothing() {
+    let cases = [
+        fixed(4, 10 * S),
+        counter(4, 10 * S),
+        sliding(4, 10 * S),
+        bucket(1, S, 4),
+    ];
+    for algorithm in cases {
+        let (limiter, clock) = manual(algorithm);
+        limiter.try_acquire_n(3).unwrap();
+        clock.advance(MS);
+        let before = (limiter.stats(), limiter.capacity());
+        let other = if matches!(algorithm, Algorithm::TokenBucket { .. }) {
+            fixed(4, S)
+        } else {
+            bucket(1, S, 4)
+        };
+        let err = limiter.reconfigure(other).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::AlgorithmChanged { .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("cannot reconfigure"), "{err}");
+        let zero = match algorithm {
+            Algorithm::FixedWindow { .. } => fixed(0, S),
+            Algorithm::SlidingCounter { .. } => counter(4, Duration::ZERO),
+            Algorithm::SlidingWindow { .. } => sliding(0, S),
+            _ => bucket(0, S, 4),
+        };
+        assert!(matches!(
+            limiter.reconfigure(zero).unwrap_err(),
+            ConfigError::Zero { .. }
+        ));
+        assert_eq!(limiter.algorithm(), algorithm);
+        assert_eq!((limiter.stats(), limiter.capacity()), before);
+        limiter.try_acquire().unwrap();
+        assert!(limiter.try_acquire().is_err(), "{algorithm:?}");
+    }
+}
+
+#[test]
+fn keyed_reconfigure_reaches_every_key() {
+    for (small, large) in [
+        (fixed(3, 60 * S), fixed(5, 60 * S)),
+        (counter(3, 60 * S), counter(5, 60 * S)),
+        (bucket(1, 60 * S, 3), bucket(1, 60 * S, 5)),
+    ] {
+        let clock = ManualClock::new();
+        let limiter = KeyedLimiter::with_clock(large, clock.clone()).unwrap();
+        for key in 0..100u32 {
+            limiter.try_acquire_n(&key, key % 6).unwrap();
+        }
+        limiter.reconfigure(small).unwrap();
+        assert_eq!(limiter.algorithm(), small);
+        for key in 0..100u32 {
+            let used = key % 6;
+            // Fixed window and counter keep the count; the bucket keeps its fullness.
+            let left = match small {
+                Algorithm::TokenBucket { .. } => (3 * (5 - used)) / 5,
+                _ => 3u32.saturating_sub(used),
+            };
+            assert_eq!(limiter.available(&key), left, "{small:?} key {key}");
+            if left > 0 {
+                limiter.try_acquire_n(&key, left).unwrap();
+            }
+            assert!(limiter.try_acquire(&key).is_err(), "{small:?} key {key}");
+        }
+        // New keys get the new parameters, and asking for more than them is a typed error.
+        assert_eq!(limiter.try_acquire_n(&1000, 3).unwrap().remaining(), 0);
+        assert_eq!(
+            limiter.try_acquire_n(&1001, 4).unwrap_err(),
+            TryAcquireError::InsufficientCapacity {
+                requested: 4,
+                capacity: 3
+            }
+        );
+    }
+}
+
+#[test]
+fn keyed_sliding_window_within_max_limit() {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<u8, _>::builder(sliding(1, S))
+        .clock(clock.clone())
+        .max_limit(3)
+        .build()
+        .unwrap();
+    limiter.try_acquire(&1).unwrap();
+    limiter.reconfigure(sliding(3, S)).unwrap();
+    limiter.try_acquire_n(&1, 2).unwrap();
+    limiter.try_acquire_n(&2, 3).unwrap();
+    assert!(limiter.try_acquire(&1).is_err());
+    assert!(limiter.reconfigure(sliding(4, S)).is_err());
+    assert!(limiter.reconfigure(fixed(4, S)).is_err());
+    assert_eq!(limiter.algorithm(), sliding(3, S));
+}
+
+async fn settle() {
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn queued_waiters_look_again() {
+    // A raised limit serves the head at once.
+    let limiter = RateLimiter::with_clock(fixed(1, 3600 * S), TokioClock::new()).unwrap();
+    limiter.try_acquire().unwrap();
+    let start = tokio::time::Instant::now();
+    let waiter = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.acquire().await }
+    });
+    settle().await;
+    assert_eq!(limiter.stats().waiting, 1);
+    limiter.reconfigure(fixed(4, 3600 * S)).unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+
+    // A lowered limit fails a waiter that can no longer fit, at once; the others keep waiting.
+    limiter.try_acquire_n(2).unwrap(); // 4 of 4 used
+    let small = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.acquire().await }
+    });
+    let big = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.acquire_n(3).await }
+    });
+    settle().await;
+    limiter.reconfigure(fixed(2, 3600 * S)).unwrap();
+    assert_eq!(
+        big.await.unwrap().unwrap_err(),
+        AcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        }
+    );
+    assert_eq!(limiter.stats().waiting, 1);
+    assert!(!small.is_finished());
+    small.abort();
+
+    // A faster token bucket wakes its head when the new rate says.
+    let limiter = RateLimiter::with_clock(bucket(1, S, 1), TokioClock::new()).unwrap();
+    limiter.try_acquire().unwrap();
+    let start = tokio::time::Instant::now();
+    let waiter = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.acquire().await }
+    });
+    settle().await;
+    limiter.reconfigure(bucket(100, S, 1)).unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), 10 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_queued_waiters_look_again() {
+    let limiter = KeyedLimiter::with_clock(fixed(3, 3600 * S), TokioClock::new()).unwrap();
+    limiter.try_acquire_n(&"a", 3).unwrap();
+    limiter.try_acquire_n(&"b", 3).unwrap();
+    let start = tokio::time::Instant::now();
+    let a = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.acquire(&"a").await }
+    });
+    let b = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.acquire_n(&"b", 3).await }
+    });
+    settle().await;
+    assert_eq!(limiter.stats().waiting, 2);
+    // Raised: a's head fits at once; b's (3 more on top of 3) still waits.
+    limiter.reconfigure(fixed(4, 3600 * S)).unwrap();
+    a.await.unwrap().unwrap();
+    settle().await;
+    assert!(!b.is_finished());
+    // Lowered below b's request: it fails at once.
+    limiter.reconfigure(fixed(2, 3600 * S)).unwrap();
+    assert_eq!(
+        b.await.unwrap().unwrap_err(),
+        AcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        }
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(limiter.stats().waiting, 0);
+}
+
+#[test]
+fn blocking_waiter_looks_again() {
+    let limiter = RateLimiter::fixed_window(1, 3600 * S).unwrap();
+    limiter.try_acquire().unwrap();
+    let waiter = std::thread::spawn({
+        let limiter = limiter.clone();
+        move || limiter.acquire_blocking()
+    });
+    while limiter.stats().waiting == 0 {
+        std::thread::yield_now();
+    }
+    limiter.reconfigure(fixed(2, 3600 * S)).unwrap();
+    waiter.join().unwrap().unwrap();
+    assert_eq!(limiter.stats().admitted, 2);
+}
+
+/// The fixed window as documented: (end of the current window, count); a reconfiguration
+/// rolls to now, then keeps the current window's start with the new length, or, if the window
+/// is already older than that, ends it at min(end, now + new length).
+struct RebasedFixed {
+    limit: u64,
+    window: u64,
+    end: u64,
+    count: u64,
+}
+
+impl RebasedFixed {
+    fn roll(&mut self, now: u64) {
+        if now >= self.end {
+            let skipped = (now - self.end) / self.window;
+            self.end += (skipped + 1) * self.window;
+            self.count = 0;
+        }
+    }
+
+    fn reconfigure(&mut self, limit: u64, window: u64, now: u64) {
+        self.roll(now);
+        let start = self.end - self.window;
+        self.end = if now - start < window {
+            start + window
+        } else {
+            self.end.min(now + window)
+        };
+        (self.limit, self.window) = (limit, window);
+    }
+
+    fn decide(&mut self, now: u64, n: u64) -> Option<Result<u64, u64>> {
+        if n > self.limit {
+            return None;
+        }
+        self.roll(now);
+        if self.count + n.max(1) > self.limit {
+            return Some(Err(self.end - now));
+        }
+        self.count += n;
+        Some(Ok(self.limit - self.count))
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Acquire { advance: u64, n: u32 },
+    Reconfigure { advance: u64, a: u32, b: u64 },
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        5 => (0u64..40, 0u32..6).prop_map(|(advance, n)| Op::Acquire { advance, n }),
+        1 => (0u64..40, 1u32..6, 1u64..30).prop_map(|(advance, a, b)| Op::Reconfigure { advance, a, b }),
+    ];
+    prop::collection::vec(op, 1..120)
+}
+
+fn outcome(got: Result<turnstile::Admission, TryAcquireError>) -> Option<Result<u64, u64>> {
+    match got {
+        Ok(a) => Some(Ok(u64::from(a.remaining()))),
+        Err(TryAcquireError::Rejected(r)) => Some(Err(r.retry_after().as_nanos() as u64)),
+        Err(TryAcquireError::InsufficientCapacity { .. }) => None,
+        Err(other) => panic!("unexpected {other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// After any sequence of reconfigurations, the fixed window decides exactly like the
+    /// documented model (same verdicts, remaining permits and retry-after values).
+    #[test]
+    fn fixed_window_matches_the_rebased_model(limit in 1u32..6, window in 1u64..30, ops in ops()) {
+        let ns = Duration::from_nanos;
+        let (limiter, clock) = manual(fixed(limit, ns(window)));
+        let mut model = RebasedFixed { limit: limit.into(), window, end: window, count: 0 };
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Acquire { advance, n } => {
+                    clock.advance(ns(advance));
+                    let now = clock.elapsed().as_nanos() as u64;
+                    let expected = model.decide(now, n.into());
+                    prop_assert_eq!(outcome(limiter.try_acquire_n(n)), expected, "op {} at {}", i, now);
+                }
+                Op::Reconfigure { advance, a, b } => {
+                    clock.advance(ns(advance));
+                    let now = clock.elapsed().as_nanos() as u64;
+                    limiter.reconfigure(fixed(a, ns(b))).unwrap();
+                    model.reconfigure(a.into(), b, now);
+                }
+            }
+        }
+    }
+
+    /// The token bucket keeps its fullness across reconfigurations: against the credit model
+    /// with the same translation (debt scaled by new capacity / old capacity, rounded up).
+    #[test]
+    fn token_bucket_matches_the_scaled_credit_model(burst in 1u32..6, period in 1u64..40, ops in ops()) {
+        let ns = Duration::from_nanos;
+        let (limiter, clock) = manual(bucket(1, ns(period), burst));
+        let mut model = CreditModel {
+            interval: period,
+            burst: burst.into(),
+            credit: u64::from(burst) * period,
+            last: 0,
+        };
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Acquire { advance, n } => {
+                    clock.advance(ns(advance));
+                    let now = clock.elapsed().as_nanos() as u64;
+                    let expected = model.decide(now, n.into());
+                    prop_assert_eq!(outcome(limiter.try_acquire_n(n)), expected, "op {} at {}", i, now);
+                }
+                Op::Reconfigure { advance, a, b } => {
+                    clock.advance(ns(advance));
+                    let now = clock.elapsed().as_nanos() as u64;
+                    limiter.reconfigure(bucket(1, ns(b), a)).unwrap();
+                    let old_capacity = model.burst * model.interval;
+                    model.credit = (model.credit + (now - model.last)).min(old_capacity);
+                    model.last = now;
+                    let debt = old_capacity - model.credit;
+                    let new_capacity = u64::from(a) * b;
+                    let scaled = (u128::from(debt) * u128::from(new_capacity))
+                        .div_ceil(u128::from(old_capacity)) as u64;
+                    model.interval = b;
+                    model.burst = a.into();
+                    model.credit = new_capacity - scaled;
+                }
+            }
+        }
+    }
+}
+
+/// Four threads hammer a limiter (real clock) while a fifth flips its limit between 5 and 20
+/// (same window). Every admission is audited afterwards: no window-long interval (aligned for the
+/// fixed window, any for the sliding log) holds more than the larger limit, the bound every
+/// admission's own parameter set implies. A lost count or a torn parameter read would break it.
+#[test]
+fn limit_flips_under_load_never_exceed_the_larger_limit() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let window = Duration::from_millis(2);
+    for algorithm in [fixed(20, window), sliding(20, window)] {
+        let limiter = RateLimiter::builder(algorithm)
+            .clock(turnstile::MonotonicClock::new())
+            .build()
+            .unwrap();
+        let done = AtomicBool::new(false);
+        let mut admissions: Vec<(u64, u64)> = std::thread::scope(|s| {
+            let flipper = s.spawn(|| {
+                let mut flips = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    let limit = if flips & 1 == 0 { 5 } else { 20 };
+                    let to = match algorithm {
+                        Algorithm::FixedWindow { .. } => fixed(limit, window),
+                        _ => sliding(limit, window),
+                    };
+                    limiter.reconfigure(to).unwrap();
+                    flips += 1;
+                    std::thread::yield_now();
+                }
+                flips
+            });
+            let workers: Vec<_> = (0..4u32)
+                .map(|id| {
+                    let limiter = &limiter;
+                    s.spawn(move || {
+                        let mut mine = Vec::new();
+                        for i in 0..100_000u32 {
+                            let n = if id < 2 { 1 } else { 1 + i % 3 };
+                            if let Ok(a) = limiter.try_acquire_n(n) {
+                                mine.push((a.at_nanos(), u64::from(n)));
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let all: Vec<_> = workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect();
+            done.store(true, Ordering::Relaxed);
+            assert!(flipper.join().unwrap() > 10, "the flipper must run");
+            all
+        });
+        admissions.sort_unstable();
+        assert!(admissions.len() > 100, "{algorithm:?}: too few admissions");
+        let violations = match algorithm {
+            Algorithm::FixedWindow { .. } => common::fixed_violations(&admissions, 20, window),
+            _ => common::sliding_violations(&admissions, 20, window),
+        };
+        assert_eq!(violations, 0, "{algorithm:?}");
+    }
+}
