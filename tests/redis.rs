@@ -699,3 +699,44 @@ async fn bad_configuration_is_a_typed_error() {
     .unwrap_err();
     assert!(err.to_string().contains("too large"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
+    let cluster = redis_server::RedisCluster::start(3);
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let connection = client.get_async_connection().await.unwrap();
+    let limiter = RedisLimiter::builder(
+        Algorithm::SlidingWindow {
+            limit: 2,
+            window: Duration::from_secs(5),
+        },
+        FailurePolicy::FailClosed,
+    )
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(500))
+    .build(connection)
+    .unwrap();
+    let subjects: Vec<String> = (0..30).map(|i| format!("tenant-{i}")).collect();
+    for subject in &subjects {
+        limiter.try_acquire(subject).await.unwrap();
+        limiter.try_acquire(subject).await.unwrap();
+        let r = rejection(limiter.try_acquire(subject).await);
+        assert!(r.retry_after() <= Duration::from_secs(5));
+    }
+    // Every master holds some subjects' keys, each with a TTL, and each subject's key is on the
+    // master that owns its slot.
+    let mut total = 0;
+    for node in &cluster.nodes {
+        let mut con = node.connection();
+        let keys = assert_all_keys_expire(&mut con);
+        assert!(!keys.is_empty(), "a master holds no subject");
+        for key in &keys {
+            let members: u64 = con.zcard(key).unwrap();
+            assert_eq!(members, 2, "{key}");
+        }
+        total += keys.len();
+    }
+    assert_eq!(total, subjects.len());
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.errors), (60, 30, 0));
+}

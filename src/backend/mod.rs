@@ -177,8 +177,12 @@ const FAILED_CLOSED: usize = 7;
 ///
 /// `Clone` is cheap and shares everything. The connection type `C` is any redis-rs async
 /// connection that is `Clone` (each decision clones it): [`ConnectionManager`] for a standalone
-/// server (it reconnects by itself), or `redis::cluster_async::ClusterConnection` for Redis
-/// Cluster.
+/// server (it reconnects by itself and never resends a command), or
+/// `redis::cluster_async::ClusterConnection` for Redis Cluster (`EVALSHA` is routed by the key's
+/// slot; `NOSCRIPT` is repaired per node). Note that redis-rs's cluster client by default resends
+/// a request after a connection error (`ClusterClientBuilder::retries`, 16 by default): a script
+/// whose reply was lost with the connection then runs twice, charging twice. Set the retries low
+/// where a double charge matters; the deadline bounds the time either way.
 ///
 /// # Examples
 ///

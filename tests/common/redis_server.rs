@@ -15,6 +15,8 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: std::path::PathBuf,
+    /// Arguments beyond the defaults (port, bind, no persistence, dir).
+    extra: Vec<&'static str>,
 }
 
 /// A port nobody listens on right now (the OS picks it; the server binds it a moment later).
@@ -45,6 +47,11 @@ impl RedisServer {
     ///
     /// If `redis-server` is not installed, or does not answer within 10 s.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// As [`start`](Self::start), with extra arguments for redis-server.
+    pub fn start_with(extra: &[&'static str]) -> RedisServer {
         let dir = std::env::temp_dir().join(format!(
             "turnstile-redis-{}-{}",
             std::process::id(),
@@ -56,6 +63,7 @@ impl RedisServer {
             child: None,
             port: 0,
             dir,
+            extra: extra.to_vec(),
         };
         // The port can be taken between our probe and the server's bind: try a few.
         for _ in 0..5 {
@@ -82,6 +90,7 @@ impl RedisServer {
                 "--dir",
             ])
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
@@ -180,5 +189,76 @@ impl Drop for RedisServer {
         }
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of `masters` masters (no replicas), each a [`RedisServer`] started with
+/// `--cluster-enabled yes`, joined by `redis-cli --cluster create`, ready once every node reports
+/// `cluster_state:ok`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// # Panics
+    ///
+    /// If `redis-server` or `redis-cli` is missing, or the cluster is not ready within 20 s.
+    pub fn start(masters: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| RedisServer::start_cluster_node())
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run `redis-cli` ({e}): it comes with redis-server (apt-get install -y redis-server)")
+            });
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let started = Instant::now();
+        for node in &nodes {
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.connection())
+                    .unwrap();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "the cluster is not ready: {info}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    /// The nodes' URLs, for `ClusterClient::new`.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+impl RedisServer {
+    /// A server started as an empty cluster node (its node file in its own directory).
+    fn start_cluster_node() -> RedisServer {
+        RedisServer::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+        ])
     }
 }
