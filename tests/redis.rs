@@ -740,3 +740,216 @@ async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
     let stats = limiter.stats();
     assert_eq!((stats.admitted, stats.rejected, stats.errors), (60, 30, 0));
 }
+
+/// The parameters of the cross-process audit, shared by the parent and its workers.
+const AUDIT_LIMIT: u32 = 40;
+const AUDIT_WINDOW: Duration = Duration::from_millis(250);
+
+fn audit_algorithm(name: &str) -> Algorithm {
+    match name {
+        "fixed" => Algorithm::FixedWindow {
+            limit: AUDIT_LIMIT,
+            window: AUDIT_WINDOW,
+        },
+        "sliding" => Algorithm::SlidingWindow {
+            limit: AUDIT_LIMIT,
+            window: AUDIT_WINDOW,
+        },
+        "counter" => Algorithm::SlidingCounter {
+            limit: AUDIT_LIMIT,
+            window: AUDIT_WINDOW,
+        },
+        _ => Algorithm::TokenBucket {
+            rate: Rate::new(AUDIT_LIMIT, AUDIT_WINDOW),
+            burst: AUDIT_LIMIT,
+        },
+    }
+}
+
+/// Not a test of its own: the worker process of `three_processes_never_over_admit`, which runs
+/// this test binary again with `TURNSTILE_AUDIT_URL` set. Without it, there is nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cross_process_worker() {
+    let (Ok(url), Ok(name), Ok(millis)) = (
+        std::env::var("TURNSTILE_AUDIT_URL"),
+        std::env::var("TURNSTILE_AUDIT_ALGORITHM"),
+        std::env::var("TURNSTILE_AUDIT_MILLIS"),
+    ) else {
+        return;
+    };
+    let connection = ConnectionManager::new(redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    let limiter = RedisLimiter::builder(audit_algorithm(&name), FailurePolicy::FailClosed)
+        .prefix(PREFIX)
+        .deadline(Duration::from_secs(1))
+        .build(connection)
+        .unwrap();
+    let stop = Instant::now() + Duration::from_millis(millis.parse().unwrap());
+    let tasks: Vec<_> = (0..8u32)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let mut admitted = Vec::new();
+                while Instant::now() < stop {
+                    let n = 1 + i % 3;
+                    match limiter.try_acquire_n("shared", n).await {
+                        Ok(a) => admitted.push((a.at_nanos(), n)),
+                        Err(TryAcquireError::Rejected(_)) => {
+                            tokio::time::sleep(Duration::from_micros(500)).await
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut out = String::new();
+    for task in tasks {
+        for (at, n) in task.await.unwrap() {
+            out.push_str(&format!("ADMIT {at} {n}\n"));
+        }
+    }
+    print!("{out}");
+}
+
+#[test]
+fn three_processes_never_over_admit() {
+    let server = RedisServer::start();
+    let run = Duration::from_millis(1500);
+    for name in ["sliding", "fixed", "counter", "bucket"] {
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                std::process::Command::new(std::env::current_exe().unwrap())
+                    .args(["--exact", "cross_process_worker", "--nocapture"])
+                    .env("TURNSTILE_AUDIT_URL", server.url())
+                    .env("TURNSTILE_AUDIT_ALGORITHM", name)
+                    .env("TURNSTILE_AUDIT_MILLIS", run.as_millis().to_string())
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut admissions = Vec::new();
+        let mut per_process = Vec::new();
+        for worker in workers {
+            let output = worker.wait_with_output().unwrap();
+            assert!(output.status.success(), "a worker failed");
+            let text = String::from_utf8(output.stdout).unwrap();
+            let mut permits = 0;
+            for line in text.lines().filter_map(|l| l.strip_prefix("ADMIT ")) {
+                let (at, n) = line.split_once(' ').unwrap();
+                let n: u64 = n.parse().unwrap();
+                permits += n;
+                admissions.push((at.parse::<u64>().unwrap(), n));
+            }
+            per_process.push(permits);
+        }
+        admissions.sort_unstable();
+        let algorithm = audit_algorithm(name);
+        let violations = match algorithm {
+            Algorithm::FixedWindow { .. } => {
+                common::fixed_violations(&admissions, AUDIT_LIMIT, AUDIT_WINDOW)
+            }
+            Algorithm::SlidingWindow { .. } => {
+                common::sliding_violations(&admissions, AUDIT_LIMIT, AUDIT_WINDOW)
+            }
+            Algorithm::SlidingCounter { .. } => {
+                common::counter_violations(&admissions, AUDIT_LIMIT, AUDIT_WINDOW)
+            }
+            _ => common::bucket_violations(
+                &admissions,
+                Rate::new(AUDIT_LIMIT, AUDIT_WINDOW),
+                AUDIT_LIMIT,
+            ),
+        };
+        let total: u64 = per_process.iter().sum();
+        assert_eq!(violations, 0, "{name}: per process {per_process:?}");
+        // Every process got a share, and together they used the limit.
+        assert!(
+            per_process.iter().all(|&p| p > 0),
+            "{name}: {per_process:?}"
+        );
+        let windows = (run.as_millis() / AUDIT_WINDOW.as_millis()) as u64;
+        assert!(
+            total >= u64::from(AUDIT_LIMIT) * (windows - 1) / 2,
+            "{name}: only {total} permits in {windows} windows"
+        );
+    }
+    assert_all_keys_expire(&mut server.connection());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_load_kill_restart_and_black_hole_keep_deadlines_and_recover() {
+    let mut server = RedisServer::start();
+    let deadline = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(2_000),
+            burst: 100,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .build(manager(&server).await)
+    .unwrap();
+    let stop = Instant::now() + Duration::from_millis(2600);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                // (when the call started, how long it took, whether Redis answered)
+                let mut calls = Vec::new();
+                while Instant::now() < stop {
+                    let started = Instant::now();
+                    let out = limiter.try_acquire("load").await;
+                    calls.push((started, started.elapsed(), out.is_ok()));
+                    match out {
+                        Ok(_) | Err(TryAcquireError::Rejected(_)) => {}
+                        Err(TryAcquireError::Unavailable) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                calls
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.restart();
+    let restarted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.resume();
+    let resumed = Instant::now();
+    let mut calls = Vec::new();
+    for task in tasks {
+        calls.extend(task.await.unwrap());
+    }
+    let slowest = calls.iter().map(|c| c.1).max().unwrap();
+    assert!(
+        slowest <= deadline + Duration::from_millis(100),
+        "a decision took {slowest:?} (deadline {deadline:?})"
+    );
+    let stats = limiter.stats();
+    assert!(stats.errors + stats.timeouts > 0, "{stats:?}");
+    assert!(
+        stats.timeouts > 0,
+        "the paused server caused timeouts: {stats:?}"
+    );
+    assert_eq!(stats.failed_closed, stats.errors + stats.timeouts);
+    let admitted_after = |t: Instant| calls.iter().filter(|c| c.0 > t && c.2).count();
+    assert!(
+        admitted_after(restarted) > 0,
+        "no recovery after the restart"
+    );
+    assert!(admitted_after(resumed) > 0, "no recovery after SIGCONT");
+    assert_all_keys_expire(&mut server.connection());
+}
