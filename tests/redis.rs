@@ -739,6 +739,31 @@ async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
     assert_eq!(total, subjects.len());
     let stats = limiter.stats();
     assert_eq!((stats.admitted, stats.rejected, stats.errors), (60, 30, 0));
+
+    // A chain's keys share the subject's slot, so its one script runs on one master.
+    let chain = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(5),
+        },
+        FailurePolicy::FailClosed,
+    )
+    .and_limit(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 5,
+    })
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(500))
+    .build(client.get_async_connection().await.unwrap())
+    .unwrap();
+    for subject in &subjects {
+        chain.try_acquire(subject).await.unwrap();
+        assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
+    }
+    assert_eq!(chain.stats().errors, 0);
+    for node in &cluster.nodes {
+        assert_all_keys_expire(&mut node.connection());
+    }
 }
 
 /// The parameters of the cross-process audit, shared by the parent and its workers.
@@ -952,4 +977,76 @@ async fn under_load_kill_restart_and_black_hole_keep_deadlines_and_recover() {
     );
     assert!(admitted_after(resumed) > 0, "no recovery after SIGCONT");
     assert_all_keys_expire(&mut server.connection());
+}
+
+#[tokio::test]
+async fn a_chain_is_checked_and_charged_in_one_script() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    // 10 per second with bursts of 3, and at most 4 in any 5 seconds, per subject.
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(10),
+            burst: 3,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .and_limit(Algorithm::SlidingWindow {
+        limit: 4,
+        window: Duration::from_secs(5),
+    })
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(200))
+    .build(manager(&server).await)
+    .unwrap();
+    assert_eq!(limiter.capacity(), 3);
+    let keys = limiter.keys("u");
+    assert_eq!(keys.len(), 2);
+    for key in &keys {
+        assert!(key.starts_with(b"t:{u}:c"), "one hash tag for all members");
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let first = limiter.try_acquire_n("u", 3).await.unwrap();
+    assert_eq!(first.remaining(), 0, "the smallest remaining: the bucket's");
+    assert_eq!(
+        first.reset_after(),
+        Duration::from_secs(5),
+        "the largest reset"
+    );
+    // The bucket rejects; the log is not charged.
+    let before: Vec<_> = keys.iter().map(|k| dump(&mut con, k)).collect();
+    let r = rejection(limiter.try_acquire("u").await);
+    assert_eq!(r.limit(), 3, "the bucket's limit");
+    assert!(r.retry_after() <= Duration::from_millis(100));
+    let after: Vec<_> = keys.iter().map(|k| dump(&mut con, k)).collect();
+    assert_eq!(before, after, "a rejected chain charges no member");
+    tokio::time::sleep(r.retry_after() + Duration::from_millis(2)).await;
+    limiter.try_acquire("u").await.unwrap();
+    // Now the log is full: the bucket would admit, the chain must not, and must not charge it.
+    tokio::time::sleep(Duration::from_millis(110)).await;
+    let tat_before: u64 = con.get(&keys[0]).unwrap();
+    let t0 = redis_now(&mut con);
+    let r = rejection(limiter.try_acquire("u").await);
+    assert_eq!(r.limit(), 4, "the log's limit");
+    let free_at = first.at_nanos() / 1000 + 5_000_000;
+    let retry = r.retry_after_nanos() / 1000;
+    assert!(
+        retry <= free_at - t0 && retry + 1_000_000 > free_at - t0,
+        "{retry}"
+    );
+    let tat_after: u64 = con.get(&keys[0]).unwrap();
+    assert_eq!(
+        tat_before, tat_after,
+        "the admitting member was not charged"
+    );
+    let members: u64 = con.zcard(&keys[1]).unwrap();
+    assert_eq!(members, 4);
+    // One command per decision, all of them the one chain script.
+    let calls = command_calls(&mut con);
+    assert_eq!(calls.get("evalsha"), Some(&4), "{calls:?}");
+    assert_eq!(calls.get("eval"), Some(&1), "{calls:?}");
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 2);
 }

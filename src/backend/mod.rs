@@ -9,6 +9,7 @@
 mod deny;
 mod keys;
 
+use crate::chain::KeyedChain;
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::keyed::KeyedLimiter;
@@ -25,8 +26,9 @@ use std::time::{Duration, Instant};
 /// The largest `limit` a [`RedisLimiter`] accepts for [`Algorithm::SlidingWindow`].
 ///
 /// The exact sliding window keeps one sorted-set member per permit admitted in the last window:
-/// up to `limit` members per subject, about 50 bytes each once the set outgrows Redis's compact
-/// encoding (128 members), so a subject at this limit costs about 5 MB. For large limits use
+/// up to `limit` members per subject. Measured with `MEMORY USAGE` (BENCHMARKS.md): about 37 bytes
+/// per permit while the set keeps Redis's compact encoding (up to 128 members), about 130 bytes
+/// per permit beyond, so a subject at this limit costs about 13 MB. For large limits use
 /// [`Algorithm::SlidingCounter`] or [`Algorithm::TokenBucket`], which cost one small key whatever
 /// the limit.
 ///
@@ -66,14 +68,38 @@ impl Lua {
     }
 }
 
+/// One algorithm's script: the prelude, the algorithm's function, and the one-key runner.
+macro_rules! single {
+    ($file:literal, $function:literal) => {
+        concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!($file),
+            "\nreturn single(",
+            $function,
+            ")\n"
+        )
+    };
+}
+
 static FIXED_WINDOW: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("scripts/fixed_window.lua")));
+    LazyLock::new(|| Lua::new(single!("scripts/fixed_window.lua", "fixed_window")));
 static SLIDING_WINDOW: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("scripts/sliding_window.lua")));
+    LazyLock::new(|| Lua::new(single!("scripts/sliding_window.lua", "sliding_window")));
 static SLIDING_COUNTER: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("scripts/sliding_counter.lua")));
+    LazyLock::new(|| Lua::new(single!("scripts/sliding_counter.lua", "sliding_counter")));
 static TOKEN_BUCKET: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("scripts/token_bucket.lua")));
+    LazyLock::new(|| Lua::new(single!("scripts/token_bucket.lua", "token_bucket")));
+/// Several limits for one subject: every algorithm's function and the chain runner.
+static CHAIN: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/prelude.lua"),
+        include_str!("scripts/fixed_window.lua"),
+        include_str!("scripts/sliding_window.lua"),
+        include_str!("scripts/sliding_counter.lua"),
+        include_str!("scripts/token_bucket.lua"),
+        include_str!("scripts/chain.lua"),
+    ))
+});
 
 /// What a [`RedisLimiter`] does when Redis does not answer within the deadline, or answers with an
 /// error.
@@ -214,11 +240,11 @@ pub struct RedisLimiter<C = ConnectionManager> {
 
 struct Inner<C> {
     connection: C,
-    algorithm: Algorithm,
+    /// The limits, in the order given; one for a plain limiter, several for a chain.
+    members: Vec<Member>,
+    /// The algorithm's script, or [`CHAIN`] for several members.
     script: &'static Lua,
-    suffix: &'static str,
-    /// The script's ARGV after `n`: window (or time per permit) in µs, then limit (or burst).
-    params: [u64; 2],
+    /// The most permits one call can get: the smallest member capacity.
     capacity: u32,
     prefix: String,
     deadline: Duration,
@@ -239,7 +265,15 @@ impl<C> Clone for RedisLimiter<C> {
 impl<C> fmt::Debug for RedisLimiter<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field("algorithm", &self.inner.algorithm)
+            .field(
+                "algorithms",
+                &self
+                    .inner
+                    .members
+                    .iter()
+                    .map(|m| m.algorithm)
+                    .collect::<Vec<_>>(),
+            )
             .field("prefix", &self.inner.prefix)
             .field("deadline", &self.inner.deadline)
             .field("policy", &self.inner.policy)
@@ -267,22 +301,34 @@ impl<C> fmt::Debug for RedisLimiter<C> {
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RedisLimiterBuilder {
-    algorithm: Algorithm,
+    algorithms: Vec<Algorithm>,
     policy: FailurePolicy,
     prefix: String,
     deadline: Duration,
     deny_cache: usize,
 }
 
-/// The local fallback limiter, keyed by subject bytes.
-type Local = KeyedLimiter<Box<[u8]>>;
+/// The local fallback: the same limits at a share, per subject bytes (a chain of one for a plain
+/// limiter).
+type Local = KeyedChain<Box<[u8]>>;
 
-/// How an algorithm runs in Redis.
+/// How one limit runs in Redis.
 struct Plan {
     script: &'static Lua,
+    /// The algorithm's number in `chain.lua` (1 fixed window ... 4 token bucket).
+    kind: u8,
     suffix: &'static str,
+    /// The script's parameters: window (or time per permit) in µs, then limit (or burst).
     params: [u64; 2],
     capacity: u32,
+}
+
+/// One limit of a limiter: its algorithm, how it runs, and its key's suffix.
+struct Member {
+    algorithm: Algorithm,
+    plan: Plan,
+    /// `fw`, `sw`, `sc` or `tb` alone; `c<i>.<that>` for member i of a chain.
+    suffix: String,
 }
 
 /// `d` in whole microseconds, rounded up; `Zero` if `d` is zero.
@@ -312,6 +358,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
     Ok(match algorithm {
         Algorithm::FixedWindow { limit, window } => Plan {
             script: &FIXED_WINDOW,
+            kind: 1,
             suffix: "fw",
             params: [
                 micros(window, "window")? as u64,
@@ -328,6 +375,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &SLIDING_WINDOW,
+                kind: 2,
                 suffix: "sw",
                 params: [
                     micros(window, "window")? as u64,
@@ -347,6 +395,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &SLIDING_COUNTER,
+                kind: 3,
                 suffix: "sc",
                 params: [us as u64, u64::from(limit)],
                 capacity: limit,
@@ -372,6 +421,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &TOKEN_BUCKET,
+                kind: 4,
                 suffix: "tb",
                 params: [interval as u64, u64::from(burst)],
                 capacity: burst,
@@ -432,7 +482,7 @@ impl RedisLimiter<ConnectionManager> {
     /// ```
     pub fn builder(algorithm: Algorithm, policy: FailurePolicy) -> RedisLimiterBuilder {
         RedisLimiterBuilder {
-            algorithm,
+            algorithms: vec![algorithm],
             policy,
             prefix: "turnstile".to_owned(),
             deadline: DEFAULT_DEADLINE,
@@ -442,6 +492,32 @@ impl RedisLimiter<ConnectionManager> {
 }
 
 impl RedisLimiterBuilder {
+    /// Adds another limit for the same subjects: the limiter becomes a chain that admits a call
+    /// only if every limit admits it, and then charges all of them, in one script and one round
+    /// trip. A rejection charges none (each limit decides on the state before any write) and
+    /// reports the largest retry-after, with the limit of the member that gave it; an admission
+    /// reports the smallest `remaining` and the largest `reset_after`. The members' keys are
+    /// `prefix:{subject}:c<i>.<fw|sw|sc|tb>`, in one hash tag.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, FailurePolicy, Rate, RedisLimiter};
+    ///
+    /// // 10 per second, and 1,000 per hour, per user.
+    /// let builder = RedisLimiter::builder(
+    ///     Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 10 },
+    ///     FailurePolicy::FailClosed,
+    /// )
+    /// .and_limit(Algorithm::FixedWindow { limit: 1_000, window: Duration::from_secs(3600) });
+    /// assert!(builder.check().is_ok());
+    /// ```
+    pub fn and_limit(mut self, algorithm: Algorithm) -> Self {
+        self.algorithms.push(algorithm);
+        self
+    }
+
     /// The prefix of every key (default `turnstile`). Limiters sharing a prefix, an algorithm
     /// and a subject share their limit. Must be non-empty, at most 256 bytes, without `{` or `}`.
     ///
@@ -515,8 +591,26 @@ impl RedisLimiterBuilder {
         self.validate().map(drop)
     }
 
-    fn validate(&self) -> Result<(Plan, Option<Local>), ConfigError> {
-        let plan = plan(self.algorithm)?;
+    fn validate(&self) -> Result<(Vec<Member>, Option<Local>), ConfigError> {
+        let chain = self.algorithms.len() > 1;
+        let members = self
+            .algorithms
+            .iter()
+            .enumerate()
+            .map(|(i, &algorithm)| {
+                let plan = plan(algorithm)?;
+                let suffix = if chain {
+                    format!("c{i}.{}", plan.suffix)
+                } else {
+                    plan.suffix.to_owned()
+                };
+                Ok(Member {
+                    algorithm,
+                    plan,
+                    suffix,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
         keys::check_prefix(&self.prefix)?;
         if self.deadline.is_zero() {
             return Err(ConfigError::Zero { what: "deadline" });
@@ -529,11 +623,15 @@ impl RedisLimiterBuilder {
                         requirement: "it must be greater than 0 and at most 1",
                     });
                 }
-                Some(KeyedLimiter::new(share_of(self.algorithm, share))?)
+                let mut local = KeyedChain::builder();
+                for &algorithm in &self.algorithms {
+                    local = local.per_key(KeyedLimiter::new(share_of(algorithm, share))?);
+                }
+                Some(local.build()?)
             }
             FailurePolicy::FailOpen | FailurePolicy::FailClosed => None,
         };
-        Ok((plan, fallback))
+        Ok((members, fallback))
     }
 
     /// The limiter, deciding through `connection`. Connects nothing and sends nothing: the first
@@ -567,15 +665,18 @@ impl RedisLimiterBuilder {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let (plan, fallback) = self.validate()?;
+        let (members, fallback) = self.validate()?;
+        let script = match &members[..] {
+            [single] => single.plan.script,
+            _ => &CHAIN,
+        };
+        let capacity = members.iter().map(|m| m.plan.capacity).min().unwrap_or(0);
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 connection,
-                algorithm: self.algorithm,
-                script: plan.script,
-                suffix: plan.suffix,
-                params: plan.params,
-                capacity: plan.capacity,
+                members,
+                script,
+                capacity,
                 prefix: self.prefix,
                 deadline: self.deadline,
                 policy: self.policy,
@@ -677,8 +778,7 @@ where
                 inner.capacity,
             )));
         }
-        let key = keys::key(&inner.prefix, subject, inner.suffix);
-        let reply = match tokio::time::timeout(inner.deadline, inner.eval(&key, n)).await {
+        let reply = match tokio::time::timeout(inner.deadline, inner.eval(subject, n)).await {
             Ok(Ok(reply)) => parse(&reply),
             Ok(Err(_)) => Err(Failure::Error),
             Err(_) => Err(Failure::Timeout),
@@ -688,8 +788,13 @@ where
                 inner.count(ADMITTED);
                 Ok(Admission::new(at, reset_after, remaining))
             }
-            Ok(Err(retry_after)) => {
+            Ok(Err((retry_after, member))) => {
                 inner.count(REJECTED);
+                // A chain names the member that gave the retry-after (1-based); one limit says 0.
+                let limit = member
+                    .checked_sub(1)
+                    .and_then(|i| inner.members.get(i))
+                    .map_or(inner.capacity, |m| m.plan.capacity);
                 if n > 0 {
                     let until = sent.checked_add(Duration::from_nanos(retry_after));
                     if let Some(until) = until {
@@ -698,7 +803,7 @@ where
                 }
                 Err(TryAcquireError::Rejected(Rejection::new(
                     retry_after,
-                    inner.capacity,
+                    limit,
                 )))
             }
             Err(failure) => inner.fail(failure, subject, n),
@@ -816,7 +921,7 @@ impl<C> RedisLimiter<C> {
         }
     }
 
-    /// The algorithm and its parameters, as configured.
+    /// The algorithm and its parameters, as configured (the first limit of a chain).
     ///
     /// # Examples
     ///
@@ -826,11 +931,41 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn algorithm(&self) -> Algorithm {
-        self.inner.algorithm
+        self.inner.members[0].algorithm
+    }
+
+    /// Every limit, in the order given (one unless built with
+    /// [`and_limit`](RedisLimiterBuilder::and_limit)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// for algorithm in limiter.algorithms() {
+    ///     println!("{algorithm:?}");
+    /// }
+    /// # }
+    /// ```
+    pub fn algorithms(&self) -> impl Iterator<Item = Algorithm> + '_ {
+        self.inner.members.iter().map(|m| m.algorithm)
+    }
+
+    /// The most permits one call can get: the limit (or burst), the smallest over a chain.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// assert!(limiter.capacity() >= 1);
+    /// # }
+    /// ```
+    pub fn capacity(&self) -> u32 {
+        self.inner.capacity
     }
 
     /// The Redis key holding `subject`'s state: `prefix:{subject}:suffix`, the subject hashed if
-    /// longer than 64 bytes. For inspection (`PTTL`, `MEMORY USAGE`); never write to it.
+    /// longer than 64 bytes (for a chain, the first limit's key; see [`keys`](Self::keys)). For
+    /// inspection (`PTTL`, `MEMORY USAGE`); never write to it.
     ///
     /// # Examples
     ///
@@ -840,7 +975,30 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn key<K: AsRef<[u8]> + ?Sized>(&self, subject: &K) -> Vec<u8> {
-        keys::key(&self.inner.prefix, subject.as_ref(), self.inner.suffix)
+        keys::key(
+            &self.inner.prefix,
+            subject.as_ref(),
+            &self.inner.members[0].suffix,
+        )
+    }
+
+    /// The Redis keys of `subject`, one per limit, in order.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// for key in limiter.keys("alice") {
+    ///     println!("{}", String::from_utf8_lossy(&key));
+    /// }
+    /// # }
+    /// ```
+    pub fn keys<K: AsRef<[u8]> + ?Sized>(&self, subject: &K) -> Vec<Vec<u8>> {
+        self.inner
+            .members
+            .iter()
+            .map(|m| keys::key(&self.inner.prefix, subject.as_ref(), &m.suffix))
+            .collect()
     }
 
     /// Subjects held in the deny cache now (expired ones included until they are looked up or
@@ -895,36 +1053,43 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// One decision in Redis: `EVALSHA`, and `EVAL` if Redis has lost the script.
-    async fn eval(&self, key: &[u8], n: u32) -> Result<Vec<i64>, RedisError> {
+    async fn eval(&self, subject: &[u8], n: u32) -> Result<Vec<i64>, RedisError> {
         let mut connection = self.connection.clone();
-        let mut evalsha = ::redis::cmd("EVALSHA");
-        evalsha
-            .arg(&self.script.sha)
-            .arg(1)
-            .arg(key)
-            .arg(n)
-            .arg(self.params[0])
-            .arg(self.params[1]);
-        match evalsha.query_async(&mut connection).await {
+        let command = |name: &str, script: &str| {
+            let mut cmd = ::redis::cmd(name);
+            cmd.arg(script).arg(self.members.len());
+            for member in &self.members {
+                cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
+            }
+            cmd.arg(n);
+            let chain = self.members.len() > 1;
+            for member in &self.members {
+                if chain {
+                    cmd.arg(member.plan.kind);
+                }
+                cmd.arg(member.plan.params[0]).arg(member.plan.params[1]);
+            }
+            cmd
+        };
+        match command("EVALSHA", &self.script.sha)
+            .query_async(&mut connection)
+            .await
+        {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut eval = ::redis::cmd("EVAL");
-                eval.arg(self.script.body)
-                    .arg(1)
-                    .arg(key)
-                    .arg(n)
-                    .arg(self.params[0])
-                    .arg(self.params[1]);
-                eval.query_async(&mut connection).await
+                command("EVAL", self.script.body)
+                    .query_async(&mut connection)
+                    .await
             }
             other => other,
         }
     }
 }
 
-/// A decision from a script's reply `{admitted, now, t, remaining}` (times in µs): admitted
-/// `(at, reset_after, remaining)` in nanoseconds, or the retry-after in nanoseconds.
+/// A decision from a script's reply `{admitted, now, t, remaining or member}` (times in µs):
+/// admitted `(at, reset_after, remaining)` in nanoseconds, or the retry-after in nanoseconds and
+/// the member that gave it (1-based; 0 for a single limit).
 #[allow(clippy::type_complexity)]
-fn parse(reply: &[i64]) -> Result<Result<(u64, u64, u32), u64>, Failure> {
+fn parse(reply: &[i64]) -> Result<Result<(u64, u64, u32), (u64, usize)>, Failure> {
     let &[admitted, now, t, remaining] = reply else {
         return Err(Failure::Error);
     };
@@ -938,7 +1103,7 @@ fn parse(reply: &[i64]) -> Result<Result<(u64, u64, u32), u64>, Failure> {
     let ns = |us: u64| us.saturating_mul(1000);
     Ok(match admitted {
         1 => Ok((ns(now), ns(t), remaining)),
-        _ => Err(ns(t)),
+        _ => Err((ns(t), remaining as usize)),
     })
 }
 
@@ -963,6 +1128,7 @@ mod tests {
         })
         .ok()
         .unwrap();
+        assert_eq!(p.kind, 4);
         assert_eq!(p.params, [333_334, 2]);
         let p = plan(Algorithm::FixedWindow {
             limit: 5,
@@ -1017,6 +1183,7 @@ mod tests {
     fn malformed_replies_are_failures() {
         assert!(parse(&[1, 2, 3]).is_err());
         assert!(parse(&[1, -2, 3, 4]).is_err());
-        assert!(matches!(parse(&[0, 5, 7, 0]), Ok(Err(7_000))));
+        assert!(matches!(parse(&[0, 5, 7, 0]), Ok(Err((7_000, 0)))));
+        assert!(matches!(parse(&[0, 5, 7, 2]), Ok(Err((7_000, 2)))));
     }
 }
