@@ -60,6 +60,8 @@ mod keyed_concurrency;
 mod keylocks;
 mod limiter;
 mod queue;
+#[cfg(feature = "store")]
+mod store;
 mod sync;
 
 #[cfg(feature = "redis")]
@@ -88,6 +90,8 @@ pub use keylocks::{
 };
 pub use limiter::{Algorithm, Rate, RateLimiter, RateLimiterBuilder, Stats};
 pub use queue::{QueueOrder, DEFAULT_QUEUE_LIMIT};
+#[cfg(feature = "store")]
+pub use store::{Store, StoreLimiter, StoreStats};
 
 /// The redis-rs crate this one is built against (feature `redis`): build the connection for a
 /// [`RedisLimiter`] with it, so that the versions match.
