@@ -1050,3 +1050,91 @@ async fn a_chain_is_checked_and_charged_in_one_script() {
     assert_eq!(calls.get("eval"), Some(&1), "{calls:?}");
     assert_eq!(assert_all_keys_expire(&mut con).len(), 2);
 }
+
+/// One backend's `try_acquire_n(subject, n)`, boxed so that the suite below can run on each.
+type Backend = Box<
+    dyn Fn(
+        String,
+        u32,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Admission, TryAcquireError>> + Send>,
+    >,
+>;
+
+/// The behavioural cases every backend must answer alike: (what, outcome) with the outcome
+/// reduced to what does not depend on when the call ran.
+async fn shared_cases(backend: &Backend, limit: u32) -> Vec<(String, String)> {
+    let outcome = |r: Result<Admission, TryAcquireError>| match r {
+        Ok(a) => format!("admitted, {} left", a.remaining()),
+        Err(TryAcquireError::Rejected(r)) => format!("rejected at limit {}", r.limit()),
+        Err(e) => format!("{e:?}"),
+    };
+    let mut out = Vec::new();
+    let mut case = |what: &str, r| out.push((what.to_owned(), outcome(r)));
+    case("probe on a fresh subject", backend("a".into(), 0).await);
+    case("all but one", backend("a".into(), limit - 1).await);
+    case("probe takes nothing", backend("a".into(), 0).await);
+    case("the last one", backend("a".into(), 1).await);
+    case("over the limit", backend("a".into(), 1).await);
+    case("probe when full", backend("a".into(), 0).await);
+    case("more than the limit", backend("a".into(), limit + 1).await);
+    case("another subject", backend("b".into(), limit).await);
+    out
+}
+
+#[tokio::test]
+async fn the_same_cases_answer_alike_in_memory_and_in_redis() {
+    let server = RedisServer::start();
+    let limit = 4;
+    for algorithm in all_algorithms(limit, Duration::from_secs(30)) {
+        let memory = turnstile::KeyedLimiter::<String>::new(algorithm).unwrap();
+        let in_memory: Backend = Box::new(move |subject, n| {
+            let out = memory.try_acquire_n(&subject, n);
+            Box::pin(async move { out })
+        });
+        let redis = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let in_redis: Backend = Box::new(move |subject, n| {
+            let redis = redis.clone();
+            Box::pin(async move { redis.try_acquire_n(&subject, n).await })
+        });
+        let expected = shared_cases(&in_memory, limit).await;
+        let got = shared_cases(&in_redis, limit).await;
+        assert_eq!(got, expected, "{algorithm:?}");
+        // Spot-check that the suite is not vacuous.
+        assert_eq!(
+            expected[4].1,
+            format!("rejected at limit {limit}"),
+            "{algorithm:?}"
+        );
+        // Next algorithm on fresh subjects.
+        let _: () = redis::cmd("FLUSHALL")
+            .query(&mut server.connection())
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_acquire_consumes_nothing() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limiter = limiter(
+        &server,
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(5),
+            burst: 1,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    limiter.try_acquire("c").await.unwrap();
+    let state = dump(&mut con, &limiter.key("c"));
+    // The waiter sleeps for the retry-after (200 ms); cut it short while it sleeps.
+    let cut = tokio::time::timeout(Duration::from_millis(50), limiter.acquire("c")).await;
+    assert!(cut.is_err());
+    assert_eq!(
+        dump(&mut con, &limiter.key("c")),
+        state,
+        "nothing was charged"
+    );
+    assert_eq!(limiter.stats().admitted, 1);
+}
