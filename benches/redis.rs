@@ -181,9 +181,21 @@ fn server_micros(con: &mut redis::Connection, commands: &[&str], per: &str) -> f
 
 /// `redis-benchmark`'s requests per second for the GCRA script with `clients` connections.
 fn redis_benchmark(port: u16, clients: usize, pipeline: usize) -> Option<f64> {
-    let sha = redis::Script::new(include_str!("../src/backend/scripts/token_bucket.lua"))
-        .get_hash()
-        .to_owned();
+    // The limiter's GCRA script, assembled as `src/backend/mod.rs` assembles it, loaded first.
+    let body = concat!(
+        include_str!("../src/backend/scripts/prelude.lua"),
+        include_str!("../src/backend/scripts/token_bucket.lua"),
+        "\nreturn single(token_bucket)\n"
+    );
+    let mut con = Client::open(format!("redis://127.0.0.1:{port}/"))
+        .ok()?
+        .get_connection()
+        .ok()?;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(body)
+        .query(&mut con)
+        .ok()?;
     let output = Command::new("redis-benchmark")
         .args(["-p", &port.to_string(), "-c", &clients.to_string()])
         .args([
