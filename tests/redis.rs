@@ -1083,7 +1083,7 @@ async fn shared_cases(backend: &Backend, limit: u32) -> Vec<(String, String)> {
 }
 
 #[tokio::test]
-async fn the_same_cases_answer_alike_in_memory_and_in_redis() {
+async fn the_same_cases_answer_alike_in_memory_in_redis_and_in_a_store() {
     let server = RedisServer::start();
     let limit = 4;
     for algorithm in all_algorithms(limit, Duration::from_secs(30)) {
@@ -1100,6 +1100,21 @@ async fn the_same_cases_answer_alike_in_memory_and_in_redis() {
         let expected = shared_cases(&in_memory, limit).await;
         let got = shared_cases(&in_redis, limit).await;
         assert_eq!(got, expected, "{algorithm:?}");
+        // The get/set store backend too (feature `store`).
+        #[cfg(feature = "store")]
+        {
+            let store =
+                turnstile::StoreLimiter::new(algorithm, "t", MemoryStore::default()).unwrap();
+            let in_store: Backend = Box::new(move |subject, n| {
+                let store = store.clone();
+                Box::pin(async move { store.try_acquire_n(&subject, n).await })
+            });
+            assert_eq!(
+                shared_cases(&in_store, limit).await,
+                expected,
+                "{algorithm:?}"
+            );
+        }
         // Spot-check that the suite is not vacuous.
         assert_eq!(
             expected[4].1,
@@ -1137,4 +1152,59 @@ async fn a_cancelled_acquire_consumes_nothing() {
         "nothing was charged"
     );
     assert_eq!(limiter.stats().admitted, 1);
+}
+
+#[tokio::test]
+async fn a_chain_falls_back_to_a_local_chain_at_its_share() {
+    let mut server = RedisServer::start();
+    let deadline = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: Duration::from_secs(60),
+        },
+        FailurePolicy::Fallback { share: 0.5 },
+    )
+    .and_limit(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 6,
+    })
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .build(manager(&server).await)
+    .unwrap();
+    server.kill();
+    // Locally: 5 per minute and a bucket of 3: the bucket binds first.
+    for _ in 0..3 {
+        timed(deadline, limiter.try_acquire("f")).await.unwrap();
+    }
+    let r = rejection(timed(deadline, limiter.try_acquire("f")).await);
+    assert_eq!(r.limit(), 3, "the local bucket's burst");
+    assert_eq!(limiter.stats().fallbacks, 4);
+}
+
+/// A get/set store in memory, for running the shared cases on `StoreLimiter`.
+#[cfg(feature = "store")]
+#[derive(Default)]
+struct MemoryStore(std::sync::Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+
+#[cfg(feature = "store")]
+impl turnstile::Store for MemoryStore {
+    type Error = std::convert::Infallible;
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+        let map = self.0.lock().unwrap();
+        Ok(map
+            .get(key)
+            .filter(|(_, until)| *until > Instant::now())
+            .map(|(v, _)| v.clone()))
+    }
+
+    async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+        self.0
+            .lock()
+            .unwrap()
+            .insert(key.to_vec(), (value, Instant::now() + ttl));
+        Ok(())
+    }
 }
