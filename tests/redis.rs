@@ -1186,7 +1186,11 @@ async fn a_chain_falls_back_to_a_local_chain_at_its_share() {
 /// A get/set store in memory, for running the shared cases on `StoreLimiter`.
 #[cfg(feature = "store")]
 #[derive(Default)]
-struct MemoryStore(std::sync::Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+struct MemoryStore(std::sync::Mutex<Entries>);
+
+/// Key → (value, expiry).
+#[cfg(feature = "store")]
+type Entries = HashMap<Vec<u8>, (Vec<u8>, Instant)>;
 
 #[cfg(feature = "store")]
 impl turnstile::Store for MemoryStore {
