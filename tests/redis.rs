@@ -906,7 +906,7 @@ fn three_processes_never_over_admit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn under_load_kill_restart_and_black_hole_keep_deadlines_and_recover() {
+async fn under_load_kill_restart_black_hole_and_script_flush_keep_deadlines_and_recover() {
     let mut server = RedisServer::start();
     let deadline = Duration::from_millis(100);
     let limiter = RedisLimiter::builder(
@@ -925,12 +925,13 @@ async fn under_load_kill_restart_and_black_hole_keep_deadlines_and_recover() {
         .map(|_| {
             let limiter = limiter.clone();
             tokio::spawn(async move {
-                // (when the call started, how long it took, whether Redis answered)
+                // (when the call started, how long it took, admitted, unavailable)
                 let mut calls = Vec::new();
                 while Instant::now() < stop {
                     let started = Instant::now();
                     let out = limiter.try_acquire("load").await;
-                    calls.push((started, started.elapsed(), out.is_ok()));
+                    let unavailable = out == Err(TryAcquireError::Unavailable);
+                    calls.push((started, started.elapsed(), out.is_ok(), unavailable));
                     match out {
                         Ok(_) | Err(TryAcquireError::Rejected(_)) => {}
                         Err(TryAcquireError::Unavailable) => {
@@ -954,6 +955,13 @@ async fn under_load_kill_restart_and_black_hole_keep_deadlines_and_recover() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     server.resume();
     let resumed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Redis loses its scripts under load: the next calls reload them and none fails.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    let flushed = Instant::now();
     let mut calls = Vec::new();
     for task in tasks {
         calls.extend(task.await.unwrap());
@@ -976,6 +984,15 @@ async fn under_load_kill_restart_and_black_hole_keep_deadlines_and_recover() {
         "no recovery after the restart"
     );
     assert!(admitted_after(resumed) > 0, "no recovery after SIGCONT");
+    assert!(
+        admitted_after(flushed) > 0,
+        "no admission after SCRIPT FLUSH"
+    );
+    let failed_after_flush = calls.iter().filter(|c| c.0 > flushed && c.3).count();
+    assert_eq!(
+        failed_after_flush, 0,
+        "a decision failed after SCRIPT FLUSH"
+    );
     assert_all_keys_expire(&mut server.connection());
 }
 
@@ -1122,6 +1139,7 @@ async fn the_same_cases_answer_alike_in_memory_in_redis_and_in_a_store() {
             "{algorithm:?}"
         );
         // Next algorithm on fresh subjects.
+        assert_eq!(assert_all_keys_expire(&mut server.connection()).len(), 2);
         let _: () = redis::cmd("FLUSHALL")
             .query(&mut server.connection())
             .unwrap();
@@ -1152,6 +1170,7 @@ async fn a_cancelled_acquire_consumes_nothing() {
         "nothing was charged"
     );
     assert_eq!(limiter.stats().admitted, 1);
+    assert_all_keys_expire(&mut con);
 }
 
 #[tokio::test]
