@@ -13,6 +13,8 @@
 //!   `RedisLimiter` over one `ConnectionManager` (one multiplexed connection); each call takes one
 //!   permit for the next of 10,000 subjects, with limits high enough that calls are admitted
 //!   (the admit path writes; it is the costlier one).
+//! - `bare EVALSHA (GCRA)`: the same GCRA script sent by plain redis-rs over the same
+//!   connection, without the limiter: the difference is what the limiter adds on the client.
 //! - `zset pipeline`: the sorted-set approach, per decision one pipelined round trip of
 //!   `ZREMRANGEBYSCORE` + `ZADD` + `ZCARD` + `PEXPIRE` on the same connection type and subjects (it
 //!   adds before it checks, so it is not even a correct limiter: the baseline of the articles).
@@ -179,21 +181,22 @@ fn server_micros(con: &mut redis::Connection, commands: &[&str], per: &str) -> f
     usec / calls
 }
 
+/// The limiter's GCRA script, assembled as `src/backend/mod.rs` assembles it.
+const GCRA_BODY: &str = concat!(
+    include_str!("../src/backend/scripts/prelude.lua"),
+    include_str!("../src/backend/scripts/token_bucket.lua"),
+    "\nreturn single(token_bucket)\n"
+);
+
 /// `redis-benchmark`'s requests per second for the GCRA script with `clients` connections.
 fn redis_benchmark(port: u16, clients: usize, pipeline: usize) -> Option<f64> {
-    // The limiter's GCRA script, assembled as `src/backend/mod.rs` assembles it, loaded first.
-    let body = concat!(
-        include_str!("../src/backend/scripts/prelude.lua"),
-        include_str!("../src/backend/scripts/token_bucket.lua"),
-        "\nreturn single(token_bucket)\n"
-    );
     let mut con = Client::open(format!("redis://127.0.0.1:{port}/"))
         .ok()?
         .get_connection()
         .ok()?;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(body)
+        .arg(GCRA_BODY)
         .query(&mut con)
         .ok()?;
     let output = Command::new("redis-benchmark")
@@ -293,6 +296,35 @@ fn main() {
             let stats = limiter.stats();
             assert_eq!(stats.errors + stats.timeouts, 0, "{name}: {stats:?}");
         }
+        // The GCRA script sent by plain redis-rs over the same connection type: what the limiter
+        // adds on the client (keys, deadline, deny cache, counters) is the difference.
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(GCRA_BODY)
+            .query(&mut stats_con)
+            .unwrap();
+        let sha = Arc::new(sha);
+        let mut row = format!("{:<24}", "bare EVALSHA (GCRA)");
+        for tasks in TASKS {
+            let (connection, sha) = (connection.clone(), sha.clone());
+            let rate = throughput(tasks, move |_, i| {
+                let (mut connection, sha) = (connection.clone(), sha.clone());
+                async move {
+                    let _: Result<Vec<i64>, _> = redis::cmd("EVALSHA")
+                        .arg(&*sha)
+                        .arg(1)
+                        .arg(format!("bare:{{subject-{}}}:tb", i % SUBJECTS))
+                        .arg(1)
+                        .arg(1)
+                        .arg(1_000_000)
+                        .query_async(&mut connection)
+                        .await;
+                }
+            })
+            .await;
+            let _ = write!(row, " {rate:>14.0}");
+        }
+        line(row);
         let _: () = redis::cmd("CONFIG")
             .arg("RESETSTAT")
             .query(&mut stats_con)
