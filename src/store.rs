@@ -54,11 +54,42 @@ pub trait Store: Send + Sync + 'static {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// The value stored at `key`, or `None` if there is none (or it has expired).
+    ///
+    /// # Cancel safety
+    ///
+    /// The limiter may drop this future (when its caller is cancelled); a read must leave
+    /// nothing behind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # async fn demo<S: turnstile::Store>(store: &S) -> Result<(), S::Error> {
+    /// if let Some(bytes) = store.get(b"login:alice:fw").await? {
+    ///     println!("{} bytes of state", bytes.len());
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     fn get(&self, key: &[u8]) -> impl Future<Output = Result<Option<Vec<u8>>, Self::Error>> + Send;
 
     /// Stores `value` at `key`, to expire after `ttl` (at least 1 ms; a store with coarser
     /// expiry rounds up). After the TTL the state equals a fresh one, so an expired key loses
     /// nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// The limiter may drop this future; the write may then have happened or not, and either is
+    /// fine for the limiter (the admission it was for is never reported to the caller).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # async fn demo<S: turnstile::Store>(store: &S) -> Result<(), S::Error> {
+    /// store.set(b"login:alice:fw", vec![0; 8], Duration::from_secs(60)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     fn set(
         &self,
         key: &[u8],
