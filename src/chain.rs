@@ -348,6 +348,7 @@ impl<L> Core<L> {
                     AcquireError::TooManyKeys { max_keys }
                 }
                 Err(TryAcquireError::Closed) => AcquireError::Closed,
+                Err(TryAcquireError::Unavailable) => AcquireError::Unavailable,
             };
             finish.done = true;
             self.count(REJECTED);

@@ -49,6 +49,14 @@ pub enum ConfigError {
         /// The largest limit this limiter can take.
         max_limit: u32,
     },
+    /// A parameter has a value that is not allowed (for example a Redis key prefix containing a
+    /// hash-tag brace, or a share outside (0, 1]).
+    Invalid {
+        /// Which parameter.
+        what: &'static str,
+        /// What is required of it, in words.
+        requirement: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -66,6 +74,9 @@ impl fmt::Display for ConfigError {
                 "limit {limit} is above this sliding window's max_limit of {max_limit} (its ring \
                  of timestamps is allocated once; set a larger max_limit on the builder)"
             ),
+            ConfigError::Invalid { what, requirement } => {
+                write!(f, "{what} is invalid: {requirement}")
+            }
         }
     }
 }
@@ -118,6 +129,10 @@ pub enum TryAcquireError {
         /// The limiter's key cap.
         max_keys: usize,
     },
+    /// A distributed limiter could not reach its store (an error, or no answer within the
+    /// decision's deadline) and its failure policy is to fail closed. Nothing is known to have
+    /// been admitted; retrying at once is not advised (a timed-out decision may still have run).
+    Unavailable,
 }
 
 impl TryAcquireError {
@@ -143,7 +158,8 @@ impl TryAcquireError {
             TryAcquireError::Rejected(r) => Some(r),
             TryAcquireError::InsufficientCapacity { .. }
             | TryAcquireError::Closed
-            | TryAcquireError::TooManyKeys { .. } => None,
+            | TryAcquireError::TooManyKeys { .. }
+            | TryAcquireError::Unavailable => None,
         }
     }
 }
@@ -168,6 +184,9 @@ impl fmt::Display for TryAcquireError {
             TryAcquireError::TooManyKeys { max_keys } => write!(
                 f,
                 "the limiter already tracks its maximum of {max_keys} keys and none is idle"
+            ),
+            TryAcquireError::Unavailable => f.write_str(
+                "the limiter's store did not answer in time (or failed) and its policy is to fail closed",
             ),
         }
     }
@@ -225,6 +244,9 @@ pub enum AcquireError {
         /// The limiter's key cap.
         max_keys: usize,
     },
+    /// A distributed limiter could not reach its store and fails closed
+    /// (see [`TryAcquireError::Unavailable`]).
+    Unavailable,
 }
 
 impl fmt::Display for AcquireError {
@@ -250,6 +272,9 @@ impl fmt::Display for AcquireError {
                 "the limiter already tracks its maximum of {max_keys} keys and none is idle"
             ),
             AcquireError::Timeout => f.write_str("timed out waiting for permits"),
+            AcquireError::Unavailable => f.write_str(
+                "the limiter's store did not answer in time (or failed) and its policy is to fail closed",
+            ),
         }
     }
 }

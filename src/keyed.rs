@@ -1998,6 +1998,7 @@ pub(crate) fn waiting_error(error: TryAcquireError) -> AcquireError {
             capacity,
         },
         TryAcquireError::TooManyKeys { max_keys } => AcquireError::TooManyKeys { max_keys },
+        TryAcquireError::Unavailable => AcquireError::Unavailable,
         // A keyed limiter is never closed, and a retired cell is retried inside the store.
         TryAcquireError::Rejected(_) | TryAcquireError::Closed => AcquireError::Closed,
     }

@@ -499,7 +499,10 @@ fn permit_error(error: TryAcquireError) -> TryPermitError {
             capacity,
         },
         TryAcquireError::TooManyKeys { max_keys } => TryPermitError::TooManyKeys { max_keys },
-        TryAcquireError::Rejected(_) | TryAcquireError::Closed => TryPermitError::Closed,
+        // No in-memory store is ever unavailable.
+        TryAcquireError::Rejected(_) | TryAcquireError::Closed | TryAcquireError::Unavailable => {
+            TryPermitError::Closed
+        }
     }
 }
 

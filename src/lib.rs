@@ -45,6 +45,8 @@
 #![warn(rust_2018_idioms, unreachable_pub)]
 
 mod algorithm;
+#[cfg(feature = "redis")]
+mod backend;
 mod chain;
 mod clock;
 mod concurrency;
@@ -58,8 +60,14 @@ mod keyed_concurrency;
 mod keylocks;
 mod limiter;
 mod queue;
+#[cfg(feature = "store")]
+mod store;
 mod sync;
 
+#[cfg(feature = "redis")]
+pub use backend::{
+    FailurePolicy, RedisLimiter, RedisLimiterBuilder, RedisStats, REDIS_MAX_SLIDING_LIMIT,
+};
 pub use chain::{Chain, ChainStats};
 #[cfg(feature = "keyed")]
 pub use chain::{KeyedChain, KeyedChainBuilder};
@@ -82,6 +90,24 @@ pub use keylocks::{
 };
 pub use limiter::{Algorithm, Rate, RateLimiter, RateLimiterBuilder, Stats};
 pub use queue::{QueueOrder, DEFAULT_QUEUE_LIMIT};
+#[cfg(feature = "store")]
+pub use store::{Store, StoreLimiter, StoreStats};
+
+/// The redis-rs crate this one is built against (feature `redis`): build the connection for a
+/// [`RedisLimiter`] with it, so that the versions match.
+///
+/// # Examples
+///
+/// ```no_run
+/// use turnstile::redis::{aio::ConnectionManager, Client};
+///
+/// # async fn demo() -> Result<(), turnstile::redis::RedisError> {
+/// let connection = ConnectionManager::new(Client::open("redis://127.0.0.1/")?).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "redis")]
+pub use ::redis;
 
 /// The README's examples, compiled and run as doc tests so that they cannot rot.
 #[cfg(doctest)]

@@ -406,9 +406,11 @@ impl<C: Clock> Inner<C> {
             })),
             // An unkeyed cell is never retired and has no key cap; `Closed` cannot come from the
             // algorithm here, but failing the waiter is the safe answer to anything unexpected.
-            Err(TryAcquireError::Closed | TryAcquireError::TooManyKeys { .. }) => {
-                Err(Blocked::Fail(AcquireError::Closed))
-            }
+            Err(
+                TryAcquireError::Closed
+                | TryAcquireError::TooManyKeys { .. }
+                | TryAcquireError::Unavailable,
+            ) => Err(Blocked::Fail(AcquireError::Closed)),
         }
     }
 

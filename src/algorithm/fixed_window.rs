@@ -207,6 +207,19 @@ impl Algo for FixedWindow {
         }
     }
 
+    #[cfg(feature = "store")]
+    fn save(state: &AtomicU64) -> Vec<u64> {
+        vec![state.load(Ordering::Acquire)]
+    }
+
+    #[cfg(feature = "store")]
+    fn restore(&self, words: &[u64]) -> Option<AtomicU64> {
+        match words {
+            [word] if *word != RETIRED => Some(AtomicU64::new(*word)),
+            _ => None,
+        }
+    }
+
     #[cfg(all(test, not(turnstile_loom)))]
     fn words(state: &AtomicU64) -> Vec<u64> {
         vec![state.load(Ordering::Relaxed)]

@@ -130,6 +130,20 @@ pub(crate) trait Algo: Send + Sync + 'static {
     #[cfg_attr(not(feature = "keyed"), allow(dead_code))]
     fn retired(cell: &Self::Cell) -> bool;
 
+    /// The cell's words, for a [`Store`](crate::Store) that keeps state as bytes. The four rate
+    /// algorithms implement it; other cells (permits in flight) are not stored.
+    #[cfg(feature = "store")]
+    fn save(_cell: &Self::Cell) -> Vec<u64> {
+        Vec::new()
+    }
+
+    /// A cell holding `words` as [`save`](Self::save) wrote them, or `None` if they cannot be this
+    /// algorithm's state with these parameters (then the caller starts from a fresh cell).
+    #[cfg(feature = "store")]
+    fn restore(&self, _words: &[u64]) -> Option<Self::Cell> {
+        None
+    }
+
     /// Every atomic word, for tests that check a rejection wrote nothing.
     #[cfg(all(test, not(turnstile_loom)))]
     fn words(cell: &Self::Cell) -> Vec<u64>;

@@ -386,6 +386,26 @@ impl Algo for SlidingCounter {
         }
     }
 
+    #[cfg(feature = "store")]
+    fn save(words: &Words) -> Vec<u64> {
+        vec![
+            words.current.load(Ordering::Acquire),
+            words.previous[0].load(Ordering::Acquire),
+            words.previous[1].load(Ordering::Acquire),
+        ]
+    }
+
+    #[cfg(feature = "store")]
+    fn restore(&self, saved: &[u64]) -> Option<Words> {
+        match saved {
+            [current, a, b] if *current != RETIRED => Some(Words {
+                current: AtomicU64::new(*current),
+                previous: [AtomicU64::new(*a), AtomicU64::new(*b)],
+            }),
+            _ => None,
+        }
+    }
+
     #[cfg(all(test, not(turnstile_loom)))]
     fn words(words: &Words) -> Vec<u64> {
         vec![

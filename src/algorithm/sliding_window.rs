@@ -455,6 +455,31 @@ impl Algo for SlidingWindow {
         false
     }
 
+    #[cfg(feature = "store")]
+    fn save(ring: &Ring) -> Vec<u64> {
+        let mut words = vec![
+            ring.head.load(Ordering::Acquire),
+            ring.expired.load(Ordering::Relaxed),
+        ];
+        words.extend(ring.slots.iter().map(|s| s.load(Ordering::Acquire)));
+        words
+    }
+
+    #[cfg(feature = "store")]
+    fn restore(&self, words: &[u64]) -> Option<Ring> {
+        let [head, expired, slots @ ..] = words else {
+            return None;
+        };
+        if *head == RETIRED || slots.len() != self.capacity as usize || expired > head {
+            return None;
+        }
+        Some(Ring {
+            head: AtomicU64::new(*head),
+            expired: AtomicU64::new(*expired),
+            slots: slots.iter().map(|&s| AtomicU64::new(s)).collect(),
+        })
+    }
+
     #[cfg(all(test, not(turnstile_loom)))]
     fn words(ring: &Ring) -> Vec<u64> {
         let mut words = vec![

@@ -1,0 +1,142 @@
+//! The local deny cache: subjects Redis rejected, and until when, so that further calls for them
+//! are rejected in-process with no round trip.
+//!
+//! Bounded: at most `capacity` entries across 16 shards (each shard holds at most its share).
+//! A full shard first drops its expired entries; if none has expired, the new entry is not cached
+//! (the call still got Redis's answer; only the shortcut is lost).
+//!
+//! **Never stricter than Redis.** An entry ends at `sent + retry_after`, where `sent` is when the
+//! rejected request left this process: Redis decided after that, so its "not before" time is no
+//! earlier than ours. An entry also records the permits asked for, and answers only calls asking
+//! for as many: a call for fewer might fit sooner, and a call for more would get a retry-after
+//! shorter than Redis's, so both go to Redis. (Calls for one permit are the common case.)
+
+use crate::sync::Mutex;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::time::Instant;
+
+const SHARDS: usize = 16;
+
+struct Entry {
+    until: Instant,
+    permits: u32,
+}
+
+/// One shard: subject → entry.
+type Shard = Mutex<HashMap<Box<[u8]>, Entry>>;
+
+pub(crate) struct DenyCache {
+    shards: Box<[Shard]>,
+    per_shard: usize,
+    hasher: RandomState,
+}
+
+impl DenyCache {
+    /// A cache of at most `capacity` subjects; 0 disables it.
+    pub(crate) fn new(capacity: usize) -> Self {
+        let per_shard = capacity.div_ceil(SHARDS);
+        let shards = if capacity == 0 { 0 } else { SHARDS };
+        DenyCache {
+            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard,
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, subject: &[u8]) -> Option<&Shard> {
+        if self.shards.is_empty() {
+            return None;
+        }
+        let i = self.hasher.hash_one(subject) as usize % self.shards.len();
+        Some(&self.shards[i])
+    }
+
+    /// If `subject` is denied for `permits` at `now`, the time left.
+    pub(crate) fn check(&self, subject: &[u8], permits: u32, now: Instant) -> Option<u64> {
+        let shard = self.shard(subject)?;
+        let mut map = crate::sync::lock(shard);
+        let entry = map.get(subject)?;
+        if entry.until <= now {
+            map.remove(subject);
+            return None;
+        }
+        if permits.max(1) != entry.permits {
+            return None;
+        }
+        Some(u64::try_from((entry.until - now).as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Records that `subject` cannot get `permits` before `until`.
+    pub(crate) fn deny(&self, subject: &[u8], permits: u32, until: Instant, now: Instant) {
+        let Some(shard) = self.shard(subject) else {
+            return;
+        };
+        if until <= now {
+            return;
+        }
+        let permits = permits.max(1);
+        let mut map = crate::sync::lock(shard);
+        if let Some(entry) = map.get_mut(subject) {
+            // The latest rejection wins; for the same permits, the later deadline (both hold).
+            if permits == entry.permits {
+                entry.until = entry.until.max(until);
+            } else {
+                *entry = Entry { until, permits };
+            }
+            return;
+        }
+        if map.len() >= self.per_shard {
+            map.retain(|_, e| e.until > now);
+            if map.len() >= self.per_shard {
+                return;
+            }
+        }
+        map.insert(subject.into(), Entry { until, permits });
+    }
+
+    /// Entries held now, expired or not.
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| crate::sync::lock(s).len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn denies_until_the_deadline_and_only_as_many_permits_or_more() {
+        let cache = DenyCache::new(64);
+        let now = Instant::now();
+        cache.deny(b"a", 3, now + Duration::from_millis(100), now);
+        assert_eq!(cache.check(b"a", 3, now), Some(100_000_000));
+        assert_eq!(
+            cache.check(b"a", 5, now),
+            None,
+            "more permits: Redis knows when"
+        );
+        assert_eq!(
+            cache.check(b"a", 2, now),
+            None,
+            "fewer permits: they may fit sooner"
+        );
+        assert_eq!(cache.check(b"b", 3, now), None);
+        assert_eq!(cache.check(b"a", 3, now + Duration::from_millis(100)), None);
+        assert_eq!(cache.len(), 0, "an expired entry is dropped when found");
+    }
+
+    #[test]
+    fn is_bounded_and_can_be_disabled() {
+        let cache = DenyCache::new(32);
+        let now = Instant::now();
+        for i in 0..10_000u32 {
+            cache.deny(&i.to_le_bytes(), 1, now + Duration::from_secs(1), now);
+        }
+        assert!(cache.len() <= 32, "{} entries", cache.len());
+        let off = DenyCache::new(0);
+        off.deny(b"a", 1, now + Duration::from_secs(1), now);
+        assert_eq!(off.check(b"a", 1, now), None);
+    }
+}

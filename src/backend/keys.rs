@@ -1,0 +1,99 @@
+//! Redis key names: `prefix:{subject}:suffix`.
+//!
+//! The subject sits in a hash tag, so every key of one subject lands in one Cluster slot and a
+//! script may touch several of them. Subjects longer than [`MAX_SUBJECT_LEN`] bytes are replaced by
+//! `sha256:` and the SHA-256 of the subject in hex (71 bytes): longer than any subject kept as is,
+//! so a hashed name can never equal a literal one.
+
+use crate::error::ConfigError;
+use sha2::{Digest, Sha256};
+use std::fmt::Write as _;
+
+/// Subjects up to this many bytes are used in key names as they are; longer ones are hashed.
+pub(crate) const MAX_SUBJECT_LEN: usize = 64;
+
+/// The longest prefix accepted, in bytes.
+const MAX_PREFIX_LEN: usize = 256;
+
+/// Checks a key prefix: non-empty, at most 256 bytes, and without `{` or `}` (a brace in the
+/// prefix would move the hash tag off the subject).
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if prefix.is_empty() {
+        return Err(ConfigError::Invalid {
+            what: "key prefix",
+            requirement: "it must not be empty",
+        });
+    }
+    if prefix.len() > MAX_PREFIX_LEN {
+        return Err(ConfigError::TooLarge {
+            what: "key prefix",
+            max: "256 bytes",
+        });
+    }
+    if prefix.contains(['{', '}']) {
+        return Err(ConfigError::Invalid {
+            what: "key prefix",
+            requirement: "it must not contain '{' or '}' (the subject is the key's hash tag)",
+        });
+    }
+    Ok(())
+}
+
+/// The key of `subject` for one algorithm: `prefix:{subject}:suffix`, the subject hashed if long.
+///
+/// Injective for subjects of at most [`MAX_SUBJECT_LEN`] bytes: prefix and suffix are fixed, so
+/// the subject is what lies between them. (A subject may itself contain `}`; the hash tag is then
+/// cut short, but identically for every key of that subject, which is all the tag is for.)
+pub(crate) fn key(prefix: &str, subject: &[u8], suffix: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(prefix.len() + subject.len().min(71) + suffix.len() + 4);
+    key.extend_from_slice(prefix.as_bytes());
+    key.extend_from_slice(b":{");
+    if subject.len() <= MAX_SUBJECT_LEN {
+        key.extend_from_slice(subject);
+    } else {
+        let digest = Sha256::digest(subject);
+        let mut hex = String::with_capacity(71);
+        hex.push_str("sha256:");
+        for byte in digest {
+            // Writing to a String cannot fail.
+            let _ = write!(hex, "{byte:02x}");
+        }
+        key.extend_from_slice(hex.as_bytes());
+    }
+    key.extend_from_slice(b"}:");
+    key.extend_from_slice(suffix.as_bytes());
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_subjects_are_kept_long_ones_hashed() {
+        assert_eq!(key("rl", b"alice", "tb"), b"rl:{alice}:tb".to_vec());
+        let long = vec![b'x'; MAX_SUBJECT_LEN + 1];
+        let hashed = String::from_utf8(key("rl", &long, "tb")).unwrap();
+        assert!(hashed.starts_with("rl:{sha256:"));
+        assert_eq!(hashed.len(), "rl:{}:tb".len() + 71);
+        let edge = vec![b'x'; MAX_SUBJECT_LEN];
+        assert_eq!(
+            key("rl", &edge, "tb").len(),
+            "rl:{}:tb".len() + MAX_SUBJECT_LEN
+        );
+    }
+
+    #[test]
+    fn prefixes_with_braces_are_refused() {
+        assert!(check_prefix("rate").is_ok());
+        assert!(matches!(
+            check_prefix("a{b"),
+            Err(ConfigError::Invalid { .. })
+        ));
+        assert!(matches!(check_prefix(""), Err(ConfigError::Invalid { .. })));
+        assert!(matches!(
+            check_prefix(&"p".repeat(300)),
+            Err(ConfigError::TooLarge { .. })
+        ));
+    }
+}

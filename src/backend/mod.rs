@@ -1,0 +1,1189 @@
+//! [`RedisLimiter`]: the crate's algorithms run atomically inside Redis or Valkey, shared by every
+//! process that uses the same server and key prefix.
+//!
+//! Each algorithm is one Lua script (`src/backend/scripts/*.lua`), run with `EVALSHA`: one round
+//! trip per decision. A script reads Redis's own clock (`TIME`, in microseconds), decides from what
+//! it read, and writes only when it admits, so a rejection changes nothing. Every key it writes gets
+//! a TTL in the same script, and a key found without one is given one.
+
+mod deny;
+mod keys;
+
+use crate::chain::KeyedChain;
+use crate::decision::{Admission, Rejection};
+use crate::error::{AcquireError, ConfigError, TryAcquireError};
+use crate::keyed::KeyedLimiter;
+use crate::limiter::{Algorithm, Rate};
+use crate::sync::{Arc, AtomicU64, Ordering};
+use ::redis::aio::{ConnectionLike, ConnectionManager};
+use ::redis::{ErrorKind, RedisError, ServerErrorKind};
+use deny::DenyCache;
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+/// The largest `limit` a [`RedisLimiter`] accepts for [`Algorithm::SlidingWindow`].
+///
+/// The exact sliding window keeps one sorted-set member per permit admitted in the last window:
+/// up to `limit` members per subject. Measured with `MEMORY USAGE` (BENCHMARKS.md): about 37 bytes
+/// per permit while the set keeps Redis's compact encoding (up to 128 members), about 130 bytes
+/// per permit beyond, so a subject at this limit costs about 13 MB. For large limits use
+/// [`Algorithm::SlidingCounter`] or [`Algorithm::TokenBucket`], which cost one small key whatever
+/// the limit.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, ConfigError, FailurePolicy, RedisLimiter, REDIS_MAX_SLIDING_LIMIT};
+///
+/// let too_big = Algorithm::SlidingWindow { limit: REDIS_MAX_SLIDING_LIMIT + 1, window: Duration::from_secs(60) };
+/// let err = RedisLimiter::builder(too_big, FailurePolicy::FailClosed).check().unwrap_err();
+/// assert!(matches!(err, ConfigError::TooLarge { .. }));
+/// ```
+pub const REDIS_MAX_SLIDING_LIMIT: u32 = 100_000;
+
+/// Products of microseconds and counts must stay exact in a Lua number (a double).
+const MAX_EXACT: u128 = 1 << 52;
+
+/// The deadline of one decision unless the builder says otherwise.
+const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
+
+/// The deny cache's capacity unless the builder says otherwise.
+const DEFAULT_DENY_CACHE: usize = 10_000;
+
+/// One algorithm's script: its source and the SHA-1 that `EVALSHA` names it by.
+struct Lua {
+    body: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(body: &'static str) -> Self {
+        Lua {
+            body,
+            sha: ::redis::Script::new(body).get_hash().to_owned(),
+        }
+    }
+}
+
+/// One algorithm's script: the prelude, the algorithm's function, and the one-key runner.
+macro_rules! single {
+    ($file:literal, $function:literal) => {
+        concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!($file),
+            "\nreturn single(",
+            $function,
+            ")\n"
+        )
+    };
+}
+
+static FIXED_WINDOW: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(single!("scripts/fixed_window.lua", "fixed_window")));
+static SLIDING_WINDOW: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(single!("scripts/sliding_window.lua", "sliding_window")));
+static SLIDING_COUNTER: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(single!("scripts/sliding_counter.lua", "sliding_counter")));
+static TOKEN_BUCKET: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(single!("scripts/token_bucket.lua", "token_bucket")));
+/// Several limits for one subject: every algorithm's function and the chain runner.
+static CHAIN: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/prelude.lua"),
+        include_str!("scripts/fixed_window.lua"),
+        include_str!("scripts/sliding_window.lua"),
+        include_str!("scripts/sliding_counter.lua"),
+        include_str!("scripts/token_bucket.lua"),
+        include_str!("scripts/chain.lua"),
+    ))
+});
+
+/// What a [`RedisLimiter`] does when Redis does not answer within the deadline, or answers with an
+/// error.
+///
+/// A decision that timed out is never retried: the script may have run (and admitted) even though
+/// its reply was lost, and retrying could charge the subject twice.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::FailurePolicy;
+///
+/// // Serve each process at a quarter of the global limit while Redis is away
+/// // (for example with four processes sharing the limit).
+/// let policy = FailurePolicy::Fallback { share: 0.25 };
+/// assert_ne!(policy, FailurePolicy::FailOpen);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Admit: availability over protection. The admission has `remaining` = the full capacity
+    /// and `reset_after` = 0, and its `at` is this machine's wall clock.
+    FailOpen,
+    /// Reject with [`TryAcquireError::Unavailable`]: protection over availability.
+    FailClosed,
+    /// Decide in a local in-memory [`KeyedLimiter`] running the same algorithm at `share` of the
+    /// global limit (limit, burst and rate each scaled by `share`, rounded down, at least 1).
+    /// `share` must be in (0, 1]; with P processes, 1/P keeps the global total near the limit.
+    /// The admission's `at` is then on the local limiter's clock, not Redis's.
+    Fallback {
+        /// The fraction of the global limit each process may admit on its own.
+        share: f64,
+    },
+}
+
+/// Counts kept by a [`RedisLimiter`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(limiter: turnstile::RedisLimiter) {
+/// let stats = limiter.stats();
+/// println!("{} admitted, {} fallback decisions", stats.admitted, stats.fallbacks);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RedisStats {
+    /// Decisions Redis admitted.
+    pub admitted: u64,
+    /// Decisions Redis rejected.
+    pub rejected: u64,
+    /// Calls rejected by the local deny cache, with no round trip.
+    pub denied_locally: u64,
+    /// Decisions that failed because Redis answered with an error or could not be reached.
+    pub errors: u64,
+    /// Decisions that failed because Redis did not answer within the deadline.
+    pub timeouts: u64,
+    /// Failed decisions answered by the local fallback limiter ([`FailurePolicy::Fallback`]).
+    pub fallbacks: u64,
+    /// Failed decisions admitted by [`FailurePolicy::FailOpen`].
+    pub failed_open: u64,
+    /// Failed decisions rejected by [`FailurePolicy::FailClosed`].
+    pub failed_closed: u64,
+}
+
+const ADMITTED: usize = 0;
+const REJECTED: usize = 1;
+const DENIED_LOCALLY: usize = 2;
+const ERRORS: usize = 3;
+const TIMEOUTS: usize = 4;
+const FALLBACKS: usize = 5;
+const FAILED_OPEN: usize = 6;
+const FAILED_CLOSED: usize = 7;
+
+/// A rate limiter whose state lives in Redis or Valkey, shared by every process that uses the same
+/// server and key prefix. Keyed by string-like subjects (`&str`, `String`, `&[u8]`, ...).
+///
+/// - **Algorithms**: the four of [`Algorithm`], each as one atomic Lua script. Windows and the
+///   token bucket's time per permit are kept in whole microseconds (rounded up: never looser).
+///   The exact sliding window's limit is at most [`REDIS_MAX_SLIDING_LIMIT`]; the sliding
+///   counter needs `limit × window` ≤ 2^52 µs (for example 10^6 per hour), so that its arithmetic
+///   stays exact in Lua's doubles.
+/// - **One clock**: Redis's `TIME`. [`Admission::at`] is Redis's time since the Unix epoch;
+///   application clocks are never read for a decision.
+/// - **One round trip** per decision: `EVALSHA`. After Redis lost its script cache (restart,
+///   failover, `SCRIPT FLUSH`) the first call per script costs two commands: `EVALSHA`, which
+///   answers `NOSCRIPT`, then `EVAL`, which runs the script and caches it again.
+/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`). The subject is the hash tag, so a
+///   subject's keys share one Cluster slot. Subjects longer than 64 bytes are replaced by
+///   `sha256:` and their SHA-256 in hex. Every key carries a TTL: it disappears once its state is
+///   indistinguishable from a fresh key's.
+/// - **Deadline and failure policy**: each decision must complete within the
+///   [deadline](RedisLimiterBuilder::deadline) (default 50 ms), or the [`FailurePolicy`] decides;
+///   a timed-out decision is never retried (the script may have run). Service returns to Redis on
+///   the next call that succeeds: there is no circuit breaker to reset.
+/// - **Deny cache**: after Redis rejects a subject with a retry-after t, calls for it asking as
+///   many permits are rejected in-process until t, without a round trip. Never stricter
+///   than Redis: t is counted from when the rejected request was sent. Bounded
+///   ([`deny_cache`](RedisLimiterBuilder::deny_cache)).
+///
+/// `Clone` is cheap and shares everything. The connection type `C` is any redis-rs async
+/// connection that is `Clone` (each decision clones it): [`ConnectionManager`] for a standalone
+/// server (it reconnects by itself and never resends a command), or
+/// `redis::cluster_async::ClusterConnection` for Redis Cluster (`EVALSHA` is routed by the key's
+/// slot; `NOSCRIPT` is repaired per node). Note that redis-rs's cluster client by default resends
+/// a request after a connection error (`ClusterClientBuilder::retries`, 16 by default): a script
+/// whose reply was lost with the connection then runs twice, charging twice. Set the retries low
+/// where a double charge matters; the deadline bounds the time either way.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, FailurePolicy, Rate, RedisLimiter};
+/// use turnstile::redis::{aio::ConnectionManager, Client};
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let connection = ConnectionManager::new(Client::open("redis://127.0.0.1/")?).await?;
+/// let limiter = RedisLimiter::builder(
+///     Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 20 },
+///     FailurePolicy::Fallback { share: 0.25 },
+/// )
+/// .prefix("api")
+/// .deadline(Duration::from_millis(20))
+/// .build(connection)?;
+///
+/// match limiter.try_acquire("user:42").await {
+///     Ok(admission) => println!("admitted, {} left", admission.remaining()),
+///     Err(e) => println!("{e}"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct RedisLimiter<C = ConnectionManager> {
+    inner: Arc<Inner<C>>,
+}
+
+struct Inner<C> {
+    connection: C,
+    /// The limits, in the order given; one for a plain limiter, several for a chain.
+    members: Vec<Member>,
+    /// The algorithm's script, or [`CHAIN`] for several members.
+    script: &'static Lua,
+    /// The most permits one call can get: the smallest member capacity.
+    capacity: u32,
+    prefix: String,
+    deadline: Duration,
+    policy: FailurePolicy,
+    fallback: Option<Local>,
+    deny: DenyCache,
+    counters: [AtomicU64; 8],
+}
+
+impl<C> Clone for RedisLimiter<C> {
+    fn clone(&self) -> Self {
+        RedisLimiter {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<C> fmt::Debug for RedisLimiter<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field(
+                "algorithms",
+                &self
+                    .inner
+                    .members
+                    .iter()
+                    .map(|m| m.algorithm)
+                    .collect::<Vec<_>>(),
+            )
+            .field("prefix", &self.inner.prefix)
+            .field("deadline", &self.inner.deadline)
+            .field("policy", &self.inner.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RedisLimiter`]; see [`RedisLimiter::builder`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, FailurePolicy, RedisLimiter};
+///
+/// let builder = RedisLimiter::builder(
+///     Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(60) },
+///     FailurePolicy::FailClosed,
+/// )
+/// .prefix("login")
+/// .deadline(Duration::from_millis(10))
+/// .deny_cache(1_000);
+/// assert!(builder.check().is_ok());
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RedisLimiterBuilder {
+    algorithms: Vec<Algorithm>,
+    policy: FailurePolicy,
+    prefix: String,
+    deadline: Duration,
+    deny_cache: usize,
+}
+
+/// The local fallback: the same limits at a share, per subject bytes (a chain of one for a plain
+/// limiter).
+type Local = KeyedChain<Box<[u8]>>;
+
+/// How one limit runs in Redis.
+struct Plan {
+    script: &'static Lua,
+    /// The algorithm's number in `chain.lua` (1 fixed window ... 4 token bucket).
+    kind: u8,
+    suffix: &'static str,
+    /// The script's parameters: window (or time per permit) in µs, then limit (or burst).
+    params: [u64; 2],
+    capacity: u32,
+}
+
+/// One limit of a limiter: its algorithm, how it runs, and its key's suffix.
+struct Member {
+    algorithm: Algorithm,
+    plan: Plan,
+    /// `fw`, `sw`, `sc` or `tb` alone; `c<i>.<that>` for member i of a chain.
+    suffix: String,
+}
+
+/// `d` in whole microseconds, rounded up; `Zero` if `d` is zero.
+fn micros(d: Duration, what: &'static str) -> Result<u128, ConfigError> {
+    let us = d.as_nanos().div_ceil(1000);
+    if us == 0 {
+        return Err(ConfigError::Zero { what });
+    }
+    if us > MAX_EXACT {
+        return Err(ConfigError::TooLarge {
+            what,
+            max: "2^52 microseconds (about 142 years)",
+        });
+    }
+    Ok(us)
+}
+
+fn nonzero(value: u32, what: &'static str) -> Result<u32, ConfigError> {
+    if value == 0 {
+        Err(ConfigError::Zero { what })
+    } else {
+        Ok(value)
+    }
+}
+
+fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
+    Ok(match algorithm {
+        Algorithm::FixedWindow { limit, window } => Plan {
+            script: &FIXED_WINDOW,
+            kind: 1,
+            suffix: "fw",
+            params: [
+                micros(window, "window")? as u64,
+                u64::from(nonzero(limit, "limit")?),
+            ],
+            capacity: limit,
+        },
+        Algorithm::SlidingWindow { limit, window } => {
+            if limit > REDIS_MAX_SLIDING_LIMIT {
+                return Err(ConfigError::TooLarge {
+                    what: "limit of a sliding window in Redis",
+                    max: "100000 (REDIS_MAX_SLIDING_LIMIT; use the sliding counter or the token bucket)",
+                });
+            }
+            Plan {
+                script: &SLIDING_WINDOW,
+                kind: 2,
+                suffix: "sw",
+                params: [
+                    micros(window, "window")? as u64,
+                    u64::from(nonzero(limit, "limit")?),
+                ],
+                capacity: limit,
+            }
+        }
+        Algorithm::SlidingCounter { limit, window } => {
+            let us = micros(window, "window")?;
+            nonzero(limit, "limit")?;
+            if u128::from(limit) * us > MAX_EXACT {
+                return Err(ConfigError::TooLarge {
+                    what: "limit × window (in microseconds) of a sliding counter in Redis",
+                    max: "2^52, for example 1,000,000 per hour",
+                });
+            }
+            Plan {
+                script: &SLIDING_COUNTER,
+                kind: 3,
+                suffix: "sc",
+                params: [us as u64, u64::from(limit)],
+                capacity: limit,
+            }
+        }
+        Algorithm::TokenBucket { rate, burst } => {
+            let permits = nonzero(rate.permits, "rate permits")?;
+            let period = rate.period.as_nanos();
+            if period == 0 {
+                return Err(ConfigError::Zero {
+                    what: "rate period",
+                });
+            }
+            nonzero(burst, "burst")?;
+            // The time per permit in whole microseconds, rounded up: the long-run rate never
+            // exceeds the configured one (rates above 10^6 per second are served at 10^6).
+            let interval = period.div_ceil(u128::from(permits) * 1000).max(1);
+            if interval * u128::from(burst) > MAX_EXACT {
+                return Err(ConfigError::TooLarge {
+                    what: "burst × (period / permits)",
+                    max: "2^52 microseconds (about 142 years)",
+                });
+            }
+            Plan {
+                script: &TOKEN_BUCKET,
+                kind: 4,
+                suffix: "tb",
+                params: [interval as u64, u64::from(burst)],
+                capacity: burst,
+            }
+        }
+    })
+}
+
+/// `x × share` rounded down, at least 1.
+fn scaled(x: u32, share: f64) -> u32 {
+    ((f64::from(x) * share).floor() as u32).max(1)
+}
+
+/// The local fallback's algorithm: the global one at `share` of its limit.
+fn share_of(algorithm: Algorithm, share: f64) -> Algorithm {
+    match algorithm {
+        Algorithm::FixedWindow { limit, window } => Algorithm::FixedWindow {
+            limit: scaled(limit, share),
+            window,
+        },
+        Algorithm::SlidingWindow { limit, window } => Algorithm::SlidingWindow {
+            limit: scaled(limit, share),
+            window,
+        },
+        Algorithm::SlidingCounter { limit, window } => Algorithm::SlidingCounter {
+            limit: scaled(limit, share),
+            window,
+        },
+        Algorithm::TokenBucket { rate, burst } => Algorithm::TokenBucket {
+            rate: Rate::new(scaled(rate.permits, share), rate.period),
+            burst: scaled(burst, share),
+        },
+    }
+}
+
+impl RedisLimiter<ConnectionManager> {
+    /// A builder for a limiter running `algorithm` in Redis, with `policy` for when Redis fails.
+    ///
+    /// Defaults: key prefix `turnstile`, a 50 ms deadline per decision, a deny cache of 10,000
+    /// subjects.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, FailurePolicy, RedisLimiter};
+    /// use turnstile::redis::{aio::ConnectionManager, Client};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let connection = ConnectionManager::new(Client::open("redis://127.0.0.1/")?).await?;
+    /// let limiter = RedisLimiter::builder(
+    ///     Algorithm::SlidingWindow { limit: 5, window: Duration::from_secs(60) },
+    ///     FailurePolicy::FailOpen,
+    /// )
+    /// .build(connection)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(algorithm: Algorithm, policy: FailurePolicy) -> RedisLimiterBuilder {
+        RedisLimiterBuilder {
+            algorithms: vec![algorithm],
+            policy,
+            prefix: "turnstile".to_owned(),
+            deadline: DEFAULT_DEADLINE,
+            deny_cache: DEFAULT_DENY_CACHE,
+        }
+    }
+}
+
+impl RedisLimiterBuilder {
+    /// Adds another limit for the same subjects: the limiter becomes a chain that admits a call
+    /// only if every limit admits it, and then charges all of them, in one script and one round
+    /// trip. A rejection charges none (each limit decides on the state before any write) and
+    /// reports the largest retry-after, with the limit of the member that gave it; an admission
+    /// reports the smallest `remaining` and the largest `reset_after`. The members' keys are
+    /// `prefix:{subject}:c<i>.<fw|sw|sc|tb>`, in one hash tag.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, FailurePolicy, Rate, RedisLimiter};
+    ///
+    /// // 10 per second, and 1,000 per hour, per user.
+    /// let builder = RedisLimiter::builder(
+    ///     Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 10 },
+    ///     FailurePolicy::FailClosed,
+    /// )
+    /// .and_limit(Algorithm::FixedWindow { limit: 1_000, window: Duration::from_secs(3600) });
+    /// assert!(builder.check().is_ok());
+    /// ```
+    pub fn and_limit(mut self, algorithm: Algorithm) -> Self {
+        self.algorithms.push(algorithm);
+        self
+    }
+
+    /// The prefix of every key (default `turnstile`). Limiters sharing a prefix, an algorithm
+    /// and a subject share their limit. Must be non-empty, at most 256 bytes, without `{` or `}`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, FailurePolicy, RedisLimiter};
+    ///
+    /// let fw = Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) };
+    /// let err = RedisLimiter::builder(fw, FailurePolicy::FailClosed).prefix("a{b").check().unwrap_err();
+    /// assert!(matches!(err, ConfigError::Invalid { what: "key prefix", .. }));
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long one decision may take, round trip included (default 50 ms). Past it the
+    /// [`FailurePolicy`] decides and the decision is not retried.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, FailurePolicy, RedisLimiter};
+    ///
+    /// let fw = Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) };
+    /// let err = RedisLimiter::builder(fw, FailurePolicy::FailClosed).deadline(Duration::ZERO).check();
+    /// assert_eq!(err, Err(ConfigError::Zero { what: "deadline" }));
+    /// ```
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The most subjects the local deny cache holds (default 10,000); 0 turns it off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, FailurePolicy, RedisLimiter};
+    ///
+    /// let fw = Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) };
+    /// assert!(RedisLimiter::builder(fw, FailurePolicy::FailClosed).deny_cache(0).check().is_ok());
+    /// ```
+    pub fn deny_cache(mut self, subjects: usize) -> Self {
+        self.deny_cache = subjects;
+        self
+    }
+
+    /// Validates the configuration without a connection: what [`build`](Self::build) checks.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] for a zero or out-of-range parameter, a bad prefix, a zero deadline, or a
+    /// fallback share outside (0, 1].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, FailurePolicy, RedisLimiter};
+    ///
+    /// let fw = Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) };
+    /// let err = RedisLimiter::builder(fw, FailurePolicy::Fallback { share: 1.5 }).check().unwrap_err();
+    /// assert!(matches!(err, ConfigError::Invalid { what: "fallback share", .. }));
+    /// ```
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.validate().map(drop)
+    }
+
+    fn validate(&self) -> Result<(Vec<Member>, Option<Local>), ConfigError> {
+        let chain = self.algorithms.len() > 1;
+        let members = self
+            .algorithms
+            .iter()
+            .enumerate()
+            .map(|(i, &algorithm)| {
+                let plan = plan(algorithm)?;
+                let suffix = if chain {
+                    format!("c{i}.{}", plan.suffix)
+                } else {
+                    plan.suffix.to_owned()
+                };
+                Ok(Member {
+                    algorithm,
+                    plan,
+                    suffix,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        keys::check_prefix(&self.prefix)?;
+        if self.deadline.is_zero() {
+            return Err(ConfigError::Zero { what: "deadline" });
+        }
+        let fallback = match self.policy {
+            FailurePolicy::Fallback { share } => {
+                if !(share > 0.0 && share <= 1.0) {
+                    return Err(ConfigError::Invalid {
+                        what: "fallback share",
+                        requirement: "it must be greater than 0 and at most 1",
+                    });
+                }
+                let mut local = KeyedChain::builder();
+                for &algorithm in &self.algorithms {
+                    local = local.per_key(KeyedLimiter::new(share_of(algorithm, share))?);
+                }
+                Some(local.build()?)
+            }
+            FailurePolicy::FailOpen | FailurePolicy::FailClosed => None,
+        };
+        Ok((members, fallback))
+    }
+
+    /// The limiter, deciding through `connection`. Connects nothing and sends nothing: the first
+    /// decision loads its script into Redis if needed.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, FailurePolicy, RedisLimiter};
+    /// use turnstile::redis::{cluster::ClusterClient};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Redis Cluster: any node's address; the client discovers the others.
+    /// let cluster = ClusterClient::new(vec!["redis://127.0.0.1:7000/"])?;
+    /// let connection = cluster.get_async_connection().await?;
+    /// let limiter = RedisLimiter::builder(
+    ///     Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(1) },
+    ///     FailurePolicy::FailClosed,
+    /// )
+    /// .build(connection)?;
+    /// limiter.try_acquire("tenant-7").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn build<C>(self, connection: C) -> Result<RedisLimiter<C>, ConfigError>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let (members, fallback) = self.validate()?;
+        let script = match &members[..] {
+            [single] => single.plan.script,
+            _ => &CHAIN,
+        };
+        let capacity = members.iter().map(|m| m.plan.capacity).min().unwrap_or(0);
+        Ok(RedisLimiter {
+            inner: Arc::new(Inner {
+                connection,
+                members,
+                script,
+                capacity,
+                prefix: self.prefix,
+                deadline: self.deadline,
+                policy: self.policy,
+                fallback,
+                deny: DenyCache::new(self.deny_cache),
+                counters: Default::default(),
+            }),
+        })
+    }
+}
+
+/// Why a round trip gave no decision.
+enum Failure {
+    Error,
+    Timeout,
+}
+
+impl<C> RedisLimiter<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Takes one permit for `subject`, or says when to retry. See
+    /// [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use turnstile::TryAcquireError;
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// match limiter.try_acquire("203.0.113.9").await {
+    ///     Ok(admission) => println!("{} left", admission.remaining()),
+    ///     Err(TryAcquireError::Rejected(r)) => println!("retry in {:?}", r.retry_after()),
+    ///     Err(e) => println!("{e}"),
+    /// }
+    /// # }
+    /// ```
+    pub async fn try_acquire<K>(&self, subject: &K) -> Result<Admission, TryAcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        self.try_acquire_n(subject, 1).await
+    }
+
+    /// Takes `n` permits for `subject`, all or nothing, in one round trip to Redis; `n == 0` asks
+    /// whether one permit would be admitted and takes nothing.
+    ///
+    /// # Errors
+    ///
+    /// - [`TryAcquireError::Rejected`]: not enough permits; the exact retry-after, from Redis's
+    ///   clock (or from the deny cache, without a round trip).
+    /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst); nothing is
+    ///   sent.
+    /// - [`TryAcquireError::Unavailable`]: Redis failed or missed the deadline and the policy is
+    ///   [`FailurePolicy::FailClosed`].
+    /// - [`TryAcquireError::TooManyKeys`]: under [`FailurePolicy::Fallback`], the local limiter
+    ///   is full of keys.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes leaves no local state behind, but if the request
+    /// was already sent the script may still run in Redis and take the permits: as with a
+    /// timed-out decision, a cancelled one may have been charged.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), turnstile::TryAcquireError> {
+    /// // An upload of 5 MB against a per-user budget counted in megabytes.
+    /// let admission = limiter.try_acquire_n("user:7", 5).await?;
+    /// println!("admitted at {:?} after the Unix epoch (Redis's clock)", admission.at());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_acquire_n<K>(&self, subject: &K, n: u32) -> Result<Admission, TryAcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        let inner = &*self.inner;
+        let subject = subject.as_ref();
+        if n > inner.capacity {
+            return Err(TryAcquireError::InsufficientCapacity {
+                requested: n,
+                capacity: inner.capacity,
+            });
+        }
+        let sent = Instant::now();
+        if let Some(left) = inner.deny.check(subject, n, sent) {
+            inner.count(DENIED_LOCALLY);
+            return Err(TryAcquireError::Rejected(Rejection::new(
+                left,
+                inner.capacity,
+            )));
+        }
+        let reply = match tokio::time::timeout(inner.deadline, inner.eval(subject, n)).await {
+            Ok(Ok(reply)) => parse(&reply),
+            Ok(Err(_)) => Err(Failure::Error),
+            Err(_) => Err(Failure::Timeout),
+        };
+        match reply {
+            Ok(Ok((at, reset_after, remaining))) => {
+                inner.count(ADMITTED);
+                Ok(Admission::new(at, reset_after, remaining))
+            }
+            Ok(Err((retry_after, member))) => {
+                inner.count(REJECTED);
+                // A chain names the member that gave the retry-after (1-based); one limit says 0.
+                let limit = member
+                    .checked_sub(1)
+                    .and_then(|i| inner.members.get(i))
+                    .map_or(inner.capacity, |m| m.plan.capacity);
+                if n > 0 {
+                    let until = sent.checked_add(Duration::from_nanos(retry_after));
+                    if let Some(until) = until {
+                        inner.deny.deny(subject, n, until, Instant::now());
+                    }
+                }
+                Err(TryAcquireError::Rejected(Rejection::new(
+                    retry_after,
+                    limit,
+                )))
+            }
+            Err(failure) => inner.fail(failure, subject, n),
+        }
+    }
+
+    /// Takes one permit for `subject`, waiting as long as it takes. See
+    /// [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), turnstile::AcquireError> {
+    /// limiter.acquire("crawler:example.org").await?;
+    /// // ... fetch one page ...
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire<K>(&self, subject: &K) -> Result<Admission, AcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        self.acquire_n(subject, 1).await
+    }
+
+    /// Takes `n` permits for `subject`, waiting as long as it takes: after each rejection it
+    /// sleeps for the retry-after plus a little jitter (up to 1/8 of the retry-after, between
+    /// 0.1 ms and 50 ms, so that many waiters do not return at the same instant) and tries again.
+    ///
+    /// **Not FIFO.** Waiters in different processes (or tasks) do not queue: whoever asks first
+    /// after the permits free up gets them. Under contention a waiter can be overtaken many times;
+    /// wrap the call in `tokio::time::timeout` to bound the wait.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit;
+    /// [`AcquireError::Unavailable`] when a decision fails and the policy is to fail closed;
+    /// [`AcquireError::TooManyKeys`] from a full fallback limiter.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it sleeps consumes nothing. Dropping it while a request is in
+    /// flight may leave the permits charged in Redis, as for [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// let admission = tokio::time::timeout(Duration::from_secs(5), limiter.acquire_n("batch", 10)).await??;
+    /// println!("{} left", admission.remaining());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire_n<K>(&self, subject: &K, n: u32) -> Result<Admission, AcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        loop {
+            match self.try_acquire_n(subject, n).await {
+                Ok(admission) => return Ok(admission),
+                Err(TryAcquireError::Rejected(r)) => {
+                    tokio::time::sleep(r.retry_after() + jitter(r.retry_after())).await;
+                }
+                Err(TryAcquireError::InsufficientCapacity {
+                    requested,
+                    capacity,
+                }) => {
+                    return Err(AcquireError::InsufficientCapacity {
+                        requested,
+                        capacity,
+                    })
+                }
+                Err(TryAcquireError::TooManyKeys { max_keys }) => {
+                    return Err(AcquireError::TooManyKeys { max_keys })
+                }
+                Err(TryAcquireError::Unavailable) => return Err(AcquireError::Unavailable),
+                Err(TryAcquireError::Closed) => return Err(AcquireError::Closed),
+            }
+        }
+    }
+}
+
+impl<C> RedisLimiter<C> {
+    /// The counts so far.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// let _ = limiter.try_acquire("a").await;
+    /// let stats = limiter.stats();
+    /// assert_eq!(stats.admitted + stats.rejected + stats.errors + stats.timeouts, 1);
+    /// # }
+    /// ```
+    pub fn stats(&self) -> RedisStats {
+        let c = |i: usize| self.inner.counters[i].load(Ordering::Relaxed);
+        RedisStats {
+            admitted: c(ADMITTED),
+            rejected: c(REJECTED),
+            denied_locally: c(DENIED_LOCALLY),
+            errors: c(ERRORS),
+            timeouts: c(TIMEOUTS),
+            fallbacks: c(FALLBACKS),
+            failed_open: c(FAILED_OPEN),
+            failed_closed: c(FAILED_CLOSED),
+        }
+    }
+
+    /// The algorithm and its parameters, as configured (the first limit of a chain).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// println!("{:?}", limiter.algorithm());
+    /// # }
+    /// ```
+    pub fn algorithm(&self) -> Algorithm {
+        self.inner.members[0].algorithm
+    }
+
+    /// Every limit, in the order given (one unless built with
+    /// [`and_limit`](RedisLimiterBuilder::and_limit)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// for algorithm in limiter.algorithms() {
+    ///     println!("{algorithm:?}");
+    /// }
+    /// # }
+    /// ```
+    pub fn algorithms(&self) -> impl Iterator<Item = Algorithm> + '_ {
+        self.inner.members.iter().map(|m| m.algorithm)
+    }
+
+    /// The most permits one call can get: the limit (or burst), the smallest over a chain.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// assert!(limiter.capacity() >= 1);
+    /// # }
+    /// ```
+    pub fn capacity(&self) -> u32 {
+        self.inner.capacity
+    }
+
+    /// The Redis key holding `subject`'s state: `prefix:{subject}:suffix`, the subject hashed if
+    /// longer than 64 bytes (for a chain, the first limit's key; see [`keys`](Self::keys)). For
+    /// inspection (`PTTL`, `MEMORY USAGE`); never write to it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// assert_eq!(limiter.key("alice"), b"turnstile:{alice}:tb".to_vec());
+    /// # }
+    /// ```
+    pub fn key<K: AsRef<[u8]> + ?Sized>(&self, subject: &K) -> Vec<u8> {
+        keys::key(
+            &self.inner.prefix,
+            subject.as_ref(),
+            &self.inner.members[0].suffix,
+        )
+    }
+
+    /// The Redis keys of `subject`, one per limit, in order.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// for key in limiter.keys("alice") {
+    ///     println!("{}", String::from_utf8_lossy(&key));
+    /// }
+    /// # }
+    /// ```
+    pub fn keys<K: AsRef<[u8]> + ?Sized>(&self, subject: &K) -> Vec<Vec<u8>> {
+        self.inner
+            .members
+            .iter()
+            .map(|m| keys::key(&self.inner.prefix, subject.as_ref(), &m.suffix))
+            .collect()
+    }
+
+    /// Subjects held in the deny cache now (expired ones included until they are looked up or
+    /// pushed out).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) {
+    /// println!("{} subjects denied locally", limiter.denied_subjects());
+    /// # }
+    /// ```
+    pub fn denied_subjects(&self) -> usize {
+        self.inner.deny.len()
+    }
+}
+
+impl<C> Inner<C> {
+    fn count(&self, counter: usize) {
+        self.counters[counter].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The failure policy's answer for a decision that got no reply.
+    fn fail(&self, failure: Failure, subject: &[u8], n: u32) -> Result<Admission, TryAcquireError> {
+        self.count(match failure {
+            Failure::Error => ERRORS,
+            Failure::Timeout => TIMEOUTS,
+        });
+        match (self.policy, &self.fallback) {
+            (FailurePolicy::Fallback { .. }, Some(local)) => {
+                self.count(FALLBACKS);
+                let key: Box<[u8]> = subject.into();
+                local.try_acquire_n(&key, n)
+            }
+            (FailurePolicy::FailOpen, _) => {
+                self.count(FAILED_OPEN);
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                Ok(Admission::new(now, 0, self.capacity))
+            }
+            _ => {
+                self.count(FAILED_CLOSED);
+                Err(TryAcquireError::Unavailable)
+            }
+        }
+    }
+}
+
+impl<C> Inner<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// One decision in Redis: `EVALSHA`, and `EVAL` if Redis has lost the script.
+    async fn eval(&self, subject: &[u8], n: u32) -> Result<Vec<i64>, RedisError> {
+        let mut connection = self.connection.clone();
+        let command = |name: &str, script: &str| {
+            let mut cmd = ::redis::cmd(name);
+            cmd.arg(script).arg(self.members.len());
+            for member in &self.members {
+                cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
+            }
+            cmd.arg(n);
+            let chain = self.members.len() > 1;
+            for member in &self.members {
+                if chain {
+                    cmd.arg(member.plan.kind);
+                }
+                cmd.arg(member.plan.params[0]).arg(member.plan.params[1]);
+            }
+            cmd
+        };
+        match command("EVALSHA", &self.script.sha)
+            .query_async(&mut connection)
+            .await
+        {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                command("EVAL", self.script.body)
+                    .query_async(&mut connection)
+                    .await
+            }
+            other => other,
+        }
+    }
+}
+
+/// A decision from a script's reply `{admitted, now, t, remaining or member}` (times in µs):
+/// admitted `(at, reset_after, remaining)` in nanoseconds, or the retry-after in nanoseconds and
+/// the member that gave it (1-based; 0 for a single limit).
+#[allow(clippy::type_complexity)]
+fn parse(reply: &[i64]) -> Result<Result<(u64, u64, u32), (u64, usize)>, Failure> {
+    let &[admitted, now, t, remaining] = reply else {
+        return Err(Failure::Error);
+    };
+    let (Ok(now), Ok(t), Ok(remaining)) = (
+        u64::try_from(now),
+        u64::try_from(t),
+        u32::try_from(remaining),
+    ) else {
+        return Err(Failure::Error);
+    };
+    let ns = |us: u64| us.saturating_mul(1000);
+    Ok(match admitted {
+        1 => Ok((ns(now), ns(t), remaining)),
+        _ => Err((ns(t), remaining as usize)),
+    })
+}
+
+/// A random extra sleep for `acquire`: up to 1/8 of `retry_after`, at least 0.1 ms and at most
+/// 50 ms.
+fn jitter(retry_after: Duration) -> Duration {
+    let max = (retry_after / 8).clamp(Duration::from_micros(100), Duration::from_millis(50));
+    let random = RandomState::new().hash_one(Instant::now());
+    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(random % nanos.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_whole_microseconds_rounded_up() {
+        let p = plan(Algorithm::TokenBucket {
+            rate: Rate::per_second(3),
+            burst: 2,
+        })
+        .ok()
+        .unwrap();
+        assert_eq!(p.kind, 4);
+        assert_eq!(p.params, [333_334, 2]);
+        let p = plan(Algorithm::FixedWindow {
+            limit: 5,
+            window: Duration::from_nanos(1_500),
+        })
+        .ok()
+        .unwrap();
+        assert_eq!(p.params, [2, 5]);
+        assert!(matches!(
+            plan(Algorithm::SlidingCounter {
+                limit: u32::MAX,
+                window: Duration::from_secs(3600)
+            }),
+            Err(ConfigError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            plan(Algorithm::FixedWindow {
+                limit: 1,
+                window: Duration::ZERO
+            }),
+            Err(ConfigError::Zero { what: "window" })
+        ));
+    }
+
+    #[test]
+    fn fallback_runs_at_its_share() {
+        let a = share_of(
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(10),
+                burst: 7,
+            },
+            0.3,
+        );
+        assert_eq!(
+            a,
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(3),
+                burst: 2
+            }
+        );
+    }
+
+    #[test]
+    fn jitter_stays_in_its_bounds() {
+        for ms in [0u64, 1, 100, 10_000] {
+            let j = jitter(Duration::from_millis(ms));
+            assert!(j <= Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn malformed_replies_are_failures() {
+        assert!(parse(&[1, 2, 3]).is_err());
+        assert!(parse(&[1, -2, 3, 4]).is_err());
+        assert!(matches!(parse(&[0, 5, 7, 0]), Ok(Err((7_000, 0)))));
+        assert!(matches!(parse(&[0, 5, 7, 2]), Ok(Err((7_000, 2)))));
+    }
+}

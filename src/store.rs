@@ -1,0 +1,471 @@
+//! [`StoreLimiter`]: the four algorithms over any async key-value store that offers only get and
+//! set-with-expiry (memcached, a SQL table, a cloud cache), for when Redis is not available.
+//!
+//! **Atomic within one process only.** Such a store has no compare-and-set and no scripts, so a
+//! decision is a read-modify-write: `get`, decide, `set`. Inside one process, [`KeyLocks`]
+//! serialises the decisions on each key, so they are exact. Two processes sharing the store can
+//! both read the same state and both admit: across processes this is the read-modify-write race
+//! of AspNetCoreRateLimit's distributed counter, and nothing built on get/set alone can close it.
+//! For a limit shared by several processes, use [`RedisLimiter`](crate::RedisLimiter) (feature
+//! `redis`), whose every decision is one atomic script on Redis's clock.
+
+use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
+use crate::clock::Clock;
+use crate::decision::Admission;
+use crate::error::{ConfigError, TryAcquireError};
+use crate::keylocks::KeyLocks;
+use crate::limiter::Algorithm;
+use crate::sync::{Arc, AtomicU64, Ordering};
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+/// An async key-value store with only `get` and `set` with an expiry: what [`StoreLimiter`]
+/// needs. Implement it for memcached, a SQL table (a row with an `expires_at` column), and so on.
+///
+/// # Examples
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+/// use std::time::{Duration, Instant};
+/// use turnstile::Store;
+///
+/// /// A store in this process's memory, entries dropped once expired.
+/// #[derive(Default)]
+/// struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+///
+/// impl Store for Memory {
+///     type Error = std::convert::Infallible;
+///
+///     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+///         let map = self.0.lock().unwrap();
+///         Ok(map.get(key).filter(|(_, until)| *until > Instant::now()).map(|(v, _)| v.clone()))
+///     }
+///
+///     async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+///         self.0.lock().unwrap().insert(key.to_vec(), (value, Instant::now() + ttl));
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait Store: Send + Sync + 'static {
+    /// What a failed `get` or `set` reports.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The value stored at `key`, or `None` if there is none (or it has expired).
+    ///
+    /// # Cancel safety
+    ///
+    /// The limiter may drop this future (when its caller is cancelled); a read must leave
+    /// nothing behind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # async fn demo<S: turnstile::Store>(store: &S) -> Result<(), S::Error> {
+    /// if let Some(bytes) = store.get(b"login:alice:fw").await? {
+    ///     println!("{} bytes of state", bytes.len());
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn get(&self, key: &[u8]) -> impl Future<Output = Result<Option<Vec<u8>>, Self::Error>> + Send;
+
+    /// Stores `value` at `key`, to expire after `ttl` (at least 1 ms; a store with coarser
+    /// expiry rounds up). After the TTL the state equals a fresh one, so an expired key loses
+    /// nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// The limiter may drop this future; the write may then have happened or not, and either is
+    /// fine for the limiter (the admission it was for is never reported to the caller).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # async fn demo<S: turnstile::Store>(store: &S) -> Result<(), S::Error> {
+    /// store.set(b"login:alice:fw", vec![0; 8], Duration::from_secs(60)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn set(
+        &self,
+        key: &[u8],
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// Wall-clock nanoseconds since the Unix epoch, never going back within this process (a step
+/// back of the system clock holds the reading still until the clock catches up). Processes
+/// sharing a store must share an epoch, hence the wall clock; their skew loosens the limits.
+struct WallClock {
+    last: AtomicU64,
+}
+
+impl Clock for WallClock {
+    fn now(&self) -> u64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 2));
+        let before = self.last.fetch_max(wall, Ordering::AcqRel);
+        before.max(wall)
+    }
+}
+
+enum AnyAlgo {
+    Fixed(FixedWindow),
+    Sliding(SlidingWindow),
+    Counter(SlidingCounter),
+    Bucket(TokenBucket),
+}
+
+/// Counts kept by a [`StoreLimiter`].
+///
+/// # Examples
+///
+/// ```
+/// # fn demo<S: turnstile::Store>(limiter: turnstile::StoreLimiter<S>) {
+/// let stats = limiter.stats();
+/// println!("{} admitted, {} store errors", stats.admitted, stats.errors);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct StoreStats {
+    /// Calls admitted.
+    pub admitted: u64,
+    /// Calls rejected by the limit.
+    pub rejected: u64,
+    /// Calls that failed because the store failed.
+    pub errors: u64,
+}
+
+/// A rate limiter whose per-subject state lives in a [`Store`]: exact within one process,
+/// **not** across processes (see the module docs; use
+/// [`RedisLimiter`](crate::RedisLimiter) for that).
+///
+/// Each decision runs the same algorithm code as the in-memory limiters on a cell restored from
+/// the stored bytes (8 bytes per word, little-endian: one word for the fixed window and the
+/// token bucket, three for the sliding counter, 2 + limit for the exact sliding window), under
+/// a per-subject write lock from [`KeyLocks`]; an admission stores the new state with a TTL
+/// that ends when it equals a fresh one, a rejection writes nothing. Time is the wall clock in
+/// nanoseconds since the Unix epoch (kept from going back within the process). Keys are
+/// `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a store with a key length
+/// limit must hash long keys itself. A stored value that cannot be this algorithm's state is
+/// treated as absent.
+///
+/// # Examples
+///
+/// ```
+/// # use std::collections::HashMap;
+/// # use std::sync::Mutex;
+/// # use std::time::{Duration, Instant};
+/// # #[derive(Default)]
+/// # struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+/// # impl turnstile::Store for Memory {
+/// #     type Error = std::convert::Infallible;
+/// #     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+/// #         let map = self.0.lock().unwrap();
+/// #         Ok(map.get(key).filter(|(_, until)| *until > Instant::now()).map(|(v, _)| v.clone()))
+/// #     }
+/// #     async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+/// #         self.0.lock().unwrap().insert(key.to_vec(), (value, Instant::now() + ttl));
+/// #         Ok(())
+/// #     }
+/// # }
+/// use turnstile::{Algorithm, StoreLimiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = StoreLimiter::new(
+///     Algorithm::FixedWindow { limit: 2, window: Duration::from_secs(60) },
+///     "login",
+///     Memory::default(),
+/// )?;
+/// assert!(limiter.try_acquire("alice").await.is_ok());
+/// assert!(limiter.try_acquire("alice").await.is_ok());
+/// assert!(limiter.try_acquire("alice").await.is_err());
+/// # Ok(())
+/// # }
+/// ```
+pub struct StoreLimiter<S> {
+    inner: Arc<StoreInner<S>>,
+}
+
+struct StoreInner<S> {
+    store: S,
+    algo: AnyAlgo,
+    algorithm: Algorithm,
+    suffix: &'static str,
+    prefix: String,
+    locks: KeyLocks<Vec<u8>>,
+    clock: WallClock,
+    counters: [AtomicU64; 3],
+}
+
+impl<S> Clone for StoreLimiter<S> {
+    fn clone(&self) -> Self {
+        StoreLimiter {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<S> fmt::Debug for StoreLimiter<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreLimiter")
+            .field("algorithm", &self.inner.algorithm)
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to store after an admission: the state's bytes and their TTL.
+type Write = Option<(Vec<u8>, Duration)>;
+
+/// One decision on stored bytes: the verdict, and what to store if it admitted.
+fn run<A: Algo, C: Clock>(
+    algo: &A,
+    stored: Option<&[u8]>,
+    n: u32,
+    clock: &C,
+) -> (Result<Admission, TryAcquireError>, Write) {
+    let words: Option<Vec<u64>> = stored.filter(|b| b.len() % 8 == 0).map(|b| {
+        b.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect()
+    });
+    let cell = words
+        .and_then(|w| algo.restore(&w))
+        .unwrap_or_else(|| algo.cell());
+    let result = algo.try_acquire(&cell, n, clock);
+    let save = match &result {
+        Ok(admission) if n > 0 => {
+            let bytes = A::save(&cell)
+                .into_iter()
+                .flat_map(u64::to_le_bytes)
+                .collect();
+            let ttl = admission.reset_after().max(Duration::from_millis(1));
+            Some((bytes, ttl))
+        }
+        _ => None,
+    };
+    (result, save)
+}
+
+impl<S: Store> StoreLimiter<S> {
+    /// A limiter running `algorithm` over `store`, its keys starting with `prefix`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] if a parameter is zero or too large.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # struct Nothing;
+    /// # impl turnstile::Store for Nothing {
+    /// #     type Error = std::convert::Infallible;
+    /// #     async fn get(&self, _: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> { Ok(None) }
+    /// #     async fn set(&self, _: &[u8], _: Vec<u8>, _: Duration) -> Result<(), Self::Error> { Ok(()) }
+    /// # }
+    /// use turnstile::{Algorithm, ConfigError, StoreLimiter};
+    ///
+    /// let err = StoreLimiter::new(Algorithm::FixedWindow { limit: 0, window: Duration::from_secs(1) }, "p", Nothing);
+    /// assert_eq!(err.unwrap_err(), ConfigError::Zero { what: "limit" });
+    /// ```
+    pub fn new(
+        algorithm: Algorithm,
+        prefix: impl Into<String>,
+        store: S,
+    ) -> Result<Self, ConfigError> {
+        let (algo, suffix) = match algorithm {
+            Algorithm::FixedWindow { limit, window } => {
+                (AnyAlgo::Fixed(FixedWindow::new(limit, window)?), "fw")
+            }
+            Algorithm::SlidingWindow { limit, window } => {
+                (AnyAlgo::Sliding(SlidingWindow::new(limit, window)?), "sw")
+            }
+            Algorithm::SlidingCounter { limit, window } => {
+                (AnyAlgo::Counter(SlidingCounter::new(limit, window)?), "sc")
+            }
+            Algorithm::TokenBucket { rate, burst } => {
+                (AnyAlgo::Bucket(TokenBucket::new(rate, burst)?), "tb")
+            }
+        };
+        Ok(StoreLimiter {
+            inner: Arc::new(StoreInner {
+                store,
+                algo,
+                algorithm,
+                suffix,
+                prefix: prefix.into(),
+                locks: KeyLocks::new(),
+                clock: WallClock {
+                    last: AtomicU64::new(0),
+                },
+                counters: Default::default(),
+            }),
+        })
+    }
+
+    /// Takes one permit for `subject`. See [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo<S: turnstile::Store>(limiter: turnstile::StoreLimiter<S>) {
+    /// if limiter.try_acquire("alice").await.is_err() {
+    ///     println!("429");
+    /// }
+    /// # }
+    /// ```
+    pub async fn try_acquire<K>(&self, subject: &K) -> Result<Admission, TryAcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        self.try_acquire_n(subject, 1).await
+    }
+
+    /// Takes `n` permits for `subject`, all or nothing (`n == 0` asks for one and takes
+    /// nothing): under the subject's write lock, `get`, decide, and `set` if admitted.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Rejected`] with the exact retry-after;
+    /// [`TryAcquireError::InsufficientCapacity`] if `n` exceeds the limit (the store is not
+    /// asked); [`TryAcquireError::Unavailable`] if the store failed (counted in
+    /// [`stats`](Self::stats)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits for the lock or for `get` changes nothing. Dropped
+    /// during `set`, the admission may or may not have been stored; the caller never sees it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo<S: turnstile::Store>(limiter: turnstile::StoreLimiter<S>) {
+    /// match limiter.try_acquire_n("report-export", 5).await {
+    ///     Ok(a) => println!("{} left", a.remaining()),
+    ///     Err(e) => println!("{e}"),
+    /// }
+    /// # }
+    /// ```
+    pub async fn try_acquire_n<K>(&self, subject: &K, n: u32) -> Result<Admission, TryAcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        let inner = &*self.inner;
+        let capacity = match &inner.algo {
+            AnyAlgo::Fixed(a) => a.limit(),
+            AnyAlgo::Sliding(a) => a.limit(),
+            AnyAlgo::Counter(a) => a.limit(),
+            AnyAlgo::Bucket(a) => a.limit(),
+        };
+        if n > capacity {
+            return Err(TryAcquireError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            });
+        }
+        let key = self.key(subject);
+        let _guard = inner.locks.write(&key[..]).await;
+        let stored = match inner.store.get(&key).await {
+            Ok(stored) => stored,
+            Err(_) => return Err(inner.count(2, TryAcquireError::Unavailable)),
+        };
+        let stored = stored.as_deref();
+        let clock = &inner.clock;
+        let (result, save) = match &inner.algo {
+            AnyAlgo::Fixed(a) => run(a, stored, n, clock),
+            AnyAlgo::Sliding(a) => run(a, stored, n, clock),
+            AnyAlgo::Counter(a) => run(a, stored, n, clock),
+            AnyAlgo::Bucket(a) => run(a, stored, n, clock),
+        };
+        if let Some((value, ttl)) = save {
+            if inner.store.set(&key, value, ttl).await.is_err() {
+                return Err(inner.count(2, TryAcquireError::Unavailable));
+            }
+        }
+        match result {
+            Ok(admission) => {
+                inner.counters[0].fetch_add(1, Ordering::Relaxed);
+                Ok(admission)
+            }
+            Err(e) => Err(inner.count(1, e)),
+        }
+    }
+
+    /// The store key of `subject`: `prefix:subject:suffix`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo<S: turnstile::Store>(limiter: turnstile::StoreLimiter<S>) {
+    /// assert!(limiter.key("alice").ends_with(b":alice:fw"));
+    /// # }
+    /// ```
+    pub fn key<K: AsRef<[u8]> + ?Sized>(&self, subject: &K) -> Vec<u8> {
+        let inner = &*self.inner;
+        let subject = subject.as_ref();
+        let mut key =
+            Vec::with_capacity(inner.prefix.len() + subject.len() + inner.suffix.len() + 2);
+        key.extend_from_slice(inner.prefix.as_bytes());
+        key.push(b':');
+        key.extend_from_slice(subject);
+        key.push(b':');
+        key.extend_from_slice(inner.suffix.as_bytes());
+        key
+    }
+
+    /// The counts so far.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo<S: turnstile::Store>(limiter: turnstile::StoreLimiter<S>) {
+    /// assert_eq!(limiter.stats().errors, 0);
+    /// # }
+    /// ```
+    pub fn stats(&self) -> StoreStats {
+        let c = |i: usize| self.inner.counters[i].load(Ordering::Relaxed);
+        StoreStats {
+            admitted: c(0),
+            rejected: c(1),
+            errors: c(2),
+        }
+    }
+
+    /// The algorithm and its parameters.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo<S: turnstile::Store>(limiter: turnstile::StoreLimiter<S>) {
+    /// println!("{:?}", limiter.algorithm());
+    /// # }
+    /// ```
+    pub fn algorithm(&self) -> Algorithm {
+        self.inner.algorithm
+    }
+}
+
+impl<S> StoreInner<S> {
+    fn count(&self, counter: usize, error: TryAcquireError) -> TryAcquireError {
+        self.counters[counter].fetch_add(1, Ordering::Relaxed);
+        error
+    }
+}

@@ -1,0 +1,264 @@
+//! A private `redis-server` per test: started on a free port with no persistence, ready once it
+//! answers PING, killed when dropped. A missing `redis-server` is a test failure with a clear
+//! message, never a skip (`.ci/run` installs it with apt-get).
+
+#![allow(dead_code)] // each test binary uses the parts it needs
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use turnstile::redis;
+
+/// One redis-server process, owned by the test.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: std::path::PathBuf,
+    /// Arguments beyond the defaults (port, bind, no persistence, dir).
+    extra: Vec<&'static str>,
+}
+
+/// A port nobody listens on right now (the OS picks it; the server binds it a moment later).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free TCP port on 127.0.0.1")
+}
+
+/// Whether a server on `port` answers PING with PONG.
+fn answers_ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers PING.
+    ///
+    /// # Panics
+    ///
+    /// If `redis-server` is not installed, or does not answer within 10 s.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// As [`start`](Self::start), with extra arguments for redis-server.
+    pub fn start_with(extra: &[&'static str]) -> RedisServer {
+        let dir = std::env::temp_dir().join(format!(
+            "turnstile-redis-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir)
+            .expect("cannot create a temporary directory for redis-server");
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir,
+            extra: extra.to_vec(),
+        };
+        // The port can be taken between our probe and the server's bind: try a few.
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 5 free ports");
+    }
+
+    /// Starts the server process on `self.port`; false if it exited (port taken).
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+            ])
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(e) => panic!(
+                "cannot run `redis-server` ({e}). The Redis tests need it and never skip: install \
+                 it with `apt-get update && apt-get install -y redis-server` (`.ci/run` does)."
+            ),
+        };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if answers_ping(self.port) {
+                self.child = Some(child);
+                return true;
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "redis-server on port {} did not answer PING within 10 s",
+            self.port
+        );
+    }
+
+    /// `redis://127.0.0.1:port/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A plain synchronous connection, for inspecting the server from a test.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
+            .expect("cannot connect to the test's redis-server")
+    }
+
+    /// The process id, while running.
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server is not running").id()
+    }
+
+    /// `kill -9`: the server vanishes at once, with all its state.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty (no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        assert!(
+            self.spawn(),
+            "redis-server could not be restarted on port {}",
+            self.port
+        );
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status()
+            .expect("cannot run `kill`");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing (a black hole).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT: the server resumes and answers what it was sent meanwhile.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            // A paused server would not die of SIGKILL any later, but resume it for good measure.
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.pid().to_string()])
+                .status();
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of `masters` masters (no replicas), each a [`RedisServer`] started with
+/// `--cluster-enabled yes`, joined by `redis-cli --cluster create`, ready once every node reports
+/// `cluster_state:ok`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// # Panics
+    ///
+    /// If `redis-server` or `redis-cli` is missing, or the cluster is not ready within 20 s.
+    pub fn start(masters: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| RedisServer::start_cluster_node())
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run `redis-cli` ({e}): it comes with redis-server (apt-get install -y redis-server)")
+            });
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let started = Instant::now();
+        for node in &nodes {
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.connection())
+                    .unwrap();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "the cluster is not ready: {info}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    /// The nodes' URLs, for `ClusterClient::new`.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+impl RedisServer {
+    /// A server started as an empty cluster node (its node file in its own directory).
+    fn start_cluster_node() -> RedisServer {
+        RedisServer::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+        ])
+    }
+}

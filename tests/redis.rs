@@ -1,0 +1,1233 @@
+//! The Redis backend against a real `redis-server`, started by each test (see
+//! `common/redis_server.rs`; a missing server fails the test, never skips it).
+//!
+//! Redis's `TIME` is real time, so windows here are short (a few hundred milliseconds) and every
+//! timing assertion brackets the server's decision between two `TIME` readings instead of
+//! guessing. After each test, `SCAN` must find no key of ours without a TTL.
+
+#![cfg(feature = "redis")]
+
+mod common;
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use redis_server::RedisServer;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use turnstile::redis::{self, aio::ConnectionManager, Commands};
+use turnstile::{
+    AcquireError, Admission, Algorithm, FailurePolicy, Rate, RedisLimiter, Rejection,
+    TryAcquireError,
+};
+
+const PREFIX: &str = "t";
+
+/// Redis's clock, in µs since the Unix epoch.
+fn redis_now(con: &mut redis::Connection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(con).unwrap();
+    s * 1_000_000 + us
+}
+
+/// Sleeps (real time) until `margin` after the start of the next window of `window` on Redis's
+/// clock, so that a test's admissions all fall in one window.
+fn align_to_window(con: &mut redis::Connection, window: Duration, margin: Duration) {
+    let w = window.as_micros() as u64;
+    let now = redis_now(con);
+    std::thread::sleep(Duration::from_micros(w - now % w) + margin);
+}
+
+async fn manager(server: &RedisServer) -> ConnectionManager {
+    ConnectionManager::new(redis::Client::open(server.url()).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn limiter(
+    server: &RedisServer,
+    algorithm: Algorithm,
+    policy: FailurePolicy,
+) -> RedisLimiter {
+    RedisLimiter::builder(algorithm, policy)
+        .prefix(PREFIX)
+        .deadline(Duration::from_millis(200))
+        .build(manager(server).await)
+        .unwrap()
+}
+
+/// Every key of ours carries a TTL, and the keys found are returned.
+fn assert_all_keys_expire(con: &mut redis::Connection) -> Vec<String> {
+    let keys: Vec<String> = con
+        .scan_match(format!("{PREFIX}:*"))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for key in &keys {
+        let ttl: i64 = con.pttl(key).unwrap();
+        assert!(ttl > 0, "key {key} has no TTL (PTTL {ttl})");
+    }
+    keys
+}
+
+/// `INFO commandstats` as command → calls.
+fn command_calls(con: &mut redis::Connection) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+fn rejection(result: Result<Admission, TryAcquireError>) -> Rejection {
+    match result {
+        Err(TryAcquireError::Rejected(r)) => r,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+fn dump(con: &mut redis::Connection, key: &[u8]) -> Option<Vec<u8>> {
+    redis::cmd("DUMP").arg(key).query(con).unwrap()
+}
+
+/// Rejects once and checks: the retry-after is `free_at − t` for the server's decision time t,
+/// bracketed by TIME readings; whole microseconds; and the key is unchanged (and its TTL was not
+/// refreshed).
+async fn check_rejection(
+    limiter: &RedisLimiter,
+    con: &mut redis::Connection,
+    subject: &str,
+    free_at_us: u64,
+) -> Rejection {
+    let key = limiter.key(subject);
+    let before = dump(con, &key);
+    let ttl_before: i64 = con.pttl(&key).unwrap();
+    let t0 = redis_now(con);
+    let r = rejection(limiter.try_acquire(subject).await);
+    let t1 = redis_now(con);
+    assert_eq!(r.retry_after_nanos() % 1000, 0, "retry-after in whole µs");
+    let retry = r.retry_after_nanos() / 1000;
+    let (low, high) = (free_at_us.saturating_sub(t1), free_at_us.saturating_sub(t0));
+    assert!(
+        low <= retry && retry <= high,
+        "retry-after {retry} µs outside [{low}, {high}]"
+    );
+    assert_eq!(dump(con, &key), before, "a rejection changed the key");
+    let ttl_after: i64 = con.pttl(&key).unwrap();
+    assert!(ttl_after <= ttl_before, "a rejection refreshed the TTL");
+    r
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros() as u64
+}
+
+#[tokio::test]
+async fn fixed_window_limit_retry_after_and_free_rejections() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let window = Duration::from_millis(400);
+    let limiter = limiter(
+        &server,
+        Algorithm::FixedWindow { limit: 3, window },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    align_to_window(&mut con, window, Duration::from_millis(5));
+    let a = limiter.try_acquire_n("alice", 2).await.unwrap();
+    assert_eq!(a.remaining(), 1);
+    let b = limiter.try_acquire("alice").await.unwrap();
+    assert_eq!(b.remaining(), 0);
+    let window_end = (b.at_nanos() / 1000 / micros(window) + 1) * micros(window);
+    assert_eq!(b.at_nanos() / 1000 + b.reset_after_us(), window_end);
+    let r = check_rejection(&limiter, &mut con, "alice", window_end).await;
+    assert_eq!(r.limit(), 3);
+    // Another subject is independent.
+    assert!(limiter.try_acquire("bob").await.is_ok());
+    // The next window admits again.
+    tokio::time::sleep(r.retry_after() + Duration::from_millis(2)).await;
+    let c = limiter.try_acquire_n("alice", 3).await.unwrap();
+    assert_eq!(c.remaining(), 0);
+    assert_eq!(
+        c.at_nanos() / 1000 / micros(window),
+        window_end / micros(window)
+    );
+    // Bob's key went with his window.
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}
+
+trait MicrosExt {
+    fn reset_after_us(&self) -> u64;
+}
+
+impl MicrosExt for Admission {
+    fn reset_after_us(&self) -> u64 {
+        self.reset_after().as_micros() as u64
+    }
+}
+
+#[tokio::test]
+async fn sliding_window_is_exact_on_redis_times() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let window = Duration::from_millis(300);
+    let limiter = limiter(
+        &server,
+        Algorithm::SlidingWindow { limit: 3, window },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    let first = limiter.try_acquire("s").await.unwrap();
+    assert_eq!(first.remaining(), 2);
+    assert_eq!(first.reset_after(), window);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = limiter.try_acquire_n("s", 2).await.unwrap();
+    assert_eq!(second.remaining(), 0);
+    // The oldest permit leaves the window at first.at + window.
+    let free_at = first.at_nanos() / 1000 + micros(window);
+    check_rejection(&limiter, &mut con, "s", free_at).await;
+    // Two permits need the second admission's permits to leave too.
+    let t0 = redis_now(&mut con);
+    let r2 = rejection(limiter.try_acquire_n("s", 2).await);
+    let t1 = redis_now(&mut con);
+    let free2 = second.at_nanos() / 1000 + micros(window);
+    let retry = r2.retry_after_nanos() / 1000;
+    assert!(free2 - t1 <= retry && retry <= free2 - t0);
+    // The log holds one member per admitted permit, never more than the limit.
+    let members: u64 = con.zcard(limiter.key("s")).unwrap();
+    assert_eq!(members, 3);
+    // Once the first permit has left, exactly one more fits.
+    let now = redis_now(&mut con);
+    tokio::time::sleep(
+        Duration::from_micros(free_at.saturating_sub(now)) + Duration::from_millis(2),
+    )
+    .await;
+    let third = limiter.try_acquire("s").await.unwrap();
+    assert_eq!(third.remaining(), 0);
+    assert!(third.at_nanos() / 1000 >= free_at);
+    rejection(limiter.try_acquire("s").await);
+    let members: u64 = con.zcard(limiter.key("s")).unwrap();
+    assert_eq!(members, 3, "expired members are trimmed on admission");
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}
+
+#[tokio::test]
+async fn token_bucket_is_gcra_on_redis_times() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    // 10 per second: one permit every 100,000 µs; bursts of 3.
+    let limiter = limiter(
+        &server,
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(10),
+            burst: 3,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    let a = limiter.try_acquire_n("k", 3).await.unwrap();
+    assert_eq!(a.remaining(), 0);
+    assert_eq!(a.reset_after(), Duration::from_millis(300));
+    // TAT = at + 300 ms; one more permit fits once TAT − now ≤ 200 ms.
+    let tat = a.at_nanos() / 1000 + 300_000;
+    check_rejection(&limiter, &mut con, "k", tat - 200_000).await;
+    let stored: u64 = con.get(limiter.key("k")).unwrap();
+    assert_eq!(stored, tat, "the key holds the TAT in µs");
+    // The key expires when the bucket is full again.
+    let ttl: i64 = con.pttl(limiter.key("k")).unwrap();
+    assert!(ttl > 0 && ttl <= 300, "PTTL {ttl}");
+    // More than the burst can never fit.
+    assert_eq!(
+        limiter.try_acquire_n("k", 4).await,
+        Err(TryAcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        })
+    );
+    let now = redis_now(&mut con);
+    tokio::time::sleep(
+        Duration::from_micros((tat - 200_000).saturating_sub(now)) + Duration::from_millis(2),
+    )
+    .await;
+    let b = limiter.try_acquire("k").await.unwrap();
+    assert_eq!(b.remaining(), 0);
+    assert_eq!(b.at_nanos() / 1000 + b.reset_after_us(), tat + 100_000);
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}
+
+#[tokio::test]
+async fn sliding_counter_weighs_the_previous_window() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let window = Duration::from_millis(400);
+    let w = micros(window);
+    let limiter = limiter(
+        &server,
+        Algorithm::SlidingCounter { limit: 4, window },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    align_to_window(&mut con, window, Duration::from_millis(5));
+    let a = limiter.try_acquire_n("c", 4).await.unwrap();
+    assert_eq!(a.remaining(), 0);
+    let start = a.at_nanos() / 1000 / w * w;
+    assert_eq!(a.at_nanos() / 1000 + a.reset_after_us(), start + 2 * w);
+    // cur = 4, prev = 0: one permit fits in the next window once 4·(W − e) ≤ 3·W, that is
+    // e ≥ W − ⌊3W/4⌋.
+    let free_at = start + w + (w - 3 * w / 4);
+    check_rejection(&limiter, &mut con, "c", free_at).await;
+    let now = redis_now(&mut con);
+    tokio::time::sleep(Duration::from_micros(free_at - now) + Duration::from_millis(2)).await;
+    let b = limiter.try_acquire("c").await.unwrap();
+    assert!(b.at_nanos() / 1000 >= free_at);
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}
+
+#[tokio::test]
+async fn probes_take_nothing() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    for algorithm in all_algorithms(2, Duration::from_secs(2)) {
+        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let subject = format!("{algorithm:?}");
+        let probe = limiter.try_acquire_n(&subject, 0).await.unwrap();
+        assert_eq!(probe.remaining(), 2, "{algorithm:?}");
+        assert_eq!(
+            dump(&mut con, &limiter.key(&subject)),
+            None,
+            "{algorithm:?}"
+        );
+        limiter.try_acquire_n(&subject, 2).await.unwrap();
+        let state = dump(&mut con, &limiter.key(&subject));
+        rejection(limiter.try_acquire_n(&subject, 0).await);
+        assert_eq!(
+            dump(&mut con, &limiter.key(&subject)),
+            state,
+            "{algorithm:?}"
+        );
+    }
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 4);
+}
+
+fn all_algorithms(limit: u32, window: Duration) -> [Algorithm; 4] {
+    [
+        Algorithm::FixedWindow { limit, window },
+        Algorithm::SlidingWindow { limit, window },
+        Algorithm::SlidingCounter { limit, window },
+        Algorithm::TokenBucket {
+            rate: Rate::new(limit, window),
+            burst: limit,
+        },
+    ]
+}
+
+#[tokio::test]
+async fn keys_found_without_a_ttl_are_repaired() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    for algorithm in all_algorithms(1, Duration::from_secs(5)) {
+        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let subject = format!("{algorithm:?}");
+        let key = limiter.key(&subject);
+        limiter.try_acquire(&subject).await.unwrap();
+        let _: bool = con.persist(&key).unwrap();
+        assert_eq!(con.pttl::<_, i64>(&key).unwrap(), -1);
+        // A rejection, which otherwise writes nothing, gives the key its TTL back.
+        rejection(limiter.try_acquire(&subject).await);
+        let ttl: i64 = con.pttl(&key).unwrap();
+        // Up to two windows for the sliding counter (it needs the previous window's count).
+        assert!(ttl > 0 && ttl <= 10_000, "{algorithm:?}: PTTL {ttl}");
+    }
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 4);
+}
+
+#[tokio::test]
+async fn long_subjects_are_hashed_into_the_tag() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limiter = limiter(
+        &server,
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(5),
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    let long = "x".repeat(1000);
+    let other = format!("{long}y");
+    limiter.try_acquire(&long).await.unwrap();
+    rejection(limiter.try_acquire(&long).await);
+    limiter.try_acquire(&other).await.unwrap();
+    let keys = assert_all_keys_expire(&mut con);
+    assert_eq!(keys.len(), 2);
+    for key in keys {
+        assert!(
+            key.starts_with("t:{sha256:") && key.len() == "t:{}:fw".len() + 71,
+            "{key}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn one_command_per_decision_and_two_after_script_flush() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limiter = limiter(
+        &server,
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(1000),
+            burst: 1000,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    // First call ever: the script is not cached yet.
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    limiter.try_acquire("a").await.unwrap();
+    let calls = command_calls(&mut con);
+    assert_eq!(calls.get("evalsha"), Some(&1));
+    assert_eq!(calls.get("eval"), Some(&1));
+    for _ in 0..100 {
+        limiter.try_acquire("a").await.unwrap();
+    }
+    let calls = command_calls(&mut con);
+    assert_eq!(calls.get("evalsha"), Some(&101), "one EVALSHA per decision");
+    assert_eq!(calls.get("eval"), Some(&1));
+    // Redis loses its scripts: the next call costs EVALSHA (NOSCRIPT) + EVAL, then one again.
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    limiter.try_acquire("a").await.unwrap();
+    limiter.try_acquire("a").await.unwrap();
+    let calls = command_calls(&mut con);
+    assert_eq!(calls.get("evalsha"), Some(&2));
+    assert_eq!(calls.get("eval"), Some(&1));
+    // Redis also counts the commands a script calls (TIME, GET, SET): no other command came
+    // from the client.
+    for name in calls.keys() {
+        assert!(
+            matches!(
+                name.as_str(),
+                "evalsha" | "eval" | "config|resetstat" | "time" | "get" | "set"
+            ),
+            "unexpected command {name}: {calls:?}"
+        );
+    }
+    assert_eq!(limiter.stats().admitted, 103);
+    assert_all_keys_expire(&mut con);
+}
+
+#[tokio::test]
+async fn the_deny_cache_answers_without_a_round_trip() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limiter = limiter(
+        &server,
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(4),
+            burst: 2,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    limiter.try_acquire_n("d", 2).await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let first = rejection(limiter.try_acquire("d").await);
+    for _ in 0..50 {
+        let r = rejection(limiter.try_acquire("d").await);
+        assert!(r.retry_after() <= first.retry_after());
+        assert_eq!(r.limit(), 2);
+    }
+    // Another subject still goes to Redis.
+    limiter.try_acquire("e").await.unwrap();
+    let calls = command_calls(&mut con);
+    assert_eq!(calls.get("evalsha"), Some(&2), "{calls:?}");
+    let stats = limiter.stats();
+    assert_eq!((stats.rejected, stats.denied_locally), (1, 50));
+    assert_eq!(limiter.denied_subjects(), 1);
+    // Once the retry-after has passed, the subject is admitted at once (never stricter).
+    tokio::time::sleep(first.retry_after()).await;
+    limiter.try_acquire("d").await.unwrap();
+    assert_all_keys_expire(&mut con);
+}
+
+#[tokio::test]
+async fn acquire_waits_for_the_retry_after() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limiter = limiter(
+        &server,
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(20),
+            burst: 1,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    let started = Instant::now();
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        times.push(limiter.acquire("w").await.unwrap().at_nanos() / 1000);
+    }
+    let elapsed = started.elapsed();
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 50_000,
+            "spacing {} µs",
+            pair[1] - pair[0]
+        );
+    }
+    assert!(elapsed >= Duration::from_millis(200), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(600), "{elapsed:?}");
+    assert_eq!(
+        limiter.acquire_n("w", 2).await,
+        Err(AcquireError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        })
+    );
+    assert_all_keys_expire(&mut con);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_tasks_never_over_admit() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let window = Duration::from_millis(200);
+    let limit = 25;
+    let run = Duration::from_millis(1200);
+    for algorithm in all_algorithms(limit, window) {
+        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let stop = Instant::now() + run;
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move {
+                    let mut admitted = Vec::new();
+                    while Instant::now() < stop {
+                        let n = 1 + (i % 2);
+                        match limiter.try_acquire_n("audit", n).await {
+                            Ok(a) => admitted.push((a.at_nanos(), u64::from(n))),
+                            Err(TryAcquireError::Rejected(_)) => {
+                                tokio::time::sleep(Duration::from_millis(1)).await
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let mut admissions = Vec::new();
+        for task in tasks {
+            admissions.extend(task.await.unwrap());
+        }
+        admissions.sort_unstable();
+        let total: u64 = admissions.iter().map(|a| a.1).sum();
+        let violations = match algorithm {
+            Algorithm::FixedWindow { .. } => common::fixed_violations(&admissions, limit, window),
+            Algorithm::SlidingWindow { .. } => {
+                common::sliding_violations(&admissions, limit, window)
+            }
+            Algorithm::SlidingCounter { .. } => {
+                common::counter_violations(&admissions, limit, window)
+            }
+            _ => common::bucket_violations(&admissions, Rate::new(limit, window), limit),
+        };
+        assert_eq!(violations, 0, "{algorithm:?}: {total} admitted");
+        // Not vacuous: the limit was actually reached most of the time.
+        let windows = (run.as_millis() / window.as_millis()) as u64;
+        assert!(
+            total >= u64::from(limit) * (windows - 1) / 2,
+            "{algorithm:?}: only {total} admitted in {windows} windows"
+        );
+        let stats = limiter.stats();
+        assert_eq!(stats.errors + stats.timeouts, 0);
+    }
+    assert_all_keys_expire(&mut con);
+}
+
+/// Each decision ends within its deadline (plus scheduling slack) while the server is gone.
+async fn timed<T>(deadline: Duration, f: impl std::future::Future<Output = T>) -> T {
+    let started = Instant::now();
+    let out = f.await;
+    let took = started.elapsed();
+    assert!(
+        took <= deadline + Duration::from_millis(100),
+        "a decision took {took:?} with a deadline of {deadline:?}"
+    );
+    out
+}
+
+#[tokio::test]
+async fn failure_policies_with_the_server_killed_then_back() {
+    let mut server = RedisServer::start();
+    let deadline = Duration::from_millis(100);
+    let fw = Algorithm::FixedWindow {
+        limit: 4,
+        window: Duration::from_secs(60),
+    };
+    let build = |policy| {
+        let server = &server;
+        async move {
+            RedisLimiter::builder(fw, policy)
+                .prefix(PREFIX)
+                .deadline(deadline)
+                .build(manager(server).await)
+                .unwrap()
+        }
+    };
+    let open = build(FailurePolicy::FailOpen).await;
+    let closed = build(FailurePolicy::FailClosed).await;
+    let fallback = build(FailurePolicy::Fallback { share: 0.5 }).await;
+    open.try_acquire("x").await.unwrap();
+    server.kill();
+    for _ in 0..3 {
+        let a = timed(deadline, open.try_acquire("x")).await.unwrap();
+        assert_eq!(a.remaining(), 4);
+        assert_eq!(
+            timed(deadline, closed.try_acquire("x")).await,
+            Err(TryAcquireError::Unavailable)
+        );
+    }
+    // The fallback admits half the global limit locally, then rejects.
+    timed(deadline, fallback.try_acquire("x")).await.unwrap();
+    timed(deadline, fallback.try_acquire("x")).await.unwrap();
+    rejection(timed(deadline, fallback.try_acquire("x")).await);
+    assert_eq!(
+        timed(deadline, closed.acquire("x")).await,
+        Err(AcquireError::Unavailable)
+    );
+    let s = open.stats();
+    assert_eq!(
+        (s.admitted, s.failed_open, s.errors + s.timeouts),
+        (1, 3, 3)
+    );
+    let s = closed.stats();
+    assert_eq!((s.failed_closed, s.errors + s.timeouts), (4, 4));
+    let s = fallback.stats();
+    assert_eq!((s.fallbacks, s.admitted), (3, 0));
+
+    // Recovery is automatic: once the server is back, decisions go to Redis again.
+    server.restart();
+    let started = Instant::now();
+    loop {
+        match closed.try_acquire("y").await {
+            Ok(_) => break,
+            Err(TryAcquireError::Unavailable) => {
+                assert!(started.elapsed() < Duration::from_secs(10), "no recovery");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    fallback.try_acquire("y").await.unwrap();
+    assert_eq!(fallback.stats().admitted, 1);
+    assert_all_keys_expire(&mut server.connection());
+}
+
+#[tokio::test]
+async fn a_black_hole_times_out_within_the_deadline_and_recovers() {
+    let server = RedisServer::start();
+    let deadline = Duration::from_millis(80);
+    let limiter = RedisLimiter::builder(
+        Algorithm::SlidingWindow {
+            limit: 100,
+            window: Duration::from_secs(30),
+        },
+        FailurePolicy::Fallback { share: 0.1 },
+    )
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .build(manager(&server).await)
+    .unwrap();
+    limiter.try_acquire("z").await.unwrap();
+    server.pause();
+    for _ in 0..10 {
+        timed(deadline, limiter.try_acquire("z")).await.unwrap();
+    }
+    rejection(timed(deadline, limiter.try_acquire("z")).await);
+    let s = limiter.stats();
+    assert_eq!((s.timeouts, s.fallbacks), (11, 11));
+    server.resume();
+    // The requests that timed out may still run now (they were sent): that is why a timed-out
+    // decision is never retried. The server answers again at once.
+    let a = limiter.try_acquire("z").await.unwrap();
+    let members: u64 = server.connection().zcard(limiter.key("z")).unwrap();
+    assert!((2..=13).contains(&members), "{members} members");
+    assert_eq!(u64::from(a.remaining()), 100 - members);
+    assert_eq!(limiter.stats().admitted, 2);
+    assert_all_keys_expire(&mut server.connection());
+}
+
+#[tokio::test]
+async fn bad_configuration_is_a_typed_error() {
+    let server = RedisServer::start();
+    let fw = Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(1),
+    };
+    let m = manager(&server).await;
+    let err = RedisLimiter::builder(fw, FailurePolicy::Fallback { share: f64::NAN })
+        .build(m.clone())
+        .unwrap_err();
+    assert!(err.to_string().contains("fallback share"), "{err}");
+    let err = RedisLimiter::builder(fw, FailurePolicy::FailOpen)
+        .prefix("}")
+        .build(m.clone())
+        .unwrap_err();
+    assert!(err.to_string().contains("key prefix"), "{err}");
+    let err = RedisLimiter::builder(
+        Algorithm::SlidingWindow {
+            limit: turnstile::REDIS_MAX_SLIDING_LIMIT + 1,
+            window: Duration::from_secs(1),
+        },
+        FailurePolicy::FailOpen,
+    )
+    .build(m)
+    .unwrap_err();
+    assert!(err.to_string().contains("too large"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
+    let cluster = redis_server::RedisCluster::start(3);
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let connection = client.get_async_connection().await.unwrap();
+    let limiter = RedisLimiter::builder(
+        Algorithm::SlidingWindow {
+            limit: 2,
+            window: Duration::from_secs(5),
+        },
+        FailurePolicy::FailClosed,
+    )
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(500))
+    .build(connection)
+    .unwrap();
+    let subjects: Vec<String> = (0..30).map(|i| format!("tenant-{i}")).collect();
+    for subject in &subjects {
+        limiter.try_acquire(subject).await.unwrap();
+        limiter.try_acquire(subject).await.unwrap();
+        let r = rejection(limiter.try_acquire(subject).await);
+        assert!(r.retry_after() <= Duration::from_secs(5));
+    }
+    // Every master holds some subjects' keys, each with a TTL, and each subject's key is on the
+    // master that owns its slot.
+    let mut total = 0;
+    for node in &cluster.nodes {
+        let mut con = node.connection();
+        let keys = assert_all_keys_expire(&mut con);
+        assert!(!keys.is_empty(), "a master holds no subject");
+        for key in &keys {
+            let members: u64 = con.zcard(key).unwrap();
+            assert_eq!(members, 2, "{key}");
+        }
+        total += keys.len();
+    }
+    assert_eq!(total, subjects.len());
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.errors), (60, 30, 0));
+
+    // A chain's keys share the subject's slot, so its one script runs on one master.
+    let chain = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(5),
+        },
+        FailurePolicy::FailClosed,
+    )
+    .and_limit(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 5,
+    })
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(500))
+    .build(client.get_async_connection().await.unwrap())
+    .unwrap();
+    for subject in &subjects {
+        chain.try_acquire(subject).await.unwrap();
+        assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
+    }
+    assert_eq!(chain.stats().errors, 0);
+    for node in &cluster.nodes {
+        assert_all_keys_expire(&mut node.connection());
+    }
+}
+
+/// The parameters of the cross-process audit, shared by the parent and its workers.
+const AUDIT_LIMIT: u32 = 40;
+const AUDIT_WINDOW: Duration = Duration::from_millis(250);
+
+fn audit_algorithm(name: &str) -> Algorithm {
+    match name {
+        "fixed" => Algorithm::FixedWindow {
+            limit: AUDIT_LIMIT,
+            window: AUDIT_WINDOW,
+        },
+        "sliding" => Algorithm::SlidingWindow {
+            limit: AUDIT_LIMIT,
+            window: AUDIT_WINDOW,
+        },
+        "counter" => Algorithm::SlidingCounter {
+            limit: AUDIT_LIMIT,
+            window: AUDIT_WINDOW,
+        },
+        _ => Algorithm::TokenBucket {
+            rate: Rate::new(AUDIT_LIMIT, AUDIT_WINDOW),
+            burst: AUDIT_LIMIT,
+        },
+    }
+}
+
+/// Not a test of its own: the worker process of `three_processes_never_over_admit`, which runs
+/// this test binary again with `TURNSTILE_AUDIT_URL` set. Without it, there is nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cross_process_worker() {
+    let (Ok(url), Ok(name), Ok(millis)) = (
+        std::env::var("TURNSTILE_AUDIT_URL"),
+        std::env::var("TURNSTILE_AUDIT_ALGORITHM"),
+        std::env::var("TURNSTILE_AUDIT_MILLIS"),
+    ) else {
+        return;
+    };
+    let connection = ConnectionManager::new(redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    let limiter = RedisLimiter::builder(audit_algorithm(&name), FailurePolicy::FailClosed)
+        .prefix(PREFIX)
+        .deadline(Duration::from_secs(1))
+        .build(connection)
+        .unwrap();
+    let stop = Instant::now() + Duration::from_millis(millis.parse().unwrap());
+    let tasks: Vec<_> = (0..8u32)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let mut admitted = Vec::new();
+                while Instant::now() < stop {
+                    let n = 1 + i % 3;
+                    match limiter.try_acquire_n("shared", n).await {
+                        Ok(a) => admitted.push((a.at_nanos(), n)),
+                        Err(TryAcquireError::Rejected(_)) => {
+                            tokio::time::sleep(Duration::from_micros(500)).await
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut out = String::new();
+    for task in tasks {
+        for (at, n) in task.await.unwrap() {
+            out.push_str(&format!("ADMIT {at} {n}\n"));
+        }
+    }
+    print!("{out}");
+}
+
+#[test]
+fn three_processes_never_over_admit() {
+    let server = RedisServer::start();
+    let run = Duration::from_millis(1500);
+    for name in ["sliding", "fixed", "counter", "bucket"] {
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                std::process::Command::new(std::env::current_exe().unwrap())
+                    .args(["--exact", "cross_process_worker", "--nocapture"])
+                    .env("TURNSTILE_AUDIT_URL", server.url())
+                    .env("TURNSTILE_AUDIT_ALGORITHM", name)
+                    .env("TURNSTILE_AUDIT_MILLIS", run.as_millis().to_string())
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut admissions = Vec::new();
+        let mut per_process = Vec::new();
+        for worker in workers {
+            let output = worker.wait_with_output().unwrap();
+            assert!(output.status.success(), "a worker failed");
+            let text = String::from_utf8(output.stdout).unwrap();
+            let mut permits = 0;
+            for line in text.lines().filter_map(|l| l.strip_prefix("ADMIT ")) {
+                let (at, n) = line.split_once(' ').unwrap();
+                let n: u64 = n.parse().unwrap();
+                permits += n;
+                admissions.push((at.parse::<u64>().unwrap(), n));
+            }
+            per_process.push(permits);
+        }
+        admissions.sort_unstable();
+        let algorithm = audit_algorithm(name);
+        let violations = match algorithm {
+            Algorithm::FixedWindow { .. } => {
+                common::fixed_violations(&admissions, AUDIT_LIMIT, AUDIT_WINDOW)
+            }
+            Algorithm::SlidingWindow { .. } => {
+                common::sliding_violations(&admissions, AUDIT_LIMIT, AUDIT_WINDOW)
+            }
+            Algorithm::SlidingCounter { .. } => {
+                common::counter_violations(&admissions, AUDIT_LIMIT, AUDIT_WINDOW)
+            }
+            _ => common::bucket_violations(
+                &admissions,
+                Rate::new(AUDIT_LIMIT, AUDIT_WINDOW),
+                AUDIT_LIMIT,
+            ),
+        };
+        let total: u64 = per_process.iter().sum();
+        assert_eq!(violations, 0, "{name}: per process {per_process:?}");
+        // Every process got a share, and together they used the limit.
+        assert!(
+            per_process.iter().all(|&p| p > 0),
+            "{name}: {per_process:?}"
+        );
+        let windows = (run.as_millis() / AUDIT_WINDOW.as_millis()) as u64;
+        assert!(
+            total >= u64::from(AUDIT_LIMIT) * (windows - 1) / 2,
+            "{name}: only {total} permits in {windows} windows"
+        );
+    }
+    assert_all_keys_expire(&mut server.connection());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_load_kill_restart_black_hole_and_script_flush_keep_deadlines_and_recover() {
+    let mut server = RedisServer::start();
+    let deadline = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(2_000),
+            burst: 100,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .build(manager(&server).await)
+    .unwrap();
+    let stop = Instant::now() + Duration::from_millis(2600);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                // (when the call started, how long it took, admitted, unavailable)
+                let mut calls = Vec::new();
+                while Instant::now() < stop {
+                    let started = Instant::now();
+                    let out = limiter.try_acquire("load").await;
+                    let unavailable = out == Err(TryAcquireError::Unavailable);
+                    calls.push((started, started.elapsed(), out.is_ok(), unavailable));
+                    match out {
+                        Ok(_) | Err(TryAcquireError::Rejected(_)) => {}
+                        Err(TryAcquireError::Unavailable) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                calls
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.restart();
+    let restarted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.resume();
+    let resumed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Redis loses its scripts under load: the next calls reload them and none fails.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    let flushed = Instant::now();
+    let mut calls = Vec::new();
+    for task in tasks {
+        calls.extend(task.await.unwrap());
+    }
+    let slowest = calls.iter().map(|c| c.1).max().unwrap();
+    assert!(
+        slowest <= deadline + Duration::from_millis(100),
+        "a decision took {slowest:?} (deadline {deadline:?})"
+    );
+    let stats = limiter.stats();
+    assert!(stats.errors + stats.timeouts > 0, "{stats:?}");
+    assert!(
+        stats.timeouts > 0,
+        "the paused server caused timeouts: {stats:?}"
+    );
+    assert_eq!(stats.failed_closed, stats.errors + stats.timeouts);
+    let admitted_after = |t: Instant| calls.iter().filter(|c| c.0 > t && c.2).count();
+    assert!(
+        admitted_after(restarted) > 0,
+        "no recovery after the restart"
+    );
+    assert!(admitted_after(resumed) > 0, "no recovery after SIGCONT");
+    assert!(
+        admitted_after(flushed) > 0,
+        "no admission after SCRIPT FLUSH"
+    );
+    let failed_after_flush = calls.iter().filter(|c| c.0 > flushed && c.3).count();
+    assert_eq!(
+        failed_after_flush, 0,
+        "a decision failed after SCRIPT FLUSH"
+    );
+    assert_all_keys_expire(&mut server.connection());
+}
+
+#[tokio::test]
+async fn a_chain_is_checked_and_charged_in_one_script() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    // 10 per second with bursts of 3, and at most 4 in any 5 seconds, per subject.
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(10),
+            burst: 3,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .and_limit(Algorithm::SlidingWindow {
+        limit: 4,
+        window: Duration::from_secs(5),
+    })
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(200))
+    .build(manager(&server).await)
+    .unwrap();
+    assert_eq!(limiter.capacity(), 3);
+    let keys = limiter.keys("u");
+    assert_eq!(keys.len(), 2);
+    for key in &keys {
+        assert!(key.starts_with(b"t:{u}:c"), "one hash tag for all members");
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let first = limiter.try_acquire_n("u", 3).await.unwrap();
+    assert_eq!(first.remaining(), 0, "the smallest remaining: the bucket's");
+    assert_eq!(
+        first.reset_after(),
+        Duration::from_secs(5),
+        "the largest reset"
+    );
+    // The bucket rejects; the log is not charged.
+    let before: Vec<_> = keys.iter().map(|k| dump(&mut con, k)).collect();
+    let r = rejection(limiter.try_acquire("u").await);
+    assert_eq!(r.limit(), 3, "the bucket's limit");
+    assert!(r.retry_after() <= Duration::from_millis(100));
+    let after: Vec<_> = keys.iter().map(|k| dump(&mut con, k)).collect();
+    assert_eq!(before, after, "a rejected chain charges no member");
+    tokio::time::sleep(r.retry_after() + Duration::from_millis(2)).await;
+    limiter.try_acquire("u").await.unwrap();
+    // Now the log is full: the bucket would admit, the chain must not, and must not charge it.
+    tokio::time::sleep(Duration::from_millis(110)).await;
+    let tat_before: u64 = con.get(&keys[0]).unwrap();
+    let t0 = redis_now(&mut con);
+    let r = rejection(limiter.try_acquire("u").await);
+    assert_eq!(r.limit(), 4, "the log's limit");
+    let free_at = first.at_nanos() / 1000 + 5_000_000;
+    let retry = r.retry_after_nanos() / 1000;
+    assert!(
+        retry <= free_at - t0 && retry + 1_000_000 > free_at - t0,
+        "{retry}"
+    );
+    let tat_after: u64 = con.get(&keys[0]).unwrap();
+    assert_eq!(
+        tat_before, tat_after,
+        "the admitting member was not charged"
+    );
+    let members: u64 = con.zcard(&keys[1]).unwrap();
+    assert_eq!(members, 4);
+    // One command per decision, all of them the one chain script.
+    let calls = command_calls(&mut con);
+    assert_eq!(calls.get("evalsha"), Some(&4), "{calls:?}");
+    assert_eq!(calls.get("eval"), Some(&1), "{calls:?}");
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 2);
+}
+
+/// One backend's `try_acquire_n(subject, n)`, boxed so that the suite below can run on each.
+type Backend = Box<
+    dyn Fn(
+        String,
+        u32,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Admission, TryAcquireError>> + Send>,
+    >,
+>;
+
+/// The behavioural cases every backend must answer alike: (what, outcome) with the outcome
+/// reduced to what does not depend on when the call ran.
+async fn shared_cases(backend: &Backend, limit: u32) -> Vec<(String, String)> {
+    let outcome = |r: Result<Admission, TryAcquireError>| match r {
+        Ok(a) => format!("admitted, {} left", a.remaining()),
+        Err(TryAcquireError::Rejected(r)) => format!("rejected at limit {}", r.limit()),
+        Err(e) => format!("{e:?}"),
+    };
+    let mut out = Vec::new();
+    let mut case = |what: &str, r| out.push((what.to_owned(), outcome(r)));
+    case("probe on a fresh subject", backend("a".into(), 0).await);
+    case("all but one", backend("a".into(), limit - 1).await);
+    case("probe takes nothing", backend("a".into(), 0).await);
+    case("the last one", backend("a".into(), 1).await);
+    case("over the limit", backend("a".into(), 1).await);
+    case("probe when full", backend("a".into(), 0).await);
+    case("more than the limit", backend("a".into(), limit + 1).await);
+    case("another subject", backend("b".into(), limit).await);
+    out
+}
+
+#[tokio::test]
+async fn the_same_cases_answer_alike_in_memory_in_redis_and_in_a_store() {
+    let server = RedisServer::start();
+    let limit = 4;
+    for algorithm in all_algorithms(limit, Duration::from_secs(30)) {
+        let memory = turnstile::KeyedLimiter::<String>::new(algorithm).unwrap();
+        let in_memory: Backend = Box::new(move |subject, n| {
+            let out = memory.try_acquire_n(&subject, n);
+            Box::pin(async move { out })
+        });
+        let redis = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let in_redis: Backend = Box::new(move |subject, n| {
+            let redis = redis.clone();
+            Box::pin(async move { redis.try_acquire_n(&subject, n).await })
+        });
+        let expected = shared_cases(&in_memory, limit).await;
+        let got = shared_cases(&in_redis, limit).await;
+        assert_eq!(got, expected, "{algorithm:?}");
+        // The get/set store backend too (feature `store`).
+        #[cfg(feature = "store")]
+        {
+            let store =
+                turnstile::StoreLimiter::new(algorithm, "t", MemoryStore::default()).unwrap();
+            let in_store: Backend = Box::new(move |subject, n| {
+                let store = store.clone();
+                Box::pin(async move { store.try_acquire_n(&subject, n).await })
+            });
+            assert_eq!(
+                shared_cases(&in_store, limit).await,
+                expected,
+                "{algorithm:?}"
+            );
+        }
+        // Spot-check that the suite is not vacuous.
+        assert_eq!(
+            expected[4].1,
+            format!("rejected at limit {limit}"),
+            "{algorithm:?}"
+        );
+        // Next algorithm on fresh subjects.
+        assert_eq!(assert_all_keys_expire(&mut server.connection()).len(), 2);
+        let _: () = redis::cmd("FLUSHALL")
+            .query(&mut server.connection())
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_acquire_consumes_nothing() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limiter = limiter(
+        &server,
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(5),
+            burst: 1,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    limiter.try_acquire("c").await.unwrap();
+    let state = dump(&mut con, &limiter.key("c"));
+    // The waiter sleeps for the retry-after (200 ms); cut it short while it sleeps.
+    let cut = tokio::time::timeout(Duration::from_millis(50), limiter.acquire("c")).await;
+    assert!(cut.is_err());
+    assert_eq!(
+        dump(&mut con, &limiter.key("c")),
+        state,
+        "nothing was charged"
+    );
+    assert_eq!(limiter.stats().admitted, 1);
+    assert_all_keys_expire(&mut con);
+}
+
+#[tokio::test]
+async fn a_chain_falls_back_to_a_local_chain_at_its_share() {
+    let mut server = RedisServer::start();
+    let deadline = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: Duration::from_secs(60),
+        },
+        FailurePolicy::Fallback { share: 0.5 },
+    )
+    .and_limit(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 6,
+    })
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .build(manager(&server).await)
+    .unwrap();
+    server.kill();
+    // Locally: 5 per minute and a bucket of 3: the bucket binds first.
+    for _ in 0..3 {
+        timed(deadline, limiter.try_acquire("f")).await.unwrap();
+    }
+    let r = rejection(timed(deadline, limiter.try_acquire("f")).await);
+    assert_eq!(r.limit(), 3, "the local bucket's burst");
+    assert_eq!(limiter.stats().fallbacks, 4);
+}
+
+/// A get/set store in memory, for running the shared cases on `StoreLimiter`.
+#[cfg(feature = "store")]
+#[derive(Default)]
+struct MemoryStore(std::sync::Mutex<Entries>);
+
+/// Key → (value, expiry).
+#[cfg(feature = "store")]
+type Entries = HashMap<Vec<u8>, (Vec<u8>, Instant)>;
+
+#[cfg(feature = "store")]
+impl turnstile::Store for MemoryStore {
+    type Error = std::convert::Infallible;
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+        let map = self.0.lock().unwrap();
+        Ok(map
+            .get(key)
+            .filter(|(_, until)| *until > Instant::now())
+            .map(|(v, _)| v.clone()))
+    }
+
+    async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+        self.0
+            .lock()
+            .unwrap()
+            .insert(key.to_vec(), (value, Instant::now() + ttl));
+        Ok(())
+    }
+}
