@@ -5,7 +5,7 @@
 //! signal) in the same critical section when it is blocked. The gate bits `WAITERS` and `CLOSED`
 //! live in the concurrency limiter's permit word (a rate limiter has a separate gate word). The
 //! queue sets `WAITERS` under the mutex when the first waiter arrives and clears it when the last
-//! one leaves. A release is one `fetch_add` (Release) on the permit word; if the value it replaced
+//! one leaves. A release is one `fetch_sub` (Release) on the permit word; if the value it replaced
 //! had `WAITERS`, it takes the mutex and wakes the head. A head that leaves (served, cancelled,
 //! failed) wakes the next head. Permits are never handed to a waiter that is not running, so a
 //! dropped waiter holds nothing and cancelling is "remove my entry; if I was the head, wake the
@@ -823,5 +823,106 @@ fn rate_close_vs_time_waiter() {
         let s = l.stats();
         assert_eq!((s.admitted, s.rejected, s.cancelled), (1, 3, 0), "{s:?}");
         assert_eq!((s.waiting, s.queued_permits), (0, 0), "{s:?}");
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// set_limit: the limit in an atomic of its own, published by a generation bump in the word.
+// ---------------------------------------------------------------------------------------------
+
+/// Limit 2 with one permit held by the main thread. Thread A lowers the limit to 1, then gives
+/// its permit back and takes one again; thread B takes one with `try_acquire`, racing all of it.
+/// Never may A (which acquires after `set_limit(1)` returned) and B hold at once: B got in before
+/// the lowering only if A's later acquire then finds the word full, and a B that loaded the limit
+/// 2 before the change and CASes after A's release-and-reacquire (the same count, an ABA on the
+/// count) must fail because the generation moved. Fails if `set_limit` does not bump the
+/// generation, or if `take` loads the word Relaxed (B could pair the new word with the old limit).
+#[test]
+fn set_limit_lowering_vs_acquire_release() {
+    const A_IN: u32 = 0x100;
+    model(|| {
+        let l = ConcurrencyLimiter::new(2).unwrap();
+        let inside = Arc::new(AtomicU32::new(0));
+        let held = l.try_acquire_owned(1).unwrap();
+        let b = {
+            let (l, inside) = (l.clone(), Arc::clone(&inside));
+            thread::spawn(move || {
+                if let Ok(permit) = l.try_acquire() {
+                    let before = inside.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(before & A_IN, 0, "B admitted while A holds under limit 1");
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                    true
+                } else {
+                    false
+                }
+            })
+        };
+        l.set_limit(1).unwrap();
+        drop(held);
+        let a = l.try_acquire().ok();
+        if let Some(permit) = &a {
+            let before = inside.fetch_add(A_IN, Ordering::SeqCst);
+            assert_eq!(before, 0, "A admitted while B holds, under limit 1");
+            inside.fetch_sub(A_IN, Ordering::SeqCst);
+            assert_eq!(permit.permits(), 1);
+        }
+        drop(a);
+        b.join().unwrap();
+        assert_eq!(l.limit(), 1);
+        let s = l.stats();
+        assert_eq!(s.admitted + s.rejected, 3, "{s:?}");
+        assert_idle(&l, 3);
+    });
+}
+
+/// Limit 1, held by the main thread for the whole model; a blocking waiter queues (or is about
+/// to) while another thread raises the limit to 2. The waiter must be served without any release:
+/// the raise wakes the head under the queue's mutex, so it cannot fall between the head's failed
+/// attempt and its registration (a lost wake-up is a loom deadlock).
+#[test]
+fn set_limit_raise_wakes_queued_head() {
+    model(|| {
+        let l = ConcurrencyLimiter::new(1).unwrap();
+        let held = l.try_acquire_owned(1).unwrap();
+        let waiter = {
+            let l = l.clone();
+            thread::spawn(move || l.acquire_blocking().map(|p| p.permits()))
+        };
+        let raiser = {
+            let l = l.clone();
+            thread::spawn(move || l.set_limit(2).unwrap())
+        };
+        assert_eq!(waiter.join().unwrap(), Ok(1), "served by the raise alone");
+        raiser.join().unwrap();
+        assert_eq!(l.available(), 1);
+        drop(held);
+        assert_idle(&l, 2);
+    });
+}
+
+/// Limit 2, both permits held; a blocking waiter for 2 races a lowering to 1. Whether it
+/// validates before or after the change, and queues before or after the sweep of oversized
+/// waiters, it fails `InsufficientCapacity` and returns (never waits for permits that can never
+/// come), and leaves the queue empty.
+#[test]
+fn set_limit_lowering_fails_oversized_waiter() {
+    model(|| {
+        let l = ConcurrencyLimiter::new(2).unwrap();
+        let held = l.try_acquire_owned(2).unwrap();
+        let waiter = {
+            let l = l.clone();
+            thread::spawn(move || l.acquire_blocking_n(2).map(|p| p.permits()))
+        };
+        l.set_limit(1).unwrap();
+        assert_eq!(
+            waiter.join().unwrap(),
+            Err(AcquireError::InsufficientCapacity {
+                requested: 2,
+                capacity: 1
+            })
+        );
+        drop(held);
+        assert_idle(&l, 2);
     });
 }

@@ -6,17 +6,27 @@ use crate::queue::{
     no_timer, Acquire, Blocked, Phases, QueueOrder, SlowWait, Wait, WaitQueue, CLOSED,
     DEFAULT_QUEUE_LIMIT, WAITERS,
 };
-use crate::sync::{Arc, AtomicU64, Counters, Ordering, ADMITTED, CANCELLED, REJECTED};
+use crate::sync::{lock, Arc, AtomicU64, Counters, Mutex, Ordering, ADMITTED, CANCELLED, REJECTED};
 use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::future::Future;
 use std::task::Poll;
 use std::time::Duration;
 
-/// Permits free in a permit word (its low 32 bits).
+/// Permits in use in a permit word (its low 32 bits).
 #[inline(always)]
-fn free(word: u64) -> u32 {
+fn used(word: u64) -> u32 {
     word as u32
+}
+
+/// One step of the permit word's generation (bits 63..34), bumped by every
+/// [`ConcurrencyLimiter::set_limit`]. It wraps; see the state table.
+const GENERATION: u64 = 1 << 34;
+
+/// Permits free under `limit` when `in_use` are held (0 while a lowered limit drains).
+#[inline(always)]
+fn free(limit: u32, in_use: u32) -> u32 {
+    limit.saturating_sub(in_use)
 }
 
 /// At most `limit` permits in flight at once: "at most 10 callers of this method at the same
@@ -26,22 +36,29 @@ fn free(word: u64) -> u32 {
 /// back on `Drop`. `try_acquire` never blocks; `acquire().await` and `acquire_blocking()` wait in a
 /// fair, bounded queue shared by async and blocking callers (see [`QueueOrder`]).
 ///
-/// **Lock-free when nobody waits.** The state is one atomic word:
+/// **Lock-free when nobody waits.** The state is one atomic word, plus the limit in an atomic of
+/// its own:
 ///
 /// | bits 63..34 | bit 33 | bit 32 | bits 31..0 |
 /// |---|---|---|---|
-/// | zero | closed | waiters queued | permits free |
+/// | generation | closed | waiters queued | permits in use |
 ///
 /// | operation | word before | effect |
 /// |---|---|---|
-/// | `try_acquire_n(n)` | free ≥ n, no waiters (oldest-first), not closed | CAS: free − n |
+/// | `try_acquire_n(n)` | in use + n ≤ limit, no waiters (oldest-first), not closed | CAS: in use + n |
 /// | `try_acquire_n(n)` | otherwise | fails, writes nothing |
-/// | release of n | any | `fetch_add(n)`; if the waiters bit was set, wake the queue's head |
-/// | the head's attempt (under the queue's mutex) | free ≥ n | CAS: free − n |
+/// | release of n | any | `fetch_sub(n)`; if the waiters bit was set, wake the queue's head |
+/// | the head's attempt (under the queue's mutex) | in use + n ≤ limit | CAS: in use + n |
+/// | [`set_limit`](Self::set_limit) | any | store the limit, then `fetch_add` one generation |
 ///
-/// A release is a single wait-free `fetch_add` unless someone is queued; then it also takes the
-/// queue's mutex to wake the head (tokio's `Semaphore` takes its mutex on every release). Free
-/// permits never exceed the limit, so the add never carries into the flag bits.
+/// A release is a single wait-free `fetch_sub` unless someone is queued; then it also takes the
+/// queue's mutex to wake the head (tokio's `Semaphore` takes its mutex on every release). A
+/// release gives back what was taken, so the count never borrows from the flag bits, and it never
+/// reads the limit. An acquirer reads the word, then the limit, and CASes the whole word: a
+/// limit change in between bumps the generation, so a CAS prepared under the old limit fails and
+/// is decided again. In use may exceed a lowered limit (held permits are never revoked) until
+/// they drain. The generation wraps after 2^30 changes; a CAS would have to be stalled across
+/// exactly a multiple of that many changes to go through under a stale limit.
 ///
 /// Clones share state.
 ///
@@ -66,7 +83,11 @@ pub struct ConcurrencyLimiter {
 struct Inner {
     /// The permit word; see the table on [`ConcurrencyLimiter`].
     word: CachePadded<AtomicU64>,
-    limit: u32,
+    /// The limit in force (a `u32`). Stored only under `reconfig`, before the generation bump
+    /// that publishes it.
+    limit: AtomicU64,
+    /// Serialises [`ConcurrencyLimiter::set_limit`] calls; the hot path never takes it.
+    reconfig: Mutex<()>,
     counters: Counters,
     queue: WaitQueue,
 }
@@ -82,48 +103,68 @@ impl Clone for ConcurrencyLimiter {
 impl fmt::Debug for ConcurrencyLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimiter")
-            .field("limit", &self.inner.limit)
+            .field("limit", &self.limit())
             .field("available", &self.available())
             .finish_non_exhaustive()
     }
 }
 
 impl Inner {
-    /// Takes `n` permits if free (`n == 0`: checks that one is). `barging` is false for the
-    /// queue's head, which may take permits while `WAITERS` is set.
+    /// The limit in force.
+    #[inline(always)]
+    fn limit(&self) -> u32 {
+        // Relaxed: callers that decide on it load the permit word first with Acquire (see
+        // `take`); for everyone else it is a snapshot.
+        self.limit.load(Ordering::Relaxed) as u32
+    }
+
+    /// Takes `n` permits if free (`n == 0`: checks that one is). `respect_queue` is false for
+    /// the queue's head, which may take permits while `WAITERS` is set.
     #[inline(always)]
     fn take(&self, n: u32, respect_queue: bool) -> Result<(), TryPermitError> {
-        // Relaxed: the value only seeds the CAS, whose success ordering does the synchronising.
-        let mut word = self.word.load(Ordering::Relaxed);
+        // Acquire (here and on CAS failure): every write to the word is a read-modify-write, so
+        // a value at or after a `set_limit`'s generation bump is in that Release bump's release
+        // sequence; loading it makes the limit stored before the bump visible to the limit load
+        // below. A value before the bump makes the CAS fail (the bump changed the word), so no
+        // decision under an old limit is published after a `set_limit` completes.
+        let mut word = self.word.load(Ordering::Acquire);
         loop {
+            let limit = self.limit();
+            if n > limit {
+                return Err(TryPermitError::InsufficientCapacity {
+                    requested: n,
+                    capacity: limit,
+                });
+            }
             if respect_queue && word & (WAITERS | CLOSED) != 0 {
                 if word & CLOSED != 0 {
                     return Err(TryPermitError::Closed);
                 }
                 if self.queue.order() == QueueOrder::OldestFirst {
                     return Err(TryPermitError::NoPermits {
-                        available: free(word),
+                        available: free(limit, used(word)),
                         requested: n,
                     });
                 }
             }
-            if free(word) < n.max(1) {
+            if free(limit, used(word)) < n.max(1) {
                 return Err(TryPermitError::NoPermits {
-                    available: free(word),
+                    available: free(limit, used(word)),
                     requested: n,
                 });
             }
             if n == 0 {
                 return Ok(());
             }
-            // Acquire on success: pairs with the Release `fetch_add` of the releases that freed
+            // Acquire on success: pairs with the Release `fetch_sub` of the releases that freed
             // these permits, so the previous holders' work happens before ours (a semaphore's
-            // contract). Relaxed on failure: we only retry with the value.
+            // contract). Acquire on failure: we decide again on the value, with the limit it
+            // publishes (see the load above). `used + n ≤ limit ≤ u32::MAX`: no carry.
             match self.word.compare_exchange_weak(
                 word,
-                word - u64::from(n),
+                word + u64::from(n),
                 Ordering::Acquire,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
                 Ok(_) => return Ok(()),
                 Err(actual) => word = actual,
@@ -132,41 +173,45 @@ impl Inner {
     }
 
     fn try_acquire(&self, n: u32) -> Result<(), TryPermitError> {
-        let outcome = if n > self.limit {
-            Err(TryPermitError::InsufficientCapacity {
-                requested: n,
-                capacity: self.limit,
-            })
-        } else {
-            self.take(n, true)
-        };
+        let outcome = self.take(n, true);
         self.counters
             .bump(if outcome.is_ok() { ADMITTED } else { REJECTED });
         outcome
     }
 
-    /// The head's attempt, under the queue's mutex.
+    /// The head's attempt, under the queue's mutex. A request above a limit lowered since it
+    /// queued fails (`set_limit` also fails such waiters itself; this covers one that validated
+    /// against the old limit and queued after that sweep).
     fn take_head(&self, n: u32) -> Result<(), Blocked> {
-        self.take(n, false).map_err(|_| Blocked::Release)
+        self.take(n, false).map_err(|error| match error {
+            TryPermitError::InsufficientCapacity {
+                requested,
+                capacity,
+            } => Blocked::Fail(AcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            }),
+            _ => Blocked::Release,
+        })
     }
 
     /// Validates and tries the fast path; `Pending` means "queue up".
     #[inline(always)]
     fn acquire_fast(&self, n: u32) -> Poll<Result<(), AcquireError>> {
-        let error = if n > self.limit {
-            AcquireError::InsufficientCapacity {
-                requested: n,
-                capacity: self.limit,
+        let error = match self.take(n, true) {
+            Ok(()) => {
+                self.counters.bump(ADMITTED);
+                return Poll::Ready(Ok(()));
             }
-        } else {
-            match self.take(n, true) {
-                Ok(()) => {
-                    self.counters.bump(ADMITTED);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(TryPermitError::Closed) => AcquireError::Closed,
-                Err(_) => return Poll::Pending,
-            }
+            Err(TryPermitError::Closed) => AcquireError::Closed,
+            Err(TryPermitError::InsufficientCapacity {
+                requested,
+                capacity,
+            }) => AcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            },
+            Err(_) => return Poll::Pending,
         };
         self.counters.bump(REJECTED);
         Poll::Ready(Err(error))
@@ -205,10 +250,11 @@ impl Inner {
             return;
         }
         // Release: our holder's work happens before the next acquirer's (pairs with the Acquire
-        // CAS in `take`). The waiters bit comes back with the old value: if it was set, our add
-        // is ordered before the head's next attempt or after its registration (see queue.rs), so
-        // waking it under the mutex loses nothing.
-        let before = self.word.fetch_add(u64::from(n), Ordering::Release);
+        // CAS in `take`). The waiters bit comes back with the old value: if it was set, our
+        // subtraction is ordered before the head's next attempt or after its registration (see
+        // queue.rs), so waking it under the mutex loses nothing. We held `n`, so in use ≥ n: no
+        // borrow from the flags or the generation.
+        let before = self.word.fetch_sub(u64::from(n), Ordering::Release);
         if before & WAITERS != 0 {
             self.queue.wake_head();
         }
@@ -621,7 +667,67 @@ impl ConcurrencyLimiter {
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn limit(&self) -> u32 {
-        self.inner.limit
+        self.inner.limit()
+    }
+
+    /// Changes the limit at run time, keeping the permits in flight and the queue.
+    ///
+    /// - **Raising** admits more at once: the queue's head is woken and takes what it can.
+    /// - **Lowering** revokes nothing: permits held stay valid and drain as usual, and new
+    ///   acquisitions wait until in use + n ≤ the new limit ([`available`](Self::available) is 0
+    ///   meanwhile). Queued waiters asking for more than the new limit fail at once with
+    ///   [`AcquireError::InsufficientCapacity`].
+    ///
+    /// Once this returns, every later acquisition decides under the new limit (one that was
+    /// prepared under the old limit fails its compare-and-swap and decides again). Releases never
+    /// read the limit: they stay one wait-free `fetch_sub`. Calls are serialised by a mutex the
+    /// hot path never takes.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Zero`] if `limit` is 0; nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{ConcurrencyLimiter, ConfigError, TryPermitError};
+    ///
+    /// let limiter = ConcurrencyLimiter::new(4)?;
+    /// let three = limiter.try_acquire_n(3)?;
+    /// // Lowered below what is held: nothing is revoked, nothing new until it drains.
+    /// limiter.set_limit(2)?;
+    /// assert_eq!((limiter.limit(), limiter.available()), (2, 0));
+    /// assert!(matches!(limiter.try_acquire(), Err(TryPermitError::NoPermits { .. })));
+    /// drop(three);
+    /// assert_eq!(limiter.available(), 2);
+    /// // Raised: more at once.
+    /// limiter.set_limit(5)?;
+    /// assert_eq!(limiter.try_acquire_n(5)?.permits(), 5);
+    /// // Zero is an error and changes nothing.
+    /// assert_eq!(limiter.set_limit(0), Err(ConfigError::Zero { what: "limit" }));
+    /// assert_eq!(limiter.limit(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_limit(&self, limit: u32) -> Result<(), ConfigError> {
+        if limit == 0 {
+            return Err(ConfigError::Zero { what: "limit" });
+        }
+        let inner = &*self.inner;
+        let guard = lock(&inner.reconfig);
+        // Relaxed: published by the Release bump below (an acquirer loads the word with Acquire
+        // before it loads the limit; see `Inner::take`).
+        inner.limit.store(u64::from(limit), Ordering::Relaxed);
+        // Release: heads the release sequence that makes the store above visible to every
+        // acquirer that loads this word value or a later one. As an RMW it also changes the word,
+        // so a CAS prepared on an older value (under the old limit) fails. It never touches the
+        // count or the flags; a wrap of the generation falls off bit 63.
+        inner.word.fetch_add(GENERATION, Ordering::Release);
+        // Waiters look again: the head may fit now, and a request above the new limit never will.
+        // The head's attempt and this wake are both under the queue's mutex, so a raise cannot
+        // slip between the head's failed attempt and its registration (no lost wake-up).
+        inner.queue.reconfigured(&inner.word, limit);
+        drop(guard);
+        Ok(())
     }
 
     /// Permits free now (a snapshot).
@@ -637,8 +743,9 @@ impl ConcurrencyLimiter {
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn available(&self) -> u32 {
-        // Relaxed: a snapshot.
-        free(self.inner.word.load(Ordering::Relaxed))
+        // Acquire: so that the limit read next is at least as new as the word (see `take`).
+        let word = self.inner.word.load(Ordering::Acquire);
+        free(self.inner.limit(), used(word))
     }
 
     /// The order queued waiters are served in.
@@ -773,8 +880,9 @@ impl ConcurrencyLimiterBuilder {
         }
         Ok(ConcurrencyLimiter {
             inner: Arc::new(Inner {
-                word: CachePadded::new(AtomicU64::new(u64::from(self.limit))),
-                limit: self.limit,
+                word: CachePadded::new(AtomicU64::new(0)),
+                limit: AtomicU64::new(u64::from(self.limit)),
+                reconfig: Mutex::new(()),
                 counters: Counters::new(),
                 queue: WaitQueue::new(self.order, self.queue_limit),
             }),

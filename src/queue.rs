@@ -26,12 +26,12 @@
 //! order, fails rather than jumping the queue while `WAITERS` is set. The queue sets `WAITERS`
 //! (under its mutex) before the first waiter's first attempt and clears it when the last waiter
 //! leaves. A concurrency limiter keeps these bits in its permit word, so that a release is one
-//! `fetch_add` that also tells it whether to wake the head.
+//! `fetch_sub` (of its permits in use) that also tells it whether to wake the head.
 //!
 //! No lost wake-up: the head's attempt and the registration of its waker happen under the mutex. A
-//! releaser adds its permits first and then, if it saw `WAITERS`, takes the mutex to wake the head;
-//! either its add came before the head's attempt (which then sees the permits) or its wake comes
-//! after the registration.
+//! releaser gives its permits back first and then, if it saw `WAITERS`, takes the mutex to wake
+//! the head; either its release came before the head's attempt (which then sees the permits) or
+//! its wake comes after the registration.
 
 use crate::error::AcquireError;
 use crate::sync::{
