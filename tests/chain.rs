@@ -717,19 +717,7 @@ fn audit_once<C: Clock + Clone>(clock: C, algorithms: [Algorithm; 2]) -> ChainSt
     let members = algorithms.map(|a| RateLimiter::with_clock(a, clock.clone()).unwrap());
     let (logs, stats) = hammer(members);
     for (log, algorithm) in logs.iter().zip(algorithms) {
-        let violations = match algorithm {
-            Algorithm::FixedWindow { limit, window } => {
-                common::fixed_violations(log, limit, window)
-            }
-            Algorithm::SlidingWindow { limit, window } => {
-                common::sliding_violations(log, limit, window)
-            }
-            Algorithm::SlidingCounter { limit, window } => {
-                common::counter_violations(log, limit, window)
-            }
-            Algorithm::TokenBucket { rate, burst } => common::bucket_violations(log, rate, burst),
-            other => panic!("unknown {other:?}"),
-        };
+        let violations = common::violations(algorithm, log);
         assert_eq!(violations, 0, "{algorithm:?} broke its contract");
     }
     stats

@@ -289,7 +289,7 @@ async fn sliding_counter_weighs_the_previous_window() {
 async fn probes_take_nothing() {
     let server = RedisServer::start();
     let mut con = server.connection();
-    for algorithm in all_algorithms(2, Duration::from_secs(2)) {
+    for algorithm in common::all_algorithms(2, Duration::from_secs(2)) {
         let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
         let subject = format!("{algorithm:?}");
         let probe = limiter.try_acquire_n(&subject, 0).await.unwrap();
@@ -311,23 +311,11 @@ async fn probes_take_nothing() {
     assert_eq!(assert_all_keys_expire(&mut con).len(), 4);
 }
 
-fn all_algorithms(limit: u32, window: Duration) -> [Algorithm; 4] {
-    [
-        Algorithm::FixedWindow { limit, window },
-        Algorithm::SlidingWindow { limit, window },
-        Algorithm::SlidingCounter { limit, window },
-        Algorithm::TokenBucket {
-            rate: Rate::new(limit, window),
-            burst: limit,
-        },
-    ]
-}
-
 #[tokio::test]
 async fn keys_found_without_a_ttl_are_repaired() {
     let server = RedisServer::start();
     let mut con = server.connection();
-    for algorithm in all_algorithms(1, Duration::from_secs(5)) {
+    for algorithm in common::all_algorithms(1, Duration::from_secs(5)) {
         let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
         let subject = format!("{algorithm:?}");
         let key = limiter.key(&subject);
@@ -507,7 +495,7 @@ async fn concurrent_tasks_never_over_admit() {
     let window = Duration::from_millis(200);
     let limit = 25;
     let run = Duration::from_millis(1200);
-    for algorithm in all_algorithms(limit, window) {
+    for algorithm in common::all_algorithms(limit, window) {
         let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
         let stop = Instant::now() + run;
         let tasks: Vec<_> = (0..16)
@@ -535,16 +523,7 @@ async fn concurrent_tasks_never_over_admit() {
         }
         admissions.sort_unstable();
         let total: u64 = admissions.iter().map(|a| a.1).sum();
-        let violations = match algorithm {
-            Algorithm::FixedWindow { .. } => common::fixed_violations(&admissions, limit, window),
-            Algorithm::SlidingWindow { .. } => {
-                common::sliding_violations(&admissions, limit, window)
-            }
-            Algorithm::SlidingCounter { .. } => {
-                common::counter_violations(&admissions, limit, window)
-            }
-            _ => common::bucket_violations(&admissions, Rate::new(limit, window), limit),
-        };
+        let violations = common::violations(algorithm, &admissions);
         assert_eq!(violations, 0, "{algorithm:?}: {total} admitted");
         // Not vacuous: the limit was actually reached most of the time.
         let windows = (run.as_millis() / window.as_millis()) as u64;
@@ -873,22 +852,7 @@ fn three_processes_never_over_admit() {
         }
         admissions.sort_unstable();
         let algorithm = audit_algorithm(name);
-        let violations = match algorithm {
-            Algorithm::FixedWindow { .. } => {
-                common::fixed_violations(&admissions, AUDIT_LIMIT, AUDIT_WINDOW)
-            }
-            Algorithm::SlidingWindow { .. } => {
-                common::sliding_violations(&admissions, AUDIT_LIMIT, AUDIT_WINDOW)
-            }
-            Algorithm::SlidingCounter { .. } => {
-                common::counter_violations(&admissions, AUDIT_LIMIT, AUDIT_WINDOW)
-            }
-            _ => common::bucket_violations(
-                &admissions,
-                Rate::new(AUDIT_LIMIT, AUDIT_WINDOW),
-                AUDIT_LIMIT,
-            ),
-        };
+        let violations = common::violations(algorithm, &admissions);
         let total: u64 = per_process.iter().sum();
         assert_eq!(violations, 0, "{name}: per process {per_process:?}");
         // Every process got a share, and together they used the limit.
@@ -1103,7 +1067,7 @@ async fn shared_cases(backend: &Backend, limit: u32) -> Vec<(String, String)> {
 async fn the_same_cases_answer_alike_in_memory_in_redis_and_in_a_store() {
     let server = RedisServer::start();
     let limit = 4;
-    for algorithm in all_algorithms(limit, Duration::from_secs(30)) {
+    for algorithm in common::all_algorithms(limit, Duration::from_secs(30)) {
         let memory = turnstile::KeyedLimiter::<String>::new(algorithm).unwrap();
         let in_memory: Backend = Box::new(move |subject, n| {
             let out = memory.try_acquire_n(&subject, n);

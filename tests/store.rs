@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use turnstile::{Algorithm, Rate, Store, StoreLimiter, TryAcquireError};
+use turnstile::{Algorithm, Store, StoreLimiter, TryAcquireError};
 
 /// A store in memory whose `get` and `set` each yield to the scheduler first, as a network
 /// store's would: without per-key locking, concurrent read-modify-writes interleave.
@@ -61,21 +61,9 @@ impl Store for Memory {
     }
 }
 
-fn algorithms(limit: u32, window: Duration) -> [Algorithm; 4] {
-    [
-        Algorithm::FixedWindow { limit, window },
-        Algorithm::SlidingWindow { limit, window },
-        Algorithm::SlidingCounter { limit, window },
-        Algorithm::TokenBucket {
-            rate: Rate::new(limit, window),
-            burst: limit,
-        },
-    ]
-}
-
 #[tokio::test]
 async fn each_algorithm_limits_and_rejections_write_nothing() {
-    for algorithm in algorithms(3, Duration::from_secs(60)) {
+    for algorithm in common::all_algorithms(3, Duration::from_secs(60)) {
         let store = Memory::default();
         let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
         let first = limiter.try_acquire_n("a", 2).await.unwrap();
@@ -146,7 +134,7 @@ async fn a_failing_store_is_unavailable_and_counted() {
 async fn one_process_never_over_admits() {
     let window = Duration::from_millis(100);
     let limit = 20;
-    for algorithm in algorithms(limit, window) {
+    for algorithm in common::all_algorithms(limit, window) {
         let limiter = StoreLimiter::new(algorithm, "t", Memory::default()).unwrap();
         let stop = Instant::now() + Duration::from_millis(600);
         let tasks: Vec<_> = (0..16)
@@ -172,16 +160,7 @@ async fn one_process_never_over_admits() {
             admissions.extend(t.await.unwrap());
         }
         admissions.sort_unstable();
-        let violations = match algorithm {
-            Algorithm::FixedWindow { .. } => common::fixed_violations(&admissions, limit, window),
-            Algorithm::SlidingWindow { .. } => {
-                common::sliding_violations(&admissions, limit, window)
-            }
-            Algorithm::SlidingCounter { .. } => {
-                common::counter_violations(&admissions, limit, window)
-            }
-            _ => common::bucket_violations(&admissions, Rate::new(limit, window), limit),
-        };
+        let violations = common::violations(algorithm, &admissions);
         assert_eq!(
             violations,
             0,

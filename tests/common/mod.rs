@@ -8,7 +8,7 @@ pub mod models;
 
 use std::collections::HashMap;
 use std::time::Duration;
-use turnstile::Rate;
+use turnstile::{Algorithm, Rate};
 
 /// Fixed windows holding more than `limit` permits.
 pub fn fixed_violations(admissions: &[(u64, u64)], limit: u32, window: Duration) -> usize {
@@ -79,4 +79,31 @@ pub fn bucket_violations(admissions: &[(u64, u64)], rate: Rate, burst: u32) -> u
         }
     }
     violations
+}
+
+/// The check that fits `algorithm`, with the algorithm's own parameters.
+pub fn violations(algorithm: Algorithm, admissions: &[(u64, u64)]) -> usize {
+    match algorithm {
+        Algorithm::FixedWindow { limit, window } => fixed_violations(admissions, limit, window),
+        Algorithm::SlidingWindow { limit, window } => sliding_violations(admissions, limit, window),
+        Algorithm::SlidingCounter { limit, window } => {
+            counter_violations(admissions, limit, window)
+        }
+        Algorithm::TokenBucket { rate, burst } => bucket_violations(admissions, rate, burst),
+        other => panic!("no contract check for {other:?}"),
+    }
+}
+
+/// Each of the four algorithms at `limit` per `window` (the token bucket: `limit` per `window`
+/// with a burst of `limit`).
+pub fn all_algorithms(limit: u32, window: Duration) -> [Algorithm; 4] {
+    [
+        Algorithm::FixedWindow { limit, window },
+        Algorithm::SlidingWindow { limit, window },
+        Algorithm::SlidingCounter { limit, window },
+        Algorithm::TokenBucket {
+            rate: Rate::new(limit, window),
+            burst: limit,
+        },
+    ]
 }
