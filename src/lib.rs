@@ -52,6 +52,8 @@ mod clock;
 mod concurrency;
 mod decision;
 mod error;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "keyed")]
 mod keyed;
 #[cfg(feature = "keyed")]

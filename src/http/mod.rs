@@ -1,0 +1,279 @@
+//! The HTTP layer (feature `http`): a [`tower::Layer`] that rate-limits requests by rules per
+//! endpoint, per client IP and per client id, for axum, hyper and tonic.
+//!
+//! The parts, each in its own module:
+//!
+//! - `config`: the configuration model ([`HttpConfig`]), loaded from TOML, JSON or YAML (with
+//!   humantime periods such as `1s`, `15m`, `7d`), validated with errors that name the field,
+//!   and AspNetCoreRateLimit's `IpRateLimiting` / `ClientRateLimiting` / policy sections.
+//! - `client_ip`: who the client is. The peer address, or, only when the peer is a trusted
+//!   proxy, the first untrusted address walking `Forwarded` / `X-Forwarded-For` / `X-Real-IP`
+//!   right to left; IPv6 grouped by prefix.
+//! - `engine`: [`HttpLimiter`], the compiled rules. It decides a [`RequestInfo`] into a
+//!   [`Verdict`]: which rules match, whitelists, the static blocklist, bans, monitor mode, one
+//!   limiter per rule (in memory, or in Redis), and hot reload that keeps the counters of rules
+//!   that did not change.
+//! - `response`: 429 (configurable) with `Retry-After` in whole seconds rounded up, an
+//!   `application/problem+json` body, and the IETF `RateLimit` / `RateLimit-Policy` headers (the
+//!   legacy `X-RateLimit-*` as an option).
+//! - `layer`: [`RateLimitLayer`] and its service, which glue the three together; and
+//!   `concurrency`: [`ConcurrencyLayer`], an in-flight cap per route.
+//!
+//! The contract between them is the small set of types in this module: the layer extracts a
+//! [`RequestInfo`], a [`Policy`] (the engine, or one of your own) answers with a [`Check`], and
+//! the layer turns the [`Verdict`] into a response.
+
+use std::fmt;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a [`Policy`] needs to know about one request, extracted by the layer.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::http::RequestInfo;
+///
+/// let info = RequestInfo {
+///     method: &http::Method::GET,
+///     path: "/api/values",
+///     client_ip: Some("203.0.113.7".parse().unwrap()),
+///     client_id: Some("mobile-app"),
+/// };
+/// assert_eq!(info.path, "/api/values");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct RequestInfo<'a> {
+    /// The request's method.
+    pub method: &'a http::Method,
+    /// The request's path, without the query string.
+    pub path: &'a str,
+    /// The client's address as the layer determined it (trusted proxies resolved, IPv6 already
+    /// grouped by prefix), or `None` when it cannot be determined.
+    pub client_ip: Option<IpAddr>,
+    /// The client id from the configured header, or `None`.
+    pub client_id: Option<&'a str>,
+}
+
+/// Why a request was rejected.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::http::RejectReason;
+///
+/// assert_eq!(RejectReason::RateLimited.to_string(), "rate limited");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// A rule's limit was reached.
+    RateLimited,
+    /// A rule with limit 0 matched, or the client is on the static blocklist.
+    Blocked,
+    /// The client is banned for having been rejected too often.
+    Banned,
+    /// The client's key could not be determined and the configuration rejects such requests.
+    NoKey,
+    /// The counting backend failed and its failure policy is to reject.
+    Unavailable,
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RejectReason::RateLimited => "rate limited",
+            RejectReason::Blocked => "blocked",
+            RejectReason::Banned => "banned",
+            RejectReason::NoKey => "client key unknown",
+            RejectReason::Unavailable => "rate-limit backend unavailable",
+        })
+    }
+}
+
+/// The state of one rule's quota for this client after the decision, as the `RateLimit` and
+/// `RateLimit-Policy` headers report it.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::http::QuotaState;
+///
+/// let quota = QuotaState {
+///     policy: "per-ip".into(),
+///     limit: 100,
+///     window: Duration::from_secs(60),
+///     remaining: 42,
+///     reset_after: Duration::from_millis(16_200),
+/// };
+/// assert_eq!(quota.remaining, 42);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaState {
+    /// The policy's name (the rule's name), as it appears in the headers.
+    pub policy: Arc<str>,
+    /// The quota: requests allowed per window.
+    pub limit: u64,
+    /// The window the quota applies to.
+    pub window: Duration,
+    /// Requests left in the current window after this decision.
+    pub remaining: u64,
+    /// Time until the quota is fully available again (exact; headers round it up).
+    pub reset_after: Duration,
+}
+
+/// The outcome of a [`Policy`] for one request.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::http::{Outcome, RejectReason};
+///
+/// let outcome = Outcome::Rejected {
+///     reason: RejectReason::RateLimited,
+///     rule: "per-ip".into(),
+///     retry_after: Some(Duration::from_millis(300)),
+/// };
+/// assert!(!outcome.is_admitted());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Every matching rule admitted the request (rules in monitor mode may have wanted to
+    /// reject it; they are counted and logged, not enforced).
+    Admitted,
+    /// The request matched a whitelist: no rule was consulted or charged.
+    Whitelisted,
+    /// The request is rejected.
+    Rejected {
+        /// Why.
+        reason: RejectReason,
+        /// The rule (or list, or ban) that rejected it, for logs, metrics and the body.
+        rule: Arc<str>,
+        /// When the client may retry, if that is known (exact; `Retry-After` rounds it up).
+        retry_after: Option<Duration>,
+    },
+}
+
+impl Outcome {
+    /// Whether the request goes on to the inner service.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(turnstile::http::Outcome::Whitelisted.is_admitted());
+    /// ```
+    pub fn is_admitted(&self) -> bool {
+        matches!(self, Outcome::Admitted | Outcome::Whitelisted)
+    }
+}
+
+/// A [`Policy`]'s answer for one request: the outcome and the quotas to report in headers.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::http::{Outcome, Verdict};
+///
+/// let verdict = Verdict { outcome: Outcome::Whitelisted, quotas: Vec::new() };
+/// assert!(verdict.outcome.is_admitted());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Admit or reject.
+    pub outcome: Outcome,
+    /// The quota of every enforced rule that matched, for the `RateLimit*` headers. Empty when
+    /// no rule matched or the request was whitelisted.
+    pub quotas: Vec<QuotaState>,
+}
+
+/// A [`Policy`]'s answer: ready at once (in-memory counting), or a future (a remote backend).
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::http::{Check, Outcome, Verdict};
+///
+/// let check = Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() });
+/// assert!(matches!(check, Check::Ready(_)));
+/// ```
+#[non_exhaustive]
+pub enum Check {
+    /// The decision, made without waiting.
+    Ready(Verdict),
+    /// The decision, once a backend answers. The future owns what it needs (it does not borrow
+    /// the request).
+    Pending(Pin<Box<dyn Future<Output = Verdict> + Send + 'static>>),
+}
+
+impl fmt::Debug for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Check::Ready(verdict) => f.debug_tuple("Ready").field(verdict).finish(),
+            Check::Pending(_) => f.write_str("Pending(..)"),
+        }
+    }
+}
+
+/// Decides requests for [`RateLimitLayer`]. [`HttpLimiter`] is the configured implementation;
+/// implement it yourself for custom decisions.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::http::{Check, Outcome, Policy, RequestInfo, Verdict};
+///
+/// struct AdmitAll;
+/// impl Policy for AdmitAll {
+///     fn check(&self, _request: &RequestInfo<'_>) -> Check {
+///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+///     }
+/// }
+/// let request = RequestInfo { method: &http::Method::GET, path: "/", client_ip: None, client_id: None };
+/// assert!(matches!(AdmitAll.check(&request), Check::Ready(v) if v.outcome.is_admitted()));
+/// ```
+pub trait Policy: Send + Sync + 'static {
+    /// Decides one request. Must not block: anything slow goes in [`Check::Pending`].
+    fn check(&self, request: &RequestInfo<'_>) -> Check;
+}
+
+/// What the layer itself needs from the configuration: how to find the client, and how to
+/// answer. [`HttpLimiter`] keeps one, shared with the layers it builds, and swaps it on reload.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::http::LayerSettings;
+///
+/// let settings = LayerSettings::default();
+/// assert_eq!(settings.response.status, 429);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LayerSettings {
+    /// How the client's IP address is found.
+    pub client_ip: ClientIpConfig,
+    /// The header carrying the client id, if client rules are used.
+    pub client_id_header: Option<http::HeaderName>,
+    /// How rejections look and which headers responses carry.
+    pub response: ResponseConfig,
+}
+
+mod client_ip;
+mod concurrency;
+mod config;
+mod engine;
+mod layer;
+mod response;
+
+pub use client_ip::{ClientIpConfig, ForwardedHeader};
+pub use concurrency::ConcurrencyLayer;
+pub use config::HttpConfig;
+pub use engine::HttpLimiter;
+pub use layer::RateLimitLayer;
+pub use response::ResponseConfig;
