@@ -660,8 +660,22 @@ where
             debug_assert!(false, "a key with permits out lost its cell");
             return;
         };
-        if undone.idle || undone.wake {
-            self.settle(key, shard, slot, undone, false);
+        // The idle hint inline (most releases of a lightly used key bring it to idle; the hint
+        // is one load when already lowered), the rare wake out of line.
+        if slot == Slot::Key && undone.idle {
+            self.ctx.idle_hint(shard_ref);
+        }
+        if undone.wake {
+            self.settle(
+                key,
+                shard,
+                slot,
+                Undone {
+                    wake: true,
+                    idle: false,
+                },
+                false,
+            );
         }
     }
 }
