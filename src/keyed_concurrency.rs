@@ -493,18 +493,20 @@ where
     }
 
     fn try_decide(&self, key: &K, shard: usize, n: u32) -> Result<Slot, TryPermitError> {
-        let limit = self.limit();
-        if n > limit {
-            return Err(TryPermitError::InsufficientCapacity {
-                requested: n,
-                capacity: limit,
-            });
-        }
-        // No barging past this key's queue under oldest-first order.
+        // No barging past this key's queue under oldest-first order. (`n` above the limit is
+        // checked here only when that refuses; otherwise `take` checks it against the same
+        // `config` it decides with, saving the hot path a load.)
         if self.waits.any()
             && self.waits.order == QueueOrder::OldestFirst
             && self.waits.has_waiters(key)
         {
+            let limit = self.limit();
+            if n > limit {
+                return Err(TryPermitError::InsufficientCapacity {
+                    requested: n,
+                    capacity: limit,
+                });
+            }
             return Err(TryPermitError::NoPermits {
                 available: self.available(key, shard),
                 requested: n,
