@@ -9,11 +9,15 @@
 //! - no lost wake-up: a release racing a blocking waiter's registration always serves it (loom
 //!   reports a deadlock if the waiter could sleep forever);
 //! - an acquire racing the eviction of an idle key is decided on a live cell: exactly the limit
-//!   is admitted, and the books (keys, evictions) balance.
+//!   is admitted, and the books (keys, evictions) balance;
+//! - `set_limit` racing an acquire on a key and the eviction of that key: no admission is kept
+//!   that the limit in force at its moment would refuse (a compare-and-swap prepared under the
+//!   old limit and landing after the change is given back).
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
 
+use loom::sync::atomic::{AtomicU32, Ordering};
 use loom::thread;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
@@ -129,4 +133,76 @@ fn acquire_racing_eviction_of_an_idle_key() {
         assert_eq!(l.sweep(), 1);
         assert_eq!(l.len(), 0);
     });
+}
+
+/// Limit 2 with one permit of key 1 held by the main thread. Main lowers the limit to 1, gives
+/// its permit back, evicts the key if it is idle (`evict`: a sweep on the main thread, so the
+/// model stays at two threads) and takes one again, on the old cell or a fresh one; thread B
+/// takes one with `try_acquire`, racing all of it. Never may main (which acquires after
+/// `set_limit(1)` returned) and B hold at once: B got in before the lowering only if main's later
+/// acquire then finds the key full. The dangerous interleaving: B loads the limit 2 and the count
+/// 1 before the change, and CASes 1 → 2 after main's release and re-acquire brought the count
+/// back to 1 (an ABA on the count). The limit is not in the word, so nothing makes that CAS fail;
+/// B must see the new `config` afterwards and give the permit back. With `evict`, B's CAS may
+/// instead meet the retired cell, and B must then decide on the fresh one under the new limit.
+fn set_limit_racing_acquire(evict: bool) {
+    const MAIN_IN: u32 = 0x100;
+    model(move || {
+        let l = limiter(2);
+        let inside = Arc::new(AtomicU32::new(0));
+        let held = l.try_acquire_owned(1, 1).unwrap();
+        let b = {
+            let (l, inside) = (Arc::clone(&l), Arc::clone(&inside));
+            thread::spawn(move || {
+                if let Ok(permit) = l.try_acquire(&1) {
+                    let before = inside.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(
+                        before & MAIN_IN,
+                        0,
+                        "B admitted while main holds under limit 1"
+                    );
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                }
+            })
+        };
+        l.set_limit(1).unwrap();
+        drop(held);
+        let swept = if evict { l.sweep() } else { 0 };
+        let a = l.try_acquire(&1).ok();
+        if a.is_some() {
+            let before = inside.fetch_add(MAIN_IN, Ordering::SeqCst);
+            assert_eq!(before, 0, "main admitted while B holds, under limit 1");
+            inside.fetch_sub(MAIN_IN, Ordering::SeqCst);
+        }
+        drop(a);
+        b.join().unwrap();
+        assert!(swept <= 1);
+        assert_eq!(l.limit(), 1);
+        let stats = l.stats();
+        assert_eq!(stats.admitted + stats.rejected, 3, "{stats:?}");
+        // Every permit is back, under the new limit, on whichever cell the key has now.
+        assert_eq!(l.available(&1), 1);
+        assert!(matches!(
+            l.try_acquire_n(&1, 2),
+            Err(TryPermitError::InsufficientCapacity {
+                requested: 2,
+                capacity: 1
+            })
+        ));
+        l.sweep();
+        assert_eq!(l.len(), 0);
+    });
+}
+
+/// `set_limit` vs a stale compare-and-swap on the key's one cell (the ABA on the count).
+#[test]
+fn set_limit_racing_acquire_on_a_key() {
+    set_limit_racing_acquire(false);
+}
+
+/// `set_limit` vs a stale compare-and-swap and the eviction of the key it targets.
+#[test]
+fn set_limit_racing_acquire_and_eviction() {
+    set_limit_racing_acquire(true);
 }

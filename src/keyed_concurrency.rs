@@ -14,7 +14,9 @@ use crate::keyed::{
     DEFAULT_MAX_KEYS,
 };
 use crate::queue::{no_timer, Blocked, QueueOrder, DEFAULT_QUEUE_LIMIT, WAITERS};
-use crate::sync::{Arc, AtomicU64, Ordering, ADMITTED, CANCELLED, OVERFLOWED, REJECTED};
+use crate::sync::{
+    fence, lock, Arc, AtomicU64, Mutex, Ordering, ADMITTED, CANCELLED, OVERFLOWED, REJECTED,
+};
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 
@@ -22,87 +24,222 @@ use std::hash::{BuildHasher, Hash};
 /// has not used yet, which is never retired (see [`Algo::retire`]).
 const USED: u64 = 1 << 33;
 
-/// Permits free in a permit word (its low 32 bits).
+/// Permits in use in a permit word (its low 32 bits).
 #[inline(always)]
-fn free(word: u64) -> u32 {
+fn used(word: u64) -> u32 {
     word as u32
 }
 
-/// The concurrency "algorithm": a cell is one permit word.
+/// Permits free under `limit` when `in_use` are held (0 while a lowered limit drains).
+#[inline(always)]
+fn free_of(limit: u32, in_use: u32) -> u32 {
+    limit.saturating_sub(in_use)
+}
+
+/// The limit in a `config` word (its low 32 bits; the high 32 are the generation).
+#[inline(always)]
+fn limit_of(config: u64) -> u32 {
+    config as u32
+}
+
+/// One step of the `config` word's generation (bits 63..32), bumped by every `set_limit`.
+const CONFIG_GENERATION: u64 = 1 << 32;
+
+/// What a [`Concurrency::take`] that gave back a stale admission owes the key (see
+/// [`Concurrency::take`]): a wake for a head that marked the word meanwhile, and an idle hint if
+/// the word is back to idle.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Undone {
+    pub(crate) wake: bool,
+    pub(crate) idle: bool,
+}
+
+/// The outcome of a take: `Ok(remaining)` taken, `Err(free)` too few free (nothing kept), and
+/// the debts of any stale admission given back on the way.
+pub(crate) type Taken = (Result<u32, u32>, Undone);
+
+/// The concurrency "algorithm": a cell is one permit word; the limit, shared by every key, lives
+/// in one `config` word beside the cells.
+///
+/// Permit word (one per key, and the shared overflow pool):
 ///
 /// | bits 63..34 | bit 33 | bit 32 | bits 31..0 |
 /// |---|---|---|---|
-/// | zero | `USED` | `WAITERS`: a blocked head wants the next release to wake it | permits free |
+/// | zero | `USED` | `WAITERS`: a blocked head wants the next release to wake it | permits in use |
 ///
-/// Free permits never exceed the limit (a release gives back exactly what was taken), so a
-/// release's `fetch_add` never carries into the flags, and bits 63..34 stay zero: a live word is
-/// below 2^34 and never equals [`RETIRED`] (`u64::MAX`), whatever the limit.
+/// `config` (one per limiter):
 ///
-/// Idle ⇔ the word is exactly `limit | USED`: all permits back, nobody blocked. The clock is
-/// never read: a concurrency cell's idleness is not a matter of time.
+/// | bits 63..32 | bits 31..0 |
+/// |---|---|
+/// | generation (bumped by every `set_limit`, wraps) | the limit |
+///
+/// | operation | effect |
+/// |---|---|
+/// | take `n` | load `config` (c1), load word, in use + n ≤ limit(c1): CAS in use + n, then load `config` (c2); c2 ≠ c1: give the permits back (`fetch_sub`) and decide again |
+/// | head's take (under its queue's mutex) | as take, or set `WAITERS` if short |
+/// | release of `n` | `fetch_sub(n)`; if `WAITERS` was set, clear it and wake the key's head |
+/// | retire (sweep) | CAS from exactly `USED` (nothing in use, nobody marked) to [`RETIRED`] |
+/// | `set_limit` | store `config` (new generation, new limit), then wake every queued key's head |
+///
+/// In use never exceeds `u32::MAX` (every CAS checks in use + n ≤ limit ≤ `u32::MAX`, and a
+/// release gives back exactly what was taken), so no update carries into the flags and bits
+/// 63..34 stay zero: a live word is below 2^34 and never equals [`RETIRED`] (`u64::MAX`).
+///
+/// Idle ⇔ the word is exactly `USED`: nothing in use, nobody blocked. That does not depend on
+/// the limit, so a limit change can neither make a busy key look idle nor an idle key busy. The
+/// clock is never read: a concurrency cell's idleness is not a matter of time.
 pub(crate) struct Concurrency {
-    limit: u32,
+    /// Generation and limit; see the table above. Written only by `set_limit`, under its mutex.
+    config: AtomicU64,
 }
 
 impl Concurrency {
-    /// Takes `n` permits if free (`n == 0`: checks that one is). `Ok(Ok(remaining))`: taken;
-    /// `Ok(Err(free))`: too few free, nothing written; `Err(Closed)`: retired.
+    pub(crate) fn new(limit: u32) -> Self {
+        Concurrency {
+            config: AtomicU64::new(u64::from(limit)),
+        }
+    }
+
+    /// The `config` word now.
     #[inline(always)]
-    fn take(&self, cell: &AtomicU64, n: u32) -> Result<Result<u32, u32>, TryAcquireError> {
-        // Acquire: a word we see RETIRED (or retire races with) must carry the retire's
-        // synchronisation to the fresh cell our caller then makes; see `retire`.
-        let mut word = cell.load(Ordering::Acquire);
-        loop {
-            if word == RETIRED {
-                return Err(TryAcquireError::Closed);
+    fn config(&self) -> u64 {
+        // SeqCst: the stale-admission check in `take` is a store-then-load on each side
+        // (`set_limit` stores `config` and then its caller is done; a taker CASes its word and
+        // then loads `config`), which only a single total order over both makes sound; see
+        // `take`. On x86 a SeqCst load is a plain load.
+        self.config.load(Ordering::SeqCst)
+    }
+
+    /// The limit in force.
+    pub(crate) fn current_limit(&self) -> u32 {
+        limit_of(self.config())
+    }
+
+    /// Replaces the limit (callers serialise this with a mutex).
+    pub(crate) fn set_limit(&self, limit: u32) {
+        // Relaxed: we are the only writer (the caller's mutex orders writers).
+        let old = self.config.load(Ordering::Relaxed);
+        let next = (old & !u64::from(u32::MAX)).wrapping_add(CONFIG_GENERATION) | u64::from(limit);
+        // SeqCst: see `config` and `take`: this store and every taker's CAS and `config` loads
+        // are in one total order.
+        self.config.store(next, Ordering::SeqCst);
+    }
+
+    /// Takes `n` permits if free (`n == 0`: checks that one is), with the queue head's `WAITERS`
+    /// handling when `mark`. `Err(Closed)`: retired; `Err(InsufficientCapacity)`: `n` is above
+    /// the limit in force.
+    ///
+    /// **A CAS prepared under an old limit is never kept.** The limit is not in the word, so
+    /// `set_limit` cannot make a stale CAS fail without visiting every key. Instead, after a
+    /// successful CAS the taker loads `config` again: if it is the one it decided under, no
+    /// `set_limit` lies between its first `config` load and this one in the SeqCst total order,
+    /// and the CAS sits between them, so the admission was decided under the limit in force at
+    /// its CAS. Otherwise it gives the permits back (a release: our permits are counted, so the
+    /// key cannot have been retired meanwhile) and decides again under the new limit. A stale
+    /// admission is thus only ever visible inside the word, for the moments before it is given
+    /// back, where it can make others *reject*, never admit; it never reaches a caller. (The
+    /// generation makes "config unchanged" exact even when a limit is set back to its old value;
+    /// it wraps after 2^32 changes.)
+    #[inline(always)]
+    fn take_with(&self, cell: &AtomicU64, n: u32, mark: bool) -> Result<Taken, TryAcquireError> {
+        let mut undone = Undone::default();
+        'config: loop {
+            let config = self.config();
+            let limit = limit_of(config);
+            if n > limit {
+                return Err(TryAcquireError::InsufficientCapacity {
+                    requested: n,
+                    capacity: limit,
+                });
             }
-            if free(word) < n.max(1) {
-                return Ok(Err(free(word)));
-            }
-            if n == 0 {
-                return Ok(Ok(free(word)));
-            }
-            // Acquire on success: pairs with the Release half of the releases that freed these
-            // permits, so the previous holders' work happens before ours (a semaphore's
-            // contract). Acquire on failure: as the load above.
-            match cell.compare_exchange_weak(
-                word,
-                (word - u64::from(n)) | USED,
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Ok(Ok(free(word) - n)),
-                Err(actual) => word = actual,
+            // Acquire: a word we see RETIRED (or retire races with) must carry the retire's
+            // synchronisation to the fresh cell our caller then makes; see `retire`.
+            let mut word = cell.load(Ordering::Acquire);
+            loop {
+                if word == RETIRED {
+                    return Err(TryAcquireError::Closed);
+                }
+                let available = free_of(limit, used(word));
+                let fits = available >= n.max(1);
+                if !fits && !mark {
+                    return Ok((Err(available), undone));
+                }
+                if fits && n == 0 && !mark {
+                    return Ok((Ok(available), undone));
+                }
+                let next = if fits {
+                    // `used + n ≤ limit ≤ u32::MAX`: no carry. The head that asked for a wake
+                    // needs none now.
+                    let next = (word + u64::from(n)) | USED;
+                    if mark {
+                        next & !WAITERS
+                    } else {
+                        next
+                    }
+                } else if word & WAITERS != 0 {
+                    // Already marked: the next release wakes this queue's head.
+                    return Ok((Err(available), undone));
+                } else {
+                    word | WAITERS
+                };
+                // SeqCst on success: in the total order with `set_limit`'s store and our
+                // `config` loads (see above); it is also Acquire (the releases that freed these
+                // permits happen before us: a semaphore's contract) and Release (a releaser that
+                // reads our `WAITERS` mark with its AcqRel `fetch_sub` sees the key's queue in
+                // the queue map, which it looks up to wake us). On x86 the same instruction as
+                // AcqRel. Acquire on failure: as the load above.
+                match cell.compare_exchange_weak(word, next, Ordering::SeqCst, Ordering::Acquire) {
+                    Ok(_) if !fits => return Ok((Err(available), undone)),
+                    Ok(_) => {
+                        if n == 0 || self.config() == config {
+                            return Ok((Ok(available - n), undone));
+                        }
+                        // Decided under a limit no longer in force: give it back, decide again.
+                        let gave = Self::give_back(cell, n);
+                        undone.wake |= gave.wake;
+                        undone.idle |= gave.idle;
+                        continue 'config;
+                    }
+                    Err(actual) => word = actual,
+                }
             }
         }
     }
 
+    /// Takes `n` permits if free; nothing written when short.
+    #[inline(always)]
+    pub(crate) fn take(&self, cell: &AtomicU64, n: u32) -> Result<Taken, TryAcquireError> {
+        self.take_with(cell, n, false)
+    }
+
     /// The queue head's attempt, under its queue's mutex: takes `n` permits if free (and clears
-    /// `WAITERS`: the head that asked for a wake needs none now), otherwise sets `WAITERS` so
-    /// that the next release wakes it. Returns as [`take`](Self::take).
-    fn take_or_mark(&self, cell: &AtomicU64, n: u32) -> Result<Result<u32, u32>, TryAcquireError> {
-        // Acquire: as in `take`.
-        let mut word = cell.load(Ordering::Acquire);
-        loop {
-            if word == RETIRED {
-                return Err(TryAcquireError::Closed);
-            }
-            let (next, outcome) = if free(word) >= n.max(1) {
-                let left = if n == 0 { word } else { word - u64::from(n) };
-                ((left | USED) & !WAITERS, Ok(free(word) - n))
-            } else if word & WAITERS != 0 {
-                // Already marked: the next release wakes this queue's head.
-                return Ok(Err(free(word)));
-            } else {
-                (word | WAITERS, Err(free(word)))
-            };
-            // AcqRel on success. Acquire: as in `take`. Release: a releaser that reads our mark
-            // (its AcqRel `fetch_add`) then sees everything before it, including the key's queue
-            // in the queue map, which it looks up to wake us. Acquire on failure: as `take`.
-            match cell.compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Ok(outcome),
-                Err(actual) => word = actual,
-            }
+    /// `WAITERS`), otherwise sets `WAITERS` so that the next release wakes it.
+    pub(crate) fn take_or_mark(&self, cell: &AtomicU64, n: u32) -> Result<Taken, TryAcquireError> {
+        self.take_with(cell, n, true)
+    }
+
+    /// Gives `n` permits back to `cell` (a release); says whether a head must be woken and
+    /// whether the cell is idle now.
+    #[inline]
+    pub(crate) fn give_back(cell: &AtomicU64, n: u32) -> Undone {
+        // AcqRel. Release: our holder's work happens before the next taker's (pairs with the
+        // CAS in `take_with`). Acquire: if we read a head's `WAITERS` mark (a Release CAS), its
+        // key's queue is visible to our caller's lookup. The mark comes back with the old value:
+        // the head's mark and our subtraction are RMWs of one word, so either ours comes first
+        // (the head's attempt sees the permits) or we see the mark and our caller wakes it under
+        // its queue's mutex, which it held while marking and registering its waker. We held `n`,
+        // so in use ≥ n: no borrow from the flags.
+        let before = cell.fetch_sub(u64::from(n), Ordering::AcqRel);
+        let wake = before & WAITERS != 0;
+        if wake {
+            // Relaxed: we consume the mark and our caller wakes the head; if the head marked
+            // again meanwhile, the wake still comes after its registration (see queue.rs), and
+            // it marks again if it is still short.
+            cell.fetch_and(!WAITERS, Ordering::Relaxed);
+        }
+        Undone {
+            wake,
+            idle: used(before) == n,
         }
     }
 }
@@ -110,7 +247,8 @@ impl Concurrency {
 impl Algo for Concurrency {
     type Cell = AtomicU64;
 
-    /// Never called: keyed concurrency limiters have no reconfiguration.
+    /// Never called: a keyed concurrency limiter changes its limit with
+    /// [`Concurrency::set_limit`] (one shared word; cells need no translation).
     fn reconfigure<C: Clock>(
         &self,
         _to: &Self,
@@ -121,11 +259,12 @@ impl Algo for Concurrency {
     }
 
     fn cell(&self) -> AtomicU64 {
-        AtomicU64::new(u64::from(self.limit))
+        // Nothing in use, never used: the same whatever the limit.
+        AtomicU64::new(0)
     }
 
     fn limit(&self) -> u32 {
-        self.limit
+        self.current_limit()
     }
 
     fn decide<C: Clock, const COMMIT: bool>(
@@ -142,15 +281,23 @@ impl Algo for Concurrency {
                 return Err(TryAcquireError::Closed);
             }
             let want = n.max(1);
-            return if free(word) >= want {
-                Ok(Admission::new(0, 0, free(word) - want))
+            let limit = self.current_limit();
+            let free = free_of(limit, used(word));
+            return if free >= want {
+                Ok(Admission::new(0, 0, free - want))
             } else {
-                Err(TryAcquireError::Rejected(Rejection::new(0, self.limit)))
+                Err(TryAcquireError::Rejected(Rejection::new(0, limit)))
             };
         }
-        match self.take(cell, n)? {
+        // Chains never take concurrency members, so nobody waits on this cell's debts; a
+        // stale admission given back here would owe a wake only to a head of this key, which
+        // chains cannot have.
+        match self.take(cell, n)?.0 {
             Ok(remaining) => Ok(Admission::new(0, 0, remaining)),
-            Err(_) => Err(TryAcquireError::Rejected(Rejection::new(0, self.limit))),
+            Err(_) => Err(TryAcquireError::Rejected(Rejection::new(
+                0,
+                self.current_limit(),
+            ))),
         }
     }
 
@@ -162,9 +309,10 @@ impl Algo for Concurrency {
 
     fn available(&self, cell: &AtomicU64, _now: u64) -> u32 {
         // Relaxed: a snapshot.
+        let limit = self.current_limit();
         match cell.load(Ordering::Relaxed) {
-            RETIRED => self.limit,
-            word => free(word),
+            RETIRED => limit,
+            word => free_of(limit, used(word)),
         }
     }
 
@@ -178,7 +326,10 @@ impl Algo for Concurrency {
             // Never used: its inserter is about to take permits from it.
             return Err(0);
         }
-        let idle = u64::from(self.limit) | USED;
+        // Idle whatever the limit: nothing in use, nobody marked (see the type's table). So a
+        // `set_limit` racing this sweep changes nothing here: the CAS below succeeds only on a
+        // word with no permit out and no blocked head, before or after the change.
+        let idle = USED;
         if word != idle {
             // Permits out or a head blocked: idle only after a release, which lowers the hints
             // (`Ctx::idle_hint`); no clock time says when.
@@ -257,6 +408,8 @@ struct Inner<K, S> {
     store: Keyed<Concurrency, K, S>,
     ctx: Ctx<NoClock, S>,
     waits: Waits<K, S>,
+    /// Serialises [`KeyedConcurrencyLimiter::set_limit`] calls; the hot path never takes it.
+    reconfig: Mutex<()>,
 }
 
 impl<K, S> Clone for KeyedConcurrencyLimiter<K, S> {
@@ -270,7 +423,7 @@ impl<K, S> Clone for KeyedConcurrencyLimiter<K, S> {
 impl<K, S> fmt::Debug for KeyedConcurrencyLimiter<K, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedConcurrencyLimiter")
-            .field("limit", &self.inner.store.algo.limit)
+            .field("limit", &self.inner.store.algo.current_limit())
             .field("max_keys", &self.inner.ctx.max_keys)
             .field("overflow", &self.inner.ctx.overflow)
             // Relaxed: a snapshot for display.
@@ -285,16 +438,50 @@ where
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
     fn limit(&self) -> u32 {
-        self.store.algo.limit
+        self.store.algo.current_limit()
     }
 
     /// Takes `n` permits for `key` ignoring its queue. `Ok(Err(free))`: too few free.
+    #[inline(always)]
     fn decide(&self, key: &K, shard: usize, n: u32) -> Result<Result<Slot, u32>, TryAcquireError> {
         let algo = &self.store.algo;
-        let (outcome, slot) = self
+        let ((outcome, undone), slot) = self
             .store
             .with_cell(&self.ctx, shard, key, n, |cell| algo.take(cell, n))?;
+        if undone != Undone::default() {
+            self.settle(key, shard, slot, undone, false);
+        }
         Ok(outcome.map(|_| slot))
+    }
+
+    /// Pays what permits given back owe (a release, or a stale admission undone by
+    /// [`Concurrency::take`]): the idle hint if the key's cell is idle now, and a wake for the
+    /// head that marked it. `in_head`: we are the head of `key`'s queue, under its mutex (a
+    /// mark on the key's own cell can only be ours, and our queue must not be woken from
+    /// inside its own critical section).
+    #[cold]
+    fn settle(&self, key: &K, shard: usize, slot: Slot, undone: Undone, in_head: bool) {
+        if slot == Slot::Key && undone.idle {
+            self.ctx.idle_hint(&self.store.shards[shard]);
+        }
+        if !undone.wake {
+            return;
+        }
+        match slot {
+            Slot::Key if in_head => {}
+            Slot::Key => {
+                if let Some(wait) = self.waits.map.get(key, Arc::clone) {
+                    wait.queue.wake_head();
+                }
+            }
+            // The shared pool's waiters may be in any key's queue: wake every head (rare: only
+            // overflow keys at the cap wait on the pool).
+            Slot::Overflow => self.waits.map.for_each(|k, wait| {
+                if !(in_head && k == key) {
+                    wait.queue.wake_head();
+                }
+            }),
+        }
     }
 
     fn try_acquire(&self, key: &K, shard: usize, n: u32) -> Result<Slot, TryPermitError> {
@@ -306,18 +493,20 @@ where
     }
 
     fn try_decide(&self, key: &K, shard: usize, n: u32) -> Result<Slot, TryPermitError> {
-        let limit = self.limit();
-        if n > limit {
-            return Err(TryPermitError::InsufficientCapacity {
-                requested: n,
-                capacity: limit,
-            });
-        }
-        // No barging past this key's queue under oldest-first order.
+        // No barging past this key's queue under oldest-first order. (`n` above the limit is
+        // checked here only when that refuses; otherwise `take` checks it against the same
+        // `config` it decides with, saving the hot path a load.)
         if self.waits.any()
             && self.waits.order == QueueOrder::OldestFirst
             && self.waits.has_waiters(key)
         {
+            let limit = self.limit();
+            if n > limit {
+                return Err(TryPermitError::InsufficientCapacity {
+                    requested: n,
+                    capacity: limit,
+                });
+            }
             return Err(TryPermitError::NoPermits {
                 available: self.available(key, shard),
                 requested: n,
@@ -373,15 +562,32 @@ where
             .store
             .with_cell(&self.ctx, shard, key, n, |cell| algo.take_or_mark(cell, n))
         {
-            Ok((Ok(_), slot)) => Ok(slot),
-            Ok((Err(_), _)) => Err(Blocked::Release),
+            Ok(((outcome, undone), slot)) => {
+                if undone != Undone::default() {
+                    self.settle(key, shard, slot, undone, true);
+                }
+                outcome.map(|_| slot).map_err(|_| Blocked::Release)
+            }
             Err(error) => Err(Blocked::Fail(waiting_error(error))),
         }
+    }
+
+    /// Between a waiter's lookup (or insert) of its key's queue in the queue map and its first
+    /// attempt, which loads the limit: pairs with the fence in `set_limit` between its `config`
+    /// store and its walk of the queue map.
+    fn registered() {
+        // SeqCst fence: store-then-load on both sides (we wrote or read the queue's map entry,
+        // then load `config`; `set_limit` stores `config`, then reads the map). With a fence on
+        // each side, either `set_limit`'s walk finds this queue (and wakes its head under its
+        // mutex), or our attempts load the new `config`: a raise is never missed by a waiter
+        // that queued during the change. Only waiters pay it.
+        fence(Ordering::SeqCst);
     }
 
     async fn acquire_slow(&self, key: &K, shard: usize, n: u32) -> Result<Slot, AcquireError> {
         loop {
             let wait = self.waits.key_wait(key);
+            Self::registered();
             let exit = RetireOnExit {
                 waits: &self.waits,
                 key,
@@ -421,6 +627,7 @@ where
         }
         loop {
             let wait = self.waits.key_wait(key);
+            Self::registered();
             let _exit = RetireOnExit {
                 waits: &self.waits,
                 key,
@@ -443,46 +650,34 @@ where
         if n == 0 {
             return;
         }
-        let add = |cell: &AtomicU64| {
-            // AcqRel. Release: our holder's work happens before the next taker's (pairs with the
-            // Acquire CAS in `take`). Acquire: if we read a head's `WAITERS` mark (a Release
-            // CAS), its key's queue is visible to our lookup below. The mark comes back with the
-            // old value: the head's mark and our add are RMWs of one word, so either our add
-            // comes first (the head's attempt sees the permits) or we see the mark and wake it
-            // under its queue's mutex, which it held while marking and registering its waker.
-            let before = cell.fetch_add(u64::from(n), Ordering::AcqRel);
-            if before & WAITERS != 0 {
-                // Relaxed: we consume the mark and wake the head below; if the head marked again
-                // meanwhile, our wake still comes after its registration (see queue.rs), and it
-                // marks again if it is still short.
-                cell.fetch_and(!WAITERS, Ordering::Relaxed);
-            }
-            before
-        };
         let shard_ref = &self.store.shards[shard];
-        let before = match slot {
+        let undone = match slot {
             // The key's cell is the one we took from: a cell with permits out is never retired.
-            Slot::Key => shard_ref.map.get(key, add),
-            Slot::Overflow => Some(add(&self.store.overflow)),
+            Slot::Key => shard_ref
+                .map
+                .get(key, |cell| Concurrency::give_back(cell, n)),
+            Slot::Overflow => Some(Concurrency::give_back(&self.store.overflow, n)),
         };
-        let Some(before) = before else {
+        let Some(undone) = undone else {
             debug_assert!(false, "a key with permits out lost its cell");
             return;
         };
-        if slot == Slot::Key && u64::from(free(before)) + u64::from(n) == u64::from(self.limit()) {
+        // The idle hint inline (most releases of a lightly used key bring it to idle; the hint
+        // is one load when already lowered), the rare wake out of line.
+        if slot == Slot::Key && undone.idle {
             self.ctx.idle_hint(shard_ref);
         }
-        if before & WAITERS != 0 {
-            match slot {
-                Slot::Key => {
-                    if let Some(wait) = self.waits.map.get(key, Arc::clone) {
-                        wait.queue.wake_head();
-                    }
-                }
-                // The shared pool's waiters may be in any key's queue: wake every head (rare:
-                // only overflow keys at the cap wait on the pool).
-                Slot::Overflow => self.waits.map.for_each(|_, wait| wait.queue.wake_head()),
-            }
+        if undone.wake {
+            self.settle(
+                key,
+                shard,
+                slot,
+                Undone {
+                    wake: true,
+                    idle: false,
+                },
+                false,
+            );
         }
     }
 }
@@ -937,6 +1132,76 @@ where
         self.inner.limit()
     }
 
+    /// Changes the limit of **every** key at run time (keys held now, keys created later, and
+    /// keys evicted and created again), keeping each key's permits in flight and its queue: per
+    /// key, the semantics of [`ConcurrencyLimiter::set_limit`](crate::ConcurrencyLimiter::set_limit).
+    ///
+    /// - **Raising** admits more at once: every key's queued head is woken and takes what fits.
+    /// - **Lowering** revokes nothing: permits held stay valid and drain as usual, and a key's
+    ///   new acquisitions wait until its in use + n ≤ the new limit. Queued waiters asking for
+    ///   more than the new limit fail at once with [`AcquireError::InsufficientCapacity`].
+    ///
+    /// Once this returns, every acquisition decides under the new limit: one decided under the
+    /// old limit whose compare-and-swap lands after the change is given back and decided again
+    /// before its caller sees it. Eviction is unaffected: a key is idle when nothing is in use
+    /// and nobody waits, whatever the limit.
+    ///
+    /// Cost: the limit is one word shared by every key, so the change itself is O(1); waking
+    /// waiters visits the keys that have a wait queue now (only keys with waiters have one, each
+    /// holding at most [`queue_limit`](Self::queue_limit) permits of waiters), never the keys
+    /// without. Calls are serialised by a mutex the hot path never takes.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Zero`] if `limit` is 0; nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{ConfigError, KeyedConcurrencyLimiter, TryPermitError};
+    ///
+    /// let per_user = KeyedConcurrencyLimiter::new(4)?;
+    /// let alice = per_user.try_acquire_n(&"alice", 3)?;
+    /// // Lowered below what alice holds: nothing is revoked, nothing new for her until it drains.
+    /// per_user.set_limit(2)?;
+    /// assert_eq!((per_user.limit(), per_user.available(&"alice")), (2, 0));
+    /// assert!(matches!(per_user.try_acquire(&"alice"), Err(TryPermitError::NoPermits { .. })));
+    /// assert_eq!(per_user.available(&"bob"), 2); // every key, new ones too
+    /// drop(alice);
+    /// assert_eq!(per_user.available(&"alice"), 2);
+    /// // Raised: more at once, for everybody.
+    /// per_user.set_limit(5)?;
+    /// assert_eq!(per_user.try_acquire_n(&"alice", 5)?.permits(), 5);
+    /// // Zero is an error and changes nothing.
+    /// assert_eq!(per_user.set_limit(0), Err(ConfigError::Zero { what: "limit" }));
+    /// assert_eq!(per_user.limit(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_limit(&self, limit: u32) -> Result<(), ConfigError> {
+        if limit == 0 {
+            return Err(ConfigError::Zero { what: "limit" });
+        }
+        let inner = &*self.inner;
+        let guard = lock(&inner.reconfig);
+        // From here every take that loads `config` decides under `limit`, and a take that
+        // decided under the old one and CASes after this store gives its permits back (see
+        // `Concurrency::take_with`).
+        inner.store.algo.set_limit(limit);
+        // SeqCst fence: pairs with the fence of a waiter that queued during this call (see
+        // `Inner::registered`): the walk below finds its queue, or its attempts see the limit.
+        fence(Ordering::SeqCst);
+        // Every key with waiters (and the shared pool's, which sit in some key's queue): those
+        // asking for more than `limit` fail, each head looks again. The head's attempt and this
+        // wake are both under that queue's mutex, so a raise cannot slip between the head's
+        // failed attempt and its registration. Bounded by the keys that have waiters now.
+        inner
+            .waits
+            .map
+            .for_each(|_, wait| wait.queue.reconfigured(&wait.gate, limit));
+        drop(guard);
+        Ok(())
+    }
+
     /// Evicts every idle key now (all permits back, nobody waiting); returns how many. Never
     /// removes a key with a permit out; runs concurrently with every other call.
     ///
@@ -1226,12 +1491,13 @@ where
             return Err(ConfigError::Zero { what: "max_keys" });
         }
         let shards = shard_count(self.max_keys);
-        let store = Keyed::new(Concurrency { limit: self.limit }, shards, &self.hasher);
+        let store = Keyed::new(Concurrency::new(self.limit), shards, &self.hasher);
         Ok(KeyedConcurrencyLimiter {
             inner: Arc::new(Inner {
                 store,
                 waits: Waits::new(self.hasher.clone(), self.order, self.queue_limit),
                 ctx: Ctx::new(NoClock, self.hasher, shards, self.max_keys, self.overflow),
+                reconfig: Mutex::new(()),
             }),
         })
     }
@@ -1441,7 +1707,7 @@ mod tests {
 
     #[test]
     fn cell_retires_only_when_idle_and_never_equals_retired() {
-        let algo = Concurrency { limit: u32::MAX };
+        let algo = Concurrency::new(u32::MAX);
         let clock = ManualClock::new();
         let cell = algo.cell();
         assert_eq!(
@@ -1449,17 +1715,23 @@ mod tests {
             Err(0),
             "never used: left to its inserter"
         );
-        assert_eq!(algo.take(&cell, u32::MAX), Ok(Ok(0)));
+        assert_eq!(algo.take(&cell, u32::MAX), Ok((Ok(0), Undone::default())));
         assert!(algo.retire(&cell, &clock).is_err());
-        // The largest live word: every permit free, both flags set.
-        cell.fetch_add(u64::from(u32::MAX), Ordering::Relaxed);
+        // The largest live word: every permit in use, both flags set.
         cell.fetch_or(WAITERS, Ordering::Relaxed);
         assert_ne!(cell.load(Ordering::Relaxed), RETIRED);
         assert!(
             algo.retire(&cell, &clock).is_err(),
-            "a blocked head keeps the key"
+            "a key with permits out is kept"
         );
-        cell.fetch_and(!WAITERS, Ordering::Relaxed);
+        let undone = Concurrency::give_back(&cell, u32::MAX);
+        assert_eq!(
+            undone,
+            Undone {
+                wake: true,
+                idle: true
+            }
+        );
         assert_eq!(algo.retire(&cell, &clock), Ok(()));
         assert_eq!(algo.take(&cell, 1), Err(TryAcquireError::Closed));
         assert_eq!(algo.take_or_mark(&cell, 1), Err(TryAcquireError::Closed));
@@ -1467,13 +1739,54 @@ mod tests {
 
     #[test]
     fn head_marks_when_short_and_clears_when_served() {
-        let algo = Concurrency { limit: 2 };
+        let algo = Concurrency::new(2);
         let cell = algo.cell();
-        assert_eq!(algo.take(&cell, 2), Ok(Ok(0)));
-        assert_eq!(algo.take_or_mark(&cell, 1), Ok(Err(0)));
+        assert_eq!(algo.take(&cell, 2), Ok((Ok(0), Undone::default())));
+        assert_eq!(algo.take_or_mark(&cell, 1), Ok((Err(0), Undone::default())));
         assert_ne!(cell.load(Ordering::Relaxed) & WAITERS, 0);
-        cell.fetch_add(1, Ordering::Relaxed);
-        assert_eq!(algo.take_or_mark(&cell, 1), Ok(Ok(0)));
+        assert_eq!(
+            Concurrency::give_back(&cell, 1),
+            Undone {
+                wake: true,
+                idle: false
+            }
+        );
+        assert_eq!(algo.take_or_mark(&cell, 1), Ok((Ok(0), Undone::default())));
         assert_eq!(cell.load(Ordering::Relaxed) & WAITERS, 0);
+    }
+
+    #[test]
+    fn idleness_does_not_depend_on_the_limit() {
+        let algo = Concurrency::new(3);
+        let clock = ManualClock::new();
+        let cell = algo.cell();
+        assert_eq!(algo.take(&cell, 2), Ok((Ok(1), Undone::default())));
+        // Lowered below what is held: the key stays, nothing is free, nothing is revoked.
+        algo.set_limit(1);
+        assert!(algo.retire(&cell, &clock).is_err());
+        assert_eq!(algo.available(&cell, 0), 0);
+        assert_eq!(algo.take(&cell, 1), Ok((Err(0), Undone::default())));
+        assert_eq!(
+            algo.take(&cell, 2),
+            Err(TryAcquireError::InsufficientCapacity {
+                requested: 2,
+                capacity: 1
+            })
+        );
+        Concurrency::give_back(&cell, 2);
+        assert_eq!(algo.available(&cell, 0), 1);
+        // Raised while idle: still idle, and evictable.
+        algo.set_limit(7);
+        assert_eq!(algo.available(&cell, 0), 7);
+        assert_eq!(algo.retire(&cell, &clock), Ok(()));
+    }
+
+    #[test]
+    fn config_generation_changes_even_when_the_limit_does_not() {
+        let algo = Concurrency::new(4);
+        let before = algo.config();
+        algo.set_limit(4);
+        assert_ne!(algo.config(), before);
+        assert_eq!(algo.current_limit(), 4);
     }
 }

@@ -304,3 +304,265 @@ async fn owned_permits_cross_tasks() {
     assert_eq!(limiter.stats().admitted, 20);
     assert_eq!(limiter.available(&0), 1);
 }
+
+// ---- set_limit (issue 4: reconfiguration applies to every key) ----
+
+/// Awaits `handle`, failing (not hanging) if it never finishes: paused time auto-advances to
+/// the deadline only when every task is idle, so a lost wake-up shows as an error here.
+async fn finished<T>(handle: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), handle)
+        .await
+        .expect("a waiter was never woken")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn set_limit_raise_wakes_waiters_on_several_keys() {
+    let limiter = KeyedConcurrencyLimiter::<u32>::new(1).unwrap();
+    let held: Vec<_> = (0..3).map(|k| limiter.try_acquire(&k).unwrap()).collect();
+    let waiters: Vec<_> = (0..3)
+        .map(|k| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire_owned(k, 1).await.map(|p| *p.key()) })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().waiting, 3);
+    limiter.set_limit(2).unwrap();
+    assert_eq!(limiter.limit(), 2);
+    let mut served = Vec::new();
+    for waiter in waiters {
+        served.push(finished(waiter).await.unwrap());
+    }
+    assert_eq!(served, vec![0, 1, 2]);
+    // The held permits are still counted: each key is at its new limit of 2 (1 held + 1 served,
+    // the latter dropped by now), so one more fits per key and no second.
+    for k in 0..3 {
+        assert_eq!(limiter.available(&k), 1);
+    }
+    drop(held);
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+}
+
+#[test]
+fn set_limit_lowering_keeps_held_permits_and_admits_nothing_until_below() {
+    let limiter = KeyedConcurrencyLimiter::<&str>::new(4).unwrap();
+    let a1 = limiter.try_acquire_n(&"a", 2).unwrap();
+    let a2 = limiter.try_acquire(&"a").unwrap();
+    let b = limiter.try_acquire(&"b").unwrap();
+    limiter.set_limit(2).unwrap();
+    assert_eq!(limiter.limit(), 2);
+    // "a" holds 3 > 2: nothing revoked, nothing new.
+    assert_eq!(limiter.available(&"a"), 0);
+    assert!(matches!(
+        limiter.try_acquire(&"a"),
+        Err(TryPermitError::NoPermits { available: 0, .. })
+    ));
+    assert_eq!(limiter.len(), 2, "a key with permits out is kept");
+    assert_eq!(limiter.sweep(), 0);
+    drop(a2); // 2 in use: still not below the limit
+    assert!(limiter.try_acquire(&"a").is_err());
+    drop(a1); // 0 in use
+    let again = limiter.try_acquire_n(&"a", 2).unwrap();
+    assert!(limiter.try_acquire(&"a").is_err());
+    // "b" holds 1 of 2: exactly one more.
+    let b2 = limiter.try_acquire(&"b").unwrap();
+    assert!(limiter.try_acquire(&"b").is_err());
+    // New keys get the new limit.
+    assert!(matches!(
+        limiter.try_acquire_n(&"c", 3),
+        Err(TryPermitError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        })
+    ));
+    drop((again, b, b2));
+    assert_eq!(limiter.sweep(), 2);
+    assert!(limiter.is_empty());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn set_limit_fails_waiters_that_can_never_fit() {
+    let limiter = KeyedConcurrencyLimiter::<u32>::new(4).unwrap();
+    let held: Vec<_> = (0..2)
+        .map(|k| limiter.try_acquire_n(&k, 4).unwrap())
+        .collect();
+    let big: Vec<_> = (0..2)
+        .map(|k| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire_owned(k, 3).await.map(|p| p.permits()) })
+        })
+        .collect();
+    let small = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire_owned(0, 1).await.map(|p| p.permits()) })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().waiting, 3);
+    limiter.set_limit(2).unwrap();
+    for waiter in big {
+        assert_eq!(
+            finished(waiter).await,
+            Err(AcquireError::InsufficientCapacity {
+                requested: 3,
+                capacity: 2
+            })
+        );
+    }
+    // The one that fits waits for the drain, then is served.
+    tokio::task::yield_now().await;
+    assert!(!small.is_finished());
+    drop(held);
+    assert_eq!(finished(small).await, Ok(1));
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+    assert_eq!(stats.rejected, 2);
+}
+
+#[test]
+fn a_key_evicted_and_recreated_after_set_limit_uses_the_new_limit() {
+    let limiter = KeyedConcurrencyLimiter::<u8>::new(2).unwrap();
+    drop(limiter.try_acquire_n(&1, 2).unwrap());
+    drop(limiter.try_acquire_n(&2, 2).unwrap());
+    assert_eq!(limiter.sweep(), 1 + 1);
+    limiter.set_limit(3).unwrap();
+    // Key 1 was evicted before the change, and is recreated after it.
+    let three = limiter.try_acquire_n(&1, 3).unwrap();
+    assert!(limiter.try_acquire(&1).is_err());
+    drop(three);
+    // Key 1 is evicted after the change and recreated after a lowering.
+    assert_eq!(limiter.sweep(), 1);
+    limiter.set_limit(1).unwrap();
+    let one = limiter.try_acquire(&1).unwrap();
+    assert!(matches!(
+        limiter.try_acquire(&1),
+        Err(TryPermitError::NoPermits { available: 0, .. })
+    ));
+    assert!(matches!(
+        limiter.try_acquire_n(&2, 2),
+        Err(TryPermitError::InsufficientCapacity { .. })
+    ));
+    drop(one);
+    assert_eq!(limiter.stats().evicted, 3);
+}
+
+#[test]
+fn set_limit_zero_errors_and_changes_nothing() {
+    let limiter = KeyedConcurrencyLimiter::<u8>::new(3).unwrap();
+    let held = limiter.try_acquire_n(&1, 2).unwrap();
+    assert_eq!(
+        limiter.set_limit(0),
+        Err(turnstile::ConfigError::Zero { what: "limit" })
+    );
+    assert_eq!(limiter.limit(), 3);
+    assert_eq!(limiter.available(&1), 1);
+    assert_eq!(limiter.len(), 1);
+    let last = limiter.try_acquire(&1).unwrap();
+    assert!(limiter.try_acquire(&1).is_err());
+    drop((held, last));
+    assert_eq!(limiter.available(&1), 3);
+}
+
+/// Real threads acquire and release on many keys while another thread flips the limit between
+/// `LOW` and `HIGH`. Asserted inside every critical section:
+///
+/// 1. per key, holders in flight ≤ `HIGH` = max(old, new) at every moment, during changes too
+///    (a lowering revokes nothing, so `LOW` cannot be asserted while older holders drain);
+/// 2. per key, holders whose whole acquisition ran inside one stable period (the flip count was
+///    the same even value before and after `try_acquire`: no `set_limit` started or ran) are
+///    counted apart by the limit of that period
+///    (flips alternate, so the parity of the count names the limit). Each of them was decided
+///    under that limit against an in-use count that included every holder still out, so at
+///    most that limit of them are ever in flight at once: ≤ `LOW` for the `LOW` periods.
+///
+/// What this cannot catch: an admission decided under the old limit whose compare-and-swap
+/// lands after the change straddles the flip, so it is counted only in (1). That race is the
+/// loom model `set_limit_racing_acquire_and_eviction` (which fails when the stale admission is
+/// kept).
+#[test]
+fn set_limit_audit_on_real_threads() {
+    const LOW: u32 = 2;
+    const HIGH: u32 = 5;
+    const KEYS: usize = 6;
+    let limiter = KeyedConcurrencyLimiter::<usize>::new(LOW).unwrap();
+    // 2f: f flips done and stable (f even: LOW in force, f odd: HIGH); 2f − 1: flip f running.
+    let flips = Arc::new(AtomicU64::new(0));
+    let inside: Arc<Vec<AtomicU32>> = Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
+    let stable: Arc<Vec<[AtomicU32; 2]>> = Arc::new(
+        (0..KEYS)
+            .map(|_| [AtomicU32::new(0), AtomicU32::new(0)])
+            .collect(),
+    );
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|t| {
+            let (limiter, flips, inside, stable, done, admitted) = (
+                limiter.clone(),
+                flips.clone(),
+                inside.clone(),
+                stable.clone(),
+                done.clone(),
+                admitted.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut i = t;
+                while !done.load(Ordering::Relaxed) {
+                    i += 1;
+                    let key = i % KEYS;
+                    let before = flips.load(Ordering::SeqCst);
+                    let Ok(permit) = limiter.try_acquire(&key) else {
+                        continue;
+                    };
+                    let after = flips.load(Ordering::SeqCst);
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                    let now = inside[key].fetch_add(1, Ordering::SeqCst) + 1;
+                    assert!(now <= HIGH, "key {key}: {now} in flight > max(old, new)");
+                    let slot =
+                        (before == after && before % 2 == 0).then_some(((before / 2) & 1) as usize);
+                    if let Some(p) = slot {
+                        let limit = [LOW, HIGH][p];
+                        let n = stable[key][p].fetch_add(1, Ordering::SeqCst) + 1;
+                        assert!(n <= limit, "key {key}: {n} decided under {limit}");
+                    }
+                    if i % 5 == 0 {
+                        std::thread::yield_now();
+                    }
+                    if let Some(p) = slot {
+                        stable[key][p].fetch_sub(1, Ordering::SeqCst);
+                    }
+                    inside[key].fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                    if i % 97 == 0 {
+                        limiter.sweep();
+                    }
+                }
+            })
+        })
+        .collect();
+    for flip in 1..=400u64 {
+        let limit = if flip % 2 == 1 { HIGH } else { LOW };
+        flips.store(2 * flip - 1, Ordering::SeqCst);
+        limiter.set_limit(limit).unwrap();
+        // Stable only once `set_limit` has returned and until the next one starts: a holder
+        // that reads the same even value before and after its acquisition decided under it.
+        flips.store(2 * flip, Ordering::SeqCst);
+        for _ in 0..200 {
+            std::hint::spin_loop();
+        }
+        std::thread::yield_now();
+    }
+    done.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert!(admitted.load(Ordering::Relaxed) > 0);
+    assert_eq!(limiter.limit(), LOW);
+    for key in 0..KEYS {
+        assert_eq!(limiter.available(&key), LOW, "key {key} lost a permit");
+    }
+    // Everything is back: a sweep leaves no key.
+    limiter.sweep();
+    assert!(limiter.is_empty());
+}
