@@ -271,9 +271,12 @@ mod engine;
 mod layer;
 mod response;
 
-pub use client_ip::{ClientIpConfig, ForwardedHeader};
+pub use client_ip::{client_ip, ClientIpConfig, ForwardedHeader};
 pub use concurrency::ConcurrencyLayer;
 pub use config::HttpConfig;
 pub use engine::HttpLimiter;
 pub use layer::RateLimitLayer;
-pub use response::ResponseConfig;
+pub use response::{
+    insert_quota_headers, ratelimit_policy_value, ratelimit_value, rejection_response,
+    whole_seconds_up, ResponseConfig, ResponseConfigError,
+};
