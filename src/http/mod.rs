@@ -264,6 +264,7 @@ pub struct LayerSettings {
     pub response: ResponseConfig,
 }
 
+mod body;
 mod client_ip;
 mod concurrency;
 mod config;
@@ -271,11 +272,12 @@ mod engine;
 mod layer;
 mod response;
 
+pub use body::RateLimitBody;
 pub use client_ip::{client_ip, ClientIpConfig, ForwardedHeader};
-pub use concurrency::ConcurrencyLayer;
+pub use concurrency::{ConcurrencyFuture, ConcurrencyLayer, ConcurrencyService};
 pub use config::HttpConfig;
 pub use engine::HttpLimiter;
-pub use layer::RateLimitLayer;
+pub use layer::{PeerAddr, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use response::{
     insert_quota_headers, ratelimit_policy_value, ratelimit_value, rejection_response,
     whole_seconds_up, ResponseConfig, ResponseConfigError,
