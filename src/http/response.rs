@@ -423,9 +423,9 @@ fn render_template(
         if let Some((key, value)) = replaced {
             out.push_str(value);
             rest = &after[key.len()..];
-        } else if after.starts_with("{reason}") {
+        } else if let Some(after_reason) = after.strip_prefix("{reason}") {
             let _ = write!(out, "{reason}");
-            rest = &after["{reason}".len()..];
+            rest = after_reason;
         } else {
             out.push('{');
             rest = &after[1..];
