@@ -460,8 +460,10 @@ mod tests {
 
     #[test]
     fn validate_names_fields() {
-        let mut config = ClientIpConfig::default();
-        config.ipv4_prefix = 33;
+        let config = ClientIpConfig {
+            ipv4_prefix: 33,
+            ..ClientIpConfig::default()
+        };
         assert!(config.validate().unwrap_err().contains("ipv4_prefix"));
     }
 
@@ -478,7 +480,57 @@ mod tests {
         assert!(bad.unwrap_err().to_string().contains("trusted_proxies"));
     }
 
+    fn appears_in(text: &str, got: IpAddr) -> bool {
+        text.split([',', ';', '=', '"', ' ', '\t', '[', ']'])
+            .flat_map(|t| [Some(t), t.rsplit_once(':').map(|p| p.0)])
+            .flatten()
+            .any(|t| t.trim().parse::<IpAddr>().ok().map(canonical) == Some(got))
+    }
+
+    /// Pieces that make header values close to valid ones, so the walk gets exercised.
+    fn piece() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec![
+            "203.0.113.9",
+            "127.0.0.1",
+            "10.0.0.7",
+            "2001:db8::1",
+            "::ffff:10.0.0.7",
+            "[",
+            "]",
+            ":4711",
+            ":",
+            ",",
+            ", ",
+            ";",
+            "for=",
+            "For=",
+            "\"",
+            "unknown",
+            "_hidden",
+            "by=",
+            "proto=http",
+            " ",
+            "x",
+            "1.2.3",
+        ])
+    }
+
     proptest! {
+        #[test]
+        fn near_valid_headers(pieces in proptest::collection::vec(piece(), 0..16), which in 0usize..3) {
+            let config = ClientIpConfig {
+                trusted_proxies: vec![parse_net("127.0.0.1").unwrap(), parse_net("10.0.0.0/8").unwrap()],
+                ..ClientIpConfig::default()
+            };
+            let text: String = pieces.concat();
+            let name = ["forwarded", "x-forwarded-for", "x-real-ip"][which];
+            let mut map = http::HeaderMap::new();
+            map.insert(name, http::HeaderValue::from_str(&text).unwrap());
+            let peer = ip("127.0.0.1");
+            let got = client_ip(Some(peer), &map, &config).unwrap();
+            prop_assert!(got == peer || appears_in(&text, got), "{got} not in {text:?}");
+        }
+
         #[test]
         fn arbitrary_headers_never_panic(
             bytes in proptest::collection::vec(any::<u8>(), 0..64),
@@ -494,15 +546,8 @@ mod tests {
             map.insert(name, value);
             let peer = ip("127.0.0.1");
             let got = client_ip(Some(peer), &map, &config).unwrap();
-            if got != peer {
-                let text = String::from_utf8_lossy(&bytes);
-                let appears = text
-                    .split(|c: char| matches!(c, ',' | ';' | '=' | '"' | ' ' | '\t' | '[' | ']'))
-                    .flat_map(|t| [Some(t), t.rsplit_once(':').map(|p| p.0)])
-                    .flatten()
-                    .any(|t| t.trim().parse::<IpAddr>().ok().map(canonical) == Some(got));
-                prop_assert!(appears, "{got} not in {text:?}");
-            }
+            let text = String::from_utf8_lossy(&bytes);
+            prop_assert!(got == peer || appears_in(&text, got), "{got} not in {text:?}");
         }
     }
 }
