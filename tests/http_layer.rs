@@ -3,6 +3,7 @@
 use arc_swap::ArcSwap;
 use axum::routing::get;
 use axum::Router;
+use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -476,13 +477,17 @@ async fn concurrency_layer_rejects_the_extra_request_and_admits_after_one_finish
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_layer_can_wait_in_the_queue() {
     let gate = Arc::new(Semaphore::new(0));
+    let (entered_tx, mut entered) = mpsc::unbounded_channel::<()>();
     let layer =
         ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(Duration::from_secs(30));
+    let limiter = layer.limiter().clone();
     let handler = {
         let gate = Arc::clone(&gate);
         move || {
             let gate = Arc::clone(&gate);
+            let entered_tx = entered_tx.clone();
             async move {
+                let _ = entered_tx.send(());
                 gate.acquire().await.unwrap().forget();
                 "done"
             }
@@ -500,10 +505,59 @@ async fn concurrency_layer_can_wait_in_the_queue() {
         tokio::spawn(async move { client.get(url).send().await.unwrap().status() })
     };
     let a = spawn(client.clone());
+    entered.recv().await.unwrap();
     let b = spawn(client.clone());
+    // b waits in the limiter's queue (not rejected) while a holds the permit.
+    for _ in 0..1000 {
+        if limiter.stats().waiting == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(limiter.stats().waiting, 1);
     gate.add_permits(2);
     assert_eq!(a.await.unwrap(), 200);
     assert_eq!(b.await.unwrap(), 200);
+}
+
+/// The permit is held until the response body ends, not only until the headers.
+#[tokio::test]
+async fn concurrency_permit_is_held_until_the_body_ends_or_is_dropped() {
+    use http_body_util::BodyExt;
+
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = layer.limiter().clone();
+    let mut service = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+            bytes::Bytes::from_static(b"payload"),
+        )))
+    }));
+
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service.call(http::Request::new(())).await.unwrap();
+    assert_eq!(limiter.available(), 0, "held while the body is unread");
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let rejected = service.call(http::Request::new(())).await.unwrap();
+    assert_eq!(rejected.status(), 503);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"payload");
+    assert_eq!(limiter.available(), 1, "given back at the end of the body");
+
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service.call(http::Request::new(())).await.unwrap();
+    assert_eq!(limiter.available(), 0);
+    drop(response);
+    assert_eq!(
+        limiter.available(),
+        1,
+        "given back when the body is dropped"
+    );
 }
 
 /// A plain tower `service_fn` (as tonic or hyper would give): a pending decision, the peer from
