@@ -46,6 +46,16 @@ type ClientIdFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + S
 /// [`PeerAddr`] (for example from tonic's `TcpConnectInfo`) in a layer outside this one. Without
 /// a peer address the client IP is `None` and the policy decides what that means.
 ///
+/// Readiness follows tower's rule: the service polled ready serves the request (a clone takes
+/// its place). When the policy answers [`Check::Pending`], that ready service is kept in the
+/// response future until the decision arrives, so a reserved slot (of a `Buffer`, say) stays
+/// reserved meanwhile. Errors of the inner service pass through unchanged.
+///
+/// With tonic, the layer works as any tower layer on the server's router, but a rejection is a
+/// plain HTTP 429 response, which gRPC clients report as an `UNAVAILABLE`-like transport error
+/// rather than a gRPC status; map it in a layer outside this one if clients need
+/// `RESOURCE_EXHAUSTED`.
+///
 /// # Examples
 ///
 /// ```
@@ -315,6 +325,9 @@ fn decided<S, R, ResBody>(
 where
     S: tower::Service<R, Response = http::Response<ResBody>>,
 {
+    if let crate::http::Outcome::Rejected { reason, rule, .. } = &verdict.outcome {
+        tracing::debug!(%reason, %rule, "request rejected");
+    }
     match rejection_response(&verdict, &settings.response) {
         Some(response) => State::Rejected {
             response: Some(response),
