@@ -614,3 +614,83 @@ async fn plain_tower_service_with_pending_decisions_and_errors() {
         .unwrap();
     assert_eq!(response.status(), 400);
 }
+
+/// Records the client id it is given; admits everything.
+#[derive(Default)]
+struct RecordId(Mutex<Vec<Option<String>>>);
+
+impl Policy for RecordId {
+    fn check(&self, request: &RequestInfo<'_>) -> Check {
+        assert_eq!(request.path, "/api/x", "the path, without the query");
+        assert_eq!(request.method, http::Method::GET);
+        self.0
+            .lock()
+            .unwrap()
+            .push(request.client_id.map(str::to_owned));
+        Check::Ready(Verdict {
+            outcome: Outcome::Admitted,
+            quotas: Vec::new(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn client_id_from_the_configured_header_or_the_closure() {
+    let policy = Arc::new(RecordId::default());
+    let settings = settings();
+    let mut next = LayerSettings::clone(&settings.load());
+    next.client_id_header = Some(http::HeaderName::from_static("x-client-id"));
+    settings.store(Arc::new(next));
+    let inner = tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, Infallible>(http::Response::new(String::new()))
+    });
+    let request = |id: &str| {
+        http::Request::get("/api/x?y=1")
+            .header("x-client-id", id)
+            .header("x-tenant", "tenant-7")
+            .body(())
+            .unwrap()
+    };
+
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), Arc::clone(&settings));
+    let mut service = layer.layer(inner);
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service.call(request("mobile-app")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // No quotas: no RateLimit headers.
+    assert!(response.headers().get("ratelimit").is_none());
+
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), Arc::clone(&settings))
+        .client_id_fn(|parts| {
+            parts
+                .headers
+                .get("x-tenant")?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        });
+    let mut service = layer.layer(inner);
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    service.call(request("mobile-app")).await.unwrap();
+
+    // Header unset in the settings: no client id.
+    settings.store(Arc::new(LayerSettings::default()));
+    let mut service = RateLimitLayer::with_settings(Arc::clone(&policy), settings).layer(inner);
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    service.call(request("mobile-app")).await.unwrap();
+
+    assert_eq!(
+        *policy.0.lock().unwrap(),
+        vec![
+            Some("mobile-app".to_owned()),
+            Some("tenant-7".to_owned()),
+            None
+        ]
+    );
+}
