@@ -694,3 +694,45 @@ async fn client_id_from_the_configured_header_or_the_closure() {
         ]
     );
 }
+
+/// Plain hyper: one connection served by `http1::Builder`, the peer inserted as `PeerAddr`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_hyper_server() {
+    let policy = Arc::new(PerIp::new("per-ip"));
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), settings());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = listener.accept().await.unwrap();
+            let inner = tower::service_fn(|_: http::Request<hyper::body::Incoming>| async {
+                Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"hyper"),
+                )))
+            });
+            let service = layer.layer(inner);
+            let with_peer = tower::service_fn(move |mut request: http::Request<_>| {
+                request.extensions_mut().insert(PeerAddr(peer));
+                let mut service = service.clone();
+                async move {
+                    std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+                    service.call(request).await
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(stream),
+                        hyper_util::service::TowerToHyperService::new(with_peer),
+                    )
+                    .await;
+            });
+        }
+    });
+    let client = client();
+    for expected in [200, 200, 429] {
+        let response = client.get(&base).send().await.unwrap();
+        assert_eq!(response.status(), expected);
+    }
+    assert_eq!(policy.last_key(), Some("127.0.0.1".parse().unwrap()));
+}
