@@ -417,6 +417,24 @@ mod tests {
     }
 
     #[test]
+    fn custom_headers_even_invalid_names() {
+        let mut config = trusting(&["10.0.0.0/8"]);
+        config.headers = vec![
+            ForwardedHeader::Custom("not a header name".into()),
+            ForwardedHeader::Custom("CF-Connecting-IP".into()),
+        ];
+        let peer = Some(ip("10.0.0.1"));
+        let h = headers(&[
+            ("cf-connecting-ip", "192.0.2.5"),
+            ("x-forwarded-for", "6.6.6.6"),
+        ]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("192.0.2.5")));
+        // X-Forwarded-For is not among the configured headers.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6")]);
+        assert_eq!(client_ip(peer, &h, &config), peer);
+    }
+
+    #[test]
     fn nodes() {
         assert_eq!(parse_node(" 1.2.3.4:8080 "), Some(ip("1.2.3.4")));
         assert_eq!(parse_node("[::1]:80"), Some(ip("::1")));
