@@ -2,7 +2,8 @@
 //! untrusted address in the forwarding headers, walking right to left.
 
 use ipnet::IpNet;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// A header that proxies use to pass on the client's address.
 ///
@@ -43,6 +44,7 @@ pub enum ForwardedHeader {
 pub struct ClientIpConfig {
     /// Peers whose forwarding headers are believed (addresses or CIDR ranges). Empty: the peer
     /// address is always the client.
+    #[serde(deserialize_with = "deserialize_nets")]
     pub trusted_proxies: Vec<IpNet>,
     /// The headers read from a trusted peer, in order of preference.
     pub headers: Vec<ForwardedHeader>,
@@ -63,6 +65,507 @@ impl Default for ClientIpConfig {
             ],
             ipv4_prefix: 32,
             ipv6_prefix: 128,
+        }
+    }
+}
+
+/// Parses a trusted proxy: a CIDR range (`10.0.0.0/8`) or a bare address (`10.0.0.1`, taken as
+/// the single-address range).
+fn parse_net(text: &str) -> Option<IpNet> {
+    let text = text.trim();
+    if let Ok(net) = text.parse::<IpNet>() {
+        return Some(net);
+    }
+    text.parse::<IpAddr>().ok().map(IpNet::from)
+}
+
+fn deserialize_nets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<IpNet>, D::Error> {
+    let texts = Vec::<String>::deserialize(deserializer)?;
+    texts
+        .iter()
+        .map(|text| {
+            parse_net(text).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "trusted_proxies: `{text}` is neither an IP address nor a CIDR range"
+                ))
+            })
+        })
+        .collect()
+}
+
+impl ClientIpConfig {
+    /// Checks the prefix lengths: `ipv4_prefix` at most 32, `ipv6_prefix` at most 128. The error
+    /// names the field.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the field that is out of range.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::ClientIpConfig;
+    ///
+    /// let mut config = ClientIpConfig::default();
+    /// assert!(config.validate().is_ok());
+    /// config.ipv6_prefix = 129;
+    /// assert!(config.validate().unwrap_err().contains("ipv6_prefix"));
+    /// ```
+    pub fn validate(&self) -> Result<(), String> {
+        if self.ipv4_prefix > 32 {
+            return Err(format!("ipv4_prefix: {} is more than 32", self.ipv4_prefix));
+        }
+        if self.ipv6_prefix > 128 {
+            return Err(format!(
+                "ipv6_prefix: {} is more than 128",
+                self.ipv6_prefix
+            ));
+        }
+        Ok(())
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.trusted_proxies.iter().any(|net| net.contains(&ip))
+    }
+}
+
+/// An IPv4-mapped IPv6 address (`::ffff:1.2.3.4`, as dual-stack sockets report IPv4 peers) is
+/// the IPv4 address.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// The client's address, grouped by prefix.
+///
+/// If `peer` is not a trusted proxy (or is unknown), the peer's address is the client and the
+/// headers are ignored: a forwarding header from an untrusted peer never changes the key. If the
+/// peer is trusted, the configured headers are read in order; the first one present decides.
+/// Its addresses (all its lines, comma-separated) are walked right to left, skipping trusted
+/// proxies; the first untrusted address is the client, or the leftmost when every entry is
+/// trusted. An entry that cannot be parsed (garbage, or `Forwarded`'s `unknown` and obfuscated
+/// identifiers) where the walk reaches it stops the walk, and the peer is the client: what a
+/// trusted proxy could not vouch for is not believed.
+///
+/// The result is masked to `ipv4_prefix` / `ipv6_prefix` (prefixes above 32 / 128 are taken as
+/// 32 / 128).
+///
+/// # Examples
+///
+/// ```
+/// use http::HeaderMap;
+/// use turnstile::http::{client_ip, ClientIpConfig};
+///
+/// let mut config = ClientIpConfig::default();
+/// config.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+/// let mut headers = HeaderMap::new();
+/// headers.insert("x-forwarded-for", "203.0.113.9, 10.0.0.2".parse().unwrap());
+///
+/// let proxy = Some("10.0.0.1".parse().unwrap());
+/// assert_eq!(client_ip(proxy, &headers, &config), Some("203.0.113.9".parse().unwrap()));
+/// // From an untrusted peer the header is ignored.
+/// let direct = Some("198.51.100.1".parse().unwrap());
+/// assert_eq!(client_ip(direct, &headers, &config), direct);
+/// ```
+pub fn client_ip(
+    peer: Option<IpAddr>,
+    headers: &http::HeaderMap,
+    config: &ClientIpConfig,
+) -> Option<IpAddr> {
+    let peer = peer.map(canonical);
+    let chosen = match peer {
+        Some(ip) if config.is_trusted(ip) => from_headers(headers, config).unwrap_or(ip),
+        other => other?,
+    };
+    Some(mask(chosen, config))
+}
+
+/// The address the configured headers name, or `None` (no header present, or a stop).
+fn from_headers(headers: &http::HeaderMap, config: &ClientIpConfig) -> Option<IpAddr> {
+    for header in &config.headers {
+        let name: &str = match header {
+            ForwardedHeader::Forwarded => "forwarded",
+            ForwardedHeader::XForwardedFor => "x-forwarded-for",
+            ForwardedHeader::XRealIp => "x-real-ip",
+            ForwardedHeader::Custom(name) => name.as_str(),
+        };
+        let mut lines = headers.get_all(name).iter().peekable();
+        if lines.peek().is_none() {
+            continue;
+        }
+        let mut entries: Vec<Option<IpAddr>> = Vec::new();
+        for line in lines {
+            let Ok(text) = line.to_str() else {
+                entries.push(None);
+                continue;
+            };
+            match header {
+                ForwardedHeader::Forwarded => forwarded_entries(text, &mut entries),
+                _ => entries.extend(text.split(',').map(parse_node)),
+            }
+        }
+        return walk(&entries, config);
+    }
+    None
+}
+
+/// Right to left: the first untrusted address; the leftmost if all are trusted; `None` at an
+/// unparseable entry.
+fn walk(entries: &[Option<IpAddr>], config: &ClientIpConfig) -> Option<IpAddr> {
+    let mut leftmost = None;
+    for entry in entries.iter().rev() {
+        let ip = canonical((*entry)?);
+        if !config.is_trusted(ip) {
+            return Some(ip);
+        }
+        leftmost = Some(ip);
+    }
+    leftmost
+}
+
+/// The `for=` values of an RFC 7239 `Forwarded` line, one entry per forwarded element (an
+/// element without `for=` is an unparseable entry).
+fn forwarded_entries(text: &str, entries: &mut Vec<Option<IpAddr>>) {
+    for element in split_outside_quotes(text, ',') {
+        let mut found = None;
+        for pair in split_outside_quotes(element, ';') {
+            let Some((name, value)) = pair.split_once('=') else {
+                continue;
+            };
+            if name.trim().eq_ignore_ascii_case("for") {
+                found = Some(parse_node(unquote(value.trim())));
+                break;
+            }
+        }
+        entries.push(found.flatten());
+    }
+}
+
+/// Splits on `separator` outside double quotes.
+fn split_outside_quotes(text: &str, separator: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut quoted = false;
+    let mut escaped = false;
+    let mut start = 0;
+    for (i, c) in text.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if quoted && c == '\\' {
+            escaped = true;
+        } else if c == '"' {
+            quoted = !quoted;
+        } else if c == separator && !quoted {
+            parts.push(&text[start..i]);
+            start = i + c.len_utf8();
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
+fn unquote(value: &str) -> &str {
+    value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(value)
+}
+
+/// One node: `1.2.3.4`, `1.2.3.4:8080`, `2001:db8::1`, `[2001:db8::1]`, `[2001:db8::1]:4711`.
+/// `unknown`, obfuscated identifiers (`_hidden`) and anything else: `None`.
+fn parse_node(text: &str) -> Option<IpAddr> {
+    let text = text.trim();
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Some(rest) = text.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        if !(after.is_empty() || is_port(after.strip_prefix(':')?)) {
+            return None;
+        }
+        return inside.parse::<Ipv6Addr>().ok().map(IpAddr::V6);
+    }
+    let (host, port) = text.rsplit_once(':')?;
+    if !is_port(port) {
+        return None;
+    }
+    host.parse::<Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+/// A port: digits (RFC 7239 also allows obfuscated ports, `_abc`).
+fn is_port(text: &str) -> bool {
+    !text.is_empty()
+        && (text.bytes().all(|b| b.is_ascii_digit())
+            || (text.starts_with('_')
+                && text[1..]
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')))
+}
+
+fn mask(ip: IpAddr, config: &ClientIpConfig) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let prefix = u32::from(config.ipv4_prefix.min(32));
+            let bits = u32::from(v4);
+            let masked = if prefix == 0 {
+                0
+            } else {
+                bits & (u32::MAX << (32 - prefix))
+            };
+            IpAddr::V4(Ipv4Addr::from(masked))
+        }
+        IpAddr::V6(v6) => {
+            let prefix = u32::from(config.ipv6_prefix.min(128));
+            let bits = u128::from(v6);
+            let masked = if prefix == 0 {
+                0
+            } else {
+                bits & (u128::MAX << (128 - prefix))
+            };
+            IpAddr::V6(Ipv6Addr::from(masked))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn trusting(nets: &[&str]) -> ClientIpConfig {
+        ClientIpConfig {
+            trusted_proxies: nets.iter().map(|n| parse_net(n).unwrap()).collect(),
+            ..ClientIpConfig::default()
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn untrusted_peer_ignores_headers() {
+        let config = trusting(&["10.0.0.0/8"]);
+        let h = headers(&[("x-forwarded-for", "1.1.1.1"), ("forwarded", "for=2.2.2.2")]);
+        assert_eq!(
+            client_ip(Some(ip("9.9.9.9")), &h, &config),
+            Some(ip("9.9.9.9"))
+        );
+        assert_eq!(client_ip(None, &h, &config), None);
+    }
+
+    #[test]
+    fn right_to_left_skipping_trusted() {
+        let config = trusting(&["10.0.0.0/8", "127.0.0.1"]);
+        let peer = Some(ip("127.0.0.1"));
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.1.1.1")]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("203.0.113.9")));
+        // Several lines are one list.
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "203.0.113.9:4711, 10.1.1.1"),
+        ]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("203.0.113.9")));
+        // All trusted: the leftmost.
+        let h = headers(&[("x-forwarded-for", "10.0.0.5, 10.1.1.1")]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("10.0.0.5")));
+        // Garbage where the walk reaches it: the peer.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, garbage, 10.1.1.1")]);
+        assert_eq!(client_ip(peer, &h, &config), peer);
+        // Garbage beyond the first untrusted address does not matter.
+        let h = headers(&[("x-forwarded-for", "garbage, 6.6.6.6, 10.1.1.1")]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("6.6.6.6")));
+    }
+
+    #[test]
+    fn forwarded_rfc7239() {
+        let config = trusting(&["10.0.0.0/8"]);
+        let peer = Some(ip("10.0.0.1"));
+        let h = headers(&[(
+            "forwarded",
+            r#"for=192.0.2.60;proto=http;by=203.0.113.43, For="[2001:db8:cafe::17]:4711""#,
+        )]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("2001:db8:cafe::17")));
+        let h = headers(&[("forwarded", "for=192.0.2.60, for=unknown")]);
+        assert_eq!(client_ip(peer, &h, &config), peer);
+        let h = headers(&[("forwarded", "for=_hidden, for=\"198.51.100.17:80\"")]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("198.51.100.17")));
+        // Forwarded is preferred over X-Forwarded-For by default.
+        let h = headers(&[("x-forwarded-for", "1.1.1.1"), ("forwarded", "for=2.2.2.2")]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("2.2.2.2")));
+        // Absent: the next header.
+        let h = headers(&[("x-real-ip", "3.3.3.3")]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("3.3.3.3")));
+        // None at all: the peer.
+        assert_eq!(client_ip(peer, &headers(&[]), &config), peer);
+    }
+
+    #[test]
+    fn custom_headers_even_invalid_names() {
+        let mut config = trusting(&["10.0.0.0/8"]);
+        config.headers = vec![
+            ForwardedHeader::Custom("not a header name".into()),
+            ForwardedHeader::Custom("CF-Connecting-IP".into()),
+        ];
+        let peer = Some(ip("10.0.0.1"));
+        let h = headers(&[
+            ("cf-connecting-ip", "192.0.2.5"),
+            ("x-forwarded-for", "6.6.6.6"),
+        ]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("192.0.2.5")));
+        // X-Forwarded-For is not among the configured headers.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6")]);
+        assert_eq!(client_ip(peer, &h, &config), peer);
+    }
+
+    #[test]
+    fn nodes() {
+        assert_eq!(parse_node(" 1.2.3.4:8080 "), Some(ip("1.2.3.4")));
+        assert_eq!(parse_node("[::1]:80"), Some(ip("::1")));
+        assert_eq!(parse_node("[::1]"), Some(ip("::1")));
+        assert_eq!(parse_node("::1"), Some(ip("::1")));
+        assert_eq!(parse_node("[::1]x"), None);
+        assert_eq!(parse_node("1.2.3.4:"), None);
+        assert_eq!(parse_node("unknown"), None);
+    }
+
+    #[test]
+    fn prefixes_group() {
+        let config = ClientIpConfig {
+            ipv4_prefix: 24,
+            ipv6_prefix: 64,
+            ..ClientIpConfig::default()
+        };
+        let none = headers(&[]);
+        assert_eq!(
+            client_ip(Some(ip("2001:db8:1:2:aaaa::1")), &none, &config),
+            Some(ip("2001:db8:1:2::"))
+        );
+        assert_eq!(
+            client_ip(Some(ip("192.0.2.77")), &none, &config),
+            Some(ip("192.0.2.0"))
+        );
+        let zero = ClientIpConfig {
+            ipv4_prefix: 0,
+            ipv6_prefix: 0,
+            ..ClientIpConfig::default()
+        };
+        assert_eq!(
+            client_ip(Some(ip("192.0.2.77")), &none, &zero),
+            Some(ip("0.0.0.0"))
+        );
+        assert_eq!(
+            client_ip(Some(ip("::ffff:192.0.2.77")), &none, &config),
+            Some(ip("192.0.2.0"))
+        );
+    }
+
+    #[test]
+    fn validate_names_fields() {
+        let config = ClientIpConfig {
+            ipv4_prefix: 33,
+            ..ClientIpConfig::default()
+        };
+        assert!(config.validate().unwrap_err().contains("ipv4_prefix"));
+    }
+
+    #[test]
+    fn trusted_proxies_accept_bare_addresses() {
+        let config: ClientIpConfig =
+            serde_json::from_str(r#"{"trusted_proxies": ["10.0.0.1", "192.168.0.0/16", "::1"]}"#)
+                .unwrap();
+        assert!(config.is_trusted(ip("10.0.0.1")));
+        assert!(!config.is_trusted(ip("10.0.0.2")));
+        assert!(config.is_trusted(ip("192.168.7.7")));
+        assert!(config.is_trusted(ip("::1")));
+        let bad = serde_json::from_str::<ClientIpConfig>(r#"{"trusted_proxies": ["nope"]}"#);
+        assert!(bad.unwrap_err().to_string().contains("trusted_proxies"));
+    }
+
+    fn appears_in(text: &str, got: IpAddr) -> bool {
+        text.split([',', ';', '=', '"', ' ', '\t', '[', ']'])
+            .flat_map(|t| [Some(t), t.rsplit_once(':').map(|p| p.0)])
+            .flatten()
+            .any(|t| t.trim().parse::<IpAddr>().ok().map(canonical) == Some(got))
+    }
+
+    /// Pieces that make header values close to valid ones, so the walk gets exercised.
+    fn piece() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec![
+            "203.0.113.9",
+            "127.0.0.1",
+            "10.0.0.7",
+            "2001:db8::1",
+            "::ffff:10.0.0.7",
+            "[",
+            "]",
+            ":4711",
+            ":",
+            ",",
+            ", ",
+            ";",
+            "for=",
+            "For=",
+            "\"",
+            "unknown",
+            "_hidden",
+            "by=",
+            "proto=http",
+            " ",
+            "x",
+            "1.2.3",
+        ])
+    }
+
+    proptest! {
+        #[test]
+        fn near_valid_headers(pieces in proptest::collection::vec(piece(), 0..16), which in 0usize..3) {
+            let config = ClientIpConfig {
+                trusted_proxies: vec![parse_net("127.0.0.1").unwrap(), parse_net("10.0.0.0/8").unwrap()],
+                ..ClientIpConfig::default()
+            };
+            let text: String = pieces.concat();
+            let name = ["forwarded", "x-forwarded-for", "x-real-ip"][which];
+            let mut map = http::HeaderMap::new();
+            map.insert(name, http::HeaderValue::from_str(&text).unwrap());
+            let peer = ip("127.0.0.1");
+            let got = client_ip(Some(peer), &map, &config).unwrap();
+            prop_assert!(got == peer || appears_in(&text, got), "{got} not in {text:?}");
+        }
+
+        #[test]
+        fn arbitrary_headers_never_panic(
+            bytes in proptest::collection::vec(any::<u8>(), 0..64),
+            which in 0usize..3,
+        ) {
+            let config = ClientIpConfig {
+                trusted_proxies: vec![IpNet::from(ip("127.0.0.1"))],
+                ..ClientIpConfig::default()
+            };
+            let name = ["forwarded", "x-forwarded-for", "x-real-ip"][which];
+            let Ok(value) = http::HeaderValue::from_bytes(&bytes) else { return Ok(()); };
+            let mut map = http::HeaderMap::new();
+            map.insert(name, value);
+            let peer = ip("127.0.0.1");
+            let got = client_ip(Some(peer), &map, &config).unwrap();
+            let text = String::from_utf8_lossy(&bytes);
+            prop_assert!(got == peer || appears_in(&text, got), "{got} not in {text:?}");
         }
     }
 }

@@ -1,11 +1,245 @@
-//! [`ConcurrencyLayer`]. PLACEHOLDER: the http-edge branch replaces this file.
+//! [`ConcurrencyLayer`]: an in-flight cap for the routes it wraps.
 
-/// An in-flight cap for the routes it wraps.
+use crate::http::response::whole_seconds_up;
+use crate::http::RateLimitBody;
+use crate::{ConcurrencyLimiter, OwnedPermit};
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::StatusCode;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// A tower layer that caps the requests in flight through the services it wraps, with a
+/// [`ConcurrencyLimiter`]. A request's permit is held until its response body has ended (or is
+/// dropped), not merely until the headers are sent, so a slow download counts as in flight.
+///
+/// When the cap is reached the request is, by default, rejected at once with 503 and
+/// `Retry-After: 1`; with [`wait`](Self::wait) it waits in the limiter's queue up to a time
+/// limit and is rejected after that. Cloning the layer shares the limiter, so one cap can
+/// cover several routes.
 ///
 /// # Examples
 ///
 /// ```
-/// let _ = turnstile::http::LayerSettings::default();
+/// use std::time::Duration;
+/// use turnstile::http::ConcurrencyLayer;
+/// use turnstile::ConcurrencyLimiter;
+///
+/// let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(64)?)
+///     .rejection_status(http::StatusCode::TOO_MANY_REQUESTS)
+///     .wait(Duration::from_millis(200));
+/// assert_eq!(layer.limiter().limit(), 64);
+/// # Ok::<(), turnstile::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct ConcurrencyLayer {}
+pub struct ConcurrencyLayer {
+    limiter: ConcurrencyLimiter,
+    status: StatusCode,
+    retry_after: Duration,
+    wait: Option<Duration>,
+}
+
+impl ConcurrencyLayer {
+    /// A layer admitting as many requests at once as `limiter` has permits (one each).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::ConcurrencyLayer;
+    ///
+    /// let layer = ConcurrencyLayer::new(turnstile::ConcurrencyLimiter::new(8)?);
+    /// # let _ = layer;
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn new(limiter: ConcurrencyLimiter) -> Self {
+        ConcurrencyLayer {
+            limiter,
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            retry_after: Duration::from_secs(1),
+            wait: None,
+        }
+    }
+
+    /// The status of a rejection (503 by default; 429 is the other usual choice).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::ConcurrencyLayer;
+    ///
+    /// let layer = ConcurrencyLayer::new(turnstile::ConcurrencyLimiter::new(8)?)
+    ///     .rejection_status(http::StatusCode::TOO_MANY_REQUESTS);
+    /// # let _ = layer;
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn rejection_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// The `Retry-After` of a rejection (1 s by default; sent in whole seconds rounded up).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::ConcurrencyLayer;
+    ///
+    /// let layer = ConcurrencyLayer::new(turnstile::ConcurrencyLimiter::new(8)?)
+    ///     .retry_after(Duration::from_secs(5));
+    /// # let _ = layer;
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = retry_after;
+        self
+    }
+
+    /// Waits up to `timeout` in the limiter's queue for a permit instead of rejecting at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::ConcurrencyLayer;
+    ///
+    /// let layer = ConcurrencyLayer::new(turnstile::ConcurrencyLimiter::new(8)?)
+    ///     .wait(Duration::from_millis(100));
+    /// # let _ = layer;
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn wait(mut self, timeout: Duration) -> Self {
+        self.wait = Some(timeout);
+        self
+    }
+
+    /// The shared limiter (to read its state, or change its limit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::ConcurrencyLayer;
+    ///
+    /// let layer = ConcurrencyLayer::new(turnstile::ConcurrencyLimiter::new(8)?);
+    /// assert_eq!(layer.limiter().available(), 8);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn limiter(&self) -> &ConcurrencyLimiter {
+        &self.limiter
+    }
+
+    fn rejection<B>(&self) -> http::Response<RateLimitBody<B>> {
+        let mut response = http::Response::new(RateLimitBody::full(
+            self.status.canonical_reason().unwrap_or("Unavailable"),
+        ));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            RETRY_AFTER,
+            HeaderValue::from(whole_seconds_up(self.retry_after)),
+        );
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response
+    }
+}
+
+impl<S> tower::Layer<S> for ConcurrencyLayer {
+    type Service = ConcurrencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ConcurrencyService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`ConcurrencyLayer`].
+///
+/// # Examples
+///
+/// ```
+/// use tower::Layer;
+/// use turnstile::http::{ConcurrencyLayer, ConcurrencyService};
+///
+/// let inner = tower::service_fn(|_: http::Request<()>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let layer = ConcurrencyLayer::new(turnstile::ConcurrencyLimiter::new(8)?);
+/// let _service: ConcurrencyService<_> = layer.layer(inner);
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConcurrencyService<S> {
+    inner: S,
+    layer: ConcurrencyLayer,
+}
+
+/// The response future of [`ConcurrencyService`].
+///
+/// # Cancel safety
+///
+/// Dropping it while it waits for a permit leaves the queue and holds nothing; dropping it
+/// later gives the permit back.
+pub type ConcurrencyFuture<Res, E> = Pin<Box<dyn Future<Output = Result<Res, E>> + Send>>;
+
+impl<S, B, ResBody> tower::Service<http::Request<B>> for ConcurrencyService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = http::Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ConcurrencyFuture<Self::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        match layer.wait {
+            None => {
+                let permit = match layer.limiter.try_acquire_owned(1) {
+                    Ok(permit) => permit,
+                    Err(_) => {
+                        let response = layer.rejection();
+                        return Box::pin(async move { Ok(response) });
+                    }
+                };
+                let future = ready.call(request);
+                Box::pin(async move { Ok(with_permit(future.await?, permit)) })
+            }
+            Some(timeout) => Box::pin(async move {
+                let acquire = layer.limiter.acquire_owned(1);
+                let permit = match tokio::time::timeout(timeout, acquire).await {
+                    Ok(Ok(permit)) => permit,
+                    // Timed out, or the limiter is closed.
+                    Ok(Err(_)) | Err(_) => {
+                        return Ok(layer.rejection());
+                    }
+                };
+                Ok(with_permit(ready.call(request).await?, permit))
+            }),
+        }
+    }
+}
+
+fn with_permit<B>(
+    response: http::Response<B>,
+    permit: OwnedPermit,
+) -> http::Response<RateLimitBody<B>> {
+    response.map(|body| RateLimitBody::with_permit(body, permit))
+}

@@ -1,34 +1,467 @@
-//! [`RateLimitLayer`]. PLACEHOLDER: the http-edge branch replaces this file.
+//! [`RateLimitLayer`] and [`RateLimitService`]: extract a [`RequestInfo`], ask the [`Policy`],
+//! and either call the inner service (adding the quota headers to its response) or answer with
+//! the rejection.
 
-use crate::http::{LayerSettings, Policy};
+use crate::http::response::{insert_quota_headers, rejection_response};
+use crate::http::{
+    client_ip, Check, LayerSettings, Policy, QuotaState, RateLimitBody, RequestInfo, Verdict,
+};
 use arc_swap::ArcSwap;
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-/// A tower layer that decides every request with a [`Policy`].
+/// The peer's address, as a request extension. The layer reads it (or a bare
+/// [`SocketAddr`] extension, or with the `axum` feature axum's `ConnectInfo<SocketAddr>`) to
+/// know who is connected. Insert it yourself when serving with hyper or tonic.
 ///
 /// # Examples
 ///
 /// ```
-/// let _ = turnstile::http::LayerSettings::default();
+/// use turnstile::http::PeerAddr;
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(PeerAddr("192.0.2.1:4000".parse().unwrap()));
+/// assert!(request.extensions().get::<PeerAddr>().is_some());
 /// ```
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerAddr(pub SocketAddr);
+
+type ClientIdFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
+
+/// A tower [`Layer`](tower::Layer) that decides every request with a [`Policy`]: admitted
+/// requests go on (their responses get the `RateLimit` headers), rejected ones get the
+/// configured rejection (429 with `Retry-After` by default). Cloning shares the policy and the
+/// settings.
+///
+/// The settings are read on every request, so a reload that swaps them takes effect at once.
+///
+/// The peer address comes from the request's extensions: [`PeerAddr`], a [`SocketAddr`], or
+/// (feature `axum`) axum's `ConnectInfo<SocketAddr>` — serve the router with
+/// `into_make_service_with_connect_info::<SocketAddr>()`. With tonic, or plain hyper, insert a
+/// [`PeerAddr`] (for example from tonic's `TcpConnectInfo`) in a layer outside this one. Without
+/// a peer address the client IP is `None` and the policy decides what that means.
+///
+/// Readiness follows tower's rule: the service polled ready serves the request (a clone takes
+/// its place). When the policy answers [`Check::Pending`], that ready service is kept in the
+/// response future until the decision arrives, so a reserved slot (of a `Buffer`, say) stays
+/// reserved meanwhile. Errors of the inner service pass through unchanged.
+///
+/// With tonic, the layer works as any tower layer on the server's router, but a rejection is a
+/// plain HTTP 429 response, which gRPC clients report as an `UNAVAILABLE`-like transport error
+/// rather than a gRPC status; map it in a layer outside this one if clients need
+/// `RESOURCE_EXHAUSTED`.
+///
+/// # Examples
+///
+/// ```
+/// use tower::Layer;
+/// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+///
+/// struct AdmitAll;
+/// impl Policy for AdmitAll {
+///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+///     }
+/// }
+/// let layer = RateLimitLayer::new(AdmitAll);
+/// let _service = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// }));
+/// ```
 pub struct RateLimitLayer<P> {
-    #[allow(dead_code)]
     policy: Arc<P>,
-    #[allow(dead_code)]
     settings: Arc<ArcSwap<LayerSettings>>,
+    client_id_fn: Option<ClientIdFn>,
+}
+
+impl<P> Clone for RateLimitLayer<P> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            policy: Arc::clone(&self.policy),
+            settings: Arc::clone(&self.settings),
+            client_id_fn: self.client_id_fn.clone(),
+        }
+    }
+}
+
+impl<P> fmt::Debug for RateLimitLayer<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("settings", &self.settings.load())
+            .field("client_id_fn", &self.client_id_fn.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<P: Policy> RateLimitLayer<P> {
+    /// A layer deciding with `policy`, with default [`LayerSettings`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    ///
+    /// struct AdmitAll;
+    /// impl Policy for AdmitAll {
+    ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///     }
+    /// }
+    /// let layer = RateLimitLayer::new(AdmitAll);
+    /// assert_eq!(layer.settings().load().response.status, 429);
+    /// ```
+    pub fn new(policy: P) -> Self {
+        Self::with_settings(
+            Arc::new(policy),
+            Arc::new(ArcSwap::from_pointee(LayerSettings::default())),
+        )
+    }
+
     /// A layer deciding with `policy`, reading its settings from `settings` on every request
     /// (so that a reload that swaps them takes effect at once).
     ///
     /// # Examples
     ///
     /// ```
-    /// let _ = turnstile::http::LayerSettings::default();
+    /// use std::sync::Arc;
+    /// use arc_swap::ArcSwap;
+    /// use turnstile::http::{Check, LayerSettings, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    ///
+    /// struct AdmitAll;
+    /// impl Policy for AdmitAll {
+    ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///     }
+    /// }
+    /// let settings = Arc::new(ArcSwap::from_pointee(LayerSettings::default()));
+    /// let layer = RateLimitLayer::with_settings(Arc::new(AdmitAll), settings.clone());
+    /// settings.store(Arc::new(LayerSettings::default())); // seen by the next request
+    /// # let _ = layer;
     /// ```
     pub fn with_settings(policy: Arc<P>, settings: Arc<ArcSwap<LayerSettings>>) -> Self {
-        RateLimitLayer { policy, settings }
+        RateLimitLayer {
+            policy,
+            settings,
+            client_id_fn: None,
+        }
+    }
+
+    /// Takes the client id from `f` instead of the configured header (for example from a
+    /// verified token, or a path segment). `None`: no client id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    ///
+    /// struct AdmitAll;
+    /// impl Policy for AdmitAll {
+    ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///     }
+    /// }
+    /// let layer = RateLimitLayer::new(AdmitAll).client_id_fn(|parts| {
+    ///     parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn client_id_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.client_id_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// The settings the layer reads on every request; store new ones to change them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use turnstile::http::{Check, LayerSettings, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    ///
+    /// struct AdmitAll;
+    /// impl Policy for AdmitAll {
+    ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///     }
+    /// }
+    /// let layer = RateLimitLayer::new(AdmitAll);
+    /// let mut settings = LayerSettings::clone(&layer.settings().load());
+    /// settings.response.legacy_headers = true;
+    /// layer.settings().store(Arc::new(settings));
+    /// assert!(layer.settings().load().response.legacy_headers);
+    /// ```
+    pub fn settings(&self) -> &Arc<ArcSwap<LayerSettings>> {
+        &self.settings
+    }
+}
+
+impl<S, P: Policy> tower::Layer<S> for RateLimitLayer<P> {
+    type Service = RateLimitService<S, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimitService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`RateLimitLayer`].
+///
+/// # Examples
+///
+/// ```
+/// use tower::Layer;
+/// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RateLimitService, RequestInfo, Verdict};
+///
+/// struct AdmitAll;
+/// impl Policy for AdmitAll {
+///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+///     }
+/// }
+/// let inner = tower::service_fn(|_: http::Request<()>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let _service: RateLimitService<_, AdmitAll> = RateLimitLayer::new(AdmitAll).layer(inner);
+/// ```
+pub struct RateLimitService<S, P> {
+    inner: S,
+    layer: RateLimitLayer<P>,
+}
+
+impl<S: Clone, P> Clone for RateLimitService<S, P> {
+    fn clone(&self) -> Self {
+        RateLimitService {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, P> fmt::Debug for RateLimitService<S, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitService")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+fn peer_ip<B>(request: &http::Request<B>) -> Option<IpAddr> {
+    let extensions = request.extensions();
+    if let Some(PeerAddr(addr)) = extensions.get::<PeerAddr>() {
+        return Some(addr.ip());
+    }
+    #[cfg(feature = "axum")]
+    if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(info.0.ip());
+    }
+    extensions.get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+impl<S, P, B, ResBody> tower::Service<http::Request<B>> for RateLimitService<S, P>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<ResBody>> + Clone,
+    P: Policy,
+{
+    type Response = http::Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, http::Request<B>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // The service that was polled ready serves this request; a clone takes its place.
+        let clone = self.inner.clone();
+        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let settings = self.layer.settings.load_full();
+
+        let ip = client_ip(peer_ip(&request), request.headers(), &settings.client_ip);
+        let (parts, body) = request.into_parts();
+        let custom_id = self.layer.client_id_fn.as_ref().and_then(|f| f(&parts));
+        let header_id = match (&custom_id, &settings.client_id_header) {
+            (None, Some(name)) => parts.headers.get(name).and_then(|v| v.to_str().ok()),
+            _ => None,
+        };
+        let info = RequestInfo {
+            method: &parts.method,
+            path: parts.uri.path(),
+            client_ip: ip,
+            client_id: custom_id.as_deref().or(header_id),
+        };
+        let check = self.layer.policy.check(&info);
+        let request = http::Request::from_parts(parts, body);
+
+        let state = match check {
+            Check::Ready(verdict) => decided(verdict, &mut ready, request, settings),
+            Check::Pending(verdict) => State::Waiting {
+                verdict,
+                service: Some(ready),
+                request: Some(request),
+                settings,
+            },
+        };
+        ResponseFuture { state }
+    }
+}
+
+fn decided<S, R, ResBody>(
+    verdict: Verdict,
+    service: &mut S,
+    request: R,
+    settings: Arc<LayerSettings>,
+) -> State<S, R>
+where
+    S: tower::Service<R, Response = http::Response<ResBody>>,
+{
+    if let crate::http::Outcome::Rejected { reason, rule, .. } = &verdict.outcome {
+        tracing::debug!(%reason, %rule, "request rejected");
+    }
+    match rejection_response(&verdict, &settings.response) {
+        Some(response) => State::Rejected {
+            response: Some(response),
+        },
+        None => State::Inner {
+            future: service.call(request),
+            quotas: verdict.quotas,
+            settings,
+        },
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, R>
+    where
+        S: tower::Service<R>,
+    {
+        Waiting {
+            verdict: Pin<Box<dyn Future<Output = Verdict> + Send + 'static>>,
+            service: Option<S>,
+            request: Option<R>,
+            settings: Arc<LayerSettings>,
+        },
+        Inner {
+            #[pin]
+            future: S::Future,
+            quotas: Vec<QuotaState>,
+            settings: Arc<LayerSettings>,
+        },
+        Rejected {
+            response: Option<http::Response<bytes::Bytes>>,
+        },
+    }
+}
+
+pin_project! {
+    /// The response future of [`RateLimitService`]: waits for a pending decision, then for the
+    /// inner service.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it drops the pending decision (a remote backend may already have counted the
+    /// request) and the inner service's future.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    ///
+    /// struct AdmitAll;
+    /// impl Policy for AdmitAll {
+    ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///     }
+    /// }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let mut service = RateLimitLayer::new(AdmitAll).layer(tower::service_fn(|_: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("hi")))
+    /// }));
+    /// let future = service.ready().await.unwrap().call(http::Request::new(()));
+    /// assert_eq!(future.await.unwrap().status(), 200);
+    /// # }
+    /// ```
+    pub struct ResponseFuture<S, R>
+    where
+        S: tower::Service<R>,
+    {
+        #[pin]
+        state: State<S, R>,
+    }
+}
+
+impl<S, R> fmt::Debug for ResponseFuture<S, R>
+where
+    S: tower::Service<R>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, R, ResBody> Future for ResponseFuture<S, R>
+where
+    S: tower::Service<R, Response = http::Response<ResBody>>,
+{
+    type Output = Result<http::Response<RateLimitBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Waiting {
+                    verdict,
+                    service,
+                    request,
+                    settings,
+                } => {
+                    let verdict = match verdict.as_mut().poll(cx) {
+                        Poll::Ready(verdict) => verdict,
+                        Poll::Pending => return Poll::Pending,
+                    };
+                    let (Some(mut service), Some(request)) = (service.take(), request.take())
+                    else {
+                        // Unreachable: taken only here, and the state changes right after.
+                        return Poll::Pending;
+                    };
+                    let next = decided(verdict, &mut service, request, Arc::clone(settings));
+                    this.state.set(next);
+                }
+                StateProj::Inner {
+                    future,
+                    quotas,
+                    settings,
+                } => {
+                    let response = match future.poll(cx) {
+                        Poll::Ready(Ok(response)) => response,
+                        Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                        Poll::Pending => return Poll::Pending,
+                    };
+                    let mut response = response.map(RateLimitBody::new);
+                    insert_quota_headers(response.headers_mut(), quotas, &settings.response);
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Rejected { response } => {
+                    return match response.take() {
+                        Some(response) => Poll::Ready(Ok(response.map(RateLimitBody::full))),
+                        // Polled after completion.
+                        None => Poll::Pending,
+                    };
+                }
+            }
+        }
     }
 }

@@ -22,6 +22,42 @@
 //! The contract between them is the small set of types in this module: the layer extracts a
 //! [`RequestInfo`], a [`Policy`] (the engine, or one of your own) answers with a [`Check`], and
 //! the layer turns the [`Verdict`] into a response.
+//!
+//! # The peer address
+//!
+//! The layer finds the connected peer in the request's extensions: a [`PeerAddr`], a bare
+//! `SocketAddr`, or, with the `axum` feature, axum's `ConnectInfo<SocketAddr>`. Without the
+//! feature, axum users copy `ConnectInfo` into a [`PeerAddr`] in a layer outside the limiter:
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{extract::{ConnectInfo, Request}, middleware::map_request, routing::get, Router};
+//! use turnstile::http::{Check, Outcome, PeerAddr, Policy, RateLimitLayer, RequestInfo, Verdict};
+//!
+//! struct AdmitAll;
+//! impl Policy for AdmitAll {
+//!     fn check(&self, _: &RequestInfo<'_>) -> Check {
+//!         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+//!     }
+//! }
+//!
+//! async fn copy_peer(mut request: Request) -> Request {
+//!     if let Some(ConnectInfo(addr)) = request.extensions().get::<ConnectInfo<SocketAddr>>().copied() {
+//!         request.extensions_mut().insert(PeerAddr(addr));
+//!     }
+//!     request
+//! }
+//!
+//! # #[tokio::main]
+//! # async fn main() -> std::io::Result<()> {
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(AdmitAll))
+//!     .layer(map_request(copy_peer)); // outermost: runs first
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+//! # }
+//! ```
 
 use std::fmt;
 use std::future::Future;
@@ -264,6 +300,7 @@ pub struct LayerSettings {
     pub response: ResponseConfig,
 }
 
+mod body;
 mod client_ip;
 mod concurrency;
 mod config;
@@ -271,9 +308,13 @@ mod engine;
 mod layer;
 mod response;
 
-pub use client_ip::{ClientIpConfig, ForwardedHeader};
-pub use concurrency::ConcurrencyLayer;
+pub use body::RateLimitBody;
+pub use client_ip::{client_ip, ClientIpConfig, ForwardedHeader};
+pub use concurrency::{ConcurrencyFuture, ConcurrencyLayer, ConcurrencyService};
 pub use config::HttpConfig;
 pub use engine::HttpLimiter;
-pub use layer::RateLimitLayer;
-pub use response::ResponseConfig;
+pub use layer::{PeerAddr, RateLimitLayer, RateLimitService, ResponseFuture};
+pub use response::{
+    insert_quota_headers, ratelimit_policy_value, ratelimit_value, rejection_response,
+    whole_seconds_up, ResponseConfig, ResponseConfigError,
+};

@@ -1,0 +1,738 @@
+//! The HTTP layers end to end: a real axum server on 127.0.0.1:0 and a real HTTP client.
+
+use arc_swap::ArcSwap;
+use axum::routing::get;
+use axum::Router;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, Semaphore};
+use tower::{Layer, Service};
+use turnstile::http::{
+    Check, ClientIpConfig, ConcurrencyLayer, LayerSettings, Outcome, PeerAddr, Policy, QuotaState,
+    RateLimitLayer, RejectReason, RequestInfo, Verdict,
+};
+use turnstile::{Algorithm, ConcurrencyLimiter, KeyedLimiter, ManualClock, TryAcquireError};
+
+/// 2 requests per second per client IP, on a manual clock; remembers the keys it saw.
+struct PerIp {
+    limiter: KeyedLimiter<IpAddr, ManualClock>,
+    seen: Mutex<Vec<Option<IpAddr>>>,
+    name: &'static str,
+}
+
+impl PerIp {
+    fn new(name: &'static str) -> Self {
+        PerIp {
+            limiter: KeyedLimiter::with_clock(
+                Algorithm::FixedWindow {
+                    limit: 2,
+                    window: Duration::from_secs(1),
+                },
+                ManualClock::new(),
+            )
+            .unwrap(),
+            seen: Mutex::new(Vec::new()),
+            name,
+        }
+    }
+
+    fn last_key(&self) -> Option<IpAddr> {
+        self.seen.lock().unwrap().last().copied().flatten()
+    }
+
+    fn decide(&self, ip: Option<IpAddr>) -> Verdict {
+        self.seen.lock().unwrap().push(ip);
+        let Some(ip) = ip else {
+            return Verdict {
+                outcome: Outcome::Rejected {
+                    reason: RejectReason::NoKey,
+                    rule: self.name.into(),
+                    retry_after: None,
+                },
+                quotas: Vec::new(),
+            };
+        };
+        let quota = |remaining, reset_after| QuotaState {
+            policy: self.name.into(),
+            limit: 2,
+            window: Duration::from_secs(1),
+            remaining,
+            reset_after,
+        };
+        match self.limiter.try_acquire(&ip) {
+            Ok(admission) => Verdict {
+                outcome: Outcome::Admitted,
+                quotas: vec![quota(
+                    u64::from(admission.remaining()),
+                    admission.reset_after(),
+                )],
+            },
+            Err(TryAcquireError::Rejected(rejection)) => Verdict {
+                outcome: Outcome::Rejected {
+                    reason: RejectReason::RateLimited,
+                    rule: self.name.into(),
+                    retry_after: Some(rejection.retry_after()),
+                },
+                quotas: vec![quota(0, rejection.retry_after())],
+            },
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+impl Policy for PerIp {
+    fn check(&self, request: &RequestInfo<'_>) -> Check {
+        Check::Ready(self.decide(request.client_ip))
+    }
+}
+
+/// The same decision, answered through `Check::Pending` (as a remote backend would).
+struct Deferred(Arc<PerIp>);
+
+impl Policy for Deferred {
+    fn check(&self, request: &RequestInfo<'_>) -> Check {
+        let inner = Arc::clone(&self.0);
+        let ip = request.client_ip;
+        Check::Pending(Box::pin(async move {
+            tokio::task::yield_now().await;
+            inner.decide(ip)
+        }))
+    }
+}
+
+// ---- a minimal RFC 8941 list parser: members are sf-strings or tokens with parameters ----
+
+type Member = (String, Vec<(String, i64)>);
+
+fn parse_sf_list(input: &str) -> Result<Vec<Member>, String> {
+    let bytes = input.as_bytes();
+    let mut i = 0;
+    let mut members = Vec::new();
+    let skip_ows = |i: &mut usize| {
+        while *i < bytes.len() && (bytes[*i] == b' ' || bytes[*i] == b'\t') {
+            *i += 1;
+        }
+    };
+    while i < bytes.len() {
+        let name = if bytes[i] == b'"' {
+            i += 1;
+            let mut s = String::new();
+            loop {
+                let &c = bytes.get(i).ok_or("unterminated string")?;
+                i += 1;
+                match c {
+                    b'\\' => {
+                        let &e = bytes.get(i).ok_or("dangling escape")?;
+                        if e != b'"' && e != b'\\' {
+                            return Err(format!("bad escape {}", e as char));
+                        }
+                        s.push(e as char);
+                        i += 1;
+                    }
+                    b'"' => break,
+                    0x20..=0x7e => s.push(c as char),
+                    _ => return Err("non-printable in string".into()),
+                }
+            }
+            s
+        } else if bytes[i].is_ascii_alphabetic() || bytes[i] == b'*' {
+            let start = i;
+            while i < bytes.len()
+                && (bytes[i].is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&bytes[i]))
+            {
+                i += 1;
+            }
+            input[start..i].to_owned()
+        } else {
+            return Err(format!("bad item at {i}"));
+        };
+        let mut params = Vec::new();
+        while i < bytes.len() && bytes[i] == b';' {
+            i += 1;
+            skip_ows(&mut i);
+            let start = i;
+            while i < bytes.len()
+                && (bytes[i].is_ascii_lowercase()
+                    || bytes[i].is_ascii_digit()
+                    || b"_-.*".contains(&bytes[i]))
+            {
+                i += 1;
+            }
+            if start == i || !bytes[start].is_ascii_lowercase() {
+                return Err(format!("bad key at {start}"));
+            }
+            let key = input[start..i].to_owned();
+            if bytes.get(i) != Some(&b'=') {
+                return Err("parameter without integer value".into());
+            }
+            i += 1;
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            if start == i || i - start > 15 {
+                return Err("bad integer".into());
+            }
+            params.push((key, input[start..i].parse().map_err(|_| "integer")?));
+        }
+        members.push((name, params));
+        skip_ows(&mut i);
+        if i == bytes.len() {
+            break;
+        }
+        if bytes[i] != b',' {
+            return Err(format!("expected , at {i}"));
+        }
+        i += 1;
+        skip_ows(&mut i);
+        if i == bytes.len() {
+            return Err("trailing comma".into());
+        }
+    }
+    Ok(members)
+}
+
+#[test]
+fn the_sf_parser_rejects_what_it_should() {
+    assert!(parse_sf_list(r#""a";q=1, b;w=2"#).is_ok());
+    assert!(parse_sf_list(r#""a"b"#).is_err());
+    assert!(parse_sf_list(r#""a\x""#).is_err());
+    assert!(parse_sf_list(r#""a";Q=1"#).is_err());
+    assert!(parse_sf_list(r#""a",""#).is_err());
+    assert!(parse_sf_list(r#"per ip"#).is_err());
+}
+
+// ---- the server ----
+
+/// Copies axum's `ConnectInfo` into `PeerAddr` (needed without the `axum` feature).
+async fn copy_peer(mut request: axum::extract::Request) -> axum::extract::Request {
+    if let Some(info) = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        .copied()
+    {
+        request.extensions_mut().insert(PeerAddr(info.0));
+    }
+    request
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = if cfg!(feature = "axum") {
+        app
+    } else {
+        app.layer(axum::middleware::map_request(copy_peer))
+    };
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    format!("http://{addr}")
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+fn settings() -> Arc<ArcSwap<LayerSettings>> {
+    Arc::new(ArcSwap::from_pointee(LayerSettings::default()))
+}
+
+fn with_trusted_localhost(settings: &ArcSwap<LayerSettings>) {
+    let mut next = LayerSettings::clone(&settings.load());
+    let mut client_ip = ClientIpConfig::default();
+    client_ip.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    next.client_ip = client_ip;
+    settings.store(Arc::new(next));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn third_request_is_rejected_with_problem_json_and_headers() {
+    let policy = Arc::new(PerIp::new("per-ip"));
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), settings());
+    let base = serve(
+        Router::new()
+            .route("/", get(|| async { "hello" }))
+            .layer(layer),
+    )
+    .await;
+    let client = client();
+
+    for remaining in [1, 0] {
+        let response = client.get(&base).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let headers = response.headers();
+        let policy_header = parse_sf_list(headers["ratelimit-policy"].to_str().unwrap()).unwrap();
+        assert_eq!(
+            policy_header,
+            vec![(
+                "per-ip".to_owned(),
+                vec![("q".to_owned(), 2), ("w".to_owned(), 1)]
+            )]
+        );
+        let state = parse_sf_list(headers["ratelimit"].to_str().unwrap()).unwrap();
+        assert_eq!(state[0].0, "per-ip");
+        assert_eq!(state[0].1[0], ("r".to_owned(), remaining));
+        assert_eq!(state[0].1[1].0, "t");
+        assert!(headers.get("x-ratelimit-limit").is_none());
+        assert_eq!(response.text().await.unwrap(), "hello");
+    }
+    assert_eq!(policy.last_key(), Some("127.0.0.1".parse().unwrap()));
+
+    let response = client.get(&base).send().await.unwrap();
+    assert_eq!(response.status(), 429);
+    let retry: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1, "Retry-After {retry}");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert!(parse_sf_list(response.headers()["ratelimit"].to_str().unwrap()).is_ok());
+    let body: serde_json::Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["title"], "Too Many Requests");
+    assert_eq!(body["rule"], "per-ip");
+    assert_eq!(body["retry_after"], retry);
+
+    // The window passes: admitted again.
+    policy.limiter.clock().advance(Duration::from_secs(1));
+    assert_eq!(client.get(&base).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_names_are_escaped_sf_strings() {
+    let policy = Arc::new(PerIp::new(r#"a "quoted" \ name"#));
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), settings());
+    let base = serve(
+        Router::new()
+            .route("/", get(|| async { "hello" }))
+            .layer(layer),
+    )
+    .await;
+    let response = client().get(&base).send().await.unwrap();
+    let parsed = parse_sf_list(response.headers()["ratelimit-policy"].to_str().unwrap()).unwrap();
+    assert_eq!(parsed[0].0, r#"a "quoted" \ name"#);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spoofed_forwarded_for_from_untrusted_peer_is_ignored() {
+    let policy = Arc::new(PerIp::new("per-ip"));
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), settings());
+    let base = serve(
+        Router::new()
+            .route("/", get(|| async { "hello" }))
+            .layer(layer),
+    )
+    .await;
+    let client = client();
+    for (i, spoof) in ["1.1.1.1", "2.2.2.2", "3.3.3.3"].into_iter().enumerate() {
+        let response = client
+            .get(&base)
+            .header("x-forwarded-for", spoof)
+            .header("forwarded", format!("for={spoof}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(policy.last_key(), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(response.status(), if i < 2 { 200 } else { 429 });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_proxy_headers_and_settings_swap() {
+    let policy = Arc::new(PerIp::new("per-ip"));
+    let settings = settings();
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), Arc::clone(&settings));
+    // route_layer this time.
+    let base = serve(
+        Router::new()
+            .route("/", get(|| async { "hello" }))
+            .route_layer(layer),
+    )
+    .await;
+    let client = client();
+
+    // Not trusted yet: the header is ignored.
+    client
+        .get(&base)
+        .header("x-forwarded-for", "203.0.113.9, 127.0.0.1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(policy.last_key(), Some("127.0.0.1".parse().unwrap()));
+
+    // The swap takes effect on the next request.
+    with_trusted_localhost(&settings);
+    let response = client
+        .get(&base)
+        .header("x-forwarded-for", "203.0.113.9, 127.0.0.1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(policy.last_key(), Some("203.0.113.9".parse().unwrap()));
+
+    client
+        .get(&base)
+        .header("x-forwarded-for", "198.51.100.4:4711")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(policy.last_key(), Some("198.51.100.4".parse().unwrap()));
+
+    client
+        .get(&base)
+        .header("forwarded", r#"for="[2001:db8::1]:4711""#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(policy.last_key(), Some("2001:db8::1".parse().unwrap()));
+
+    // A response-settings swap: legacy headers on, IETF off.
+    let mut next = LayerSettings::clone(&settings.load());
+    next.response.legacy_headers = true;
+    next.response.ietf_headers = false;
+    settings.store(Arc::new(next));
+    let response = client.get(&base).send().await.unwrap();
+    assert_eq!(response.headers()["x-ratelimit-limit"], "2");
+    assert!(response.headers().get("ratelimit").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_layer_rejects_the_extra_request_and_admits_after_one_finishes() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (entered_tx, mut entered) = mpsc::unbounded_channel::<()>();
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = layer.limiter().clone();
+    let handler = {
+        let gate = Arc::clone(&gate);
+        move || {
+            let gate = Arc::clone(&gate);
+            let entered_tx = entered_tx.clone();
+            async move {
+                let _ = entered_tx.send(());
+                gate.acquire().await.unwrap().forget();
+                "done"
+            }
+        }
+    };
+    let base = serve(
+        Router::new()
+            .route("/slow", get(handler))
+            .route_layer(layer)
+            .route("/free", get(|| async { "free" })),
+    )
+    .await;
+    let client = client();
+
+    let first = tokio::spawn({
+        let client = client.clone();
+        let url = format!("{base}/slow");
+        async move { client.get(url).send().await.unwrap().text().await.unwrap() }
+    });
+    entered.recv().await.unwrap();
+    assert_eq!(limiter.available(), 0);
+
+    let second = client.get(format!("{base}/slow")).send().await.unwrap();
+    assert_eq!(second.status(), 503);
+    assert_eq!(second.headers()["retry-after"], "1");
+    // Routes outside the layer are not capped.
+    assert_eq!(
+        client
+            .get(format!("{base}/free"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap(), "done");
+    // The permit is given back when the server finishes (or drops) the body.
+    for _ in 0..1000 {
+        if limiter.available() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(limiter.available(), 1);
+
+    gate.add_permits(1);
+    let third = client.get(format!("{base}/slow")).send().await.unwrap();
+    assert_eq!(third.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_layer_can_wait_in_the_queue() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (entered_tx, mut entered) = mpsc::unbounded_channel::<()>();
+    let layer =
+        ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(Duration::from_secs(30));
+    let limiter = layer.limiter().clone();
+    let handler = {
+        let gate = Arc::clone(&gate);
+        move || {
+            let gate = Arc::clone(&gate);
+            let entered_tx = entered_tx.clone();
+            async move {
+                let _ = entered_tx.send(());
+                gate.acquire().await.unwrap().forget();
+                "done"
+            }
+        }
+    };
+    let base = serve(
+        Router::new()
+            .route("/slow", get(handler))
+            .route_layer(layer),
+    )
+    .await;
+    let client = client();
+    let spawn = |client: reqwest::Client| {
+        let url = format!("{base}/slow");
+        tokio::spawn(async move { client.get(url).send().await.unwrap().status() })
+    };
+    let a = spawn(client.clone());
+    entered.recv().await.unwrap();
+    let b = spawn(client.clone());
+    // b waits in the limiter's queue (not rejected) while a holds the permit.
+    for _ in 0..1000 {
+        if limiter.stats().waiting == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(limiter.stats().waiting, 1);
+    gate.add_permits(2);
+    assert_eq!(a.await.unwrap(), 200);
+    assert_eq!(b.await.unwrap(), 200);
+}
+
+/// The permit is held until the response body ends, not only until the headers.
+#[tokio::test]
+async fn concurrency_permit_is_held_until_the_body_ends_or_is_dropped() {
+    use http_body_util::BodyExt;
+
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = layer.limiter().clone();
+    let mut service = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+            bytes::Bytes::from_static(b"payload"),
+        )))
+    }));
+
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service.call(http::Request::new(())).await.unwrap();
+    assert_eq!(limiter.available(), 0, "held while the body is unread");
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let rejected = service.call(http::Request::new(())).await.unwrap();
+    assert_eq!(rejected.status(), 503);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"payload");
+    assert_eq!(limiter.available(), 1, "given back at the end of the body");
+
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service.call(http::Request::new(())).await.unwrap();
+    assert_eq!(limiter.available(), 0);
+    drop(response);
+    assert_eq!(
+        limiter.available(),
+        1,
+        "given back when the body is dropped"
+    );
+}
+
+/// A plain tower `service_fn` (as tonic or hyper would give): a pending decision, the peer from
+/// `PeerAddr`, and errors passed through.
+#[tokio::test]
+async fn plain_tower_service_with_pending_decisions_and_errors() {
+    let policy = Arc::new(PerIp::new("per-ip"));
+    let layer = RateLimitLayer::new(Deferred(Arc::clone(&policy)));
+    let mut service = layer.layer(tower::service_fn(
+        |request: http::Request<String>| async move {
+            if request.uri().path() == "/fail" {
+                Err("inner failed")
+            } else {
+                Ok(http::Response::new(String::from("ok")))
+            }
+        },
+    ));
+    let request = |path: &str| {
+        let mut request = http::Request::get(path).body(String::new()).unwrap();
+        request
+            .extensions_mut()
+            .insert(PeerAddr("192.0.2.1:5000".parse().unwrap()));
+        request
+    };
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service.call(request("/")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().contains_key("ratelimit"));
+    assert_eq!(policy.last_key(), Some("192.0.2.1".parse().unwrap()));
+
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    assert_eq!(
+        service.call(request("/fail")).await.unwrap_err(),
+        "inner failed"
+    );
+
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service.call(request("/")).await.unwrap();
+    assert_eq!(response.status(), 429);
+
+    // No peer address: the policy sees no key and rejects with no_key_status.
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service
+        .call(http::Request::get("/").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+}
+
+/// Records the client id it is given; admits everything.
+#[derive(Default)]
+struct RecordId(Mutex<Vec<Option<String>>>);
+
+impl Policy for RecordId {
+    fn check(&self, request: &RequestInfo<'_>) -> Check {
+        assert_eq!(request.path, "/api/x", "the path, without the query");
+        assert_eq!(request.method, http::Method::GET);
+        self.0
+            .lock()
+            .unwrap()
+            .push(request.client_id.map(str::to_owned));
+        Check::Ready(Verdict {
+            outcome: Outcome::Admitted,
+            quotas: Vec::new(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn client_id_from_the_configured_header_or_the_closure() {
+    let policy = Arc::new(RecordId::default());
+    let settings = settings();
+    let mut next = LayerSettings::clone(&settings.load());
+    next.client_id_header = Some(http::HeaderName::from_static("x-client-id"));
+    settings.store(Arc::new(next));
+    let inner = tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, Infallible>(http::Response::new(String::new()))
+    });
+    let request = |id: &str| {
+        http::Request::get("/api/x?y=1")
+            .header("x-client-id", id)
+            .header("x-tenant", "tenant-7")
+            .body(())
+            .unwrap()
+    };
+
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), Arc::clone(&settings));
+    let mut service = layer.layer(inner);
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service.call(request("mobile-app")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // No quotas: no RateLimit headers.
+    assert!(response.headers().get("ratelimit").is_none());
+
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), Arc::clone(&settings))
+        .client_id_fn(|parts| {
+            parts
+                .headers
+                .get("x-tenant")?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        });
+    let mut service = layer.layer(inner);
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    service.call(request("mobile-app")).await.unwrap();
+
+    // Header unset in the settings: no client id.
+    settings.store(Arc::new(LayerSettings::default()));
+    let mut service = RateLimitLayer::with_settings(Arc::clone(&policy), settings).layer(inner);
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    service.call(request("mobile-app")).await.unwrap();
+
+    assert_eq!(
+        *policy.0.lock().unwrap(),
+        vec![
+            Some("mobile-app".to_owned()),
+            Some("tenant-7".to_owned()),
+            None
+        ]
+    );
+}
+
+/// Plain hyper: one connection served by `http1::Builder`, the peer inserted as `PeerAddr`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_hyper_server() {
+    let policy = Arc::new(PerIp::new("per-ip"));
+    let layer = RateLimitLayer::with_settings(Arc::clone(&policy), settings());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = listener.accept().await.unwrap();
+            let inner = tower::service_fn(|_: http::Request<hyper::body::Incoming>| async {
+                Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"hyper"),
+                )))
+            });
+            let service = layer.layer(inner);
+            let with_peer = tower::service_fn(move |mut request: http::Request<_>| {
+                request.extensions_mut().insert(PeerAddr(peer));
+                let mut service = service.clone();
+                async move {
+                    std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+                    service.call(request).await
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(stream),
+                        hyper_util::service::TowerToHyperService::new(with_peer),
+                    )
+                    .await;
+            });
+        }
+    });
+    let client = client();
+    for expected in [200, 200, 429] {
+        let response = client.get(&base).send().await.unwrap();
+        assert_eq!(response.status(), expected);
+    }
+    assert_eq!(policy.last_key(), Some("127.0.0.1".parse().unwrap()));
+}
