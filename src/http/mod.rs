@@ -264,16 +264,21 @@ pub struct LayerSettings {
     pub response: ResponseConfig,
 }
 
+mod aspnet;
 mod client_ip;
 mod concurrency;
 mod config;
 mod engine;
 mod layer;
 mod response;
+mod rules;
 
 pub use client_ip::{ClientIpConfig, ForwardedHeader};
 pub use concurrency::ConcurrencyLayer;
-pub use config::HttpConfig;
+pub use config::{
+    BackendConfig, BanConfig, BlocklistConfig, ClientRulesConfig, HttpConfig, HttpConfigError,
+    IpRulesConfig, MissingKey, RuleAlgorithm, RuleConfig, RuleKey, WhitelistConfig,
+};
 pub use engine::HttpLimiter;
 pub use layer::RateLimitLayer;
 pub use response::ResponseConfig;
