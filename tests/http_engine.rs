@@ -298,7 +298,7 @@ fn validation_errors_name_the_field() {
     let ok = "[[rules]]\nperiod = \"1s\"\nlimit = 1\n";
     let cases = [
         (format!("{ok}{ok}{ok}[[rules]]\nperiod = \"5x\"\nlimit = 1\n"), "rules[3].period: \"5x\" is not a duration"),
-        (format!("[[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 1\n[[rules]]\nname = \"a\"\nperiod = \"1m\"\nlimit = 1\n"), "rules[1].name: duplicate rule name"),
+        ("[[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 1\n[[rules]]\nname = \"a\"\nperiod = \"1m\"\nlimit = 1\n".to_owned(), "rules[1].name: duplicate rule name"),
         ("[[rules]]\nperiod = \"0s\"\nlimit = 1\n".to_owned(), "rules[0].period: must be greater than zero"),
         ("[[rules]]\nperiod = \"1s\"\nlimit = 5000000000\n".to_owned(), "rules[0].limit: 5000000000 is too large"),
         ("[[rules]]\nperiod = \"1s\"\nlimit = 1\nendpoint = \"/x\"\n".to_owned(), "rules[0].endpoint:"),
