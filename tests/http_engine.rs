@@ -428,6 +428,28 @@ fn aspnet_sample_loads_and_behaves() {
 }
 
 #[test]
+fn aspnet_endpoint_rate_limiting_counts_each_endpoint() {
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "GeneralRules": [
+        {"Endpoint": "*:/api/values", "Period": "1m", "Limit": 1},
+        {"Endpoint": "*", "Period": "1h", "Limit": 100}]}}"#;
+    let l = HttpLimiter::with_clock(HttpConfig::from_json_str(doc).unwrap(), ManualClock::new())
+        .unwrap();
+    assert_eq!(get(&l, "/api/values", "1.1.1.1", None).quotas.len(), 2);
+    let put = l.decide(&req(&http::Method::PUT, "/api/values", "1.1.1.1", None));
+    assert_eq!(
+        put.outcome,
+        Outcome::Admitted,
+        "PUT is counted apart from GET"
+    );
+    let v = get(&l, "/api/values", "1.1.1.1", None);
+    assert_eq!(reason(&v).unwrap().1, "*:/api/values-1m");
+    // prefix match, its own counter
+    assert_eq!(get(&l, "/api/values/7", "1.1.1.1", None).quotas.len(), 2);
+    // other paths: only the `*` rule
+    assert_eq!(get(&l, "/other", "1.1.1.1", None).quotas.len(), 1);
+}
+
+#[test]
 fn aspnet_errors_name_the_field() {
     let e = HttpConfig::from_json_str(
         r#"{"IpRateLimiting": {"GeneralRules": [{"Period": "1s", "Limit": 1.5}]}}"#,

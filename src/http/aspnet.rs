@@ -1,5 +1,8 @@
 //! AspNetCoreRateLimit's configuration sections, translated to [`HttpConfig`].
 //!
+//! Endpoint patterns match as prefixes there (`*:/api/values` also matches `/api/values/1`), so
+//! each translated `verb:/path` pattern gets a trailing `*`; the rule keeps its name from the
+//! original pattern.
 //! `IpRateLimiting` general rules count by IP, `ClientRateLimiting` ones by client id (named
 //! `client:{endpoint}-{period}` so that both sections can be used at once). With
 //! `EnableEndpointRateLimiting`, every rule counts each `VERB:path` separately, as there.
@@ -100,6 +103,17 @@ fn section<T: for<'de> Deserialize<'de> + Default>(
     }
 }
 
+/// AspNetCoreRateLimit matches `verb:/path` as a prefix of the request's `VERB:path`: the
+/// pattern is given a trailing `*` unless it has one (or is `*`).
+fn prefix_match(endpoint: &str) -> String {
+    let trimmed = endpoint.trim();
+    if trimmed == "*" || trimmed.ends_with('*') || !trimmed.contains(':') {
+        trimmed.to_owned()
+    } else {
+        format!("{trimmed}*")
+    }
+}
+
 fn rule(
     r: Rule,
     key: RuleKey,
@@ -120,7 +134,7 @@ fn rule(
     }
     Ok(RuleConfig {
         name: Some(format!("{prefix}{endpoint}-{}", r.period)),
-        endpoint,
+        endpoint: prefix_match(&endpoint),
         period: r.period,
         limit: r.limit as u64,
         key,
