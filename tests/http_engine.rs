@@ -554,3 +554,49 @@ proptest! {
         }
     }
 }
+
+#[tokio::test]
+async fn watch_reloads_on_change_and_keeps_old_config_on_error() {
+    let dir = std::env::temp_dir().join(format!("turnstile-http-watch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, PER_IP).unwrap();
+    let clock = ManualClock::new();
+    let l = std::sync::Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), clock.clone()).unwrap(),
+    );
+    let handle = l.watch(&path, Duration::from_millis(10));
+    let touch = |text: &str, secs: u64| {
+        std::fs::write(&path, text).unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+            .unwrap();
+    };
+    touch(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\n",
+        1_000,
+    );
+    let mut reloaded = false;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if get(&l, "/", "9.9.9.9", None)
+            .quotas
+            .first()
+            .map(|q| q.limit)
+            == Some(1)
+        {
+            reloaded = true;
+            break;
+        }
+    }
+    assert!(reloaded, "the watcher did not reload");
+    touch("[[rules]]\nperiod = \"bad\"\nlimit = 1\n", 2_000);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        get(&l, "/", "9.9.9.8", None).quotas[0].limit,
+        1,
+        "old config kept"
+    );
+    handle.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
