@@ -222,6 +222,12 @@ fn reload_keeps_unchanged_counters_and_applies_new_limit() {
         v.quotas[1].remaining, 0,
         "rule b kept its count and has the new limit 3"
     );
+    // a reload that fails after a changed rule changes nothing, not even that rule's limit
+    let half_bad = "[[rules]]\nname = \"a\"\nperiod = \"1m\"\nlimit = 100\n[[rules]]\nname = \"z\"\nperiod = \"1000years\"\nlimit = 4\n";
+    let e = l.reload(HttpConfig::from_toml_str(half_bad).unwrap());
+    let e = e.unwrap_err().to_string();
+    assert!(e.starts_with("rules[1].period: window is too large"), "{e}");
+    assert_eq!(reason(&get(&l, "/", "1.1.1.1", None)).unwrap().1, "a");
     // a bad reload keeps the old configuration
     assert!(l
         .reload(HttpConfig::from_toml_str("[[rules]]\nperiod = \"x\"\nlimit = 1\n").unwrap())

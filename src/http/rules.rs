@@ -6,6 +6,7 @@ use crate::http::HttpConfigError;
 use crate::{Algorithm, Clock, KeyOverflow, KeyedLimiter, Rate};
 use ipnet::IpNet;
 use regex::Regex;
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -250,6 +251,8 @@ pub(crate) struct Compiler<'a, C: Clock + Clone> {
     clock: &'a C,
     old: HashMap<Identity, KeyedLimiter<CounterKey, C>>,
     old_bans: Option<Arc<Bans<C>>>,
+    /// Reconfigurations of reused limiters, applied when compilation has succeeded.
+    pending: RefCell<Vec<(KeyedLimiter<CounterKey, C>, Algorithm, String)>>,
 }
 
 impl<'a, C: Clock + Clone> Compiler<'a, C> {
@@ -268,6 +271,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             clock,
             old: map,
             old_bans,
+            pending: RefCell::new(Vec::new()),
         }
     }
 
@@ -302,18 +306,37 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         };
         let algo = algorithm(r.algorithm, limit, period);
         let field_err = |e: crate::ConfigError| {
+            let about_time = matches!(
+                e,
+                crate::ConfigError::TooLarge { what, .. } | crate::ConfigError::Zero { what }
+                    if what.contains("window") || what.contains("period")
+            );
+            let which = if about_time { "period" } else { "limit" };
             HttpConfigError::invalid(
-                format!("{field}.limit"),
-                format!("{e} (period {:?})", r.period),
+                format!("{field}.{which}"),
+                format!("{e} (limit {}, period {:?})", r.limit, r.period),
             )
         };
         let limiter = if limit == 0 {
             None
         } else if let Some(old) = self.old.get(&identity) {
-            if old.algorithm() == algo || old.reconfigure(algo).is_ok() {
+            let grows_ring = matches!(
+                (old.algorithm(), algo),
+                (Algorithm::SlidingWindow { limit: from, .. }, Algorithm::SlidingWindow { limit: to, .. }) if to > from
+            );
+            if old.algorithm() == algo {
                 Some(old.clone())
-            } else {
+            } else if grows_ring {
+                // The exact sliding window's ring cannot grow in place: a fresh limiter.
                 Some(build(algo, self.clock).map_err(field_err)?)
+            } else {
+                // Validate the new parameters now; change the live limiter only once the whole
+                // configuration has compiled, so that a failed reload changes nothing.
+                build(algo, self.clock).map_err(field_err)?;
+                self.pending
+                    .borrow_mut()
+                    .push((old.clone(), algo, name.clone()));
+                Some(old.clone())
             }
         } else {
             Some(build(algo, self.clock).map_err(field_err)?)
@@ -448,6 +471,12 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                     format!("client_rules[{i}].client_id"),
                     format!("duplicate client id {:?}", entry.client_id),
                 ));
+            }
+        }
+        for (limiter, algo, name) in self.pending.borrow_mut().drain(..) {
+            if let Err(e) = limiter.reconfigure(algo) {
+                // Not expected: the parameters were validated and the algorithm is the same.
+                tracing::warn!(rule = %name, error = %e, "rule kept its previous limit");
             }
         }
         Ok(RuleSet {
