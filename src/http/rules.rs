@@ -245,6 +245,9 @@ fn algorithm(kind: RuleAlgorithm, limit: u32, period: Duration) -> Algorithm {
     }
 }
 
+/// A kept limiter, its new parameters, and the rule's name.
+type Pending<C> = (KeyedLimiter<CounterKey, C>, Algorithm, String);
+
 /// Compiles `config`, reusing (and reconfiguring) the limiters of `old` rules with the same
 /// identity.
 pub(crate) struct Compiler<'a, C: Clock + Clone> {
@@ -252,7 +255,7 @@ pub(crate) struct Compiler<'a, C: Clock + Clone> {
     old: HashMap<Identity, KeyedLimiter<CounterKey, C>>,
     old_bans: Option<Arc<Bans<C>>>,
     /// Reconfigurations of reused limiters, applied when compilation has succeeded.
-    pending: RefCell<Vec<(KeyedLimiter<CounterKey, C>, Algorithm, String)>>,
+    pending: RefCell<Vec<Pending<C>>>,
 }
 
 impl<'a, C: Clock + Clone> Compiler<'a, C> {
