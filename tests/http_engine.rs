@@ -177,6 +177,56 @@ key = "client"
 }
 
 #[test]
+fn every_algorithm_admits_its_limit_then_rejects() {
+    for algorithm in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_counter",
+        "token_bucket",
+    ] {
+        let (l, clock) = limiter(&format!(
+            "[[rules]]\nname = \"r\"\nperiod = \"10s\"\nlimit = 3\nkey = \"ip_and_client\"\nalgorithm = \"{algorithm}\"\n"
+        ));
+        for _ in 0..3 {
+            assert_eq!(
+                get(&l, "/", "1.1.1.1", Some("a")).outcome,
+                Outcome::Admitted,
+                "{algorithm}"
+            );
+        }
+        let (r, _, retry) = reason(&get(&l, "/", "1.1.1.1", Some("a"))).expect(algorithm);
+        assert_eq!(r, RejectReason::RateLimited);
+        // the sliding counter weighs the previous window, so its wait can exceed one period
+        let bound = if algorithm == "sliding_counter" {
+            20
+        } else {
+            10
+        };
+        let retry = retry.unwrap();
+        assert!(
+            retry > Duration::ZERO && retry <= Duration::from_secs(bound),
+            "{algorithm}: {retry:?}"
+        );
+        // the pair is the key: another client id on the same IP has its own counter
+        assert_eq!(
+            get(&l, "/", "1.1.1.1", Some("b")).outcome,
+            Outcome::Admitted,
+            "{algorithm}"
+        );
+        assert_eq!(
+            reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+            RejectReason::NoKey
+        );
+        clock.advance(retry);
+        assert_eq!(
+            get(&l, "/", "1.1.1.1", Some("a")).outcome,
+            Outcome::Admitted,
+            "{algorithm}"
+        );
+    }
+}
+
+#[test]
 fn missing_key_allow_skips_the_rule() {
     let (l, _) = limiter(&format!("missing_key = \"allow\"\n{PER_IP}"));
     for _ in 0..5 {

@@ -563,3 +563,31 @@ pub(crate) fn parse_header(h: &str) -> Result<http::HeaderName, HttpConfigError>
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_matches_case_insensitively_with_wildcards() {
+        assert!(glob(b"/api/*", b"/API/values"));
+        assert!(glob(b"/api/*/items", b"/api/v1/items"));
+        assert!(!glob(b"/api/*/items", b"/api/v1/item"));
+        assert!(glob(b"*", b""));
+        assert!(glob(b"/a*b*c", b"/aXXbYYc"));
+        assert!(!glob(b"/a*b*c", b"/aXXbYY"));
+        assert!(!glob(b"/api", b"/api/"));
+    }
+
+    #[test]
+    fn endpoint_patterns() {
+        let e = Endpoint::parse("get:/api/*", false, "f").unwrap();
+        assert!(e.matches(&http::Method::GET, "/api/x"));
+        assert!(!e.matches(&http::Method::POST, "/api/x"));
+        assert!(Endpoint::parse("*", false, "f").unwrap().is_any());
+        assert!(Endpoint::parse("*:*", false, "f").unwrap().is_any());
+        assert!(Endpoint::parse("g3t:/x", false, "f").is_err());
+        assert!(Endpoint::parse("get:x", false, "f").is_err());
+        assert!(Endpoint::parse("re:get:[", false, "f").is_err());
+    }
+}
