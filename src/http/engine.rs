@@ -42,6 +42,20 @@
 //! The [`Verdict`] carries the quota of every enforced matching rule that counted (policy = the
 //! rule's name, by default `"{endpoint}-{period}"`).
 //!
+//! On a rejection the [`Verdict`] carries the rejecting rule's quota only (remaining 0, reset
+//! after its `retry_after`); the other rules were refunded and are not reported.
+//!
+//! # Observability
+//!
+//! `tracing`: a debug event for every rejection (rule, key or client, reason) and every
+//! would-be rejection of a monitor rule; info when a client is banned and when the watcher
+//! reloads; error when a watched file fails to load. With the feature `metrics`, counters
+//! through the `metrics` facade, labelled `rule`: `turnstile_http_admitted` (once per enforced
+//! rule that admitted a request), `turnstile_http_rejected` (rule, `"blocklist"` or `"ban"`),
+//! `turnstile_http_banned` (the rule whose rejection started the ban) and
+//! `turnstile_http_shadow_rejected`. `turnstile_http_backend_fallbacks` is not emitted: only the
+//! in-memory backend exists so far.
+//!
 //! # Reload
 //!
 //! [`HttpLimiter::reload`] compiles the new configuration completely before swapping it in; on
@@ -533,5 +547,30 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
 impl<C: Clock + Clone> Policy for HttpLimiter<C> {
     fn check(&self, request: &RequestInfo<'_>) -> Check {
         Check::Ready(self.decide(request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+
+    #[test]
+    fn reload_swaps_the_shared_layer_settings() {
+        let config = HttpConfig::from_toml_str("client_id_header = \"X-ClientId\"\n").unwrap();
+        let limiter = HttpLimiter::with_clock(config, ManualClock::new()).unwrap();
+        let shared = limiter.layer_settings();
+        assert_eq!(
+            shared.load().client_id_header.as_ref().map(|h| h.as_str()),
+            Some("x-clientid")
+        );
+        let next = HttpConfig::from_toml_str("[response]\nstatus = 503\n").unwrap();
+        limiter.reload(next).unwrap();
+        assert_eq!(shared.load().response.status, 503);
+        assert_eq!(shared.load().client_id_header, None);
+        // a failed reload leaves them alone
+        let bad = HttpConfig::from_toml_str("client_id_header = \"a b\"\n").unwrap();
+        assert!(limiter.reload(bad).is_err());
+        assert_eq!(shared.load().response.status, 503);
     }
 }
