@@ -656,3 +656,66 @@ async fn watch_reloads_on_change_and_keeps_old_config_on_error() {
     handle.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[cfg(feature = "metrics")]
+mod metrics_counters {
+    use super::*;
+    use metrics::{
+        Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Tally(Arc<Mutex<HashMap<String, u64>>>);
+
+    struct One(Arc<Mutex<HashMap<String, u64>>>, String);
+
+    impl CounterFn for One {
+        fn increment(&self, value: u64) {
+            *self.0.lock().unwrap().entry(self.1.clone()).or_default() += value;
+        }
+        fn absolute(&self, _: u64) {}
+    }
+
+    impl Recorder for Tally {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            let rule = key
+                .labels()
+                .find(|l| l.key() == "rule")
+                .map(|l| l.value().to_owned());
+            let name = format!("{}{{{}}}", key.name(), rule.unwrap_or_default());
+            Counter::from_arc(Arc::new(One(self.0.clone(), name)))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn counters_by_rule() {
+        let tally = Tally::default();
+        let counts = tally.0.clone();
+        let (l, _) = limiter(&format!(
+            "{PER_IP}[[rules]]\nname = \"shadow\"\nperiod = \"1m\"\nlimit = 1\nmonitor = true\n[bans]\nafter = 1\n"
+        ));
+        metrics::with_local_recorder(&tally, || {
+            for _ in 0..4 {
+                get(&l, "/", "1.1.1.1", None);
+            }
+        });
+        let counts = counts.lock().unwrap();
+        let n = |k: &str| counts.get(k).copied().unwrap_or(0);
+        assert_eq!(n("turnstile_http_admitted{per-ip}"), 2);
+        assert_eq!(n("turnstile_http_shadow_rejected{shadow}"), 1);
+        assert_eq!(n("turnstile_http_rejected{per-ip}"), 1);
+        assert_eq!(n("turnstile_http_banned{per-ip}"), 1);
+        assert_eq!(n("turnstile_http_rejected{ban}"), 1);
+    }
+}
