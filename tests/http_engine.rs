@@ -301,7 +301,14 @@ fn rejected_request_is_not_charged_against_other_rules() {
     );
     assert_eq!(get(&l, "/", "1.1.1.1", None).quotas[0].remaining, 9);
     for _ in 0..5 {
-        assert_eq!(reason(&get(&l, "/", "1.1.1.1", None)).unwrap().1, "short");
+        let v = get(&l, "/", "1.1.1.1", None);
+        assert_eq!(reason(&v).unwrap().1, "short");
+        let quotas: Vec<_> = v
+            .quotas
+            .iter()
+            .map(|q| (q.policy.to_string(), q.remaining))
+            .collect();
+        assert_eq!(quotas, [("long".to_owned(), 9), ("short".to_owned(), 0)]);
     }
     clock.advance(Duration::from_secs(1));
     let v = get(&l, "/", "1.1.1.1", None);

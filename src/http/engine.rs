@@ -42,8 +42,9 @@
 //! The [`Verdict`] carries the quota of every enforced matching rule that counted (policy = the
 //! rule's name, by default `"{endpoint}-{period}"`).
 //!
-//! On a rejection the [`Verdict`] carries the rejecting rule's quota only (remaining 0, reset
-//! after its `retry_after`); the other rules were refunded and are not reported.
+//! On a rejection the [`Verdict`] carries the same quotas: the rejecting rule's with remaining
+//! 0 and reset after its `retry_after`; the others (refunded or never charged) as a probe,
+//! which writes nothing, sees them.
 //!
 //! # Observability
 //!
@@ -388,6 +389,28 @@ fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<Co
     })
 }
 
+/// The quota of a rule that was not charged: the permits available now, and the reset a probe
+/// (it writes nothing) reports.
+fn probe_quota<C: Clock>(
+    rule: &Rule<C>,
+    limiter: &crate::KeyedLimiter<CounterKey, C>,
+    key: &CounterKey,
+) -> QuotaState {
+    let remaining = u64::from(limiter.available(key));
+    let reset_after = match limiter.chain_decide::<false>(key, 1) {
+        (Ok(a), _) => a.reset_after(),
+        (Err(TryAcquireError::Rejected(r)), _) => r.retry_after(),
+        (Err(_), _) => rule.period,
+    };
+    QuotaState {
+        policy: rule.name.clone(),
+        limit: u64::from(rule.limit),
+        window: rule.period,
+        remaining,
+        reset_after,
+    }
+}
+
 fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
     match (request.client_ip, request.client_id) {
         (Some(ip), _) => Some(BanKey::Ip(ip)),
@@ -511,13 +534,22 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
                         rule: rule.name.clone(),
                         retry_after,
                     },
-                    quotas: vec![QuotaState {
-                        policy: rule.name.clone(),
-                        limit: u64::from(rule.limit),
-                        window: rule.period,
-                        remaining: 0,
-                        reset_after: retry_after.unwrap_or(rule.period),
-                    }],
+                    quotas: plan
+                        .iter()
+                        .map(|(other, other_limiter, other_key)| {
+                            if Arc::ptr_eq(other, rule) {
+                                QuotaState {
+                                    policy: rule.name.clone(),
+                                    limit: u64::from(rule.limit),
+                                    window: rule.period,
+                                    remaining: 0,
+                                    reset_after: retry_after.unwrap_or(rule.period),
+                                }
+                            } else {
+                                probe_quota(other, other_limiter, other_key)
+                            }
+                        })
+                        .collect(),
                 };
             }
         }
