@@ -726,3 +726,47 @@ mod metrics_counters {
         assert_eq!(n("turnstile_http_rejected{ban}"), 1);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Under any sequence of requests, each fixed window admits at most its limit per IP, each
+    /// rule's remaining quota counts admissions only (a rejection by the later rule is refunded
+    /// on the earlier one), and every rejection says when to retry within the rule's period.
+    #[test]
+    fn never_more_than_the_limit(steps in proptest::collection::vec((0u8..3, 0u64..400), 1..200)) {
+        let (l, clock) = limiter(
+            "[[rules]]\nname = \"m\"\nperiod = \"10s\"\nlimit = 12\n[[rules]]\nname = \"s\"\nperiod = \"1s\"\nlimit = 3\n",
+        );
+        let mut per_second = std::collections::HashMap::new();
+        let mut per_ten = std::collections::HashMap::new();
+        for (ip, gap_ms) in steps {
+            clock.advance(Duration::from_millis(gap_ms));
+            let now = clock.elapsed().as_millis() as u64;
+            let addr = format!("10.0.0.{ip}");
+            let v = get(&l, "/", &addr, None);
+            match &v.outcome {
+                Outcome::Admitted => {
+                    let in_second = per_second.entry((ip, now / 1000)).or_insert(0u32);
+                    *in_second += 1;
+                    let in_second = *in_second;
+                    let in_ten = per_ten.entry((ip, now / 10_000)).or_insert(0u32);
+                    *in_ten += 1;
+                    prop_assert_eq!(v.quotas.len(), 2);
+                    // both rules were charged for admissions only: rejections were refunded
+                    prop_assert_eq!(v.quotas[1].remaining, u64::from(3 - in_second));
+                    prop_assert_eq!(v.quotas[0].remaining, u64::from(12 - *in_ten));
+                }
+                Outcome::Rejected { reason, rule, retry_after } => {
+                    prop_assert_eq!(*reason, RejectReason::RateLimited);
+                    let period = if &**rule == "s" { 1 } else { 10 };
+                    let retry = retry_after.unwrap();
+                    prop_assert!(retry > Duration::ZERO && retry <= Duration::from_secs(period));
+                }
+                other => prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+        prop_assert!(per_second.values().all(|&n| n <= 3));
+        prop_assert!(per_ten.values().all(|&n| n <= 12));
+    }
+}
