@@ -1,22 +1,529 @@
-//! The configuration model of the HTTP layer, its loaders (TOML, JSON, YAML) and validation.
-//! PLACEHOLDER: the http-engine branch replaces this file.
+//! The configuration model of the HTTP layer, its loaders (TOML, JSON, YAML, and
+//! AspNetCoreRateLimit's JSON) and its errors. Semantic validation happens when an
+//! [`HttpLimiter`](crate::http::HttpLimiter) compiles the configuration (see `rules.rs`).
 
 use crate::http::{ClientIpConfig, ResponseConfig};
+use serde::Deserialize;
+use std::fmt;
+use std::path::Path;
 
 /// The whole configuration of an [`HttpLimiter`](crate::http::HttpLimiter).
+///
+/// Unknown fields are errors; every field has a default.
 ///
 /// # Examples
 ///
 /// ```
-/// let _ = turnstile::http::HttpConfig::default();
+/// use turnstile::http::HttpConfig;
+///
+/// let config = HttpConfig::from_toml_str(r#"
+///     [[rules]]
+///     endpoint = "*"
+///     period = "1s"
+///     limit = 2
+/// "#)?;
+/// assert_eq!(config.rules.len(), 1);
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct HttpConfig {
     /// How the client's IP address is found.
     pub client_ip: ClientIpConfig,
-    /// The header carrying the client id.
+    /// The header carrying the client id (for client rules and the client lists).
     pub client_id_header: Option<String>,
     /// How rejections look.
     pub response: ResponseConfig,
+    /// What happens when a rule needs a key (IP or client id) the request does not have.
+    pub missing_key: MissingKey,
+    /// Whether rules with an endpoint other than `*` apply (true by default). When false, only
+    /// `*` rules apply, as in AspNetCoreRateLimit.
+    pub endpoint_rate_limiting: bool,
+    /// The general rules, for every client.
+    pub rules: Vec<RuleConfig>,
+    /// Rules for clients whose IP is in a range; they take precedence over general rules of the
+    /// same period.
+    pub ip_rules: Vec<IpRulesConfig>,
+    /// Rules for one client id; they take precedence over general rules of the same period.
+    pub client_rules: Vec<ClientRulesConfig>,
+    /// Requests that are never limited nor counted.
+    pub whitelist: WhitelistConfig,
+    /// Clients that are always rejected.
+    pub blocklist: BlocklistConfig,
+    /// Temporary bans of clients rejected too often; `None`: no bans.
+    pub bans: Option<BanConfig>,
+    /// Where counters live.
+    pub backend: BackendConfig,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            client_ip: ClientIpConfig::default(),
+            client_id_header: None,
+            response: ResponseConfig::default(),
+            missing_key: MissingKey::default(),
+            endpoint_rate_limiting: true,
+            rules: Vec::new(),
+            ip_rules: Vec::new(),
+            client_rules: Vec::new(),
+            whitelist: WhitelistConfig::default(),
+            blocklist: BlocklistConfig::default(),
+            bans: None,
+            backend: BackendConfig::default(),
+        }
+    }
+}
+
+/// What happens when a rule needs a key the request does not have.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::http::MissingKey::default(), turnstile::http::MissingKey::Reject);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Reject with [`RejectReason::NoKey`](crate::http::RejectReason::NoKey).
+    #[default]
+    Reject,
+    /// Skip the rule.
+    Allow,
+}
+
+/// The algorithm of a rule.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::http::RuleAlgorithm::default(), turnstile::http::RuleAlgorithm::FixedWindow);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RuleAlgorithm {
+    /// `limit` per window aligned to the clock (as AspNetCoreRateLimit counts).
+    #[default]
+    FixedWindow,
+    /// Exact sliding log: `limit` in any interval of `period`.
+    SlidingWindow,
+    /// Approximate sliding window with O(1) memory.
+    SlidingCounter,
+    /// GCRA token bucket: burst = `limit`, rate = `limit` per `period`.
+    TokenBucket,
+}
+
+/// What a rule counts by.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::http::RuleKey::default(), turnstile::http::RuleKey::Ip);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RuleKey {
+    /// The client IP.
+    #[default]
+    Ip,
+    /// The client id.
+    Client,
+    /// The pair of both.
+    IpAndClient,
+}
+
+/// One rule: at most `limit` requests per `period` to `endpoint`, per key.
+///
+/// # Examples
+///
+/// ```
+/// let config = turnstile::http::HttpConfig::from_toml_str(
+///     "[[rules]]\nname = \"per-ip\"\nperiod = \"15m\"\nlimit = 100\n",
+/// )?;
+/// assert_eq!(config.rules[0].name.as_deref(), Some("per-ip"));
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RuleConfig {
+    /// The policy name in headers, logs and metrics; default `"{endpoint}-{period}"`.
+    pub name: Option<String>,
+    /// `*`, `*:/path`, `verb:/path` (`*` wildcards in the path), or `re:` + a regex.
+    pub endpoint: String,
+    /// When `endpoint` (after an optional `verb:`) is a regular expression.
+    pub regex: bool,
+    /// A humantime duration: `1s`, `15m`, `12h`, `7d`.
+    pub period: String,
+    /// Requests per period; 0 blocks.
+    pub limit: u64,
+    /// The counting algorithm.
+    pub algorithm: RuleAlgorithm,
+    /// What the rule counts by.
+    pub key: RuleKey,
+    /// Count and log would-be rejections without enforcing them.
+    pub monitor: bool,
+    /// Count each `VERB:path` separately (AspNetCoreRateLimit's endpoint rate limiting).
+    pub per_endpoint: bool,
+}
+
+impl Default for RuleConfig {
+    fn default() -> Self {
+        RuleConfig {
+            name: None,
+            endpoint: "*".to_owned(),
+            regex: false,
+            period: String::new(),
+            limit: 0,
+            algorithm: RuleAlgorithm::default(),
+            key: RuleKey::default(),
+            monitor: false,
+            per_endpoint: false,
+        }
+    }
+}
+
+/// Rules for the clients whose IP is in `ip` (an address or a CIDR range).
+///
+/// # Examples
+///
+/// ```
+/// let config = turnstile::http::HttpConfig::from_toml_str(
+///     "[[ip_rules]]\nip = \"10.0.0.0/8\"\n[[ip_rules.rules]]\nperiod = \"1s\"\nlimit = 10\n",
+/// )?;
+/// assert_eq!(config.ip_rules[0].ip, "10.0.0.0/8");
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct IpRulesConfig {
+    /// An IP address or CIDR range.
+    pub ip: String,
+    /// The rules.
+    pub rules: Vec<RuleConfig>,
+}
+
+/// Rules for one client id.
+///
+/// # Examples
+///
+/// ```
+/// let config = turnstile::http::HttpConfig::from_toml_str(
+///     "[[client_rules]]\nclient_id = \"c1\"\n[[client_rules.rules]]\nperiod = \"1s\"\nlimit = 10\n",
+/// )?;
+/// assert_eq!(config.client_rules[0].client_id, "c1");
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ClientRulesConfig {
+    /// The client id.
+    pub client_id: String,
+    /// The rules.
+    pub rules: Vec<RuleConfig>,
+}
+
+/// Requests that are admitted without consulting or charging any rule.
+///
+/// # Examples
+///
+/// ```
+/// let config = turnstile::http::HttpConfig::from_toml_str(
+///     "[whitelist]\nendpoints = [\"get:/api/license\"]\n",
+/// )?;
+/// assert_eq!(config.whitelist.endpoints.len(), 1);
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct WhitelistConfig {
+    /// IP addresses or CIDR ranges.
+    pub ips: Vec<String>,
+    /// Client ids.
+    pub clients: Vec<String>,
+    /// Endpoint patterns, as in rules.
+    pub endpoints: Vec<String>,
+}
+
+/// Clients that are always rejected with [`RejectReason::Blocked`](crate::http::RejectReason::Blocked).
+///
+/// # Examples
+///
+/// ```
+/// let config = turnstile::http::HttpConfig::from_toml_str("[blocklist]\nips = [\"192.0.2.0/24\"]\n")?;
+/// assert_eq!(config.blocklist.ips.len(), 1);
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct BlocklistConfig {
+    /// IP addresses or CIDR ranges.
+    pub ips: Vec<String>,
+    /// Client ids.
+    pub clients: Vec<String>,
+}
+
+/// Bans: a client rejected `after` times within `within` is rejected for `duration`.
+///
+/// # Examples
+///
+/// ```
+/// let config = turnstile::http::HttpConfig::from_toml_str(
+///     "[bans]\nafter = 10\nwithin = \"1m\"\nduration = \"15m\"\n",
+/// )?;
+/// assert_eq!(config.bans.unwrap().after, 10);
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct BanConfig {
+    /// Rejections that trigger a ban.
+    pub after: u64,
+    /// The interval they must fall in (humantime).
+    pub within: String,
+    /// How long a ban lasts (humantime).
+    pub duration: String,
+    /// The most clients tracked (for rejection counts, and for bans).
+    pub max_entries: usize,
+}
+
+impl Default for BanConfig {
+    fn default() -> Self {
+        BanConfig {
+            after: 10,
+            within: "1m".to_owned(),
+            duration: "15m".to_owned(),
+            max_entries: 100_000,
+        }
+    }
+}
+
+/// Where counters live.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::http::BackendConfig::default().kind, "memory");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct BackendConfig {
+    /// `"memory"` (the only backend built so far).
+    pub kind: String,
+    /// The backend's URL (unused by `memory`).
+    pub url: Option<String>,
+    /// A key prefix (unused by `memory`).
+    pub prefix: Option<String>,
+    /// Failure policy (unused by `memory`).
+    pub failure: Option<String>,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            kind: "memory".to_owned(),
+            url: None,
+            prefix: None,
+            failure: None,
+        }
+    }
+}
+
+/// Why a configuration could not be loaded or compiled. The message names the field.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::http::{HttpConfig, HttpLimiter};
+///
+/// let config = HttpConfig::from_toml_str("[[rules]]\nperiod = \"5x\"\nlimit = 1\n")?;
+/// let err = HttpLimiter::new(config).unwrap_err();
+/// assert!(err.to_string().starts_with("rules[0].period"));
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HttpConfigError {
+    /// The document does not parse or does not fit the model.
+    Parse {
+        /// `"toml"`, `"json"`, `"yaml"` or `"AspNetCoreRateLimit json"`.
+        format: &'static str,
+        /// The parser's message (it names the key and position).
+        message: String,
+    },
+    /// A field has a value that is not allowed.
+    Invalid {
+        /// The field's path, such as `rules[2].period`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The file could not be read, or its extension is not known.
+    Io {
+        /// The path.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl HttpConfigError {
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        HttpConfigError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for HttpConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HttpConfigError::Parse { format, message } => {
+                write!(f, "invalid {format} configuration: {message}")
+            }
+            HttpConfigError::Invalid { field, message } => write!(f, "{field}: {message}"),
+            HttpConfigError::Io { path, message } => write!(f, "{path}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for HttpConfigError {}
+
+impl HttpConfig {
+    /// Parses the native TOML format.
+    ///
+    /// # Errors
+    ///
+    /// [`HttpConfigError::Parse`] naming the key and line.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let config = turnstile::http::HttpConfig::from_toml_str("missing_key = \"allow\"")?;
+    /// assert_eq!(config.missing_key, turnstile::http::MissingKey::Allow);
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn from_toml_str(text: &str) -> Result<Self, HttpConfigError> {
+        toml::from_str(text).map_err(|e| HttpConfigError::Parse {
+            format: "toml",
+            message: e.to_string(),
+        })
+    }
+
+    /// Parses the native format as JSON, or AspNetCoreRateLimit's JSON when the document's
+    /// top-level keys are its sections (`IpRateLimiting`, `ClientRateLimiting`, ...).
+    ///
+    /// # Errors
+    ///
+    /// [`HttpConfigError::Parse`] naming the position.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let config = turnstile::http::HttpConfig::from_json_str(r#"{"rules": [{"period": "1s", "limit": 3}]}"#)?;
+    /// assert_eq!(config.rules[0].limit, 3);
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn from_json_str(text: &str) -> Result<Self, HttpConfigError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| HttpConfigError::Parse {
+                format: "json",
+                message: e.to_string(),
+            })?;
+        if crate::http::aspnet::is_aspnet(&value) {
+            return crate::http::aspnet::translate(value);
+        }
+        serde_json::from_value(value).map_err(|e| HttpConfigError::Parse {
+            format: "json",
+            message: e.to_string(),
+        })
+    }
+
+    /// Parses AspNetCoreRateLimit's JSON (an `appsettings.json` with its sections).
+    ///
+    /// # Errors
+    ///
+    /// [`HttpConfigError::Parse`] naming the position or the section.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let config = turnstile::http::HttpConfig::from_aspnet_json(r#"{"IpRateLimiting": {
+    ///     "GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 2}]}}"#)?;
+    /// assert_eq!(config.rules[0].period, "1s");
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn from_aspnet_json(text: &str) -> Result<Self, HttpConfigError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| HttpConfigError::Parse {
+                format: "AspNetCoreRateLimit json",
+                message: e.to_string(),
+            })?;
+        crate::http::aspnet::translate(value)
+    }
+
+    /// Parses the native format as YAML.
+    ///
+    /// # Errors
+    ///
+    /// [`HttpConfigError::Parse`] naming the key and position.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let config = turnstile::http::HttpConfig::from_yaml_str("rules:\n  - period: 1m\n    limit: 5\n")?;
+    /// assert_eq!(config.rules[0].limit, 5);
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn from_yaml_str(text: &str) -> Result<Self, HttpConfigError> {
+        serde_norway::from_str(text).map_err(|e| HttpConfigError::Parse {
+            format: "yaml",
+            message: e.to_string(),
+        })
+    }
+
+    /// Reads a file, choosing the format by its extension (`.toml`, `.json`, `.yaml`, `.yml`).
+    ///
+    /// # Errors
+    ///
+    /// [`HttpConfigError::Io`] when it cannot be read or the extension is unknown; else as the
+    /// format's loader.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = turnstile::http::HttpConfig::from_file("/nonexistent/limits.toml").unwrap_err();
+    /// assert!(err.to_string().contains("/nonexistent/limits.toml"));
+    /// ```
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, HttpConfigError> {
+        let path = path.as_ref();
+        let io = |message: String| HttpConfigError::Io {
+            path: path.display().to_string(),
+            message,
+        };
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        let text = std::fs::read_to_string(path).map_err(|e| io(e.to_string()))?;
+        match ext.as_deref() {
+            Some("toml") => Self::from_toml_str(&text),
+            Some("json") => Self::from_json_str(&text),
+            Some("yaml") | Some("yml") => Self::from_yaml_str(&text),
+            _ => Err(io(
+                "unknown extension: expected .toml, .json, .yaml or .yml".to_owned(),
+            )),
+        }
+    }
 }

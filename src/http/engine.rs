@@ -1,31 +1,646 @@
-//! [`HttpLimiter`]: the compiled rules. PLACEHOLDER: the http-engine branch replaces this file.
+//! [`HttpLimiter`]: the compiled rules, and how it decides a request.
+//!
+//! # Semantics
+//!
+//! In this order, for each request:
+//!
+//! 1. **Whitelists.** A client IP in `whitelist.ips` (addresses or CIDR ranges), a client id in
+//!    `whitelist.clients`, or a request matching a pattern of `whitelist.endpoints` is
+//!    [`Outcome::Whitelisted`]: no rule is consulted or charged.
+//! 2. **Blocklist.** A client IP in `blocklist.ips` or a client id in `blocklist.clients` is
+//!    rejected with [`RejectReason::Blocked`] (rule `"blocklist"`).
+//! 3. **Bans.** A banned client (by IP, or by client id when the IP is unknown) is rejected with
+//!    [`RejectReason::Banned`] (rule `"ban"`), `retry_after` being the time the ban has left.
+//! 4. **Matching rules**, as AspNetCoreRateLimit matches them. A rule applies when its endpoint
+//!    pattern matches the request: `*` always; `verb:/path` or `*:/path` when the method (or any
+//!    method) and the path match, case-insensitively, `*` in the path matching any run of
+//!    characters; with `regex = true` or a `re:` prefix the path part is a regular expression
+//!    that must match the whole path. With `endpoint_rate_limiting = false` only `*` rules apply.
+//!    Specific rules (the `ip_rules` whose range contains the client IP, the `client_rules` of
+//!    the client id) take precedence: a general rule applies only if no specific rule of the same
+//!    period applies. Of the rules left, per period, the most restrictive (lowest limit) applies.
+//!    Monitor rules are selected the same way, separately from enforced ones.
+//! 5. **Counting.** Each rule has its own [`KeyedLimiter`](crate::KeyedLimiter), keyed by the
+//!    client IP (`key = "ip"`), the client id (`"client"`) or both (`"ip_and_client"`), and,
+//!    with `per_endpoint`, by `VERB:path` as well. A rule whose key the request lacks rejects it
+//!    with [`RejectReason::NoKey`] (`missing_key = "reject"`) or is skipped (`"allow"`). A rule
+//!    with limit 0 rejects with [`RejectReason::Blocked`]. Otherwise every enforced rule must
+//!    admit: they are charged one by one, and when one rejects, the ones already charged are
+//!    **refunded** (commit-then-refund, as [`KeyedChain`](crate::KeyedChain) does; the refund is
+//!    exact for every algorithm but the exact sliding window, whose refund frees the slot only
+//!    when no later admission was recorded). A rejected request is thus not charged against the
+//!    other rules. The rejection names the rule and carries its exact `retry_after`.
+//! 6. **Monitor rules** are charged only for requests the enforced rules admit; a would-be
+//!    rejection is logged (debug) and counted (`turnstile_http_shadow_rejected`), never enforced,
+//!    and reported in no header.
+//! 7. **Bans** count rate-limit rejections ([`RejectReason::RateLimited`]) per client in fixed
+//!    windows of `bans.within` aligned to the clock; the `after`-th starts a ban of
+//!    `bans.duration`. Both tables hold at most `bans.max_entries` clients (idle ones are
+//!    evicted first); when full of active entries, new clients are not tracked: they are not
+//!    banned (the limits still apply).
+//!
+//! The [`Verdict`] carries the quota of every enforced matching rule that counted (policy = the
+//! rule's name, by default `"{endpoint}-{period}"`).
+//!
+//! On a rejection the [`Verdict`] carries the same quotas: the rejecting rule's with remaining
+//! 0 and reset after its `retry_after`; the others (refunded or never charged) as a probe,
+//! which writes nothing, sees them.
+//!
+//! # Observability
+//!
+//! `tracing`: a debug event for every rejection (rule, key or client, reason) and every
+//! would-be rejection of a monitor rule; info when a client is banned and when the watcher
+//! reloads; error when a watched file fails to load. With the feature `metrics`, counters
+//! through the `metrics` facade, labelled `rule`: `turnstile_http_admitted` (once per enforced
+//! rule that admitted a request), `turnstile_http_rejected` (rule, `"blocklist"` or `"ban"`),
+//! `turnstile_http_banned` (the rule whose rejection started the ban) and
+//! `turnstile_http_shadow_rejected`. `turnstile_http_backend_fallbacks` is not emitted: only the
+//! in-memory backend exists so far.
+//!
+//! # Reload
+//!
+//! [`HttpLimiter::reload`] compiles the new configuration completely before swapping it in; on
+//! error the old one stays. A rule whose identity (scope, name, endpoint, period, algorithm, key,
+//! per-endpoint) is unchanged keeps its limiter and counters; if only its limit changed the
+//! limiter is reconfigured in place. Bans are kept when `[bans]` did not change.
 
-use crate::http::{LayerSettings, Policy};
+use crate::http::config::{HttpConfig, MissingKey, RuleKey};
+use crate::http::rules::{parse_header, BanKey, Compiler, CounterKey, Rule, RuleSet};
+use crate::http::{
+    Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, RateLimitLayer,
+    RejectReason, RequestInfo, Verdict,
+};
+use crate::{Clock, DefaultClock, TryAcquireError};
 use arc_swap::ArcSwap;
-use std::sync::Arc;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+macro_rules! count {
+    ($name:literal, $rule:expr) => {{
+        #[cfg(feature = "metrics")]
+        metrics::counter!($name, "rule" => $rule.to_string()).increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = &$rule;
+    }};
+}
 
 /// The configured rules, limiters and bans of the HTTP layer.
 ///
 /// # Examples
 ///
 /// ```
-/// let _ = turnstile::http::HttpConfig::default();
+/// use turnstile::http::{HttpConfig, HttpLimiter, Policy, RequestInfo, Check};
+///
+/// let config = HttpConfig::from_toml_str("[[rules]]\nperiod = \"1s\"\nlimit = 1\n")?;
+/// let limiter = HttpLimiter::new(config)?;
+/// let request = RequestInfo {
+///     method: &http::Method::GET,
+///     path: "/",
+///     client_ip: Some("203.0.113.7".parse().unwrap()),
+///     client_id: None,
+/// };
+/// assert!(matches!(limiter.check(&request), Check::Ready(v) if v.outcome.is_admitted()));
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
 /// ```
-#[derive(Debug)]
-pub struct HttpLimiter {
+pub struct HttpLimiter<C: Clock + Clone = DefaultClock> {
+    clock: C,
+    rules: ArcSwap<RuleSet<C>>,
     settings: Arc<ArcSwap<LayerSettings>>,
+    reload_lock: Mutex<()>,
 }
 
-impl HttpLimiter {
-    /// The layer settings shared with every layer built from this limiter (swapped on reload).
-    #[allow(dead_code)]
-    pub(crate) fn layer_settings(&self) -> Arc<ArcSwap<LayerSettings>> {
-        self.settings.clone()
+impl<C: Clock + Clone> fmt::Debug for HttpLimiter<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rules = self.rules.load();
+        f.debug_struct("HttpLimiter")
+            .field(
+                "rules",
+                &rules
+                    .all_rules()
+                    .map(|r| r.name.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .field("settings", &self.settings.load())
+            .finish_non_exhaustive()
     }
 }
 
-impl Policy for HttpLimiter {
-    fn check(&self, _request: &crate::http::RequestInfo<'_>) -> crate::http::Check {
-        unimplemented!("placeholder")
+fn settings_of(config: &HttpConfig) -> Result<LayerSettings, HttpConfigError> {
+    // Both validators name the field inside their section ("ipv6_prefix: ..."); prefix the
+    // section so that the error names the whole path.
+    let in_section = |section: &str, message: String| match message.split_once(": ") {
+        Some((field, what)) => HttpConfigError::invalid(format!("{section}.{field}"), what),
+        None => HttpConfigError::invalid(section, message),
+    };
+    config
+        .client_ip
+        .validate()
+        .map_err(|message| in_section("client_ip", message))?;
+    config
+        .response
+        .validate()
+        .map_err(|e| in_section("response", e.to_string()))?;
+    Ok(LayerSettings {
+        client_ip: config.client_ip.clone(),
+        client_id_header: config
+            .client_id_header
+            .as_deref()
+            .map(parse_header)
+            .transpose()?,
+        response: config.response.clone(),
+    })
+}
+
+impl HttpLimiter {
+    /// Compiles `config` on the default clock.
+    ///
+    /// # Errors
+    ///
+    /// [`HttpConfigError::Invalid`] naming the field at fault.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    ///
+    /// let config = HttpConfig::from_toml_str("[[rules]]\nperiod = \"0s\"\nlimit = 1\n")?;
+    /// assert_eq!(
+    ///     HttpLimiter::new(config).unwrap_err().to_string(),
+    ///     "rules[0].period: must be greater than zero"
+    /// );
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn new(config: HttpConfig) -> Result<Self, HttpConfigError> {
+        Self::with_clock(config, DefaultClock::new())
+    }
+}
+
+impl<C: Clock + Clone> HttpLimiter<C> {
+    /// Compiles `config`, every limiter reading `clock` (a [`ManualClock`](crate::ManualClock)
+    /// in tests).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](HttpLimiter::new).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::ManualClock;
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    ///
+    /// let limiter = HttpLimiter::with_clock(HttpConfig::default(), ManualClock::new())?;
+    /// # let _ = limiter;
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn with_clock(config: HttpConfig, clock: C) -> Result<Self, HttpConfigError> {
+        let settings = settings_of(&config)?;
+        let rules = Compiler::new(&clock, None).compile(&config)?;
+        Ok(HttpLimiter {
+            clock,
+            rules: ArcSwap::from_pointee(rules),
+            settings: Arc::new(ArcSwap::from_pointee(settings)),
+            reload_lock: Mutex::new(()),
+        })
+    }
+
+    /// Replaces the configuration, keeping the counters of the rules that did not change (see
+    /// the module's semantics). On error nothing changes.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](HttpLimiter::new).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::ManualClock;
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    ///
+    /// let limiter = HttpLimiter::with_clock(HttpConfig::default(), ManualClock::new())?;
+    /// let bad = HttpConfig::from_toml_str("[[rules]]\nperiod = \"1s\"\nlimit = 1\nendpoint = \"nope\"\n")?;
+    /// assert!(limiter.reload(bad).is_err());
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn reload(&self, config: HttpConfig) -> Result<(), HttpConfigError> {
+        let _guard = self
+            .reload_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let settings = settings_of(&config)?;
+        let old = self.rules.load_full();
+        let rules = Compiler::new(&self.clock, Some(&old)).compile(&config)?;
+        self.rules.store(Arc::new(rules));
+        self.settings.store(Arc::new(settings));
+        Ok(())
+    }
+
+    /// Reads `path` (format by extension, as [`HttpConfig::from_file`]) and reloads.
+    ///
+    /// # Errors
+    ///
+    /// As [`HttpConfig::from_file`] and [`reload`](Self::reload).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::ManualClock;
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    ///
+    /// let limiter = HttpLimiter::with_clock(HttpConfig::default(), ManualClock::new())?;
+    /// assert!(limiter.reload_from_file("/nonexistent.toml").is_err());
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn reload_from_file(&self, path: impl AsRef<Path>) -> Result<(), HttpConfigError> {
+        self.reload(HttpConfig::from_file(path)?)
+    }
+
+    /// Polls `path`'s modification time every `interval` and reloads when it changes, logging
+    /// failures (with `tracing`, at error level) and keeping the old configuration. Needs a
+    /// tokio runtime; abort the handle to stop.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), turnstile::http::HttpConfigError> {
+    /// use std::{sync::Arc, time::Duration};
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    ///
+    /// let limiter = Arc::new(HttpLimiter::new(HttpConfig::from_file("limits.toml")?)?);
+    /// let watcher = limiter.watch("limits.toml", Duration::from_secs(5));
+    /// watcher.abort();
+    /// # Ok(()) }
+    /// ```
+    pub fn watch(
+        self: &Arc<Self>,
+        path: impl Into<PathBuf>,
+        interval: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let path = path.into();
+        let limiter = Arc::downgrade(self);
+        let interval = interval.max(Duration::from_millis(1));
+        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut seen: Option<SystemTime> = mtime(&path);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            loop {
+                ticker.tick().await;
+                let Some(limiter) = limiter.upgrade() else {
+                    return;
+                };
+                let now = mtime(&path);
+                if now.is_none() || now == seen {
+                    continue;
+                }
+                seen = now;
+                match limiter.reload_from_file(&path) {
+                    Ok(()) => {
+                        tracing::info!(path = %path.display(), "rate-limit configuration reloaded")
+                    }
+                    Err(e) => {
+                        tracing::error!(path = %path.display(), error = %e, "rate-limit configuration not reloaded; keeping the old one")
+                    }
+                }
+            }
+        })
+    }
+
+    /// The layer settings shared with every layer built from this limiter (swapped on reload).
+    pub(crate) fn layer_settings(&self) -> Arc<ArcSwap<LayerSettings>> {
+        self.settings.clone()
+    }
+
+    /// Decides one request (what [`Policy::check`] returns, without the wrapper).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::ManualClock;
+    /// use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RequestInfo};
+    ///
+    /// let limiter = HttpLimiter::with_clock(HttpConfig::default(), ManualClock::new())?;
+    /// let request = RequestInfo { method: &http::Method::GET, path: "/", client_ip: None, client_id: None };
+    /// assert_eq!(limiter.decide(&request).outcome, Outcome::Admitted);
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn decide(&self, request: &RequestInfo<'_>) -> Verdict {
+        let set = self.rules.load();
+        decide(&set, request)
+    }
+}
+
+fn rejected(reason: RejectReason, rule: Arc<str>, retry_after: Option<Duration>) -> Verdict {
+    Verdict {
+        outcome: Outcome::Rejected {
+            reason,
+            rule,
+            retry_after,
+        },
+        quotas: Vec::new(),
+    }
+}
+
+/// Specific rules first; a general rule only for a period no specific rule has; the lowest
+/// limit per period.
+fn select<'a, C: Clock>(
+    specific: &[&'a Arc<Rule<C>>],
+    general: &[&'a Arc<Rule<C>>],
+) -> Vec<&'a Arc<Rule<C>>> {
+    let mut out: Vec<&Arc<Rule<C>>> = Vec::new();
+    let push = |r: &'a Arc<Rule<C>>, out: &mut Vec<&'a Arc<Rule<C>>>| match out
+        .iter_mut()
+        .find(|o| o.period == r.period)
+    {
+        Some(o) => {
+            if r.limit < o.limit {
+                *o = r;
+            }
+        }
+        None => out.push(r),
+    };
+    for r in specific {
+        push(r, &mut out);
+    }
+    let specific_periods: Vec<Duration> = out.iter().map(|r| r.period).collect();
+    for r in general {
+        if !specific_periods.contains(&r.period) {
+            push(r, &mut out);
+        }
+    }
+    out
+}
+
+fn split<'a, C: Clock>(list: &[&'a Arc<Rule<C>>], monitor: bool) -> Vec<&'a Arc<Rule<C>>> {
+    list.iter()
+        .copied()
+        .filter(|r| r.monitor == monitor)
+        .collect()
+}
+
+fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<CounterKey> {
+    let ip = request.client_ip;
+    let client = request.client_id.map(Arc::<str>::from);
+    let (ip, client) = match rule.key {
+        RuleKey::Ip => (Some(ip?), None),
+        RuleKey::Client => (None, Some(client?)),
+        RuleKey::IpAndClient => (Some(ip?), Some(client?)),
+    };
+    let endpoint = rule.per_endpoint.then(|| {
+        format!(
+            "{}:{}",
+            request.method.as_str(),
+            request.path.to_ascii_lowercase()
+        )
+        .into_boxed_str()
+    });
+    Some(CounterKey {
+        ip,
+        client,
+        endpoint,
+    })
+}
+
+/// The quota of a rule that was not charged: the permits available now, and the reset a probe
+/// (it writes nothing) reports.
+fn probe_quota<C: Clock>(
+    rule: &Rule<C>,
+    limiter: &crate::KeyedLimiter<CounterKey, C>,
+    key: &CounterKey,
+) -> QuotaState {
+    let remaining = u64::from(limiter.available(key));
+    let reset_after = match limiter.chain_decide::<false>(key, 1) {
+        (Ok(a), _) => a.reset_after(),
+        (Err(TryAcquireError::Rejected(r)), _) => r.retry_after(),
+        (Err(_), _) => rule.period,
+    };
+    QuotaState {
+        policy: rule.name.clone(),
+        limit: u64::from(rule.limit),
+        window: rule.period,
+        remaining,
+        reset_after,
+    }
+}
+
+fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
+    match (request.client_ip, request.client_id) {
+        (Some(ip), _) => Some(BanKey::Ip(ip)),
+        (None, Some(id)) => Some(BanKey::Client(id.into())),
+        (None, None) => None,
+    }
+}
+
+fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
+    let ip = request.client_ip;
+    let client = request.client_id;
+    let whitelisted = ip.is_some_and(|ip| set.white_ips.contains(ip))
+        || client.is_some_and(|c| set.white_clients.contains(c))
+        || set
+            .white_endpoints
+            .iter()
+            .any(|e| e.matches(request.method, request.path));
+    if whitelisted {
+        return Verdict {
+            outcome: Outcome::Whitelisted,
+            quotas: Vec::new(),
+        };
+    }
+    if ip.is_some_and(|ip| set.block_ips.contains(ip))
+        || client.is_some_and(|c| set.block_clients.contains(c))
+    {
+        tracing::debug!(ip = ?ip, client = ?client, "request rejected: blocklist");
+        count!("turnstile_http_rejected", "blocklist");
+        return rejected(RejectReason::Blocked, "blocklist".into(), None);
+    }
+    let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
+    if let Some((bans, key)) = &ban {
+        if let (Err(TryAcquireError::Rejected(r)), _) = bans.banned.chain_decide::<false>(key, 1) {
+            count!("turnstile_http_rejected", "ban");
+            return rejected(RejectReason::Banned, "ban".into(), Some(r.retry_after()));
+        }
+    }
+
+    let applies = |r: &&Arc<Rule<C>>| {
+        if set.endpoint_rate_limiting {
+            r.endpoint.matches(request.method, request.path)
+        } else {
+            r.endpoint.is_any()
+        }
+    };
+    let mut specific: Vec<&Arc<Rule<C>>> = Vec::new();
+    if let Some(ip) = ip {
+        for (net, rules) in &set.ip {
+            if net.contains(&ip) {
+                specific.extend(rules.iter().filter(applies));
+            }
+        }
+    }
+    if let Some(rules) = client.and_then(|c| set.client.get(c)) {
+        specific.extend(rules.iter().filter(applies));
+    }
+    let general: Vec<&Arc<Rule<C>>> = set.general.iter().filter(applies).collect();
+    let enforced = select(&split(&specific, false), &split(&general, false));
+    let monitors = select(&split(&specific, true), &split(&general, true));
+
+    // Check limit 0 and missing keys before charging anything.
+    let mut plan = Vec::with_capacity(enforced.len());
+    for rule in &enforced {
+        let Some(key) = counter_key(rule, request) else {
+            if set.missing_key == MissingKey::Reject {
+                tracing::debug!(rule = %rule.name, "request rejected: no client key");
+                count!("turnstile_http_rejected", rule.name);
+                return rejected(RejectReason::NoKey, rule.name.clone(), None);
+            }
+            continue;
+        };
+        match &rule.limiter {
+            None => {
+                tracing::debug!(rule = %rule.name, ip = ?ip, client = ?client, "request rejected: blocked by a rule with limit 0");
+                count!("turnstile_http_rejected", rule.name);
+                return rejected(RejectReason::Blocked, rule.name.clone(), None);
+            }
+            Some(limiter) => plan.push((rule, limiter, key)),
+        }
+    }
+
+    let mut charged = Vec::with_capacity(plan.len());
+    let mut quotas = Vec::with_capacity(plan.len());
+    for (rule, limiter, key) in &plan {
+        match limiter.chain_decide::<true>(key, 1) {
+            (Ok(admission), overflow) => {
+                quotas.push(QuotaState {
+                    policy: rule.name.clone(),
+                    limit: u64::from(rule.limit),
+                    window: rule.period,
+                    remaining: u64::from(admission.remaining()),
+                    reset_after: admission.reset_after(),
+                });
+                charged.push((limiter, key, admission, overflow));
+            }
+            (Err(error), _) => {
+                for (l, k, a, o) in charged.drain(..) {
+                    l.chain_refund(k, 1, &a, o);
+                }
+                let retry_after = match error {
+                    TryAcquireError::Rejected(r) => Some(r.retry_after()),
+                    _ => None,
+                };
+                tracing::debug!(rule = %rule.name, key = ?key, error = %error, "request rejected");
+                count!("turnstile_http_rejected", rule.name);
+                if let Some((bans, bkey)) = &ban {
+                    if let Ok(a) = bans.rejections.try_acquire(bkey) {
+                        if a.remaining() == 0 && bans.banned.try_acquire(bkey).is_ok() {
+                            tracing::info!(client = ?bkey, duration = %bans.config.duration, "client banned");
+                            count!("turnstile_http_banned", rule.name);
+                        }
+                    }
+                }
+                let reason = match error {
+                    TryAcquireError::Rejected(_) => RejectReason::RateLimited,
+                    _ => RejectReason::Unavailable,
+                };
+                return Verdict {
+                    outcome: Outcome::Rejected {
+                        reason,
+                        rule: rule.name.clone(),
+                        retry_after,
+                    },
+                    quotas: plan
+                        .iter()
+                        .map(|(other, other_limiter, other_key)| {
+                            if Arc::ptr_eq(other, rule) {
+                                QuotaState {
+                                    policy: rule.name.clone(),
+                                    limit: u64::from(rule.limit),
+                                    window: rule.period,
+                                    remaining: 0,
+                                    reset_after: retry_after.unwrap_or(rule.period),
+                                }
+                            } else {
+                                probe_quota(other, other_limiter, other_key)
+                            }
+                        })
+                        .collect(),
+                };
+            }
+        }
+    }
+    for rule in &monitors {
+        let Some(key) = counter_key(rule, request) else {
+            continue;
+        };
+        let would_reject = match &rule.limiter {
+            None => true,
+            Some(l) => l.try_acquire(&key).is_err(),
+        };
+        if would_reject {
+            tracing::debug!(rule = %rule.name, key = ?key, "monitor rule would reject");
+            count!("turnstile_http_shadow_rejected", rule.name);
+        }
+    }
+    for q in &quotas {
+        count!("turnstile_http_admitted", q.policy);
+    }
+    Verdict {
+        outcome: Outcome::Admitted,
+        quotas,
+    }
+}
+
+impl<C: Clock + Clone> Policy for HttpLimiter<C> {
+    fn check(&self, request: &RequestInfo<'_>) -> Check {
+        Check::Ready(self.decide(request))
+    }
+}
+
+impl<C: Clock + Clone> HttpLimiter<C> {
+    /// A tower layer that decides every request with this limiter. Layers built from one
+    /// limiter share its rules, counters and bans, and follow its reloads: new rules and new
+    /// client-IP and response settings apply from the next request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower::Layer;
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    ///
+    /// let limiter = Arc::new(HttpLimiter::new(HttpConfig::from_toml_str(
+    ///     "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 2\n",
+    /// )?)?);
+    /// let _service = limiter.layer().layer(tower::service_fn(|_: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// }));
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn layer(self: &Arc<Self>) -> RateLimitLayer<Self> {
+        RateLimitLayer::with_settings(Arc::clone(self), self.layer_settings())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+
+    #[test]
+    fn reload_swaps_the_shared_layer_settings() {
+        let config = HttpConfig::from_toml_str("client_id_header = \"X-ClientId\"\n").unwrap();
+        let limiter = HttpLimiter::with_clock(config, ManualClock::new()).unwrap();
+        let shared = limiter.layer_settings();
+        assert_eq!(
+            shared.load().client_id_header.as_ref().map(|h| h.as_str()),
+            Some("x-clientid")
+        );
+        let next = HttpConfig::from_toml_str("[response]\nstatus = 503\n").unwrap();
+        limiter.reload(next).unwrap();
+        assert_eq!(shared.load().response.status, 503);
+        assert_eq!(shared.load().client_id_header, None);
+        // a failed reload leaves them alone
+        let bad = HttpConfig::from_toml_str("client_id_header = \"a b\"\n").unwrap();
+        assert!(limiter.reload(bad).is_err());
+        assert_eq!(shared.load().response.status, 503);
     }
 }

@@ -300,6 +300,7 @@ pub struct LayerSettings {
     pub response: ResponseConfig,
 }
 
+mod aspnet;
 mod body;
 mod client_ip;
 mod concurrency;
@@ -307,11 +308,15 @@ mod config;
 mod engine;
 mod layer;
 mod response;
+mod rules;
 
 pub use body::RateLimitBody;
 pub use client_ip::{client_ip, ClientIpConfig, ForwardedHeader};
 pub use concurrency::{ConcurrencyFuture, ConcurrencyLayer, ConcurrencyService};
-pub use config::HttpConfig;
+pub use config::{
+    BackendConfig, BanConfig, BlocklistConfig, ClientRulesConfig, HttpConfig, HttpConfigError,
+    IpRulesConfig, MissingKey, RuleAlgorithm, RuleConfig, RuleKey, WhitelistConfig,
+};
 pub use engine::HttpLimiter;
 pub use layer::{PeerAddr, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use response::{

@@ -1,0 +1,593 @@
+//! Compiling an [`HttpConfig`] into matchers and limiters, with the semantic checks whose
+//! errors name the field.
+
+use crate::http::config::{BanConfig, HttpConfig, MissingKey, RuleAlgorithm, RuleConfig, RuleKey};
+use crate::http::HttpConfigError;
+use crate::{Algorithm, Clock, KeyOverflow, KeyedLimiter, Rate};
+use ipnet::IpNet;
+use regex::Regex;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What one rule counts by, for one request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct CounterKey {
+    pub(crate) ip: Option<IpAddr>,
+    pub(crate) client: Option<Arc<str>>,
+    pub(crate) endpoint: Option<Box<str>>,
+}
+
+/// Who a ban applies to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum BanKey {
+    Ip(IpAddr),
+    Client(Arc<str>),
+}
+
+/// An endpoint pattern: `*`, or `verb:path` with `*` wildcards, or a regex over the path.
+#[derive(Debug, Clone)]
+pub(crate) struct Endpoint {
+    /// `None`: any method.
+    method: Option<String>,
+    path: PathMatch,
+}
+
+#[derive(Debug, Clone)]
+enum PathMatch {
+    Any,
+    Glob(String),
+    Regex(Regex),
+}
+
+/// `*` in `pattern` matches any run of bytes; ASCII letters match either case.
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p].eq_ignore_ascii_case(&text[t]) {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&b| b == b'*')
+}
+
+impl Endpoint {
+    pub(crate) fn parse(pattern: &str, regex: bool, field: &str) -> Result<Self, HttpConfigError> {
+        let (regex, rest) = match pattern.strip_prefix("re:") {
+            Some(rest) => (true, rest),
+            None => (regex, pattern),
+        };
+        let rest = rest.trim();
+        if rest == "*" {
+            return Ok(Endpoint {
+                method: None,
+                path: PathMatch::Any,
+            });
+        }
+        let Some((verb, path)) = rest.split_once(':') else {
+            return Err(HttpConfigError::invalid(
+                field,
+                format!("{pattern:?} is not an endpoint pattern: expected \"*\", \"*:/path\" or \"verb:/path\""),
+            ));
+        };
+        let method = match verb {
+            "*" => None,
+            v if !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphabetic()) => {
+                Some(v.to_ascii_uppercase())
+            }
+            _ => {
+                return Err(HttpConfigError::invalid(
+                    field,
+                    format!("{verb:?} is not an HTTP method or \"*\" (in {pattern:?})"),
+                ))
+            }
+        };
+        let path = if regex {
+            let re = Regex::new(&format!("(?i)^(?:{path})$")).map_err(|e| {
+                HttpConfigError::invalid(field, format!("{path:?} is not a valid regex: {e}"))
+            })?;
+            PathMatch::Regex(re)
+        } else if path == "*" {
+            PathMatch::Any
+        } else if path.starts_with('/') {
+            PathMatch::Glob(path.to_owned())
+        } else {
+            return Err(HttpConfigError::invalid(
+                field,
+                format!("the path of {pattern:?} must start with '/' or be \"*\""),
+            ));
+        };
+        Ok(Endpoint { method, path })
+    }
+
+    pub(crate) fn is_any(&self) -> bool {
+        self.method.is_none() && matches!(self.path, PathMatch::Any)
+    }
+
+    pub(crate) fn matches(&self, method: &http::Method, path: &str) -> bool {
+        if let Some(m) = &self.method {
+            if !m.eq_ignore_ascii_case(method.as_str()) {
+                return false;
+            }
+        }
+        match &self.path {
+            PathMatch::Any => true,
+            PathMatch::Glob(g) => glob(g.as_bytes(), path.as_bytes()),
+            PathMatch::Regex(re) => re.is_match(path),
+        }
+    }
+}
+
+/// What identifies a rule across reloads: everything but its limit and monitor flag.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Identity {
+    scope: String,
+    name: String,
+    endpoint: String,
+    regex: bool,
+    period: Duration,
+    algorithm: RuleAlgorithm,
+    key: RuleKey,
+    per_endpoint: bool,
+}
+
+/// One compiled rule.
+pub(crate) struct Rule<C: Clock> {
+    pub(crate) name: Arc<str>,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) period: Duration,
+    pub(crate) limit: u32,
+    pub(crate) key: RuleKey,
+    pub(crate) monitor: bool,
+    pub(crate) per_endpoint: bool,
+    pub(crate) identity: Identity,
+    /// `None` when the limit is 0 (the rule blocks).
+    pub(crate) limiter: Option<KeyedLimiter<CounterKey, C>>,
+}
+
+/// Temporary bans.
+pub(crate) struct Bans<C: Clock> {
+    pub(crate) config: BanConfig,
+    /// Rejections per client, in fixed windows of `within`.
+    pub(crate) rejections: KeyedLimiter<BanKey, C>,
+    /// One token per `duration`: a ban takes it, and the client is banned until it refills.
+    pub(crate) banned: KeyedLimiter<BanKey, C>,
+}
+
+/// A set of IPs and ranges.
+#[derive(Debug, Default)]
+pub(crate) struct IpSet(Vec<IpNet>);
+
+impl IpSet {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
+        self.0.iter().any(|n| n.contains(&ip))
+    }
+}
+
+pub(crate) fn parse_net(text: &str, field: &str) -> Result<IpNet, HttpConfigError> {
+    let text = text.trim();
+    if let Ok(net) = text.parse::<IpNet>() {
+        return Ok(net);
+    }
+    text.parse::<IpAddr>().map(IpNet::from).map_err(|_| {
+        HttpConfigError::invalid(
+            field,
+            format!("{text:?} is not an IP address or CIDR range"),
+        )
+    })
+}
+
+/// The compiled configuration.
+pub(crate) struct RuleSet<C: Clock> {
+    pub(crate) general: Vec<Arc<Rule<C>>>,
+    pub(crate) ip: Vec<(IpNet, Vec<Arc<Rule<C>>>)>,
+    pub(crate) client: HashMap<String, Vec<Arc<Rule<C>>>>,
+    pub(crate) white_ips: IpSet,
+    pub(crate) white_clients: HashSet<String>,
+    pub(crate) white_endpoints: Vec<Endpoint>,
+    pub(crate) block_ips: IpSet,
+    pub(crate) block_clients: HashSet<String>,
+    pub(crate) bans: Option<Arc<Bans<C>>>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) endpoint_rate_limiting: bool,
+}
+
+impl<C: Clock> RuleSet<C> {
+    pub(crate) fn all_rules(&self) -> impl Iterator<Item = &Arc<Rule<C>>> {
+        self.general
+            .iter()
+            .chain(self.ip.iter().flat_map(|(_, r)| r.iter()))
+            .chain(self.client.values().flatten())
+    }
+}
+
+pub(crate) fn parse_period(text: &str, field: &str) -> Result<Duration, HttpConfigError> {
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+        HttpConfigError::invalid(field, format!("{text:?} is not a duration ({e})"))
+    })?;
+    if d.is_zero() {
+        return Err(HttpConfigError::invalid(field, "must be greater than zero"));
+    }
+    Ok(d)
+}
+
+fn algorithm(kind: RuleAlgorithm, limit: u32, period: Duration) -> Algorithm {
+    match kind {
+        RuleAlgorithm::FixedWindow => Algorithm::FixedWindow {
+            limit,
+            window: period,
+        },
+        RuleAlgorithm::SlidingWindow => Algorithm::SlidingWindow {
+            limit,
+            window: period,
+        },
+        RuleAlgorithm::SlidingCounter => Algorithm::SlidingCounter {
+            limit,
+            window: period,
+        },
+        RuleAlgorithm::TokenBucket => Algorithm::TokenBucket {
+            rate: Rate::new(limit, period),
+            burst: limit,
+        },
+    }
+}
+
+/// A kept limiter, its new parameters, and the rule's name.
+type Pending<C> = (KeyedLimiter<CounterKey, C>, Algorithm, String);
+
+/// Compiles `config`, reusing (and reconfiguring) the limiters of `old` rules with the same
+/// identity.
+pub(crate) struct Compiler<'a, C: Clock + Clone> {
+    clock: &'a C,
+    old: HashMap<Identity, KeyedLimiter<CounterKey, C>>,
+    old_bans: Option<Arc<Bans<C>>>,
+    /// Reconfigurations of reused limiters, applied when compilation has succeeded.
+    pending: RefCell<Vec<Pending<C>>>,
+}
+
+impl<'a, C: Clock + Clone> Compiler<'a, C> {
+    pub(crate) fn new(clock: &'a C, old: Option<&RuleSet<C>>) -> Self {
+        let mut map = HashMap::new();
+        let mut old_bans = None;
+        if let Some(old) = old {
+            for rule in old.all_rules() {
+                if let Some(l) = &rule.limiter {
+                    map.insert(rule.identity.clone(), l.clone());
+                }
+            }
+            old_bans = old.bans.clone();
+        }
+        Compiler {
+            clock,
+            old: map,
+            old_bans,
+            pending: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn rule(&self, scope: &str, r: &RuleConfig, field: &str) -> Result<Rule<C>, HttpConfigError> {
+        let period = parse_period(&r.period, &format!("{field}.period"))?;
+        let limit = u32::try_from(r.limit).map_err(|_| {
+            HttpConfigError::invalid(
+                format!("{field}.limit"),
+                format!("{} is too large (at most {})", r.limit, u32::MAX),
+            )
+        })?;
+        let endpoint = Endpoint::parse(&r.endpoint, r.regex, &format!("{field}.endpoint"))?;
+        let name = match &r.name {
+            Some(n) if n.trim().is_empty() => {
+                return Err(HttpConfigError::invalid(
+                    format!("{field}.name"),
+                    "must not be empty",
+                ))
+            }
+            Some(n) => n.clone(),
+            None => format!("{}-{}", r.endpoint, r.period.trim()),
+        };
+        let identity = Identity {
+            scope: scope.to_owned(),
+            name: name.clone(),
+            endpoint: r.endpoint.clone(),
+            regex: r.regex,
+            period,
+            algorithm: r.algorithm,
+            key: r.key,
+            per_endpoint: r.per_endpoint,
+        };
+        let algo = algorithm(r.algorithm, limit, period);
+        let field_err = |e: crate::ConfigError| {
+            let about_time = matches!(
+                e,
+                crate::ConfigError::TooLarge { what, .. } | crate::ConfigError::Zero { what }
+                    if what.contains("window") || what.contains("period")
+            );
+            let which = if about_time { "period" } else { "limit" };
+            HttpConfigError::invalid(
+                format!("{field}.{which}"),
+                format!("{e} (limit {}, period {:?})", r.limit, r.period),
+            )
+        };
+        let limiter = if limit == 0 {
+            None
+        } else if let Some(old) = self.old.get(&identity) {
+            let grows_ring = matches!(
+                (old.algorithm(), algo),
+                (Algorithm::SlidingWindow { limit: from, .. }, Algorithm::SlidingWindow { limit: to, .. }) if to > from
+            );
+            if old.algorithm() == algo {
+                Some(old.clone())
+            } else if grows_ring {
+                // The exact sliding window's ring cannot grow in place: a fresh limiter.
+                Some(build(algo, self.clock).map_err(field_err)?)
+            } else {
+                // Validate the new parameters now; change the live limiter only once the whole
+                // configuration has compiled, so that a failed reload changes nothing.
+                build(algo, self.clock).map_err(field_err)?;
+                self.pending
+                    .borrow_mut()
+                    .push((old.clone(), algo, name.clone()));
+                Some(old.clone())
+            }
+        } else {
+            Some(build(algo, self.clock).map_err(field_err)?)
+        };
+        Ok(Rule {
+            name: name.into(),
+            endpoint,
+            period,
+            limit,
+            key: r.key,
+            monitor: r.monitor,
+            per_endpoint: r.per_endpoint,
+            identity,
+            limiter,
+        })
+    }
+
+    fn rules(
+        &self,
+        scope: &str,
+        rules: &[RuleConfig],
+        field: &str,
+    ) -> Result<Vec<Arc<Rule<C>>>, HttpConfigError> {
+        let mut names = HashSet::new();
+        let mut out = Vec::with_capacity(rules.len());
+        for (i, r) in rules.iter().enumerate() {
+            let f = format!("{field}[{i}]");
+            let rule = self.rule(scope, r, &f)?;
+            if !names.insert(rule.name.clone()) {
+                return Err(HttpConfigError::invalid(
+                    format!("{f}.name"),
+                    format!("duplicate rule name {:?}", &*rule.name),
+                ));
+            }
+            out.push(Arc::new(rule));
+        }
+        Ok(out)
+    }
+
+    /// Checks everything that can fail before building any limiter.
+    fn precheck(config: &HttpConfig) -> Result<(), HttpConfigError> {
+        let check = |rules: &[RuleConfig], field: &str| -> Result<(), HttpConfigError> {
+            for (i, r) in rules.iter().enumerate() {
+                let f = format!("{field}[{i}]");
+                parse_period(&r.period, &format!("{f}.period"))?;
+                Endpoint::parse(&r.endpoint, r.regex, &format!("{f}.endpoint"))?;
+                if r.limit > u64::from(u32::MAX) {
+                    return Err(HttpConfigError::invalid(
+                        format!("{f}.limit"),
+                        format!("{} is too large (at most {})", r.limit, u32::MAX),
+                    ));
+                }
+                if r.algorithm == RuleAlgorithm::SlidingWindow && r.limit > 16_777_216 {
+                    return Err(HttpConfigError::invalid(
+                        format!("{f}.limit"),
+                        format!(
+                            "{} is too large for sliding_window (at most 16777216)",
+                            r.limit
+                        ),
+                    ));
+                }
+            }
+            Ok(())
+        };
+        check(&config.rules, "rules")?;
+        for (i, ip) in config.ip_rules.iter().enumerate() {
+            parse_net(&ip.ip, &format!("ip_rules[{i}].ip"))?;
+            check(&ip.rules, &format!("ip_rules[{i}].rules"))?;
+        }
+        for (i, c) in config.client_rules.iter().enumerate() {
+            if c.client_id.is_empty() {
+                return Err(HttpConfigError::invalid(
+                    format!("client_rules[{i}].client_id"),
+                    "must not be empty",
+                ));
+            }
+            check(&c.rules, &format!("client_rules[{i}].rules"))?;
+        }
+        if let Some(h) = &config.client_id_header {
+            parse_header(h)?;
+        }
+        if config.backend.kind != "memory" {
+            return Err(HttpConfigError::invalid(
+                "backend.kind",
+                format!(
+                    "{:?} is not available: only \"memory\" is built so far (a Redis backend for the HTTP rules is not implemented yet)",
+                    config.backend.kind
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn compile(&self, config: &HttpConfig) -> Result<RuleSet<C>, HttpConfigError> {
+        Self::precheck(config)?;
+        let ipset = |list: &[String], field: &str| -> Result<IpSet, HttpConfigError> {
+            list.iter()
+                .enumerate()
+                .map(|(i, s)| parse_net(s, &format!("{field}[{i}]")))
+                .collect::<Result<Vec<_>, _>>()
+                .map(IpSet)
+        };
+        let white_ips = ipset(&config.whitelist.ips, "whitelist.ips")?;
+        let block_ips = ipset(&config.blocklist.ips, "blocklist.ips")?;
+        let white_endpoints = config
+            .whitelist
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Endpoint::parse(e, false, &format!("whitelist.endpoints[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let bans = match &config.bans {
+            None => None,
+            Some(b) => Some(self.bans(b)?),
+        };
+        let general = self.rules("general", &config.rules, "rules")?;
+        let mut ip = Vec::new();
+        for (i, entry) in config.ip_rules.iter().enumerate() {
+            let net = parse_net(&entry.ip, &format!("ip_rules[{i}].ip"))?;
+            let scope = format!("ip:{}", entry.ip);
+            ip.push((
+                net,
+                self.rules(&scope, &entry.rules, &format!("ip_rules[{i}].rules"))?,
+            ));
+        }
+        let mut client = HashMap::new();
+        for (i, entry) in config.client_rules.iter().enumerate() {
+            let scope = format!("client:{}", entry.client_id);
+            let rules = self.rules(&scope, &entry.rules, &format!("client_rules[{i}].rules"))?;
+            if client.insert(entry.client_id.clone(), rules).is_some() {
+                return Err(HttpConfigError::invalid(
+                    format!("client_rules[{i}].client_id"),
+                    format!("duplicate client id {:?}", entry.client_id),
+                ));
+            }
+        }
+        for (limiter, algo, name) in self.pending.borrow_mut().drain(..) {
+            if let Err(e) = limiter.reconfigure(algo) {
+                // Not expected: the parameters were validated and the algorithm is the same.
+                tracing::warn!(rule = %name, error = %e, "rule kept its previous limit");
+            }
+        }
+        Ok(RuleSet {
+            general,
+            ip,
+            client,
+            white_ips,
+            white_clients: config.whitelist.clients.iter().cloned().collect(),
+            white_endpoints,
+            block_ips,
+            block_clients: config.blocklist.clients.iter().cloned().collect(),
+            bans,
+            missing_key: config.missing_key,
+            endpoint_rate_limiting: config.endpoint_rate_limiting,
+        })
+    }
+
+    fn bans(&self, b: &BanConfig) -> Result<Arc<Bans<C>>, HttpConfigError> {
+        if let Some(old) = &self.old_bans {
+            if old.config == *b {
+                return Ok(old.clone());
+            }
+        }
+        let within = parse_period(&b.within, "bans.within")?;
+        let duration = parse_period(&b.duration, "bans.duration")?;
+        let after = u32::try_from(b.after)
+            .ok()
+            .filter(|&a| a > 0)
+            .ok_or_else(|| {
+                HttpConfigError::invalid(
+                    "bans.after",
+                    format!("{} is not between 1 and {}", b.after, u32::MAX),
+                )
+            })?;
+        if b.max_entries == 0 {
+            return Err(HttpConfigError::invalid(
+                "bans.max_entries",
+                "must be greater than zero",
+            ));
+        }
+        let keyed = |algo: Algorithm, field: &str| {
+            KeyedLimiter::builder(algo)
+                .clock(self.clock.clone())
+                .max_keys(b.max_entries)
+                .overflow(KeyOverflow::Reject)
+                .build()
+                .map_err(|e| HttpConfigError::invalid(field, e.to_string()))
+        };
+        Ok(Arc::new(Bans {
+            config: b.clone(),
+            rejections: keyed(
+                Algorithm::FixedWindow {
+                    limit: after,
+                    window: within,
+                },
+                "bans.within",
+            )?,
+            banned: keyed(
+                Algorithm::TokenBucket {
+                    rate: Rate::new(1, duration),
+                    burst: 1,
+                },
+                "bans.duration",
+            )?,
+        }))
+    }
+}
+
+fn build<C: Clock + Clone>(
+    algo: Algorithm,
+    clock: &C,
+) -> Result<KeyedLimiter<CounterKey, C>, crate::ConfigError> {
+    KeyedLimiter::builder(algo).clock(clock.clone()).build()
+}
+
+pub(crate) fn parse_header(h: &str) -> Result<http::HeaderName, HttpConfigError> {
+    http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+        HttpConfigError::invalid(
+            "client_id_header",
+            format!("{h:?} is not a valid header name"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_matches_case_insensitively_with_wildcards() {
+        assert!(glob(b"/api/*", b"/API/values"));
+        assert!(glob(b"/api/*/items", b"/api/v1/items"));
+        assert!(!glob(b"/api/*/items", b"/api/v1/item"));
+        assert!(glob(b"*", b""));
+        assert!(glob(b"/a*b*c", b"/aXXbYYc"));
+        assert!(!glob(b"/a*b*c", b"/aXXbYY"));
+        assert!(!glob(b"/api", b"/api/"));
+    }
+
+    #[test]
+    fn endpoint_patterns() {
+        let e = Endpoint::parse("get:/api/*", false, "f").unwrap();
+        assert!(e.matches(&http::Method::GET, "/api/x"));
+        assert!(!e.matches(&http::Method::POST, "/api/x"));
+        assert!(Endpoint::parse("*", false, "f").unwrap().is_any());
+        assert!(Endpoint::parse("*:*", false, "f").unwrap().is_any());
+        assert!(Endpoint::parse("g3t:/x", false, "f").is_err());
+        assert!(Endpoint::parse("get:x", false, "f").is_err());
+        assert!(Endpoint::parse("re:get:[", false, "f").is_err());
+    }
+}

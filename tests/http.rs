@@ -1,0 +1,410 @@
+//! The whole HTTP layer, end to end: `HttpLimiter` (configured from TOML) behind
+//! `RateLimitLayer` in a real axum server on 127.0.0.1:0, asked by a real HTTP client. Time is a
+//! `ManualClock` the test advances; nothing sleeps.
+//!
+//! The engine's semantics are covered case by case in `http_engine.rs`, and the layer's
+//! mechanics with a stand-in policy in `http_layer.rs`; these tests check that the scenarios of
+//! issue 6 hold through the wire, with the peer address coming from axum's `ConnectInfo`.
+
+use axum::routing::get;
+use axum::Router;
+use proptest::prelude::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tower::{Service, ServiceExt};
+use turnstile::http::{HttpConfig, HttpLimiter, PeerAddr};
+use turnstile::ManualClock;
+
+fn limiter(toml: &str) -> (Arc<HttpLimiter<ManualClock>>, ManualClock) {
+    let clock = ManualClock::new();
+    let config = HttpConfig::from_toml_str(toml).expect("valid config");
+    let limiter = HttpLimiter::with_clock(config, clock.clone()).expect("config compiles");
+    (Arc::new(limiter), clock)
+}
+
+fn app(limiter: &Arc<HttpLimiter<ManualClock>>) -> Router {
+    Router::new()
+        .route("/api/values", get(|| async { "values" }))
+        .route("/api/license", get(|| async { "license" }))
+        .route("/health", get(|| async { "ok" }))
+        .layer(limiter.layer())
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("server");
+    });
+    format!("http://{addr}")
+}
+
+struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    async fn start(limiter: &Arc<HttpLimiter<ManualClock>>) -> Client {
+        Client {
+            base: serve(app(limiter)).await,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("client"),
+        }
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut request = self.http.get(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send().await.expect("the server answers")
+    }
+
+    async fn status(&self, path: &str, headers: &[(&str, &str)]) -> u16 {
+        self.get(path, headers).await.status().as_u16()
+    }
+
+    async fn statuses(&self, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<u16> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(self.status(path, headers).await);
+        }
+        out
+    }
+}
+
+const PER_IP: &str = r#"
+[[rules]]
+name = "per-ip"
+endpoint = "*"
+period = "1s"
+limit = 2
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn third_request_of_a_two_per_second_rule_gets_429_with_retry_after() {
+    let (limiter, clock) = limiter(PER_IP);
+    let client = Client::start(&limiter).await;
+    assert_eq!(client.statuses(2, "/api/values", &[]).await, [200, 200]);
+    let third = client.get("/api/values", &[]).await;
+    assert_eq!(third.status().as_u16(), 429);
+    let retry_after: u64 = third.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1, "Retry-After {retry_after}");
+    assert_eq!(third.headers()["content-type"], "application/problem+json");
+    assert_eq!(third.headers()["ratelimit-policy"], "\"per-ip\";q=2;w=1");
+    let body: serde_json::Value = serde_json::from_slice(&third.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["rule"], "per-ip");
+    // The next second admits again.
+    clock.advance(Duration::from_secs(1));
+    let next = client.get("/api/values", &[]).await;
+    assert_eq!(next.status().as_u16(), 200);
+    assert_eq!(next.headers()["ratelimit"], "\"per-ip\";r=1;t=1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_addresses_with_ports_and_lists_are_parsed_from_a_trusted_proxy() {
+    let (limiter, _clock) = limiter(&format!(
+        "[client_ip]\ntrusted_proxies = [\"127.0.0.1\", \"10.0.0.0/8\"]\n{PER_IP}"
+    ));
+    let client = Client::start(&limiter).await;
+    // The same client behind two proxies, written three ways: one key, so the third is 429.
+    let ways = [
+        ("x-forwarded-for", "203.0.113.9:4711"),
+        ("x-forwarded-for", "203.0.113.9, 10.1.2.3"),
+        (
+            "forwarded",
+            "for=\"203.0.113.9:80\";proto=http, for=10.1.2.3",
+        ),
+    ];
+    let mut statuses = Vec::new();
+    for (name, value) in ways {
+        statuses.push(client.status("/api/values", &[(name, value)]).await);
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    // A different client behind the same proxies has its own quota.
+    assert_eq!(
+        client
+            .status(
+                "/api/values",
+                &[("x-forwarded-for", "198.51.100.1, 10.1.2.3")]
+            )
+            .await,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spoofed_forwarded_for_from_an_untrusted_peer_does_not_change_the_key() {
+    // No trusted proxies: the peer (127.0.0.1) is the client whatever the headers say.
+    let (limiter, _clock) = limiter(PER_IP);
+    let client = Client::start(&limiter).await;
+    let mut statuses = Vec::new();
+    for spoof in ["198.51.100.1", "198.51.100.2", "198.51.100.3"] {
+        statuses.push(
+            client
+                .status(
+                    "/api/values",
+                    &[("x-forwarded-for", spoof), ("x-real-ip", spoof)],
+                )
+                .await,
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_zero_rule_blocks() {
+    let (limiter, _clock) = limiter(
+        r#"
+        [[rules]]
+        name = "no-license"
+        endpoint = "get:/api/license"
+        period = "1m"
+        limit = 0
+        "#,
+    );
+    let client = Client::start(&limiter).await;
+    let blocked = client.get("/api/license", &[]).await;
+    assert_eq!(blocked.status().as_u16(), 429);
+    assert_eq!(client.status("/api/values", &[]).await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whitelisted_ip_client_and_path_pass_and_are_not_charged() {
+    let base = format!(
+        "client_id_header = \"X-ClientId\"\n{PER_IP}\n[whitelist]\nclients = [\"ops\"]\nendpoints = [\"get:/health\"]\n"
+    );
+    let (limiter, _clock) = limiter(&base);
+    let client = Client::start(&limiter).await;
+    assert_eq!(client.statuses(4, "/health", &[]).await, [200; 4]);
+    assert_eq!(
+        client
+            .statuses(4, "/api/values", &[("x-clientid", "ops")])
+            .await,
+        [200; 4]
+    );
+    // Nothing above was charged: the quota is whole.
+    assert_eq!(
+        client.statuses(3, "/api/values", &[]).await,
+        [200, 200, 429]
+    );
+
+    let (limiter, _clock) = limiter_with_ip_whitelist(&base);
+    let client = Client::start(&limiter).await;
+    assert_eq!(client.statuses(4, "/api/values", &[]).await, [200; 4]);
+}
+
+fn limiter_with_ip_whitelist(base: &str) -> (Arc<HttpLimiter<ManualClock>>, ManualClock) {
+    limiter(&base.replace("[whitelist]\n", "[whitelist]\nips = [\"127.0.0.0/8\"]\n"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_rule_overrides_the_general_rule() {
+    let (limiter, _clock) = limiter(&format!(
+        r#"
+        client_id_header = "X-ClientId"
+        {PER_IP}
+        [[client_rules]]
+        client_id = "partner"
+        [[client_rules.rules]]
+        name = "partner"
+        endpoint = "*"
+        period = "1s"
+        limit = 5
+        key = "client"
+        "#
+    ));
+    let client = Client::start(&limiter).await;
+    let partner = [("x-clientid", "partner")];
+    assert_eq!(
+        client.statuses(6, "/api/values", &partner).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    // Another client id gets the general rule.
+    assert_eq!(
+        client
+            .statuses(3, "/api/values", &[("x-clientid", "other")])
+            .await,
+        [200, 200, 429]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_mode_passes() {
+    let (limiter, _clock) = limiter(&PER_IP.replace("limit = 2", "limit = 2\nmonitor = true"));
+    let client = Client::start(&limiter).await;
+    assert_eq!(client.statuses(5, "/api/values", &[]).await, [200; 5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_config_update_takes_effect_and_keeps_counters() {
+    let (limiter, _clock) = limiter(PER_IP);
+    let client = Client::start(&limiter).await;
+    assert_eq!(client.statuses(1, "/api/values", &[]).await, [200]);
+    // Raise the limit to 4: the request already counted stays counted.
+    limiter
+        .reload(HttpConfig::from_toml_str(&PER_IP.replace("limit = 2", "limit = 4")).unwrap())
+        .unwrap();
+    assert_eq!(
+        client.statuses(4, "/api/values", &[]).await,
+        [200, 200, 200, 429]
+    );
+    // A new rule and new response settings apply from the next request.
+    limiter
+        .reload(
+            HttpConfig::from_toml_str(&format!(
+                "[response]\nstatus = 503\nlegacy_headers = true\n{}",
+                PER_IP.replace("limit = 2", "limit = 4")
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+    let rejected = client.get("/api/values", &[]).await;
+    assert_eq!(rejected.status().as_u16(), 503);
+    assert_eq!(rejected.headers()["x-ratelimit-limit"], "4");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bans_start_and_end_on_time() {
+    let (limiter, clock) = limiter(&format!(
+        "{PER_IP}\n[bans]\nafter = 3\nwithin = \"1m\"\nduration = \"10m\"\n"
+    ));
+    let client = Client::start(&limiter).await;
+    // Two admitted, three rejected: the third rejection bans.
+    assert_eq!(
+        client.statuses(5, "/api/values", &[]).await,
+        [200, 200, 429, 429, 429]
+    );
+    // The rate limit would admit again a second later, but the ban holds for ten minutes.
+    clock.advance(Duration::from_secs(1));
+    let banned = client.get("/api/values", &[]).await;
+    assert_eq!(banned.status().as_u16(), 429);
+    let retry_after: u64 = banned.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (590..=600).contains(&retry_after),
+        "a ban of 10 minutes, 1 s in: Retry-After {retry_after}"
+    );
+    clock.advance(Duration::from_secs(598));
+    assert_eq!(client.status("/api/values", &[]).await, 429);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(client.status("/api/values", &[]).await, 200);
+}
+
+/// The AspNetCoreRateLimit README's sample, as documented there: 2 per second per IP on any
+/// endpoint (endpoint rate limiting off), loopback whitelisted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aspnet_sample_configuration_behaves_through_the_layer() {
+    let document = r#"{
+      "IpRateLimiting": {
+        "EnableEndpointRateLimiting": false,
+        "StackBlockedRequests": false,
+        "RealIpHeader": "X-Real-IP",
+        "ClientIdHeader": "X-ClientId",
+        "HttpStatusCode": 429,
+        "IpWhitelist": [ "::1/10", "192.168.0.0/24" ],
+        "EndpointWhitelist": [ "get:/api/license", "*:/api/status" ],
+        "ClientWhitelist": [ "dev-id-1", "dev-id-2" ],
+        "GeneralRules": [
+          { "Endpoint": "*", "Period": "1s", "Limit": 2 },
+          { "Endpoint": "*", "Period": "15m", "Limit": 100 },
+          { "Endpoint": "*", "Period": "12h", "Limit": 1000 },
+          { "Endpoint": "*", "Period": "7d", "Limit": 10000 }
+        ]
+      }
+    }"#;
+    let clock = ManualClock::new();
+    let limiter = Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_json_str(document).unwrap(), clock.clone())
+            .unwrap(),
+    );
+    let client = Client::start(&limiter).await;
+    assert_eq!(
+        client.statuses(3, "/api/values", &[]).await,
+        [200, 200, 429]
+    );
+    // The whitelisted endpoint is not limited.
+    assert_eq!(client.statuses(3, "/api/license", &[]).await, [200; 3]);
+    clock.advance(Duration::from_secs(1));
+    let admitted = client.get("/api/values", &[]).await;
+    assert_eq!(admitted.status().as_u16(), 200);
+    // Four policies reported, the 15-minute one with 97 left (2 + 1 admitted).
+    let ratelimit = admitted.headers()["ratelimit"].to_str().unwrap().to_owned();
+    assert_eq!(ratelimit.split(", ").count(), 4, "{ratelimit}");
+    assert!(ratelimit.contains(";r=97;"), "{ratelimit}");
+}
+
+fn arbitrary_header_value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..40),
+        "[0-9a-f:.,\\[\\] ;=\"]{0,40}".prop_map(String::into_bytes),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever the path and the headers, the layer answers with a response: admitted (200 or
+    /// the router's 404), rejected (429), never a panic or a 500.
+    #[test]
+    fn any_path_and_headers_get_a_response(
+        path in "/[ -~]{0,30}",
+        forwarded_for in arbitrary_header_value(),
+        forwarded in arbitrary_header_value(),
+        client_id in arbitrary_header_value(),
+    ) {
+        let (limiter, _clock) = limiter(&format!(
+            "client_id_header = \"X-ClientId\"\n[client_ip]\ntrusted_proxies = [\"127.0.0.1\"]\n{PER_IP}\n[[rules]]\nname = \"per-client\"\nendpoint = \"*:/api/*\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\n"
+        ));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let statuses = runtime.block_on(async {
+            let mut service = app(&limiter).into_service::<axum::body::Body>();
+            let mut statuses = Vec::new();
+            for _ in 0..3 {
+                let mut request = http::Request::builder().method("GET");
+                request = match http::Uri::try_from(path.as_str()) {
+                    Ok(uri) => request.uri(uri),
+                    Err(_) => request.uri("/"),
+                };
+                for (name, value) in [
+                    ("x-forwarded-for", &forwarded_for),
+                    ("forwarded", &forwarded),
+                    ("x-clientid", &client_id),
+                ] {
+                    if let Ok(value) = http::HeaderValue::from_bytes(value) {
+                        request = request.header(name, value);
+                    }
+                }
+                let mut request = request.body(axum::body::Body::empty()).unwrap();
+                request
+                    .extensions_mut()
+                    .insert(PeerAddr("127.0.0.1:40000".parse().unwrap()));
+                let response = service.ready().await.unwrap().call(request).await.unwrap();
+                statuses.push(response.status().as_u16());
+            }
+            statuses
+        });
+        for status in statuses {
+            prop_assert!([200, 404, 429].contains(&status), "status {}", status);
+        }
+    }
+}

@@ -1,0 +1,772 @@
+//! The HTTP rule engine, decided directly with a manual clock.
+#![cfg(feature = "http")]
+
+use proptest::prelude::*;
+use std::net::IpAddr;
+use std::time::Duration;
+use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RejectReason, RequestInfo, Verdict};
+use turnstile::ManualClock;
+
+fn limiter(toml: &str) -> (HttpLimiter<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let config = HttpConfig::from_toml_str(toml).expect("valid toml");
+    (
+        HttpLimiter::with_clock(config, clock.clone()).expect("valid config"),
+        clock,
+    )
+}
+
+fn req<'a>(
+    method: &'a http::Method,
+    path: &'a str,
+    ip: &str,
+    client: Option<&'a str>,
+) -> RequestInfo<'a> {
+    RequestInfo {
+        method,
+        path,
+        client_ip: ip.parse::<IpAddr>().ok(),
+        client_id: client,
+    }
+}
+
+fn get(l: &HttpLimiter<ManualClock>, path: &str, ip: &str, client: Option<&str>) -> Verdict {
+    l.decide(&req(&http::Method::GET, path, ip, client))
+}
+
+fn reason(v: &Verdict) -> Option<(RejectReason, String, Option<Duration>)> {
+    match &v.outcome {
+        Outcome::Rejected {
+            reason,
+            rule,
+            retry_after,
+        } => Some((*reason, rule.to_string(), *retry_after)),
+        _ => None,
+    }
+}
+
+const PER_IP: &str = r#"
+[[rules]]
+name = "per-ip"
+endpoint = "*"
+period = "1s"
+limit = 2
+"#;
+
+#[test]
+fn third_request_rejected_with_retry_after() {
+    let (l, clock) = limiter(PER_IP);
+    clock.advance(Duration::from_millis(300));
+    let first = get(&l, "/", "1.2.3.4", None);
+    assert_eq!(first.outcome, Outcome::Admitted);
+    assert_eq!(first.quotas[0].remaining, 1);
+    assert_eq!(&*first.quotas[0].policy, "per-ip");
+    assert_eq!(get(&l, "/", "1.2.3.4", None).outcome, Outcome::Admitted);
+    let third = get(&l, "/", "1.2.3.4", None);
+    let (r, rule, retry) = reason(&third).expect("rejected");
+    assert_eq!((r, rule.as_str()), (RejectReason::RateLimited, "per-ip"));
+    let retry = retry.unwrap();
+    assert!(
+        retry > Duration::ZERO && retry <= Duration::from_secs(1),
+        "{retry:?}"
+    );
+    // another IP has its own counter
+    assert_eq!(get(&l, "/", "1.2.3.5", None).outcome, Outcome::Admitted);
+    clock.advance(retry);
+    assert_eq!(get(&l, "/", "1.2.3.4", None).outcome, Outcome::Admitted);
+}
+
+#[test]
+fn limit_zero_blocks_and_blocklist_blocks() {
+    let (l, _) = limiter(
+        "[[rules]]\nendpoint = \"post:/admin/*\"\nperiod = \"1m\"\nlimit = 0\n[blocklist]\nips = [\"192.0.2.0/24\"]\nclients = [\"evil\"]\n",
+    );
+    let v = l.decide(&req(&http::Method::POST, "/ADMIN/users", "1.1.1.1", None));
+    assert_eq!(reason(&v).unwrap().0, RejectReason::Blocked);
+    assert_eq!(reason(&v).unwrap().1, "post:/admin/*-1m");
+    assert_eq!(
+        get(&l, "/admin/users", "1.1.1.1", None).outcome,
+        Outcome::Admitted
+    );
+    assert_eq!(
+        reason(&get(&l, "/", "192.0.2.9", None)).unwrap().0,
+        RejectReason::Blocked
+    );
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", Some("evil"))).unwrap().0,
+        RejectReason::Blocked
+    );
+}
+
+#[test]
+fn whitelists_pass_and_are_not_charged() {
+    let (l, _) = limiter(&format!(
+        "{PER_IP}\n[whitelist]\nips = [\"10.0.0.0/8\", \"127.0.0.1\"]\nclients = [\"dev\"]\nendpoints = [\"get:/api/license\", \"*:/api/status\"]\n"
+    ));
+    for _ in 0..5 {
+        assert_eq!(get(&l, "/", "10.1.2.3", None).outcome, Outcome::Whitelisted);
+        assert_eq!(
+            get(&l, "/", "127.0.0.1", None).outcome,
+            Outcome::Whitelisted
+        );
+        assert_eq!(
+            get(&l, "/", "8.8.8.8", Some("dev")).outcome,
+            Outcome::Whitelisted
+        );
+        assert_eq!(
+            get(&l, "/api/license", "8.8.4.4", None).outcome,
+            Outcome::Whitelisted
+        );
+        let put = l.decide(&req(&http::Method::PUT, "/api/status", "8.8.4.4", None));
+        assert_eq!(put.outcome, Outcome::Whitelisted);
+    }
+    // not charged: 8.8.8.8 and 8.8.4.4 still have their full quota
+    assert_eq!(get(&l, "/", "8.8.8.8", None).quotas[0].remaining, 1);
+    assert_eq!(get(&l, "/", "8.8.4.4", None).quotas[0].remaining, 1);
+    // a POST to /api/license is not whitelisted
+    let post = l.decide(&req(&http::Method::POST, "/api/license", "8.8.4.4", None));
+    assert_eq!(post.outcome, Outcome::Admitted);
+    assert_eq!(post.quotas[0].remaining, 0);
+}
+
+#[test]
+fn client_rule_overrides_general_rule_of_same_period() {
+    let (l, _) = limiter(
+        r#"
+client_id_header = "X-ClientId"
+[[rules]]
+period = "1s"
+limit = 1
+key = "client"
+[[rules]]
+period = "1m"
+limit = 100
+key = "client"
+[[client_rules]]
+client_id = "big"
+[[client_rules.rules]]
+name = "big-1s"
+period = "1s"
+limit = 3
+key = "client"
+"#,
+    );
+    for _ in 0..3 {
+        let v = get(&l, "/", "1.1.1.1", Some("big"));
+        assert_eq!(v.outcome, Outcome::Admitted);
+        let names: Vec<_> = v.quotas.iter().map(|q| q.policy.to_string()).collect();
+        assert_eq!(names, ["big-1s", "*-1m"]);
+    }
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", Some("big"))).unwrap().1,
+        "big-1s"
+    );
+    assert_eq!(
+        get(&l, "/", "1.1.1.1", Some("small")).outcome,
+        Outcome::Admitted
+    );
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", Some("small"))).unwrap().1,
+        "*-1s"
+    );
+    // no client id: the client rules cannot count it
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+        RejectReason::NoKey
+    );
+}
+
+#[test]
+fn every_algorithm_admits_its_limit_then_rejects() {
+    for algorithm in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_counter",
+        "token_bucket",
+    ] {
+        let (l, clock) = limiter(&format!(
+            "[[rules]]\nname = \"r\"\nperiod = \"10s\"\nlimit = 3\nkey = \"ip_and_client\"\nalgorithm = \"{algorithm}\"\n"
+        ));
+        for _ in 0..3 {
+            assert_eq!(
+                get(&l, "/", "1.1.1.1", Some("a")).outcome,
+                Outcome::Admitted,
+                "{algorithm}"
+            );
+        }
+        let (r, _, retry) = reason(&get(&l, "/", "1.1.1.1", Some("a"))).expect(algorithm);
+        assert_eq!(r, RejectReason::RateLimited);
+        // the sliding counter weighs the previous window, so its wait can exceed one period
+        let bound = if algorithm == "sliding_counter" {
+            20
+        } else {
+            10
+        };
+        let retry = retry.unwrap();
+        assert!(
+            retry > Duration::ZERO && retry <= Duration::from_secs(bound),
+            "{algorithm}: {retry:?}"
+        );
+        // the pair is the key: another client id on the same IP has its own counter
+        assert_eq!(
+            get(&l, "/", "1.1.1.1", Some("b")).outcome,
+            Outcome::Admitted,
+            "{algorithm}"
+        );
+        assert_eq!(
+            reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+            RejectReason::NoKey
+        );
+        clock.advance(retry);
+        assert_eq!(
+            get(&l, "/", "1.1.1.1", Some("a")).outcome,
+            Outcome::Admitted,
+            "{algorithm}"
+        );
+    }
+}
+
+#[test]
+fn missing_key_allow_skips_the_rule() {
+    let (l, _) = limiter(&format!("missing_key = \"allow\"\n{PER_IP}"));
+    for _ in 0..5 {
+        let v = get(&l, "/", "not an ip", None);
+        assert_eq!(v.outcome, Outcome::Admitted);
+        assert!(v.quotas.is_empty());
+    }
+}
+
+#[test]
+fn monitor_mode_passes_but_counts() {
+    let (l, _) = limiter(
+        "[[rules]]\nname = \"shadow\"\nperiod = \"1s\"\nlimit = 1\nmonitor = true\n[[rules]]\nname = \"real\"\nperiod = \"1m\"\nlimit = 3\n",
+    );
+    for _ in 0..3 {
+        let v = get(&l, "/", "1.1.1.1", None);
+        assert_eq!(v.outcome, Outcome::Admitted);
+        assert_eq!(v.quotas.len(), 1, "monitor rules are not reported");
+    }
+    assert_eq!(reason(&get(&l, "/", "1.1.1.1", None)).unwrap().1, "real");
+    // it was counted: switch it to enforcing and the same counter (same identity) rejects
+    let config =
+        HttpConfig::from_toml_str("[[rules]]\nname = \"shadow\"\nperiod = \"1s\"\nlimit = 1\n")
+            .unwrap();
+    l.reload(config).unwrap();
+    assert_eq!(reason(&get(&l, "/", "1.1.1.1", None)).unwrap().1, "shadow");
+}
+
+#[test]
+fn reload_keeps_unchanged_counters_and_applies_new_limit() {
+    let base = "[[rules]]\nname = \"a\"\nperiod = \"1m\"\nlimit = 3\n[[rules]]\nname = \"b\"\nperiod = \"1h\"\nlimit = 10\n";
+    let (l, _) = limiter(base);
+    for _ in 0..2 {
+        get(&l, "/", "1.1.1.1", None);
+    }
+    let changed = "[[rules]]\nname = \"a\"\nperiod = \"1m\"\nlimit = 3\n[[rules]]\nname = \"b\"\nperiod = \"1h\"\nlimit = 3\n";
+    l.reload(HttpConfig::from_toml_str(changed).unwrap())
+        .unwrap();
+    let v = get(&l, "/", "1.1.1.1", None);
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(v.quotas[0].remaining, 0, "rule a kept its count of 2");
+    assert_eq!(
+        v.quotas[1].remaining, 0,
+        "rule b kept its count and has the new limit 3"
+    );
+    // a reload that fails after a changed rule changes nothing, not even that rule's limit
+    let half_bad = "[[rules]]\nname = \"a\"\nperiod = \"1m\"\nlimit = 100\n[[rules]]\nname = \"z\"\nperiod = \"1000years\"\nlimit = 4\n";
+    let e = l.reload(HttpConfig::from_toml_str(half_bad).unwrap());
+    let e = e.unwrap_err().to_string();
+    assert!(e.starts_with("rules[1].period: window is too large"), "{e}");
+    assert_eq!(reason(&get(&l, "/", "1.1.1.1", None)).unwrap().1, "a");
+    // a bad reload keeps the old configuration
+    assert!(l
+        .reload(HttpConfig::from_toml_str("[[rules]]\nperiod = \"x\"\nlimit = 1\n").unwrap())
+        .is_err());
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+        RejectReason::RateLimited
+    );
+    // a renamed rule starts afresh
+    l.reload(
+        HttpConfig::from_toml_str("[[rules]]\nname = \"c\"\nperiod = \"1m\"\nlimit = 3\n").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(get(&l, "/", "1.1.1.1", None).quotas[0].remaining, 2);
+}
+
+#[test]
+fn rejected_request_is_not_charged_against_other_rules() {
+    let (l, clock) = limiter(
+        "[[rules]]\nname = \"long\"\nperiod = \"1h\"\nlimit = 10\n[[rules]]\nname = \"short\"\nperiod = \"1s\"\nlimit = 1\n",
+    );
+    assert_eq!(get(&l, "/", "1.1.1.1", None).quotas[0].remaining, 9);
+    for _ in 0..5 {
+        let v = get(&l, "/", "1.1.1.1", None);
+        assert_eq!(reason(&v).unwrap().1, "short");
+        let quotas: Vec<_> = v
+            .quotas
+            .iter()
+            .map(|q| (q.policy.to_string(), q.remaining))
+            .collect();
+        assert_eq!(quotas, [("long".to_owned(), 9), ("short".to_owned(), 0)]);
+    }
+    clock.advance(Duration::from_secs(1));
+    let v = get(&l, "/", "1.1.1.1", None);
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(
+        v.quotas[0].remaining, 8,
+        "the five rejections were refunded on `long`"
+    );
+}
+
+#[test]
+fn bans_start_after_k_rejections_and_end_after_d() {
+    let (l, clock) = limiter(&format!(
+        "{PER_IP}\n[bans]\nafter = 3\nwithin = \"1m\"\nduration = \"10m\"\nmax_entries = 100\n"
+    ));
+    get(&l, "/", "1.1.1.1", None);
+    get(&l, "/", "1.1.1.1", None);
+    for _ in 0..3 {
+        assert_eq!(
+            reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+            RejectReason::RateLimited
+        );
+    }
+    clock.advance(Duration::from_secs(5));
+    let (r, rule, retry) = reason(&get(&l, "/", "1.1.1.1", None)).unwrap();
+    assert_eq!((r, rule.as_str()), (RejectReason::Banned, "ban"));
+    assert_eq!(retry, Some(Duration::from_secs(595)));
+    // others are not banned
+    assert_eq!(get(&l, "/", "1.1.1.2", None).outcome, Outcome::Admitted);
+    clock.advance(Duration::from_secs(594));
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+        RejectReason::Banned
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
+}
+
+fn err(toml: &str) -> String {
+    match HttpConfig::from_toml_str(toml) {
+        Err(e) => e.to_string(),
+        Ok(c) => HttpLimiter::with_clock(c, ManualClock::new())
+            .unwrap_err()
+            .to_string(),
+    }
+}
+
+#[test]
+fn validation_errors_name_the_field() {
+    let ok = "[[rules]]\nperiod = \"1s\"\nlimit = 1\n";
+    let cases = [
+        (format!("{ok}{ok}{ok}[[rules]]\nperiod = \"5x\"\nlimit = 1\n"), "rules[3].period: \"5x\" is not a duration"),
+        ("[[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 1\n[[rules]]\nname = \"a\"\nperiod = \"1m\"\nlimit = 1\n".to_owned(), "rules[1].name: duplicate rule name"),
+        ("[[rules]]\nperiod = \"0s\"\nlimit = 1\n".to_owned(), "rules[0].period: must be greater than zero"),
+        ("[[rules]]\nperiod = \"1s\"\nlimit = 5000000000\n".to_owned(), "rules[0].limit: 5000000000 is too large"),
+        ("[[rules]]\nperiod = \"1s\"\nlimit = 1\nendpoint = \"/x\"\n".to_owned(), "rules[0].endpoint:"),
+        ("[[rules]]\nperiod = \"1s\"\nlimit = 1\nendpoint = \"re:get:/a(\"\n".to_owned(), "rules[0].endpoint: \"/a(\" is not a valid regex"),
+        ("client_id_header = \"bad header\"\n".to_owned(), "client_id_header: \"bad header\" is not a valid header name"),
+        ("[[ip_rules]]\nip = \"1.2.3\"\n".to_owned(), "ip_rules[0].ip: \"1.2.3\" is not an IP address"),
+        ("[whitelist]\nips = [\"ok\"]\n".to_owned(), "whitelist.ips[0]:"),
+        ("[bans]\nafter = 0\n".to_owned(), "bans.after:"),
+        ("[backend]\nkind = \"redis\"\n".to_owned(), "backend.kind: \"redis\" is not available"),
+        ("[[client_rules]]\nclient_id = \"c\"\n[[client_rules.rules]]\nperiod = \"1s\"\nlimit = 1\nalgorithm = \"sliding_window\"\n[[client_rules.rules]]\nperiod = \"2s\"\nlimit = 20000000\nalgorithm = \"sliding_window\"\n".to_owned(), "client_rules[0].rules[1].limit:"),
+    ];
+    for (doc, expected) in cases {
+        let got = err(&doc);
+        assert!(
+            got.starts_with(expected),
+            "expected {expected:?}, got {got:?}"
+        );
+    }
+    // parse errors name the key
+    assert!(err("[[rules]]\nperiod = \"1s\"\nlimit = \"many\"\n").contains("limit"));
+    assert!(err("unknown_field = 1\n").contains("unknown_field"));
+    let yaml = HttpConfig::from_yaml_str("rules:\n  - period: 1s\n    limt: 3\n")
+        .unwrap_err()
+        .to_string();
+    assert!(yaml.contains("limt"), "{yaml}");
+}
+
+#[test]
+fn regex_and_per_endpoint_rules() {
+    let (l, _) = limiter(
+        "[[rules]]\nendpoint = \"re:*:/api/v[0-9]+/items\"\nperiod = \"1m\"\nlimit = 1\nper_endpoint = true\n",
+    );
+    assert_eq!(
+        get(&l, "/api/v1/items", "1.1.1.1", None).outcome,
+        Outcome::Admitted
+    );
+    assert_eq!(
+        get(&l, "/api/v2/items", "1.1.1.1", None).outcome,
+        Outcome::Admitted,
+        "counted per endpoint"
+    );
+    assert!(reason(&get(&l, "/API/V1/items", "1.1.1.1", None)).is_some());
+    assert!(get(&l, "/api/vx/items", "1.1.1.1", None).quotas.is_empty());
+}
+
+/// The sample configuration of AspNetCoreRateLimit's documentation (IP rate limiting), with
+/// its policies section.
+const ASPNET: &str = r#"{
+  "IpRateLimiting": {
+    "EnableEndpointRateLimiting": false,
+    "StackBlockedRequests": false,
+    "RealIpHeader": "X-Real-IP",
+    "ClientIdHeader": "X-ClientId",
+    "HttpStatusCode": 429,
+    "IpWhitelist": [ "127.0.0.1", "::1/10", "192.168.0.0/24" ],
+    "EndpointWhitelist": [ "get:/api/license", "*:/api/status" ],
+    "ClientWhitelist": [ "dev-id-1", "dev-id-2" ],
+    "GeneralRules": [
+      { "Endpoint": "*", "Period": "1s", "Limit": 2 },
+      { "Endpoint": "*", "Period": "15m", "Limit": 100 },
+      { "Endpoint": "*", "Period": "12h", "Limit": 1000 },
+      { "Endpoint": "*", "Period": "7d", "Limit": 10000 }
+    ]
+  },
+  "IpRateLimitPolicies": {
+    "IpRules": [
+      { "Ip": "84.247.85.224", "Rules": [
+          { "Endpoint": "*", "Period": "1s", "Limit": 10 },
+          { "Endpoint": "*", "Period": "15m", "Limit": 200 } ] },
+      { "Ip": "192.168.3.22/25", "Rules": [
+          { "Endpoint": "*", "Period": "1s", "Limit": 5 },
+          { "Endpoint": "*", "Period": "15m", "Limit": 150 },
+          { "Endpoint": "*", "Period": "12h", "Limit": 500 } ] }
+    ]
+  }
+}"#;
+
+#[test]
+fn aspnet_sample_loads_and_behaves() {
+    let config = HttpConfig::from_json_str(ASPNET).unwrap();
+    assert_eq!(config, HttpConfig::from_aspnet_json(ASPNET).unwrap());
+    assert_eq!(config.client_id_header.as_deref(), Some("X-ClientId"));
+    let clock = ManualClock::new();
+    let l = HttpLimiter::with_clock(config, clock.clone()).unwrap();
+    // general rules: 2 per second per IP, four quotas reported
+    let v = get(&l, "/api/values", "1.2.3.4", None);
+    assert_eq!(v.quotas.len(), 4);
+    get(&l, "/api/values", "1.2.3.4", None);
+    assert_eq!(
+        reason(&get(&l, "/api/other", "1.2.3.4", None)).unwrap().1,
+        "*-1s"
+    );
+    // the IP rule for 84.247.85.224 overrides 1s and 15m: 10 per second
+    for _ in 0..10 {
+        let v = get(&l, "/", "84.247.85.224", None);
+        assert_eq!(v.outcome, Outcome::Admitted);
+        let limits: Vec<_> = v.quotas.iter().map(|q| q.limit).collect();
+        assert_eq!(limits, [10, 200, 1000, 10000]);
+    }
+    assert!(reason(&get(&l, "/", "84.247.85.224", None)).is_some());
+    // 192.168.3.22/25 contains 192.168.3.1
+    let limits: Vec<_> = get(&l, "/", "192.168.3.1", None)
+        .quotas
+        .iter()
+        .map(|q| q.limit)
+        .collect();
+    assert_eq!(limits, [5, 150, 500, 10000]);
+    // whitelists
+    assert_eq!(
+        get(&l, "/", "127.0.0.1", None).outcome,
+        Outcome::Whitelisted
+    );
+    assert_eq!(
+        get(&l, "/", "192.168.0.77", None).outcome,
+        Outcome::Whitelisted
+    );
+    assert_eq!(
+        get(&l, "/", "1.2.3.4", Some("dev-id-1")).outcome,
+        Outcome::Whitelisted
+    );
+    assert_eq!(
+        get(&l, "/api/license", "1.2.3.4", None).outcome,
+        Outcome::Whitelisted
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(get(&l, "/", "1.2.3.4", None).outcome, Outcome::Admitted);
+}
+
+#[test]
+fn aspnet_endpoint_rate_limiting_counts_each_endpoint() {
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "GeneralRules": [
+        {"Endpoint": "*:/api/values", "Period": "1m", "Limit": 1},
+        {"Endpoint": "*", "Period": "1h", "Limit": 100}]}}"#;
+    let l = HttpLimiter::with_clock(HttpConfig::from_json_str(doc).unwrap(), ManualClock::new())
+        .unwrap();
+    assert_eq!(get(&l, "/api/values", "1.1.1.1", None).quotas.len(), 2);
+    let put = l.decide(&req(&http::Method::PUT, "/api/values", "1.1.1.1", None));
+    assert_eq!(
+        put.outcome,
+        Outcome::Admitted,
+        "PUT is counted apart from GET"
+    );
+    let v = get(&l, "/api/values", "1.1.1.1", None);
+    assert_eq!(reason(&v).unwrap().1, "*:/api/values-1m");
+    // prefix match, its own counter
+    assert_eq!(get(&l, "/api/values/7", "1.1.1.1", None).quotas.len(), 2);
+    // other paths: only the `*` rule
+    assert_eq!(get(&l, "/other", "1.1.1.1", None).quotas.len(), 1);
+}
+
+#[test]
+fn aspnet_errors_name_the_field() {
+    let e = HttpConfig::from_json_str(
+        r#"{"IpRateLimiting": {"GeneralRules": [{"Period": "1s", "Limit": 1.5}]}}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("IpRateLimiting.GeneralRules[0].Limit"), "{e}");
+    let c = HttpConfig::from_json_str(
+        r#"{"IpRateLimiting": {"GeneralRules": [{"Period": "2q", "Limit": 1}]}}"#,
+    )
+    .unwrap();
+    let e = HttpLimiter::with_clock(c, ManualClock::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("rules[0].period"), "{e}");
+}
+
+#[test]
+fn file_loading_by_extension() {
+    let dir = std::env::temp_dir().join(format!("turnstile-http-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = dir.join("limits.toml");
+    std::fs::write(&toml, PER_IP).unwrap();
+    let json = dir.join("aspnet.json");
+    std::fs::write(&json, ASPNET).unwrap();
+    let yaml = dir.join("limits.yml");
+    std::fs::write(&yaml, "rules:\n  - period: 1s\n    limit: 2\n").unwrap();
+    assert_eq!(HttpConfig::from_file(&toml).unwrap().rules[0].limit, 2);
+    assert_eq!(HttpConfig::from_file(&json).unwrap().rules.len(), 4);
+    assert_eq!(HttpConfig::from_file(&yaml).unwrap().rules[0].limit, 2);
+    let (l, _) = limiter("");
+    l.reload_from_file(&toml).unwrap();
+    get(&l, "/", "1.1.1.1", None);
+    get(&l, "/", "1.1.1.1", None);
+    assert!(reason(&get(&l, "/", "1.1.1.1", None)).is_some());
+    assert!(HttpConfig::from_file(dir.join("x.ini")).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const VALID: &str = r#"
+client_id_header = "X-ClientId"
+missing_key = "allow"
+[[rules]]
+name = "per-ip"
+endpoint = "*:/api/*"
+period = "1s"
+limit = 2
+algorithm = "token_bucket"
+[[ip_rules]]
+ip = "10.0.0.0/8"
+[[ip_rules.rules]]
+period = "1m"
+limit = 5
+[whitelist]
+endpoints = ["get:/health"]
+[bans]
+after = 2
+within = "1m"
+duration = "1m"
+"#;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_documents_never_panic(text in "\\PC{0,200}") {
+        for c in [HttpConfig::from_toml_str(&text), HttpConfig::from_json_str(&text), HttpConfig::from_yaml_str(&text)].into_iter().flatten() {
+            let _ = HttpLimiter::with_clock(c, ManualClock::new());
+        }
+        let _ = HttpConfig::from_aspnet_json(&text);
+    }
+
+    #[test]
+    fn mutated_valid_documents_never_panic(pos in 0usize..400, insert in "[\\PC]{0,8}", cut in 0usize..8) {
+        let mut doc = VALID.to_owned();
+        let mut at = pos.min(doc.len());
+        while !doc.is_char_boundary(at) { at -= 1; }
+        let mut end = (at + cut).min(doc.len());
+        while !doc.is_char_boundary(end) { end -= 1; }
+        doc.replace_range(at..end, &insert);
+        if let Ok(c) = HttpConfig::from_toml_str(&doc) {
+            if let Ok(l) = HttpLimiter::with_clock(c, ManualClock::new()) {
+                for ip in ["10.1.1.1", "1.1.1.1", "x"] {
+                    let _ = get(&l, "/api/x", ip, Some("c"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_aspnet_documents_never_panic(pos in 0usize..1500, insert in "[\\PC]{0,8}", cut in 0usize..8) {
+        let mut doc = ASPNET.to_owned();
+        let mut at = pos.min(doc.len());
+        while !doc.is_char_boundary(at) { at -= 1; }
+        let mut end = (at + cut).min(doc.len());
+        while !doc.is_char_boundary(end) { end -= 1; }
+        doc.replace_range(at..end, &insert);
+        if let Ok(c) = HttpConfig::from_json_str(&doc) {
+            if let Ok(l) = HttpLimiter::with_clock(c, ManualClock::new()) {
+                let _ = get(&l, "/", "84.247.85.224", None);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn watch_reloads_on_change_and_keeps_old_config_on_error() {
+    let dir = std::env::temp_dir().join(format!("turnstile-http-watch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, PER_IP).unwrap();
+    let clock = ManualClock::new();
+    let l = std::sync::Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), clock.clone()).unwrap(),
+    );
+    let handle = l.watch(&path, Duration::from_millis(10));
+    let touch = |text: &str, secs: u64| {
+        std::fs::write(&path, text).unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+            .unwrap();
+    };
+    touch(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\n",
+        1_000,
+    );
+    let mut reloaded = false;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if get(&l, "/", "9.9.9.9", None)
+            .quotas
+            .first()
+            .map(|q| q.limit)
+            == Some(1)
+        {
+            reloaded = true;
+            break;
+        }
+    }
+    assert!(reloaded, "the watcher did not reload");
+    touch("[[rules]]\nperiod = \"bad\"\nlimit = 1\n", 2_000);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        get(&l, "/", "9.9.9.8", None).quotas[0].limit,
+        1,
+        "old config kept"
+    );
+    handle.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "metrics")]
+mod metrics_counters {
+    use super::*;
+    use metrics::{
+        Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Tally(Arc<Mutex<HashMap<String, u64>>>);
+
+    struct One(Arc<Mutex<HashMap<String, u64>>>, String);
+
+    impl CounterFn for One {
+        fn increment(&self, value: u64) {
+            *self.0.lock().unwrap().entry(self.1.clone()).or_default() += value;
+        }
+        fn absolute(&self, _: u64) {}
+    }
+
+    impl Recorder for Tally {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            let rule = key
+                .labels()
+                .find(|l| l.key() == "rule")
+                .map(|l| l.value().to_owned());
+            let name = format!("{}{{{}}}", key.name(), rule.unwrap_or_default());
+            Counter::from_arc(Arc::new(One(self.0.clone(), name)))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn counters_by_rule() {
+        let tally = Tally::default();
+        let counts = tally.0.clone();
+        let (l, _) = limiter(&format!(
+            "{PER_IP}[[rules]]\nname = \"shadow\"\nperiod = \"1m\"\nlimit = 1\nmonitor = true\n[bans]\nafter = 1\n"
+        ));
+        metrics::with_local_recorder(&tally, || {
+            for _ in 0..4 {
+                get(&l, "/", "1.1.1.1", None);
+            }
+        });
+        let counts = counts.lock().unwrap();
+        let n = |k: &str| counts.get(k).copied().unwrap_or(0);
+        assert_eq!(n("turnstile_http_admitted{per-ip}"), 2);
+        assert_eq!(n("turnstile_http_shadow_rejected{shadow}"), 1);
+        assert_eq!(n("turnstile_http_rejected{per-ip}"), 1);
+        assert_eq!(n("turnstile_http_banned{per-ip}"), 1);
+        assert_eq!(n("turnstile_http_rejected{ban}"), 1);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Under any sequence of requests, each fixed window admits at most its limit per IP, each
+    /// rule's remaining quota counts admissions only (a rejection by the later rule is refunded
+    /// on the earlier one), and every rejection says when to retry within the rule's period.
+    #[test]
+    fn never_more_than_the_limit(steps in proptest::collection::vec((0u8..3, 0u64..400), 1..200)) {
+        let (l, clock) = limiter(
+            "[[rules]]\nname = \"m\"\nperiod = \"10s\"\nlimit = 12\n[[rules]]\nname = \"s\"\nperiod = \"1s\"\nlimit = 3\n",
+        );
+        let mut per_second = std::collections::HashMap::new();
+        let mut per_ten = std::collections::HashMap::new();
+        for (ip, gap_ms) in steps {
+            clock.advance(Duration::from_millis(gap_ms));
+            let now = clock.elapsed().as_millis() as u64;
+            let addr = format!("10.0.0.{ip}");
+            let v = get(&l, "/", &addr, None);
+            match &v.outcome {
+                Outcome::Admitted => {
+                    let in_second = per_second.entry((ip, now / 1000)).or_insert(0u32);
+                    *in_second += 1;
+                    let in_second = *in_second;
+                    let in_ten = per_ten.entry((ip, now / 10_000)).or_insert(0u32);
+                    *in_ten += 1;
+                    prop_assert_eq!(v.quotas.len(), 2);
+                    // both rules were charged for admissions only: rejections were refunded
+                    prop_assert_eq!(v.quotas[1].remaining, u64::from(3 - in_second));
+                    prop_assert_eq!(v.quotas[0].remaining, u64::from(12 - *in_ten));
+                }
+                Outcome::Rejected { reason, rule, retry_after } => {
+                    prop_assert_eq!(*reason, RejectReason::RateLimited);
+                    let period = if &**rule == "s" { 1 } else { 10 };
+                    let retry = retry_after.unwrap();
+                    prop_assert!(retry > Duration::ZERO && retry <= Duration::from_secs(period));
+                }
+                other => prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+        prop_assert!(per_second.values().all(|&n| n <= 3));
+        prop_assert!(per_ten.values().all(|&n| n <= 12));
+    }
+}
