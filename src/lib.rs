@@ -9,6 +9,11 @@
 //! N in flight". [`Chain`] (and, per key, `KeyedChain`) applies several limits at once, all or
 //! nothing.
 //!
+//! Per key, `KeyedLimiter` and `KeyedConcurrencyLimiter` (feature `keyed`); across processes,
+//! `RedisLimiter` (feature `redis`); for HTTP services, the tower layer in `turnstile::http`
+//! (feature `http`): rules per endpoint, client IP and client id, trusted proxies, bans, IETF
+//! `RateLimit` headers and 429 with `Retry-After`.
+//!
 //! | algorithm | exactness | memory | bursts |
 //! |---|---|---|---|
 //! | fixed window | ≤ limit per aligned window; up to 2 × limit across a boundary | 8 bytes | a full window's worth at each boundary |
