@@ -307,6 +307,8 @@ mod concurrency;
 mod config;
 mod engine;
 mod layer;
+#[cfg(feature = "redis")]
+mod redis_rules;
 mod response;
 mod rules;
 
