@@ -54,15 +54,31 @@
 //! through the `metrics` facade, labelled `rule`: `turnstile_http_admitted` (once per enforced
 //! rule that admitted a request), `turnstile_http_rejected` (rule, `"blocklist"` or `"ban"`),
 //! `turnstile_http_banned` (the rule whose rejection started the ban) and
-//! `turnstile_http_shadow_rejected`. `turnstile_http_backend_fallbacks` is not emitted: only the
-//! in-memory backend exists so far.
+//! `turnstile_http_shadow_rejected`; with the Redis backend, `turnstile_http_backend_fallbacks`
+//! (one per decision the failure policy made instead of Redis: fail-open, fail-closed or the
+//! local fallback), with a `tracing` warn each.
+//!
+//! # Counting in Redis
+//!
+//! With `[backend] kind = "redis"` (features `http` and `redis`; build with
+//! `HttpLimiter::connect`), steps 1 to 4 and the checks of step 5 are as above; the counting of
+//! step 5 and monitor rules go to Redis, and [`Policy::check`] returns [`Check::Pending`]. Each
+//! rule counts in its own `RedisLimiter` under keys named by the rule's identity (not its limit).
+//! One matching rule is decided atomically; several are probed (nothing written), then charged in
+//! order: a rejected request is charged to no rule, unless a concurrent request takes a later
+//! rule's last permit between the probe and the charge, in which case the rules charged before it
+//! stay charged (Redis keeps no refund). A rejection's verdict reports the quotas of the rules
+//! decided so far. Bans stay in this process's memory.
 //!
 //! # Reload
 //!
 //! [`HttpLimiter::reload`] compiles the new configuration completely before swapping it in; on
 //! error the old one stays. A rule whose identity (scope, name, endpoint, period, algorithm, key,
 //! per-endpoint) is unchanged keeps its limiter and counters; if only its limit changed the
-//! limiter is reconfigured in place. Bans are kept when `[bans]` did not change.
+//! limiter is reconfigured in place. Bans are kept when `[bans]` did not change. With the Redis
+//! backend the counters live in Redis under names derived from the rule's identity, so the same
+//! rules find them again; a reload may change the prefix (new keys), failure policy and deadline,
+//! not the URL.
 
 use crate::http::config::{HttpConfig, MissingKey, RuleKey};
 use crate::http::rules::{parse_header, BanKey, Compiler, CounterKey, Rule, RuleSet};
