@@ -356,3 +356,37 @@ async fn fallbacks_are_counted_by_rule() {
     assert_eq!(n("turnstile_http_admitted{metered}"), 3);
     assert_eq!(n("turnstile_http_rejected{metered}"), 1);
 }
+
+/// Monitor rules count in Redis too and never reject; the sync `decide` cannot wait for Redis and
+/// says so without charging anything.
+#[tokio::test]
+async fn monitor_rules_count_in_redis_and_sync_decide_is_unavailable() {
+    let server = RedisServer::start();
+    let rules = format!(
+        "{TWO_PER_MINUTE}[[rules]]\nname = \"shadow\"\nperiod = \"1h\"\nlimit = 1\nmonitor = true\n"
+    );
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    let request = RequestInfo {
+        method: &http::Method::GET,
+        path: "/",
+        client_ip: Some("192.0.2.60".parse().unwrap()),
+        client_id: None,
+    };
+    assert_eq!(
+        rejection(&limiter.decide(&request)),
+        Some((RejectReason::Unavailable, "backend", None))
+    );
+    for remaining in [1, 0] {
+        let verdict = limiter.decide_async(&request).await;
+        assert_eq!(verdict.outcome, Outcome::Admitted);
+        // Monitor rules are reported in no header.
+        assert_eq!(verdict.quotas.len(), 1);
+        assert_eq!(verdict.quotas[0].remaining, remaining);
+    }
+    // Both rules wrote their keys (the sync decide wrote none): 2 keys.
+    let mut con = server.connection();
+    let keys: Vec<String> = con.keys("myapp:*").unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+}

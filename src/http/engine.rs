@@ -490,8 +490,8 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Cancel safety
     ///
     /// Dropping the future before it completes may leave some of the request's rules charged
-    /// in Redis (a request already sent may still run there), as for
-    /// [`RedisLimiter::try_acquire`](crate::RedisLimiter::try_acquire) with feature `redis`.
+    /// in Redis (a request already sent may still run there), as for `RedisLimiter::try_acquire`
+    /// (feature `redis`). With the memory backend the decision is made before the first poll.
     ///
     /// # Examples
     ///
