@@ -56,7 +56,8 @@
 //! `turnstile_http_banned` (the rule whose rejection started the ban) and
 //! `turnstile_http_shadow_rejected`; with the Redis backend, `turnstile_http_backend_fallbacks`
 //! (one per decision the failure policy made instead of Redis: fail-open, fail-closed or the
-//! local fallback), with a `tracing` warn each.
+//! local fallback; a request matching several rules makes two per rule, the probe and the
+//! charge), with a `tracing` warn each.
 //!
 //! # Counting in Redis
 //!

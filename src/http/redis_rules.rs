@@ -36,7 +36,8 @@
 //! `closed` rejects with [`RejectReason::Unavailable`], `fallback` counts in a local in-memory
 //! limiter ([`FailurePolicy::Fallback`]). Every decision the policy made instead of Redis is
 //! logged (`tracing` warn) and counted in `turnstile_http_backend_fallbacks` (label `rule`) with
-//! the feature `metrics`.
+//! the feature `metrics`. A request matching several rules makes two decisions per rule (the
+//! probe and the charge), so while Redis is away it counts up to two fallbacks per rule.
 
 use crate::http::config::BackendConfig;
 use crate::http::rules::{parse_period, BanKey, Bans, CounterKey, Rule, RuleSet};
