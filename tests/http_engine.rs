@@ -370,7 +370,7 @@ fn validation_errors_name_the_field() {
         ("[[ip_rules]]\nip = \"1.2.3\"\n".to_owned(), "ip_rules[0].ip: \"1.2.3\" is not an IP address"),
         ("[whitelist]\nips = [\"ok\"]\n".to_owned(), "whitelist.ips[0]:"),
         ("[bans]\nafter = 0\n".to_owned(), "bans.after:"),
-        ("[backend]\nkind = \"redis\"\n".to_owned(), "backend.kind: \"redis\" is not available"),
+        ("[backend]\nkind = \"etcd\"\n".to_owned(), "backend.kind: \"etcd\" is not a backend"),
         ("[[client_rules]]\nclient_id = \"c\"\n[[client_rules.rules]]\nperiod = \"1s\"\nlimit = 1\nalgorithm = \"sliding_window\"\n[[client_rules.rules]]\nperiod = \"2s\"\nlimit = 20000000\nalgorithm = \"sliding_window\"\n".to_owned(), "client_rules[0].rules[1].limit:"),
     ];
     for (doc, expected) in cases {
@@ -769,4 +769,17 @@ proptest! {
         prop_assert!(per_second.values().all(|&n| n <= 3));
         prop_assert!(per_ten.values().all(|&n| n <= 12));
     }
+}
+
+/// Without the feature `redis`, a Redis backend is a configuration error that says so.
+#[cfg(not(feature = "redis"))]
+#[test]
+fn redis_backend_without_the_feature_is_a_config_error() {
+    let config = HttpConfig::from_toml_str(&format!(
+        "[backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\"\n{PER_IP}"
+    ))
+    .unwrap();
+    let err = HttpLimiter::new(config).unwrap_err().to_string();
+    assert!(err.starts_with("backend.kind"), "{err}");
+    assert!(err.contains("feature `redis`"), "{err}");
 }

@@ -318,14 +318,20 @@ impl Default for BanConfig {
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BackendConfig {
-    /// `"memory"` (the only backend built so far).
+    /// `"memory"` (the default: counters in this process), or `"redis"` (counters in Redis,
+    /// shared by every process using the same server and prefix; needs the feature `redis` and
+    /// [`HttpLimiter::connect`](crate::http::HttpLimiter)).
     pub kind: String,
-    /// The backend's URL (unused by `memory`).
+    /// The Redis URL, such as `redis://127.0.0.1:6379/` (required by `redis`).
     pub url: Option<String>,
-    /// A key prefix (unused by `memory`).
+    /// The key prefix in Redis (default `turnstile`).
     pub prefix: Option<String>,
-    /// Failure policy (unused by `memory`).
+    /// What happens when Redis fails or misses the deadline: `"open"` (admit), `"closed"`
+    /// (reject, the default) or `"fallback"` (count in this process's memory; `"fallback:0.25"`
+    /// allows each process a quarter of each limit meanwhile).
     pub failure: Option<String>,
+    /// How long one decision in Redis may take (humantime, default `50ms`).
+    pub deadline: Option<String>,
 }
 
 impl Default for BackendConfig {
@@ -335,6 +341,7 @@ impl Default for BackendConfig {
             url: None,
             prefix: None,
             failure: None,
+            deadline: None,
         }
     }
 }
@@ -375,6 +382,15 @@ pub enum HttpConfigError {
         /// What went wrong.
         message: String,
     },
+    /// The configuration counts in Redis (`backend.kind = "redis"`): connecting is async, so
+    /// build the limiter with `HttpLimiter::connect(config).await` (features `http` and
+    /// `redis`) instead of `HttpLimiter::new`.
+    NeedsConnect,
+    /// The backend could not be reached or set up (for example, Redis refused the connection).
+    Backend {
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl HttpConfigError {
@@ -394,6 +410,10 @@ impl fmt::Display for HttpConfigError {
             }
             HttpConfigError::Invalid { field, message } => write!(f, "{field}: {message}"),
             HttpConfigError::Io { path, message } => write!(f, "{path}: {message}"),
+            HttpConfigError::NeedsConnect => f.write_str(
+                "backend.kind: \"redis\" needs a connection: build the limiter with HttpLimiter::connect(config).await",
+            ),
+            HttpConfigError::Backend { message } => write!(f, "backend: {message}"),
         }
     }
 }

@@ -54,15 +54,32 @@
 //! through the `metrics` facade, labelled `rule`: `turnstile_http_admitted` (once per enforced
 //! rule that admitted a request), `turnstile_http_rejected` (rule, `"blocklist"` or `"ban"`),
 //! `turnstile_http_banned` (the rule whose rejection started the ban) and
-//! `turnstile_http_shadow_rejected`. `turnstile_http_backend_fallbacks` is not emitted: only the
-//! in-memory backend exists so far.
+//! `turnstile_http_shadow_rejected`; with the Redis backend, `turnstile_http_backend_fallbacks`
+//! (one per decision the failure policy made instead of Redis: fail-open, fail-closed or the
+//! local fallback; a request matching several rules makes two per rule, the probe and the
+//! charge), with a `tracing` warn each.
+//!
+//! # Counting in Redis
+//!
+//! With `[backend] kind = "redis"` (features `http` and `redis`; build with
+//! `HttpLimiter::connect`), steps 1 to 4 and the checks of step 5 are as above; the counting of
+//! step 5 and monitor rules go to Redis, and [`Policy::check`] returns [`Check::Pending`]. Each
+//! rule counts in its own `RedisLimiter` under keys named by the rule's identity (not its limit).
+//! One matching rule is decided atomically; several are probed (nothing written), then charged in
+//! order: a rejected request is charged to no rule, unless a concurrent request takes a later
+//! rule's last permit between the probe and the charge, in which case the rules charged before it
+//! stay charged (Redis keeps no refund). A rejection's verdict reports the quotas of the rules
+//! decided so far. Bans stay in this process's memory.
 //!
 //! # Reload
 //!
 //! [`HttpLimiter::reload`] compiles the new configuration completely before swapping it in; on
 //! error the old one stays. A rule whose identity (scope, name, endpoint, period, algorithm, key,
 //! per-endpoint) is unchanged keeps its limiter and counters; if only its limit changed the
-//! limiter is reconfigured in place. Bans are kept when `[bans]` did not change.
+//! limiter is reconfigured in place. Bans are kept when `[bans]` did not change. With the Redis
+//! backend the counters live in Redis under names derived from the rule's identity, so the same
+//! rules find them again; a reload may change the prefix (new keys), failure policy and deadline,
+//! not the URL.
 
 use crate::http::config::{HttpConfig, MissingKey, RuleKey};
 use crate::http::rules::{parse_header, BanKey, Compiler, CounterKey, Rule, RuleSet};
@@ -109,6 +126,9 @@ pub struct HttpLimiter<C: Clock + Clone = DefaultClock> {
     rules: ArcSwap<RuleSet<C>>,
     settings: Arc<ArcSwap<LayerSettings>>,
     reload_lock: Mutex<()>,
+    /// The Redis connection, when the rules count in Redis.
+    #[cfg(feature = "redis")]
+    backend: Option<crate::http::redis_rules::RedisBackend>,
 }
 
 impl<C: Clock + Clone> fmt::Debug for HttpLimiter<C> {
@@ -177,6 +197,115 @@ impl HttpLimiter {
     }
 }
 
+#[cfg(feature = "redis")]
+impl HttpLimiter {
+    /// Builds a limiter whose rules count in Redis (`[backend] kind = "redis"`, features `http`
+    /// and `redis`): connects to `backend.url` with a
+    /// [`ConnectionManager`](crate::redis::aio::ConnectionManager) (which reconnects by itself),
+    /// then compiles as [`with_connection`](HttpLimiter::with_connection). A configuration with
+    /// the memory backend is compiled as by [`new`](HttpLimiter::new).
+    ///
+    /// # Errors
+    ///
+    /// [`HttpConfigError::Invalid`] naming the field at fault; [`HttpConfigError::Backend`] if
+    /// Redis cannot be reached now (the failure policy applies only once the limiter runs).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the connection being made; nothing is left behind.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    ///
+    /// # async fn demo() -> Result<(), turnstile::http::HttpConfigError> {
+    /// let config = HttpConfig::from_toml_str(r#"
+    ///     [backend]
+    ///     kind = "redis"
+    ///     url = "redis://127.0.0.1:6379/"
+    ///     prefix = "myapp"
+    ///     failure = "fallback"
+    ///     deadline = "20ms"
+    ///
+    ///     [[rules]]
+    ///     period = "1m"
+    ///     limit = 100
+    /// "#)?;
+    /// let limiter = HttpLimiter::connect(config).await?;
+    /// # let _ = limiter;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(config: HttpConfig) -> Result<Self, HttpConfigError> {
+        if config.backend.kind != "redis" {
+            return Self::new(config);
+        }
+        let redis = crate::http::redis_rules::RedisSettings::parse(&config.backend)?;
+        let backend_error = |e: crate::redis::RedisError| HttpConfigError::Backend {
+            message: format!("cannot connect to {}: {e}", redis.url),
+        };
+        let client = crate::redis::Client::open(redis.url.as_str()).map_err(backend_error)?;
+        let connection = crate::redis::aio::ConnectionManager::new(client)
+            .await
+            .map_err(backend_error)?;
+        Self::with_connection(config, connection)
+    }
+
+    /// Builds a limiter whose rules count in Redis through `connection` (made by you, to
+    /// `backend.url`; the URL is only compared on reload). Connects nothing and sends nothing.
+    ///
+    /// Every process that uses the same Redis and `backend.prefix` shares the limits. See the
+    /// module's semantics for what is atomic.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](HttpLimiter::connect), but never [`HttpConfigError::Backend`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    /// use turnstile::redis::{aio::ConnectionManager, Client};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = HttpConfig::from_toml_str(
+    ///     "[backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\"\n[[rules]]\nperiod = \"1m\"\nlimit = 100\n",
+    /// )?;
+    /// let connection = ConnectionManager::new(Client::open("redis://127.0.0.1/")?).await?;
+    /// let limiter = HttpLimiter::with_connection(config, connection)?;
+    /// # let _ = limiter;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_connection(
+        config: HttpConfig,
+        connection: crate::redis::aio::ConnectionManager,
+    ) -> Result<Self, HttpConfigError> {
+        use crate::http::redis_rules::{attach, RedisBackend, RedisSettings};
+        if config.backend.kind != "redis" {
+            return Err(HttpConfigError::invalid(
+                "backend.kind",
+                "must be \"redis\" to count through a Redis connection",
+            ));
+        }
+        let redis = RedisSettings::parse(&config.backend)?;
+        let settings = settings_of(&config)?;
+        let clock = DefaultClock::new();
+        let mut rules = Compiler::new(&clock, None).compile(&config)?;
+        let backend = RedisBackend {
+            url: redis.url.clone(),
+            connection,
+        };
+        attach(&mut rules, &redis, &backend)?;
+        Ok(HttpLimiter {
+            clock,
+            rules: ArcSwap::from_pointee(rules),
+            settings: Arc::new(ArcSwap::from_pointee(settings)),
+            reload_lock: Mutex::new(()),
+            backend: Some(backend),
+        })
+    }
+}
+
 impl<C: Clock + Clone> HttpLimiter<C> {
     /// Compiles `config`, every limiter reading `clock` (a [`ManualClock`](crate::ManualClock)
     /// in tests).
@@ -198,11 +327,17 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     pub fn with_clock(config: HttpConfig, clock: C) -> Result<Self, HttpConfigError> {
         let settings = settings_of(&config)?;
         let rules = Compiler::new(&clock, None).compile(&config)?;
+        #[cfg(feature = "redis")]
+        if config.backend.kind == "redis" {
+            return Err(HttpConfigError::NeedsConnect);
+        }
         Ok(HttpLimiter {
             clock,
             rules: ArcSwap::from_pointee(rules),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             reload_lock: Mutex::new(()),
+            #[cfg(feature = "redis")]
+            backend: None,
         })
     }
 
@@ -231,7 +366,22 @@ impl<C: Clock + Clone> HttpLimiter<C> {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let settings = settings_of(&config)?;
         let old = self.rules.load_full();
-        let rules = Compiler::new(&self.clock, Some(&old)).compile(&config)?;
+        #[allow(unused_mut)] // mutated only to attach Redis limiters
+        let mut rules = Compiler::new(&self.clock, Some(&old)).compile(&config)?;
+        #[cfg(feature = "redis")]
+        if config.backend.kind == "redis" {
+            use crate::http::redis_rules::{attach, RedisSettings};
+            let redis = RedisSettings::parse(&config.backend)?;
+            match &self.backend {
+                Some(backend) if backend.url == redis.url => attach(&mut rules, &redis, backend)?,
+                _ => {
+                    return Err(HttpConfigError::invalid(
+                        "backend.url",
+                        "a reload cannot connect to a different Redis (or switch from memory to Redis): restart with HttpLimiter::connect",
+                    ))
+                }
+            }
+        }
         self.rules.store(Arc::new(rules));
         self.settings.store(Arc::new(settings));
         Ok(())
@@ -312,7 +462,11 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         self.settings.clone()
     }
 
-    /// Decides one request (what [`Policy::check`] returns, without the wrapper).
+    /// Decides one request at once (what [`Policy::check`] returns, without the wrapper).
+    ///
+    /// A limiter counting in Redis cannot decide without a round trip: for a request that would
+    /// be counted there, `decide` rejects with [`RejectReason::Unavailable`] (rule `"backend"`)
+    /// and charges nothing. Use [`decide_async`](HttpLimiter::decide_async) (or the layer) then.
     ///
     /// # Examples
     ///
@@ -326,8 +480,37 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn decide(&self, request: &RequestInfo<'_>) -> Verdict {
-        let set = self.rules.load();
-        decide(&set, request)
+        match decide(&self.rules.load(), request) {
+            Check::Ready(verdict) => verdict,
+            Check::Pending(_) => rejected(RejectReason::Unavailable, "backend".into(), None),
+        }
+    }
+
+    /// Decides one request, waiting for the backend if the rules count in Redis.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes may leave some of the request's rules charged
+    /// in Redis (a request already sent may still run there), as for `RedisLimiter::try_acquire`
+    /// (feature `redis`). With the memory backend the decision is made before the first poll.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RequestInfo};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), turnstile::http::HttpConfigError> {
+    /// let limiter = HttpLimiter::new(HttpConfig::default())?;
+    /// let request = RequestInfo { method: &http::Method::GET, path: "/", client_ip: None, client_id: None };
+    /// assert_eq!(limiter.decide_async(&request).await.outcome, Outcome::Admitted);
+    /// # Ok(()) }
+    /// ```
+    pub async fn decide_async(&self, request: &RequestInfo<'_>) -> Verdict {
+        match decide(&self.rules.load(), request) {
+            Check::Ready(verdict) => verdict,
+            Check::Pending(pending) => pending.await,
+        }
     }
 }
 
@@ -432,7 +615,7 @@ fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
     }
 }
 
-fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
+fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     let ip = request.client_ip;
     let client = request.client_id;
     let whitelisted = ip.is_some_and(|ip| set.white_ips.contains(ip))
@@ -442,23 +625,27 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
             .iter()
             .any(|e| e.matches(request.method, request.path));
     if whitelisted {
-        return Verdict {
+        return Check::Ready(Verdict {
             outcome: Outcome::Whitelisted,
             quotas: Vec::new(),
-        };
+        });
     }
     if ip.is_some_and(|ip| set.block_ips.contains(ip))
         || client.is_some_and(|c| set.block_clients.contains(c))
     {
         tracing::debug!(ip = ?ip, client = ?client, "request rejected: blocklist");
         count!("turnstile_http_rejected", "blocklist");
-        return rejected(RejectReason::Blocked, "blocklist".into(), None);
+        return Check::Ready(rejected(RejectReason::Blocked, "blocklist".into(), None));
     }
     let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
     if let Some((bans, key)) = &ban {
         if let (Err(TryAcquireError::Rejected(r)), _) = bans.banned.chain_decide::<false>(key, 1) {
             count!("turnstile_http_rejected", "ban");
-            return rejected(RejectReason::Banned, "ban".into(), Some(r.retry_after()));
+            return Check::Ready(rejected(
+                RejectReason::Banned,
+                "ban".into(),
+                Some(r.retry_after()),
+            ));
         }
     }
 
@@ -491,7 +678,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
             if set.missing_key == MissingKey::Reject {
                 tracing::debug!(rule = %rule.name, "request rejected: no client key");
                 count!("turnstile_http_rejected", rule.name);
-                return rejected(RejectReason::NoKey, rule.name.clone(), None);
+                return Check::Ready(rejected(RejectReason::NoKey, rule.name.clone(), None));
             }
             continue;
         };
@@ -499,10 +686,32 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
             None => {
                 tracing::debug!(rule = %rule.name, ip = ?ip, client = ?client, "request rejected: blocked by a rule with limit 0");
                 count!("turnstile_http_rejected", rule.name);
-                return rejected(RejectReason::Blocked, rule.name.clone(), None);
+                return Check::Ready(rejected(RejectReason::Blocked, rule.name.clone(), None));
             }
             Some(limiter) => plan.push((rule, limiter, key)),
         }
+    }
+
+    #[cfg(feature = "redis")]
+    if plan.iter().any(|(rule, _, _)| rule.remote.is_some()) {
+        use crate::http::redis_rules::{count, Step};
+        let steps = |list: Vec<(&Arc<Rule<C>>, CounterKey)>| {
+            list.into_iter()
+                .map(|(rule, key)| Step {
+                    rule: Arc::clone(rule),
+                    key,
+                })
+                .collect()
+        };
+        let monitors = monitors
+            .iter()
+            .filter_map(|r| Some((*r, counter_key(r, request)?)))
+            .collect();
+        return count(
+            steps(plan.into_iter().map(|(r, _, k)| (*r, k)).collect()),
+            steps(monitors),
+            ban.map(|(bans, key)| (Arc::clone(bans), key)),
+        );
     }
 
     let mut charged = Vec::with_capacity(plan.len());
@@ -541,7 +750,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
                     TryAcquireError::Rejected(_) => RejectReason::RateLimited,
                     _ => RejectReason::Unavailable,
                 };
-                return Verdict {
+                return Check::Ready(Verdict {
                     outcome: Outcome::Rejected {
                         reason,
                         rule: rule.name.clone(),
@@ -563,7 +772,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
                             }
                         })
                         .collect(),
-                };
+                });
             }
         }
     }
@@ -583,15 +792,15 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Verdict {
     for q in &quotas {
         count!("turnstile_http_admitted", q.policy);
     }
-    Verdict {
+    Check::Ready(Verdict {
         outcome: Outcome::Admitted,
         quotas,
-    }
+    })
 }
 
 impl<C: Clock + Clone> Policy for HttpLimiter<C> {
     fn check(&self, request: &RequestInfo<'_>) -> Check {
-        Check::Ready(self.decide(request))
+        decide(&self.rules.load(), request)
     }
 }
 

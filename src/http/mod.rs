@@ -11,8 +11,8 @@
 //!   right to left; IPv6 grouped by prefix.
 //! - `engine`: [`HttpLimiter`], the compiled rules. It decides a [`RequestInfo`] into a
 //!   [`Verdict`]: which rules match, whitelists, the static blocklist, bans, monitor mode, one
-//!   limiter per rule (in memory; counting in Redis by configuration is not built yet), and
-//!   hot reload that keeps the counters of rules that did not change.
+//!   limiter per rule (in memory, or in Redis with `[backend] kind = "redis"` and the feature
+//!   `redis`), and hot reload that keeps the counters of rules that did not change.
 //! - `response`: 429 (configurable) with `Retry-After` in whole seconds rounded up, an
 //!   `application/problem+json` body, and the IETF `RateLimit` / `RateLimit-Policy` headers (the
 //!   legacy `X-RateLimit-*` as an option).
@@ -307,6 +307,8 @@ mod concurrency;
 mod config;
 mod engine;
 mod layer;
+#[cfg(feature = "redis")]
+mod redis_rules;
 mod response;
 mod rules;
 

@@ -144,6 +144,25 @@ pub(crate) struct Identity {
     per_endpoint: bool,
 }
 
+impl Identity {
+    /// A stable text naming the rule's identity (the same in every process and build), from
+    /// which the Redis backend derives the rule's key prefix.
+    #[cfg(feature = "redis")]
+    pub(crate) fn canonical(&self) -> String {
+        format!(
+            "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{:?}\u{0}{}",
+            self.scope,
+            self.name,
+            self.endpoint,
+            self.regex,
+            self.period.as_nanos(),
+            self.algorithm,
+            self.key,
+            self.per_endpoint
+        )
+    }
+}
+
 /// One compiled rule.
 pub(crate) struct Rule<C: Clock> {
     pub(crate) name: Arc<str>,
@@ -156,6 +175,9 @@ pub(crate) struct Rule<C: Clock> {
     pub(crate) identity: Identity,
     /// `None` when the limit is 0 (the rule blocks).
     pub(crate) limiter: Option<KeyedLimiter<CounterKey, C>>,
+    /// The rule's limiter in Redis, when the backend is Redis (set after compilation).
+    #[cfg(feature = "redis")]
+    pub(crate) remote: Option<crate::http::redis_rules::Remote>,
 }
 
 /// Temporary bans.
@@ -354,6 +376,8 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             per_endpoint: r.per_endpoint,
             identity,
             limiter,
+            #[cfg(feature = "redis")]
+            remote: None,
         })
     }
 
@@ -421,14 +445,25 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         if let Some(h) = &config.client_id_header {
             parse_header(h)?;
         }
-        if config.backend.kind != "memory" {
-            return Err(HttpConfigError::invalid(
-                "backend.kind",
-                format!(
-                    "{:?} is not available: only \"memory\" is built so far (a Redis backend for the HTTP rules is not implemented yet)",
-                    config.backend.kind
-                ),
-            ));
+        match config.backend.kind.as_str() {
+            "memory" => {}
+            #[cfg(feature = "redis")]
+            "redis" => {
+                crate::http::redis_rules::RedisSettings::parse(&config.backend)?;
+            }
+            #[cfg(not(feature = "redis"))]
+            "redis" => {
+                return Err(HttpConfigError::invalid(
+                    "backend.kind",
+                    "\"redis\" needs the crate feature `redis` (enable it in Cargo.toml)",
+                ))
+            }
+            other => {
+                return Err(HttpConfigError::invalid(
+                    "backend.kind",
+                    format!("{other:?} is not a backend: expected \"memory\" or \"redis\""),
+                ))
+            }
         }
         Ok(())
     }

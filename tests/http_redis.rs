@@ -1,0 +1,392 @@
+//! The HTTP layer's rules counted in Redis (`[backend] kind = "redis"`), against a real
+//! `redis-server` started by each test (a missing server fails the test, never skips it).
+//!
+//! Redis's `TIME` is real time: the rules use windows of a minute or more (exact sliding windows,
+//! which have no boundary to straddle), so that no test depends on how fast it runs.
+
+#![cfg(all(feature = "http", feature = "redis"))]
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use redis_server::RedisServer;
+use std::net::IpAddr;
+use std::time::Duration;
+use tower::{Layer, Service};
+use turnstile::http::{
+    Check, HttpConfig, HttpConfigError, HttpLimiter, Outcome, PeerAddr, Policy, RateLimitLayer,
+    RejectReason, RequestInfo, Verdict,
+};
+use turnstile::redis::Commands;
+
+/// A Redis configuration: `failure` policy, a 200 ms deadline, then `rules` (TOML).
+fn config(url: &str, failure: &str, rules: &str) -> HttpConfig {
+    HttpConfig::from_toml_str(&format!(
+        "[backend]\nkind = \"redis\"\nurl = \"{url}\"\nprefix = \"myapp\"\nfailure = \"{failure}\"\ndeadline = \"200ms\"\n{rules}"
+    ))
+    .unwrap()
+}
+
+/// Two requests per minute per IP, counted exactly.
+const TWO_PER_MINUTE: &str =
+    "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 2\nalgorithm = \"sliding_window\"\n";
+
+/// Decides a GET of `path` from `ip`; a rule counted in Redis must answer `Pending`.
+async fn get(limiter: &HttpLimiter, path: &str, ip: &str) -> Verdict {
+    let ip: IpAddr = ip.parse().unwrap();
+    let request = RequestInfo {
+        method: &http::Method::GET,
+        path,
+        client_ip: Some(ip),
+        client_id: None,
+    };
+    match limiter.check(&request) {
+        Check::Pending(pending) => pending.await,
+        other => panic!("a rule counted in Redis must be pending, got {other:?}"),
+    }
+}
+
+fn rejection(verdict: &Verdict) -> Option<(RejectReason, &str, Option<Duration>)> {
+    match &verdict.outcome {
+        Outcome::Rejected {
+            reason,
+            rule,
+            retry_after,
+        } => Some((*reason, rule, *retry_after)),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn third_request_is_rejected_with_retry_after() {
+    let server = RedisServer::start();
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    let first = get(&limiter, "/", "203.0.113.7").await;
+    assert_eq!(first.outcome, Outcome::Admitted);
+    assert_eq!(first.quotas[0].remaining, 1);
+    assert_eq!(first.quotas[0].limit, 2);
+    assert_eq!(
+        get(&limiter, "/", "203.0.113.7").await.quotas[0].remaining,
+        0
+    );
+    let third = get(&limiter, "/", "203.0.113.7").await;
+    let (reason, rule, retry_after) = rejection(&third).expect("the third must be rejected");
+    assert_eq!((reason, rule), (RejectReason::RateLimited, "per-ip"));
+    let retry_after = retry_after.expect("a rate-limit rejection says when to retry");
+    assert!(
+        retry_after > Duration::from_secs(30) && retry_after <= Duration::from_secs(60),
+        "{retry_after:?}"
+    );
+    assert_eq!(third.quotas[0].remaining, 0);
+    // Another client has its own count.
+    assert!(get(&limiter, "/", "203.0.113.8")
+        .await
+        .outcome
+        .is_admitted());
+    // The keys are in Redis under the configured prefix, and all expire.
+    let mut con = server.connection();
+    let keys: Vec<String> = con.keys("myapp:*").unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for key in &keys {
+        let ttl: i64 = con.pttl(key).unwrap();
+        assert!(ttl > 0, "{key} has no TTL");
+    }
+}
+
+#[tokio::test]
+async fn two_limiters_on_one_redis_share_the_limit() {
+    let server = RedisServer::start();
+    let a = HttpLimiter::connect(config(&server.url(), "closed", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    let b = HttpLimiter::connect(config(&server.url(), "closed", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    assert!(get(&a, "/", "198.51.100.1").await.outcome.is_admitted());
+    assert!(get(&b, "/", "198.51.100.1").await.outcome.is_admitted());
+    let verdict = get(&a, "/", "198.51.100.1").await;
+    assert_eq!(
+        rejection(&verdict).map(|r| r.0),
+        Some(RejectReason::RateLimited)
+    );
+    let verdict = get(&b, "/", "198.51.100.1").await;
+    assert_eq!(
+        rejection(&verdict).map(|r| r.0),
+        Some(RejectReason::RateLimited)
+    );
+}
+
+/// Two rules match `/narrow` ("wide" first, then "narrow"): a request "narrow" rejects must not
+/// be charged to "wide", although "wide" is decided first.
+#[tokio::test]
+async fn a_rejected_request_is_charged_to_no_rule() {
+    let server = RedisServer::start();
+    let rules = "[[rules]]\nname = \"wide\"\nendpoint = \"*\"\nperiod = \"1m\"\nlimit = 5\nalgorithm = \"sliding_window\"\n\
+                 [[rules]]\nname = \"narrow\"\nendpoint = \"*:/narrow\"\nperiod = \"1h\"\nlimit = 1\nalgorithm = \"sliding_window\"\n";
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", rules))
+        .await
+        .unwrap();
+    let ip = "192.0.2.10";
+    let first = get(&limiter, "/narrow", ip).await;
+    assert_eq!(first.outcome, Outcome::Admitted);
+    assert_eq!(first.quotas.len(), 2);
+    for _ in 0..3 {
+        let verdict = get(&limiter, "/narrow", ip).await;
+        let (reason, rule, _) = rejection(&verdict).expect("narrow allows one per hour");
+        assert_eq!((reason, rule), (RejectReason::RateLimited, "narrow"));
+    }
+    // "wide" counted only the admitted request: 4 left.
+    let other = get(&limiter, "/other", ip).await;
+    assert_eq!(other.outcome, Outcome::Admitted);
+    assert_eq!(other.quotas.len(), 1);
+    assert_eq!(
+        (other.quotas[0].policy.as_ref(), other.quotas[0].remaining),
+        ("wide", 3)
+    );
+}
+
+#[tokio::test]
+async fn reload_keeps_counters_in_redis_unless_the_rule_identity_changes() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let limiter = HttpLimiter::connect(config(&url, "closed", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    let ip = "192.0.2.20";
+    assert!(get(&limiter, "/", ip).await.outcome.is_admitted());
+    assert!(get(&limiter, "/", ip).await.outcome.is_admitted());
+    // Only the limit changes: the same keys, one more request.
+    let three = TWO_PER_MINUTE.replace("limit = 2", "limit = 3");
+    limiter.reload(config(&url, "closed", &three)).unwrap();
+    let verdict = get(&limiter, "/", ip).await;
+    assert_eq!(verdict.outcome, Outcome::Admitted);
+    assert_eq!(verdict.quotas[0].remaining, 0);
+    assert!(!get(&limiter, "/", ip).await.outcome.is_admitted());
+    // A renamed rule is another rule: fresh keys.
+    let renamed = three.replace("per-ip", "per-client-ip");
+    limiter.reload(config(&url, "closed", &renamed)).unwrap();
+    let verdict = get(&limiter, "/", ip).await;
+    assert_eq!(verdict.outcome, Outcome::Admitted);
+    assert_eq!(verdict.quotas[0].remaining, 2);
+    // A reload cannot move to another Redis.
+    let elsewhere = config("redis://127.0.0.1:1/", "closed", &renamed);
+    assert!(limiter.reload(elsewhere).is_err());
+}
+
+#[tokio::test]
+async fn redis_down_fail_open_admits() {
+    let mut server = RedisServer::start();
+    let limiter = HttpLimiter::connect(config(&server.url(), "open", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    server.kill();
+    for _ in 0..4 {
+        let verdict = get(&limiter, "/", "192.0.2.30").await;
+        assert_eq!(verdict.outcome, Outcome::Admitted);
+    }
+}
+
+#[tokio::test]
+async fn redis_down_fail_closed_rejects_as_unavailable() {
+    let mut server = RedisServer::start();
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    assert!(get(&limiter, "/", "192.0.2.31").await.outcome.is_admitted());
+    server.kill();
+    let verdict = get(&limiter, "/", "192.0.2.31").await;
+    assert_eq!(
+        rejection(&verdict),
+        Some((RejectReason::Unavailable, "per-ip", None))
+    );
+}
+
+#[tokio::test]
+async fn redis_down_fallback_counts_in_memory() {
+    let mut server = RedisServer::start();
+    let limiter = HttpLimiter::connect(config(&server.url(), "fallback", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    server.kill();
+    assert!(get(&limiter, "/", "192.0.2.32").await.outcome.is_admitted());
+    assert!(get(&limiter, "/", "192.0.2.32").await.outcome.is_admitted());
+    let verdict = get(&limiter, "/", "192.0.2.32").await;
+    assert_eq!(
+        rejection(&verdict).map(|r| (r.0, r.1)),
+        Some((RejectReason::RateLimited, "per-ip"))
+    );
+    // Counted per client, as in Redis.
+    assert!(get(&limiter, "/", "192.0.2.33").await.outcome.is_admitted());
+}
+
+#[tokio::test]
+async fn the_layer_answers_429_with_retry_after() {
+    let server = RedisServer::start();
+    let limiter = std::sync::Arc::new(
+        HttpLimiter::connect(config(&server.url(), "closed", TWO_PER_MINUTE))
+            .await
+            .unwrap(),
+    );
+    let layer: RateLimitLayer<HttpLimiter> = limiter.layer();
+    let mut service = layer.layer(tower::service_fn(|_: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+    }));
+    let mut statuses = Vec::new();
+    let mut last = None;
+    for _ in 0..3 {
+        let mut request = http::Request::get("/").body(String::new()).unwrap();
+        request
+            .extensions_mut()
+            .insert(PeerAddr("192.0.2.40:5000".parse().unwrap()));
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let response = service.call(request).await.unwrap();
+        statuses.push(response.status().as_u16());
+        last = Some(response);
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    let last = last.unwrap();
+    let retry_after: u64 = last.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((31..=60).contains(&retry_after), "{retry_after}");
+}
+
+#[test]
+fn configuration_errors_name_the_field() {
+    // The sync constructor cannot connect: a typed error says what to use.
+    let cfg = config("redis://127.0.0.1:6379/", "closed", TWO_PER_MINUTE);
+    assert_eq!(
+        HttpLimiter::new(cfg).unwrap_err(),
+        HttpConfigError::NeedsConnect
+    );
+    let bad_failure = config("redis://127.0.0.1:6379/", "sometimes", TWO_PER_MINUTE);
+    assert!(HttpLimiter::new(bad_failure)
+        .unwrap_err()
+        .to_string()
+        .starts_with("backend.failure"));
+    let no_url =
+        HttpConfig::from_toml_str(&format!("[backend]\nkind = \"redis\"\n{TWO_PER_MINUTE}"))
+            .unwrap();
+    assert!(HttpLimiter::new(no_url)
+        .unwrap_err()
+        .to_string()
+        .starts_with("backend.url"));
+    let bad_deadline = HttpConfig::from_toml_str(&format!(
+        "[backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\"\ndeadline = \"soon\"\n{TWO_PER_MINUTE}"
+    ))
+    .unwrap();
+    assert!(HttpLimiter::new(bad_deadline)
+        .unwrap_err()
+        .to_string()
+        .starts_with("backend.deadline"));
+}
+
+#[tokio::test]
+async fn connect_fails_clearly_when_redis_is_not_there() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let err = HttpLimiter::connect(config(&url, "closed", TWO_PER_MINUTE))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HttpConfigError::Backend { .. }), "{err}");
+}
+
+/// Every decision the failure policy made instead of Redis is counted once, by rule.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn fallbacks_are_counted_by_rule() {
+    use metrics::{
+        Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    type Counts = Arc<Mutex<HashMap<String, u64>>>;
+    struct Tally(Counts);
+    struct One(Counts, String);
+    impl CounterFn for One {
+        fn increment(&self, value: u64) {
+            *self.0.lock().unwrap().entry(self.1.clone()).or_default() += value;
+        }
+        fn absolute(&self, _: u64) {}
+    }
+    impl Recorder for Tally {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            let rule = key
+                .labels()
+                .find(|l| l.key() == "rule")
+                .map(|l| l.value().to_owned());
+            let name = format!("{}{{{}}}", key.name(), rule.unwrap_or_default());
+            Counter::from_arc(Arc::new(One(self.0.clone(), name)))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    // The recorder is global (the decisions run in futures); the rule name is this test's own.
+    let counts = Counts::default();
+    metrics::set_global_recorder(Tally(counts.clone())).unwrap();
+    let mut server = RedisServer::start();
+    let rules = TWO_PER_MINUTE.replace("per-ip", "metered");
+    let limiter = HttpLimiter::connect(config(&server.url(), "fallback", &rules))
+        .await
+        .unwrap();
+    assert!(get(&limiter, "/", "192.0.2.50").await.outcome.is_admitted());
+    server.kill();
+    for _ in 0..3 {
+        get(&limiter, "/", "192.0.2.50").await;
+    }
+    let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+    assert_eq!(n("turnstile_http_backend_fallbacks{metered}"), 3);
+    // One in Redis, then two of the three counted locally (the fallback starts empty).
+    assert_eq!(n("turnstile_http_admitted{metered}"), 3);
+    assert_eq!(n("turnstile_http_rejected{metered}"), 1);
+}
+
+/// Monitor rules count in Redis too and never reject; the sync `decide` cannot wait for Redis and
+/// says so without charging anything.
+#[tokio::test]
+async fn monitor_rules_count_in_redis_and_sync_decide_is_unavailable() {
+    let server = RedisServer::start();
+    let rules = format!(
+        "{TWO_PER_MINUTE}[[rules]]\nname = \"shadow\"\nperiod = \"1h\"\nlimit = 1\nmonitor = true\n"
+    );
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    let request = RequestInfo {
+        method: &http::Method::GET,
+        path: "/",
+        client_ip: Some("192.0.2.60".parse().unwrap()),
+        client_id: None,
+    };
+    assert_eq!(
+        rejection(&limiter.decide(&request)),
+        Some((RejectReason::Unavailable, "backend", None))
+    );
+    for remaining in [1, 0] {
+        let verdict = limiter.decide_async(&request).await;
+        assert_eq!(verdict.outcome, Outcome::Admitted);
+        // Monitor rules are reported in no header.
+        assert_eq!(verdict.quotas.len(), 1);
+        assert_eq!(verdict.quotas[0].remaining, remaining);
+    }
+    // Both rules wrote their keys (the sync decide wrote none): 2 keys.
+    let mut con = server.connection();
+    let keys: Vec<String> = con.keys("myapp:*").unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+}
