@@ -40,7 +40,10 @@ fn app() -> Router {
     Router::new().route("/api/values", get(|| async { "value" }))
 }
 
-fn limited(limit: u64) -> Router {
+/// The app behind the layer with one per-IP rule of `limit` per hour; `headers`: whether
+/// admitted responses get the `RateLimit` headers (the default) or not (a breakdown of the
+/// paired part: the decision without the headers on the wire).
+fn limited(limit: u64, headers: bool) -> Router {
     let config = HttpConfig::from_toml_str(&format!(
         r#"
         [[rules]]
@@ -48,6 +51,8 @@ fn limited(limit: u64) -> Router {
         endpoint = "*"
         period = "1h"
         limit = {limit}
+        [response]
+        ietf_headers = {headers}
         "#
     ))
     .expect("bench config");
@@ -117,22 +122,23 @@ async fn batch(senders: &mut Vec<SendRequest<Empty<Bytes>>>, total: u64, expect:
 type Senders = Vec<SendRequest<Empty<Bytes>>>;
 
 /// The three apps served, and `CONNECTIONS` connections to each: bare, admitted, rejected.
-fn servers(runtime: &Runtime) -> [Senders; 3] {
+fn servers(runtime: &Runtime) -> [Senders; APPS] {
     runtime.block_on(async {
         let bare = connect(serve(app()).await).await;
-        let admitted = connect(serve(limited(u32::MAX as u64 / 2)).await).await;
-        let mut rejected = connect(serve(limited(1)).await).await;
+        let admitted = connect(serve(limited(u32::MAX as u64 / 2, true)).await).await;
+        let mut rejected = connect(serve(limited(1, true)).await).await;
+        let no_headers = connect(serve(limited(u32::MAX as u64 / 2, false)).await).await;
         // The first request takes the rule's only permit; every later one is rejected.
         let mut first = vec![rejected.pop().expect("a connection")];
         batch(&mut first, 1, 200).await;
         rejected.extend(first);
-        [bare, admitted, rejected]
+        [bare, admitted, rejected, no_headers]
     })
 }
 
 fn http(c: &mut Criterion) {
     let runtime = Runtime::new().expect("runtime");
-    let [mut bare, mut admitted, mut rejected] = servers(&runtime);
+    let [mut bare, mut admitted, mut rejected, _] = servers(&runtime);
     let mut group = c.benchmark_group("http");
     group.measurement_time(Duration::from_secs(8));
     group.bench_function("bare", |b| {
@@ -151,8 +157,15 @@ fn http(c: &mut Criterion) {
 const PAIR_BATCH: u64 = 1_600;
 /// How long the paired part measures (after a tenth of it as warm-up).
 const PAIR_TIME: Duration = Duration::from_secs(12);
-const NAMES: [&str; 3] = ["bare", "admitted", "rejected"];
-const STATUS: [u16; 3] = [200, 200, 429];
+/// The apps: criterion measures the first three, the paired part all of them.
+const APPS: usize = 4;
+const NAMES: [&str; APPS] = [
+    "bare",
+    "admitted",
+    "rejected",
+    "admitted, no RateLimit headers",
+];
+const STATUS: [u16; APPS] = [200, 200, 429, 200];
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -207,10 +220,10 @@ fn http_paired() {
     };
     let runtime = Runtime::new().expect("runtime");
     let mut senders = servers(&runtime);
-    let round = |senders: &mut [Senders; 3], index: usize| {
-        let mut micros = [0.0; 3];
-        for k in 0..3 {
-            let app = (index + k) % 3;
+    let round = |senders: &mut [Senders; APPS], index: usize| {
+        let mut micros = [0.0; APPS];
+        for k in 0..APPS {
+            let app = (index + k) % APPS;
             let elapsed = runtime.block_on(batch(&mut senders[app], PAIR_BATCH, STATUS[app]));
             micros[app] = elapsed.as_secs_f64() * 1e6 / PAIR_BATCH as f64;
         }
@@ -222,7 +235,7 @@ fn http_paired() {
         round(&mut senders, index);
         index += 1;
     }
-    let mut rounds: Vec<[f64; 3]> = Vec::new();
+    let mut rounds: Vec<[f64; APPS]> = Vec::new();
     let end = Instant::now() + length;
     while Instant::now() < end || rounds.len() < 3 {
         rounds.push(round(&mut senders, index));
@@ -232,6 +245,8 @@ fn http_paired() {
     let (admitted_bare, ab_low, ab_high) = median_ci(rounds.iter().map(|r| r[1] / r[0]).collect());
     let (rejected_admitted, ra_low, ra_high) =
         median_ci(rounds.iter().map(|r| r[2] / r[1]).collect());
+    let (no_headers_bare, nb_low, nb_high) =
+        median_ci(rounds.iter().map(|r| r[3] / r[0]).collect());
 
     let mut table = format!(
         "HTTP layer, paired: {} rounds of {PAIR_BATCH} requests per app over {CONNECTIONS} \
@@ -254,6 +269,9 @@ fn http_paired() {
         "| rejected ÷ admitted | {rejected_admitted:.3}× [{ra_low:.3}–{ra_high:.3}] | < 1× | {} |\n",
         verdict(rejected_admitted < 1.0)
     );
+    table += &format!(
+        "| admitted without RateLimit headers ÷ bare (breakdown) | {no_headers_bare:.3}× [{nb_low:.3}–{nb_high:.3}] | — | — |\n"
+    );
     println!("\n{table}");
     if length < PAIR_TIME {
         println!("Testing http-paired\nSuccess");
@@ -261,13 +279,15 @@ fn http_paired() {
     }
     let json = format!(
         "{{\"rounds\":{},\"batch\":{PAIR_BATCH},\"connections\":{CONNECTIONS},\
-         \"us_per_request\":{{\"bare\":{:.4},\"admitted\":{:.4},\"rejected\":{:.4}}},\
+         \"us_per_request\":{{\"bare\":{:.4},\"admitted\":{:.4},\"rejected\":{:.4},\"no_headers\":{:.4}}},\
          \"admitted_over_bare\":[{admitted_bare:.4},{ab_low:.4},{ab_high:.4}],\
-         \"rejected_over_admitted\":[{rejected_admitted:.4},{ra_low:.4},{ra_high:.4}]}}\n",
+         \"rejected_over_admitted\":[{rejected_admitted:.4},{ra_low:.4},{ra_high:.4}],\
+         \"no_headers_over_bare\":[{no_headers_bare:.4},{nb_low:.4},{nb_high:.4}]}}\n",
         rounds.len(),
         per_app(0),
         per_app(1),
-        per_app(2)
+        per_app(2),
+        per_app(3)
     );
     let dir = output_dir();
     std::fs::create_dir_all(&dir).expect("create the output directory");
