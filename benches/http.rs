@@ -8,7 +8,16 @@
 //! Each criterion sample sends a batch of requests over `CONNECTIONS` connections at once and
 //! reports the time per request; requests per second is its inverse.
 //!
-//! Run: `cargo bench --features http --bench http`.
+//! **Paired ratios** (`http-paired`, not criterion; after the group): criterion measures the three
+//! apps one after the other, and on a shared 2-core machine the load can change in between. This
+//! part alternates them in rounds (a batch of `PAIR_BATCH` requests each, the order rotating
+//! every round) for `PAIR_TIME`, and prints the median µs per request of each and the medians of
+//! the per-round ratios admitted ÷ bare and rejected ÷ admitted with a 95% confidence interval.
+//! Written to `target/criterion/http-paired/` (`paired.json`, `paired.md`).
+//!
+//! Run: `cargo bench --features http,axum --bench http` (`-- http-paired` for the paired part
+//! only). In criterion's test mode (`cargo test --benches`) the paired part runs briefly and
+//! writes nothing.
 
 use axum::routing::get;
 use axum::Router;
@@ -18,6 +27,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
@@ -30,7 +40,10 @@ fn app() -> Router {
     Router::new().route("/api/values", get(|| async { "value" }))
 }
 
-fn limited(limit: u64) -> Router {
+/// The app behind the layer with one per-IP rule of `limit` per hour; `headers`: whether
+/// admitted responses get the `RateLimit` headers (the default) or not (a breakdown of the
+/// paired part: the decision without the headers on the wire).
+fn limited(limit: u64, headers: bool) -> Router {
     let config = HttpConfig::from_toml_str(&format!(
         r#"
         [[rules]]
@@ -38,6 +51,8 @@ fn limited(limit: u64) -> Router {
         endpoint = "*"
         period = "1h"
         limit = {limit}
+        [response]
+        ietf_headers = {headers}
         "#
     ))
     .expect("bench config");
@@ -104,18 +119,26 @@ async fn batch(senders: &mut Vec<SendRequest<Empty<Bytes>>>, total: u64, expect:
     start.elapsed().mul_f64(total as f64 / sent as f64)
 }
 
-fn http(c: &mut Criterion) {
-    let runtime = Runtime::new().expect("runtime");
-    let (mut bare, mut admitted, mut rejected) = runtime.block_on(async {
+type Senders = Vec<SendRequest<Empty<Bytes>>>;
+
+/// The three apps served, and `CONNECTIONS` connections to each: bare, admitted, rejected.
+fn servers(runtime: &Runtime) -> [Senders; APPS] {
+    runtime.block_on(async {
         let bare = connect(serve(app()).await).await;
-        let admitted = connect(serve(limited(u32::MAX as u64 / 2)).await).await;
-        let mut rejected = connect(serve(limited(1)).await).await;
+        let admitted = connect(serve(limited(u32::MAX as u64 / 2, true)).await).await;
+        let mut rejected = connect(serve(limited(1, true)).await).await;
+        let no_headers = connect(serve(limited(u32::MAX as u64 / 2, false)).await).await;
         // The first request takes the rule's only permit; every later one is rejected.
         let mut first = vec![rejected.pop().expect("a connection")];
         batch(&mut first, 1, 200).await;
         rejected.extend(first);
-        (bare, admitted, rejected)
-    });
+        [bare, admitted, rejected, no_headers]
+    })
+}
+
+fn http(c: &mut Criterion) {
+    let runtime = Runtime::new().expect("runtime");
+    let [mut bare, mut admitted, mut rejected, _] = servers(&runtime);
     let mut group = c.benchmark_group("http");
     group.measurement_time(Duration::from_secs(8));
     group.bench_function("bare", |b| {
@@ -130,5 +153,148 @@ fn http(c: &mut Criterion) {
     group.finish();
 }
 
+/// Requests per timed batch of the paired part (100 per connection): about 15–20 ms.
+const PAIR_BATCH: u64 = 1_600;
+/// How long the paired part measures (after a tenth of it as warm-up).
+const PAIR_TIME: Duration = Duration::from_secs(12);
+/// The apps: criterion measures the first three, the paired part all of them.
+const APPS: usize = 4;
+const NAMES: [&str; APPS] = [
+    "bare",
+    "admitted",
+    "rejected",
+    "admitted, no RateLimit headers",
+];
+const STATUS: [u16; APPS] = [200, 200, 429, 200];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The median of `ratios` and a distribution-free 95% confidence interval for it (the order
+/// statistics at ranks n/2 ∓ 0.98·√n).
+fn median_ci(mut ratios: Vec<f64>) -> (f64, f64, f64) {
+    ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    let half = 0.98 * (n as f64).sqrt();
+    let low = ((n as f64 / 2.0 - half).floor().max(0.0) as usize).min(n - 1);
+    let high = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
+    (ratios[n / 2], ratios[low], ratios[high])
+}
+
+/// Whether the paired part runs, and for how long: `PAIR_TIME` under `cargo bench`, briefly in
+/// criterion's test mode, not at all with `--list` or a filter that "http-paired" does not
+/// contain.
+fn paired_length() -> Option<Duration> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filter = args.iter().find(|a| !a.starts_with('-'));
+    if args.iter().any(|a| a == "--list")
+        || filter.is_some_and(|f| !"http-paired".contains(f.as_str()))
+    {
+        return None;
+    }
+    Some(if args.iter().any(|a| a == "--bench") {
+        PAIR_TIME
+    } else {
+        Duration::from_millis(300)
+    })
+}
+
+fn output_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return PathBuf::from(home).join("http-paired");
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .join("criterion")
+        .join("http-paired")
+}
+
+/// Alternates the three apps in rounds of one batch each (the order rotating every round) and
+/// reports the median per-round ratios: see the module documentation.
+fn http_paired() {
+    let Some(length) = paired_length() else {
+        return;
+    };
+    let runtime = Runtime::new().expect("runtime");
+    let mut senders = servers(&runtime);
+    let round = |senders: &mut [Senders; APPS], index: usize| {
+        let mut micros = [0.0; APPS];
+        for k in 0..APPS {
+            let app = (index + k) % APPS;
+            let elapsed = runtime.block_on(batch(&mut senders[app], PAIR_BATCH, STATUS[app]));
+            micros[app] = elapsed.as_secs_f64() * 1e6 / PAIR_BATCH as f64;
+        }
+        micros
+    };
+    let warm_up = Instant::now() + length / 10;
+    let mut index = 0;
+    while Instant::now() < warm_up {
+        round(&mut senders, index);
+        index += 1;
+    }
+    let mut rounds: Vec<[f64; APPS]> = Vec::new();
+    let end = Instant::now() + length;
+    while Instant::now() < end || rounds.len() < 3 {
+        rounds.push(round(&mut senders, index));
+        index += 1;
+    }
+    let per_app = |app: usize| median(rounds.iter().map(|r| r[app]).collect());
+    let (admitted_bare, ab_low, ab_high) = median_ci(rounds.iter().map(|r| r[1] / r[0]).collect());
+    let (rejected_admitted, ra_low, ra_high) =
+        median_ci(rounds.iter().map(|r| r[2] / r[1]).collect());
+    let (no_headers_bare, nb_low, nb_high) =
+        median_ci(rounds.iter().map(|r| r[3] / r[0]).collect());
+
+    let mut table = format!(
+        "HTTP layer, paired: {} rounds of {PAIR_BATCH} requests per app over {CONNECTIONS} \
+         connections, order rotating, for {length:?}; medians\n\n",
+        rounds.len()
+    );
+    table += "| app | µs per request | requests/s |\n|---|---|---|\n";
+    for (app, name) in NAMES.iter().enumerate() {
+        let us = per_app(app);
+        table += &format!("| {name} | {us:.2} | {:.0} |\n", 1e6 / us);
+    }
+    table += "\n| ratio (median of per-round ratios) | value [95% CI] | target | verdict |\n";
+    table += "|---|---|---|---|\n";
+    let verdict = |met: bool| if met { "met" } else { "**missed**" };
+    table += &format!(
+        "| admitted ÷ bare | {admitted_bare:.3}× [{ab_low:.3}–{ab_high:.3}] | ≤ 1.05× | {} |\n",
+        verdict(admitted_bare <= 1.05)
+    );
+    table += &format!(
+        "| rejected ÷ admitted | {rejected_admitted:.3}× [{ra_low:.3}–{ra_high:.3}] | < 1× | {} |\n",
+        verdict(rejected_admitted < 1.0)
+    );
+    table += &format!(
+        "| admitted without RateLimit headers ÷ bare (breakdown) | {no_headers_bare:.3}× [{nb_low:.3}–{nb_high:.3}] | — | — |\n"
+    );
+    println!("\n{table}");
+    if length < PAIR_TIME {
+        println!("Testing http-paired\nSuccess");
+        return;
+    }
+    let json = format!(
+        "{{\"rounds\":{},\"batch\":{PAIR_BATCH},\"connections\":{CONNECTIONS},\
+         \"us_per_request\":{{\"bare\":{:.4},\"admitted\":{:.4},\"rejected\":{:.4},\"no_headers\":{:.4}}},\
+         \"admitted_over_bare\":[{admitted_bare:.4},{ab_low:.4},{ab_high:.4}],\
+         \"rejected_over_admitted\":[{rejected_admitted:.4},{ra_low:.4},{ra_high:.4}],\
+         \"no_headers_over_bare\":[{no_headers_bare:.4},{nb_low:.4},{nb_high:.4}]}}\n",
+        rounds.len(),
+        per_app(0),
+        per_app(1),
+        per_app(2),
+        per_app(3)
+    );
+    let dir = output_dir();
+    std::fs::create_dir_all(&dir).expect("create the output directory");
+    std::fs::write(dir.join("paired.json"), json).expect("write the JSON");
+    std::fs::write(dir.join("paired.md"), table).expect("write the table");
+    println!("written to {}", dir.display());
+}
+
 criterion_group!(benches, http);
-criterion_main!(benches);
+criterion_main!(benches, http_paired);

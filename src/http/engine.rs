@@ -525,11 +525,13 @@ fn rejected(reason: RejectReason, rule: Arc<str>, retry_after: Option<Duration>)
     }
 }
 
-/// Specific rules first; a general rule only for a period no specific rule has; the lowest
-/// limit per period.
-fn select<'a, C: Clock>(
-    specific: &[&'a Arc<Rule<C>>],
-    general: &[&'a Arc<Rule<C>>],
+/// Of the `monitor` (or enforced) rules: the specific ones first; a general one only for a
+/// period no specific rule has; the lowest limit per period. Iterators rather than collected
+/// lists, so that a request pays one allocation here (the result), none when nothing applies.
+fn select<'a, C: Clock + 'a>(
+    specific: impl Iterator<Item = &'a Arc<Rule<C>>>,
+    general: impl Iterator<Item = &'a Arc<Rule<C>>>,
+    monitor: bool,
 ) -> Vec<&'a Arc<Rule<C>>> {
     let mut out: Vec<&Arc<Rule<C>>> = Vec::new();
     let push = |r: &'a Arc<Rule<C>>, out: &mut Vec<&'a Arc<Rule<C>>>| match out
@@ -543,32 +545,27 @@ fn select<'a, C: Clock>(
         }
         None => out.push(r),
     };
-    for r in specific {
+    for r in specific.filter(|r| r.monitor == monitor) {
         push(r, &mut out);
     }
-    let specific_periods: Vec<Duration> = out.iter().map(|r| r.period).collect();
-    for r in general {
-        if !specific_periods.contains(&r.period) {
+    // The entries so far are all specific: their periods are the ones general rules yield.
+    let specific_count = out.len();
+    for r in general.filter(|r| r.monitor == monitor) {
+        if !out[..specific_count].iter().any(|o| o.period == r.period) {
             push(r, &mut out);
         }
     }
     out
 }
 
-fn split<'a, C: Clock>(list: &[&'a Arc<Rule<C>>], monitor: bool) -> Vec<&'a Arc<Rule<C>>> {
-    list.iter()
-        .copied()
-        .filter(|r| r.monitor == monitor)
-        .collect()
-}
-
 fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<CounterKey> {
     let ip = request.client_ip;
-    let client = request.client_id.map(Arc::<str>::from);
+    let client = request.client_id;
+    // The client id is copied into the key only when the rule counts by it.
     let (ip, client) = match rule.key {
         RuleKey::Ip => (Some(ip?), None),
-        RuleKey::Client => (None, Some(client?)),
-        RuleKey::IpAndClient => (Some(ip?), Some(client?)),
+        RuleKey::Client => (None, Some(Arc::from(client?))),
+        RuleKey::IpAndClient => (Some(ip?), Some(Arc::from(client?))),
     };
     let endpoint = rule.per_endpoint.then(|| {
         format!(
@@ -656,20 +653,17 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
             r.endpoint.is_any()
         }
     };
-    let mut specific: Vec<&Arc<Rule<C>>> = Vec::new();
-    if let Some(ip) = ip {
-        for (net, rules) in &set.ip {
-            if net.contains(&ip) {
-                specific.extend(rules.iter().filter(applies));
-            }
-        }
-    }
-    if let Some(rules) = client.and_then(|c| set.client.get(c)) {
-        specific.extend(rules.iter().filter(applies));
-    }
-    let general: Vec<&Arc<Rule<C>>> = set.general.iter().filter(applies).collect();
-    let enforced = select(&split(&specific, false), &split(&general, false));
-    let monitors = select(&split(&specific, true), &split(&general, true));
+    let client_rules = client.and_then(|c| set.client.get(c));
+    let specific = || {
+        set.ip
+            .iter()
+            .filter(move |(net, _)| ip.is_some_and(|ip| net.contains(&ip)))
+            .flat_map(|(_, rules)| rules.iter())
+            .chain(client_rules.into_iter().flatten())
+            .filter(applies)
+    };
+    let general = || set.general.iter().filter(applies);
+    let enforced = select(specific(), general(), false);
 
     // Check limit 0 and missing keys before charging anything.
     let mut plan = Vec::with_capacity(enforced.len());
@@ -703,6 +697,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                 })
                 .collect()
         };
+        let monitors = select(specific(), general(), true);
         let monitors = monitors
             .iter()
             .filter_map(|r| Some((*r, counter_key(r, request)?)))
@@ -714,9 +709,11 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         );
     }
 
-    let mut charged = Vec::with_capacity(plan.len());
+    // The admissions to refund if a later rule rejects: the last rule's never is, so a request
+    // under one rule allocates nothing here.
+    let mut charged = Vec::new();
     let mut quotas = Vec::with_capacity(plan.len());
-    for (rule, limiter, key) in &plan {
+    for (index, (rule, limiter, key)) in plan.iter().enumerate() {
         match limiter.chain_decide::<true>(key, 1) {
             (Ok(admission), overflow) => {
                 quotas.push(QuotaState {
@@ -726,7 +723,9 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                     remaining: u64::from(admission.remaining()),
                     reset_after: admission.reset_after(),
                 });
-                charged.push((limiter, key, admission, overflow));
+                if index + 1 < plan.len() {
+                    charged.push((limiter, key, admission, overflow));
+                }
             }
             (Err(error), _) => {
                 for (l, k, a, o) in charged.drain(..) {
@@ -776,7 +775,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
             }
         }
     }
-    for rule in &monitors {
+    for rule in &select(specific(), general(), true) {
         let Some(key) = counter_key(rule, request) else {
             continue;
         };

@@ -235,7 +235,8 @@ fn list_value(
     if quotas.is_empty() {
         return None;
     }
-    let mut out = String::new();
+    // Room for the usual value (`"name";q=100;w=60`) without growing.
+    let mut out = String::with_capacity(quotas.iter().map(|q| q.policy.len() + 32).sum());
     for (i, quota) in quotas.iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
@@ -243,8 +244,9 @@ fn list_value(
         push_sf_string(&mut out, &quota.policy);
         params(&mut out, quota);
     }
-    // Only printable ASCII was written, so this cannot fail; stay panic-free regardless.
-    HeaderValue::from_str(&out).ok()
+    // Only printable ASCII was written, so this cannot fail; stay panic-free regardless. The
+    // buffer becomes the value's bytes (no copy).
+    HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
 }
 
 /// The most restrictive quota: the fewest remaining, and of those the longest to reset.
@@ -308,6 +310,20 @@ pub fn insert_quota_headers(
     }
 }
 
+/// The problem+json document of a rejection (RFC 9457), serialized straight from borrowed
+/// fields. The fields are in alphabetical order, as the earlier `serde_json::json!` map wrote
+/// them, so the body is byte for byte what it was.
+#[derive(serde::Serialize)]
+struct Problem<'a> {
+    detail: &'a str,
+    retry_after: Option<u64>,
+    rule: &'a str,
+    status: u16,
+    title: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+}
+
 /// The response to a rejected request: the configured status (`no_key_status` for
 /// [`RejectReason::NoKey`]), `Retry-After` when the verdict says when to retry, the quota
 /// headers, and the body (a problem+json document, or the configured template). `None` when the
@@ -358,7 +374,7 @@ pub fn rejection_response(
 
     let (body, content_type) = match &config.body {
         Some(template) => (
-            render_template(template, *reason, rule, quota, retry_secs),
+            render_template(template, *reason, rule, quota, retry_secs).into_bytes(),
             HeaderValue::from_str(&config.content_type)
                 .unwrap_or(HeaderValue::from_static("text/plain; charset=utf-8")),
         ),
@@ -367,16 +383,17 @@ pub fn rejection_response(
             if let Some(secs) = retry_secs {
                 let _ = write!(detail, "; retry after {secs} s");
             }
-            let document = serde_json::json!({
-                "type": "about:blank",
-                "title": status.canonical_reason().unwrap_or("Request Rejected"),
-                "status": status.as_u16(),
-                "detail": detail,
-                "rule": &**rule,
-                "retry_after": retry_secs,
-            });
+            let document = Problem {
+                detail: &detail,
+                retry_after: retry_secs,
+                rule,
+                status: status.as_u16(),
+                title: status.canonical_reason().unwrap_or("Request Rejected"),
+                kind: "about:blank",
+            };
             (
-                document.to_string(),
+                // Serializing borrowed fields cannot fail; stay panic-free regardless.
+                serde_json::to_vec(&document).unwrap_or_default(),
                 HeaderValue::from_str(&config.content_type)
                     .unwrap_or(HeaderValue::from_static("application/problem+json")),
             )
