@@ -298,44 +298,15 @@ async fn connect_fails_clearly_when_redis_is_not_there() {
     assert!(matches!(err, HttpConfigError::Backend { .. }), "{err}");
 }
 
+#[cfg(feature = "metrics")]
+#[path = "common/tally.rs"]
+mod tally;
+
 /// Every decision the failure policy made instead of Redis is counted once, by rule.
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn fallbacks_are_counted_by_rule() {
-    use metrics::{
-        Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-    };
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
-
-    type Counts = Arc<Mutex<HashMap<String, u64>>>;
-    struct Tally(Counts);
-    struct One(Counts, String);
-    impl CounterFn for One {
-        fn increment(&self, value: u64) {
-            *self.0.lock().unwrap().entry(self.1.clone()).or_default() += value;
-        }
-        fn absolute(&self, _: u64) {}
-    }
-    impl Recorder for Tally {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            let rule = key
-                .labels()
-                .find(|l| l.key() == "rule")
-                .map(|l| l.value().to_owned());
-            let name = format!("{}{{{}}}", key.name(), rule.unwrap_or_default());
-            Counter::from_arc(Arc::new(One(self.0.clone(), name)))
-        }
-        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-            Gauge::noop()
-        }
-        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-            Histogram::noop()
-        }
-    }
+    use tally::{Counts, Tally};
 
     // The recorder is global (the decisions run in futures); the rule name is this test's own.
     let counts = Counts::default();
