@@ -89,6 +89,7 @@ use crate::http::{
 };
 use crate::{Clock, DefaultClock, TryAcquireError};
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -525,16 +526,20 @@ fn rejected(reason: RejectReason, rule: Arc<str>, retry_after: Option<Duration>)
     }
 }
 
+/// The rules a request is decided by: a few, kept on the stack.
+type Selected<'a, C> = SmallVec<[&'a Arc<Rule<C>>; 4]>;
+
 /// Of the `monitor` (or enforced) rules: the specific ones first; a general one only for a
 /// period no specific rule has; the lowest limit per period. Iterators rather than collected
-/// lists, so that a request pays one allocation here (the result), none when nothing applies.
+/// lists, and the result on the stack, so that a request under up to four rules allocates
+/// nothing here.
 fn select<'a, C: Clock + 'a>(
     specific: impl Iterator<Item = &'a Arc<Rule<C>>>,
     general: impl Iterator<Item = &'a Arc<Rule<C>>>,
     monitor: bool,
-) -> Vec<&'a Arc<Rule<C>>> {
-    let mut out: Vec<&Arc<Rule<C>>> = Vec::new();
-    let push = |r: &'a Arc<Rule<C>>, out: &mut Vec<&'a Arc<Rule<C>>>| match out
+) -> Selected<'a, C> {
+    let mut out: Selected<'a, C> = SmallVec::new();
+    let push = |r: &'a Arc<Rule<C>>, out: &mut Selected<'a, C>| match out
         .iter_mut()
         .find(|o| o.period == r.period)
     {
@@ -666,7 +671,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     let enforced = select(specific(), general(), false);
 
     // Check limit 0 and missing keys before charging anything.
-    let mut plan = Vec::with_capacity(enforced.len());
+    let mut plan: SmallVec<[_; 4]> = SmallVec::new();
     for rule in &enforced {
         let Some(key) = counter_key(rule, request) else {
             if set.missing_key == MissingKey::Reject {
@@ -697,7 +702,11 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                 })
                 .collect()
         };
-        let monitors = select(specific(), general(), true);
+        let monitors = if set.has_monitors {
+            select(specific(), general(), true)
+        } else {
+            SmallVec::new()
+        };
         let monitors = monitors
             .iter()
             .filter_map(|r| Some((*r, counter_key(r, request)?)))
@@ -709,9 +718,8 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         );
     }
 
-    // The admissions to refund if a later rule rejects: the last rule's never is, so a request
-    // under one rule allocates nothing here.
-    let mut charged = Vec::new();
+    // The admissions to refund if a later rule rejects: the last rule's never is.
+    let mut charged: SmallVec<[_; 3]> = SmallVec::new();
     let mut quotas = Vec::with_capacity(plan.len());
     for (index, (rule, limiter, key)) in plan.iter().enumerate() {
         match limiter.chain_decide::<true>(key, 1) {
@@ -775,7 +783,12 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
             }
         }
     }
-    for rule in &select(specific(), general(), true) {
+    let monitors = if set.has_monitors {
+        select(specific(), general(), true)
+    } else {
+        SmallVec::new()
+    };
+    for rule in &monitors {
         let Some(key) = counter_key(rule, request) else {
             continue;
         };

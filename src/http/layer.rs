@@ -2,9 +2,10 @@
 //! and either call the inner service (adding the quota headers to its response) or answer with
 //! the rejection.
 
-use crate::http::response::{insert_quota_headers, rejection_response};
+use crate::http::response::{rejection_response, QuotaHeaders};
 use crate::http::{
-    client_ip, Check, LayerSettings, Policy, QuotaState, RateLimitBody, RequestInfo, Verdict,
+    client_ip, Check, LayerSettings, Policy, QuotaState, RateLimitBody, RequestInfo,
+    ResponseConfig, Verdict,
 };
 use arc_swap::ArcSwap;
 use pin_project_lite::pin_project;
@@ -285,7 +286,9 @@ where
         // The service that was polled ready serves this request; a clone takes its place.
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
-        let settings = self.layer.settings.load_full();
+        // A guard, not an `Arc`: no reference count to bump (and bounce between cores) on the
+        // common path; only a pending decision keeps the settings beyond this call.
+        let settings = self.layer.settings.load();
 
         let ip = client_ip(peer_ip(&request), request.headers(), &settings.client_ip);
         let (parts, body) = request.into_parts();
@@ -304,12 +307,12 @@ where
         let request = http::Request::from_parts(parts, body);
 
         let state = match check {
-            Check::Ready(verdict) => decided(verdict, &mut ready, request, settings),
+            Check::Ready(verdict) => decided(verdict, &mut ready, request, &settings.response),
             Check::Pending(verdict) => State::Waiting {
                 verdict,
                 service: Some(ready),
                 request: Some(request),
-                settings,
+                settings: arc_swap::Guard::into_inner(settings),
             },
         };
         ResponseFuture { state }
@@ -320,7 +323,7 @@ fn decided<S, R, ResBody>(
     verdict: Verdict,
     service: &mut S,
     request: R,
-    settings: Arc<LayerSettings>,
+    response: &ResponseConfig,
 ) -> State<S, R>
 where
     S: tower::Service<R, Response = http::Response<ResBody>>,
@@ -328,14 +331,14 @@ where
     if let crate::http::Outcome::Rejected { reason, rule, .. } = &verdict.outcome {
         tracing::debug!(%reason, %rule, "request rejected");
     }
-    match rejection_response(&verdict, &settings.response) {
+    match rejection_response(&verdict, response) {
         Some(response) => State::Rejected {
             response: Some(response),
         },
         None => State::Inner {
             future: service.call(request),
             quotas: verdict.quotas,
-            settings,
+            headers: QuotaHeaders::of(response),
         },
     }
 }
@@ -356,7 +359,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             quotas: Vec<QuotaState>,
-            settings: Arc<LayerSettings>,
+            headers: QuotaHeaders,
         },
         Rejected {
             response: Option<http::Response<bytes::Bytes>>,
@@ -437,13 +440,13 @@ where
                         // Unreachable: taken only here, and the state changes right after.
                         return Poll::Pending;
                     };
-                    let next = decided(verdict, &mut service, request, Arc::clone(settings));
+                    let next = decided(verdict, &mut service, request, &settings.response);
                     this.state.set(next);
                 }
                 StateProj::Inner {
                     future,
                     quotas,
-                    settings,
+                    headers,
                 } => {
                     let response = match future.poll(cx) {
                         Poll::Ready(Ok(response)) => response,
@@ -451,7 +454,7 @@ where
                         Poll::Pending => return Poll::Pending,
                     };
                     let mut response = response.map(RateLimitBody::new);
-                    insert_quota_headers(response.headers_mut(), quotas, &settings.response);
+                    headers.insert(response.headers_mut(), quotas);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Rejected { response } => {

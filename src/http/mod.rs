@@ -118,15 +118,31 @@ pub enum RejectReason {
     Unavailable,
 }
 
-impl fmt::Display for RejectReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl RejectReason {
+    /// The reason in words, as [`Display`](fmt::Display) writes it and the problem+json
+    /// `detail` says it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::RejectReason;
+    ///
+    /// assert_eq!(RejectReason::Banned.as_str(), "banned");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
             RejectReason::RateLimited => "rate limited",
             RejectReason::Blocked => "blocked",
             RejectReason::Banned => "banned",
             RejectReason::NoKey => "client key unknown",
             RejectReason::Unavailable => "rate-limit backend unavailable",
-        })
+        }
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

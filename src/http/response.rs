@@ -6,8 +6,10 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::StatusCode;
 use serde::Deserialize;
+use std::cell::RefCell;
 use std::fmt;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How rejections look and which headers every response carries.
@@ -152,19 +154,51 @@ pub fn whole_seconds_up(duration: Duration) -> u64 {
 
 /// Appends `name` to `out` as a structured-field string (RFC 8941): quoted, with `"` and `\`
 /// escaped. Characters an sf-string cannot hold (controls, non-ASCII) become `?`.
-fn push_sf_string(out: &mut String, name: &str) {
-    out.push('"');
+fn push_sf_string(out: &mut Sink, name: &str) {
+    out.push(b'"');
     for c in name.chars() {
         match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
+            '"' | '\\' => out.put(&[b'\\', c as u8]),
+            // Printable ASCII: one byte.
+            ' '..='~' => out.push(c as u8),
+            _ => out.push(b'?'),
         }
     }
-    out.push('"');
+    out.push(b'"');
+}
+
+/// Appends `;{key}={value}` to `out`, the value capped at the largest sf-integer. Formatted with
+/// `itoa` rather than `fmt::Write`: these values are written for every response.
+fn push_param(out: &mut Sink, key: u8, value: u64) {
+    out.put(&[b';', key, b'=']);
+    out.put(
+        itoa::Buffer::new()
+            .format(value.min(SF_INTEGER_MAX))
+            .as_bytes(),
+    );
+}
+
+/// Where a header value is written: first counted, then written into a buffer of exactly that
+/// size, which becomes the value's bytes without a copy or a second allocation.
+enum Sink {
+    Count(usize),
+    Write(Vec<u8>),
+}
+
+impl Sink {
+    fn push(&mut self, byte: u8) {
+        match self {
+            Sink::Count(n) => *n += 1,
+            Sink::Write(out) => out.push(byte),
+        }
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        match self {
+            Sink::Count(n) => *n += bytes.len(),
+            Sink::Write(out) => out.extend_from_slice(bytes),
+        }
+    }
 }
 
 /// The `RateLimit-Policy` field value for `quotas`: `"per-ip";q=100;w=60`, one list member per
@@ -186,13 +220,8 @@ fn push_sf_string(out: &mut String, name: &str) {
 /// assert_eq!(ratelimit_policy_value(&[quota]).unwrap(), r#""per-ip";q=100;w=60"#);
 /// ```
 pub fn ratelimit_policy_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
-    list_value(quotas, |out, quota| {
-        let _ = write!(
-            out,
-            ";q={};w={}",
-            quota.limit.min(SF_INTEGER_MAX),
-            whole_seconds_up(quota.window).min(SF_INTEGER_MAX)
-        );
+    list_value(quotas, |quota| {
+        [(b'q', quota.limit), (b'w', whole_seconds_up(quota.window))]
     })
 }
 
@@ -215,38 +244,166 @@ pub fn ratelimit_policy_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
 /// assert_eq!(ratelimit_value(&[quota]).unwrap(), r#""per-ip";r=42;t=17"#);
 /// ```
 pub fn ratelimit_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
-    list_value(quotas, |out, quota| {
-        let _ = write!(
-            out,
-            ";r={};t={}",
-            quota.remaining.min(SF_INTEGER_MAX),
-            whole_seconds_up(quota.reset_after).min(SF_INTEGER_MAX)
-        );
+    list_value(quotas, |quota| {
+        [
+            (b'r', quota.remaining),
+            (b't', whole_seconds_up(quota.reset_after)),
+        ]
     })
 }
 
 /// The largest structured-field integer (15 digits).
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
+/// The common case of [`list_value`]: one quota whose name needs no escaping, written in one go.
+/// `params` are the two parameters (key and value). `None` when the name needs escaping.
+fn single_value(quota: &QuotaState, params: [(u8, u64); 2]) -> Option<HeaderValue> {
+    let name = quota.policy.as_bytes();
+    if !name
+        .iter()
+        .all(|&b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    {
+        return None;
+    }
+    let mut first = itoa::Buffer::new();
+    let first = first.format(params[0].1.min(SF_INTEGER_MAX)).as_bytes();
+    let mut second = itoa::Buffer::new();
+    let second = second.format(params[1].1.min(SF_INTEGER_MAX)).as_bytes();
+    let mut out = Vec::with_capacity(name.len() + 8 + first.len() + second.len());
+    out.push(b'"');
+    out.extend_from_slice(name);
+    out.extend_from_slice(&[b'"', b';', params[0].0, b'=']);
+    out.extend_from_slice(first);
+    out.extend_from_slice(&[b';', params[1].0, b'=']);
+    out.extend_from_slice(second);
+    HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
+}
+
 fn list_value(
     quotas: &[QuotaState],
-    params: impl Fn(&mut String, &QuotaState),
+    params_of: impl Fn(&QuotaState) -> [(u8, u64); 2],
 ) -> Option<HeaderValue> {
+    let params = |out: &mut Sink, quota: &QuotaState| {
+        for (key, value) in params_of(quota) {
+            push_param(out, key, value);
+        }
+    };
     if quotas.is_empty() {
         return None;
     }
-    // Room for the usual value (`"name";q=100;w=60`) without growing.
-    let mut out = String::with_capacity(quotas.iter().map(|q| q.policy.len() + 32).sum());
-    for (i, quota) in quotas.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
+    if let [quota] = quotas {
+        if let Some(value) = single_value(quota, params_of(quota)) {
+            return Some(value);
         }
-        push_sf_string(&mut out, &quota.policy);
-        params(&mut out, quota);
     }
-    // Only printable ASCII was written, so this cannot fail; stay panic-free regardless. The
-    // buffer becomes the value's bytes (no copy).
+    let write = |out: &mut Sink| {
+        for (i, quota) in quotas.iter().enumerate() {
+            if i > 0 {
+                out.put(b", ");
+            }
+            push_sf_string(out, &quota.policy);
+            params(out, quota);
+        }
+    };
+    let mut count = Sink::Count(0);
+    write(&mut count);
+    let Sink::Count(len) = count else {
+        return None;
+    };
+    let mut out = Sink::Write(Vec::with_capacity(len));
+    write(&mut out);
+    let Sink::Write(out) = out else {
+        return None;
+    };
+    // A vector as long as its capacity becomes `Bytes` without another allocation. Only
+    // printable ASCII was written, so the value is valid; stay panic-free regardless.
     HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
+}
+
+/// One key and its value, or nothing yet.
+type Memo<K, V> = RefCell<Option<(K, V)>>;
+type Slot<K, V> = std::thread::LocalKey<Memo<K, V>>;
+
+/// A one-entry cache per thread: the value of the last key `hit` accepts, or `make`'s (which is
+/// then remembered). The values cached here are header values and bodies that stay the same
+/// for many responses in a row (a rule's policy; a rejection's, until the next second), and a
+/// thread serves the same few rules over and over: a hit saves formatting and allocating. A
+/// cached value is a `Bytes` made on this thread, so cloning it touches no other core's cache
+/// line. Keys hold the rule's `Arc`, so its address is not reused by another name meanwhile.
+fn memo<K: 'static, V: Clone + 'static>(
+    slot: &'static Slot<K, V>,
+    hit: impl Fn(&K) -> bool,
+    make: impl FnOnce() -> Option<(K, V)>,
+) -> Option<V> {
+    let mut make = Some(make);
+    let cached = slot.try_with(|cell| {
+        let mut last = cell.try_borrow_mut().ok()?;
+        if let Some((key, value)) = &*last {
+            if hit(key) {
+                return Some(value.clone());
+            }
+        }
+        let (key, value) = make.take()?()?;
+        *last = Some((key, value.clone()));
+        Some(value)
+    });
+    match (cached, make) {
+        (Ok(Some(value)), _) => Some(value),
+        // The thread is exiting, or `make` gave nothing: no cache.
+        (_, Some(make)) => make().map(|(_, value)| value),
+        (_, None) => None,
+    }
+}
+
+thread_local! {
+    /// The last single-quota `RateLimit-Policy` value: policy, limit, window.
+    static LAST_POLICY: Memo<(Arc<str>, u64, Duration), HeaderValue> =
+        const { RefCell::new(None) };
+    /// The last single-quota `RateLimit` value with nothing remaining (a rejection's): policy,
+    /// seconds to reset.
+    static LAST_EXHAUSTED: Memo<(Arc<str>, u64), HeaderValue> = const { RefCell::new(None) };
+    /// The last problem+json rejection body: reason, rule, retry-after seconds, status.
+    static LAST_PROBLEM: Memo<(RejectReason, Arc<str>, Option<u64>, u16), Bytes> =
+        const { RefCell::new(None) };
+}
+
+/// [`ratelimit_policy_value`], from the thread's cache when `quotas` is the one quota it last
+/// wrote the value of.
+fn cached_policy_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
+    let [quota] = quotas else {
+        return ratelimit_policy_value(quotas);
+    };
+    memo(
+        &LAST_POLICY,
+        |(policy, limit, window)| {
+            Arc::ptr_eq(policy, &quota.policy) && *limit == quota.limit && *window == quota.window
+        },
+        || {
+            let value = ratelimit_policy_value(quotas)?;
+            Some(((quota.policy.clone(), quota.limit, quota.window), value))
+        },
+    )
+}
+
+/// [`ratelimit_value`], from the thread's cache for a single exhausted quota (every rejection
+/// by one rule within a second has the same value). Values with permits remaining change with
+/// every request and are not cached.
+fn cached_ratelimit_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
+    let [quota] = quotas else {
+        return ratelimit_value(quotas);
+    };
+    if quota.remaining > 0 {
+        return ratelimit_value(quotas);
+    }
+    let reset = whole_seconds_up(quota.reset_after);
+    memo(
+        &LAST_EXHAUSTED,
+        |(policy, secs)| Arc::ptr_eq(policy, &quota.policy) && *secs == reset,
+        || {
+            let value = ratelimit_value(quotas)?;
+            Some(((quota.policy.clone(), reset), value))
+        },
+    )
 }
 
 /// The most restrictive quota: the fewest remaining, and of those the longest to reset.
@@ -284,44 +441,156 @@ pub fn insert_quota_headers(
     quotas: &[QuotaState],
     config: &ResponseConfig,
 ) {
-    if config.ietf_headers {
-        if let Some(value) = ratelimit_policy_value(quotas) {
-            headers.insert(HeaderName::from_static("ratelimit-policy"), value);
-        }
-        if let Some(value) = ratelimit_value(quotas) {
-            headers.insert(HeaderName::from_static("ratelimit"), value);
+    QuotaHeaders::of(config).insert(headers, quotas);
+}
+
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+
+// Built at compile time: `from_static` looks the name up among the standard ones.
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Which quota headers responses carry: the two flags of a [`ResponseConfig`], copied so that an
+/// admitted request's response future holds two bools rather than the settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QuotaHeaders {
+    ietf: bool,
+    legacy: bool,
+}
+
+impl QuotaHeaders {
+    pub(crate) fn of(config: &ResponseConfig) -> Self {
+        QuotaHeaders {
+            ietf: config.ietf_headers,
+            legacy: config.legacy_headers,
         }
     }
-    if config.legacy_headers {
-        if let Some(quota) = most_restrictive(quotas) {
-            headers.insert(
-                HeaderName::from_static("x-ratelimit-limit"),
-                HeaderValue::from(quota.limit),
-            );
-            headers.insert(
-                HeaderName::from_static("x-ratelimit-remaining"),
-                HeaderValue::from(quota.remaining),
-            );
-            headers.insert(
-                HeaderName::from_static("x-ratelimit-reset"),
-                HeaderValue::from(whole_seconds_up(quota.reset_after)),
-            );
+
+    /// See [`insert_quota_headers`].
+    pub(crate) fn insert(self, headers: &mut HeaderMap, quotas: &[QuotaState]) {
+        if quotas.is_empty() || !(self.ietf || self.legacy) {
+            return;
+        }
+        // One growth for all of them rather than one per insert.
+        headers.reserve(usize::from(self.ietf) * 2 + usize::from(self.legacy) * 3);
+        if self.ietf {
+            if let Some(value) = cached_policy_value(quotas) {
+                headers.insert(RATELIMIT_POLICY, value);
+            }
+            if let Some(value) = cached_ratelimit_value(quotas) {
+                headers.insert(RATELIMIT, value);
+            }
+        }
+        if self.legacy {
+            if let Some(quota) = most_restrictive(quotas) {
+                headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(quota.limit));
+                headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(quota.remaining));
+                headers.insert(
+                    X_RATELIMIT_RESET,
+                    HeaderValue::from(whole_seconds_up(quota.reset_after)),
+                );
+            }
         }
     }
 }
 
-/// The problem+json document of a rejection (RFC 9457), serialized straight from borrowed
-/// fields. The fields are in alphabetical order, as the earlier `serde_json::json!` map wrote
-/// them, so the body is byte for byte what it was.
-#[derive(serde::Serialize)]
-struct Problem<'a> {
-    detail: &'a str,
-    retry_after: Option<u64>,
-    rule: &'a str,
-    status: u16,
-    title: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
+/// Appends `text` to `out` as the inside of a JSON string (RFC 8259): `"`, `\\` and control
+/// characters escaped (the short forms where JSON has them), everything else as it is.
+fn push_json_chars(out: &mut Vec<u8>, text: &str) {
+    let bytes = text.as_bytes();
+    if !bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    let mut start = 0;
+    for (i, &byte) in bytes.iter().enumerate() {
+        let short = match byte {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'\n' => b'n',
+            b'\r' => b'r',
+            b'\t' => b't',
+            0x08 => b'b',
+            0x0c => b'f',
+            0x00..=0x1f => 0,
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        start = i + 1;
+        if short != 0 {
+            out.extend_from_slice(&[b'\\', short]);
+        } else {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(b"\\u00");
+            out.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 0xf)]]);
+        }
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+/// The problem+json document of a rejection (RFC 9457): `detail`, `retry_after`, `rule`,
+/// `status`, `title` and `type`, in that (alphabetical) order. Written straight into one buffer
+/// rather than through a serializer: it is built for every rejected request, which should cost
+/// less than an admitted one.
+fn problem_json(
+    reason: RejectReason,
+    rule: &str,
+    retry_secs: Option<u64>,
+    status: StatusCode,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(176 + 2 * rule.len());
+    out.extend_from_slice(b"{\"detail\":\"");
+    out.extend_from_slice(reason.as_str().as_bytes());
+    out.extend_from_slice(b" by rule ");
+    push_json_chars(&mut out, rule);
+    let mut secs_buffer = itoa::Buffer::new();
+    let secs = retry_secs.map(|secs| secs_buffer.format(secs).as_bytes());
+    if let Some(secs) = secs {
+        out.extend_from_slice(b"; retry after ");
+        out.extend_from_slice(secs);
+        out.extend_from_slice(b" s");
+    }
+    out.extend_from_slice(b"\",\"retry_after\":");
+    out.extend_from_slice(secs.unwrap_or(b"null"));
+    out.extend_from_slice(b",\"rule\":\"");
+    push_json_chars(&mut out, rule);
+    out.extend_from_slice(b"\",\"status\":");
+    out.extend_from_slice(itoa::Buffer::new().format(status.as_u16()).as_bytes());
+    out.extend_from_slice(b",\"title\":\"");
+    push_json_chars(
+        &mut out,
+        status.canonical_reason().unwrap_or("Request Rejected"),
+    );
+    out.extend_from_slice(b"\",\"type\":\"about:blank\"}");
+    out
+}
+
+/// `content_type` as a header value: the common ones without an allocation, `fallback` when it
+/// is not a valid header value.
+fn content_type_value(content_type: &str, fallback: HeaderValue) -> HeaderValue {
+    // Constants: `from_static` checks its bytes, here once at compile time.
+    const KNOWN: [(&str, HeaderValue); 3] = [
+        (
+            "application/problem+json",
+            HeaderValue::from_static("application/problem+json"),
+        ),
+        (
+            "application/json",
+            HeaderValue::from_static("application/json"),
+        ),
+        (
+            "text/plain; charset=utf-8",
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        ),
+    ];
+    match KNOWN.iter().find(|(known, _)| *known == content_type) {
+        Some((_, value)) => value.clone(),
+        None => HeaderValue::from_str(content_type).unwrap_or(fallback),
+    }
 }
 
 /// The response to a rejected request: the configured status (`no_key_status` for
@@ -374,40 +643,39 @@ pub fn rejection_response(
 
     let (body, content_type) = match &config.body {
         Some(template) => (
-            render_template(template, *reason, rule, quota, retry_secs).into_bytes(),
-            HeaderValue::from_str(&config.content_type)
-                .unwrap_or(HeaderValue::from_static("text/plain; charset=utf-8")),
+            Bytes::from(render_template(template, *reason, rule, quota, retry_secs)),
+            content_type_value(&config.content_type, TEXT_PLAIN),
         ),
-        None => {
-            let mut detail = format!("{reason} by rule {rule}");
-            if let Some(secs) = retry_secs {
-                let _ = write!(detail, "; retry after {secs} s");
-            }
-            let document = Problem {
-                detail: &detail,
-                retry_after: retry_secs,
-                rule,
-                status: status.as_u16(),
-                title: status.canonical_reason().unwrap_or("Request Rejected"),
-                kind: "about:blank",
-            };
-            (
-                // Serializing borrowed fields cannot fail; stay panic-free regardless.
-                serde_json::to_vec(&document).unwrap_or_default(),
-                HeaderValue::from_str(&config.content_type)
-                    .unwrap_or(HeaderValue::from_static("application/problem+json")),
+        None => (
+            memo(
+                &LAST_PROBLEM,
+                |(r, name, secs, code)| {
+                    *r == *reason
+                        && Arc::ptr_eq(name, rule)
+                        && *secs == retry_secs
+                        && *code == status.as_u16()
+                },
+                || {
+                    let body = problem_json(*reason, rule, retry_secs, status);
+                    Some((
+                        (*reason, rule.clone(), retry_secs, status.as_u16()),
+                        Bytes::from(body),
+                    ))
+                },
             )
-        }
+            .unwrap_or_default(),
+            content_type_value(&config.content_type, PROBLEM_JSON),
+        ),
     };
 
-    let mut response = http::Response::new(Bytes::from(body));
+    let mut response = http::Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, content_type);
     if let Some(secs) = retry_secs {
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
-    insert_quota_headers(headers, &verdict.quotas, config);
+    QuotaHeaders::of(config).insert(headers, &verdict.quotas);
     Some(response)
 }
 
@@ -543,6 +811,130 @@ mod tests {
         assert_eq!(body["rule"], "per-ip");
         assert_eq!(body["retry_after"], 2);
         assert!(body["detail"].as_str().unwrap().contains("per-ip"));
+    }
+
+    /// The document as a serializer writes it: `problem_json` must write the same bytes.
+    #[derive(serde::Serialize)]
+    struct Problem<'a> {
+        detail: &'a str,
+        retry_after: Option<u64>,
+        rule: &'a str,
+        status: u16,
+        title: &'a str,
+        #[serde(rename = "type")]
+        kind: &'a str,
+    }
+
+    fn serialized(
+        reason: RejectReason,
+        rule: &str,
+        secs: Option<u64>,
+        status: StatusCode,
+    ) -> Vec<u8> {
+        let detail = match secs {
+            Some(secs) => format!("{reason} by rule {rule}; retry after {secs} s"),
+            None => format!("{reason} by rule {rule}"),
+        };
+        serde_json::to_vec(&Problem {
+            detail: &detail,
+            retry_after: secs,
+            rule,
+            status: status.as_u16(),
+            title: status.canonical_reason().unwrap_or("Request Rejected"),
+            kind: "about:blank",
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn problem_json_is_what_a_serializer_writes() {
+        for rule in [
+            "per-ip",
+            "",
+            "quo\"te",
+            "back\\slash",
+            "ctl\u{1}\n\t\r\u{8}\u{c}\u{1f}",
+            "ünï 𝄞",
+        ] {
+            for secs in [None, Some(0), Some(3_600)] {
+                for status in [
+                    StatusCode::TOO_MANY_REQUESTS,
+                    StatusCode::from_u16(599).unwrap(),
+                ] {
+                    assert_eq!(
+                        String::from_utf8(super::problem_json(
+                            RejectReason::RateLimited,
+                            rule,
+                            secs,
+                            status
+                        ))
+                        .unwrap(),
+                        String::from_utf8(serialized(
+                            RejectReason::RateLimited,
+                            rule,
+                            secs,
+                            status
+                        ))
+                        .unwrap(),
+                    );
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn problem_json_escapes_any_rule_name(rule in ".*", secs in proptest::option::of(0u64..u64::MAX)) {
+            let status = StatusCode::TOO_MANY_REQUESTS;
+            proptest::prop_assert_eq!(
+                super::problem_json(RejectReason::Banned, &rule, secs, status),
+                serialized(RejectReason::Banned, &rule, secs, status)
+            );
+        }
+    }
+
+    /// The per-thread caches answer for the rule, the second and the reason they were made
+    /// for, never for another.
+    #[test]
+    fn cached_rejections_follow_rule_second_and_reason() {
+        let config = ResponseConfig::default();
+        let rule = |name: &str, millis: u64, reason: RejectReason| {
+            let verdict = Verdict {
+                outcome: Outcome::Rejected {
+                    reason,
+                    rule: name.into(),
+                    retry_after: Some(Duration::from_millis(millis)),
+                },
+                quotas: vec![quota(name, 0, millis)],
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            (
+                body["rule"].as_str().unwrap().to_owned(),
+                body["retry_after"].as_u64().unwrap(),
+                body["detail"].as_str().unwrap().to_owned(),
+                response.headers()["ratelimit"].to_str().unwrap().to_owned(),
+                response.headers()["ratelimit-policy"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned(),
+            )
+        };
+        for _ in 0..2 {
+            let a = rule("a", 1_500, RejectReason::RateLimited);
+            assert_eq!(
+                (a.0.as_str(), a.1, a.3.as_str()),
+                ("a", 2, r#""a";r=0;t=2"#)
+            );
+            assert!(a.4.starts_with(r#""a";"#));
+            let a_later = rule("a", 2_500, RejectReason::RateLimited);
+            assert_eq!((a_later.1, a_later.3.as_str()), (3, r#""a";r=0;t=3"#));
+            let banned = rule("a", 2_500, RejectReason::Banned);
+            assert!(banned.2.starts_with("banned"), "{}", banned.2);
+            let b = rule("b", 2_500, RejectReason::RateLimited);
+            assert_eq!((b.0.as_str(), b.3.as_str()), ("b", r#""b";r=0;t=3"#));
+            assert!(b.4.starts_with(r#""b";"#));
+        }
     }
 
     #[test]

@@ -225,6 +225,8 @@ pub(crate) struct RuleSet<C: Clock> {
     pub(crate) bans: Option<Arc<Bans<C>>>,
     pub(crate) missing_key: MissingKey,
     pub(crate) endpoint_rate_limiting: bool,
+    /// Whether any rule is a monitor (shadow) rule: when none is, a request skips looking.
+    pub(crate) has_monitors: bool,
 }
 
 impl<C: Clock> RuleSet<C> {
@@ -517,10 +519,16 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 tracing::warn!(rule = %name, error = %e, "rule kept its previous limit");
             }
         }
+        let has_monitors = general
+            .iter()
+            .chain(ip.iter().flat_map(|(_, r)| r.iter()))
+            .chain(client.values().flatten())
+            .any(|r| r.monitor);
         Ok(RuleSet {
             general,
             ip,
             client,
+            has_monitors,
             white_ips,
             white_clients: config.whitelist.clients.iter().cloned().collect(),
             white_endpoints,
