@@ -306,6 +306,7 @@ mod client_ip;
 mod concurrency;
 mod config;
 mod engine;
+mod grpc;
 mod layer;
 #[cfg(feature = "redis")]
 mod redis_rules;
@@ -320,6 +321,7 @@ pub use config::{
     IpRulesConfig, MissingKey, RuleAlgorithm, RuleConfig, RuleKey, WhitelistConfig,
 };
 pub use engine::HttpLimiter;
+pub use grpc::grpc_rejection_response;
 pub use layer::{PeerAddr, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use response::{
     insert_quota_headers, ratelimit_policy_value, ratelimit_value, rejection_response,

@@ -37,6 +37,12 @@ pub struct ResponseConfig {
     pub ietf_headers: bool,
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` as well.
     pub legacy_headers: bool,
+    /// Answer requests whose `content-type` is `application/grpc` (or `application/grpc+proto`,
+    /// ...; not gRPC-Web) with a gRPC status
+    /// (trailers-only: HTTP 200, `grpc-status`, `grpc-message`) instead of `status` and a body,
+    /// so that gRPC clients see `RESOURCE_EXHAUSTED` rather than a transport error. `true` by
+    /// default; see [`grpc_rejection_response`](crate::http::grpc_rejection_response).
+    pub grpc: bool,
 }
 
 impl Default for ResponseConfig {
@@ -48,6 +54,7 @@ impl Default for ResponseConfig {
             body: None,
             ietf_headers: true,
             legacy_headers: false,
+            grpc: true,
         }
     }
 }
@@ -250,7 +257,7 @@ fn list_value(
 }
 
 /// The most restrictive quota: the fewest remaining, and of those the longest to reset.
-fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
+pub(crate) fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
     quotas.iter().min_by(|a, b| {
         a.remaining
             .cmp(&b.remaining)
@@ -411,7 +418,7 @@ pub fn rejection_response(
     Some(response)
 }
 
-fn render_template(
+pub(crate) fn render_template(
     template: &str,
     reason: RejectReason,
     rule: &str,
