@@ -272,7 +272,7 @@ fn peer_ip<B>(request: &http::Request<B>) -> Option<IpAddr> {
         return Some(info.0.ip());
     }
     #[cfg(feature = "tonic")]
-    if let Some(addr) = crate::http::grpc::tonic_peer(extensions) {
+    if let Some(addr) = grpc::tonic_peer(extensions) {
         return Some(addr.ip());
     }
     extensions.get::<SocketAddr>().map(SocketAddr::ip)
