@@ -736,3 +736,50 @@ async fn plain_hyper_server() {
     }
     assert_eq!(policy.last_key(), Some("127.0.0.1".parse().unwrap()));
 }
+
+/// gRPC needs no feature of its own: a request whose content type is `application/grpc` gets a
+/// trailers-only gRPC status (200, `grpc-status: 8`, the rule in `grpc-message`, `retry-after`),
+/// decided at once or through `Check::Pending`; other requests keep the 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_requests_are_rejected_with_a_grpc_status() {
+    for deferred in [false, true] {
+        let policy = Arc::new(PerIp::new("per-ip"));
+        let route = Router::new().route("/pkg.Svc/Call", axum::routing::post(|| async { "ok" }));
+        let app = if deferred {
+            route.layer(RateLimitLayer::new(Deferred(Arc::clone(&policy))))
+        } else {
+            route.layer(RateLimitLayer::with_settings(
+                Arc::clone(&policy),
+                settings(),
+            ))
+        };
+        let url = format!("{}/pkg.Svc/Call", serve(app).await);
+        let client = client();
+        let grpc = || {
+            client
+                .post(&url)
+                .header("content-type", "application/grpc+proto")
+                .send()
+        };
+        for _ in 0..2 {
+            assert_eq!(grpc().await.unwrap().status(), 200);
+        }
+        let response = grpc().await.unwrap();
+        assert_eq!(response.status(), 200, "deferred: {deferred}");
+        let headers = response.headers();
+        assert_eq!(headers["content-type"], "application/grpc");
+        assert_eq!(headers["grpc-status"], "8");
+        assert_eq!(
+            headers["grpc-message"],
+            "rate limited by rule per-ip; retry after 1 s"
+        );
+        let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!(retry >= 1, "retry-after {retry}");
+        assert!(headers.contains_key("ratelimit"));
+        assert!(response.bytes().await.unwrap().is_empty());
+
+        let plain = client.post(&url).send().await.unwrap();
+        assert_eq!(plain.status(), 429, "deferred: {deferred}");
+        assert!(plain.headers().get("grpc-status").is_none());
+    }
+}

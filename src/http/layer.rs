@@ -2,7 +2,8 @@
 //! and either call the inner service (adding the quota headers to its response) or answer with
 //! the rejection.
 
-use crate::http::response::{rejection_response, QuotaHeaders};
+use crate::http::grpc;
+use crate::http::response::QuotaHeaders;
 use crate::http::{
     client_ip, Check, LayerSettings, Policy, QuotaState, RateLimitBody, RequestInfo,
     ResponseConfig, Verdict,
@@ -17,8 +18,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// The peer's address, as a request extension. The layer reads it (or a bare
-/// [`SocketAddr`] extension, or with the `axum` feature axum's `ConnectInfo<SocketAddr>`) to
-/// know who is connected. Insert it yourself when serving with hyper or tonic.
+/// [`SocketAddr`] extension, with the `axum` feature axum's `ConnectInfo<SocketAddr>`, with the
+/// `tonic` feature tonic's `TcpConnectInfo`) to know who is connected. Insert it yourself when
+/// serving with hyper.
 ///
 /// # Examples
 ///
@@ -41,21 +43,25 @@ type ClientIdFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + S
 ///
 /// The settings are read on every request, so a reload that swaps them takes effect at once.
 ///
-/// The peer address comes from the request's extensions: [`PeerAddr`], a [`SocketAddr`], or
+/// The peer address comes from the request's extensions: [`PeerAddr`], a [`SocketAddr`],
 /// (feature `axum`) axum's `ConnectInfo<SocketAddr>` — serve the router with
-/// `into_make_service_with_connect_info::<SocketAddr>()`. With tonic, or plain hyper, insert a
-/// [`PeerAddr`] (for example from tonic's `TcpConnectInfo`) in a layer outside this one. Without
-/// a peer address the client IP is `None` and the policy decides what that means.
+/// `into_make_service_with_connect_info::<SocketAddr>()` — or (feature `tonic`) tonic's
+/// `TcpConnectInfo`, which tonic's server inserts by itself. With plain hyper (or tonic without
+/// the feature, or over TLS), insert a [`PeerAddr`] in a layer outside this one. Without a peer
+/// address the client IP is `None` and the policy decides what that means.
 ///
 /// Readiness follows tower's rule: the service polled ready serves the request (a clone takes
 /// its place). When the policy answers [`Check::Pending`], that ready service is kept in the
 /// response future until the decision arrives, so a reserved slot (of a `Buffer`, say) stays
 /// reserved meanwhile. Errors of the inner service pass through unchanged.
 ///
-/// With tonic, the layer works as any tower layer on the server's router, but a rejection is a
-/// plain HTTP 429 response, which gRPC clients report as an `UNAVAILABLE`-like transport error
-/// rather than a gRPC status; map it in a layer outside this one if clients need
-/// `RESOURCE_EXHAUSTED`.
+/// With tonic, put the layer on the server: `Server::builder().layer(limiter.layer())`. A
+/// rejection of a gRPC request (`content-type: application/grpc...`, from tonic or any other
+/// gRPC client) is a gRPC status rather than an HTTP 429, which gRPC clients would report as a
+/// transport error: `RESOURCE_EXHAUSTED` for a rate limit, with `retry-after` and the
+/// `RateLimit` headers as metadata (see
+/// [`grpc_rejection_response`](crate::http::grpc_rejection_response) for the other reasons, and
+/// [`ResponseConfig::grpc`](crate::http::ResponseConfig::grpc) to turn it off).
 ///
 /// # Examples
 ///
@@ -266,6 +272,10 @@ fn peer_ip<B>(request: &http::Request<B>) -> Option<IpAddr> {
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip());
     }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = grpc::tonic_peer(extensions) {
+        return Some(addr.ip());
+    }
     extensions.get::<SocketAddr>().map(SocketAddr::ip)
 }
 
@@ -291,6 +301,7 @@ where
         let settings = self.layer.settings.load();
 
         let ip = client_ip(peer_ip(&request), request.headers(), &settings.client_ip);
+        let grpc = grpc::wants_grpc(request.headers(), &settings.response);
         let (parts, body) = request.into_parts();
         let custom_id = self.layer.client_id_fn.as_ref().and_then(|f| f(&parts));
         let header_id = match (&custom_id, &settings.client_id_header) {
@@ -307,9 +318,12 @@ where
         let request = http::Request::from_parts(parts, body);
 
         let state = match check {
-            Check::Ready(verdict) => decided(verdict, &mut ready, request, &settings.response),
+            Check::Ready(verdict) => {
+                decided(verdict, &mut ready, request, &settings.response, grpc)
+            }
             Check::Pending(verdict) => State::Waiting {
                 verdict,
+                grpc,
                 service: Some(ready),
                 request: Some(request),
                 settings: arc_swap::Guard::into_inner(settings),
@@ -324,6 +338,7 @@ fn decided<S, R, ResBody>(
     service: &mut S,
     request: R,
     response: &ResponseConfig,
+    grpc: bool,
 ) -> State<S, R>
 where
     S: tower::Service<R, Response = http::Response<ResBody>>,
@@ -331,7 +346,7 @@ where
     if let crate::http::Outcome::Rejected { reason, rule, .. } = &verdict.outcome {
         tracing::debug!(%reason, %rule, "request rejected");
     }
-    match rejection_response(&verdict, response) {
+    match grpc::rejection(&verdict, response, grpc) {
         Some(response) => State::Rejected {
             response: Some(response),
         },
@@ -351,6 +366,7 @@ pin_project! {
     {
         Waiting {
             verdict: Pin<Box<dyn Future<Output = Verdict> + Send + 'static>>,
+            grpc: bool,
             service: Option<S>,
             request: Option<R>,
             settings: Arc<LayerSettings>,
@@ -427,6 +443,7 @@ where
             match this.state.as_mut().project() {
                 StateProj::Waiting {
                     verdict,
+                    grpc,
                     service,
                     request,
                     settings,
@@ -440,7 +457,7 @@ where
                         // Unreachable: taken only here, and the state changes right after.
                         return Poll::Pending;
                     };
-                    let next = decided(verdict, &mut service, request, &settings.response);
+                    let next = decided(verdict, &mut service, request, &settings.response, *grpc);
                     this.state.set(next);
                 }
                 StateProj::Inner {

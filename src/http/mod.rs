@@ -16,6 +16,9 @@
 //! - `response`: 429 (configurable) with `Retry-After` in whole seconds rounded up, an
 //!   `application/problem+json` body, and the IETF `RateLimit` / `RateLimit-Policy` headers (the
 //!   legacy `X-RateLimit-*` as an option).
+//! - `grpc`: for gRPC requests, the rejection as a gRPC status instead
+//!   ([`grpc_rejection_response`]: `RESOURCE_EXHAUSTED`, trailers-only), so that gRPC clients
+//!   see the rate limit rather than a protocol error.
 //! - `layer`: [`RateLimitLayer`] and its service, which glue the three together; and
 //!   `concurrency`: [`ConcurrencyLayer`], an in-flight cap per route.
 //!
@@ -26,8 +29,10 @@
 //! # The peer address
 //!
 //! The layer finds the connected peer in the request's extensions: a [`PeerAddr`], a bare
-//! `SocketAddr`, or, with the `axum` feature, axum's `ConnectInfo<SocketAddr>`. Without the
-//! feature, axum users copy `ConnectInfo` into a [`PeerAddr`] in a layer outside the limiter:
+//! `SocketAddr`, with the `axum` feature axum's `ConnectInfo<SocketAddr>`, and with the `tonic`
+//! feature tonic's `TcpConnectInfo` (so `Server::builder().layer(limiter.layer())` needs nothing
+//! more). Without the feature, axum users copy `ConnectInfo` into a [`PeerAddr`] in a layer
+//! outside the limiter:
 //!
 //! ```no_run
 //! use std::net::SocketAddr;
@@ -322,6 +327,7 @@ mod client_ip;
 mod concurrency;
 mod config;
 mod engine;
+mod grpc;
 mod layer;
 #[cfg(feature = "redis")]
 mod redis_rules;
@@ -336,6 +342,7 @@ pub use config::{
     IpRulesConfig, MissingKey, RuleAlgorithm, RuleConfig, RuleKey, WhitelistConfig,
 };
 pub use engine::HttpLimiter;
+pub use grpc::grpc_rejection_response;
 pub use layer::{PeerAddr, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use response::{
     insert_quota_headers, ratelimit_policy_value, ratelimit_value, rejection_response,

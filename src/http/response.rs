@@ -39,6 +39,13 @@ pub struct ResponseConfig {
     pub ietf_headers: bool,
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` as well.
     pub legacy_headers: bool,
+    /// Reject gRPC requests (`content-type` `application/grpc` or `application/grpc+proto`, ...;
+    /// not gRPC-Web) with a gRPC status (trailers-only: HTTP 200, `grpc-status`,
+    /// `grpc-message`) instead of `status` and a body, so that gRPC clients see
+    /// `RESOURCE_EXHAUSTED` rather than a protocol error. `true` by default (`grpc = false` in
+    /// `[response]` turns it off); see
+    /// [`grpc_rejection_response`](crate::http::grpc_rejection_response) for the codes.
+    pub grpc: bool,
 }
 
 impl Default for ResponseConfig {
@@ -50,6 +57,7 @@ impl Default for ResponseConfig {
             body: None,
             ietf_headers: true,
             legacy_headers: false,
+            grpc: true,
         }
     }
 }
@@ -407,7 +415,7 @@ fn cached_ratelimit_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
 }
 
 /// The most restrictive quota: the fewest remaining, and of those the longest to reset.
-fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
+pub(crate) fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
     quotas.iter().min_by(|a, b| {
         a.remaining
             .cmp(&b.remaining)
@@ -679,7 +687,7 @@ pub fn rejection_response(
     Some(response)
 }
 
-fn render_template(
+pub(crate) fn render_template(
     template: &str,
     reason: RejectReason,
     rule: &str,

@@ -1,0 +1,297 @@
+//! gRPC-aware rejections, and (feature `tonic`) the peer address from tonic's `TcpConnectInfo`.
+//!
+//! A gRPC client that receives a plain HTTP 429 reports a transport-level error, not the reason:
+//! `UNAVAILABLE` by gRPC's HTTP mapping, or (tonic, which tries to read the problem+json body as
+//! gRPC frames) `INTERNAL`. For requests whose `content-type`
+//! starts with `application/grpc` the layer therefore answers with a gRPC "trailers-only"
+//! response: HTTP 200, `content-type: application/grpc`, `grpc-status` and a percent-encoded
+//! `grpc-message` in the headers, and an empty body (gRPC-Web requests keep the HTTP rejection). This is plain HTTP: any gRPC server behind
+//! the layer benefits, with or without the `tonic` feature.
+
+use crate::http::response::{most_restrictive, render_template};
+use crate::http::{
+    insert_quota_headers, whole_seconds_up, Outcome, RejectReason, ResponseConfig, Verdict,
+};
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use std::fmt::Write as _;
+
+/// gRPC's `RESOURCE_EXHAUSTED`.
+const RESOURCE_EXHAUSTED: u16 = 8;
+/// gRPC's `PERMISSION_DENIED`.
+const PERMISSION_DENIED: u16 = 7;
+/// gRPC's `INVALID_ARGUMENT`.
+const INVALID_ARGUMENT: u16 = 3;
+/// gRPC's `UNAVAILABLE`.
+const UNAVAILABLE: u16 = 14;
+
+/// The gRPC status code of a rejection for `reason`.
+fn grpc_code(reason: RejectReason) -> u16 {
+    match reason {
+        RejectReason::RateLimited => RESOURCE_EXHAUSTED,
+        RejectReason::Blocked | RejectReason::Banned => PERMISSION_DENIED,
+        RejectReason::NoKey => INVALID_ARGUMENT,
+        RejectReason::Unavailable => UNAVAILABLE,
+    }
+}
+
+/// Whether a rejection of this request should be a gRPC status: `config.grpc` is on and the
+/// request's `content-type` is gRPC's: `application/grpc`, optionally followed by `+format`
+/// (`application/grpc+proto`) or parameters. gRPC-Web (`application/grpc-web`) is a different
+/// framing and keeps the HTTP rejection.
+pub(crate) fn wants_grpc(headers: &HeaderMap, config: &ResponseConfig) -> bool {
+    config.grpc
+        && headers.get(CONTENT_TYPE).is_some_and(|v| {
+            v.as_bytes()
+                .strip_prefix(b"application/grpc")
+                .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';' | b' ')))
+        })
+}
+
+/// The rejection for a request: [`grpc_rejection_response`] when `grpc` (see
+/// [`wants_grpc`]), otherwise [`rejection_response`](crate::http::rejection_response).
+pub(crate) fn rejection(
+    verdict: &Verdict,
+    config: &ResponseConfig,
+    grpc: bool,
+) -> Option<http::Response<Bytes>> {
+    if grpc {
+        grpc_rejection_response(verdict, config)
+    } else {
+        crate::http::rejection_response(verdict, config)
+    }
+}
+
+/// Appends `message` percent-encoded as gRPC asks of `grpc-message`: every byte of its UTF-8
+/// outside printable ASCII (`0x20..=0x7E`), and `%` itself, becomes `%XX`.
+fn push_percent_encoded(out: &mut String, message: &str) {
+    for byte in message.bytes() {
+        if (0x20..=0x7E).contains(&byte) && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+}
+
+/// The gRPC rejection of a rejected request: a "trailers-only" response (HTTP 200,
+/// `content-type: application/grpc`, an empty body) whose headers carry
+///
+/// - `grpc-status`: 8 `RESOURCE_EXHAUSTED` for [`RejectReason::RateLimited`]; 7
+///   `PERMISSION_DENIED` for [`RejectReason::Blocked`] and [`RejectReason::Banned`] (the client
+///   is refused as such, not for the count of this request, so retrying soon will not help);
+///   3 `INVALID_ARGUMENT` for [`RejectReason::NoKey`] (the HTTP answer is 400); 14
+///   `UNAVAILABLE` for [`RejectReason::Unavailable`] (the counting backend failed: a retry may
+///   succeed). `status` and `no_key_status` of the configuration do not apply.
+/// - `grpc-message`, percent-encoded: the configured `body` template rendered as for HTTP
+///   (`{rule}`, `{limit}`, `{period}`, `{retry_after}`, `{reason}`), or by default
+///   `rate limited by rule per-ip; retry after 1 s`.
+/// - `retry-after` (whole seconds, rounded up) when the verdict says when to retry, and the
+///   quota headers the configuration asks for; gRPC clients see them as metadata of the status.
+///
+/// `None` when the verdict admits the request. The layer sends this instead of
+/// [`rejection_response`](crate::http::rejection_response) when [`ResponseConfig::grpc`] is on
+/// (the default) and the request's `content-type` starts with `application/grpc`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::http::{grpc_rejection_response, Outcome, RejectReason, ResponseConfig, Verdict};
+///
+/// let verdict = Verdict {
+///     outcome: Outcome::Rejected {
+///         reason: RejectReason::RateLimited,
+///         rule: "per-ip".into(),
+///         retry_after: Some(Duration::from_millis(300)),
+///     },
+///     quotas: Vec::new(),
+/// };
+/// let response = grpc_rejection_response(&verdict, &ResponseConfig::default()).unwrap();
+/// assert_eq!(response.status(), 200);
+/// assert_eq!(response.headers()["grpc-status"], "8");
+/// assert_eq!(response.headers()["grpc-message"], "rate limited by rule per-ip; retry after 1 s");
+/// assert_eq!(response.headers()["retry-after"], "1");
+/// assert!(response.body().is_empty());
+/// ```
+pub fn grpc_rejection_response(
+    verdict: &Verdict,
+    config: &ResponseConfig,
+) -> Option<http::Response<Bytes>> {
+    let Outcome::Rejected {
+        reason,
+        rule,
+        retry_after,
+    } = &verdict.outcome
+    else {
+        return None;
+    };
+    let retry_secs = retry_after.map(whole_seconds_up);
+    let message = match &config.body {
+        Some(template) => {
+            let quota = verdict
+                .quotas
+                .iter()
+                .find(|q| *q.policy == **rule)
+                .or_else(|| most_restrictive(&verdict.quotas));
+            render_template(template, *reason, rule, quota, retry_secs)
+        }
+        None => {
+            let mut detail = format!("{reason} by rule {rule}");
+            if let Some(secs) = retry_secs {
+                let _ = write!(detail, "; retry after {secs} s");
+            }
+            detail
+        }
+    };
+    let mut encoded = String::with_capacity(message.len());
+    push_percent_encoded(&mut encoded, &message);
+
+    let mut response = http::Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(
+        HeaderName::from_static("grpc-status"),
+        HeaderValue::from(grpc_code(*reason)),
+    );
+    // Only printable ASCII was written, so this cannot fail; stay panic-free regardless.
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(encoded)) {
+        headers.insert(HeaderName::from_static("grpc-message"), value);
+    }
+    if let Some(secs) = retry_secs {
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    insert_quota_headers(headers, &verdict.quotas, config);
+    Some(response)
+}
+
+/// The peer address tonic's server put in the request: `TcpConnectInfo::remote_addr`.
+#[cfg(feature = "tonic")]
+pub(crate) fn tonic_peer(extensions: &http::Extensions) -> Option<std::net::SocketAddr> {
+    extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(tonic::transport::server::TcpConnectInfo::remote_addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::QuotaState;
+    use std::time::Duration;
+
+    fn rejected(reason: RejectReason, retry: Option<Duration>) -> Verdict {
+        Verdict {
+            outcome: Outcome::Rejected {
+                reason,
+                rule: "per-ip".into(),
+                retry_after: retry,
+            },
+            quotas: vec![QuotaState {
+                policy: "per-ip".into(),
+                limit: 2,
+                window: Duration::from_secs(1),
+                remaining: 0,
+                reset_after: Duration::from_millis(400),
+            }],
+        }
+    }
+
+    #[test]
+    fn trailers_only_shape() {
+        let verdict = rejected(RejectReason::RateLimited, Some(Duration::from_millis(1500)));
+        let response = grpc_rejection_response(&verdict, &ResponseConfig::default()).unwrap();
+        assert_eq!(response.status(), 200);
+        let headers = response.headers();
+        assert_eq!(headers["content-type"], "application/grpc");
+        assert_eq!(headers["grpc-status"], "8");
+        assert_eq!(
+            headers["grpc-message"],
+            "rate limited by rule per-ip; retry after 2 s"
+        );
+        assert_eq!(headers["retry-after"], "2");
+        assert_eq!(headers["ratelimit-policy"], r#""per-ip";q=2;w=1"#);
+        assert_eq!(headers["ratelimit"], r#""per-ip";r=0;t=1"#);
+        assert!(response.body().is_empty());
+    }
+
+    #[test]
+    fn codes_per_reason() {
+        let config = ResponseConfig::default();
+        for (reason, code) in [
+            (RejectReason::RateLimited, "8"),
+            (RejectReason::Blocked, "7"),
+            (RejectReason::Banned, "7"),
+            (RejectReason::NoKey, "3"),
+            (RejectReason::Unavailable, "14"),
+        ] {
+            let response = grpc_rejection_response(&rejected(reason, None), &config).unwrap();
+            assert_eq!(response.status(), 200, "{reason}");
+            assert_eq!(response.headers()["grpc-status"], code, "{reason}");
+            assert!(response.headers().get("retry-after").is_none());
+        }
+        let admitted = Verdict {
+            outcome: Outcome::Admitted,
+            quotas: Vec::new(),
+        };
+        assert!(grpc_rejection_response(&admitted, &config).is_none());
+    }
+
+    #[test]
+    fn message_is_percent_encoded_template() {
+        let config = ResponseConfig {
+            body: Some(
+                "100% {reason}: {rule} allows {limit}/{period} — wait {retry_after}s\n".into(),
+            ),
+            legacy_headers: true,
+            ietf_headers: false,
+            ..ResponseConfig::default()
+        };
+        let verdict = rejected(RejectReason::RateLimited, Some(Duration::from_millis(300)));
+        let response = grpc_rejection_response(&verdict, &config).unwrap();
+        let headers = response.headers();
+        assert_eq!(
+            headers["grpc-message"],
+            "100%25 rate limited: per-ip allows 2/1s %E2%80%94 wait 1s%0A"
+        );
+        assert_eq!(headers["x-ratelimit-remaining"], "0");
+        assert!(headers.get("ratelimit").is_none());
+        assert!(response.body().is_empty());
+    }
+
+    #[test]
+    fn percent_encoding_edges() {
+        let mut out = String::new();
+        push_percent_encoded(&mut out, " ~%\u{7f}\u{1}é");
+        assert_eq!(out, " ~%25%7F%01%C3%A9");
+    }
+
+    #[test]
+    fn which_requests_are_grpc() {
+        let mut headers = HeaderMap::new();
+        let config = ResponseConfig::default();
+        assert!(!wants_grpc(&headers, &config));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        assert!(!wants_grpc(&headers, &config));
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc-web"),
+        );
+        assert!(!wants_grpc(&headers, &config));
+        for grpc in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc; x=y",
+        ] {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(grpc));
+            assert!(wants_grpc(&headers, &config), "{grpc}");
+        }
+        let off = ResponseConfig {
+            grpc: false,
+            ..ResponseConfig::default()
+        };
+        assert!(!wants_grpc(&headers, &off));
+        let verdict = rejected(RejectReason::RateLimited, None);
+        assert_eq!(rejection(&verdict, &off, false).unwrap().status(), 429);
+        assert_eq!(rejection(&verdict, &config, true).unwrap().status(), 200);
+    }
+}

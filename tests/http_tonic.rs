@@ -1,0 +1,184 @@
+//! The HTTP layer in front of a real tonic server on 127.0.0.1:0, asked by a real tonic client:
+//! `HttpLimiter` (configured from TOML, on a `ManualClock` the test advances; nothing sleeps)
+//! behind `Server::builder().layer(..)`, with tonic-health's ready-made Health service.
+//!
+//! They check that a rejected call is a gRPC status (`RESOURCE_EXHAUSTED` with the rule in the
+//! message and `retry-after` as metadata) rather than a transport error, and that the peer IP
+//! comes from tonic's `TcpConnectInfo` with no extra code (feature `tonic`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Server};
+use tonic::Code;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+use turnstile::http::{HttpConfig, HttpLimiter};
+use turnstile::ManualClock;
+
+fn limiter(toml: &str) -> (Arc<HttpLimiter<ManualClock>>, ManualClock) {
+    let clock = ManualClock::new();
+    let config = HttpConfig::from_toml_str(toml).expect("valid config");
+    let limiter = HttpLimiter::with_clock(config, clock.clone()).expect("config compiles");
+    (Arc::new(limiter), clock)
+}
+
+/// Serves tonic-health's Health service behind the limiter's layer on 127.0.0.1:0 and returns
+/// a client connected to it.
+async fn start(limiter: &Arc<HttpLimiter<ManualClock>>) -> HealthClient<Channel> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr: SocketAddr = listener.local_addr().expect("local address");
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let router = Server::builder().layer(limiter.layer()).add_service(health);
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .expect("server");
+    });
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("valid uri")
+        .connect()
+        .await
+        .expect("connect");
+    HealthClient::new(channel)
+}
+
+/// One Health/Check call for the server's overall status (`""`, serving by default).
+async fn check(client: &mut HealthClient<Channel>) -> Result<(), tonic::Status> {
+    let response = client
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await?;
+    // 1 is SERVING: the call reached the service.
+    assert_eq!(response.get_ref().status, 1);
+    Ok(())
+}
+
+fn metadata_secs(status: &tonic::Status, key: &str) -> u64 {
+    status
+        .metadata()
+        .get(key)
+        .unwrap_or_else(|| panic!("{key} metadata in {status:?}"))
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("whole seconds")
+}
+
+const PER_IP: &str = r#"
+[[rules]]
+name = "per-ip"
+endpoint = "*"
+period = "1s"
+limit = 2
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn third_call_is_resource_exhausted_then_the_next_second_admits() {
+    let (limiter, clock) = limiter(PER_IP);
+    let mut client = start(&limiter).await;
+    check(&mut client).await.expect("first call admitted");
+    check(&mut client).await.expect("second call admitted");
+
+    let status = check(&mut client).await.expect_err("third call rejected");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("per-ip"), "{status:?}");
+    assert!(status.message().contains("rate limited"), "{status:?}");
+    let retry_after = metadata_secs(&status, "retry-after");
+    assert!(retry_after >= 1, "retry-after {retry_after}");
+    assert_eq!(
+        status.metadata().get("ratelimit-policy").expect("policy"),
+        "\"per-ip\";q=2;w=1"
+    );
+    // Still rejected until the clock moves: nothing here depends on wall time.
+    let again = check(&mut client).await.expect_err("still rejected");
+    assert_eq!(again.code(), Code::ResourceExhausted);
+
+    clock.advance(Duration::from_secs(1));
+    check(&mut client)
+        .await
+        .expect("admitted in the next second");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_ip_comes_from_tcp_connect_info() {
+    // Rules for 127.0.0.1 apply and rules for another address do not, so the layer knew the
+    // peer; and with `missing_key = "reject"` an unknown IP would be rejected outright.
+    let (limiter, _clock) = limiter(
+        r#"
+        missing_key = "reject"
+
+        [blocklist]
+        ips = ["192.0.2.1"]
+
+        [[ip_rules]]
+        ip = "192.0.2.0/24"
+        [[ip_rules.rules]]
+        name = "elsewhere"
+        period = "1s"
+        limit = 0
+
+        [[ip_rules]]
+        ip = "127.0.0.1"
+        [[ip_rules.rules]]
+        name = "loopback"
+        period = "1s"
+        limit = 1
+        "#,
+    );
+    let mut client = start(&limiter).await;
+    check(&mut client).await.expect("first call admitted");
+    let status = check(&mut client).await.expect_err("loopback rule applies");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("loopback"), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_peer_is_permission_denied_and_whitelisted_peer_is_unlimited() {
+    let (blocking, _clock) = limiter("[blocklist]\nips = [\"127.0.0.0/8\"]\n");
+    let mut client = start(&blocking).await;
+    let status = check(&mut client).await.expect_err("blocked");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("blocked"), "{status:?}");
+
+    let (whitelisting, _clock) =
+        limiter(&format!("{PER_IP}\n[whitelist]\nips = [\"127.0.0.1\"]\n"));
+    let mut client = start(&whitelisting).await;
+    for call in 0..5 {
+        check(&mut client)
+            .await
+            .unwrap_or_else(|status| panic!("call {call} rejected: {status:?}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_off_gives_the_http_429_which_tonic_reports_as_a_protocol_error() {
+    let (limiter, _clock) = limiter(&format!("[response]\ngrpc = false\n{PER_IP}"));
+    let mut client = start(&limiter).await;
+    check(&mut client).await.expect("first call admitted");
+    check(&mut client).await.expect("second call admitted");
+    let status = check(&mut client).await.expect_err("third call rejected");
+    // What the gRPC rejection is for: tonic reads the problem+json body as gRPC frames and
+    // reports INTERNAL (a protocol error), not the rate limit.
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(status.message().contains("429"), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_template_becomes_the_grpc_message() {
+    let (limiter, _clock) = limiter(&format!(
+        "[response]\nbody = \"slow down: {{rule}} allows {{limit}} per {{period}} — 100%\"\n{PER_IP}"
+    ));
+    let mut client = start(&limiter).await;
+    check(&mut client).await.expect("first call admitted");
+    check(&mut client).await.expect("second call admitted");
+    let status = check(&mut client).await.expect_err("third call rejected");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    // Percent-encoded on the wire, decoded by the client.
+    assert_eq!(status.message(), "slow down: per-ip allows 2 per 1s — 100%");
+}
