@@ -2,11 +2,11 @@
 //!
 //! A gRPC client that receives a plain HTTP 429 reports a transport-level error, not the reason:
 //! `UNAVAILABLE` by gRPC's HTTP mapping, or (tonic, which tries to read the problem+json body as
-//! gRPC frames) `INTERNAL`. For requests whose `content-type`
-//! starts with `application/grpc` the layer therefore answers with a gRPC "trailers-only"
-//! response: HTTP 200, `content-type: application/grpc`, `grpc-status` and a percent-encoded
-//! `grpc-message` in the headers, and an empty body (gRPC-Web requests keep the HTTP rejection). This is plain HTTP: any gRPC server behind
-//! the layer benefits, with or without the `tonic` feature.
+//! gRPC frames) `INTERNAL`. For requests whose `content-type` starts with `application/grpc` the
+//! layer therefore answers with a gRPC "trailers-only" response: HTTP 200,
+//! `content-type: application/grpc`, `grpc-status` and a percent-encoded `grpc-message` in the
+//! headers, and an empty body (gRPC-Web requests keep the HTTP rejection). This is plain HTTP:
+//! any gRPC server behind the layer benefits, with or without the `tonic` feature.
 
 use crate::http::response::{most_restrictive, render_template};
 use crate::http::{
