@@ -182,3 +182,45 @@ async fn a_body_template_becomes_the_grpc_message() {
     // Percent-encoded on the wire, decoded by the client.
     assert_eq!(status.message(), "slow down: per-ip allows 2 per 1s — 100%");
 }
+
+/// The concurrency layer's rejection is a gRPC status too: with its only permit held, a call
+/// gets `RESOURCE_EXHAUSTED` and `retry-after`; with the permit back, it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_rejection_is_resource_exhausted() {
+    let layer = turnstile::http::ConcurrencyLayer::new(
+        turnstile::ConcurrencyLimiter::new(1).expect("limit 1"),
+    )
+    .retry_after(Duration::from_millis(1_500));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr: SocketAddr = listener.local_addr().expect("local address");
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let router = Server::builder().layer(layer.clone()).add_service(health);
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .expect("server");
+    });
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("valid uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = HealthClient::new(channel);
+
+    check(&mut client).await.expect("a free permit: served");
+    let held = layer
+        .limiter()
+        .try_acquire_owned(1)
+        .expect("the only permit");
+    let status = check(&mut client).await.expect_err("no permit: rejected");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("concurrency"), "{status:?}");
+    assert_eq!(metadata_secs(&status, "retry-after"), 2);
+    drop(held);
+    check(&mut client)
+        .await
+        .expect("the permit is back: served");
+}

@@ -19,6 +19,10 @@ use std::time::Duration;
 /// limit and is rejected after that. Cloning the layer shares the limiter, so one cap can
 /// cover several routes.
 ///
+/// A gRPC request (`content-type: application/grpc...`) is rejected with a gRPC status instead
+/// (trailers-only: HTTP 200, `grpc-status: 8` `RESOURCE_EXHAUSTED`, `retry-after`), which gRPC
+/// clients report as such rather than as a transport error; [`grpc`](Self::grpc) turns that off.
+///
 /// # Examples
 ///
 /// ```
@@ -38,6 +42,7 @@ pub struct ConcurrencyLayer {
     status: StatusCode,
     retry_after: Duration,
     wait: Option<Duration>,
+    grpc: bool,
 }
 
 impl ConcurrencyLayer {
@@ -58,7 +63,25 @@ impl ConcurrencyLayer {
             status: StatusCode::SERVICE_UNAVAILABLE,
             retry_after: Duration::from_secs(1),
             wait: None,
+            grpc: true,
         }
+    }
+
+    /// Whether gRPC requests are rejected with a gRPC status (`true`, the default) or with the
+    /// HTTP rejection like any other request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::ConcurrencyLayer;
+    ///
+    /// let layer = ConcurrencyLayer::new(turnstile::ConcurrencyLimiter::new(8)?).grpc(false);
+    /// # let _ = layer;
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn grpc(mut self, grpc: bool) -> Self {
+        self.grpc = grpc;
+        self
     }
 
     /// The status of a rejection (503 by default; 429 is the other usual choice).
@@ -129,7 +152,16 @@ impl ConcurrencyLayer {
         &self.limiter
     }
 
-    fn rejection<B>(&self) -> http::Response<RateLimitBody<B>> {
+    fn rejection<B>(&self, grpc: bool) -> http::Response<RateLimitBody<B>> {
+        if grpc {
+            let secs = whole_seconds_up(self.retry_after);
+            return crate::http::grpc::trailers_only(
+                crate::http::grpc::CONCURRENCY_CODE,
+                "concurrency limit reached",
+                Some(secs),
+            )
+            .map(RateLimitBody::full);
+        }
         let mut response = http::Response::new(RateLimitBody::full(
             self.status.canonical_reason().unwrap_or("Unavailable"),
         ));
@@ -210,12 +242,13 @@ where
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
+        let grpc = layer.grpc && crate::http::grpc::is_grpc(request.headers());
         match layer.wait {
             None => {
                 let permit = match layer.limiter.try_acquire_owned(1) {
                     Ok(permit) => permit,
                     Err(_) => {
-                        let response = layer.rejection();
+                        let response = layer.rejection(grpc);
                         return Box::pin(async move { Ok(response) });
                     }
                 };
@@ -228,7 +261,7 @@ where
                     Ok(Ok(permit)) => permit,
                     // Timed out, or the limiter is closed.
                     Ok(Err(_)) | Err(_) => {
-                        return Ok(layer.rejection());
+                        return Ok(layer.rejection(grpc));
                     }
                 };
                 Ok(with_permit(ready.call(request).await?, permit))

@@ -40,13 +40,46 @@ fn grpc_code(reason: RejectReason) -> u16 {
 /// (`application/grpc+proto`) or parameters. gRPC-Web (`application/grpc-web`) is a different
 /// framing and keeps the HTTP rejection.
 pub(crate) fn wants_grpc(headers: &HeaderMap, config: &ResponseConfig) -> bool {
-    config.grpc
-        && headers.get(CONTENT_TYPE).is_some_and(|v| {
-            v.as_bytes()
-                .strip_prefix(b"application/grpc")
-                .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';' | b' ')))
-        })
+    config.grpc && is_grpc(headers)
 }
+
+/// Whether the request's `content-type` is gRPC's (see [`wants_grpc`]).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers.get(CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .strip_prefix(b"application/grpc")
+            .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';' | b' ')))
+    })
+}
+
+/// A trailers-only gRPC response: HTTP 200, `content-type: application/grpc`, `grpc-status`
+/// `code`, `message` percent-encoded in `grpc-message`, `retry-after` when given, no body.
+pub(crate) fn trailers_only(
+    code: u16,
+    message: &str,
+    retry_secs: Option<u64>,
+) -> http::Response<Bytes> {
+    let mut encoded = String::with_capacity(message.len());
+    push_percent_encoded(&mut encoded, message);
+    let mut response = http::Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(
+        HeaderName::from_static("grpc-status"),
+        HeaderValue::from(code),
+    );
+    // Only printable ASCII was written, so this cannot fail; stay panic-free regardless.
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(encoded)) {
+        headers.insert(HeaderName::from_static("grpc-message"), value);
+    }
+    if let Some(secs) = retry_secs {
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+/// gRPC's `RESOURCE_EXHAUSTED`, for the concurrency layer's rejections.
+pub(crate) const CONCURRENCY_CODE: u16 = RESOURCE_EXHAUSTED;
 
 /// The rejection for a request: [`grpc_rejection_response`] when `grpc` (see
 /// [`wants_grpc`]), otherwise [`rejection_response`](crate::http::rejection_response).
@@ -144,23 +177,8 @@ pub fn grpc_rejection_response(
             detail
         }
     };
-    let mut encoded = String::with_capacity(message.len());
-    push_percent_encoded(&mut encoded, &message);
-
-    let mut response = http::Response::new(Bytes::new());
+    let mut response = trailers_only(grpc_code(*reason), &message, retry_secs);
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert(
-        HeaderName::from_static("grpc-status"),
-        HeaderValue::from(grpc_code(*reason)),
-    );
-    // Only printable ASCII was written, so this cannot fail; stay panic-free regardless.
-    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(encoded)) {
-        headers.insert(HeaderName::from_static("grpc-message"), value);
-    }
-    if let Some(secs) = retry_secs {
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-    }
     insert_quota_headers(headers, &verdict.quotas, config);
     Some(response)
 }
