@@ -15,9 +15,13 @@
 //! the per-round ratios admitted ÷ bare and rejected ÷ admitted with a 95% confidence interval.
 //! Written to `target/criterion/http-paired/` (`paired.json`, `paired.md`).
 //!
+//! **wrk** (`http-wrk`, only when named): the same paired comparison with `wrk` (from apt) as
+//! the load generator, a separate process that does not build header maps; written to
+//! `target/criterion/http-paired/wrk.md`.
+//!
 //! Run: `cargo bench --features http,axum --bench http` (`-- http-paired` for the paired part
-//! only). In criterion's test mode (`cargo test --benches`) the paired part runs briefly and
-//! writes nothing.
+//! only, `-- http-wrk` for the wrk part). In criterion's test mode (`cargo test --benches`) the
+//! paired part runs briefly and writes nothing.
 
 use axum::routing::get;
 use axum::Router;
@@ -296,5 +300,98 @@ fn http_paired() {
     println!("written to {}", dir.display());
 }
 
+/// How long each `wrk` run of the wrk part lasts, and how many rounds (every app once per round)
+/// it takes.
+const WRK_RUN: &str = "1s";
+const WRK_ROUNDS: usize = 12;
+
+/// Requests per second `wrk` reports for `addr`, and how many of its responses were not 2xx.
+fn wrk(addr: SocketAddr) -> (f64, u64) {
+    let output = std::process::Command::new("wrk")
+        .args(["-t1", &format!("-c{CONNECTIONS}"), &format!("-d{WRK_RUN}")])
+        .arg(format!("http://{addr}/api/values"))
+        .output()
+        .expect("run wrk: install it with `apt-get install -y wrk`");
+    assert!(output.status.success(), "wrk failed: {output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let number = |label: &str| {
+        text.lines()
+            .find_map(|line| line.trim().strip_prefix(label))
+            .map(|rest| {
+                rest.trim()
+                    .parse::<f64>()
+                    .expect("a number after the label")
+            })
+    };
+    let rps = number("Requests/sec:").unwrap_or_else(|| panic!("no Requests/sec in {text}"));
+    let non_2xx = number("Non-2xx or 3xx responses:").unwrap_or(0.0) as u64;
+    (rps, non_2xx)
+}
+
+/// The paired comparison again with `wrk` (a separate process, C, that parses responses without
+/// building header maps) as the load generator: the apps alternate in rounds of one `WRK_RUN`
+/// run each, order rotating; per-round ratios of requests per second. Runs only when asked for
+/// by name (`-- http-wrk`), and then needs `wrk` on the PATH.
+fn http_wrk() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.iter().any(|a| a == "http-wrk") || !args.iter().any(|a| a == "--bench") {
+        return;
+    }
+    let runtime = Runtime::new().expect("runtime");
+    let addrs: [SocketAddr; APPS] = runtime.block_on(async {
+        let bare = serve(app()).await;
+        let admitted = serve(limited(u32::MAX as u64 / 2, true)).await;
+        let rejected = serve(limited(1, true)).await;
+        let no_headers = serve(limited(u32::MAX as u64 / 2, false)).await;
+        // The first request takes the rejected app's only permit.
+        let mut first = connect(rejected).await;
+        first.truncate(1);
+        batch(&mut first, 1, 200).await;
+        [bare, admitted, rejected, no_headers]
+    });
+    // Warm-up: one run each.
+    for addr in addrs {
+        wrk(addr);
+    }
+    let mut rounds: Vec<[f64; APPS]> = Vec::new();
+    for index in 0..WRK_ROUNDS {
+        let mut us = [0.0; APPS];
+        for k in 0..APPS {
+            let app = (index + k) % APPS;
+            let (rps, non_2xx) = wrk(addrs[app]);
+            if STATUS[app] == 200 {
+                assert_eq!(non_2xx, 0, "{}: every request admitted", NAMES[app]);
+            } else {
+                assert!(non_2xx as f64 >= rps * 0.9, "{}: rejected", NAMES[app]);
+            }
+            us[app] = 1e6 / rps;
+        }
+        rounds.push(us);
+    }
+    let per_app = |app: usize| median(rounds.iter().map(|r| r[app]).collect());
+    let ratio = |a: usize, b: usize| median_ci(rounds.iter().map(|r| r[a] / r[b]).collect());
+    let mut table = format!(
+        "HTTP layer, paired with wrk: {WRK_ROUNDS} rounds of one {WRK_RUN} `wrk -t1 -c{CONNECTIONS}` \
+         run per app, order rotating; medians\n\n| app | µs per request | requests/s |\n|---|---|---|\n"
+    );
+    for (app, name) in NAMES.iter().enumerate() {
+        let us = per_app(app);
+        table += &format!("| {name} | {us:.2} | {:.0} |\n", 1e6 / us);
+    }
+    table += "\n| ratio (median of per-round ratios) | value [95% CI] |\n|---|---|\n";
+    for (label, a, b) in [
+        ("admitted ÷ bare", 1, 0),
+        ("rejected ÷ admitted", 2, 1),
+        ("admitted without RateLimit headers ÷ bare", 3, 0),
+    ] {
+        let (m, low, high) = ratio(a, b);
+        table += &format!("| {label} | {m:.3}× [{low:.3}–{high:.3}] |\n");
+    }
+    println!("\n{table}");
+    let dir = output_dir();
+    std::fs::create_dir_all(&dir).expect("create the output directory");
+    std::fs::write(dir.join("wrk.md"), table).expect("write the table");
+}
+
 criterion_group!(benches, http);
-criterion_main!(benches, http_paired);
+criterion_main!(benches, http_paired, http_wrk);
