@@ -307,24 +307,29 @@ async fn connect_fails_clearly_when_redis_is_not_there() {
 mod tally;
 
 /// The global recorder (the decisions run in futures), installed once for every test of this
-/// binary; each test's rule names are its own.
+/// binary by the first call; each test's rule names are its own. A test calls it before
+/// anything it counts.
 #[cfg(feature = "metrics")]
-fn counts() -> tally::Counts {
+fn recorder() -> &'static tally::Counts {
     static COUNTS: std::sync::OnceLock<tally::Counts> = std::sync::OnceLock::new();
-    COUNTS
-        .get_or_init(|| {
-            let counts = tally::Counts::default();
-            metrics::set_global_recorder(tally::Tally(counts.clone())).unwrap();
-            counts
-        })
-        .clone()
+    COUNTS.get_or_init(|| {
+        let counts = tally::Counts::default();
+        metrics::set_global_recorder(tally::Tally(counts.clone())).unwrap();
+        counts
+    })
+}
+
+/// The total of counter `key` (`name{rule}`) so far.
+#[cfg(feature = "metrics")]
+fn n(key: &str) -> u64 {
+    recorder().lock().unwrap().get(key).copied().unwrap_or(0)
 }
 
 /// Every decision the failure policy made instead of Redis is counted once, by rule.
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn fallbacks_are_counted_by_rule() {
-    let counts = counts();
+    recorder();
     let mut server = RedisServer::start();
     let rules = TWO_PER_MINUTE.replace("per-ip", "metered");
     let limiter = HttpLimiter::connect(config(&server.url(), "fallback", &rules))
@@ -335,7 +340,6 @@ async fn fallbacks_are_counted_by_rule() {
     for _ in 0..3 {
         get(&limiter, "/", "192.0.2.50").await;
     }
-    let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
     assert_eq!(n("turnstile_http_backend_fallbacks{metered}"), 3);
     // One in Redis, then two of the three counted locally (the fallback starts empty).
     assert_eq!(n("turnstile_http_admitted{metered}"), 3);
@@ -403,10 +407,12 @@ fn counted(con: &mut redis::Connection, subject: &str) -> usize {
     keys.first().map_or(0, |k| con.zcard(k).unwrap())
 }
 
-fn evalsha_calls(con: &mut redis::Connection) -> u64 {
+/// How many times the server has run `command` (lower case), from `INFO commandstats`.
+fn calls(con: &mut redis::Connection, command: &str) -> u64 {
     let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |n| n.parse().unwrap())
 }
@@ -430,7 +436,7 @@ async fn a_rule_rejecting_leaves_the_other_rules_counter_unchanged() {
         .unwrap();
     let mut con = server.connection();
     let (a, b) = ("192.0.2.70", "192.0.2.71");
-    let calls = evalsha_calls(&mut con);
+    let sent = calls(&mut con, "evalsha");
     for left in [2, 1, 0] {
         let verdict = get_as(&limiter, "/", a, "app").await;
         assert_eq!(verdict.outcome, Outcome::Admitted);
@@ -438,7 +444,7 @@ async fn a_rule_rejecting_leaves_the_other_rules_counter_unchanged() {
         assert_eq!(quota_of(&verdict, "per-client").remaining, left + 2);
     }
     assert_eq!(
-        evalsha_calls(&mut con) - calls,
+        calls(&mut con, "evalsha") - sent,
         3,
         "one round trip per request"
     );
@@ -457,7 +463,7 @@ async fn a_rule_rejecting_leaves_the_other_rules_counter_unchanged() {
         }
     }
     assert_eq!(
-        evalsha_calls(&mut con) - calls,
+        calls(&mut con, "evalsha") - sent,
         4,
         "the deny cache answered twice"
     );
@@ -571,7 +577,7 @@ async fn redis_down_with_several_rules_fail_closed_or_open() {
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn redis_down_with_several_rules_falls_back_and_counts_one_fallback_per_rule() {
-    let counts = counts();
+    recorder();
     let mut server = RedisServer::start();
     let rules = rule("fb-ip", "ip", 2, "1m") + &rule("fb-client", "client", 3, "1h");
     let limiter = HttpLimiter::connect(config(&server.url(), "fallback", &rules))
@@ -590,10 +596,64 @@ async fn redis_down_with_several_rules_falls_back_and_counts_one_fallback_per_ru
         outcomes,
         ["admitted", "admitted", "fb-ip", "admitted", "fb-client"]
     );
-    let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
     assert_eq!(n("turnstile_http_backend_fallbacks{fb-ip}"), 5);
     assert_eq!(n("turnstile_http_backend_fallbacks{fb-client}"), 5);
     assert_eq!(n("turnstile_http_admitted{fb-ip}"), 3);
     assert_eq!(n("turnstile_http_rejected{fb-ip}"), 1);
     assert_eq!(n("turnstile_http_rejected{fb-client}"), 1);
+}
+
+/// After Redis lost its scripts, several rules still decide in one script: `EVALSHA` answers
+/// NOSCRIPT, `EVAL` runs it (and caches it again), and the counts go on.
+#[tokio::test]
+async fn several_rules_survive_a_script_flush() {
+    let server = RedisServer::start();
+    let rules = rule("flush-ip", "ip", 3, "1m") + &rule("flush-client", "client", 5, "1h");
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    let mut con = server.connection();
+    assert!(get_as(&limiter, "/", "192.0.2.100", "f")
+        .await
+        .outcome
+        .is_admitted());
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    let before = calls(&mut con, "eval");
+    for left in [1, 0] {
+        let verdict = get_as(&limiter, "/", "192.0.2.100", "f").await;
+        assert_eq!(verdict.outcome, Outcome::Admitted);
+        assert_eq!(quota_of(&verdict, "flush-ip").remaining, left);
+        assert_eq!(quota_of(&verdict, "flush-client").remaining, left + 2);
+    }
+    assert_eq!(calls(&mut con, "eval") - before, 1, "loaded once again");
+}
+
+/// A server that answers nothing (SIGSTOP): the request with several rules is decided by the
+/// failure policy once the deadline has passed, not later. (Real time is what is under test.)
+#[tokio::test]
+async fn several_rules_on_a_black_hole_fail_within_the_deadline() {
+    let server = RedisServer::start();
+    let rules = rule("hole-ip", "ip", 3, "1m") + &rule("hole-client", "client", 5, "1h");
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    assert!(get_as(&limiter, "/", "192.0.2.110", "h")
+        .await
+        .outcome
+        .is_admitted());
+    server.pause();
+    let started = std::time::Instant::now();
+    let verdict = get_as(&limiter, "/", "192.0.2.110", "h").await;
+    let took = started.elapsed();
+    server.resume();
+    assert_eq!(
+        rejection(&verdict),
+        Some((RejectReason::Unavailable, "hole-ip", None))
+    );
+    // The deadline (200 ms) bounds the whole request; the upper bound leaves room for a busy
+    // machine.
+    assert!(
+        took >= Duration::from_millis(190) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
 }

@@ -332,17 +332,10 @@ async fn count_all<C: Clock>(
 /// A rule's quota after `answer`: what is left, or 0 until the retry-after (the period when
 /// there is none).
 fn quota<C: Clock>(rule: &Rule<C>, answer: &Result<Admission, TryAcquireError>) -> QuotaState {
-    let (remaining, reset_after) = match answer {
-        Ok(admission) => (u64::from(admission.remaining()), admission.reset_after()),
-        Err(TryAcquireError::Rejected(r)) => (0, r.retry_after()),
-        Err(_) => (0, rule.period),
-    };
-    QuotaState {
-        policy: rule.name.clone(),
-        limit: u64::from(rule.limit),
-        window: rule.period,
-        remaining,
-        reset_after,
+    match answer {
+        Ok(admission) => rule.quota(u64::from(admission.remaining()), admission.reset_after()),
+        Err(TryAcquireError::Rejected(r)) => rule.quota(0, r.retry_after()),
+        Err(_) => rule.quota(0, rule.period),
     }
 }
 
