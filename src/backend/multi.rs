@@ -166,8 +166,109 @@ fn fail_all<C>(members: &[(&RedisLimiter<C>, &[u8])], failure: Failure, n: u32) 
 }
 
 #[cfg(test)]
+#[allow(unreachable_pub)]
+#[path = "../../tests/common/redis_server.rs"]
+mod redis_server;
+
+#[cfg(test)]
 mod tests {
+    use super::redis_server::RedisServer;
     use super::*;
+    use crate::{Algorithm, FailurePolicy, Rate};
+    use ::redis::aio::ConnectionManager;
+    use std::time::Duration;
+
+    /// Two limiters with their own prefixes, subjects and algorithms, one of them a chain of
+    /// two: each call is all or nothing, answers per limiter, and counts in each limiter's stats.
+    #[tokio::test]
+    async fn one_script_decides_every_limiter_all_or_nothing() {
+        let mut server = RedisServer::start();
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ConnectionManager::new(client).await.unwrap();
+        let hour = Duration::from_secs(3600);
+        let a = RedisLimiter::builder(
+            Algorithm::SlidingWindow {
+                limit: 2,
+                window: hour,
+            },
+            FailurePolicy::FailClosed,
+        )
+        .prefix("a")
+        .build(connection.clone())
+        .unwrap();
+        let b = RedisLimiter::builder(
+            Algorithm::TokenBucket {
+                rate: Rate::new(3, hour),
+                burst: 3,
+            },
+            FailurePolicy::FailOpen,
+        )
+        .and_limit(Algorithm::SlidingWindow {
+            limit: 4,
+            window: hour,
+        })
+        .prefix("b")
+        .build(connection)
+        .unwrap();
+        let remaining = |answer: &Answer| match answer {
+            Some(Ok(admission)) => Some(admission.remaining()),
+            _ => None,
+        };
+        for left in [1, 0] {
+            let answers = try_acquire_all(&[(&a, b"x"), (&b, b"y")], 1).await;
+            // b answers its smallest remaining: the bucket's.
+            assert_eq!(
+                answers.iter().map(remaining).collect::<Vec<_>>(),
+                [Some(left), Some(left + 1)]
+            );
+        }
+        let answers = try_acquire_all(&[(&a, b"x"), (&b, b"y")], 1).await;
+        match &answers[0] {
+            Some(Err(TryAcquireError::Rejected(r))) => {
+                assert!(r.retry_after() > Duration::from_secs(3590), "{r:?}");
+                assert_eq!(r.limit(), 2);
+            }
+            other => panic!("a must reject: {other:?}"),
+        }
+        assert_eq!(remaining(&answers[1]), Some(1), "b as it stands, untouched");
+        // b was charged twice, not three times: its last permit is still there.
+        assert_eq!(b.try_acquire(b"y").await.map(|a| a.remaining()), Ok(0));
+        let counts = |l: &RedisLimiter| {
+            let s = l.stats();
+            (s.admitted, s.rejected, s.denied_locally)
+        };
+        assert_eq!(counts(&a), (2, 1, 0));
+        assert_eq!(counts(&b), (3, 1, 0));
+        // a's deny cache now answers for "x" with no round trip; b is not asked.
+        let answers = try_acquire_all(&[(&a, b"x"), (&b, b"y")], 1).await;
+        assert!(matches!(
+            answers[0],
+            Some(Err(TryAcquireError::Rejected(_)))
+        ));
+        assert!(answers[1].is_none());
+        assert_eq!(counts(&a), (2, 1, 1));
+        assert_eq!(counts(&b), (3, 1, 0));
+        // Redis gone: each limiter's own policy answers, and each counts one error and one
+        // policy decision. a fails closed, so b (fail open) takes nothing.
+        server.kill();
+        let answers = try_acquire_all(&[(&a, b"x2"), (&b, b"y2")], 1).await;
+        assert!(matches!(
+            answers[0],
+            Some(Err(TryAcquireError::Unavailable))
+        ));
+        assert!(matches!(answers[1], Some(Ok(_))));
+        let failures = |l: &RedisLimiter| {
+            let s = l.stats();
+            (
+                s.errors + s.timeouts,
+                s.failed_closed,
+                s.failed_open,
+                s.fallbacks,
+            )
+        };
+        assert_eq!(failures(&a), (1, 1, 0, 0));
+        assert_eq!(failures(&b), (1, 0, 1, 0));
+    }
 
     #[test]
     fn replies_of_the_wrong_shape_are_failures() {
