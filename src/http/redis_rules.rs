@@ -23,7 +23,8 @@
 //! rule decides on the state before any write, and all are charged only if all admit. A
 //! rejected request is therefore charged to no rule, even when other processes race for the
 //! same permits: Redis runs one script at a time. (The keys of several rules lie in different
-//! Cluster slots, which is why the backend is a standalone server.)
+//! Cluster slots, which is why the backend is a standalone server.) After Redis lost its script
+//! cache, the first request costs two commands (`EVALSHA`, answered `NOSCRIPT`, then `EVAL`).
 //!
 //! An admitted request reports every rule's quota (remaining after it, reset-after). A rejected
 //! one names the rule that asks to wait longest (its retry-after covers every rule that
@@ -40,7 +41,9 @@
 //! When Redis fails or misses the `[backend] deadline`, the `[backend] failure` policy decides
 //! for each enforced rule: `open` admits, `closed` rejects with [`RejectReason::Unavailable`],
 //! `fallback` counts in a local in-memory limiter ([`FailurePolicy::Fallback`]). The request is
-//! admitted only if every rule's policy admits. With several rules each policy is first asked
+//! admitted only if every rule's policy admits; a rejection names the first rule whose policy
+//! made it unavailable (`closed`), else the rule that asks to wait longest (`fallback`), and
+//! reports every rule as its policy answered. With several rules each policy is first asked
 //! without charging, and the rules are charged (locally) only if all would admit; a concurrent
 //! request in the same process can take a local limiter's last permit in between, leaving the
 //! rules charged before it charged locally (only while Redis is away; nothing is written to
