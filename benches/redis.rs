@@ -23,6 +23,11 @@
 //!   pipelined: the server's ceiling for this script. (Our client pipelines too: the tasks'
 //!   requests share one connection, so `-P 16` is the fair ceiling at 16 and 64 tasks.)
 //!
+//! - `2 rules, one script` (with the feature `http` too): requests per second through
+//!   `HttpLimiter::decide_async` with two rules (per IP, per client) counted in Redis, each request
+//!   one script for both; `2 rules, two passes`: the probe-then-charge it replaced (a probe, then
+//!   a charge, of each rule: four round trips), emulated with two `RedisLimiter`s.
+//!
 //! Results are printed and written to `target/redis-bench.txt`.
 
 use std::fmt::Write as _;
@@ -231,6 +236,79 @@ fn redis_benchmark(port: u16, clients: usize, pipeline: usize) -> Option<f64> {
     rest.split_whitespace().next()?.parse().ok()
 }
 
+/// A request matching two rules (per IP and per client) counted in Redis: the HTTP layer's one
+/// script for both, beside the two passes it replaced (a probe, then a charge, of each rule: four
+/// round trips), emulated with two `RedisLimiter`s. Requests per second.
+#[cfg(feature = "http")]
+async fn several_rules(url: &str, connection: &ConnectionManager, line: &mut impl FnMut(String)) {
+    use turnstile::http::{HttpConfig, HttpLimiter, RequestInfo};
+    let config = HttpConfig::from_toml_str(&format!(
+        "[backend]\nkind = \"redis\"\nurl = \"{url}\"\nprefix = \"rules\"\ndeadline = \"1s\"\n\
+         [[rules]]\nname = \"ip\"\nperiod = \"1s\"\nlimit = 1000000\nalgorithm = \"token_bucket\"\n\
+         [[rules]]\nname = \"client\"\nkey = \"client\"\nperiod = \"1m\"\nlimit = 1000000\nalgorithm = \"token_bucket\"\n"
+    ))
+    .unwrap();
+    let http = Arc::new(HttpLimiter::connect(config).await.unwrap());
+    let mut row = format!("{:<24}", "2 rules, one script");
+    for tasks in TASKS {
+        let http = http.clone();
+        let rate = throughput(tasks, move |_, i| {
+            let http = http.clone();
+            async move {
+                let client = format!("client-{}", i % SUBJECTS);
+                let request = RequestInfo {
+                    method: &http::Method::GET,
+                    path: "/",
+                    client_ip: Some(std::net::IpAddr::from(
+                        ((i % SUBJECTS) as u32).to_be_bytes(),
+                    )),
+                    client_id: Some(&client),
+                };
+                assert!(http.decide_async(&request).await.outcome.is_admitted());
+            }
+        })
+        .await;
+        let _ = write!(row, " {rate:>14.0}");
+    }
+    line(row);
+    let limiter = |prefix: &str, period: Duration| {
+        RedisLimiter::builder(
+            Algorithm::TokenBucket {
+                rate: Rate::new(1_000_000, period),
+                burst: 1_000_000,
+            },
+            FailurePolicy::FailClosed,
+        )
+        .prefix(prefix)
+        .deadline(Duration::from_secs(1))
+        .build(connection.clone())
+        .unwrap()
+    };
+    let pair = Arc::new([
+        limiter("passes-ip", Duration::from_secs(1)),
+        limiter("passes-client", Duration::from_secs(60)),
+    ]);
+    let mut row = format!("{:<24}", "2 rules, two passes");
+    for tasks in TASKS {
+        let pair = pair.clone();
+        let rate = throughput(tasks, move |_, i| {
+            let pair = pair.clone();
+            async move {
+                let subjects = [format!("i{}", i % SUBJECTS), format!("c{}", i % SUBJECTS)];
+                for (limiter, subject) in pair.iter().zip(&subjects) {
+                    limiter.try_acquire_n(subject, 0).await.unwrap();
+                }
+                for (limiter, subject) in pair.iter().zip(&subjects) {
+                    limiter.try_acquire(subject).await.unwrap();
+                }
+            }
+        })
+        .await;
+        let _ = write!(row, " {rate:>14.0}");
+    }
+    line(row);
+}
+
 fn main() {
     let server = start_server();
     let url = format!("redis://127.0.0.1:{}/", server.port);
@@ -376,6 +454,8 @@ fn main() {
                 "zadd",
             ),
         ));
+        #[cfg(feature = "http")]
+        several_rules(&url, &connection, &mut line).await;
         line(String::new());
         line("Redis CPU per decision (INFO commandstats, µs):".to_owned());
         for (name, micros) in &costs {

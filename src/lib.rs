@@ -49,6 +49,11 @@
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
+// The unit tests of the Redis backend start their server with the integration tests' helper,
+// which names this crate `turnstile`.
+#[cfg(all(test, feature = "redis"))]
+extern crate self as turnstile;
+
 mod algorithm;
 #[cfg(feature = "redis")]
 mod backend;

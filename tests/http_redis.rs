@@ -21,8 +21,12 @@ use turnstile::redis::Commands;
 
 /// A Redis configuration: `failure` policy, a 200 ms deadline, then `rules` (TOML).
 fn config(url: &str, failure: &str, rules: &str) -> HttpConfig {
+    config_with_deadline(url, failure, "200ms", rules)
+}
+
+fn config_with_deadline(url: &str, failure: &str, deadline: &str, rules: &str) -> HttpConfig {
     HttpConfig::from_toml_str(&format!(
-        "[backend]\nkind = \"redis\"\nurl = \"{url}\"\nprefix = \"myapp\"\nfailure = \"{failure}\"\ndeadline = \"200ms\"\n{rules}"
+        "[backend]\nkind = \"redis\"\nurl = \"{url}\"\nprefix = \"myapp\"\nfailure = \"{failure}\"\ndeadline = \"{deadline}\"\n{rules}"
     ))
     .unwrap()
 }
@@ -302,15 +306,30 @@ async fn connect_fails_clearly_when_redis_is_not_there() {
 #[path = "common/tally.rs"]
 mod tally;
 
+/// The global recorder (the decisions run in futures), installed once for every test of this
+/// binary by the first call; each test's rule names are its own. A test calls it before
+/// anything it counts.
+#[cfg(feature = "metrics")]
+fn recorder() -> &'static tally::Counts {
+    static COUNTS: std::sync::OnceLock<tally::Counts> = std::sync::OnceLock::new();
+    COUNTS.get_or_init(|| {
+        let counts = tally::Counts::default();
+        metrics::set_global_recorder(tally::Tally(counts.clone())).unwrap();
+        counts
+    })
+}
+
+/// The total of counter `key` (`name{rule}`) so far.
+#[cfg(feature = "metrics")]
+fn n(key: &str) -> u64 {
+    recorder().lock().unwrap().get(key).copied().unwrap_or(0)
+}
+
 /// Every decision the failure policy made instead of Redis is counted once, by rule.
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn fallbacks_are_counted_by_rule() {
-    use tally::{Counts, Tally};
-
-    // The recorder is global (the decisions run in futures); the rule name is this test's own.
-    let counts = Counts::default();
-    metrics::set_global_recorder(Tally(counts.clone())).unwrap();
+    recorder();
     let mut server = RedisServer::start();
     let rules = TWO_PER_MINUTE.replace("per-ip", "metered");
     let limiter = HttpLimiter::connect(config(&server.url(), "fallback", &rules))
@@ -321,7 +340,6 @@ async fn fallbacks_are_counted_by_rule() {
     for _ in 0..3 {
         get(&limiter, "/", "192.0.2.50").await;
     }
-    let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
     assert_eq!(n("turnstile_http_backend_fallbacks{metered}"), 3);
     // One in Redis, then two of the three counted locally (the fallback starts empty).
     assert_eq!(n("turnstile_http_admitted{metered}"), 3);
@@ -360,4 +378,282 @@ async fn monitor_rules_count_in_redis_and_sync_decide_is_unavailable() {
     let mut con = server.connection();
     let keys: Vec<String> = con.keys("myapp:*").unwrap();
     assert_eq!(keys.len(), 2, "{keys:?}");
+}
+
+/// Decides a GET of `path` from `ip` as `client`.
+async fn get_as(limiter: &HttpLimiter, path: &str, ip: &str, client: &str) -> Verdict {
+    let ip: IpAddr = ip.parse().unwrap();
+    let request = RequestInfo {
+        method: &http::Method::GET,
+        path,
+        client_ip: Some(ip),
+        client_id: Some(client),
+    };
+    limiter.decide_async(&request).await
+}
+
+/// A rule counting by `key` (`ip` or `client`), exactly (sliding window).
+fn rule(name: &str, key: &str, limit: u32, period: &str) -> String {
+    format!(
+        "[[rules]]\nname = \"{name}\"\nkey = \"{key}\"\nperiod = \"{period}\"\nlimit = {limit}\nalgorithm = \"sliding_window\"\n"
+    )
+}
+
+/// The permits counted now in the one key whose subject is `subject` (`i<ip>;` or
+/// `c<len>:<client>;`): the size of its sliding-window log, 0 without a key.
+fn counted(con: &mut redis::Connection, subject: &str) -> usize {
+    let keys: Vec<String> = con.keys(format!("myapp:*{{{subject}}}*")).unwrap();
+    assert!(keys.len() <= 1, "{keys:?}");
+    keys.first().map_or(0, |k| con.zcard(k).unwrap())
+}
+
+/// How many times the server has run `command` (lower case), from `INFO commandstats`.
+fn calls(con: &mut redis::Connection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+fn quota_of<'a>(verdict: &'a Verdict, policy: &str) -> &'a turnstile::http::QuotaState {
+    verdict
+        .quotas
+        .iter()
+        .find(|q| q.policy.as_ref() == policy)
+        .unwrap_or_else(|| panic!("no quota {policy} in {verdict:?}"))
+}
+
+/// Two rules counting different subjects (per IP, per client): a request one rejects is not
+/// charged to the other, and each request is one script for both.
+#[tokio::test]
+async fn a_rule_rejecting_leaves_the_other_rules_counter_unchanged() {
+    let server = RedisServer::start();
+    let rules = rule("per-ip", "ip", 3, "1m") + &rule("per-client", "client", 5, "1h");
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    let mut con = server.connection();
+    let (a, b) = ("192.0.2.70", "192.0.2.71");
+    let sent = calls(&mut con, "evalsha");
+    for left in [2, 1, 0] {
+        let verdict = get_as(&limiter, "/", a, "app").await;
+        assert_eq!(verdict.outcome, Outcome::Admitted);
+        assert_eq!(quota_of(&verdict, "per-ip").remaining, left);
+        assert_eq!(quota_of(&verdict, "per-client").remaining, left + 2);
+    }
+    assert_eq!(
+        calls(&mut con, "evalsha") - sent,
+        3,
+        "one round trip per request"
+    );
+    for attempt in 0..3 {
+        let verdict = get_as(&limiter, "/", a, "app").await;
+        let (reason, rule, retry_after) = rejection(&verdict).expect("per-ip allows 3");
+        assert_eq!((reason, rule), (RejectReason::RateLimited, "per-ip"));
+        assert!(retry_after.unwrap() > Duration::from_secs(30));
+        assert_eq!(quota_of(&verdict, "per-ip").remaining, 0);
+        if attempt == 0 {
+            // Redis decided: both rules are reported, the untouched one as it stands.
+            assert_eq!(quota_of(&verdict, "per-client").remaining, 2);
+        } else {
+            // per-ip's deny cache decided, with no round trip: only per-ip is reported.
+            assert_eq!(verdict.quotas.len(), 1);
+        }
+    }
+    assert_eq!(
+        calls(&mut con, "evalsha") - sent,
+        4,
+        "the deny cache answered twice"
+    );
+    assert_eq!(counted(&mut con, &format!("i{a};")), 3);
+    assert_eq!(
+        counted(&mut con, "c3:app;"),
+        3,
+        "rejections charged nothing"
+    );
+    // The client's last two permits, from another IP; then the client rule rejects.
+    for _ in 0..2 {
+        assert!(get_as(&limiter, "/", b, "app").await.outcome.is_admitted());
+    }
+    let verdict = get_as(&limiter, "/", b, "app").await;
+    let (_, rule, retry_after) = rejection(&verdict).expect("per-client allows 5");
+    assert_eq!(rule, "per-client");
+    assert!(retry_after.unwrap() > Duration::from_secs(30 * 60));
+    assert_eq!(quota_of(&verdict, "per-ip").remaining, 1);
+    assert_eq!(counted(&mut con, &format!("i{b};")), 2);
+    assert_eq!(counted(&mut con, &format!("i{a};")), 3);
+    assert_eq!(counted(&mut con, "c3:app;"), 5);
+}
+
+/// Many concurrent requests of one client from three IPs, through two limiters (two processes)
+/// on one server, at the edge of both rules: every rule admits at most its limit, and Redis
+/// counts exactly the admitted requests, so no rejected request was charged to any rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_requests_at_the_edge_of_two_rules_charge_only_admissions() {
+    const PER_IP: u32 = 4;
+    const PER_CLIENT: u32 = 10;
+    let server = RedisServer::start();
+    let rules =
+        rule("race-ip", "ip", PER_IP, "1m") + &rule("race-client", "client", PER_CLIENT, "1h");
+    // A generous deadline: a timed-out script may have charged, and this test counts exactly.
+    let cfg = || config_with_deadline(&server.url(), "closed", "5s", &rules);
+    let limiters = [
+        std::sync::Arc::new(HttpLimiter::connect(cfg()).await.unwrap()),
+        std::sync::Arc::new(HttpLimiter::connect(cfg()).await.unwrap()),
+    ];
+    let ips = ["198.51.100.10", "198.51.100.11", "198.51.100.12"];
+    let mut tasks = Vec::new();
+    for t in 0..12 {
+        let limiter = std::sync::Arc::clone(&limiters[t % 2]);
+        let ip = ips[t % 3];
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0u32;
+            for _ in 0..10 {
+                let verdict = get_as(&limiter, "/", ip, "racer").await;
+                match rejection(&verdict) {
+                    None => admitted += 1,
+                    Some((reason, _, _)) => assert_eq!(reason, RejectReason::RateLimited),
+                }
+            }
+            (ip, admitted)
+        }));
+    }
+    let mut per_ip = std::collections::HashMap::new();
+    for task in tasks {
+        let (ip, admitted) = task.await.unwrap();
+        *per_ip.entry(ip).or_insert(0u32) += admitted;
+    }
+    let total: u32 = per_ip.values().sum();
+    let mut con = server.connection();
+    for ip in ips {
+        let admitted = per_ip[ip];
+        assert!(admitted <= PER_IP, "{ip}: {admitted}");
+        assert_eq!(
+            counted(&mut con, &format!("i{ip};")),
+            admitted as usize,
+            "{ip}"
+        );
+    }
+    // 3 × 4 permits per IP exceed the client's 10, and every IP keeps asking: the client rule
+    // is the one exhausted, exactly.
+    assert_eq!(total, PER_CLIENT, "{per_ip:?}");
+    assert_eq!(counted(&mut con, "c5:racer;"), total as usize);
+}
+
+/// Redis gone, several rules: `closed` rejects as unavailable, naming the first rule; `open`
+/// admits.
+#[tokio::test]
+async fn redis_down_with_several_rules_fail_closed_or_open() {
+    let mut server = RedisServer::start();
+    let rules = rule("down-ip", "ip", 1, "1m") + &rule("down-client", "client", 1, "1h");
+    let closed = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    let open = HttpLimiter::connect(config(&server.url(), "open", &rules))
+        .await
+        .unwrap();
+    assert!(get_as(&closed, "/", "192.0.2.80", "c")
+        .await
+        .outcome
+        .is_admitted());
+    server.kill();
+    let verdict = get_as(&closed, "/", "192.0.2.80", "c").await;
+    assert_eq!(
+        rejection(&verdict),
+        Some((RejectReason::Unavailable, "down-ip", None))
+    );
+    assert_eq!(verdict.quotas.len(), 2);
+    for _ in 0..3 {
+        let verdict = get_as(&open, "/", "192.0.2.80", "c").await;
+        assert_eq!(verdict.outcome, Outcome::Admitted);
+        assert_eq!(verdict.quotas.len(), 2);
+    }
+}
+
+/// Redis gone, several rules, `fallback`: the rules count locally, all or nothing (a request one
+/// rule rejects is not charged to the other), and each request counts one fallback per rule.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn redis_down_with_several_rules_falls_back_and_counts_one_fallback_per_rule() {
+    recorder();
+    let mut server = RedisServer::start();
+    let rules = rule("fb-ip", "ip", 2, "1m") + &rule("fb-client", "client", 3, "1h");
+    let limiter = HttpLimiter::connect(config(&server.url(), "fallback", &rules))
+        .await
+        .unwrap();
+    server.kill();
+    let (a, b) = ("192.0.2.90", "192.0.2.91");
+    let mut outcomes = Vec::new();
+    for ip in [a, a, a, b, b] {
+        let verdict = get_as(&limiter, "/", ip, "fb").await;
+        outcomes.push(rejection(&verdict).map_or("admitted".to_owned(), |r| r.1.to_owned()));
+    }
+    // The third request from `a` is rejected by fb-ip and not charged to fb-client, which
+    // therefore still admits one request from `b`.
+    assert_eq!(
+        outcomes,
+        ["admitted", "admitted", "fb-ip", "admitted", "fb-client"]
+    );
+    assert_eq!(n("turnstile_http_backend_fallbacks{fb-ip}"), 5);
+    assert_eq!(n("turnstile_http_backend_fallbacks{fb-client}"), 5);
+    assert_eq!(n("turnstile_http_admitted{fb-ip}"), 3);
+    assert_eq!(n("turnstile_http_rejected{fb-ip}"), 1);
+    assert_eq!(n("turnstile_http_rejected{fb-client}"), 1);
+}
+
+/// After Redis lost its scripts, several rules still decide in one script: `EVALSHA` answers
+/// NOSCRIPT, `EVAL` runs it (and caches it again), and the counts go on.
+#[tokio::test]
+async fn several_rules_survive_a_script_flush() {
+    let server = RedisServer::start();
+    let rules = rule("flush-ip", "ip", 3, "1m") + &rule("flush-client", "client", 5, "1h");
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    let mut con = server.connection();
+    assert!(get_as(&limiter, "/", "192.0.2.100", "f")
+        .await
+        .outcome
+        .is_admitted());
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    let before = calls(&mut con, "eval");
+    for left in [1, 0] {
+        let verdict = get_as(&limiter, "/", "192.0.2.100", "f").await;
+        assert_eq!(verdict.outcome, Outcome::Admitted);
+        assert_eq!(quota_of(&verdict, "flush-ip").remaining, left);
+        assert_eq!(quota_of(&verdict, "flush-client").remaining, left + 2);
+    }
+    assert_eq!(calls(&mut con, "eval") - before, 1, "loaded once again");
+}
+
+/// A server that answers nothing (SIGSTOP): the request with several rules is decided by the
+/// failure policy once the deadline has passed, not later. (Real time is what is under test.)
+#[tokio::test]
+async fn several_rules_on_a_black_hole_fail_within_the_deadline() {
+    let server = RedisServer::start();
+    let rules = rule("hole-ip", "ip", 3, "1m") + &rule("hole-client", "client", 5, "1h");
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    assert!(get_as(&limiter, "/", "192.0.2.110", "h")
+        .await
+        .outcome
+        .is_admitted());
+    server.pause();
+    let started = std::time::Instant::now();
+    let verdict = get_as(&limiter, "/", "192.0.2.110", "h").await;
+    let took = started.elapsed();
+    server.resume();
+    assert_eq!(
+        rejection(&verdict),
+        Some((RejectReason::Unavailable, "hole-ip", None))
+    );
+    // The deadline (200 ms) bounds the whole request; the upper bound leaves room for a busy
+    // machine.
+    assert!(
+        took >= Duration::from_millis(190) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
 }

@@ -8,6 +8,12 @@
 
 mod deny;
 mod keys;
+// Used by the HTTP rules counted in Redis.
+#[cfg_attr(not(feature = "http"), allow(dead_code, unused_imports))]
+mod multi;
+
+#[cfg(feature = "http")]
+pub(crate) use multi::try_acquire_all;
 
 use crate::chain::KeyedChain;
 use crate::decision::{Admission, Rejection};
@@ -89,17 +95,26 @@ static SLIDING_COUNTER: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(single!("scripts/sliding_counter.lua", "sliding_counter")));
 static TOKEN_BUCKET: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(single!("scripts/token_bucket.lua", "token_bucket")));
-/// Several limits for one subject: every algorithm's function and the chain runner.
-static CHAIN: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("scripts/prelude.lua"),
-        include_str!("scripts/fixed_window.lua"),
-        include_str!("scripts/sliding_window.lua"),
-        include_str!("scripts/sliding_counter.lua"),
-        include_str!("scripts/token_bucket.lua"),
-        include_str!("scripts/chain.lua"),
-    ))
-});
+/// A script over several members: the prelude, every algorithm's function, the all-or-nothing
+/// runner (`members.lua`), then `$file`'s reply.
+macro_rules! members {
+    ($file:literal) => {
+        concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!("scripts/fixed_window.lua"),
+            include_str!("scripts/sliding_window.lua"),
+            include_str!("scripts/sliding_counter.lua"),
+            include_str!("scripts/token_bucket.lua"),
+            include_str!("scripts/members.lua"),
+            include_str!($file),
+        )
+    };
+}
+
+/// Several limits for one subject: one aggregated reply.
+static CHAIN: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/chain.lua")));
+/// Several limiters, each with its own subject: one reply per member ([`multi`]).
+static MULTI: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/multi.lua")));
 
 /// What a [`RedisLimiter`] does when Redis does not answer within the deadline, or answers with an
 /// error.
@@ -689,6 +704,7 @@ impl RedisLimiterBuilder {
 }
 
 /// Why a round trip gave no decision.
+#[derive(Debug, Clone, Copy)]
 enum Failure {
     Error,
     Timeout,
@@ -764,47 +780,18 @@ where
     {
         let inner = &*self.inner;
         let subject = subject.as_ref();
-        if n > inner.capacity {
-            return Err(TryAcquireError::InsufficientCapacity {
-                requested: n,
-                capacity: inner.capacity,
-            });
-        }
         let sent = Instant::now();
-        if let Some(left) = inner.deny.check(subject, n, sent) {
-            inner.count(DENIED_LOCALLY);
-            return Err(TryAcquireError::Rejected(Rejection::new(
-                left,
-                inner.capacity,
-            )));
-        }
-        let reply = match tokio::time::timeout(inner.deadline, inner.eval(subject, n)).await {
-            Ok(Ok(reply)) => parse(&reply),
-            Ok(Err(_)) => Err(Failure::Error),
-            Err(_) => Err(Failure::Timeout),
-        };
+        inner.before(subject, n, sent)?;
+        let reply = within(inner.deadline, inner.eval(subject, n))
+            .await
+            .and_then(|reply| parse(&reply));
         match reply {
             Ok(Ok((at, reset_after, remaining))) => {
                 inner.count(ADMITTED);
                 Ok(Admission::new(at, reset_after, remaining))
             }
             Ok(Err((retry_after, member))) => {
-                inner.count(REJECTED);
-                // A chain names the member that gave the retry-after (1-based); one limit says 0.
-                let limit = member
-                    .checked_sub(1)
-                    .and_then(|i| inner.members.get(i))
-                    .map_or(inner.capacity, |m| m.plan.capacity);
-                if n > 0 {
-                    let until = sent.checked_add(Duration::from_nanos(retry_after));
-                    if let Some(until) = until {
-                        inner.deny.deny(subject, n, until, Instant::now());
-                    }
-                }
-                Err(TryAcquireError::Rejected(Rejection::new(
-                    retry_after,
-                    limit,
-                )))
+                Err(inner.rejected(subject, n, sent, retry_after, member))
             }
             Err(failure) => inner.fail(failure, subject, n),
         }
@@ -1021,29 +1008,80 @@ impl<C> Inner<C> {
         self.counters[counter].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// What is settled before any round trip: `n` must fit the capacity, and `subject` must not
+    /// be denied for `n` at `sent` by the deny cache (counted as denied locally).
+    fn before(&self, subject: &[u8], n: u32, sent: Instant) -> Result<(), TryAcquireError> {
+        if n > self.capacity {
+            return Err(TryAcquireError::InsufficientCapacity {
+                requested: n,
+                capacity: self.capacity,
+            });
+        }
+        if let Some(left) = self.deny.check(subject, n, sent) {
+            self.count(DENIED_LOCALLY);
+            return Err(TryAcquireError::Rejected(Rejection::new(
+                left,
+                self.capacity,
+            )));
+        }
+        Ok(())
+    }
+
+    /// Redis rejected `n` permits for `subject` (asked at `sent`) with `retry_after` (ns), given
+    /// by `member` (1-based in a chain; 0 for one limit): counted, and remembered by the deny
+    /// cache.
+    fn rejected(
+        &self,
+        subject: &[u8],
+        n: u32,
+        sent: Instant,
+        retry_after: u64,
+        member: usize,
+    ) -> TryAcquireError {
+        self.count(REJECTED);
+        let limit = member
+            .checked_sub(1)
+            .and_then(|i| self.members.get(i))
+            .map_or(self.capacity, |m| m.plan.capacity);
+        if n > 0 {
+            let until = sent.checked_add(Duration::from_nanos(retry_after));
+            if let Some(until) = until {
+                self.deny.deny(subject, n, until, Instant::now());
+            }
+        }
+        TryAcquireError::Rejected(Rejection::new(retry_after, limit))
+    }
+
     /// The failure policy's answer for a decision that got no reply.
     fn fail(&self, failure: Failure, subject: &[u8], n: u32) -> Result<Admission, TryAcquireError> {
+        self.count_failure(failure);
+        let (answer, counter) = self.policy(subject, n);
+        self.count(counter);
+        answer
+    }
+
+    fn count_failure(&self, failure: Failure) {
         self.count(match failure {
             Failure::Error => ERRORS,
             Failure::Timeout => TIMEOUTS,
         });
+    }
+
+    /// The failure policy's answer for `n` permits (`n == 0`: a probe, which takes nothing from
+    /// the fallback), and the counter it belongs to; counts nothing.
+    fn policy(&self, subject: &[u8], n: u32) -> (Result<Admission, TryAcquireError>, usize) {
         match (self.policy, &self.fallback) {
             (FailurePolicy::Fallback { .. }, Some(local)) => {
-                self.count(FALLBACKS);
                 let key: Box<[u8]> = subject.into();
-                local.try_acquire_n(&key, n)
+                (local.try_acquire_n(&key, n), FALLBACKS)
             }
             (FailurePolicy::FailOpen, _) => {
-                self.count(FAILED_OPEN);
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-                Ok(Admission::new(now, 0, self.capacity))
+                (Ok(Admission::new(now, 0, self.capacity)), FAILED_OPEN)
             }
-            _ => {
-                self.count(FAILED_CLOSED);
-                Err(TryAcquireError::Unavailable)
-            }
+            _ => (Err(TryAcquireError::Unavailable), FAILED_CLOSED),
         }
     }
 }
@@ -1054,34 +1092,63 @@ where
 {
     /// One decision in Redis: `EVALSHA`, and `EVAL` if Redis has lost the script.
     async fn eval(&self, subject: &[u8], n: u32) -> Result<Vec<i64>, RedisError> {
-        let mut connection = self.connection.clone();
-        let command = |name: &str, script: &str| {
-            let mut cmd = ::redis::cmd(name);
-            cmd.arg(script).arg(self.members.len());
+        let chain = self.members.len() > 1;
+        run(&self.connection, self.script, self.members.len(), |cmd| {
             for member in &self.members {
                 cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
             }
             cmd.arg(n);
-            let chain = self.members.len() > 1;
             for member in &self.members {
                 if chain {
                     cmd.arg(member.plan.kind);
                 }
                 cmd.arg(member.plan.params[0]).arg(member.plan.params[1]);
             }
-            cmd
-        };
-        match command("EVALSHA", &self.script.sha)
-            .query_async(&mut connection)
-            .await
-        {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                command("EVAL", self.script.body)
-                    .query_async(&mut connection)
-                    .await
-            }
-            other => other,
+        })
+        .await
+    }
+}
+
+/// Runs `script` over `keys` keys through a clone of `connection`: `EVALSHA`, and `EVAL` if
+/// Redis has lost the script. `args` adds the keys, then the arguments.
+async fn run<C>(
+    connection: &C,
+    script: &Lua,
+    keys: usize,
+    args: impl Fn(&mut ::redis::Cmd),
+) -> Result<Vec<i64>, RedisError>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut connection = connection.clone();
+    let command = |name: &str, script: &str| {
+        let mut cmd = ::redis::cmd(name);
+        cmd.arg(script).arg(keys);
+        args(&mut cmd);
+        cmd
+    };
+    match command("EVALSHA", &script.sha)
+        .query_async(&mut connection)
+        .await
+    {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            command("EVAL", script.body)
+                .query_async(&mut connection)
+                .await
         }
+        other => other,
+    }
+}
+
+/// A round trip's reply within `deadline`, or why there is none.
+async fn within<T>(
+    deadline: Duration,
+    round_trip: impl std::future::Future<Output = Result<T, RedisError>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(deadline, round_trip).await {
+        Ok(Ok(reply)) => Ok(reply),
+        Ok(Err(_)) => Err(Failure::Error),
+        Err(_) => Err(Failure::Timeout),
     }
 }
 

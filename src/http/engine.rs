@@ -65,11 +65,9 @@
 //! `HttpLimiter::connect`), steps 1 to 4 and the checks of step 5 are as above; the counting of
 //! step 5 and monitor rules go to Redis, and [`Policy::check`] returns [`Check::Pending`]. Each
 //! rule counts in its own `RedisLimiter` under keys named by the rule's identity (not its limit).
-//! One matching rule is decided atomically; several are probed (nothing written), then charged in
-//! order: a rejected request is charged to no rule, unless a concurrent request takes a later
-//! rule's last permit between the probe and the charge, in which case the rules charged before it
-//! stay charged (Redis keeps no refund). A rejection's verdict reports the quotas of the rules
-//! decided so far. Bans stay in this process's memory.
+//! A request's matching rules are decided together in one atomic script (one round trip): a
+//! rejected request is charged to no rule, whatever other processes do. Bans stay in this
+//! process's memory.
 //!
 //! # Reload
 //!

@@ -17,32 +17,46 @@
 //!
 //! # All or nothing, and what is not atomic
 //!
-//! One matching rule (the common case) is one script: atomic. With several matching rules, each
-//! counting a different subject, the request is decided in two passes: first every rule is
-//! **probed** (a decision for zero permits, which writes nothing); if one would reject, the request
-//! is rejected by it and no rule is charged. Otherwise every rule is charged in order. Between the
-//! probe and the charge another process may take the last permit of a later rule: the request is
-//! then rejected by that rule, and the rules charged before it **stay charged** (Redis keeps no
-//! refund). That race needs concurrent requests of one client at the very edge of a limit; it is
-//! not otherwise possible for a rejected request to be charged. Cost: one round trip per rule per
-//! pass.
+//! A request's enforced rules are decided together in **one script, one round trip**, whatever
+//! their number: one matching rule runs its algorithm's script; several (each counting its own
+//! subject, with its own algorithm and keys) run one script over all their keys, in which every
+//! rule decides on the state before any write, and all are charged only if all admit. A
+//! rejected request is therefore charged to no rule, even when other processes race for the
+//! same permits: Redis runs one script at a time. (The keys of several rules lie in different
+//! Cluster slots, which is why the backend is a standalone server.) After Redis lost its script
+//! cache, the first request costs two commands (`EVALSHA`, answered `NOSCRIPT`, then `EVAL`).
 //!
-//! On a rejection the verdict's quotas are those of the rules decided so far (the rejecting
-//! rule's with remaining 0 and reset after its retry-after); rules not reached are not reported.
+//! An admitted request reports every rule's quota (remaining after it, reset-after). A rejected
+//! one names the rule that asks to wait longest (its retry-after covers every rule that
+//! rejected) and reports every rule: the rejecting ones with remaining 0 and reset after their
+//! retry-after, the others as they stand, untouched. When a rule's deny cache already knows that
+//! it rejects the request, the request is rejected by that rule with no round trip, and only
+//! that rule is reported.
+//!
+//! Monitor rules are counted after the enforced ones, one script each, and only for admitted
+//! requests: they never reject, and nothing ties them to the enforced rules' decision.
 //!
 //! # Failures
 //!
-//! The `[backend] failure` policy applies to each rule's decision: `open` admits,
-//! `closed` rejects with [`RejectReason::Unavailable`], `fallback` counts in a local in-memory
-//! limiter ([`FailurePolicy::Fallback`]). Every decision the policy made instead of Redis is
-//! logged (`tracing` warn) and counted in `turnstile_http_backend_fallbacks` (label `rule`) with
-//! the feature `metrics`. A request matching several rules makes two decisions per rule (the
-//! probe and the charge), so while Redis is away it counts up to two fallbacks per rule.
+//! When Redis fails or misses the `[backend] deadline`, the `[backend] failure` policy decides
+//! for each enforced rule: `open` admits, `closed` rejects with [`RejectReason::Unavailable`],
+//! `fallback` counts in a local in-memory limiter ([`FailurePolicy::Fallback`]). The request is
+//! admitted only if every rule's policy admits; a rejection names the first rule whose policy
+//! made it unavailable (`closed`), else the rule that asks to wait longest (`fallback`), and
+//! reports every rule as its policy answered. With several rules each policy is first asked
+//! without charging, and the rules are charged (locally) only if all would admit; a concurrent
+//! request in the same process can take a local limiter's last permit in between, leaving the
+//! rules charged before it charged locally (only while Redis is away; nothing is written to
+//! Redis). Every decision the policy made instead of Redis, exactly one per enforced rule per
+//! request (and one per monitor rule), is logged (`tracing` warn) and counted in
+//! `turnstile_http_backend_fallbacks` (label `rule`) with the feature `metrics`. A timed-out
+//! script is never retried: it may still run, and charge every rule.
 
+use crate::backend::try_acquire_all;
 use crate::http::config::BackendConfig;
 use crate::http::rules::{parse_period, BanKey, Bans, CounterKey, Rule, RuleSet};
 use crate::http::{Check, HttpConfigError, Outcome, QuotaState, RejectReason, Verdict};
-use crate::{Clock, FailurePolicy, RedisLimiter, TryAcquireError};
+use crate::{Admission, Clock, FailurePolicy, RedisLimiter, TryAcquireError};
 use ::redis::aio::ConnectionManager;
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
@@ -238,30 +252,23 @@ pub(crate) fn count<C: Clock>(
             .iter()
             .filter_map(|s| Some((s, s.rule.remote.as_ref()?, subject(&s.key))))
             .collect();
-        if steps.len() > 1 {
+        let quotas = if steps.len() > 1 {
+            match count_all(&steps, &ban).await {
+                Ok(quotas) => quotas,
+                Err(rejected) => return rejected,
+            }
+        } else {
+            let mut quotas = Vec::with_capacity(steps.len());
             for (step, limiter, subject) in &steps {
-                let result = limiter.limiter.try_acquire_n(subject, 0).await;
+                let result = limiter.limiter.try_acquire(subject).await;
                 limiter.report(&step.rule.name);
+                quotas.push(quota(&step.rule, &result));
                 if let Err(error) = result {
-                    return reject(step, error, Vec::new(), &ban);
+                    return reject(step, error, quotas, &ban);
                 }
             }
-        }
-        let mut quotas = Vec::with_capacity(steps.len());
-        for (step, limiter, subject) in &steps {
-            let result = limiter.limiter.try_acquire(subject).await;
-            limiter.report(&step.rule.name);
-            match result {
-                Ok(admission) => quotas.push(QuotaState {
-                    policy: step.rule.name.clone(),
-                    limit: u64::from(step.rule.limit),
-                    window: step.rule.period,
-                    remaining: u64::from(admission.remaining()),
-                    reset_after: admission.reset_after(),
-                }),
-                Err(error) => return reject(step, error, quotas, &ban),
-            }
-        }
+            quotas
+        };
         for step in &monitors {
             let Some(limiter) = &step.rule.remote else {
                 continue;
@@ -283,10 +290,63 @@ pub(crate) fn count<C: Clock>(
     }))
 }
 
+/// Several enforced rules: one permit from each, all or nothing, in one script (see the module
+/// docs). The quotas of every rule, or the rejection by the rule that decided it.
+async fn count_all<C: Clock>(
+    steps: &[(&Step<C>, &Remote, String)],
+    ban: &BanEntry<C>,
+) -> Result<Vec<QuotaState>, Verdict> {
+    let members: Vec<(&RedisLimiter, &[u8])> = steps
+        .iter()
+        .map(|(_, remote, subject)| (&remote.limiter, subject.as_bytes()))
+        .collect();
+    let mut answers = try_acquire_all(&members, 1).await;
+    let mut quotas = Vec::with_capacity(steps.len());
+    for ((step, remote, _), answer) in steps.iter().zip(&answers) {
+        remote.report(&step.rule.name);
+        if let Some(answer) = answer {
+            quotas.push(quota(&step.rule, answer));
+        }
+    }
+    // The rule named is the first whose policy failed it, or else the one that asks to wait
+    // longest (its Retry-After covers every rule that rejected).
+    let retry = |a: &Option<Result<_, TryAcquireError>>| match a {
+        Some(Err(TryAcquireError::Rejected(r))) => Some(r.retry_after()),
+        _ => None,
+    };
+    let failed = answers
+        .iter()
+        .position(|a| matches!(a, Some(Err(e)) if !matches!(e, TryAcquireError::Rejected(_))));
+    let longest = answers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| Some((retry(a)?, i)))
+        .max_by_key(|&(retry_after, i)| (retry_after, std::cmp::Reverse(i)))
+        .map(|(_, i)| i);
+    match failed.or(longest) {
+        None => Ok(quotas),
+        Some(i) => match answers[i].take() {
+            Some(Err(error)) => Err(reject(steps[i].0, error, quotas, ban)),
+            _ => Ok(quotas), // not reached: `i` holds an error
+        },
+    }
+}
+
+/// A rule's quota after `answer`: what is left, or 0 until the retry-after (the period when
+/// there is none).
+fn quota<C: Clock>(rule: &Rule<C>, answer: &Result<Admission, TryAcquireError>) -> QuotaState {
+    match answer {
+        Ok(admission) => rule.quota(u64::from(admission.remaining()), admission.reset_after()),
+        Err(TryAcquireError::Rejected(r)) => rule.quota(0, r.retry_after()),
+        Err(_) => rule.quota(0, rule.period),
+    }
+}
+
+/// The rejection of a request by `step`'s rule with `error`; `quotas` include that rule's.
 fn reject<C: Clock>(
     step: &Step<C>,
     error: TryAcquireError,
-    mut quotas: Vec<QuotaState>,
+    quotas: Vec<QuotaState>,
     ban: &BanEntry<C>,
 ) -> Verdict {
     let rule = &step.rule;
@@ -306,13 +366,6 @@ fn reject<C: Clock>(
             }
         }
     }
-    quotas.push(QuotaState {
-        policy: rule.name.clone(),
-        limit: u64::from(rule.limit),
-        window: rule.period,
-        remaining: 0,
-        reset_after: retry_after.unwrap_or(rule.period),
-    });
     Verdict {
         outcome: Outcome::Rejected {
             reason,

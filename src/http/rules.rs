@@ -180,6 +180,20 @@ pub(crate) struct Rule<C: Clock> {
     pub(crate) remote: Option<crate::http::redis_rules::Remote>,
 }
 
+impl<C: Clock> Rule<C> {
+    /// The rule's quota for the headers: `remaining` permits, reset after `reset_after`.
+    #[cfg(feature = "redis")]
+    pub(crate) fn quota(&self, remaining: u64, reset_after: Duration) -> crate::http::QuotaState {
+        crate::http::QuotaState {
+            policy: self.name.clone(),
+            limit: u64::from(self.limit),
+            window: self.period,
+            remaining,
+            reset_after,
+        }
+    }
+}
+
 /// Temporary bans.
 pub(crate) struct Bans<C: Clock> {
     pub(crate) config: BanConfig,

@@ -1,0 +1,282 @@
+//! Several [`RedisLimiter`]s, each with its own subject (and prefix, and algorithm), decided all
+//! or nothing in one script, `scripts/multi.lua`: see [`try_acquire_all`].
+
+use super::{keys, parse, run, within, Failure, RedisLimiter, ADMITTED, MULTI, REJECTED};
+use crate::decision::Admission;
+use crate::error::TryAcquireError;
+use ::redis::aio::ConnectionLike;
+use std::time::Instant;
+
+/// One member's answer from [`try_acquire_all`]: `None` if it was not decided.
+pub(crate) type Answer = Option<Result<Admission, TryAcquireError>>;
+
+/// Takes `n` permits from every `(limiter, subject)` of `members` if every one admits them, and
+/// otherwise from none: one `EVALSHA` for all (plus an `EVAL` after Redis lost its script
+/// cache), in which every member decides on the state before any write. The limiters must count
+/// on one standalone server (their keys may lie in any slot): the first member's connection
+/// sends the script, within the smallest deadline of the members. Answers one entry per member,
+/// in order; the call admitted if and only if every entry is `Some(Ok(_))`.
+///
+/// - **Admitted**: each member's admission (its `remaining` after taking `n`, its
+///   `reset_after`); each limiter counts an admission.
+/// - **Rejected by Redis**: nothing was taken. A member that rejected answers its rejection
+///   (exact retry-after, remembered by its deny cache as in
+///   [`RedisLimiter::try_acquire_n`]); a member that would have admitted answers its state as
+///   it stands, untouched (an admission whose `remaining` includes the `n` not taken). Every
+///   limiter counts a rejection.
+/// - **Settled before the round trip**: `n` above a member's capacity, or a member whose deny
+///   cache denies its subject: that member answers the error, the others `None`, and nothing is
+///   sent (only the denying limiter counts, as denied locally). The deny cache is never stricter
+///   than Redis, so this rejects only calls that Redis would reject.
+/// - **Redis failed or missed the deadline**: every limiter counts the error (or timeout) and
+///   one decision of its own [`FailurePolicy`](crate::FailurePolicy) (so `stats()` shows one
+///   fallback, fail-open or fail-closed decision per member). The policies first each answer a
+///   probe (a fallback limiter takes nothing); only if all would admit does each then take `n`
+///   (a fallback limiter from its local state). A concurrent call in this process may take a
+///   fallback limiter's last permit between the two, leaving the members charged before it
+///   charged locally: the one way, only while Redis is away, for a rejected call to be charged.
+///
+/// # Cancel safety
+///
+/// As [`RedisLimiter::try_acquire_n`]: once sent, the script may run and admit even if the
+/// future is dropped.
+pub(crate) async fn try_acquire_all<C>(members: &[(&RedisLimiter<C>, &[u8])], n: u32) -> Vec<Answer>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let Some((first, _)) = members.first() else {
+        return Vec::new();
+    };
+    let sent = Instant::now();
+    for (i, (limiter, subject)) in members.iter().enumerate() {
+        if let Err(error) = limiter.inner.before(subject, n, sent) {
+            let mut answers: Vec<Answer> = members.iter().map(|_| None).collect();
+            answers[i] = Some(Err(error));
+            return answers;
+        }
+    }
+    let deadline = members
+        .iter()
+        .map(|(l, _)| l.inner.deadline)
+        .min()
+        .unwrap_or(first.inner.deadline);
+    let keys: usize = members.iter().map(|(l, _)| l.inner.members.len()).sum();
+    let round_trip = run(&first.inner.connection, &MULTI, keys, |cmd| {
+        for (limiter, subject) in members {
+            let inner = &limiter.inner;
+            for member in &inner.members {
+                cmd.arg(keys::key(&inner.prefix, subject, &member.suffix));
+            }
+        }
+        cmd.arg(n);
+        for (limiter, _) in members {
+            for member in &limiter.inner.members {
+                let plan = &member.plan;
+                cmd.arg(plan.kind).arg(plan.params[0]).arg(plan.params[1]);
+            }
+        }
+    });
+    let reply = within(deadline, round_trip)
+        .await
+        .and_then(|reply| split(&reply, keys));
+    let (all, decisions) = match reply {
+        Ok(reply) => reply,
+        Err(failure) => return fail_all(members, failure, n),
+    };
+    let mut decisions = decisions.into_iter();
+    members
+        .iter()
+        .map(|(limiter, subject)| {
+            let inner = &limiter.inner;
+            let mut admitted: Option<(u64, u64, u32)> = None;
+            let mut worst: Option<(u64, usize)> = None;
+            // A chain's keys answer together: the largest retry-after (and the member, 1-based,
+            // that gave it), or the smallest remaining and the largest reset.
+            for (k, decision) in decisions.by_ref().take(inner.members.len()).enumerate() {
+                match decision {
+                    Ok((at, reset, remaining)) => {
+                        admitted = Some(match admitted {
+                            None => (at, reset, remaining),
+                            Some((at, r, m)) => (at, r.max(reset), m.min(remaining)),
+                        });
+                    }
+                    Err((retry_after, _)) => {
+                        if worst.is_none_or(|(w, _)| retry_after > w) {
+                            worst = Some((retry_after, k + 1));
+                        }
+                    }
+                }
+            }
+            Some(match (worst, admitted) {
+                (Some((retry_after, member)), _) => {
+                    Err(inner.rejected(subject, n, sent, retry_after, member))
+                }
+                (None, Some((at, reset, remaining))) => {
+                    inner.count(if all { ADMITTED } else { REJECTED });
+                    Ok(Admission::new(at, reset, remaining))
+                }
+                (None, None) => Err(TryAcquireError::Unavailable), // a limiter has members
+            })
+        })
+        .collect()
+}
+
+/// One decision of a script's key, as [`parse`] gives it.
+type Decision = Result<(u64, u64, u32), (u64, usize)>;
+
+/// `multi.lua`'s reply `{all, now, (admitted, t, remaining) per key}`: whether all admitted, and
+/// each key's decision.
+fn split(reply: &[i64], keys: usize) -> Result<(bool, Vec<Decision>), Failure> {
+    let [all, now, each @ ..] = reply else {
+        return Err(Failure::Error);
+    };
+    if each.len() != 3 * keys {
+        return Err(Failure::Error);
+    }
+    let decisions = each
+        .chunks_exact(3)
+        .map(|d| parse(&[d[0], *now, d[1], d[2]]))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((*all == 1, decisions))
+}
+
+/// Redis gave no decision: each member's failure policy answers (see [`try_acquire_all`]).
+fn fail_all<C>(members: &[(&RedisLimiter<C>, &[u8])], failure: Failure, n: u32) -> Vec<Answer> {
+    let probes: Vec<_> = members
+        .iter()
+        .map(|(limiter, subject)| {
+            limiter.inner.count_failure(failure);
+            limiter.inner.policy(subject, 0)
+        })
+        .collect();
+    let charge = n > 0 && probes.iter().all(|(answer, _)| answer.is_ok());
+    members
+        .iter()
+        .zip(probes)
+        .map(|((limiter, subject), probe)| {
+            let (answer, counter) = if charge {
+                limiter.inner.policy(subject, n)
+            } else {
+                probe
+            };
+            limiter.inner.count(counter);
+            Some(answer)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(unreachable_pub)]
+#[path = "../../tests/common/redis_server.rs"]
+mod redis_server;
+
+#[cfg(test)]
+mod tests {
+    use super::redis_server::RedisServer;
+    use super::*;
+    use crate::{Algorithm, FailurePolicy, Rate};
+    use ::redis::aio::ConnectionManager;
+    use std::time::Duration;
+
+    /// Two limiters with their own prefixes, subjects and algorithms, one of them a chain of
+    /// two: each call is all or nothing, answers per limiter, and counts in each limiter's stats.
+    #[tokio::test]
+    async fn one_script_decides_every_limiter_all_or_nothing() {
+        let mut server = RedisServer::start();
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ConnectionManager::new(client).await.unwrap();
+        let hour = Duration::from_secs(3600);
+        let a = RedisLimiter::builder(
+            Algorithm::SlidingWindow {
+                limit: 2,
+                window: hour,
+            },
+            FailurePolicy::FailClosed,
+        )
+        .prefix("a")
+        .build(connection.clone())
+        .unwrap();
+        let b = RedisLimiter::builder(
+            Algorithm::TokenBucket {
+                rate: Rate::new(3, hour),
+                burst: 3,
+            },
+            FailurePolicy::FailOpen,
+        )
+        .and_limit(Algorithm::SlidingWindow {
+            limit: 4,
+            window: hour,
+        })
+        .prefix("b")
+        .build(connection)
+        .unwrap();
+        let remaining = |answer: &Answer| match answer {
+            Some(Ok(admission)) => Some(admission.remaining()),
+            _ => None,
+        };
+        for left in [1, 0] {
+            let answers = try_acquire_all(&[(&a, b"x"), (&b, b"y")], 1).await;
+            // b answers its smallest remaining: the bucket's.
+            assert_eq!(
+                answers.iter().map(remaining).collect::<Vec<_>>(),
+                [Some(left), Some(left + 1)]
+            );
+        }
+        let answers = try_acquire_all(&[(&a, b"x"), (&b, b"y")], 1).await;
+        match &answers[0] {
+            Some(Err(TryAcquireError::Rejected(r))) => {
+                assert!(r.retry_after() > Duration::from_secs(3590), "{r:?}");
+                assert_eq!(r.limit(), 2);
+            }
+            other => panic!("a must reject: {other:?}"),
+        }
+        assert_eq!(remaining(&answers[1]), Some(1), "b as it stands, untouched");
+        // b was charged twice, not three times: its last permit is still there.
+        assert_eq!(b.try_acquire(b"y").await.map(|a| a.remaining()), Ok(0));
+        let counts = |l: &RedisLimiter| {
+            let s = l.stats();
+            (s.admitted, s.rejected, s.denied_locally)
+        };
+        assert_eq!(counts(&a), (2, 1, 0));
+        assert_eq!(counts(&b), (3, 1, 0));
+        // a's deny cache now answers for "x" with no round trip; b is not asked.
+        let answers = try_acquire_all(&[(&a, b"x"), (&b, b"y")], 1).await;
+        assert!(matches!(
+            answers[0],
+            Some(Err(TryAcquireError::Rejected(_)))
+        ));
+        assert!(answers[1].is_none());
+        assert_eq!(counts(&a), (2, 1, 1));
+        assert_eq!(counts(&b), (3, 1, 0));
+        // Redis gone: each limiter's own policy answers, and each counts one error and one
+        // policy decision. a fails closed, so b (fail open) takes nothing.
+        server.kill();
+        let answers = try_acquire_all(&[(&a, b"x2"), (&b, b"y2")], 1).await;
+        assert!(matches!(
+            answers[0],
+            Some(Err(TryAcquireError::Unavailable))
+        ));
+        assert!(matches!(answers[1], Some(Ok(_))));
+        let failures = |l: &RedisLimiter| {
+            let s = l.stats();
+            (
+                s.errors + s.timeouts,
+                s.failed_closed,
+                s.failed_open,
+                s.fallbacks,
+            )
+        };
+        assert_eq!(failures(&a), (1, 1, 0, 0));
+        assert_eq!(failures(&b), (1, 0, 1, 0));
+    }
+
+    #[test]
+    fn replies_of_the_wrong_shape_are_failures() {
+        assert!(split(&[1], 0).is_err());
+        assert!(split(&[1, 5, 1, 2], 1).is_err());
+        assert!(split(&[1, 5, 1, 2, -3], 1).is_err());
+        let (all, each) = split(&[0, 5, 1, 2, 3, 0, 4, 0], 2).ok().unwrap();
+        assert!(!all);
+        assert_eq!(each, [Ok((5_000, 2_000, 3)), Err((4_000, 0))]);
+    }
+}

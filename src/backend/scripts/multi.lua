@@ -1,0 +1,20 @@
+-- Several limiters, each with its own subject, all or nothing, in one script (see members.lua;
+-- the keys may lie in any slot, so only on a standalone server). Reply {all admitted (1 or 0),
+-- now, then per member: admitted (1 or 0), t, remaining}: an admitted member's t is its
+-- reset_after and remaining what is left; a rejected member's t is its retry_after (remaining 0).
+-- When the call as a whole is rejected nothing was taken, so the members that would have
+-- admitted report their state as it stands: a probe (n = 0), which writes nothing.
+local now, n, all, results = all_or_nothing()
+local reply = {all and 1 or 0, now}
+for i = 1, #KEYS do
+  local admitted, t, left = results[i][1], results[i][2], results[i][3]
+  if admitted and not all and n > 0 then
+    local _
+    _, t, left = decide(i, 0, now)
+  end
+  if not admitted then left = 0 end
+  reply[#reply + 1] = admitted and 1 or 0
+  reply[#reply + 1] = t
+  reply[#reply + 1] = left
+end
+return reply
