@@ -783,3 +783,111 @@ async fn grpc_requests_are_rejected_with_a_grpc_status() {
         assert!(plain.headers().get("grpc-status").is_none());
     }
 }
+
+/// An inner service that reserves a slot in `poll_ready` (as tower's `Buffer` or
+/// `ConcurrencyLimit` do): the slot is taken by `call` and released when the reserving service
+/// is dropped without being called. Clones reserve nothing.
+struct Reserving {
+    reserved: Arc<std::sync::atomic::AtomicUsize>,
+    holding: bool,
+}
+
+impl Clone for Reserving {
+    fn clone(&self) -> Self {
+        Reserving {
+            reserved: Arc::clone(&self.reserved),
+            holding: false,
+        }
+    }
+}
+
+impl Drop for Reserving {
+    fn drop(&mut self) {
+        if self.holding {
+            self.reserved
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+impl Service<http::Request<String>> for Reserving {
+    type Response = http::Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        if !self.holding {
+            self.holding = true;
+            self.reserved
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<String>) -> Self::Future {
+        assert!(self.holding, "called without poll_ready");
+        self.holding = false;
+        self.reserved
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::ready(Ok(http::Response::new(String::from("ok"))))
+    }
+}
+
+/// Rejects every request at once.
+struct RejectAll;
+
+impl Policy for RejectAll {
+    fn check(&self, _: &RequestInfo<'_>) -> Check {
+        Check::Ready(Verdict {
+            outcome: Outcome::Rejected {
+                reason: RejectReason::RateLimited,
+                rule: "none".into(),
+                retry_after: Some(Duration::from_secs(1)),
+            },
+            quotas: Vec::new(),
+        })
+    }
+}
+
+/// A request rejected at once gives back what the inner service reserved in `poll_ready`, so
+/// a flood of rejected requests cannot hold the inner service's slots; an admitted request's
+/// reservation is used by its call.
+#[tokio::test]
+async fn rejected_requests_release_the_inner_reservation() {
+    let reserved = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = Reserving {
+        reserved: Arc::clone(&reserved),
+        holding: false,
+    };
+    let count = || reserved.load(std::sync::atomic::Ordering::SeqCst);
+
+    let mut rejecting = RateLimitLayer::new(RejectAll).layer(inner.clone());
+    for _ in 0..3 {
+        std::future::poll_fn(|cx| rejecting.poll_ready(cx))
+            .await
+            .unwrap();
+        assert_eq!(count(), 1, "poll_ready reserved");
+        let response = rejecting
+            .call(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 429);
+        assert_eq!(count(), 0, "the rejection released the reservation");
+    }
+
+    let policy = Arc::new(PerIp::new("per-ip"));
+    let mut admitting = RateLimitLayer::new(Deferred(policy)).layer(inner);
+    std::future::poll_fn(|cx| admitting.poll_ready(cx))
+        .await
+        .unwrap();
+    let mut request = http::Request::new(String::new());
+    request
+        .extensions_mut()
+        .insert(PeerAddr("192.0.2.1:5000".parse().unwrap()));
+    let response = admitting.call(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(count(), 0, "the admitted call used the reservation");
+}

@@ -50,10 +50,12 @@ type ClientIdFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + S
 /// the feature, or over TLS), insert a [`PeerAddr`] in a layer outside this one. Without a peer
 /// address the client IP is `None` and the policy decides what that means.
 ///
-/// Readiness follows tower's rule: the service polled ready serves the request (a clone takes
-/// its place). When the policy answers [`Check::Pending`], that ready service is kept in the
-/// response future until the decision arrives, so a reserved slot (of a `Buffer`, say) stays
-/// reserved meanwhile. Errors of the inner service pass through unchanged.
+/// Readiness follows tower's rule: the service polled ready serves the request. A request
+/// rejected at once releases what that service reserved (it is dropped, a clone takes its
+/// place), so rejected requests never hold an inner `Buffer` slot or concurrency permit. When
+/// the policy answers [`Check::Pending`], the ready service goes with the response future until
+/// the decision arrives (a clone takes its place), so a reserved slot stays reserved meanwhile.
+/// Errors of the inner service pass through unchanged.
 ///
 /// With tonic, put the layer on the server: `Server::builder().layer(limiter.layer())`. A
 /// rejection of a gRPC request (`content-type: application/grpc...`, from tonic or any other
@@ -81,6 +83,12 @@ type ClientIdFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + S
 /// }));
 /// ```
 pub struct RateLimitLayer<P> {
+    // One `Arc` for everything the layer shares: axum clones the service for every request, and
+    // each reference count touched then is a cache line both cores write.
+    shared: Arc<Shared<P>>,
+}
+
+struct Shared<P> {
     policy: Arc<P>,
     settings: Arc<ArcSwap<LayerSettings>>,
     client_id_fn: Option<ClientIdFn>,
@@ -89,9 +97,7 @@ pub struct RateLimitLayer<P> {
 impl<P> Clone for RateLimitLayer<P> {
     fn clone(&self) -> Self {
         RateLimitLayer {
-            policy: Arc::clone(&self.policy),
-            settings: Arc::clone(&self.settings),
-            client_id_fn: self.client_id_fn.clone(),
+            shared: Arc::clone(&self.shared),
         }
     }
 }
@@ -99,8 +105,8 @@ impl<P> Clone for RateLimitLayer<P> {
 impl<P> fmt::Debug for RateLimitLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("settings", &self.settings.load())
-            .field("client_id_fn", &self.client_id_fn.is_some())
+            .field("settings", &self.shared.settings.load())
+            .field("client_id_fn", &self.shared.client_id_fn.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -152,9 +158,11 @@ impl<P: Policy> RateLimitLayer<P> {
     /// ```
     pub fn with_settings(policy: Arc<P>, settings: Arc<ArcSwap<LayerSettings>>) -> Self {
         RateLimitLayer {
-            policy,
-            settings,
-            client_id_fn: None,
+            shared: Arc::new(Shared {
+                policy,
+                settings,
+                client_id_fn: None,
+            }),
         }
     }
 
@@ -181,7 +189,12 @@ impl<P: Policy> RateLimitLayer<P> {
     where
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     {
-        self.client_id_fn = Some(Arc::new(f));
+        let client_id_fn: ClientIdFn = Arc::new(f);
+        self.shared = Arc::new(Shared {
+            policy: Arc::clone(&self.shared.policy),
+            settings: Arc::clone(&self.shared.settings),
+            client_id_fn: Some(client_id_fn),
+        });
         self
     }
 
@@ -206,7 +219,7 @@ impl<P: Policy> RateLimitLayer<P> {
     /// assert!(layer.settings().load().response.legacy_headers);
     /// ```
     pub fn settings(&self) -> &Arc<ArcSwap<LayerSettings>> {
-        &self.settings
+        &self.shared.settings
     }
 }
 
@@ -293,41 +306,68 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        // The service that was polled ready serves this request; a clone takes its place.
-        let clone = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let shared = &*self.layer.shared;
         // A guard, not an `Arc`: no reference count to bump (and bounce between cores) on the
         // common path; only a pending decision keeps the settings beyond this call.
-        let settings = self.layer.settings.load();
+        let settings = shared.settings.load();
 
         let ip = client_ip(peer_ip(&request), request.headers(), &settings.client_ip);
         let grpc = grpc::wants_grpc(request.headers(), &settings.response);
-        let (parts, body) = request.into_parts();
-        let custom_id = self.layer.client_id_fn.as_ref().and_then(|f| f(&parts));
-        let header_id = match (&custom_id, &settings.client_id_header) {
-            (None, Some(name)) => parts.headers.get(name).and_then(|v| v.to_str().ok()),
-            _ => None,
+        let (check, request) = match &shared.client_id_fn {
+            // The closure reads `Parts`: split the request for it, and put it back together.
+            Some(client_id_fn) => {
+                let (parts, body) = request.into_parts();
+                let client_id = client_id_fn(&parts);
+                let check = shared.policy.check(&RequestInfo {
+                    method: &parts.method,
+                    path: parts.uri.path(),
+                    client_ip: ip,
+                    client_id: client_id.as_deref(),
+                });
+                (check, http::Request::from_parts(parts, body))
+            }
+            // Borrowed from the request as it is: no moving it apart and back.
+            None => {
+                let client_id = settings
+                    .client_id_header
+                    .as_ref()
+                    .and_then(|name| request.headers().get(name))
+                    .and_then(|value| value.to_str().ok());
+                let check = shared.policy.check(&RequestInfo {
+                    method: request.method(),
+                    path: request.uri().path(),
+                    client_ip: ip,
+                    client_id,
+                });
+                (check, request)
+            }
         };
-        let info = RequestInfo {
-            method: &parts.method,
-            path: parts.uri.path(),
-            client_ip: ip,
-            client_id: custom_id.as_deref().or(header_id),
-        };
-        let check = self.layer.policy.check(&info);
-        let request = http::Request::from_parts(parts, body);
 
         let state = match check {
+            // Decided now: the service polled ready serves the request now, as tower asks.
             Check::Ready(verdict) => {
-                decided(verdict, &mut ready, request, &settings.response, grpc)
+                let state = decided(verdict, &mut self.inner, request, &settings.response, grpc);
+                if matches!(state, State::Rejected { .. }) {
+                    // Not served: give back what `poll_ready` reserved (a `Buffer` slot, a
+                    // concurrency permit) instead of holding it while the connection idles,
+                    // which would let a flood of rejected requests starve admitted ones.
+                    let fresh = self.inner.clone();
+                    drop(std::mem::replace(&mut self.inner, fresh));
+                }
+                state
             }
-            Check::Pending(verdict) => State::Waiting {
-                verdict,
-                grpc,
-                service: Some(ready),
-                request: Some(request),
-                settings: arc_swap::Guard::into_inner(settings),
-            },
+            // Decided later: the service polled ready goes with the future (a reserved slot
+            // stays reserved), and a clone takes its place here.
+            Check::Pending(verdict) => {
+                let clone = self.inner.clone();
+                State::Waiting {
+                    verdict,
+                    grpc,
+                    service: Some(std::mem::replace(&mut self.inner, clone)),
+                    request: Some(request),
+                    settings: arc_swap::Guard::into_inner(settings),
+                }
+            }
         };
         ResponseFuture { state }
     }
