@@ -87,6 +87,7 @@ use crate::http::{
 };
 use crate::{Clock, DefaultClock, TryAcquireError};
 use arc_swap::ArcSwap;
+use compact_str::CompactString;
 use smallvec::SmallVec;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -567,16 +568,17 @@ fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<Co
     // The client id is copied into the key only when the rule counts by it.
     let (ip, client) = match rule.key {
         RuleKey::Ip => (Some(ip?), None),
-        RuleKey::Client => (None, Some(Arc::from(client?))),
-        RuleKey::IpAndClient => (Some(ip?), Some(Arc::from(client?))),
+        RuleKey::Client => (None, Some(CompactString::from(client?))),
+        RuleKey::IpAndClient => (Some(ip?), Some(CompactString::from(client?))),
     };
     let endpoint = rule.per_endpoint.then(|| {
-        format!(
-            "{}:{}",
-            request.method.as_str(),
-            request.path.to_ascii_lowercase()
-        )
-        .into_boxed_str()
+        let method = request.method.as_str();
+        let mut endpoint = CompactString::with_capacity(method.len() + 1 + request.path.len());
+        endpoint.push_str(method);
+        endpoint.push(':');
+        endpoint.push_str(request.path);
+        endpoint[method.len() + 1..].make_ascii_lowercase();
+        endpoint
     });
     Some(CounterKey {
         ip,
@@ -610,7 +612,7 @@ fn probe_quota<C: Clock>(
 fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
     match (request.client_ip, request.client_id) {
         (Some(ip), _) => Some(BanKey::Ip(ip)),
-        (None, Some(id)) => Some(BanKey::Client(id.into())),
+        (None, Some(id)) => Some(BanKey::Client(CompactString::from(id))),
         (None, None) => None,
     }
 }
@@ -843,6 +845,50 @@ impl<C: Clock + Clone> HttpLimiter<C> {
 mod tests {
     use super::*;
     use crate::ManualClock;
+
+    /// Keys are inline up to 24 bytes and on the heap beyond: both count apart, per client and
+    /// per endpoint (the path lower-cased, the rest of it kept).
+    #[test]
+    fn long_and_short_keys_count_apart() {
+        let config = HttpConfig::from_toml_str(
+            "client_id_header = \"x-client\"\n[[rules]]\nname = \"per-client-endpoint\"\nendpoint = \"*\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\nper_endpoint = true\n",
+        )
+        .unwrap();
+        let limiter = HttpLimiter::with_clock(config, ManualClock::new()).unwrap();
+        let long = "c".repeat(100);
+        let long_path = format!("/API/{}/Ünïcode", "x".repeat(40));
+        let decide = |client: &str, path: &str| {
+            let verdict = limiter.decide(&RequestInfo {
+                method: &http::Method::GET,
+                path,
+                client_ip: None,
+                client_id: Some(client),
+            });
+            matches!(verdict.outcome, Outcome::Admitted)
+        };
+        for (client, path) in [
+            ("a", "/x"),
+            (long.as_str(), "/x"),
+            ("a", long_path.as_str()),
+            (long.as_str(), long_path.as_str()),
+        ] {
+            assert!(
+                decide(client, path),
+                "first request of {client:.8}… {path:.12}…"
+            );
+            assert!(
+                !decide(client, path),
+                "second request of {client:.8}… {path:.12}…"
+            );
+        }
+        // The path's case does not make a new counter; the client id's does.
+        assert!(!decide("a", "/X"));
+        assert!(!decide(
+            &long,
+            &long_path.to_lowercase().replace("ünïcode", "Ünïcode")
+        ));
+        assert!(decide("A", "/x"));
+    }
 
     #[test]
     fn reload_swaps_the_shared_layer_settings() {
