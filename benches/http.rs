@@ -5,6 +5,8 @@
 //! Three apps: `bare` (no layer), `admitted` (the layer with one per-IP rule that admits every
 //! request, so every request pays the full decision and the `RateLimit` headers), `rejected`
 //! (the same rule with a limit the first request exhausts, so every later request is a 429).
+//! The paired parts add two for a breakdown: `admitted` without the `RateLimit` headers, and the
+//! app behind a no-op tower layer (what `Router::layer` costs for any layer).
 //! Each criterion sample sends a batch of requests over `CONNECTIONS` connections at once and
 //! reports the time per request; requests per second is its inverse.
 //!
@@ -62,6 +64,14 @@ fn limited(limit: u64, headers: bool) -> Router {
     .expect("bench config");
     let limiter = Arc::new(HttpLimiter::new(config).expect("bench limiter"));
     app().layer(limiter.layer())
+}
+
+/// The app behind a layer that does nothing (it passes every response on as it is): what
+/// `Router::layer` costs for any tower layer, the floor of the breakdown.
+fn noop_layer() -> Router {
+    app().layer(tower::util::MapResponseLayer::new(
+        |response: axum::response::Response| response,
+    ))
 }
 
 async fn serve(router: Router) -> SocketAddr {
@@ -125,24 +135,26 @@ async fn batch(senders: &mut Vec<SendRequest<Empty<Bytes>>>, total: u64, expect:
 
 type Senders = Vec<SendRequest<Empty<Bytes>>>;
 
-/// The three apps served, and `CONNECTIONS` connections to each: bare, admitted, rejected.
+/// The apps served, and `CONNECTIONS` connections to each: bare, admitted, rejected, admitted
+/// without headers, a no-op layer.
 fn servers(runtime: &Runtime) -> [Senders; APPS] {
     runtime.block_on(async {
         let bare = connect(serve(app()).await).await;
         let admitted = connect(serve(limited(u32::MAX as u64 / 2, true)).await).await;
         let mut rejected = connect(serve(limited(1, true)).await).await;
         let no_headers = connect(serve(limited(u32::MAX as u64 / 2, false)).await).await;
+        let noop = connect(serve(noop_layer()).await).await;
         // The first request takes the rule's only permit; every later one is rejected.
         let mut first = vec![rejected.pop().expect("a connection")];
         batch(&mut first, 1, 200).await;
         rejected.extend(first);
-        [bare, admitted, rejected, no_headers]
+        [bare, admitted, rejected, no_headers, noop]
     })
 }
 
 fn http(c: &mut Criterion) {
     let runtime = Runtime::new().expect("runtime");
-    let [mut bare, mut admitted, mut rejected, _] = servers(&runtime);
+    let [mut bare, mut admitted, mut rejected, _, _] = servers(&runtime);
     let mut group = c.benchmark_group("http");
     group.measurement_time(Duration::from_secs(8));
     group.bench_function("bare", |b| {
@@ -162,14 +174,15 @@ const PAIR_BATCH: u64 = 1_600;
 /// How long the paired part measures (after a tenth of it as warm-up).
 const PAIR_TIME: Duration = Duration::from_secs(12);
 /// The apps: criterion measures the first three, the paired part all of them.
-const APPS: usize = 4;
+const APPS: usize = 5;
 const NAMES: [&str; APPS] = [
     "bare",
     "admitted",
     "rejected",
     "admitted, no RateLimit headers",
+    "a no-op layer (breakdown)",
 ];
-const STATUS: [u16; APPS] = [200, 200, 429, 200];
+const STATUS: [u16; APPS] = [200, 200, 429, 200, 200];
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -216,7 +229,7 @@ fn output_dir() -> PathBuf {
         .join("http-paired")
 }
 
-/// Alternates the three apps in rounds of one batch each (the order rotating every round) and
+/// Alternates the apps in rounds of one batch each (the order rotating every round) and
 /// reports the median per-round ratios: see the module documentation.
 fn http_paired() {
     let Some(length) = paired_length() else {
@@ -251,6 +264,7 @@ fn http_paired() {
         median_ci(rounds.iter().map(|r| r[2] / r[1]).collect());
     let (no_headers_bare, nb_low, nb_high) =
         median_ci(rounds.iter().map(|r| r[3] / r[0]).collect());
+    let (noop_bare, nop_low, nop_high) = median_ci(rounds.iter().map(|r| r[4] / r[0]).collect());
 
     let mut table = format!(
         "HTTP layer, paired: {} rounds of {PAIR_BATCH} requests per app over {CONNECTIONS} \
@@ -276,6 +290,9 @@ fn http_paired() {
     table += &format!(
         "| admitted without RateLimit headers ÷ bare (breakdown) | {no_headers_bare:.3}× [{nb_low:.3}–{nb_high:.3}] | — | — |\n"
     );
+    table += &format!(
+        "| a no-op layer ÷ bare (breakdown) | {noop_bare:.3}× [{nop_low:.3}–{nop_high:.3}] | — | — |\n"
+    );
     println!("\n{table}");
     if length < PAIR_TIME {
         println!("Testing http-paired\nSuccess");
@@ -286,7 +303,8 @@ fn http_paired() {
          \"us_per_request\":{{\"bare\":{:.4},\"admitted\":{:.4},\"rejected\":{:.4},\"no_headers\":{:.4}}},\
          \"admitted_over_bare\":[{admitted_bare:.4},{ab_low:.4},{ab_high:.4}],\
          \"rejected_over_admitted\":[{rejected_admitted:.4},{ra_low:.4},{ra_high:.4}],\
-         \"no_headers_over_bare\":[{no_headers_bare:.4},{nb_low:.4},{nb_high:.4}]}}\n",
+         \"no_headers_over_bare\":[{no_headers_bare:.4},{nb_low:.4},{nb_high:.4}],\
+         \"noop_over_bare\":[{noop_bare:.4},{nop_low:.4},{nop_high:.4}]}}\n",
         rounds.len(),
         per_app(0),
         per_app(1),
@@ -343,11 +361,12 @@ fn http_wrk() {
         let admitted = serve(limited(u32::MAX as u64 / 2, true)).await;
         let rejected = serve(limited(1, true)).await;
         let no_headers = serve(limited(u32::MAX as u64 / 2, false)).await;
+        let noop = serve(noop_layer()).await;
         // The first request takes the rejected app's only permit.
         let mut first = connect(rejected).await;
         first.truncate(1);
         batch(&mut first, 1, 200).await;
-        [bare, admitted, rejected, no_headers]
+        [bare, admitted, rejected, no_headers, noop]
     });
     // Warm-up: one run each.
     for addr in addrs {
@@ -383,6 +402,7 @@ fn http_wrk() {
         ("admitted ÷ bare", 1, 0),
         ("rejected ÷ admitted", 2, 1),
         ("admitted without RateLimit headers ÷ bare", 3, 0),
+        ("a no-op layer ÷ bare", 4, 0),
     ] {
         let (m, low, high) = ratio(a, b);
         table += &format!("| {label} | {m:.3}× [{low:.3}–{high:.3}] |\n");
