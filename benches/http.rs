@@ -10,6 +10,10 @@
 //! Each criterion sample sends a batch of requests over `CONNECTIONS` connections at once and
 //! reports the time per request; requests per second is its inverse.
 //!
+//! **Without a network** (`http-service`): the router called directly with and without the layer,
+//! one request at a time on one thread: the layer's own CPU per request, undiluted by TCP and the
+//! client.
+//!
 //! **Paired ratios** (`http-paired`, not criterion; after the group): criterion measures the three
 //! apps one after the other, and on a shared 2-core machine the load can change in between. This
 //! part alternates them in rounds (a batch of `PAIR_BATCH` requests each, the order rotating
@@ -413,5 +417,49 @@ fn http_wrk() {
     std::fs::write(dir.join("wrk.md"), table).expect("write the table");
 }
 
-criterion_group!(benches, http);
+/// One request through `service` with no network: built, decided, answered, dropped. The
+/// router's futures are ready at once, so polling once with a no-op waker finishes them.
+fn one_request<S>(service: &mut S) -> u16
+where
+    S: tower::Service<http::Request<axum::body::Body>, Response = axum::response::Response>,
+    S::Error: std::fmt::Debug,
+{
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut request = http::Request::get("/api/values")
+        .header("host", "bench")
+        .body(axum::body::Body::empty())
+        .expect("request");
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 4000))));
+    assert!(service.poll_ready(&mut cx).is_ready());
+    let mut future = std::pin::pin!(service.call(request));
+    match future.as_mut().poll(&mut cx) {
+        Poll::Ready(response) => response.expect("response").status().as_u16(),
+        Poll::Pending => panic!("the router answers at once"),
+    }
+}
+
+/// The layer's own cost without a network: the router called directly, through the layer or
+/// not, one request at a time on this thread (ns per request, criterion's median).
+fn http_service(c: &mut Criterion) {
+    let mut group = c.benchmark_group("http-service");
+    let mut apps = [
+        ("bare", app(), 200),
+        ("admitted", limited(u32::MAX as u64 / 2, true), 200),
+        ("rejected", limited(1, true), 429),
+    ];
+    // The rejected app's only permit goes to a first request.
+    assert_eq!(one_request(&mut apps[2].1), 200);
+    for (name, router, status) in &mut apps {
+        group.bench_function(*name, |b| {
+            b.iter(|| assert_eq!(one_request(router), *status))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, http, http_service);
 criterion_main!(benches, http_paired, http_wrk);

@@ -73,7 +73,7 @@ pub(crate) fn trailers_only(
         headers.insert(HeaderName::from_static("grpc-message"), value);
     }
     if let Some(secs) = retry_secs {
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        headers.insert(RETRY_AFTER, crate::http::response::retry_after_value(secs));
     }
     response
 }

@@ -393,6 +393,21 @@ fn cached_policy_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
     )
 }
 
+/// A `Retry-After` value: the small ones (seconds up to 60, as rejections within a minute's
+/// window give) without formatting or allocating.
+pub(crate) fn retry_after_value(secs: u64) -> HeaderValue {
+    const SMALL: [&str; 61] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+        "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31",
+        "32", "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46",
+        "47", "48", "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60",
+    ];
+    match usize::try_from(secs).ok().and_then(|i| SMALL.get(i)) {
+        Some(text) => HeaderValue::from_static(text),
+        None => HeaderValue::from(secs),
+    }
+}
+
 /// [`ratelimit_value`], from the thread's cache for a single exhausted quota (every rejection
 /// by one rule within a second has the same value). Values with permits remaining change with
 /// every request and are not cached.
@@ -681,7 +696,7 @@ pub fn rejection_response(
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, content_type);
     if let Some(secs) = retry_secs {
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        headers.insert(RETRY_AFTER, retry_after_value(secs));
     }
     QuotaHeaders::of(config).insert(headers, &verdict.quotas);
     Some(response)
