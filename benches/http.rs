@@ -433,7 +433,10 @@ where
         .expect("request");
     request
         .extensions_mut()
-        .insert(axum::extract::ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 4000))));
+        .insert(axum::extract::ConnectInfo(SocketAddr::from((
+            [127, 0, 0, 1],
+            4000,
+        ))));
     assert!(service.poll_ready(&mut cx).is_ready());
     let mut future = std::pin::pin!(service.call(request));
     match future.as_mut().poll(&mut cx) {
