@@ -8,10 +8,8 @@
 //! headers, and an empty body (gRPC-Web requests keep the HTTP rejection). This is plain HTTP:
 //! any gRPC server behind the layer benefits, with or without the `tonic` feature.
 
-use crate::http::response::{most_restrictive, render_template};
-use crate::http::{
-    insert_quota_headers, whole_seconds_up, Outcome, RejectReason, ResponseConfig, Verdict,
-};
+use crate::http::response::Rejection;
+use crate::http::{insert_quota_headers, RejectReason, ResponseConfig, Verdict};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use std::fmt::Write as _;
@@ -151,33 +149,12 @@ pub fn grpc_rejection_response(
     verdict: &Verdict,
     config: &ResponseConfig,
 ) -> Option<http::Response<Bytes>> {
-    let Outcome::Rejected {
-        reason,
-        rule,
-        retry_after,
-    } = &verdict.outcome
-    else {
-        return None;
-    };
-    let retry_secs = retry_after.map(whole_seconds_up);
+    let rejection = Rejection::of(verdict)?;
     let message = match &config.body {
-        Some(template) => {
-            let quota = verdict
-                .quotas
-                .iter()
-                .find(|q| *q.policy == **rule)
-                .or_else(|| most_restrictive(&verdict.quotas));
-            render_template(template, *reason, rule, quota, retry_secs)
-        }
-        None => {
-            let mut detail = format!("{reason} by rule {rule}");
-            if let Some(secs) = retry_secs {
-                let _ = write!(detail, "; retry after {secs} s");
-            }
-            detail
-        }
+        Some(template) => rejection.render(template),
+        None => rejection.detail(),
     };
-    let mut response = trailers_only(grpc_code(*reason), &message, retry_secs);
+    let mut response = trailers_only(grpc_code(rejection.reason), &message, rejection.retry_secs);
     let headers = response.headers_mut();
     insert_quota_headers(headers, &verdict.quotas, config);
     Some(response)
@@ -194,7 +171,7 @@ pub(crate) fn tonic_peer(extensions: &http::Extensions) -> Option<std::net::Sock
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::QuotaState;
+    use crate::http::{Outcome, QuotaState};
     use std::time::Duration;
 
     fn rejected(reason: RejectReason, retry: Option<Duration>) -> Verdict {

@@ -430,7 +430,7 @@ fn cached_ratelimit_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
 }
 
 /// The most restrictive quota: the fewest remaining, and of those the longest to reset.
-pub(crate) fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
+fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
     quotas.iter().min_by(|a, b| {
         a.remaining
             .cmp(&b.remaining)
@@ -643,30 +643,18 @@ pub fn rejection_response(
     verdict: &Verdict,
     config: &ResponseConfig,
 ) -> Option<http::Response<Bytes>> {
-    let Outcome::Rejected {
-        reason,
-        rule,
-        retry_after,
-    } = &verdict.outcome
-    else {
-        return None;
-    };
+    let rejection = Rejection::of(verdict)?;
+    let (reason, rule, retry_secs) = (&rejection.reason, rejection.rule, rejection.retry_secs);
     let configured = if *reason == RejectReason::NoKey {
         config.no_key_status
     } else {
         config.status
     };
     let status = StatusCode::from_u16(configured).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
-    let retry_secs = retry_after.map(whole_seconds_up);
-    let quota = verdict
-        .quotas
-        .iter()
-        .find(|q| *q.policy == **rule)
-        .or_else(|| most_restrictive(&verdict.quotas));
 
     let (body, content_type) = match &config.body {
         Some(template) => (
-            Bytes::from(render_template(template, *reason, rule, quota, retry_secs)),
+            Bytes::from(rejection.render(template)),
             content_type_value(&config.content_type, TEXT_PLAIN),
         ),
         None => (
@@ -702,7 +690,57 @@ pub fn rejection_response(
     Some(response)
 }
 
-pub(crate) fn render_template(
+/// What a rejecting verdict says, for the HTTP and the gRPC answers alike.
+pub(crate) struct Rejection<'a> {
+    pub(crate) reason: RejectReason,
+    pub(crate) rule: &'a Arc<str>,
+    /// The retry-after in whole seconds, rounded up.
+    pub(crate) retry_secs: Option<u64>,
+    quotas: &'a [QuotaState],
+}
+
+impl<'a> Rejection<'a> {
+    /// `None` when the verdict admits.
+    pub(crate) fn of(verdict: &'a Verdict) -> Option<Self> {
+        let Outcome::Rejected {
+            reason,
+            rule,
+            retry_after,
+        } = &verdict.outcome
+        else {
+            return None;
+        };
+        Some(Rejection {
+            reason: *reason,
+            rule,
+            retry_secs: retry_after.map(whole_seconds_up),
+            quotas: &verdict.quotas,
+        })
+    }
+
+    /// `template` rendered for this rejection, with the rejecting rule's quota (or the most
+    /// restrictive one) for `{limit}` and `{period}`.
+    pub(crate) fn render(&self, template: &str) -> String {
+        let quota = self
+            .quotas
+            .iter()
+            .find(|q| q.policy == *self.rule)
+            .or_else(|| most_restrictive(self.quotas));
+        render_template(template, self.reason, self.rule, quota, self.retry_secs)
+    }
+
+    /// The default message: `rate limited by rule per-ip; retry after 1 s` (the problem+json
+    /// `detail`).
+    pub(crate) fn detail(&self) -> String {
+        let mut detail = format!("{} by rule {}", self.reason, self.rule);
+        if let Some(secs) = self.retry_secs {
+            let _ = write!(detail, "; retry after {secs} s");
+        }
+        detail
+    }
+}
+
+fn render_template(
     template: &str,
     reason: RejectReason,
     rule: &str,
