@@ -27,10 +27,7 @@ fn limiter(toml: &str) -> (Arc<HttpLimiter<ManualClock>>, ManualClock) {
 /// Serves tonic-health's Health service behind the limiter's layer on 127.0.0.1:0 and returns
 /// a client connected to it.
 async fn start(limiter: &Arc<HttpLimiter<ManualClock>>) -> HealthClient<Channel> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr: SocketAddr = listener.local_addr().expect("local address");
+    let (listener, addr) = bind().await;
     let (_reporter, health) = tonic_health::server::health_reporter();
     let router = Server::builder().layer(limiter.layer()).add_service(health);
     tokio::spawn(async move {
@@ -39,6 +36,18 @@ async fn start(limiter: &Arc<HttpLimiter<ManualClock>>) -> HealthClient<Channel>
             .await
             .expect("server");
     });
+    client(addr).await
+}
+
+async fn bind() -> (tokio::net::TcpListener, SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local address");
+    (listener, addr)
+}
+
+async fn client(addr: SocketAddr) -> HealthClient<Channel> {
     let channel = Channel::from_shared(format!("http://{addr}"))
         .expect("valid uri")
         .connect()
@@ -191,10 +200,7 @@ async fn concurrency_rejection_is_resource_exhausted() {
         turnstile::ConcurrencyLimiter::new(1).expect("limit 1"),
     )
     .retry_after(Duration::from_millis(1_500));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr: SocketAddr = listener.local_addr().expect("local address");
+    let (listener, addr) = bind().await;
     let (_reporter, health) = tonic_health::server::health_reporter();
     let router = Server::builder().layer(layer.clone()).add_service(health);
     tokio::spawn(async move {
@@ -203,12 +209,7 @@ async fn concurrency_rejection_is_resource_exhausted() {
             .await
             .expect("server");
     });
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("valid uri")
-        .connect()
-        .await
-        .expect("connect");
-    let mut client = HealthClient::new(channel);
+    let mut client = client(addr).await;
 
     check(&mut client).await.expect("a free permit: served");
     let held = layer
