@@ -751,3 +751,42 @@ fn redis_backend_without_the_feature_is_a_config_error() {
     assert!(err.starts_with("backend.kind"), "{err}");
     assert!(err.contains("feature `redis`"), "{err}");
 }
+
+/// A client id longer than `client_id_max_len` is no client id: it counts under no client rule,
+/// matches no client list, and `missing_key` decides; one at the bound counts as usual.
+#[test]
+fn over_long_client_ids_are_no_client_id() {
+    let (l, _clock) = limiter(
+        r#"
+        client_id_max_len = 16
+        missing_key = "reject"
+        [whitelist]
+        clients = ["aaaaaaaaaaaaaaaaa"]
+        [[rules]]
+        name = "per-client"
+        endpoint = "*"
+        period = "1m"
+        limit = 1
+        key = "client"
+        "#,
+    );
+    let at_bound = "a".repeat(16);
+    let over = "a".repeat(17); // also the whitelisted id: too long to be believed
+    assert!(matches!(
+        get(&l, "/", "", Some(&at_bound)).outcome,
+        Outcome::Admitted
+    ));
+    assert_eq!(
+        reason(&get(&l, "/", "", Some(&at_bound))).map(|r| r.0),
+        Some(RejectReason::RateLimited)
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            reason(&get(&l, "/", "", Some(&over))).map(|r| r.0),
+            Some(RejectReason::NoKey)
+        );
+    }
+    let zero = HttpConfig::from_toml_str("client_id_max_len = 0").expect("valid toml");
+    let error = HttpLimiter::with_clock(zero, ManualClock::new()).unwrap_err();
+    assert!(error.to_string().contains("client_id_max_len"), "{error}");
+}

@@ -33,6 +33,10 @@ pub struct HttpConfig {
     pub client_ip: ClientIpConfig,
     /// The header carrying the client id (for client rules and the client lists).
     pub client_id_header: Option<String>,
+    /// The longest client id counted (256 bytes by default, at most 4096). A longer one is
+    /// treated as no client id (so `missing_key` decides for rules that count by it): every
+    /// distinct id is a counter, and without a bound a client could make each one kilobytes.
+    pub client_id_max_len: usize,
     /// How rejections look.
     pub response: ResponseConfig,
     /// What happens when a rule needs a key (IP or client id) the request does not have.
@@ -62,6 +66,7 @@ impl Default for HttpConfig {
         HttpConfig {
             client_ip: ClientIpConfig::default(),
             client_id_header: None,
+            client_id_max_len: 256,
             response: ResponseConfig::default(),
             missing_key: MissingKey::default(),
             endpoint_rate_limiting: true,

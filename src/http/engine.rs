@@ -618,6 +618,19 @@ fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
 }
 
 fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
+    // An over-long client id is no client id: it would be a counter (and a key in the lists)
+    // of any size the client chose.
+    let capped;
+    let request = match request.client_id {
+        Some(id) if id.len() > set.client_id_max_len => {
+            capped = RequestInfo {
+                client_id: None,
+                ..*request
+            };
+            &capped
+        }
+        _ => request,
+    };
     let ip = request.client_ip;
     let client = request.client_id;
     let whitelisted = ip.is_some_and(|ip| set.white_ips.contains(ip))

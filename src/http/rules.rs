@@ -244,6 +244,8 @@ pub(crate) struct RuleSet<C: Clock> {
     pub(crate) endpoint_rate_limiting: bool,
     /// Whether any rule is a monitor (shadow) rule: when none is, a request skips looking.
     pub(crate) has_monitors: bool,
+    /// Longer client ids count as none.
+    pub(crate) client_id_max_len: usize,
 }
 
 impl<C: Clock> RuleSet<C> {
@@ -505,6 +507,12 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             .enumerate()
             .map(|(i, e)| Endpoint::parse(e, false, &format!("whitelist.endpoints[{i}]")))
             .collect::<Result<Vec<_>, _>>()?;
+        if !(1..=4096).contains(&config.client_id_max_len) {
+            return Err(HttpConfigError::invalid(
+                "client_id_max_len",
+                format!("{} is not in 1..=4096 (bytes)", config.client_id_max_len),
+            ));
+        }
         let bans = match &config.bans {
             None => None,
             Some(b) => Some(self.bans(b)?),
@@ -554,6 +562,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             bans,
             missing_key: config.missing_key,
             endpoint_rate_limiting: config.endpoint_rate_limiting,
+            client_id_max_len: config.client_id_max_len,
         })
     }
 
