@@ -600,13 +600,7 @@ fn probe_quota<C: Clock>(
         (Err(TryAcquireError::Rejected(r)), _) => r.retry_after(),
         (Err(_), _) => rule.period,
     };
-    QuotaState {
-        policy: rule.name.clone(),
-        limit: u64::from(rule.limit),
-        window: rule.period,
-        remaining,
-        reset_after,
-    }
+    rule.quota(remaining, reset_after)
 }
 
 fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
@@ -737,13 +731,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     for (index, (rule, limiter, key)) in plan.iter().enumerate() {
         match limiter.chain_decide::<true>(key, 1) {
             (Ok(admission), overflow) => {
-                quotas.push(QuotaState {
-                    policy: rule.name.clone(),
-                    limit: u64::from(rule.limit),
-                    window: rule.period,
-                    remaining: u64::from(admission.remaining()),
-                    reset_after: admission.reset_after(),
-                });
+                quotas.push(rule.quota(u64::from(admission.remaining()), admission.reset_after()));
                 if index + 1 < plan.len() {
                     charged.push((limiter, key, admission, overflow));
                 }
@@ -780,13 +768,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                         .iter()
                         .map(|(other, other_limiter, other_key)| {
                             if Arc::ptr_eq(other, rule) {
-                                QuotaState {
-                                    policy: rule.name.clone(),
-                                    limit: u64::from(rule.limit),
-                                    window: rule.period,
-                                    remaining: 0,
-                                    reset_after: retry_after.unwrap_or(rule.period),
-                                }
+                                rule.quota(0, retry_after.unwrap_or(rule.period))
                             } else {
                                 probe_quota(other, other_limiter, other_key)
                             }

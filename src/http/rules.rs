@@ -185,7 +185,6 @@ pub(crate) struct Rule<C: Clock> {
 
 impl<C: Clock> Rule<C> {
     /// The rule's quota for the headers: `remaining` permits, reset after `reset_after`.
-    #[cfg(feature = "redis")]
     pub(crate) fn quota(&self, remaining: u64, reset_after: Duration) -> crate::http::QuotaState {
         crate::http::QuotaState {
             policy: self.name.clone(),
