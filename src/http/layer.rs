@@ -305,16 +305,16 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let shared = &*self.layer.shared;
         // A guard, not an `Arc`: no reference count to bump (and bounce between cores) on the
         // common path; only a pending decision keeps the settings beyond this call.
         let settings = shared.settings.load();
 
         let ip = client_ip(peer_ip(&request), request.headers(), &settings.client_ip);
-        let grpc = grpc::wants_grpc(request.headers(), &settings.response);
-        let (check, request) = match &shared.client_id_fn {
-            // The closure reads `Parts`: split the request for it, and put it back together.
+        // The request stays where it is (it is a few hundred bytes, and every move is a copy)
+        // except when the closure needs it split into `Parts`.
+        let check = match &shared.client_id_fn {
             Some(client_id_fn) => {
                 let (parts, body) = request.into_parts();
                 let client_id = client_id_fn(&parts);
@@ -324,48 +324,55 @@ where
                     client_ip: ip,
                     client_id: client_id.as_deref(),
                 });
-                (check, http::Request::from_parts(parts, body))
+                request = http::Request::from_parts(parts, body);
+                check
             }
-            // Borrowed from the request as it is: no moving it apart and back.
             None => {
                 let client_id = settings
                     .client_id_header
                     .as_ref()
                     .and_then(|name| request.headers().get(name))
                     .and_then(|value| value.to_str().ok());
-                let check = shared.policy.check(&RequestInfo {
+                shared.policy.check(&RequestInfo {
                     method: request.method(),
                     path: request.uri().path(),
                     client_ip: ip,
                     client_id,
-                });
-                (check, request)
+                })
             }
         };
 
         let state = match check {
             // Decided now: the service polled ready serves the request now, as tower asks.
-            Check::Ready(verdict) => {
-                let state = decided(verdict, &mut self.inner, request, &settings.response, grpc);
-                if matches!(state, State::Rejected { .. }) {
+            Check::Ready(verdict) => match rejection(&verdict, &request, &settings.response) {
+                None => State::Inner {
+                    future: self.inner.call(request),
+                    quotas: verdict.quotas,
+                    headers: QuotaHeaders::of(&settings.response),
+                },
+                Some(response) => {
                     // Not served: give back what `poll_ready` reserved (a `Buffer` slot, a
                     // concurrency permit) instead of holding it while the connection idles,
                     // which would let a flood of rejected requests starve admitted ones.
                     let fresh = self.inner.clone();
                     drop(std::mem::replace(&mut self.inner, fresh));
+                    State::Rejected {
+                        response: Some(response),
+                    }
                 }
-                state
-            }
+            },
             // Decided later: the service polled ready goes with the future (a reserved slot
-            // stays reserved), and a clone takes its place here.
+            // stays reserved), and a clone takes its place here. Boxed, so that the future of
+            // the common, immediate case is no bigger than it needs.
             Check::Pending(verdict) => {
                 let clone = self.inner.clone();
                 State::Waiting {
-                    verdict,
-                    grpc,
-                    service: Some(std::mem::replace(&mut self.inner, clone)),
-                    request: Some(request),
-                    settings: arc_swap::Guard::into_inner(settings),
+                    waiting: Some(Box::new(Waiting {
+                        verdict,
+                        service: std::mem::replace(&mut self.inner, clone),
+                        request,
+                        settings: arc_swap::Guard::into_inner(settings),
+                    })),
                 }
             }
         };
@@ -373,29 +380,28 @@ where
     }
 }
 
-fn decided<S, R, ResBody>(
-    verdict: Verdict,
-    service: &mut S,
-    request: R,
+/// The rejection of `request` when `verdict` rejects it: a gRPC status for a gRPC request
+/// (when [`ResponseConfig::grpc`] allows), the HTTP rejection otherwise. `None` when the verdict
+/// admits, which is the only thing an admitted request pays here.
+fn rejection<B>(
+    verdict: &Verdict,
+    request: &http::Request<B>,
     response: &ResponseConfig,
-    grpc: bool,
-) -> State<S, R>
-where
-    S: tower::Service<R, Response = http::Response<ResBody>>,
-{
-    if let crate::http::Outcome::Rejected { reason, rule, .. } = &verdict.outcome {
-        tracing::debug!(%reason, %rule, "request rejected");
-    }
-    match grpc::rejection(&verdict, response, grpc) {
-        Some(response) => State::Rejected {
-            response: Some(response),
-        },
-        None => State::Inner {
-            future: service.call(request),
-            quotas: verdict.quotas,
-            headers: QuotaHeaders::of(response),
-        },
-    }
+) -> Option<http::Response<bytes::Bytes>> {
+    let crate::http::Outcome::Rejected { reason, rule, .. } = &verdict.outcome else {
+        return None;
+    };
+    tracing::debug!(%reason, %rule, "request rejected");
+    let grpc = grpc::wants_grpc(request.headers(), response);
+    grpc::rejection(verdict, response, grpc)
+}
+
+/// A decision still to come, with what serving the request then needs.
+struct Waiting<S, R> {
+    verdict: Pin<Box<dyn Future<Output = Verdict> + Send + 'static>>,
+    service: S,
+    request: R,
+    settings: Arc<LayerSettings>,
 }
 
 pin_project! {
@@ -405,11 +411,8 @@ pin_project! {
         S: tower::Service<R>,
     {
         Waiting {
-            verdict: Pin<Box<dyn Future<Output = Verdict> + Send + 'static>>,
-            grpc: bool,
-            service: Option<S>,
-            request: Option<R>,
-            settings: Arc<LayerSettings>,
+            // `None` once the decision came.
+            waiting: Option<Box<Waiting<S, R>>>,
         },
         Inner {
             #[pin]
@@ -471,9 +474,9 @@ where
     }
 }
 
-impl<S, R, ResBody> Future for ResponseFuture<S, R>
+impl<S, B, ResBody> Future for ResponseFuture<S, http::Request<B>>
 where
-    S: tower::Service<R, Response = http::Response<ResBody>>,
+    S: tower::Service<http::Request<B>, Response = http::Response<ResBody>>,
 {
     type Output = Result<http::Response<RateLimitBody<ResBody>>, S::Error>;
 
@@ -481,23 +484,31 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Waiting {
-                    verdict,
-                    grpc,
-                    service,
-                    request,
-                    settings,
-                } => {
-                    let verdict = match verdict.as_mut().poll(cx) {
-                        Poll::Ready(verdict) => verdict,
-                        Poll::Pending => return Poll::Pending,
+                StateProj::Waiting { waiting } => {
+                    let verdict = match waiting.as_mut().map(|w| w.verdict.as_mut().poll(cx)) {
+                        Some(Poll::Ready(verdict)) => verdict,
+                        // `None`: polled after completion.
+                        Some(Poll::Pending) | None => return Poll::Pending,
                     };
-                    let (Some(mut service), Some(request)) = (service.take(), request.take())
-                    else {
-                        // Unreachable: taken only here, and the state changes right after.
+                    let Some(done) = waiting.take() else {
                         return Poll::Pending;
                     };
-                    let next = decided(verdict, &mut service, request, &settings.response, *grpc);
+                    let Waiting {
+                        mut service,
+                        request,
+                        settings,
+                        ..
+                    } = *done;
+                    let next = match rejection(&verdict, &request, &settings.response) {
+                        None => State::Inner {
+                            future: service.call(request),
+                            quotas: verdict.quotas,
+                            headers: QuotaHeaders::of(&settings.response),
+                        },
+                        Some(response) => State::Rejected {
+                            response: Some(response),
+                        },
+                    };
                     this.state.set(next);
                 }
                 StateProj::Inner {
