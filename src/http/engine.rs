@@ -532,7 +532,7 @@ type Selected<'a, C> = SmallVec<[&'a Arc<Rule<C>>; 4]>;
 /// period no specific rule has; the lowest limit per period. Iterators rather than collected
 /// lists, and the result on the stack, so that a request under up to four rules allocates
 /// nothing here.
-fn select<'a, C: Clock + 'a>(
+pub(crate) fn select<'a, C: Clock + 'a>(
     specific: impl Iterator<Item = &'a Arc<Rule<C>>>,
     general: impl Iterator<Item = &'a Arc<Rule<C>>>,
     monitor: bool,
@@ -675,7 +675,10 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
             .filter(applies)
     };
     let general = || set.general.iter().filter(applies);
-    let enforced = select(specific(), general(), false);
+    let enforced = match &set.fixed_enforced {
+        Some(fixed) => fixed.iter().collect(),
+        None => select(specific(), general(), false),
+    };
 
     // Check limit 0 and missing keys before charging anything.
     let mut plan: SmallVec<[_; 4]> = SmallVec::new();
@@ -883,6 +886,73 @@ mod tests {
             &long_path.to_lowercase().replace("ünïcode", "Ünïcode")
         ));
         assert!(decide("A", "/x"));
+    }
+
+    /// Sets of general, any-endpoint rules select once, when compiled; the rules chosen are the
+    /// ones the per-request selection chooses (the specific ones of other sets select per
+    /// request).
+    #[test]
+    fn a_fixed_selection_is_the_per_request_selection() {
+        let rule = |name: &str, endpoint: &str, period: &str, limit: u32, monitor: bool| {
+            format!("[[rules]]\nname = \"{name}\"\nendpoint = \"{endpoint}\"\nperiod = \"{period}\"\nlimit = {limit}\nmonitor = {monitor}\n")
+        };
+        let names = |rules: &[Arc<Rule<ManualClock>>]| {
+            let mut names: Vec<String> = rules.iter().map(|r| r.name.to_string()).collect();
+            names.sort();
+            names
+        };
+        let cases = [
+            (
+                vec![
+                    rule("a", "*", "1s", 5, false),
+                    rule("b", "*", "1s", 3, false),
+                    rule("c", "*", "1m", 100, false),
+                    rule("d", "*", "1h", 1000, true),
+                ],
+                Some(vec!["b", "c"]),
+            ),
+            (vec![rule("a", "*", "1s", 5, false)], Some(vec!["a"])),
+            (Vec::new(), Some(Vec::new())),
+            // A rule for some endpoints: chosen per request.
+            (
+                vec![
+                    rule("a", "*", "1s", 5, false),
+                    rule("e", "get:/api/*", "1s", 1, false),
+                ],
+                None,
+            ),
+        ];
+        for (rules, expected) in cases {
+            let toml = rules.concat();
+            let limiter = HttpLimiter::with_clock(
+                HttpConfig::from_toml_str(&toml).unwrap(),
+                ManualClock::new(),
+            )
+            .unwrap();
+            let set = limiter.rules.load();
+            let fixed = set.fixed_enforced.as_deref().map(names);
+            let expected = expected.map(|e| e.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+            assert_eq!(fixed, expected, "{toml}");
+            if let Some(fixed) = fixed {
+                let per_request: Vec<Arc<Rule<ManualClock>>> =
+                    select(std::iter::empty(), set.general.iter(), false)
+                        .into_iter()
+                        .cloned()
+                        .collect();
+                assert_eq!(fixed, names(&per_request), "{toml}");
+            }
+        }
+        // IP and client rules make the selection depend on the request.
+        let toml = format!(
+            "{}[[ip_rules]]\nip = \"10.0.0.0/8\"\n[[ip_rules.rules]]\nendpoint = \"*\"\nperiod = \"1s\"\nlimit = 1\n",
+            rule("a", "*", "1s", 5, false)
+        );
+        let limiter = HttpLimiter::with_clock(
+            HttpConfig::from_toml_str(&toml).unwrap(),
+            ManualClock::new(),
+        )
+        .unwrap();
+        assert!(limiter.rules.load().fixed_enforced.is_none());
     }
 
     #[test]

@@ -148,6 +148,9 @@ pub(crate) fn attach<C: Clock>(
     settings: &RedisSettings,
     backend: &RedisBackend,
 ) -> Result<(), HttpConfigError> {
+    // The fixed selection holds the rules too: let go of it while they change, then make it
+    // again from the changed rules.
+    set.fixed_enforced = None;
     let lists = std::iter::once(&mut set.general)
         .chain(set.ip.iter_mut().map(|(_, rules)| rules))
         .chain(set.client.values_mut());
@@ -185,6 +188,7 @@ pub(crate) fn attach<C: Clock>(
             });
         }
     }
+    set.fixed_enforced = set.fixed_selection();
     Ok(())
 }
 

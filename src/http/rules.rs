@@ -243,11 +243,31 @@ pub(crate) struct RuleSet<C: Clock> {
     pub(crate) endpoint_rate_limiting: bool,
     /// Whether any rule is a monitor (shadow) rule: when none is, a request skips looking.
     pub(crate) has_monitors: bool,
+    /// The enforced rules of every request, when they do not depend on the request: no IP or
+    /// client rules, and no enforced general rule limited to some endpoints (a set of global
+    /// limits, the common case). Selected once here instead of on every request.
+    pub(crate) fixed_enforced: Option<Vec<Arc<Rule<C>>>>,
     /// Longer client ids count as none.
     pub(crate) client_id_max_len: usize,
 }
 
 impl<C: Clock> RuleSet<C> {
+    /// The value of `fixed_enforced` for these rules.
+    pub(crate) fn fixed_selection(&self) -> Option<Vec<Arc<Rule<C>>>> {
+        let fixed = self.ip.is_empty()
+            && self.client.is_empty()
+            && self
+                .general
+                .iter()
+                .all(|r| r.monitor || r.endpoint.is_any());
+        fixed.then(|| {
+            crate::http::engine::select(std::iter::empty(), self.general.iter(), false)
+                .into_iter()
+                .cloned()
+                .collect()
+        })
+    }
+
     pub(crate) fn all_rules(&self) -> impl Iterator<Item = &Arc<Rule<C>>> {
         self.general
             .iter()
@@ -548,7 +568,8 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             .chain(ip.iter().flat_map(|(_, r)| r.iter()))
             .chain(client.values().flatten())
             .any(|r| r.monitor);
-        Ok(RuleSet {
+        let mut set = RuleSet {
+            fixed_enforced: None,
             general,
             ip,
             client,
@@ -562,7 +583,9 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             missing_key: config.missing_key,
             endpoint_rate_limiting: config.endpoint_rate_limiting,
             client_id_max_len: config.client_id_max_len,
-        })
+        };
+        set.fixed_enforced = set.fixed_selection();
+        Ok(set)
     }
 
     fn bans(&self, b: &BanConfig) -> Result<Arc<Bans<C>>, HttpConfigError> {
