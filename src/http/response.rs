@@ -370,6 +370,8 @@ thread_local! {
     /// The last single-quota `RateLimit` value with nothing remaining (a rejection's): policy,
     /// seconds to reset.
     static LAST_EXHAUSTED: Memo<(Arc<str>, u64), HeaderValue> = const { RefCell::new(None) };
+    /// The last `Retry-After` value over a minute.
+    static LAST_RETRY_AFTER: Memo<u64, HeaderValue> = const { RefCell::new(None) };
     /// The last problem+json rejection body: reason, rule, retry-after seconds, status.
     static LAST_PROBLEM: Memo<(RejectReason, Arc<str>, Option<u64>, u16), Bytes> =
         const { RefCell::new(None) };
@@ -404,7 +406,13 @@ pub(crate) fn retry_after_value(secs: u64) -> HeaderValue {
     ];
     match usize::try_from(secs).ok().and_then(|i| SMALL.get(i)) {
         Some(text) => HeaderValue::from_static(text),
-        None => HeaderValue::from(secs),
+        // Longer waits (a rule of an hour or a day, a ban) repeat for a second at a time.
+        None => memo(
+            &LAST_RETRY_AFTER,
+            |last| *last == secs,
+            || Some((secs, HeaderValue::from(secs))),
+        )
+        .unwrap_or_else(|| HeaderValue::from(secs)),
     }
 }
 
