@@ -3,6 +3,7 @@
 
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
+use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// A header that proxies use to pass on the client's address.
@@ -239,7 +240,7 @@ fn forwarded_entries(text: &str, entries: &mut Vec<Option<IpAddr>>) {
                 continue;
             };
             if name.trim().eq_ignore_ascii_case("for") {
-                found = Some(parse_node(unquote(value.trim())));
+                found = Some(parse_node(&unquote(value.trim())));
                 break;
             }
         }
@@ -269,11 +270,24 @@ fn split_outside_quotes(text: &str, separator: char) -> Vec<&str> {
     parts
 }
 
-fn unquote(value: &str) -> &str {
-    value
-        .strip_prefix('"')
-        .and_then(|v| v.strip_suffix('"'))
-        .unwrap_or(value)
+/// A value as it reads: a quoted-string (RFC 7230) without its quotes and with each quoted-pair
+/// (`\x`) as the character it escapes; a token as it is.
+fn unquote(value: &str) -> Cow<'_, str> {
+    let Some(inside) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) else {
+        return Cow::Borrowed(value);
+    };
+    if !inside.contains('\\') {
+        return Cow::Borrowed(inside);
+    }
+    let mut out = String::with_capacity(inside.len());
+    let mut chars = inside.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// One node: `1.2.3.4`, `1.2.3.4:8080`, `2001:db8::1`, `[2001:db8::1]`, `[2001:db8::1]:4711`.
@@ -406,6 +420,15 @@ mod tests {
         assert_eq!(client_ip(peer, &h, &config), peer);
         let h = headers(&[("forwarded", "for=_hidden, for=\"198.51.100.17:80\"")]);
         assert_eq!(client_ip(peer, &h, &config), Some(ip("198.51.100.17")));
+        // Quoted-pairs stand for the characters they escape (none is needed in an address,
+        // but a sender may write them).
+        let h = headers(&[("forwarded", r#"for="\[2001:db8::9\]:4711", for=10.0.0.2"#)]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("2001:db8::9")));
+        let h = headers(&[("forwarded", r#"for="198.51.100.\1\8""#)]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("198.51.100.18")));
+        // A quoted separator does not split the element.
+        let h = headers(&[("forwarded", r#"for="\"6.6.6.6, 7.7.7.7\"""#)]);
+        assert_eq!(client_ip(peer, &h, &config), peer);
         // Forwarded is preferred over X-Forwarded-For by default.
         let h = headers(&[("x-forwarded-for", "1.1.1.1"), ("forwarded", "for=2.2.2.2")]);
         assert_eq!(client_ip(peer, &h, &config), Some(ip("2.2.2.2")));
