@@ -543,6 +543,18 @@ async fn concurrency_permit_is_held_until_the_body_ends_or_is_dropped() {
         .unwrap();
     let rejected = service.call(http::Request::new(())).await.unwrap();
     assert_eq!(rejected.status(), 503);
+    // A gRPC-Web request meanwhile: RESOURCE_EXHAUSTED in its own content type.
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let web = http::Request::builder()
+        .header("content-type", "application/grpc-web+proto")
+        .body(())
+        .unwrap();
+    let rejected = service.call(web).await.unwrap();
+    assert_eq!(rejected.status(), 200);
+    assert_eq!(rejected.headers()["content-type"], "application/grpc-web");
+    assert_eq!(rejected.headers()["grpc-status"], "8");
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"payload");
     assert_eq!(limiter.available(), 1, "given back at the end of the body");
@@ -739,7 +751,8 @@ async fn plain_hyper_server() {
 
 /// gRPC needs no feature of its own: a request whose content type is `application/grpc` gets a
 /// trailers-only gRPC status (200, `grpc-status: 8`, the rule in `grpc-message`, `retry-after`),
-/// decided at once or through `Check::Pending`; other requests keep the 429.
+/// decided at once or through `Check::Pending`, and so does a gRPC-Web one (in its content type);
+/// other requests keep the 429.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_requests_are_rejected_with_a_grpc_status() {
     for deferred in [false, true] {
@@ -777,6 +790,18 @@ async fn grpc_requests_are_rejected_with_a_grpc_status() {
         assert!(retry >= 1, "retry-after {retry}");
         assert!(headers.contains_key("ratelimit"));
         assert!(response.bytes().await.unwrap().is_empty());
+
+        // gRPC-Web (a browser's, base64 framing): the same status, in its own content type.
+        let web = client
+            .post(&url)
+            .header("content-type", "application/grpc-web-text+proto")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(web.status(), 200, "deferred: {deferred}");
+        assert_eq!(web.headers()["content-type"], "application/grpc-web-text");
+        assert_eq!(web.headers()["grpc-status"], "8");
+        assert!(web.bytes().await.unwrap().is_empty());
 
         let plain = client.post(&url).send().await.unwrap();
         assert_eq!(plain.status(), 429, "deferred: {deferred}");

@@ -152,10 +152,11 @@ impl ConcurrencyLayer {
         &self.limiter
     }
 
-    fn rejection<B>(&self, grpc: bool) -> http::Response<RateLimitBody<B>> {
-        if grpc {
+    fn rejection<B>(&self, grpc: Option<&'static str>) -> http::Response<RateLimitBody<B>> {
+        if let Some(content_type) = grpc {
             let secs = whole_seconds_up(self.retry_after);
             return crate::http::grpc::trailers_only(
+                content_type,
                 crate::http::grpc::CONCURRENCY_CODE,
                 "concurrency limit reached",
                 Some(secs),
@@ -242,7 +243,11 @@ where
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
-        let grpc = layer.grpc && crate::http::grpc::is_grpc(request.headers());
+        let grpc = if layer.grpc {
+            crate::http::grpc::grpc_content_type(request.headers())
+        } else {
+            None
+        };
         match layer.wait {
             None => {
                 let permit = match layer.limiter.try_acquire_owned(1) {

@@ -5,8 +5,11 @@
 //! gRPC frames) `INTERNAL`. For requests whose `content-type` starts with `application/grpc` the
 //! layer therefore answers with a gRPC "trailers-only" response: HTTP 200,
 //! `content-type: application/grpc`, `grpc-status` and a percent-encoded `grpc-message` in the
-//! headers, and an empty body (gRPC-Web requests keep the HTTP rejection). This is plain HTTP:
-//! any gRPC server behind the layer benefits, with or without the `tonic` feature.
+//! headers, and an empty body. gRPC-Web requests (`application/grpc-web...`, from browsers)
+//! get the same, which gRPC-Web also allows as a trailers-only response, with the content type
+//! of their framing (`application/grpc-web` or `application/grpc-web-text`); a browser reads
+//! `grpc-status` only if CORS exposes it, as for every gRPC-Web answer. This is plain HTTP: any
+//! gRPC server behind the layer benefits, with or without the `tonic` feature.
 
 use crate::http::response::Rejection;
 use crate::http::{insert_quota_headers, RejectReason, ResponseConfig, Verdict};
@@ -33,26 +36,39 @@ fn grpc_code(reason: RejectReason) -> u16 {
     }
 }
 
-/// Whether a rejection of this request should be a gRPC status: `config.grpc` is on and the
-/// request's `content-type` is gRPC's: `application/grpc`, optionally followed by `+format`
-/// (`application/grpc+proto`) or parameters. gRPC-Web (`application/grpc-web`) is a different
-/// framing and keeps the HTTP rejection.
-pub(crate) fn wants_grpc(headers: &HeaderMap, config: &ResponseConfig) -> bool {
-    config.grpc && is_grpc(headers)
+/// The content type of a gRPC rejection of this request, when its rejection should be a gRPC
+/// status: `config.grpc` is on and the request is gRPC (see [`grpc_content_type`]).
+pub(crate) fn wants_grpc(headers: &HeaderMap, config: &ResponseConfig) -> Option<&'static str> {
+    if config.grpc {
+        grpc_content_type(headers)
+    } else {
+        None
+    }
 }
 
-/// Whether the request's `content-type` is gRPC's (see [`wants_grpc`]).
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get(CONTENT_TYPE).is_some_and(|v| {
-        v.as_bytes()
-            .strip_prefix(b"application/grpc")
-            .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';' | b' ')))
-    })
+/// The content type a trailers-only answer to this request has, when its `content-type` is
+/// gRPC's: `application/grpc`, optionally followed by `+format` (`application/grpc+proto`) or
+/// parameters, answered as `application/grpc`; gRPC-Web's `application/grpc-web` and
+/// `application/grpc-web-text` (with the same options), answered with their own. Anything
+/// else: `None`.
+pub(crate) fn grpc_content_type(headers: &HeaderMap) -> Option<&'static str> {
+    let value = headers.get(CONTENT_TYPE)?.as_bytes();
+    let rest = value.strip_prefix(b"application/grpc")?;
+    let (answer, rest) = if let Some(rest) = rest.strip_prefix(b"-web-text") {
+        ("application/grpc-web-text", rest)
+    } else if let Some(rest) = rest.strip_prefix(b"-web") {
+        ("application/grpc-web", rest)
+    } else {
+        ("application/grpc", rest)
+    };
+    matches!(rest.first(), None | Some(b'+' | b';' | b' ')).then_some(answer)
 }
 
-/// A trailers-only gRPC response: HTTP 200, `content-type: application/grpc`, `grpc-status`
-/// `code`, `message` percent-encoded in `grpc-message`, `retry-after` when given, no body.
+/// A trailers-only gRPC response: HTTP 200, `content_type` (`application/grpc` or a gRPC-Web
+/// one, see [`grpc_content_type`]), `grpc-status` `code`, `message` percent-encoded in
+/// `grpc-message`, `retry-after` when given, no body.
 pub(crate) fn trailers_only(
+    content_type: &'static str,
     code: u16,
     message: &str,
     retry_secs: Option<u64>,
@@ -61,7 +77,7 @@ pub(crate) fn trailers_only(
     push_percent_encoded(&mut encoded, message);
     let mut response = http::Response::new(Bytes::new());
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(
         HeaderName::from_static("grpc-status"),
         HeaderValue::from(code),
@@ -79,17 +95,17 @@ pub(crate) fn trailers_only(
 /// gRPC's `RESOURCE_EXHAUSTED`, for the concurrency layer's rejections.
 pub(crate) const CONCURRENCY_CODE: u16 = RESOURCE_EXHAUSTED;
 
-/// The rejection for a request: [`grpc_rejection_response`] when `grpc` (see
-/// [`wants_grpc`]), otherwise [`rejection_response`](crate::http::rejection_response).
+/// The rejection for a request: [`grpc_rejection_response`] (with `grpc` as its content type)
+/// when `grpc` is given (see [`wants_grpc`]), otherwise
+/// [`rejection_response`](crate::http::rejection_response).
 pub(crate) fn rejection(
     verdict: &Verdict,
     config: &ResponseConfig,
-    grpc: bool,
+    grpc: Option<&'static str>,
 ) -> Option<http::Response<Bytes>> {
-    if grpc {
-        grpc_rejection_response(verdict, config)
-    } else {
-        crate::http::rejection_response(verdict, config)
+    match grpc {
+        Some(content_type) => grpc_rejection(verdict, config, content_type),
+        None => crate::http::rejection_response(verdict, config),
     }
 }
 
@@ -149,12 +165,26 @@ pub fn grpc_rejection_response(
     verdict: &Verdict,
     config: &ResponseConfig,
 ) -> Option<http::Response<Bytes>> {
+    grpc_rejection(verdict, config, "application/grpc")
+}
+
+/// [`grpc_rejection_response`] with `content_type` (a gRPC-Web one for a gRPC-Web request).
+fn grpc_rejection(
+    verdict: &Verdict,
+    config: &ResponseConfig,
+    content_type: &'static str,
+) -> Option<http::Response<Bytes>> {
     let rejection = Rejection::of(verdict)?;
     let message = match &config.body {
         Some(template) => rejection.render(template),
         None => rejection.detail(),
     };
-    let mut response = trailers_only(grpc_code(rejection.reason), &message, rejection.retry_secs);
+    let mut response = trailers_only(
+        content_type,
+        grpc_code(rejection.reason),
+        &message,
+        rejection.retry_secs,
+    );
     let headers = response.headers_mut();
     insert_quota_headers(headers, &verdict.quotas, config);
     Some(response)
@@ -264,29 +294,43 @@ mod tests {
     fn which_requests_are_grpc() {
         let mut headers = HeaderMap::new();
         let config = ResponseConfig::default();
-        assert!(!wants_grpc(&headers, &config));
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        assert!(!wants_grpc(&headers, &config));
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc-web"),
-        );
-        assert!(!wants_grpc(&headers, &config));
-        for grpc in [
-            "application/grpc",
-            "application/grpc+proto",
-            "application/grpc; x=y",
+        assert_eq!(wants_grpc(&headers, &config), None);
+        for other in [
+            "application/json",
+            "application/grpcx",
+            "application/grpc-webx",
+            "application/grpc-web-textual",
+            "application/grp",
         ] {
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static(grpc));
-            assert!(wants_grpc(&headers, &config), "{grpc}");
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(other));
+            assert_eq!(wants_grpc(&headers, &config), None, "{other}");
+        }
+        for (request, answer) in [
+            ("application/grpc", "application/grpc"),
+            ("application/grpc+proto", "application/grpc"),
+            ("application/grpc; x=y", "application/grpc"),
+            ("application/grpc-web", "application/grpc-web"),
+            ("application/grpc-web+proto", "application/grpc-web"),
+            ("application/grpc-web-text", "application/grpc-web-text"),
+            (
+                "application/grpc-web-text+proto",
+                "application/grpc-web-text",
+            ),
+        ] {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(request));
+            assert_eq!(wants_grpc(&headers, &config), Some(answer), "{request}");
         }
         let off = ResponseConfig {
             grpc: false,
             ..ResponseConfig::default()
         };
-        assert!(!wants_grpc(&headers, &off));
+        assert_eq!(wants_grpc(&headers, &off), None);
         let verdict = rejected(RejectReason::RateLimited, None);
-        assert_eq!(rejection(&verdict, &off, false).unwrap().status(), 429);
-        assert_eq!(rejection(&verdict, &config, true).unwrap().status(), 200);
+        assert_eq!(rejection(&verdict, &off, None).unwrap().status(), 429);
+        let web = rejection(&verdict, &config, Some("application/grpc-web-text")).unwrap();
+        assert_eq!(web.status(), 200);
+        assert_eq!(web.headers()["content-type"], "application/grpc-web-text");
+        assert_eq!(web.headers()["grpc-status"], "8");
+        assert!(web.body().is_empty());
     }
 }

@@ -39,9 +39,9 @@ pub struct ResponseConfig {
     pub ietf_headers: bool,
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` as well.
     pub legacy_headers: bool,
-    /// Reject gRPC requests (`content-type` `application/grpc` or `application/grpc+proto`, ...;
-    /// not gRPC-Web) with a gRPC status (trailers-only: HTTP 200, `grpc-status`,
-    /// `grpc-message`) instead of `status` and a body, so that gRPC clients see
+    /// Reject gRPC requests (`content-type` `application/grpc` or `application/grpc+proto`, ...,
+    /// and gRPC-Web's `application/grpc-web...`) with a gRPC status (trailers-only: HTTP 200,
+    /// `grpc-status`, `grpc-message`) instead of `status` and a body, so that gRPC clients see
     /// `RESOURCE_EXHAUSTED` rather than a protocol error. `true` by default (`grpc = false` in
     /// `[response]` turns it off); see
     /// [`grpc_rejection_response`](crate::http::grpc_rejection_response) for the codes.
