@@ -1,5 +1,6 @@
-//! [`RateLimitBody`]: the response body of the layers, the inner service's body or a body the
-//! layer wrote itself (a rejection).
+//! [`RejectionBody`]: what [`RateLimitLayer`](crate::http::RateLimitLayer) asks of the inner
+//! service's body type, to write its rejections in it; [`RateLimitBody`]: the response body of
+//! [`ConcurrencyLayer`](crate::http::ConcurrencyLayer), and the wrapper for any body type.
 
 use crate::OwnedPermit;
 use bytes::Bytes;
@@ -146,6 +147,104 @@ where
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
+        }
+    }
+}
+
+/// A response body type that can also hold a rejection: [`RateLimitLayer`]'s responses keep the
+/// inner service's body type (an admitted response passes through as it is, with no wrapper
+/// for axum or tonic to box again), so a rejection is written in that type.
+///
+/// Implemented for axum's `Body` (feature `axum`), tonic's `Body` (feature `tonic`),
+/// `http_body_util`'s `Full<Bytes>`, `BoxBody` and `UnsyncBoxBody`, [`Bytes`], [`String`], and
+/// [`RateLimitBody`] of any body. For a service with another body type, map its responses into
+/// [`RateLimitBody::new`] inside the layer (for example with tower's `map_response`), or
+/// implement this trait.
+///
+/// [`RateLimitLayer`]: crate::http::RateLimitLayer
+///
+/// # Examples
+///
+/// ```
+/// use bytes::Bytes;
+/// use turnstile::http::RejectionBody;
+///
+/// let body = String::rejection(Bytes::from_static(b"too many requests"));
+/// assert_eq!(body, "too many requests");
+/// ```
+pub trait RejectionBody {
+    /// A complete body holding `data`: a rejection's document (its UTF-8 text), or nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body::Body;
+    /// use turnstile::http::{RateLimitBody, RejectionBody};
+    ///
+    /// let body: RateLimitBody<String> = RejectionBody::rejection(Bytes::from_static(b"{}"));
+    /// assert_eq!(body.size_hint().exact(), Some(2));
+    /// ```
+    fn rejection(data: Bytes) -> Self;
+}
+
+impl<B> RejectionBody for RateLimitBody<B> {
+    fn rejection(data: Bytes) -> Self {
+        RateLimitBody::full(data)
+    }
+}
+
+impl RejectionBody for Bytes {
+    fn rejection(data: Bytes) -> Self {
+        data
+    }
+}
+
+impl RejectionBody for String {
+    fn rejection(data: Bytes) -> Self {
+        // The layer writes UTF-8 only; anything else would be replaced, not lost silently.
+        String::from_utf8_lossy(&data).into_owned()
+    }
+}
+
+impl RejectionBody for http_body_util::Full<Bytes> {
+    fn rejection(data: Bytes) -> Self {
+        http_body_util::Full::new(data)
+    }
+}
+
+impl<E: 'static> RejectionBody for http_body_util::combinators::BoxBody<Bytes, E> {
+    fn rejection(data: Bytes) -> Self {
+        use http_body_util::BodyExt;
+        http_body_util::Full::new(data)
+            .map_err(|never| match never {})
+            .boxed()
+    }
+}
+
+impl<E: 'static> RejectionBody for http_body_util::combinators::UnsyncBoxBody<Bytes, E> {
+    fn rejection(data: Bytes) -> Self {
+        use http_body_util::BodyExt;
+        http_body_util::Full::new(data)
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+}
+
+#[cfg(feature = "axum")]
+impl RejectionBody for axum::body::Body {
+    fn rejection(data: Bytes) -> Self {
+        axum::body::Body::from(data)
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl RejectionBody for tonic::body::Body {
+    fn rejection(data: Bytes) -> Self {
+        if data.is_empty() {
+            tonic::body::Body::empty()
+        } else {
+            tonic::body::Body::new(http_body_util::Full::new(data))
         }
     }
 }

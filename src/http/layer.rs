@@ -5,7 +5,7 @@
 use crate::http::grpc;
 use crate::http::response::QuotaHeaders;
 use crate::http::{
-    client_ip, Check, LayerSettings, Policy, QuotaState, RateLimitBody, RequestInfo,
+    client_ip, Check, LayerSettings, Policy, QuotaState, RejectionBody, RequestInfo,
     ResponseConfig, Verdict,
 };
 use arc_swap::ArcSwap;
@@ -46,9 +46,15 @@ type ClientIdFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + S
 /// The peer address comes from the request's extensions: [`PeerAddr`], a [`SocketAddr`],
 /// (feature `axum`) axum's `ConnectInfo<SocketAddr>` — serve the router with
 /// `into_make_service_with_connect_info::<SocketAddr>()` — or (feature `tonic`) tonic's
-/// `TcpConnectInfo`, which tonic's server inserts by itself. With plain hyper (or tonic without
-/// the feature, or over TLS), insert a [`PeerAddr`] in a layer outside this one. Without a peer
-/// address the client IP is `None` and the policy decides what that means.
+/// `TcpConnectInfo`, which tonic's server inserts by itself. With plain hyper (or tonic over
+/// TLS), insert a [`PeerAddr`] in a layer outside this one. Without a peer address the client IP
+/// is `None` and the policy decides what that means.
+///
+/// Responses keep the inner service's body type: an admitted response passes through as it is
+/// (no wrapper that axum or tonic would box again), and a rejection is written in that type,
+/// which therefore implements [`RejectionBody`] — axum's and (feature `tonic`) tonic's bodies,
+/// `http_body_util`'s `Full`, `BoxBody` and `UnsyncBoxBody`, `Bytes`, `String`, and
+/// [`RateLimitBody`](crate::http::RateLimitBody) of anything (map another body type into it).
 ///
 /// Readiness follows tower's rule: the service polled ready serves the request. A request
 /// rejected at once releases what that service reserved (it is dropped, a clone takes its
@@ -57,7 +63,8 @@ type ClientIdFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + S
 /// the decision arrives (a clone takes its place), so a reserved slot stays reserved meanwhile.
 /// Errors of the inner service pass through unchanged.
 ///
-/// With tonic, put the layer on the server: `Server::builder().layer(limiter.layer())`. A
+/// With tonic, enable the `tonic` feature and put the layer on the server:
+/// `Server::builder().layer(limiter.layer())`. A
 /// rejection of a gRPC request (`content-type: application/grpc...`, from tonic or any other
 /// gRPC client) is a gRPC status rather than an HTTP 429, which gRPC clients would report as a
 /// transport error: `RESOURCE_EXHAUSTED` for a rate limit, with `retry-after` and the
@@ -296,8 +303,9 @@ impl<S, P, B, ResBody> tower::Service<http::Request<B>> for RateLimitService<S, 
 where
     S: tower::Service<http::Request<B>, Response = http::Response<ResBody>> + Clone,
     P: Policy,
+    ResBody: RejectionBody,
 {
-    type Response = http::Response<RateLimitBody<ResBody>>;
+    type Response = http::Response<ResBody>;
     type Error = S::Error;
     type Future = ResponseFuture<S, http::Request<B>>;
 
@@ -477,8 +485,9 @@ where
 impl<S, B, ResBody> Future for ResponseFuture<S, http::Request<B>>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<ResBody>>,
+    ResBody: RejectionBody,
 {
-    type Output = Result<http::Response<RateLimitBody<ResBody>>, S::Error>;
+    type Output = Result<http::Response<ResBody>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -516,18 +525,18 @@ where
                     quotas,
                     headers,
                 } => {
-                    let response = match future.poll(cx) {
+                    let mut response = match future.poll(cx) {
                         Poll::Ready(Ok(response)) => response,
                         Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
                         Poll::Pending => return Poll::Pending,
                     };
-                    let mut response = response.map(RateLimitBody::new);
+                    // The inner body as it is: no wrapper for axum or tonic to box again.
                     headers.insert(response.headers_mut(), quotas);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Rejected { response } => {
                     return match response.take() {
-                        Some(response) => Poll::Ready(Ok(response.map(RateLimitBody::full))),
+                        Some(response) => Poll::Ready(Ok(response.map(ResBody::rejection))),
                         // Polled after completion.
                         None => Poll::Pending,
                     };

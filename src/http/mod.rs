@@ -334,7 +334,7 @@ mod redis_rules;
 mod response;
 mod rules;
 
-pub use body::RateLimitBody;
+pub use body::{RateLimitBody, RejectionBody};
 pub use client_ip::{client_ip, ClientIpConfig, ForwardedHeader};
 pub use concurrency::{ConcurrencyFuture, ConcurrencyLayer, ConcurrencyService};
 pub use config::{
