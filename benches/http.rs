@@ -2,11 +2,13 @@
 //! (issue 6): an axum app on 127.0.0.1:0 and a Rust load generator of keep-alive HTTP/1.1
 //! connections in the same process.
 //!
-//! Three apps: `bare` (no layer), `admitted` (the layer with one per-IP rule that admits every
+//! The apps: `bare` (no layer), `admitted` (the layer with one per-IP rule that admits every
 //! request, so every request pays the full decision and the `RateLimit` headers), `rejected`
-//! (the same rule with a limit the first request exhausts, so every later request is a 429).
-//! The paired parts add two for a breakdown: `admitted` without the `RateLimit` headers, and the
-//! app behind a no-op tower layer (what `Router::layer` costs for any layer).
+//! (the same rule with a limit the first request exhausts, so every later request is a 429),
+//! and the peer, tower_governor (governor keyed by peer IP, admitting every request) with its
+//! two `x-ratelimit-*` headers. The paired parts add a breakdown: `admitted` without the
+//! `RateLimit` headers, the app behind a no-op tower layer (what `Router::layer` costs for any
+//! layer), and tower_governor without headers.
 //! Each criterion sample sends a batch of requests over `CONNECTIONS` connections at once and
 //! reports the time per request; requests per second is its inverse.
 //!
@@ -14,11 +16,12 @@
 //! one request at a time on one thread: the layer's own CPU per request, undiluted by TCP and the
 //! client.
 //!
-//! **Paired ratios** (`http-paired`, not criterion; after the group): criterion measures the three
+//! **Paired ratios** (`http-paired`, not criterion; after the group): criterion measures the
 //! apps one after the other, and on a shared 2-core machine the load can change in between. This
 //! part alternates them in rounds (a batch of `PAIR_BATCH` requests each, the order rotating
 //! every round) for `PAIR_TIME`, and prints the median µs per request of each and the medians of
-//! the per-round ratios admitted ÷ bare and rejected ÷ admitted with a 95% confidence interval.
+//! the per-round ratios (admitted ÷ bare, rejected ÷ admitted, the breakdown, and the layer
+//! against tower_governor) with a 95% confidence interval.
 //! Written to `target/criterion/http-paired/` (`paired.json`, `paired.md`).
 //!
 //! **wrk** (`http-wrk`, only when named): the same paired comparison with `wrk` (from apt) as
@@ -77,6 +80,23 @@ fn noop_layer() -> Router {
     app().layer(tower::util::MapResponseLayer::new(
         |response: axum::response::Response| response,
     ))
+}
+
+/// The app behind the peer, tower_governor (governor keyed by peer IP), with a quota that admits
+/// every request; `headers`: its `x-ratelimit-limit`/`-remaining` on every response
+/// (`use_headers`), the counterpart of the `RateLimit` headers.
+fn governed(headers: bool) -> Router {
+    use tower_governor::governor::GovernorConfigBuilder;
+    use tower_governor::GovernorLayer;
+    let mut builder = GovernorConfigBuilder::default();
+    builder.per_second(1).burst_size(u32::MAX / 2);
+    if headers {
+        let config = builder.use_headers().finish().expect("governor config");
+        app().layer(GovernorLayer::new(config))
+    } else {
+        let config = builder.finish().expect("governor config");
+        app().layer(GovernorLayer::new(config))
+    }
 }
 
 async fn serve(router: Router) -> SocketAddr {
@@ -149,17 +169,27 @@ fn servers(runtime: &Runtime) -> [Senders; APPS] {
         let mut rejected = connect(serve(limited(1, true)).await).await;
         let no_headers = connect(serve(limited(u32::MAX as u64 / 2, false)).await).await;
         let noop = connect(serve(noop_layer()).await).await;
+        let governor = connect(serve(governed(true)).await).await;
+        let governor_bare = connect(serve(governed(false)).await).await;
         // The first request takes the rule's only permit; every later one is rejected.
         let mut first = vec![rejected.pop().expect("a connection")];
         batch(&mut first, 1, 200).await;
         rejected.extend(first);
-        [bare, admitted, rejected, no_headers, noop]
+        [
+            bare,
+            admitted,
+            rejected,
+            no_headers,
+            noop,
+            governor,
+            governor_bare,
+        ]
     })
 }
 
 fn http(c: &mut Criterion) {
     let runtime = Runtime::new().expect("runtime");
-    let [mut bare, mut admitted, mut rejected, _, _] = servers(&runtime);
+    let [mut bare, mut admitted, mut rejected, _, _, mut governor, _] = servers(&runtime);
     let mut group = c.benchmark_group("http");
     group.measurement_time(Duration::from_secs(8));
     group.bench_function("bare", |b| {
@@ -171,6 +201,9 @@ fn http(c: &mut Criterion) {
     group.bench_function("rejected", |b| {
         b.iter_custom(|iters| runtime.block_on(batch(&mut rejected, iters, 429)))
     });
+    group.bench_function("tower_governor", |b| {
+        b.iter_custom(|iters| runtime.block_on(batch(&mut governor, iters, 200)))
+    });
     group.finish();
 }
 
@@ -178,16 +211,19 @@ fn http(c: &mut Criterion) {
 const PAIR_BATCH: u64 = 1_600;
 /// How long the paired part measures (after a tenth of it as warm-up).
 const PAIR_TIME: Duration = Duration::from_secs(12);
-/// The apps: criterion measures the first three, the paired part all of them.
-const APPS: usize = 5;
+/// The apps: criterion measures the first three and tower_governor with headers, the paired
+/// part all of them.
+const APPS: usize = 7;
 const NAMES: [&str; APPS] = [
     "bare",
     "admitted",
     "rejected",
     "admitted, no RateLimit headers",
     "a no-op layer (breakdown)",
+    "tower_governor, x-ratelimit headers (peer)",
+    "tower_governor, no headers (peer)",
 ];
-const STATUS: [u16; APPS] = [200, 200, 429, 200, 200];
+const STATUS: [u16; APPS] = [200, 200, 429, 200, 200, 200, 200];
 
 /// Whether a ratio meets its target (`met` of a ratio: on the target's side). Met only when the
 /// whole confidence interval is on the target's side (`high`, its upper end); a median on it
@@ -200,6 +236,63 @@ fn verdict(median: f64, high: f64, met: &dyn Fn(f64) -> bool) -> &'static str {
     } else {
         "**missed**"
     }
+}
+
+/// A ratio of the tables: its label, the apps divided (`a ÷ b`), and its target if it has one
+/// (the target's text, and whether a ratio is on its side).
+type Row<'a> = (
+    &'a str,
+    usize,
+    usize,
+    Option<(&'a str, &'a dyn Fn(f64) -> bool)>,
+);
+
+/// The two tables of a paired run: each app's median µs per request, and the medians of the
+/// per-round ratios with their CI, the targets' verdicts, the breakdown and the peer.
+fn tables(rounds: &[[f64; APPS]]) -> String {
+    let mut table = String::from("| app | µs per request | requests/s |\n|---|---|---|\n");
+    for (app, name) in NAMES.iter().enumerate() {
+        let us = median(rounds.iter().map(|r| r[app]).collect());
+        table += &format!("| {name} | {us:.2} | {:.0} |\n", 1e6 / us);
+    }
+    table += "\n| ratio (median of per-round ratios) | value [95% CI] | target | verdict |\n";
+    table += "|---|---|---|---|\n";
+    let within: &dyn Fn(f64) -> bool = &|r| r <= 1.05;
+    let below: &dyn Fn(f64) -> bool = &|r| r < 1.0;
+    let rows: [Row; 8] = [
+        ("admitted ÷ bare", 1, 0, Some(("≤ 1.05×", within))),
+        ("rejected ÷ admitted", 2, 1, Some(("< 1×", below))),
+        (
+            "admitted without RateLimit headers ÷ bare (breakdown)",
+            3,
+            0,
+            None,
+        ),
+        ("a no-op layer ÷ bare (breakdown)", 4, 0, None),
+        ("tower_governor, headers ÷ bare (peer)", 5, 0, None),
+        ("tower_governor, no headers ÷ bare (peer)", 6, 0, None),
+        (
+            "admitted ÷ tower_governor, headers (against the peer)",
+            1,
+            5,
+            None,
+        ),
+        (
+            "admitted without headers ÷ tower_governor, no headers (against the peer)",
+            3,
+            6,
+            None,
+        ),
+    ];
+    for (label, a, b, target) in rows {
+        let (m, low, high) = median_ci(rounds.iter().map(|r| r[a] / r[b]).collect());
+        let (target, verdict) = match target {
+            Some((text, met)) => (text, verdict(m, high, met)),
+            None => ("—", "—"),
+        };
+        table += &format!("| {label} | {m:.3}× [{low:.3}–{high:.3}] | {target} | {verdict} |\n");
+    }
+    table
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -276,57 +369,31 @@ fn http_paired() {
         rounds.push(round(&mut senders, index));
         index += 1;
     }
-    let per_app = |app: usize| median(rounds.iter().map(|r| r[app]).collect());
-    let (admitted_bare, ab_low, ab_high) = median_ci(rounds.iter().map(|r| r[1] / r[0]).collect());
-    let (rejected_admitted, ra_low, ra_high) =
-        median_ci(rounds.iter().map(|r| r[2] / r[1]).collect());
-    let (no_headers_bare, nb_low, nb_high) =
-        median_ci(rounds.iter().map(|r| r[3] / r[0]).collect());
-    let (noop_bare, nop_low, nop_high) = median_ci(rounds.iter().map(|r| r[4] / r[0]).collect());
-
     let mut table = format!(
         "HTTP layer, paired: {} rounds of {PAIR_BATCH} requests per app over {CONNECTIONS} \
          connections, order rotating, for {length:?}; medians\n\n",
         rounds.len()
     );
-    table += "| app | µs per request | requests/s |\n|---|---|---|\n";
-    for (app, name) in NAMES.iter().enumerate() {
-        let us = per_app(app);
-        table += &format!("| {name} | {us:.2} | {:.0} |\n", 1e6 / us);
-    }
-    table += "\n| ratio (median of per-round ratios) | value [95% CI] | target | verdict |\n";
-    table += "|---|---|---|---|\n";
-    table += &format!(
-        "| admitted ÷ bare | {admitted_bare:.3}× [{ab_low:.3}–{ab_high:.3}] | ≤ 1.05× | {} |\n",
-        verdict(admitted_bare, ab_high, &|r| r <= 1.05)
-    );
-    table += &format!(
-        "| rejected ÷ admitted | {rejected_admitted:.3}× [{ra_low:.3}–{ra_high:.3}] | < 1× | {} |\n",
-        verdict(rejected_admitted, ra_high, &|r| r < 1.0)
-    );
-    table += &format!(
-        "| admitted without RateLimit headers ÷ bare (breakdown) | {no_headers_bare:.3}× [{nb_low:.3}–{nb_high:.3}] | — | — |\n"
-    );
-    table += &format!(
-        "| a no-op layer ÷ bare (breakdown) | {noop_bare:.3}× [{nop_low:.3}–{nop_high:.3}] | — | — |\n"
-    );
+    table += &tables(&rounds);
     println!("\n{table}");
     if length < PAIR_TIME {
         println!("Testing http-paired\nSuccess");
         return;
     }
+    // The raw rounds (µs per request of each app, in the order of `apps`), from which every
+    // figure of the tables can be computed again.
+    let names: Vec<String> = NAMES.iter().map(|n| format!("{n:?}")).collect();
+    let rows: Vec<String> = rounds
+        .iter()
+        .map(|r| {
+            let values: Vec<String> = r.iter().map(|v| format!("{v:.4}")).collect();
+            format!("[{}]", values.join(","))
+        })
+        .collect();
     let json = format!(
-        "{{\"rounds\":{},\"batch\":{PAIR_BATCH},\"connections\":{CONNECTIONS},\
-         \"us_per_request\":{{\"bare\":{:.4},\"admitted\":{:.4},\"rejected\":{:.4},\"no_headers\":{:.4}}},\
-         \"admitted_over_bare\":[{admitted_bare:.4},{ab_low:.4},{ab_high:.4}],\
-         \"rejected_over_admitted\":[{rejected_admitted:.4},{ra_low:.4},{ra_high:.4}],\
-         \"no_headers_over_bare\":[{no_headers_bare:.4},{nb_low:.4},{nb_high:.4}],\
-         \"noop_over_bare\":[{noop_bare:.4},{nop_low:.4},{nop_high:.4}]}}\n",
-        rounds.len(),
-        per_app(0),
-        per_app(1),
-        per_app(2),
-        per_app(3)
+        "{{\"batch\":{PAIR_BATCH},\"connections\":{CONNECTIONS},\"apps\":[{}],\"us_per_request\":[{}]}}\n",
+        names.join(","),
+        rows.join(",")
     );
     let dir = output_dir();
     std::fs::create_dir_all(&dir).expect("create the output directory");
@@ -394,11 +461,21 @@ fn http_wrk() {
         let rejected = serve(limited(1, true)).await;
         let no_headers = serve(limited(u32::MAX as u64 / 2, false)).await;
         let noop = serve(noop_layer()).await;
+        let governor = serve(governed(true)).await;
+        let governor_bare = serve(governed(false)).await;
         // The first request takes the rejected app's only permit.
         let mut first = connect(rejected).await;
         first.truncate(1);
         batch(&mut first, 1, 200).await;
-        [bare, admitted, rejected, no_headers, noop]
+        [
+            bare,
+            admitted,
+            rejected,
+            no_headers,
+            noop,
+            governor,
+            governor_bare,
+        ]
     });
     // Warm-up: one run each.
     for addr in addrs {
@@ -419,38 +496,11 @@ fn http_wrk() {
         }
         rounds.push(us);
     }
-    let per_app = |app: usize| median(rounds.iter().map(|r| r[app]).collect());
-    let ratio = |a: usize, b: usize| median_ci(rounds.iter().map(|r| r[a] / r[b]).collect());
     let mut table = format!(
         "HTTP layer, paired with wrk: {WRK_ROUNDS} rounds of one {WRK_RUN} `wrk -t1 -c{CONNECTIONS}` \
-         run per app, order rotating, the server on CPU 0 and wrk on CPU 1; medians\n\n| app | µs per request | requests/s |\n|---|---|---|\n"
+         run per app, order rotating, the server on CPU 0 and wrk on CPU 1; medians\n\n"
     );
-    for (app, name) in NAMES.iter().enumerate() {
-        let us = per_app(app);
-        table += &format!("| {name} | {us:.2} | {:.0} |\n", 1e6 / us);
-    }
-    table += "\n| ratio (median of per-round ratios) | value [95% CI] | target | verdict |\n";
-    table += "|---|---|---|---|\n";
-    let within: &dyn Fn(f64) -> bool = &|r| r <= 1.05;
-    let below: &dyn Fn(f64) -> bool = &|r| r < 1.0;
-    for (label, a, b, target) in [
-        ("admitted ÷ bare", 1, 0, Some(("≤ 1.05×", within))),
-        ("rejected ÷ admitted", 2, 1, Some(("< 1×", below))),
-        (
-            "admitted without RateLimit headers ÷ bare (breakdown)",
-            3,
-            0,
-            None,
-        ),
-        ("a no-op layer ÷ bare (breakdown)", 4, 0, None),
-    ] {
-        let (m, low, high) = ratio(a, b);
-        let (target, verdict) = match target {
-            Some((text, met)) => (text, verdict(m, high, met)),
-            None => ("—", "—"),
-        };
-        table += &format!("| {label} | {m:.3}× [{low:.3}–{high:.3}] | {target} | {verdict} |\n");
-    }
+    table += &tables(&rounds);
     println!("\n{table}");
     let dir = output_dir();
     std::fs::create_dir_all(&dir).expect("create the output directory");
