@@ -156,7 +156,7 @@ where
 /// for axum or tonic to box again), so a rejection is written in that type.
 ///
 /// Implemented for axum's `Body` (feature `axum`), tonic's `Body` (feature `tonic`),
-/// `http_body_util`'s `Full<Bytes>`, `BoxBody` and `UnsyncBoxBody`, [`Bytes`], [`String`], and
+/// `http_body_util`'s `Full<Bytes>`, `BoxBody` and `UnsyncBoxBody`, [`String`], and
 /// [`RateLimitBody`] of any body. For a service with another body type, map its responses into
 /// [`RateLimitBody::new`] inside the layer (for example with tower's `map_response`), or
 /// implement this trait.
@@ -191,12 +191,6 @@ pub trait RejectionBody {
 impl<B> RejectionBody for RateLimitBody<B> {
     fn rejection(data: Bytes) -> Self {
         RateLimitBody::full(data)
-    }
-}
-
-impl RejectionBody for Bytes {
-    fn rejection(data: Bytes) -> Self {
-        data
     }
 }
 
@@ -245,6 +239,63 @@ impl RejectionBody for tonic::body::Body {
             tonic::body::Body::empty()
         } else {
             tonic::body::Body::new(http_body_util::Full::new(data))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn read<B>(body: B) -> Bytes
+    where
+        B: Body<Data = Bytes>,
+        B::Error: std::fmt::Debug,
+    {
+        body.collect().await.expect("a body").to_bytes()
+    }
+
+    /// Every body type the layer can answer in holds the rejection's bytes, and an empty
+    /// rejection (a gRPC one) is an empty body.
+    #[tokio::test]
+    async fn every_rejection_body_holds_the_data() {
+        for text in [&b"{\"status\":429}"[..], b""] {
+            let data = Bytes::copy_from_slice(text);
+            assert_eq!(
+                read(RateLimitBody::<String>::rejection(data.clone())).await,
+                text
+            );
+            assert_eq!(read(String::rejection(data.clone())).await, text);
+            assert_eq!(
+                read(http_body_util::Full::<Bytes>::rejection(data.clone())).await,
+                text
+            );
+            assert_eq!(
+                read(
+                    http_body_util::combinators::BoxBody::<Bytes, std::io::Error>::rejection(
+                        data.clone()
+                    )
+                )
+                .await,
+                text
+            );
+            assert_eq!(
+                read(http_body_util::combinators::UnsyncBoxBody::<
+                    Bytes,
+                    std::io::Error,
+                >::rejection(data.clone()))
+                .await,
+                text
+            );
+            #[cfg(feature = "axum")]
+            assert_eq!(read(axum::body::Body::rejection(data.clone())).await, text);
+            #[cfg(feature = "tonic")]
+            {
+                let body = tonic::body::Body::rejection(data.clone());
+                assert_eq!(body.is_end_stream(), text.is_empty());
+                assert_eq!(read(body).await, text);
+            }
         }
     }
 }
