@@ -10,7 +10,9 @@
 //! `RateLimit` headers, the app behind a no-op tower layer (what `Router::layer` costs for any
 //! layer), and tower_governor without headers.
 //! Each criterion sample sends a batch of requests over `CONNECTIONS` connections at once and
-//! reports the time per request; requests per second is its inverse.
+//! reports the time per request; requests per second is its inverse. axum is built with its
+//! default features here (tower_governor's dependency on it enables them), as an app that
+//! depends on `axum = "0.8"` gets them.
 //!
 //! **Without a network** (`http-service`): the router called directly with and without the layer,
 //! one request at a time on one thread: the layer's own CPU per request, undiluted by TCP and the
