@@ -475,8 +475,8 @@ pub fn insert_quota_headers(
     QuotaHeaders::of(config).insert(headers, quotas);
 }
 
-const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
-const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+static PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 
 // Built at compile time: `from_static` looks the name up among the standard ones.
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -602,9 +602,10 @@ fn problem_json(
 
 /// `content_type` as a header value: the common ones without an allocation, `fallback` when it
 /// is not a valid header value.
-fn content_type_value(content_type: &str, fallback: HeaderValue) -> HeaderValue {
-    // Constants: `from_static` checks its bytes, here once at compile time.
-    const KNOWN: [(&str, HeaderValue); 3] = [
+fn content_type_value(content_type: &str, fallback: &HeaderValue) -> HeaderValue {
+    // A static, not a constant: a constant array is built (and its unused values dropped) at
+    // every use. `from_static` checks its bytes, here once at compile time.
+    static KNOWN: [(&str, HeaderValue); 3] = [
         (
             "application/problem+json",
             HeaderValue::from_static("application/problem+json"),
@@ -620,7 +621,7 @@ fn content_type_value(content_type: &str, fallback: HeaderValue) -> HeaderValue 
     ];
     match KNOWN.iter().find(|(known, _)| *known == content_type) {
         Some((_, value)) => value.clone(),
-        None => HeaderValue::from_str(content_type).unwrap_or(fallback),
+        None => HeaderValue::from_str(content_type).unwrap_or_else(|_| fallback.clone()),
     }
 }
 
@@ -663,7 +664,7 @@ pub fn rejection_response(
     let (body, content_type) = match &config.body {
         Some(template) => (
             Bytes::from(rejection.render(template)),
-            content_type_value(&config.content_type, TEXT_PLAIN),
+            content_type_value(&config.content_type, &TEXT_PLAIN),
         ),
         None => (
             memo(
@@ -683,7 +684,7 @@ pub fn rejection_response(
                 },
             )
             .unwrap_or_default(),
-            content_type_value(&config.content_type, PROBLEM_JSON),
+            content_type_value(&config.content_type, &PROBLEM_JSON),
         ),
     };
 
