@@ -172,6 +172,35 @@ where
 /// let body = String::rejection(Bytes::from_static(b"too many requests"));
 /// assert_eq!(body, "too many requests");
 /// ```
+///
+/// An inner service whose body type is none of these (here `Empty`, which cannot hold a
+/// rejection; a tower-http layer's body is another case) gets its responses mapped into
+/// [`RateLimitBody`] between it and the layer:
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::Empty;
+/// use tower::{Service, ServiceBuilder, ServiceExt};
+/// use turnstile::http::{Check, Outcome, Policy, RateLimitBody, RateLimitLayer, RequestInfo, Verdict};
+///
+/// struct AdmitAll;
+/// impl Policy for AdmitAll {
+///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+///     }
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let mut service = ServiceBuilder::new()
+///     .layer(RateLimitLayer::new(AdmitAll))
+///     .map_response(|response: http::Response<Empty<Bytes>>| response.map(RateLimitBody::new))
+///     .service_fn(|_: http::Request<()>| async {
+///         Ok::<_, std::convert::Infallible>(http::Response::new(Empty::<Bytes>::new()))
+///     });
+/// let response = service.ready().await.unwrap().call(http::Request::new(())).await.unwrap();
+/// assert_eq!(response.status(), 200);
+/// # }
+/// ```
 pub trait RejectionBody {
     /// A complete body holding `data`: a rejection's document (its UTF-8 text), or nothing.
     ///
