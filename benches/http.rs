@@ -162,30 +162,32 @@ async fn batch(senders: &mut Vec<SendRequest<Empty<Bytes>>>, total: u64, expect:
 
 type Senders = Vec<SendRequest<Empty<Bytes>>>;
 
-/// The apps served, and `CONNECTIONS` connections to each: bare, admitted, rejected, admitted
-/// without headers, a no-op layer.
+/// Serves the apps (in the order of `NAMES`) and takes the rejected app's only permit with a
+/// first request, so that every later request to it is a 429.
+async fn serve_all() -> [SocketAddr; APPS] {
+    let addrs = [
+        serve(app()).await,
+        serve(limited(u32::MAX as u64 / 2, true)).await,
+        serve(limited(1, true)).await,
+        serve(limited(u32::MAX as u64 / 2, false)).await,
+        serve(noop_layer()).await,
+        serve(governed(true)).await,
+        serve(governed(false)).await,
+    ];
+    let mut first = connect(addrs[2]).await;
+    first.truncate(1);
+    batch(&mut first, 1, 200).await;
+    addrs
+}
+
+/// The apps served, and `CONNECTIONS` connections to each.
 fn servers(runtime: &Runtime) -> [Senders; APPS] {
     runtime.block_on(async {
-        let bare = connect(serve(app()).await).await;
-        let admitted = connect(serve(limited(u32::MAX as u64 / 2, true)).await).await;
-        let mut rejected = connect(serve(limited(1, true)).await).await;
-        let no_headers = connect(serve(limited(u32::MAX as u64 / 2, false)).await).await;
-        let noop = connect(serve(noop_layer()).await).await;
-        let governor = connect(serve(governed(true)).await).await;
-        let governor_bare = connect(serve(governed(false)).await).await;
-        // The first request takes the rule's only permit; every later one is rejected.
-        let mut first = vec![rejected.pop().expect("a connection")];
-        batch(&mut first, 1, 200).await;
-        rejected.extend(first);
-        [
-            bare,
-            admitted,
-            rejected,
-            no_headers,
-            noop,
-            governor,
-            governor_bare,
-        ]
+        let mut senders: [Senders; APPS] = Default::default();
+        for (senders, addr) in senders.iter_mut().zip(serve_all().await) {
+            *senders = connect(addr).await;
+        }
+        senders
     })
 }
 
@@ -457,28 +459,7 @@ fn http_wrk() {
         .output()
         .expect("run taskset (util-linux)");
     assert!(pinned.status.success(), "taskset failed: {pinned:?}");
-    let addrs: [SocketAddr; APPS] = runtime.block_on(async {
-        let bare = serve(app()).await;
-        let admitted = serve(limited(u32::MAX as u64 / 2, true)).await;
-        let rejected = serve(limited(1, true)).await;
-        let no_headers = serve(limited(u32::MAX as u64 / 2, false)).await;
-        let noop = serve(noop_layer()).await;
-        let governor = serve(governed(true)).await;
-        let governor_bare = serve(governed(false)).await;
-        // The first request takes the rejected app's only permit.
-        let mut first = connect(rejected).await;
-        first.truncate(1);
-        batch(&mut first, 1, 200).await;
-        [
-            bare,
-            admitted,
-            rejected,
-            no_headers,
-            noop,
-            governor,
-            governor_bare,
-        ]
-    });
+    let addrs = runtime.block_on(serve_all());
     // Warm-up: one run each.
     for addr in addrs {
         wrk(addr);
