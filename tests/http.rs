@@ -16,12 +16,9 @@ use tower::{Service, ServiceExt};
 use turnstile::http::{HttpConfig, HttpLimiter, PeerAddr};
 use turnstile::ManualClock;
 
-fn limiter(toml: &str) -> (Arc<HttpLimiter<ManualClock>>, ManualClock) {
-    let clock = ManualClock::new();
-    let config = HttpConfig::from_toml_str(toml).expect("valid config");
-    let limiter = HttpLimiter::with_clock(config, clock.clone()).expect("config compiles");
-    (Arc::new(limiter), clock)
-}
+#[path = "common/http_rules.rs"]
+mod http_rules;
+use http_rules::{limiter, PER_IP};
 
 fn app(limiter: &Arc<HttpLimiter<ManualClock>>) -> Router {
     Router::new()
@@ -83,14 +80,6 @@ impl Client {
         out
     }
 }
-
-const PER_IP: &str = r#"
-[[rules]]
-name = "per-ip"
-endpoint = "*"
-period = "1s"
-limit = 2
-"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn third_request_of_a_two_per_second_rule_gets_429_with_retry_after() {

@@ -7,6 +7,10 @@ use std::time::Duration;
 use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RejectReason, RequestInfo, Verdict};
 use turnstile::ManualClock;
 
+#[path = "common/http_rules.rs"]
+mod http_rules;
+use http_rules::PER_IP;
+
 fn limiter(toml: &str) -> (HttpLimiter<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     let config = HttpConfig::from_toml_str(toml).expect("valid toml");
@@ -44,14 +48,6 @@ fn reason(v: &Verdict) -> Option<(RejectReason, String, Option<Duration>)> {
         _ => None,
     }
 }
-
-const PER_IP: &str = r#"
-[[rules]]
-name = "per-ip"
-endpoint = "*"
-period = "1s"
-limit = 2
-"#;
 
 #[test]
 fn third_request_rejected_with_retry_after() {

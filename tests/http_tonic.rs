@@ -14,15 +14,12 @@ use tonic::transport::{Channel, Server};
 use tonic::Code;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use turnstile::http::{HttpConfig, HttpLimiter};
+use turnstile::http::HttpLimiter;
 use turnstile::ManualClock;
 
-fn limiter(toml: &str) -> (Arc<HttpLimiter<ManualClock>>, ManualClock) {
-    let clock = ManualClock::new();
-    let config = HttpConfig::from_toml_str(toml).expect("valid config");
-    let limiter = HttpLimiter::with_clock(config, clock.clone()).expect("config compiles");
-    (Arc::new(limiter), clock)
-}
+#[path = "common/http_rules.rs"]
+mod http_rules;
+use http_rules::{limiter, PER_IP};
 
 /// Serves tonic-health's Health service behind the limiter's layer on 127.0.0.1:0 and returns
 /// a client connected to it.
@@ -78,14 +75,6 @@ fn metadata_secs(status: &tonic::Status, key: &str) -> u64 {
         .parse()
         .expect("whole seconds")
 }
-
-const PER_IP: &str = r#"
-[[rules]]
-name = "per-ip"
-endpoint = "*"
-period = "1s"
-limit = 2
-"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn third_call_is_resource_exhausted_then_the_next_second_admits() {
