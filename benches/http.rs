@@ -7,8 +7,10 @@
 //! (the same rule with a limit the first request exhausts, so every later request is a 429),
 //! and the peer, tower_governor (governor keyed by peer IP, admitting every request) with its
 //! two `x-ratelimit-*` headers. The paired parts add a breakdown: `admitted` without the
-//! `RateLimit` headers, the app behind a no-op tower layer (what `Router::layer` costs for any
-//! layer), and tower_governor without headers.
+//! `RateLimit` headers, the app behind a no-op tower layer (what wrapping the router costs for
+//! any layer), and tower_governor without headers. Every layer wraps the whole router, as in
+//! `examples/axum_server.rs`, so requests are decided before they are routed; `http-service`
+//! also measures the layer put into the router with `Router::layer`.
 //! Each criterion sample sends a batch of requests over `CONNECTIONS` connections at once and
 //! reports the time per request; requests per second is its inverse. axum is built with its
 //! default features here (tower_governor's dependency on it enables them), as an app that
@@ -38,7 +40,8 @@
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -48,7 +51,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
-use turnstile::http::{HttpConfig, HttpLimiter};
+use tower::Layer;
+use turnstile::http::{HttpConfig, HttpLimiter, RateLimitService};
 
 const CONNECTIONS: usize = 16;
 
@@ -56,10 +60,21 @@ fn app() -> Router {
     Router::new().route("/api/values", get(|| async { "value" }))
 }
 
+/// The app's routes turned into services once (`with_state(())`, as `Router::into_make_service`
+/// does): a `Router` called as a service without it converts its routes on every request.
+fn routes() -> Router {
+    app().with_state(())
+}
+
 /// The app behind the layer with one per-IP rule of `limit` per hour; `headers`: whether
 /// admitted responses get the `RateLimit` headers (the default) or not (a breakdown of the
-/// paired part: the decision without the headers on the wire).
-fn limited(limit: u64, headers: bool) -> Router {
+/// paired part: the decision without the headers on the wire). The layer wraps the whole
+/// router, as in `examples/axum_server.rs`: a request is decided before it is routed.
+fn limited(limit: u64, headers: bool) -> RateLimitService<Router, HttpLimiter> {
+    limiter(limit, headers).layer().layer(routes())
+}
+
+fn limiter(limit: u64, headers: bool) -> Arc<HttpLimiter> {
     let config = HttpConfig::from_toml_str(&format!(
         r#"
         [[rules]]
@@ -72,42 +87,57 @@ fn limited(limit: u64, headers: bool) -> Router {
         "#
     ))
     .expect("bench config");
-    let limiter = Arc::new(HttpLimiter::new(config).expect("bench limiter"));
-    app().layer(limiter.layer())
+    Arc::new(HttpLimiter::new(config).expect("bench limiter"))
 }
 
-/// The app behind a layer that does nothing (it passes every response on as it is): what
-/// `Router::layer` costs for any tower layer, the floor of the breakdown.
-fn noop_layer() -> Router {
-    app().layer(tower::util::MapResponseLayer::new(
-        |response: axum::response::Response| response,
-    ))
+type Identity = fn(axum::response::Response) -> axum::response::Response;
+
+/// The app behind a tower layer that does nothing (it passes every response on as it is), also
+/// around the whole router: what wrapping the router in any layer costs, the floor of the
+/// breakdown.
+fn noop_layer() -> tower::util::MapResponse<Router, Identity> {
+    tower::util::MapResponseLayer::new((|response| response) as Identity).layer(routes())
 }
 
 /// The app behind the peer, tower_governor (governor keyed by peer IP), with a quota that admits
-/// every request; `headers`: its `x-ratelimit-limit`/`-remaining` on every response
-/// (`use_headers`), the counterpart of the `RateLimit` headers.
-fn governed(headers: bool) -> Router {
+/// every request, around the whole router like the layer; `headers`: its
+/// `x-ratelimit-limit`/`-remaining` on every response (`use_headers`), the counterpart of the
+/// `RateLimit` headers.
+async fn serve_governed(headers: bool) -> SocketAddr {
     use tower_governor::governor::GovernorConfigBuilder;
     use tower_governor::GovernorLayer;
     let mut builder = GovernorConfigBuilder::default();
     builder.per_second(1).burst_size(u32::MAX / 2);
     if headers {
         let config = builder.use_headers().finish().expect("governor config");
-        app().layer(GovernorLayer::new(config))
+        serve(GovernorLayer::new(config).layer(routes())).await
     } else {
         let config = builder.finish().expect("governor config");
-        app().layer(GovernorLayer::new(config))
+        serve(GovernorLayer::new(config).layer(routes())).await
     }
 }
 
-async fn serve(router: Router) -> SocketAddr {
+/// Serves `app` on 127.0.0.1:0 with the peer address of each connection in its requests'
+/// extensions, as `axum::serve` with `into_make_service_with_connect_info` does.
+async fn serve<S>(app: S) -> SocketAddr
+where
+    S: tower::Service<
+            axum::extract::Request,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+{
+    use axum::ServiceExt;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         axum::serve(
             listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
+            app.into_make_service_with_connect_info::<SocketAddr>(),
         )
         .await
         .expect("serve")
@@ -166,13 +196,13 @@ type Senders = Vec<SendRequest<Empty<Bytes>>>;
 /// first request, so that every later request to it is a 429.
 async fn serve_all() -> [SocketAddr; APPS] {
     let addrs = [
-        serve(app()).await,
+        serve(routes()).await,
         serve(limited(u32::MAX as u64 / 2, true)).await,
         serve(limited(1, true)).await,
         serve(limited(u32::MAX as u64 / 2, false)).await,
         serve(noop_layer()).await,
-        serve(governed(true)).await,
-        serve(governed(false)).await,
+        serve_governed(true).await,
+        serve_governed(false).await,
     ];
     let mut first = connect(addrs[2]).await;
     first.truncate(1);
@@ -519,28 +549,42 @@ where
 }
 
 /// The layer's own cost without a network: the router called directly, through the layer or
-/// not, one request at a time on this thread (ns per request, criterion's median).
+/// not, one request at a time on this thread (ns per request, criterion's median). The layer
+/// goes around the whole router, as in the other parts, and for comparison into it with
+/// `Router::layer`, which wraps (and boxes) every route's service and so runs after routing.
 fn http_service(c: &mut Criterion) {
     let mut group = c.benchmark_group("http-service");
-    // `with_state(())` turns the routes into services once, as `axum::serve` does; called
-    // directly, a router left as it is converts its routes (and applies its layers) again on
-    // every request.
-    let mut apps = [
-        ("bare", app().with_state(()), 200),
-        (
-            "admitted",
-            limited(u32::MAX as u64 / 2, true).with_state(()),
-            200,
-        ),
-        ("rejected", limited(1, true).with_state(()), 429),
-    ];
-    // The rejected app's only permit goes to a first request.
-    assert_eq!(one_request(&mut apps[2].1), 200);
-    for (name, router, status) in &mut apps {
-        group.bench_function(*name, |b| {
-            b.iter(|| assert_eq!(one_request(router), *status))
+    fn measure<S>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, mut app: S, status: u16)
+    where
+        S: tower::Service<http::Request<axum::body::Body>, Response = axum::response::Response>,
+        S::Error: std::fmt::Debug,
+    {
+        if status == 429 {
+            // The rejected app's only permit goes to a first request.
+            assert_eq!(one_request(&mut app), 200);
+        }
+        group.bench_function(name, |b| {
+            b.iter(|| assert_eq!(one_request(&mut app), status))
         });
     }
+    measure(&mut group, "bare", routes(), 200);
+    measure(
+        &mut group,
+        "admitted",
+        limited(u32::MAX as u64 / 2, true),
+        200,
+    );
+    measure(&mut group, "rejected", limited(1, true), 429);
+    // `with_state(())` after `Router::layer`: the routes (with the layer) become services once,
+    // as `axum::serve` does.
+    let in_router = |limit| app().layer(limiter(limit, true).layer()).with_state(());
+    measure(
+        &mut group,
+        "admitted, Router::layer",
+        in_router(u32::MAX as u64 / 2),
+        200,
+    );
+    measure(&mut group, "rejected, Router::layer", in_router(1), 429);
     group.finish();
 }
 

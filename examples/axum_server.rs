@@ -5,11 +5,13 @@
 //! config file, default `examples/axum_server.toml`, and the address, default 127.0.0.1:3000),
 //! then for example `curl -i http://127.0.0.1:3000/api/values` three times within a second.
 
+use axum::extract::Request;
 use axum::routing::get;
-use axum::Router;
+use axum::{Router, ServiceExt};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tower::Layer;
 use turnstile::http::{HttpConfig, HttpLimiter};
 
 #[tokio::main]
@@ -29,11 +31,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // the previous configuration stays.
     let _watcher = limiter.watch(&path, Duration::from_secs(1));
 
-    let app = Router::new()
+    let routes = Router::new()
         .route("/api/values", get(|| async { "[\"value1\", \"value2\"]" }))
         .route("/api/values/{id}", get(|| async { "\"value\"" }))
         .route("/health", get(|| async { "ok" }))
-        .layer(limiter.layer());
+        // The routes become services once, here, rather than on every request: a router
+        // served inside another service is not converted by `axum::serve` for us.
+        .with_state(());
+    // The layer goes around the whole router rather than into it (`Router::layer`): a request
+    // is decided before it is routed, so a rejection costs no routing, and requests for paths
+    // with no route (a scanner's) are counted too. The rules match the request's own path.
+    let app = limiter.layer().layer(routes);
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
@@ -42,7 +50,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        // axum's `ServiceExt`, named with the request type: the peer address of each
+        // connection goes into its requests (`ConnectInfo`), where the layer finds it.
+        ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(app),
     )
     .await?;
     Ok(())

@@ -12,23 +12,29 @@ use proptest::prelude::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tower::{Service, ServiceExt};
-use turnstile::http::{HttpConfig, HttpLimiter, PeerAddr};
+use tower::{Layer, Service, ServiceExt};
+use turnstile::http::{HttpConfig, HttpLimiter, PeerAddr, RateLimitService};
 use turnstile::ManualClock;
 
 #[path = "common/http_rules.rs"]
 mod http_rules;
 use http_rules::{limiter, PER_IP};
 
-fn app(limiter: &Arc<HttpLimiter<ManualClock>>) -> Router {
-    Router::new()
+/// The app as `examples/axum_server.rs` builds it: the layer around the whole router, so that a
+/// request is decided before it is routed. (`tests/http_layer.rs` covers `Router::layer` and
+/// `route_layer`.)
+fn app(
+    limiter: &Arc<HttpLimiter<ManualClock>>,
+) -> RateLimitService<Router, HttpLimiter<ManualClock>> {
+    let routes = Router::new()
         .route("/api/values", get(|| async { "values" }))
         .route("/api/license", get(|| async { "license" }))
         .route("/health", get(|| async { "ok" }))
-        .layer(limiter.layer())
+        .with_state(());
+    limiter.layer().layer(routes)
 }
 
-async fn serve(app: Router) -> String {
+async fn serve(app: RateLimitService<Router, HttpLimiter<ManualClock>>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind 127.0.0.1:0");
@@ -36,7 +42,9 @@ async fn serve(app: Router) -> String {
     tokio::spawn(async move {
         axum::serve(
             listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
+            axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
+                SocketAddr,
+            >(app),
         )
         .await
         .expect("server");
@@ -103,6 +111,28 @@ async fn third_request_of_a_two_per_second_rule_gets_429_with_retry_after() {
     clock.advance(Duration::from_secs(1));
     let next = client.get("/api/values", &[]).await;
     assert_eq!(next.status().as_u16(), 200);
+    assert_eq!(next.headers()["ratelimit"], "\"per-ip\";r=1;t=1");
+}
+
+/// Around the router, the layer decides before routing: a path without a route is counted
+/// against the same per-IP rule (a scanner probing for paths runs out of quota too), and a
+/// rejection never reaches the router, whose 404 it replaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_decided_before_routing_so_unrouted_paths_count_too() {
+    let (limiter, clock) = limiter(PER_IP);
+    let client = Client::start(&limiter).await;
+    assert_eq!(client.status("/no/such/path", &[]).await, 404);
+    assert_eq!(client.status("/api/values", &[]).await, 200);
+    let rejected = client.get("/no/such/path", &[]).await;
+    assert_eq!(rejected.status().as_u16(), 429);
+    assert_eq!(
+        rejected.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(client.status("/api/values", &[]).await, 429);
+    clock.advance(Duration::from_secs(1));
+    let next = client.get("/no/such/path", &[]).await;
+    assert_eq!(next.status().as_u16(), 404);
     assert_eq!(next.headers()["ratelimit"], "\"per-ip\";r=1;t=1");
 }
 
@@ -366,7 +396,7 @@ proptest! {
         ));
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let statuses = runtime.block_on(async {
-            let mut service = app(&limiter).into_service::<axum::body::Body>();
+            let mut service = app(&limiter);
             let mut statuses = Vec::new();
             for _ in 0..3 {
                 let mut request = http::Request::builder().method("GET");
@@ -387,7 +417,7 @@ proptest! {
                 request
                     .extensions_mut()
                     .insert(PeerAddr("127.0.0.1:40000".parse().unwrap()));
-                let response = service.ready().await.unwrap().call(request).await.unwrap();
+                let response = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut service).await.unwrap().call(request).await.unwrap();
                 statuses.push(response.status().as_u16());
             }
             statuses
