@@ -79,6 +79,21 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     }
 }
 
+/// Where a successful attempt writes, per member (indexed by member), its admission and the
+/// refund flag its commit returned (which `give_back` needs).
+#[derive(Default)]
+struct Slots<'a> {
+    admissions: Option<&'a mut [Admission]>,
+    flags: Option<&'a mut [bool]>,
+}
+
+/// What [`KeyedChain::try_acquire_n_taken`] took from each member, to give back.
+#[cfg(feature = "redis")]
+pub(crate) struct Taken {
+    admissions: Vec<Admission>,
+    flags: Vec<bool>,
+}
+
 /// The members and the logic shared by [`Chain`] and [`KeyedChain`].
 struct Core<L> {
     members: Box<[L]>,
@@ -133,13 +148,13 @@ impl<L> Core<L> {
         })
     }
 
-    /// One all-or-nothing attempt; counts nothing. On success `each` (if given, one slot per
-    /// member) holds every member's admission.
+    /// One all-or-nothing attempt; counts nothing. On success `slots` hold every member's
+    /// admission and refund flag (those asked for).
     fn attempt<Q: ?Sized>(
         &self,
         key: &Q,
         n: u32,
-        mut each: Option<&mut [Admission]>,
+        mut slots: Slots<'_>,
     ) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
@@ -157,7 +172,7 @@ impl<L> Core<L> {
             match member.decide::<false>(key, n).0 {
                 Ok(a) => {
                     probed = Some(combine(probed, a));
-                    if let Some(each) = each.as_deref_mut() {
+                    if let Some(each) = slots.admissions.as_deref_mut() {
                         each[i] = a;
                     }
                 }
@@ -173,7 +188,7 @@ impl<L> Core<L> {
             return Ok(probed.expect("a chain has members"));
         }
         // Pass 2: commit in `order`, refunding on the way back if a later member rejects.
-        let (failed, error) = match self.commit(key, n, 0, &mut each) {
+        let (failed, error) = match self.commit(key, n, 0, &mut slots) {
             Ok(admission) => return Ok(admission),
             Err(failure) => failure,
         };
@@ -210,7 +225,7 @@ impl<L> Core<L> {
         key: &Q,
         n: u32,
         pos: usize,
-        each: &mut Option<&mut [Admission]>,
+        slots: &mut Slots<'_>,
     ) -> Result<Admission, (usize, TryAcquireError)>
     where
         L: Member<Q>,
@@ -222,7 +237,7 @@ impl<L> Core<L> {
             (Err(e), _) => return Err((i, e)),
         };
         let rest = if pos + 1 < self.order.len() {
-            match self.commit(key, n, pos + 1, each) {
+            match self.commit(key, n, pos + 1, slots) {
                 Ok(rest) => Some(rest),
                 Err(failed) => {
                     member.refund(key, n, &admission.0, admission.1);
@@ -234,10 +249,27 @@ impl<L> Core<L> {
         } else {
             None
         };
-        if let Some(each) = each.as_deref_mut() {
+        if let Some(each) = slots.admissions.as_deref_mut() {
             each[i] = admission.0;
         }
+        if let Some(flags) = slots.flags.as_deref_mut() {
+            flags[i] = admission.1;
+        }
         Ok(combine(rest, admission.0))
+    }
+
+    /// Gives back `n` permits a successful attempt took for `key` from every member, from the
+    /// admissions and flags it recorded; counted as one refund of the chain. As exact as the
+    /// members' refunds (see the module docs).
+    #[cfg(feature = "redis")]
+    fn give_back<Q: ?Sized>(&self, key: &Q, n: u32, admissions: &[Admission], flags: &[bool])
+    where
+        L: Member<Q>,
+    {
+        for ((member, admission), flag) in self.members.iter().zip(admissions).zip(flags) {
+            member.refund(key, n, admission, *flag);
+        }
+        self.counters.bump(REFUNDED);
     }
 
     /// `attempt`, counted: once on the chain and once on every member.
@@ -245,12 +277,12 @@ impl<L> Core<L> {
         &self,
         key: &Q,
         n: u32,
-        each: Option<&mut [Admission]>,
+        slots: Slots<'_>,
     ) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
     {
-        let outcome = self.attempt(key, n, each);
+        let outcome = self.attempt(key, n, slots);
         self.count(if outcome.is_ok() { ADMITTED } else { REJECTED });
         outcome
     }
@@ -277,7 +309,14 @@ impl<L> Core<L> {
     {
         out.clear();
         out.resize(self.members.len(), Admission::new(0, 0, 0));
-        let outcome = self.try_acquire(key, n, Some(out.as_mut_slice()));
+        let outcome = self.try_acquire(
+            key,
+            n,
+            Slots {
+                admissions: Some(out.as_mut_slice()),
+                flags: None,
+            },
+        );
         if outcome.is_err() {
             out.clear();
         }
@@ -322,7 +361,7 @@ impl<L> Core<L> {
             _key: std::marker::PhantomData,
         };
         loop {
-            let error = match self.attempt(key, n, None) {
+            let error = match self.attempt(key, n, Slots::default()) {
                 Ok(admission) => {
                     finish.done = true;
                     self.count(ADMITTED);
@@ -566,7 +605,7 @@ impl<C: Clock> Chain<C> {
     /// ```
     #[inline]
     pub fn try_acquire_n(&self, n: u32) -> Result<Admission, TryAcquireError> {
-        self.core.try_acquire(&(), n, None)
+        self.core.try_acquire(&(), n, Slots::default())
     }
 
     /// [`try_acquire_n`](Self::try_acquire_n) that also reports every member's own admission:
@@ -1100,7 +1139,7 @@ where
     /// ```
     #[inline]
     pub fn try_acquire_n(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
-        self.core.try_acquire(key, n, None)
+        self.core.try_acquire(key, n, Slots::default())
     }
 
     /// [`try_acquire_n`](Self::try_acquire_n) that also reports every member's admission: on
@@ -1134,6 +1173,40 @@ where
         each: &mut Vec<Admission>,
     ) -> Result<Admission, TryAcquireError> {
         self.core.try_acquire_into(key, n, each)
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n) that, on success, also returns what
+    /// [`give_back`](Self::give_back) needs to return the permits: for a request that several
+    /// chains must admit all or nothing (the HTTP rules counted in Redis, decided by their local
+    /// fallbacks while Redis is away: charged one after the other, the earlier given back when
+    /// a later one rejects).
+    #[cfg(feature = "redis")]
+    pub(crate) fn try_acquire_n_taken(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> Result<(Admission, Taken), TryAcquireError> {
+        let members = self.core.members.len();
+        let mut taken = Taken {
+            admissions: vec![Admission::new(0, 0, 0); members],
+            flags: vec![false; members],
+        };
+        let admission = self.core.try_acquire(
+            key,
+            n,
+            Slots {
+                admissions: Some(&mut taken.admissions),
+                flags: Some(&mut taken.flags),
+            },
+        )?;
+        Ok((admission, taken))
+    }
+
+    /// Gives back the `n` permits that [`try_acquire_n_taken`](Self::try_acquire_n_taken) took
+    /// for `key`.
+    #[cfg(feature = "redis")]
+    pub(crate) fn give_back(&self, key: &K, n: u32, taken: &Taken) {
+        self.core.give_back(key, n, &taken.admissions, &taken.flags);
     }
 
     /// Waits until one permit for `key` is admitted by every member. See

@@ -603,6 +603,71 @@ async fn redis_down_with_several_rules_falls_back_and_counts_one_fallback_per_ru
     assert_eq!(n("turnstile_http_rejected{fb-client}"), 1);
 }
 
+/// Redis gone, several rules, `fallback`, and requests racing for the last permits: a request
+/// that one rule rejects is charged to no rule, however the concurrent requests interleave (the
+/// local limiters are charged one after the other, and the earlier ones give back when a later
+/// one rejects). Audited: the IP rule has counted exactly the admitted requests. Fixed windows,
+/// whose refunds are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_down_several_rules_racing_requests_are_charged_all_or_nothing() {
+    const CLIENTS: usize = 64;
+    const TASKS: usize = 8;
+    const IP_LIMIT: u64 = 100_000;
+    let mut server = RedisServer::start();
+    // Different periods: of general rules with the same period, only one applies.
+    let fixed = |name: &str, key: &str, limit: u64, period: &str| {
+        format!("[[rules]]\nname = \"{name}\"\nkey = \"{key}\"\nperiod = \"{period}\"\nlimit = {limit}\n")
+    };
+    let rules = fixed("race-ip", "ip", IP_LIMIT, "2h") + &fixed("race-client", "client", 1, "1h");
+    let limiter = std::sync::Arc::new(
+        // A short deadline: each request waits for it while Redis is away.
+        HttpLimiter::connect(config_with_deadline(
+            &server.url(),
+            "fallback",
+            "10ms",
+            &rules,
+        ))
+        .await
+        .unwrap(),
+    );
+    server.kill();
+    // Every task asks for every client, in the same order: the requests for one client race.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..TASKS {
+        let limiter = std::sync::Arc::clone(&limiter);
+        tasks.spawn(async move {
+            let mut admitted = Vec::new();
+            for client in 0..CLIENTS {
+                let verdict = get_as(&limiter, "/", "192.0.2.120", &format!("r{client}")).await;
+                match rejection(&verdict) {
+                    None => admitted.push(client),
+                    Some((reason, rule, _)) => {
+                        assert_eq!((reason, rule), (RejectReason::RateLimited, "race-client"));
+                    }
+                }
+            }
+            admitted
+        });
+    }
+    let mut admitted = Vec::new();
+    while let Some(result) = tasks.join_next().await {
+        admitted.extend(result.unwrap());
+    }
+    admitted.sort_unstable();
+    assert_eq!(
+        admitted,
+        (0..CLIENTS).collect::<Vec<_>>(),
+        "each client admitted once"
+    );
+    // The IP rule was charged for the admitted requests only: the next one leaves exactly this.
+    let verdict = get_as(&limiter, "/", "192.0.2.120", "another").await;
+    assert_eq!(verdict.outcome, Outcome::Admitted);
+    assert_eq!(
+        quota_of(&verdict, "race-ip").remaining,
+        IP_LIMIT - CLIENTS as u64 - 1
+    );
+}
+
 /// After Redis lost its scripts, several rules still decide in one script: `EVALSHA` answers
 /// NOSCRIPT, `EVAL` runs it (and caches it again), and the counts go on.
 #[tokio::test]

@@ -15,7 +15,7 @@ mod multi;
 #[cfg(feature = "http")]
 pub(crate) use multi::try_acquire_all;
 
-use crate::chain::KeyedChain;
+use crate::chain::{KeyedChain, Taken};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::keyed::KeyedLimiter;
@@ -1065,6 +1065,42 @@ impl<C> Inner<C> {
             Failure::Error => ERRORS,
             Failure::Timeout => TIMEOUTS,
         });
+    }
+
+    /// The failure policy's answer for `n` permits taken so that they can be given back
+    /// ([`give_back`](Self::give_back)): what a fallback limiter took, if anything. Open and
+    /// closed take nothing. Counts nothing.
+    fn policy_taken(
+        &self,
+        subject: &[u8],
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, usize, Option<Taken>) {
+        match (self.policy, &self.fallback) {
+            (FailurePolicy::Fallback { .. }, Some(local)) => {
+                let key: Box<[u8]> = subject.into();
+                match local.try_acquire_n_taken(&key, n) {
+                    Ok((admission, taken)) => (Ok(admission), FALLBACKS, Some(taken)),
+                    Err(error) => (Err(error), FALLBACKS, None),
+                }
+            }
+            _ => {
+                let (answer, counter) = self.policy(subject, n);
+                (answer, counter, None)
+            }
+        }
+    }
+
+    /// Gives back to the fallback limiter what [`policy_taken`](Self::policy_taken) took.
+    fn give_back(&self, subject: &[u8], n: u32, taken: &Taken) {
+        if let Some(local) = &self.fallback {
+            let key: Box<[u8]> = subject.into();
+            local.give_back(&key, n, taken);
+        }
+    }
+
+    /// Whether the failure policy rejects every call (`FailClosed`).
+    fn fails_closed(&self) -> bool {
+        matches!(self.policy, FailurePolicy::FailClosed)
     }
 
     /// The failure policy's answer for `n` permits (`n == 0`: a probe, which takes nothing from

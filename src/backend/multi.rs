@@ -30,11 +30,12 @@ pub(crate) type Answer = Option<Result<Admission, TryAcquireError>>;
 ///   than Redis, so this rejects only calls that Redis would reject.
 /// - **Redis failed or missed the deadline**: every limiter counts the error (or timeout) and
 ///   one decision of its own [`FailurePolicy`](crate::FailurePolicy) (so `stats()` shows one
-///   fallback, fail-open or fail-closed decision per member). The policies first each answer a
-///   probe (a fallback limiter takes nothing); only if all would admit does each then take `n`
-///   (a fallback limiter from its local state). A concurrent call in this process may take a
-///   fallback limiter's last permit between the two, leaving the members charged before it
-///   charged locally: the one way, only while Redis is away, for a rejected call to be charged.
+///   fallback, fail-open or fail-closed decision per member). All or nothing still: unless a
+///   member fails closed, the members take `n` one after the other (a fallback limiter from its
+///   local state), and when one rejects, the fallback limiters of the members before it give
+///   back what they took; the rejecting member answers its rejection and the others their
+///   policy's answer to a probe. A concurrent call in this process that finds a permit taken
+///   in between is rejected (and may succeed on its retry), never charged for it.
 ///
 /// # Cancel safety
 ///
@@ -142,22 +143,51 @@ fn split(reply: &[i64], keys: usize) -> Result<(bool, Vec<Decision>), Failure> {
 
 /// Redis gave no decision: each member's failure policy answers (see [`try_acquire_all`]).
 fn fail_all<C>(members: &[(&RedisLimiter<C>, &[u8])], failure: Failure, n: u32) -> Vec<Answer> {
-    let probes: Vec<_> = members
-        .iter()
-        .map(|(limiter, subject)| {
-            limiter.inner.count_failure(failure);
-            limiter.inner.policy(subject, 0)
-        })
-        .collect();
-    let charge = n > 0 && probes.iter().all(|(answer, _)| answer.is_ok());
+    for (limiter, _) in members {
+        limiter.inner.count_failure(failure);
+    }
+    // Charge the members one after the other, giving back what the earlier ones took if a
+    // later one rejects: all or nothing however concurrent calls in this process race for the
+    // fallbacks' permits. Not attempted when a member fails closed: it rejects whatever the
+    // others say.
+    let mut rejected = None;
+    if n > 0 && !members.iter().any(|(l, _)| l.inner.fails_closed()) {
+        let mut charged = Vec::with_capacity(members.len());
+        for (i, (limiter, subject)) in members.iter().enumerate() {
+            let (answer, counter, taken) = limiter.inner.policy_taken(subject, n);
+            match answer {
+                Ok(admission) => charged.push((admission, counter, taken)),
+                Err(error) => {
+                    rejected = Some((i, error, counter));
+                    break;
+                }
+            }
+        }
+        if rejected.is_none() {
+            return members
+                .iter()
+                .zip(charged)
+                .map(|((limiter, _), (admission, counter, _))| {
+                    limiter.inner.count(counter);
+                    Some(Ok(admission))
+                })
+                .collect();
+        }
+        for ((limiter, subject), (_, _, taken)) in members.iter().zip(&charged) {
+            if let Some(taken) = taken {
+                limiter.inner.give_back(subject, n, taken);
+            }
+        }
+    }
+    // Rejected (or a probe, or a member failing closed): the member that rejected answers its
+    // rejection, the others their policy's answer to a probe, which takes nothing.
     members
         .iter()
-        .zip(probes)
-        .map(|((limiter, subject), probe)| {
-            let (answer, counter) = if charge {
-                limiter.inner.policy(subject, n)
-            } else {
-                probe
+        .enumerate()
+        .map(|(i, (limiter, subject))| {
+            let (answer, counter) = match rejected {
+                Some((at, error, counter)) if at == i => (Err(error), counter),
+                _ => limiter.inner.policy(subject, 0),
             };
             limiter.inner.count(counter);
             Some(answer)

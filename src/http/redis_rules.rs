@@ -43,11 +43,9 @@
 //! `fallback` counts in a local in-memory limiter ([`FailurePolicy::Fallback`]). The request is
 //! admitted only if every rule's policy admits; a rejection names the first rule whose policy
 //! made it unavailable (`closed`), else the rule that asks to wait longest (`fallback`), and
-//! reports every rule as its policy answered. With several rules each policy is first asked
-//! without charging, and the rules are charged (locally) only if all would admit; a concurrent
-//! request in the same process can take a local limiter's last permit in between, leaving the
-//! rules charged before it charged locally (only while Redis is away; nothing is written to
-//! Redis). Every decision the policy made instead of Redis, exactly one per enforced rule per
+//! reports every rule as its policy answered. With several rules the local limiters are still
+//! all or nothing: they are charged one after the other, and when one rejects, the ones before
+//! it give their permits back (nothing is written to Redis). Every decision the policy made instead of Redis, exactly one per enforced rule per
 //! request (and one per monitor rule), is logged (`tracing` warn) and counted in
 //! `turnstile_http_backend_fallbacks` (label `rule`) with the feature `metrics`. A timed-out
 //! script is never retried: it may still run, and charge every rule.
