@@ -31,11 +31,13 @@
 //! **wrk** (`http-wrk`, only when named): the same paired comparison with `wrk` (from apt) as
 //! the load generator, a separate process that does not build header maps, pinned to the second
 //! CPU while the server (one worker thread) has the first: the server's own CPU per request,
-//! the client's left out; written to `target/criterion/http-paired/wrk.md`.
+//! the client's left out; written to `target/criterion/http-paired/wrk.md`. `http-wrk-shared`:
+//! the same with nothing pinned (the server's two workers and `wrk -t2` share both cores, as a
+//! load test on one machine runs by default); written to `wrk-shared.md`.
 //!
 //! Run: `cargo bench --features http,axum --bench http` (`-- http-paired` for the paired part
-//! only, `-- http-wrk` for the wrk part). In criterion's test mode (`cargo test --benches`) the
-//! paired part runs briefly and writes nothing.
+//! only, `-- http-wrk` or `-- http-wrk-shared` for a wrk part). In criterion's test mode
+//! (`cargo test --benches`) the paired part runs briefly and writes nothing.
 
 use axum::routing::get;
 use axum::Router;
@@ -440,16 +442,40 @@ fn http_paired() {
 /// it takes.
 const WRK_RUN: &str = "2s";
 const WRK_ROUNDS: usize = 16;
+/// Rounds of the unpinned wrk part.
+const WRK_SHARED_ROUNDS: usize = 24;
 
 /// Requests per second `wrk` reports for `addr`, and how many of its responses were not 2xx.
-fn wrk(addr: SocketAddr) -> (f64, u64) {
-    // On the second CPU, away from the server (see `http_wrk`).
-    let output = std::process::Command::new("taskset")
-        .args(["-c", "1", "wrk", "-t1"])
+/// How wrk and the server share the machine.
+#[derive(Clone, Copy, PartialEq)]
+enum Placement {
+    /// The server on CPU 0 (one worker) and `wrk -t1` on CPU 1: the server's own CPU.
+    Pinned,
+    /// Neither pinned: the server's two workers and `wrk -t2` share both cores, as a load
+    /// test on one machine runs by default.
+    Shared,
+}
+
+/// One `WRK_RUN` wrk run against `addr`: requests per second, and the non-2xx responses.
+fn wrk(addr: SocketAddr, placement: Placement) -> (f64, u64) {
+    let mut command = match placement {
+        // On the second CPU, away from the server (see `http_wrk`).
+        Placement::Pinned => {
+            let mut command = std::process::Command::new("taskset");
+            command.args(["-c", "1", "wrk", "-t1"]);
+            command
+        }
+        Placement::Shared => {
+            let mut command = std::process::Command::new("wrk");
+            command.arg("-t2");
+            command
+        }
+    };
+    let output = command
         .args([format!("-c{CONNECTIONS}"), format!("-d{WRK_RUN}")])
         .arg(format!("http://{addr}/api/values"))
         .output()
-        .expect("run wrk under taskset: install wrk with `apt-get install -y wrk`");
+        .expect("run wrk (and taskset): install wrk with `apt-get install -y wrk`");
     assert!(output.status.success(), "wrk failed: {output:?}");
     let text = String::from_utf8_lossy(&output.stdout);
     let number = |label: &str| {
@@ -469,37 +495,55 @@ fn wrk(addr: SocketAddr) -> (f64, u64) {
 /// The paired comparison again with `wrk` (a separate process, C, that parses responses without
 /// building header maps) as the load generator: the apps alternate in rounds of one `WRK_RUN`
 /// run each, order rotating; per-round ratios of requests per second. Runs only when asked for
-/// by name (`-- http-wrk`), and then needs `wrk` on the PATH.
+/// by name, and then needs `wrk` on the PATH: `-- http-wrk` pinned (the server's own CPU),
+/// `-- http-wrk-shared` unpinned (`WRK_SHARED_ROUNDS` rounds: the shared cores make it noisier).
 fn http_wrk() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if !args.iter().any(|a| a == "http-wrk") || !args.iter().any(|a| a == "--bench") {
+    if !args.iter().any(|a| a == "--bench") {
         return;
     }
-    // The server on CPU 0 and wrk on CPU 1 (`taskset`, from util-linux): each has a core of its
-    // own, so the requests per second are what one core of server does, and the ratios are
-    // the server's CPU per request with and without the layer, the client's cost left out.
-    // One worker thread, so that the server does not compete with itself for its core.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let pinned = std::process::Command::new("taskset")
-        .args(["-a", "-p", "-c", "0", &std::process::id().to_string()])
-        .output()
-        .expect("run taskset (util-linux)");
-    assert!(pinned.status.success(), "taskset failed: {pinned:?}");
+    let placement = if args.iter().any(|a| a == "http-wrk") {
+        Placement::Pinned
+    } else if args.iter().any(|a| a == "http-wrk-shared") {
+        Placement::Shared
+    } else {
+        return;
+    };
+    let runtime = match placement {
+        // The server on CPU 0 and wrk on CPU 1 (`taskset`, from util-linux): each has a core of
+        // its own, so the requests per second are what one core of server does, and the ratios
+        // are the server's CPU per request with and without the layer, the client's cost left
+        // out. One worker thread, so that the server does not compete with itself for its core.
+        Placement::Pinned => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let pinned = std::process::Command::new("taskset")
+                .args(["-a", "-p", "-c", "0", &std::process::id().to_string()])
+                .output()
+                .expect("run taskset (util-linux)");
+            assert!(pinned.status.success(), "taskset failed: {pinned:?}");
+            runtime
+        }
+        Placement::Shared => Runtime::new().expect("runtime"),
+    };
     let addrs = runtime.block_on(serve_all());
     // Warm-up: one run each.
     for addr in addrs {
-        wrk(addr);
+        wrk(addr, placement);
     }
+    let total = match placement {
+        Placement::Pinned => WRK_ROUNDS,
+        Placement::Shared => WRK_SHARED_ROUNDS,
+    };
     let mut rounds: Vec<[f64; APPS]> = Vec::new();
-    for index in 0..WRK_ROUNDS {
+    for index in 0..total {
         let mut us = [0.0; APPS];
         for k in 0..APPS {
             let app = (index + k) % APPS;
-            let (rps, non_2xx) = wrk(addrs[app]);
+            let (rps, non_2xx) = wrk(addrs[app], placement);
             if STATUS[app] == 200 {
                 assert_eq!(non_2xx, 0, "{}: every request admitted", NAMES[app]);
             } else {
@@ -509,15 +553,23 @@ fn http_wrk() {
         }
         rounds.push(us);
     }
-    let mut table = format!(
-        "HTTP layer, paired with wrk: {WRK_ROUNDS} rounds of one {WRK_RUN} `wrk -t1 -c{CONNECTIONS}` \
-         run per app, order rotating, the server on CPU 0 and wrk on CPU 1; medians\n\n"
-    );
+    let (how, file) = match placement {
+        Placement::Pinned => (
+            format!("`wrk -t1 -c{CONNECTIONS}` run per app, order rotating, the server on CPU 0 and wrk on CPU 1"),
+            "wrk.md",
+        ),
+        Placement::Shared => (
+            format!("`wrk -t2 -c{CONNECTIONS}` run per app, order rotating, wrk and the server's two workers sharing both cores"),
+            "wrk-shared.md",
+        ),
+    };
+    let mut table =
+        format!("HTTP layer, paired with wrk: {total} rounds of one {WRK_RUN} {how}; medians\n\n");
     table += &tables(&rounds);
     println!("\n{table}");
     let dir = output_dir();
     std::fs::create_dir_all(&dir).expect("create the output directory");
-    std::fs::write(dir.join("wrk.md"), table).expect("write the table");
+    std::fs::write(dir.join(file), table).expect("write the table");
 }
 
 /// One request through `service` with no network: built, decided, answered, dropped. The
