@@ -45,8 +45,10 @@
 //! made it unavailable (`closed`), else the rule that asks to wait longest (`fallback`), and
 //! reports every rule as its policy answered. With several rules the local limiters are still
 //! all or nothing: they are charged one after the other, and when one rejects, the ones before
-//! it give their permits back (nothing is written to Redis). Every decision the policy made instead of Redis, exactly one per enforced rule per
-//! request (and one per monitor rule), is logged (`tracing` warn) and counted in
+//! it give their permits back (nothing is written to Redis; an exact sliding window's permit
+//! comes back late, never early, as in a [`Chain`](crate::Chain)). Every decision the policy
+//! made instead of Redis, exactly one per enforced rule per request (and one per monitor
+//! rule), is logged (`tracing` warn) and counted in
 //! `turnstile_http_backend_fallbacks` (label `rule`) with the feature `metrics`. A timed-out
 //! script is never retried: it may still run, and charge every rule.
 
