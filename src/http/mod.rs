@@ -30,14 +30,14 @@
 //!
 //! Around the whole router, with the routes turned into services first:
 //! `limiter.layer().layer(router.with_state(()))`, served with
-//! `ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(app)`, axum's
-//! `ServiceExt` named with axum's request type (see
-//! `examples/axum_server.rs`). A request is then decided before it is routed: a rejection costs
-//! no routing and no per-route service, and requests for paths without a route are counted too.
-//! The rules match the request's own path, so they need nothing from the router.
-//! `Router::layer(limiter.layer())` works as well, and `route_layer` limits only the routes that
-//! match; both put the layer inside every route (axum boxes each route's service again), so
-//! a request is routed before it is decided. `benches/http.rs` (`http-service`) measures both.
+//! `ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(app)` (axum's
+//! `ServiceExt`, named with axum's request type; see `examples/axum_server.rs`). A request is
+//! then decided before it is routed: a rejection costs no routing and no per-route service, and
+//! requests for paths without a route are counted too. The rules match the request's own path,
+//! so they need nothing from the router. `Router::layer(limiter.layer())` works as well, and
+//! `route_layer` limits only the routes that match; both put the layer inside every route (axum
+//! boxes each route's service again), so a request is routed before it is decided.
+//! `benches/http.rs` (`http-service`) measures both.
 //!
 //! # The peer address
 //!
