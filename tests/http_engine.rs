@@ -94,6 +94,43 @@ fn limit_zero_blocks_and_blocklist_blocks() {
     );
 }
 
+/// One global rule (the engine's one-rule path): limit 0 blocks every request, and a rule
+/// counting by client id rejects a request without one, or admits it uncounted when
+/// `missing_key = "allow"`.
+#[test]
+fn one_global_rule_blocks_at_limit_zero_and_handles_a_missing_key() {
+    let (l, _) = limiter("[[rules]]\nname = \"closed\"\nperiod = \"1s\"\nlimit = 0\n");
+    for path in ["/", "/api/values"] {
+        let v = get(&l, path, "1.1.1.1", None);
+        assert_eq!(reason(&v).unwrap().0, RejectReason::Blocked);
+        assert_eq!(reason(&v).unwrap().1, "closed");
+        assert!(v.quotas.is_empty());
+    }
+
+    let by_client =
+        "[[rules]]\nname = \"per-client\"\nperiod = \"1s\"\nlimit = 1\nkey = \"client\"\n";
+    let (l, _) = limiter(by_client);
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+        RejectReason::NoKey
+    );
+    assert_eq!(
+        get(&l, "/", "1.1.1.1", Some("a")).outcome,
+        Outcome::Admitted
+    );
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", Some("a"))).unwrap().0,
+        RejectReason::RateLimited
+    );
+
+    let (l, _) = limiter(&format!("missing_key = \"allow\"\n{by_client}"));
+    for _ in 0..3 {
+        let v = get(&l, "/", "1.1.1.1", None);
+        assert_eq!(v.outcome, Outcome::Admitted);
+        assert!(v.quotas.is_empty(), "not counted, so no quota to report");
+    }
+}
+
 #[test]
 fn whitelists_pass_and_are_not_charged() {
     let (l, _) = limiter(&format!(

@@ -80,7 +80,7 @@
 //! not the URL.
 
 use crate::http::config::{HttpConfig, MissingKey, RuleKey};
-use crate::http::rules::{parse_header, BanKey, Compiler, CounterKey, Rule, RuleSet};
+use crate::http::rules::{parse_header, BanKey, Bans, Compiler, CounterKey, Rule, RuleSet};
 use crate::http::{
     Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, RateLimitLayer,
     RejectReason, RequestInfo, Verdict,
@@ -658,6 +658,18 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         }
     }
 
+    // The common case, one global rule counted in memory and no monitors: decided without
+    // collecting the selection, the plan or the refunds.
+    if let (Some([rule]), false) = (set.fixed_enforced.as_deref(), set.has_monitors) {
+        #[cfg(feature = "redis")]
+        let local = rule.remote.is_none();
+        #[cfg(not(feature = "redis"))]
+        let local = true;
+        if local {
+            return Check::Ready(decide_one(set, rule, request, ban.as_ref()));
+        }
+    }
+
     let applies = |r: &&Arc<Rule<C>>| {
         if set.endpoint_rate_limiting {
             r.endpoint.matches(request.method, request.path)
@@ -683,21 +695,10 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     // Check limit 0 and missing keys before charging anything.
     let mut plan: SmallVec<[_; 4]> = SmallVec::new();
     for rule in &enforced {
-        let Some(key) = counter_key(rule, request) else {
-            if set.missing_key == MissingKey::Reject {
-                tracing::debug!(rule = %rule.name, "request rejected: no client key");
-                count!("turnstile_http_rejected", rule.name);
-                return Check::Ready(rejected(RejectReason::NoKey, rule.name.clone(), None));
-            }
-            continue;
-        };
-        match &rule.limiter {
-            None => {
-                tracing::debug!(rule = %rule.name, ip = ?ip, client = ?client, "request rejected: blocked by a rule with limit 0");
-                count!("turnstile_http_rejected", rule.name);
-                return Check::Ready(rejected(RejectReason::Blocked, rule.name.clone(), None));
-            }
-            Some(limiter) => plan.push((rule, limiter, key)),
+        match planned(set, rule, request) {
+            Ok(Some((limiter, key))) => plan.push((rule, limiter, key)),
+            Ok(None) => continue,
+            Err(verdict) => return Check::Ready(verdict),
         }
     }
 
@@ -743,24 +744,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                 for (l, k, a, o) in charged.drain(..) {
                     l.chain_refund(k, 1, &a, o);
                 }
-                let retry_after = match error {
-                    TryAcquireError::Rejected(r) => Some(r.retry_after()),
-                    _ => None,
-                };
-                tracing::debug!(rule = %rule.name, key = ?key, error = %error, "request rejected");
-                count!("turnstile_http_rejected", rule.name);
-                if let Some((bans, bkey)) = &ban {
-                    if let Ok(a) = bans.rejections.try_acquire(bkey) {
-                        if a.remaining() == 0 && bans.banned.try_acquire(bkey).is_ok() {
-                            tracing::info!(client = ?bkey, duration = %bans.config.duration, "client banned");
-                            count!("turnstile_http_banned", rule.name);
-                        }
-                    }
-                }
-                let reason = match error {
-                    TryAcquireError::Rejected(_) => RejectReason::RateLimited,
-                    _ => RejectReason::Unavailable,
-                };
+                let (reason, retry_after) = rejected_by(rule, key, &error, ban.as_ref());
                 return Check::Ready(Verdict {
                     outcome: Outcome::Rejected {
                         reason,
@@ -806,6 +790,100 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         outcome: Outcome::Admitted,
         quotas,
     })
+}
+
+/// A rule's limiter and the key it counts a request under.
+type Charge<'r, C> = (&'r crate::KeyedLimiter<CounterKey, C>, CounterKey);
+
+/// What charging `rule` for `request` takes: its limiter and the request's counter key. `None`
+/// when the request has no key for the rule and `missing_key` lets it pass uncounted; the
+/// rejection when it has none and `missing_key` rejects, or when the rule blocks (limit 0).
+#[inline]
+fn planned<'r, C: Clock>(
+    set: &RuleSet<C>,
+    rule: &'r Rule<C>,
+    request: &RequestInfo<'_>,
+) -> Result<Option<Charge<'r, C>>, Verdict> {
+    let Some(key) = counter_key(rule, request) else {
+        if set.missing_key == MissingKey::Reject {
+            tracing::debug!(rule = %rule.name, "request rejected: no client key");
+            count!("turnstile_http_rejected", rule.name);
+            return Err(rejected(RejectReason::NoKey, rule.name.clone(), None));
+        }
+        return Ok(None);
+    };
+    match &rule.limiter {
+        Some(limiter) => Ok(Some((limiter, key))),
+        None => {
+            tracing::debug!(rule = %rule.name, ip = ?request.client_ip, client = ?request.client_id, "request rejected: blocked by a rule with limit 0");
+            count!("turnstile_http_rejected", rule.name);
+            Err(rejected(RejectReason::Blocked, rule.name.clone(), None))
+        }
+    }
+}
+
+/// The bookkeeping of a request `rule` rejected with `error`: the log line, the metric, and the
+/// rejection counted towards a ban. Returns the reason and the retry-after.
+fn rejected_by<C: Clock>(
+    rule: &Rule<C>,
+    key: &CounterKey,
+    error: &TryAcquireError,
+    ban: Option<&(&Arc<Bans<C>>, BanKey)>,
+) -> (RejectReason, Option<Duration>) {
+    tracing::debug!(rule = %rule.name, key = ?key, error = %error, "request rejected");
+    count!("turnstile_http_rejected", rule.name);
+    if let Some((bans, bkey)) = ban {
+        if let Ok(a) = bans.rejections.try_acquire(bkey) {
+            if a.remaining() == 0 && bans.banned.try_acquire(bkey).is_ok() {
+                tracing::info!(client = ?bkey, duration = %bans.config.duration, "client banned");
+                count!("turnstile_http_banned", rule.name);
+            }
+        }
+    }
+    match error {
+        TryAcquireError::Rejected(r) => (RejectReason::RateLimited, Some(r.retry_after())),
+        _ => (RejectReason::Unavailable, None),
+    }
+}
+
+/// [`decide`] for a request under exactly one enforced rule, counted in memory, with no monitor
+/// rules: the same answers, without the lists the general case keeps.
+fn decide_one<C: Clock>(
+    set: &RuleSet<C>,
+    rule: &Arc<Rule<C>>,
+    request: &RequestInfo<'_>,
+    ban: Option<&(&Arc<Bans<C>>, BanKey)>,
+) -> Verdict {
+    let (limiter, key) = match planned(set, rule, request) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => {
+            return Verdict {
+                outcome: Outcome::Admitted,
+                quotas: Vec::new(),
+            }
+        }
+        Err(verdict) => return verdict,
+    };
+    match limiter.chain_decide::<true>(&key, 1) {
+        (Ok(admission), _) => {
+            count!("turnstile_http_admitted", rule.name);
+            Verdict {
+                outcome: Outcome::Admitted,
+                quotas: vec![rule.quota(u64::from(admission.remaining()), admission.reset_after())],
+            }
+        }
+        (Err(error), _) => {
+            let (reason, retry_after) = rejected_by(rule, &key, &error, ban);
+            Verdict {
+                outcome: Outcome::Rejected {
+                    reason,
+                    rule: rule.name.clone(),
+                    retry_after,
+                },
+                quotas: vec![rule.quota(0, retry_after.unwrap_or(rule.period))],
+            }
+        }
+    }
 }
 
 impl<C: Clock + Clone> Policy for HttpLimiter<C> {
