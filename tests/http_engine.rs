@@ -823,3 +823,85 @@ fn over_long_client_ids_are_no_client_id() {
     let error = HttpLimiter::with_clock(zero, ManualClock::new()).unwrap_err();
     assert!(error.to_string().contains("client_id_max_len"), "{error}");
 }
+
+/// Rules written in code are the rules of the same file: the README's configuration, built with
+/// the builder methods, equals the one parsed from TOML, and a period that is not a whole unit
+/// (90 minutes) becomes a window of exactly that length.
+#[test]
+fn rules_in_code_equal_the_same_rules_from_toml() {
+    use turnstile::http::{BanConfig, RuleAlgorithm, RuleConfig, RuleKey};
+    let from_toml = HttpConfig::from_toml_str(
+        r#"
+        client_id_header = "X-ClientId"
+        [[rules]]
+        name = "per-ip"
+        endpoint = "*"
+        period = "1s"
+        limit = 2
+        [[rules]]
+        name = "search"
+        endpoint = "get:/api/search*"
+        period = "15m"
+        limit = 100
+        algorithm = "sliding_window"
+        [[rules]]
+        endpoint = 'get:^/api/v\d+/'
+        regex = true
+        period = "1h"
+        limit = 1000
+        monitor = true
+        per_endpoint = true
+        [[ip_rules]]
+        ip = "10.0.0.0/8"
+        [[ip_rules.rules]]
+        period = "1s"
+        limit = 100
+        [[ip_rules.rules]]
+        period = "1m"
+        limit = 1000
+        [[client_rules]]
+        client_id = "partner"
+        [[client_rules.rules]]
+        period = "1s"
+        limit = 20
+        key = "client"
+        [bans]
+        after = 10
+        within = "1m"
+        duration = "15m"
+        "#,
+    )
+    .expect("valid toml");
+    let second = Duration::from_secs(1);
+    let minute = Duration::from_secs(60);
+    let mut in_code = HttpConfig::default()
+        .client_id_header("X-ClientId")
+        .rule(RuleConfig::new(second, 2).name("per-ip"))
+        .rule(
+            RuleConfig::new(15 * minute, 100)
+                .name("search")
+                .endpoint("get:/api/search*")
+                .algorithm(RuleAlgorithm::SlidingWindow),
+        )
+        .rule(
+            RuleConfig::new(60 * minute, 1000)
+                .endpoint_regex(r"get:^/api/v\d+/")
+                .monitor()
+                .per_endpoint(),
+        )
+        .ip_rule("10.0.0.0/8", RuleConfig::new(second, 100))
+        .ip_rule("10.0.0.0/8", RuleConfig::new(minute, 1000))
+        .client_rule("partner", RuleConfig::new(second, 20).key(RuleKey::Client));
+    in_code.bans = Some(BanConfig::new(10, minute, 15 * minute));
+    assert_eq!(in_code, from_toml);
+
+    let clock = ManualClock::new();
+    let config = HttpConfig::default().rule(RuleConfig::new(90 * minute, 1).name("slow"));
+    let limiter = HttpLimiter::with_clock(config, clock).expect("valid config");
+    let verdict = get(&limiter, "/", "1.2.3.4", None);
+    assert_eq!(verdict.outcome, Outcome::Admitted);
+    assert_eq!(verdict.quotas[0].window, 90 * minute);
+    let (reason, _, retry) = reason(&get(&limiter, "/", "1.2.3.4", None)).unwrap();
+    assert_eq!(reason, RejectReason::RateLimited);
+    assert!(retry.unwrap() <= 90 * minute && retry.unwrap() > 89 * minute);
+}

@@ -6,6 +6,7 @@ use crate::http::{ClientIpConfig, ResponseConfig};
 use serde::Deserialize;
 use std::fmt;
 use std::path::Path;
+use std::time::Duration;
 
 /// The whole configuration of an [`HttpLimiter`](crate::http::HttpLimiter).
 ///
@@ -192,6 +193,165 @@ impl Default for RuleConfig {
     }
 }
 
+/// A duration as the configuration writes it (humantime: `1s`, `15m`, `1h 30m`).
+fn humantime_text(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
+
+/// Rules in code: the same rules a configuration file gives, without writing one.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::http::{HttpConfig, RuleConfig};
+///
+/// let in_code = HttpConfig::default()
+///     .rule(RuleConfig::new(Duration::from_secs(1), 2).name("per-ip"));
+/// let from_toml = HttpConfig::from_toml_str(
+///     "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 2\n",
+/// )?;
+/// assert_eq!(in_code, from_toml);
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+impl RuleConfig {
+    /// At most `limit` requests per `period` from each client IP, on every endpoint, counted
+    /// in fixed windows: the defaults of a rule in a file. A zero `period` is refused when the
+    /// configuration is compiled, naming the rule; a `limit` of 0 blocks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::RuleConfig;
+    ///
+    /// let rule = RuleConfig::new(Duration::from_secs(15 * 60), 100);
+    /// assert_eq!((rule.period.as_str(), rule.limit, rule.endpoint.as_str()), ("15m", 100, "*"));
+    /// ```
+    pub fn new(period: Duration, limit: u64) -> Self {
+        RuleConfig {
+            period: humantime_text(period),
+            limit,
+            ..RuleConfig::default()
+        }
+    }
+
+    /// The policy name in headers, logs and metrics (default `"{endpoint}-{period}"`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::RuleConfig;
+    ///
+    /// let rule = RuleConfig::new(Duration::from_secs(1), 2).name("per-ip");
+    /// assert_eq!(rule.name.as_deref(), Some("per-ip"));
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The requests the rule applies to: `*`, `*:/path` or `verb:/path`, with `*` wildcards in
+    /// the path.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::RuleConfig;
+    ///
+    /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint("post:/api/orders*");
+    /// assert_eq!(rule.endpoint, "post:/api/orders*");
+    /// ```
+    pub fn endpoint(mut self, pattern: impl Into<String>) -> Self {
+        self.endpoint = pattern.into();
+        self.regex = false;
+        self
+    }
+
+    /// The requests the rule applies to, as a regular expression over the path, after an
+    /// optional `verb:`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::RuleConfig;
+    ///
+    /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex(r"get:^/api/v\d+/");
+    /// assert!(rule.regex);
+    /// ```
+    pub fn endpoint_regex(mut self, pattern: impl Into<String>) -> Self {
+        self.endpoint = pattern.into();
+        self.regex = true;
+        self
+    }
+
+    /// The counting algorithm (fixed windows by default).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::{RuleAlgorithm, RuleConfig};
+    ///
+    /// let rule = RuleConfig::new(Duration::from_secs(60), 10).algorithm(RuleAlgorithm::TokenBucket);
+    /// assert_eq!(rule.algorithm, RuleAlgorithm::TokenBucket);
+    /// ```
+    pub fn algorithm(mut self, algorithm: RuleAlgorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// What the rule counts by (the client IP by default).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::{RuleConfig, RuleKey};
+    ///
+    /// let rule = RuleConfig::new(Duration::from_secs(1), 20).key(RuleKey::Client);
+    /// assert_eq!(rule.key, RuleKey::Client);
+    /// ```
+    pub fn key(mut self, key: RuleKey) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// Monitor (shadow) mode: requests the rule would reject are logged and counted, not
+    /// rejected.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::RuleConfig;
+    ///
+    /// assert!(RuleConfig::new(Duration::from_secs(1), 5).monitor().monitor);
+    /// ```
+    pub fn monitor(mut self) -> Self {
+        self.monitor = true;
+        self
+    }
+
+    /// Counts each `VERB:path` separately (AspNetCoreRateLimit's endpoint rate limiting).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::RuleConfig;
+    ///
+    /// assert!(RuleConfig::new(Duration::from_secs(1), 5).per_endpoint().per_endpoint);
+    /// ```
+    pub fn per_endpoint(mut self) -> Self {
+        self.per_endpoint = true;
+        self
+    }
+}
+
 /// Rules for the clients whose IP is in `ip` (an address or a CIDR range).
 ///
 /// # Examples
@@ -312,6 +472,30 @@ impl Default for BanConfig {
     }
 }
 
+impl BanConfig {
+    /// A client rejected `after` times within `within` is banned for `duration`, with the
+    /// default bound on clients tracked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::{BanConfig, HttpConfig};
+    ///
+    /// let mut config = HttpConfig::default();
+    /// config.bans = Some(BanConfig::new(10, Duration::from_secs(60), Duration::from_secs(15 * 60)));
+    /// assert_eq!(config.bans.as_ref().unwrap().duration, "15m");
+    /// ```
+    pub fn new(after: u64, within: Duration, duration: Duration) -> Self {
+        BanConfig {
+            after,
+            within: humantime_text(within),
+            duration: humantime_text(duration),
+            ..BanConfig::default()
+        }
+    }
+}
+
 /// Where counters live.
 ///
 /// # Examples
@@ -426,6 +610,99 @@ impl fmt::Display for HttpConfigError {
 impl std::error::Error for HttpConfigError {}
 
 impl HttpConfig {
+    /// Adds a general rule, for every client.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::{HttpConfig, HttpLimiter, RuleConfig};
+    ///
+    /// let config = HttpConfig::default()
+    ///     .rule(RuleConfig::new(Duration::from_secs(1), 2).name("per-ip"))
+    ///     .rule(RuleConfig::new(Duration::from_secs(15 * 60), 100).endpoint("get:/api/search*"));
+    /// assert_eq!(config.rules.len(), 2);
+    /// let limiter = HttpLimiter::new(config)?;
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn rule(mut self, rule: RuleConfig) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Adds a rule for the clients whose IP is `ip` (an address or a CIDR range), to the
+    /// rules already given for `ip` if any. It takes precedence over general rules of the same
+    /// period.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::{HttpConfig, RuleConfig};
+    ///
+    /// let config = HttpConfig::default()
+    ///     .ip_rule("10.0.0.0/8", RuleConfig::new(Duration::from_secs(1), 100))
+    ///     .ip_rule("10.0.0.0/8", RuleConfig::new(Duration::from_secs(60), 1000));
+    /// assert_eq!(config.ip_rules.len(), 1);
+    /// assert_eq!(config.ip_rules[0].rules.len(), 2);
+    /// ```
+    pub fn ip_rule(mut self, ip: impl Into<String>, rule: RuleConfig) -> Self {
+        let ip = ip.into();
+        match self.ip_rules.iter_mut().find(|r| r.ip == ip) {
+            Some(rules) => rules.rules.push(rule),
+            None => self.ip_rules.push(IpRulesConfig {
+                ip,
+                rules: vec![rule],
+            }),
+        }
+        self
+    }
+
+    /// Adds a rule for the client `client_id`, to the rules already given for it if any. It
+    /// takes precedence over general rules of the same period; a limit of 0 blocks the client.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::{HttpConfig, RuleConfig, RuleKey};
+    ///
+    /// let config = HttpConfig::default()
+    ///     .client_id_header("X-ClientId")
+    ///     .client_rule("partner", RuleConfig::new(Duration::from_secs(1), 20).key(RuleKey::Client));
+    /// assert_eq!(config.client_rules[0].client_id, "partner");
+    /// ```
+    pub fn client_rule(mut self, client_id: impl Into<String>, rule: RuleConfig) -> Self {
+        let client_id = client_id.into();
+        match self
+            .client_rules
+            .iter_mut()
+            .find(|r| r.client_id == client_id)
+        {
+            Some(rules) => rules.rules.push(rule),
+            None => self.client_rules.push(ClientRulesConfig {
+                client_id,
+                rules: vec![rule],
+            }),
+        }
+        self
+    }
+
+    /// The header carrying the client id, for client rules and the client lists.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::HttpConfig;
+    ///
+    /// let config = HttpConfig::default().client_id_header("X-ClientId");
+    /// assert_eq!(config.client_id_header.as_deref(), Some("X-ClientId"));
+    /// ```
+    pub fn client_id_header(mut self, name: impl Into<String>) -> Self {
+        self.client_id_header = Some(name.into());
+        self
+    }
+
     /// Parses the native TOML format.
     ///
     /// # Errors

@@ -4,8 +4,9 @@
 //! The parts, each in its own module:
 //!
 //! - `config`: the configuration model ([`HttpConfig`]), loaded from TOML, JSON or YAML (with
-//!   humantime periods such as `1s`, `15m`, `7d`), validated with errors that name the field,
-//!   and AspNetCoreRateLimit's `IpRateLimiting` / `ClientRateLimiting` / policy sections.
+//!   humantime periods such as `1s`, `15m`, `7d`), or built in code ([`RuleConfig::new`],
+//!   [`HttpConfig::rule`] and their builder methods), validated with errors that name the
+//!   field, and AspNetCoreRateLimit's `IpRateLimiting` / `ClientRateLimiting` / policy sections.
 //! - `client_ip`: who the client is. The peer address, or, only when the peer is a trusted
 //!   proxy, the first untrusted address walking `Forwarded` / `X-Forwarded-For` / `X-Real-IP`
 //!   right to left; IPv6 grouped by prefix.
