@@ -916,3 +916,104 @@ async fn rejected_requests_release_the_inner_reservation() {
     assert_eq!(response.status(), 200);
     assert_eq!(count(), 0, "the admitted call used the reservation");
 }
+
+/// `on_rejection` answers rejected requests: it sees the request (path, headers, extensions)
+/// and the verdict, gets the layer's own response with `Retry-After` and the quota headers, and
+/// what it returns is sent, for decisions made at once (through a real server) and after a
+/// pending decision (a plain tower service). Admitted requests never reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rejection_answers_rejected_requests_immediate_or_pending() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let hook = {
+        let calls = Arc::clone(&calls);
+        move |request: &http::request::Parts,
+              verdict: &Verdict,
+              default: http::Response<bytes::Bytes>| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            let Outcome::Rejected { rule, .. } = &verdict.outcome else {
+                panic!("called for an admitted request: {verdict:?}");
+            };
+            assert_eq!(default.status(), 429);
+            assert!(default.headers().contains_key("ratelimit"));
+            let mut response = http::Response::new(bytes::Bytes::from(format!(
+                "<h1>{rule}: slow down, {}</h1>",
+                request.uri.path()
+            )));
+            *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+            let headers = response.headers_mut();
+            headers.insert("content-type", "text/html".parse().unwrap());
+            headers.insert("retry-after", default.headers()["retry-after"].clone());
+            if let Some(tenant) = request.headers.get("x-tenant") {
+                headers.insert("x-seen-tenant", tenant.clone());
+            }
+            response
+        }
+    };
+
+    // Decided at once, through a real server.
+    let policy = Arc::new(PerIp::new("per-ip"));
+    let layer =
+        RateLimitLayer::with_settings(Arc::clone(&policy), settings()).on_rejection(hook.clone());
+    let base = serve(
+        Router::new()
+            .route("/page", get(|| async { "page" }))
+            .layer(layer),
+    )
+    .await;
+    let client = client();
+    for _ in 0..2 {
+        let response = client.get(format!("{base}/page")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.text().await.unwrap(), "page");
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 0);
+    let response = client
+        .get(format!("{base}/page"))
+        .header("x-tenant", "acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["content-type"], "text/html");
+    assert_eq!(response.headers()["x-seen-tenant"], "acme");
+    assert!(
+        response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    assert_eq!(
+        response.text().await.unwrap(),
+        "<h1>per-ip: slow down, /page</h1>"
+    );
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+
+    // Decided later (`Check::Pending`), through a plain tower service.
+    let policy = Arc::new(PerIp::new("deferred"));
+    let mut service = RateLimitLayer::new(Deferred(Arc::clone(&policy)))
+        .on_rejection(hook)
+        .layer(tower::service_fn(|_: http::Request<String>| async {
+            Ok::<_, Infallible>(http::Response::new(String::from("ok")))
+        }));
+    let request = || {
+        let mut request = http::Request::get("/later").body(String::new()).unwrap();
+        request
+            .extensions_mut()
+            .insert(PeerAddr("192.0.2.7:5000".parse().unwrap()));
+        request
+    };
+    for status in [200, 200, 503] {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let response = service.call(request()).await.unwrap();
+        assert_eq!(response.status(), status);
+        if status == 503 {
+            assert_eq!(response.body(), "<h1>deferred: slow down, /later</h1>");
+        }
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+}

@@ -36,6 +36,16 @@ pub struct PeerAddr(pub SocketAddr);
 
 type ClientIdFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
 
+type OnRejection = Arc<
+    dyn Fn(
+            &http::request::Parts,
+            &Verdict,
+            http::Response<bytes::Bytes>,
+        ) -> http::Response<bytes::Bytes>
+        + Send
+        + Sync,
+>;
+
 /// A tower [`Layer`](tower::Layer) that decides every request with a [`Policy`]: admitted
 /// requests go on (their responses get the `RateLimit` headers), rejected ones get the
 /// configured rejection (429 with `Retry-After` by default). Cloning shares the policy and the
@@ -99,6 +109,7 @@ struct Shared<P> {
     policy: Arc<P>,
     settings: Arc<ArcSwap<LayerSettings>>,
     client_id_fn: Option<ClientIdFn>,
+    on_rejection: Option<OnRejection>,
 }
 
 impl<P> Clone for RateLimitLayer<P> {
@@ -114,6 +125,7 @@ impl<P> fmt::Debug for RateLimitLayer<P> {
         f.debug_struct("RateLimitLayer")
             .field("settings", &self.shared.settings.load())
             .field("client_id_fn", &self.shared.client_id_fn.is_some())
+            .field("on_rejection", &self.shared.on_rejection.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -169,6 +181,7 @@ impl<P: Policy> RateLimitLayer<P> {
                 policy,
                 settings,
                 client_id_fn: None,
+                on_rejection: None,
             }),
         }
     }
@@ -201,6 +214,56 @@ impl<P: Policy> RateLimitLayer<P> {
             policy: Arc::clone(&self.shared.policy),
             settings: Arc::clone(&self.shared.settings),
             client_id_fn: Some(client_id_fn),
+            on_rejection: self.shared.on_rejection.clone(),
+        });
+        self
+    }
+
+    /// Lets `f` answer rejected requests: it gets the request (its body already dropped), the
+    /// verdict, and the response the layer would send (the configured status and body, or the
+    /// gRPC status of a gRPC request, with `Retry-After` and the quota headers), and returns
+    /// the response to send, that one changed or another. For the answers a template cannot
+    /// give: an HTML page for browsers, an API's own error envelope, a header of your own, or a
+    /// log line with what the request carries. It runs for every rejection, immediate or after
+    /// a pending decision, on the task serving the request; keep it quick.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    ///
+    /// struct AdmitAll;
+    /// impl Policy for AdmitAll {
+    ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///     }
+    /// }
+    /// let layer = RateLimitLayer::new(AdmitAll).on_rejection(|request, _verdict, mut response| {
+    ///     if request.uri.path().starts_with("/app/") {
+    ///         *response.body_mut() = "<h1>Slow down</h1>".into();
+    ///         response.headers_mut().insert("content-type", "text/html".parse().unwrap());
+    ///     }
+    ///     response
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn on_rejection<F>(mut self, f: F) -> Self
+    where
+        F: Fn(
+                &http::request::Parts,
+                &Verdict,
+                http::Response<bytes::Bytes>,
+            ) -> http::Response<bytes::Bytes>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let on_rejection: OnRejection = Arc::new(f);
+        self.shared = Arc::new(Shared {
+            policy: Arc::clone(&self.shared.policy),
+            settings: Arc::clone(&self.shared.settings),
+            client_id_fn: self.shared.client_id_fn.clone(),
+            on_rejection: Some(on_rejection),
         });
         self
     }
@@ -365,7 +428,12 @@ where
                     let fresh = self.inner.clone();
                     drop(std::mem::replace(&mut self.inner, fresh));
                     State::Rejected {
-                        response: Some(response),
+                        response: Some(answer(
+                            shared.on_rejection.as_ref(),
+                            request,
+                            &verdict,
+                            response,
+                        )),
                     }
                 }
             },
@@ -380,6 +448,7 @@ where
                         service: std::mem::replace(&mut self.inner, clone),
                         request,
                         settings: arc_swap::Guard::into_inner(settings),
+                        on_rejection: shared.on_rejection.clone(),
                     })),
                 }
             }
@@ -404,12 +473,27 @@ fn rejection<B>(
     grpc::rejection(verdict, response, grpc)
 }
 
+/// The response to a rejected `request`: `response`, or what the layer's
+/// [`on_rejection`](RateLimitLayer::on_rejection) makes of it.
+fn answer<B>(
+    on_rejection: Option<&OnRejection>,
+    request: http::Request<B>,
+    verdict: &Verdict,
+    response: http::Response<bytes::Bytes>,
+) -> http::Response<bytes::Bytes> {
+    match on_rejection {
+        Some(f) => f(&request.into_parts().0, verdict, response),
+        None => response,
+    }
+}
+
 /// A decision still to come, with what serving the request then needs.
 struct Waiting<S, R> {
     verdict: Pin<Box<dyn Future<Output = Verdict> + Send + 'static>>,
     service: S,
     request: R,
     settings: Arc<LayerSettings>,
+    on_rejection: Option<OnRejection>,
 }
 
 pin_project! {
@@ -506,6 +590,7 @@ where
                         mut service,
                         request,
                         settings,
+                        on_rejection,
                         ..
                     } = *done;
                     let next = match rejection(&verdict, &request, &settings.response) {
@@ -515,7 +600,12 @@ where
                             headers: QuotaHeaders::of(&settings.response),
                         },
                         Some(response) => State::Rejected {
-                            response: Some(response),
+                            response: Some(answer(
+                                on_rejection.as_ref(),
+                                request,
+                                &verdict,
+                                response,
+                            )),
                         },
                     };
                     this.state.set(next);

@@ -20,7 +20,8 @@
 //! - `grpc`: for gRPC requests, the rejection as a gRPC status instead
 //!   ([`grpc_rejection_response`]: `RESOURCE_EXHAUSTED`, trailers-only), so that gRPC clients
 //!   see the rate limit rather than a protocol error.
-//! - `layer`: [`RateLimitLayer`] and its service, which glue the three together; and
+//! - `layer`: [`RateLimitLayer`] and its service, which glue the three together (with
+//!   [`RateLimitLayer::on_rejection`] for rejections answered by your own code); and
 //!   `concurrency`: [`ConcurrencyLayer`], an in-flight cap per route.
 //!
 //! The contract between them is the small set of types in this module: the layer extracts a
