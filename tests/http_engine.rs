@@ -905,3 +905,90 @@ fn rules_in_code_equal_the_same_rules_from_toml() {
     assert_eq!(reason, RejectReason::RateLimited);
     assert!(retry.unwrap() <= 90 * minute && retry.unwrap() > 89 * minute);
 }
+
+/// The log lines a closure produces, at warn and above.
+fn warnings_of(f: impl FnOnce()) -> String {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = sink.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// A rule that can never apply is valid, but the limiter says so when it loads it: a general
+/// rule for every endpoint with the same period as one with a lower limit (whatever each counts
+/// by), and with `endpoint_rate_limiting` off a rule limited to some endpoints. Rules that do
+/// apply, and specific rules overriding general ones, are not reported.
+#[test]
+fn rules_that_never_apply_are_reported_when_loaded() {
+    let dead = warnings_of(|| {
+        let (l, _) = limiter(
+            r#"
+            [[rules]]
+            name = "per-ip"
+            period = "1s"
+            limit = 10
+            [[rules]]
+            name = "per-client"
+            period = "1s"
+            limit = 100
+            key = "client"
+            [[rules]]
+            name = "hourly"
+            period = "1h"
+            limit = 1000
+            "#,
+        );
+        // It is so: the per-client rule is never the one that decides.
+        let v = get(&l, "/", "1.2.3.4", Some("c"));
+        assert_eq!(v.quotas.len(), 2);
+        assert!(v.quotas.iter().all(|q| &*q.policy != "per-client"));
+    });
+    assert!(dead.contains("never applies"), "{dead}");
+    assert!(dead.contains("rule=per-client"), "{dead}");
+    assert!(dead.contains("applies_instead=per-ip"), "{dead}");
+    assert!(dead.contains("field=rules[1]"), "{dead}");
+    assert!(!dead.contains("rule=per-ip "), "{dead}");
+    assert!(!dead.contains("rule=hourly"), "{dead}");
+
+    let off = warnings_of(|| {
+        limiter(
+            "endpoint_rate_limiting = false\n[[rules]]\nname = \"posts\"\nendpoint = \"post:/api/*\"\nperiod = \"1s\"\nlimit = 1\n[[rules]]\nname = \"all\"\nperiod = \"1s\"\nlimit = 5\n",
+        );
+    });
+    assert!(off.contains("rule=posts"), "{off}");
+    assert!(off.contains("endpoint_rate_limiting is off"), "{off}");
+    assert!(!off.contains("rule=all"), "{off}");
+
+    let fine = warnings_of(|| {
+        limiter(&format!(
+            "{PER_IP}\n[[client_rules]]\nclient_id = \"partner\"\n[[client_rules.rules]]\nperiod = \"1s\"\nlimit = 20\n[[rules]]\nname = \"posts\"\nendpoint = \"post:/api/*\"\nperiod = \"1s\"\nlimit = 1\n"
+        ));
+    });
+    assert_eq!(fine, "", "nothing to report");
+
+    // Nor in the example app's configuration.
+    let example = warnings_of(|| {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/axum_server.toml");
+        HttpLimiter::new(HttpConfig::from_file(path).expect("the example's config loads"))
+            .expect("and compiles");
+    });
+    assert_eq!(example, "", "the example has no dead rules");
+}

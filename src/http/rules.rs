@@ -276,6 +276,47 @@ impl<C: Clock> RuleSet<C> {
     }
 }
 
+/// Logs (warn) the rules of one list that can never apply, which are valid configuration but
+/// almost certainly not what was meant:
+///
+/// - of the rules of one period that match every endpoint (and are all enforced, or all
+///   monitors), a request is decided by the lowest limit only (the first on a tie), whatever
+///   each counts by: the others are never selected;
+/// - with `endpoint_rate_limiting` off, a rule limited to some endpoints never matches.
+///
+/// Specific rules overriding general ones of the same period are meant, and not reported.
+fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_limiting: bool) {
+    for (j, rule) in rules.iter().enumerate() {
+        if !rule.endpoint.is_any() {
+            if !endpoint_rate_limiting {
+                tracing::warn!(
+                    rule = %rule.name,
+                    field = %format_args!("{field}[{j}]"),
+                    "this rule never applies: endpoint_rate_limiting is off, so only rules for endpoint \"*\" apply"
+                );
+            }
+            continue;
+        }
+        let winner = rules.iter().enumerate().find(|&(i, other)| {
+            i != j
+                && other.endpoint.is_any()
+                && other.monitor == rule.monitor
+                && other.period == rule.period
+                && (other.limit < rule.limit || (other.limit == rule.limit && i < j))
+        });
+        if let Some((i, other)) = winner {
+            tracing::warn!(
+                rule = %rule.name,
+                field = %format_args!("{field}[{j}]"),
+                applies_instead = %other.name,
+                instead_field = %format_args!("{field}[{i}]"),
+                period = ?rule.period,
+                "this rule never applies: of rules with the same period for every endpoint only the lowest limit is enforced, whatever each counts by (give them different periods to have both)"
+            );
+        }
+    }
+}
+
 pub(crate) fn parse_period(text: &str, field: &str) -> Result<Duration, HttpConfigError> {
     let d = humantime::parse_duration(text.trim()).map_err(|e| {
         HttpConfigError::invalid(field, format!("{text:?} is not a duration ({e})"))
@@ -561,6 +602,23 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             if let Err(e) = limiter.reconfigure(algo) {
                 // Not expected: the parameters were validated and the algorithm is the same.
                 tracing::warn!(rule = %name, error = %e, "rule kept its previous limit");
+            }
+        }
+        warn_dead_rules(&general, "rules", config.endpoint_rate_limiting);
+        for (i, (_, rules)) in ip.iter().enumerate() {
+            warn_dead_rules(
+                rules,
+                &format!("ip_rules[{i}].rules"),
+                config.endpoint_rate_limiting,
+            );
+        }
+        for (i, entry) in config.client_rules.iter().enumerate() {
+            if let Some(rules) = client.get(&entry.client_id) {
+                warn_dead_rules(
+                    rules,
+                    &format!("client_rules[{i}].rules"),
+                    config.endpoint_rate_limiting,
+                );
             }
         }
         let has_monitors = general
