@@ -722,3 +722,141 @@ async fn several_rules_on_a_black_hole_fail_within_the_deadline() {
         "{took:?}"
     );
 }
+
+/// A Redis Cluster configuration of two exact per-IP rules (3 a minute, 2 an hour).
+fn cluster_config(url: &str) -> HttpConfig {
+    HttpConfig::from_toml_str(&format!(
+        r#"
+        [backend]
+        kind = "redis"
+        cluster = true
+        url = "{url}"
+        prefix = "myapp"
+        failure = "closed"
+        deadline = "500ms"
+        [[rules]]
+        name = "per-minute"
+        period = "1m"
+        limit = 3
+        algorithm = "sliding_window"
+        [[rules]]
+        name = "per-hour"
+        period = "1h"
+        limit = 2
+        algorithm = "sliding_window"
+        "#
+    ))
+    .unwrap()
+}
+
+/// `backend.cluster = true`: the rules count in a Redis Cluster. Two limiters (two processes)
+/// share the counts; a request under two rules is still decided in one script, since its keys
+/// share the slot of its subject, so a rejected request is charged to neither rule; and the
+/// counters of different clients spread over the masters, every key with a TTL.
+#[tokio::test]
+async fn cluster_rules_are_shared_all_or_nothing_and_spread_over_masters() {
+    let cluster = redis_server::RedisCluster::start(3);
+    let url = cluster.urls().join(",");
+    let a = HttpLimiter::connect(cluster_config(&url)).await.unwrap();
+    let b = HttpLimiter::connect(cluster_config(&url)).await.unwrap();
+    let remaining = |v: &Verdict, rule: &str| {
+        v.quotas
+            .iter()
+            .find(|q| &*q.policy == rule)
+            .map(|q| q.remaining)
+    };
+    for i in 0..24 {
+        let ip = format!("198.51.100.{i}");
+        let first = get(&a, "/", &ip).await;
+        assert_eq!(first.outcome, Outcome::Admitted, "{ip}");
+        assert_eq!(remaining(&first, "per-minute"), Some(2));
+        assert_eq!(remaining(&first, "per-hour"), Some(1));
+        let second = get(&b, "/", &ip).await;
+        assert_eq!(
+            second.outcome,
+            Outcome::Admitted,
+            "{ip}: shared by both limiters"
+        );
+        assert_eq!(remaining(&second, "per-hour"), Some(0));
+        for limiter in [&a, &b] {
+            let rejected = get(limiter, "/", &ip).await;
+            let (reason, rule, retry_after) = rejection(&rejected).expect("over the hourly limit");
+            assert_eq!((reason, rule), (RejectReason::RateLimited, "per-hour"));
+            assert!(retry_after.unwrap() > Duration::from_secs(3500));
+            assert_eq!(
+                remaining(&rejected, "per-minute"),
+                Some(1),
+                "{ip}: the minute rule was not charged for a rejected request"
+            );
+        }
+    }
+    let mut masters_with_keys = 0;
+    let mut total = 0;
+    for node in &cluster.nodes {
+        let mut con = node.connection();
+        let keys: Vec<String> = con
+            .scan_match("myapp:*")
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for key in &keys {
+            let ttl: i64 = con.pttl(key).unwrap();
+            assert!(ttl > 0, "key {key} has no TTL (PTTL {ttl})");
+        }
+        masters_with_keys += usize::from(!keys.is_empty());
+        total += keys.len();
+    }
+    assert_eq!(
+        total,
+        24 * 2,
+        "one key per rule per client (exact sliding windows)"
+    );
+    assert!(
+        masters_with_keys >= 2,
+        "the clients' counters spread over the masters"
+    );
+}
+
+/// On a Cluster every enforced rule must count alike (the same key and per_endpoint), so that a
+/// request's keys share a slot; the error names the rule that does not, before connecting.
+/// `cluster` belongs to the Redis backend only.
+#[tokio::test]
+async fn cluster_rules_must_count_alike() {
+    let mixed = HttpConfig::from_toml_str(
+        r#"
+        client_id_header = "X-ClientId"
+        [backend]
+        kind = "redis"
+        cluster = true
+        url = "redis://127.0.0.1:1/,redis://127.0.0.1:2/"
+        [[rules]]
+        period = "1s"
+        limit = 5
+        [[rules]]
+        period = "1h"
+        limit = 0
+        key = "client"
+        [[rules]]
+        period = "1m"
+        limit = 50
+        key = "client"
+        monitor = true
+        [[client_rules]]
+        client_id = "partner"
+        [[client_rules.rules]]
+        period = "1m"
+        limit = 100
+        key = "client"
+        "#,
+    )
+    .unwrap();
+    let error = HttpLimiter::connect(mixed).await.unwrap_err().to_string();
+    assert!(
+        error.starts_with("client_rules[0].rules[0]:") && error.contains("Cluster slot"),
+        "{error}"
+    );
+
+    let memory = HttpConfig::from_toml_str("[backend]\ncluster = true\n").unwrap();
+    let error = HttpLimiter::new(memory).unwrap_err().to_string();
+    assert!(error.starts_with("backend.cluster:"), "{error}");
+}

@@ -511,8 +511,14 @@ pub struct BackendConfig {
     /// shared by every process using the same server and prefix; needs the feature `redis` and
     /// [`HttpLimiter::connect`](crate::http::HttpLimiter)).
     pub kind: String,
-    /// The Redis URL, such as `redis://127.0.0.1:6379/` (required by `redis`).
+    /// The Redis URL, such as `redis://127.0.0.1:6379/` (required by `redis`). With `cluster`,
+    /// one seed node of the Cluster, or several separated by commas.
     pub url: Option<String>,
+    /// The server is a Redis Cluster (`false` by default). A request's rules are decided in
+    /// one script, so their keys must share a slot: every enforced rule must then count by the
+    /// same `key` with the same `per_endpoint`, which makes a request's keys differ only in the
+    /// rule, outside their hash tag.
+    pub cluster: bool,
     /// The key prefix in Redis (default `turnstile`).
     pub prefix: Option<String>,
     /// What happens when Redis fails or misses the deadline: `"open"` (admit), `"closed"`
@@ -528,6 +534,7 @@ impl Default for BackendConfig {
         BackendConfig {
             kind: "memory".to_owned(),
             url: None,
+            cluster: false,
             prefix: None,
             failure: None,
             deadline: None,

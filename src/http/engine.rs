@@ -56,8 +56,8 @@
 //! `turnstile_http_banned` (the rule whose rejection started the ban) and
 //! `turnstile_http_shadow_rejected`; with the Redis backend, `turnstile_http_backend_fallbacks`
 //! (one per decision the failure policy made instead of Redis: fail-open, fail-closed or the
-//! local fallback; a request matching several rules makes two per rule, the probe and the
-//! charge), with a `tracing` warn each.
+//! local fallback; one per enforced rule of the request, and one per monitor rule), with a
+//! `tracing` warn each.
 //!
 //! # Counting in Redis
 //!
@@ -67,7 +67,9 @@
 //! rule counts in its own `RedisLimiter` under keys named by the rule's identity (not its limit).
 //! A request's matching rules are decided together in one atomic script (one round trip): a
 //! rejected request is charged to no rule, whatever other processes do. Bans stay in this
-//! process's memory.
+//! process's memory. With `[backend] cluster = true` the rules count in a Redis Cluster; every
+//! enforced rule must then count by the same key (and `per_endpoint`), so that one request's
+//! keys share a slot (see the `redis_rules` module).
 //!
 //! # Reload
 //!
@@ -77,7 +79,7 @@
 //! limiter is reconfigured in place. Bans are kept when `[bans]` did not change. With the Redis
 //! backend the counters live in Redis under names derived from the rule's identity, so the same
 //! rules find them again; a reload may change the prefix (new keys), failure policy and deadline,
-//! not the URL.
+//! not the URL nor `cluster`.
 
 use crate::http::config::{HttpConfig, MissingKey, RuleKey};
 use crate::http::rules::{parse_header, BanKey, Bans, Compiler, CounterKey, Rule, RuleSet};
@@ -237,18 +239,27 @@ impl HttpLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn connect(config: HttpConfig) -> Result<Self, HttpConfigError> {
+        use crate::http::redis_rules::{Connection, RedisSettings};
         if config.backend.kind != "redis" {
             return Self::new(config);
         }
-        let redis = crate::http::redis_rules::RedisSettings::parse(&config.backend)?;
+        let redis = RedisSettings::of(&config)?;
         let backend_error = |e: crate::redis::RedisError| HttpConfigError::Backend {
             message: format!("cannot connect to {}: {e}", redis.url),
         };
-        let client = crate::redis::Client::open(redis.url.as_str()).map_err(backend_error)?;
-        let connection = crate::redis::aio::ConnectionManager::new(client)
-            .await
-            .map_err(backend_error)?;
-        Self::with_connection(config, connection)
+        let connection = if redis.cluster {
+            let client =
+                crate::redis::cluster::ClusterClient::new(redis.seeds()).map_err(backend_error)?;
+            Connection::Cluster(client.get_async_connection().await.map_err(backend_error)?)
+        } else {
+            let client = crate::redis::Client::open(redis.url.as_str()).map_err(backend_error)?;
+            Connection::Standalone(
+                crate::redis::aio::ConnectionManager::new(client)
+                    .await
+                    .map_err(backend_error)?,
+            )
+        };
+        Self::with_backend(config, connection)
     }
 
     /// Builds a limiter whose rules count in Redis through `connection` (made by you, to
@@ -280,6 +291,67 @@ impl HttpLimiter {
         config: HttpConfig,
         connection: crate::redis::aio::ConnectionManager,
     ) -> Result<Self, HttpConfigError> {
+        if config.backend.cluster {
+            return Err(HttpConfigError::invalid(
+                "backend.cluster",
+                "is true: count through a Cluster connection (with_cluster_connection)",
+            ));
+        }
+        Self::with_backend(
+            config,
+            crate::http::redis_rules::Connection::Standalone(connection),
+        )
+    }
+
+    /// Builds a limiter whose rules count in a Redis Cluster through `connection` (made by
+    /// you, to the nodes in `backend.url`, with `backend.cluster = true`). Connects nothing
+    /// and sends nothing.
+    ///
+    /// Each rule's keys lie in the slot of the request's subject (its IP, client id or
+    /// `VERB:path`), so counters spread over the masters, and a request's rules, which must
+    /// count alike on a Cluster, are still decided in one script.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](HttpLimiter::connect), but never [`HttpConfigError::Backend`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    /// use turnstile::redis::cluster::ClusterClient;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = HttpConfig::from_toml_str(
+    ///     "[backend]\nkind = \"redis\"\ncluster = true\nurl = \"redis://10.0.0.1:7000/\"\n[[rules]]\nperiod = \"1m\"\nlimit = 100\n",
+    /// )?;
+    /// let connection = ClusterClient::new(vec!["redis://10.0.0.1:7000/"])?
+    ///     .get_async_connection()
+    ///     .await?;
+    /// let limiter = HttpLimiter::with_cluster_connection(config, connection)?;
+    /// # let _ = limiter;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_cluster_connection(
+        config: HttpConfig,
+        connection: crate::redis::cluster_async::ClusterConnection,
+    ) -> Result<Self, HttpConfigError> {
+        if !config.backend.cluster {
+            return Err(HttpConfigError::invalid(
+                "backend.cluster",
+                "must be true to count through a Cluster connection",
+            ));
+        }
+        Self::with_backend(
+            config,
+            crate::http::redis_rules::Connection::Cluster(connection),
+        )
+    }
+
+    fn with_backend(
+        config: HttpConfig,
+        connection: crate::http::redis_rules::Connection,
+    ) -> Result<Self, HttpConfigError> {
         use crate::http::redis_rules::{attach, RedisBackend, RedisSettings};
         if config.backend.kind != "redis" {
             return Err(HttpConfigError::invalid(
@@ -287,12 +359,13 @@ impl HttpLimiter {
                 "must be \"redis\" to count through a Redis connection",
             ));
         }
-        let redis = RedisSettings::parse(&config.backend)?;
+        let redis = RedisSettings::of(&config)?;
         let settings = settings_of(&config)?;
         let clock = DefaultClock::new();
         let mut rules = Compiler::new(&clock, None).compile(&config)?;
         let backend = RedisBackend {
             url: redis.url.clone(),
+            cluster: redis.cluster,
             connection,
         };
         attach(&mut rules, &redis, &backend)?;
@@ -371,13 +444,15 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         #[cfg(feature = "redis")]
         if config.backend.kind == "redis" {
             use crate::http::redis_rules::{attach, RedisSettings};
-            let redis = RedisSettings::parse(&config.backend)?;
+            let redis = RedisSettings::of(&config)?;
             match &self.backend {
-                Some(backend) if backend.url == redis.url => attach(&mut rules, &redis, backend)?,
+                Some(backend) if backend.url == redis.url && backend.cluster == redis.cluster => {
+                    attach(&mut rules, &redis, backend)?
+                }
                 _ => {
                     return Err(HttpConfigError::invalid(
                         "backend.url",
-                        "a reload cannot connect to a different Redis (or switch from memory to Redis): restart with HttpLimiter::connect",
+                        "a reload cannot connect to a different Redis (or switch from memory to Redis, or to or from a Cluster): restart with HttpLimiter::connect",
                     ))
                 }
             }

@@ -22,9 +22,19 @@
 //! subject, with its own algorithm and keys) run one script over all their keys, in which every
 //! rule decides on the state before any write, and all are charged only if all admit. A
 //! rejected request is therefore charged to no rule, even when other processes race for the
-//! same permits: Redis runs one script at a time. (The keys of several rules lie in different
-//! Cluster slots, which is why the backend is a standalone server.) After Redis lost its script
-//! cache, the first request costs two commands (`EVALSHA`, answered `NOSCRIPT`, then `EVAL`).
+//! same permits: Redis runs one script at a time. After Redis lost its script cache, the first
+//! request costs two commands (`EVALSHA`, answered `NOSCRIPT`, then `EVAL`).
+//!
+//! # Redis Cluster
+//!
+//! With `[backend] cluster = true` (`url` lists one or more seed nodes, comma-separated) the
+//! rules count in a Cluster. A key's hash tag is the request's subject, so the counters of
+//! different clients spread over the masters. One script may only touch one slot, so a
+//! request's enforced rules must give it one subject: on a Cluster every enforced rule that
+//! counts must have the same `key` and `per_endpoint` (checked when the configuration loads,
+//! naming the rule that differs). Rules of different periods, algorithms and endpoints, the
+//! usual set of global limits, qualify; an IP rule beside a client-id rule does not. Monitor
+//! rules, counted one script each, may count by anything.
 //!
 //! An admitted request reports every rule's quota (remaining after it, reset-after). A rejected
 //! one names the rule that asks to wait longest (its retry-after covers every rule that
@@ -53,11 +63,13 @@
 //! script is never retried: it may still run, and charge every rule.
 
 use crate::backend::try_acquire_all;
-use crate::http::config::BackendConfig;
+use crate::http::config::{BackendConfig, HttpConfig, RuleKey};
 use crate::http::rules::{parse_period, BanKey, Bans, CounterKey, Rule, RuleSet};
 use crate::http::{Check, HttpConfigError, Outcome, QuotaState, RejectReason, Verdict};
 use crate::{Admission, Clock, FailurePolicy, RedisLimiter, TryAcquireError};
-use ::redis::aio::ConnectionManager;
+use ::redis::aio::{ConnectionLike, ConnectionManager};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{RedisFuture, Value};
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,14 +80,34 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RedisSettings {
     pub(crate) url: String,
+    /// Whether `url` names the seed nodes of a Redis Cluster.
+    pub(crate) cluster: bool,
     prefix: String,
     policy: FailurePolicy,
     deadline: Duration,
 }
 
 impl RedisSettings {
-    /// Validates `backend` (its kind being `"redis"`), naming the field at fault.
-    pub(crate) fn parse(backend: &BackendConfig) -> Result<Self, HttpConfigError> {
+    /// Validates the `[backend]` of `config` (its kind being `"redis"`), naming the field at
+    /// fault; on a Cluster, also that a request's keys share a slot ([`check_cluster`]).
+    pub(crate) fn of(config: &HttpConfig) -> Result<Self, HttpConfigError> {
+        let settings = Self::parse(&config.backend)?;
+        if settings.cluster {
+            check_cluster(config)?;
+        }
+        Ok(settings)
+    }
+
+    /// The seed nodes of a Cluster: the URLs in `url`, separated by commas.
+    pub(crate) fn seeds(&self) -> Vec<&str> {
+        self.url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect()
+    }
+
+    fn parse(backend: &BackendConfig) -> Result<Self, HttpConfigError> {
         let url = match backend.url.as_deref().map(str::trim) {
             Some(url) if !url.is_empty() => url.to_owned(),
             _ => {
@@ -85,11 +117,21 @@ impl RedisSettings {
                 ))
             }
         };
-        if let Err(e) = ::redis::Client::open(url.as_str()) {
-            return Err(HttpConfigError::invalid(
-                "backend.url",
-                format!("{url:?} is not a Redis URL ({e})"),
-            ));
+        let urls: Vec<&str> = if backend.cluster {
+            url.split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .collect()
+        } else {
+            vec![url.as_str()]
+        };
+        for one in urls {
+            if let Err(e) = ::redis::Client::open(one) {
+                return Err(HttpConfigError::invalid(
+                    "backend.url",
+                    format!("{one:?} is not a Redis URL ({e})"),
+                ));
+            }
         }
         let prefix = backend
             .prefix
@@ -129,6 +171,7 @@ impl RedisSettings {
         };
         Ok(RedisSettings {
             url,
+            cluster: backend.cluster,
             prefix,
             policy,
             deadline,
@@ -136,10 +179,104 @@ impl RedisSettings {
     }
 }
 
+/// On a Redis Cluster, checks that every request's enforced rules have their keys in one slot,
+/// as the one script deciding them needs. A rule's keys are `{prefix}:r{id}:{subject}:{alg}`,
+/// hashed by the subject alone, and the subject is made of the request's IP, client id and
+/// `VERB:path` as the rule's `key` and `per_endpoint` choose: rules that agree on both give a
+/// request the same subject, whatever else differs. So every enforced rule that counts (limit
+/// above 0) must agree with the first; monitor rules are counted one script each and may differ.
+fn check_cluster(config: &HttpConfig) -> Result<(), HttpConfigError> {
+    let general = config
+        .rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("rules[{i}]"), r));
+    let ip = config.ip_rules.iter().enumerate().flat_map(|(i, entry)| {
+        entry
+            .rules
+            .iter()
+            .enumerate()
+            .map(move |(j, r)| (format!("ip_rules[{i}].rules[{j}]"), r))
+    });
+    let client = config
+        .client_rules
+        .iter()
+        .enumerate()
+        .flat_map(|(i, entry)| {
+            entry
+                .rules
+                .iter()
+                .enumerate()
+                .map(move |(j, r)| (format!("client_rules[{i}].rules[{j}]"), r))
+        });
+    let mut first: Option<(String, RuleKey, bool)> = None;
+    for (field, rule) in general
+        .chain(ip)
+        .chain(client)
+        .filter(|(_, r)| !r.monitor && r.limit > 0)
+    {
+        match &first {
+            None => first = Some((field, rule.key, rule.per_endpoint)),
+            Some((first_field, key, per_endpoint)) => {
+                if (rule.key, rule.per_endpoint) != (*key, *per_endpoint) {
+                    return Err(HttpConfigError::invalid(
+                        field,
+                        format!(
+                            "counts by key {:?} with per_endpoint = {}, but {first_field} by {key:?} with per_endpoint = {per_endpoint}: with backend.cluster every enforced rule must count alike, so that a request's keys share a Cluster slot",
+                            rule.key, rule.per_endpoint
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A connection to a standalone Redis or to a Redis Cluster, for the rules' limiters: one type,
+/// so that a request's rules can be decided together whichever it is.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    /// A standalone server, through a connection that reconnects by itself.
+    Standalone(ConnectionManager),
+    /// A Cluster: each command goes to the node that owns its keys' slot.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a ::redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Standalone(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// The connection of a limiter that counts in Redis.
 pub(crate) struct RedisBackend {
+    /// The configured `backend.url` and `backend.cluster`: a reload must name the same.
     pub(crate) url: String,
-    pub(crate) connection: ConnectionManager,
+    pub(crate) cluster: bool,
+    pub(crate) connection: Connection,
 }
 
 /// Gives every rule of a freshly compiled `set` its limiter in Redis.
@@ -232,7 +369,7 @@ impl Remote {
 
 /// A rule's limiter in Redis, and how many of its failure-policy decisions were reported.
 pub(crate) struct Remote {
-    limiter: RedisLimiter,
+    limiter: RedisLimiter<Connection>,
     reported: AtomicU64,
 }
 
@@ -300,7 +437,7 @@ async fn count_all<C: Clock>(
     steps: &[(&Step<C>, &Remote, String)],
     ban: &BanEntry<C>,
 ) -> Result<Vec<QuotaState>, Verdict> {
-    let members: Vec<(&RedisLimiter, &[u8])> = steps
+    let members: Vec<(&RedisLimiter<Connection>, &[u8])> = steps
         .iter()
         .map(|(_, remote, subject)| (&remote.limiter, subject.as_bytes()))
         .collect();

@@ -527,10 +527,16 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             parse_header(h)?;
         }
         match config.backend.kind.as_str() {
+            "memory" if config.backend.cluster => {
+                return Err(HttpConfigError::invalid(
+                    "backend.cluster",
+                    "applies only to kind = \"redis\"",
+                ))
+            }
             "memory" => {}
             #[cfg(feature = "redis")]
             "redis" => {
-                crate::http::redis_rules::RedisSettings::parse(&config.backend)?;
+                crate::http::redis_rules::RedisSettings::of(config)?;
             }
             #[cfg(not(feature = "redis"))]
             "redis" => {
