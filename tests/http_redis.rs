@@ -856,6 +856,12 @@ async fn cluster_rules_must_count_alike() {
         "{error}"
     );
 
+    let no_node =
+        HttpConfig::from_toml_str("[backend]\nkind = \"redis\"\ncluster = true\nurl = \" , \"\n")
+            .unwrap();
+    let error = HttpLimiter::connect(no_node).await.unwrap_err().to_string();
+    assert!(error.starts_with("backend.url:"), "{error}");
+
     let memory = HttpConfig::from_toml_str("[backend]\ncluster = true\n").unwrap();
     let error = HttpLimiter::new(memory).unwrap_err().to_string();
     assert!(error.starts_with("backend.cluster:"), "{error}");

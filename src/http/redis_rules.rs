@@ -100,11 +100,7 @@ impl RedisSettings {
 
     /// The seed nodes of a Cluster: the URLs in `url`, separated by commas.
     pub(crate) fn seeds(&self) -> Vec<&str> {
-        self.url
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .collect()
+        seeds(&self.url).collect()
     }
 
     fn parse(backend: &BackendConfig) -> Result<Self, HttpConfigError> {
@@ -118,13 +114,16 @@ impl RedisSettings {
             }
         };
         let urls: Vec<&str> = if backend.cluster {
-            url.split(',')
-                .map(str::trim)
-                .filter(|u| !u.is_empty())
-                .collect()
+            seeds(&url).collect()
         } else {
             vec![url.as_str()]
         };
+        if urls.is_empty() {
+            return Err(HttpConfigError::invalid(
+                "backend.url",
+                format!("{url:?} names no Cluster node"),
+            ));
+        }
         for one in urls {
             if let Err(e) = ::redis::Client::open(one) {
                 return Err(HttpConfigError::invalid(
@@ -177,6 +176,11 @@ impl RedisSettings {
             deadline,
         })
     }
+}
+
+/// The URLs of a Cluster's seed nodes in `url`: comma-separated, blanks ignored.
+fn seeds(url: &str) -> impl Iterator<Item = &str> {
+    url.split(',').map(str::trim).filter(|u| !u.is_empty())
 }
 
 /// On a Redis Cluster, checks that every request's enforced rules have their keys in one slot,
