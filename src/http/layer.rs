@@ -219,8 +219,8 @@ impl<P: Policy> RateLimitLayer<P> {
         self
     }
 
-    /// Lets `f` answer rejected requests: it gets the request (its body already dropped), the
-    /// verdict, and the response the layer would send (the configured status and body, or the
+    /// Lets `f` answer rejected requests: it gets the request's parts (not its body, which a
+    /// rejected request never has read), the verdict, and the response the layer would send (the configured status and body, or the
     /// gRPC status of a gRPC request, with `Retry-After` and the quota headers), and returns
     /// the response to send, that one changed or another. For the answers a template cannot
     /// give: an HTML page for browsers, an API's own error envelope, a header of your own, or a
