@@ -545,6 +545,18 @@ fn aspnet_endpoint_rate_limiting_counts_each_endpoint() {
     assert_eq!(get(&l, "/other", "1.1.1.1", None).quotas.len(), 1);
 }
 
+/// `RateLimitCounterPrefix` is the key prefix in Redis when the backend is switched to Redis;
+/// the memory backend stays the default.
+#[test]
+fn aspnet_counter_prefix_becomes_the_redis_key_prefix() {
+    let doc = r#"{"IpRateLimiting": {"RateLimitCounterPrefix": "crlc", "GeneralRules": [
+        {"Endpoint": "*", "Period": "1s", "Limit": 2}]}}"#;
+    let config = HttpConfig::from_aspnet_json(doc).unwrap();
+    assert_eq!(config.backend.prefix.as_deref(), Some("crlc"));
+    assert_eq!(config.backend.kind, "memory");
+    HttpLimiter::new(config).expect("still a memory configuration");
+}
+
 #[test]
 fn aspnet_errors_name_the_field() {
     let e = HttpConfig::from_json_str(

@@ -9,6 +9,8 @@
 //! `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
 //! `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
 //! `StackBlockedRequests: true` is refused: rejected requests are never counted here.
+//! `RateLimitCounterPrefix` becomes `backend.prefix`, the key prefix in Redis once the backend
+//! is switched to Redis (`backend.kind = "redis"`; the memory backend has no keys).
 
 use crate::http::config::{ClientRulesConfig, HttpConfig, IpRulesConfig, RuleConfig, RuleKey};
 use crate::http::{ForwardedHeader, HttpConfigError};
@@ -41,8 +43,6 @@ struct Options {
     general_rules: Vec<Rule>,
     quota_exceeded_response: Option<QuotaResponse>,
     disable_rate_limit_headers: bool,
-    // Accepted and not used: counters are kept by this crate, in memory.
-    #[allow(dead_code)]
     rate_limit_counter_prefix: Option<String>,
 }
 
@@ -158,6 +158,9 @@ fn apply_options(
         ));
     }
     config.endpoint_rate_limiting = options.enable_endpoint_rate_limiting;
+    if let Some(p) = options.rate_limit_counter_prefix {
+        config.backend.prefix = Some(p);
+    }
     if let Some(h) = options.real_ip_header {
         config.client_ip.headers = vec![ForwardedHeader::Custom(h)];
     }
