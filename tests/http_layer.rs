@@ -1017,3 +1017,59 @@ async fn on_rejection_answers_rejected_requests_immediate_or_pending() {
     }
     assert_eq!(calls.load(Ordering::Relaxed), 2);
 }
+
+/// `ConcurrencyLayer::on_rejection` answers the requests the cap rejects, at once or after
+/// waiting in the queue; it sees the request's parts and the layer's own response, and the
+/// request that holds the permit is served as usual.
+#[tokio::test(start_paused = true)]
+async fn concurrency_on_rejection_answers_rejected_requests() {
+    let gate = Arc::new(Semaphore::new(0));
+    let inner = {
+        let gate = Arc::clone(&gate);
+        tower::service_fn(move |_: http::Request<String>| {
+            let gate = Arc::clone(&gate);
+            async move {
+                gate.acquire().await.unwrap().forget();
+                Ok::<_, Infallible>(http::Response::new(String::from("served")))
+            }
+        })
+    };
+    let hook = |request: &http::request::Parts, default: http::Response<bytes::Bytes>| {
+        assert_eq!(default.status(), 503);
+        assert_eq!(default.headers()["retry-after"], "1");
+        let mut response = http::Response::new(bytes::Bytes::from(format!(
+            r#"{{"busy":"{}"}}"#,
+            request.uri.path()
+        )));
+        *response.status_mut() = default.status();
+        response
+            .headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        response
+    };
+    for wait in [None, Some(Duration::from_millis(50))] {
+        let mut layer =
+            ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).on_rejection(hook);
+        if let Some(timeout) = wait {
+            layer = layer.wait(timeout);
+        }
+        let mut service = layer.layer(inner.clone());
+        let first = service.call(http::Request::get("/held").body(String::new()).unwrap());
+        let first = tokio::spawn(first);
+        tokio::task::yield_now().await;
+        let rejected = service
+            .call(http::Request::get("/extra").body(String::new()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(rejected.status(), 503, "wait {wait:?}");
+        assert_eq!(rejected.headers()["content-type"], "application/json");
+        let body = http_body_util::BodyExt::collect(rejected.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(body, r#"{"busy":"/extra"}"#);
+        gate.add_permits(1);
+        let served = first.await.unwrap().unwrap();
+        assert_eq!(served.status(), 200);
+    }
+}

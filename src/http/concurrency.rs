@@ -3,10 +3,13 @@
 use crate::http::response::whole_seconds_up;
 use crate::http::RateLimitBody;
 use crate::{ConcurrencyLimiter, OwnedPermit};
+use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::StatusCode;
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -36,13 +39,31 @@ use std::time::Duration;
 /// assert_eq!(layer.limiter().limit(), 64);
 /// # Ok::<(), turnstile::ConfigError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConcurrencyLayer {
     limiter: ConcurrencyLimiter,
     status: StatusCode,
     retry_after: Duration,
     wait: Option<Duration>,
     grpc: bool,
+    on_rejection: Option<OnRejection>,
+}
+
+type OnRejection = Arc<
+    dyn Fn(&http::request::Parts, http::Response<Bytes>) -> http::Response<Bytes> + Send + Sync,
+>;
+
+impl fmt::Debug for ConcurrencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLayer")
+            .field("limiter", &self.limiter)
+            .field("status", &self.status)
+            .field("retry_after", &self.retry_after)
+            .field("wait", &self.wait)
+            .field("grpc", &self.grpc)
+            .field("on_rejection", &self.on_rejection.is_some())
+            .finish()
+    }
 }
 
 impl ConcurrencyLayer {
@@ -64,6 +85,7 @@ impl ConcurrencyLayer {
             retry_after: Duration::from_secs(1),
             wait: None,
             grpc: true,
+            on_rejection: None,
         }
     }
 
@@ -137,6 +159,38 @@ impl ConcurrencyLayer {
         self
     }
 
+    /// Lets `f` answer the requests the cap rejects, as
+    /// [`RateLimitLayer::on_rejection`](crate::http::RateLimitLayer::on_rejection) does for
+    /// rate limits: it gets the request's parts and the response the layer would send (the
+    /// status, `Retry-After` and a short text body, or the gRPC status of a gRPC request), and
+    /// returns the response to send.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::ConcurrencyLayer;
+    ///
+    /// let layer = ConcurrencyLayer::new(turnstile::ConcurrencyLimiter::new(8)?).on_rejection(
+    ///     |_request, mut response| {
+    ///         *response.body_mut() = r#"{"error":"busy, retry shortly"}"#.into();
+    ///         response.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    ///         response
+    ///     },
+    /// );
+    /// # let _ = layer;
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn on_rejection<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::request::Parts, http::Response<Bytes>) -> http::Response<Bytes>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.on_rejection = Some(Arc::new(f));
+        self
+    }
+
     /// The shared limiter (to read its state, or change its limit).
     ///
     /// # Examples
@@ -152,7 +206,22 @@ impl ConcurrencyLayer {
         &self.limiter
     }
 
-    fn rejection<B>(&self, grpc: Option<&'static str>) -> http::Response<RateLimitBody<B>> {
+    /// The answer to `request`, rejected: the layer's response, or what `on_rejection` makes of
+    /// it.
+    fn rejection<B, ResBody>(
+        &self,
+        request: http::Request<B>,
+        grpc: Option<&'static str>,
+    ) -> http::Response<RateLimitBody<ResBody>> {
+        let response = self.response(grpc);
+        let response = match &self.on_rejection {
+            Some(f) => f(&request.into_parts().0, response),
+            None => response,
+        };
+        response.map(RateLimitBody::full)
+    }
+
+    fn response(&self, grpc: Option<&'static str>) -> http::Response<Bytes> {
         if let Some(content_type) = grpc {
             let secs = whole_seconds_up(self.retry_after);
             return crate::http::grpc::trailers_only(
@@ -160,11 +229,13 @@ impl ConcurrencyLayer {
                 crate::http::grpc::CONCURRENCY_CODE,
                 "concurrency limit reached",
                 Some(secs),
-            )
-            .map(RateLimitBody::full);
+            );
         }
-        let mut response = http::Response::new(RateLimitBody::full(
-            self.status.canonical_reason().unwrap_or("Unavailable"),
+        let mut response = http::Response::new(Bytes::from_static(
+            self.status
+                .canonical_reason()
+                .unwrap_or("Unavailable")
+                .as_bytes(),
         ));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
@@ -253,7 +324,7 @@ where
                 let permit = match layer.limiter.try_acquire_owned(1) {
                     Ok(permit) => permit,
                     Err(_) => {
-                        let response = layer.rejection(grpc);
+                        let response = layer.rejection(request, grpc);
                         return Box::pin(async move { Ok(response) });
                     }
                 };
@@ -266,7 +337,7 @@ where
                     Ok(Ok(permit)) => permit,
                     // Timed out, or the limiter is closed.
                     Ok(Err(_)) | Err(_) => {
-                        return Ok(layer.rejection(grpc));
+                        return Ok(layer.rejection(request, grpc));
                     }
                 };
                 Ok(with_permit(ready.call(request).await?, permit))
