@@ -1004,3 +1004,36 @@ fn rules_that_never_apply_are_reported_when_loaded() {
     });
     assert_eq!(example, "", "the example has no dead rules");
 }
+
+/// A whole `appsettings.json`, with the application's other sections beside AspNetCoreRateLimit's,
+/// loads through `from_file` (by its `.json` extension) as the rate-limit sections alone.
+#[test]
+fn a_whole_appsettings_json_loads_from_file() {
+    let dir = std::env::temp_dir().join(format!("turnstile-appsettings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("appsettings.json");
+    std::fs::write(
+        &path,
+        r#"{
+          "Logging": {"LogLevel": {"Default": "Information"}},
+          "AllowedHosts": "*",
+          "ConnectionStrings": {"Main": "Server=db;Database=app"},
+          "IpRateLimiting": {
+            "RateLimitCounterPrefix": "crlc",
+            "GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 2}]
+          }
+        }"#,
+    )
+    .unwrap();
+    let config = HttpConfig::from_file(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(config.rules.len(), 1);
+    let l = HttpLimiter::with_clock(config, ManualClock::new()).unwrap();
+    for _ in 0..2 {
+        assert_eq!(get(&l, "/", "1.2.3.4", None).outcome, Outcome::Admitted);
+    }
+    assert_eq!(
+        reason(&get(&l, "/", "1.2.3.4", None)).unwrap().0,
+        RejectReason::RateLimited
+    );
+}
