@@ -980,6 +980,16 @@ fn rules_that_never_apply_are_reported_when_loaded() {
     assert!(!dead.contains("rule=per-ip "), "{dead}");
     assert!(!dead.contains("rule=hourly"), "{dead}");
 
+    // Of three with one period, both losers name the one that applies, not each other.
+    let three = warnings_of(|| {
+        limiter(
+            "[[rules]]\nname = \"ten\"\nperiod = \"1s\"\nlimit = 10\n[[rules]]\nname = \"five\"\nperiod = \"1s\"\nlimit = 5\n[[rules]]\nname = \"one\"\nperiod = \"1s\"\nlimit = 1\n",
+        );
+    });
+    assert_eq!(three.matches("applies_instead=one").count(), 2, "{three}");
+    assert!(!three.contains("applies_instead=five"), "{three}");
+    assert!(!three.contains("rule=one "), "{three}");
+
     let off = warnings_of(|| {
         limiter(
             "endpoint_rate_limiting = false\n[[rules]]\nname = \"posts\"\nendpoint = \"post:/api/*\"\nperiod = \"1s\"\nlimit = 1\n[[rules]]\nname = \"all\"\nperiod = \"1s\"\nlimit = 5\n",

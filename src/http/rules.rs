@@ -297,14 +297,18 @@ fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_
             }
             continue;
         }
-        let winner = rules.iter().enumerate().find(|&(i, other)| {
-            i != j
-                && other.endpoint.is_any()
-                && other.monitor == rule.monitor
-                && other.period == rule.period
-                && (other.limit < rule.limit || (other.limit == rule.limit && i < j))
-        });
-        if let Some((i, other)) = winner {
+        // The rule a request is decided by among this one's group: the lowest limit, the first
+        // on a tie (as `select` keeps it).
+        let winner = rules
+            .iter()
+            .enumerate()
+            .filter(|(_, other)| {
+                other.endpoint.is_any()
+                    && other.monitor == rule.monitor
+                    && other.period == rule.period
+            })
+            .min_by_key(|&(i, other)| (other.limit, i));
+        if let Some((i, other)) = winner.filter(|&(i, _)| i != j) {
             tracing::warn!(
                 rule = %rule.name,
                 field = %format_args!("{field}[{j}]"),
