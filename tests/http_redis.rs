@@ -90,13 +90,8 @@ async fn third_request_is_rejected_with_retry_after() {
         .outcome
         .is_admitted());
     // The keys are in Redis under the configured prefix, and all expire.
-    let mut con = server.connection();
-    let keys: Vec<String> = con.keys("myapp:*").unwrap();
+    let keys = redis_server::assert_all_keys_expire(&mut server.connection(), "myapp");
     assert_eq!(keys.len(), 2, "{keys:?}");
-    for key in &keys {
-        let ttl: i64 = con.pttl(key).unwrap();
-        assert!(ttl > 0, "{key} has no TTL");
-    }
 }
 
 #[tokio::test]
@@ -793,16 +788,7 @@ async fn cluster_rules_are_shared_all_or_nothing_and_spread_over_masters() {
     let mut masters_with_keys = 0;
     let mut total = 0;
     for node in &cluster.nodes {
-        let mut con = node.connection();
-        let keys: Vec<String> = con
-            .scan_match("myapp:*")
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        for key in &keys {
-            let ttl: i64 = con.pttl(key).unwrap();
-            assert!(ttl > 0, "key {key} has no TTL (PTTL {ttl})");
-        }
+        let keys = redis_server::assert_all_keys_expire(&mut node.connection(), "myapp");
         masters_with_keys += usize::from(!keys.is_empty());
         total += keys.len();
     }

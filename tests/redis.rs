@@ -56,16 +56,7 @@ async fn limiter(
 
 /// Every key of ours carries a TTL, and the keys found are returned.
 fn assert_all_keys_expire(con: &mut redis::Connection) -> Vec<String> {
-    let keys: Vec<String> = con
-        .scan_match(format!("{PREFIX}:*"))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    for key in &keys {
-        let ttl: i64 = con.pttl(key).unwrap();
-        assert!(ttl > 0, "key {key} has no TTL (PTTL {ttl})");
-    }
-    keys
+    redis_server::assert_all_keys_expire(con, PREFIX)
 }
 
 /// `INFO commandstats` as command → calls.

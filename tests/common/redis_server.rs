@@ -262,3 +262,18 @@ impl RedisServer {
         ])
     }
 }
+
+/// The keys under `prefix` that `con` holds, after checking that every one carries a TTL.
+pub fn assert_all_keys_expire(con: &mut redis::Connection, prefix: &str) -> Vec<String> {
+    use redis::Commands;
+    let keys: Vec<String> = con
+        .scan_match(format!("{prefix}:*"))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for key in &keys {
+        let ttl: i64 = con.pttl(key).unwrap();
+        assert!(ttl > 0, "key {key} has no TTL (PTTL {ttl})");
+    }
+    keys
+}
