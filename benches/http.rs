@@ -8,7 +8,9 @@
 //! and the peer, tower_governor (governor keyed by peer IP, admitting every request) with its
 //! two `x-ratelimit-*` headers. The paired parts add a breakdown: `admitted` without the
 //! `RateLimit` headers, the app behind a no-op tower layer (what wrapping the router costs for
-//! any layer), and tower_governor without headers. Every layer wraps the whole router, as in
+//! any layer), a no-op layer that adds two constant headers as long as the `RateLimit` pair
+//! (what sending those headers costs any layer, decision aside), and tower_governor without
+//! headers. Every layer wraps the whole router, as in
 //! `examples/axum_server.rs`, so requests are decided before they are routed; `http-service`
 //! also measures the layer put into the router with `Router::layer`.
 //! Each criterion sample sends a batch of requests over `CONNECTIONS` connections at once and
@@ -99,6 +101,29 @@ type Identity = fn(axum::response::Response) -> axum::response::Response;
 /// breakdown.
 fn noop_layer() -> tower::util::MapResponse<Router, Identity> {
     tower::util::MapResponseLayer::new((|response| response) as Identity).layer(routes())
+}
+
+type AddHeaders = fn(axum::response::Response) -> axum::response::Response;
+
+/// The app behind a tower layer that makes no decision but adds two constant headers of the
+/// length of the layer's `RateLimit-Policy` and `RateLimit` (made once, at compile time): what
+/// any layer pays to send those two headers at all (the map inserts, hyper writing them, the
+/// kernel copying them), the floor of the headers' share in the breakdown.
+fn constant_headers() -> tower::util::MapResponse<Router, AddHeaders> {
+    const POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
+    const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
+    const POLICY_VALUE: http::HeaderValue =
+        http::HeaderValue::from_static("\"per-ip\";q=1073741823;w=3600");
+    const RATELIMIT_VALUE: http::HeaderValue =
+        http::HeaderValue::from_static("\"per-ip\";r=1073741822;t=3599");
+    tower::util::MapResponseLayer::new(
+        (|mut response: axum::response::Response| {
+            response.headers_mut().insert(POLICY, POLICY_VALUE);
+            response.headers_mut().insert(RATELIMIT, RATELIMIT_VALUE);
+            response
+        }) as AddHeaders,
+    )
+    .layer(routes())
 }
 
 /// The app behind the peer, tower_governor (governor keyed by peer IP), with a quota that admits
@@ -205,6 +230,7 @@ async fn serve_all() -> [SocketAddr; APPS] {
         serve(noop_layer()).await,
         serve_governed(true).await,
         serve_governed(false).await,
+        serve(constant_headers()).await,
     ];
     let mut first = connect(addrs[2]).await;
     first.truncate(1);
@@ -225,7 +251,7 @@ fn servers(runtime: &Runtime) -> [Senders; APPS] {
 
 fn http(c: &mut Criterion) {
     let runtime = Runtime::new().expect("runtime");
-    let [mut bare, mut admitted, mut rejected, _, _, mut governor, _] = servers(&runtime);
+    let [mut bare, mut admitted, mut rejected, _, _, mut governor, _, _] = servers(&runtime);
     let mut group = c.benchmark_group("http");
     group.measurement_time(Duration::from_secs(8));
     group.bench_function("bare", |b| {
@@ -249,7 +275,7 @@ const PAIR_BATCH: u64 = 1_600;
 const PAIR_TIME: Duration = Duration::from_secs(12);
 /// The apps: criterion measures the first three and tower_governor with headers, the paired
 /// part all of them.
-const APPS: usize = 7;
+const APPS: usize = 8;
 const NAMES: [&str; APPS] = [
     "bare",
     "admitted",
@@ -258,8 +284,9 @@ const NAMES: [&str; APPS] = [
     "a no-op layer (breakdown)",
     "tower_governor, x-ratelimit headers (peer)",
     "tower_governor, no headers (peer)",
+    "two constant RateLimit headers, no decision (breakdown)",
 ];
-const STATUS: [u16; APPS] = [200, 200, 429, 200, 200, 200, 200];
+const STATUS: [u16; APPS] = [200, 200, 429, 200, 200, 200, 200, 200];
 
 /// Whether a ratio meets its target (`met` of a ratio: on the target's side). Met only when the
 /// whole confidence interval is on the target's side (`high`, its upper end); a median on it
@@ -295,7 +322,7 @@ fn tables(rounds: &[[f64; APPS]]) -> String {
     table += "|---|---|---|---|\n";
     let within: &dyn Fn(f64) -> bool = &|r| r <= 1.05;
     let below: &dyn Fn(f64) -> bool = &|r| r < 1.0;
-    let rows: [Row; 8] = [
+    let rows: [Row; 10] = [
         ("admitted ÷ bare", 1, 0, Some(("≤ 1.05×", within))),
         ("rejected ÷ admitted", 2, 1, Some(("< 1×", below))),
         (
@@ -305,6 +332,18 @@ fn tables(rounds: &[[f64; APPS]]) -> String {
             None,
         ),
         ("a no-op layer ÷ bare (breakdown)", 4, 0, None),
+        (
+            "two constant headers, no decision ÷ bare (breakdown: the headers' floor)",
+            7,
+            0,
+            None,
+        ),
+        (
+            "admitted ÷ two constant headers (breakdown: the decision and the values)",
+            1,
+            7,
+            None,
+        ),
         ("tower_governor, headers ÷ bare (peer)", 5, 0, None),
         ("tower_governor, no headers ÷ bare (peer)", 6, 0, None),
         (
