@@ -16,9 +16,11 @@
 //! | `…/turnstile/fixed_window (swept)` | admit runs again after one `sweep()` that evicts nothing (the state a limiter with a periodic sweeper settles in) |
 //! | `keyed_sweep/1m_keys` | one `sweep()` over 1,000,000 keys, all idle (evicts all) or all busy (evicts none); governor's `retain_recent()` beside it |
 //!
-//! and, after the timings, the heap bytes per key of each of turnstile's four algorithms and of
-//! governor's keyed store with 1,000,000 keys (printed, and written to
-//! `target/criterion/keyed-memory.txt`).
+//! and, before the timings, the heap bytes per key of each of turnstile's four algorithms and of
+//! governor's keyed store with 1,000,000 keys, and with the feature `http` of an HTTP rule
+//! counting 1,000,000 clients by IP or by client id (printed, and written to
+//! `target/criterion/keyed-memory.txt`; `cargo bench --features http --bench keyed -- none`
+//! measures memory only).
 //!
 //! **Keys.** `u64`, `0..n` inserted at setup (n = 1,000 or 1,000,000); the timed loops look them
 //! up in a fixed pseudo-random order (xorshift, 65,536 precomputed entries), so that the
@@ -534,6 +536,43 @@ fn governor_footprint(n: u64) -> Footprint {
     )
 }
 
+/// An HTTP limiter (feature `http`) with one rule counting by `key` (`"ip"` or `"client"`), on
+/// a frozen clock, after one request from each of `n` clients (distinct IPv4 addresses, or
+/// client ids `client-{i}`, inline in the key up to 24 bytes): what a rule's keys cost, the
+/// rule's `CounterKey` included.
+#[cfg(feature = "http")]
+fn http_footprint(key: &str, n: u64) -> Footprint {
+    use std::net::{IpAddr, Ipv4Addr};
+    use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RequestInfo};
+    footprint(
+        &format!("turnstile/http rule, key = {key:?}"),
+        n,
+        || {
+            let config = HttpConfig::from_toml_str(&format!(
+                "client_id_header = \"x-client\"\n[[rules]]\nname = \"r\"\nperiod = \"1h\"\nlimit = 10\nkey = \"{key}\"\n"
+            ))
+            .expect("valid bench configuration");
+            let limiter =
+                HttpLimiter::with_clock(config, ManualClock::new()).expect("valid bench limiter");
+            let method = http::Method::GET;
+            let mut id = String::new();
+            for i in 0..n {
+                id.clear();
+                let _ = write!(id, "client-{i}");
+                let verdict = limiter.decide(&RequestInfo {
+                    method: &method,
+                    path: "/",
+                    client_ip: Some(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i as u32))),
+                    client_id: Some(&id),
+                });
+                assert_eq!(verdict.outcome, Outcome::Admitted, "the first request of a client");
+            }
+            limiter
+        },
+        |_| {},
+    )
+}
+
 fn memory() {
     let mut rows: Vec<Footprint> = ORDINARY
         .iter()
@@ -543,6 +582,10 @@ fn memory() {
         rows.push(turnstile_footprint(name, alg, MEMORY_KEYS, true));
     }
     rows.push(governor_footprint(MEMORY_KEYS));
+    #[cfg(feature = "http")]
+    for key in ["ip", "client"] {
+        rows.push(http_footprint(key, MEMORY_KEYS));
+    }
     // The fixed cost of a limiter, and its share at 1,000 keys.
     for n in [0, 1_000] {
         rows.push(turnstile_footprint("fixed_window", ORDINARY[0].1, n, false));

@@ -652,7 +652,8 @@ where
     }
 
     /// A chain's commit: `try_acquire` on the key, also saying whether the shared overflow cell
-    /// decided it (so that a refund goes to the same cell).
+    /// decided it, admission or rejection (so that a refund goes to the same cell, and so that
+    /// callers can count the decisions made for keys the limiter had no room for).
     fn chain_commit<C: Clock>(
         &self,
         ctx: &Ctx<C, S>,
@@ -660,10 +661,16 @@ where
         key: &K,
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, bool) {
+        // The cell's decision, admission or rejection, comes back as `Ok` with the slot that
+        // made it; only a retired cell's `Closed` (which `with_cell` retries) and the errors
+        // before any cell decided are `Err`.
         match self.with_cell(ctx, shard, key, n, |cell| {
-            self.algo.try_acquire(cell, n, &ctx.clock)
+            match self.algo.try_acquire(cell, n, &ctx.clock) {
+                Err(TryAcquireError::Closed) => Err(TryAcquireError::Closed),
+                decided => Ok(decided),
+            }
         }) {
-            Ok((admission, slot)) => (Ok(admission), slot == Slot::Overflow),
+            Ok((decided, slot)) => (decided, slot == Slot::Overflow),
             Err(error) => (Err(error), false),
         }
     }
@@ -1391,6 +1398,24 @@ where
     /// ```
     pub fn max_keys(&self) -> usize {
         self.inner.ctx.max_keys
+    }
+
+    /// What a call for a new key gets when the cap is reached and no key is idle.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyOverflow, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::builder(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) })
+    ///     .overflow(KeyOverflow::Shared)
+    ///     .build()?;
+    /// assert_eq!(limiter.overflow(), KeyOverflow::Shared);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn overflow(&self) -> KeyOverflow {
+        self.inner.ctx.overflow
     }
 
     /// The algorithm every key runs, with its parameters: those it was built with, or the last

@@ -380,6 +380,132 @@ fn bans_start_after_k_rejections_and_end_after_d() {
     assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
 }
 
+/// One per-IP rule, 2 per minute, for the key-cap tests.
+const PER_IP_MINUTE: &str = "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 2\n";
+
+/// With `key_overflow = "reject"` (the default), a rule holding `max_keys_per_rule` active
+/// clients refuses new ones (no Retry-After: when room frees is not known) while those it
+/// holds go on as before; once their window has passed, they are idle and make room.
+#[test]
+fn a_full_rule_rejects_new_clients_until_keys_turn_idle() {
+    let (l, clock) = limiter(&format!("max_keys_per_rule = 2\n{PER_IP_MINUTE}"));
+    assert_eq!(get(&l, "/", "10.0.0.1", None).outcome, Outcome::Admitted);
+    assert_eq!(get(&l, "/", "10.0.0.2", None).outcome, Outcome::Admitted);
+    for _ in 0..3 {
+        assert_eq!(
+            reason(&get(&l, "/", "10.0.0.3", None)),
+            Some((RejectReason::TooManyKeys, "per-ip".to_owned(), None))
+        );
+    }
+    let held = get(&l, "/", "10.0.0.1", None);
+    assert_eq!(held.outcome, Outcome::Admitted);
+    assert_eq!(held.quotas[0].remaining, 0);
+    assert_eq!(
+        reason(&get(&l, "/", "10.0.0.1", None)).map(|r| r.0),
+        Some(RejectReason::RateLimited)
+    );
+    clock.advance(Duration::from_secs(60));
+    let fresh = get(&l, "/", "10.0.0.3", None);
+    assert_eq!(fresh.outcome, Outcome::Admitted, "idle keys were evicted");
+    assert_eq!(fresh.quotas[0].remaining, 1);
+}
+
+/// `key_overflow = "shared"`: the clients a full rule has no room for share one counter with
+/// the rule's limit.
+#[test]
+fn a_full_rule_counts_new_clients_together_when_shared() {
+    let (l, _) = limiter(&format!(
+        "max_keys_per_rule = 2\nkey_overflow = \"shared\"\n{PER_IP_MINUTE}"
+    ));
+    for ip in ["10.0.0.1", "10.0.0.2"] {
+        assert_eq!(
+            get(&l, "/", ip, None).quotas[0].remaining,
+            1,
+            "{ip}'s own key"
+        );
+    }
+    assert_eq!(get(&l, "/", "10.0.0.3", None).quotas[0].remaining, 1);
+    assert_eq!(get(&l, "/", "10.0.0.4", None).quotas[0].remaining, 0);
+    let (why, rule, retry) = reason(&get(&l, "/", "10.0.0.5", None)).expect("rejected");
+    assert_eq!((why, rule.as_str()), (RejectReason::RateLimited, "per-ip"));
+    assert!(retry.is_some_and(|r| r <= Duration::from_secs(60)));
+    // the clients with keys of their own are not affected
+    assert_eq!(get(&l, "/", "10.0.0.2", None).quotas[0].remaining, 0);
+}
+
+/// `key_overflow = "allow"`: a full rule lets new clients pass uncounted and reports no quota
+/// for them, in the one-rule path and beside another rule that does count them.
+#[test]
+fn a_full_rule_lets_new_clients_pass_uncounted_when_allowed() {
+    let (l, _) = limiter(&format!(
+        "max_keys_per_rule = 2\nkey_overflow = \"allow\"\n{PER_IP_MINUTE}"
+    ));
+    get(&l, "/", "10.0.0.1", None);
+    get(&l, "/", "10.0.0.2", None);
+    for _ in 0..5 {
+        let v = get(&l, "/", "10.0.0.3", None);
+        assert_eq!(v.outcome, Outcome::Admitted);
+        assert!(v.quotas.is_empty(), "{v:?}");
+    }
+    let both = format!(
+        "max_keys_per_rule = 2\nkey_overflow = \"allow\"\nclient_id_header = \"x-client\"\n{PER_IP_MINUTE}[[rules]]\nname = \"per-client\"\nperiod = \"1h\"\nlimit = 100\nkey = \"client\"\n"
+    );
+    let (l, _) = limiter(&both);
+    get(&l, "/", "10.0.0.1", Some("c"));
+    get(&l, "/", "10.0.0.2", Some("c"));
+    let v = get(&l, "/", "10.0.0.3", Some("c"));
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(v.quotas.len(), 1, "{v:?}");
+    assert_eq!(&*v.quotas[0].policy, "per-client");
+    assert_eq!(v.quotas[0].remaining, 97);
+}
+
+/// A client refused because a rule is full did nothing to deserve a ban; a reload that changes
+/// the cap starts the counts afresh, one that keeps it keeps them.
+#[test]
+fn a_full_rule_bans_no_one_and_a_new_cap_starts_afresh() {
+    let config = format!("max_keys_per_rule = 1\n{PER_IP_MINUTE}[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n");
+    let (l, clock) = limiter(&config);
+    get(&l, "/", "10.0.0.1", None);
+    for _ in 0..3 {
+        assert_eq!(
+            reason(&get(&l, "/", "10.0.0.2", None)).map(|r| r.0),
+            Some(RejectReason::TooManyKeys)
+        );
+    }
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        get(&l, "/", "10.0.0.2", None).outcome,
+        Outcome::Admitted,
+        "not banned"
+    );
+
+    // (A rate-limit rejection would ban at once here: the reloads use no bans.)
+    let config = format!("max_keys_per_rule = 1\n{PER_IP_MINUTE}");
+    let (l, _) = limiter(&config);
+    get(&l, "/", "10.0.0.2", None);
+    get(&l, "/", "10.0.0.2", None);
+    l.reload(HttpConfig::from_toml_str(&config).unwrap())
+        .unwrap();
+    assert_eq!(
+        reason(&get(&l, "/", "10.0.0.2", None)).map(|r| r.0),
+        Some(RejectReason::RateLimited),
+        "the same cap keeps the counts"
+    );
+    l.reload(
+        HttpConfig::from_toml_str(
+            &config.replace("max_keys_per_rule = 1\n", "max_keys_per_rule = 5\n"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let v = get(&l, "/", "10.0.0.2", None);
+    assert_eq!(v.outcome, Outcome::Admitted, "a new cap starts afresh");
+    assert_eq!(v.quotas[0].remaining, 1);
+    let v = get(&l, "/", "10.0.0.3", None);
+    assert_eq!(v.outcome, Outcome::Admitted, "with room for more clients");
+}
+
 fn err(toml: &str) -> String {
     match HttpConfig::from_toml_str(toml) {
         Err(e) => e.to_string(),
@@ -404,6 +530,7 @@ fn validation_errors_name_the_field() {
         ("[whitelist]\nips = [\"ok\"]\n".to_owned(), "whitelist.ips[0]:"),
         ("[bans]\nafter = 0\n".to_owned(), "bans.after:"),
         ("[backend]\nkind = \"etcd\"\n".to_owned(), "backend.kind: \"etcd\" is not a backend"),
+        (format!("max_keys_per_rule = 0\n{ok}"), "max_keys_per_rule: must be at least 1"),
         ("[[client_rules]]\nclient_id = \"c\"\n[[client_rules.rules]]\nperiod = \"1s\"\nlimit = 1\nalgorithm = \"sliding_window\"\n[[client_rules.rules]]\nperiod = \"2s\"\nlimit = 20000000\nalgorithm = \"sliding_window\"\n".to_owned(), "client_rules[0].rules[1].limit:"),
     ];
     for (doc, expected) in cases {
@@ -416,6 +543,12 @@ fn validation_errors_name_the_field() {
     // parse errors name the key
     assert!(err("[[rules]]\nperiod = \"1s\"\nlimit = \"many\"\n").contains("limit"));
     assert!(err("unknown_field = 1\n").contains("unknown_field"));
+    let overflow = err("key_overflow = \"drop\"\n");
+    assert!(
+        overflow.contains("key_overflow")
+            && overflow.contains("expected one of `reject`, `shared`, `allow`"),
+        "{overflow}"
+    );
     let yaml = HttpConfig::from_yaml_str("rules:\n  - period: 1s\n    limt: 3\n")
         .unwrap_err()
         .to_string();
@@ -737,6 +870,28 @@ mod metrics_counters {
         assert_eq!(n("turnstile_http_rejected{per-ip}"), 1);
         assert_eq!(n("turnstile_http_banned{per-ip}"), 1);
         assert_eq!(n("turnstile_http_rejected{ban}"), 1);
+    }
+
+    /// Every request of a client a full rule has no room for is counted, whatever
+    /// `key_overflow` does with it.
+    #[test]
+    fn key_overflow_is_counted_by_rule() {
+        for (policy, rejected) in [("reject", 2), ("shared", 1), ("allow", 0)] {
+            let tally = Tally::default();
+            let counts = tally.0.clone();
+            let (l, _) = limiter(&format!(
+                "max_keys_per_rule = 1\nkey_overflow = \"{policy}\"\n[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n"
+            ));
+            metrics::with_local_recorder(&tally, || {
+                get(&l, "/", "10.0.0.1", None);
+                get(&l, "/", "10.0.0.2", None);
+                get(&l, "/", "10.0.0.3", None);
+            });
+            let counts = counts.lock().unwrap();
+            let n = |k: &str| counts.get(k).copied().unwrap_or(0);
+            assert_eq!(n("turnstile_http_key_overflow{per-ip}"), 2, "{policy}");
+            assert_eq!(n("turnstile_http_rejected{per-ip}"), rejected, "{policy}");
+        }
     }
 }
 

@@ -45,6 +45,15 @@ pub struct HttpConfig {
     /// Whether rules with an endpoint other than `*` apply (true by default). When false, only
     /// `*` rules apply, as in AspNetCoreRateLimit.
     pub endpoint_rate_limiting: bool,
+    /// The most clients (keys) each rule counts in memory: 1,048,576 by default, at about 115
+    /// bytes each (BENCHMARKS.md), so a full rule holds about 120 MB. A key is evicted once it
+    /// is idle (its counts back to a fresh client's), to make room for a new one; a rule full of
+    /// active keys answers a new client as `key_overflow` says. Rules counted in Redis keep
+    /// their keys there and are not bounded by it. Changing it (or `key_overflow`) in a reload
+    /// starts every rule's counts afresh.
+    pub max_keys_per_rule: usize,
+    /// What a new client gets from a rule that already counts `max_keys_per_rule` active keys.
+    pub key_overflow: KeyOverflowPolicy,
     /// The general rules, for every client.
     pub rules: Vec<RuleConfig>,
     /// Rules for clients whose IP is in a range; they take precedence over general rules of the
@@ -71,6 +80,8 @@ impl Default for HttpConfig {
             response: ResponseConfig::default(),
             missing_key: MissingKey::default(),
             endpoint_rate_limiting: true,
+            max_keys_per_rule: crate::DEFAULT_MAX_KEYS,
+            key_overflow: KeyOverflowPolicy::default(),
             rules: Vec::new(),
             ip_rules: Vec::new(),
             client_rules: Vec::new(),
@@ -97,6 +108,44 @@ pub enum MissingKey {
     #[default]
     Reject,
     /// Skip the rule.
+    Allow,
+}
+
+/// What a new client gets from a rule that already counts
+/// [`max_keys_per_rule`](HttpConfig::max_keys_per_rule) clients in memory, none of them idle.
+///
+/// Keys already counted are never affected; idle keys are evicted first, so this applies only
+/// while that many distinct clients are active within the rule's period at once (a flood of
+/// spoofed or many-prefix IPv6 clients, or a long period on a large site).
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::http::{HttpConfig, KeyOverflowPolicy};
+///
+/// assert_eq!(KeyOverflowPolicy::default(), KeyOverflowPolicy::Reject);
+/// let config = HttpConfig::from_toml_str("max_keys_per_rule = 100000\nkey_overflow = \"shared\"\n")?;
+/// assert_eq!(config.key_overflow, KeyOverflowPolicy::Shared);
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum KeyOverflowPolicy {
+    /// Reject the request with [`RejectReason::TooManyKeys`](crate::http::RejectReason::TooManyKeys)
+    /// (the configured status, 429 by default, with no `Retry-After`; gRPC
+    /// `RESOURCE_EXHAUSTED`). Memory stays bounded and no client goes uncounted; new clients
+    /// are refused while the rule is full. Such rejections do not count towards a ban.
+    #[default]
+    Reject,
+    /// Count every new client the rule has no room for on one shared counter, with the rule's
+    /// limit: they are admitted, together, at the rule's rate. Memory stays bounded; new
+    /// clients are limited more strictly than alone while the rule is full.
+    Shared,
+    /// Let the request pass this rule uncounted (its other rules still apply). Memory stays
+    /// bounded and no new client is refused for it, but while the rule is full its limit does
+    /// not hold for new clients: a client able to keep that many keys active (many IPv6
+    /// prefixes, say) escapes it.
     Allow,
 }
 
@@ -707,6 +756,29 @@ impl HttpConfig {
     /// ```
     pub fn client_id_header(mut self, name: impl Into<String>) -> Self {
         self.client_id_header = Some(name.into());
+        self
+    }
+
+    /// Sets the most clients each rule counts in memory, and what a new client gets from a rule
+    /// that is full ([`max_keys_per_rule`](Self::max_keys_per_rule),
+    /// [`key_overflow`](Self::key_overflow)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::{HttpConfig, HttpLimiter, KeyOverflowPolicy, RuleConfig};
+    ///
+    /// let config = HttpConfig::default()
+    ///     .rule(RuleConfig::new(Duration::from_secs(24 * 3600), 10_000).name("daily"))
+    ///     .max_keys(4_000_000, KeyOverflowPolicy::Shared);
+    /// assert_eq!(config.max_keys_per_rule, 4_000_000);
+    /// let limiter = HttpLimiter::new(config)?;
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn max_keys(mut self, per_rule: usize, overflow: KeyOverflowPolicy) -> Self {
+        self.max_keys_per_rule = per_rule;
+        self.key_overflow = overflow;
         self
     }
 

@@ -30,6 +30,11 @@
 //!    exact for every algorithm but the exact sliding window, whose refund frees the slot only
 //!    when no later admission was recorded). A rejected request is thus not charged against the
 //!    other rules. The rejection names the rule and carries its exact `retry_after`.
+//!    A rule counts at most `max_keys_per_rule` clients in memory, evicting idle ones to make
+//!    room; a new client meeting a rule full of active ones is rejected with
+//!    [`RejectReason::TooManyKeys`] (`key_overflow = "reject"`), counted with the others the rule
+//!    has no room for on one shared counter (`"shared"`), or passes the rule uncounted
+//!    (`"allow"`).
 //! 6. **Monitor rules** are charged only for requests the enforced rules admit; a would-be
 //!    rejection is logged (debug) and counted (`turnstile_http_shadow_rejected`), never enforced,
 //!    and reported in no header.
@@ -54,7 +59,8 @@
 //! through the `metrics` facade, labelled `rule`: `turnstile_http_admitted` (once per enforced
 //! rule that admitted a request), `turnstile_http_rejected` (rule, `"blocklist"` or `"ban"`),
 //! `turnstile_http_banned` (the rule whose rejection started the ban) and
-//! `turnstile_http_shadow_rejected`; with the Redis backend, `turnstile_http_backend_fallbacks`
+//! `turnstile_http_shadow_rejected`, `turnstile_http_key_overflow` (a request of a client the
+//! rule had no room for, whatever `key_overflow` did with it); with the Redis backend, `turnstile_http_backend_fallbacks`
 //! (one per decision the failure policy made instead of Redis: fail-open, fail-closed or the
 //! local fallback; one per enforced rule of the request, and one per monitor rule), with a
 //! `tracing` warn each.
@@ -81,7 +87,7 @@
 //! rules find them again; a reload may change the prefix (new keys), failure policy and deadline,
 //! not the URL nor `cluster`.
 
-use crate::http::config::{HttpConfig, MissingKey, RuleKey};
+use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
 use crate::http::rules::{parse_header, BanKey, Bans, Compiler, CounterKey, Rule, RuleSet};
 use crate::http::{
     Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, RateLimitLayer,
@@ -810,12 +816,16 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     for (index, (rule, limiter, key)) in plan.iter().enumerate() {
         match limiter.chain_decide::<true>(key, 1) {
             (Ok(admission), overflow) => {
+                count_shared_overflow(rule, overflow);
                 quotas.push(rule.quota(u64::from(admission.remaining()), admission.reset_after()));
                 if index + 1 < plan.len() {
                     charged.push((limiter, key, admission, overflow));
                 }
             }
-            (Err(error), _) => {
+            // Not charged, nothing to refund: the rule does not count this client.
+            (Err(error), _) if passes_full_rule(set, rule, key, &error) => {}
+            (Err(error), overflow) => {
+                count_shared_overflow(rule, overflow);
                 for (l, k, a, o) in charged.drain(..) {
                     l.chain_refund(k, 1, &a, o);
                 }
@@ -851,7 +861,13 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         };
         let would_reject = match &rule.limiter {
             None => true,
-            Some(l) => l.try_acquire(&key).is_err(),
+            Some(l) => match l.try_acquire(&key) {
+                Ok(_) => false,
+                Err(TryAcquireError::TooManyKeys { .. }) => {
+                    set.key_overflow != KeyOverflowPolicy::Allow
+                }
+                Err(_) => true,
+            },
         };
         if would_reject {
             tracing::debug!(rule = %rule.name, key = ?key, "monitor rule would reject");
@@ -907,7 +923,10 @@ fn rejected_by<C: Clock>(
 ) -> (RejectReason, Option<Duration>) {
     tracing::debug!(rule = %rule.name, key = ?key, error = %error, "request rejected");
     count!("turnstile_http_rejected", rule.name);
-    if let Some((bans, bkey)) = ban {
+    let rate_limited = matches!(error, TryAcquireError::Rejected(_));
+    // Only rate-limit rejections count towards a ban: a client refused because the rule is
+    // full of other clients did nothing to deserve one.
+    if let (Some((bans, bkey)), true) = (ban, rate_limited) {
         if let Ok(a) = bans.rejections.try_acquire(bkey) {
             if a.remaining() == 0 && bans.banned.try_acquire(bkey).is_ok() {
                 tracing::info!(client = ?bkey, duration = %bans.config.duration, "client banned");
@@ -917,7 +936,35 @@ fn rejected_by<C: Clock>(
     }
     match error {
         TryAcquireError::Rejected(r) => (RejectReason::RateLimited, Some(r.retry_after())),
+        TryAcquireError::TooManyKeys { .. } => (RejectReason::TooManyKeys, None),
         _ => (RejectReason::Unavailable, None),
+    }
+}
+
+/// Whether `rule`'s answer `error` is its limiter being full of other clients with
+/// `key_overflow = "allow"`: the request then passes the rule uncounted. Counts the overflow
+/// (`Reject` rejects after this; `Shared` never gets here, its decisions are counted by
+/// [`count_shared_overflow`]).
+fn passes_full_rule<C: Clock>(
+    set: &RuleSet<C>,
+    rule: &Rule<C>,
+    key: &CounterKey,
+    error: &TryAcquireError,
+) -> bool {
+    if !matches!(error, TryAcquireError::TooManyKeys { .. }) {
+        return false;
+    }
+    count!("turnstile_http_key_overflow", rule.name);
+    let allow = set.key_overflow == KeyOverflowPolicy::Allow;
+    tracing::debug!(rule = %rule.name, key = ?key, allow, "rule full: a new client is not counted");
+    allow
+}
+
+/// Counts a decision, admission or rejection, the shared overflow counter made
+/// (`key_overflow = "shared"`).
+fn count_shared_overflow<C: Clock>(rule: &Rule<C>, overflow: bool) {
+    if overflow {
+        count!("turnstile_http_key_overflow", rule.name);
     }
 }
 
@@ -940,14 +987,20 @@ fn decide_one<C: Clock>(
         Err(verdict) => return verdict,
     };
     match limiter.chain_decide::<true>(&key, 1) {
-        (Ok(admission), _) => {
+        (Ok(admission), overflow) => {
             count!("turnstile_http_admitted", rule.name);
+            count_shared_overflow(rule, overflow);
             Verdict {
                 outcome: Outcome::Admitted,
                 quotas: vec![rule.quota(u64::from(admission.remaining()), admission.reset_after())],
             }
         }
-        (Err(error), _) => {
+        (Err(error), _) if passes_full_rule(set, rule, &key, &error) => Verdict {
+            outcome: Outcome::Admitted,
+            quotas: Vec::new(),
+        },
+        (Err(error), overflow) => {
+            count_shared_overflow(rule, overflow);
             let (reason, retry_after) = rejected_by(rule, &key, &error, ban);
             Verdict {
                 outcome: Outcome::Rejected {

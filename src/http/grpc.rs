@@ -29,7 +29,7 @@ const UNAVAILABLE: u16 = 14;
 /// The gRPC status code of a rejection for `reason`.
 fn grpc_code(reason: RejectReason) -> u16 {
     match reason {
-        RejectReason::RateLimited => RESOURCE_EXHAUSTED,
+        RejectReason::RateLimited | RejectReason::TooManyKeys => RESOURCE_EXHAUSTED,
         RejectReason::Blocked | RejectReason::Banned => PERMISSION_DENIED,
         RejectReason::NoKey => INVALID_ARGUMENT,
         RejectReason::Unavailable => UNAVAILABLE,
@@ -124,7 +124,8 @@ fn push_percent_encoded(out: &mut String, message: &str) {
 /// The gRPC rejection of a rejected request: a "trailers-only" response (HTTP 200,
 /// `content-type: application/grpc`, an empty body) whose headers carry
 ///
-/// - `grpc-status`: 8 `RESOURCE_EXHAUSTED` for [`RejectReason::RateLimited`]; 7
+/// - `grpc-status`: 8 `RESOURCE_EXHAUSTED` for [`RejectReason::RateLimited`] and
+///   [`RejectReason::TooManyKeys`]; 7
 ///   `PERMISSION_DENIED` for [`RejectReason::Blocked`] and [`RejectReason::Banned`] (the client
 ///   is refused as such, not for the count of this request, so retrying soon will not help);
 ///   3 `INVALID_ARGUMENT` for [`RejectReason::NoKey`] (the HTTP answer is 400); 14
@@ -248,6 +249,7 @@ mod tests {
             (RejectReason::Banned, "7"),
             (RejectReason::NoKey, "3"),
             (RejectReason::Unavailable, "14"),
+            (RejectReason::TooManyKeys, "8"),
         ] {
             let response = grpc_rejection_response(&rejected(reason, None), &config).unwrap();
             assert_eq!(response.status(), 200, "{reason}");

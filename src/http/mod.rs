@@ -136,6 +136,10 @@ pub enum RejectReason {
     NoKey,
     /// The counting backend failed and its failure policy is to reject.
     Unavailable,
+    /// The rule already counts as many clients as it may hold in memory
+    /// ([`HttpConfig::max_keys_per_rule`]), none of them idle, and
+    /// [`HttpConfig::key_overflow`] is [`KeyOverflowPolicy::Reject`].
+    TooManyKeys,
 }
 
 impl RejectReason {
@@ -156,6 +160,7 @@ impl RejectReason {
             RejectReason::Banned => "banned",
             RejectReason::NoKey => "client key unknown",
             RejectReason::Unavailable => "rate-limit backend unavailable",
+            RejectReason::TooManyKeys => "too many clients to count",
         }
     }
 }
@@ -354,7 +359,8 @@ pub use client_ip::{client_ip, ClientIpConfig, ForwardedHeader};
 pub use concurrency::{ConcurrencyFuture, ConcurrencyLayer, ConcurrencyService};
 pub use config::{
     BackendConfig, BanConfig, BlocklistConfig, ClientRulesConfig, HttpConfig, HttpConfigError,
-    IpRulesConfig, MissingKey, RuleAlgorithm, RuleConfig, RuleKey, WhitelistConfig,
+    IpRulesConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
+    WhitelistConfig,
 };
 pub use engine::HttpLimiter;
 pub use grpc::grpc_rejection_response;

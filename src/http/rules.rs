@@ -1,13 +1,15 @@
 //! Compiling an [`HttpConfig`] into matchers and limiters, with the semantic checks whose
 //! errors name the field.
 
-use crate::http::config::{BanConfig, HttpConfig, MissingKey, RuleAlgorithm, RuleConfig, RuleKey};
+use crate::http::config::{
+    BanConfig, HttpConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
+};
 use crate::http::HttpConfigError;
 use crate::{Algorithm, Clock, KeyOverflow, KeyedLimiter, Rate};
 use compact_str::CompactString;
 use ipnet::IpNet;
 use regex::Regex;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -240,6 +242,9 @@ pub(crate) struct RuleSet<C: Clock> {
     pub(crate) block_clients: HashSet<String>,
     pub(crate) bans: Option<Arc<Bans<C>>>,
     pub(crate) missing_key: MissingKey,
+    /// What a new client gets from a rule whose limiter is full (`Allow` is the engine's to
+    /// apply: the limiters themselves answer `TooManyKeys` for it, as for `Reject`).
+    pub(crate) key_overflow: KeyOverflowPolicy,
     pub(crate) endpoint_rate_limiting: bool,
     /// Whether any rule is a monitor (shadow) rule: when none is, a request skips looking.
     pub(crate) has_monitors: bool,
@@ -355,6 +360,37 @@ fn algorithm(kind: RuleAlgorithm, limit: u32, period: Duration) -> Algorithm {
 /// A kept limiter, its new parameters, and the rule's name.
 type Pending<C> = (KeyedLimiter<CounterKey, C>, Algorithm, String);
 
+/// The key cap every rule's limiter is built with: `max_keys_per_rule`, and the limiter's own
+/// overflow policy for `key_overflow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KeyCap {
+    max: usize,
+    overflow: KeyOverflow,
+}
+
+impl KeyCap {
+    fn of(config: &HttpConfig) -> Result<Self, HttpConfigError> {
+        if config.max_keys_per_rule == 0 {
+            return Err(HttpConfigError::invalid(
+                "max_keys_per_rule",
+                "must be at least 1 (the most clients each rule counts in memory)",
+            ));
+        }
+        Ok(KeyCap {
+            max: config.max_keys_per_rule,
+            overflow: match config.key_overflow {
+                KeyOverflowPolicy::Shared => KeyOverflow::Shared,
+                _ => KeyOverflow::Reject,
+            },
+        })
+    }
+
+    /// Whether `limiter` was built with this cap (else a reload builds the rule afresh).
+    fn fits<C: Clock>(self, limiter: &KeyedLimiter<CounterKey, C>) -> bool {
+        limiter.max_keys() == self.max && limiter.overflow() == self.overflow
+    }
+}
+
 /// Compiles `config`, reusing (and reconfiguring) the limiters of `old` rules with the same
 /// identity.
 pub(crate) struct Compiler<'a, C: Clock + Clone> {
@@ -363,6 +399,8 @@ pub(crate) struct Compiler<'a, C: Clock + Clone> {
     old_bans: Option<Arc<Bans<C>>>,
     /// Reconfigurations of reused limiters, applied when compilation has succeeded.
     pending: RefCell<Vec<Pending<C>>>,
+    /// The key cap of the configuration being compiled.
+    cap: Cell<KeyCap>,
 }
 
 impl<'a, C: Clock + Clone> Compiler<'a, C> {
@@ -382,6 +420,10 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             old: map,
             old_bans,
             pending: RefCell::new(Vec::new()),
+            cap: Cell::new(KeyCap {
+                max: crate::DEFAULT_MAX_KEYS,
+                overflow: KeyOverflow::Reject,
+            }),
         }
     }
 
@@ -427,9 +469,10 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 format!("{e} (limit {}, period {:?})", r.limit, r.period),
             )
         };
+        let cap = self.cap.get();
         let limiter = if limit == 0 {
             None
-        } else if let Some(old) = self.old.get(&identity) {
+        } else if let Some(old) = self.old.get(&identity).filter(|old| cap.fits(old)) {
             let grows_ring = matches!(
                 (old.algorithm(), algo),
                 (Algorithm::SlidingWindow { limit: from, .. }, Algorithm::SlidingWindow { limit: to, .. }) if to > from
@@ -438,18 +481,18 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 Some(old.clone())
             } else if grows_ring {
                 // The exact sliding window's ring cannot grow in place: a fresh limiter.
-                Some(build(algo, self.clock).map_err(field_err)?)
+                Some(build(algo, self.clock, cap).map_err(field_err)?)
             } else {
                 // Validate the new parameters now; change the live limiter only once the whole
                 // configuration has compiled, so that a failed reload changes nothing.
-                build(algo, self.clock).map_err(field_err)?;
+                build(algo, self.clock, cap).map_err(field_err)?;
                 self.pending
                     .borrow_mut()
                     .push((old.clone(), algo, name.clone()));
                 Some(old.clone())
             }
         } else {
-            Some(build(algo, self.clock).map_err(field_err)?)
+            Some(build(algo, self.clock, cap).map_err(field_err)?)
         };
         Ok(Rule {
             name: name.into(),
@@ -561,6 +604,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
 
     pub(crate) fn compile(&self, config: &HttpConfig) -> Result<RuleSet<C>, HttpConfigError> {
         Self::precheck(config)?;
+        self.cap.set(KeyCap::of(config)?);
         let ipset = |list: &[String], field: &str| -> Result<IpSet, HttpConfigError> {
             list.iter()
                 .enumerate()
@@ -649,6 +693,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             block_clients: config.blocklist.clients.iter().cloned().collect(),
             bans,
             missing_key: config.missing_key,
+            key_overflow: config.key_overflow,
             endpoint_rate_limiting: config.endpoint_rate_limiting,
             client_id_max_len: config.client_id_max_len,
         };
@@ -710,8 +755,13 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
 fn build<C: Clock + Clone>(
     algo: Algorithm,
     clock: &C,
+    cap: KeyCap,
 ) -> Result<KeyedLimiter<CounterKey, C>, crate::ConfigError> {
-    KeyedLimiter::builder(algo).clock(clock.clone()).build()
+    KeyedLimiter::builder(algo)
+        .clock(clock.clone())
+        .max_keys(cap.max)
+        .overflow(cap.overflow)
+        .build()
 }
 
 pub(crate) fn parse_header(h: &str) -> Result<http::HeaderName, HttpConfigError> {
