@@ -565,7 +565,11 @@ fn http_footprint(key: &str, n: u64) -> Footprint {
                     client_ip: Some(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i as u32))),
                     client_id: Some(&id),
                 });
-                assert_eq!(verdict.outcome, Outcome::Admitted, "the first request of a client");
+                assert_eq!(
+                    verdict.outcome,
+                    Outcome::Admitted,
+                    "the first request of a client"
+                );
             }
             limiter
         },

@@ -45,12 +45,13 @@ pub struct HttpConfig {
     /// Whether rules with an endpoint other than `*` apply (true by default). When false, only
     /// `*` rules apply, as in AspNetCoreRateLimit.
     pub endpoint_rate_limiting: bool,
-    /// The most clients (keys) each rule counts in memory: 1,048,576 by default, at about 115
-    /// bytes each (BENCHMARKS.md), so a full rule holds about 120 MB. A key is evicted once it
-    /// is idle (its counts back to a fresh client's), to make room for a new one; a rule full of
-    /// active keys answers a new client as `key_overflow` says. Rules counted in Redis keep
-    /// their keys there and are not bounded by it. Changing it (or `key_overflow`) in a reload
-    /// starts every rule's counts afresh.
+    /// The most clients (keys) each rule counts in memory: 1,048,576 by default, at about 67
+    /// bytes each (BENCHMARKS.md; a key of several parts longer than 24 bytes adds its text),
+    /// so a full rule holds about 70 MB. A key is evicted once it is idle (its counts back to a
+    /// fresh client's), to make room for a new one; a rule full of active keys answers a new
+    /// client as `key_overflow` says. Rules counted in Redis keep their keys there and are not
+    /// bounded by it. Changing it (or `key_overflow`) in a reload starts every rule's counts
+    /// afresh.
     pub max_keys_per_rule: usize,
     /// What a new client gets from a rule that already counts `max_keys_per_rule` active keys.
     pub key_overflow: KeyOverflowPolicy,

@@ -646,26 +646,17 @@ pub(crate) fn select<'a, C: Clock + 'a>(
 fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<CounterKey> {
     let ip = request.client_ip;
     let client = request.client_id;
-    // The client id is copied into the key only when the rule counts by it.
+    // Only the parts the rule counts by go into the key.
     let (ip, client) = match rule.key {
+        RuleKey::Ip if !rule.per_endpoint => return Some(CounterKey::Ip(ip?)),
         RuleKey::Ip => (Some(ip?), None),
-        RuleKey::Client => (None, Some(CompactString::from(client?))),
-        RuleKey::IpAndClient => (Some(ip?), Some(CompactString::from(client?))),
+        RuleKey::Client => (None, Some(client?)),
+        RuleKey::IpAndClient => (Some(ip?), Some(client?)),
     };
-    let endpoint = rule.per_endpoint.then(|| {
-        let method = request.method.as_str();
-        let mut endpoint = CompactString::with_capacity(method.len() + 1 + request.path.len());
-        endpoint.push_str(method);
-        endpoint.push(':');
-        endpoint.push_str(request.path);
-        endpoint[method.len() + 1..].make_ascii_lowercase();
-        endpoint
-    });
-    Some(CounterKey {
-        ip,
-        client,
-        endpoint,
-    })
+    let endpoint = rule
+        .per_endpoint
+        .then(|| (request.method.as_str(), request.path));
+    Some(CounterKey::parts(ip, client, endpoint))
 }
 
 /// The quota of a rule that was not charged: the permits available now, and the reset a probe

@@ -334,19 +334,9 @@ pub(crate) fn attach<C: Clock>(
 }
 
 /// The Redis subject of a counter key: each part tagged and length-prefixed, so that two keys
-/// never share a subject.
+/// never share a subject (see [`CounterKey`]).
 fn subject(key: &CounterKey) -> String {
-    let mut s = String::new();
-    if let Some(ip) = key.ip {
-        let _ = write!(s, "i{ip};");
-    }
-    if let Some(client) = &key.client {
-        let _ = write!(s, "c{}:{client};", client.len());
-    }
-    if let Some(endpoint) = &key.endpoint {
-        let _ = write!(s, "e{}:{endpoint};", endpoint.len());
-    }
-    s
+    key.subject()
 }
 
 fn count_metric(name: &'static str, rule: &str) {

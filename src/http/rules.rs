@@ -15,14 +15,90 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What one rule counts by, for one request. Built for every request (the keyed limiter looks
-/// it up), so the strings are inline up to 24 bytes (a typical client id or `VERB:/path`):
-/// building one allocates nothing then.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct CounterKey {
-    pub(crate) ip: Option<IpAddr>,
-    pub(crate) client: Option<CompactString>,
-    pub(crate) endpoint: Option<CompactString>,
+/// What one rule counts a request under: the parts its `key` and `per_endpoint` name. Built for
+/// every request (the keyed limiter looks it up) and held once per client in the rule's map,
+/// so it is 24 bytes on 64-bit targets: the usual rule's lone IP address as it is, and every
+/// other combination as one string, inline up to 24 bytes (allocating nothing then), in the
+/// form the Redis backend names its keys by: `i{ip};c{len}:{client};e{len}:{VERB:/path};`, the
+/// parts the rule counts by, each tagged and the strings length-prefixed, so that two keys
+/// never share a text whatever a client id holds.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) enum CounterKey {
+    /// `key = "ip"` without `per_endpoint`.
+    Ip(IpAddr),
+    /// Any other rule's parts, as the Redis subject.
+    Parts(CompactString),
+}
+
+impl CounterKey {
+    /// The key of the rule parts `ip`, `client` and `endpoint` (`(method, path)`; the path is
+    /// lower-cased, the method kept), those present. For the lone IP address, use
+    /// [`CounterKey::Ip`].
+    pub(crate) fn parts(
+        ip: Option<IpAddr>,
+        client: Option<&str>,
+        endpoint: Option<(&str, &str)>,
+    ) -> Self {
+        // Pieces pushed rather than `write!`: this runs on every request of such a rule.
+        let mut digits = itoa::Buffer::new();
+        let mut text = CompactString::default();
+        match ip {
+            Some(IpAddr::V4(v4)) => {
+                text.push('i');
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        text.push('.');
+                    }
+                    text.push_str(digits.format(octet));
+                }
+                text.push(';');
+            }
+            Some(ip @ IpAddr::V6(_)) => {
+                use std::fmt::Write as _;
+                // Writing into a CompactString cannot fail.
+                let _ = write!(text, "i{ip};");
+            }
+            None => {}
+        }
+        if let Some(client) = client {
+            text.push('c');
+            text.push_str(digits.format(client.len()));
+            text.push(':');
+            text.push_str(client);
+            text.push(';');
+        }
+        if let Some((method, path)) = endpoint {
+            text.push('e');
+            text.push_str(digits.format(method.len() + 1 + path.len()));
+            text.push(':');
+            text.push_str(method);
+            text.push(':');
+            let start = text.len();
+            text.push_str(path);
+            text[start..].make_ascii_lowercase();
+            text.push(';');
+        }
+        CounterKey::Parts(text)
+    }
+
+    /// The key as the Redis backend names it (its subject).
+    #[cfg(feature = "redis")]
+    pub(crate) fn subject(&self) -> String {
+        match self {
+            CounterKey::Ip(ip) => format!("i{ip};"),
+            CounterKey::Parts(text) => text.to_string(),
+        }
+    }
+}
+
+/// As the Redis subject, which is readable: `i10.0.0.1;`, `c7:partner;e12:GET:/api/x;`.
+impl std::fmt::Debug for CounterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CounterKey::Ip(ip) => write!(f, "i{ip};"),
+            CounterKey::Parts(text) => f.write_str(text),
+        }
+    }
 }
 
 /// Who a ban applies to.
@@ -776,6 +852,52 @@ pub(crate) fn parse_header(h: &str) -> Result<http::HeaderName, HttpConfigError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A counter key is 24 bytes (a rule holds one per client), its text is the Redis subject,
+    /// and keys that differ in any part differ, whatever a client id holds.
+    #[test]
+    fn counter_keys_are_small_and_unambiguous() {
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!(std::mem::size_of::<CounterKey>(), 24);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let key = CounterKey::parts(Some(ip), Some("partner"), Some(("GET", "/API/Values")));
+        assert_eq!(
+            format!("{key:?}"),
+            "i10.0.0.1;c7:partner;e15:GET:/api/values;"
+        );
+        assert_eq!(format!("{:?}", CounterKey::Ip(ip)), "i10.0.0.1;");
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(
+            format!(
+                "{:?}",
+                CounterKey::parts(Some(v6), None, Some(("POST", "/")))
+            ),
+            "i2001:db8::1;e6:POST:/;"
+        );
+        let v4: IpAddr = "192.168.100.255".parse().unwrap();
+        assert_eq!(
+            format!("{:?}", CounterKey::parts(Some(v4), Some("c"), None)),
+            "i192.168.100.255;c1:c;"
+        );
+        let keys = [
+            CounterKey::Ip(ip),
+            CounterKey::parts(Some(ip), None, None),
+            CounterKey::parts(None, Some("a;e1:b"), None),
+            CounterKey::parts(None, Some("a"), Some(("b", ""))),
+            CounterKey::parts(None, None, Some(("GET", "/x"))),
+            CounterKey::parts(None, Some("GET:/x"), None),
+            CounterKey::parts(None, Some(""), None),
+            CounterKey::parts(None, None, None),
+        ];
+        let distinct: HashSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), keys.len(), "{keys:?}");
+        // Inline up to 24 bytes, then on the heap: equal either way.
+        let long = "a-client-id-well-over-twenty-four-bytes";
+        assert_eq!(
+            CounterKey::parts(None, Some(long), None),
+            CounterKey::parts(None, Some(long), None)
+        );
+    }
 
     #[test]
     fn glob_matches_case_insensitively_with_wildcards() {
