@@ -536,20 +536,20 @@ fn governor_footprint(n: u64) -> Footprint {
     )
 }
 
-/// An HTTP limiter (feature `http`) with one rule counting by `key` (`"ip"` or `"client"`), on
-/// a frozen clock, after one request from each of `n` clients (distinct IPv4 addresses, or
-/// client ids `client-{i}`, inline in the key up to 24 bytes): what a rule's keys cost, the
-/// rule's `CounterKey` included.
+/// An HTTP limiter (feature `http`) with one rule counting by `key` (`"ip"` or `"client"`), and
+/// with `per_endpoint` by endpoint too (`GET:/api/values`), on a frozen clock, after one
+/// request from each of `n` clients (distinct IPv4 addresses, or client ids `client-{i}`):
+/// what a rule's keys cost, the rule's `CounterKey` included.
 #[cfg(feature = "http")]
-fn http_footprint(key: &str, n: u64) -> Footprint {
+fn http_footprint(key: &str, per_endpoint: bool, n: u64) -> Footprint {
     use std::net::{IpAddr, Ipv4Addr};
     use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RequestInfo};
     footprint(
-        &format!("turnstile/http rule, key = {key:?}"),
+        &format!("turnstile/http rule, key = {key:?}, per_endpoint = {per_endpoint}"),
         n,
         || {
             let config = HttpConfig::from_toml_str(&format!(
-                "client_id_header = \"x-client\"\n[[rules]]\nname = \"r\"\nperiod = \"1h\"\nlimit = 10\nkey = \"{key}\"\n"
+                "client_id_header = \"x-client\"\n[[rules]]\nname = \"r\"\nperiod = \"1h\"\nlimit = 10\nkey = \"{key}\"\nper_endpoint = {per_endpoint}\n"
             ))
             .expect("valid bench configuration");
             let limiter =
@@ -561,7 +561,7 @@ fn http_footprint(key: &str, n: u64) -> Footprint {
                 let _ = write!(id, "client-{i}");
                 let verdict = limiter.decide(&RequestInfo {
                     method: &method,
-                    path: "/",
+                    path: "/api/values",
                     client_ip: Some(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i as u32))),
                     client_id: Some(&id),
                 });
@@ -587,8 +587,8 @@ fn memory() {
     }
     rows.push(governor_footprint(MEMORY_KEYS));
     #[cfg(feature = "http")]
-    for key in ["ip", "client"] {
-        rows.push(http_footprint(key, MEMORY_KEYS));
+    for (key, per_endpoint) in [("ip", false), ("client", false), ("ip", true)] {
+        rows.push(http_footprint(key, per_endpoint, MEMORY_KEYS));
     }
     // The fixed cost of a limiter, and its share at 1,000 keys.
     for n in [0, 1_000] {
