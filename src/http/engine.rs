@@ -58,12 +58,12 @@
 //! reloads; error when a watched file fails to load. With the feature `metrics`, counters
 //! through the `metrics` facade, labelled `rule`: `turnstile_http_admitted` (once per enforced
 //! rule that admitted a request), `turnstile_http_rejected` (rule, `"blocklist"` or `"ban"`),
-//! `turnstile_http_banned` (the rule whose rejection started the ban) and
-//! `turnstile_http_shadow_rejected`, `turnstile_http_key_overflow` (a request of a client the
-//! rule had no room for, whatever `key_overflow` did with it); with the Redis backend, `turnstile_http_backend_fallbacks`
-//! (one per decision the failure policy made instead of Redis: fail-open, fail-closed or the
-//! local fallback; one per enforced rule of the request, and one per monitor rule), with a
-//! `tracing` warn each.
+//! `turnstile_http_banned` (the rule whose rejection started the ban),
+//! `turnstile_http_shadow_rejected` and `turnstile_http_key_overflow` (a request of a client the
+//! rule had no room for, whatever `key_overflow` did with it); with the Redis backend,
+//! `turnstile_http_backend_fallbacks` (one per decision the failure policy made instead of
+//! Redis: fail-open, fail-closed or the local fallback; one per enforced rule of the request,
+//! and one per monitor rule), with a `tracing` warn each.
 //!
 //! # Counting in Redis
 //!

@@ -82,7 +82,7 @@ impl CounterKey {
     }
 }
 
-/// As the Redis subject, which is readable: `i10.0.0.1;`, `c7:partner;e12:GET:/api/x;`.
+/// As the Redis subject, which is readable: `i10.0.0.1;`, `c7:partner;e10:GET:/api/x;`.
 impl std::fmt::Debug for CounterKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
