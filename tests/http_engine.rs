@@ -733,6 +733,8 @@ fn file_loading_by_extension() {
 const VALID: &str = r#"
 client_id_header = "X-ClientId"
 missing_key = "allow"
+max_keys_per_rule = 2
+key_overflow = "allow"
 [[rules]]
 name = "per-ip"
 endpoint = "*:/api/*"
@@ -764,7 +766,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_valid_documents_never_panic(pos in 0usize..400, insert in "[\\PC]{0,8}", cut in 0usize..8) {
+    fn mutated_valid_documents_never_panic(pos in 0usize..450, insert in "[\\PC]{0,8}", cut in 0usize..8) {
         let mut doc = VALID.to_owned();
         let mut at = pos.min(doc.len());
         while !doc.is_char_boundary(at) { at -= 1; }
