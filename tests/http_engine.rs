@@ -458,6 +458,19 @@ fn a_full_rule_lets_new_clients_pass_uncounted_when_allowed() {
     assert_eq!(v.quotas.len(), 1, "{v:?}");
     assert_eq!(&*v.quotas[0].policy, "per-client");
     assert_eq!(v.quotas[0].remaining, 97);
+    // Rejected by the rule that counts it, the request reports that rule's quota only.
+    let tight = both.replace("limit = 100", "limit = 3");
+    let (l, _) = limiter(&tight);
+    get(&l, "/", "10.0.0.1", Some("c"));
+    get(&l, "/", "10.0.0.2", Some("c"));
+    get(&l, "/", "10.0.0.3", Some("c"));
+    let v = get(&l, "/", "10.0.0.3", Some("c"));
+    assert_eq!(
+        reason(&v).map(|r| (r.0, r.1)),
+        Some((RejectReason::RateLimited, "per-client".to_owned()))
+    );
+    assert_eq!(v.quotas.len(), 1, "{v:?}");
+    assert_eq!(&*v.quotas[0].policy, "per-client");
 }
 
 /// A client refused because a rule is full did nothing to deserve a ban; a reload that changes

@@ -804,6 +804,9 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     // The admissions to refund if a later rule rejects: the last rule's never is.
     let mut charged: SmallVec<[_; 3]> = SmallVec::new();
     let mut quotas = Vec::with_capacity(plan.len());
+    // The rules a full limiter let this request pass uncounted (`key_overflow = "allow"`):
+    // they report no quota, admitted or rejected.
+    let mut uncounted: SmallVec<[usize; 2]> = SmallVec::new();
     for (index, (rule, limiter, key)) in plan.iter().enumerate() {
         match limiter.chain_decide::<true>(key, 1) {
             (Ok(admission), overflow) => {
@@ -814,7 +817,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                 }
             }
             // Not charged, nothing to refund: the rule does not count this client.
-            (Err(error), _) if passes_full_rule(set, rule, key, &error) => {}
+            (Err(error), _) if passes_full_rule(set, rule, key, &error) => uncounted.push(index),
             (Err(error), overflow) => {
                 count_shared_overflow(rule, overflow);
                 for (l, k, a, o) in charged.drain(..) {
@@ -829,7 +832,9 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                     },
                     quotas: plan
                         .iter()
-                        .map(|(other, other_limiter, other_key)| {
+                        .enumerate()
+                        .filter(|(other, _)| !uncounted.contains(other))
+                        .map(|(_, (other, other_limiter, other_key))| {
                             if Arc::ptr_eq(other, rule) {
                                 rule.quota(0, retry_after.unwrap_or(rule.period))
                             } else {
