@@ -808,18 +808,18 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     // they report no quota, admitted or rejected.
     let mut uncounted: SmallVec<[usize; 2]> = SmallVec::new();
     for (index, (rule, limiter, key)) in plan.iter().enumerate() {
-        match limiter.chain_decide::<true>(key, 1) {
-            (Ok(admission), overflow) => {
-                count_shared_overflow(rule, overflow);
+        let (decided, overflow) = limiter.chain_decide::<true>(key, 1);
+        count_shared_overflow(rule, overflow);
+        match decided {
+            Ok(admission) => {
                 quotas.push(rule.quota(u64::from(admission.remaining()), admission.reset_after()));
                 if index + 1 < plan.len() {
                     charged.push((limiter, key, admission, overflow));
                 }
             }
             // Not charged, nothing to refund: the rule does not count this client.
-            (Err(error), _) if passes_full_rule(set, rule, key, &error) => uncounted.push(index),
-            (Err(error), overflow) => {
-                count_shared_overflow(rule, overflow);
+            Err(error) if passes_full_rule(set, rule, key, &error) => uncounted.push(index),
+            Err(error) => {
                 for (l, k, a, o) in charged.drain(..) {
                     l.chain_refund(k, 1, &a, o);
                 }
@@ -922,13 +922,8 @@ fn rejected_by<C: Clock>(
     let rate_limited = matches!(error, TryAcquireError::Rejected(_));
     // Only rate-limit rejections count towards a ban: a client refused because the rule is
     // full of other clients did nothing to deserve one.
-    if let (Some((bans, bkey)), true) = (ban, rate_limited) {
-        if let Ok(a) = bans.rejections.try_acquire(bkey) {
-            if a.remaining() == 0 && bans.banned.try_acquire(bkey).is_ok() {
-                tracing::info!(client = ?bkey, duration = %bans.config.duration, "client banned");
-                count!("turnstile_http_banned", rule.name);
-            }
-        }
+    if let (Some((bans, client)), true) = (ban, rate_limited) {
+        bans.count_rejection(client, &rule.name);
     }
     match error {
         TryAcquireError::Rejected(r) => (RejectReason::RateLimited, Some(r.retry_after())),
@@ -982,21 +977,21 @@ fn decide_one<C: Clock>(
         }
         Err(verdict) => return verdict,
     };
-    match limiter.chain_decide::<true>(&key, 1) {
-        (Ok(admission), overflow) => {
+    let (decided, overflow) = limiter.chain_decide::<true>(&key, 1);
+    count_shared_overflow(rule, overflow);
+    match decided {
+        Ok(admission) => {
             count!("turnstile_http_admitted", rule.name);
-            count_shared_overflow(rule, overflow);
             Verdict {
                 outcome: Outcome::Admitted,
                 quotas: vec![rule.quota(u64::from(admission.remaining()), admission.reset_after())],
             }
         }
-        (Err(error), _) if passes_full_rule(set, rule, &key, &error) => Verdict {
+        Err(error) if passes_full_rule(set, rule, &key, &error) => Verdict {
             outcome: Outcome::Admitted,
             quotas: Vec::new(),
         },
-        (Err(error), overflow) => {
-            count_shared_overflow(rule, overflow);
+        Err(error) => {
             let (reason, retry_after) = rejected_by(rule, &key, &error, ban);
             Verdict {
                 outcome: Outcome::Rejected {

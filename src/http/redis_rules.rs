@@ -333,12 +333,6 @@ pub(crate) fn attach<C: Clock>(
     Ok(())
 }
 
-/// The Redis subject of a counter key: each part tagged and length-prefixed, so that two keys
-/// never share a subject (see [`CounterKey`]).
-fn subject(key: &CounterKey) -> String {
-    key.subject()
-}
-
 fn count_metric(name: &'static str, rule: &str) {
     #[cfg(feature = "metrics")]
     metrics::counter!(name, "rule" => rule.to_owned()).increment(1);
@@ -385,7 +379,7 @@ pub(crate) fn count<C: Clock>(
     Check::Pending(Box::pin(async move {
         let steps: Vec<(&Step<C>, &Remote, String)> = plan
             .iter()
-            .filter_map(|s| Some((s, s.rule.remote.as_ref()?, subject(&s.key))))
+            .filter_map(|s| Some((s, s.rule.remote.as_ref()?, s.key.subject())))
             .collect();
         let quotas = if steps.len() > 1 {
             match count_all(&steps, &ban).await {
@@ -408,7 +402,7 @@ pub(crate) fn count<C: Clock>(
             let Some(limiter) = &step.rule.remote else {
                 continue;
             };
-            let result = limiter.limiter.try_acquire(&subject(&step.key)).await;
+            let result = limiter.limiter.try_acquire(&step.key.subject()).await;
             limiter.report(&step.rule.name);
             if result.is_err() {
                 tracing::debug!(rule = %step.rule.name, key = ?step.key, "monitor rule would reject");
@@ -491,15 +485,8 @@ fn reject<C: Clock>(
     };
     tracing::debug!(rule = %rule.name, key = ?step.key, error = %error, "request rejected (Redis)");
     count_metric("turnstile_http_rejected", &rule.name);
-    if reason == RejectReason::RateLimited {
-        if let Some((bans, key)) = ban {
-            if let Ok(a) = bans.rejections.try_acquire(key) {
-                if a.remaining() == 0 && bans.banned.try_acquire(key).is_ok() {
-                    tracing::info!(client = ?key, duration = %bans.config.duration, "client banned");
-                    count_metric("turnstile_http_banned", &rule.name);
-                }
-            }
-        }
+    if let (Some((bans, client)), RejectReason::RateLimited) = (ban, reason) {
+        bans.count_rejection(client, &rule.name);
     }
     Verdict {
         outcome: Outcome::Rejected {

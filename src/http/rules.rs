@@ -275,6 +275,23 @@ pub(crate) struct Bans<C: Clock> {
     pub(crate) banned: KeyedLimiter<BanKey, C>,
 }
 
+impl<C: Clock> Bans<C> {
+    /// Counts a rate-limit rejection of `client` by the rule `rule`: the `after`-th within
+    /// `within` starts a ban (logged, and counted in `turnstile_http_banned` for the rule).
+    /// Only rate-limit rejections count: the other reasons say nothing about the client.
+    pub(crate) fn count_rejection(&self, client: &BanKey, rule: &str) {
+        if let Ok(a) = self.rejections.try_acquire(client) {
+            if a.remaining() == 0 && self.banned.try_acquire(client).is_ok() {
+                tracing::info!(client = ?client, duration = %self.config.duration, "client banned");
+                #[cfg(feature = "metrics")]
+                metrics::counter!("turnstile_http_banned", "rule" => rule.to_owned()).increment(1);
+                #[cfg(not(feature = "metrics"))]
+                let _ = rule;
+            }
+        }
+    }
+}
+
 /// A set of IPs and ranges.
 #[derive(Debug, Default)]
 pub(crate) struct IpSet(Vec<IpNet>);
