@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tower::{Layer, Service};
 use turnstile::http::{
     Check, ClientIpConfig, ConcurrencyLayer, LayerSettings, Outcome, PeerAddr, Policy, QuotaState,
-    RateLimitLayer, RejectReason, RequestInfo, Verdict,
+    Quotas, RateLimitLayer, RejectReason, RequestInfo, Verdict,
 };
 use turnstile::{Algorithm, ConcurrencyLimiter, KeyedLimiter, ManualClock, TryAcquireError};
 
@@ -51,7 +51,7 @@ impl PerIp {
                     rule: self.name.into(),
                     retry_after: None,
                 },
-                quotas: Vec::new(),
+                quotas: Quotas::new(),
             };
         };
         let quota = |remaining, reset_after| QuotaState {
@@ -64,10 +64,7 @@ impl PerIp {
         match self.limiter.try_acquire(&ip) {
             Ok(admission) => Verdict {
                 outcome: Outcome::Admitted,
-                quotas: vec![quota(
-                    u64::from(admission.remaining()),
-                    admission.reset_after(),
-                )],
+                quotas: quota(u64::from(admission.remaining()), admission.reset_after()).into(),
             },
             Err(TryAcquireError::Rejected(rejection)) => Verdict {
                 outcome: Outcome::Rejected {
@@ -75,7 +72,7 @@ impl PerIp {
                     rule: self.name.into(),
                     retry_after: Some(rejection.retry_after()),
                 },
-                quotas: vec![quota(0, rejection.retry_after())],
+                quotas: quota(0, rejection.retry_after()).into(),
             },
             Err(other) => panic!("unexpected {other:?}"),
         }
@@ -641,7 +638,7 @@ impl Policy for RecordId {
             .push(request.client_id.map(str::to_owned));
         Check::Ready(Verdict {
             outcome: Outcome::Admitted,
-            quotas: Vec::new(),
+            quotas: Quotas::new(),
         })
     }
 }
@@ -872,7 +869,7 @@ impl Policy for RejectAll {
                 rule: "none".into(),
                 retry_after: Some(Duration::from_secs(1)),
             },
-            quotas: Vec::new(),
+            quotas: Quotas::new(),
         })
     }
 }

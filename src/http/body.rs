@@ -181,12 +181,12 @@ where
 /// use bytes::Bytes;
 /// use http_body_util::Empty;
 /// use tower::{Service, ServiceBuilder, ServiceExt};
-/// use turnstile::http::{Check, Outcome, Policy, RateLimitBody, RateLimitLayer, RequestInfo, Verdict};
+/// use turnstile::http::{Check, Outcome, Policy, Quotas, RateLimitBody, RateLimitLayer, RequestInfo, Verdict};
 ///
 /// struct AdmitAll;
 /// impl Policy for AdmitAll {
 ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
 ///     }
 /// }
 /// # #[tokio::main(flavor = "current_thread")]

@@ -90,7 +90,7 @@
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
 use crate::http::rules::{parse_header, BanKey, Bans, Compiler, CounterKey, Rule, RuleSet};
 use crate::http::{
-    Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, RateLimitLayer,
+    Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas, RateLimitLayer,
     RejectReason, RequestInfo, Verdict,
 };
 use crate::{Clock, DefaultClock, TryAcquireError};
@@ -602,7 +602,7 @@ fn rejected(reason: RejectReason, rule: Arc<str>, retry_after: Option<Duration>)
             rule,
             retry_after,
         },
-        quotas: Vec::new(),
+        quotas: Quotas::new(),
     }
 }
 
@@ -708,7 +708,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     if whitelisted {
         return Check::Ready(Verdict {
             outcome: Outcome::Whitelisted,
-            quotas: Vec::new(),
+            quotas: Quotas::new(),
         });
     }
     if ip.is_some_and(|ip| set.block_ips.contains(ip))
@@ -803,7 +803,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
 
     // The admissions to refund if a later rule rejects: the last rule's never is.
     let mut charged: SmallVec<[_; 3]> = SmallVec::new();
-    let mut quotas = Vec::with_capacity(plan.len());
+    let mut quotas = Quotas::with_capacity(plan.len());
     // The rules a full limiter let this request pass uncounted (`key_overflow = "allow"`):
     // they report no quota, admitted or rejected.
     let mut uncounted: SmallVec<[usize; 2]> = SmallVec::new();
@@ -972,7 +972,7 @@ fn decide_one<C: Clock>(
         Ok(None) => {
             return Verdict {
                 outcome: Outcome::Admitted,
-                quotas: Vec::new(),
+                quotas: Quotas::new(),
             }
         }
         Err(verdict) => return verdict,
@@ -984,12 +984,14 @@ fn decide_one<C: Clock>(
             count!("turnstile_http_admitted", rule.name);
             Verdict {
                 outcome: Outcome::Admitted,
-                quotas: vec![rule.quota(u64::from(admission.remaining()), admission.reset_after())],
+                quotas: rule
+                    .quota(u64::from(admission.remaining()), admission.reset_after())
+                    .into(),
             }
         }
         Err(error) if passes_full_rule(set, rule, &key, &error) => Verdict {
             outcome: Outcome::Admitted,
-            quotas: Vec::new(),
+            quotas: Quotas::new(),
         },
         Err(error) => {
             let (reason, retry_after) = rejected_by(rule, &key, &error, ban);
@@ -999,7 +1001,7 @@ fn decide_one<C: Clock>(
                     rule: rule.name.clone(),
                     retry_after,
                 },
-                quotas: vec![rule.quota(0, retry_after.unwrap_or(rule.period))],
+                quotas: rule.quota(0, retry_after.unwrap_or(rule.period)).into(),
             }
         }
     }

@@ -145,7 +145,7 @@ fn push_percent_encoded(out: &mut String, message: &str) {
 ///
 /// ```
 /// use std::time::Duration;
-/// use turnstile::http::{grpc_rejection_response, Outcome, RejectReason, ResponseConfig, Verdict};
+/// use turnstile::http::{grpc_rejection_response, Outcome, Quotas, RejectReason, ResponseConfig, Verdict};
 ///
 /// let verdict = Verdict {
 ///     outcome: Outcome::Rejected {
@@ -153,7 +153,7 @@ fn push_percent_encoded(out: &mut String, message: &str) {
 ///         rule: "per-ip".into(),
 ///         retry_after: Some(Duration::from_millis(300)),
 ///     },
-///     quotas: Vec::new(),
+///     quotas: Quotas::new(),
 /// };
 /// let response = grpc_rejection_response(&verdict, &ResponseConfig::default()).unwrap();
 /// assert_eq!(response.status(), 200);
@@ -202,7 +202,7 @@ pub(crate) fn tonic_peer(extensions: &http::Extensions) -> Option<std::net::Sock
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::{Outcome, QuotaState};
+    use crate::http::{Outcome, QuotaState, Quotas};
     use std::time::Duration;
 
     fn rejected(reason: RejectReason, retry: Option<Duration>) -> Verdict {
@@ -212,13 +212,14 @@ mod tests {
                 rule: "per-ip".into(),
                 retry_after: retry,
             },
-            quotas: vec![QuotaState {
+            quotas: QuotaState {
                 policy: "per-ip".into(),
                 limit: 2,
                 window: Duration::from_secs(1),
                 remaining: 0,
                 reset_after: Duration::from_millis(400),
-            }],
+            }
+            .into(),
         }
     }
 
@@ -258,7 +259,7 @@ mod tests {
         }
         let admitted = Verdict {
             outcome: Outcome::Admitted,
-            quotas: Vec::new(),
+            quotas: Quotas::new(),
         };
         assert!(grpc_rejection_response(&admitted, &config).is_none());
     }

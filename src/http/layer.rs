@@ -5,8 +5,8 @@
 use crate::http::grpc;
 use crate::http::response::QuotaHeaders;
 use crate::http::{
-    client_ip, Check, LayerSettings, Policy, QuotaState, RejectionBody, RequestInfo,
-    ResponseConfig, Verdict,
+    client_ip, Check, LayerSettings, Policy, Quotas, RejectionBody, RequestInfo, ResponseConfig,
+    Verdict,
 };
 use arc_swap::ArcSwap;
 use pin_project_lite::pin_project;
@@ -86,12 +86,12 @@ type OnRejection = Arc<
 ///
 /// ```
 /// use tower::Layer;
-/// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+/// use turnstile::http::{Check, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
 ///
 /// struct AdmitAll;
 /// impl Policy for AdmitAll {
 ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
 ///     }
 /// }
 /// let layer = RateLimitLayer::new(AdmitAll);
@@ -136,12 +136,12 @@ impl<P: Policy> RateLimitLayer<P> {
     /// # Examples
     ///
     /// ```
-    /// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    /// use turnstile::http::{Check, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
     ///
     /// struct AdmitAll;
     /// impl Policy for AdmitAll {
     ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
     ///     }
     /// }
     /// let layer = RateLimitLayer::new(AdmitAll);
@@ -162,12 +162,12 @@ impl<P: Policy> RateLimitLayer<P> {
     /// ```
     /// use std::sync::Arc;
     /// use arc_swap::ArcSwap;
-    /// use turnstile::http::{Check, LayerSettings, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    /// use turnstile::http::{Check, LayerSettings, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
     ///
     /// struct AdmitAll;
     /// impl Policy for AdmitAll {
     ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
     ///     }
     /// }
     /// let settings = Arc::new(ArcSwap::from_pointee(LayerSettings::default()));
@@ -192,12 +192,12 @@ impl<P: Policy> RateLimitLayer<P> {
     /// # Examples
     ///
     /// ```
-    /// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    /// use turnstile::http::{Check, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
     ///
     /// struct AdmitAll;
     /// impl Policy for AdmitAll {
     ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
     ///     }
     /// }
     /// let layer = RateLimitLayer::new(AdmitAll).client_id_fn(|parts| {
@@ -230,12 +230,12 @@ impl<P: Policy> RateLimitLayer<P> {
     /// # Examples
     ///
     /// ```
-    /// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    /// use turnstile::http::{Check, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
     ///
     /// struct AdmitAll;
     /// impl Policy for AdmitAll {
     ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
     ///     }
     /// }
     /// let layer = RateLimitLayer::new(AdmitAll).on_rejection(|request, _verdict, mut response| {
@@ -274,12 +274,12 @@ impl<P: Policy> RateLimitLayer<P> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use turnstile::http::{Check, LayerSettings, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    /// use turnstile::http::{Check, LayerSettings, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
     ///
     /// struct AdmitAll;
     /// impl Policy for AdmitAll {
     ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
     ///     }
     /// }
     /// let layer = RateLimitLayer::new(AdmitAll);
@@ -310,12 +310,12 @@ impl<S, P: Policy> tower::Layer<S> for RateLimitLayer<P> {
 ///
 /// ```
 /// use tower::Layer;
-/// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RateLimitService, RequestInfo, Verdict};
+/// use turnstile::http::{Check, Outcome, Policy, Quotas, RateLimitLayer, RateLimitService, RequestInfo, Verdict};
 ///
 /// struct AdmitAll;
 /// impl Policy for AdmitAll {
 ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
 ///     }
 /// }
 /// let inner = tower::service_fn(|_: http::Request<()>| async {
@@ -413,47 +413,67 @@ where
             }
         };
 
-        let state = match check {
-            // Decided now: the service polled ready serves the request now, as tower asks.
-            Check::Ready(verdict) => match rejection(&verdict, &request, &settings.response) {
-                None => State::Inner {
-                    future: self.inner.call(request),
+        match check {
+            // Decided now: the service polled ready serves the request now, as tower asks. The
+            // inner future is built straight into its own field of the returned future (an
+            // enum around it made two copies of a few hundred bytes on every request).
+            Check::Ready(verdict) if verdict.outcome.is_admitted() => ResponseFuture {
+                inner: Some(self.inner.call(request)),
+                state: State::Admitted {
                     quotas: verdict.quotas,
                     headers: QuotaHeaders::of(&settings.response),
                 },
-                Some(response) => {
-                    // Not served: give back what `poll_ready` reserved (a `Buffer` slot, a
-                    // concurrency permit) instead of holding it while the connection idles,
-                    // which would let a flood of rejected requests starve admitted ones.
-                    let fresh = self.inner.clone();
-                    drop(std::mem::replace(&mut self.inner, fresh));
-                    State::Rejected {
-                        response: Some(answer(
-                            shared.on_rejection.as_ref(),
-                            request,
-                            &verdict,
-                            response,
-                        )),
-                    }
-                }
             },
+            Check::Ready(verdict) => {
+                let state = match rejection(&verdict, &request, &settings.response) {
+                    Some(response) => {
+                        // Not served: give back what `poll_ready` reserved (a `Buffer` slot, a
+                        // concurrency permit) instead of holding it while the connection idles,
+                        // which would let a flood of rejected requests starve admitted ones.
+                        let fresh = self.inner.clone();
+                        drop(std::mem::replace(&mut self.inner, fresh));
+                        State::Rejected {
+                            response: Some(answer(
+                                shared.on_rejection.as_ref(),
+                                request,
+                                &verdict,
+                                response,
+                            )),
+                        }
+                    }
+                    // Not admitted, yet no rejection to send: a policy's outcome that a later
+                    // version may add. Served, as an admission.
+                    None => {
+                        return ResponseFuture {
+                            inner: Some(self.inner.call(request)),
+                            state: State::Admitted {
+                                quotas: verdict.quotas,
+                                headers: QuotaHeaders::of(&settings.response),
+                            },
+                        }
+                    }
+                };
+                ResponseFuture { inner: None, state }
+            }
             // Decided later: the service polled ready goes with the future (a reserved slot
             // stays reserved), and a clone takes its place here. Boxed, so that the future of
             // the common, immediate case is no bigger than it needs.
             Check::Pending(verdict) => {
                 let clone = self.inner.clone();
-                State::Waiting {
-                    waiting: Some(Box::new(Waiting {
-                        verdict,
-                        service: std::mem::replace(&mut self.inner, clone),
-                        request,
-                        settings: arc_swap::Guard::into_inner(settings),
-                        on_rejection: shared.on_rejection.clone(),
-                    })),
+                ResponseFuture {
+                    inner: None,
+                    state: State::Waiting {
+                        waiting: Some(Box::new(Waiting {
+                            verdict,
+                            service: std::mem::replace(&mut self.inner, clone),
+                            request,
+                            settings: arc_swap::Guard::into_inner(settings),
+                            on_rejection: shared.on_rejection.clone(),
+                        })),
+                    },
                 }
             }
-        };
-        ResponseFuture { state }
+        }
     }
 }
 
@@ -496,26 +516,22 @@ struct Waiting<S, R> {
     on_rejection: Option<OnRejection>,
 }
 
-pin_project! {
-    #[project = StateProj]
-    enum State<S, R>
-    where
-        S: tower::Service<R>,
-    {
-        Waiting {
-            // `None` once the decision came.
-            waiting: Option<Box<Waiting<S, R>>>,
-        },
-        Inner {
-            #[pin]
-            future: S::Future,
-            quotas: Vec<QuotaState>,
-            headers: QuotaHeaders,
-        },
-        Rejected {
-            response: Option<http::Response<bytes::Bytes>>,
-        },
-    }
+/// What a [`ResponseFuture`] is doing besides polling the inner service's future.
+enum State<S, R> {
+    /// Waiting for a pending decision.
+    Waiting {
+        // `None` once the decision came.
+        waiting: Option<Box<Waiting<S, R>>>,
+    },
+    /// Admitted: the inner future runs; its response gets these quotas' headers.
+    Admitted {
+        quotas: Quotas,
+        headers: QuotaHeaders,
+    },
+    /// Rejected: this response, once.
+    Rejected {
+        response: Option<http::Response<bytes::Bytes>>,
+    },
 }
 
 pin_project! {
@@ -531,12 +547,12 @@ pin_project! {
     ///
     /// ```
     /// use tower::{Layer, Service, ServiceExt};
-    /// use turnstile::http::{Check, Outcome, Policy, RateLimitLayer, RequestInfo, Verdict};
+    /// use turnstile::http::{Check, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
     ///
     /// struct AdmitAll;
     /// impl Policy for AdmitAll {
     ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
     ///     }
     /// }
     /// # #[tokio::main(flavor = "current_thread")]
@@ -552,7 +568,10 @@ pin_project! {
     where
         S: tower::Service<R>,
     {
+        // The inner service's future, once it is called. A field of its own rather than in
+        // `state`: built straight into place, not copied.
         #[pin]
+        inner: Option<S::Future>,
         state: State<S, R>,
     }
 }
@@ -575,63 +594,58 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                StateProj::Waiting { waiting } => {
-                    let verdict = match waiting.as_mut().map(|w| w.verdict.as_mut().poll(cx)) {
-                        Some(Poll::Ready(verdict)) => verdict,
-                        // `None`: polled after completion.
-                        Some(Poll::Pending) | None => return Poll::Pending,
-                    };
-                    let Some(done) = waiting.take() else {
-                        return Poll::Pending;
-                    };
-                    let Waiting {
-                        mut service,
-                        request,
-                        settings,
-                        on_rejection,
-                        ..
-                    } = *done;
-                    let next = match rejection(&verdict, &request, &settings.response) {
-                        None => State::Inner {
-                            future: service.call(request),
-                            quotas: verdict.quotas,
-                            headers: QuotaHeaders::of(&settings.response),
-                        },
-                        Some(response) => State::Rejected {
-                            response: Some(answer(
-                                on_rejection.as_ref(),
-                                request,
-                                &verdict,
-                                response,
-                            )),
-                        },
-                    };
-                    this.state.set(next);
+        if let State::Waiting { waiting } = this.state {
+            let verdict = match waiting.as_mut().map(|w| w.verdict.as_mut().poll(cx)) {
+                Some(Poll::Ready(verdict)) => verdict,
+                // `None`: polled after completion.
+                Some(Poll::Pending) | None => return Poll::Pending,
+            };
+            let Some(done) = waiting.take() else {
+                return Poll::Pending;
+            };
+            let Waiting {
+                mut service,
+                request,
+                settings,
+                on_rejection,
+                ..
+            } = *done;
+            *this.state = match rejection(&verdict, &request, &settings.response) {
+                None => {
+                    this.inner.set(Some(service.call(request)));
+                    State::Admitted {
+                        quotas: verdict.quotas,
+                        headers: QuotaHeaders::of(&settings.response),
+                    }
                 }
-                StateProj::Inner {
-                    future,
-                    quotas,
-                    headers,
-                } => {
-                    let mut response = match future.poll(cx) {
-                        Poll::Ready(Ok(response)) => response,
-                        Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-                        Poll::Pending => return Poll::Pending,
-                    };
-                    // The inner body as it is: no wrapper for axum or tonic to box again.
-                    headers.insert(response.headers_mut(), quotas);
-                    return Poll::Ready(Ok(response));
-                }
-                StateProj::Rejected { response } => {
-                    return match response.take() {
-                        Some(response) => Poll::Ready(Ok(response.map(ResBody::rejection))),
-                        // Polled after completion.
-                        None => Poll::Pending,
-                    };
-                }
+                Some(response) => State::Rejected {
+                    response: Some(answer(on_rejection.as_ref(), request, &verdict, response)),
+                },
+            };
+        }
+        match this.state {
+            State::Admitted { quotas, headers } => {
+                let Some(future) = this.inner.as_mut().as_pin_mut() else {
+                    return Poll::Pending;
+                };
+                let mut response = match future.poll(cx) {
+                    Poll::Ready(Ok(response)) => response,
+                    Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                    Poll::Pending => return Poll::Pending,
+                };
+                // The inner future is done: dropped now, as a finished future should be.
+                this.inner.set(None);
+                // The inner body as it is: no wrapper for axum or tonic to box again.
+                headers.insert(response.headers_mut(), quotas);
+                Poll::Ready(Ok(response))
             }
+            State::Rejected { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response.map(ResBody::rejection))),
+                // Polled after completion.
+                None => Poll::Pending,
+            },
+            // Still waiting (handled above).
+            State::Waiting { .. } => Poll::Pending,
         }
     }
 }

@@ -52,12 +52,12 @@
 //! ```no_run
 //! use std::net::SocketAddr;
 //! use axum::{extract::{ConnectInfo, Request}, middleware::map_request, routing::get, Router};
-//! use turnstile::http::{Check, Outcome, PeerAddr, Policy, RateLimitLayer, RequestInfo, Verdict};
+//! use turnstile::http::{Check, Outcome, PeerAddr, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
 //!
 //! struct AdmitAll;
 //! impl Policy for AdmitAll {
 //!     fn check(&self, _: &RequestInfo<'_>) -> Check {
-//!         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+//!         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
 //!     }
 //! }
 //!
@@ -203,6 +203,139 @@ pub struct QuotaState {
     pub reset_after: Duration,
 }
 
+/// The quotas a [`Verdict`] reports, one per enforced rule that counted the request: a list that
+/// holds one quota inline (the usual single rule), so that deciding a request allocates nothing.
+/// It reads as a slice of [`QuotaState`]s.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::http::{QuotaState, Quotas};
+///
+/// let mut quotas = Quotas::new();
+/// assert!(quotas.is_empty());
+/// quotas.push(QuotaState {
+///     policy: "per-ip".into(),
+///     limit: 100,
+///     window: Duration::from_secs(60),
+///     remaining: 42,
+///     reset_after: Duration::from_secs(17),
+/// });
+/// assert_eq!(quotas.len(), 1);
+/// assert_eq!(quotas[0].remaining, 42);
+/// let listed: Quotas = vec![quotas[0].clone(), quotas[0].clone()].into();
+/// assert_eq!(listed.iter().map(|q| q.limit).sum::<u64>(), 200);
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Quotas(smallvec::SmallVec<[QuotaState; 1]>);
+
+impl Quotas {
+    /// No quotas.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(turnstile::http::Quotas::new().is_empty());
+    /// ```
+    pub fn new() -> Self {
+        Quotas(smallvec::SmallVec::new())
+    }
+
+    /// Room for `capacity` quotas (inline up to one).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let quotas = turnstile::http::Quotas::with_capacity(3);
+    /// assert!(quotas.is_empty());
+    /// ```
+    pub fn with_capacity(capacity: usize) -> Self {
+        Quotas(smallvec::SmallVec::with_capacity(capacity))
+    }
+
+    /// Adds a quota at the end.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::{QuotaState, Quotas};
+    ///
+    /// let mut quotas = Quotas::new();
+    /// quotas.push(QuotaState {
+    ///     policy: "per-ip".into(),
+    ///     limit: 2,
+    ///     window: Duration::from_secs(1),
+    ///     remaining: 1,
+    ///     reset_after: Duration::from_secs(1),
+    /// });
+    /// assert_eq!(&*quotas[0].policy, "per-ip");
+    /// ```
+    pub fn push(&mut self, quota: QuotaState) {
+        self.0.push(quota);
+    }
+}
+
+impl fmt::Debug for Quotas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.iter()).finish()
+    }
+}
+
+impl std::ops::Deref for Quotas {
+    type Target = [QuotaState];
+
+    fn deref(&self) -> &[QuotaState] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Quotas {
+    fn deref_mut(&mut self) -> &mut [QuotaState] {
+        &mut self.0
+    }
+}
+
+impl From<Vec<QuotaState>> for Quotas {
+    fn from(quotas: Vec<QuotaState>) -> Self {
+        Quotas(smallvec::SmallVec::from_vec(quotas))
+    }
+}
+
+impl From<QuotaState> for Quotas {
+    fn from(quota: QuotaState) -> Self {
+        Quotas(smallvec::smallvec![quota])
+    }
+}
+
+impl FromIterator<QuotaState> for Quotas {
+    fn from_iter<I: IntoIterator<Item = QuotaState>>(iter: I) -> Self {
+        Quotas(iter.into_iter().collect())
+    }
+}
+
+impl Extend<QuotaState> for Quotas {
+    fn extend<I: IntoIterator<Item = QuotaState>>(&mut self, iter: I) {
+        self.0.extend(iter);
+    }
+}
+
+impl<'a> IntoIterator for &'a Quotas {
+    type Item = &'a QuotaState;
+    type IntoIter = std::slice::Iter<'a, QuotaState>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl PartialEq<[QuotaState]> for Quotas {
+    fn eq(&self, other: &[QuotaState]) -> bool {
+        *self.0 == *other
+    }
+}
+
 /// The outcome of a [`Policy`] for one request.
 ///
 /// # Examples
@@ -255,9 +388,9 @@ impl Outcome {
 /// # Examples
 ///
 /// ```
-/// use turnstile::http::{Outcome, Verdict};
+/// use turnstile::http::{Outcome, Quotas, Verdict};
 ///
-/// let verdict = Verdict { outcome: Outcome::Whitelisted, quotas: Vec::new() };
+/// let verdict = Verdict { outcome: Outcome::Whitelisted, quotas: Quotas::new() };
 /// assert!(verdict.outcome.is_admitted());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -266,7 +399,7 @@ pub struct Verdict {
     pub outcome: Outcome,
     /// The quota of every enforced rule that matched, for the `RateLimit*` headers. Empty when
     /// no rule matched or the request was whitelisted.
-    pub quotas: Vec<QuotaState>,
+    pub quotas: Quotas,
 }
 
 /// A [`Policy`]'s answer: ready at once (in-memory counting), or a future (a remote backend).
@@ -274,9 +407,9 @@ pub struct Verdict {
 /// # Examples
 ///
 /// ```
-/// use turnstile::http::{Check, Outcome, Verdict};
+/// use turnstile::http::{Check, Outcome, Quotas, Verdict};
 ///
-/// let check = Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() });
+/// let check = Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() });
 /// assert!(matches!(check, Check::Ready(_)));
 /// ```
 #[non_exhaustive]
@@ -303,12 +436,12 @@ impl fmt::Debug for Check {
 /// # Examples
 ///
 /// ```
-/// use turnstile::http::{Check, Outcome, Policy, RequestInfo, Verdict};
+/// use turnstile::http::{Check, Outcome, Policy, Quotas, RequestInfo, Verdict};
 ///
 /// struct AdmitAll;
 /// impl Policy for AdmitAll {
 ///     fn check(&self, _request: &RequestInfo<'_>) -> Check {
-///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Vec::new() })
+///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
 ///     }
 /// }
 /// let request = RequestInfo { method: &http::Method::GET, path: "/", client_ip: None, client_id: None };

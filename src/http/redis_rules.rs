@@ -65,7 +65,7 @@
 use crate::backend::try_acquire_all;
 use crate::http::config::{BackendConfig, HttpConfig, RuleKey};
 use crate::http::rules::{parse_period, BanKey, Bans, CounterKey, Rule, RuleSet};
-use crate::http::{Check, HttpConfigError, Outcome, QuotaState, RejectReason, Verdict};
+use crate::http::{Check, HttpConfigError, Outcome, QuotaState, Quotas, RejectReason, Verdict};
 use crate::{Admission, Clock, FailurePolicy, RedisLimiter, TryAcquireError};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::cluster_async::ClusterConnection;
@@ -387,7 +387,7 @@ pub(crate) fn count<C: Clock>(
                 Err(rejected) => return rejected,
             }
         } else {
-            let mut quotas = Vec::with_capacity(steps.len());
+            let mut quotas = Quotas::with_capacity(steps.len());
             for (step, limiter, subject) in &steps {
                 let result = limiter.limiter.try_acquire(subject).await;
                 limiter.report(&step.rule.name);
@@ -424,13 +424,13 @@ pub(crate) fn count<C: Clock>(
 async fn count_all<C: Clock>(
     steps: &[(&Step<C>, &Remote, String)],
     ban: &BanEntry<C>,
-) -> Result<Vec<QuotaState>, Verdict> {
+) -> Result<Quotas, Verdict> {
     let members: Vec<(&RedisLimiter<Connection>, &[u8])> = steps
         .iter()
         .map(|(_, remote, subject)| (&remote.limiter, subject.as_bytes()))
         .collect();
     let mut answers = try_acquire_all(&members, 1).await;
-    let mut quotas = Vec::with_capacity(steps.len());
+    let mut quotas = Quotas::with_capacity(steps.len());
     for ((step, remote, _), answer) in steps.iter().zip(&answers) {
         remote.report(&step.rule.name);
         if let Some(answer) = answer {
@@ -475,7 +475,7 @@ fn quota<C: Clock>(rule: &Rule<C>, answer: &Result<Admission, TryAcquireError>) 
 fn reject<C: Clock>(
     step: &Step<C>,
     error: TryAcquireError,
-    quotas: Vec<QuotaState>,
+    quotas: Quotas,
     ban: &BanEntry<C>,
 ) -> Verdict {
     let rule = &step.rule;

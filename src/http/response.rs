@@ -634,7 +634,7 @@ fn content_type_value(content_type: &str, fallback: &HeaderValue) -> HeaderValue
 ///
 /// ```
 /// use std::time::Duration;
-/// use turnstile::http::{rejection_response, Outcome, RejectReason, ResponseConfig, Verdict};
+/// use turnstile::http::{rejection_response, Outcome, Quotas, RejectReason, ResponseConfig, Verdict};
 ///
 /// let verdict = Verdict {
 ///     outcome: Outcome::Rejected {
@@ -642,7 +642,7 @@ fn content_type_value(content_type: &str, fallback: &HeaderValue) -> HeaderValue
 ///         rule: "per-ip".into(),
 ///         retry_after: Some(Duration::from_millis(300)),
 ///     },
-///     quotas: Vec::new(),
+///     quotas: Quotas::new(),
 /// };
 /// let response = rejection_response(&verdict, &ResponseConfig::default()).unwrap();
 /// assert_eq!(response.status(), 429);
@@ -793,6 +793,7 @@ fn render_template(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::Quotas;
 
     fn quota(policy: &str, remaining: u64, reset_ms: u64) -> QuotaState {
         QuotaState {
@@ -811,7 +812,7 @@ mod tests {
                 rule: "per-ip".into(),
                 retry_after: retry,
             },
-            quotas,
+            quotas: quotas.into(),
         }
     }
 
@@ -975,7 +976,7 @@ mod tests {
                     rule: name.into(),
                     retry_after: Some(Duration::from_millis(millis)),
                 },
-                quotas: vec![quota(name, 0, millis)],
+                quotas: quota(name, 0, millis).into(),
             };
             let response = rejection_response(&verdict, &config).unwrap();
             let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
@@ -1033,7 +1034,7 @@ mod tests {
         );
         let admitted = Verdict {
             outcome: Outcome::Admitted,
-            quotas: Vec::new(),
+            quotas: Quotas::new(),
         };
         assert!(rejection_response(&admitted, &ResponseConfig::default()).is_none());
     }
