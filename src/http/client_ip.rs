@@ -179,10 +179,11 @@ pub fn client_ip(
     headers: &http::HeaderMap,
     config: &ClientIpConfig,
 ) -> Option<IpAddr> {
-    let peer = peer.map(canonical);
-    let chosen = match peer {
-        Some(ip) if config.is_trusted(ip) => from_headers(headers, config).unwrap_or(ip),
-        other => other?,
+    let peer = canonical(peer?);
+    let chosen = if config.trusted_proxies.iter().any(|net| net.contains(&peer)) {
+        from_headers(headers, config).unwrap_or(peer)
+    } else {
+        peer
     };
     Some(mask(chosen, config))
 }
@@ -323,6 +324,9 @@ fn is_port(text: &str) -> bool {
 
 fn mask(ip: IpAddr, config: &ClientIpConfig) -> IpAddr {
     match ip {
+        // The usual configuration: whole addresses.
+        IpAddr::V4(_) if config.ipv4_prefix >= 32 => ip,
+        IpAddr::V6(_) if config.ipv6_prefix >= 128 => ip,
         IpAddr::V4(v4) => {
             let prefix = u32::from(config.ipv4_prefix.min(32));
             let bits = u32::from(v4);

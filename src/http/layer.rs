@@ -414,47 +414,36 @@ where
         };
 
         match check {
-            // Decided now: the service polled ready serves the request now, as tower asks. The
-            // inner future is built straight into its own field of the returned future (an
-            // enum around it made two copies of a few hundred bytes on every request).
-            Check::Ready(verdict) if verdict.outcome.is_admitted() => ResponseFuture {
-                inner: Some(self.inner.call(request)),
-                state: State::Admitted {
-                    quotas: verdict.quotas,
-                    headers: QuotaHeaders::of(&settings.response),
+            // Decided now: the service polled ready serves the request now, as tower asks.
+            Check::Ready(verdict) => match rejection(&verdict, &request, &settings.response) {
+                // The inner future goes straight into its own field of the returned future
+                // (inside the state enum it was copied twice more on every request).
+                None => ResponseFuture {
+                    inner: Some(self.inner.call(request)),
+                    state: State::Admitted {
+                        quotas: verdict.quotas,
+                        headers: QuotaHeaders::of(&settings.response),
+                    },
                 },
-            },
-            Check::Ready(verdict) => {
-                let state = match rejection(&verdict, &request, &settings.response) {
-                    Some(response) => {
-                        // Not served: give back what `poll_ready` reserved (a `Buffer` slot, a
-                        // concurrency permit) instead of holding it while the connection idles,
-                        // which would let a flood of rejected requests starve admitted ones.
-                        let fresh = self.inner.clone();
-                        drop(std::mem::replace(&mut self.inner, fresh));
-                        State::Rejected {
+                Some(response) => {
+                    // Not served: give back what `poll_ready` reserved (a `Buffer` slot, a
+                    // concurrency permit) instead of holding it while the connection idles,
+                    // which would let a flood of rejected requests starve admitted ones.
+                    let fresh = self.inner.clone();
+                    drop(std::mem::replace(&mut self.inner, fresh));
+                    ResponseFuture {
+                        inner: None,
+                        state: State::Rejected {
                             response: Some(answer(
                                 shared.on_rejection.as_ref(),
                                 request,
                                 &verdict,
                                 response,
                             )),
-                        }
+                        },
                     }
-                    // Not admitted, yet no rejection to send: a policy's outcome that a later
-                    // version may add. Served, as an admission.
-                    None => {
-                        return ResponseFuture {
-                            inner: Some(self.inner.call(request)),
-                            state: State::Admitted {
-                                quotas: verdict.quotas,
-                                headers: QuotaHeaders::of(&settings.response),
-                            },
-                        }
-                    }
-                };
-                ResponseFuture { inner: None, state }
-            }
+                }
+            },
             // Decided later: the service polled ready goes with the future (a reserved slot
             // stays reserved), and a clone takes its place here. Boxed, so that the future of
             // the common, immediate case is no bigger than it needs.
