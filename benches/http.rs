@@ -249,7 +249,17 @@ fn servers(runtime: &Runtime) -> [Senders; APPS] {
     })
 }
 
+/// Whether this run is the instruction count part (`http-count`), which the criterion groups
+/// leave alone: their servers and connections would add start-up work that varies from run
+/// to run.
+fn counting() -> bool {
+    std::env::args().any(|a| a == "http-count")
+}
+
 fn http(c: &mut Criterion) {
+    if counting() {
+        return;
+    }
     let runtime = Runtime::new().expect("runtime");
     let [mut bare, mut admitted, mut rejected, _, _, mut governor, _, _] = servers(&runtime);
     let mut group = c.benchmark_group("http");
@@ -644,6 +654,9 @@ where
 /// goes around the whole router, as in the other parts, and for comparison into it with
 /// `Router::layer`, which wraps (and boxes) every route's service and so runs after routing.
 fn http_service(c: &mut Criterion) {
+    if counting() {
+        return;
+    }
     let mut group = c.benchmark_group("http-service");
     fn measure<S>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, mut app: S, status: u16)
     where
@@ -680,4 +693,108 @@ fn http_service(c: &mut Criterion) {
 }
 
 criterion_group!(benches, http, http_service);
-criterion_main!(benches, http_paired, http_wrk);
+/// Requests per callgrind run of the instruction count part: two runs, and the difference over
+/// the difference in requests is the count per request, the start-up (the runtime, the apps,
+/// criterion's own) cancelled out.
+const COUNT_REQUESTS: [u64; 2] = [2_000, 6_000];
+/// Set in a run under callgrind: `app index:requests`.
+const COUNT_ENV: &str = "TURNSTILE_HTTP_COUNT";
+
+/// Sends `requests` requests through `app` with [`one_request`] (after one that takes the
+/// rejected app's only permit).
+fn count_requests<S>(mut app: S, status: u16, requests: u64)
+where
+    S: tower::Service<http::Request<axum::body::Body>, Response = axum::response::Response>,
+    S::Error: std::fmt::Debug,
+{
+    if status == 429 {
+        assert_eq!(one_request(&mut app), 200);
+    }
+    for _ in 0..requests {
+        assert_eq!(one_request(&mut app), status);
+    }
+}
+
+/// The app of `NAMES[index]` as a service, called directly (no network) `requests` times.
+fn count_app(index: usize, requests: u64) {
+    use tower_governor::governor::GovernorConfigBuilder;
+    use tower_governor::GovernorLayer;
+    let governed = |headers: bool| {
+        let mut builder = GovernorConfigBuilder::default();
+        builder.per_second(1).burst_size(u32::MAX / 2);
+        if headers {
+            builder.use_headers();
+        }
+        GovernorLayer::new(builder.finish().expect("governor config"))
+    };
+    let status = STATUS[index];
+    match index {
+        0 => count_requests(routes(), status, requests),
+        1 => count_requests(limited(u32::MAX as u64 / 2, true), status, requests),
+        2 => count_requests(limited(1, true), status, requests),
+        3 => count_requests(limited(u32::MAX as u64 / 2, false), status, requests),
+        4 => count_requests(noop_layer(), status, requests),
+        5 => count_requests(governed(true).layer(routes()), status, requests),
+        6 => count_requests(governed(false).layer(routes()), status, requests),
+        7 => count_requests(constant_headers(), status, requests),
+        _ => panic!("no app {index}"),
+    }
+}
+
+/// The instructions one run of this bench under callgrind executes with `COUNT_ENV` set.
+fn callgrind(app: usize, requests: u64) -> u64 {
+    let output = std::process::Command::new("valgrind")
+        .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+        .arg(std::env::current_exe().expect("the bench's path"))
+        .args(["--bench", "http-count"])
+        .env(COUNT_ENV, format!("{app}:{requests}"))
+        .output()
+        .expect("run valgrind: install it with `apt-get install -y valgrind`");
+    assert!(output.status.success(), "valgrind failed: {output:?}");
+    let log = String::from_utf8_lossy(&output.stderr);
+    // The largest count: a process forked to look for gnuplot (criterion does) reports its own.
+    log.lines()
+        .filter_map(|line| line.split("Collected :").nth(1)?.trim().parse().ok())
+        .max()
+        .unwrap_or_else(|| panic!("no instruction count in {log}"))
+}
+
+/// **Instructions** (`http-count`, only when named, with valgrind on the PATH): each app called
+/// directly, as in `http-service`, under callgrind, `COUNT_REQUESTS` times in two runs; the
+/// instructions per request, exact and repeatable where the timed parts are at the mercy of a
+/// shared machine. Written to `target/criterion/http-paired/instructions.md`.
+fn http_count() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.iter().any(|a| a == "--bench") || !counting() {
+        return;
+    }
+    if let Ok(spec) = std::env::var(COUNT_ENV) {
+        // Under callgrind: this run only sends the requests.
+        let (app, requests) = spec.split_once(':').expect("app:requests");
+        count_app(
+            app.parse().expect("an app index"),
+            requests.parse().expect("a request count"),
+        );
+        return;
+    }
+    let [few, many] = COUNT_REQUESTS;
+    let per_request: Vec<f64> = (0..APPS)
+        .map(|app| {
+            let (a, b) = (callgrind(app, few), callgrind(app, many));
+            (b as f64 - a as f64) / (many - few) as f64
+        })
+        .collect();
+    let mut table = format!(
+        "HTTP layer, instructions per request (callgrind, the router called directly, \
+         {many} − {few} requests)\n\n| app | instructions | − bare |\n|---|---|---|\n"
+    );
+    for (name, count) in NAMES.iter().zip(&per_request) {
+        table += &format!("| {name} | {count:.0} | {:+.0} |\n", count - per_request[0]);
+    }
+    println!("\n{table}");
+    let dir = output_dir();
+    std::fs::create_dir_all(&dir).expect("create the output directory");
+    std::fs::write(dir.join("instructions.md"), table).expect("write the table");
+}
+
+criterion_main!(benches, http_paired, http_wrk, http_count);
