@@ -692,7 +692,79 @@ fn http_service(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, http, http_service);
+/// Decisions per second on one and on two threads, each thread deciding for a client of its
+/// own (`http-decide`): [`HttpLimiter::decide`] with one per-IP rule, beside governor's keyed
+/// check (tower_governor's decision). ns per decision per thread, so a decision that scales
+/// takes as long on two threads as on one; one that writes a cache line shared by every client
+/// (a reference count, a statistic) takes longer, each core waiting for the line in turn.
+fn http_decide(c: &mut Criterion) {
+    if counting() {
+        return;
+    }
+    use governor::{Quota, RateLimiter};
+    use std::net::IpAddr;
+    use std::num::NonZeroU32;
+    use turnstile::http::RequestInfo;
+    /// `iters` calls of `decide` on each of `threads` threads at once, client `10.0.0.{thread}`;
+    /// the time per call on a thread.
+    fn run<D>(threads: u8, iters: u64, decide: Arc<D>) -> Duration
+    where
+        D: Fn(IpAddr) -> bool + Send + Sync + 'static,
+    {
+        let barrier = Arc::new(std::sync::Barrier::new(usize::from(threads) + 1));
+        let handles: Vec<_> = (1..=threads)
+            .map(|t| {
+                let (decide, barrier) = (Arc::clone(&decide), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    let ip = IpAddr::from([10, 0, 0, t]);
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        assert!(decide(std::hint::black_box(ip)));
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        barrier.wait();
+        let times: Vec<Duration> = handles
+            .into_iter()
+            .map(|h| h.join().expect("decide thread"))
+            .collect();
+        times.into_iter().max().expect("a thread")
+    }
+    let limiter = limiter(u32::MAX as u64 / 2, true);
+    let ours = Arc::new(move |ip| {
+        limiter
+            .decide(&RequestInfo {
+                method: &http::Method::GET,
+                path: "/api/values",
+                client_ip: Some(ip),
+                client_id: None,
+            })
+            .outcome
+            .is_admitted()
+    });
+    let governor = Arc::new(RateLimiter::keyed(
+        Quota::per_second(NonZeroU32::MIN)
+            .allow_burst(NonZeroU32::new(u32::MAX / 2).expect("burst")),
+    ));
+    let peer = Arc::new(move |ip| governor.check_key(&ip).is_ok());
+    let mut group = c.benchmark_group("http-decide");
+    for threads in [1, 2] {
+        let ours = Arc::clone(&ours);
+        group.bench_function(format!("turnstile, {threads} thread(s)"), |b| {
+            b.iter_custom(|iters| run(threads, iters, Arc::clone(&ours)))
+        });
+        let peer = Arc::clone(&peer);
+        group.bench_function(format!("governor keyed, {threads} thread(s)"), |b| {
+            b.iter_custom(|iters| run(threads, iters, Arc::clone(&peer)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, http, http_service, http_decide);
 /// Requests per callgrind run of the instruction count part: two runs, and the difference over
 /// the difference in requests is the count per request, the start-up (the runtime, the apps,
 /// criterion's own) cancelled out.

@@ -827,7 +827,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                 return Check::Ready(Verdict {
                     outcome: Outcome::Rejected {
                         reason,
-                        rule: rule.name.clone(),
+                        rule: rule.local_name(),
                         retry_after,
                     },
                     quotas: plan
@@ -895,7 +895,7 @@ fn planned<'r, C: Clock>(
         if set.missing_key == MissingKey::Reject {
             tracing::debug!(rule = %rule.name, "request rejected: no client key");
             count!("turnstile_http_rejected", rule.name);
-            return Err(rejected(RejectReason::NoKey, rule.name.clone(), None));
+            return Err(rejected(RejectReason::NoKey, rule.local_name(), None));
         }
         return Ok(None);
     };
@@ -904,7 +904,7 @@ fn planned<'r, C: Clock>(
         None => {
             tracing::debug!(rule = %rule.name, ip = ?request.client_ip, client = ?request.client_id, "request rejected: blocked by a rule with limit 0");
             count!("turnstile_http_rejected", rule.name);
-            Err(rejected(RejectReason::Blocked, rule.name.clone(), None))
+            Err(rejected(RejectReason::Blocked, rule.local_name(), None))
         }
     }
 }
@@ -998,7 +998,7 @@ fn decide_one<C: Clock>(
             Verdict {
                 outcome: Outcome::Rejected {
                     reason,
-                    rule: rule.name.clone(),
+                    rule: rule.local_name(),
                     retry_after,
                 },
                 quotas: rule.quota(0, retry_after.unwrap_or(rule.period)).into(),

@@ -491,7 +491,7 @@ fn reject<C: Clock>(
     Verdict {
         outcome: Outcome::Rejected {
             reason,
-            rule: rule.name.clone(),
+            rule: rule.local_name(),
             retry_after,
         },
         quotas,
