@@ -88,7 +88,9 @@
 //! not the URL nor `cluster`.
 
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
-use crate::http::rules::{parse_header, BanKey, Bans, Compiler, CounterKey, Rule, RuleSet};
+use crate::http::rules::{
+    local_name, parse_header, BanKey, Bans, Compiler, CounterKey, Rule, RuleSet,
+};
 use crate::http::{
     Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas, RateLimitLayer,
     RejectReason, RequestInfo, Verdict,
@@ -99,7 +101,7 @@ use compact_str::CompactString;
 use smallvec::SmallVec;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime};
 
 macro_rules! count {
@@ -563,7 +565,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     pub fn decide(&self, request: &RequestInfo<'_>) -> Verdict {
         match decide(&self.rules.load(), request) {
             Check::Ready(verdict) => verdict,
-            Check::Pending(_) => rejected(RejectReason::Unavailable, "backend".into(), None),
+            Check::Pending(_) => rejected(RejectReason::Unavailable, fixed_name(&BACKEND), None),
         }
     }
 
@@ -594,6 +596,18 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         }
     }
 }
+
+/// The rule name of a rejection no configured rule made: `"blocklist"`, `"ban"` or `"backend"`,
+/// as this thread's copy of one name made once (see [`local_name`]). A flood from a blocked or
+/// banned client is exactly when these are made over and over: a name allocated per rejection
+/// would also miss the thread's cached rejection body, keyed by the name's `Arc`.
+fn fixed_name(name: &'static LazyLock<Arc<str>>) -> Arc<str> {
+    local_name(name)
+}
+
+static BLOCKLIST: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("blocklist"));
+static BAN: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("ban"));
+static BACKEND: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("backend"));
 
 fn rejected(reason: RejectReason, rule: Arc<str>, retry_after: Option<Duration>) -> Verdict {
     Verdict {
@@ -716,7 +730,11 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     {
         tracing::debug!(ip = ?ip, client = ?client, "request rejected: blocklist");
         count!("turnstile_http_rejected", "blocklist");
-        return Check::Ready(rejected(RejectReason::Blocked, "blocklist".into(), None));
+        return Check::Ready(rejected(
+            RejectReason::Blocked,
+            fixed_name(&BLOCKLIST),
+            None,
+        ));
     }
     let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
     if let Some((bans, key)) = &ban {
@@ -724,7 +742,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
             count!("turnstile_http_rejected", "ban");
             return Check::Ready(rejected(
                 RejectReason::Banned,
-                "ban".into(),
+                fixed_name(&BAN),
                 Some(r.retry_after()),
             ));
         }
@@ -1085,6 +1103,41 @@ mod tests {
             &long_path.to_lowercase().replace("ünïcode", "Ünïcode")
         ));
         assert!(decide("A", "/x"));
+    }
+
+    /// A rejection by the blocklist or a ban names its "rule" with the thread's one copy of a
+    /// fixed name, not a name made per rejection (which would also miss the thread's cached
+    /// rejection body).
+    #[test]
+    fn blocklist_and_ban_rejections_share_their_name() {
+        let config = HttpConfig::from_toml_str(
+            "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n[blocklist]\nips = [\"192.0.2.1\"]\n[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"5m\"\n",
+        )
+        .unwrap();
+        let limiter = HttpLimiter::with_clock(config, ManualClock::new()).unwrap();
+        let decide = |ip: &str| match limiter
+            .decide(&RequestInfo {
+                method: &http::Method::GET,
+                path: "/",
+                client_ip: Some(ip.parse().unwrap()),
+                client_id: None,
+            })
+            .outcome
+        {
+            Outcome::Rejected { reason, rule, .. } => Some((reason, rule)),
+            _ => None,
+        };
+        let (reason, first) = decide("192.0.2.1").unwrap();
+        assert_eq!((reason, &*first), (RejectReason::Blocked, "blocklist"));
+        let (_, second) = decide("192.0.2.1").unwrap();
+        assert!(Arc::ptr_eq(&first, &second));
+        // One admitted, one rejected by the rule (the ban's one rejection), then banned.
+        assert!(decide("192.0.2.2").is_none());
+        assert_eq!(decide("192.0.2.2").unwrap().0, RejectReason::RateLimited);
+        let (reason, first) = decide("192.0.2.2").unwrap();
+        assert_eq!((reason, &*first), (RejectReason::Banned, "ban"));
+        let (_, second) = decide("192.0.2.2").unwrap();
+        assert!(Arc::ptr_eq(&first, &second));
     }
 
     /// Sets of general, any-endpoint rules select once, when compiled; the rules chosen are the

@@ -291,7 +291,7 @@ thread_local! {
 /// clients took twice as long per decision as one (`benches/http.rs`, `http-decide`). A
 /// thread's copy is written only by that thread (unless a verdict is dropped elsewhere, which
 /// is rare and still right). Falls back to the shared name while the thread is exiting.
-fn local_name(name: &Arc<str>) -> Arc<str> {
+pub(crate) fn local_name(name: &Arc<str>) -> Arc<str> {
     LOCAL
         .try_with(|cell| {
             let mut local = cell.try_borrow_mut().ok()?;
