@@ -89,7 +89,7 @@
 
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
 use crate::http::rules::{
-    local_name, parse_header, BanKey, Bans, Compiler, CounterKey, Rule, RuleSet,
+    parse_header, BanKey, Bans, Compiler, CounterKey, LocalName, Rule, RuleSet,
 };
 use crate::http::{
     Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas, RateLimitLayer,
@@ -565,7 +565,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     pub fn decide(&self, request: &RequestInfo<'_>) -> Verdict {
         match decide(&self.rules.load(), request) {
             Check::Ready(verdict) => verdict,
-            Check::Pending(_) => rejected(RejectReason::Unavailable, fixed_name(&BACKEND), None),
+            Check::Pending(_) => rejected(RejectReason::Unavailable, BACKEND.get(), None),
         }
     }
 
@@ -597,17 +597,13 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     }
 }
 
-/// The rule name of a rejection no configured rule made: `"blocklist"`, `"ban"` or `"backend"`,
-/// as this thread's copy of one name made once (see [`local_name`]). A flood from a blocked or
-/// banned client is exactly when these are made over and over: a name allocated per rejection
-/// would also miss the thread's cached rejection body, keyed by the name's `Arc`.
-fn fixed_name(name: &'static LazyLock<Arc<str>>) -> Arc<str> {
-    local_name(name)
-}
-
-static BLOCKLIST: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("blocklist"));
-static BAN: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("ban"));
-static BACKEND: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("backend"));
+/// The rule names of rejections no configured rule makes, each handed out as the thread's copy
+/// of one name (see [`LocalName`]). A flood from a blocked or banned client is exactly when these
+/// are made over and over: a name allocated per rejection would also miss the thread's cached
+/// rejection body, keyed by the name's `Arc`.
+static BLOCKLIST: LazyLock<LocalName> = LazyLock::new(|| LocalName::new("blocklist".into()));
+static BAN: LazyLock<LocalName> = LazyLock::new(|| LocalName::new("ban".into()));
+static BACKEND: LazyLock<LocalName> = LazyLock::new(|| LocalName::new("backend".into()));
 
 fn rejected(reason: RejectReason, rule: Arc<str>, retry_after: Option<Duration>) -> Verdict {
     Verdict {
@@ -730,11 +726,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     {
         tracing::debug!(ip = ?ip, client = ?client, "request rejected: blocklist");
         count!("turnstile_http_rejected", "blocklist");
-        return Check::Ready(rejected(
-            RejectReason::Blocked,
-            fixed_name(&BLOCKLIST),
-            None,
-        ));
+        return Check::Ready(rejected(RejectReason::Blocked, BLOCKLIST.get(), None));
     }
     let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
     if let Some((bans, key)) = &ban {
@@ -742,7 +734,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
             count!("turnstile_http_rejected", "ban");
             return Check::Ready(rejected(
                 RejectReason::Banned,
-                fixed_name(&BAN),
+                BAN.get(),
                 Some(r.retry_after()),
             ));
         }

@@ -239,6 +239,8 @@ impl Identity {
 /// One compiled rule.
 pub(crate) struct Rule<C: Clock> {
     pub(crate) name: Arc<str>,
+    /// `name` for verdicts, a copy per thread.
+    local_name: LocalName,
     pub(crate) endpoint: Endpoint,
     pub(crate) period: Duration,
     pub(crate) limit: u32,
@@ -265,54 +267,37 @@ impl<C: Clock> Rule<C> {
         }
     }
 
-    /// The rule's name for a verdict: this thread's own copy (see [`local_name`]).
+    /// The rule's name for a verdict: this thread's own copy (see [`LocalName`]).
     pub(crate) fn local_name(&self) -> Arc<str> {
-        local_name(&self.name)
+        self.local_name.get()
     }
 }
 
-/// How many rule names each thread keeps a copy of (see [`local_name`]): more than a request
-/// meets, so that a thread serving a few rules finds them all.
-const LOCAL_NAMES: usize = 16;
-
-/// This thread's copies of rule names: the rule's own name (held, so that its address is not
-/// reused by another while it is a key here), this thread's copy of it, and where the next
-/// new name goes once the list is full.
-type LocalNames = (Vec<(Arc<str>, Arc<str>)>, usize);
-
-thread_local! {
-    static LOCAL: RefCell<LocalNames> = const { RefCell::new((Vec::new(), 0)) };
+/// A name that every verdict carries (a rule's, or the blocklist's), handed out as each
+/// thread's own `Arc` of it. A verdict is made and dropped for every request: with one shared
+/// `Arc`, each request would write its reference count twice, a cache line that every core
+/// serving requests under the rule writes in turn. Two threads deciding for different clients
+/// took 2.2× as long per decision as one (`benches/http.rs`, `http-decide`). A thread's copy is
+/// written only by that thread (and by another that drops a verdict it was handed, which is
+/// rare and still right). The copies live as long as the rule: a thread of a pool that ends
+/// leaves its copy to the next thread given its id.
+pub(crate) struct LocalName {
+    name: Arc<str>,
+    copies: thread_local::ThreadLocal<Arc<str>>,
 }
 
-/// `name`, as an `Arc` of this thread's own. Every verdict carries its rule's name (in its
-/// quotas, and in a rejection), and a verdict is made and dropped for every request: with the
-/// rule's one shared `Arc`, each request would write its reference count, a cache line that every
-/// core serving requests under the rule writes in turn. Two threads deciding for different
-/// clients took twice as long per decision as one (`benches/http.rs`, `http-decide`). A
-/// thread's copy is written only by that thread (unless a verdict is dropped elsewhere, which
-/// is rare and still right). Falls back to the shared name while the thread is exiting.
-pub(crate) fn local_name(name: &Arc<str>) -> Arc<str> {
-    LOCAL
-        .try_with(|cell| {
-            let mut local = cell.try_borrow_mut().ok()?;
-            let (names, next) = &mut *local;
-            if let Some((_, copy)) = names.iter().find(|(shared, _)| Arc::ptr_eq(shared, name)) {
-                return Some(Arc::clone(copy));
-            }
-            let copy: Arc<str> = Arc::from(&**name);
-            let entry = (Arc::clone(name), Arc::clone(&copy));
-            if names.len() < LOCAL_NAMES {
-                names.push(entry);
-            } else {
-                // Full (many rules, or names of rules a reload replaced): the oldest goes.
-                names[*next] = entry;
-                *next = (*next + 1) % LOCAL_NAMES;
-            }
-            Some(copy)
-        })
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| Arc::clone(name))
+impl LocalName {
+    pub(crate) fn new(name: Arc<str>) -> Self {
+        LocalName {
+            name,
+            copies: thread_local::ThreadLocal::new(),
+        }
+    }
+
+    /// This thread's copy, made the first time the thread asks.
+    pub(crate) fn get(&self) -> Arc<str> {
+        Arc::clone(self.copies.get_or(|| Arc::from(&*self.name)))
+    }
 }
 
 /// Temporary bans.
@@ -631,8 +616,10 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         } else {
             Some(build(algo, self.clock, cap).map_err(field_err)?)
         };
+        let name: Arc<str> = name.into();
         Ok(Rule {
-            name: name.into(),
+            local_name: LocalName::new(Arc::clone(&name)),
+            name,
             endpoint,
             period,
             limit,
@@ -914,41 +901,22 @@ pub(crate) fn parse_header(h: &str) -> Result<http::HeaderName, HttpConfigError>
 mod tests {
     use super::*;
 
-    /// A thread gets one copy of each rule name, the same on every call, with the name's text;
-    /// another thread gets its own; and a thread that meets more names than it keeps still gets
-    /// the right text for each.
+    /// A thread gets one copy of a name, the same on every call, with the name's text; another
+    /// thread gets its own.
     #[test]
-    fn each_thread_has_its_own_copy_of_a_rule_name() {
-        let name: Arc<str> = "per-ip".into();
-        let copy = local_name(&name);
+    fn each_thread_has_its_own_copy_of_a_name() {
+        let name = Arc::new(LocalName::new("per-ip".into()));
+        let copy = name.get();
         assert_eq!(&*copy, "per-ip");
-        assert!(!Arc::ptr_eq(&copy, &name), "a copy, not the shared name");
         assert!(
-            Arc::ptr_eq(&copy, &local_name(&name)),
-            "the same copy again"
+            !Arc::ptr_eq(&copy, &name.name),
+            "a copy, not the shared name"
         );
-        let shared = name.clone();
-        let other = std::thread::spawn(move || {
-            let theirs = local_name(&shared);
-            (
-                Arc::as_ptr(&theirs) as *const u8 as usize,
-                theirs.to_string(),
-            )
-        })
-        .join()
-        .unwrap();
-        assert_ne!(other.0, Arc::as_ptr(&copy) as *const u8 as usize);
-        assert_eq!(other.1, "per-ip");
-        let many: Vec<Arc<str>> = (0..3 * LOCAL_NAMES)
-            .map(|i| Arc::from(format!("rule-{i}")))
-            .collect();
-        for _ in 0..2 {
-            for (i, n) in many.iter().enumerate() {
-                assert_eq!(&*local_name(n), format!("rule-{i}"));
-            }
-        }
-        assert_eq!(&*local_name(&name), "per-ip");
-        LOCAL.with(|l| assert!(l.borrow().0.len() <= LOCAL_NAMES, "bounded"));
+        assert!(Arc::ptr_eq(&copy, &name.get()), "the same copy again");
+        let shared = Arc::clone(&name);
+        let theirs = std::thread::spawn(move || shared.get()).join().unwrap();
+        assert!(!Arc::ptr_eq(&copy, &theirs), "another thread's own copy");
+        assert_eq!(&*theirs, "per-ip");
     }
 
     /// A counter key is 32 bytes (a rule holds one per client), its text is the Redis subject,
