@@ -37,9 +37,18 @@
 //! the same with nothing pinned (the server's two workers and `wrk -t2` share both cores, as a
 //! load test on one machine runs by default); written to `wrk-shared.md`.
 //!
+//! **Decisions on two cores** (`http-decide`, criterion): `HttpLimiter::decide` beside
+//! governor's keyed check, on one thread and on two at once, each thread deciding for its own
+//! client: whether a decision writes memory that decisions for other clients write too.
+//!
+//! **Instructions** (`http-count`, only when named, needs valgrind): each app called directly
+//! under callgrind, twice with different request counts; the exact instructions per request,
+//! which a noisy machine cannot move; written to `target/criterion/http-paired/instructions.md`.
+//!
 //! Run: `cargo bench --features http,axum --bench http` (`-- http-paired` for the paired part
-//! only, `-- http-wrk` or `-- http-wrk-shared` for a wrk part). In criterion's test mode
-//! (`cargo test --benches`) the paired part runs briefly and writes nothing.
+//! only, `-- http-wrk` or `-- http-wrk-shared` for a wrk part, `-- http-count` for the
+//! instruction counts). In criterion's test mode (`cargo test --benches`) the paired part runs
+//! briefly and writes nothing.
 
 use axum::routing::get;
 use axum::Router;
