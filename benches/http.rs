@@ -149,22 +149,33 @@ fn constant_headers() -> tower::util::MapResponse<Router, AddHeaders> {
     .layer(routes())
 }
 
+/// `body` with `app` bound to the router behind tower_governor (governor keyed by peer IP) with
+/// a quota that admits every request, with its `x-ratelimit-*` headers (`use_headers`, which
+/// changes the config's type, hence a macro) when `headers` is true.
+macro_rules! governed {
+    ($headers:expr, |$app:ident| $body:expr) => {{
+        use tower_governor::governor::GovernorConfigBuilder;
+        use tower_governor::GovernorLayer;
+        let mut builder = GovernorConfigBuilder::default();
+        builder.per_second(1).burst_size(u32::MAX / 2);
+        if $headers {
+            let config = builder.use_headers().finish().expect("governor config");
+            let $app = GovernorLayer::new(config).layer(routes());
+            $body
+        } else {
+            let config = builder.finish().expect("governor config");
+            let $app = GovernorLayer::new(config).layer(routes());
+            $body
+        }
+    }};
+}
+
 /// The app behind the peer, tower_governor (governor keyed by peer IP), with a quota that admits
 /// every request, around the whole router like the layer; `headers`: its
 /// `x-ratelimit-limit`/`-remaining` on every response (`use_headers`), the counterpart of the
 /// `RateLimit` headers.
 async fn serve_governed(headers: bool) -> SocketAddr {
-    use tower_governor::governor::GovernorConfigBuilder;
-    use tower_governor::GovernorLayer;
-    let mut builder = GovernorConfigBuilder::default();
-    builder.per_second(1).burst_size(u32::MAX / 2);
-    if headers {
-        let config = builder.use_headers().finish().expect("governor config");
-        serve(GovernorLayer::new(config).layer(routes())).await
-    } else {
-        let config = builder.finish().expect("governor config");
-        serve(GovernorLayer::new(config).layer(routes())).await
-    }
+    governed!(headers, |app| serve(app).await)
 }
 
 /// Serves `app` on 127.0.0.1:0 with the peer address of each connection in its requests'
@@ -672,6 +683,16 @@ where
     }
 }
 
+/// `app` after a first request that takes the rejected apps' only permit.
+fn spent<S>(mut app: S) -> S
+where
+    S: tower::Service<http::Request<axum::body::Body>, Response = axum::response::Response>,
+    S::Error: std::fmt::Debug,
+{
+    assert_eq!(one_request(&mut app), 200);
+    app
+}
+
 /// The layer's own cost without a network: the router called directly, through the layer or
 /// not, one request at a time on this thread (ns per request, criterion's median). The layer
 /// goes around the whole router, as in the other parts, and for comparison into it with
@@ -689,15 +710,6 @@ fn http_service(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| assert_eq!(one_request(&mut app), status))
         });
-    }
-    /// `app` after a first request that takes the rejected apps' only permit.
-    fn spent<S>(mut app: S) -> S
-    where
-        S: tower::Service<http::Request<axum::body::Body>, Response = axum::response::Response>,
-        S::Error: std::fmt::Debug,
-    {
-        assert_eq!(one_request(&mut app), 200);
-        app
     }
     measure(&mut group, "bare", routes(), 200);
     measure(
@@ -806,16 +818,12 @@ const COUNT_REQUESTS: [u64; 2] = [2_000, 6_000];
 /// Set in a run under callgrind: `app index:requests`.
 const COUNT_ENV: &str = "TURNSTILE_HTTP_COUNT";
 
-/// Sends `requests` requests through `app` with [`one_request`] (after one that takes the
-/// rejected app's only permit).
+/// Sends `requests` requests through `app` with [`one_request`], each answered with `status`.
 fn count_requests<S>(mut app: S, status: u16, requests: u64)
 where
     S: tower::Service<http::Request<axum::body::Body>, Response = axum::response::Response>,
     S::Error: std::fmt::Debug,
 {
-    if status == 429 {
-        assert_eq!(one_request(&mut app), 200);
-    }
     for _ in 0..requests {
         assert_eq!(one_request(&mut app), status);
     }
@@ -823,25 +831,15 @@ where
 
 /// The app of `NAMES[index]` as a service, called directly (no network) `requests` times.
 fn count_app(index: usize, requests: u64) {
-    use tower_governor::governor::GovernorConfigBuilder;
-    use tower_governor::GovernorLayer;
-    let governed = |headers: bool| {
-        let mut builder = GovernorConfigBuilder::default();
-        builder.per_second(1).burst_size(u32::MAX / 2);
-        if headers {
-            builder.use_headers();
-        }
-        GovernorLayer::new(builder.finish().expect("governor config"))
-    };
     let status = STATUS[index];
     match index {
         0 => count_requests(routes(), status, requests),
         1 => count_requests(limited(u32::MAX as u64 / 2, true), status, requests),
-        2 => count_requests(limited(1, true), status, requests),
+        2 => count_requests(spent(limited(1, true)), status, requests),
         3 => count_requests(limited(u32::MAX as u64 / 2, false), status, requests),
         4 => count_requests(noop_layer(), status, requests),
-        5 => count_requests(governed(true).layer(routes()), status, requests),
-        6 => count_requests(governed(false).layer(routes()), status, requests),
+        5 => governed!(true, |app| count_requests(app, status, requests)),
+        6 => governed!(false, |app| count_requests(app, status, requests)),
         7 => count_requests(constant_headers(), status, requests),
         _ => panic!("no app {index}"),
     }

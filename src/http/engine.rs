@@ -1053,15 +1053,19 @@ mod tests {
     use super::*;
     use crate::ManualClock;
 
+    /// A limiter of the TOML configuration `toml`, on a manual clock.
+    fn manual(toml: &str) -> HttpLimiter<ManualClock> {
+        HttpLimiter::with_clock(HttpConfig::from_toml_str(toml).unwrap(), ManualClock::new())
+            .unwrap()
+    }
+
     /// Keys are inline up to 24 bytes and on the heap beyond: both count apart, per client and
     /// per endpoint (the path lower-cased, the rest of it kept).
     #[test]
     fn long_and_short_keys_count_apart() {
-        let config = HttpConfig::from_toml_str(
+        let limiter = manual(
             "client_id_header = \"x-client\"\n[[rules]]\nname = \"per-client-endpoint\"\nendpoint = \"*\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\nper_endpoint = true\n",
-        )
-        .unwrap();
-        let limiter = HttpLimiter::with_clock(config, ManualClock::new()).unwrap();
+        );
         let long = "c".repeat(100);
         let long_path = format!("/API/{}/Ünïcode", "x".repeat(40));
         let decide = |client: &str, path: &str| {
@@ -1102,11 +1106,9 @@ mod tests {
     /// rejection body).
     #[test]
     fn blocklist_and_ban_rejections_share_their_name() {
-        let config = HttpConfig::from_toml_str(
+        let limiter = manual(
             "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n[blocklist]\nips = [\"192.0.2.1\"]\n[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"5m\"\n",
-        )
-        .unwrap();
-        let limiter = HttpLimiter::with_clock(config, ManualClock::new()).unwrap();
+        );
         let decide = |ip: &str| match limiter
             .decide(&RequestInfo {
                 method: &http::Method::GET,
@@ -1168,11 +1170,7 @@ mod tests {
         ];
         for (rules, expected) in cases {
             let toml = rules.concat();
-            let limiter = HttpLimiter::with_clock(
-                HttpConfig::from_toml_str(&toml).unwrap(),
-                ManualClock::new(),
-            )
-            .unwrap();
+            let limiter = manual(&toml);
             let set = limiter.rules.load();
             let fixed = set.fixed_enforced.as_deref().map(names);
             let expected = expected.map(|e| e.iter().map(|s| s.to_string()).collect::<Vec<_>>());
@@ -1191,11 +1189,7 @@ mod tests {
             "{}[[ip_rules]]\nip = \"10.0.0.0/8\"\n[[ip_rules.rules]]\nendpoint = \"*\"\nperiod = \"1s\"\nlimit = 1\n",
             rule("a", "*", "1s", 5, false)
         );
-        let limiter = HttpLimiter::with_clock(
-            HttpConfig::from_toml_str(&toml).unwrap(),
-            ManualClock::new(),
-        )
-        .unwrap();
+        let limiter = manual(&toml);
         assert!(limiter.rules.load().fixed_enforced.is_none());
     }
 
