@@ -887,6 +887,47 @@ mod metrics_counters {
         assert_eq!(n("turnstile_http_rejected{ban}"), 1);
     }
 
+    /// Each increment goes to the recorder installed at that moment (the rules keep keys, not
+    /// handles registered when they compiled), and a request a later rule rejects is counted as
+    /// admitted by no rule, though the earlier rule let it through before the refund.
+    #[test]
+    fn counters_follow_the_recorder_and_count_admissions_only() {
+        let (l, _) = limiter(
+            "[[rules]]\nname = \"minute\"\nperiod = \"1m\"\nlimit = 10\n[[rules]]\nname = \"second\"\nperiod = \"1s\"\nlimit = 1\n",
+        );
+        let (first, second) = (Tally::default(), Tally::default());
+        metrics::with_local_recorder(&first, || {
+            get(&l, "/", "1.1.1.1", None);
+        });
+        metrics::with_local_recorder(&second, || {
+            get(&l, "/", "1.1.1.1", None);
+            get(&l, "/", "1.1.1.1", None);
+        });
+        let n = |tally: &Tally, k: &str| tally.0.lock().unwrap().get(k).copied().unwrap_or(0);
+        assert_eq!(n(&first, "turnstile_http_admitted{minute}"), 1);
+        assert_eq!(n(&first, "turnstile_http_admitted{second}"), 1);
+        assert_eq!(n(&first, "turnstile_http_rejected{second}"), 0);
+        assert_eq!(n(&second, "turnstile_http_admitted{minute}"), 0);
+        assert_eq!(n(&second, "turnstile_http_admitted{second}"), 0);
+        assert_eq!(n(&second, "turnstile_http_rejected{second}"), 2);
+        assert_eq!(n(&second, "turnstile_http_rejected{minute}"), 0);
+    }
+
+    /// One global rule is decided on a path of its own: it counts the same.
+    #[test]
+    fn one_rule_counts_admissions_and_rejections() {
+        let tally = Tally::default();
+        let (l, _) = limiter("[[rules]]\nname = \"only\"\nperiod = \"1m\"\nlimit = 2\n");
+        metrics::with_local_recorder(&tally, || {
+            for _ in 0..5 {
+                get(&l, "/", "1.1.1.1", None);
+            }
+        });
+        let n = |k: &str| tally.0.lock().unwrap().get(k).copied().unwrap_or(0);
+        assert_eq!(n("turnstile_http_admitted{only}"), 2);
+        assert_eq!(n("turnstile_http_rejected{only}"), 3);
+    }
+
     /// Every request of a client a full rule has no room for is counted, whatever
     /// `key_overflow` does with it.
     #[test]

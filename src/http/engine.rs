@@ -89,7 +89,7 @@
 
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
 use crate::http::rules::{
-    parse_header, BanKey, Bans, Compiler, CounterKey, LocalName, Rule, RuleSet,
+    parse_header, BanKey, Bans, Compiler, CounterKey, LocalName, Metric, Rule, RuleSet,
 };
 use crate::http::{
     Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas, RateLimitLayer,
@@ -104,12 +104,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime};
 
-macro_rules! count {
-    ($name:literal, $rule:expr) => {{
+/// Counts a rejection by a list no rule names (`"blocklist"`, `"ban"`) in the `metrics` facade:
+/// literals, so the key is a static one.
+macro_rules! count_list_rejection {
+    ($list:literal) => {{
         #[cfg(feature = "metrics")]
-        metrics::counter!($name, "rule" => $rule.to_string()).increment(1);
-        #[cfg(not(feature = "metrics"))]
-        let _ = &$rule;
+        metrics::counter!("turnstile_http_rejected", "rule" => $list).increment(1);
     }};
 }
 
@@ -725,13 +725,13 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         || client.is_some_and(|c| set.block_clients.contains(c))
     {
         tracing::debug!(ip = ?ip, client = ?client, "request rejected: blocklist");
-        count!("turnstile_http_rejected", "blocklist");
+        count_list_rejection!("blocklist");
         return Check::Ready(rejected(RejectReason::Blocked, BLOCKLIST.get(), None));
     }
     let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
     if let Some((bans, key)) = &ban {
         if let (Err(TryAcquireError::Rejected(r)), _) = bans.banned.chain_decide::<false>(key, 1) {
-            count!("turnstile_http_rejected", "ban");
+            count_list_rejection!("ban");
             return Check::Ready(rejected(
                 RejectReason::Banned,
                 BAN.get(),
@@ -877,11 +877,13 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         };
         if would_reject {
             tracing::debug!(rule = %rule.name, key = ?key, "monitor rule would reject");
-            count!("turnstile_http_shadow_rejected", rule.name);
+            rule.counters.increment(Metric::ShadowRejected);
         }
     }
-    for q in &quotas {
-        count!("turnstile_http_admitted", q.policy);
+    for (index, (rule, _, _)) in plan.iter().enumerate() {
+        if !uncounted.contains(&index) {
+            rule.counters.increment(Metric::Admitted);
+        }
     }
     Check::Ready(Verdict {
         outcome: Outcome::Admitted,
@@ -904,7 +906,7 @@ fn planned<'r, C: Clock>(
     let Some(key) = counter_key(rule, request) else {
         if set.missing_key == MissingKey::Reject {
             tracing::debug!(rule = %rule.name, "request rejected: no client key");
-            count!("turnstile_http_rejected", rule.name);
+            rule.counters.increment(Metric::Rejected);
             return Err(rejected(RejectReason::NoKey, rule.local_name(), None));
         }
         return Ok(None);
@@ -913,7 +915,7 @@ fn planned<'r, C: Clock>(
         Some(limiter) => Ok(Some((limiter, key))),
         None => {
             tracing::debug!(rule = %rule.name, ip = ?request.client_ip, client = ?request.client_id, "request rejected: blocked by a rule with limit 0");
-            count!("turnstile_http_rejected", rule.name);
+            rule.counters.increment(Metric::Rejected);
             Err(rejected(RejectReason::Blocked, rule.local_name(), None))
         }
     }
@@ -928,12 +930,12 @@ fn rejected_by<C: Clock>(
     ban: Option<&(&Arc<Bans<C>>, BanKey)>,
 ) -> (RejectReason, Option<Duration>) {
     tracing::debug!(rule = %rule.name, key = ?key, error = %error, "request rejected");
-    count!("turnstile_http_rejected", rule.name);
+    rule.counters.increment(Metric::Rejected);
     let rate_limited = matches!(error, TryAcquireError::Rejected(_));
     // Only rate-limit rejections count towards a ban: a client refused because the rule is
     // full of other clients did nothing to deserve one.
     if let (Some((bans, client)), true) = (ban, rate_limited) {
-        bans.count_rejection(client, &rule.name);
+        bans.count_rejection(client, &rule.counters);
     }
     match error {
         TryAcquireError::Rejected(r) => (RejectReason::RateLimited, Some(r.retry_after())),
@@ -955,7 +957,7 @@ fn passes_full_rule<C: Clock>(
     if !matches!(error, TryAcquireError::TooManyKeys { .. }) {
         return false;
     }
-    count!("turnstile_http_key_overflow", rule.name);
+    rule.counters.increment(Metric::KeyOverflow);
     let allow = set.key_overflow == KeyOverflowPolicy::Allow;
     tracing::debug!(rule = %rule.name, key = ?key, allow, "rule full: a new client is not counted");
     allow
@@ -965,7 +967,7 @@ fn passes_full_rule<C: Clock>(
 /// (`key_overflow = "shared"`).
 fn count_shared_overflow<C: Clock>(rule: &Rule<C>, overflow: bool) {
     if overflow {
-        count!("turnstile_http_key_overflow", rule.name);
+        rule.counters.increment(Metric::KeyOverflow);
     }
 }
 
@@ -991,7 +993,7 @@ fn decide_one<C: Clock>(
     count_shared_overflow(rule, overflow);
     match decided {
         Ok(admission) => {
-            count!("turnstile_http_admitted", rule.name);
+            rule.counters.increment(Metric::Admitted);
             Verdict {
                 outcome: Outcome::Admitted,
                 quotas: rule

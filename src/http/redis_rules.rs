@@ -64,7 +64,7 @@
 
 use crate::backend::try_acquire_all;
 use crate::http::config::{BackendConfig, HttpConfig, RuleKey};
-use crate::http::rules::{parse_period, BanKey, Bans, CounterKey, Rule, RuleSet};
+use crate::http::rules::{parse_period, BanKey, Bans, CounterKey, Metric, Rule, RuleSet};
 use crate::http::{Check, HttpConfigError, Outcome, QuotaState, Quotas, RejectReason, Verdict};
 use crate::{Admission, Clock, FailurePolicy, RedisLimiter, TryAcquireError};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
@@ -333,24 +333,17 @@ pub(crate) fn attach<C: Clock>(
     Ok(())
 }
 
-fn count_metric(name: &'static str, rule: &str) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!(name, "rule" => rule.to_owned()).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (name, rule);
-}
-
 impl Remote {
     /// Reports the failure-policy decisions made since the last report: the difference to the
     /// limiter's own count, so that each decision is reported exactly once even when requests
     /// race.
-    fn report(&self, rule: &str) {
+    fn report<C: Clock>(&self, rule: &Rule<C>) {
         let stats = self.limiter.stats();
         let now = stats.fallbacks + stats.failed_open + stats.failed_closed;
         let before = self.reported.fetch_max(now, Ordering::Relaxed);
         for _ in before..now {
-            tracing::warn!(rule = %rule, "Redis failed or missed the deadline: the failure policy decided");
-            count_metric("turnstile_http_backend_fallbacks", rule);
+            tracing::warn!(rule = %rule.name, "Redis failed or missed the deadline: the failure policy decided");
+            rule.counters.increment(Metric::BackendFallbacks);
         }
     }
 }
@@ -390,7 +383,7 @@ pub(crate) fn count<C: Clock>(
             let mut quotas = Quotas::with_capacity(steps.len());
             for (step, limiter, subject) in &steps {
                 let result = limiter.limiter.try_acquire(subject).await;
-                limiter.report(&step.rule.name);
+                limiter.report(&step.rule);
                 quotas.push(quota(&step.rule, &result));
                 if let Err(error) = result {
                     return reject(step, error, quotas, &ban);
@@ -403,14 +396,15 @@ pub(crate) fn count<C: Clock>(
                 continue;
             };
             let result = limiter.limiter.try_acquire(&step.key.subject()).await;
-            limiter.report(&step.rule.name);
+            limiter.report(&step.rule);
             if result.is_err() {
                 tracing::debug!(rule = %step.rule.name, key = ?step.key, "monitor rule would reject");
-                count_metric("turnstile_http_shadow_rejected", &step.rule.name);
+                step.rule.counters.increment(Metric::ShadowRejected);
             }
         }
-        for q in &quotas {
-            count_metric("turnstile_http_admitted", &q.policy);
+        // Every enforced step admitted and reported a quota.
+        for (step, _, _) in &steps {
+            step.rule.counters.increment(Metric::Admitted);
         }
         Verdict {
             outcome: Outcome::Admitted,
@@ -432,7 +426,7 @@ async fn count_all<C: Clock>(
     let mut answers = try_acquire_all(&members, 1).await;
     let mut quotas = Quotas::with_capacity(steps.len());
     for ((step, remote, _), answer) in steps.iter().zip(&answers) {
-        remote.report(&step.rule.name);
+        remote.report(&step.rule);
         if let Some(answer) = answer {
             quotas.push(quota(&step.rule, answer));
         }
@@ -484,9 +478,9 @@ fn reject<C: Clock>(
         _ => (RejectReason::Unavailable, None),
     };
     tracing::debug!(rule = %rule.name, key = ?step.key, error = %error, "request rejected (Redis)");
-    count_metric("turnstile_http_rejected", &rule.name);
+    rule.counters.increment(Metric::Rejected);
     if let (Some((bans, client)), RejectReason::RateLimited) = (ban, reason) {
-        bans.count_rejection(client, &rule.name);
+        bans.count_rejection(client, &rule.counters);
     }
     Verdict {
         outcome: Outcome::Rejected {
