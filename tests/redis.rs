@@ -79,6 +79,26 @@ fn rejection(result: Result<Admission, TryAcquireError>) -> Rejection {
     }
 }
 
+/// The tests run against the server they name: Redis by default, Valkey when `.ci/run` sets
+/// `TURNSTILE_REDIS_SERVER=valkey-server` (Valkey's INFO says `server_name:valkey`; Redis 7's
+/// has no such line, and Valkey keeps `redis_version` for clients that look).
+#[test]
+fn the_server_is_the_one_named() {
+    let server = RedisServer::start();
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(info.contains("redis_version:"), "{info}");
+    let valkey = info.contains("server_name:valkey");
+    assert_eq!(
+        valkey,
+        redis_server::server_binary().contains("valkey"),
+        "asked for {}, got: {info}",
+        redis_server::server_binary()
+    );
+}
+
 fn dump(con: &mut redis::Connection, key: &[u8]) -> Option<Vec<u8>> {
     redis::cmd("DUMP").arg(key).query(con).unwrap()
 }

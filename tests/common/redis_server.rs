@@ -1,6 +1,10 @@
 //! A private `redis-server` per test: started on a free port with no persistence, ready once it
 //! answers PING, killed when dropped. A missing `redis-server` is a test failure with a clear
 //! message, never a skip (`.ci/run` installs it with apt-get).
+//!
+//! `TURNSTILE_REDIS_SERVER` and `TURNSTILE_REDIS_CLI` name other binaries of the same protocol:
+//! `.ci/run` runs the Redis tests a second time with `valkey-server` and `valkey-cli`. A named
+//! binary that cannot run fails the tests the same way.
 
 #![allow(dead_code)] // each test binary uses the parts it needs
 
@@ -9,6 +13,25 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use turnstile::redis;
+
+/// The server binary: `TURNSTILE_REDIS_SERVER`, or `redis-server`.
+pub fn server_binary() -> String {
+    std::env::var("TURNSTILE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// The command-line client (for `--cluster create`): `TURNSTILE_REDIS_CLI`, or `redis-cli`.
+fn cli_binary() -> String {
+    std::env::var("TURNSTILE_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into())
+}
+
+/// How to install `binary` when it cannot run.
+fn install_hint(binary: &str) -> &'static str {
+    if binary.starts_with("valkey") {
+        "apt-get install -y valkey-server (Debian 12: from bookworm-backports; `.ci/run` does)"
+    } else {
+        "apt-get update && apt-get install -y redis-server (`.ci/run` does)"
+    }
+}
 
 /// One redis-server process, owned by the test.
 pub struct RedisServer {
@@ -72,12 +95,13 @@ impl RedisServer {
                 return server;
             }
         }
-        panic!("redis-server did not start on any of 5 free ports");
+        panic!("{} did not start on any of 5 free ports", server_binary());
     }
 
     /// Starts the server process on `self.port`; false if it exited (port taken).
     fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
+        let binary = server_binary();
+        let child = Command::new(&binary)
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -97,8 +121,8 @@ impl RedisServer {
         let mut child = match child {
             Ok(child) => child,
             Err(e) => panic!(
-                "cannot run `redis-server` ({e}). The Redis tests need it and never skip: install \
-                 it with `apt-get update && apt-get install -y redis-server` (`.ci/run` does)."
+                "cannot run `{binary}` ({e}). The Redis tests need it and never skip: {}.",
+                install_hint(&binary)
             ),
         };
         let started = Instant::now();
@@ -115,7 +139,7 @@ impl RedisServer {
         let _ = child.kill();
         let _ = child.wait();
         panic!(
-            "redis-server on port {} did not answer PING within 10 s",
+            "{binary} on port {} did not answer PING within 10 s",
             self.port
         );
     }
@@ -155,7 +179,8 @@ impl RedisServer {
         self.kill();
         assert!(
             self.spawn(),
-            "redis-server could not be restarted on port {}",
+            "{} could not be restarted on port {}",
+            server_binary(),
             self.port
         );
     }
@@ -211,18 +236,22 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let output = Command::new("redis-cli")
+        let cli = cli_binary();
+        let output = Command::new(&cli)
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .output()
             .unwrap_or_else(|e| {
-                panic!("cannot run `redis-cli` ({e}): it comes with redis-server (apt-get install -y redis-server)")
+                panic!(
+                    "cannot run `{cli}` ({e}): it comes with the server: {}",
+                    install_hint(&server_binary())
+                )
             });
         assert!(
             output.status.success(),
-            "redis-cli --cluster create failed: {}",
+            "{cli} --cluster create failed: {}",
             String::from_utf8_lossy(&output.stdout)
         );
         let started = Instant::now();
