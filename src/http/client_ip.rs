@@ -44,7 +44,8 @@ pub enum ForwardedHeader {
 #[non_exhaustive]
 pub struct ClientIpConfig {
     /// Peers whose forwarding headers are believed (addresses or CIDR ranges). Empty: the peer
-    /// address is always the client.
+    /// address is always the client. IPv4-mapped IPv6 addresses and ranges (`::ffff:10.0.0.0/104`)
+    /// match the IPv4 addresses they map, and the reverse.
     #[serde(deserialize_with = "deserialize_nets")]
     pub trusted_proxies: Vec<IpNet>,
     /// The headers read from a trusted peer, in order of preference.
@@ -127,8 +128,26 @@ impl ClientIpConfig {
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
-        self.trusted_proxies.iter().any(|net| net.contains(&ip))
+        self.trusted_proxies
+            .iter()
+            .any(|net| canonical_net(*net).contains(&ip))
     }
+}
+
+/// A range of IPv4-mapped IPv6 addresses (`::ffff:10.0.0.0/104`) is the IPv4 range
+/// (`10.0.0.0/8`), as addresses are compared in their [`canonical`] form.
+fn canonical_net(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net {
+        if let (Some(v4), Some(len)) = (
+            v6.network().to_ipv4_mapped(),
+            v6.prefix_len().checked_sub(96),
+        ) {
+            if let Ok(v4net) = ipnet::Ipv4Net::new(v4, len) {
+                return IpNet::V4(v4net);
+            }
+        }
+    }
+    net
 }
 
 /// An IPv4-mapped IPv6 address (`::ffff:1.2.3.4`, as dual-stack sockets report IPv4 peers) is
@@ -148,11 +167,11 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// If `peer` is not a trusted proxy (or is unknown), the peer's address is the client and the
 /// headers are ignored: a forwarding header from an untrusted peer never changes the key. If the
 /// peer is trusted, the configured headers are read in order; the first one present decides.
-/// Its addresses (all its lines, comma-separated) are walked right to left, skipping trusted
-/// proxies; the first untrusted address is the client, or the leftmost when every entry is
-/// trusted. An entry that cannot be parsed (garbage, or `Forwarded`'s `unknown` and obfuscated
-/// identifiers) where the walk reaches it stops the walk, and the peer is the client: what a
-/// trusted proxy could not vouch for is not believed.
+/// Its addresses (all its lines, comma-separated; empty list elements are ignored, as RFC 9110
+/// asks) are walked right to left, skipping trusted proxies; the first untrusted address is the
+/// client, or the leftmost when every entry is trusted. An entry that cannot be parsed (garbage,
+/// or `Forwarded`'s `unknown` and obfuscated identifiers) where the walk reaches it stops the
+/// walk, and the peer is the client: what a trusted proxy could not vouch for is not believed.
 ///
 /// The result is masked to `ipv4_prefix` / `ipv6_prefix` (prefixes above 32 / 128 are taken as
 /// 32 / 128).
@@ -180,7 +199,7 @@ pub fn client_ip(
     config: &ClientIpConfig,
 ) -> Option<IpAddr> {
     let peer = canonical(peer?);
-    let chosen = if config.trusted_proxies.iter().any(|net| net.contains(&peer)) {
+    let chosen = if config.is_trusted(peer) {
         from_headers(headers, config).unwrap_or(peer)
     } else {
         peer
@@ -203,13 +222,16 @@ fn from_headers(headers: &http::HeaderMap, config: &ClientIpConfig) -> Option<Ip
         }
         let mut entries: Vec<Option<IpAddr>> = Vec::new();
         for line in lines {
-            let Ok(text) = line.to_str() else {
-                entries.push(None);
-                continue;
-            };
+            // Bytes above 0x7f (obs-text) are not in any address, but they must not hide the
+            // addresses beside them on the line, which a trusted proxy may have appended.
+            let text = String::from_utf8_lossy(line.as_bytes());
             match header {
-                ForwardedHeader::Forwarded => forwarded_entries(text, &mut entries),
-                _ => entries.extend(text.split(',').map(parse_node)),
+                ForwardedHeader::Forwarded => forwarded_entries(&text, &mut entries),
+                _ => entries.extend(
+                    text.split(',')
+                        .filter(|element| !element.trim().is_empty())
+                        .map(parse_node),
+                ),
             }
         }
         return walk(&entries, config);
@@ -232,9 +254,12 @@ fn walk(entries: &[Option<IpAddr>], config: &ClientIpConfig) -> Option<IpAddr> {
 }
 
 /// The `for=` values of an RFC 7239 `Forwarded` line, one entry per forwarded element (an
-/// element without `for=` is an unparseable entry).
+/// element without `for=` is an unparseable entry; an empty list element is no element).
 fn forwarded_entries(text: &str, entries: &mut Vec<Option<IpAddr>>) {
     for element in split_outside_quotes(text, ',') {
+        if element.trim().is_empty() {
+            continue;
+        }
         let mut found = None;
         for pair in split_outside_quotes(element, ';') {
             let Some((name, value)) = pair.split_once('=') else {
@@ -459,6 +484,111 @@ mod tests {
         // X-Forwarded-For is not among the configured headers.
         let h = headers(&[("x-forwarded-for", "6.6.6.6")]);
         assert_eq!(client_ip(peer, &h, &config), peer);
+    }
+
+    #[test]
+    fn one_line_with_a_non_ascii_byte_keeps_the_proxys_entries() {
+        // A client's X-Forwarded-For with a byte above 0x7f, to which a trusted proxy appended
+        // the address it saw on the same line: that address is the client.
+        let config = trusting(&["10.0.0.0/8"]);
+        let peer = Some(ip("10.0.0.1"));
+        for (name, value) in [
+            ("x-forwarded-for", &b"\xff6.6.6.6, 203.0.113.9"[..]),
+            ("forwarded", &b"for=\"\xe9\", for=203.0.113.9"[..]),
+        ] {
+            let mut map = http::HeaderMap::new();
+            map.insert(name, http::HeaderValue::from_bytes(value).unwrap());
+            assert_eq!(
+                client_ip(peer, &map, &config),
+                Some(ip("203.0.113.9")),
+                "{name}"
+            );
+        }
+        // Where the walk reaches it, the entry with that byte still stops the walk.
+        let mut map = http::HeaderMap::new();
+        map.insert(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"6.6.6.6\xff, 10.0.0.2").unwrap(),
+        );
+        assert_eq!(client_ip(peer, &map, &config), peer);
+    }
+
+    #[test]
+    fn empty_list_elements_are_ignored() {
+        // RFC 9110 5.6.1.2: a recipient ignores empty list elements.
+        let config = trusting(&["10.0.0.0/8"]);
+        let peer = Some(ip("10.0.0.1"));
+        let h = headers(&[("x-forwarded-for", "203.0.113.9, ,10.0.0.2, ")]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("203.0.113.9")));
+        let h = headers(&[("forwarded", "for=203.0.113.9, , for=10.0.0.2,")]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("203.0.113.9")));
+        // An element with parameters but no `for=` is not empty: it stops the walk.
+        let h = headers(&[("forwarded", "for=203.0.113.9, proto=https")]);
+        assert_eq!(client_ip(peer, &h, &config), peer);
+    }
+
+    #[test]
+    fn ipv4_mapped_peers_and_ranges() {
+        let peer = Some(ip("::ffff:10.0.0.1"));
+        let h = headers(&[("x-forwarded-for", "203.0.113.9, ::ffff:10.0.0.2")]);
+        // A dual-stack socket's mapped peer against an IPv4 range, and a mapped entry.
+        let config = trusting(&["10.0.0.0/8"]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("203.0.113.9")));
+        // The same proxies written as IPv4-mapped addresses, as such a socket reports them.
+        let config = trusting(&["::ffff:10.0.0.0/104"]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("203.0.113.9")));
+        assert_eq!(
+            client_ip(Some(ip("10.0.0.1")), &h, &config),
+            Some(ip("203.0.113.9"))
+        );
+        // All of IPv6 is not all of IPv4.
+        let config = trusting(&["::/0"]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("10.0.0.1")));
+    }
+
+    #[test]
+    fn forwarded_lines_case_whitespace_and_grouping() {
+        let config = ClientIpConfig {
+            ipv4_prefix: 24,
+            ipv6_prefix: 64,
+            ..trusting(&["10.0.0.0/8"])
+        };
+        let peer = Some(ip("10.0.0.1"));
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            // Several lines are one list, the last line rightmost.
+            (
+                &[
+                    ("forwarded", "for=6.6.6.6"),
+                    ("forwarded", "for=203.0.113.9, for=10.0.0.2"),
+                ],
+                "203.0.113.0",
+            ),
+            (
+                &[(
+                    "forwarded",
+                    " FOR=203.0.113.9 ; proto=https ,  for=10.0.0.2 ;by=x",
+                )],
+                "203.0.113.0",
+            ),
+            // Every entry trusted: the leftmost.
+            (&[("forwarded", "for=10.0.0.3, for=10.0.0.2")], "10.0.0.0"),
+            // Addresses from the headers are grouped too, an IPv4-mapped one as IPv4.
+            (
+                &[("forwarded", r#"for="[2001:db8:1:2::1]""#)],
+                "2001:db8:1:2::",
+            ),
+            (
+                &[("forwarded", r#"for="[::ffff:203.0.113.9]:80""#)],
+                "203.0.113.0",
+            ),
+        ];
+        for (h, want) in cases {
+            assert_eq!(
+                client_ip(peer, &headers(h), &config),
+                Some(ip(want)),
+                "{h:?}"
+            );
+        }
     }
 
     #[test]
