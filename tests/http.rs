@@ -139,7 +139,8 @@ async fn requests_are_decided_before_routing_so_unrouted_paths_count_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_addresses_with_ports_and_lists_are_parsed_from_a_trusted_proxy() {
     let (limiter, _clock) = limiter(&format!(
-        "[client_ip]\ntrusted_proxies = [\"127.0.0.1\", \"10.0.0.0/8\"]\n{PER_IP}"
+        "[client_ip]\ntrusted_proxies = [\"127.0.0.1\", \"10.0.0.0/8\"]\n\
+         headers = [\"forwarded\", \"x-forwarded-for\"]\n{PER_IP}"
     ));
     let client = Client::start(&limiter).await;
     // The same client behind two proxies, written three ways: one key, so the third is 429.
@@ -166,6 +167,33 @@ async fn forwarded_addresses_with_ports_and_lists_are_parsed_from_a_trusted_prox
             .await,
         200
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_proxy_that_appends_x_forwarded_for_the_clients_own_headers_do_not_change_the_key()
+{
+    // The default reads X-Forwarded-For only: a `Forwarded` or `X-Real-IP` header that the
+    // proxy passed on as the client wrote it is not believed, and the address the proxy
+    // appended to X-Forwarded-For is the key.
+    let (limiter, _clock) = limiter(&format!(
+        "[client_ip]\ntrusted_proxies = [\"127.0.0.1\"]\n{PER_IP}"
+    ));
+    let client = Client::start(&limiter).await;
+    let mut statuses = Vec::new();
+    for spoof in ["198.51.100.1", "198.51.100.2", "198.51.100.3"] {
+        let forwarded_for = format!("{spoof}, 203.0.113.9");
+        let forwarded = format!("for={spoof}");
+        let headers = [
+            ("forwarded", forwarded.as_str()),
+            ("x-real-ip", spoof),
+            ("x-forwarded-for", forwarded_for.as_str()),
+        ];
+        statuses.push(client.status("/api/values", &headers).await);
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    // Another address appended by the proxy is another client.
+    let headers = [("x-forwarded-for", "198.51.100.1, 203.0.113.10")];
+    assert_eq!(client.status("/api/values", &headers).await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 use tower::{Layer, Service};
 use turnstile::http::{
-    Check, ClientIpConfig, ConcurrencyLayer, LayerSettings, Outcome, PeerAddr, Policy, QuotaState,
-    Quotas, RateLimitLayer, RejectReason, RequestInfo, Verdict,
+    Check, ClientIpConfig, ConcurrencyLayer, ForwardedHeader, LayerSettings, Outcome, PeerAddr,
+    Policy, QuotaState, Quotas, RateLimitLayer, RejectReason, RequestInfo, Verdict,
 };
 use turnstile::{Algorithm, ConcurrencyLimiter, KeyedLimiter, ManualClock, TryAcquireError};
 
@@ -246,6 +246,8 @@ fn with_trusted_localhost(settings: &ArcSwap<LayerSettings>) {
     let mut next = LayerSettings::clone(&settings.load());
     let mut client_ip = ClientIpConfig::default();
     client_ip.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    // The proxy of these tests writes both (the default reads X-Forwarded-For only).
+    client_ip.headers = vec![ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded];
     next.client_ip = client_ip;
     settings.store(Arc::new(next));
 }

@@ -48,7 +48,14 @@ pub struct ClientIpConfig {
     /// match the IPv4 addresses they map, and the reverse.
     #[serde(deserialize_with = "deserialize_nets")]
     pub trusted_proxies: Vec<IpNet>,
-    /// The headers read from a trusted peer, in order of preference.
+    /// The headers read from a trusted peer, in order of preference: the first one present in
+    /// the request decides. Default: `X-Forwarded-For` only, the header that nginx, HAProxy,
+    /// Envoy, Traefik, Caddy and the cloud load balancers append to.
+    ///
+    /// List only headers that your trusted proxies write (set or append to). A header they pass
+    /// on untouched is written by the client: behind a proxy that appends to `X-Forwarded-For`
+    /// but forwards `Forwarded` as it came, listing `Forwarded` first would let any client pick
+    /// its own key by sending `Forwarded: for=<any address>`.
     pub headers: Vec<ForwardedHeader>,
     /// IPv4 clients are grouped by this prefix length (32: each address is its own client).
     pub ipv4_prefix: u8,
@@ -60,11 +67,9 @@ impl Default for ClientIpConfig {
     fn default() -> Self {
         ClientIpConfig {
             trusted_proxies: Vec::new(),
-            headers: vec![
-                ForwardedHeader::Forwarded,
-                ForwardedHeader::XForwardedFor,
-                ForwardedHeader::XRealIp,
-            ],
+            // One header, not a list of every header some proxy writes: with several, the
+            // first present decides, and one the proxy does not write is the client's to fill.
+            headers: vec![ForwardedHeader::XForwardedFor],
             ipv4_prefix: 32,
             ipv6_prefix: 128,
         }
@@ -384,11 +389,42 @@ mod tests {
         text.parse().unwrap()
     }
 
+    /// The three standard headers, `Forwarded` preferred: what these tests parse.
+    fn all_three() -> Vec<ForwardedHeader> {
+        vec![
+            ForwardedHeader::Forwarded,
+            ForwardedHeader::XForwardedFor,
+            ForwardedHeader::XRealIp,
+        ]
+    }
+
     fn trusting(nets: &[&str]) -> ClientIpConfig {
         ClientIpConfig {
             trusted_proxies: nets.iter().map(|n| parse_net(n).unwrap()).collect(),
+            headers: all_three(),
             ..ClientIpConfig::default()
         }
+    }
+
+    #[test]
+    fn by_default_only_x_forwarded_for_is_read() {
+        // Behind a proxy that appends to X-Forwarded-For and forwards the rest as they came,
+        // the client's own `Forwarded` and `X-Real-IP` must not choose its key.
+        let config = ClientIpConfig {
+            trusted_proxies: vec![parse_net("10.0.0.0/8").unwrap()],
+            ..ClientIpConfig::default()
+        };
+        assert_eq!(config.headers, [ForwardedHeader::XForwardedFor]);
+        let peer = Some(ip("10.0.0.1"));
+        let h = headers(&[
+            ("forwarded", "for=6.6.6.6"),
+            ("x-real-ip", "7.7.7.7"),
+            ("x-forwarded-for", "8.8.8.8, 203.0.113.9"),
+        ]);
+        assert_eq!(client_ip(peer, &h, &config), Some(ip("203.0.113.9")));
+        // Without X-Forwarded-For the peer is the client, whatever else was sent.
+        let h = headers(&[("forwarded", "for=6.6.6.6"), ("x-real-ip", "7.7.7.7")]);
+        assert_eq!(client_ip(peer, &h, &config), peer);
     }
 
     fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
@@ -458,7 +494,7 @@ mod tests {
         // A quoted separator does not split the element.
         let h = headers(&[("forwarded", r#"for="\"6.6.6.6, 7.7.7.7\"""#)]);
         assert_eq!(client_ip(peer, &h, &config), peer);
-        // Forwarded is preferred over X-Forwarded-For by default.
+        // Forwarded is preferred over X-Forwarded-For when listed first.
         let h = headers(&[("x-forwarded-for", "1.1.1.1"), ("forwarded", "for=2.2.2.2")]);
         assert_eq!(client_ip(peer, &h, &config), Some(ip("2.2.2.2")));
         // Absent: the next header.
@@ -695,6 +731,7 @@ mod tests {
         fn near_valid_headers(pieces in proptest::collection::vec(piece(), 0..16), which in 0usize..3) {
             let config = ClientIpConfig {
                 trusted_proxies: vec![parse_net("127.0.0.1").unwrap(), parse_net("10.0.0.0/8").unwrap()],
+                headers: all_three(),
                 ..ClientIpConfig::default()
             };
             let text: String = pieces.concat();
@@ -713,6 +750,7 @@ mod tests {
         ) {
             let config = ClientIpConfig {
                 trusted_proxies: vec![IpNet::from(ip("127.0.0.1"))],
+                headers: all_three(),
                 ..ClientIpConfig::default()
             };
             let name = ["forwarded", "x-forwarded-for", "x-real-ip"][which];

@@ -8,8 +8,9 @@
 //!   [`HttpConfig::rule`] and their builder methods), validated with errors that name the
 //!   field, and AspNetCoreRateLimit's `IpRateLimiting` / `ClientRateLimiting` / policy sections.
 //! - `client_ip`: who the client is. The peer address, or, only when the peer is a trusted
-//!   proxy, the first untrusted address walking `Forwarded` / `X-Forwarded-For` / `X-Real-IP`
-//!   right to left; IPv6 grouped by prefix.
+//!   proxy, the first untrusted address walking the forwarding header right to left
+//!   (`X-Forwarded-For` by default; `Forwarded`, `X-Real-IP` or a custom one by setting); IPv6
+//!   grouped by prefix.
 //! - `engine`: [`HttpLimiter`], the compiled rules. It decides a [`RequestInfo`] into a
 //!   [`Verdict`]: which rules match, whitelists, the static blocklist, bans, monitor mode, one
 //!   limiter per rule (in memory, or in Redis with `[backend] kind = "redis"` and the feature
