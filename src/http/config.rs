@@ -826,7 +826,9 @@ impl HttpConfig {
         if crate::http::aspnet::is_aspnet(&value) {
             return crate::http::aspnet::translate(value);
         }
-        serde_json::from_value(value).map_err(|e| HttpConfigError::Parse {
+        // From the text, not from `value`: a `Value` has no positions, so its errors would say
+        // "invalid type" without saying where.
+        serde_json::from_str(text).map_err(|e| HttpConfigError::Parse {
             format: "json",
             message: e.to_string(),
         })
@@ -907,5 +909,23 @@ impl HttpConfig {
                 "unknown extension: expected .toml, .json, .yaml or .yml".to_owned(),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A native JSON document that does not fit the model is reported with its position, as
+    /// the loader's documentation says (and as TOML and YAML are): not a bare "invalid type".
+    #[test]
+    fn json_errors_give_the_position() {
+        let text = "{\n  \"rules\": [\n    {\"period\": \"1s\", \"limit\": \"ten\"}\n  ]\n}";
+        let e = HttpConfig::from_json_str(text).unwrap_err().to_string();
+        assert!(e.contains("line 3"), "{e}");
+        let e = HttpConfig::from_json_str("{\"rules\": [],\n\"limt\": 3}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("limt") && e.contains("line 2"), "{e}");
     }
 }
