@@ -38,9 +38,11 @@
 //! 6. **Monitor rules** are charged only for requests the enforced rules admit; a would-be
 //!    rejection is logged (debug) and counted (`turnstile_http_shadow_rejected`), never enforced,
 //!    and reported in no header.
-//! 7. **Bans** count rate-limit rejections ([`RejectReason::RateLimited`]) per client in fixed
-//!    windows of `bans.within` aligned to the clock; the `after`-th starts a ban of
-//!    `bans.duration`. Both tables hold at most `bans.max_entries` clients (idle ones are
+//! 7. **Bans** count rate-limit rejections ([`RejectReason::RateLimited`], but not those of a
+//!    full rule's shared counter) per client in fixed windows of `bans.within` aligned to the
+//!    clock; every `after`-th starts a ban of `bans.duration` (a banned client's requests are
+//!    not counted: after a ban, `after` more rejections start the next, in the same window or
+//!    a later one). Both tables hold at most `bans.max_entries` clients (idle ones are
 //!    evicted first); when full of active entries, new clients are not tracked: they are not
 //!    banned (the limits still apply).
 //!
@@ -446,16 +448,15 @@ impl<C: Clock + Clone> HttpLimiter<C> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let settings = settings_of(&config)?;
-        let old = self.rules.load_full();
-        #[allow(unused_mut)] // mutated only to attach Redis limiters
-        let mut rules = Compiler::new(&self.clock, Some(&old)).compile(&config)?;
+        // The backend is checked before compiling: compiling changes the limits of the live
+        // limiters it keeps (once the whole configuration has compiled), so a reload refused
+        // after it would have changed them.
         #[cfg(feature = "redis")]
-        if config.backend.kind == "redis" {
-            use crate::http::redis_rules::{attach, RedisSettings};
-            let redis = RedisSettings::of(&config)?;
+        let redis = if config.backend.kind == "redis" {
+            let redis = crate::http::redis_rules::RedisSettings::of(&config)?;
             match &self.backend {
                 Some(backend) if backend.url == redis.url && backend.cluster == redis.cluster => {
-                    attach(&mut rules, &redis, backend)?
+                    Some((redis, backend))
                 }
                 _ => {
                     return Err(HttpConfigError::invalid(
@@ -464,6 +465,15 @@ impl<C: Clock + Clone> HttpLimiter<C> {
                     ))
                 }
             }
+        } else {
+            None
+        };
+        let old = self.rules.load_full();
+        #[allow(unused_mut)] // mutated only to attach Redis limiters
+        let mut rules = Compiler::new(&self.clock, Some(&old)).compile(&config)?;
+        #[cfg(feature = "redis")]
+        if let Some((redis, backend)) = redis {
+            crate::http::redis_rules::attach(&mut rules, &redis, backend)?;
         }
         self.rules.store(Arc::new(rules));
         self.settings.store(Arc::new(settings));
@@ -833,7 +843,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                 for (l, k, a, o) in charged.drain(..) {
                     l.chain_refund(k, 1, &a, o);
                 }
-                let (reason, retry_after) = rejected_by(rule, key, &error, ban.as_ref());
+                let (reason, retry_after) = rejected_by(rule, key, &error, overflow, ban.as_ref());
                 return Check::Ready(Verdict {
                     outcome: Outcome::Rejected {
                         reason,
@@ -922,19 +932,22 @@ fn planned<'r, C: Clock>(
 }
 
 /// The bookkeeping of a request `rule` rejected with `error`: the log line, the metric, and the
-/// rejection counted towards a ban. Returns the reason and the retry-after.
+/// rejection counted towards a ban. `overflow`: the rule's shared overflow counter decided
+/// (`key_overflow = "shared"`). Returns the reason and the retry-after.
 fn rejected_by<C: Clock>(
     rule: &Rule<C>,
     key: &CounterKey,
     error: &TryAcquireError,
+    overflow: bool,
     ban: Option<&(&Arc<Bans<C>>, BanKey)>,
 ) -> (RejectReason, Option<Duration>) {
     tracing::debug!(rule = %rule.name, key = ?key, error = %error, "request rejected");
     rule.counters.increment(Metric::Rejected);
     let rate_limited = matches!(error, TryAcquireError::Rejected(_));
-    // Only rate-limit rejections count towards a ban: a client refused because the rule is
-    // full of other clients did nothing to deserve one.
-    if let (Some((bans, client)), true) = (ban, rate_limited) {
+    // Only rate-limit rejections of the client's own counter count towards a ban: a client
+    // refused because the rule is full of other clients (`TooManyKeys`, or the shared overflow
+    // counter that the other new clients used up) did nothing to deserve one.
+    if let (Some((bans, client)), true, false) = (ban, rate_limited, overflow) {
         bans.count_rejection(client, &rule.counters);
     }
     match error {
@@ -1006,7 +1019,7 @@ fn decide_one<C: Clock>(
             quotas: Quotas::new(),
         },
         Err(error) => {
-            let (reason, retry_after) = rejected_by(rule, &key, &error, ban);
+            let (reason, retry_after) = rejected_by(rule, &key, &error, overflow, ban);
             Verdict {
                 outcome: Outcome::Rejected {
                     reason,
@@ -1193,6 +1206,72 @@ mod tests {
         );
         let limiter = manual(&toml);
         assert!(limiter.rules.load().fixed_enforced.is_none());
+    }
+
+    /// A client a full rule counts on its shared counter (`key_overflow = "shared"`) is
+    /// rejected when the other clients of that counter used it up: it did nothing to deserve a
+    /// ban, as with `key_overflow = "reject"`. So on one rule (decided by `decide_one`) and on
+    /// two (the general path).
+    #[test]
+    fn rejections_by_the_shared_overflow_counter_ban_no_one() {
+        let one = "max_keys_per_rule = 1\nkey_overflow = \"shared\"\n[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n";
+        let two = format!("{one}[[rules]]\nname = \"hourly\"\nperiod = \"1h\"\nlimit = 100\n");
+        for toml in [one.to_owned(), two] {
+            let limiter = manual(&toml);
+            let decide = |ip: &str| {
+                limiter.decide(&RequestInfo {
+                    method: &http::Method::GET,
+                    path: "/",
+                    client_ip: Some(ip.parse().unwrap()),
+                    client_id: None,
+                })
+            };
+            // The rule's one key; then a new client admitted on the shared counter.
+            assert!(decide("10.0.0.1").outcome.is_admitted());
+            assert!(decide("10.0.0.2").outcome.is_admitted());
+            for attempt in 0..3 {
+                let verdict = decide("10.0.0.3");
+                assert!(
+                    matches!(
+                        verdict.outcome,
+                        Outcome::Rejected {
+                            reason: RejectReason::RateLimited,
+                            ..
+                        }
+                    ),
+                    "attempt {attempt}: {:?}\n{toml}",
+                    verdict.outcome
+                );
+            }
+        }
+    }
+
+    /// A reload refused because it names a Redis this limiter is not connected to changes
+    /// nothing: not the limits of the rules it would have kept either.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_reload_refused_for_its_backend_changes_no_limit() {
+        let rule = |limit: u32| {
+            format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = {limit}\n")
+        };
+        let limiter = manual(&rule(2));
+        let redis = format!(
+            "[backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1/\"\n{}",
+            rule(1)
+        );
+        assert!(limiter
+            .reload(HttpConfig::from_toml_str(&redis).unwrap())
+            .is_err());
+        let request = RequestInfo {
+            method: &http::Method::GET,
+            path: "/",
+            client_ip: Some("192.0.2.1".parse().unwrap()),
+            client_id: None,
+        };
+        for n in 1..=2 {
+            let verdict = limiter.decide(&request);
+            assert!(verdict.outcome.is_admitted(), "request {n}: {verdict:?}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use compact_str::CompactString;
 use ipnet::IpNet;
 use regex::Regex;
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -305,19 +305,27 @@ impl LocalName {
 /// Temporary bans.
 pub(crate) struct Bans<C: Clock> {
     pub(crate) config: BanConfig,
-    /// Rejections per client, in fixed windows of `within`.
+    /// Rejections per client, in fixed windows of `within`, counted up to `u32::MAX` rather
+    /// than to `after` (see [`Bans::count_rejection`]).
     pub(crate) rejections: KeyedLimiter<BanKey, C>,
     /// One token per `duration`: a ban takes it, and the client is banned until it refills.
     pub(crate) banned: KeyedLimiter<BanKey, C>,
 }
 
 impl<C: Clock> Bans<C> {
-    /// Counts a rate-limit rejection of `client` by the rule `rule`: the `after`-th within
+    /// Counts a rate-limit rejection of `client` by the rule `rule`: every `after`-th within
     /// `within` starts a ban (logged, and counted in `turnstile_http_banned` for the rule).
     /// Only rate-limit rejections count: the other reasons say nothing about the client.
+    ///
+    /// Every `after`-th, not only the first: a banned client is rejected before any rule, so
+    /// the rejections counted after a ban are those since it ended, and a ban shorter than
+    /// `within` must be able to start again within the same window. Counting only to `after`
+    /// let a client rejected any number of times after its first ban go unbanned until the
+    /// window ended.
     pub(crate) fn count_rejection(&self, client: &BanKey, rule: &Counters) {
         if let Ok(a) = self.rejections.try_acquire(client) {
-            if a.remaining() == 0 && self.banned.try_acquire(client).is_ok() {
+            let count = u64::from(u32::MAX - a.remaining());
+            if count % self.config.after == 0 && self.banned.try_acquire(client).is_ok() {
                 tracing::info!(client = ?client, duration = %self.config.duration, "client banned");
                 rule.increment(Metric::Banned);
             }
@@ -604,7 +612,12 @@ impl KeyCap {
 /// identity.
 pub(crate) struct Compiler<'a, C: Clock + Clone> {
     clock: &'a C,
-    old: HashMap<Identity, KeyedLimiter<CounterKey, C>>,
+    /// The old limiters by identity, in the old rules' order, each taken by one new rule. One
+    /// identity can name several rules (the same `ip` listed twice, each with a rule of the
+    /// default name): looked up without taking, they all got the last one's limiter, counters
+    /// and (reconfigured by each in turn) limit, so that the rule enforced counted by another
+    /// rule's limit.
+    old: RefCell<HashMap<Identity, VecDeque<KeyedLimiter<CounterKey, C>>>>,
     old_bans: Option<Arc<Bans<C>>>,
     /// Reconfigurations of reused limiters, applied when compilation has succeeded.
     pending: RefCell<Vec<Pending<C>>>,
@@ -614,19 +627,21 @@ pub(crate) struct Compiler<'a, C: Clock + Clone> {
 
 impl<'a, C: Clock + Clone> Compiler<'a, C> {
     pub(crate) fn new(clock: &'a C, old: Option<&RuleSet<C>>) -> Self {
-        let mut map = HashMap::new();
+        let mut map: HashMap<_, VecDeque<_>> = HashMap::new();
         let mut old_bans = None;
         if let Some(old) = old {
             for rule in old.all_rules() {
                 if let Some(l) = &rule.limiter {
-                    map.insert(rule.identity.clone(), l.clone());
+                    map.entry(rule.identity.clone())
+                        .or_default()
+                        .push_back(l.clone());
                 }
             }
             old_bans = old.bans.clone();
         }
         Compiler {
             clock,
-            old: map,
+            old: RefCell::new(map),
             old_bans,
             pending: RefCell::new(Vec::new()),
             cap: Cell::new(KeyCap {
@@ -681,13 +696,19 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         let cap = self.cap.get();
         let limiter = if limit == 0 {
             None
-        } else if let Some(old) = self.old.get(&identity).filter(|old| cap.fits(old)) {
+        } else if let Some(old) = self
+            .old
+            .borrow_mut()
+            .get_mut(&identity)
+            .and_then(VecDeque::pop_front)
+            .filter(|old| cap.fits(old))
+        {
             let grows_ring = matches!(
                 (old.algorithm(), algo),
                 (Algorithm::SlidingWindow { limit: from, .. }, Algorithm::SlidingWindow { limit: to, .. }) if to > from
             );
             if old.algorithm() == algo {
-                Some(old.clone())
+                Some(old)
             } else if grows_ring {
                 // The exact sliding window's ring cannot grow in place: a fresh limiter.
                 Some(build(algo, self.clock, cap).map_err(field_err)?)
@@ -698,7 +719,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 self.pending
                     .borrow_mut()
                     .push((old.clone(), algo, name.clone()));
-                Some(old.clone())
+                Some(old)
             }
         } else {
             Some(build(algo, self.clock, cap).map_err(field_err)?)
@@ -921,15 +942,14 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         }
         let within = parse_period(&b.within, "bans.within")?;
         let duration = parse_period(&b.duration, "bans.duration")?;
-        let after = u32::try_from(b.after)
-            .ok()
-            .filter(|&a| a > 0)
-            .ok_or_else(|| {
-                HttpConfigError::invalid(
-                    "bans.after",
-                    format!("{} is not between 1 and {}", b.after, u32::MAX),
-                )
-            })?;
+        // Checked, not used to build: the count runs to `u32::MAX` (`Bans::count_rejection`
+        // divides by `after`, so it is never 0).
+        if !(1..=u64::from(u32::MAX)).contains(&b.after) {
+            return Err(HttpConfigError::invalid(
+                "bans.after",
+                format!("{} is not between 1 and {}", b.after, u32::MAX),
+            ));
+        }
         if b.max_entries == 0 {
             return Err(HttpConfigError::invalid(
                 "bans.max_entries",
@@ -948,7 +968,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             config: b.clone(),
             rejections: keyed(
                 Algorithm::FixedWindow {
-                    limit: after,
+                    limit: u32::MAX,
                     window: within,
                 },
                 "bans.within",
@@ -1058,6 +1078,62 @@ mod tests {
             CounterKey::parts(None, Some(long), None),
             CounterKey::parts(None, Some(long), None)
         );
+    }
+
+    /// "Rejected `after` times within `within`: banned for `duration`" holds again once a ban
+    /// has ended inside the same `within` window: a client that goes on being rejected is
+    /// banned again after `after` more rejections, not let off until the window ends.
+    #[test]
+    fn a_ban_that_ended_can_start_again_within_the_same_window() {
+        let clock = crate::ManualClock::new();
+        let config =
+            HttpConfig::from_toml_str("[bans]\nafter = 2\nwithin = \"1h\"\nduration = \"1m\"\n")
+                .unwrap();
+        let set = Compiler::new(&clock, None).compile(&config).unwrap();
+        let bans = set.bans.as_ref().unwrap();
+        let client = BanKey::Ip("192.0.2.1".parse().unwrap());
+        let counters = Counters::new(&Arc::from("rule"));
+        let banned = || bans.banned.chain_decide::<false>(&client, 1).0.is_err();
+        bans.count_rejection(&client, &counters);
+        assert!(!banned(), "one rejection of two");
+        bans.count_rejection(&client, &counters);
+        assert!(banned(), "the second rejection starts a ban");
+        clock.advance(Duration::from_secs(60));
+        assert!(!banned(), "the ban lasts a minute");
+        bans.count_rejection(&client, &counters);
+        assert!(!banned(), "one rejection of two since the ban");
+        bans.count_rejection(&client, &counters);
+        assert!(
+            banned(),
+            "two more rejections within the hour start another ban"
+        );
+    }
+
+    /// Two rules of one identity (the same `ip` listed twice, each with a rule of the default
+    /// name) are two rules, each with its own limiter and limit, after a reload as before it.
+    #[test]
+    fn rules_of_one_identity_keep_their_own_limits_across_a_reload() {
+        let clock = crate::ManualClock::new();
+        let config = HttpConfig::from_toml_str(
+            "[[ip_rules]]\nip = \"10.0.0.0/8\"\n[[ip_rules.rules]]\nperiod = \"1m\"\nlimit = 10\n\
+             [[ip_rules]]\nip = \"10.0.0.0/8\"\n[[ip_rules.rules]]\nperiod = \"1m\"\nlimit = 2\n",
+        )
+        .unwrap();
+        let limits = |set: &RuleSet<crate::ManualClock>| -> Vec<(u32, Algorithm)> {
+            set.ip
+                .iter()
+                .flat_map(|(_, rules)| rules.iter())
+                .map(|r| (r.limit, r.limiter.as_ref().unwrap().algorithm()))
+                .collect()
+        };
+        let window = Duration::from_secs(60);
+        let expected = [10, 2].map(|limit| (limit, Algorithm::FixedWindow { limit, window }));
+        let first = Compiler::new(&clock, None).compile(&config).unwrap();
+        assert_eq!(limits(&first), expected);
+        let reloaded = Compiler::new(&clock, Some(&first))
+            .compile(&config)
+            .unwrap();
+        assert_eq!(limits(&reloaded), expected);
     }
 
     #[test]
