@@ -58,8 +58,11 @@ pub struct ClientIpConfig {
     /// its own key by sending `Forwarded: for=<any address>`.
     pub headers: Vec<ForwardedHeader>,
     /// IPv4 clients are grouped by this prefix length (32: each address is its own client).
+    /// A group is one client everywhere: whitelist, blocklist and IP rule entries must be
+    /// whole groups (an entry inside one is refused when the configuration loads).
     pub ipv4_prefix: u8,
-    /// IPv6 clients are grouped by this prefix length (for example 64: one client per /64).
+    /// IPv6 clients are grouped by this prefix length (for example 64: one client per /64),
+    /// with the same consequence for the lists and IP rules.
     pub ipv6_prefix: u8,
 }
 
@@ -141,7 +144,7 @@ impl ClientIpConfig {
 
 /// A range of IPv4-mapped IPv6 addresses (`::ffff:10.0.0.0/104`) is the IPv4 range
 /// (`10.0.0.0/8`), as addresses are compared in their [`canonical`] form.
-fn canonical_net(net: IpNet) -> IpNet {
+pub(crate) fn canonical_net(net: IpNet) -> IpNet {
     if let IpNet::V6(v6) = net {
         if let (Some(v4), Some(len)) = (
             v6.network().to_ipv4_mapped(),

@@ -459,7 +459,8 @@ pub struct ClientRulesConfig {
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct WhitelistConfig {
-    /// IP addresses or CIDR ranges.
+    /// IP addresses or CIDR ranges, none narrower than a client group (`client_ip.ipv4_prefix`,
+    /// `ipv6_prefix`); IPv4-mapped ones stand for the IPv4 addresses.
     pub ips: Vec<String>,
     /// Client ids.
     pub clients: Vec<String>,
@@ -480,7 +481,8 @@ pub struct WhitelistConfig {
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BlocklistConfig {
-    /// IP addresses or CIDR ranges.
+    /// IP addresses or CIDR ranges, none narrower than a client group (`client_ip.ipv4_prefix`,
+    /// `ipv6_prefix`); IPv4-mapped ones stand for the IPv4 addresses.
     pub ips: Vec<String>,
     /// Client ids.
     pub clients: Vec<String>,

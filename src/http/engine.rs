@@ -9,6 +9,10 @@
 //!    [`Outcome::Whitelisted`]: no rule is consulted or charged.
 //! 2. **Blocklist.** A client IP in `blocklist.ips` or a client id in `blocklist.clients` is
 //!    rejected with [`RejectReason::Blocked`] (rule `"blocklist"`).
+//!
+//!    The client IP is the client's group when `client_ip` groups addresses (`ipv6_prefix =
+//!    64`), so list and `ip_rules` entries are whole groups: one inside a group is refused at
+//!    load, as it would match no request.
 //! 3. **Bans.** A banned client (by IP, or by client id when the IP is unknown) is rejected with
 //!    [`RejectReason::Banned`] (rule `"ban"`), `retry_after` being the time the ban has left.
 //! 4. **Matching rules**, as AspNetCoreRateLimit matches them. A rule applies when its endpoint
@@ -1206,6 +1210,70 @@ mod tests {
         );
         let limiter = manual(&toml);
         assert!(limiter.rules.load().fixed_enforced.is_none());
+    }
+
+    /// Lists and IP rules match clients as the layer groups them: an IPv4-mapped entry as the
+    /// IPv4 one, a range of whole groups as those groups, and an entry inside one group is
+    /// refused at load with the group to write instead (it would have matched no one).
+    #[test]
+    fn lists_match_whole_client_groups() {
+        let limiter = manual(
+            "[client_ip]\nipv6_prefix = 64\n[blocklist]\nips = [\"2001:db8:1:2::/64\", \"::ffff:192.0.2.0/120\"]\n\
+             [[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 10\n",
+        );
+        let outcome = |ip: &str| {
+            limiter
+                .decide(&RequestInfo {
+                    method: &http::Method::GET,
+                    path: "/",
+                    client_ip: Some(ip.parse().unwrap()),
+                    client_id: None,
+                })
+                .outcome
+        };
+        let blocked = |ip| {
+            matches!(
+                outcome(ip),
+                Outcome::Rejected {
+                    reason: RejectReason::Blocked,
+                    ..
+                }
+            )
+        };
+        // What the layer hands over for 2001:db8:1:2::5 grouped by /64, and for 192.0.2.7.
+        assert!(blocked("2001:db8:1:2::"));
+        assert!(blocked("192.0.2.7"), "a mapped entry");
+        assert!(outcome("2001:db8:1:3::").is_admitted());
+        for (list, field) in [
+            ("[whitelist]\nips", "whitelist.ips[1]"),
+            ("[blocklist]\nips", "blocklist.ips[1]"),
+        ] {
+            let toml = format!(
+                "[client_ip]\nipv6_prefix = 64\nipv4_prefix = 24\n{list} = [\"10.0.0.0/8\", \"2001:db8:1:2::5\"]\n"
+            );
+            let error = HttpLimiter::with_clock(
+                HttpConfig::from_toml_str(&toml).unwrap(),
+                ManualClock::new(),
+            )
+            .expect_err("an entry inside a client group is refused")
+            .to_string();
+            assert!(
+                error.contains(field) && error.contains("2001:db8:1:2::/64"),
+                "{error}"
+            );
+        }
+        let toml = "[client_ip]\nipv4_prefix = 24\n[[ip_rules]]\nip = \"192.0.2.7\"\n\
+                    [[ip_rules.rules]]\nperiod = \"1m\"\nlimit = 1\n";
+        let error =
+            HttpLimiter::with_clock(HttpConfig::from_toml_str(toml).unwrap(), ManualClock::new())
+                .expect_err("an IP rule inside a client group is refused")
+                .to_string();
+        assert!(
+            error.contains("ip_rules[0].ip")
+                && error.contains("192.0.2.0/24")
+                && error.contains("ipv4_prefix"),
+            "{error}"
+        );
     }
 
     /// A client a full rule counts on its shared counter (`key_overflow = "shared"`) is

@@ -1,10 +1,11 @@
 //! Compiling an [`HttpConfig`] into matchers and limiters, with the semantic checks whose
 //! errors name the field.
 
+use crate::http::client_ip::canonical_net;
 use crate::http::config::{
     BanConfig, HttpConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
 };
-use crate::http::HttpConfigError;
+use crate::http::{ClientIpConfig, HttpConfigError};
 use crate::{Algorithm, Clock, KeyOverflow, KeyedLimiter, Rate};
 use compact_str::CompactString;
 use ipnet::IpNet;
@@ -434,17 +435,47 @@ impl IpSet {
     }
 }
 
-pub(crate) fn parse_net(text: &str, field: &str) -> Result<IpNet, HttpConfigError> {
+/// An address or CIDR range of a list or an IP rule, matched against the client as the layer
+/// determines it: IPv4-mapped entries (`::ffff:192.0.2.1`) as the IPv4 ones they map, and no
+/// entry narrower than the client groups of `client_ip` (`ipv4_prefix`, `ipv6_prefix`).
+///
+/// A client is its group's network address (`2001:db8::/64` for every address in it), so an
+/// entry inside one group would match that whole group if it named the network address and
+/// nothing at all otherwise: `2001:db8::5` on a blocklist would block no one. Refused, with
+/// the group to write instead.
+pub(crate) fn parse_net(
+    text: &str,
+    field: &str,
+    client_ip: &ClientIpConfig,
+) -> Result<IpNet, HttpConfigError> {
     let text = text.trim();
-    if let Ok(net) = text.parse::<IpNet>() {
-        return Ok(net);
-    }
-    text.parse::<IpAddr>().map(IpNet::from).map_err(|_| {
-        HttpConfigError::invalid(
+    let net = match text.parse::<IpNet>() {
+        Ok(net) => net,
+        Err(_) => text.parse::<IpAddr>().map(IpNet::from).map_err(|_| {
+            HttpConfigError::invalid(
+                field,
+                format!("{text:?} is not an IP address or CIDR range"),
+            )
+        })?,
+    };
+    let net = canonical_net(net);
+    let (group, setting) = match net {
+        IpNet::V4(_) => (client_ip.ipv4_prefix.min(32), "ipv4_prefix"),
+        IpNet::V6(_) => (client_ip.ipv6_prefix.min(128), "ipv6_prefix"),
+    };
+    if net.prefix_len() > group {
+        // `group` is at most the family's width, so this range always exists.
+        let whole = IpNet::new(net.addr(), group).map_or(net, |n| n.trunc());
+        return Err(HttpConfigError::invalid(
             field,
-            format!("{text:?} is not an IP address or CIDR range"),
-        )
-    })
+            format!(
+                "{text:?} names part of a client: clients are grouped by /{group} \
+                 (client_ip.{setting}) and lists match whole clients; write {whole} (the \
+                 client it is in) or a wider range"
+            ),
+        ));
+    }
+    Ok(net)
 }
 
 /// The compiled configuration.
@@ -791,7 +822,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         };
         check(&config.rules, "rules")?;
         for (i, ip) in config.ip_rules.iter().enumerate() {
-            parse_net(&ip.ip, &format!("ip_rules[{i}].ip"))?;
+            parse_net(&ip.ip, &format!("ip_rules[{i}].ip"), &config.client_ip)?;
             check(&ip.rules, &format!("ip_rules[{i}].rules"))?;
         }
         for (i, c) in config.client_rules.iter().enumerate() {
@@ -841,7 +872,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         let ipset = |list: &[String], field: &str| -> Result<IpSet, HttpConfigError> {
             list.iter()
                 .enumerate()
-                .map(|(i, s)| parse_net(s, &format!("{field}[{i}]")))
+                .map(|(i, s)| parse_net(s, &format!("{field}[{i}]"), &config.client_ip))
                 .collect::<Result<Vec<_>, _>>()
                 .map(IpSet)
         };
@@ -867,7 +898,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         let general = self.rules("general", &config.rules, "rules")?;
         let mut ip = Vec::new();
         for (i, entry) in config.ip_rules.iter().enumerate() {
-            let net = parse_net(&entry.ip, &format!("ip_rules[{i}].ip"))?;
+            let net = parse_net(&entry.ip, &format!("ip_rules[{i}].ip"), &config.client_ip)?;
             let scope = format!("ip:{}", entry.ip);
             ip.push((
                 net,
