@@ -37,6 +37,7 @@ pub struct HttpConfig {
     /// The longest client id counted (256 bytes by default, at most 4096). A longer one is
     /// treated as no client id (so `missing_key` decides for rules that count by it): every
     /// distinct id is a counter, and without a bound a client could make each one kilobytes.
+    /// An empty one is no client id either.
     pub client_id_max_len: usize,
     /// How rejections look.
     pub response: ResponseConfig,

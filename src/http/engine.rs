@@ -709,10 +709,11 @@ fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
 
 fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     // An over-long client id is no client id: it would be a counter (and a key in the lists)
-    // of any size the client chose.
+    // of any size the client chose. Nor is an empty one (`X-ClientId:` with no value): as a
+    // key it would pass `missing_key = "reject"` and put every such client on one counter.
     let capped;
     let request = match request.client_id {
-        Some(id) if id.len() > set.client_id_max_len => {
+        Some(id) if id.is_empty() || id.len() > set.client_id_max_len => {
             capped = RequestInfo {
                 client_id: None,
                 ..*request
@@ -1210,6 +1211,38 @@ mod tests {
         );
         let limiter = manual(&toml);
         assert!(limiter.rules.load().fixed_enforced.is_none());
+    }
+
+    /// An empty client id is no client id: `missing_key = "reject"` rejects it as it rejects a
+    /// request without the header, instead of counting every such client on one key.
+    #[test]
+    fn an_empty_client_id_is_no_client_id() {
+        let limiter = manual(
+            "[[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 5\nkey = \"client\"\n",
+        );
+        let outcome = |client_id| {
+            limiter
+                .decide(&RequestInfo {
+                    method: &http::Method::GET,
+                    path: "/",
+                    client_ip: Some("192.0.2.1".parse().unwrap()),
+                    client_id,
+                })
+                .outcome
+        };
+        for client_id in [None, Some("")] {
+            assert!(
+                matches!(
+                    outcome(client_id),
+                    Outcome::Rejected {
+                        reason: RejectReason::NoKey,
+                        ..
+                    }
+                ),
+                "{client_id:?}"
+            );
+        }
+        assert!(outcome(Some("app-1")).is_admitted());
     }
 
     /// Lists and IP rules match clients as the layer groups them: an IPv4-mapped entry as the

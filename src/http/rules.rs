@@ -170,9 +170,13 @@ impl Endpoint {
             }
         };
         let path = if regex {
-            let re = Regex::new(&format!("(?i)^(?:{path})$")).map_err(|e| {
-                HttpConfigError::invalid(field, format!("{path:?} is not a valid regex: {e}"))
-            })?;
+            let invalid =
+                |e| HttpConfigError::invalid(field, format!("{path:?} is not a valid regex: {e}"));
+            // The pattern alone first: one with an unbalanced `)` (`/a)|(/b`) would close the
+            // group below and escape its anchors, matching any path that merely contains a
+            // part of it.
+            Regex::new(path).map_err(invalid)?;
+            let re = Regex::new(&format!("(?i)^(?:{path})$")).map_err(invalid)?;
             PathMatch::Regex(re)
         } else if path == "*" {
             PathMatch::Any
@@ -1165,6 +1169,23 @@ mod tests {
             .compile(&config)
             .unwrap();
         assert_eq!(limits(&reloaded), expected);
+    }
+
+    /// A regex is the whole path: one that would close the anchoring group (`/a)|(/b`) is
+    /// refused rather than matching every path that starts with `/a` or ends with `/b`.
+    #[test]
+    fn a_regex_cannot_escape_its_anchors() {
+        let error = Endpoint::parse("get:/a)|(/b", true, "rules[0].endpoint")
+            .expect_err("an unbalanced regex is refused")
+            .to_string();
+        assert!(
+            error.contains("rules[0].endpoint") && error.contains("not a valid regex"),
+            "{error}"
+        );
+        let endpoint = Endpoint::parse("get:/a|/b", true, "rules[0].endpoint").unwrap();
+        let get = http::Method::GET;
+        assert!(endpoint.matches(&get, "/a") && endpoint.matches(&get, "/B"));
+        assert!(!endpoint.matches(&get, "/a/x") && !endpoint.matches(&get, "/x/b"));
     }
 
     #[test]
