@@ -257,14 +257,13 @@ fn apply_options(
     match content {
         Some(content) => {
             config.response.body = Some(template_of_dotnet_format(&content));
-            // There the content is `text/plain` unless `ContentType` says otherwise; the
-            // problem+json default would mislabel it.
-            config.response.content_type =
-                content_type.unwrap_or_else(|| "text/plain; charset=utf-8".to_owned());
+            // There the content is `text/plain` unless `ContentType` says otherwise, as a
+            // template's is here when `content_type` is unset.
+            config.response.content_type = content_type;
         }
         None => {
-            if let Some(ct) = content_type {
-                config.response.content_type = ct;
+            if content_type.is_some() {
+                config.response.content_type = content_type;
             }
         }
     }

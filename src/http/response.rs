@@ -30,8 +30,10 @@ pub struct ResponseConfig {
     pub status: u16,
     /// The status when the client's key cannot be determined and such requests are rejected.
     pub no_key_status: u16,
-    /// The rejection body's content type.
-    pub content_type: String,
+    /// The rejection body's content type. `None` (the default): `application/problem+json`
+    /// for the built-in problem+json body, `text/plain; charset=utf-8` for a `body` template
+    /// (set it when the template is JSON or HTML).
+    pub content_type: Option<String>,
     /// The rejection body; `None` gives a problem+json document. A template: `{rule}`,
     /// `{limit}`, `{period}`, `{retry_after}` (whole seconds) and `{reason}` are replaced.
     pub body: Option<String>,
@@ -53,7 +55,7 @@ impl Default for ResponseConfig {
         ResponseConfig {
             status: 429,
             no_key_status: 400,
-            content_type: "application/problem+json".to_owned(),
+            content_type: None,
             body: None,
             ietf_headers: true,
             legacy_headers: false,
@@ -130,10 +132,12 @@ impl ResponseConfig {
                 return Err(ResponseConfigError::InvalidStatus { field, status });
             }
         }
-        if HeaderValue::from_str(&self.content_type).is_err() {
-            return Err(ResponseConfigError::InvalidContentType(
-                self.content_type.clone(),
-            ));
+        if let Some(content_type) = &self.content_type {
+            if HeaderValue::from_str(content_type).is_err() {
+                return Err(ResponseConfigError::InvalidContentType(
+                    content_type.clone(),
+                ));
+            }
         }
         Ok(())
     }
@@ -601,8 +605,11 @@ fn problem_json(
 }
 
 /// `content_type` as a header value: the common ones without an allocation, `fallback` when it
-/// is not a valid header value.
-fn content_type_value(content_type: &str, fallback: &HeaderValue) -> HeaderValue {
+/// is not set or not a valid header value.
+fn content_type_value(content_type: Option<&str>, fallback: &HeaderValue) -> HeaderValue {
+    let Some(content_type) = content_type else {
+        return fallback.clone();
+    };
     // A static, not a constant: a constant array is built (and its unused values dropped) at
     // every use. `from_static` checks its bytes, here once at compile time.
     static KNOWN: [(&str, HeaderValue); 3] = [
@@ -664,7 +671,7 @@ pub fn rejection_response(
     let (body, content_type) = match &config.body {
         Some(template) => (
             Bytes::from(rejection.render(template)),
-            content_type_value(&config.content_type, &TEXT_PLAIN),
+            content_type_value(config.content_type.as_deref(), &TEXT_PLAIN),
         ),
         None => (
             memo(
@@ -684,7 +691,7 @@ pub fn rejection_response(
                 },
             )
             .unwrap_or_default(),
-            content_type_value(&config.content_type, &PROBLEM_JSON),
+            content_type_value(config.content_type.as_deref(), &PROBLEM_JSON),
         ),
     };
 
@@ -814,6 +821,39 @@ mod tests {
             },
             quotas: quotas.into(),
         }
+    }
+
+    /// A `body` template is plain text unless `content_type` says otherwise; the built-in
+    /// body is problem+json. A template sent as `application/problem+json` would be
+    /// mislabelled for every client that trusts the header.
+    #[test]
+    fn content_type_follows_the_body() {
+        let verdict = rejected(
+            RejectReason::RateLimited,
+            Some(Duration::from_secs(1)),
+            vec![quota("per-ip", 0, 1_000)],
+        );
+        let content_type = |toml: &str| {
+            let config: ResponseConfig = toml::from_str(toml).unwrap();
+            let response = rejection_response(&verdict, &config).unwrap();
+            response.headers()[CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(content_type(""), "application/problem+json");
+        assert_eq!(
+            content_type("body = \"Slow down, {retry_after} s\""),
+            "text/plain; charset=utf-8"
+        );
+        assert_eq!(
+            content_type("body = \"{{}}\"\ncontent_type = \"application/json\""),
+            "application/json"
+        );
+        assert_eq!(
+            content_type("content_type = \"application/vnd.api+json\""),
+            "application/vnd.api+json"
+        );
     }
 
     #[test]
@@ -1045,7 +1085,7 @@ mod tests {
             body: Some(
                 "{reason}: {rule} allows {limit} per {period}; retry in {retry_after}s {x}".into(),
             ),
-            content_type: "text/plain".into(),
+            content_type: Some("text/plain".into()),
             status: 503,
             ..ResponseConfig::default()
         };
