@@ -25,9 +25,9 @@ pin_project! {
 }
 
 pin_project! {
-    /// The response body of [`RateLimitLayer`](crate::http::RateLimitLayer) and
-    /// [`ConcurrencyLayer`](crate::http::ConcurrencyLayer): the inner service's body, or the
-    /// complete body of a rejection. Its data is [`Bytes`]; its error is the inner body's.
+    /// The response body of [`ConcurrencyLayer`](crate::http::ConcurrencyLayer), and a wrapper
+    /// for any body type ([`RateLimitLayer`](crate::http::RateLimitLayer) keeps the inner
+    /// service's own): the inner service's body, or the complete body of a rejection. Its data is [`Bytes`]; its error is the inner body's.
     ///
     /// # Examples
     ///

@@ -110,10 +110,14 @@ pub(crate) fn rejection(
 }
 
 /// Appends `message` percent-encoded as gRPC asks of `grpc-message`: every byte of its UTF-8
-/// outside printable ASCII (`0x20..=0x7E`), and `%` itself, becomes `%XX`.
+/// outside printable ASCII (`0x20..=0x7E`), and `%` itself, becomes `%XX`. So does a space at
+/// either end: gRPC allows it, but an HTTP field value must not begin or end with whitespace
+/// (RFC 9110 5.5), and HTTP/2 peers may reset the stream while HTTP/1 parsers trim it.
 fn push_percent_encoded(out: &mut String, message: &str) {
-    for byte in message.bytes() {
-        if (0x20..=0x7E).contains(&byte) && byte != b'%' {
+    let last = message.len().saturating_sub(1);
+    for (i, byte) in message.bytes().enumerate() {
+        let at_an_end = i == 0 || i == last;
+        if (0x20..=0x7E).contains(&byte) && byte != b'%' && !(byte == b' ' && at_an_end) {
             out.push(char::from(byte));
         } else {
             let _ = write!(out, "%{byte:02X}");
@@ -289,8 +293,20 @@ mod tests {
     #[test]
     fn percent_encoding_edges() {
         let mut out = String::new();
-        push_percent_encoded(&mut out, " ~%\u{7f}\u{1}é");
-        assert_eq!(out, " ~%25%7F%01%C3%A9");
+        push_percent_encoded(&mut out, "a ~%\u{7f}\u{1}é");
+        assert_eq!(out, "a ~%25%7F%01%C3%A9");
+        // A space at either end is encoded: no field value begins or ends with whitespace.
+        for (message, encoded) in [
+            (" a b ", "%20a b%20"),
+            (" ", "%20"),
+            ("  ", "%20%20"),
+            ("", ""),
+        ] {
+            let mut out = String::new();
+            push_percent_encoded(&mut out, message);
+            assert_eq!(out, encoded, "{message:?}");
+            assert!(http::HeaderValue::from_str(&out).is_ok());
+        }
     }
 
     #[test]
