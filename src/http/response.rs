@@ -454,6 +454,10 @@ fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
 /// (when `ietf_headers`), and `X-RateLimit-Limit`, `-Remaining` and `-Reset` (seconds, rounded
 /// up) of the most restrictive quota (when `legacy_headers`). Nothing when `quotas` is empty.
 ///
+/// Headers already there (a layer inside this one) are kept: `RateLimit-Policy` and
+/// `RateLimit` lines are appended (lists, so the response lists both layers' policies), and
+/// the `X-RateLimit-*` trio is replaced only by a quota with fewer requests remaining.
+///
 /// # Examples
 ///
 /// ```
@@ -512,16 +516,25 @@ impl QuotaHeaders {
         }
         // One growth for all of them rather than one per insert.
         headers.reserve(usize::from(self.ietf) * 2 + usize::from(self.legacy) * 3);
+        // Appended, not inserted: both fields are structured-field lists, and two field lines
+        // of a list are one list (RFC 9110 5.3), so the policies of a layer inside this one
+        // (a route's beside the router's) stay listed beside ours instead of being replaced.
         if self.ietf {
             if let Some(value) = cached_policy_value(quotas) {
-                headers.insert(RATELIMIT_POLICY, value);
+                headers.append(RATELIMIT_POLICY, value);
             }
             if let Some(value) = cached_ratelimit_value(quotas) {
-                headers.insert(RATELIMIT, value);
+                headers.append(RATELIMIT, value);
             }
         }
         if self.legacy {
-            if let Some(quota) = most_restrictive(quotas) {
+            // One quota only: the most restrictive of ours and the one already there.
+            let already = headers
+                .get(X_RATELIMIT_REMAINING)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if let Some(quota) = most_restrictive(quotas)
+                .filter(|quota| already.is_none_or(|already| quota.remaining < already))
+            {
                 headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(quota.limit));
                 headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(quota.remaining));
                 headers.insert(
@@ -854,6 +867,38 @@ mod tests {
             content_type("content_type = \"application/vnd.api+json\""),
             "application/vnd.api+json"
         );
+    }
+
+    /// Two layers' headers on one response: the IETF lists carry both policies, the legacy
+    /// trio the most restrictive quota.
+    #[test]
+    fn headers_of_stacked_layers_are_kept() {
+        let config = ResponseConfig {
+            legacy_headers: true,
+            ..ResponseConfig::default()
+        };
+        let mut headers = HeaderMap::new();
+        insert_quota_headers(&mut headers, &[quota("route", 3, 1_000)], &config);
+        insert_quota_headers(&mut headers, &[quota("global", 40, 30_000)], &config);
+        fn lines(headers: &HeaderMap, name: HeaderName) -> Vec<&str> {
+            headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect()
+        }
+        assert_eq!(
+            lines(&headers, RATELIMIT),
+            [r#""route";r=3;t=1"#, r#""global";r=40;t=30"#]
+        );
+        assert_eq!(lines(&headers, RATELIMIT_POLICY).len(), 2);
+        assert_eq!(lines(&headers, X_RATELIMIT_REMAINING), ["3"]);
+        assert_eq!(lines(&headers, X_RATELIMIT_RESET), ["1"]);
+        // A tighter outer quota replaces the trio.
+        insert_quota_headers(&mut headers, &[quota("tight", 1, 5_000)], &config);
+        assert_eq!(lines(&headers, X_RATELIMIT_REMAINING), ["1"]);
+        assert_eq!(lines(&headers, X_RATELIMIT_RESET), ["5"]);
+        assert_eq!(lines(&headers, RATELIMIT).len(), 3);
     }
 
     #[test]
