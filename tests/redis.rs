@@ -1206,3 +1206,64 @@ impl turnstile::Store for MemoryStore {
         Ok(())
     }
 }
+
+/// A chain's keys share a slot whatever the subject: the empty subject and one starting with `}`
+/// would leave `{…}` empty, and Redis then hashes each whole key (suffix included) to its own slot,
+/// so every call of the chain's one script would fail with CROSSSLOT (and the policy decide).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_chain_decides_subjects_that_would_leave_the_tag_empty() {
+    let cluster = redis_server::RedisCluster::start(3);
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let chain = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(5),
+        },
+        FailurePolicy::FailClosed,
+    )
+    .and_limit(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 5,
+    })
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(500))
+    .build(client.get_async_connection().await.unwrap())
+    .unwrap();
+    for subject in ["", "}", "}x"] {
+        chain.try_acquire(subject).await.unwrap();
+        assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
+    }
+    assert_eq!(chain.stats().errors, 0);
+    for node in &cluster.nodes {
+        assert_all_keys_expire(&mut node.connection());
+    }
+}
+
+/// A probe of the exact sliding window reports, as the in-memory one does, the time until the
+/// log is empty again: 0 for a fresh subject, else until its newest permit leaves, not a whole
+/// window from the probe (a probe takes nothing, so it adds no permit that would leave then).
+#[tokio::test]
+async fn a_sliding_window_probe_resets_when_its_newest_permit_leaves() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let window = Duration::from_secs(2);
+    let algorithm = Algorithm::SlidingWindow { limit: 3, window };
+    let memory = turnstile::KeyedLimiter::<String>::new(algorithm).unwrap();
+    let fresh = memory.try_acquire_n(&"s".to_owned(), 0).unwrap();
+    assert_eq!(fresh.reset_after(), Duration::ZERO, "in memory");
+    let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+    let fresh = limiter.try_acquire_n("s", 0).await.unwrap();
+    assert_eq!(fresh.reset_after(), Duration::ZERO, "in Redis");
+    limiter.try_acquire("s").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let newest = limiter.try_acquire("s").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let probe = limiter.try_acquire_n("s", 0).await.unwrap();
+    assert_eq!(probe.remaining(), 1);
+    assert_eq!(
+        probe.at_nanos() / 1000 + probe.reset_after_us(),
+        newest.at_nanos() / 1000 + micros(window),
+        "{probe:?} after {newest:?}"
+    );
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}

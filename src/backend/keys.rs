@@ -3,7 +3,9 @@
 //! The subject sits in a hash tag, so every key of one subject lands in one Cluster slot and a
 //! script may touch several of them. Subjects longer than [`MAX_SUBJECT_LEN`] bytes are replaced by
 //! `sha256:` and the SHA-256 of the subject in hex (71 bytes): longer than any subject kept as is,
-//! so a hashed name can never equal a literal one.
+//! so a hashed name can never equal a literal one. So are the subjects that would leave the tag
+//! empty (the empty subject, and those starting with `}`): Redis hashes the whole key when its
+//! first `{…}` is empty, which would scatter the subject's keys over several slots.
 
 use crate::error::ConfigError;
 use sha2::{Digest, Sha256};
@@ -43,12 +45,15 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
 ///
 /// Injective for subjects of at most [`MAX_SUBJECT_LEN`] bytes: prefix and suffix are fixed, so
 /// the subject is what lies between them. (A subject may itself contain `}`; the hash tag is then
-/// cut short, but identically for every key of that subject, which is all the tag is for.)
+/// cut short, but identically for every key of that subject, which is all the tag is for. Only an
+/// empty tag would not be: Redis then hashes the whole key, suffix included, so such subjects
+/// are hashed, and their tag is the digest.)
 pub(crate) fn key(prefix: &str, subject: &[u8], suffix: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(prefix.len() + subject.len().min(71) + suffix.len() + 4);
     key.extend_from_slice(prefix.as_bytes());
     key.extend_from_slice(b":{");
-    if subject.len() <= MAX_SUBJECT_LEN {
+    let empty_tag = subject.first().is_none_or(|&b| b == b'}');
+    if subject.len() <= MAX_SUBJECT_LEN && !empty_tag {
         key.extend_from_slice(subject);
     } else {
         let digest = Sha256::digest(subject);
@@ -81,6 +86,28 @@ mod tests {
             key("rl", &edge, "tb").len(),
             "rl:{}:tb".len() + MAX_SUBJECT_LEN
         );
+    }
+
+    /// Redis hashes a whole key when its first `{…}` is empty: an empty subject, or one starting
+    /// with `}`, must still give every key of the subject one slot (a chain's script touches them
+    /// all, and a Cluster refuses keys of different slots with CROSSSLOT).
+    #[test]
+    fn every_key_of_a_subject_shares_a_slot() {
+        use ::redis::cluster_routing::Slot;
+        for subject in [&b""[..], b"}", b"}x", b"a}b", b"{", b"alice"] {
+            let slots: Vec<Slot> = ["c0.fw", "c1.tb", "c2.sw", "sc"]
+                .iter()
+                .map(|suffix| Slot::for_key(key("rl", subject, suffix)))
+                .collect();
+            assert!(
+                slots.iter().all(|s| *s == slots[0]),
+                "{:?}: {slots:?}",
+                String::from_utf8_lossy(subject)
+            );
+        }
+        // Still injective: such a subject's hashed name is no literal subject's name.
+        assert_ne!(key("rl", b"", "fw"), key("rl", b"}", "fw"));
+        assert!(key("rl", b"", "fw").starts_with(b"rl:{sha256:"));
     }
 
     #[test]

@@ -205,7 +205,8 @@ const FAILED_CLOSED: usize = 7;
 ///   answers `NOSCRIPT`, then `EVAL`, which runs the script and caches it again.
 /// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`). The subject is the hash tag, so a
 ///   subject's keys share one Cluster slot. Subjects longer than 64 bytes are replaced by
-///   `sha256:` and their SHA-256 in hex. Every key carries a TTL: it disappears once its state is
+///   `sha256:` and their SHA-256 in hex, and so are the empty subject and those starting with
+///   `}` (they would leave the tag empty). Every key carries a TTL: it disappears once its state is
 ///   indistinguishable from a fresh key's.
 /// - **Deadline and failure policy**: each decision must complete within the
 ///   [deadline](RedisLimiterBuilder::deadline) (default 50 ms), or the [`FailurePolicy`] decides;
@@ -951,8 +952,8 @@ impl<C> RedisLimiter<C> {
     }
 
     /// The Redis key holding `subject`'s state: `prefix:{subject}:suffix`, the subject hashed if
-    /// longer than 64 bytes (for a chain, the first limit's key; see [`keys`](Self::keys)). For
-    /// inspection (`PTTL`, `MEMORY USAGE`); never write to it.
+    /// longer than 64 bytes, empty or starting with `}` (for a chain, the first limit's key; see
+    /// [`keys`](Self::keys)). For inspection (`PTTL`, `MEMORY USAGE`); never write to it.
     ///
     /// # Examples
     ///

@@ -38,5 +38,16 @@ local function sliding_window(key, n, window, limit, now)
     end
     redis.call('PEXPIRE', key, ttl_ms)
   end
-  return true, window, limit - inside - n, commit, repair
+  -- An admission's newest permit is its own, which leaves in one window. A probe adds none: the
+  -- log is empty again when the newest permit inside leaves (at once if there is none).
+  local reset = window
+  if n == 0 then
+    reset = 0
+    if inside > 0 then
+      local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(' .. floor,
+        'WITHSCORES', 'LIMIT', 0, 1)
+      reset = tonumber(newest[2]) + window - now
+    end
+  end
+  return true, reset, limit - inside - n, commit, repair
 end
