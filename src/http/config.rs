@@ -322,7 +322,8 @@ impl RuleConfig {
     }
 
     /// The requests the rule applies to, as a regular expression over the path, after an
-    /// optional `verb:`.
+    /// optional `verb:`. It must match the whole path, case-insensitively (it is anchored at
+    /// both ends): end it with `.*` to match a prefix.
     ///
     /// # Examples
     ///
@@ -330,7 +331,8 @@ impl RuleConfig {
     /// use std::time::Duration;
     /// use turnstile::http::RuleConfig;
     ///
-    /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex(r"get:^/api/v\d+/");
+    /// // `/api/v1/users`, `/api/v2/`, ...: every path under a versioned API.
+    /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex(r"get:/api/v\d+/.*");
     /// assert!(rule.regex);
     /// ```
     pub fn endpoint_regex(mut self, pattern: impl Into<String>) -> Self {
