@@ -76,7 +76,7 @@ pub(crate) type Taken = (Result<u32, u32>, Undone);
 /// | operation | effect |
 /// |---|---|
 /// | take `n` | load `config` (c1), load word, in use + n ≤ limit(c1): CAS in use + n, then load `config` (c2); c2 ≠ c1: give the permits back (`fetch_sub`) and decide again |
-/// | head's take (under its queue's mutex) | as take, or set `WAITERS` if short |
+/// | head's take (under its queue's mutex) | as take, clearing `WAITERS` (on a key's cell; the shared pool's mark is left to the next release, as other keys' heads may have set it), or set `WAITERS` if short |
 /// | release of `n` | `fetch_sub(n)`; if `WAITERS` was set, clear it and wake the key's head |
 /// | retire (sweep) | CAS from exactly `USED` (nothing in use, nobody marked) to [`RETIRED`] |
 /// | `set_limit` | store `config` (new generation, new limit), then wake every queued key's head |
@@ -140,8 +140,17 @@ impl Concurrency {
     /// back, where it can make others *reject*, never admit; it never reaches a caller. (The
     /// generation makes "config unchanged" exact even when a limit is set back to its old value;
     /// it wraps after 2^32 changes.)
+    ///
+    /// `shared`: `cell` is the shared overflow pool, whose `WAITERS` mark may also stand for
+    /// other keys' heads (each overflow key has its own queue), so a head's take keeps it.
     #[inline(always)]
-    fn take_with(&self, cell: &AtomicU64, n: u32, mark: bool) -> Result<Taken, TryAcquireError> {
+    fn take_with(
+        &self,
+        cell: &AtomicU64,
+        n: u32,
+        mark: bool,
+        shared: bool,
+    ) -> Result<Taken, TryAcquireError> {
         let mut undone = Undone::default();
         'config: loop {
             let config = self.config();
@@ -168,10 +177,12 @@ impl Concurrency {
                     return Ok((Ok(available), undone));
                 }
                 let next = if fits {
-                    // `used + n ≤ limit ≤ u32::MAX`: no carry. The head that asked for a wake
-                    // needs none now.
+                    // `used + n ≤ limit ≤ u32::MAX`: no carry. A key's head that asked for a
+                    // wake needs none now (on a key's cell only its head marks). On the shared
+                    // pool the mark may be another key's head's, still short: it stays, and the
+                    // next release consumes it and wakes every head.
                     let next = (word + u64::from(n)) | USED;
-                    if mark {
+                    if mark && !shared {
                         next & !WAITERS
                     } else {
                         next
@@ -209,13 +220,24 @@ impl Concurrency {
     /// Takes `n` permits if free; nothing written when short.
     #[inline(always)]
     pub(crate) fn take(&self, cell: &AtomicU64, n: u32) -> Result<Taken, TryAcquireError> {
-        self.take_with(cell, n, false)
+        self.take_with(cell, n, false, false)
     }
 
     /// The queue head's attempt, under its queue's mutex: takes `n` permits if free (and clears
     /// `WAITERS`), otherwise sets `WAITERS` so that the next release wakes it.
     pub(crate) fn take_or_mark(&self, cell: &AtomicU64, n: u32) -> Result<Taken, TryAcquireError> {
-        self.take_with(cell, n, true)
+        self.take_with(cell, n, true, false)
+    }
+
+    /// As [`take_or_mark`](Self::take_or_mark) on the shared overflow pool, except that a take
+    /// keeps `WAITERS`: heads of other overflow keys (each in its own queue) may have set it and
+    /// still be short, and the next release must wake them.
+    pub(crate) fn take_or_mark_pool(
+        &self,
+        cell: &AtomicU64,
+        n: u32,
+    ) -> Result<Taken, TryAcquireError> {
+        self.take_with(cell, n, true, true)
     }
 
     /// Gives `n` permits back to `cell` (a release); says whether a head must be woken and
@@ -558,10 +580,13 @@ where
     /// next release wakes this key's head.
     fn take_head(&self, key: &K, shard: usize, n: u32) -> Result<Slot, Blocked> {
         let algo = &self.store.algo;
-        match self
-            .store
-            .with_cell(&self.ctx, shard, key, n, |cell| algo.take_or_mark(cell, n))
-        {
+        match self.store.with_cell(&self.ctx, shard, key, n, |cell| {
+            if std::ptr::eq(cell, &*self.store.overflow) {
+                algo.take_or_mark_pool(cell, n)
+            } else {
+                algo.take_or_mark(cell, n)
+            }
+        }) {
             Ok(((outcome, undone), slot)) => {
                 if undone != Undone::default() {
                     self.settle(key, shard, slot, undone, true);

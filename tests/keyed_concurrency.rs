@@ -566,3 +566,57 @@ fn set_limit_audit_on_real_threads() {
     limiter.sweep();
     assert!(limiter.is_empty());
 }
+
+/// A waker that counts its wake-ups, for polling futures by hand in a chosen order.
+fn counting_waker() -> (std::task::Waker, Arc<AtomicU32>) {
+    struct Count(Arc<AtomicU32>);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let count = Arc::new(AtomicU32::new(0));
+    (Arc::new(Count(count.clone())).into(), count)
+}
+
+/// Two overflow keys wait on the shared pool, in different keys' queues: `b` for 2 permits (short,
+/// so its head marks the pool) and `a` for 1. A release wakes both heads; `b` is still short and
+/// marks again, then `a` takes the last free permit. `a`'s take must not erase `b`'s mark: the
+/// releases that follow must wake `b`, or it waits forever with the whole pool free.
+#[test]
+fn a_pool_head_served_keeps_the_mark_of_another_keys_head() {
+    use std::future::Future;
+    use std::task::{Context, Poll};
+    let limiter = KeyedConcurrencyLimiter::builder(2)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _own = limiter.try_acquire(&0u8).unwrap(); // the only key slot, busy
+    let x = limiter.try_acquire(&1u8).unwrap(); // the pool: 1 of 2 in use
+    let y = limiter.try_acquire(&2u8).unwrap(); // the pool: 2 of 2
+    let (b_waker, b_wakes) = counting_waker();
+    let (a_waker, _) = counting_waker();
+    let mut b = Box::pin(limiter.acquire_n(&3u8, 2));
+    let mut a = Box::pin(limiter.acquire_n(&4u8, 1));
+    let mut b_cx = Context::from_waker(&b_waker);
+    let mut a_cx = Context::from_waker(&a_waker);
+    assert!(b.as_mut().poll(&mut b_cx).is_pending());
+    assert!(a.as_mut().poll(&mut a_cx).is_pending());
+    drop(x); // the pool: 1 of 2; wakes both heads
+    assert!(b.as_mut().poll(&mut b_cx).is_pending(), "b needs 2, 1 free");
+    let Poll::Ready(Ok(a_permit)) = a.as_mut().poll(&mut a_cx) else {
+        panic!("a fits in the free permit");
+    };
+    let woken = b_wakes.load(Ordering::SeqCst);
+    drop(y);
+    drop(a_permit); // the pool: 0 of 2
+    assert!(
+        b_wakes.load(Ordering::SeqCst) > woken,
+        "b's head was never woken though the pool is free"
+    );
+    let Poll::Ready(Ok(b_permit)) = b.as_mut().poll(&mut b_cx) else {
+        panic!("b fits now");
+    };
+    assert_eq!(b_permit.permits(), 2);
+}
