@@ -99,8 +99,6 @@ struct Core<L> {
     members: Box<[L]>,
     /// Commit order: members with exact refunds first, then the exact sliding windows.
     order: Box<[usize]>,
-    /// The smallest member capacity: the most permits one call can ever get.
-    capacity: u32,
     counters: Counters,
 }
 
@@ -139,12 +137,33 @@ impl<L> Core<L> {
         // then the order given.
         let mut order: Vec<usize> = (0..members.len()).collect();
         order.sort_by_key(|&i| (!members[i].exact_refund(), i >= global_from));
-        let capacity = members.iter().map(L::capacity).min().unwrap_or(0);
         Ok(Core {
             members: members.into_boxed_slice(),
             order: order.into_boxed_slice(),
-            capacity,
             counters: Counters::new(),
+        })
+    }
+
+    /// The smallest member capacity now: the most permits one call can get. Read from the
+    /// members every time, since any of them can be reconfigured after the chain is built.
+    fn capacity<Q: ?Sized>(&self) -> u32
+    where
+        L: Member<Q>,
+    {
+        self.members.iter().map(L::capacity).min().unwrap_or(0)
+    }
+
+    /// `InsufficientCapacity` if `n` exceeds the chain's capacity now: the answer to a request
+    /// that can never fit, ahead of any other error a member gave.
+    #[cold]
+    fn too_big<Q: ?Sized>(&self, n: u32) -> Option<TryAcquireError>
+    where
+        L: Member<Q>,
+    {
+        let capacity = self.capacity::<Q>();
+        (n > capacity).then_some(TryAcquireError::InsufficientCapacity {
+            requested: n,
+            capacity,
         })
     }
 
@@ -159,13 +178,9 @@ impl<L> Core<L> {
     where
         L: Member<Q>,
     {
-        if n > self.capacity {
-            return Err(TryAcquireError::InsufficientCapacity {
-                requested: n,
-                capacity: self.capacity,
-            });
-        }
-        // Pass 1: check every member, writing nothing.
+        // Pass 1: check every member, writing nothing. Each member refuses a request above its
+        // own capacity (as it stands now: members can be reconfigured), so a request above the
+        // smallest one fails here, whichever member sees it first.
         let mut probed = None;
         let mut rejected = None;
         for (i, member) in self.members.iter().enumerate() {
@@ -177,7 +192,7 @@ impl<L> Core<L> {
                     }
                 }
                 Err(TryAcquireError::Rejected(r)) => rejected = Some(worse(rejected, r)),
-                Err(e) => return Err(e),
+                Err(e) => return Err(self.too_big::<Q>(n).unwrap_or(e)),
             }
         }
         if let Some(r) = rejected {
@@ -804,7 +819,7 @@ impl<C: Clock> Chain<C> {
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn capacity(&self) -> u32 {
-        self.core.capacity
+        self.core.capacity::<()>()
     }
 
     /// Counts so far. See [`ChainStats`].
@@ -1388,7 +1403,7 @@ where
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn capacity(&self) -> u32 {
-        self.core.capacity
+        self.core.capacity::<K>()
     }
 
     /// Counts so far. See [`ChainStats`].

@@ -610,13 +610,23 @@ where
     /// Sweeps every shard, ignoring the hints that let a sweep skip a shard (for cells whose
     /// idleness no clock predicts, a hint can be left stale by a release racing a sweep).
     pub(crate) fn sweep_all<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
+        self.forget_hints(ctx);
+        self.sweep(ctx)
+    }
+
+    /// Lowers every shard's hint and the limiter's `room_at` to 0, so that the next sweeps and
+    /// searches for room look at every key again: for when keys may have turned idle earlier
+    /// than the hints say (a reconfiguration that shortens the window or speeds the refill, a
+    /// release no clock predicts).
+    fn forget_hints<C: Clock>(&self, ctx: &Ctx<C, S>) {
         for shard in self.shards.iter() {
-            // Release: as an insert's lowering (see `first_use`).
+            // Release: as an insert's lowering (see `first_use`): a sweep whose opening swap
+            // reads our 0 also sees what we did before it (the new parameters, the released
+            // permit).
             shard.not_before.fetch_min(0, Ordering::Release);
         }
         // Relaxed: a hint.
         ctx.room_at.fetch_min(0, Ordering::Relaxed);
-        self.sweep(ctx)
     }
 
     pub(crate) fn sweep<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
@@ -1188,22 +1198,36 @@ where
     #[cold]
     #[inline(never)]
     fn try_acquire_queued(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
-        if self.inner.waits.order == QueueOrder::NewestFirst || !self.inner.waits.has_waiters(key) {
+        if !self.held_back(key) {
             return self.decide(key, n);
         }
+        Err(self.refused_for_waiters(key, n))
+    }
+
+    /// Whether calls on `key` must not barge: it has waiters, served oldest first. One load
+    /// when no key has waiters.
+    #[inline(always)]
+    fn held_back(&self, key: &K) -> bool {
+        let waits = &self.inner.waits;
+        waits.any() && waits.order == QueueOrder::OldestFirst && waits.has_waiters(key)
+    }
+
+    /// The answer to a call that `key`'s waiters hold back (see [`held_back`](Self::held_back)).
+    #[cold]
+    fn refused_for_waiters(&self, key: &K, n: u32) -> TryAcquireError {
         let capacity = self.inner.algorithm_limit();
         if n > capacity {
-            return Err(TryAcquireError::InsufficientCapacity {
+            return TryAcquireError::InsufficientCapacity {
                 requested: n,
                 capacity,
-            });
+            };
         }
         // As for an unkeyed limiter: the retry-after is what the key's state alone says for one
         // permit, a lower bound since the queue is served first.
-        Err(match self.decide(key, 0) {
+        match self.decide(key, 0) {
             Err(rejected) => rejected,
             Ok(_) => TryAcquireError::Rejected(Rejection::new(0, capacity)),
-        })
+        }
     }
 
     /// Permits `key` could take now (a snapshot; a key not held has the full limit).
@@ -1498,6 +1522,10 @@ where
             }
             _ => Err(kind_changed()),
         }?;
+        // Keys may turn idle sooner under the new parameters (a shorter window, a faster
+        // refill) than the sweep hints computed under the old ones say: without this, sweeps
+        // and the search for room at the cap would skip those keys until the old times.
+        with_store!(&inner.store, s => s.forget_hints(&inner.ctx));
         *current = algorithm;
         drop(current);
         let capacity = inner.algorithm_limit();
@@ -2037,12 +2065,16 @@ where
 {
     /// Without `COMMIT`: would `key` admit `n.max(1)` permits (`n == 0`: the member's own probe)?
     /// With it: takes them. Counts nothing. The flag says the shared overflow cell decided.
+    /// Like `try_acquire`, refuses while `key` has waiters served oldest first (no barging).
     pub(crate) fn chain_decide<const COMMIT: bool>(
         &self,
         key: &K,
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, bool) {
         let inner = &*self.inner;
+        if self.held_back(key) {
+            return (Err(self.refused_for_waiters(key, n)), false);
+        }
         let shard = self.shard(key);
         if COMMIT || n == 0 {
             with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))

@@ -794,3 +794,87 @@ fn refunds_never_over_admit_two_sliding_windows() {
     );
     eprintln!("sliding + sliding: {stats:?}");
 }
+
+/// A per-key member's own queue of waiters (oldest first) holds a `KeyedChain` back as it holds
+/// the member's `try_acquire` back: a chain does not barge past a key's waiters.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn keyed_chains_do_not_barge_past_a_keys_waiters() {
+    use turnstile::TokioClock;
+    let per_key = Arc::new(
+        KeyedLimiter::<&'static str, _>::with_clock(
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(10),
+                burst: 2,
+            },
+            TokioClock::new(),
+        )
+        .unwrap(),
+    );
+    let chain = KeyedChain::builder()
+        .per_key((*per_key).clone())
+        .build()
+        .unwrap();
+    per_key.try_acquire_n(&"a", 2).unwrap();
+    let waiter = {
+        let per_key = Arc::clone(&per_key);
+        tokio::spawn(async move { per_key.acquire_n(&"a", 2).await })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(per_key.stats().waiting, 1);
+    // 100 ms later one permit is free, but the queued waiter wants two: neither the member's
+    // own try_acquire nor the chain may take it from them.
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(matches!(
+        per_key.try_acquire(&"a"),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    let refused = chain.try_acquire(&"a");
+    assert!(
+        matches!(refused, Err(TryAcquireError::Rejected(_))),
+        "the chain barged past the key's waiter: {refused:?}"
+    );
+    assert!(
+        chain.try_acquire(&"b").is_ok(),
+        "another key is not held back"
+    );
+    waiter.await.unwrap().unwrap();
+}
+
+/// A chain's capacity is its members' smallest capacity *now*: a member reconfigured after the
+/// chain was built changes what one call can get, both ways.
+#[test]
+fn chain_capacity_follows_reconfigured_members() {
+    let clock = ManualClock::new();
+    let window = SECOND;
+    let small = manual(Algorithm::FixedWindow { limit: 2, window }, &clock);
+    let large = manual(Algorithm::FixedWindow { limit: 10, window }, &clock);
+    let chain = Chain::new([small.clone(), large.clone()]).unwrap();
+    assert_eq!(chain.capacity(), 2);
+    small
+        .reconfigure(Algorithm::FixedWindow { limit: 5, window })
+        .unwrap();
+    assert_eq!(chain.capacity(), 5);
+    assert!(chain.try_acquire_n(4).is_ok(), "both members admit 4 now");
+    large
+        .reconfigure(Algorithm::FixedWindow { limit: 3, window })
+        .unwrap();
+    assert_eq!(chain.capacity(), 3);
+    assert!(matches!(
+        chain.try_acquire_n(4),
+        Err(TryAcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        })
+    ));
+
+    let per_key = keyed(Algorithm::FixedWindow { limit: 2, window }, &clock);
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .build()
+        .unwrap();
+    per_key
+        .reconfigure(Algorithm::FixedWindow { limit: 6, window })
+        .unwrap();
+    assert_eq!(chain.capacity(), 6);
+    assert!(chain.try_acquire_n(&"k", 6).is_ok());
+}

@@ -393,3 +393,73 @@ fn keyed_token_bucket_conforms_under_eviction() {
         common::bucket_violations(a, rate, burst)
     });
 }
+
+/// A reconfiguration that makes keys idle sooner (a shorter window, a faster refill) must not be
+/// hidden by the sweep hints computed under the old parameters: `sweep()` evicts every idle key,
+/// and a new key at the cap evicts an idle one instead of being refused.
+#[test]
+fn keys_made_idle_by_a_reconfiguration_are_evicted() {
+    let cases = [
+        (
+            Algorithm::FixedWindow {
+                limit: 5,
+                window: Duration::from_secs(60),
+            },
+            Algorithm::FixedWindow {
+                limit: 5,
+                window: SEC,
+            },
+        ),
+        (
+            Algorithm::SlidingCounter {
+                limit: 5,
+                window: Duration::from_secs(60),
+            },
+            Algorithm::SlidingCounter {
+                limit: 5,
+                window: SEC,
+            },
+        ),
+        (
+            Algorithm::TokenBucket {
+                rate: Rate::per_minute(1),
+                burst: 5,
+            },
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(100),
+                burst: 5,
+            },
+        ),
+    ];
+    for (before, after) in cases {
+        // sweep(): a sweep under the old parameters saw key 1 busy for a minute.
+        let limiter = manual(before);
+        limiter.try_acquire(&1).unwrap();
+        assert_eq!(limiter.sweep(), 0, "{before:?}: busy");
+        limiter.reconfigure(after).unwrap();
+        limiter.clock().advance(Duration::from_secs(5));
+        assert_eq!(limiter.available(&1), 5, "{after:?}: key 1 is idle again");
+        assert_eq!(limiter.sweep(), 1, "{after:?}: the idle key is evicted");
+        assert!(limiter.is_empty());
+
+        // At the cap: the search for room saw every key busy for a minute.
+        let limiter = KeyedLimiter::<u64, _>::builder(before)
+            .clock(ManualClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Reject)
+            .build()
+            .unwrap();
+        limiter.try_acquire(&1).unwrap();
+        assert!(matches!(
+            limiter.try_acquire(&2),
+            Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+        ));
+        limiter.reconfigure(after).unwrap();
+        limiter.clock().advance(Duration::from_secs(5));
+        assert!(
+            limiter.try_acquire(&3).is_ok(),
+            "{after:?}: key 1 is idle and makes room"
+        );
+        assert_eq!(limiter.len(), 1);
+    }
+}
