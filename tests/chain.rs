@@ -878,3 +878,55 @@ fn chain_capacity_follows_reconfigured_members() {
     assert_eq!(chain.capacity(), 6);
     assert!(chain.try_acquire_n(&"k", 6).is_ok());
 }
+
+/// A key whose only admission was given back (here: a later per-key member is at its key cap)
+/// is still evicted once idle, also in the limiter's first window, where a refunded cell's state
+/// equals a fresh one's.
+#[test]
+fn refunded_keys_are_still_evicted() {
+    // 10 s into the first window, where a refund that empties it used to leave the fresh word.
+    // (The token bucket reaches its fresh word only by a refund at clock time 0, and keeps it:
+    // no other word decides alike at time 0, and refunds with the clock unchanged are exact.)
+    for (algorithm, start) in [
+        (
+            Algorithm::FixedWindow {
+                limit: 5,
+                window: HOUR,
+            },
+            Duration::from_secs(10),
+        ),
+        (
+            Algorithm::SlidingCounter {
+                limit: 5,
+                window: HOUR,
+            },
+            Duration::from_secs(10),
+        ),
+    ] {
+        let clock = ManualClock::new();
+        clock.advance(start);
+        let first = keyed(algorithm, &clock);
+        let full = KeyedLimiter::<&'static str, _>::builder(Algorithm::FixedWindow {
+            limit: 5,
+            window: HOUR,
+        })
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(first.clone())
+            .per_key(full.clone())
+            .build()
+            .unwrap();
+        chain.try_acquire(&"y").unwrap();
+        assert!(matches!(
+            chain.try_acquire(&"x"),
+            Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+        ));
+        assert_eq!(first.available(&"x"), 5, "{algorithm:?}: x was given back");
+        clock.advance(3 * HOUR);
+        assert_eq!(first.sweep(), 2, "{algorithm:?}: x and y are idle");
+        assert!(first.is_empty(), "{algorithm:?}: {} keys left", first.len());
+    }
+}

@@ -374,9 +374,12 @@ impl Algo for SlidingCounter {
             }
             // Release on success: publishes our clock reading like an admission does (a reader
             // that loads our word decides at a time no earlier). Acquire on failure: as above.
+            // Never the fresh word `(0, 0)` (see `not_fresh`): `(ID_MASK, 0)` instead, which reads
+            // as (0, 0) counts in windows 0 and 1, the only ones a refund runs in, and in every
+            // later one, so that `retire` can still retire the key.
             match words.current.compare_exchange_weak(
                 word,
-                pack(id, count.saturating_sub(n)),
+                super::fixed_window::not_fresh(pack(id, count.saturating_sub(n))),
                 Ordering::Release,
                 Ordering::Acquire,
             ) {
