@@ -110,7 +110,11 @@ impl Clock for WallClock {
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 2));
-        let before = self.last.fetch_max(wall, Ordering::AcqRel);
+        // Relaxed: the maximum alone keeps readings from going back (read-modify-writes of one
+        // word always read its latest value), and a reader that must not see a time earlier
+        // than a writer's is already ordered after it by the Acquire/Release on the state it
+        // decides on (load, then clock), as with `UpkeepClock`.
+        let before = self.last.fetch_max(wall, Ordering::Relaxed);
         before.max(wall)
     }
 }
