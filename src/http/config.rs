@@ -210,7 +210,7 @@ pub enum RuleKey {
 pub struct RuleConfig {
     /// The policy name in headers, logs and metrics; default `"{endpoint}-{period}"`.
     pub name: Option<String>,
-    /// `*`, `*:/path`, `verb:/path` (`*` wildcards in the path), or `re:` + a regex.
+    /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex.
     pub endpoint: String,
     /// When `endpoint` (after an optional `verb:`) is a regular expression.
     pub regex: bool,
@@ -303,8 +303,8 @@ impl RuleConfig {
         self
     }
 
-    /// The requests the rule applies to: `*`, `*:/path` or `verb:/path`, with `*` wildcards in
-    /// the path.
+    /// The requests the rule applies to: `*`, `*:/path` or `verb:/path`, with `*` (any run of
+    /// characters) and `?` (one) wildcards in the path.
     ///
     /// # Examples
     ///

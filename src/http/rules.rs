@@ -116,7 +116,9 @@ enum PathMatch {
     Regex(Regex),
 }
 
-/// `*` in `pattern` matches any run of bytes; ASCII letters match either case.
+/// `*` in `pattern` matches any run of bytes and `?` any one byte (AspNetCoreRateLimit's
+/// wildcards; a path holds no `?`, which starts the query, so `?` never had to match itself);
+/// ASCII letters match either case.
 fn glob(pattern: &[u8], text: &[u8]) -> bool {
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
@@ -124,7 +126,9 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
         if p < pattern.len() && pattern[p] == b'*' {
             star = Some((p, t));
             p += 1;
-        } else if p < pattern.len() && pattern[p].eq_ignore_ascii_case(&text[t]) {
+        } else if p < pattern.len()
+            && (pattern[p] == b'?' || pattern[p].eq_ignore_ascii_case(&text[t]))
+        {
             p += 1;
             t += 1;
         } else if let Some((sp, st)) = star {
@@ -1197,6 +1201,11 @@ mod tests {
         assert!(glob(b"/a*b*c", b"/aXXbYYc"));
         assert!(!glob(b"/a*b*c", b"/aXXbYY"));
         assert!(!glob(b"/api", b"/api/"));
+        // `?`: one byte, as in AspNetCoreRateLimit's patterns.
+        assert!(glob(b"/api/v?/items", b"/api/v2/items"));
+        assert!(!glob(b"/api/v?/items", b"/api/v10/items"));
+        assert!(!glob(b"/api/v?", b"/api/v"));
+        assert!(glob(b"/a?*", b"/ab/c"));
     }
 
     #[test]
