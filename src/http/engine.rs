@@ -18,8 +18,9 @@
 //! 4. **Matching rules**, as AspNetCoreRateLimit matches them. A rule applies when its endpoint
 //!    pattern matches the request: `*` always; `verb:/path` or `*:/path` when the method (or any
 //!    method) and the path match, case-insensitively, `*` in the path matching any run of
-//!    characters and `?` any one; with `regex = true` or a `re:` prefix the path part is a regular expression
-//!    that must match the whole path. With `endpoint_rate_limiting = false` only `*` rules apply.
+//!    characters and `?` any one; with `regex = true` or a `re:` prefix the path part is a
+//!    regular expression that must match the whole path. With `endpoint_rate_limiting = false`
+//!    only `*` rules apply.
 //!    Specific rules (the `ip_rules` whose range contains the client IP, the `client_rules` of
 //!    the client id) take precedence: a general rule applies only if no specific rule of the same
 //!    period applies. Of the rules left, per period, the most restrictive (lowest limit) applies.
