@@ -12,7 +12,9 @@
 //!   is admitted, and the books (keys, evictions) balance;
 //! - `set_limit` racing an acquire on a key and the eviction of that key: no admission is kept
 //!   that the limit in force at its moment would refuse (a compare-and-swap prepared under the
-//!   old limit and landing after the change is given back).
+//!   old limit and landing after the change is given back);
+//! - a stale admission given back (after a `set_limit`) wakes the head whose mark it consumed,
+//!   even when the taker then ends on a fresh cell (the old one evicted) or in an error.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -205,4 +207,51 @@ fn set_limit_racing_acquire_on_a_key() {
 #[test]
 fn set_limit_racing_acquire_and_eviction() {
     set_limit_racing_acquire(true);
+}
+
+/// A stale admission given back owes a wake to the key's head, and that debt survives the take
+/// ending on another cell or in an error. Limit `n` with nothing held. The main thread (T) takes
+/// `n` permits with `try_acquire_n`; thread H lowers (or just re-sets) the limit to 1 and then
+/// waits for one permit with `acquire_blocking`; with `evict`, thread S sweeps. The dangerous
+/// interleaving: T loads the old `config` and CASes its permits in; H's `set_limit` lands; H
+/// finds the key full, queues and marks `WAITERS`; T sees the new `config`, gives its permits
+/// back (consuming H's mark, so the wake is now T's to deliver) and decides again: on a key whose
+/// cell S has meanwhile retired (`evict`: T retries on a fresh cell), or for `n` above the
+/// lowered limit (T fails with `InsufficientCapacity`). If T dropped the debt, H would sleep
+/// forever: loom reports the deadlock.
+///
+/// Loom needs a preemption bound of 4 to reach the interleaving (fails at 4 without the fix,
+/// not at 2), so the model fixes it whatever `LOOM_MAX_PREEMPTIONS` says. Only the lowered-limit
+/// form is run: with the sweeper thread the same bound does not finish in minutes. Both forms
+/// lose the debt the same way (an error out of the take's closure) and share the fix.
+fn given_back_wake_survives(n: u32, evict: bool, preemptions: usize) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(preemptions);
+    builder.check(move || {
+        let l = limiter(n);
+        let h = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || {
+                l.set_limit(1).unwrap();
+                l.acquire_blocking(&1).map(|p| p.permits())
+            })
+        };
+        let s = evict.then(|| {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        });
+        drop(l.try_acquire_n(&1, n));
+        assert_eq!(h.join().unwrap(), Ok(1), "the head was not served");
+        let swept = s.map_or(0, |s| s.join().unwrap());
+        assert!(swept <= 1);
+        assert_eq!(l.available(&1), 1);
+        l.sweep();
+        assert_eq!(l.len(), 0, "a stale WAITERS mark kept the key");
+    });
+}
+
+/// The taker's retry fails: it asked for more than the lowered limit.
+#[test]
+fn given_back_wake_survives_a_lowered_limit() {
+    given_back_wake_survives(2, false, 4);
 }

@@ -17,6 +17,7 @@ use crate::queue::{no_timer, Blocked, QueueOrder, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
     fence, lock, Arc, AtomicU64, Mutex, Ordering, ADMITTED, CANCELLED, OVERFLOWED, REJECTED,
 };
+use std::cell::Cell;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 
@@ -54,9 +55,33 @@ pub(crate) struct Undone {
     pub(crate) idle: bool,
 }
 
-/// The outcome of a take: `Ok(remaining)` taken, `Err(free)` too few free (nothing kept), and
-/// the debts of any stale admission given back on the way.
-pub(crate) type Taken = (Result<u32, u32>, Undone);
+impl Undone {
+    /// Both debts.
+    fn and(self, other: Undone) -> Undone {
+        Undone {
+            wake: self.wake | other.wake,
+            idle: self.idle | other.idle,
+        }
+    }
+}
+
+/// The outcome of a take, `Ok(Ok(remaining))` taken, `Ok(Err(free))` too few free (nothing
+/// kept), or an error; and, *whatever the outcome*, the debts of any stale admission given back
+/// on the way. A take that gave back and then met a retired cell (`Closed`) or a limit lowered
+/// below `n` (`InsufficientCapacity`) still owes them: the give-back may have consumed a head's
+/// `WAITERS` mark, and nobody else will wake that head.
+pub(crate) type Taken = (Result<Result<u32, u32>, TryAcquireError>, Undone);
+
+/// The debts of stale admissions given back during one `with_cell` call, by the kind of cell
+/// they were given back to. One call can give back on a key's cell and end elsewhere: on a fresh
+/// cell (the old one was retired once the give-back left it idle), on the shared pool, or in an
+/// error. So the take closure records them here, and the caller pays them after `with_cell`
+/// returns, whatever it returned.
+#[derive(Default)]
+struct Owed {
+    key: Cell<Undone>,
+    pool: Cell<Undone>,
+}
 
 /// The concurrency "algorithm": a cell is one permit word; the limit, shared by every key, lives
 /// in one `config` word beside the cells.
@@ -75,7 +100,7 @@ pub(crate) type Taken = (Result<u32, u32>, Undone);
 ///
 /// | operation | effect |
 /// |---|---|
-/// | take `n` | load `config` (c1), load word, in use + n ≤ limit(c1): CAS in use + n, then load `config` (c2); c2 ≠ c1: give the permits back (`fetch_sub`) and decide again |
+/// | take `n` | load `config` (c1), load word, in use + n ≤ limit(c1): CAS in use + n, then load `config` (c2); c2 ≠ c1: give the permits back (`fetch_sub`, a release whose wake and idle hint the caller owes whatever the take ends in) and decide again |
 /// | head's take (under its queue's mutex) | as take, clearing `WAITERS` (on a key's cell; the shared pool's mark is left to the next release, as other keys' heads may have set it), or set `WAITERS` if short |
 /// | release of `n` | `fetch_sub(n)`; if `WAITERS` was set, clear it and wake the key's head |
 /// | retire (sweep) | CAS from exactly `USED` (nothing in use, nobody marked) to [`RETIRED`] |
@@ -135,7 +160,11 @@ impl Concurrency {
     /// `set_limit` lies between its first `config` load and this one in the SeqCst total order,
     /// and the CAS sits between them, so the admission was decided under the limit in force at
     /// its CAS. Otherwise it gives the permits back (a release: our permits are counted, so the
-    /// key cannot have been retired meanwhile) and decides again under the new limit. A stale
+    /// key cannot have been retired meanwhile) and decides again under the new limit. That
+    /// release's debts (a wake for a head whose `WAITERS` mark it consumed, the idle hint) come
+    /// back with every outcome, errors included: the give-back may leave the cell idle, so the
+    /// decision again can find it retired (`Closed`, and the caller retries on a fresh cell), or
+    /// `n` above a lowered limit, and the head would otherwise never be woken. A stale
     /// admission is thus only ever visible inside the word, for the moments before it is given
     /// back, where it can make others *reject*, never admit; it never reaches a caller. (The
     /// generation makes "config unchanged" exact even when a limit is set back to its old value;
@@ -144,37 +173,32 @@ impl Concurrency {
     /// `shared`: `cell` is the shared overflow pool, whose `WAITERS` mark may also stand for
     /// other keys' heads (each overflow key has its own queue), so a head's take keeps it.
     #[inline(always)]
-    fn take_with(
-        &self,
-        cell: &AtomicU64,
-        n: u32,
-        mark: bool,
-        shared: bool,
-    ) -> Result<Taken, TryAcquireError> {
+    fn take_with(&self, cell: &AtomicU64, n: u32, mark: bool, shared: bool) -> Taken {
         let mut undone = Undone::default();
         'config: loop {
             let config = self.config();
             let limit = limit_of(config);
             if n > limit {
-                return Err(TryAcquireError::InsufficientCapacity {
+                let error = TryAcquireError::InsufficientCapacity {
                     requested: n,
                     capacity: limit,
-                });
+                };
+                return (Err(error), undone);
             }
             // Acquire: a word we see RETIRED (or retire races with) must carry the retire's
             // synchronisation to the fresh cell our caller then makes; see `retire`.
             let mut word = cell.load(Ordering::Acquire);
             loop {
                 if word == RETIRED {
-                    return Err(TryAcquireError::Closed);
+                    return (Err(TryAcquireError::Closed), undone);
                 }
                 let available = free_of(limit, used(word));
                 let fits = available >= n.max(1);
                 if !fits && !mark {
-                    return Ok((Err(available), undone));
+                    return (Ok(Err(available)), undone);
                 }
                 if fits && n == 0 && !mark {
-                    return Ok((Ok(available), undone));
+                    return (Ok(Ok(available)), undone);
                 }
                 let next = if fits {
                     // `used + n ≤ limit ≤ u32::MAX`: no carry. A key's head that asked for a
@@ -189,7 +213,7 @@ impl Concurrency {
                     }
                 } else if word & WAITERS != 0 {
                     // Already marked: the next release wakes this queue's head.
-                    return Ok((Err(available), undone));
+                    return (Ok(Err(available)), undone);
                 } else {
                     word | WAITERS
                 };
@@ -200,15 +224,14 @@ impl Concurrency {
                 // the queue map, which it looks up to wake us). On x86 the same instruction as
                 // AcqRel. Acquire on failure: as the load above.
                 match cell.compare_exchange_weak(word, next, Ordering::SeqCst, Ordering::Acquire) {
-                    Ok(_) if !fits => return Ok((Err(available), undone)),
+                    Ok(_) if !fits => return (Ok(Err(available)), undone),
                     Ok(_) => {
                         if n == 0 || self.config() == config {
-                            return Ok((Ok(available - n), undone));
+                            return (Ok(Ok(available - n)), undone);
                         }
                         // Decided under a limit no longer in force: give it back, decide again.
-                        let gave = Self::give_back(cell, n);
-                        undone.wake |= gave.wake;
-                        undone.idle |= gave.idle;
+                        // What the give-back owes is returned with every outcome from here on.
+                        undone = undone.and(Self::give_back(cell, n));
                         continue 'config;
                     }
                     Err(actual) => word = actual,
@@ -219,24 +242,20 @@ impl Concurrency {
 
     /// Takes `n` permits if free; nothing written when short.
     #[inline(always)]
-    pub(crate) fn take(&self, cell: &AtomicU64, n: u32) -> Result<Taken, TryAcquireError> {
+    pub(crate) fn take(&self, cell: &AtomicU64, n: u32) -> Taken {
         self.take_with(cell, n, false, false)
     }
 
     /// The queue head's attempt, under its queue's mutex: takes `n` permits if free (and clears
     /// `WAITERS`), otherwise sets `WAITERS` so that the next release wakes it.
-    pub(crate) fn take_or_mark(&self, cell: &AtomicU64, n: u32) -> Result<Taken, TryAcquireError> {
+    pub(crate) fn take_or_mark(&self, cell: &AtomicU64, n: u32) -> Taken {
         self.take_with(cell, n, true, false)
     }
 
     /// As [`take_or_mark`](Self::take_or_mark) on the shared overflow pool, except that a take
     /// keeps `WAITERS`: heads of other overflow keys (each in its own queue) may have set it and
     /// still be short, and the next release must wake them.
-    pub(crate) fn take_or_mark_pool(
-        &self,
-        cell: &AtomicU64,
-        n: u32,
-    ) -> Result<Taken, TryAcquireError> {
+    pub(crate) fn take_or_mark_pool(&self, cell: &AtomicU64, n: u32) -> Taken {
         self.take_with(cell, n, true, true)
     }
 
@@ -314,7 +333,7 @@ impl Algo for Concurrency {
         // Chains never take concurrency members, so nobody waits on this cell's debts; a
         // stale admission given back here would owe a wake only to a head of this key, which
         // chains cannot have.
-        match self.take(cell, n)?.0 {
+        match self.take(cell, n).0? {
             Ok(remaining) => Ok(Admission::new(0, 0, remaining)),
             Err(_) => Err(TryAcquireError::Rejected(Rejection::new(
                 0,
@@ -466,21 +485,58 @@ where
     /// Takes `n` permits for `key` ignoring its queue. `Ok(Err(free))`: too few free.
     #[inline(always)]
     fn decide(&self, key: &K, shard: usize, n: u32) -> Result<Result<Slot, u32>, TryAcquireError> {
-        let algo = &self.store.algo;
-        let ((outcome, undone), slot) = self
-            .store
-            .with_cell(&self.ctx, shard, key, n, |cell| algo.take(cell, n))?;
-        if undone != Undone::default() {
-            self.settle(key, shard, slot, undone, false);
-        }
+        let owed = Owed::default();
+        let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
+            self.take(cell, n, false, &owed)
+        });
+        self.pay(key, shard, &owed, false);
+        let (outcome, slot) = taken?;
         Ok(outcome.map(|_| slot))
     }
 
+    /// One take on `cell` inside `with_cell` (the head's, which marks, when `head`), recording
+    /// in `owed` what any stale admission given back on the way owes, whatever the outcome.
+    #[inline(always)]
+    fn take(
+        &self,
+        cell: &AtomicU64,
+        n: u32,
+        head: bool,
+        owed: &Owed,
+    ) -> Result<Result<u32, u32>, TryAcquireError> {
+        let algo = &self.store.algo;
+        let pool = || std::ptr::eq(cell, &*self.store.overflow);
+        let (outcome, undone) = if !head {
+            algo.take(cell, n)
+        } else if pool() {
+            algo.take_or_mark_pool(cell, n)
+        } else {
+            algo.take_or_mark(cell, n)
+        };
+        if undone != Undone::default() {
+            let debts = if pool() { &owed.pool } else { &owed.key };
+            debts.set(debts.get().and(undone));
+        }
+        outcome
+    }
+
+    /// Pays the debts recorded in `owed` (see [`settle`](Self::settle) for `in_head`). A key's
+    /// debts are paid to the key's queue and shard, whichever of its cells (a retired one or
+    /// its successor) they were incurred on.
+    #[inline(always)]
+    fn pay(&self, key: &K, shard: usize, owed: &Owed, in_head: bool) {
+        for (slot, undone) in [(Slot::Key, &owed.key), (Slot::Overflow, &owed.pool)] {
+            if undone.get() != Undone::default() {
+                self.settle(key, shard, slot, undone.get(), in_head);
+            }
+        }
+    }
+
     /// Pays what permits given back owe (a release, or a stale admission undone by
-    /// [`Concurrency::take`]): the idle hint if the key's cell is idle now, and a wake for the
-    /// head that marked it. `in_head`: we are the head of `key`'s queue, under its mutex (a
-    /// mark on the key's own cell can only be ours, and our queue must not be woken from
-    /// inside its own critical section).
+    /// [`Concurrency::take`], recorded in an [`Owed`]): the idle hint if the key's cell is idle
+    /// now, and a wake for the head that marked it. `in_head`: we are the head of `key`'s
+    /// queue, under its mutex (a mark on the key's own cell can only be ours, and our queue must
+    /// not be woken from inside its own critical section).
     #[cold]
     fn settle(&self, key: &K, shard: usize, slot: Slot, undone: Undone, in_head: bool) {
         if slot == Slot::Key && undone.idle {
@@ -579,20 +635,13 @@ where
     /// The head waiter's attempt (under its queue's mutex): take, or mark the cell so that the
     /// next release wakes this key's head.
     fn take_head(&self, key: &K, shard: usize, n: u32) -> Result<Slot, Blocked> {
-        let algo = &self.store.algo;
-        match self.store.with_cell(&self.ctx, shard, key, n, |cell| {
-            if std::ptr::eq(cell, &*self.store.overflow) {
-                algo.take_or_mark_pool(cell, n)
-            } else {
-                algo.take_or_mark(cell, n)
-            }
-        }) {
-            Ok(((outcome, undone), slot)) => {
-                if undone != Undone::default() {
-                    self.settle(key, shard, slot, undone, true);
-                }
-                outcome.map(|_| slot).map_err(|_| Blocked::Release)
-            }
+        let owed = Owed::default();
+        let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
+            self.take(cell, n, true, &owed)
+        });
+        self.pay(key, shard, &owed, true);
+        match taken {
+            Ok((outcome, slot)) => outcome.map(|_| slot).map_err(|_| Blocked::Release),
             Err(error) => Err(Blocked::Fail(waiting_error(error))),
         }
     }
@@ -1740,7 +1789,7 @@ mod tests {
             Err(0),
             "never used: left to its inserter"
         );
-        assert_eq!(algo.take(&cell, u32::MAX), Ok((Ok(0), Undone::default())));
+        assert_eq!(algo.take(&cell, u32::MAX), (Ok(Ok(0)), Undone::default()));
         assert!(algo.retire(&cell, &clock).is_err());
         // The largest live word: every permit in use, both flags set.
         cell.fetch_or(WAITERS, Ordering::Relaxed);
@@ -1758,16 +1807,16 @@ mod tests {
             }
         );
         assert_eq!(algo.retire(&cell, &clock), Ok(()));
-        assert_eq!(algo.take(&cell, 1), Err(TryAcquireError::Closed));
-        assert_eq!(algo.take_or_mark(&cell, 1), Err(TryAcquireError::Closed));
+        assert_eq!(algo.take(&cell, 1).0, Err(TryAcquireError::Closed));
+        assert_eq!(algo.take_or_mark(&cell, 1).0, Err(TryAcquireError::Closed));
     }
 
     #[test]
     fn head_marks_when_short_and_clears_when_served() {
         let algo = Concurrency::new(2);
         let cell = algo.cell();
-        assert_eq!(algo.take(&cell, 2), Ok((Ok(0), Undone::default())));
-        assert_eq!(algo.take_or_mark(&cell, 1), Ok((Err(0), Undone::default())));
+        assert_eq!(algo.take(&cell, 2), (Ok(Ok(0)), Undone::default()));
+        assert_eq!(algo.take_or_mark(&cell, 1), (Ok(Err(0)), Undone::default()));
         assert_ne!(cell.load(Ordering::Relaxed) & WAITERS, 0);
         assert_eq!(
             Concurrency::give_back(&cell, 1),
@@ -1776,7 +1825,7 @@ mod tests {
                 idle: false
             }
         );
-        assert_eq!(algo.take_or_mark(&cell, 1), Ok((Ok(0), Undone::default())));
+        assert_eq!(algo.take_or_mark(&cell, 1), (Ok(Ok(0)), Undone::default()));
         assert_eq!(cell.load(Ordering::Relaxed) & WAITERS, 0);
     }
 
@@ -1785,14 +1834,14 @@ mod tests {
         let algo = Concurrency::new(3);
         let clock = ManualClock::new();
         let cell = algo.cell();
-        assert_eq!(algo.take(&cell, 2), Ok((Ok(1), Undone::default())));
+        assert_eq!(algo.take(&cell, 2), (Ok(Ok(1)), Undone::default()));
         // Lowered below what is held: the key stays, nothing is free, nothing is revoked.
         algo.set_limit(1);
         assert!(algo.retire(&cell, &clock).is_err());
         assert_eq!(algo.available(&cell, 0), 0);
-        assert_eq!(algo.take(&cell, 1), Ok((Err(0), Undone::default())));
+        assert_eq!(algo.take(&cell, 1), (Ok(Err(0)), Undone::default()));
         assert_eq!(
-            algo.take(&cell, 2),
+            algo.take(&cell, 2).0,
             Err(TryAcquireError::InsufficientCapacity {
                 requested: 2,
                 capacity: 1
