@@ -844,7 +844,8 @@ impl ConcurrencyLimiterBuilder {
         self
     }
 
-    /// The most permits that may wait at once (default: [`DEFAULT_QUEUE_LIMIT`]).
+    /// The most permits that may wait at once (default: [`DEFAULT_QUEUE_LIMIT`]); a waiting probe
+    /// (`n == 0`) counts as one.
     ///
     /// # Examples
     ///

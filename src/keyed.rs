@@ -94,7 +94,7 @@ pub struct KeyedStats {
     pub keys: usize,
     /// Waiters queued now, over all keys.
     pub waiting: usize,
-    /// Permits the queued waiters ask for, over all keys.
+    /// Permits the queued waiters ask for, over all keys (a probe, `n == 0`, counts as one).
     pub queued_permits: u64,
     /// Keys that have a wait queue now.
     pub waiting_keys: usize,

@@ -309,7 +309,7 @@ pub struct Stats {
     pub available: u32,
     /// Waiters queued now.
     pub waiting: usize,
-    /// Permits the queued waiters ask for.
+    /// Permits the queued waiters ask for (a probe, `n == 0`, counts as the one it waits for).
     pub queued_permits: u64,
 }
 
@@ -680,8 +680,9 @@ impl<C: Clock> RateLimiterBuilder<C> {
         self
     }
 
-    /// The most permits that may wait at once (default: [`DEFAULT_QUEUE_LIMIT`]). 0 means that
-    /// `acquire` never waits: it fails with `QueueFull` whenever it would have to.
+    /// The most permits that may wait at once (default: [`DEFAULT_QUEUE_LIMIT`]); a waiting probe
+    /// (`n == 0`) counts as one. 0 means that `acquire` never waits: it fails with `QueueFull`
+    /// whenever it would have to.
     ///
     /// # Examples
     ///

@@ -135,12 +135,21 @@ struct Waiter {
     wake: Wake,
 }
 
+impl Waiter {
+    /// The room this waiter takes in the queue: its permits, and one for a probe (`n == 0`
+    /// waits for one permit), so that probes are bounded by `queue_limit` like every other
+    /// waiter and a limit of 0 means that nobody waits.
+    fn room(permits: u32) -> u64 {
+        u64::from(permits.max(1))
+    }
+}
+
 struct Waiters {
     live: BTreeMap<u64, Waiter>,
     /// Waiters failed by `close` or evicted (newest-first), until they look or are dropped.
     failed: BTreeMap<u64, AcquireError>,
     next: u64,
-    /// Permits asked for by `live` waiters.
+    /// Room taken by `live` waiters ([`Waiter::room`]: their permits, one for a probe).
     permits: u64,
     closed: bool,
 }
@@ -181,7 +190,7 @@ impl WaitQueue {
         }
     }
 
-    /// Waiters queued now and the permits they ask for.
+    /// Waiters queued now and the room they take (their permits, one per probe).
     pub(crate) fn len(&self) -> (usize, u64) {
         let waiters = lock(&self.waiters);
         (waiters.live.len(), waiters.permits)
@@ -193,7 +202,7 @@ impl WaitQueue {
             requested,
             queue_limit: self.limit,
         };
-        let need = u64::from(permits);
+        let need = Waiter::room(permits);
         let mut evicted = Vec::new();
         let seq = {
             let mut waiters = lock(&self.waiters);
@@ -211,7 +220,7 @@ impl WaitQueue {
                 let Some((seq, old)) = waiters.live.pop_first() else {
                     break;
                 };
-                waiters.permits -= u64::from(old.permits);
+                waiters.permits -= Waiter::room(old.permits);
                 waiters.failed.insert(seq, full(old.permits));
                 evicted.push(old.wake);
             }
@@ -293,7 +302,7 @@ impl WaitQueue {
         let Some(me) = waiters.live.remove(&seq) else {
             return false;
         };
-        waiters.permits -= u64::from(me.permits);
+        waiters.permits -= Waiter::room(me.permits);
         if waiters.live.is_empty() {
             // Relaxed: see `enqueue`.
             gate.fetch_and(!WAITERS, Ordering::Relaxed);
@@ -350,7 +359,7 @@ impl WaitQueue {
                 .collect();
             for seq in too_big {
                 if let Some(waiter) = waiters.live.remove(&seq) {
-                    waiters.permits -= u64::from(waiter.permits);
+                    waiters.permits -= Waiter::room(waiter.permits);
                     waiters.failed.insert(
                         seq,
                         AcquireError::InsufficientCapacity {

@@ -595,3 +595,66 @@ async fn an_acquire_that_queued_completes_once() {
     let stats = limiter.stats();
     assert_eq!((stats.admitted, stats.waiting, stats.cancelled), (2, 0, 0));
 }
+
+/// A probe (`n == 0`) waits for one permit, so it takes one permit's room in the queue: a
+/// `queue_limit(0)` limiter never lets it wait ("0 means that `acquire` never waits"), and a
+/// bounded queue cannot fill up with any number of probes.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_probe_takes_room_in_the_queue() {
+    let full = |outcome: Result<(), AcquireError>| {
+        matches!(
+            outcome,
+            Err(AcquireError::QueueFull {
+                requested: 0,
+                queue_limit: _
+            })
+        )
+    };
+    // A wait that should fail at once; with paused time, 1 s elapses only if it queued.
+    async fn at_once<T>(
+        wait: impl std::future::Future<Output = Result<T, AcquireError>>,
+    ) -> Result<(), AcquireError> {
+        match tokio::time::timeout(Duration::from_secs(1), wait).await {
+            Ok(outcome) => outcome.map(drop),
+            Err(_) => Err(AcquireError::Timeout),
+        }
+    }
+    let permits = ConcurrencyLimiter::builder(1)
+        .queue_limit(0)
+        .build()
+        .unwrap();
+    let held = permits.try_acquire().unwrap();
+    assert!(full(at_once(permits.acquire_n(0)).await));
+    assert!(full(permits.acquire_blocking_timeout(0, 50 * MS).map(drop)));
+    drop(held);
+
+    let limiter = RateLimiter::builder(Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(60),
+    })
+    .clock(TokioClock::new())
+    .queue_limit(0)
+    .build()
+    .unwrap();
+    limiter.try_acquire().unwrap();
+    assert!(full(at_once(limiter.acquire_n(0)).await));
+
+    // Room for two permits: two probes wait, the third does not.
+    let permits = ConcurrencyLimiter::builder(1)
+        .queue_limit(2)
+        .build()
+        .unwrap();
+    let held = permits.try_acquire().unwrap();
+    let probes: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(permits.acquire_owned(0)))
+        .collect();
+    settle().await;
+    assert_eq!(permits.stats().waiting, 2);
+    assert!(full(at_once(permits.acquire_owned(0)).await));
+    drop(held);
+    for probe in probes {
+        assert_eq!(probe.await.unwrap().unwrap().permits(), 0);
+    }
+    let stats = permits.stats();
+    assert_eq!((stats.waiting, stats.queued_permits), (0, 0));
+}
