@@ -157,6 +157,35 @@ struct Ticker {
     interval: Duration,
     /// Set when no thread could be spawned: read `Instant` instead.
     direct: bool,
+    /// The upkeep thread, woken when the last clock goes so that it exits now rather than a tick
+    /// later (a tick may be long).
+    thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        // The last clock is gone: wake the thread, which then finds no ticker and exits.
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
+}
+
+/// The upkeep thread's body: every `interval`, raises `weak`'s reading to `Instant`, until the
+/// last clock using it has been dropped.
+fn upkeep(weak: std::sync::Weak<Ticker>, interval: Duration) {
+    loop {
+        // Parked rather than asleep so that the last clock's drop can wake it; an early wake-up
+        // only writes one more reading.
+        std::thread::park_timeout(interval);
+        let Some(ticker) = weak.upgrade() else { return };
+        // Relaxed: the value is the whole message. fetch_max rather than a store because
+        // `catch_up` writes too: a max of non-decreasing readings keeps the clock monotonic
+        // (read coherence on one location), where a late store could move it back.
+        ticker
+            .nanos
+            .fetch_max(saturating_nanos(ticker.epoch.elapsed()), Ordering::Relaxed);
+    }
 }
 
 static SHARED_TICKER: std::sync::Mutex<std::sync::Weak<Ticker>> =
@@ -214,27 +243,23 @@ impl UpkeepClock {
             epoch,
             interval,
             direct: false,
+            thread: std::sync::OnceLock::new(),
         });
         let weak = std::sync::Arc::downgrade(&live);
         let spawned = std::thread::Builder::new()
             .name("turnstile-clock".into())
-            .spawn(move || loop {
-                std::thread::sleep(interval);
-                let Some(ticker) = weak.upgrade() else { return };
-                // Relaxed: the value is the whole message. fetch_max rather than a store because
-                // `catch_up` writes too: a max of non-decreasing readings keeps the clock monotonic
-                // (read coherence on one location), where a late store could move it back.
-                ticker
-                    .nanos
-                    .fetch_max(saturating_nanos(ticker.epoch.elapsed()), Ordering::Relaxed);
-            });
+            .spawn(move || upkeep(weak, interval));
         match spawned {
-            Ok(_) => live,
+            Ok(handle) => {
+                let _ = live.thread.set(handle.thread().clone());
+                live
+            }
             Err(_) => std::sync::Arc::new(Ticker {
                 nanos: std::sync::atomic::AtomicU64::new(0),
                 epoch,
                 interval,
                 direct: true,
+                thread: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -398,5 +423,44 @@ impl Clock for TokioClock {
     #[inline]
     fn now(&self) -> u64 {
         saturating_nanos(self.epoch.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// However long the tick, the upkeep thread exits soon after the last clock using it is
+    /// dropped, instead of sleeping out the tick.
+    #[test]
+    fn the_upkeep_thread_exits_when_its_last_clock_goes_even_with_a_long_tick() {
+        let hour = Duration::from_secs(3600);
+        let ticker = std::sync::Arc::new(Ticker {
+            nanos: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
+            interval: hour,
+            direct: false,
+            thread: std::sync::OnceLock::new(),
+        });
+        let weak = std::sync::Arc::downgrade(&ticker);
+        let handle = std::thread::spawn(move || upkeep(weak, hour));
+        ticker.thread.set(handle.thread().clone()).unwrap();
+        let clock = UpkeepClock { ticker };
+        let copy = clock.clone();
+        drop(clock);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!handle.is_finished(), "a clock is still using it");
+        drop(copy);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !handle.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "the thread outlives its last clock"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // `start` hands the ticker its thread, so that the drop above is what a real clock does.
+        let private = UpkeepClock::with_interval(hour).unwrap();
+        assert!(private.interval() == Duration::ZERO || private.ticker.thread.get().is_some());
     }
 }

@@ -1,7 +1,8 @@
 //! The local deny cache: subjects Redis rejected, and until when, so that further calls for them
 //! are rejected in-process with no round trip.
 //!
-//! Bounded: at most `capacity` entries across 16 shards (each shard holds at most its share).
+//! Bounded: at most `capacity` entries across up to 16 shards (each shard holds at most its share,
+//! and the shares add up to `capacity`).
 //! A full shard first drops its expired entries; if none has expired, the new entry is not cached
 //! (the call still got Redis's answer; only the shortcut is lost).
 //!
@@ -28,33 +29,36 @@ type Shard = Mutex<HashMap<Box<[u8]>, Entry>>;
 
 pub(crate) struct DenyCache {
     shards: Box<[Shard]>,
-    per_shard: usize,
+    capacity: usize,
     hasher: RandomState,
 }
 
 impl DenyCache {
     /// A cache of at most `capacity` subjects; 0 disables it.
     pub(crate) fn new(capacity: usize) -> Self {
-        let per_shard = capacity.div_ceil(SHARDS);
-        let shards = if capacity == 0 { 0 } else { SHARDS };
+        // Never more shards than entries, so that every shard's share is at least one.
+        let shards = capacity.min(SHARDS);
         DenyCache {
             shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
-            per_shard,
+            capacity,
             hasher: RandomState::new(),
         }
     }
 
-    fn shard(&self, subject: &[u8]) -> Option<&Shard> {
-        if self.shards.is_empty() {
+    /// `subject`'s shard and that shard's share of the capacity (the shares add up to it).
+    fn shard(&self, subject: &[u8]) -> Option<(&Shard, usize)> {
+        let shards = self.shards.len();
+        if shards == 0 {
             return None;
         }
-        let i = self.hasher.hash_one(subject) as usize % self.shards.len();
-        Some(&self.shards[i])
+        let i = self.hasher.hash_one(subject) as usize % shards;
+        let share = self.capacity / shards + usize::from(i < self.capacity % shards);
+        Some((&self.shards[i], share))
     }
 
     /// If `subject` is denied for `permits` at `now`, the time left.
     pub(crate) fn check(&self, subject: &[u8], permits: u32, now: Instant) -> Option<u64> {
-        let shard = self.shard(subject)?;
+        let (shard, _) = self.shard(subject)?;
         let mut map = crate::sync::lock(shard);
         let entry = map.get(subject)?;
         if entry.until <= now {
@@ -69,7 +73,7 @@ impl DenyCache {
 
     /// Records that `subject` cannot get `permits` before `until`.
     pub(crate) fn deny(&self, subject: &[u8], permits: u32, until: Instant, now: Instant) {
-        let Some(shard) = self.shard(subject) else {
+        let Some((shard, share)) = self.shard(subject) else {
             return;
         };
         if until <= now {
@@ -86,9 +90,9 @@ impl DenyCache {
             }
             return;
         }
-        if map.len() >= self.per_shard {
+        if map.len() >= share {
             map.retain(|_, e| e.until > now);
-            if map.len() >= self.per_shard {
+            if map.len() >= share {
                 return;
             }
         }
@@ -138,5 +142,17 @@ mod tests {
         let off = DenyCache::new(0);
         off.deny(b"a", 1, now + Duration::from_secs(1), now);
         assert_eq!(off.check(b"a", 1, now), None);
+    }
+
+    #[test]
+    fn holds_at_most_its_capacity_when_it_is_not_a_multiple_of_the_shards() {
+        let now = Instant::now();
+        for capacity in [1, 5, 17, 100] {
+            let cache = DenyCache::new(capacity);
+            for i in 0..10_000u32 {
+                cache.deny(&i.to_le_bytes(), 1, now + Duration::from_secs(1), now);
+            }
+            assert_eq!(cache.len(), capacity, "capacity {capacity}");
+        }
     }
 }
