@@ -317,9 +317,14 @@ impl Algo for SlidingWindow {
                     let newest = end - 1 - limit;
                     let published = match self.published(ring, newest) {
                         Some(expiry) if expiry > now => {
-                            // Exact: older tickets expire no later (or were refunded).
+                            // Older tickets expire no later (or were refunded), unless admitted
+                            // under a longer window: then the latest of them is when a retry
+                            // succeeds. (Empty for one permit; writes nothing.)
+                            let latest = (head.saturating_sub(limit)..newest)
+                                .filter_map(|t| self.published(ring, t))
+                                .fold(expiry, u64::max);
                             return Err(TryAcquireError::Rejected(Rejection::new(
-                                expiry - now,
+                                latest - now,
                                 p.limit,
                             )));
                         }
@@ -556,5 +561,38 @@ impl Algo for SlidingWindow {
     fn retired(ring: &Ring) -> bool {
         // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
         ring.head.load(Ordering::Relaxed) == RETIRED
+    }
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn retry_after(result: Result<Admission, TryAcquireError>) -> u64 {
+        match result {
+            Err(TryAcquireError::Rejected(r)) => r.retry_after_nanos(),
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    /// After a window shrink an older ticket outlives a newer one; a multi-permit rejection
+    /// must not point at the newer ticket's expiry, or the retry is rejected again.
+    #[test]
+    fn multi_permit_retry_after_waits_for_longer_lived_older_tickets() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(2, Duration::from_nanos(10)).unwrap();
+        let ring = algo.cell();
+        algo.try_acquire(&ring, 1, &clock).unwrap(); // expires at 10
+        let shorter = SlidingWindow::new(2, Duration::from_nanos(1)).unwrap();
+        algo.reconfigure(&shorter, &clock, &|each| each(&ring))
+            .unwrap();
+        algo.try_acquire(&ring, 1, &clock).unwrap(); // expires at 1
+        let wait = retry_after(algo.try_acquire(&ring, 2, &clock));
+        clock.advance(Duration::from_nanos(wait));
+        assert!(
+            algo.try_acquire(&ring, 2, &clock).is_ok(),
+            "a retry after {wait} ns was rejected again"
+        );
     }
 }

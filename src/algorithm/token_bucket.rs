@@ -27,7 +27,7 @@ use crate::Rate;
 /// | bit 63 | bits 62..0 | meaning |
 /// |---|---|---|
 /// | the parameters' epoch | tat | written under the current parameters |
-/// | the other epoch | tat | written under the previous parameters: translate before use |
+/// | the other epoch | tat | written under the previous parameters (or full at the switch, its bit flipped by the sweep): translate before use |
 /// | 1 | all ones | [`RETIRED`] (never a live value: tat < 2^63 − 1) |
 ///
 /// A reconfiguration keeps how *full* the bucket is: the debt `tat − t` at the switch time `t`
@@ -37,8 +37,9 @@ use crate::Rate;
 /// is a pure function of the word and the published parameters (`t`, the old capacity), so
 /// whoever applies it first, a caller deciding on an old-epoch word or the reconfigure's own sweep
 /// over every cell, writes the same value; the CAS that translates a word is the admission's own.
-/// Time is capped at 2^62 ns (146 years after the clock's epoch; later times read as that), so
-/// `tat ≤ now + b·T < 2^63` and the epoch bit is never part of a time.
+/// Time is capped at 2^62 − 1 ns (146 years after the clock's epoch; later times read as that), so
+/// `tat ≤ now + b·T ≤ 2^63 − 2`: the epoch bit is never part of a time, and a word is never
+/// [`RETIRED`].
 ///
 /// This struct holds the parameters; the word is the [`Algo::Cell`].
 pub(crate) struct TokenBucket {
@@ -48,8 +49,9 @@ pub(crate) struct TokenBucket {
 
 /// Bit 63 of a word: the epoch it was written under.
 const EPOCH: u64 = 1 << 63;
-/// Times are capped here, so that `tat`, at most a capacity (≤ 2^62) ahead, stays below 2^63 − 1.
-const MAX_NOW: u64 = 1 << 62;
+/// Times are capped here, so that `tat`, at most a capacity (< 2^62) ahead, stays below 2^63 − 1
+/// (at 2^63 − 1 in the odd epoch, the word would be `RETIRED`).
+const MAX_NOW: u64 = (1 << 62) - 1;
 
 /// The token bucket's parameters: a snapshot of [`TokenBucket::params`].
 #[derive(Clone, Copy)]
@@ -367,8 +369,9 @@ impl Algo for TokenBucket {
             return Ok(());
         }
         let now = clock.now().min(MAX_NOW);
-        if word == 0 {
-            // Never used: its inserter is about to admit on it (see `Algo::retire`).
+        if word & !EPOCH == 0 {
+            // Never used (a reconfiguration's sweep may have flipped its epoch bit): its inserter
+            // is about to admit on it (see `Algo::retire`).
             return Err(now);
         }
         let p = self.shape().0;
@@ -389,7 +392,9 @@ impl Algo for TokenBucket {
     /// New parameters in a new epoch, then every cell translated (see the type's docs): the
     /// parameters are published first, so a caller that meets an untranslated word translates
     /// it itself; the sweep over `cells` makes sure no word that still owes a debt is two
-    /// epochs old at the next reconfiguration (a word's epoch is one bit).
+    /// epochs old at the next reconfiguration (a word's epoch is one bit). It rewrites every
+    /// word not yet written under the new parameters (a full one by flipping its epoch bit), so
+    /// that a call racing the publication cannot store an old-epoch word behind it.
     fn reconfigure<C: Clock>(
         &self,
         to: &Self,
@@ -410,17 +415,24 @@ impl Algo for TokenBucket {
         cells(&|cell| {
             // Acquire: as in `try_acquire`, for the word we translate.
             let mut word = cell.load(Ordering::Acquire);
-            // A word full by the switch (`tat ≤ t`, never-used cells included) is left alone:
-            // it reads as full under any epoch at any later time, so it needs no epoch.
-            while word != RETIRED && p.tat(word).is_none() && word & !EPOCH > p.switched_at {
-                // Release on success: publishes the translated word like an admission does.
+            // Every word not written under these parameters (their epoch and a `tat` after the
+            // switch: every call deciding under them read its clock at or after `t`) gets a new
+            // value, so that the CAS of a call still deciding under the old ones (between its
+            // re-check and its CAS) fails and decides again. Leaving a word alone would let that
+            // call write an old-epoch word after this sweep, which the next reconfiguration would
+            // read as its own (one bit cannot tell two epochs apart).
+            while word != RETIRED {
+                let tat = word & !EPOCH;
+                let new = match p.tat(word) {
+                    Some(_) if tat > p.switched_at => break,
+                    // Full at the switch (never-used cells included) reads as full under either
+                    // epoch: flip the epoch, only to change the value.
+                    _ if tat <= p.switched_at => word ^ EPOCH,
+                    _ => p.translate(word) | p.epoch,
+                };
+                // Release on success: publishes the new word like an admission does.
                 // Acquire on failure: as for the first load.
-                match cell.compare_exchange_weak(
-                    word,
-                    p.translate(word) | p.epoch,
-                    Ordering::Release,
-                    Ordering::Acquire,
-                ) {
+                match cell.compare_exchange_weak(word, new, Ordering::Release, Ordering::Acquire) {
                     Ok(_) => break,
                     Err(actual) => word = actual,
                 }
@@ -432,5 +444,70 @@ impl Algo for TokenBucket {
     fn retired(state: &AtomicU64) -> bool {
         // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
         state.load(Ordering::Relaxed) == RETIRED
+    }
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::time::Duration;
+
+    /// The largest capacity admitted at the capped time, in the odd epoch, must not produce the
+    /// all-ones word `RETIRED` (the limiter would then be closed for good).
+    #[test]
+    fn largest_capacity_at_capped_time_is_not_retired() {
+        let clock = ManualClock::new();
+        let rate = Rate::new(1, Duration::from_nanos(u64::MAX / 4));
+        let algo = TokenBucket::new(rate, 1).unwrap();
+        let cell = algo.cell();
+        // One reconfiguration (to the same parameters): words now carry epoch bit 1.
+        algo.reconfigure(&TokenBucket::new(rate, 1).unwrap(), &clock, &|each| {
+            each(&cell)
+        })
+        .unwrap();
+        clock.set(Duration::from_nanos(1 << 62));
+        algo.try_acquire(&cell, 1, &clock).unwrap();
+        assert_ne!(cell.load(Ordering::Relaxed), RETIRED);
+        assert!(matches!(
+            algo.try_acquire(&cell, 1, &clock),
+            Err(TryAcquireError::Rejected(_))
+        ));
+    }
+
+    /// A call that passed its re-check under the old parameters just before a reconfiguration
+    /// published, and whose CAS lands after the sweep visited its cell, must fail that CAS:
+    /// otherwise its old-epoch word survives the sweep, and the next reconfiguration (which
+    /// flips the epoch back) reads it untranslated. Here an emptied bucket then refilled.
+    #[test]
+    fn sweep_defeats_a_call_racing_the_publication() {
+        let clock = ManualClock::new();
+        let bucket = |period| TokenBucket::new(Rate::new(1, Duration::from_nanos(period)), 2);
+        let algo = bucket(16).unwrap();
+        let cell = algo.cell();
+        // The racing call: loads the fresh word and decides to take the whole burst (tat 32)
+        // under the old parameters, re-checking them before the reconfiguration publishes.
+        let (p, _) = algo.shape();
+        let seen = cell.load(Ordering::Acquire);
+        let next = 2 * p.interval();
+        algo.reconfigure(&bucket(16).unwrap(), &clock, &|each| each(&cell))
+            .unwrap();
+        // Its CAS, after the sweep.
+        let raced = cell
+            .compare_exchange(seen, next | p.epoch, Ordering::Release, Ordering::Acquire)
+            .is_ok();
+        algo.reconfigure(&bucket(64).unwrap(), &clock, &|each| each(&cell))
+            .unwrap();
+        if raced {
+            assert_eq!(
+                algo.available(&cell, clock.now()),
+                0,
+                "an emptied bucket refilled across two reconfigurations"
+            );
+        }
+        assert!(
+            !raced,
+            "the sweep left a word a racing call could still replace"
+        );
     }
 }
