@@ -690,6 +690,28 @@ async fn bad_configuration_is_a_typed_error() {
     assert!(err.to_string().contains("too large"), "{err}");
 }
 
+/// A chain of two limits (1 per 5 s, and a bucket of 5) on `client`'s cluster: its one script
+/// touches two keys of each subject, so it runs only if they share a slot.
+async fn cluster_chain(
+    client: &redis::cluster::ClusterClient,
+) -> RedisLimiter<redis::cluster_async::ClusterConnection> {
+    RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(5),
+        },
+        FailurePolicy::FailClosed,
+    )
+    .and_limit(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 5,
+    })
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(500))
+    .build(client.get_async_connection().await.unwrap())
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
     let cluster = redis_server::RedisCluster::start(3);
@@ -731,21 +753,7 @@ async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
     assert_eq!((stats.admitted, stats.rejected, stats.errors), (60, 30, 0));
 
     // A chain's keys share the subject's slot, so its one script runs on one master.
-    let chain = RedisLimiter::builder(
-        Algorithm::FixedWindow {
-            limit: 1,
-            window: Duration::from_secs(5),
-        },
-        FailurePolicy::FailClosed,
-    )
-    .and_limit(Algorithm::TokenBucket {
-        rate: Rate::per_second(1),
-        burst: 5,
-    })
-    .prefix(PREFIX)
-    .deadline(Duration::from_millis(500))
-    .build(client.get_async_connection().await.unwrap())
-    .unwrap();
+    let chain = cluster_chain(&client).await;
     for subject in &subjects {
         chain.try_acquire(subject).await.unwrap();
         assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
@@ -1214,21 +1222,7 @@ impl turnstile::Store for MemoryStore {
 async fn cluster_chain_decides_subjects_that_would_leave_the_tag_empty() {
     let cluster = redis_server::RedisCluster::start(3);
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
-    let chain = RedisLimiter::builder(
-        Algorithm::FixedWindow {
-            limit: 1,
-            window: Duration::from_secs(5),
-        },
-        FailurePolicy::FailClosed,
-    )
-    .and_limit(Algorithm::TokenBucket {
-        rate: Rate::per_second(1),
-        burst: 5,
-    })
-    .prefix(PREFIX)
-    .deadline(Duration::from_millis(500))
-    .build(client.get_async_connection().await.unwrap())
-    .unwrap();
+    let chain = cluster_chain(&client).await;
     for subject in ["", "}", "}x"] {
         chain.try_acquire(subject).await.unwrap();
         assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);

@@ -1,6 +1,6 @@
 //! Fixed window: one atomic word, updated by compare-and-swap.
 
-use super::{pack, too_big, unpack, window_id, Algo, EachCell, Grid, ID_MASK, RETIRED};
+use super::{not_fresh, pack, too_big, unpack, window_id, Algo, EachCell, Grid, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
@@ -62,21 +62,6 @@ impl Shape {
         let (wid, count) = unpack(word);
         let used = if wid == id { count } else { 0 };
         (used, self.limit.saturating_sub(used), until_reset, id)
-    }
-}
-
-/// `word`, or, if it is the fresh word `(0, 0)`, the word `(ID_MASK, 0)`, which decides every
-/// call alike: a count of 0 frees the whole limit whatever window it names. A refund that empties
-/// window 0 writes it so that [`Algo::retire`], which never retires a fresh word (its inserter is
-/// about to admit), can still retire the key once idle; otherwise a key whose only admission was
-/// given back in window 0 would stay in a keyed limiter's map, and count against its cap, for
-/// good.
-#[inline]
-pub(crate) fn not_fresh(word: u64) -> u64 {
-    if word == pack(0, 0) {
-        pack(ID_MASK, 0)
-    } else {
-        word
     }
 }
 

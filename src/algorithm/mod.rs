@@ -328,6 +328,21 @@ pub(crate) fn pack(window: u32, count: u32) -> u64 {
     (u64::from(window) << 32) | u64::from(count)
 }
 
+/// `word`, or, if it is the fresh word `(0, 0)`, the word `(ID_MASK, 0)`, which decides every
+/// call alike: a count of 0 frees the whole limit whatever window it names. A refund that empties
+/// window 0 writes it so that [`Algo::retire`], which never retires a fresh word (its inserter is
+/// about to admit), can still retire the key once idle; otherwise a key whose only admission was
+/// given back in window 0 would stay in a keyed limiter's map, and count against its cap, for
+/// good.
+#[inline]
+pub(crate) fn not_fresh(word: u64) -> u64 {
+    if word == pack(0, 0) {
+        pack(ID_MASK, 0)
+    } else {
+        word
+    }
+}
+
 /// The inverse of [`pack`].
 #[inline]
 pub(crate) fn unpack(word: u64) -> (u32, u32) {

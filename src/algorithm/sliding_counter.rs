@@ -379,7 +379,7 @@ impl Algo for SlidingCounter {
             // later one, so that `retire` can still retire the key.
             match words.current.compare_exchange_weak(
                 word,
-                super::fixed_window::not_fresh(pack(id, count.saturating_sub(n))),
+                super::not_fresh(pack(id, count.saturating_sub(n))),
                 Ordering::Release,
                 Ordering::Acquire,
             ) {

@@ -1075,6 +1075,16 @@ mod tests {
     use crate::ManualClock;
 
     /// A limiter of the TOML configuration `toml`, on a manual clock.
+    /// A `GET /` from `ip`, with no client id.
+    fn from_ip(ip: &str) -> RequestInfo<'static> {
+        RequestInfo {
+            method: &http::Method::GET,
+            path: "/",
+            client_ip: Some(ip.parse().unwrap()),
+            client_id: None,
+        }
+    }
+
     fn manual(toml: &str) -> HttpLimiter<ManualClock> {
         HttpLimiter::with_clock(HttpConfig::from_toml_str(toml).unwrap(), ManualClock::new())
             .unwrap()
@@ -1130,15 +1140,7 @@ mod tests {
         let limiter = manual(
             "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n[blocklist]\nips = [\"192.0.2.1\"]\n[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"5m\"\n",
         );
-        let decide = |ip: &str| match limiter
-            .decide(&RequestInfo {
-                method: &http::Method::GET,
-                path: "/",
-                client_ip: Some(ip.parse().unwrap()),
-                client_id: None,
-            })
-            .outcome
-        {
+        let decide = |ip: &str| match limiter.decide(&from_ip(ip)).outcome {
             Outcome::Rejected { reason, rule, .. } => Some((reason, rule)),
             _ => None,
         };
@@ -1224,10 +1226,8 @@ mod tests {
         let outcome = |client_id| {
             limiter
                 .decide(&RequestInfo {
-                    method: &http::Method::GET,
-                    path: "/",
-                    client_ip: Some("192.0.2.1".parse().unwrap()),
                     client_id,
+                    ..from_ip("192.0.2.1")
                 })
                 .outcome
         };
@@ -1255,16 +1255,7 @@ mod tests {
             "[client_ip]\nipv6_prefix = 64\n[blocklist]\nips = [\"2001:db8:1:2::/64\", \"::ffff:192.0.2.0/120\"]\n\
              [[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 10\n",
         );
-        let outcome = |ip: &str| {
-            limiter
-                .decide(&RequestInfo {
-                    method: &http::Method::GET,
-                    path: "/",
-                    client_ip: Some(ip.parse().unwrap()),
-                    client_id: None,
-                })
-                .outcome
-        };
+        let outcome = |ip: &str| limiter.decide(&from_ip(ip)).outcome;
         let blocked = |ip| {
             matches!(
                 outcome(ip),
@@ -1320,14 +1311,7 @@ mod tests {
         let two = format!("{one}[[rules]]\nname = \"hourly\"\nperiod = \"1h\"\nlimit = 100\n");
         for toml in [one.to_owned(), two] {
             let limiter = manual(&toml);
-            let decide = |ip: &str| {
-                limiter.decide(&RequestInfo {
-                    method: &http::Method::GET,
-                    path: "/",
-                    client_ip: Some(ip.parse().unwrap()),
-                    client_id: None,
-                })
-            };
+            let decide = |ip: &str| limiter.decide(&from_ip(ip));
             // The rule's one key; then a new client admitted on the shared counter.
             assert!(decide("10.0.0.1").outcome.is_admitted());
             assert!(decide("10.0.0.2").outcome.is_admitted());
@@ -1364,12 +1348,7 @@ mod tests {
         assert!(limiter
             .reload(HttpConfig::from_toml_str(&redis).unwrap())
             .is_err());
-        let request = RequestInfo {
-            method: &http::Method::GET,
-            path: "/",
-            client_ip: Some("192.0.2.1".parse().unwrap()),
-            client_id: None,
-        };
+        let request = from_ip("192.0.2.1");
         for n in 1..=2 {
             let verdict = limiter.decide(&request);
             assert!(verdict.outcome.is_admitted(), "request {n}: {verdict:?}");
