@@ -25,12 +25,17 @@
 //! Two models, `multi_ticket_claim_*`, are regression models for a bug these models found in n >= 2
 //! claims (described above them): a claim must check that *every* slot it overwrites is published.
 //!
+//! Two more cover a lowered limit (see "Lowering" in `src/algorithm/sliding_window.rs`):
+//! `refund_after_lowering` races a chain's refund against the lowering and a claim (a refund hole
+//! must not hide an older live ticket), and `lowered_ring_settles_under_races` races claims that
+//! check back to the old limit and settle the ring against claims that rely on it being settled.
+//!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test 'loom_*'`
 #![cfg(turnstile_loom)]
 
 use loom::thread;
 use std::time::Duration;
-use turnstile::{Algorithm, ManualClock, RateLimiter, TryAcquireError};
+use turnstile::{Algorithm, Chain, ManualClock, RateLimiter, TryAcquireError};
 
 const WINDOW: u64 = 10;
 
@@ -49,15 +54,15 @@ fn model<F: Fn() + Sync + Send + 'static>(f: F) {
     }
 }
 
+fn sliding(limit: u32) -> Algorithm {
+    Algorithm::SlidingWindow {
+        limit,
+        window: Duration::from_nanos(WINDOW),
+    }
+}
+
 fn limiter(limit: u32) -> Limiter {
-    RateLimiter::with_clock(
-        Algorithm::SlidingWindow {
-            limit,
-            window: Duration::from_nanos(WINDOW),
-        },
-        ManualClock::new(),
-    )
-    .unwrap()
+    RateLimiter::with_clock(sliding(limit), ManualClock::new()).unwrap()
 }
 
 /// One step of a model thread.
@@ -333,5 +338,87 @@ fn multi_ticket_claim_exactness() {
         log.admitted.extend(late.admitted);
         log.calls += late.calls;
         check(&l, 2, &log);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// A lowered limit. A claim of [head, end) under limit N checks tickets [head - N, end - N); that
+// is exact only if the claim before it ran under a limit <= N. After lowering 2 -> 1 with ticket
+// 0 live and ticket 1 given back by a chain (expiry 0: a refund hole), ticket 2 was decided on
+// the hole alone and admitted: two live permits under limit 1. The fix makes the first claim per
+// ring after a lowering check back to the largest limit ever set, and settle the ring.
+// ---------------------------------------------------------------------------------------------
+
+/// A ring of 2 with ticket 0 live for the whole model (the clock never moves). The main thread
+/// makes a chain call over it and a ring of 1 (so it takes ticket 1, then loses the second
+/// member to the racer and refunds ticket 1); the racer takes the second member, lowers the
+/// first to 1 and asks it for a permit. However the refund, the lowering and the claims
+/// interleave, nothing is admitted on the first ring after the lowering: ticket 0 fills limit 1.
+#[test]
+fn refund_after_lowering() {
+    model(|| {
+        let clock = ManualClock::new();
+        let [a, b] =
+            [2, 1].map(|limit| RateLimiter::with_clock(sliding(limit), clock.clone()).unwrap());
+        let chain = Chain::new([a.clone(), b.clone()]).unwrap();
+        a.try_acquire().unwrap();
+        let racer = {
+            let (a, b) = (a.clone(), b.clone());
+            thread::spawn(move || {
+                let took_b = b.try_acquire().is_ok();
+                a.reconfigure(sliding(1)).unwrap();
+                (took_b, a.try_acquire().is_ok())
+            })
+        };
+        let chained = chain.try_acquire().is_ok();
+        let (took_b, racer_after_lowering) = racer.join().unwrap();
+        assert_eq!(
+            chained, !took_b,
+            "the second member's one permit goes to exactly one"
+        );
+        assert!(
+            !racer_after_lowering,
+            "admitted after lowering to 1 with ticket 0 live"
+        );
+        assert!(
+            a.try_acquire().is_err(),
+            "admitted after the race with ticket 0 live under limit 1"
+        );
+        assert!(chain.stats().refunded <= 1);
+    });
+}
+
+/// A ring of 2, full at t = 0, lowered to 1 before the threads start. One thread moves the clock
+/// a window on and asks for a permit; the other asks twice. The first admission after the
+/// lowering checks back to ticket 0 and settles the ring; the other relies on the settled word
+/// (or checks back itself). Under limit 1, the admissions after the lowering are a window apart,
+/// and none comes before the old tickets expire.
+#[test]
+fn lowered_ring_settles_under_races() {
+    model(|| {
+        let l = limiter(2);
+        let before = run(&l, &[Op::Acquire(2)]);
+        assert_eq!(admissions(&before), 1);
+        l.reconfigure(sliding(1)).unwrap();
+        let log = race(
+            &l,
+            &[],
+            &[
+                &[Op::Advance(WINDOW), Op::Acquire(1)],
+                &[Op::Acquire(1), Op::Acquire(1)],
+            ],
+        );
+        assert!(
+            log.admitted.iter().all(|&(at, _)| at >= WINDOW),
+            "admitted before the old tickets expired: {:?}",
+            log.admitted
+        );
+        assert!(admissions(&log) >= 1, "the ring is free after the advance");
+        let mut times: Vec<u64> = log.admitted.iter().map(|&(at, _)| at).collect();
+        times.sort_unstable();
+        assert!(
+            times.windows(2).all(|w| w[1] - w[0] >= WINDOW),
+            "two admissions within a window under limit 1: {times:?}"
+        );
     });
 }

@@ -19,6 +19,10 @@ const MAX_TIME: u64 = u64::MAX >> 1;
 /// as unpublished and lap 1 (which never reads it before lap 0 wrote it) cannot mistake it.
 const UNWRITTEN: u64 = 1;
 
+/// `Ring::settled` before any admission has settled the ring under some parameter version (odd:
+/// published versions are even).
+const UNSETTLED: u64 = u64::MAX;
+
 /// The refund token's slot index (bits 0..24; limits are at most 2^24) and lap parity (bit 31).
 const TOKEN_INDEX: u32 = (1 << 24) - 1;
 const TOKEN_PARITY: u32 = 1 << 31;
@@ -60,7 +64,8 @@ const TOKEN_PARITY: u32 = 1 << 31;
 /// - *Claims stay exact.* In any interval of length W, each residue class mod N holds at most
 ///   one live (never-refunded) ticket: for live k < k′ ≡ k, ticket k + N ≤ k′ lies between them
 ///   in time, and its claim saw k's own word (k is never zeroed), unexpired, and would have
-///   refused. So no interval holds more than N live admissions.
+///   refused. So no interval holds more than N live admissions. (That argument needs N to be
+///   the same for all those claims; after a lowering see "Lowering" below.)
 /// - Refunded tickets read as expired out of time order, so a claim of several tickets checks
 ///   that *every* slot it overwrites has expired, not only the newest, and retiring looks past
 ///   refunded tickets for the newest real one.
@@ -82,12 +87,41 @@ const TOKEN_PARITY: u32 = 1 << 31;
 /// the two ranges are the same, as before. Every admission keeps the expiry it was admitted with:
 /// a new window applies to admissions made after the change.
 ///
-/// **Memory:** R words for the ring plus two counters and the ring's pointer (32 bytes).
+/// **Lowering.** What a claim of `[head, end)` under limit N really needs is that *every* ticket
+/// below `end − N` has expired (or was refunded): then at most `head − (end − N) = N − n` older
+/// admissions are live, and with ours at most N. Checking only `[head − N, end − N)` is enough
+/// when the claim before ours ran under a limit N′ ≤ N, because that claim already established
+/// "every ticket below `head − N′`". After the limit is *lowered* (N < N′) the tickets
+/// `[head − N′, head − N)` have been checked by nobody, and the refund holes (expiry 0) and
+/// shorter-window expiries in `[head − N, end − N)` no longer vouch for them (expiries are in
+/// ticket order only without those): limit 2 with ticket 0 live and ticket 1 refunded, lowered to
+/// 1, would admit ticket 2 on ticket 1's hole, two live under limit 1.
+///
+/// So the parameters also carry the *reach*: the largest limit set since construction, an upper
+/// bound on the limit of every claim ever made on any ring (it only grows, and every claim's
+/// parameters are at least as new as those of the claims before it, by the re-check before the
+/// CAS). While N equals the reach (never lowered: the common path) nothing changes. Once N is
+/// below it, a claim reads the ring's `settled` word, the parameter version under which some
+/// earlier claim on this ring checked back that far: if it is ours, every claim since that one
+/// ran under our N and the usual range suffices; otherwise the claim also checks
+/// `[head − reach, head − N)`, and stores its version in `settled` once admitted. So each ring
+/// pays one longer scan (at most reach − N slots) per reconfiguration after a lowering, and a
+/// rejection pays it only when the usual range would have admitted (the newest decided-on
+/// ticket has expired). A rejection from the usual range keeps its retry-after from that range:
+/// exact unless a window shrink also made an older, unchecked ticket outlive it, in which case
+/// the retry is refused once more with the rest of the wait.
+///
+/// **Memory:** R words for the ring plus three counters and the ring's pointer (40 bytes).
 ///
 /// This struct holds the parameters; the [`Ring`] is the [`Algo::Cell`]. Retiring swaps `head` to
 /// [`RETIRED`] (ticket counters stay far below it).
 pub(crate) struct SlidingWindow {
-    /// `[limit, window]`, replaceable at run time by [`Algo::reconfigure`].
+    /// `[limit | reach << 32, window]`, replaceable at run time by [`Algo::reconfigure`]:
+    ///
+    /// | word 0 bits | meaning |
+    /// |---|---|
+    /// | 0..32 | the limit N (1..=R) |
+    /// | 32..64 | the reach: the largest limit set since construction (N..=R; see "Lowering") |
     params: Params<2>,
     /// R: slots per ring, fixed at construction.
     capacity: u32,
@@ -99,7 +133,15 @@ pub(crate) struct SlidingWindow {
 #[derive(Clone, Copy)]
 struct Shape {
     limit: u32,
+    /// The largest limit set since construction (see "Lowering" on [`SlidingWindow`]).
+    reach: u32,
     window: u64,
+}
+
+/// Word 0 of [`SlidingWindow::params`].
+#[inline(always)]
+fn pack_limits(limit: u32, reach: u32) -> u64 {
+    u64::from(limit) | (u64::from(reach) << 32)
 }
 
 /// The state of one exact sliding window.
@@ -109,6 +151,10 @@ pub(crate) struct Ring {
     /// A hint for `remaining`: every ticket below it had expired when it was stored. It shares the
     /// cache line of `head`, which the admit path has just written anyway.
     expired: AtomicU64,
+    /// Only read once the limit is below the reach: the parameter version under which an
+    /// admission on this ring checked every ticket back to `head − reach` ([`UNSETTLED`] before
+    /// any). See "Lowering" on [`SlidingWindow`].
+    settled: AtomicU64,
     slots: Box<[AtomicU64]>,
 }
 
@@ -128,7 +174,7 @@ impl SlidingWindow {
             return Err(ConfigError::Zero { what: "window" });
         }
         Ok(SlidingWindow {
-            params: Params::new([u64::from(limit), window]),
+            params: Params::new([pack_limits(limit, limit), window]),
             capacity: limit,
             per_lap: StrengthReducedU64::new(u64::from(limit)),
         })
@@ -154,10 +200,11 @@ impl SlidingWindow {
     /// The parameters now, and the version they were published under.
     #[inline(always)]
     fn shape(&self) -> (Shape, u64) {
-        let ([limit, window], version) = self.params.load();
+        let ([limits, window], version) = self.params.load();
         (
             Shape {
-                limit: limit as u32,
+                limit: limits as u32,
+                reach: (limits >> 32) as u32,
                 window,
             },
             version,
@@ -273,6 +320,7 @@ impl Algo for SlidingWindow {
         Ring {
             head: AtomicU64::new(0),
             expired: AtomicU64::new(0),
+            settled: AtomicU64::new(UNSETTLED),
             slots: (0..self.capacity)
                 .map(|_| AtomicU64::new(UNWRITTEN))
                 .collect(),
@@ -299,6 +347,19 @@ impl Algo for SlidingWindow {
             let want = u64::from(n.max(1));
             let limit = u64::from(p.limit);
             let capacity = u64::from(self.capacity);
+            // How far back the tickets we are decided on may hide live ones ("Lowering" in the
+            // type's docs): N on the common path, without touching `settled`. Read before `head`.
+            let lowered = p.limit < p.reach;
+            // Acquire: pairs with the Release store of `settled` after an admission's CAS on
+            // `head`, so that CAS happens before our load of `head` below: the `head` we decide
+            // on is at or after the admission that checked back to its reach under `version`,
+            // and every claim since (parameters never go back along `head`) ran under it too.
+            let settled = lowered && ring.settled.load(Ordering::Acquire) == version;
+            let back = if lowered && !settled {
+                u64::from(p.reach)
+            } else {
+                limit
+            };
             // Acquire: pairs with the Release CAS of every earlier claim (a release sequence of
             // RMWs): their clock reads and slot checks happen before our clock read and slot
             // loads.
@@ -319,7 +380,9 @@ impl Algo for SlidingWindow {
                         Some(expiry) if expiry > now => {
                             // Older tickets expire no later (or were refunded), unless admitted
                             // under a longer window: then the latest of them is when a retry
-                            // succeeds. (Empty for one permit; writes nothing.)
+                            // succeeds. (Empty for one permit; writes nothing.) After a
+                            // lowering the unchecked tickets before this range are not read
+                            // here, to keep rejections cheap (see "Lowering").
                             let latest = (head.saturating_sub(limit)..newest)
                                 .filter_map(|t| self.published(ring, t))
                                 .fold(expiry, u64::max);
@@ -332,8 +395,18 @@ impl Algo for SlidingWindow {
                             // Every slot we overwrite must hold its own ticket's write, not only
                             // the newest: a writer of an older one that is still between claim
                             // and publish would otherwise store its time over our lap later.
-                            let (all, latest) =
+                            let (mut all, mut latest) =
                                 self.all_published(ring, head.saturating_sub(limit), newest);
+                            if all && latest <= now && back > limit {
+                                // Lowered and not yet settled: the older tickets that no claim
+                                // under our limit has checked must have expired too. Not scanned
+                                // when the range above already refuses (rejections stay cheap).
+                                (all, latest) = self.all_published(
+                                    ring,
+                                    head.saturating_sub(back),
+                                    head.saturating_sub(limit),
+                                );
+                            }
                             if all && latest > now {
                                 // Only after a refund in place (or a shorter window): an older
                                 // ticket outlives the newest.
@@ -402,6 +475,14 @@ impl Algo for SlidingWindow {
                             if index == ring.slots.len() {
                                 (index, parity) = (0, parity ^ 1);
                             }
+                        }
+                        if back > limit {
+                            // We checked every ticket below `end − N`: later claims under this
+                            // version need only their usual range. Release: pairs with the
+                            // Acquire load of `settled`, so our CAS on `head` happens before
+                            // whatever `head` a reader of this value then loads. Stored after
+                            // the slots so that the claim-to-publish gap stays short.
+                            ring.settled.store(version, Ordering::Release);
                         }
                         let token = first as u32 | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
                         return Ok(Admission::with_token(
@@ -481,6 +562,9 @@ impl Algo for SlidingWindow {
         Some(Ring {
             head: AtomicU64::new(*head),
             expired: AtomicU64::new(*expired),
+            // Its tickets may have been claimed under any limit up to R: check back as far
+            // as the reach once, as after a lowering.
+            settled: AtomicU64::new(UNSETTLED),
             slots: slots.iter().map(|&s| AtomicU64::new(s)).collect(),
         })
     }
@@ -540,7 +624,8 @@ impl Algo for SlidingWindow {
     /// New parameters, published in one step (no slot is written): the limit can move anywhere
     /// in 1..=R (the ring's capacity; beyond it a typed error), a new window applies to
     /// admissions made from now on, and every admission already in the ring keeps the expiry
-    /// it was admitted with.
+    /// it was admitted with. The reach becomes the larger of the old reach and the new limit
+    /// (see "Lowering" on the type).
     fn reconfigure<C: Clock>(
         &self,
         to: &Self,
@@ -554,7 +639,10 @@ impl Algo for SlidingWindow {
                 max_limit: self.capacity,
             });
         }
-        self.params.store([u64::from(target.limit), target.window]);
+        // Under the caller's mutex: the words are the last ones stored.
+        let reach = ((self.params.current()[0] >> 32) as u32).max(target.limit);
+        self.params
+            .store([pack_limits(target.limit, reach), target.window]);
         Ok(())
     }
 
@@ -568,11 +656,185 @@ impl Algo for SlidingWindow {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use proptest::prelude::*;
 
     fn retry_after(result: Result<Admission, TryAcquireError>) -> u64 {
         match result {
             Err(TryAcquireError::Rejected(r)) => r.retry_after_nanos(),
             other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    fn lower(algo: &SlidingWindow, ring: &Ring, limit: u32, window: u64, clock: &ManualClock) {
+        let to = SlidingWindow::new(limit, Duration::from_nanos(window)).unwrap();
+        algo.reconfigure(&to, clock, &|each| each(ring)).unwrap();
+    }
+
+    /// Limit 2: ticket 0 kept, ticket 1 held; the limit is lowered to 1 and ticket 1 refunded.
+    /// Ticket 2 is decided on ticket 1 (2 − N), a refund hole, while ticket 0 is still live: the
+    /// next call must be refused (one live admission already fills limit 1), and stay refused
+    /// until ticket 0 expires.
+    #[test]
+    fn refund_after_lowering_does_not_hide_older_live_tickets() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(2, Duration::from_nanos(10)).unwrap();
+        let ring = algo.cell();
+        algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 0, kept
+        let held = algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 1, held
+        lower(&algo, &ring, 1, 10, &clock);
+        algo.refund(&ring, 1, &held, &clock);
+        assert_eq!(
+            retry_after(algo.try_acquire(&ring, 1, &clock)),
+            10,
+            "admitted a second live permit under limit 1"
+        );
+        assert!(algo.check(&ring, 1, &clock).is_err(), "check admits");
+        assert!(algo.try_acquire(&ring, 0, &clock).is_err(), "probe admits");
+        clock.advance(Duration::from_nanos(9));
+        assert!(algo.try_acquire(&ring, 1, &clock).is_err());
+        clock.advance(Duration::from_nanos(1));
+        algo.try_acquire(&ring, 1, &clock).unwrap();
+        assert!(algo.try_acquire(&ring, 1, &clock).is_err());
+    }
+
+    /// The same hole without a refund: after a window shrink a newer ticket expires before an
+    /// older one, so once the limit is lowered the ticket at head − N can have expired while an
+    /// older one is still live.
+    #[test]
+    fn window_shrink_after_lowering_does_not_hide_older_live_tickets() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(2, Duration::from_nanos(10)).unwrap();
+        let ring = algo.cell();
+        algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 0, expires at 10
+        lower(&algo, &ring, 2, 1, &clock);
+        algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 1, expires at 1
+        lower(&algo, &ring, 1, 1, &clock);
+        clock.advance(Duration::from_nanos(1));
+        // Ticket 0 is live until 10: limit 1 is full.
+        assert_eq!(retry_after(algo.try_acquire(&ring, 1, &clock)), 9);
+        clock.advance(Duration::from_nanos(9));
+        algo.try_acquire(&ring, 1, &clock).unwrap();
+    }
+
+    /// After a lowering, the first admission on a ring settles it: later decisions check only
+    /// the N newest tickets again, and stay exact (limit 1 paces one per window).
+    #[test]
+    fn lowered_ring_settles_and_stays_exact() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(4, Duration::from_nanos(10)).unwrap();
+        let ring = algo.cell();
+        for _ in 0..4 {
+            algo.try_acquire(&ring, 1, &clock).unwrap();
+        }
+        lower(&algo, &ring, 1, 10, &clock);
+        assert_eq!(retry_after(algo.try_acquire(&ring, 1, &clock)), 10);
+        assert_eq!(
+            ring.settled.load(Ordering::Relaxed),
+            UNSETTLED,
+            "a rejection wrote"
+        );
+        for round in 0..10 {
+            clock.advance(Duration::from_nanos(10));
+            algo.try_acquire(&ring, 1, &clock).unwrap();
+            assert_ne!(ring.settled.load(Ordering::Relaxed), UNSETTLED);
+            assert_eq!(retry_after(algo.try_acquire(&ring, 1, &clock)), 10);
+            if round == 5 {
+                // Any new version unsettles the ring again (the reach stays 4).
+                lower(&algo, &ring, 1, 10, &clock);
+                assert_eq!(algo.shape().0.reach, 4);
+            }
+        }
+    }
+
+    /// One step of [`never_more_live_than_the_limit_in_force`].
+    #[derive(Debug, Clone)]
+    enum Step {
+        Keep(u32),
+        Hold(u32),
+        Refund(usize),
+        Limit(u32),
+        Window(u64),
+        Advance(u64),
+    }
+
+    fn step(capacity: u32) -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (1..=capacity).prop_map(Step::Keep),
+            3 => (1..=capacity).prop_map(Step::Hold),
+            3 => any::<usize>().prop_map(Step::Refund),
+            2 => (1..=capacity).prop_map(Step::Limit),
+            1 => (1u64..30).prop_map(Step::Window),
+            3 => (0u64..15).prop_map(Step::Advance),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Whatever sequence of admissions, refunds, limit and window changes: after every
+        /// admission, the permits still live (admitted, not refunded, before their expiry) are
+        /// at most the limit in force. The refund only gives back while the window is the one
+        /// the admission was made under (see `refund`), and so does the model.
+        #[test]
+        fn never_more_live_than_the_limit_in_force(
+            (limit, capacity, steps) in (1u32..5, 0u32..4).prop_flat_map(|(limit, extra)| {
+                let capacity = limit + extra;
+                (Just(limit), Just(capacity), prop::collection::vec(step(capacity), 1..60))
+            })
+        ) {
+            let clock = ManualClock::new();
+            let mut window = 10;
+            let algo = SlidingWindow::new(limit, Duration::from_nanos(window))
+                .unwrap()
+                .with_capacity(capacity)
+                .unwrap();
+            let ring = algo.cell();
+            let mut limit = limit;
+            // (expiry, n, window admitted under, admission) of every admission not refunded.
+            let mut live: Vec<(u64, u32, u64, Option<Admission>)> = Vec::new();
+            for step in steps {
+                match step {
+                    Step::Keep(n) | Step::Hold(n) => {
+                        if let Ok(admission) = algo.try_acquire(&ring, n, &clock) {
+                            let now = clock.now();
+                            let held = matches!(step, Step::Hold(_)).then_some(admission);
+                            live.push((now + window, n, window, held));
+                            let in_force: u32 = live
+                                .iter()
+                                .filter(|&&(expiry, ..)| expiry > now)
+                                .map(|&(_, n, ..)| n)
+                                .sum();
+                            prop_assert!(
+                                in_force <= limit,
+                                "{in_force} live permits under limit {limit} at {now}: {live:?}"
+                            );
+                        }
+                    }
+                    Step::Refund(which) => {
+                        let held: Vec<usize> = (0..live.len()).filter(|&i| live[i].3.is_some()).collect();
+                        if let Some(&i) = held.get(which % held.len().max(1)) {
+                            let (_, n, admitted_under, admission) = live[i];
+                            algo.refund(&ring, n, &admission.unwrap(), &clock);
+                            if admitted_under == window {
+                                live.swap_remove(i);
+                            } else {
+                                live[i].3 = None;
+                            }
+                        }
+                    }
+                    Step::Limit(to) => {
+                        limit = to;
+                        let to = SlidingWindow::new(to, Duration::from_nanos(window)).unwrap();
+                        algo.reconfigure(&to, &clock, &|each| each(&ring)).unwrap();
+                    }
+                    Step::Window(to) => {
+                        window = to;
+                        let to = SlidingWindow::new(limit, Duration::from_nanos(to)).unwrap();
+                        algo.reconfigure(&to, &clock, &|each| each(&ring)).unwrap();
+                    }
+                    Step::Advance(d) => clock.advance(Duration::from_nanos(d)),
+                }
+            }
         }
     }
 
