@@ -4,10 +4,12 @@
 //! from the very state word it judged idle to `RETIRED` (so the CAS fails if an admission landed
 //! in between), then removes the entry. A caller that loads `RETIRED`, or whose CAS fails with it,
 //! never decides on that cell: it removes the dead entry itself and retries. A key seen for the
-//! first time (or again after eviction) is admitted on a private fresh cell, which is then
-//! inserted; if another caller inserted the key first, the private cell is dropped unseen and the
-//! call is decided on the winner's cell. The key count is reserved before an insert and released
-//! by the removal that actually took the entry out.
+//! first time (or again after eviction) gets a fresh cell inserted, and the call is then decided
+//! on whichever cell the key holds (ours, or the one another caller inserted first). A cell that
+//! has never admitted is never retired by a sweep; if the first call on it admits nothing (a
+//! `reconfigure` lowered the limit below its `n`), its inserter retires it itself unless someone
+//! has used it meanwhile. The key count is reserved before an insert and released by the
+//! retirement of the cell (or given back at once if another caller's cell won).
 //!
 //! Under loom the map is a `Mutex<HashMap<K, Arc<Cell>>>` (linearizable, like papaya), and callers
 //! run the algorithm on a cell outside the map's lock, so every interleaving of the cells' atomics
@@ -19,7 +21,9 @@
 //!   retire it), and when two callers race on an evicted key exactly one fresh cell wins;
 //! - the books balance: `len()` equals the keys really held (a final sweep after everything is
 //!   idle brings it to exactly 0), `admitted + rejected` equals the calls made;
-//! - the cap: two new keys racing for the last free slot never both get in.
+//! - the cap: two new keys racing for the last free slot never both get in;
+//! - a new key's first admission that fails on its fresh cell (the limit lowered after the
+//!   store's check) leaves no cell behind, and never takes back a cell someone else has used.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed`
 #![cfg(turnstile_loom)]
@@ -289,5 +293,99 @@ fn first_callers_race_with_eviction() {
         let times: Vec<u64> = [mine, theirs].into_iter().flatten().collect();
         assert!(!times.is_empty());
         assert_eq!(over_limit(&times, 1), 0, "over-admitted: {times:?}");
+    });
+}
+
+/// Limit 2; thread T asks 2 permits of a new key while the main thread lowers the limit to 1.
+/// The dangerous interleaving: T checks 2 ≤ 2, the `reconfigure` lands, T inserts the key's
+/// fresh cell and its admission fails (`InsufficientCapacity`). No sweep evicts a cell that has
+/// never admitted, and nobody else uses key 1 here, so unless T takes its cell back the key
+/// stays in the map for good (`len()` 1 after a sweep with everything long idle). (The caller
+/// runs on the spawned thread: with the roles swapped, loom ran the main thread's whole call
+/// before the other thread's first step and explored one execution only.)
+fn a_first_admission_failed_by_reconfigure(sweep: bool) {
+    model(move || {
+        let l = limiter(fixed(2), 4);
+        let t = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.try_acquire_n(&1, 2).map(|a| a.at_nanos()))
+        };
+        l.reconfigure(fixed(1)).unwrap();
+        let swept = if sweep { l.sweep() } else { 0 };
+        let theirs = t.join().unwrap();
+        assert!(
+            matches!(
+                theirs,
+                Ok(0)
+                    | Err(TryAcquireError::InsufficientCapacity {
+                        requested: 2,
+                        capacity: 1
+                    })
+            ),
+            "{theirs:?}"
+        );
+        l.clock().advance(Duration::from_nanos(2 * W));
+        let swept = swept + l.sweep();
+        assert_eq!(
+            l.len(),
+            0,
+            "a never-used cell stayed in the map, or the key was counted out twice"
+        );
+        // Evictions are counted by the sweeps that made them; a cell taken back is not one.
+        assert!(swept <= 1);
+        assert_eq!(l.stats().evicted, swept as u64);
+    });
+}
+
+#[test]
+fn a_first_admission_failed_by_reconfigure_leaves_no_cell() {
+    a_first_admission_failed_by_reconfigure(false);
+}
+
+/// As above with a sweep of the key's shard racing T's take-back: the cell is counted out once.
+#[test]
+fn a_first_admission_failed_by_reconfigure_and_a_sweep_count_the_key_once() {
+    a_first_admission_failed_by_reconfigure(true);
+}
+
+/// As above, and the main thread, after lowering the limit, asks one permit of key 1 itself: it
+/// may find T's fresh cell and admit on it before T's admission fails, or between that failure
+/// and T taking the cell back, or meet the cell already taken back (retired) and retry on a
+/// fresh one. T must never take back a cell main was admitted on: main's admission must stay on
+/// the key's one live cell (the key is full for the rest of the window, and not evictable).
+#[test]
+fn taking_back_a_fresh_cell_spares_a_caller_that_used_it() {
+    model(|| {
+        let l = limiter(fixed(2), 4);
+        let t = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.try_acquire_n(&1, 2).map(|a| a.at_nanos()))
+        };
+        l.reconfigure(fixed(1)).unwrap();
+        let mine = attempt(&l, 1);
+        let theirs = t.join().unwrap();
+        assert!(
+            !(mine.is_some() && theirs.is_ok()),
+            "both admitted: {mine:?} {theirs:?}"
+        );
+        if mine.is_some() {
+            assert_eq!(
+                l.available(&1),
+                0,
+                "main's admission is not on the key's cell"
+            );
+            assert_eq!(l.len(), 1);
+            assert_eq!(l.sweep(), 0, "a busy key was evicted");
+            assert!(attempt(&l, 1).is_none(), "the key's admission was lost");
+        }
+        let stats = l.stats();
+        assert_eq!(
+            stats.admitted + stats.rejected,
+            2 + u64::from(mine.is_some()),
+            "{stats:?}"
+        );
+        l.clock().advance(Duration::from_nanos(2 * W));
+        l.sweep();
+        assert_eq!(l.len(), 0, "the key count drifted");
     });
 }

@@ -14,7 +14,10 @@
 //!   that the limit in force at its moment would refuse (a compare-and-swap prepared under the
 //!   old limit and landing after the change is given back);
 //! - a stale admission given back (after a `set_limit`) wakes the head whose mark it consumed,
-//!   even when the taker then ends on a fresh cell (the old one evicted) or in an error.
+//!   even when the taker then ends on a fresh cell (the old one evicted) or in an error;
+//! - a new key's first take that fails on its fresh cell (a `set_limit` lowered the limit after
+//!   the store's check) leaves no cell behind, yet never takes back a cell another caller has
+//!   taken a permit from meanwhile.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -254,4 +257,93 @@ fn given_back_wake_survives(n: u32, evict: bool, preemptions: usize) {
 #[test]
 fn given_back_wake_survives_a_lowered_limit() {
     given_back_wake_survives(2, false, 4);
+}
+
+/// Limit 2; thread T takes 2 permits of a new key while the main thread lowers the limit to 1.
+/// The dangerous interleaving: T checks 2 ≤ 2, the `set_limit(1)` lands, T inserts the key's
+/// fresh cell and its take fails (`InsufficientCapacity`). No sweep evicts a cell that has never
+/// given out a permit, and nobody else uses key 1 here, so unless T takes its cell back the key
+/// stays in the map for good (`len()` 1 after the final sweep). (The taker runs on the spawned
+/// thread: with the roles swapped, loom ran the main thread's whole call before the other
+/// thread's first step and explored one execution only.)
+fn a_first_take_failed_by_set_limit(sweep: bool) {
+    model(move || {
+        let l = limiter(2);
+        let t = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.try_acquire_owned(1, 2))
+        };
+        l.set_limit(1).unwrap();
+        let swept = if sweep { l.sweep() } else { 0 };
+        let taken = t.join().unwrap();
+        match &taken {
+            Ok(permit) => assert_eq!(permit.permits(), 2),
+            Err(error) => assert_eq!(
+                *error,
+                TryPermitError::InsufficientCapacity {
+                    requested: 2,
+                    capacity: 1
+                }
+            ),
+        }
+        drop(taken);
+        assert_eq!(l.available(&1), 1);
+        let swept = swept + l.sweep();
+        assert_eq!(
+            l.len(),
+            0,
+            "a never-used cell stayed in the map, or the key was counted out twice"
+        );
+        // Evictions are counted by the sweeps that made them; a cell taken back is not one.
+        assert!(swept <= 1);
+        assert_eq!(l.stats().evicted, swept as u64);
+    });
+}
+
+#[test]
+fn a_first_take_failed_by_set_limit_leaves_no_cell() {
+    a_first_take_failed_by_set_limit(false);
+}
+
+/// As above with a sweep of the key's shard racing T's take-back: the cell is counted out once,
+/// by whichever retired it (a sweep never retires a never-used cell, and must not count the
+/// take-back's retirement as its own eviction).
+#[test]
+fn a_first_take_failed_by_set_limit_and_a_sweep_count_the_key_once() {
+    a_first_take_failed_by_set_limit(true);
+}
+
+/// As above, and the main thread, after lowering the limit, takes one permit of key 1 itself:
+/// it may find T's fresh cell and take from it before T's take fails, or between that failure
+/// and T taking the cell back, or meet the cell already taken back (retired) and retry on a
+/// fresh one. T must never take back a cell main holds a permit on: main's permit must be on the
+/// key's one live cell (available 0 while it is held, not evictable) and come back to it.
+#[test]
+fn taking_back_a_fresh_cell_spares_a_caller_that_used_it() {
+    model(|| {
+        let l = limiter(2);
+        let t = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.try_acquire_owned(1, 2))
+        };
+        l.set_limit(1).unwrap();
+        let mine = l.try_acquire_owned(1, 1);
+        let theirs = t.join().unwrap();
+        assert!(
+            !(mine.is_ok() && theirs.is_ok()),
+            "both held: {mine:?} {theirs:?}"
+        );
+        if let Ok(permit) = &mine {
+            assert_eq!(permit.permits(), 1);
+            assert_eq!(l.available(&1), 0, "main's permit is not on the key's cell");
+            assert_eq!(l.len(), 1);
+            assert_eq!(l.sweep(), 0, "a key with a permit out was evicted");
+        }
+        drop((mine, theirs));
+        assert_eq!(l.available(&1), 1);
+        let stats = l.stats();
+        assert_eq!(stats.admitted + stats.rejected, 2, "{stats:?}");
+        l.sweep();
+        assert_eq!(l.len(), 0, "the key count drifted");
+    });
 }

@@ -203,6 +203,35 @@ enum Store<K, S> {
     Bucket(Keyed<TokenBucket, K, S>),
 }
 
+/// What the keyed store needs of an algorithm besides [`Algo`]: taking back a cell it inserted
+/// for a new key when the call it was inserted for admitted nothing on it.
+///
+/// `first_use` inserts a fresh cell and then decides the call on it, and sweeps never retire a
+/// cell that has never admitted (its inserter is about to use it, see [`Algo::retire`]). If that
+/// first decision fails on the fresh cell (a `reconfigure` or `set_limit` lowered the limit below
+/// `n` between `first_use`'s check and the decision) and nobody else has used the cell meanwhile,
+/// nothing would ever use or evict it: it would hold a key of the cap for good. So the inserter
+/// retires it itself, by a CAS from the fresh word that fails if any admission landed first.
+///
+/// Each algorithm implements it beside its state word; the defaults ("unknown": keep the cell)
+/// serve none.
+pub(crate) trait Unused: Algo {
+    /// Whether `cell` has never admitted anything: a hint, read right after the inserter's
+    /// decision (the word may change at once); only a true answer leads to
+    /// [`retire_unused`](Self::retire_unused), which decides.
+    fn unused(_cell: &Self::Cell) -> bool {
+        false
+    }
+
+    /// Retires `cell` if it has never admitted anything: a compare-and-swap from the fresh word
+    /// to [`RETIRED`](crate::algorithm::RETIRED), so it fails if an admission landed first, and
+    /// a caller that then meets the retired cell retries on a fresh one, as after an eviction.
+    /// True if this call retired it.
+    fn retire_unused(_cell: &Self::Cell) -> bool {
+        false
+    }
+}
+
 /// One algorithm's parameters, its per-key cells, and the shared overflow cell.
 pub(crate) struct Keyed<A: Algo, K, S> {
     pub(crate) algo: A,
@@ -337,7 +366,7 @@ impl<C: Clock, S> Ctx<C, S> {
     }
 }
 
-impl<A: Algo, K, S> Keyed<A, K, S>
+impl<A: Unused, K, S> Keyed<A, K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone,
@@ -464,14 +493,29 @@ where
         // Relaxed: bookkeeping for when to sweep; no decision about admissions depends on it.
         // Counted before the insert so that a concurrent removal never takes `len` below zero.
         let len = shard.len.fetch_add(1, Ordering::Relaxed) + 1;
-        let (outcome, inserted) = shard.map.insert_then(key.clone(), self.algo.cell(), op);
+        let ((outcome, unused), inserted) =
+            shard
+                .map
+                .insert_then(key.clone(), self.algo.cell(), |cell| {
+                    let outcome = op(cell);
+                    // Whether the call left the cell unused (it failed, or it was a chain's decided
+                    // rejection), and which cell that is. One load of the word just decided on; for
+                    // algorithms that cannot tell, nothing.
+                    (outcome, A::unused(cell).then_some(cell as *const A::Cell))
+                });
         let outcome = outcome.map(|r| (r, Slot::Key));
         if !inserted {
             // Another call inserted the key first: the call was decided on its cell, and our
-            // reservation is given back.
+            // reservation is given back. (If that cell is still unused, its inserter has yet to
+            // decide on it, or takes it back itself.)
             shard.len.fetch_sub(1, Ordering::Relaxed);
             ctx.release_keys(1);
             return outcome;
+        }
+        if let Some(ours) = unused {
+            if self.take_back(ctx, shard, key, ours) {
+                return outcome;
+            }
         }
         // Release: pairs with the Acquire swap that starts a sweep: if that swap reads our 0, the
         // sweep sees our key; if it comes earlier, our 0 lands after it and survives the sweep's
@@ -494,6 +538,46 @@ where
             shard.map.flush();
         }
         outcome
+    }
+
+    /// Our call inserted `ours` for `key` and admitted nothing on it (a limit lowered below `n`
+    /// after `first_use`'s check, or a chain's rejection): retires it if still nobody has used
+    /// it, removes it, and gives back its key reservation and its count in `shard.len`, so that
+    /// the key is as if never inserted. A cell another caller has used meanwhile is kept (the
+    /// CAS from the fresh word fails), as is a cell that is no longer `ours` (ours was used,
+    /// then evicted). True if taken back; the caller then skips the new key's bookkeeping.
+    ///
+    /// Without this, nothing would remove the cell: sweeps never retire a never-used cell (see
+    /// [`Algo::retire`]), so the key would count against `max_keys` for good.
+    #[cold]
+    #[inline(never)]
+    fn take_back<C: Clock>(
+        &self,
+        ctx: &Ctx<C, S>,
+        shard: &Shard<K, A::Cell, S>,
+        key: &K,
+        ours: *const A::Cell,
+    ) -> bool {
+        // By address: our entry is not moved or freed while it is in the map. Should ours have
+        // been used, evicted and its memory reused by another fresh cell of this key, retiring
+        // that one only makes its inserter retry on a fresh cell, and the reservation given back
+        // below is then that cell's (ours was given back by the sweep that evicted it).
+        let retired = shard
+            .map
+            .get(key, |cell| {
+                std::ptr::eq(cell, ours) && A::retire_unused(cell)
+            })
+            .unwrap_or(false);
+        if !retired {
+            return false;
+        }
+        // The dead entry goes now; a caller that met it first may have removed it already (and
+        // inserted a fresh cell, which `remove_if` leaves alone: it is not retired).
+        shard.map.remove_if(key, A::retired);
+        // Relaxed: bookkeeping, as in `first_use`. Not an eviction: the key never held anything.
+        shard.len.fetch_sub(1, Ordering::Relaxed);
+        ctx.release_keys(1);
+        true
     }
 
     /// At the cap: looks for an idle key to evict, this key's shard first, then every other
@@ -583,6 +667,17 @@ where
             std::hint::black_box(A::retired(cell));
         };
         shard.map.retain(touch, |_, cell| {
+            if A::unused(cell) {
+                // Never used: its inserter is about to use it, or to take it back (`take_back`),
+                // and `retire` would refuse it. Looked at first, so that a RETIRED met below is
+                // never the inserter's: only a never-used word is taken back, a word seen used
+                // never becomes one again, and so a cell this sweep did not see unused here was
+                // retired, if at all, by a sweep (which counted it). Otherwise `retire`, loading
+                // the RETIRED of a take-back that landed after the check just below, would
+                // answer Ok and count as an eviction the key `take_back` gives back itself.
+                next = next.min(ctx.clock.now());
+                return true;
+            }
             if A::retired(cell) {
                 return false;
             }

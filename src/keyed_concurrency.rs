@@ -10,8 +10,8 @@ use crate::clock::Clock;
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
 use crate::keyed::{
-    shard_count, waiting_error, Ctx, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Slot, Waits,
-    DEFAULT_MAX_KEYS,
+    shard_count, waiting_error, Ctx, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Slot, Unused,
+    Waits, DEFAULT_MAX_KEYS,
 };
 use crate::queue::{no_timer, Blocked, QueueOrder, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
@@ -393,6 +393,26 @@ impl Algo for Concurrency {
     #[cfg(all(test, not(turnstile_loom)))]
     fn words(cell: &AtomicU64) -> Vec<u64> {
         vec![cell.load(Ordering::Relaxed)]
+    }
+}
+
+/// A never-used permit word is exactly 0: every take that succeeds sets `USED`, and a head
+/// never marks `WAITERS` on a fresh word (a take that fits on it, which `n ≤ limit` guarantees,
+/// takes instead). So a first take that failed on a fresh cell (`n` above a limit lowered after
+/// the store's check) leaves it 0 unless someone else has taken from it since.
+impl Unused for Concurrency {
+    fn unused(cell: &AtomicU64) -> bool {
+        // Relaxed: a hint; `retire_unused`'s CAS decides.
+        cell.load(Ordering::Relaxed) == 0
+    }
+
+    fn retire_unused(cell: &AtomicU64) -> bool {
+        // Release on success, as `retire`'s: whoever sees RETIRED (an Acquire load or failed CAS
+        // in `take_with`) and re-creates the key happens after us, without relying on the map
+        // to carry that. (The word held nothing: no permit was ever given out or back on it.)
+        // Relaxed on failure: a take landed first; the cell is in use and stays.
+        cell.compare_exchange(0, RETIRED, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
     }
 }
 

@@ -463,3 +463,64 @@ fn keys_made_idle_by_a_reconfiguration_are_evicted() {
         assert_eq!(limiter.len(), 1);
     }
 }
+
+/// A key whose `Clone` runs a hook armed on this thread, once: the store clones a new key just
+/// before it inserts the key's cell, after it has checked `n` against the limit, so the hook
+/// can change the limit exactly between that check and the admission on the fresh cell.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Hooked(u64);
+
+thread_local! {
+    static ON_CLONE: std::cell::Cell<Option<Box<dyn FnOnce()>>> = const { std::cell::Cell::new(None) };
+}
+
+impl Clone for Hooked {
+    fn clone(&self) -> Self {
+        if let Some(hook) = ON_CLONE.with(|h| h.take()) {
+            hook();
+        }
+        Hooked(self.0)
+    }
+}
+
+/// `reconfigure` lowers the limit below `n` between a new key's limit check and its first
+/// admission: the admission fails, and the never-used cell it was to be made on must not stay in
+/// the map (no sweep ever evicts a cell that has never admitted, so it would hold a key of the
+/// cap for good).
+#[test]
+fn a_first_admission_failed_by_a_lowered_limit_leaves_no_key() {
+    for (before, after) in all_algorithms(2).into_iter().zip(all_algorithms(1)) {
+        let limiter = KeyedLimiter::<Hooked, _>::builder(before)
+            .clock(ManualClock::new())
+            .max_keys(1)
+            .build()
+            .unwrap();
+        let lower = limiter.clone();
+        ON_CLONE.with(|h| h.set(Some(Box::new(move || lower.reconfigure(after).unwrap()))));
+        assert!(
+            matches!(
+                limiter.try_acquire_n(&Hooked(1), 2),
+                Err(TryAcquireError::InsufficientCapacity {
+                    requested: 2,
+                    capacity: 1
+                })
+            ),
+            "{before:?}"
+        );
+        assert!(
+            ON_CLONE.with(|h| h.take()).is_none(),
+            "the hook did not run"
+        );
+        assert_eq!(
+            limiter.len(),
+            0,
+            "{after:?}: a never-used cell stayed in the map"
+        );
+        limiter.clock().advance(Duration::from_secs(5));
+        assert_eq!(limiter.sweep(), 0);
+        assert_eq!(limiter.stats().evicted, 0, "not an eviction");
+        // The cap's one slot is free for another key.
+        assert!(limiter.try_acquire(&Hooked(2)).is_ok(), "{after:?}");
+        assert_eq!(limiter.len(), 1);
+    }
+}

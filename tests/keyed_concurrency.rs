@@ -620,3 +620,55 @@ fn a_pool_head_served_keeps_the_mark_of_another_keys_head() {
     };
     assert_eq!(b_permit.permits(), 2);
 }
+
+/// A key whose `Clone` runs a hook armed on this thread, once: the store clones a new key just
+/// before it inserts the key's cell, after it has checked `n` against the limit, so the hook
+/// can change the limit exactly between that check and the first take on the fresh cell.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Hooked(u64);
+
+thread_local! {
+    static ON_CLONE: std::cell::Cell<Option<Box<dyn FnOnce()>>> = const { std::cell::Cell::new(None) };
+}
+
+impl Clone for Hooked {
+    fn clone(&self) -> Self {
+        if let Some(hook) = ON_CLONE.with(|h| h.take()) {
+            hook();
+        }
+        Hooked(self.0)
+    }
+}
+
+/// `set_limit` lowers the limit below `n` between a new key's limit check and its first take:
+/// the take fails, and the never-used cell it was to be made on must not stay in the map (no
+/// sweep ever evicts a cell that has never given out a permit, so it would hold a key of the
+/// cap for good).
+#[test]
+fn a_first_take_failed_by_a_lowered_limit_leaves_no_key() {
+    let limiter = KeyedConcurrencyLimiter::<Hooked>::builder(2)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let lower = limiter.clone();
+    ON_CLONE.with(|h| h.set(Some(Box::new(move || lower.set_limit(1).unwrap()))));
+    assert!(matches!(
+        limiter.try_acquire_n(&Hooked(1), 2),
+        Err(TryPermitError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        })
+    ));
+    assert!(
+        ON_CLONE.with(|h| h.take()).is_none(),
+        "the hook did not run"
+    );
+    assert_eq!(limiter.len(), 0, "a never-used cell stayed in the map");
+    assert_eq!(limiter.sweep(), 0);
+    assert_eq!(limiter.stats().evicted, 0, "not an eviction");
+    // The cap's one slot is free for another key, and key 1 starts afresh.
+    drop(limiter.try_acquire(&Hooked(2)).unwrap());
+    assert_eq!(limiter.sweep(), 1);
+    assert_eq!(limiter.try_acquire(&Hooked(1)).unwrap().permits(), 1);
+    assert_eq!(limiter.len(), 1);
+}

@@ -296,3 +296,22 @@ impl Algo for FixedWindow {
         state.load(Ordering::Relaxed) == RETIRED
     }
 }
+
+/// A never-used word is the fresh `(0, 0)`: an admission writes its count, and a refund that
+/// empties window 0 writes `(ID_MASK, 0)` instead ([`not_fresh`]).
+#[cfg(feature = "keyed")]
+impl crate::keyed::Unused for FixedWindow {
+    fn unused(state: &AtomicU64) -> bool {
+        // Relaxed: a hint; `retire_unused`'s CAS decides.
+        state.load(Ordering::Relaxed) == pack(0, 0)
+    }
+
+    fn retire_unused(state: &AtomicU64) -> bool {
+        // Release on success, as `retire`'s: whoever sees RETIRED and re-creates the key happens
+        // after us (the word held no admission, so no clock reading is handed on). Relaxed on
+        // failure: an admission landed; the cell is used and stays.
+        state
+            .compare_exchange(pack(0, 0), RETIRED, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    }
+}

@@ -109,7 +109,8 @@ pub(crate) trait Algo: Send + Sync + 'static {
     /// A cell that has never admitted anything is *not* retired (`Err(now)`): a keyed limiter
     /// inserts a fresh cell and then admits on it through the ordinary path (load, then clock),
     /// and retiring it in between would only make the inserter retry, which a sweeper looping
-    /// without pause could repeat forever. Every fresh cell is used by its inserter at once.
+    /// without pause could repeat forever. Every fresh cell is used by its inserter at once, or
+    /// taken back by it (`keyed::Unused`) if that first decision admitted nothing.
     #[cfg_attr(not(feature = "keyed"), allow(dead_code))] // only keyed limiters evict
     fn retire<C: Clock>(&self, cell: &Self::Cell, clock: &C) -> Result<(), u64>;
 

@@ -489,6 +489,26 @@ impl Algo for SlidingCounter {
     }
 }
 
+/// A never-used cell has the fresh `(0, 0)` in `current` (an admission writes its count there,
+/// and a refund that empties window 0 writes `(ID_MASK, 0)`); `retire` judges and CASes the same
+/// word.
+#[cfg(feature = "keyed")]
+impl crate::keyed::Unused for SlidingCounter {
+    fn unused(words: &Words) -> bool {
+        // Relaxed: a hint; `retire_unused`'s CAS decides.
+        words.current.load(Ordering::Relaxed) == pack(0, 0)
+    }
+
+    fn retire_unused(words: &Words) -> bool {
+        // Release on success, as `retire`'s. Relaxed on failure: an admission landed; the cell
+        // is used and stays.
+        words
+            .current
+            .compare_exchange(pack(0, 0), RETIRED, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
 #[cfg(all(test, not(turnstile_loom)))]
 mod tests {
     use super::*;

@@ -652,6 +652,23 @@ impl Algo for SlidingWindow {
     }
 }
 
+/// A never-used ring has handed out no ticket: `head` is 0 (every claim moves it up).
+#[cfg(feature = "keyed")]
+impl crate::keyed::Unused for SlidingWindow {
+    fn unused(ring: &Ring) -> bool {
+        // Relaxed: a hint; `retire_unused`'s CAS decides.
+        ring.head.load(Ordering::Relaxed) == 0
+    }
+
+    fn retire_unused(ring: &Ring) -> bool {
+        // Release on success, as `retire`'s. Relaxed on failure: a claim landed; the ring is
+        // used and stays.
+        ring.head
+            .compare_exchange(0, RETIRED, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
 #[cfg(all(test, not(turnstile_loom)))]
 mod tests {
     use super::*;

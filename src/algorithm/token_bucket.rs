@@ -447,6 +447,32 @@ impl Algo for TokenBucket {
     }
 }
 
+/// A never-used word is 0, or `EPOCH` once a reconfiguration's sweep has flipped its epoch bit
+/// (as `retire` judges it): a full bucket that nobody has drawn from.
+#[cfg(feature = "keyed")]
+impl crate::keyed::Unused for TokenBucket {
+    fn unused(state: &AtomicU64) -> bool {
+        // Relaxed: a hint; `retire_unused`'s CAS decides.
+        state.load(Ordering::Relaxed) & !EPOCH == 0
+    }
+
+    fn retire_unused(state: &AtomicU64) -> bool {
+        // Relaxed: only seeds the CAS, which decides.
+        let mut word = state.load(Ordering::Relaxed);
+        // A sweep may flip the epoch bit between our load and our CAS: try again from the word
+        // it wrote while that is still a never-used one.
+        while word & !EPOCH == 0 {
+            // Release on success, as `retire`'s. Relaxed on failure: we only look at the word
+            // that beat us (an admission: the cell is used and stays).
+            match state.compare_exchange(word, RETIRED, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(actual) => word = actual,
+            }
+        }
+        false
+    }
+}
+
 #[cfg(all(test, not(turnstile_loom)))]
 mod tests {
     use super::*;
