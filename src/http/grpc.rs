@@ -181,7 +181,7 @@ fn grpc_rejection(
 ) -> Option<http::Response<Bytes>> {
     let rejection = Rejection::of(verdict)?;
     let message = match &config.body {
-        Some(template) => rejection.render(template),
+        Some(template) => rejection.render(template, config.content_type.as_deref()),
         None => rejection.detail(),
     };
     let mut response = trailers_only(

@@ -35,7 +35,11 @@ pub struct ResponseConfig {
     /// (set it when the template is JSON or HTML).
     pub content_type: Option<String>,
     /// The rejection body; `None` gives a problem+json document. A template: `{rule}`,
-    /// `{limit}`, `{period}`, `{retry_after}` (whole seconds) and `{reason}` are replaced.
+    /// `{limit}`, `{period}`, `{retry_after}` (whole seconds) and `{reason}` are replaced. When
+    /// `content_type` is JSON (`application/json`, or any `+json` type) the values are written
+    /// as the inside of a JSON string (a rule named `say "hi"` gives `say \"hi\"`), and when it
+    /// is `text/html` HTML-escaped, so that a template of either kind stays well-formed
+    /// whatever the rules are named.
     pub body: Option<String>,
     /// `RateLimit` and `RateLimit-Policy` on every response that matched a rule.
     pub ietf_headers: bool,
@@ -683,7 +687,7 @@ pub fn rejection_response(
 
     let (body, content_type) = match &config.body {
         Some(template) => (
-            Bytes::from(rejection.render(template)),
+            Bytes::from(rejection.render(template, config.content_type.as_deref())),
             content_type_value(config.content_type.as_deref(), &TEXT_PLAIN),
         ),
         None => (
@@ -748,14 +752,16 @@ impl<'a> Rejection<'a> {
     }
 
     /// `template` rendered for this rejection, with the rejecting rule's quota (or the most
-    /// restrictive one) for `{limit}` and `{period}`.
-    pub(crate) fn render(&self, template: &str) -> String {
+    /// restrictive one) for `{limit}` and `{period}`, the values escaped for `content_type`
+    /// (see [`ResponseConfig::body`]).
+    pub(crate) fn render(&self, template: &str, content_type: Option<&str>) -> String {
         let quota = self
             .quotas
             .iter()
             .find(|q| q.policy == *self.rule)
             .or_else(|| most_restrictive(self.quotas));
-        render_template(template, self.reason, self.rule, quota, self.retry_secs)
+        let escape = Escape::for_content_type(content_type);
+        render_template(template, escape, self.reason, self.rule, quota, self.retry_secs)
     }
 
     /// The default message: `rate limited by rule per-ip; retry after 1 s` (the problem+json
@@ -769,8 +775,77 @@ impl<'a> Rejection<'a> {
     }
 }
 
+/// How a template's values are written into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Escape {
+    /// As they are (plain text, or a content type this crate does not know).
+    None,
+    /// As the inside of a JSON string.
+    Json,
+    /// With HTML's five special characters as entities.
+    Html,
+}
+
+impl Escape {
+    /// The escaping a body of `content_type` needs: its media type (parameters and case
+    /// ignored) `application/json` or any `+json` type is JSON, `text/html` HTML.
+    fn for_content_type(content_type: Option<&str>) -> Escape {
+        let Some(content_type) = content_type else {
+            return Escape::None;
+        };
+        let essence = content_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        if essence == "application/json" || essence.ends_with("+json") {
+            Escape::Json
+        } else if essence == "text/html" {
+            Escape::Html
+        } else {
+            Escape::None
+        }
+    }
+
+    /// Appends `value` to `out`, escaped.
+    fn push(self, out: &mut String, value: &str) {
+        match self {
+            Escape::None => out.push_str(value),
+            Escape::Json => {
+                for c in value.chars() {
+                    match c {
+                        '"' => out.push_str("\\\""),
+                        '\\' => out.push_str("\\\\"),
+                        '\n' => out.push_str("\\n"),
+                        '\r' => out.push_str("\\r"),
+                        '\t' => out.push_str("\\t"),
+                        c if u32::from(c) < 0x20 => {
+                            let _ = write!(out, "\\u{:04x}", u32::from(c));
+                        }
+                        c => out.push(c),
+                    }
+                }
+            }
+            Escape::Html => {
+                for c in value.chars() {
+                    match c {
+                        '&' => out.push_str("&amp;"),
+                        '<' => out.push_str("&lt;"),
+                        '>' => out.push_str("&gt;"),
+                        '"' => out.push_str("&quot;"),
+                        '\'' => out.push_str("&#39;"),
+                        c => out.push(c),
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn render_template(
     template: &str,
+    escape: Escape,
     reason: RejectReason,
     rule: &str,
     quota: Option<&QuotaState>,
@@ -796,10 +871,10 @@ fn render_template(
         .into_iter()
         .find(|(key, _)| after.starts_with(key));
         if let Some((key, value)) = replaced {
-            out.push_str(value);
+            escape.push(&mut out, value);
             rest = &after[key.len()..];
         } else if let Some(after_reason) = after.strip_prefix("{reason}") {
-            let _ = write!(out, "{reason}");
+            escape.push(&mut out, &reason.to_string());
             rest = after_reason;
         } else {
             out.push('{');
@@ -1146,5 +1221,44 @@ mod tests {
             response.body(),
             "rate limited: per-ip allows 100 per 1m; retry in 1s {x}"
         );
+    }
+
+    /// A rule name with quotes, a backslash, a control character and markup stays inside its
+    /// string in a JSON template and is inert in an HTML one; plain text takes it as it is.
+    #[test]
+    fn template_values_are_escaped_for_the_content_type() {
+        let name = "say \"hi\" \\ <b>&'\u{1}";
+        let verdict = Verdict {
+            outcome: Outcome::Rejected {
+                reason: RejectReason::RateLimited,
+                rule: name.into(),
+                retry_after: Some(Duration::from_secs(2)),
+            },
+            quotas: Quotas::new(),
+        };
+        let render = |content_type: &str, body: &str| {
+            let config = ResponseConfig {
+                body: Some(body.into()),
+                content_type: Some(content_type.into()),
+                ..ResponseConfig::default()
+            };
+            rejection_response(&verdict, &config).unwrap().into_body()
+        };
+        for content_type in [
+            "application/json",
+            "application/problem+json; charset=utf-8",
+            "Application/JSON",
+        ] {
+            let body = render(content_type, r#"{"rule": "{rule}", "retry": {retry_after}}"#);
+            let parsed: serde_json::Value = serde_json::from_slice(&body)
+                .unwrap_or_else(|e| panic!("{content_type}: {e}: {body:?}"));
+            assert_eq!(parsed["rule"], name, "{content_type}");
+            assert_eq!(parsed["retry"], 2, "{content_type}");
+        }
+        assert_eq!(
+            render("text/html; charset=utf-8", "<p>{rule}</p>"),
+            "<p>say &quot;hi&quot; \\ &lt;b&gt;&amp;&#39;\u{1}</p>"
+        );
+        assert_eq!(render("text/plain", "{rule}"), name);
     }
 }
