@@ -761,7 +761,14 @@ impl<'a> Rejection<'a> {
             .find(|q| q.policy == *self.rule)
             .or_else(|| most_restrictive(self.quotas));
         let escape = Escape::for_content_type(content_type);
-        render_template(template, escape, self.reason, self.rule, quota, self.retry_secs)
+        render_template(
+            template,
+            escape,
+            self.reason,
+            self.rule,
+            quota,
+            self.retry_secs,
+        )
     }
 
     /// The default message: `rate limited by rule per-ip; retry after 1 s` (the problem+json
@@ -1249,7 +1256,10 @@ mod tests {
             "application/problem+json; charset=utf-8",
             "Application/JSON",
         ] {
-            let body = render(content_type, r#"{"rule": "{rule}", "retry": {retry_after}}"#);
+            let body = render(
+                content_type,
+                r#"{"rule": "{rule}", "retry": {retry_after}}"#,
+            );
             let parsed: serde_json::Value = serde_json::from_slice(&body)
                 .unwrap_or_else(|e| panic!("{content_type}: {e}: {body:?}"));
             assert_eq!(parsed["rule"], name, "{content_type}");
