@@ -916,6 +916,76 @@ async fn rejected_requests_release_the_inner_reservation() {
     assert_eq!(count(), 0, "the admitted call used the reservation");
 }
 
+/// A request waiting in the concurrency queue (`wait`) holds nothing of the inner service's:
+/// its reservation goes back when it starts to wait, and the service is made ready again (and
+/// the reservation used) once the permit is granted. A request rejected at once gives it back
+/// too.
+#[tokio::test(start_paused = true)]
+async fn concurrency_waiters_release_the_inner_reservation() {
+    let reserved = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = || reserved.load(std::sync::atomic::Ordering::SeqCst);
+    let inner = Reserving {
+        reserved: Arc::clone(&reserved),
+        holding: false,
+    };
+
+    let layer =
+        ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(Duration::from_secs(10));
+    let limiter = layer.limiter().clone();
+    let mut service = layer.layer(inner.clone());
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    // The first request's body is not read: its permit stays taken.
+    let first = service
+        .call(http::Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(count(), 0, "the admitted call used its reservation");
+    assert_eq!(limiter.available(), 0);
+
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    assert_eq!(count(), 1, "poll_ready reserved");
+    let mut second = service.call(http::Request::new(String::new()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(second.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(limiter.stats().waiting, 1);
+    assert_eq!(count(), 0, "a waiting request holds no reservation");
+
+    // The first response's body dropped: its permit passes to the second request, whose call
+    // reserves and uses a slot of its own.
+    drop(first);
+    let second = second.await.unwrap();
+    assert_eq!(second.status(), 200);
+    assert_eq!(count(), 0);
+    drop(second);
+    assert_eq!(limiter.available(), 1);
+
+    // Without `wait`, a request rejected at once gives its reservation back too.
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let mut service = layer.layer(inner);
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let held = service
+        .call(http::Request::new(String::new()))
+        .await
+        .unwrap();
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let rejected = service
+        .call(http::Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(rejected.status(), 503);
+    assert_eq!(count(), 0, "the rejection released the reservation");
+    drop(held);
+}
+
 /// `on_rejection` answers rejected requests: it sees the request (path, headers, extensions)
 /// and the verdict, gets the layer's own response with `Retry-After` and the quota headers, and
 /// what it returns is sent, for decisions made at once (through a real server) and after a

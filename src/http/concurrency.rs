@@ -143,6 +143,11 @@ impl ConcurrencyLayer {
 
     /// Waits up to `timeout` in the limiter's queue for a permit instead of rejecting at once.
     ///
+    /// A waiting request holds nothing of the wrapped service's: what its `poll_ready` reserved
+    /// (a `Buffer` slot, say) is given back when the request starts to wait, and the service is
+    /// made ready again once the permit is granted. The timeout bounds the wait for the permit
+    /// only.
+    ///
     /// # Examples
     ///
     /// ```
@@ -311,6 +316,9 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // The service polled ready leaves with this call (its reservation, a `Buffer` slot or
+        // a concurrency permit of the inner service's, is this request's), and a clone takes
+        // its place.
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
@@ -323,6 +331,8 @@ where
             None => {
                 let permit = match layer.limiter.try_acquire_owned(1) {
                     Ok(permit) => permit,
+                    // `ready` is dropped here: a rejected request gives the reservation back
+                    // at once.
                     Err(_) => {
                         let response = layer.rejection(request, grpc);
                         return Box::pin(async move { Ok(response) });
@@ -331,17 +341,27 @@ where
                 let future = ready.call(request);
                 Box::pin(async move { Ok(with_permit(future.await?, permit)) })
             }
-            Some(timeout) => Box::pin(async move {
-                let acquire = layer.limiter.acquire_owned(1);
-                let permit = match tokio::time::timeout(timeout, acquire).await {
-                    Ok(Ok(permit)) => permit,
-                    // Timed out, or the limiter is closed.
-                    Ok(Err(_)) | Err(_) => {
-                        return Ok(layer.rejection(request, grpc));
-                    }
-                };
-                Ok(with_permit(ready.call(request).await?, permit))
-            }),
+            Some(timeout) => {
+                // A request waiting in the queue holds nothing of the inner service's: the
+                // reservation goes back now, and an unreserved clone is made ready once the
+                // permit is ours (the order of tower's `ConcurrencyLimit`: the permit, then the
+                // inner service). Holding it would let a queue of waiters take every slot of
+                // an inner `Buffer`, starving the requests that already hold a permit.
+                drop(ready);
+                let mut service = self.inner.clone();
+                Box::pin(async move {
+                    let acquire = layer.limiter.acquire_owned(1);
+                    let permit = match tokio::time::timeout(timeout, acquire).await {
+                        Ok(Ok(permit)) => permit,
+                        // Timed out, or the limiter is closed.
+                        Ok(Err(_)) | Err(_) => {
+                            return Ok(layer.rejection(request, grpc));
+                        }
+                    };
+                    std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+                    Ok(with_permit(service.call(request).await?, permit))
+                })
+            }
         }
     }
 }
