@@ -345,8 +345,8 @@ where
                 // A request waiting in the queue holds nothing of the inner service's: the
                 // reservation goes back now, and an unreserved clone is made ready once the
                 // permit is ours (the order of tower's `ConcurrencyLimit`: the permit, then the
-                // inner service). Holding it would let a queue of waiters take every slot of
-                // an inner `Buffer`, starving the requests that already hold a permit.
+                // inner service). Holding it would let a queue of waiters keep the slots of an
+                // inner `Buffer` while doing nothing, shutting out the others that share it.
                 drop(ready);
                 let mut service = self.inner.clone();
                 Box::pin(async move {
