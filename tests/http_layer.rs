@@ -916,6 +916,21 @@ async fn rejected_requests_release_the_inner_reservation() {
     assert_eq!(count(), 0, "the admitted call used the reservation");
 }
 
+/// Polls `service` ready, then calls it with an empty request and waits for the response.
+async fn ready_call<S>(service: &mut S) -> S::Response
+where
+    S: Service<http::Request<String>>,
+    S::Error: std::fmt::Debug,
+{
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    service
+        .call(http::Request::new(String::new()))
+        .await
+        .unwrap()
+}
+
 /// A request waiting in the concurrency queue (`wait`) holds nothing of the inner service's:
 /// its reservation goes back when it starts to wait, and the service is made ready again (and
 /// the reservation used) once the permit is granted. A request rejected at once gives it back
@@ -933,14 +948,8 @@ async fn concurrency_waiters_release_the_inner_reservation() {
         ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(Duration::from_secs(10));
     let limiter = layer.limiter().clone();
     let mut service = layer.layer(inner.clone());
-    std::future::poll_fn(|cx| service.poll_ready(cx))
-        .await
-        .unwrap();
     // The first request's body is not read: its permit stays taken.
-    let first = service
-        .call(http::Request::new(String::new()))
-        .await
-        .unwrap();
+    let first = ready_call(&mut service).await;
     assert_eq!(first.status(), 200);
     assert_eq!(count(), 0, "the admitted call used its reservation");
     assert_eq!(limiter.available(), 0);
@@ -967,20 +976,8 @@ async fn concurrency_waiters_release_the_inner_reservation() {
     // Without `wait`, a request rejected at once gives its reservation back too.
     let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
     let mut service = layer.layer(inner);
-    std::future::poll_fn(|cx| service.poll_ready(cx))
-        .await
-        .unwrap();
-    let held = service
-        .call(http::Request::new(String::new()))
-        .await
-        .unwrap();
-    std::future::poll_fn(|cx| service.poll_ready(cx))
-        .await
-        .unwrap();
-    let rejected = service
-        .call(http::Request::new(String::new()))
-        .await
-        .unwrap();
+    let held = ready_call(&mut service).await;
+    let rejected = ready_call(&mut service).await;
     assert_eq!(rejected.status(), 503);
     assert_eq!(count(), 0, "the rejection released the reservation");
     drop(held);
