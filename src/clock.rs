@@ -70,6 +70,19 @@ fn saturating_nanos(d: Duration) -> u64 {
 }
 
 /// The clock limiters use unless told otherwise: [`UpkeepClock`] at its default 1 ms tick.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, DefaultClock, RateLimiter};
+///
+/// // `RateLimiter::new` is `RateLimiter::with_clock(algorithm, DefaultClock::new())`.
+/// let limiter: RateLimiter<DefaultClock> =
+///     RateLimiter::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) })?;
+/// assert!(limiter.try_acquire().is_ok());
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
 pub type DefaultClock = UpkeepClock;
 
 /// `std::time::Instant`: nanosecond resolution, about 27 ns per read on the CI machine.
@@ -96,6 +109,16 @@ pub struct MonotonicClock {
 
 impl MonotonicClock {
     /// A clock whose epoch is now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{Clock, MonotonicClock};
+    ///
+    /// let clock = MonotonicClock::new();
+    /// let (a, b) = (clock.now(), clock.now());
+    /// assert!(b >= a);
+    /// ```
     pub fn new() -> Self {
         MonotonicClock {
             epoch: Instant::now(),
@@ -196,6 +219,18 @@ impl UpkeepClock {
     pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(1);
 
     /// The process-wide clock with a 1 ms tick, starting its thread if none is running.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{Clock, UpkeepClock};
+    ///
+    /// let clock = UpkeepClock::new();
+    /// let earlier = clock.now();
+    /// std::thread::sleep(std::time::Duration::from_millis(5));
+    /// clock.catch_up(); // what a limiter does before it reports a rejection
+    /// assert!(clock.now() >= earlier + 5_000_000);
+    /// ```
     pub fn new() -> Self {
         let mut shared = SHARED_TICKER
             .lock()
@@ -265,6 +300,18 @@ impl UpkeepClock {
     }
 
     /// The tick this clock advances by; zero if it fell back to reading `Instant` directly.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::UpkeepClock;
+    ///
+    /// let clock = UpkeepClock::with_interval(Duration::from_millis(2))?;
+    /// // Zero only where the thread could not be started.
+    /// assert!([Duration::from_millis(2), Duration::ZERO].contains(&clock.interval()));
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
     pub fn interval(&self) -> Duration {
         if self.ticker.direct {
             Duration::ZERO
@@ -327,6 +374,14 @@ pub struct ManualClock {
 
 impl ManualClock {
     /// A clock at time zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{Clock, ManualClock};
+    ///
+    /// assert_eq!(ManualClock::new().now(), 0);
+    /// ```
     pub fn new() -> Self {
         ManualClock {
             nanos: Arc::new(AtomicU64::new(0)),
@@ -334,6 +389,20 @@ impl ManualClock {
     }
 
     /// Moves time forward by `d` (saturating at `u64::MAX` nanoseconds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Clock, ManualClock};
+    ///
+    /// let clock = ManualClock::new();
+    /// let other = clock.clone(); // clones share the time
+    /// clock.advance(Duration::from_millis(1500));
+    /// assert_eq!(other.now(), 1_500_000_000);
+    /// clock.advance(Duration::MAX);
+    /// assert_eq!(other.now(), u64::MAX);
+    /// ```
     pub fn advance(&self, d: Duration) {
         let step = saturating_nanos(d);
         // Relaxed: a clock value carries no other data; coherence keeps reads monotonic. A CAS loop
@@ -346,12 +415,35 @@ impl ManualClock {
     }
 
     /// Moves time forward to `t` since the epoch; never backwards (an earlier `t` is ignored).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::ManualClock;
+    ///
+    /// let clock = ManualClock::new();
+    /// clock.set(Duration::from_secs(10));
+    /// clock.set(Duration::from_secs(3)); // ignored: time never goes back
+    /// assert_eq!(clock.elapsed(), Duration::from_secs(10));
+    /// ```
     pub fn set(&self, t: Duration) {
         // Relaxed: as in `advance`; fetch_max keeps the clock monotonic.
         self.nanos.fetch_max(saturating_nanos(t), Ordering::Relaxed);
     }
 
     /// The current time as a `Duration` since the epoch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::ManualClock;
+    ///
+    /// let clock = ManualClock::new();
+    /// clock.advance(Duration::from_micros(250));
+    /// assert_eq!(clock.elapsed(), Duration::from_micros(250));
+    /// ```
     pub fn elapsed(&self) -> Duration {
         Duration::from_nanos(self.now())
     }
@@ -404,6 +496,21 @@ pub struct TokioClock {
 #[cfg(feature = "tokio")]
 impl TokioClock {
     /// A clock whose epoch is tokio's now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Clock, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let clock = TokioClock::new();
+    /// assert_eq!(clock.now(), 0);
+    /// tokio::time::advance(Duration::from_millis(20)).await;
+    /// assert_eq!(clock.now(), 20_000_000);
+    /// # }
+    /// ```
     pub fn new() -> Self {
         TokioClock {
             epoch: tokio::time::Instant::now(),

@@ -95,6 +95,24 @@ impl Admission {
     /// Permits that could still be admitted right now, after this admission.
     ///
     /// Exact for a quiescent limiter; under concurrent use it is a snapshot taken at the admission.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use turnstile::{Algorithm, ManualClock, RateLimiter};
+    /// #
+    /// # let clock = ManualClock::new();
+    /// # let limiter = RateLimiter::with_clock(
+    /// #     Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+    /// #     clock.clone(),
+    /// # )?;
+    /// # clock.advance(Duration::from_millis(400));
+    /// // A fixed window of 5 per second; 2 permits taken 400 ms into its first window.
+    /// let ok = limiter.try_acquire_n(2)?;
+    /// assert_eq!(ok.remaining(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn remaining(&self) -> u32 {
         self.remaining
     }
@@ -102,6 +120,25 @@ impl Admission {
     /// Time until the limiter is back to its full capacity if nothing else is admitted: the end of
     /// the window (fixed window), the expiry of this admission (sliding window), or the time the
     /// bucket is full again (token bucket).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use turnstile::{Algorithm, ManualClock, RateLimiter};
+    /// #
+    /// # let clock = ManualClock::new();
+    /// # let limiter = RateLimiter::with_clock(
+    /// #     Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+    /// #     clock.clone(),
+    /// # )?;
+    /// # clock.advance(Duration::from_millis(400));
+    /// // A fixed window of 5 per second; 2 permits taken 400 ms into its first window.
+    /// let ok = limiter.try_acquire_n(2)?;
+    /// // The fixed window ends at 1 s.
+    /// assert_eq!(ok.reset_after(), Duration::from_millis(600));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reset_after(&self) -> Duration {
         Duration::from_nanos(self.reset_after)
     }
@@ -111,11 +148,47 @@ impl Admission {
     /// For the sliding window this is the time its log keeps (as this time plus the window): the
     /// exactness contract ("at most `limit` admissions in any interval of length `window`") holds
     /// on these values. For a [`Chain`](crate::Chain), the latest of the members' times.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use turnstile::{Algorithm, ManualClock, RateLimiter};
+    /// #
+    /// # let clock = ManualClock::new();
+    /// # let limiter = RateLimiter::with_clock(
+    /// #     Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+    /// #     clock.clone(),
+    /// # )?;
+    /// # clock.advance(Duration::from_millis(400));
+    /// // A fixed window of 5 per second; 2 permits taken 400 ms into its first window.
+    /// let ok = limiter.try_acquire_n(2)?;
+    /// assert_eq!(ok.at(), Duration::from_millis(400));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn at(&self) -> Duration {
         Duration::from_nanos(self.at)
     }
 
     /// [`at`](Self::at) in whole nanoseconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use turnstile::{Algorithm, ManualClock, RateLimiter};
+    /// #
+    /// # let clock = ManualClock::new();
+    /// # let limiter = RateLimiter::with_clock(
+    /// #     Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+    /// #     clock.clone(),
+    /// # )?;
+    /// # clock.advance(Duration::from_millis(400));
+    /// // A fixed window of 5 per second; 2 permits taken 400 ms into its first window.
+    /// let ok = limiter.try_acquire_n(2)?;
+    /// assert_eq!(ok.at_nanos(), 400_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn at_nanos(&self) -> u64 {
         self.at
     }
@@ -153,16 +226,69 @@ impl Rejection {
 
     /// The exact time until the requested permits could be admitted, if nothing else is admitted
     /// meanwhile. Never rounded: an HTTP layer rounds up to whole seconds itself.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use turnstile::{Algorithm, ManualClock, Rate, RateLimiter};
+    /// #
+    /// # let limiter = RateLimiter::with_clock(
+    /// #     Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 2 },
+    /// #     ManualClock::new(),
+    /// # )?;
+    /// # limiter.try_acquire_n(2)?;
+    /// // A token bucket of 10 per second, burst 2, just emptied.
+    /// let rejection = *limiter.try_acquire().unwrap_err().rejection().unwrap();
+    /// // One token comes back every 100 ms.
+    /// assert_eq!(rejection.retry_after(), Duration::from_millis(100));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn retry_after(&self) -> Duration {
         Duration::from_nanos(self.retry_after)
     }
 
     /// [`retry_after`](Self::retry_after) in whole nanoseconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use turnstile::{Algorithm, ManualClock, Rate, RateLimiter};
+    /// #
+    /// # let limiter = RateLimiter::with_clock(
+    /// #     Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 2 },
+    /// #     ManualClock::new(),
+    /// # )?;
+    /// # limiter.try_acquire_n(2)?;
+    /// // A token bucket of 10 per second, burst 2, just emptied.
+    /// let rejection = *limiter.try_acquire().unwrap_err().rejection().unwrap();
+    /// assert_eq!(rejection.retry_after_nanos(), 100_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn retry_after_nanos(&self) -> u64 {
         self.retry_after
     }
 
     /// The limit that was hit: the window limit, or the burst of a token bucket.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use turnstile::{Algorithm, ManualClock, Rate, RateLimiter};
+    /// #
+    /// # let limiter = RateLimiter::with_clock(
+    /// #     Algorithm::TokenBucket { rate: Rate::per_second(10), burst: 2 },
+    /// #     ManualClock::new(),
+    /// # )?;
+    /// # limiter.try_acquire_n(2)?;
+    /// // A token bucket of 10 per second, burst 2, just emptied.
+    /// let rejection = *limiter.try_acquire().unwrap_err().rejection().unwrap();
+    /// // A token bucket reports its burst.
+    /// assert_eq!(rejection.limit(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn limit(&self) -> u32 {
         self.limit
     }

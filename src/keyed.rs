@@ -23,6 +23,18 @@ use std::task::Poll;
 /// A fixed window or token bucket costs about 37 bytes per `u64` key as requested from the
 /// allocator, about 53 as glibc holds them (BENCHMARKS.md), so the default bounds such a limiter
 /// at about 56 MB however many distinct keys arrive.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, KeyedLimiter, DEFAULT_MAX_KEYS};
+///
+/// let limiter: KeyedLimiter<u64> =
+///     KeyedLimiter::new(Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) })?;
+/// assert_eq!(limiter.max_keys(), DEFAULT_MAX_KEYS);
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 
 /// What a [`KeyedLimiter`] does with a call for a *new* key when it already holds

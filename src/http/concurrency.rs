@@ -294,6 +294,32 @@ pub struct ConcurrencyService<S> {
 ///
 /// Dropping it while it waits for a permit leaves the queue and holds nothing; dropping it
 /// later gives the permit back.
+///
+/// # Examples
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tower::{Layer, Service, ServiceExt};
+/// use turnstile::http::{ConcurrencyFuture, ConcurrencyLayer, RateLimitBody};
+/// use turnstile::ConcurrencyLimiter;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = ConcurrencyLimiter::new(1)?;
+/// let mut service = ConcurrencyLayer::new(limiter.clone()).layer(tower::service_fn(
+///     |_: http::Request<()>| async { Ok::<_, Infallible>(http::Response::new("ok")) },
+/// ));
+/// let future: ConcurrencyFuture<http::Response<RateLimitBody<&str>>, Infallible> =
+///     service.ready().await?.call(http::Request::new(()));
+/// // The permit is taken when the future first runs and held until the response body is done.
+/// let response = future.await?;
+/// assert_eq!(response.status(), 200);
+/// assert_eq!(limiter.available(), 0);
+/// drop(response);
+/// assert_eq!(limiter.available(), 1);
+/// # Ok(())
+/// # }
+/// ```
 pub type ConcurrencyFuture<Res, E> = Pin<Box<dyn Future<Output = Result<Res, E>> + Send>>;
 
 impl<S, B, ResBody> tower::Service<http::Request<B>> for ConcurrencyService<S>
