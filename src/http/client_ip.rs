@@ -178,8 +178,9 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// Its addresses (all its lines, comma-separated; empty list elements are ignored, as RFC 9110
 /// asks) are walked right to left, skipping trusted proxies; the first untrusted address is the
 /// client, or the leftmost when every entry is trusted. An entry that cannot be parsed (garbage,
-/// or `Forwarded`'s `unknown` and obfuscated identifiers) where the walk reaches it stops the
-/// walk, and the peer is the client: what a trusted proxy could not vouch for is not believed.
+/// `Forwarded`'s `unknown` and obfuscated identifiers, or a `Forwarded` element with a quote
+/// left open at the end of its line) where the walk reaches it stops the walk, and the peer is
+/// the client: what a trusted proxy could not vouch for is not believed.
 ///
 /// The result is masked to `ipv4_prefix` / `ipv6_prefix` (prefixes above 32 / 128 are taken as
 /// 32 / 128).
@@ -263,13 +264,24 @@ fn walk(entries: &[Option<IpAddr>], config: &ClientIpConfig) -> Option<IpAddr> {
 
 /// The `for=` values of an RFC 7239 `Forwarded` line, one entry per forwarded element (an
 /// element without `for=` is an unparseable entry; an empty list element is no element).
+///
+/// A quoted-string still open at the end of the line makes its element, the last, an
+/// unparseable entry: the line is malformed there, and the open quote may have swallowed the
+/// element that a proxy appended to the line (`for=1.2.3.4;x="` from the client, then
+/// `, for=<the client's address>` from the proxy), leaving the client's `for=` in its place.
 fn forwarded_entries(text: &str, entries: &mut Vec<Option<IpAddr>>) {
-    for element in split_outside_quotes(text, ',') {
+    let (elements, unterminated) = split_outside_quotes(text, ',');
+    let last = elements.len() - 1;
+    for (i, element) in elements.into_iter().enumerate() {
+        if unterminated && i == last {
+            entries.push(None);
+            continue;
+        }
         if element.trim().is_empty() {
             continue;
         }
         let mut found = None;
-        for pair in split_outside_quotes(element, ';') {
+        for pair in split_outside_quotes(element, ';').0 {
             let Some((name, value)) = pair.split_once('=') else {
                 continue;
             };
@@ -282,8 +294,9 @@ fn forwarded_entries(text: &str, entries: &mut Vec<Option<IpAddr>>) {
     }
 }
 
-/// Splits on `separator` outside double quotes.
-fn split_outside_quotes(text: &str, separator: char) -> Vec<&str> {
+/// Splits on `separator` outside double quotes; `true` with the parts when a quoted-string is
+/// still open at the end.
+fn split_outside_quotes(text: &str, separator: char) -> (Vec<&str>, bool) {
     let mut parts = Vec::new();
     let mut quoted = false;
     let mut escaped = false;
@@ -301,7 +314,7 @@ fn split_outside_quotes(text: &str, separator: char) -> Vec<&str> {
         }
     }
     parts.push(&text[start..]);
-    parts
+    (parts, quoted)
 }
 
 /// A value as it reads: a quoted-string (RFC 7230) without its quotes and with each quoted-pair

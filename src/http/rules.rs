@@ -116,9 +116,10 @@ enum PathMatch {
     Regex(Regex),
 }
 
-/// `*` in `pattern` matches any run of bytes and `?` any one byte (AspNetCoreRateLimit's
-/// wildcards; a path holds no `?`, which starts the query, so `?` never had to match itself);
-/// ASCII letters match either case.
+/// `*` in `pattern` matches any run of characters and `?` any one character
+/// (AspNetCoreRateLimit's wildcards; a path holds no `?`, which starts the query, so `?` never
+/// had to match itself); ASCII letters match either case. Both are UTF-8: the bytes of a
+/// character in a path (which may hold UTF-8) are one character to `?`.
 fn glob(pattern: &[u8], text: &[u8]) -> bool {
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
@@ -126,8 +127,16 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
         if p < pattern.len() && pattern[p] == b'*' {
             star = Some((p, t));
             p += 1;
+        } else if p < pattern.len() && pattern[p] == b'?' && !is_continuation(text[t]) {
+            // A star's retry can start inside a character: `?` matches only from its start.
+            p += 1;
+            t += 1;
+            while t < text.len() && is_continuation(text[t]) {
+                t += 1;
+            }
         } else if p < pattern.len()
-            && (pattern[p] == b'?' || pattern[p].eq_ignore_ascii_case(&text[t]))
+            && pattern[p] != b'?'
+            && pattern[p].eq_ignore_ascii_case(&text[t])
         {
             p += 1;
             t += 1;
@@ -140,6 +149,11 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
         }
     }
     pattern[p..].iter().all(|&b| b == b'*')
+}
+
+/// A byte inside a UTF-8 character, after its first.
+fn is_continuation(byte: u8) -> bool {
+    byte & 0xC0 == 0x80
 }
 
 impl Endpoint {

@@ -1,0 +1,256 @@
+//! Adversarial parsing in the HTTP layer: the client IP behind trusted proxies (whatever a
+//! client writes, it cannot choose its key) and endpoint patterns (the documented wildcards, on
+//! paths of any content).
+#![cfg(feature = "http")]
+
+use proptest::prelude::*;
+use std::net::IpAddr;
+use turnstile::http::{
+    client_ip, ClientIpConfig, ForwardedHeader, HttpConfig, HttpLimiter, RequestInfo,
+};
+use turnstile::ManualClock;
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+/// Trusts 10.0.0.0/8 and reads `header` only.
+fn behind_proxy(header: ForwardedHeader) -> ClientIpConfig {
+    let mut config = ClientIpConfig::default();
+    config.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+    config.headers = vec![header];
+    config
+}
+
+fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    for (name, value) in pairs {
+        map.append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    map
+}
+
+const PEER: &str = "10.0.0.1";
+/// The address the trusted proxy saw and appended: the client.
+const SEEN: &str = "203.0.113.9";
+
+/// A proxy that appends its element to the `Forwarded` line it received (nginx's
+/// `proxy_set_header Forwarded "$http_forwarded, for=$remote_addr"`): a quote the client left
+/// open swallows that element into the client's own, whose `for=` the client chose. The walk
+/// must not believe it: the entry the proxy vouched for is unreadable, so the peer is the key.
+#[test]
+fn forwarded_quote_left_open_by_the_client_cannot_hide_the_proxys_element() {
+    let config = behind_proxy(ForwardedHeader::Forwarded);
+    let peer = Some(ip(PEER));
+    for client_part in [
+        r#"for=198.51.100.66;x=""#,
+        r#"for=198.51.100.66;by=a"b"#,
+        r#"for=198.51.100.66;proto="https\""#,
+        r#"for=198.51.100.66;x=", for=198.51.100.67"#,
+    ] {
+        for appended in [
+            format!("for={SEEN}"),
+            format!("for=\"{SEEN}:4711\";proto=https"),
+            "for=\"[2001:db8::9]:4711\"".to_owned(),
+        ] {
+            let line = format!("{client_part}, {appended}");
+            let got = client_ip(peer, &headers(&[("forwarded", &line)]), &config);
+            assert_eq!(got, peer, "{line}");
+        }
+    }
+    // On a line of its own the proxy's element is read whatever the client's line holds.
+    let h = headers(&[
+        ("forwarded", r#"for=198.51.100.66;x=""#),
+        ("forwarded", &format!("for={SEEN}")),
+    ]);
+    assert_eq!(client_ip(peer, &h, &config), Some(ip(SEEN)));
+}
+
+/// Pieces of what a client may write before the proxy's part.
+fn client_piece() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "for=198.51.100.66",
+        "for=\"[2001:db8::66]:4711\"",
+        "10.0.0.7",
+        ";x=",
+        ";by=",
+        "\"",
+        "\\",
+        ",",
+        " ",
+        "unknown",
+        "_hidden",
+        "é",
+    ])
+}
+
+proptest! {
+    /// Whatever a client writes, the entry a trusted proxy appended decides: for
+    /// X-Forwarded-For that entry, for `Forwarded` that entry or (when the client's text makes
+    /// the line unreadable) the peer; never an address the client wrote.
+    #[test]
+    fn the_entry_the_proxy_appended_decides(
+        pieces in proptest::collection::vec(client_piece(), 0..12),
+        same_line in any::<bool>(),
+        forwarded in any::<bool>(),
+    ) {
+        let client_part: String = pieces.concat();
+        let (name, header, appended) = if forwarded {
+            ("forwarded", ForwardedHeader::Forwarded, format!("for={SEEN}"))
+        } else {
+            ("x-forwarded-for", ForwardedHeader::XForwardedFor, SEEN.to_owned())
+        };
+        let config = behind_proxy(header);
+        let map = if same_line {
+            headers(&[(name, &format!("{client_part}, {appended}"))])
+        } else {
+            headers(&[(name, &client_part), (name, &appended)])
+        };
+        let peer = ip(PEER);
+        let got = client_ip(Some(peer), &map, &config).unwrap();
+        if forwarded && same_line {
+            prop_assert!(got == ip(SEEN) || got == peer, "{got} from {client_part:?}");
+        } else {
+            prop_assert_eq!(got, ip(SEEN), "from {:?}", client_part);
+        }
+    }
+}
+
+fn limiter(toml: &str) -> HttpLimiter<ManualClock> {
+    let config = HttpConfig::from_toml_str(toml).expect("valid toml");
+    HttpLimiter::with_clock(config, ManualClock::new()).expect("valid config")
+}
+
+/// Whether a GET of `path` matches the pattern of `limiter`'s only rule, a blocking one
+/// (limit 0: every request it matches is rejected).
+fn blocked(limiter: &HttpLimiter<ManualClock>, path: &str) -> bool {
+    !limiter
+        .decide(&RequestInfo {
+            method: &http::Method::GET,
+            path,
+            client_ip: Some(ip("192.0.2.1")),
+            client_id: None,
+        })
+        .outcome
+        .is_admitted()
+}
+
+fn blocking(pattern: &str) -> HttpLimiter<ManualClock> {
+    limiter(&format!(
+        "[[rules]]\nendpoint = \"{pattern}\"\nperiod = \"1m\"\nlimit = 0\n"
+    ))
+}
+
+/// `RuleConfig::endpoint`: "`*` (any run of characters) and `?` (one) wildcards in the path".
+/// A path may hold UTF-8 (the `http` crate accepts it), and `?` must match one character of
+/// it, not one byte of its encoding.
+#[test]
+fn question_mark_matches_one_character_of_a_utf8_path() {
+    let rule = blocking("get:/tags/?");
+    assert!(blocked(&rule, "/tags/a"));
+    assert!(blocked(&rule, "/tags/é"), "é is one character");
+    assert!(blocked(&rule, "/tags/€"), "€ is one character");
+    assert!(!blocked(&rule, "/tags/ab"), "two characters");
+    assert!(!blocked(&rule, "/tags/éa"), "two characters");
+    let rule = blocking("get:/v?/items");
+    assert!(blocked(&rule, "/v\u{1F600}/items"));
+    assert!(!blocked(&rule, "/v/items"));
+}
+
+/// The reference semantics of a glob pattern: `*` any run of characters, `?` one character,
+/// ASCII letters in either case, everything else itself.
+fn reference(pattern: &str) -> regex::Regex {
+    let mut re = String::from("^");
+    for c in pattern.chars() {
+        match c {
+            '*' => re.push_str("(?s:.*)"),
+            '?' => re.push_str("(?s:.)"),
+            c if c.is_ascii_alphabetic() => re.push_str(&format!(
+                "[{}{}]",
+                c.to_ascii_lowercase(),
+                c.to_ascii_uppercase()
+            )),
+            c => re.push_str(&regex::escape(&c.to_string())),
+        }
+    }
+    re.push('$');
+    regex::Regex::new(&re).unwrap()
+}
+
+fn pattern_piece() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec!["/", "a", "B", "é", "€", "*", "?", ".", "%2F", "x"])
+}
+
+fn path_piece() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "/",
+        "a",
+        "A",
+        "b",
+        "é",
+        "É",
+        "€",
+        "\u{1F600}",
+        ".",
+        "%2F",
+        "%2f",
+        "x",
+        "//",
+    ])
+}
+
+fn one_char() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec!["a", "Z", "/", "é", "€", "\u{1F600}"])
+}
+
+/// A pattern and a path: the path written from the pattern (each `*` some pieces, each `?`
+/// one character, letters in either case), or, for half of them, any path, up to some
+/// kilobytes.
+fn pattern_and_path() -> impl Strategy<Value = (String, String)> {
+    let part = (
+        pattern_piece(),
+        proptest::collection::vec(path_piece(), 0..3),
+        one_char(),
+        any::<bool>(),
+    );
+    (
+        proptest::collection::vec(part, 0..8),
+        any::<bool>(),
+        proptest::collection::vec(path_piece(), 0..16),
+        1usize..256,
+    )
+        .prop_map(|(parts, derived, noise, repeat)| {
+            let mut pattern = String::from("/");
+            let mut path = String::from("/");
+            for (piece, fill, one, flip) in parts {
+                pattern.push_str(piece);
+                match piece {
+                    "*" => path.push_str(&fill.concat()),
+                    "?" => path.push_str(one),
+                    _ if flip => path.push_str(&piece.to_ascii_uppercase()),
+                    _ => path.push_str(piece),
+                }
+            }
+            if !derived {
+                path = format!("/{}", noise.concat().repeat(repeat));
+            }
+            (pattern, path)
+        })
+}
+
+proptest! {
+    /// Endpoint globs against paths of any content and length: no panic, and the documented
+    /// semantics.
+    #[test]
+    fn endpoint_globs_match_as_documented((pattern, path) in pattern_and_path()) {
+        let rule = blocking(&format!("get:{pattern}"));
+        prop_assert_eq!(
+            blocked(&rule, &path),
+            reference(&pattern).is_match(&path),
+            "{} against {}", pattern, path
+        );
+    }
+}
