@@ -254,3 +254,59 @@ proptest! {
         );
     }
 }
+
+fn get(limiter: &HttpLimiter<ManualClock>, path: &str) -> bool {
+    limiter
+        .decide(&RequestInfo {
+            method: &http::Method::GET,
+            path,
+            client_ip: Some(ip("192.0.2.1")),
+            client_id: None,
+        })
+        .outcome
+        .is_admitted()
+}
+
+/// A percent-encoded letter, digit, `-`, `.`, `_` or `~` is the character itself (RFC 3986
+/// §6.2.2.2), and axum hands `/api/values/%31` to the handler of `/api/values/1`: the rules must
+/// see one path, or encoding a character steps around a rule.
+#[test]
+fn encoded_unreserved_characters_match_as_themselves() {
+    let rule = blocking("get:/api/values/1");
+    assert!(blocked(&rule, "/api/values/%31"));
+    assert!(blocked(&rule, "/api/%76alues/1"));
+    assert!(
+        blocked(&rule, "/api/%56ALUES/%31"),
+        "hex and letters in either case"
+    );
+    assert!(!blocked(&rule, "/api/values/%32"));
+    // Reserved characters stay escaped: `%2F` is not a segment boundary.
+    let rule = blocking("get:/a/b");
+    assert!(!blocked(&rule, "/a%2Fb"));
+    assert!(!blocked(&rule, "/a%2fb"));
+    // Broken escapes are kept as they are, and decide like any other path.
+    let rule = blocking("get:/a%*");
+    for path in ["/a%", "/a%4", "/a%zz", "/a%C3%A9"] {
+        assert!(blocked(&rule, path), "{path}");
+    }
+}
+
+/// Per-endpoint counters key on the normalized path too: two spellings of one resource share
+/// one counter.
+#[test]
+fn per_endpoint_counters_do_not_split_on_encoding() {
+    let limiter =
+        limiter("[[rules]]\nendpoint = \"*\"\nperiod = \"1m\"\nlimit = 2\nper_endpoint = true\n");
+    assert!(get(&limiter, "/api/values/1"));
+    assert!(get(&limiter, "/api/values/%31"));
+    assert!(
+        !get(&limiter, "/api/%76alues/%31"),
+        "the third request to one resource"
+    );
+    // An escape of a reserved character is one path whatever the case of its hex digits.
+    assert!(get(&limiter, "/files/a%2fb"));
+    assert!(get(&limiter, "/files/a%2Fb"));
+    assert!(!get(&limiter, "/files/a%2fb"));
+    // A different resource has its own counter.
+    assert!(get(&limiter, "/api/values/2"));
+}

@@ -211,6 +211,9 @@ pub struct RuleConfig {
     /// The policy name in headers, logs and metrics; default `"{endpoint}-{period}"`.
     pub name: Option<String>,
     /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex.
+    /// Matched against the request's path without its query, after RFC 3986's normalizations
+    /// that change no resource: `/api/%76alues/%31` is `/api/values/1`, while `%2F` stays an
+    /// escape (it is not a segment boundary), its hex digits upper-cased.
     pub endpoint: String,
     /// When `endpoint` (after an optional `verb:`) is a regular expression.
     pub regex: bool,
@@ -224,7 +227,8 @@ pub struct RuleConfig {
     pub key: RuleKey,
     /// Count and log would-be rejections without enforcing them.
     pub monitor: bool,
-    /// Count each `VERB:path` separately (AspNetCoreRateLimit's endpoint rate limiting).
+    /// Count each `VERB:path` separately (AspNetCoreRateLimit's endpoint rate limiting); the
+    /// path normalized as for `endpoint`, so two spellings of one path share a counter.
     pub per_endpoint: bool,
 }
 

@@ -708,7 +708,62 @@ fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
     }
 }
 
+/// `path` in the form rules match and per-endpoint counters key on, when it differs: its
+/// percent-encoded unreserved characters (letters, digits, `-`, `.`, `_`, `~`) decoded and the
+/// hex digits of the other escapes upper-cased, RFC 3986's normalizations that change no
+/// resource (§6.2.2.1–2). Without them `/api/values/%31` would be another path than
+/// `/api/values/1` to the rules, while the app's router hands both to the same handler (axum
+/// decodes path parameters): a client could step around an endpoint rule, or take a fresh
+/// per-endpoint counter, by encoding a character. Escapes of reserved characters (`%2F`) stay
+/// escaped: decoded, they would change the path's segments.
+fn normalized_path(path: &str) -> Option<String> {
+    let bytes = path.as_bytes();
+    if !bytes.contains(&b'%') {
+        return None;
+    }
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escape = (bytes[i] == b'%')
+            .then(|| Some((hex(*bytes.get(i + 1)?)?, hex(*bytes.get(i + 2)?)?)))
+            .flatten();
+        match escape {
+            Some((high, low)) => {
+                let byte = high << 4 | low;
+                if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+                    out.push(byte);
+                } else {
+                    out.push(b'%');
+                    out.push(bytes[i + 1].to_ascii_uppercase());
+                    out.push(bytes[i + 2].to_ascii_uppercase());
+                }
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    // Only ASCII bytes were written in place of ASCII escapes: still UTF-8.
+    String::from_utf8(out).ok().filter(|normal| normal != path)
+}
+
 fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
+    let normal;
+    let normalized;
+    let request = match normalized_path(request.path) {
+        Some(path) => {
+            normal = path;
+            normalized = RequestInfo {
+                path: &normal,
+                ..*request
+            };
+            &normalized
+        }
+        None => request,
+    };
     // An over-long client id is no client id: it would be a counter (and a key in the lists)
     // of any size the client chose. Nor is an empty one (`X-ClientId:` with no value): as a
     // key it would pass `missing_key = "reject"` and put every such client on one counter.
@@ -1130,6 +1185,27 @@ mod tests {
             &long_path.to_lowercase().replace("ünïcode", "Ünïcode")
         ));
         assert!(decide("A", "/x"));
+    }
+
+    #[test]
+    fn paths_are_normalized_as_rfc_3986_says() {
+        let normal = |path: &str| normalized_path(path);
+        assert_eq!(normal("/api/values"), None, "nothing to do: no copy");
+        assert_eq!(normal("/a%2Fb"), None, "already normal");
+        assert_eq!(
+            normal("/%41%7a%30%2D%2e%5F%7E").as_deref(),
+            Some("/Az0-._~")
+        );
+        assert_eq!(normal("/a%2fb%3a").as_deref(), Some("/a%2Fb%3A"));
+        assert_eq!(normal("/%c3%a9").as_deref(), Some("/%C3%A9"));
+        // Broken escapes stay as they are; `%%31` is a `%` and then an escaped `1`.
+        assert_eq!(normal("/a%"), None);
+        assert_eq!(normal("/a%4"), None);
+        assert_eq!(normal("/a%g1"), None);
+        assert_eq!(normal("/%%31").as_deref(), Some("/%1"));
+        assert_eq!(normal("/é%31é").as_deref(), Some("/é1é"));
+        // One pass: a decoded `%` does not start an escape.
+        assert_eq!(normal("/%2531").as_deref(), None);
     }
 
     /// A rejection by the blocklist or a ban names its "rule" with the thread's one copy of a
