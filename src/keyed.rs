@@ -1727,6 +1727,16 @@ where
                 capacity,
             }));
         }
+        if inner.waits.order == QueueOrder::NewestFirst {
+            // Newest first: this caller goes before every queued waiter, so it takes what is
+            // free now, as `try_acquire` does, and queues only if it must wait. Queueing first
+            // would make a full queue fail its oldest waiter with `QueueFull` to make room for
+            // a caller that is then admitted at once. Any refusal: the queue decides.
+            if let Ok(admission) = self.decide(key, n) {
+                counters.bump(ADMITTED);
+                return Poll::Ready(Ok(admission));
+            }
+        }
         Poll::Pending
     }
 

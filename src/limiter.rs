@@ -443,6 +443,19 @@ impl<C: Clock> Inner<C> {
                 requested: n,
                 capacity,
             }
+        } else if gate & WAITERS != 0 && self.queue.order() == QueueOrder::NewestFirst {
+            // Newest first: this caller is served before every queued waiter, so it takes what
+            // is free now, as `try_acquire` does, and queues only if it must wait. Queueing first
+            // would make a full queue fail its oldest waiter with `QueueFull` to make room for a
+            // caller that is then admitted at once.
+            return match self.state.try_acquire(n, &self.clock) {
+                Ok(admission) => {
+                    self.counters.bump(ADMITTED);
+                    Poll::Ready(Ok(admission))
+                }
+                // Rejected (or the capacity changed since it was read): the queue decides.
+                Err(_) => Poll::Pending,
+            };
         } else {
             return Poll::Pending;
         };

@@ -76,7 +76,9 @@ pub enum QueueOrder {
     OldestFirst,
     /// The newest waiter is served first; when the queue is full, the oldest waiters fail with
     /// [`AcquireError::QueueFull`] to make room (as .NET's `QueueProcessingOrder.NewestFirst`
-    /// does). `try_acquire` does not defer to waiters: it is the newest caller of all.
+    /// does). `try_acquire` does not defer to waiters: it is the newest caller of all. Nor does
+    /// `acquire` when its permits are free now: only a caller that has to wait joins the queue
+    /// (and may fail the oldest waiters to make room).
     NewestFirst,
 }
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use turnstile::{
-    AcquireError, Algorithm, KeyOverflow, KeyedLimiter, Rate, TokioClock, TryAcquireError,
+    AcquireError, Algorithm, KeyOverflow, KeyedLimiter, QueueOrder, Rate, TokioClock,
+    TryAcquireError,
 };
 
 type Limiter = KeyedLimiter<&'static str, TokioClock>;
@@ -347,4 +348,47 @@ fn keyed_waiting_survives_cancellation_on_real_threads() {
         per_window.values().all(|&c| c <= 3),
         "a key admitted more than its limit in one window"
     );
+}
+
+/// Newest first, the key's queue full: a newcomer whose permits are there now is admitted at
+/// once, as `try_acquire` would be. Joining the queue first failed the oldest waiter with
+/// `QueueFull` to make room for a caller that then never waited.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn newest_first_acquire_that_fits_now_does_not_evict_a_queued_waiter() {
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 5,
+        })
+        .clock(TokioClock::new())
+        .queue_order(QueueOrder::NewestFirst)
+        .queue_limit(5)
+        .build()
+        .unwrap(),
+    );
+    let start = Instant::now();
+    limiter.try_acquire_n(&"a", 5).unwrap();
+    let big = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.acquire_n(&"a", 5).await.map(|a| a.at()) })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().queued_permits, 5, "the key's queue is full");
+    tokio::time::sleep(Duration::from_millis(2500)).await; // two tokens have accrued
+
+    let async_one = limiter.acquire_n(&"a", 1).await.unwrap();
+    let blocking_one = limiter.acquire_blocking_n(&"a", 1).unwrap();
+    assert_eq!(
+        (async_one.at(), blocking_one.at()),
+        (Duration::from_millis(2500), Duration::from_millis(2500))
+    );
+    tokio::task::yield_now().await;
+    assert!(!big.is_finished(), "the queued waiter was failed");
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.rejected), (1, 0), "{stats:?}");
+
+    // The queued waiter is still served, once five tokens have accrued after the two taken.
+    assert_eq!(big.await.unwrap(), Ok(Duration::from_secs(7)));
+    assert_eq!(start.elapsed(), Duration::from_secs(7));
+    assert_eq!(limiter.stats().admitted, 4);
 }

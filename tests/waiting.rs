@@ -658,3 +658,51 @@ async fn a_waiting_probe_takes_room_in_the_queue() {
     let stats = permits.stats();
     assert_eq!((stats.waiting, stats.queued_permits), (0, 0));
 }
+
+/// Newest first, the queue full: a newcomer whose permits are there *now* is admitted at once, as
+/// `try_acquire` would be (and as the concurrency limiter and .NET's `NewestFirst` do). It must
+/// not join the queue first, which evicted the oldest waiter with `QueueFull` to make room for a
+/// caller that then never waited.
+#[tokio::test(start_paused = true)]
+async fn newest_first_acquire_that_fits_now_does_not_evict_a_queued_waiter() {
+    let limiter = RateLimiter::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 5,
+    })
+    .clock(TokioClock::new())
+    .queue_order(QueueOrder::NewestFirst)
+    .queue_limit(5)
+    .build()
+    .unwrap();
+    let start = Instant::now();
+    limiter.try_acquire_n(5).unwrap();
+    let big = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire_n(5).await.map(|a| a.at()) })
+    };
+    settle().await;
+    assert_eq!(limiter.stats().queued_permits, 5); // the queue is full
+    tokio::time::sleep(Duration::from_millis(2500)).await; // two tokens have accrued
+
+    // Both entry points: each is admitted at once, without waiting.
+    let async_one = limiter.acquire_n(1).await.unwrap();
+    let blocking_one = limiter.acquire_blocking_n(1).unwrap();
+    assert_eq!(
+        (async_one.at(), blocking_one.at()),
+        (Duration::from_millis(2500), Duration::from_millis(2500))
+    );
+    settle().await;
+    assert!(
+        !big.is_finished(),
+        "the queued waiter was failed: {:?}",
+        limiter.stats()
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.rejected), (1, 0), "{stats:?}");
+
+    // The queued waiter is still served, once five more tokens have accrued after the two taken.
+    assert_eq!(big.await.unwrap(), Ok(Duration::from_secs(7)));
+    assert_eq!(start.elapsed(), Duration::from_secs(7));
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.waiting), (4, 0, 0));
+}
