@@ -34,21 +34,62 @@ pub struct Rate {
 
 impl Rate {
     /// `permits` per `period`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Rate, RateLimiter};
+    ///
+    /// // 3 permits every 250 ms, up to 6 at once.
+    /// let rate = Rate::new(3, Duration::from_millis(250));
+    /// let limiter = RateLimiter::new(Algorithm::TokenBucket { rate, burst: 6 })?;
+    /// assert_eq!(limiter.capacity(), 6);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
     pub const fn new(permits: u32, period: Duration) -> Self {
         Rate { permits, period }
     }
 
     /// `permits` per second.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::Rate;
+    ///
+    /// const API: Rate = Rate::per_second(50); // usable in constants
+    /// assert_eq!((API.permits, API.period), (50, Duration::from_secs(1)));
+    /// ```
     pub const fn per_second(permits: u32) -> Self {
         Rate::new(permits, Duration::from_secs(1))
     }
 
     /// `permits` per minute.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::Rate;
+    ///
+    /// assert_eq!(Rate::per_minute(30), Rate::new(30, Duration::from_secs(60)));
+    /// ```
     pub const fn per_minute(permits: u32) -> Self {
         Rate::new(permits, Duration::from_secs(60))
     }
 
     /// `permits` per hour.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::Rate;
+    ///
+    /// assert_eq!(Rate::per_hour(1000).period, Duration::from_secs(3600));
+    /// ```
     pub const fn per_hour(permits: u32) -> Self {
         Rate::new(permits, Duration::from_secs(3600))
     }

@@ -51,6 +51,20 @@ pub(crate) const CLOSED: u64 = 1 << 33;
 ///
 /// Each waiter costs about 100 bytes while it waits, so the default bounds a limiter's queue at a
 /// few MiB even when every waiter asks for one permit.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Algorithm, RateLimiter, DEFAULT_QUEUE_LIMIT};
+///
+/// let algorithm = Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) };
+/// assert_eq!(RateLimiter::new(algorithm)?.queue_limit(), DEFAULT_QUEUE_LIMIT);
+/// // Smaller for callers that should rather fail fast than wait in a long line.
+/// let short = RateLimiter::builder(algorithm).queue_limit(100).build()?;
+/// assert_eq!(short.queue_limit(), 100);
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
 pub const DEFAULT_QUEUE_LIMIT: u64 = 65_536;
 
 /// Which waiter is served first when permits become available.
