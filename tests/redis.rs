@@ -342,6 +342,36 @@ async fn keys_found_without_a_ttl_are_repaired() {
     assert_eq!(assert_all_keys_expire(&mut con).len(), 4);
 }
 
+/// Every admission leaves its key expiring at the millisecond its state becomes a missing key's
+/// (the admission's time plus its `reset_after`, rounded up), an absolute time on Redis's clock.
+/// A TTL instead (`PEXPIRE key 1` in a window's last millisecond) was deleted at once when
+/// Redis's millisecond clock ticked inside the call, about 1 call in 30,000 on Redis 7.0,
+/// losing the admission.
+#[tokio::test]
+async fn keys_expire_at_the_millisecond_their_state_ends() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    // Windows of a few milliseconds: the calls land at every point of a window, the last
+    // millisecond included.
+    for algorithm in common::all_algorithms(1_000, Duration::from_micros(3_700)) {
+        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        for i in 0..200 {
+            let subject = format!("{algorithm:?}/{}", i % 3);
+            let admission = limiter.try_acquire(&subject).await.unwrap();
+            let end_us = (admission.at_nanos() + admission.reset_after().as_nanos() as u64) / 1000;
+            let expires: i64 = redis::cmd("PEXPIRETIME")
+                .arg(limiter.key(&subject))
+                .query(&mut con)
+                .unwrap();
+            assert_eq!(
+                expires,
+                end_us.div_ceil(1000) as i64,
+                "{algorithm:?}, call {i}: {admission:?}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn long_subjects_are_hashed_into_the_tag() {
     let server = RedisServer::start();

@@ -5,7 +5,8 @@ local function fixed_window(key, n, window, limit, now)
   local elapsed = math.fmod(now, window)
   local start = now - elapsed
   local reset = window - elapsed
-  local ttl_ms = math.ceil(reset / 1000)
+  -- The key expires at the window's end, in absolute ms (see `expire_at` in the prelude).
+  local expires = expire_at(start + window)
   local state = redis.call('HMGET', key, 'w', 'c')
   local used = 0
   if tonumber(state[1]) == start then
@@ -15,7 +16,7 @@ local function fixed_window(key, n, window, limit, now)
   if need < 1 then need = 1 end
   local function repair()
     if state[1] and redis.call('PTTL', key) == -1 then
-      redis.call('PEXPIRE', key, ttl_ms)
+      redis.call('PEXPIREAT', key, expires)
     end
   end
   if used + need > limit then
@@ -23,7 +24,7 @@ local function fixed_window(key, n, window, limit, now)
   end
   local function commit()
     redis.call('HSET', key, 'w', start, 'c', used + n)
-    redis.call('PEXPIRE', key, ttl_ms)
+    redis.call('PEXPIREAT', key, expires)
   end
   return true, reset, limit - used - n, commit, repair
 end

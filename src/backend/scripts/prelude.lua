@@ -13,6 +13,16 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- The expiry time (ms since the Unix epoch, for PEXPIREAT and SET's PXAT) of state that equals
+-- a missing key's from `t` µs on, rounded up. Absolute rather than a TTL: Redis 7.0 adds a
+-- PEXPIRE's TTL to its millisecond clock and then checks the sum against that clock read again,
+-- so `PEXPIRE key 1` (the last millisecond of a window asks for it) deletes the key at once when
+-- the clock ticks between the two reads, about 1 call in 30,000, losing the admission just
+-- written. An absolute time is deleted at once only when it has truly passed.
+local function expire_at(t)
+  return math.ceil(t / 1000)
+end
+
 -- One algorithm on KEYS[1]; ARGV = n, p1, p2. Reply {1, now, reset_after, remaining} or
 -- {0, now, retry_after, 0}.
 local function single(algorithm)

@@ -5,7 +5,8 @@
 local function sliding_counter(key, n, window, limit, now)
   local elapsed = math.fmod(now, window)
   local start = now - elapsed
-  local ttl_ms = math.ceil((2 * window - elapsed) / 1000)
+  -- At the end of the next window both counts are history (see `expire_at` in the prelude).
+  local expires = expire_at(start + 2 * window)
   local state = redis.call('HMGET', key, 'w', 'c', 'p')
   local w = tonumber(state[1])
   local prev, cur = 0, 0
@@ -17,7 +18,7 @@ local function sliding_counter(key, n, window, limit, now)
   end
   local function repair()
     if state[1] and redis.call('PTTL', key) == -1 then
-      redis.call('PEXPIRE', key, ttl_ms)
+      redis.call('PEXPIREAT', key, expires)
     end
   end
   local need = n
@@ -55,7 +56,7 @@ local function sliding_counter(key, n, window, limit, now)
   local function commit()
     redis.call('HSET', key, 'w', start, 'c', cur + n, 'p', prev)
     -- After two windows both counts are history: the key can go.
-    redis.call('PEXPIRE', key, ttl_ms)
+    redis.call('PEXPIREAT', key, expires)
   end
   return true, reset, limit - cur - n - weighted, commit, repair
 end

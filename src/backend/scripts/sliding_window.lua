@@ -3,12 +3,13 @@
 -- p1 = window (µs), p2 = limit. A permit admitted at t counts while t + window > now. Nothing is
 -- trimmed on a rejection: the count is of the members still inside the window.
 local function sliding_window(key, n, window, limit, now)
-  local ttl_ms = math.ceil(window / 1000)
+  -- Every member inside leaves by now + window (see `expire_at` in the prelude).
+  local expires = expire_at(now + window)
   local floor = string.format('%d', now - window)
   local inside = redis.call('ZCOUNT', key, '(' .. floor, '+inf')
   local function repair()
     if redis.call('PTTL', key) == -1 then
-      redis.call('PEXPIRE', key, ttl_ms)
+      redis.call('PEXPIREAT', key, expires)
     end
   end
   local need = n
@@ -36,7 +37,7 @@ local function sliding_window(key, n, window, limit, now)
       end
       redis.call('ZADD', key, unpack(batch))
     end
-    redis.call('PEXPIRE', key, ttl_ms)
+    redis.call('PEXPIREAT', key, expires)
   end
   -- An admission's newest permit is its own, which leaves in one window. A probe adds none: the
   -- log is empty again when the newest permit inside leaves (at once if there is none).

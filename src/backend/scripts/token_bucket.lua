@@ -8,9 +8,9 @@ local function token_bucket(key, n, interval, burst, now)
   if start < now then start = now end
   local function repair()
     if stored and redis.call('PTTL', key) == -1 then
-      local ttl_ms = math.ceil((start - now) / 1000)
-      if ttl_ms < 1 then ttl_ms = 1 end
-      redis.call('PEXPIRE', key, ttl_ms)
+      -- At TAT the bucket is full (see `expire_at` in the prelude); a TAT already passed
+      -- deletes the key, which is what a full bucket is.
+      redis.call('PEXPIREAT', key, expire_at(start))
     end
   end
   local need = n
@@ -27,7 +27,7 @@ local function token_bucket(key, n, interval, burst, now)
   local remaining = 0
   if used < burst then remaining = burst - used end
   local function commit()
-    redis.call('SET', key, nxt, 'PX', math.ceil(ahead / 1000))
+    redis.call('SET', key, nxt, 'PXAT', expire_at(nxt))
   end
   return true, owed, remaining, commit, repair
 end
