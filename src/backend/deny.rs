@@ -10,7 +10,8 @@
 //! rejected request left this process: Redis decided after that, so its "not before" time is no
 //! earlier than ours. An entry also records the permits asked for, and answers only calls asking
 //! for as many: a call for fewer might fit sooner, and a call for more would get a retry-after
-//! shorter than Redis's, so both go to Redis. (Calls for one permit are the common case.)
+//! shorter than Redis's, so both go to Redis. (Calls for one permit are the common case.) It
+//! also records the limit Redis's rejection named, which its own rejections name again.
 
 use crate::sync::Mutex;
 use std::collections::HashMap;
@@ -22,6 +23,9 @@ const SHARDS: usize = 16;
 struct Entry {
     until: Instant,
     permits: u32,
+    /// The limit Redis's rejection named (a chain's member that rejected), so that the cached
+    /// rejection names it too.
+    limit: u32,
 }
 
 /// One shard: subject → entry.
@@ -56,8 +60,8 @@ impl DenyCache {
         Some((&self.shards[i], share))
     }
 
-    /// If `subject` is denied for `permits` at `now`, the time left.
-    pub(crate) fn check(&self, subject: &[u8], permits: u32, now: Instant) -> Option<u64> {
+    /// If `subject` is denied for `permits` at `now`, the time left and the limit that denied it.
+    pub(crate) fn check(&self, subject: &[u8], permits: u32, now: Instant) -> Option<(u64, u32)> {
         let (shard, _) = self.shard(subject)?;
         let mut map = crate::sync::lock(shard);
         let entry = map.get(subject)?;
@@ -68,11 +72,19 @@ impl DenyCache {
         if permits.max(1) != entry.permits {
             return None;
         }
-        Some(u64::try_from((entry.until - now).as_nanos()).unwrap_or(u64::MAX))
+        let left = u64::try_from((entry.until - now).as_nanos()).unwrap_or(u64::MAX);
+        Some((left, entry.limit))
     }
 
-    /// Records that `subject` cannot get `permits` before `until`.
-    pub(crate) fn deny(&self, subject: &[u8], permits: u32, until: Instant, now: Instant) {
+    /// Records that `subject` cannot get `permits` before `until`, by the rule of `limit`.
+    pub(crate) fn deny(
+        &self,
+        subject: &[u8],
+        permits: u32,
+        limit: u32,
+        until: Instant,
+        now: Instant,
+    ) {
         let Some((shard, share)) = self.shard(subject) else {
             return;
         };
@@ -82,11 +94,14 @@ impl DenyCache {
         let permits = permits.max(1);
         let mut map = crate::sync::lock(shard);
         if let Some(entry) = map.get_mut(subject) {
-            // The latest rejection wins; for the same permits, the later deadline (both hold).
-            if permits == entry.permits {
-                entry.until = entry.until.max(until);
-            } else {
-                *entry = Entry { until, permits };
+            // The latest rejection wins; for the same permits, the later deadline (both hold),
+            // with the limit that gave it.
+            if permits != entry.permits || until > entry.until {
+                *entry = Entry {
+                    until,
+                    permits,
+                    limit,
+                };
             }
             return;
         }
@@ -96,7 +111,14 @@ impl DenyCache {
                 return;
             }
         }
-        map.insert(subject.into(), Entry { until, permits });
+        map.insert(
+            subject.into(),
+            Entry {
+                until,
+                permits,
+                limit,
+            },
+        );
     }
 
     /// Entries held now, expired or not.
@@ -114,8 +136,8 @@ mod tests {
     fn denies_until_the_deadline_and_only_as_many_permits_or_more() {
         let cache = DenyCache::new(64);
         let now = Instant::now();
-        cache.deny(b"a", 3, now + Duration::from_millis(100), now);
-        assert_eq!(cache.check(b"a", 3, now), Some(100_000_000));
+        cache.deny(b"a", 3, 7, now + Duration::from_millis(100), now);
+        assert_eq!(cache.check(b"a", 3, now), Some((100_000_000, 7)));
         assert_eq!(
             cache.check(b"a", 5, now),
             None,
@@ -136,11 +158,11 @@ mod tests {
         let cache = DenyCache::new(32);
         let now = Instant::now();
         for i in 0..10_000u32 {
-            cache.deny(&i.to_le_bytes(), 1, now + Duration::from_secs(1), now);
+            cache.deny(&i.to_le_bytes(), 1, 1, now + Duration::from_secs(1), now);
         }
         assert!(cache.len() <= 32, "{} entries", cache.len());
         let off = DenyCache::new(0);
-        off.deny(b"a", 1, now + Duration::from_secs(1), now);
+        off.deny(b"a", 1, 1, now + Duration::from_secs(1), now);
         assert_eq!(off.check(b"a", 1, now), None);
     }
 
@@ -150,7 +172,7 @@ mod tests {
         for capacity in [1, 5, 17, 100] {
             let cache = DenyCache::new(capacity);
             for i in 0..10_000u32 {
-                cache.deny(&i.to_le_bytes(), 1, now + Duration::from_secs(1), now);
+                cache.deny(&i.to_le_bytes(), 1, 1, now + Duration::from_secs(1), now);
             }
             assert_eq!(cache.len(), capacity, "capacity {capacity}");
         }

@@ -143,7 +143,9 @@ pub enum FailurePolicy {
     /// Decide in a local in-memory [`KeyedLimiter`] running the same algorithm at `share` of the
     /// global limit (limit, burst and rate each scaled by `share`, rounded down, at least 1).
     /// `share` must be in (0, 1]; with P processes, 1/P keeps the global total near the limit.
-    /// The admission's `at` is then on the local limiter's clock, not Redis's.
+    /// The admission's `at` is then on the local limiter's clock, not Redis's. A call for more
+    /// permits than the local share can ever admit gets [`TryAcquireError::Unavailable`] (not
+    /// `InsufficientCapacity`: Redis admits it once it is back).
     Fallback {
         /// The fraction of the global limit each process may admit on its own.
         share: f64,
@@ -755,7 +757,8 @@ where
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst); nothing is
     ///   sent.
     /// - [`TryAcquireError::Unavailable`]: Redis failed or missed the deadline and the policy is
-    ///   [`FailurePolicy::FailClosed`].
+    ///   [`FailurePolicy::FailClosed`], or [`FailurePolicy::Fallback`] with `n` above the local
+    ///   share.
     /// - [`TryAcquireError::TooManyKeys`]: under [`FailurePolicy::Fallback`], the local limiter
     ///   is full of keys.
     ///
@@ -836,8 +839,9 @@ where
     /// # Errors
     ///
     /// [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit;
-    /// [`AcquireError::Unavailable`] when a decision fails and the policy is to fail closed;
-    /// [`AcquireError::TooManyKeys`] from a full fallback limiter.
+    /// [`AcquireError::Unavailable`] when a decision fails and the policy is to fail closed (or
+    /// to fall back to a local share smaller than `n`); [`AcquireError::TooManyKeys`] from a
+    /// full fallback limiter.
     ///
     /// # Cancel safety
     ///
@@ -1018,12 +1022,9 @@ impl<C> Inner<C> {
                 capacity: self.capacity,
             });
         }
-        if let Some(left) = self.deny.check(subject, n, sent) {
+        if let Some((left, limit)) = self.deny.check(subject, n, sent) {
             self.count(DENIED_LOCALLY);
-            return Err(TryAcquireError::Rejected(Rejection::new(
-                left,
-                self.capacity,
-            )));
+            return Err(TryAcquireError::Rejected(Rejection::new(left, limit)));
         }
         Ok(())
     }
@@ -1047,7 +1048,7 @@ impl<C> Inner<C> {
         if n > 0 {
             let until = sent.checked_add(Duration::from_nanos(retry_after));
             if let Some(until) = until {
-                self.deny.deny(subject, n, until, Instant::now());
+                self.deny.deny(subject, n, limit, until, Instant::now());
             }
         }
         TryAcquireError::Rejected(Rejection::new(retry_after, limit))
@@ -1081,7 +1082,7 @@ impl<C> Inner<C> {
                 let key: Box<[u8]> = subject.into();
                 match local.try_acquire_n_taken(&key, n) {
                     Ok((admission, taken)) => (Ok(admission), FALLBACKS, Some(taken)),
-                    Err(error) => (Err(error), FALLBACKS, None),
+                    Err(error) => (Err(unavailable_if_too_big(error)), FALLBACKS, None),
                 }
             }
             _ => {
@@ -1110,7 +1111,8 @@ impl<C> Inner<C> {
         match (self.policy, &self.fallback) {
             (FailurePolicy::Fallback { .. }, Some(local)) => {
                 let key: Box<[u8]> = subject.into();
-                (local.try_acquire_n(&key, n), FALLBACKS)
+                let answer = local.try_acquire_n(&key, n).map_err(unavailable_if_too_big);
+                (answer, FALLBACKS)
             }
             (FailurePolicy::FailOpen, _) => {
                 let now = std::time::SystemTime::now()
@@ -1173,6 +1175,16 @@ where
                 .query_async(&mut connection)
                 .await
         }
+        other => other,
+    }
+}
+
+/// The fallback's answer as the limiter's: `n` above the local share (but within the limiter's
+/// capacity, checked before the round trip) is no `InsufficientCapacity`, which promises that
+/// retrying cannot help: Redis admits it once it is back. Until then it is `Unavailable`.
+fn unavailable_if_too_big(error: TryAcquireError) -> TryAcquireError {
+    match error {
+        TryAcquireError::InsufficientCapacity { .. } => TryAcquireError::Unavailable,
         other => other,
     }
 }

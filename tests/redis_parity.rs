@@ -1,0 +1,457 @@
+//! The Redis backend decides as the in-memory limiters do: the shipped Lua algorithms and chain,
+//! run on a clock the test controls, against the same algorithms on a `ManualClock`; and the
+//! answers the backend makes itself (its deny cache, its fallback) keep the limiter's contract.
+
+#![cfg(feature = "redis")]
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use redis_server::RedisServer;
+use std::time::Duration;
+use turnstile::redis::{self, aio::ConnectionManager};
+use turnstile::{
+    AcquireError, Algorithm, FailurePolicy, ManualClock, Rate, RateLimiter, RedisLimiter,
+    TryAcquireError,
+};
+
+const PREFIX: &str = "parity";
+
+async fn manager(server: &RedisServer) -> ConnectionManager {
+    ConnectionManager::new(redis::Client::open(server.url()).unwrap())
+        .await
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parity: the algorithm functions of the shipped Lua files, run on a clock the test controls
+// (`now` passed in ARGV instead of read from TIME), against the in-memory algorithm on a
+// `ManualClock` for the same sequence of (time, permits).
+// ---------------------------------------------------------------------------------------------
+
+const PRELUDE: &str = include_str!("../src/backend/scripts/prelude.lua");
+const FIXED: &str = include_str!("../src/backend/scripts/fixed_window.lua");
+const SLIDING: &str = include_str!("../src/backend/scripts/sliding_window.lua");
+const COUNTER: &str = include_str!("../src/backend/scripts/sliding_counter.lua");
+const BUCKET: &str = include_str!("../src/backend/scripts/token_bucket.lua");
+
+/// Placed between the prelude and the algorithms: a `redis` whose `call` drops expiries
+/// (`PEXPIREAT`, and `SET`'s `PXAT`). The fake clock's times are in 2023, so every absolute
+/// expiry would delete the key at once, and real time must not expire state the fake clock
+/// still needs: only decisions are compared.
+const NO_EXPIRY: &str = "
+local real = redis
+local redis = setmetatable({
+  call = function(command, ...)
+    local args = {...}
+    if command == 'PEXPIREAT' then return 1 end
+    if command == 'SET' then return real.call('SET', args[1], args[2]) end
+    return real.call(command, ...)
+  end,
+}, {__index = real})
+";
+
+/// The shipped prelude and algorithm, and a runner like `single` that takes `now` (µs) from
+/// ARGV[4], without expiries (see `NO_EXPIRY`).
+fn fake_clock_script(file: &str, function: &str) -> String {
+    format!(
+        "{PRELUDE}{NO_EXPIRY}{file}
+local now = tonumber(ARGV[4])
+local n = tonumber(ARGV[1])
+local admitted, t, remaining, commit, repair =
+  {function}(KEYS[1], n, tonumber(ARGV[2]), tonumber(ARGV[3]), now)
+if admitted and n > 0 then
+  commit()
+end
+if not admitted then return {{0, now, t, 0}} end
+return {{1, now, t, remaining}}
+"
+    )
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Runs `steps` random (time step, permits) calls on the script and on the in-memory limiter and
+/// asserts that they decide alike. `p1` is the window (or time per permit) in µs, `limit` the
+/// limit (or burst); `exact_retry` is false for the sliding counter, whose retry-after Redis
+/// rounds up to its microsecond clock.
+fn differential(
+    con: &mut redis::Connection,
+    script: &str,
+    algorithm: Algorithm,
+    p1: u64,
+    limit: u32,
+    exact_retry: bool,
+    seed: u64,
+) {
+    let clock = ManualClock::new();
+    let memory = RateLimiter::with_clock(algorithm, clock.clone()).unwrap();
+    // Today's epoch in µs, on a window boundary, so that the Lua windows (aligned to the epoch)
+    // and the in-memory ones (aligned to the clock's zero) coincide.
+    let base = 1_700_000_000_000_000u64 / p1 * p1;
+    let key = format!("{PREFIX}:{{diff{seed}}}:x");
+    let _: () = redis::cmd("DEL").arg(&key).query(con).unwrap();
+    let mut rng = Rng(seed | 1);
+    let mut t = 0u64; // µs
+    let mut history = Vec::new();
+    for step in 0..400 {
+        t += match rng.below(6) {
+            0 => 0,
+            1 => 1,
+            2 => rng.below(p1 / 4 + 1),
+            3 => rng.below(p1 * 2 + 1),
+            // Just before or just at a window boundary.
+            4 => (p1 - (t % p1)).saturating_sub(rng.below(2)),
+            _ => rng.below(p1 / 20 + 1),
+        };
+        clock.set(Duration::from_micros(t));
+        let n = match rng.below(8) {
+            0 => 0,
+            1 => limit,
+            2 => rng.below(u64::from(limit) + 1) as u32,
+            _ => 1,
+        };
+        let reply: Vec<i64> = redis::cmd("EVAL")
+            .arg(script)
+            .arg(1)
+            .arg(&key)
+            .arg(n)
+            .arg(p1)
+            .arg(limit)
+            .arg(base + t)
+            .query(con)
+            .unwrap_or_else(|e| panic!("{algorithm:?} step {step}: {e}"));
+        let expected = memory.try_acquire_n(n);
+        history.push((t, n, reply.clone()));
+        let context = || format!("{algorithm:?}, seed {seed}, step {step}: {history:?}");
+        match expected {
+            Ok(a) => {
+                assert_eq!(
+                    reply[0],
+                    1,
+                    "Redis rejected, memory admitted {a:?}; {}",
+                    context()
+                );
+                assert_eq!(reply[3] as u32, a.remaining(), "remaining; {}", context());
+                assert_eq!(
+                    reply[2] as u128 * 1000,
+                    a.reset_after().as_nanos(),
+                    "reset_after; {}",
+                    context()
+                );
+            }
+            Err(TryAcquireError::Rejected(r)) => {
+                assert_eq!(
+                    reply[0],
+                    0,
+                    "Redis admitted, memory rejected {r:?}; {}",
+                    context()
+                );
+                let redis_ns = reply[2] as u64 * 1000;
+                let memory_ns = r.retry_after_nanos();
+                if exact_retry {
+                    assert_eq!(redis_ns, memory_ns, "retry_after; {}", context());
+                } else {
+                    assert!(
+                        redis_ns >= memory_ns && redis_ns - memory_ns < 1000,
+                        "retry_after {redis_ns} vs {memory_ns}; {}",
+                        context()
+                    );
+                }
+            }
+            Err(e) => panic!("{e:?}; {}", context()),
+        }
+    }
+}
+
+/// Every algorithm's Lua decides exactly as the in-memory algorithm over random sequences that
+/// cross window boundaries, with probes (n = 0), whole-limit requests and repeated instants.
+#[test]
+fn lua_algorithms_decide_as_the_in_memory_ones() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let fixed = fake_clock_script(FIXED, "fixed_window");
+    let sliding = fake_clock_script(SLIDING, "sliding_window");
+    let counter = fake_clock_script(COUNTER, "sliding_counter");
+    let bucket = fake_clock_script(BUCKET, "token_bucket");
+    for seed in 1..=6u64 {
+        for (limit, window_us) in [
+            (1u32, 1_000_000u64),
+            (5, 1_000_000),
+            (7, 3_000_000),
+            (3, 1),
+            (4, 3),
+            (1000, 2_000_000),
+            (60, 3_600_000_000),
+        ] {
+            let window = Duration::from_micros(window_us);
+            differential(
+                &mut con,
+                &fixed,
+                Algorithm::FixedWindow { limit, window },
+                window_us,
+                limit,
+                true,
+                seed,
+            );
+            differential(
+                &mut con,
+                &sliding,
+                Algorithm::SlidingWindow { limit, window },
+                window_us,
+                limit,
+                true,
+                seed,
+            );
+            differential(
+                &mut con,
+                &counter,
+                Algorithm::SlidingCounter { limit, window },
+                window_us,
+                limit,
+                false,
+                seed,
+            );
+            // A bucket of `limit` refilled one permit per `window / limit` (whole µs here).
+            let interval = (window_us / u64::from(limit)).max(1);
+            differential(
+                &mut con,
+                &bucket,
+                Algorithm::TokenBucket {
+                    rate: Rate::new(1, Duration::from_micros(interval)),
+                    burst: limit,
+                },
+                interval,
+                limit,
+                true,
+                seed,
+            );
+        }
+    }
+}
+
+const MEMBERS: &str = include_str!("../src/backend/scripts/members.lua");
+const CHAIN: &str = include_str!("../src/backend/scripts/chain.lua");
+
+/// The shipped chain script on a clock the test controls: `now` (µs) is the last ARGV, and
+/// expiries are dropped (see `NO_EXPIRY`).
+fn fake_clock_chain_script() -> String {
+    format!(
+        "{PRELUDE}
+local function now_us() return tonumber(ARGV[#ARGV]) end
+{NO_EXPIRY}{FIXED}{SLIDING}{COUNTER}{BUCKET}{MEMBERS}{CHAIN}"
+    )
+}
+
+/// A chain decides as the in-memory `Chain` of the same members: all or nothing, the smallest
+/// remaining and largest reset, the largest retry-after with the limit of its member.
+#[test]
+fn the_lua_chain_decides_as_the_in_memory_chain() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let script = fake_clock_chain_script();
+    let base = 1_700_000_000_000_000u64; // a multiple of every window below
+    let windows = [1_000_000u64, 2_000_000, 4_000_000, 5_000_000];
+    for seed in 1..=40u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let members: Vec<(Algorithm, u8, u64, u32)> = (0..2 + rng.below(2))
+            .map(|_| {
+                let limit = 1 + rng.below(6) as u32;
+                let w = windows[rng.below(4) as usize];
+                let window = Duration::from_micros(w);
+                match rng.below(4) {
+                    0 => (Algorithm::FixedWindow { limit, window }, 1, w, limit),
+                    1 => (Algorithm::SlidingWindow { limit, window }, 2, w, limit),
+                    2 => (Algorithm::SlidingCounter { limit, window }, 3, w, limit),
+                    _ => {
+                        let interval = w / u64::from(limit);
+                        let rate = Rate::new(1, Duration::from_micros(interval));
+                        let a = Algorithm::TokenBucket { rate, burst: limit };
+                        (a, 4, interval, limit)
+                    }
+                }
+            })
+            .collect();
+        let clock = ManualClock::new();
+        let memory = turnstile::Chain::new(
+            members
+                .iter()
+                .map(|m| RateLimiter::with_clock(m.0, clock.clone()).unwrap()),
+        )
+        .unwrap();
+        let capacity = memory.capacity();
+        let keys: Vec<String> = (0..members.len())
+            .map(|i| format!("{PREFIX}:{{chain{seed}}}:c{i}"))
+            .collect();
+        let mut t = 0u64;
+        let mut history = Vec::new();
+        for step in 0..300 {
+            t += match rng.below(5) {
+                0 => 0,
+                1 => 1,
+                2 => rng.below(300_000),
+                3 => rng.below(3_000_000),
+                _ => 1_000_000 - t % 1_000_000,
+            };
+            clock.set(Duration::from_micros(t));
+            let n = match rng.below(6) {
+                0 => 0,
+                1 => capacity,
+                2 => rng.below(u64::from(capacity) + 1) as u32,
+                _ => 1,
+            };
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(&script).arg(keys.len());
+            for key in &keys {
+                cmd.arg(key);
+            }
+            cmd.arg(n);
+            for m in &members {
+                cmd.arg(m.1).arg(m.2).arg(m.3);
+            }
+            cmd.arg(base + t);
+            let reply: Vec<i64> = cmd.query(&mut con).unwrap();
+            let expected = memory.try_acquire_n(n);
+            history.push((t, n, reply.clone()));
+            let context = || format!("{members:?}, step {step}: {history:?}");
+            match expected {
+                Ok(a) => {
+                    assert_eq!(reply[0], 1, "memory admitted {a:?}; {}", context());
+                    assert_eq!(reply[3] as u32, a.remaining(), "remaining; {}", context());
+                    assert_eq!(
+                        reply[2] as u128 * 1000,
+                        a.reset_after().as_nanos(),
+                        "reset; {}",
+                        context()
+                    );
+                }
+                Err(TryAcquireError::Rejected(r)) => {
+                    assert_eq!(reply[0], 0, "memory rejected {r:?}; {}", context());
+                    let redis_ns = reply[2] as u64 * 1000;
+                    let memory_ns = r.retry_after_nanos();
+                    assert!(
+                        redis_ns >= memory_ns && redis_ns - memory_ns < 1000,
+                        "retry_after {redis_ns} vs {memory_ns}; {}",
+                        context()
+                    );
+                    let member = members[reply[3] as usize - 1].3;
+                    assert_eq!(member, r.limit(), "rejecting limit; {}", context());
+                }
+                Err(e) => panic!("{e:?}; {}", context()),
+            }
+        }
+    }
+}
+
+/// A chain's rejection names the limit of the member that rejected (as the in-memory chain
+/// does, and as Redis's own answer does); the deny cache, answering the very same rejection
+/// again without a round trip, must not name another one. It named the chain's capacity (its
+/// smallest limit) instead: a client shown `limit 4` on one 429 and `limit 2` on the next.
+#[tokio::test]
+async fn a_chain_rejection_from_the_deny_cache_names_the_same_limit() {
+    let server = RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    // A bucket of 2 refilled every millisecond, and 4 per hour: the hour's limit rejects
+    // first, and it is not the smallest limit.
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::new(1, Duration::from_millis(1)),
+            burst: 2,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .and_limit(Algorithm::FixedWindow {
+        limit: 4,
+        window: hour,
+    })
+    .prefix(PREFIX)
+    .deadline(Duration::from_secs(2))
+    .build(manager(&server).await)
+    .unwrap();
+    assert_eq!(limiter.capacity(), 2);
+    let mut admitted = 0;
+    let first = loop {
+        match limiter.try_acquire("s").await {
+            Ok(_) => admitted += 1,
+            Err(TryAcquireError::Rejected(r)) if r.retry_after() > Duration::from_secs(60) => {
+                break r
+            }
+            // The bucket, between refills.
+            Err(TryAcquireError::Rejected(_)) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    };
+    assert_eq!(admitted, 4);
+    assert_eq!(first.limit(), 4, "Redis names the hourly limit");
+    let stats = limiter.stats();
+    let again = match limiter.try_acquire("s").await {
+        Err(TryAcquireError::Rejected(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        limiter.stats().denied_locally,
+        stats.denied_locally + 1,
+        "answered by the deny cache"
+    );
+    assert_eq!(again.limit(), first.limit(), "{again:?} after {first:?}");
+}
+
+/// `InsufficientCapacity` means "can never be admitted, retrying cannot help". Under
+/// `FailurePolicy::Fallback` a call for more permits than the local share (but within the
+/// limiter's capacity) got exactly that while Redis was away, with the local share as the
+/// capacity: a caller that trusts the error gives up on a request that Redis admits as soon as
+/// it is back. Redis being away is `Unavailable`.
+#[tokio::test]
+async fn a_fallback_too_small_for_the_request_is_unavailable_not_insufficient_capacity() {
+    let mut server = RedisServer::start();
+    let limiter = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 8,
+            window: Duration::from_secs(3600),
+        },
+        FailurePolicy::Fallback { share: 0.25 },
+    )
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(200))
+    .build(manager(&server).await)
+    .unwrap();
+    assert_eq!(limiter.capacity(), 8);
+    assert!(limiter.try_acquire_n("s", 3).await.is_ok());
+    server.kill();
+    // The fallback allows 2 per hour for this process; 3 is within the limiter's capacity.
+    let during = limiter.try_acquire_n("s", 3).await;
+    assert_eq!(during, Err(TryAcquireError::Unavailable));
+    assert_eq!(
+        limiter.acquire_n("s", 3).await,
+        Err(AcquireError::Unavailable)
+    );
+    // What fits the share is still decided locally.
+    assert!(limiter.try_acquire_n("s", 2).await.is_ok());
+    assert!(limiter.stats().fallbacks >= 3);
+    // Retrying did help: Redis is back (empty) and admits the same call.
+    server.restart();
+    let mut back = Err(TryAcquireError::Unavailable);
+    for _ in 0..100 {
+        back = limiter.try_acquire_n("s", 3).await;
+        if back.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(back.is_ok(), "{back:?}");
+}
