@@ -627,7 +627,8 @@ where
             .unwrap_or(self.limit())
     }
 
-    /// Validates and tries without queueing when `key` has no waiters. `Ok(None)`: queue up.
+    /// Validates and tries without queueing when `key` has no waiters (newest first: whether or
+    /// not it has). `Ok(None)`: queue up.
     fn acquire_fast(&self, key: &K, shard: usize, n: u32) -> Result<Option<Slot>, AcquireError> {
         let counters = &self.ctx.counters;
         let limit = self.limit();
@@ -636,7 +637,14 @@ where
                 requested: n,
                 capacity: limit,
             }
-        } else if self.waits.any() && self.waits.has_waiters(key) {
+        } else if self.waits.order == QueueOrder::OldestFirst
+            && self.waits.any()
+            && self.waits.has_waiters(key)
+        {
+            // No barging past the key's queue. Newest first, this caller goes before every
+            // queued waiter: it takes what is free now, as `try_acquire` does, and queues only
+            // if it must wait (queueing first would make a full queue fail its oldest waiter
+            // with `QueueFull` to make room for a caller that is then admitted at once).
             return Ok(None);
         } else {
             match self.decide(key, shard, n) {

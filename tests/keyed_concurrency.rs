@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use turnstile::{AcquireError, KeyOverflow, KeyedConcurrencyLimiter, TryPermitError};
+use turnstile::{AcquireError, KeyOverflow, KeyedConcurrencyLimiter, QueueOrder, TryPermitError};
 
 #[test]
 fn per_key_limit_holds_on_real_threads() {
@@ -671,4 +671,50 @@ fn a_first_take_failed_by_a_lowered_limit_leaves_no_key() {
     assert_eq!(limiter.sweep(), 1);
     assert_eq!(limiter.try_acquire(&Hooked(1)).unwrap().permits(), 1);
     assert_eq!(limiter.len(), 1);
+}
+
+/// Newest first, the key's queue full: a newcomer whose permits are free *now* is admitted at
+/// once, as `try_acquire` would be (and as `ConcurrencyLimiter`, `RateLimiter` and
+/// `KeyedLimiter` do). It must not join the key's queue first, which failed the oldest waiter
+/// with `QueueFull` to make room for a caller that then never waited.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn newest_first_acquire_that_fits_now_does_not_evict_a_waiter() {
+    let limiter: KeyedConcurrencyLimiter<&'static str> = KeyedConcurrencyLimiter::builder(3)
+        .queue_order(QueueOrder::NewestFirst)
+        .queue_limit(3)
+        .build()
+        .unwrap();
+    let held = limiter.try_acquire_owned("a", 1).unwrap(); // 2 of 3 free
+    let big = tokio::spawn(limiter.acquire_owned("a", 3)); // waits for all 3: the queue is full
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().queued_permits, 3, "the key's queue is full");
+
+    // Both entry points: one permit each is free now, so each is admitted at once.
+    let async_one = tokio::time::timeout(Duration::from_secs(1), limiter.acquire_n(&"a", 1))
+        .await
+        .expect("admitted at once")
+        .unwrap();
+    let blocking_one = limiter
+        .acquire_blocking_timeout(&"a", 1, Duration::ZERO)
+        .unwrap();
+    tokio::task::yield_now().await;
+    assert!(
+        !big.is_finished(),
+        "the queued waiter was failed: {:?}",
+        limiter.stats()
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.rejected), (1, 0), "{stats:?}");
+
+    // The queued waiter is still served once everything is back.
+    drop((held, async_one, blocking_one));
+    let permit = tokio::time::timeout(Duration::from_secs(1), big)
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(permit.permits(), 3);
+    drop(permit);
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.waiting), (4, 0, 0));
 }
