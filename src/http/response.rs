@@ -39,7 +39,9 @@ pub struct ResponseConfig {
     /// `content_type` is JSON (`application/json`, or any `+json` type) the values are written
     /// as the inside of a JSON string (a rule named `say "hi"` gives `say \"hi\"`), and when it
     /// is `text/html` HTML-escaped, so that a template of either kind stays well-formed
-    /// whatever the rules are named.
+    /// whatever the rules are named. A value the rejection does not have (`{retry_after}` for
+    /// a blocklisted client, `{limit}` without a quota) is empty, or `null` outside a string
+    /// of a JSON template (`"retry_after": {retry_after}` stays JSON).
     pub body: Option<String>,
     /// `RateLimit` and `RateLimit-Policy` on every response that matched a rule.
     pub ietf_headers: bool,
@@ -850,6 +852,31 @@ impl Escape {
     }
 }
 
+/// Where a JSON template's text stands: inside a string or not (an absent value is `null`
+/// outside one: `"retry_after": {retry_after}` must stay a document when there is none).
+#[derive(Default)]
+struct JsonPosition {
+    in_string: bool,
+    escaped: bool,
+}
+
+impl JsonPosition {
+    /// Moves past `text`, a piece of the template as written.
+    fn pass(&mut self, text: &str) {
+        for byte in text.bytes() {
+            if !self.in_string {
+                self.in_string = byte == b'"';
+            } else if self.escaped {
+                self.escaped = false;
+            } else if byte == b'\\' {
+                self.escaped = true;
+            } else if byte == b'"' {
+                self.in_string = false;
+            }
+        }
+    }
+}
+
 fn render_template(
     template: &str,
     escape: Escape,
@@ -858,34 +885,42 @@ fn render_template(
     quota: Option<&QuotaState>,
     retry_secs: Option<u64>,
 ) -> String {
-    let limit = quota.map(|q| q.limit.to_string()).unwrap_or_default();
-    let period = quota
-        .map(|q| humantime::format_duration(q.window).to_string())
-        .unwrap_or_default();
-    let retry = retry_secs.map(|s| s.to_string()).unwrap_or_default();
+    let limit = quota.map(|q| q.limit.to_string());
+    let period = quota.map(|q| humantime::format_duration(q.window).to_string());
+    let retry = retry_secs.map(|s| s.to_string());
+    let reason = reason.to_string();
     let mut out = String::with_capacity(template.len());
+    let mut json = JsonPosition::default();
     let mut rest = template;
     // One pass, so that a replaced value containing `{rule}` is not replaced again.
     while let Some(start) = rest.find('{') {
         out.push_str(&rest[..start]);
+        json.pass(&rest[..start]);
         let after = &rest[start..];
         let replaced = [
-            ("{rule}", rule),
-            ("{limit}", limit.as_str()),
-            ("{period}", period.as_str()),
-            ("{retry_after}", retry.as_str()),
+            ("{rule}", Some(rule)),
+            ("{limit}", limit.as_deref()),
+            ("{period}", period.as_deref()),
+            ("{retry_after}", retry.as_deref()),
+            ("{reason}", Some(reason.as_str())),
         ]
         .into_iter()
         .find(|(key, _)| after.starts_with(key));
-        if let Some((key, value)) = replaced {
-            escape.push(&mut out, value);
-            rest = &after[key.len()..];
-        } else if let Some(after_reason) = after.strip_prefix("{reason}") {
-            escape.push(&mut out, &reason.to_string());
-            rest = after_reason;
-        } else {
-            out.push('{');
-            rest = &after[1..];
+        match replaced {
+            Some((key, value)) => {
+                match value {
+                    Some(value) => escape.push(&mut out, value),
+                    // Nothing in a string or in text; a JSON value where one is expected.
+                    None if escape == Escape::Json && !json.in_string => out.push_str("null"),
+                    None => {}
+                }
+                rest = &after[key.len()..];
+            }
+            None => {
+                out.push('{');
+                json.pass("{");
+                rest = &after[1..];
+            }
         }
     }
     out.push_str(rest);
