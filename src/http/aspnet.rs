@@ -1,11 +1,22 @@
 //! AspNetCoreRateLimit's configuration sections, translated to [`HttpConfig`].
 //!
+//! The document is read as ASP.NET's configuration binder reads it: section and field names in
+//! any case (`"limit"`, `"Limit"` and `"LIMIT"` are one key; a key given twice in different
+//! cases is an error, as there), and numbers and booleans also from their text (`"Limit":
+//! "100"`). Fields it does not know are ignored, as there; a value of the wrong kind is an
+//! error naming the field (`IpRateLimiting.GeneralRules[2].Limit`).
 //! Endpoint patterns match as prefixes there (`*:/api/values` also matches `/api/values/1`), so
 //! each translated `verb:/path` pattern gets a trailing `*`; the rule keeps its name from the
 //! original pattern.
+//! With `EnableRegexRuleMatching`, a section's patterns (its rules', its policies' and its
+//! `EndpointWhitelist`) are regular expressions over `verb:path`, anchored and
+//! case-insensitive there; each becomes a regex rule here (`verb:` a method name, or `.+` for
+//! any), and a pattern whose method part is another expression is an error naming it.
 //! `IpRateLimiting` general rules count by IP, `ClientRateLimiting` ones by client id (named
 //! `client:{endpoint}-{period}` so that both sections can be used at once). With
 //! `EnableEndpointRateLimiting`, every rule counts each `VERB:path` separately, as there.
+//! Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
+//! 365, as there); other text is read as a humantime duration.
 //! `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
 //! `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
 //! As there, it is `X-Real-IP` and the client id header `X-ClientId` unless a section names
@@ -21,7 +32,7 @@
 
 use crate::http::config::{ClientRulesConfig, HttpConfig, IpRulesConfig, RuleConfig, RuleKey};
 use crate::http::{ForwardedHeader, HttpConfigError};
-use serde::Deserialize;
+use serde_json::{Map, Value};
 
 const SECTIONS: [&str; 4] = [
     "IpRateLimiting",
@@ -30,84 +41,209 @@ const SECTIONS: [&str; 4] = [
     "ClientRateLimitPolicies",
 ];
 
+/// Whether the document has one of AspNetCoreRateLimit's sections (named in any case, as
+/// ASP.NET's configuration finds them).
 pub(crate) fn is_aspnet(value: &serde_json::Value) -> bool {
-    value
-        .as_object()
-        .is_some_and(|o| o.keys().any(|k| SECTIONS.contains(&k.as_str())))
+    value.as_object().is_some_and(|o| {
+        o.keys()
+            .any(|k| SECTIONS.iter().any(|s| s.eq_ignore_ascii_case(k)))
+    })
 }
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "PascalCase", default)]
-struct Options {
+/// What kind of JSON value `value` is, for error messages.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `value` for an error message: a scalar as written, anything else by its kind.
+fn shown(value: &Value) -> String {
+    match value {
+        Value::Bool(_) | Value::Number(_) | Value::String(_) => value.to_string(),
+        other => kind(other).to_owned(),
+    }
+}
+
+/// An object of the document, read as ASP.NET's configuration binder reads it: keys
+/// case-insensitively, numbers and booleans from their text as well, `null` as absent.
+/// `path` names it in errors (`IpRateLimiting.GeneralRules[0]`).
+struct Node<'a> {
+    map: Option<&'a Map<String, Value>>,
+    path: String,
+}
+
+impl<'a> Node<'a> {
+    /// `value` as an object (`null`: an empty one).
+    fn of(value: &'a Value, path: String) -> Result<Self, HttpConfigError> {
+        match value {
+            Value::Object(map) => Ok(Node {
+                map: Some(map),
+                path,
+            }),
+            Value::Null => Ok(Node { map: None, path }),
+            other => Err(HttpConfigError::invalid(
+                path,
+                format!("expected an object, found {}", kind(other)),
+            )),
+        }
+    }
+
+    fn field(&self, name: &str) -> String {
+        if self.path.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}.{name}", self.path)
+        }
+    }
+
+    /// The value of `name`, matched case-insensitively, and its path. A key given twice (in
+    /// two cases) is an error, as ASP.NET's JSON configuration makes it.
+    fn get(&self, name: &str) -> Result<Option<(&'a Value, String)>, HttpConfigError> {
+        let Some(map) = self.map else {
+            return Ok(None);
+        };
+        let mut found: Option<(&String, &'a Value)> = None;
+        for (key, value) in map {
+            if !key.eq_ignore_ascii_case(name) {
+                continue;
+            }
+            if let Some((first, _)) = found {
+                return Err(HttpConfigError::invalid(
+                    self.field(name),
+                    format!(
+                        "given twice ({first:?} and {key:?}): keys are case-insensitive, as in ASP.NET's configuration"
+                    ),
+                ));
+            }
+            found = Some((key, value));
+        }
+        Ok(found
+            .filter(|(_, value)| !value.is_null())
+            .map(|(_, value)| (value, self.field(name))))
+    }
+
+    fn string(&self, name: &str) -> Result<Option<String>, HttpConfigError> {
+        match self.get(name)? {
+            None => Ok(None),
+            Some((Value::String(s), _)) => Ok(Some(s.clone())),
+            Some((Value::Number(n), _)) => Ok(Some(n.to_string())),
+            Some((Value::Bool(b), _)) => Ok(Some(b.to_string())),
+            Some((other, field)) => Err(HttpConfigError::invalid(
+                field,
+                format!("expected a string, found {}", kind(other)),
+            )),
+        }
+    }
+
+    fn bool(&self, name: &str) -> Result<bool, HttpConfigError> {
+        match self.get(name)? {
+            None => Ok(false),
+            Some((Value::Bool(b), _)) => Ok(*b),
+            Some((Value::String(s), _)) if s.trim().eq_ignore_ascii_case("true") => Ok(true),
+            Some((Value::String(s), _)) if s.trim().eq_ignore_ascii_case("false") => Ok(false),
+            Some((other, field)) => Err(HttpConfigError::invalid(
+                field,
+                format!("expected true or false, found {}", shown(other)),
+            )),
+        }
+    }
+
+    fn number(&self, name: &str) -> Result<Option<f64>, HttpConfigError> {
+        let Some((value, field)) = self.get(name)? else {
+            return Ok(None);
+        };
+        let parsed = match value {
+            Value::Number(n) => n.as_f64(),
+            Value::String(s) => s.trim().parse::<f64>().ok().filter(|n| n.is_finite()),
+            _ => None,
+        };
+        parsed.map(Some).ok_or_else(|| {
+            HttpConfigError::invalid(field, format!("expected a number, found {}", shown(value)))
+        })
+    }
+
+    fn strings(&self, name: &str) -> Result<Vec<String>, HttpConfigError> {
+        match self.get(name)? {
+            None => Ok(Vec::new()),
+            Some((Value::Array(items), field)) => items
+                .iter()
+                .enumerate()
+                .filter(|(_, item)| !item.is_null())
+                .map(|(i, item)| match item {
+                    Value::String(s) => Ok(s.clone()),
+                    Value::Number(n) => Ok(n.to_string()),
+                    other => Err(HttpConfigError::invalid(
+                        format!("{field}[{i}]"),
+                        format!("expected a string, found {}", kind(other)),
+                    )),
+                })
+                .collect(),
+            Some((other, field)) => Err(HttpConfigError::invalid(
+                field,
+                format!("expected a list of strings, found {}", kind(other)),
+            )),
+        }
+    }
+
+    fn objects(&self, name: &str) -> Result<Vec<Node<'a>>, HttpConfigError> {
+        match self.get(name)? {
+            None => Ok(Vec::new()),
+            Some((Value::Array(items), field)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| Node::of(item, format!("{field}[{i}]")))
+                .collect(),
+            Some((other, field)) => Err(HttpConfigError::invalid(
+                field,
+                format!("expected a list, found {}", kind(other)),
+            )),
+        }
+    }
+
+    fn object(&self, name: &str) -> Result<Option<Node<'a>>, HttpConfigError> {
+        self.get(name)?
+            .map(|(value, field)| Node::of(value, field))
+            .transpose()
+    }
+
+    /// An HTTP status (`HttpStatusCode`, `QuotaExceededResponse.StatusCode`).
+    fn status(&self, name: &str) -> Result<Option<u16>, HttpConfigError> {
+        let Some(n) = self.number(name)? else {
+            return Ok(None);
+        };
+        let status = Some(n)
+            .filter(|n| n.fract() == 0.0 && (100.0..=999.0).contains(n))
+            .map(|n| n as u16);
+        match status {
+            Some(status) => Ok(Some(status)),
+            None => Err(HttpConfigError::invalid(
+                self.field(name),
+                format!("{n} is not an HTTP status (100..=999)"),
+            )),
+        }
+    }
+}
+
+/// One section's options (`IpRateLimiting` or `ClientRateLimiting`).
+struct Options<'a> {
     enable_endpoint_rate_limiting: bool,
-    stack_blocked_requests: bool,
-    real_ip_header: Option<String>,
-    client_id_header: Option<String>,
-    http_status_code: Option<u16>,
-    quota_exceeded_message: Option<String>,
-    ip_whitelist: Vec<String>,
-    endpoint_whitelist: Vec<String>,
-    client_whitelist: Vec<String>,
-    general_rules: Vec<Rule>,
-    quota_exceeded_response: Option<QuotaResponse>,
-    disable_rate_limit_headers: bool,
-    rate_limit_counter_prefix: Option<String>,
+    enable_regex_rule_matching: bool,
+    node: Node<'a>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "PascalCase", default)]
-struct Rule {
-    endpoint: Option<String>,
-    period: String,
-    limit: f64,
-    #[allow(dead_code)]
-    period_timespan: Option<String>,
-    monitor_mode: bool,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "PascalCase", default)]
-struct QuotaResponse {
-    content: Option<String>,
-    content_type: Option<String>,
-    status_code: Option<u16>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "PascalCase", default)]
-struct IpPolicies {
-    ip_rules: Vec<IpPolicy>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "PascalCase", default)]
-struct IpPolicy {
-    ip: String,
-    rules: Vec<Rule>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "PascalCase", default)]
-struct ClientPolicies {
-    client_rules: Vec<ClientPolicy>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "PascalCase", default)]
-struct ClientPolicy {
-    client_id: String,
-    rules: Vec<Rule>,
-}
-
-fn section<T: for<'de> Deserialize<'de> + Default>(
-    value: &serde_json::Value,
-    name: &str,
-) -> Result<Option<T>, HttpConfigError> {
-    match value.get(name) {
-        None => Ok(None),
-        Some(v) => T::deserialize(v).map(Some).map_err(|e| {
-            HttpConfigError::invalid(name, format!("does not fit AspNetCoreRateLimit: {e}"))
-        }),
+impl<'a> Options<'a> {
+    fn of(node: Node<'a>) -> Result<Self, HttpConfigError> {
+        Ok(Options {
+            enable_endpoint_rate_limiting: node.bool("EnableEndpointRateLimiting")?,
+            enable_regex_rule_matching: node.bool("EnableRegexRuleMatching")?,
+            node,
+        })
     }
 }
 
@@ -122,34 +258,134 @@ fn prefix_match(endpoint: &str) -> String {
     }
 }
 
-fn rule(
-    r: Rule,
-    key: RuleKey,
-    prefix: &str,
-    per_endpoint: bool,
-    field: String,
-) -> Result<RuleConfig, HttpConfigError> {
-    let endpoint = r.endpoint.unwrap_or_else(|| "*".to_owned());
-    if !(r.limit >= 0.0 && r.limit.fract() == 0.0 && r.limit <= u32::MAX as f64) {
+/// A pattern of a section with `EnableRegexRuleMatching`, as this crate's endpoint pattern:
+/// `(pattern, regex)`. There it is a regex matched, anchored and case-insensitively, against
+/// `verb:path` (and against `*:path` for "any method"); here the part before the first `:`
+/// must be a method name, or `.+`, `.*` or `*` for any method, and the rest is the regex over
+/// the path (anchored and case-insensitive here too). `.+` alone matches every request.
+fn regex_endpoint(pattern: &str, field: &str) -> Result<(String, bool), HttpConfigError> {
+    let trimmed = pattern.trim();
+    let mut body = trimmed.strip_prefix('^').unwrap_or(trimmed);
+    if let Some(rest) = body.strip_suffix('$') {
+        // An escaped `$` is a character of the pattern, not its anchor.
+        let backslashes = rest.bytes().rev().take_while(|&b| b == b'\\').count();
+        if backslashes % 2 == 0 {
+            body = rest;
+        }
+    }
+    match body {
+        "*" => return Ok(("*".to_owned(), false)),
+        // Every request, but not a `*` rule: those alone apply without endpoint rate limiting.
+        ".+" | ".*" => return Ok(("*:.*".to_owned(), true)),
+        _ => {}
+    }
+    let Some((verb, path)) = body.split_once(':') else {
         return Err(HttpConfigError::invalid(
-            format!("{field}.Limit"),
+            field,
             format!(
-                "{} is not a whole number of requests up to {}",
-                r.limit,
-                u32::MAX
+                "{pattern:?} (EnableRegexRuleMatching) cannot be translated: expected \"verb:regex\", the verb a method name or \".+\""
             ),
         ));
+    };
+    let verb = match verb {
+        ".+" | ".*" | "*" => "*",
+        v if !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphabetic()) => v,
+        _ => {
+            return Err(HttpConfigError::invalid(
+                field,
+                format!(
+                    "{pattern:?} (EnableRegexRuleMatching) cannot be translated: the method part {verb:?} must be a method name or \".+\" (write one rule per method)"
+                ),
+            ))
+        }
+    };
+    Ok((format!("{verb}:{path}"), true))
+}
+
+/// An AspNetCoreRateLimit period as a humantime one: `{n}mo` is `n` times 30 days and `{n}y`
+/// `n` times 365 days there (humantime's months and years are longer); everything else is
+/// the same in both, or left for the compiler to accept or name.
+fn period(text: &str) -> String {
+    let trimmed = text.trim();
+    let digits = trimmed.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = trimmed.split_at(digits);
+    let days_per = match unit {
+        "mo" => 30,
+        "y" => 365,
+        _ => return text.to_owned(),
+    };
+    match number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(days_per))
+    {
+        Some(days) => format!("{days}d"),
+        None => text.to_owned(),
     }
-    Ok(RuleConfig {
-        name: Some(format!("{prefix}{endpoint}-{}", r.period)),
-        endpoint: prefix_match(&endpoint),
-        period: r.period,
-        limit: r.limit as u64,
-        key,
-        monitor: r.monitor_mode,
-        per_endpoint,
-        ..RuleConfig::default()
-    })
+}
+
+/// One section's rules, as AspNetCoreRateLimit's matching sees them.
+struct Section<'a> {
+    key: RuleKey,
+    prefix: &'a str,
+    /// The section's `EnableEndpointRateLimiting`: each rule counts each `VERB:path` apart.
+    per_endpoint: bool,
+    /// The section leaves endpoint rate limiting off while the configuration turns it on for
+    /// the other section: its rules other than `*` are left out, since there they never apply.
+    only_any: bool,
+    /// The section's `EnableRegexRuleMatching`: its patterns are regular expressions.
+    regex: bool,
+}
+
+impl Section<'_> {
+    /// The rules of the list `name` of `node`.
+    fn rules(&self, node: &Node<'_>, name: &str) -> Result<Vec<RuleConfig>, HttpConfigError> {
+        let rules = node.objects(name)?;
+        let mut out = Vec::with_capacity(rules.len());
+        for r in rules {
+            let endpoint = r.string("Endpoint")?;
+            if self.only_any && endpoint.as_deref().is_some_and(|e| e.trim() != "*") {
+                continue;
+            }
+            out.push(self.rule(&r, endpoint.unwrap_or_else(|| "*".to_owned()))?);
+        }
+        Ok(out)
+    }
+
+    fn rule(&self, r: &Node<'_>, endpoint: String) -> Result<RuleConfig, HttpConfigError> {
+        let period_text = r.string("Period")?.unwrap_or_default();
+        let limit = r.number("Limit")?.unwrap_or(0.0);
+        if !(limit >= 0.0 && limit.fract() == 0.0 && limit <= u32::MAX as f64) {
+            return Err(HttpConfigError::invalid(
+                r.field("Limit"),
+                format!(
+                    "{limit} is not a whole number of requests up to {}",
+                    u32::MAX
+                ),
+            ));
+        }
+        let (pattern, regex) = self.pattern(&endpoint, &r.field("Endpoint"))?;
+        Ok(RuleConfig {
+            name: Some(format!("{}{endpoint}-{period_text}", self.prefix)),
+            endpoint: pattern,
+            regex,
+            period: period(&period_text),
+            limit: limit as u64,
+            key: self.key,
+            monitor: r.bool("MonitorMode")?,
+            per_endpoint: self.per_endpoint,
+            ..RuleConfig::default()
+        })
+    }
+
+    /// An endpoint pattern of this section as this crate's: `(pattern, regex)`.
+    fn pattern(&self, endpoint: &str, field: &str) -> Result<(String, bool), HttpConfigError> {
+        if self.regex {
+            regex_endpoint(endpoint, field)
+        } else {
+            Ok((prefix_match(endpoint), false))
+        }
+    }
 }
 
 /// How AspNetCoreRateLimit formats `QuotaExceededResponse.Content` and `QuotaExceededMessage`
@@ -196,63 +432,38 @@ fn template_of_dotnet_format(format: &str) -> String {
     out
 }
 
-/// One section's rules, as AspNetCoreRateLimit's matching sees them.
-struct Section<'a> {
-    key: RuleKey,
-    prefix: &'a str,
-    /// The section's `EnableEndpointRateLimiting`: each rule counts each `VERB:path` apart.
-    per_endpoint: bool,
-    /// The section leaves endpoint rate limiting off while the configuration turns it on for
-    /// the other section: its rules other than `*` are left out, since there they never apply.
-    only_any: bool,
-}
-
-impl Section<'_> {
-    fn rules(&self, rules: Vec<Rule>, field: &str) -> Result<Vec<RuleConfig>, HttpConfigError> {
-        let mut out = Vec::with_capacity(rules.len());
-        for (i, r) in rules.into_iter().enumerate() {
-            if self.only_any && r.endpoint.as_deref().is_some_and(|e| e.trim() != "*") {
-                continue;
-            }
-            let field = format!("{field}[{i}]");
-            out.push(rule(r, self.key, self.prefix, self.per_endpoint, field)?);
-        }
-        Ok(out)
-    }
-}
-
 fn apply_options(
     config: &mut HttpConfig,
-    options: Options,
+    options: &Options<'_>,
     section: &Section<'_>,
-    name: &str,
 ) -> Result<(), HttpConfigError> {
-    if options.stack_blocked_requests {
+    let node = &options.node;
+    if node.bool("StackBlockedRequests")? {
         return Err(HttpConfigError::invalid(
-            format!("{name}.StackBlockedRequests"),
+            node.field("StackBlockedRequests"),
             "true is not supported: rejected requests are never counted",
         ));
     }
-    if let Some(p) = options.rate_limit_counter_prefix {
+    if let Some(p) = node.string("RateLimitCounterPrefix")? {
         config.backend.prefix = Some(p);
     }
-    if let Some(h) = options.real_ip_header {
+    if let Some(h) = node.string("RealIpHeader")? {
         config.client_ip.headers = vec![ForwardedHeader::Custom(h)];
     }
-    if options.client_id_header.is_some() {
-        config.client_id_header = options.client_id_header;
+    if let Some(h) = node.string("ClientIdHeader")? {
+        config.client_id_header = Some(h);
     }
-    if let Some(status) = options.http_status_code {
+    if let Some(status) = node.status("HttpStatusCode")? {
         config.response.status = status;
     }
-    let mut content = options.quota_exceeded_message;
+    let mut content = node.string("QuotaExceededMessage")?;
     let mut content_type = None;
-    if let Some(q) = options.quota_exceeded_response {
-        if let Some(status) = q.status_code {
+    if let Some(q) = node.object("QuotaExceededResponse")? {
+        if let Some(status) = q.status("StatusCode")? {
             config.response.status = status;
         }
-        content_type = q.content_type;
-        content = q.content.or(content);
+        content_type = q.string("ContentType")?;
+        content = q.string("Content")?.or(content);
     }
     match content {
         Some(content) => {
@@ -267,17 +478,27 @@ fn apply_options(
             }
         }
     }
-    if options.disable_rate_limit_headers {
+    if node.bool("DisableRateLimitHeaders")? {
         config.response.ietf_headers = false;
         config.response.legacy_headers = false;
     }
-    config.whitelist.ips.extend(options.ip_whitelist);
+    config.whitelist.ips.extend(node.strings("IpWhitelist")?);
+    for (i, endpoint) in node.strings("EndpointWhitelist")?.into_iter().enumerate() {
+        let field = format!("{}[{i}]", node.field("EndpointWhitelist"));
+        let endpoint = match section.regex {
+            true => match regex_endpoint(&endpoint, &field)? {
+                (pattern, true) => format!("re:{pattern}"),
+                (pattern, false) => pattern,
+            },
+            false => endpoint,
+        };
+        config.whitelist.endpoints.push(endpoint);
+    }
     config
         .whitelist
-        .endpoints
-        .extend(options.endpoint_whitelist);
-    config.whitelist.clients.extend(options.client_whitelist);
-    let rules = section.rules(options.general_rules, &format!("{name}.GeneralRules"))?;
+        .clients
+        .extend(node.strings("ClientWhitelist")?);
+    let rules = section.rules(node, "GeneralRules")?;
     config.rules.extend(rules);
     Ok(())
 }
@@ -290,12 +511,17 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
             message: format!("none of the sections {SECTIONS:?} is present"),
         });
     }
-    let ip = section::<Options>(&value, "IpRateLimiting")?;
-    let client = section::<Options>(&value, "ClientRateLimiting")?;
+    let root = Node::of(&value, String::new())?;
+    let options = |name: &str| -> Result<Option<Options<'_>>, HttpConfigError> {
+        root.object(name)?.map(Options::of).transpose()
+    };
+    let ip = options("IpRateLimiting")?;
+    let client = options("ClientRateLimiting")?;
     // One switch here, one per section there: on if either section has it on, and then the
     // section that has it off keeps only its `*` rules.
     let endpoints =
-        |o: &Option<Options>| o.as_ref().is_some_and(|o| o.enable_endpoint_rate_limiting);
+        |o: &Option<Options<'_>>| o.as_ref().is_some_and(|o| o.enable_endpoint_rate_limiting);
+    let regex = |o: &Option<Options<'_>>| o.as_ref().is_some_and(|o| o.enable_regex_rule_matching);
     let (ip_endpoints, client_endpoints) = (endpoints(&ip), endpoints(&client));
     let endpoint_rate_limiting = ip_endpoints || client_endpoints;
     let ip_section = Section {
@@ -303,12 +529,14 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         prefix: "",
         per_endpoint: ip_endpoints,
         only_any: endpoint_rate_limiting && !ip_endpoints,
+        regex: regex(&ip),
     };
     let client_section = Section {
         key: RuleKey::Client,
         prefix: "client:",
         per_endpoint: client_endpoints,
         only_any: endpoint_rate_limiting && !client_endpoints,
+        regex: regex(&client),
     };
     let mut config = HttpConfig {
         endpoint_rate_limiting,
@@ -319,27 +547,25 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         ..HttpConfig::default()
     };
     config.client_ip.headers = vec![ForwardedHeader::Custom("X-Real-IP".to_owned())];
-    if let Some(o) = ip {
-        apply_options(&mut config, o, &ip_section, "IpRateLimiting")?;
+    if let Some(o) = &ip {
+        apply_options(&mut config, o, &ip_section)?;
     }
-    if let Some(o) = client {
-        apply_options(&mut config, o, &client_section, "ClientRateLimiting")?;
+    if let Some(o) = &client {
+        apply_options(&mut config, o, &client_section)?;
     }
-    if let Some(p) = section::<IpPolicies>(&value, "IpRateLimitPolicies")? {
-        for (i, policy) in p.ip_rules.into_iter().enumerate() {
-            let field = format!("IpRateLimitPolicies.IpRules[{i}].Rules");
+    if let Some(p) = root.object("IpRateLimitPolicies")? {
+        for policy in p.objects("IpRules")? {
             config.ip_rules.push(IpRulesConfig {
-                ip: policy.ip,
-                rules: ip_section.rules(policy.rules, &field)?,
+                ip: policy.string("Ip")?.unwrap_or_default(),
+                rules: ip_section.rules(&policy, "Rules")?,
             });
         }
     }
-    if let Some(p) = section::<ClientPolicies>(&value, "ClientRateLimitPolicies")? {
-        for (i, policy) in p.client_rules.into_iter().enumerate() {
-            let field = format!("ClientRateLimitPolicies.ClientRules[{i}].Rules");
+    if let Some(p) = root.object("ClientRateLimitPolicies")? {
+        for policy in p.objects("ClientRules")? {
             config.client_rules.push(ClientRulesConfig {
-                client_id: policy.client_id,
-                rules: client_section.rules(policy.rules, &field)?,
+                client_id: policy.string("ClientId")?.unwrap_or_default(),
+                rules: client_section.rules(&policy, "Rules")?,
             });
         }
     }

@@ -813,7 +813,9 @@ impl HttpConfig {
     }
 
     /// Parses the native format as JSON, or AspNetCoreRateLimit's JSON when the document's
-    /// top-level keys are its sections (`IpRateLimiting`, `ClientRateLimiting`, ...).
+    /// top-level keys are its sections (`IpRateLimiting`, `ClientRateLimiting`, ...), read as
+    /// ASP.NET reads an `appsettings.json`: comments and trailing commas allowed, names in any
+    /// case.
     ///
     /// # Errors
     ///
@@ -827,11 +829,25 @@ impl HttpConfig {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn from_json_str(text: &str) -> Result<Self, HttpConfigError> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| HttpConfigError::Parse {
-                format: "json",
-                message: e.to_string(),
-            })?;
+        let value: serde_json::Value = match serde_json::from_str(text) {
+            Ok(value) => value,
+            Err(e) => {
+                // An `appsettings.json` may have comments and trailing commas, which ASP.NET's
+                // JSON configuration accepts; the native format stays plain JSON.
+                let aspnet = without_comments(text)
+                    .and_then(|text| serde_json::from_str(&text).ok())
+                    .filter(crate::http::aspnet::is_aspnet);
+                match aspnet {
+                    Some(value) => return crate::http::aspnet::translate(value),
+                    None => {
+                        return Err(HttpConfigError::Parse {
+                            format: "json",
+                            message: e.to_string(),
+                        })
+                    }
+                }
+            }
+        };
         if crate::http::aspnet::is_aspnet(&value) {
             return crate::http::aspnet::translate(value);
         }
@@ -843,7 +859,8 @@ impl HttpConfig {
         })
     }
 
-    /// Parses AspNetCoreRateLimit's JSON (an `appsettings.json` with its sections).
+    /// Parses AspNetCoreRateLimit's JSON (an `appsettings.json` with its sections), as ASP.NET
+    /// reads it: comments and trailing commas allowed, section and field names in any case.
     ///
     /// # Errors
     ///
@@ -858,8 +875,10 @@ impl HttpConfig {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn from_aspnet_json(text: &str) -> Result<Self, HttpConfigError> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| HttpConfigError::Parse {
+        // As ASP.NET's JSON configuration reads it: comments and trailing commas allowed.
+        let stripped = without_comments(text);
+        let value: serde_json::Value = serde_json::from_str(stripped.as_deref().unwrap_or(text))
+            .map_err(|e| HttpConfigError::Parse {
                 format: "AspNetCoreRateLimit json",
                 message: e.to_string(),
             })?;
@@ -919,6 +938,67 @@ impl HttpConfig {
             )),
         }
     }
+}
+
+/// `text` with what ASP.NET's JSON configuration reads beyond JSON made blank: `//` and
+/// `/* */` comments, and a comma before a closing `]` or `}`. Each removed character becomes a
+/// space (a newline stays), so that positions in errors stay right. `None` when there is none.
+fn without_comments(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = bytes.to_vec();
+    let mut changed = false;
+    // The last comma outside strings and comments not yet followed by anything but blanks.
+    let mut comma: Option<usize> = None;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                comma = None;
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    out[i] = b' ';
+                    i += 1;
+                }
+                changed = true;
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                let end = text[i + 2..]
+                    .find("*/")
+                    .map_or(bytes.len(), |e| i + 2 + e + 2);
+                for b in &mut out[i..end] {
+                    if *b != b'\n' {
+                        *b = b' ';
+                    }
+                }
+                i = end;
+                changed = true;
+            }
+            b',' => {
+                comma = Some(i);
+                i += 1;
+            }
+            b']' | b'}' => {
+                if let Some(at) = comma.take() {
+                    out[at] = b' ';
+                    changed = true;
+                }
+                i += 1;
+            }
+            b' ' | b'\t' | b'\r' | b'\n' => i += 1,
+            _ => {
+                comma = None;
+                i += 1;
+            }
+        }
+    }
+    // Only whole characters were blanked (every byte of one): still UTF-8.
+    changed.then(|| String::from_utf8(out).ok()).flatten()
 }
 
 #[cfg(test)]

@@ -1,0 +1,405 @@
+//! AspNetCoreRateLimit documents as ASP.NET itself reads them: keys in any case, values from
+//! their text, comments and trailing commas, regex rule matching, its periods; errors naming
+//! the field; no panic on any shape of document. And a JSON body template stays JSON when a
+//! value it names is absent.
+#![cfg(feature = "http")]
+
+use proptest::prelude::*;
+use std::time::Duration;
+use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RequestInfo, Verdict};
+use turnstile::ManualClock;
+
+fn limiter(config: HttpConfig) -> HttpLimiter<ManualClock> {
+    HttpLimiter::with_clock(config, ManualClock::new()).expect("valid configuration")
+}
+
+fn decide(l: &HttpLimiter<ManualClock>, method: &http::Method, path: &str, ip: [u8; 4]) -> Verdict {
+    l.decide(&RequestInfo {
+        method,
+        path,
+        client_ip: Some(ip.into()),
+        client_id: None,
+    })
+}
+
+fn rejected(v: &Verdict) -> bool {
+    matches!(v.outcome, Outcome::Rejected { .. })
+}
+
+fn err(doc: &str) -> String {
+    match HttpConfig::from_json_str(doc) {
+        Ok(config) => HttpLimiter::with_clock(config, ManualClock::new())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| panic!("accepted: {doc}")),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// ASP.NET's configuration binder matches section and property names case-insensitively, so a
+/// camelCase `appsettings.json` works there. Read case-sensitively, `"limit": 100` was no
+/// limit at all (a limit of 0: every request blocked), `"endpoint"` a rule for every path and
+/// `"ipWhitelist"` nobody whitelisted.
+#[test]
+fn aspnet_keys_are_case_insensitive_as_in_aspnet_configuration() {
+    let pascal = r#"{
+      "IpRateLimiting": {
+        "EnableEndpointRateLimiting": true,
+        "IpWhitelist": ["10.0.0.0/8"],
+        "GeneralRules": [
+          {"Endpoint": "post:/api/orders", "Period": "1m", "Limit": 2},
+          {"Endpoint": "*", "Period": "1h", "Limit": 100}]},
+      "IpRateLimitPolicies": {"IpRules": [{"Ip": "192.0.2.1", "Rules": [
+          {"Endpoint": "*", "Period": "1h", "Limit": 5}]}]}
+    }"#;
+    let camel = r#"{
+      "ipRateLimiting": {
+        "enableEndpointRateLimiting": true,
+        "ipWhitelist": ["10.0.0.0/8"],
+        "generalRules": [
+          {"endpoint": "post:/api/orders", "period": "1m", "limit": 2},
+          {"ENDPOINT": "*", "PERIOD": "1h", "LIMIT": 100}]},
+      "ipRateLimitPolicies": {"ipRules": [{"ip": "192.0.2.1", "rules": [
+          {"endpoint": "*", "period": "1h", "limit": 5}]}]}
+    }"#;
+    let expected = HttpConfig::from_json_str(pascal).unwrap();
+    assert_eq!(HttpConfig::from_json_str(camel).unwrap(), expected);
+    assert_eq!(HttpConfig::from_aspnet_json(camel).unwrap(), expected);
+    let l = limiter(HttpConfig::from_json_str(camel).unwrap());
+    let post = http::Method::POST;
+    assert!(!rejected(&decide(&l, &post, "/api/orders", [1, 1, 1, 1])));
+    assert!(!rejected(&decide(&l, &post, "/api/orders", [1, 1, 1, 1])));
+    assert!(rejected(&decide(&l, &post, "/api/orders", [1, 1, 1, 1])));
+    assert!(!rejected(&decide(
+        &l,
+        &http::Method::GET,
+        "/",
+        [1, 1, 1, 1]
+    )));
+    assert_eq!(
+        decide(&l, &post, "/api/orders", [10, 1, 1, 1]).outcome,
+        Outcome::Whitelisted
+    );
+    // One key in two cases is ambiguous; ASP.NET refuses the file, and so is it refused here.
+    let e =
+        err(r#"{"IpRateLimiting": {"GeneralRules": [{"Period": "1s", "Limit": 1, "limit": 5}]}}"#);
+    assert!(
+        e.starts_with("IpRateLimiting.GeneralRules[0].Limit: given twice"),
+        "{e}"
+    );
+}
+
+/// Every configuration value is text to ASP.NET's binder (environment variables and
+/// command-line overrides are text too), so `"Limit": "100"` binds there. A value of the wrong
+/// kind is an error naming the field, not just the section.
+#[test]
+fn aspnet_values_bind_from_text_and_errors_name_the_field() {
+    let doc = r#"{"IpRateLimiting": {
+        "EnableEndpointRateLimiting": "True", "HttpStatusCode": "503",
+        "GeneralRules": [{"Endpoint": "get:/a", "Period": "1m", "Limit": "1"}]}}"#;
+    let config = HttpConfig::from_json_str(doc).unwrap();
+    assert!(config.endpoint_rate_limiting);
+    assert_eq!(config.response.status, 503);
+    assert_eq!(config.rules[0].limit, 1);
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [{"Period": "1s", "Limit": 1}, {"Period": "1s", "Limit": "ten"}]}}"#,
+            "IpRateLimiting.GeneralRules[1].Limit: expected a number",
+        ),
+        (
+            r#"{"IpRateLimitPolicies": {"IpRules": [{"Ip": "192.0.2.1", "Rules": [{"Period": ["1s"]}]}]}}"#,
+            "IpRateLimitPolicies.IpRules[0].Rules[0].Period: expected a string",
+        ),
+        (
+            r#"{"ClientRateLimiting": {"EnableEndpointRateLimiting": "yes"}}"#,
+            "ClientRateLimiting.EnableEndpointRateLimiting: expected true or false",
+        ),
+        (
+            r#"{"IpRateLimiting": {"QuotaExceededResponse": {"StatusCode": 4290}}}"#,
+            "IpRateLimiting.QuotaExceededResponse.StatusCode: 4290 is not an HTTP status",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(e.starts_with(field), "expected {field:?}, got {e:?}");
+    }
+}
+
+/// ASP.NET's JSON configuration skips comments and accepts trailing commas, and many an
+/// `appsettings.json` has them; the same file must load here. Text inside strings that looks
+/// like a comment stays as it is.
+#[test]
+fn appsettings_with_comments_and_trailing_commas_load() {
+    let doc = r#"{
+      // Rate limiting, see https://github.com/stefanprodan/AspNetCoreRateLimit
+      "Logging": {"LogLevel": {"Default": "Information",},},
+      "IpRateLimiting": {
+        /* a block comment,
+           over two lines */
+        "QuotaExceededMessage": "see http://example.com/limits, /* not a comment */",
+        "GeneralRules": [
+          { "Endpoint": "*", "Period": "1s", "Limit": 2, }, // two per second
+        ],
+      },
+    }"#;
+    for config in [
+        HttpConfig::from_json_str(doc).unwrap(),
+        HttpConfig::from_aspnet_json(doc).unwrap(),
+    ] {
+        assert_eq!(config.rules.len(), 1);
+        assert_eq!(config.rules[0].limit, 2);
+        assert_eq!(
+            config.response.body.as_deref(),
+            Some("see http://example.com/limits, /* not a comment */")
+        );
+    }
+}
+
+/// With `EnableRegexRuleMatching`, AspNetCoreRateLimit's patterns are regular expressions over
+/// `verb:path`, anchored. Read as globs, `get:/api/v\d+/items` matched no request: the rule
+/// silently limited nothing.
+#[test]
+fn aspnet_regex_rule_matching_is_honoured() {
+    let get = http::Method::GET;
+    let ip = [1, 1, 1, 1];
+    let one = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true,
+        "GeneralRules": [{"Endpoint": "get:/api/v\\d+/items", "Period": "1m", "Limit": 1}]}}"#;
+    let l = limiter(HttpConfig::from_json_str(one).unwrap());
+    assert!(!rejected(&decide(&l, &get, "/api/v1/items", ip)));
+    assert!(
+        rejected(&decide(&l, &get, "/api/v1/items", ip)),
+        "the rule applies"
+    );
+
+    let doc = r#"{"IpRateLimiting": {
+        "EnableEndpointRateLimiting": true,
+        "EnableRegexRuleMatching": true,
+        "EndpointWhitelist": ["get:/api/health"],
+        "GeneralRules": [
+          {"Endpoint": "get:/api/v\\d+/items", "Period": "1m", "Limit": 1},
+          {"Endpoint": ".+:/api/admin/.*", "Period": "1h", "Limit": 1},
+          {"Endpoint": ".+", "Period": "1d", "Limit": 1000}]}}"#;
+    let l = limiter(HttpConfig::from_json_str(doc).unwrap());
+    assert!(!rejected(&decide(&l, &get, "/api/v1/items", ip)));
+    assert!(
+        rejected(&decide(&l, &get, "/API/V1/items", ip)),
+        "case-insensitive, as there"
+    );
+    // Anchored at both ends, and for GET only.
+    assert!(!rejected(&decide(&l, &get, "/api/v1/items/7", ip)));
+    assert!(!rejected(&decide(
+        &l,
+        &http::Method::POST,
+        "/api/v1/items",
+        ip
+    )));
+    let delete = http::Method::DELETE;
+    assert!(!rejected(&decide(&l, &delete, "/api/admin/users", ip)));
+    assert!(rejected(&decide(&l, &delete, "/api/admin/users", ip)));
+    // `.+` is every request: one quota more on a path no other rule matches.
+    assert_eq!(decide(&l, &get, "/other", ip).quotas.len(), 1);
+    // The whitelist is a regex too, anchored.
+    assert_eq!(
+        decide(&l, &get, "/api/health", ip).outcome,
+        Outcome::Whitelisted
+    );
+    assert_ne!(
+        decide(&l, &get, "/api/healthz", ip).outcome,
+        Outcome::Whitelisted
+    );
+    // Without endpoint rate limiting only the `*` rules apply there, and `.+` is not one.
+    let off = r#"{"IpRateLimiting": {"EnableRegexRuleMatching": true, "GeneralRules": [
+        {"Endpoint": ".+", "Period": "1m", "Limit": 1},
+        {"Endpoint": "*", "Period": "1h", "Limit": 100}]}}"#;
+    let l = limiter(HttpConfig::from_json_str(off).unwrap());
+    let v = decide(&l, &get, "/", ip);
+    let policies: Vec<String> = v.quotas.iter().map(|q| q.policy.to_string()).collect();
+    assert_eq!(policies, ["*-1h"]);
+    // A method part this crate cannot express is refused, naming the rule.
+    let e = err(
+        r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true,
+        "GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1},
+                         {"Endpoint": "(get|put):/x", "Period": "1s", "Limit": 1}]}}"#,
+    );
+    assert!(
+        e.starts_with("IpRateLimiting.GeneralRules[1].Endpoint:"),
+        "{e}"
+    );
+}
+
+/// AspNetCoreRateLimit counts `1mo` as 30 days and `1y` as 365; humantime has no `mo` (the
+/// document failed to load) and makes a year 365.25 days.
+#[test]
+fn aspnet_month_and_year_periods_are_theirs() {
+    let doc = r#"{"IpRateLimiting": {"GeneralRules": [
+        {"Endpoint": "*", "Period": "1mo", "Limit": 1000},
+        {"Endpoint": "*", "Period": "1y", "Limit": 10000}]}}"#;
+    let l = limiter(HttpConfig::from_json_str(doc).unwrap());
+    let v = decide(&l, &http::Method::GET, "/", [1, 1, 1, 1]);
+    let windows: Vec<(String, Duration)> = v
+        .quotas
+        .iter()
+        .map(|q| (q.policy.to_string(), q.window))
+        .collect();
+    let day = Duration::from_secs(86_400);
+    assert_eq!(
+        windows,
+        [
+            ("*-1mo".to_owned(), day * 30),
+            ("*-1y".to_owned(), day * 365)
+        ]
+    );
+}
+
+/// Any JSON value in any field of AspNetCoreRateLimit's sections: a translation or an error,
+/// never a panic (the mutated-text property rarely changes a value's kind).
+fn aspnet_shape() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::{json, Value};
+    let keys = prop::sample::select(vec![
+        "IpRateLimiting",
+        "ClientRateLimiting",
+        "IpRateLimitPolicies",
+        "ClientRateLimitPolicies",
+        "GeneralRules",
+        "IpRules",
+        "ClientRules",
+        "Rules",
+        "Endpoint",
+        "endpoint",
+        "Period",
+        "Limit",
+        "limit",
+        "Ip",
+        "ClientId",
+        "IpWhitelist",
+        "EndpointWhitelist",
+        "ClientWhitelist",
+        "EnableEndpointRateLimiting",
+        "EnableRegexRuleMatching",
+        "StackBlockedRequests",
+        "HttpStatusCode",
+        "QuotaExceededResponse",
+        "QuotaExceededMessage",
+        "Content",
+        "ContentType",
+        "StatusCode",
+        "RealIpHeader",
+        "ClientIdHeader",
+        "MonitorMode",
+        "DisableRateLimitHeaders",
+    ]);
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(|f| json!(f)),
+        prop::sample::select(vec![
+            "*",
+            "1s",
+            "7d",
+            "1mo",
+            "2q",
+            "",
+            "get:/a",
+            "re:x",
+            ".+",
+            "get:(",
+            "(a|b):/x",
+            "10.0.0.0/8",
+            "true",
+            "429",
+            "-1",
+            "1e99",
+            "{0}/{1}",
+            "application/json",
+        ])
+        .prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 40, 6, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::vec((keys.clone(), inner), 0..6).prop_map(|kv| Value::Object(
+                kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+            )),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_shape_of_aspnet_document_never_panics(section in 0usize..4, body in aspnet_shape()) {
+        let name = ["IpRateLimiting", "ClientRateLimiting", "IpRateLimitPolicies", "ClientRateLimitPolicies"][section];
+        let doc = serde_json::json!({ name: body }).to_string();
+        if let Ok(config) = HttpConfig::from_json_str(&doc) {
+            if let Ok(l) = HttpLimiter::with_clock(config, ManualClock::new()) {
+                let _ = decide(&l, &http::Method::GET, "/a", [192, 0, 2, 1]);
+            }
+        }
+    }
+}
+
+/// A JSON body template with a value that is a number (`"retry_after": {retry_after}`) stays a
+/// JSON document when the rejection has no such value (a blocklisted client, a limit-0 rule:
+/// no retry-after, no quota): `null` there, not nothing (`"retry_after": }`). Inside a string
+/// an absent value is still the empty string.
+#[test]
+fn json_template_stays_json_when_a_value_is_absent() {
+    let config = HttpConfig::from_toml_str(
+        r#"
+        [response]
+        content_type = "application/json"
+        body = '{"error": "{reason}", "limit": {limit}, "retry_after": {retry_after}, "text": "retry in {retry_after} s"}'
+        [blocklist]
+        ips = ["192.0.2.1"]
+        [[rules]]
+        name = "closed"
+        endpoint = "*:/closed"
+        period = "1m"
+        limit = 0
+        [[rules]]
+        period = "1m"
+        limit = 1
+        "#,
+    )
+    .unwrap();
+    let response = config.response.clone();
+    let l = limiter(config);
+    let get = http::Method::GET;
+    let _ = decide(&l, &get, "/", [1, 1, 1, 1]);
+    for (path, ip, limit, retry) in [
+        (
+            "/",
+            [192, 0, 2, 1],
+            serde_json::Value::Null,
+            serde_json::Value::Null,
+        ),
+        (
+            "/closed",
+            [1, 1, 1, 2],
+            serde_json::Value::Null,
+            serde_json::Value::Null,
+        ),
+        ("/", [1, 1, 1, 1], 1.into(), 60.into()),
+    ] {
+        let verdict = decide(&l, &get, path, ip);
+        let body = turnstile::http::rejection_response(&verdict, &response)
+            .expect("a rejection")
+            .into_body();
+        let json: serde_json::Value = serde_json::from_slice(&body)
+            .unwrap_or_else(|e| panic!("{path} {ip:?}: {e}: {}", String::from_utf8_lossy(&body)));
+        assert_eq!(
+            (&json["limit"], &json["retry_after"]),
+            (&limit, &retry),
+            "{json}"
+        );
+        let text = json["text"].as_str().unwrap();
+        assert_eq!(
+            text,
+            format!(
+                "retry in {} s",
+                retry.as_u64().map_or(String::new(), |s| s.to_string())
+            )
+        );
+    }
+}
