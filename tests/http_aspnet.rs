@@ -214,14 +214,114 @@ fn aspnet_regex_rule_matching_is_honoured() {
     let v = decide(&l, &get, "/", ip);
     let policies: Vec<String> = v.quotas.iter().map(|q| q.policy.to_string()).collect();
     assert_eq!(policies, ["*-1h"]);
-    // A method part this crate cannot express is refused, naming the rule.
+    // A method part matching no method is refused, naming the rule.
     let e = err(
         r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true,
         "GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1},
-                         {"Endpoint": "(get|put):/x", "Period": "1s", "Limit": 1}]}}"#,
+                         {"Endpoint": "(fetch|grab):/x", "Period": "1s", "Limit": 1}]}}"#,
     );
     assert!(
         e.starts_with("IpRateLimiting.GeneralRules[1].Endpoint:"),
+        "{e}"
+    );
+}
+
+/// AspNetCoreRateLimit's documentation limits POST and PUT together with
+/// `((post)|(put)):/api/values`: a regex over the method part becomes one rule per method it
+/// matches (each counts its own `VERB:path` there too), and its `(?:...)` groups are read
+/// whole.
+#[test]
+fn aspnet_regex_method_alternatives_become_a_rule_each() {
+    let ip = [1, 1, 1, 1];
+    for endpoint in ["((post)|(put)):/api/values", "(?:post|put):/api/values"] {
+        let doc = format!(
+            r#"{{"IpRateLimiting": {{"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true,
+            "GeneralRules": [{{"Endpoint": "{endpoint}", "Period": "1h", "Limit": 1}}]}}}}"#
+        );
+        let l = limiter(HttpConfig::from_json_str(&doc).unwrap());
+        for method in [http::Method::POST, http::Method::PUT] {
+            let first = decide(&l, &method, "/api/values", ip);
+            assert!(!rejected(&first), "{endpoint}: {method}");
+            let policies: Vec<String> = first.quotas.iter().map(|q| q.policy.to_string()).collect();
+            assert_eq!(
+                policies,
+                [format!("{}:/api/values-1h", method.as_str().to_lowercase())]
+            );
+            assert!(
+                rejected(&decide(&l, &method, "/api/values", ip)),
+                "{endpoint}: {method}"
+            );
+        }
+        let get = decide(&l, &http::Method::GET, "/api/values", ip);
+        assert!(get.quotas.is_empty(), "{endpoint}: GET is not limited");
+    }
+}
+
+/// There, wildcard patterns match the whole `VERB:path` (AspNetCoreRateLimit 4 and 5):
+/// `*:/api/values` is not `/api/values/1`, which `*:/api/values*` is.
+#[test]
+fn aspnet_wildcards_match_the_whole_path() {
+    let ip = [1, 1, 1, 1];
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "GeneralRules": [
+        {"Endpoint": "*:/api/values", "Period": "1m", "Limit": 1},
+        {"Endpoint": "get:/api/items*", "Period": "1h", "Limit": 1},
+        {"Endpoint": "*:/api/?/x", "Period": "1d", "Limit": 1}]}}"#;
+    let l = limiter(HttpConfig::from_json_str(doc).unwrap());
+    let get = http::Method::GET;
+    let names = |path: &str| -> Vec<String> {
+        decide(&l, &get, path, ip)
+            .quotas
+            .iter()
+            .map(|q| q.policy.to_string())
+            .collect()
+    };
+    assert_eq!(names("/api/values"), ["*:/api/values-1m"]);
+    assert!(names("/api/values/1").is_empty());
+    assert_eq!(names("/API/Items/7"), ["get:/api/items*-1h"]);
+    assert_eq!(names("/api/a/x"), ["*:/api/?/x-1d"]);
+    assert!(names("/api/ab/x").is_empty());
+}
+
+/// A rule's `PeriodTimespan` (a .NET `TimeSpan`) is its window there, whatever `Period` says;
+/// and a `QuotaExceededResponse` without a `StatusCode` answers 429 (its default there), over
+/// `HttpStatusCode`.
+#[test]
+fn aspnet_period_timespan_and_quota_response_status_are_theirs() {
+    let doc = r#"{"IpRateLimiting": {"HttpStatusCode": 503,
+        "QuotaExceededResponse": {"Content": "slow down"},
+        "GeneralRules": [
+          {"Endpoint": "*", "Period": "1s", "PeriodTimespan": "00:00:30", "Limit": 1},
+          {"Endpoint": "*", "Period": "1d", "PeriodTimespan": "2.00:00:00.5", "Limit": 10}]}}"#;
+    let config = HttpConfig::from_json_str(doc).unwrap();
+    assert_eq!(config.response.status, 429);
+    let periods: Vec<&str> = config.rules.iter().map(|r| r.period.as_str()).collect();
+    assert_eq!(periods, ["30s", "2days 500ms"]);
+    let windows: Vec<Duration> = limiter(config.clone())
+        .decide(&RequestInfo {
+            method: &http::Method::GET,
+            path: "/",
+            client_ip: Some([1, 1, 1, 1].into()),
+            client_id: None,
+        })
+        .quotas
+        .iter()
+        .map(|q| q.window)
+        .collect();
+    assert!(windows.contains(&Duration::from_secs(30)), "{windows:?}");
+    // A null `StatusCode` leaves `HttpStatusCode` in force.
+    let null = r#"{"IpRateLimiting": {"HttpStatusCode": 503,
+        "QuotaExceededResponse": {"StatusCode": null},
+        "GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]}}"#;
+    assert_eq!(
+        HttpConfig::from_json_str(null).unwrap().response.status,
+        503
+    );
+    // A span that is not one is an error naming the field.
+    let e = err(
+        r#"{"IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1s", "PeriodTimespan": "30 seconds", "Limit": 1}]}}"#,
+    );
+    assert!(
+        e.starts_with("IpRateLimiting.GeneralRules[0].PeriodTimespan:"),
         "{e}"
     );
 }

@@ -5,18 +5,21 @@
 //! cases is an error, as there), and numbers and booleans also from their text (`"Limit":
 //! "100"`). Fields it does not know are ignored, as there; a value of the wrong kind is an
 //! error naming the field (`IpRateLimiting.GeneralRules[2].Limit`).
-//! Endpoint patterns match as prefixes there (`*:/api/values` also matches `/api/values/1`), so
-//! each translated `verb:/path` pattern gets a trailing `*`; the rule keeps its name from the
-//! original pattern.
+//! Endpoint patterns match the whole `VERB:path` there, with `*` and `?` wildcards and in any
+//! case (AspNetCoreRateLimit 4 and 5; 3.x matched them as prefixes), as they do here:
+//! `*:/api/values` is not `/api/values/1`, `*:/api/values*` is.
 //! With `EnableRegexRuleMatching`, a section's patterns (its rules', its policies' and its
 //! `EndpointWhitelist`) are regular expressions over `verb:path`, anchored and
 //! case-insensitive there; each becomes a regex rule here (`verb:` a method name, or `.+` for
-//! any), and a pattern whose method part is another expression is an error naming it.
+//! any), and a method part that is itself a regex (`((post)|(put)):/api/values`, as its
+//! documentation writes) becomes one rule per method it matches; one matching no method is an
+//! error naming it.
 //! `IpRateLimiting` general rules count by IP, `ClientRateLimiting` ones by client id (named
 //! `client:{endpoint}-{period}` so that both sections can be used at once). With
 //! `EnableEndpointRateLimiting`, every rule counts each `VERB:path` separately, as there.
 //! Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
-//! 365, as there); other text is read as a humantime duration.
+//! 365, as there); other text is read as a humantime duration. A rule's `PeriodTimespan` (a .NET
+//! `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]`) is its window when given, as there.
 //! `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
 //! `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
 //! As there, it is `X-Real-IP` and the client id header `X-ClientId` unless a section names
@@ -25,7 +28,8 @@
 //! its `*` rules (the others never apply there) while the other section's endpoint rules do.
 //! `QuotaExceededResponse.Content` (or `QuotaExceededMessage`) is a .NET format string, turned
 //! into the body template (`{0}` limit, `{1}` period, `{2}` retry-after), sent as `text/plain`
-//! unless `ContentType` says otherwise.
+//! unless `ContentType` says otherwise, with its `StatusCode`, which is 429 unless given (it
+//! wins over `HttpStatusCode` there; a `null` one leaves `HttpStatusCode`).
 //! `StackBlockedRequests: true` is refused: rejected requests are never counted here.
 //! `RateLimitCounterPrefix` becomes `backend.prefix`, the key prefix in Redis once the backend
 //! is switched to Redis (`backend.kind = "redis"`; the memory backend has no keys).
@@ -126,6 +130,14 @@ impl<'a> Node<'a> {
         Ok(found
             .filter(|(_, value)| !value.is_null())
             .map(|(_, value)| (value, self.field(name))))
+    }
+
+    /// Whether `name` is given as `null` (which `get` reads as absent).
+    fn is_null(&self, name: &str) -> bool {
+        self.map.is_some_and(|map| {
+            map.iter()
+                .any(|(key, value)| key.eq_ignore_ascii_case(name) && value.is_null())
+        })
     }
 
     fn string(&self, name: &str) -> Result<Option<String>, HttpConfigError> {
@@ -247,23 +259,24 @@ impl<'a> Options<'a> {
     }
 }
 
-/// AspNetCoreRateLimit matches `verb:/path` as a prefix of the request's `VERB:path`: the
-/// pattern is given a trailing `*` unless it has one (or is `*`).
-fn prefix_match(endpoint: &str) -> String {
-    let trimmed = endpoint.trim();
-    if trimmed == "*" || trimmed.ends_with('*') || !trimmed.contains(':') {
-        trimmed.to_owned()
-    } else {
-        format!("{trimmed}*")
-    }
-}
+/// The methods a regular expression over the method part of a pattern is tried against (those
+/// of RFC 9110 and `PATCH`).
+const METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
 
-/// A pattern of a section with `EnableRegexRuleMatching`, as this crate's endpoint pattern:
-/// `(pattern, regex)`. There it is a regex matched, anchored and case-insensitively, against
-/// `verb:path` (and against `*:path` for "any method"); here the part before the first `:`
-/// must be a method name, or `.+`, `.*` or `*` for any method, and the rest is the regex over
-/// the path (anchored and case-insensitive here too). `.+` alone matches every request.
-fn regex_endpoint(pattern: &str, field: &str) -> Result<(String, bool), HttpConfigError> {
+/// A pattern of a section with `EnableRegexRuleMatching`, as this crate's endpoint patterns:
+/// `(name, pattern, regex)` each. There it is a regex matched, anchored and case-insensitively,
+/// against `verb:path` (and against `*:path` for "any method"); here the part before the `:`
+/// that ends a valid regex is the method part: a method name, `.+`, `.*` or `*` for any, or a
+/// regex over methods (`((post)|(put))`, as AspNetCoreRateLimit's documentation writes it),
+/// which becomes one pattern per method it matches (named `{method}:{path}`, the method in
+/// lower case). The rest is the regex over the path (anchored and case-insensitive here too).
+/// `.+` alone matches every request.
+fn regex_endpoint(
+    pattern: &str,
+    field: &str,
+) -> Result<Vec<(String, String, bool)>, HttpConfigError> {
     let trimmed = pattern.trim();
     let mut body = trimmed.strip_prefix('^').unwrap_or(trimmed);
     if let Some(rest) = body.strip_suffix('$') {
@@ -273,33 +286,53 @@ fn regex_endpoint(pattern: &str, field: &str) -> Result<(String, bool), HttpConf
             body = rest;
         }
     }
+    let named = |pattern: String, regex| vec![(trimmed.to_owned(), pattern, regex)];
     match body {
-        "*" => return Ok(("*".to_owned(), false)),
+        "*" => return Ok(named("*".to_owned(), false)),
         // Every request, but not a `*` rule: those alone apply without endpoint rate limiting.
-        ".+" | ".*" => return Ok(("*:.*".to_owned(), true)),
+        ".+" | ".*" => return Ok(named("*:.*".to_owned(), true)),
         _ => {}
     }
-    let Some((verb, path)) = body.split_once(':') else {
-        return Err(HttpConfigError::invalid(
+    let cannot = |why: String| {
+        HttpConfigError::invalid(
             field,
-            format!(
-                "{pattern:?} (EnableRegexRuleMatching) cannot be translated: expected \"verb:regex\", the verb a method name or \".+\""
-            ),
+            format!("{pattern:?} (EnableRegexRuleMatching) cannot be translated: {why}"),
+        )
+    };
+    // The method part ends at the first `:` before which the text is a whole regex (the `:` of
+    // a `(?:get|post)` group is inside it).
+    let split = body
+        .match_indices(':')
+        .map(|(i, _)| (&body[..i], &body[i + 1..]))
+        .find(|(verb, _)| regex::Regex::new(verb).is_ok());
+    let Some((verb, path)) = split else {
+        return Err(cannot(
+            "expected \"verb:regex\", the verb a method, \".+\" or a regex over methods".into(),
         ));
     };
-    let verb = match verb {
-        ".+" | ".*" | "*" => "*",
-        v if !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphabetic()) => v,
-        _ => {
-            return Err(HttpConfigError::invalid(
-                field,
-                format!(
-                    "{pattern:?} (EnableRegexRuleMatching) cannot be translated: the method part {verb:?} must be a method name or \".+\" (write one rule per method)"
-                ),
-            ))
+    match verb {
+        ".+" | ".*" | "*" => return Ok(named(format!("*:{path}"), true)),
+        v if !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphabetic()) => {
+            return Ok(named(format!("{v}:{path}"), true))
         }
-    };
-    Ok((format!("{verb}:{path}"), true))
+        _ => {}
+    }
+    let methods = regex::Regex::new(&format!("(?i)^(?:{verb})$"))
+        .map_err(|e| cannot(format!("the method part {verb:?} is not a regex: {e}")))?;
+    let matched: Vec<_> = METHODS
+        .iter()
+        .filter(|m| methods.is_match(m))
+        .map(|m| {
+            let method = m.to_ascii_lowercase();
+            (format!("{method}:{path}"), format!("{method}:{path}"), true)
+        })
+        .collect();
+    if matched.is_empty() {
+        return Err(cannot(format!(
+            "the method part {verb:?} matches none of {METHODS:?}"
+        )));
+    }
+    Ok(matched)
 }
 
 /// An AspNetCoreRateLimit period as a humantime one: `{n}mo` is `n` times 30 days and `{n}y`
@@ -347,13 +380,28 @@ impl Section<'_> {
             if self.only_any && endpoint.as_deref().is_some_and(|e| e.trim() != "*") {
                 continue;
             }
-            out.push(self.rule(&r, endpoint.unwrap_or_else(|| "*".to_owned()))?);
+            out.extend(self.rule(&r, endpoint.unwrap_or_else(|| "*".to_owned()))?);
         }
         Ok(out)
     }
 
-    fn rule(&self, r: &Node<'_>, endpoint: String) -> Result<RuleConfig, HttpConfigError> {
+    /// The rules of one AspNetCoreRateLimit rule: one, or one per method of a regex's method
+    /// part (see [`regex_endpoint`]).
+    fn rule(&self, r: &Node<'_>, endpoint: String) -> Result<Vec<RuleConfig>, HttpConfigError> {
         let period_text = r.string("Period")?.unwrap_or_default();
+        // A `PeriodTimespan` given is the window there (the period text is then only a name).
+        let period = match r.string("PeriodTimespan")? {
+            Some(text) => {
+                let window = timespan(&text).ok_or_else(|| {
+                    HttpConfigError::invalid(
+                        r.field("PeriodTimespan"),
+                        format!("{text:?} is not a .NET TimeSpan (`[d.]hh:mm[:ss[.fffffff]]`)"),
+                    )
+                })?;
+                humantime::format_duration(window).to_string()
+            }
+            None => period(&period_text),
+        };
         let limit = r.number("Limit")?.unwrap_or(0.0);
         if !(limit >= 0.0 && limit.fract() == 0.0 && limit <= u32::MAX as f64) {
             return Err(HttpConfigError::invalid(
@@ -364,28 +412,71 @@ impl Section<'_> {
                 ),
             ));
         }
-        let (pattern, regex) = self.pattern(&endpoint, &r.field("Endpoint"))?;
-        Ok(RuleConfig {
-            name: Some(format!("{}{endpoint}-{period_text}", self.prefix)),
-            endpoint: pattern,
-            regex,
-            period: period(&period_text),
-            limit: limit as u64,
-            key: self.key,
-            monitor: r.bool("MonitorMode")?,
-            per_endpoint: self.per_endpoint,
-            ..RuleConfig::default()
-        })
-    }
-
-    /// An endpoint pattern of this section as this crate's: `(pattern, regex)`.
-    fn pattern(&self, endpoint: &str, field: &str) -> Result<(String, bool), HttpConfigError> {
-        if self.regex {
-            regex_endpoint(endpoint, field)
+        let monitor = r.bool("MonitorMode")?;
+        let patterns = if self.regex {
+            regex_endpoint(&endpoint, &r.field("Endpoint"))?
         } else {
-            Ok((prefix_match(endpoint), false))
-        }
+            let pattern = endpoint.trim().to_owned();
+            vec![(endpoint, pattern, false)]
+        };
+        Ok(patterns
+            .into_iter()
+            .map(|(name, pattern, regex)| RuleConfig {
+                name: Some(format!("{}{name}-{period_text}", self.prefix)),
+                endpoint: pattern,
+                regex,
+                period: period.clone(),
+                limit: limit as u64,
+                key: self.key,
+                monitor,
+                per_endpoint: self.per_endpoint,
+                ..RuleConfig::default()
+            })
+            .collect())
     }
+}
+
+/// A .NET `TimeSpan` as ASP.NET's configuration binder reads it: `[-][d.]hh:mm[:ss[.fffffff]]`,
+/// or a whole number of days. `None` for anything else, or a negative or zero span.
+fn timespan(text: &str) -> Option<std::time::Duration> {
+    let text = text.trim();
+    let number = |s: &str| -> Option<u64> {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    let (days, clock) = match text.split_once(':') {
+        None => (number(text)?, None),
+        Some(_) => match text.split_once('.') {
+            // `d.hh:mm...`: the dot before the first colon separates the days.
+            Some((d, rest)) if !d.contains(':') => (number(d)?, Some(rest)),
+            _ => (0, Some(text)),
+        },
+    };
+    let mut nanos = u128::from(days) * 86_400 * 1_000_000_000;
+    if let Some(clock) = clock {
+        let mut parts = clock.split(':');
+        let hours = number(parts.next()?)?;
+        let minutes = number(parts.next()?)?;
+        let (seconds, fraction) = match parts.next() {
+            Some(s) => match s.split_once('.') {
+                Some((whole, frac)) if frac.len() <= 7 && number(frac).is_some() => {
+                    (number(whole)?, format!("{frac:0<9}").parse::<u128>().ok()?)
+                }
+                Some(_) => return None,
+                None => (number(s)?, 0),
+            },
+            None => (0, 0),
+        };
+        if parts.next().is_some() || hours > 23 || minutes > 59 || seconds > 59 {
+            return None;
+        }
+        nanos += (u128::from(hours) * 3600 + u128::from(minutes) * 60 + u128::from(seconds))
+            * 1_000_000_000
+            + fraction;
+    }
+    let nanos = u64::try_from(nanos).ok().filter(|&n| n > 0)?;
+    Some(std::time::Duration::from_nanos(nanos))
 }
 
 /// How AspNetCoreRateLimit formats `QuotaExceededResponse.Content` and `QuotaExceededMessage`
@@ -459,8 +550,12 @@ fn apply_options(
     let mut content = node.string("QuotaExceededMessage")?;
     let mut content_type = None;
     if let Some(q) = node.object("QuotaExceededResponse")? {
-        if let Some(status) = q.status("StatusCode")? {
-            config.response.status = status;
+        // Its `StatusCode` defaults to 429 there and wins over `HttpStatusCode`; only a `null`
+        // one leaves `HttpStatusCode` in force.
+        match q.status("StatusCode")? {
+            Some(status) => config.response.status = status,
+            None if !q.is_null("StatusCode") => config.response.status = 429,
+            None => {}
         }
         content_type = q.string("ContentType")?;
         content = q.string("Content")?.or(content);
@@ -485,14 +580,16 @@ fn apply_options(
     config.whitelist.ips.extend(node.strings("IpWhitelist")?);
     for (i, endpoint) in node.strings("EndpointWhitelist")?.into_iter().enumerate() {
         let field = format!("{}[{i}]", node.field("EndpointWhitelist"));
-        let endpoint = match section.regex {
-            true => match regex_endpoint(&endpoint, &field)? {
-                (pattern, true) => format!("re:{pattern}"),
-                (pattern, false) => pattern,
-            },
-            false => endpoint,
-        };
-        config.whitelist.endpoints.push(endpoint);
+        if !section.regex {
+            config.whitelist.endpoints.push(endpoint);
+            continue;
+        }
+        for (_, pattern, regex) in regex_endpoint(&endpoint, &field)? {
+            config.whitelist.endpoints.push(match regex {
+                true => format!("re:{pattern}"),
+                false => pattern,
+            });
+        }
     }
     config
         .whitelist
