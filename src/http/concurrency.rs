@@ -311,7 +311,8 @@ pub struct ConcurrencyService<S> {
 /// ));
 /// let future: ConcurrencyFuture<http::Response<RateLimitBody<&str>>, Infallible> =
 ///     service.ready().await?.call(http::Request::new(()));
-/// // The permit is taken when the future first runs and held until the response body is done.
+/// // Without `wait`, `call` takes the permit (with `wait`, the future queues for it when first
+/// // polled); it is held until the response body is done.
 /// let response = future.await?;
 /// assert_eq!(response.status(), 200);
 /// assert_eq!(limiter.available(), 0);

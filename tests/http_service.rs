@@ -1,0 +1,312 @@
+//! The tower contracts of `RateLimitLayer` and `ConcurrencyLayer`: reservations of an inner
+//! `Buffer` or `ConcurrencyLimit` across pending decisions and dropped futures, permits held
+//! until a streamed body (and its trailers) ends, the `wait` timeout, and rejections framed right
+//! for HEAD, HTTP/1.0 and `Connection: close`.
+
+#![cfg(feature = "http")]
+
+use bytes::Bytes;
+use http_body::Body;
+use http_body_util::BodyExt;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tower::{Layer, Service};
+use turnstile::http::{
+    Check, ConcurrencyLayer, Outcome, Policy, QuotaState, Quotas, RateLimitLayer, RejectReason,
+    RequestInfo, Verdict,
+};
+use turnstile::ConcurrencyLimiter;
+
+fn admitted(name: &'static str) -> Verdict {
+    Verdict {
+        outcome: Outcome::Admitted,
+        quotas: QuotaState {
+            policy: name.into(),
+            limit: 10,
+            window: Duration::from_secs(1),
+            remaining: 5,
+            reset_after: Duration::from_millis(500),
+        }
+        .into(),
+    }
+}
+
+fn rejected() -> Verdict {
+    Verdict {
+        outcome: Outcome::Rejected {
+            reason: RejectReason::RateLimited,
+            rule: "r".into(),
+            retry_after: Some(Duration::from_secs(1)),
+        },
+        quotas: Quotas::new(),
+    }
+}
+
+/// Decides every request through `Check::Pending`, with a decision the test sends.
+#[derive(Default, Clone)]
+struct Remote {
+    senders: Arc<Mutex<VecDeque<oneshot::Sender<Verdict>>>>,
+}
+
+impl Remote {
+    fn decide(&self, verdict: Verdict) -> Result<(), Verdict> {
+        let sender = self
+            .senders
+            .lock()
+            .unwrap()
+            .pop_front()
+            .expect("a pending check");
+        sender.send(verdict)
+    }
+}
+
+impl Policy for Remote {
+    fn check(&self, _: &RequestInfo<'_>) -> Check {
+        let (tx, rx) = oneshot::channel();
+        self.senders.lock().unwrap().push_back(tx);
+        Check::Pending(Box::pin(
+            async move { rx.await.unwrap_or_else(|_| rejected()) },
+        ))
+    }
+}
+
+struct Fixed(fn() -> Verdict);
+
+impl Policy for Fixed {
+    fn check(&self, _: &RequestInfo<'_>) -> Check {
+        Check::Ready((self.0)())
+    }
+}
+
+fn noop() -> Context<'static> {
+    Context::from_waker(Waker::noop())
+}
+
+fn ok_service() -> impl Service<
+    http::Request<String>,
+    Response = http::Response<String>,
+    Error = Infallible,
+    Future = std::future::Ready<Result<http::Response<String>, Infallible>>,
+> + Clone {
+    tower::service_fn(|_: http::Request<String>| {
+        std::future::ready(Ok::<_, Infallible>(http::Response::new(String::from("ok"))))
+    })
+}
+
+/// With `Buffer` inside, a request waiting for a remote decision keeps its slot; dropping its
+/// future (a client that disconnects) gives the slot back and drops the decision.
+#[tokio::test]
+async fn pending_decision_keeps_the_buffer_slot_and_a_drop_releases_it() {
+    let remote = Remote::default();
+    let buffer = tower::buffer::Buffer::new(ok_service(), 1);
+    let mut service = RateLimitLayer::new(remote.clone()).layer(buffer.clone());
+    let mut other = buffer;
+    assert!(service.poll_ready(&mut noop()).is_ready());
+    let mut future = Box::pin(service.call(http::Request::new(String::new())));
+    assert!(future.as_mut().poll(&mut noop()).is_pending());
+    assert!(
+        other.poll_ready(&mut noop()).is_pending(),
+        "the waiting request keeps its slot"
+    );
+    drop(future);
+    assert!(
+        remote.decide(admitted("a")).is_err(),
+        "the decision future was dropped"
+    );
+    assert!(
+        std::future::poll_fn(|cx| other.poll_ready(cx))
+            .await
+            .is_ok(),
+        "the slot is free again"
+    );
+}
+
+/// A pending decision that rejects releases the reservation of the service polled ready.
+#[tokio::test]
+async fn pending_rejection_releases_the_concurrency_limit_permit() {
+    let remote = Remote::default();
+    let limited = tower::limit::ConcurrencyLimit::new(ok_service(), 1);
+    let mut service = RateLimitLayer::new(remote.clone()).layer(limited.clone());
+    assert!(service.poll_ready(&mut noop()).is_ready());
+    let mut future = Box::pin(service.call(http::Request::new(String::new())));
+    assert!(future.as_mut().poll(&mut noop()).is_pending());
+    let mut other = limited;
+    assert!(other.poll_ready(&mut noop()).is_pending());
+    remote.decide(rejected()).unwrap();
+    // Polled to completion but not dropped: the permit must already be back.
+    let response = std::future::poll_fn(|cx| future.as_mut().poll(cx))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    assert!(
+        other.poll_ready(&mut noop()).is_ready(),
+        "the rejection gave the permit back"
+    );
+    drop(future);
+}
+
+/// A body with trailers (gRPC's): passed through `RateLimitBody`, which ends after them.
+struct WithTrailers {
+    frames: VecDeque<http_body::Frame<Bytes>>,
+}
+
+impl Body for WithTrailers {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.frames.pop_front().map(Ok))
+    }
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty()
+    }
+}
+
+#[tokio::test]
+async fn concurrency_body_passes_trailers_and_releases_at_the_end() {
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = layer.limiter().clone();
+    let mut service = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        Ok::<_, Infallible>(http::Response::new(WithTrailers {
+            frames: VecDeque::from([
+                http_body::Frame::data(Bytes::from_static(b"abc")),
+                http_body::Frame::trailers(trailers),
+            ]),
+        }))
+    }));
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = service.call(http::Request::new(())).await.unwrap();
+    assert_eq!(limiter.available(), 0);
+    let mut body = response.into_body();
+    assert_eq!(body.size_hint().exact(), None);
+    let data = body.frame().await.unwrap().unwrap();
+    assert_eq!(data.into_data().unwrap(), "abc");
+    assert_eq!(limiter.available(), 0, "held while the body streams");
+    let trailers = body.frame().await.unwrap().unwrap();
+    assert_eq!(trailers.into_trailers().unwrap()["grpc-status"], "0");
+    assert!(body.is_end_stream());
+    assert!(body.frame().await.is_none());
+    assert_eq!(
+        limiter.available(),
+        1,
+        "released at the end, body still alive"
+    );
+    drop(body);
+}
+
+/// `wait`'s timeout: a request still queued then is rejected (gRPC status for gRPC), leaves the
+/// queue, and takes no permit.
+#[tokio::test(start_paused = true)]
+async fn concurrency_wait_times_out_into_a_rejection() {
+    let layer =
+        ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(Duration::from_secs(2));
+    let limiter = layer.limiter().clone();
+    let mut service = layer.layer(ok_service());
+    let held = limiter.try_acquire_owned(1).unwrap();
+    for grpc in [false, true] {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let mut request = http::Request::new(String::new());
+        if grpc {
+            request
+                .headers_mut()
+                .insert("content-type", "application/grpc".parse().unwrap());
+        }
+        let started = tokio::time::Instant::now();
+        let response = service.call(request).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        if grpc {
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.headers()["grpc-status"], "8");
+            assert!(response.body().is_end_stream());
+        } else {
+            assert_eq!(response.status(), 503);
+        }
+        assert_eq!(limiter.stats().waiting, 0);
+    }
+    drop(held);
+    assert_eq!(limiter.available(), 1);
+}
+
+/// A waiter dropped after the permit was handed to it (its client gone) gives it back.
+#[tokio::test(start_paused = true)]
+async fn concurrency_waiter_dropped_after_the_grant_gives_the_permit_back() {
+    let layer =
+        ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(Duration::from_secs(2));
+    let limiter = layer.limiter().clone();
+    let mut service = layer.layer(ok_service());
+    let held = limiter.try_acquire_owned(1).unwrap();
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let mut future = service.call(http::Request::new(String::new()));
+    assert!(future.as_mut().poll(&mut noop()).is_pending());
+    drop(held);
+    drop(future);
+    assert_eq!(limiter.available(), 1);
+    assert_eq!(limiter.stats().waiting, 0);
+}
+
+/// Raw HTTP/1 exchanges with a whole-router service: a rejected HEAD gets the GET's
+/// Content-Length and no body; an HTTP/1.0 client gets a delimited rejection.
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_http1_head_and_http10() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
+    let service = RateLimitLayer::new(Fixed(rejected)).layer(app);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            axum::ServiceExt::<axum::extract::Request>::into_make_service(service),
+        )
+        .await
+        .unwrap();
+    });
+    let exchange = |request: &'static str| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        stream.read_to_string(&mut out).await.unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length: "))
+            .expect("a content-length")
+            .parse()
+            .unwrap();
+        (
+            head.lines().next().unwrap().to_owned(),
+            length,
+            body.to_owned(),
+        )
+    };
+    let (status, length, body) =
+        exchange("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(status, "HTTP/1.1 429 Too Many Requests");
+    assert_eq!(length, body.len());
+    assert!(length > 0);
+    let (status, head_length, head_body) =
+        exchange("HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(status, "HTTP/1.1 429 Too Many Requests");
+    assert_eq!(head_length, length, "HEAD: the GET's length");
+    assert!(head_body.is_empty(), "HEAD: no body");
+    let (status, length, body) = exchange("GET / HTTP/1.0\r\n\r\n").await;
+    assert_eq!(status, "HTTP/1.0 429 Too Many Requests");
+    assert_eq!(length, body.len());
+}
