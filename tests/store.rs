@@ -193,3 +193,110 @@ async fn two_processes_over_one_get_set_store_can_over_admit() {
     let (r1, r2) = tokio::join!(c.try_acquire("x"), c.try_acquire("x"));
     assert!(r1.is_ok() != r2.is_ok(), "{r1:?} {r2:?}");
 }
+
+/// Stored values the limiter did not write: the docs promise that "a stored value that cannot be
+/// this algorithm's state is treated as absent". An exact sliding window's ring of the right
+/// length but inconsistent contents (a corrupt value, another version's layout) must be treated
+/// so too, not spun on forever or panicked on.
+mod stored_values {
+    use std::collections::HashMap;
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use turnstile::{Admission, Algorithm, Store, StoreLimiter, TryAcquireError};
+
+    /// A store in memory, preloaded with values; TTLs are ignored (the values stay).
+    #[derive(Default, Clone)]
+    struct Preloaded(Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>);
+
+    impl Store for Preloaded {
+        type Error = std::convert::Infallible;
+
+        async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+            Ok(self.0.lock().unwrap().get(key).cloned())
+        }
+
+        async fn set(&self, key: &[u8], value: Vec<u8>, _: Duration) -> Result<(), Self::Error> {
+            self.0.lock().unwrap().insert(key.to_vec(), value);
+            Ok(())
+        }
+    }
+
+    fn bytes(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// `try_acquire_n(subject, n)` on a sliding window of limit 2 whose stored ring is `words`, on
+    /// its own thread and runtime, so that a busy spin or a panic inside is reported rather than
+    /// hanging the test binary.
+    fn decide_on(words: &[u64], n: u32) -> Result<Admission, TryAcquireError> {
+        let store = Preloaded::default();
+        let limiter = StoreLimiter::new(
+            Algorithm::SlidingWindow {
+                limit: 2,
+                window: Duration::from_secs(60),
+            },
+            "t",
+            store.clone(),
+        )
+        .unwrap();
+        store
+            .0
+            .lock()
+            .unwrap()
+            .insert(limiter.key("x"), bytes(words));
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let _ = tx.send(runtime.block_on(limiter.try_acquire_n("x", n)));
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(outcome) => outcome,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!(
+                    "the decision never returned (busy spin on the restored ring, key lock held)"
+                )
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the decision panicked"),
+        }
+    }
+
+    /// head = 2 (two tickets claimed), but both slots still say "never written" (lap parity 1):
+    /// the ring claims tickets it never published. The in-memory algorithm waits for the writer it
+    /// believes to be between claim and publish; restored from a store there is none, so it spun
+    /// forever, holding the subject's lock and an executor thread.
+    #[test]
+    fn inconsistent_sliding_window_ring_is_treated_as_absent() {
+        let admission = decide_on(&[2, 0, 1, 1], 1).expect("a fresh ring admits");
+        assert_eq!(admission.remaining(), 1);
+    }
+
+    /// A head near u64::MAX (RETIRED excluded, `expired <= head`, the right length: everything the
+    /// restore checks) overflowed `head + n` (a panic in debug builds; in release the claim wrapped).
+    #[test]
+    fn sliding_window_head_near_the_top_is_treated_as_absent() {
+        let admission = decide_on(&[u64::MAX - 1, 0, 0, 0], 2).expect("a fresh ring admits");
+        assert_eq!(admission.remaining(), 0);
+    }
+
+    /// The check that discards inconsistent rings keeps every ring the limiter itself writes,
+    /// including one whose tickets have wrapped around the slots: limit 2, tickets 1 and 2 live
+    /// (ticket 1 in slot 1 on lap 0, ticket 2 in slot 0 on lap 1), head 3. Restored, it rejects.
+    #[test]
+    fn a_wrapped_ring_is_restored_not_discarded() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let expiry = now + 60_000_000_000;
+        let slot = |parity: u64| (expiry << 1) | parity;
+        match decide_on(&[3, 1, slot(1), slot(0)], 1) {
+            Err(TryAcquireError::Rejected(r)) => {
+                assert!(r.retry_after() > Duration::from_secs(50), "{r:?}")
+            }
+            other => panic!("the stored ring was lost: {other:?}"),
+        }
+    }
+}

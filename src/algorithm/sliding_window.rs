@@ -559,6 +559,17 @@ impl Algo for SlidingWindow {
         if *head == RETIRED || slots.len() != self.capacity as usize || expired > head {
             return None;
         }
+        // A ring as `save` writes it after a finished decision: every ticket below `head` was
+        // published, so the R tickets before it show their own lap's parity. One that does not
+        // (a corrupt value, another layout) would make a decision wait forever for a writer
+        // "between claim and publish" that does not exist, and a head near `u64::MAX` would
+        // overflow a claim: neither is this algorithm's state (2^62 tickets is far beyond any
+        // real count).
+        let laps = slots.len() as u64;
+        let published = |t: u64| slots[(t % laps) as usize] & 1 == (t / laps) & 1;
+        if *head > 1 << 62 || !(head.saturating_sub(laps)..*head).all(published) {
+            return None;
+        }
         Some(Ring {
             head: AtomicU64::new(*head),
             expired: AtomicU64::new(*expired),
