@@ -930,3 +930,92 @@ fn refunded_keys_are_still_evicted() {
         assert!(first.is_empty(), "{algorithm:?}: {} keys left", first.len());
     }
 }
+
+/// A path the model proptest above does not reach: a per-key member at its key cap with
+/// `KeyOverflow::Shared`, whose admission was made on the shared overflow cell, must be refunded
+/// to that cell (not to the key, which has no cell) when a later member loses the commit race.
+mod overflow_refund {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use turnstile::{
+        Algorithm, Clock, KeyOverflow, KeyedChain, KeyedLimiter, RateLimiter, TryAcquireError,
+    };
+
+    type Hook = Box<dyn FnOnce() + Send>;
+
+    #[derive(Default)]
+    struct HookState {
+        now: AtomicU64,
+        /// Readings left before the hook fires (0: disarmed).
+        countdown: AtomicUsize,
+        hook: Mutex<Option<Hook>>,
+    }
+
+    /// A manual clock whose `countdown`-th reading runs a hook first: a racing thread's call
+    /// placed exactly between a chain's check pass and its commit pass.
+    #[derive(Clone, Default)]
+    struct HookClock(Arc<HookState>);
+
+    impl HookClock {
+        fn arm(&self, readings: usize, hook: Hook) {
+            *self.0.hook.lock().unwrap() = Some(hook);
+            self.0.countdown.store(readings, Ordering::SeqCst);
+        }
+    }
+
+    impl Clock for HookClock {
+        fn now(&self) -> u64 {
+            let fire = self
+                .0
+                .countdown
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
+                == Ok(1);
+            if fire {
+                let hook = self.0.hook.lock().unwrap().take();
+                if let Some(hook) = hook {
+                    hook();
+                }
+            }
+            self.0.now.load(Ordering::SeqCst)
+        }
+    }
+
+    #[test]
+    fn a_refund_on_the_shared_overflow_cell_goes_back_to_it() {
+        let clock = HookClock::default();
+        clock.0.now.store(10, Ordering::SeqCst);
+        let window = Duration::from_secs(60);
+        let per_key = KeyedLimiter::<u8, _>::builder(Algorithm::FixedWindow { limit: 2, window })
+            .clock(clock.clone())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let global =
+            RateLimiter::with_clock(Algorithm::FixedWindow { limit: 3, window }, clock.clone())
+                .unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        chain.try_acquire(&1).unwrap(); // key 1 fills the cap; the global member has 2 left
+        let racer = global.clone();
+        // Readings 1 and 2 are the check pass; the 3rd is the per-key commit, on the overflow cell
+        // (key 2 has no room): before it, a racing call takes one of the global member's two.
+        clock.arm(
+            3,
+            Box::new(move || {
+                racer.try_acquire().unwrap();
+            }),
+        );
+        assert!(matches!(
+            chain.try_acquire_n(&2, 2),
+            Err(TryAcquireError::Rejected(_))
+        ));
+        assert_eq!(chain.stats().refunded, 1, "the race was not reproduced");
+        // The overflow cell got its 2 permits back: another key over the cap can take them.
+        assert!(per_key.try_acquire_n(&3, 2).is_ok());
+    }
+}
