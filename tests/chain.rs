@@ -935,56 +935,16 @@ fn refunded_keys_are_still_evicted() {
 /// `KeyOverflow::Shared`, whose admission was made on the shared overflow cell, must be refunded
 /// to that cell (not to the key, which has no cell) when a later member loses the commit race.
 mod overflow_refund {
-    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-    use std::sync::{Arc, Mutex};
+    use super::HookClock;
     use std::time::Duration;
     use turnstile::{
-        Algorithm, Clock, KeyOverflow, KeyedChain, KeyedLimiter, RateLimiter, TryAcquireError,
+        Algorithm, KeyOverflow, KeyedChain, KeyedLimiter, RateLimiter, TryAcquireError,
     };
-
-    type Hook = Box<dyn FnOnce() + Send>;
-
-    #[derive(Default)]
-    struct HookState {
-        now: AtomicU64,
-        /// Readings left before the hook fires (0: disarmed).
-        countdown: AtomicUsize,
-        hook: Mutex<Option<Hook>>,
-    }
-
-    /// A manual clock whose `countdown`-th reading runs a hook first: a racing thread's call
-    /// placed exactly between a chain's check pass and its commit pass.
-    #[derive(Clone, Default)]
-    struct HookClock(Arc<HookState>);
-
-    impl HookClock {
-        fn arm(&self, readings: usize, hook: Hook) {
-            *self.0.hook.lock().unwrap() = Some(hook);
-            self.0.countdown.store(readings, Ordering::SeqCst);
-        }
-    }
-
-    impl Clock for HookClock {
-        fn now(&self) -> u64 {
-            let fire = self
-                .0
-                .countdown
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
-                == Ok(1);
-            if fire {
-                let hook = self.0.hook.lock().unwrap().take();
-                if let Some(hook) = hook {
-                    hook();
-                }
-            }
-            self.0.now.load(Ordering::SeqCst)
-        }
-    }
 
     #[test]
     fn a_refund_on_the_shared_overflow_cell_goes_back_to_it() {
         let clock = HookClock::default();
-        clock.0.now.store(10, Ordering::SeqCst);
+        clock.advance(10);
         let window = Duration::from_secs(60);
         let per_key = KeyedLimiter::<u8, _>::builder(Algorithm::FixedWindow { limit: 2, window })
             .clock(clock.clone())
