@@ -366,11 +366,18 @@ async fn keys_expire_at_the_millisecond_their_state_ends() {
                 .arg(limiter.key(&subject))
                 .query(&mut con)
                 .unwrap();
-            assert_eq!(
-                expires,
-                end_us.div_ceil(1000) as i64,
-                "{algorithm:?}, call {i}: {admission:?}"
-            );
+            let due = end_us.div_ceil(1000) as i64;
+            // A key whose time has come may be gone when we look (-2): then its time must have
+            // passed on Redis's clock (a nearly full bucket lives for microseconds).
+            if expires == -2 {
+                let now_ms = (redis_now(&mut con) / 1000) as i64;
+                assert!(
+                    now_ms >= due,
+                    "{algorithm:?}, call {i}: gone before {due} ms, now {now_ms} ms"
+                );
+                continue;
+            }
+            assert_eq!(expires, due, "{algorithm:?}, call {i}: {admission:?}");
         }
     }
 }
