@@ -11,8 +11,8 @@ use redis_server::RedisServer;
 use std::time::Duration;
 use turnstile::redis::{self, aio::ConnectionManager};
 use turnstile::{
-    AcquireError, Algorithm, FailurePolicy, ManualClock, Rate, RateLimiter, RedisLimiter,
-    TryAcquireError,
+    AcquireError, Admission, Algorithm, FailurePolicy, ManualClock, Rate, RateLimiter,
+    RedisLimiter, TryAcquireError,
 };
 
 const PREFIX: &str = "parity";
@@ -67,6 +67,21 @@ if not admitted then return {{0, now, t, 0}} end
 return {{1, now, t, remaining}}
 "
     )
+}
+
+/// A script's reply `{admitted, now, reset_after µs, remaining}` says what the in-memory
+/// admission `a` says.
+fn assert_admitted_alike(reply: &[i64], a: &Admission, context: &str) {
+    assert_eq!(
+        reply[0], 1,
+        "Redis rejected, memory admitted {a:?}; {context}"
+    );
+    assert_eq!(reply[3] as u32, a.remaining(), "remaining; {context}");
+    assert_eq!(
+        reply[2] as u128 * 1000,
+        a.reset_after().as_nanos(),
+        "reset_after; {context}"
+    );
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -139,21 +154,7 @@ fn differential(
         history.push((t, n, reply.clone()));
         let context = || format!("{algorithm:?}, seed {seed}, step {step}: {history:?}");
         match expected {
-            Ok(a) => {
-                assert_eq!(
-                    reply[0],
-                    1,
-                    "Redis rejected, memory admitted {a:?}; {}",
-                    context()
-                );
-                assert_eq!(reply[3] as u32, a.remaining(), "remaining; {}", context());
-                assert_eq!(
-                    reply[2] as u128 * 1000,
-                    a.reset_after().as_nanos(),
-                    "reset_after; {}",
-                    context()
-                );
-            }
+            Ok(a) => assert_admitted_alike(&reply, &a, &context()),
             Err(TryAcquireError::Rejected(r)) => {
                 assert_eq!(
                     reply[0],
@@ -329,16 +330,7 @@ fn the_lua_chain_decides_as_the_in_memory_chain() {
             history.push((t, n, reply.clone()));
             let context = || format!("{members:?}, step {step}: {history:?}");
             match expected {
-                Ok(a) => {
-                    assert_eq!(reply[0], 1, "memory admitted {a:?}; {}", context());
-                    assert_eq!(reply[3] as u32, a.remaining(), "remaining; {}", context());
-                    assert_eq!(
-                        reply[2] as u128 * 1000,
-                        a.reset_after().as_nanos(),
-                        "reset; {}",
-                        context()
-                    );
-                }
+                Ok(a) => assert_admitted_alike(&reply, &a, &context()),
                 Err(TryAcquireError::Rejected(r)) => {
                     assert_eq!(reply[0], 0, "memory rejected {r:?}; {}", context());
                     let redis_ns = reply[2] as u64 * 1000;
