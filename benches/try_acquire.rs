@@ -16,6 +16,10 @@
 //! | `reject_1t` | reject path (limiter exhausted at setup), one thread |
 //! | `admit_2t`, `reject_2t` | two threads on one limiter: wall time for `iters` calls on each thread, per call. `admit_2t/floor/*`: the floor with both threads on one word |
 //!
+//! And, only when named (`cargo bench --bench try_acquire -- clock-cpu`, Linux), not a
+//! criterion group: the CPU time the clocks' background threads take, idle and read, beside
+//! quanta's upkeep thread and `MonotonicClock` (see [`clock_cpu`]).
+//!
 //! Clocks: turnstile's default is [`UpkeepClock`] (an atomic refreshed every 1 ms by a background
 //! thread); governor's default is `QuantaClock` (a TSC read, scaled). `@quanta` rows run turnstile on
 //! a bench-only [`Clock`] that reads quanta exactly like governor's `QuantaClock`, and
@@ -451,4 +455,146 @@ criterion_group! {
     config = config();
     targets = bench_clocks, bench_floors, bench_admit_1t, bench_reject_1t, bench_two_threads
 }
-criterion_main!(benches);
+/// This process's threads and the CPU time each has run so far, in nanoseconds (the first field
+/// of `/proc/self/task/*/schedstat`; Linux).
+fn thread_cpu_ns() -> std::collections::HashMap<std::ffi::OsString, u64> {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task (Linux)")
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            Some((
+                task.file_name(),
+                stat.split_whitespace().next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The number of threads this process has now.
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task (Linux)")
+        .count()
+}
+
+/// The cases of `clock-cpu`: what runs during each one-second window.
+const CPU_CASES: [&str; 7] = [
+    "nothing",
+    "turnstile `UpkeepClock` (1 ms), never read",
+    "quanta `Upkeep` (1 ms; governor's `QuantaUpkeepClock`), never read",
+    "turnstile `UpkeepClock`, read every 5 ms",
+    "`MonotonicClock`, read every 5 ms",
+    "turnstile `UpkeepClock`, read every 0.2 ms",
+    "`MonotonicClock`, read every 0.2 ms",
+];
+
+/// Reads `clock` every `every` for `window`.
+fn read_every<C: Clock>(clock: &C, every: Duration, window: Duration) {
+    let end = Instant::now() + window;
+    while Instant::now() < end {
+        black_box(clock.now());
+        std::thread::sleep(every);
+    }
+}
+
+/// The CPU (all threads) that one window of `case` takes, in milliseconds per second.
+fn cpu_window(case: usize) -> f64 {
+    let window = Duration::from_secs(1);
+    // The CPU each thread alive at the end ran during the window (a thread that exits within
+    // it would take its time out of a plain sum).
+    let measure = |run: &dyn Fn()| {
+        let (start, before) = (Instant::now(), thread_cpu_ns());
+        run();
+        let cpu: u64 = thread_cpu_ns()
+            .iter()
+            .map(|(tid, ns)| ns.saturating_sub(before.get(tid).copied().unwrap_or(0)))
+            .sum();
+        cpu as f64 / 1e6 / start.elapsed().as_secs_f64()
+    };
+    let upkeep = || UpkeepClock::with_interval(Duration::from_millis(1)).expect("1 ms");
+    match case {
+        0 => measure(&|| std::thread::sleep(window)),
+        1 => {
+            let clock = upkeep();
+            // Its thread parks after a few ticks with no read.
+            std::thread::sleep(Duration::from_millis(50));
+            let cpu = measure(&|| std::thread::sleep(window));
+            drop(clock);
+            cpu
+        }
+        2 => {
+            let handle = quanta::Upkeep::new(QUANTA_UPKEEP)
+                .start()
+                .expect("quanta upkeep thread");
+            std::thread::sleep(Duration::from_millis(50));
+            let cpu = measure(&|| std::thread::sleep(window));
+            drop(handle);
+            cpu
+        }
+        3 | 5 => {
+            let clock = upkeep();
+            let every = Duration::from_micros(if case == 3 { 5_000 } else { 200 });
+            measure(&|| read_every(&clock, every, window))
+        }
+        4 | 6 => {
+            let clock = MonotonicClock::new();
+            let every = Duration::from_micros(if case == 4 { 5_000 } else { 200 });
+            measure(&|| read_every(&clock, every, window))
+        }
+        _ => unreachable!("no case {case}"),
+    }
+}
+
+/// **CPU of the clocks' threads** (`clock-cpu`, only when named; Linux): each case of
+/// [`CPU_CASES`] for one second, the order rotating, `ROUNDS` rounds; the medians of the
+/// process's CPU time per second (all threads). An upkeep thread woken every millisecond is not
+/// free, least of all in a VM, where each wake-up of an idle vCPU goes through the hypervisor.
+fn clock_cpu() {
+    const ROUNDS: usize = 7;
+    if !std::env::args().any(|a| a == "clock-cpu") {
+        return;
+    }
+    let threads = thread_count();
+    let mut rounds = vec![Vec::new(); CPU_CASES.len()];
+    for round in 0..ROUNDS {
+        for k in 0..CPU_CASES.len() {
+            let case = (round + k) % CPU_CASES.len();
+            // The clock threads of the case before have exited (a thread that exits within a
+            // window would take its CPU time out of the sum).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while thread_count() > threads {
+                assert!(
+                    Instant::now() < deadline,
+                    "a clock thread outlived its clock"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            rounds[case].push(cpu_window(case));
+        }
+    }
+    let mut table = format!(
+        "CPU time of the process per second of wall time, all threads: medians of {ROUNDS} \
+         one-second windows, order rotating\n\n| case | ms of CPU per s | min–max |\n|---|---|---|\n"
+    );
+    for (name, mut values) in CPU_CASES.iter().zip(rounds) {
+        values.sort_by(f64::total_cmp);
+        table += &format!(
+            "| {name} | {:.2} | {:.2}–{:.2} |\n",
+            values[values.len() / 2],
+            values[0],
+            values[values.len() - 1]
+        );
+    }
+    println!("\n{table}");
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(
+            || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"),
+            Into::into,
+        )
+        .join("criterion");
+    std::fs::create_dir_all(&dir).expect("create the output directory");
+    std::fs::write(dir.join("clock-cpu.md"), table).expect("write the table");
+}
+
+criterion_main!(benches, clock_cpu);

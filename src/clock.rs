@@ -12,7 +12,7 @@
 //! algorithms rely on monotonic time (see the [`Clock`] contract).
 
 use crate::error::ConfigError;
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 /// A monotonic time source: nanoseconds since an epoch fixed when the clock was made.
@@ -139,7 +139,8 @@ impl Clock for MonotonicClock {
     }
 }
 
-/// A clock that one background thread keeps up to date; reading it is a single atomic load.
+/// A clock that one background thread keeps up to date while it is read; reading it is one or two
+/// atomic loads.
 ///
 /// The thread ("turnstile-clock") stores `Instant::elapsed()` into an atomic every tick (1 ms by
 /// default) and exits by itself once every `UpkeepClock` sharing it has been dropped. All clocks made
@@ -148,12 +149,19 @@ impl Clock for MonotonicClock {
 ///
 /// - **Resolution:** the tick. Readings lag real time by at most one tick plus the thread's
 ///   scheduling delay; a stalled thread makes time stand still, which only makes limiters stricter.
+/// - **Idle, it costs nothing:** after two ticks in a row with no read the thread parks until it
+///   is needed. Meanwhile each read takes `Instant` itself (so it is exact, at `Instant`'s cost),
+///   and a read that comes within an eighth of a tick of the reading before it wakes the thread.
+///   So a clock read more than about twice a tick keeps its thread ticking, one read much less
+///   often leaves it parked, and one not read at all costs no CPU. A thread woken 1,000 times a
+///   second is not free: on the CI machine (a VM) it took 4% of a core with nothing else running
+///   and 2% beside busy cores (BENCHMARKS.md, "The upkeep thread's own CPU").
 /// - **Monotonic:** every write is a `fetch_max` of an `Instant` reading into one atomic, and atomic
 ///   reads of a single location never go backwards along happens-before (coherence).
 /// - **Catching up:** [`Clock::catch_up`] reads `Instant` once and raises the shared value to it, so
 ///   a waiter that slept until its slot frees does not find the clock a tick behind.
-/// - **Cost:** ~0.5 ns per read, against ~27 ns for `Instant::now` and ~10 ns for a TSC read on the
-///   CI machine; about 1,000 wake-ups per second for the thread.
+/// - **Cost:** ~0.5 ns per read while the thread ticks, against ~27 ns for `Instant::now` and
+///   ~10 ns for a TSC read on the CI machine.
 ///
 /// If the thread cannot be spawned, the clock falls back to reading `Instant` on every call.
 ///
@@ -174,15 +182,24 @@ pub struct UpkeepClock {
 
 #[derive(Debug)]
 struct Ticker {
-    // The upkeep thread is never run under loom, so this one cell uses std's atomic directly.
-    nanos: std::sync::atomic::AtomicU64,
+    upkeep: Upkeep,
     epoch: Instant,
     interval: Duration,
+    /// An eighth of `interval`, in nanoseconds: how close two readings taken while the thread
+    /// sleeps must be for the second to wake it.
+    wake_within: u64,
     /// Set when no thread could be spawned: read `Instant` instead.
     direct: bool,
-    /// The upkeep thread, woken when the last clock goes so that it exits now rather than a tick
+    /// The upkeep thread, set by the thread itself before its first tick: woken by the read that
+    /// ends its sleep, and when the last clock goes, so that it exits now rather than a tick
     /// later (a tick may be long).
     thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Ticker {
+    fn reading(&self) -> u64 {
+        saturating_nanos(self.epoch.elapsed())
+    }
 }
 
 impl Drop for Ticker {
@@ -194,20 +211,172 @@ impl Drop for Ticker {
     }
 }
 
-/// The upkeep thread's body: every `interval`, raises `weak`'s reading to `Instant`, until the
-/// last clock using it has been dropped.
+/// `Upkeep::state`: the thread ticks; someone read the clock since its last tick.
+const READ: u8 = 0;
+/// `Upkeep::state`: the thread ticks; nobody read the clock since its last tick.
+const QUIET: u8 = 1;
+/// `Upkeep::state`: the thread is parked; readers read the OS clock themselves.
+const ASLEEP: u8 = 2;
+/// Ticks in a row with no read after which the thread parks.
+const QUIET_TICKS: u32 = 2;
+
+/// What an upkeep thread and the readers of its clock share: the reading, and whether the thread
+/// is ticking. The thread ticks only while the clock is read, so that an idle process holding a
+/// limiter is not woken 1,000 times a second.
+///
+/// | `state` | the thread | a reader |
+/// |---|---|---|
+/// | `READ` | at its tick, publishes a reading and moves to `QUIET` | loads `nanos` |
+/// | `QUIET` | at its tick, publishes a reading; the `QUIET_TICKS`th in a row moves to `ASLEEP` (`Release`), then it parks | moves to `READ`, loads `nanos` |
+/// | `ASLEEP` | parked; when unparked, parks again unless the state left `ASLEEP` | reads the OS clock, raises `nanos` to it; if the reading before was less than `wake_within` earlier, moves to `READ` (`Acquire`) and unparks the thread |
+///
+/// Only the thread moves `READ → QUIET → ASLEEP`; readers move `QUIET → READ` and
+/// `ASLEEP → READ`. One word, so every move is a compare-and-swap from the state its maker saw:
+/// a thread going to sleep and a reader marking its read cannot both win. Whatever the race, a
+/// reader's value is a reading some thread published or took itself (monotone, by `fetch_max`),
+/// never later than real time; the worst a lost race can do is leave the value a tick stale,
+/// which makes limiters stricter, never looser. The loom model is `loom-tests/loom_upkeep.rs`.
+#[derive(Debug)]
+#[doc(hidden)]
+// Public only for the loom model, which reaches it through a re-export under `turnstile_loom`.
+#[cfg_attr(not(turnstile_loom), allow(unreachable_pub))]
+pub struct Upkeep {
+    nanos: AtomicU64,
+    state: AtomicU8,
+}
+
+#[cfg_attr(not(turnstile_loom), allow(unreachable_pub))]
+impl Upkeep {
+    /// A ticking, unread clock at 0.
+    #[doc(hidden)]
+    pub fn new() -> Self {
+        Upkeep {
+            nanos: AtomicU64::new(0),
+            state: AtomicU8::new(QUIET),
+        }
+    }
+
+    /// A reader's `now`: the published reading while the thread ticks; while it sleeps, `fresh()`
+    /// (the OS clock), published, and `wake()` called when this read came within `wake_within`
+    /// of the one before it (the clock is being read often enough to be worth ticking for).
+    #[inline]
+    #[doc(hidden)]
+    pub fn read(&self, wake_within: u64, fresh: impl FnOnce() -> u64, wake: impl FnOnce()) -> u64 {
+        // Relaxed: the state only says where the reading is; `nanos` carries no other data.
+        if self.state.load(Ordering::Relaxed) == READ {
+            // Relaxed: the value is the whole message; coherence keeps it monotone.
+            return self.nanos.load(Ordering::Relaxed);
+        }
+        self.read_slow(wake_within, fresh, wake)
+    }
+
+    #[cold]
+    fn read_slow(&self, wake_within: u64, fresh: impl FnOnce() -> u64, wake: impl FnOnce()) -> u64 {
+        // Relaxed: as in `read`; the thread only needs to see that the clock was read.
+        match self
+            .state
+            .compare_exchange(QUIET, READ, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) | Err(READ) => return self.nanos.load(Ordering::Relaxed),
+            Err(_) => {}
+        }
+        // Asleep: the reading is ours to take, and to publish, so that a read that happens after
+        // this one (through a limiter's state) never sees an earlier time.
+        let now = fresh();
+        // Relaxed: the value is the whole message.
+        let before = self.nanos.fetch_max(now, Ordering::Relaxed);
+        if now.saturating_sub(before) < wake_within {
+            // Acquire: pairs with the thread's Release move to `ASLEEP`, so that the handle it
+            // stored before (in `wake`) is visible here.
+            if self
+                .state
+                .compare_exchange(ASLEEP, READ, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                wake();
+            }
+        }
+        now.max(before)
+    }
+
+    /// The thread's tick: publishes `reading`, and says whether to park now (`quiet` counts the
+    /// ticks in a row with no read).
+    #[doc(hidden)]
+    pub fn tick(&self, reading: u64, quiet: &mut u32) -> bool {
+        // Relaxed: the value is the whole message; `fetch_max` because readers publish too, and
+        // a max of readings keeps the clock monotone where a late store could move it back.
+        self.nanos.fetch_max(reading, Ordering::Relaxed);
+        // Relaxed: the move only says whether anyone read.
+        if self
+            .state
+            .compare_exchange(READ, QUIET, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            *quiet = 0;
+            return false;
+        }
+        *quiet = quiet.saturating_add(1);
+        // Release: what the thread did before (storing its handle) is seen by the reader that
+        // wakes it (its Acquire move out of `ASLEEP`).
+        *quiet >= QUIET_TICKS
+            && self
+                .state
+                .compare_exchange(QUIET, ASLEEP, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Whether a parked thread was woken by a reader (else the unpark was spurious, or the last
+    /// clock's drop). The unpark that woke it synchronises with its park, so the move out of
+    /// `ASLEEP` made before it is seen here.
+    #[doc(hidden)]
+    pub fn woken(&self) -> bool {
+        // Relaxed: ordered by unpark/park (see above).
+        self.state.load(Ordering::Relaxed) != ASLEEP
+    }
+
+    /// Raises the reading to `reading` (a caller's own, fresh from the OS clock).
+    #[doc(hidden)]
+    pub fn catch_up(&self, reading: u64) {
+        // Relaxed: as in `tick`.
+        self.nanos.fetch_max(reading, Ordering::Relaxed);
+    }
+}
+
+impl Default for Upkeep {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The upkeep thread's body: every `interval` while the clock is read, raises `weak`'s reading
+/// to `Instant`; parked while it is not; until the last clock using it has been dropped.
 fn upkeep(weak: std::sync::Weak<Ticker>, interval: Duration) {
+    match weak.upgrade() {
+        // Before any tick, so before any move to `ASLEEP` (see `Upkeep::tick`).
+        Some(ticker) => drop(ticker.thread.set(std::thread::current())),
+        None => return,
+    }
+    let mut quiet = 0;
     loop {
         // Parked rather than asleep so that the last clock's drop can wake it; an early wake-up
         // only writes one more reading.
         std::thread::park_timeout(interval);
         let Some(ticker) = weak.upgrade() else { return };
-        // Relaxed: the value is the whole message. fetch_max rather than a store because
-        // `catch_up` writes too: a max of non-decreasing readings keeps the clock monotonic
-        // (read coherence on one location), where a late store could move it back.
-        ticker
-            .nanos
-            .fetch_max(saturating_nanos(ticker.epoch.elapsed()), Ordering::Relaxed);
+        if !ticker.upkeep.tick(ticker.reading(), &mut quiet) {
+            continue;
+        }
+        // Nobody reads the clock: sleep until a reader wakes us, holding no strong reference
+        // (so that the last clock's drop ends the thread).
+        drop(ticker);
+        loop {
+            std::thread::park();
+            let Some(ticker) = weak.upgrade() else { return };
+            if ticker.upkeep.woken() {
+                ticker.upkeep.catch_up(ticker.reading());
+                break;
+            }
+        }
+        quiet = 0;
     }
 }
 
@@ -272,30 +441,27 @@ impl UpkeepClock {
     }
 
     fn start(interval: Duration) -> std::sync::Arc<Ticker> {
-        let epoch = Instant::now();
-        let live = std::sync::Arc::new(Ticker {
-            nanos: std::sync::atomic::AtomicU64::new(0),
-            epoch,
+        let ticker = |direct| Ticker {
+            upkeep: Upkeep::new(),
+            epoch: Instant::now(),
             interval,
-            direct: false,
+            wake_within: saturating_nanos(interval) / 8,
+            direct,
             thread: std::sync::OnceLock::new(),
-        });
+        };
+        // Under loom the clock reads `Instant` (no thread: model atomics cannot be touched from
+        // outside the model); the protocol itself is modelled in `loom-tests/loom_upkeep.rs`.
+        if cfg!(turnstile_loom) {
+            return std::sync::Arc::new(ticker(true));
+        }
+        let live = std::sync::Arc::new(ticker(false));
         let weak = std::sync::Arc::downgrade(&live);
         let spawned = std::thread::Builder::new()
             .name("turnstile-clock".into())
             .spawn(move || upkeep(weak, interval));
         match spawned {
-            Ok(handle) => {
-                let _ = live.thread.set(handle.thread().clone());
-                live
-            }
-            Err(_) => std::sync::Arc::new(Ticker {
-                nanos: std::sync::atomic::AtomicU64::new(0),
-                epoch,
-                interval,
-                direct: true,
-                thread: std::sync::OnceLock::new(),
-            }),
+            Ok(_) => live,
+            Err(_) => std::sync::Arc::new(ticker(true)),
         }
     }
 
@@ -330,20 +496,24 @@ impl Default for UpkeepClock {
 impl Clock for UpkeepClock {
     #[inline]
     fn now(&self) -> u64 {
-        if self.ticker.direct {
-            return saturating_nanos(self.ticker.epoch.elapsed());
+        let ticker = &*self.ticker;
+        if ticker.direct {
+            return ticker.reading();
         }
-        // Relaxed: see the write in the upkeep thread.
-        self.ticker.nanos.load(Ordering::Relaxed)
+        ticker.upkeep.read(
+            ticker.wake_within,
+            || ticker.reading(),
+            || {
+                if let Some(thread) = ticker.thread.get() {
+                    thread.unpark();
+                }
+            },
+        )
     }
 
     fn catch_up(&self) {
         if !self.ticker.direct {
-            // Relaxed: as in the upkeep thread.
-            self.ticker.nanos.fetch_max(
-                saturating_nanos(self.ticker.epoch.elapsed()),
-                Ordering::Relaxed,
-            );
+            self.ticker.upkeep.catch_up(self.ticker.reading());
         }
     }
 }
@@ -537,21 +707,95 @@ impl Clock for TokioClock {
 mod tests {
     use super::*;
 
+    /// Polls `done` every millisecond for up to ten seconds.
+    fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn state(clock: &UpkeepClock) -> u8 {
+        clock.ticker.upkeep.state.load(Ordering::Relaxed)
+    }
+
+    fn published(clock: &UpkeepClock) -> u64 {
+        clock.ticker.upkeep.nanos.load(Ordering::Relaxed)
+    }
+
+    /// Real time is the thing under test here: an unread clock's thread stops ticking, reads
+    /// meanwhile are exact, and reads close together start it again.
+    #[test]
+    fn the_upkeep_thread_sleeps_while_nobody_reads_and_wakes_for_frequent_reads() {
+        let clock = UpkeepClock::with_interval(Duration::from_millis(1)).unwrap();
+        if clock.interval().is_zero() {
+            panic!("no upkeep thread could be started");
+        }
+        eventually("the unread clock's thread parks", || {
+            state(&clock) == ASLEEP
+        });
+        // Parked: nothing is published while nobody reads.
+        let parked_at = published(&clock);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(published(&clock), parked_at, "a sleeping thread ticked");
+        // A read now takes the OS clock itself: exact, not a tick behind.
+        let before = clock.ticker.reading();
+        let first = clock.now();
+        assert!(
+            first >= before,
+            "a read while asleep is stale: {first} < {before}"
+        );
+        assert!(first >= parked_at + 30_000_000);
+        // One read, long after the one before: not worth waking the thread for.
+        assert_eq!(state(&clock), ASLEEP);
+        // A second read right after the first wakes it, and it ticks again.
+        let second = clock.now();
+        assert!(second >= first);
+        assert_ne!(state(&clock), ASLEEP, "two reads in a row left it asleep");
+        eventually("the woken thread ticks", || published(&clock) > second);
+        // Then, unread, it parks again.
+        eventually("the thread parks again", || state(&clock) == ASLEEP);
+        // And a clock read all the time keeps it ticking: its readings keep moving, never back.
+        let start = Instant::now();
+        let mut last = clock.now();
+        let mut moves = 0;
+        while start.elapsed() < Duration::from_millis(30) {
+            let now = clock.now();
+            assert!(now >= last, "the clock went back: {now} < {last}");
+            moves += u32::from(now > last);
+            last = now;
+        }
+        assert_ne!(
+            state(&clock),
+            ASLEEP,
+            "a clock read all the time stopped ticking"
+        );
+        assert!(
+            moves >= 10,
+            "30 ms of reads saw the clock move {moves} times"
+        );
+    }
+
     /// However long the tick, the upkeep thread exits soon after the last clock using it is
     /// dropped, instead of sleeping out the tick.
     #[test]
     fn the_upkeep_thread_exits_when_its_last_clock_goes_even_with_a_long_tick() {
         let hour = Duration::from_secs(3600);
         let ticker = std::sync::Arc::new(Ticker {
-            nanos: std::sync::atomic::AtomicU64::new(0),
+            upkeep: Upkeep::new(),
             epoch: Instant::now(),
             interval: hour,
+            wake_within: saturating_nanos(hour) / 8,
             direct: false,
             thread: std::sync::OnceLock::new(),
         });
         let weak = std::sync::Arc::downgrade(&ticker);
         let handle = std::thread::spawn(move || upkeep(weak, hour));
-        ticker.thread.set(handle.thread().clone()).unwrap();
+        // The thread stores its own handle before its first tick.
+        while ticker.thread.get().is_none() {
+            std::thread::yield_now();
+        }
         let clock = UpkeepClock { ticker };
         let copy = clock.clone();
         drop(clock);
@@ -566,8 +810,15 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        // `start` hands the ticker its thread, so that the drop above is what a real clock does.
+        // The thread hands the ticker its handle, so that the drop above is what a real clock does.
         let private = UpkeepClock::with_interval(hour).unwrap();
-        assert!(private.interval() == Duration::ZERO || private.ticker.thread.get().is_some());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while private.interval() != Duration::ZERO && private.ticker.thread.get().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the thread never stored its handle"
+            );
+            std::thread::yield_now();
+        }
     }
 }

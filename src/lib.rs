@@ -85,6 +85,10 @@ pub use chain::{Chain, ChainStats};
 pub use chain::{KeyedChain, KeyedChainBuilder};
 #[cfg(feature = "tokio")]
 pub use clock::TokioClock;
+/// The upkeep clock's protocol, for its loom model (`loom-tests/loom_upkeep.rs`) only.
+#[cfg(turnstile_loom)]
+#[doc(hidden)]
+pub use clock::Upkeep;
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, UpkeepClock};
 pub use concurrency::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, OwnedPermit, Permit};
 pub use decision::{Admission, Rejection};
