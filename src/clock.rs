@@ -152,8 +152,8 @@ impl Clock for MonotonicClock {
 /// - **Idle, it costs nothing:** after two ticks in a row with no read the thread parks until it
 ///   is needed. Meanwhile each read takes `Instant` itself (so it is exact, at `Instant`'s cost),
 ///   and a read that comes within an eighth of a tick of the reading before it wakes the thread.
-///   So a clock read more than about twice a tick keeps its thread ticking, one read much less
-///   often leaves it parked, and one not read at all costs no CPU. A thread woken 1,000 times a
+///   So a ticking clock read at least every other tick keeps ticking, a burst of reads wakes a
+///   parked one, reads far apart leave it parked, and a clock not read costs no CPU. A thread woken 1,000 times a
 ///   second is not free: on the CI machine (a VM) it took 4% of a core with nothing else running
 ///   and 2% beside busy cores (BENCHMARKS.md, "The upkeep thread's own CPU").
 /// - **Monotonic:** every write is a `fetch_max` of an `Instant` reading into one atomic, and atomic

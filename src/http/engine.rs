@@ -102,7 +102,7 @@ use crate::http::{
     Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas, RateLimitLayer,
     RejectReason, RequestInfo, Verdict,
 };
-use crate::{Clock, DefaultClock, TryAcquireError};
+use crate::{Clock, MonotonicClock, TryAcquireError};
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use smallvec::SmallVec;
@@ -122,13 +122,20 @@ macro_rules! count_list_rejection {
 
 /// The configured rules, limiters and bans of the HTTP layer.
 ///
+/// Its limiters read [`MonotonicClock`] unless given another with
+/// [`with_clock`](HttpLimiter::with_clock): an HTTP decision takes about a microsecond, beside
+/// which `Instant`'s ~27 ns is small, while the default [`UpkeepClock`](crate::UpkeepClock)'s
+/// thread, woken every millisecond while requests keep coming, costs 2–5% of a core on a VM
+/// at any request rate (ARCHITECTURE.md, "The HTTP layer's clock").
+///
 /// # Examples
 ///
 /// ```
 /// use turnstile::http::{HttpConfig, HttpLimiter, Policy, RequestInfo, Check};
 ///
 /// let config = HttpConfig::from_toml_str("[[rules]]\nperiod = \"1s\"\nlimit = 1\n")?;
-/// let limiter = HttpLimiter::new(config)?;
+/// // Reads `Instant` for its decisions unless given another clock with `with_clock`.
+/// let limiter: HttpLimiter<turnstile::MonotonicClock> = HttpLimiter::new(config)?;
 /// let request = RequestInfo {
 ///     method: &http::Method::GET,
 ///     path: "/",
@@ -138,7 +145,7 @@ macro_rules! count_list_rejection {
 /// assert!(matches!(limiter.check(&request), Check::Ready(v) if v.outcome.is_admitted()));
 /// # Ok::<(), turnstile::http::HttpConfigError>(())
 /// ```
-pub struct HttpLimiter<C: Clock + Clone = DefaultClock> {
+pub struct HttpLimiter<C: Clock + Clone = MonotonicClock> {
     clock: C,
     rules: ArcSwap<RuleSet<C>>,
     settings: Arc<ArcSwap<LayerSettings>>,
@@ -210,7 +217,7 @@ impl HttpLimiter {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn new(config: HttpConfig) -> Result<Self, HttpConfigError> {
-        Self::with_clock(config, DefaultClock::new())
+        Self::with_clock(config, MonotonicClock::new())
     }
 }
 
@@ -376,7 +383,7 @@ impl HttpLimiter {
         }
         let redis = RedisSettings::of(&config)?;
         let settings = settings_of(&config)?;
-        let clock = DefaultClock::new();
+        let clock = MonotonicClock::new();
         let mut rules = Compiler::new(&clock, None).compile(&config)?;
         let backend = RedisBackend {
             url: redis.url.clone(),
