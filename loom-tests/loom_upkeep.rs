@@ -1,12 +1,14 @@
 //! Loom model of the upkeep clock's protocol (`Upkeep` in `src/clock.rs`).
 //!
-//! Protocol: one thread ticks (publishes a reading with `fetch_max`) while the clock is read and
-//! parks when it is not. A state word says which: `READ` (read since the last tick), `QUIET`
-//! (not), `ASLEEP` (the thread is parked). Only the thread moves `READ → QUIET → ASLEEP`, the
-//! last after enough quiet ticks and with `Release`; a reader moves `QUIET → READ`, and while the
-//! thread is asleep takes the OS clock itself, publishes it with `fetch_max`, and when its
-//! reading came within an interval of the one before moves `ASLEEP → READ` (`Acquire`) and
-//! unparks the thread. A parked thread parks again unless the state has left `ASLEEP`.
+//! Protocol: one word holds the reading (shifted left by two) and a state in its low bits. One
+//! thread ticks (raises the reading) while the clock is read and parks when it is not. The state
+//! says which: `READ` (read since the last tick), `QUIET` (not), `ASLEEP` (the thread is
+//! parked). Every write is a compare-and-swap that keeps the larger reading. Only the thread
+//! moves `READ → QUIET → ASLEEP`, the last after enough quiet ticks and with `Release`; a reader
+//! moves `QUIET → READ`, and while the thread is asleep takes the OS clock itself and raises the
+//! reading to it, in the same swap moving `ASLEEP → READ` (`Acquire`) when its reading came within
+//! `wake_within` of the one before, and then unparks the thread. A parked thread parks again
+//! unless the state has left `ASLEEP`.
 //!
 //! The models drive the crate's own `Upkeep` with a stand-in for the OS clock: one loom atomic
 //! that every reading advances (`fetch_add`), so readings are distinct, increase along
@@ -28,7 +30,7 @@ use loom::sync::Arc;
 use loom::thread;
 use turnstile::Upkeep;
 
-/// Readings closer than this (in the model's time units) wake the thread.
+/// Readings closer than this (in the model's time units) wake the thread (`wake_within`).
 const INTERVAL: u64 = 1_000;
 
 fn model(f: impl Fn() + Sync + Send + 'static) {

@@ -12,7 +12,7 @@
 //! algorithms rely on monotonic time (see the [`Clock`] contract).
 
 use crate::error::ConfigError;
-use crate::sync::{Arc, AtomicU64, AtomicU8, Ordering};
+use crate::sync::{Arc, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A monotonic time source: nanoseconds since an epoch fixed when the clock was made.
@@ -211,38 +211,56 @@ impl Drop for Ticker {
     }
 }
 
-/// `Upkeep::state`: the thread ticks; someone read the clock since its last tick.
-const READ: u8 = 0;
-/// `Upkeep::state`: the thread ticks; nobody read the clock since its last tick.
-const QUIET: u8 = 1;
-/// `Upkeep::state`: the thread is parked; readers read the OS clock themselves.
-const ASLEEP: u8 = 2;
+/// The state bits of `Upkeep::word`: the thread ticks; someone read the clock since its last
+/// tick.
+const READ: u64 = 0;
+/// State: the thread ticks; nobody read the clock since its last tick.
+const QUIET: u64 = 1;
+/// State: the thread is parked; readers read the OS clock themselves.
+const ASLEEP: u64 = 2;
+/// The low bits of `Upkeep::word` that hold the state; the reading is above them.
+const STATE: u64 = 0b11;
+/// The largest reading the word holds: 2^62 ns, about 146 years after the clock's epoch.
+const MAX_READING: u64 = u64::MAX >> 2;
 /// Ticks in a row with no read after which the thread parks.
 const QUIET_TICKS: u32 = 2;
 
 /// What an upkeep thread and the readers of its clock share: the reading, and whether the thread
-/// is ticking. The thread ticks only while the clock is read, so that an idle process holding a
-/// limiter is not woken 1,000 times a second.
+/// is ticking, in one word so that a read is one load. The thread ticks only while the clock is
+/// read, so that an idle process holding a limiter is not woken 1,000 times a second.
 ///
-/// | `state` | the thread | a reader |
+/// `word` = reading (nanoseconds since the epoch) `<< 2` | state. The reading only grows (every
+/// write is a compare-and-swap that keeps the larger of the old and the new reading), so values
+/// read from it are monotone along happens-before (coherence of one location). The state:
+///
+/// | state | the thread | a reader |
 /// |---|---|---|
-/// | `READ` | at its tick, publishes a reading and moves to `QUIET` | loads `nanos` |
-/// | `QUIET` | at its tick, publishes a reading; the `QUIET_TICKS`th in a row moves to `ASLEEP` (`Release`), then it parks | moves to `READ`, loads `nanos` |
-/// | `ASLEEP` | parked; when unparked, parks again unless the state left `ASLEEP` | reads the OS clock, raises `nanos` to it; if the reading before was less than `wake_within` earlier, moves to `READ` (`Acquire`) and unparks the thread |
+/// | `READ` | at its tick, publishes a reading and moves to `QUIET` | returns the reading |
+/// | `QUIET` | at its tick, publishes a reading; the `QUIET_TICKS`th in a row moves to `ASLEEP` (`Release`), then it parks | moves to `READ`, returns the reading |
+/// | `ASLEEP` | parked; when unparked, parks again unless the state left `ASLEEP` | reads the OS clock and raises the reading to it; if the reading before was less than `wake_within` earlier, moves to `READ` in the same swap (`Acquire`) and unparks the thread |
 ///
 /// Only the thread moves `READ → QUIET → ASLEEP`; readers move `QUIET → READ` and
-/// `ASLEEP → READ`. One word, so every move is a compare-and-swap from the state its maker saw:
-/// a thread going to sleep and a reader marking its read cannot both win. Whatever the race, a
-/// reader's value is a reading some thread published or took itself (monotone, by `fetch_max`),
-/// never later than real time; the worst a lost race can do is leave the value a tick stale,
-/// which makes limiters stricter, never looser. The loom model is `loom-tests/loom_upkeep.rs`.
+/// `ASLEEP → READ`. Every move is a compare-and-swap from the word its maker saw, so a thread
+/// going to sleep and a reader marking its read cannot both win. Whatever the race, a reader's
+/// value is a reading some thread published or took itself, never later than real time; the
+/// worst a lost race can do is leave the value a tick stale, which makes limiters stricter,
+/// never looser. The loom model is `loom-tests/loom_upkeep.rs`.
 #[derive(Debug)]
 #[doc(hidden)]
 // Public only for the loom model, which reaches it through a re-export under `turnstile_loom`.
 #[cfg_attr(not(turnstile_loom), allow(unreachable_pub))]
 pub struct Upkeep {
-    nanos: AtomicU64,
-    state: AtomicU8,
+    word: AtomicU64,
+}
+
+/// `word`'s reading.
+fn reading_of(word: u64) -> u64 {
+    word >> 2
+}
+
+/// The word with `reading` raised to at least `to`, and `state`.
+fn raised(word: u64, to: u64, state: u64) -> u64 {
+    reading_of(word).max(to.min(MAX_READING)) << 2 | state
 }
 
 #[cfg_attr(not(turnstile_loom), allow(unreachable_pub))]
@@ -251,8 +269,7 @@ impl Upkeep {
     #[doc(hidden)]
     pub fn new() -> Self {
         Upkeep {
-            nanos: AtomicU64::new(0),
-            state: AtomicU8::new(QUIET),
+            word: AtomicU64::new(QUIET),
         }
     }
 
@@ -262,67 +279,94 @@ impl Upkeep {
     #[inline]
     #[doc(hidden)]
     pub fn read(&self, wake_within: u64, fresh: impl FnOnce() -> u64, wake: impl FnOnce()) -> u64 {
-        // Relaxed: the state only says where the reading is; `nanos` carries no other data.
-        if self.state.load(Ordering::Relaxed) == READ {
-            // Relaxed: the value is the whole message; coherence keeps it monotone.
-            return self.nanos.load(Ordering::Relaxed);
+        // Relaxed: the reading is the whole message; coherence keeps it monotone.
+        let word = self.word.load(Ordering::Relaxed);
+        if word & STATE == READ {
+            return reading_of(word);
         }
-        self.read_slow(wake_within, fresh, wake)
+        self.read_slow(word, wake_within, fresh, wake)
     }
 
     #[cold]
-    fn read_slow(&self, wake_within: u64, fresh: impl FnOnce() -> u64, wake: impl FnOnce()) -> u64 {
-        // Relaxed: as in `read`; the thread only needs to see that the clock was read.
-        match self
-            .state
-            .compare_exchange(QUIET, READ, Ordering::Relaxed, Ordering::Relaxed)
-        {
-            Ok(_) | Err(READ) => return self.nanos.load(Ordering::Relaxed),
-            Err(_) => {}
+    fn read_slow(
+        &self,
+        mut word: u64,
+        wake_within: u64,
+        fresh: impl FnOnce() -> u64,
+        wake: impl FnOnce(),
+    ) -> u64 {
+        // Ticking: mark the read so that the thread keeps ticking.
+        while word & STATE != ASLEEP {
+            if word & STATE == READ {
+                return reading_of(word);
+            }
+            // Relaxed: the move only tells the thread that someone read.
+            match self.word.compare_exchange_weak(
+                word,
+                word & !STATE | READ,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return reading_of(word),
+                Err(now) => word = now,
+            }
         }
         // Asleep: the reading is ours to take, and to publish, so that a read that happens after
         // this one (through a limiter's state) never sees an earlier time.
         let now = fresh();
-        // Relaxed: the value is the whole message.
-        let before = self.nanos.fetch_max(now, Ordering::Relaxed);
-        if now.saturating_sub(before) < wake_within {
+        loop {
+            let before = reading_of(word);
+            let state = word & STATE;
+            let wakes = state == ASLEEP && now.saturating_sub(before) < wake_within;
+            let new = raised(word, now, if wakes { READ } else { state });
             // Acquire: pairs with the thread's Release move to `ASLEEP`, so that the handle it
             // stored before (in `wake`) is visible here.
-            if self
-                .state
-                .compare_exchange(ASLEEP, READ, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
+            match self
+                .word
+                .compare_exchange_weak(word, new, Ordering::Acquire, Ordering::Relaxed)
             {
-                wake();
+                Ok(_) => {
+                    if wakes {
+                        wake();
+                    }
+                    return reading_of(new);
+                }
+                Err(current) => word = current,
             }
         }
-        now.max(before)
     }
 
     /// The thread's tick: publishes `reading`, and says whether to park now (`quiet` counts the
     /// ticks in a row with no read).
     #[doc(hidden)]
     pub fn tick(&self, reading: u64, quiet: &mut u32) -> bool {
-        // Relaxed: the value is the whole message; `fetch_max` because readers publish too, and
-        // a max of readings keeps the clock monotone where a late store could move it back.
-        self.nanos.fetch_max(reading, Ordering::Relaxed);
-        // Relaxed: the move only says whether anyone read.
-        if self
-            .state
-            .compare_exchange(READ, QUIET, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            *quiet = 0;
-            return false;
+        // Relaxed: the current word is only the base of the swap below.
+        let mut word = self.word.load(Ordering::Relaxed);
+        loop {
+            let (state, parks) = match word & STATE {
+                READ => (QUIET, false),
+                QUIET if quiet.saturating_add(1) >= QUIET_TICKS => (ASLEEP, true),
+                other => (other, false),
+            };
+            // Release: what the thread did before (storing its handle) is seen by the reader
+            // that wakes it (its Acquire move out of `ASLEEP`).
+            match self.word.compare_exchange_weak(
+                word,
+                raised(word, reading, state),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    *quiet = if word & STATE == READ {
+                        0
+                    } else {
+                        quiet.saturating_add(1)
+                    };
+                    return parks;
+                }
+                Err(current) => word = current,
+            }
         }
-        *quiet = quiet.saturating_add(1);
-        // Release: what the thread did before (storing its handle) is seen by the reader that
-        // wakes it (its Acquire move out of `ASLEEP`).
-        *quiet >= QUIET_TICKS
-            && self
-                .state
-                .compare_exchange(QUIET, ASLEEP, Ordering::Release, Ordering::Relaxed)
-                .is_ok()
     }
 
     /// Whether a parked thread was woken by a reader (else the unpark was spurious, or the last
@@ -331,14 +375,26 @@ impl Upkeep {
     #[doc(hidden)]
     pub fn woken(&self) -> bool {
         // Relaxed: ordered by unpark/park (see above).
-        self.state.load(Ordering::Relaxed) != ASLEEP
+        self.word.load(Ordering::Relaxed) & STATE != ASLEEP
     }
 
     /// Raises the reading to `reading` (a caller's own, fresh from the OS clock).
     #[doc(hidden)]
     pub fn catch_up(&self, reading: u64) {
-        // Relaxed: as in `tick`.
-        self.nanos.fetch_max(reading, Ordering::Relaxed);
+        // Relaxed: the reading is the whole message.
+        let mut word = self.word.load(Ordering::Relaxed);
+        while reading_of(word) < reading.min(MAX_READING) {
+            // Relaxed: as above.
+            match self.word.compare_exchange_weak(
+                word,
+                raised(word, reading, word & STATE),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(current) => word = current,
+            }
+        }
     }
 }
 
@@ -716,12 +772,12 @@ mod tests {
         }
     }
 
-    fn state(clock: &UpkeepClock) -> u8 {
-        clock.ticker.upkeep.state.load(Ordering::Relaxed)
+    fn state(clock: &UpkeepClock) -> u64 {
+        clock.ticker.upkeep.word.load(Ordering::Relaxed) & STATE
     }
 
     fn published(clock: &UpkeepClock) -> u64 {
-        clock.ticker.upkeep.nanos.load(Ordering::Relaxed)
+        reading_of(clock.ticker.upkeep.word.load(Ordering::Relaxed))
     }
 
     /// Real time is the thing under test here: an unread clock's thread stops ticking, reads
