@@ -760,7 +760,8 @@ fn normalized_path(path: &str) -> Option<String> {
 fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     let normal;
     let normalized;
-    let request = match normalized_path(request.path) {
+    let path = set.reads_path.then(|| normalized_path(request.path));
+    let request = match path.flatten() {
         Some(path) => {
             normal = path;
             normalized = RequestInfo {
@@ -1136,7 +1137,6 @@ mod tests {
     use super::*;
     use crate::ManualClock;
 
-    /// A limiter of the TOML configuration `toml`, on a manual clock.
     /// A `GET /` from `ip`, with no client id.
     fn from_ip(ip: &str) -> RequestInfo<'static> {
         RequestInfo {
@@ -1147,9 +1147,43 @@ mod tests {
         }
     }
 
+    /// A limiter of the TOML configuration `toml`, on a manual clock.
     fn manual(toml: &str) -> HttpLimiter<ManualClock> {
         HttpLimiter::with_clock(HttpConfig::from_toml_str(toml).unwrap(), ManualClock::new())
             .unwrap()
+    }
+
+    /// The path is normalized only for rule sets that look at it: a whitelisted endpoint, a
+    /// rule limited to some endpoints (while endpoint rate limiting is on), a per-endpoint
+    /// counter; monitor rules count. Global rules alone never look.
+    #[test]
+    fn only_rule_sets_that_read_the_path_normalize_it() {
+        let rule =
+            |extra: &str| format!("[[rules]]\nname = \"r\"\nperiod = \"1s\"\nlimit = 5\n{extra}");
+        let reads = |toml: &str| manual(toml).rules.load().reads_path;
+        assert!(!reads(&rule("")));
+        assert!(!reads(&rule("endpoint = \"*\"\nmonitor = true\n")));
+        assert!(reads(&rule("endpoint = \"get:/api/*\"\n")));
+        assert!(reads(&rule("endpoint = \"*:/x\"\nmonitor = true\n")));
+        assert!(!reads(&format!(
+            "endpoint_rate_limiting = false\n{}",
+            rule("endpoint = \"get:/api/*\"\n")
+        )));
+        assert!(reads(&rule("per_endpoint = true\n")));
+        assert!(reads(&format!(
+            "{}[whitelist]\nendpoints = [\"get:/health\"]\n",
+            rule("")
+        )));
+        assert!(reads(&format!(
+            "{}[[ip_rules]]\nip = \"10.0.0.0/8\"\n[[ip_rules.rules]]\nname = \"i\"\nendpoint = \"*:/a\"\nperiod = \"1s\"\nlimit = 1\n",
+            rule("")
+        )));
+        // A reload recomputes it.
+        let limiter = manual(&rule(""));
+        limiter
+            .reload(HttpConfig::from_toml_str(&rule("per_endpoint = true\n")).unwrap())
+            .unwrap();
+        assert!(limiter.rules.load().reads_path);
     }
 
     /// Keys are inline up to 24 bytes and on the heap beyond: both count apart, per client and

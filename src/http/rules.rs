@@ -524,6 +524,10 @@ pub(crate) struct RuleSet<C: Clock> {
     pub(crate) fixed_enforced: Option<Vec<Arc<Rule<C>>>>,
     /// Longer client ids count as none.
     pub(crate) client_id_max_len: usize,
+    /// Whether anything here looks at a request's path (an endpoint whitelist, a rule limited
+    /// to some endpoints, a per-endpoint counter): when nothing does, the path is not
+    /// normalized.
+    pub(crate) reads_path: bool,
 }
 
 impl<C: Clock> RuleSet<C> {
@@ -541,6 +545,14 @@ impl<C: Clock> RuleSet<C> {
                 .cloned()
                 .collect()
         })
+    }
+
+    /// The value of `reads_path` for these rules and lists.
+    pub(crate) fn path_read(&self) -> bool {
+        !self.white_endpoints.is_empty()
+            || self
+                .all_rules()
+                .any(|r| r.per_endpoint || (self.endpoint_rate_limiting && !r.endpoint.is_any()))
     }
 
     pub(crate) fn all_rules(&self) -> impl Iterator<Item = &Arc<Rule<C>>> {
@@ -982,8 +994,10 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             key_overflow: config.key_overflow,
             endpoint_rate_limiting: config.endpoint_rate_limiting,
             client_id_max_len: config.client_id_max_len,
+            reads_path: true,
         };
         set.fixed_enforced = set.fixed_selection();
+        set.reads_path = set.path_read();
         Ok(set)
     }
 
