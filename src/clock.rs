@@ -153,11 +153,13 @@ impl Clock for MonotonicClock {
 ///   is needed. Meanwhile each read takes `Instant` itself (so it is exact, at `Instant`'s cost),
 ///   and a read that comes within an eighth of a tick of the reading before it wakes the thread.
 ///   So a ticking clock read at least every other tick keeps ticking, a burst of reads wakes a
-///   parked one, reads far apart leave it parked, and a clock not read costs no CPU. A thread woken 1,000 times a
-///   second is not free: on the CI machine (a VM) it took 4% of a core with nothing else running
-///   and 2% beside busy cores (BENCHMARKS.md, "The upkeep thread's own CPU").
-/// - **Monotonic:** every write is a `fetch_max` of an `Instant` reading into one atomic, and atomic
-///   reads of a single location never go backwards along happens-before (coherence).
+///   parked one, reads far apart leave it parked, and a clock not read costs no CPU. A thread
+///   woken 1,000 times a second is not free: on the CI machine (a VM) it took 4–5% of a core
+///   with nothing else running and 2% beside busy cores (BENCHMARKS.md, "The upkeep thread's
+///   own CPU").
+/// - **Monotonic:** every write raises one atomic to an `Instant` reading (a compare-and-swap
+///   that keeps the larger), and atomic reads of a single location never go backwards along
+///   happens-before (coherence).
 /// - **Catching up:** [`Clock::catch_up`] reads `Instant` once and raises the shared value to it, so
 ///   a waiter that slept until its slot frees does not find the clock a tick behind.
 /// - **Cost:** ~0.7 ns per read while the thread ticks, against ~27 ns for `Instant::now` and
