@@ -119,25 +119,51 @@ fn read(upkeep: &Upkeep, time: &RealTime, thread: &thread::Thread) -> (u64, bool
     (value, woke)
 }
 
-/// Shuts the model thread down unless a reader woke it, and joins it. A reader that woke it
-/// needs no help: if its wake-up were lost, the join would deadlock.
-fn finish(
+/// One model's shared state and its upkeep thread.
+struct Clock {
+    upkeep: Arc<Upkeep>,
+    time: RealTime,
+    alive: Arc<AtomicBool>,
     handle: thread::JoinHandle<ThreadLog>,
-    alive: &AtomicBool,
-    woken_by_reader: bool,
-) -> ThreadLog {
-    if !woken_by_reader {
-        alive.store(false, Ordering::Release);
-        handle.thread().unpark();
+    thread: thread::Thread,
+}
+
+impl Clock {
+    /// A clock whose thread ticks at most `ticks` times before and once after a sleep.
+    fn start(ticks: usize) -> Self {
+        let upkeep = Arc::new(Upkeep::new());
+        let time = RealTime::new();
+        let alive = Arc::new(AtomicBool::new(true));
+        let handle = {
+            let (upkeep, time, alive) = (upkeep.clone(), time.clone(), alive.clone());
+            thread::spawn(move || upkeep_thread(upkeep, time, alive, ticks))
+        };
+        let thread = handle.thread().clone();
+        Clock {
+            upkeep,
+            time,
+            alive,
+            handle,
+            thread,
+        }
     }
-    let log = handle.join().unwrap();
-    if woken_by_reader {
-        assert!(
-            log.resumed,
-            "a reader woke the thread, which did not resume"
-        );
+
+    /// Shuts the thread down unless a reader woke it, and joins it. A reader that woke it
+    /// needs no help: if its wake-up were lost, the join would deadlock.
+    fn finish(self, woken_by_reader: bool) -> ThreadLog {
+        if !woken_by_reader {
+            self.alive.store(false, Ordering::Release);
+            self.thread.unpark();
+        }
+        let log = self.handle.join().unwrap();
+        if woken_by_reader {
+            assert!(
+                log.resumed,
+                "a reader woke the thread, which did not resume"
+            );
+        }
+        log
     }
-    log
 }
 
 /// Two reads in a row race the thread's tick and its sleep: the second read, within an
@@ -146,18 +172,11 @@ fn finish(
 #[test]
 fn reads_close_together_wake_a_sleeping_thread() {
     model(|| {
-        let upkeep = Arc::new(Upkeep::new());
-        let time = RealTime::new();
-        let alive = Arc::new(AtomicBool::new(true));
-        let handle = {
-            let (upkeep, time, alive) = (upkeep.clone(), time.clone(), alive.clone());
-            thread::spawn(move || upkeep_thread(upkeep, time, alive, 2))
-        };
-        let thread = handle.thread().clone();
-        let (first, woke_first) = read(&upkeep, &time, &thread);
-        let (second, woke_second) = read(&upkeep, &time, &thread);
+        let clock = Clock::start(2);
+        let (first, woke_first) = read(&clock.upkeep, &clock.time, &clock.thread);
+        let (second, woke_second) = read(&clock.upkeep, &clock.time, &clock.thread);
         assert!(second >= first, "the clock went back: {second} < {first}");
-        let log = finish(handle, &alive, woke_first || woke_second);
+        let log = clock.finish(woke_first || woke_second);
         assert!(!(woke_first && woke_second), "one sleep, woken twice");
         if log.slept && !log.resumed {
             // Asleep to the end: neither read found it asleep with a reading close before, so
@@ -173,18 +192,12 @@ fn reads_close_together_wake_a_sleeping_thread() {
 #[test]
 fn reads_ordered_by_happens_before_are_monotone() {
     model(|| {
-        let upkeep = Arc::new(Upkeep::new());
-        let time = RealTime::new();
-        let alive = Arc::new(AtomicBool::new(true));
-        let handle = {
-            let (upkeep, time, alive) = (upkeep.clone(), time.clone(), alive.clone());
-            thread::spawn(move || upkeep_thread(upkeep, time, alive, 1))
-        };
-        let thread = handle.thread().clone();
+        let clock = Clock::start(1);
         let seen = Arc::new(AtomicU64::new(0));
         let done = Arc::new(AtomicBool::new(false));
         let first = {
-            let (upkeep, time, thread) = (upkeep.clone(), time.clone(), thread.clone());
+            let (upkeep, time) = (clock.upkeep.clone(), clock.time.clone());
+            let thread = clock.thread.clone();
             let (seen, done) = (seen.clone(), done.clone());
             thread::spawn(move || {
                 let (value, woke) = read(&upkeep, &time, &thread);
@@ -196,7 +209,7 @@ fn reads_ordered_by_happens_before_are_monotone() {
         let mut woke = false;
         if done.load(Ordering::Acquire) {
             let before = seen.load(Ordering::Relaxed);
-            let (value, woke_here) = read(&upkeep, &time, &thread);
+            let (value, woke_here) = read(&clock.upkeep, &clock.time, &clock.thread);
             woke |= woke_here;
             assert!(
                 value >= before,
@@ -204,6 +217,6 @@ fn reads_ordered_by_happens_before_are_monotone() {
             );
         }
         woke |= first.join().unwrap();
-        finish(handle, &alive, woke);
+        clock.finish(woke);
     });
 }
