@@ -522,3 +522,44 @@ fn keyed_refund_races_admission() {
         assert_eq!(per_key.available(&7), 1 - permits(&kept[0]));
     });
 }
+
+/// A keyed chain's refund after a reset (`KeyedLimiter::reset`) of its key. The chain (a fixed
+/// window of 1 per key, then a global one of 1) commits the key's permit; the racer takes the
+/// global permit, so that the chain's second commit fails and it gives the key's permit back,
+/// and resets the key and takes the key's fresh permit. Should the reset land between the
+/// chain's commit and its refund, the refund must not go to the key's new cell, which never held
+/// the chain's permit: the racer's admission there would be undone and the key would admit a
+/// second time in the window. The main thread's final attempt checks just that.
+#[cfg(feature = "keyed")]
+#[test]
+fn keyed_refund_after_a_reset_stays_out_of_the_new_cell() {
+    use turnstile::{KeyedChain, KeyedLimiter};
+    model(|| {
+        let clock = ManualClock::new();
+        let per_key: KeyedLimiter<u8, ManualClock> =
+            KeyedLimiter::with_clock(fixed(1), clock.clone()).unwrap();
+        let global = RateLimiter::with_clock(fixed(1), clock.clone()).unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        let racer = {
+            let (per_key, global) = (per_key.clone(), global.clone());
+            thread::spawn(move || {
+                let _ = global.try_acquire();
+                per_key.reset(&7);
+                per_key.try_acquire(&7).is_ok()
+            })
+        };
+        let chained = chain.try_acquire(&7).is_ok();
+        let racer_kept = racer.join().unwrap();
+        if racer_kept {
+            // The racer's permit was taken after its reset: the key's fresh state is spent.
+            assert!(
+                per_key.try_acquire(&7).is_err(),
+                "the key admitted twice after its reset (chained: {chained})"
+            );
+        }
+    });
+}

@@ -389,3 +389,67 @@ fn taking_back_a_fresh_cell_spares_a_caller_that_used_it() {
         assert_eq!(l.len(), 0, "the key count drifted");
     });
 }
+
+/// A reset (`KeyedLimiter::reset`) races a sweep on an idle key: either may retire the cell,
+/// never both, and whichever does counts it out once (as an eviction or as a reset). The sweep
+/// checks "retired already?" and then retires with a CAS from the word it loads; a reset that
+/// retires the cell between the two must not be counted again by the sweep's `retire`, which
+/// then meets `RETIRED` (before the reset existed it answered `Ok` there, and would count the
+/// key out twice: `len` and the key count wrap below zero and the cap closes for good).
+#[test]
+fn a_reset_and_a_sweep_count_an_idle_key_once() {
+    model(|| {
+        let l = limiter(fixed(1), 1);
+        assert!(attempt(&l, 1).is_some());
+        l.clock().advance(Duration::from_nanos(W));
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        let forgot = l.reset(&1);
+        let swept = sweeper.join().unwrap();
+        let stats = l.stats();
+        assert_eq!(
+            (
+                swept as u64 + u64::from(forgot),
+                stats.evicted + stats.reset
+            ),
+            (1, 1),
+            "the key was counted out {} times",
+            stats.evicted + stats.reset
+        );
+        assert_eq!(l.len(), 0);
+        // The cap (one key) is whole: one new key gets in, a second does not.
+        assert!(attempt(&l, 2).is_some());
+        assert!(matches!(
+            l.try_acquire(&3),
+            Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+        ));
+    });
+}
+
+/// A reset races two admissions on a busy key (limit 1, spent): each admission is decided on
+/// the forgotten state (and rejected) or on the fresh one, which admits exactly one of them;
+/// none is decided on a retired cell, and the books end with the key held once.
+#[test]
+fn a_reset_races_admissions_on_a_busy_key() {
+    model(|| {
+        let l = limiter(fixed(1), 4);
+        assert!(attempt(&l, 1).is_some());
+        let racer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || attempt(&l, 1))
+        };
+        let forgot = l.reset(&1);
+        let mine = attempt(&l, 1);
+        let theirs = racer.join().unwrap();
+        assert!(forgot);
+        let admitted = [mine, theirs].iter().flatten().count();
+        // Main's own attempt comes after the reset: at least one of the two gets the fresh
+        // permit, and the fresh state has only one.
+        assert_eq!(admitted, 1, "mine {mine:?}, theirs {theirs:?}");
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.stats().reset, 1);
+        assert_eq!(l.available(&1), 0);
+    });
+}

@@ -33,17 +33,29 @@ use std::fmt;
 #[cfg(feature = "keyed")]
 use std::hash::{BuildHasher, Hash};
 
+/// What a member's commit returns beside its decision, for a refund of it: for a keyed member,
+/// whether the shared overflow cell decided (the refund goes there), and the limiter's reset
+/// count before the commit (a refund a reset overlapped is dropped: `Keyed::chain_refund`).
+/// Nothing for an unkeyed member.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Committed {
+    /// The shared overflow cell of a keyed limiter at its key cap decided.
+    pub(crate) overflow: bool,
+    /// The keyed limiter's `Ctx::resets` when the commit began.
+    pub(crate) resets: u64,
+}
+
 /// One member of a chain, as the chain's core sees it. `Q` is the key type (`()` for unkeyed
 /// chains).
 trait Member<Q: ?Sized> {
     /// Without `COMMIT`: would the member admit `n.max(1)` permits now (`n == 0`: its own probe)?
-    /// Writes nothing. With it: takes them; the flag says which cell to refund (keyed overflow).
+    /// Writes nothing. With it: takes them, and says what a refund needs ([`Committed`]).
     fn decide<const COMMIT: bool>(
         &self,
         key: &Q,
         n: u32,
-    ) -> (Result<Admission, TryAcquireError>, bool);
-    fn refund(&self, key: &Q, n: u32, admission: &Admission, flag: bool);
+    ) -> (Result<Admission, TryAcquireError>, Committed);
+    fn refund(&self, key: &Q, n: u32, admission: &Admission, committed: Committed);
     fn exact_refund(&self) -> bool;
     fn capacity(&self) -> u32;
     /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
@@ -58,10 +70,10 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
         &self,
         _: &Q,
         n: u32,
-    ) -> (Result<Admission, TryAcquireError>, bool) {
-        (self.chain_decide::<COMMIT>(n), false)
+    ) -> (Result<Admission, TryAcquireError>, Committed) {
+        (self.chain_decide::<COMMIT>(n), Committed::default())
     }
-    fn refund(&self, _: &Q, n: u32, admission: &Admission, _: bool) {
+    fn refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed) {
         self.chain_refund(n, admission);
     }
     fn exact_refund(&self) -> bool {
@@ -80,18 +92,18 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
 }
 
 /// Where a successful attempt writes, per member (indexed by member), its admission and the
-/// refund flag its commit returned (which `give_back` needs).
+/// [`Committed`] its commit returned (which `give_back` needs).
 #[derive(Default)]
 struct Slots<'a> {
     admissions: Option<&'a mut [Admission]>,
-    flags: Option<&'a mut [bool]>,
+    flags: Option<&'a mut [Committed]>,
 }
 
 /// What [`KeyedChain::try_acquire_n_taken`] took from each member, to give back.
 #[cfg(feature = "redis")]
 pub(crate) struct Taken {
     admissions: Vec<Admission>,
-    flags: Vec<bool>,
+    flags: Vec<Committed>,
 }
 
 /// The members and the logic shared by [`Chain`] and [`KeyedChain`].
@@ -277,7 +289,7 @@ impl<L> Core<L> {
     /// admissions and flags it recorded; counted as one refund of the chain. As exact as the
     /// members' refunds (see the module docs).
     #[cfg(feature = "redis")]
-    fn give_back<Q: ?Sized>(&self, key: &Q, n: u32, admissions: &[Admission], flags: &[bool])
+    fn give_back<Q: ?Sized>(&self, key: &Q, n: u32, admissions: &[Admission], flags: &[Committed])
     where
         L: Member<Q>,
     {
@@ -860,15 +872,15 @@ where
         &self,
         key: &K,
         n: u32,
-    ) -> (Result<Admission, TryAcquireError>, bool) {
+    ) -> (Result<Admission, TryAcquireError>, Committed) {
         match self {
             Link::PerKey(l) => l.chain_decide::<COMMIT>(key, n),
-            Link::Global(l) => (l.chain_decide::<COMMIT>(n), false),
+            Link::Global(l) => (l.chain_decide::<COMMIT>(n), Committed::default()),
         }
     }
-    fn refund(&self, key: &K, n: u32, admission: &Admission, overflow: bool) {
+    fn refund(&self, key: &K, n: u32, admission: &Admission, committed: Committed) {
         match self {
-            Link::PerKey(l) => l.chain_refund(key, n, admission, overflow),
+            Link::PerKey(l) => l.chain_refund(key, n, admission, committed),
             Link::Global(l) => l.chain_refund(n, admission),
         }
     }
@@ -1204,7 +1216,7 @@ where
         let members = self.core.members.len();
         let mut taken = Taken {
             admissions: vec![Admission::new(0, 0, 0); members],
-            flags: vec![false; members],
+            flags: vec![Committed::default(); members],
         };
         let admission = self.core.try_acquire(
             key,

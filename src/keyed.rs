@@ -2,6 +2,7 @@
 //! of keys, with idle keys evicted and a hard cap on how many are kept.
 
 use crate::algorithm::{too_big, Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
+use crate::chain::Committed;
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
@@ -102,6 +103,8 @@ pub struct KeyedStats {
     pub overflowed: u64,
     /// Idle keys evicted so far.
     pub evicted: u64,
+    /// Keys whose state [`KeyedLimiter::reset`] forgot.
+    pub reset: u64,
     /// Keys held now.
     pub keys: usize,
     /// Waiters queued now, over all keys.
@@ -157,6 +160,9 @@ struct Inner<K, C, S> {
     /// The parameters now. Its mutex serialises reconfigurations (every key's parameters are
     /// read without it).
     algorithm: Mutex<Algorithm>,
+    /// Serialises [`KeyedLimiter::reset`] calls, so that `Ctx::resets` is odd exactly while one
+    /// runs.
+    resetting: Mutex<()>,
     ctx: Ctx<C, S>,
     waits: Waits<K, S>,
 }
@@ -205,6 +211,13 @@ pub(crate) struct Ctx<C, S> {
     /// so a new key at the cap skips the search for room in O(1). Lowered with every shard hint;
     /// raised only by a full make-room pass (swap to MAX at its start, `fetch_min` at its end).
     room_at: AtomicU64,
+    /// Two per [`KeyedLimiter::reset`] call, one before it retires the key's cell and one after,
+    /// so odd while a reset runs (resets are serialised). A chain's commit reads it first and
+    /// its refund gives back only if it still reads the same even value: a refund never lands
+    /// in a cell made after a reset (see [`Keyed::chain_refund`]).
+    pub(crate) resets: AtomicU64,
+    /// Keys whose state a reset forgot.
+    pub(crate) forgotten: AtomicU64,
     pub(crate) counters: Counters,
 }
 
@@ -240,6 +253,15 @@ pub(crate) trait Unused: Algo {
     /// a caller that then meets the retired cell retries on a fresh one, as after an eviction.
     /// True if this call retired it.
     fn retire_unused(_cell: &Self::Cell) -> bool {
+        false
+    }
+
+    /// Retires `cell` whatever it holds, for [`KeyedLimiter::reset`]: a compare-and-swap to
+    /// [`RETIRED`](crate::algorithm::RETIRED) from the word it loaded, repeated until it lands,
+    /// unless the word is never-used (nothing to forget; its inserter is about to use it or take
+    /// it back, see above) or retired already (by a sweep, which counted it). True if this call
+    /// retired it: the caller then owns the key's books, as a sweep that retires a cell does.
+    fn retire_now(_cell: &Self::Cell) -> bool {
         false
     }
 }
@@ -330,6 +352,8 @@ impl<C: Clock, S> Ctx<C, S> {
             evicted: AtomicU64::new(0),
             cursor: AtomicU64::new(0),
             room_at: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
             counters: Counters::new(),
         }
     }
@@ -777,7 +801,12 @@ where
         shard: usize,
         key: &K,
         n: u32,
-    ) -> (Result<Admission, TryAcquireError>, bool) {
+    ) -> (Result<Admission, TryAcquireError>, Committed) {
+        // Acquire: pairs with the Release that ends a reset, so that a commit reading the count
+        // a reset left comes after that reset's retirement of the key's old cell, and so decides
+        // on a cell made after it (see `chain_refund`). Read before deciding.
+        let resets = ctx.resets.load(Ordering::Acquire);
+        let committed = |overflow| Committed { overflow, resets };
         // The cell's decision, admission or rejection, comes back as `Ok` with the slot that
         // made it; only a retired cell's `Closed` (which `with_cell` retries) and the errors
         // before any cell decided are `Err`.
@@ -787,8 +816,8 @@ where
                 decided => Ok(decided),
             }
         }) {
-            Ok((decided, slot)) => (decided, slot == Slot::Overflow),
-            Err(error) => (Err(error), false),
+            Ok((decided, slot)) => (decided, committed(slot == Slot::Overflow)),
+            Err(error) => (Err(error), committed(false)),
         }
     }
 
@@ -796,6 +825,13 @@ where
     /// made again since: a cell is evicted only once our admission no longer weighs on it, and
     /// the new cell is used at clock times no earlier than the eviction (see ARCHITECTURE.md),
     /// so every algorithm's refund finds nothing of ours on it and writes nothing.
+    ///
+    /// A reset retires a cell our admission may still weigh on, so after one the cell found
+    /// here may be a new one that never held it: the refund is then dropped (the call's permit
+    /// stays spent, which is stricter, never looser). Dropped whenever the reset count differs
+    /// from the commit's, or was odd then (a reset was running). A cell made after a reset's
+    /// retirement is always seen with that reset's first increment (see `KeyedLimiter::reset`),
+    /// and the old cell, retired, takes no refund.
     fn chain_refund<C: Clock>(
         &self,
         ctx: &Ctx<C, S>,
@@ -803,15 +839,42 @@ where
         key: &K,
         n: u32,
         admission: &Admission,
-        overflow: bool,
+        committed: Committed,
     ) {
-        if overflow {
+        if committed.overflow {
+            // A reset never touches the shared overflow cell.
             self.algo.refund(&self.overflow, n, admission, &ctx.clock);
         } else {
-            self.shards[shard]
-                .map
-                .get(key, |cell| self.algo.refund(cell, n, admission, &ctx.clock));
+            self.shards[shard].map.get(key, |cell| {
+                // Relaxed: read after the lookup that found `cell`. If `cell` was made after a
+                // reset retired the key's old one, that reset's first increment happens before
+                // this load (through the retirement's Release and the map), so by coherence it
+                // reads that increment or a later one, never the commit's value.
+                let resets = ctx.resets.load(Ordering::Relaxed);
+                if resets == committed.resets && resets.is_multiple_of(2) {
+                    self.algo.refund(cell, n, admission, &ctx.clock);
+                }
+            });
         }
+    }
+
+    /// Forgets `key`'s state (see [`KeyedLimiter::reset`]): retires its cell whatever it holds
+    /// and removes it, keeping the books as a sweep that evicts it would (but counted as
+    /// forgotten, not evicted). False if the key held nothing to forget (no cell, a never-used
+    /// one, or one already retired).
+    fn reset<C: Clock>(&self, ctx: &Ctx<C, S>, shard: usize, key: &K) -> bool {
+        let shard = &self.shards[shard];
+        if !shard.map.get(key, A::retire_now).unwrap_or(false) {
+            return false;
+        }
+        // The dead entry goes now, unless a caller that met it first removed it already (and
+        // inserted a fresh cell, which `remove_if` leaves alone).
+        shard.map.remove_if(key, A::retired);
+        // Relaxed: bookkeeping, as in `removed`.
+        shard.len.fetch_sub(1, Ordering::Relaxed);
+        ctx.forgotten.fetch_add(1, Ordering::Relaxed);
+        ctx.release_keys(1);
+        true
     }
 
     fn available<C: Clock>(&self, ctx: &Ctx<C, S>, shard: usize, key: &K) -> u32 {
@@ -1205,6 +1268,7 @@ where
                 store,
                 waits: Waits::new(self.hasher.clone(), self.order, self.queue_limit),
                 algorithm: Mutex::new(self.algorithm),
+                resetting: Mutex::new(()),
                 ctx: Ctx::new(
                     self.clock,
                     self.hasher,
@@ -1355,6 +1419,70 @@ where
         let inner = &*self.inner;
         let shard = self.shard(key);
         with_store!(&inner.store, s => s.available(&inner.ctx, shard, key))
+    }
+
+    /// Forgets `key`'s state: its next call starts as a key seen for the first time would, with
+    /// the full limit (burst). True if the key held state to forget; false if it had none (never
+    /// seen, evicted, or its first call still being decided), when nothing changes.
+    ///
+    /// For what a demanding user resets by hand: a login's failure counter once the password
+    /// was right, a client cleared by an operator, a key whose owner bought more quota. The key
+    /// keeps no trace (its slot under [`max_keys`](Self::max_keys) is given back), and its
+    /// waiters are woken to try again at once.
+    ///
+    /// Calls that race the reset are decided either before it (and forgotten with the rest) or
+    /// after it, on the fresh state; none is lost or decided on the forgotten state. A
+    /// [`KeyedChain`](crate::KeyedChain) call that took a permit from this limiter before a
+    /// reset and must give it back (another member rejected) does not give it to the fresh
+    /// state: any refund that a reset overlaps is dropped, for every key of the limiter, so
+    /// such a call costs a permit (stricter, never looser). Resets are serialised by a mutex;
+    /// the hot path takes no lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, ManualClock};
+    ///
+    /// // Five failed logins per user per 15 minutes.
+    /// let failures = KeyedLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(15 * 60) },
+    ///     ManualClock::new(),
+    /// )?;
+    /// for _ in 0..5 {
+    ///     failures.try_acquire(&"alice")?;
+    /// }
+    /// assert!(failures.try_acquire(&"alice").is_err());
+    /// // Alice got her password right: her failures are forgiven.
+    /// assert!(failures.reset(&"alice"));
+    /// assert_eq!(failures.available(&"alice"), 5);
+    /// assert!(!failures.reset(&"bob"));
+    /// assert_eq!(failures.stats().reset, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset(&self, key: &K) -> bool {
+        let inner = &*self.inner;
+        let ctx = &inner.ctx;
+        let shard = self.shard(key);
+        let forgot = {
+            let _one_at_a_time = lock(&inner.resetting);
+            // Relaxed: to odd. Ordered before the cell's retirement by that CAS's Release
+            // (`algorithm::retire_word`): whoever meets the retired cell, and anyone who then
+            // finds the key's new cell in the map, sees this increment (see `chain_refund`).
+            ctx.resets.fetch_add(1, Ordering::Relaxed);
+            let forgot = with_store!(&inner.store, s => s.reset(ctx, shard, key));
+            // Release: back to even, after the retirement; pairs with a chain commit's Acquire
+            // load, so that a commit that reads this value decides on a cell made after it.
+            ctx.resets.fetch_add(1, Ordering::Release);
+            forgot
+        };
+        if forgot {
+            // The head may be sleeping until the forgotten state would have let it in.
+            if let Some(wait) = inner.waits.map.get(key, Arc::clone) {
+                wait.queue.wake_head();
+            }
+        }
+        forgot
     }
 
     /// Evicts every idle key now; returns how many were evicted.
@@ -1508,6 +1636,8 @@ where
             overflowed: ctx.counters.sum(OVERFLOWED),
             // Relaxed: a statistic.
             evicted: ctx.evicted.load(Ordering::Relaxed),
+            // Relaxed: a statistic.
+            reset: ctx.forgotten.load(Ordering::Relaxed),
             keys: self.len(),
             waiting,
             queued_permits,
@@ -2187,25 +2317,31 @@ where
         &self,
         key: &K,
         n: u32,
-    ) -> (Result<Admission, TryAcquireError>, bool) {
+    ) -> (Result<Admission, TryAcquireError>, Committed) {
         let inner = &*self.inner;
         if self.held_back(key) {
-            return (Err(self.refused_for_waiters(key, n)), false);
+            return (Err(self.refused_for_waiters(key, n)), Committed::default());
         }
         let shard = self.shard(key);
         if COMMIT || n == 0 {
             with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))
         } else {
             let outcome = with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n));
-            (outcome, false)
+            (outcome, Committed::default())
         }
     }
 
-    /// Gives back an admission `chain_decide::<true>` returned.
-    pub(crate) fn chain_refund(&self, key: &K, n: u32, admission: &Admission, overflow: bool) {
+    /// Gives back an admission `chain_decide::<true>` returned, with what it returned beside.
+    pub(crate) fn chain_refund(
+        &self,
+        key: &K,
+        n: u32,
+        admission: &Admission,
+        committed: Committed,
+    ) {
         let inner = &*self.inner;
         let shard = self.shard(key);
-        with_store!(&inner.store, s => s.chain_refund(&inner.ctx, shard, key, n, admission, overflow));
+        with_store!(&inner.store, s => s.chain_refund(&inner.ctx, shard, key, n, admission, committed));
     }
 
     /// Whether refunds are exact (every algorithm but the exact sliding window).

@@ -1429,6 +1429,8 @@ where
             overflowed: ctx.counters.sum(OVERFLOWED),
             // Relaxed: a statistic.
             evicted: ctx.evicted.load(Ordering::Relaxed),
+            // A concurrency limit has no reset: permits in use are not forgotten.
+            reset: 0,
             keys: self.len(),
             waiting,
             queued_permits,

@@ -524,3 +524,99 @@ fn a_first_admission_failed_by_a_lowered_limit_leaves_no_key() {
         assert_eq!(limiter.len(), 1);
     }
 }
+
+/// `reset` forgets a key's state whatever the algorithm: an exhausted key gets its whole limit
+/// back at once, the key's slot under the cap is given back and counted as reset (not evicted),
+/// and a key with nothing to forget is left as it is.
+#[test]
+fn reset_forgets_a_key_and_gives_back_its_slot() {
+    for algorithm in all_algorithms(3) {
+        let name = format!("{algorithm:?}");
+        let limiter = KeyedLimiter::<u64, _>::builder(algorithm)
+            .clock(ManualClock::new())
+            .max_keys(1)
+            .build()
+            .unwrap();
+        assert!(!limiter.reset(&1), "{name}: nothing to forget yet");
+        limiter.try_acquire_n(&1, 3).unwrap();
+        assert!(limiter.try_acquire(&1).is_err(), "{name}");
+        assert_eq!(
+            limiter.try_acquire(&2),
+            Err(TryAcquireError::TooManyKeys { max_keys: 1 }),
+            "{name}: the cap is reached and key 1 is busy"
+        );
+        assert!(limiter.reset(&1), "{name}");
+        assert_eq!(limiter.len(), 0, "{name}");
+        assert!(!limiter.reset(&1), "{name}: forgotten already");
+        // The slot is free again: another key takes it, and key 1 now meets the cap.
+        limiter.try_acquire(&2).unwrap();
+        assert!(limiter.reset(&2), "{name}");
+        assert_eq!(limiter.available(&1), 3, "{name}");
+        assert_eq!(
+            limiter.try_acquire_n(&1, 3).unwrap().remaining(),
+            0,
+            "{name}"
+        );
+        let stats = limiter.stats();
+        assert_eq!(
+            (stats.reset, stats.evicted, stats.keys),
+            (2, 0, 1),
+            "{name}"
+        );
+        // Nothing idle: a sweep evicts nothing and the books still balance.
+        assert_eq!(limiter.sweep(), 0, "{name}");
+        assert_eq!(limiter.len(), 1, "{name}");
+    }
+}
+
+/// A key reset while other threads hammer it and sweeps run: the books balance at the end
+/// (every key the limiter still counts is really held, a final sweep of idle keys empties it),
+/// and the cap still admits exactly `max_keys` keys. A double count of a key both a sweep and
+/// a reset retired would leave `len` wrong or the cap short for good.
+#[test]
+fn resets_racing_admissions_and_sweeps_keep_the_books() {
+    for algorithm in all_algorithms(2) {
+        let name = format!("{algorithm:?}");
+        let clock = ManualClock::new();
+        let limiter = KeyedLimiter::<u64, _>::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(8)
+            .build()
+            .unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = limiter.try_acquire(&(i % 4));
+                    i += 1;
+                }
+            });
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    limiter.sweep();
+                    clock.advance(SEC / 4);
+                }
+            });
+            for round in 0..20_000u64 {
+                limiter.reset(&(round % 4));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        clock.advance(10 * SEC);
+        limiter.sweep();
+        assert_eq!(
+            limiter.len(),
+            0,
+            "{name}: keys left counted after every key went idle"
+        );
+        for key in 0..8 {
+            limiter.try_acquire(&(100 + key)).unwrap();
+        }
+        assert_eq!(
+            limiter.try_acquire(&200),
+            Err(TryAcquireError::TooManyKeys { max_keys: 8 }),
+            "{name}: the cap moved"
+        );
+    }
+}

@@ -392,3 +392,44 @@ async fn newest_first_acquire_that_fits_now_does_not_evict_a_queued_waiter() {
     assert_eq!(start.elapsed(), Duration::from_secs(7));
     assert_eq!(limiter.stats().admitted, 4);
 }
+
+/// A waiter on a key that `reset` forgets is served at once, not when the forgotten state
+/// would have let it in (an hour later here). Paused time does not move while this task keeps
+/// yielding, so the waiter can only have been served by the reset's wake-up.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn reset_serves_the_keys_waiter_at_once() {
+    let limiter = Arc::new(
+        KeyedLimiter::with_clock(
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: Duration::from_secs(3600),
+            },
+            TokioClock::new(),
+        )
+        .unwrap(),
+    );
+    limiter.try_acquire(&"a").unwrap();
+    let start = Instant::now();
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.acquire(&"a").await.map(|_| start.elapsed()) })
+    };
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(limiter.stats().waiting, 1);
+    assert!(limiter.reset(&"a"));
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        waiter.is_finished(),
+        "the waiter still sleeps after the reset"
+    );
+    assert_eq!(waiter.await.unwrap().unwrap(), Duration::ZERO);
+    assert_eq!(
+        limiter.available(&"a"),
+        0,
+        "the waiter took the fresh permit"
+    );
+}

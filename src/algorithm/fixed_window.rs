@@ -237,10 +237,11 @@ impl Algo for FixedWindow {
     fn retire<C: Clock>(&self, state: &AtomicU64, clock: &C) -> Result<(), u64> {
         // Acquire: as in `try_acquire`, so our clock read is no earlier than the last admission's.
         let word = state.load(Ordering::Acquire);
-        if word == RETIRED {
-            return Ok(());
-        }
         let now = clock.now();
+        if word == RETIRED {
+            // Retired by a reset (`retire_now`), which counts it: not ours to count.
+            return Err(now);
+        }
         if word == pack(0, 0) {
             // Never used: its inserter is about to admit on it (see `Algo::retire`).
             return Err(now);
@@ -313,5 +314,9 @@ impl crate::keyed::Unused for FixedWindow {
         state
             .compare_exchange(pack(0, 0), RETIRED, Ordering::Release, Ordering::Relaxed)
             .is_ok()
+    }
+
+    fn retire_now(state: &AtomicU64) -> bool {
+        super::retire_word(state, |word| word == pack(0, 0))
     }
 }

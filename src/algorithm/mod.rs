@@ -111,6 +111,10 @@ pub(crate) trait Algo: Send + Sync + 'static {
     /// and retiring it in between would only make the inserter retry, which a sweeper looping
     /// without pause could repeat forever. Every fresh cell is used by its inserter at once, or
     /// taken back by it (`keyed::Unused`) if that first decision admitted nothing.
+    ///
+    /// Nor is a cell found retired already (`Err(now)`): a reset (`keyed::Unused::retire_now`)
+    /// retired it and counts it itself, so a sweep that met it just after its own check must
+    /// not count it again.
     #[cfg_attr(not(feature = "keyed"), allow(dead_code))] // only keyed limiters evict
     fn retire<C: Clock>(&self, cell: &Self::Cell, clock: &C) -> Result<(), u64>;
 
@@ -305,6 +309,27 @@ pub(crate) type EachCell<'a, T> = &'a dyn Fn(&dyn Fn(&T));
 /// 63 clear (31-bit ids, see [`pack`]), ticket counters stay below 2^63, and a token bucket's
 /// word is an epoch bit over an arrival time below 2^63 − 1.
 pub(crate) const RETIRED: u64 = u64::MAX;
+
+/// `keyed::Unused::retire_now` for a cell whose retirement is a compare-and-swap of one word
+/// (`word`) to [`RETIRED`]: from whatever the word holds, unless `unused` says it is never-used
+/// or it is retired already. True if this call retired it.
+#[cfg(feature = "keyed")]
+pub(crate) fn retire_word(word: &crate::sync::AtomicU64, unused: impl Fn(u64) -> bool) -> bool {
+    use crate::sync::Ordering;
+    // Relaxed: only seeds the CAS, which decides.
+    let mut seen = word.load(Ordering::Relaxed);
+    while seen != RETIRED && !unused(seen) {
+        // Release on success: what the resetting thread did before (moving the limiter's reset
+        // count to odd, see `KeyedLimiter::reset`) is seen by whoever loads RETIRED (Acquire)
+        // and re-creates the key, and through the map by anyone who then finds the new cell.
+        // Relaxed on failure: we only look again at the word that beat us.
+        match word.compare_exchange_weak(seen, RETIRED, Ordering::Release, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(actual) => seen = actual,
+        }
+    }
+    false
+}
 
 /// The id of window `window`: its low 31 bits.
 #[inline(always)]

@@ -435,10 +435,11 @@ impl Algo for SlidingCounter {
     fn retire<C: Clock>(&self, words: &Words, clock: &C) -> Result<(), u64> {
         // Acquire: as in `try_acquire`.
         let word = words.current.load(Ordering::Acquire);
-        if word == RETIRED {
-            return Ok(());
-        }
         let now = clock.now();
+        if word == RETIRED {
+            // Retired by a reset (`retire_now`), which counts it: not ours to count.
+            return Err(now);
+        }
         if word == pack(0, 0) {
             // Never used: its inserter is about to admit on it (see `Algo::retire`).
             return Err(now);
@@ -506,6 +507,10 @@ impl crate::keyed::Unused for SlidingCounter {
             .current
             .compare_exchange(pack(0, 0), RETIRED, Ordering::Release, Ordering::Relaxed)
             .is_ok()
+    }
+
+    fn retire_now(words: &Words) -> bool {
+        super::retire_word(&words.current, |word| word == pack(0, 0))
     }
 }
 

@@ -604,10 +604,11 @@ impl Algo for SlidingWindow {
         // Acquire: as in `try_acquire`: the newest ticket's slot write, and our clock read, come
         // after its claimer's clock read.
         let head = ring.head.load(Ordering::Acquire);
-        if head == RETIRED {
-            return Ok(());
-        }
         let now = clock.now().min(MAX_TIME - 1);
+        if head == RETIRED {
+            // Retired by a reset (`retire_now`), which counts it: not ours to count.
+            return Err(now);
+        }
         if head == 0 {
             // Never used: its inserter is about to admit on it (see `Algo::retire`).
             return Err(now);
@@ -677,6 +678,12 @@ impl crate::keyed::Unused for SlidingWindow {
         ring.head
             .compare_exchange(0, RETIRED, Ordering::Release, Ordering::Relaxed)
             .is_ok()
+    }
+
+    fn retire_now(ring: &Ring) -> bool {
+        // A writer between its claim and its publish keeps its ticket (it was admitted before
+        // the reset); its slot write lands in the dead ring.
+        super::retire_word(&ring.head, |head| head == 0)
     }
 }
 

@@ -365,10 +365,11 @@ impl Algo for TokenBucket {
     fn retire<C: Clock>(&self, state: &AtomicU64, clock: &C) -> Result<(), u64> {
         // Acquire: as in `try_acquire`.
         let word = state.load(Ordering::Acquire);
-        if word == RETIRED {
-            return Ok(());
-        }
         let now = clock.now().min(MAX_NOW);
+        if word == RETIRED {
+            // Retired by a reset (`retire_now`), which counts it: not ours to count.
+            return Err(now);
+        }
         if word & !EPOCH == 0 {
             // Never used (a reconfiguration's sweep may have flipped its epoch bit): its inserter
             // is about to admit on it (see `Algo::retire`).
@@ -470,6 +471,10 @@ impl crate::keyed::Unused for TokenBucket {
             }
         }
         false
+    }
+
+    fn retire_now(state: &AtomicU64) -> bool {
+        super::retire_word(state, |word| word & !EPOCH == 0)
     }
 }
 

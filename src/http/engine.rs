@@ -897,13 +897,14 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     // they report no quota, admitted or rejected.
     let mut uncounted: SmallVec<[usize; 2]> = SmallVec::new();
     for (index, (rule, limiter, key)) in plan.iter().enumerate() {
-        let (decided, overflow) = limiter.chain_decide::<true>(key, 1);
+        let (decided, committed) = limiter.chain_decide::<true>(key, 1);
+        let overflow = committed.overflow;
         count_shared_overflow(rule, overflow);
         match decided {
             Ok(admission) => {
                 quotas.push(rule.quota(u64::from(admission.remaining()), admission.reset_after()));
                 if index + 1 < plan.len() {
-                    charged.push((limiter, key, admission, overflow));
+                    charged.push((limiter, key, admission, committed));
                 }
             }
             // Not charged, nothing to refund: the rule does not count this client.
@@ -1071,7 +1072,8 @@ fn decide_one<C: Clock>(
         }
         Err(verdict) => return verdict,
     };
-    let (decided, overflow) = limiter.chain_decide::<true>(&key, 1);
+    let (decided, committed) = limiter.chain_decide::<true>(&key, 1);
+    let overflow = committed.overflow;
     count_shared_overflow(rule, overflow);
     match decided {
         Ok(admission) => {
