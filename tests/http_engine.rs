@@ -1258,3 +1258,73 @@ fn a_whole_appsettings_json_loads_from_file() {
         RejectReason::RateLimited
     );
 }
+
+/// `unban` lifts a ban at once and forgets the rejections counted towards the next one; it
+/// groups the address as the layer does (here an IPv6 /64), and `unban_client` does the same
+/// for a client known by its id alone. Without `[bans]`, or for a client never banned, it
+/// changes nothing and says so.
+#[test]
+fn unban_lifts_a_ban_and_its_count() {
+    let (l, clock) = limiter(
+        "[client_ip]\nipv6_prefix = 64\n[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n\
+         [bans]\nafter = 2\nwithin = \"1h\"\nduration = \"1h\"\n",
+    );
+    // The layer hands the engine the address grouped to its /64.
+    let prefix = "2001:db8:0:7::";
+    let banned_after_two = |ip: &str| {
+        assert_eq!(get(&l, "/", ip, None).outcome, Outcome::Admitted);
+        for _ in 0..2 {
+            assert_eq!(
+                reason(&get(&l, "/", ip, None)).unwrap().0,
+                RejectReason::RateLimited
+            );
+        }
+        assert_eq!(
+            reason(&get(&l, "/", ip, None)).unwrap().0,
+            RejectReason::Banned
+        );
+    };
+    banned_after_two(prefix);
+    assert!(!l.unban("2001:db8:0:8::1".parse().unwrap()), "another /64");
+    assert!(
+        l.unban("2001:db8:0:7:abcd::1".parse().unwrap()),
+        "an address of the banned /64"
+    );
+    assert!(
+        !l.unban("2001:db8:0:7::1".parse().unwrap()),
+        "lifted already"
+    );
+    // The rule still says no for the rest of its minute, and one rejection no longer bans:
+    // the count started again.
+    assert_eq!(
+        reason(&get(&l, "/", prefix, None)).unwrap().0,
+        RejectReason::RateLimited
+    );
+    assert_eq!(
+        reason(&get(&l, "/", prefix, None)).unwrap().0,
+        RejectReason::RateLimited
+    );
+    assert_eq!(
+        reason(&get(&l, "/", prefix, None)).unwrap().0,
+        RejectReason::Banned
+    );
+    // A ban that ran out is no ban to lift.
+    clock.advance(Duration::from_secs(2 * 3600));
+    assert!(!l.unban("2001:db8:0:7::1".parse().unwrap()));
+
+    // A client without an address is banned, and unbanned, by its id.
+    let client = |l: &HttpLimiter<ManualClock>| reason(&get(l, "/", "", Some("partner")));
+    let (l, _) = limiter(
+        "missing_key = \"allow\"\n[[rules]]\nname = \"per-id\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\n\
+         [bans]\nafter = 1\nwithin = \"1h\"\nduration = \"1h\"\n",
+    );
+    assert_eq!(client(&l), None);
+    assert_eq!(client(&l).unwrap().0, RejectReason::RateLimited);
+    assert_eq!(client(&l).unwrap().0, RejectReason::Banned);
+    assert!(!l.unban_client("someone-else"));
+    assert!(l.unban_client("partner"));
+    assert_eq!(client(&l).unwrap().0, RejectReason::RateLimited);
+
+    let (l, _) = limiter(PER_IP);
+    assert!(!l.unban("192.0.2.1".parse().unwrap()), "no bans configured");
+}

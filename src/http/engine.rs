@@ -99,14 +99,15 @@ use crate::http::rules::{
     parse_header, BanKey, Bans, Compiler, CounterKey, LocalName, Metric, Rule, RuleSet,
 };
 use crate::http::{
-    Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas, RateLimitLayer,
-    RejectReason, RequestInfo, Verdict,
+    client_ip, Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas,
+    RateLimitLayer, RejectReason, RequestInfo, Verdict,
 };
 use crate::{Clock, MonotonicClock, TryAcquireError};
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use smallvec::SmallVec;
 use std::fmt;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime};
@@ -616,6 +617,87 @@ impl<C: Clock + Clone> HttpLimiter<C> {
             Check::Ready(verdict) => verdict,
             Check::Pending(pending) => pending.await,
         }
+    }
+
+    /// Lifts the ban of the client at `ip` now (a false positive, a customer an operator
+    /// cleared), and forgets the rejections counted towards its next ban: it is banned again
+    /// only after `bans.after` more. The address is grouped as the layer groups clients
+    /// (IPv4-mapped addresses as IPv4, `ipv6_prefix`), so any address of a banned IPv6 prefix
+    /// lifts that prefix's ban. Its rules' counters are left as they are. True if the client
+    /// was banned.
+    ///
+    /// Bans live in this process, whatever the backend (see the module's docs): each process
+    /// of a fleet lifts its own. A static `[blocklist]` entry is lifted by a reload.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::net::IpAddr;
+    /// use turnstile::ManualClock;
+    /// use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RejectReason, RequestInfo};
+    ///
+    /// let config = HttpConfig::from_toml_str(
+    ///     "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n\
+    ///      [bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n",
+    /// )?;
+    /// let limiter = HttpLimiter::with_clock(config, ManualClock::new())?;
+    /// let ip: IpAddr = "203.0.113.9".parse().unwrap();
+    /// let request = RequestInfo { method: &http::Method::GET, path: "/", client_ip: Some(ip), client_id: None };
+    /// let reason = |limiter: &HttpLimiter<ManualClock>| match limiter.decide(&request).outcome {
+    ///     Outcome::Rejected { reason, .. } => Some(reason),
+    ///     _ => None,
+    /// };
+    /// assert_eq!(reason(&limiter), None);
+    /// assert_eq!(reason(&limiter), Some(RejectReason::RateLimited)); // and banned for an hour
+    /// assert_eq!(reason(&limiter), Some(RejectReason::Banned));
+    /// assert!(limiter.unban(ip));
+    /// assert!(!limiter.unban(ip));
+    /// // Back to the rule's own answer: rate-limited until the minute ends, not banned.
+    /// assert_eq!(reason(&limiter), Some(RejectReason::RateLimited));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn unban(&self, ip: IpAddr) -> bool {
+        let settings = self.settings.load();
+        let grouped = client_ip(Some(ip), &http::HeaderMap::new(), &settings.client_ip);
+        grouped.is_some_and(|ip| self.lift(&BanKey::Ip(ip)))
+    }
+
+    /// Lifts the ban of the client with id `client_id` (a client known by its id alone: its
+    /// address was unknown), as [`unban`](Self::unban) does for an address. True if it was
+    /// banned.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::{HttpConfig, HttpLimiter};
+    ///
+    /// let config = HttpConfig::from_toml_str("[bans]\nafter = 3\nwithin = \"1m\"\nduration = \"5m\"\n")?;
+    /// let limiter = HttpLimiter::new(config)?;
+    /// assert!(!limiter.unban_client("partner-7"), "never banned");
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn unban_client(&self, client_id: &str) -> bool {
+        self.lift(&BanKey::Client(CompactString::from(client_id)))
+    }
+
+    /// Resets `client`'s ban and its count of rejections; whether it was banned.
+    fn lift(&self, client: &BanKey) -> bool {
+        let rules = self.rules.load();
+        let Some(bans) = rules.bans.as_ref() else {
+            return false;
+        };
+        // A ban takes the one token of `banned`; a cell still held after the ban ran out (not
+        // yet swept) has its token back and is no ban.
+        let banned = matches!(
+            bans.banned.chain_decide::<false>(client, 1).0,
+            Err(TryAcquireError::Rejected(_))
+        );
+        bans.rejections.reset(client);
+        bans.banned.reset(client);
+        if banned {
+            tracing::info!(client = ?client, "client unbanned");
+        }
+        banned
     }
 }
 
