@@ -49,7 +49,7 @@
 //!    not counted: after a ban, `after` more rejections start the next, in the same window or
 //!    a later one). Both tables hold at most `bans.max_entries` clients (idle ones are
 //!    evicted first); when full of active entries, new clients are not tracked: they are not
-//!    banned (the limits still apply).
+//!    banned (the limits still apply). [`HttpLimiter::unban`] lifts a ban early.
 //!
 //! The [`Verdict`] carries the quota of every enforced matching rule that counted (policy = the
 //! rule's name, by default `"{endpoint}-{period}"`).
