@@ -799,6 +799,12 @@ async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
         assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
     }
     assert_eq!(chain.stats().errors, 0);
+    // So does a reset's one DEL of both keys: routed to that master, no CROSSSLOT.
+    for subject in &subjects[..5] {
+        assert_eq!(chain.reset(subject).await, Ok(true));
+        chain.try_acquire(subject).await.unwrap();
+    }
+    assert_eq!(chain.reset("nobody").await, Ok(false));
     for node in &cluster.nodes {
         assert_all_keys_expire(&mut node.connection());
     }
@@ -1300,4 +1306,61 @@ async fn a_sliding_window_probe_resets_when_its_newest_permit_leaves() {
         "{probe:?} after {newest:?}"
     );
     assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}
+
+/// `reset` forgets a subject in Redis (every limit of a chain: one `DEL`), in the deny cache
+/// (the next call goes to Redis, not to the cached rejection) and in the local fallback; other
+/// subjects keep their state. With the server gone it fails with the error and still forgets
+/// the fallback's state.
+#[tokio::test]
+async fn reset_forgets_a_subject_everywhere() {
+    let mut server = RedisServer::start();
+    let mut con = server.connection();
+    let minute = Duration::from_secs(60);
+    let deadline = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 2,
+            window: minute,
+        },
+        FailurePolicy::Fallback { share: 0.5 },
+    )
+    .and_limit(Algorithm::SlidingWindow {
+        limit: 3,
+        window: minute,
+    })
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .build(manager(&server).await)
+    .unwrap();
+    for subject in ["alice", "bob"] {
+        limiter.try_acquire_n(subject, 2).await.unwrap();
+        rejection(limiter.try_acquire(subject).await);
+    }
+    assert_eq!(limiter.denied_subjects(), 2);
+    let calls = |con: &mut redis::Connection| command_calls(con).get("evalsha").copied();
+    let before = calls(&mut con);
+    assert!(before.is_some());
+    assert_eq!(limiter.reset("alice").await, Ok(true));
+    assert_eq!(limiter.denied_subjects(), 1);
+    for key in limiter.keys("alice") {
+        assert!(dump(&mut con, &key).is_none(), "a key of alice survived");
+    }
+    // Decided in Redis again, on fresh state: the whole limit.
+    assert_eq!(
+        limiter.try_acquire_n("alice", 2).await.unwrap().remaining(),
+        0
+    );
+    assert_eq!(calls(&mut con), before.map(|n| n + 1));
+    rejection(limiter.try_acquire("bob").await);
+    assert_eq!(limiter.reset("carol").await, Ok(false));
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 4);
+
+    // Redis gone: the fallback (half of each limit, so one permit) decides; a reset fails with
+    // the error, and still gives the fallback's permit back.
+    server.kill();
+    timed(deadline, limiter.try_acquire("dave")).await.unwrap();
+    rejection(timed(deadline, limiter.try_acquire("dave")).await);
+    assert!(limiter.reset("dave").await.is_err());
+    timed(deadline, limiter.try_acquire("dave")).await.unwrap();
 }

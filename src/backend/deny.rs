@@ -121,6 +121,13 @@ impl DenyCache {
         );
     }
 
+    /// Drops `subject`'s entry, if any (its state was reset).
+    pub(crate) fn forget(&self, subject: &[u8]) {
+        if let Some((shard, _)) = self.shard(subject) {
+            crate::sync::lock(shard).remove(subject);
+        }
+    }
+
     /// Entries held now, expired or not.
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| crate::sync::lock(s).len()).sum()

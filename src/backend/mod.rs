@@ -801,6 +801,59 @@ where
         }
     }
 
+    /// Forgets `subject`'s state in Redis (one `DEL` of its keys, every limit of a chain), in
+    /// the deny cache and in the local fallback: its next call starts fresh, in every process
+    /// sharing the Redis. `Ok(true)` if Redis held state for it.
+    ///
+    /// A decision already on its way to Redis when the reset runs may still be answered from the
+    /// state before it (and a rejection then noted in this process's deny cache, for at most its
+    /// retry-after).
+    ///
+    /// # Errors
+    ///
+    /// The [`RedisError`] of the `DEL`, or a timeout after the limiter's deadline (an `IoError`
+    /// kind); the local state is forgotten even then.
+    ///
+    /// # Cancel safety
+    ///
+    /// The local state is forgotten before the first await. Dropped after the `DEL` was sent, the
+    /// keys may or may not have been deleted.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), turnstile::redis::RedisError> {
+    /// // The password was right: forgive the failed attempts counted for this account.
+    /// limiter.reset("login:alice").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn reset<K>(&self, subject: &K) -> Result<bool, RedisError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        let inner = &*self.inner;
+        let subject = subject.as_ref();
+        inner.deny.forget(subject);
+        if let Some(local) = &inner.fallback {
+            let key: Box<[u8]> = subject.into();
+            for member in local.per_key() {
+                member.reset(&key);
+            }
+        }
+        let mut connection = inner.connection.clone();
+        let mut delete = ::redis::cmd("DEL");
+        delete.arg(self.keys(subject));
+        let deleted = delete.query_async::<u64>(&mut connection);
+        match tokio::time::timeout(inner.deadline, deleted).await {
+            Ok(deleted) => Ok(deleted? > 0),
+            Err(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "the reset's DEL missed the limiter's deadline",
+            ))),
+        }
+    }
+
     /// Takes one permit for `subject`, waiting as long as it takes. See
     /// [`acquire_n`](Self::acquire_n).
     ///
