@@ -503,3 +503,36 @@ fn json_template_stays_json_when_a_value_is_absent() {
         );
     }
 }
+
+/// An `appsettings.json` saved as "UTF-8 with signature" (a byte-order mark first, as Visual
+/// Studio writes it) loads as ASP.NET loads it, through every JSON entry point and from a file;
+/// the TOML and YAML parsers skip the mark too.
+#[test]
+fn a_byte_order_mark_before_a_configuration_is_skipped() {
+    const BOM: &str = "\u{feff}";
+    let aspnet =
+        r#"{"IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 2}]}}"#;
+    let loaded = [
+        HttpConfig::from_json_str(&format!(
+            "{BOM}{{\"rules\": [{{\"period\": \"1s\", \"limit\": 2}}]}}"
+        )),
+        HttpConfig::from_json_str(&format!("{BOM}{aspnet}")),
+        HttpConfig::from_aspnet_json(&format!("{BOM}// comment\n{aspnet}")),
+        HttpConfig::from_toml_str(&format!("{BOM}[[rules]]\nperiod = \"1s\"\nlimit = 2\n")),
+        HttpConfig::from_yaml_str(&format!("{BOM}rules:\n  - period: 1s\n    limit: 2\n")),
+        {
+            let dir = std::env::temp_dir().join(format!("turnstile-bom-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("appsettings.json");
+            std::fs::write(&path, format!("{BOM}{aspnet}")).unwrap();
+            let loaded = HttpConfig::from_file(&path);
+            std::fs::remove_dir_all(&dir).unwrap();
+            loaded
+        },
+    ];
+    for (i, config) in loaded.into_iter().enumerate() {
+        let config = config.unwrap_or_else(|e| panic!("document {i}: {e}"));
+        assert_eq!(config.rules.len(), 1, "document {i}");
+        assert_eq!(config.rules[0].limit, 2, "document {i}");
+    }
+}

@@ -829,6 +829,7 @@ impl HttpConfig {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn from_json_str(text: &str) -> Result<Self, HttpConfigError> {
+        let text = without_bom(text);
         let value: serde_json::Value = match serde_json::from_str(text) {
             Ok(value) => value,
             Err(e) => {
@@ -876,6 +877,7 @@ impl HttpConfig {
     /// ```
     pub fn from_aspnet_json(text: &str) -> Result<Self, HttpConfigError> {
         // As ASP.NET's JSON configuration reads it: comments and trailing commas allowed.
+        let text = without_bom(text);
         let stripped = without_comments(text);
         let value: serde_json::Value = serde_json::from_str(stripped.as_deref().unwrap_or(text))
             .map_err(|e| HttpConfigError::Parse {
@@ -885,7 +887,8 @@ impl HttpConfig {
         crate::http::aspnet::translate(value)
     }
 
-    /// Parses the native format as YAML.
+    /// Parses the native format as YAML (a leading UTF-8 byte-order mark is skipped, as by the
+    /// TOML and JSON parsers).
     ///
     /// # Errors
     ///
@@ -938,6 +941,13 @@ impl HttpConfig {
             )),
         }
     }
+}
+
+/// `text` without a leading UTF-8 byte-order mark: editors on Windows (Visual Studio's "UTF-8
+/// with signature") write one at the start of `appsettings.json` files, ASP.NET's reader skips
+/// it, and serde_json would stop at it ("expected value at line 1 column 1").
+fn without_bom(text: &str) -> &str {
+    text.strip_prefix('\u{feff}').unwrap_or(text)
 }
 
 /// `text` with what ASP.NET's JSON configuration reads beyond JSON made blank: `//` and
