@@ -1328,3 +1328,50 @@ fn unban_lifts_a_ban_and_its_count() {
     let (l, _) = limiter(PER_IP);
     assert!(!l.unban("192.0.2.1".parse().unwrap()), "no bans configured");
 }
+
+/// A request rejected by one rule is charged to no other, whatever their algorithms: with an
+/// exact sliding window among them too, whose refund is positional (the permit comes back, its
+/// ticket's place in the ring does not until it expires). One request admitted, then ten in
+/// the same second rejected by the 1-per-second rule: a second later the client has used one
+/// of its ten hourly requests, not ten. The engine charges sliding windows after the other
+/// rules, and of several sliding windows the one that would reject first, so the hourly window
+/// is never charged and refunded here. Quotas are still reported in the rules' order.
+#[test]
+fn a_rejected_request_leaves_no_trace_in_a_sliding_window_rule() {
+    let algorithms = [
+        "fixed_window",
+        "sliding_counter",
+        "token_bucket",
+        "sliding_window",
+    ];
+    for (hourly, burst) in algorithms
+        .iter()
+        .map(|a| (*a, "fixed_window"))
+        .chain([("sliding_window", "sliding_window")])
+    {
+        let (l, clock) = limiter(&format!(
+            "[[rules]]\nname = \"hourly\"\nperiod = \"1h\"\nlimit = 10\nalgorithm = \"{hourly}\"\n\
+             [[rules]]\nname = \"burst\"\nperiod = \"1s\"\nlimit = 1\nalgorithm = \"{burst}\"\n"
+        ));
+        let case = format!("hourly {hourly}, burst {burst}");
+        assert_eq!(
+            get(&l, "/", "192.0.2.1", None).outcome,
+            Outcome::Admitted,
+            "{case}"
+        );
+        for _ in 0..10 {
+            let v = get(&l, "/", "192.0.2.1", None);
+            assert_eq!(
+                reason(&v).map(|r| r.1),
+                Some("burst".to_owned()),
+                "{case}: {v:?}"
+            );
+        }
+        clock.advance(Duration::from_secs(1));
+        let next = get(&l, "/", "192.0.2.1", None);
+        assert_eq!(next.outcome, Outcome::Admitted, "{case}: {next:?}");
+        let policies: Vec<&str> = next.quotas.iter().map(|q| &*q.policy).collect();
+        assert_eq!(policies, ["hourly", "burst"], "{case}");
+        assert_eq!(next.quotas[0].remaining, 8, "{case}: {next:?}");
+    }
+}

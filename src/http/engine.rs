@@ -31,10 +31,13 @@
 //!    with [`RejectReason::NoKey`] (`missing_key = "reject"`) or is skipped (`"allow"`). A rule
 //!    with limit 0 rejects with [`RejectReason::Blocked`]. Otherwise every enforced rule must
 //!    admit: they are charged one by one, and when one rejects, the ones already charged are
-//!    **refunded** (commit-then-refund, as [`KeyedChain`](crate::KeyedChain) does; the refund is
-//!    exact for every algorithm but the exact sliding window, whose refund frees the slot only
-//!    when no later admission was recorded). A rejected request is thus not charged against the
-//!    other rules. The rejection names the rule and carries its exact `retry_after`.
+//!    **refunded** (commit-then-refund, as [`KeyedChain`](crate::KeyedChain) does). The refund
+//!    is exact for every algorithm but the exact sliding window, whose refund is positional
+//!    (the permit is freed, its ticket's place in the ring is not until it expires), so rules
+//!    are charged as a chain commits its members: the exact sliding windows last, and of
+//!    several of them one that would reject now first. A rejected request is thus not charged
+//!    against the other rules. The rejection names the rule and carries its exact
+//!    `retry_after`; quotas are reported in the rules' order.
 //!    A rule counts at most `max_keys_per_rule` clients in memory, evicting idle ones to make
 //!    room; a new client meeting a rule full of active ones is rejected with
 //!    [`RejectReason::TooManyKeys`] (`key_overflow = "reject"`), counted with the others the rule
@@ -972,20 +975,56 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         );
     }
 
+    // The order the rules are charged in, as a `Chain` commits its members: the rules whose
+    // refunds are exact first, in their order, then the exact sliding windows. A sliding
+    // window's refund is positional (the permit is freed, but its ticket's place in the ring
+    // stays taken until it expires), so a client rejected over and over by a rule charged after
+    // one would fill that window with places. The last rule charged is never refunded. Of
+    // several sliding windows, one that would reject now goes first among them, so that none
+    // of the others is charged for a rejection seen coming.
+    let mut order: SmallVec<[usize; 4]> = (0..plan.len()).collect();
+    let exact: SmallVec<[bool; 4]> = plan
+        .iter()
+        .map(|(_, limiter, _)| limiter.chain_exact_refund())
+        .collect();
+    if exact.iter().any(|&exact| !exact) {
+        let several = exact.iter().filter(|&&exact| !exact).count() > 1;
+        let rank: SmallVec<[u8; 4]> = plan
+            .iter()
+            .zip(&exact)
+            .map(|((_, limiter, key), &exact)| match exact {
+                true => 0,
+                false
+                    if several
+                        && matches!(
+                            limiter.chain_decide::<false>(key, 1).0,
+                            Err(TryAcquireError::Rejected(_))
+                        ) =>
+                {
+                    1
+                }
+                false => 2,
+            })
+            .collect();
+        order.sort_by_key(|&index| rank[index]);
+    }
     // The admissions to refund if a later rule rejects: the last rule's never is.
     let mut charged: SmallVec<[_; 3]> = SmallVec::new();
-    let mut quotas = Quotas::with_capacity(plan.len());
+    // The quotas, reported in the rules' order whatever the order of charging.
+    let mut quota_of: SmallVec<[Option<QuotaState>; 4]> = SmallVec::from_elem(None, plan.len());
     // The rules a full limiter let this request pass uncounted (`key_overflow = "allow"`):
     // they report no quota, admitted or rejected.
     let mut uncounted: SmallVec<[usize; 2]> = SmallVec::new();
-    for (index, (rule, limiter, key)) in plan.iter().enumerate() {
+    for (step, &index) in order.iter().enumerate() {
+        let (rule, limiter, key) = &plan[index];
         let (decided, committed) = limiter.chain_decide::<true>(key, 1);
         let overflow = committed.overflow;
         count_shared_overflow(rule, overflow);
         match decided {
             Ok(admission) => {
-                quotas.push(rule.quota(u64::from(admission.remaining()), admission.reset_after()));
-                if index + 1 < plan.len() {
+                quota_of[index] =
+                    Some(rule.quota(u64::from(admission.remaining()), admission.reset_after()));
+                if step + 1 < order.len() {
                     charged.push((limiter, key, admission, committed));
                 }
             }
@@ -1049,7 +1088,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     }
     Check::Ready(Verdict {
         outcome: Outcome::Admitted,
-        quotas,
+        quotas: quota_of.into_iter().flatten().collect(),
     })
 }
 
