@@ -281,8 +281,10 @@ impl Upkeep {
     #[inline]
     #[doc(hidden)]
     pub fn read(&self, wake_within: u64, fresh: impl FnOnce() -> u64, wake: impl FnOnce()) -> u64 {
-        // Relaxed: the reading is the whole message; coherence keeps it monotone.
-        let word = self.word.load(Ordering::Relaxed);
+        // SeqCst: the reading is the whole message (coherence keeps it monotone), but a
+        // reconfiguration's argument (`Params::changed` in src/sync.rs) places clock reads in
+        // the single order of SeqCst operations. On x86 the same plain load as Relaxed.
+        let word = self.word.load(Ordering::SeqCst);
         if word & STATE == READ {
             return reading_of(word);
         }
@@ -686,8 +688,10 @@ impl Default for ManualClock {
 impl Clock for ManualClock {
     #[inline]
     fn now(&self) -> u64 {
-        // Relaxed: see `advance`.
-        self.nanos.load(Ordering::Relaxed)
+        // SeqCst: a reconfiguration's argument (`Params::changed` in src/sync.rs) places clock
+        // reads in the single order of SeqCst operations. Otherwise Relaxed would do: see
+        // `advance`.
+        self.nanos.load(Ordering::SeqCst)
     }
 }
 

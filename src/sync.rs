@@ -137,8 +137,10 @@ impl Signal {
 ///
 /// **Reader** ([`load`](Self::load)): version (Acquire), every word (Relaxed), `fence(Acquire)`,
 /// version again (Relaxed); the snapshot is used only if both versions are the same even number.
-/// **Writer** ([`store`](Self::store), serialised by its caller's mutex): version + 1 (Relaxed),
-/// `fence(Release)`, the words (Relaxed), version + 2 (Release).
+/// **Writer** ([`begin`](Self::begin) and [`finish`](Self::finish), or both in
+/// [`store`](Self::store), serialised by its caller's mutex): version + 1 (Relaxed),
+/// `fence(SeqCst)` (a release fence, and more: see `begin`), the words (Relaxed), version + 2
+/// (Release).
 ///
 /// Why a snapshot is never torn: if a reader's Relaxed load of a word returns a value a writer
 /// stored, that store comes after the writer's release fence, so the reader's acquire fence
@@ -188,7 +190,9 @@ impl<const N: usize> Params<N> {
         Spin::new().snooze();
     }
 
-    /// Whether a writer has started since the snapshot of `version` was taken.
+    /// Whether a writer has started since the snapshot of `version` was taken. Callers read
+    /// their clock first: a writer that reads its clock after `begin` then sees a time no
+    /// earlier than any caller that finds the version unchanged (see [`begin`](Self::begin)).
     ///
     /// Relaxed is enough for what callers use it for: a caller that loaded a cell word written
     /// under newer parameters (with Acquire, from a writer that had loaded those parameters with
@@ -196,7 +200,12 @@ impl<const N: usize> Params<N> {
     /// in which a decision can overlap a reconfiguration (see ARCHITECTURE.md).
     #[inline(always)]
     pub(crate) fn changed(&self, version: u64) -> bool {
-        self.version.load(Ordering::Relaxed) != version
+        // SeqCst: in the single order of SeqCst operations, the caller's clock read (SeqCst in
+        // this crate's atomic clocks) comes before this load, and this load before a writer's
+        // odd version (`begin`) that it does not see, which comes before the writer's clock
+        // read; so that read returns a time no earlier than the caller's. On x86 a plain load,
+        // as Relaxed; on AArch64 a load-acquire.
+        self.version.load(Ordering::SeqCst) != version
     }
 
     /// The words as they are now. Only for the writer, under its caller's mutex (so the last
@@ -207,16 +216,40 @@ impl<const N: usize> Params<N> {
 
     /// Publishes `words`. Callers serialise writers (each limiter's reconfigure mutex).
     pub(crate) fn store(&self, words: [u64; N]) {
+        self.begin();
+        self.finish(words);
+    }
+
+    /// Starts a replacement: the version turns odd, so that a decision under the current words
+    /// that has not made its re-check yet ([`changed`](Self::changed)) decides again under the
+    /// next ones, and [`load`](Self::load) waits for them. A writer whose new words depend on
+    /// the time reads its clock after this, then calls [`finish`](Self::finish): every decision
+    /// that still commits under the old words found them unchanged at its re-check, so it read
+    /// its clock before the writer did, and its word says nothing about a later time that the
+    /// new words could read differently. (Reading the clock first and publishing after left a
+    /// window as long as the writer could be descheduled in between, in which a decision under
+    /// the old words at a later time committed a word the new ones misread: a fixed window's
+    /// next window read as stale, a fresh limit handed out twice at one instant.)
+    pub(crate) fn begin(&self) {
         let version = self.version.load(Ordering::Relaxed);
-        self.version.store(version + 1, Ordering::Relaxed);
-        // Release fence: orders the odd version before every word store below, for any reader
-        // whose acquire fence follows a load of one of them (see the type's docs).
-        fence(Ordering::Release);
+        // SeqCst: in the single order of SeqCst operations before the writer's clock read; see
+        // `changed` for the other half of the argument.
+        self.version.store(version + 1, Ordering::SeqCst);
+        // SeqCst fence: keeps a clock that is no atomic (the OS clock) from being read before
+        // the odd version is visible, a store then a load needing a full fence; and orders the
+        // odd version before every word store in `finish`, for any reader whose acquire fence
+        // follows a load of one of them (see the type's docs).
+        fence(Ordering::SeqCst);
+    }
+
+    /// Ends the replacement [`begin`](Self::begin) started: the words, then the even version.
+    pub(crate) fn finish(&self, words: [u64; N]) {
+        let version = self.version.load(Ordering::Relaxed);
         for (word, value) in self.words.iter().zip(words) {
             word.store(value, Ordering::Relaxed);
         }
         // Release: a reader that loads this version (Acquire) sees every word stored above.
-        self.version.store(version + 2, Ordering::Release);
+        self.version.store(version + 1, Ordering::Release);
     }
 }
 

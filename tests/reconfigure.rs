@@ -863,3 +863,123 @@ fn concurrency_limit_flips_never_exceed_the_limit_in_force() {
     assert_eq!(limiter.limit(), HIGH);
     assert_eq!(limiter.available(), HIGH);
 }
+
+/// A clock whose next reading can be "preempted": the reading is taken, then `hook` runs (work
+/// of other threads while the reader is descheduled), then the reading is returned. Everything
+/// the hook reads is later, so the `Clock` contract holds.
+#[derive(Clone, Default)]
+struct PreemptedClock {
+    nanos: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    hook: std::sync::Arc<std::sync::Mutex<Option<Hook>>>,
+}
+
+/// What runs while a reading is preempted.
+type Hook = Box<dyn FnOnce() + Send>;
+
+impl turnstile::Clock for PreemptedClock {
+    fn now(&self) -> u64 {
+        let now = self.nanos.load(std::sync::atomic::Ordering::SeqCst);
+        let hook = self.hook.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        now
+    }
+}
+
+/// `reconfigure` racing a call under the old parameters at a later time: the reconfiguring
+/// thread is descheduled right after its clock read, and meanwhile another thread, `later` on,
+/// takes the whole limit (a new window for the old grid, or a drained bucket). Then, at that same
+/// instant, a call under the new parameters must not get the whole limit again. Before the
+/// clock was read between closing the old parameters and publishing the new ones, it did: the
+/// new grid, rebased at the earlier reading, took the racer's window for a stale one (and the
+/// bucket's translation clamped the racer's debt away). Now the racer finds the parameters
+/// being replaced, waits for them and decides under them. (The racer runs on a thread of its
+/// own, given half a second to finish before the reconfiguration goes on.)
+fn reconfigure_preempted_after_its_clock_read(from: Algorithm, to: Algorithm, later: Duration) {
+    let clock = PreemptedClock::default();
+    let limiter = RateLimiter::with_clock(from, clock.clone()).unwrap();
+    let burst = limiter.capacity();
+    limiter.try_acquire_n(burst).unwrap();
+    clock.nanos.fetch_add(
+        Duration::from_secs(9).as_nanos() as u64,
+        std::sync::atomic::Ordering::SeqCst,
+    );
+    let racer = std::sync::Arc::new(std::sync::Mutex::new(None));
+    {
+        let (limiter, clock, racer) = (limiter.clone(), clock.clone(), racer.clone());
+        *clock.hook.clone().lock().unwrap() = Some(Box::new(move || {
+            clock
+                .nanos
+                .fetch_add(later.as_nanos() as u64, std::sync::atomic::Ordering::SeqCst);
+            let (done, finished) = std::sync::mpsc::channel();
+            *racer.lock().unwrap() = Some(std::thread::spawn(move || {
+                let admitted = limiter.try_acquire_n(burst).is_ok();
+                let _ = done.send(());
+                admitted
+            }));
+            let _ = finished.recv_timeout(Duration::from_millis(500));
+        }));
+    }
+    limiter.reconfigure(to).unwrap();
+    assert!(
+        clock.hook.lock().unwrap().is_none(),
+        "the preemption did not happen"
+    );
+    let raced = racer.lock().unwrap().take().unwrap().join().unwrap();
+    let again = limiter.try_acquire_n(burst).is_ok();
+    assert!(
+        !(raced && again),
+        "{from:?} → {to:?}: the whole limit admitted twice at one instant"
+    );
+}
+
+#[test]
+fn a_call_racing_a_reconfiguration_never_gets_a_second_limit() {
+    let window = |secs| Duration::from_secs(secs);
+    reconfigure_preempted_after_its_clock_read(
+        Algorithm::FixedWindow {
+            limit: 2,
+            window: window(10),
+        },
+        Algorithm::FixedWindow {
+            limit: 2,
+            window: window(100),
+        },
+        window(1),
+    );
+    reconfigure_preempted_after_its_clock_read(
+        Algorithm::SlidingCounter {
+            limit: 2,
+            window: window(10),
+        },
+        Algorithm::SlidingCounter {
+            limit: 2,
+            window: window(100),
+        },
+        window(11),
+    );
+    let bucket = Algorithm::TokenBucket {
+        rate: Rate::new(2, window(2)),
+        burst: 2,
+    };
+    reconfigure_preempted_after_its_clock_read(bucket, bucket, window(10));
+}
+
+/// The sliding counter's retry-after for a window over 2^63 ns (the constructor takes up to
+/// u64::MAX ns, ~584 years) saturates instead of overflowing (a panic in debug builds, a far
+/// too short wait in release builds).
+#[test]
+fn a_centuries_long_sliding_counter_answers_without_overflow() {
+    let window = Duration::from_secs(300 * 365 * 86_400);
+    let limiter = RateLimiter::with_clock(
+        Algorithm::SlidingCounter { limit: 1, window },
+        ManualClock::new(),
+    )
+    .unwrap();
+    limiter.try_acquire().unwrap();
+    match limiter.try_acquire() {
+        Err(TryAcquireError::Rejected(r)) => assert!(r.retry_after() >= window),
+        other => panic!("{other:?}"),
+    }
+}

@@ -274,15 +274,19 @@ impl Algo for FixedWindow {
     ) -> Result<(), ConfigError> {
         let from = Shape::from_words(self.params.current());
         let target = Shape::from_words(to.params.current());
-        // Read before publishing: every caller that loads the new parameters reads its clock
-        // later, so it never locates a time before `now` on the new grid.
+        // The old parameters are closed before the clock is read, and the new ones published
+        // after: every call that commits under the old ones read its clock before `now`, so its
+        // word is of a window the rebased grid reads as it does (`Params::begin`), and every
+        // call that loads the new ones reads its clock later, so it never locates a time before
+        // `now` on the new grid.
+        self.params.begin();
         let now = clock.now();
         let grid = if target.grid.len() == from.grid.len() {
             from.grid
         } else {
             from.grid.rebase(target.grid.len(), now)
         };
-        self.params.store(
+        self.params.finish(
             Shape {
                 limit: target.limit,
                 grid,

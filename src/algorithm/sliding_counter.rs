@@ -222,7 +222,9 @@ impl Shape {
         } else {
             w - div((limit - n) * w, cur).min(w)
         };
-        (self.window - elapsed) + first as u64
+        // Saturating: for a window above 2^63 ns (the constructor takes up to u64::MAX, ~584
+        // years) the sum can exceed u64; the clock never gets that far anyway.
+        (self.window - elapsed).saturating_add(first as u64)
     }
 
     /// ⌈prev · (W − e) / W⌉: the previous window's share of the estimate, in whole permits.
@@ -473,14 +475,16 @@ impl Algo for SlidingCounter {
         _cells: EachCell<'_, Words>,
     ) -> Result<(), ConfigError> {
         let (from, target) = (self.shape().0, to.shape().0);
-        // Read before publishing, as in the fixed window's `reconfigure`.
+        // The clock read between closing the old parameters and publishing the new ones, as in
+        // the fixed window's `reconfigure`.
+        self.params.begin();
         let now = clock.now();
         let grid = if target.window == from.window {
             from.grid
         } else {
             from.grid.rebase(target.window, now)
         };
-        self.params.store(Shape::words(target.limit, grid));
+        self.params.finish(Shape::words(target.limit, grid));
         Ok(())
     }
 

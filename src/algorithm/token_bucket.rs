@@ -403,8 +403,14 @@ impl Algo for TokenBucket {
         cells: EachCell<'_, AtomicU64>,
     ) -> Result<(), ConfigError> {
         let (from, target) = (self.shape().0, to.shape().0);
-        // Read before publishing: every caller that loads the new parameters reads its clock
-        // later, so no caller decides at a time before the switch under them.
+        // The old parameters are closed before the clock is read, and the new ones published
+        // after (`Params::begin`): every call that commits under the old ones read its clock
+        // before the switch, so the debt its word holds at the switch is at most the old
+        // capacity and the translation keeps all of it (read first and published later, a
+        // bucket drained after the switch time came out of the clamp full again); every call
+        // that loads the new ones reads its clock later, so none decides at a time before the
+        // switch under them.
+        self.params.begin();
         let now = clock.now().min(MAX_NOW);
         let p = Shape {
             epoch: from.epoch ^ EPOCH,
@@ -412,7 +418,7 @@ impl Algo for TokenBucket {
             switched_at: now,
             ..target
         };
-        self.params.store(p.to_words());
+        self.params.finish(p.to_words());
         cells(&|cell| {
             // Acquire: as in `try_acquire`, for the word we translate.
             let mut word = cell.load(Ordering::Acquire);
