@@ -138,7 +138,7 @@ impl Signal {
 /// **Reader** ([`load`](Self::load)): version (Acquire), every word (Relaxed), `fence(Acquire)`,
 /// version again (Relaxed); the snapshot is used only if both versions are the same even number.
 /// **Writer** ([`begin`](Self::begin) and [`finish`](Self::finish), or both in
-/// [`store`](Self::store), serialised by its caller's mutex): version + 1 (Relaxed),
+/// [`store`](Self::store), serialised by its caller's mutex): version + 1 (SeqCst),
 /// `fence(SeqCst)` (a release fence, and more: see `begin`), the words (Relaxed), version + 2
 /// (Release).
 ///
@@ -194,10 +194,9 @@ impl<const N: usize> Params<N> {
     /// their clock first: a writer that reads its clock after `begin` then sees a time no
     /// earlier than any caller that finds the version unchanged (see [`begin`](Self::begin)).
     ///
-    /// Relaxed is enough for what callers use it for: a caller that loaded a cell word written
-    /// under newer parameters (with Acquire, from a writer that had loaded those parameters with
-    /// Acquire) sees the newer version by coherence; otherwise the check only narrows the window
-    /// in which a decision can overlap a reconfiguration (see ARCHITECTURE.md).
+    /// Its other use needs no more than Relaxed: a caller that loaded a cell word written under
+    /// newer parameters (with Acquire, from a writer that had loaded those parameters with
+    /// Acquire) sees the newer version by coherence (see ARCHITECTURE.md).
     #[inline(always)]
     pub(crate) fn changed(&self, version: u64) -> bool {
         // SeqCst: in the single order of SeqCst operations, the caller's clock read (SeqCst in
