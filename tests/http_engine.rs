@@ -1375,3 +1375,26 @@ fn a_rejected_request_leaves_no_trace_in_a_sliding_window_rule() {
         assert_eq!(next.quotas[0].remaining, 8, "{case}: {next:?}");
     }
 }
+
+/// A rule of limit 0 blocks every request it matches, whatever key the request has: a block
+/// counts nothing, so it needs no key. A `key = "client"` block on the admin endpoints does not
+/// let requests without a client id through under `missing_key = "allow"` (as it did when a
+/// missing key was looked at first).
+#[test]
+fn a_limit_zero_rule_blocks_requests_without_its_key() {
+    let (l, _) = limiter(
+        "missing_key = \"allow\"\n\
+         [[rules]]\nname = \"admin-closed\"\nendpoint = \"*:/admin/*\"\nperiod = \"1s\"\nlimit = 0\nkey = \"client\"\n\
+         [[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 100\nkey = \"client\"\n",
+    );
+    for client in [None, Some("c")] {
+        let v = get(&l, "/admin/users", "1.1.1.1", client);
+        assert_eq!(
+            reason(&v).map(|r| (r.0, r.1)),
+            Some((RejectReason::Blocked, "admin-closed".to_owned())),
+            "client {client:?}"
+        );
+    }
+    // Elsewhere the client rule still passes a request without a client id uncounted.
+    assert_eq!(get(&l, "/api", "1.1.1.1", None).outcome, Outcome::Admitted);
+}

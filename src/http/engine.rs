@@ -27,9 +27,10 @@
 //!    Monitor rules are selected the same way, separately from enforced ones.
 //! 5. **Counting.** Each rule has its own [`KeyedLimiter`](crate::KeyedLimiter), keyed by the
 //!    client IP (`key = "ip"`), the client id (`"client"`) or both (`"ip_and_client"`), and,
-//!    with `per_endpoint`, by `VERB:path` as well. A rule whose key the request lacks rejects it
-//!    with [`RejectReason::NoKey`] (`missing_key = "reject"`) or is skipped (`"allow"`). A rule
-//!    with limit 0 rejects with [`RejectReason::Blocked`]. Otherwise every enforced rule must
+//!    with `per_endpoint`, by `VERB:path` as well. A rule with limit 0 rejects with
+//!    [`RejectReason::Blocked`], whatever key the request has (a block counts nothing). A rule
+//!    whose key the request lacks rejects it with [`RejectReason::NoKey`]
+//!    (`missing_key = "reject"`) or is skipped (`"allow"`). Otherwise every enforced rule must
 //!    admit: they are charged one by one, and when one rejects, the ones already charged are
 //!    **refunded** (commit-then-refund, as [`KeyedChain`](crate::KeyedChain) does). The refund
 //!    is exact for every algorithm but the exact sliding window, whose refund is positional
@@ -1063,12 +1064,13 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         SmallVec::new()
     };
     for rule in &monitors {
-        let Some(key) = counter_key(rule, request) else {
-            continue;
-        };
-        let would_reject = match &rule.limiter {
-            None => true,
-            Some(l) => match l.try_acquire(&key) {
+        // A monitor of limit 0 would block whatever key the request has, as an enforced one
+        // does (`planned`).
+        let key = counter_key(rule, request);
+        let would_reject = match (&rule.limiter, &key) {
+            (None, _) => true,
+            (Some(_), None) => continue,
+            (Some(l), Some(key)) => match l.try_acquire(key) {
                 Ok(_) => false,
                 Err(TryAcquireError::TooManyKeys { .. }) => {
                     set.key_overflow != KeyOverflowPolicy::Allow
@@ -1095,15 +1097,23 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
 /// A rule's limiter and the key it counts a request under.
 type Charge<'r, C> = (&'r crate::KeyedLimiter<CounterKey, C>, CounterKey);
 
-/// What charging `rule` for `request` takes: its limiter and the request's counter key. `None`
-/// when the request has no key for the rule and `missing_key` lets it pass uncounted; the
-/// rejection when it has none and `missing_key` rejects, or when the rule blocks (limit 0).
+/// What charging `rule` for `request` takes: its limiter and the request's counter key. The
+/// rejection when the rule blocks (limit 0), whatever key the request has: a block counts
+/// nothing, so it needs none (a `key = "client"` rule of limit 0 on `*:/admin/*` must not let
+/// requests without a client id through under `missing_key = "allow"`). Otherwise `None` when
+/// the request has no key for the rule and `missing_key` lets it pass uncounted, the rejection
+/// when it has none and `missing_key` rejects.
 #[inline]
 fn planned<'r, C: Clock>(
     set: &RuleSet<C>,
     rule: &'r Rule<C>,
     request: &RequestInfo<'_>,
 ) -> Result<Option<Charge<'r, C>>, Verdict> {
+    let Some(limiter) = &rule.limiter else {
+        tracing::debug!(rule = %rule.name, ip = ?request.client_ip, client = ?request.client_id, "request rejected: blocked by a rule with limit 0");
+        rule.counters.increment(Metric::Rejected);
+        return Err(rejected(RejectReason::Blocked, rule.local_name(), None));
+    };
     let Some(key) = counter_key(rule, request) else {
         if set.missing_key == MissingKey::Reject {
             tracing::debug!(rule = %rule.name, "request rejected: no client key");
@@ -1112,14 +1122,7 @@ fn planned<'r, C: Clock>(
         }
         return Ok(None);
     };
-    match &rule.limiter {
-        Some(limiter) => Ok(Some((limiter, key))),
-        None => {
-            tracing::debug!(rule = %rule.name, ip = ?request.client_ip, client = ?request.client_id, "request rejected: blocked by a rule with limit 0");
-            rule.counters.increment(Metric::Rejected);
-            Err(rejected(RejectReason::Blocked, rule.local_name(), None))
-        }
-    }
+    Ok(Some((limiter, key)))
 }
 
 /// The bookkeeping of a request `rule` rejected with `error`: the log line, the metric, and the
