@@ -484,22 +484,32 @@ fn refund_races_clock_sliding_counter() {
     refund_races_clock(counter(1), WINDOW + WINDOW / 2);
 }
 
+/// The keyed models' chain: a fixed window of 1 per key, then a global fixed window of 1, on
+/// one manual clock; with handles on both members for direct calls.
+#[cfg(feature = "keyed")]
+fn keyed_chain() -> (
+    turnstile::KeyedLimiter<u8, ManualClock>,
+    Limiter,
+    turnstile::KeyedChain<u8, ManualClock>,
+) {
+    let clock = ManualClock::new();
+    let per_key = turnstile::KeyedLimiter::with_clock(fixed(1), clock.clone()).unwrap();
+    let global = RateLimiter::with_clock(fixed(1), clock).unwrap();
+    let chain = turnstile::KeyedChain::builder()
+        .per_key(per_key.clone())
+        .global(global.clone())
+        .build()
+        .unwrap();
+    (per_key, global, chain)
+}
+
 /// A keyed chain (a fixed window of 1 per key, a global fixed window of 1): the refund of the
 /// key's cell races a direct admission for the same key.
 #[cfg(feature = "keyed")]
 #[test]
 fn keyed_refund_races_admission() {
-    use turnstile::{KeyedChain, KeyedLimiter};
     model(|| {
-        let clock = ManualClock::new();
-        let per_key: KeyedLimiter<u8, ManualClock> =
-            KeyedLimiter::with_clock(fixed(1), clock.clone()).unwrap();
-        let global = RateLimiter::with_clock(fixed(1), clock.clone()).unwrap();
-        let chain = KeyedChain::builder()
-            .per_key(per_key.clone())
-            .global(global.clone())
-            .build()
-            .unwrap();
+        let (per_key, global, chain) = keyed_chain();
         let racer = {
             let (per_key, global) = (per_key.clone(), global.clone());
             thread::spawn(move || {
@@ -533,17 +543,8 @@ fn keyed_refund_races_admission() {
 #[cfg(feature = "keyed")]
 #[test]
 fn keyed_refund_after_a_reset_stays_out_of_the_new_cell() {
-    use turnstile::{KeyedChain, KeyedLimiter};
     model(|| {
-        let clock = ManualClock::new();
-        let per_key: KeyedLimiter<u8, ManualClock> =
-            KeyedLimiter::with_clock(fixed(1), clock.clone()).unwrap();
-        let global = RateLimiter::with_clock(fixed(1), clock.clone()).unwrap();
-        let chain = KeyedChain::builder()
-            .per_key(per_key.clone())
-            .global(global.clone())
-            .build()
-            .unwrap();
+        let (per_key, global, chain) = keyed_chain();
         let racer = {
             let (per_key, global) = (per_key.clone(), global.clone());
             thread::spawn(move || {
