@@ -137,8 +137,8 @@ impl Signal {
 ///
 /// **Reader** ([`load`](Self::load)): version (Acquire), every word (Relaxed), `fence(Acquire)`,
 /// version again (Relaxed); the snapshot is used only if both versions are the same even number.
-/// **Writer** ([`begin`](Self::begin) and [`finish`](Self::finish), or both in
-/// [`store`](Self::store), serialised by its caller's mutex): version + 1 (SeqCst),
+/// **Writer** ([`begin`](Self::begin), the writer's clock read, then
+/// [`finish`](Self::finish); serialised by its caller's mutex): version + 1 (SeqCst),
 /// `fence(SeqCst)` (a release fence, and more: see `begin`), the words (Relaxed), version + 2
 /// (Release).
 ///
@@ -211,12 +211,6 @@ impl<const N: usize> Params<N> {
     /// store happens before this load).
     pub(crate) fn current(&self) -> [u64; N] {
         std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed))
-    }
-
-    /// Publishes `words`. Callers serialise writers (each limiter's reconfigure mutex).
-    pub(crate) fn store(&self, words: [u64; N]) {
-        self.begin();
-        self.finish(words);
     }
 
     /// Starts a replacement: the version turns odd, so that a decision under the current words

@@ -233,6 +233,44 @@ fn sliding_window_admissions_keep_their_expiry() {
     assert_eq!(retry(limiter.try_acquire()), 2 * S);
 }
 
+/// After the window is shortened, an admission made under the longer one can outlive every
+/// later one: the "full again" time (`reset_after`) of admissions and probes waits for it, and a
+/// keyed limiter's sweep does not forget a key that still holds one.
+#[test]
+fn a_shortened_window_reports_and_keeps_the_older_admission() {
+    let (limiter, clock) = manual(sliding(3, 10 * S));
+    limiter.try_acquire().unwrap(); // expires at 10 s
+    clock.advance(S);
+    limiter.reconfigure(sliding(3, 2 * S)).unwrap();
+    // Expires at 3 s, but the log is full again only at 10 s.
+    assert_eq!(limiter.try_acquire().unwrap().reset_after(), 9 * S);
+    clock.advance(3 * S);
+    // At 4 s the 3 s entry has expired; the 10 s one is still there and comes first in the
+    // log, so one permit is free now (the third) and the log is full again at 10 s.
+    let probe = limiter.try_acquire_n(0).unwrap();
+    assert_eq!((probe.remaining(), probe.reset_after()), (1, 6 * S));
+    assert_eq!(retry(limiter.try_acquire_n(2)), 6 * S);
+    // Past the old window, the newest entry decides again.
+    clock.advance(6 * S);
+    limiter.try_acquire().unwrap(); // 10 s, expires at 12 s
+    assert_eq!(limiter.try_acquire_n(0).unwrap().reset_after(), 2 * S);
+
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::with_clock(sliding(2, 10 * S), clock.clone()).unwrap();
+    keyed.try_acquire(&1u8).unwrap(); // expires at 10 s
+    clock.advance(S);
+    keyed.reconfigure(sliding(2, S)).unwrap();
+    keyed.try_acquire(&1).unwrap(); // expires at 2 s
+    clock.advance(2 * S);
+    // The newest entry has expired, the oldest has not: the key is not idle.
+    assert_eq!(keyed.sweep(), 0);
+    assert_eq!(retry(keyed.try_acquire(&1)), 7 * S);
+    clock.advance(6 * S);
+    assert_eq!(keyed.sweep(), 0);
+    clock.advance(S);
+    assert_eq!(keyed.sweep(), 1);
+}
+
 #[test]
 fn errors_change_nothing() {
     let cases = [

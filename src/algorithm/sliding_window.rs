@@ -111,18 +111,36 @@ const TOKEN_PARITY: u32 = 1 << 31;
 /// exact unless a window shrink also made an older, unchecked ticket outlive it, in which case
 /// the retry is refused once more with the rest of the wait.
 ///
+/// **Shortening.** Expiries are in ticket order only while the window stays the same: after it
+/// is shortened, an admission made under the longer window can outlive every later one. The
+/// decision does not mind (a claim checks the latest expiry of every ticket it is decided on),
+/// but the "full again" time (`reset_after`) and a keyed sweep's idleness read the newest
+/// ticket. So the parameters carry `outlived_until`: the latest expiry any admission under an
+/// earlier, longer window can have (the reconfiguration's clock reading plus that window; every
+/// call that commits under the old parameters read its clock before, see `Params::begin`).
+/// Before that time a probe's `reset_after` is the latest expiry among the tickets that can be
+/// live (`[head − N, head)`, or back to the reach while unsettled: every ticket below that has
+/// expired, by the claims' checks), an admission's the later of that and its own window, and
+/// retiring looks at every slot rather than stopping at the newest expired ticket. That scan is
+/// O(N) per decision, paid only until the longer window's admissions are gone; otherwise the
+/// one comparison with `outlived_until` is all it costs.
+///
 /// **Memory:** R words for the ring plus three counters and the ring's pointer (40 bytes).
 ///
 /// This struct holds the parameters; the [`Ring`] is the [`Algo::Cell`]. Retiring swaps `head` to
 /// [`RETIRED`] (ticket counters stay far below it).
 pub(crate) struct SlidingWindow {
-    /// `[limit | reach << 32, window]`, replaceable at run time by [`Algo::reconfigure`]:
+    /// `[limit | reach << 32, window, outlived_until]`, replaceable at run time by
+    /// [`Algo::reconfigure`]:
     ///
     /// | word 0 bits | meaning |
     /// |---|---|
     /// | 0..32 | the limit N (1..=R) |
     /// | 32..64 | the reach: the largest limit set since construction (N..=R; see "Lowering") |
-    params: Params<2>,
+    ///
+    /// Word 2 is a clock time before which an admission made under a longer window may still be
+    /// in the ring (0: none ever was); see "Shortening" on the type.
+    params: Params<3>,
     /// R: slots per ring, fixed at construction.
     capacity: u32,
     /// R, strength-reduced: a ticket's slot and lap.
@@ -136,6 +154,8 @@ struct Shape {
     /// The largest limit set since construction (see "Lowering" on [`SlidingWindow`]).
     reach: u32,
     window: u64,
+    /// Until this time an older admission can outlive the newest ("Shortening").
+    outlived_until: u64,
 }
 
 /// Word 0 of [`SlidingWindow::params`].
@@ -174,7 +194,7 @@ impl SlidingWindow {
             return Err(ConfigError::Zero { what: "window" });
         }
         Ok(SlidingWindow {
-            params: Params::new([pack_limits(limit, limit), window]),
+            params: Params::new([pack_limits(limit, limit), window, 0]),
             capacity: limit,
             per_lap: StrengthReducedU64::new(u64::from(limit)),
         })
@@ -200,12 +220,13 @@ impl SlidingWindow {
     /// The parameters now, and the version they were published under.
     #[inline(always)]
     fn shape(&self) -> (Shape, u64) {
-        let ([limits, window], version) = self.params.load();
+        let ([limits, window, outlived_until], version) = self.params.load();
         (
             Shape {
                 limit: limits as u32,
                 reach: (limits >> 32) as u32,
                 window,
+                outlived_until,
             },
             version,
         )
@@ -222,6 +243,17 @@ impl SlidingWindow {
                 .is_some()
         });
         (all, latest)
+    }
+
+    /// The latest expiry among the published tickets `[from, to)`, or 0: only while an admission
+    /// under a longer window may outlive the newest ("Shortening" on the type).
+    #[cold]
+    #[inline(never)]
+    fn latest_published(&self, ring: &Ring, from: u64, to: u64) -> u64 {
+        (from..to)
+            .filter_map(|t| self.published(ring, t))
+            .max()
+            .unwrap_or(0)
     }
 
     /// The slot of ticket `ticket` and the parity its lap writes.
@@ -438,10 +470,19 @@ impl Algo for SlidingWindow {
                     }
                 }
                 if n == 0 || !COMMIT {
-                    let reset = match head.checked_sub(1).and_then(|t| self.published(ring, t)) {
-                        Some(expiry) => expiry.saturating_sub(now),
-                        None => 0,
-                    };
+                    let mut latest = head
+                        .checked_sub(1)
+                        .and_then(|t| self.published(ring, t))
+                        .unwrap_or(0);
+                    if now < p.outlived_until {
+                        // An older ticket may outlive the newest ("Shortening").
+                        latest = latest.max(self.latest_published(
+                            ring,
+                            head.saturating_sub(back),
+                            head,
+                        ));
+                    }
+                    let reset = latest.saturating_sub(now);
                     // A check (n > 0) only needs the verdict; `remaining` may store its hint,
                     // and a check writes nothing.
                     let remaining = if n == 0 {
@@ -485,9 +526,18 @@ impl Algo for SlidingWindow {
                             ring.settled.store(version, Ordering::Release);
                         }
                         let token = first as u32 | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
+                        let mut reset = p.window;
+                        if now < p.outlived_until {
+                            // Full again when the latest of the live tickets expires, which may
+                            // be an older one ("Shortening"); every ticket below `end − N` has
+                            // expired (we or the claims before us checked).
+                            let older =
+                                self.latest_published(ring, end.saturating_sub(limit), head);
+                            reset = reset.max(older.saturating_sub(now));
+                        }
                         return Ok(Admission::with_token(
                             now,
-                            p.window,
+                            reset,
                             self.remaining(ring, end, now, p.limit),
                             token,
                         ));
@@ -615,13 +665,19 @@ impl Algo for SlidingWindow {
         }
         // Times are non-decreasing in ticket order, so the newest ticket expires last; refunded
         // tickets (expiry 0) are skipped, since they say nothing about the older ones. A writer
-        // still between claim and publish makes the ring busy; look again shortly. (After a
-        // reconfiguration shortened the window, an older ticket can outlive the newest by at
-        // most the difference; retiring then forgets it early, like a refund would.)
+        // still between claim and publish makes the ring busy; look again shortly. Until
+        // `outlived_until` an older ticket can outlive the newest ("Shortening"): every slot is
+        // looked at then.
+        let outlived = now < self.shape().0.outlived_until;
         for ticket in (head.saturating_sub(u64::from(self.capacity))..head).rev() {
             match self.published(ring, ticket) {
                 Some(0) => continue,
-                Some(expiry) if expiry <= now => break,
+                Some(expiry) if expiry <= now => {
+                    if outlived {
+                        continue;
+                    }
+                    break;
+                }
                 Some(expiry) => return Err(expiry),
                 None => return Err(now),
             }
@@ -637,11 +693,12 @@ impl Algo for SlidingWindow {
     /// in 1..=R (the ring's capacity; beyond it a typed error), a new window applies to
     /// admissions made from now on, and every admission already in the ring keeps the expiry
     /// it was admitted with. The reach becomes the larger of the old reach and the new limit
-    /// (see "Lowering" on the type).
+    /// (see "Lowering" on the type); a shorter window moves `outlived_until` to the latest
+    /// expiry an admission under the old one can have ("Shortening").
     fn reconfigure<C: Clock>(
         &self,
         to: &Self,
-        _clock: &C,
+        clock: &C,
         _cells: EachCell<'_, Ring>,
     ) -> Result<(), ConfigError> {
         let target = to.shape().0;
@@ -652,9 +709,23 @@ impl Algo for SlidingWindow {
             });
         }
         // Under the caller's mutex: the words are the last ones stored.
-        let reach = ((self.params.current()[0] >> 32) as u32).max(target.limit);
-        self.params
-            .store([pack_limits(target.limit, reach), target.window]);
+        let [limits, window, outlived_until] = self.params.current();
+        let reach = ((limits >> 32) as u32).max(target.limit);
+        // The old parameters are closed before the clock is read (`Params::begin`): every call
+        // that commits under them read its clock before `now`, so its admission expires by
+        // `now + window`.
+        self.params.begin();
+        let now = clock.now().min(MAX_TIME - 1);
+        let outlived_until = if target.window < window {
+            outlived_until.max(Self::expiry(now, window))
+        } else {
+            outlived_until
+        };
+        self.params.finish([
+            pack_limits(target.limit, reach),
+            target.window,
+            outlived_until,
+        ]);
         Ok(())
     }
 
