@@ -1,54 +1,65 @@
 -- Exact sliding window as a sorted-set log. Key: sorted set, one member per admitted permit,
--- scored by its admission time (µs); at most `limit` members after every admission.
--- p1 = window (µs), p2 = limit. A permit admitted at t counts while t + window > now. Nothing is
--- trimmed on a rejection: the count is of the members still inside the window.
+-- scored by its EXPIRY (admission time + the window it was admitted under, µs); at most `limit`
+-- members after every admission. p1 = window (µs), p2 = limit. A permit counts while its expiry
+-- is later than now. Scoring by expiry rather than admission time makes every admission keep
+-- the window it was admitted with, as the in-memory log does after a `reconfigure`: a limiter
+-- with a shorter window on the same keys still counts the older, longer admissions until they
+-- expire, and one with a longer window does not stretch them. Nothing is trimmed on a rejection:
+-- the count is of the members not yet expired.
 local function sliding_window(key, n, window, limit, now)
-  -- Every member inside leaves by now + window (see `expire_at` in the prelude).
-  local expires = expire_at(now + window)
-  local floor = string.format('%d', now - window)
-  local inside = redis.call('ZCOUNT', key, '(' .. floor, '+inf')
+  local now_s = string.format('%d', now)
+  local inside = redis.call('ZCOUNT', key, '(' .. now_s, '+inf')
+  -- The latest expiry in the log (0 if empty). After a shorter window it may be an older
+  -- member's, later than any this limiter writes.
+  local latest = 0
+  if inside > 0 then
+    latest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  end
   local function repair()
     if redis.call('PTTL', key) == -1 then
-      redis.call('PEXPIREAT', key, expires)
+      -- Every member is gone by the latest expiry (see `expire_at` in the prelude); a key whose
+      -- members have all expired goes at once.
+      redis.call('PEXPIREAT', key, expire_at(latest))
     end
   end
   local need = n
   if need < 1 then need = 1 end
   if inside + need > limit then
-    -- The (inside + need - limit)-th oldest permit inside the window must expire first.
-    local oldest = redis.call('ZRANGEBYSCORE', key, '(' .. floor, '+inf',
+    -- The (inside + need - limit)-th earliest expiry must pass first.
+    local first = redis.call('ZRANGEBYSCORE', key, '(' .. now_s, '+inf',
       'WITHSCORES', 'LIMIT', inside + need - limit - 1, 1)
-    return false, tonumber(oldest[2]) + window - now, 0, nil, repair
+    return false, tonumber(first[2]) - now, 0, nil, repair
   end
-  -- Members are "<now>:<ordinal>", ordinals counted from the members still inside: within one
-  -- microsecond the trim bound is the same, so the set only grows and members never collide.
+  local expiry = now + window
+  -- Members are "<now>:<ordinal>", ordinals counted from the members not yet expired: within
+  -- one microsecond the trim bound is the same, so the set only grows and members never
+  -- collide.
   local function commit()
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', floor)
-    local now_s = string.format('%d', now)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_s)
+    local expiry_s = string.format('%d', expiry)
     local i = 0
     while i < n do
       local batch = {}
       local j = 0
       while j < 512 and i < n do
-        batch[#batch + 1] = now_s
+        batch[#batch + 1] = expiry_s
         batch[#batch + 1] = now_s .. ':' .. string.format('%d', inside + i)
         i = i + 1
         j = j + 1
       end
       redis.call('ZADD', key, unpack(batch))
     end
-    redis.call('PEXPIREAT', key, expires)
+    -- The key lives until its last member expires: an older member admitted under a longer
+    -- window may outlive the ones just added.
+    redis.call('PEXPIREAT', key, expire_at(math.max(latest, expiry)))
   end
-  -- An admission's newest permit is its own, which leaves in one window. A probe adds none: the
-  -- log is empty again when the newest permit inside leaves (at once if there is none).
-  local reset = window
+  -- An admission is full again when the latest of its own permits and the older ones leaves. A
+  -- probe adds none: the log is empty again when the latest member leaves (at once if none).
+  local reset
   if n == 0 then
-    reset = 0
-    if inside > 0 then
-      local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(' .. floor,
-        'WITHSCORES', 'LIMIT', 0, 1)
-      reset = tonumber(newest[2]) + window - now
-    end
+    reset = math.max(latest - now, 0)
+  else
+    reset = math.max(window, latest - now)
   end
   return true, reset, limit - inside - n, commit, repair
 end
