@@ -1,21 +1,32 @@
--- Fixed window. Key: hash {w = window start (µs), c = permits admitted in it}.
--- p1 = window (µs), p2 = limit. Windows are aligned to the Unix epoch.
+-- Fixed window. Key: hash {w = the current window's start (µs), l = its length (µs), c =
+-- permits admitted in it}. p1 = window (µs), p2 = limit. A key without state starts on the grid
+-- aligned to the Unix epoch; a key with state keeps its own grid, rebased when the caller's
+-- window differs from the stored length (see `window_grid` in the prelude), so that a limiter
+-- with another window keeps the count as the in-memory `reconfigure` does. A new limit simply
+-- applies to the count kept (a count above a lowered limit admits nothing until the window ends).
 local function fixed_window(key, n, window, limit, now)
-  -- fmod is exact on doubles, and every value here is an integer below 2^53.
-  local elapsed = math.fmod(now, window)
-  local start = now - elapsed
-  local reset = window - elapsed
+  local state = redis.call('HMGET', key, 'w', 'l', 'c')
+  local stored, len = tonumber(state[1]), tonumber(state[2])
+  local start, age = window_grid(stored, len, window, now)
+  local used = 0
+  if age == 0 then
+    used = tonumber(state[3]) or 0
+  end
+  local reset = start + window - now
   -- The key expires at the window's end, in absolute ms (see `expire_at` in the prelude).
   local expires = expire_at(start + window)
-  local state = redis.call('HMGET', key, 'w', 'c')
-  local used = 0
-  if tonumber(state[1]) == start then
-    used = tonumber(state[2]) or 0
-  end
   local need = n
   if need < 1 then need = 1 end
+  local function write(count)
+    redis.call('HSET', key, 'w', start, 'l', window, 'c', count)
+    redis.call('PEXPIREAT', key, expires)
+  end
   local function repair()
-    if state[1] and redis.call('PTTL', key) == -1 then
+    if stored and len and len ~= window then
+      -- Stored under another length: keep the rebased grid now, or every later call would
+      -- rebase again from the old one, at its own time, and move the window's end.
+      write(used)
+    elseif stored and redis.call('PTTL', key) == -1 then
       redis.call('PEXPIREAT', key, expires)
     end
   end
@@ -23,8 +34,7 @@ local function fixed_window(key, n, window, limit, now)
     return false, reset, 0, nil, repair
   end
   local function commit()
-    redis.call('HSET', key, 'w', start, 'c', used + n)
-    redis.call('PEXPIREAT', key, expires)
+    write(used + n)
   end
   return true, reset, limit - used - n, commit, repair
 end

@@ -40,3 +40,41 @@ local function single(algorithm)
   end
   return {1, now, t, remaining}
 end
+
+-- The window holding `now` on a key's grid, for windows of `window` µs. Returns its start and
+-- where the stored window lies: 0 if it is this window, 1 if it is the one just before, nil if
+-- it is older still or there is none. `stored` is the stored window's start (nil: no state),
+-- `len` its length (nil in a hash written before lengths were stored: read as `window`).
+--
+-- A key without state uses the epoch-aligned grid. A key with state continues its own grid:
+-- windows of the stored length following on from the stored window. If the caller's length
+-- differs (a limiter with other parameters meets the key), the grid is rebased the way the
+-- in-memory `Grid::rebase` does at a reconfiguration, at the first call that meets it: the
+-- window running now keeps its start when it is younger than the new length (then ends at
+-- start + new length), and otherwise ends at the earlier of its old end and now + new length.
+-- So no window change hands out a fresh window, and windows after it have the new length.
+-- Only subtraction and fmod, both exact on integers below 2^53.
+local function window_grid(stored, len, window, now)
+  if stored == nil then
+    return now - math.fmod(now, window), nil
+  end
+  len = len or window
+  local finish = stored + len
+  local start, age = stored, 0
+  if now >= finish then
+    -- A later window of the stored grid: its start is a whole number of lengths after `finish`.
+    local since = now - finish
+    start = now - math.fmod(since, len)
+    if since < len then age = 1 else age = nil end
+  end
+  if len ~= window then
+    local elapsed = now - start
+    if elapsed < window then
+      finish = start + window
+    else
+      finish = math.min(start + len, now + window)
+    end
+    start = finish - window
+  end
+  return start, age
+end

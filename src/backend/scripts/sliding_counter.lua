@@ -1,23 +1,33 @@
--- Sliding window counter. Key: hash {w = current window start (µs), c = its count, p = the count
--- of the window before it}. p1 = window (µs), p2 = limit.
+-- Sliding window counter. Key: hash {w = the current window's start (µs), l = its length (µs),
+-- c = its count, p = the count of the window before it}. p1 = window (µs), p2 = limit.
 -- Admits iff prev·(W − e) + (cur + n)·W ≤ limit·W, e the time elapsed in the current window. The
 -- limiter checks limit·W ≤ 2^52, so every product here is an exact integer in a double.
+-- Windows follow the key's own grid, rebased when the caller's window differs from the stored
+-- length (see `window_grid` in the prelude): both counts are kept, and the previous window's is
+-- weighted over the new length, as the in-memory `reconfigure` does.
 local function sliding_counter(key, n, window, limit, now)
-  local elapsed = math.fmod(now, window)
-  local start = now - elapsed
+  local state = redis.call('HMGET', key, 'w', 'l', 'c', 'p')
+  local stored, len = tonumber(state[1]), tonumber(state[2])
+  local start, age = window_grid(stored, len, window, now)
+  local elapsed = now - start
   -- At the end of the next window both counts are history (see `expire_at` in the prelude).
   local expires = expire_at(start + 2 * window)
-  local state = redis.call('HMGET', key, 'w', 'c', 'p')
-  local w = tonumber(state[1])
   local prev, cur = 0, 0
-  if w == start then
-    cur = tonumber(state[2]) or 0
+  if age == 0 then
+    cur = tonumber(state[3]) or 0
+    prev = tonumber(state[4]) or 0
+  elseif age == 1 then
     prev = tonumber(state[3]) or 0
-  elseif w == start - window then
-    prev = tonumber(state[2]) or 0
+  end
+  local function write(count)
+    redis.call('HSET', key, 'w', start, 'l', window, 'c', count, 'p', prev)
+    redis.call('PEXPIREAT', key, expires)
   end
   local function repair()
-    if state[1] and redis.call('PTTL', key) == -1 then
+    if stored and len and len ~= window then
+      -- Stored under another length: keep the rebased grid now (as the fixed window does).
+      write(cur)
+    elseif stored and redis.call('PTTL', key) == -1 then
       redis.call('PEXPIREAT', key, expires)
     end
   end
@@ -54,9 +64,8 @@ local function sliding_counter(key, n, window, limit, now)
     reset = window - elapsed
   end
   local function commit()
-    redis.call('HSET', key, 'w', start, 'c', cur + n, 'p', prev)
     -- After two windows both counts are history: the key can go.
-    redis.call('PEXPIREAT', key, expires)
+    write(cur + n)
   end
   return true, reset, limit - cur - n - weighted, commit, repair
 end
