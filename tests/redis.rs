@@ -244,8 +244,12 @@ async fn token_bucket_is_gcra_on_redis_times() {
     // TAT = at + 300 ms; one more permit fits once TAT − now ≤ 200 ms.
     let tat = a.at_nanos() / 1000 + 300_000;
     check_rejection(&limiter, &mut con, "k", tat - 200_000).await;
-    let stored: u64 = con.get(limiter.key("k")).unwrap();
-    assert_eq!(stored, tat, "the key holds the TAT in µs");
+    let stored: String = con.get(limiter.key("k")).unwrap();
+    assert_eq!(
+        stored,
+        format!("{tat}:300000"),
+        "the key holds the TAT and the capacity it was written under, in µs"
+    );
     // The key expires when the bucket is full again: at TAT, rounded up to the millisecond.
     let expires: u64 = redis::cmd("PEXPIRETIME")
         .arg(limiter.key("k"))
@@ -1073,7 +1077,7 @@ async fn a_chain_is_checked_and_charged_in_one_script() {
     limiter.try_acquire("u").await.unwrap();
     // Now the log is full: the bucket would admit, the chain must not, and must not charge it.
     tokio::time::sleep(Duration::from_millis(110)).await;
-    let tat_before: u64 = con.get(&keys[0]).unwrap();
+    let tat_before: String = con.get(&keys[0]).unwrap();
     let t0 = redis_now(&mut con);
     let r = rejection(limiter.try_acquire("u").await);
     assert_eq!(r.limit(), 4, "the log's limit");
@@ -1083,7 +1087,7 @@ async fn a_chain_is_checked_and_charged_in_one_script() {
         retry <= free_at - t0 && retry + 1_000_000 > free_at - t0,
         "{retry}"
     );
-    let tat_after: u64 = con.get(&keys[0]).unwrap();
+    let tat_after: String = con.get(&keys[0]).unwrap();
     assert_eq!(
         tat_before, tat_after,
         "the admitting member was not charged"

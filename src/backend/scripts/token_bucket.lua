@@ -1,15 +1,75 @@
--- Token bucket as GCRA. Key: string, the theoretical arrival time (TAT, µs).
+-- Token bucket as GCRA. Key: string "<TAT>:<capacity>", the theoretical arrival time (µs) and
+-- the capacity it was written under (time per permit × burst, µs). A bare "<TAT>" (written
+-- before the capacity was stored) is read as written under the caller's capacity.
 -- p1 = time per permit (µs), p2 = burst. The key lives exactly until TAT: once TAT has passed the
 -- bucket is full, which is what a missing key means.
+--
+-- TAT alone is an absolute time, so a limiter with a longer time per permit meeting it would
+-- read the same debt as fewer permits (a 10 % full bucket at 1/s read at 1/min is all but full
+-- again). So a capacity other than the caller's is translated first, as the in-memory
+-- `reconfigure` does (`Shape::translate`): the debt TAT − now, at most the stored capacity, is
+-- scaled to the caller's capacity and rounded up (never looser). The bucket stays as full as
+-- it was; the translation is written back even on a rejection or a probe, so that it happens
+-- once, at the first call that meets the key.
+
+-- ⌈a·b / c⌉ for integers 0 ≤ a ≤ c and b below 2^52, exact: a·b itself can pass 2^53, so
+-- this is long multiplication modulo c, one bit of a at a time (q·c + r = the product so far,
+-- r < c; every intermediate stays below 2^53).
+local function mul_div_ceil(a, b, c)
+  -- b = bq·c + br; b − br is a multiple of c, so the division is exact.
+  local br = math.fmod(b, c)
+  local bq = (b - br) / c
+  local bits = {}
+  while a > 0 do
+    local bit = math.fmod(a, 2)
+    bits[#bits + 1] = bit
+    a = (a - bit) / 2
+  end
+  local q, r = 0, 0
+  for i = #bits, 1, -1 do
+    q, r = 2 * q, 2 * r
+    if r >= c then q, r = q + 1, r - c end
+    if bits[i] == 1 then
+      q, r = q + bq, r + br
+      if r >= c then q, r = q + 1, r - c end
+    end
+  end
+  if r > 0 then q = q + 1 end
+  return q
+end
+
 local function token_bucket(key, n, interval, burst, now)
   local capacity = interval * burst
   local stored = redis.call('GET', key)
-  local start = tonumber(stored) or 0
+  local tat, written = nil, capacity
+  if stored then
+    local t, k = string.match(stored, '^(%d+):(%d+)$')
+    if t then
+      tat, written = tonumber(t), tonumber(k)
+    else
+      tat = tonumber(stored)
+    end
+  end
+  local start = tat or 0
   if start < now then start = now end
+  local translated = written ~= capacity
+  if translated then
+    -- The debt at now, at most the old capacity, scaled to ours (so at most our capacity).
+    local debt = math.min(start - now, written)
+    if debt > 0 then
+      start = now + mul_div_ceil(debt, capacity, written)
+    end
+  end
+  local function set(value)
+    -- At TAT the bucket is full (see `expire_at` in the prelude); a TAT already passed
+    -- deletes the key, which is what a full bucket is.
+    redis.call('SET', key, string.format('%d:%d', value, capacity), 'PXAT', expire_at(value))
+  end
   local function repair()
-    if stored and redis.call('PTTL', key) == -1 then
-      -- At TAT the bucket is full (see `expire_at` in the prelude); a TAT already passed
-      -- deletes the key, which is what a full bucket is.
+    if translated then
+      -- Keep the translation, so that later calls do not translate again from the old debt.
+      if start > now then set(start) else redis.call('DEL', key) end
+    elseif stored and redis.call('PTTL', key) == -1 then
       redis.call('PEXPIREAT', key, expire_at(start))
     end
   end
@@ -27,7 +87,7 @@ local function token_bucket(key, n, interval, burst, now)
   local remaining = 0
   if used < burst then remaining = burst - used end
   local function commit()
-    redis.call('SET', key, nxt, 'PXAT', expire_at(nxt))
+    set(nxt)
   end
   return true, owed, remaining, commit, repair
 end
