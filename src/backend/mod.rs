@@ -3,8 +3,10 @@
 //!
 //! Each algorithm is one Lua script (`src/backend/scripts/*.lua`), run with `EVALSHA`: one round
 //! trip per decision. A script reads Redis's own clock (`TIME`, in microseconds), decides from what
-//! it read, and writes only when it admits, so a rejection changes nothing. Every key it writes gets
-//! a TTL in the same script, and a key found without one is given one.
+//! it read, and writes only when it admits, so a rejection changes nothing (except to repair a
+//! key: one found without a TTL is given one, and state written under other parameters is
+//! rewritten once under the caller's; see [`RedisLimiter`]). Every key it writes gets a TTL in
+//! the same script.
 
 mod deny;
 mod keys;
@@ -209,15 +211,40 @@ const FAILED_CLOSED: usize = 7;
 ///   subject's keys share one Cluster slot. Subjects longer than 64 bytes are replaced by
 ///   `sha256:` and their SHA-256 in hex, and so are the empty subject and those starting with
 ///   `}` (they would leave the tag empty). Every key carries a TTL: it disappears once its state is
-///   indistinguishable from a fresh key's.
+///   indistinguishable from a fresh key's. What a key holds: the fixed window a hash of the
+///   current window's start, its length and its count (the sliding counter also the previous
+///   window's count); the exact sliding window a sorted set of one member per permit, scored by
+///   its expiry; the token bucket a string `"<TAT>:<capacity>"` (µs).
 /// - **Deadline and failure policy**: each decision must complete within the
 ///   [deadline](RedisLimiterBuilder::deadline) (default 50 ms), or the [`FailurePolicy`] decides;
 ///   a timed-out decision is never retried (the script may have run). Service returns to Redis on
 ///   the next call that succeeds: there is no circuit breaker to reset.
 /// - **Deny cache**: after Redis rejects a subject with a retry-after t, calls for it asking as
 ///   many permits are rejected in-process until t, without a round trip. Never stricter
-///   than Redis: t is counted from when the rejected request was sent. Bounded
-///   ([`deny_cache`](RedisLimiterBuilder::deny_cache)).
+///   than Redis's answer at the time: t is counted from when the rejected request was sent. But
+///   the cache is this process's own: when the subject's state changes by other means (a
+///   [`reset`](Self::reset) from another process, a `DEL`), this process keeps rejecting it
+///   from the cache until t has passed. Bounded ([`deny_cache`](RedisLimiterBuilder::deny_cache));
+///   `deny_cache(0)` turns it off, so that every call asks Redis.
+///
+/// **A limiter with other parameters on existing keys.** There is no `reconfigure`: a redeploy
+/// with another limit, window, rate or burst builds a new limiter, which meets the keys the old
+/// one wrote under the same prefix. It carries their state over as the in-memory
+/// [`RateLimiter::reconfigure`](crate::RateLimiter::reconfigure) does, at the first call that
+/// meets each key: a new limit applies to the counts kept; a fixed window or sliding counter
+/// with another window length keeps the count of the window running, which keeps its start if
+/// it is younger than the new length (and then ends at start + the new length) and otherwise
+/// ends at the earlier of its old end and now + the new length, later windows following on from
+/// that end (the previous window's count, for the counter, is weighed over the new length); the
+/// exact sliding
+/// window's permits each keep the expiry they were admitted with; a token bucket stays as full
+/// as it was (its debt scaled to the new capacity, rounded up). The translated state is written
+/// back at that first call, even if it rejects or only probes. A key that has expired is fresh
+/// under any parameters (and windows are then aligned to the Unix epoch again). While old and new
+/// limiters both run (a rolling deploy), each call decides under its own limiter's parameters,
+/// translating the state it finds; nothing is handed out afresh by the switch either way. The
+/// exact sliding window counts its live permits, where the in-memory ring decides by position
+/// after a shorter window (stricter there); every other answer matches.
 ///
 /// `Clone` is cheap and shares everything. The connection type `C` is any redis-rs async
 /// connection that is `Clone` (each decision clones it): [`ConnectionManager`] for a standalone
@@ -574,6 +601,10 @@ impl RedisLimiterBuilder {
 
     /// The most subjects the local deny cache holds (default 10,000); 0 turns it off.
     ///
+    /// The cache saves a round trip per rejected call, but it is per process: a
+    /// [`reset`](RedisLimiter::reset) elsewhere reaches this process only once the cached
+    /// rejection's retry-after has passed. Turn it off where resets must apply at once.
+    ///
     /// # Examples
     ///
     /// ```
@@ -802,8 +833,16 @@ where
     }
 
     /// Forgets `subject`'s state in Redis (one `DEL` of its keys, every limit of a chain), in
-    /// the deny cache and in the local fallback: its next call starts fresh, in every process
-    /// sharing the Redis. `Ok(true)` if Redis held state for it.
+    /// this limiter's deny cache and in its local fallback: its next call through this limiter,
+    /// and every call that reaches Redis from any process, starts fresh. `Ok(true)` if Redis held
+    /// state for it.
+    ///
+    /// Other processes (and other limiters in this one) keep their own deny caches: one that
+    /// cached a rejection of `subject` goes on answering it locally, without asking Redis, until
+    /// that rejection's retry-after has passed (for a fixed window, up to the end of the window).
+    /// Where a reset must take effect everywhere at once, build the limiters with
+    /// [`deny_cache(0)`](RedisLimiterBuilder::deny_cache), which turns the cache off (every
+    /// rejected call then costs a round trip).
     ///
     /// A decision already on its way to Redis when the reset runs may still be answered from the
     /// state before it (and a rejection then noted in this process's deny cache, for at most its
