@@ -1368,3 +1368,189 @@ async fn reset_forgets_a_subject_everywhere() {
     assert!(limiter.reset("dave").await.is_err());
     timed(deadline, limiter.try_acquire("dave")).await.unwrap();
 }
+
+/// A reset in one process forgets the subject in Redis and in that process's deny cache only:
+/// another process that cached a rejection keeps answering it locally until its retry-after
+/// (here most of an hour), while one built with `deny_cache(0)` sees the fresh state at once.
+#[tokio::test]
+async fn a_reset_reaches_other_processes_only_past_their_deny_caches() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let algorithm = Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(3600),
+    };
+    // Three processes: three limiters on one prefix, each with its own deny cache (or none).
+    let build = |deny_cache: usize| {
+        let server = &server;
+        async move {
+            RedisLimiter::builder(algorithm, FailurePolicy::FailClosed)
+                .prefix(PREFIX)
+                .deny_cache(deny_cache)
+                .build(manager(server).await)
+                .unwrap()
+        }
+    };
+    let (a, cached, uncached) = (build(10).await, build(10).await, build(0).await);
+    a.try_acquire("alice").await.unwrap();
+    let first = rejection(cached.try_acquire("alice").await);
+    assert!(first.retry_after() > Duration::from_secs(60), "{first:?}");
+    rejection(uncached.try_acquire("alice").await);
+    assert_eq!(a.reset("alice").await, Ok(true));
+    // Redis holds nothing for alice, but `cached` answers from its cache, without a round trip.
+    let again = rejection(cached.try_acquire("alice").await);
+    assert!(again.retry_after() <= first.retry_after());
+    assert_eq!(cached.stats().denied_locally, 1);
+    assert_eq!(uncached.denied_subjects(), 0);
+    uncached.try_acquire("alice").await.unwrap();
+    assert_all_keys_expire(&mut con);
+}
+
+/// Two limiters on one prefix: `first` as deployed before, `second` with other parameters, as
+/// after a redeploy that meets the keys `first` wrote.
+async fn redeploy(
+    server: &RedisServer,
+    first: Algorithm,
+    second: Algorithm,
+) -> (RedisLimiter, RedisLimiter) {
+    let build = |algorithm| async move {
+        RedisLimiter::builder(algorithm, FailurePolicy::FailClosed)
+            .prefix(PREFIX)
+            .deny_cache(0)
+            .build(manager(server).await)
+            .unwrap()
+    };
+    (build(first).await, build(second).await)
+}
+
+/// The in-memory answer for `ask` permits right after `first` admitted `taken` permits at one
+/// instant and the limiter was reconfigured to `second`, `later` after that.
+fn reconfigured_in_memory(
+    first: Algorithm,
+    second: Algorithm,
+    taken: u32,
+    later: Duration,
+    ask: u32,
+) -> Result<Admission, TryAcquireError> {
+    let clock = turnstile::ManualClock::new();
+    let memory = turnstile::RateLimiter::builder(first)
+        .max_limit(100)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    clock.set(Duration::from_secs(1000));
+    memory.try_acquire_n(taken).unwrap();
+    memory.reconfigure(second).unwrap();
+    clock.advance(later);
+    memory.try_acquire_n(ask)
+}
+
+/// A token bucket's new rate meets a debt written under the old one: the bucket stays as full
+/// as it was, as after `reconfigure` in memory. It kept TAT alone, so a debt of 5 permits at
+/// 1 s each read as 0.05 permits at 100 s each, and 9 more were admitted at once.
+#[tokio::test]
+async fn a_bucket_with_another_rate_keeps_how_full_it_was() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let fast = Algorithm::TokenBucket {
+        rate: Rate::new(10, Duration::from_secs(10)),
+        burst: 10,
+    };
+    let slow = Algorithm::TokenBucket {
+        rate: Rate::new(1, Duration::from_secs(100)),
+        burst: 10,
+    };
+    // Slower and faster: a debt of 5 of 10 stays 5 of 10 either way.
+    for (first, second) in [(fast, slow), (slow, fast)] {
+        let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+        let (old, new) = redeploy(&server, first, second).await;
+        old.try_acquire_n("s", 5).await.unwrap();
+        let memory = reconfigured_in_memory(first, second, 5, Duration::ZERO, 6);
+        let redis = new.try_acquire_n("s", 6).await;
+        assert_eq!(redis.is_ok(), memory.is_ok(), "{redis:?} vs {memory:?}");
+        let admitted = new.try_acquire_n("s", 5).await.unwrap();
+        assert_eq!(admitted.remaining(), 0, "{first:?} -> {second:?}");
+        assert!(
+            admitted.reset_after() > Duration::from_secs(9),
+            "{admitted:?}"
+        );
+    }
+    assert_all_keys_expire(&mut con);
+}
+
+/// A fixed window or sliding counter with another window length keeps the count of the window
+/// running when it meets the key, as `reconfigure` rebases the grid in memory; it handed out a
+/// fresh, epoch-aligned window (the whole limit again). Shorter and longer windows both.
+#[tokio::test]
+async fn a_window_with_another_length_keeps_the_count() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let (hour, almost, day) = (
+        Duration::from_secs(3600),
+        Duration::from_secs(3599),
+        Duration::from_secs(86_400),
+    );
+    type Make = fn(u32, Duration) -> Algorithm;
+    let algorithms: [Make; 2] = [
+        |limit, window| Algorithm::FixedWindow { limit, window },
+        |limit, window| Algorithm::SlidingCounter { limit, window },
+    ];
+    for make in algorithms {
+        for other in [almost, day] {
+            let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+            let (first, second) = (make(5, hour), make(5, other));
+            let (old, new) = redeploy(&server, first, second).await;
+            old.try_acquire_n("s", 3).await.unwrap();
+            let memory = reconfigured_in_memory(first, second, 3, Duration::ZERO, 3);
+            assert!(memory.is_err(), "in memory the kept count rejects");
+            let redis = new.try_acquire_n("s", 3).await;
+            assert!(redis.is_err(), "{first:?} -> {second:?}: {redis:?}");
+            // The two left are there; the rebased window is kept for the old limiter too.
+            assert_eq!(new.try_acquire_n("s", 2).await.unwrap().remaining(), 0);
+            rejection(old.try_acquire("s").await);
+        }
+    }
+    assert_all_keys_expire(&mut con);
+}
+
+/// The exact sliding window with a shorter window still counts the permits admitted under the
+/// longer one until they expire, as in memory (each admission keeps its expiry). The log was
+/// scored by admission time and read with the caller's window, so 5 permits admitted under an
+/// hour stopped counting after a millisecond: 10 permits within milliseconds. A longer window
+/// does not stretch the old permits either.
+#[tokio::test]
+async fn a_log_with_another_window_keeps_each_permits_expiry() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let (hour, ms) = (Duration::from_secs(3600), Duration::from_millis(1));
+    let long = Algorithm::SlidingWindow {
+        limit: 5,
+        window: hour,
+    };
+    let short = Algorithm::SlidingWindow {
+        limit: 5,
+        window: ms,
+    };
+    let (old, new) = redeploy(&server, long, short).await;
+    old.try_acquire_n("s", 5).await.unwrap();
+    // Real time must pass for a 1 ms window (Redis's TIME): a few ms.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let memory = reconfigured_in_memory(long, short, 5, Duration::from_millis(5), 5);
+    let redis = new.try_acquire_n("s", 5).await;
+    assert_eq!(redis.is_ok(), memory.is_ok(), "{redis:?} vs {memory:?}");
+    let r = rejection(redis);
+    assert!(r.retry_after() > hour - Duration::from_secs(60), "{r:?}");
+    // The key lives as long as the hour-long permits, not the new window.
+    let key = new.key("s");
+    let ttl: i64 = con.pttl(&key).unwrap();
+    assert!(ttl > 3_500_000, "PTTL {ttl}");
+
+    // Longer: permits admitted under 1 ms leave after it, whatever the new window.
+    let (old, new) = redeploy(&server, short, long).await;
+    old.try_acquire_n("t", 5).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let memory = reconfigured_in_memory(short, long, 5, Duration::from_millis(5), 5);
+    let redis = new.try_acquire_n("t", 5).await;
+    assert_eq!(redis.is_ok(), memory.is_ok(), "{redis:?} vs {memory:?}");
+    assert_all_keys_expire(&mut con);
+}

@@ -52,7 +52,8 @@ local redis = setmetatable({
 ";
 
 /// The shipped prelude and algorithm, and a runner like `single` that takes `now` (µs) from
-/// ARGV[4], without expiries (see `NO_EXPIRY`).
+/// ARGV[4], without expiries (see `NO_EXPIRY`). Like `single` it repairs whenever it does not
+/// commit: that is where state met under other parameters is rewritten.
 fn fake_clock_script(file: &str, function: &str) -> String {
     format!(
         "{PRELUDE}{NO_EXPIRY}{file}
@@ -62,6 +63,8 @@ local admitted, t, remaining, commit, repair =
   {function}(KEYS[1], n, tonumber(ARGV[2]), tonumber(ARGV[3]), now)
 if admitted and n > 0 then
   commit()
+else
+  repair()
 end
 if not admitted then return {{0, now, t, 0}} end
 return {{1, now, t, remaining}}
@@ -100,7 +103,7 @@ impl Rng {
     }
 }
 
-/// Runs `steps` random (time step, permits) calls on the script and on the in-memory limiter and
+/// Runs 400 random (time step, permits) calls on the script and on the in-memory limiter and
 /// asserts that they decide alike. `p1` is the window (or time per permit) in µs, `limit` the
 /// limit (or burst); `exact_retry` is false for the sliding counter, whose retry-after Redis
 /// rounds up to its microsecond clock.
@@ -113,26 +116,78 @@ fn differential(
     exact_retry: bool,
     seed: u64,
 ) {
+    let phase = Phase {
+        algorithm,
+        p1,
+        limit,
+    };
+    differential_across(con, script, &[phase], exact_retry, false, seed);
+}
+
+/// One parameter set of a [`differential_across`] run: the algorithm as the in-memory limiter
+/// takes it, and the script's `p1` (µs) and `limit`.
+#[derive(Debug, Clone, Copy)]
+struct Phase {
+    algorithm: Algorithm,
+    p1: u64,
+    limit: u32,
+}
+
+/// [`differential`] over several parameter sets in turn, 400 calls in all: at each change the
+/// in-memory limiter is reconfigured and the script gets the new parameters on the same key (a
+/// limiter with other parameters meeting existing state), at the same instant, so that both
+/// translate the state at the same time. `rounded` lets Redis's reset-after be up to a
+/// microsecond later than memory's (as `exact_retry` = false does for the retry-after).
+fn differential_across(
+    con: &mut redis::Connection,
+    script: &str,
+    phases: &[Phase],
+    exact_retry: bool,
+    rounded: bool,
+    seed: u64,
+) {
     let clock = ManualClock::new();
-    let memory = RateLimiter::with_clock(algorithm, clock.clone()).unwrap();
-    // Today's epoch in µs, on a window boundary, so that the Lua windows (aligned to the epoch)
-    // and the in-memory ones (aligned to the clock's zero) coincide.
-    let base = 1_700_000_000_000_000u64 / p1 * p1;
+    // Room for every limit of the run (the exact sliding window's ring is allocated once).
+    let max_limit = phases.iter().map(|p| p.limit).max().unwrap_or(1);
+    let memory = RateLimiter::builder(phases[0].algorithm)
+        .max_limit(max_limit)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // Today's epoch in µs, on a boundary of every window, so that the Lua windows (aligned to
+    // the epoch) and the in-memory ones (aligned to the clock's zero) coincide.
+    let lcm = phases.iter().fold(1, |a, p| lcm(a, p.p1));
+    let base = 1_700_000_000_000_000u64 / lcm * lcm;
     let key = format!("{PREFIX}:{{diff{seed}}}:x");
     let _: () = redis::cmd("DEL").arg(&key).query(con).unwrap();
     let mut rng = Rng(seed | 1);
     let mut t = 0u64; // µs
     let mut history = Vec::new();
-    for step in 0..400 {
-        t += match rng.below(6) {
-            0 => 0,
-            1 => 1,
-            2 => rng.below(p1 / 4 + 1),
-            3 => rng.below(p1 * 2 + 1),
-            // Just before or just at a window boundary.
-            4 => (p1 - (t % p1)).saturating_sub(rng.below(2)),
-            _ => rng.below(p1 / 20 + 1),
-        };
+    let per_phase = 400 / phases.len();
+    // From which step on an exact log runs after its window was shortened.
+    let shrunk_log = phases.windows(2).position(|pair| {
+        matches!(pair[0].algorithm, Algorithm::SlidingWindow { .. }) && pair[1].p1 < pair[0].p1
+    });
+    let shrunk_log = shrunk_log.map(|i| (i + 1) * per_phase);
+    let mut log = matches!(phases[0].algorithm, Algorithm::SlidingWindow { .. }).then(Log::default);
+    for step in 0..per_phase * phases.len() {
+        let phase = phases[step / per_phase];
+        let (p1, limit) = (phase.p1, phase.limit);
+        if step > 0 && step % per_phase == 0 {
+            // No time passes: the script meets the old state at the reconfiguration's instant.
+            memory.reconfigure(phase.algorithm).unwrap();
+            history.push((t, u32::MAX, vec![]));
+        } else {
+            t += match rng.below(6) {
+                0 => 0,
+                1 => 1,
+                2 => rng.below(p1 / 4 + 1),
+                3 => rng.below(p1 * 2 + 1),
+                // Just before or just at a window boundary.
+                4 => (p1 - (t % p1)).saturating_sub(rng.below(2)),
+                _ => rng.below(p1 / 20 + 1),
+            };
+        }
         clock.set(Duration::from_micros(t));
         let n = match rng.below(8) {
             0 => 0,
@@ -140,6 +195,7 @@ fn differential(
             2 => rng.below(u64::from(limit) + 1) as u32,
             _ => 1,
         };
+        let algorithm = phase.algorithm;
         let reply: Vec<i64> = redis::cmd("EVAL")
             .arg(script)
             .arg(1)
@@ -150,10 +206,31 @@ fn differential(
             .arg(base + t)
             .query(con)
             .unwrap_or_else(|e| panic!("{algorithm:?} step {step}: {e}"));
-        let expected = memory.try_acquire_n(n);
         history.push((t, n, reply.clone()));
-        let context = || format!("{algorithm:?}, seed {seed}, step {step}: {history:?}");
+        let context = || format!("{phases:?}, seed {seed}, step {step}: {history:?}");
+        if let Some(log) = &mut log {
+            log.check(&reply, t, n, p1, limit, &context());
+        }
+        if shrunk_log.is_some_and(|at| step >= at) {
+            // After a shorter window the exact log (what Redis keeps) and the in-memory ring
+            // part ways: the ring decides by position, which is stricter than a count of the
+            // live admissions (see `Log`). Redis is held to the log model alone from here.
+            continue;
+        }
+        let expected = memory.try_acquire_n(n);
         match expected {
+            Ok(a) if rounded => {
+                // The bucket's debt scaled in µs (rounded up) against ns: the same verdicts and
+                // remaining, times up to a microsecond later.
+                assert_eq!(reply[0], 1, "memory admitted {a:?}; {}", context());
+                assert_eq!(reply[3] as u32, a.remaining(), "remaining; {}", context());
+                let (redis, memory) = (reply[2] as u128 * 1000, a.reset_after().as_nanos());
+                assert!(
+                    redis >= memory && redis - memory < 1000,
+                    "reset_after {redis} vs {memory}; {}",
+                    context()
+                );
+            }
             Ok(a) => assert_admitted_alike(&reply, &a, &context()),
             Err(TryAcquireError::Rejected(r)) => {
                 assert_eq!(
@@ -177,6 +254,51 @@ fn differential(
             Err(e) => panic!("{e:?}; {}", context()),
         }
     }
+}
+
+/// The exact sliding log as the Redis script keeps it, written out plainly: the expiry of every
+/// permit admitted, each keeping the window it was admitted under. n permits are admitted iff
+/// the live ones (expiry later than now) plus n are at most the limit.
+#[derive(Default)]
+struct Log {
+    expiries: Vec<u64>,
+}
+
+impl Log {
+    /// Asserts that `reply` is the log's answer for `n` permits at `now` under (`window`,
+    /// `limit`), and records the admission.
+    fn check(&mut self, reply: &[i64], now: u64, n: u32, window: u64, limit: u32, context: &str) {
+        self.expiries.retain(|&e| e > now);
+        self.expiries.sort_unstable();
+        let live = self.expiries.len() as u64;
+        let (n, limit) = (u64::from(n), u64::from(limit));
+        let need = n.max(1);
+        let latest = self.expiries.last().map_or(0, |e| e - now);
+        if live + need > limit {
+            let first = self.expiries[(live + need - limit - 1) as usize];
+            assert_eq!(
+                reply[..3],
+                [0, reply[1], (first - now) as i64],
+                "log; {context}"
+            );
+            return;
+        }
+        let reset = if n == 0 { latest } else { latest.max(window) };
+        let expected = [1, reply[1], reset as i64, (limit - live - n) as i64];
+        assert_eq!(reply, expected, "log; {context}");
+        self.expiries.extend((0..n).map(|_| now + window));
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    a / gcd(a, b) * b
 }
 
 /// Every algorithm's Lua decides exactly as the in-memory algorithm over random sequences that
@@ -241,6 +363,74 @@ fn lua_algorithms_decide_as_the_in_memory_ones() {
                 true,
                 seed,
             );
+        }
+    }
+}
+
+/// A limiter with other parameters meeting existing keys (a redeploy) decides as the in-memory
+/// limiter does after `reconfigure` at that instant, for every algorithm: limit lowered and
+/// raised, window (or time per permit) shortened and lengthened, and both at once. The random
+/// sequences before and after the change cross window boundaries, repeat instants and mix
+/// probes with whole-limit requests, as in `lua_algorithms_decide_as_the_in_memory_ones`.
+#[test]
+fn lua_algorithms_meeting_other_parameters_decide_as_reconfigured_in_memory_ones() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let fixed = fake_clock_script(FIXED, "fixed_window");
+    let sliding = fake_clock_script(SLIDING, "sliding_window");
+    let counter = fake_clock_script(COUNTER, "sliding_counter");
+    let bucket = fake_clock_script(BUCKET, "token_bucket");
+    // (limit, window µs) before and after: lowered, raised, shorter, longer, and both.
+    let changes = [
+        ((5u32, 1_000_000u64), (2u32, 1_000_000u64)),
+        ((3, 1_000_000), (7, 1_000_000)),
+        ((5, 3_000_000), (5, 1_000_000)),
+        ((5, 1_000_000), (5, 3_000_000)),
+        ((4, 2_000_000), (6, 700_000)),
+        ((6, 700_000), (2, 2_000_000)),
+        ((1, 5), (3, 2)),
+        ((60, 3_600_000_000), (60, 60_000_000)),
+    ];
+    for seed in 1..=6u64 {
+        for ((l1, w1), (l2, w2)) in changes {
+            let window = |w: u64| Duration::from_micros(w);
+            let phases = |make: fn(u32, Duration) -> Algorithm| {
+                [
+                    Phase {
+                        algorithm: make(l1, window(w1)),
+                        p1: w1,
+                        limit: l1,
+                    },
+                    Phase {
+                        algorithm: make(l2, window(w2)),
+                        p1: w2,
+                        limit: l2,
+                    },
+                ]
+            };
+            let fw = phases(|limit, window| Algorithm::FixedWindow { limit, window });
+            differential_across(&mut con, &fixed, &fw, true, false, seed);
+            let sw = phases(|limit, window| Algorithm::SlidingWindow { limit, window });
+            differential_across(&mut con, &sliding, &sw, true, false, seed);
+            let sc = phases(|limit, window| Algorithm::SlidingCounter { limit, window });
+            differential_across(&mut con, &counter, &sc, false, false, seed);
+            // A bucket of `limit` refilled one permit per `window / limit` µs. The in-memory
+            // bucket scales its debt in ns, Redis in whole µs rounded up (never looser): its
+            // arrival time is memory's rounded up to the µs, so verdicts and remaining agree
+            // and its times are up to a microsecond later.
+            let interval = |l: u32, w: u64| (w / u64::from(l)).max(1);
+            let (i1, i2) = (interval(l1, w1), interval(l2, w2));
+            let bucket_phase = |i: u64, burst: u32| Phase {
+                algorithm: Algorithm::TokenBucket {
+                    rate: Rate::new(1, Duration::from_micros(i)),
+                    burst,
+                },
+                p1: i,
+                limit: burst,
+            };
+            let tb = [bucket_phase(i1, l1), bucket_phase(i2, l2)];
+            let rounded = (i1 * u64::from(l1)) != (i2 * u64::from(l2));
+            differential_across(&mut con, &bucket, &tb, !rounded, rounded, seed);
         }
     }
 }
