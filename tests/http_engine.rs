@@ -1156,9 +1156,10 @@ fn warnings_of(f: impl FnOnce()) -> String {
 }
 
 /// A rule that can never apply is valid, but the limiter says so when it loads it: a general
-/// rule for every endpoint with the same period as one with a lower limit (whatever each counts
-/// by), and with `endpoint_rate_limiting` off a rule limited to some endpoints. Rules that do
-/// apply, and specific rules overriding general ones, are not reported.
+/// rule for every endpoint with the same period and counter key as one with a lower limit, and
+/// with `endpoint_rate_limiting` off a rule limited to some endpoints. Rules that do apply
+/// (one counting by client id beside one counting by IP, of one period), and specific rules
+/// overriding general ones, are not reported.
 #[test]
 fn rules_that_never_apply_are_reported_when_loaded() {
     let dead = warnings_of(|| {
@@ -1168,6 +1169,10 @@ fn rules_that_never_apply_are_reported_when_loaded() {
             name = "per-ip"
             period = "1s"
             limit = 10
+            [[rules]]
+            name = "per-ip-loose"
+            period = "1s"
+            limit = 100
             [[rules]]
             name = "per-client"
             period = "1s"
@@ -1179,16 +1184,18 @@ fn rules_that_never_apply_are_reported_when_loaded() {
             limit = 1000
             "#,
         );
-        // It is so: the per-client rule is never the one that decides.
+        // It is so: the loose per-IP rule is never the one that decides; the others all are.
         let v = get(&l, "/", "1.2.3.4", Some("c"));
-        assert_eq!(v.quotas.len(), 2);
-        assert!(v.quotas.iter().all(|q| &*q.policy != "per-client"));
+        let mut names: Vec<&str> = v.quotas.iter().map(|q| &*q.policy).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["hourly", "per-client", "per-ip"]);
     });
     assert!(dead.contains("never applies"), "{dead}");
-    assert!(dead.contains("rule=per-client"), "{dead}");
+    assert!(dead.contains("rule=per-ip-loose"), "{dead}");
     assert!(dead.contains("applies_instead=per-ip"), "{dead}");
     assert!(dead.contains("field=rules[1]"), "{dead}");
     assert!(!dead.contains("rule=per-ip "), "{dead}");
+    assert!(!dead.contains("rule=per-client"), "{dead}");
     assert!(!dead.contains("rule=hourly"), "{dead}");
 
     // Of three with one period, both losers name the one that applies, not each other.
@@ -1397,4 +1404,37 @@ fn a_limit_zero_rule_blocks_requests_without_its_key() {
     }
     // Elsewhere the client rule still passes a request without a client id uncounted.
     assert_eq!(get(&l, "/api", "1.1.1.1", None).outcome, Outcome::Admitted);
+}
+
+fn limited(v: &Verdict) -> bool {
+    matches!(v.outcome, Outcome::Rejected { .. })
+}
+
+/// Rules of one period that count different things are different limits, and both apply: a
+/// per-client rule with a lower limit must not lift the per-IP rule, or a client could step
+/// around the IP limit by sending a new client id each time. Of rules that count alike, the
+/// lowest limit still applies, and a specific rule replaces the general rules of its group
+/// only.
+#[test]
+fn rules_of_one_period_that_count_differently_all_apply() {
+    let (l, _) = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 3\n\
+         [[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 2\nkey = \"client\"\n\
+         [[rules]]\nname = \"per-ip-loose\"\nperiod = \"1m\"\nlimit = 50\n\
+         [[client_rules]]\nclient_id = \"partner\"\n\
+         [[client_rules.rules]]\nname = \"partner\"\nperiod = \"1m\"\nlimit = 100\nkey = \"client\"\n",
+    );
+    let outcomes: Vec<bool> = (0..4)
+        .map(|i| limited(&get(&l, "/", "1.1.1.1", Some(&format!("c{i}")))))
+        .collect();
+    assert_eq!(outcomes, [false, false, false, true]);
+    let v = get(&l, "/", "2.2.2.2", Some("c"));
+    let mut names: Vec<&str> = v.quotas.iter().map(|q| &*q.policy).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["per-client", "per-ip"]);
+    // The partner's client rule replaces the per-client rule, not the per-IP one.
+    let v = get(&l, "/", "3.3.3.3", Some("partner"));
+    let mut names: Vec<&str> = v.quotas.iter().map(|q| &*q.policy).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["partner", "per-ip"]);
 }

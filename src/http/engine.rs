@@ -21,10 +21,14 @@
 //!    characters and `?` any one; with `regex = true` or a `re:` prefix the path part is a
 //!    regular expression that must match the whole path. With `endpoint_rate_limiting = false`
 //!    only `*` rules apply.
-//!    Specific rules (the `ip_rules` whose range contains the client IP, the `client_rules` of
-//!    the client id) take precedence: a general rule applies only if no specific rule of the same
-//!    period applies. Of the rules left, per period, the most restrictive (lowest limit) applies.
-//!    Monitor rules are selected the same way, separately from enforced ones.
+//!    Rules are grouped by period and counter key (`key` and `per_endpoint`): rules that count
+//!    different things never displace each other, so that a client cannot step around a limit
+//!    on its IP by changing its client id (AspNetCoreRateLimit's IP and client middlewares
+//!    likewise apply their rules independently). Within a group, specific rules (the
+//!    `ip_rules` whose range contains the client IP, the `client_rules` of the client id) take
+//!    precedence: a general rule applies only if no specific rule of its group applies. Of the
+//!    rules left, per group, the most restrictive (lowest limit) applies. Monitor rules are
+//!    selected the same way, separately from enforced ones.
 //! 5. **Counting.** Each rule has its own [`KeyedLimiter`](crate::KeyedLimiter), keyed by the
 //!    client IP (`key = "ip"`), the client id (`"client"`) or both (`"ip_and_client"`), and,
 //!    with `per_endpoint`, by `VERB:path` as well. A rule with limit 0 rejects with
@@ -727,10 +731,19 @@ fn rejected(reason: RejectReason, rule: Arc<str>, retry_after: Option<Duration>)
 /// The rules a request is decided by: a few, kept on the stack.
 type Selected<'a, C> = SmallVec<[&'a Arc<Rule<C>>; 4]>;
 
-/// Of the `monitor` (or enforced) rules: the specific ones first; a general one only for a
-/// period no specific rule has; the lowest limit per period. Iterators rather than collected
-/// lists, and the result on the stack, so that a request under up to four rules allocates
-/// nothing here.
+/// Whether two rules compete in selection: the same period and the same counter key (`key`
+/// and `per_endpoint`). Rules that count different things are different limits: were a rule
+/// counting by client id allowed to displace one counting by IP, a client could step around
+/// the IP limit by sending a new client id with every request. AspNetCoreRateLimit's IP and
+/// client middlewares likewise each apply their own rules.
+pub(crate) fn same_group<C: Clock>(a: &Rule<C>, b: &Rule<C>) -> bool {
+    a.period == b.period && a.key == b.key && a.per_endpoint == b.per_endpoint
+}
+
+/// Of the `monitor` (or enforced) rules, per group (see [`same_group`]): the specific ones
+/// first; a general one only for a group no specific rule is in; the lowest limit per group.
+/// Iterators rather than collected lists, and the result on the stack, so that a request under
+/// up to four rules allocates nothing here.
 pub(crate) fn select<'a, C: Clock + 'a>(
     specific: impl Iterator<Item = &'a Arc<Rule<C>>>,
     general: impl Iterator<Item = &'a Arc<Rule<C>>>,
@@ -739,7 +752,7 @@ pub(crate) fn select<'a, C: Clock + 'a>(
     let mut out: Selected<'a, C> = SmallVec::new();
     let push = |r: &'a Arc<Rule<C>>, out: &mut Selected<'a, C>| match out
         .iter_mut()
-        .find(|o| o.period == r.period)
+        .find(|o| same_group(o, r))
     {
         Some(o) => {
             if r.limit < o.limit {
@@ -751,10 +764,10 @@ pub(crate) fn select<'a, C: Clock + 'a>(
     for r in specific.filter(|r| r.monitor == monitor) {
         push(r, &mut out);
     }
-    // The entries so far are all specific: their periods are the ones general rules yield.
+    // The entries so far are all specific: their groups are the ones general rules yield.
     let specific_count = out.len();
     for r in general.filter(|r| r.monitor == monitor) {
-        if !out[..specific_count].iter().any(|o| o.period == r.period) {
+        if !out[..specific_count].iter().any(|o| same_group(o, r)) {
             push(r, &mut out);
         }
     }

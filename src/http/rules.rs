@@ -566,9 +566,9 @@ impl<C: Clock> RuleSet<C> {
 /// Logs (warn) the rules of one list that can never apply, which are valid configuration but
 /// almost certainly not what was meant:
 ///
-/// - of the rules of one period that match every endpoint (and are all enforced, or all
-///   monitors), a request is decided by the lowest limit only (the first on a tie), whatever
-///   each counts by: the others are never selected;
+/// - of the rules of one period that match every endpoint and count alike (same `key` and
+///   `per_endpoint`; all enforced, or all monitors), a request is decided by the lowest limit
+///   only (the first on a tie): the others are never selected;
 /// - with `endpoint_rate_limiting` off, a rule limited to some endpoints never matches.
 ///
 /// Specific rules overriding general ones of the same period are meant, and not reported.
@@ -592,7 +592,7 @@ fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_
             .filter(|(_, other)| {
                 other.endpoint.is_any()
                     && other.monitor == rule.monitor
-                    && other.period == rule.period
+                    && crate::http::engine::same_group(other, rule)
             })
             .min_by_key(|&(i, other)| (other.limit, i));
         if let Some((i, other)) = winner.filter(|&(i, _)| i != j) {
@@ -602,7 +602,7 @@ fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_
                 applies_instead = %other.name,
                 instead_field = %format_args!("{field}[{i}]"),
                 period = ?rule.period,
-                "this rule never applies: of rules with the same period for every endpoint only the lowest limit is enforced, whatever each counts by (give them different periods to have both)"
+                "this rule never applies: of rules for every endpoint with the same period and the same counter key (key and per_endpoint) only the lowest limit is enforced"
             );
         }
     }
