@@ -1438,3 +1438,125 @@ fn rules_of_one_period_that_count_differently_all_apply() {
     names.sort_unstable();
     assert_eq!(names, ["partner", "per-ip"]);
 }
+
+/// A whitelist scoped to one key exempts the request from the rules counting by that key
+/// only; when no other rule applies the request is whitelisted. Blocklists still apply.
+#[test]
+fn a_whitelist_by_key_exempts_from_that_keys_rules_only() {
+    let (l, _) = limiter(
+        "client_id_header = \"X-ClientId\"\n\
+         [[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n\
+         [[rules]]\nname = \"per-client\"\nperiod = \"1h\"\nlimit = 1\nkey = \"client\"\n\
+         [[whitelist.by_key]]\nkey = \"ip\"\nips = [\"10.0.0.0/8\"]\nendpoints = [\"get:/health\"]\n\
+         [[whitelist.by_key]]\nkey = \"client\"\nclients = [\"trusted\"]\n\
+         [blocklist]\nips = [\"10.9.9.9\"]\n",
+    );
+    // Exempt from the IP rule, counted by the client rule.
+    assert!(!limited(&get(&l, "/", "10.0.0.1", Some("c"))));
+    let v = get(&l, "/", "10.0.0.1", Some("c"));
+    assert_eq!(reason(&v).unwrap().1, "per-client");
+    // Exempt from both: whitelisted, counted by neither.
+    for _ in 0..3 {
+        assert_eq!(
+            get(&l, "/", "10.0.0.2", Some("trusted")).outcome,
+            Outcome::Whitelisted
+        );
+    }
+    // An endpoint of the IP whitelist: not counted by the IP rule, counted by the client rule.
+    assert!(!limited(&get(&l, "/health", "1.1.1.1", Some("d"))));
+    assert!(!limited(&get(&l, "/health", "1.1.1.1", Some("e"))));
+    assert!(limited(&get(&l, "/health", "1.1.1.1", Some("e"))));
+    assert!(
+        !limited(&get(&l, "/", "1.1.1.1", Some("f"))),
+        "per-ip counted none"
+    );
+    assert!(limited(&get(&l, "/", "1.1.1.1", Some("g"))));
+    assert!(matches!(
+        reason(&get(&l, "/", "10.9.9.9", Some("trusted"))),
+        Some((RejectReason::Blocked, _, _))
+    ));
+    let e = HttpLimiter::with_clock(
+        HttpConfig::from_toml_str("[[whitelist.by_key]]\nkey = \"ip\"\nips = [\"nope\"]\n")
+            .unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("whitelist.by_key[0].ips[0]"), "{e}");
+}
+
+/// `anonymous_client_id` is the client id of requests without one (AspNetCoreRateLimit's
+/// "anon"); without it they have none, and `missing_key` decides.
+#[test]
+fn requests_without_a_client_id_are_the_anonymous_client_when_set() {
+    let rule = "[[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\n";
+    let (l, _) = limiter(rule);
+    assert!(matches!(
+        reason(&get(&l, "/", "1.1.1.1", None)),
+        Some((RejectReason::NoKey, _, _))
+    ));
+    let (l, _) = limiter(&format!("anonymous_client_id = \"anon\"\n{rule}"));
+    assert!(!limited(&get(&l, "/", "1.1.1.1", None)));
+    assert!(
+        limited(&get(&l, "/", "2.2.2.2", Some(""))),
+        "an empty id too"
+    );
+    assert!(!limited(&get(&l, "/", "2.2.2.2", Some("other"))));
+    let bad = HttpConfig::from_toml_str(&format!("anonymous_client_id = \"\"\n{rule}")).unwrap();
+    let e = HttpLimiter::new(bad).unwrap_err().to_string();
+    assert!(e.starts_with("anonymous_client_id"), "{e}");
+}
+
+/// `trim_trailing_slash` makes `/a/` the endpoint `/a`; by default they are two paths (a
+/// router may serve them differently).
+#[test]
+fn a_trailing_slash_is_trimmed_only_when_asked() {
+    let rule = "[[rules]]\nname = \"values\"\nendpoint = \"get:/api/values\"\nperiod = \"1m\"\nlimit = 1\nper_endpoint = true\n";
+    let (l, _) = limiter(rule);
+    assert!(!limited(&get(&l, "/api/values", "1.1.1.1", None)));
+    assert!(get(&l, "/api/values/", "1.1.1.1", None).quotas.is_empty());
+    let (l, _) = limiter(&format!("trim_trailing_slash = true\n{rule}"));
+    assert!(!limited(&get(&l, "/api/values/", "1.1.1.1", None)));
+    assert!(limited(&get(&l, "/api/values", "1.1.1.1", None)));
+    assert!(limited(&get(&l, "/api/%76alues/", "1.1.1.1", None)));
+}
+
+/// `{period}` is the window as periods are written (`1d`, not humantime's `1day`), `{{` a
+/// literal brace, and a zero retry-after is never sent as `Retry-After: 0`.
+#[test]
+fn rejection_templates_and_retry_after() {
+    use turnstile::http::{rejection_response, Quotas, ResponseConfig};
+    let (l, _) = limiter(
+        "[response]\nbody = \"{{rule} {rule} max {limit} per {period}\"\n\
+         [[rules]]\nname = \"daily\"\nperiod = \"1d\"\nlimit = 1\n",
+    );
+    let config = HttpConfig::from_toml_str(
+        "[response]\nbody = \"{{rule} {rule} max {limit} per {period}\"\n",
+    )
+    .unwrap()
+    .response;
+    get(&l, "/", "1.1.1.1", None);
+    let v = get(&l, "/", "1.1.1.1", None);
+    let r = rejection_response(&v, &config).unwrap();
+    assert_eq!(
+        std::str::from_utf8(r.body()).unwrap(),
+        "{rule} daily max 1 per 1d"
+    );
+    let zero = Verdict {
+        outcome: Outcome::Rejected {
+            reason: RejectReason::RateLimited,
+            rule: "custom".into(),
+            retry_after: Some(Duration::ZERO),
+        },
+        quotas: Quotas::new(),
+    };
+    let r = rejection_response(&zero, &ResponseConfig::default()).unwrap();
+    assert_eq!(r.headers()["retry-after"], "1");
+    let mut quiet = ResponseConfig::default();
+    quiet.retry_after_header = false;
+    assert!(rejection_response(&zero, &quiet)
+        .unwrap()
+        .headers()
+        .get("retry-after")
+        .is_none());
+}
