@@ -711,14 +711,17 @@ fn aspnet_errors_name_the_field() {
     .unwrap_err()
     .to_string();
     assert!(e.starts_with("IpRateLimiting.GeneralRules[0].Limit"), "{e}");
-    let c = HttpConfig::from_json_str(
+    // Checked as the document is read, so that the error names the document's field rather
+    // than the translated configuration's (`rules[0].period`).
+    let e = HttpConfig::from_json_str(
         r#"{"IpRateLimiting": {"GeneralRules": [{"Period": "2q", "Limit": 1}]}}"#,
     )
-    .unwrap();
-    let e = HttpLimiter::with_clock(c, ManualClock::new())
-        .unwrap_err()
-        .to_string();
-    assert!(e.starts_with("rules[0].period"), "{e}");
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("IpRateLimiting.GeneralRules[0].Period"),
+        "{e}"
+    );
 }
 
 #[test]
