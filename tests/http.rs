@@ -263,6 +263,8 @@ fn limiter_with_ip_whitelist(base: &str) -> (Arc<HttpLimiter<ManualClock>>, Manu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_rule_overrides_the_general_rule() {
+    // The partner's rule counts by IP, as the general rule does: it replaces that rule for the
+    // partner. (One counting by client id would apply beside the per-IP rule, not instead.)
     let (limiter, _clock) = limiter(&format!(
         r#"
         client_id_header = "X-ClientId"
@@ -274,7 +276,7 @@ async fn a_client_rule_overrides_the_general_rule() {
         endpoint = "*"
         period = "1s"
         limit = 5
-        key = "client"
+        key = "ip"
         "#
     ));
     let client = Client::start(&limiter).await;

@@ -536,3 +536,364 @@ fn a_byte_order_mark_before_a_configuration_is_skipped() {
         assert_eq!(config.rules[0].limit, 2, "document {i}");
     }
 }
+
+/// `decide` for a request that may carry a client id.
+fn decide_as(
+    l: &HttpLimiter<ManualClock>,
+    method: &http::Method,
+    path: &str,
+    ip: [u8; 4],
+    client: Option<&str>,
+) -> Verdict {
+    l.decide(&RequestInfo {
+        method,
+        path,
+        client_ip: Some(ip.into()),
+        client_id: client,
+    })
+}
+
+/// There the IP middleware and the client middleware are independent: each section's rules
+/// apply, whatever the other section has for the same period. Taking the lowest limit across
+/// both let a client step around its IP limit by sending a new client id each time.
+#[test]
+fn aspnet_ip_and_client_rules_of_one_period_both_apply() {
+    let doc = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 3}]},
+      "ClientRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 2}]}
+    }"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    let get = http::Method::GET;
+    // One IP, a fresh client id each time: the IP rule (3 per minute) stops the 4th.
+    let outcomes: Vec<bool> = (0..4)
+        .map(|i| {
+            rejected(&decide_as(
+                &l,
+                &get,
+                "/",
+                [1, 1, 1, 1],
+                Some(&format!("c{i}")),
+            ))
+        })
+        .collect();
+    assert_eq!(outcomes, [false, false, false, true]);
+    // One client id from fresh addresses: the client rule (2 per minute) stops the 3rd.
+    let outcomes: Vec<bool> = (0..3)
+        .map(|i| rejected(&decide_as(&l, &get, "/", [2, 2, 2, i], Some("same"))))
+        .collect();
+    assert_eq!(outcomes, [false, false, true]);
+}
+
+/// An IP policy replaces the IP section's general rule of its period, not the client
+/// section's: a client policy likewise leaves the IP rules in force.
+#[test]
+fn aspnet_policies_override_their_own_sections_rules_only() {
+    let doc = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 1}]},
+      "ClientRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 100}]},
+      "ClientRateLimitPolicies": {"ClientRules": [{"ClientId": "partner", "Rules": [
+        {"Endpoint": "*", "Period": "1m", "Limit": 50}]}]}
+    }"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    let get = http::Method::GET;
+    assert!(!rejected(&decide_as(
+        &l,
+        &get,
+        "/",
+        [1, 1, 1, 1],
+        Some("partner")
+    )));
+    assert!(rejected(&decide_as(
+        &l,
+        &get,
+        "/",
+        [1, 1, 1, 1],
+        Some("partner")
+    )));
+}
+
+/// `IpWhitelist` is an option of `IpRateLimiting`: there it exempts the address from the IP
+/// middleware only, not from `ClientRateLimiting`'s rules; and `ClientWhitelist` of the client
+/// section exempts from the client rules only.
+#[test]
+fn aspnet_whitelists_apply_to_their_own_section() {
+    let doc = r#"{
+      "IpRateLimiting": {"IpWhitelist": ["1.1.1.1"],
+        "GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 1}]},
+      "ClientRateLimiting": {"ClientWhitelist": ["trusted"],
+        "GeneralRules": [{"Endpoint": "*", "Period": "1h", "Limit": 1}]}
+    }"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    let get = http::Method::GET;
+    // Whitelisted by IP, still counted by client id.
+    assert!(!rejected(&decide_as(
+        &l,
+        &get,
+        "/",
+        [1, 1, 1, 1],
+        Some("c")
+    )));
+    assert!(rejected(&decide_as(&l, &get, "/", [1, 1, 1, 1], Some("c"))));
+    // Whitelisted by client id, still counted by IP.
+    assert!(!rejected(&decide_as(
+        &l,
+        &get,
+        "/",
+        [2, 2, 2, 2],
+        Some("trusted")
+    )));
+    assert!(rejected(&decide_as(
+        &l,
+        &get,
+        "/",
+        [2, 2, 2, 2],
+        Some("trusted")
+    )));
+    // Whitelisted by both: whitelisted.
+    assert_eq!(
+        decide_as(&l, &get, "/", [1, 1, 1, 1], Some("trusted")).outcome,
+        Outcome::Whitelisted
+    );
+}
+
+/// There `{1}` is the rule's `Period` as written (`string.Format(..., rule.Limit,
+/// rule.Period, retryAfter)`): "1d", not humantime's "1day".
+#[test]
+fn aspnet_period_placeholder_is_the_period_as_written() {
+    for period in ["1d", "12h", "15m", "1s"] {
+        let doc = format!(
+            r#"{{"IpRateLimiting": {{"QuotaExceededMessage": "max {{0}} per {{1}}",
+            "GeneralRules": [{{"Endpoint": "*", "Period": "{period}", "Limit": 1}}]}}}}"#
+        );
+        let config = HttpConfig::from_aspnet_json(&doc).unwrap();
+        let response_config = config.response.clone();
+        let l = limiter(config);
+        let get = http::Method::GET;
+        decide(&l, &get, "/", [1, 1, 1, 1]);
+        let v = decide(&l, &get, "/", [1, 1, 1, 1]);
+        let r = turnstile::http::rejection_response(&v, &response_config).unwrap();
+        assert_eq!(
+            std::str::from_utf8(r.body()).unwrap(),
+            format!("max 1 per {period}")
+        );
+    }
+}
+
+/// `{{rule}}` in a .NET format string is the literal text `{rule}`, not the rule's name.
+#[test]
+fn aspnet_escaped_braces_are_literal_text() {
+    let doc = r#"{"IpRateLimiting": {"QuotaExceededMessage": "{{rule}} {{reason}} {{0}} {0}",
+        "GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]}}"#;
+    let config = HttpConfig::from_aspnet_json(doc).unwrap();
+    let response_config = config.response.clone();
+    let l = limiter(config);
+    let get = http::Method::GET;
+    decide(&l, &get, "/", [1, 1, 1, 1]);
+    let v = decide(&l, &get, "/", [1, 1, 1, 1]);
+    let r = turnstile::http::rejection_response(&v, &response_config).unwrap();
+    assert_eq!(
+        std::str::from_utf8(r.body()).unwrap(),
+        "{rule} {reason} {0} 1"
+    );
+}
+
+/// There a request without the client id header is the client "anon"
+/// (`ClientId = clientId ?? "anon"`): counted, not refused.
+#[test]
+fn aspnet_missing_client_id_is_anon() {
+    let doc = r#"{"ClientRateLimiting": {
+        "GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 1}]}}"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    let get = http::Method::GET;
+    let first = decide(&l, &get, "/", [1, 1, 1, 1]);
+    assert!(!rejected(&first), "{:?}", first.outcome);
+    // Another address without a client id is the same client.
+    let second = decide(&l, &get, "/", [2, 2, 2, 2]);
+    assert!(
+        matches!(
+            second.outcome,
+            Outcome::Rejected {
+                reason: turnstile::http::RejectReason::RateLimited,
+                ..
+            }
+        ),
+        "{:?}",
+        second.outcome
+    );
+    // And so is one sending the id "anon".
+    assert!(rejected(&decide_as(
+        &l,
+        &get,
+        "/",
+        [3, 3, 3, 3],
+        Some("anon")
+    )));
+}
+
+/// There the path is lower-cased and its trailing `/` trimmed before matching and counting.
+#[test]
+fn aspnet_trailing_slash_is_the_same_endpoint() {
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true,
+        "GeneralRules": [{"Endpoint": "get:/api/values", "Period": "1m", "Limit": 1}]}}"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    let get = http::Method::GET;
+    assert!(!rejected(&decide(&l, &get, "/api/values", [1, 1, 1, 1])));
+    assert!(rejected(&decide(&l, &get, "/api/values/", [1, 1, 1, 1])));
+    assert!(rejected(&decide(&l, &get, "/api/values//", [1, 1, 1, 1])));
+    // The root stays the root.
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true,
+        "GeneralRules": [{"Endpoint": "get:/", "Period": "1m", "Limit": 1}]}}"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    assert!(!rejected(&decide(&l, &get, "/", [1, 1, 1, 1])));
+    assert!(rejected(&decide(&l, &get, "/", [1, 1, 1, 1])));
+}
+
+/// There a period is `double.Parse` of the number: `1.5m` is 90 seconds.
+#[test]
+fn aspnet_fractional_period_loads() {
+    let doc = r#"{"IpRateLimiting": {
+        "GeneralRules": [{"Endpoint": "*", "Period": "1.5m", "Limit": 1}]}}"#;
+    let config = HttpConfig::from_aspnet_json(doc).unwrap();
+    assert_eq!(config.rules[0].period, "1m 30s");
+    limiter(config);
+}
+
+/// There `IpWhitelist` entries and `IpRules[].Ip` are IP ranges: `first-last` and
+/// `address/mask` too. A range that is not one CIDR range becomes the few that cover it.
+#[test]
+fn aspnet_ip_ranges_load_as_cidr_ranges() {
+    for (entry, nets) in [
+        ("192.168.0.0-192.168.0.255", &["192.168.0.0/24"][..]),
+        ("192.168.0.0/255.255.255.0", &["192.168.0.0/24"]),
+        (
+            "10.0.0.1-10.0.0.6",
+            &["10.0.0.1/32", "10.0.0.2/31", "10.0.0.4/31", "10.0.0.6/32"],
+        ),
+        ("0.0.0.0-255.255.255.255", &["0.0.0.0/0"]),
+        ("2001:db8::-2001:db8::ffff", &["2001:db8::/112"]),
+        ("10.0.0.7", &["10.0.0.7/32"]),
+    ] {
+        let doc = format!(
+            r#"{{"IpRateLimiting": {{"IpWhitelist": ["{entry}"],
+                "GeneralRules": [{{"Endpoint": "*", "Period": "1m", "Limit": 1}}]}},
+              "IpRateLimitPolicies": {{"IpRules": [{{"Ip": "{entry}", "Rules": [
+                {{"Endpoint": "*", "Period": "1m", "Limit": 5}}]}}]}}}}"#
+        );
+        let config = HttpConfig::from_aspnet_json(&doc).unwrap_or_else(|e| panic!("{entry}: {e}"));
+        assert_eq!(config.whitelist.by_key[0].ips, nets, "{entry}");
+        let policies: Vec<&str> = config.ip_rules.iter().map(|p| p.ip.as_str()).collect();
+        assert_eq!(policies, nets, "{entry}");
+        HttpLimiter::with_clock(config, ManualClock::new())
+            .unwrap_or_else(|e| panic!("{entry}: {e}"));
+    }
+    let l = limiter(
+        HttpConfig::from_aspnet_json(
+            r#"{"IpRateLimiting": {"IpWhitelist": ["10.0.0.1-10.0.0.6"],
+                "GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 1}]}}"#,
+        )
+        .unwrap(),
+    );
+    let get = http::Method::GET;
+    for last in 1..=6 {
+        assert_eq!(
+            decide(&l, &get, "/", [10, 0, 0, last]).outcome,
+            Outcome::Whitelisted
+        );
+    }
+    for last in [0, 7] {
+        decide(&l, &get, "/", [10, 0, 0, last]);
+        assert!(rejected(&decide(&l, &get, "/", [10, 0, 0, last])));
+    }
+    for bad in [
+        "10.0.0.9-10.0.0.1",
+        "10.0.0.1-::1",
+        "10.0.0.0/255.0.255.0",
+        "10.0.0.0/x.y",
+    ] {
+        let doc = format!(r#"{{"IpRateLimiting": {{"IpWhitelist": ["{bad}"]}}}}"#);
+        let e = HttpConfig::from_aspnet_json(&doc).unwrap_err().to_string();
+        assert!(e.starts_with("IpRateLimiting.IpWhitelist[0]"), "{bad}: {e}");
+    }
+}
+
+/// There `DisableRateLimitHeaders` also leaves out `Retry-After`.
+#[test]
+fn aspnet_disable_rate_limit_headers_drops_retry_after() {
+    let doc = r#"{"IpRateLimiting": {"DisableRateLimitHeaders": true,
+        "GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]}}"#;
+    let config = HttpConfig::from_aspnet_json(doc).unwrap();
+    let response_config = config.response.clone();
+    let l = limiter(config);
+    let get = http::Method::GET;
+    decide(&l, &get, "/", [1, 1, 1, 1]);
+    let v = decide(&l, &get, "/", [1, 1, 1, 1]);
+    let r = turnstile::http::rejection_response(&v, &response_config).unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().get("retry-after").is_none());
+    assert!(r.headers().get("ratelimit").is_none());
+}
+
+/// There two rules of one section with the same endpoint and period are legal: the most
+/// restrictive applies ("the most restrictive limit for each period").
+#[test]
+fn aspnet_two_rules_of_one_endpoint_and_period_load() {
+    for rules in [
+        r#"{"Endpoint": "*", "Period": "1s", "Limit": 1}, {"Endpoint": "*", "Period": "1s", "Limit": 2}"#,
+        r#"{"Endpoint": "*", "Period": "1s", "Limit": 2}, {"Endpoint": "*", "Period": "1s", "Limit": 1}"#,
+    ] {
+        let doc = format!(r#"{{"IpRateLimiting": {{"GeneralRules": [{rules}]}}}}"#);
+        let config = HttpConfig::from_aspnet_json(&doc).unwrap();
+        let l = HttpLimiter::with_clock(config, ManualClock::new())
+            .unwrap_or_else(|e| panic!("refused: {e}"));
+        let get = http::Method::GET;
+        assert!(!rejected(&decide(&l, &get, "/", [1, 1, 1, 1])), "{rules}");
+        assert!(rejected(&decide(&l, &get, "/", [1, 1, 1, 1])), "{rules}");
+    }
+}
+
+/// An error in an AspNetCoreRateLimit document names the field of that document
+/// (`ClientRateLimiting.GeneralRules[0].Period`), not the translated configuration's
+/// (`rules[2].period`, an index the document does not have).
+#[test]
+fn aspnet_errors_name_the_documents_field() {
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [
+                {"Endpoint": "*", "Period": "1s", "Limit": 1},
+                {"Endpoint": "*", "Period": "1m", "Limit": 5}]},
+              "ClientRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1x", "Limit": 1}]}}"#,
+            "ClientRateLimiting.GeneralRules[0].Period",
+        ),
+        (
+            r#"{"IpRateLimiting": {"IpWhitelist": ["127.0.0.1", "nope"]}}"#,
+            "IpRateLimiting.IpWhitelist[1]",
+        ),
+        (
+            r#"{"IpRateLimiting": {"EndpointWhitelist": ["get:nope"]}}"#,
+            "IpRateLimiting.EndpointWhitelist[0]",
+        ),
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [{"Endpoint": "g3t:/x", "Period": "1s", "Limit": 1}]}}"#,
+            "IpRateLimiting.GeneralRules[0].Endpoint",
+        ),
+        (
+            r#"{"IpRateLimitPolicies": {"IpRules": [{"Ip": "1.2.3", "Rules": []}]}}"#,
+            "IpRateLimitPolicies.IpRules[0].Ip",
+        ),
+        (
+            r#"{"ClientRateLimitPolicies": {"ClientRules": [{"Rules": []}]}}"#,
+            "ClientRateLimitPolicies.ClientRules[0].ClientId",
+        ),
+        (
+            r#"{"IpRateLimiting": {"RealIpHeader": "X Real IP"}}"#,
+            "IpRateLimiting.RealIpHeader",
+        ),
+        (
+            r#"{"ClientRateLimiting": {"ClientIdHeader": "X Client"}}"#,
+            "ClientRateLimiting.ClientIdHeader",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(e.starts_with(field), "{field}: {e}");
+    }
+}

@@ -711,14 +711,17 @@ fn aspnet_errors_name_the_field() {
     .unwrap_err()
     .to_string();
     assert!(e.starts_with("IpRateLimiting.GeneralRules[0].Limit"), "{e}");
-    let c = HttpConfig::from_json_str(
+    // Checked as the document is read, so that the error names the document's field rather
+    // than the translated configuration's (`rules[0].period`).
+    let e = HttpConfig::from_json_str(
         r#"{"IpRateLimiting": {"GeneralRules": [{"Period": "2q", "Limit": 1}]}}"#,
     )
-    .unwrap();
-    let e = HttpLimiter::with_clock(c, ManualClock::new())
-        .unwrap_err()
-        .to_string();
-    assert!(e.starts_with("rules[0].period"), "{e}");
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("IpRateLimiting.GeneralRules[0].Period"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -1156,9 +1159,10 @@ fn warnings_of(f: impl FnOnce()) -> String {
 }
 
 /// A rule that can never apply is valid, but the limiter says so when it loads it: a general
-/// rule for every endpoint with the same period as one with a lower limit (whatever each counts
-/// by), and with `endpoint_rate_limiting` off a rule limited to some endpoints. Rules that do
-/// apply, and specific rules overriding general ones, are not reported.
+/// rule for every endpoint with the same period and counter key as one with a lower limit, and
+/// with `endpoint_rate_limiting` off a rule limited to some endpoints. Rules that do apply
+/// (one counting by client id beside one counting by IP, of one period), and specific rules
+/// overriding general ones, are not reported.
 #[test]
 fn rules_that_never_apply_are_reported_when_loaded() {
     let dead = warnings_of(|| {
@@ -1168,6 +1172,10 @@ fn rules_that_never_apply_are_reported_when_loaded() {
             name = "per-ip"
             period = "1s"
             limit = 10
+            [[rules]]
+            name = "per-ip-loose"
+            period = "1s"
+            limit = 100
             [[rules]]
             name = "per-client"
             period = "1s"
@@ -1179,16 +1187,18 @@ fn rules_that_never_apply_are_reported_when_loaded() {
             limit = 1000
             "#,
         );
-        // It is so: the per-client rule is never the one that decides.
+        // It is so: the loose per-IP rule is never the one that decides; the others all are.
         let v = get(&l, "/", "1.2.3.4", Some("c"));
-        assert_eq!(v.quotas.len(), 2);
-        assert!(v.quotas.iter().all(|q| &*q.policy != "per-client"));
+        let mut names: Vec<&str> = v.quotas.iter().map(|q| &*q.policy).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["hourly", "per-client", "per-ip"]);
     });
     assert!(dead.contains("never applies"), "{dead}");
-    assert!(dead.contains("rule=per-client"), "{dead}");
+    assert!(dead.contains("rule=per-ip-loose"), "{dead}");
     assert!(dead.contains("applies_instead=per-ip"), "{dead}");
     assert!(dead.contains("field=rules[1]"), "{dead}");
     assert!(!dead.contains("rule=per-ip "), "{dead}");
+    assert!(!dead.contains("rule=per-client"), "{dead}");
     assert!(!dead.contains("rule=hourly"), "{dead}");
 
     // Of three with one period, both losers name the one that applies, not each other.
@@ -1397,4 +1407,159 @@ fn a_limit_zero_rule_blocks_requests_without_its_key() {
     }
     // Elsewhere the client rule still passes a request without a client id uncounted.
     assert_eq!(get(&l, "/api", "1.1.1.1", None).outcome, Outcome::Admitted);
+}
+
+fn limited(v: &Verdict) -> bool {
+    matches!(v.outcome, Outcome::Rejected { .. })
+}
+
+/// Rules of one period that count different things are different limits, and both apply: a
+/// per-client rule with a lower limit must not lift the per-IP rule, or a client could step
+/// around the IP limit by sending a new client id each time. Of rules that count alike, the
+/// lowest limit still applies, and a specific rule replaces the general rules of its group
+/// only.
+#[test]
+fn rules_of_one_period_that_count_differently_all_apply() {
+    let (l, _) = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 3\n\
+         [[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 2\nkey = \"client\"\n\
+         [[rules]]\nname = \"per-ip-loose\"\nperiod = \"1m\"\nlimit = 50\n\
+         [[client_rules]]\nclient_id = \"partner\"\n\
+         [[client_rules.rules]]\nname = \"partner\"\nperiod = \"1m\"\nlimit = 100\nkey = \"client\"\n",
+    );
+    let outcomes: Vec<bool> = (0..4)
+        .map(|i| limited(&get(&l, "/", "1.1.1.1", Some(&format!("c{i}")))))
+        .collect();
+    assert_eq!(outcomes, [false, false, false, true]);
+    let v = get(&l, "/", "2.2.2.2", Some("c"));
+    let mut names: Vec<&str> = v.quotas.iter().map(|q| &*q.policy).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["per-client", "per-ip"]);
+    // The partner's client rule replaces the per-client rule, not the per-IP one.
+    let v = get(&l, "/", "3.3.3.3", Some("partner"));
+    let mut names: Vec<&str> = v.quotas.iter().map(|q| &*q.policy).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["partner", "per-ip"]);
+}
+
+/// A whitelist scoped to one key exempts the request from the rules counting by that key
+/// only; when no other rule applies the request is whitelisted. Blocklists still apply.
+#[test]
+fn a_whitelist_by_key_exempts_from_that_keys_rules_only() {
+    let (l, _) = limiter(
+        "client_id_header = \"X-ClientId\"\n\
+         [[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n\
+         [[rules]]\nname = \"per-client\"\nperiod = \"1h\"\nlimit = 1\nkey = \"client\"\n\
+         [[whitelist.by_key]]\nkey = \"ip\"\nips = [\"10.0.0.0/8\"]\nendpoints = [\"get:/health\"]\n\
+         [[whitelist.by_key]]\nkey = \"client\"\nclients = [\"trusted\"]\n\
+         [blocklist]\nips = [\"10.9.9.9\"]\n",
+    );
+    // Exempt from the IP rule, counted by the client rule.
+    assert!(!limited(&get(&l, "/", "10.0.0.1", Some("c"))));
+    let v = get(&l, "/", "10.0.0.1", Some("c"));
+    assert_eq!(reason(&v).unwrap().1, "per-client");
+    // Exempt from both: whitelisted, counted by neither.
+    for _ in 0..3 {
+        assert_eq!(
+            get(&l, "/", "10.0.0.2", Some("trusted")).outcome,
+            Outcome::Whitelisted
+        );
+    }
+    // An endpoint of the IP whitelist: not counted by the IP rule, counted by the client rule.
+    assert!(!limited(&get(&l, "/health", "1.1.1.1", Some("d"))));
+    assert!(!limited(&get(&l, "/health", "1.1.1.1", Some("e"))));
+    assert!(limited(&get(&l, "/health", "1.1.1.1", Some("e"))));
+    assert!(
+        !limited(&get(&l, "/", "1.1.1.1", Some("f"))),
+        "per-ip counted none"
+    );
+    assert!(limited(&get(&l, "/", "1.1.1.1", Some("g"))));
+    assert!(matches!(
+        reason(&get(&l, "/", "10.9.9.9", Some("trusted"))),
+        Some((RejectReason::Blocked, _, _))
+    ));
+    let e = HttpLimiter::with_clock(
+        HttpConfig::from_toml_str("[[whitelist.by_key]]\nkey = \"ip\"\nips = [\"nope\"]\n")
+            .unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("whitelist.by_key[0].ips[0]"), "{e}");
+}
+
+/// `anonymous_client_id` is the client id of requests without one (AspNetCoreRateLimit's
+/// "anon"); without it they have none, and `missing_key` decides.
+#[test]
+fn requests_without_a_client_id_are_the_anonymous_client_when_set() {
+    let rule = "[[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\n";
+    let (l, _) = limiter(rule);
+    assert!(matches!(
+        reason(&get(&l, "/", "1.1.1.1", None)),
+        Some((RejectReason::NoKey, _, _))
+    ));
+    let (l, _) = limiter(&format!("anonymous_client_id = \"anon\"\n{rule}"));
+    assert!(!limited(&get(&l, "/", "1.1.1.1", None)));
+    assert!(
+        limited(&get(&l, "/", "2.2.2.2", Some(""))),
+        "an empty id too"
+    );
+    assert!(!limited(&get(&l, "/", "2.2.2.2", Some("other"))));
+    let bad = HttpConfig::from_toml_str(&format!("anonymous_client_id = \"\"\n{rule}")).unwrap();
+    let e = HttpLimiter::new(bad).unwrap_err().to_string();
+    assert!(e.starts_with("anonymous_client_id"), "{e}");
+}
+
+/// `trim_trailing_slash` makes `/a/` the endpoint `/a`; by default they are two paths (a
+/// router may serve them differently).
+#[test]
+fn a_trailing_slash_is_trimmed_only_when_asked() {
+    let rule = "[[rules]]\nname = \"values\"\nendpoint = \"get:/api/values\"\nperiod = \"1m\"\nlimit = 1\nper_endpoint = true\n";
+    let (l, _) = limiter(rule);
+    assert!(!limited(&get(&l, "/api/values", "1.1.1.1", None)));
+    assert!(get(&l, "/api/values/", "1.1.1.1", None).quotas.is_empty());
+    let (l, _) = limiter(&format!("trim_trailing_slash = true\n{rule}"));
+    assert!(!limited(&get(&l, "/api/values/", "1.1.1.1", None)));
+    assert!(limited(&get(&l, "/api/values", "1.1.1.1", None)));
+    assert!(limited(&get(&l, "/api/%76alues/", "1.1.1.1", None)));
+}
+
+/// `{period}` is the window as periods are written (`1d`, not humantime's `1day`), `{{` a
+/// literal brace, and a zero retry-after is never sent as `Retry-After: 0`.
+#[test]
+fn rejection_templates_and_retry_after() {
+    use turnstile::http::{rejection_response, Quotas, ResponseConfig};
+    let (l, _) = limiter(
+        "[response]\nbody = \"{{rule} {rule} max {limit} per {period}\"\n\
+         [[rules]]\nname = \"daily\"\nperiod = \"1d\"\nlimit = 1\n",
+    );
+    let config = HttpConfig::from_toml_str(
+        "[response]\nbody = \"{{rule} {rule} max {limit} per {period}\"\n",
+    )
+    .unwrap()
+    .response;
+    get(&l, "/", "1.1.1.1", None);
+    let v = get(&l, "/", "1.1.1.1", None);
+    let r = rejection_response(&v, &config).unwrap();
+    assert_eq!(
+        std::str::from_utf8(r.body()).unwrap(),
+        "{rule} daily max 1 per 1d"
+    );
+    let zero = Verdict {
+        outcome: Outcome::Rejected {
+            reason: RejectReason::RateLimited,
+            rule: "custom".into(),
+            retry_after: Some(Duration::ZERO),
+        },
+        quotas: Quotas::new(),
+    };
+    let r = rejection_response(&zero, &ResponseConfig::default()).unwrap();
+    assert_eq!(r.headers()["retry-after"], "1");
+    let mut quiet = ResponseConfig::default();
+    quiet.retry_after_header = false;
+    assert!(rejection_response(&zero, &quiet)
+        .unwrap()
+        .headers()
+        .get("retry-after")
+        .is_none());
 }

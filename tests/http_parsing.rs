@@ -303,3 +303,22 @@ fn per_endpoint_counters_do_not_split_on_encoding() {
     // A different resource has its own counter.
     assert!(get(&limiter, "/api/values/2"));
 }
+
+/// A forwarding header name that is not a header name can never be read: the client is then
+/// always the proxy, and every client behind it shares one key. Refused, as an invalid
+/// `client_id_header` is.
+#[test]
+fn an_invalid_forwarding_header_name_is_refused() {
+    let e = HttpConfig::from_toml_str(
+        "[client_ip]\nheaders = [\"x-forwarded-for\", {custom = \"X Real IP\"}]\n",
+    )
+    .and_then(|c| HttpLimiter::new(c).map(|_| ()))
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("client_ip.headers[1]"), "{e}");
+    HttpLimiter::new(
+        HttpConfig::from_toml_str("[client_ip]\nheaders = [{custom = \"CF-Connecting-IP\"}]\n")
+            .unwrap(),
+    )
+    .expect("a valid custom header");
+}

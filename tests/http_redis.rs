@@ -609,7 +609,7 @@ async fn redis_down_several_rules_racing_requests_are_charged_all_or_nothing() {
     const TASKS: usize = 8;
     const IP_LIMIT: u64 = 100_000;
     let mut server = RedisServer::start();
-    // Different periods: of general rules with the same period, only one applies.
+    // Two rules counting by different keys: both apply, whatever their periods.
     let fixed = |name: &str, key: &str, limit: u64, period: &str| {
         format!("[[rules]]\nname = \"{name}\"\nkey = \"{key}\"\nperiod = \"{period}\"\nlimit = {limit}\n")
     };

@@ -3,8 +3,10 @@
 //! The document is read as ASP.NET's configuration binder reads it: section and field names in
 //! any case (`"limit"`, `"Limit"` and `"LIMIT"` are one key; a key given twice in different
 //! cases is an error, as there), and numbers and booleans also from their text (`"Limit":
-//! "100"`). Fields it does not know are ignored, as there; a value of the wrong kind is an
-//! error naming the field (`IpRateLimiting.GeneralRules[2].Limit`).
+//! "100"`). Fields it does not know are ignored, as there; a value of the wrong kind, and any
+//! value the limiter would refuse (a period, an endpoint pattern, an IP entry, a header name),
+//! is an error naming the document's field (`IpRateLimiting.GeneralRules[2].Limit`), checked
+//! as the document is translated.
 //! Endpoint patterns match the whole `VERB:path` there, with `*` and `?` wildcards and in any
 //! case (AspNetCoreRateLimit 4 and 5; 3.x matched them as prefixes), as they do here:
 //! `*:/api/values` is not `/api/values/1`, `*:/api/values*` is.
@@ -15,10 +17,23 @@
 //! documentation writes) becomes one rule per method it matches; one matching no method is an
 //! error naming it.
 //! `IpRateLimiting` general rules count by IP, `ClientRateLimiting` ones by client id (named
-//! `client:{endpoint}-{period}` so that both sections can be used at once). With
-//! `EnableEndpointRateLimiting`, every rule counts each `VERB:path` separately, as there.
+//! `client:{endpoint}-{period}` so that both sections can be used at once). The two sections
+//! apply independently, as the two middlewares do there: the lowest limit per period is taken
+//! within each section (and its policies), and both sections' rules must admit. Two rules of
+//! one section with the same endpoint and period are legal there, only the lower limit
+//! applying: the other is left out. A request without the client id header is the client
+//! `"anon"` (`anonymous_client_id`), as there; and the path is matched and counted without
+//! its trailing `/` (`trim_trailing_slash`), as there. With `EnableEndpointRateLimiting`, every
+//! rule counts each `VERB:path` separately, as there.
+//! A section's `IpWhitelist`, `ClientWhitelist` and `EndpointWhitelist` exempt requests from
+//! that section's rules only (a `whitelist.by_key` entry for its key). IP entries there and in
+//! `IpRules[].Ip` may be addresses, CIDR ranges, `first-last` ranges or `address/mask`
+//! (`192.168.0.0/255.255.255.0`), as there: each becomes the CIDR ranges that cover it exactly
+//! (a range not aligned to one becomes several; an IP policy is then one entry per range, with
+//! the same rules).
 //! Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
-//! 365, as there); other text is read as a humantime duration. A rule's `PeriodTimespan` (a .NET
+//! 365, as there; a fraction, `1.5m`, is read as there too); other text is read as a humantime
+//! duration. A rule's `PeriodTimespan` (a .NET
 //! `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]`) is its window when given, as there.
 //! `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
 //! `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
@@ -27,16 +42,25 @@
 //! `EnableEndpointRateLimiting` is each section's own: a section that leaves it off keeps only
 //! its `*` rules (the others never apply there) while the other section's endpoint rules do.
 //! `QuotaExceededResponse.Content` (or `QuotaExceededMessage`) is a .NET format string, turned
-//! into the body template (`{0}` limit, `{1}` period, `{2}` retry-after), sent as `text/plain`
+//! into the body template (`{0}` limit, `{1}` period, `{2}` retry-after; `{{` and `}}` literal
+//! braces, so `{{rule}}` is the text `{rule}`), sent as `text/plain`
 //! unless `ContentType` says otherwise, with its `StatusCode`, which is 429 unless given (it
 //! wins over `HttpStatusCode` there; a `null` one leaves `HttpStatusCode`).
+//! The period is written in its largest whole unit (`1d`, `15m`), which is the `Period` as
+//! written for the usual ones; a period written otherwise (`60s`, `1.5m`, `1w`) is written
+//! `1m`, `90s`, `7d`. `DisableRateLimitHeaders` leaves out `Retry-After` as well as the quota
+//! headers, as there.
 //! `StackBlockedRequests: true` is refused: rejected requests are never counted here.
 //! `RateLimitCounterPrefix` becomes `backend.prefix`, the key prefix in Redis once the backend
 //! is switched to Redis (`backend.kind = "redis"`; the memory backend has no keys).
 
-use crate::http::config::{ClientRulesConfig, HttpConfig, IpRulesConfig, RuleConfig, RuleKey};
-use crate::http::{ForwardedHeader, HttpConfigError};
+use crate::http::config::{
+    ClientRulesConfig, HttpConfig, IpRulesConfig, KeyWhitelistConfig, RuleConfig, RuleKey,
+};
+use crate::http::rules::{parse_net, parse_period, Endpoint};
+use crate::http::{ClientIpConfig, ForwardedHeader, HttpConfigError};
 use serde_json::{Map, Value};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 const SECTIONS: [&str; 4] = [
     "IpRateLimiting",
@@ -335,26 +359,150 @@ fn regex_endpoint(
     Ok(matched)
 }
 
-/// An AspNetCoreRateLimit period as a humantime one: `{n}mo` is `n` times 30 days and `{n}y`
-/// `n` times 365 days there (humantime's months and years are longer); everything else is
-/// the same in both, or left for the compiler to accept or name.
-fn period(text: &str) -> String {
+/// An AspNetCoreRateLimit period as a humantime one, checked: `{n}mo` is `n` times 30 days
+/// and `{n}y` `n` times 365 days there (humantime's months and years are longer), and the
+/// number may have a fraction (`1.5m`, which is `double.Parse` there); other text is left for
+/// humantime to read. The error names `field`, the document's.
+fn period(text: &str, field: &str) -> Result<String, HttpConfigError> {
     let trimmed = text.trim();
-    let digits = trimmed.bytes().take_while(u8::is_ascii_digit).count();
+    let digits = trimmed
+        .bytes()
+        .take_while(|b| b.is_ascii_digit() || *b == b'.')
+        .count();
     let (number, unit) = trimmed.split_at(digits);
-    let days_per = match unit {
-        "mo" => 30,
-        "y" => 365,
-        _ => return text.to_owned(),
+    let seconds_per: Option<u64> = match unit {
+        "s" => Some(1),
+        "m" => Some(60),
+        "h" => Some(3_600),
+        "d" => Some(86_400),
+        "w" => Some(604_800),
+        "mo" => Some(30 * 86_400),
+        "y" => Some(365 * 86_400),
+        _ => None,
     };
-    match number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(days_per))
+    let translated = match (number.parse::<u64>(), seconds_per) {
+        (Ok(_), Some(_)) if !matches!(unit, "mo" | "y") => trimmed.to_owned(),
+        (Ok(n), Some(per)) => n
+            .checked_mul(per / 86_400)
+            .map_or_else(|| trimmed.to_owned(), |days| format!("{days}d")),
+        (Err(_), Some(per)) => match number.parse::<f64>() {
+            Ok(n) => std::time::Duration::try_from_secs_f64(n * per as f64)
+                .map(|d| {
+                    // Whole milliseconds: a binary fraction's noise is no part of the period.
+                    let d = std::time::Duration::from_millis(d.as_millis() as u64);
+                    humantime::format_duration(d).to_string()
+                })
+                .unwrap_or_else(|_| trimmed.to_owned()),
+            Err(_) => trimmed.to_owned(),
+        },
+        _ => trimmed.to_owned(),
+    };
+    parse_period(&translated, field)?;
+    Ok(translated)
+}
+
+/// The CIDR ranges that cover an `IpWhitelist` entry or an `IpRules[].Ip` there: an address, a
+/// CIDR range, `first-last` (the fewest CIDR ranges that cover it exactly, several when it is
+/// not aligned) or `address/mask` (`192.168.0.0/255.255.255.0`), the forms of
+/// AspNetCoreRateLimit's IP ranges. Each is checked as the lists' entries are (whole client
+/// groups of `client_ip`); errors name `field`, the document's.
+fn ip_nets(
+    text: &str,
+    field: &str,
+    client_ip: &ClientIpConfig,
+) -> Result<Vec<String>, HttpConfigError> {
+    let text = text.trim();
+    let invalid = |why: &str| HttpConfigError::invalid(field, format!("{text:?} {why}"));
+    let nets = if let Some((first, last)) = text.split_once('-') {
+        match (first.trim().parse::<IpAddr>(), last.trim().parse::<IpAddr>()) {
+            (Ok(IpAddr::V4(a)), Ok(IpAddr::V4(b))) if a <= b => {
+                range_cidrs(u32::from(a).into(), u32::from(b).into(), 32)
+                    .into_iter()
+                    // Within 32 bits by construction.
+                    .map(|(start, len)| format!("{}/{len}", Ipv4Addr::from(start as u32)))
+                    .collect()
+            }
+            (Ok(IpAddr::V6(a)), Ok(IpAddr::V6(b))) if a <= b => {
+                range_cidrs(a.into(), b.into(), 128)
+                    .into_iter()
+                    .map(|(start, len)| format!("{}/{len}", Ipv6Addr::from(start)))
+                    .collect()
+            }
+            _ => {
+                return Err(invalid(
+                    "is not a range of IP addresses (`first-last`, both of one family, the first not after the last)",
+                ))
+            }
+        }
+    } else if let Some((address, mask)) = text
+        .split_once('/')
+        .filter(|(_, mask)| mask.contains(['.', ':']))
     {
-        Some(days) => format!("{days}d"),
-        None => text.to_owned(),
+        let prefix = match (
+            address.trim().parse::<IpAddr>(),
+            mask.trim().parse::<IpAddr>(),
+        ) {
+            (Ok(IpAddr::V4(_)), Ok(IpAddr::V4(m))) => prefix_of_mask(u32::from(m).into(), 32),
+            (Ok(IpAddr::V6(_)), Ok(IpAddr::V6(m))) => prefix_of_mask(m.into(), 128),
+            _ => None,
+        };
+        let Some(prefix) = prefix else {
+            return Err(invalid(
+                "is not an address and a network mask of its family (`192.168.0.0/255.255.255.0`)",
+            ));
+        };
+        vec![format!("{}/{prefix}", address.trim())]
+    } else {
+        vec![text.to_owned()]
+    };
+    nets.iter()
+        .map(|net| parse_net(net, field, client_ip).map(|net| net.trunc().to_string()))
+        .collect()
+}
+
+/// The prefix length of a network mask `width` bits wide, if its ones are contiguous from the
+/// top.
+fn prefix_of_mask(mask: u128, width: u32) -> Option<u32> {
+    let aligned = mask << (128 - width);
+    let ones = aligned.leading_ones();
+    (aligned.count_ones() == ones).then_some(ones)
+}
+
+/// The CIDR ranges (start, prefix length) that cover `start..=end` exactly, fewest first: at
+/// each step the largest block aligned at the start that does not pass the end.
+fn range_cidrs(mut start: u128, end: u128, width: u32) -> Vec<(u128, u32)> {
+    let low = |bits: u32| match bits {
+        128.. => u128::MAX,
+        bits => (1u128 << bits) - 1,
+    };
+    let mut out = Vec::new();
+    loop {
+        let mut bits = start.trailing_zeros().min(width);
+        while bits > 0 && start | low(bits) > end {
+            bits -= 1;
+        }
+        out.push((start, width - bits));
+        let last = start | low(bits);
+        if last >= end {
+            return out;
+        }
+        start = last + 1;
     }
+}
+
+/// A header name of the document (`RealIpHeader`, `ClientIdHeader`), checked here so that the
+/// error names the document's field.
+fn header_name(node: &Node<'_>, name: &str) -> Result<Option<String>, HttpConfigError> {
+    let Some(header) = node.string(name)? else {
+        return Ok(None);
+    };
+    if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+        return Err(HttpConfigError::invalid(
+            node.field(name),
+            format!("{header:?} is not a valid header name"),
+        ));
+    }
+    Ok(Some(header))
 }
 
 /// One section's rules, as AspNetCoreRateLimit's matching sees them.
@@ -371,16 +519,24 @@ struct Section<'a> {
 }
 
 impl Section<'_> {
-    /// The rules of the list `name` of `node`.
+    /// The rules of the list `name` of `node`. Two rules of one endpoint and period are legal
+    /// there, and only the lower limit can apply (the lowest limit per period is taken): the
+    /// other is left out here, where the two would share a name.
     fn rules(&self, node: &Node<'_>, name: &str) -> Result<Vec<RuleConfig>, HttpConfigError> {
         let rules = node.objects(name)?;
-        let mut out = Vec::with_capacity(rules.len());
+        let mut out: Vec<RuleConfig> = Vec::with_capacity(rules.len());
         for r in rules {
             let endpoint = r.string("Endpoint")?;
             if self.only_any && endpoint.as_deref().is_some_and(|e| e.trim() != "*") {
                 continue;
             }
-            out.extend(self.rule(&r, endpoint.unwrap_or_else(|| "*".to_owned()))?);
+            for rule in self.rule(&r, endpoint.unwrap_or_else(|| "*".to_owned()))? {
+                match out.iter_mut().find(|o| o.name == rule.name) {
+                    Some(kept) if rule.limit < kept.limit => *kept = rule,
+                    Some(_) => {}
+                    None => out.push(rule),
+                }
+            }
         }
         Ok(out)
     }
@@ -400,7 +556,7 @@ impl Section<'_> {
                 })?;
                 humantime::format_duration(window).to_string()
             }
-            None => period(&period_text),
+            None => period(&period_text, &r.field("Period"))?,
         };
         let limit = r.number("Limit")?.unwrap_or(0.0);
         if !(limit >= 0.0 && limit.fract() == 0.0 && limit <= u32::MAX as f64) {
@@ -419,6 +575,9 @@ impl Section<'_> {
             let pattern = endpoint.trim().to_owned();
             vec![(endpoint, pattern, false)]
         };
+        for (_, pattern, regex) in &patterns {
+            Endpoint::parse(pattern, *regex, &r.field("Endpoint"))?;
+        }
         Ok(patterns
             .into_iter()
             .map(|(name, pattern, regex)| RuleConfig {
@@ -482,16 +641,20 @@ fn timespan(text: &str) -> Option<std::time::Duration> {
 /// How AspNetCoreRateLimit formats `QuotaExceededResponse.Content` and `QuotaExceededMessage`
 /// (.NET's `string.Format` with the limit, the period and the retry-after), as a body template:
 /// `{0}`, `{1}` and `{2}` (alignment and format ignored) become `{limit}`, `{period}` and
-/// `{retry_after}`, `{{` and `}}` single braces. Any other brace is kept as written (.NET
-/// would throw instead).
+/// `{retry_after}`. Every other brace is text: .NET's `{{` and `}}` are one brace each, and a
+/// brace .NET would throw on is kept as written. A `{` of text is written `{{` in the template,
+/// so that `{{rule}}` there is the text `{rule}` here, not the rule's name.
 fn template_of_dotnet_format(format: &str) -> String {
     let mut out = String::with_capacity(format.len() + 16);
     let mut rest = format;
+    let push_brace = |out: &mut String, brace: &str| {
+        out.push_str(if brace == "{" { "{{" } else { "}" });
+    };
     while let Some(i) = rest.find(['{', '}']) {
         out.push_str(&rest[..i]);
         let after = &rest[i..];
         if after.starts_with("{{") || after.starts_with("}}") {
-            out.push_str(&after[..1]);
+            push_brace(&mut out, &after[..1]);
             rest = &after[2..];
             continue;
         }
@@ -514,7 +677,7 @@ fn template_of_dotnet_format(format: &str) -> String {
                 rest = after_item;
             }
             None => {
-                out.push_str(&after[..1]);
+                push_brace(&mut out, &after[..1]);
                 rest = &after[1..];
             }
         }
@@ -538,10 +701,10 @@ fn apply_options(
     if let Some(p) = node.string("RateLimitCounterPrefix")? {
         config.backend.prefix = Some(p);
     }
-    if let Some(h) = node.string("RealIpHeader")? {
+    if let Some(h) = header_name(node, "RealIpHeader")? {
         config.client_ip.headers = vec![ForwardedHeader::Custom(h)];
     }
-    if let Some(h) = node.string("ClientIdHeader")? {
+    if let Some(h) = header_name(node, "ClientIdHeader")? {
         config.client_id_header = Some(h);
     }
     if let Some(status) = node.status("HttpStatusCode")? {
@@ -574,27 +737,39 @@ fn apply_options(
         }
     }
     if node.bool("DisableRateLimitHeaders")? {
+        // There `Retry-After` is one of the rate-limit headers, sent only when they are.
         config.response.ietf_headers = false;
         config.response.legacy_headers = false;
+        config.response.retry_after_header = false;
     }
-    config.whitelist.ips.extend(node.strings("IpWhitelist")?);
+    // A section's whitelists exempt requests from its own rules only: the IP middleware and
+    // the client middleware each check theirs there.
+    let mut whitelist = KeyWhitelistConfig::new(section.key);
+    for (i, entry) in node.strings("IpWhitelist")?.iter().enumerate() {
+        let field = format!("{}[{i}]", node.field("IpWhitelist"));
+        whitelist
+            .ips
+            .extend(ip_nets(entry, &field, &config.client_ip)?);
+    }
     for (i, endpoint) in node.strings("EndpointWhitelist")?.into_iter().enumerate() {
         let field = format!("{}[{i}]", node.field("EndpointWhitelist"));
         if !section.regex {
-            config.whitelist.endpoints.push(endpoint);
+            Endpoint::parse(&endpoint, false, &field)?;
+            whitelist.endpoints.push(endpoint);
             continue;
         }
         for (_, pattern, regex) in regex_endpoint(&endpoint, &field)? {
-            config.whitelist.endpoints.push(match regex {
+            Endpoint::parse(&pattern, regex, &field)?;
+            whitelist.endpoints.push(match regex {
                 true => format!("re:{pattern}"),
                 false => pattern,
             });
         }
     }
-    config
-        .whitelist
-        .clients
-        .extend(node.strings("ClientWhitelist")?);
+    whitelist.clients.extend(node.strings("ClientWhitelist")?);
+    if whitelist != KeyWhitelistConfig::new(section.key) {
+        config.whitelist.by_key.push(whitelist);
+    }
     let rules = section.rules(node, "GeneralRules")?;
     config.rules.extend(rules);
     Ok(())
@@ -641,6 +816,11 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         // on them has its client rules and client whitelist count `X-ClientId` (not nothing),
         // and reads the address `X-Real-IP` from trusted proxies, as there.
         client_id_header: Some("X-ClientId".to_owned()),
+        // There a request without the client id header is the client "anon"
+        // (`clientId ?? "anon"`), counted, listed and given policies like any other.
+        anonymous_client_id: Some("anon".to_owned()),
+        // There the path is counted and matched without its trailing `/`.
+        trim_trailing_slash: true,
         ..HttpConfig::default()
     };
     config.client_ip.headers = vec![ForwardedHeader::Custom("X-Real-IP".to_owned())];
@@ -652,16 +832,30 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
     }
     if let Some(p) = root.object("IpRateLimitPolicies")? {
         for policy in p.objects("IpRules")? {
-            config.ip_rules.push(IpRulesConfig {
-                ip: policy.string("Ip")?.unwrap_or_default(),
-                rules: ip_section.rules(&policy, "Rules")?,
-            });
+            let ip = policy.string("Ip")?.unwrap_or_default();
+            let nets = ip_nets(&ip, &policy.field("Ip"), &config.client_ip)?;
+            let rules = ip_section.rules(&policy, "Rules")?;
+            // A range that is several CIDR ranges is one entry each, with the same rules: each
+            // client is in one of them, and counted by that one's rules alone.
+            for ip in nets {
+                config.ip_rules.push(IpRulesConfig {
+                    ip,
+                    rules: rules.clone(),
+                });
+            }
         }
     }
     if let Some(p) = root.object("ClientRateLimitPolicies")? {
         for policy in p.objects("ClientRules")? {
+            let client_id = policy.string("ClientId")?.unwrap_or_default();
+            if client_id.is_empty() {
+                return Err(HttpConfigError::invalid(
+                    policy.field("ClientId"),
+                    "must not be empty",
+                ));
+            }
             config.client_rules.push(ClientRulesConfig {
-                client_id: policy.string("ClientId")?.unwrap_or_default(),
+                client_id,
                 rules: client_section.rules(&policy, "Rules")?,
             });
         }

@@ -104,8 +104,8 @@ fn deserialize_nets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Ip
 }
 
 impl ClientIpConfig {
-    /// Checks the prefix lengths: `ipv4_prefix` at most 32, `ipv6_prefix` at most 128. The error
-    /// names the field.
+    /// Checks the prefix lengths (`ipv4_prefix` at most 32, `ipv6_prefix` at most 128) and that
+    /// every custom forwarding header is a valid header name. The error names the field.
     ///
     /// # Errors
     ///
@@ -120,6 +120,9 @@ impl ClientIpConfig {
     /// assert!(config.validate().is_ok());
     /// config.ipv6_prefix = 129;
     /// assert!(config.validate().unwrap_err().contains("ipv6_prefix"));
+    /// config.ipv6_prefix = 64;
+    /// config.headers = vec![turnstile::http::ForwardedHeader::Custom("X Real IP".into())];
+    /// assert!(config.validate().unwrap_err().starts_with("headers[0]"));
     /// ```
     pub fn validate(&self) -> Result<(), String> {
         if self.ipv4_prefix > 32 {
@@ -130,6 +133,15 @@ impl ClientIpConfig {
                 "ipv6_prefix: {} is more than 128",
                 self.ipv6_prefix
             ));
+        }
+        // A name that is no header name can never be read: the client would always be the
+        // proxy, and every client behind it would share one key.
+        for (i, header) in self.headers.iter().enumerate() {
+            if let ForwardedHeader::Custom(name) = header {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return Err(format!("headers[{i}]: {name:?} is not a valid header name"));
+                }
+            }
         }
         Ok(())
     }

@@ -39,6 +39,11 @@ pub struct HttpConfig {
     /// distinct id is a counter, and without a bound a client could make each one kilobytes.
     /// An empty one is no client id either.
     pub client_id_max_len: usize,
+    /// The client id of a request that carries none (and of one whose id is empty or longer
+    /// than `client_id_max_len`): `None` by default, so that `missing_key` decides for the
+    /// rules that count by client id. AspNetCoreRateLimit counts such requests as the client
+    /// `"anon"`, which its translation sets here; the lists and client rules see it too.
+    pub anonymous_client_id: Option<String>,
     /// How rejections look.
     pub response: ResponseConfig,
     /// What happens when a rule needs a key (IP or client id) the request does not have.
@@ -46,6 +51,11 @@ pub struct HttpConfig {
     /// Whether rules with an endpoint other than `*` apply (true by default). When false, only
     /// `*` rules apply, as in AspNetCoreRateLimit.
     pub endpoint_rate_limiting: bool,
+    /// Whether the request path's trailing `/` is removed before rules match it and
+    /// per-endpoint counters key on it, so that `/api/values/` is `/api/values` (`/` stays
+    /// `/`). False by default: a router may serve the two paths differently. AspNetCoreRateLimit
+    /// trims it, and its translation sets this.
+    pub trim_trailing_slash: bool,
     /// The most clients (keys) each rule counts in memory: 1,048,576 by default, at about 67
     /// bytes each (BENCHMARKS.md; a key of several parts longer than 24 bytes adds its text),
     /// so a full rule holds about 70 MB. A key is evicted once it is idle (its counts back to a
@@ -59,9 +69,10 @@ pub struct HttpConfig {
     /// The general rules, for every client.
     pub rules: Vec<RuleConfig>,
     /// Rules for clients whose IP is in a range; they take precedence over general rules of the
-    /// same period.
+    /// same period that count by the same key (see the engine's semantics).
     pub ip_rules: Vec<IpRulesConfig>,
-    /// Rules for one client id; they take precedence over general rules of the same period.
+    /// Rules for one client id; they take precedence over general rules of the same period that
+    /// count by the same key.
     pub client_rules: Vec<ClientRulesConfig>,
     /// Requests that are never limited nor counted.
     pub whitelist: WhitelistConfig,
@@ -79,9 +90,11 @@ impl Default for HttpConfig {
             client_ip: ClientIpConfig::default(),
             client_id_header: None,
             client_id_max_len: 256,
+            anonymous_client_id: None,
             response: ResponseConfig::default(),
             missing_key: MissingKey::default(),
             endpoint_rate_limiting: true,
+            trim_trailing_slash: false,
             max_keys_per_rule: crate::DEFAULT_MAX_KEYS,
             key_overflow: KeyOverflowPolicy::default(),
             rules: Vec::new(),
@@ -473,6 +486,60 @@ pub struct WhitelistConfig {
     pub clients: Vec<String>,
     /// Endpoint patterns, as in rules.
     pub endpoints: Vec<String>,
+    /// Whitelists that exempt a request from the rules of one [`RuleKey`] only (their blocklist
+    /// and bans still apply): a client whitelisted here from the rules that count by IP is
+    /// still counted by the rules that count by client id. AspNetCoreRateLimit's two sections
+    /// each have their own whitelists, which its translation puts here.
+    pub by_key: Vec<KeyWhitelistConfig>,
+}
+
+/// A whitelist for the rules that count by one key (see [`WhitelistConfig::by_key`]).
+///
+/// A request it matches is not counted by those rules, general or specific, enforced or
+/// monitor; the other rules decide it as if those did not exist. When no other rule applies
+/// to it, it is [`Outcome::Whitelisted`](crate::http::Outcome::Whitelisted).
+///
+/// # Examples
+///
+/// ```
+/// let config = turnstile::http::HttpConfig::from_toml_str(
+///     "[[whitelist.by_key]]\nkey = \"ip\"\nips = [\"10.0.0.0/8\"]\n",
+/// )?;
+/// assert_eq!(config.whitelist.by_key[0].key, turnstile::http::RuleKey::Ip);
+/// # Ok::<(), turnstile::http::HttpConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct KeyWhitelistConfig {
+    /// The rules it exempts from: those counting by this key.
+    pub key: RuleKey,
+    /// IP addresses or CIDR ranges, as in [`WhitelistConfig::ips`].
+    pub ips: Vec<String>,
+    /// Client ids.
+    pub clients: Vec<String>,
+    /// Endpoint patterns, as in rules.
+    pub endpoints: Vec<String>,
+}
+
+impl KeyWhitelistConfig {
+    /// An empty whitelist for the rules counting by `key`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::http::{KeyWhitelistConfig, RuleKey};
+    ///
+    /// let mut list = KeyWhitelistConfig::new(RuleKey::Client);
+    /// list.clients.push("monitoring".to_owned());
+    /// assert_eq!(list.key, RuleKey::Client);
+    /// ```
+    pub fn new(key: RuleKey) -> Self {
+        KeyWhitelistConfig {
+            key,
+            ..KeyWhitelistConfig::default()
+        }
+    }
 }
 
 /// Clients that are always rejected with [`RejectReason::Blocked`](crate::http::RejectReason::Blocked).
@@ -698,7 +765,7 @@ impl HttpConfig {
 
     /// Adds a rule for the clients whose IP is `ip` (an address or a CIDR range), to the
     /// rules already given for `ip` if any. It takes precedence over general rules of the same
-    /// period.
+    /// period and key.
     ///
     /// # Examples
     ///
@@ -725,7 +792,8 @@ impl HttpConfig {
     }
 
     /// Adds a rule for the client `client_id`, to the rules already given for it if any. It
-    /// takes precedence over general rules of the same period; a limit of 0 blocks the client.
+    /// takes precedence over general rules of the same period and key; a limit of 0 blocks the
+    /// client.
     ///
     /// # Examples
     ///

@@ -4,9 +4,16 @@
 //!
 //! In this order, for each request:
 //!
+//! 0. **The request as the rules see it.** Its path with RFC 3986's normalizations that change
+//!    no resource, and without its trailing `/` with `trim_trailing_slash`; a client id that is
+//!    empty or longer than `client_id_max_len` is none, and none is `anonymous_client_id` when
+//!    that is set.
 //! 1. **Whitelists.** A client IP in `whitelist.ips` (addresses or CIDR ranges), a client id in
 //!    `whitelist.clients`, or a request matching a pattern of `whitelist.endpoints` is
-//!    [`Outcome::Whitelisted`]: no rule is consulted or charged.
+//!    [`Outcome::Whitelisted`]: no rule is consulted or charged. A request matching an entry
+//!    of `whitelist.by_key` is exempt from the rules counting by that entry's key only (step
+//!    4 leaves them out); the blocklist and bans still apply to it, and if no other rule
+//!    applies it is [`Outcome::Whitelisted`] as well.
 //! 2. **Blocklist.** A client IP in `blocklist.ips` or a client id in `blocklist.clients` is
 //!    rejected with [`RejectReason::Blocked`] (rule `"blocklist"`).
 //!
@@ -21,10 +28,14 @@
 //!    characters and `?` any one; with `regex = true` or a `re:` prefix the path part is a
 //!    regular expression that must match the whole path. With `endpoint_rate_limiting = false`
 //!    only `*` rules apply.
-//!    Specific rules (the `ip_rules` whose range contains the client IP, the `client_rules` of
-//!    the client id) take precedence: a general rule applies only if no specific rule of the same
-//!    period applies. Of the rules left, per period, the most restrictive (lowest limit) applies.
-//!    Monitor rules are selected the same way, separately from enforced ones.
+//!    Rules are grouped by period and counter key (`key` and `per_endpoint`): rules that count
+//!    different things never displace each other, so that a client cannot step around a limit
+//!    on its IP by changing its client id (AspNetCoreRateLimit's IP and client middlewares
+//!    likewise apply their rules independently). Within a group, specific rules (the
+//!    `ip_rules` whose range contains the client IP, the `client_rules` of the client id) take
+//!    precedence: a general rule applies only if no specific rule of its group applies. Of the
+//!    rules left, per group, the most restrictive (lowest limit) applies. Monitor rules are
+//!    selected the same way, separately from enforced ones.
 //! 5. **Counting.** Each rule has its own [`KeyedLimiter`](crate::KeyedLimiter), keyed by the
 //!    client IP (`key = "ip"`), the client id (`"client"`) or both (`"ip_and_client"`), and,
 //!    with `per_endpoint`, by `VERB:path` as well. A rule with limit 0 rejects with
@@ -727,10 +738,19 @@ fn rejected(reason: RejectReason, rule: Arc<str>, retry_after: Option<Duration>)
 /// The rules a request is decided by: a few, kept on the stack.
 type Selected<'a, C> = SmallVec<[&'a Arc<Rule<C>>; 4]>;
 
-/// Of the `monitor` (or enforced) rules: the specific ones first; a general one only for a
-/// period no specific rule has; the lowest limit per period. Iterators rather than collected
-/// lists, and the result on the stack, so that a request under up to four rules allocates
-/// nothing here.
+/// Whether two rules compete in selection: the same period and the same counter key (`key`
+/// and `per_endpoint`). Rules that count different things are different limits: were a rule
+/// counting by client id allowed to displace one counting by IP, a client could step around
+/// the IP limit by sending a new client id with every request. AspNetCoreRateLimit's IP and
+/// client middlewares likewise each apply their own rules.
+pub(crate) fn same_group<C: Clock>(a: &Rule<C>, b: &Rule<C>) -> bool {
+    a.period == b.period && a.key == b.key && a.per_endpoint == b.per_endpoint
+}
+
+/// Of the `monitor` (or enforced) rules, per group (see [`same_group`]): the specific ones
+/// first; a general one only for a group no specific rule is in; the lowest limit per group.
+/// Iterators rather than collected lists, and the result on the stack, so that a request under
+/// up to four rules allocates nothing here.
 pub(crate) fn select<'a, C: Clock + 'a>(
     specific: impl Iterator<Item = &'a Arc<Rule<C>>>,
     general: impl Iterator<Item = &'a Arc<Rule<C>>>,
@@ -739,7 +759,7 @@ pub(crate) fn select<'a, C: Clock + 'a>(
     let mut out: Selected<'a, C> = SmallVec::new();
     let push = |r: &'a Arc<Rule<C>>, out: &mut Selected<'a, C>| match out
         .iter_mut()
-        .find(|o| o.period == r.period)
+        .find(|o| same_group(o, r))
     {
         Some(o) => {
             if r.limit < o.limit {
@@ -751,14 +771,23 @@ pub(crate) fn select<'a, C: Clock + 'a>(
     for r in specific.filter(|r| r.monitor == monitor) {
         push(r, &mut out);
     }
-    // The entries so far are all specific: their periods are the ones general rules yield.
+    // The entries so far are all specific: their groups are the ones general rules yield.
     let specific_count = out.len();
     for r in general.filter(|r| r.monitor == monitor) {
-        if !out[..specific_count].iter().any(|o| o.period == r.period) {
+        if !out[..specific_count].iter().any(|o| same_group(o, r)) {
             push(r, &mut out);
         }
     }
     out
+}
+
+/// `key` as a bit of a set of keys.
+fn key_bit(key: RuleKey) -> u8 {
+    match key {
+        RuleKey::Ip => 1,
+        RuleKey::Client => 2,
+        RuleKey::IpAndClient => 4,
+    }
 }
 
 fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<CounterKey> {
@@ -843,29 +872,48 @@ fn normalized_path(path: &str) -> Option<String> {
     String::from_utf8(out).ok().filter(|normal| normal != path)
 }
 
+/// `path` without its trailing `/`s (`/` itself stays), as AspNetCoreRateLimit counts it.
+fn without_trailing_slash(path: &str) -> &str {
+    match path.trim_end_matches('/') {
+        "" if !path.is_empty() => "/",
+        trimmed => trimmed,
+    }
+}
+
 fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     let normal;
     let normalized;
-    let path = set.reads_path.then(|| normalized_path(request.path));
-    let request = match path.flatten() {
-        Some(path) => {
-            normal = path;
-            normalized = RequestInfo {
-                path: &normal,
-                ..*request
-            };
+    let request = if set.reads_path {
+        normal = normalized_path(request.path);
+        let mut path = normal.as_deref().unwrap_or(request.path);
+        if set.trim_trailing_slash {
+            path = without_trailing_slash(path);
+        }
+        if path.len() == request.path.len() && normal.is_none() {
+            request
+        } else {
+            normalized = RequestInfo { path, ..*request };
             &normalized
         }
-        None => request,
+    } else {
+        request
     };
     // An over-long client id is no client id: it would be a counter (and a key in the lists)
     // of any size the client chose. Nor is an empty one (`X-ClientId:` with no value): as a
     // key it would pass `missing_key = "reject"` and put every such client on one counter.
+    // A request without a usable client id is the anonymous client, when there is one.
     let capped;
     let request = match request.client_id {
         Some(id) if id.is_empty() || id.len() > set.client_id_max_len => {
             capped = RequestInfo {
-                client_id: None,
+                client_id: set.anonymous_client.as_deref(),
+                ..*request
+            };
+            &capped
+        }
+        None if set.anonymous_client.is_some() => {
+            capped = RequestInfo {
+                client_id: set.anonymous_client.as_deref(),
                 ..*request
             };
             &capped
@@ -905,9 +953,16 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         }
     }
 
+    // The keys whose rules this request is exempt from (`whitelist.by_key`), as a bit each.
+    let exempt: u8 = set
+        .key_whitelists
+        .iter()
+        .filter(|w| w.matches(ip, client, request.method, request.path))
+        .fold(0, |bits, w| bits | key_bit(w.key));
+
     // The common case, one global rule counted in memory and no monitors: decided without
     // collecting the selection, the plan or the refunds.
-    if let (Some([rule]), false) = (set.fixed_enforced.as_deref(), set.has_monitors) {
+    if let (Some([rule]), false, 0) = (set.fixed_enforced.as_deref(), set.has_monitors, exempt) {
         #[cfg(feature = "redis")]
         let local = rule.remote.is_none();
         #[cfg(not(feature = "redis"))]
@@ -918,7 +973,9 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     }
 
     let applies = |r: &&Arc<Rule<C>>| {
-        if set.endpoint_rate_limiting {
+        if exempt & key_bit(r.key) != 0 {
+            false
+        } else if set.endpoint_rate_limiting {
             r.endpoint.matches(request.method, request.path)
         } else {
             r.endpoint.is_any()
@@ -935,9 +992,20 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     };
     let general = || set.general.iter().filter(applies);
     let enforced = match &set.fixed_enforced {
-        Some(fixed) => fixed.iter().collect(),
-        None => select(specific(), general(), false),
+        Some(fixed) if exempt == 0 => fixed.iter().collect(),
+        _ => select(specific(), general(), false),
     };
+    // Exempt from the rules of some key and none of the others applies: as whitelisted as
+    // a request the global whitelist matches.
+    if exempt != 0
+        && enforced.is_empty()
+        && !(set.has_monitors && specific().chain(general()).any(|r| r.monitor))
+    {
+        return Check::Ready(Verdict {
+            outcome: Outcome::Whitelisted,
+            quotas: Quotas::new(),
+        });
+    }
 
     // Check limit 0 and missing keys before charging anything.
     let mut plan: SmallVec<[_; 4]> = SmallVec::new();

@@ -188,7 +188,7 @@ fn grpc_rejection(
         content_type,
         grpc_code(rejection.reason),
         &message,
-        rejection.retry_secs,
+        rejection.retry_secs.filter(|_| config.retry_after_header),
     );
     let headers = response.headers_mut();
     insert_quota_headers(headers, &verdict.quotas, config);

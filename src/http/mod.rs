@@ -493,8 +493,8 @@ pub use client_ip::{client_ip, ClientIpConfig, ForwardedHeader};
 pub use concurrency::{ConcurrencyFuture, ConcurrencyLayer, ConcurrencyService};
 pub use config::{
     BackendConfig, BanConfig, BlocklistConfig, ClientRulesConfig, HttpConfig, HttpConfigError,
-    IpRulesConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
-    WhitelistConfig,
+    IpRulesConfig, KeyOverflowPolicy, KeyWhitelistConfig, MissingKey, RuleAlgorithm, RuleConfig,
+    RuleKey, WhitelistConfig,
 };
 pub use engine::HttpLimiter;
 pub use grpc::grpc_rejection_response;

@@ -35,7 +35,10 @@ pub struct ResponseConfig {
     /// (set it when the template is JSON or HTML).
     pub content_type: Option<String>,
     /// The rejection body; `None` gives a problem+json document. A template: `{rule}`,
-    /// `{limit}`, `{period}`, `{retry_after}` (whole seconds) and `{reason}` are replaced. When
+    /// `{limit}`, `{period}`, `{retry_after}` (whole seconds) and `{reason}` are replaced, and
+    /// `{{` is a literal `{` (so `{{rule}` is the text `{rule}`; any other brace is text as
+    /// it is). `{period}` is the window in its largest whole unit among `d`, `h`, `m`, `s` and
+    /// `ms` (`1d`, `15m`, `90s`), as periods are usually written. When
     /// `content_type` is JSON (`application/json`, or any `+json` type) the values are written
     /// as the inside of a JSON string (a rule named `say "hi"` gives `say \"hi\"`), and when it
     /// is `text/html` HTML-escaped, so that a template of either kind stays well-formed
@@ -47,6 +50,10 @@ pub struct ResponseConfig {
     pub ietf_headers: bool,
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` as well.
     pub legacy_headers: bool,
+    /// `Retry-After` on rejections that say when to retry (true by default).
+    /// AspNetCoreRateLimit sends it only with its quota headers, so its translation turns it
+    /// off with `DisableRateLimitHeaders`.
+    pub retry_after_header: bool,
     /// Reject gRPC requests (`content-type` `application/grpc` or `application/grpc+proto`, ...,
     /// and gRPC-Web's `application/grpc-web...`) with a gRPC status (trailers-only: HTTP 200,
     /// `grpc-status`, `grpc-message`) instead of `status` and a body, so that gRPC clients see
@@ -65,6 +72,7 @@ impl Default for ResponseConfig {
             body: None,
             ietf_headers: true,
             legacy_headers: false,
+            retry_after_header: true,
             grpc: true,
         }
     }
@@ -171,15 +179,19 @@ pub fn whole_seconds_up(duration: Duration) -> u64 {
 }
 
 /// Appends `name` to `out` as a structured-field string (RFC 8941): quoted, with `"` and `\`
-/// escaped. Characters an sf-string cannot hold (controls, non-ASCII) become `?`.
+/// escaped. The bytes an sf-string cannot hold (controls, non-ASCII) are percent-encoded
+/// (`é` is `%C3%A9`), and so is `%` itself (`%25`): every name is written distinctly, where a
+/// placeholder such as `?` would make `é` and `è` one policy to a client.
 fn push_sf_string(out: &mut Sink, name: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     out.push(b'"');
-    for c in name.chars() {
-        match c {
-            '"' | '\\' => out.put(&[b'\\', c as u8]),
+    for &b in name.as_bytes() {
+        match b {
+            b'"' | b'\\' => out.put(&[b'\\', b]),
+            b'%' => out.put(b"%25"),
             // Printable ASCII: one byte.
-            ' '..='~' => out.push(c as u8),
-            _ => out.push(b'?'),
+            b' '..=b'~' => out.push(b),
+            _ => out.put(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]),
         }
     }
     out.push(b'"');
@@ -718,7 +730,7 @@ pub fn rejection_response(
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, content_type);
-    if let Some(secs) = retry_secs {
+    if let Some(secs) = retry_secs.filter(|_| config.retry_after_header) {
         headers.insert(RETRY_AFTER, retry_after_value(secs));
     }
     QuotaHeaders::of(config).insert(headers, &verdict.quotas);
@@ -729,7 +741,7 @@ pub fn rejection_response(
 pub(crate) struct Rejection<'a> {
     pub(crate) reason: RejectReason,
     pub(crate) rule: &'a Arc<str>,
-    /// The retry-after in whole seconds, rounded up.
+    /// The retry-after in whole seconds, rounded up, and at least 1.
     pub(crate) retry_secs: Option<u64>,
     quotas: &'a [QuotaState],
 }
@@ -748,7 +760,9 @@ impl<'a> Rejection<'a> {
         Some(Rejection {
             reason: *reason,
             rule,
-            retry_secs: retry_after.map(whole_seconds_up),
+            // At least 1: a rejection that says "retry after 0 seconds" invites a retry at once,
+            // which a policy returning a zero wait would only reject again.
+            retry_secs: retry_after.map(|d| whole_seconds_up(d).max(1)),
             quotas: &verdict.quotas,
         })
     }
@@ -877,6 +891,26 @@ impl JsonPosition {
     }
 }
 
+/// `window` in its largest whole unit among `d`, `h`, `m`, `s` and `ms` (`1d`, `15m`, `90s`),
+/// the way periods are written in configurations (and in AspNetCoreRateLimit's messages),
+/// rather than humantime's `1day`. A window of no whole milliseconds is written by humantime.
+fn compact_period(window: Duration) -> String {
+    let millis = window.as_millis();
+    if !window.subsec_nanos().is_multiple_of(1_000_000) || millis == 0 {
+        return humantime::format_duration(window).to_string();
+    }
+    let (per, unit) = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+    ]
+    .into_iter()
+    .find(|(per, _)| millis.is_multiple_of(*per))
+    .unwrap_or((1, "ms"));
+    format!("{}{unit}", millis / per)
+}
+
 fn render_template(
     template: &str,
     escape: Escape,
@@ -886,7 +920,7 @@ fn render_template(
     retry_secs: Option<u64>,
 ) -> String {
     let limit = quota.map(|q| q.limit.to_string());
-    let period = quota.map(|q| humantime::format_duration(q.window).to_string());
+    let period = quota.map(|q| compact_period(q.window));
     let retry = retry_secs.map(|s| s.to_string());
     let reason = reason.to_string();
     let mut out = String::with_capacity(template.len());
@@ -897,6 +931,12 @@ fn render_template(
         out.push_str(&rest[..start]);
         json.pass(&rest[..start]);
         let after = &rest[start..];
+        if let Some(after_escape) = after.strip_prefix("{{") {
+            out.push('{');
+            json.pass("{");
+            rest = after_escape;
+            continue;
+        }
         let replaced = [
             ("{rule}", Some(rule)),
             ("{limit}", limit.as_deref()),
@@ -1041,7 +1081,12 @@ mod tests {
         );
         assert_eq!(
             ratelimit_value(&[quota("é\n", 1, 1)]).unwrap(),
-            r#""??";r=1;t=1"#
+            r#""%C3%A9%0A";r=1;t=1"#
+        );
+        // Written distinctly: `è` is not `é`, and a `%` of the name is not an escape.
+        assert_eq!(
+            ratelimit_value(&[quota("è%C3%A9", 1, 1)]).unwrap(),
+            r#""%C3%A8%25C3%25A9";r=1;t=1"#
         );
         assert!(ratelimit_value(&[]).is_none());
     }

@@ -500,6 +500,29 @@ pub(crate) fn parse_net(
     Ok(net)
 }
 
+/// A compiled [`KeyWhitelistConfig`](crate::http::KeyWhitelistConfig): the requests it matches
+/// are not counted by the rules that count by `key`.
+pub(crate) struct KeyWhitelist {
+    pub(crate) key: RuleKey,
+    pub(crate) ips: IpSet,
+    pub(crate) clients: HashSet<String>,
+    pub(crate) endpoints: Vec<Endpoint>,
+}
+
+impl KeyWhitelist {
+    pub(crate) fn matches(
+        &self,
+        ip: Option<IpAddr>,
+        client: Option<&str>,
+        method: &http::Method,
+        path: &str,
+    ) -> bool {
+        ip.is_some_and(|ip| self.ips.contains(ip))
+            || client.is_some_and(|c| self.clients.contains(c))
+            || self.endpoints.iter().any(|e| e.matches(method, path))
+    }
+}
+
 /// The compiled configuration.
 pub(crate) struct RuleSet<C: Clock> {
     pub(crate) general: Vec<Arc<Rule<C>>>,
@@ -508,6 +531,8 @@ pub(crate) struct RuleSet<C: Clock> {
     pub(crate) white_ips: IpSet,
     pub(crate) white_clients: HashSet<String>,
     pub(crate) white_endpoints: Vec<Endpoint>,
+    /// The whitelists scoped to the rules of one key.
+    pub(crate) key_whitelists: Vec<KeyWhitelist>,
     pub(crate) block_ips: IpSet,
     pub(crate) block_clients: HashSet<String>,
     pub(crate) bans: Option<Arc<Bans<C>>>,
@@ -524,6 +549,10 @@ pub(crate) struct RuleSet<C: Clock> {
     pub(crate) fixed_enforced: Option<Vec<Arc<Rule<C>>>>,
     /// Longer client ids count as none.
     pub(crate) client_id_max_len: usize,
+    /// The client id of requests that have none (`anonymous_client_id`).
+    pub(crate) anonymous_client: Option<String>,
+    /// Whether a path's trailing `/` is removed before matching and counting.
+    pub(crate) trim_trailing_slash: bool,
     /// Whether anything here looks at a request's path (an endpoint whitelist, a rule limited
     /// to some endpoints, a per-endpoint counter): when nothing does, the path is not
     /// normalized.
@@ -550,6 +579,7 @@ impl<C: Clock> RuleSet<C> {
     /// The value of `reads_path` for these rules and lists.
     pub(crate) fn path_read(&self) -> bool {
         !self.white_endpoints.is_empty()
+            || self.key_whitelists.iter().any(|w| !w.endpoints.is_empty())
             || self
                 .all_rules()
                 .any(|r| r.per_endpoint || (self.endpoint_rate_limiting && !r.endpoint.is_any()))
@@ -566,9 +596,9 @@ impl<C: Clock> RuleSet<C> {
 /// Logs (warn) the rules of one list that can never apply, which are valid configuration but
 /// almost certainly not what was meant:
 ///
-/// - of the rules of one period that match every endpoint (and are all enforced, or all
-///   monitors), a request is decided by the lowest limit only (the first on a tie), whatever
-///   each counts by: the others are never selected;
+/// - of the rules of one period that match every endpoint and count alike (same `key` and
+///   `per_endpoint`; all enforced, or all monitors), a request is decided by the lowest limit
+///   only (the first on a tie): the others are never selected;
 /// - with `endpoint_rate_limiting` off, a rule limited to some endpoints never matches.
 ///
 /// Specific rules overriding general ones of the same period are meant, and not reported.
@@ -592,7 +622,7 @@ fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_
             .filter(|(_, other)| {
                 other.endpoint.is_any()
                     && other.monitor == rule.monitor
-                    && other.period == rule.period
+                    && crate::http::engine::same_group(other, rule)
             })
             .min_by_key(|&(i, other)| (other.limit, i));
         if let Some((i, other)) = winner.filter(|&(i, _)| i != j) {
@@ -602,7 +632,7 @@ fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_
                 applies_instead = %other.name,
                 instead_field = %format_args!("{field}[{i}]"),
                 period = ?rule.period,
-                "this rule never applies: of rules with the same period for every endpoint only the lowest limit is enforced, whatever each counts by (give them different periods to have both)"
+                "this rule never applies: of rules for every endpoint with the same period and the same counter key (key and per_endpoint) only the lowest limit is enforced"
             );
         }
     }
@@ -912,19 +942,46 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         };
         let white_ips = ipset(&config.whitelist.ips, "whitelist.ips")?;
         let block_ips = ipset(&config.blocklist.ips, "blocklist.ips")?;
-        let white_endpoints = config
+        let endpoints = |list: &[String], field: &str| {
+            list.iter()
+                .enumerate()
+                .map(|(i, e)| Endpoint::parse(e, false, &format!("{field}[{i}]")))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let white_endpoints = endpoints(&config.whitelist.endpoints, "whitelist.endpoints")?;
+        let key_whitelists = config
             .whitelist
-            .endpoints
+            .by_key
             .iter()
             .enumerate()
-            .map(|(i, e)| Endpoint::parse(e, false, &format!("whitelist.endpoints[{i}]")))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(i, w)| {
+                let field = format!("whitelist.by_key[{i}]");
+                Ok(KeyWhitelist {
+                    key: w.key,
+                    ips: ipset(&w.ips, &format!("{field}.ips"))?,
+                    clients: w.clients.iter().cloned().collect(),
+                    endpoints: endpoints(&w.endpoints, &format!("{field}.endpoints"))?,
+                })
+            })
+            .collect::<Result<Vec<_>, HttpConfigError>>()?;
         if !(1..=4096).contains(&config.client_id_max_len) {
             return Err(HttpConfigError::invalid(
                 "client_id_max_len",
                 format!("{} is not in 1..=4096 (bytes)", config.client_id_max_len),
             ));
         }
+        let anonymous_client = match &config.anonymous_client_id {
+            Some(id) if id.is_empty() || id.len() > config.client_id_max_len => {
+                return Err(HttpConfigError::invalid(
+                    "anonymous_client_id",
+                    format!(
+                        "{id:?} must be 1 to client_id_max_len ({}) bytes long",
+                        config.client_id_max_len
+                    ),
+                ))
+            }
+            other => other.clone(),
+        };
         let bans = match &config.bans {
             None => None,
             Some(b) => Some(self.bans(b)?),
@@ -987,6 +1044,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             white_ips,
             white_clients: config.whitelist.clients.iter().cloned().collect(),
             white_endpoints,
+            key_whitelists,
             block_ips,
             block_clients: config.blocklist.clients.iter().cloned().collect(),
             bans,
@@ -994,6 +1052,8 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             key_overflow: config.key_overflow,
             endpoint_rate_limiting: config.endpoint_rate_limiting,
             client_id_max_len: config.client_id_max_len,
+            anonymous_client,
+            trim_trailing_slash: config.trim_trailing_slash,
             reads_path: true,
         };
         set.fixed_enforced = set.fixed_selection();
