@@ -17,7 +17,11 @@
 //!   even when the taker then ends on a fresh cell (the old one evicted) or in an error;
 //! - a new key's first take that fails on its fresh cell (a `set_limit` lowered the limit after
 //!   the store's check) leaves no cell behind, yet never takes back a cell another caller has
-//!   taken a permit from meanwhile.
+//!   taken a permit from meanwhile;
+//! - a head woken by a release keeps its key: neither a sweep nor a new key looking for room
+//!   at the cap evicts it before the head has taken (the word reads idle meanwhile);
+//! - two releases that both read one head's mark, racing a sweep, never turn the retired word
+//!   back into a live one.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -345,5 +349,81 @@ fn taking_back_a_fresh_cell_spares_a_caller_that_used_it() {
         assert_eq!(stats.admitted + stats.rejected, 2, "{stats:?}");
         l.sweep();
         assert_eq!(l.len(), 0, "the key count drifted");
+    });
+}
+
+/// A head marks the key's word and leaves (its future dropped), so the mark outlives it; then
+/// the two permits it waited for are released by two threads while a sweep runs. Both releases
+/// read the mark; one clears it, the key turns idle and may be evicted, and the other's clear
+/// must not land on the retired word (it would turn RETIRED into a live word with every permit
+/// "in use", which callers meet until the sweep removes the entry). Whatever the order, the key
+/// serves its limit once both permits are back.
+#[test]
+fn two_releases_of_a_marked_word_race_a_sweep() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    model(|| {
+        let l = limiter(2);
+        let a = l.try_acquire_owned(1, 1).unwrap();
+        let b = l.try_acquire_owned(1, 1).unwrap();
+        {
+            let mut head = std::pin::pin!(l.acquire_n(&1, 2));
+            let polled = head.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+            assert!(matches!(polled, Poll::Pending));
+        }
+        let releaser = thread::spawn(move || drop(a));
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        drop(b);
+        releaser.join().unwrap();
+        // Both permits are back: whatever the sweep has done so far (nothing, retired the cell,
+        // or removed it too), the key serves its limit, also between the sweep's retirement and
+        // its removal of the entry.
+        let both = l.try_acquire_n(&1, 2);
+        assert!(
+            both.is_ok(),
+            "the key no longer serves its limit: {:?}",
+            both.err()
+        );
+        drop(both);
+        assert!(sweeper.join().unwrap() <= 1);
+    });
+}
+
+/// Key 1's head (queued and marked) is woken by the release of the permit it waits for while a
+/// caller for key 2 looks for room under a cap of one key. Key 1's word is then idle (nothing in
+/// use, the mark consumed), but its woken head has yet to take: the key must not be evicted for
+/// key 2, or the head would find no room for a fresh cell and fail with `TooManyKeys`.
+#[test]
+fn a_woken_head_keeps_its_key_at_the_cap() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    model(|| {
+        let l = Arc::new(
+            KeyedConcurrencyLimiter::<u64>::builder(1)
+                .hasher(Fixed::default())
+                .max_keys(1)
+                .build()
+                .unwrap(),
+        );
+        let held = l.try_acquire_owned(1, 1).unwrap();
+        let mut head = Box::pin(l.acquire(&1));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+        let other = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.try_acquire(&2).is_ok())
+        };
+        drop(held);
+        let served = match head.as_mut().poll(&mut cx) {
+            Poll::Ready(outcome) => outcome.map(|p| p.permits()),
+            Poll::Pending => panic!("the woken head was not served"),
+        };
+        assert_eq!(served, Ok(1), "the woken head lost its key");
+        drop(head);
+        // Key 2 may get in once key 1's permit (dropped with `served`'s guard) is back.
+        let _ = other.join().unwrap();
     });
 }

@@ -67,6 +67,13 @@ pub enum KeyOverflow {
     Reject,
     /// Serve the call from one limiter that all overflow keys share (same algorithm and
     /// parameters): under a flood of distinct keys, the flood shares one key's budget.
+    ///
+    /// The shared limiter is not per key: a key served from it that gets a limiter of its own
+    /// once room frees starts that one fresh. For a [`KeyedConcurrencyLimiter`] this means a
+    /// key can then hold up to its limit on its own permits besides those it still holds from
+    /// the shared pool, until those come back.
+    ///
+    /// [`KeyedConcurrencyLimiter`]: crate::KeyedConcurrencyLimiter
     Shared,
 }
 
@@ -163,8 +170,7 @@ struct Inner<K, C, S> {
     /// Serialises [`KeyedLimiter::reset`] calls, so that `Ctx::resets` is odd exactly while one
     /// runs.
     resetting: Mutex<()>,
-    ctx: Ctx<C, S>,
-    waits: Waits<K, S>,
+    ctx: Ctx<K, C, S>,
 }
 
 /// The per-key wait queues of a keyed limiter (rate or concurrency): one [`KeyWait`] per key
@@ -193,7 +199,7 @@ pub(crate) struct KeyWait {
 }
 
 /// What every store needs from its limiter besides the cells.
-pub(crate) struct Ctx<C, S> {
+pub(crate) struct Ctx<K, C, S> {
     clock: C,
     /// Picks a key's shard (and is cloned into every shard's map).
     hasher: S,
@@ -219,6 +225,9 @@ pub(crate) struct Ctx<C, S> {
     /// Keys whose state a reset forgot.
     pub(crate) forgotten: AtomicU64,
     pub(crate) counters: Counters,
+    /// The limiter's per-key wait queues: a key with waiters is not idle, whatever its cell
+    /// says (a head woken by a release has yet to take what was freed for it).
+    pub(crate) waits: Waits<K, S>,
 }
 
 enum Store<K, S> {
@@ -334,15 +343,17 @@ pub(crate) fn shard_count(max_keys: usize) -> usize {
         .next_power_of_two()
 }
 
-impl<C: Clock, S> Ctx<C, S> {
+impl<K, C: Clock, S> Ctx<K, C, S> {
     pub(crate) fn new(
         clock: C,
         hasher: S,
         shards: usize,
         max_keys: usize,
         overflow: KeyOverflow,
+        waits: Waits<K, S>,
     ) -> Self {
         Ctx {
+            waits,
             clock,
             hasher,
             shard_mask: shards - 1,
@@ -360,7 +371,7 @@ impl<C: Clock, S> Ctx<C, S> {
 
     /// The shard of `key`.
     #[inline(always)]
-    pub(crate) fn shard<K: Hash>(&self, key: &K) -> usize
+    pub(crate) fn shard<Q: Hash>(&self, key: &Q) -> usize
     where
         S: BuildHasher,
     {
@@ -382,7 +393,7 @@ impl<C: Clock, S> Ctx<C, S> {
     /// keyed concurrency limiter's last permit came back): lowers the shard's and the limiter's
     /// sweep hints so that sweeps and the search for room at the cap look at it again. A load
     /// first, so that the common case (hints already 0) writes nothing shared.
-    pub(crate) fn idle_hint<K, V>(&self, shard: &Shard<K, V, S>) {
+    pub(crate) fn idle_hint<Q, V>(&self, shard: &Shard<Q, V, S>) {
         // Relaxed: a hint. Release on the RMW: as an insert's (see `first_use`), pairs with the
         // Acquire swap that starts a sweep, so a sweep that reads our 0 sees the idle cell.
         if shard.not_before.load(Ordering::Relaxed) != 0 {
@@ -432,7 +443,7 @@ where
     #[inline(always)]
     fn try_acquire<C: Clock>(
         &self,
-        ctx: &Ctx<C, S>,
+        ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
@@ -452,7 +463,7 @@ where
     #[inline(never)]
     fn try_acquire_slow<C: Clock>(
         &self,
-        ctx: &Ctx<C, S>,
+        ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
@@ -470,7 +481,7 @@ where
     #[inline(always)]
     pub(crate) fn with_cell<C: Clock, R>(
         &self,
-        ctx: &Ctx<C, S>,
+        ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
@@ -497,7 +508,7 @@ where
     #[inline(never)]
     fn first_use<C: Clock, R>(
         &self,
-        ctx: &Ctx<C, S>,
+        ctx: &Ctx<K, C, S>,
         shard: &Shard<K, A::Cell, S>,
         key: &K,
         n: u32,
@@ -589,7 +600,7 @@ where
     #[inline(never)]
     fn take_back<C: Clock>(
         &self,
-        ctx: &Ctx<C, S>,
+        ctx: &Ctx<K, C, S>,
         shard: &Shard<K, A::Cell, S>,
         key: &K,
         ours: *const A::Cell,
@@ -622,7 +633,11 @@ where
     /// nothing raises `room_at` to the earliest time a key it saw turns idle, so a flood of new
     /// keys while every key is busy costs one pass, not one per call.
     #[cold]
-    pub(crate) fn make_room<C: Clock>(&self, ctx: &Ctx<C, S>, own: &Shard<K, A::Cell, S>) -> bool {
+    pub(crate) fn make_room<C: Clock>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        own: &Shard<K, A::Cell, S>,
+    ) -> bool {
         // Relaxed: a hint, as `not_before`.
         if ctx.clock.now() < ctx.room_at.load(Ordering::Relaxed) {
             return false;
@@ -652,7 +667,7 @@ where
     /// Removes `key`'s entry if its cell is retired. (Not counted here: the sweep that retired
     /// the cell counted it as evicted.)
     #[cold]
-    fn remove_retired<C: Clock>(&self, _ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, key: &K) {
+    fn remove_retired<C: Clock>(&self, _ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>, key: &K) {
         shard.map.remove_if(key, A::retired);
     }
 
@@ -660,7 +675,7 @@ where
     /// cell (retirement is a compare-and-swap, and final), whoever then removes the dead entry.
     /// A retired entry still in the map is no longer counted against the cap; the sweep removes
     /// it right after retiring it, so at most one per sweeping thread is ever in that state.
-    fn removed<C: Clock>(ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>, n: u64) {
+    fn removed<C: Clock>(ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>, n: u64) {
         if n > 0 {
             // Relaxed: counts only.
             shard.len.fetch_sub(n, Ordering::Relaxed);
@@ -671,7 +686,7 @@ where
 
     /// Retires and removes every idle key of `shard`; returns how many. Skips the shard if
     /// another thread is sweeping it or if nothing in it can be idle yet.
-    fn sweep_shard<C: Clock>(&self, ctx: &Ctx<C, S>, shard: &Shard<K, A::Cell, S>) -> u64 {
+    fn sweep_shard<C: Clock>(&self, ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>) -> u64 {
         // Relaxed: a hint; a stale value only makes us sweep in vain or a little late.
         if ctx.clock.now() < shard.not_before.load(Ordering::Relaxed) {
             return 0;
@@ -702,7 +717,7 @@ where
         let touch = |cell: &A::Cell| {
             std::hint::black_box(A::retired(cell));
         };
-        shard.map.retain(touch, |_, cell| {
+        shard.map.retain(touch, |key, cell| {
             if A::unused(cell) {
                 // Never used: its inserter is about to use it, or to take it back (`take_back`),
                 // and `retire` would refuse it. Looked at first, so that a RETIRED met below is
@@ -717,7 +732,8 @@ where
             if A::retired(cell) {
                 return false;
             }
-            match self.algo.retire(cell, &ctx.clock) {
+            let waited = || ctx.waits.any() && ctx.waits.has_waiters(key);
+            match self.algo.retire_unless(cell, &ctx.clock, waited) {
                 Ok(()) => {
                     evicted += 1;
                     false
@@ -740,7 +756,7 @@ where
 
     /// Sweeps every shard, ignoring the hints that let a sweep skip a shard (for cells whose
     /// idleness no clock predicts, a hint can be left stale by a release racing a sweep).
-    pub(crate) fn sweep_all<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
+    pub(crate) fn sweep_all<C: Clock>(&self, ctx: &Ctx<K, C, S>) -> u64 {
         self.forget_hints(ctx);
         self.sweep(ctx)
     }
@@ -749,7 +765,7 @@ where
     /// searches for room look at every key again: for when keys may have turned idle earlier
     /// than the hints say (a reconfiguration that shortens the window or speeds the refill, a
     /// release no clock predicts).
-    fn forget_hints<C: Clock>(&self, ctx: &Ctx<C, S>) {
+    fn forget_hints<C: Clock>(&self, ctx: &Ctx<K, C, S>) {
         for shard in self.shards.iter() {
             // Release: as an insert's lowering (see `first_use`): a sweep whose opening swap
             // reads our 0 also sees what we did before it (the new parameters, the released
@@ -760,7 +776,7 @@ where
         ctx.room_at.fetch_min(0, Ordering::Relaxed);
     }
 
-    pub(crate) fn sweep<C: Clock>(&self, ctx: &Ctx<C, S>) -> u64 {
+    pub(crate) fn sweep<C: Clock>(&self, ctx: &Ctx<K, C, S>) -> u64 {
         self.shards
             .iter()
             .map(|shard| self.sweep_shard(ctx, shard))
@@ -771,7 +787,7 @@ where
     /// creates no key; a key not held (or retired) answers as a fresh one.
     fn chain_check<C: Clock>(
         &self,
-        ctx: &Ctx<C, S>,
+        ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
@@ -797,7 +813,7 @@ where
     /// callers can count the decisions made for keys the limiter had no room for).
     fn chain_commit<C: Clock>(
         &self,
-        ctx: &Ctx<C, S>,
+        ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
@@ -834,7 +850,7 @@ where
     /// and the old cell, retired, takes no refund.
     fn chain_refund<C: Clock>(
         &self,
-        ctx: &Ctx<C, S>,
+        ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
@@ -862,7 +878,7 @@ where
     /// and removes it, keeping the books as a sweep that evicts it would (but counted as
     /// forgotten, not evicted). False if the key held nothing to forget (no cell, a never-used
     /// one, or one already retired).
-    fn reset<C: Clock>(&self, ctx: &Ctx<C, S>, shard: usize, key: &K) -> bool {
+    fn reset<C: Clock>(&self, ctx: &Ctx<K, C, S>, shard: usize, key: &K) -> bool {
         let shard = &self.shards[shard];
         if !shard.map.get(key, A::retire_now).unwrap_or(false) {
             return false;
@@ -877,7 +893,7 @@ where
         true
     }
 
-    fn available<C: Clock>(&self, ctx: &Ctx<C, S>, shard: usize, key: &K) -> u32 {
+    fn available<C: Clock>(&self, ctx: &Ctx<K, C, S>, shard: usize, key: &K) -> u32 {
         let now = ctx.clock.now();
         self.shards[shard]
             .map
@@ -1266,15 +1282,15 @@ where
         Ok(KeyedLimiter {
             inner: Arc::new(Inner {
                 store,
-                waits: Waits::new(self.hasher.clone(), self.order, self.queue_limit),
                 algorithm: Mutex::new(self.algorithm),
                 resetting: Mutex::new(()),
                 ctx: Ctx::new(
                     self.clock,
-                    self.hasher,
+                    self.hasher.clone(),
                     shards,
                     self.max_keys,
                     self.overflow,
+                    Waits::new(self.hasher, self.order, self.queue_limit),
                 ),
             }),
         })
@@ -1344,7 +1360,7 @@ where
     #[inline]
     pub fn try_acquire_n(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
-        let outcome = if inner.waits.any() {
+        let outcome = if inner.ctx.waits.any() {
             self.try_acquire_queued(key, n)
         } else {
             self.decide(key, n)
@@ -1379,7 +1395,7 @@ where
     /// when no key has waiters.
     #[inline(always)]
     fn held_back(&self, key: &K) -> bool {
-        let waits = &self.inner.waits;
+        let waits = &self.inner.ctx.waits;
         waits.any() && waits.order == QueueOrder::OldestFirst && waits.has_waiters(key)
     }
 
@@ -1478,7 +1494,7 @@ where
         };
         if forgot {
             // The head may be sleeping until the forgotten state would have let it in.
-            if let Some(wait) = inner.waits.map.get(key, Arc::clone) {
+            if let Some(wait) = inner.ctx.waits.map.get(key, Arc::clone) {
                 wait.queue.wake_head();
             }
         }
@@ -1628,7 +1644,7 @@ where
     /// ```
     pub fn stats(&self) -> KeyedStats {
         let ctx = &self.inner.ctx;
-        let (waiting_keys, waiting, queued_permits) = self.inner.waits.queued();
+        let (waiting_keys, waiting, queued_permits) = self.inner.ctx.waits.queued();
         KeyedStats {
             admitted: ctx.counters.sum(ADMITTED),
             rejected: ctx.counters.sum(REJECTED),
@@ -1767,6 +1783,7 @@ where
         drop(current);
         let capacity = inner.algorithm_limit();
         inner
+            .ctx
             .waits
             .map
             .for_each(|_, wait| wait.queue.reconfigured(&wait.gate, capacity));
@@ -1813,7 +1830,7 @@ where
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn queue_order(&self) -> QueueOrder {
-        self.inner.waits.order
+        self.inner.ctx.waits.order
     }
 
     /// The queue limit of every key, in permits.
@@ -1829,7 +1846,7 @@ where
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn queue_limit(&self) -> u64 {
-        self.inner.waits.queue_limit
+        self.inner.ctx.waits.queue_limit
     }
 
     /// Validates and tries without queueing when `key` has no waiters. `Pending`: queue up.
@@ -1837,7 +1854,7 @@ where
     fn acquire_fast(&self, key: &K, n: u32) -> Poll<Result<Admission, AcquireError>> {
         let inner = &*self.inner;
         let counters = &inner.ctx.counters;
-        if !inner.waits.any() || !inner.waits.has_waiters(key) {
+        if !inner.ctx.waits.any() || !inner.ctx.waits.has_waiters(key) {
             let error = match self.decide(key, n) {
                 Ok(admission) => {
                     counters.bump(ADMITTED);
@@ -1857,7 +1874,7 @@ where
                 capacity,
             }));
         }
-        if inner.waits.order == QueueOrder::NewestFirst {
+        if inner.ctx.waits.order == QueueOrder::NewestFirst {
             // Newest first: this caller goes before every queued waiter, so it takes what is
             // free now, as `try_acquire` does, and queues only if it must wait. Queueing first
             // would make a full queue fail its oldest waiter with `QueueFull` to make room for
@@ -1881,7 +1898,7 @@ where
     }
 
     fn wait<'a>(&'a self, wait: &'a KeyWait, n: u32) -> Wait<'a> {
-        self.inner.waits.wait(wait, &self.inner.ctx.counters, n)
+        self.inner.ctx.waits.wait(wait, &self.inner.ctx.counters, n)
     }
 
     /// Waits until one permit for `key` is admitted. See [`acquire_n`](Self::acquire_n).
@@ -1982,9 +1999,9 @@ where
     #[cfg(feature = "tokio")]
     async fn acquire_slow(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
         loop {
-            let wait = self.inner.waits.key_wait(key);
+            let wait = self.inner.ctx.waits.key_wait(key);
             let exit = RetireOnExit {
-                waits: &self.inner.waits,
+                waits: &self.inner.ctx.waits,
                 key,
                 wait: &wait,
             };
@@ -2138,9 +2155,9 @@ where
             return outcome;
         }
         loop {
-            let wait = self.inner.waits.key_wait(key);
+            let wait = self.inner.ctx.waits.key_wait(key);
             let _exit = RetireOnExit {
-                waits: &self.inner.waits,
+                waits: &self.inner.ctx.waits,
                 key,
                 wait: &wait,
             };

@@ -25,6 +25,21 @@ use std::hash::{BuildHasher, Hash};
 /// has not used yet, which is never retired (see [`Algo::retire`]).
 const USED: u64 = 1 << 33;
 
+/// One step of the permit word's wake tag (bits 62..34), bumped by every release that consumes
+/// a head's `WAITERS` mark: a sweep's compare-and-swap from an idle word it judged then fails if
+/// a head was woken since (see [`Concurrency::retire_unless`]).
+const WAKE_TAG: u64 = 1 << 34;
+
+/// The wake tag's bits (62..34; bit 63 stays clear, so a live word is never [`RETIRED`]).
+const WAKE_TAGS: u64 = ((1 << 29) - 1) << 34;
+
+/// The word after a release consumed the head's mark: `WAITERS` cleared, the tag bumped (it
+/// wraps within its bits).
+#[inline]
+fn consumed(word: u64) -> u64 {
+    (word & !WAITERS & !WAKE_TAGS) | (word & WAKE_TAGS).wrapping_add(WAKE_TAG) & WAKE_TAGS
+}
+
 /// Permits in use in a permit word (its low 32 bits).
 #[inline(always)]
 fn used(word: u64) -> u32 {
@@ -88,9 +103,9 @@ struct Owed {
 ///
 /// Permit word (one per key, and the shared overflow pool):
 ///
-/// | bits 63..34 | bit 33 | bit 32 | bits 31..0 |
-/// |---|---|---|---|
-/// | zero | `USED` | `WAITERS`: a blocked head wants the next release to wake it | permits in use |
+/// | bit 63 | bits 62..34 | bit 33 | bit 32 | bits 31..0 |
+/// |---|---|---|---|---|
+/// | zero | wake tag: releases that consumed a mark (wraps) | `USED` | `WAITERS`: a blocked head wants the next release to wake it | permits in use |
 ///
 /// `config` (one per limiter):
 ///
@@ -102,17 +117,24 @@ struct Owed {
 /// |---|---|
 /// | take `n` | load `config` (c1), load word, in use + n ≤ limit(c1): CAS in use + n, then load `config` (c2); c2 ≠ c1: give the permits back (`fetch_sub`, a release whose wake and idle hint the caller owes whatever the take ends in) and decide again |
 /// | head's take (under its queue's mutex) | as take, clearing `WAITERS` (on a key's cell; the shared pool's mark is left to the next release, as other keys' heads may have set it), or set `WAITERS` if short |
-/// | release of `n` | `fetch_sub(n)`; if `WAITERS` was set, clear it and wake the key's head |
-/// | retire (sweep) | CAS from exactly `USED` (nothing in use, nobody marked) to [`RETIRED`] |
+/// | release of `n` | `fetch_sub(n)`; if `WAITERS` was set, consume it (a CAS loop: clear it and bump the wake tag, unless another release did or the word is retired) and, if this release consumed it, wake the key's head |
+/// | retire (sweep) | load a word with nothing in use and no mark, ask whether the key has waiters (none), then CAS from that word (tag included) to [`RETIRED`] |
 /// | `set_limit` | store `config` (new generation, new limit), then wake every queued key's head |
 ///
 /// In use never exceeds `u32::MAX` (every CAS checks in use + n ≤ limit ≤ `u32::MAX`, and a
-/// release gives back exactly what was taken), so no update carries into the flags and bits
-/// 63..34 stay zero: a live word is below 2^34 and never equals [`RETIRED`] (`u64::MAX`).
+/// release gives back exactly what was taken), so no update carries into the flags, the tag
+/// changes only by [`consumed`], and bit 63 stays zero: a live word is below 2^63 and never
+/// equals [`RETIRED`] (`u64::MAX`).
 ///
-/// Idle ⇔ the word is exactly `USED`: nothing in use, nobody blocked. That does not depend on
-/// the limit, so a limit change can neither make a busy key look idle nor an idle key busy. The
-/// clock is never read: a concurrency cell's idleness is not a matter of time.
+/// Idle ⇔ nothing in use, no mark, and no waiter queued for the key. The last is not in the
+/// word: a release that consumes a head's mark leaves the word with nothing in use and no mark
+/// while the woken head has yet to run, and evicting the key then would take its place under
+/// the key cap from the head the release was meant for. So the sweep asks the key's queue, after
+/// its load; the wake tag makes its CAS fail if a mark was consumed between the load and the CAS
+/// (a take, a new head's mark and a release bringing the word back to the same count). None of
+/// this depends on the limit, so a limit change can neither make a busy key look idle nor an
+/// idle key busy. The clock is never read: a concurrency cell's idleness is not a matter of
+/// time.
 pub(crate) struct Concurrency {
     /// Generation and limit; see the table above. Written only by `set_limit`, under its mutex.
     config: AtomicU64,
@@ -271,13 +293,21 @@ impl Concurrency {
         // its queue's mutex, which it held while marking and registering its waker. We held `n`,
         // so in use ≥ n: no borrow from the flags.
         let before = cell.fetch_sub(u64::from(n), Ordering::AcqRel);
-        let wake = before & WAITERS != 0;
-        if wake {
-            // Relaxed: we consume the mark and our caller wakes the head; if the head marked
-            // again meanwhile, the wake still comes after its registration (see queue.rs), and
-            // it marks again if it is still short.
-            cell.fetch_and(!WAITERS, Ordering::Relaxed);
-        }
+        // We consume the mark and our caller wakes the head, unless another release read the
+        // same mark and consumed it first (its caller wakes the head, which then sees our
+        // permits: our subtraction came before that consumption). If the head marked again
+        // meanwhile, we consume the new mark and the wake still comes after its registration
+        // (see queue.rs); it marks again if it is still short. Never on a retired word: once
+        // the other release consumed the mark the key may have turned idle and been evicted,
+        // and clearing a bit of RETIRED would make it a live word with every permit in use.
+        // Relaxed: the mark was read (Acquire) by our `fetch_sub`; this only clears it and
+        // bumps the tag, both RMWs in the mark's release sequence.
+        let wake = before & WAITERS != 0
+            && cell
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                    (word != RETIRED && word & WAITERS != 0).then(|| consumed(word))
+                })
+                .is_ok();
         Undone {
             wake,
             idle: used(before) == n,
@@ -357,9 +387,20 @@ impl Algo for Concurrency {
         }
     }
 
-    fn retire<C: Clock>(&self, cell: &AtomicU64, _clock: &C) -> Result<(), u64> {
-        // Relaxed: only seeds the CAS, which decides.
-        let word = cell.load(Ordering::Relaxed);
+    fn retire<C: Clock>(&self, cell: &AtomicU64, clock: &C) -> Result<(), u64> {
+        self.retire_unless(cell, clock, || false)
+    }
+
+    fn retire_unless<C: Clock>(
+        &self,
+        cell: &AtomicU64,
+        _clock: &C,
+        waited: impl FnOnce() -> bool,
+    ) -> Result<(), u64> {
+        // Acquire: if the word is a release's consumption of a head's mark, this synchronises
+        // with the head's marking CAS (the consumption is in its release sequence), so the
+        // head's place in its key's queue, made before it marked, is visible to `waited`.
+        let word = cell.load(Ordering::Acquire);
         if word == RETIRED {
             return Ok(());
         }
@@ -370,16 +411,21 @@ impl Algo for Concurrency {
         // Idle whatever the limit: nothing in use, nobody marked (see the type's table). So a
         // `set_limit` racing this sweep changes nothing here: the CAS below succeeds only on a
         // word with no permit out and no blocked head, before or after the change.
-        let idle = USED;
-        if word != idle {
+        if used(word) != 0 || word & WAITERS != 0 {
             // Permits out or a head blocked: idle only after a release, which lowers the hints
             // (`Ctx::idle_hint`); no clock time says when.
             return Err(u64::MAX);
         }
+        if waited() {
+            // A waiter (a head a release just woke) is about to take from this cell. When it
+            // has, its release lowers the hints; if it leaves instead, nothing does, so: look
+            // again at once.
+            return Err(0);
+        }
         // AcqRel on success. Acquire: the last releases happen before us. Release: whoever sees
         // RETIRED (an Acquire load in `take`) and re-creates the key then happens after them
         // too, so the semaphore's happens-before survives eviction. Relaxed on failure: a take
-        // landed; we only report "busy".
+        // landed, or a mark was consumed since our load (the tag moved); we only report "busy".
         cell.compare_exchange(word, RETIRED, Ordering::AcqRel, Ordering::Relaxed)
             .map(drop)
             .map_err(|_| u64::MAX)
@@ -467,8 +513,7 @@ pub struct KeyedConcurrencyLimiter<K, S = foldhash::fast::RandomState> {
 
 struct Inner<K, S> {
     store: Keyed<Concurrency, K, S>,
-    ctx: Ctx<NoClock, S>,
-    waits: Waits<K, S>,
+    ctx: Ctx<K, NoClock, S>,
     /// Serialises [`KeyedConcurrencyLimiter::set_limit`] calls; the hot path never takes it.
     reconfig: Mutex<()>,
 }
@@ -568,13 +613,13 @@ where
         match slot {
             Slot::Key if in_head => {}
             Slot::Key => {
-                if let Some(wait) = self.waits.map.get(key, Arc::clone) {
+                if let Some(wait) = self.ctx.waits.map.get(key, Arc::clone) {
                     wait.queue.wake_head();
                 }
             }
             // The shared pool's waiters may be in any key's queue: wake every head (rare: only
             // overflow keys at the cap wait on the pool).
-            Slot::Overflow => self.waits.map.for_each(|k, wait| {
+            Slot::Overflow => self.ctx.waits.map.for_each(|k, wait| {
                 if !(in_head && k == key) {
                     wait.queue.wake_head();
                 }
@@ -594,9 +639,9 @@ where
         // No barging past this key's queue under oldest-first order. (`n` above the limit is
         // checked here only when that refuses; otherwise `take` checks it against the same
         // `config` it decides with, saving the hot path a load.)
-        if self.waits.any()
-            && self.waits.order == QueueOrder::OldestFirst
-            && self.waits.has_waiters(key)
+        if self.ctx.waits.any()
+            && self.ctx.waits.order == QueueOrder::OldestFirst
+            && self.ctx.waits.has_waiters(key)
         {
             let limit = self.limit();
             if n > limit {
@@ -637,9 +682,9 @@ where
                 requested: n,
                 capacity: limit,
             }
-        } else if self.waits.order == QueueOrder::OldestFirst
-            && self.waits.any()
-            && self.waits.has_waiters(key)
+        } else if self.ctx.waits.order == QueueOrder::OldestFirst
+            && self.ctx.waits.any()
+            && self.ctx.waits.has_waiters(key)
         {
             // No barging past the key's queue. Newest first, this caller goes before every
             // queued waiter: it takes what is free now, as `try_acquire` does, and queues only
@@ -688,14 +733,15 @@ where
 
     async fn acquire_slow(&self, key: &K, shard: usize, n: u32) -> Result<Slot, AcquireError> {
         loop {
-            let wait = self.waits.key_wait(key);
+            let wait = self.ctx.waits.key_wait(key);
             Self::registered();
             let exit = RetireOnExit {
-                waits: &self.waits,
+                waits: &self.ctx.waits,
                 key,
                 wait: &wait,
             };
             let outcome = self
+                .ctx
                 .waits
                 .wait(&wait, &self.ctx.counters, n)
                 .run_async(|| self.take_head(key, shard, n), no_timer)
@@ -728,14 +774,15 @@ where
             return Ok(slot);
         }
         loop {
-            let wait = self.waits.key_wait(key);
+            let wait = self.ctx.waits.key_wait(key);
             Self::registered();
             let _exit = RetireOnExit {
-                waits: &self.waits,
+                waits: &self.ctx.waits,
                 key,
                 wait: &wait,
             };
             match self
+                .ctx
                 .waits
                 .wait(&wait, &self.ctx.counters, n)
                 .run_blocking(|| self.take_head(key, shard, n), deadline)
@@ -1297,6 +1344,7 @@ where
         // wake are both under that queue's mutex, so a raise cannot slip between the head's
         // failed attempt and its registration. Bounded by the keys that have waiters now.
         inner
+            .ctx
             .waits
             .map
             .for_each(|_, wait| wait.queue.reconfigured(&wait.gate, limit));
@@ -1386,7 +1434,7 @@ where
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn queue_order(&self) -> QueueOrder {
-        self.inner.waits.order
+        self.inner.ctx.waits.order
     }
 
     /// The queue limit of every key, in permits.
@@ -1401,7 +1449,7 @@ where
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn queue_limit(&self) -> u64 {
-        self.inner.waits.queue_limit
+        self.inner.ctx.waits.queue_limit
     }
 
     /// Counts over all keys (the same [`KeyedStats`] as a keyed rate limiter's). `admitted +
@@ -1421,7 +1469,7 @@ where
     /// ```
     pub fn stats(&self) -> KeyedStats {
         let ctx = &self.inner.ctx;
-        let (waiting_keys, waiting, queued_permits) = self.inner.waits.queued();
+        let (waiting_keys, waiting, queued_permits) = self.inner.ctx.waits.queued();
         KeyedStats {
             admitted: ctx.counters.sum(ADMITTED),
             rejected: ctx.counters.sum(REJECTED),
@@ -1599,8 +1647,14 @@ where
         Ok(KeyedConcurrencyLimiter {
             inner: Arc::new(Inner {
                 store,
-                waits: Waits::new(self.hasher.clone(), self.order, self.queue_limit),
-                ctx: Ctx::new(NoClock, self.hasher, shards, self.max_keys, self.overflow),
+                ctx: Ctx::new(
+                    NoClock,
+                    self.hasher.clone(),
+                    shards,
+                    self.max_keys,
+                    self.overflow,
+                    Waits::new(self.hasher, self.order, self.queue_limit),
+                ),
                 reconfig: Mutex::new(()),
             }),
         })

@@ -718,3 +718,43 @@ async fn newest_first_acquire_that_fits_now_does_not_evict_a_waiter() {
     let stats = limiter.stats();
     assert_eq!((stats.admitted, stats.rejected, stats.waiting), (4, 0, 0));
 }
+
+/// A release wakes the head waiting for its key, and before the head runs the key's word reads
+/// idle (nothing in use, the mark consumed). Neither a sweep nor a new key looking for room
+/// under the cap may evict the key then: the head is still queued, and at the cap a fresh cell
+/// for it could be refused (`TooManyKeys`) though the permit was freed for it.
+#[test]
+fn a_woken_head_keeps_its_key_from_sweeps_and_the_cap() {
+    use std::future::Future;
+    use std::task::{Context, Poll};
+    for at_the_cap in [false, true] {
+        let limiter = KeyedConcurrencyLimiter::builder(1)
+            .max_keys(1)
+            .overflow(KeyOverflow::Reject)
+            .build()
+            .unwrap();
+        let held = limiter.try_acquire(&"a").unwrap();
+        let (waker, wakes) = counting_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut head = Box::pin(limiter.acquire(&"a"));
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+        drop(held);
+        assert_eq!(wakes.load(Ordering::SeqCst), 1);
+        if at_the_cap {
+            assert!(matches!(
+                limiter.try_acquire(&"b"),
+                Err(TryPermitError::TooManyKeys { max_keys: 1 })
+            ));
+        } else {
+            assert_eq!(limiter.sweep(), 0, "a key with a queued waiter was evicted");
+        }
+        match head.as_mut().poll(&mut cx) {
+            Poll::Ready(Ok(permit)) => assert_eq!(permit.permits(), 1),
+            other => panic!("the woken head got {:?}", other.map(|r| r.map(|_| ()))),
+        }
+        drop(head);
+        // Served and given back: now the key is idle with nobody waiting.
+        assert_eq!(limiter.sweep(), 1);
+        assert_eq!(limiter.stats().evicted, 1);
+    }
+}

@@ -118,6 +118,26 @@ pub(crate) trait Algo: Send + Sync + 'static {
     #[cfg_attr(not(feature = "keyed"), allow(dead_code))] // only keyed limiters evict
     fn retire<C: Clock>(&self, cell: &Self::Cell, clock: &C) -> Result<(), u64>;
 
+    /// As [`retire`](Self::retire), for a keyed store's sweep, which also asks `waited` whether
+    /// the cell's key has waiters queued: such a key is not idle whatever its cell says, since a
+    /// head woken by a release has yet to take what was freed for it, and its key must still be
+    /// there (at the key cap a fresh cell may be refused to it). `Err(now)` then: look again.
+    ///
+    /// An algorithm whose idle word can come back after a head was woken (the concurrency
+    /// limiter's) asks `waited` between its load and its compare-and-swap, so that the CAS
+    /// fails if the word changed since the check; the time-based ones ask first.
+    fn retire_unless<C: Clock>(
+        &self,
+        cell: &Self::Cell,
+        clock: &C,
+        waited: impl FnOnce() -> bool,
+    ) -> Result<(), u64> {
+        if waited() {
+            return Err(clock.now());
+        }
+        self.retire(cell, clock)
+    }
+
     /// Replaces the parameters with those of `to` (a freshly validated instance of the same
     /// algorithm), translating the state as each algorithm documents, at the clock's time.
     /// `cells` calls its argument on every cell (an unkeyed limiter's one, or every key's and the
