@@ -9,8 +9,8 @@ use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::{build_sliding, Algorithm};
 use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
-    lock, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED, CANCELLED,
-    OVERFLOWED, REJECTED,
+    lock, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, WakeAll, ADMITTED,
+    CANCELLED, OVERFLOWED, REJECTED,
 };
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -1766,10 +1766,12 @@ where
         *current = algorithm;
         drop(current);
         let capacity = inner.algorithm_limit();
-        inner
-            .waits
-            .map
-            .for_each(|_, wait| wait.queue.reconfigured(&wait.gate, capacity));
+        // Every key's queue, even if a waker panics in one of them (see `WakeAll`).
+        let mut all = WakeAll::default();
+        inner.waits.map.for_each(|_, wait| {
+            all.run(|| wait.queue.reconfigured(&wait.gate, capacity));
+        });
+        all.finish();
         Ok(())
     }
 

@@ -15,7 +15,8 @@ use crate::keyed::{
 };
 use crate::queue::{no_timer, Blocked, QueueOrder, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
-    fence, lock, Arc, AtomicU64, Mutex, Ordering, ADMITTED, CANCELLED, OVERFLOWED, REJECTED,
+    fence, lock, Arc, AtomicU64, Mutex, Ordering, WakeAll, ADMITTED, CANCELLED, OVERFLOWED,
+    REJECTED,
 };
 use std::cell::Cell;
 use std::fmt;
@@ -573,12 +574,16 @@ where
                 }
             }
             // The shared pool's waiters may be in any key's queue: wake every head (rare: only
-            // overflow keys at the cap wait on the pool).
-            Slot::Overflow => self.waits.map.for_each(|k, wait| {
-                if !(in_head && k == key) {
-                    wait.queue.wake_head();
-                }
-            }),
+            // overflow keys at the cap wait on the pool), even if one's waker panics (`WakeAll`).
+            Slot::Overflow => {
+                let mut all = WakeAll::default();
+                self.waits.map.for_each(|k, wait| {
+                    if !(in_head && k == key) {
+                        all.run(|| wait.queue.wake_head());
+                    }
+                });
+                all.finish();
+            }
         }
     }
 
@@ -1296,11 +1301,13 @@ where
         // asking for more than `limit` fail, each head looks again. The head's attempt and this
         // wake are both under that queue's mutex, so a raise cannot slip between the head's
         // failed attempt and its registration. Bounded by the keys that have waiters now.
-        inner
-            .waits
-            .map
-            .for_each(|_, wait| wait.queue.reconfigured(&wait.gate, limit));
+        // Every key's queue, even if a waker panics in one of them (see `WakeAll`).
+        let mut all = WakeAll::default();
+        inner.waits.map.for_each(|_, wait| {
+            all.run(|| wait.queue.reconfigured(&wait.gate, limit));
+        });
         drop(guard);
+        all.finish();
         Ok(())
     }
 

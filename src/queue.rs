@@ -35,7 +35,8 @@
 
 use crate::error::AcquireError;
 use crate::sync::{
-    lock, Arc, AtomicU64, Counters, Mutex, Ordering, Signal, ADMITTED, CANCELLED, REJECTED,
+    lock, wake_all, Arc, AtomicU64, Counters, Mutex, Ordering, Signal, ADMITTED, CANCELLED,
+    REJECTED,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -212,8 +213,10 @@ impl WaitQueue {
         (waiters.live.len(), waiters.permits)
     }
 
-    /// Queues a waiter for `permits`; returns its sequence number.
-    pub(crate) fn enqueue(&self, gate: &AtomicU64, permits: u32) -> Result<u64, AcquireError> {
+    /// Queues a waiter for `permits`; returns its sequence number and the waiters it failed to
+    /// make room (newest-first order only), for the caller to wake once it holds its ticket (see
+    /// [`Wait::enqueue`]).
+    fn enqueue(&self, gate: &AtomicU64, permits: u32) -> Result<(u64, Vec<Wake>), AcquireError> {
         let full = |requested| AcquireError::QueueFull {
             requested,
             queue_limit: self.limit,
@@ -258,10 +261,7 @@ impl WaitQueue {
             waiters.permits += need;
             seq
         };
-        for wake in evicted {
-            wake.wake();
-        }
-        Ok(seq)
+        Ok((seq, evicted))
     }
 
     /// The waiter `seq` looks at its place: if it is the head it runs `take`; otherwise (or if
@@ -397,9 +397,7 @@ impl WaitQueue {
                 }
             }
         }
-        for wake in wakes {
-            wake.wake();
-        }
+        wake_all(wakes, Wake::wake);
     }
 
     /// Closes the queue if nobody waits in it: later enqueues fail with `Closed`. True if closed
@@ -441,9 +439,7 @@ impl WaitQueue {
             gate.fetch_and(!WAITERS, Ordering::Relaxed);
             wakes
         };
-        for wake in wakes {
-            wake.wake();
-        }
+        wake_all(wakes, Wake::wake);
     }
 }
 
@@ -495,13 +491,20 @@ pub(crate) struct Wait<'a> {
 impl<'a> Wait<'a> {
     fn enqueue(&self) -> Result<Ticket<'a>, AcquireError> {
         match self.queue.enqueue(self.gate, self.permits) {
-            Ok(seq) => Ok(Ticket {
-                queue: self.queue,
-                gate: self.gate,
-                counters: self.counters,
-                seq,
-                queued: true,
-            }),
+            Ok((seq, evicted)) => {
+                let ticket = Ticket {
+                    queue: self.queue,
+                    gate: self.gate,
+                    counters: self.counters,
+                    seq,
+                    queued: true,
+                };
+                // Woken only now that our place has a ticket: if a waker panics, the unwind drops
+                // the ticket, which takes our waiter out of the queue. Before, nothing would have,
+                // and the queue would keep a waiter that nobody polls.
+                wake_all(evicted, Wake::wake);
+                Ok(ticket)
+            }
             Err(AcquireError::Closed) if self.retry_closed => Err(AcquireError::Closed),
             Err(error) => {
                 self.counters.bump(REJECTED);

@@ -4,8 +4,13 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Duration;
 use turnstile::{AcquireError, KeyOverflow, KeyedConcurrencyLimiter, QueueOrder, TryPermitError};
+
+#[path = "common/wakers.rs"]
+mod wakers;
+use wakers::{counting, must_panic, panicky, poll_with};
 
 #[test]
 fn per_key_limit_holds_on_real_threads() {
@@ -717,4 +722,42 @@ async fn newest_first_acquire_that_fits_now_does_not_evict_a_waiter() {
     drop(permit);
     let stats = limiter.stats();
     assert_eq!((stats.admitted, stats.rejected, stats.waiting), (4, 0, 0));
+}
+
+/// `set_limit` walks every key's queue; a panicking waker in one of them must not stop the walk
+/// (nor the wake-ups in its own queue). Several keys, so that the walk meets a panic early
+/// whatever order it visits them in.
+#[test]
+fn set_limit_reaches_every_key_even_if_a_waker_panics() {
+    let limiter = KeyedConcurrencyLimiter::new(2).unwrap();
+    let keys: Vec<u64> = (0..8).collect();
+    let held: Vec<_> = keys
+        .iter()
+        .map(|k| limiter.try_acquire_n(k, 2).unwrap())
+        .collect();
+    let mut waiters = Vec::new();
+    let mut counters = Vec::new();
+    for k in &keys {
+        let (woken, waker) = counting();
+        let mut first = Box::pin(limiter.acquire_n(k, 2));
+        let mut second = Box::pin(limiter.acquire_n(k, 2));
+        assert!(poll_with(first.as_mut(), &panicky()).is_pending());
+        assert!(poll_with(second.as_mut(), &waker).is_pending());
+        waiters.push((first, second));
+        counters.push(woken);
+    }
+    // Both waiters of every key now ask for more than the limit: all fail, all are woken.
+    must_panic(|| {
+        let _ = limiter.set_limit(1);
+    });
+    let woken: Vec<usize> = counters.iter().map(|c| c.wakes()).collect();
+    assert_eq!(woken, vec![1; 8], "some failed waiters were never woken");
+    for (_, second) in &mut waiters {
+        assert!(matches!(
+            poll_with(second.as_mut(), Waker::noop()),
+            std::task::Poll::Ready(Err(AcquireError::InsufficientCapacity { .. }))
+        ));
+    }
+    drop((waiters, held));
+    assert_eq!(limiter.stats().waiting, 0);
 }
