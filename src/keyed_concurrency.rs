@@ -703,7 +703,11 @@ where
             let outcome = self
                 .waits
                 .wait(&wait, &self.ctx.counters, n)
-                .run_async(|| self.take_head(key, shard, n), no_timer)
+                .run_async(
+                    || self.take_head(key, shard, n),
+                    |slot| self.release(key, shard, n, slot),
+                    no_timer,
+                )
                 .await;
             drop(exit);
             match outcome {
@@ -740,11 +744,11 @@ where
                 key,
                 wait: &wait,
             };
-            match self
-                .waits
-                .wait(&wait, &self.ctx.counters, n)
-                .run_blocking(|| self.take_head(key, shard, n), deadline)
-            {
+            match self.waits.wait(&wait, &self.ctx.counters, n).run_blocking(
+                || self.take_head(key, shard, n),
+                |slot| self.release(key, shard, n, slot),
+                deadline,
+            ) {
                 Err(AcquireError::Closed) => continue,
                 outcome => return outcome,
             }

@@ -19,6 +19,11 @@
 //! await in between. That is what makes cancellation trivially safe: dropping a waiter removes its
 //! entry and, if it was the head, wakes the next one. Nothing else can have been given to it.
 //!
+//! A `Waker` may panic. A served head wakes the next head before its poll returns, so it holds
+//! what it took in a guard until that wake is over, and an unwind gives it back to the limiter.
+//! A call that wakes several waiters (a close, an eviction, a reconfiguration) wakes all of them
+//! before it lets a panic through: each already has its outcome and sees it only when polled.
+//!
 //! # The gate word
 //!
 //! Each limiter has one atomic word whose [`WAITERS`] bit says "someone is queued" and whose
@@ -265,50 +270,49 @@ impl WaitQueue {
     }
 
     /// The waiter `seq` looks at its place: if it is the head it runs `take`; otherwise (or if
-    /// `take` is blocked) it registers `who` to be woken.
-    pub(crate) fn turn<T>(
+    /// `take` is blocked) it registers `who` to be woken. A head that leaves also returns the
+    /// next head, for the caller to wake once it has secured the outcome (see [`Ticket::turn`]).
+    fn turn<T>(
         &self,
         gate: &AtomicU64,
         seq: u64,
         who: Registration<'_>,
         take: impl FnOnce() -> Result<T, Blocked>,
-    ) -> Turn<T> {
+    ) -> (Turn<T>, Wake) {
         let mut next = Wake::Nobody;
-        let turn = {
-            let mut waiters = lock(&self.waiters);
-            if let Some(error) = waiters.failed.remove(&seq) {
-                return Turn::Done(Err(error));
+        let mut waiters = lock(&self.waiters);
+        if let Some(error) = waiters.failed.remove(&seq) {
+            return (Turn::Done(Err(error)), next);
+        }
+        if self.head(&waiters) != Some(seq) {
+            let turn = match waiters.live.get_mut(&seq) {
+                Some(me) => {
+                    me.wake.register(who);
+                    Turn::Wait(Blocked::Behind)
+                }
+                // Not queued and not failed: cannot happen while the ticket is held; answer as a
+                // closed queue rather than wait forever.
+                None => Turn::Done(Err(AcquireError::Closed)),
+            };
+            return (turn, next);
+        }
+        let turn = match take() {
+            Ok(value) => {
+                self.leave(&mut waiters, gate, seq, &mut next);
+                Turn::Done(Ok(value))
             }
-            if self.head(&waiters) != Some(seq) {
-                return match waiters.live.get_mut(&seq) {
-                    Some(me) => {
-                        me.wake.register(who);
-                        Turn::Wait(Blocked::Behind)
-                    }
-                    // Not queued and not failed: cannot happen while the ticket is held; answer as
-                    // a closed queue rather than wait forever.
-                    None => Turn::Done(Err(AcquireError::Closed)),
-                };
+            Err(Blocked::Fail(error)) => {
+                self.leave(&mut waiters, gate, seq, &mut next);
+                Turn::Done(Err(error))
             }
-            match take() {
-                Ok(value) => {
-                    self.leave(&mut waiters, gate, seq, &mut next);
-                    Turn::Done(Ok(value))
+            Err(blocked) => {
+                if let Some(me) = waiters.live.get_mut(&seq) {
+                    me.wake.register(who);
                 }
-                Err(Blocked::Fail(error)) => {
-                    self.leave(&mut waiters, gate, seq, &mut next);
-                    Turn::Done(Err(error))
-                }
-                Err(blocked) => {
-                    if let Some(me) = waiters.live.get_mut(&seq) {
-                        me.wake.register(who);
-                    }
-                    Turn::Wait(blocked)
-                }
+                Turn::Wait(blocked)
             }
         };
-        next.wake();
-        turn
+        (turn, next)
     }
 
     /// Removes live waiter `seq`; if it was the head, hands the turn to the next head (returned in
@@ -454,24 +458,73 @@ struct Ticket<'a> {
 
 impl Ticket<'_> {
     /// Looks at the turn; on `Done`, the ticket is spent and the outcome counted.
-    fn turn<T>(
+    ///
+    /// A head that leaves wakes the next head here, after its own outcome is secured: that wake
+    /// runs a foreign `Waker`, which may panic, and what `take` granted is not yet in the caller's
+    /// hands (a concurrency limiter builds its permit guard only once the wait returns). If the
+    /// wake unwinds, [`Granted`] hands the grant to `give_back` rather than letting the unwind drop
+    /// it with the permits or the admission still taken.
+    fn turn<T, G: FnMut(T)>(
         &mut self,
         who: Registration<'_>,
         take: impl FnOnce() -> Result<T, Blocked>,
+        give_back: &mut G,
     ) -> Turn<T> {
-        let turn = self.queue.turn(self.gate, self.seq, who, take);
-        if let Turn::Done(outcome) = &turn {
-            self.queued = false;
-            self.counters
-                .bump(if outcome.is_ok() { ADMITTED } else { REJECTED });
+        let (turn, next) = self.queue.turn(self.gate, self.seq, who, take);
+        let Turn::Done(outcome) = turn else {
+            return turn;
+        };
+        self.queued = false;
+        let value = match outcome {
+            Ok(value) => value,
+            Err(error) => {
+                // Nothing was granted: a panic in this wake loses nothing of the caller's.
+                self.counters.bump(REJECTED);
+                next.wake();
+                return Turn::Done(Err(error));
+            }
+        };
+        let mut granted = Granted {
+            value: Some(value),
+            give_back,
+            counters: self.counters,
+        };
+        next.wake();
+        match granted.value.take() {
+            Some(value) => {
+                self.counters.bump(ADMITTED);
+                Turn::Done(Ok(value))
+            }
+            // Cannot happen (nothing else takes it); failing is kinder than panicking here.
+            None => {
+                self.counters.bump(REJECTED);
+                Turn::Done(Err(AcquireError::Closed))
+            }
         }
-        turn
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if self.queued && self.queue.cancel(self.gate, self.seq) {
+            self.counters.bump(CANCELLED);
+        }
+    }
+}
+
+/// What a served head was granted, held while it wakes the next head. Dropped with the grant
+/// still inside only when that wake unwinds: it then gives the grant back to the limiter, and
+/// counts the call as cancelled (its poll panicked; the future cannot be used again).
+struct Granted<'a, 'g, T, G: FnMut(T)> {
+    value: Option<T>,
+    give_back: &'g mut G,
+    counters: &'a Counters,
+}
+
+impl<T, G: FnMut(T)> Drop for Granted<'_, '_, T, G> {
+    fn drop(&mut self) {
+        if let Some(value) = self.value.take() {
+            (self.give_back)(value);
             self.counters.bump(CANCELLED);
         }
     }
@@ -513,8 +566,10 @@ impl<'a> Wait<'a> {
         }
     }
 
-    /// Waits in the queue as an async task. `sleep` is called when the head must wait for time
-    /// (`Blocked::Until`): it arms a timer for that many nanoseconds and polls it.
+    /// Waits in the queue as an async task. `take` is the head's attempt; `give_back` undoes one
+    /// that succeeded, for the rare poll that unwinds between the two (see [`Ticket::turn`]).
+    /// `sleep` is called when the head must wait for time (`Blocked::Until`): it arms a timer
+    /// for that many nanoseconds and polls it.
     ///
     /// Cancel safety: dropping the returned future at its await removes the waiter (the ticket's
     /// `Drop`) and, if it was the head, wakes the next one. Permits are taken only inside a poll
@@ -522,11 +577,12 @@ impl<'a> Wait<'a> {
     pub(crate) async fn run_async<T>(
         self,
         mut take: impl FnMut() -> Result<T, Blocked>,
+        mut give_back: impl FnMut(T),
         mut sleep: impl FnMut(&mut Context<'_>, u64) -> Poll<()>,
     ) -> Result<T, AcquireError> {
         let mut ticket = self.enqueue()?;
         std::future::poll_fn(|cx| loop {
-            match ticket.turn(Registration::Task(cx.waker()), &mut take) {
+            match ticket.turn(Registration::Task(cx.waker()), &mut take, &mut give_back) {
                 Turn::Done(outcome) => return Poll::Ready(outcome),
                 Turn::Wait(Blocked::Until(nanos)) => match sleep(cx, nanos) {
                     Poll::Ready(()) => continue,
@@ -539,19 +595,22 @@ impl<'a> Wait<'a> {
     }
 
     /// Waits in the queue on the calling thread, until served, failed, or `deadline` passes.
+    /// `take` and `give_back` as for [`run_async`](Self::run_async).
     pub(crate) fn run_blocking<T>(
         self,
         mut take: impl FnMut() -> Result<T, Blocked>,
+        mut give_back: impl FnMut(T),
         deadline: Option<std::time::Instant>,
     ) -> Result<T, AcquireError> {
         let mut ticket = self.enqueue()?;
         let signal = Arc::new(Signal::new());
         loop {
             let seen = signal.epoch();
-            let blocked = match ticket.turn(Registration::Thread(&signal), &mut take) {
-                Turn::Done(outcome) => return outcome,
-                Turn::Wait(blocked) => blocked,
-            };
+            let blocked =
+                match ticket.turn(Registration::Thread(&signal), &mut take, &mut give_back) {
+                    Turn::Done(outcome) => return outcome,
+                    Turn::Wait(blocked) => blocked,
+                };
             let left = match deadline {
                 Some(deadline) => {
                     let now = std::time::Instant::now();

@@ -724,6 +724,28 @@ async fn newest_first_acquire_that_fits_now_does_not_evict_a_waiter() {
     assert_eq!((stats.admitted, stats.rejected, stats.waiting), (4, 0, 0));
 }
 
+/// A served head whose wake-up of the next waiter panics gives its permit back to the key.
+#[test]
+fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_permit() {
+    let limiter = KeyedConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire(&7u64).unwrap();
+    let mut head = Box::pin(limiter.acquire(&7));
+    let mut next = Box::pin(limiter.acquire(&7));
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &panicky()).is_pending());
+    drop(held);
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop((head, next));
+    assert_eq!(
+        limiter.available(&7),
+        1,
+        "the permit went down with the panic"
+    );
+    assert!(limiter.try_acquire(&7).is_ok());
+}
+
 /// `set_limit` walks every key's queue; a panicking waker in one of them must not stop the walk
 /// (nor the wake-ups in its own queue). Several keys, so that the walk meets a panic early
 /// whatever order it visits them in.
