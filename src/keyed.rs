@@ -94,7 +94,9 @@ pub enum KeyOverflow {
 pub struct KeyedStats {
     /// Calls that got their permits (probes included).
     pub admitted: u64,
-    /// Calls that failed, including those rejected by [`KeyOverflow::Reject`].
+    /// Calls that failed, including those rejected by [`KeyOverflow::Reject`]. A waiter the
+    /// limiter fails (on eviction from a full newest-first queue, or as too large after the
+    /// limit shrank) counts here even if it is dropped before it sees the failure.
     pub rejected: u64,
     /// Waits given up: `acquire` futures dropped while queued, and timeouts. Also the rare
     /// waiter whose poll panicked in a `Waker` it woke, after it had been served: what it took is

@@ -342,6 +342,9 @@ pub struct Stats {
     /// included).
     pub admitted: u64,
     /// Calls that failed: rejections, requests that can never fit, a full queue, a closed limiter.
+    /// A waiter the limiter fails (on `close`, on eviction from a full newest-first queue, or as
+    /// too large after the limit shrank) counts here even if it is dropped before it sees the
+    /// failure.
     pub rejected: u64,
     /// Waits given up: `acquire` futures dropped while queued, and timeouts. Also the rare
     /// waiter whose poll panicked in a `Waker` it woke, after it had been served: what it took is

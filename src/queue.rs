@@ -336,16 +336,25 @@ impl WaitQueue {
         true
     }
 
-    /// Drops waiter `seq` (its future was dropped, or it timed out). Returns whether it was still
-    /// queued or failed-but-unseen, that is, whether this counts as a cancellation.
-    pub(crate) fn cancel(&self, gate: &AtomicU64, seq: u64) -> bool {
+    /// Drops waiter `seq` (its future was dropped, or it timed out). Returns the counter the call
+    /// ends in: [`CANCELLED`] if it was still queued; [`REJECTED`] if the queue had already failed
+    /// it (closed, evicted, or too big after a reconfiguration) and it was dropped before it
+    /// looked, since that failure was the limiter's decision, not a wait given up; `None` if it
+    /// was neither (nothing to count).
+    fn cancel(&self, gate: &AtomicU64, seq: u64) -> Option<usize> {
         let mut next = Wake::Nobody;
-        let cancelled = {
+        let counted = {
             let mut waiters = lock(&self.waiters);
-            waiters.failed.remove(&seq).is_some() || self.leave(&mut waiters, gate, seq, &mut next)
+            if waiters.failed.remove(&seq).is_some() {
+                Some(REJECTED)
+            } else if self.leave(&mut waiters, gate, seq, &mut next) {
+                Some(CANCELLED)
+            } else {
+                None
+            }
         };
         next.wake();
-        cancelled
+        counted
     }
 
     /// Wakes the head (a concurrency limiter's release saw `WAITERS`).
@@ -506,8 +515,10 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        if self.queued && self.queue.cancel(self.gate, self.seq) {
-            self.counters.bump(CANCELLED);
+        if self.queued {
+            if let Some(which) = self.queue.cancel(self.gate, self.seq) {
+                self.counters.bump(which);
+            }
         }
     }
 }

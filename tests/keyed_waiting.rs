@@ -460,3 +460,27 @@ async fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_
     );
     assert!(limiter.try_acquire(&"k").is_ok());
 }
+
+/// A waiter evicted to make room (newest first) and dropped before it looks again was failed by
+/// the limiter: it counts as rejected, not as a wait given up.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_evicted_waiter_dropped_unseen_counts_as_rejected() {
+    let limiter: Limiter = KeyedLimiter::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 1,
+    })
+    .clock(TokioClock::new())
+    .queue_order(QueueOrder::NewestFirst)
+    .queue_limit(1)
+    .build()
+    .unwrap();
+    limiter.try_acquire(&"k").unwrap();
+    let mut evicted = Box::pin(limiter.acquire(&"k"));
+    let mut newest = Box::pin(limiter.acquire(&"k"));
+    assert!(poll_with(evicted.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(newest.as_mut(), Waker::noop()).is_pending());
+    drop((evicted, newest));
+    let stats = limiter.stats();
+    // `newest` gave up its wait; `evicted` was failed with `QueueFull` before it was dropped.
+    assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 1, 1));
+}

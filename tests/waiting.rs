@@ -740,6 +740,19 @@ fn close_wakes_every_waiter_even_if_a_waker_panics() {
 }
 
 #[test]
+fn a_waiter_failed_by_close_and_dropped_unseen_counts_as_rejected() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let _held = limiter.try_acquire().unwrap();
+    let mut waiter = Box::pin(limiter.acquire());
+    assert!(poll_with(waiter.as_mut(), Waker::noop()).is_pending());
+    limiter.close();
+    drop(waiter);
+    let stats = limiter.stats();
+    // The limiter failed it; it gave nothing up.
+    assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 1, 0));
+}
+
+#[test]
 fn eviction_wakes_every_evicted_waiter_even_if_a_waker_panics() {
     let limiter = ConcurrencyLimiter::builder(2)
         .queue_order(QueueOrder::NewestFirst)
@@ -767,6 +780,9 @@ fn eviction_wakes_every_evicted_waiter_even_if_a_waker_panics() {
     assert_eq!(limiter.stats().waiting, 0);
     drop((oldest, newest, held));
     assert_eq!(limiter.available(), 2);
+    let stats = limiter.stats();
+    // Both evicted waiters were rejected (`oldest` dropped without looking); `newest` gave up.
+    assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 2, 1));
 }
 
 #[test]
