@@ -35,7 +35,8 @@
 //! - close vs enqueue: a waiter racing with `close` returns `Err(Closed)` (or, if a release let it
 //!   in first, its permit), never hangs; every later call fails `Closed`;
 //! - newest-first eviction vs cancel: a waiter evicted by a newer one (woken to see
-//!   `QueueFull`), cancelled, or served is counted once, and the newer waiter is served;
+//!   `QueueFull`; rejected even if dropped before it looks), cancelled, or served is counted
+//!   once, and the newer waiter is served;
 //! - the lock-free release path: racing `try_acquire` + drop never puts more than `limit` permits
 //!   in flight, admits when capacity provably exists, and gives every permit back;
 //! - a rate limiter's head waiting for time is served once another thread moves the clock (at a
@@ -657,7 +658,8 @@ fn permit_word_orders_holders() {
 /// more and then dropped in one thread, while a blocking waiter arrives in another (evicting the
 /// future if it is still queued) and the main thread releases. The future ends exactly one way
 /// (served, failed `QueueFull` by eviction, or cancelled, counted once), and the newer waiter
-/// is served.
+/// is served. A future evicted after its last poll and dropped without seeing it was still failed
+/// by the limiter: it counts as rejected, not cancelled.
 #[test]
 fn newest_first_eviction_vs_cancel() {
     model(|| {
@@ -696,16 +698,17 @@ fn newest_first_eviction_vs_cancel() {
         let old_outcome = old_waiter.join().unwrap();
         new_waiter.join().unwrap();
         let s = l.stats();
-        let expected = match old_outcome {
-            "served" => (3, 0, 0),
-            "evicted" => (2, 1, 0),
-            _ => (2, 0, 1),
-        };
-        assert_eq!(
-            (s.admitted, s.rejected, s.cancelled),
-            expected,
-            "old waiter {old_outcome}: {s:?}"
-        );
+        let counts = (s.admitted, s.rejected, s.cancelled);
+        match old_outcome {
+            "served" => assert_eq!(counts, (3, 0, 0), "old waiter served: {s:?}"),
+            "evicted" => assert_eq!(counts, (2, 1, 0), "old waiter evicted: {s:?}"),
+            // Pending at its last poll: dropped while queued, or evicted in between and dropped
+            // unseen.
+            _ => assert!(
+                counts == (2, 0, 1) || counts == (2, 1, 0),
+                "old waiter dropped: {s:?}"
+            ),
+        }
         assert_idle(&l, 3);
     });
 }

@@ -229,7 +229,9 @@ impl Inner {
 
     /// The wait in the queue, after the fast path said to queue up.
     async fn acquire_slow(&self, n: u32) -> Result<(), AcquireError> {
-        self.wait(n).run_async(|| self.take_head(n), no_timer).await
+        self.wait(n)
+            .run_async(|| self.take_head(n), |()| self.release(n), no_timer)
+            .await
     }
 
     fn acquire_blocking(
@@ -240,7 +242,8 @@ impl Inner {
         if let Poll::Ready(outcome) = self.acquire_fast(n) {
             return outcome;
         }
-        self.wait(n).run_blocking(|| self.take_head(n), deadline)
+        self.wait(n)
+            .run_blocking(|| self.take_head(n), |()| self.release(n), deadline)
     }
 
     /// Gives `n` permits back. Lock-free unless someone is queued.

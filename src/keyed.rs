@@ -9,8 +9,8 @@ use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::{build_sliding, Algorithm};
 use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
-    lock, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED, CANCELLED,
-    OVERFLOWED, REJECTED,
+    lock, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, WakeAll, ADMITTED,
+    CANCELLED, OVERFLOWED, REJECTED,
 };
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -101,9 +101,13 @@ pub enum KeyOverflow {
 pub struct KeyedStats {
     /// Calls that got their permits (probes included).
     pub admitted: u64,
-    /// Calls that failed, including those rejected by [`KeyOverflow::Reject`].
+    /// Calls that failed, including those rejected by [`KeyOverflow::Reject`]. A waiter the
+    /// limiter fails (on eviction from a full newest-first queue, or as too large after the
+    /// limit shrank) counts here even if it is dropped before it sees the failure.
     pub rejected: u64,
-    /// Waits given up: `acquire` futures dropped while queued, and timeouts.
+    /// Waits given up: `acquire` futures dropped while queued, and timeouts. Also the rare
+    /// waiter whose poll panicked in a `Waker` it woke, after it had been served: what it took is
+    /// given back, and a panicked future cannot be polled again.
     pub cancelled: u64,
     /// Calls for a new key that found the cap reached and no idle key to evict (served by the
     /// shared overflow limiter or rejected, per [`KeyOverflow`]).
@@ -1782,11 +1786,12 @@ where
         *current = algorithm;
         drop(current);
         let capacity = inner.algorithm_limit();
-        inner
-            .ctx
-            .waits
-            .map
-            .for_each(|_, wait| wait.queue.reconfigured(&wait.gate, capacity));
+        // Every key's queue, even if a waker panics in one of them (see `WakeAll`).
+        let mut all = WakeAll::default();
+        inner.ctx.waits.map.for_each(|_, wait| {
+            all.run(|| wait.queue.reconfigured(&wait.gate, capacity));
+        });
+        all.finish();
         Ok(())
     }
 
@@ -1887,13 +1892,17 @@ where
         Poll::Pending
     }
 
-    /// The head waiter's attempt: the key's state, ignoring its queue.
-    fn take(&self, key: &K, n: u32) -> Result<Admission, Blocked> {
-        self.inner.ctx.clock.catch_up();
-        match self.decide(key, n) {
-            Ok(admission) => Ok(admission),
-            Err(TryAcquireError::Rejected(r)) => Err(Blocked::Until(r.retry_after_nanos())),
-            Err(error) => Err(Blocked::Fail(waiting_error(error))),
+    /// The head waiter's attempt: the key's state, ignoring its queue. It commits as a chain
+    /// member does, keeping what a refund needs, so that an admission that never reaches its
+    /// caller can be given back (see `Wait::run_async`).
+    fn take(&self, key: &K, n: u32) -> Result<(Admission, Committed), Blocked> {
+        let inner = &*self.inner;
+        inner.ctx.clock.catch_up();
+        let shard = self.shard(key);
+        match with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n)) {
+            (Ok(admission), committed) => Ok((admission, committed)),
+            (Err(TryAcquireError::Rejected(r)), _) => Err(Blocked::Until(r.retry_after_nanos())),
+            (Err(error), _) => Err(Blocked::Fail(waiting_error(error))),
         }
     }
 
@@ -2008,8 +2017,13 @@ where
             let mut timer = crate::queue::Timer::default();
             let outcome = self
                 .wait(&wait, n)
-                .run_async(|| self.take(key, n), |cx, nanos| timer.poll(cx, nanos))
-                .await;
+                .run_async(
+                    || self.take(key, n),
+                    |(admission, committed)| self.chain_refund(key, n, &admission, committed),
+                    |cx, nanos| timer.poll(cx, nanos),
+                )
+                .await
+                .map(|(admission, _)| admission);
             drop(exit);
             match outcome {
                 // The queue was retired between our lookup and our enqueue: look again.
@@ -2163,7 +2177,12 @@ where
             };
             match self
                 .wait(&wait, n)
-                .run_blocking(|| self.take(key, n), deadline)
+                .run_blocking(
+                    || self.take(key, n),
+                    |(admission, committed)| self.chain_refund(key, n, &admission, committed),
+                    deadline,
+                )
+                .map(|(admission, _)| admission)
             {
                 Err(AcquireError::Closed) => continue,
                 outcome => return outcome,

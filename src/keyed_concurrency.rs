@@ -15,7 +15,8 @@ use crate::keyed::{
 };
 use crate::queue::{no_timer, Blocked, QueueOrder, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
-    fence, lock, Arc, AtomicU64, Mutex, Ordering, ADMITTED, CANCELLED, OVERFLOWED, REJECTED,
+    fence, lock, Arc, AtomicU64, Mutex, Ordering, WakeAll, ADMITTED, CANCELLED, OVERFLOWED,
+    REJECTED,
 };
 use std::cell::Cell;
 use std::fmt;
@@ -618,12 +619,16 @@ where
                 }
             }
             // The shared pool's waiters may be in any key's queue: wake every head (rare: only
-            // overflow keys at the cap wait on the pool).
-            Slot::Overflow => self.ctx.waits.map.for_each(|k, wait| {
-                if !(in_head && k == key) {
-                    wait.queue.wake_head();
-                }
-            }),
+            // overflow keys at the cap wait on the pool), even if one's waker panics (`WakeAll`).
+            Slot::Overflow => {
+                let mut all = WakeAll::default();
+                self.ctx.waits.map.for_each(|k, wait| {
+                    if !(in_head && k == key) {
+                        all.run(|| wait.queue.wake_head());
+                    }
+                });
+                all.finish();
+            }
         }
     }
 
@@ -744,7 +749,11 @@ where
                 .ctx
                 .waits
                 .wait(&wait, &self.ctx.counters, n)
-                .run_async(|| self.take_head(key, shard, n), no_timer)
+                .run_async(
+                    || self.take_head(key, shard, n),
+                    |slot| self.release(key, shard, n, slot),
+                    no_timer,
+                )
                 .await;
             drop(exit);
             match outcome {
@@ -785,8 +794,11 @@ where
                 .ctx
                 .waits
                 .wait(&wait, &self.ctx.counters, n)
-                .run_blocking(|| self.take_head(key, shard, n), deadline)
-            {
+                .run_blocking(
+                    || self.take_head(key, shard, n),
+                    |slot| self.release(key, shard, n, slot),
+                    deadline,
+                ) {
                 Err(AcquireError::Closed) => continue,
                 outcome => return outcome,
             }
@@ -1343,12 +1355,13 @@ where
         // asking for more than `limit` fail, each head looks again. The head's attempt and this
         // wake are both under that queue's mutex, so a raise cannot slip between the head's
         // failed attempt and its registration. Bounded by the keys that have waiters now.
-        inner
-            .ctx
-            .waits
-            .map
-            .for_each(|_, wait| wait.queue.reconfigured(&wait.gate, limit));
+        // Every key's queue, even if a waker panics in one of them (see `WakeAll`).
+        let mut all = WakeAll::default();
+        inner.ctx.waits.map.for_each(|_, wait| {
+            all.run(|| wait.queue.reconfigured(&wait.gate, limit));
+        });
         drop(guard);
+        all.finish();
         Ok(())
     }
 

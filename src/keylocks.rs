@@ -52,7 +52,7 @@
 //! gone) or finds the waker registered.
 
 use crate::error::ConfigError;
-use crate::sync::{lock, Arc, Mutex, Signal};
+use crate::sync::{lock, wake_all, Arc, Mutex, Signal};
 use crossbeam_utils::CachePadded;
 use hashbrown::hash_table::Entry as Slot;
 use hashbrown::HashTable;
@@ -212,13 +212,10 @@ impl Wakes {
         }
     }
 
+    /// Wakes them all, even if a waker panics: each woken waiter already holds its grant, and one
+    /// left unwoken would keep the key locked for good.
     fn wake(self) {
-        if let Some(first) = self.first {
-            first.wake();
-        }
-        for wake in self.more {
-            wake.wake();
-        }
+        wake_all(self.first.into_iter().chain(self.more), Wake::wake);
     }
 }
 
@@ -1479,8 +1476,10 @@ impl<'a, K, S> WriteGuard<'a, K, S> {
     /// # Ok::<(), turnstile::TryLockError>(())
     /// ```
     pub fn downgrade(mut self) -> ReadGuard<'a, K, S> {
-        self.held.locks.downgrade(self.held.hold);
+        // The mode first: `downgrade` wakes the readers it grants, and if a waker panics, the
+        // unwind drops this guard, which must then give back the read hold it now is.
         self.held.mode = Mode::Read;
+        self.held.locks.downgrade(self.held.hold);
         ReadGuard { held: self.held }
     }
 }
@@ -1502,8 +1501,10 @@ impl<K, S> OwnedWriteGuard<K, S> {
     /// # Ok::<(), turnstile::TryLockError>(())
     /// ```
     pub fn downgrade(mut self) -> OwnedReadGuard<K, S> {
-        self.held.locks.inner.downgrade(self.held.hold);
+        // The mode first: `downgrade` wakes the readers it grants, and if a waker panics, the
+        // unwind drops this guard, which must then give back the read hold it now is.
         self.held.mode = Mode::Read;
+        self.held.locks.inner.downgrade(self.held.hold);
         OwnedReadGuard { held: self.held }
     }
 }

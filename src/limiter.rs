@@ -342,8 +342,13 @@ pub struct Stats {
     /// included).
     pub admitted: u64,
     /// Calls that failed: rejections, requests that can never fit, a full queue, a closed limiter.
+    /// A waiter the limiter fails (on `close`, on eviction from a full newest-first queue, or as
+    /// too large after the limit shrank) counts here even if it is dropped before it sees the
+    /// failure.
     pub rejected: u64,
-    /// Waits given up: `acquire` futures dropped while queued, and timeouts.
+    /// Waits given up: `acquire` futures dropped while queued, and timeouts. Also the rare
+    /// waiter whose poll panicked in a `Waker` it woke, after it had been served: what it took is
+    /// given back, and a panicked future cannot be polled again.
     pub cancelled: u64,
     /// Permits that could be admitted right now. A snapshot: approximate while other threads are
     /// acquiring. For a concurrency limiter, the permits not held.
@@ -453,6 +458,11 @@ impl<C: Clock> Inner<C> {
                 | TryAcquireError::Unavailable,
             ) => Err(Blocked::Fail(AcquireError::Closed)),
         }
+    }
+
+    /// Undoes an admission `take` made that never reached its caller (see `Wait::run_async`).
+    fn give_back(&self, n: u32, admission: &Admission) {
+        self.state.refund(n, admission, &self.clock);
     }
 
     /// The part of `acquire` that every caller runs first: validate, then try without queueing if
@@ -1168,7 +1178,11 @@ impl<C: Clock> RateLimiter<C> {
         let mut timer = crate::queue::Timer::default();
         inner
             .wait(n)
-            .run_async(|| inner.take(n), |cx, nanos| timer.poll(cx, nanos))
+            .run_async(
+                || inner.take(n),
+                |admission| inner.give_back(n, &admission),
+                |cx, nanos| timer.poll(cx, nanos),
+            )
             .await
     }
 
@@ -1310,7 +1324,11 @@ impl<C: Clock> RateLimiter<C> {
         if let Poll::Ready(outcome) = inner.acquire_fast(n) {
             return outcome;
         }
-        inner.wait(n).run_blocking(|| inner.take(n), deadline)
+        inner.wait(n).run_blocking(
+            || inner.take(n),
+            |admission| inner.give_back(n, &admission),
+            deadline,
+        )
     }
 
     /// Closes the limiter: every queued waiter fails with [`AcquireError::Closed`], and every later

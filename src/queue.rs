@@ -19,6 +19,11 @@
 //! await in between. That is what makes cancellation trivially safe: dropping a waiter removes its
 //! entry and, if it was the head, wakes the next one. Nothing else can have been given to it.
 //!
+//! A `Waker` may panic. A served head wakes the next head before its poll returns, so it holds
+//! what it took in a guard until that wake is over, and an unwind gives it back to the limiter.
+//! A call that wakes several waiters (a close, an eviction, a reconfiguration) wakes all of them
+//! before it lets a panic through: each already has its outcome and sees it only when polled.
+//!
 //! # The gate word
 //!
 //! Each limiter has one atomic word whose [`WAITERS`] bit says "someone is queued" and whose
@@ -35,7 +40,8 @@
 
 use crate::error::AcquireError;
 use crate::sync::{
-    lock, Arc, AtomicU64, Counters, Mutex, Ordering, Signal, ADMITTED, CANCELLED, REJECTED,
+    lock, wake_all, Arc, AtomicU64, Counters, Mutex, Ordering, Signal, ADMITTED, CANCELLED,
+    REJECTED,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -212,8 +218,10 @@ impl WaitQueue {
         (waiters.live.len(), waiters.permits)
     }
 
-    /// Queues a waiter for `permits`; returns its sequence number.
-    pub(crate) fn enqueue(&self, gate: &AtomicU64, permits: u32) -> Result<u64, AcquireError> {
+    /// Queues a waiter for `permits`; returns its sequence number and the waiters it failed to
+    /// make room (newest-first order only), for the caller to wake once it holds its ticket (see
+    /// [`Wait::enqueue`]).
+    fn enqueue(&self, gate: &AtomicU64, permits: u32) -> Result<(u64, Vec<Wake>), AcquireError> {
         let full = |requested| AcquireError::QueueFull {
             requested,
             queue_limit: self.limit,
@@ -258,57 +266,53 @@ impl WaitQueue {
             waiters.permits += need;
             seq
         };
-        for wake in evicted {
-            wake.wake();
-        }
-        Ok(seq)
+        Ok((seq, evicted))
     }
 
     /// The waiter `seq` looks at its place: if it is the head it runs `take`; otherwise (or if
-    /// `take` is blocked) it registers `who` to be woken.
-    pub(crate) fn turn<T>(
+    /// `take` is blocked) it registers `who` to be woken. A head that leaves also returns the
+    /// next head, for the caller to wake once it has secured the outcome (see [`Ticket::turn`]).
+    fn turn<T>(
         &self,
         gate: &AtomicU64,
         seq: u64,
         who: Registration<'_>,
         take: impl FnOnce() -> Result<T, Blocked>,
-    ) -> Turn<T> {
+    ) -> (Turn<T>, Wake) {
         let mut next = Wake::Nobody;
-        let turn = {
-            let mut waiters = lock(&self.waiters);
-            if let Some(error) = waiters.failed.remove(&seq) {
-                return Turn::Done(Err(error));
+        let mut waiters = lock(&self.waiters);
+        if let Some(error) = waiters.failed.remove(&seq) {
+            return (Turn::Done(Err(error)), next);
+        }
+        if self.head(&waiters) != Some(seq) {
+            let turn = match waiters.live.get_mut(&seq) {
+                Some(me) => {
+                    me.wake.register(who);
+                    Turn::Wait(Blocked::Behind)
+                }
+                // Not queued and not failed: cannot happen while the ticket is held; answer as a
+                // closed queue rather than wait forever.
+                None => Turn::Done(Err(AcquireError::Closed)),
+            };
+            return (turn, next);
+        }
+        let turn = match take() {
+            Ok(value) => {
+                self.leave(&mut waiters, gate, seq, &mut next);
+                Turn::Done(Ok(value))
             }
-            if self.head(&waiters) != Some(seq) {
-                return match waiters.live.get_mut(&seq) {
-                    Some(me) => {
-                        me.wake.register(who);
-                        Turn::Wait(Blocked::Behind)
-                    }
-                    // Not queued and not failed: cannot happen while the ticket is held; answer as
-                    // a closed queue rather than wait forever.
-                    None => Turn::Done(Err(AcquireError::Closed)),
-                };
+            Err(Blocked::Fail(error)) => {
+                self.leave(&mut waiters, gate, seq, &mut next);
+                Turn::Done(Err(error))
             }
-            match take() {
-                Ok(value) => {
-                    self.leave(&mut waiters, gate, seq, &mut next);
-                    Turn::Done(Ok(value))
+            Err(blocked) => {
+                if let Some(me) = waiters.live.get_mut(&seq) {
+                    me.wake.register(who);
                 }
-                Err(Blocked::Fail(error)) => {
-                    self.leave(&mut waiters, gate, seq, &mut next);
-                    Turn::Done(Err(error))
-                }
-                Err(blocked) => {
-                    if let Some(me) = waiters.live.get_mut(&seq) {
-                        me.wake.register(who);
-                    }
-                    Turn::Wait(blocked)
-                }
+                Turn::Wait(blocked)
             }
         };
-        next.wake();
-        turn
+        (turn, next)
     }
 
     /// Removes live waiter `seq`; if it was the head, hands the turn to the next head (returned in
@@ -332,16 +336,25 @@ impl WaitQueue {
         true
     }
 
-    /// Drops waiter `seq` (its future was dropped, or it timed out). Returns whether it was still
-    /// queued or failed-but-unseen, that is, whether this counts as a cancellation.
-    pub(crate) fn cancel(&self, gate: &AtomicU64, seq: u64) -> bool {
+    /// Drops waiter `seq` (its future was dropped, or it timed out). Returns the counter the call
+    /// ends in: [`CANCELLED`] if it was still queued; [`REJECTED`] if the queue had already failed
+    /// it (closed, evicted, or too big after a reconfiguration) and it was dropped before it
+    /// looked, since that failure was the limiter's decision, not a wait given up; `None` if it
+    /// was neither (nothing to count).
+    fn cancel(&self, gate: &AtomicU64, seq: u64) -> Option<usize> {
         let mut next = Wake::Nobody;
-        let cancelled = {
+        let counted = {
             let mut waiters = lock(&self.waiters);
-            waiters.failed.remove(&seq).is_some() || self.leave(&mut waiters, gate, seq, &mut next)
+            if waiters.failed.remove(&seq).is_some() {
+                Some(REJECTED)
+            } else if self.leave(&mut waiters, gate, seq, &mut next) {
+                Some(CANCELLED)
+            } else {
+                None
+            }
         };
         next.wake();
-        cancelled
+        counted
     }
 
     /// Wakes the head (a concurrency limiter's release saw `WAITERS`).
@@ -397,9 +410,7 @@ impl WaitQueue {
                 }
             }
         }
-        for wake in wakes {
-            wake.wake();
-        }
+        wake_all(wakes, Wake::wake);
     }
 
     /// Closes the queue if nobody waits in it: later enqueues fail with `Closed`. True if closed
@@ -441,9 +452,7 @@ impl WaitQueue {
             gate.fetch_and(!WAITERS, Ordering::Relaxed);
             wakes
         };
-        for wake in wakes {
-            wake.wake();
-        }
+        wake_all(wakes, Wake::wake);
     }
 }
 
@@ -458,24 +467,75 @@ struct Ticket<'a> {
 
 impl Ticket<'_> {
     /// Looks at the turn; on `Done`, the ticket is spent and the outcome counted.
-    fn turn<T>(
+    ///
+    /// A head that leaves wakes the next head here, after its own outcome is secured: that wake
+    /// runs a foreign `Waker`, which may panic, and what `take` granted is not yet in the caller's
+    /// hands (a concurrency limiter builds its permit guard only once the wait returns). If the
+    /// wake unwinds, [`Granted`] hands the grant to `give_back` rather than letting the unwind drop
+    /// it with the permits or the admission still taken.
+    fn turn<T, G: FnMut(T)>(
         &mut self,
         who: Registration<'_>,
         take: impl FnOnce() -> Result<T, Blocked>,
+        give_back: &mut G,
     ) -> Turn<T> {
-        let turn = self.queue.turn(self.gate, self.seq, who, take);
-        if let Turn::Done(outcome) = &turn {
-            self.queued = false;
-            self.counters
-                .bump(if outcome.is_ok() { ADMITTED } else { REJECTED });
+        let (turn, next) = self.queue.turn(self.gate, self.seq, who, take);
+        let Turn::Done(outcome) = turn else {
+            return turn;
+        };
+        self.queued = false;
+        let value = match outcome {
+            Ok(value) => value,
+            Err(error) => {
+                // Nothing was granted: a panic in this wake loses nothing of the caller's.
+                self.counters.bump(REJECTED);
+                next.wake();
+                return Turn::Done(Err(error));
+            }
+        };
+        let mut granted = Granted {
+            value: Some(value),
+            give_back,
+            counters: self.counters,
+        };
+        next.wake();
+        match granted.value.take() {
+            Some(value) => {
+                self.counters.bump(ADMITTED);
+                Turn::Done(Ok(value))
+            }
+            // Cannot happen (nothing else takes it); failing is kinder than panicking here.
+            None => {
+                self.counters.bump(REJECTED);
+                Turn::Done(Err(AcquireError::Closed))
+            }
         }
-        turn
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        if self.queued && self.queue.cancel(self.gate, self.seq) {
+        if self.queued {
+            if let Some(which) = self.queue.cancel(self.gate, self.seq) {
+                self.counters.bump(which);
+            }
+        }
+    }
+}
+
+/// What a served head was granted, held while it wakes the next head. Dropped with the grant
+/// still inside only when that wake unwinds: it then gives the grant back to the limiter, and
+/// counts the call as cancelled (its poll panicked; the future cannot be used again).
+struct Granted<'a, 'g, T, G: FnMut(T)> {
+    value: Option<T>,
+    give_back: &'g mut G,
+    counters: &'a Counters,
+}
+
+impl<T, G: FnMut(T)> Drop for Granted<'_, '_, T, G> {
+    fn drop(&mut self) {
+        if let Some(value) = self.value.take() {
+            (self.give_back)(value);
             self.counters.bump(CANCELLED);
         }
     }
@@ -495,13 +555,20 @@ pub(crate) struct Wait<'a> {
 impl<'a> Wait<'a> {
     fn enqueue(&self) -> Result<Ticket<'a>, AcquireError> {
         match self.queue.enqueue(self.gate, self.permits) {
-            Ok(seq) => Ok(Ticket {
-                queue: self.queue,
-                gate: self.gate,
-                counters: self.counters,
-                seq,
-                queued: true,
-            }),
+            Ok((seq, evicted)) => {
+                let ticket = Ticket {
+                    queue: self.queue,
+                    gate: self.gate,
+                    counters: self.counters,
+                    seq,
+                    queued: true,
+                };
+                // Woken only now that our place has a ticket: if a waker panics, the unwind drops
+                // the ticket, which takes our waiter out of the queue. Before, nothing would have,
+                // and the queue would keep a waiter that nobody polls.
+                wake_all(evicted, Wake::wake);
+                Ok(ticket)
+            }
             Err(AcquireError::Closed) if self.retry_closed => Err(AcquireError::Closed),
             Err(error) => {
                 self.counters.bump(REJECTED);
@@ -510,8 +577,10 @@ impl<'a> Wait<'a> {
         }
     }
 
-    /// Waits in the queue as an async task. `sleep` is called when the head must wait for time
-    /// (`Blocked::Until`): it arms a timer for that many nanoseconds and polls it.
+    /// Waits in the queue as an async task. `take` is the head's attempt; `give_back` undoes one
+    /// that succeeded, for the rare poll that unwinds between the two (see [`Ticket::turn`]).
+    /// `sleep` is called when the head must wait for time (`Blocked::Until`): it arms a timer
+    /// for that many nanoseconds and polls it.
     ///
     /// Cancel safety: dropping the returned future at its await removes the waiter (the ticket's
     /// `Drop`) and, if it was the head, wakes the next one. Permits are taken only inside a poll
@@ -519,11 +588,12 @@ impl<'a> Wait<'a> {
     pub(crate) async fn run_async<T>(
         self,
         mut take: impl FnMut() -> Result<T, Blocked>,
+        mut give_back: impl FnMut(T),
         mut sleep: impl FnMut(&mut Context<'_>, u64) -> Poll<()>,
     ) -> Result<T, AcquireError> {
         let mut ticket = self.enqueue()?;
         std::future::poll_fn(|cx| loop {
-            match ticket.turn(Registration::Task(cx.waker()), &mut take) {
+            match ticket.turn(Registration::Task(cx.waker()), &mut take, &mut give_back) {
                 Turn::Done(outcome) => return Poll::Ready(outcome),
                 Turn::Wait(Blocked::Until(nanos)) => match sleep(cx, nanos) {
                     Poll::Ready(()) => continue,
@@ -536,19 +606,22 @@ impl<'a> Wait<'a> {
     }
 
     /// Waits in the queue on the calling thread, until served, failed, or `deadline` passes.
+    /// `take` and `give_back` as for [`run_async`](Self::run_async).
     pub(crate) fn run_blocking<T>(
         self,
         mut take: impl FnMut() -> Result<T, Blocked>,
+        mut give_back: impl FnMut(T),
         deadline: Option<std::time::Instant>,
     ) -> Result<T, AcquireError> {
         let mut ticket = self.enqueue()?;
         let signal = Arc::new(Signal::new());
         loop {
             let seen = signal.epoch();
-            let blocked = match ticket.turn(Registration::Thread(&signal), &mut take) {
-                Turn::Done(outcome) => return outcome,
-                Turn::Wait(blocked) => blocked,
-            };
+            let blocked =
+                match ticket.turn(Registration::Thread(&signal), &mut take, &mut give_back) {
+                    Turn::Done(outcome) => return outcome,
+                    Turn::Wait(blocked) => blocked,
+                };
             let left = match deadline {
                 Some(deadline) => {
                     let now = std::time::Instant::now();

@@ -32,6 +32,46 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// Runs a batch of wake-ups to the end even if some of them panic, then re-raises the first panic.
+///
+/// A `Waker`'s `wake` may panic. When one call hands out several grants or failures at once (a
+/// close, a batch of readers, a reconfiguration), each woken party already owns its outcome and
+/// will only see it if it is polled again: stopping at the first panicking waker would strand the
+/// rest for good. Each wake-up runs under `catch_unwind` rather than in a drop guard so that a
+/// second panicking waker is caught too instead of panicking during unwinding (which aborts).
+/// Costs nothing while nobody panics.
+#[derive(Default)]
+pub(crate) struct WakeAll {
+    panic: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl WakeAll {
+    /// Runs one wake-up; a panic in it is kept (the first one) for [`finish`](Self::finish).
+    pub(crate) fn run(&mut self, wake: impl FnOnce()) {
+        // Unwind safety: whatever `wake` touches is consumed by it (a waker, a signal) or is
+        // left consistent before the wake-ups start (every caller unlocks first).
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(wake)) {
+            self.panic.get_or_insert(panic);
+        }
+    }
+
+    /// Re-raises the first panic, once every wake-up has run.
+    pub(crate) fn finish(self) {
+        if let Some(panic) = self.panic {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+/// Calls `wake` on every item of `wakes`, all of them even if some panic (see [`WakeAll`]).
+pub(crate) fn wake_all<W>(wakes: impl IntoIterator<Item = W>, wake: impl Fn(W)) {
+    let mut all = WakeAll::default();
+    for item in wakes {
+        all.run(|| wake(item));
+    }
+    all.finish();
+}
+
 /// A one-thread wake-up signal for blocking waiters: an epoch counter that [`notify`](Self::notify)
 /// bumps.
 ///

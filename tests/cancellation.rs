@@ -4,14 +4,21 @@
 //! `admitted + rejected + cancelled` equals the number of acquire calls that ran.
 //!
 //! Real time on purpose: the races between a release, a timer and a drop are what is under test.
+//!
+//! Last, a served head whose poll unwinds because the next waiter's `Waker` panics: it must give
+//! back what it was granted, deterministically, on paused time or by hand.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use turnstile::{Algorithm, ConcurrencyLimiter, MonotonicClock, Rate, RateLimiter};
+use turnstile::{Algorithm, ConcurrencyLimiter, MonotonicClock, Rate, RateLimiter, TokioClock};
+
+#[path = "common/wakers.rs"]
+mod wakers;
+use wakers::{must_panic, panicky, poll_with};
 
 /// xorshift64*: a small deterministic generator per task, no dependency.
 struct Rng(u64);
@@ -253,4 +260,79 @@ fn rate_limiter_waiters_cancelled_at_random_never_over_admit() {
             .checked_sub(n * interval)
             .unwrap_or_else(|| panic!("over-admission at {t} ns"));
     }
+}
+
+// A `Waker` may panic in `wake`. A served head wakes the next head in the same poll in which it
+// takes its permits; if that wake panics, the unwind must not carry the permits away with it.
+
+#[test]
+fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_permit() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let mut head = Box::pin(limiter.acquire());
+    let mut next = Box::pin(limiter.acquire());
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &panicky()).is_pending());
+    drop(held);
+    // The head takes the permit, then wakes `next`, whose waker panics.
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop((head, next));
+    assert_eq!(
+        limiter.available(),
+        1,
+        "the permit went down with the panic"
+    );
+    let stats = limiter.stats();
+    assert_eq!(stats.waiting, 0);
+    // `held` admitted; the panicked head and the dropped `next` gave up their waits.
+    assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 0, 2));
+}
+
+#[test]
+fn a_panicking_waker_of_the_next_blocking_waiter_does_not_cost_the_served_head_its_permit() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let mut next = Box::pin(limiter.acquire());
+    std::thread::scope(|scope| {
+        let head = scope.spawn(|| limiter.acquire_blocking().map(drop));
+        while limiter.stats().waiting < 1 {
+            std::thread::yield_now();
+        }
+        assert!(poll_with(next.as_mut(), &panicky()).is_pending());
+        drop(held);
+        // The blocking head is served, wakes `next`, and unwinds.
+        assert!(head.join().is_err());
+    });
+    drop(next);
+    assert_eq!(limiter.available(), 1);
+    assert_eq!(limiter.stats().waiting, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_admission() {
+    let window = Duration::from_secs(1);
+    let limiter = RateLimiter::with_clock(
+        Algorithm::FixedWindow { limit: 1, window },
+        TokioClock::new(),
+    )
+    .unwrap();
+    limiter.try_acquire().unwrap();
+    let mut head = Box::pin(limiter.acquire());
+    let mut next = Box::pin(limiter.acquire());
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &panicky()).is_pending());
+    tokio::time::advance(window).await;
+    // The head is admitted in the new window, then wakes `next`, whose waker panics.
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop((head, next));
+    assert_eq!(
+        limiter.stats().available,
+        1,
+        "the admission went down with the panic"
+    );
+    assert!(limiter.try_acquire().is_ok());
 }

@@ -4,8 +4,13 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Duration;
 use turnstile::{AcquireError, KeyOverflow, KeyedConcurrencyLimiter, QueueOrder, TryPermitError};
+
+#[path = "common/wakers.rs"]
+mod wakers;
+use wakers::{counting, must_panic, panicky, poll_with};
 
 #[test]
 fn per_key_limit_holds_on_real_threads() {
@@ -757,4 +762,64 @@ fn a_woken_head_keeps_its_key_from_sweeps_and_the_cap() {
         assert_eq!(limiter.sweep(), 1);
         assert_eq!(limiter.stats().evicted, 1);
     }
+}
+
+/// A served head whose wake-up of the next waiter panics gives its permit back to the key.
+#[test]
+fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_permit() {
+    let limiter = KeyedConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire(&7u64).unwrap();
+    let mut head = Box::pin(limiter.acquire(&7));
+    let mut next = Box::pin(limiter.acquire(&7));
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &panicky()).is_pending());
+    drop(held);
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop((head, next));
+    assert_eq!(
+        limiter.available(&7),
+        1,
+        "the permit went down with the panic"
+    );
+    assert!(limiter.try_acquire(&7).is_ok());
+}
+
+/// `set_limit` walks every key's queue; a panicking waker in one of them must not stop the walk
+/// (nor the wake-ups in its own queue). Several keys, so that the walk meets a panic early
+/// whatever order it visits them in.
+#[test]
+fn set_limit_reaches_every_key_even_if_a_waker_panics() {
+    let limiter = KeyedConcurrencyLimiter::new(2).unwrap();
+    let keys: Vec<u64> = (0..8).collect();
+    let held: Vec<_> = keys
+        .iter()
+        .map(|k| limiter.try_acquire_n(k, 2).unwrap())
+        .collect();
+    let mut waiters = Vec::new();
+    let mut counters = Vec::new();
+    for k in &keys {
+        let (woken, waker) = counting();
+        let mut first = Box::pin(limiter.acquire_n(k, 2));
+        let mut second = Box::pin(limiter.acquire_n(k, 2));
+        assert!(poll_with(first.as_mut(), &panicky()).is_pending());
+        assert!(poll_with(second.as_mut(), &waker).is_pending());
+        waiters.push((first, second));
+        counters.push(woken);
+    }
+    // Both waiters of every key now ask for more than the limit: all fail, all are woken.
+    must_panic(|| {
+        let _ = limiter.set_limit(1);
+    });
+    let woken: Vec<usize> = counters.iter().map(|c| c.wakes()).collect();
+    assert_eq!(woken, vec![1; 8], "some failed waiters were never woken");
+    for (_, second) in &mut waiters {
+        assert!(matches!(
+            poll_with(second.as_mut(), Waker::noop()),
+            std::task::Poll::Ready(Err(AcquireError::InsufficientCapacity { .. }))
+        ));
+    }
+    drop((waiters, held));
+    assert_eq!(limiter.stats().waiting, 0);
 }

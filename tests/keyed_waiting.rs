@@ -3,12 +3,17 @@
 //! has waiters.
 
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Duration;
 use tokio::time::Instant;
 use turnstile::{
     AcquireError, Algorithm, KeyOverflow, KeyedLimiter, QueueOrder, Rate, TokioClock,
     TryAcquireError,
 };
+
+#[path = "common/wakers.rs"]
+mod wakers;
+use wakers::{must_panic, panicky, poll_with};
 
 type Limiter = KeyedLimiter<&'static str, TokioClock>;
 
@@ -432,4 +437,50 @@ async fn reset_serves_the_keys_waiter_at_once() {
         0,
         "the waiter took the fresh permit"
     );
+}
+
+/// A served head whose wake-up of the next waiter panics gives its admission back to the key.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_admission() {
+    let limiter = bucket(1, 1);
+    limiter.try_acquire(&"k").unwrap();
+    let mut head = Box::pin(limiter.acquire(&"k"));
+    let mut next = Box::pin(limiter.acquire(&"k"));
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &panicky()).is_pending());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop((head, next));
+    assert_eq!(
+        limiter.available(&"k"),
+        1,
+        "the admission went down with the panic"
+    );
+    assert!(limiter.try_acquire(&"k").is_ok());
+}
+
+/// A waiter evicted to make room (newest first) and dropped before it looks again was failed by
+/// the limiter: it counts as rejected, not as a wait given up.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_evicted_waiter_dropped_unseen_counts_as_rejected() {
+    let limiter: Limiter = KeyedLimiter::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 1,
+    })
+    .clock(TokioClock::new())
+    .queue_order(QueueOrder::NewestFirst)
+    .queue_limit(1)
+    .build()
+    .unwrap();
+    limiter.try_acquire(&"k").unwrap();
+    let mut evicted = Box::pin(limiter.acquire(&"k"));
+    let mut newest = Box::pin(limiter.acquire(&"k"));
+    assert!(poll_with(evicted.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(newest.as_mut(), Waker::noop()).is_pending());
+    drop((evicted, newest));
+    let stats = limiter.stats();
+    // `newest` gave up its wait; `evicted` was failed with `QueueFull` before it was dropped.
+    assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 1, 1));
 }

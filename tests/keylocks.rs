@@ -14,6 +14,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use turnstile::{KeyLocks, TryLockError};
 
+#[path = "common/wakers.rs"]
+mod wakers;
+use wakers::{counting, must_panic, panicky, poll_with};
+
 const WRITER: u64 = 1 << 32;
 
 /// One counter per key, checked from inside critical sections.
@@ -958,4 +962,48 @@ fn builder_rejects_bad_shard_counts() {
     let locks = KeyLocks::<u8>::new();
     assert!(locks.shards() >= 4 && locks.shards().is_power_of_two());
     assert!(format!("{locks:?}").starts_with("KeyLocks"));
+}
+
+/// Two readers granted by one release: the first one's waker panics, and the second must still be
+/// woken, or it would hold its read lock unseen, keeping the key locked for good.
+#[test]
+fn a_panicking_waker_does_not_strand_the_other_granted_readers() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    let writing = locks.try_write(&0).unwrap();
+    let (woken, waker) = counting();
+    let mut first = Box::pin(locks.read(&0));
+    let mut second = Box::pin(locks.read(&0));
+    assert!(poll_with(first.as_mut(), &panicky()).is_pending());
+    assert!(poll_with(second.as_mut(), &waker).is_pending());
+    must_panic(|| drop(writing));
+    assert_eq!(woken.wakes(), 1, "a granted reader was never woken");
+    let Poll::Ready(reading) = poll_once(second.as_mut()) else {
+        panic!("the second reader was granted");
+    };
+    drop((reading, first, second));
+    assert!(locks.is_empty());
+    assert!(locks.try_write(&0).is_ok());
+}
+
+/// A downgrade whose wake-up of the readers it grants panics: the guard, dropped by the unwind,
+/// gives back the read hold it had become, and every granted reader is still woken.
+#[test]
+fn a_downgrade_that_panics_in_a_waker_gives_back_its_read_hold() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    let writing = locks.try_write(&0).unwrap();
+    let (woken, waker) = counting();
+    let mut first = Box::pin(locks.read(&0));
+    let mut second = Box::pin(locks.read(&0));
+    assert!(poll_with(first.as_mut(), &panicky()).is_pending());
+    assert!(poll_with(second.as_mut(), &waker).is_pending());
+    must_panic(|| drop(writing.downgrade()));
+    assert_eq!(woken.wakes(), 1);
+    // The granted-but-unseen first reader gives its hold back when dropped.
+    drop(first);
+    let Poll::Ready(reading) = poll_once(second.as_mut()) else {
+        panic!("the second reader was granted");
+    };
+    drop((reading, second));
+    assert!(locks.is_empty(), "a read hold outlived every guard");
+    assert!(locks.try_write(&0).is_ok());
 }

@@ -4,9 +4,13 @@
 //! the limiter's clock agree to the nanosecond and "wakes exactly when its slot frees" can be
 //! asserted with `==`. Concurrency waits need no time at all. Only the blocking tests use real
 //! threads, because blocking is what they test.
+//!
+//! Last, calls that fail or serve several waiters at once (close, eviction, a new limit) must wake
+//! every one of them even when one `Waker` panics; those tests poll by hand.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -14,6 +18,10 @@ use turnstile::{
     AcquireError, Algorithm, ConcurrencyLimiter, QueueOrder, Rate, RateLimiter, TokioClock,
     TryAcquireError, TryPermitError,
 };
+
+#[path = "common/wakers.rs"]
+mod wakers;
+use wakers::{counting, must_panic, panicky, poll_with};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -705,4 +713,102 @@ async fn newest_first_acquire_that_fits_now_does_not_evict_a_queued_waiter() {
     assert_eq!(start.elapsed(), Duration::from_secs(7));
     let stats = limiter.stats();
     assert_eq!((stats.admitted, stats.rejected, stats.waiting), (4, 0, 0));
+}
+
+// Calls that fail or serve several waiters at once wake them all, even when one `Waker` panics:
+// each of them already has its outcome and sees it only when polled again.
+
+#[test]
+fn close_wakes_every_waiter_even_if_a_waker_panics() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let _held = limiter.try_acquire().unwrap();
+    let (woken, waker) = counting();
+    let mut first = Box::pin(limiter.acquire());
+    let mut second = Box::pin(limiter.acquire());
+    assert!(poll_with(first.as_mut(), &panicky()).is_pending());
+    assert!(poll_with(second.as_mut(), &waker).is_pending());
+    must_panic(|| limiter.close());
+    assert_eq!(
+        woken.wakes(),
+        1,
+        "the waiter behind the panicking waker was never woken"
+    );
+    assert!(matches!(
+        poll_with(second.as_mut(), Waker::noop()),
+        Poll::Ready(Err(AcquireError::Closed))
+    ));
+}
+
+#[test]
+fn a_waiter_failed_by_close_and_dropped_unseen_counts_as_rejected() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let _held = limiter.try_acquire().unwrap();
+    let mut waiter = Box::pin(limiter.acquire());
+    assert!(poll_with(waiter.as_mut(), Waker::noop()).is_pending());
+    limiter.close();
+    drop(waiter);
+    let stats = limiter.stats();
+    // The limiter failed it; it gave nothing up.
+    assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 1, 0));
+}
+
+#[test]
+fn eviction_wakes_every_evicted_waiter_even_if_a_waker_panics() {
+    let limiter = ConcurrencyLimiter::builder(2)
+        .queue_order(QueueOrder::NewestFirst)
+        .queue_limit(2)
+        .build()
+        .unwrap();
+    let held = limiter.try_acquire_n(2).unwrap();
+    let (woken, waker) = counting();
+    let mut oldest = Box::pin(limiter.acquire());
+    let mut older = Box::pin(limiter.acquire());
+    let mut newest = Box::pin(limiter.acquire_n(2));
+    assert!(poll_with(oldest.as_mut(), &panicky()).is_pending());
+    assert!(poll_with(older.as_mut(), &waker).is_pending());
+    // `newest` needs the whole queue: both are evicted, the oldest's waker panics first.
+    must_panic(|| {
+        let _ = poll_with(newest.as_mut(), Waker::noop());
+    });
+    assert_eq!(woken.wakes(), 1, "an evicted waiter was never woken");
+    assert!(matches!(
+        poll_with(older.as_mut(), Waker::noop()),
+        Poll::Ready(Err(AcquireError::QueueFull { .. }))
+    ));
+    // The unwind took `newest` out of the queue: nobody is left waiting for a poll that never
+    // comes, so the released permit is free.
+    assert_eq!(limiter.stats().waiting, 0);
+    drop((oldest, newest, held));
+    assert_eq!(limiter.available(), 2);
+    let stats = limiter.stats();
+    // Both evicted waiters were rejected (`oldest` dropped without looking); `newest` gave up.
+    assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 2, 1));
+}
+
+#[test]
+fn set_limit_wakes_every_failed_waiter_and_the_head_even_if_a_waker_panics() {
+    let limiter = ConcurrencyLimiter::new(4).unwrap();
+    let held = limiter.try_acquire_n(4).unwrap();
+    let (failed_woken, failed_waker) = counting();
+    let (head_woken, head_waker) = counting();
+    let mut too_big = Box::pin(limiter.acquire_n(4));
+    let mut also_too_big = Box::pin(limiter.acquire_n(3));
+    let mut fits = Box::pin(limiter.acquire_n(1));
+    assert!(poll_with(too_big.as_mut(), &panicky()).is_pending());
+    assert!(poll_with(also_too_big.as_mut(), &failed_waker).is_pending());
+    assert!(poll_with(fits.as_mut(), &head_waker).is_pending());
+    must_panic(|| {
+        let _ = limiter.set_limit(2);
+    });
+    assert_eq!((failed_woken.wakes(), head_woken.wakes()), (1, 1));
+    assert!(matches!(
+        poll_with(also_too_big.as_mut(), Waker::noop()),
+        Poll::Ready(Err(AcquireError::InsufficientCapacity { .. }))
+    ));
+    drop(held);
+    assert!(matches!(
+        poll_with(fits.as_mut(), Waker::noop()),
+        Poll::Ready(Ok(_))
+    ));
+    drop(too_big);
 }

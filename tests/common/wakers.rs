@@ -1,0 +1,56 @@
+//! Wakers for tests that poll futures by hand: one that counts its wake-ups, and one whose `wake`
+//! panics (the `Waker` contract allows it), to check that one bad waker strands nobody else.
+
+#![allow(dead_code)] // each test binary uses the helpers it needs
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+/// Counts the wake-ups of the wakers made from it.
+#[derive(Default)]
+pub struct Counter(AtomicUsize);
+
+impl Counter {
+    pub fn wakes(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Wake for Counter {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A waker and the counter of its wake-ups.
+pub fn counting() -> (Arc<Counter>, Waker) {
+    let counter = Arc::new(Counter::default());
+    (Arc::clone(&counter), Waker::from(Arc::clone(&counter)))
+}
+
+struct Panicky;
+
+impl Wake for Panicky {
+    fn wake(self: Arc<Self>) {
+        panic!("this waker panics in wake");
+    }
+}
+
+/// A waker whose `wake` panics.
+pub fn panicky() -> Waker {
+    Waker::from(Arc::new(Panicky))
+}
+
+/// Polls `fut` once with `waker`.
+pub fn poll_with<F: Future + ?Sized>(fut: Pin<&mut F>, waker: &Waker) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(waker))
+}
+
+/// Runs `f`, which must panic (a panicking waker inside it); the panic is caught here.
+pub fn must_panic(f: impl FnOnce()) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    assert!(outcome.is_err(), "expected the panicking waker to panic");
+}
