@@ -537,6 +537,11 @@ fn a_byte_order_mark_before_a_configuration_is_skipped() {
     }
 }
 
+/// Whether `GET /` from `ip` with `client` is rejected.
+fn get_rejected(l: &HttpLimiter<ManualClock>, ip: [u8; 4], client: Option<&str>) -> bool {
+    rejected(&decide_as(l, &http::Method::GET, "/", ip, client))
+}
+
 /// `decide` for a request that may carry a client id.
 fn decide_as(
     l: &HttpLimiter<ManualClock>,
@@ -563,23 +568,14 @@ fn aspnet_ip_and_client_rules_of_one_period_both_apply() {
       "ClientRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 2}]}
     }"#;
     let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
-    let get = http::Method::GET;
     // One IP, a fresh client id each time: the IP rule (3 per minute) stops the 4th.
     let outcomes: Vec<bool> = (0..4)
-        .map(|i| {
-            rejected(&decide_as(
-                &l,
-                &get,
-                "/",
-                [1, 1, 1, 1],
-                Some(&format!("c{i}")),
-            ))
-        })
+        .map(|i| get_rejected(&l, [1, 1, 1, 1], Some(&format!("c{i}"))))
         .collect();
     assert_eq!(outcomes, [false, false, false, true]);
     // One client id from fresh addresses: the client rule (2 per minute) stops the 3rd.
     let outcomes: Vec<bool> = (0..3)
-        .map(|i| rejected(&decide_as(&l, &get, "/", [2, 2, 2, i], Some("same"))))
+        .map(|i| get_rejected(&l, [2, 2, 2, i], Some("same")))
         .collect();
     assert_eq!(outcomes, [false, false, true]);
 }
@@ -595,21 +591,8 @@ fn aspnet_policies_override_their_own_sections_rules_only() {
         {"Endpoint": "*", "Period": "1m", "Limit": 50}]}]}
     }"#;
     let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
-    let get = http::Method::GET;
-    assert!(!rejected(&decide_as(
-        &l,
-        &get,
-        "/",
-        [1, 1, 1, 1],
-        Some("partner")
-    )));
-    assert!(rejected(&decide_as(
-        &l,
-        &get,
-        "/",
-        [1, 1, 1, 1],
-        Some("partner")
-    )));
+    assert!(!get_rejected(&l, [1, 1, 1, 1], Some("partner")));
+    assert!(get_rejected(&l, [1, 1, 1, 1], Some("partner")));
 }
 
 /// `IpWhitelist` is an option of `IpRateLimiting`: there it exempts the address from the IP
@@ -626,29 +609,11 @@ fn aspnet_whitelists_apply_to_their_own_section() {
     let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
     let get = http::Method::GET;
     // Whitelisted by IP, still counted by client id.
-    assert!(!rejected(&decide_as(
-        &l,
-        &get,
-        "/",
-        [1, 1, 1, 1],
-        Some("c")
-    )));
-    assert!(rejected(&decide_as(&l, &get, "/", [1, 1, 1, 1], Some("c"))));
+    assert!(!get_rejected(&l, [1, 1, 1, 1], Some("c")));
+    assert!(get_rejected(&l, [1, 1, 1, 1], Some("c")));
     // Whitelisted by client id, still counted by IP.
-    assert!(!rejected(&decide_as(
-        &l,
-        &get,
-        "/",
-        [2, 2, 2, 2],
-        Some("trusted")
-    )));
-    assert!(rejected(&decide_as(
-        &l,
-        &get,
-        "/",
-        [2, 2, 2, 2],
-        Some("trusted")
-    )));
+    assert!(!get_rejected(&l, [2, 2, 2, 2], Some("trusted")));
+    assert!(get_rejected(&l, [2, 2, 2, 2], Some("trusted")));
     // Whitelisted by both: whitelisted.
     assert_eq!(
         decide_as(&l, &get, "/", [1, 1, 1, 1], Some("trusted")).outcome,
@@ -721,13 +686,7 @@ fn aspnet_missing_client_id_is_anon() {
         second.outcome
     );
     // And so is one sending the id "anon".
-    assert!(rejected(&decide_as(
-        &l,
-        &get,
-        "/",
-        [3, 3, 3, 3],
-        Some("anon")
-    )));
+    assert!(get_rejected(&l, [3, 3, 3, 3], Some("anon")));
 }
 
 /// There the path is lower-cased and its trailing `/` trimmed before matching and counting.

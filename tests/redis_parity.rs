@@ -51,6 +51,17 @@ local redis = setmetatable({
 }, {__index = real})
 ";
 
+/// The four algorithms' scripts with the test's clock (see `fake_clock_script`): fixed window,
+/// sliding window, sliding counter, token bucket.
+fn fake_clock_scripts() -> [String; 4] {
+    [
+        fake_clock_script(FIXED, "fixed_window"),
+        fake_clock_script(SLIDING, "sliding_window"),
+        fake_clock_script(COUNTER, "sliding_counter"),
+        fake_clock_script(BUCKET, "token_bucket"),
+    ]
+}
+
 /// The shipped prelude and algorithm, and a runner like `single` that takes `now` (µs) from
 /// ARGV[4], without expiries (see `NO_EXPIRY`). Like `single` it repairs whenever it does not
 /// commit: that is where state met under other parameters is rewritten.
@@ -307,10 +318,7 @@ fn lcm(a: u64, b: u64) -> u64 {
 fn lua_algorithms_decide_as_the_in_memory_ones() {
     let server = RedisServer::start();
     let mut con = server.connection();
-    let fixed = fake_clock_script(FIXED, "fixed_window");
-    let sliding = fake_clock_script(SLIDING, "sliding_window");
-    let counter = fake_clock_script(COUNTER, "sliding_counter");
-    let bucket = fake_clock_script(BUCKET, "token_bucket");
+    let [fixed, sliding, counter, bucket] = fake_clock_scripts();
     for seed in 1..=6u64 {
         for (limit, window_us) in [
             (1u32, 1_000_000u64),
@@ -376,10 +384,7 @@ fn lua_algorithms_decide_as_the_in_memory_ones() {
 fn lua_algorithms_meeting_other_parameters_decide_as_reconfigured_in_memory_ones() {
     let server = RedisServer::start();
     let mut con = server.connection();
-    let fixed = fake_clock_script(FIXED, "fixed_window");
-    let sliding = fake_clock_script(SLIDING, "sliding_window");
-    let counter = fake_clock_script(COUNTER, "sliding_counter");
-    let bucket = fake_clock_script(BUCKET, "token_bucket");
+    let [fixed, sliding, counter, bucket] = fake_clock_scripts();
     // (limit, window µs) before and after: lowered, raised, shorter, longer, and both.
     let changes = [
         ((5u32, 1_000_000u64), (2u32, 1_000_000u64)),
