@@ -630,25 +630,12 @@ fn aspnet_period_placeholder_is_the_period_as_written() {
             r#"{{"IpRateLimiting": {{"QuotaExceededMessage": "max {{0}} per {{1}}",
             "GeneralRules": [{{"Endpoint": "*", "Period": "{period}", "Limit": 1}}]}}}}"#
         );
-        let config = HttpConfig::from_aspnet_json(&doc).unwrap();
-        let response_config = config.response.clone();
-        let l = limiter(config);
-        let get = http::Method::GET;
-        decide(&l, &get, "/", [1, 1, 1, 1]);
-        let v = decide(&l, &get, "/", [1, 1, 1, 1]);
-        let r = turnstile::http::rejection_response(&v, &response_config).unwrap();
-        assert_eq!(
-            std::str::from_utf8(r.body()).unwrap(),
-            format!("max 1 per {period}")
-        );
+        assert_eq!(second_request_body(&doc), format!("max 1 per {period}"));
     }
 }
 
-/// `{{rule}}` in a .NET format string is the literal text `{rule}`, not the rule's name.
-#[test]
-fn aspnet_escaped_braces_are_literal_text() {
-    let doc = r#"{"IpRateLimiting": {"QuotaExceededMessage": "{{rule}} {{reason}} {{0}} {0}",
-        "GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]}}"#;
+/// The body of the rejection `doc`'s limit of 1 gives the second `GET /` from one address.
+fn second_request_body(doc: &str) -> String {
     let config = HttpConfig::from_aspnet_json(doc).unwrap();
     let response_config = config.response.clone();
     let l = limiter(config);
@@ -656,10 +643,15 @@ fn aspnet_escaped_braces_are_literal_text() {
     decide(&l, &get, "/", [1, 1, 1, 1]);
     let v = decide(&l, &get, "/", [1, 1, 1, 1]);
     let r = turnstile::http::rejection_response(&v, &response_config).unwrap();
-    assert_eq!(
-        std::str::from_utf8(r.body()).unwrap(),
-        "{rule} {reason} {0} 1"
-    );
+    String::from_utf8(r.body().to_vec()).unwrap()
+}
+
+/// `{{rule}}` in a .NET format string is the literal text `{rule}`, not the rule's name.
+#[test]
+fn aspnet_escaped_braces_are_literal_text() {
+    let doc = r#"{"IpRateLimiting": {"QuotaExceededMessage": "{{rule}} {{reason}} {{0}} {0}",
+        "GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]}}"#;
+    assert_eq!(second_request_body(doc), "{rule} {reason} {0} 1");
 }
 
 /// There a request without the client id header is the client "anon"
