@@ -96,6 +96,43 @@ pub trait Store: Send + Sync + 'static {
         value: Vec<u8>,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Removes the value at `key`: true if there was one (unexpired). Used by
+    /// [`StoreLimiter::reset`].
+    ///
+    /// Optional: the default needs only `get` and `set`. It reads the key and, if a value is
+    /// there, overwrites it with an empty value that expires after 1 ms: every [`StoreLimiter`]
+    /// (of any algorithm, and of every version so far) reads an empty value as no state, and the
+    /// store drops it soon after. Override it where the store can delete (memcached's `delete`,
+    /// SQL's `DELETE`): one round trip instead of two, and the key is gone at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// The limiter may drop this future; the value may then have been removed or not, and either
+    /// is fine for the limiter. An override must not leave a value that is neither the old one
+    /// nor absent (the default writes nothing if dropped during its `get`, and its one `set` is
+    /// the store's own, whole or not at all).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # async fn demo<S: turnstile::Store>(store: &S) -> Result<(), S::Error> {
+    /// if store.delete(b"login:alice:fw").await? {
+    ///     println!("alice's failed logins are forgiven");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn delete(&self, key: &[u8]) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        async move {
+            // An empty value is what this default itself leaves behind: nothing to remove.
+            let held = self.get(key).await?.is_some_and(|v| !v.is_empty());
+            if held {
+                self.set(key, Vec::new(), Duration::from_millis(1)).await?;
+            }
+            Ok(held)
+        }
+    }
 }
 
 /// Wall-clock nanoseconds since the Unix epoch, never going back within this process (a step
@@ -411,6 +448,91 @@ impl<S: Store> StoreLimiter<S> {
             }
             Err(e) => Err(inner.count(1, e)),
         }
+    }
+
+    /// Forgets `subject`'s state in the store: its next call, through this limiter or any other
+    /// sharing the store and prefix, starts as a subject seen for the first time would, with the
+    /// full limit (burst). `Ok(true)` if the store held state for it, `Ok(false)` if it had none
+    /// (never seen, or expired), when nothing changes. As
+    /// [`RedisLimiter::reset`](crate::RedisLimiter::reset) and
+    /// [`KeyedLimiter::reset`](crate::KeyedLimiter::reset) do, for a login's failure counter
+    /// once the password was right, a client cleared by an operator, and so on.
+    ///
+    /// The state is removed with [`Store::delete`], under the subject's write lock in
+    /// [`KeyLocks`], the one its decisions hold from `get` to `set`: a decision in this process
+    /// that races the reset is decided and stored wholly before it (and forgotten with the rest)
+    /// or wholly after it, on the fresh state; none writes the old state back over the reset.
+    /// Decisions in other processes are not serialised with it (see the module docs): one that
+    /// read the old state before the reset can still store its admission on it afterwards.
+    ///
+    /// **Why `delete`, a trait method with a default.** The store has no delete of its own, and
+    /// the alternative, writing a fresh state with the shortest TTL, would need no trait change.
+    /// But a fresh state is one algorithm's bytes, written whether or not there was state (so it
+    /// could not say which), and a store that can delete could not do so. `Store::delete`'s
+    /// default needs only get and set (it reads the key, and overwrites a value it finds with an
+    /// empty one expiring after 1 ms, which every algorithm reads as no state), and a store that
+    /// overrides it removes the key in one round trip. Existing `Store` implementations compile
+    /// unchanged.
+    ///
+    /// # Errors
+    ///
+    /// The store's error if `delete` failed (not counted in [`stats`](Self::stats), which counts
+    /// decisions). The state may then be there still.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits for the lock changes nothing. Dropped during `delete`,
+    /// the state may or may not have been removed (see [`Store::delete`]); either way it is
+    /// whole, and the next decision on the subject runs on it or on a fresh one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::collections::HashMap;
+    /// # use std::sync::Mutex;
+    /// # use std::time::{Duration, Instant};
+    /// # #[derive(Default)]
+    /// # struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+    /// # impl turnstile::Store for Memory {
+    /// #     type Error = std::convert::Infallible;
+    /// #     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+    /// #         let map = self.0.lock().unwrap();
+    /// #         Ok(map.get(key).filter(|(_, until)| *until > Instant::now()).map(|(v, _)| v.clone()))
+    /// #     }
+    /// #     async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+    /// #         self.0.lock().unwrap().insert(key.to_vec(), (value, Instant::now() + ttl));
+    /// #         Ok(())
+    /// #     }
+    /// # }
+    /// use turnstile::{Algorithm, StoreLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Five failed logins per user per 15 minutes.
+    /// let failures = StoreLimiter::new(
+    ///     Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(15 * 60) },
+    ///     "failed-logins",
+    ///     Memory::default(),
+    /// )?;
+    /// for _ in 0..5 {
+    ///     failures.try_acquire("alice").await?;
+    /// }
+    /// assert!(failures.try_acquire("alice").await.is_err());
+    /// // Alice got her password right: her failures are forgiven.
+    /// assert!(failures.reset("alice").await?);
+    /// assert_eq!(failures.try_acquire("alice").await?.remaining(), 4);
+    /// assert!(!failures.reset("bob").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn reset<K>(&self, subject: &K) -> Result<bool, S::Error>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        let inner = &*self.inner;
+        let key = self.key(subject);
+        let _guard = inner.locks.write(&key[..]).await;
+        inner.store.delete(&key).await
     }
 
     /// The store key of `subject`: `prefix:subject:suffix`.

@@ -300,3 +300,127 @@ mod stored_values {
         }
     }
 }
+
+/// `reset`: the subject's next call starts fresh, every other subject keeps its state, and the
+/// default `Store::delete` (get, then an empty value for 1 ms) leaves nothing that counts.
+#[tokio::test]
+async fn reset_forgets_one_subject_and_keeps_the_others() {
+    for algorithm in common::all_algorithms(3, Duration::from_secs(60)) {
+        let store = Memory::default();
+        let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
+        limiter.try_acquire_n("a", 3).await.unwrap();
+        assert!(limiter.try_acquire("a").await.is_err(), "{algorithm:?}");
+        limiter.try_acquire("b").await.unwrap();
+        assert!(limiter.reset("a").await.unwrap(), "{algorithm:?}");
+        {
+            // What the default delete leaves: an empty value, gone within a millisecond.
+            let map = store.map.lock().unwrap();
+            let (value, until) = &map[&limiter.key("a")];
+            assert!(value.is_empty(), "{algorithm:?}");
+            assert!(*until <= Instant::now() + Duration::from_millis(1));
+        }
+        // Nothing left to forget: the empty value is no state.
+        assert!(!limiter.reset("a").await.unwrap(), "{algorithm:?}");
+        assert!(!limiter.reset("never-seen").await.unwrap());
+        for left in [2, 1, 0] {
+            let admission = limiter.try_acquire("a").await.unwrap();
+            assert_eq!(admission.remaining(), left, "{algorithm:?}");
+        }
+        assert!(limiter.try_acquire("a").await.is_err(), "{algorithm:?}");
+        // "b" still has the one permit it took counted against it.
+        assert_eq!(
+            limiter.try_acquire_n("b", 2).await.unwrap().remaining(),
+            0,
+            "{algorithm:?}"
+        );
+        assert!(limiter.try_acquire("b").await.is_err(), "{algorithm:?}");
+    }
+}
+
+#[tokio::test]
+async fn reset_on_a_failing_store_is_the_store_error() {
+    let store = Memory::default();
+    let limiter = StoreLimiter::new(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(60),
+        },
+        "t",
+        store.clone(),
+    )
+    .unwrap();
+    limiter.try_acquire("a").await.unwrap();
+    store.fail.store(true, Ordering::Relaxed);
+    assert!(limiter.reset("a").await.is_err());
+    // A reset is not a decision: the stats count none.
+    assert_eq!(limiter.stats().errors, 0);
+    store.fail.store(false, Ordering::Relaxed);
+    assert!(
+        limiter.try_acquire("a").await.is_err(),
+        "the state is still there"
+    );
+    assert!(limiter.reset("a").await.unwrap());
+    limiter.try_acquire("a").await.unwrap();
+}
+
+/// A reset racing a decision on the same subject is serialised with it by the subject's lock.
+/// The store answers a `get` with what it held when asked and yields before the reply arrives,
+/// and yields before a `set` lands, as a network store does; its `delete` is immediate. Without
+/// the lock the reset would run between the decision's `get` and `set`, and the decision would
+/// write the state it read before the reset back over it.
+mod reset_race {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use turnstile::{Store, StoreLimiter};
+
+    #[derive(Default, Clone)]
+    struct Slow {
+        map: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+        deletes: Arc<AtomicU64>,
+    }
+
+    impl Store for Slow {
+        type Error = std::convert::Infallible;
+
+        async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+            let value = self.map.lock().unwrap().get(key).cloned();
+            tokio::task::yield_now().await;
+            Ok(value)
+        }
+
+        async fn set(&self, key: &[u8], value: Vec<u8>, _: Duration) -> Result<(), Self::Error> {
+            tokio::task::yield_now().await;
+            self.map.lock().unwrap().insert(key.to_vec(), value);
+            Ok(())
+        }
+
+        async fn delete(&self, key: &[u8]) -> Result<bool, Self::Error> {
+            self.deletes.fetch_add(1, Ordering::Relaxed);
+            Ok(self.map.lock().unwrap().remove(key).is_some())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reset_racing_a_decision_is_serialised_with_it() {
+        for algorithm in crate::common::all_algorithms(2, Duration::from_secs(60)) {
+            let store = Slow::default();
+            let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
+            limiter.try_acquire("x").await.unwrap();
+            // The decision is polled first: it takes the lock and reads the state with one
+            // permit taken; the reset then waits for it.
+            let (decided, reset) = tokio::join!(limiter.try_acquire("x"), limiter.reset("x"));
+            assert_eq!(decided.unwrap().remaining(), 0, "{algorithm:?}");
+            assert_eq!(reset, Ok(true), "{algorithm:?}");
+            assert_eq!(
+                store.deletes.load(Ordering::Relaxed),
+                1,
+                "the override is used"
+            );
+            // Decided before the reset, forgotten with the rest: the full limit again.
+            let fresh = limiter.try_acquire_n("x", 2).await;
+            assert_eq!(fresh.map(|a| a.remaining()), Ok(0), "{algorithm:?}");
+        }
+    }
+}
