@@ -267,12 +267,15 @@ impl<S> fmt::Debug for StoreLimiter<S> {
 /// What to store after an admission: the state's bytes and their TTL.
 type Write = Option<(Vec<u8>, Duration)>;
 
-/// One decision on stored bytes: the verdict, and what to store if it admitted.
+/// One decision on stored bytes: the verdict, and what to store if it admitted. `outlived` gives
+/// the latest time (clock ns) until which the saved words can restrict beyond the admission's
+/// own `reset_after` (0 if never), so that the TTL covers it too.
 fn run<A: Algo, C: Clock>(
     algo: &A,
     stored: Option<&[u8]>,
     n: u32,
     clock: &C,
+    outlived: fn(&[u64]) -> u64,
 ) -> (Result<Admission, TryAcquireError>, Write) {
     let words: Option<Vec<u64>> = stored.filter(|b| b.len() % 8 == 0).map(|b| {
         b.chunks_exact(8)
@@ -285,16 +288,35 @@ fn run<A: Algo, C: Clock>(
     let result = algo.try_acquire(&cell, n, clock);
     let save = match &result {
         Ok(admission) if n > 0 => {
-            let bytes = A::save(&cell)
-                .into_iter()
-                .flat_map(u64::to_le_bytes)
-                .collect();
-            let ttl = admission.reset_after().max(Duration::from_millis(1));
+            let words = A::save(&cell);
+            let outlives = outlived(&words).saturating_sub(admission.at_nanos());
+            let ttl = admission
+                .reset_after()
+                .max(Duration::from_nanos(outlives))
+                .max(Duration::from_millis(1));
+            let bytes = words.into_iter().flat_map(u64::to_le_bytes).collect();
             Some((bytes, ttl))
         }
         _ => None,
     };
     (result, save)
+}
+
+/// The latest expiry in a saved sliding-window ring (`head`, `expired`, then one word per slot,
+/// `expiry << 1 | lap parity`; unwritten and refunded slots hold expiry 0).
+///
+/// Each ticket keeps the window it was admitted under, and the ring may hold tickets of a longer
+/// window than this limiter's (written by another process or an earlier version with other
+/// parameters): they go on restricting until their own expiry, later than this admission's
+/// `reset_after` (its window). The key must live until then; with a TTL of the window alone it
+/// expired early and took those admissions with it.
+fn latest_expiry(words: &[u64]) -> u64 {
+    words
+        .iter()
+        .skip(2)
+        .map(|slot| slot >> 1)
+        .max()
+        .unwrap_or(0)
 }
 
 impl<S: Store> StoreLimiter<S> {
@@ -430,11 +452,14 @@ impl<S: Store> StoreLimiter<S> {
         };
         let stored = stored.as_deref();
         let clock = &inner.clock;
+        // Only the sliding window's state can restrict beyond the admission's `reset_after`:
+        // the others' words are all within it (a window's count, a bucket's `tat`).
+        let never = |_: &[u64]| 0;
         let (result, save) = match &inner.algo {
-            AnyAlgo::Fixed(a) => run(a, stored, n, clock),
-            AnyAlgo::Sliding(a) => run(a, stored, n, clock),
-            AnyAlgo::Counter(a) => run(a, stored, n, clock),
-            AnyAlgo::Bucket(a) => run(a, stored, n, clock),
+            AnyAlgo::Fixed(a) => run(a, stored, n, clock, never),
+            AnyAlgo::Sliding(a) => run(a, stored, n, clock, latest_expiry),
+            AnyAlgo::Counter(a) => run(a, stored, n, clock, never),
+            AnyAlgo::Bucket(a) => run(a, stored, n, clock, never),
         };
         if let Some((value, ttl)) = save {
             if inner.store.set(&key, value, ttl).await.is_err() {

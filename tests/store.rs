@@ -424,3 +424,32 @@ mod reset_race {
         }
     }
 }
+
+/// State must not expire while it still restricts. A sliding window's admissions each keep the
+/// window they were admitted under, so after a redeploy with a shorter window (another process,
+/// or the next version, over the same keys) the ring holds tickets that outlive the new window.
+/// The key's TTL must cover them, not only the newest admission's window.
+#[tokio::test]
+async fn a_shorter_window_does_not_shorten_the_life_of_older_admissions() {
+    let store = Memory::default();
+    let window = |secs| Algorithm::SlidingWindow {
+        limit: 2,
+        window: Duration::from_secs(secs),
+    };
+    let before = StoreLimiter::new(window(3600), "t", store.clone()).unwrap();
+    let after = StoreLimiter::new(window(60), "t", store.clone()).unwrap();
+    before.try_acquire("x").await.unwrap();
+    after.try_acquire("x").await.unwrap();
+    // The hour-long admission still counts: the ring is full for about an hour.
+    let restricts = match after.try_acquire("x").await {
+        Err(TryAcquireError::Rejected(r)) => r.retry_after(),
+        other => panic!("{other:?}"),
+    };
+    assert!(restricts > Duration::from_secs(3500), "{restricts:?}");
+    let until = store.map.lock().unwrap()[&after.key("x")].1;
+    assert!(
+        until >= Instant::now() + restricts,
+        "the key expires {:?} from now, while its state restricts for {restricts:?}",
+        until - Instant::now()
+    );
+}
