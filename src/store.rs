@@ -198,6 +198,15 @@ pub struct StoreStats {
 /// limit must hash long keys itself. A stored value that cannot be this algorithm's state is
 /// treated as absent.
 ///
+/// **Other parameters on existing keys** (another process, or a redeploy, over the same keys):
+/// the fixed window and the sliding counter apply the caller's limit to the counts they find;
+/// an exact sliding window's ring of another limit is read as its newest admissions, as many
+/// as the caller's limit (all of them if fewer), each with the expiry of the window it was
+/// admitted under, and the key lives until the latest of them; a token bucket reads the stored
+/// theoretical arrival time under the caller's rate and burst. A window length of the fixed
+/// window or the sliding counter is not stored: under another length the stored window
+/// is not the current one, and the subject starts a fresh window.
+///
 /// # Examples
 ///
 /// ```
@@ -272,16 +281,11 @@ type Write = Option<(Vec<u8>, Duration)>;
 /// own `reset_after` (0 if never), so that the TTL covers it too.
 fn run<A: Algo, C: Clock>(
     algo: &A,
-    stored: Option<&[u8]>,
+    words: Option<Vec<u64>>,
     n: u32,
     clock: &C,
     outlived: fn(&[u64]) -> u64,
 ) -> (Result<Admission, TryAcquireError>, Write) {
-    let words: Option<Vec<u64>> = stored.filter(|b| b.len() % 8 == 0).map(|b| {
-        b.chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect()
-    });
     let cell = words
         .and_then(|w| algo.restore(&w))
         .unwrap_or_else(|| algo.cell());
@@ -300,6 +304,52 @@ fn run<A: Algo, C: Clock>(
         _ => None,
     };
     (result, save)
+}
+
+/// Stored bytes as words (8 bytes each, little-endian), or `None` if they are not a whole
+/// number of words.
+fn decode(stored: Option<&[u8]>) -> Option<Vec<u64>> {
+    stored.filter(|b| b.len() % 8 == 0).map(|b| {
+        b.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect()
+    })
+}
+
+/// A saved sliding-window ring of another limit (`head`, `expired`, then one slot per permit of
+/// that limit, `expiry << 1 | lap parity`) as a ring of `slots` slots holding the same
+/// admissions: the newest `slots` of them (or all), in ticket order, from ticket 0 on lap 0
+/// (parity 0), the other slots unwritten (1). A ring of the right length, or none, is returned
+/// as it is, for `restore` to judge.
+///
+/// Another process, or the next version, may run with another limit over the same keys. The
+/// ring cannot be restored as it is (its slots are positions modulo the old limit), and treating
+/// it as absent forgot every admission in it: a limit lowered from 100 to 10 handed out 10 more
+/// to a subject with 100 in the window. What decides is the newest `limit` tickets (ticket k is
+/// admitted iff ticket k − N has expired, and every older one expired before it, times being
+/// non-decreasing in ticket order), so keeping those is exact under the new limit, as the
+/// in-memory `reconfigure` and the Redis backend count the admissions they find. `None` (no
+/// state) for a ring that `restore` would refuse at any length: a head beyond 2^62, or a ticket
+/// below it whose slot does not show its lap's parity.
+fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
+    let [head, _, old @ ..] = &words[..] else {
+        return Some(words);
+    };
+    if old.len() == slots || old.is_empty() {
+        return Some(words);
+    }
+    let head = *head;
+    let laps = old.len() as u64;
+    let published = |t: u64| old[(t % laps) as usize] & 1 == (t / laps) & 1;
+    if head > 1 << 62 || !(head.saturating_sub(laps)..head).all(published) {
+        return None;
+    }
+    let kept = head.saturating_sub(laps.min(slots as u64))..head;
+    let mut ring = Vec::with_capacity(2 + slots);
+    ring.extend([kept.end - kept.start, 0]);
+    ring.extend(kept.map(|t| old[(t % laps) as usize] & !1));
+    ring.resize(2 + slots, 1);
+    Some(ring)
 }
 
 /// The latest expiry in a saved sliding-window ring (`head`, `expired`, then one word per slot,
@@ -450,16 +500,19 @@ impl<S: Store> StoreLimiter<S> {
             Ok(stored) => stored,
             Err(_) => return Err(inner.count(2, TryAcquireError::Unavailable)),
         };
-        let stored = stored.as_deref();
+        let words = decode(stored.as_deref());
         let clock = &inner.clock;
         // Only the sliding window's state can restrict beyond the admission's `reset_after`:
         // the others' words are all within it (a window's count, a bucket's `tat`).
         let never = |_: &[u64]| 0;
         let (result, save) = match &inner.algo {
-            AnyAlgo::Fixed(a) => run(a, stored, n, clock, never),
-            AnyAlgo::Sliding(a) => run(a, stored, n, clock, latest_expiry),
-            AnyAlgo::Counter(a) => run(a, stored, n, clock, never),
-            AnyAlgo::Bucket(a) => run(a, stored, n, clock, never),
+            AnyAlgo::Fixed(a) => run(a, words, n, clock, never),
+            AnyAlgo::Sliding(a) => {
+                let words = words.and_then(|w| resize_ring(w, a.limit() as usize));
+                run(a, words, n, clock, latest_expiry)
+            }
+            AnyAlgo::Counter(a) => run(a, words, n, clock, never),
+            AnyAlgo::Bucket(a) => run(a, words, n, clock, never),
         };
         if let Some((value, ttl)) = save {
             if inner.store.set(&key, value, ttl).await.is_err() {

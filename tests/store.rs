@@ -281,6 +281,42 @@ mod stored_values {
         assert_eq!(admission.remaining(), 0);
     }
 
+    /// A ring that has wrapped around its slots, met by a limiter of another limit: limit 2,
+    /// tickets 1 and 2 live (as in `a_wrapped_ring_is_restored_not_discarded`), head 3. Under
+    /// limit 3 one more fits; under limit 1 none does, for about the window.
+    #[tokio::test]
+    async fn a_wrapped_ring_of_another_limit_keeps_its_live_tickets() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let expiry = now + 60_000_000_000;
+        let slot = |parity: u64| (expiry << 1) | parity;
+        for (limit, admits) in [(3, 1), (1, 0)] {
+            let store = Preloaded::default();
+            let limiter = StoreLimiter::new(
+                Algorithm::SlidingWindow {
+                    limit,
+                    window: Duration::from_secs(60),
+                },
+                "t",
+                store.clone(),
+            )
+            .unwrap();
+            let ring = bytes(&[3, 1, slot(1), slot(0)]);
+            store.0.lock().unwrap().insert(limiter.key("x"), ring);
+            for _ in 0..admits {
+                limiter.try_acquire("x").await.unwrap();
+            }
+            match limiter.try_acquire("x").await {
+                Err(TryAcquireError::Rejected(r)) => {
+                    assert!(r.retry_after() > Duration::from_secs(50), "{limit}: {r:?}")
+                }
+                other => panic!("limit {limit}: the stored ring was lost: {other:?}"),
+            }
+        }
+    }
+
     /// The check that discards inconsistent rings keeps every ring the limiter itself writes,
     /// including one whose tickets have wrapped around the slots: limit 2, tickets 1 and 2 live
     /// (ticket 1 in slot 1 on lap 0, ticket 2 in slot 0 on lap 1), head 3. Restored, it rejects.
@@ -451,5 +487,54 @@ async fn a_shorter_window_does_not_shorten_the_life_of_older_admissions() {
         until >= Instant::now() + restricts,
         "the key expires {:?} from now, while its state restricts for {restricts:?}",
         until - Instant::now()
+    );
+}
+
+/// A sliding window's ring has one slot per permit, so a redeploy with another limit (another
+/// process, or the next version, over the same keys) meets a ring of another length. It must go
+/// on counting the admissions in it under the new limit, as the in-memory `reconfigure` and the
+/// Redis backend do, not forget them and hand out the new limit on top.
+#[tokio::test]
+async fn a_sliding_window_of_another_limit_keeps_counting_the_admissions_made() {
+    let hour = Duration::from_secs(3600);
+    let limit = |limit| Algorithm::SlidingWindow {
+        limit,
+        window: hour,
+    };
+    let store = Memory::default();
+    let four = StoreLimiter::new(limit(4), "t", store.clone()).unwrap();
+    four.try_acquire_n("x", 4).await.unwrap();
+    // Lowered to 2: the four admissions of the last hour already exceed it.
+    let two = StoreLimiter::new(limit(2), "t", store.clone()).unwrap();
+    match two.try_acquire("x").await {
+        Err(TryAcquireError::Rejected(r)) => {
+            assert!(r.retry_after() > hour - Duration::from_secs(60), "{r:?}")
+        }
+        other => panic!("the four admissions were forgotten: {other:?}"),
+    }
+    // Raised to 6: two more, not six.
+    let six = StoreLimiter::new(limit(6), "t", store.clone()).unwrap();
+    assert_eq!(
+        six.try_acquire_n("x", 2).await.map(|a| a.remaining()),
+        Ok(0)
+    );
+    assert!(six.try_acquire("x").await.is_err());
+    // And back at 4, the six are counted.
+    assert!(four.try_acquire("x").await.is_err());
+    // A ring of another length whose tickets below `head` are not all published is no ring of
+    // this algorithm's: treated as absent, as one of the right length is.
+    let key = two.key("y");
+    let inconsistent = [3u64, 0, 1, 1, 1]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    store
+        .map
+        .lock()
+        .unwrap()
+        .insert(key, (inconsistent, Instant::now() + hour));
+    assert_eq!(
+        two.try_acquire_n("y", 2).await.map(|a| a.remaining()),
+        Ok(0)
     );
 }
