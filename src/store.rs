@@ -3,11 +3,13 @@
 //!
 //! **Atomic within one process only.** Such a store has no compare-and-set and no scripts, so a
 //! decision is a read-modify-write: `get`, decide, `set`. Inside one process, [`KeyLocks`]
-//! serialises the decisions on each key, so they are exact. Two processes sharing the store can
-//! both read the same state and both admit: across processes this is the read-modify-write race
-//! of AspNetCoreRateLimit's distributed counter, and nothing built on get/set alone can close it.
-//! For a limit shared by several processes, use [`RedisLimiter`](crate::RedisLimiter) (feature
-//! `redis`), whose every decision is one atomic script on Redis's clock.
+//! serialises the decisions on each key, so they are exact: the decisions of one limiter and its
+//! clones, that is (two `StoreLimiter`s built over one store and prefix have a `KeyLocks` each, and
+//! race as two processes do). Two processes sharing the store can both read the same state and both
+//! admit: across processes this is the read-modify-write race of AspNetCoreRateLimit's distributed
+//! counter, and nothing built on get/set alone can close it. For a limit shared by several
+//! processes, use [`RedisLimiter`](crate::RedisLimiter) (feature `redis`), whose every decision is
+//! one atomic script on Redis's clock.
 
 use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::Clock;
@@ -184,9 +186,9 @@ pub struct StoreStats {
     pub errors: u64,
 }
 
-/// A rate limiter whose per-subject state lives in a [`Store`]: exact within one process,
-/// **not** across processes (see the module docs; use
-/// [`RedisLimiter`](crate::RedisLimiter) for that).
+/// A rate limiter whose per-subject state lives in a [`Store`]: exact within one process (among
+/// the clones of one limiter: build one per store and prefix and share it), **not** across
+/// processes (see the module docs; use [`RedisLimiter`](crate::RedisLimiter) for that).
 ///
 /// Each decision runs the same algorithm code as the in-memory limiters on a cell restored from
 /// the stored bytes (8 bytes per word, little-endian: one word for the fixed window and the
