@@ -538,3 +538,78 @@ async fn a_sliding_window_of_another_limit_keeps_counting_the_admissions_made() 
         Ok(0)
     );
 }
+
+/// The documented cancel safety, with a store whose `get` or `set` can be made to never answer
+/// (tokio's paused time runs the timeouts): a decision dropped in `get` or `set` writes nothing
+/// and counts nothing, a reset dropped while it waits for the subject's lock removes nothing,
+/// and either way the lock is passed on.
+mod cancellation {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use turnstile::{Algorithm, Store, StoreLimiter};
+
+    #[derive(Default, Clone)]
+    struct Stuck {
+        map: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+        hang_get: Arc<AtomicBool>,
+        hang_set: Arc<AtomicBool>,
+    }
+
+    impl Store for Stuck {
+        type Error = std::convert::Infallible;
+
+        async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+            if self.hang_get.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
+            Ok(self.map.lock().unwrap().get(key).cloned())
+        }
+
+        async fn set(&self, key: &[u8], value: Vec<u8>, _: Duration) -> Result<(), Self::Error> {
+            if self.hang_set.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
+            self.map.lock().unwrap().insert(key.to_vec(), value);
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn dropped_decisions_and_resets_leave_the_state_whole() {
+        let store = Stuck::default();
+        let limiter = StoreLimiter::new(
+            Algorithm::FixedWindow {
+                limit: 2,
+                window: Duration::from_secs(3600),
+            },
+            "t",
+            store.clone(),
+        )
+        .unwrap();
+        let second = Duration::from_secs(1);
+        limiter.try_acquire("x").await.unwrap();
+        let before = store.map.lock().unwrap()[&limiter.key("x")].clone();
+        // Dropped in `set`: the admission never landed, and is not counted.
+        store.hang_set.store(true, Ordering::Relaxed);
+        assert!(tokio::time::timeout(second, limiter.try_acquire("x"))
+            .await
+            .is_err());
+        store.hang_set.store(false, Ordering::Relaxed);
+        assert_eq!(store.map.lock().unwrap()[&limiter.key("x")], before);
+        assert_eq!(limiter.stats().admitted, 1);
+        // Dropped in `get`, with a reset queued behind it on the subject's lock: both dropped.
+        store.hang_get.store(true, Ordering::Relaxed);
+        let both = async { tokio::join!(limiter.try_acquire("x"), limiter.reset("x")) };
+        assert!(tokio::time::timeout(second, both).await.is_err());
+        store.hang_get.store(false, Ordering::Relaxed);
+        assert_eq!(store.map.lock().unwrap()[&limiter.key("x")], before);
+        // The lock was passed on: the next decision runs, on the state as it was (one taken).
+        let admission = limiter.try_acquire("x").await.unwrap();
+        assert_eq!(admission.remaining(), 0);
+        assert!(limiter.try_acquire("x").await.is_err());
+        let stats = limiter.stats();
+        assert_eq!((stats.admitted, stats.rejected, stats.errors), (2, 1, 0));
+    }
+}
