@@ -204,10 +204,13 @@ pub struct StoreStats {
 /// the fixed window and the sliding counter apply the caller's limit to the counts they find;
 /// an exact sliding window's ring of another limit is read as its newest admissions, as many
 /// as the caller's limit (all of them if fewer), each with the expiry of the window it was
-/// admitted under, and the key lives until the latest of them; a token bucket reads the stored
-/// theoretical arrival time under the caller's rate and burst. A window length of the fixed
-/// window or the sliding counter is not stored: under another length the stored window
-/// is not the current one, and the subject starts a fresh window.
+/// admitted under, and the key lives until the latest of them. The parameters themselves are not
+/// stored, which costs two departures from the in-memory `reconfigure` and the Redis backend:
+/// under another window length the fixed window's or sliding counter's stored window is not the
+/// current one, so the subject starts a fresh window once; and a token bucket reads the stored
+/// theoretical arrival time under the caller's rate and burst, keeping the time until the bucket
+/// is full rather than how full it is (a bucket emptied at 10 per second, full again in a
+/// second, is full again in a second at 1 per second too).
 ///
 /// # Examples
 ///
