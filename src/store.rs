@@ -324,8 +324,8 @@ fn decode(stored: Option<&[u8]>) -> Option<Vec<u64>> {
 /// A saved sliding-window ring of another limit (`head`, `expired`, then one slot per permit of
 /// that limit, `expiry << 1 | lap parity`) as a ring of `slots` slots holding the same
 /// admissions: the newest `slots` of them (or all), in ticket order, from ticket 0 on lap 0
-/// (parity 0), the other slots unwritten (1). A ring of the right length, or none, is returned
-/// as it is, for `restore` to judge.
+/// (parity 0), the other slots unwritten (1), the oldest kept one expiring no earlier than any
+/// left out. A ring of the right length, or none, is returned as it is, for `restore` to judge.
 ///
 /// Another process, or the next version, may run with another limit over the same keys. The
 /// ring cannot be restored as it is (its slots are positions modulo the old limit), and treating
@@ -349,10 +349,18 @@ fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
     if head > 1 << 62 || !(head.saturating_sub(laps)..head).all(published) {
         return None;
     }
+    let expiry = |t: u64| old[(t % laps) as usize] & !1; // still shifted left by one
     let kept = head.saturating_sub(laps.min(slots as u64))..head;
+    // The tickets left out expire no later than the oldest kept one while all were admitted
+    // under one window; after a shorter window, one of them may outlive it, and the oldest kept
+    // ticket then takes its expiry (the next claim checks it), so that none is dropped live.
+    let dropped = (head.saturating_sub(laps)..kept.start).map(expiry).max();
     let mut ring = Vec::with_capacity(2 + slots);
     ring.extend([kept.end - kept.start, 0]);
-    ring.extend(kept.map(|t| old[(t % laps) as usize] & !1));
+    ring.extend(kept.map(expiry));
+    if let (Some(oldest), Some(dropped)) = (ring.get_mut(2), dropped) {
+        *oldest = (*oldest).max(dropped);
+    }
     ring.resize(2 + slots, 1);
     Some(ring)
 }

@@ -317,6 +317,36 @@ mod stored_values {
         }
     }
 
+    /// A ring lowered to a limit below its length keeps its newest tickets; one left out that
+    /// outlives them (admitted under a longer window than the newer ones) still counts: limit 2,
+    /// ticket 0 live for an hour, ticket 1 for a minute, met under limit 1.
+    #[tokio::test]
+    async fn a_lowered_ring_drops_no_live_ticket() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let in_secs = |secs: u64| (now + secs * 1_000_000_000) << 1; // lap 0: parity 0
+        let store = Preloaded::default();
+        let limiter = StoreLimiter::new(
+            Algorithm::SlidingWindow {
+                limit: 1,
+                window: Duration::from_secs(60),
+            },
+            "t",
+            store.clone(),
+        )
+        .unwrap();
+        let ring = bytes(&[2, 0, in_secs(3600), in_secs(60)]);
+        store.0.lock().unwrap().insert(limiter.key("x"), ring);
+        match limiter.try_acquire("x").await {
+            Err(TryAcquireError::Rejected(r)) => {
+                assert!(r.retry_after() > Duration::from_secs(3500), "{r:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// The check that discards inconsistent rings keeps every ring the limiter itself writes,
     /// including one whose tickets have wrapped around the slots: limit 2, tickets 1 and 2 live
     /// (ticket 1 in slot 1 on lap 0, ticket 2 in slot 0 on lap 1), head 3. Restored, it rejects.
@@ -483,8 +513,10 @@ async fn a_shorter_window_does_not_shorten_the_life_of_older_admissions() {
     };
     assert!(restricts > Duration::from_secs(3500), "{restricts:?}");
     let until = store.map.lock().unwrap()[&after.key("x")].1;
+    // Within a second: the TTL is reckoned from the admission's wall-clock time, the store's
+    // expiry from its own `Instant` a little later, and `restricts` from the rejection's time.
     assert!(
-        until >= Instant::now() + restricts,
+        until + Duration::from_secs(1) >= Instant::now() + restricts,
         "the key expires {:?} from now, while its state restricts for {restricts:?}",
         until - Instant::now()
     );
