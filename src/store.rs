@@ -198,7 +198,9 @@ pub struct StoreStats {
 /// nanoseconds since the Unix epoch (kept from going back within the process). Keys are
 /// `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a store with a key length
 /// limit must hash long keys itself. A stored value that cannot be this algorithm's state is
-/// treated as absent.
+/// treated as absent (never a panic, never a wait for a writer that does not exist); one that
+/// can is used as it is, whoever wrote it: a token bucket's arrival time or a sliding window's
+/// expiry far ahead (a foreign value, or a writer whose clock is ahead) rejects until then.
 ///
 /// **Other parameters on existing keys** (another process, or a redeploy, over the same keys):
 /// the fixed window and the sliding counter apply the caller's limit to the counts they find;
