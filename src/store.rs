@@ -3,11 +3,13 @@
 //!
 //! **Atomic within one process only.** Such a store has no compare-and-set and no scripts, so a
 //! decision is a read-modify-write: `get`, decide, `set`. Inside one process, [`KeyLocks`]
-//! serialises the decisions on each key, so they are exact. Two processes sharing the store can
-//! both read the same state and both admit: across processes this is the read-modify-write race
-//! of AspNetCoreRateLimit's distributed counter, and nothing built on get/set alone can close it.
-//! For a limit shared by several processes, use [`RedisLimiter`](crate::RedisLimiter) (feature
-//! `redis`), whose every decision is one atomic script on Redis's clock.
+//! serialises the decisions on each key, so they are exact: the decisions of one limiter and its
+//! clones, that is (two `StoreLimiter`s built over one store and prefix have a `KeyLocks` each, and
+//! race as two processes do). Two processes sharing the store can both read the same state and both
+//! admit: across processes this is the read-modify-write race of AspNetCoreRateLimit's distributed
+//! counter, and nothing built on get/set alone can close it. For a limit shared by several
+//! processes, use [`RedisLimiter`](crate::RedisLimiter) (feature `redis`), whose every decision is
+//! one atomic script on Redis's clock.
 
 use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::Clock;
@@ -96,6 +98,43 @@ pub trait Store: Send + Sync + 'static {
         value: Vec<u8>,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Removes the value at `key`: true if there was one (unexpired). Used by
+    /// [`StoreLimiter::reset`].
+    ///
+    /// Optional: the default needs only `get` and `set`. It reads the key and, if a value is
+    /// there, overwrites it with an empty value that expires after 1 ms: every [`StoreLimiter`]
+    /// (of any algorithm, and of every version so far) reads an empty value as no state, and the
+    /// store drops it soon after. Override it where the store can delete (memcached's `delete`,
+    /// SQL's `DELETE`): one round trip instead of two, and the key is gone at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// The limiter may drop this future; the value may then have been removed or not, and either
+    /// is fine for the limiter. An override must not leave a value that is neither the old one
+    /// nor absent (the default writes nothing if dropped during its `get`, and its one `set` is
+    /// the store's own, whole or not at all).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # async fn demo<S: turnstile::Store>(store: &S) -> Result<(), S::Error> {
+    /// if store.delete(b"login:alice:fw").await? {
+    ///     println!("alice's failed logins are forgiven");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn delete(&self, key: &[u8]) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        async move {
+            // An empty value is what this default itself leaves behind: nothing to remove.
+            let held = self.get(key).await?.is_some_and(|v| !v.is_empty());
+            if held {
+                self.set(key, Vec::new(), Duration::from_millis(1)).await?;
+            }
+            Ok(held)
+        }
+    }
 }
 
 /// Wall-clock nanoseconds since the Unix epoch, never going back within this process (a step
@@ -147,9 +186,9 @@ pub struct StoreStats {
     pub errors: u64,
 }
 
-/// A rate limiter whose per-subject state lives in a [`Store`]: exact within one process,
-/// **not** across processes (see the module docs; use
-/// [`RedisLimiter`](crate::RedisLimiter) for that).
+/// A rate limiter whose per-subject state lives in a [`Store`]: exact within one process (among
+/// the clones of one limiter: build one per store and prefix and share it), **not** across
+/// processes (see the module docs; use [`RedisLimiter`](crate::RedisLimiter) for that).
 ///
 /// Each decision runs the same algorithm code as the in-memory limiters on a cell restored from
 /// the stored bytes (8 bytes per word, little-endian: one word for the fixed window and the
@@ -159,7 +198,21 @@ pub struct StoreStats {
 /// nanoseconds since the Unix epoch (kept from going back within the process). Keys are
 /// `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a store with a key length
 /// limit must hash long keys itself. A stored value that cannot be this algorithm's state is
-/// treated as absent.
+/// treated as absent (never a panic, never a wait for a writer that does not exist); one that
+/// can is used as it is, whoever wrote it: a token bucket's arrival time or a sliding window's
+/// expiry far ahead (a foreign value, or a writer whose clock is ahead) rejects until then.
+///
+/// **Other parameters on existing keys** (another process, or a redeploy, over the same keys):
+/// the fixed window and the sliding counter apply the caller's limit to the counts they find;
+/// an exact sliding window's ring of another limit is read as its newest admissions, as many
+/// as the caller's limit (all of them if fewer), each with the expiry of the window it was
+/// admitted under, and the key lives until the latest of them. The parameters themselves are not
+/// stored, which costs two departures from the in-memory `reconfigure` and the Redis backend:
+/// under another window length the fixed window's or sliding counter's stored window is not the
+/// current one, so the subject starts a fresh window once; and a token bucket reads the stored
+/// theoretical arrival time under the caller's rate and burst, keeping the time until the bucket
+/// is full rather than how full it is (a bucket emptied at 10 per second, full again in a
+/// second, is full again in a second at 1 per second too).
 ///
 /// # Examples
 ///
@@ -230,34 +283,105 @@ impl<S> fmt::Debug for StoreLimiter<S> {
 /// What to store after an admission: the state's bytes and their TTL.
 type Write = Option<(Vec<u8>, Duration)>;
 
-/// One decision on stored bytes: the verdict, and what to store if it admitted.
+/// One decision on stored bytes: the verdict, and what to store if it admitted. `outlived` gives
+/// the latest time (clock ns) until which the saved words can restrict beyond the admission's
+/// own `reset_after` (0 if never), so that the TTL covers it too.
 fn run<A: Algo, C: Clock>(
     algo: &A,
-    stored: Option<&[u8]>,
+    words: Option<Vec<u64>>,
     n: u32,
     clock: &C,
+    outlived: fn(&[u64]) -> u64,
 ) -> (Result<Admission, TryAcquireError>, Write) {
-    let words: Option<Vec<u64>> = stored.filter(|b| b.len() % 8 == 0).map(|b| {
-        b.chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect()
-    });
     let cell = words
         .and_then(|w| algo.restore(&w))
         .unwrap_or_else(|| algo.cell());
     let result = algo.try_acquire(&cell, n, clock);
     let save = match &result {
         Ok(admission) if n > 0 => {
-            let bytes = A::save(&cell)
-                .into_iter()
-                .flat_map(u64::to_le_bytes)
-                .collect();
-            let ttl = admission.reset_after().max(Duration::from_millis(1));
+            let words = A::save(&cell);
+            let outlives = outlived(&words).saturating_sub(admission.at_nanos());
+            let ttl = admission
+                .reset_after()
+                .max(Duration::from_nanos(outlives))
+                .max(Duration::from_millis(1));
+            let bytes = words.into_iter().flat_map(u64::to_le_bytes).collect();
             Some((bytes, ttl))
         }
         _ => None,
     };
     (result, save)
+}
+
+/// Stored bytes as words (8 bytes each, little-endian), or `None` if they are not a whole
+/// number of words.
+fn decode(stored: Option<&[u8]>) -> Option<Vec<u64>> {
+    stored.filter(|b| b.len() % 8 == 0).map(|b| {
+        b.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect()
+    })
+}
+
+/// A saved sliding-window ring of another limit (`head`, `expired`, then one slot per permit of
+/// that limit, `expiry << 1 | lap parity`) as a ring of `slots` slots holding the same
+/// admissions: the newest `slots` of them (or all), in ticket order, from ticket 0 on lap 0
+/// (parity 0), the other slots unwritten (1), the oldest kept one expiring no earlier than any
+/// left out. A ring of the right length, or none, is returned as it is, for `restore` to judge.
+///
+/// Another process, or the next version, may run with another limit over the same keys. The
+/// ring cannot be restored as it is (its slots are positions modulo the old limit), and treating
+/// it as absent forgot every admission in it: a limit lowered from 100 to 10 handed out 10 more
+/// to a subject with 100 in the window. What decides is the newest `limit` tickets (ticket k is
+/// admitted iff ticket k − N has expired, and every older one expired before it, times being
+/// non-decreasing in ticket order), so keeping those is exact under the new limit, as the
+/// in-memory `reconfigure` and the Redis backend count the admissions they find. `None` (no
+/// state) for a ring that `restore` would refuse at any length: a head beyond 2^62, or a ticket
+/// below it whose slot does not show its lap's parity.
+fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
+    let [head, _, old @ ..] = &words[..] else {
+        return Some(words);
+    };
+    if old.len() == slots || old.is_empty() {
+        return Some(words);
+    }
+    let head = *head;
+    let laps = old.len() as u64;
+    let published = |t: u64| old[(t % laps) as usize] & 1 == (t / laps) & 1;
+    if head > 1 << 62 || !(head.saturating_sub(laps)..head).all(published) {
+        return None;
+    }
+    let expiry = |t: u64| old[(t % laps) as usize] & !1; // still shifted left by one
+    let kept = head.saturating_sub(laps.min(slots as u64))..head;
+    // The tickets left out expire no later than the oldest kept one while all were admitted
+    // under one window; after a shorter window, one of them may outlive it, and the oldest kept
+    // ticket then takes its expiry (the next claim checks it), so that none is dropped live.
+    let dropped = (head.saturating_sub(laps)..kept.start).map(expiry).max();
+    let mut ring = Vec::with_capacity(2 + slots);
+    ring.extend([kept.end - kept.start, 0]);
+    ring.extend(kept.map(expiry));
+    if let (Some(oldest), Some(dropped)) = (ring.get_mut(2), dropped) {
+        *oldest = (*oldest).max(dropped);
+    }
+    ring.resize(2 + slots, 1);
+    Some(ring)
+}
+
+/// The latest expiry in a saved sliding-window ring (`head`, `expired`, then one word per slot,
+/// `expiry << 1 | lap parity`; unwritten and refunded slots hold expiry 0).
+///
+/// Each ticket keeps the window it was admitted under, and the ring may hold tickets of a longer
+/// window than this limiter's (written by another process or an earlier version with other
+/// parameters): they go on restricting until their own expiry, later than this admission's
+/// `reset_after` (its window). The key must live until then; with a TTL of the window alone it
+/// expired early and took those admissions with it.
+fn latest_expiry(words: &[u64]) -> u64 {
+    words
+        .iter()
+        .skip(2)
+        .map(|slot| slot >> 1)
+        .max()
+        .unwrap_or(0)
 }
 
 impl<S: Store> StoreLimiter<S> {
@@ -391,13 +515,19 @@ impl<S: Store> StoreLimiter<S> {
             Ok(stored) => stored,
             Err(_) => return Err(inner.count(2, TryAcquireError::Unavailable)),
         };
-        let stored = stored.as_deref();
+        let words = decode(stored.as_deref());
         let clock = &inner.clock;
+        // Only the sliding window's state can restrict beyond the admission's `reset_after`:
+        // the others' words are all within it (a window's count, a bucket's `tat`).
+        let never = |_: &[u64]| 0;
         let (result, save) = match &inner.algo {
-            AnyAlgo::Fixed(a) => run(a, stored, n, clock),
-            AnyAlgo::Sliding(a) => run(a, stored, n, clock),
-            AnyAlgo::Counter(a) => run(a, stored, n, clock),
-            AnyAlgo::Bucket(a) => run(a, stored, n, clock),
+            AnyAlgo::Fixed(a) => run(a, words, n, clock, never),
+            AnyAlgo::Sliding(a) => {
+                let words = words.and_then(|w| resize_ring(w, a.limit() as usize));
+                run(a, words, n, clock, latest_expiry)
+            }
+            AnyAlgo::Counter(a) => run(a, words, n, clock, never),
+            AnyAlgo::Bucket(a) => run(a, words, n, clock, never),
         };
         if let Some((value, ttl)) = save {
             if inner.store.set(&key, value, ttl).await.is_err() {
@@ -411,6 +541,91 @@ impl<S: Store> StoreLimiter<S> {
             }
             Err(e) => Err(inner.count(1, e)),
         }
+    }
+
+    /// Forgets `subject`'s state in the store: its next call, through this limiter or any other
+    /// sharing the store and prefix, starts as a subject seen for the first time would, with the
+    /// full limit (burst). `Ok(true)` if the store held state for it, `Ok(false)` if it had none
+    /// (never seen, or expired), when nothing changes. As
+    /// [`RedisLimiter::reset`](crate::RedisLimiter::reset) and
+    /// [`KeyedLimiter::reset`](crate::KeyedLimiter::reset) do, for a login's failure counter
+    /// once the password was right, a client cleared by an operator, and so on.
+    ///
+    /// The state is removed with [`Store::delete`], under the subject's write lock in
+    /// [`KeyLocks`], the one its decisions hold from `get` to `set`: a decision in this process
+    /// that races the reset is decided and stored wholly before it (and forgotten with the rest)
+    /// or wholly after it, on the fresh state; none writes the old state back over the reset.
+    /// Decisions in other processes are not serialised with it (see the module docs): one that
+    /// read the old state before the reset can still store its admission on it afterwards.
+    ///
+    /// **Why `delete`, a trait method with a default.** The store has no delete of its own, and
+    /// the alternative, writing a fresh state with the shortest TTL, would need no trait change.
+    /// But a fresh state is one algorithm's bytes, written whether or not there was state (so it
+    /// could not say which), and a store that can delete could not do so. `Store::delete`'s
+    /// default needs only get and set (it reads the key, and overwrites a value it finds with an
+    /// empty one expiring after 1 ms, which every algorithm reads as no state), and a store that
+    /// overrides it removes the key in one round trip. Existing `Store` implementations compile
+    /// unchanged.
+    ///
+    /// # Errors
+    ///
+    /// The store's error if `delete` failed (not counted in [`stats`](Self::stats), which counts
+    /// decisions). The state may then be there still.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits for the lock changes nothing. Dropped during `delete`,
+    /// the state may or may not have been removed (see [`Store::delete`]); either way it is
+    /// whole, and the next decision on the subject runs on it or on a fresh one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::collections::HashMap;
+    /// # use std::sync::Mutex;
+    /// # use std::time::{Duration, Instant};
+    /// # #[derive(Default)]
+    /// # struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+    /// # impl turnstile::Store for Memory {
+    /// #     type Error = std::convert::Infallible;
+    /// #     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+    /// #         let map = self.0.lock().unwrap();
+    /// #         Ok(map.get(key).filter(|(_, until)| *until > Instant::now()).map(|(v, _)| v.clone()))
+    /// #     }
+    /// #     async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+    /// #         self.0.lock().unwrap().insert(key.to_vec(), (value, Instant::now() + ttl));
+    /// #         Ok(())
+    /// #     }
+    /// # }
+    /// use turnstile::{Algorithm, StoreLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Five failed logins per user per 15 minutes.
+    /// let failures = StoreLimiter::new(
+    ///     Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(15 * 60) },
+    ///     "failed-logins",
+    ///     Memory::default(),
+    /// )?;
+    /// for _ in 0..5 {
+    ///     failures.try_acquire("alice").await?;
+    /// }
+    /// assert!(failures.try_acquire("alice").await.is_err());
+    /// // Alice got her password right: her failures are forgiven.
+    /// assert!(failures.reset("alice").await?);
+    /// assert_eq!(failures.try_acquire("alice").await?.remaining(), 4);
+    /// assert!(!failures.reset("bob").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn reset<K>(&self, subject: &K) -> Result<bool, S::Error>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        let inner = &*self.inner;
+        let key = self.key(subject);
+        let _guard = inner.locks.write(&key[..]).await;
+        inner.store.delete(&key).await
     }
 
     /// The store key of `subject`: `prefix:subject:suffix`.

@@ -281,6 +281,72 @@ mod stored_values {
         assert_eq!(admission.remaining(), 0);
     }
 
+    /// A ring that has wrapped around its slots, met by a limiter of another limit: limit 2,
+    /// tickets 1 and 2 live (as in `a_wrapped_ring_is_restored_not_discarded`), head 3. Under
+    /// limit 3 one more fits; under limit 1 none does, for about the window.
+    #[tokio::test]
+    async fn a_wrapped_ring_of_another_limit_keeps_its_live_tickets() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let expiry = now + 60_000_000_000;
+        let slot = |parity: u64| (expiry << 1) | parity;
+        for (limit, admits) in [(3, 1), (1, 0)] {
+            let store = Preloaded::default();
+            let limiter = StoreLimiter::new(
+                Algorithm::SlidingWindow {
+                    limit,
+                    window: Duration::from_secs(60),
+                },
+                "t",
+                store.clone(),
+            )
+            .unwrap();
+            let ring = bytes(&[3, 1, slot(1), slot(0)]);
+            store.0.lock().unwrap().insert(limiter.key("x"), ring);
+            for _ in 0..admits {
+                limiter.try_acquire("x").await.unwrap();
+            }
+            match limiter.try_acquire("x").await {
+                Err(TryAcquireError::Rejected(r)) => {
+                    assert!(r.retry_after() > Duration::from_secs(50), "{limit}: {r:?}")
+                }
+                other => panic!("limit {limit}: the stored ring was lost: {other:?}"),
+            }
+        }
+    }
+
+    /// A ring lowered to a limit below its length keeps its newest tickets; one left out that
+    /// outlives them (admitted under a longer window than the newer ones) still counts: limit 2,
+    /// ticket 0 live for an hour, ticket 1 for a minute, met under limit 1.
+    #[tokio::test]
+    async fn a_lowered_ring_drops_no_live_ticket() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let in_secs = |secs: u64| (now + secs * 1_000_000_000) << 1; // lap 0: parity 0
+        let store = Preloaded::default();
+        let limiter = StoreLimiter::new(
+            Algorithm::SlidingWindow {
+                limit: 1,
+                window: Duration::from_secs(60),
+            },
+            "t",
+            store.clone(),
+        )
+        .unwrap();
+        let ring = bytes(&[2, 0, in_secs(3600), in_secs(60)]);
+        store.0.lock().unwrap().insert(limiter.key("x"), ring);
+        match limiter.try_acquire("x").await {
+            Err(TryAcquireError::Rejected(r)) => {
+                assert!(r.retry_after() > Duration::from_secs(3500), "{r:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// The check that discards inconsistent rings keeps every ring the limiter itself writes,
     /// including one whose tickets have wrapped around the slots: limit 2, tickets 1 and 2 live
     /// (ticket 1 in slot 1 on lap 0, ticket 2 in slot 0 on lap 1), head 3. Restored, it rejects.
@@ -298,5 +364,284 @@ mod stored_values {
             }
             other => panic!("the stored ring was lost: {other:?}"),
         }
+    }
+}
+
+/// `reset`: the subject's next call starts fresh, every other subject keeps its state, and the
+/// default `Store::delete` (get, then an empty value for 1 ms) leaves nothing that counts.
+#[tokio::test]
+async fn reset_forgets_one_subject_and_keeps_the_others() {
+    for algorithm in common::all_algorithms(3, Duration::from_secs(60)) {
+        let store = Memory::default();
+        let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
+        limiter.try_acquire_n("a", 3).await.unwrap();
+        assert!(limiter.try_acquire("a").await.is_err(), "{algorithm:?}");
+        limiter.try_acquire("b").await.unwrap();
+        assert!(limiter.reset("a").await.unwrap(), "{algorithm:?}");
+        {
+            // What the default delete leaves: an empty value, gone within a millisecond.
+            let map = store.map.lock().unwrap();
+            let (value, until) = &map[&limiter.key("a")];
+            assert!(value.is_empty(), "{algorithm:?}");
+            assert!(*until <= Instant::now() + Duration::from_millis(1));
+        }
+        // Nothing left to forget: the empty value is no state.
+        assert!(!limiter.reset("a").await.unwrap(), "{algorithm:?}");
+        assert!(!limiter.reset("never-seen").await.unwrap());
+        for left in [2, 1, 0] {
+            let admission = limiter.try_acquire("a").await.unwrap();
+            assert_eq!(admission.remaining(), left, "{algorithm:?}");
+        }
+        assert!(limiter.try_acquire("a").await.is_err(), "{algorithm:?}");
+        // "b" still has the one permit it took counted against it.
+        assert_eq!(
+            limiter.try_acquire_n("b", 2).await.unwrap().remaining(),
+            0,
+            "{algorithm:?}"
+        );
+        assert!(limiter.try_acquire("b").await.is_err(), "{algorithm:?}");
+    }
+}
+
+#[tokio::test]
+async fn reset_on_a_failing_store_is_the_store_error() {
+    let store = Memory::default();
+    let limiter = StoreLimiter::new(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(60),
+        },
+        "t",
+        store.clone(),
+    )
+    .unwrap();
+    limiter.try_acquire("a").await.unwrap();
+    store.fail.store(true, Ordering::Relaxed);
+    assert!(limiter.reset("a").await.is_err());
+    // A reset is not a decision: the stats count none.
+    assert_eq!(limiter.stats().errors, 0);
+    store.fail.store(false, Ordering::Relaxed);
+    assert!(
+        limiter.try_acquire("a").await.is_err(),
+        "the state is still there"
+    );
+    assert!(limiter.reset("a").await.unwrap());
+    limiter.try_acquire("a").await.unwrap();
+}
+
+/// A reset racing a decision on the same subject is serialised with it by the subject's lock.
+/// The store answers a `get` with what it held when asked and yields before the reply arrives,
+/// and yields before a `set` lands, as a network store does; its `delete` is immediate. Without
+/// the lock the reset would run between the decision's `get` and `set`, and the decision would
+/// write the state it read before the reset back over it.
+mod reset_race {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use turnstile::{Store, StoreLimiter};
+
+    #[derive(Default, Clone)]
+    struct Slow {
+        map: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+        deletes: Arc<AtomicU64>,
+    }
+
+    impl Store for Slow {
+        type Error = std::convert::Infallible;
+
+        async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+            let value = self.map.lock().unwrap().get(key).cloned();
+            tokio::task::yield_now().await;
+            Ok(value)
+        }
+
+        async fn set(&self, key: &[u8], value: Vec<u8>, _: Duration) -> Result<(), Self::Error> {
+            tokio::task::yield_now().await;
+            self.map.lock().unwrap().insert(key.to_vec(), value);
+            Ok(())
+        }
+
+        async fn delete(&self, key: &[u8]) -> Result<bool, Self::Error> {
+            self.deletes.fetch_add(1, Ordering::Relaxed);
+            Ok(self.map.lock().unwrap().remove(key).is_some())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reset_racing_a_decision_is_serialised_with_it() {
+        for algorithm in crate::common::all_algorithms(2, Duration::from_secs(60)) {
+            let store = Slow::default();
+            let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
+            limiter.try_acquire("x").await.unwrap();
+            // The decision is polled first: it takes the lock and reads the state with one
+            // permit taken; the reset then waits for it.
+            let (decided, reset) = tokio::join!(limiter.try_acquire("x"), limiter.reset("x"));
+            assert_eq!(decided.unwrap().remaining(), 0, "{algorithm:?}");
+            assert_eq!(reset, Ok(true), "{algorithm:?}");
+            assert_eq!(
+                store.deletes.load(Ordering::Relaxed),
+                1,
+                "the override is used"
+            );
+            // Decided before the reset, forgotten with the rest: the full limit again.
+            let fresh = limiter.try_acquire_n("x", 2).await;
+            assert_eq!(fresh.map(|a| a.remaining()), Ok(0), "{algorithm:?}");
+        }
+    }
+}
+
+/// State must not expire while it still restricts. A sliding window's admissions each keep the
+/// window they were admitted under, so after a redeploy with a shorter window (another process,
+/// or the next version, over the same keys) the ring holds tickets that outlive the new window.
+/// The key's TTL must cover them, not only the newest admission's window.
+#[tokio::test]
+async fn a_shorter_window_does_not_shorten_the_life_of_older_admissions() {
+    let store = Memory::default();
+    let window = |secs| Algorithm::SlidingWindow {
+        limit: 2,
+        window: Duration::from_secs(secs),
+    };
+    let before = StoreLimiter::new(window(3600), "t", store.clone()).unwrap();
+    let after = StoreLimiter::new(window(60), "t", store.clone()).unwrap();
+    before.try_acquire("x").await.unwrap();
+    after.try_acquire("x").await.unwrap();
+    // The hour-long admission still counts: the ring is full for about an hour.
+    let restricts = match after.try_acquire("x").await {
+        Err(TryAcquireError::Rejected(r)) => r.retry_after(),
+        other => panic!("{other:?}"),
+    };
+    assert!(restricts > Duration::from_secs(3500), "{restricts:?}");
+    let until = store.map.lock().unwrap()[&after.key("x")].1;
+    // Within a second: the TTL is reckoned from the admission's wall-clock time, the store's
+    // expiry from its own `Instant` a little later, and `restricts` from the rejection's time.
+    assert!(
+        until + Duration::from_secs(1) >= Instant::now() + restricts,
+        "the key expires {:?} from now, while its state restricts for {restricts:?}",
+        until - Instant::now()
+    );
+}
+
+/// A sliding window's ring has one slot per permit, so a redeploy with another limit (another
+/// process, or the next version, over the same keys) meets a ring of another length. It must go
+/// on counting the admissions in it under the new limit, as the in-memory `reconfigure` and the
+/// Redis backend do, not forget them and hand out the new limit on top.
+#[tokio::test]
+async fn a_sliding_window_of_another_limit_keeps_counting_the_admissions_made() {
+    let hour = Duration::from_secs(3600);
+    let limit = |limit| Algorithm::SlidingWindow {
+        limit,
+        window: hour,
+    };
+    let store = Memory::default();
+    let four = StoreLimiter::new(limit(4), "t", store.clone()).unwrap();
+    four.try_acquire_n("x", 4).await.unwrap();
+    // Lowered to 2: the four admissions of the last hour already exceed it.
+    let two = StoreLimiter::new(limit(2), "t", store.clone()).unwrap();
+    match two.try_acquire("x").await {
+        Err(TryAcquireError::Rejected(r)) => {
+            assert!(r.retry_after() > hour - Duration::from_secs(60), "{r:?}")
+        }
+        other => panic!("the four admissions were forgotten: {other:?}"),
+    }
+    // Raised to 6: two more, not six.
+    let six = StoreLimiter::new(limit(6), "t", store.clone()).unwrap();
+    assert_eq!(
+        six.try_acquire_n("x", 2).await.map(|a| a.remaining()),
+        Ok(0)
+    );
+    assert!(six.try_acquire("x").await.is_err());
+    // And back at 4, the six are counted.
+    assert!(four.try_acquire("x").await.is_err());
+    // A ring of another length whose tickets below `head` are not all published is no ring of
+    // this algorithm's: treated as absent, as one of the right length is.
+    let key = two.key("y");
+    let inconsistent = [3u64, 0, 1, 1, 1]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    store
+        .map
+        .lock()
+        .unwrap()
+        .insert(key, (inconsistent, Instant::now() + hour));
+    assert_eq!(
+        two.try_acquire_n("y", 2).await.map(|a| a.remaining()),
+        Ok(0)
+    );
+}
+
+/// The documented cancel safety, with a store whose `get` or `set` can be made to never answer
+/// (tokio's paused time runs the timeouts): a decision dropped in `get` or `set` writes nothing
+/// and counts nothing, a reset dropped while it waits for the subject's lock removes nothing,
+/// and either way the lock is passed on.
+mod cancellation {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use turnstile::{Algorithm, Store, StoreLimiter};
+
+    #[derive(Default, Clone)]
+    struct Stuck {
+        map: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+        hang_get: Arc<AtomicBool>,
+        hang_set: Arc<AtomicBool>,
+    }
+
+    impl Store for Stuck {
+        type Error = std::convert::Infallible;
+
+        async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+            if self.hang_get.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
+            Ok(self.map.lock().unwrap().get(key).cloned())
+        }
+
+        async fn set(&self, key: &[u8], value: Vec<u8>, _: Duration) -> Result<(), Self::Error> {
+            if self.hang_set.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
+            self.map.lock().unwrap().insert(key.to_vec(), value);
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn dropped_decisions_and_resets_leave_the_state_whole() {
+        let store = Stuck::default();
+        let limiter = StoreLimiter::new(
+            Algorithm::FixedWindow {
+                limit: 2,
+                window: Duration::from_secs(3600),
+            },
+            "t",
+            store.clone(),
+        )
+        .unwrap();
+        let second = Duration::from_secs(1);
+        limiter.try_acquire("x").await.unwrap();
+        let before = store.map.lock().unwrap()[&limiter.key("x")].clone();
+        // Dropped in `set`: the admission never landed, and is not counted.
+        store.hang_set.store(true, Ordering::Relaxed);
+        assert!(tokio::time::timeout(second, limiter.try_acquire("x"))
+            .await
+            .is_err());
+        store.hang_set.store(false, Ordering::Relaxed);
+        assert_eq!(store.map.lock().unwrap()[&limiter.key("x")], before);
+        assert_eq!(limiter.stats().admitted, 1);
+        // Dropped in `get`, with a reset queued behind it on the subject's lock: both dropped.
+        store.hang_get.store(true, Ordering::Relaxed);
+        let both = async { tokio::join!(limiter.try_acquire("x"), limiter.reset("x")) };
+        assert!(tokio::time::timeout(second, both).await.is_err());
+        store.hang_get.store(false, Ordering::Relaxed);
+        assert_eq!(store.map.lock().unwrap()[&limiter.key("x")], before);
+        // The lock was passed on: the next decision runs, on the state as it was (one taken).
+        let admission = limiter.try_acquire("x").await.unwrap();
+        assert_eq!(admission.remaining(), 0);
+        assert!(limiter.try_acquire("x").await.is_err());
+        let stats = limiter.stats();
+        assert_eq!((stats.admitted, stats.rejected, stats.errors), (2, 1, 0));
     }
 }
