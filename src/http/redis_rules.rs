@@ -71,8 +71,8 @@ use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{RedisFuture, Value};
 use sha2::{Digest, Sha256};
+use crate::sync::{AtomicU64, Ordering};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
