@@ -37,6 +37,29 @@ use std::time::{Duration, Instant};
 /// ```
 pub trait Clock: Send + Sync + 'static {
     /// Nanoseconds since this clock's epoch.
+    ///
+    /// # Examples
+    ///
+    /// A clock of your own, here one that reads a counter your runtime advances:
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use turnstile::Clock;
+    ///
+    /// #[derive(Clone, Default)]
+    /// struct Ticks(Arc<AtomicU64>);
+    /// impl Clock for Ticks {
+    ///     fn now(&self) -> u64 {
+    ///         // Relaxed suffices: reads of one atomic never go back along happens-before
+    ///         // (coherence), which is all the contract asks, as long as it only moves forward.
+    ///         self.0.load(Ordering::Relaxed)
+    ///     }
+    /// }
+    /// let clock = Ticks::default();
+    /// clock.0.fetch_add(1_000, Ordering::Relaxed);
+    /// assert_eq!(clock.now(), 1_000);
+    /// ```
     fn now(&self) -> u64;
 
     /// Brings a cached reading up to date, for a caller about to act on a deadline it has just

@@ -450,6 +450,29 @@ impl fmt::Debug for Check {
 /// ```
 pub trait Policy: Send + Sync + 'static {
     /// Decides one request. Must not block: anything slow goes in [`Check::Pending`].
+    ///
+    /// # Examples
+    ///
+    /// A policy that asks a backend: the decision comes later, in a future that owns what it
+    /// needs.
+    ///
+    /// ```
+    /// use turnstile::http::{Check, Outcome, Policy, Quotas, RequestInfo, Verdict};
+    ///
+    /// struct Remote;
+    /// impl Policy for Remote {
+    ///     fn check(&self, request: &RequestInfo<'_>) -> Check {
+    ///         let path = request.path.to_owned();
+    ///         Check::Pending(Box::pin(async move {
+    ///             // ... ask the backend about `path` ...
+    ///             let _ = path;
+    ///             Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() }
+    ///         }))
+    ///     }
+    /// }
+    /// let request = RequestInfo { method: &http::Method::GET, path: "/", client_ip: None, client_id: None };
+    /// assert!(matches!(Remote.check(&request), Check::Pending(_)));
+    /// ```
     fn check(&self, request: &RequestInfo<'_>) -> Check;
 }
 
