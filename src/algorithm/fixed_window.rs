@@ -209,7 +209,7 @@ impl Algo for FixedWindow {
 
     #[cfg(feature = "store")]
     fn save(state: &AtomicU64) -> Vec<u64> {
-        vec![state.load(Ordering::Acquire)]
+        vec![state.load(Ordering::Relaxed)]
     }
 
     #[cfg(feature = "store")]

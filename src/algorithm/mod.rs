@@ -157,6 +157,10 @@ pub(crate) trait Algo: Send + Sync + 'static {
 
     /// The cell's words, for a [`Store`](crate::Store) that keeps state as bytes. The four rate
     /// algorithms implement it; other cells (permits in flight) are not stored.
+    ///
+    /// The cell is the store's decision's own (restored from the store, decided on and saved by
+    /// one call under the subject's lock), never shared with another thread: its loads are
+    /// `Relaxed`.
     #[cfg(feature = "store")]
     fn save(_cell: &Self::Cell) -> Vec<u64> {
         Vec::new()

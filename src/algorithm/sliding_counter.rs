@@ -394,9 +394,9 @@ impl Algo for SlidingCounter {
     #[cfg(feature = "store")]
     fn save(words: &Words) -> Vec<u64> {
         vec![
-            words.current.load(Ordering::Acquire),
-            words.previous[0].load(Ordering::Acquire),
-            words.previous[1].load(Ordering::Acquire),
+            words.current.load(Ordering::Relaxed),
+            words.previous[0].load(Ordering::Relaxed),
+            words.previous[1].load(Ordering::Relaxed),
         ]
     }
 

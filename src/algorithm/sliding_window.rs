@@ -594,10 +594,10 @@ impl Algo for SlidingWindow {
     #[cfg(feature = "store")]
     fn save(ring: &Ring) -> Vec<u64> {
         let mut words = vec![
-            ring.head.load(Ordering::Acquire),
+            ring.head.load(Ordering::Relaxed),
             ring.expired.load(Ordering::Relaxed),
         ];
-        words.extend(ring.slots.iter().map(|s| s.load(Ordering::Acquire)));
+        words.extend(ring.slots.iter().map(|s| s.load(Ordering::Relaxed)));
         words
     }
 
