@@ -1007,3 +1007,58 @@ fn a_downgrade_that_panics_in_a_waker_gives_back_its_read_hold() {
     assert!(locks.is_empty(), "a read hold outlived every guard");
     assert!(locks.try_write(&0).is_ok());
 }
+
+/// Runs `f` on its own thread and fails if it has not finished within a minute: a test whose bug
+/// is a self-deadlock would otherwise hang the whole run instead of failing. On correct code the
+/// wait ends as soon as `f` does (it is a watchdog, not a sleep that moves time).
+fn must_not_deadlock(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        f();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => worker.join().unwrap(),
+        // `f` panicked: re-raise its panic.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(worker.join().unwrap_err())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("deadlocked: {what}"),
+    }
+}
+
+/// A waker whose drop runs user code that uses the same locks (here it owns a guard of another
+/// key of the same shard, like an `ArcWake` holding resources: tokio#5429). Polling a waiting
+/// future with a different waker replaces the registered one; dropping the old waker under the
+/// shard's mutex made its guard's release lock that mutex again on the same thread.
+#[test]
+fn a_replaced_waker_is_dropped_after_the_shard_is_unlocked() {
+    struct HoldsAGuard(#[allow(dead_code)] turnstile::OwnedWriteGuard<u8>);
+    impl std::task::Wake for HoldsAGuard {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    // One shard, so that keys 0 and 1 share a mutex.
+    let locks: KeyLocks<u8> = KeyLocks::builder().shards(1).build().unwrap();
+    let probe = locks.clone();
+    must_not_deadlock(
+        "a replaced waker was dropped under the shard's mutex",
+        move || {
+            let held = locks.try_write(&0).unwrap();
+            let other = locks.try_write_owned(&1).unwrap();
+            let waker = Waker::from(Arc::new(HoldsAGuard(other)));
+            let mut reading = Box::pin(locks.read(&0));
+            assert!(poll_with(reading.as_mut(), &waker).is_pending());
+            drop(waker); // the doorman's clone is now the last one
+                         // A different waker replaces it: the old one's drop releases key 1.
+            assert!(poll_once(reading.as_mut()).is_pending());
+            assert!(locks.try_write(&1).is_ok(), "key 1 was not released");
+            drop(held);
+            let Poll::Ready(guard) = poll_once(reading.as_mut()) else {
+                panic!("the reader was not granted by the release");
+            };
+            drop((guard, reading));
+        },
+    );
+    assert_quiescent(&probe, &0);
+}
