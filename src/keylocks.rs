@@ -17,6 +17,8 @@
 //! is implicit: `readers + writer + queue.len()`. When that reaches zero the entry leaves the table
 //! and the doorman goes to the pool (its queue keeps up to 16 slots of capacity, which is what
 //! pooling saves: the allocation a contended key's queue needs) or is dropped if the pool is full.
+//! While the key stays in use, a queue buffer filled to less than a quarter shrinks to twice its
+//! length, so that its memory follows the waiters rather than their peak.
 //!
 //! # Protocol
 //!
@@ -298,6 +300,19 @@ impl Doorman {
         }
     }
 
+    /// Shrinks a queue buffer that its waiters fill to less than a quarter, so that a burst of
+    /// waiters on a key that stays in use does not pin the memory of its peak until the key goes
+    /// idle (which a continuously contended key may never do). Amortised O(1): after shrinking
+    /// to twice its length, the queue must lose half its waiters before the next shrink. Never
+    /// below [`POOLED_QUEUE_CAPACITY`], the buffer a pooled doorman keeps anyway.
+    fn trim(&mut self) {
+        let capacity = self.queue.capacity();
+        if capacity > POOLED_QUEUE_CAPACITY && self.queue.len() * 4 < capacity {
+            self.queue
+                .shrink_to((self.queue.len() * 2).max(POOLED_QUEUE_CAPACITY));
+        }
+    }
+
     /// Position of `ticket` in the queue, or `None` if it has been granted.
     fn find(&self, ticket: u64) -> Option<usize> {
         self.queue.binary_search_by_key(&ticket, |w| w.ticket).ok()
@@ -364,6 +379,8 @@ impl<K, S> Inner<K, S> {
                         shrink(&mut shard.table);
                         Some((keyed.key, surplus))
                     } else {
+                        // Still in use: its queue may have lost waiters (granted or cancelled).
+                        entry.get_mut().door.trim();
                         None
                     };
                     (Some(out), retired)

@@ -18,6 +18,64 @@ use turnstile::{KeyLocks, TryLockError};
 mod wakers;
 use wakers::{counting, must_panic, panicky, poll_with};
 
+/// Heap bytes live per thread (allocated minus freed by that thread), so that a memory test reads
+/// its own thread's figure while the other tests run in parallel.
+mod heap {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        // `const` and no destructor: reading it never allocates, so the allocator may use it.
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn track(bytes: usize, add: bool) {
+        let delta = if add {
+            bytes as isize
+        } else {
+            -(bytes as isize)
+        };
+        // `try_with`: an allocation while the thread's locals are being torn down is not counted.
+        let _ = LIVE.try_with(|live| live.set(live.get() + delta));
+    }
+
+    /// Live bytes allocated by the calling thread.
+    pub fn live() -> isize {
+        LIVE.with(Cell::get)
+    }
+
+    pub struct Counting;
+
+    // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so this
+    // allocator keeps `System`'s contract; it only adds a thread-local counter (no allocation).
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            track(layout.size(), true);
+            // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which `System` shares.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            track(layout.size(), true);
+            // SAFETY: as for `alloc`.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            track(layout.size(), false);
+            // SAFETY: `ptr` came from this allocator with this `layout`.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            track(new_size, true);
+            track(layout.size(), false);
+            // SAFETY: as for `alloc` and `dealloc`.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+}
+
 const WRITER: u64 = 1 << 32;
 
 /// One counter per key, checked from inside critical sections.
@@ -1061,4 +1119,56 @@ fn a_replaced_waker_is_dropped_after_the_shard_is_unlocked() {
         },
     );
     assert_quiescent(&probe, &0);
+}
+
+/// A burst of waiters on a key that stays in use must not pin the queue memory it needed: the
+/// queue's buffer follows the waiters, not their peak. Both ways out of the queue are checked:
+/// cancellation (10,000 futures dropped) and a grant (10,000 readers granted at once).
+#[test]
+fn a_key_that_stays_in_use_gives_back_its_queue_memory() {
+    const BURST: usize = 10_000;
+    let locks: KeyLocks<u8> = KeyLocks::builder().shards(1).build().unwrap();
+
+    // Cancelled: the waiters leave one by one while a writer keeps the key in use.
+    let held = locks.try_write(&0).unwrap();
+    let before = heap::live();
+    let mut waiting: Vec<_> = (0..BURST).map(|_| Box::pin(locks.read(&0))).collect();
+    for wait in &mut waiting {
+        assert!(poll_once(wait.as_mut()).is_pending());
+    }
+    assert_eq!(locks.waiters(&0), BURST);
+    drop(waiting);
+    assert_eq!(locks.waiters(&0), 0);
+    assert_eq!(locks.len(), 1, "the key is still in use");
+    let kept = heap::live() - before;
+    assert!(
+        kept < 4096,
+        "{kept} bytes still allocated after {BURST} waiters left a key in use"
+    );
+
+    // Granted: the release hands the key to every queued reader; one keeps it in use.
+    let before = heap::live();
+    let mut waiting: Vec<_> = (0..BURST).map(|_| Box::pin(locks.read(&0))).collect();
+    for wait in &mut waiting {
+        assert!(poll_once(wait.as_mut()).is_pending());
+    }
+    drop(held);
+    assert_eq!(locks.waiters(&0), 0);
+    let mut first = None;
+    for wait in &mut waiting {
+        let Poll::Ready(guard) = poll_once(wait.as_mut()) else {
+            panic!("a queued reader was not granted by the release");
+        };
+        // Every other guard is dropped at once.
+        first.get_or_insert(guard);
+    }
+    drop(waiting);
+    assert_eq!(locks.len(), 1, "the key is still in use");
+    let kept = heap::live() - before;
+    assert!(
+        kept < 4096,
+        "{kept} bytes still allocated after {BURST} waiters were granted on a key in use"
+    );
+    drop(first);
+    assert_quiescent(&locks, &0);
 }
