@@ -1107,8 +1107,9 @@ fn a_replaced_waker_is_dropped_after_the_shard_is_unlocked() {
             let waker = Waker::from(Arc::new(HoldsAGuard(other)));
             let mut reading = Box::pin(locks.read(&0));
             assert!(poll_with(reading.as_mut(), &waker).is_pending());
-            drop(waker); // the doorman's clone is now the last one
-                         // A different waker replaces it: the old one's drop releases key 1.
+            // The doorman's clone is now the last one; a different waker replaces it, and the
+            // old one's drop releases key 1.
+            drop(waker);
             assert!(poll_once(reading.as_mut()).is_pending());
             assert!(locks.try_write(&1).is_ok(), "key 1 was not released");
             drop(held);
