@@ -17,15 +17,17 @@
 //! is implicit: `readers + writer + queue.len()`. When that reaches zero the entry leaves the table
 //! and the doorman goes to the pool (its queue keeps up to 16 slots of capacity, which is what
 //! pooling saves: the allocation a contended key's queue needs) or is dropped if the pool is full.
+//! While the key stays in use, a queue buffer filled to less than a quarter shrinks to twice its
+//! length, so that its memory follows the waiters rather than their peak.
 //!
 //! # Protocol
 //!
 //! Every state change happens under the shard's mutex, in a short critical section with no await,
 //! so correctness reduces to the mutex plus three rules. The only user code run under the mutex is
-//! the key's `Eq` and `to_owned` and a waker's `clone`, each before the change it belongs to, and
-//! the drop of a waker being replaced, after its replacement is in place: a panic in any of them
-//! leaves a consistent state (the crate ignores mutex poisoning). Wake-ups, and the drops of
-//! retired keys and of cancelled waiters' wakers, run after unlocking.
+//! the key's `Eq` and `to_owned` and a waker's `clone`, each before the change it belongs to: a
+//! panic in any of them leaves a consistent state (the crate ignores mutex poisoning). Wake-ups,
+//! and the drops of retired keys, of cancelled waiters' wakers and of wakers replaced by a newer
+//! one, run after unlocking (a waker's drop may itself release a guard of these locks).
 //!
 //! 1. **Admission.** A newcomer gets a read hold iff no writer holds and nobody is queued; a write
 //!    hold iff nobody holds and nobody is queued. Otherwise it queues at the back (the `try_*`
@@ -176,11 +178,15 @@ impl Wake {
         }
     }
 
-    fn update(&mut self, who: Register<'_>) {
+    /// Registers `who` in place of the current wake-up; returns the one it replaced, for the
+    /// caller to drop after unlocking: a waker's drop is user code, which may use these same locks
+    /// (an `ArcWake` that owns a guard), and would then lock the shard's mutex again.
+    fn update(&mut self, who: Register<'_>) -> Option<Wake> {
         match (who, &*self) {
-            (Register::Nobody, _) => {}
-            (Register::Task(new), Wake::Task(old)) if old.will_wake(new) => {}
-            (who, _) => *self = Wake::new(who),
+            (Register::Nobody, _) => None,
+            (Register::Task(new), Wake::Task(old)) if old.will_wake(new) => None,
+            // The clone runs first: if it panics, the old wake-up stays in place.
+            (who, _) => Some(std::mem::replace(self, Wake::new(who))),
         }
     }
 
@@ -294,6 +300,19 @@ impl Doorman {
         }
     }
 
+    /// Shrinks a queue buffer that its waiters fill to less than a quarter, so that a burst of
+    /// waiters on a key that stays in use does not pin the memory of its peak until the key goes
+    /// idle (which a continuously contended key may never do). Amortised O(1): after shrinking
+    /// to twice its length, the queue must lose half its waiters before the next shrink. Never
+    /// below [`POOLED_QUEUE_CAPACITY`], the buffer a pooled doorman keeps anyway.
+    fn trim(&mut self) {
+        let capacity = self.queue.capacity();
+        if capacity > POOLED_QUEUE_CAPACITY && self.queue.len() * 4 < capacity {
+            self.queue
+                .shrink_to((self.queue.len() * 2).max(POOLED_QUEUE_CAPACITY));
+        }
+    }
+
     /// Position of `ticket` in the queue, or `None` if it has been granted.
     fn find(&self, ticket: u64) -> Option<usize> {
         self.queue.binary_search_by_key(&ticket, |w| w.ticket).ok()
@@ -360,6 +379,8 @@ impl<K, S> Inner<K, S> {
                         shrink(&mut shard.table);
                         Some((keyed.key, surplus))
                     } else {
+                        // Still in use: its queue may have lost waiters (granted or cancelled).
+                        entry.get_mut().door.trim();
                         None
                     };
                     (Some(out), retired)
@@ -411,15 +432,21 @@ impl<K, S> Inner<K, S> {
             // would be a bug in this module, and guessing either answer could break exclusion.
             unreachable!("KeyLocks: a waiter's doorman left the table while it was referenced");
         };
-        match entry.door.find(ticket) {
-            Some(at) => {
-                if let Some(waiter) = entry.door.queue.get_mut(at) {
-                    waiter.wake.update(who);
-                }
-                false
-            }
-            None => true,
-        }
+        let (granted, replaced) = match entry.door.find(ticket) {
+            Some(at) => (
+                false,
+                entry
+                    .door
+                    .queue
+                    .get_mut(at)
+                    .and_then(|waiter| waiter.wake.update(who)),
+            ),
+            None => (true, None),
+        };
+        drop(shard);
+        // The replaced waker's drop, after unlocking (see `Wake::update`).
+        drop(replaced);
+        granted
     }
 
     /// A waiter's future was dropped (or its blocking call unwound) before it saw a grant.

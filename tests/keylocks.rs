@@ -18,6 +18,64 @@ use turnstile::{KeyLocks, TryLockError};
 mod wakers;
 use wakers::{counting, must_panic, panicky, poll_with};
 
+/// Heap bytes live per thread (allocated minus freed by that thread), so that a memory test reads
+/// its own thread's figure while the other tests run in parallel.
+mod heap {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        // `const` and no destructor: reading it never allocates, so the allocator may use it.
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn track(bytes: usize, add: bool) {
+        let delta = if add {
+            bytes as isize
+        } else {
+            -(bytes as isize)
+        };
+        // `try_with`: an allocation while the thread's locals are being torn down is not counted.
+        let _ = LIVE.try_with(|live| live.set(live.get() + delta));
+    }
+
+    /// Live bytes allocated by the calling thread.
+    pub fn live() -> isize {
+        LIVE.with(Cell::get)
+    }
+
+    pub struct Counting;
+
+    // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so this
+    // allocator keeps `System`'s contract; it only adds a thread-local counter (no allocation).
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            track(layout.size(), true);
+            // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which `System` shares.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            track(layout.size(), true);
+            // SAFETY: as for `alloc`.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            track(layout.size(), false);
+            // SAFETY: `ptr` came from this allocator with this `layout`.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            track(new_size, true);
+            track(layout.size(), false);
+            // SAFETY: as for `alloc` and `dealloc`.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+}
+
 const WRITER: u64 = 1 << 32;
 
 /// One counter per key, checked from inside critical sections.
@@ -1006,4 +1064,112 @@ fn a_downgrade_that_panics_in_a_waker_gives_back_its_read_hold() {
     drop((reading, second));
     assert!(locks.is_empty(), "a read hold outlived every guard");
     assert!(locks.try_write(&0).is_ok());
+}
+
+/// Runs `f` on its own thread and fails if it has not finished within a minute: a test whose bug
+/// is a self-deadlock would otherwise hang the whole run instead of failing. On correct code the
+/// wait ends as soon as `f` does (it is a watchdog, not a sleep that moves time).
+fn must_not_deadlock(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        f();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => worker.join().unwrap(),
+        // `f` panicked: re-raise its panic.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(worker.join().unwrap_err())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("deadlocked: {what}"),
+    }
+}
+
+/// A waker whose drop runs user code that uses the same locks (here it owns a guard of another
+/// key of the same shard, like an `ArcWake` holding resources: tokio#5429). Polling a waiting
+/// future with a different waker replaces the registered one; dropping the old waker under the
+/// shard's mutex made its guard's release lock that mutex again on the same thread.
+#[test]
+fn a_replaced_waker_is_dropped_after_the_shard_is_unlocked() {
+    struct HoldsAGuard(#[allow(dead_code)] turnstile::OwnedWriteGuard<u8>);
+    impl std::task::Wake for HoldsAGuard {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    // One shard, so that keys 0 and 1 share a mutex.
+    let locks: KeyLocks<u8> = KeyLocks::builder().shards(1).build().unwrap();
+    let probe = locks.clone();
+    must_not_deadlock(
+        "a replaced waker was dropped under the shard's mutex",
+        move || {
+            let held = locks.try_write(&0).unwrap();
+            let other = locks.try_write_owned(&1).unwrap();
+            let waker = Waker::from(Arc::new(HoldsAGuard(other)));
+            let mut reading = Box::pin(locks.read(&0));
+            assert!(poll_with(reading.as_mut(), &waker).is_pending());
+            // The doorman's clone is now the last one; a different waker replaces it, and the
+            // old one's drop releases key 1.
+            drop(waker);
+            assert!(poll_once(reading.as_mut()).is_pending());
+            assert!(locks.try_write(&1).is_ok(), "key 1 was not released");
+            drop(held);
+            let Poll::Ready(guard) = poll_once(reading.as_mut()) else {
+                panic!("the reader was not granted by the release");
+            };
+            drop((guard, reading));
+        },
+    );
+    assert_quiescent(&probe, &0);
+}
+
+/// A burst of waiters on a key that stays in use must not pin the queue memory it needed: the
+/// queue's buffer follows the waiters, not their peak. Both ways out of the queue are checked:
+/// cancellation (10,000 futures dropped) and a grant (10,000 readers granted at once).
+#[test]
+fn a_key_that_stays_in_use_gives_back_its_queue_memory() {
+    const BURST: usize = 10_000;
+    let locks: KeyLocks<u8> = KeyLocks::builder().shards(1).build().unwrap();
+
+    // Cancelled: the waiters leave one by one while a writer keeps the key in use.
+    let held = locks.try_write(&0).unwrap();
+    let before = heap::live();
+    let mut waiting: Vec<_> = (0..BURST).map(|_| Box::pin(locks.read(&0))).collect();
+    for wait in &mut waiting {
+        assert!(poll_once(wait.as_mut()).is_pending());
+    }
+    assert_eq!(locks.waiters(&0), BURST);
+    drop(waiting);
+    assert_eq!(locks.waiters(&0), 0);
+    assert_eq!(locks.len(), 1, "the key is still in use");
+    let kept = heap::live() - before;
+    assert!(
+        kept < 4096,
+        "{kept} bytes still allocated after {BURST} waiters left a key in use"
+    );
+
+    // Granted: the release hands the key to every queued reader; one keeps it in use.
+    let before = heap::live();
+    let mut waiting: Vec<_> = (0..BURST).map(|_| Box::pin(locks.read(&0))).collect();
+    for wait in &mut waiting {
+        assert!(poll_once(wait.as_mut()).is_pending());
+    }
+    drop(held);
+    assert_eq!(locks.waiters(&0), 0);
+    let mut first = None;
+    for wait in &mut waiting {
+        let Poll::Ready(guard) = poll_once(wait.as_mut()) else {
+            panic!("a queued reader was not granted by the release");
+        };
+        // Every other guard is dropped at once.
+        first.get_or_insert(guard);
+    }
+    drop(waiting);
+    assert_eq!(locks.len(), 1, "the key is still in use");
+    let kept = heap::live() - before;
+    assert!(
+        kept < 4096,
+        "{kept} bytes still allocated after {BURST} waiters were granted on a key in use"
+    );
+    drop(first);
+    assert_quiescent(&locks, &0);
 }
