@@ -56,6 +56,8 @@ trait Member<Q: ?Sized> {
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, Committed);
     fn refund(&self, key: &Q, n: u32, admission: &Admission, committed: Committed);
+    /// Whether `other` is a handle to the same limiter (a member listed twice).
+    fn same(&self, other: &Self) -> bool;
     fn exact_refund(&self) -> bool;
     fn capacity(&self) -> u32;
     /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
@@ -75,6 +77,9 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     }
     fn refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed) {
         self.chain_refund(n, admission);
+    }
+    fn same(&self, other: &Self) -> bool {
+        self.chain_same(other)
     }
     fn exact_refund(&self) -> bool {
         self.chain_exact_refund()
@@ -109,6 +114,10 @@ pub(crate) struct Taken {
 /// The members and the logic shared by [`Chain`] and [`KeyedChain`].
 struct Core<L> {
     members: Box<[L]>,
+    /// Per member, how many times its limiter is listed: a limiter listed twice is charged
+    /// twice, so the check asks it for all of that at once (1 for every member of a chain
+    /// without repeats).
+    times: Box<[u32]>,
     /// Commit order: members with exact refunds first, then the exact sliding windows.
     order: Box<[usize]>,
     counters: Counters,
@@ -149,20 +158,43 @@ impl<L> Core<L> {
         // then the order given.
         let mut order: Vec<usize> = (0..members.len()).collect();
         order.sort_by_key(|&i| (!members[i].exact_refund(), i >= global_from));
+        // Quadratic, once per chain: chains are short.
+        let times = members
+            .iter()
+            .map(|m| members.iter().filter(|other| m.same(other)).count() as u32)
+            .collect();
         Ok(Core {
             members: members.into_boxed_slice(),
+            times,
             order: order.into_boxed_slice(),
             counters: Counters::new(),
         })
     }
 
-    /// The smallest member capacity now: the most permits one call can get. Read from the
-    /// members every time, since any of them can be reconfigured after the chain is built.
+    /// The smallest member capacity now: the most permits one call can get (a limiter listed
+    /// k times gives a k-th of its own). Read from the members every time, since any of them can
+    /// be reconfigured after the chain is built.
     fn capacity<Q: ?Sized>(&self) -> u32
     where
         L: Member<Q>,
     {
-        self.members.iter().map(L::capacity).min().unwrap_or(0)
+        self.members
+            .iter()
+            .zip(self.times.iter())
+            .map(|(m, &times)| m.capacity() / times)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// What member `i` is checked for when a call asks `n`: all the permits the commit will
+    /// take from its limiter, `n` for each time it is listed. Without that, a check of `n` on
+    /// each listing could pass where the commit then fails on the second one, sequentially,
+    /// and a request above a k-th of the limit would be rejected forever rather than refused
+    /// as too large. (Saturating: anything that large exceeds every limit, which the member
+    /// refuses as too large.)
+    #[inline]
+    fn checked(&self, i: usize, n: u32) -> u32 {
+        n.saturating_mul(self.times[i])
     }
 
     /// `InsufficientCapacity` if `n` exceeds the chain's capacity now: the answer to a request
@@ -196,7 +228,7 @@ impl<L> Core<L> {
         let mut probed = None;
         let mut rejected = None;
         for (i, member) in self.members.iter().enumerate() {
-            match member.decide::<false>(key, n).0 {
+            match member.decide::<false>(key, self.checked(i, n)).0 {
                 Ok(a) => {
                     probed = Some(combine(probed, a));
                     if let Some(each) = slots.admissions.as_deref_mut() {
@@ -233,7 +265,7 @@ impl<L> Core<L> {
             let decision = if i == failed {
                 Err(error)
             } else {
-                member.decide::<false>(key, n).0
+                member.decide::<false>(key, self.checked(i, n)).0
             };
             match decision {
                 Ok(_) => {}
@@ -485,7 +517,8 @@ pub struct ChainStats {
 ///   `retry_after`, with the `limit` of the member that said so. With nothing else admitted
 ///   meanwhile, that is exactly when the whole chain admits: each member's answer only improves
 ///   with time.
-/// - A limiter listed twice is charged twice.
+/// - A limiter listed twice is charged twice, so one call can get at most half its limit
+///   ([`capacity`](Self::capacity) says so), and it is checked for both charges at once.
 ///
 /// Cloning is cheap and clones share state.
 ///
@@ -602,7 +635,7 @@ impl<C: Clock> Chain<C> {
     /// - [`TryAcquireError::Rejected`]: some member has too few permits now; `retry_after` is
     ///   the largest over the members (exact when nothing else is admitted meanwhile), `limit`
     ///   that member's limit.
-    /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the smallest member capacity.
+    /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the chain's [`capacity`](Self::capacity).
     /// - [`TryAcquireError::Closed`]: a member was closed.
     ///
     /// # Examples
@@ -815,7 +848,8 @@ impl<C: Clock> Chain<C> {
         &self.core.members
     }
 
-    /// The most permits one call can get: the smallest member capacity.
+    /// The most permits one call can get: the smallest member capacity (a limiter listed k
+    /// times counts a k-th of its own).
     ///
     /// # Examples
     ///
@@ -882,6 +916,13 @@ where
         match self {
             Link::PerKey(l) => l.chain_refund(key, n, admission, committed),
             Link::Global(l) => l.chain_refund(n, admission),
+        }
+    }
+    fn same(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Link::PerKey(a), Link::PerKey(b)) => a.chain_same(b),
+            (Link::Global(a), Link::Global(b)) => a.chain_same(b),
+            _ => false,
         }
     }
     fn exact_refund(&self) -> bool {
@@ -1399,7 +1440,8 @@ where
         })
     }
 
-    /// The most permits one call can get: the smallest member capacity.
+    /// The most permits one call can get: the smallest member capacity (a limiter listed k
+    /// times counts a k-th of its own).
     ///
     /// # Examples
     ///

@@ -2380,6 +2380,11 @@ where
         with_store!(&inner.store, s => s.chain_refund(&inner.ctx, shard, key, n, admission, committed));
     }
 
+    /// Whether `other` is a handle to this very limiter (a chain member listed twice).
+    pub(crate) fn chain_same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Whether refunds are exact (every algorithm but the exact sliding window).
     pub(crate) fn chain_exact_refund(&self) -> bool {
         with_store!(&self.inner.store, s => s.algo.exact_refund())

@@ -979,3 +979,108 @@ mod overflow_refund {
         assert!(per_key.try_acquire_n(&3, 2).is_ok());
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A limiter listed twice.
+
+/// A limiter listed twice is charged twice, so one call can get at most half its limit: the
+/// chain's capacity says so, a request above it is `InsufficientCapacity` (not a rejection that
+/// no wait can ever lift), and the check pass asks each listed limiter for all it will be
+/// charged, so that sequential calls are decided at the check and never refund.
+#[test]
+fn a_limiter_listed_twice_is_checked_for_both_charges() {
+    let clock = ManualClock::new();
+    let twice = manual(
+        Algorithm::FixedWindow {
+            limit: 3,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let other = manual(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let chain = Chain::new([twice.clone(), other.clone(), twice.clone()]).unwrap();
+    assert_eq!(chain.capacity(), 1, "3 permits, charged twice per call");
+    assert!(matches!(
+        chain.try_acquire_n(2),
+        Err(TryAcquireError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        })
+    ));
+    chain.try_acquire().unwrap(); // 2 of the 3
+    let r = *chain.try_acquire().unwrap_err().rejection().unwrap();
+    assert_eq!((r.retry_after(), r.limit()), (SECOND, 3));
+    assert_eq!(
+        chain.stats().refunded,
+        0,
+        "a sequential call was decided in the commit pass"
+    );
+    assert_eq!(twice.stats().available, 1);
+    assert_eq!(other.stats().available, 9);
+    clock.advance(SECOND);
+    chain.try_acquire().unwrap();
+}
+
+/// The same for a keyed member listed twice, and the probe (n = 0) still admits while one
+/// permit is free.
+#[test]
+fn a_keyed_limiter_listed_twice_is_checked_for_both_charges() {
+    let clock = ManualClock::new();
+    let per_key = keyed(
+        Algorithm::TokenBucket {
+            rate: Rate::new(1, SECOND),
+            burst: 5,
+        },
+        &clock,
+    );
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .per_key(per_key.clone())
+        .build()
+        .unwrap();
+    assert_eq!(chain.capacity(), 2);
+    assert!(matches!(
+        chain.try_acquire_n(&"k", 3),
+        Err(TryAcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        })
+    ));
+    chain.try_acquire_n(&"k", 2).unwrap(); // 4 of the 5
+    let r = *chain.try_acquire(&"k").unwrap_err().rejection().unwrap();
+    assert_eq!(r.retry_after(), SECOND, "2 permits needed, 1 free");
+    assert_eq!(chain.stats().refunded, 0);
+    assert_eq!(per_key.available(&"k"), 1);
+    clock.advance(SECOND);
+    chain.try_acquire(&"k").unwrap();
+}
+
+/// `acquire_n` for more than a twice-listed limiter can ever give fails at once instead of
+/// retrying forever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn acquire_more_than_a_twice_listed_limiter_gives_fails_at_once() {
+    use turnstile::{AcquireError, TokioClock};
+    let twice = RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: 3,
+            window: SECOND,
+        },
+        TokioClock::new(),
+    )
+    .unwrap();
+    let chain = Chain::new([twice.clone(), twice]).unwrap();
+    let outcome = tokio::time::timeout(HOUR, chain.acquire_n(2)).await;
+    assert_eq!(
+        outcome.expect("still waiting after an hour"),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        })
+    );
+}
