@@ -963,7 +963,10 @@ where
 /// type. Build one with [`KeyedChain::builder`].
 ///
 /// A check creates no key; a key is created by its first commit, as with the keyed limiter's
-/// own `try_acquire`. Refunds find the key's cell again by its key; a cell evicted meanwhile no
+/// own `try_acquire`. At a per-key member's key cap, once that member has searched for room and
+/// found no key it could evict yet, the check answers a new key as the commit would
+/// ([`TooManyKeys`](TryAcquireError::TooManyKeys), or the shared overflow limiter's decision),
+/// so that a flood of new keys is refused without touching the other members. Refunds find the key's cell again by its key; a cell evicted meanwhile no
 /// longer held anything of the refunded admission, and its replacement is left alone.
 ///
 /// Cloning is cheap and clones share state.

@@ -1084,3 +1084,79 @@ async fn acquire_more_than_a_twice_listed_limiter_gives_fails_at_once() {
         })
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// A per-key member at its key cap.
+
+/// A flood of new keys at a per-key member's cap, where no key is idle: once the member knows
+/// there is no room (its first search for some found none), the check pass refuses as the
+/// commit would, so the denials write nothing to the other members (no commit and refund of
+/// the global limit per denied call) and nothing is refunded. Both overflow policies: `Reject`
+/// answers `TooManyKeys`, `Shared` decides on the (exhausted) overflow cell. The per-key member
+/// is an exact sliding window, which the chain commits after the global token bucket.
+#[test]
+fn a_flood_of_new_keys_at_the_cap_writes_nothing_to_the_other_members() {
+    use turnstile::KeyOverflow;
+    for overflow in [KeyOverflow::Reject, KeyOverflow::Shared] {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::<u32, _>::builder(Algorithm::SlidingWindow {
+            limit: 1,
+            window: HOUR,
+        })
+        .clock(clock.clone())
+        .max_keys(1)
+        .overflow(overflow)
+        .build()
+        .unwrap();
+        let global = manual(
+            Algorithm::TokenBucket {
+                rate: Rate::new(1, SECOND),
+                burst: 10,
+            },
+            &clock,
+        );
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        chain.try_acquire(&0).unwrap(); // fills the cap
+        if overflow == KeyOverflow::Shared {
+            chain.try_acquire(&1).unwrap(); // fills the shared overflow cell
+        }
+        // The first call at the cap searches for room and finds none (the commit pass); from
+        // then on the member knows, until a key can be idle.
+        let _ = chain.try_acquire(&2);
+        let refunded = chain.stats().refunded;
+        let before = global.try_acquire_n(0).unwrap();
+        for key in 3..100 {
+            clock.advance(Duration::from_millis(1));
+            let err = chain.try_acquire(&key).unwrap_err();
+            match overflow {
+                KeyOverflow::Reject => {
+                    assert_eq!(err, TryAcquireError::TooManyKeys { max_keys: 1 })
+                }
+                _ => assert_eq!(
+                    err.rejection().unwrap().retry_after(),
+                    HOUR - clock.elapsed(),
+                    "the overflow cell's ticket leaves at 1 h"
+                ),
+            }
+        }
+        assert_eq!(
+            chain.stats().refunded,
+            refunded,
+            "{overflow:?}: denials at the cap went through the commit pass"
+        );
+        let after = global.try_acquire_n(0).unwrap();
+        assert_eq!(
+            after.remaining(),
+            before.remaining(),
+            "{overflow:?}: the global bucket lost permits to denied calls"
+        );
+        assert_eq!(
+            per_key.stats().overflowed,
+            98 + (overflow == KeyOverflow::Shared) as u64
+        );
+    }
+}
