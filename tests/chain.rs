@@ -1281,3 +1281,147 @@ proptest! {
         audit_chain(&algorithms, &listing, tick, &ops);
     }
 }
+
+/// What a keyed audit's injected race does.
+#[derive(Debug, Clone)]
+enum Race {
+    /// A direct call on a member (global, or per-key for the key) for n.
+    Direct(usize, u8, u32),
+    /// A sweep of a per-key member: evicts the idle keys, maybe the very cell a commit just
+    /// decided on or a refund is about to look up.
+    Sweep(usize),
+}
+
+/// `audit_chain` for a `KeyedChain`: members per key or global, keys 0 and 1, and sweeps
+/// among the injected races. Each per-key member is audited per key.
+fn audit_keyed_chain(specs: &[Spec], tick: u64, ops: &[(u8, AuditOp)], races: &[Vec<Race>]) {
+    let clock = HookClock::default();
+    clock.0.tick.store(tick, Ordering::SeqCst);
+    let live: Vec<Live> = specs
+        .iter()
+        .map(|s| {
+            if s.keyed {
+                Live::PerKey(KeyedLimiter::with_clock(s.algorithm, clock.clone()).unwrap())
+            } else {
+                Live::Global(RateLimiter::with_clock(s.algorithm, clock.clone()).unwrap())
+            }
+        })
+        .collect();
+    // The chain's members in its order (per-key first): indices into `specs`.
+    let mut member: Vec<usize> = (0..specs.len()).filter(|&j| specs[j].keyed).collect();
+    member.extend((0..specs.len()).filter(|&j| !specs[j].keyed));
+    let mut builder = KeyedChain::<u8, HookClock>::builder();
+    for &j in &member {
+        builder = match &live[j] {
+            Live::PerKey(l) => builder.per_key(l.clone()),
+            Live::Global(l) => builder.global(l.clone()),
+        };
+    }
+    let chain = builder.build().unwrap();
+    type Logs = HashMap<(usize, u8), Vec<(u64, u64)>>;
+    let logs: Arc<Mutex<Logs>> = Arc::default();
+    // Per-key members log per key, global ones under key 0.
+    let keyed_of: Vec<bool> = specs.iter().map(|s| s.keyed).collect();
+    let record = {
+        let keyed_of = keyed_of.clone();
+        move |logs: &mut Logs, j: usize, key: u8, at: u64, n: u32| {
+            let key = if keyed_of[j] { key } else { 0 };
+            logs.entry((j, key)).or_default().push((at, u64::from(n)));
+        }
+    };
+    let mut each = Vec::new();
+    for (i, (key, op)) in ops.iter().enumerate() {
+        let key = key % 2;
+        match *op {
+            AuditOp::Advance(d) => clock.advance(d),
+            AuditOp::Direct(j, n) => {
+                let j = j % specs.len();
+                if let Ok(a) = live[j].try_acquire_n(key, n) {
+                    record(&mut logs.lock().unwrap(), j, key, a.at_nanos(), n);
+                }
+            }
+            AuditOp::Chain(n, ref inject) => {
+                if let Some((reading, pause, _)) = inject.clone() {
+                    let races = races[i % races.len()].clone();
+                    let (live, logs, record) = (live.clone(), Arc::clone(&logs), record.clone());
+                    let paused = clock.clone();
+                    clock.arm(
+                        reading,
+                        Box::new(move || {
+                            paused.advance(pause);
+                            for race in races {
+                                match race {
+                                    Race::Direct(j, k, m) => {
+                                        let (j, k) = (j % live.len(), k % 2);
+                                        if let Ok(a) = live[j].try_acquire_n(k, m) {
+                                            record(
+                                                &mut logs.lock().unwrap(),
+                                                j,
+                                                k,
+                                                a.at_nanos(),
+                                                m,
+                                            );
+                                        }
+                                    }
+                                    Race::Sweep(j) => {
+                                        if let Live::PerKey(l) = &live[j % live.len()] {
+                                            l.sweep();
+                                        }
+                                    }
+                                }
+                            }
+                        }),
+                    );
+                }
+                if chain.try_acquire_n_into(&key, n, &mut each).is_ok() {
+                    let mut logs = logs.lock().unwrap();
+                    for (&j, a) in member.iter().zip(&each) {
+                        record(&mut logs, j, key, a.at_nanos(), n);
+                    }
+                }
+                clock.disarm();
+            }
+        }
+    }
+    let mut logs = logs.lock().unwrap();
+    for (&(j, key), log) in logs.iter_mut() {
+        log.retain(|&(_, n)| n > 0);
+        log.sort_unstable();
+        let algorithm = specs[j].algorithm;
+        assert_eq!(
+            common::violations(algorithm, log),
+            0,
+            "member {j} ({algorithm:?}) broke its contract for key {key}: {log:?}"
+        );
+    }
+}
+
+fn races() -> impl Strategy<Value = Vec<Vec<Race>>> {
+    let race = prop_oneof![
+        2 => (0usize..3, 0u8..2, 1u32..4).prop_map(|(j, k, n)| Race::Direct(j, k, n)),
+        1 => (0usize..3).prop_map(Race::Sweep),
+    ];
+    prop::collection::vec(prop::collection::vec(race, 1..=3), 1..8)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+
+    /// `chains_never_over_admit_with_a_moving_clock` for keyed chains, with sweeps evicting
+    /// keys between a commit and its refund.
+    #[test]
+    fn keyed_chains_never_over_admit_with_a_moving_clock_and_sweeps(
+        members in prop::collection::vec((0u8..4, 1u32..6, 1u64..40, any::<bool>()), 1..=3),
+        tick in prop_oneof![Just(0u64), 1u64..4],
+        ops in audit_ops(),
+        keys in prop::collection::vec(0u8..2, 120),
+        races in races(),
+    ) {
+        let specs: Vec<Spec> = members
+            .iter()
+            .map(|&(k, limit, w, keyed)| Spec { algorithm: algorithm(k, limit, w), keyed })
+            .collect();
+        let ops: Vec<(u8, AuditOp)> = keys.into_iter().zip(ops).collect();
+        audit_keyed_chain(&specs, tick, &ops, &races);
+    }
+}
