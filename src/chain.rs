@@ -635,7 +635,8 @@ impl<C: Clock> Chain<C> {
     /// - [`TryAcquireError::Rejected`]: some member has too few permits now; `retry_after` is
     ///   the largest over the members (exact when nothing else is admitted meanwhile), `limit`
     ///   that member's limit.
-    /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the chain's [`capacity`](Self::capacity).
+    /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the chain's
+    ///   [`capacity`](Self::capacity).
     /// - [`TryAcquireError::Closed`]: a member was closed.
     ///
     /// # Examples
