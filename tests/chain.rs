@@ -1167,6 +1167,13 @@ fn a_flood_of_new_keys_at_the_cap_writes_nothing_to_the_other_members() {
 // ---------------------------------------------------------------------------------------------
 // An audit with a moving clock.
 
+/// Where an injected race strikes in a chain call (its clock reading), how long the thread is
+/// paused first, and the direct calls (limiter, n) it makes.
+type Injection = (usize, u64, Vec<(usize, u32)>);
+
+/// Every limiter's admissions, as `(time, permits)`.
+type AuditLogs = Arc<Mutex<Vec<Vec<(u64, u64)>>>>;
+
 /// A chain call, or a direct call on one limiter, logged.
 #[derive(Debug, Clone)]
 enum AuditOp {
@@ -1174,7 +1181,7 @@ enum AuditOp {
     /// A chain call for n; optionally, at the given clock reading of the call (during the
     /// check, between the passes, between two commits, or before a refund), the clock moves on
     /// by the given time (the thread lost the CPU) and then direct calls (limiter, n) run.
-    Chain(u32, Option<(usize, u64, Vec<(usize, u32)>)>),
+    Chain(u32, Option<Injection>),
     Direct(usize, u32),
 }
 
@@ -1191,8 +1198,7 @@ fn audit_chain(algorithms: &[Algorithm], listing: &[usize], tick: u64, ops: &[Au
         .map(|&a| RateLimiter::with_clock(a, clock.clone()).unwrap())
         .collect();
     let chain = Chain::new(listing.iter().map(|&l| limiters[l].clone())).unwrap();
-    let logs: Arc<Mutex<Vec<Vec<(u64, u64)>>>> =
-        Arc::new(Mutex::new(vec![Vec::new(); limiters.len()]));
+    let logs: AuditLogs = Arc::new(Mutex::new(vec![Vec::new(); limiters.len()]));
     let mut each = Vec::new();
     for op in ops {
         match *op {
