@@ -197,6 +197,32 @@ impl<L> Core<L> {
         n.saturating_mul(self.times[i])
     }
 
+    /// Member `i`'s check in the first pass. A probe (`n == 0`) of a limiter listed k > 1 times
+    /// asks whether one more call fits, k permits (the verdict, or the rejection with its
+    /// retry-after), and then the limiter's own probe, for the `remaining` and `reset_after`
+    /// that a check of k permits does not give.
+    fn check<Q: ?Sized>(&self, i: usize, key: &Q, n: u32) -> Result<Admission, TryAcquireError>
+    where
+        L: Member<Q>,
+    {
+        let member = &self.members[i];
+        let times = self.times[i];
+        if n == 0 && times > 1 {
+            member.decide::<false>(key, times).0?;
+        }
+        member.decide::<false>(key, self.checked(i, n)).0
+    }
+
+    /// Member `i`'s admission as the chain reports it: `remaining` in calls of the chain, each
+    /// of which takes `times` of the member's permits.
+    #[inline]
+    fn share(&self, i: usize, a: Admission) -> Admission {
+        match self.times[i] {
+            1 => a,
+            times => Admission::new(a.at_nanos(), a.reset_after_nanos(), a.remaining() / times),
+        }
+    }
+
     /// `InsufficientCapacity` if `n` exceeds the chain's capacity now: the answer to a request
     /// that can never fit, ahead of any other error a member gave.
     #[cold]
@@ -227,10 +253,10 @@ impl<L> Core<L> {
         // smallest one fails here, whichever member sees it first.
         let mut probed = None;
         let mut rejected = None;
-        for (i, member) in self.members.iter().enumerate() {
-            match member.decide::<false>(key, self.checked(i, n)).0 {
+        for i in 0..self.members.len() {
+            match self.check(i, key, n) {
                 Ok(a) => {
-                    probed = Some(combine(probed, a));
+                    probed = Some(combine(probed, self.share(i, a)));
                     if let Some(each) = slots.admissions.as_deref_mut() {
                         each[i] = a;
                     }
@@ -261,11 +287,11 @@ impl<L> Core<L> {
         // The largest retry-after: the member that rejected, and every other one as it stands
         // now (the refunded ones included).
         let mut rejected = None;
-        for (i, member) in self.members.iter().enumerate() {
+        for i in 0..self.members.len() {
             let decision = if i == failed {
                 Err(error)
             } else {
-                member.decide::<false>(key, self.checked(i, n)).0
+                self.check(i, key, n)
             };
             match decision {
                 Ok(_) => {}
@@ -314,7 +340,7 @@ impl<L> Core<L> {
         if let Some(flags) = slots.flags.as_deref_mut() {
             flags[i] = admission.1;
         }
-        Ok(combine(rest, admission.0))
+        Ok(combine(rest, self.share(i, admission.0)))
     }
 
     /// Gives back `n` permits a successful attempt took for `key` from every member, from the
@@ -518,7 +544,8 @@ pub struct ChainStats {
 ///   meanwhile, that is exactly when the whole chain admits: each member's answer only improves
 ///   with time.
 /// - A limiter listed twice is charged twice, so one call can get at most half its limit
-///   ([`capacity`](Self::capacity) says so), and it is checked for both charges at once.
+///   ([`capacity`](Self::capacity) says so), and it is checked for both charges at once; the
+///   combined `remaining` counts its free permits in such calls (half of them).
 ///
 /// Cloning is cheap and clones share state.
 ///
@@ -624,8 +651,8 @@ impl<C: Clock> Chain<C> {
     /// Takes `n` permits from every member if every member admits them now; otherwise takes none
     /// from any. Never blocks.
     ///
-    /// `n == 0` is a probe: admitted iff every member has a permit now, consuming nothing (the
-    /// admission combines the members' own probes).
+    /// `n == 0` is a probe: admitted iff every member has a permit now (a limiter listed k
+    /// times: k), consuming nothing (the admission combines the members' own probes).
     ///
     /// A member with waiters queued in its own [`acquire`](RateLimiter::acquire) (oldest first)
     /// rejects, as its own `try_acquire` would: chains do not barge either.

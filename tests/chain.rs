@@ -1064,6 +1064,42 @@ fn a_keyed_limiter_listed_twice_is_checked_for_both_charges() {
     chain.try_acquire(&"k").unwrap();
 }
 
+/// What a chain admission and a probe say of a limiter listed twice is counted in calls of the
+/// chain, which take two of its permits each: `remaining` is half its free permits, and a probe
+/// is admitted only while one more call fits.
+#[test]
+fn a_limiter_listed_twice_reports_what_the_chain_can_still_take() {
+    let clock = ManualClock::new();
+    let twice = manual(
+        Algorithm::FixedWindow {
+            limit: 5,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let chain = Chain::new([twice.clone(), twice.clone()]).unwrap();
+    assert_eq!(chain.try_acquire_n(0).unwrap().remaining(), 2);
+    assert_eq!(
+        chain.try_acquire().unwrap().remaining(),
+        1,
+        "3 free: one more call"
+    );
+    assert_eq!(
+        chain.try_acquire().unwrap().remaining(),
+        0,
+        "1 free: no call fits"
+    );
+    assert_eq!(twice.stats().available, 1);
+    let probe = chain.try_acquire_n(0);
+    assert_eq!(
+        probe
+            .map(|a| a.remaining())
+            .map_err(|e| e.rejection().map(|r| r.retry_after())),
+        Err(Some(SECOND)),
+        "the probe admits what no call can get"
+    );
+}
+
 /// `acquire_n` for more than a twice-listed limiter can ever give fails at once instead of
 /// retrying forever.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
