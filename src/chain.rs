@@ -262,7 +262,9 @@ impl<L> Core<L> {
                     }
                 }
                 Err(TryAcquireError::Rejected(r)) => rejected = Some(worse(rejected, r)),
-                Err(e) => return Err(self.too_big::<Q>(n).unwrap_or(e)),
+                // A probe is for one call: one permit, which a limiter listed more times than
+                // its limit can never give (in the chain's terms, not the member's).
+                Err(e) => return Err(self.too_big::<Q>(n.max(1)).unwrap_or(e)),
             }
         }
         if let Some(r) = rejected {

@@ -1098,6 +1098,25 @@ fn a_limiter_listed_twice_reports_what_the_chain_can_still_take() {
         Err(Some(SECOND)),
         "the probe admits what no call can get"
     );
+    // Limit 1 listed twice: no call can ever fit, probes included.
+    let one = manual(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let never = Chain::new([one.clone(), one]).unwrap();
+    assert_eq!(never.capacity(), 0);
+    for n in [0, 1] {
+        assert_eq!(
+            never.try_acquire_n(n).unwrap_err(),
+            TryAcquireError::InsufficientCapacity {
+                requested: 1,
+                capacity: 0
+            }
+        );
+    }
 }
 
 /// `acquire_n` for more than a twice-listed limiter can ever give fails at once instead of
