@@ -823,7 +823,7 @@ mod tests {
         assert!(algo.try_acquire(&ring, 1, &clock).is_err());
     }
 
-    /// A refund that comes after the window was changed, and changed back to a length that
+    /// A refund that comes after the window was changed, and changed again to a length that
     /// makes the admission's time plus the current window equal a later ticket's expiry, must
     /// not take that ticket's permit: limit 1, ticket 0 held at 0 (expiry 10); the window goes
     /// to 1, ticket 1 at 10 (expiry 11); to 50, ticket 2 at 11 (expiry 61, ticket 0's slot and
