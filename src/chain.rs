@@ -996,8 +996,9 @@ where
 /// own `try_acquire`. At a per-key member's key cap, once that member has searched for room and
 /// found no key it could evict yet, the check answers a new key as the commit would
 /// ([`TooManyKeys`](TryAcquireError::TooManyKeys), or the shared overflow limiter's decision),
-/// so that a flood of new keys is refused without touching the other members. Refunds find the key's cell again by its key; a cell evicted meanwhile no
-/// longer held anything of the refunded admission, and its replacement is left alone.
+/// so that a flood of new keys is refused without touching the other members. Refunds find the
+/// key's cell again by its key; a cell evicted meanwhile no longer held anything of the refunded
+/// admission, and its replacement is left alone.
 ///
 /// Cloning is cheap and clones share state.
 ///
