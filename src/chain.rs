@@ -56,6 +56,8 @@ trait Member<Q: ?Sized> {
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, Committed);
     fn refund(&self, key: &Q, n: u32, admission: &Admission, committed: Committed);
+    /// Whether `other` is a handle to the same limiter (a member listed twice).
+    fn same(&self, other: &Self) -> bool;
     fn exact_refund(&self) -> bool;
     fn capacity(&self) -> u32;
     /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
@@ -75,6 +77,9 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     }
     fn refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed) {
         self.chain_refund(n, admission);
+    }
+    fn same(&self, other: &Self) -> bool {
+        self.chain_same(other)
     }
     fn exact_refund(&self) -> bool {
         self.chain_exact_refund()
@@ -109,6 +114,10 @@ pub(crate) struct Taken {
 /// The members and the logic shared by [`Chain`] and [`KeyedChain`].
 struct Core<L> {
     members: Box<[L]>,
+    /// Per member, how many times its limiter is listed: a limiter listed twice is charged
+    /// twice, so the check asks it for all of that at once (1 for every member of a chain
+    /// without repeats).
+    times: Box<[u32]>,
     /// Commit order: members with exact refunds first, then the exact sliding windows.
     order: Box<[usize]>,
     counters: Counters,
@@ -149,20 +158,69 @@ impl<L> Core<L> {
         // then the order given.
         let mut order: Vec<usize> = (0..members.len()).collect();
         order.sort_by_key(|&i| (!members[i].exact_refund(), i >= global_from));
+        // Quadratic, once per chain: chains are short.
+        let times = members
+            .iter()
+            .map(|m| members.iter().filter(|other| m.same(other)).count() as u32)
+            .collect();
         Ok(Core {
             members: members.into_boxed_slice(),
+            times,
             order: order.into_boxed_slice(),
             counters: Counters::new(),
         })
     }
 
-    /// The smallest member capacity now: the most permits one call can get. Read from the
-    /// members every time, since any of them can be reconfigured after the chain is built.
+    /// The smallest member capacity now: the most permits one call can get (a limiter listed
+    /// k times gives a k-th of its own). Read from the members every time, since any of them can
+    /// be reconfigured after the chain is built.
     fn capacity<Q: ?Sized>(&self) -> u32
     where
         L: Member<Q>,
     {
-        self.members.iter().map(L::capacity).min().unwrap_or(0)
+        self.members
+            .iter()
+            .zip(self.times.iter())
+            .map(|(m, &times)| m.capacity() / times)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// What member `i` is checked for when a call asks `n`: all the permits the commit will
+    /// take from its limiter, `n` for each time it is listed. Without that, a check of `n` on
+    /// each listing could pass where the commit then fails on the second one, sequentially,
+    /// and a request above a k-th of the limit would be rejected forever rather than refused
+    /// as too large. (Saturating: anything that large exceeds every limit, which the member
+    /// refuses as too large.)
+    #[inline]
+    fn checked(&self, i: usize, n: u32) -> u32 {
+        n.saturating_mul(self.times[i])
+    }
+
+    /// Member `i`'s check in the first pass. A probe (`n == 0`) of a limiter listed k > 1 times
+    /// asks whether one more call fits, k permits (the verdict, or the rejection with its
+    /// retry-after), and then the limiter's own probe, for the `remaining` and `reset_after`
+    /// that a check of k permits does not give.
+    fn check<Q: ?Sized>(&self, i: usize, key: &Q, n: u32) -> Result<Admission, TryAcquireError>
+    where
+        L: Member<Q>,
+    {
+        let member = &self.members[i];
+        let times = self.times[i];
+        if n == 0 && times > 1 {
+            member.decide::<false>(key, times).0?;
+        }
+        member.decide::<false>(key, self.checked(i, n)).0
+    }
+
+    /// Member `i`'s admission as the chain reports it: `remaining` in calls of the chain, each
+    /// of which takes `times` of the member's permits.
+    #[inline]
+    fn share(&self, i: usize, a: Admission) -> Admission {
+        match self.times[i] {
+            1 => a,
+            times => Admission::new(a.at_nanos(), a.reset_after_nanos(), a.remaining() / times),
+        }
     }
 
     /// `InsufficientCapacity` if `n` exceeds the chain's capacity now: the answer to a request
@@ -195,16 +253,18 @@ impl<L> Core<L> {
         // smallest one fails here, whichever member sees it first.
         let mut probed = None;
         let mut rejected = None;
-        for (i, member) in self.members.iter().enumerate() {
-            match member.decide::<false>(key, n).0 {
+        for i in 0..self.members.len() {
+            match self.check(i, key, n) {
                 Ok(a) => {
-                    probed = Some(combine(probed, a));
+                    probed = Some(combine(probed, self.share(i, a)));
                     if let Some(each) = slots.admissions.as_deref_mut() {
                         each[i] = a;
                     }
                 }
                 Err(TryAcquireError::Rejected(r)) => rejected = Some(worse(rejected, r)),
-                Err(e) => return Err(self.too_big::<Q>(n).unwrap_or(e)),
+                // A probe is for one call: one permit, which a limiter listed more times than
+                // its limit can never give (in the chain's terms, not the member's).
+                Err(e) => return Err(self.too_big::<Q>(n.max(1)).unwrap_or(e)),
             }
         }
         if let Some(r) = rejected {
@@ -229,11 +289,11 @@ impl<L> Core<L> {
         // The largest retry-after: the member that rejected, and every other one as it stands
         // now (the refunded ones included).
         let mut rejected = None;
-        for (i, member) in self.members.iter().enumerate() {
+        for i in 0..self.members.len() {
             let decision = if i == failed {
                 Err(error)
             } else {
-                member.decide::<false>(key, n).0
+                self.check(i, key, n)
             };
             match decision {
                 Ok(_) => {}
@@ -282,7 +342,7 @@ impl<L> Core<L> {
         if let Some(flags) = slots.flags.as_deref_mut() {
             flags[i] = admission.1;
         }
-        Ok(combine(rest, admission.0))
+        Ok(combine(rest, self.share(i, admission.0)))
     }
 
     /// Gives back `n` permits a successful attempt took for `key` from every member, from the
@@ -485,7 +545,9 @@ pub struct ChainStats {
 ///   `retry_after`, with the `limit` of the member that said so. With nothing else admitted
 ///   meanwhile, that is exactly when the whole chain admits: each member's answer only improves
 ///   with time.
-/// - A limiter listed twice is charged twice.
+/// - A limiter listed twice is charged twice, so one call can get at most half its limit
+///   ([`capacity`](Self::capacity) says so), and it is checked for both charges at once; the
+///   combined `remaining` counts its free permits in such calls (half of them).
 ///
 /// Cloning is cheap and clones share state.
 ///
@@ -591,8 +653,8 @@ impl<C: Clock> Chain<C> {
     /// Takes `n` permits from every member if every member admits them now; otherwise takes none
     /// from any. Never blocks.
     ///
-    /// `n == 0` is a probe: admitted iff every member has a permit now, consuming nothing (the
-    /// admission combines the members' own probes).
+    /// `n == 0` is a probe: admitted iff every member has a permit now (a limiter listed k
+    /// times: k), consuming nothing (the admission combines the members' own probes).
     ///
     /// A member with waiters queued in its own [`acquire`](RateLimiter::acquire) (oldest first)
     /// rejects, as its own `try_acquire` would: chains do not barge either.
@@ -602,7 +664,8 @@ impl<C: Clock> Chain<C> {
     /// - [`TryAcquireError::Rejected`]: some member has too few permits now; `retry_after` is
     ///   the largest over the members (exact when nothing else is admitted meanwhile), `limit`
     ///   that member's limit.
-    /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the smallest member capacity.
+    /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the chain's
+    ///   [`capacity`](Self::capacity).
     /// - [`TryAcquireError::Closed`]: a member was closed.
     ///
     /// # Examples
@@ -815,7 +878,8 @@ impl<C: Clock> Chain<C> {
         &self.core.members
     }
 
-    /// The most permits one call can get: the smallest member capacity.
+    /// The most permits one call can get: the smallest member capacity (a limiter listed k
+    /// times counts a k-th of its own).
     ///
     /// # Examples
     ///
@@ -884,6 +948,13 @@ where
             Link::Global(l) => l.chain_refund(n, admission),
         }
     }
+    fn same(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Link::PerKey(a), Link::PerKey(b)) => a.chain_same(b),
+            (Link::Global(a), Link::Global(b)) => a.chain_same(b),
+            _ => false,
+        }
+    }
     fn exact_refund(&self) -> bool {
         match self {
             Link::PerKey(l) => l.chain_exact_refund(),
@@ -922,8 +993,12 @@ where
 /// type. Build one with [`KeyedChain::builder`].
 ///
 /// A check creates no key; a key is created by its first commit, as with the keyed limiter's
-/// own `try_acquire`. Refunds find the key's cell again by its key; a cell evicted meanwhile no
-/// longer held anything of the refunded admission, and its replacement is left alone.
+/// own `try_acquire`. At a per-key member's key cap, once that member has searched for room and
+/// found no key it could evict yet, the check answers a new key as the commit would
+/// ([`TooManyKeys`](TryAcquireError::TooManyKeys), or the shared overflow limiter's decision),
+/// so that a flood of new keys is refused without touching the other members. Refunds find the
+/// key's cell again by its key; a cell evicted meanwhile no longer held anything of the refunded
+/// admission, and its replacement is left alone.
 ///
 /// Cloning is cheap and clones share state.
 ///
@@ -1399,7 +1474,8 @@ where
         })
     }
 
-    /// The most permits one call can get: the smallest member capacity.
+    /// The most permits one call can get: the smallest member capacity (a limiter listed k
+    /// times counts a k-th of its own).
     ///
     /// # Examples
     ///

@@ -788,7 +788,17 @@ where
     }
 
     /// A chain's first pass: would `key` admit `n.max(1)` permits now? Writes nothing and
-    /// creates no key; a key not held (or retired) answers as a fresh one.
+    /// creates no key; a key not held (or retired) answers as a fresh one, unless the cap is
+    /// reached and no key can be evicted yet: then as the commit would (`first_use`), with
+    /// `TooManyKeys` or the shared overflow cell's decision.
+    ///
+    /// Answering "fresh" at the cap made every call for a new key pass the check and fail in
+    /// the commit, after the members committed before this one had taken their permits: under
+    /// a flood of new keys (what the cap is for) each denial wrote to every such member twice
+    /// (commit and refund), and a token bucket's refund, which gives back less the later it
+    /// comes, drained it. "No key can be evicted yet" is the hint `make_room` itself trusts
+    /// (`room_at`, raised by a search for room that found none), so the first call at the cap
+    /// still searches, in its commit, and the ones after it are refused here.
     fn chain_check<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
@@ -805,8 +815,27 @@ where
             .get(key, |cell| self.algo.check(cell, n, &ctx.clock))
         {
             Some(Err(TryAcquireError::Closed)) | None => {
-                // A fresh cell admits any n up to the limit; only the verdict is used.
-                Ok(Admission::new(ctx.clock.now(), 0, limit))
+                let now = ctx.clock.now();
+                // Relaxed, both: hints, as in `reserve_key` and `make_room`; a stale value only
+                // answers as a call a moment earlier or later would have been answered.
+                let full = ctx.keys.load(Ordering::Relaxed) >= ctx.max_keys as u64
+                    && now < ctx.room_at.load(Ordering::Relaxed);
+                if !full {
+                    // A fresh cell admits any n up to the limit; only the verdict is used.
+                    return Ok(Admission::new(now, 0, limit));
+                }
+                let outcome = match ctx.overflow {
+                    KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
+                        max_keys: ctx.max_keys,
+                    }),
+                    KeyOverflow::Shared => self.algo.check(&self.overflow, n, &ctx.clock),
+                };
+                if outcome.is_err() {
+                    // The call ends here, as it would have in `first_use`, which counts it; an
+                    // admission is counted there, by the commit.
+                    ctx.counters.bump(OVERFLOWED);
+                }
+                outcome
             }
             Some(outcome) => outcome,
         }
@@ -2378,6 +2407,11 @@ where
         let inner = &*self.inner;
         let shard = self.shard(key);
         with_store!(&inner.store, s => s.chain_refund(&inner.ctx, shard, key, n, admission, committed));
+    }
+
+    /// Whether `other` is a handle to this very limiter (a chain member listed twice).
+    pub(crate) fn chain_same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Whether refunds are exact (every algorithm but the exact sliding window).

@@ -1441,6 +1441,11 @@ impl<C: Clock> RateLimiter<C> {
         inner.state.refund(n, admission, &inner.clock);
     }
 
+    /// Whether `other` is a handle to this very limiter (a chain member listed twice).
+    pub(crate) fn chain_same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Whether refunds are exact (every algorithm but the exact sliding window).
     pub(crate) fn chain_exact_refund(&self) -> bool {
         self.inner.state.exact_refund()

@@ -37,6 +37,8 @@ type Hook = Box<dyn FnOnce() + Send>;
 #[derive(Default)]
 struct HookState {
     now: AtomicU64,
+    /// Nanoseconds every reading moves the clock on, after it is taken (0: a still clock).
+    tick: AtomicU64,
     /// Readings left before the hook fires (0: disarmed).
     countdown: AtomicUsize,
     hook: Mutex<Option<Hook>>,
@@ -76,7 +78,8 @@ impl Clock for HookClock {
                 hook();
             }
         }
-        self.0.now.load(Ordering::SeqCst)
+        let tick = self.0.tick.load(Ordering::SeqCst);
+        self.0.now.fetch_add(tick, Ordering::SeqCst)
     }
 }
 
@@ -977,5 +980,509 @@ mod overflow_refund {
         assert_eq!(chain.stats().refunded, 1, "the race was not reproduced");
         // The overflow cell got its 2 permits back: another key over the cap can take them.
         assert!(per_key.try_acquire_n(&3, 2).is_ok());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A limiter listed twice.
+
+/// A limiter listed twice is charged twice, so one call can get at most half its limit: the
+/// chain's capacity says so, a request above it is `InsufficientCapacity` (not a rejection that
+/// no wait can ever lift), and the check pass asks each listed limiter for all it will be
+/// charged, so that sequential calls are decided at the check and never refund.
+#[test]
+fn a_limiter_listed_twice_is_checked_for_both_charges() {
+    let clock = ManualClock::new();
+    let twice = manual(
+        Algorithm::FixedWindow {
+            limit: 3,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let other = manual(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let chain = Chain::new([twice.clone(), other.clone(), twice.clone()]).unwrap();
+    assert_eq!(chain.capacity(), 1, "3 permits, charged twice per call");
+    assert!(matches!(
+        chain.try_acquire_n(2),
+        Err(TryAcquireError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        })
+    ));
+    chain.try_acquire().unwrap(); // 2 of the 3
+    let r = *chain.try_acquire().unwrap_err().rejection().unwrap();
+    assert_eq!((r.retry_after(), r.limit()), (SECOND, 3));
+    assert_eq!(
+        chain.stats().refunded,
+        0,
+        "a sequential call was decided in the commit pass"
+    );
+    assert_eq!(twice.stats().available, 1);
+    assert_eq!(other.stats().available, 9);
+    clock.advance(SECOND);
+    chain.try_acquire().unwrap();
+}
+
+/// The same for a keyed member listed twice, and the probe (n = 0) still admits while one
+/// permit is free.
+#[test]
+fn a_keyed_limiter_listed_twice_is_checked_for_both_charges() {
+    let clock = ManualClock::new();
+    let per_key = keyed(
+        Algorithm::TokenBucket {
+            rate: Rate::new(1, SECOND),
+            burst: 5,
+        },
+        &clock,
+    );
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .per_key(per_key.clone())
+        .build()
+        .unwrap();
+    assert_eq!(chain.capacity(), 2);
+    assert!(matches!(
+        chain.try_acquire_n(&"k", 3),
+        Err(TryAcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        })
+    ));
+    chain.try_acquire_n(&"k", 2).unwrap(); // 4 of the 5
+    let r = *chain.try_acquire(&"k").unwrap_err().rejection().unwrap();
+    assert_eq!(r.retry_after(), SECOND, "2 permits needed, 1 free");
+    assert_eq!(chain.stats().refunded, 0);
+    assert_eq!(per_key.available(&"k"), 1);
+    clock.advance(SECOND);
+    chain.try_acquire(&"k").unwrap();
+}
+
+/// What a chain admission and a probe say of a limiter listed twice is counted in calls of the
+/// chain, which take two of its permits each: `remaining` is half its free permits, and a probe
+/// is admitted only while one more call fits.
+#[test]
+fn a_limiter_listed_twice_reports_what_the_chain_can_still_take() {
+    let clock = ManualClock::new();
+    let twice = manual(
+        Algorithm::FixedWindow {
+            limit: 5,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let chain = Chain::new([twice.clone(), twice.clone()]).unwrap();
+    assert_eq!(chain.try_acquire_n(0).unwrap().remaining(), 2);
+    assert_eq!(
+        chain.try_acquire().unwrap().remaining(),
+        1,
+        "3 free: one more call"
+    );
+    assert_eq!(
+        chain.try_acquire().unwrap().remaining(),
+        0,
+        "1 free: no call fits"
+    );
+    assert_eq!(twice.stats().available, 1);
+    let probe = chain.try_acquire_n(0);
+    assert_eq!(
+        probe
+            .map(|a| a.remaining())
+            .map_err(|e| e.rejection().map(|r| r.retry_after())),
+        Err(Some(SECOND)),
+        "the probe admits what no call can get"
+    );
+    // Limit 1 listed twice: no call can ever fit, probes included.
+    let one = manual(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let never = Chain::new([one.clone(), one]).unwrap();
+    assert_eq!(never.capacity(), 0);
+    for n in [0, 1] {
+        assert_eq!(
+            never.try_acquire_n(n).unwrap_err(),
+            TryAcquireError::InsufficientCapacity {
+                requested: 1,
+                capacity: 0
+            }
+        );
+    }
+}
+
+/// `acquire_n` for more than a twice-listed limiter can ever give fails at once instead of
+/// retrying forever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn acquire_more_than_a_twice_listed_limiter_gives_fails_at_once() {
+    use turnstile::{AcquireError, TokioClock};
+    let twice = RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: 3,
+            window: SECOND,
+        },
+        TokioClock::new(),
+    )
+    .unwrap();
+    let chain = Chain::new([twice.clone(), twice]).unwrap();
+    let outcome = tokio::time::timeout(HOUR, chain.acquire_n(2)).await;
+    assert_eq!(
+        outcome.expect("still waiting after an hour"),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        })
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A per-key member at its key cap.
+
+/// A flood of new keys at a per-key member's cap, where no key is idle: once the member knows
+/// there is no room (its first search for some found none), the check pass refuses as the
+/// commit would, so the denials write nothing to the other members (no commit and refund of
+/// the global limit per denied call) and nothing is refunded. Both overflow policies: `Reject`
+/// answers `TooManyKeys`, `Shared` decides on the (exhausted) overflow cell. The per-key member
+/// is an exact sliding window, which the chain commits after the global token bucket.
+#[test]
+fn a_flood_of_new_keys_at_the_cap_writes_nothing_to_the_other_members() {
+    use turnstile::KeyOverflow;
+    for overflow in [KeyOverflow::Reject, KeyOverflow::Shared] {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::<u32, _>::builder(Algorithm::SlidingWindow {
+            limit: 1,
+            window: HOUR,
+        })
+        .clock(clock.clone())
+        .max_keys(1)
+        .overflow(overflow)
+        .build()
+        .unwrap();
+        let global = manual(
+            Algorithm::TokenBucket {
+                rate: Rate::new(1, SECOND),
+                burst: 10,
+            },
+            &clock,
+        );
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        chain.try_acquire(&0).unwrap(); // fills the cap
+        if overflow == KeyOverflow::Shared {
+            chain.try_acquire(&1).unwrap(); // fills the shared overflow cell
+        }
+        // The first call at the cap searches for room and finds none (the commit pass); from
+        // then on the member knows, until a key can be idle.
+        let _ = chain.try_acquire(&2);
+        let refunded = chain.stats().refunded;
+        let before = global.try_acquire_n(0).unwrap();
+        for key in 3..100 {
+            clock.advance(Duration::from_millis(1));
+            let err = chain.try_acquire(&key).unwrap_err();
+            match overflow {
+                KeyOverflow::Reject => {
+                    assert_eq!(err, TryAcquireError::TooManyKeys { max_keys: 1 })
+                }
+                _ => assert_eq!(
+                    err.rejection().unwrap().retry_after(),
+                    HOUR - clock.elapsed(),
+                    "the overflow cell's ticket leaves at 1 h"
+                ),
+            }
+        }
+        assert_eq!(
+            chain.stats().refunded,
+            refunded,
+            "{overflow:?}: denials at the cap went through the commit pass"
+        );
+        let after = global.try_acquire_n(0).unwrap();
+        assert_eq!(
+            after.remaining(),
+            before.remaining(),
+            "{overflow:?}: the global bucket lost permits to denied calls"
+        );
+        assert_eq!(
+            per_key.stats().overflowed,
+            98 + (overflow == KeyOverflow::Shared) as u64
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// An audit with a moving clock.
+
+/// Where an injected race strikes in a chain call (its clock reading), how long the thread is
+/// paused first, and the direct calls (limiter, n) it makes.
+type Injection = (usize, u64, Vec<(usize, u32)>);
+
+/// Every limiter's admissions, as `(time, permits)`.
+type AuditLogs = Arc<Mutex<Vec<Vec<(u64, u64)>>>>;
+
+/// A chain call, or a direct call on one limiter, logged.
+#[derive(Debug, Clone)]
+enum AuditOp {
+    Advance(u64),
+    /// A chain call for n; optionally, at the given clock reading of the call (during the
+    /// check, between the passes, between two commits, or before a refund), the clock moves on
+    /// by the given time (the thread lost the CPU) and then direct calls (limiter, n) run.
+    Chain(u32, Option<Injection>),
+    Direct(usize, u32),
+}
+
+/// Runs `ops` on a chain listing `limiters[listing[i]]` on a clock that moves on at every
+/// reading, logs every admission each limiter made (the chain's, through its per-member
+/// admissions, and the direct ones), and checks every limiter's contract on its log. Refunded
+/// admissions are never logged: whatever they gave back must not let a limiter admit more than
+/// its contract allows.
+fn audit_chain(algorithms: &[Algorithm], listing: &[usize], tick: u64, ops: &[AuditOp]) {
+    let clock = HookClock::default();
+    clock.0.tick.store(tick, Ordering::SeqCst);
+    let limiters: Vec<RateLimiter<HookClock>> = algorithms
+        .iter()
+        .map(|&a| RateLimiter::with_clock(a, clock.clone()).unwrap())
+        .collect();
+    let chain = Chain::new(listing.iter().map(|&l| limiters[l].clone())).unwrap();
+    let logs: AuditLogs = Arc::new(Mutex::new(vec![Vec::new(); limiters.len()]));
+    let mut each = Vec::new();
+    for op in ops {
+        match *op {
+            AuditOp::Advance(d) => clock.advance(d),
+            AuditOp::Direct(l, n) => {
+                let l = l % limiters.len();
+                if let Ok(a) = limiters[l].try_acquire_n(n) {
+                    logs.lock().unwrap()[l].push((a.at_nanos(), u64::from(n)));
+                }
+            }
+            AuditOp::Chain(n, ref inject) => {
+                if let Some((reading, pause, calls)) = inject.clone() {
+                    let (limiters, logs) = (limiters.clone(), Arc::clone(&logs));
+                    let paused = clock.clone();
+                    clock.arm(
+                        reading,
+                        Box::new(move || {
+                            paused.advance(pause);
+                            for (l, m) in calls {
+                                let l = l % limiters.len();
+                                if let Ok(a) = limiters[l].try_acquire_n(m) {
+                                    logs.lock().unwrap()[l].push((a.at_nanos(), u64::from(m)));
+                                }
+                            }
+                        }),
+                    );
+                }
+                if chain.try_acquire_n_into(n, &mut each).is_ok() {
+                    let mut logs = logs.lock().unwrap();
+                    for (&l, a) in listing.iter().zip(&each) {
+                        logs[l].push((a.at_nanos(), u64::from(n)));
+                    }
+                }
+                clock.disarm();
+            }
+        }
+    }
+    let mut logs = logs.lock().unwrap();
+    for ((log, &algorithm), l) in logs.iter_mut().zip(algorithms).zip(0..) {
+        log.retain(|&(_, n)| n > 0);
+        log.sort_unstable();
+        assert_eq!(
+            common::violations(algorithm, log),
+            0,
+            "limiter {l} ({algorithm:?}) broke its contract: {log:?}"
+        );
+    }
+}
+
+fn audit_ops() -> impl Strategy<Value = Vec<AuditOp>> {
+    let op = prop_oneof![
+        2 => prop_oneof![2 => Just(0u64), 4 => 0u64..30, 1 => 0u64..120].prop_map(AuditOp::Advance),
+        5 => (
+            0u32..5,
+            prop::option::weighted(
+                0.6,
+                (
+                    1usize..9,
+                    prop_oneof![Just(0u64), 0u64..60],
+                    prop::collection::vec((0usize..3, 1u32..4), 1..=2),
+                ),
+            ),
+        )
+            .prop_map(|(n, inject)| AuditOp::Chain(n, inject)),
+        2 => (0usize..3, 1u32..4).prop_map(|(l, n)| AuditOp::Direct(l, n)),
+    ];
+    prop::collection::vec(op, 1..120)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+
+    /// Any algorithms (several exact sliding windows too), any limiter listed more than once,
+    /// races injected anywhere in a call, a clock that moves on at every reading: no limiter
+    /// ever admits more than its own contract allows.
+    #[test]
+    fn chains_never_over_admit_with_a_moving_clock(
+        members in prop::collection::vec((0u8..4, 1u32..6, 1u64..40), 1..=3),
+        listing in prop::collection::vec(0usize..3, 1..=4),
+        tick in prop_oneof![Just(0u64), 1u64..4],
+        ops in audit_ops(),
+    ) {
+        let algorithms: Vec<Algorithm> =
+            members.iter().map(|&(k, limit, w)| algorithm(k, limit, w)).collect();
+        let listing: Vec<usize> = listing.iter().map(|&l| l % algorithms.len()).collect();
+        audit_chain(&algorithms, &listing, tick, &ops);
+    }
+}
+
+/// What a keyed audit's injected race does.
+#[derive(Debug, Clone)]
+enum Race {
+    /// A direct call on a member (global, or per-key for the key) for n.
+    Direct(usize, u8, u32),
+    /// A sweep of a per-key member: evicts the idle keys, maybe the very cell a commit just
+    /// decided on or a refund is about to look up.
+    Sweep(usize),
+}
+
+/// `audit_chain` for a `KeyedChain`: members per key or global, keys 0 and 1, and sweeps
+/// among the injected races. Each per-key member is audited per key.
+fn audit_keyed_chain(specs: &[Spec], tick: u64, ops: &[(u8, AuditOp)], races: &[Vec<Race>]) {
+    let clock = HookClock::default();
+    clock.0.tick.store(tick, Ordering::SeqCst);
+    let live: Vec<Live> = specs
+        .iter()
+        .map(|s| {
+            if s.keyed {
+                Live::PerKey(KeyedLimiter::with_clock(s.algorithm, clock.clone()).unwrap())
+            } else {
+                Live::Global(RateLimiter::with_clock(s.algorithm, clock.clone()).unwrap())
+            }
+        })
+        .collect();
+    // The chain's members in its order (per-key first): indices into `specs`.
+    let mut member: Vec<usize> = (0..specs.len()).filter(|&j| specs[j].keyed).collect();
+    member.extend((0..specs.len()).filter(|&j| !specs[j].keyed));
+    let mut builder = KeyedChain::<u8, HookClock>::builder();
+    for &j in &member {
+        builder = match &live[j] {
+            Live::PerKey(l) => builder.per_key(l.clone()),
+            Live::Global(l) => builder.global(l.clone()),
+        };
+    }
+    let chain = builder.build().unwrap();
+    type Logs = HashMap<(usize, u8), Vec<(u64, u64)>>;
+    let logs: Arc<Mutex<Logs>> = Arc::default();
+    // Per-key members log per key, global ones under key 0.
+    let keyed_of: Vec<bool> = specs.iter().map(|s| s.keyed).collect();
+    let record = {
+        let keyed_of = keyed_of.clone();
+        move |logs: &mut Logs, j: usize, key: u8, at: u64, n: u32| {
+            let key = if keyed_of[j] { key } else { 0 };
+            logs.entry((j, key)).or_default().push((at, u64::from(n)));
+        }
+    };
+    let mut each = Vec::new();
+    for (i, (key, op)) in ops.iter().enumerate() {
+        let key = key % 2;
+        match *op {
+            AuditOp::Advance(d) => clock.advance(d),
+            AuditOp::Direct(j, n) => {
+                let j = j % specs.len();
+                if let Ok(a) = live[j].try_acquire_n(key, n) {
+                    record(&mut logs.lock().unwrap(), j, key, a.at_nanos(), n);
+                }
+            }
+            AuditOp::Chain(n, ref inject) => {
+                if let Some((reading, pause, _)) = inject.clone() {
+                    let races = races[i % races.len()].clone();
+                    let (live, logs, record) = (live.clone(), Arc::clone(&logs), record.clone());
+                    let paused = clock.clone();
+                    clock.arm(
+                        reading,
+                        Box::new(move || {
+                            paused.advance(pause);
+                            for race in races {
+                                match race {
+                                    Race::Direct(j, k, m) => {
+                                        let (j, k) = (j % live.len(), k % 2);
+                                        if let Ok(a) = live[j].try_acquire_n(k, m) {
+                                            record(
+                                                &mut logs.lock().unwrap(),
+                                                j,
+                                                k,
+                                                a.at_nanos(),
+                                                m,
+                                            );
+                                        }
+                                    }
+                                    Race::Sweep(j) => {
+                                        if let Live::PerKey(l) = &live[j % live.len()] {
+                                            l.sweep();
+                                        }
+                                    }
+                                }
+                            }
+                        }),
+                    );
+                }
+                if chain.try_acquire_n_into(&key, n, &mut each).is_ok() {
+                    let mut logs = logs.lock().unwrap();
+                    for (&j, a) in member.iter().zip(&each) {
+                        record(&mut logs, j, key, a.at_nanos(), n);
+                    }
+                }
+                clock.disarm();
+            }
+        }
+    }
+    let mut logs = logs.lock().unwrap();
+    for (&(j, key), log) in logs.iter_mut() {
+        log.retain(|&(_, n)| n > 0);
+        log.sort_unstable();
+        let algorithm = specs[j].algorithm;
+        assert_eq!(
+            common::violations(algorithm, log),
+            0,
+            "member {j} ({algorithm:?}) broke its contract for key {key}: {log:?}"
+        );
+    }
+}
+
+fn races() -> impl Strategy<Value = Vec<Vec<Race>>> {
+    let race = prop_oneof![
+        2 => (0usize..3, 0u8..2, 1u32..4).prop_map(|(j, k, n)| Race::Direct(j, k, n)),
+        1 => (0usize..3).prop_map(Race::Sweep),
+    ];
+    prop::collection::vec(prop::collection::vec(race, 1..=3), 1..8)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+
+    /// `chains_never_over_admit_with_a_moving_clock` for keyed chains, with sweeps evicting
+    /// keys between a commit and its refund.
+    #[test]
+    fn keyed_chains_never_over_admit_with_a_moving_clock_and_sweeps(
+        members in prop::collection::vec((0u8..4, 1u32..6, 1u64..40, any::<bool>()), 1..=3),
+        tick in prop_oneof![Just(0u64), 1u64..4],
+        ops in audit_ops(),
+        keys in prop::collection::vec(0u8..2, 120),
+        races in races(),
+    ) {
+        let specs: Vec<Spec> = members
+            .iter()
+            .map(|&(k, limit, w, keyed)| Spec { algorithm: algorithm(k, limit, w), keyed })
+            .collect();
+        let ops: Vec<(u8, AuditOp)> = keys.into_iter().zip(ops).collect();
+        audit_keyed_chain(&specs, tick, &ops, &races);
     }
 }

@@ -23,9 +23,18 @@ const UNWRITTEN: u64 = 1;
 /// published versions are even).
 const UNSETTLED: u64 = u64::MAX;
 
-/// The refund token's slot index (bits 0..24; limits are at most 2^24) and lap parity (bit 31).
+/// The refund token's slot index (bits 0..24; limits are at most 2^24), the parameters' version
+/// it was admitted under (bits 24..31: `version / 2` modulo 2^7, see [`token_version`]) and lap
+/// parity (bit 31).
 const TOKEN_INDEX: u32 = (1 << 24) - 1;
+const TOKEN_VERSION: u32 = 0x7f << 24;
 const TOKEN_PARITY: u32 = 1 << 31;
+
+/// The token bits of a parameters version (published versions are even: one step is 2).
+#[inline(always)]
+fn token_version(version: u64) -> u32 {
+    (((version >> 1) as u32) << 24) & TOKEN_VERSION
+}
 
 /// At most `limit` (N) admissions in any interval of length `window` (W), on the times it assigns.
 ///
@@ -525,7 +534,9 @@ impl Algo for SlidingWindow {
                             // the slots so that the claim-to-publish gap stays short.
                             ring.settled.store(version, Ordering::Release);
                         }
-                        let token = first as u32 | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
+                        let token = first as u32
+                            | token_version(version)
+                            | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
                         let mut reset = p.window;
                         if now < p.outlived_until {
                             // Full again when the latest of the live tickets expires, which may
@@ -559,10 +570,19 @@ impl Algo for SlidingWindow {
     /// written if the ring is retired or our tickets have expired (the ring was then possibly
     /// judged idle; refunding an expired ticket would change no decision anyway).
     ///
-    /// After a reconfiguration of the window the expiry recomputed from `at` differs from the
-    /// stored one, so nothing matches and nothing is given back (conservative).
+    /// **Reconfigured since.** The token carries the parameters' version (7 bits of it); under
+    /// another one nothing is given back (conservative), as with the other algorithms. The
+    /// expiry comparison alone does not cover it: it recomputes the expiry with the window *now*,
+    /// and after two window changes a later lap's ticket in our slot (same parity, admitted once
+    /// ours had expired under its shorter window) can hold exactly that expiry; zeroing it would
+    /// free a live permit (`refund_after_window_changes_leaves_a_later_laps_ticket_alone`). The
+    /// version bits wrap after 128 reconfigurations, which then leaves only that coincidence.
     fn refund<C: Clock>(&self, ring: &Ring, n: u32, admission: &Admission, clock: &C) {
-        let expiry = Self::expiry(admission.at_nanos(), self.shape().0.window);
+        let (p, version) = self.shape();
+        if admission.token() & TOKEN_VERSION != token_version(version) {
+            return;
+        }
+        let expiry = Self::expiry(admission.at_nanos(), p.window);
         // Acquire: as in `try_acquire`: our clock read comes after the last claimer's.
         if ring.head.load(Ordering::Acquire) == RETIRED || expiry <= clock.now() {
             return;
@@ -776,10 +796,10 @@ mod tests {
         algo.reconfigure(&to, clock, &|each| each(ring)).unwrap();
     }
 
-    /// Limit 2: ticket 0 kept, ticket 1 held; the limit is lowered to 1 and ticket 1 refunded.
-    /// Ticket 2 is decided on ticket 1 (2 − N), a refund hole, while ticket 0 is still live: the
-    /// next call must be refused (one live admission already fills limit 1), and stay refused
-    /// until ticket 0 expires.
+    /// Limit 2: ticket 0 kept, ticket 1 refunded; then the limit is lowered to 1. Ticket 2 is
+    /// decided on ticket 1 (2 − N), a refund hole, while ticket 0 is still live: the next call
+    /// must be refused (one live admission already fills limit 1), and stay refused until
+    /// ticket 0 expires. (A refund after the lowering gives nothing back: see `refund`.)
     #[test]
     fn refund_after_lowering_does_not_hide_older_live_tickets() {
         let clock = ManualClock::new();
@@ -787,8 +807,8 @@ mod tests {
         let ring = algo.cell();
         algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 0, kept
         let held = algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 1, held
-        lower(&algo, &ring, 1, 10, &clock);
         algo.refund(&ring, 1, &held, &clock);
+        lower(&algo, &ring, 1, 10, &clock);
         assert_eq!(
             retry_after(algo.try_acquire(&ring, 1, &clock)),
             10,
@@ -801,6 +821,32 @@ mod tests {
         clock.advance(Duration::from_nanos(1));
         algo.try_acquire(&ring, 1, &clock).unwrap();
         assert!(algo.try_acquire(&ring, 1, &clock).is_err());
+    }
+
+    /// A refund that comes after the window was changed, and changed again to a length that
+    /// makes the admission's time plus the current window equal a later ticket's expiry, must
+    /// not take that ticket's permit: limit 1, ticket 0 held at 0 (expiry 10); the window goes
+    /// to 1, ticket 1 at 10 (expiry 11); to 50, ticket 2 at 11 (expiry 61, ticket 0's slot and
+    /// parity); to 61. Ticket 0's refund then computes expiry 0 + 61, ticket 2's word.
+    #[test]
+    fn refund_after_window_changes_leaves_a_later_laps_ticket_alone() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(1, Duration::from_nanos(10)).unwrap();
+        let ring = algo.cell();
+        let held = algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 0
+        lower(&algo, &ring, 1, 1, &clock);
+        clock.advance(Duration::from_nanos(10));
+        algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 1, expires at 11
+        clock.advance(Duration::from_nanos(1));
+        lower(&algo, &ring, 1, 50, &clock);
+        algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 2, expires at 61
+        lower(&algo, &ring, 1, 61, &clock);
+        algo.refund(&ring, 1, &held, &clock);
+        assert_eq!(
+            retry_after(algo.try_acquire(&ring, 1, &clock)),
+            50,
+            "ticket 2 is live until 61: limit 1 is full"
+        );
     }
 
     /// The same hole without a refund: after a window shrink a newer ticket expires before an
@@ -879,8 +925,8 @@ mod tests {
 
         /// Whatever sequence of admissions, refunds, limit and window changes: after every
         /// admission, the permits still live (admitted, not refunded, before their expiry) are
-        /// at most the limit in force. The refund only gives back while the window is the one
-        /// the admission was made under (see `refund`), and so does the model.
+        /// at most the limit in force. The refund only gives back while the parameters are
+        /// the ones the admission was made under (see `refund`), and so does the model.
         #[test]
         fn never_more_live_than_the_limit_in_force(
             (limit, capacity, steps) in (1u32..5, 0u32..4).prop_flat_map(|(limit, extra)| {
@@ -896,7 +942,9 @@ mod tests {
                 .unwrap();
             let ring = algo.cell();
             let mut limit = limit;
-            // (expiry, n, window admitted under, admission) of every admission not refunded.
+            // Reconfigurations so far.
+            let mut version = 0;
+            // (expiry, n, version admitted under, admission) of every admission not refunded.
             let mut live: Vec<(u64, u32, u64, Option<Admission>)> = Vec::new();
             for step in steps {
                 match step {
@@ -904,7 +952,7 @@ mod tests {
                         if let Ok(admission) = algo.try_acquire(&ring, n, &clock) {
                             let now = clock.now();
                             let held = matches!(step, Step::Hold(_)).then_some(admission);
-                            live.push((now + window, n, window, held));
+                            live.push((now + window, n, version, held));
                             let in_force: u32 = live
                                 .iter()
                                 .filter(|&&(expiry, ..)| expiry > now)
@@ -921,7 +969,7 @@ mod tests {
                         if let Some(&i) = held.get(which % held.len().max(1)) {
                             let (_, n, admitted_under, admission) = live[i];
                             algo.refund(&ring, n, &admission.unwrap(), &clock);
-                            if admitted_under == window {
+                            if admitted_under == version {
                                 live.swap_remove(i);
                             } else {
                                 live[i].3 = None;
@@ -930,11 +978,13 @@ mod tests {
                     }
                     Step::Limit(to) => {
                         limit = to;
+                        version += 1;
                         let to = SlidingWindow::new(to, Duration::from_nanos(window)).unwrap();
                         algo.reconfigure(&to, &clock, &|each| each(&ring)).unwrap();
                     }
                     Step::Window(to) => {
                         window = to;
+                        version += 1;
                         let to = SlidingWindow::new(limit, Duration::from_nanos(to)).unwrap();
                         algo.reconfigure(&to, &clock, &|each| each(&ring)).unwrap();
                     }
