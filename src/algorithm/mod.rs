@@ -126,6 +126,7 @@ pub(crate) trait Algo: Send + Sync + 'static {
     /// An algorithm whose idle word can come back after a head was woken (the concurrency
     /// limiter's) asks `waited` between its load and its compare-and-swap, so that the CAS
     /// fails if the word changed since the check; the time-based ones ask first.
+    #[cfg_attr(not(feature = "keyed"), allow(dead_code))] // only keyed limiters evict
     fn retire_unless<C: Clock>(
         &self,
         cell: &Self::Cell,
