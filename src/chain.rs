@@ -22,9 +22,7 @@
 
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
-#[cfg(feature = "tokio")]
-use crate::error::AcquireError;
-use crate::error::{ConfigError, TryAcquireError};
+use crate::error::{AcquireError, ConfigError, TryAcquireError};
 #[cfg(feature = "keyed")]
 use crate::keyed::KeyedLimiter;
 use crate::limiter::RateLimiter;
@@ -62,7 +60,6 @@ trait Member<Q: ?Sized> {
     fn capacity(&self) -> u32;
     /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
     fn count(&self, which: usize);
-    #[cfg(feature = "tokio")]
     fn catch_up(&self);
 }
 
@@ -90,7 +87,6 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     fn count(&self, which: usize) {
         self.chain_count(which);
     }
-    #[cfg(feature = "tokio")]
     fn catch_up(&self) {
         self.chain_catch_up();
     }
@@ -419,6 +415,51 @@ impl<L> Core<L> {
         }
     }
 
+    /// One attempt of a waiting call: `Ok` with how the call ends (counted), or `Err` with how
+    /// long to wait before the next attempt (the largest `retry_after`, at least
+    /// [`MIN_BACKOFF`]).
+    fn attempt_waiting<Q: ?Sized>(
+        &self,
+        key: &Q,
+        n: u32,
+    ) -> Result<Result<Admission, AcquireError>, std::time::Duration>
+    where
+        L: Member<Q>,
+    {
+        let error = match self.attempt(key, n, Slots::default()) {
+            Ok(admission) => {
+                self.count(ADMITTED);
+                return Ok(Ok(admission));
+            }
+            // A member that defers to its own queue of waiters reports 0: poll gently.
+            Err(TryAcquireError::Rejected(r)) => return Err(r.retry_after().max(MIN_BACKOFF)),
+            Err(TryAcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            }) => AcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            },
+            Err(TryAcquireError::TooManyKeys { max_keys }) => {
+                AcquireError::TooManyKeys { max_keys }
+            }
+            Err(TryAcquireError::Closed) => AcquireError::Closed,
+            Err(TryAcquireError::Unavailable) => AcquireError::Unavailable,
+        };
+        self.count(REJECTED);
+        Ok(Err(error))
+    }
+
+    /// Before the next attempt after a wait: the members' clocks brought up to date.
+    fn caught_up<Q: ?Sized>(&self)
+    where
+        L: Member<Q>,
+    {
+        for member in self.members.iter() {
+            member.catch_up();
+        }
+    }
+
     /// Retries until every member admits at once, sleeping on tokio's timer for the largest
     /// `retry_after` in between.
     #[cfg(feature = "tokio")]
@@ -448,44 +489,55 @@ impl<L> Core<L> {
             _key: std::marker::PhantomData,
         };
         loop {
-            let error = match self.attempt(key, n, Slots::default()) {
-                Ok(admission) => {
+            match self.attempt_waiting(key, n) {
+                Ok(outcome) => {
                     finish.done = true;
-                    self.count(ADMITTED);
-                    return Ok(admission);
+                    return outcome;
                 }
-                Err(TryAcquireError::Rejected(r)) => {
-                    // A member that defers to its own queue of waiters reports 0: poll gently.
-                    let wait = r.retry_after().max(MIN_BACKOFF);
+                Err(wait) => {
                     tokio::time::sleep(wait).await;
-                    for member in self.members.iter() {
-                        member.catch_up();
-                    }
-                    continue;
+                    self.caught_up::<Q>();
                 }
-                Err(TryAcquireError::InsufficientCapacity {
-                    requested,
-                    capacity,
-                }) => AcquireError::InsufficientCapacity {
-                    requested,
-                    capacity,
-                },
-                Err(TryAcquireError::TooManyKeys { max_keys }) => {
-                    AcquireError::TooManyKeys { max_keys }
-                }
-                Err(TryAcquireError::Closed) => AcquireError::Closed,
-                Err(TryAcquireError::Unavailable) => AcquireError::Unavailable,
+            }
+        }
+    }
+
+    /// As [`acquire`](Self::acquire), blocking the calling thread: it sleeps (real time) for the
+    /// largest `retry_after` between attempts, until `deadline` if there is one. A call that
+    /// unwinds from a member's code is not counted.
+    fn acquire_blocking<Q: ?Sized>(
+        &self,
+        key: &Q,
+        n: u32,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Admission, AcquireError>
+    where
+        L: Member<Q>,
+    {
+        loop {
+            let wait = match self.attempt_waiting(key, n) {
+                Ok(outcome) => return outcome,
+                Err(wait) => wait,
             };
-            finish.done = true;
-            self.count(REJECTED);
-            return Err(error);
+            let wait = match deadline {
+                None => wait,
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        self.count(CANCELLED);
+                        return Err(AcquireError::Timeout);
+                    }
+                    wait.min(left)
+                }
+            };
+            std::thread::sleep(wait);
+            self.caught_up::<Q>();
         }
     }
 }
 
 /// The shortest sleep between two attempts of a chain's `acquire`: a member whose own queue has
 /// waiters (oldest first) rejects with a `retry_after` of 0, and the chain must not spin on it.
-#[cfg(feature = "tokio")]
 const MIN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Counts kept by a [`Chain`] or [`KeyedChain`].
@@ -861,6 +913,102 @@ impl<C: Clock> Chain<C> {
         }
     }
 
+    /// Blocks the calling thread until one permit is admitted by every member. See
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_blocking_n`](Self::acquire_blocking_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Chain, MonotonicClock, RateLimiter};
+    ///
+    /// let window = Duration::from_millis(20);
+    /// let chain = Chain::new([
+    ///     RateLimiter::with_clock(Algorithm::FixedWindow { limit: 1, window }, MonotonicClock::new())?,
+    ///     RateLimiter::with_clock(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) }, MonotonicClock::new())?,
+    /// ])?;
+    /// let first = chain.acquire_blocking()?;
+    /// let second = chain.acquire_blocking()?; // the next 20 ms window of the first member
+    /// assert!(second.at() >= first.at());
+    /// assert_eq!(chain.stats().admitted, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking(&self) -> Result<Admission, AcquireError> {
+        self.acquire_blocking_n(1)
+    }
+
+    /// Blocks the calling thread until every member admits `n` permits at once: for programs
+    /// on plain threads, as [`acquire_n`](Self::acquire_n) is for async ones.
+    ///
+    /// Each attempt is an all-or-nothing [`try_acquire_n`](Self::try_acquire_n); after a
+    /// rejection the thread sleeps (real time) for its `retry_after`, the largest over the
+    /// members (at least 1 ms), and tries again. Fairness as [`acquire_n`](Self::acquire_n):
+    /// none across members, and it defers to a member's own queued waiters. With a
+    /// [`ManualClock`](crate::ManualClock) that nobody advances, it waits forever.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{Algorithm, Chain, Rate, RateLimiter};
+    ///
+    /// // 1,000 per second, bursts of 10, and at most 40 per minute.
+    /// let chain = Chain::new([
+    ///     RateLimiter::token_bucket(Rate::per_second(1000), 10)?,
+    ///     RateLimiter::fixed_window(40, std::time::Duration::from_secs(60))?,
+    /// ])?;
+    /// let threads: Vec<_> = (0..4)
+    ///     .map(|_| {
+    ///         let chain = chain.clone();
+    ///         std::thread::spawn(move || chain.acquire_blocking_n(10).map(|_| ()))
+    ///     })
+    ///     .collect();
+    /// for t in threads {
+    ///     t.join().unwrap()?;
+    /// }
+    /// assert_eq!(chain.stats().admitted, 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_n(&self, n: u32) -> Result<Admission, AcquireError> {
+        self.core.acquire_blocking(&(), n, None)
+    }
+
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n) with a time limit (real time); on
+    /// timeout nothing is consumed, and the call counts as cancelled.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Chain, RateLimiter};
+    ///
+    /// let chain = Chain::new([RateLimiter::fixed_window(1, Duration::from_secs(3600))?])?;
+    /// chain.acquire_blocking()?;
+    /// let late = chain.acquire_blocking_timeout(1, Duration::from_millis(10));
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// assert_eq!(chain.stats().cancelled, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_timeout(
+        &self,
+        n: u32,
+        timeout: std::time::Duration,
+    ) -> Result<Admission, AcquireError> {
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        self.core.acquire_blocking(&(), n, deadline)
+    }
+
     /// The members, in the order given.
     ///
     /// # Examples
@@ -974,7 +1122,6 @@ where
             Link::Global(l) => l.chain_count(which),
         }
     }
-    #[cfg(feature = "tokio")]
     fn catch_up(&self) {
         match self {
             Link::PerKey(l) => l.chain_catch_up(),
@@ -1428,6 +1575,93 @@ where
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }
+    }
+
+    /// Blocks the calling thread until one permit for `key` is admitted by every member. See
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_blocking_n`](Self::acquire_blocking_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter, RateLimiter};
+    ///
+    /// let window = Duration::from_millis(20);
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::<&str>::new(Algorithm::FixedWindow { limit: 1, window })?)
+    ///     .global(RateLimiter::fixed_window(100, Duration::from_secs(1))?)
+    ///     .build()?;
+    /// chain.acquire_blocking(&"alice")?;
+    /// chain.acquire_blocking(&"bob")?; // another key: no wait
+    /// chain.acquire_blocking(&"alice")?; // alice's next 20 ms window
+    /// assert_eq!(chain.stats().admitted, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking(&self, key: &K) -> Result<Admission, AcquireError> {
+        self.acquire_blocking_n(key, 1)
+    }
+
+    /// Blocks the calling thread until every member admits `n` permits for `key` at once; see
+    /// [`Chain::acquire_blocking_n`] for how it waits and its (absent) fairness.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, KeyedChain, KeyedLimiter};
+    ///
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::<u32>::new(Algorithm::FixedWindow { limit: 4, window: Duration::from_secs(1) })?)
+    ///     .build()?;
+    /// assert_eq!(chain.acquire_blocking_n(&1u32, 3)?.remaining(), 1);
+    /// assert_eq!(
+    ///     chain.acquire_blocking_n(&1u32, 5),
+    ///     Err(AcquireError::InsufficientCapacity { requested: 5, capacity: 4 })
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_n(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
+        self.core.acquire_blocking(key, n, None)
+    }
+
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n) with a time limit (real time); on
+    /// timeout nothing is consumed, and the call counts as cancelled.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, KeyedChain, KeyedLimiter};
+    ///
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::<&str>::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(3600) })?)
+    ///     .build()?;
+    /// chain.acquire_blocking(&"k")?;
+    /// let late = chain.acquire_blocking_timeout(&"k", 1, Duration::from_millis(10));
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// assert_eq!(chain.stats().cancelled, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_timeout(
+        &self,
+        key: &K,
+        n: u32,
+        timeout: std::time::Duration,
+    ) -> Result<Admission, AcquireError> {
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        self.core.acquire_blocking(key, n, deadline)
     }
 
     /// The per-key members, in the order added.

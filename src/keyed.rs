@@ -2430,7 +2430,6 @@ where
     }
 
     /// Brings the clock up to date before a retry after sleeping.
-    #[cfg(feature = "tokio")]
     pub(crate) fn chain_catch_up(&self) {
         self.inner.ctx.clock.catch_up();
     }

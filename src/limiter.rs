@@ -1457,7 +1457,6 @@ impl<C: Clock> RateLimiter<C> {
     }
 
     /// Brings the clock up to date before a retry after sleeping.
-    #[cfg(feature = "tokio")]
     pub(crate) fn chain_catch_up(&self) {
         self.inner.clock.catch_up();
     }

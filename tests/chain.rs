@@ -1486,3 +1486,129 @@ proptest! {
         audit_keyed_chain(&specs, tick, &ops, &races);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Blocking waits on plain threads (real time is what is under test here).
+
+/// Four threads take 60 permits each, one call at a time, through a chain of a 10-per-20 ms fixed
+/// window and a 2,000-per-second token bucket (burst 50): every call is admitted in the end,
+/// none is counted twice, and the calls could not have finished sooner than the fixed window
+/// allows (240 permits at 10 per window span at least 23 window boundaries). The members' own
+/// limits are audited on their own admissions elsewhere; what is checked here is that a blocking
+/// chain waits rather than failing or spinning through rejections.
+#[test]
+fn blocking_waits_admit_every_call_after_the_members_allow_it() {
+    const THREADS: usize = 4;
+    const EACH: usize = 60;
+    let window = Duration::from_millis(20);
+    let clock = MonotonicClock::new();
+    let fixed =
+        RateLimiter::with_clock(Algorithm::FixedWindow { limit: 10, window }, clock).unwrap();
+    let bucket = RateLimiter::with_clock(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(2_000),
+            burst: 50,
+        },
+        clock,
+    )
+    .unwrap();
+    let chain = Chain::new([fixed.clone(), bucket.clone()]).unwrap();
+    let start = clock.now();
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let chain = chain.clone();
+            std::thread::spawn(move || {
+                (0..EACH)
+                    .map(|_| chain.acquire_blocking().unwrap().at_nanos())
+                    .max()
+                    .unwrap()
+            })
+        })
+        .collect();
+    let last = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .max()
+        .unwrap();
+    let stats = chain.stats();
+    assert_eq!(
+        (stats.admitted, stats.rejected, stats.cancelled),
+        (240, 0, 0)
+    );
+    assert_eq!(fixed.stats().admitted, 240);
+    assert_eq!(bucket.stats().admitted, 240);
+    // 240 permits at 10 per window: the first window's 10, then 23 more windows at least.
+    let windows_crossed = last / window.as_nanos() as u64 - start / window.as_nanos() as u64;
+    assert!(
+        windows_crossed >= 23,
+        "finished after {windows_crossed} window boundaries"
+    );
+}
+
+/// A blocking wait that times out takes nothing from any member and counts as cancelled; one
+/// that can never fit, or meets a closed member, fails at once.
+#[test]
+fn blocking_waits_time_out_and_fail_as_the_async_ones_do() {
+    let hour = Duration::from_secs(3600);
+    let long = RateLimiter::fixed_window(1, hour).unwrap();
+    let wide = RateLimiter::fixed_window(5, hour).unwrap();
+    let chain = Chain::new([wide.clone(), long.clone()]).unwrap();
+    chain.acquire_blocking().unwrap();
+    assert_eq!(
+        chain.acquire_blocking_timeout(1, Duration::from_millis(30)),
+        Err(turnstile::AcquireError::Timeout)
+    );
+    assert_eq!(chain.stats().cancelled, 1);
+    assert_eq!(wide.stats().admitted, 1, "the timed-out call took nothing");
+    assert_eq!(
+        chain.acquire_blocking_n(2),
+        Err(turnstile::AcquireError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        })
+    );
+    long.close();
+    assert_eq!(
+        chain.acquire_blocking(),
+        Err(turnstile::AcquireError::Closed)
+    );
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 2, 1));
+}
+
+/// Keyed: a key's blocking wait does not hold up another key, and each key's calls are spaced
+/// by its own window.
+#[test]
+fn keyed_blocking_waits_are_per_key() {
+    let window = Duration::from_millis(200);
+    let clock = MonotonicClock::new();
+    let chain = KeyedChain::builder()
+        .per_key(
+            KeyedLimiter::<u8, MonotonicClock>::with_clock(
+                Algorithm::FixedWindow { limit: 1, window },
+                clock,
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let first = chain.acquire_blocking(&1).unwrap().at_nanos();
+    let other = chain.acquire_blocking(&2).unwrap().at_nanos();
+    let again = chain.acquire_blocking(&1).unwrap().at_nanos();
+    let w = window.as_nanos() as u64;
+    assert_eq!(
+        other / w,
+        first / w,
+        "key 2 did not wait for key 1's window"
+    );
+    assert!(
+        again / w > first / w,
+        "key 1's second call is in a later window"
+    );
+    assert_eq!(
+        chain.acquire_blocking_timeout(&1, 1, Duration::ZERO),
+        Err(turnstile::AcquireError::Timeout)
+    );
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.cancelled), (3, 1));
+}
