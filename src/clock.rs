@@ -198,7 +198,10 @@ impl Clock for MonotonicClock {
 /// let clock = UpkeepClock::new();
 /// let a = clock.now();
 /// std::thread::sleep(std::time::Duration::from_millis(5));
-/// assert!(clock.now() > a);
+/// // The ticking thread may not have run yet (it sleeps while nobody reads, and a loaded
+/// // machine may not schedule it): a reader that slept brings the clock up to date itself.
+/// clock.catch_up();
+/// assert!(clock.now() >= a + 5_000_000);
 /// ```
 #[derive(Debug, Clone)]
 pub struct UpkeepClock {
