@@ -4,7 +4,7 @@
 //! accesses), in the same run.
 //!
 //! ```text
-//! cargo bench --bench keylocks          # about 1 minute: 1 s warm-up, 2 s measurement each
+//! cargo bench --bench keylocks          # about 1 min 30 s: 1 s warm-up, 2 s measurement each
 //! ```
 //!
 //! Groups (criterion ids are `group/function`; keys are `u64`, hashed with std's `RandomState`
