@@ -1,12 +1,12 @@
 //! Loom models of `KeyLocks` (`src/keylocks.rs`).
 //!
 //! Protocol under test: each shard is a mutex around a table of keys in use; a key's doorman
-//! `{ readers, writer, queue, waiting }` is created (or taken from the shard's bounded pool) on first
-//! use and leaves the table, back to the pool, when `readers + writer + waiting` (live waiters)
-//! reaches zero. Grants are hand-offs: the releaser removes the waiter from the queue, counts its
-//! hold, and wakes it after unlocking; a waiter learns it was granted by not finding its ticket. A
-//! dropped waiter either cancels its ticket (left as a tombstone that grants skip) or, if granted
-//! meanwhile, gives the hold back (the refund).
+//! `{ readers, writer, queue, waiting }` is created (or taken from the shard's bounded pool) on
+//! first use and leaves the table, back to the pool, when `readers + writer + waiting` (live
+//! waiters) reaches zero. Grants are hand-offs: the releaser removes the waiter from the queue,
+//! counts its hold, and wakes it after unlocking; a waiter learns it was granted by not finding its
+//! ticket. A dropped waiter either cancels its ticket (left as a tombstone that grants skip) or, if
+//! granted meanwhile, gives the hold back (the refund).
 //!
 //! Models (one shard, pool bound 1, so every release of the last hold returns the doorman to the
 //! pool and the next first use takes it back out):

@@ -31,9 +31,10 @@
 //! one, run after unlocking (a waker's drop may itself release a guard of these locks).
 //!
 //! 1. **Admission.** A newcomer gets a read hold iff no writer holds and nobody is queued; a write
-//!    hold iff nobody holds and nobody is queued ("queued": live waiters, `waiting > 0`). Otherwise it queues at the back (the `try_*`
-//!    calls fail instead). A reader that arrives while a writer waits therefore queues behind it:
-//!    writers are not starved.
+//!    hold iff nobody holds and nobody is queued ("queued": live waiters, `waiting > 0`; tombstones
+//!    never make a newcomer wait). Otherwise it queues at the back (the `try_*` calls fail
+//!    instead). A reader that arrives while a writer waits therefore queues behind it: writers are
+//!    not starved.
 //! 2. **Grant (hand-off).** After every change (release, cancel, downgrade) the doorman grants from
 //!    the front of its queue: the front writer if nobody holds, or every reader at the front up to
 //!    the next live writer if no writer holds, skipping tombstones. A granted waiter is *removed*
