@@ -4,7 +4,7 @@
 //! accesses), in the same run.
 //!
 //! ```text
-//! cargo bench --bench keylocks          # about 1 minute: 1 s warm-up, 2 s measurement each
+//! cargo bench --bench keylocks          # about 1 min 30 s: 1 s warm-up, 2 s measurement each
 //! ```
 //!
 //! Groups (criterion ids are `group/function`; keys are `u64`, hashed with std's `RandomState`
@@ -16,6 +16,7 @@
 //! | `keylocks_write_hot` | write lock + unlock on one key nobody else uses |
 //! | `keylocks_read_hot` | read lock + unlock on one key nobody else uses |
 //! | `keylocks_mix_2t` | two threads on two shared keys, 3 reads to 1 write, lock + unlock: wall time for `iters` operations on each thread, per operation. Async rows run each thread's loop on its own current-thread tokio runtime |
+//! | `keylocks_cancel_middle` | turnstile only: one key held by a writer with 2N async waiters queued (readers and writers alternating); the time to cancel (drop) the middle N of them, in arrival order, so every cancellation is N/2 or more waiters away from either end of the queue. N = 1,000 and 10,000; criterion's throughput line gives the time per cancellation. Queueing the waiters and clearing up are not timed |
 //!
 //! Async lock calls in the single-thread groups are polled once with a no-op waker and must be
 //! ready (nothing else holds the key); a pending poll panics, so a number can never hide a wait.
@@ -309,6 +310,56 @@ fn bench_mix_two_threads(c: &mut Criterion) {
     g.finish();
 }
 
+/// Cancellation in the middle of one key's queue: what one hot key's cancellations cost the shard
+/// mutex that every other key of the shard shares.
+fn bench_cancel_middle(c: &mut Criterion) {
+    let mut g = c.benchmark_group("keylocks_cancel_middle");
+    // An iteration takes milliseconds (it builds 2N futures): fewer, flat samples.
+    g.sample_size(10)
+        .sampling_mode(criterion::SamplingMode::Flat);
+    let locks: KeyLocks<u64> = KeyLocks::new();
+    for n in [1_000usize, 10_000] {
+        g.throughput(criterion::Throughput::Elements(n as u64));
+        g.bench_function(criterion::BenchmarkId::new("turnstile", n), |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    let held = locks.try_write(&0).unwrap();
+                    let mut waiting: Vec<Option<std::pin::Pin<Box<dyn Future<Output = ()>>>>> = (0
+                        ..2 * n)
+                        .map(|i| {
+                            let wait: std::pin::Pin<Box<dyn Future<Output = ()>>> = if i % 2 == 0 {
+                                Box::pin(async { drop(locks.read(&0).await) })
+                            } else {
+                                Box::pin(async { drop(locks.write(&0).await) })
+                            };
+                            Some(wait)
+                        })
+                        .collect();
+                    for wait in waiting.iter_mut().flatten() {
+                        let pending = wait
+                            .as_mut()
+                            .poll(&mut Context::from_waker(Waker::noop()))
+                            .is_pending();
+                        assert!(pending, "a waiter was granted while the key was held");
+                    }
+                    let start = Instant::now();
+                    for wait in &mut waiting[n / 2..n / 2 + n] {
+                        drop(black_box(wait.take()));
+                    }
+                    timed += start.elapsed();
+                    assert_eq!(locks.waiters(&0), n);
+                    drop(held);
+                    drop(waiting);
+                    assert!(locks.is_empty());
+                }
+                timed
+            })
+        });
+    }
+    g.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -318,6 +369,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_single_thread, bench_mix_two_threads
+    targets = bench_single_thread, bench_mix_two_threads, bench_cancel_middle
 }
 criterion_main!(benches);

@@ -1,11 +1,12 @@
 //! Loom models of `KeyLocks` (`src/keylocks.rs`).
 //!
 //! Protocol under test: each shard is a mutex around a table of keys in use; a key's doorman
-//! `{ readers, writer, queue }` is created (or taken from the shard's bounded pool) on first use and
-//! leaves the table, back to the pool, when `readers + writer + queue.len()` reaches zero. Grants
-//! are hand-offs: the releaser removes the waiter from the queue, counts its hold, and wakes it
-//! after unlocking; a waiter learns it was granted by not finding its ticket. A dropped waiter
-//! either removes its ticket or, if granted meanwhile, gives the hold back (the refund).
+//! `{ readers, writer, queue, waiting }` is created (or taken from the shard's bounded pool) on
+//! first use and leaves the table, back to the pool, when `readers + writer + waiting` (live
+//! waiters) reaches zero. Grants are hand-offs: the releaser removes the waiter from the queue,
+//! counts its hold, and wakes it after unlocking; a waiter learns it was granted by not finding its
+//! ticket. A dropped waiter either cancels its ticket (left as a tombstone that grants skip) or, if
+//! granted meanwhile, gives the hold back (the refund).
 //!
 //! Models (one shard, pool bound 1, so every release of the last hold returns the doorman to the
 //! pool and the next first use takes it back out):
@@ -19,7 +20,11 @@
 //!    then dropped, racing the writer's release, with a blocking writer queued too. Whatever the
 //!    order, the lock ends free, nothing is leaked, and the blocking writer is served; a lost
 //!    wake-up would leave it blocked forever, which loom reports as a deadlock.
-//! 3. `async_waiter_is_woken`: a task waiting in `read().await` (driven by `block_on` below, whose
+//! 3. `cancel_middle_vs_grant`: three futures queued behind a held writer (reader, writer,
+//!    reader); the writer in the middle is dropped, leaving a tombstone, racing the release. The
+//!    grant must skip the tombstone into the reader batch whichever comes first, and the tombstone
+//!    must not keep the key in use.
+//! 4. `async_waiter_is_woken`: a task waiting in `read().await` (driven by `block_on` below, whose
 //!    waker unparks a loom thread) is woken by the writer's release.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom
@@ -246,6 +251,48 @@ fn cancel_vs_grant_read() {
 #[test]
 fn cancel_vs_grant_write() {
     cancel_vs_grant(true);
+}
+
+/// Queue: R1 W R2 behind a held writer, all queued on the main thread before the race. One thread
+/// drops W, another releases the writer, and the main thread waits for R1 and then R2. If the
+/// cancel comes first, W is a tombstone in the middle and the release grants R1 and R2 together,
+/// skipping it; if the release comes first, it grants R1 only, and the cancel either finds W at
+/// the front (and grants R2) or, if R1 has already come and gone, finds W granted and refunds it
+/// (which grants R2). Either way both readers get in (a lost grant is a deadlock) and the key
+/// ends free with nothing left in the map.
+#[test]
+fn cancel_middle_vs_grant() {
+    model(|| {
+        let locks = locks();
+        let inside = Inside::new();
+        let held = locks.try_write_owned(&0).unwrap();
+        let reader = |locks: KeyLocks<u8>, inside: Inside| {
+            Box::pin(async move {
+                let _r = locks.read(&0).await;
+                inside.read();
+            })
+        };
+        let mut r1 = reader(locks.clone(), inside.clone());
+        assert!(poll_once(r1.as_mut()).is_pending());
+        let mut w = {
+            let (locks, inside) = (locks.clone(), inside.clone());
+            Box::pin(async move {
+                let _w = locks.write(&0).await;
+                inside.write();
+            })
+        };
+        assert!(poll_once(w.as_mut()).is_pending());
+        let mut r2 = reader(locks.clone(), inside.clone());
+        assert!(poll_once(r2.as_mut()).is_pending());
+        assert_eq!(locks.waiters(&0), 3);
+        let canceller = thread::spawn(move || drop(w));
+        let releaser = thread::spawn(move || drop(held));
+        block_on(r1);
+        block_on(r2);
+        canceller.join().unwrap();
+        releaser.join().unwrap();
+        assert_quiescent(&locks);
+    });
 }
 
 /// An async reader waits behind a writer and is woken by the release (`block_on` parks the model

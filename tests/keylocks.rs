@@ -1173,3 +1173,468 @@ fn a_key_that_stays_in_use_gives_back_its_queue_memory() {
     drop(first);
     assert_quiescent(&locks, &0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Cancellation in the middle of a queue
+//
+// A cancelled waiter is left in the queue as a tombstone (src/keylocks.rs, "Cancellation"), so
+// these tests look at what tombstones must not change: grants skip them in arrival order, the
+// mode rules hold across them, `waiters` counts only live waiters, a queue of nothing but
+// tombstones neither keeps a key in use nor makes a newcomer wait, and their memory is given back.
+
+/// A pinned waiting future with its own counting waker.
+struct Waiting<'a> {
+    key: usize,
+    write: bool,
+    fut: Pin<Box<dyn Future<Output = Guard<'a>> + 'a>>,
+    woken: Arc<wakers::Counter>,
+    waker: Waker,
+}
+
+impl<'a> Waiting<'a> {
+    /// Starts a wait and polls it once; `None` if it was queued, else the guard it got at once.
+    fn start(locks: &'a KeyLocks<usize>, key: usize, write: bool) -> Result<Guard<'a>, Self> {
+        let (woken, waker) = counting();
+        let mut fut: Pin<Box<dyn Future<Output = Guard<'a>> + 'a>> =
+            Box::pin(lock(locks, key, write));
+        match poll_with(fut.as_mut(), &waker) {
+            Poll::Ready(guard) => Ok(guard),
+            Poll::Pending => Err(Waiting {
+                key,
+                write,
+                fut,
+                woken,
+                waker,
+            }),
+        }
+    }
+
+    fn queued(locks: &'a KeyLocks<usize>, key: usize, write: bool) -> Self {
+        match Self::start(locks, key, write) {
+            Ok(_) => panic!("a wait for key {key} was granted at once, expected it to queue"),
+            Err(waiting) => waiting,
+        }
+    }
+
+    fn poll(&mut self) -> Poll<Guard<'a>> {
+        poll_with(self.fut.as_mut(), &self.waker)
+    }
+
+    fn granted(&mut self) -> Guard<'a> {
+        assert_eq!(self.woken.wakes(), 1, "a granted waiter was not woken once");
+        match self.poll() {
+            Poll::Ready(guard) => guard,
+            Poll::Pending => panic!("the waiter was not granted"),
+        }
+    }
+
+    fn still_waiting(&mut self) {
+        assert!(self.poll().is_pending(), "the waiter was granted");
+        assert_eq!(self.woken.wakes(), 0, "a waiting waiter was woken");
+    }
+}
+
+/// Readers and writers cancelled from the middle of a queue: the next grants skip them and still
+/// follow arrival order and the mode rules (a reader batch runs up to the next *live* writer).
+#[test]
+fn cancellations_in_the_middle_keep_fifo_order_and_the_mode_rules() {
+    let locks: KeyLocks<usize> = KeyLocks::builder().shards(1).build().unwrap();
+    let held = locks.try_write(&0).unwrap();
+    // Arrival order: R1 W1 R2 W2 R3 W3 R4 W4 R5.
+    let [mut r1, w1, mut r2, w2, mut r3, mut w3, mut r4, w4, mut r5] =
+        [false, true, false, true, false, true, false, true, false]
+            .map(|write| Waiting::queued(&locks, 0, write));
+    assert_eq!(locks.waiters(&0), 9);
+    // W1 and W2 leave from the middle: R1 R2 R3 are now one reader batch, up to W3.
+    drop((w1, w2));
+    assert_eq!(locks.waiters(&0), 7, "cancelled waiters are still counted");
+    assert_eq!(
+        locks.try_read(&0).unwrap_err(),
+        TryLockError::WriteLocked,
+        "the key is still write-held"
+    );
+    drop(held);
+    let batch = [r1.granted(), r2.granted(), r3.granted()];
+    w3.still_waiting();
+    r4.still_waiting();
+    r5.still_waiting();
+    assert_eq!(locks.waiters(&0), 4);
+    // A newcomer does not overtake the live writer W3, and says how many are really queued.
+    assert_eq!(
+        locks.try_read(&0).unwrap_err(),
+        TryLockError::WriterQueued { waiters: 4 }
+    );
+    // W4 leaves from the middle of R4 W4 R5, then W3 from the front while readers hold: R4 and R5
+    // join the readers at once, since no live writer is queued before them any more.
+    drop(w4);
+    r4.still_waiting();
+    drop(w3);
+    let (g4, g5) = (r4.granted(), r5.granted());
+    assert_eq!(locks.waiters(&0), 0);
+    // Nobody is queued: a new reader is admitted at once, a writer is refused for the readers.
+    drop(
+        locks
+            .try_read(&0)
+            .expect("a newcomer waited behind cancelled waiters"),
+    );
+    assert_eq!(
+        locks.try_write(&0).unwrap_err(),
+        TryLockError::ReadLocked { readers: 5 }
+    );
+    drop((batch, g4, g5, r1, r2, r3, r4, r5));
+    assert_quiescent(&locks, &0);
+}
+
+/// A queue whose waiters have all been cancelled, in every order (front, back and middle first):
+/// it admits a newcomer at once while the key is held, and the key leaves the map (its doorman
+/// pooled) as soon as its holder goes, exactly as if nobody had ever queued.
+#[test]
+fn a_queue_of_cancelled_waiters_neither_blocks_newcomers_nor_keeps_the_key() {
+    const WAITERS: usize = 7;
+    // Cancellation orders, as positions in arrival order.
+    let orders: [Vec<usize>; 4] = [
+        (0..WAITERS).collect(),
+        (0..WAITERS).rev().collect(),
+        vec![3, 2, 4, 1, 5, 0, 6],
+        vec![1, 5, 3, 6, 0, 2, 4],
+    ];
+    for order in &orders {
+        for held_for_writing in [false, true] {
+            let locks: KeyLocks<usize> = KeyLocks::builder()
+                .shards(1)
+                .pool_per_shard(4)
+                .build()
+                .unwrap();
+            let held = if held_for_writing {
+                Guard::Write(locks.try_write(&0).unwrap())
+            } else {
+                Guard::Read(locks.try_read(&0).unwrap())
+            };
+            // Behind a writer, readers and writers; behind a reader, writers only (a reader
+            // behind a queued writer would be granted, not cancelled, once that writer left).
+            let mut waiting: Vec<_> = (0..WAITERS)
+                .map(|i| Some(Waiting::queued(&locks, 0, i % 3 == 0 || !held_for_writing)))
+                .collect();
+            for &at in order {
+                drop(waiting[at].take());
+                assert_eq!(
+                    locks.waiters(&0),
+                    waiting.iter().flatten().count(),
+                    "order {order:?}"
+                );
+            }
+            assert_eq!(locks.waiters(&0), 0);
+            if held_for_writing {
+                assert_eq!(locks.try_read(&0).unwrap_err(), TryLockError::WriteLocked);
+            } else {
+                // Only a live queued writer may refuse a reader; none is left.
+                let reading = locks
+                    .try_read(&0)
+                    .unwrap_or_else(|e| panic!("order {order:?}: a reader was refused: {e}"));
+                drop(reading);
+            }
+            let pooled = locks.pooled();
+            drop(held);
+            assert_eq!(locks.len(), 0, "order {order:?}: the key stayed in use");
+            assert_eq!(locks.pooled(), pooled + 1, "the doorman was not pooled");
+            // The pooled doorman is reused clean: a new wait is admitted at once.
+            let Ok(guard) = Waiting::start(&locks, 0, true) else {
+                panic!("order {order:?}: a writer on a free key had to queue");
+            };
+            drop(guard);
+            assert_quiescent(&locks, &0);
+        }
+    }
+}
+
+/// Cancelling a burst of waiters from the middle outwards (the order that leaves the most
+/// cancelled waiters inside the queue) gives their memory back while the key stays in use, and
+/// the waiters left are granted in order afterwards.
+#[test]
+fn cancellations_in_the_middle_give_back_their_memory() {
+    const BURST: usize = 10_000;
+    let locks: KeyLocks<usize> = KeyLocks::builder().shards(1).build().unwrap();
+    let held = locks.try_write(&0).unwrap();
+    let before = heap::live();
+    let mut waiting: Vec<_> = (0..BURST)
+        .map(|i| Some(Waiting::queued(&locks, 0, i % 2 == 1)))
+        .collect();
+    assert_eq!(locks.waiters(&0), BURST);
+    // Middle outwards, keeping the first and the last: they hold the cancelled ones inside.
+    let middle = BURST / 2;
+    for d in 0..middle - 1 {
+        drop(waiting[middle + d].take());
+        drop(waiting[middle - 1 - d].take());
+    }
+    assert_eq!(locks.waiters(&0), 2);
+    let [first, last] = [0, BURST - 1].map(|at| waiting[at].take().unwrap());
+    drop(waiting);
+    // The two waiters left: 2 futures and what the locks keep for them.
+    let kept = heap::live() - before;
+    assert!(
+        kept < 4096,
+        "{kept} bytes still allocated after {} of {BURST} waiters left from the middle",
+        BURST - 2
+    );
+    // FIFO across the cancelled stretch: the reader first, then the writer.
+    let (mut first, mut last) = (first, last);
+    assert!(!first.write && last.write);
+    drop(held);
+    let reading = first.granted();
+    last.still_waiting();
+    drop(reading);
+    drop(last.granted());
+    drop((first, last));
+    assert_quiescent(&locks, &0);
+}
+
+// A sequential model: random interleavings of waits, `try_*`, polls, cancellations, releases and
+// downgrades on two keys of one shard, against a reference that keeps its queue in a `Vec` and
+// removes cancelled waiters outright. After every step: the same grants (a waiter is ready, and
+// was woken once, iff the model granted it), the same `try_*` answers and errors, the same
+// `waiters` per key, the same keys in use.
+
+#[derive(Debug, Clone)]
+enum Step {
+    Wait { key: usize, write: bool },
+    Try { key: usize, write: bool },
+    Poll(usize),
+    Cancel(usize),
+    Release(usize),
+    Downgrade(usize),
+}
+
+fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+    use proptest::prelude::*;
+    let step = prop_oneof![
+        6 => (0..2usize, any::<bool>()).prop_map(|(key, write)| Step::Wait { key, write }),
+        1 => (0..2usize, any::<bool>()).prop_map(|(key, write)| Step::Try { key, write }),
+        2 => any::<usize>().prop_map(Step::Poll),
+        4 => any::<usize>().prop_map(Step::Cancel),
+        3 => any::<usize>().prop_map(Step::Release),
+        1 => any::<usize>().prop_map(Step::Downgrade),
+    ];
+    proptest::collection::vec(step, 1..120)
+}
+
+/// One key of the reference model.
+#[derive(Default)]
+struct ModelKey {
+    readers: u64,
+    writer: bool,
+    /// Waiter ids in arrival order.
+    queue: Vec<u64>,
+}
+
+impl ModelKey {
+    fn refuse(&self, write: bool) -> Option<TryLockError> {
+        if self.writer {
+            Some(TryLockError::WriteLocked)
+        } else if write && self.readers > 0 {
+            Some(TryLockError::ReadLocked {
+                readers: self.readers,
+            })
+        } else if !self.queue.is_empty() {
+            Some(TryLockError::WriterQueued {
+                waiters: self.queue.len(),
+            })
+        } else {
+            None
+        }
+    }
+
+    fn take(&mut self, write: bool) {
+        if write {
+            self.writer = true;
+        } else {
+            self.readers += 1;
+        }
+    }
+
+    fn give_back(&mut self, write: bool) {
+        if write {
+            self.writer = false;
+        } else {
+            self.readers -= 1;
+        }
+    }
+
+    /// Grants from the front; returns the ids granted.
+    fn grant(&mut self, is_writer: impl Fn(u64) -> bool) -> Vec<u64> {
+        let mut granted = Vec::new();
+        while let Some(&front) = self.queue.first() {
+            let write = is_writer(front);
+            if self.writer || (write && self.readers > 0) {
+                break;
+            }
+            self.queue.remove(0);
+            self.take(write);
+            granted.push(front);
+        }
+        granted
+    }
+
+    fn in_use(&self) -> bool {
+        self.readers > 0 || self.writer || !self.queue.is_empty()
+    }
+}
+
+fn check_against_model(steps: &[Step]) {
+    let locks: KeyLocks<usize> = KeyLocks::builder()
+        .shards(1)
+        .pool_per_shard(1)
+        .build()
+        .unwrap();
+    let mut model: [ModelKey; 2] = Default::default();
+    // Waiters by id, each with whether the model has granted it (not yet seen).
+    let mut waiting: Vec<(u64, Waiting<'_>, bool)> = Vec::new();
+    let mut holding: Vec<(usize, bool, Guard<'_>)> = Vec::new();
+    let mut next_id = 0u64;
+    for (n, step) in steps.iter().enumerate() {
+        let writers: std::collections::HashSet<u64> = waiting
+            .iter()
+            .filter(|(_, w, _)| w.write)
+            .map(|(id, _, _)| *id)
+            .collect();
+        let grant = |model: &mut ModelKey, waiting: &mut Vec<(u64, Waiting<'_>, bool)>| {
+            for id in model.grant(|id| writers.contains(&id)) {
+                let at = waiting.iter().position(|(i, _, _)| *i == id).unwrap();
+                waiting[at].2 = true;
+            }
+        };
+        match *step {
+            Step::Wait { key, write } => {
+                let admitted = model[key].refuse(write).is_none();
+                match Waiting::start(&locks, key, write) {
+                    Ok(guard) => {
+                        assert!(admitted, "step {n}: admitted, the model queues it");
+                        model[key].take(write);
+                        holding.push((key, write, guard));
+                    }
+                    Err(w) => {
+                        assert!(!admitted, "step {n}: queued, the model admits it");
+                        model[key].queue.push(next_id);
+                        waiting.push((next_id, w, false));
+                        next_id += 1;
+                    }
+                }
+            }
+            Step::Try { key, write } => {
+                let expected = model[key].refuse(write);
+                let got = if write {
+                    locks.try_write(&key).map(Guard::Write)
+                } else {
+                    locks.try_read(&key).map(Guard::Read)
+                };
+                match (got, expected) {
+                    (Ok(guard), None) => {
+                        model[key].take(write);
+                        holding.push((key, write, guard));
+                    }
+                    (Err(e), Some(expected)) => assert_eq!(e, expected, "step {n}"),
+                    (got, expected) => panic!(
+                        "step {n}: try got {:?}, the model says {expected:?}",
+                        got.err()
+                    ),
+                }
+            }
+            Step::Poll(i) if !waiting.is_empty() => {
+                let at = i % waiting.len();
+                let granted = waiting[at].2;
+                match waiting[at].1.poll() {
+                    Poll::Ready(guard) => {
+                        assert!(granted, "step {n}: ready, the model has not granted it");
+                        let (_, w, _) = waiting.remove(at);
+                        holding.push((w.key, w.write, guard));
+                    }
+                    Poll::Pending => assert!(!granted, "step {n}: pending, the model granted it"),
+                }
+            }
+            Step::Cancel(i) if !waiting.is_empty() => {
+                let (id, w, granted) = waiting.remove(i % waiting.len());
+                let (key, write) = (w.key, w.write);
+                drop(w);
+                if granted {
+                    model[key].give_back(write); // the refund
+                } else {
+                    model[key].queue.retain(|&q| q != id);
+                }
+                grant(&mut model[key], &mut waiting);
+            }
+            Step::Release(i) if !holding.is_empty() => {
+                let (key, write, guard) = holding.remove(i % holding.len());
+                drop(guard);
+                model[key].give_back(write);
+                grant(&mut model[key], &mut waiting);
+            }
+            Step::Downgrade(i) if !holding.is_empty() => {
+                let at = i % holding.len();
+                if let (key, true, _) = holding[at] {
+                    let (_, _, guard) = holding.remove(at);
+                    let Guard::Write(w) = guard else {
+                        unreachable!()
+                    };
+                    holding.push((key, false, Guard::Read(w.downgrade())));
+                    model[key].writer = false;
+                    model[key].readers += 1;
+                    grant(&mut model[key], &mut waiting);
+                }
+            }
+            _ => {}
+        }
+        for (key, m) in model.iter().enumerate() {
+            assert_eq!(
+                locks.waiters(&key),
+                m.queue.len(),
+                "step {n}: waiters({key})"
+            );
+        }
+        let in_use = model.iter().filter(|m| m.in_use()).count();
+        assert_eq!(locks.len(), in_use, "step {n}: keys in use");
+        for (id, w, granted) in &waiting {
+            assert_eq!(
+                w.woken.wakes(),
+                usize::from(*granted),
+                "step {n}: waiter {id} woken {} times, granted: {granted}",
+                w.woken.wakes()
+            );
+        }
+    }
+    drop(waiting);
+    drop(holding);
+    assert_quiescent(&locks, &0);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 1_000, ..Default::default() })]
+
+    #[test]
+    fn random_interleavings_match_a_reference_model(steps in steps()) {
+        check_against_model(&steps);
+    }
+}
+
+/// Long queues with many cancellations, beyond what the shrinking proptest above explores: fixed
+/// seeds, 2,000 steps each, mostly waits and cancellations so that queues reach hundreds of
+/// waiters and are cancelled through from every position.
+#[test]
+fn long_random_runs_match_a_reference_model() {
+    for seed in 1..=20u64 {
+        let mut rng = Rng::new(seed);
+        let steps: Vec<Step> = (0..2_000)
+            .map(|_| {
+                let (key, write) = (rng.below(2) as usize, rng.below(3) == 0);
+                let i = rng.below(1 << 20) as usize;
+                match rng.below(20) {
+                    0..=8 => Step::Wait { key, write },
+                    9 => Step::Try { key, write },
+                    10 => Step::Poll(i),
+                    11..=16 => Step::Cancel(i),
+                    17 | 18 => Step::Release(i),
+                    _ => Step::Downgrade(i),
+                }
+            })
+            .collect();
+        check_against_model(&steps);
+    }
+}
