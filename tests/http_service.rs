@@ -310,3 +310,28 @@ async fn raw_http1_head_and_http10() {
     assert_eq!(status, "HTTP/1.0 429 Too Many Requests");
     assert_eq!(length, body.len());
 }
+
+/// The concurrency layer's `Retry-After` is at least 1, as every rejection's is: a zero (or
+/// sub-second, rounded up) setting must not tell clients to come back at once, into the same
+/// full cap; gRPC's `retry-after` metadata likewise.
+#[tokio::test]
+async fn concurrency_retry_after_is_at_least_one_second() {
+    let layer =
+        ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).retry_after(Duration::ZERO);
+    let limiter = layer.limiter().clone();
+    let mut service = layer.layer(ok_service());
+    let _held = limiter.try_acquire_owned(1).unwrap();
+    for grpc in [false, true] {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let mut request = http::Request::new(String::new());
+        if grpc {
+            request
+                .headers_mut()
+                .insert("content-type", "application/grpc".parse().unwrap());
+        }
+        let response = service.call(request).await.unwrap();
+        assert_eq!(response.headers()["retry-after"], "1", "grpc: {grpc}");
+    }
+}

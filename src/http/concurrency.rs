@@ -123,7 +123,9 @@ impl ConcurrencyLayer {
         self
     }
 
-    /// The `Retry-After` of a rejection (1 s by default; sent in whole seconds rounded up).
+    /// The `Retry-After` of a rejection (1 s by default; sent in whole seconds rounded up, and
+    /// at least 1, as every rejection's: "retry after 0" sends clients straight back into the
+    /// full cap).
     ///
     /// # Examples
     ///
@@ -227,8 +229,10 @@ impl ConcurrencyLayer {
     }
 
     fn response(&self, grpc: Option<&'static str>) -> http::Response<Bytes> {
+        // At least 1, as the rate layer's (`Rejection::of`): a zero setting would invite a
+        // retry at once, into the cap that just turned the request away.
+        let secs = whole_seconds_up(self.retry_after).max(1);
         if let Some(content_type) = grpc {
-            let secs = whole_seconds_up(self.retry_after);
             return crate::http::grpc::trailers_only(
                 content_type,
                 crate::http::grpc::CONCURRENCY_CODE,
@@ -244,10 +248,7 @@ impl ConcurrencyLayer {
         ));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
-        headers.insert(
-            RETRY_AFTER,
-            HeaderValue::from(whole_seconds_up(self.retry_after)),
-        );
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         headers.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
