@@ -335,3 +335,55 @@ async fn concurrency_retry_after_is_at_least_one_second() {
         assert_eq!(response.headers()["retry-after"], "1", "grpc: {grpc}");
     }
 }
+
+/// A large data frame goes on in pieces of at most 64 KiB while the permit is held (so that the
+/// server takes it as the client reads it): the same bytes in order, the size hint and the end
+/// of the stream counting what is left of it, trailers after it, the permit back at the end.
+#[tokio::test]
+async fn concurrency_body_passes_a_large_frame_in_pieces() {
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = layer.limiter().clone();
+    let payload = Bytes::from((0..200_000u32).map(|i| i as u8).collect::<Vec<u8>>());
+    let mut service = layer.layer(tower::service_fn({
+        let payload = payload.clone();
+        move |_: http::Request<()>| {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            let frames = VecDeque::from([
+                http_body::Frame::data(payload.clone()),
+                http_body::Frame::trailers(trailers),
+            ]);
+            async move { Ok::<_, Infallible>(http::Response::new(WithTrailers { frames })) }
+        }
+    }));
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let mut body = service
+        .call(http::Request::new(()))
+        .await
+        .unwrap()
+        .into_body();
+    let mut received = Vec::new();
+    loop {
+        let frame = body.frame().await.unwrap().unwrap();
+        match frame.into_data() {
+            Ok(data) => {
+                assert!(data.len() <= 64 * 1024, "{}", data.len());
+                received.extend_from_slice(&data);
+                if received.len() < payload.len() {
+                    assert!(!body.is_end_stream());
+                    assert!(body.size_hint().lower() >= (payload.len() - received.len()) as u64);
+                }
+                assert_eq!(limiter.available(), 0);
+            }
+            Err(frame) => {
+                assert_eq!(frame.into_trailers().unwrap()["grpc-status"], "0");
+                break;
+            }
+        }
+    }
+    assert_eq!(received, payload);
+    assert!(body.frame().await.is_none());
+    assert_eq!(limiter.available(), 1);
+}

@@ -16,6 +16,10 @@ use std::time::Duration;
 /// A tower layer that caps the requests in flight through the services it wraps, with a
 /// [`ConcurrencyLimiter`]. A request's permit is held until its response body has ended (or is
 /// dropped), not merely until the headers are sent, so a slow download counts as in flight.
+/// "Ended" is when the server has taken the body's last frame: a large data frame (a handler's
+/// whole `Vec`, `String` or `Full`) is passed on in pieces of 64 KiB, which the server takes as
+/// the client reads, so the permit goes back with at most the server's and the socket's buffers
+/// still to send.
 ///
 /// When the cap is reached the request is, by default, rejected at once with 503 and
 /// `Retry-After: 1`; with [`wait`](Self::wait) it waits in the limiter's queue up to a time
