@@ -530,7 +530,9 @@ pin_project! {
     /// # Cancel safety
     ///
     /// Dropping it drops the pending decision (a remote backend may already have counted the
-    /// request) and the inner service's future.
+    /// request) with the inner service polled ready that waits for it, which gives back what
+    /// its `poll_ready` reserved (a `Buffer` slot, a concurrency permit); later, it drops the
+    /// inner service's future.
     ///
     /// # Examples
     ///
