@@ -152,7 +152,9 @@ impl ConcurrencyLayer {
     /// A waiting request holds nothing of the wrapped service's: what its `poll_ready` reserved
     /// (a `Buffer` slot, say) is given back when the request starts to wait, and the service is
     /// made ready again once the permit is granted. The timeout bounds the wait for the permit
-    /// only.
+    /// only. It runs on tokio's timer, so the runtime serving the requests needs its time
+    /// driver (`enable_time` or `enable_all`, which `#[tokio::main]` turns on): tokio panics
+    /// on a timer without one.
     ///
     /// # Examples
     ///
