@@ -203,26 +203,11 @@ fn the_sf_parser_rejects_what_it_should() {
 
 // ---- the server ----
 
-/// Copies axum's `ConnectInfo` into `PeerAddr` (needed without the `axum` feature).
-async fn copy_peer(mut request: axum::extract::Request) -> axum::extract::Request {
-    if let Some(info) = request
-        .extensions()
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
-        .copied()
-    {
-        request.extensions_mut().insert(PeerAddr(info.0));
-    }
-    request
-}
-
 async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = if cfg!(feature = "axum") {
-        app
-    } else {
-        app.layer(axum::middleware::map_request(copy_peer))
-    };
+    // The `axum` feature reads `ConnectInfo`, where `into_make_service_with_connect_info` puts
+    // the peer.
     tokio::spawn(async move {
         axum::serve(
             listener,
