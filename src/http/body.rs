@@ -30,6 +30,9 @@ pin_project! {
     /// The response body of [`ConcurrencyLayer`](crate::http::ConcurrencyLayer), and a wrapper
     /// for any body type ([`RateLimitLayer`](crate::http::RateLimitLayer) keeps the inner
     /// service's own): the inner service's body, or the complete body of a rejection. Its data is [`Bytes`]; its error is the inner body's.
+    /// While it holds the concurrency layer's permit, it passes the inner body's data frames on
+    /// in pieces of at most 64 KiB, so that a server takes a large one as the client reads it;
+    /// [`new`](Self::new)'s frames pass through as they are.
     ///
     /// # Examples
     ///
