@@ -390,3 +390,44 @@ async fn concurrency_body_passes_a_large_frame_in_pieces() {
     assert!(body.frame().await.is_none());
     assert_eq!(limiter.available(), 1);
 }
+
+/// The concurrency layer's rejection status is an error status: a 101 would tell the client
+/// (and every proxy on the way) that the connection now speaks another protocol, a 204 went out
+/// with a `content-length` that a 204 must not have, and a 2xx or 3xx is no rejection at all.
+/// Any other status is replaced by the default 503.
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_rejection_status_is_an_error_status() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for (status, sent) in [
+        (
+            http::StatusCode::SWITCHING_PROTOCOLS,
+            "503 Service Unavailable",
+        ),
+        (http::StatusCode::NO_CONTENT, "503 Service Unavailable"),
+        (http::StatusCode::OK, "503 Service Unavailable"),
+        (http::StatusCode::NOT_MODIFIED, "503 Service Unavailable"),
+        (http::StatusCode::TOO_MANY_REQUESTS, "429 Too Many Requests"),
+    ] {
+        let layer =
+            ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).rejection_status(status);
+        let _held = layer.limiter().try_acquire_owned(1).unwrap();
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "hello" }))
+            .route_layer(layer);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        stream.read_to_string(&mut out).await.unwrap();
+        let status_line = out.lines().next().unwrap();
+        assert_eq!(status_line, format!("HTTP/1.1 {sent}"), "{status}");
+        assert!(out.contains("retry-after: 1"), "{status}: {out}");
+        server.abort();
+    }
+}

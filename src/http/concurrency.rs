@@ -110,7 +110,11 @@ impl ConcurrencyLayer {
         self
     }
 
-    /// The status of a rejection (503 by default; 429 is the other usual choice).
+    /// The status of a rejection (503 by default; 429 is the other usual choice). It must be an
+    /// error status (4xx or 5xx): any other is no rejection (a 2xx says the request succeeded,
+    /// a 3xx redirects it, a 101 tells the client and every proxy on the way that the connection
+    /// switched protocols, and a 204 or 304 cannot carry the body), so it is logged as a warning
+    /// and 503 is sent instead.
     ///
     /// # Examples
     ///
@@ -123,7 +127,17 @@ impl ConcurrencyLayer {
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn rejection_status(mut self, status: StatusCode) -> Self {
-        self.status = status;
+        if status.is_client_error() || status.is_server_error() {
+            self.status = status;
+        } else {
+            // Infallible builder: refused here, once, rather than sent as a response that
+            // breaks the connection (101) or the framing (204, 304) on every rejection.
+            tracing::warn!(
+                %status,
+                "ConcurrencyLayer::rejection_status: not an error status; 503 is sent instead"
+            );
+            self.status = StatusCode::SERVICE_UNAVAILABLE;
+        }
         self
     }
 
