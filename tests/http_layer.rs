@@ -203,26 +203,11 @@ fn the_sf_parser_rejects_what_it_should() {
 
 // ---- the server ----
 
-/// Copies axum's `ConnectInfo` into `PeerAddr` (needed without the `axum` feature).
-async fn copy_peer(mut request: axum::extract::Request) -> axum::extract::Request {
-    if let Some(info) = request
-        .extensions()
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
-        .copied()
-    {
-        request.extensions_mut().insert(PeerAddr(info.0));
-    }
-    request
-}
-
 async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = if cfg!(feature = "axum") {
-        app
-    } else {
-        app.layer(axum::middleware::map_request(copy_peer))
-    };
+    // The `axum` feature reads `ConnectInfo`, where `into_make_service_with_connect_info` puts
+    // the peer.
     tokio::spawn(async move {
         axum::serve(
             listener,
@@ -1138,4 +1123,39 @@ async fn concurrency_on_rejection_answers_rejected_requests() {
         let served = first.await.unwrap().unwrap();
         assert_eq!(served.status(), 200);
     }
+}
+
+/// The permit of a response whose body is one large frame (`Vec`, `String`, `Full`: what most
+/// handlers return) is held while the client downloads it, as for a streamed body: the server
+/// gets it in pieces as the client reads, not whole with the headers. A client that has read
+/// only the head leaves it taken; reading the body to its end gives it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_permit_is_held_while_a_one_frame_body_downloads() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const LEN: usize = 64 << 20;
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = layer.limiter().clone();
+    let base = serve(
+        Router::new()
+            .route("/whole", get(|| async { vec![b'x'; LEN] }))
+            .route_layer(layer),
+    )
+    .await;
+    let addr = base.strip_prefix("http://").unwrap().to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(b"GET /whole HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(stream.read_u8().await.unwrap());
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    // 64 MiB cannot all be in the server's and the sockets' buffers: the body has not ended.
+    assert_eq!(limiter.available(), 0, "held while the body downloads");
+    let mut body = vec![0; LEN];
+    stream.read_exact(&mut body).await.unwrap();
+    // The server took the last piece (and dropped the body) before it could send it.
+    assert_eq!(limiter.available(), 1, "given back once the body is taken");
 }

@@ -76,8 +76,11 @@ impl Policy for Remote {
     }
 }
 
+// Only the raw HTTP/1 test, which needs axum's body type, decides with it.
+#[cfg(feature = "axum")]
 struct Fixed(fn() -> Verdict);
 
+#[cfg(feature = "axum")]
 impl Policy for Fixed {
     fn check(&self, _: &RequestInfo<'_>) -> Check {
         Check::Ready((self.0)())
@@ -309,4 +312,122 @@ async fn raw_http1_head_and_http10() {
     let (status, length, body) = exchange("GET / HTTP/1.0\r\n\r\n").await;
     assert_eq!(status, "HTTP/1.0 429 Too Many Requests");
     assert_eq!(length, body.len());
+}
+
+/// The concurrency layer's `Retry-After` is at least 1, as every rejection's is: a zero (or
+/// sub-second, rounded up) setting must not tell clients to come back at once, into the same
+/// full cap; gRPC's `retry-after` metadata likewise.
+#[tokio::test]
+async fn concurrency_retry_after_is_at_least_one_second() {
+    let layer =
+        ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).retry_after(Duration::ZERO);
+    let limiter = layer.limiter().clone();
+    let mut service = layer.layer(ok_service());
+    let _held = limiter.try_acquire_owned(1).unwrap();
+    for grpc in [false, true] {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let mut request = http::Request::new(String::new());
+        if grpc {
+            request
+                .headers_mut()
+                .insert("content-type", "application/grpc".parse().unwrap());
+        }
+        let response = service.call(request).await.unwrap();
+        assert_eq!(response.headers()["retry-after"], "1", "grpc: {grpc}");
+    }
+}
+
+/// A large data frame goes on in pieces of at most 64 KiB while the permit is held (so that the
+/// server takes it as the client reads it): the same bytes in order, the size hint and the end
+/// of the stream counting what is left of it, trailers after it, the permit back at the end.
+#[tokio::test]
+async fn concurrency_body_passes_a_large_frame_in_pieces() {
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = layer.limiter().clone();
+    let payload = Bytes::from((0..200_000u32).map(|i| i as u8).collect::<Vec<u8>>());
+    let mut service = layer.layer(tower::service_fn({
+        let payload = payload.clone();
+        move |_: http::Request<()>| {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            let frames = VecDeque::from([
+                http_body::Frame::data(payload.clone()),
+                http_body::Frame::trailers(trailers),
+            ]);
+            async move { Ok::<_, Infallible>(http::Response::new(WithTrailers { frames })) }
+        }
+    }));
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    let mut body = service
+        .call(http::Request::new(()))
+        .await
+        .unwrap()
+        .into_body();
+    let mut received = Vec::new();
+    loop {
+        let frame = body.frame().await.unwrap().unwrap();
+        match frame.into_data() {
+            Ok(data) => {
+                assert!(data.len() <= 64 * 1024, "{}", data.len());
+                received.extend_from_slice(&data);
+                if received.len() < payload.len() {
+                    assert!(!body.is_end_stream());
+                    assert!(body.size_hint().lower() >= (payload.len() - received.len()) as u64);
+                }
+                assert_eq!(limiter.available(), 0);
+            }
+            Err(frame) => {
+                assert_eq!(frame.into_trailers().unwrap()["grpc-status"], "0");
+                break;
+            }
+        }
+    }
+    assert_eq!(received, payload);
+    assert!(body.frame().await.is_none());
+    assert_eq!(limiter.available(), 1);
+}
+
+/// The concurrency layer's rejection status is an error status: a 101 would tell the client
+/// (and every proxy on the way) that the connection now speaks another protocol, a 204 went out
+/// with a `content-length` that a 204 must not have, and a 2xx or 3xx is no rejection at all.
+/// Any other status is replaced by the default 503.
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_rejection_status_is_an_error_status() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for (status, sent) in [
+        (
+            http::StatusCode::SWITCHING_PROTOCOLS,
+            "503 Service Unavailable",
+        ),
+        (http::StatusCode::NO_CONTENT, "503 Service Unavailable"),
+        (http::StatusCode::OK, "503 Service Unavailable"),
+        (http::StatusCode::NOT_MODIFIED, "503 Service Unavailable"),
+        (http::StatusCode::TOO_MANY_REQUESTS, "429 Too Many Requests"),
+    ] {
+        let layer =
+            ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).rejection_status(status);
+        let _held = layer.limiter().try_acquire_owned(1).unwrap();
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "hello" }))
+            .route_layer(layer);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        stream.read_to_string(&mut out).await.unwrap();
+        let status_line = out.lines().next().unwrap();
+        assert_eq!(status_line, format!("HTTP/1.1 {sent}"), "{status}");
+        assert!(out.contains("retry-after: 1"), "{status}: {out}");
+        server.abort();
+    }
 }

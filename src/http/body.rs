@@ -17,6 +17,8 @@ pin_project! {
             body: B,
             // Held until the body ends or is dropped (the concurrency layer's in-flight slot).
             permit: Option<OwnedPermit>,
+            // What is left of a data frame passed on in pieces (see `PIECE`); empty otherwise.
+            rest: Bytes,
         },
         Full {
             data: Option<Bytes>,
@@ -28,6 +30,9 @@ pin_project! {
     /// The response body of [`ConcurrencyLayer`](crate::http::ConcurrencyLayer), and a wrapper
     /// for any body type ([`RateLimitLayer`](crate::http::RateLimitLayer) keeps the inner
     /// service's own): the inner service's body, or the complete body of a rejection. Its data is [`Bytes`]; its error is the inner body's.
+    /// While it holds the concurrency layer's permit, it passes the inner body's data frames on
+    /// in pieces of at most 64 KiB, so that a server takes a large one as the client reads it;
+    /// [`new`](Self::new)'s frames pass through as they are.
     ///
     /// # Examples
     ///
@@ -58,7 +63,11 @@ impl<B> RateLimitBody<B> {
     /// ```
     pub fn new(body: B) -> Self {
         RateLimitBody {
-            kind: Kind::Inner { body, permit: None },
+            kind: Kind::Inner {
+                body,
+                permit: None,
+                rest: Bytes::new(),
+            },
         }
     }
 
@@ -87,8 +96,22 @@ impl<B> RateLimitBody<B> {
             kind: Kind::Inner {
                 body,
                 permit: Some(permit),
+                rest: Bytes::new(),
             },
         }
+    }
+}
+
+/// The largest data frame a [`RateLimitBody`] holding a permit passes on: 64 KiB, a fraction of
+/// hyper's write buffer (about 400 KB) and the size of h2's initial flow-control window.
+const PIECE: usize = 64 * 1024;
+
+/// The next piece of `rest`, at most [`PIECE`] long (an O(1) split of the shared buffer).
+fn next_piece(rest: &mut Bytes) -> Bytes {
+    if rest.len() > PIECE {
+        rest.split_to(PIECE)
+    } else {
+        std::mem::take(rest)
     }
 }
 
@@ -119,16 +142,31 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body, permit } => {
-                let polled = body.poll_frame(cx);
-                match &polled {
-                    // The end, or an error (after which the body is not polled again).
-                    Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
-                        permit.take();
-                    }
-                    Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
+            KindProj::Inner { body, permit, rest } => {
+                if !rest.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(next_piece(rest)))));
                 }
-                polled
+                match body.poll_frame(cx) {
+                    // Holding a permit: a large data frame goes on in pieces, so that the
+                    // server takes it as the client reads it (hyper polls for the next frame
+                    // only when its write buffer has room, h2 only when the flow-control window
+                    // has) and the permit stays taken until little more than the server's
+                    // buffers is left to send. Whole, it would be taken at once with the
+                    // headers, and a download of any size would count as in flight for no time.
+                    Poll::Ready(Some(Ok(frame))) if permit.is_some() => match frame.into_data() {
+                        Ok(data) => {
+                            *rest = data;
+                            Poll::Ready(Some(Ok(Frame::data(next_piece(rest)))))
+                        }
+                        Err(frame) => Poll::Ready(Some(Ok(frame))),
+                    },
+                    // The end, or an error (after which the body is not polled again).
+                    polled @ (Poll::Ready(None) | Poll::Ready(Some(Err(_)))) => {
+                        permit.take();
+                        polled
+                    }
+                    polled => polled,
+                }
             }
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
@@ -136,14 +174,23 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body, .. } => body.is_end_stream(),
+            Kind::Inner { body, rest, .. } => rest.is_empty() && body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body, .. } => body.size_hint(),
+            Kind::Inner { body, rest, .. } => {
+                let mut hint = body.size_hint();
+                let rest = rest.len() as u64;
+                // The upper bound first: `set_lower` asserts that it stays below it.
+                if let Some(upper) = hint.upper() {
+                    hint.set_upper(upper.saturating_add(rest));
+                }
+                hint.set_lower(hint.lower().saturating_add(rest));
+                hint
+            }
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

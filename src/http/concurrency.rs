@@ -16,6 +16,10 @@ use std::time::Duration;
 /// A tower layer that caps the requests in flight through the services it wraps, with a
 /// [`ConcurrencyLimiter`]. A request's permit is held until its response body has ended (or is
 /// dropped), not merely until the headers are sent, so a slow download counts as in flight.
+/// "Ended" is when the server has taken the body's last frame: a large data frame (a handler's
+/// whole `Vec`, `String` or `Full`) is passed on in pieces of 64 KiB, which the server takes as
+/// the client reads, so the permit goes back with at most the server's and the socket's buffers
+/// still to send.
 ///
 /// When the cap is reached the request is, by default, rejected at once with 503 and
 /// `Retry-After: 1`; with [`wait`](Self::wait) it waits in the limiter's queue up to a time
@@ -106,7 +110,11 @@ impl ConcurrencyLayer {
         self
     }
 
-    /// The status of a rejection (503 by default; 429 is the other usual choice).
+    /// The status of a rejection (503 by default; 429 is the other usual choice). It must be an
+    /// error status (4xx or 5xx): any other is no rejection (a 2xx says the request succeeded,
+    /// a 3xx redirects it, a 101 tells the client and every proxy on the way that the connection
+    /// switched protocols, and a 204 or 304 cannot carry the body), so it is logged as a warning
+    /// and 503 is sent instead.
     ///
     /// # Examples
     ///
@@ -119,11 +127,23 @@ impl ConcurrencyLayer {
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn rejection_status(mut self, status: StatusCode) -> Self {
-        self.status = status;
+        if status.is_client_error() || status.is_server_error() {
+            self.status = status;
+        } else {
+            // Infallible builder: refused here, once, rather than sent as a response that
+            // breaks the connection (101) or the framing (204, 304) on every rejection.
+            tracing::warn!(
+                %status,
+                "ConcurrencyLayer::rejection_status: not an error status; 503 is sent instead"
+            );
+            self.status = StatusCode::SERVICE_UNAVAILABLE;
+        }
         self
     }
 
-    /// The `Retry-After` of a rejection (1 s by default; sent in whole seconds rounded up).
+    /// The `Retry-After` of a rejection (1 s by default; sent in whole seconds rounded up, and
+    /// at least 1, as every rejection's: "retry after 0" sends clients straight back into the
+    /// full cap).
     ///
     /// # Examples
     ///
@@ -146,7 +166,9 @@ impl ConcurrencyLayer {
     /// A waiting request holds nothing of the wrapped service's: what its `poll_ready` reserved
     /// (a `Buffer` slot, say) is given back when the request starts to wait, and the service is
     /// made ready again once the permit is granted. The timeout bounds the wait for the permit
-    /// only.
+    /// only. It runs on tokio's timer, so the runtime serving the requests needs its time
+    /// driver (`enable_time` or `enable_all`, which `#[tokio::main]` turns on): tokio panics
+    /// on a timer without one.
     ///
     /// # Examples
     ///
@@ -227,8 +249,10 @@ impl ConcurrencyLayer {
     }
 
     fn response(&self, grpc: Option<&'static str>) -> http::Response<Bytes> {
+        // At least 1, as the rate layer's (`Rejection::of`): a zero setting would invite a
+        // retry at once, into the cap that just turned the request away.
+        let secs = whole_seconds_up(self.retry_after).max(1);
         if let Some(content_type) = grpc {
-            let secs = whole_seconds_up(self.retry_after);
             return crate::http::grpc::trailers_only(
                 content_type,
                 crate::http::grpc::CONCURRENCY_CODE,
@@ -244,10 +268,7 @@ impl ConcurrencyLayer {
         ));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
-        headers.insert(
-            RETRY_AFTER,
-            HeaderValue::from(whole_seconds_up(self.retry_after)),
-        );
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         headers.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),

@@ -62,8 +62,8 @@ type OnRejection = Arc<
 ///
 /// Responses keep the inner service's body type: an admitted response passes through as it is
 /// (no wrapper that axum or tonic would box again), and a rejection is written in that type,
-/// which therefore implements [`RejectionBody`] — axum's and (feature `tonic`) tonic's bodies,
-/// `http_body_util`'s `Full`, `BoxBody` and `UnsyncBoxBody`, `String`, and
+/// which therefore implements [`RejectionBody`] — (feature `axum`) axum's and (feature `tonic`)
+/// tonic's bodies, `http_body_util`'s `Full`, `BoxBody` and `UnsyncBoxBody`, `String`, and
 /// [`RateLimitBody`](crate::http::RateLimitBody) of anything (map another body type into it).
 ///
 /// Readiness follows tower's rule: the service polled ready serves the request. A request
@@ -530,7 +530,9 @@ pin_project! {
     /// # Cancel safety
     ///
     /// Dropping it drops the pending decision (a remote backend may already have counted the
-    /// request) and the inner service's future.
+    /// request) with the inner service polled ready that waits for it, which gives back what
+    /// its `poll_ready` reserved (a `Buffer` slot, a concurrency permit); later, it drops the
+    /// inner service's future.
     ///
     /// # Examples
     ///

@@ -47,12 +47,14 @@
 //! The layer finds the connected peer in the request's extensions: a [`PeerAddr`], a bare
 //! `SocketAddr`, with the `axum` feature axum's `ConnectInfo<SocketAddr>`, and with the `tonic`
 //! feature tonic's `TcpConnectInfo` (so `Server::builder().layer(limiter.layer())` needs nothing
-//! more). Without the feature, axum users copy `ConnectInfo` into a [`PeerAddr`] in a layer
-//! outside the limiter:
+//! more). axum apps and tonic servers need their feature anyway: it also makes their body type a
+//! [`RejectionBody`], the type the layer writes its rejections in. A server of your own inserts
+//! a [`PeerAddr`]; with hyper, from its accept loop:
 //!
 //! ```no_run
-//! use std::net::SocketAddr;
-//! use axum::{extract::{ConnectInfo, Request}, middleware::map_request, routing::get, Router};
+//! use std::convert::Infallible;
+//! use hyper::body::Incoming;
+//! use tower::{Layer, ServiceExt};
 //! use turnstile::http::{Check, Outcome, PeerAddr, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
 //!
 //! struct AdmitAll;
@@ -62,21 +64,27 @@
 //!     }
 //! }
 //!
-//! async fn copy_peer(mut request: Request) -> Request {
-//!     if let Some(ConnectInfo(addr)) = request.extensions().get::<ConnectInfo<SocketAddr>>().copied() {
-//!         request.extensions_mut().insert(PeerAddr(addr));
-//!     }
-//!     request
-//! }
-//!
 //! # #[tokio::main]
 //! # async fn main() -> std::io::Result<()> {
-//! let app = Router::new()
-//!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(AdmitAll))
-//!     .layer(map_request(copy_peer)); // outermost: runs first
+//! let layer = RateLimitLayer::new(AdmitAll);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+//! loop {
+//!     let (stream, peer) = listener.accept().await?;
+//!     let limited = layer.layer(tower::service_fn(|_: http::Request<Incoming>| async {
+//!         Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+//!             bytes::Bytes::from_static(b"hello"),
+//!         )))
+//!     }));
+//!     // Every request of this connection comes from `peer`: put it where the layer looks.
+//!     let service = tower::service_fn(move |mut request: http::Request<Incoming>| {
+//!         request.extensions_mut().insert(PeerAddr(peer));
+//!         limited.clone().oneshot(request)
+//!     });
+//!     tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
+//!         hyper_util::rt::TokioIo::new(stream),
+//!         hyper_util::service::TowerToHyperService::new(service),
+//!     ));
+//! }
 //! # }
 //! ```
 
