@@ -116,7 +116,11 @@ fn aspnet_values_bind_from_text_and_errors_name_the_field() {
         ),
         (
             r#"{"IpRateLimiting": {"QuotaExceededResponse": {"StatusCode": 4290}}}"#,
-            "IpRateLimiting.QuotaExceededResponse.StatusCode: 4290 is not an HTTP status",
+            "IpRateLimiting.QuotaExceededResponse.StatusCode: 4290 is not an error status",
+        ),
+        (
+            r#"{"IpRateLimiting": {"HttpStatusCode": 204}}"#,
+            "IpRateLimiting.HttpStatusCode: 204 is not an error status",
         ),
     ] {
         let e = err(doc);

@@ -254,13 +254,13 @@ impl<'a> Node<'a> {
             return Ok(None);
         };
         let status = Some(n)
-            .filter(|n| n.fract() == 0.0 && (100.0..=999.0).contains(n))
+            .filter(|n| n.fract() == 0.0 && (400.0..=599.0).contains(n))
             .map(|n| n as u16);
         match status {
             Some(status) => Ok(Some(status)),
             None => Err(HttpConfigError::invalid(
                 self.field(name),
-                format!("{n} is not an HTTP status (100..=999)"),
+                format!("{n} is not an error status (a rejection needs 400..=599)"),
             )),
         }
     }

@@ -26,9 +26,10 @@ use std::time::Duration;
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ResponseConfig {
-    /// The status of a rejection (429 by default).
+    /// The status of a rejection (429 by default; an error status, `400..=599`).
     pub status: u16,
-    /// The status when the client's key cannot be determined and such requests are rejected.
+    /// The status when the client's key cannot be determined and such requests are rejected
+    /// (400 by default; `400..=599`).
     pub no_key_status: u16,
     /// The rejection body's content type. `None` (the default): `application/problem+json`
     /// for the built-in problem+json body, `text/plain; charset=utf-8` for a `body` template
@@ -92,7 +93,9 @@ impl Default for ResponseConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ResponseConfigError {
-    /// A status outside `100..=999`.
+    /// A status that is not an error status (`400..=599`): a rejection answered 1xx, 2xx or
+    /// 3xx would tell the client, and any proxy, something else than "not served" (`101`
+    /// switches protocols, `204` and `304` must carry no body).
     InvalidStatus {
         /// The field: `status` or `no_key_status`.
         field: &'static str,
@@ -107,7 +110,10 @@ impl fmt::Display for ResponseConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ResponseConfigError::InvalidStatus { field, status } => {
-                write!(f, "{field}: {status} is not an HTTP status (100..=999)")
+                write!(
+                    f,
+                    "{field}: {status} is not an error status (a rejection needs 400..=599)"
+                )
             }
             ResponseConfigError::InvalidContentType(value) => {
                 write!(f, "content_type: {value:?} is not a valid header value")
@@ -119,9 +125,9 @@ impl fmt::Display for ResponseConfigError {
 impl std::error::Error for ResponseConfigError {}
 
 impl ResponseConfig {
-    /// Checks that the statuses are HTTP statuses and the content type is a header value. At
-    /// request time an invalid status is replaced by 429 and an invalid content type by
-    /// `application/problem+json`, never a panic.
+    /// Checks that the statuses are error statuses (`400..=599`) and the content type is a
+    /// header value. At request time an invalid status is replaced by 429 and an invalid content
+    /// type by `application/problem+json`, never a panic.
     ///
     /// # Errors
     ///
@@ -142,7 +148,7 @@ impl ResponseConfig {
             ("status", self.status),
             ("no_key_status", self.no_key_status),
         ] {
-            if StatusCode::from_u16(status).is_err() {
+            if !is_error_status(status) {
                 return Err(ResponseConfigError::InvalidStatus { field, status });
             }
         }
@@ -155,6 +161,11 @@ impl ResponseConfig {
         }
         Ok(())
     }
+}
+
+/// Whether `status` may answer a rejection: a client or server error.
+pub(crate) fn is_error_status(status: u16) -> bool {
+    (400..=599).contains(&status)
 }
 
 /// Whole seconds, rounded up: 300 ms is 1, exactly 2 s is 2, and only zero is 0.
@@ -697,7 +708,11 @@ pub fn rejection_response(
     } else {
         config.status
     };
-    let status = StatusCode::from_u16(configured).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let status = if is_error_status(configured) {
+        StatusCode::from_u16(configured).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
 
     let (body, content_type) = match &config.body {
         Some(template) => (
@@ -1284,6 +1299,39 @@ mod tests {
             quotas: Quotas::new(),
         };
         assert!(rejection_response(&admitted, &ResponseConfig::default()).is_none());
+    }
+
+    /// A rejection must be an error status: 101 switches protocols, 204 and 304 carry no body,
+    /// and 2xx/3xx say the request was served or moved. Refused by validation, and replaced by
+    /// 429 if a config was never validated; 400 and 599, the ends of the range, are kept.
+    #[test]
+    fn a_rejection_status_is_an_error_status() {
+        let verdict = rejected(RejectReason::RateLimited, None, Vec::new());
+        for status in [100, 101, 200, 204, 304, 399, 600] {
+            let config = ResponseConfig {
+                status,
+                ..ResponseConfig::default()
+            };
+            assert_eq!(
+                config.validate(),
+                Err(ResponseConfigError::InvalidStatus {
+                    field: "status",
+                    status
+                })
+            );
+            assert_eq!(rejection_response(&verdict, &config).unwrap().status(), 429);
+        }
+        for status in [400, 599] {
+            let config = ResponseConfig {
+                status,
+                ..ResponseConfig::default()
+            };
+            assert_eq!(config.validate(), Ok(()));
+            assert_eq!(
+                rejection_response(&verdict, &config).unwrap().status(),
+                status
+            );
+        }
     }
 
     #[test]
