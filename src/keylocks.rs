@@ -846,6 +846,10 @@ where
 /// - **Hash-flooding resistant** by default: keys are hashed with std's randomly keyed SipHash
 ///   ([`RandomState`]); another hasher can be chosen with [`KeyLocksBuilder::hasher`].
 /// - Runtime-agnostic: no timer, no background task. Async and blocking callers share one queue.
+/// - **Not re-entrant**, as tokio's `RwLock`: a task that holds a key's read lock and asks for
+///   it again waits behind any writer queued in between, which waits for the first read lock:
+///   a deadlock. Nor does a write lock upgrade; take the write lock from the start, or use
+///   [`OwnedWriteGuard::downgrade`] to go the other way.
 ///
 /// Clones share the locks.
 ///
