@@ -21,6 +21,12 @@ use std::time::Duration;
 /// the client reads, so the permit goes back with at most the server's and the socket's buffers
 /// still to send.
 ///
+/// An upgraded connection (a WebSocket: the inner service answers 101 and hyper hands the
+/// connection over) counts only until that 101 response's empty body ends: the upgraded stream
+/// itself is not in flight for the layer. To cap open WebSocket sessions, take a permit in the
+/// handler ([`ConcurrencyLimiter::try_acquire_owned`]) and move it into the task that serves
+/// the upgraded stream.
+///
 /// When the cap is reached the request is, by default, rejected at once with 503 and
 /// `Retry-After: 1`; with [`wait`](Self::wait) it waits in the limiter's queue up to a time
 /// limit and is rejected after that. Cloning the layer shares the limiter, so one cap can
