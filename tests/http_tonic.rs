@@ -73,7 +73,7 @@ fn metadata_secs(status: &tonic::Status, key: &str) -> u64 {
         .to_str()
         .expect("ascii")
         .parse()
-        .expect("whole seconds")
+        .expect("a whole number")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,6 +89,12 @@ async fn third_call_is_resource_exhausted_then_the_next_second_admits() {
     assert!(status.message().contains("rate limited"), "{status:?}");
     let retry_after = metadata_secs(&status, "retry-after");
     assert!(retry_after >= 1, "retry-after {retry_after}");
+    // What a gRPC client's retry policy waits before its next attempt: the exact wait, in ms.
+    let pushback = metadata_secs(&status, "grpc-retry-pushback-ms");
+    assert!(
+        (1..=1_000).contains(&pushback) && pushback.div_ceil(1_000) <= retry_after,
+        "grpc-retry-pushback-ms {pushback}, retry-after {retry_after}"
+    );
     assert_eq!(
         status.metadata().get("ratelimit-policy").expect("policy"),
         "\"per-ip\";q=2;w=1"
@@ -209,6 +215,7 @@ async fn concurrency_rejection_is_resource_exhausted() {
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("concurrency"), "{status:?}");
     assert_eq!(metadata_secs(&status, "retry-after"), 2);
+    assert_eq!(metadata_secs(&status, "grpc-retry-pushback-ms"), 1_500);
     drop(held);
     check(&mut client)
         .await

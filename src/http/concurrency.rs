@@ -263,7 +263,7 @@ impl ConcurrencyLayer {
                 content_type,
                 crate::http::grpc::CONCURRENCY_CODE,
                 "concurrency limit reached",
-                Some(secs),
+                Some(self.retry_after),
             );
         }
         let mut response = http::Response::new(Bytes::from_static(

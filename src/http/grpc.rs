@@ -11,11 +11,12 @@
 //! `grpc-status` only if CORS exposes it, as for every gRPC-Web answer. This is plain HTTP: any
 //! gRPC server behind the layer benefits, with or without the `tonic` feature.
 
-use crate::http::response::Rejection;
-use crate::http::{insert_quota_headers, RejectReason, ResponseConfig, Verdict};
+use crate::http::response::{whole_seconds_up, Rejection};
+use crate::http::{insert_quota_headers, Outcome, RejectReason, ResponseConfig, Verdict};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use std::fmt::Write as _;
+use std::time::Duration;
 
 /// gRPC's `RESOURCE_EXHAUSTED`.
 const RESOURCE_EXHAUSTED: u16 = 8;
@@ -66,12 +67,17 @@ pub(crate) fn grpc_content_type(headers: &HeaderMap) -> Option<&'static str> {
 
 /// A trailers-only gRPC response: HTTP 200, `content_type` (`application/grpc` or a gRPC-Web
 /// one, see [`grpc_content_type`]), `grpc-status` `code`, `message` percent-encoded in
-/// `grpc-message`, `retry-after` when given, no body.
+/// `grpc-message`, and when `retry` is given `retry-after` (whole seconds, rounded up, at
+/// least 1) and `grpc-retry-pushback-ms` (milliseconds, rounded up, at least 1); no body.
+///
+/// `grpc-retry-pushback-ms` is what gRPC clients with a retry policy read (gRPC's retry design,
+/// A6): they wait that long before the next attempt instead of their own backoff, where
+/// `retry-after` is only metadata to them.
 pub(crate) fn trailers_only(
     content_type: &'static str,
     code: u16,
     message: &str,
-    retry_secs: Option<u64>,
+    retry: Option<Duration>,
 ) -> http::Response<Bytes> {
     let mut encoded = String::with_capacity(message.len());
     push_percent_encoded(&mut encoded, message);
@@ -86,8 +92,14 @@ pub(crate) fn trailers_only(
     if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(encoded)) {
         headers.insert(HeaderName::from_static("grpc-message"), value);
     }
-    if let Some(secs) = retry_secs {
+    if let Some(retry) = retry {
+        let secs = whole_seconds_up(retry).max(1);
         headers.insert(RETRY_AFTER, crate::http::response::retry_after_value(secs));
+        let millis = retry.as_nanos().div_ceil(1_000_000).max(1);
+        headers.insert(
+            HeaderName::from_static("grpc-retry-pushback-ms"),
+            HeaderValue::from(u64::try_from(millis).unwrap_or(u64::MAX)),
+        );
     }
     response
 }
@@ -138,8 +150,10 @@ fn push_percent_encoded(out: &mut String, message: &str) {
 /// - `grpc-message`, percent-encoded: the configured `body` template rendered as for HTTP
 ///   (`{rule}`, `{limit}`, `{period}`, `{retry_after}`, `{reason}`), or by default
 ///   `rate limited by rule per-ip; retry after 1 s`.
-/// - `retry-after` (whole seconds, rounded up) when the verdict says when to retry, and the
-///   quota headers the configuration asks for; gRPC clients see them as metadata of the status.
+/// - `retry-after` (whole seconds, rounded up) and `grpc-retry-pushback-ms` (milliseconds,
+///   rounded up: what gRPC clients with a retry policy wait before their next attempt) when the
+///   verdict says when to retry and [`ResponseConfig::retry_after_header`] is on, and the quota
+///   headers the configuration asks for; gRPC clients see them as metadata of the status.
 ///
 /// `None` when the verdict admits the request. The layer sends this instead of
 /// [`rejection_response`](crate::http::rejection_response) when [`ResponseConfig::grpc`] is on
@@ -164,6 +178,7 @@ fn push_percent_encoded(out: &mut String, message: &str) {
 /// assert_eq!(response.headers()["grpc-status"], "8");
 /// assert_eq!(response.headers()["grpc-message"], "rate limited by rule per-ip; retry after 1 s");
 /// assert_eq!(response.headers()["retry-after"], "1");
+/// assert_eq!(response.headers()["grpc-retry-pushback-ms"], "300");
 /// assert!(response.body().is_empty());
 /// ```
 pub fn grpc_rejection_response(
@@ -184,12 +199,11 @@ fn grpc_rejection(
         Some(template) => rejection.render(template, config.content_type.as_deref()),
         None => rejection.detail(),
     };
-    let mut response = trailers_only(
-        content_type,
-        grpc_code(rejection.reason),
-        &message,
-        rejection.retry_secs.filter(|_| config.retry_after_header),
-    );
+    let retry = match &verdict.outcome {
+        Outcome::Rejected { retry_after, .. } => retry_after.filter(|_| config.retry_after_header),
+        _ => None,
+    };
+    let mut response = trailers_only(content_type, grpc_code(rejection.reason), &message, retry);
     let headers = response.headers_mut();
     insert_quota_headers(headers, &verdict.quotas, config);
     Some(response)
@@ -240,9 +254,25 @@ mod tests {
             "rate limited by rule per-ip; retry after 2 s"
         );
         assert_eq!(headers["retry-after"], "2");
+        assert_eq!(headers["grpc-retry-pushback-ms"], "1500");
         assert_eq!(headers["ratelimit-policy"], r#""per-ip";q=2;w=1"#);
         assert_eq!(headers["ratelimit"], r#""per-ip";r=0;t=1"#);
         assert!(response.body().is_empty());
+    }
+
+    /// Without the Retry-After option (AspNet's `DisableRateLimitHeaders`), no pushback
+    /// either: both say when to retry.
+    #[test]
+    fn no_pushback_without_retry_after() {
+        let verdict = rejected(RejectReason::RateLimited, Some(Duration::from_millis(1500)));
+        let config = ResponseConfig {
+            retry_after_header: false,
+            ..ResponseConfig::default()
+        };
+        let response = grpc_rejection_response(&verdict, &config).unwrap();
+        assert!(response.headers().get("retry-after").is_none());
+        assert!(response.headers().get("grpc-retry-pushback-ms").is_none());
+        assert_eq!(response.headers()["grpc-status"], "8");
     }
 
     #[test]
