@@ -791,6 +791,18 @@ impl Clock for TokioClock {
     }
 }
 
+/// A random extra sleep for the retry loops of the backends' `acquire` (waiters that do not
+/// queue, so that many of them do not return at the same instant): up to 1/8 of `retry_after`,
+/// at least 0.1 ms and at most 50 ms.
+#[cfg(all(feature = "tokio", any(feature = "redis", feature = "store")))]
+pub(crate) fn jitter(retry_after: Duration) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    let max = (retry_after / 8).clamp(Duration::from_micros(100), Duration::from_millis(50));
+    let random = RandomState::new().hash_one(Instant::now());
+    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(random % nanos.max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

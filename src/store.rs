@@ -14,6 +14,8 @@
 use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::Clock;
 use crate::decision::Admission;
+#[cfg(feature = "tokio")]
+use crate::error::AcquireError;
 use crate::error::{ConfigError, TryAcquireError};
 use crate::keylocks::KeyLocks;
 use crate::limiter::Algorithm;
@@ -540,6 +542,145 @@ impl<S: Store> StoreLimiter<S> {
                 Ok(admission)
             }
             Err(e) => Err(inner.count(1, e)),
+        }
+    }
+
+    /// Takes one permit for `subject`, waiting as long as it takes. See
+    /// [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::collections::HashMap;
+    /// # use std::sync::Mutex;
+    /// # use std::time::{Duration, Instant};
+    /// # #[derive(Default)]
+    /// # struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+    /// # impl turnstile::Store for Memory {
+    /// #     type Error = std::convert::Infallible;
+    /// #     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+    /// #         let map = self.0.lock().unwrap();
+    /// #         Ok(map.get(key).filter(|(_, until)| *until > Instant::now()).map(|(v, _)| v.clone()))
+    /// #     }
+    /// #     async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+    /// #         self.0.lock().unwrap().insert(key.to_vec(), (value, Instant::now() + ttl));
+    /// #         Ok(())
+    /// #     }
+    /// # }
+    /// use turnstile::{Algorithm, StoreLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let window = Duration::from_millis(50);
+    /// let limiter = StoreLimiter::new(Algorithm::FixedWindow { limit: 1, window }, "crawl", Memory::default())?;
+    /// let first = limiter.acquire("example.org").await?;
+    /// let second = limiter.acquire("example.org").await?; // the next 50 ms window
+    /// assert!(second.at() >= first.at());
+    /// assert_eq!(limiter.stats().admitted, 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire<K>(&self, subject: &K) -> Result<Admission, AcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        self.acquire_n(subject, 1).await
+    }
+
+    /// Takes `n` permits for `subject`, waiting as long as it takes: after each rejection it
+    /// sleeps on tokio's timer for the retry-after plus a little jitter (up to 1/8 of it,
+    /// between 0.1 ms and 50 ms, so that many waiters do not return at the same instant) and
+    /// tries again, as [`RedisLimiter::acquire_n`](crate::RedisLimiter::acquire_n) does.
+    ///
+    /// **Not FIFO.** Waiters do not queue: whoever asks first after the permits free up gets
+    /// them, and a waiter can be overtaken many times under contention; wrap the call in
+    /// `tokio::time::timeout` to bound the wait. The time is the wall clock (the state's), so
+    /// tokio's paused time does not shorten the wait.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit;
+    /// [`AcquireError::Unavailable`] as soon as the store fails (the wait ends: a store that
+    /// fails is not waited for).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it sleeps consumes nothing; dropped during a decision, as
+    /// [`try_acquire_n`](Self::try_acquire_n) (nothing half-written).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::collections::HashMap;
+    /// # use std::sync::Mutex;
+    /// # use std::time::{Duration, Instant};
+    /// # #[derive(Default)]
+    /// # struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+    /// # impl turnstile::Store for Memory {
+    /// #     type Error = std::convert::Infallible;
+    /// #     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+    /// #         let map = self.0.lock().unwrap();
+    /// #         Ok(map.get(key).filter(|(_, until)| *until > Instant::now()).map(|(v, _)| v.clone()))
+    /// #     }
+    /// #     async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+    /// #         self.0.lock().unwrap().insert(key.to_vec(), (value, Instant::now() + ttl));
+    /// #         Ok(())
+    /// #     }
+    /// # }
+    /// use turnstile::{AcquireError, Algorithm, StoreLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = StoreLimiter::new(
+    ///     Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(60) },
+    ///     "batch",
+    ///     Memory::default(),
+    /// )?;
+    /// let admission = tokio::time::timeout(Duration::from_secs(5), limiter.acquire_n("job", 4)).await??;
+    /// assert_eq!(admission.remaining(), 6);
+    /// assert_eq!(
+    ///     limiter.acquire_n("job", 11).await,
+    ///     Err(AcquireError::InsufficientCapacity { requested: 11, capacity: 10 })
+    /// );
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_n<K>(&self, subject: &K, n: u32) -> Result<Admission, AcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        loop {
+            let error = match self.try_acquire_n(subject, n).await {
+                Ok(admission) => return Ok(admission),
+                Err(TryAcquireError::Rejected(r)) => {
+                    let wait = r.retry_after();
+                    tokio::time::sleep(wait + crate::clock::jitter(wait)).await;
+                    continue;
+                }
+                Err(TryAcquireError::InsufficientCapacity {
+                    requested,
+                    capacity,
+                }) => AcquireError::InsufficientCapacity {
+                    requested,
+                    capacity,
+                },
+                Err(TryAcquireError::TooManyKeys { max_keys }) => {
+                    AcquireError::TooManyKeys { max_keys }
+                }
+                Err(TryAcquireError::Unavailable) => AcquireError::Unavailable,
+                Err(TryAcquireError::Closed) => AcquireError::Closed,
+            };
+            return Err(error);
         }
     }
 

@@ -645,3 +645,66 @@ mod cancellation {
         assert_eq!((stats.admitted, stats.rejected, stats.errors), (2, 1, 0));
     }
 }
+
+/// `acquire_n` waits (real time: the store's state is on the wall clock, which is what is under
+/// test): eight tasks take 3 permits each from a 6-per-40 ms fixed window, all are admitted in
+/// the end, no window holds more than its 6 (audited on the admissions' own times), and they
+/// span at least three windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acquire_waits_for_the_window_and_never_over_admits() {
+    let window = Duration::from_millis(40);
+    let limiter = StoreLimiter::new(
+        Algorithm::FixedWindow { limit: 6, window },
+        "w",
+        Memory::default(),
+    )
+    .unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire_n("s", 3).await.unwrap().at_nanos() })
+        })
+        .collect();
+    let mut per_window: HashMap<u64, u32> = HashMap::new();
+    for task in tasks {
+        let at = task.await.unwrap();
+        *per_window.entry(at / window.as_nanos() as u64).or_default() += 3;
+    }
+    assert!(per_window.values().all(|&n| n <= 6), "{per_window:?}");
+    assert_eq!(per_window.values().sum::<u32>(), 24);
+    assert!(
+        per_window.len() >= 4,
+        "24 permits at 6 per window: {per_window:?}"
+    );
+    assert_eq!(limiter.stats().admitted, 8);
+}
+
+/// A wait that can never end fails at once: more than the limit, or a failing store.
+#[tokio::test]
+async fn acquire_fails_at_once_when_waiting_cannot_help() {
+    let store = Memory::default();
+    let limiter = StoreLimiter::new(
+        Algorithm::TokenBucket {
+            rate: turnstile::Rate::per_second(1),
+            burst: 2,
+        },
+        "f",
+        store.clone(),
+    )
+    .unwrap();
+    assert_eq!(
+        limiter.acquire_n("s", 3).await,
+        Err(turnstile::AcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        })
+    );
+    limiter.acquire_n("s", 2).await.unwrap();
+    store.fail.store(true, Ordering::Relaxed);
+    // The bucket is empty, but the store is down: the store's error ends the wait.
+    assert_eq!(
+        limiter.acquire("s").await,
+        Err(turnstile::AcquireError::Unavailable)
+    );
+    assert_eq!(limiter.stats().errors, 1);
+}

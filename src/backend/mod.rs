@@ -27,7 +27,6 @@ use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{ErrorKind, RedisError, ServerErrorKind};
 use deny::DenyCache;
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
@@ -958,7 +957,8 @@ where
             match self.try_acquire_n(subject, n).await {
                 Ok(admission) => return Ok(admission),
                 Err(TryAcquireError::Rejected(r)) => {
-                    tokio::time::sleep(r.retry_after() + jitter(r.retry_after())).await;
+                    tokio::time::sleep(r.retry_after() + crate::clock::jitter(r.retry_after()))
+                        .await;
                 }
                 Err(TryAcquireError::InsufficientCapacity {
                     requested,
@@ -1315,15 +1315,6 @@ fn parse(reply: &[i64]) -> Result<Result<(u64, u64, u32), (u64, usize)>, Failure
     })
 }
 
-/// A random extra sleep for `acquire`: up to 1/8 of `retry_after`, at least 0.1 ms and at most
-/// 50 ms.
-fn jitter(retry_after: Duration) -> Duration {
-    let max = (retry_after / 8).clamp(Duration::from_micros(100), Duration::from_millis(50));
-    let random = RandomState::new().hash_one(Instant::now());
-    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(random % nanos.max(1))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1382,7 +1373,7 @@ mod tests {
     #[test]
     fn jitter_stays_in_its_bounds() {
         for ms in [0u64, 1, 100, 10_000] {
-            let j = jitter(Duration::from_millis(ms));
+            let j = crate::clock::jitter(Duration::from_millis(ms));
             assert!(j <= Duration::from_millis(50));
         }
     }
