@@ -431,20 +431,11 @@ impl<L> Core<L> {
                 self.count(ADMITTED);
                 return Ok(Ok(admission));
             }
-            // A member that defers to its own queue of waiters reports 0: poll gently.
-            Err(TryAcquireError::Rejected(r)) => return Err(r.retry_after().max(MIN_BACKOFF)),
-            Err(TryAcquireError::InsufficientCapacity {
-                requested,
-                capacity,
-            }) => AcquireError::InsufficientCapacity {
-                requested,
-                capacity,
+            Err(e) => match e.wait_or_fail() {
+                // A member that defers to its own queue of waiters reports 0: poll gently.
+                Ok(rejection) => return Err(rejection.retry_after().max(MIN_BACKOFF)),
+                Err(error) => error,
             },
-            Err(TryAcquireError::TooManyKeys { max_keys }) => {
-                AcquireError::TooManyKeys { max_keys }
-            }
-            Err(TryAcquireError::Closed) => AcquireError::Closed,
-            Err(TryAcquireError::Unavailable) => AcquireError::Unavailable,
         };
         self.count(REJECTED);
         Ok(Err(error))

@@ -162,6 +162,24 @@ impl TryAcquireError {
             | TryAcquireError::Unavailable => None,
         }
     }
+
+    /// For a retry loop's `acquire`: the rejection to wait out, or the error that ends the
+    /// wait (every other failure: waiting cannot help).
+    pub(crate) fn wait_or_fail(self) -> Result<Rejection, AcquireError> {
+        Err(match self {
+            TryAcquireError::Rejected(r) => return Ok(r),
+            TryAcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            } => AcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            },
+            TryAcquireError::TooManyKeys { max_keys } => AcquireError::TooManyKeys { max_keys },
+            TryAcquireError::Unavailable => AcquireError::Unavailable,
+            TryAcquireError::Closed => AcquireError::Closed,
+        })
+    }
 }
 
 impl fmt::Display for TryAcquireError {

@@ -660,27 +660,12 @@ impl<S: Store> StoreLimiter<S> {
         K: AsRef<[u8]> + ?Sized,
     {
         loop {
-            let error = match self.try_acquire_n(subject, n).await {
+            let rejection = match self.try_acquire_n(subject, n).await {
                 Ok(admission) => return Ok(admission),
-                Err(TryAcquireError::Rejected(r)) => {
-                    let wait = r.retry_after();
-                    tokio::time::sleep(wait + crate::clock::jitter(wait)).await;
-                    continue;
-                }
-                Err(TryAcquireError::InsufficientCapacity {
-                    requested,
-                    capacity,
-                }) => AcquireError::InsufficientCapacity {
-                    requested,
-                    capacity,
-                },
-                Err(TryAcquireError::TooManyKeys { max_keys }) => {
-                    AcquireError::TooManyKeys { max_keys }
-                }
-                Err(TryAcquireError::Unavailable) => AcquireError::Unavailable,
-                Err(TryAcquireError::Closed) => AcquireError::Closed,
+                Err(e) => e.wait_or_fail()?,
             };
-            return Err(error);
+            let wait = rejection.retry_after();
+            tokio::time::sleep(wait + crate::clock::jitter(wait)).await;
         }
     }
 

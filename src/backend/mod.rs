@@ -954,27 +954,12 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         loop {
-            match self.try_acquire_n(subject, n).await {
+            let rejection = match self.try_acquire_n(subject, n).await {
                 Ok(admission) => return Ok(admission),
-                Err(TryAcquireError::Rejected(r)) => {
-                    tokio::time::sleep(r.retry_after() + crate::clock::jitter(r.retry_after()))
-                        .await;
-                }
-                Err(TryAcquireError::InsufficientCapacity {
-                    requested,
-                    capacity,
-                }) => {
-                    return Err(AcquireError::InsufficientCapacity {
-                        requested,
-                        capacity,
-                    })
-                }
-                Err(TryAcquireError::TooManyKeys { max_keys }) => {
-                    return Err(AcquireError::TooManyKeys { max_keys })
-                }
-                Err(TryAcquireError::Unavailable) => return Err(AcquireError::Unavailable),
-                Err(TryAcquireError::Closed) => return Err(AcquireError::Closed),
-            }
+                Err(e) => e.wait_or_fail()?,
+            };
+            let wait = rejection.retry_after();
+            tokio::time::sleep(wait + crate::clock::jitter(wait)).await;
         }
     }
 }
