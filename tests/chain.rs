@@ -260,11 +260,10 @@ fn reduce_single(outcome: Result<Admission, TryAcquireError>) -> Expected {
     }
 }
 
-/// Runs `ops` on a chain of `specs` (a `Chain` if `keyed` is false, else a `KeyedChain`) and on
-/// the reference, comparing every answer.
-fn check_chain(specs: &[Spec], ops: &[Op], keyed: bool) {
-    let clock = HookClock::default();
-    let live: Vec<Live> = specs
+/// A limiter for each of `specs` on `clock`, and the chain's member order: a `KeyedChain` lists
+/// its per-key members first, so `member[i]` is the index in `specs` of the chain's i-th member.
+fn live_members(specs: &[Spec], clock: &HookClock) -> (Vec<Live>, Vec<usize>) {
+    let live = specs
         .iter()
         .map(|s| {
             if s.keyed {
@@ -274,10 +273,16 @@ fn check_chain(specs: &[Spec], ops: &[Op], keyed: bool) {
             }
         })
         .collect();
-    // The chain lists per-key members first (`KeyedChain`'s member order); `member[i]` is the
-    // index in `specs` of the chain's i-th member.
     let mut member: Vec<usize> = (0..specs.len()).filter(|&j| specs[j].keyed).collect();
     member.extend((0..specs.len()).filter(|&j| !specs[j].keyed));
+    (live, member)
+}
+
+/// Runs `ops` on a chain of `specs` (a `Chain` if `keyed` is false, else a `KeyedChain`) and on
+/// the reference, comparing every answer.
+fn check_chain(specs: &[Spec], ops: &[Op], keyed: bool) {
+    let clock = HookClock::default();
+    let (live, member) = live_members(specs, &clock);
     let chained: Vec<Spec> = member.iter().map(|&j| specs[j]).collect();
     let chain: Box<dyn Fn(u8, u32) -> Result<Admission, TryAcquireError>>;
     let stats: Box<dyn Fn() -> ChainStats>;
@@ -1358,19 +1363,7 @@ enum Race {
 fn audit_keyed_chain(specs: &[Spec], tick: u64, ops: &[(u8, AuditOp)], races: &[Vec<Race>]) {
     let clock = HookClock::default();
     clock.0.tick.store(tick, Ordering::SeqCst);
-    let live: Vec<Live> = specs
-        .iter()
-        .map(|s| {
-            if s.keyed {
-                Live::PerKey(KeyedLimiter::with_clock(s.algorithm, clock.clone()).unwrap())
-            } else {
-                Live::Global(RateLimiter::with_clock(s.algorithm, clock.clone()).unwrap())
-            }
-        })
-        .collect();
-    // The chain's members in its order (per-key first): indices into `specs`.
-    let mut member: Vec<usize> = (0..specs.len()).filter(|&j| specs[j].keyed).collect();
-    member.extend((0..specs.len()).filter(|&j| !specs[j].keyed));
+    let (live, member) = live_members(specs, &clock);
     let mut builder = KeyedChain::<u8, HookClock>::builder();
     for &j in &member {
         builder = match &live[j] {
