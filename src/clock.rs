@@ -791,6 +791,27 @@ impl Clock for TokioClock {
     }
 }
 
+/// The backends' `acquire_n` (Redis, the get/set store): `attempt` until it admits, sleeping on
+/// tokio's timer for each rejection's retry-after plus [`jitter`]; any other failure ends the
+/// wait. Waiters do not queue: whoever asks first after the permits free up gets them.
+#[cfg(all(feature = "tokio", any(feature = "redis", feature = "store")))]
+pub(crate) async fn retry_rejections<F, Fut>(
+    mut attempt: F,
+) -> Result<crate::Admission, crate::AcquireError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<crate::Admission, crate::TryAcquireError>>,
+{
+    loop {
+        let rejection = match attempt().await {
+            Ok(admission) => return Ok(admission),
+            Err(e) => e.wait_or_fail()?,
+        };
+        let wait = rejection.retry_after();
+        tokio::time::sleep(wait + jitter(wait)).await;
+    }
+}
+
 /// A random extra sleep for the retry loops of the backends' `acquire` (waiters that do not
 /// queue, so that many of them do not return at the same instant): up to 1/8 of `retry_after`,
 /// at least 0.1 ms and at most 50 ms.

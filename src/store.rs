@@ -659,14 +659,7 @@ impl<S: Store> StoreLimiter<S> {
     where
         K: AsRef<[u8]> + ?Sized,
     {
-        loop {
-            let rejection = match self.try_acquire_n(subject, n).await {
-                Ok(admission) => return Ok(admission),
-                Err(e) => e.wait_or_fail()?,
-            };
-            let wait = rejection.retry_after();
-            tokio::time::sleep(wait + crate::clock::jitter(wait)).await;
-        }
+        crate::clock::retry_rejections(|| self.try_acquire_n(subject, n)).await
     }
 
     /// Forgets `subject`'s state in the store: its next call, through this limiter or any other
