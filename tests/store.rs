@@ -61,6 +61,11 @@ impl Store for Memory {
     }
 }
 
+/// A fixed window of `limit` per `window`, the algorithm most tests here need.
+fn fixed(limit: u32, window: Duration) -> Algorithm {
+    Algorithm::FixedWindow { limit, window }
+}
+
 #[tokio::test]
 async fn each_algorithm_limits_and_rejections_write_nothing() {
     for algorithm in common::all_algorithms(3, Duration::from_secs(60)) {
@@ -110,15 +115,7 @@ async fn each_algorithm_limits_and_rejections_write_nothing() {
 #[tokio::test]
 async fn a_failing_store_is_unavailable_and_counted() {
     let store = Memory::default();
-    let limiter = StoreLimiter::new(
-        Algorithm::FixedWindow {
-            limit: 1,
-            window: Duration::from_secs(1),
-        },
-        "t",
-        store.clone(),
-    )
-    .unwrap();
+    let limiter = StoreLimiter::new(fixed(1, Duration::from_secs(1)), "t", store.clone()).unwrap();
     store.fail.store(true, Ordering::Relaxed);
     assert_eq!(
         limiter.try_acquire("a").await,
@@ -176,10 +173,7 @@ async fn one_process_never_over_admits() {
 #[tokio::test(flavor = "current_thread")]
 async fn two_processes_over_one_get_set_store_can_over_admit() {
     let store = Memory::default();
-    let fw = Algorithm::FixedWindow {
-        limit: 1,
-        window: Duration::from_secs(60),
-    };
+    let fw = fixed(1, Duration::from_secs(60));
     let a = StoreLimiter::new(fw, "t", store.clone()).unwrap();
     let b = StoreLimiter::new(fw, "t", store.clone()).unwrap();
     // Both read the empty state before either writes (each get yields once).
@@ -406,15 +400,7 @@ async fn reset_forgets_one_subject_and_keeps_the_others() {
 #[tokio::test]
 async fn reset_on_a_failing_store_is_the_store_error() {
     let store = Memory::default();
-    let limiter = StoreLimiter::new(
-        Algorithm::FixedWindow {
-            limit: 1,
-            window: Duration::from_secs(60),
-        },
-        "t",
-        store.clone(),
-    )
-    .unwrap();
+    let limiter = StoreLimiter::new(fixed(1, Duration::from_secs(60)), "t", store.clone()).unwrap();
     limiter.try_acquire("a").await.unwrap();
     store.fail.store(true, Ordering::Relaxed);
     assert!(limiter.reset("a").await.is_err());
@@ -576,11 +562,12 @@ async fn a_sliding_window_of_another_limit_keeps_counting_the_admissions_made() 
 /// and counts nothing, a reset dropped while it waits for the subject's lock removes nothing,
 /// and either way the lock is passed on.
 mod cancellation {
+    use super::fixed;
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
-    use turnstile::{Algorithm, Store, StoreLimiter};
+    use turnstile::{Store, StoreLimiter};
 
     #[derive(Default, Clone)]
     struct Stuck {
@@ -611,15 +598,8 @@ mod cancellation {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn dropped_decisions_and_resets_leave_the_state_whole() {
         let store = Stuck::default();
-        let limiter = StoreLimiter::new(
-            Algorithm::FixedWindow {
-                limit: 2,
-                window: Duration::from_secs(3600),
-            },
-            "t",
-            store.clone(),
-        )
-        .unwrap();
+        let limiter =
+            StoreLimiter::new(fixed(2, Duration::from_secs(3600)), "t", store.clone()).unwrap();
         let second = Duration::from_secs(1);
         limiter.try_acquire("x").await.unwrap();
         let before = store.map.lock().unwrap()[&limiter.key("x")].clone();
