@@ -209,6 +209,17 @@ async fn concurrency_body_passes_trailers_and_releases_at_the_end() {
     drop(body);
 }
 
+/// An empty request, a gRPC one (by its content type) if `grpc`.
+fn empty_request(grpc: bool) -> http::Request<String> {
+    let mut request = http::Request::new(String::new());
+    if grpc {
+        request
+            .headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+    }
+    request
+}
+
 /// `wait`'s timeout: a request still queued then is rejected (gRPC status for gRPC), leaves the
 /// queue, and takes no permit.
 #[tokio::test(start_paused = true)]
@@ -222,12 +233,7 @@ async fn concurrency_wait_times_out_into_a_rejection() {
         std::future::poll_fn(|cx| service.poll_ready(cx))
             .await
             .unwrap();
-        let mut request = http::Request::new(String::new());
-        if grpc {
-            request
-                .headers_mut()
-                .insert("content-type", "application/grpc".parse().unwrap());
-        }
+        let request = empty_request(grpc);
         let started = tokio::time::Instant::now();
         let response = service.call(request).await.unwrap();
         assert_eq!(started.elapsed(), Duration::from_secs(2));
@@ -328,12 +334,7 @@ async fn concurrency_retry_after_is_at_least_one_second() {
         std::future::poll_fn(|cx| service.poll_ready(cx))
             .await
             .unwrap();
-        let mut request = http::Request::new(String::new());
-        if grpc {
-            request
-                .headers_mut()
-                .insert("content-type", "application/grpc".parse().unwrap());
-        }
+        let request = empty_request(grpc);
         let response = service.call(request).await.unwrap();
         assert_eq!(response.headers()["retry-after"], "1", "grpc: {grpc}");
     }
