@@ -199,6 +199,19 @@ mod stored_values {
     use std::time::Duration;
     use turnstile::{Admission, Algorithm, Store, StoreLimiter, TryAcquireError};
 
+    /// The wall clock in nanoseconds since the Unix epoch: the store's time.
+    fn unix_nanos() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    }
+
+    /// An exact sliding window of `limit` per `window`.
+    fn sliding(limit: u32, window: Duration) -> Algorithm {
+        Algorithm::SlidingWindow { limit, window }
+    }
+
     /// A store in memory, preloaded with values; TTLs are ignored (the values stay).
     #[derive(Default, Clone)]
     struct Preloaded(Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>);
@@ -225,15 +238,8 @@ mod stored_values {
     /// hanging the test binary.
     fn decide_on(words: &[u64], n: u32) -> Result<Admission, TryAcquireError> {
         let store = Preloaded::default();
-        let limiter = StoreLimiter::new(
-            Algorithm::SlidingWindow {
-                limit: 2,
-                window: Duration::from_secs(60),
-            },
-            "t",
-            store.clone(),
-        )
-        .unwrap();
+        let limiter =
+            StoreLimiter::new(sliding(2, Duration::from_secs(60)), "t", store.clone()).unwrap();
         store
             .0
             .lock()
@@ -280,23 +286,14 @@ mod stored_values {
     /// limit 3 one more fits; under limit 1 none does, for about the window.
     #[tokio::test]
     async fn a_wrapped_ring_of_another_limit_keeps_its_live_tickets() {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64;
+        let now = unix_nanos();
         let expiry = now + 60_000_000_000;
         let slot = |parity: u64| (expiry << 1) | parity;
         for (limit, admits) in [(3, 1), (1, 0)] {
             let store = Preloaded::default();
-            let limiter = StoreLimiter::new(
-                Algorithm::SlidingWindow {
-                    limit,
-                    window: Duration::from_secs(60),
-                },
-                "t",
-                store.clone(),
-            )
-            .unwrap();
+            let limiter =
+                StoreLimiter::new(sliding(limit, Duration::from_secs(60)), "t", store.clone())
+                    .unwrap();
             let ring = bytes(&[3, 1, slot(1), slot(0)]);
             store.0.lock().unwrap().insert(limiter.key("x"), ring);
             for _ in 0..admits {
@@ -316,21 +313,11 @@ mod stored_values {
     /// ticket 0 live for an hour, ticket 1 for a minute, met under limit 1.
     #[tokio::test]
     async fn a_lowered_ring_drops_no_live_ticket() {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64;
+        let now = unix_nanos();
         let in_secs = |secs: u64| (now + secs * 1_000_000_000) << 1; // lap 0: parity 0
         let store = Preloaded::default();
-        let limiter = StoreLimiter::new(
-            Algorithm::SlidingWindow {
-                limit: 1,
-                window: Duration::from_secs(60),
-            },
-            "t",
-            store.clone(),
-        )
-        .unwrap();
+        let limiter =
+            StoreLimiter::new(sliding(1, Duration::from_secs(60)), "t", store.clone()).unwrap();
         let ring = bytes(&[2, 0, in_secs(3600), in_secs(60)]);
         store.0.lock().unwrap().insert(limiter.key("x"), ring);
         match limiter.try_acquire("x").await {
@@ -346,10 +333,7 @@ mod stored_values {
     /// (ticket 1 in slot 1 on lap 0, ticket 2 in slot 0 on lap 1), head 3. Restored, it rejects.
     #[test]
     fn a_wrapped_ring_is_restored_not_discarded() {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64;
+        let now = unix_nanos();
         let expiry = now + 60_000_000_000;
         let slot = |parity: u64| (expiry << 1) | parity;
         match decide_on(&[3, 1, slot(1), slot(0)], 1) {
