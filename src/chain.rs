@@ -590,7 +590,8 @@ pub struct ChainStats {
 ///   with time.
 /// - A limiter listed twice is charged twice, so one call can get at most half its limit
 ///   ([`capacity`](Self::capacity) says so), and it is checked for both charges at once; the
-///   combined `remaining` counts its free permits in such calls (half of them).
+///   combined `remaining` counts its free permits in such calls (half of them). Its own
+///   [`stats`](RateLimiter::stats) count the call once per listing.
 ///
 /// Cloning is cheap and clones share state.
 ///
