@@ -133,7 +133,8 @@ macro_rules! count_list_rejection {
 /// rejected request is charged to no rule, whatever other processes do. Bans stay in this
 /// process's memory. With `[backend] cluster = true` the rules count in a Redis Cluster; every
 /// enforced rule must then count by the same key (and `per_endpoint`), so that one request's
-/// keys share a slot.
+/// keys share a slot. [`BackendConfig`](crate::http::BackendConfig) has the details: key names,
+/// what is atomic, Cluster, failures.
 ///
 /// # Reload
 ///
