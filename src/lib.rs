@@ -9,10 +9,16 @@
 //! N in flight". [`Chain`] (and, per key, `KeyedChain`) applies several limits at once, all or
 //! nothing.
 //!
-//! Per key, `KeyedLimiter` and `KeyedConcurrencyLimiter` (feature `keyed`); across processes,
-//! `RedisLimiter` (feature `redis`); for HTTP services, the tower layer in `turnstile::http`
+//! Per key, `KeyedLimiter`, `KeyedConcurrencyLimiter` and the keyed reader/writer locks
+//! `KeyLocks` (feature `keyed`, on by default); across processes, `RedisLimiter` (feature
+//! `redis`), and `StoreLimiter` over any store with get and set-with-expiry (feature `store`;
+//! exact within one process only); for HTTP services, the tower layer in `turnstile::http`
 //! (feature `http`): rules per endpoint, client IP and client id, trusted proxies, bans, IETF
 //! `RateLimit` headers and 429 with `Retry-After`.
+//!
+//! The README maps the concepts of governor, tower_governor, .NET's
+//! `System.Threading.RateLimiting`, AspNetCoreRateLimit, rate-limiter-flexible and Envoy's
+//! ratelimit service to the items of this crate, and says where there is no equivalent.
 //!
 //! | algorithm | exactness | memory | bursts |
 //! |---|---|---|---|

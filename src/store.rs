@@ -190,7 +190,9 @@ pub struct StoreStats {
 
 /// A rate limiter whose per-subject state lives in a [`Store`]: exact within one process (among
 /// the clones of one limiter: build one per store and prefix and share it), **not** across
-/// processes (see the module docs; use [`RedisLimiter`](crate::RedisLimiter) for that).
+/// processes: two processes can both read the same state and both admit, the read-modify-write
+/// race of AspNetCoreRateLimit's distributed counter, which nothing built on get and set alone
+/// can close (use [`RedisLimiter`](crate::RedisLimiter) for a limit shared between processes).
 ///
 /// Each decision runs the same algorithm code as the in-memory limiters on a cell restored from
 /// the stored bytes (8 bytes per word, little-endian: one word for the fixed window and the
@@ -674,7 +676,7 @@ impl<S: Store> StoreLimiter<S> {
     /// [`KeyLocks`], the one its decisions hold from `get` to `set`: a decision in this process
     /// that races the reset is decided and stored wholly before it (and forgotten with the rest)
     /// or wholly after it, on the fresh state; none writes the old state back over the reset.
-    /// Decisions in other processes are not serialised with it (see the module docs): one that
+    /// Decisions in other processes are not serialised with it (see [`StoreLimiter`]): one that
     /// read the old state before the reset can still store its admission on it afterwards.
     ///
     /// **Why `delete`, a trait method with a default.** The store has no delete of its own, and

@@ -1,58 +1,7 @@
 //! AspNetCoreRateLimit's configuration sections, translated to [`HttpConfig`].
 //!
-//! The document is read as ASP.NET's configuration binder reads it: section and field names in
-//! any case (`"limit"`, `"Limit"` and `"LIMIT"` are one key; a key given twice in different
-//! cases is an error, as there), and numbers and booleans also from their text (`"Limit":
-//! "100"`). Fields it does not know are ignored, as there; a value of the wrong kind, and any
-//! value the limiter would refuse (a period, an endpoint pattern, an IP entry, a header name),
-//! is an error naming the document's field (`IpRateLimiting.GeneralRules[2].Limit`), checked
-//! as the document is translated.
-//! Endpoint patterns match the whole `VERB:path` there, with `*` and `?` wildcards and in any
-//! case (AspNetCoreRateLimit 4 and 5; 3.x matched them as prefixes), as they do here:
-//! `*:/api/values` is not `/api/values/1`, `*:/api/values*` is.
-//! With `EnableRegexRuleMatching`, a section's patterns (its rules', its policies' and its
-//! `EndpointWhitelist`) are regular expressions over `verb:path`, anchored and
-//! case-insensitive there; each becomes a regex rule here (`verb:` a method name, or `.+` for
-//! any), and a method part that is itself a regex (`((post)|(put)):/api/values`, as its
-//! documentation writes) becomes one rule per method it matches; one matching no method is an
-//! error naming it.
-//! `IpRateLimiting` general rules count by IP, `ClientRateLimiting` ones by client id (named
-//! `client:{endpoint}-{period}` so that both sections can be used at once). The two sections
-//! apply independently, as the two middlewares do there: the lowest limit per period is taken
-//! within each section (and its policies), and both sections' rules must admit. Two rules of
-//! one section with the same endpoint and period are legal there, only the lower limit
-//! applying: the other is left out. A request without the client id header is the client
-//! `"anon"` (`anonymous_client_id`), as there; and the path is matched and counted without
-//! its trailing `/` (`trim_trailing_slash`), as there. With `EnableEndpointRateLimiting`, every
-//! rule counts each `VERB:path` separately, as there.
-//! A section's `IpWhitelist`, `ClientWhitelist` and `EndpointWhitelist` exempt requests from
-//! that section's rules only (a `whitelist.by_key` entry for its key). IP entries there and in
-//! `IpRules[].Ip` may be addresses, CIDR ranges, `first-last` ranges or `address/mask`
-//! (`192.168.0.0/255.255.255.0`), as there: each becomes the CIDR ranges that cover it exactly
-//! (a range not aligned to one becomes several; an IP policy is then one entry per range, with
-//! the same rules).
-//! Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
-//! 365, as there; a fraction, `1.5m`, is read as there too); other text is read as a humantime
-//! duration. A rule's `PeriodTimespan` (a .NET
-//! `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]`) is its window when given, as there.
-//! `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
-//! `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
-//! As there, it is `X-Real-IP` and the client id header `X-ClientId` unless a section names
-//! them.
-//! `EnableEndpointRateLimiting` is each section's own: a section that leaves it off keeps only
-//! its `*` rules (the others never apply there) while the other section's endpoint rules do.
-//! `QuotaExceededResponse.Content` (or `QuotaExceededMessage`) is a .NET format string, turned
-//! into the body template (`{0}` limit, `{1}` period, `{2}` retry-after; `{{` and `}}` literal
-//! braces, so `{{rule}}` is the text `{rule}`), sent as `text/plain`
-//! unless `ContentType` says otherwise, with its `StatusCode`, which is 429 unless given (it
-//! wins over `HttpStatusCode` there; a `null` one leaves `HttpStatusCode`).
-//! The period is written in its largest whole unit (`1d`, `15m`), which is the `Period` as
-//! written for the usual ones; a period written otherwise (`60s`, `1.5m`, `1w`) is written
-//! `1m`, `90s`, `7d`. `DisableRateLimitHeaders` leaves out `Retry-After` as well as the quota
-//! headers, as there.
-//! `StackBlockedRequests: true` is refused: rejected requests are never counted here.
-//! `RateLimitCounterPrefix` becomes `backend.prefix`, the key prefix in Redis once the backend
-//! is switched to Redis (`backend.kind = "redis"`; the memory backend has no keys).
+//! How each field is read is documented on [`HttpConfig::from_aspnet_json`], where the users
+//! who load such a document read it.
 
 use crate::http::config::{
     ClientRulesConfig, HttpConfig, IpRulesConfig, KeyWhitelistConfig, RuleConfig, RuleKey,

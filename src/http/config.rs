@@ -622,7 +622,73 @@ impl BanConfig {
     }
 }
 
-/// Where counters live.
+/// Where counters live: in this process (`kind = "memory"`, the default), or in Redis
+/// (`kind = "redis"`, features `http` and `redis`, the limiter built with
+/// [`HttpLimiter::connect`](crate::http::HttpLimiter)).
+///
+/// # Counting in Redis
+///
+/// Everything but the counting stays as in memory: whitelists, the blocklist, bans (kept in each
+/// process's memory), rule matching and selection, limit 0 and missing keys. Each enforced rule
+/// that matches counts in its own `RedisLimiter` (the rule's algorithm, on Redis's clock), so
+/// that every process using the same server and prefix shares the limits.
+///
+/// # Keys
+///
+/// A rule's keys are `{prefix}:r{id}:{subject}:{fw|sw|sc|tb}` (see `RedisLimiter`), where `id` is
+/// 16 hex digits of the SHA-256 of the rule's identity (scope, name, endpoint, regex flag,
+/// period, algorithm, key and per-endpoint flag) and `subject` encodes the request's counter key
+/// (client IP, client id, `VERB:path`). The limit is not part of the name: a reload that only
+/// changes a rule's limit keeps its counters in Redis, and so does a reload that leaves the rule
+/// alone. Changing anything in the identity starts the rule from fresh keys (the old ones expire
+/// by their TTL).
+///
+/// # All or nothing, and what is not atomic
+///
+/// A request's enforced rules are decided together in **one script, one round trip**, whatever
+/// their number: one matching rule runs its algorithm's script; several (each counting its own
+/// subject, with its own algorithm and keys) run one script over all their keys, in which every
+/// rule decides on the state before any write, and all are charged only if all admit. A
+/// rejected request is therefore charged to no rule, even when other processes race for the
+/// same permits: Redis runs one script at a time. After Redis lost its script cache, the first
+/// request costs two commands (`EVALSHA`, answered `NOSCRIPT`, then `EVAL`).
+///
+/// # Redis Cluster
+///
+/// With `[backend] cluster = true` (`url` lists one or more seed nodes, comma-separated) the
+/// rules count in a Cluster. A key's hash tag is the request's subject, so the counters of
+/// different clients spread over the masters. One script may only touch one slot, so a
+/// request's enforced rules must give it one subject: on a Cluster every enforced rule that
+/// counts must have the same `key` and `per_endpoint` (checked when the configuration loads,
+/// naming the rule that differs). Rules of different periods, algorithms and endpoints, the
+/// usual set of global limits, qualify; an IP rule beside a client-id rule does not. Monitor
+/// rules, counted one script each, may count by anything.
+///
+/// An admitted request reports every rule's quota (remaining after it, reset-after). A rejected
+/// one names the rule that asks to wait longest (its retry-after covers every rule that
+/// rejected) and reports every rule: the rejecting ones with remaining 0 and reset after their
+/// retry-after, the others as they stand, untouched. When a rule's deny cache already knows that
+/// it rejects the request, the request is rejected by that rule with no round trip, and only
+/// that rule is reported.
+///
+/// Monitor rules are counted after the enforced ones, one script each, and only for admitted
+/// requests: they never reject, and nothing ties them to the enforced rules' decision.
+///
+/// # Failures
+///
+/// When Redis fails or misses the `[backend] deadline`, the `[backend] failure` policy decides
+/// for each enforced rule: `open` admits, `closed` rejects with [`RejectReason::Unavailable`](crate::http::RejectReason::Unavailable),
+/// `fallback` counts in a local in-memory limiter (`FailurePolicy::Fallback`). The request is
+/// admitted only if every rule's policy admits; a rejection names the first rule whose policy
+/// made it unavailable (`closed`), else the rule that asks to wait longest (`fallback`), and
+/// reports every rule as its policy answered. With several rules the local limiters are still
+/// all or nothing: they are charged one after the other, and when one rejects, the ones before
+/// it give their permits back (nothing is written to Redis; an exact sliding window's permit
+/// comes back late, never early, as in a [`Chain`](crate::Chain)). Every decision the policy
+/// made instead of Redis, exactly one per enforced rule per request (and one per monitor
+/// rule), is logged (`tracing` warn) and counted in
+/// `turnstile_http_backend_fallbacks` (label `rule`) with the feature `metrics`. A timed-out
+/// script is never retried: it may still run, and charge every rule.
 ///
 /// # Examples
 ///
@@ -930,6 +996,68 @@ impl HttpConfig {
 
     /// Parses AspNetCoreRateLimit's JSON (an `appsettings.json` with its sections), as ASP.NET
     /// reads it: comments and trailing commas allowed, section and field names in any case.
+    ///
+    /// # How the document is translated
+    ///
+    /// The document is read as ASP.NET's configuration binder reads it: section and field names in
+    /// any case (`"limit"`, `"Limit"` and `"LIMIT"` are one key; a key given twice in different
+    /// cases is an error, as there), and numbers and booleans also from their text (`"Limit":
+    /// "100"`). Fields it does not know are ignored, as there; a value of the wrong kind, and any
+    /// value the limiter would refuse (a period, an endpoint pattern, an IP entry, a header name),
+    /// is an error naming the document's field (`IpRateLimiting.GeneralRules[2].Limit`), checked as
+    /// the document is translated.
+    ///
+    /// Endpoint patterns match the whole `VERB:path` there, with `*` and `?` wildcards and in any
+    /// case (AspNetCoreRateLimit 4 and 5; 3.x matched them as prefixes), as they do here:
+    /// `*:/api/values` is not `/api/values/1`, `*:/api/values*` is. With `EnableRegexRuleMatching`,
+    /// a section's patterns (its rules', its policies' and its `EndpointWhitelist`) are regular
+    /// expressions over `verb:path`, anchored and case-insensitive there; each becomes a regex rule
+    /// here (`verb:` a method name, or `.+` for any), and a method part that is itself a regex
+    /// (`((post)|(put)):/api/values`, as its documentation writes) becomes one rule per method it
+    /// matches; one matching no method is an error naming it.
+    ///
+    /// `IpRateLimiting` general rules count by IP, `ClientRateLimiting` ones by client id (named
+    /// `client:{endpoint}-{period}` so that both sections can be used at once). The two sections
+    /// apply independently, as the two middlewares do there: the lowest limit per period is taken
+    /// within each section (and its policies), and both sections' rules must admit. Two rules of
+    /// one section with the same endpoint and period are legal there, only the lower limit
+    /// applying: the other is left out. A request without the client id header is the client
+    /// `"anon"` (`anonymous_client_id`), as there; and the path is matched and counted without its
+    /// trailing `/` (`trim_trailing_slash`), as there. With `EnableEndpointRateLimiting`, every
+    /// rule counts each `VERB:path` separately, as there.
+    ///
+    /// A section's `IpWhitelist`, `ClientWhitelist` and `EndpointWhitelist` exempt requests from
+    /// that section's rules only (a `whitelist.by_key` entry for its key). IP entries there and in
+    /// `IpRules[].Ip` may be addresses, CIDR ranges, `first-last` ranges or `address/mask`
+    /// (`192.168.0.0/255.255.255.0`), as there: each becomes the CIDR ranges that cover it exactly
+    /// (a range not aligned to one becomes several; an IP policy is then one entry per range, with
+    /// the same rules).
+    ///
+    /// Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
+    /// 365, as there; a fraction, `1.5m`, is read as there too); other text is read as a humantime
+    /// duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]`) is its
+    /// window when given, as there.
+    ///
+    /// `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
+    /// `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
+    /// As there, it is `X-Real-IP` and the client id header `X-ClientId` unless a section names
+    /// them.
+    ///
+    /// `EnableEndpointRateLimiting` is each section's own: a section that leaves it off keeps only
+    /// its `*` rules (the others never apply there) while the other section's endpoint rules do.
+    ///
+    /// `QuotaExceededResponse.Content` (or `QuotaExceededMessage`) is a .NET format string, turned
+    /// into the body template (`{0}` limit, `{1}` period, `{2}` retry-after; `{{` and `}}` literal
+    /// braces, so `{{rule}}` is the text `{rule}`), sent as `text/plain` unless `ContentType` says
+    /// otherwise, with its `StatusCode`, which is 429 unless given (it wins over `HttpStatusCode`
+    /// there; a `null` one leaves `HttpStatusCode`). The period is written in its largest whole
+    /// unit (`1d`, `15m`), which is the `Period` as written for the usual ones; a period written
+    /// otherwise (`60s`, `1.5m`, `1w`) is written `1m`, `90s`, `7d`. `DisableRateLimitHeaders`
+    /// leaves out `Retry-After` as well as the quota headers, as there.
+    ///
+    /// `StackBlockedRequests: true` is refused: rejected requests are never counted here.
+    /// `RateLimitCounterPrefix` becomes `backend.prefix`, the key prefix in Redis once the backend
+    /// is switched to Redis (`backend.kind = "redis"`; the memory backend has no keys).
     ///
     /// # Errors
     ///

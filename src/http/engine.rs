@@ -1,113 +1,5 @@
-//! [`HttpLimiter`]: the compiled rules, and how it decides a request.
-//!
-//! # Semantics
-//!
-//! In this order, for each request:
-//!
-//! 0. **The request as the rules see it.** Its path with RFC 3986's normalizations that change
-//!    no resource, and without its trailing `/` with `trim_trailing_slash`; a client id that is
-//!    empty or longer than `client_id_max_len` is none, and none is `anonymous_client_id` when
-//!    that is set.
-//! 1. **Whitelists.** A client IP in `whitelist.ips` (addresses or CIDR ranges), a client id in
-//!    `whitelist.clients`, or a request matching a pattern of `whitelist.endpoints` is
-//!    [`Outcome::Whitelisted`]: no rule is consulted or charged. A request matching an entry
-//!    of `whitelist.by_key` is exempt from the rules counting by that entry's key only (step
-//!    4 leaves them out); the blocklist and bans still apply to it, and if no other rule
-//!    applies it is [`Outcome::Whitelisted`] as well.
-//! 2. **Blocklist.** A client IP in `blocklist.ips` or a client id in `blocklist.clients` is
-//!    rejected with [`RejectReason::Blocked`] (rule `"blocklist"`).
-//!
-//!    The client IP is the client's group when `client_ip` groups addresses (`ipv6_prefix =
-//!    64`), so list and `ip_rules` entries are whole groups: one inside a group is refused at
-//!    load, as it would match no request.
-//! 3. **Bans.** A banned client (by IP, or by client id when the IP is unknown) is rejected with
-//!    [`RejectReason::Banned`] (rule `"ban"`), `retry_after` being the time the ban has left.
-//! 4. **Matching rules**, as AspNetCoreRateLimit matches them. A rule applies when its endpoint
-//!    pattern matches the request: `*` always; `verb:/path` or `*:/path` when the method (or any
-//!    method) and the path match, case-insensitively, `*` in the path matching any run of
-//!    characters and `?` any one; with `regex = true` or a `re:` prefix the path part is a
-//!    regular expression that must match the whole path. With `endpoint_rate_limiting = false`
-//!    only `*` rules apply.
-//!    Rules are grouped by period and counter key (`key` and `per_endpoint`): rules that count
-//!    different things never displace each other, so that a client cannot step around a limit
-//!    on its IP by changing its client id (AspNetCoreRateLimit's IP and client middlewares
-//!    likewise apply their rules independently). Within a group, specific rules (the
-//!    `ip_rules` whose range contains the client IP, the `client_rules` of the client id) take
-//!    precedence: a general rule applies only if no specific rule of its group applies. Of the
-//!    rules left, per group, the most restrictive (lowest limit) applies. Monitor rules are
-//!    selected the same way, separately from enforced ones.
-//! 5. **Counting.** Each rule has its own [`KeyedLimiter`](crate::KeyedLimiter), keyed by the
-//!    client IP (`key = "ip"`), the client id (`"client"`) or both (`"ip_and_client"`), and,
-//!    with `per_endpoint`, by `VERB:path` as well. A rule with limit 0 rejects with
-//!    [`RejectReason::Blocked`], whatever key the request has (a block counts nothing). A rule
-//!    whose key the request lacks rejects it with [`RejectReason::NoKey`]
-//!    (`missing_key = "reject"`) or is skipped (`"allow"`). Otherwise every enforced rule must
-//!    admit: they are charged one by one, and when one rejects, the ones already charged are
-//!    **refunded** (commit-then-refund, as [`KeyedChain`](crate::KeyedChain) does). The refund
-//!    is exact for every algorithm but the exact sliding window, whose refund is positional
-//!    (the permit is freed, its ticket's place in the ring is not until it expires), so rules
-//!    are charged as a chain commits its members: the exact sliding windows last, and of
-//!    several of them one that would reject now first. A rejected request is thus not charged
-//!    against the other rules. The rejection names the rule and carries its exact
-//!    `retry_after`; quotas are reported in the rules' order.
-//!    A rule counts at most `max_keys_per_rule` clients in memory, evicting idle ones to make
-//!    room; a new client meeting a rule full of active ones is rejected with
-//!    [`RejectReason::TooManyKeys`] (`key_overflow = "reject"`), counted with the others the rule
-//!    has no room for on one shared counter (`"shared"`), or passes the rule uncounted
-//!    (`"allow"`).
-//! 6. **Monitor rules** are charged only for requests the enforced rules admit; a would-be
-//!    rejection is logged (debug) and counted (`turnstile_http_shadow_rejected`), never enforced,
-//!    and reported in no header.
-//! 7. **Bans** count rate-limit rejections ([`RejectReason::RateLimited`], but not those of a
-//!    full rule's shared counter) per client in fixed windows of `bans.within` aligned to the
-//!    clock; every `after`-th starts a ban of `bans.duration` (a banned client's requests are
-//!    not counted: after a ban, `after` more rejections start the next, in the same window or
-//!    a later one). Both tables hold at most `bans.max_entries` clients (idle ones are
-//!    evicted first); when full of active entries, new clients are not tracked: they are not
-//!    banned (the limits still apply). [`HttpLimiter::unban`] lifts a ban early.
-//!
-//! The [`Verdict`] carries the quota of every enforced matching rule that counted (policy = the
-//! rule's name, by default `"{endpoint}-{period}"`).
-//!
-//! On a rejection the [`Verdict`] carries the same quotas: the rejecting rule's with remaining
-//! 0 and reset after its `retry_after`; the others (refunded or never charged) as a probe,
-//! which writes nothing, sees them.
-//!
-//! # Observability
-//!
-//! `tracing`: a debug event for every rejection (rule, key or client, reason) and every
-//! would-be rejection of a monitor rule; info when a client is banned and when the watcher
-//! reloads; error when a watched file fails to load. With the feature `metrics`, counters
-//! through the `metrics` facade, labelled `rule`: `turnstile_http_admitted` (once per enforced
-//! rule that admitted a request), `turnstile_http_rejected` (rule, `"blocklist"` or `"ban"`),
-//! `turnstile_http_banned` (the rule whose rejection started the ban),
-//! `turnstile_http_shadow_rejected` and `turnstile_http_key_overflow` (a request of a client the
-//! rule had no room for, whatever `key_overflow` did with it); with the Redis backend,
-//! `turnstile_http_backend_fallbacks` (one per decision the failure policy made instead of
-//! Redis: fail-open, fail-closed or the local fallback; one per enforced rule of the request,
-//! and one per monitor rule), with a `tracing` warn each.
-//!
-//! # Counting in Redis
-//!
-//! With `[backend] kind = "redis"` (features `http` and `redis`; build with
-//! `HttpLimiter::connect`), steps 1 to 4 and the checks of step 5 are as above; the counting of
-//! step 5 and monitor rules go to Redis, and [`Policy::check`] returns [`Check::Pending`]. Each
-//! rule counts in its own `RedisLimiter` under keys named by the rule's identity (not its limit).
-//! A request's matching rules are decided together in one atomic script (one round trip): a
-//! rejected request is charged to no rule, whatever other processes do. Bans stay in this
-//! process's memory. With `[backend] cluster = true` the rules count in a Redis Cluster; every
-//! enforced rule must then count by the same key (and `per_endpoint`), so that one request's
-//! keys share a slot (see the `redis_rules` module).
-//!
-//! # Reload
-//!
-//! [`HttpLimiter::reload`] compiles the new configuration completely before swapping it in; on
-//! error the old one stays. A rule whose identity (scope, name, endpoint, period, algorithm, key,
-//! per-endpoint) is unchanged keeps its limiter and counters; if only its limit changed the
-//! limiter is reconfigured in place. Bans are kept when `[bans]` did not change. With the Redis
-//! backend the counters live in Redis under names derived from the rule's identity, so the same
-//! rules find them again; a reload may change the prefix (new keys), failure policy and deadline,
-//! not the URL nor `cluster`.
+//! [`HttpLimiter`]: the compiled rules, and how it decides a request (documented on
+//! [`HttpLimiter`] itself, where users of the crate read it).
 
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
 use crate::http::rules::{
@@ -143,6 +35,116 @@ macro_rules! count_list_rejection {
 /// which `Instant`'s ~27 ns is small, while the default [`UpkeepClock`](crate::UpkeepClock)'s
 /// thread, woken every millisecond while requests keep coming, costs 2–5% of a core on a VM
 /// at any request rate (ARCHITECTURE.md, "The HTTP layer's clock").
+///
+/// # Semantics
+///
+/// In this order, for each request:
+///
+/// 0. **The request as the rules see it.** Its path with RFC 3986's normalizations that change
+///    no resource, and without its trailing `/` with `trim_trailing_slash`; a client id that is
+///    empty or longer than `client_id_max_len` is none, and none is `anonymous_client_id` when
+///    that is set.
+/// 1. **Whitelists.** A client IP in `whitelist.ips` (addresses or CIDR ranges), a client id in
+///    `whitelist.clients`, or a request matching a pattern of `whitelist.endpoints` is
+///    [`Outcome::Whitelisted`]: no rule is consulted or charged. A request matching an entry
+///    of `whitelist.by_key` is exempt from the rules counting by that entry's key only (step
+///    4 leaves them out); the blocklist and bans still apply to it, and if no other rule
+///    applies it is [`Outcome::Whitelisted`] as well.
+/// 2. **Blocklist.** A client IP in `blocklist.ips` or a client id in `blocklist.clients` is
+///    rejected with [`RejectReason::Blocked`] (rule `"blocklist"`).
+///
+///    The client IP is the client's group when `client_ip` groups addresses (`ipv6_prefix =
+///    64`), so list and `ip_rules` entries are whole groups: one inside a group is refused at
+///    load, as it would match no request.
+/// 3. **Bans.** A banned client (by IP, or by client id when the IP is unknown) is rejected with
+///    [`RejectReason::Banned`] (rule `"ban"`), `retry_after` being the time the ban has left.
+/// 4. **Matching rules**, as AspNetCoreRateLimit matches them. A rule applies when its endpoint
+///    pattern matches the request: `*` always; `verb:/path` or `*:/path` when the method (or any
+///    method) and the path match, case-insensitively, `*` in the path matching any run of
+///    characters and `?` any one; with `regex = true` or a `re:` prefix the path part is a
+///    regular expression that must match the whole path. With `endpoint_rate_limiting = false`
+///    only `*` rules apply.
+///    Rules are grouped by period and counter key (`key` and `per_endpoint`): rules that count
+///    different things never displace each other, so that a client cannot step around a limit
+///    on its IP by changing its client id (AspNetCoreRateLimit's IP and client middlewares
+///    likewise apply their rules independently). Within a group, specific rules (the
+///    `ip_rules` whose range contains the client IP, the `client_rules` of the client id) take
+///    precedence: a general rule applies only if no specific rule of its group applies. Of the
+///    rules left, per group, the most restrictive (lowest limit) applies. Monitor rules are
+///    selected the same way, separately from enforced ones.
+/// 5. **Counting.** Each rule has its own [`KeyedLimiter`](crate::KeyedLimiter), keyed by the
+///    client IP (`key = "ip"`), the client id (`"client"`) or both (`"ip_and_client"`), and,
+///    with `per_endpoint`, by `VERB:path` as well. A rule with limit 0 rejects with
+///    [`RejectReason::Blocked`], whatever key the request has (a block counts nothing). A rule
+///    whose key the request lacks rejects it with [`RejectReason::NoKey`]
+///    (`missing_key = "reject"`) or is skipped (`"allow"`). Otherwise every enforced rule must
+///    admit: they are charged one by one, and when one rejects, the ones already charged are
+///    **refunded** (commit-then-refund, as [`KeyedChain`](crate::KeyedChain) does). The refund
+///    is exact for every algorithm but the exact sliding window, whose refund is positional
+///    (the permit is freed, its ticket's place in the ring is not until it expires), so rules
+///    are charged as a chain commits its members: the exact sliding windows last, and of
+///    several of them one that would reject now first. A rejected request is thus not charged
+///    against the other rules. The rejection names the rule and carries its exact
+///    `retry_after`; quotas are reported in the rules' order.
+///    A rule counts at most `max_keys_per_rule` clients in memory, evicting idle ones to make
+///    room; a new client meeting a rule full of active ones is rejected with
+///    [`RejectReason::TooManyKeys`] (`key_overflow = "reject"`), counted with the others the rule
+///    has no room for on one shared counter (`"shared"`), or passes the rule uncounted
+///    (`"allow"`).
+/// 6. **Monitor rules** are charged only for requests the enforced rules admit; a would-be
+///    rejection is logged (debug) and counted (`turnstile_http_shadow_rejected`), never enforced,
+///    and reported in no header.
+/// 7. **Bans** count rate-limit rejections ([`RejectReason::RateLimited`], but not those of a
+///    full rule's shared counter) per client in fixed windows of `bans.within` aligned to the
+///    clock; every `after`-th starts a ban of `bans.duration` (a banned client's requests are
+///    not counted: after a ban, `after` more rejections start the next, in the same window or
+///    a later one). Both tables hold at most `bans.max_entries` clients (idle ones are
+///    evicted first); when full of active entries, new clients are not tracked: they are not
+///    banned (the limits still apply). [`HttpLimiter::unban`] lifts a ban early.
+///
+/// The [`Verdict`] carries the quota of every enforced matching rule that counted (policy = the
+/// rule's name, by default `"{endpoint}-{period}"`).
+///
+/// On a rejection the [`Verdict`] carries the same quotas: the rejecting rule's with remaining
+/// 0 and reset after its `retry_after`; the others (refunded or never charged) as a probe,
+/// which writes nothing, sees them.
+///
+/// # Observability
+///
+/// `tracing`: a debug event for every rejection (rule, key or client, reason) and every
+/// would-be rejection of a monitor rule; info when a client is banned and when the watcher
+/// reloads; error when a watched file fails to load. With the feature `metrics`, counters
+/// through the `metrics` facade, labelled `rule`: `turnstile_http_admitted` (once per enforced
+/// rule that admitted a request), `turnstile_http_rejected` (rule, `"blocklist"` or `"ban"`),
+/// `turnstile_http_banned` (the rule whose rejection started the ban),
+/// `turnstile_http_shadow_rejected` and `turnstile_http_key_overflow` (a request of a client the
+/// rule had no room for, whatever `key_overflow` did with it); with the Redis backend,
+/// `turnstile_http_backend_fallbacks` (one per decision the failure policy made instead of
+/// Redis: fail-open, fail-closed or the local fallback; one per enforced rule of the request,
+/// and one per monitor rule), with a `tracing` warn each.
+///
+/// # Counting in Redis
+///
+/// With `[backend] kind = "redis"` (features `http` and `redis`; build with
+/// `HttpLimiter::connect`), steps 1 to 4 and the checks of step 5 are as above; the counting of
+/// step 5 and monitor rules go to Redis, and [`Policy::check`] returns [`Check::Pending`]. Each
+/// rule counts in its own `RedisLimiter` under keys named by the rule's identity (not its limit).
+/// A request's matching rules are decided together in one atomic script (one round trip): a
+/// rejected request is charged to no rule, whatever other processes do. Bans stay in this
+/// process's memory. With `[backend] cluster = true` the rules count in a Redis Cluster; every
+/// enforced rule must then count by the same key (and `per_endpoint`), so that one request's
+/// keys share a slot. [`BackendConfig`](crate::http::BackendConfig) has the details: key names,
+/// what is atomic, Cluster, failures.
+///
+/// # Reload
+///
+/// [`HttpLimiter::reload`] compiles the new configuration completely before swapping it in; on
+/// error the old one stays. A rule whose identity (scope, name, endpoint, period, algorithm, key,
+/// per-endpoint) is unchanged keeps its limiter and counters; if only its limit changed the
+/// limiter is reconfigured in place. Bans are kept when `[bans]` did not change. With the Redis
+/// backend the counters live in Redis under names derived from the rule's identity, so the same
+/// rules find them again; a reload may change the prefix (new keys), failure policy and deadline,
+/// not the URL nor `cluster`.
 ///
 /// # Examples
 ///
@@ -641,7 +643,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// lifts that prefix's ban. Its rules' counters are left as they are. True if the client
     /// was banned.
     ///
-    /// Bans live in this process, whatever the backend (see the module's docs): each process
+    /// Bans live in this process, whatever the backend (see [`HttpLimiter`]): each process
     /// of a fleet lifts its own. A static `[blocklist]` entry is lifted by a reload.
     ///
     /// # Examples

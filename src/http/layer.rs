@@ -220,8 +220,9 @@ impl<P: Policy> RateLimitLayer<P> {
     }
 
     /// Lets `f` answer rejected requests: it gets the request's parts (not its body, which a
-    /// rejected request never has read), the verdict, and the response the layer would send (the configured status and body, or the
-    /// gRPC status of a gRPC request, with `Retry-After` and the quota headers), and returns
+    /// rejected request never has read), the verdict, and the response the layer would send (the
+    /// configured status and body, or the gRPC status of a gRPC request, with `Retry-After` and
+    /// the quota headers), and returns
     /// the response to send, that one changed or another. For the answers a template cannot
     /// give: an HTML page for browsers, an API's own error envelope, a header of your own, or a
     /// log line with what the request carries. It runs for every rejection, immediate or after

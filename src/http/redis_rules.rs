@@ -1,66 +1,7 @@
 //! Counting the HTTP rules in Redis (features `http` and `redis`): `[backend] kind = "redis"`.
 //!
-//! Everything but the counting stays as in memory: whitelists, the blocklist, bans (kept in each
-//! process's memory), rule matching and selection, limit 0 and missing keys. Each enforced rule
-//! that matches counts in its own [`RedisLimiter`] (the rule's algorithm, on Redis's clock), so
-//! that every process using the same server and prefix shares the limits.
-//!
-//! # Keys
-//!
-//! A rule's keys are `{prefix}:r{id}:{subject}:{fw|sw|sc|tb}` (see [`RedisLimiter`]), where `id` is
-//! 16 hex digits of the SHA-256 of the rule's identity (scope, name, endpoint, regex flag,
-//! period, algorithm, key and per-endpoint flag) and `subject` encodes the request's counter key
-//! (client IP, client id, `VERB:path`). The limit is not part of the name: a reload that only
-//! changes a rule's limit keeps its counters in Redis, and so does a reload that leaves the rule
-//! alone. Changing anything in the identity starts the rule from fresh keys (the old ones expire
-//! by their TTL).
-//!
-//! # All or nothing, and what is not atomic
-//!
-//! A request's enforced rules are decided together in **one script, one round trip**, whatever
-//! their number: one matching rule runs its algorithm's script; several (each counting its own
-//! subject, with its own algorithm and keys) run one script over all their keys, in which every
-//! rule decides on the state before any write, and all are charged only if all admit. A
-//! rejected request is therefore charged to no rule, even when other processes race for the
-//! same permits: Redis runs one script at a time. After Redis lost its script cache, the first
-//! request costs two commands (`EVALSHA`, answered `NOSCRIPT`, then `EVAL`).
-//!
-//! # Redis Cluster
-//!
-//! With `[backend] cluster = true` (`url` lists one or more seed nodes, comma-separated) the
-//! rules count in a Cluster. A key's hash tag is the request's subject, so the counters of
-//! different clients spread over the masters. One script may only touch one slot, so a
-//! request's enforced rules must give it one subject: on a Cluster every enforced rule that
-//! counts must have the same `key` and `per_endpoint` (checked when the configuration loads,
-//! naming the rule that differs). Rules of different periods, algorithms and endpoints, the
-//! usual set of global limits, qualify; an IP rule beside a client-id rule does not. Monitor
-//! rules, counted one script each, may count by anything.
-//!
-//! An admitted request reports every rule's quota (remaining after it, reset-after). A rejected
-//! one names the rule that asks to wait longest (its retry-after covers every rule that
-//! rejected) and reports every rule: the rejecting ones with remaining 0 and reset after their
-//! retry-after, the others as they stand, untouched. When a rule's deny cache already knows that
-//! it rejects the request, the request is rejected by that rule with no round trip, and only
-//! that rule is reported.
-//!
-//! Monitor rules are counted after the enforced ones, one script each, and only for admitted
-//! requests: they never reject, and nothing ties them to the enforced rules' decision.
-//!
-//! # Failures
-//!
-//! When Redis fails or misses the `[backend] deadline`, the `[backend] failure` policy decides
-//! for each enforced rule: `open` admits, `closed` rejects with [`RejectReason::Unavailable`],
-//! `fallback` counts in a local in-memory limiter ([`FailurePolicy::Fallback`]). The request is
-//! admitted only if every rule's policy admits; a rejection names the first rule whose policy
-//! made it unavailable (`closed`), else the rule that asks to wait longest (`fallback`), and
-//! reports every rule as its policy answered. With several rules the local limiters are still
-//! all or nothing: they are charged one after the other, and when one rejects, the ones before
-//! it give their permits back (nothing is written to Redis; an exact sliding window's permit
-//! comes back late, never early, as in a [`Chain`](crate::Chain)). Every decision the policy
-//! made instead of Redis, exactly one per enforced rule per request (and one per monitor
-//! rule), is logged (`tracing` warn) and counted in
-//! `turnstile_http_backend_fallbacks` (label `rule`) with the feature `metrics`. A timed-out
-//! script is never retried: it may still run, and charge every rule.
+//! The semantics are documented on [`BackendConfig`](crate::http::BackendConfig), where users of
+//! the crate read them.
 
 use crate::backend::try_acquire_all;
 use crate::http::config::{BackendConfig, HttpConfig, RuleKey};
