@@ -175,7 +175,8 @@ pub enum KeyOverflowPolicy {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum RuleAlgorithm {
-    /// `limit` per window aligned to the clock (as AspNetCoreRateLimit counts).
+    /// `limit` per window aligned to the clock's epoch (AspNetCoreRateLimit instead starts a
+    /// client's window at its first request; both allow up to 2 × `limit` across a boundary).
     #[default]
     FixedWindow,
     /// Exact sliding log: `limit` in any interval of `period`.
