@@ -599,7 +599,10 @@ where
     /// then evicted). True if taken back; the caller then skips the new key's bookkeeping.
     ///
     /// Without this, nothing would remove the cell: sweeps never retire a never-used cell (see
-    /// [`Algo::retire`]), so the key would count against `max_keys` for good.
+    /// [`Algo::retire`]), so the key would count against `max_keys` for good. For the same
+    /// reason a refund that leaves a cell's word fresh again takes it back too (see
+    /// `chain_refund`); the CAS from the fresh word decides between the two, and whichever
+    /// retires the cell keeps the books for it.
     #[cold]
     #[inline(never)]
     fn take_back<C: Clock>(
@@ -893,17 +896,28 @@ where
         if committed.overflow {
             // A reset never touches the shared overflow cell.
             self.algo.refund(&self.overflow, n, admission, &ctx.clock);
-        } else {
-            self.shards[shard].map.get(key, |cell| {
-                // Relaxed: read after the lookup that found `cell`. If `cell` was made after a
-                // reset retired the key's old one, that reset's first increment happens before
-                // this load (through the retirement's Release and the map), so by coherence it
-                // reads that increment or a later one, never the commit's value.
-                let resets = ctx.resets.load(Ordering::Relaxed);
-                if resets == committed.resets && resets.is_multiple_of(2) {
-                    self.algo.refund(cell, n, admission, &ctx.clock);
-                }
-            });
+            return;
+        }
+        let shard = &self.shards[shard];
+        let fresh_again = shard.map.get(key, |cell| {
+            // Relaxed: read after the lookup that found `cell`. If `cell` was made after a
+            // reset retired the key's old one, that reset's first increment happens before
+            // this load (through the retirement's Release and the map), so by coherence it
+            // reads that increment or a later one, never the commit's value.
+            let resets = ctx.resets.load(Ordering::Relaxed);
+            if resets == committed.resets && resets.is_multiple_of(2) {
+                self.algo.refund(cell, n, admission, &ctx.clock);
+                // A refund can leave the word exactly fresh (a token bucket's only admission
+                // given back at clock time 0 takes its word back to 0). Sweeps skip a
+                // never-used word, which they take for one whose inserter is about to use it,
+                // so nothing would ever evict the key: it would hold a slot of the cap for
+                // good. Take it back as its inserter would (see `take_back`).
+                return A::unused(cell).then_some(cell as *const A::Cell);
+            }
+            None
+        });
+        if let Some(Some(cell)) = fresh_again {
+            self.take_back(ctx, shard, key, cell);
         }
     }
 

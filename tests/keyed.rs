@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::Duration;
 use turnstile::{
-    Algorithm, Clock, KeyOverflow, KeyedLimiter, ManualClock, MonotonicClock, Rate, TryAcquireError,
+    Algorithm, Clock, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock, MonotonicClock, Rate,
+    TryAcquireError,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -617,6 +618,58 @@ fn resets_racing_admissions_and_sweeps_keep_the_books() {
             limiter.try_acquire(&200),
             Err(TryAcquireError::TooManyKeys { max_keys: 8 }),
             "{name}: the cap moved"
+        );
+    }
+}
+
+/// A chain member's refund that gives a new key's only admission back at clock time 0 leaves
+/// the key's state as fresh as a new cell's (a token bucket's word back at 0). Sweeps never
+/// evict a cell they take for one whose inserter has yet to use it, so unless the store tells
+/// the two apart, or takes such a cell back, the key holds a slot of the cap for good, however
+/// long it stays idle. (The fixed window and the sliding counter write another word for an
+/// emptied window 0; the exact sliding window never refunds its ticket counter back to 0.)
+#[test]
+fn a_key_whose_only_admission_was_refunded_is_still_evicted() {
+    let cases = all_algorithms(1)
+        .into_iter()
+        .filter(|a| !matches!(a, Algorithm::SlidingWindow { .. }));
+    for algorithm in cases {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::<u64, _>::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .build()
+            .unwrap();
+        // A second member whose cap one busy key fills: its check lets a new key through (no
+        // search for room has failed yet), and its commit refuses it, after the first member
+        // committed: the first member's admission is refunded at once, at time 0.
+        let full = KeyedLimiter::<u64, _>::builder(Algorithm::FixedWindow {
+            limit: 1,
+            window: SEC,
+        })
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+        full.try_acquire(&0).unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .per_key(full)
+            .build()
+            .unwrap();
+        assert_eq!(
+            chain.try_acquire(&1),
+            Err(TryAcquireError::TooManyKeys { max_keys: 1 }),
+            "{algorithm:?}"
+        );
+        assert_eq!(chain.stats().refunded, 1, "{algorithm:?}");
+        assert_eq!(per_key.available(&1), 1, "{algorithm:?}: the refund was exact");
+        clock.advance(10 * SEC);
+        per_key.sweep();
+        assert_eq!(per_key.len(), 0, "{algorithm:?}: an idle key stayed counted");
+        assert!(
+            per_key.try_acquire(&2).is_ok(),
+            "{algorithm:?}: the cap's one slot is still taken"
         );
     }
 }
