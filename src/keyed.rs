@@ -625,12 +625,14 @@ where
         if !retired {
             return false;
         }
+        // The slot first, before the removal: a caller of this key that met the retired cell
+        // needs a fresh one, and with the slot still taken it was refused at the cap.
+        ctx.release_keys(1);
         // The dead entry goes now; a caller that met it first may have removed it already (and
         // inserted a fresh cell, which `remove_if` leaves alone: it is not retired).
         shard.map.remove_if(key, A::retired);
         // Relaxed: bookkeeping, as in `first_use`. Not an eviction: the key never held anything.
         shard.len.fetch_sub(1, Ordering::Relaxed);
-        ctx.release_keys(1);
         true
     }
 
@@ -680,14 +682,13 @@ where
 
     /// Counts `n` keys evicted: by the sweep that retired their cells, which is exactly one per
     /// cell (retirement is a compare-and-swap, and final), whoever then removes the dead entry.
-    /// A retired entry still in the map is no longer counted against the cap; the sweep removes
-    /// it right after retiring it, so at most one per sweeping thread is ever in that state.
+    /// Their slots under the cap were given back one by one as they were retired (see
+    /// `sweep_shard`); these are the counts nothing decides on.
     fn removed<C: Clock>(ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>, n: u64) {
         if n > 0 {
             // Relaxed: counts only.
             shard.len.fetch_sub(n, Ordering::Relaxed);
             ctx.evicted.fetch_add(n, Ordering::Relaxed);
-            ctx.release_keys(n);
         }
     }
 
@@ -742,6 +743,14 @@ where
             let waited = || ctx.waits.any() && ctx.waits.has_waiters(key);
             match self.algo.retire_unless(cell, &ctx.clock, waited) {
                 Ok(()) => {
+                    // The key's slot goes back now, not at the end of the walk: a call for the
+                    // key that meets the retired cell needs a fresh one, and at the cap, with
+                    // the slot still counted (and this shard, being swept, skipped by its
+                    // search for room), it was refused as over the cap for the rest of the
+                    // walk, though the key had been idle and held. A retired entry still in
+                    // the map therefore no longer counts against the cap; it is removed right
+                    // below, so at most one per sweeping thread is ever in that state.
+                    ctx.release_keys(1);
                     evicted += 1;
                     false
                 }
@@ -930,13 +939,15 @@ where
         if !shard.map.get(key, A::retire_now).unwrap_or(false) {
             return false;
         }
+        // The slot first, as a sweep gives it back (see `sweep_shard`): a caller of the key
+        // that meets the retired cell needs a fresh one.
+        ctx.release_keys(1);
         // The dead entry goes now, unless a caller that met it first removed it already (and
         // inserted a fresh cell, which `remove_if` leaves alone).
         shard.map.remove_if(key, A::retired);
         // Relaxed: bookkeeping, as in `removed`.
         shard.len.fetch_sub(1, Ordering::Relaxed);
         ctx.forgotten.fetch_add(1, Ordering::Relaxed);
-        ctx.release_keys(1);
         true
     }
 
