@@ -219,7 +219,13 @@ pub(crate) struct Ctx<K, C, S> {
     cursor: AtomicU64,
     /// A lower bound of every shard's `not_before`: before this time no key anywhere can be idle,
     /// so a new key at the cap skips the search for room in O(1). Lowered with every shard hint;
-    /// raised only by a full make-room pass (swap to MAX at its start, `fetch_min` at its end).
+    /// raised only by a full make-room pass (swap to [`SEARCHING`] at its start, replaced by what
+    /// it found at its end unless lowered meanwhile).
+    ///
+    /// | holds | a new key at the cap |
+    /// |---|---|
+    /// | a time t (`u64::MAX`: no time known) | searches if now ≥ t, else is refused at once |
+    /// | [`SEARCHING`] | searches too: another search is running, and has not found the room |
     room_at: AtomicU64,
     /// Two per [`KeyedLimiter::reset`] call, one before it retires the key's cell and one after,
     /// so odd while a reset runs (resets are serialised). A chain's commit reads it first and
@@ -308,6 +314,12 @@ pub(crate) struct Shard<K, V, S> {
     /// turns idle); lowered to "now" by every insert.
     pub(crate) not_before: AtomicU64,
 }
+
+/// `Ctx::room_at` while a search for room runs: not a time (clocks never get near it), and
+/// not a reason to refuse. It used to be `u64::MAX`, "nothing idle, ever", so a second new key
+/// at the cap arriving during a search was refused at once, though idle keys were there to
+/// evict for it too.
+const SEARCHING: u64 = u64::MAX - 1;
 
 /// A shard whose key count reaches a multiple of this flushes its thread's reclamation batch
 /// (one `membarrier` system call per this many inserts into the shard), so that tables replaced
@@ -582,7 +594,7 @@ where
         if 2 * inserted >= len.max(MIN_SWEEP) {
             // Amortised: a shard of L keys is swept after L inserts, so each insert pays for about
             // one key looked at; and one call sweeps at most this one shard.
-            self.sweep_shard(ctx, shard);
+            self.sweep_shard(ctx, shard, false);
         } else if len % FLUSH_EVERY == 0 {
             // A growing shard's resizes retire its old tables; hand them to reclamation within
             // `FLUSH_EVERY` inserts rather than when a batch fills (sweeps flush too).
@@ -640,27 +652,36 @@ where
     /// shard whose hint says it may hold one, and reserves the room it frees. False if no key is
     /// idle. When nothing can be idle before `room_at`, this is one load; a pass that finds
     /// nothing raises `room_at` to the earliest time a key it saw turns idle, so a flood of new
-    /// keys while every key is busy costs one pass, not one per call.
+    /// keys while every key is busy costs one pass, not one per call. New keys that arrive while
+    /// a pass runs search too (shards being swept are skipped, and shards swept already are
+    /// skipped by their hints, so they share the work rather than repeat it), and any slot given
+    /// back meanwhile, by whoever, is taken.
     #[cold]
     pub(crate) fn make_room<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
         own: &Shard<K, A::Cell, S>,
     ) -> bool {
+        let now = ctx.clock.now();
         // Relaxed: a hint, as `not_before`.
-        if ctx.clock.now() < ctx.room_at.load(Ordering::Relaxed) {
+        let room_at = ctx.room_at.load(Ordering::Relaxed);
+        if now < room_at && room_at != SEARCHING {
             return false;
         }
         // AcqRel: as the swap that starts a sweep (see `sweep_shard`); from here `room_at` is
-        // rebuilt as the minimum of the shard hints seen, and any hint lowered meanwhile lowers
-        // it too.
-        ctx.room_at.swap(u64::MAX, Ordering::AcqRel);
+        // rebuilt from the shard hints seen, and any hint lowered meanwhile lowers it too.
+        ctx.room_at.swap(SEARCHING, Ordering::AcqRel);
         // Relaxed: only spreads the work; any value is a valid starting point.
         let start = ctx.cursor.fetch_add(1, Ordering::Relaxed) as usize;
         let others = (0..self.shards.len()).map(|i| &self.shards[(start + i) & ctx.shard_mask]);
         let mut earliest = u64::MAX;
         for shard in std::iter::once(own).chain(others) {
-            if self.sweep_shard(ctx, shard) > 0 && ctx.reserve_key() {
+            self.sweep_shard(ctx, shard, true);
+            // Whoever evicted: slots given back by another search, a sweep or a reset running
+            // beside us are room too. (Only our own evictions counted: a search that found the
+            // keys of its shard evicted by another, and none left elsewhere, was refused with
+            // room to spare.) At the cap this is a load; it writes only when it reserves.
+            if ctx.reserve_key() {
                 // Other shards were not looked at: their keys may be idle now.
                 ctx.room_at.fetch_min(0, Ordering::Relaxed);
                 return true;
@@ -668,8 +689,14 @@ where
             // Relaxed: a hint.
             earliest = earliest.min(shard.not_before.load(Ordering::Relaxed));
         }
-        // Relaxed: the minimum keeps any lower value stored meanwhile.
-        ctx.room_at.fetch_min(earliest, Ordering::Relaxed);
+        // Relaxed: replaces our `SEARCHING` (or another search's) with what we found; a value
+        // stored meanwhile is lower (an insert's, a sweep's, another search's result) and the
+        // minimum keeps it.
+        let _ = ctx
+            .room_at
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                Some(if r == SEARCHING { earliest } else { r.min(earliest) })
+            });
         false
     }
 
@@ -693,8 +720,14 @@ where
     }
 
     /// Retires and removes every idle key of `shard`; returns how many. Skips the shard if
-    /// another thread is sweeping it or if nothing in it can be idle yet.
-    fn sweep_shard<C: Clock>(&self, ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>) -> u64 {
+    /// another thread is sweeping it or if nothing in it can be idle yet. `search`: a sweep of
+    /// a search for room (`make_room`), which rebuilds `room_at` from the shard hints itself.
+    fn sweep_shard<C: Clock>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        shard: &Shard<K, A::Cell, S>,
+        search: bool,
+    ) -> u64 {
         // Relaxed: a hint; a stale value only makes us sweep in vain or a little late.
         if ctx.clock.now() < shard.not_before.load(Ordering::Relaxed) {
             return 0;
@@ -762,8 +795,12 @@ where
         });
         // Relaxed: the minimum keeps any insert's 0; ordering is carried by the swap above.
         shard.not_before.fetch_min(next, Ordering::Relaxed);
-        // Relaxed: `room_at` stays at or below every shard's hint.
-        ctx.room_at.fetch_min(next, Ordering::Relaxed);
+        if !search {
+            // Relaxed: `room_at` stays at or below every shard's hint. (A search leaves it at
+            // `SEARCHING` until it ends: this one shard's hint would refuse the new keys that
+            // arrive meanwhile, though the search may yet find idle keys in other shards.)
+            ctx.room_at.fetch_min(next, Ordering::Relaxed);
+        }
         Self::removed(ctx, shard, evicted);
         // Release: pairs with the Acquire above.
         shard.sweeping.store(0, Ordering::Release);
@@ -795,7 +832,7 @@ where
     pub(crate) fn sweep<C: Clock>(&self, ctx: &Ctx<K, C, S>) -> u64 {
         self.shards
             .iter()
-            .map(|shard| self.sweep_shard(ctx, shard))
+            .map(|shard| self.sweep_shard(ctx, shard, false))
             .sum()
     }
 
@@ -830,8 +867,10 @@ where
                 let now = ctx.clock.now();
                 // Relaxed, both: hints, as in `reserve_key` and `make_room`; a stale value only
                 // answers as a call a moment earlier or later would have been answered.
+                let room_at = ctx.room_at.load(Ordering::Relaxed);
                 let full = ctx.keys.load(Ordering::Relaxed) >= ctx.max_keys as u64
-                    && now < ctx.room_at.load(Ordering::Relaxed);
+                    && now < room_at
+                    && room_at != SEARCHING;
                 if !full {
                     // A fresh cell admits any n up to the limit; only the verdict is used.
                     return Ok(Admission::new(now, 0, limit));

@@ -779,3 +779,45 @@ fn a_key_evicted_by_a_sweep_gets_its_slot_back_before_the_walk_ends() {
     assert_eq!(outcomes, [Ok(()), Ok(())], "A and B were idle and held");
     assert_eq!(limiter.len(), 2);
 }
+
+/// Two new keys at the cap while idle keys could make room for both: each must get in. The
+/// search for room set the limiter-wide hint to "nothing idle, ever" while it ran, so a second
+/// new key arriving meanwhile was refused at once as over the cap (or sent to the shared
+/// overflow limiter), though idle keys were there to evict.
+///
+/// Deterministic: three idle keys fill the cap in one shard; new key X searches for room, and at
+/// its second clock reading (its shard sweep's hint check) the hook asks for new key Y.
+#[test]
+fn a_new_key_arriving_during_another_search_for_room_still_finds_idle_keys() {
+    type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+    let keys = same_shard_keys(&Fixed::default(), 5);
+    let (held, x, y) = (&keys[..3], keys[3], keys[4]);
+    let clock = HookClock::default();
+    let limiter = KeyedLimiter::<u64, _>::builder(Algorithm::FixedWindow {
+        limit: 1,
+        window: SEC,
+    })
+    .clock(clock.clone())
+    .hasher(Fixed::default())
+    .max_keys(3)
+    .build()
+    .unwrap();
+    for key in held {
+        limiter.try_acquire(key).unwrap();
+    }
+    clock.advance(SEC);
+    let theirs = std::sync::Arc::new(std::sync::Mutex::new(None));
+    {
+        let (limiter, theirs) = (limiter.clone(), theirs.clone());
+        // Readings: X's search for room's hint check, then its shard sweep's.
+        clock.arm(2, move || {
+            *theirs.lock().unwrap() = Some(limiter.try_acquire(&y).map(|_| ()));
+        });
+    }
+    let mine = limiter.try_acquire(&x).map(|_| ());
+    let theirs = theirs.lock().unwrap().take();
+    assert_eq!(theirs, Some(Ok(())), "Y was refused though keys were idle");
+    assert_eq!(mine, Ok(()), "X was refused though keys were idle");
+    assert_eq!(limiter.len(), 2);
+    assert_eq!(limiter.stats().overflowed, 0);
+}
