@@ -695,7 +695,11 @@ where
         let _ = ctx
             .room_at
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
-                Some(if r == SEARCHING { earliest } else { r.min(earliest) })
+                Some(if r == SEARCHING {
+                    earliest
+                } else {
+                    r.min(earliest)
+                })
             });
         false
     }

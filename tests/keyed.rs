@@ -663,10 +663,18 @@ fn a_key_whose_only_admission_was_refunded_is_still_evicted() {
             "{algorithm:?}"
         );
         assert_eq!(chain.stats().refunded, 1, "{algorithm:?}");
-        assert_eq!(per_key.available(&1), 1, "{algorithm:?}: the refund was exact");
+        assert_eq!(
+            per_key.available(&1),
+            1,
+            "{algorithm:?}: the refund was exact"
+        );
         clock.advance(10 * SEC);
         per_key.sweep();
-        assert_eq!(per_key.len(), 0, "{algorithm:?}: an idle key stayed counted");
+        assert_eq!(
+            per_key.len(),
+            0,
+            "{algorithm:?}: an idle key stayed counted"
+        );
         assert!(
             per_key.try_acquire(&2).is_ok(),
             "{algorithm:?}: the cap's one slot is still taken"
@@ -694,9 +702,7 @@ impl HookClock {
     }
 
     fn advance(&self, by: Duration) {
-        self.0
-            .now
-            .fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
+        self.0.now.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
     }
 }
 
