@@ -453,3 +453,61 @@ fn a_reset_races_admissions_on_a_busy_key() {
         assert_eq!(l.available(&1), 0);
     });
 }
+
+/// At the cap (one key), a sweep evicting the only key, idle, races that key's next call: the
+/// call may meet the retired cell and need a fresh one, for which the key's own slot under the
+/// cap must be free again. Before or after the sweep the call is admitted (on the idle cell, or
+/// on a fresh one with the slot given back); it should never be refused as over the cap because
+/// the sweep still counts the key it has retired.
+///
+/// Ignored: a known residual race. The sweep gave the slots back at the end of its walk of the
+/// shard, so the window was the whole walk (thousands of keys; `tests/keyed.rs`,
+/// `a_key_evicted_by_a_sweep_gets_its_slot_back_before_the_walk_ends`); it now gives each back
+/// right after the retiring compare-and-swap, and this model still fails when the sweeper is
+/// preempted between the two (or the caller's reservation reads the count before the
+/// sweeper's decrement: the decrement follows the CAS the caller synchronised with). Closing it
+/// needs the slot given back *before* that CAS, and taken again if the CAS fails, which can
+/// leave one key over the cap instead.
+#[test]
+#[ignore = "known residual race: the slot is given back just after the retiring CAS"]
+fn a_call_racing_the_eviction_of_its_key_at_the_cap_gets_the_slot() {
+    model(|| {
+        let l = limiter(fixed(1), 1);
+        assert!(attempt(&l, 1).is_some());
+        l.clock().advance(Duration::from_nanos(W));
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        let mine = l.try_acquire(&1).map(|a| a.at_nanos());
+        let swept = sweeper.join().unwrap();
+        assert_eq!(mine, Ok(W), "an idle key's call was refused");
+        assert!(swept <= 1);
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.stats().overflowed, 0);
+    });
+}
+
+/// As above with a reset instead of the sweep: a call that meets the cell the reset retired
+/// should be decided on the fresh state, never refused as over the cap because the reset has
+/// not yet given back the slot of the key it forgot. Ignored for the same residual window.
+#[test]
+#[ignore = "known residual race: the slot is given back just after the retiring CAS"]
+fn a_call_racing_a_reset_of_its_key_at_the_cap_gets_the_slot() {
+    model(|| {
+        let l = limiter(fixed(1), 1);
+        assert!(attempt(&l, 1).is_some());
+        let resetter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.reset(&1))
+        };
+        let mine = l.try_acquire(&1);
+        assert!(resetter.join().unwrap());
+        assert!(
+            matches!(mine, Ok(_) | Err(TryAcquireError::Rejected(_))),
+            "decided neither before nor after the reset: {mine:?}"
+        );
+        assert_eq!(l.len(), usize::from(mine.is_ok()));
+        assert_eq!(l.stats().overflowed, 0);
+    });
+}

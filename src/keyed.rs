@@ -219,7 +219,13 @@ pub(crate) struct Ctx<K, C, S> {
     cursor: AtomicU64,
     /// A lower bound of every shard's `not_before`: before this time no key anywhere can be idle,
     /// so a new key at the cap skips the search for room in O(1). Lowered with every shard hint;
-    /// raised only by a full make-room pass (swap to MAX at its start, `fetch_min` at its end).
+    /// raised only by a full make-room pass (swap to [`SEARCHING`] at its start, replaced by what
+    /// it found at its end unless lowered meanwhile).
+    ///
+    /// | holds | a new key at the cap |
+    /// |---|---|
+    /// | a time t (`u64::MAX`: no time known) | searches if now ≥ t, else is refused at once |
+    /// | [`SEARCHING`] | searches too: another search is running, and has not found the room |
     room_at: AtomicU64,
     /// Two per [`KeyedLimiter::reset`] call, one before it retires the key's cell and one after,
     /// so odd while a reset runs (resets are serialised). A chain's commit reads it first and
@@ -308,6 +314,12 @@ pub(crate) struct Shard<K, V, S> {
     /// turns idle); lowered to "now" by every insert.
     pub(crate) not_before: AtomicU64,
 }
+
+/// `Ctx::room_at` while a search for room runs: not a time (clocks never get near it), and
+/// not a reason to refuse. It used to be `u64::MAX`, "nothing idle, ever", so a second new key
+/// at the cap arriving during a search was refused at once, though idle keys were there to
+/// evict for it too.
+const SEARCHING: u64 = u64::MAX - 1;
 
 /// A shard whose key count reaches a multiple of this flushes its thread's reclamation batch
 /// (one `membarrier` system call per this many inserts into the shard), so that tables replaced
@@ -582,7 +594,7 @@ where
         if 2 * inserted >= len.max(MIN_SWEEP) {
             // Amortised: a shard of L keys is swept after L inserts, so each insert pays for about
             // one key looked at; and one call sweeps at most this one shard.
-            self.sweep_shard(ctx, shard);
+            self.sweep_shard(ctx, shard, false);
         } else if len % FLUSH_EVERY == 0 {
             // A growing shard's resizes retire its old tables; hand them to reclamation within
             // `FLUSH_EVERY` inserts rather than when a batch fills (sweeps flush too).
@@ -599,7 +611,10 @@ where
     /// then evicted). True if taken back; the caller then skips the new key's bookkeeping.
     ///
     /// Without this, nothing would remove the cell: sweeps never retire a never-used cell (see
-    /// [`Algo::retire`]), so the key would count against `max_keys` for good.
+    /// [`Algo::retire`]), so the key would count against `max_keys` for good. For the same
+    /// reason a refund that leaves a cell's word fresh again takes it back too (see
+    /// `chain_refund`); the CAS from the fresh word decides between the two, and whichever
+    /// retires the cell keeps the books for it.
     #[cold]
     #[inline(never)]
     fn take_back<C: Clock>(
@@ -622,12 +637,14 @@ where
         if !retired {
             return false;
         }
+        // The slot first, before the removal: a caller of this key that met the retired cell
+        // needs a fresh one, and with the slot still taken it was refused at the cap.
+        ctx.release_keys(1);
         // The dead entry goes now; a caller that met it first may have removed it already (and
         // inserted a fresh cell, which `remove_if` leaves alone: it is not retired).
         shard.map.remove_if(key, A::retired);
         // Relaxed: bookkeeping, as in `first_use`. Not an eviction: the key never held anything.
         shard.len.fetch_sub(1, Ordering::Relaxed);
-        ctx.release_keys(1);
         true
     }
 
@@ -635,27 +652,36 @@ where
     /// shard whose hint says it may hold one, and reserves the room it frees. False if no key is
     /// idle. When nothing can be idle before `room_at`, this is one load; a pass that finds
     /// nothing raises `room_at` to the earliest time a key it saw turns idle, so a flood of new
-    /// keys while every key is busy costs one pass, not one per call.
+    /// keys while every key is busy costs one pass, not one per call. New keys that arrive while
+    /// a pass runs search too (shards being swept are skipped, and shards swept already are
+    /// skipped by their hints, so they share the work rather than repeat it), and any slot given
+    /// back meanwhile, by whoever, is taken.
     #[cold]
     pub(crate) fn make_room<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
         own: &Shard<K, A::Cell, S>,
     ) -> bool {
+        let now = ctx.clock.now();
         // Relaxed: a hint, as `not_before`.
-        if ctx.clock.now() < ctx.room_at.load(Ordering::Relaxed) {
+        let room_at = ctx.room_at.load(Ordering::Relaxed);
+        if now < room_at && room_at != SEARCHING {
             return false;
         }
         // AcqRel: as the swap that starts a sweep (see `sweep_shard`); from here `room_at` is
-        // rebuilt as the minimum of the shard hints seen, and any hint lowered meanwhile lowers
-        // it too.
-        ctx.room_at.swap(u64::MAX, Ordering::AcqRel);
+        // rebuilt from the shard hints seen, and any hint lowered meanwhile lowers it too.
+        ctx.room_at.swap(SEARCHING, Ordering::AcqRel);
         // Relaxed: only spreads the work; any value is a valid starting point.
         let start = ctx.cursor.fetch_add(1, Ordering::Relaxed) as usize;
         let others = (0..self.shards.len()).map(|i| &self.shards[(start + i) & ctx.shard_mask]);
         let mut earliest = u64::MAX;
         for shard in std::iter::once(own).chain(others) {
-            if self.sweep_shard(ctx, shard) > 0 && ctx.reserve_key() {
+            self.sweep_shard(ctx, shard, true);
+            // Whoever evicted: slots given back by another search, a sweep or a reset running
+            // beside us are room too. (Only our own evictions counted: a search that found the
+            // keys of its shard evicted by another, and none left elsewhere, was refused with
+            // room to spare.) At the cap this is a load; it writes only when it reserves.
+            if ctx.reserve_key() {
                 // Other shards were not looked at: their keys may be idle now.
                 ctx.room_at.fetch_min(0, Ordering::Relaxed);
                 return true;
@@ -663,8 +689,18 @@ where
             // Relaxed: a hint.
             earliest = earliest.min(shard.not_before.load(Ordering::Relaxed));
         }
-        // Relaxed: the minimum keeps any lower value stored meanwhile.
-        ctx.room_at.fetch_min(earliest, Ordering::Relaxed);
+        // Relaxed: replaces our `SEARCHING` (or another search's) with what we found; a value
+        // stored meanwhile is lower (an insert's, a sweep's, another search's result) and the
+        // minimum keeps it.
+        let _ = ctx
+            .room_at
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                Some(if r == SEARCHING {
+                    earliest
+                } else {
+                    r.min(earliest)
+                })
+            });
         false
     }
 
@@ -677,20 +713,25 @@ where
 
     /// Counts `n` keys evicted: by the sweep that retired their cells, which is exactly one per
     /// cell (retirement is a compare-and-swap, and final), whoever then removes the dead entry.
-    /// A retired entry still in the map is no longer counted against the cap; the sweep removes
-    /// it right after retiring it, so at most one per sweeping thread is ever in that state.
+    /// Their slots under the cap were given back one by one as they were retired (see
+    /// `sweep_shard`); these are the counts nothing decides on.
     fn removed<C: Clock>(ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>, n: u64) {
         if n > 0 {
             // Relaxed: counts only.
             shard.len.fetch_sub(n, Ordering::Relaxed);
             ctx.evicted.fetch_add(n, Ordering::Relaxed);
-            ctx.release_keys(n);
         }
     }
 
     /// Retires and removes every idle key of `shard`; returns how many. Skips the shard if
-    /// another thread is sweeping it or if nothing in it can be idle yet.
-    fn sweep_shard<C: Clock>(&self, ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>) -> u64 {
+    /// another thread is sweeping it or if nothing in it can be idle yet. `search`: a sweep of
+    /// a search for room (`make_room`), which rebuilds `room_at` from the shard hints itself.
+    fn sweep_shard<C: Clock>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        shard: &Shard<K, A::Cell, S>,
+        search: bool,
+    ) -> u64 {
         // Relaxed: a hint; a stale value only makes us sweep in vain or a little late.
         if ctx.clock.now() < shard.not_before.load(Ordering::Relaxed) {
             return 0;
@@ -739,6 +780,14 @@ where
             let waited = || ctx.waits.any() && ctx.waits.has_waiters(key);
             match self.algo.retire_unless(cell, &ctx.clock, waited) {
                 Ok(()) => {
+                    // The key's slot goes back now, not at the end of the walk: a call for the
+                    // key that meets the retired cell needs a fresh one, and at the cap, with
+                    // the slot still counted (and this shard, being swept, skipped by its
+                    // search for room), it was refused as over the cap for the rest of the
+                    // walk, though the key had been idle and held. A retired entry still in
+                    // the map therefore no longer counts against the cap; it is removed right
+                    // below, so at most one per sweeping thread is ever in that state.
+                    ctx.release_keys(1);
                     evicted += 1;
                     false
                 }
@@ -750,8 +799,12 @@ where
         });
         // Relaxed: the minimum keeps any insert's 0; ordering is carried by the swap above.
         shard.not_before.fetch_min(next, Ordering::Relaxed);
-        // Relaxed: `room_at` stays at or below every shard's hint.
-        ctx.room_at.fetch_min(next, Ordering::Relaxed);
+        if !search {
+            // Relaxed: `room_at` stays at or below every shard's hint. (A search leaves it at
+            // `SEARCHING` until it ends: this one shard's hint would refuse the new keys that
+            // arrive meanwhile, though the search may yet find idle keys in other shards.)
+            ctx.room_at.fetch_min(next, Ordering::Relaxed);
+        }
         Self::removed(ctx, shard, evicted);
         // Release: pairs with the Acquire above.
         shard.sweeping.store(0, Ordering::Release);
@@ -783,7 +836,7 @@ where
     pub(crate) fn sweep<C: Clock>(&self, ctx: &Ctx<K, C, S>) -> u64 {
         self.shards
             .iter()
-            .map(|shard| self.sweep_shard(ctx, shard))
+            .map(|shard| self.sweep_shard(ctx, shard, false))
             .sum()
     }
 
@@ -818,8 +871,10 @@ where
                 let now = ctx.clock.now();
                 // Relaxed, both: hints, as in `reserve_key` and `make_room`; a stale value only
                 // answers as a call a moment earlier or later would have been answered.
+                let room_at = ctx.room_at.load(Ordering::Relaxed);
                 let full = ctx.keys.load(Ordering::Relaxed) >= ctx.max_keys as u64
-                    && now < ctx.room_at.load(Ordering::Relaxed);
+                    && now < room_at
+                    && room_at != SEARCHING;
                 if !full {
                     // A fresh cell admits any n up to the limit; only the verdict is used.
                     return Ok(Admission::new(now, 0, limit));
@@ -893,17 +948,28 @@ where
         if committed.overflow {
             // A reset never touches the shared overflow cell.
             self.algo.refund(&self.overflow, n, admission, &ctx.clock);
-        } else {
-            self.shards[shard].map.get(key, |cell| {
-                // Relaxed: read after the lookup that found `cell`. If `cell` was made after a
-                // reset retired the key's old one, that reset's first increment happens before
-                // this load (through the retirement's Release and the map), so by coherence it
-                // reads that increment or a later one, never the commit's value.
-                let resets = ctx.resets.load(Ordering::Relaxed);
-                if resets == committed.resets && resets.is_multiple_of(2) {
-                    self.algo.refund(cell, n, admission, &ctx.clock);
-                }
-            });
+            return;
+        }
+        let shard = &self.shards[shard];
+        let fresh_again = shard.map.get(key, |cell| {
+            // Relaxed: read after the lookup that found `cell`. If `cell` was made after a
+            // reset retired the key's old one, that reset's first increment happens before
+            // this load (through the retirement's Release and the map), so by coherence it
+            // reads that increment or a later one, never the commit's value.
+            let resets = ctx.resets.load(Ordering::Relaxed);
+            if resets == committed.resets && resets.is_multiple_of(2) {
+                self.algo.refund(cell, n, admission, &ctx.clock);
+                // A refund can leave the word exactly fresh (a token bucket's only admission
+                // given back at clock time 0 takes its word back to 0). Sweeps skip a
+                // never-used word, which they take for one whose inserter is about to use it,
+                // so nothing would ever evict the key: it would hold a slot of the cap for
+                // good. Take it back as its inserter would (see `take_back`).
+                return A::unused(cell).then_some(cell as *const A::Cell);
+            }
+            None
+        });
+        if let Some(Some(cell)) = fresh_again {
+            self.take_back(ctx, shard, key, cell);
         }
     }
 
@@ -916,13 +982,15 @@ where
         if !shard.map.get(key, A::retire_now).unwrap_or(false) {
             return false;
         }
+        // The slot first, as a sweep gives it back (see `sweep_shard`): a caller of the key
+        // that meets the retired cell needs a fresh one.
+        ctx.release_keys(1);
         // The dead entry goes now, unless a caller that met it first removed it already (and
         // inserted a fresh cell, which `remove_if` leaves alone).
         shard.map.remove_if(key, A::retired);
         // Relaxed: bookkeeping, as in `removed`.
         shard.len.fetch_sub(1, Ordering::Relaxed);
         ctx.forgotten.fetch_add(1, Ordering::Relaxed);
-        ctx.release_keys(1);
         true
     }
 

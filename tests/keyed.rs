@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::Duration;
 use turnstile::{
-    Algorithm, Clock, KeyOverflow, KeyedLimiter, ManualClock, MonotonicClock, Rate, TryAcquireError,
+    Algorithm, Clock, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock, MonotonicClock, Rate,
+    TryAcquireError,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -619,4 +620,210 @@ fn resets_racing_admissions_and_sweeps_keep_the_books() {
             "{name}: the cap moved"
         );
     }
+}
+
+/// A chain member's refund that gives a new key's only admission back at clock time 0 leaves
+/// the key's state as fresh as a new cell's (a token bucket's word back at 0). Sweeps never
+/// evict a cell they take for one whose inserter has yet to use it, so unless the store tells
+/// the two apart, or takes such a cell back, the key holds a slot of the cap for good, however
+/// long it stays idle. (The fixed window and the sliding counter write another word for an
+/// emptied window 0; the exact sliding window never refunds its ticket counter back to 0.)
+#[test]
+fn a_key_whose_only_admission_was_refunded_is_still_evicted() {
+    let cases = all_algorithms(1)
+        .into_iter()
+        .filter(|a| !matches!(a, Algorithm::SlidingWindow { .. }));
+    for algorithm in cases {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::<u64, _>::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .build()
+            .unwrap();
+        // A second member whose cap one busy key fills: its check lets a new key through (no
+        // search for room has failed yet), and its commit refuses it, after the first member
+        // committed: the first member's admission is refunded at once, at time 0.
+        let full = KeyedLimiter::<u64, _>::builder(Algorithm::FixedWindow {
+            limit: 1,
+            window: SEC,
+        })
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+        full.try_acquire(&0).unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .per_key(full)
+            .build()
+            .unwrap();
+        assert_eq!(
+            chain.try_acquire(&1),
+            Err(TryAcquireError::TooManyKeys { max_keys: 1 }),
+            "{algorithm:?}"
+        );
+        assert_eq!(chain.stats().refunded, 1, "{algorithm:?}");
+        assert_eq!(
+            per_key.available(&1),
+            1,
+            "{algorithm:?}: the refund was exact"
+        );
+        clock.advance(10 * SEC);
+        per_key.sweep();
+        assert_eq!(
+            per_key.len(),
+            0,
+            "{algorithm:?}: an idle key stayed counted"
+        );
+        assert!(
+            per_key.try_acquire(&2).is_ok(),
+            "{algorithm:?}: the cap's one slot is still taken"
+        );
+    }
+}
+
+/// A clock that runs a hook at its `countdown`-th reading after being armed, on the reading
+/// thread, then reads as a `ManualClock` would.
+#[derive(Clone, Default)]
+struct HookClock(std::sync::Arc<HookState>);
+
+#[derive(Default)]
+struct HookState {
+    now: std::sync::atomic::AtomicU64,
+    countdown: std::sync::atomic::AtomicUsize,
+    #[allow(clippy::type_complexity)]
+    hook: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl HookClock {
+    fn arm(&self, readings: usize, hook: impl FnOnce() + Send + 'static) {
+        *self.0.hook.lock().unwrap() = Some(Box::new(hook));
+        self.0.countdown.store(readings, Ordering::SeqCst);
+    }
+
+    fn advance(&self, by: Duration) {
+        self.0.now.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Clock for HookClock {
+    fn now(&self) -> u64 {
+        let fire = self
+            .0
+            .countdown
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
+            == Ok(1);
+        if fire {
+            let hook = self.0.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        self.0.now.load(Ordering::SeqCst)
+    }
+}
+
+/// Keys that land in one shard whatever the shard count (at most 4,096 shards: the same low
+/// 12 bits of the high half of the hash, which picks the shard).
+fn same_shard_keys<S: std::hash::BuildHasher>(hasher: &S, n: usize) -> Vec<u64> {
+    let mut by_shard: HashMap<u64, Vec<u64>> = HashMap::new();
+    for key in 0u64.. {
+        let keys = by_shard
+            .entry((hasher.hash_one(key) >> 32) & 4095)
+            .or_default();
+        keys.push(key);
+        if keys.len() == n {
+            return keys.clone();
+        }
+    }
+    unreachable!()
+}
+
+/// At the cap, a sweep that has retired an idle key's cell must have given back that key's
+/// slot: the key's next call meets the retired cell and needs a fresh one, and there is no
+/// other room (its shard is being swept, so the search for room skips it). The sweep gave the
+/// slots back only at the end of its walk of the shard, so for the rest of the walk (up to
+/// thousands of keys) every call for a key it had evicted was refused as over the cap, though
+/// the key had been idle and held.
+///
+/// Deterministic: two idle keys A and B fill the cap (2) in one shard; a new key C in the same
+/// shard searches for room, which sweeps that shard first; at the clock reading of the walk's
+/// second key the hook calls A and B. One of them was retired just before (its call must get a
+/// fresh cell and the slot), the other is being judged (its call admits on its idle cell).
+#[test]
+fn a_key_evicted_by_a_sweep_gets_its_slot_back_before_the_walk_ends() {
+    type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+    let keys = same_shard_keys(&Fixed::default(), 3);
+    let (a, b, c) = (keys[0], keys[1], keys[2]);
+    let clock = HookClock::default();
+    let limiter = KeyedLimiter::<u64, _>::builder(Algorithm::FixedWindow {
+        limit: 1,
+        window: SEC,
+    })
+    .clock(clock.clone())
+    .hasher(Fixed::default())
+    .max_keys(2)
+    .build()
+    .unwrap();
+    limiter.try_acquire(&a).unwrap();
+    limiter.try_acquire(&b).unwrap();
+    clock.advance(SEC);
+    let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let (limiter, outcomes) = (limiter.clone(), outcomes.clone());
+        // Readings: the search for room's hint check, the shard sweep's, the first key's
+        // `retire`, the second key's `retire`.
+        clock.arm(4, move || {
+            let mut outcomes = outcomes.lock().unwrap();
+            outcomes.push(limiter.try_acquire(&a).map(|_| ()));
+            outcomes.push(limiter.try_acquire(&b).map(|_| ()));
+        });
+    }
+    // C finds no room: A and B are held again by the calls the hook made.
+    let _ = limiter.try_acquire(&c);
+    let outcomes = outcomes.lock().unwrap().clone();
+    assert_eq!(outcomes, [Ok(()), Ok(())], "A and B were idle and held");
+    assert_eq!(limiter.len(), 2);
+}
+
+/// Two new keys at the cap while idle keys could make room for both: each must get in. The
+/// search for room set the limiter-wide hint to "nothing idle, ever" while it ran, so a second
+/// new key arriving meanwhile was refused at once as over the cap (or sent to the shared
+/// overflow limiter), though idle keys were there to evict.
+///
+/// Deterministic: three idle keys fill the cap in one shard; new key X searches for room, and at
+/// its second clock reading (its shard sweep's hint check) the hook asks for new key Y.
+#[test]
+fn a_new_key_arriving_during_another_search_for_room_still_finds_idle_keys() {
+    type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+    let keys = same_shard_keys(&Fixed::default(), 5);
+    let (held, x, y) = (&keys[..3], keys[3], keys[4]);
+    let clock = HookClock::default();
+    let limiter = KeyedLimiter::<u64, _>::builder(Algorithm::FixedWindow {
+        limit: 1,
+        window: SEC,
+    })
+    .clock(clock.clone())
+    .hasher(Fixed::default())
+    .max_keys(3)
+    .build()
+    .unwrap();
+    for key in held {
+        limiter.try_acquire(key).unwrap();
+    }
+    clock.advance(SEC);
+    let theirs = std::sync::Arc::new(std::sync::Mutex::new(None));
+    {
+        let (limiter, theirs) = (limiter.clone(), theirs.clone());
+        // Readings: X's search for room's hint check, then its shard sweep's.
+        clock.arm(2, move || {
+            *theirs.lock().unwrap() = Some(limiter.try_acquire(&y).map(|_| ()));
+        });
+    }
+    let mine = limiter.try_acquire(&x).map(|_| ());
+    let theirs = theirs.lock().unwrap().take();
+    assert_eq!(theirs, Some(Ok(())), "Y was refused though keys were idle");
+    assert_eq!(mine, Ok(()), "X was refused though keys were idle");
+    assert_eq!(limiter.len(), 2);
+    assert_eq!(limiter.stats().overflowed, 0);
 }
