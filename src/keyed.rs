@@ -2422,19 +2422,9 @@ where
 
 /// A `try_acquire` failure seen by a waiter (never `Rejected`: a waiter waits instead).
 pub(crate) fn waiting_error(error: TryAcquireError) -> AcquireError {
-    match error {
-        TryAcquireError::InsufficientCapacity {
-            requested,
-            capacity,
-        } => AcquireError::InsufficientCapacity {
-            requested,
-            capacity,
-        },
-        TryAcquireError::TooManyKeys { max_keys } => AcquireError::TooManyKeys { max_keys },
-        TryAcquireError::Unavailable => AcquireError::Unavailable,
-        // A keyed limiter is never closed, and a retired cell is retried inside the store.
-        TryAcquireError::Rejected(_) | TryAcquireError::Closed => AcquireError::Closed,
-    }
+    // A keyed limiter is never closed, and a retired cell is retried inside the store: a
+    // rejection here (which a waiter never sees) or `Closed` both say closed.
+    error.wait_or_fail().err().unwrap_or(AcquireError::Closed)
 }
 
 /// What a [`KeyedChain`](crate::KeyedChain) needs from a keyed member.
