@@ -17,71 +17,18 @@
 
 mod common;
 
+use common::hook_clock::HookClock;
 use common::models::{AnyModel, Expected, Model};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 use turnstile::{
     Admission, Algorithm, Chain, ChainStats, Clock, KeyedChain, KeyedLimiter, ManualClock,
     MonotonicClock, Rate, RateLimiter, TryAcquireError,
 };
-
-// ---------------------------------------------------------------------------------------------
-// A clock that can run a hook inside a reading.
-
-type Hook = Box<dyn FnOnce() + Send>;
-
-#[derive(Default)]
-struct HookState {
-    now: AtomicU64,
-    /// Nanoseconds every reading moves the clock on, after it is taken (0: a still clock).
-    tick: AtomicU64,
-    /// Readings left before the hook fires (0: disarmed).
-    countdown: AtomicUsize,
-    hook: Mutex<Option<Hook>>,
-}
-
-/// A manual clock whose `countdown`-th reading from now runs a hook first (once).
-#[derive(Clone, Default)]
-struct HookClock(Arc<HookState>);
-
-impl HookClock {
-    fn advance(&self, nanos: u64) {
-        self.0.now.fetch_add(nanos, Ordering::SeqCst);
-    }
-
-    fn arm(&self, readings: usize, hook: Hook) {
-        *self.0.hook.lock().unwrap() = Some(hook);
-        self.0.countdown.store(readings, Ordering::SeqCst);
-    }
-
-    /// Disarms; true if the hook had fired.
-    fn disarm(&self) -> bool {
-        self.0.countdown.store(0, Ordering::SeqCst);
-        self.0.hook.lock().unwrap().take().is_none()
-    }
-}
-
-impl Clock for HookClock {
-    fn now(&self) -> u64 {
-        let fire = self
-            .0
-            .countdown
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
-            == Ok(1);
-        if fire {
-            let hook = self.0.hook.lock().unwrap().take();
-            if let Some(hook) = hook {
-                hook();
-            }
-        }
-        let tick = self.0.tick.load(Ordering::SeqCst);
-        self.0.now.fetch_add(tick, Ordering::SeqCst)
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The proptest.

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::hook_clock::HookClock;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
@@ -682,45 +684,20 @@ fn a_key_whose_only_admission_was_refunded_is_still_evicted() {
     }
 }
 
-/// A clock that runs a hook at its `countdown`-th reading after being armed, on the reading
-/// thread, then reads as a `ManualClock` would.
-#[derive(Clone, Default)]
-struct HookClock(std::sync::Arc<HookState>);
+/// A fixed hasher, so that tests can pick keys of one shard.
+type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
 
-#[derive(Default)]
-struct HookState {
-    now: std::sync::atomic::AtomicU64,
-    countdown: std::sync::atomic::AtomicUsize,
-    #[allow(clippy::type_complexity)]
-    hook: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
-impl HookClock {
-    fn arm(&self, readings: usize, hook: impl FnOnce() + Send + 'static) {
-        *self.0.hook.lock().unwrap() = Some(Box::new(hook));
-        self.0.countdown.store(readings, Ordering::SeqCst);
-    }
-
-    fn advance(&self, by: Duration) {
-        self.0.now.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
-    }
-}
-
-impl Clock for HookClock {
-    fn now(&self) -> u64 {
-        let fire = self
-            .0
-            .countdown
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
-            == Ok(1);
-        if fire {
-            let hook = self.0.hook.lock().unwrap().take();
-            if let Some(hook) = hook {
-                hook();
-            }
-        }
-        self.0.now.load(Ordering::SeqCst)
-    }
+/// One admission per second per key on `clock`, at most `max_keys` keys, hashed by [`Fixed`].
+fn one_per_second_on(clock: &HookClock, max_keys: usize) -> KeyedLimiter<u64, HookClock, Fixed> {
+    KeyedLimiter::builder(Algorithm::FixedWindow {
+        limit: 1,
+        window: SEC,
+    })
+    .clock(clock.clone())
+    .hasher(Fixed::default())
+    .max_keys(max_keys)
+    .build()
+    .unwrap()
 }
 
 /// Keys that land in one shard whatever the shard count (at most 4,096 shards: the same low
@@ -752,32 +729,26 @@ fn same_shard_keys<S: std::hash::BuildHasher>(hasher: &S, n: usize) -> Vec<u64> 
 /// fresh cell and the slot), the other is being judged (its call admits on its idle cell).
 #[test]
 fn a_key_evicted_by_a_sweep_gets_its_slot_back_before_the_walk_ends() {
-    type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
     let keys = same_shard_keys(&Fixed::default(), 3);
     let (a, b, c) = (keys[0], keys[1], keys[2]);
     let clock = HookClock::default();
-    let limiter = KeyedLimiter::<u64, _>::builder(Algorithm::FixedWindow {
-        limit: 1,
-        window: SEC,
-    })
-    .clock(clock.clone())
-    .hasher(Fixed::default())
-    .max_keys(2)
-    .build()
-    .unwrap();
+    let limiter = one_per_second_on(&clock, 2);
     limiter.try_acquire(&a).unwrap();
     limiter.try_acquire(&b).unwrap();
-    clock.advance(SEC);
+    clock.advance(SEC.as_nanos() as u64);
     let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     {
         let (limiter, outcomes) = (limiter.clone(), outcomes.clone());
         // Readings: the search for room's hint check, the shard sweep's, the first key's
         // `retire`, the second key's `retire`.
-        clock.arm(4, move || {
-            let mut outcomes = outcomes.lock().unwrap();
-            outcomes.push(limiter.try_acquire(&a).map(|_| ()));
-            outcomes.push(limiter.try_acquire(&b).map(|_| ()));
-        });
+        clock.arm(
+            4,
+            Box::new(move || {
+                let mut outcomes = outcomes.lock().unwrap();
+                outcomes.push(limiter.try_acquire(&a).map(|_| ()));
+                outcomes.push(limiter.try_acquire(&b).map(|_| ()));
+            }),
+        );
     }
     // C finds no room: A and B are held again by the calls the hook made.
     let _ = limiter.try_acquire(&c);
@@ -795,30 +766,24 @@ fn a_key_evicted_by_a_sweep_gets_its_slot_back_before_the_walk_ends() {
 /// its second clock reading (its shard sweep's hint check) the hook asks for new key Y.
 #[test]
 fn a_new_key_arriving_during_another_search_for_room_still_finds_idle_keys() {
-    type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
     let keys = same_shard_keys(&Fixed::default(), 5);
     let (held, x, y) = (&keys[..3], keys[3], keys[4]);
     let clock = HookClock::default();
-    let limiter = KeyedLimiter::<u64, _>::builder(Algorithm::FixedWindow {
-        limit: 1,
-        window: SEC,
-    })
-    .clock(clock.clone())
-    .hasher(Fixed::default())
-    .max_keys(3)
-    .build()
-    .unwrap();
+    let limiter = one_per_second_on(&clock, 3);
     for key in held {
         limiter.try_acquire(key).unwrap();
     }
-    clock.advance(SEC);
+    clock.advance(SEC.as_nanos() as u64);
     let theirs = std::sync::Arc::new(std::sync::Mutex::new(None));
     {
         let (limiter, theirs) = (limiter.clone(), theirs.clone());
         // Readings: X's search for room's hint check, then its shard sweep's.
-        clock.arm(2, move || {
-            *theirs.lock().unwrap() = Some(limiter.try_acquire(&y).map(|_| ()));
-        });
+        clock.arm(
+            2,
+            Box::new(move || {
+                *theirs.lock().unwrap() = Some(limiter.try_acquire(&y).map(|_| ()));
+            }),
+        );
     }
     let mine = limiter.try_acquire(&x).map(|_| ());
     let theirs = theirs.lock().unwrap().take();
