@@ -11,7 +11,8 @@
 //! has used it meanwhile. The key count is reserved before an insert and released by the
 //! retirement of the cell (or given back at once if another caller's cell won).
 //!
-//! Under loom the map is a `Mutex<HashMap<K, Arc<Cell>>>` (linearizable, like papaya), and callers
+//! Under loom the map is a `Mutex<HashMap<K, Arc<Cell>>>` (linearizable, like papaya), a limiter
+//! has two shards (sixteen at least otherwise: see `shard_count`), and callers
 //! run the algorithm on a cell outside the map's lock, so every interleaving of the cells' atomics
 //! with map operations is explored. The models use `KeyedLimiter` on a `ManualClock` with 1-2
 //! racing threads besides the main one, and assert:
@@ -22,6 +23,8 @@
 //! - the books balance: `len()` equals the keys really held (a final sweep after everything is
 //!   idle brings it to exactly 0), `admitted + rejected` equals the calls made;
 //! - the cap: two new keys racing for the last free slot never both get in;
+//! - a search for room at the cap that overwrites a sweep's closing `room_at` reads the shard
+//!   hint that sweep left, so a key turning idle later is found (not "never");
 //! - a new key's first admission that fails on its fresh cell (the limit lowered after the
 //!   store's check) leaves no cell behind, and never takes back a cell someone else has used.
 //!
@@ -451,5 +454,30 @@ fn a_reset_races_admissions_on_a_busy_key() {
         assert_eq!(l.len(), 1);
         assert_eq!(l.stats().reset, 1);
         assert_eq!(l.available(&1), 0);
+    });
+}
+
+/// A sweep's closing hint races a new key's search for room at the cap (one slot, held by a key
+/// busy until `W`): the search's opening swap may overwrite the sweep's lowering of `room_at`,
+/// and must then read the shard's hint as the sweep left it (`W`), not as it opened it ("no
+/// time known"), or `room_at` would say "never" and new keys be refused after the key turns
+/// idle.
+#[test]
+fn a_search_for_room_after_a_sweep_keeps_its_hint() {
+    model(|| {
+        let l = limiter(fixed(1), 1);
+        assert!(attempt(&l, 1).is_some());
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        let newcomer = l.try_acquire(&2).map(|_| ());
+        assert_eq!(sweeper.join().unwrap(), 0, "key 1 is busy until W");
+        assert_eq!(newcomer, Err(TryAcquireError::TooManyKeys { max_keys: 1 }));
+        l.clock().advance(Duration::from_nanos(W));
+        assert!(
+            attempt(&l, 3).is_some(),
+            "key 1 is idle at W: a new key gets its slot"
+        );
     });
 }

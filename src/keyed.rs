@@ -226,6 +226,15 @@ pub(crate) struct Ctx<K, C, S> {
     /// |---|---|
     /// | a time t (`u64::MAX`: no time known) | searches if now ≥ t, else is refused at once |
     /// | [`SEARCHING`] | searches too: another search is running, and has not found the room |
+    ///
+    /// Every lowering that follows a shard hint's is a Release RMW made after it, and
+    /// a search's opening swap is Acquire: a search whose swap reads a lowering (or a later RMW
+    /// of its release sequence: every write here is an RMW) then loads that shard's hint as
+    /// lowered or later, never the value before, so it cannot rebuild `room_at` from a hint
+    /// older than the lowering it overwrote. (With Relaxed lowerings a weakly ordered CPU could
+    /// let it: a sweep's closing `fetch_min(next)` overwritten by the swap, the shard's hint
+    /// then read as the `u64::MAX` the sweep opened with, and new keys refused until another
+    /// insert, though a key there turns idle at `next`. On x86 every RMW is a full barrier.)
     room_at: AtomicU64,
     /// Two per [`KeyedLimiter::reset`] call, one before it retires the key's cell and one after,
     /// so odd while a reset runs (resets are serialised). A chain's commit reads it first and
@@ -351,6 +360,12 @@ where
 /// The shard count for a cap of `max_keys`: enough that one shard holds at most [`SHARD_KEYS`]
 /// at the cap, at least 16 and 4 × cores, a power of two.
 pub(crate) fn shard_count(max_keys: usize) -> usize {
+    // Under loom, two: a sweep or a search for room walks every shard, and each shard's flag
+    // and hint are atomics loom interleaves with everything else, so sixteen shards put the
+    // models that race a sweep with a search beyond reach. Two keep the walk over other shards.
+    if cfg!(turnstile_loom) {
+        return 2;
+    }
     let parallel = std::thread::available_parallelism().map_or(4, usize::from);
     max_keys
         .div_ceil(SHARD_KEYS)
@@ -415,9 +430,10 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
         if shard.not_before.load(Ordering::Relaxed) != 0 {
             shard.not_before.fetch_min(0, Ordering::Release);
         }
-        // Relaxed: a hint; see `room_at`.
+        // Relaxed load: a hint; see `room_at`. Release on the RMW: after the shard's lowering
+        // above, for the search that overwrites it (see `room_at`).
         if self.room_at.load(Ordering::Relaxed) != 0 {
-            self.room_at.fetch_min(0, Ordering::Relaxed);
+            self.room_at.fetch_min(0, Ordering::Release);
         }
     }
 
@@ -587,8 +603,9 @@ where
         // that did not read it), but loom orders plain stores only partially against RMWs it
         // has not seen and would report a shard stuck at "never"; the RMW keeps the model exact.
         shard.not_before.fetch_min(0, Ordering::Release);
-        // Relaxed: a hint; see `room_at`.
-        ctx.room_at.fetch_min(0, Ordering::Relaxed);
+        // Release: after the shard's lowering, for the search that overwrites it (see
+        // `room_at`).
+        ctx.room_at.fetch_min(0, Ordering::Release);
         let inserted = shard.inserted.fetch_add(1, Ordering::Relaxed) + 1;
         // Due once the inserts since the last sweep match the keys it left (len − inserted).
         if 2 * inserted >= len.max(MIN_SWEEP) {
@@ -668,8 +685,11 @@ where
         if now < room_at && room_at != SEARCHING {
             return false;
         }
-        // AcqRel: as the swap that starts a sweep (see `sweep_shard`); from here `room_at` is
-        // rebuilt from the shard hints seen, and any hint lowered meanwhile lowers it too.
+        // AcqRel: Acquire pairs with the Release of every lowering (see `room_at`), so the
+        // shard hints loaded below are no older than the lowering this swap overwrites; Release
+        // keeps the release sequence of a lowering going for a later search. From here
+        // `room_at` is rebuilt from the shard hints seen, and any hint lowered meanwhile
+        // lowers it too.
         ctx.room_at.swap(SEARCHING, Ordering::AcqRel);
         // Relaxed: only spreads the work; any value is a valid starting point.
         let start = ctx.cursor.fetch_add(1, Ordering::Relaxed) as usize;
@@ -682,7 +702,8 @@ where
             // keys of its shard evicted by another, and none left elsewhere, was refused with
             // room to spare.) At the cap this is a load; it writes only when it reserves.
             if ctx.reserve_key() {
-                // Other shards were not looked at: their keys may be idle now.
+                // Other shards were not looked at: their keys may be idle now. Relaxed: no
+                // hint of ours to publish (0 sends the next search to every shard's own hint).
                 ctx.room_at.fetch_min(0, Ordering::Relaxed);
                 return true;
             }
@@ -800,10 +821,12 @@ where
         // Relaxed: the minimum keeps any insert's 0; ordering is carried by the swap above.
         shard.not_before.fetch_min(next, Ordering::Relaxed);
         if !search {
-            // Relaxed: `room_at` stays at or below every shard's hint. (A search leaves it at
+            // `room_at` stays at or below every shard's hint. (A search leaves it at
             // `SEARCHING` until it ends: this one shard's hint would refuse the new keys that
             // arrive meanwhile, though the search may yet find idle keys in other shards.)
-            ctx.room_at.fetch_min(next, Ordering::Relaxed);
+            // Release: after the hint's `fetch_min` just above, for the search whose opening
+            // swap overwrites this (see `room_at`).
+            ctx.room_at.fetch_min(next, Ordering::Release);
         }
         Self::removed(ctx, shard, evicted);
         // Release: pairs with the Acquire above.
@@ -829,8 +852,9 @@ where
             // permit).
             shard.not_before.fetch_min(0, Ordering::Release);
         }
-        // Relaxed: a hint.
-        ctx.room_at.fetch_min(0, Ordering::Relaxed);
+        // Release: after the hints' lowering, for the search that overwrites it (see
+        // `room_at`).
+        ctx.room_at.fetch_min(0, Ordering::Release);
     }
 
     pub(crate) fn sweep<C: Clock>(&self, ctx: &Ctx<K, C, S>) -> u64 {
