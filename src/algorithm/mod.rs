@@ -179,6 +179,36 @@ pub(crate) trait Algo: Send + Sync + 'static {
     fn words(cell: &Self::Cell) -> Vec<u64>;
 }
 
+/// The rate algorithms' [`charge`](Charge::charge): usage recorded after the fact. Permits in
+/// flight (the concurrency limiter's cells) are not charged, so this is a trait of its own.
+pub(crate) trait Charge: Algo {
+    /// The decision protocol, once for both: [`Algo::decide`] is `run::<C, COMMIT, false>`, and
+    /// a charge `run::<C, true, true>`, the same compare-and-swap loop minus the limit checks.
+    fn run<C: Clock, const COMMIT: bool, const CHARGE: bool>(
+        &self,
+        cell: &Self::Cell,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError>;
+
+    /// Records `n` permits as used at the clock's time without checking the limit (see
+    /// `RateLimiter::charge` for each algorithm's semantics and bounds): the same protocol as
+    /// [`decide`](Algo::decide) with `COMMIT` (load, then clock; the parameters' version
+    /// re-checked before a Release CAS), minus the rejection. Never `Rejected` nor
+    /// `InsufficientCapacity`; `n == 0` writes nothing and answers like a probe. The admission
+    /// says what is left after the charge (0 while in debt) and when the cell is full again.
+    /// `Err(Closed)` means the cell is retired.
+    #[inline]
+    fn charge<C: Clock>(
+        &self,
+        cell: &Self::Cell,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        self.run::<C, true, true>(cell, n, clock)
+    }
+}
+
 /// A divisor and its strength-reduced multiplier, kept as plain words so that it can live in
 /// [`Params`](crate::sync::Params) and be replaced at run time without recomputing it on the hot
 /// path. The arithmetic is `strength_reduce::StrengthReducedU64`'s (whose fields are private):
