@@ -225,6 +225,36 @@ fn sliding_window_debt_keeps_the_newest_entries_of_the_log() {
     assert_eq!(retry_after(limiter.try_acquire()), 10 * MS);
 }
 
+/// After the window was shortened the log is out of ticket order (an older admission outlives
+/// newer ones): the charge keeps the latest expiries, not the newest tickets, or the admission
+/// that outlives them would be forgotten.
+#[test]
+fn sliding_window_debt_keeps_the_latest_expiries_after_a_shorter_window() {
+    let (limiter, clock) = manual(Algorithm::SlidingWindow {
+        limit: 2,
+        window: 100 * MS,
+    });
+    limiter.try_acquire().unwrap(); // expires at 100 ms
+    limiter
+        .reconfigure(Algorithm::SlidingWindow {
+            limit: 2,
+            window: 10 * MS,
+        })
+        .unwrap();
+    clock.set(MS);
+    limiter.try_acquire().unwrap(); // expires at 11 ms
+    clock.set(2 * MS);
+    let charged = limiter.charge(1).unwrap(); // expires at 12 ms
+    assert_eq!((charged.remaining(), charged.reset_after()), (0, 98 * MS));
+    // At 12 ms only the first admission is live: one permit, not two.
+    clock.set(12 * MS);
+    assert!(limiter.try_acquire_n(2).is_err());
+    limiter.try_acquire().unwrap();
+    assert!(limiter.try_acquire().is_err(), "three live in 10 ms");
+    clock.set(100 * MS);
+    limiter.try_acquire().unwrap();
+}
+
 #[test]
 fn sliding_window_debt_is_capped_at_one_window() {
     let (limiter, clock) = manual(Algorithm::SlidingWindow {

@@ -426,9 +426,6 @@ impl Algo for SlidingCounter {
     }
 }
 
-/// A never-used cell has the fresh `(0, 0)` in `current` (an admission writes its count there,
-/// and a refund that empties window 0 writes `(ID_MASK, 0)`); `retire` judges and CASes the same
-/// word.
 /// Adds `n` to the current window's count (rolling over first, as an admission does),
 /// saturating at `u32::MAX`. The debt weighs on the estimate for at most two windows: the count
 /// is `cur` for the rest of this window, then `prev`, weighted down to nothing over the next.
@@ -525,6 +522,9 @@ impl Charge for SlidingCounter {
     }
 }
 
+/// A never-used cell has the fresh `(0, 0)` in `current` (an admission writes its count there,
+/// and a refund that empties window 0 writes `(ID_MASK, 0)`); `retire` judges and CASes the same
+/// word.
 #[cfg(feature = "keyed")]
 impl crate::keyed::Unused for SlidingCounter {
     fn unused(words: &Words) -> bool {

@@ -242,25 +242,27 @@ impl SlidingWindow {
     }
 
     /// A charge of `k` tickets that an admission would refuse (some ticket they are decided on is
-    /// still live): the ring remembers only N, so the charge claims N tickets at once, `[head,
-    /// head + N)`, and writes into them the log as it is after the charge, cut to its newest N
-    /// entries: the N − k newest tickets before `head`, in order, then the k charged ones.
+    /// still live): the ring remembers only N entries of the log, so the charge claims N tickets
+    /// at once, `[head, head + N)`, and writes into them, in ascending order, the N latest
+    /// expiries among the tickets that can still be live (`[head − N, head)`, or back to the
+    /// reach while a lowering is unsettled) and the k charged ones.
     ///
-    /// **Never looser.** Each entry is raised to the latest expiry of everything before it (the
-    /// entries cut off, and after a lowering the tickets back to the reach that no claim under
-    /// this limit has checked): expiries become non-decreasing in ticket order again, so a later
-    /// claim that finds one of ours expired knows every older ticket has. The old tickets
-    /// themselves are all below `head + N − N`, where no claim looks again, so a refund that
-    /// later zeroes one of them (a chain's, positional) changes no decision: the copies stay.
-    /// A ticket refunded before the copy is copied at the latest expiry before it (conservative,
-    /// and no later than the refunded ticket's own expiry). Without refunds or reconfigurations
-    /// the copies are the very expiries, so the charge is exact: the log keeps every live ticket
-    /// and the k new ones, except the oldest entries beyond N, whose expiries the raise keeps.
+    /// **Exact, and never looser.** Whatever the clock reads later, the ring then counts as many
+    /// live entries as the whole log would, up to N: an entry left out expires no later than
+    /// every one kept, so if it is still live, all N kept ones are (full either way), and if it
+    /// has expired it counts in neither. Written in ascending order, expiries are non-decreasing
+    /// in ticket order, so a later claim that finds one of ours expired knows every older one
+    /// has. The old tickets all lie below `head`, where no claim under this limit looks again
+    /// (nor a ticket below `head + N − N`): a chain's refund that later zeroes one of them (a
+    /// positional refund) changes no decision. Refunded tickets (expiry 0) sort first and are
+    /// the first left out. After a window was shortened the log is not in ticket order, and the
+    /// sort makes it so again: tighter than the positional order, exact all the same.
     ///
     /// The protocol is the admission's: `head` was loaded before the clock was read, every slot
     /// read or overwritten must be published (else `Retry`: snooze and reload `head`), the
     /// parameters' version is re-checked before the Release CAS on `head`, and the slots are then
-    /// stored with Release in ticket order. It allocates the copy (N words): a cold path.
+    /// stored with Release in ticket order. It allocates and sorts the entries (at most
+    /// reach + k): a cold path.
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
@@ -277,16 +279,12 @@ impl SlidingWindow {
         let limit = u64::from(p.limit);
         let capacity = u64::from(self.capacity);
         let end = head + limit;
-        let from = head.saturating_sub(limit);
-        // Below `head − N`: only after a lowering, tickets no claim under this limit has checked.
-        let (all, mut running) = self.all_published(ring, head.saturating_sub(back), from);
-        if !all {
-            return Overdraw::Retry;
-        }
-        let mut kept = Vec::with_capacity((head - from) as usize);
+        // Tickets below `head − N` matter only after a lowering: none has checked them then.
+        let from = head.saturating_sub(back);
+        let mut log = Vec::with_capacity((head - from + k) as usize);
         for ticket in from..head {
             match self.published(ring, ticket) {
-                Some(expiry) => kept.push(expiry),
+                Some(expiry) => log.push(expiry),
                 None => return Overdraw::Retry,
             }
         }
@@ -299,11 +297,11 @@ impl SlidingWindow {
         {
             return Overdraw::Retry;
         }
-        // The log has `kept` + k entries; the ring keeps the newest N of them.
-        let cut = (kept.len() as u64 + k).saturating_sub(limit) as usize;
-        for expiry in kept.drain(..cut.min(kept.len())) {
-            running = running.max(expiry);
-        }
+        log.extend(std::iter::repeat_n(Self::expiry(now, p.window), k as usize));
+        log.sort_unstable();
+        // The N latest, preceded by expired entries (0) while the log holds fewer.
+        let kept = log.split_off(log.len().saturating_sub(limit as usize));
+        let expired = std::iter::repeat_n(0, limit as usize - kept.len());
         if self.params.changed(version) {
             return Overdraw::Reconfigured;
         }
@@ -319,14 +317,10 @@ impl SlidingWindow {
         }
         let (lap, first) = StrengthReducedU64::div_rem(head, self.per_lap);
         let (mut index, mut parity) = (first as usize, lap & 1);
-        let charged = Self::expiry(now, p.window);
-        let entries = kept
-            .into_iter()
-            .chain(std::iter::repeat_n(charged, k as usize));
-        for expiry in entries {
-            running = running.max(expiry);
+        let latest = kept.last().copied().unwrap_or(0);
+        for expiry in expired.chain(kept) {
             // Release: pairs with the Acquire in `published`, as an admission's store.
-            ring.slots[index].store((running << 1) | parity, Ordering::Release);
+            ring.slots[index].store((expiry << 1) | parity, Ordering::Release);
             index += 1;
             if index == ring.slots.len() {
                 (index, parity) = (0, parity ^ 1);
@@ -334,7 +328,7 @@ impl SlidingWindow {
         }
         Overdraw::Done(Admission::new(
             now,
-            running - now,
+            latest.saturating_sub(now),
             self.remaining(ring, end, now, p.limit),
         ))
     }
@@ -686,9 +680,8 @@ impl Algo for SlidingWindow {
     }
 }
 
-/// A never-used ring has handed out no ticket: `head` is 0 (every claim moves it up).
 /// min(n, N) tickets stamped now: taken as an admission would take them when they fit, else
-/// [overdrawn](SlidingWindow::overdraw) (the ring keeps the newest N entries of the log).
+/// [overdrawn](SlidingWindow::overdraw) (the ring keeps the N latest expiries of the log).
 impl Charge for SlidingWindow {
     /// [`Algo::decide`] (`CHARGE` off) and [`Charge::charge`] (`COMMIT` and `CHARGE` on): one
     /// protocol. A charge of n takes min(n, N) tickets exactly as an admission would when they
@@ -907,6 +900,7 @@ impl Charge for SlidingWindow {
     }
 }
 
+/// A never-used ring has handed out no ticket: `head` is 0 (every claim moves it up).
 #[cfg(feature = "keyed")]
 impl crate::keyed::Unused for SlidingWindow {
     fn unused(ring: &Ring) -> bool {
