@@ -603,7 +603,10 @@ fn threads_mixing_charges_and_admissions_lose_nothing() {
         });
         let admitted: u64 = totals.iter().map(|t| t.0).sum();
         let charged: u64 = totals.iter().map(|t| t.1).sum();
-        assert!(admitted <= u64::from(LIMIT), "{algorithm:?}: {admitted} admitted");
+        assert!(
+            admitted <= u64::from(LIMIT),
+            "{algorithm:?}: {admitted} admitted"
+        );
         let left = u64::from(LIMIT).saturating_sub(admitted + charged);
         assert_eq!(
             u64::from(limiter.charge(0).unwrap().remaining()),
