@@ -964,10 +964,11 @@ impl<C: Clock> RateLimiter<C> {
     /// | exact sliding window | min(n, N) timestamps `now` enter the log | one window: the log keeps only its newest N entries, so a charge of N or more refuses everything for W from now |
     ///
     /// In the exact sliding window a charge that fits is taken exactly as an admission; one that
-    /// does not claims all N slots and rewrites the log (the newest N − k entries, then the k new
-    /// ones), which is exact unless a [`Chain`](crate::Chain) refunded part of the log or the
-    /// window was reconfigured, where it is conservative. A token bucket's debt is translated
-    /// by a [`reconfigure`](Self::reconfigure) like any other (scaled by new capacity / old).
+    /// does not claims all N slots at once and writes into them the N latest expiries of the
+    /// log with the k new entries (an entry left out expires no later than every one kept, so
+    /// the window counts exactly as the whole log would, up to N). A token bucket's debt is
+    /// translated by a [`reconfigure`](Self::reconfigure) like any other (scaled by new
+    /// capacity / old).
     ///
     /// `n == 0` records nothing and reports the state, as a probe would, but never fails for a
     /// full limiter. Every `n` is accepted: what an algorithm cannot record saturates as above.

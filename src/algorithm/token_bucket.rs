@@ -31,14 +31,15 @@ use crate::Rate;
 /// | 1 | all ones | [`RETIRED`] (never a live value: tat < 2^63 − 1) |
 ///
 /// A reconfiguration keeps how *full* the bucket is: the debt `tat − t` at the switch time `t`
-/// (clamped to the old capacity b·T) is scaled by new capacity / old capacity, so a full bucket
+/// (at most the old capacity b·T, unless a [charge](Charge) went beyond) is scaled by new
+/// capacity / old capacity, so a full bucket
 /// stays full, an empty one stays empty, a bucket at 70 % stays at 70 %, and it refills at the new
 /// rate from then on (Guava's `setRate` scales its stored permits the same way). The translation
 /// is a pure function of the word and the published parameters (`t`, the old capacity), so
 /// whoever applies it first, a caller deciding on an old-epoch word or the reconfigure's own sweep
 /// over every cell, writes the same value; the CAS that translates a word is the admission's own.
 /// Time is capped at 2^62 − 1 ns (146 years after the clock's epoch; later times read as that), so
-/// `tat ≤ now + b·T ≤ 2^63 − 2`: the epoch bit is never part of a time, and a word is never
+/// `tat ≤ now + b·T ≤ 2^63 − 2` (and a charge's `tat` is held at [`MAX_TAT`] = 2^63 − 2): the epoch bit is never part of a time, and a word is never
 /// [`RETIRED`].
 ///
 /// This struct holds the parameters; the word is the [`Algo::Cell`].
@@ -352,7 +353,8 @@ impl Algo for TokenBucket {
         // The old parameters are closed before the clock is read, and the new ones published
         // after (`Params::begin`): every call that commits under the old ones read its clock
         // before the switch, so the debt its word holds at the switch is at most the old
-        // capacity and the translation keeps all of it (read first and published later, a
+        // capacity (beyond it only by a charge) and the translation keeps all of it (read
+        // first and published later, a
         // bucket drained after the switch time came out of the clamp full again); every call
         // that loads the new ones reads its clock later, so none decides at a time before the
         // switch under them.
