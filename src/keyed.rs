@@ -1497,6 +1497,65 @@ where
         outcome
     }
 
+    /// Records `n` permits as used by `key` now, without checking its limit: usage known only
+    /// after the fact. Same semantics as [`RateLimiter::charge`](crate::RateLimiter::charge) on
+    /// the key's own limiter (per algorithm, the debt and its bounds are stated there).
+    ///
+    /// The key's cell is found or made as for [`try_acquire_n`](Self::try_acquire_n): a new key
+    /// starts fresh and is charged (it then holds a cell like any key that was admitted); a key
+    /// whose cell was evicted, or [`reset`](Self::reset), gets a fresh cell; a
+    /// [`reconfigure`](Self::reconfigure) applies as to admissions. A new key at the key cap,
+    /// with no idle key to evict, is handled as `try_acquire_n` handles it: under
+    /// [`KeyOverflow::Reject`] the charge fails with `TooManyKeys` and records nothing; under
+    /// [`KeyOverflow::Shared`] it is charged to the shared overflow cell. `n == 0` records
+    /// nothing and creates no key. Waiters queued on the key are neither woken nor passed over
+    /// (a charge only makes the key stricter; the queue's head retries at its new
+    /// `retry_after`), and the charge is not counted in [`stats`](Self::stats).
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::TooManyKeys`] as above; never `Rejected` nor `InsufficientCapacity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, ManualClock};
+    ///
+    /// // 10 requests a minute per user; a failed login costs 5 (a penalty).
+    /// let clock = ManualClock::new();
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(60) },
+    ///     clock.clone(),
+    /// )?;
+    /// limiter.try_acquire(&"mallory")?;
+    /// assert_eq!(limiter.charge(&"mallory", 5)?.remaining(), 4);
+    /// assert_eq!(limiter.charge(&"mallory", 5)?.remaining(), 0); // one over: in debt
+    /// assert!(limiter.try_acquire(&"mallory").is_err());
+    /// assert!(limiter.try_acquire(&"alice").is_ok());
+    /// clock.advance(Duration::from_secs(60)); // the next window starts empty
+    /// assert!(limiter.try_acquire(&"mallory").is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
+        let inner = &*self.inner;
+        let (ctx, shard) = (&inner.ctx, self.shard(key));
+        with_store!(&inner.store, s => loop {
+            // The key's cell through the path every keyed call takes (`with_cell`); its checks
+            // for a new key are for a call of at most the limit, which a charge may exceed.
+            let cell_n = n.min(s.algo.limit());
+            let charged = s.with_cell(ctx, shard, key, cell_n, |cell| {
+                crate::algorithm::Charge::charge(&s.algo, cell, n, &ctx.clock)
+            });
+            match charged {
+                // Only `with_cell` says this (a charge never does): the limit was lowered
+                // since we read it. Again, with the new one.
+                Err(TryAcquireError::InsufficientCapacity { .. }) => continue,
+                charged => break charged.map(|(admission, _)| admission),
+            }
+        })
+    }
+
     /// The decision for `key`, without counting it.
     #[inline(always)]
     fn decide(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {

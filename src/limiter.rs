@@ -1,6 +1,6 @@
 //! [`RateLimiter`]: the handle users hold.
 
-use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
+use crate::algorithm::{Algo, Charge, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
@@ -240,6 +240,16 @@ impl State {
             State::Sliding(s) => s.algo.decide::<C, COMMIT>(&s.cell, n, clock),
             State::Counter(s) => s.algo.decide::<C, COMMIT>(&s.cell, n, clock),
             State::Bucket(s) => s.algo.decide::<C, COMMIT>(&s.cell, n, clock),
+        }
+    }
+
+    /// [`Charge::charge`].
+    pub(crate) fn charge<C: Clock>(&self, n: u32, clock: &C) -> Result<Admission, TryAcquireError> {
+        match self {
+            State::Fixed(s) => s.algo.charge(&s.cell, n, clock),
+            State::Sliding(s) => s.algo.charge(&s.cell, n, clock),
+            State::Counter(s) => s.algo.charge(&s.cell, n, clock),
+            State::Bucket(s) => s.algo.charge(&s.cell, n, clock),
         }
     }
 
@@ -934,6 +944,79 @@ impl<C: Clock> RateLimiter<C> {
             .counters
             .bump(if decision.is_ok() { ADMITTED } else { REJECTED });
         decision
+    }
+
+    /// Records `n` permits as used now, without checking the limit: for usage known only after
+    /// the fact (tokens or bytes of a response, a failed login's penalty; rate-limiter-flexible's
+    /// `penalty`). It is never rejected for being over the limit: it may put the limiter in
+    /// *debt*, and later calls are then rejected, with an exact `retry_after`, until the debt
+    /// has passed. Nothing is woken and no waiter is passed over: a charge only makes the
+    /// limiter stricter, and a queued head that wakes at its computed time and is refused again
+    /// sleeps for the new `retry_after`. Charges are not counted in [`stats`](Self::stats).
+    ///
+    /// Per algorithm (W the window, N the limit, T the time per token, b the burst):
+    ///
+    /// | algorithm | a charge of n at `now` | the debt is bounded by |
+    /// |---|---|---|
+    /// | fixed window | the current window's count grows by n | the window: its count saturates at `u32::MAX`, and the next window starts empty |
+    /// | sliding counter | the current window's count grows by n | two windows: the count saturates at `u32::MAX`, weighs fully until the window ends, then fades over the next |
+    /// | token bucket (GCRA) | `tat = max(tat, now) + n·T`; a call for m is admitted once `tat + m·T − now ≤ b·T` | `tat` saturates at 2^63 − 2 ns after the clock's epoch (at least 146 years of debt) |
+    /// | exact sliding window | min(n, N) timestamps `now` enter the log | one window: the log keeps only its newest N entries, so a charge of N or more refuses everything for W from now |
+    ///
+    /// In the exact sliding window a charge that fits is taken exactly as an admission; one that
+    /// does not claims all N slots at once and writes into them the N latest expiries of the
+    /// log with the k new entries (an entry left out expires no later than every one kept, so
+    /// the window counts exactly as the whole log would, up to N). A token bucket's debt is
+    /// translated by a [`reconfigure`](Self::reconfigure) like any other (scaled by new
+    /// capacity / old).
+    ///
+    /// `n == 0` records nothing and reports the state, as a probe would, but never fails for a
+    /// full limiter. Every `n` is accepted: what an algorithm cannot record saturates as above.
+    ///
+    /// The [`Admission`] says what is left: [`remaining`](Admission::remaining) is 0 while in
+    /// debt, and [`reset_after`](Admission::reset_after) is the time until the limiter is back
+    /// to its full capacity if nothing else is taken (the end of the window for the fixed
+    /// window; for the others, as for an admission). For the time until the next permit, ask
+    /// [`try_acquire_n`](Self::try_acquire_n)'s rejection.
+    ///
+    /// The concurrency limiters offer no `charge`: permits in flight are held and released,
+    /// not charged after the fact.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Closed`] if the limiter was [closed](Self::close) (nothing recorded);
+    /// never `Rejected` nor `InsufficientCapacity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ManualClock, Rate, RateLimiter};
+    ///
+    /// // 100 tokens per second, bursts of up to 100: an LLM gateway charging what a reply used.
+    /// let clock = ManualClock::new();
+    /// let limiter = RateLimiter::with_clock(
+    ///     Algorithm::TokenBucket { rate: Rate::per_second(100), burst: 100 },
+    ///     clock.clone(),
+    /// )?;
+    /// limiter.try_acquire()?; // admit the request...
+    /// let state = limiter.charge(149)?; // ...then charge the 149 tokens its reply used
+    /// assert_eq!(state.remaining(), 0); // 50 tokens in debt
+    /// assert_eq!(state.reset_after(), Duration::from_millis(1500));
+    /// let rejection = *limiter.try_acquire().unwrap_err().rejection().unwrap();
+    /// assert_eq!(rejection.retry_after(), Duration::from_millis(510)); // debt + one token
+    /// clock.advance(Duration::from_millis(510));
+    /// assert!(limiter.try_acquire().is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge(&self, n: u32) -> Result<Admission, TryAcquireError> {
+        let inner = &*self.inner;
+        // Relaxed: as in `try_acquire_n`; only the closed bit matters here, since a charge does
+        // not queue and never takes what waiters wait for (it is not admitted: it is recorded).
+        if inner.gate.load(Ordering::Relaxed) & CLOSED != 0 {
+            return Err(TryAcquireError::Closed);
+        }
+        inner.state.charge(n, &inner.clock)
     }
 
     /// Counts so far and the permits available now.

@@ -87,6 +87,7 @@ proptest! {
                 burst: burst.into(),
                 credit: u64::from(burst) * interval,
                 last: 0,
+                debt: 0,
             },
             &ops,
         );

@@ -583,6 +583,7 @@ proptest! {
             burst: burst.into(),
             credit: u64::from(burst) * period,
             last: 0,
+            debt: 0,
         };
         for (i, op) in ops.iter().enumerate() {
             match *op {

@@ -1,6 +1,6 @@
 //! Fixed window: one atomic word, updated by compare-and-swap.
 
-use super::{not_fresh, pack, too_big, unpack, window_id, Algo, EachCell, Grid, RETIRED};
+use super::{not_fresh, pack, too_big, unpack, window_id, Algo, Charge, EachCell, Grid, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
@@ -109,59 +109,7 @@ impl Algo for FixedWindow {
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
-        'params: loop {
-            let (p, version) = self.shape();
-            if n > p.limit {
-                return Err(too_big(n, p.limit));
-            }
-            // Acquire: pairs with the Release of the CAS that wrote this word, so the clock read
-            // below happens after the writer's clock read and returns a time no earlier than its
-            // window (and, if the writer decided under newer parameters, `changed` below sees
-            // their version).
-            let mut current = state.load(Ordering::Acquire);
-            loop {
-                if current == RETIRED {
-                    return Err(TryAcquireError::Closed);
-                }
-                let now = clock.now();
-                let (used, free, until_reset, id) = p.free(current, now);
-                if free < n.max(1) {
-                    // The next window starts empty and n ≤ limit, so that is exactly when n fits.
-                    return Err(TryAcquireError::Rejected(Rejection::new(
-                        until_reset,
-                        p.limit,
-                    )));
-                }
-                if n == 0 || !COMMIT {
-                    return Ok(Admission::new(now, until_reset, free));
-                }
-                if self.params.changed(version) {
-                    // Reconfigured since our snapshot: decide again under the new parameters
-                    // rather than write a word the new grid would read differently.
-                    continue 'params;
-                }
-                let next = pack(id, used + n);
-                // Release on success: publishes our clock reading to the next thread that loads
-                // the word (see the load above). Acquire on failure: we use the new word the same
-                // way.
-                match state.compare_exchange_weak(
-                    current,
-                    next,
-                    Ordering::Release,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => {
-                        return Ok(Admission::with_token(
-                            now,
-                            until_reset,
-                            free - n,
-                            version as u32,
-                        ))
-                    }
-                    Err(actual) => current = actual,
-                }
-            }
-        }
+        self.run::<C, COMMIT, false>(state, n, clock)
     }
 
     /// Takes `n` off the count if the word still holds the admission's window, and the clock is
@@ -299,6 +247,82 @@ impl Algo for FixedWindow {
     fn retired(state: &AtomicU64) -> bool {
         // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
         state.load(Ordering::Relaxed) == RETIRED
+    }
+}
+
+/// Adds `n` to the current window's count (a word of an older window starts it at `n`),
+/// saturating at `u32::MAX`: the debt never outlives the window, which ends it whatever the count.
+impl Charge for FixedWindow {
+    /// [`Algo::decide`] (`CHARGE` off) and [`Charge::charge`] (`COMMIT` and `CHARGE` on): one
+    /// protocol, where a charge skips the two limit checks and saturates the count.
+    #[inline(always)]
+    fn run<C: Clock, const COMMIT: bool, const CHARGE: bool>(
+        &self,
+        state: &AtomicU64,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        'params: loop {
+            let (p, version) = self.shape();
+            if !CHARGE && n > p.limit {
+                return Err(too_big(n, p.limit));
+            }
+            // Acquire: pairs with the Release of the CAS that wrote this word, so the clock read
+            // below happens after the writer's clock read and returns a time no earlier than its
+            // window (and, if the writer decided under newer parameters, `changed` below sees
+            // their version).
+            let mut current = state.load(Ordering::Acquire);
+            loop {
+                if current == RETIRED {
+                    return Err(TryAcquireError::Closed);
+                }
+                let now = clock.now();
+                let (used, free, until_reset, id) = p.free(current, now);
+                if !CHARGE && free < n.max(1) {
+                    // The next window starts empty and n ≤ limit, so that is exactly when n fits.
+                    return Err(TryAcquireError::Rejected(Rejection::new(
+                        until_reset,
+                        p.limit,
+                    )));
+                }
+                if n == 0 || !COMMIT {
+                    return Ok(Admission::new(now, until_reset, free));
+                }
+                if self.params.changed(version) {
+                    // Reconfigured since our snapshot: decide again under the new parameters
+                    // rather than write a word the new grid would read differently.
+                    continue 'params;
+                }
+                // A charge saturates the count at u32::MAX (the word's 32-bit field).
+                let next = pack(
+                    id,
+                    if CHARGE {
+                        used.saturating_add(n)
+                    } else {
+                        used + n
+                    },
+                );
+                // Release on success: publishes our clock reading to the next thread that loads
+                // the word (see the load above). Acquire on failure: we use the new word the same
+                // way.
+                match state.compare_exchange_weak(
+                    current,
+                    next,
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        return Ok(Admission::with_token(
+                            now,
+                            until_reset,
+                            free.saturating_sub(n),
+                            version as u32,
+                        ))
+                    }
+                    Err(actual) => current = actual,
+                }
+            }
+        }
     }
 }
 

@@ -179,6 +179,36 @@ pub(crate) trait Algo: Send + Sync + 'static {
     fn words(cell: &Self::Cell) -> Vec<u64>;
 }
 
+/// The rate algorithms' [`charge`](Charge::charge): usage recorded after the fact. Permits in
+/// flight (the concurrency limiter's cells) are not charged, so this is a trait of its own.
+pub(crate) trait Charge: Algo {
+    /// The decision protocol, once for both: [`Algo::decide`] is `run::<C, COMMIT, false>`, and
+    /// a charge `run::<C, true, true>`, the same compare-and-swap loop minus the limit checks.
+    fn run<C: Clock, const COMMIT: bool, const CHARGE: bool>(
+        &self,
+        cell: &Self::Cell,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError>;
+
+    /// Records `n` permits as used at the clock's time without checking the limit (see
+    /// `RateLimiter::charge` for each algorithm's semantics and bounds): the same protocol as
+    /// [`decide`](Algo::decide) with `COMMIT` (load, then clock; the parameters' version
+    /// re-checked before a Release CAS), minus the rejection. Never `Rejected` nor
+    /// `InsufficientCapacity`; `n == 0` writes nothing and answers like a probe. The admission
+    /// says what is left after the charge (0 while in debt) and when the cell is full again.
+    /// `Err(Closed)` means the cell is retired.
+    #[inline]
+    fn charge<C: Clock>(
+        &self,
+        cell: &Self::Cell,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        self.run::<C, true, true>(cell, n, clock)
+    }
+}
+
 /// A divisor and its strength-reduced multiplier, kept as plain words so that it can live in
 /// [`Params`](crate::sync::Params) and be replaced at run time without recomputing it on the hot
 /// path. The arithmetic is `strength_reduce::StrengthReducedU64`'s (whose fields are private):
@@ -462,9 +492,23 @@ mod tests {
     /// n permits and hold them for a later refund, or refund one of the held admissions.
     #[derive(Debug, Clone)]
     enum Step {
-        Keep { advance: u64, n: u32 },
-        Hold { advance: u64, n: u32 },
-        Release { advance: u64, which: usize },
+        Keep {
+            advance: u64,
+            n: u32,
+        },
+        Hold {
+            advance: u64,
+            n: u32,
+        },
+        Release {
+            advance: u64,
+            which: usize,
+        },
+        /// A charge of n, on both cells (it is usage both saw).
+        Charge {
+            advance: u64,
+            n: u32,
+        },
     }
 
     fn steps(limit: u32, window: u64) -> impl Strategy<Value = Vec<Step>> {
@@ -474,17 +518,19 @@ mod tests {
             2 => (advance(), 1..=limit).prop_map(|(advance, n)| Step::Hold { advance, n }),
             2 => (advance(), any::<usize>())
                 .prop_map(|(advance, which)| Step::Release { advance, which }),
+            1 => (advance(), 0..=2 * limit + 1).prop_map(|(advance, n)| Step::Charge { advance, n }),
         ];
         prop::collection::vec(step, 1..80)
     }
 
-    /// Refunds never make a cell looser than a twin that never saw the refunded admissions: the
+    /// Refunds never make a cell looser than a twin that never saw the refunded admissions (both
+    /// see the same charges, which may put them in debt, and the sliding window's overdraw): the
     /// twin gets exactly the admissions the refunding cell keeps, and must admit each of them too
     /// (held admissions, refunded later, are never on the twin). `exact(at, now)` says whether a
     /// refund at clock `now` of an admission at `at` is exact for this algorithm (see each
     /// `refund`); while every refund so far was and nothing is held, the two cells must agree on
     /// every decision and on `available`.
-    fn refunds_are_never_looser<A: Algo>(
+    fn refunds_are_never_looser<A: Charge>(
         algo: A,
         steps: &[Step],
         exact: impl Fn(u64, u64) -> bool,
@@ -513,6 +559,14 @@ mod tests {
                         }
                     } else if exact_so_far && held.is_empty() {
                         assert_eq!(got, algo.check(&twin, n, &clock), "the twin admits");
+                    }
+                }
+                Step::Charge { advance, n } => {
+                    clock.advance(Duration::from_nanos(advance));
+                    let charged = algo.charge(&cell, n, &clock).unwrap();
+                    let twin_charged = algo.charge(&twin, n, &clock).unwrap();
+                    if exact_so_far && held.is_empty() {
+                        assert_eq!(charged, twin_charged, "charge differs from the twin");
                     }
                 }
                 Step::Release { advance, which } => {

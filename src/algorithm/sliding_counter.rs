@@ -1,6 +1,8 @@
 //! Sliding window counter: the previous and current fixed-window counts, weighted.
 
-use super::{pack, too_big, unpack, window_id, Algo, Divisor, EachCell, Grid, ID_MASK, RETIRED};
+use super::{
+    pack, too_big, unpack, window_id, Algo, Charge, Divisor, EachCell, Grid, ID_MASK, RETIRED,
+};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
@@ -269,77 +271,7 @@ impl Algo for SlidingCounter {
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
-        'params: loop {
-            let (p, version) = self.shape();
-            if n > p.limit {
-                return Err(too_big(n, p.limit));
-            }
-            // Acquire: pairs with the Release CAS that wrote this word: our clock read below is
-            // no earlier than the writer's, the roll-over store of `previous` is visible (see
-            // counts), and if the writer decided under newer parameters, `changed` sees them.
-            let mut word = words.current.load(Ordering::Acquire);
-            loop {
-                if word == RETIRED {
-                    return Err(TryAcquireError::Closed);
-                }
-                let now = clock.now();
-                let (window, elapsed) = p.grid.locate(now);
-                let id = window_id(window);
-                let (prev, cur) = self.counts(words, word, id);
-                if !p.fits(prev, cur, n.max(1), elapsed) {
-                    return Err(TryAcquireError::Rejected(Rejection::new(
-                        p.retry_after(prev, cur, n.max(1), elapsed),
-                        p.limit,
-                    )));
-                }
-                let remaining = |taken: u32| {
-                    let reset = if cur + taken > 0 {
-                        p.window.saturating_mul(2) - elapsed
-                    } else if prev > 0 {
-                        p.window - elapsed
-                    } else {
-                        0
-                    };
-                    Admission::with_token(
-                        now,
-                        reset,
-                        p.limit - cur - taken - p.weighted(prev, elapsed),
-                        version as u32,
-                    )
-                };
-                if n == 0 || !COMMIT {
-                    return Ok(remaining(0));
-                }
-                if self.params.changed(version) {
-                    // Reconfigured since our snapshot: decide again under the new parameters.
-                    continue 'params;
-                }
-                let (wid, count) = unpack(word);
-                if wid != id
-                    && wid == before(id)
-                    && !Self::publish_previous(words, pack(wid, count))
-                {
-                    // `current` moved on: decide again on its new value. (Our CAS would fail
-                    // anyway, unless refunds took `current` away and back to `word`; rolling over
-                    // without the publish would then hide the window's count. See
-                    // `publish_previous`.) Acquire: as for the first load.
-                    word = words.current.load(Ordering::Acquire);
-                    continue;
-                }
-                // Release on success: orders the `previous` store above (and our clock read)
-                // before the new word for every thread that loads it with Acquire. Acquire on
-                // failure: as for the first load.
-                match words.current.compare_exchange_weak(
-                    word,
-                    pack(id, cur + n),
-                    Ordering::Release,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => return Ok(remaining(n)),
-                    Err(actual) => word = actual,
-                }
-            }
-        }
+        self.run::<C, COMMIT, false>(words, n, clock)
     }
 
     /// Takes `n` off `current`'s count if `current` still holds the admission's window and the
@@ -491,6 +423,102 @@ impl Algo for SlidingCounter {
     fn retired(words: &Words) -> bool {
         // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
         words.current.load(Ordering::Relaxed) == RETIRED
+    }
+}
+
+/// Adds `n` to the current window's count (rolling over first, as an admission does),
+/// saturating at `u32::MAX`. The debt weighs on the estimate for at most two windows: the count
+/// is `cur` for the rest of this window, then `prev`, weighted down to nothing over the next.
+impl Charge for SlidingCounter {
+    /// [`Algo::decide`] (`CHARGE` off) and [`Charge::charge`] (`COMMIT` and `CHARGE` on): one
+    /// protocol, where a charge skips the two limit checks and saturates the count.
+    #[inline(always)]
+    fn run<C: Clock, const COMMIT: bool, const CHARGE: bool>(
+        &self,
+        words: &Words,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        'params: loop {
+            let (p, version) = self.shape();
+            if !CHARGE && n > p.limit {
+                return Err(too_big(n, p.limit));
+            }
+            // Acquire: pairs with the Release CAS that wrote this word: our clock read below is
+            // no earlier than the writer's, the roll-over store of `previous` is visible (see
+            // counts), and if the writer decided under newer parameters, `changed` sees them.
+            let mut word = words.current.load(Ordering::Acquire);
+            loop {
+                if word == RETIRED {
+                    return Err(TryAcquireError::Closed);
+                }
+                let now = clock.now();
+                let (window, elapsed) = p.grid.locate(now);
+                let id = window_id(window);
+                let (prev, cur) = self.counts(words, word, id);
+                if !CHARGE && !p.fits(prev, cur, n.max(1), elapsed) {
+                    return Err(TryAcquireError::Rejected(Rejection::new(
+                        p.retry_after(prev, cur, n.max(1), elapsed),
+                        p.limit,
+                    )));
+                }
+                // A charge's count saturates at u32::MAX (the word's 32-bit field).
+                let counted = if CHARGE {
+                    cur.saturating_add(n)
+                } else {
+                    cur + n
+                };
+                let remaining = |counted: u32| {
+                    let reset = if counted > 0 {
+                        p.window.saturating_mul(2) - elapsed
+                    } else if prev > 0 {
+                        p.window - elapsed
+                    } else {
+                        0
+                    };
+                    Admission::with_token(
+                        now,
+                        reset,
+                        // Saturating: a charge may leave the estimate above the limit (debt).
+                        p.limit
+                            .saturating_sub(counted)
+                            .saturating_sub(p.weighted(prev, elapsed)),
+                        version as u32,
+                    )
+                };
+                if n == 0 || !COMMIT {
+                    return Ok(remaining(cur));
+                }
+                if self.params.changed(version) {
+                    // Reconfigured since our snapshot: decide again under the new parameters.
+                    continue 'params;
+                }
+                let (wid, count) = unpack(word);
+                if wid != id
+                    && wid == before(id)
+                    && !Self::publish_previous(words, pack(wid, count))
+                {
+                    // `current` moved on: decide again on its new value. (Our CAS would fail
+                    // anyway, unless refunds took `current` away and back to `word`; rolling over
+                    // without the publish would then hide the window's count. See
+                    // `publish_previous`.) Acquire: as for the first load.
+                    word = words.current.load(Ordering::Acquire);
+                    continue;
+                }
+                // Release on success: orders the `previous` store above (and our clock read)
+                // before the new word for every thread that loads it with Acquire. Acquire on
+                // failure: as for the first load.
+                match words.current.compare_exchange_weak(
+                    word,
+                    pack(id, counted),
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => return Ok(remaining(counted)),
+                    Err(actual) => word = actual,
+                }
+            }
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The exact sliding window: a sliding log kept in a bounded ring of timestamps.
 
-use super::{too_big, Algo, EachCell, RETIRED};
+use super::{too_big, Algo, Charge, EachCell, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
@@ -241,6 +241,98 @@ impl SlidingWindow {
         )
     }
 
+    /// A charge of `k` tickets that an admission would refuse (some ticket they are decided on is
+    /// still live): the ring remembers only N entries of the log, so the charge claims N tickets
+    /// at once, `[head, head + N)`, and writes into them, in ascending order, the N latest
+    /// expiries among the tickets that can still be live (`[head − N, head)`, or back to the
+    /// reach while a lowering is unsettled) and the k charged ones.
+    ///
+    /// **Exact, and never looser.** Whatever the clock reads later, the ring then counts as many
+    /// live entries as the whole log would, up to N: an entry left out expires no later than
+    /// every one kept, so if it is still live, all N kept ones are (full either way), and if it
+    /// has expired it counts in neither. Written in ascending order, expiries are non-decreasing
+    /// in ticket order, so a later claim that finds one of ours expired knows every older one
+    /// has. The old tickets all lie below `head`, where no claim under this limit looks again
+    /// (nor a ticket below `head + N − N`): a chain's refund that later zeroes one of them (a
+    /// positional refund) changes no decision. Refunded tickets (expiry 0) sort first and are
+    /// the first left out. After a window was shortened the log is not in ticket order, and the
+    /// sort makes it so again: tighter than the positional order, exact all the same.
+    ///
+    /// The protocol is the admission's: `head` was loaded before the clock was read, every slot
+    /// read or overwritten must be published (else `Retry`: snooze and reload `head`), the
+    /// parameters' version is re-checked before the Release CAS on `head`, and the slots are then
+    /// stored with Release in ticket order. It allocates and sorts the entries (at most
+    /// reach + k): a cold path.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn overdraw(
+        &self,
+        ring: &Ring,
+        p: &Shape,
+        version: u64,
+        head: u64,
+        k: u64,
+        back: u64,
+        now: u64,
+    ) -> Overdraw {
+        let limit = u64::from(p.limit);
+        let capacity = u64::from(self.capacity);
+        let end = head + limit;
+        // Tickets below `head − N` matter only after a lowering: none has checked them then.
+        let from = head.saturating_sub(back);
+        let mut log = Vec::with_capacity((head - from + k) as usize);
+        for ticket in from..head {
+            match self.published(ring, ticket) {
+                Some(expiry) => log.push(expiry),
+                None => return Overdraw::Retry,
+            }
+        }
+        // With a ring larger than the limit, the slots we overwrite hold older tickets still.
+        if capacity > limit
+            && end > capacity
+            && !self
+                .all_published(ring, head.saturating_sub(capacity), end - capacity)
+                .0
+        {
+            return Overdraw::Retry;
+        }
+        log.extend(std::iter::repeat_n(Self::expiry(now, p.window), k as usize));
+        log.sort_unstable();
+        // The N latest, preceded by expired entries (0) while the log holds fewer.
+        let kept = log.split_off(log.len().saturating_sub(limit as usize));
+        let expired = std::iter::repeat_n(0, limit as usize - kept.len());
+        if self.params.changed(version) {
+            return Overdraw::Reconfigured;
+        }
+        // Release on success: publishes our clock reading and the slot checks above to every
+        // later claimer, as an admission's CAS does. Acquire on failure: the caller reloads
+        // `head` (with Acquire) anyway; this only keeps the pair as elsewhere.
+        if ring
+            .head
+            .compare_exchange(head, end, Ordering::Release, Ordering::Acquire)
+            .is_err()
+        {
+            return Overdraw::Retry;
+        }
+        let (lap, first) = StrengthReducedU64::div_rem(head, self.per_lap);
+        let (mut index, mut parity) = (first as usize, lap & 1);
+        let latest = kept.last().copied().unwrap_or(0);
+        for expiry in expired.chain(kept) {
+            // Release: pairs with the Acquire in `published`, as an admission's store.
+            ring.slots[index].store((expiry << 1) | parity, Ordering::Release);
+            index += 1;
+            if index == ring.slots.len() {
+                (index, parity) = (0, parity ^ 1);
+            }
+        }
+        Overdraw::Done(Admission::new(
+            now,
+            latest.saturating_sub(now),
+            self.remaining(ring, end, now, p.limit),
+        ))
+    }
+
     /// Whether tickets `[from, to)` are all published (their writers have stored them), and the
     /// latest expiry among them.
     #[inline]
@@ -354,6 +446,16 @@ impl SlidingWindow {
     }
 }
 
+/// What [`SlidingWindow::overdraw`] did.
+enum Overdraw {
+    /// Charged: what to answer.
+    Done(Admission),
+    /// A ticket it reads or overwrites is unpublished, or `head` moved: reload `head`.
+    Retry,
+    /// The parameters changed since the caller's snapshot: decide again under the new ones.
+    Reconfigured,
+}
+
 impl Algo for SlidingWindow {
     type Cell = Ring;
 
@@ -379,184 +481,7 @@ impl Algo for SlidingWindow {
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
-        let spin = Spin::new();
-        'params: loop {
-            let (p, version) = self.shape();
-            if n > p.limit {
-                return Err(too_big(n, p.limit));
-            }
-            let want = u64::from(n.max(1));
-            let limit = u64::from(p.limit);
-            let capacity = u64::from(self.capacity);
-            // How far back the tickets we are decided on may hide live ones ("Lowering" in the
-            // type's docs): N on the common path, without touching `settled`. Read before `head`.
-            let lowered = p.limit < p.reach;
-            // Acquire: pairs with the Release store of `settled` after an admission's CAS on
-            // `head`, so that CAS happens before our load of `head` below: the `head` we decide
-            // on is at or after the admission that checked back to its reach under `version`,
-            // and every claim since (parameters never go back along `head`) ran under it too.
-            let settled = lowered && ring.settled.load(Ordering::Acquire) == version;
-            let back = if lowered && !settled {
-                u64::from(p.reach)
-            } else {
-                limit
-            };
-            // Acquire: pairs with the Release CAS of every earlier claim (a release sequence of
-            // RMWs): their clock reads and slot checks happen before our clock read and slot
-            // loads.
-            let mut head = ring.head.load(Ordering::Acquire);
-            loop {
-                if head == RETIRED {
-                    return Err(TryAcquireError::Closed);
-                }
-                let now = clock.now().min(MAX_TIME - 1);
-                let end = head + want;
-                if end > limit {
-                    // Every ticket we are decided on must have expired. Times are
-                    // non-decreasing in ticket order, so the newest decides, unless it was
-                    // refunded (expiry 0) or admitted under a longer window: those expire out
-                    // of order, so the others are checked too.
-                    let newest = end - 1 - limit;
-                    let published = match self.published(ring, newest) {
-                        Some(expiry) if expiry > now => {
-                            // Older tickets expire no later (or were refunded), unless admitted
-                            // under a longer window: then the latest of them is when a retry
-                            // succeeds. (Empty for one permit; writes nothing.) After a
-                            // lowering the unchecked tickets before this range are not read
-                            // here, to keep rejections cheap (see "Lowering").
-                            let latest = (head.saturating_sub(limit)..newest)
-                                .filter_map(|t| self.published(ring, t))
-                                .fold(expiry, u64::max);
-                            return Err(TryAcquireError::Rejected(Rejection::new(
-                                latest - now,
-                                p.limit,
-                            )));
-                        }
-                        Some(_) => {
-                            // Every slot we overwrite must hold its own ticket's write, not only
-                            // the newest: a writer of an older one that is still between claim
-                            // and publish would otherwise store its time over our lap later.
-                            let (mut all, mut latest) =
-                                self.all_published(ring, head.saturating_sub(limit), newest);
-                            if all && latest <= now && back > limit {
-                                // Lowered and not yet settled: the older tickets that no claim
-                                // under our limit has checked must have expired too. Not scanned
-                                // when the range above already refuses (rejections stay cheap).
-                                (all, latest) = self.all_published(
-                                    ring,
-                                    head.saturating_sub(back),
-                                    head.saturating_sub(limit),
-                                );
-                            }
-                            if all && latest > now {
-                                // Only after a refund in place (or a shorter window): an older
-                                // ticket outlives the newest.
-                                return Err(TryAcquireError::Rejected(Rejection::new(
-                                    latest - now,
-                                    p.limit,
-                                )));
-                            }
-                            // With a ring larger than the limit, the slots we overwrite hold
-                            // older tickets than those we decided on: they too must be published.
-                            all && (capacity == limit
-                                || end <= capacity
-                                || self
-                                    .all_published(
-                                        ring,
-                                        head.saturating_sub(capacity),
-                                        end - capacity,
-                                    )
-                                    .0)
-                        }
-                        None => false,
-                    };
-                    if !published {
-                        // A writer is between claim and publish: never decide on a stale slot.
-                        spin.snooze();
-                        // Acquire: as above.
-                        head = ring.head.load(Ordering::Acquire);
-                        continue;
-                    }
-                }
-                if n == 0 || !COMMIT {
-                    let mut latest = head
-                        .checked_sub(1)
-                        .and_then(|t| self.published(ring, t))
-                        .unwrap_or(0);
-                    if now < p.outlived_until {
-                        // An older ticket may outlive the newest ("Shortening").
-                        latest = latest.max(self.latest_published(
-                            ring,
-                            head.saturating_sub(back),
-                            head,
-                        ));
-                    }
-                    let reset = latest.saturating_sub(now);
-                    // A check (n > 0) only needs the verdict; `remaining` may store its hint,
-                    // and a check writes nothing.
-                    let remaining = if n == 0 {
-                        self.remaining(ring, head, now, p.limit)
-                    } else {
-                        0
-                    };
-                    return Ok(Admission::new(now, reset, remaining));
-                }
-                if self.params.changed(version) {
-                    // Reconfigured since our snapshot: decide again under the new parameters.
-                    continue 'params;
-                }
-                // Release on success: publishes our clock reading and the slot check above to
-                // every later claimer. Acquire on failure: as for the first load.
-                match ring.head.compare_exchange_weak(
-                    head,
-                    end,
-                    Ordering::Release,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => {
-                        let expiry = Self::expiry(now, p.window);
-                        let (lap, first) = StrengthReducedU64::div_rem(head, self.per_lap);
-                        let mut index = first as usize;
-                        let mut parity = lap & 1;
-                        for _ in head..end {
-                            // Release: pairs with the Acquire in `published`.
-                            ring.slots[index].store((expiry << 1) | parity, Ordering::Release);
-                            index += 1;
-                            if index == ring.slots.len() {
-                                (index, parity) = (0, parity ^ 1);
-                            }
-                        }
-                        if back > limit {
-                            // We checked every ticket below `end − N`: later claims under this
-                            // version need only their usual range. Release: pairs with the
-                            // Acquire load of `settled`, so our CAS on `head` happens before
-                            // whatever `head` a reader of this value then loads. Stored after
-                            // the slots so that the claim-to-publish gap stays short.
-                            ring.settled.store(version, Ordering::Release);
-                        }
-                        let token = first as u32
-                            | token_version(version)
-                            | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
-                        let mut reset = p.window;
-                        if now < p.outlived_until {
-                            // Full again when the latest of the live tickets expires, which may
-                            // be an older one ("Shortening"); every ticket below `end − N` has
-                            // expired (we or the claims before us checked).
-                            let older =
-                                self.latest_published(ring, end.saturating_sub(limit), head);
-                            reset = reset.max(older.saturating_sub(now));
-                        }
-                        return Ok(Admission::with_token(
-                            now,
-                            reset,
-                            self.remaining(ring, end, now, p.limit),
-                            token,
-                        ));
-                    }
-                    Err(actual) => head = actual,
-                }
-            }
-        }
+        self.run::<C, COMMIT, false>(ring, n, clock)
     }
 
     /// Overwrites the admission's tickets with expiry 0 ("refunded", lap parity kept), each only
@@ -752,6 +677,226 @@ impl Algo for SlidingWindow {
     fn retired(ring: &Ring) -> bool {
         // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
         ring.head.load(Ordering::Relaxed) == RETIRED
+    }
+}
+
+/// min(n, N) tickets stamped now: taken as an admission would take them when they fit, else
+/// [overdrawn](SlidingWindow::overdraw) (the ring keeps the N latest expiries of the log).
+impl Charge for SlidingWindow {
+    /// [`Algo::decide`] (`CHARGE` off) and [`Charge::charge`] (`COMMIT` and `CHARGE` on): one
+    /// protocol. A charge of n takes min(n, N) tickets exactly as an admission would when they
+    /// fit; where an admission would be rejected, it [overdraws](Self::overdraw) instead.
+    #[inline(always)]
+    fn run<C: Clock, const COMMIT: bool, const CHARGE: bool>(
+        &self,
+        ring: &Ring,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        let spin = Spin::new();
+        'params: loop {
+            let (p, version) = self.shape();
+            if !CHARGE && n > p.limit {
+                return Err(too_big(n, p.limit));
+            }
+            let want = u64::from(if CHARGE {
+                n.clamp(1, p.limit)
+            } else {
+                n.max(1)
+            });
+            let limit = u64::from(p.limit);
+            let capacity = u64::from(self.capacity);
+            // How far back the tickets we are decided on may hide live ones ("Lowering" in the
+            // type's docs): N on the common path, without touching `settled`. Read before `head`.
+            let lowered = p.limit < p.reach;
+            // Acquire: pairs with the Release store of `settled` after an admission's CAS on
+            // `head`, so that CAS happens before our load of `head` below: the `head` we decide
+            // on is at or after the admission that checked back to its reach under `version`,
+            // and every claim since (parameters never go back along `head`) ran under it too.
+            let settled = lowered && ring.settled.load(Ordering::Acquire) == version;
+            let back = if lowered && !settled {
+                u64::from(p.reach)
+            } else {
+                limit
+            };
+            // Acquire: pairs with the Release CAS of every earlier claim (a release sequence of
+            // RMWs): their clock reads and slot checks happen before our clock read and slot
+            // loads.
+            let mut head = ring.head.load(Ordering::Acquire);
+            loop {
+                if head == RETIRED {
+                    return Err(TryAcquireError::Closed);
+                }
+                let now = clock.now().min(MAX_TIME - 1);
+                let end = head + want;
+                if end > limit {
+                    // Every ticket we are decided on must have expired. Times are
+                    // non-decreasing in ticket order, so the newest decides, unless it was
+                    // refunded (expiry 0) or admitted under a longer window: those expire out
+                    // of order, so the others are checked too.
+                    let newest = end - 1 - limit;
+                    let published = match self.published(ring, newest) {
+                        // A charge is never rejected: it overdraws (n = 0: it reports).
+                        Some(expiry) if CHARGE && expiry > now => {
+                            n == 0
+                                || match self.overdraw(ring, &p, version, head, want, back, now) {
+                                    Overdraw::Done(charged) => return Ok(charged),
+                                    Overdraw::Reconfigured => continue 'params,
+                                    Overdraw::Retry => false,
+                                }
+                        }
+                        Some(expiry) if expiry > now => {
+                            // Older tickets expire no later (or were refunded), unless admitted
+                            // under a longer window: then the latest of them is when a retry
+                            // succeeds. (Empty for one permit; writes nothing.) After a
+                            // lowering the unchecked tickets before this range are not read
+                            // here, to keep rejections cheap (see "Lowering").
+                            let latest = (head.saturating_sub(limit)..newest)
+                                .filter_map(|t| self.published(ring, t))
+                                .fold(expiry, u64::max);
+                            return Err(TryAcquireError::Rejected(Rejection::new(
+                                latest - now,
+                                p.limit,
+                            )));
+                        }
+                        Some(_) => {
+                            // Every slot we overwrite must hold its own ticket's write, not only
+                            // the newest: a writer of an older one that is still between claim
+                            // and publish would otherwise store its time over our lap later.
+                            let (mut all, mut latest) =
+                                self.all_published(ring, head.saturating_sub(limit), newest);
+                            if all && latest <= now && back > limit {
+                                // Lowered and not yet settled: the older tickets that no claim
+                                // under our limit has checked must have expired too. Not scanned
+                                // when the range above already refuses (rejections stay cheap).
+                                (all, latest) = self.all_published(
+                                    ring,
+                                    head.saturating_sub(back),
+                                    head.saturating_sub(limit),
+                                );
+                            }
+                            if all && latest > now {
+                                // Only after a refund in place (or a shorter window): an older
+                                // ticket outlives the newest.
+                                if !CHARGE {
+                                    return Err(TryAcquireError::Rejected(Rejection::new(
+                                        latest - now,
+                                        p.limit,
+                                    )));
+                                }
+                                n == 0
+                                    || match self.overdraw(ring, &p, version, head, want, back, now)
+                                    {
+                                        Overdraw::Done(charged) => return Ok(charged),
+                                        Overdraw::Reconfigured => continue 'params,
+                                        Overdraw::Retry => false,
+                                    }
+                            } else {
+                                // With a ring larger than the limit, the slots we overwrite
+                                // hold older tickets than those we decided on: they too must be
+                                // published.
+                                all && (capacity == limit
+                                    || end <= capacity
+                                    || self
+                                        .all_published(
+                                            ring,
+                                            head.saturating_sub(capacity),
+                                            end - capacity,
+                                        )
+                                        .0)
+                            }
+                        }
+                        None => false,
+                    };
+                    if !published {
+                        // A writer is between claim and publish: never decide on a stale slot.
+                        spin.snooze();
+                        // Acquire: as above.
+                        head = ring.head.load(Ordering::Acquire);
+                        continue;
+                    }
+                }
+                if n == 0 || !COMMIT {
+                    let mut latest = head
+                        .checked_sub(1)
+                        .and_then(|t| self.published(ring, t))
+                        .unwrap_or(0);
+                    if now < p.outlived_until {
+                        // An older ticket may outlive the newest ("Shortening").
+                        latest = latest.max(self.latest_published(
+                            ring,
+                            head.saturating_sub(back),
+                            head,
+                        ));
+                    }
+                    let reset = latest.saturating_sub(now);
+                    // A check (n > 0) only needs the verdict; `remaining` may store its hint,
+                    // and a check writes nothing.
+                    let remaining = if n == 0 {
+                        self.remaining(ring, head, now, p.limit)
+                    } else {
+                        0
+                    };
+                    return Ok(Admission::new(now, reset, remaining));
+                }
+                if self.params.changed(version) {
+                    // Reconfigured since our snapshot: decide again under the new parameters.
+                    continue 'params;
+                }
+                // Release on success: publishes our clock reading and the slot check above to
+                // every later claimer. Acquire on failure: as for the first load.
+                match ring.head.compare_exchange_weak(
+                    head,
+                    end,
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        let expiry = Self::expiry(now, p.window);
+                        let (lap, first) = StrengthReducedU64::div_rem(head, self.per_lap);
+                        let mut index = first as usize;
+                        let mut parity = lap & 1;
+                        for _ in head..end {
+                            // Release: pairs with the Acquire in `published`.
+                            ring.slots[index].store((expiry << 1) | parity, Ordering::Release);
+                            index += 1;
+                            if index == ring.slots.len() {
+                                (index, parity) = (0, parity ^ 1);
+                            }
+                        }
+                        if back > limit {
+                            // (A charge that got here took its tickets as an admission would,
+                            // checks included: it may settle the ring too.)
+                            // We checked every ticket below `end − N`: later claims under this
+                            // version need only their usual range. Release: pairs with the
+                            // Acquire load of `settled`, so our CAS on `head` happens before
+                            // whatever `head` a reader of this value then loads. Stored after
+                            // the slots so that the claim-to-publish gap stays short.
+                            ring.settled.store(version, Ordering::Release);
+                        }
+                        let token = first as u32
+                            | token_version(version)
+                            | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
+                        let mut reset = p.window;
+                        if now < p.outlived_until {
+                            // Full again when the latest of the live tickets expires, which may
+                            // be an older one ("Shortening"); every ticket below `end − N` has
+                            // expired (we or the claims before us checked).
+                            let older =
+                                self.latest_published(ring, end.saturating_sub(limit), head);
+                            reset = reset.max(older.saturating_sub(now));
+                        }
+                        return Ok(Admission::with_token(
+                            now,
+                            reset,
+                            self.remaining(ring, end, now, p.limit),
+                            token,
+                        ));
+                    }
+                    Err(actual) => head = actual,
+                }
+            }
+        }
     }
 }
 

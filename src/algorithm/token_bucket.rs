@@ -1,6 +1,6 @@
 //! Token bucket as GCRA: one atomic word holding the theoretical arrival time.
 
-use super::{too_big, Algo, Divisor, EachCell, RETIRED};
+use super::{too_big, Algo, Charge, Divisor, EachCell, RETIRED};
 use crate::clock::{nanos, Clock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
@@ -31,14 +31,15 @@ use crate::Rate;
 /// | 1 | all ones | [`RETIRED`] (never a live value: tat < 2^63 − 1) |
 ///
 /// A reconfiguration keeps how *full* the bucket is: the debt `tat − t` at the switch time `t`
-/// (clamped to the old capacity b·T) is scaled by new capacity / old capacity, so a full bucket
+/// (at most the old capacity b·T, unless a [charge](Charge) went beyond) is scaled by new
+/// capacity / old capacity, so a full bucket
 /// stays full, an empty one stays empty, a bucket at 70 % stays at 70 %, and it refills at the new
 /// rate from then on (Guava's `setRate` scales its stored permits the same way). The translation
 /// is a pure function of the word and the published parameters (`t`, the old capacity), so
 /// whoever applies it first, a caller deciding on an old-epoch word or the reconfigure's own sweep
 /// over every cell, writes the same value; the CAS that translates a word is the admission's own.
 /// Time is capped at 2^62 − 1 ns (146 years after the clock's epoch; later times read as that), so
-/// `tat ≤ now + b·T ≤ 2^63 − 2`: the epoch bit is never part of a time, and a word is never
+/// `tat ≤ now + b·T ≤ 2^63 − 2` (and a charge's `tat` is held at [`MAX_TAT`] = 2^63 − 2): the epoch bit is never part of a time, and a word is never
 /// [`RETIRED`].
 ///
 /// This struct holds the parameters; the word is the [`Algo::Cell`].
@@ -52,6 +53,10 @@ const EPOCH: u64 = 1 << 63;
 /// Times are capped here, so that `tat`, at most a capacity (< 2^62) ahead, stays below 2^63 − 1
 /// (at 2^63 − 1 in the odd epoch, the word would be `RETIRED`).
 const MAX_NOW: u64 = (1 << 62) - 1;
+/// The latest `tat` a [charge](Charge::charge) writes (2^63 − 2: in the odd epoch the word is
+/// then one below [`RETIRED`]). Admissions never get there (`tat ≤ now + b·T ≤ 2^63 − 2`); a
+/// charge's debt saturates here, at least 2^62 ns (146 years) after any clock reading.
+const MAX_TAT: u64 = EPOCH - 2;
 
 /// The token bucket's parameters: a snapshot of [`TokenBucket::params`].
 #[derive(Clone, Copy)]
@@ -120,21 +125,22 @@ impl Shape {
     }
 
     /// The `tat` a word written under the previous parameters stands for under these: its debt
-    /// at the switch, clamped to the old capacity, scaled by new capacity / old capacity and
-    /// rounded up (never looser). A bucket full at the switch (`tat ≤ t`) stays full.
+    /// at the switch scaled by new capacity / old capacity and rounded up (never looser), at
+    /// most [`MAX_TAT`]. A bucket full at the switch (`tat ≤ t`) stays full.
     #[cold]
     #[inline(never)]
     fn translate(&self, word: u64) -> u64 {
-        let debt = (word & !EPOCH)
-            .saturating_sub(self.switched_at)
-            .min(self.prev_capacity);
+        let debt = (word & !EPOCH).saturating_sub(self.switched_at);
         if debt == 0 {
             return self.switched_at;
         }
-        // debt ≤ old capacity, so the scaled debt is at most the new capacity (≤ 2^62).
-        let scaled = (u128::from(debt) * u128::from(self.capacity))
-            .div_ceil(u128::from(self.prev_capacity)) as u64;
-        self.switched_at + scaled
+        // Admissions leave debt ≤ old capacity, so the scaled debt is at most the new capacity
+        // (≤ 2^62); only a charge's debt goes beyond, and it is scaled alike and bounded by
+        // `MAX_TAT` as a charge is. (debt < 2^63 and capacity < 2^62: the product fits u128.)
+        let scaled =
+            (u128::from(debt) * u128::from(self.capacity)).div_ceil(u128::from(self.prev_capacity));
+        let room = MAX_TAT.saturating_sub(self.switched_at);
+        self.switched_at + scaled.min(u128::from(room)) as u64
     }
 }
 
@@ -214,66 +220,7 @@ impl Algo for TokenBucket {
         n: u32,
         clock: &C,
     ) -> Result<Admission, TryAcquireError> {
-        'params: loop {
-            let (p, version) = self.shape();
-            if n > p.burst {
-                return Err(too_big(n, p.burst));
-            }
-            // Acquire: pairs with the Release of the CAS that stored this word, so our clock read
-            // below is no earlier than the one that produced it (and if it was written under newer
-            // parameters, `changed` below sees their version).
-            let mut word = state.load(Ordering::Acquire);
-            loop {
-                if word == RETIRED {
-                    return Err(TryAcquireError::Closed);
-                }
-                let tat = match p.tat(word) {
-                    Some(tat) => tat,
-                    // The other epoch: newer parameters than our snapshot (reload them) or the
-                    // previous ones (translate).
-                    None => match self.translate_under(version, word) {
-                        Some(tat) => tat,
-                        None => continue 'params,
-                    },
-                };
-                let now = clock.now().min(MAX_NOW);
-                let start = tat.max(now);
-                let next = start.saturating_add(u64::from(n.max(1)) * p.interval());
-                let ahead = next - now;
-                if ahead > p.capacity {
-                    return Err(TryAcquireError::Rejected(Rejection::new(
-                        ahead - p.capacity,
-                        p.burst,
-                    )));
-                }
-                if n == 0 || !COMMIT {
-                    let full_in = start - now;
-                    return Ok(Admission::new(now, full_in, p.remaining(full_in)));
-                }
-                if self.params.changed(version) {
-                    // Reconfigured since our snapshot: decide again under the new parameters.
-                    continue 'params;
-                }
-                // Release on success: publishes our clock reading with the new tat. Acquire on
-                // failure: as for the first load.
-                match state.compare_exchange_weak(
-                    word,
-                    next | p.epoch,
-                    Ordering::Release,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => {
-                        return Ok(Admission::with_token(
-                            now,
-                            ahead,
-                            p.remaining(ahead),
-                            version as u32,
-                        ))
-                    }
-                    Err(actual) => word = actual,
-                }
-            }
-        }
+        self.run::<C, COMMIT, false>(state, n, clock)
     }
 
     /// Moves `tat` back by `n·T − (now − at)` (nothing once that is ≤ 0): the whole `n·T` when
@@ -406,7 +353,8 @@ impl Algo for TokenBucket {
         // The old parameters are closed before the clock is read, and the new ones published
         // after (`Params::begin`): every call that commits under the old ones read its clock
         // before the switch, so the debt its word holds at the switch is at most the old
-        // capacity and the translation keeps all of it (read first and published later, a
+        // capacity (beyond it only by a charge) and the translation keeps all of it (read
+        // first and published later, a
         // bucket drained after the switch time came out of the clamp full again); every call
         // that loads the new ones reads its clock later, so none decides at a time before the
         // switch under them.
@@ -451,6 +399,88 @@ impl Algo for TokenBucket {
     fn retired(state: &AtomicU64) -> bool {
         // Relaxed: RETIRED is final, and the caller only removes the dead cell from its map.
         state.load(Ordering::Relaxed) == RETIRED
+    }
+}
+
+/// `tat = max(tat, now) + n·T`, bounded by [`MAX_TAT`]: the bucket owes `tat − now − b·T` beyond
+/// empty, and a call for m permits is admitted once `tat − now + m·T ≤ b·T` again.
+impl Charge for TokenBucket {
+    /// [`Algo::decide`] (`CHARGE` off) and [`Charge::charge`] (`COMMIT` and `CHARGE` on): one
+    /// protocol, where a charge skips the two limit checks and bounds `tat` by [`MAX_TAT`].
+    #[inline(always)]
+    fn run<C: Clock, const COMMIT: bool, const CHARGE: bool>(
+        &self,
+        state: &AtomicU64,
+        n: u32,
+        clock: &C,
+    ) -> Result<Admission, TryAcquireError> {
+        'params: loop {
+            let (p, version) = self.shape();
+            if !CHARGE && n > p.burst {
+                return Err(too_big(n, p.burst));
+            }
+            // Acquire: pairs with the Release of the CAS that stored this word, so our clock read
+            // below is no earlier than the one that produced it (and if it was written under newer
+            // parameters, `changed` below sees their version).
+            let mut word = state.load(Ordering::Acquire);
+            loop {
+                if word == RETIRED {
+                    return Err(TryAcquireError::Closed);
+                }
+                let tat = match p.tat(word) {
+                    Some(tat) => tat,
+                    // The other epoch: newer parameters than our snapshot (reload them) or the
+                    // previous ones (translate).
+                    None => match self.translate_under(version, word) {
+                        Some(tat) => tat,
+                        None => continue 'params,
+                    },
+                };
+                let now = clock.now().min(MAX_NOW);
+                let start = tat.max(now);
+                let next = if CHARGE {
+                    // n·T can exceed u64 (n up to 2^32, T up to 2^62): saturate, then bound.
+                    start
+                        .saturating_add(u64::from(n.max(1)).saturating_mul(p.interval()))
+                        .min(MAX_TAT.max(start))
+                } else {
+                    start.saturating_add(u64::from(n.max(1)) * p.interval())
+                };
+                let ahead = next - now;
+                if !CHARGE && ahead > p.capacity {
+                    return Err(TryAcquireError::Rejected(Rejection::new(
+                        ahead - p.capacity,
+                        p.burst,
+                    )));
+                }
+                if n == 0 || !COMMIT {
+                    let full_in = start - now;
+                    return Ok(Admission::new(now, full_in, p.remaining(full_in)));
+                }
+                if self.params.changed(version) {
+                    // Reconfigured since our snapshot: decide again under the new parameters.
+                    continue 'params;
+                }
+                // Release on success: publishes our clock reading with the new tat. Acquire on
+                // failure: as for the first load.
+                match state.compare_exchange_weak(
+                    word,
+                    next | p.epoch,
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        return Ok(Admission::with_token(
+                            now,
+                            ahead,
+                            p.remaining(ahead),
+                            version as u32,
+                        ))
+                    }
+                    Err(actual) => word = actual,
+                }
+            }
+        }
     }
 }
 

@@ -9,6 +9,10 @@ pub type Expected = Option<Result<u64, u64>>;
 
 pub trait Model {
     fn decide(&mut self, now: u64, n: u64) -> Expected;
+
+    /// Records `n` permits at `now` whatever the limit (a limiter's `charge`): returns the
+    /// permits left (0 in debt) and the time until the limiter is full again.
+    fn charge(&mut self, now: u64, n: u64) -> (u64, u64);
 }
 
 /// Fixed window, kept as "window index → count".
@@ -35,6 +39,17 @@ impl Model for FixedModel {
         }
         self.count += n;
         Some(Ok(self.limit - self.count))
+    }
+
+    fn charge(&mut self, now: u64, n: u64) -> (u64, u64) {
+        if now / self.window != self.index {
+            self.index = now / self.window;
+            self.count = 0;
+        }
+        // The count is a 32-bit field.
+        self.count = (self.count + n).min(u64::from(u32::MAX));
+        let reset = (self.index + 1) * self.window - now;
+        (self.limit.saturating_sub(self.count), reset)
     }
 }
 
@@ -65,6 +80,21 @@ impl Model for LogModel {
             self.log.push_back(now);
         }
         Some(Ok(self.limit - live - n))
+    }
+
+    fn charge(&mut self, now: u64, n: u64) -> (u64, u64) {
+        while self.log.front().is_some_and(|&t| t + self.window <= now) {
+            self.log.pop_front();
+        }
+        // The log remembers `limit` entries: the newest.
+        for _ in 0..n.min(self.limit) {
+            self.log.push_back(now);
+        }
+        while self.log.len() as u64 > self.limit {
+            self.log.pop_front();
+        }
+        let reset = self.log.back().map_or(0, |&t| t + self.window - now);
+        (self.limit - self.log.len() as u64, reset)
     }
 }
 
@@ -120,15 +150,54 @@ impl Model for CounterModel {
         let weighted = ((prev as u128) * ((self.window - e) as u128)).div_ceil(self.window as u128);
         Some(Ok(self.limit - cur - n - weighted as u64))
     }
+
+    fn charge(&mut self, now: u64, n: u64) -> (u64, u64) {
+        let (w, e) = (now / self.window, now % self.window);
+        let prev = if w == 0 {
+            0
+        } else {
+            *self.counts.get(&(w - 1)).unwrap_or(&0)
+        };
+        let cur = self.counts.entry(w).or_insert(0);
+        // The count is a 32-bit field.
+        *cur = (*cur + n).min(u64::from(u32::MAX));
+        let cur = *cur;
+        let weighted = ((prev as u128) * ((self.window - e) as u128)).div_ceil(self.window as u128);
+        let reset = if cur > 0 {
+            2 * self.window - e
+        } else if prev > 0 {
+            self.window - e
+        } else {
+            0
+        };
+        let remaining = self
+            .limit
+            .saturating_sub(cur)
+            .saturating_sub(weighted as u64);
+        (remaining, reset)
+    }
 }
 
 /// Token bucket as accumulated credit (in nanoseconds of capacity), not as GCRA's arrival time.
+/// A charge beyond the credit leaves a debt (credit 0), paid off by time before credit accrues.
 #[derive(Debug, Clone)]
 pub struct CreditModel {
     pub interval: u64,
     pub burst: u64,
     pub credit: u64,
     pub last: u64,
+    pub debt: u64,
+}
+
+impl CreditModel {
+    fn refill(&mut self, now: u64) {
+        let mut elapsed = now - self.last;
+        let paid = elapsed.min(self.debt);
+        self.debt -= paid;
+        elapsed -= paid;
+        self.credit = (self.credit + elapsed).min(self.burst * self.interval);
+        self.last = now;
+    }
 }
 
 impl Model for CreditModel {
@@ -136,17 +205,28 @@ impl Model for CreditModel {
         if n > self.burst {
             return None;
         }
-        let capacity = self.burst * self.interval;
-        self.credit = (self.credit + (now - self.last)).min(capacity);
-        self.last = now;
+        self.refill(now);
         let cost = n.max(1) * self.interval;
         if self.credit < cost {
-            return Some(Err(cost - self.credit));
+            return Some(Err(cost + self.debt - self.credit));
         }
         if n > 0 {
             self.credit -= cost;
         }
         Some(Ok(self.credit / self.interval))
+    }
+
+    fn charge(&mut self, now: u64, n: u64) -> (u64, u64) {
+        self.refill(now);
+        let cost = n * self.interval;
+        if self.credit >= cost {
+            self.credit -= cost;
+        } else {
+            self.debt += cost - self.credit;
+            self.credit = 0;
+        }
+        let full_in = self.burst * self.interval - self.credit + self.debt;
+        (self.credit / self.interval, full_in)
     }
 }
 
@@ -189,6 +269,7 @@ impl AnyModel {
                     burst: burst.into(),
                     credit: u64::from(burst) * interval,
                     last: 0,
+                    debt: 0,
                 })
             }
             other => panic!("no model for {other:?}"),
@@ -203,6 +284,15 @@ impl Model for AnyModel {
             AnyModel::Log(m) => m.decide(now, n),
             AnyModel::Counter(m) => m.decide(now, n),
             AnyModel::Credit(m) => m.decide(now, n),
+        }
+    }
+
+    fn charge(&mut self, now: u64, n: u64) -> (u64, u64) {
+        match self {
+            AnyModel::Fixed(m) => m.charge(now, n),
+            AnyModel::Log(m) => m.charge(now, n),
+            AnyModel::Counter(m) => m.charge(now, n),
+            AnyModel::Credit(m) => m.charge(now, n),
         }
     }
 }
