@@ -32,6 +32,9 @@
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_chain`
 #![cfg(turnstile_loom)]
 
+mod common;
+use common::model;
+
 use loom::thread;
 use std::time::Duration;
 use turnstile::{Algorithm, Chain, ManualClock, Rate, RateLimiter, TryAcquireError};
@@ -39,19 +42,6 @@ use turnstile::{Algorithm, Chain, ManualClock, Rate, RateLimiter, TryAcquireErro
 const WINDOW: u64 = 10;
 
 type Limiter = RateLimiter<ManualClock>;
-
-/// Runs `f` under loom. `loom::model` reads `LOOM_MAX_PREEMPTIONS` (and `LOOM_LOG`, …) from the
-/// environment; without `LOOM_MAX_PREEMPTIONS` the models default to 2 preemptions rather than an
-/// unbounded search.
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
-        loom::model(f);
-    } else {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.check(f);
-    }
-}
 
 fn fixed(limit: u32) -> Algorithm {
     Algorithm::FixedWindow {

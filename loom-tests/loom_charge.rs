@@ -19,6 +19,9 @@
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_charge`
 #![cfg(turnstile_loom)]
 
+mod common;
+use common::model;
+
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
@@ -28,18 +31,6 @@ use turnstile::{Algorithm, Clock, ManualClock, Rate, RateLimiter, TryAcquireErro
 const WINDOW: u64 = 10;
 
 type Limiter = RateLimiter<ManualClock>;
-
-/// Runs `f` under loom. `loom::model` reads `LOOM_MAX_PREEMPTIONS` from the environment; without
-/// it the models default to 2 preemptions rather than an unbounded search.
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
-        loom::model(f);
-    } else {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.check(f);
-    }
-}
 
 fn limiter(algorithm: Algorithm) -> Limiter {
     RateLimiter::with_clock(algorithm, ManualClock::new()).unwrap()

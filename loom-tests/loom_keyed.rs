@@ -31,6 +31,9 @@
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed`
 #![cfg(turnstile_loom)]
 
+mod common;
+use common::model;
+
 use loom::thread;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
@@ -44,16 +47,6 @@ const W: u64 = 10;
 /// A hasher with fixed keys, so every loom execution puts a key in the same shard.
 type Fixed = BuildHasherDefault<DefaultHasher>;
 type Limiter = KeyedLimiter<u64, ManualClock, Fixed>;
-
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
-        loom::model(f);
-    } else {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.check(f);
-    }
-}
 
 fn limiter(algorithm: Algorithm, max_keys: usize) -> Arc<Limiter> {
     Arc::new(

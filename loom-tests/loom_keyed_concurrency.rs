@@ -26,6 +26,9 @@
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
 
+mod common;
+use common::model;
+
 use loom::sync::atomic::{AtomicU32, Ordering};
 use loom::thread;
 use std::collections::hash_map::DefaultHasher;
@@ -36,16 +39,6 @@ use turnstile::{KeyedConcurrencyLimiter, TryPermitError};
 /// A hasher with fixed keys, so every loom execution puts a key in the same shard.
 type Fixed = BuildHasherDefault<DefaultHasher>;
 type Limiter = KeyedConcurrencyLimiter<u64, Fixed>;
-
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
-        loom::model(f);
-    } else {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.check(f);
-    }
-}
 
 /// `model` with a fixed preemption bound, for models whose interleaving of interest needs no
 /// more (checked against the unfixed code) and which a bound of 3 makes take many minutes.

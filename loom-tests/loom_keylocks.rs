@@ -31,6 +31,9 @@
 //! cargo test --release --test loom_keylocks`
 #![cfg(turnstile_loom)]
 
+mod common;
+use common::model;
+
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
@@ -38,19 +41,6 @@ use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use turnstile::KeyLocks;
-
-/// Runs `f` under loom. `loom::model` reads `LOOM_MAX_PREEMPTIONS` (and `LOOM_LOG`, …) from the
-/// environment; without `LOOM_MAX_PREEMPTIONS` the models default to 2 preemptions rather than an
-/// unbounded search.
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
-        loom::model(f);
-    } else {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.check(f);
-    }
-}
 
 fn locks() -> KeyLocks<u8> {
     KeyLocks::builder()

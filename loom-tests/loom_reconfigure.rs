@@ -26,21 +26,14 @@
 //! cargo test --release --test loom_reconfigure`
 #![cfg(turnstile_loom)]
 
+mod common;
+use common::model;
+
 use loom::thread;
 use std::time::Duration;
 use turnstile::{Algorithm, Clock, ManualClock, Rate, RateLimiter, TryAcquireError};
 
 type Limiter = RateLimiter<ManualClock>;
-
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
-        loom::model(f);
-    } else {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.check(f);
-    }
-}
 
 fn ns(n: u64) -> Duration {
     Duration::from_nanos(n)

@@ -18,6 +18,9 @@
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test 'loom_*'`
 #![cfg(turnstile_loom)]
 
+mod common;
+use common::model;
+
 use loom::thread;
 use std::time::Duration;
 use turnstile::{Algorithm, Clock, ManualClock, Rate, RateLimiter, TryAcquireError};
@@ -27,19 +30,6 @@ const T: u64 = 10;
 const BURST: u32 = 2;
 
 type Limiter = RateLimiter<ManualClock>;
-
-/// Runs `f` under loom. `loom::model` reads `LOOM_MAX_PREEMPTIONS` (and `LOOM_LOG`, …) from the
-/// environment; without `LOOM_MAX_PREEMPTIONS` the models default to 2 preemptions rather than an
-/// unbounded search.
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
-        loom::model(f);
-    } else {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.check(f);
-    }
-}
 
 fn limiter() -> Limiter {
     RateLimiter::with_clock(

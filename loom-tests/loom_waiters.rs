@@ -50,6 +50,9 @@
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_waiters`
 #![cfg(turnstile_loom)]
 
+mod common;
+use common::model;
+
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicU32, Ordering};
 use loom::sync::Arc;
@@ -62,19 +65,6 @@ use turnstile::{
     AcquireError, Algorithm, ConcurrencyLimiter, ManualClock, QueueOrder, RateLimiter,
     TryAcquireError, TryPermitError,
 };
-
-/// Runs `f` under loom. `loom::model` reads `LOOM_MAX_PREEMPTIONS` (and `LOOM_LOG`, …) from the
-/// environment; without `LOOM_MAX_PREEMPTIONS` the models default to 2 preemptions rather than an
-/// unbounded search.
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_some() {
-        loom::model(f);
-    } else {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.check(f);
-    }
-}
 
 /// Polls `future` once with a waker that does nothing (the caller polls again or drops it).
 fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
