@@ -233,8 +233,9 @@ pub(crate) struct Ctx<K, C, S> {
     /// lowered or later, never the value before, so it cannot rebuild `room_at` from a hint
     /// older than the lowering it overwrote. (With Relaxed lowerings a weakly ordered CPU could
     /// let it: a sweep's closing `fetch_min(next)` overwritten by the swap, the shard's hint
-    /// then read as the `u64::MAX` the sweep opened with, and new keys refused until another
-    /// insert, though a key there turns idle at `next`. On x86 every RMW is a full barrier.)
+    /// then read as the `u64::MAX` the sweep opened with, and new keys refused until a reset,
+    /// a release or `sweep_all`, though a key there turns idle at `next`. On x86 every RMW is a
+    /// full barrier.)
     room_at: AtomicU64,
     /// Two per [`KeyedLimiter::reset`] call, one before it retires the key's cell and one after,
     /// so odd while a reset runs (resets are serialised). A chain's commit reads it first and
@@ -358,7 +359,7 @@ where
 }
 
 /// The shard count for a cap of `max_keys`: enough that one shard holds at most [`SHARD_KEYS`]
-/// at the cap, at least 16 and 4 × cores, a power of two.
+/// at the cap, at least 16 and 4 × cores, a power of two (two under loom).
 pub(crate) fn shard_count(max_keys: usize) -> usize {
     // Under loom, two: a sweep or a search for room walks every shard, and each shard's flag
     // and hint are atomics loom interleaves with everything else, so sixteen shards put the
