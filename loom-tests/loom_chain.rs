@@ -554,3 +554,39 @@ fn keyed_refund_after_a_reset_stays_out_of_the_new_cell() {
         }
     });
 }
+
+/// A keyed chain at its per-key member's key cap: a call for a key that a sweep is evicting
+/// is admitted (the key's idle cell is being retired, and its slot comes back or the spare slot
+/// serves it), never refused by the chain's check or its commit as over the cap.
+#[cfg(feature = "keyed")]
+#[test]
+fn a_keyed_chain_call_racing_the_eviction_of_its_key_at_the_cap_is_admitted() {
+    model(|| {
+        let clock = ManualClock::new();
+        // A hasher with fixed keys, so every execution puts the key in the same shard.
+        type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+        let per_key = turnstile::KeyedLimiter::<u8>::builder(fixed(1))
+            .clock(clock.clone())
+            .hasher(Fixed::default())
+            .max_keys(1)
+            .build()
+            .unwrap();
+        let global = RateLimiter::with_clock(fixed(1), clock.clone()).unwrap();
+        let chain = turnstile::KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        assert!(chain.try_acquire(&7).is_ok());
+        clock.advance(Duration::from_nanos(WINDOW));
+        let sweeper = {
+            let per_key = per_key.clone();
+            thread::spawn(move || per_key.sweep())
+        };
+        let mine = chain.try_acquire(&7).map(|a| a.at_nanos());
+        assert!(sweeper.join().unwrap() <= 1);
+        assert_eq!(mine, Ok(WINDOW), "an idle key's call was refused");
+        assert_eq!(per_key.len(), 1);
+        assert_eq!(per_key.stats().overflowed, 0);
+    });
+}

@@ -22,7 +22,9 @@
 //!   retire it), and when two callers race on an evicted key exactly one fresh cell wins;
 //! - the books balance: `len()` equals the keys really held (a final sweep after everything is
 //!   idle brings it to exactly 0), `admitted + rejected` equals the calls made;
-//! - the cap: two new keys racing for the last free slot never both get in;
+//! - the cap: two new keys racing for the last free slot never both get in; a call that meets
+//!   its key's cell being evicted or reset at the cap is never refused for it (it may take the
+//!   one spare slot above the cap), and the count never exceeds the cap + 1;
 //! - a search for room at the cap that overwrites a sweep's closing `room_at` reads the shard
 //!   hint that sweep left, so a key turning idle later is found (not "never");
 //! - a new key's first admission that fails on its fresh cell (the limit lowered after the
@@ -472,5 +474,105 @@ fn a_search_for_room_after_a_sweep_keeps_its_hint() {
             attempt(&l, 3).is_some(),
             "key 1 is idle at W: a new key gets its slot"
         );
+    });
+}
+
+/// At the cap, a call for a key whose idle cell a sweep is retiring must be decided on a fresh
+/// cell in the key's own slot, never refused as over the cap: the slot the retirement frees is
+/// this key's. Between the retiring CAS and the slot's release the caller meets the retired
+/// cell, and when the release had not landed yet it was refused (`TooManyKeys`); it now takes
+/// the slot over from the retired cell (whoever of the two moves the cell from "retired, slot
+/// held" to "retired" owns the slot).
+#[test]
+fn a_call_racing_the_eviction_of_its_key_at_the_cap_gets_the_slot() {
+    model(|| {
+        let l = limiter(fixed(1), 1);
+        assert!(attempt(&l, 1).is_some());
+        l.clock().advance(Duration::from_nanos(W));
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        let mine = l.try_acquire(&1).map(|a| a.at_nanos());
+        let swept = sweeper.join().unwrap();
+        assert_eq!(mine, Ok(W), "an idle key's call was refused");
+        assert!(swept <= 1);
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.stats().overflowed, 0);
+        // The books: the one key holds the one slot, so another key is refused until it idles.
+        assert_eq!(
+            l.try_acquire(&2).map(|_| ()),
+            Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+        );
+    });
+}
+
+/// As above with a reset instead of the sweep: a call that meets the cell the reset retired is
+/// decided on the fresh state, never refused as over the cap because the reset has not yet
+/// given back the slot of the key it forgot.
+#[test]
+fn a_call_racing_a_reset_of_its_key_at_the_cap_gets_the_slot() {
+    model(|| {
+        let l = limiter(fixed(1), 1);
+        assert!(attempt(&l, 1).is_some());
+        let resetter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.reset(&1))
+        };
+        let mine = l.try_acquire(&1);
+        assert!(resetter.join().unwrap());
+        assert!(
+            matches!(mine, Ok(_) | Err(TryAcquireError::Rejected(_))),
+            "decided neither before nor after the reset: {mine:?}"
+        );
+        assert_eq!(l.len(), usize::from(mine.is_ok()));
+        assert_eq!(l.stats().overflowed, 0);
+        assert_eq!(
+            l.try_acquire(&2).map(|_| ()),
+            if mine.is_ok() {
+                Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+            } else {
+                Ok(())
+            }
+        );
+    });
+}
+
+/// The spare slot those calls may take is one: with a new key racing the evicted key's call for
+/// the slot the eviction frees, at most `max_keys + 1` keys are ever held, at least one of the
+/// two calls gets in, the books match the keys held, and an eviction brings the count back.
+#[test]
+fn the_spare_slot_keeps_the_count_within_one_of_the_cap() {
+    model(|| {
+        let l = limiter(fixed(1), 1);
+        assert!(attempt(&l, 1).is_some());
+        l.clock().advance(Duration::from_nanos(W));
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || {
+                let swept = l.sweep();
+                assert!(l.len() <= 2);
+                swept
+            })
+        };
+        let newcomer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.try_acquire(&2).is_ok())
+        };
+        let mine = l.try_acquire(&1);
+        assert!(l.len() <= 2, "over the cap by more than the spare");
+        let theirs = newcomer.join().unwrap();
+        sweeper.join().unwrap();
+        assert!(
+            matches!(mine, Ok(_) | Err(TryAcquireError::TooManyKeys { .. })),
+            "{mine:?}"
+        );
+        assert!(mine.is_ok() || theirs, "both refused with a slot freed");
+        let held = usize::from(mine.is_ok()) + usize::from(theirs);
+        assert_eq!(l.len(), held);
+        assert_eq!(l.stats().overflowed, 2 - held as u64);
+        l.clock().advance(Duration::from_nanos(W));
+        assert_eq!(l.sweep(), held);
+        assert_eq!(l.len(), 0);
     });
 }

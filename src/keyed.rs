@@ -140,7 +140,10 @@ pub struct KeyedStats {
 ///   dead state. Eviction runs incrementally as new keys are inserted (amortised O(1) per insert,
 ///   bounded by one shard per call), when the cap is reached, and on [`sweep`](Self::sweep).
 /// - **Hard cap.** At most [`max_keys`](Self::max_keys) keys. When full, idle keys go first;
-///   if none is idle, the [`KeyOverflow`] policy applies to the new key.
+///   if none is idle, the [`KeyOverflow`] policy applies to the new key. One spare slot above
+///   the cap serves a call that meets its own key's cell being evicted or reset, whose slot is
+///   being given back at that very moment (so the key is not refused for its own eviction): the
+///   count never exceeds `max_keys + 1`.
 ///
 /// Keys are hashed with foldhash (randomly seeded per limiter) unless another `BuildHasher` is
 /// given; keys are often chosen by clients, so a seeded hasher keeps them from aiming collisions.
@@ -413,10 +416,20 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
 
     /// Reserves room for one more key; false at the cap.
     fn reserve_key(&self) -> bool {
+        self.reserve_key_within(self.max_keys as u64)
+    }
+
+    /// Reserves the one slot kept above the cap, for a call that met its own key's cell
+    /// retired (see `with_cell`); false if it is taken too.
+    fn reserve_spare_key(&self) -> bool {
+        self.reserve_key_within(self.max_keys as u64 + 1)
+    }
+
+    fn reserve_key_within(&self, bound: u64) -> bool {
         // Relaxed: the count guards a bound, not other data; the CAS makes it exact.
         self.keys
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |k| {
-                (k < self.max_keys as u64).then_some(k + 1)
+                (k < bound).then_some(k + 1)
             })
             .is_ok()
     }
@@ -487,7 +500,8 @@ where
             .map
             .get(key, |cell| self.algo.try_acquire(cell, n, &ctx.clock))
         {
-            Some(Err(TryAcquireError::Closed)) | None => self.try_acquire_slow(ctx, shard, key, n),
+            Some(Err(TryAcquireError::Closed)) => self.try_acquire_slow(ctx, shard, key, n, true),
+            None => self.try_acquire_slow(ctx, shard, key, n, false),
             Some(outcome) => outcome,
         }
     }
@@ -500,8 +514,9 @@ where
         shard: usize,
         key: &K,
         n: u32,
+        met_retired: bool,
     ) -> Result<Admission, TryAcquireError> {
-        self.with_cell(ctx, shard, key, n, |cell| {
+        self.with_cell_after(ctx, shard, key, n, met_retired, |cell| {
             self.algo.try_acquire(cell, n, &ctx.clock)
         })
         .map(|(admission, _)| admission)
@@ -520,16 +535,48 @@ where
         n: u32,
         op: impl Fn(&A::Cell) -> Result<R, TryAcquireError>,
     ) -> Result<(R, Slot), TryAcquireError> {
+        self.with_cell_after(ctx, shard, key, n, false, op)
+    }
+
+    /// [`with_cell`](Self::with_cell) for a call that may have met the key's cell retired
+    /// already (`met_retired`).
+    ///
+    /// **The spare slot.** A call that meets its key's cell retired needs a fresh cell, and so
+    /// a slot under the cap. The retirer (a sweep, a reset, a take-back) gives the dead cell's
+    /// slot back right after its retiring CAS, but a call that runs between the two finds the
+    /// count still at the cap and, with every other key busy, was refused (`TooManyKeys`) on
+    /// the very key whose slot was being freed (the loom models
+    /// `a_call_racing_the_eviction_of_its_key_at_the_cap_gets_the_slot` and `…_a_reset_…`).
+    /// The slot cannot be handed from the cell to the caller exactly: it lives in the key count
+    /// and the retirement in the cell's word, and whatever the retirer does last (a second CAS
+    /// on the word, or the count's decrement) leaves such a gap of its own. So such a call may
+    /// take one spare slot above the cap, when the normal reservation fails and before any
+    /// search for room: the retirer's release then brings the count back to the cap. The count
+    /// never exceeds `max_keys + 1` (the spare is one slot, reserved by the same CAS with a
+    /// bound one higher), and it stays above the cap only when the dead cell's slot had been
+    /// given back and taken by another new key already: then until the next eviction.
+    pub(crate) fn with_cell_after<C: Clock, R>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+        mut met_retired: bool,
+        op: impl Fn(&A::Cell) -> Result<R, TryAcquireError>,
+    ) -> Result<(R, Slot), TryAcquireError> {
         let shard = &self.shards[shard];
         loop {
             let outcome = match shard.map.get(key, &op) {
                 Some(outcome) => outcome.map(|r| (r, Slot::Key)),
-                None => self.first_use(ctx, shard, key, n, &op),
+                None => self.first_use(ctx, shard, key, n, met_retired, &op),
             };
             match outcome {
                 // The key's cell was retired by eviction: drop the dead entry and retry, which
                 // finds (or makes) a fresh one.
-                Err(TryAcquireError::Closed) => self.remove_retired(ctx, shard, key),
+                Err(TryAcquireError::Closed) => {
+                    met_retired = true;
+                    self.remove_retired(ctx, shard, key)
+                }
                 outcome => return outcome,
             }
         }
@@ -537,6 +584,8 @@ where
 
     /// A call for a key that is not in the map; the `Slot` says whether it was decided on the
     /// shared overflow cell (the key cap was reached and the policy is `Shared`).
+    /// `met_retired`: the call met the key's cell retired, and may take the spare slot (see
+    /// `with_cell_after`).
     #[cold]
     #[inline(never)]
     fn first_use<C: Clock, R>(
@@ -545,6 +594,7 @@ where
         shard: &Shard<K, A::Cell, S>,
         key: &K,
         n: u32,
+        met_retired: bool,
         op: &impl Fn(&A::Cell) -> Result<R, TryAcquireError>,
     ) -> Result<(R, Slot), TryAcquireError> {
         let limit = self.algo.limit();
@@ -556,7 +606,12 @@ where
             let fresh = self.algo.cell();
             return op(&fresh).map(|r| (r, Slot::Key));
         }
-        if !ctx.reserve_key() && !self.make_room(ctx, shard) {
+        // The spare before a search for room: when the key's own slot is on its way back, a
+        // search would evict another idle key for nothing.
+        let reserved = ctx.reserve_key()
+            || (met_retired && ctx.reserve_spare_key())
+            || self.make_room(ctx, shard);
+        if !reserved {
             ctx.counters.bump(OVERFLOWED);
             return match ctx.overflow {
                 KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
@@ -892,12 +947,15 @@ where
             .map
             .get(key, |cell| self.algo.check(cell, n, &ctx.clock))
         {
-            Some(Err(TryAcquireError::Closed)) | None => {
+            found @ (Some(Err(TryAcquireError::Closed)) | None) => {
                 let now = ctx.clock.now();
                 // Relaxed, both: hints, as in `reserve_key` and `make_room`; a stale value only
-                // answers as a call a moment earlier or later would have been answered.
+                // answers as a call a moment earlier or later would have been answered. A key
+                // whose cell was just retired has its slot coming back, or the spare (see
+                // `with_cell_after`): never full.
                 let room_at = ctx.room_at.load(Ordering::Relaxed);
-                let full = ctx.keys.load(Ordering::Relaxed) >= ctx.max_keys as u64
+                let full = found.is_none()
+                    && ctx.keys.load(Ordering::Relaxed) >= ctx.max_keys as u64
                     && now < room_at
                     && room_at != SEARCHING;
                 if !full {
@@ -1253,7 +1311,9 @@ impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
         }
     }
 
-    /// Keeps at most `max_keys` keys (default [`DEFAULT_MAX_KEYS`]).
+    /// Keeps at most `max_keys` keys (default [`DEFAULT_MAX_KEYS`]), plus at most one:
+    /// a call that meets its key's cell just evicted or reset may take one spare slot while the
+    /// slot of the cell it replaces is being given back (see the limiter's "Hard cap").
     ///
     /// # Examples
     ///

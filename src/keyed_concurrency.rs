@@ -1558,7 +1558,9 @@ impl<K, S> KeyedConcurrencyLimiterBuilder<K, S> {
         }
     }
 
-    /// Keeps at most `max_keys` keys (default [`DEFAULT_MAX_KEYS`]).
+    /// Keeps at most `max_keys` keys (default [`DEFAULT_MAX_KEYS`]), plus at most one:
+    /// a call that meets its key's cell just evicted or reset may take one spare slot while the
+    /// slot of the cell it replaces is being given back (see [`KeyedLimiter`](crate::KeyedLimiter)'s "Hard cap").
     ///
     /// # Examples
     ///
