@@ -829,11 +829,12 @@ impl<C: Clock> Chain<C> {
     /// (counts saturate, the exact sliding window overdraws).
     ///
     /// What is guaranteed, therefore, is per member: once `charge` returns, every member that
-    /// did not fail has recorded the `n` permits (a limiter listed k times, k times `n`), and every call
-    /// on it that starts afterwards sees them. Each member's charge is atomic on its own, as its
-    /// own `charge` is; the chain's is not one atomic step: the members are charged one after the
-    /// other, so a call racing the charge may see some members charged and others not yet. A
-    /// member closed during the charge either records it or reports `Closed`, never both.
+    /// did not fail has recorded the `n` permits (a limiter listed k times, k times `n`), and
+    /// every call on it that starts afterwards sees them. Each member's charge is atomic on its
+    /// own, as its own `charge` is; the chain's is not one atomic step: the members are charged
+    /// one after the other, so a call racing the charge may see some members charged and others
+    /// not yet. A member closed during the charge either records it or reports `Closed`, never
+    /// both.
     ///
     /// `n == 0` records nothing and reports the members' combined state, as a probe does, but
     /// never fails for a full chain. The returned [`Admission`] combines the members' as
