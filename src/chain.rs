@@ -570,7 +570,8 @@ const MIN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1);
 /// Every call ends in exactly one of `admitted`, `rejected` or `cancelled`. A chain call is
 /// also counted once on every member (as admitted, rejected or cancelled; keyed members, which
 /// count no cancellations, as rejected), so a member's statistics cover the calls it was asked
-/// about, whether it was the one that refused or not.
+/// about, whether it was the one that refused or not. Charges ([`Chain::charge`],
+/// `KeyedChain::charge`) are not calls: like a limiter's own charges, they are counted nowhere.
 ///
 /// # Examples
 ///
@@ -622,6 +623,9 @@ pub struct ChainStats {
 ///   `retry_after`, with the `limit` of the member that said so. With nothing else admitted
 ///   meanwhile, that is exactly when the whole chain admits: each member's answer only improves
 ///   with time.
+/// - **Usage known after the fact** ([`charge`](Self::charge)) is recorded on every member
+///   that can record it, without a check: it may leave members in debt, and a member that
+///   fails (closed) does not keep the charge from the others.
 /// - A limiter listed twice is charged twice, so one call can get at most half its limit
 ///   ([`capacity`](Self::capacity) says so), and it is checked for both charges at once; the
 ///   combined `remaining` counts its free permits in such calls (half of them). Its own
