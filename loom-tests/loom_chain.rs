@@ -19,6 +19,8 @@
 //!   the threads join, every member's `available` is what its kept admissions alone leave, and
 //!   the main thread can take exactly that many more;
 //! - the chain's statistics add up, and `refunded` counts exactly the calls that gave back.
+//! - a chain's `charge` racing a chain call's refund on the same member (`charge_races_refund_*`)
+//!   loses neither the charge nor the refund.
 //!
 //! The exact sliding window's refund is positional, so its models assert the contract and what
 //! the position allows, not a full restore. Not modelled: the sliding counter's roll-over under a
@@ -472,6 +474,72 @@ fn refund_races_clock_fixed_window() {
 #[test]
 fn refund_races_clock_sliding_counter() {
     refund_races_clock(counter(1), WINDOW + WINDOW / 2);
+}
+
+/// A chain charge racing a chain call's refund on the same word. The racer takes the second
+/// member's only permit, then charges the chain 1 (`Chain::charge`: the first member, then the
+/// second); the main thread's chain call commits the first member and, having lost the second,
+/// refunds the first, its refund CAS racing the charge's CAS there. The chain's charge adds no
+/// atomic step of its own (each member's `charge`, in turn), so what is checked is that a
+/// member's charge and a refund on it lose neither update: with the clock still, the first
+/// member ends with exactly its capacity less its kept admissions and the charge.
+fn charge_races_refund(first: Algorithm) {
+    model(move || {
+        let clock = ManualClock::new();
+        let [a, b] = members(&clock, first, fixed(1));
+        let chain = Chain::new([a.clone(), b.clone()]).unwrap();
+        let racer = {
+            let (b, chain) = (b.clone(), chain.clone());
+            thread::spawn(move || {
+                let mut kept = [Kept::new(), Kept::new()];
+                direct(&b, 1, &mut kept[1]);
+                chain.charge(1).unwrap();
+                kept
+            })
+        };
+        let mut kept = [Kept::new(), Kept::new()];
+        chain_call(&chain, 1, &mut kept);
+        merge(&mut kept, racer.join().unwrap());
+        audit(first, &kept[0]);
+        audit(fixed(1), &kept[1]);
+        assert_eq!(
+            permits(&kept[1]),
+            1,
+            "one of the two takes the second member"
+        );
+        assert_eq!(
+            a.charge(0).unwrap().remaining(),
+            2 - permits(&kept[0]) - 1,
+            "the first member lost the charge or the refund"
+        );
+        assert_eq!(b.charge(0).unwrap().remaining(), 0);
+        let stats = chain.stats();
+        assert_eq!(
+            stats.admitted + stats.rejected,
+            1,
+            "the charge is not counted"
+        );
+    });
+}
+
+/// `charge_races_refund` on a token bucket of burst 2: the refund moves `tat` back by one
+/// interval, the charge forward by one, in either order.
+#[test]
+fn charge_races_refund_token_bucket() {
+    charge_races_refund(bucket(2));
+}
+
+/// `charge_races_refund` on a fixed window of 2: the refund's CAS down and the charge's CAS up
+/// on the same count.
+#[test]
+fn charge_races_refund_fixed_window() {
+    charge_races_refund(fixed(2));
+}
+
+/// `charge_races_refund` on a sliding counter of 2 (still clock: no roll-over).
+#[test]
+fn charge_races_refund_sliding_counter() {
+    charge_races_refund(counter(2));
 }
 
 /// The keyed models' chain: a fixed window of 1 per key, then a global fixed window of 1, on

@@ -19,6 +19,11 @@
 //!
 //! Why not check-then-commit alone, or locks: a check is stale the moment it is made, and a lock
 //! over several limiters would put a shared write on every call, including every denial.
+//!
+//! **Charges** (`charge`: usage recorded after the fact) take neither pass: nothing is
+//! rejected, so nothing needs checking first or giving back. Every member's own `charge` runs,
+//! and a member that fails (closed, or a key cap under `KeyOverflow::Reject`) is reported after
+//! the others were charged; the protocol is the members' own, with nothing shared added.
 
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
@@ -54,6 +59,8 @@ trait Member<Q: ?Sized> {
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, Committed);
     fn refund(&self, key: &Q, n: u32, admission: &Admission, committed: Committed);
+    /// The member's own `charge`: `n` permits recorded without the limit check.
+    fn charge(&self, key: &Q, n: u32) -> Result<Admission, TryAcquireError>;
     /// Whether `other` is a handle to the same limiter (a member listed twice).
     fn same(&self, other: &Self) -> bool;
     fn exact_refund(&self) -> bool;
@@ -74,6 +81,9 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     }
     fn refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed) {
         self.chain_refund(n, admission);
+    }
+    fn charge(&self, _: &Q, n: u32) -> Result<Admission, TryAcquireError> {
+        RateLimiter::charge(self, n)
     }
     fn same(&self, other: &Self) -> bool {
         self.chain_same(other)
@@ -406,6 +416,30 @@ impl<L> Core<L> {
         outcome
     }
 
+    /// Charges `n` to every member, once per listing, in member order, whatever the others
+    /// answer: the combined admission, or the first member's error (every member that could
+    /// record the charge has recorded it). No check pass, no refunds, nothing counted: see
+    /// [`Chain::charge`] for why.
+    fn charge<Q: ?Sized>(&self, key: &Q, n: u32) -> Result<Admission, TryAcquireError>
+    where
+        L: Member<Q>,
+    {
+        let mut charged = None;
+        let mut failed = None;
+        for (i, member) in self.members.iter().enumerate() {
+            match member.charge(key, n) {
+                Ok(a) => charged = Some(combine(charged, self.share(i, a))),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(charged.expect("a chain has members")),
+        }
+    }
+
     fn stats(&self) -> ChainStats {
         ChainStats {
             admitted: self.counters.sum(ADMITTED),
@@ -536,7 +570,8 @@ const MIN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1);
 /// Every call ends in exactly one of `admitted`, `rejected` or `cancelled`. A chain call is
 /// also counted once on every member (as admitted, rejected or cancelled; keyed members, which
 /// count no cancellations, as rejected), so a member's statistics cover the calls it was asked
-/// about, whether it was the one that refused or not.
+/// about, whether it was the one that refused or not. Charges ([`Chain::charge`],
+/// `KeyedChain::charge`) are not calls: like a limiter's own charges, they are counted nowhere.
 ///
 /// # Examples
 ///
@@ -588,6 +623,9 @@ pub struct ChainStats {
 ///   `retry_after`, with the `limit` of the member that said so. With nothing else admitted
 ///   meanwhile, that is exactly when the whole chain admits: each member's answer only improves
 ///   with time.
+/// - **Usage known after the fact** ([`charge`](Self::charge)) is recorded on every member
+///   that can record it, without a check: it may leave members in debt, and a member that
+///   fails (closed) does not keep the charge from the others.
 /// - A limiter listed twice is charged twice, so one call can get at most half its limit
 ///   ([`capacity`](Self::capacity) says so), and it is checked for both charges at once; the
 ///   combined `remaining` counts its free permits in such calls (half of them). Its own
@@ -775,6 +813,81 @@ impl<C: Clock> Chain<C> {
         each: &mut Vec<Admission>,
     ) -> Result<Admission, TryAcquireError> {
         self.core.try_acquire_into(&(), n, each)
+    }
+
+    /// Records `n` permits as used now on every member, without checking any limit: usage known
+    /// only after the fact (the tokens an LLM reply used, the bytes a response sent). Each member
+    /// is charged as by its own [`RateLimiter::charge`], whose documentation gives the debt and
+    /// its bounds per algorithm. The charge is never rejected: members it takes over their limit
+    /// are left in debt, and the chain then refuses calls until every member's debt has passed,
+    /// with the largest `retry_after` among them, as for any chain rejection.
+    ///
+    /// **Every member that can record the charge records it; there is no all or nothing.** A
+    /// chain call is checked on every member first because a rejection must cost nothing; a
+    /// charge has nothing to reject (the usage has happened), so there is no check pass and
+    /// nothing is refunded. A member that fails (it is closed) records nothing, every other
+    /// member is charged all the same, and the call reports the failure. Leaving the others out
+    /// would let them admit calls that their limits, counting the usage, must refuse. And
+    /// "charge none if any would fail" is not a promise a chain could keep: a member can be
+    /// closed between any check and its charge, and a charge cannot be taken back exactly
+    /// (counts saturate, the exact sliding window overdraws).
+    ///
+    /// What is guaranteed, therefore, is per member: once `charge` returns, every member that
+    /// did not fail has recorded the `n` permits (a limiter listed k times, k times `n`), and
+    /// every call on it that starts afterwards sees them. Each member's charge is atomic on its
+    /// own, as its own `charge` is; the chain's is not one atomic step: the members are charged
+    /// one after the other, so a call racing the charge may see some members charged and others
+    /// not yet. A member closed during the charge either records it or reports `Closed`, never
+    /// both.
+    ///
+    /// `n == 0` records nothing and reports the members' combined state, as a probe does, but
+    /// never fails for a full chain. The returned [`Admission`] combines the members' as
+    /// [`try_acquire_n`](Self::try_acquire_n) does: the smallest `remaining` (0 while any member
+    /// is in debt; a limiter listed k times counts its free permits in calls of k), the largest
+    /// `reset_after` (until every member is back to full capacity, if nothing else is taken),
+    /// the latest `at`. Waiters queued on a member are neither woken nor passed over. Charges are
+    /// not counted in [`stats`](Self::stats), the chain's or the members'.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Closed`] if a member is closed: it recorded nothing, and every other
+    /// member was charged. If several fail, the first in member order is reported. Never
+    /// `Rejected` nor `InsufficientCapacity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Chain, ManualClock, Rate, RateLimiter, TryAcquireError};
+    ///
+    /// // 100 LLM tokens per second (bursts of 100), and 1,000 per hour.
+    /// let clock = ManualClock::new();
+    /// let per_second = RateLimiter::with_clock(
+    ///     Algorithm::TokenBucket { rate: Rate::per_second(100), burst: 100 },
+    ///     clock.clone(),
+    /// )?;
+    /// let per_hour = RateLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 1_000, window: Duration::from_secs(3600) },
+    ///     clock.clone(),
+    /// )?;
+    /// let chain = Chain::new([per_second.clone(), per_hour.clone()])?;
+    /// chain.try_acquire()?; // admit the request on one token...
+    /// let state = chain.charge(149)?; // ...then charge the 149 its reply used
+    /// assert_eq!(state.remaining(), 0); // the bucket is 50 tokens in debt
+    /// assert_eq!(per_hour.stats().available, 850);
+    /// let rejection = *chain.try_acquire().unwrap_err().rejection().unwrap();
+    /// assert_eq!(rejection.retry_after(), Duration::from_millis(510)); // the bucket's debt + 1
+    /// clock.advance(Duration::from_millis(510));
+    /// assert!(chain.try_acquire().is_ok());
+    ///
+    /// // A closed member records nothing; the others are charged all the same.
+    /// per_second.close();
+    /// assert_eq!(chain.charge(10), Err(TryAcquireError::Closed));
+    /// assert_eq!(per_hour.stats().available, 839);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge(&self, n: u32) -> Result<Admission, TryAcquireError> {
+        self.core.charge(&(), n)
     }
 
     /// Waits until one permit is admitted by every member. See [`acquire_n`](Self::acquire_n).
@@ -1086,6 +1199,12 @@ where
         match self {
             Link::PerKey(l) => l.chain_refund(key, n, admission, committed),
             Link::Global(l) => l.chain_refund(n, admission),
+        }
+    }
+    fn charge(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
+        match self {
+            Link::PerKey(l) => l.charge(key, n),
+            Link::Global(l) => l.charge(n),
         }
     }
     fn same(&self, other: &Self) -> bool {
@@ -1414,6 +1533,63 @@ where
         each: &mut Vec<Admission>,
     ) -> Result<Admission, TryAcquireError> {
         self.core.try_acquire_into(key, n, each)
+    }
+
+    /// Records `n` permits as used now by `key` on every member, without checking any limit:
+    /// [`Chain::charge`] (its semantics and its reasons), with each per-key member charging
+    /// `key` as [`KeyedLimiter::charge`] does (a new key is made, and starts with the charge) and
+    /// each global member charging the call as [`RateLimiter::charge`] does.
+    ///
+    /// Every member that can record the charge records it, and a member's failure is reported
+    /// after the others were charged. A per-key member at its key cap, with no idle key to
+    /// evict, treats a new key as its own `charge` does: under
+    /// [`KeyOverflow::Reject`](crate::KeyOverflow::Reject) it records nothing and the call
+    /// reports [`TooManyKeys`](TryAcquireError::TooManyKeys), the other members charged (the
+    /// usage still counts against the global limits, and against every per-key member that
+    /// tracks the key); under [`KeyOverflow::Shared`](crate::KeyOverflow::Shared) the shared
+    /// overflow cell is charged, which is no error. Checking the cap first could not promise
+    /// more: another thread's new key can fill it between the check and the charge.
+    ///
+    /// # Errors
+    ///
+    /// - [`TryAcquireError::TooManyKeys`]: a per-key member could not take the new key, as
+    ///   above.
+    /// - [`TryAcquireError::Closed`]: a global member is closed (it recorded nothing).
+    ///
+    /// If several members fail, the first in member order (per-key members first) is reported.
+    /// Never `Rejected` nor `InsufficientCapacity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{
+    ///     Algorithm, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock, RateLimiter, TryAcquireError,
+    /// };
+    ///
+    /// // 10 logins a minute per user and 100 for everyone; a failed login costs 5.
+    /// let clock = ManualClock::new();
+    /// let minute = Duration::from_secs(60);
+    /// let per_user = KeyedLimiter::builder(Algorithm::FixedWindow { limit: 10, window: minute })
+    ///     .clock(clock.clone())
+    ///     .max_keys(1)
+    ///     .overflow(KeyOverflow::Reject)
+    ///     .build()?;
+    /// let everyone = RateLimiter::with_clock(Algorithm::FixedWindow { limit: 100, window: minute }, clock.clone())?;
+    /// let chain = KeyedChain::builder().per_key(per_user).global(everyone.clone()).build()?;
+    /// chain.try_acquire(&"mallory")?;
+    /// assert_eq!(chain.charge(&"mallory", 5)?.remaining(), 4);
+    /// assert_eq!(chain.charge(&"mallory", 5)?.remaining(), 0); // one over: in debt
+    /// assert!(chain.try_acquire(&"mallory").is_err());
+    /// // The key cap is full: a new key is refused by the per-key member, charged globally.
+    /// assert_eq!(chain.charge(&"eve", 5), Err(TryAcquireError::TooManyKeys { max_keys: 1 }));
+    /// assert_eq!(everyone.stats().available, 84);
+    /// clock.advance(minute); // the next window starts empty
+    /// assert!(chain.try_acquire(&"mallory").is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
+        self.core.charge(key, n)
     }
 
     /// [`try_acquire_n`](Self::try_acquire_n) that, on success, also returns what

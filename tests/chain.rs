@@ -10,10 +10,16 @@
 //!   exactly, and so must the number of calls that refunded. Every algorithm is compared
 //!   exactly; chains hold at most one exact sliding window, which the chain commits last and so
 //!   never refunds (its refund is positional: see `refund_positional_sliding_window` below).
+//!   Chain charges are among the operations (every member's model charged, the answer combined),
+//!   and the injected call can also be a member's charge or the chain's own charge, which then
+//!   lands between another call's check and commit and makes it refund.
 //! - scenarios: 10 per second and 1,000 per hour per key plus a global limit; the largest
 //!   retry-after; a later member's rejection leaves earlier members' `available()` unchanged.
 //! - a stress audit on real threads: a chain of two members raced by direct calls on each
 //!   member, every member's contract checked on its own admission times.
+//! - charges: debt per pair of algorithms and the chain's exact retry-after, `charge(0)`, a closed
+//!   member, a keyed member at its key cap (`Reject` and `Shared`), and threads mixing chain
+//!   charges with admissions on a still clock (nothing lost, nothing over the limit).
 
 mod common;
 
@@ -83,19 +89,42 @@ fn specs(keyed: bool) -> impl Strategy<Value = Vec<Spec>> {
 #[derive(Debug, Clone)]
 enum Op {
     Advance(u64),
-    /// A chain call for key, n; optionally with a direct call (member, n) injected between the
-    /// check and the commit pass.
-    Chain(u8, u32, Option<(usize, u32)>),
+    /// A chain call for key, n; optionally with a racing call (member, n, what) injected between
+    /// the check and the commit pass.
+    Chain(u8, u32, Option<(usize, u32, Racer)>),
     /// A direct call on member j for key, n.
     Direct(usize, u8, u32),
+    /// A chain charge for key, n.
+    Charge(u8, u32),
+}
+
+/// What a call injected between a chain call's two passes does.
+#[derive(Debug, Clone, Copy)]
+enum Racer {
+    /// The member's own `try_acquire_n`.
+    Acquire,
+    /// The member's own `charge`.
+    Charge,
+    /// The chain's `charge` (every member; the injection's member is ignored).
+    ChainCharge,
+}
+
+fn racer() -> impl Strategy<Value = Racer> {
+    prop_oneof![
+        4 => Just(Racer::Acquire),
+        1 => Just(Racer::Charge),
+        1 => Just(Racer::ChainCharge),
+    ]
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         2 => prop_oneof![3 => Just(0u64), 4 => 0u64..30, 1 => 0u64..120].prop_map(Op::Advance),
-        4 => (0u8..2, 0u32..5, prop::option::weighted(0.5, (0usize..3, 1u32..5)))
+        4 => (0u8..2, 0u32..5, prop::option::weighted(0.5, (0usize..3, 1u32..5, racer())))
             .prop_map(|(k, n, inject)| Op::Chain(k, n, inject)),
         2 => (0usize..3, 0u8..2, 0u32..5).prop_map(|(j, k, n)| Op::Direct(j, k, n)),
+        // Up to twice the largest limit: charges that fit, and debts.
+        1 => (0u8..2, 0u32..12).prop_map(|(k, n)| Op::Charge(k, n)),
     ];
     prop::collection::vec(op, 1..100)
 }
@@ -112,6 +141,13 @@ impl Live {
         match self {
             Live::Global(l) => l.try_acquire_n(n),
             Live::PerKey(l) => l.try_acquire_n(&key, n),
+        }
+    }
+
+    fn charge(&self, key: u8, n: u32) -> Result<Admission, TryAcquireError> {
+        match self {
+            Live::Global(l) => l.charge(n),
+            Live::PerKey(l) => l.charge(&key, n),
         }
     }
 }
@@ -140,6 +176,14 @@ impl Reference {
         (0..self.specs.len())
             .map(|j| self.model(j, key).clone().decide(now, u64::from(n)))
             .collect()
+    }
+
+    /// A charge of every member for key, n at `now`: the combined (remaining, reset_after), the
+    /// smallest remaining and the largest time until full.
+    fn charge(&mut self, key: u8, now: u64, n: u32) -> (u64, u64) {
+        (0..self.specs.len())
+            .map(|j| self.model(j, key).charge(now, u64::from(n)))
+            .fold((u64::MAX, 0), |(r, t), (rj, tj)| (r.min(rj), t.max(tj)))
     }
 
     fn commit(&mut self, key: u8, now: u64, n: u32) {
@@ -198,6 +242,13 @@ fn reduce(outcome: Result<Admission, TryAcquireError>, now: u64) -> ChainExpecte
     }
 }
 
+/// A charge's answer as the models know it: (remaining, reset_after), at `now`.
+fn reduce_charge(outcome: Result<Admission, TryAcquireError>, now: u64) -> (u64, u64) {
+    let a = outcome.expect("a charge of open members without a key cap never fails");
+    assert_eq!(a.at_nanos(), now);
+    (u64::from(a.remaining()), a.reset_after().as_nanos() as u64)
+}
+
 fn reduce_single(outcome: Result<Admission, TryAcquireError>) -> Expected {
     match outcome {
         Ok(a) => Some(Ok(u64::from(a.remaining()))),
@@ -231,7 +282,9 @@ fn check_chain(specs: &[Spec], ops: &[Op], keyed: bool) -> u64 {
     let clock = HookClock::default();
     let (live, member) = live_members(specs, &clock);
     let chained: Vec<Spec> = member.iter().map(|&j| specs[j]).collect();
+    type Call = Arc<dyn Fn(u8, u32) -> Result<Admission, TryAcquireError> + Send + Sync>;
     let chain: Box<dyn Fn(u8, u32) -> Result<Admission, TryAcquireError>>;
+    let charge: Call;
     let stats: Box<dyn Fn() -> ChainStats>;
     if keyed {
         let mut builder = KeyedChain::<u8, HookClock>::builder();
@@ -242,7 +295,8 @@ fn check_chain(specs: &[Spec], ops: &[Op], keyed: bool) -> u64 {
             };
         }
         let c = builder.build().unwrap();
-        let c2 = c.clone();
+        let (c2, c3) = (c.clone(), c.clone());
+        charge = Arc::new(move |k, n| c3.charge(&k, n));
         chain = Box::new(move |k, n| c.try_acquire_n(&k, n));
         stats = Box::new(move || c2.stats());
     } else {
@@ -251,7 +305,8 @@ fn check_chain(specs: &[Spec], ops: &[Op], keyed: bool) -> u64 {
             Live::PerKey(_) => unreachable!("an unkeyed chain has no per-key members"),
         }))
         .unwrap();
-        let c2 = c.clone();
+        let (c2, c3) = (c.clone(), c.clone());
+        charge = Arc::new(move |_, n| c3.charge(n));
         chain = Box::new(move |_, n| c.try_acquire_n(n));
         stats = Box::new(move || c2.stats());
     }
@@ -275,25 +330,35 @@ fn check_chain(specs: &[Spec], ops: &[Op], keyed: bool) -> u64 {
                 let got = reduce_single(live[j].try_acquire_n(key, n));
                 assert_eq!(got, reference.direct(pos, key, now, n), "op {i}: {op:?}");
             }
+            Op::Charge(key, n) => {
+                let got = reduce_charge(charge(key, n), now);
+                let expected = reference.charge(key, now, n);
+                assert_eq!(got, expected, "op {i}: {op:?} at {now}, chain {chained:?}");
+            }
             Op::Chain(key, n, inject) => {
                 calls += 1;
                 let checked = reference.check(key, now, n);
                 let passes =
                     n > 0 && n <= capacity && checked.iter().all(|d| matches!(d, Some(Ok(_))));
-                let injected = inject.filter(|_| passes).map(|(j, m)| {
+                let injected = inject.filter(|_| passes).map(|(j, m, racer)| {
                     let j = j % specs.len();
                     let pos = member.iter().position(|&x| x == j).unwrap();
                     let slot: Arc<Mutex<Option<Result<Admission, TryAcquireError>>>> =
                         Arc::default();
                     let (target, out) = (live[j].clone(), Arc::clone(&slot));
+                    let charge = Arc::clone(&charge);
                     // One reading per member for the check pass; the next is the commit's.
                     clock.arm(
                         specs.len() + 1,
                         Box::new(move || {
-                            *out.lock().unwrap() = Some(target.try_acquire_n(key, m));
+                            *out.lock().unwrap() = Some(match racer {
+                                Racer::Acquire => target.try_acquire_n(key, m),
+                                Racer::Charge => target.charge(key, m),
+                                Racer::ChainCharge => charge(key, m),
+                            });
                         }),
                     );
-                    (pos, m, slot)
+                    (pos, m, racer, slot)
                 });
                 let got = reduce(chain(key, n), now);
                 let expected = match &injected {
@@ -304,14 +369,26 @@ fn check_chain(specs: &[Spec], ops: &[Op], keyed: bool) -> u64 {
                         }
                         expected
                     }
-                    Some((pos, m, slot)) => {
+                    Some((pos, m, racer, slot)) => {
                         assert!(clock.disarm(), "op {i}: the injected call did not run");
-                        let nested = reduce_single(slot.lock().unwrap().take().unwrap());
-                        assert_eq!(
-                            nested,
-                            reference.direct(*pos, key, now, *m),
-                            "op {i}: injected"
-                        );
+                        let nested = slot.lock().unwrap().take().unwrap();
+                        match racer {
+                            Racer::Acquire => assert_eq!(
+                                reduce_single(nested),
+                                reference.direct(*pos, key, now, *m),
+                                "op {i}: injected"
+                            ),
+                            Racer::Charge => assert_eq!(
+                                reduce_charge(nested, now),
+                                reference.model(*pos, key).charge(now, u64::from(*m)),
+                                "op {i}: injected charge"
+                            ),
+                            Racer::ChainCharge => assert_eq!(
+                                reduce_charge(nested, now),
+                                reference.charge(key, now, *m),
+                                "op {i}: injected chain charge"
+                            ),
+                        }
                         let after = reference.check(key, now, n);
                         let expected = combine(&chained, &after);
                         if matches!(expected, Some(Ok(_))) {
@@ -1552,4 +1629,296 @@ fn keyed_blocking_waits_are_per_key() {
     );
     let stats = chain.stats();
     assert_eq!((stats.admitted, stats.cancelled), (3, 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Charges: usage recorded on every member after the fact.
+
+/// Per pair of algorithms (one twice included), and charges that put one member or both in
+/// debt: the chain's charge reports what each member's reference model says (the smallest
+/// remaining, the largest time until full); the chain then refuses with the largest of the
+/// members' retry-afters, with that member's limit, until exactly then, and admits at it.
+#[test]
+fn a_charge_puts_every_member_in_debt_and_the_chain_waits_for_the_deepest() {
+    const START: u64 = 250; // inside the windows, not at their start
+    for (a, b) in (0..4u8).flat_map(|a| (0..4u8).map(move |b| (a, b))) {
+        for n in [5u32, 9, 40] {
+            let algorithms = [algorithm(a, 4, 1_000), algorithm(b, 6, 3_000)];
+            let case = format!("{algorithms:?}, charge {n}");
+            let clock = ManualClock::new();
+            clock.advance(Duration::from_nanos(START));
+            let chain = Chain::new(algorithms.map(|alg| manual(alg, &clock))).unwrap();
+            let mut models = algorithms.map(AnyModel::new);
+
+            let charged = chain.charge(n).unwrap();
+            let each = models.each_mut().map(|m| m.charge(START, u64::from(n)));
+            assert_eq!(charged.at_nanos(), START, "{case}");
+            assert_eq!(
+                charged.remaining(),
+                0,
+                "{case}: the 4-permit member is in debt"
+            );
+            assert_eq!(
+                charged.reset_after().as_nanos() as u64,
+                each[0].1.max(each[1].1),
+                "{case}"
+            );
+
+            // Each member's own retry-after, from its model; the chain waits for the largest.
+            let retries: Vec<u64> = models
+                .iter()
+                .map(|m| match m.clone().decide(START, 1) {
+                    Some(Err(retry)) => retry,
+                    _ => 0,
+                })
+                .collect();
+            let deepest = (retries[1] > retries[0]) as usize;
+            let wait = retries[deepest];
+            assert!(wait > 0, "{case}: no debt");
+            let limit = [4, 6][deepest];
+            match chain.try_acquire() {
+                Err(TryAcquireError::Rejected(r)) => {
+                    assert_eq!(r.retry_after().as_nanos() as u64, wait, "{case}");
+                    assert_eq!(r.limit(), limit, "{case}");
+                }
+                other => panic!("{case}: expected a rejection, got {other:?}"),
+            }
+            clock.advance(Duration::from_nanos(wait - 1));
+            match chain.try_acquire() {
+                Err(TryAcquireError::Rejected(r)) => {
+                    assert_eq!(r.retry_after(), Duration::from_nanos(1), "{case}")
+                }
+                other => panic!("{case}: admitted 1 ns early: {other:?}"),
+            }
+            clock.advance(Duration::from_nanos(1));
+            assert!(
+                chain.try_acquire().is_ok(),
+                "{case}: refused at its retry-after"
+            );
+        }
+    }
+}
+
+/// `charge(0)` records nothing and answers as a probe, and still answers for a full chain,
+/// which a probe refuses; a limiter listed twice counts its free permits in calls of two.
+/// Charges are counted nowhere.
+#[test]
+fn a_charge_of_zero_records_nothing_and_reports_like_a_probe() {
+    let clock = ManualClock::new();
+    let bucket = manual(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(10),
+            burst: 10,
+        },
+        &clock,
+    );
+    let window = manual(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: SECOND,
+        },
+        &clock,
+    );
+    let chain = Chain::new([bucket.clone(), window.clone(), window.clone()]).unwrap();
+    chain.try_acquire_n(1).unwrap(); // bucket 9 left, window 8: 4 calls of the chain
+    let probe = chain.try_acquire_n(0).unwrap();
+    let zero = chain.charge(0).unwrap();
+    assert_eq!(zero, probe);
+    assert_eq!(zero.remaining(), 4);
+    chain.try_acquire_n(4).unwrap(); // bucket 5 left, window 0
+    assert!(
+        chain.try_acquire_n(0).is_err(),
+        "a probe refuses a full chain"
+    );
+    let zero = chain.charge(0).unwrap();
+    assert_eq!(zero.remaining(), 0);
+    // The bucket is full again in 500 ms, the window resets in 1 s.
+    assert_eq!(zero.reset_after(), SECOND);
+    assert_eq!(bucket.stats().available, 5);
+    assert_eq!(window.stats().available, 0);
+    let stats = chain.stats();
+    assert_eq!(
+        (stats.admitted, stats.rejected),
+        (3, 1),
+        "charges are not counted"
+    );
+    assert_eq!(
+        window.stats().admitted,
+        6,
+        "each chain call counted per listing"
+    );
+}
+
+/// A closed member, wherever it is in the chain, records nothing and makes the charge fail
+/// with `Closed`; every other member is charged all the same.
+#[test]
+fn a_closed_member_records_nothing_and_the_others_are_charged() {
+    for closed in 0..3 {
+        let clock = ManualClock::new();
+        let members = [
+            Algorithm::FixedWindow {
+                limit: 10,
+                window: SECOND,
+            },
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(10),
+                burst: 10,
+            },
+            Algorithm::SlidingWindow {
+                limit: 10,
+                window: SECOND,
+            },
+        ]
+        .map(|a| manual(a, &clock));
+        let chain = Chain::new(members.clone()).unwrap();
+        members[closed].close();
+        assert_eq!(chain.charge(4), Err(TryAcquireError::Closed));
+        assert_eq!(chain.charge(0), Err(TryAcquireError::Closed));
+        for (i, member) in members.iter().enumerate() {
+            let expected = if i == closed { 10 } else { 6 };
+            assert_eq!(
+                member.stats().available,
+                expected,
+                "member {i}, member {closed} closed"
+            );
+        }
+        assert_eq!(chain.try_acquire(), Err(TryAcquireError::Closed));
+    }
+}
+
+/// A new key at a per-key member's key cap: under `Reject` that member records nothing and the
+/// charge fails with `TooManyKeys`, under `Shared` the overflow cell is charged; the other
+/// members (per key and global) are charged either way.
+#[test]
+fn a_keyed_chain_at_the_key_cap_charges_the_others_or_the_overflow_cell() {
+    use turnstile::KeyOverflow;
+    let window = Duration::from_secs(60);
+    for overflow in [KeyOverflow::Reject, KeyOverflow::Shared] {
+        let clock = ManualClock::new();
+        let capped = KeyedLimiter::<u8, _>::builder(Algorithm::FixedWindow { limit: 5, window })
+            .clock(clock.clone())
+            .max_keys(1)
+            .overflow(overflow)
+            .build()
+            .unwrap();
+        let open = KeyedLimiter::<u8, _>::with_clock(
+            Algorithm::FixedWindow { limit: 8, window },
+            clock.clone(),
+        )
+        .unwrap();
+        let global = manual(Algorithm::FixedWindow { limit: 20, window }, &clock);
+        let chain = KeyedChain::builder()
+            .per_key(capped.clone())
+            .per_key(open.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        chain.try_acquire(&1).unwrap(); // key 1 fills the cap
+        let charged = chain.charge(&2, 3);
+        match overflow {
+            KeyOverflow::Reject => {
+                assert_eq!(charged, Err(TryAcquireError::TooManyKeys { max_keys: 1 }));
+                // Nothing went to an overflow cell: none is used under Reject.
+                assert_eq!(
+                    capped.try_acquire(&3),
+                    Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+                );
+            }
+            _ => {
+                // The overflow cell's 2 left are the smallest remaining.
+                assert_eq!(charged.unwrap().remaining(), 2);
+                assert!(
+                    capped.try_acquire_n(&3, 3).is_err(),
+                    "the overflow cell was not charged"
+                );
+                assert!(capped.try_acquire_n(&3, 2).is_ok());
+            }
+        }
+        assert_eq!(capped.len(), 1, "{overflow:?}: no key made at the cap");
+        assert_eq!(capped.available(&1), 4, "{overflow:?}: key 1 untouched");
+        assert_eq!(open.available(&2), 5, "{overflow:?}");
+        assert_eq!(global.stats().available, 16, "{overflow:?}");
+        // A probe-like charge at the cap makes no key and never fails.
+        assert_eq!(chain.charge(&4, 0).unwrap().remaining(), 5);
+        assert_eq!(capped.len(), 1);
+    }
+}
+
+/// Real threads on a still clock, each mixing chain charges of 1 to 3 with chain admissions
+/// and direct admissions on one member, per pair of algorithms (at most one exact sliding
+/// window: a second one's refunds are positional, so its permits would not all come back).
+/// Against the model of each member at one instant: it admitted at most its limit, and what is
+/// left at the end is its limit minus everything it admitted and every charge (none lost, none
+/// recorded twice, none skipped); the chain's own charge of 0 reports the smallest of these.
+/// The first member's limit is above all it can be asked for (1,350), so that its count is
+/// exact rather than 0; the second's is below, so that admissions race charges at its limit.
+#[test]
+fn chain_charges_racing_admissions_lose_nothing_and_never_over_admit() {
+    use common::all_algorithms;
+    const LIMITS: [u32; 2] = [1_500, 700];
+    let window = Duration::from_secs(3600);
+    for (a, b) in (0..4).flat_map(|a| (0..4).map(move |b| (a, b))) {
+        if a == 1 && b == 1 {
+            continue;
+        }
+        let algorithms = [
+            all_algorithms(LIMITS[0], window)[a],
+            all_algorithms(LIMITS[1], window)[b],
+        ];
+        let clock = ManualClock::new();
+        let members = algorithms.map(|alg| manual(alg, &clock));
+        let chain = Chain::new(members.clone()).unwrap();
+        let barrier = Barrier::new(THREADS);
+        let totals: Vec<([u64; 2], u64)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (chain, members, barrier) = (chain.clone(), members.clone(), &barrier);
+                    s.spawn(move || {
+                        let (mut admitted, mut charged) = ([0u64; 2], 0u64);
+                        barrier.wait();
+                        for i in 0..300usize {
+                            match (i + t) % 4 {
+                                0 => {
+                                    let n = 1 + (i % 3) as u32;
+                                    chain.charge(n).unwrap();
+                                    charged += u64::from(n);
+                                }
+                                1 => {
+                                    if members[t % 2].try_acquire().is_ok() {
+                                        admitted[t % 2] += 1;
+                                    }
+                                }
+                                _ => {
+                                    if chain.try_acquire().is_ok() {
+                                        admitted[0] += 1;
+                                        admitted[1] += 1;
+                                    }
+                                }
+                            }
+                        }
+                        (admitted, charged)
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let charged: u64 = totals.iter().map(|t| t.1).sum();
+        let mut smallest = u64::MAX;
+        for (j, member) in members.iter().enumerate() {
+            let admitted: u64 = totals.iter().map(|t| t.0[j]).sum();
+            let limit = u64::from(LIMITS[j]);
+            assert!(
+                admitted <= limit,
+                "{algorithms:?}: member {j} admitted {admitted}"
+            );
+            let left = limit.saturating_sub(admitted + charged);
+            assert_eq!(
+                u64::from(member.charge(0).unwrap().remaining()),
+                left,
+                "{algorithms:?}: member {j}: {admitted} admitted, {charged} charged"
+            );
+            smallest = smallest.min(left);
+        }
+        assert_eq!(u64::from(chain.charge(0).unwrap().remaining()), smallest);
+    }
 }
