@@ -1617,7 +1617,11 @@ async fn a_charge_fills_a_sliding_window_with_its_latest_expiries() {
     limiter.try_acquire("s").await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let fits = limiter.charge("s", 1).await.unwrap();
-    assert_eq!(fits.remaining(), 1, "a charge that fits is taken as an admission");
+    assert_eq!(
+        fits.remaining(),
+        1,
+        "a charge that fits is taken as an admission"
+    );
     let charged = limiter.charge("s", 5).await.unwrap();
     assert_eq!(charged.remaining(), 0);
     assert_eq!(charged.reset_after(), window);
@@ -1669,7 +1673,10 @@ async fn a_charge_moves_a_buckets_arrival_time() {
     check_rejection(&limiter, &mut con, "b", tat - 200_000).await;
     // A second charge adds on to the debt.
     let more = limiter.charge("b", 1).await.unwrap();
-    assert_eq!(more.at_nanos() / 1000 + more.reset_after_us(), tat + 100_000);
+    assert_eq!(
+        more.at_nanos() / 1000 + more.reset_after_us(),
+        tat + 100_000
+    );
     let now = redis_now(&mut con);
     tokio::time::sleep(Duration::from_micros(tat - 100_000 - now) + Duration::from_millis(2)).await;
     let a = limiter.try_acquire("b").await.unwrap();
@@ -1821,7 +1828,10 @@ async fn a_charge_to_a_chain_charges_every_member_in_one_script() {
         .unwrap();
     let first = limiter.charge("u", 2).await.unwrap();
     assert_eq!(first.remaining(), 1, "the bucket's");
-    assert!(first.reset_after() >= Duration::from_millis(200), "{first:?}");
+    assert!(
+        first.reset_after() >= Duration::from_millis(200),
+        "{first:?}"
+    );
     assert!(first.reset_after() <= window, "{first:?}");
     let charged = limiter.charge("u", 5).await.unwrap();
     assert_eq!(charged.remaining(), 0);
@@ -1860,11 +1870,19 @@ async fn after_a_charge_into_debt_the_next_call_is_rejected() {
     limiter.charge("d", 3).await.unwrap();
     rejection(limiter.try_acquire("d").await);
     let stats = limiter.stats();
-    assert_eq!((stats.rejected, stats.denied_locally), (1, 0), "asked of Redis");
+    assert_eq!(
+        (stats.rejected, stats.denied_locally),
+        (1, 0),
+        "asked of Redis"
+    );
     limiter.charge("d", 1).await.unwrap();
     rejection(limiter.try_acquire("d").await);
     let stats = limiter.stats();
-    assert_eq!((stats.rejected, stats.denied_locally), (1, 1), "the cached rejection");
+    assert_eq!(
+        (stats.rejected, stats.denied_locally),
+        (1, 1),
+        "the cached rejection"
+    );
     assert_eq!(field(&mut con, &limiter.key("d"), "c"), 5);
     assert_eq!(stats.admitted, 1, "charges are not counted as decisions");
     assert_all_keys_expire(&mut con);
@@ -1902,5 +1920,9 @@ async fn a_charge_with_the_server_killed_is_an_error_and_charges_the_fallback() 
     timed(deadline, fallback.try_acquire("y")).await.unwrap();
     rejection(timed(deadline, fallback.try_acquire("x")).await);
     let s = open.stats();
-    assert_eq!((s.errors, s.timeouts, s.failed_open), (0, 0, 0), "not decisions");
+    assert_eq!(
+        (s.errors, s.timeouts, s.failed_open),
+        (0, 0, 0),
+        "not decisions"
+    );
 }

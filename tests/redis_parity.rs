@@ -152,11 +152,11 @@ impl Rng {
 /// Runs 400 random (time step, permits) calls on the script and on the in-memory limiter and
 /// asserts that they decide alike. `p1` is the window (or time per permit) in µs, `limit` the
 /// limit (or burst); `exact_retry` is false for the sliding counter, whose retry-after Redis
-/// rounds up to its microsecond clock.
+/// rounds up to its microsecond clock. `scripts`: the decision script, and the charge script
+/// if charges are interleaved (see `differential_across`).
 fn differential(
     con: &mut redis::Connection,
-    script: &str,
-    charge_script: Option<&str>,
+    (script, charge_script): (&str, Option<&str>),
     algorithm: Algorithm,
     p1: u64,
     limit: u32,
@@ -168,7 +168,15 @@ fn differential(
         p1,
         limit,
     };
-    differential_across(con, script, charge_script, &[phase], exact_retry, false, seed);
+    differential_across(
+        con,
+        script,
+        charge_script,
+        &[phase],
+        exact_retry,
+        false,
+        seed,
+    );
 }
 
 /// One parameter set of a [`differential_across`] run: the algorithm as the in-memory limiter
@@ -427,8 +435,7 @@ fn decide_alike(charges: bool) {
             let window = Duration::from_micros(window_us);
             differential(
                 &mut con,
-                &fixed,
-                charge(0),
+                (&fixed, charge(0)),
                 Algorithm::FixedWindow { limit, window },
                 window_us,
                 limit,
@@ -437,8 +444,7 @@ fn decide_alike(charges: bool) {
             );
             differential(
                 &mut con,
-                &sliding,
-                charge(1),
+                (&sliding, charge(1)),
                 Algorithm::SlidingWindow { limit, window },
                 window_us,
                 limit,
@@ -447,8 +453,7 @@ fn decide_alike(charges: bool) {
             );
             differential(
                 &mut con,
-                &counter,
-                charge(2),
+                (&counter, charge(2)),
                 Algorithm::SlidingCounter { limit, window },
                 window_us,
                 limit,
@@ -459,8 +464,7 @@ fn decide_alike(charges: bool) {
             let interval = (window_us / u64::from(limit)).max(1);
             differential(
                 &mut con,
-                &bucket,
-                charge(3),
+                (&bucket, charge(3)),
                 Algorithm::TokenBucket {
                     rate: Rate::new(1, Duration::from_micros(interval)),
                     burst: limit,

@@ -698,7 +698,8 @@ async fn a_charge_is_stored_and_puts_each_algorithm_in_debt() {
         // Stored until the state is fresh again: the charge's reset_after.
         let lives = expiry(&store, &limiter.key("a")).saturating_duration_since(Instant::now());
         assert!(
-            lives <= charged.reset_after() && lives + Duration::from_secs(1) > charged.reset_after(),
+            lives <= charged.reset_after()
+                && lives + Duration::from_secs(1) > charged.reset_after(),
             "{algorithm:?}: {lives:?} vs {charged:?}"
         );
         // What one permit waits for, from the charge's own report (up to the time since).
@@ -713,7 +714,10 @@ async fn a_charge_is_stored_and_puts_each_algorithm_in_debt() {
             // TAT = the admission's time + 6 · 20 min; one fits once TAT − now ≤ 60 − 20 min.
             _ => {
                 let six = Duration::from_secs(6 * 1200);
-                assert!(reset <= six && reset + Duration::from_secs(1) > six, "{reset:?}");
+                assert!(
+                    reset <= six && reset + Duration::from_secs(1) > six,
+                    "{reset:?}"
+                );
                 reset - Duration::from_secs(2400)
             }
         };
@@ -763,7 +767,8 @@ async fn a_huge_charge_saturates_in_a_store() {
 #[tokio::test]
 async fn a_charge_on_a_failing_store_is_the_store_error() {
     let store = Memory::default();
-    let limiter = StoreLimiter::new(fixed(2, Duration::from_secs(3600)), "t", store.clone()).unwrap();
+    let limiter =
+        StoreLimiter::new(fixed(2, Duration::from_secs(3600)), "t", store.clone()).unwrap();
     store.fail.store(true, Ordering::Relaxed);
     assert!(matches!(limiter.charge("a", 5).await, Err(Down)));
     assert_eq!(limiter.stats().errors, 0);

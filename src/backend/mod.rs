@@ -3,7 +3,7 @@
 //!
 //! Each algorithm is one Lua script (`src/backend/scripts/*.lua`), run with `EVALSHA`: one round
 //! trip per decision. A script reads Redis's own clock (`TIME`, in microseconds), decides from what
-//! it read, and writes only when it admits, so a rejection changes nothing (except to repair a
+//! it read, and writes only when it admits (or records a charge), so a rejection changes nothing (except to repair a
 //! key: one found without a TTL is given one, and state written under other parameters is
 //! rewritten once under the caller's; see [`RedisLimiter`]). Every key it writes gets a TTL in
 //! the same script.
@@ -431,7 +431,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
     Ok(match algorithm {
         Algorithm::FixedWindow { limit, window } => Plan {
             script: &FIXED_WINDOW,
-                charge: &FIXED_WINDOW_CHARGE,
+            charge: &FIXED_WINDOW_CHARGE,
             kind: 1,
             suffix: "fw",
             params: [
@@ -927,7 +927,8 @@ where
     {
         let inner = &*self.inner;
         let subject = subject.as_ref();
-        let reply = tokio::time::timeout(inner.deadline, inner.eval(inner.charge, subject, n)).await;
+        let reply =
+            tokio::time::timeout(inner.deadline, inner.eval(inner.charge, subject, n)).await;
         let failed = |error: RedisError| {
             // The local limiter decides for the subject while Redis is away: it must see the
             // usage too. Recorded only once Redis has failed, as its decisions are made.
