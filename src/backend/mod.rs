@@ -3,10 +3,10 @@
 //!
 //! Each algorithm is one Lua script (`src/backend/scripts/*.lua`), run with `EVALSHA`: one round
 //! trip per decision. A script reads Redis's own clock (`TIME`, in microseconds), decides from what
-//! it read, and writes only when it admits (or records a charge), so a rejection changes nothing (except to repair a
-//! key: one found without a TTL is given one, and state written under other parameters is
-//! rewritten once under the caller's; see [`RedisLimiter`]). Every key it writes gets a TTL in
-//! the same script.
+//! it read, and writes only when it admits (or records a [charge](RedisLimiter::charge)), so a
+//! rejection changes nothing (except to repair a key: one found without a TTL is given one, and
+//! state written under other parameters is rewritten once under the caller's; see
+//! [`RedisLimiter`]). Every key it writes gets a TTL in the same script.
 
 mod deny;
 mod keys;

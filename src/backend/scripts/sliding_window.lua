@@ -1,11 +1,11 @@
--- Exact sliding window as a sorted-set log. Key: sorted set, one member per admitted permit,
--- scored by its EXPIRY (admission time + the window it was admitted under, µs); at most `limit`
--- members after every admission or charge. p1 = window (µs), p2 = limit. A permit counts while its expiry
--- is later than now. Scoring by expiry rather than admission time makes every admission keep
--- the window it was admitted with, as the in-memory log does after a `reconfigure`: a limiter
--- with a shorter window on the same keys still counts the older, longer admissions until they
--- expire, and one with a longer window does not stretch them. Nothing is trimmed on a rejection:
--- the count is of the members not yet expired.
+-- Exact sliding window as a sorted-set log. Key: sorted set, one member per admitted permit, scored
+-- by its EXPIRY (admission time + the window it was admitted under, µs); at most `limit` members
+-- after every admission or charge. p1 = window (µs), p2 = limit. A permit counts while its expiry
+-- is later than now. Scoring by expiry rather than admission time makes every admission keep the
+-- window it was admitted with, as the in-memory log does after a `reconfigure`: a limiter with a
+-- shorter window on the same keys still counts the older, longer admissions until they expire, and
+-- one with a longer window does not stretch them. Nothing is trimmed on a rejection: the count is
+-- of the members not yet expired.
 local function sliding_window(key, n, window, limit, now)
   local now_s = string.format('%d', now)
   local inside = redis.call('ZCOUNT', key, '(' .. now_s, '+inf')
