@@ -11,7 +11,7 @@
 //! processes, use [`RedisLimiter`](crate::RedisLimiter) (feature `redis`), whose every decision is
 //! one atomic script on Redis's clock.
 
-use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
+use crate::algorithm::{Algo, Charge, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::Clock;
 use crate::decision::Admission;
 #[cfg(feature = "tokio")]
@@ -301,20 +301,60 @@ fn run<A: Algo, C: Clock>(
         .and_then(|w| algo.restore(&w))
         .unwrap_or_else(|| algo.cell());
     let result = algo.try_acquire(&cell, n, clock);
-    let save = match &result {
-        Ok(admission) if n > 0 => {
-            let words = A::save(&cell);
-            let outlives = outlived(&words).saturating_sub(admission.at_nanos());
-            let ttl = admission
-                .reset_after()
-                .max(Duration::from_nanos(outlives))
-                .max(Duration::from_millis(1));
-            let bytes = words.into_iter().flat_map(u64::to_le_bytes).collect();
-            Some((bytes, ttl))
-        }
-        _ => None,
+    let write = match &result {
+        Ok(admission) => save::<A>(&cell, admission, n, outlived),
+        Err(_) => None,
     };
-    (result, save)
+    (result, write)
+}
+
+/// A charge of `n` on stored bytes ([`Charge::charge`]): what it reports, and what to store
+/// (nothing for `n == 0`), with an admission's TTL: until the state equals a fresh one.
+fn run_charge<A: Charge, C: Clock>(
+    algo: &A,
+    words: Option<Vec<u64>>,
+    n: u32,
+    clock: &C,
+    outlived: fn(&[u64]) -> u64,
+) -> (Admission, Write) {
+    let mut cell = words
+        .and_then(|w| algo.restore(&w))
+        .unwrap_or_else(|| algo.cell());
+    // Only a retired cell refuses a charge, and `restore` refuses a retired word: should one get
+    // through, the charge goes to a fresh cell, as for bytes that are no state. A fresh cell is
+    // never retired (the last arm only keeps this free of panics).
+    let admission = match algo.charge(&cell, n, clock) {
+        Ok(admission) => admission,
+        Err(_) => {
+            cell = algo.cell();
+            match algo.charge(&cell, n, clock) {
+                Ok(admission) => admission,
+                Err(_) => return (Admission::new(clock.now(), 0, 0), None),
+            }
+        }
+    };
+    let write = save::<A>(&cell, &admission, n, outlived);
+    (admission, write)
+}
+
+/// What to store after `admission` took `n > 0` permits on `cell` (None for `n == 0`).
+fn save<A: Algo>(
+    cell: &A::Cell,
+    admission: &Admission,
+    n: u32,
+    outlived: fn(&[u64]) -> u64,
+) -> Write {
+    if n == 0 {
+        return None;
+    }
+    let words = A::save(cell);
+    let outlives = outlived(&words).saturating_sub(admission.at_nanos());
+    let ttl = admission
+        .reset_after()
+        .max(Duration::from_nanos(outlives))
+        .max(Duration::from_millis(1));
+    let bytes = words.into_iter().flat_map(u64::to_le_bytes).collect();
+    Some((bytes, ttl))
 }
 
 /// Stored bytes as words (8 bytes each, little-endian), or `None` if they are not a whole
@@ -545,6 +585,96 @@ impl<S: Store> StoreLimiter<S> {
             }
             Err(e) => Err(inner.count(1, e)),
         }
+    }
+
+    /// Records `n` permits as used by `subject` now, without checking the limit: for usage
+    /// known only after the fact (the tokens of a reply, the bytes of a response, a failed
+    /// login's penalty). Under the subject's write lock, `get`, then the in-memory algorithm's
+    /// [`RateLimiter::charge`](crate::RateLimiter::charge) on the restored state (its
+    /// semantics and bounds per algorithm), then `set`: never rejected, it may put the subject
+    /// in *debt*, and later calls are then rejected with an exact retry-after until the debt
+    /// has passed. `n == 0` records nothing (no `set`) and reports the state. The key's TTL is
+    /// an admission's: until the state equals a fresh one, so a debt keeps its key alive (a
+    /// token bucket charged far beyond its burst asks the store for as long a TTL).
+    ///
+    /// The [`Admission`] says what is left: [`remaining`](Admission::remaining) is 0 while in
+    /// debt, [`reset_after`](Admission::reset_after) the time until the subject is back to its
+    /// full capacity if nothing else is taken. Charges are not counted in
+    /// [`stats`](Self::stats). As for decisions, the lock serialises charges with this
+    /// process's decisions only (see [`StoreLimiter`]).
+    ///
+    /// # Errors
+    ///
+    /// The store's error if `get` or `set` failed (a charge is not a decision, so it is no
+    /// [`TryAcquireError::Unavailable`]): nothing is recorded if `get` failed, and a failed
+    /// `set` may or may not have stored it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits for the lock or for `get` records nothing. Dropped
+    /// during `set`, the charge may or may not have been stored; the state is whole either way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::collections::HashMap;
+    /// # use std::sync::Mutex;
+    /// # use std::time::{Duration, Instant};
+    /// # #[derive(Default)]
+    /// # struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+    /// # impl turnstile::Store for Memory {
+    /// #     type Error = std::convert::Infallible;
+    /// #     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+    /// #         let map = self.0.lock().unwrap();
+    /// #         Ok(map.get(key).filter(|(_, until)| *until > Instant::now()).map(|(v, _)| v.clone()))
+    /// #     }
+    /// #     async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+    /// #         self.0.lock().unwrap().insert(key.to_vec(), (value, Instant::now() + ttl));
+    /// #         Ok(())
+    /// #     }
+    /// # }
+    /// use turnstile::{Algorithm, StoreLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // 100 MB per user per hour, counted once each download has finished.
+    /// let downloads = StoreLimiter::new(
+    ///     Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(3600) },
+    ///     "download-mb",
+    ///     Memory::default(),
+    /// )?;
+    /// let state = downloads.charge("alice", 120).await?; // a 120 MB download
+    /// assert_eq!(state.remaining(), 0); // 20 MB in debt
+    /// assert!(downloads.try_acquire("alice").await.is_err()); // until the hour is over
+    /// assert_eq!(downloads.charge("bob", 0).await?.remaining(), 100); // records nothing
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn charge<K>(&self, subject: &K, n: u32) -> Result<Admission, S::Error>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        let inner = &*self.inner;
+        let key = self.key(subject);
+        let _guard = inner.locks.write(&key[..]).await;
+        let stored = inner.store.get(&key).await?;
+        let words = decode(stored.as_deref());
+        let clock = &inner.clock;
+        // As in `try_acquire_n`: only the sliding window's state outlives its `reset_after`.
+        let never = |_: &[u64]| 0;
+        let (admission, save) = match &inner.algo {
+            AnyAlgo::Fixed(a) => run_charge(a, words, n, clock, never),
+            AnyAlgo::Sliding(a) => {
+                let words = words.and_then(|w| resize_ring(w, a.limit() as usize));
+                run_charge(a, words, n, clock, latest_expiry)
+            }
+            AnyAlgo::Counter(a) => run_charge(a, words, n, clock, never),
+            AnyAlgo::Bucket(a) => run_charge(a, words, n, clock, never),
+        };
+        if let Some((value, ttl)) = save {
+            inner.store.set(&key, value, ttl).await?;
+        }
+        Ok(admission)
     }
 
     /// Takes one permit for `subject`, waiting as long as it takes. See

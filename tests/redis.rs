@@ -809,6 +809,11 @@ async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
         chain.try_acquire(subject).await.unwrap();
     }
     assert_eq!(chain.reset("nobody").await, Ok(false));
+    // A charge to every limit runs in one script too.
+    for subject in &subjects[..5] {
+        chain.charge(subject, 3).await.unwrap();
+        assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
+    }
     for node in &cluster.nodes {
         assert_all_keys_expire(&mut node.connection());
     }
@@ -1553,4 +1558,371 @@ async fn a_log_with_another_window_keeps_each_permits_expiry() {
     let redis = new.try_acquire_n("t", 5).await;
     assert_eq!(redis.is_ok(), memory.is_ok(), "{redis:?} vs {memory:?}");
     assert_all_keys_expire(&mut con);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Charges: usage recorded after the fact, unchecked (`RedisLimiter::charge`).
+// ---------------------------------------------------------------------------------------------
+
+/// A hash field of `key` as a number.
+fn field(con: &mut redis::Connection, key: &[u8], name: &str) -> u64 {
+    redis::cmd("HGET").arg(key).arg(name).query(con).unwrap()
+}
+
+/// A fixed window charged beyond its limit rejects until the window ends, exactly then (the
+/// rejection bracketed by TIME readings writes nothing), and starts the next window empty.
+#[tokio::test]
+async fn a_charge_puts_a_fixed_window_in_debt_until_it_ends() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let window = Duration::from_millis(400);
+    let limiter = limiter(
+        &server,
+        Algorithm::FixedWindow { limit: 3, window },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    align_to_window(&mut con, window, Duration::from_millis(5));
+    limiter.try_acquire("f").await.unwrap();
+    let charged = limiter.charge("f", 4).await.unwrap();
+    assert_eq!(charged.remaining(), 0, "two permits in debt");
+    let window_end = (charged.at_nanos() / 1000 / micros(window) + 1) * micros(window);
+    assert_eq!(
+        charged.at_nanos() / 1000 + charged.reset_after_us(),
+        window_end
+    );
+    assert_eq!(field(&mut con, &limiter.key("f"), "c"), 5);
+    let r = check_rejection(&limiter, &mut con, "f", window_end).await;
+    assert_eq!(r.limit(), 3);
+    tokio::time::sleep(r.retry_after() + Duration::from_millis(2)).await;
+    let next = limiter.try_acquire_n("f", 3).await.unwrap();
+    assert_eq!(next.remaining(), 0, "the next window starts empty");
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}
+
+/// The exact sliding window: a charge that does not fit claims every slot with the latest
+/// expiries (the log keeps `limit` members, not one per permit charged), and the subject is
+/// refused until they leave.
+#[tokio::test]
+async fn a_charge_fills_a_sliding_window_with_its_latest_expiries() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let window = Duration::from_millis(300);
+    let limiter = limiter(
+        &server,
+        Algorithm::SlidingWindow { limit: 3, window },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    limiter.try_acquire("s").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let fits = limiter.charge("s", 1).await.unwrap();
+    assert_eq!(
+        fits.remaining(),
+        1,
+        "a charge that fits is taken as an admission"
+    );
+    let charged = limiter.charge("s", 5).await.unwrap();
+    assert_eq!(charged.remaining(), 0);
+    assert_eq!(charged.reset_after(), window);
+    let key = limiter.key("s");
+    let members: Vec<(String, u64)> = con.zrange_withscores(&key, 0, -1).unwrap();
+    let expiry = charged.at_nanos() / 1000 + micros(window);
+    assert_eq!(
+        members.iter().map(|m| m.1).collect::<Vec<_>>(),
+        [expiry; 3],
+        "the log keeps its 3 latest expiries: {members:?}"
+    );
+    let expires: u64 = redis::cmd("PEXPIRETIME").arg(&key).query(&mut con).unwrap();
+    assert_eq!(expires, expiry.div_ceil(1000));
+    check_rejection(&limiter, &mut con, "s", expiry).await;
+    let now = redis_now(&mut con);
+    tokio::time::sleep(Duration::from_micros(expiry - now) + Duration::from_millis(2)).await;
+    assert_eq!(limiter.try_acquire_n("s", 3).await.unwrap().remaining(), 0);
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}
+
+/// The token bucket: TAT = max(TAT, now) + n·T, so a charge's debt refuses until it has been
+/// paid back at the rate, then admits.
+#[tokio::test]
+async fn a_charge_moves_a_buckets_arrival_time() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    // One permit every 100,000 µs, bursts of 3.
+    let limiter = limiter(
+        &server,
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(10),
+            burst: 3,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    let charged = limiter.charge("b", 5).await.unwrap();
+    assert_eq!(charged.remaining(), 0);
+    assert_eq!(charged.reset_after(), Duration::from_millis(500));
+    let tat = charged.at_nanos() / 1000 + 500_000;
+    let stored: String = con.get(limiter.key("b")).unwrap();
+    assert_eq!(stored, format!("{tat}:300000"));
+    let expires: u64 = redis::cmd("PEXPIRETIME")
+        .arg(limiter.key("b"))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(expires, tat.div_ceil(1000));
+    // One permit fits once TAT − now ≤ 200 ms.
+    check_rejection(&limiter, &mut con, "b", tat - 200_000).await;
+    // A second charge adds on to the debt.
+    let more = limiter.charge("b", 1).await.unwrap();
+    assert_eq!(
+        more.at_nanos() / 1000 + more.reset_after_us(),
+        tat + 100_000
+    );
+    let now = redis_now(&mut con);
+    tokio::time::sleep(Duration::from_micros(tat - 100_000 - now) + Duration::from_millis(2)).await;
+    let a = limiter.try_acquire("b").await.unwrap();
+    assert_eq!(a.remaining(), 0);
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}
+
+/// The sliding counter: the charged count weighs fully to the window's end, then fades over
+/// the next, and the retry-after says exactly when one permit fits again.
+#[tokio::test]
+async fn a_charge_weighs_on_a_sliding_counter_for_two_windows() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let window = Duration::from_millis(400);
+    let w = micros(window);
+    let limiter = limiter(
+        &server,
+        Algorithm::SlidingCounter { limit: 4, window },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    align_to_window(&mut con, window, Duration::from_millis(5));
+    let charged = limiter.charge("c", 6).await.unwrap();
+    assert_eq!(charged.remaining(), 0);
+    let start = charged.at_nanos() / 1000 / w * w;
+    assert_eq!(
+        charged.at_nanos() / 1000 + charged.reset_after_us(),
+        start + 2 * w
+    );
+    assert_eq!(field(&mut con, &limiter.key("c"), "c"), 6);
+    // In the next window prev = 6: one permit fits once 6·(W − e) ≤ 3·W, e ≥ W − ⌊3W/6⌋.
+    let free_at = start + w + (w - 3 * w / 6);
+    check_rejection(&limiter, &mut con, "c", free_at).await;
+    let now = redis_now(&mut con);
+    tokio::time::sleep(Duration::from_micros(free_at - now) + Duration::from_millis(2)).await;
+    let b = limiter.try_acquire("c").await.unwrap();
+    assert!(b.at_nanos() / 1000 >= free_at);
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
+}
+
+/// `charge(0)` records nothing and reports the state, even for a full subject, where a probe
+/// is rejected; it creates no key for a subject without state.
+#[tokio::test]
+async fn a_charge_of_zero_records_nothing_and_never_fails() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    for algorithm in common::all_algorithms(2, Duration::from_secs(2)) {
+        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let subject = format!("{algorithm:?}");
+        let key = limiter.key(&subject);
+        let fresh = limiter.charge(&subject, 0).await.unwrap();
+        assert_eq!(fresh.remaining(), 2, "{algorithm:?}");
+        if matches!(algorithm, Algorithm::FixedWindow { .. }) {
+            // The time until the window ends, as for a probe.
+            assert!(fresh.reset_after() <= Duration::from_secs(2));
+        } else {
+            assert_eq!(fresh.reset_after(), Duration::ZERO, "{algorithm:?}");
+        }
+        assert_eq!(dump(&mut con, &key), None, "{algorithm:?}");
+        limiter.try_acquire_n(&subject, 2).await.unwrap();
+        let state = dump(&mut con, &key);
+        rejection(limiter.try_acquire_n(&subject, 0).await);
+        let full = limiter.charge(&subject, 0).await.unwrap();
+        assert_eq!(full.remaining(), 0, "{algorithm:?}");
+        assert!(full.reset_after() > Duration::ZERO, "{algorithm:?}");
+        assert_eq!(dump(&mut con, &key), state, "{algorithm:?}");
+    }
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 4);
+}
+
+/// A charge of 2^32 − 1 permits, twice, saturates every algorithm's state within what Lua's
+/// doubles hold exactly, without an error, and leaves every key with a valid expiry.
+#[tokio::test]
+async fn a_huge_charge_saturates_without_errors() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    for algorithm in common::all_algorithms(3, Duration::from_secs(60)) {
+        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let subject = format!("{algorithm:?}");
+        let key = limiter.key(&subject);
+        limiter.try_acquire(&subject).await.unwrap();
+        for _ in 0..2 {
+            let charged = limiter.charge(&subject, u32::MAX).await.unwrap();
+            assert_eq!(charged.remaining(), 0, "{algorithm:?}");
+        }
+        let t0 = redis_now(&mut con);
+        let r = rejection(limiter.try_acquire(&subject).await);
+        let t1 = redis_now(&mut con);
+        match algorithm {
+            Algorithm::FixedWindow { .. } => {
+                assert_eq!(field(&mut con, &key, "c"), u64::from(u32::MAX));
+                assert!(r.retry_after() <= Duration::from_secs(60));
+            }
+            Algorithm::SlidingCounter { .. } => {
+                assert_eq!(field(&mut con, &key, "c"), u64::from(u32::MAX));
+                assert!(r.retry_after() <= Duration::from_secs(120));
+            }
+            Algorithm::SlidingWindow { .. } => {
+                let members: u64 = con.zcard(&key).unwrap();
+                assert_eq!(members, 3, "min(n, limit) members, then the 3 latest kept");
+                assert!(r.retry_after() <= Duration::from_secs(60));
+            }
+            _ => {
+                // The token bucket, of capacity 60 s: the arrival time is held at 2^53 µs minus it.
+                let stored: String = con.get(&key).unwrap();
+                let max_tat = (1u64 << 53) - 60_000_000;
+                assert_eq!(stored, format!("{max_tat}:60000000"));
+                let expires: u64 = redis::cmd("PEXPIRETIME").arg(&key).query(&mut con).unwrap();
+                assert_eq!(expires, max_tat.div_ceil(1000));
+                // 20 s per permit: one fits once TAT − now ≤ 60 s − 20 s.
+                let free_at = max_tat - 40_000_000;
+                let retry = r.retry_after_nanos() / 1000;
+                assert!(
+                    free_at - t1 <= retry && retry <= free_at - t0,
+                    "{retry} outside [{}, {}]",
+                    free_at - t1,
+                    free_at - t0
+                );
+            }
+        }
+    }
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 4);
+}
+
+/// A limiter with several limits charges every member in one script: each member's state
+/// moves as its own charge would move it, and the reply is the tightest and slowest member's.
+#[tokio::test]
+async fn a_charge_to_a_chain_charges_every_member_in_one_script() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let window = Duration::from_secs(5);
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(10),
+            burst: 3,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .and_limit(Algorithm::SlidingWindow { limit: 4, window })
+    .and_limit(Algorithm::FixedWindow { limit: 10, window })
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(200))
+    .build(manager(&server).await)
+    .unwrap();
+    let keys = limiter.keys("u");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let first = limiter.charge("u", 2).await.unwrap();
+    assert_eq!(first.remaining(), 1, "the bucket's");
+    assert!(
+        first.reset_after() >= Duration::from_millis(200),
+        "{first:?}"
+    );
+    assert!(first.reset_after() <= window, "{first:?}");
+    let charged = limiter.charge("u", 5).await.unwrap();
+    assert_eq!(charged.remaining(), 0);
+    let tat = charged.at_nanos() / 1000 + 700_000 - (charged.at_nanos() - first.at_nanos()) / 1000;
+    let stored: String = con.get(&keys[0]).unwrap();
+    assert_eq!(stored, format!("{tat}:300000"), "the bucket: 7 permits");
+    let members: u64 = con.zcard(&keys[1]).unwrap();
+    assert_eq!(members, 4, "the log: full, 4 members kept");
+    assert_eq!(field(&mut con, &keys[2], "c"), 7, "the window: 7 counted");
+    let r = rejection(limiter.try_acquire("u").await);
+    assert_eq!(r.limit(), 4, "the log refuses longest");
+    // One command per charge, the one chain charge script, and one per decision (each script
+    // loaded by its first EVALSHA's EVAL).
+    let calls = command_calls(&mut con);
+    assert_eq!(calls.get("evalsha"), Some(&3), "{calls:?}");
+    assert_eq!(calls.get("eval"), Some(&2), "{calls:?}");
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 3);
+}
+
+/// The deny cache never lets a charge go unseen: a subject it does not hold goes to Redis,
+/// which sees the debt; a rejection it holds still holds after a charge.
+#[tokio::test]
+async fn after_a_charge_into_debt_the_next_call_is_rejected() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limiter = limiter(
+        &server,
+        Algorithm::FixedWindow {
+            limit: 2,
+            window: Duration::from_secs(60),
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    limiter.try_acquire("d").await.unwrap();
+    limiter.charge("d", 3).await.unwrap();
+    rejection(limiter.try_acquire("d").await);
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.rejected, stats.denied_locally),
+        (1, 0),
+        "asked of Redis"
+    );
+    limiter.charge("d", 1).await.unwrap();
+    rejection(limiter.try_acquire("d").await);
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.rejected, stats.denied_locally),
+        (1, 1),
+        "the cached rejection"
+    );
+    assert_eq!(field(&mut con, &limiter.key("d"), "c"), 5);
+    assert_eq!(stats.admitted, 1, "charges are not counted as decisions");
+    assert_all_keys_expire(&mut con);
+}
+
+/// With Redis away a charge is an error under every policy (it cannot be admitted open or
+/// rejected closed), within the deadline; under `Fallback` it is also recorded in the local
+/// limiter, which then decides for the subject.
+#[tokio::test]
+async fn a_charge_with_the_server_killed_is_an_error_and_charges_the_fallback() {
+    let mut server = RedisServer::start();
+    let deadline = Duration::from_millis(100);
+    let fw = Algorithm::FixedWindow {
+        limit: 4,
+        window: Duration::from_secs(60),
+    };
+    let build = |policy| {
+        let server = &server;
+        async move {
+            RedisLimiter::builder(fw, policy)
+                .prefix(PREFIX)
+                .deadline(deadline)
+                .build(manager(server).await)
+                .unwrap()
+        }
+    };
+    let open = build(FailurePolicy::FailOpen).await;
+    let closed = build(FailurePolicy::FailClosed).await;
+    let fallback = build(FailurePolicy::Fallback { share: 0.5 }).await;
+    server.kill();
+    assert!(timed(deadline, open.charge("x", 1)).await.is_err());
+    assert!(timed(deadline, closed.charge("x", 1)).await.is_err());
+    assert!(timed(deadline, fallback.charge("x", 2)).await.is_err());
+    // The local share is 2 per minute, all charged to "x": "y" is admitted, "x" is not.
+    timed(deadline, fallback.try_acquire("y")).await.unwrap();
+    rejection(timed(deadline, fallback.try_acquire("x")).await);
+    let s = open.stats();
+    assert_eq!(
+        (s.errors, s.timeouts, s.failed_open),
+        (0, 0, 0),
+        "not decisions"
+    );
 }

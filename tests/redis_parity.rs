@@ -83,6 +83,41 @@ return {{1, now, t, remaining}}
     )
 }
 
+/// Placed before the prelude: a `redis` whose `TIME` answers ARGV[4] (µs) and which drops
+/// expiries as `NO_EXPIRY` does, so that the prelude's own runners (`charge_one`) run on the
+/// test's clock.
+const FAKE_TIME: &str = "
+local real = redis
+local redis = setmetatable({
+  call = function(command, ...)
+    local args = {...}
+    if command == 'TIME' then
+      local now = tonumber(ARGV[4])
+      local us = math.fmod(now, 1000000)
+      return {string.format('%d', (now - us) / 1000000), string.format('%d', us)}
+    end
+    if command == 'PEXPIREAT' then return 1 end
+    if command == 'SET' then return real.call('SET', args[1], args[2]) end
+    return real.call(command, ...)
+  end,
+}, {__index = real})
+";
+
+/// The four algorithms' charge scripts as shipped (prelude, algorithm, `charge_one`), on the
+/// test's clock (ARGV[4]) and without expiries: fixed window, sliding window, sliding counter,
+/// token bucket.
+fn fake_clock_charge_scripts() -> [String; 4] {
+    let script = |file: &str, function: &str| {
+        format!("{FAKE_TIME}{PRELUDE}{file}\nreturn charge_one({function})\n")
+    };
+    [
+        script(FIXED, "fixed_window"),
+        script(SLIDING, "sliding_window"),
+        script(COUNTER, "sliding_counter"),
+        script(BUCKET, "token_bucket"),
+    ]
+}
+
 /// A script's reply `{admitted, now, reset_after µs, remaining}` says what the in-memory
 /// admission `a` says.
 fn assert_admitted_alike(reply: &[i64], a: &Admission, context: &str) {
@@ -117,10 +152,11 @@ impl Rng {
 /// Runs 400 random (time step, permits) calls on the script and on the in-memory limiter and
 /// asserts that they decide alike. `p1` is the window (or time per permit) in µs, `limit` the
 /// limit (or burst); `exact_retry` is false for the sliding counter, whose retry-after Redis
-/// rounds up to its microsecond clock.
+/// rounds up to its microsecond clock. `scripts`: the decision script, and the charge script
+/// if charges are interleaved (see `differential_across`).
 fn differential(
     con: &mut redis::Connection,
-    script: &str,
+    (script, charge_script): (&str, Option<&str>),
     algorithm: Algorithm,
     p1: u64,
     limit: u32,
@@ -132,7 +168,15 @@ fn differential(
         p1,
         limit,
     };
-    differential_across(con, script, &[phase], exact_retry, false, seed);
+    differential_across(
+        con,
+        script,
+        charge_script,
+        &[phase],
+        exact_retry,
+        false,
+        seed,
+    );
 }
 
 /// One parameter set of a [`differential_across`] run: the algorithm as the in-memory limiter
@@ -149,9 +193,15 @@ struct Phase {
 /// limiter with other parameters meeting existing state), at the same instant, so that both
 /// translate the state at the same time. `rounded` lets Redis's reset-after be up to a
 /// microsecond later than memory's (as `exact_retry` = false does for the retry-after).
+///
+/// With `charge_script`, about one call in four is a charge instead (`RateLimiter::charge` in
+/// memory): of 0, 1, the limit, up to three limits, or (but for the token bucket, whose bound
+/// is another, see `RedisLimiter::charge`) 2^32 − 1 permits; its reply must say what memory's
+/// says, and the decisions after it must too.
 fn differential_across(
     con: &mut redis::Connection,
     script: &str,
+    charge_script: Option<&str>,
     phases: &[Phase],
     exact_retry: bool,
     rounded: bool,
@@ -175,9 +225,11 @@ fn differential_across(
     let mut t = 0u64; // µs
     let mut history = Vec::new();
     let per_phase = 400 / phases.len();
-    // From which step on an exact log runs after its window was shortened.
+    // From which step on an exact log runs after its window was shortened, or (with charges)
+    // under a raised limit.
     let shrunk_log = phases.windows(2).position(|pair| {
-        matches!(pair[0].algorithm, Algorithm::SlidingWindow { .. }) && pair[1].p1 < pair[0].p1
+        matches!(pair[0].algorithm, Algorithm::SlidingWindow { .. })
+            && (pair[1].p1 < pair[0].p1 || charge_script.is_some() && pair[1].limit > pair[0].limit)
     });
     let shrunk_log = shrunk_log.map(|i| (i + 1) * per_phase);
     let mut log = matches!(phases[0].algorithm, Algorithm::SlidingWindow { .. }).then(Log::default);
@@ -187,7 +239,7 @@ fn differential_across(
         if step > 0 && step % per_phase == 0 {
             // No time passes: the script meets the old state at the reconfiguration's instant.
             memory.reconfigure(phase.algorithm).unwrap();
-            history.push((t, u32::MAX, vec![]));
+            history.push((t, "reconfigure", 0, vec![]));
         } else {
             t += match rng.below(6) {
                 0 => 0,
@@ -200,15 +252,18 @@ fn differential_across(
             };
         }
         clock.set(Duration::from_micros(t));
-        let n = match rng.below(8) {
-            0 => 0,
-            1 => limit,
-            2 => rng.below(u64::from(limit) + 1) as u32,
+        let charge = charge_script.filter(|_| rng.below(4) == 0);
+        let n = match (charge.is_some(), rng.below(8)) {
+            (_, 0) => 0,
+            (_, 1) => limit,
+            (false, 2) => rng.below(u64::from(limit) + 1) as u32,
+            (true, 2 | 3) => rng.below(3 * u64::from(limit) + 1) as u32,
+            (true, 4) if !matches!(phase.algorithm, Algorithm::TokenBucket { .. }) => u32::MAX,
             _ => 1,
         };
         let algorithm = phase.algorithm;
         let reply: Vec<i64> = redis::cmd("EVAL")
-            .arg(script)
+            .arg(charge.unwrap_or(script))
             .arg(1)
             .arg(&key)
             .arg(n)
@@ -217,18 +272,32 @@ fn differential_across(
             .arg(base + t)
             .query(con)
             .unwrap_or_else(|e| panic!("{algorithm:?} step {step}: {e}"));
-        history.push((t, n, reply.clone()));
+        let kind = if charge.is_some() { "charge" } else { "take" };
+        history.push((t, kind, n, reply.clone()));
         let context = || format!("{phases:?}, seed {seed}, step {step}: {history:?}");
         if let Some(log) = &mut log {
-            log.check(&reply, t, n, p1, limit, &context());
+            if charge.is_some() {
+                log.charge(&reply, t, n, p1, limit, &context());
+            } else {
+                log.check(&reply, t, n, p1, limit, &context());
+            }
         }
         if shrunk_log.is_some_and(|at| step >= at) {
             // After a shorter window the exact log (what Redis keeps) and the in-memory ring
             // part ways: the ring decides by position, which is stricter than a count of the
-            // live admissions (see `Log`). Redis is held to the log model alone from here.
+            // live admissions (see `Log`). So after a raised limit once a charge overdrew the
+            // ring: it copied the latest expiries into new tickets and left the old ones in
+            // their slots, which a larger limit reads again. Redis is held to the log model
+            // alone from here.
             continue;
         }
-        let expected = memory.try_acquire_n(n);
+        let expected = if charge.is_some() {
+            let charged = memory.charge(n);
+            assert!(charged.is_ok(), "{charged:?}; {}", context());
+            charged
+        } else {
+            memory.try_acquire_n(n)
+        };
         match expected {
             Ok(a) if rounded => {
                 // The bucket's debt scaled in µs (rounded up) against ns: the same verdicts and
@@ -299,6 +368,25 @@ impl Log {
         assert_eq!(reply, expected, "log; {context}");
         self.expiries.extend((0..n).map(|_| now + window));
     }
+
+    /// Asserts that `reply` is the log's answer to a charge of `n` permits at `now` under
+    /// (`window`, `limit`), and records it: min(n, limit) permits enter unchecked, and the log
+    /// keeps its `limit` latest expiries.
+    fn charge(&mut self, reply: &[i64], now: u64, n: u32, window: u64, limit: u32, context: &str) {
+        self.expiries.retain(|&e| e > now);
+        self.expiries.sort_unstable();
+        let live = self.expiries.len() as u64;
+        let latest = self.expiries.last().map_or(0, |e| e - now);
+        let (k, limit) = (u64::from(n.min(limit)), u64::from(limit));
+        let reset = if k == 0 { latest } else { latest.max(window) };
+        let left = limit.saturating_sub(live + k);
+        let expected = [1, reply[1], reset as i64, left as i64];
+        assert_eq!(reply, expected, "log charge of {n}; {context}");
+        self.expiries.extend((0..k).map(|_| now + window));
+        self.expiries.sort_unstable();
+        let over = self.expiries.len().saturating_sub(limit as usize);
+        self.expiries.drain(..over);
+    }
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -316,9 +404,24 @@ fn lcm(a: u64, b: u64) -> u64 {
 /// cross window boundaries, with probes (n = 0), whole-limit requests and repeated instants.
 #[test]
 fn lua_algorithms_decide_as_the_in_memory_ones() {
+    decide_alike(false);
+}
+
+/// Charges interleaved with the admissions of `lua_algorithms_decide_as_the_in_memory_ones`
+/// (see `differential_across`): the shipped charge scripts record them as `RateLimiter::charge`
+/// does, for every algorithm: the same remaining and reset after each charge, and the same
+/// verdicts, remaining and retry-afters after, debt included.
+#[test]
+fn lua_charges_record_as_the_in_memory_ones() {
+    decide_alike(true);
+}
+
+fn decide_alike(charges: bool) {
     let server = RedisServer::start();
     let mut con = server.connection();
     let [fixed, sliding, counter, bucket] = fake_clock_scripts();
+    let charge_scripts = fake_clock_charge_scripts();
+    let charge = |i: usize| charges.then_some(charge_scripts[i].as_str());
     for seed in 1..=6u64 {
         for (limit, window_us) in [
             (1u32, 1_000_000u64),
@@ -332,7 +435,7 @@ fn lua_algorithms_decide_as_the_in_memory_ones() {
             let window = Duration::from_micros(window_us);
             differential(
                 &mut con,
-                &fixed,
+                (&fixed, charge(0)),
                 Algorithm::FixedWindow { limit, window },
                 window_us,
                 limit,
@@ -341,7 +444,7 @@ fn lua_algorithms_decide_as_the_in_memory_ones() {
             );
             differential(
                 &mut con,
-                &sliding,
+                (&sliding, charge(1)),
                 Algorithm::SlidingWindow { limit, window },
                 window_us,
                 limit,
@@ -350,7 +453,7 @@ fn lua_algorithms_decide_as_the_in_memory_ones() {
             );
             differential(
                 &mut con,
-                &counter,
+                (&counter, charge(2)),
                 Algorithm::SlidingCounter { limit, window },
                 window_us,
                 limit,
@@ -361,7 +464,7 @@ fn lua_algorithms_decide_as_the_in_memory_ones() {
             let interval = (window_us / u64::from(limit)).max(1);
             differential(
                 &mut con,
-                &bucket,
+                (&bucket, charge(3)),
                 Algorithm::TokenBucket {
                     rate: Rate::new(1, Duration::from_micros(interval)),
                     burst: limit,
@@ -382,9 +485,24 @@ fn lua_algorithms_decide_as_the_in_memory_ones() {
 /// probes with whole-limit requests, as in `lua_algorithms_decide_as_the_in_memory_ones`.
 #[test]
 fn lua_algorithms_meeting_other_parameters_decide_as_reconfigured_in_memory_ones() {
+    meet_other_parameters_alike(false);
+}
+
+/// Charges interleaved with the calls of
+/// `lua_algorithms_meeting_other_parameters_decide_as_reconfigured_in_memory_ones`: a debt
+/// (beyond a token bucket's capacity, too) is carried over to other parameters as the in-memory
+/// `reconfigure` carries it.
+#[test]
+fn lua_charges_meeting_other_parameters_record_as_reconfigured_in_memory_ones() {
+    meet_other_parameters_alike(true);
+}
+
+fn meet_other_parameters_alike(charges: bool) {
     let server = RedisServer::start();
     let mut con = server.connection();
     let [fixed, sliding, counter, bucket] = fake_clock_scripts();
+    let charge_scripts = fake_clock_charge_scripts();
+    let charge = |i: usize| charges.then_some(charge_scripts[i].as_str());
     // (limit, window µs) before and after: lowered, raised, shorter, longer, and both.
     let changes = [
         ((5u32, 1_000_000u64), (2u32, 1_000_000u64)),
@@ -414,11 +532,11 @@ fn lua_algorithms_meeting_other_parameters_decide_as_reconfigured_in_memory_ones
                 ]
             };
             let fw = phases(|limit, window| Algorithm::FixedWindow { limit, window });
-            differential_across(&mut con, &fixed, &fw, true, false, seed);
+            differential_across(&mut con, &fixed, charge(0), &fw, true, false, seed);
             let sw = phases(|limit, window| Algorithm::SlidingWindow { limit, window });
-            differential_across(&mut con, &sliding, &sw, true, false, seed);
+            differential_across(&mut con, &sliding, charge(1), &sw, true, false, seed);
             let sc = phases(|limit, window| Algorithm::SlidingCounter { limit, window });
-            differential_across(&mut con, &counter, &sc, false, false, seed);
+            differential_across(&mut con, &counter, charge(2), &sc, false, false, seed);
             // A bucket of `limit` refilled one permit per `window / limit` µs. The in-memory
             // bucket scales its debt in ns, Redis in whole µs rounded up (never looser): its
             // arrival time is memory's rounded up to the µs, so verdicts and remaining agree
@@ -435,21 +553,27 @@ fn lua_algorithms_meeting_other_parameters_decide_as_reconfigured_in_memory_ones
             };
             let tb = [bucket_phase(i1, l1), bucket_phase(i2, l2)];
             let rounded = (i1 * u64::from(l1)) != (i2 * u64::from(l2));
-            differential_across(&mut con, &bucket, &tb, !rounded, rounded, seed);
+            differential_across(&mut con, &bucket, charge(3), &tb, !rounded, rounded, seed);
         }
     }
 }
 
 const MEMBERS: &str = include_str!("../src/backend/scripts/members.lua");
 const CHAIN: &str = include_str!("../src/backend/scripts/chain.lua");
+const CHAIN_CHARGE: &str = include_str!("../src/backend/scripts/chain_charge.lua");
 
 /// The shipped chain script on a clock the test controls: `now` (µs) is the last ARGV, and
 /// expiries are dropped (see `NO_EXPIRY`).
 fn fake_clock_chain_script() -> String {
+    fake_clock_members_script(CHAIN)
+}
+
+/// The members' runner and `reply` (chain.lua or chain_charge.lua) on the test's clock.
+fn fake_clock_members_script(reply: &str) -> String {
     format!(
         "{PRELUDE}
 local function now_us() return tonumber(ARGV[#ARGV]) end
-{NO_EXPIRY}{FIXED}{SLIDING}{COUNTER}{BUCKET}{MEMBERS}{CHAIN}"
+{NO_EXPIRY}{FIXED}{SLIDING}{COUNTER}{BUCKET}{MEMBERS}{reply}"
     )
 }
 
@@ -457,9 +581,23 @@ local function now_us() return tonumber(ARGV[#ARGV]) end
 /// remaining and largest reset, the largest retry-after with the limit of its member.
 #[test]
 fn the_lua_chain_decides_as_the_in_memory_chain() {
+    chain_alike(false);
+}
+
+/// A chain's charge (about one call in four, of 0, 1, the capacity or up to three capacities,
+/// interleaved with the decisions of `the_lua_chain_decides_as_the_in_memory_chain`) charges
+/// every member as `RateLimiter::charge` charges each in-memory member, and answers with the
+/// smallest remaining and the largest reset; the decisions after it agree too.
+#[test]
+fn the_lua_chain_charges_every_member_as_in_memory() {
+    chain_alike(true);
+}
+
+fn chain_alike(charges: bool) {
     let server = RedisServer::start();
     let mut con = server.connection();
     let script = fake_clock_chain_script();
+    let charge_script = fake_clock_members_script(CHAIN_CHARGE);
     let base = 1_700_000_000_000_000u64; // a multiple of every window below
     let windows = [1_000_000u64, 2_000_000, 4_000_000, 5_000_000];
     for seed in 1..=40u64 {
@@ -504,14 +642,17 @@ fn the_lua_chain_decides_as_the_in_memory_chain() {
                 _ => 1_000_000 - t % 1_000_000,
             };
             clock.set(Duration::from_micros(t));
+            let charge = charges && rng.below(4) == 0;
             let n = match rng.below(6) {
                 0 => 0,
                 1 => capacity,
+                2 if charge => rng.below(3 * u64::from(capacity) + 1) as u32,
                 2 => rng.below(u64::from(capacity) + 1) as u32,
                 _ => 1,
             };
             let mut cmd = redis::cmd("EVAL");
-            cmd.arg(&script).arg(keys.len());
+            cmd.arg(if charge { &charge_script } else { &script })
+                .arg(keys.len());
             for key in &keys {
                 cmd.arg(key);
             }
@@ -521,8 +662,26 @@ fn the_lua_chain_decides_as_the_in_memory_chain() {
             }
             cmd.arg(base + t);
             let reply: Vec<i64> = cmd.query(&mut con).unwrap();
-            let expected = memory.try_acquire_n(n);
-            history.push((t, n, reply.clone()));
+            let expected = if charge {
+                // Every member charged; what is left is the tightest's, and the slowest's reset.
+                let each: Vec<Admission> = memory
+                    .members()
+                    .iter()
+                    .map(|m| m.charge(n).unwrap())
+                    .collect();
+                let remaining = each.iter().map(Admission::remaining).min().unwrap();
+                let reset = each.iter().map(Admission::reset_after).max().unwrap();
+                assert_eq!(
+                    reply,
+                    [1, reply[1], reset.as_micros() as i64, i64::from(remaining)],
+                    "charge of {n}; {members:?}, step {step}: {history:?}"
+                );
+                history.push((t, "charge", n, reply));
+                continue;
+            } else {
+                memory.try_acquire_n(n)
+            };
+            history.push((t, "take", n, reply.clone()));
             let context = || format!("{members:?}, step {step}: {history:?}");
             match expected {
                 Ok(a) => assert_admitted_alike(&reply, &a, &context()),

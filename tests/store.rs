@@ -672,3 +672,106 @@ async fn acquire_fails_at_once_when_waiting_cannot_help() {
     );
     assert_eq!(limiter.stats().errors, 1);
 }
+
+/// The expiry of `key` in `store`.
+fn expiry(store: &Memory, key: &[u8]) -> Instant {
+    store.map.lock().unwrap()[key].1
+}
+
+/// A charge is stored with the in-memory algorithm's semantics: the subject is in debt for
+/// every limiter over the store (another process's too), with the retry-after the debt gives,
+/// and its key lives as long as the debt. `charge(0)` writes nothing, and never fails.
+#[tokio::test]
+async fn a_charge_is_stored_and_puts_each_algorithm_in_debt() {
+    let hour = Duration::from_secs(3600);
+    for algorithm in common::all_algorithms(3, hour) {
+        let store = Memory::default();
+        let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
+        let other = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
+        let probe = limiter.charge("a", 0).await.unwrap();
+        assert_eq!(probe.remaining(), 3, "{algorithm:?}");
+        assert_eq!(store.sets.load(Ordering::Relaxed), 0, "charge(0) wrote");
+        limiter.try_acquire("a").await.unwrap();
+        let charged = limiter.charge("a", 5).await.unwrap();
+        assert_eq!(charged.remaining(), 0, "{algorithm:?}");
+        assert_eq!(store.sets.load(Ordering::Relaxed), 2, "{algorithm:?}");
+        // Stored until the state is fresh again: the charge's reset_after.
+        let lives = expiry(&store, &limiter.key("a")).saturating_duration_since(Instant::now());
+        assert!(
+            lives <= charged.reset_after()
+                && lives + Duration::from_secs(1) > charged.reset_after(),
+            "{algorithm:?}: {lives:?} vs {charged:?}"
+        );
+        // What one permit waits for, from the charge's own report (up to the time since).
+        let reset = charged.reset_after();
+        let free_in = match algorithm {
+            // The window's end.
+            Algorithm::FixedWindow { .. } => reset,
+            // The three latest expiries are all the charge's: one window.
+            Algorithm::SlidingWindow { .. } => hour,
+            // cur = 6 becomes prev: one fits once 6·(W − e) ≤ 2·W, W/3 before the two windows end.
+            Algorithm::SlidingCounter { .. } => reset - hour / 3,
+            // TAT = the admission's time + 6 · 20 min; one fits once TAT − now ≤ 60 − 20 min.
+            _ => {
+                let six = Duration::from_secs(6 * 1200);
+                assert!(
+                    reset <= six && reset + Duration::from_secs(1) > six,
+                    "{reset:?}"
+                );
+                reset - Duration::from_secs(2400)
+            }
+        };
+        for limiter in [&limiter, &other] {
+            let r = match limiter.try_acquire("a").await {
+                Err(TryAcquireError::Rejected(r)) => r,
+                other => panic!("{algorithm:?}: {other:?}"),
+            };
+            assert!(
+                r.retry_after() <= free_in && r.retry_after() + Duration::from_secs(1) > free_in,
+                "{algorithm:?}: {r:?}, free in {free_in:?}"
+            );
+        }
+        // charge(0) on a subject in debt: reported, never refused (a probe is), nothing written.
+        assert!(limiter.try_acquire_n("a", 0).await.is_err());
+        let full = limiter.charge("a", 0).await.unwrap();
+        assert_eq!(full.remaining(), 0, "{algorithm:?}");
+        assert_eq!(store.sets.load(Ordering::Relaxed), 2, "{algorithm:?}");
+        // Charges are not decisions.
+        let stats = limiter.stats();
+        assert_eq!((stats.admitted, stats.rejected), (1, 2), "{algorithm:?}");
+    }
+}
+
+/// Every `n` is accepted: 2^32 − 1 permits saturate as the in-memory algorithms do.
+#[tokio::test]
+async fn a_huge_charge_saturates_in_a_store() {
+    for algorithm in common::all_algorithms(3, Duration::from_secs(60)) {
+        let store = Memory::default();
+        let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
+        for _ in 0..2 {
+            let charged = limiter.charge("a", u32::MAX).await.unwrap();
+            assert_eq!(charged.remaining(), 0, "{algorithm:?}");
+        }
+        assert!(
+            matches!(
+                limiter.try_acquire("a").await,
+                Err(TryAcquireError::Rejected(_))
+            ),
+            "{algorithm:?}"
+        );
+    }
+}
+
+/// A store that fails makes the charge fail with the store's error, recording nothing; it is
+/// not counted as a decision.
+#[tokio::test]
+async fn a_charge_on_a_failing_store_is_the_store_error() {
+    let store = Memory::default();
+    let limiter =
+        StoreLimiter::new(fixed(2, Duration::from_secs(3600)), "t", store.clone()).unwrap();
+    store.fail.store(true, Ordering::Relaxed);
+    assert!(matches!(limiter.charge("a", 5).await, Err(Down)));
+    assert_eq!(limiter.stats().errors, 0);
+    store.fail.store(false, Ordering::Relaxed);
+    assert_eq!(limiter.try_acquire("a").await.unwrap().remaining(), 1);
+}

@@ -3,10 +3,10 @@
 //!
 //! Each algorithm is one Lua script (`src/backend/scripts/*.lua`), run with `EVALSHA`: one round
 //! trip per decision. A script reads Redis's own clock (`TIME`, in microseconds), decides from what
-//! it read, and writes only when it admits, so a rejection changes nothing (except to repair a
-//! key: one found without a TTL is given one, and state written under other parameters is
-//! rewritten once under the caller's; see [`RedisLimiter`]). Every key it writes gets a TTL in
-//! the same script.
+//! it read, and writes only when it admits (or records a [charge](RedisLimiter::charge)), so a
+//! rejection changes nothing (except to repair a key: one found without a TTL is given one, and
+//! state written under other parameters is rewritten once under the caller's; see
+//! [`RedisLimiter`]). Every key it writes gets a TTL in the same script.
 
 mod deny;
 mod keys;
@@ -96,6 +96,28 @@ static SLIDING_COUNTER: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(single!("scripts/sliding_counter.lua", "sliding_counter")));
 static TOKEN_BUCKET: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(single!("scripts/token_bucket.lua", "token_bucket")));
+
+/// One algorithm's charge script: the prelude, the algorithm's function, and the charge runner.
+macro_rules! charge {
+    ($file:literal, $function:literal) => {
+        concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!($file),
+            "\nreturn charge_one(",
+            $function,
+            ")\n"
+        )
+    };
+}
+
+static FIXED_WINDOW_CHARGE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(charge!("scripts/fixed_window.lua", "fixed_window")));
+static SLIDING_WINDOW_CHARGE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(charge!("scripts/sliding_window.lua", "sliding_window")));
+static SLIDING_COUNTER_CHARGE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(charge!("scripts/sliding_counter.lua", "sliding_counter")));
+static TOKEN_BUCKET_CHARGE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(charge!("scripts/token_bucket.lua", "token_bucket")));
 /// A script over several members: the prelude, every algorithm's function, the all-or-nothing
 /// runner (`members.lua`), then `$file`'s reply.
 macro_rules! members {
@@ -116,6 +138,9 @@ macro_rules! members {
 static CHAIN: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/chain.lua")));
 /// Several limiters, each with its own subject: one reply per member ([`multi`]).
 static MULTI: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/multi.lua")));
+/// A charge to every limit of one subject: one aggregated reply.
+static CHAIN_CHARGE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(members!("scripts/chain_charge.lua")));
 
 /// What a [`RedisLimiter`] does when Redis does not answer within the deadline, or answers with an
 /// error.
@@ -288,6 +313,8 @@ struct Inner<C> {
     members: Vec<Member>,
     /// The algorithm's script, or [`CHAIN`] for several members.
     script: &'static Lua,
+    /// The algorithm's charge script, or [`CHAIN_CHARGE`] for several members.
+    charge: &'static Lua,
     /// The most permits one call can get: the smallest member capacity.
     capacity: u32,
     prefix: String,
@@ -359,6 +386,8 @@ type Local = KeyedChain<Box<[u8]>>;
 /// How one limit runs in Redis.
 struct Plan {
     script: &'static Lua,
+    /// The script of [`RedisLimiter::charge`].
+    charge: &'static Lua,
     /// The algorithm's number in `chain.lua` (1 fixed window ... 4 token bucket).
     kind: u8,
     suffix: &'static str,
@@ -402,6 +431,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
     Ok(match algorithm {
         Algorithm::FixedWindow { limit, window } => Plan {
             script: &FIXED_WINDOW,
+            charge: &FIXED_WINDOW_CHARGE,
             kind: 1,
             suffix: "fw",
             params: [
@@ -419,6 +449,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &SLIDING_WINDOW,
+                charge: &SLIDING_WINDOW_CHARGE,
                 kind: 2,
                 suffix: "sw",
                 params: [
@@ -439,6 +470,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &SLIDING_COUNTER,
+                charge: &SLIDING_COUNTER_CHARGE,
                 kind: 3,
                 suffix: "sc",
                 params: [us as u64, u64::from(limit)],
@@ -465,6 +497,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &TOKEN_BUCKET,
+                charge: &TOKEN_BUCKET_CHARGE,
                 kind: 4,
                 suffix: "tb",
                 params: [interval as u64, u64::from(burst)],
@@ -714,9 +747,9 @@ impl RedisLimiterBuilder {
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
         let (members, fallback) = self.validate()?;
-        let script = match &members[..] {
-            [single] => single.plan.script,
-            _ => &CHAIN,
+        let (script, charge) = match &members[..] {
+            [single] => (single.plan.script, single.plan.charge),
+            _ => (&*CHAIN, &*CHAIN_CHARGE),
         };
         let capacity = members.iter().map(|m| m.plan.capacity).min().unwrap_or(0);
         Ok(RedisLimiter {
@@ -724,6 +757,7 @@ impl RedisLimiterBuilder {
                 connection,
                 members,
                 script,
+                charge,
                 capacity,
                 prefix: self.prefix,
                 deadline: self.deadline,
@@ -816,7 +850,7 @@ where
         let subject = subject.as_ref();
         let sent = Instant::now();
         inner.before(subject, n, sent)?;
-        let reply = within(inner.deadline, inner.eval(subject, n))
+        let reply = within(inner.deadline, inner.eval(inner.script, subject, n))
             .await
             .and_then(|reply| parse(&reply));
         match reply {
@@ -828,6 +862,101 @@ where
                 Err(inner.rejected(subject, n, sent, retry_after, member))
             }
             Err(failure) => inner.fail(failure, subject, n),
+        }
+    }
+
+    /// Records `n` permits as used by `subject` now, without checking the limit, in one round
+    /// trip: for usage known only after the fact (the tokens of a reply, the bytes of a
+    /// response, a failed login's penalty; rate-limiter-flexible's `penalty`). As
+    /// [`RateLimiter::charge`](crate::RateLimiter::charge), whose per-algorithm semantics the
+    /// scripts follow on Redis's clock: it is never rejected, may put the subject in *debt*
+    /// (later calls, from every process, are then rejected with an exact retry-after until the
+    /// debt has passed), and `n == 0` records nothing and reports the state. A limiter built
+    /// with [`and_limit`](RedisLimiterBuilder::and_limit) charges every limit, in one script.
+    ///
+    /// The [`Admission`] says what is left: [`remaining`](Admission::remaining) is 0 while in
+    /// debt, [`reset_after`](Admission::reset_after) the time until the subject is back to its
+    /// full capacity if nothing else is taken (the window's end for a fixed window; for a chain,
+    /// the smallest remaining and the largest reset, as for an admission), and
+    /// [`at`](Admission::at) Redis's time.
+    ///
+    /// **Bounds.** Every `n` is accepted; what a key cannot hold saturates, so that Lua's doubles
+    /// stay exact: a window's count at 2^32 − 1 (as the in-memory one), a token bucket's
+    /// theoretical arrival time at 2^53 µs after the Unix epoch minus the bucket's capacity (the
+    /// year 2255 for most buckets, 2112 at the least), where the in-memory bucket stops at
+    /// 2^63 ns after its clock's epoch; the exact sliding window records min(n, limit) permits
+    /// and keeps its `limit` latest expiries.
+    ///
+    /// **No failure policy.** A charge is not a decision: it cannot be admitted open or
+    /// rejected closed. If Redis fails or misses the deadline, the error says so, whatever the
+    /// [`FailurePolicy`]; under [`FailurePolicy::Fallback`] the charge is also recorded in the
+    /// local fallback limiter, which decides for this process while Redis is away. Charges are
+    /// not counted in [`stats`](Self::stats), and the deny cache is left as it is: a charge only
+    /// makes the subject stricter, so a rejection it holds still holds, and a subject it does not
+    /// hold is asked of Redis on its next call, which sees the debt.
+    ///
+    /// # Errors
+    ///
+    /// The [`RedisError`] of the script, a malformed reply (`UnexpectedReturnType`), or a
+    /// timeout after the limiter's deadline (an `IoError` kind): the charge may then have been
+    /// recorded or not. Never a rejection.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the request is sent, nothing is recorded. Dropped after, the script may
+    /// still run in Redis and record the charge (as a timed-out charge may have); the fallback,
+    /// charged only once Redis has failed, is then left as it is.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// // An LLM gateway: admit the request, then charge the tokens its reply used.
+    /// limiter.try_acquire("tenant-7").await?;
+    /// let used = 1_500; // counted from the reply
+    /// let state = limiter.charge("tenant-7", used).await?;
+    /// if state.remaining() == 0 {
+    ///     println!("tenant-7 is at or over its budget for {:?}", state.reset_after());
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn charge<K>(&self, subject: &K, n: u32) -> Result<Admission, RedisError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        let inner = &*self.inner;
+        let subject = subject.as_ref();
+        let reply =
+            tokio::time::timeout(inner.deadline, inner.eval(inner.charge, subject, n)).await;
+        let failed = |error: RedisError| {
+            // The local limiter decides for the subject while Redis is away: it must see the
+            // usage too. Recorded only once Redis has failed, as its decisions are made.
+            if let Some(local) = &inner.fallback {
+                let key: Box<[u8]> = subject.into();
+                for member in local.per_key() {
+                    // Only a full key map refuses (a charge is never rejected): the error
+                    // returned says that Redis did not record it either way.
+                    let _ = member.charge(&key, n);
+                }
+            }
+            Err(error)
+        };
+        match reply {
+            Ok(Ok(reply)) => match parse(&reply) {
+                Ok(Ok((at, reset_after, remaining))) => {
+                    Ok(Admission::new(at, reset_after, remaining))
+                }
+                _ => failed(RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "the charge script's reply is not {1, now, reset_after, remaining}",
+                ))),
+            },
+            Ok(Err(error)) => failed(error),
+            Err(_) => failed(RedisError::from((
+                ErrorKind::Io,
+                "the charge missed the limiter's deadline",
+            ))),
         }
     }
 
@@ -1199,10 +1328,11 @@ impl<C> Inner<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// One decision in Redis: `EVALSHA`, and `EVAL` if Redis has lost the script.
-    async fn eval(&self, subject: &[u8], n: u32) -> Result<Vec<i64>, RedisError> {
+    /// One decision (`script`: [`Inner::script`]) or charge ([`Inner::charge`]) in Redis:
+    /// `EVALSHA`, and `EVAL` if Redis has lost the script.
+    async fn eval(&self, script: &Lua, subject: &[u8], n: u32) -> Result<Vec<i64>, RedisError> {
         let chain = self.members.len() > 1;
-        run(&self.connection, self.script, self.members.len(), |cmd| {
+        run(&self.connection, script, self.members.len(), |cmd| {
             for member in &self.members {
                 cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
             }

@@ -30,11 +30,20 @@ local function fixed_window(key, n, window, limit, now)
       redis.call('PEXPIREAT', key, expires)
     end
   end
+  -- The count grows by k unchecked, up to MAX_COUNT: the window's end clears any debt.
+  local function charge(k)
+    if k == 0 then
+      repair()
+    else
+      write(math.min(used + k, MAX_COUNT))
+    end
+    return reset, math.max(limit - used - k, 0)
+  end
   if used + need > limit then
-    return false, reset, 0, nil, repair
+    return false, reset, 0, nil, repair, charge
   end
   local function commit()
     write(used + n)
   end
-  return true, reset, limit - used - n, commit, repair
+  return true, reset, limit - used - n, commit, repair, charge
 end

@@ -32,3 +32,18 @@ local function all_or_nothing()
   end
   return now, n, all, results
 end
+
+-- Every member charged `n` (ARGV[1]) at one `now`, unchecked (see `charge_one` in the prelude):
+-- each reads its state with a probe that writes nothing, then records its charge. Returns now
+-- and per member {reset_after, remaining} after the charge.
+local function charge_all()
+  local now = now_us()
+  local n = tonumber(ARGV[1])
+  local results = {}
+  for i = 1, #KEYS do
+    local _, _, _, _, _, charge = decide(i, 0, now)
+    local reset, left = charge(n)
+    results[i] = {reset, left}
+  end
+  return now, results
+end

@@ -1,12 +1,23 @@
 -- turnstile: what every script starts with. The algorithm files that follow each define one local
 -- function
---   algorithm(key, n, p1, p2, now) -> admitted, t, remaining, commit, repair
+--   algorithm(key, n, p1, p2, now) -> admitted, t, remaining, commit, repair, charge
 -- deciding for `n` permits (n = 0: a probe for one permit that takes nothing) at `now` (µs since
 -- the Unix epoch, from Redis's TIME) without writing anything. Admitted: t = reset_after and
 -- remaining after taking n, and `commit()` writes the admission with its TTL. Rejected: t = the
 -- exact retry-after. `repair()` gives the key a TTL if it exists without one; the runner calls it
--- whenever it does not commit (a commit sets the TTL anyway). All values are integers below
--- 2^53, exact in Lua's doubles; replies are integers only.
+-- whenever it does not commit (a commit sets the TTL anyway). `charge(k)` records k permits as
+-- used at `now` without the limit check, whatever the decision was (a charge runner asks for a
+-- probe's, which only reads), and returns reset_after and remaining after it, as an admission
+-- would (remaining 0 while in debt); k = 0 only repairs. All values are integers below 2^53,
+-- exact in Lua's doubles; replies are integers only.
+
+-- The most a window's count holds: a charge saturates here, as the in-memory count does (a
+-- 32-bit field), far below 2^53, so that sums and the retry-after's divisions stay exact.
+local MAX_COUNT = 4294967295
+
+-- No state's time (µs since the Unix epoch) goes beyond this: 2^53, the last integer up to
+-- which a double counts exactly (the year 2255). Only a charge gets near it.
+local MAX_TIME = 9007199254740992
 
 local function now_us()
   local t = redis.call('TIME')
@@ -39,6 +50,17 @@ local function single(algorithm)
     return {0, now, t, 0}
   end
   return {1, now, t, remaining}
+end
+
+-- A charge (see `charge` above) of ARGV[1] permits on KEYS[1]; ARGV = n, p1, p2. The state is
+-- read by the algorithm's probe (n = 0), whose verdict is ignored: a charge is never refused.
+-- Reply {1, now, reset_after, remaining}, an admission's shape.
+local function charge_one(algorithm)
+  local now = now_us()
+  local _, _, _, _, _, charge =
+    algorithm(KEYS[1], 0, tonumber(ARGV[2]), tonumber(ARGV[3]), now)
+  local reset, remaining = charge(tonumber(ARGV[1]))
+  return {1, now, reset, remaining}
 end
 
 -- The window holding `now` on a key's grid, for windows of `window` µs. Returns its start and

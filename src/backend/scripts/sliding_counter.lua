@@ -31,6 +31,31 @@ local function sliding_counter(key, n, window, limit, now)
       redis.call('PEXPIREAT', key, expires)
     end
   end
+  -- Reset_after and remaining with `count` in the current window: full again once both counts
+  -- are history. A count in debt makes the weighted product inexact only where it is far
+  -- above limit·W (at least 2^53, limit·W being at most 2^52): remaining is 0 either way.
+  local function report(count)
+    local weighted = 0
+    if prev > 0 then weighted = math.ceil(prev * (window - elapsed) / window) end
+    local reset = 0
+    if count > 0 then
+      reset = 2 * window - elapsed
+    elseif prev > 0 then
+      reset = window - elapsed
+    end
+    return reset, math.max(limit - count - weighted, 0)
+  end
+  -- The current count grows by k unchecked, up to MAX_COUNT (so prev, a count too, stays
+  -- there): it weighs fully to the window's end, then fades over the next.
+  local function charge(k)
+    local count = math.min(cur + k, MAX_COUNT)
+    if k == 0 then
+      repair()
+    else
+      write(count)
+    end
+    return report(count)
+  end
   local need = n
   if need < 1 then need = 1 end
   if prev * (window - elapsed) + (cur + need) * window > limit * window then
@@ -43,7 +68,7 @@ local function sliding_counter(key, n, window, limit, now)
       if first < window then
         local wait = first - elapsed
         if wait < 0 then wait = 0 end
-        return false, wait, 0, nil, repair
+        return false, wait, 0, nil, repair, charge
       end
     end
     -- In the next window this count becomes prev; `first == W` means the window after that.
@@ -53,19 +78,12 @@ local function sliding_counter(key, n, window, limit, now)
       if q > window then q = window end
       first = window - q
     end
-    return false, window - elapsed + first, 0, nil, repair
+    return false, window - elapsed + first, 0, nil, repair, charge
   end
-  local weighted = 0
-  if prev > 0 then weighted = math.ceil(prev * (window - elapsed) / window) end
-  local reset = 0
-  if cur + n > 0 then
-    reset = 2 * window - elapsed
-  elseif prev > 0 then
-    reset = window - elapsed
-  end
+  local reset, remaining = report(cur + n)
   local function commit()
     -- After two windows both counts are history: the key can go.
     write(cur + n)
   end
-  return true, reset, limit - cur - n - weighted, commit, repair
+  return true, reset, remaining, commit, repair, charge
 end

@@ -53,11 +53,20 @@ local function token_bucket(key, n, interval, burst, now)
   local start = tat or 0
   if start < now then start = now end
   local translated = written ~= capacity
+  -- The latest TAT a charge writes: a decision adds at most a capacity to it, so its sums stay
+  -- at most MAX_TIME, exact, and the key's PXAT valid. At least 2^52 µs after the epoch (the
+  -- year 2112) whatever the capacity: centuries of debt for the usual ones.
+  local max_tat = MAX_TIME - capacity
   if translated then
-    -- The debt at now, at most the old capacity, scaled to ours (so at most our capacity).
-    local debt = math.min(start - now, written)
+    -- The debt at now scaled to our capacity, rounded up: at most the old capacity after
+    -- admissions (so at most ours); beyond it only after a charge, whose whole capacities of
+    -- debt scale exactly (the product held at max_tat, monotone where it is inexact).
+    local debt = start - now
     if debt > 0 then
-      start = now + mul_div_ceil(debt, capacity, written)
+      local rest = math.fmod(debt, written)
+      local whole = (debt - rest) / written
+      start = math.min(now + whole * capacity + mul_div_ceil(rest, capacity, written),
+        math.max(max_tat, now))
     end
   end
   local function set(value)
@@ -73,21 +82,34 @@ local function token_bucket(key, n, interval, burst, now)
       redis.call('PEXPIREAT', key, expire_at(start))
     end
   end
+  -- Permits still owed for `owed` µs of TAT: ceil(owed / interval), at most the burst.
+  local function left(owed)
+    local used = math.ceil(owed / interval)
+    if used < burst then return burst - used end
+    return 0
+  end
+  -- TAT = max(TAT, now) + k·interval unchecked, held at max_tat (k·interval can pass 2^53: a
+  -- double rounds it, never below a sum beyond max_tat, so the bound still applies).
+  local function charge(k)
+    if k == 0 then
+      repair()
+      return start - now, left(start - now)
+    end
+    local tat = math.min(start + k * interval, math.max(max_tat, start))
+    set(tat)
+    return tat - now, left(tat - now)
+  end
   local need = n
   if need < 1 then need = 1 end
   local nxt = start + need * interval
   local ahead = nxt - now
   if ahead > capacity then
-    return false, ahead - capacity, 0, nil, repair
+    return false, ahead - capacity, 0, nil, repair, charge
   end
-  -- Permits still owed for `owed` µs of TAT: ceil(owed / interval), at most the burst.
   local owed = ahead
   if n == 0 then owed = start - now end
-  local used = math.ceil(owed / interval)
-  local remaining = 0
-  if used < burst then remaining = burst - used end
   local function commit()
     set(nxt)
   end
-  return true, owed, remaining, commit, repair
+  return true, owed, left(owed), commit, repair, charge
 end
