@@ -423,7 +423,7 @@ fn latest_expiry(words: &[u64]) -> u64 {
     words
         .iter()
         .skip(2)
-        .map(|slot| slot >> 1)
+        .map(|&slot| crate::algorithm::slot_expiry(slot))
         .max()
         .unwrap_or(0)
 }

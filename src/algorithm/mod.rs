@@ -13,6 +13,8 @@ mod token_bucket;
 
 pub(crate) use fixed_window::FixedWindow;
 pub(crate) use sliding_counter::SlidingCounter;
+#[cfg(feature = "store")]
+pub(crate) use sliding_window::slot_expiry;
 pub(crate) use sliding_window::SlidingWindow;
 pub(crate) use token_bucket::TokenBucket;
 

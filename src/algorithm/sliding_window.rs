@@ -11,9 +11,24 @@ use strength_reduce::StrengthReducedU64;
 /// The largest limit the exact sliding window accepts: its ring costs 8 bytes per permit.
 pub(crate) const MAX_SLIDING_LIMIT: u32 = 1 << 24;
 
-/// Expiry times are stored shifted left by one bit; later ones saturate (about 292 years after the
-/// epoch), and a saturated one never expires (clock readings are capped one below it).
-const MAX_TIME: u64 = u64::MAX >> 1;
+/// Expiry times are stored shifted left by one bit, under the [`OVERDRAWN`] bit; later ones
+/// saturate (about 146 years after the epoch), and a saturated one never expires (clock readings
+/// are capped one below it).
+const MAX_TIME: u64 = (1 << 62) - 1;
+
+/// Bit 63 of a slot word: written by an [overdraw](SlidingWindow::overdraw), which claims
+/// tickets past live ones. A refund never matches such a word (see [`Algo::refund`]): two
+/// overdraws bring a slot back to the parity of a ticket two laps older, and with the same
+/// expiry (everything at one clock reading) its word would be that ticket's, whose refund would
+/// then free a charge's permit. A value stored before this bit existed that has it set held a
+/// saturated expiry, and reads as one still.
+const OVERDRAWN: u64 = 1 << 63;
+
+/// The expiry in a slot word (0: refunded, or never written).
+#[inline(always)]
+pub(crate) fn slot_expiry(word: u64) -> u64 {
+    (word & !OVERDRAWN) >> 1
+}
 
 /// A slot that no ticket has written yet: expiry 0 with lap parity 1 ("lap −1"), so lap 0 sees it
 /// as unpublished and lap 1 (which never reads it before lap 0 wrote it) cannot mistake it.
@@ -51,10 +66,11 @@ fn token_version(version: u64) -> u32 {
 /// a reader can arrive in between and find the slot still holding the previous lap's time. Each slot
 /// therefore carries the parity of its lap, as crossbeam's `ArrayQueue` carries a stamp:
 ///
-/// | slot word | meaning for a reader expecting ticket j |
+/// | slot word (bit 63: [`OVERDRAWN`], bits 62..1: expiry, bit 0: lap parity) | meaning for a reader expecting ticket j |
 /// |---|---|
-/// | `expiry << 1 \| (j / N) & 1` | ticket j is published; it expires at `expiry` (0: refunded) |
-/// | `expiry << 1 \| ((j / N) + 1) & 1` | ticket j − N is still there: j's writer is between claim and publish (or the reader is stale) |
+/// | `expiry << 1 \| (j / N) & 1`, bit 63 clear | ticket j is published; it expires at `expiry` (0: refunded) |
+/// | the same with bit 63 set | ticket j is published by an overdraw (a charge): as above, but never refunded |
+/// | `expiry << 1 \| ((j / N) + 1) & 1` (either bit 63) | ticket j − N is still there: j's writer is between claim and publish (or the reader is stale) |
 ///
 /// A reader that sees the wrong parity never decides on it: it snoozes and reloads `head`. No third
 /// state is possible: a claim of tickets `[head, end)` first checks that *every* slot it will
@@ -319,8 +335,9 @@ impl SlidingWindow {
         let (mut index, mut parity) = (first as usize, lap & 1);
         let latest = kept.last().copied().unwrap_or(0);
         for expiry in expired.chain(kept) {
-            // Release: pairs with the Acquire in `published`, as an admission's store.
-            ring.slots[index].store((expiry << 1) | parity, Ordering::Release);
+            // Release: pairs with the Acquire in `published`, as an admission's store. Marked,
+            // so that no refund of an older ticket ever matches it (see `OVERDRAWN`).
+            ring.slots[index].store((expiry << 1) | parity | OVERDRAWN, Ordering::Release);
             index += 1;
             if index == ring.slots.len() {
                 (index, parity) = (0, parity ^ 1);
@@ -373,7 +390,7 @@ impl SlidingWindow {
         // the previous lap's write happens-before this load: we cannot see an older lap (two laps
         // behind, with the right parity by accident).
         let word = slot.load(Ordering::Acquire);
-        (word & 1 == parity).then_some(word >> 1)
+        (word & 1 == parity).then_some(slot_expiry(word))
     }
 
     #[inline]
@@ -491,7 +508,12 @@ impl Algo for SlidingWindow {
     /// The token names the first ticket's slot and lap parity; the admission's `at` gives the
     /// expiry it stored. A slot holding anything else has been taken by ticket k + N (our ticket
     /// had expired, so there is nothing left to give back): ticket k + 2N carries k's parity but
-    /// an expiry at least W later, so the comparison cannot mistake it for ours. Nothing is
+    /// an expiry at least W later, so the comparison cannot mistake it for ours. A
+    /// [charge](Charge::charge) that overdraws claims tickets past live ones, so two of them can
+    /// bring ours back to a word equal to ours (our parity, and our expiry when the clock has
+    /// not moved): its words carry [`OVERDRAWN`], which no refund expects. A refund after an
+    /// overdraw over our tickets therefore gives nothing back (stricter, never looser: the
+    /// overdraw kept the log's N latest expiries, ours among them or later ones). Nothing is
     /// written if the ring is retired or our tickets have expired (the ring was then possibly
     /// judged idle; refunding an expired ticket would change no decision anyway).
     ///
@@ -992,6 +1014,29 @@ mod tests {
             50,
             "ticket 2 is live until 61: limit 1 is full"
         );
+    }
+
+    /// Two overdrawing charges at one clock reading bring a held admission's slot back to its
+    /// own parity and expiry (limit 1: ticket 0 held, tickets 1 and 2 charged, all expiring at
+    /// 4). Its refund must not match the second charge's word: that freed the charged permit,
+    /// and the ring admitted what a twin that saw only the two charges refuses (found by the
+    /// `sliding_window_refunds` property).
+    #[test]
+    fn a_refund_after_two_overdraws_leaves_the_charges_alone() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(1, Duration::from_nanos(4)).unwrap();
+        let ring = algo.cell();
+        let held = algo.try_acquire(&ring, 1, &clock).unwrap();
+        algo.charge(&ring, 1, &clock).unwrap();
+        algo.charge(&ring, 1, &clock).unwrap();
+        algo.refund(&ring, 1, &held, &clock);
+        assert_eq!(
+            retry_after(algo.try_acquire(&ring, 1, &clock)),
+            4,
+            "the charges fill the window until 4"
+        );
+        clock.advance(Duration::from_nanos(4));
+        algo.try_acquire(&ring, 1, &clock).unwrap();
     }
 
     /// The same hole without a refund: after a window shrink a newer ticket expires before an
