@@ -71,6 +71,8 @@
 //!   is empty: an idle doorman pools with an empty queue;
 //! - when tombstones outnumber the live waiters the queue is compacted (`retain`), so the queue
 //!   holds at most twice its live waiters and its memory (with the trimming above) follows them.
+//!   This is checked after every cancellation and also after every grant, which takes live
+//!   waiters out of the queue and leaves the tombstones behind them.
 //!
 //! Each tombstone is dropped once, and a compaction of n entries comes after more than n/2
 //! cancellations since the last one, so a cancellation costs O(log n) (the search) plus amortised
@@ -346,6 +348,10 @@ impl Doorman {
                 wakes.push(granted.wake);
             }
         }
+        // A grant takes live waiters out and leaves the tombstones behind them: a reader batch
+        // granted ahead of cancelled waiters could otherwise leave a queue of a few live waiters
+        // among thousands of tombstones, pinning the buffer of the burst while the batch holds.
+        self.compact();
     }
 
     /// Joins the back of the queue.
@@ -375,12 +381,20 @@ impl Doorman {
             self.queue.pop_back();
         }
         self.pop_dead_front();
+        self.compact();
+        Some(wake)
+    }
+
+    /// Drops every tombstone once they outnumber the live waiters, so that the queue holds at
+    /// most twice its live waiters: its scans and (with [`trim`](Self::trim)) its memory follow
+    /// them. Tickets keep their order, so the binary search still holds. Run after every
+    /// cancellation (which adds a tombstone) and every grant (which takes live waiters out).
+    /// Amortised O(1) per cancellation: a compaction of n entries drops more than n/2
+    /// tombstones, and each tombstone, made by one cancellation, is dropped once.
+    fn compact(&mut self) {
         if self.queue.len() - self.waiting > self.waiting {
-            // Keeps the scans and the memory of the queue proportional to its live waiters.
-            // Tickets keep their order, so the binary search still holds.
             self.queue.retain(|w| !w.cancelled);
         }
-        Some(wake)
     }
 
     /// Drops the tombstones at the front, so that the front is a live waiter (or the queue is

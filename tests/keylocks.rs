@@ -1388,6 +1388,52 @@ fn cancellations_in_the_middle_give_back_their_memory() {
     assert_quiescent(&locks, &0);
 }
 
+/// A reader batch granted from the front of a queue with cancelled waiters further back: the
+/// grant takes live waiters out of the queue and leaves the tombstones, so they can come to
+/// outnumber the live waiters left. The queue must still be kept to at most twice its live
+/// waiters (its memory follows them), not pin a buffer sized for the burst.
+#[test]
+fn a_reader_batch_grant_does_not_leave_the_queue_mostly_tombstones() {
+    const BURST: usize = 4096;
+    let locks: KeyLocks<usize> = KeyLocks::builder().shards(1).build().unwrap();
+    let held = locks.try_write(&0).unwrap();
+    let before = heap::live();
+    // Arrival order: BURST readers, a writer, BURST readers (cancelled below), a writer.
+    let batch: Vec<_> = (0..BURST)
+        .map(|_| Waiting::queued(&locks, 0, false))
+        .collect();
+    let mut writer = Waiting::queued(&locks, 0, true);
+    let cancelled: Vec<_> = (0..BURST)
+        .map(|_| Waiting::queued(&locks, 0, false))
+        .collect();
+    let mut last = Waiting::queued(&locks, 0, true);
+    // As many tombstones as live waiters but two: no compaction is due yet.
+    drop(cancelled);
+    assert_eq!(locks.waiters(&0), BURST + 2);
+    // The release grants the batch: two live waiters are left, behind and among BURST tombstones.
+    drop(held);
+    let mut first = None;
+    for mut reader in batch {
+        first.get_or_insert(reader.granted());
+    }
+    assert_eq!(locks.waiters(&0), 2);
+    let kept = heap::live() - before;
+    assert!(
+        kept < 4096,
+        "{kept} bytes still allocated for 2 live waiters after a reader batch of {BURST} was \
+         granted ahead of {BURST} cancelled waiters"
+    );
+    // Arrival order still holds across the tombstones.
+    writer.still_waiting();
+    drop(first);
+    let writing = writer.granted();
+    last.still_waiting();
+    drop(writing);
+    drop(last.granted());
+    drop((writer, last));
+    assert_quiescent(&locks, &0);
+}
+
 // A sequential model: random interleavings of waits, `try_*`, polls, cancellations, releases and
 // downgrades on two keys of one shard, against a reference that keeps its queue in a `Vec` and
 // removes cancelled waiters outright. After every step: the same grants (a waiter is ready, and
