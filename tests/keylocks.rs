@@ -1066,6 +1066,37 @@ fn a_downgrade_that_panics_in_a_waker_gives_back_its_read_hold() {
     assert!(locks.try_write(&0).is_ok());
 }
 
+/// User code panics while it holds a write lock; the unwind drops the guard, whose release
+/// grants a queued reader whose waker panics too. That second panic must not escape the guard's
+/// drop (a panic out of a destructor during an unwind aborts the process): the first panic goes
+/// on unwinding to its `catch_unwind`, and the reader holds its grant.
+#[test]
+fn a_panicking_waker_woken_by_an_unwinding_guard_does_not_abort() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    let writing = locks.try_write(&0).unwrap();
+    let mut reader = Box::pin(locks.read(&0));
+    assert!(poll_with(reader.as_mut(), &panicky()).is_pending());
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _writing = writing;
+        panic!("user code panics while holding the write lock");
+    }));
+    let payload = unwound.expect_err("the user's panic was not propagated");
+    assert_eq!(
+        payload.downcast_ref::<&str>(),
+        Some(&"user code panics while holding the write lock"),
+        "the panic that reached catch_unwind is not the user's"
+    );
+    let Poll::Ready(reading) = poll_once(reader.as_mut()) else {
+        panic!("the reader was not granted by the unwinding guard's release");
+    };
+    assert_eq!(
+        locks.try_write(&0).unwrap_err(),
+        TryLockError::ReadLocked { readers: 1 }
+    );
+    drop((reading, reader));
+    assert!(locks.is_empty());
+}
+
 /// Runs `f` on its own thread and fails if it has not finished within a minute: a test whose bug
 /// is a self-deadlock would otherwise hang the whole run instead of failing. On correct code the
 /// wait ends as soon as `f` does (it is a watchdog, not a sleep that moves time).
