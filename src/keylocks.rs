@@ -4,8 +4,8 @@
 //! # Layout
 //!
 //! The keys are split over N shards (a power of two; by default the smallest one ≥ 2 × the
-//! available parallelism, at least 4) by bits 32.. of the key's hash. Each shard is one
-//! cache-padded mutex around
+//! available parallelism, at least 4 and at most 1,024) by bits 32.. of the key's hash. Each
+//! shard is one cache-padded mutex around
 //!
 //! - a `hashbrown::HashTable` of the keys in use, each entry holding the key, its hash, an `id`
 //!   unique within the shard, and the key's doorman inline;
@@ -864,6 +864,9 @@ where
 ///   it again waits behind any writer queued in between, which waits for the first read lock:
 ///   a deadlock. Nor does a write lock upgrade; take the write lock from the start, or use
 ///   [`OwnedWriteGuard::downgrade`] to go the other way.
+/// - **No poisoning**, as tokio's `RwLock`: a guard dropped by a panic in the code that held it
+///   releases its key like any other drop, and the next holder is not told. If a panic can leave
+///   what the key protects half-updated, catch it and repair the state before the guard goes.
 ///
 /// Clones share the locks.
 ///
@@ -1716,7 +1719,8 @@ impl<K> KeyLocksBuilder<K> {
 
 impl<K, S> KeyLocksBuilder<K, S> {
     /// The number of shards (independent mutexes), rounded up to a power of two. Default: the
-    /// smallest power of two ≥ 2 × [`std::thread::available_parallelism`], at least 4.
+    /// smallest power of two ≥ 2 × [`std::thread::available_parallelism`], at least 4 and at
+    /// most 1,024 (more can be asked for here, up to 65,536).
     ///
     /// # Examples
     ///
