@@ -288,6 +288,12 @@ impl Doorman {
             !idle || self.queue.is_empty(),
             "an idle doorman kept tombstones"
         );
+        // Checked here because every change but a newcomer's (which only adds a live waiter)
+        // asks this question right after it.
+        debug_assert!(
+            self.queue.len() - self.waiting <= self.waiting,
+            "tombstones outnumber the live waiters"
+        );
         idle
     }
 
