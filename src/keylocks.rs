@@ -1764,6 +1764,11 @@ impl<K, S> KeyLocksBuilder<K, S> {
     /// (the default, std's [`RandomState`]) if keys can be chosen by an attacker: with a fixed
     /// hash function, keys chosen to collide make every lookup in their shard linear.
     ///
+    /// The hash must spread over all 64 bits: the shard is chosen by bits 32 and up (the low bits
+    /// pick the slot within the shard's table, the top 7 its control byte). An identity "hash"
+    /// of integer keys below 2³² (`nohash-hasher`, a `u32` written as is) puts every key in the
+    /// first shard, behind one mutex.
+    ///
     /// # Examples
     ///
     /// ```
