@@ -24,7 +24,10 @@
 //!    reader); the writer in the middle is dropped, leaving a tombstone, racing the release. The
 //!    grant must skip the tombstone into the reader batch whichever comes first, and the tombstone
 //!    must not keep the key in use.
-//! 4. `async_waiter_is_woken`: a task waiting in `read().await` (driven by `block_on` below, whose
+//! 4. `blocking_timeout_vs_grant`: a blocking writer with a zero time limit (one look, then it
+//!    gives up) racing the holder's release, with a blocking reader queued too: the grant is kept,
+//!    refunded or never made, and the reader is served either way.
+//! 5. `async_waiter_is_woken`: a task waiting in `read().await` (driven by `block_on` below, whose
 //!    waker unparks a loom thread) is woken by the writer's release.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom
@@ -280,6 +283,38 @@ fn cancel_middle_vs_grant() {
         block_on(r1);
         block_on(r2);
         canceller.join().unwrap();
+        releaser.join().unwrap();
+        assert_quiescent(&locks);
+    });
+}
+
+/// A blocking wait with a time limit gives up racing the grant: with `Duration::ZERO` the thread
+/// queues behind the held writer (unless the release came first), registers its signal in one
+/// look, and gives up at once, whatever the clock says. The release may come before the look
+/// (granted: it keeps the lock), between the look and the giving up (the grant is refunded, and
+/// its signal is notified after the thread has left), or after (a plain cancel). A blocking
+/// reader queued too must be served in every case: a grant kept by the thread that gave up is a
+/// deadlock.
+#[test]
+fn blocking_timeout_vs_grant() {
+    model(|| {
+        let locks = locks();
+        let inside = Inside::new();
+        let held = locks.try_write_owned(&0).unwrap();
+        let giver_up = {
+            let (locks, inside) = (locks.clone(), inside.clone());
+            thread::spawn(move || {
+                if let Some(_w) = locks.write_blocking_timeout(&0, std::time::Duration::ZERO) {
+                    inside.write();
+                }
+            })
+        };
+        let releaser = thread::spawn(move || drop(held));
+        {
+            let _r = locks.read_blocking(&0);
+            inside.read();
+        }
+        giver_up.join().unwrap();
         releaser.join().unwrap();
         assert_quiescent(&locks);
     });

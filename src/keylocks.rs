@@ -4,8 +4,8 @@
 //! # Layout
 //!
 //! The keys are split over N shards (a power of two; by default the smallest one ≥ 2 × the
-//! available parallelism, at least 4) by bits 32.. of the key's hash. Each shard is one
-//! cache-padded mutex around
+//! available parallelism, at least 4 and at most 1,024) by bits 32.. of the key's hash. Each
+//! shard is one cache-padded mutex around
 //!
 //! - a `hashbrown::HashTable` of the keys in use, each entry holding the key, its hash, an `id`
 //!   unique within the shard, and the key's doorman inline;
@@ -71,6 +71,8 @@
 //!   is empty: an idle doorman pools with an empty queue;
 //! - when tombstones outnumber the live waiters the queue is compacted (`retain`), so the queue
 //!   holds at most twice its live waiters and its memory (with the trimming above) follows them.
+//!   This is checked after every cancellation and also after every grant, which takes live
+//!   waiters out of the queue and leaves the tombstones behind them.
 //!
 //! Each tombstone is dropped once, and a compaction of n entries comes after more than n/2
 //! cancellations since the last one, so a cancellation costs O(log n) (the search) plus amortised
@@ -286,6 +288,12 @@ impl Doorman {
             !idle || self.queue.is_empty(),
             "an idle doorman kept tombstones"
         );
+        // Checked here because every change but a newcomer's (which only adds a live waiter)
+        // asks this question right after it.
+        debug_assert!(
+            self.queue.len() - self.waiting <= self.waiting,
+            "tombstones outnumber the live waiters"
+        );
         idle
     }
 
@@ -346,6 +354,10 @@ impl Doorman {
                 wakes.push(granted.wake);
             }
         }
+        // A grant takes live waiters out and leaves the tombstones behind them: a reader batch
+        // granted ahead of cancelled waiters could otherwise leave a queue of a few live waiters
+        // among thousands of tombstones, pinning the buffer of the burst while the batch holds.
+        self.compact();
     }
 
     /// Joins the back of the queue.
@@ -375,12 +387,20 @@ impl Doorman {
             self.queue.pop_back();
         }
         self.pop_dead_front();
+        self.compact();
+        Some(wake)
+    }
+
+    /// Drops every tombstone once they outnumber the live waiters, so that the queue holds at
+    /// most twice its live waiters: its scans and (with [`trim`](Self::trim)) its memory follow
+    /// them. Tickets keep their order, so the binary search still holds. Run after every
+    /// cancellation (which adds a tombstone) and every grant (which takes live waiters out).
+    /// Amortised O(1) per cancellation: a compaction of n entries drops more than n/2
+    /// tombstones, and each tombstone, made by one cancellation, is dropped once.
+    fn compact(&mut self) {
         if self.queue.len() - self.waiting > self.waiting {
-            // Keeps the scans and the memory of the queue proportional to its live waiters.
-            // Tickets keep their order, so the binary search still holds.
             self.queue.retain(|w| !w.cancelled);
         }
-        Some(wake)
     }
 
     /// Drops the tombstones at the front, so that the front is a live waiter (or the queue is
@@ -850,6 +870,9 @@ where
 ///   it again waits behind any writer queued in between, which waits for the first read lock:
 ///   a deadlock. Nor does a write lock upgrade; take the write lock from the start, or use
 ///   [`OwnedWriteGuard::downgrade`] to go the other way.
+/// - **No poisoning**, as tokio's `RwLock`: a guard dropped by a panic in the code that held it
+///   releases its key like any other drop, and the next holder is not told. If a panic can leave
+///   what the key protects half-updated, catch it and repair the state before the guard goes.
 ///
 /// Clones share the locks.
 ///
@@ -1702,7 +1725,8 @@ impl<K> KeyLocksBuilder<K> {
 
 impl<K, S> KeyLocksBuilder<K, S> {
     /// The number of shards (independent mutexes), rounded up to a power of two. Default: the
-    /// smallest power of two ≥ 2 × [`std::thread::available_parallelism`], at least 4.
+    /// smallest power of two ≥ 2 × [`std::thread::available_parallelism`], at least 4 and at
+    /// most 1,024 (more can be asked for here, up to 65,536).
     ///
     /// # Examples
     ///
@@ -1739,6 +1763,11 @@ impl<K, S> KeyLocksBuilder<K, S> {
     /// The hasher for keys; one instance is shared by every lookup. Keep a randomly keyed one
     /// (the default, std's [`RandomState`]) if keys can be chosen by an attacker: with a fixed
     /// hash function, keys chosen to collide make every lookup in their shard linear.
+    ///
+    /// The hash must spread over all 64 bits: the shard is chosen by bits 32 and up (the low bits
+    /// pick the slot within the shard's table, the top 7 its control byte). An identity "hash"
+    /// of integer keys below 2³² (`nohash-hasher`, a `u32` written as is) puts every key in the
+    /// first shard, behind one mutex.
     ///
     /// # Examples
     ///

@@ -55,10 +55,18 @@ impl WakeAll {
         }
     }
 
-    /// Re-raises the first panic, once every wake-up has run.
+    /// Re-raises the first panic, once every wake-up has run; unless the thread is already
+    /// unwinding, as when a guard whose release wakes others is dropped by a panic in the code
+    /// that held it. A panic out of that drop would abort the process ("panic in a destructor
+    /// during cleanup"), so the waker's panic, already reported by the panic hook, is dropped
+    /// instead and the first panic goes on unwinding. Every party was woken either way.
     pub(crate) fn finish(self) {
         if let Some(panic) = self.panic {
-            std::panic::resume_unwind(panic);
+            if std::thread::panicking() {
+                drop(panic);
+            } else {
+                std::panic::resume_unwind(panic);
+            }
         }
     }
 }

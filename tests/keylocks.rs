@@ -1066,6 +1066,37 @@ fn a_downgrade_that_panics_in_a_waker_gives_back_its_read_hold() {
     assert!(locks.try_write(&0).is_ok());
 }
 
+/// User code panics while it holds a write lock; the unwind drops the guard, whose release
+/// grants a queued reader whose waker panics too. That second panic must not escape the guard's
+/// drop (a panic out of a destructor during an unwind aborts the process): the first panic goes
+/// on unwinding to its `catch_unwind`, and the reader holds its grant.
+#[test]
+fn a_panicking_waker_woken_by_an_unwinding_guard_does_not_abort() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    let writing = locks.try_write(&0).unwrap();
+    let mut reader = Box::pin(locks.read(&0));
+    assert!(poll_with(reader.as_mut(), &panicky()).is_pending());
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _writing = writing;
+        panic!("user code panics while holding the write lock");
+    }));
+    let payload = unwound.expect_err("the user's panic was not propagated");
+    assert_eq!(
+        payload.downcast_ref::<&str>(),
+        Some(&"user code panics while holding the write lock"),
+        "the panic that reached catch_unwind is not the user's"
+    );
+    let Poll::Ready(reading) = poll_once(reader.as_mut()) else {
+        panic!("the reader was not granted by the unwinding guard's release");
+    };
+    assert_eq!(
+        locks.try_write(&0).unwrap_err(),
+        TryLockError::ReadLocked { readers: 1 }
+    );
+    drop((reading, reader));
+    assert!(locks.is_empty());
+}
+
 /// Runs `f` on its own thread and fails if it has not finished within a minute: a test whose bug
 /// is a self-deadlock would otherwise hang the whole run instead of failing. On correct code the
 /// wait ends as soon as `f` does (it is a watchdog, not a sleep that moves time).
@@ -1385,6 +1416,52 @@ fn cancellations_in_the_middle_give_back_their_memory() {
     drop(reading);
     drop(last.granted());
     drop((first, last));
+    assert_quiescent(&locks, &0);
+}
+
+/// A reader batch granted from the front of a queue with cancelled waiters further back: the
+/// grant takes live waiters out of the queue and leaves the tombstones, so they can come to
+/// outnumber the live waiters left. The queue must still be kept to at most twice its live
+/// waiters (its memory follows them), not pin a buffer sized for the burst.
+#[test]
+fn a_reader_batch_grant_does_not_leave_the_queue_mostly_tombstones() {
+    const BURST: usize = 4096;
+    let locks: KeyLocks<usize> = KeyLocks::builder().shards(1).build().unwrap();
+    let held = locks.try_write(&0).unwrap();
+    let before = heap::live();
+    // Arrival order: BURST readers, a writer, BURST readers (cancelled below), a writer.
+    let batch: Vec<_> = (0..BURST)
+        .map(|_| Waiting::queued(&locks, 0, false))
+        .collect();
+    let mut writer = Waiting::queued(&locks, 0, true);
+    let cancelled: Vec<_> = (0..BURST)
+        .map(|_| Waiting::queued(&locks, 0, false))
+        .collect();
+    let mut last = Waiting::queued(&locks, 0, true);
+    // As many tombstones as live waiters but two: no compaction is due yet.
+    drop(cancelled);
+    assert_eq!(locks.waiters(&0), BURST + 2);
+    // The release grants the batch: two live waiters are left, behind and among BURST tombstones.
+    drop(held);
+    let mut first = None;
+    for mut reader in batch {
+        first.get_or_insert(reader.granted());
+    }
+    assert_eq!(locks.waiters(&0), 2);
+    let kept = heap::live() - before;
+    assert!(
+        kept < 4096,
+        "{kept} bytes still allocated for 2 live waiters after a reader batch of {BURST} was \
+         granted ahead of {BURST} cancelled waiters"
+    );
+    // Arrival order still holds across the tombstones.
+    writer.still_waiting();
+    drop(first);
+    let writing = writer.granted();
+    last.still_waiting();
+    drop(writing);
+    drop(last.granted());
+    drop((writer, last));
     assert_quiescent(&locks, &0);
 }
 
