@@ -63,6 +63,8 @@ extern crate self as turnstile;
 mod algorithm;
 #[cfg(feature = "redis")]
 mod backend;
+#[cfg(feature = "keyed")]
+mod bans;
 mod chain;
 mod clock;
 mod concurrency;
@@ -86,6 +88,8 @@ mod sync;
 pub use backend::{
     FailurePolicy, RedisLimiter, RedisLimiterBuilder, RedisStats, REDIS_MAX_SLIDING_LIMIT,
 };
+#[cfg(feature = "keyed")]
+pub use bans::{BanList, BanListBuilder, BanListFull, Banned, FailOutcome, BAN_RESOLUTION};
 pub use chain::{Chain, ChainStats};
 #[cfg(feature = "keyed")]
 pub use chain::{KeyedChain, KeyedChainBuilder};
