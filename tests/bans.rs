@@ -351,6 +351,31 @@ fn concurrent_failures_start_exactly_one_ban_per_after_failures() {
     }
 }
 
+/// Real threads banning one key at once (by hand and by failures): the ban is the longest
+/// asked for, never the sum of several.
+#[test]
+fn concurrent_bans_do_not_add_up() {
+    const THREADS: usize = 4;
+    let (bans, _clock) = list(1, 3600 * SEC, 60 * SEC);
+    let barrier = Barrier::new(THREADS);
+    for round in 0..300u64 {
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (bans, barrier) = (&bans, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    if t % 2 == 0 {
+                        bans.ban(&round, 60 * SEC).unwrap();
+                    } else {
+                        bans.fail(&round).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(retry(&bans, round), Some(60 * SEC), "round {round}");
+    }
+}
+
 /// The reference: every failure's time per key, and when each key's ban ends.
 #[derive(Default)]
 struct Model {
