@@ -9,8 +9,9 @@
 //! N in flight". [`Chain`] (and, per key, `KeyedChain`) applies several limits at once, all or
 //! nothing.
 //!
-//! Per key, `KeyedLimiter`, `KeyedConcurrencyLimiter` and the keyed reader/writer locks
-//! `KeyLocks` (feature `keyed`, on by default); across processes, `RedisLimiter` (feature
+//! Per key, `KeyedLimiter`, `KeyedConcurrencyLimiter`, the keyed reader/writer locks
+//! `KeyLocks` and `BanList` (ban a key for a while after repeated failures: login brute-force
+//! protection) (feature `keyed`, on by default); across processes, `RedisLimiter` (feature
 //! `redis`), and `StoreLimiter` over any store with get and set-with-expiry (feature `store`;
 //! exact within one process only); for HTTP services, the tower layer in `turnstile::http`
 //! (feature `http`): rules per endpoint, client IP and client id, trusted proxies, bans, IETF
@@ -63,6 +64,8 @@ extern crate self as turnstile;
 mod algorithm;
 #[cfg(feature = "redis")]
 mod backend;
+#[cfg(feature = "keyed")]
+mod bans;
 mod chain;
 mod clock;
 mod concurrency;
@@ -86,6 +89,8 @@ mod sync;
 pub use backend::{
     FailurePolicy, RedisLimiter, RedisLimiterBuilder, RedisStats, REDIS_MAX_SLIDING_LIMIT,
 };
+#[cfg(feature = "keyed")]
+pub use bans::{BanList, BanListBuilder, BanListFull, Banned, FailOutcome, BAN_RESOLUTION};
 pub use chain::{Chain, ChainStats};
 #[cfg(feature = "keyed")]
 pub use chain::{KeyedChain, KeyedChainBuilder};

@@ -94,9 +94,10 @@ macro_rules! count_list_rejection {
 /// 6. **Monitor rules** are charged only for requests the enforced rules admit; a would-be
 ///    rejection is logged (debug) and counted (`turnstile_http_shadow_rejected`), never enforced,
 ///    and reported in no header.
-/// 7. **Bans** count rate-limit rejections ([`RejectReason::RateLimited`], but not those of a
-///    full rule's shared counter) per client in fixed windows of `bans.within` aligned to the
-///    clock; every `after`-th starts a ban of `bans.duration` (a banned client's requests are
+/// 7. **Bans** (a [`BanList`](crate::BanList) of clients) count rate-limit rejections
+///    ([`RejectReason::RateLimited`], but not those of a full rule's shared counter) per client
+///    in fixed windows of `bans.within` aligned to the clock; every `after`-th starts a ban of
+///    `bans.duration`, in whole milliseconds rounded up (a banned client's requests are
 ///    not counted: after a ban, `after` more rejections start the next, in the same window or
 ///    a later one). Both tables hold at most `bans.max_entries` clients (idle ones are
 ///    evicted first); when full of active entries, new clients are not tracked: they are not
@@ -703,14 +704,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         let Some(bans) = rules.bans.as_ref() else {
             return false;
         };
-        // A ban takes the one token of `banned`; a cell still held after the ban ran out (not
-        // yet swept) has its token back and is no ban.
-        let banned = matches!(
-            bans.banned.chain_decide::<false>(client, 1).0,
-            Err(TryAcquireError::Rejected(_))
-        );
-        bans.rejections.reset(client);
-        bans.banned.reset(client);
+        let banned = bans.list.unban(client);
         if banned {
             tracing::info!(client = ?client, "client unbanned");
         }
@@ -945,12 +939,12 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
     }
     let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
     if let Some((bans, key)) = &ban {
-        if let (Err(TryAcquireError::Rejected(r)), _) = bans.banned.chain_decide::<false>(key, 1) {
+        if let Err(banned) = bans.list.check(key) {
             count_list_rejection!("ban");
             return Check::Ready(rejected(
                 RejectReason::Banned,
                 BAN.get(),
-                Some(r.retry_after()),
+                Some(banned.retry_after()),
             ));
         }
     }

@@ -6,7 +6,7 @@ use crate::http::config::{
     BanConfig, HttpConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
 };
 use crate::http::{ClientIpConfig, HttpConfigError};
-use crate::{Algorithm, Clock, KeyOverflow, KeyedLimiter, Rate};
+use crate::{Algorithm, BanList, Clock, KeyOverflow, KeyedLimiter, Rate};
 use compact_str::CompactString;
 use ipnet::IpNet;
 use regex::Regex;
@@ -325,14 +325,12 @@ impl LocalName {
     }
 }
 
-/// Temporary bans.
+/// Temporary bans: a [`BanList`] of clients, whose failures are the rule rejections the
+/// engine counts, with the configuration it was built from (a reload that keeps `[bans]` keeps
+/// the list).
 pub(crate) struct Bans<C: Clock> {
     pub(crate) config: BanConfig,
-    /// Rejections per client, in fixed windows of `within`, counted up to `u32::MAX` rather
-    /// than to `after` (see [`Bans::count_rejection`]).
-    pub(crate) rejections: KeyedLimiter<BanKey, C>,
-    /// One token per `duration`: a ban takes it, and the client is banned until it refills.
-    pub(crate) banned: KeyedLimiter<BanKey, C>,
+    pub(crate) list: BanList<BanKey, C>,
 }
 
 impl<C: Clock> Bans<C> {
@@ -340,18 +338,15 @@ impl<C: Clock> Bans<C> {
     /// `within` starts a ban (logged, and counted in `turnstile_http_banned` for the rule).
     /// Only rate-limit rejections count: the other reasons say nothing about the client.
     ///
-    /// Every `after`-th, not only the first: a banned client is rejected before any rule, so
-    /// the rejections counted after a ban are those since it ended, and a ban shorter than
-    /// `within` must be able to start again within the same window. Counting only to `after`
-    /// let a client rejected any number of times after its first ban go unbanned until the
-    /// window ended.
+    /// Every `after`-th, not only the first (the list's rule): a banned client is rejected
+    /// before any rule, so the rejections counted after a ban are those since it ended, and a
+    /// ban shorter than `within` must be able to start again within the same window. A
+    /// rejection the list has no room for (a new client, the list full of busy ones) counts
+    /// for nothing, as a new client at a rule's cap does.
     pub(crate) fn count_rejection(&self, client: &BanKey, rule: &Counters) {
-        if let Ok(a) = self.rejections.try_acquire(client) {
-            let count = u64::from(u32::MAX - a.remaining());
-            if count % self.config.after == 0 && self.banned.try_acquire(client).is_ok() {
-                tracing::info!(client = ?client, duration = %self.config.duration, "client banned");
-                rule.increment(Metric::Banned);
-            }
+        if self.list.fail(client).is_ok_and(|f| f.ban_started) {
+            tracing::info!(client = ?client, duration = %self.config.duration, "client banned");
+            rule.increment(Metric::Banned);
         }
     }
 }
@@ -1069,44 +1064,39 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         }
         let within = parse_period(&b.within, "bans.within")?;
         let duration = parse_period(&b.duration, "bans.duration")?;
-        // Checked, not used to build: the count runs to `u32::MAX` (`Bans::count_rejection`
-        // divides by `after`, so it is never 0).
-        if !(1..=u64::from(u32::MAX)).contains(&b.after) {
-            return Err(HttpConfigError::invalid(
-                "bans.after",
-                format!("{} is not between 1 and {}", b.after, u32::MAX),
-            ));
-        }
+        // Checked here rather than by the list, for the message the layer has always given.
+        let after = match u32::try_from(b.after) {
+            Ok(after) if after > 0 => after,
+            _ => {
+                return Err(HttpConfigError::invalid(
+                    "bans.after",
+                    format!("{} is not between 1 and {}", b.after, u32::MAX),
+                ))
+            }
+        };
         if b.max_entries == 0 {
             return Err(HttpConfigError::invalid(
                 "bans.max_entries",
                 "must be greater than zero",
             ));
         }
-        let keyed = |algo: Algorithm, field: &str| {
-            KeyedLimiter::builder(algo)
-                .clock(self.clock.clone())
-                .max_keys(b.max_entries)
-                .overflow(KeyOverflow::Reject)
-                .build()
-                .map_err(|e| HttpConfigError::invalid(field, e.to_string()))
-        };
+        let list = BanList::builder(after, within, duration)
+            .clock(self.clock.clone())
+            .max_keys(b.max_entries)
+            .build()
+            .map_err(|e| {
+                let field = match e {
+                    crate::ConfigError::Zero { what: "max_keys" } => "bans.max_entries",
+                    crate::ConfigError::Zero {
+                        what: "ban duration",
+                    } => "bans.duration",
+                    _ => "bans.within",
+                };
+                HttpConfigError::invalid(field, e.to_string())
+            })?;
         Ok(Arc::new(Bans {
             config: b.clone(),
-            rejections: keyed(
-                Algorithm::FixedWindow {
-                    limit: u32::MAX,
-                    window: within,
-                },
-                "bans.within",
-            )?,
-            banned: keyed(
-                Algorithm::TokenBucket {
-                    rate: Rate::new(1, duration),
-                    burst: 1,
-                },
-                "bans.duration",
-            )?,
+            list,
         }))
     }
 }
@@ -1220,7 +1210,7 @@ mod tests {
         let bans = set.bans.as_ref().unwrap();
         let client = BanKey::Ip("192.0.2.1".parse().unwrap());
         let counters = Counters::new(&Arc::from("rule"));
-        let banned = || bans.banned.chain_decide::<false>(&client, 1).0.is_err();
+        let banned = || bans.list.check(&client).is_err();
         bans.count_rejection(&client, &counters);
         assert!(!banned(), "one rejection of two");
         bans.count_rejection(&client, &counters);

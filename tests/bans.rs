@@ -1,0 +1,502 @@
+//! `BanList`: a ban starts at exactly the `after`-th failure of a window and ends exactly its
+//! duration later; every `after`-th failure bans again; manual bans extend and never shorten;
+//! unban, forgive, the key cap, idle eviction; a proptest against a reference model; and real
+//! threads failing one key start exactly one ban per `after` failures.
+
+use proptest::prelude::*;
+use std::collections::HashMap;
+use std::sync::Barrier;
+use std::time::Duration;
+use turnstile::{BanList, BanListFull, Banned, ConfigError, FailOutcome, ManualClock};
+
+const SEC: Duration = Duration::from_secs(1);
+const NS: Duration = Duration::from_nanos(1);
+
+fn list(after: u32, within: Duration, ban: Duration) -> (BanList<u64, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let bans = BanList::builder(after, within, ban)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    (bans, clock)
+}
+
+fn retry(bans: &BanList<u64, ManualClock>, key: u64) -> Option<Duration> {
+    bans.check(&key).err().map(|b: Banned| b.retry_after())
+}
+
+#[test]
+fn a_ban_starts_at_exactly_the_after_th_failure_within_the_window() {
+    let (bans, _clock) = list(3, 60 * SEC, 600 * SEC);
+    for n in 1..3 {
+        let outcome = bans.fail(&1).unwrap();
+        assert_eq!(outcome.failures, n);
+        assert!(!outcome.ban_started, "failure {n} of 3");
+        assert_eq!(outcome.banned_for, None);
+        assert_eq!(retry(&bans, 1), None, "not banned after {n} of 3");
+    }
+    let third = bans.fail(&1).unwrap();
+    assert_eq!(third.failures, 3);
+    assert!(third.ban_started);
+    assert_eq!(third.banned_for, Some(600 * SEC));
+    assert_eq!(retry(&bans, 1), Some(600 * SEC));
+    assert_eq!(retry(&bans, 2), None, "keys are independent");
+}
+
+#[test]
+fn failures_spread_over_two_windows_do_not_add_up() {
+    let (bans, clock) = list(3, 60 * SEC, 600 * SEC);
+    clock.advance(30 * SEC);
+    bans.fail(&1).unwrap();
+    clock.advance(29 * SEC);
+    bans.fail(&1).unwrap();
+    clock.advance(SEC); // t = 60 s: a new window
+    let third = bans.fail(&1).unwrap();
+    assert_eq!(
+        third.failures, 1,
+        "three failures within 30 s, but in two windows"
+    );
+    assert!(!third.ban_started);
+    assert_eq!(retry(&bans, 1), None);
+    assert_eq!(bans.failures(&1), 1);
+    bans.fail(&1).unwrap();
+    assert!(
+        bans.fail(&1).unwrap().ban_started,
+        "the third of the second window"
+    );
+    assert_eq!(retry(&bans, 1), Some(600 * SEC));
+}
+
+#[test]
+fn a_ban_ends_exactly_at_its_duration() {
+    let (bans, clock) = list(1, 60 * SEC, 90 * SEC);
+    clock.advance(Duration::from_nanos(123_456_789)); // not on a millisecond
+    assert!(bans.fail(&1).unwrap().ban_started);
+    clock.advance(90 * SEC - NS);
+    assert_eq!(
+        retry(&bans, 1),
+        Some(NS),
+        "1 ns before the end: still banned"
+    );
+    clock.advance(NS);
+    assert_eq!(retry(&bans, 1), None, "the ban ends at exactly 90 s");
+}
+
+#[test]
+fn every_after_th_failure_bans_again_after_a_ban_ends() {
+    let (bans, clock) = list(2, 3600 * SEC, 60 * SEC);
+    bans.fail(&1).unwrap();
+    assert!(bans.fail(&1).unwrap().ban_started);
+    clock.advance(60 * SEC);
+    assert_eq!(retry(&bans, 1), None);
+    let third = bans.fail(&1).unwrap();
+    assert!(!third.ban_started, "one failure of two since the ban");
+    assert_eq!(third.banned_for, None);
+    let fourth = bans.fail(&1).unwrap();
+    assert_eq!(fourth.failures, 4);
+    assert!(
+        fourth.ban_started,
+        "two more failures in the same window ban again"
+    );
+    assert_eq!(retry(&bans, 1), Some(60 * SEC));
+    // Failing while banned counts too; an after-th one re-bans from now (a later end).
+    clock.advance(10 * SEC);
+    bans.fail(&1).unwrap();
+    let sixth = bans.fail(&1).unwrap();
+    assert!(sixth.ban_started);
+    assert_eq!(sixth.banned_for, Some(60 * SEC));
+}
+
+#[test]
+fn a_manual_ban_extends_and_never_shortens() {
+    let (bans, clock) = list(1, 60 * SEC, 600 * SEC);
+    assert_eq!(bans.ban(&1, 3600 * SEC).unwrap(), 3600 * SEC);
+    assert_eq!(retry(&bans, 1), Some(3600 * SEC));
+    clock.advance(100 * SEC);
+    // Shorter than what is left: nothing changes.
+    assert_eq!(bans.ban(&1, 60 * SEC).unwrap(), 3500 * SEC);
+    assert_eq!(retry(&bans, 1), Some(3500 * SEC));
+    // An automatic ban shorter than the manual one in force leaves it as it is.
+    let outcome = bans.fail(&1).unwrap();
+    assert!(outcome.ban_started);
+    assert_eq!(outcome.banned_for, Some(3500 * SEC));
+    // Longer: extended, to at least the new length and by less than the resolution more.
+    clock.advance(Duration::from_nanos(1_500)); // the ban left is not whole milliseconds
+    let left = bans.ban(&1, 7200 * SEC).unwrap();
+    assert!(
+        left >= 7200 * SEC && left < 7200 * SEC + turnstile::BAN_RESOLUTION,
+        "{left:?}"
+    );
+    assert_eq!(retry(&bans, 1), Some(left));
+    // A ban of zero changes nothing; a key not banned gets exactly its (whole-ms) length.
+    assert_eq!(bans.ban(&2, Duration::ZERO).unwrap(), Duration::ZERO);
+    assert_eq!(retry(&bans, 2), None);
+    assert_eq!(
+        bans.ban(&2, Duration::from_millis(1500)).unwrap(),
+        Duration::from_millis(1500)
+    );
+    // Rounded up to whole milliseconds.
+    assert_eq!(
+        bans.ban(&3, Duration::from_nanos(1)).unwrap(),
+        Duration::from_millis(1)
+    );
+}
+
+#[test]
+fn the_longest_ban_saturates() {
+    let (bans, _clock) = list(1, 60 * SEC, Duration::MAX);
+    let outcome = bans.fail(&1).unwrap();
+    let left = outcome.banned_for.unwrap();
+    // 2^63 - 2 ns after the clock's epoch, at most one token's rounding away.
+    assert!(
+        left >= Duration::from_nanos((1 << 63) - 2 - 1_000_000),
+        "{left:?}"
+    );
+    assert!(left <= Duration::from_nanos((1 << 63) - 2), "{left:?}");
+    assert_eq!(
+        bans.ban(&1, Duration::MAX).unwrap(),
+        left,
+        "saturated: nothing more"
+    );
+}
+
+#[test]
+fn unban_lifts_the_ban_and_forgets_the_failures() {
+    let (bans, _clock) = list(2, 60 * SEC, 600 * SEC);
+    assert!(!bans.unban(&1), "never banned");
+    bans.fail(&1).unwrap();
+    bans.fail(&1).unwrap();
+    assert!(retry(&bans, 1).is_some());
+    assert!(bans.unban(&1));
+    assert_eq!(retry(&bans, 1), None);
+    assert_eq!(bans.failures(&1), 0);
+    assert!(
+        !bans.fail(&1).unwrap().ban_started,
+        "after more failures again"
+    );
+    assert!(bans.fail(&1).unwrap().ban_started);
+    assert!(bans.unban(&1));
+    assert!(!bans.unban(&1));
+    // A manual ban is lifted too.
+    bans.ban(&2, 60 * SEC).unwrap();
+    assert!(bans.unban(&2));
+    assert_eq!(retry(&bans, 2), None);
+}
+
+#[test]
+fn forgive_forgets_the_failures_and_keeps_a_ban() {
+    let (bans, _clock) = list(3, 60 * SEC, 600 * SEC);
+    bans.fail(&1).unwrap();
+    bans.fail(&1).unwrap();
+    assert!(bans.forgive(&1));
+    assert_eq!(bans.failures(&1), 0);
+    bans.fail(&1).unwrap();
+    bans.fail(&1).unwrap();
+    assert_eq!(retry(&bans, 1), None, "two since the forgiveness");
+    assert!(bans.fail(&1).unwrap().ban_started);
+    assert!(bans.forgive(&1));
+    assert_eq!(retry(&bans, 1), Some(600 * SEC), "forgiving leaves the ban");
+    assert!(!bans.forgive(&2));
+}
+
+#[test]
+fn at_the_cap_a_new_key_is_neither_banned_nor_a_ban_lost() {
+    let clock = ManualClock::new();
+    let bans = BanList::builder(1, 60 * SEC, 600 * SEC)
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    assert!(bans.fail(&"a").unwrap().ban_started);
+    // Both tables are full of "a", busy.
+    assert_eq!(bans.fail(&"b"), Err(BanListFull { max_keys: 1 }));
+    assert_eq!(bans.ban(&"b", SEC), Err(BanListFull { max_keys: 1 }));
+    assert!(bans.check(&"b").is_ok(), "not banned by accident");
+    assert_eq!(
+        bans.check(&"a").unwrap_err().retry_after(),
+        600 * SEC,
+        "not lost"
+    );
+    assert_eq!(bans.len(), 2);
+    // Once the window has passed and the ban ended, "a" is idle and makes room.
+    clock.advance(600 * SEC);
+    assert!(bans.fail(&"b").unwrap().ban_started);
+    assert!(bans.check(&"b").is_err());
+    assert!(bans.check(&"a").is_ok());
+    // While "b"'s ban is in force, "a"'s failure is counted (its window passed) but its ban is
+    // refused: the caller learns it was not recorded.
+    clock.advance(60 * SEC);
+    assert_eq!(bans.fail(&"a"), Err(BanListFull { max_keys: 1 }));
+    assert!(bans.check(&"b").is_err(), "b's ban is kept");
+}
+
+#[test]
+fn idle_keys_are_evicted() {
+    let (bans, clock) = list(2, 60 * SEC, 120 * SEC);
+    for key in 0..500u64 {
+        bans.fail(&key).unwrap();
+        if key % 2 == 0 {
+            bans.fail(&key).unwrap(); // banned for two minutes
+        }
+    }
+    assert_eq!(bans.len(), 750);
+    assert_eq!(bans.sweep(), 0, "all busy");
+    clock.advance(60 * SEC);
+    assert_eq!(
+        bans.sweep(),
+        500,
+        "the failures' window passed; the bans go on"
+    );
+    assert_eq!(bans.len(), 250);
+    assert!(bans.check(&0).is_err());
+    clock.advance(60 * SEC);
+    assert_eq!(bans.sweep(), 250);
+    assert_eq!(bans.len(), 0);
+    assert!(bans.is_empty());
+}
+
+#[test]
+fn check_and_failures_never_create_a_key() {
+    let (bans, _clock) = list(2, 60 * SEC, 120 * SEC);
+    for key in 0..1000u64 {
+        assert!(bans.check(&key).is_ok());
+        assert_eq!(bans.failures(&key), 0);
+    }
+    assert!(bans.is_empty());
+    assert!(!bans.unban(&7) && !bans.forgive(&7));
+    assert!(bans.is_empty());
+}
+
+#[test]
+fn zero_parameters_are_config_errors() {
+    let build = |after, within, ban, max_keys| {
+        BanList::<u64>::builder(after, within, ban)
+            .max_keys(max_keys)
+            .build()
+            .map(|_| ())
+    };
+    assert_eq!(
+        build(0, SEC, SEC, 10),
+        Err(ConfigError::Zero { what: "after" })
+    );
+    assert_eq!(
+        build(1, Duration::ZERO, SEC, 10),
+        Err(ConfigError::Zero { what: "within" })
+    );
+    assert_eq!(
+        build(1, SEC, Duration::ZERO, 10),
+        Err(ConfigError::Zero {
+            what: "ban duration"
+        })
+    );
+    assert_eq!(
+        build(1, SEC, SEC, 0),
+        Err(ConfigError::Zero { what: "max_keys" })
+    );
+    assert!(matches!(
+        build(1, Duration::MAX, SEC, 10),
+        Err(ConfigError::TooLarge { what: "within", .. })
+    ));
+    assert_eq!(build(u32::MAX, SEC, Duration::MAX, 1), Ok(()));
+}
+
+#[test]
+fn clones_share_state_and_the_list_is_send_sync_debug() {
+    fn shareable<T: Send + Sync + Clone + std::fmt::Debug + 'static>(_: &T) {}
+    let (bans, _clock) = list(1, 60 * SEC, 60 * SEC);
+    shareable(&bans);
+    let other = bans.clone();
+    other.fail(&9).unwrap();
+    assert!(bans.check(&9).is_err());
+    let debug = format!("{bans:?}");
+    assert!(
+        debug.contains("BanList") && debug.contains("after: 1"),
+        "{debug}"
+    );
+}
+
+/// Real threads failing one key at once: every failure gets its own count, and exactly one in
+/// `after` starts a ban.
+#[test]
+fn concurrent_failures_start_exactly_one_ban_per_after_failures() {
+    const THREADS: usize = 8;
+    const EACH: usize = 500;
+    const AFTER: u32 = 7;
+    for _ in 0..5 {
+        let (bans, _clock) = list(AFTER, 3600 * SEC, 60 * SEC);
+        let barrier = Barrier::new(THREADS);
+        let outcomes: Vec<Vec<FailOutcome>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        (0..EACH)
+                            .map(|_| bans.fail(&1).unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let all: Vec<FailOutcome> = outcomes.into_iter().flatten().collect();
+        let started = all.iter().filter(|o| o.ban_started).count();
+        assert_eq!(started, THREADS * EACH / AFTER as usize);
+        let mut counts: Vec<u32> = all.iter().map(|o| o.failures).collect();
+        counts.sort_unstable();
+        assert_eq!(counts, (1..=(THREADS * EACH) as u32).collect::<Vec<_>>());
+        assert!(all
+            .iter()
+            .all(|o| o.ban_started == (o.failures % AFTER == 0)));
+        assert_eq!(retry(&bans, 1), Some(60 * SEC));
+    }
+}
+
+/// Real threads banning one key at once (by hand and by failures): the ban is the longest
+/// asked for, never the sum of several.
+#[test]
+fn concurrent_bans_do_not_add_up() {
+    const THREADS: usize = 4;
+    let (bans, _clock) = list(1, 3600 * SEC, 60 * SEC);
+    let barrier = Barrier::new(THREADS);
+    for round in 0..300u64 {
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (bans, barrier) = (&bans, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    if t % 2 == 0 {
+                        bans.ban(&round, 60 * SEC).unwrap();
+                    } else {
+                        bans.fail(&round).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(retry(&bans, round), Some(60 * SEC), "round {round}");
+    }
+}
+
+/// The reference: every failure's time per key, and when each key's ban ends.
+#[derive(Default)]
+struct Model {
+    now: u64,
+    failures: HashMap<u64, Vec<u64>>,
+    ban_end: HashMap<u64, u64>,
+}
+
+const MS: u64 = 1_000_000;
+
+impl Model {
+    fn count(&self, key: u64, within: u64) -> u32 {
+        let window = self.now / within;
+        self.failures.get(&key).map_or(0, |times| {
+            times.iter().filter(|t| *t / within == window).count() as u32
+        })
+    }
+
+    fn left(&self, key: u64) -> Option<u64> {
+        let end = *self.ban_end.get(&key).unwrap_or(&0);
+        (end > self.now).then(|| end - self.now)
+    }
+
+    /// At least `d` from now, in whole milliseconds added to what is left.
+    fn extend(&mut self, key: u64, d: u64) -> u64 {
+        let left = self.left(key).unwrap_or(0);
+        if d > left {
+            let tokens = (d - left).div_ceil(MS);
+            self.ban_end.insert(key, self.now + left + tokens * MS);
+        }
+        self.left(key).unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Fail(u64),
+    Check(u64),
+    Ban(u64, u64),
+    Unban(u64),
+    Forgive(u64),
+    Advance(u64),
+    Sweep,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0..3u64;
+    prop_oneof![
+        6 => key.clone().prop_map(Op::Fail),
+        3 => key.clone().prop_map(Op::Check),
+        2 => (key.clone(), 1..5_000_000_000u64).prop_map(|(k, d)| Op::Ban(k, d)),
+        1 => key.clone().prop_map(Op::Unban),
+        1 => key.prop_map(Op::Forgive),
+        3 => prop_oneof![0..2_000_000_000u64, 0..3u64, Just(MS), Just(MS - 1)].prop_map(Op::Advance),
+        1 => Just(Op::Sweep),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn matches_the_reference_model(
+        after in 1..5u32,
+        within_ms in 1..3_000u64,
+        ban_ns in 1..4_000_000_000u64,
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        let within = within_ms * MS;
+        let (bans, clock) = list(after, Duration::from_nanos(within), Duration::from_nanos(ban_ns));
+        let mut model = Model::default();
+        let key_left = |bans: &BanList<u64, ManualClock>, k| {
+            bans.check(&k).err().map(|b| b.retry_after().as_nanos() as u64)
+        };
+        for op in ops {
+            match op {
+                Op::Fail(k) => {
+                    let got = bans.fail(&k).unwrap();
+                    model.failures.entry(k).or_default().push(model.now);
+                    let count = model.count(k, within);
+                    let due = count % after == 0;
+                    if due {
+                        model.extend(k, ban_ns);
+                    }
+                    prop_assert_eq!(got.failures, count);
+                    prop_assert_eq!(got.ban_started, due);
+                    prop_assert_eq!(got.banned_for.map(|d| d.as_nanos() as u64), model.left(k));
+                }
+                Op::Check(k) => {
+                    prop_assert_eq!(key_left(&bans, k), model.left(k));
+                    prop_assert_eq!(bans.failures(&k), model.count(k, within));
+                }
+                Op::Ban(k, d) => {
+                    let got = bans.ban(&k, Duration::from_nanos(d)).unwrap();
+                    prop_assert_eq!(got.as_nanos() as u64, model.extend(k, d));
+                }
+                Op::Unban(k) => {
+                    let was = model.left(k).is_some();
+                    model.ban_end.remove(&k);
+                    model.failures.remove(&k);
+                    prop_assert_eq!(bans.unban(&k), was);
+                }
+                Op::Forgive(k) => {
+                    let had = model.count(k, within) > 0;
+                    model.failures.remove(&k);
+                    let forgave = bans.forgive(&k);
+                    // True also for a passed window not yet evicted; never false for failures
+                    // of this window.
+                    prop_assert!(forgave || !had);
+                }
+                Op::Advance(ns) => {
+                    clock.advance(Duration::from_nanos(ns));
+                    model.now += ns;
+                }
+                Op::Sweep => {
+                    bans.sweep();
+                }
+            }
+            for k in 0..3 {
+                prop_assert_eq!(key_left(&bans, k), model.left(k));
+            }
+        }
+    }
+}
