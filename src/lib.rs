@@ -9,9 +9,9 @@
 //! N in flight". [`Chain`] (and, per key, `KeyedChain`) applies several limits at once, all or
 //! nothing.
 //!
-//! Per key, `KeyedLimiter`, `KeyedConcurrencyLimiter`, the keyed reader/writer locks
-//! `KeyLocks` and `BanList` (ban a key for a while after repeated failures: login brute-force
-//! protection) (feature `keyed`, on by default); across processes, `RedisLimiter` (feature
+//! Per key (feature `keyed`, on by default), `KeyedLimiter`, `KeyedConcurrencyLimiter`, the
+//! keyed reader/writer locks `KeyLocks` and `BanList` (ban a key for a while after repeated
+//! failures: login brute-force protection); across processes, `RedisLimiter` (feature
 //! `redis`), and `StoreLimiter` over any store with get and set-with-expiry (feature `store`;
 //! exact within one process only); for HTTP services, the tower layer in `turnstile::http`
 //! (feature `http`): rules per endpoint, client IP and client id, trusted proxies, bans, IETF
