@@ -420,7 +420,7 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     }
 
     /// Reserves the one slot kept above the cap, for a call that met its own key's cell
-    /// retired (see `with_cell`); false if it is taken too.
+    /// retired (see `Keyed::with_cell_after`); false if it is taken too.
     fn reserve_spare_key(&self) -> bool {
         self.reserve_key_within(self.max_keys as u64 + 1)
     }
