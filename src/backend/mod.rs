@@ -75,49 +75,79 @@ impl Lua {
     }
 }
 
-/// One algorithm's script: the prelude, the algorithm's function, and the one-key runner.
-macro_rules! single {
-    ($file:literal, $function:literal) => {
+/// One algorithm's script: the prelude, the algorithm's function, and a one-key runner of the
+/// prelude (`single` for decisions, `charge_one` for charges).
+macro_rules! one_key {
+    ($file:literal, $function:literal, $runner:literal) => {
         concat!(
             include_str!("scripts/prelude.lua"),
             include_str!($file),
-            "\nreturn single(",
+            "\nreturn ",
+            $runner,
+            "(",
             $function,
             ")\n"
         )
     };
 }
 
-static FIXED_WINDOW: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(single!("scripts/fixed_window.lua", "fixed_window")));
-static SLIDING_WINDOW: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(single!("scripts/sliding_window.lua", "sliding_window")));
-static SLIDING_COUNTER: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(single!("scripts/sliding_counter.lua", "sliding_counter")));
-static TOKEN_BUCKET: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(single!("scripts/token_bucket.lua", "token_bucket")));
+static FIXED_WINDOW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key!(
+        "scripts/fixed_window.lua",
+        "fixed_window",
+        "single"
+    ))
+});
+static SLIDING_WINDOW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key!(
+        "scripts/sliding_window.lua",
+        "sliding_window",
+        "single"
+    ))
+});
+static SLIDING_COUNTER: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key!(
+        "scripts/sliding_counter.lua",
+        "sliding_counter",
+        "single"
+    ))
+});
+static TOKEN_BUCKET: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key!(
+        "scripts/token_bucket.lua",
+        "token_bucket",
+        "single"
+    ))
+});
 
-/// One algorithm's charge script: the prelude, the algorithm's function, and the charge runner.
-macro_rules! charge {
-    ($file:literal, $function:literal) => {
-        concat!(
-            include_str!("scripts/prelude.lua"),
-            include_str!($file),
-            "\nreturn charge_one(",
-            $function,
-            ")\n"
-        )
-    };
-}
-
-static FIXED_WINDOW_CHARGE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(charge!("scripts/fixed_window.lua", "fixed_window")));
-static SLIDING_WINDOW_CHARGE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(charge!("scripts/sliding_window.lua", "sliding_window")));
-static SLIDING_COUNTER_CHARGE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(charge!("scripts/sliding_counter.lua", "sliding_counter")));
-static TOKEN_BUCKET_CHARGE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(charge!("scripts/token_bucket.lua", "token_bucket")));
+static FIXED_WINDOW_CHARGE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key!(
+        "scripts/fixed_window.lua",
+        "fixed_window",
+        "charge_one"
+    ))
+});
+static SLIDING_WINDOW_CHARGE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key!(
+        "scripts/sliding_window.lua",
+        "sliding_window",
+        "charge_one"
+    ))
+});
+static SLIDING_COUNTER_CHARGE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key!(
+        "scripts/sliding_counter.lua",
+        "sliding_counter",
+        "charge_one"
+    ))
+});
+static TOKEN_BUCKET_CHARGE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key!(
+        "scripts/token_bucket.lua",
+        "token_bucket",
+        "charge_one"
+    ))
+});
 /// A script over several members: the prelude, every algorithm's function, the all-or-nothing
 /// runner (`members.lua`), then `$file`'s reply.
 macro_rules! members {
