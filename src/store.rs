@@ -400,12 +400,19 @@ fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
     // The tickets left out expire no later than the oldest kept one while all were admitted
     // under one window; after a shorter window, one of them may outlive it, and the oldest kept
     // ticket then takes its expiry (the next claim checks it), so that none is dropped live.
-    let dropped = (head.saturating_sub(laps)..kept.start).map(expiry).max();
+    // Compared by expiry alone: a word an overdrawing charge wrote carries a mark above the
+    // expiry (bit 63), and a marked word that expired long ago is the larger number.
+    let by_expiry = |word: &u64| crate::algorithm::slot_expiry(*word);
+    let dropped = (head.saturating_sub(laps)..kept.start)
+        .map(expiry)
+        .max_by_key(by_expiry);
     let mut ring = Vec::with_capacity(2 + slots);
     ring.extend([kept.end - kept.start, 0]);
     ring.extend(kept.map(expiry));
     if let (Some(oldest), Some(dropped)) = (ring.get_mut(2), dropped) {
-        *oldest = (*oldest).max(dropped);
+        if by_expiry(&dropped) > by_expiry(oldest) {
+            *oldest = dropped;
+        }
     }
     ring.resize(2 + slots, 1);
     Some(ring)

@@ -1609,6 +1609,12 @@ async fn a_charge_puts_a_fixed_window_in_debt_until_it_ends() {
         window_end
     );
     assert_eq!(field(&mut con, &limiter.key("f"), "c"), 5);
+    // The debt lives exactly as long as the window, and no longer.
+    let expires: u64 = redis::cmd("PEXPIRETIME")
+        .arg(limiter.key("f"))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(expires, window_end.div_ceil(1000));
     let r = check_rejection(&limiter, &mut con, "f", window_end).await;
     assert_eq!(r.limit(), 3);
     tokio::time::sleep(r.retry_after() + Duration::from_millis(2)).await;
@@ -1724,6 +1730,12 @@ async fn a_charge_weighs_on_a_sliding_counter_for_two_windows() {
         start + 2 * w
     );
     assert_eq!(field(&mut con, &limiter.key("c"), "c"), 6);
+    // The charged count weighs until the next window's end: the key lives until then.
+    let expires: u64 = redis::cmd("PEXPIRETIME")
+        .arg(limiter.key("c"))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(expires, (start + 2 * w).div_ceil(1000));
     // In the next window prev = 6: one permit fits once 6·(W − e) ≤ 3·W, e ≥ W − ⌊3W/6⌋.
     let free_at = start + w + (w - 3 * w / 6);
     check_rejection(&limiter, &mut con, "c", free_at).await;

@@ -431,6 +431,10 @@ fn decide_alike(charges: bool) {
             (4, 3),
             (1000, 2_000_000),
             (60, 3_600_000_000),
+            // Windows of 2^40 µs (12.7 days): products of a saturated count with the window
+            // far beyond 2^53, where only the comparisons must stay right.
+            (1, 1 << 40),
+            (64, 1 << 40),
         ] {
             let window = Duration::from_micros(window_us);
             differential(

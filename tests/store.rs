@@ -328,6 +328,30 @@ mod stored_values {
         }
     }
 
+    /// A ring lowered after a charge overdrew it: the overdraw marks its slot words with bit 63,
+    /// which is no part of the expiry. Limit 2, head 3: ticket 1 (slot 1, lap 0) written by an
+    /// overdraw and expired a second ago, ticket 2 (slot 0, lap 1) admitted since, live for a
+    /// minute. Met under limit 1, ticket 2 is kept and must go on counting; ticket 1, left out,
+    /// must not lend it its (marked, so numerically larger) word.
+    #[tokio::test]
+    async fn a_lowered_ring_after_an_overdraw_drops_no_live_ticket() {
+        const OVERDRAWN: u64 = 1 << 63;
+        let now = unix_nanos();
+        let overdrawn = ((now - 1_000_000_000) << 1) | OVERDRAWN; // lap 0: parity 0
+        let live = ((now + 60_000_000_000) << 1) | 1; // lap 1: parity 1
+        let store = Preloaded::default();
+        let limiter =
+            StoreLimiter::new(sliding(1, Duration::from_secs(60)), "t", store.clone()).unwrap();
+        let ring = bytes(&[3, 1, live, overdrawn]);
+        store.0.lock().unwrap().insert(limiter.key("x"), ring);
+        match limiter.try_acquire("x").await {
+            Err(TryAcquireError::Rejected(r)) => {
+                assert!(r.retry_after() > Duration::from_secs(50), "{r:?}")
+            }
+            other => panic!("the live ticket was lost: {other:?}"),
+        }
+    }
+
     /// The check that discards inconsistent rings keeps every ring the limiter itself writes,
     /// including one whose tickets have wrapped around the slots: limit 2, tickets 1 and 2 live
     /// (ticket 1 in slot 1 on lap 0, ticket 2 in slot 0 on lap 1), head 3. Restored, it rejects.
