@@ -353,11 +353,17 @@ impl WaitQueue {
                 None
             }
         };
-        next.wake();
+        // Through `wake_all`: a ticket dropped by an unwinding task must not let the next head's
+        // panicking waker out of this drop (see `WakeAll::finish`).
+        wake_all([next], Wake::wake);
         counted
     }
 
     /// Wakes the head (a concurrency limiter's release saw `WAITERS`).
+    ///
+    /// The release is often a guard's drop, and that drop may run while its holder unwinds; the
+    /// head's waker then runs through `wake_all`, so that a panic in it is dropped instead of
+    /// aborting the process (see `WakeAll::finish`).
     pub(crate) fn wake_head(&self) {
         let wake = {
             let mut waiters = lock(&self.waiters);
@@ -369,7 +375,7 @@ impl WaitQueue {
                 None => Wake::Nobody,
             }
         };
-        wake.wake();
+        wake_all([wake], Wake::wake);
     }
 
     /// The limiter's parameters changed: every waiter that asks for more than `capacity` fails
