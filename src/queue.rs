@@ -143,11 +143,17 @@ impl Wake {
         }
     }
 
-    fn register(&mut self, who: Registration<'_>) {
+    /// Registers `who`; returns the registration it replaced, for the caller to drop once it
+    /// has unlocked the queue: dropping a `Waker` can run user code (an `ArcWake` that owns a
+    /// permit of this very limiter), which must not find the queue's mutex held by its own thread.
+    #[must_use = "drop the replaced registration after unlocking"]
+    fn register(&mut self, who: Registration<'_>) -> Wake {
         match (who, &*self) {
-            (Registration::Task(new), Wake::Task(old)) if old.will_wake(new) => {}
-            (Registration::Task(new), _) => *self = Wake::Task(new.clone()),
-            (Registration::Thread(signal), _) => *self = Wake::Thread(Arc::clone(signal)),
+            (Registration::Task(new), Wake::Task(old)) if old.will_wake(new) => Wake::Nobody,
+            (Registration::Task(new), _) => std::mem::replace(self, Wake::Task(new.clone())),
+            (Registration::Thread(signal), _) => {
+                std::mem::replace(self, Wake::Thread(Arc::clone(signal)))
+            }
         }
     }
 }
@@ -281,47 +287,68 @@ impl WaitQueue {
     ) -> (Turn<T>, Wake) {
         let mut next = Wake::Nobody;
         let mut waiters = lock(&self.waiters);
-        if let Some(error) = waiters.failed.remove(&seq) {
-            return (Turn::Done(Err(error)), next);
-        }
-        if self.head(&waiters) != Some(seq) {
-            let turn = match waiters.live.get_mut(&seq) {
-                Some(me) => {
-                    me.wake.register(who);
-                    Turn::Wait(Blocked::Behind)
-                }
-                // Not queued and not failed: cannot happen while the ticket is held; answer as a
-                // closed queue rather than wait forever.
-                None => Turn::Done(Err(AcquireError::Closed)),
-            };
-            return (turn, next);
-        }
-        let turn = match take() {
-            Ok(value) => {
-                self.leave(&mut waiters, gate, seq, &mut next);
-                Turn::Done(Ok(value))
-            }
-            Err(Blocked::Fail(error)) => {
-                self.leave(&mut waiters, gate, seq, &mut next);
-                Turn::Done(Err(error))
-            }
-            Err(blocked) => {
-                if let Some(me) = waiters.live.get_mut(&seq) {
-                    me.wake.register(who);
-                }
-                Turn::Wait(blocked)
-            }
-        };
+        let (turn, stale) = self.turn_locked(&mut waiters, gate, seq, who, take, &mut next);
+        drop(waiters);
+        // Only now: a registration replaced or left behind may run user code as it is dropped
+        // (see `Wake::register`).
+        drop(stale);
         (turn, next)
     }
 
+    /// [`turn`](Self::turn) under the queue's mutex; also returns the registration it replaced
+    /// or that the leaving waiter left, to be dropped after unlocking.
+    fn turn_locked<T>(
+        &self,
+        waiters: &mut Waiters,
+        gate: &AtomicU64,
+        seq: u64,
+        who: Registration<'_>,
+        take: impl FnOnce() -> Result<T, Blocked>,
+        next: &mut Wake,
+    ) -> (Turn<T>, Wake) {
+        if let Some(error) = waiters.failed.remove(&seq) {
+            return (Turn::Done(Err(error)), Wake::Nobody);
+        }
+        if self.head(waiters) != Some(seq) {
+            return match waiters.live.get_mut(&seq) {
+                Some(me) => (Turn::Wait(Blocked::Behind), me.wake.register(who)),
+                // Not queued and not failed: cannot happen while the ticket is held; answer as a
+                // closed queue rather than wait forever.
+                None => (Turn::Done(Err(AcquireError::Closed)), Wake::Nobody),
+            };
+        }
+        match take() {
+            Ok(value) => {
+                let stale = self.leave(waiters, gate, seq, next);
+                (Turn::Done(Ok(value)), stale.unwrap_or(Wake::Nobody))
+            }
+            Err(Blocked::Fail(error)) => {
+                let stale = self.leave(waiters, gate, seq, next);
+                (Turn::Done(Err(error)), stale.unwrap_or(Wake::Nobody))
+            }
+            Err(blocked) => {
+                let stale = match waiters.live.get_mut(&seq) {
+                    Some(me) => me.wake.register(who),
+                    None => Wake::Nobody,
+                };
+                (Turn::Wait(blocked), stale)
+            }
+        }
+    }
+
     /// Removes live waiter `seq`; if it was the head, hands the turn to the next head (returned in
-    /// `next` to be woken after unlocking) or clears `WAITERS` when nobody is left.
-    fn leave(&self, waiters: &mut Waiters, gate: &AtomicU64, seq: u64, next: &mut Wake) -> bool {
+    /// `next` to be woken after unlocking) or clears `WAITERS` when nobody is left. Returns the
+    /// waiter's own registration if it was queued, for the caller to drop after unlocking (see
+    /// `Wake::register`); `None` if it was not.
+    fn leave(
+        &self,
+        waiters: &mut Waiters,
+        gate: &AtomicU64,
+        seq: u64,
+        next: &mut Wake,
+    ) -> Option<Wake> {
         let was_head = self.head(waiters) == Some(seq);
-        let Some(me) = waiters.live.remove(&seq) else {
-            return false;
-        };
+        let me = waiters.live.remove(&seq)?;
         waiters.permits -= Waiter::room(me.permits);
         if waiters.live.is_empty() {
             // Relaxed: see `enqueue`.
@@ -333,7 +360,7 @@ impl WaitQueue {
                 }
             }
         }
-        true
+        Some(me.wake)
     }
 
     /// Drops waiter `seq` (its future was dropped, or it timed out). Returns the counter the call
@@ -343,16 +370,17 @@ impl WaitQueue {
     /// was neither (nothing to count).
     fn cancel(&self, gate: &AtomicU64, seq: u64) -> Option<usize> {
         let mut next = Wake::Nobody;
-        let counted = {
+        let (counted, stale) = {
             let mut waiters = lock(&self.waiters);
             if waiters.failed.remove(&seq).is_some() {
-                Some(REJECTED)
-            } else if self.leave(&mut waiters, gate, seq, &mut next) {
-                Some(CANCELLED)
+                (Some(REJECTED), None)
             } else {
-                None
+                let stale = self.leave(&mut waiters, gate, seq, &mut next);
+                (stale.as_ref().map(|_| CANCELLED), stale)
             }
         };
+        // Only now that the queue is unlocked (see `Wake::register`).
+        drop(stale);
         // Through `wake_all`: a ticket dropped by an unwinding task must not let the next head's
         // panicking waker out of this drop (see `WakeAll::finish`).
         wake_all([next], Wake::wake);
