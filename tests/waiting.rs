@@ -892,3 +892,48 @@ fn a_cancelled_waiters_waker_is_dropped_after_the_queue_is_unlocked() {
         },
     );
 }
+
+/// A time limit too large for `Instant` (now + `Duration::MAX` overflows) means "no limit": the
+/// waiter neither panics nor times out, and is served by the release.
+#[test]
+fn a_blocking_time_limit_beyond_instant_waits_for_the_release() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            limiter
+                .acquire_blocking_timeout(1, Duration::MAX)
+                .map(|permit| permit.permits())
+        });
+        while limiter.stats().waiting < 1 {
+            std::thread::yield_now();
+        }
+        drop(held);
+        assert_eq!(waiter.join().unwrap(), Ok(1));
+    });
+    assert_eq!(limiter.available(), 1);
+    assert_eq!(limiter.stats().waiting, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_async_time_limit_beyond_instant_waits_for_the_release() {
+    let limiter = Arc::new(ConcurrencyLimiter::new(1).unwrap());
+    let held = limiter.try_acquire_owned(1).unwrap();
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move {
+            limiter
+                .acquire_timeout(1, Duration::MAX)
+                .await
+                .map(|permit| permit.permits())
+        })
+    };
+    settle().await;
+    assert_eq!(limiter.stats().waiting, 1);
+    // Years of paused time pass: still waiting, not timed out.
+    tokio::time::advance(Duration::from_secs(100 * 365 * 24 * 3600)).await;
+    settle().await;
+    assert_eq!(limiter.stats().waiting, 1);
+    drop(held);
+    assert_eq!(waiter.await.unwrap(), Ok(1));
+}
