@@ -411,6 +411,14 @@ impl WaitQueue {
     /// to try again under the new parameters (it may be admissible earlier, or later; it
     /// re-arms its timer either way).
     pub(crate) fn reconfigured(&self, gate: &AtomicU64, capacity: u32) {
+        self.reconfigure_waiters(gate, capacity).wake();
+    }
+
+    /// [`reconfigured`](Self::reconfigured) without the wake-ups, which the caller runs later:
+    /// for a caller that sweeps under a mutex of its own (so that sweeps run in the order of the
+    /// changes they follow) and wakes after releasing it, since a woken party's `Waker` may run
+    /// code that takes that mutex.
+    pub(crate) fn reconfigure_waiters(&self, gate: &AtomicU64, capacity: u32) -> Woken {
         let mut wakes = Vec::new();
         {
             let mut waiters = lock(&self.waiters);
@@ -444,7 +452,7 @@ impl WaitQueue {
                 }
             }
         }
-        wake_all(wakes, Wake::wake);
+        Woken(wakes)
     }
 
     /// Closes the queue if nobody waits in it: later enqueues fail with `Closed`. True if closed
@@ -487,6 +495,18 @@ impl WaitQueue {
             wakes
         };
         wake_all(wakes, Wake::wake);
+    }
+}
+
+/// Wake-ups owed by [`WaitQueue::reconfigure_waiters`]: each woken party already has its
+/// outcome, so they must be run ([`wake`](Self::wake)); dropping this unrun strands them.
+#[must_use = "the waiters it holds must be woken"]
+pub(crate) struct Woken(Vec<Wake>);
+
+impl Woken {
+    /// Wakes every party, all of them even if some wakers panic (see `WakeAll`).
+    pub(crate) fn wake(self) {
+        wake_all(self.0, Wake::wake);
     }
 }
 
