@@ -23,6 +23,14 @@
 //! what it took in a guard until that wake is over, and an unwind gives it back to the limiter.
 //! A call that wakes several waiters (a close, an eviction, a reconfiguration) wakes all of them
 //! before it lets a panic through: each already has its outcome and sees it only when polled.
+//! A release or a cancelled wait may run inside an unwind (a permit or a future dropped by a
+//! panicking task); the head it wakes then panicking too is dropped rather than let out of the
+//! drop, which would abort the process.
+//!
+//! Dropping a `Waker` may run user code too (its last clone frees what it owns, perhaps a permit
+//! of this very limiter, whose release takes the queue's mutex). So no registration is dropped
+//! under the mutex: one replaced by a newer waker, or left by a waiter that leaves, is dropped
+//! after unlocking.
 //!
 //! # The gate word
 //!
