@@ -41,6 +41,8 @@
 //!   in flight, admits when capacity provably exists, and gives every permit back;
 //! - a rate limiter's head waiting for time is served once another thread moves the clock (at a
 //!   time in the new window), and is failed `Closed` by a racing `close`;
+//! - racing reconfigurations of a rate limiter never fail a waiter for a capacity that was
+//!   superseded before it started (each sweep of the queue runs under the reconfiguring mutex);
 //! - in every model, `stats()` adds up: admitted + rejected + cancelled equals the calls made, and
 //!   `waiting` and `queued_permits` are 0 at the end.
 //!
@@ -816,6 +818,59 @@ fn rate_close_vs_time_waiter() {
         let s = l.stats();
         assert_eq!((s.admitted, s.rejected, s.cancelled), (1, 3, 0), "{s:?}");
         assert_eq!((s.waiting, s.queued_permits), (0, 0), "{s:?}");
+    });
+}
+
+/// Two reconfigurations of a rate limiter race: thread A lowers its capacity to 1 while the main
+/// thread sets it to 2, then (once that call has returned) starts a blocking waiter for 2 on the
+/// exhausted window. If A's change came first (the capacity is 2 at the end), the capacity has
+/// been 2 ever since the waiter started, so nothing may fail it as too large: it is served in the
+/// next window. If A's came last, the waiter fails with capacity 1 (at once or in A's sweep). Fails
+/// if `reconfigure` sweeps the queue after releasing its mutex: A's sweep, computed for capacity 1,
+/// then runs after the main thread's change to 2 and fails the waiter for a capacity superseded
+/// before it even started.
+#[test]
+fn rate_reconfigure_sweep_never_uses_a_superseded_capacity() {
+    fn limit(limit: u32) -> Algorithm {
+        let window = Duration::from_nanos(WINDOW);
+        Algorithm::FixedWindow { limit, window }
+    }
+    model(|| {
+        let l = RateLimiter::with_clock(limit(2), ManualClock::new()).unwrap();
+        l.try_acquire_n(2).unwrap();
+        let lower = {
+            let l = l.clone();
+            thread::spawn(move || l.reconfigure(limit(1)).unwrap())
+        };
+        l.reconfigure(limit(2)).unwrap();
+        let waiter = {
+            let l = l.clone();
+            thread::spawn(move || l.acquire_blocking_n(2).map(|a| a.at_nanos()))
+        };
+        lower.join().unwrap();
+        if l.capacity() == 2 {
+            l.clock().advance(Duration::from_nanos(WINDOW));
+            assert_eq!(
+                waiter.join().unwrap(),
+                Ok(WINDOW),
+                "failed by a capacity superseded before it started"
+            );
+        } else {
+            assert_eq!(
+                waiter.join().unwrap(),
+                Err(AcquireError::InsufficientCapacity {
+                    requested: 2,
+                    capacity: 1
+                })
+            );
+        }
+        let s = l.stats();
+        assert_eq!(s.admitted + s.rejected, 2, "{s:?}");
+        assert_eq!(
+            (s.cancelled, s.waiting, s.queued_permits),
+            (0, 0, 0),
+            "{s:?}"
+        );
     });
 }
 

@@ -1127,10 +1127,17 @@ impl<C: Clock> RateLimiter<C> {
         let mut current = lock(&inner.algorithm);
         inner.state.reconfigure(*current, algorithm, &inner.clock)?;
         *current = algorithm;
-        drop(current);
         // Waiters look again under the new parameters: the head may be admissible earlier, and
-        // a request above the new capacity can never succeed now.
-        inner.queue.reconfigured(&inner.gate, inner.state.limit());
+        // a request above the new capacity can never succeed now. The sweep runs under the
+        // mutex: run after it, for a capacity another reconfiguration has since replaced, it
+        // failed waiters that fit the capacity in force (loom_waiters,
+        // `rate_reconfigure_sweep_never_uses_a_superseded_capacity`). The wake-ups run after it,
+        // since a woken task's `Waker` may call `algorithm()`, which takes the same mutex.
+        let woken = inner
+            .queue
+            .reconfigure_waiters(&inner.gate, inner.state.limit());
+        drop(current);
+        woken.wake();
         Ok(())
     }
 

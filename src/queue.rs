@@ -23,6 +23,14 @@
 //! what it took in a guard until that wake is over, and an unwind gives it back to the limiter.
 //! A call that wakes several waiters (a close, an eviction, a reconfiguration) wakes all of them
 //! before it lets a panic through: each already has its outcome and sees it only when polled.
+//! A release or a cancelled wait may run inside an unwind (a permit or a future dropped by a
+//! panicking task); the head it wakes then panicking too is dropped rather than let out of the
+//! drop, which would abort the process.
+//!
+//! Dropping a `Waker` may run user code too (its last clone frees what it owns, perhaps a permit
+//! of this very limiter, whose release takes the queue's mutex). So no registration is dropped
+//! under the mutex: one replaced by a newer waker, or left by a waiter that leaves, is dropped
+//! after unlocking.
 //!
 //! # The gate word
 //!
@@ -143,11 +151,17 @@ impl Wake {
         }
     }
 
-    fn register(&mut self, who: Registration<'_>) {
+    /// Registers `who`; returns the registration it replaced, for the caller to drop once it
+    /// has unlocked the queue: dropping a `Waker` can run user code (an `ArcWake` that owns a
+    /// permit of this very limiter), which must not find the queue's mutex held by its own thread.
+    #[must_use = "drop the replaced registration after unlocking"]
+    fn register(&mut self, who: Registration<'_>) -> Wake {
         match (who, &*self) {
-            (Registration::Task(new), Wake::Task(old)) if old.will_wake(new) => {}
-            (Registration::Task(new), _) => *self = Wake::Task(new.clone()),
-            (Registration::Thread(signal), _) => *self = Wake::Thread(Arc::clone(signal)),
+            (Registration::Task(new), Wake::Task(old)) if old.will_wake(new) => Wake::Nobody,
+            (Registration::Task(new), _) => std::mem::replace(self, Wake::Task(new.clone())),
+            (Registration::Thread(signal), _) => {
+                std::mem::replace(self, Wake::Thread(Arc::clone(signal)))
+            }
         }
     }
 }
@@ -281,47 +295,68 @@ impl WaitQueue {
     ) -> (Turn<T>, Wake) {
         let mut next = Wake::Nobody;
         let mut waiters = lock(&self.waiters);
-        if let Some(error) = waiters.failed.remove(&seq) {
-            return (Turn::Done(Err(error)), next);
-        }
-        if self.head(&waiters) != Some(seq) {
-            let turn = match waiters.live.get_mut(&seq) {
-                Some(me) => {
-                    me.wake.register(who);
-                    Turn::Wait(Blocked::Behind)
-                }
-                // Not queued and not failed: cannot happen while the ticket is held; answer as a
-                // closed queue rather than wait forever.
-                None => Turn::Done(Err(AcquireError::Closed)),
-            };
-            return (turn, next);
-        }
-        let turn = match take() {
-            Ok(value) => {
-                self.leave(&mut waiters, gate, seq, &mut next);
-                Turn::Done(Ok(value))
-            }
-            Err(Blocked::Fail(error)) => {
-                self.leave(&mut waiters, gate, seq, &mut next);
-                Turn::Done(Err(error))
-            }
-            Err(blocked) => {
-                if let Some(me) = waiters.live.get_mut(&seq) {
-                    me.wake.register(who);
-                }
-                Turn::Wait(blocked)
-            }
-        };
+        let (turn, stale) = self.turn_locked(&mut waiters, gate, seq, who, take, &mut next);
+        drop(waiters);
+        // Only now: a registration replaced or left behind may run user code as it is dropped
+        // (see `Wake::register`).
+        drop(stale);
         (turn, next)
     }
 
+    /// [`turn`](Self::turn) under the queue's mutex; also returns the registration it replaced
+    /// or that the leaving waiter left, to be dropped after unlocking.
+    fn turn_locked<T>(
+        &self,
+        waiters: &mut Waiters,
+        gate: &AtomicU64,
+        seq: u64,
+        who: Registration<'_>,
+        take: impl FnOnce() -> Result<T, Blocked>,
+        next: &mut Wake,
+    ) -> (Turn<T>, Wake) {
+        if let Some(error) = waiters.failed.remove(&seq) {
+            return (Turn::Done(Err(error)), Wake::Nobody);
+        }
+        if self.head(waiters) != Some(seq) {
+            return match waiters.live.get_mut(&seq) {
+                Some(me) => (Turn::Wait(Blocked::Behind), me.wake.register(who)),
+                // Not queued and not failed: cannot happen while the ticket is held; answer as a
+                // closed queue rather than wait forever.
+                None => (Turn::Done(Err(AcquireError::Closed)), Wake::Nobody),
+            };
+        }
+        match take() {
+            Ok(value) => {
+                let stale = self.leave(waiters, gate, seq, next);
+                (Turn::Done(Ok(value)), stale.unwrap_or(Wake::Nobody))
+            }
+            Err(Blocked::Fail(error)) => {
+                let stale = self.leave(waiters, gate, seq, next);
+                (Turn::Done(Err(error)), stale.unwrap_or(Wake::Nobody))
+            }
+            Err(blocked) => {
+                let stale = match waiters.live.get_mut(&seq) {
+                    Some(me) => me.wake.register(who),
+                    None => Wake::Nobody,
+                };
+                (Turn::Wait(blocked), stale)
+            }
+        }
+    }
+
     /// Removes live waiter `seq`; if it was the head, hands the turn to the next head (returned in
-    /// `next` to be woken after unlocking) or clears `WAITERS` when nobody is left.
-    fn leave(&self, waiters: &mut Waiters, gate: &AtomicU64, seq: u64, next: &mut Wake) -> bool {
+    /// `next` to be woken after unlocking) or clears `WAITERS` when nobody is left. Returns the
+    /// waiter's own registration if it was queued, for the caller to drop after unlocking (see
+    /// `Wake::register`); `None` if it was not.
+    fn leave(
+        &self,
+        waiters: &mut Waiters,
+        gate: &AtomicU64,
+        seq: u64,
+        next: &mut Wake,
+    ) -> Option<Wake> {
         let was_head = self.head(waiters) == Some(seq);
-        let Some(me) = waiters.live.remove(&seq) else {
-            return false;
-        };
+        let me = waiters.live.remove(&seq)?;
         waiters.permits -= Waiter::room(me.permits);
         if waiters.live.is_empty() {
             // Relaxed: see `enqueue`.
@@ -333,7 +368,7 @@ impl WaitQueue {
                 }
             }
         }
-        true
+        Some(me.wake)
     }
 
     /// Drops waiter `seq` (its future was dropped, or it timed out). Returns the counter the call
@@ -343,21 +378,28 @@ impl WaitQueue {
     /// was neither (nothing to count).
     fn cancel(&self, gate: &AtomicU64, seq: u64) -> Option<usize> {
         let mut next = Wake::Nobody;
-        let counted = {
+        let (counted, stale) = {
             let mut waiters = lock(&self.waiters);
             if waiters.failed.remove(&seq).is_some() {
-                Some(REJECTED)
-            } else if self.leave(&mut waiters, gate, seq, &mut next) {
-                Some(CANCELLED)
+                (Some(REJECTED), None)
             } else {
-                None
+                let stale = self.leave(&mut waiters, gate, seq, &mut next);
+                (stale.as_ref().map(|_| CANCELLED), stale)
             }
         };
-        next.wake();
+        // Only now that the queue is unlocked (see `Wake::register`).
+        drop(stale);
+        // Through `wake_all`: a ticket dropped by an unwinding task must not let the next head's
+        // panicking waker out of this drop (see `WakeAll::finish`).
+        wake_all([next], Wake::wake);
         counted
     }
 
     /// Wakes the head (a concurrency limiter's release saw `WAITERS`).
+    ///
+    /// The release is often a guard's drop, and that drop may run while its holder unwinds; the
+    /// head's waker then runs through `wake_all`, so that a panic in it is dropped instead of
+    /// aborting the process (see `WakeAll::finish`).
     pub(crate) fn wake_head(&self) {
         let wake = {
             let mut waiters = lock(&self.waiters);
@@ -369,7 +411,7 @@ impl WaitQueue {
                 None => Wake::Nobody,
             }
         };
-        wake.wake();
+        wake_all([wake], Wake::wake);
     }
 
     /// The limiter's parameters changed: every waiter that asks for more than `capacity` fails
@@ -377,6 +419,14 @@ impl WaitQueue {
     /// to try again under the new parameters (it may be admissible earlier, or later; it
     /// re-arms its timer either way).
     pub(crate) fn reconfigured(&self, gate: &AtomicU64, capacity: u32) {
+        self.reconfigure_waiters(gate, capacity).wake();
+    }
+
+    /// [`reconfigured`](Self::reconfigured) without the wake-ups, which the caller runs later:
+    /// for a caller that sweeps under a mutex of its own (so that sweeps run in the order of the
+    /// changes they follow) and wakes after releasing it, since a woken party's `Waker` may run
+    /// code that takes that mutex.
+    pub(crate) fn reconfigure_waiters(&self, gate: &AtomicU64, capacity: u32) -> Woken {
         let mut wakes = Vec::new();
         {
             let mut waiters = lock(&self.waiters);
@@ -410,7 +460,7 @@ impl WaitQueue {
                 }
             }
         }
-        wake_all(wakes, Wake::wake);
+        Woken(wakes)
     }
 
     /// Closes the queue if nobody waits in it: later enqueues fail with `Closed`. True if closed
@@ -453,6 +503,18 @@ impl WaitQueue {
             wakes
         };
         wake_all(wakes, Wake::wake);
+    }
+}
+
+/// Wake-ups owed by [`WaitQueue::reconfigure_waiters`]: each woken party already has its
+/// outcome, so they must be run ([`wake`](Self::wake)); dropping this unrun strands them.
+#[must_use = "the waiters it holds must be woken"]
+pub(crate) struct Woken(Vec<Wake>);
+
+impl Woken {
+    /// Wakes every party, all of them even if some wakers panic (see `WakeAll`).
+    pub(crate) fn wake(self) {
+        wake_all(self.0, Wake::wake);
     }
 }
 

@@ -336,3 +336,64 @@ async fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_
     );
     assert!(limiter.try_acquire().is_ok());
 }
+
+// A guard or a waiting future dropped by a panic in the code that held it wakes the next party
+// from inside that unwind. If that party's `Waker` panics too, the panic must not leave the drop:
+// a panic in a destructor during unwinding aborts the process.
+
+#[test]
+fn a_permit_dropped_by_an_unwinding_holder_wakes_a_panicking_head_without_aborting() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let mut head = Box::pin(limiter.acquire());
+    assert!(poll_with(head.as_mut(), &panicky()).is_pending());
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _held = held;
+        panic!("user code panics while holding a permit");
+    }));
+    let payload = unwound.expect_err("the user's panic was not propagated");
+    assert_eq!(
+        payload.downcast_ref::<&str>(),
+        Some(&"user code panics while holding a permit"),
+        "the panic that reached catch_unwind is not the user's"
+    );
+    let Poll::Ready(Ok(permit)) = poll_with(head.as_mut(), Waker::noop()) else {
+        panic!("the head was not served by the permit the unwinding holder gave back");
+    };
+    assert_eq!(limiter.available(), 0);
+    drop(permit);
+    assert_eq!(limiter.available(), 1);
+    assert_eq!(limiter.stats().waiting, 0);
+}
+
+#[test]
+fn a_waiting_future_dropped_by_an_unwinding_task_wakes_a_panicking_head_without_aborting() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let mut head = Box::pin(limiter.acquire());
+    let mut next = Box::pin(limiter.acquire());
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &panicky()).is_pending());
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _head = head;
+        panic!("user code panics while its acquire waits");
+    }));
+    let payload = unwound.expect_err("the user's panic was not propagated");
+    assert_eq!(
+        payload.downcast_ref::<&str>(),
+        Some(&"user code panics while its acquire waits"),
+        "the panic that reached catch_unwind is not the user's"
+    );
+    // `next` is the head now; it is served by the next release.
+    assert!(poll_with(next.as_mut(), Waker::noop()).is_pending());
+    drop(held);
+    let Poll::Ready(Ok(permit)) = poll_with(next.as_mut(), Waker::noop()) else {
+        panic!("the new head was not served");
+    };
+    drop((permit, next));
+    assert_eq!(limiter.available(), 1);
+    let stats = limiter.stats();
+    assert_eq!(stats.waiting, 0);
+    // `held` and `next` admitted; the dropped head gave up its wait.
+    assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (2, 0, 1));
+}

@@ -823,3 +823,31 @@ fn set_limit_reaches_every_key_even_if_a_waker_panics() {
     drop((waiters, held));
     assert_eq!(limiter.stats().waiting, 0);
 }
+
+/// A key's permit dropped by a panic in the code that held it wakes the key's head from inside
+/// that unwind; the head's waker panicking too must not abort the process, and the head gets the
+/// permit.
+#[test]
+fn a_permit_dropped_by_an_unwinding_holder_wakes_a_panicking_head_without_aborting() {
+    let limiter = KeyedConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire(&7u64).unwrap();
+    let mut head = Box::pin(limiter.acquire(&7));
+    assert!(poll_with(head.as_mut(), &panicky()).is_pending());
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _held = held;
+        panic!("user code panics while holding a permit");
+    }));
+    let payload = unwound.expect_err("the user's panic was not propagated");
+    assert_eq!(
+        payload.downcast_ref::<&str>(),
+        Some(&"user code panics while holding a permit"),
+        "the panic that reached catch_unwind is not the user's"
+    );
+    let std::task::Poll::Ready(Ok(permit)) = poll_with(head.as_mut(), Waker::noop()) else {
+        panic!("the head was not served by the permit the unwinding holder gave back");
+    };
+    assert_eq!(limiter.available(&7), 0);
+    drop((permit, head));
+    assert_eq!(limiter.available(&7), 1);
+    assert_eq!(limiter.stats().waiting, 0);
+}

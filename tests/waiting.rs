@@ -812,3 +812,128 @@ fn set_limit_wakes_every_failed_waiter_and_the_head_even_if_a_waker_panics() {
     ));
     drop(too_big);
 }
+
+/// Runs `f` on its own thread and fails if it has not finished within a minute: a test whose bug
+/// is a self-deadlock would otherwise hang the whole run instead of failing. On correct code the
+/// wait ends as soon as `f` does (a watchdog, not a sleep that moves time).
+fn must_not_deadlock(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        f();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => worker.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(worker.join().unwrap_err())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("deadlocked: {what}"),
+    }
+}
+
+/// A waker whose drop runs user code that uses the same limiter: it owns a permit of it (like an
+/// `ArcWake` holding resources, tokio#5429). Dropping such a waker under the queue's mutex makes
+/// the permit's release take that mutex again on the same thread.
+struct HoldsAPermit(#[allow(dead_code)] turnstile::OwnedPermit);
+
+impl std::task::Wake for HoldsAPermit {
+    fn wake(self: Arc<Self>) {}
+}
+
+#[test]
+fn a_replaced_waker_is_dropped_after_the_queue_is_unlocked() {
+    must_not_deadlock(
+        "a replaced waker was dropped under the queue's mutex",
+        || {
+            let limiter = ConcurrencyLimiter::new(2).unwrap();
+            let in_waker = limiter.try_acquire_owned(1).unwrap();
+            let held = limiter.try_acquire().unwrap();
+            let mut waiter = Box::pin(limiter.acquire());
+            let first = Waker::from(Arc::new(HoldsAPermit(in_waker)));
+            assert!(poll_with(waiter.as_mut(), &first).is_pending());
+            // The queue's clone is now the last one: replacing it drops the permit inside.
+            drop(first);
+            assert!(poll_with(waiter.as_mut(), Waker::noop()).is_pending());
+            // That permit's release woke the waiter, which takes it.
+            let Poll::Ready(Ok(permit)) = poll_with(waiter.as_mut(), Waker::noop()) else {
+                panic!("the permit released by the replaced waker did not reach the waiter");
+            };
+            assert_eq!(limiter.available(), 0);
+            drop((permit, held));
+            assert_eq!(limiter.available(), 2);
+        },
+    );
+}
+
+#[test]
+fn a_cancelled_waiters_waker_is_dropped_after_the_queue_is_unlocked() {
+    must_not_deadlock(
+        "a cancelled waiter's waker was dropped under the queue's mutex",
+        || {
+            let limiter = ConcurrencyLimiter::new(2).unwrap();
+            let in_waker = limiter.try_acquire_owned(1).unwrap();
+            let held = limiter.try_acquire().unwrap();
+            let mut first = Box::pin(limiter.acquire());
+            let mut second = Box::pin(limiter.acquire());
+            let waker = Waker::from(Arc::new(HoldsAPermit(in_waker)));
+            assert!(poll_with(first.as_mut(), &waker).is_pending());
+            assert!(poll_with(second.as_mut(), Waker::noop()).is_pending());
+            drop(waker);
+            // Leaving the queue drops the last clone, and the permit inside goes back.
+            drop(first);
+            let Poll::Ready(Ok(permit)) = poll_with(second.as_mut(), Waker::noop()) else {
+                panic!(
+                    "the permit released by the cancelled waiter's waker did not reach the next"
+                );
+            };
+            drop((permit, held));
+            assert_eq!(limiter.available(), 2);
+            assert_eq!(limiter.stats().waiting, 0);
+        },
+    );
+}
+
+/// A time limit too large for `Instant` (now + `Duration::MAX` overflows) means "no limit": the
+/// waiter neither panics nor times out, and is served by the release.
+#[test]
+fn a_blocking_time_limit_beyond_instant_waits_for_the_release() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            limiter
+                .acquire_blocking_timeout(1, Duration::MAX)
+                .map(|permit| permit.permits())
+        });
+        while limiter.stats().waiting < 1 {
+            std::thread::yield_now();
+        }
+        drop(held);
+        assert_eq!(waiter.join().unwrap(), Ok(1));
+    });
+    assert_eq!(limiter.available(), 1);
+    assert_eq!(limiter.stats().waiting, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_async_time_limit_beyond_instant_waits_for_the_release() {
+    let limiter = Arc::new(ConcurrencyLimiter::new(1).unwrap());
+    let held = limiter.try_acquire_owned(1).unwrap();
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move {
+            limiter
+                .acquire_timeout(1, Duration::MAX)
+                .await
+                .map(|permit| permit.permits())
+        })
+    };
+    settle().await;
+    assert_eq!(limiter.stats().waiting, 1);
+    // Years of paused time pass: still waiting, not timed out.
+    tokio::time::advance(Duration::from_secs(100 * 365 * 24 * 3600)).await;
+    settle().await;
+    assert_eq!(limiter.stats().waiting, 1);
+    drop(held);
+    assert_eq!(waiter.await.unwrap(), Ok(1));
+}
