@@ -13,8 +13,9 @@
 //!   reconfigure, and a ban that has run out leaves a full bucket, which the limiter evicts as
 //!   idle.
 //!
-//! Starting, extending and lifting bans are serialised by one mutex (they are rare: one per
-//! `after` failures, or an operator's call); checks and failures take no lock.
+//! Failures and everything that starts, extends or lifts a ban are serialised by one mutex
+//! per list (a failure holds it for one counter update, and for its ban if it starts one);
+//! checks take no lock.
 
 use crate::clock::{Clock, DefaultClock};
 use crate::error::{ConfigError, TryAcquireError};
@@ -235,11 +236,12 @@ struct Inner<K, C: Clock, S> {
     /// One token per [`BAN_RESOLUTION`], a burst of one: a key without its token is banned
     /// until the token comes back.
     bans: KeyedLimiter<K, C, S>,
-    /// Serialises what changes a ban (start, extend, lift): each reads the ban in force and
-    /// then charges or resets it, and a charge adds to what is there, so two of them
-    /// interleaved would add up (a longer ban than either asked for) or a lift between a read
-    /// and its charge would shorten the ban. Checks and failures that start no ban take no
-    /// lock.
+    /// Serialises failures and what changes a ban (start, extend, lift). A ban change reads
+    /// the ban in force and then charges or resets it, and a charge adds to what is there, so
+    /// two of them interleaved would add up (a longer ban than either asked for) or a lift
+    /// between a read and its charge would shorten the ban. A failure holds it from its count
+    /// to its ban: an `unban` between the two would forget the failure and then see the ban it
+    /// started land after it, a key banned with no failure counted. Checks take no lock.
     banning: Mutex<()>,
 }
 
@@ -551,6 +553,10 @@ where
     /// keys before the attempt (as it should) counts only the failures made since the ban
     /// ended.
     ///
+    /// A failure holds the list's one mutex from its count to the ban it starts, so that an
+    /// [`unban`](Self::unban) comes wholly before it (and the failure counts after the unban)
+    /// or wholly after it (and lifts its ban); checks never wait for it.
+    ///
     /// # Errors
     ///
     /// [`BanListFull`]: `key` is new to a table at its cap with nothing idle, so the failure
@@ -575,6 +581,9 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn fail(&self, key: &K) -> Result<FailOutcome, BanListFull> {
+        // From the count to the ban: an `unban` in between would forget this failure and then
+        // see its ban start after it (see `Inner::banning`).
+        let _one_at_a_time = lock(&self.inner.banning);
         let failures = match self.inner.failures.try_acquire(key) {
             Ok(admission) => u32::MAX - admission.remaining(),
             // `u32::MAX` failures in this window already: no more are counted.
@@ -583,7 +592,7 @@ where
         };
         let due = failures != u32::MAX && failures % self.inner.after == 0;
         let banned_for = if due {
-            Some(self.extend(key, self.inner.duration)?)
+            Some(self.extend_locked(key, self.inner.duration)?)
         } else {
             self.check(key).err().map(|b| b.retry_after)
         };
@@ -625,7 +634,8 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn ban(&self, key: &K, duration: Duration) -> Result<Duration, BanListFull> {
-        self.extend(key, duration)
+        let _one_at_a_time = lock(&self.inner.banning);
+        self.extend_locked(key, duration)
     }
 
     /// Lifts `key`'s ban now and forgets its failures (rate-limiter-flexible's `delete`): it
@@ -837,9 +847,9 @@ where
         }
     }
 
-    /// Makes `key`'s ban last at least `duration` from now; returns how long it lasts now.
-    fn extend(&self, key: &K, duration: Duration) -> Result<Duration, BanListFull> {
-        let _one_at_a_time = lock(&self.inner.banning);
+    /// Makes `key`'s ban last at least `duration` from now; returns how long it lasts now. The
+    /// caller holds `banning`.
+    fn extend_locked(&self, key: &K, duration: Duration) -> Result<Duration, BanListFull> {
         // What is left of the ban in force (0: none). Under the lock nothing else changes it;
         // time may pass before the charge, and if the ban ends meanwhile the charge starts
         // from a later now, so the ban still ends at least `duration` after this reading.

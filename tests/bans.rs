@@ -500,3 +500,41 @@ proptest! {
         }
     }
 }
+
+/// Real threads: an `unban` that lands between a failure's count and the ban that count
+/// starts. The failure was counted before the unban forgot it, so either the failure comes
+/// first (the unban lifts its ban: not banned, no failures) or the unban does (the failure is
+/// counted again after it: banned, one failure). Banned with no failure counted is neither.
+#[test]
+fn an_unban_racing_a_ban_starting_failure_leaves_no_ban_without_failures() {
+    const KEYS: u64 = 20_000;
+    let (bans, _clock) = list(1, 3600 * SEC, 60 * SEC);
+    let barrier = Barrier::new(2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            barrier.wait();
+            for k in 0..KEYS {
+                bans.fail(&k).unwrap();
+            }
+        });
+        s.spawn(|| {
+            barrier.wait();
+            for k in 0..KEYS {
+                // Once the failure is counted, its ban is about to start: unban now.
+                while bans.failures(&k) == 0 {
+                    std::hint::spin_loop();
+                }
+                bans.unban(&k);
+            }
+        });
+    });
+    let orphans: Vec<u64> = (0..KEYS)
+        .filter(|k| bans.check(k).is_err() && bans.failures(k) == 0)
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "{} keys banned with no failure counted, first {:?}",
+        orphans.len(),
+        orphans.first()
+    );
+}
