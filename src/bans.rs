@@ -166,7 +166,8 @@ impl std::error::Error for BanListFull {}
 #[non_exhaustive]
 pub struct FailOutcome {
     /// The key's failures in the current window of `within`, this one included (saturating at
-    /// `u32::MAX`: failures beyond that in one window are not counted and start no ban).
+    /// `u32::MAX`: that many is counted, and can start a ban, but failures beyond it in one
+    /// window are not counted and start no ban).
     pub failures: u32,
     /// This failure was an `after`-th of its window, so the key is now banned for at least the
     /// list's ban duration from now (a ban in force that ends later is kept as it is).
@@ -584,13 +585,14 @@ where
         // From the count to the ban: an `unban` in between would forget this failure and then
         // see its ban start after it (see `Inner::banning`).
         let _one_at_a_time = lock(&self.inner.banning);
-        let failures = match self.inner.failures.try_acquire(key) {
-            Ok(admission) => u32::MAX - admission.remaining(),
+        let counted = match self.inner.failures.try_acquire(key) {
+            Ok(admission) => Some(u32::MAX - admission.remaining()),
             // `u32::MAX` failures in this window already: no more are counted.
-            Err(TryAcquireError::Rejected(_)) => u32::MAX,
+            Err(TryAcquireError::Rejected(_)) => None,
             Err(_) => return Err(self.full()),
         };
-        let due = failures != u32::MAX && failures % self.inner.after == 0;
+        let due = starts_ban(counted, self.inner.after);
+        let failures = counted.unwrap_or(u32::MAX);
         let banned_for = if due {
             Some(self.extend_locked(key, self.inner.duration)?)
         } else {
@@ -881,5 +883,28 @@ where
             .check(key)
             .err()
             .map_or(Duration::ZERO, |b| b.retry_after))
+    }
+}
+
+/// Whether a failure starts a ban: it was counted (`Some` of its count in the window; `None`
+/// once the window's count is saturated) as an `after`-th.
+fn starts_ban(counted: Option<u32>, after: u32) -> bool {
+    counted.is_some_and(|n| n % after == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::starts_ban;
+
+    /// The `u32::MAX`-th failure of a window is counted (the next ones are not), so it starts a
+    /// ban when `after` divides it: with `after = u32::MAX` it is the only one that can.
+    #[test]
+    fn the_last_counted_failure_of_a_window_can_start_a_ban() {
+        assert!(starts_ban(Some(u32::MAX), u32::MAX));
+        assert!(starts_ban(Some(u32::MAX), 3)); // 3 divides 2^32 - 1
+        assert!(!starts_ban(Some(u32::MAX), 2));
+        assert!(!starts_ban(None, 1), "uncounted failures start no ban");
+        assert!(starts_ban(Some(4), 2));
+        assert!(!starts_ban(Some(5), 2));
     }
 }
