@@ -21,7 +21,7 @@ use crate::clock::{Clock, DefaultClock};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::keyed::{KeyOverflow, KeyedLimiter, DEFAULT_MAX_KEYS};
 use crate::limiter::{Algorithm, Rate};
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Arc, Counters, Mutex};
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
@@ -48,6 +48,61 @@ const RESOLUTION_NS: u128 = 1_000_000;
 /// The most tokens a ban ever charges: the bans' bucket holds its `tat` at 2^63 − 2 ns after
 /// the clock's epoch, so charging beyond 2^63 ns of ban changes nothing.
 const MAX_BAN_TOKENS: u128 = (1u128 << 63) / RESOLUTION_NS + 1;
+
+/// Index in `Inner::counters` of failures counted.
+const FAILURES: usize = 0;
+/// Index in `Inner::counters` of bans started or lengthened.
+const BANS: usize = 1;
+/// Index in `Inner::counters` of checks answered [`Banned`].
+const REFUSED: usize = 2;
+/// Index in `Inner::counters` of [`BanListFull`] errors returned.
+const FULL: usize = 3;
+
+/// Counts of a [`BanList`], for monitoring: from [`BanList::stats`].
+///
+/// The four event counts are kept per thread (no shared cache line is written to count) and
+/// summed when read: each is exact once the calls it counts have returned, and may lag by calls
+/// in flight. The key counts are snapshots.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{BanList, ManualClock};
+///
+/// let bans = BanList::builder(2, Duration::from_secs(60), Duration::from_secs(600))
+///     .clock(ManualClock::new())
+///     .build()?;
+/// bans.fail(&"mallory")?;
+/// bans.fail(&"mallory")?; // the second failure bans
+/// assert!(bans.check(&"mallory").is_err());
+/// let stats = bans.stats();
+/// assert_eq!((stats.failures, stats.bans, stats.refused, stats.full), (2, 1, 1, 0));
+/// assert_eq!((stats.failing_keys, stats.banned_keys), (1, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct BanStats {
+    /// Failures counted by [`fail`](BanList::fail): not those beyond `u32::MAX` in one window
+    /// of a key, nor those refused as [`BanListFull`] before they were counted.
+    pub failures: u64,
+    /// Bans started or lengthened: failures whose [`FailOutcome::ban_started`] is true (also
+    /// when a ban in force that ends later was kept), and [`ban`](BanList::ban) calls that
+    /// started a ban or made one in force longer.
+    pub bans: u64,
+    /// [`check`](BanList::check) calls answered [`Banned`]: the attempts a caller refused.
+    pub refused: u64,
+    /// [`BanListFull`] errors returned by [`fail`](BanList::fail) and [`ban`](BanList::ban):
+    /// failures or bans not recorded for want of room (a failure counted whose ban was not
+    /// recorded counts in `failures` too).
+    pub full: u64,
+    /// Keys with failures held now, including those of a window that has passed and not yet
+    /// been evicted.
+    pub failing_keys: usize,
+    /// Keys with a ban held now, including bans that have ended and not yet been evicted.
+    pub banned_keys: usize,
+}
 
 /// A key is banned: the answer of [`BanList::check`].
 ///
@@ -244,6 +299,8 @@ struct Inner<K, C: Clock, S> {
     /// to its ban: an `unban` between the two would forget the failure and then see the ban it
     /// started land after it, a key banned with no failure counted. Checks take no lock.
     banning: Mutex<()>,
+    /// Event counts for [`BanList::stats`], indexed by `FAILURES`, `BANS`, `REFUSED`, `FULL`.
+    counters: Counters,
 }
 
 impl<K, C: Clock, S> Clone for BanList<K, C, S> {
@@ -506,6 +563,7 @@ where
                 failures,
                 bans,
                 banning: Mutex::new(()),
+                counters: Counters::new(),
             }),
         })
     }
@@ -536,13 +594,12 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check(&self, key: &K) -> Result<(), Banned> {
-        // A check of one token that takes nothing and inserts no cell; a key not held (or one
-        // the table has no room for) has its token.
-        match self.inner.bans.chain_decide::<false>(key, 1).0 {
-            Err(TryAcquireError::Rejected(r)) => Err(Banned {
-                retry_after: r.retry_after(),
-            }),
-            _ => Ok(()),
+        match self.left(key) {
+            Some(retry_after) => {
+                self.inner.counters.bump(REFUSED);
+                Err(Banned { retry_after })
+            }
+            None => Ok(()),
         }
     }
 
@@ -586,7 +643,10 @@ where
         // see its ban start after it (see `Inner::banning`).
         let _one_at_a_time = lock(&self.inner.banning);
         let counted = match self.inner.failures.try_acquire(key) {
-            Ok(admission) => Some(u32::MAX - admission.remaining()),
+            Ok(admission) => {
+                self.inner.counters.bump(FAILURES);
+                Some(u32::MAX - admission.remaining())
+            }
             // `u32::MAX` failures in this window already: no more are counted.
             Err(TryAcquireError::Rejected(_)) => None,
             Err(_) => return Err(self.full()),
@@ -594,9 +654,11 @@ where
         let due = starts_ban(counted, self.inner.after);
         let failures = counted.unwrap_or(u32::MAX);
         let banned_for = if due {
-            Some(self.extend_locked(key, self.inner.duration)?)
+            let (left, _) = self.extend_locked(key, self.inner.duration)?;
+            self.inner.counters.bump(BANS);
+            Some(left)
         } else {
-            self.check(key).err().map(|b| b.retry_after)
+            self.left(key)
         };
         Ok(FailOutcome {
             failures,
@@ -637,7 +699,11 @@ where
     /// ```
     pub fn ban(&self, key: &K, duration: Duration) -> Result<Duration, BanListFull> {
         let _one_at_a_time = lock(&self.inner.banning);
-        self.extend_locked(key, duration)
+        let (left, lengthened) = self.extend_locked(key, duration)?;
+        if lengthened {
+            self.inner.counters.bump(BANS);
+        }
+        Ok(left)
     }
 
     /// Lifts `key`'s ban now and forgets its failures (rate-limiter-flexible's `delete`): it
@@ -662,7 +728,7 @@ where
     /// ```
     pub fn unban(&self, key: &K) -> bool {
         let _one_at_a_time = lock(&self.inner.banning);
-        let banned = self.check(key).is_err();
+        let banned = self.left(key).is_some();
         self.inner.failures.reset(key);
         self.inner.bans.reset(key);
         banned
@@ -740,6 +806,95 @@ where
     /// ```
     pub fn sweep(&self) -> usize {
         self.inner.failures.sweep() + self.inner.bans.sweep()
+    }
+
+    /// Sweeps every `every` (as [`sweep`](Self::sweep)) until the last handle to the list is
+    /// dropped: spawn it on tokio (`tokio::spawn(bans.run_sweeper(Duration::from_secs(10)))`)
+    /// to return memory from idle keys without waiting for new keys to arrive. An `every`
+    /// under one millisecond sweeps every millisecond.
+    ///
+    /// It holds only a weak reference, so it does not keep the list alive, and the tables'
+    /// sweep flags keep it from sweeping a shard that a call is already sweeping.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it holds nothing across its awaits but the weak reference; dropping it
+    /// stops the sweeping and leaves the list as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{BanList, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let bans = BanList::builder(1, Duration::from_secs(1), Duration::from_secs(2))
+    ///     .clock(TokioClock::new())
+    ///     .build()?;
+    /// let sweeper = tokio::spawn(bans.run_sweeper(Duration::from_secs(5)));
+    /// bans.fail(&"mallory")?; // a failure and a ban: two entries
+    /// tokio::time::sleep(Duration::from_secs(6)).await;
+    /// assert!(bans.is_empty());
+    /// drop(bans);
+    /// sweeper.await?; // ends once the list is gone
+    /// # Ok(())
+    /// # }
+    /// ```
+    // Not under loom: loom's `Arc` has no weak references (as `KeyedLimiter::run_sweeper`).
+    #[cfg(all(feature = "tokio", not(turnstile_loom)))]
+    pub fn run_sweeper(
+        &self,
+        every: Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static
+    where
+        C: 'static,
+    {
+        let weak = Arc::downgrade(&self.inner);
+        async move {
+            let mut ticks = tokio::time::interval(every.max(BAN_RESOLUTION));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                inner.failures.sweep();
+                inner.bans.sweep();
+            }
+        }
+    }
+
+    /// Counts for monitoring: failures, bans and refusals so far, and keys held now (see
+    /// [`BanStats`]). Cheap: it sums a few per-thread counters and reads two key counts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{BanList, ManualClock};
+    ///
+    /// let bans = BanList::builder(5, Duration::from_secs(60), Duration::from_secs(60))
+    ///     .clock(ManualClock::new())
+    ///     .max_keys(1)
+    ///     .build()?;
+    /// bans.ban(&"mallory", Duration::from_secs(60))?;
+    /// assert!(bans.ban(&"eve", Duration::from_secs(60)).is_err()); // no room
+    /// let stats = bans.stats();
+    /// assert_eq!((stats.bans, stats.full, stats.banned_keys), (1, 1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats(&self) -> BanStats {
+        let counters = &self.inner.counters;
+        BanStats {
+            failures: counters.sum(FAILURES),
+            bans: counters.sum(BANS),
+            refused: counters.sum(REFUSED),
+            full: counters.sum(FULL),
+            failing_keys: self.inner.failures.len(),
+            banned_keys: self.inner.bans.len(),
+        }
     }
 
     /// Entries held now: keys with failures counted plus keys with a ban (a key with both
@@ -843,24 +998,33 @@ where
         self.inner.duration
     }
 
+    /// What is left of `key`'s ban; `None` if it is not banned. Counts nothing.
+    fn left(&self, key: &K) -> Option<Duration> {
+        // A check of one token that takes nothing and inserts no cell; a key not held (or one
+        // the table has no room for) has its token.
+        match self.inner.bans.chain_decide::<false>(key, 1).0 {
+            Err(TryAcquireError::Rejected(r)) => Some(r.retry_after()),
+            _ => None,
+        }
+    }
+
+    /// A [`BanListFull`] to return, counted.
     fn full(&self) -> BanListFull {
+        self.inner.counters.bump(FULL);
         BanListFull {
             max_keys: self.inner.failures.max_keys(),
         }
     }
 
-    /// Makes `key`'s ban last at least `duration` from now; returns how long it lasts now. The
-    /// caller holds `banning`.
-    fn extend_locked(&self, key: &K, duration: Duration) -> Result<Duration, BanListFull> {
+    /// Makes `key`'s ban last at least `duration` from now; returns how long it lasts now and
+    /// whether this started or lengthened it. The caller holds `banning`.
+    fn extend_locked(&self, key: &K, duration: Duration) -> Result<(Duration, bool), BanListFull> {
         // What is left of the ban in force (0: none). Under the lock nothing else changes it;
         // time may pass before the charge, and if the ban ends meanwhile the charge starts
         // from a later now, so the ban still ends at least `duration` after this reading.
-        let left = match self.check(key) {
-            Err(banned) => banned.retry_after,
-            Ok(()) => Duration::ZERO,
-        };
+        let left = self.left(key).unwrap_or(Duration::ZERO);
         let Some(more) = duration.checked_sub(left).filter(|d| !d.is_zero()) else {
-            return Ok(left);
+            return Ok((left, false));
         };
         // Whole resolutions, rounded up, in charges of at most `u32::MAX` tokens; beyond
         // `MAX_BAN_TOKENS` the bucket saturates and a charge would change nothing.
@@ -872,17 +1036,10 @@ where
                 // Only `TooManyKeys` (a charge is never rejected): a new key at the cap. It
                 // can only fail the first charge, which records nothing: the key holds a cell
                 // from then on, banned and so never idle.
-                Err(_) => {
-                    return Err(BanListFull {
-                        max_keys: self.inner.bans.max_keys(),
-                    })
-                }
+                Err(_) => return Err(self.full()),
             }
         }
-        Ok(self
-            .check(key)
-            .err()
-            .map_or(Duration::ZERO, |b| b.retry_after))
+        Ok((self.left(key).unwrap_or(Duration::ZERO), true))
     }
 }
 
