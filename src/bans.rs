@@ -250,10 +250,10 @@ pub struct FailOutcome {
 ///   key; a ban's `retry_after` is exact.
 /// - **Memory** is bounded: each of the two tables (failures, bans) holds at most
 ///   [`max_keys`](BanListBuilder::max_keys) keys; a key whose window has passed with no ban in
-///   force is idle and evicted (incrementally, at the cap, or by [`sweep`](Self::sweep)). At
-///   the cap with nothing idle, a new key's failure or ban is not recorded and the call says so
-///   ([`BanListFull`]): no ban in force is ever evicted, and no key is banned for another's
-///   failures.
+///   force is idle and evicted (incrementally, at the cap, by [`sweep`](Self::sweep), or in
+///   the background by `run_sweeper`, feature `tokio`). At the cap with nothing idle, a new
+///   key's failure or ban is not recorded and the call says so ([`BanListFull`]): no ban in
+///   force is ever evicted, and no key is banned for another's failures.
 ///
 /// Cloning is cheap and clones share state. Everything lives in this process.
 ///
