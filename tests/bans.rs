@@ -447,8 +447,13 @@ proptest! {
         let within = within_ms * MS;
         let (bans, clock) = list(after, Duration::from_nanos(within), Duration::from_nanos(ban_ns));
         let mut model = Model::default();
+        // Every check the test makes that answers Banned is a refusal in the stats.
+        let refused = std::cell::Cell::new(0u64);
+        let (mut failed, mut banned) = (0u64, 0u64);
         let key_left = |bans: &BanList<u64, ManualClock>, k| {
-            bans.check(&k).err().map(|b| b.retry_after().as_nanos() as u64)
+            let left = bans.check(&k).err().map(|b| b.retry_after().as_nanos() as u64);
+            refused.set(refused.get() + u64::from(left.is_some()));
+            left
         };
         for op in ops {
             match op {
@@ -460,6 +465,8 @@ proptest! {
                     if due {
                         model.extend(k, ban_ns);
                     }
+                    failed += 1;
+                    banned += u64::from(due);
                     prop_assert_eq!(got.failures, count);
                     prop_assert_eq!(got.ban_started, due);
                     prop_assert_eq!(got.banned_for.map(|d| d.as_nanos() as u64), model.left(k));
@@ -470,7 +477,9 @@ proptest! {
                 }
                 Op::Ban(k, d) => {
                     let got = bans.ban(&k, Duration::from_nanos(d)).unwrap();
+                    let before = model.left(k).unwrap_or(0);
                     prop_assert_eq!(got.as_nanos() as u64, model.extend(k, d));
+                    banned += u64::from(d > before);
                 }
                 Op::Unban(k) => {
                     let was = model.left(k).is_some();
@@ -497,6 +506,9 @@ proptest! {
             for k in 0..3 {
                 prop_assert_eq!(key_left(&bans, k), model.left(k));
             }
+            let stats = bans.stats();
+            prop_assert_eq!((stats.failures, stats.bans, stats.full), (failed, banned, 0));
+            prop_assert_eq!(stats.refused, refused.get());
         }
     }
 }
