@@ -1,7 +1,7 @@
 //! Loom model of `BanList::fail` racing `BanList::unban` (`src/bans.rs`).
 //!
 //! Protocol: a failure counts itself in the failures table and, if it is an `after`-th, charges
-//! the bans table; an unban resets both tables. Both hold the list's mutex throughout, so an
+//! the bans table; an unban resets both tables. Both hold the key's stripe mutex throughout, so an
 //! unban comes wholly before a failure (which then counts after it, and bans) or wholly after
 //! it (and lifts its ban). Without the failure's hold from its count on, an unban between the
 //! count and the charge forgot the failure and then saw its ban land: a key banned with no

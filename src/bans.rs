@@ -13,15 +13,17 @@
 //!   reconfigure, and a ban that has run out leaves a full bucket, which the limiter evicts as
 //!   idle.
 //!
-//! Failures and everything that starts, extends or lifts a ban are serialised by one mutex
-//! per list (a failure holds it for one counter update, and for its ban if it starts one);
-//! checks take no lock.
+//! Failures and everything that starts, extends or lifts a ban are serialised per key by one
+//! of a few striped mutexes (a failure holds its key's for one counter update, and for its ban
+//! if it starts one), so keys of different stripes never wait for each other; checks take no
+//! lock.
 
 use crate::clock::{Clock, DefaultClock};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::keyed::{KeyOverflow, KeyedLimiter, DEFAULT_MAX_KEYS};
 use crate::limiter::{Algorithm, Rate};
-use crate::sync::{lock, Arc, Counters, Mutex};
+use crate::sync::{lock, Arc, Counters, Mutex, MutexGuard};
+use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
@@ -48,6 +50,10 @@ const RESOLUTION_NS: u128 = 1_000_000;
 /// The most tokens a ban ever charges: the bans' bucket holds its `tat` at 2^63 − 2 ns after
 /// the clock's epoch, so charging beyond 2^63 ns of ban changes nothing.
 const MAX_BAN_TOKENS: u128 = (1u128 << 63) / RESOLUTION_NS + 1;
+
+/// Most stripes of `Inner::banning`: each is cache-padded, so 64 of them cost 8 KiB a list,
+/// and a flood of failures over many keys meets another key's lock one time in 64 at most.
+const MAX_STRIPES: usize = 64;
 
 /// Index in `Inner::counters` of failures counted.
 const FAILURES: usize = 0;
@@ -292,13 +298,15 @@ struct Inner<K, C: Clock, S> {
     /// One token per [`BAN_RESOLUTION`], a burst of one: a key without its token is banned
     /// until the token comes back.
     bans: KeyedLimiter<K, C, S>,
-    /// Serialises failures and what changes a ban (start, extend, lift). A ban change reads
+    /// Serialise failures and what changes a ban (start, extend, lift) of the keys of one
+    /// stripe (`BanList::stripe`: the key's shard in the failures table, modulo the stripe
+    /// count, a power of two); keys of different stripes never wait for each other. A ban change reads
     /// the ban in force and then charges or resets it, and a charge adds to what is there, so
     /// two of them interleaved would add up (a longer ban than either asked for) or a lift
     /// between a read and its charge would shorten the ban. A failure holds it from its count
     /// to its ban: an `unban` between the two would forget the failure and then see the ban it
     /// started land after it, a key banned with no failure counted. Checks take no lock.
-    banning: Mutex<()>,
+    banning: Box<[CachePadded<Mutex<()>>]>,
     /// Event counts for [`BanList::stats`], indexed by `FAILURES`, `BANS`, `REFUSED`, `FULL`.
     counters: Counters,
 }
@@ -555,6 +563,9 @@ where
             rate: Rate::new(1, BAN_RESOLUTION),
             burst: 1,
         })?;
+        // As many stripes as the failures table has shards, up to `MAX_STRIPES` (both powers
+        // of two, so a key's stripe is its shard's low bits).
+        let stripes = crate::keyed::shard_count(self.max_keys).min(MAX_STRIPES);
         Ok(BanList {
             inner: Arc::new(Inner {
                 after: self.after,
@@ -562,7 +573,9 @@ where
                 duration: self.duration,
                 failures,
                 bans,
-                banning: Mutex::new(()),
+                banning: (0..stripes)
+                    .map(|_| CachePadded::new(Mutex::new(())))
+                    .collect(),
                 counters: Counters::new(),
             }),
         })
@@ -611,7 +624,7 @@ where
     /// keys before the attempt (as it should) counts only the failures made since the ban
     /// ended.
     ///
-    /// A failure holds the list's one mutex from its count to the ban it starts, so that an
+    /// A failure holds its key's lock from its count to the ban it starts, so that an
     /// [`unban`](Self::unban) comes wholly before it (and the failure counts after the unban)
     /// or wholly after it (and lifts its ban); checks never wait for it.
     ///
@@ -641,7 +654,7 @@ where
     pub fn fail(&self, key: &K) -> Result<FailOutcome, BanListFull> {
         // From the count to the ban: an `unban` in between would forget this failure and then
         // see its ban start after it (see `Inner::banning`).
-        let _one_at_a_time = lock(&self.inner.banning);
+        let _one_at_a_time = self.stripe(key);
         let counted = match self.inner.failures.try_acquire(key) {
             Ok(admission) => {
                 self.inner.counters.bump(FAILURES);
@@ -698,7 +711,7 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn ban(&self, key: &K, duration: Duration) -> Result<Duration, BanListFull> {
-        let _one_at_a_time = lock(&self.inner.banning);
+        let _one_at_a_time = self.stripe(key);
         let (left, lengthened) = self.extend_locked(key, duration)?;
         if lengthened {
             self.inner.counters.bump(BANS);
@@ -727,7 +740,7 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn unban(&self, key: &K) -> bool {
-        let _one_at_a_time = lock(&self.inner.banning);
+        let _one_at_a_time = self.stripe(key);
         let banned = self.left(key).is_some();
         self.inner.failures.reset(key);
         self.inner.bans.reset(key);
@@ -996,6 +1009,13 @@ where
     /// ```
     pub fn duration(&self) -> Duration {
         self.inner.duration
+    }
+
+    /// Locks `key`'s stripe of `Inner::banning`.
+    fn stripe(&self, key: &K) -> MutexGuard<'_, ()> {
+        let stripes = &self.inner.banning;
+        // `stripes.len()` is a power of two, so the mask keeps the shard's low bits.
+        lock(&stripes[self.inner.failures.shard(key) & (stripes.len() - 1)])
     }
 
     /// What is left of `key`'s ban; `None` if it is not banned. Counts nothing.
