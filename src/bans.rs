@@ -13,14 +13,17 @@
 //!   reconfigure, and a ban that has run out leaves a full bucket, which the limiter evicts as
 //!   idle.
 //!
-//! Starting, extending and lifting bans are serialised by one mutex (they are rare: one per
-//! `after` failures, or an operator's call); checks and failures take no lock.
+//! Failures and everything that starts, extends or lifts a ban are serialised per key by one
+//! of a few striped mutexes (a failure holds its key's for one counter update, and for its ban
+//! if it starts one), so keys of different stripes never wait for each other; checks take no
+//! lock.
 
 use crate::clock::{Clock, DefaultClock};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::keyed::{KeyOverflow, KeyedLimiter, DEFAULT_MAX_KEYS};
 use crate::limiter::{Algorithm, Rate};
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Arc, Counters, Mutex, MutexGuard};
+use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
@@ -47,6 +50,65 @@ const RESOLUTION_NS: u128 = 1_000_000;
 /// The most tokens a ban ever charges: the bans' bucket holds its `tat` at 2^63 − 2 ns after
 /// the clock's epoch, so charging beyond 2^63 ns of ban changes nothing.
 const MAX_BAN_TOKENS: u128 = (1u128 << 63) / RESOLUTION_NS + 1;
+
+/// Most stripes of `Inner::banning`: each is cache-padded, so 64 of them cost 8 KiB a list,
+/// and a flood of failures over many keys meets another key's lock one time in 64 at most.
+const MAX_STRIPES: usize = 64;
+
+/// Index in `Inner::counters` of failures counted.
+const FAILURES: usize = 0;
+/// Index in `Inner::counters` of bans started or lengthened.
+const BANS: usize = 1;
+/// Index in `Inner::counters` of checks answered [`Banned`].
+const REFUSED: usize = 2;
+/// Index in `Inner::counters` of [`BanListFull`] errors returned.
+const FULL: usize = 3;
+
+/// Counts of a [`BanList`], for monitoring: from [`BanList::stats`].
+///
+/// The four event counts are kept per thread (no shared cache line is written to count) and
+/// summed when read: each is exact once the calls it counts have returned, and may lag by calls
+/// in flight. The key counts are snapshots.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{BanList, ManualClock};
+///
+/// let bans = BanList::builder(2, Duration::from_secs(60), Duration::from_secs(600))
+///     .clock(ManualClock::new())
+///     .build()?;
+/// bans.fail(&"mallory")?;
+/// bans.fail(&"mallory")?; // the second failure bans
+/// assert!(bans.check(&"mallory").is_err());
+/// let stats = bans.stats();
+/// assert_eq!((stats.failures, stats.bans, stats.refused, stats.full), (2, 1, 1, 0));
+/// assert_eq!((stats.failing_keys, stats.banned_keys), (1, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct BanStats {
+    /// Failures counted by [`fail`](BanList::fail): not those beyond `u32::MAX` in one window
+    /// of a key, nor those refused as [`BanListFull`] before they were counted.
+    pub failures: u64,
+    /// Bans started or lengthened: failures whose [`FailOutcome::ban_started`] is true (also
+    /// when a ban in force that ends later was kept), and [`ban`](BanList::ban) calls that
+    /// started a ban or made one in force longer.
+    pub bans: u64,
+    /// [`check`](BanList::check) calls answered [`Banned`]: the attempts a caller refused.
+    pub refused: u64,
+    /// [`BanListFull`] errors returned by [`fail`](BanList::fail) and [`ban`](BanList::ban):
+    /// failures or bans not recorded for want of room (a failure counted whose ban was not
+    /// recorded counts in `failures` too).
+    pub full: u64,
+    /// Keys with failures held now, including those of a window that has passed and not yet
+    /// been evicted.
+    pub failing_keys: usize,
+    /// Keys with a ban held now, including bans that have ended and not yet been evicted.
+    pub banned_keys: usize,
+}
 
 /// A key is banned: the answer of [`BanList::check`].
 ///
@@ -165,7 +227,8 @@ impl std::error::Error for BanListFull {}
 #[non_exhaustive]
 pub struct FailOutcome {
     /// The key's failures in the current window of `within`, this one included (saturating at
-    /// `u32::MAX`: failures beyond that in one window are not counted and start no ban).
+    /// `u32::MAX`: that many is counted, and can start a ban, but failures beyond it in one
+    /// window are not counted and start no ban).
     pub failures: u32,
     /// This failure was an `after`-th of its window, so the key is now banned for at least the
     /// list's ban duration from now (a ban in force that ends later is kept as it is).
@@ -193,10 +256,10 @@ pub struct FailOutcome {
 ///   key; a ban's `retry_after` is exact.
 /// - **Memory** is bounded: each of the two tables (failures, bans) holds at most
 ///   [`max_keys`](BanListBuilder::max_keys) keys; a key whose window has passed with no ban in
-///   force is idle and evicted (incrementally, at the cap, or by [`sweep`](Self::sweep)). At
-///   the cap with nothing idle, a new key's failure or ban is not recorded and the call says so
-///   ([`BanListFull`]): no ban in force is ever evicted, and no key is banned for another's
-///   failures.
+///   force is idle and evicted (incrementally, at the cap, by [`sweep`](Self::sweep), or in
+///   the background by `run_sweeper`, feature `tokio`). At the cap with nothing idle, a new
+///   key's failure or ban is not recorded and the call says so ([`BanListFull`]): no ban in
+///   force is ever evicted, and no key is banned for another's failures.
 ///
 /// Cloning is cheap and clones share state. Everything lives in this process.
 ///
@@ -235,12 +298,17 @@ struct Inner<K, C: Clock, S> {
     /// One token per [`BAN_RESOLUTION`], a burst of one: a key without its token is banned
     /// until the token comes back.
     bans: KeyedLimiter<K, C, S>,
-    /// Serialises what changes a ban (start, extend, lift): each reads the ban in force and
-    /// then charges or resets it, and a charge adds to what is there, so two of them
-    /// interleaved would add up (a longer ban than either asked for) or a lift between a read
-    /// and its charge would shorten the ban. Checks and failures that start no ban take no
-    /// lock.
-    banning: Mutex<()>,
+    /// Serialise failures and what changes a ban (start, extend, lift) of the keys of one
+    /// stripe (`BanList::stripe`: the key's shard in the failures table, modulo the stripe
+    /// count, a power of two); keys of different stripes never wait for each other. A ban change reads
+    /// the ban in force and then charges or resets it, and a charge adds to what is there, so
+    /// two of them interleaved would add up (a longer ban than either asked for) or a lift
+    /// between a read and its charge would shorten the ban. A failure holds it from its count
+    /// to its ban: an `unban` between the two would forget the failure and then see the ban it
+    /// started land after it, a key banned with no failure counted. Checks take no lock.
+    banning: Box<[CachePadded<Mutex<()>>]>,
+    /// Event counts for [`BanList::stats`], indexed by `FAILURES`, `BANS`, `REFUSED`, `FULL`.
+    counters: Counters,
 }
 
 impl<K, C: Clock, S> Clone for BanList<K, C, S> {
@@ -495,6 +563,9 @@ where
             rate: Rate::new(1, BAN_RESOLUTION),
             burst: 1,
         })?;
+        // As many stripes as the failures table has shards, up to `MAX_STRIPES` (both powers
+        // of two, so a key's stripe is its shard's low bits).
+        let stripes = crate::keyed::shard_count(self.max_keys).min(MAX_STRIPES);
         Ok(BanList {
             inner: Arc::new(Inner {
                 after: self.after,
@@ -502,7 +573,10 @@ where
                 duration: self.duration,
                 failures,
                 bans,
-                banning: Mutex::new(()),
+                banning: (0..stripes)
+                    .map(|_| CachePadded::new(Mutex::new(())))
+                    .collect(),
+                counters: Counters::new(),
             }),
         })
     }
@@ -533,13 +607,12 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check(&self, key: &K) -> Result<(), Banned> {
-        // A check of one token that takes nothing and inserts no cell; a key not held (or one
-        // the table has no room for) has its token.
-        match self.inner.bans.chain_decide::<false>(key, 1).0 {
-            Err(TryAcquireError::Rejected(r)) => Err(Banned {
-                retry_after: r.retry_after(),
-            }),
-            _ => Ok(()),
+        match self.left(key) {
+            Some(retry_after) => {
+                self.inner.counters.bump(REFUSED);
+                Err(Banned { retry_after })
+            }
+            None => Ok(()),
         }
     }
 
@@ -550,6 +623,10 @@ where
     /// Failures are counted whether or not the key is banned; a caller that refuses banned
     /// keys before the attempt (as it should) counts only the failures made since the ban
     /// ended.
+    ///
+    /// A failure holds its key's lock from its count to the ban it starts, so that an
+    /// [`unban`](Self::unban) comes wholly before it (and the failure counts after the unban)
+    /// or wholly after it (and lifts its ban); checks never wait for it.
     ///
     /// # Errors
     ///
@@ -575,17 +652,26 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn fail(&self, key: &K) -> Result<FailOutcome, BanListFull> {
-        let failures = match self.inner.failures.try_acquire(key) {
-            Ok(admission) => u32::MAX - admission.remaining(),
+        // From the count to the ban: an `unban` in between would forget this failure and then
+        // see its ban start after it (see `Inner::banning`).
+        let _one_at_a_time = self.stripe(key);
+        let counted = match self.inner.failures.try_acquire(key) {
+            Ok(admission) => {
+                self.inner.counters.bump(FAILURES);
+                Some(u32::MAX - admission.remaining())
+            }
             // `u32::MAX` failures in this window already: no more are counted.
-            Err(TryAcquireError::Rejected(_)) => u32::MAX,
+            Err(TryAcquireError::Rejected(_)) => None,
             Err(_) => return Err(self.full()),
         };
-        let due = failures != u32::MAX && failures % self.inner.after == 0;
+        let due = starts_ban(counted, self.inner.after);
+        let failures = counted.unwrap_or(u32::MAX);
         let banned_for = if due {
-            Some(self.extend(key, self.inner.duration)?)
+            let (left, _) = self.extend_locked(key, self.inner.duration)?;
+            self.inner.counters.bump(BANS);
+            Some(left)
         } else {
-            self.check(key).err().map(|b| b.retry_after)
+            self.left(key)
         };
         Ok(FailOutcome {
             failures,
@@ -625,7 +711,12 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn ban(&self, key: &K, duration: Duration) -> Result<Duration, BanListFull> {
-        self.extend(key, duration)
+        let _one_at_a_time = self.stripe(key);
+        let (left, lengthened) = self.extend_locked(key, duration)?;
+        if lengthened {
+            self.inner.counters.bump(BANS);
+        }
+        Ok(left)
     }
 
     /// Lifts `key`'s ban now and forgets its failures (rate-limiter-flexible's `delete`): it
@@ -649,8 +740,8 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn unban(&self, key: &K) -> bool {
-        let _one_at_a_time = lock(&self.inner.banning);
-        let banned = self.check(key).is_err();
+        let _one_at_a_time = self.stripe(key);
+        let banned = self.left(key).is_some();
         self.inner.failures.reset(key);
         self.inner.bans.reset(key);
         banned
@@ -728,6 +819,95 @@ where
     /// ```
     pub fn sweep(&self) -> usize {
         self.inner.failures.sweep() + self.inner.bans.sweep()
+    }
+
+    /// Sweeps every `every` (as [`sweep`](Self::sweep)) until the last handle to the list is
+    /// dropped: spawn it on tokio (`tokio::spawn(bans.run_sweeper(Duration::from_secs(10)))`)
+    /// to return memory from idle keys without waiting for new keys to arrive. An `every`
+    /// under one millisecond sweeps every millisecond.
+    ///
+    /// It holds only a weak reference, so it does not keep the list alive, and the tables'
+    /// sweep flags keep it from sweeping a shard that a call is already sweeping.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it holds nothing across its awaits but the weak reference; dropping it
+    /// stops the sweeping and leaves the list as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{BanList, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let bans = BanList::builder(1, Duration::from_secs(1), Duration::from_secs(2))
+    ///     .clock(TokioClock::new())
+    ///     .build()?;
+    /// let sweeper = tokio::spawn(bans.run_sweeper(Duration::from_secs(5)));
+    /// bans.fail(&"mallory")?; // a failure and a ban: two entries
+    /// tokio::time::sleep(Duration::from_secs(6)).await;
+    /// assert!(bans.is_empty());
+    /// drop(bans);
+    /// sweeper.await?; // ends once the list is gone
+    /// # Ok(())
+    /// # }
+    /// ```
+    // Not under loom: loom's `Arc` has no weak references (as `KeyedLimiter::run_sweeper`).
+    #[cfg(all(feature = "tokio", not(turnstile_loom)))]
+    pub fn run_sweeper(
+        &self,
+        every: Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static
+    where
+        C: 'static,
+    {
+        let weak = Arc::downgrade(&self.inner);
+        async move {
+            let mut ticks = tokio::time::interval(every.max(BAN_RESOLUTION));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                inner.failures.sweep();
+                inner.bans.sweep();
+            }
+        }
+    }
+
+    /// Counts for monitoring: failures, bans and refusals so far, and keys held now (see
+    /// [`BanStats`]). Cheap: it sums a few per-thread counters and reads two key counts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{BanList, ManualClock};
+    ///
+    /// let bans = BanList::builder(5, Duration::from_secs(60), Duration::from_secs(60))
+    ///     .clock(ManualClock::new())
+    ///     .max_keys(1)
+    ///     .build()?;
+    /// bans.ban(&"mallory", Duration::from_secs(60))?;
+    /// assert!(bans.ban(&"eve", Duration::from_secs(60)).is_err()); // no room
+    /// let stats = bans.stats();
+    /// assert_eq!((stats.bans, stats.full, stats.banned_keys), (1, 1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats(&self) -> BanStats {
+        let counters = &self.inner.counters;
+        BanStats {
+            failures: counters.sum(FAILURES),
+            bans: counters.sum(BANS),
+            refused: counters.sum(REFUSED),
+            full: counters.sum(FULL),
+            failing_keys: self.inner.failures.len(),
+            banned_keys: self.inner.bans.len(),
+        }
     }
 
     /// Entries held now: keys with failures counted plus keys with a ban (a key with both
@@ -831,24 +1011,40 @@ where
         self.inner.duration
     }
 
+    /// Locks `key`'s stripe of `Inner::banning`.
+    fn stripe(&self, key: &K) -> MutexGuard<'_, ()> {
+        let stripes = &self.inner.banning;
+        // `stripes.len()` is a power of two, so the mask keeps the shard's low bits.
+        lock(&stripes[self.inner.failures.shard(key) & (stripes.len() - 1)])
+    }
+
+    /// What is left of `key`'s ban; `None` if it is not banned. Counts nothing.
+    fn left(&self, key: &K) -> Option<Duration> {
+        // A check of one token that takes nothing and inserts no cell; a key not held (or one
+        // the table has no room for) has its token.
+        match self.inner.bans.chain_decide::<false>(key, 1).0 {
+            Err(TryAcquireError::Rejected(r)) => Some(r.retry_after()),
+            _ => None,
+        }
+    }
+
+    /// A [`BanListFull`] to return, counted.
     fn full(&self) -> BanListFull {
+        self.inner.counters.bump(FULL);
         BanListFull {
             max_keys: self.inner.failures.max_keys(),
         }
     }
 
-    /// Makes `key`'s ban last at least `duration` from now; returns how long it lasts now.
-    fn extend(&self, key: &K, duration: Duration) -> Result<Duration, BanListFull> {
-        let _one_at_a_time = lock(&self.inner.banning);
+    /// Makes `key`'s ban last at least `duration` from now; returns how long it lasts now and
+    /// whether this started or lengthened it. The caller holds `banning`.
+    fn extend_locked(&self, key: &K, duration: Duration) -> Result<(Duration, bool), BanListFull> {
         // What is left of the ban in force (0: none). Under the lock nothing else changes it;
         // time may pass before the charge, and if the ban ends meanwhile the charge starts
         // from a later now, so the ban still ends at least `duration` after this reading.
-        let left = match self.check(key) {
-            Err(banned) => banned.retry_after,
-            Ok(()) => Duration::ZERO,
-        };
+        let left = self.left(key).unwrap_or(Duration::ZERO);
         let Some(more) = duration.checked_sub(left).filter(|d| !d.is_zero()) else {
-            return Ok(left);
+            return Ok((left, false));
         };
         // Whole resolutions, rounded up, in charges of at most `u32::MAX` tokens; beyond
         // `MAX_BAN_TOKENS` the bucket saturates and a charge would change nothing.
@@ -860,16 +1056,32 @@ where
                 // Only `TooManyKeys` (a charge is never rejected): a new key at the cap. It
                 // can only fail the first charge, which records nothing: the key holds a cell
                 // from then on, banned and so never idle.
-                Err(_) => {
-                    return Err(BanListFull {
-                        max_keys: self.inner.bans.max_keys(),
-                    })
-                }
+                Err(_) => return Err(self.full()),
             }
         }
-        Ok(self
-            .check(key)
-            .err()
-            .map_or(Duration::ZERO, |b| b.retry_after))
+        Ok((self.left(key).unwrap_or(Duration::ZERO), true))
+    }
+}
+
+/// Whether a failure starts a ban: it was counted (`Some` of its count in the window; `None`
+/// once the window's count is saturated) as an `after`-th.
+fn starts_ban(counted: Option<u32>, after: u32) -> bool {
+    counted.is_some_and(|n| n % after == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::starts_ban;
+
+    /// The `u32::MAX`-th failure of a window is counted (the next ones are not), so it starts a
+    /// ban when `after` divides it: with `after = u32::MAX` it is the only one that can.
+    #[test]
+    fn the_last_counted_failure_of_a_window_can_start_a_ban() {
+        assert!(starts_ban(Some(u32::MAX), u32::MAX));
+        assert!(starts_ban(Some(u32::MAX), 3)); // 3 divides 2^32 - 1
+        assert!(!starts_ban(Some(u32::MAX), 2));
+        assert!(!starts_ban(None, 1), "uncounted failures start no ban");
+        assert!(starts_ban(Some(4), 2));
+        assert!(!starts_ban(Some(5), 2));
     }
 }

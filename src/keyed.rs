@@ -1488,8 +1488,9 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
+    /// The shard of `key` (a `BanList` locks the stripe it picks).
     #[inline(always)]
-    fn shard(&self, key: &K) -> usize {
+    pub(crate) fn shard(&self, key: &K) -> usize {
         self.inner.ctx.shard(key)
     }
 

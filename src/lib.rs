@@ -90,7 +90,9 @@ pub use backend::{
     FailurePolicy, RedisLimiter, RedisLimiterBuilder, RedisStats, REDIS_MAX_SLIDING_LIMIT,
 };
 #[cfg(feature = "keyed")]
-pub use bans::{BanList, BanListBuilder, BanListFull, Banned, FailOutcome, BAN_RESOLUTION};
+pub use bans::{
+    BanList, BanListBuilder, BanListFull, BanStats, Banned, FailOutcome, BAN_RESOLUTION,
+};
 pub use chain::{Chain, ChainStats};
 #[cfg(feature = "keyed")]
 pub use chain::{KeyedChain, KeyedChainBuilder};

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::Barrier;
 use std::time::Duration;
-use turnstile::{BanList, BanListFull, Banned, ConfigError, FailOutcome, ManualClock};
+use turnstile::{BanList, BanListFull, BanStats, Banned, ConfigError, FailOutcome, ManualClock};
 
 const SEC: Duration = Duration::from_secs(1);
 const NS: Duration = Duration::from_nanos(1);
@@ -447,8 +447,13 @@ proptest! {
         let within = within_ms * MS;
         let (bans, clock) = list(after, Duration::from_nanos(within), Duration::from_nanos(ban_ns));
         let mut model = Model::default();
+        // Every check the test makes that answers Banned is a refusal in the stats.
+        let refused = std::cell::Cell::new(0u64);
+        let (mut failed, mut banned) = (0u64, 0u64);
         let key_left = |bans: &BanList<u64, ManualClock>, k| {
-            bans.check(&k).err().map(|b| b.retry_after().as_nanos() as u64)
+            let left = bans.check(&k).err().map(|b| b.retry_after().as_nanos() as u64);
+            refused.set(refused.get() + u64::from(left.is_some()));
+            left
         };
         for op in ops {
             match op {
@@ -460,6 +465,8 @@ proptest! {
                     if due {
                         model.extend(k, ban_ns);
                     }
+                    failed += 1;
+                    banned += u64::from(due);
                     prop_assert_eq!(got.failures, count);
                     prop_assert_eq!(got.ban_started, due);
                     prop_assert_eq!(got.banned_for.map(|d| d.as_nanos() as u64), model.left(k));
@@ -470,7 +477,9 @@ proptest! {
                 }
                 Op::Ban(k, d) => {
                     let got = bans.ban(&k, Duration::from_nanos(d)).unwrap();
+                    let before = model.left(k).unwrap_or(0);
                     prop_assert_eq!(got.as_nanos() as u64, model.extend(k, d));
+                    banned += u64::from(d > before);
                 }
                 Op::Unban(k) => {
                     let was = model.left(k).is_some();
@@ -497,6 +506,151 @@ proptest! {
             for k in 0..3 {
                 prop_assert_eq!(key_left(&bans, k), model.left(k));
             }
+            let stats = bans.stats();
+            prop_assert_eq!((stats.failures, stats.bans, stats.full), (failed, banned, 0));
+            prop_assert_eq!(stats.refused, refused.get());
         }
     }
+}
+
+/// Real threads: an `unban` that lands between a failure's count and the ban that count
+/// starts. The failure was counted before the unban forgot it, so either the failure comes
+/// first (the unban lifts its ban: not banned, no failures) or the unban does (the failure is
+/// counted again after it: banned, one failure). Banned with no failure counted is neither.
+#[test]
+fn an_unban_racing_a_ban_starting_failure_leaves_no_ban_without_failures() {
+    const KEYS: u64 = 20_000;
+    let (bans, _clock) = list(1, 3600 * SEC, 60 * SEC);
+    let barrier = Barrier::new(2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            barrier.wait();
+            for k in 0..KEYS {
+                bans.fail(&k).unwrap();
+            }
+        });
+        s.spawn(|| {
+            barrier.wait();
+            for k in 0..KEYS {
+                // Once the failure is counted, its ban is about to start: unban now.
+                while bans.failures(&k) == 0 {
+                    std::hint::spin_loop();
+                }
+                bans.unban(&k);
+            }
+        });
+    });
+    let orphans: Vec<u64> = (0..KEYS)
+        .filter(|k| bans.check(k).is_err() && bans.failures(k) == 0)
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "{} keys banned with no failure counted, first {:?}",
+        orphans.len(),
+        orphans.first()
+    );
+}
+
+/// Each counter counts its events and nothing else: failures beyond a full table, bans that
+/// changed nothing, and the list's own internal checks are not counted.
+#[test]
+fn stats_count_failures_bans_refusals_and_full_exactly() {
+    let (bans, clock) = {
+        let clock = ManualClock::new();
+        let bans = BanList::builder(2, 60 * SEC, 600 * SEC)
+            .clock(clock.clone())
+            .max_keys(2)
+            .build()
+            .unwrap();
+        (bans, clock)
+    };
+    assert_eq!(bans.stats(), BanStats::default());
+    bans.fail(&1).unwrap();
+    assert!(bans.check(&1).is_ok());
+    let second = bans.fail(&1).unwrap(); // bans key 1
+    assert!(second.ban_started);
+    assert!(bans.check(&1).is_err());
+    assert!(bans.check(&1).is_err());
+    // A shorter manual ban changes nothing; a longer one lengthens it.
+    bans.ban(&1, SEC).unwrap();
+    bans.ban(&1, 700 * SEC).unwrap();
+    bans.fail(&2).unwrap();
+    // Both tables hold two busy keys (failures: 1, 2; bans: 1 and then 2).
+    bans.ban(&2, SEC).unwrap();
+    assert_eq!(bans.fail(&3), Err(BanListFull { max_keys: 2 }));
+    assert_eq!(bans.ban(&3, SEC), Err(BanListFull { max_keys: 2 }));
+    let stats = bans.stats();
+    assert_eq!(stats.failures, 3, "the refused failure is not counted");
+    assert_eq!(stats.bans, 3, "key 1's ban, its lengthening, key 2's ban");
+    assert_eq!(stats.refused, 2, "only checks answered Banned");
+    assert_eq!(stats.full, 2);
+    assert_eq!((stats.failing_keys, stats.banned_keys), (2, 2));
+    // Unban, forgive and sweep count nothing but change the key counts.
+    assert!(bans.unban(&1));
+    bans.forgive(&2);
+    clock.advance(SEC);
+    bans.sweep();
+    let after = bans.stats();
+    assert_eq!(
+        (after.failures, after.bans, after.refused, after.full),
+        (3, 3, 2, 2)
+    );
+    assert_eq!((after.failing_keys, after.banned_keys), (0, 0));
+}
+
+/// Real threads: the per-thread counts add up to every event once the threads are done.
+#[test]
+fn stats_are_exact_after_concurrent_calls() {
+    const THREADS: u64 = 4;
+    const EACH: u64 = 1_000;
+    let (bans, _clock) = list(10, 3600 * SEC, 60 * SEC);
+    let barrier = Barrier::new(THREADS as usize);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (bans, barrier) = (&bans, &barrier);
+            s.spawn(move || {
+                barrier.wait();
+                for i in 0..EACH {
+                    let key = (t * EACH + i) % 50;
+                    let _ = bans.check(&key);
+                    bans.fail(&key).unwrap();
+                }
+            });
+        }
+    });
+    let stats = bans.stats();
+    assert_eq!(stats.failures, THREADS * EACH);
+    // 80 failures per key: 8 bans each, the first of them refusing later checks.
+    assert_eq!(stats.bans, 50 * 8);
+    assert_eq!((stats.failing_keys, stats.banned_keys), (50, 50));
+    assert!(stats.refused > 0 && stats.refused < THREADS * EACH);
+}
+
+/// The sweeper empties both tables once windows pass and bans end, without new keys, and ends
+/// when the list is dropped.
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_sweeper_evicts_idle_keys_and_ends_with_the_list() {
+    let bans = BanList::builder(1, 10 * SEC, 30 * SEC)
+        .clock(turnstile::TokioClock::new())
+        .build()
+        .unwrap();
+    let sweeper = tokio::spawn(bans.run_sweeper(5 * SEC));
+    for k in 0..10u64 {
+        bans.fail(&k).unwrap();
+    }
+    assert_eq!(bans.len(), 20);
+    // At 12 s the failure windows have passed and the bans are in force: only bans remain.
+    tokio::time::sleep(12 * SEC).await;
+    assert_eq!(bans.stats().failing_keys, 0);
+    assert_eq!(bans.stats().banned_keys, 10);
+    assert!(bans.check(&3).is_err());
+    // At 32 s the bans have ended, and the sweep at 35 s evicts them.
+    tokio::time::sleep(23 * SEC).await;
+    assert!(bans.is_empty());
+    drop(bans);
+    tokio::time::timeout(10 * SEC, sweeper)
+        .await
+        .expect("the sweeper ends once the list is gone")
+        .unwrap();
 }
