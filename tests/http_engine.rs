@@ -1563,3 +1563,51 @@ fn rejection_templates_and_retry_after() {
         .get("retry-after")
         .is_none());
 }
+
+/// A reload that writes a rule's pattern or IP range differently but means the same (the verb's
+/// case, the glob's case, spaces around the pattern; an IPv4-mapped range for the IPv4 one, an
+/// address inside the range for its network) changes no rule: the counters stay.
+#[test]
+fn reload_keeps_counters_of_rules_written_differently_but_equal() {
+    let config = |endpoint: &str, ip: &str| {
+        format!(
+            "[[rules]]\nname = \"api\"\nendpoint = \"{endpoint}\"\nperiod = \"1m\"\nlimit = 3\n\
+             [[ip_rules]]\nip = \"{ip}\"\n[[ip_rules.rules]]\nname = \"office\"\nendpoint = \"*\"\nperiod = \"1h\"\nlimit = 5\n"
+        )
+    };
+    let remaining = |v: &Verdict, name: &str| {
+        v.quotas
+            .iter()
+            .find(|q| &*q.policy == name)
+            .map(|q| q.remaining)
+    };
+    let (l, _) = limiter(&config("get:/api/*", "10.0.0.0/8"));
+    assert_eq!(
+        get(&l, "/api/x", "10.1.1.1", None).outcome,
+        Outcome::Admitted
+    );
+    for (charged, (endpoint, ip)) in [
+        ("GET:/API/*", "::ffff:10.0.0.0/104"),
+        (" Get:/Api/* ", "10.0.0.1/8"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let charged = charged as u64 + 2;
+        l.reload(HttpConfig::from_toml_str(&config(endpoint, ip)).unwrap())
+            .unwrap();
+        let v = get(&l, "/api/x", "10.1.1.1", None);
+        assert_eq!(v.outcome, Outcome::Admitted);
+        assert_eq!(
+            (remaining(&v, "api"), remaining(&v, "office")),
+            (Some(3 - charged), Some(5 - charged)),
+            "{endpoint:?} / {ip:?}: a rule that did not change lost its count"
+        );
+    }
+    let v = get(&l, "/api/x", "10.1.1.1", None);
+    assert_eq!(
+        reason(&v).map(|r| r.1),
+        Some("api".to_owned()),
+        "4th request in the minute"
+    );
+}
