@@ -119,6 +119,92 @@ proptest! {
     }
 }
 
+/// The ways a proxy may write the address it saw ([`SEEN`]) in `X-Forwarded-For`: with a port,
+/// IPv4-mapped (as a dual-stack socket reports it), bracketed, with spaces around.
+fn xff_forms() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "203.0.113.9",
+        "203.0.113.9:4711",
+        "::ffff:203.0.113.9",
+        "[::ffff:203.0.113.9]",
+        "[::ffff:cb00:7109]:80",
+        "  203.0.113.9\t",
+    ])
+}
+
+/// The same in a `Forwarded` element: parameter names in any case, quoted with a port,
+/// IPv4-mapped in brackets, beside other parameters.
+fn forwarded_forms() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "for=203.0.113.9",
+        "For=203.0.113.9",
+        "FOR=\"203.0.113.9:80\"",
+        "for=\"[::ffff:203.0.113.9]:4711\"",
+        "proto=https;for=203.0.113.9;by=10.0.0.1",
+        "by=_proxy;FoR=\"203.0.113.9\";host=\"a,b\"",
+    ])
+}
+
+proptest! {
+    /// However the proxy writes the address it saw, and whether a second trusted proxy appended
+    /// its own hop after it (or wrote its line apart), the client is that address, as IPv4:
+    /// never an address the client wrote, and never two keys for one client.
+    #[test]
+    fn every_form_of_the_proxys_entry_is_the_same_client(
+        pieces in proptest::collection::vec(client_piece(), 0..8),
+        xff in xff_forms(),
+        fwd in forwarded_forms(),
+        forwarded in any::<bool>(),
+        second_hop in 0..3u8,
+    ) {
+        let client_part: String = pieces.concat();
+        let (name, header, appended, hop) = if forwarded {
+            ("forwarded", ForwardedHeader::Forwarded, fwd, "for=\"[::ffff:10.0.0.2]:8080\"")
+        } else {
+            ("x-forwarded-for", ForwardedHeader::XForwardedFor, xff, "::ffff:10.0.0.2")
+        };
+        let config = behind_proxy(header);
+        // The client's line, then the proxy's; the second hop on the proxy's line, on a line
+        // of its own, or absent.
+        let proxy_line = match second_hop {
+            0 => format!("{appended}, {hop}"),
+            _ => appended.to_owned(),
+        };
+        let mut lines = vec![(name, client_part.as_str()), (name, proxy_line.as_str())];
+        if second_hop == 1 {
+            lines.push((name, hop));
+        }
+        // A dual-stack listener reports the proxy IPv4-mapped: still trusted.
+        for peer in [ip(PEER), ip("::ffff:10.0.0.1")] {
+            let got = client_ip(Some(peer), &headers(&lines), &config);
+            prop_assert_eq!(got, Some(ip(SEEN)), "{:?}", lines);
+        }
+    }
+
+    /// From a peer that is not a trusted proxy, no header changes the key, in any form.
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_sends(
+        pieces in proptest::collection::vec(client_piece(), 0..8),
+        xff in xff_forms(),
+        fwd in forwarded_forms(),
+    ) {
+        let mut config = behind_proxy(ForwardedHeader::Forwarded);
+        config.headers.push(ForwardedHeader::XForwardedFor);
+        config.headers.push(ForwardedHeader::XRealIp);
+        let client_part: String = pieces.concat();
+        let lines = [
+            ("forwarded", client_part.as_str()),
+            ("forwarded", fwd),
+            ("x-forwarded-for", xff),
+            ("x-real-ip", SEEN),
+        ];
+        for (peer, client) in [("198.51.100.1", "198.51.100.1"), ("::ffff:198.51.100.1", "198.51.100.1"), ("2001:db8::1", "2001:db8::1")] {
+            let got = client_ip(Some(ip(peer)), &headers(&lines), &config);
+            prop_assert_eq!(got, Some(ip(client)), "{:?}", lines);
+        }
+    }
+}
+
 fn limiter(toml: &str) -> HttpLimiter<ManualClock> {
     let config = HttpConfig::from_toml_str(toml).expect("valid toml");
     HttpLimiter::with_clock(config, ManualClock::new()).expect("valid config")
