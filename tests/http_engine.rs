@@ -1611,3 +1611,43 @@ fn reload_keeps_counters_of_rules_written_differently_but_equal() {
         "4th request in the minute"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A reload that rewrites a rule's pattern in another case or with spaces around it, with
+    /// its limit changed or not, keeps its count: the next request sees the new limit less the
+    /// requests already admitted in the window.
+    #[test]
+    fn reload_rewriting_a_pattern_keeps_the_count(
+        upper in proptest::collection::vec(any::<bool>(), 16),
+        spaces in 0usize..3,
+        before in 0u32..4,
+        new_limit in 1u32..8,
+    ) {
+        let written: String = "get:/api/items/*"
+            .chars()
+            .zip(&upper)
+            .map(|(c, &u)| if u { c.to_ascii_uppercase() } else { c })
+            .collect();
+        let pad = " ".repeat(spaces);
+        let config = |endpoint: &str, limit: u32| {
+            HttpConfig::from_toml_str(&format!(
+                "[[rules]]\nname = \"items\"\nendpoint = \"{endpoint}\"\nperiod = \"1h\"\nlimit = {limit}\n"
+            ))
+            .unwrap()
+        };
+        let l = HttpLimiter::with_clock(config("get:/api/items/*", 4), ManualClock::new()).unwrap();
+        for _ in 0..before {
+            prop_assert_eq!(get(&l, "/api/items/1", "1.1.1.1", None).outcome, Outcome::Admitted);
+        }
+        l.reload(config(&format!("{pad}{written}{pad}"), new_limit)).unwrap();
+        let v = get(&l, "/api/items/1", "1.1.1.1", None);
+        if before < new_limit {
+            prop_assert_eq!(&v.outcome, &Outcome::Admitted);
+            prop_assert_eq!(v.quotas[0].remaining, u64::from(new_limit - before - 1));
+        } else {
+            prop_assert!(reason(&v).is_some(), "{} admitted before, limit {}", before, new_limit);
+        }
+    }
+}
