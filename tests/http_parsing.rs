@@ -408,3 +408,52 @@ fn an_invalid_forwarding_header_name_is_refused() {
     )
     .expect("a valid custom header");
 }
+
+/// A path of unreserved characters, and a spelling of it a client may send: each character as
+/// it is, in the other case (letters), or percent-encoded with hex digits in either case.
+fn path_and_spelling() -> impl Strategy<Value = (String, String)> {
+    proptest::collection::vec(
+        (
+            prop::sample::select("/abcXYZ019-._~".chars().collect::<Vec<_>>()),
+            0u8..4,
+        ),
+        1..24,
+    )
+    .prop_map(|chars| {
+        let path: String = std::iter::once('/')
+            .chain(chars.iter().map(|(c, _)| *c))
+            .collect();
+        let mut spelled = String::from("/");
+        for (c, how) in chars {
+            match how {
+                1 if c.is_ascii_alphabetic() => spelled.push(if c.is_ascii_lowercase() {
+                    c.to_ascii_uppercase()
+                } else {
+                    c.to_ascii_lowercase()
+                }),
+                // `/` encoded is another path (a segment boundary moved): not a spelling.
+                2 if c != '/' => spelled.push_str(&format!("%{:02X}", c as u32)),
+                3 if c != '/' => spelled.push_str(&format!("%{:02x}", c as u32)),
+                _ => spelled.push(c),
+            }
+        }
+        (path, spelled)
+    })
+}
+
+proptest! {
+    /// However a client spells a path (case, percent-encoding of unreserved characters), a
+    /// glob or a regex rule written for it matches it, and a whitelisted endpoint stays
+    /// whitelisted: no spelling steps around a rule or falls out of a whitelist.
+    #[test]
+    fn no_spelling_of_a_path_escapes_its_rule((path, spelled) in path_and_spelling()) {
+        let glob = blocking(&format!("get:{path}"));
+        prop_assert!(blocked(&glob, &spelled), "glob {} vs {}", path, spelled);
+        let regex = blocking(&format!("re:get:{}", regex::escape(&path)).replace('\\', "\\\\"));
+        prop_assert!(blocked(&regex, &spelled), "regex {} vs {}", path, spelled);
+        let whitelisted = limiter(&format!(
+            "[whitelist]\nendpoints = [\"get:{path}\"]\n[[rules]]\nperiod = \"1m\"\nlimit = 0\n"
+        ));
+        prop_assert!(get(&whitelisted, &spelled), "whitelist {} vs {}", path, spelled);
+    }
+}
