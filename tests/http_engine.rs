@@ -1651,3 +1651,29 @@ proptest! {
         }
     }
 }
+
+/// An unnamed rule is named after its pattern as written (`GET:/api/*-1m`), but a reload that
+/// only rewrites the pattern keeps its count all the same.
+#[test]
+fn reload_keeps_counters_of_an_unnamed_rule_written_differently() {
+    let config = |endpoint: &str| {
+        HttpConfig::from_toml_str(&format!(
+            "[[rules]]\nendpoint = \"{endpoint}\"\nperiod = \"1m\"\nlimit = 2\n"
+        ))
+        .unwrap()
+    };
+    let l = HttpLimiter::with_clock(config("get:/api/*"), ManualClock::new()).unwrap();
+    assert_eq!(
+        get(&l, "/api/x", "1.1.1.1", None).outcome,
+        Outcome::Admitted
+    );
+    l.reload(config("GET:/API/*")).unwrap();
+    let v = get(&l, "/api/x", "1.1.1.1", None);
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(
+        &*v.quotas[0].policy, "GET:/API/*-1m",
+        "the name is the pattern as written"
+    );
+    assert_eq!(v.quotas[0].remaining, 0, "the count of 1 was kept");
+    assert!(reason(&get(&l, "/api/x", "1.1.1.1", None)).is_some());
+}

@@ -789,7 +789,13 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         };
         let identity = Identity {
             scope: scope.to_owned(),
-            name: name.clone(),
+            // An unnamed rule's name is its pattern as written; its identity takes the pattern
+            // as it reads, like `endpoint` below (the same text when the pattern is written in
+            // lower case, as usual: Redis keys named after it stay).
+            name: match &r.name {
+                Some(_) => name.clone(),
+                None => format!("{}-{}", endpoint.identity_text(), r.period.trim()),
+            },
             endpoint: endpoint.identity_text(),
             regex: endpoint.is_regex(),
             period,
