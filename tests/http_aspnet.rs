@@ -852,3 +852,33 @@ fn aspnet_errors_name_the_documents_field() {
         assert!(e.starts_with(field), "{field}: {e}");
     }
 }
+
+/// Without `EnableEndpointRateLimiting`, AspNetCoreRateLimit applies only the rules whose
+/// `Endpoint` is `*` (`r.Endpoint == "*"`): a `*:*` rule, which reads as "any method, any
+/// path", never applies there. Loaded as an any-endpoint rule, it limited every request.
+#[test]
+fn aspnet_star_colon_star_is_no_global_rule_without_endpoint_rate_limiting() {
+    for enabled_in_client_section in [false, true] {
+        let doc = format!(
+            r#"{{
+            "IpRateLimiting": {{
+                "EnableEndpointRateLimiting": false,
+                "GeneralRules": [
+                    {{ "Endpoint": "*:*", "Period": "1m", "Limit": 1 }},
+                    {{ "Endpoint": "*", "Period": "1h", "Limit": 3 }}
+                ]
+            }},
+            "ClientRateLimiting": {{ "EnableEndpointRateLimiting": {enabled_in_client_section} }}
+        }}"#
+        );
+        let l = limiter(HttpConfig::from_json_str(&doc).unwrap());
+        let verdicts: Vec<bool> = (0..4)
+            .map(|_| rejected(&decide(&l, &http::Method::GET, "/api/values", [1, 2, 3, 4])))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [false, false, false, true],
+            "only the `*` rule applies (client section endpoint limiting {enabled_in_client_section})"
+        );
+    }
+}

@@ -1563,3 +1563,117 @@ fn rejection_templates_and_retry_after() {
         .get("retry-after")
         .is_none());
 }
+
+/// A reload that writes a rule's pattern or IP range differently but means the same (the verb's
+/// case, the glob's case, spaces around the pattern; an IPv4-mapped range for the IPv4 one, an
+/// address inside the range for its network) changes no rule: the counters stay.
+#[test]
+fn reload_keeps_counters_of_rules_written_differently_but_equal() {
+    let config = |endpoint: &str, ip: &str| {
+        format!(
+            "[[rules]]\nname = \"api\"\nendpoint = \"{endpoint}\"\nperiod = \"1m\"\nlimit = 3\n\
+             [[ip_rules]]\nip = \"{ip}\"\n[[ip_rules.rules]]\nname = \"office\"\nendpoint = \"*\"\nperiod = \"1h\"\nlimit = 5\n"
+        )
+    };
+    let remaining = |v: &Verdict, name: &str| {
+        v.quotas
+            .iter()
+            .find(|q| &*q.policy == name)
+            .map(|q| q.remaining)
+    };
+    let (l, _) = limiter(&config("get:/api/*", "10.0.0.0/8"));
+    assert_eq!(
+        get(&l, "/api/x", "10.1.1.1", None).outcome,
+        Outcome::Admitted
+    );
+    for (charged, (endpoint, ip)) in [
+        ("GET:/API/*", "::ffff:10.0.0.0/104"),
+        (" Get:/Api/* ", "10.0.0.1/8"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let charged = charged as u64 + 2;
+        l.reload(HttpConfig::from_toml_str(&config(endpoint, ip)).unwrap())
+            .unwrap();
+        let v = get(&l, "/api/x", "10.1.1.1", None);
+        assert_eq!(v.outcome, Outcome::Admitted);
+        assert_eq!(
+            (remaining(&v, "api"), remaining(&v, "office")),
+            (Some(3 - charged), Some(5 - charged)),
+            "{endpoint:?} / {ip:?}: a rule that did not change lost its count"
+        );
+    }
+    let v = get(&l, "/api/x", "10.1.1.1", None);
+    assert_eq!(
+        reason(&v).map(|r| r.1),
+        Some("api".to_owned()),
+        "4th request in the minute"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A reload that rewrites a rule's pattern in another case or with spaces around it, with
+    /// its limit changed or not, keeps its count: the next request sees the new limit less the
+    /// requests already admitted in the window.
+    #[test]
+    fn reload_rewriting_a_pattern_keeps_the_count(
+        upper in proptest::collection::vec(any::<bool>(), 16),
+        spaces in 0usize..3,
+        before in 0u32..4,
+        new_limit in 1u32..8,
+    ) {
+        let written: String = "get:/api/items/*"
+            .chars()
+            .zip(&upper)
+            .map(|(c, &u)| if u { c.to_ascii_uppercase() } else { c })
+            .collect();
+        let pad = " ".repeat(spaces);
+        let config = |endpoint: &str, limit: u32| {
+            HttpConfig::from_toml_str(&format!(
+                "[[rules]]\nname = \"items\"\nendpoint = \"{endpoint}\"\nperiod = \"1h\"\nlimit = {limit}\n"
+            ))
+            .unwrap()
+        };
+        let l = HttpLimiter::with_clock(config("get:/api/items/*", 4), ManualClock::new()).unwrap();
+        for _ in 0..before {
+            prop_assert_eq!(get(&l, "/api/items/1", "1.1.1.1", None).outcome, Outcome::Admitted);
+        }
+        l.reload(config(&format!("{pad}{written}{pad}"), new_limit)).unwrap();
+        let v = get(&l, "/api/items/1", "1.1.1.1", None);
+        if before < new_limit {
+            prop_assert_eq!(&v.outcome, &Outcome::Admitted);
+            prop_assert_eq!(v.quotas[0].remaining, u64::from(new_limit - before - 1));
+        } else {
+            prop_assert!(reason(&v).is_some(), "{} admitted before, limit {}", before, new_limit);
+        }
+    }
+}
+
+/// An unnamed rule is named after its pattern as written (`GET:/api/*-1m`), but a reload that
+/// only rewrites the pattern keeps its count all the same.
+#[test]
+fn reload_keeps_counters_of_an_unnamed_rule_written_differently() {
+    let config = |endpoint: &str| {
+        HttpConfig::from_toml_str(&format!(
+            "[[rules]]\nendpoint = \"{endpoint}\"\nperiod = \"1m\"\nlimit = 2\n"
+        ))
+        .unwrap()
+    };
+    let l = HttpLimiter::with_clock(config("get:/api/*"), ManualClock::new()).unwrap();
+    assert_eq!(
+        get(&l, "/api/x", "1.1.1.1", None).outcome,
+        Outcome::Admitted
+    );
+    l.reload(config("GET:/API/*")).unwrap();
+    let v = get(&l, "/api/x", "1.1.1.1", None);
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(
+        &*v.quotas[0].policy, "GET:/API/*-1m",
+        "the name is the pattern as written"
+    );
+    assert_eq!(v.quotas[0].remaining, 0, "the count of 1 was kept");
+    assert!(reason(&get(&l, "/api/x", "1.1.1.1", None)).is_some());
+}

@@ -119,6 +119,92 @@ proptest! {
     }
 }
 
+/// The ways a proxy may write the address it saw ([`SEEN`]) in `X-Forwarded-For`: with a port,
+/// IPv4-mapped (as a dual-stack socket reports it), bracketed, with spaces around.
+fn xff_forms() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "203.0.113.9",
+        "203.0.113.9:4711",
+        "::ffff:203.0.113.9",
+        "[::ffff:203.0.113.9]",
+        "[::ffff:cb00:7109]:80",
+        "  203.0.113.9\t",
+    ])
+}
+
+/// The same in a `Forwarded` element: parameter names in any case, quoted with a port,
+/// IPv4-mapped in brackets, beside other parameters.
+fn forwarded_forms() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "for=203.0.113.9",
+        "For=203.0.113.9",
+        "FOR=\"203.0.113.9:80\"",
+        "for=\"[::ffff:203.0.113.9]:4711\"",
+        "proto=https;for=203.0.113.9;by=10.0.0.1",
+        "by=_proxy;FoR=\"203.0.113.9\";host=\"a,b\"",
+    ])
+}
+
+proptest! {
+    /// However the proxy writes the address it saw, and whether a second trusted proxy appended
+    /// its own hop after it (or wrote its line apart), the client is that address, as IPv4:
+    /// never an address the client wrote, and never two keys for one client.
+    #[test]
+    fn every_form_of_the_proxys_entry_is_the_same_client(
+        pieces in proptest::collection::vec(client_piece(), 0..8),
+        xff in xff_forms(),
+        fwd in forwarded_forms(),
+        forwarded in any::<bool>(),
+        second_hop in 0..3u8,
+    ) {
+        let client_part: String = pieces.concat();
+        let (name, header, appended, hop) = if forwarded {
+            ("forwarded", ForwardedHeader::Forwarded, fwd, "for=\"[::ffff:10.0.0.2]:8080\"")
+        } else {
+            ("x-forwarded-for", ForwardedHeader::XForwardedFor, xff, "::ffff:10.0.0.2")
+        };
+        let config = behind_proxy(header);
+        // The client's line, then the proxy's; the second hop on the proxy's line, on a line
+        // of its own, or absent.
+        let proxy_line = match second_hop {
+            0 => format!("{appended}, {hop}"),
+            _ => appended.to_owned(),
+        };
+        let mut lines = vec![(name, client_part.as_str()), (name, proxy_line.as_str())];
+        if second_hop == 1 {
+            lines.push((name, hop));
+        }
+        // A dual-stack listener reports the proxy IPv4-mapped: still trusted.
+        for peer in [ip(PEER), ip("::ffff:10.0.0.1")] {
+            let got = client_ip(Some(peer), &headers(&lines), &config);
+            prop_assert_eq!(got, Some(ip(SEEN)), "{:?}", lines);
+        }
+    }
+
+    /// From a peer that is not a trusted proxy, no header changes the key, in any form.
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_sends(
+        pieces in proptest::collection::vec(client_piece(), 0..8),
+        xff in xff_forms(),
+        fwd in forwarded_forms(),
+    ) {
+        let mut config = behind_proxy(ForwardedHeader::Forwarded);
+        config.headers.push(ForwardedHeader::XForwardedFor);
+        config.headers.push(ForwardedHeader::XRealIp);
+        let client_part: String = pieces.concat();
+        let lines = [
+            ("forwarded", client_part.as_str()),
+            ("forwarded", fwd),
+            ("x-forwarded-for", xff),
+            ("x-real-ip", SEEN),
+        ];
+        for (peer, client) in [("198.51.100.1", "198.51.100.1"), ("::ffff:198.51.100.1", "198.51.100.1"), ("2001:db8::1", "2001:db8::1")] {
+            let got = client_ip(Some(ip(peer)), &headers(&lines), &config);
+            prop_assert_eq!(got, Some(ip(client)), "{:?}", lines);
+        }
+    }
+}
+
 fn limiter(toml: &str) -> HttpLimiter<ManualClock> {
     let config = HttpConfig::from_toml_str(toml).expect("valid toml");
     HttpLimiter::with_clock(config, ManualClock::new()).expect("valid config")
@@ -321,4 +407,53 @@ fn an_invalid_forwarding_header_name_is_refused() {
             .unwrap(),
     )
     .expect("a valid custom header");
+}
+
+/// A path of unreserved characters, and a spelling of it a client may send: each character as
+/// it is, in the other case (letters), or percent-encoded with hex digits in either case.
+fn path_and_spelling() -> impl Strategy<Value = (String, String)> {
+    proptest::collection::vec(
+        (
+            prop::sample::select("/abcXYZ019-._~".chars().collect::<Vec<_>>()),
+            0u8..4,
+        ),
+        1..24,
+    )
+    .prop_map(|chars| {
+        let path: String = std::iter::once('/')
+            .chain(chars.iter().map(|(c, _)| *c))
+            .collect();
+        let mut spelled = String::from("/");
+        for (c, how) in chars {
+            match how {
+                1 if c.is_ascii_alphabetic() => spelled.push(if c.is_ascii_lowercase() {
+                    c.to_ascii_uppercase()
+                } else {
+                    c.to_ascii_lowercase()
+                }),
+                // `/` encoded is another path (a segment boundary moved): not a spelling.
+                2 if c != '/' => spelled.push_str(&format!("%{:02X}", c as u32)),
+                3 if c != '/' => spelled.push_str(&format!("%{:02x}", c as u32)),
+                _ => spelled.push(c),
+            }
+        }
+        (path, spelled)
+    })
+}
+
+proptest! {
+    /// However a client spells a path (case, percent-encoding of unreserved characters), a
+    /// glob or a regex rule written for it matches it, and a whitelisted endpoint stays
+    /// whitelisted: no spelling steps around a rule or falls out of a whitelist.
+    #[test]
+    fn no_spelling_of_a_path_escapes_its_rule((path, spelled) in path_and_spelling()) {
+        let glob = blocking(&format!("get:{path}"));
+        prop_assert!(blocked(&glob, &spelled), "glob {} vs {}", path, spelled);
+        let regex = blocking(&format!("re:get:{}", regex::escape(&path)).replace('\\', "\\\\"));
+        prop_assert!(blocked(&regex, &spelled), "regex {} vs {}", path, spelled);
+        let whitelisted = limiter(&format!(
+            "[whitelist]\nendpoints = [\"get:{path}\"]\n[[rules]]\nperiod = \"1m\"\nlimit = 0\n"
+        ));
+        prop_assert!(get(&whitelisted, &spelled), "whitelist {} vs {}", path, spelled);
+    }
 }

@@ -460,8 +460,9 @@ struct Section<'a> {
     prefix: &'a str,
     /// The section's `EnableEndpointRateLimiting`: each rule counts each `VERB:path` apart.
     per_endpoint: bool,
-    /// The section leaves endpoint rate limiting off while the configuration turns it on for
-    /// the other section: its rules other than `*` are left out, since there they never apply.
+    /// The section leaves endpoint rate limiting off: its rules other than `*` are left out,
+    /// since there they never apply (AspNetCoreRateLimit then takes the rules whose endpoint is
+    /// `*`, so not `*:*`, which the engine would take for a rule of every request).
     only_any: bool,
     /// The section's `EnableRegexRuleMatching`: its patterns are regular expressions.
     regex: bool,
@@ -476,10 +477,12 @@ impl Section<'_> {
         let mut out: Vec<RuleConfig> = Vec::with_capacity(rules.len());
         for r in rules {
             let endpoint = r.string("Endpoint")?;
+            // Checked even when left out: a mistake in the document is reported wherever it is.
+            let rules = self.rule(&r, endpoint.clone().unwrap_or_else(|| "*".to_owned()))?;
             if self.only_any && endpoint.as_deref().is_some_and(|e| e.trim() != "*") {
                 continue;
             }
-            for rule in self.rule(&r, endpoint.unwrap_or_else(|| "*".to_owned()))? {
+            for rule in rules {
                 match out.iter_mut().find(|o| o.name == rule.name) {
                     Some(kept) if rule.limit < kept.limit => *kept = rule,
                     Some(_) => {}
@@ -738,8 +741,8 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
     };
     let ip = options("IpRateLimiting")?;
     let client = options("ClientRateLimiting")?;
-    // One switch here, one per section there: on if either section has it on, and then the
-    // section that has it off keeps only its `*` rules.
+    // One switch here, one per section there: on if either section has it on; a section that
+    // has it off keeps only its `*` rules.
     let endpoints =
         |o: &Option<Options<'_>>| o.as_ref().is_some_and(|o| o.enable_endpoint_rate_limiting);
     let regex = |o: &Option<Options<'_>>| o.as_ref().is_some_and(|o| o.enable_regex_rule_matching);
@@ -749,14 +752,14 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         key: RuleKey::Ip,
         prefix: "",
         per_endpoint: ip_endpoints,
-        only_any: endpoint_rate_limiting && !ip_endpoints,
+        only_any: !ip_endpoints,
         regex: regex(&ip),
     };
     let client_section = Section {
         key: RuleKey::Client,
         prefix: "client:",
         per_endpoint: client_endpoints,
-        only_any: endpoint_rate_limiting && !client_endpoints,
+        only_any: !client_endpoints,
         regex: regex(&client),
     };
     let mut config = HttpConfig {

@@ -58,7 +58,10 @@ pub struct HttpConfig {
     pub trim_trailing_slash: bool,
     /// The most clients (keys) each rule counts in memory: 1,048,576 by default, at about 67
     /// bytes each (BENCHMARKS.md; a key of several parts longer than 24 bytes adds its text),
-    /// so a full rule holds about 70 MB. A key is evicted once it is idle (its counts back to a
+    /// so a full rule holds about 70 MB. A `sliding_window` rule's client also holds a ring of
+    /// 8 bytes per permit of its `limit`: with `limit = 100` a full rule holds about 900 MB, and
+    /// with a limit in the millions each client costs megabytes (lower this cap, or use
+    /// `sliding_counter`, whose clients cost the same at any limit). A key is evicted once it is idle (its counts back to a
     /// fresh client's), to make room for a new one; a rule full of active keys answers a new
     /// client as `key_overflow` says. Rules counted in Redis keep their keys there and are not
     /// bounded by it. Changing it (or `key_overflow`) in a reload starts every rule's counts
@@ -179,7 +182,8 @@ pub enum RuleAlgorithm {
     /// client's window at its first request; both allow up to 2 × `limit` across a boundary).
     #[default]
     FixedWindow,
-    /// Exact sliding log: `limit` in any interval of `period`.
+    /// Exact sliding log: `limit` in any interval of `period`. Each client counted holds 8 bytes
+    /// per permit of `limit` (at most 16,777,216), beside the ~67 bytes every rule's client costs.
     SlidingWindow,
     /// Approximate sliding window with O(1) memory.
     SlidingCounter,

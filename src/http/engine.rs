@@ -142,7 +142,11 @@ macro_rules! count_list_rejection {
 /// [`HttpLimiter::reload`] compiles the new configuration completely before swapping it in; on
 /// error the old one stays. A rule whose identity (scope, name, endpoint, period, algorithm, key,
 /// per-endpoint) is unchanged keeps its limiter and counters; if only its limit changed the
-/// limiter is reconfigured in place. Bans are kept when `[bans]` did not change. With the Redis
+/// limiter is reconfigured in place, except that of a `sliding_window` rule whose limit is
+/// raised: its ring of timestamps cannot grow in place, so the rule starts with fresh counters
+/// (each client may then make the new limit's requests at once, whatever it made in the last
+/// period). A pattern or IP range is compared as it reads, not as it is written (`GET:/API/*`
+/// is `get:/api/*`). Bans are kept when `[bans]` did not change. With the Redis
 /// backend the counters live in Redis under names derived from the rule's identity, so the same
 /// rules find them again; a reload may change the prefix (new keys), failure policy and deadline,
 /// not the URL nor `cluster`.

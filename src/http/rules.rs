@@ -113,7 +113,8 @@ pub(crate) struct Endpoint {
 enum PathMatch {
     Any,
     Glob(String),
-    Regex(Regex),
+    /// The compiled expression, and the path part as written.
+    Regex(Regex, Box<str>),
 }
 
 /// `*` in `pattern` matches any run of characters and `?` any one character
@@ -195,7 +196,7 @@ impl Endpoint {
             // part of it.
             Regex::new(path).map_err(invalid)?;
             let re = Regex::new(&format!("(?i)^(?:{path})$")).map_err(invalid)?;
-            PathMatch::Regex(re)
+            PathMatch::Regex(re, path.into())
         } else if path == "*" {
             PathMatch::Any
         } else if path.starts_with('/') {
@@ -222,12 +223,38 @@ impl Endpoint {
         match &self.path {
             PathMatch::Any => true,
             PathMatch::Glob(g) => glob(g.as_bytes(), path.as_bytes()),
-            PathMatch::Regex(re) => re.is_match(path),
+            PathMatch::Regex(re, _) => re.is_match(path),
         }
+    }
+
+    /// The pattern as a rule's identity names it: one text for every way of writing the same
+    /// pattern (`*` and `*:*`; the verb and a glob in any case, as they match in any case;
+    /// spaces around it; `re:` or `regex = true`), so that a reload that only rewrites a
+    /// pattern keeps the rule's counters. Lower case, as AspNetCoreRateLimit's documents write
+    /// patterns, so that those keep the text they always had. A regex is kept as written: its
+    /// case can matter (`\D` is not `\d`).
+    fn identity_text(&self) -> String {
+        let verb = self
+            .method
+            .as_deref()
+            .map_or_else(|| "*".to_owned(), str::to_ascii_lowercase);
+        match &self.path {
+            PathMatch::Any if self.method.is_none() => "*".to_owned(),
+            PathMatch::Any => format!("{verb}:*"),
+            PathMatch::Glob(glob) => format!("{verb}:{}", glob.to_ascii_lowercase()),
+            PathMatch::Regex(_, path) => format!("{verb}:{path}"),
+        }
+    }
+
+    fn is_regex(&self) -> bool {
+        matches!(self.path, PathMatch::Regex(..))
     }
 }
 
-/// What identifies a rule across reloads: everything but its limit and monitor flag.
+/// What identifies a rule across reloads: everything but its limit and monitor flag, each part
+/// as it reads rather than as it was written (`GET:/API/*` is `get:/api/*`; an IP rule's range
+/// is its canonical network), so that a reload that rewrites a rule without changing it keeps
+/// its counters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Identity {
     scope: String,
@@ -762,9 +789,15 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         };
         let identity = Identity {
             scope: scope.to_owned(),
-            name: name.clone(),
-            endpoint: r.endpoint.clone(),
-            regex: r.regex,
+            // An unnamed rule's name is its pattern as written; its identity takes the pattern
+            // as it reads, like `endpoint` below (the same text when the pattern is written in
+            // lower case, as usual: Redis keys named after it stay).
+            name: match &r.name {
+                Some(_) => name.clone(),
+                None => format!("{}-{}", endpoint.identity_text(), r.period.trim()),
+            },
+            endpoint: endpoint.identity_text(),
+            regex: endpoint.is_regex(),
             period,
             algorithm: r.algorithm,
             key: r.key,
@@ -985,7 +1018,8 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         let mut ip = Vec::new();
         for (i, entry) in config.ip_rules.iter().enumerate() {
             let net = parse_net(&entry.ip, &format!("ip_rules[{i}].ip"), &config.client_ip)?;
-            let scope = format!("ip:{}", entry.ip);
+            // The range as it reads (`::ffff:10.0.0.0/104` and `10.0.0.1/8` are `10.0.0.0/8`).
+            let scope = format!("ip:{}", net.trunc());
             ip.push((
                 net,
                 self.rules(&scope, &entry.rules, &format!("ip_rules[{i}].rules"))?,
