@@ -61,9 +61,9 @@ pub struct HttpConfig {
     /// so a full rule holds about 70 MB. A `sliding_window` rule's client also holds a ring of
     /// 8 bytes per permit of its `limit`: with `limit = 100` a full rule holds about 900 MB, and
     /// with a limit in the millions each client costs megabytes (lower this cap, or use
-    /// `sliding_counter`, whose clients cost the same at any limit). A key is evicted once it is idle (its counts back to a
-    /// fresh client's), to make room for a new one; a rule full of active keys answers a new
-    /// client as `key_overflow` says. Rules counted in Redis keep their keys there and are not
+    /// `sliding_counter`, whose clients cost the same at any limit). A key is evicted once it
+    /// is idle (its counts back to a fresh client's), to make room for a new one; a rule full
+    /// of active keys answers a new client as `key_overflow` says. Rules counted in Redis keep their keys there and are not
     /// bounded by it. Changing it (or `key_overflow`) in a reload starts every rule's counts
     /// afresh.
     pub max_keys_per_rule: usize,
