@@ -28,7 +28,9 @@
 //! - a search for room at the cap that overwrites a sweep's closing `room_at` reads the shard
 //!   hint that sweep left, so a key turning idle later is found (not "never");
 //! - a new key's first admission that fails on its fresh cell (the limit lowered after the
-//!   store's check) leaves no cell behind, and never takes back a cell someone else has used.
+//!   store's check) leaves no cell behind, and never takes back a cell someone else has used;
+//! - racing reconfigurations sweep the key queues in the order of their changes, so no waiter
+//!   fails for a capacity already replaced.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed`
 #![cfg(turnstile_loom)]
@@ -41,7 +43,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::time::Duration;
-use turnstile::{Algorithm, KeyedLimiter, ManualClock, Rate, TryAcquireError};
+use turnstile::{AcquireError, Algorithm, KeyedLimiter, ManualClock, Rate, TryAcquireError};
 
 /// Window length (and GCRA emission interval) in nanoseconds.
 const W: u64 = 10;
@@ -574,5 +576,53 @@ fn the_spare_slot_keeps_the_count_within_one_of_the_cap() {
         l.clock().advance(Duration::from_nanos(W));
         assert_eq!(l.sweep(), held);
         assert_eq!(l.len(), 0);
+    });
+}
+
+/// Limit 2 per key, key 1 spent. Thread A lowers the limit to 1 while the main thread sets it to
+/// 2, then a waiter asks key 1 for 2. If the main thread's change came last, the waiter is
+/// admitted in the next window; if A's came last, it fails with capacity 1 (at once or in A's
+/// sweep). Fails if `reconfigure` sweeps the key queues after releasing its mutex: A's sweep,
+/// computed for capacity 1, then runs after the change to 2 and fails the waiter for a capacity
+/// superseded before it even started (the keyed twin of loom_waiters'
+/// `rate_reconfigure_sweep_never_uses_a_superseded_capacity`).
+#[test]
+fn keyed_reconfigure_sweep_never_uses_a_superseded_capacity() {
+    model(|| {
+        let l = limiter(fixed(2), 16);
+        l.try_acquire_n(&1, 2).unwrap();
+        let lower = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.reconfigure(fixed(1)).unwrap())
+        };
+        l.reconfigure(fixed(2)).unwrap();
+        let waiter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking_n(&1, 2).map(|a| a.at_nanos()))
+        };
+        lower.join().unwrap();
+        if l.algorithm() == fixed(2) {
+            l.clock().advance(Duration::from_nanos(W));
+            assert_eq!(
+                waiter.join().unwrap(),
+                Ok(W),
+                "failed by a capacity superseded before it started"
+            );
+        } else {
+            assert_eq!(
+                waiter.join().unwrap(),
+                Err(AcquireError::InsufficientCapacity {
+                    requested: 2,
+                    capacity: 1
+                })
+            );
+        }
+        let s = l.stats();
+        assert_eq!(s.admitted + s.rejected, 2, "{s:?}");
+        assert_eq!(
+            (s.cancelled, s.waiting, s.queued_permits),
+            (0, 0, 0),
+            "{s:?}"
+        );
     });
 }

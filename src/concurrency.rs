@@ -728,8 +728,12 @@ impl ConcurrencyLimiter {
         // Waiters look again: the head may fit now, and a request above the new limit never will.
         // The head's attempt and this wake are both under the queue's mutex, so a raise cannot
         // slip between the head's failed attempt and its registration (no lost wake-up).
-        inner.queue.reconfigured(&inner.word, limit);
+        // The sweep runs under the mutex, so that racing changes sweep in their order; the
+        // wake-ups after it, since a woken party's `Waker` runs code of its own (which may call
+        // `set_limit`).
+        let woken = inner.queue.reconfigure_waiters(&inner.word, limit);
         drop(guard);
+        woken.wake();
         Ok(())
     }
 

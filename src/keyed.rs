@@ -7,9 +7,9 @@ use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::{build_sliding, Algorithm};
-use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, DEFAULT_QUEUE_LIMIT, WAITERS};
+use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, Woken, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
-    lock, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, WakeAll, ADMITTED,
+    lock, wake_all, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED,
     CANCELLED, OVERFLOWED, REJECTED,
 };
 use crossbeam_utils::CachePadded;
@@ -2026,14 +2026,18 @@ where
         // and the search for room at the cap would skip those keys until the old times.
         with_store!(&inner.store, s => s.forget_hints(&inner.ctx));
         *current = algorithm;
-        drop(current);
         let capacity = inner.algorithm_limit();
-        // Every key's queue, even if a waker panics in one of them (see `WakeAll`).
-        let mut all = WakeAll::default();
+        // Every key's queue is swept under the mutex: swept after it, for a capacity another
+        // reconfiguration has since replaced, a queue failed waiters that fit the capacity in
+        // force (loom_keyed, `keyed_reconfigure_sweep_never_uses_a_superseded_capacity`).
+        let mut woken = Vec::new();
         inner.ctx.waits.map.for_each(|_, wait| {
-            all.run(|| wait.queue.reconfigured(&wait.gate, capacity));
+            woken.push(wait.queue.reconfigure_waiters(&wait.gate, capacity));
         });
-        all.finish();
+        drop(current);
+        // The wake-ups after it, since a woken task's `Waker` may call `algorithm()`, which
+        // takes the same mutex; every key's, even if a waker panics in one of them.
+        wake_all(woken, Woken::wake);
         Ok(())
     }
 

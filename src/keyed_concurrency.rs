@@ -13,10 +13,10 @@ use crate::keyed::{
     shard_count, waiting_error, Ctx, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Slot, Unused,
     Waits, DEFAULT_MAX_KEYS,
 };
-use crate::queue::{no_timer, Blocked, QueueOrder, DEFAULT_QUEUE_LIMIT, WAITERS};
+use crate::queue::{no_timer, Blocked, QueueOrder, Woken, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
-    fence, lock, Arc, AtomicU64, Mutex, Ordering, WakeAll, ADMITTED, CANCELLED, OVERFLOWED,
-    REJECTED,
+    fence, lock, wake_all, Arc, AtomicU64, Mutex, Ordering, WakeAll, ADMITTED, CANCELLED,
+    OVERFLOWED, REJECTED,
 };
 use std::cell::Cell;
 use std::fmt;
@@ -1355,13 +1355,15 @@ where
         // asking for more than `limit` fail, each head looks again. The head's attempt and this
         // wake are both under that queue's mutex, so a raise cannot slip between the head's
         // failed attempt and its registration. Bounded by the keys that have waiters now.
-        // Every key's queue, even if a waker panics in one of them (see `WakeAll`).
-        let mut all = WakeAll::default();
+        // The sweeps run under the mutex, so that racing changes sweep in their order; the
+        // wake-ups after it, since a woken party's `Waker` runs code of its own (which may call
+        // `set_limit`). Every key's, even if a waker panics in one of them (see `WakeAll`).
+        let mut woken = Vec::new();
         inner.ctx.waits.map.for_each(|_, wait| {
-            all.run(|| wait.queue.reconfigured(&wait.gate, limit));
+            woken.push(wait.queue.reconfigure_waiters(&wait.gate, limit));
         });
         drop(guard);
-        all.finish();
+        wake_all(woken, Woken::wake);
         Ok(())
     }
 

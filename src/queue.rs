@@ -418,14 +418,10 @@ impl WaitQueue {
     /// with [`AcquireError::InsufficientCapacity`] at once, and the head (new or not) is woken
     /// to try again under the new parameters (it may be admissible earlier, or later; it
     /// re-arms its timer either way).
-    pub(crate) fn reconfigured(&self, gate: &AtomicU64, capacity: u32) {
-        self.reconfigure_waiters(gate, capacity).wake();
-    }
-
-    /// [`reconfigured`](Self::reconfigured) without the wake-ups, which the caller runs later:
-    /// for a caller that sweeps under a mutex of its own (so that sweeps run in the order of the
-    /// changes they follow) and wakes after releasing it, since a woken party's `Waker` may run
-    /// code that takes that mutex.
+    ///
+    /// The wake-ups are returned for the caller to run: every caller sweeps under a mutex of
+    /// its own (so that sweeps run in the order of the changes they follow) and wakes after
+    /// releasing it, since a woken party's `Waker` may run code that takes that mutex.
     pub(crate) fn reconfigure_waiters(&self, gate: &AtomicU64, capacity: u32) -> Woken {
         let mut wakes = Vec::new();
         {

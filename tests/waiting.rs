@@ -14,6 +14,8 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+#[cfg(feature = "keyed")]
+use turnstile::KeyedLimiter;
 use turnstile::{
     AcquireError, Algorithm, ConcurrencyLimiter, QueueOrder, Rate, RateLimiter, TokioClock,
     TryAcquireError, TryPermitError,
@@ -936,4 +938,104 @@ async fn an_async_time_limit_beyond_instant_waits_for_the_release() {
     assert_eq!(limiter.stats().waiting, 1);
     drop(held);
     assert_eq!(waiter.await.unwrap(), Ok(1));
+}
+
+/// A waker that runs `then` when woken: a task whose wake-up uses the limiter that woke it (here
+/// through its reconfiguration API, which takes the limiter's reconfiguration mutex).
+struct OnWake(Box<dyn Fn() + Send + Sync>);
+
+impl std::task::Wake for OnWake {
+    fn wake(self: Arc<Self>) {
+        (self.0)();
+    }
+}
+
+fn on_wake(then: impl Fn() + Send + Sync + 'static) -> Waker {
+    Waker::from(Arc::new(OnWake(Box::new(then))))
+}
+
+/// `set_limit` sweeps the queue under its mutex and wakes the head after it: a waker woken by it
+/// that changes the limit again (or reads it) runs with the mutex free. Woken under it, as it
+/// was, such a waker locked the mutex its own thread held.
+#[test]
+fn a_waker_woken_by_set_limit_may_set_the_limit_again() {
+    must_not_deadlock("set_limit woke its head under its own mutex", || {
+        let limiter = ConcurrencyLimiter::new(1).unwrap();
+        let held = limiter.try_acquire().unwrap();
+        let mut waiter = Box::pin(limiter.acquire());
+        let again = limiter.clone();
+        let waker = on_wake(move || again.set_limit(3).unwrap());
+        assert!(poll_with(waiter.as_mut(), &waker).is_pending());
+        limiter.set_limit(2).unwrap(); // wakes the head, whose waker raises it to 3
+        assert_eq!(limiter.limit(), 3);
+        let Poll::Ready(Ok(permit)) = poll_with(waiter.as_mut(), Waker::noop()) else {
+            panic!("the head was not admitted under the raised limit");
+        };
+        assert_eq!(limiter.available(), 1);
+        drop((permit, held));
+        assert_eq!(limiter.available(), 3);
+    });
+}
+
+/// The keyed twin: `KeyedConcurrencyLimiter::set_limit` sweeps every key's queue under its
+/// mutex and wakes after it.
+#[cfg(feature = "keyed")]
+#[test]
+fn a_waker_woken_by_a_keyed_set_limit_may_set_the_limit_again() {
+    must_not_deadlock(
+        "the keyed set_limit woke a head under its own mutex",
+        || {
+            let limiter = turnstile::KeyedConcurrencyLimiter::<u64>::new(1).unwrap();
+            let held = limiter.try_acquire(&7).unwrap();
+            let mut waiter = Box::pin(limiter.acquire(&7));
+            let again = limiter.clone();
+            let waker = on_wake(move || again.set_limit(3).unwrap());
+            assert!(poll_with(waiter.as_mut(), &waker).is_pending());
+            limiter.set_limit(2).unwrap();
+            assert_eq!(limiter.limit(), 3);
+            let Poll::Ready(Ok(permit)) = poll_with(waiter.as_mut(), Waker::noop()) else {
+                panic!("the head was not admitted under the raised limit");
+            };
+            assert_eq!(limiter.available(&7), 1);
+            drop((permit, held));
+            assert_eq!(limiter.available(&7), 3);
+        },
+    );
+}
+
+/// `KeyedLimiter::reconfigure` sweeps every key's queue under the mutex that holds
+/// `algorithm()`, and wakes after releasing it: a waker woken by it that reads the parameters
+/// (or reconfigures again) finds the mutex free.
+#[cfg(feature = "keyed")]
+#[test]
+fn a_waker_woken_by_a_keyed_reconfigure_may_read_the_algorithm() {
+    must_not_deadlock(
+        "KeyedLimiter::reconfigure woke a head under its mutex",
+        || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let window = Duration::from_secs(1);
+                let limit = |limit| Algorithm::FixedWindow { limit, window };
+                let limiter = KeyedLimiter::with_clock(limit(1), TokioClock::new()).unwrap();
+                limiter.try_acquire(&"alice").unwrap();
+                let mut waiter = Box::pin(limiter.acquire(&"alice"));
+                let seen = Arc::new(Mutex::new(None));
+                let waker = {
+                    let (limiter, seen) = (limiter.clone(), Arc::clone(&seen));
+                    on_wake(move || *seen.lock().unwrap() = Some(limiter.algorithm()))
+                };
+                assert!(poll_with(waiter.as_mut(), &waker).is_pending());
+                limiter.reconfigure(limit(2)).unwrap(); // wakes the head, whose waker reads it
+                assert_eq!(*seen.lock().unwrap(), Some(limit(2)));
+                let Poll::Ready(Ok(admission)) = poll_with(waiter.as_mut(), Waker::noop()) else {
+                    panic!("the head was not admitted under the raised limit");
+                };
+                assert_eq!(admission.remaining(), 0);
+            });
+        },
+    );
 }
