@@ -952,6 +952,34 @@ mod metrics_counters {
             assert_eq!(n("turnstile_http_rejected{per-ip}"), rejected, "{policy}");
         }
     }
+
+    /// A rejection the full ban list cannot count is counted by its rule, and the clients the
+    /// list does track are still banned on time.
+    #[test]
+    fn a_rejection_the_full_ban_list_cannot_count_is_counted() {
+        let tally = Tally::default();
+        let counts = tally.0.clone();
+        let (l, _) = limiter(
+            "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n\
+             [bans]\nafter = 2\nwithin = \"1m\"\nduration = \"10m\"\nmax_entries = 1\n",
+        );
+        metrics::with_local_recorder(&tally, || {
+            get(&l, "/", "10.0.0.1", None);
+            get(&l, "/", "10.0.0.1", None); // rejected: the list's one entry
+            get(&l, "/", "10.0.0.2", None);
+            get(&l, "/", "10.0.0.2", None); // rejected: no room to count it
+            get(&l, "/", "10.0.0.2", None); // again
+            get(&l, "/", "10.0.0.1", None); // its second rejection: banned
+        });
+        let counts = counts.lock().unwrap();
+        let n = |k: &str| counts.get(k).copied().unwrap_or(0);
+        assert_eq!(n("turnstile_http_ban_list_full{per-ip}"), 2);
+        assert_eq!(n("turnstile_http_banned{per-ip}"), 1);
+        assert_eq!(n("turnstile_http_rejected{per-ip}"), 4);
+        drop(counts);
+        let banned = reason(&get(&l, "/", "10.0.0.1", None)).unwrap();
+        assert_eq!((banned.0, banned.1.as_str()), (RejectReason::Banned, "ban"));
+    }
 }
 
 proptest! {
@@ -1676,4 +1704,23 @@ fn reload_keeps_counters_of_an_unnamed_rule_written_differently() {
     );
     assert_eq!(v.quotas[0].remaining, 0, "the count of 1 was kept");
     assert!(reason(&get(&l, "/api/x", "1.1.1.1", None)).is_some());
+}
+
+/// A full ban list says so once at warn (naming the setting to raise), not once per request.
+#[test]
+fn a_full_ban_list_warns_once() {
+    let (l, _) = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n\
+         [bans]\nafter = 5\nwithin = \"1m\"\nduration = \"10m\"\nmax_entries = 1\n",
+    );
+    let logged = warnings_of(|| {
+        get(&l, "/", "10.0.0.1", None);
+        get(&l, "/", "10.0.0.1", None); // rejected: the list's one entry
+        for ip in ["10.0.0.2", "10.0.0.3", "10.0.0.4"] {
+            get(&l, "/", ip, None);
+            get(&l, "/", ip, None); // rejected: no room to count it
+        }
+    });
+    assert_eq!(logged.matches("ban list full").count(), 1, "{logged}");
+    assert!(logged.contains("bans.max_entries"), "{logged}");
 }

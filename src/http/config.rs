@@ -588,7 +588,10 @@ pub struct BanConfig {
     pub within: String,
     /// How long a ban lasts (humantime).
     pub duration: String,
-    /// The most clients tracked (for rejection counts, and for bans).
+    /// The most clients tracked (for rejection counts, and for bans). A rejection of a new
+    /// client while every entry is busy is not counted towards a ban (the layer logs it and,
+    /// with the feature `metrics`, counts it in `turnstile_http_ban_list_full`); no ban in
+    /// force is ever evicted to make room.
     pub max_entries: usize,
 }
 

@@ -114,10 +114,13 @@ macro_rules! count_list_rejection {
 ///
 /// `tracing`: a debug event for every rejection (rule, key or client, reason) and every
 /// would-be rejection of a monitor rule; info when a client is banned and when the watcher
-/// reloads; error when a watched file fails to load. With the feature `metrics`, counters
+/// reloads; warn the first time the ban list is too full to count a rejection (debug after
+/// that); error when a watched file fails to load. With the feature `metrics`, counters
 /// through the `metrics` facade, labelled `rule`: `turnstile_http_admitted` (once per enforced
 /// rule that admitted a request), `turnstile_http_rejected` (rule, `"blocklist"` or `"ban"`),
 /// `turnstile_http_banned` (the rule whose rejection started the ban),
+/// `turnstile_http_ban_list_full` (the rule whose rejection the full ban list could not count:
+/// raise `bans.max_entries`),
 /// `turnstile_http_shadow_rejected` and `turnstile_http_key_overflow` (a request of a client the
 /// rule had no room for, whatever `key_overflow` did with it); with the Redis backend,
 /// `turnstile_http_backend_fallbacks` (one per decision the failure policy made instead of

@@ -6,6 +6,7 @@ use crate::http::config::{
     BanConfig, HttpConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
 };
 use crate::http::{ClientIpConfig, HttpConfigError};
+use crate::sync::Ordering;
 use crate::{Algorithm, BanList, Clock, KeyOverflow, KeyedLimiter, Rate};
 use compact_str::CompactString;
 use ipnet::IpNet;
@@ -358,6 +359,9 @@ impl LocalName {
 pub(crate) struct Bans<C: Clock> {
     pub(crate) config: BanConfig,
     pub(crate) list: BanList<BanKey, C>,
+    /// 1 once a rejection found the list full and said so at `warn` (later ones log at `debug`:
+    /// a flood at a full list would otherwise write a warning per request).
+    warned_full: crate::sync::AtomicU64,
 }
 
 impl<C: Clock> Bans<C> {
@@ -369,11 +373,30 @@ impl<C: Clock> Bans<C> {
     /// before any rule, so the rejections counted after a ban are those since it ended, and a
     /// ban shorter than `within` must be able to start again within the same window. A
     /// rejection the list has no room for (a new client, the list full of busy ones) counts
-    /// for nothing, as a new client at a rule's cap does.
+    /// for nothing, as a new client at a rule's cap does; but the lost count is not silent: it
+    /// is counted (`turnstile_http_ban_list_full` for the rule) and logged, at `warn` the first
+    /// time for the list and at `debug` after that.
     pub(crate) fn count_rejection(&self, client: &BanKey, rule: &Counters) {
-        if self.list.fail(client).is_ok_and(|f| f.ban_started) {
-            tracing::info!(client = ?client, duration = %self.config.duration, "client banned");
-            rule.increment(Metric::Banned);
+        match self.list.fail(client) {
+            Ok(failure) if failure.ban_started => {
+                tracing::info!(client = ?client, duration = %self.config.duration, "client banned");
+                rule.increment(Metric::Banned);
+            }
+            Ok(_) => {}
+            Err(full) => {
+                rule.increment(Metric::BanListFull);
+                // Relaxed: a flag for one log line; it orders nothing else.
+                if self.warned_full.swap(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        client = ?client,
+                        max_entries = full.max_keys,
+                        "ban list full of busy clients: rejections of new clients are not \
+                         counted towards bans until entries go idle (raise bans.max_entries)"
+                    );
+                } else {
+                    tracing::debug!(client = ?client, "ban list full: rejection not counted");
+                }
+            }
         }
     }
 }
@@ -395,17 +418,20 @@ pub(crate) enum Metric {
     BackendFallbacks,
     /// A ban the rule's rejection started.
     Banned,
+    /// A rejection by the rule that the full ban list could not count.
+    BanListFull,
 }
 
 #[cfg(feature = "metrics")]
 impl Metric {
-    const ALL: [Metric; 6] = [
+    const ALL: [Metric; 7] = [
         Metric::Admitted,
         Metric::Rejected,
         Metric::ShadowRejected,
         Metric::KeyOverflow,
         Metric::BackendFallbacks,
         Metric::Banned,
+        Metric::BanListFull,
     ];
 
     /// The counter's name.
@@ -417,6 +443,7 @@ impl Metric {
             Metric::KeyOverflow => "turnstile_http_key_overflow",
             Metric::BackendFallbacks => "turnstile_http_backend_fallbacks",
             Metric::Banned => "turnstile_http_banned",
+            Metric::BanListFull => "turnstile_http_ban_list_full",
         }
     }
 }
@@ -431,7 +458,7 @@ impl Metric {
 /// local one, still gets every count. Without the feature this is empty and counts nothing.
 pub(crate) struct Counters {
     #[cfg(feature = "metrics")]
-    keys: [metrics::Key; 6],
+    keys: [metrics::Key; 7],
 }
 
 impl Counters {
@@ -1131,6 +1158,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         Ok(Arc::new(Bans {
             config: b.clone(),
             list,
+            warned_full: crate::sync::AtomicU64::new(0),
         }))
     }
 }
