@@ -309,6 +309,36 @@ async fn policy_names_are_escaped_sf_strings() {
     assert_eq!(parsed[0].0, r#"a "quoted" \ name"#);
 }
 
+/// A policy name is written distinctly whatever it holds, alone or beside others: its `%` is
+/// `%25`, so that the name `%C3%A9` is not the encoding of `é` (they are two policies to a
+/// client). The one-quota fast path wrote `%` as it is.
+#[test]
+fn a_percent_in_a_lone_policy_name_is_encoded() {
+    let quota = |name: &str| QuotaState {
+        policy: name.into(),
+        limit: 5,
+        window: Duration::from_secs(1),
+        remaining: 1,
+        reset_after: Duration::from_secs(1),
+    };
+    let lone = |name: &str| {
+        turnstile::http::ratelimit_value(&[quota(name)])
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_ne!(lone("%C3%A9"), lone("é"));
+    assert_eq!(lone("%C3%A9"), r#""%25C3%25A9";r=1;t=1"#);
+    assert_eq!(lone("100%"), r#""100%25";r=1;t=1"#);
+    let policy = turnstile::http::ratelimit_policy_value(&[quota("a%b")]).unwrap();
+    assert_eq!(policy, r#""a%25b";q=5;w=1"#);
+    // The same as in a list of several.
+    let two = turnstile::http::ratelimit_value(&[quota("a%b"), quota("c")]).unwrap();
+    assert_eq!(two, r#""a%25b";r=1;t=1, "c";r=1;t=1"#);
+    assert_eq!(parse_sf_list(&lone("%C3%A9")).unwrap()[0].0, "%25C3%25A9");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spoofed_forwarded_for_from_untrusted_peer_is_ignored() {
     let policy = Arc::new(PerIp::new("per-ip"));

@@ -297,12 +297,14 @@ pub fn ratelimit_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// The common case of [`list_value`]: one quota whose name needs no escaping, written in one go.
-/// `params` are the two parameters (key and value). `None` when the name needs escaping.
+/// `params` are the two parameters (key and value). `None` when the name needs escaping,
+/// `%` included (see [`push_sf_string`]: written as it is, a name `%C3%A9` would read as the
+/// encoding of `é`).
 fn single_value(quota: &QuotaState, params: [(u8, u64); 2]) -> Option<HeaderValue> {
     let name = quota.policy.as_bytes();
     if !name
         .iter()
-        .all(|&b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        .all(|&b| (b' '..=b'~').contains(&b) && !matches!(b, b'"' | b'\\' | b'%'))
     {
         return None;
     }
