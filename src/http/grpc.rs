@@ -68,7 +68,8 @@ pub(crate) fn grpc_content_type(headers: &HeaderMap) -> Option<&'static str> {
 /// A trailers-only gRPC response: HTTP 200, `content_type` (`application/grpc` or a gRPC-Web
 /// one, see [`grpc_content_type`]), `grpc-status` `code`, `message` percent-encoded in
 /// `grpc-message`, and when `retry` is given `retry-after` (whole seconds, rounded up, at
-/// least 1) and `grpc-retry-pushback-ms` (milliseconds, rounded up, at least 1); no body.
+/// least 1) and `grpc-retry-pushback-ms` (milliseconds, rounded up, at least 1, at most
+/// `i32::MAX`); no body.
 ///
 /// `grpc-retry-pushback-ms` is what gRPC clients with a retry policy read (gRPC's retry design,
 /// A6): they wait that long before the next attempt instead of their own backoff, where
@@ -95,14 +96,23 @@ pub(crate) fn trailers_only(
     if let Some(retry) = retry {
         let secs = whole_seconds_up(retry).max(1);
         headers.insert(RETRY_AFTER, crate::http::response::retry_after_value(secs));
-        let millis = retry.as_nanos().div_ceil(1_000_000).max(1);
+        // At most `i32::MAX` (24.8 days): clients read the value as a 32-bit integer (grpc-java
+        // parses an `Integer`), and one that cannot parse it never retries at all; a longer
+        // wait (only a long ban) is met by another rejection with the rest of it.
+        let millis = retry
+            .as_nanos()
+            .div_ceil(1_000_000)
+            .clamp(1, PUSHBACK_MAX_MS);
         headers.insert(
             HeaderName::from_static("grpc-retry-pushback-ms"),
-            HeaderValue::from(u64::try_from(millis).unwrap_or(u64::MAX)),
+            HeaderValue::from(u32::try_from(millis).unwrap_or(i32::MAX as u32)),
         );
     }
     response
 }
+
+/// The largest `grpc-retry-pushback-ms`: `i32::MAX` milliseconds.
+const PUSHBACK_MAX_MS: u128 = i32::MAX as u128;
 
 /// gRPC's `RESOURCE_EXHAUSTED`, for the concurrency layer's rejections.
 pub(crate) const CONCURRENCY_CODE: u16 = RESOURCE_EXHAUSTED;
@@ -258,6 +268,18 @@ mod tests {
         assert_eq!(headers["ratelimit-policy"], r#""per-ip";q=2;w=1"#);
         assert_eq!(headers["ratelimit"], r#""per-ip";r=0;t=1"#);
         assert!(response.body().is_empty());
+    }
+
+    /// A wait beyond 32-bit milliseconds (a long ban) is pushed back by `i32::MAX` ms, which
+    /// every client parses, rather than by a number some cannot parse and then never retry.
+    #[test]
+    fn a_pushback_beyond_32_bits_is_capped() {
+        let day = Duration::from_secs(86_400);
+        let verdict = rejected(RejectReason::Banned, Some(100 * day));
+        let response = grpc_rejection_response(&verdict, &ResponseConfig::default()).unwrap();
+        let headers = response.headers();
+        assert_eq!(headers["grpc-retry-pushback-ms"], "2147483647");
+        assert_eq!(headers["retry-after"], "8640000");
     }
 
     /// Without the Retry-After option (AspNet's `DisableRateLimitHeaders`), no pushback
