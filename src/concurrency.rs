@@ -726,8 +726,9 @@ impl ConcurrencyLimiter {
         // count or the flags; a wrap of the generation falls off bit 63.
         inner.word.fetch_add(GENERATION, Ordering::Release);
         // Waiters look again: the head may fit now, and a request above the new limit never will.
-        // The head's attempt and this wake are both under the queue's mutex, so a raise cannot
-        // slip between the head's failed attempt and its registration (no lost wake-up).
+        // The head's attempt and this sweep (which takes its waker) are both under the queue's
+        // mutex, so a raise cannot slip between the head's failed attempt and its registration
+        // (no lost wake-up: the wake itself may come after the unlock).
         // The sweep runs under the mutex, so that racing changes sweep in their order; the
         // wake-ups after it, since a woken party's `Waker` runs code of its own (which may call
         // `set_limit`).

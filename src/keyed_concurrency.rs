@@ -1353,8 +1353,9 @@ where
         fence(Ordering::SeqCst);
         // Every key with waiters (and the shared pool's, which sit in some key's queue): those
         // asking for more than `limit` fail, each head looks again. The head's attempt and this
-        // wake are both under that queue's mutex, so a raise cannot slip between the head's
-        // failed attempt and its registration. Bounded by the keys that have waiters now.
+        // sweep (which takes its waker) are both under that queue's mutex, so a raise cannot slip
+        // between the head's failed attempt and its registration. Bounded by the keys that have
+        // waiters now.
         // The sweeps run under the mutex, so that racing changes sweep in their order; the
         // wake-ups after it, since a woken party's `Waker` runs code of its own (which may call
         // `set_limit`). Every key's, even if a waker panics in one of them (see `WakeAll`).
