@@ -300,12 +300,13 @@ struct Inner<K, C: Clock, S> {
     bans: KeyedLimiter<K, C, S>,
     /// Serialise failures and what changes a ban (start, extend, lift) of the keys of one
     /// stripe (`BanList::stripe`: the key's shard in the failures table, modulo the stripe
-    /// count, a power of two); keys of different stripes never wait for each other. A ban change reads
-    /// the ban in force and then charges or resets it, and a charge adds to what is there, so
-    /// two of them interleaved would add up (a longer ban than either asked for) or a lift
-    /// between a read and its charge would shorten the ban. A failure holds it from its count
-    /// to its ban: an `unban` between the two would forget the failure and then see the ban it
-    /// started land after it, a key banned with no failure counted. Checks take no lock.
+    /// count, a power of two); keys of different stripes never wait for each other. A ban
+    /// change reads the ban in force and then charges or resets it, and a charge adds to what
+    /// is there, so two of them interleaved would add up (a longer ban than either asked for)
+    /// or a lift between a read and its charge would shorten the ban. A failure holds it from
+    /// its count to its ban: an `unban` between the two would forget the failure and then see
+    /// the ban it started land after it, a key banned with no failure counted. Checks take no
+    /// lock.
     banning: Box<[CachePadded<Mutex<()>>]>,
     /// Event counts for [`BanList::stats`], indexed by `FAILURES`, `BANS`, `REFUSED`, `FULL`.
     counters: Counters,
