@@ -33,7 +33,9 @@
 //! - no barging: under oldest-first order `try_acquire` fails while a waiter is queued, even when
 //!   permits are free;
 //! - close vs enqueue: a waiter racing with `close` returns `Err(Closed)` (or, if a release let it
-//!   in first, its permit), never hangs; every later call fails `Closed`;
+//!   in first, its permit), never hangs; every later call fails `Closed`; a blocking waiter whose
+//!   deadline passes as the close lands answers what `stats()` counts (`Closed`, rejected, or
+//!   `Timeout`, cancelled);
 //! - newest-first eviction vs cancel: a waiter evicted by a newer one (woken to see
 //!   `QueueFull`; rejected even if dropped before it looks), cancelled, or served is counted
 //!   once, and the newer waiter is served;
@@ -472,6 +474,38 @@ fn close_vs_blocking_enqueue() {
         let s = l.stats();
         assert_eq!((s.admitted, s.rejected, s.cancelled), (1, 4, 0), "{s:?}");
         assert_idle(&l, 5);
+    });
+}
+
+/// Close vs a blocking waiter whose deadline has passed (timeout zero, the permit held): the
+/// waiter returns `Closed` (counted rejected) if the close failed it before it gave up, or
+/// `Timeout` (counted cancelled) otherwise; what it returns and what `stats()` counts agree.
+/// (A close landing between the waiter's last look and its deadline check returned `Timeout`
+/// while the close's failure was counted as a rejection.)
+#[test]
+fn close_vs_blocking_deadline() {
+    model(|| {
+        let l = ConcurrencyLimiter::new(1).unwrap();
+        let held = l.try_acquire_owned(1).unwrap();
+        let waiter = {
+            let l = l.clone();
+            thread::spawn(move || l.acquire_blocking_timeout(1, Duration::ZERO).map(drop))
+        };
+        l.close();
+        let outcome = waiter.join().unwrap();
+        drop(held);
+        let s = l.stats();
+        let expected = match outcome {
+            Err(AcquireError::Closed) => (1, 1, 0),
+            Err(AcquireError::Timeout) => (1, 0, 1),
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(
+            (s.admitted, s.rejected, s.cancelled),
+            expected,
+            "{outcome:?} vs {s:?}"
+        );
+        assert_idle(&l, 2);
     });
 }
 

@@ -371,20 +371,20 @@ impl WaitQueue {
         Some(me.wake)
     }
 
-    /// Drops waiter `seq` (its future was dropped, or it timed out). Returns the counter the call
-    /// ends in: [`CANCELLED`] if it was still queued; [`REJECTED`] if the queue had already failed
-    /// it (closed, evicted, or too big after a reconfiguration) and it was dropped before it
+    /// Drops waiter `seq` (its future was dropped, or it timed out). Returns how it left:
+    /// [`Left::Cancelled`] if it was still queued; [`Left::Failed`] if the queue had already
+    /// failed it (closed, evicted, or too big after a reconfiguration) and it gave up before it
     /// looked, since that failure was the limiter's decision, not a wait given up; `None` if it
     /// was neither (nothing to count).
-    fn cancel(&self, gate: &AtomicU64, seq: u64) -> Option<usize> {
+    fn cancel(&self, gate: &AtomicU64, seq: u64) -> Option<Left> {
         let mut next = Wake::Nobody;
         let (counted, stale) = {
             let mut waiters = lock(&self.waiters);
-            if waiters.failed.remove(&seq).is_some() {
-                (Some(REJECTED), None)
+            if let Some(error) = waiters.failed.remove(&seq) {
+                (Some(Left::Failed(error)), None)
             } else {
                 let stale = self.leave(&mut waiters, gate, seq, &mut next);
-                (stale.as_ref().map(|_| CANCELLED), stale)
+                (stale.as_ref().map(|_| Left::Cancelled), stale)
             }
         };
         // Only now that the queue is unlocked (see `Wake::register`).
@@ -514,6 +514,24 @@ impl Woken {
     }
 }
 
+/// How a waiter that gave up left the queue (see [`WaitQueue::cancel`]).
+enum Left {
+    /// It was still queued: a wait given up ([`CANCELLED`]).
+    Cancelled,
+    /// The queue had failed it already: the limiter's decision ([`REJECTED`]).
+    Failed(AcquireError),
+}
+
+impl Left {
+    /// The counter the call ends in.
+    fn counter(&self) -> usize {
+        match self {
+            Left::Cancelled => CANCELLED,
+            Left::Failed(_) => REJECTED,
+        }
+    }
+}
+
 /// A queued waiter's place. Dropping it while still queued cancels the wait.
 struct Ticket<'a> {
     queue: &'a WaitQueue,
@@ -571,11 +589,32 @@ impl Ticket<'_> {
     }
 }
 
+impl Ticket<'_> {
+    /// A blocking waiter's deadline passed: it leaves the queue. Returns what the call ends in:
+    /// [`AcquireError::Timeout`] (counted cancelled), unless the queue had failed it already (a
+    /// `close`, an eviction or a reconfiguration that landed after its last look): then that
+    /// failure, counted rejected as the queue decided, so that the caller's answer and the
+    /// statistics agree.
+    fn time_out(&mut self) -> AcquireError {
+        self.queued = false;
+        match self.queue.cancel(self.gate, self.seq) {
+            Some(left) => {
+                self.counters.bump(left.counter());
+                match left {
+                    Left::Failed(error) => error,
+                    Left::Cancelled => AcquireError::Timeout,
+                }
+            }
+            None => AcquireError::Timeout,
+        }
+    }
+}
+
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if self.queued {
-            if let Some(which) = self.queue.cancel(self.gate, self.seq) {
-                self.counters.bump(which);
+            if let Some(left) = self.queue.cancel(self.gate, self.seq) {
+                self.counters.bump(left.counter());
             }
         }
     }
@@ -684,8 +723,9 @@ impl<'a> Wait<'a> {
                 Some(deadline) => {
                     let now = std::time::Instant::now();
                     if now >= deadline {
-                        // Dropping the ticket cancels the wait and counts it.
-                        return Err(AcquireError::Timeout);
+                        // Leaves the queue and counts the call; a failure the queue decided
+                        // since our look (a racing `close`) is what we answer, as counted.
+                        return Err(ticket.time_out());
                     }
                     Some(deadline - now)
                 }
