@@ -21,7 +21,9 @@
 //! - a head woken by a release keeps its key: neither a sweep nor a new key looking for room
 //!   at the cap evicts it before the head has taken (the word reads idle meanwhile);
 //! - two releases that both read one head's mark, racing a sweep, never turn the retired word
-//!   back into a live one.
+//!   back into a live one;
+//! - a head blocked on the shared overflow pool is not left asleep by a release that leaves
+//!   another key idle (room under the key cap) as it marks the pool.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -34,7 +36,7 @@ use loom::thread;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
-use turnstile::{KeyedConcurrencyLimiter, TryPermitError};
+use turnstile::{KeyOverflow, KeyedConcurrencyLimiter, TryPermitError};
 
 /// A hasher with fixed keys, so every loom execution puts a key in the same shard.
 type Fixed = BuildHasherDefault<DefaultHasher>;
@@ -428,5 +430,33 @@ fn a_woken_head_keeps_its_key_at_the_cap() {
         drop(head);
         // Key 2 may get in once key 1's permit (dropped with `served`'s guard) is back.
         let _ = other.join().unwrap();
+    });
+}
+
+/// One key slot (key 0's, one permit out) and the shared pool's one permit out (key 2's): key 3
+/// blocks on the pool while key 0's permit is released, which leaves key 0 idle, room for key
+/// 3's own cell. The head marks the pool and looks for room; the release makes its key idle and
+/// reads the pool's mark. Either the release sees the mark and wakes the head, or the head's
+/// second look (after its fence) finds key 0 idle: it is always served with the pool still out.
+/// Without the head's second look, or the release's wake, loom reports the head asleep forever.
+#[test]
+fn a_pool_head_is_served_by_another_key_going_idle() {
+    model(|| {
+        let l = Arc::new(
+            KeyedConcurrencyLimiter::<u64>::builder(1)
+                .hasher(Fixed::default())
+                .max_keys(1)
+                .overflow(KeyOverflow::Shared)
+                .build()
+                .unwrap(),
+        );
+        let own = l.try_acquire_owned(0, 1).unwrap();
+        let _pool = l.try_acquire_owned(2, 1).unwrap();
+        let waiter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&3).map(|p| p.permits()))
+        };
+        drop(own);
+        assert_eq!(waiter.join().unwrap(), Ok(1));
     });
 }

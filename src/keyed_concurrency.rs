@@ -119,6 +119,7 @@ struct Owed {
 /// | take `n` | load `config` (c1), load word, in use + n ≤ limit(c1): CAS in use + n, then load `config` (c2); c2 ≠ c1: give the permits back (`fetch_sub`, a release whose wake and idle hint the caller owes whatever the take ends in) and decide again |
 /// | head's take (under its queue's mutex) | as take, clearing `WAITERS` (on a key's cell; the shared pool's mark is left to the next release, as other keys' heads may have set it), or set `WAITERS` if short |
 /// | release of `n` | `fetch_sub(n)`; if `WAITERS` was set, consume it (a CAS loop: clear it and bump the wake tag, unless another release did or the word is retired) and, if this release consumed it, wake the key's head |
+/// | release leaving a key idle, under `Shared` | then a SeqCst fence and a load of the pool's word; if `WAITERS`, consume the pool's mark as above and wake every head (room under the cap); the pool head's side: mark, SeqCst fence, look once more |
 /// | retire (sweep) | load a word with nothing in use and no mark, ask whether the key has waiters (none), then CAS from that word (tag included) to [`RETIRED`] |
 /// | `set_limit` | store `config` (new generation, new limit), then wake every queued key's head |
 ///
@@ -303,16 +304,24 @@ impl Concurrency {
         // and clearing a bit of RETIRED would make it a live word with every permit in use.
         // Relaxed: the mark was read (Acquire) by our `fetch_sub`; this only clears it and
         // bumps the tag, both RMWs in the mark's release sequence.
-        let wake = before & WAITERS != 0
-            && cell
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
-                    (word != RETIRED && word & WAITERS != 0).then(|| consumed(word))
-                })
-                .is_ok();
+        let wake = before & WAITERS != 0 && Self::consume_mark(cell);
         Undone {
             wake,
             idle: used(before) == n,
         }
+    }
+
+    /// Clears `cell`'s `WAITERS` and bumps its wake tag, unless it is clear already (another
+    /// release consumed the mark) or the word is retired; true if this call consumed it, and
+    /// so owes the wake.
+    #[inline]
+    pub(crate) fn consume_mark(cell: &AtomicU64) -> bool {
+        // Relaxed: the caller read the mark with Acquire; this only clears it and bumps the
+        // tag, both RMWs in the mark's release sequence.
+        cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+            (word != RETIRED && word & WAITERS != 0).then(|| consumed(word))
+        })
+        .is_ok()
     }
 }
 
@@ -607,6 +616,7 @@ where
     fn settle(&self, key: &K, shard: usize, slot: Slot, undone: Undone, in_head: bool) {
         if slot == Slot::Key && undone.idle {
             self.ctx.idle_hint(&self.store.shards[shard]);
+            self.room_freed(key, in_head);
         }
         if !undone.wake {
             return;
@@ -618,18 +628,22 @@ where
                     wait.queue.wake_head();
                 }
             }
-            // The shared pool's waiters may be in any key's queue: wake every head (rare: only
-            // overflow keys at the cap wait on the pool), even if one's waker panics (`WakeAll`).
-            Slot::Overflow => {
-                let mut all = WakeAll::default();
-                self.ctx.waits.map.for_each(|k, wait| {
-                    if !(in_head && k == key) {
-                        all.run(|| wait.queue.wake_head());
-                    }
-                });
-                all.finish();
-            }
+            Slot::Overflow => self.wake_pool_heads(key, in_head),
         }
+    }
+
+    /// The shared pool's waiters may be in any key's queue: wakes every head (rare: only
+    /// overflow keys at the cap wait on the pool), even if one's waker panics (`WakeAll`);
+    /// `key`'s own not when `in_head` (we are that head, under its queue's mutex).
+    #[cold]
+    fn wake_pool_heads(&self, key: &K, in_head: bool) {
+        let mut all = WakeAll::default();
+        self.ctx.waits.map.for_each(|k, wait| {
+            if !(in_head && k == key) {
+                all.run(|| wait.queue.wake_head());
+            }
+        });
+        all.finish();
     }
 
     fn try_acquire(&self, key: &K, shard: usize, n: u32) -> Result<Slot, TryPermitError> {
@@ -712,15 +726,56 @@ where
 
     /// The head waiter's attempt (under its queue's mutex): take, or mark the cell so that the
     /// next release wakes this key's head.
+    ///
+    /// Short on the shared pool, it has marked the pool, and a pool release will wake it; but so
+    /// may room under the key cap (another key going idle, which a call at the cap evicts), and
+    /// a release that leaves its key idle wakes the pool's heads only if it sees the mark
+    /// (`room_freed`). So after marking, it looks once more: either that release saw the mark,
+    /// or this look sees the key it made idle.
     fn take_head(&self, key: &K, shard: usize, n: u32) -> Result<Slot, Blocked> {
-        let owed = Owed::default();
-        let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
-            self.take(cell, n, true, &owed)
-        });
-        self.pay(key, shard, &owed, true);
-        match taken {
-            Ok((outcome, slot)) => outcome.map(|_| slot).map_err(|_| Blocked::Release),
-            Err(error) => Err(Blocked::Fail(waiting_error(error))),
+        let mut looked_again = false;
+        loop {
+            let owed = Owed::default();
+            let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
+                self.take(cell, n, true, &owed)
+            });
+            self.pay(key, shard, &owed, true);
+            return match taken {
+                Ok((Ok(_), slot)) => Ok(slot),
+                Ok((Err(_), Slot::Overflow)) if !looked_again => {
+                    // SeqCst fence: store-then-load on both sides (we marked the pool, then
+                    // look at the keys; `room_freed`'s release made its key idle, then loads
+                    // the pool's word). With a fence on each side, either it reads our mark and
+                    // wakes us, or our second look finds its key idle and evicts it for room.
+                    fence(Ordering::SeqCst);
+                    looked_again = true;
+                    continue;
+                }
+                Ok((Err(_), _)) => Err(Blocked::Release),
+                Err(error) => Err(Blocked::Fail(waiting_error(error))),
+            };
+        }
+    }
+
+    /// A release (or a stale admission given back) left `key` idle: under
+    /// [`KeyOverflow::Shared`], that is room under the key cap for a head blocked on the shared
+    /// pool, which is woken only by releases that consume the pool's mark. Consumes that mark
+    /// and wakes every head, as a pool release does (a head still short marks again). Without
+    /// the shared pool, nothing: nobody waits for room.
+    #[inline]
+    fn room_freed(&self, key: &K, in_head: bool) {
+        if self.ctx.overflow != KeyOverflow::Shared {
+            return;
+        }
+        // SeqCst fence: pairs with the one in `take_head` after a head marks the pool (our
+        // release made the key idle before it; the load below comes after it): either we read
+        // the head's mark, or its second look finds the key idle.
+        fence(Ordering::SeqCst);
+        // Acquire: as the `fetch_sub` in `give_back`, reading a head's mark (its Release CAS)
+        // makes its key's queue visible to the wake's lookup.
+        let pool = &*self.store.overflow;
+        if pool.load(Ordering::Acquire) & WAITERS != 0 && Concurrency::consume_mark(pool) {
+            self.wake_pool_heads(key, in_head);
         }
     }
 
@@ -827,6 +882,7 @@ where
         // is one load when already lowered), the rare wake out of line.
         if slot == Slot::Key && undone.idle {
             self.ctx.idle_hint(shard_ref);
+            self.room_freed(key, false);
         }
         if undone.wake {
             self.settle(

@@ -851,3 +851,32 @@ fn a_permit_dropped_by_an_unwinding_holder_wakes_a_panicking_head_without_aborti
     assert_eq!(limiter.available(&7), 1);
     assert_eq!(limiter.stats().waiting, 0);
 }
+
+/// A head blocked on the shared pool is woken by room under the key cap too: with one key slot
+/// (key 0's, busy) and the pool's one permit out, key 3 waits; key 0's release leaves key 0
+/// idle, which is room for key 3's own cell, and key 3 is woken and served there with the pool
+/// still out. It slept until a pool release before.
+#[test]
+fn a_pool_head_is_woken_when_another_key_goes_idle() {
+    let limiter = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let own = limiter.try_acquire(&0u8).unwrap(); // the only key slot, busy
+    let _pool = limiter.try_acquire(&2u8).unwrap(); // the pool's one permit
+    let (wakes, waker) = counting();
+    let mut waiter = Box::pin(limiter.acquire(&3u8));
+    assert!(poll_with(waiter.as_mut(), &waker).is_pending());
+    drop(own); // key 0 idle: room for key 3's own cell
+    assert_eq!(
+        wakes.wakes(),
+        1,
+        "the pool's head was not woken by the room"
+    );
+    let std::task::Poll::Ready(Ok(permit)) = poll_with(waiter.as_mut(), Waker::noop()) else {
+        panic!("key 3 was not served in the room key 0 left");
+    };
+    assert_eq!(permit.permits(), 1);
+    assert_eq!(limiter.available(&3u8), 0, "served on its own cell");
+}
