@@ -51,18 +51,26 @@ pub(crate) fn wants_grpc(headers: &HeaderMap, config: &ResponseConfig) -> Option
 /// gRPC's: `application/grpc`, optionally followed by `+format` (`application/grpc+proto`) or
 /// parameters, answered as `application/grpc`; gRPC-Web's `application/grpc-web` and
 /// `application/grpc-web-text` (with the same options), answered with their own. Anything
-/// else: `None`.
+/// else: `None`. A media type's type and subtype are case-insensitive (RFC 9110, 8.3.1), so
+/// `Application/gRPC` is gRPC too: a client that wrote it expects a gRPC status, and would read
+/// an HTTP 429 as a transport failure.
 pub(crate) fn grpc_content_type(headers: &HeaderMap) -> Option<&'static str> {
     let value = headers.get(CONTENT_TYPE)?.as_bytes();
-    let rest = value.strip_prefix(b"application/grpc")?;
-    let (answer, rest) = if let Some(rest) = rest.strip_prefix(b"-web-text") {
+    let rest = strip_prefix_ignore_case(value, b"application/grpc")?;
+    let (answer, rest) = if let Some(rest) = strip_prefix_ignore_case(rest, b"-web-text") {
         ("application/grpc-web-text", rest)
-    } else if let Some(rest) = rest.strip_prefix(b"-web") {
+    } else if let Some(rest) = strip_prefix_ignore_case(rest, b"-web") {
         ("application/grpc-web", rest)
     } else {
         ("application/grpc", rest)
     };
-    matches!(rest.first(), None | Some(b'+' | b';' | b' ')).then_some(answer)
+    matches!(rest.first(), None | Some(b'+' | b';' | b' ' | b'\t')).then_some(answer)
+}
+
+/// `value` without `prefix` (lowercase ASCII), compared ignoring ASCII case.
+fn strip_prefix_ignore_case<'a>(value: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    let (head, rest) = value.split_at_checked(prefix.len())?;
+    head.eq_ignore_ascii_case(prefix).then_some(rest)
 }
 
 /// A trailers-only gRPC response: HTTP 200, `content_type` (`application/grpc` or a gRPC-Web
@@ -372,6 +380,9 @@ mod tests {
             "application/grpc-webx",
             "application/grpc-web-textual",
             "application/grp",
+            "application/grpcX",
+            "Application/JSON",
+            "text/grpc",
         ] {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static(other));
             assert_eq!(wants_grpc(&headers, &config), None, "{other}");
@@ -380,6 +391,14 @@ mod tests {
             ("application/grpc", "application/grpc"),
             ("application/grpc+proto", "application/grpc"),
             ("application/grpc; x=y", "application/grpc"),
+            ("application/grpc\t;x=y", "application/grpc"),
+            ("Application/gRPC", "application/grpc"),
+            ("APPLICATION/GRPC+PROTO", "application/grpc"),
+            ("application/gRPC-Web", "application/grpc-web"),
+            (
+                "Application/Grpc-Web-Text+proto",
+                "application/grpc-web-text",
+            ),
             ("application/grpc-web", "application/grpc-web"),
             ("application/grpc-web+proto", "application/grpc-web"),
             ("application/grpc-web-text", "application/grpc-web-text"),
