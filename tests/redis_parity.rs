@@ -805,3 +805,127 @@ async fn a_fallback_too_small_for_the_request_is_unavailable_not_insufficient_ca
     }
     assert!(back.is_ok(), "{back:?}");
 }
+
+/// Placed before the prelude: a `redis` whose `TIME` answers ARGV[4] (µs), as `FAKE_TIME`, and
+/// whose expiries run on that clock too: `PEXPIREAT` and `SET … PXAT` note the key's expiry (ms)
+/// in a hash beside it, `PTTL` answers from it, and a key whose time has passed (Redis's rule:
+/// the clock's millisecond is later than the expiry) is deleted before the script reads it. So
+/// a key expires between two calls exactly when Redis would delete it at the fake clock's times.
+const FAKE_EXPIRY: &str = "
+local real = redis
+local EXPIRY = '__fake_expiry'
+local function now_ms() return math.floor(tonumber(ARGV[4]) / 1000) end
+local function forget(key) real.call('HDEL', EXPIRY, key) end
+for i = 1, #KEYS do
+  local when = real.call('HGET', EXPIRY, KEYS[i])
+  if real.call('EXISTS', KEYS[i]) == 0 then
+    forget(KEYS[i])
+  elseif when and now_ms() > tonumber(when) then
+    real.call('DEL', KEYS[i])
+    forget(KEYS[i])
+  end
+end
+local function expire(key, when)
+  if tonumber(when) <= now_ms() then
+    real.call('DEL', key)
+    forget(key)
+  else
+    real.call('HSET', EXPIRY, key, when)
+  end
+end
+local redis = setmetatable({
+  call = function(command, ...)
+    local args = {...}
+    if command == 'TIME' then
+      local now = tonumber(ARGV[4])
+      local us = math.fmod(now, 1000000)
+      return {string.format('%d', (now - us) / 1000000), string.format('%d', us)}
+    end
+    if command == 'PEXPIREAT' then
+      if real.call('EXISTS', args[1]) == 0 then return 0 end
+      expire(args[1], args[2])
+      return 1
+    end
+    if command == 'SET' then
+      real.call('SET', args[1], args[2])
+      if args[3] == 'PXAT' then expire(args[1], args[4]) else forget(args[1]) end
+      return 'OK'
+    end
+    if command == 'PTTL' then
+      if real.call('EXISTS', args[1]) == 0 then return -2 end
+      local when = real.call('HGET', EXPIRY, args[1])
+      if not when then return -1 end
+      return tonumber(when) - now_ms()
+    end
+    local reply = real.call(command, ...)
+    if args[1] and real.call('EXISTS', args[1]) == 0 then forget(args[1]) end
+    return reply
+  end,
+}, {__index = real})
+";
+
+/// After a window-length change rebased a fixed window's grid, its key lived only to the end of
+/// its window. The next call then found no key and took the epoch-aligned window of that
+/// instant, which can start before the old window ended: the permits admitted there were
+/// forgotten while still in the new window, and the whole limit was handed out again (here 4
+/// permits in one 4 s window of limit 2, and a call admitted that the reconfigured in-memory
+/// limiter rejects). The key must live until the epoch grid's next boundary.
+#[test]
+fn a_rebased_fixed_window_outlives_the_epoch_window_its_permits_fall_in() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let script = format!("{FAKE_EXPIRY}{PRELUDE}{FIXED}\nreturn single(fixed_window)\n");
+    let s = 1_000_000u64;
+    let (long, short) = (10 * s, 4 * s);
+    // On a boundary of both grids, as the in-memory clock's zero is.
+    let base = 1_700_000_000_000_000u64 / (20 * s) * (20 * s);
+    let key = format!("{PREFIX}:{{rebased}}:fw");
+    let _: () = redis::cmd("DEL").arg(&key).query(&mut con).unwrap();
+    let make = |window: u64| Algorithm::FixedWindow {
+        limit: 2,
+        window: Duration::from_micros(window),
+    };
+    let clock = ManualClock::new();
+    let memory = RateLimiter::builder(make(long))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // (time, window, permits): one permit late in a 10 s window; then a 4 s limiter meets it
+    // (rebased: the count is kept, its window is [6 s, 10 s)) and takes the other; then the
+    // windows after it, the key idle in between.
+    let steps = [
+        (9 * s, long, 1),
+        (9 * s, short, 1),
+        (10 * s + s / 2, short, 2),
+        (12 * s + s / 2, short, 1),
+        (14 * s, short, 2),
+    ];
+    for (i, &(t, window, n)) in steps.iter().enumerate() {
+        clock.set(Duration::from_micros(t));
+        if i == 1 {
+            memory.reconfigure(make(short)).unwrap();
+        }
+        let reply: Vec<i64> = redis::cmd("EVAL")
+            .arg(&script)
+            .arg(1)
+            .arg(&key)
+            .arg(n)
+            .arg(window)
+            .arg(2)
+            .arg(base + t)
+            .query(&mut con)
+            .unwrap();
+        let context = format!("step {i} at {t} µs");
+        match memory.try_acquire_n(n) {
+            Ok(a) => assert_admitted_alike(&reply, &a, &context),
+            Err(TryAcquireError::Rejected(r)) => {
+                assert_eq!(
+                    reply[0], 0,
+                    "Redis admitted, memory rejected {r:?}; {context}"
+                );
+                assert_eq!(reply[2] as u64 * 1000, r.retry_after_nanos(), "{context}");
+            }
+            Err(e) => panic!("{e:?}; {context}"),
+        }
+    }
+}

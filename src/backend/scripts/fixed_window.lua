@@ -13,8 +13,9 @@ local function fixed_window(key, n, window, limit, now)
     used = tonumber(state[3]) or 0
   end
   local reset = start + window - now
-  -- The key expires at the window's end, in absolute ms (see `expire_at` in the prelude).
-  local expires = expire_at(start + window)
+  -- The key expires at the window's end, in absolute ms (see `expire_at` in the prelude), or
+  -- at the next boundary of the epoch-aligned grid if the key's grid was rebased (`grid_end`).
+  local expires = expire_at(grid_end(start + window, window))
   local need = n
   if need < 1 then need = 1 end
   local function write(count)

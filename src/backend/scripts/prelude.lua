@@ -34,6 +34,17 @@ local function expire_at(t)
   return math.ceil(t / 1000)
 end
 
+-- The first boundary of the epoch-aligned grid of `window` at or after `t` (µs). A key without
+-- state starts on that grid, so a key whose grid was rebased (see `window_grid`) must live until
+-- then: gone at the end of its own window, the next call's epoch-aligned window could start
+-- before that end and count afresh the permits admitted between the two. `t` itself on an
+-- aligned grid.
+local function grid_end(t, window)
+  local r = math.fmod(t, window)
+  if r == 0 then return t end
+  return t + (window - r)
+end
+
 -- One algorithm on KEYS[1]; ARGV = n, p1, p2. Reply {1, now, reset_after, remaining} or
 -- {0, now, retry_after, 0}.
 local function single(algorithm)
