@@ -684,11 +684,27 @@ where
         }
     }
 
+    /// What a take for `key` could get now (see [`KeyedConcurrencyLimiter::available`]): its
+    /// cell's free permits; for a key without a cell, the limit while there is a key slot free,
+    /// and at the cap what the overflow policy gives (the pool's free permits, or none).
     fn available(&self, key: &K, shard: usize) -> u32 {
-        self.store.shards[shard]
+        let algo = &self.store.algo;
+        if let Some(free) = self.store.shards[shard]
             .map
-            .get(key, |cell| self.store.algo.available(cell, 0))
-            .unwrap_or(self.limit())
+            .get(key, |cell| algo.available(cell, 0))
+        {
+            return free;
+        }
+        // Relaxed: a snapshot, like the cell's load; the count may move before the caller
+        // acts either way. (Above the cap by the spare slot counts as at it.)
+        if self.ctx.keys.load(Ordering::Relaxed) < self.ctx.max_keys as u64 {
+            return self.limit();
+        }
+        match self.ctx.overflow {
+            // The pool's limit is the key's: its free permits never exceed it.
+            KeyOverflow::Shared => algo.available(&self.store.overflow, 0),
+            KeyOverflow::Reject => 0,
+        }
     }
 
     /// Validates and tries without queueing when `key` has no waiters (newest first: whether or
@@ -1317,17 +1333,33 @@ where
         Ok(self.permit(key, shard, n, slot))
     }
 
-    /// Permits free for `key` now (a snapshot; a key not held has the full limit).
+    /// Permits `key` could take now (a snapshot): its own free permits if it is held; for a key
+    /// not held, the full limit while the limiter holds fewer than
+    /// [`max_keys`](Self::max_keys) keys. At the cap a new key is served by the
+    /// [`KeyOverflow`] policy, and this reports what that gives: the shared pool's free permits
+    /// under [`KeyOverflow::Shared`], none under [`KeyOverflow::Reject`]. (A take at the cap
+    /// first looks for an idle key to evict, and then gets the full limit on a cell of its
+    /// own; this snapshot evicts nothing and does not search, so at the cap it is a lower
+    /// bound.)
     ///
     /// # Examples
     ///
     /// ```
-    /// use turnstile::KeyedConcurrencyLimiter;
+    /// use turnstile::{KeyOverflow, KeyedConcurrencyLimiter};
     ///
     /// let limiter = KeyedConcurrencyLimiter::new(5)?;
     /// let _two = limiter.try_acquire_n(&1u64, 2)?;
     /// assert_eq!(limiter.available(&1u64), 3);
     /// assert_eq!(limiter.available(&2u64), 5);
+    ///
+    /// // At the cap, a new key is served from the shared pool: it sees the pool's free permits.
+    /// let shared = KeyedConcurrencyLimiter::builder(2)
+    ///     .max_keys(1)
+    ///     .overflow(KeyOverflow::Shared)
+    ///     .build()?;
+    /// let _own = shared.try_acquire(&1u64)?; // the only key slot, busy
+    /// let _pooled = shared.try_acquire(&2u64)?; // one of the pool's two permits
+    /// assert_eq!(shared.available(&3u64), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available(&self, key: &K) -> u32 {

@@ -880,3 +880,39 @@ fn a_pool_head_is_woken_when_another_key_goes_idle() {
     assert_eq!(permit.permits(), 1);
     assert_eq!(limiter.available(&3u8), 0, "served on its own cell");
 }
+
+/// `available` for a key without a cell tells what a take for it would get: the full limit
+/// while a key slot is free, and at the cap what the overflow policy gives (the shared pool's
+/// free permits, or none under `Reject`). It reported the full limit at the cap before.
+#[test]
+fn available_for_a_key_at_the_cap_is_what_the_overflow_gives() {
+    let shared = KeyedConcurrencyLimiter::builder(2)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    assert_eq!(shared.available(&3u8), 2, "a slot is free");
+    let _own = shared.try_acquire(&0u8).unwrap(); // the only key slot, busy
+    assert_eq!(shared.available(&3u8), 2, "the pool is free");
+    let pooled = shared.try_acquire(&1u8).unwrap();
+    assert_eq!(shared.available(&3u8), 1);
+    let pooled_too = shared.try_acquire(&2u8).unwrap();
+    assert_eq!(shared.available(&3u8), 0, "the pool is full");
+    assert!(shared.try_acquire(&3u8).is_err(), "and a take gets nothing");
+    drop(pooled);
+    assert_eq!(shared.available(&3u8), 1);
+    assert!(shared.try_acquire(&3u8).is_ok());
+    drop(pooled_too);
+
+    let reject = KeyedConcurrencyLimiter::builder(2)
+        .max_keys(1)
+        .overflow(KeyOverflow::Reject)
+        .build()
+        .unwrap();
+    let own = reject.try_acquire(&0u8).unwrap();
+    assert_eq!(reject.available(&3u8), 0, "at the cap, no idle key");
+    assert!(reject.try_acquire(&3u8).is_err());
+    drop(own);
+    // Key 0 is idle: a take would evict it, but `available` does not search (a lower bound).
+    assert_eq!(reject.available(&0u8), 2, "a held key reports its own cell");
+}
