@@ -24,6 +24,10 @@
 //!   back into a live one;
 //! - a head blocked on the shared overflow pool is not left asleep by a release that leaves
 //!   another key idle (room under the key cap) as it marks the pool.
+//! - no barging past the shared pool's waiters (oldest first): a key at the cap with no queue
+//!   is refused while a head waits for the pool, and that head is woken and served; a head
+//!   that defers to another pool waiter is woken when that waiter leaves (served with a permit
+//!   left free, or cancelled), never left asleep with the pool free.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -458,5 +462,123 @@ fn a_pool_head_is_served_by_another_key_going_idle() {
         };
         drop(own);
         assert_eq!(waiter.join().unwrap(), Ok(1));
+    });
+}
+
+/// A waker that records that it was woken (loom-visible).
+#[derive(Default)]
+struct Flag(loom::sync::atomic::AtomicBool);
+
+impl std::task::Wake for Flag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One key slot (key 0's, busy) and a shared pool of `limit` permits, oldest first.
+fn shared_pool(limit: u32) -> Arc<Limiter> {
+    Arc::new(
+        KeyedConcurrencyLimiter::<u64>::builder(limit)
+            .hasher(Fixed::default())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Key 3's head waits for the shared pool (oldest first); the pool's permit is released while
+/// key 4, with no queue and at the cap, tries the pool. Key 4 is always refused (no barging:
+/// the head is counted among the pool's waiters before key 4 looks), and the head is always
+/// woken by the release and served.
+#[test]
+fn a_newcomer_at_the_cap_does_not_barge_past_a_pool_head() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    model(|| {
+        let l = shared_pool(1);
+        let _own = l.try_acquire_owned(0, 1).unwrap();
+        let pooled = l.try_acquire_owned(2, 1).unwrap();
+        let woken = std::sync::Arc::new(Flag::default());
+        let waker = Waker::from(std::sync::Arc::clone(&woken));
+        let mut cx = Context::from_waker(&waker);
+        let mut head = Box::pin(l.acquire(&3));
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+        let releaser = thread::spawn(move || drop(pooled));
+        let newcomer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.try_acquire(&4).is_ok())
+        };
+        releaser.join().unwrap();
+        assert!(
+            !newcomer.join().unwrap(),
+            "key 4 barged past the pool's head"
+        );
+        assert!(
+            woken.0.load(Ordering::SeqCst),
+            "the pool's head was not woken"
+        );
+        let served = match head.as_mut().poll(&mut cx) {
+            Poll::Ready(outcome) => outcome.map(|p| p.permits()),
+            Poll::Pending => panic!("the woken head was not served"),
+        };
+        assert_eq!(served, Ok(1));
+    });
+}
+
+/// The pair between a head joining the pool's waiters and one leaving them. Key 3's head waits
+/// for a pool of two permits, which come back and wake it; key 4's `acquire_blocking` at the
+/// cap races key 3's head being served (one permit, one left free). Key 4 either takes the
+/// free permit (key 3 has left), or defers to key 3 (joins, marks the pool) and must then be
+/// woken when key 3 leaves with a permit free: loom reports it asleep forever otherwise.
+#[test]
+fn a_head_deferring_to_a_pool_head_is_woken_when_it_leaves() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    model(|| {
+        let l = shared_pool(2);
+        let _own = l.try_acquire_owned(0, 1).unwrap();
+        let pooled = l.try_acquire_owned(2, 2).unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut head = Box::pin(l.acquire(&3));
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+        drop(pooled); // wakes key 3's head; two permits free
+        let late = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&4).map(|p| p.permits()))
+        };
+        let served = match head.as_mut().poll(&mut cx) {
+            Poll::Ready(outcome) => outcome,
+            Poll::Pending => panic!("the woken head was not served"),
+        };
+        let served = served.expect("key 3 served");
+        // Key 3 holds its permit: key 4 is served by the one left free.
+        assert_eq!(late.join().unwrap(), Ok(1));
+        drop(served);
+    });
+}
+
+/// As above, but key 3's head leaves without taking (its future is dropped) while key 4's
+/// `acquire_blocking` at the cap defers to it: key 4 is served by the permit left free.
+#[test]
+fn a_head_deferring_to_a_cancelled_pool_head_is_woken() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    model(|| {
+        let l = shared_pool(1);
+        let _own = l.try_acquire_owned(0, 1).unwrap();
+        let pooled = l.try_acquire_owned(2, 1).unwrap();
+        let mut head = Box::pin(l.acquire(&3));
+        assert!(head
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending());
+        drop(pooled); // wakes key 3's head; the permit is free
+        let late = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&4).map(|p| p.permits()))
+        };
+        drop(head); // cancelled: leaves the pool's waiters, the permit untaken
+        assert_eq!(late.join().unwrap(), Ok(1));
     });
 }

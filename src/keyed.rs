@@ -73,7 +73,13 @@ pub enum KeyOverflow {
     /// key can then hold up to its limit on its own permits besides those it still holds from
     /// the shared pool, until those come back.
     ///
+    /// A [`KeyedConcurrencyLimiter`] queues waiters of overflow keys in their own keys' queues;
+    /// under [`QueueOrder::OldestFirst`] a call is not served from the pool while any of them
+    /// waits for it (no barging: `try_acquire` fails, `acquire` queues), and its `available`
+    /// reports the pool's free permits for a key the pool would serve.
+    ///
     /// [`KeyedConcurrencyLimiter`]: crate::KeyedConcurrencyLimiter
+    /// [`QueueOrder::OldestFirst`]: crate::QueueOrder::OldestFirst
     Shared,
 }
 

@@ -18,6 +18,7 @@ use crate::sync::{
     fence, lock, wake_all, Arc, AtomicU64, Mutex, Ordering, WakeAll, ADMITTED, CANCELLED,
     OVERFLOWED, REJECTED,
 };
+use crossbeam_utils::CachePadded;
 use std::cell::Cell;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -120,6 +121,8 @@ struct Owed {
 /// | head's take (under its queue's mutex) | as take, clearing `WAITERS` (on a key's cell; the shared pool's mark is left to the next release, as other keys' heads may have set it), or set `WAITERS` if short |
 /// | release of `n` | `fetch_sub(n)`; if `WAITERS` was set, consume it (a CAS loop: clear it and bump the wake tag, unless another release did or the word is retired) and, if this release consumed it, wake the key's head |
 /// | release leaving a key idle, under `Shared` | then a SeqCst fence and a load of the pool's word; if `WAITERS`, consume the pool's mark as above and wake every head (room under the cap); the pool head's side: mark, SeqCst fence, look once more |
+/// | a head at the cap joins the pool's waiters (oldest first; `Inner::join_pool`) | count it, `fetch_or(WAITERS)` (Release, even if set), SeqCst fence, load the count; a call without a queue takes nothing from the pool while the count is non-zero |
+/// | a pool waiter's call ends (`Inner::leave_pool`) | uncount, SeqCst fence, load the pool's word; if `WAITERS` and permits free, consume the mark (Acquire) and wake every head |
 /// | retire (sweep) | load a word with nothing in use and no mark, ask whether the key has waiters (none), then CAS from that word (tag included) to [`RETIRED`] |
 /// | `set_limit` | store `config` (new generation, new limit), then wake every queued key's head |
 ///
@@ -316,9 +319,12 @@ impl Concurrency {
     /// so owes the wake.
     #[inline]
     pub(crate) fn consume_mark(cell: &AtomicU64) -> bool {
-        // Relaxed: the caller read the mark with Acquire; this only clears it and bumps the
-        // tag, both RMWs in the mark's release sequence.
-        cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+        // Acquire on success: the caller read a mark with Acquire, but the word it consumes may
+        // carry a later mark (on the shared pool, a head joining its waiters sets `WAITERS`
+        // again with a Release `fetch_or`, see `Inner::join_pool`); reading it synchronises
+        // with that head, so the wake that follows finds its queue. Free on x86 (an RMW).
+        // Relaxed on failure: nothing consumed, nothing owed.
+        cell.fetch_update(Ordering::Acquire, Ordering::Relaxed, |word| {
             (word != RETIRED && word & WAITERS != 0).then(|| consumed(word))
         })
         .is_ok()
@@ -496,7 +502,8 @@ impl Clock for NoClock {
 /// their permits back on `Drop`: one lookup of the key and one `fetch_add`, lock-free unless
 /// someone waits for that key.
 ///
-/// Under [`KeyOverflow::Shared`] all overflow keys share one pool of `limit` permits.
+/// Under [`KeyOverflow::Shared`] all overflow keys share one pool of `limit` permits; under
+/// [`QueueOrder::OldestFirst`] nobody is served from it past a waiter waiting for it.
 ///
 /// Clones share state.
 ///
@@ -526,6 +533,74 @@ struct Inner<K, S> {
     ctx: Ctx<K, NoClock, S>,
     /// Serialises [`KeyedConcurrencyLimiter::set_limit`] calls; the hot path never takes it.
     reconfig: Mutex<()>,
+    /// Heads waiting for the shared pool under [`QueueOrder::OldestFirst`] (see [`PoolWait`]):
+    /// while non-zero, a call that has no queue of its own is not served from the pool (no
+    /// barging). The pool's `WAITERS` mark cannot say this: a head's take leaves it set (it may
+    /// be another head's). Written only by pool waiters joining and leaving; read (Relaxed) only
+    /// by calls at the cap under [`KeyOverflow::Shared`].
+    pool_waiters: CachePadded<AtomicU64>,
+}
+
+/// A waiting call's standing among the shared pool's waiters ([`Inner::pool_waiters`]).
+///
+/// | state | counted in `pool_waiters` | its head's next take on the pool |
+/// |---|---|---|
+/// | [`FRESH`](PoolWait::FRESH) | no | joins (and takes nothing) if others wait; else takes, or joins if short |
+/// | [`JOINED`](PoolWait::JOINED) | yes | in the same attempt, after the fence: takes only if no other waiter is counted |
+/// | [`WAITING`](PoolWait::WAITING) | yes | takes if the permits are free (pool waiters are not ordered among themselves) |
+///
+/// Joining counts the call and marks the pool (an RMW: see `join_pool`); a blocked attempt
+/// turns `JOINED` into `WAITING`; the call leaves when it ends, however (served, failed,
+/// timed out, its future dropped): `leave_pool`, run by its drop guard ([`LeavePool`]) after
+/// it has left its queue, never under the queue's mutex. A head served, or blocked on a cell
+/// of its own (room under the cap), stays counted until then: the others may defer to it
+/// until its call ends, a delay bounded by that call. Only under [`QueueOrder::OldestFirst`];
+/// newest first, a call stays `FRESH`.
+struct PoolWait {
+    /// One of the states above. Relaxed everywhere: only the owning call reads or writes it
+    /// (in its attempts, under its queue's mutex, and in its drop guard).
+    state: AtomicU64,
+}
+
+impl PoolWait {
+    const FRESH: u64 = 0;
+    const JOINED: u64 = 1;
+    const WAITING: u64 = 2;
+
+    fn new() -> Self {
+        PoolWait {
+            state: AtomicU64::new(Self::FRESH),
+        }
+    }
+
+    fn get(&self) -> u64 {
+        self.state.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, state: u64) {
+        self.state.store(state, Ordering::Relaxed);
+    }
+}
+
+/// Leaves the pool's waiters when a waiting call ends, however it ends (a future dropped too).
+struct LeavePool<'a, K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    inner: &'a Inner<K, S>,
+    key: &'a K,
+    me: PoolWait,
+}
+
+impl<K, S> Drop for LeavePool<'_, K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        self.inner.leave_pool(&self.me, self.key);
+    }
 }
 
 impl<K, S> Clone for KeyedConcurrencyLimiter<K, S> {
@@ -557,36 +632,49 @@ where
         self.store.algo.current_limit()
     }
 
-    /// Takes `n` permits for `key` ignoring its queue. `Ok(Err(free))`: too few free.
+    /// Takes `n` permits for `key` ignoring its queue. `Ok(Err(free))`: too few free (or, at the
+    /// cap, heads wait for the shared pool: no barging).
     #[inline(always)]
     fn decide(&self, key: &K, shard: usize, n: u32) -> Result<Result<Slot, u32>, TryAcquireError> {
         let owed = Owed::default();
         let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
-            self.take(cell, n, false, &owed)
+            self.take(cell, n, None, &owed)
         });
         self.pay(key, shard, &owed, false);
         let (outcome, slot) = taken?;
         Ok(outcome.map(|_| slot))
     }
 
-    /// One take on `cell` inside `with_cell` (the head's, which marks, when `head`), recording
-    /// in `owed` what any stale admission given back on the way owes, whatever the outcome.
+    /// One take on `cell` inside `with_cell` (the head's, which marks, when `head` is its
+    /// standing among the pool's waiters), recording in `owed` what any stale admission given
+    /// back on the way owes, whatever the outcome.
+    ///
+    /// On the shared pool under oldest-first order, no barging past its waiters: a call with no
+    /// queue takes nothing while a head waits for the pool (`Ok(Err(free))`: it is refused, or
+    /// queues), and a head defers as [`PoolWait`] says.
     #[inline(always)]
     fn take(
         &self,
         cell: &AtomicU64,
         n: u32,
-        head: bool,
+        head: Option<&PoolWait>,
         owed: &Owed,
     ) -> Result<Result<u32, u32>, TryAcquireError> {
         let algo = &self.store.algo;
         let pool = || std::ptr::eq(cell, &*self.store.overflow);
-        let (outcome, undone) = if !head {
-            algo.take(cell, n)
-        } else if pool() {
-            algo.take_or_mark_pool(cell, n)
-        } else {
-            algo.take_or_mark(cell, n)
+        let (outcome, undone) = match head {
+            // The pool is reached only at the cap under `Shared`: the common path pays one
+            // comparison of addresses here.
+            None if pool() && self.pool_held_back() => return Ok(Err(algo.available(cell, 0))),
+            None => algo.take(cell, n),
+            Some(me) if pool() && self.ctx.waits.order == QueueOrder::OldestFirst => {
+                match self.take_pool_in_order(cell, n, me) {
+                    Some(taken) => taken,
+                    None => return Ok(Err(algo.available(cell, 0))),
+                }
+            }
+            Some(_) if pool() => algo.take_or_mark_pool(cell, n),
+            Some(_) => algo.take_or_mark(cell, n),
         };
         if undone != Undone::default() {
             let debts = if pool() { &owed.pool } else { &owed.key };
@@ -684,11 +772,27 @@ where
         }
     }
 
+    /// What a take for `key` could get now (see [`KeyedConcurrencyLimiter::available`]): its
+    /// cell's free permits; for a key without a cell, the limit while there is a key slot free,
+    /// and at the cap what the overflow policy gives (the pool's free permits, or none).
     fn available(&self, key: &K, shard: usize) -> u32 {
-        self.store.shards[shard]
+        let algo = &self.store.algo;
+        if let Some(free) = self.store.shards[shard]
             .map
-            .get(key, |cell| self.store.algo.available(cell, 0))
-            .unwrap_or(self.limit())
+            .get(key, |cell| algo.available(cell, 0))
+        {
+            return free;
+        }
+        // Relaxed: a snapshot, like the cell's load; the count may move before the caller
+        // acts either way. (Above the cap by the spare slot counts as at it.)
+        if self.ctx.keys.load(Ordering::Relaxed) < self.ctx.max_keys as u64 {
+            return self.limit();
+        }
+        match self.ctx.overflow {
+            // The pool's limit is the key's: its free permits never exceed it.
+            KeyOverflow::Shared => algo.available(&self.store.overflow, 0),
+            KeyOverflow::Reject => 0,
+        }
     }
 
     /// Validates and tries without queueing when `key` has no waiters (newest first: whether or
@@ -732,28 +836,135 @@ where
     /// a release that leaves its key idle wakes the pool's heads only if it sees the mark
     /// (`room_freed`). So after marking, it looks once more: either that release saw the mark,
     /// or this look sees the key it made idle.
-    fn take_head(&self, key: &K, shard: usize, n: u32) -> Result<Slot, Blocked> {
+    ///
+    /// Under oldest-first order it also keeps its standing among the pool's waiters (`me`, see
+    /// [`PoolWait`]): joined when it blocks on the pool (or defers to the heads already
+    /// there); the call leaves them when it ends.
+    fn take_head(&self, key: &K, shard: usize, n: u32, me: &PoolWait) -> Result<Slot, Blocked> {
         let mut looked_again = false;
         loop {
             let owed = Owed::default();
             let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
-                self.take(cell, n, true, &owed)
+                self.take(cell, n, Some(me), &owed)
             });
             self.pay(key, shard, &owed, true);
-            return match taken {
-                Ok((Ok(_), slot)) => Ok(slot),
+            let blocked = match taken {
                 Ok((Err(_), Slot::Overflow)) if !looked_again => {
                     // SeqCst fence: store-then-load on both sides (we marked the pool, then
                     // look at the keys; `room_freed`'s release made its key idle, then loads
                     // the pool's word). With a fence on each side, either it reads our mark and
                     // wakes us, or our second look finds its key idle and evicts it for room.
+                    // It is also the fence of `join_pool`'s pair with `leave_pool` (we marked
+                    // the pool, then our second look loads `pool_waiters`).
                     fence(Ordering::SeqCst);
                     looked_again = true;
                     continue;
                 }
-                Ok((Err(_), _)) => Err(Blocked::Release),
-                Err(error) => Err(Blocked::Fail(waiting_error(error))),
+                // Served or failed: the call's `LeavePool` guard leaves the pool's waiters once
+                // it has left the queue (its wake must not run under our queue's mutex: heads
+                // of two queues waking each other's would each wait for the other's lock).
+                Ok((Ok(_), slot)) => return Ok(slot),
+                Err(error) => return Err(Blocked::Fail(waiting_error(error))),
+                // Short on the pool after our second look, or on a cell of its own (rare:
+                // another call of our key made it and took from it meanwhile; still counted,
+                // see `PoolWait`).
+                Ok((Err(_), _)) => Blocked::Release,
             };
+            // Asleep from here: a head that joined in this attempt now waits as the others do
+            // (its next attempts take whatever is free; it marked the pool before our fence).
+            if me.get() == PoolWait::JOINED {
+                me.set(PoolWait::WAITING);
+            }
+            return Err(blocked);
+        }
+    }
+
+    /// Whether a call with no queue of its own must not take from the shared pool now: heads
+    /// wait for it, served oldest first.
+    #[inline]
+    fn pool_held_back(&self) -> bool {
+        // Relaxed: a hint read once, as `Waits::any`: a head that joins just after this load
+        // is one the caller may precede (it was not waiting yet). It never makes the caller
+        // wait for nothing for long: every waiter counted leaves (`leave_pool`) and is woken
+        // while it waits (see `join_pool`).
+        self.ctx.waits.order == QueueOrder::OldestFirst
+            && self.pool_waiters.load(Ordering::Relaxed) != 0
+    }
+
+    /// A head's take on the shared pool under oldest-first order, by its standing `me` (see
+    /// [`PoolWait`]). `None`: it defers to the pool's other waiters (having joined them) and
+    /// takes nothing; the caller answers "short".
+    fn take_pool_in_order(&self, cell: &AtomicU64, n: u32, me: &PoolWait) -> Option<Taken> {
+        let algo = &self.store.algo;
+        match me.get() {
+            PoolWait::FRESH => {
+                // Relaxed: as `pool_held_back` (a hint; the pair that matters is the one
+                // `join_pool` makes with `leave_pool`).
+                if self.pool_waiters.load(Ordering::Relaxed) != 0 {
+                    self.join_pool(cell, me);
+                    return None;
+                }
+                let taken = algo.take_or_mark_pool(cell, n);
+                if matches!(taken.0, Ok(Err(_))) {
+                    self.join_pool(cell, me);
+                }
+                Some(taken)
+            }
+            // Our second look, after the fence. Relaxed: the fence orders it (see `join_pool`).
+            PoolWait::JOINED if self.pool_waiters.load(Ordering::Relaxed) > 1 => None,
+            _ => Some(algo.take_or_mark_pool(cell, n)),
+        }
+    }
+
+    /// Counts `me` among the pool's waiters and marks the pool, so that the next release (or
+    /// another waiter leaving with permits free) wakes every head.
+    ///
+    /// **No lost wake-up between waiters.** A head that joins while others are counted takes
+    /// nothing, though permits may be free (another waiter is about to take them). Should that
+    /// waiter leave without taking them all (served and some left over, timed out, cancelled,
+    /// served on a cell of its own), nothing else may come to wake us. So it is a Dekker pair:
+    /// we mark the pool (an RMW), fence (SeqCst, in `take_head`), and load the count in our
+    /// second look; `leave_pool` uncounts itself, fences, and loads the pool's word. Either our
+    /// second look sees it gone (and we take if we are the only one left), or its load sees our
+    /// mark (or a later word: a consumption of it, whose consumer woke us) and it wakes every
+    /// head if permits are free, else a release of the permits out reads the mark.
+    fn join_pool(&self, cell: &AtomicU64, me: &PoolWait) {
+        me.set(PoolWait::JOINED);
+        // Relaxed: a count read as a hint (`pool_held_back`) or ordered by the fences of the
+        // pair above.
+        self.pool_waiters.fetch_add(1, Ordering::Relaxed);
+        // Release: whoever consumes this mark (an Acquire RMW in `consume_mark`, or a release's
+        // AcqRel `fetch_sub` reading it) sees our key's queue in the queue map, made before,
+        // and wakes us under its mutex, which we hold until our waker is registered. An RMW
+        // even when `WAITERS` is set already, so that it has a place in the word's order for
+        // the pair with `leave_pool`. Never a retired word: the pool is never retired.
+        cell.fetch_or(WAITERS, Ordering::Release);
+    }
+
+    /// `me` leaves the pool's waiters (no-op if it never joined): uncounts it and, if another
+    /// head marked the pool and permits are free, consumes the mark and wakes every head (the
+    /// other side of `join_pool`'s pair). Called by the call's guard, outside its queue's mutex
+    /// (it may wake its own queue's next head too).
+    fn leave_pool(&self, me: &PoolWait, key: &K) {
+        if me.get() == PoolWait::FRESH {
+            return;
+        }
+        me.set(PoolWait::FRESH);
+        // Relaxed: as in `join_pool`.
+        self.pool_waiters.fetch_sub(1, Ordering::Relaxed);
+        // SeqCst fence: pairs with the one in `take_head` after a joining head marks the pool
+        // (we uncounted ourselves before it; the load below comes after it): either its second
+        // look sees us gone, or we read its mark.
+        fence(Ordering::SeqCst);
+        let pool = &*self.store.overflow;
+        // Acquire: as in `room_freed`, a head's mark (Release) makes its queue visible to the
+        // wake's lookup.
+        let word = pool.load(Ordering::Acquire);
+        if word & WAITERS != 0
+            && free_of(self.limit(), used(word)) > 0
+            && Concurrency::consume_mark(pool)
+        {
+            self.wake_pool_heads(key, false);
         }
     }
 
@@ -792,6 +1003,11 @@ where
     }
 
     async fn acquire_slow(&self, key: &K, shard: usize, n: u32) -> Result<Slot, AcquireError> {
+        let pool = LeavePool {
+            inner: self,
+            key,
+            me: PoolWait::new(),
+        };
         loop {
             let wait = self.ctx.waits.key_wait(key);
             Self::registered();
@@ -805,7 +1021,7 @@ where
                 .waits
                 .wait(&wait, &self.ctx.counters, n)
                 .run_async(
-                    || self.take_head(key, shard, n),
+                    || self.take_head(key, shard, n, &pool.me),
                     |slot| self.release(key, shard, n, slot),
                     no_timer,
                 )
@@ -837,6 +1053,11 @@ where
         if let Some(slot) = self.acquire_fast(key, shard, n)? {
             return Ok(slot);
         }
+        let pool = LeavePool {
+            inner: self,
+            key,
+            me: PoolWait::new(),
+        };
         loop {
             let wait = self.ctx.waits.key_wait(key);
             Self::registered();
@@ -850,7 +1071,7 @@ where
                 .waits
                 .wait(&wait, &self.ctx.counters, n)
                 .run_blocking(
-                    || self.take_head(key, shard, n),
+                    || self.take_head(key, shard, n, &pool.me),
                     |slot| self.release(key, shard, n, slot),
                     deadline,
                 ) {
@@ -1024,7 +1245,9 @@ where
     /// failure for a key already held writes no shared memory. `n == 0` succeeds iff a permit is
     /// free, holding nothing, and never creates a key.
     ///
-    /// **No barging.** Under [`QueueOrder::OldestFirst`] this fails while `key` has waiters.
+    /// **No barging.** Under [`QueueOrder::OldestFirst`] this fails while `key` has waiters,
+    /// and, for a key served from the shared pool ([`KeyOverflow::Shared`], at the cap), while
+    /// any key's waiter waits for the pool.
     ///
     /// # Errors
     ///
@@ -1317,17 +1540,33 @@ where
         Ok(self.permit(key, shard, n, slot))
     }
 
-    /// Permits free for `key` now (a snapshot; a key not held has the full limit).
+    /// Permits `key` could take now (a snapshot): its own free permits if it is held; for a key
+    /// not held, the full limit while the limiter holds fewer than
+    /// [`max_keys`](Self::max_keys) keys. At the cap a new key is served by the
+    /// [`KeyOverflow`] policy, and this reports what that gives: the shared pool's free permits
+    /// under [`KeyOverflow::Shared`], none under [`KeyOverflow::Reject`]. (A take at the cap
+    /// first looks for an idle key to evict, and then gets the full limit on a cell of its
+    /// own; this snapshot evicts nothing and does not search, so at the cap it is a lower
+    /// bound.)
     ///
     /// # Examples
     ///
     /// ```
-    /// use turnstile::KeyedConcurrencyLimiter;
+    /// use turnstile::{KeyOverflow, KeyedConcurrencyLimiter};
     ///
     /// let limiter = KeyedConcurrencyLimiter::new(5)?;
     /// let _two = limiter.try_acquire_n(&1u64, 2)?;
     /// assert_eq!(limiter.available(&1u64), 3);
     /// assert_eq!(limiter.available(&2u64), 5);
+    ///
+    /// // At the cap, a new key is served from the shared pool: it sees the pool's free permits.
+    /// let shared = KeyedConcurrencyLimiter::builder(2)
+    ///     .max_keys(1)
+    ///     .overflow(KeyOverflow::Shared)
+    ///     .build()?;
+    /// let _own = shared.try_acquire(&1u64)?; // the only key slot, busy
+    /// let _pooled = shared.try_acquire(&2u64)?; // one of the pool's two permits
+    /// assert_eq!(shared.available(&3u64), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available(&self, key: &K) -> u32 {
@@ -1730,6 +1969,7 @@ where
                     Waits::new(self.hasher, self.order, self.queue_limit),
                 ),
                 reconfig: Mutex::new(()),
+                pool_waiters: CachePadded::new(AtomicU64::new(0)),
             }),
         })
     }

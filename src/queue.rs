@@ -100,6 +100,9 @@ pub const DEFAULT_QUEUE_LIMIT: u64 = 65_536;
 pub enum QueueOrder {
     /// First come, first served (the default). A large request at the head is not overtaken by
     /// smaller ones behind it, and `try_acquire` fails while anyone is queued (no barging).
+    /// Keyed limiters keep one queue per key; a `KeyedConcurrencyLimiter` under
+    /// `KeyOverflow::Shared` also serves nobody from the shared pool past a waiter waiting for
+    /// it (waiters for the pool, from different keys, are served in no particular order).
     #[default]
     OldestFirst,
     /// The newest waiter is served first; when the queue is full, the oldest waiters fail with

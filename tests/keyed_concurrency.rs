@@ -880,3 +880,143 @@ fn a_pool_head_is_woken_when_another_key_goes_idle() {
     assert_eq!(permit.permits(), 1);
     assert_eq!(limiter.available(&3u8), 0, "served on its own cell");
 }
+
+/// `available` for a key without a cell tells what a take for it would get: the full limit
+/// while a key slot is free, and at the cap what the overflow policy gives (the shared pool's
+/// free permits, or none under `Reject`). It reported the full limit at the cap before.
+#[test]
+fn available_for_a_key_at_the_cap_is_what_the_overflow_gives() {
+    let shared = KeyedConcurrencyLimiter::builder(2)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    assert_eq!(shared.available(&3u8), 2, "a slot is free");
+    let _own = shared.try_acquire(&0u8).unwrap(); // the only key slot, busy
+    assert_eq!(shared.available(&3u8), 2, "the pool is free");
+    let pooled = shared.try_acquire(&1u8).unwrap();
+    assert_eq!(shared.available(&3u8), 1);
+    let pooled_too = shared.try_acquire(&2u8).unwrap();
+    assert_eq!(shared.available(&3u8), 0, "the pool is full");
+    assert!(shared.try_acquire(&3u8).is_err(), "and a take gets nothing");
+    drop(pooled);
+    assert_eq!(shared.available(&3u8), 1);
+    assert!(shared.try_acquire(&3u8).is_ok());
+    drop(pooled_too);
+
+    let reject = KeyedConcurrencyLimiter::builder(2)
+        .max_keys(1)
+        .overflow(KeyOverflow::Reject)
+        .build()
+        .unwrap();
+    let own = reject.try_acquire(&0u8).unwrap();
+    assert_eq!(reject.available(&3u8), 0, "at the cap, no idle key");
+    assert!(reject.try_acquire(&3u8).is_err());
+    drop(own);
+    // Key 0 is idle: a take would evict it, but `available` does not search (a lower bound).
+    assert_eq!(reject.available(&0u8), 2, "a held key reports its own cell");
+}
+
+/// One key slot (key 0's, busy) and a pool of one permit, shared, oldest first.
+fn one_slot_one_pool_permit() -> KeyedConcurrencyLimiter<u8> {
+    KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .queue_order(QueueOrder::OldestFirst)
+        .build()
+        .unwrap()
+}
+
+/// No barging past a head waiting for the shared pool (oldest first): key 3's head waits for
+/// the pool; the pool's permit comes back and wakes it; before it runs, key 4 (no queue, at
+/// the cap) is refused by `try_acquire`, and the head is served. Key 4 took the permit before.
+/// Once the head is gone, key 4 is served again (no lasting refusal).
+#[test]
+fn a_pool_take_does_not_barge_past_a_pool_head() {
+    let limiter = one_slot_one_pool_permit();
+    let _own = limiter.try_acquire(&0).unwrap();
+    let pooled = limiter.try_acquire(&2).unwrap();
+    let (wakes, waker) = counting();
+    let mut head = Box::pin(limiter.acquire(&3));
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    drop(pooled);
+    assert_eq!(wakes.wakes(), 1, "the pool's release wakes its head");
+    assert_eq!(limiter.available(&4), 1, "the permit is free");
+    assert!(
+        matches!(
+            limiter.try_acquire(&4),
+            Err(TryPermitError::NoPermits { requested: 1, .. })
+        ),
+        "key 4 barged past key 3's head"
+    );
+    let std::task::Poll::Ready(Ok(served)) = poll_with(head.as_mut(), Waker::noop()) else {
+        panic!("the head was not served");
+    };
+    assert_eq!(*served.key(), 3);
+    drop(head);
+    assert!(limiter.try_acquire(&4).is_err(), "the pool is out");
+    drop(served);
+    assert!(limiter.try_acquire(&4).is_ok(), "no head waits any more");
+}
+
+/// `acquire` for a key at the cap queues behind a pool head rather than barging: it waits,
+/// the head is served, and it is woken and served when the head's permit comes back.
+#[test]
+fn a_pool_acquire_queues_behind_a_pool_head() {
+    let limiter = one_slot_one_pool_permit();
+    let _own = limiter.try_acquire(&0).unwrap();
+    let pooled = limiter.try_acquire(&2).unwrap();
+    let mut head = Box::pin(limiter.acquire(&3));
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    drop(pooled);
+    let (wakes, waker) = counting();
+    let mut late = Box::pin(limiter.acquire(&4));
+    assert!(
+        poll_with(late.as_mut(), &waker).is_pending(),
+        "key 4 barged past key 3's head"
+    );
+    let std::task::Poll::Ready(Ok(served)) = poll_with(head.as_mut(), Waker::noop()) else {
+        panic!("the head was not served");
+    };
+    assert!(
+        poll_with(late.as_mut(), &waker).is_pending(),
+        "the pool is out"
+    );
+    drop(served);
+    assert!(wakes.wakes() >= 1, "the release wakes key 4's head");
+    let std::task::Poll::Ready(Ok(permit)) = poll_with(late.as_mut(), Waker::noop()) else {
+        panic!("key 4 was not served");
+    };
+    assert_eq!(*permit.key(), 4);
+}
+
+/// A head that deferred to another pool head is woken when that head leaves without taking
+/// the free permit (here its future is dropped): no wait for nothing, and no lasting refusal.
+#[test]
+fn a_pool_head_leaving_wakes_the_heads_that_deferred_to_it() {
+    let limiter = one_slot_one_pool_permit();
+    let _own = limiter.try_acquire(&0).unwrap();
+    let pooled = limiter.try_acquire(&2).unwrap();
+    let mut first = Box::pin(limiter.acquire(&3));
+    assert!(poll_with(first.as_mut(), Waker::noop()).is_pending());
+    drop(pooled); // wakes key 3's head; the permit is free
+    let (wakes, waker) = counting();
+    let mut second = Box::pin(limiter.acquire(&4));
+    assert!(
+        poll_with(second.as_mut(), &waker).is_pending(),
+        "key 4 barged past key 3's head"
+    );
+    let before = wakes.wakes();
+    drop(first); // cancelled, the free permit untaken
+    assert!(
+        wakes.wakes() > before,
+        "key 4's head was left asleep with the pool free"
+    );
+    let std::task::Poll::Ready(Ok(permit)) = poll_with(second.as_mut(), Waker::noop()) else {
+        panic!("key 4 was not served");
+    };
+    assert_eq!(*permit.key(), 4);
+    drop(permit);
+    drop(second);
+    assert!(limiter.try_acquire(&5).is_ok(), "no head waits any more");
+}
