@@ -102,10 +102,12 @@ fn ok_service() -> impl Service<
     })
 }
 
-/// With `Buffer` inside, a request waiting for a remote decision keeps its slot; dropping its
-/// future (a client that disconnects) gives the slot back and drops the decision.
+/// With `Buffer` inside, a request waiting for a pending decision (a remote backend, a rule's
+/// queue) holds no slot: what its `poll_ready` reserved is given back at once, so that a wait
+/// of seconds cannot starve admitted requests. Dropping its future (a client that disconnects)
+/// drops the decision.
 #[tokio::test]
-async fn pending_decision_keeps_the_buffer_slot_and_a_drop_releases_it() {
+async fn pending_decision_holds_no_buffer_slot_and_a_drop_drops_the_decision() {
     let remote = Remote::default();
     let buffer = tower::buffer::Buffer::new(ok_service(), 1);
     let mut service = RateLimitLayer::new(remote.clone()).layer(buffer.clone());
@@ -114,44 +116,55 @@ async fn pending_decision_keeps_the_buffer_slot_and_a_drop_releases_it() {
     let mut future = Box::pin(service.call(http::Request::new(String::new())));
     assert!(future.as_mut().poll(&mut noop()).is_pending());
     assert!(
-        other.poll_ready(&mut noop()).is_pending(),
-        "the waiting request keeps its slot"
+        other.poll_ready(&mut noop()).is_ready(),
+        "the waiting request holds no slot"
     );
+    drop(other);
     drop(future);
     assert!(
         remote.decide(admitted("a")).is_err(),
         "the decision future was dropped"
     );
-    assert!(
-        std::future::poll_fn(|cx| other.poll_ready(cx))
-            .await
-            .is_ok(),
-        "the slot is free again"
-    );
 }
 
-/// A pending decision that rejects releases the reservation of the service polled ready.
+/// A pending decision holds no `ConcurrencyLimit` permit while it waits; once admitted, the
+/// request waits for a permit as any other, and is served when one frees; a rejection never
+/// takes one.
 #[tokio::test]
-async fn pending_rejection_releases_the_concurrency_limit_permit() {
+async fn pending_decision_takes_the_concurrency_limit_permit_only_once_admitted() {
     let remote = Remote::default();
     let limited = tower::limit::ConcurrencyLimit::new(ok_service(), 1);
     let mut service = RateLimitLayer::new(remote.clone()).layer(limited.clone());
     assert!(service.poll_ready(&mut noop()).is_ready());
     let mut future = Box::pin(service.call(http::Request::new(String::new())));
     assert!(future.as_mut().poll(&mut noop()).is_pending());
-    let mut other = limited;
-    assert!(other.poll_ready(&mut noop()).is_pending());
+    // The permit is free while the decision is pending: another request takes it.
+    let mut other = limited.clone();
+    assert!(other.poll_ready(&mut noop()).is_ready());
+    remote.decide(admitted("a")).unwrap();
+    assert!(
+        future.as_mut().poll(&mut noop()).is_pending(),
+        "admitted, it waits for the permit the other request holds"
+    );
+    let served = other.call(http::Request::new(String::new())).await.unwrap();
+    assert_eq!(served.status(), 200);
+    let response = std::future::poll_fn(|cx| future.as_mut().poll(cx))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["ratelimit-policy"], "\"a\";q=10;w=1");
+
+    // A rejection: the permit stays with whoever holds it, none is taken.
+    assert!(service.poll_ready(&mut noop()).is_ready());
+    let mut future = Box::pin(service.call(http::Request::new(String::new())));
+    assert!(future.as_mut().poll(&mut noop()).is_pending());
+    let mut holder = limited;
+    assert!(holder.poll_ready(&mut noop()).is_ready());
     remote.decide(rejected()).unwrap();
-    // Polled to completion but not dropped: the permit must already be back.
     let response = std::future::poll_fn(|cx| future.as_mut().poll(cx))
         .await
         .unwrap();
     assert_eq!(response.status(), 429);
-    assert!(
-        other.poll_ready(&mut noop()).is_ready(),
-        "the rejection gave the permit back"
-    );
-    drop(future);
 }
 
 /// A body with trailers (gRPC's): passed through `RateLimitBody`, which ends after them.

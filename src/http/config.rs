@@ -248,6 +248,20 @@ pub struct RuleConfig {
     /// Count each `VERB:path` separately (AspNetCoreRateLimit's endpoint rate limiting); the
     /// path normalized as for `endpoint`, so two spellings of one path share a counter.
     pub per_endpoint: bool,
+    /// Requests that may wait for this rule at once instead of being rejected (ASP.NET Core's
+    /// `QueueLimit`); 0, the default: a rejection answers at once. A request this rule rejects
+    /// for its rate, while fewer than `queue_limit` wait for the rule, waits the rejection's
+    /// retry-after and is decided again (every rule, all-or-nothing, as a new request is),
+    /// as long as its answer comes within `max_wait` of its arrival; otherwise, or when the
+    /// queue is full, it is rejected at once. Waiting requests hold nothing: a rejection
+    /// charged no rule. They are not served in arrival order (see [`HttpLimiter`]'s "Waiting").
+    /// Memory backend only; not on a monitor rule or a rule of limit 0.
+    ///
+    /// [`HttpLimiter`]: crate::http::HttpLimiter
+    pub queue_limit: u32,
+    /// The longest a request may wait for this rule (a humantime duration), counted from its
+    /// arrival; default: the rule's `period`. Needs `queue_limit`.
+    pub max_wait: Option<String>,
 }
 
 impl Default for RuleConfig {
@@ -262,6 +276,8 @@ impl Default for RuleConfig {
             key: RuleKey::default(),
             monitor: false,
             per_endpoint: false,
+            queue_limit: 0,
+            max_wait: None,
         }
     }
 }
@@ -423,6 +439,30 @@ impl RuleConfig {
     /// ```
     pub fn per_endpoint(mut self) -> Self {
         self.per_endpoint = true;
+        self
+    }
+
+    /// Lets up to `queue_limit` requests at once wait for this rule, each at most `max_wait`
+    /// from its arrival, instead of being rejected at once (see
+    /// [`queue_limit`](RuleConfig::queue_limit)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::http::{HttpConfig, RuleConfig};
+    ///
+    /// let rule = RuleConfig::new(Duration::from_secs(1), 10).queue(100, Duration::from_secs(2));
+    /// assert_eq!((rule.queue_limit, rule.max_wait.as_deref()), (100, Some("2s")));
+    /// let from_toml = HttpConfig::from_toml_str(
+    ///     "[[rules]]\nperiod = \"1s\"\nlimit = 10\nqueue_limit = 100\nmax_wait = \"2s\"\n",
+    /// )?;
+    /// assert_eq!(from_toml.rules[0], rule);
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn queue(mut self, queue_limit: u32, max_wait: Duration) -> Self {
+        self.queue_limit = queue_limit;
+        self.max_wait = Some(humantime_text(max_wait));
         self
     }
 }

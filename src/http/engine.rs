@@ -3,7 +3,7 @@
 
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
 use crate::http::rules::{
-    parse_header, BanKey, Bans, Compiler, CounterKey, LocalName, Metric, Rule, RuleSet,
+    parse_header, BanKey, Bans, Compiler, CounterKey, LocalName, Metric, Rule, RuleSet, WaitSlot,
 };
 use crate::http::{
     client_ip, Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas,
@@ -14,8 +14,10 @@ use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use smallvec::SmallVec;
 use std::fmt;
+use std::future::Future;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -124,8 +126,9 @@ macro_rules! count_list_rejection {
 /// `turnstile_http_banned` (the rule whose rejection started the ban),
 /// `turnstile_http_ban_list_full` (the rule whose rejection the full ban list could not count:
 /// raise `bans.max_entries`),
-/// `turnstile_http_shadow_rejected` and `turnstile_http_key_overflow` (a request of a client the
-/// rule had no room for, whatever `key_overflow` did with it); with the Redis backend,
+/// `turnstile_http_shadow_rejected`, `turnstile_http_key_overflow` (a request of a client the
+/// rule had no room for, whatever `key_overflow` did with it) and `turnstile_http_waited` (a
+/// request that started to wait for the rule, see "Waiting"); with the Redis backend,
 /// `turnstile_http_backend_fallbacks` (one per decision the failure policy made instead of
 /// Redis: fail-open, fail-closed or the local fallback; one per enforced rule of the request,
 /// and one per monitor rule), with a `tracing` warn each.
@@ -142,6 +145,24 @@ macro_rules! count_list_rejection {
 /// enforced rule must then count by the same key (and `per_endpoint`), so that one request's
 /// keys share a slot. [`BackendConfig`](crate::http::BackendConfig) has the details: key names,
 /// what is atomic, Cluster, failures.
+///
+/// # Waiting
+///
+/// A rule with `queue_limit` > 0 lets requests wait for it instead of being rejected at once
+/// (ASP.NET Core's `QueueLimit`). A request that such a rule rejects for its rate (step 5,
+/// the client's own counter) waits, if fewer than `queue_limit` requests wait for the rule and
+/// the rejection's retry-after ends within the rule's `max_wait` (default: its period) of the
+/// request's arrival: it sleeps that retry-after and is decided again from step 5 on, every
+/// rule as for a new request (the rules it arrived under, even if a reload came since). It
+/// waits again as long as each answer comes in time; when one does not, or another rule
+/// without a queue rejects it, that rejection is final. Only the final rejection is logged,
+/// counted (`turnstile_http_rejected`) and counted towards a ban; each wait is counted in
+/// `turnstile_http_waited`. A waiting request holds no permit of any rule, and the layer gives
+/// back what the inner service's `poll_ready` reserved while it waits, so dropping it (the
+/// client gone) takes nothing. Waiting requests are **not served in arrival order**: each
+/// tries again at its own retry-after, and a request arriving when a permit is free takes it.
+/// [`decide`](HttpLimiter::decide) never waits (it answers the rejection);
+/// [`decide_async`](HttpLimiter::decide_async) and the layer do. Memory backend only.
 ///
 /// # Reload
 ///
@@ -294,6 +315,9 @@ impl HttpLimiter {
         if config.backend.kind != "redis" {
             return Self::new(config);
         }
+        // The whole configuration is checked before connecting: a mistake is named at once,
+        // not after a connection attempt (or its failure).
+        Compiler::<MonotonicClock>::precheck(&config)?;
         let redis = RedisSettings::of(&config)?;
         let backend_error = |e: crate::redis::RedisError| HttpConfigError::Backend {
             message: format!("cannot connect to {}: {e}", redis.url),
@@ -614,7 +638,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn decide(&self, request: &RequestInfo<'_>) -> Verdict {
-        match decide(&self.rules.load(), request) {
+        match decide(&self.rules.load(), request, None) {
             Check::Ready(verdict) => verdict,
             Check::Pending(_) => rejected(RejectReason::Unavailable, BACKEND.get(), None),
         }
@@ -641,7 +665,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Ok(()) }
     /// ```
     pub async fn decide_async(&self, request: &RequestInfo<'_>) -> Verdict {
-        match decide(&self.rules.load(), request) {
+        match self.check(request) {
             Check::Ready(verdict) => verdict,
             Check::Pending(pending) => pending.await,
         }
@@ -886,7 +910,14 @@ fn without_trailing_slash(path: &str) -> &str {
     }
 }
 
-fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
+/// `patience`: `None` when the request may not wait (the answer is needed now); otherwise a
+/// rejection that the request waits for (see [`Patience::waits_for`]) is recorded there, and
+/// the verdict returned is the rejection it would have been, counted nowhere.
+fn decide<C: Clock>(
+    set: &RuleSet<C>,
+    request: &RequestInfo<'_>,
+    mut patience: Option<&mut Patience<C>>,
+) -> Check {
     let normal;
     let normalized;
     let request = if set.reads_path {
@@ -974,7 +1005,7 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
         #[cfg(not(feature = "redis"))]
         let local = true;
         if local {
-            return Check::Ready(decide_one(set, rule, request, ban.as_ref()));
+            return Check::Ready(decide_one(set, rule, request, ban.as_ref(), patience));
         }
     }
 
@@ -1109,6 +1140,11 @@ fn decide<C: Clock>(set: &RuleSet<C>, request: &RequestInfo<'_>) -> Check {
                 for (l, k, a, o) in charged.drain(..) {
                     l.chain_refund(k, 1, &a, o);
                 }
+                if let Some(patience) = patience.as_deref_mut() {
+                    if patience.waits_for(rule, &error, overflow) {
+                        return Check::Ready(would_reject(rule, &error));
+                    }
+                }
                 let (reason, retry_after) = rejected_by(rule, key, &error, overflow, ban.as_ref());
                 return Check::Ready(Verdict {
                     outcome: Outcome::Rejected {
@@ -1199,6 +1235,16 @@ fn planned<'r, C: Clock>(
     Ok(Some((limiter, key)))
 }
 
+/// The rejection of a request that waits for `rule` instead: what it would have been, for the
+/// caller that then waits, with no bookkeeping.
+fn would_reject<C: Clock>(rule: &Rule<C>, error: &TryAcquireError) -> Verdict {
+    let retry_after = match error {
+        TryAcquireError::Rejected(r) => Some(r.retry_after()),
+        _ => None,
+    };
+    rejected(RejectReason::RateLimited, rule.local_name(), retry_after)
+}
+
 /// The bookkeeping of a request `rule` rejected with `error`: the log line, the metric, and the
 /// rejection counted towards a ban. `overflow`: the rule's shared overflow counter decided
 /// (`key_overflow = "shared"`). Returns the reason and the retry-after.
@@ -1259,6 +1305,7 @@ fn decide_one<C: Clock>(
     rule: &Arc<Rule<C>>,
     request: &RequestInfo<'_>,
     ban: Option<&(&Arc<Bans<C>>, BanKey)>,
+    patience: Option<&mut Patience<C>>,
 ) -> Verdict {
     let (limiter, key) = match planned(set, rule, request) {
         Ok(Some(plan)) => plan,
@@ -1288,6 +1335,11 @@ fn decide_one<C: Clock>(
             quotas: Quotas::new(),
         },
         Err(error) => {
+            if let Some(patience) = patience {
+                if patience.waits_for(rule, &error, overflow) {
+                    return would_reject(rule, &error);
+                }
+            }
             let (reason, retry_after) = rejected_by(rule, &key, &error, overflow, ban);
             Verdict {
                 outcome: Outcome::Rejected {
@@ -1303,8 +1355,136 @@ fn decide_one<C: Clock>(
 
 impl<C: Clock + Clone> Policy for HttpLimiter<C> {
     fn check(&self, request: &RequestInfo<'_>) -> Check {
-        decide(&self.rules.load(), request)
+        let set = self.rules.load();
+        let mut patience = Patience::new();
+        let check = decide(&set, request, Some(&mut patience));
+        match patience.wait.take() {
+            None => check,
+            Some(retry) => Check::Pending(wait_and_decide(
+                arc_swap::Guard::into_inner(set),
+                OwnedRequest::of(request),
+                patience,
+                retry,
+            )),
+        }
     }
+}
+
+/// A request's waiting for its rules (`queue_limit`), across its decisions: when it arrived,
+/// the place it holds among a rule's waiting requests, and what the last decision asked.
+struct Patience<C: Clock> {
+    /// When the request first met a rule it may wait for (its arrival: a decision is made at
+    /// once). Read only then, so that requests that never wait read no clock here.
+    since: Option<tokio::time::Instant>,
+    /// The place held among a rule's waiting requests.
+    slot: Option<WaitSlot<C>>,
+    /// Set by a decision that chose to wait: decide again after this long.
+    wait: Option<Duration>,
+}
+
+impl<C: Clock> Patience<C> {
+    fn new() -> Self {
+        Patience {
+            since: None,
+            slot: None,
+            wait: None,
+        }
+    }
+
+    /// Whether the request `rule` rejected with `error` waits for it: a rate-limit rejection of
+    /// the client's own counter, by a rule with a queue that has room (or whose place the
+    /// request holds), answered within the rule's `max_wait` of the request's arrival. If so,
+    /// holds the place and records the wait.
+    fn waits_for(&mut self, rule: &Arc<Rule<C>>, error: &TryAcquireError, overflow: bool) -> bool {
+        let (Some(queue), TryAcquireError::Rejected(rejection), false) =
+            (&rule.queue, error, overflow)
+        else {
+            return false;
+        };
+        let now = tokio::time::Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let retry = rejection.retry_after();
+        // An instant beyond `Instant`'s range: a wait of centuries, past any deadline; a
+        // deadline beyond it: none.
+        let fits = match (now.checked_add(retry), since.checked_add(queue.max_wait)) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(answer), Some(deadline)) => answer <= deadline,
+        };
+        if !fits {
+            return false;
+        }
+        if !self
+            .slot
+            .as_ref()
+            .is_some_and(|s| Arc::ptr_eq(s.rule(), rule))
+        {
+            let Some(slot) = WaitSlot::enter(rule) else {
+                tracing::debug!(rule = %rule.name, "rule's queue full: request rejected at once");
+                return false;
+            };
+            rule.counters.increment(Metric::Waited);
+            self.slot = Some(slot);
+        }
+        tracing::debug!(rule = %rule.name, retry_after = ?retry, "request waits for its rule");
+        self.wait = Some(retry);
+        true
+    }
+}
+
+/// A request as [`RequestInfo`] has it, owned by a decision that waits.
+struct OwnedRequest {
+    method: http::Method,
+    path: String,
+    client_ip: Option<IpAddr>,
+    client_id: Option<String>,
+}
+
+impl OwnedRequest {
+    fn of(request: &RequestInfo<'_>) -> Self {
+        OwnedRequest {
+            method: request.method.clone(),
+            path: request.path.to_owned(),
+            client_ip: request.client_ip,
+            client_id: request.client_id.map(str::to_owned),
+        }
+    }
+
+    fn info(&self) -> RequestInfo<'_> {
+        RequestInfo {
+            method: &self.method,
+            path: &self.path,
+            client_ip: self.client_ip,
+            client_id: self.client_id.as_deref(),
+        }
+    }
+}
+
+/// The decision of a request that waits: sleeps `retry`, decides again (with the rules it
+/// arrived under), and so on while the decisions ask it to wait. Holds no permit while it
+/// sleeps, only its place in the queue, so dropping it consumes nothing.
+fn wait_and_decide<C: Clock>(
+    set: Arc<RuleSet<C>>,
+    request: OwnedRequest,
+    mut patience: Patience<C>,
+    mut retry: Duration,
+) -> Pin<Box<dyn Future<Output = Verdict> + Send + 'static>> {
+    Box::pin(async move {
+        loop {
+            // At least a millisecond: no spinning on a retry-after that rounds to nothing.
+            tokio::time::sleep(retry.max(Duration::from_millis(1))).await;
+            let check = decide(&set, &request.info(), Some(&mut patience));
+            match patience.wait.take() {
+                Some(next) => retry = next,
+                None => {
+                    return match check {
+                        Check::Ready(verdict) => verdict,
+                        Check::Pending(pending) => pending.await,
+                    }
+                }
+            }
+        }
+    })
 }
 
 impl<C: Clock + Clone> HttpLimiter<C> {

@@ -445,17 +445,21 @@ where
                     }
                 }
             },
-            // Decided later: the service polled ready goes with the future (a reserved slot
-            // stays reserved), and a clone takes its place here. Boxed, so that the future of
-            // the common, immediate case is no bigger than it needs.
+            // Decided later (a backend's answer, or a request waiting for its rule's queue):
+            // what `poll_ready` reserved is given back, as for a rejection, rather than held
+            // through the wait (a waiting request must not hold a concurrency permit that
+            // admitted ones need); the future takes a clone, polled ready once admitted. Boxed,
+            // so that the future of the common, immediate case is no bigger than it needs.
             Check::Pending(verdict) => {
-                let clone = self.inner.clone();
+                let fresh = self.inner.clone();
+                drop(std::mem::replace(&mut self.inner, fresh));
                 ResponseFuture {
                     inner: None,
                     state: State::Waiting {
                         waiting: Some(Box::new(Waiting {
                             verdict,
-                            service: std::mem::replace(&mut self.inner, clone),
+                            decided: None,
+                            service: self.inner.clone(),
                             request,
                             settings: arc_swap::Guard::into_inner(settings),
                             on_rejection: shared.on_rejection.clone(),
@@ -500,6 +504,9 @@ fn answer<B>(
 /// A decision still to come, with what serving the request then needs.
 struct Waiting<S, R> {
     verdict: Pin<Box<dyn Future<Output = Verdict> + Send + 'static>>,
+    /// The verdict, once it came, while the service is polled ready.
+    decided: Option<Verdict>,
+    /// A clone of the inner service, not yet polled ready.
     service: S,
     request: R,
     settings: Arc<LayerSettings>,
@@ -531,9 +538,10 @@ pin_project! {
     /// # Cancel safety
     ///
     /// Dropping it drops the pending decision (a remote backend may already have counted the
-    /// request) with the inner service polled ready that waits for it, which gives back what
-    /// its `poll_ready` reserved (a `Buffer` slot, a concurrency permit); later, it drops the
-    /// inner service's future.
+    /// request; a request waiting for its rule's queue leaves it, having taken nothing) with
+    /// the clone of the inner service that waits for it, which gives back what its
+    /// `poll_ready` reserved, if it got that far (a `Buffer` slot, a concurrency permit);
+    /// later, it drops the inner service's future.
     ///
     /// # Examples
     ///
@@ -587,11 +595,27 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         if let State::Waiting { waiting } = this.state {
-            let verdict = match waiting.as_mut().map(|w| w.verdict.as_mut().poll(cx)) {
-                Some(Poll::Ready(verdict)) => verdict,
-                // `None`: polled after completion.
-                Some(Poll::Pending) | None => return Poll::Pending,
+            // `None`: polled after completion.
+            let Some(w) = waiting.as_mut() else {
+                return Poll::Pending;
             };
+            let verdict = match &mut w.decided {
+                Some(verdict) => verdict,
+                None => match w.verdict.as_mut().poll(cx) {
+                    Poll::Ready(verdict) => w.decided.insert(verdict),
+                    Poll::Pending => return Poll::Pending,
+                },
+            };
+            if verdict.outcome.is_admitted() {
+                match w.service.poll_ready(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(error)) => {
+                        *waiting = None;
+                        return Poll::Ready(Err(error));
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
             let Some(done) = waiting.take() else {
                 return Poll::Pending;
             };
@@ -600,8 +624,12 @@ where
                 request,
                 settings,
                 on_rejection,
+                decided,
                 ..
             } = *done;
+            let Some(verdict) = decided else {
+                return Poll::Pending;
+            };
             *this.state = match rejection(&verdict, &request, &settings.response) {
                 None => {
                     this.inner.set(Some(service.call(request)));

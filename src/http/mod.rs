@@ -425,8 +425,9 @@ pub struct Verdict {
 pub enum Check {
     /// The decision, made without waiting.
     Ready(Verdict),
-    /// The decision, once a backend answers. The future owns what it needs (it does not borrow
-    /// the request).
+    /// The decision, once a backend answers, or once a request waiting for its rule
+    /// (`queue_limit`) is admitted or finally rejected. The future owns what it needs (it does
+    /// not borrow the request).
     Pending(Pin<Box<dyn Future<Output = Verdict> + Send + 'static>>),
 }
 

@@ -6,7 +6,7 @@ use crate::http::config::{
     BanConfig, HttpConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
 };
 use crate::http::{ClientIpConfig, HttpConfigError};
-use crate::sync::Ordering;
+use crate::sync::{AtomicU64, Ordering};
 use crate::{Algorithm, BanList, Clock, KeyOverflow, KeyedLimiter, Rate};
 use compact_str::CompactString;
 use ipnet::IpNet;
@@ -306,6 +306,56 @@ pub(crate) struct Rule<C: Clock> {
     /// The rule's limiter in Redis, when the backend is Redis (set after compilation).
     #[cfg(feature = "redis")]
     pub(crate) remote: Option<crate::http::redis_rules::Remote>,
+    /// Requests may wait for the rule (`queue_limit` > 0).
+    pub(crate) queue: Option<Queue>,
+}
+
+/// A rule's waiting room: how many requests may wait for it at once, for how long, and how
+/// many wait now.
+pub(crate) struct Queue {
+    /// `queue_limit`.
+    pub(crate) limit: u32,
+    /// `max_wait`, counted from a request's arrival.
+    pub(crate) max_wait: Duration,
+    /// Requests waiting now (each holds a [`WaitSlot`]).
+    waiting: AtomicU64,
+}
+
+/// One request's place among a rule's waiting requests; dropping it (the request decided, or
+/// its future dropped) leaves.
+pub(crate) struct WaitSlot<C: Clock> {
+    rule: Arc<Rule<C>>,
+}
+
+impl<C: Clock> WaitSlot<C> {
+    /// A place among `rule`'s waiting requests, if it has a queue with room.
+    pub(crate) fn enter(rule: &Arc<Rule<C>>) -> Option<Self> {
+        let queue = rule.queue.as_ref()?;
+        // Relaxed: a count that guards no other memory; the bound is kept by the RMW alone.
+        queue
+            .waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < u64::from(queue.limit)).then_some(n + 1)
+            })
+            .ok()?;
+        Some(WaitSlot {
+            rule: Arc::clone(rule),
+        })
+    }
+
+    /// The rule this place is for.
+    pub(crate) fn rule(&self) -> &Arc<Rule<C>> {
+        &self.rule
+    }
+}
+
+impl<C: Clock> Drop for WaitSlot<C> {
+    fn drop(&mut self) {
+        if let Some(queue) = &self.rule.queue {
+            // Relaxed: as in `enter`.
+            queue.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<C: Clock> Rule<C> {
@@ -420,11 +470,13 @@ pub(crate) enum Metric {
     Banned,
     /// A rejection by the rule that the full ban list could not count.
     BanListFull,
+    /// A request that waited for the rule (`queue_limit`), counted when it starts waiting.
+    Waited,
 }
 
 #[cfg(feature = "metrics")]
 impl Metric {
-    const ALL: [Metric; 7] = [
+    const ALL: [Metric; 8] = [
         Metric::Admitted,
         Metric::Rejected,
         Metric::ShadowRejected,
@@ -432,6 +484,7 @@ impl Metric {
         Metric::BackendFallbacks,
         Metric::Banned,
         Metric::BanListFull,
+        Metric::Waited,
     ];
 
     /// The counter's name.
@@ -444,6 +497,7 @@ impl Metric {
             Metric::BackendFallbacks => "turnstile_http_backend_fallbacks",
             Metric::Banned => "turnstile_http_banned",
             Metric::BanListFull => "turnstile_http_ban_list_full",
+            Metric::Waited => "turnstile_http_waited",
         }
     }
 }
@@ -458,7 +512,7 @@ impl Metric {
 /// local one, still gets every count. Without the feature this is empty and counts nothing.
 pub(crate) struct Counters {
     #[cfg(feature = "metrics")]
-    keys: [metrics::Key; 7],
+    keys: [metrics::Key; 8],
 }
 
 impl Counters {
@@ -874,6 +928,17 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         } else {
             Some(build(algo, self.clock, cap).map_err(field_err)?)
         };
+        let queue = match r.queue_limit {
+            0 => None,
+            limit => Some(Queue {
+                limit,
+                max_wait: match &r.max_wait {
+                    Some(text) => parse_period(text, &format!("{field}.max_wait"))?,
+                    None => period,
+                },
+                waiting: AtomicU64::new(0),
+            }),
+        };
         let name: Arc<str> = name.into();
         Ok(Rule {
             local_name: LocalName::new(Arc::clone(&name)),
@@ -889,6 +954,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             limiter,
             #[cfg(feature = "redis")]
             remote: None,
+            queue,
         })
     }
 
@@ -915,7 +981,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
     }
 
     /// Checks everything that can fail before building any limiter.
-    fn precheck(config: &HttpConfig) -> Result<(), HttpConfigError> {
+    pub(crate) fn precheck(config: &HttpConfig) -> Result<(), HttpConfigError> {
         let check = |rules: &[RuleConfig], field: &str| -> Result<(), HttpConfigError> {
             for (i, r) in rules.iter().enumerate() {
                 let f = format!("{field}[{i}]");
@@ -926,6 +992,32 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                         format!("{f}.limit"),
                         format!("{} is too large (at most {})", r.limit, u32::MAX),
                     ));
+                }
+                if let Some(text) = &r.max_wait {
+                    if r.queue_limit == 0 {
+                        return Err(HttpConfigError::invalid(
+                            format!("{f}.max_wait"),
+                            "needs queue_limit: without it no request waits",
+                        ));
+                    }
+                    parse_period(text, &format!("{f}.max_wait"))?;
+                }
+                if r.queue_limit > 0 {
+                    let refusal = if r.monitor {
+                        Some("a monitor rule rejects nothing, so nothing waits for it")
+                    } else if r.limit == 0 {
+                        Some("a rule of limit 0 blocks: a request waiting for it would never pass")
+                    } else if config.backend.kind == "redis" {
+                        Some("waiting is available with the memory backend only")
+                    } else {
+                        None
+                    };
+                    if let Some(refusal) = refusal {
+                        return Err(HttpConfigError::invalid(
+                            format!("{f}.queue_limit"),
+                            refusal,
+                        ));
+                    }
                 }
                 if r.algorithm == RuleAlgorithm::SlidingWindow && r.limit > 16_777_216 {
                     return Err(HttpConfigError::invalid(

@@ -1,0 +1,292 @@
+//! Requests that wait for their rule (`queue_limit`, `max_wait`) instead of being rejected at
+//! once: on tokio's paused time, with the rules' limiters on the same clock (`TokioClock`).
+
+#![cfg(feature = "http")]
+
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+use turnstile::http::{
+    HttpConfig, HttpConfigError, HttpLimiter, Outcome, PeerAddr, RejectReason, RequestInfo, Verdict,
+};
+use turnstile::TokioClock;
+
+fn limiter(toml: &str) -> Arc<HttpLimiter<TokioClock>> {
+    let config = HttpConfig::from_toml_str(toml).unwrap();
+    Arc::new(HttpLimiter::with_clock(config, TokioClock::new()).unwrap())
+}
+
+fn from(ip: &str) -> RequestInfo<'static> {
+    RequestInfo {
+        method: &http::Method::GET,
+        path: "/",
+        client_ip: Some(ip.parse::<IpAddr>().unwrap()),
+        client_id: None,
+    }
+}
+
+async fn decide(limiter: &HttpLimiter<TokioClock>, ip: &str) -> Verdict {
+    limiter.decide_async(&from(ip)).await
+}
+
+fn retry_after(verdict: &Verdict) -> Option<Duration> {
+    match &verdict.outcome {
+        Outcome::Rejected {
+            reason: RejectReason::RateLimited,
+            retry_after,
+            ..
+        } => *retry_after,
+        other => panic!("expected a rate-limit rejection, got {other:?}"),
+    }
+}
+
+const ONE_PER_SECOND_QUEUE_2: &str = "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\n\
+                                      queue_limit = 2\nmax_wait = \"3s\"\n";
+
+/// The 2nd request of a 1-per-second rule waits for the next window and is admitted then;
+/// the 3rd waits for the one after.
+#[tokio::test(start_paused = true)]
+async fn a_request_over_the_limit_waits_for_its_window() {
+    let limiter = limiter(ONE_PER_SECOND_QUEUE_2);
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let second = decide(&limiter, "192.0.2.1").await;
+    assert!(second.outcome.is_admitted(), "{second:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(second.quotas[0].remaining, 0);
+    // Another client was never held up.
+    let other = Instant::now();
+    assert!(decide(&limiter, "192.0.2.2").await.outcome.is_admitted());
+    assert_eq!(other.elapsed(), Duration::ZERO);
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+}
+
+/// `queue_limit` requests wait at once; the next is rejected at once, with the exact
+/// retry-after, and the waiting ones are admitted in the windows that follow.
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_rejects_at_once() {
+    let limiter = limiter(ONE_PER_SECOND_QUEUE_2);
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { decide(&limiter, "192.0.2.1").await })
+        })
+        .collect();
+    // Let both reach the queue.
+    tokio::task::yield_now().await;
+    tokio::task::yield_now().await;
+    let third = decide(&limiter, "192.0.2.1").await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(retry_after(&third), Some(Duration::from_secs(1)));
+    let mut admitted_at = Vec::new();
+    for task in waiting {
+        let verdict = task.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        admitted_at.push(start.elapsed());
+    }
+    // Both waited from the first window; one per window: one at 1 s, one at 2 s (which one
+    // is not promised: waiting requests are not served in arrival order).
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    // The queue is empty again: two more may wait.
+    let again = decide(&limiter, "192.0.2.1").await;
+    assert!(again.outcome.is_admitted());
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+}
+
+/// A request whose answer would come after `max_wait` is rejected at once: waiting would only
+/// end in the same rejection.
+#[tokio::test(start_paused = true)]
+async fn a_wait_beyond_max_wait_is_rejected_at_once() {
+    let limiter = limiter(
+        "[[rules]]\nperiod = \"10s\"\nlimit = 1\nqueue_limit = 5\nmax_wait = \"2s\"\n\
+         [bans]\nafter = 2\nwithin = \"1m\"\nduration = \"1h\"\n",
+    );
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let late = decide(&limiter, "192.0.2.1").await;
+    assert_eq!(retry_after(&late), Some(Duration::from_secs(10)));
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // A final rejection counts towards a ban as any other: the second bans.
+    let _ = decide(&limiter, "192.0.2.1").await;
+    let banned = decide(&limiter, "192.0.2.1").await;
+    assert!(
+        matches!(
+            banned.outcome,
+            Outcome::Rejected {
+                reason: RejectReason::Banned,
+                ..
+            }
+        ),
+        "{banned:?}"
+    );
+}
+
+/// `max_wait` defaults to the rule's period: a fixed window's next window is always within it.
+#[tokio::test(start_paused = true)]
+async fn max_wait_defaults_to_the_period() {
+    let limiter = limiter("[[rules]]\nperiod = \"5s\"\nlimit = 1\nqueue_limit = 1\n");
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+}
+
+/// A request that waited and was admitted is no rejection: it counts nothing towards a ban.
+#[tokio::test(start_paused = true)]
+async fn an_admitted_wait_counts_nothing_towards_a_ban() {
+    let limiter = limiter(
+        "[[rules]]\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\n\
+         [bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n",
+    );
+    for _ in 0..5 {
+        let verdict = decide(&limiter, "192.0.2.1").await;
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    }
+}
+
+/// A waiting request dropped (its client gone) leaves the queue at once and took nothing.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_waiter_leaves_the_queue() {
+    let limiter = limiter("[[rules]]\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\n");
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { decide(&limiter, "192.0.2.1").await })
+    };
+    tokio::task::yield_now().await;
+    // The queue is full now: another is rejected at once.
+    assert!(!decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    let start = Instant::now();
+    let verdict = decide(&limiter, "192.0.2.1").await;
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+}
+
+/// The synchronous `decide` never waits: it answers the rejection.
+#[tokio::test(start_paused = true)]
+async fn decide_never_waits() {
+    let limiter = limiter(ONE_PER_SECOND_QUEUE_2);
+    assert!(limiter.decide(&from("192.0.2.1")).outcome.is_admitted());
+    let verdict = limiter.decide(&from("192.0.2.1"));
+    assert_eq!(retry_after(&verdict), Some(Duration::from_secs(1)));
+}
+
+/// All-or-nothing across rules still: a request that waited for one rule and is then
+/// rejected by another (that has no queue) is rejected, and charged to neither.
+#[tokio::test(start_paused = true)]
+async fn after_its_wait_a_request_meets_every_rule_again() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"second\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 4\n\
+         [[rules]]\nname = \"minute\"\nperiod = \"1m\"\nlimit = 2\n",
+    );
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    // The minute's 2 are used: the third waits for `second` (a second), then `minute`
+    // rejects it with the minute's retry-after, which no queue covers.
+    let third = decide(&limiter, "192.0.2.1").await;
+    match &third.outcome {
+        Outcome::Rejected {
+            reason: RejectReason::RateLimited,
+            rule,
+            retry_after,
+        } => {
+            assert_eq!(&**rule, "minute");
+            assert_eq!(*retry_after, Some(Duration::from_secs(58)));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    // `second` was refunded: its window (the one at 2 s) still has its permit.
+    let quota = third
+        .quotas
+        .iter()
+        .find(|q| &*q.policy == "second")
+        .unwrap();
+    assert_eq!(quota.remaining, 1);
+}
+
+/// Through the layer: the waiting request's response comes when it is admitted, with its
+/// headers.
+#[tokio::test(start_paused = true)]
+async fn the_layer_answers_a_waiting_request_when_it_is_admitted() {
+    let limiter = limiter(ONE_PER_SECOND_QUEUE_2);
+    let service = limiter
+        .layer()
+        .layer(tower::service_fn(|_: http::Request<String>| {
+            std::future::ready(Ok::<_, Infallible>(http::Response::new(String::from("ok"))))
+        }));
+    let request = || {
+        let mut request = http::Request::new(String::new());
+        request
+            .extensions_mut()
+            .insert(PeerAddr("192.0.2.1:4000".parse().unwrap()));
+        request
+    };
+    let start = Instant::now();
+    let first = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let second = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(second.status(), 200);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(second.headers()["ratelimit"], "\"per-ip\";r=0;t=1");
+}
+
+/// What cannot wait is refused when the configuration loads, naming the field.
+#[test]
+fn queue_settings_are_validated() {
+    let error = |toml: &str| match HttpLimiter::new(HttpConfig::from_toml_str(toml).unwrap()) {
+        Err(HttpConfigError::Invalid { field, message }) => format!("{field}: {message}"),
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert_eq!(
+        error("[[rules]]\nperiod = \"1s\"\nlimit = 1\nmax_wait = \"1s\"\n"),
+        "rules[0].max_wait: needs queue_limit: without it no request waits"
+    );
+    assert_eq!(
+        error("[[rules]]\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\nmonitor = true\n"),
+        "rules[0].queue_limit: a monitor rule rejects nothing, so nothing waits for it"
+    );
+    assert_eq!(
+        error("[[rules]]\nperiod = \"1s\"\nlimit = 0\nqueue_limit = 1\n"),
+        "rules[0].queue_limit: a rule of limit 0 blocks: a request waiting for it would never pass"
+    );
+    assert!(
+        error("[[rules]]\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\nmax_wait = \"0s\"\n")
+            .starts_with("rules[0].max_wait: ")
+    );
+    assert!(error(
+        "[[ip_rules]]\nip = \"10.0.0.0/8\"\n[[ip_rules.rules]]\nperiod = \"1s\"\nlimit = 1\n\
+         max_wait = \"soon\"\nqueue_limit = 1\n"
+    )
+    .starts_with("ip_rules[0].rules[0].max_wait: \"soon\" is not a duration"));
+}
+
+/// With the Redis backend, a rule's queue is refused before any connection is tried.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn queues_need_the_memory_backend() {
+    let config = HttpConfig::from_toml_str(
+        "[[rules]]\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\n\
+         [backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1/\"\n",
+    )
+    .unwrap();
+    match HttpLimiter::connect(config).await {
+        Err(HttpConfigError::Invalid { field, message }) => {
+            assert_eq!(field, "rules[0].queue_limit");
+            assert_eq!(message, "waiting is available with the memory backend only");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
