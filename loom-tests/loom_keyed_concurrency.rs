@@ -28,6 +28,8 @@
 //!   is refused while a head waits for the pool, and that head is woken and served; a head
 //!   that defers to another pool waiter is woken when that waiter leaves (served with a permit
 //!   left free, or cancelled), never left asleep with the pool free.
+//! - no lock-order deadlock: two pool heads whose attempts (each under its own queue's mutex)
+//!   owe each other a wake pay it after unlocking, and that deferred wake is never lost.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
