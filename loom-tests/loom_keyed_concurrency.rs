@@ -28,6 +28,8 @@
 //!   is refused while a head waits for the pool, and that head is woken and served; a head
 //!   that defers to another pool waiter is woken when that waiter leaves (served with a permit
 //!   left free, or cancelled), never left asleep with the pool free.
+//! - no lock-order deadlock: two pool heads whose attempts (each under its own queue's mutex)
+//!   owe each other a wake pay it after unlocking, and that deferred wake is never lost.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -580,5 +582,125 @@ fn a_head_deferring_to_a_cancelled_pool_head_is_woken() {
         };
         drop(head); // cancelled: leaves the pool's waiters, the permit untaken
         assert_eq!(late.join().unwrap(), Ok(1));
+    });
+}
+
+/// A waiting `acquire_owned` of the model below, polled by hand.
+type Head = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<turnstile::OwnedKeyedPermit<u64, Fixed>, turnstile::AcquireError>,
+            > + Send,
+    >,
+>;
+
+/// Polls `head` once with a waker that does nothing (a spurious poll is allowed: it looks again).
+fn poll_head(
+    head: &mut Head,
+) -> std::task::Poll<Result<turnstile::OwnedKeyedPermit<u64, Fixed>, turnstile::AcquireError>> {
+    use std::task::{Context, Waker};
+    head.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// Two heads in two keys' queues, both waiting for the shared pool (key 3's and key 4's, one
+/// permit each), make their attempts at once, each under its own queue's mutex, while the limit
+/// changes (2 → 4 before, 4 → 3 during). The interleaving of interest: both take a permit under
+/// limit 4 (the pool's `WAITERS` mark stays set); the change lands; key 3's head gives its stale
+/// permit back (consuming the mark: it owes every pool head a wake), decides again under limit 3,
+/// is short and marks the pool; key 4's head gives its stale permit back (consuming that mark: it
+/// owes a wake too) and takes. Each owes a wake to the other's queue. Woken from inside the
+/// attempt (under the waker's own queue's mutex), each would lock the other's queue while holding
+/// its own (ABBA), and loom reports the deadlock; the wakes must run after the attempt unlocks.
+/// Each head is then served once the pool's permits are back.
+#[test]
+fn two_pool_heads_owing_each_other_a_wake_do_not_deadlock() {
+    use std::task::Poll;
+    model(|| {
+        let l = shared_pool(2);
+        let _own = l.try_acquire_owned(0, 1).unwrap();
+        let pooled = l.try_acquire_owned(2, 2).unwrap();
+        let mut heads: Vec<Head> = vec![
+            Box::pin(l.acquire_owned(3, 1)),
+            Box::pin(l.acquire_owned(4, 1)),
+        ];
+        for head in &mut heads {
+            assert!(
+                poll_head(head).is_pending(),
+                "the pool is out: the head waits"
+            );
+        }
+        // Room for both in the pool, whose mark stays set (a change of limit consumes none).
+        l.set_limit(4).unwrap();
+        let racers: Vec<_> = heads
+            .into_iter()
+            .map(|mut head| {
+                thread::spawn(move || match poll_head(&mut head) {
+                    Poll::Ready(served) => Err(served),
+                    Poll::Pending => Ok(head),
+                })
+            })
+            .collect();
+        l.set_limit(3).unwrap();
+        let outcomes: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+        drop(pooled);
+        let mut held = Vec::new();
+        for outcome in outcomes {
+            let served = match outcome {
+                Err(served) => served,
+                Ok(mut head) => match poll_head(&mut head) {
+                    Poll::Ready(served) => served,
+                    Poll::Pending => panic!("a head was not served with the pool free"),
+                },
+            };
+            held.push(served.expect("served").permits());
+        }
+        assert_eq!(held, [1, 1]);
+    });
+}
+
+/// The wake a head's attempt owes is deferred to after its queue's mutex is released, never
+/// lost. Key 3's head (polled by hand) and key 4's `acquire_blocking` both wait for a pool of
+/// one permit, which is released while the limit is set again (same value, new generation).
+/// The interleaving of interest: key 3's head takes the permit under the old `config`; key 4's
+/// head, short, marks the pool and sleeps; the change lands; key 3's head gives its stale permit
+/// back, consuming key 4's mark (the wake is now its debt), and takes again. Unless that debt is
+/// paid after the attempt, key 4 sleeps with no mark for key 3's release to read, and loom
+/// reports it asleep forever.
+#[test]
+fn a_head_owing_a_pool_wake_pays_it_after_its_attempt() {
+    use std::task::Poll;
+    model(|| {
+        let l = shared_pool(1);
+        let _own = l.try_acquire_owned(0, 1).unwrap();
+        let pooled = l.try_acquire_owned(2, 1).unwrap();
+        let mut head: Head = Box::pin(l.acquire_owned(3, 1));
+        assert!(
+            poll_head(&mut head).is_pending(),
+            "the pool is out: the head waits"
+        );
+        let late = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&4).map(|p| p.permits()))
+        };
+        drop(pooled);
+        let racer = thread::spawn(move || match poll_head(&mut head) {
+            Poll::Ready(served) => Err(served),
+            Poll::Pending => Ok(head),
+        });
+        l.set_limit(1).unwrap();
+        // Key 3 served (now, or on a poll once key 4 is done with the permit), key 4 too.
+        match racer.join().unwrap() {
+            Err(served) => {
+                drop(served.expect("key 3 served"));
+                assert_eq!(late.join().unwrap(), Ok(1));
+            }
+            Ok(mut head) => {
+                assert_eq!(late.join().unwrap(), Ok(1));
+                match poll_head(&mut head) {
+                    Poll::Ready(served) => assert_eq!(served.map(|p| p.permits()), Ok(1)),
+                    Poll::Pending => panic!("key 3's head was not served with the pool free"),
+                }
+            }
+        }
     });
 }

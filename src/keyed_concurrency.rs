@@ -100,6 +100,75 @@ struct Owed {
     pool: Cell<Undone>,
 }
 
+/// The debts ([`Owed`]) of a waiting call's head attempts, kept until the attempt has released
+/// its queue's mutex, when the call pays them ([`Inner::pay_head_debts`]).
+///
+/// **Lock order: no queue's mutex is taken under another's.** A head's attempt runs under its
+/// queue's mutex, and paying a pool debt wakes the heads of *other* keys' queues, each under
+/// that queue's mutex (`wake_pool_heads`). Paid inside the attempt, two heads owing each other
+/// a wake at once (stale admissions given back after a `set_limit`, both consuming a pool mark)
+/// would each hold its own queue's mutex and wait for the other's: a deadlock (the loom model
+/// `two_pool_heads_owing_each_other_a_wake_do_not_deadlock`). So the attempt only records them
+/// here, and the queue runs the payment after unlocking, in the same turn (`Ticket::turn`'s
+/// `after`): every debt is still paid, only later, which delays a wake and loses none.
+///
+/// An atomic (not a `Cell`) only so that an `acquire` future holding it stays `Send`; only the
+/// owning call touches it, so Relaxed everywhere.
+struct HeadDebts {
+    bits: AtomicU64,
+}
+
+impl HeadDebts {
+    const KEY_WAKE: u64 = 1;
+    const KEY_IDLE: u64 = 2;
+    const POOL_WAKE: u64 = 4;
+    const POOL_IDLE: u64 = 8;
+
+    fn new() -> Self {
+        HeadDebts {
+            bits: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds what `owed` records (nothing written when it records nothing: the common case).
+    fn defer(&self, owed: &Owed) {
+        let (key, pool) = (owed.key.get(), owed.pool.get());
+        let bits = [
+            (key.wake, Self::KEY_WAKE),
+            (key.idle, Self::KEY_IDLE),
+            (pool.wake, Self::POOL_WAKE),
+            (pool.idle, Self::POOL_IDLE),
+        ]
+        .iter()
+        .filter(|(owes, _)| *owes)
+        .fold(0, |bits, (_, bit)| bits | bit);
+        if bits != 0 {
+            // Relaxed: only the owning call touches it (see the type).
+            self.bits.fetch_or(bits, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes every debt recorded so far, leaving none.
+    fn take(&self) -> Owed {
+        // Relaxed: as in `defer`. A load first, so that the common turn writes nothing.
+        if self.bits.load(Ordering::Relaxed) == 0 {
+            return Owed::default();
+        }
+        let bits = self.bits.swap(0, Ordering::Relaxed);
+        let has = |bit| bits & bit != 0;
+        let owed = Owed::default();
+        owed.key.set(Undone {
+            wake: has(Self::KEY_WAKE),
+            idle: has(Self::KEY_IDLE),
+        });
+        owed.pool.set(Undone {
+            wake: has(Self::POOL_WAKE),
+            idle: has(Self::POOL_IDLE),
+        });
+        owed
+    }
+}
+
 /// The concurrency "algorithm": a cell is one permit word; the limit, shared by every key, lives
 /// in one `config` word beside the cells.
 ///
@@ -683,51 +752,66 @@ where
         outcome
     }
 
-    /// Pays the debts recorded in `owed` (see [`settle`](Self::settle) for `in_head`). A key's
+    /// Pays the debts recorded in `owed` (see [`settle`](Self::settle) for `by_head`). A key's
     /// debts are paid to the key's queue and shard, whichever of its cells (a retired one or
-    /// its successor) they were incurred on.
+    /// its successor) they were incurred on. Never under a queue's mutex (see [`HeadDebts`]).
     #[inline(always)]
-    fn pay(&self, key: &K, shard: usize, owed: &Owed, in_head: bool) {
+    fn pay(&self, key: &K, shard: usize, owed: &Owed, by_head: bool) {
         for (slot, undone) in [(Slot::Key, &owed.key), (Slot::Overflow, &owed.pool)] {
             if undone.get() != Undone::default() {
-                self.settle(key, shard, slot, undone.get(), in_head);
+                self.settle(key, shard, slot, undone.get(), by_head);
             }
         }
     }
 
+    /// Pays what `key`'s head's attempts owe ([`HeadDebts`]): run by the queue after each turn,
+    /// once the attempt has released the queue's mutex.
+    #[inline]
+    fn pay_head_debts(&self, key: &K, shard: usize, debts: &HeadDebts) {
+        self.pay(key, shard, &debts.take(), true);
+    }
+
     /// Pays what permits given back owe (a release, or a stale admission undone by
     /// [`Concurrency::take`], recorded in an [`Owed`]): the idle hint if the key's cell is idle
-    /// now, and a wake for the head that marked it. `in_head`: we are the head of `key`'s
-    /// queue, under its mutex (a mark on the key's own cell can only be ours, and our queue must
-    /// not be woken from inside its own critical section).
+    /// now, and a wake for the head that marked it. `by_head`: the debts of an attempt of
+    /// `key`'s head, paid once it released its queue's mutex ([`HeadDebts`]). A mark on the key's
+    /// own cell can only have been that head's, and its own queue needs no wake: the head took
+    /// (clearing its mark), marked again (the next release wakes it), or left (and the queue
+    /// woke its next head).
     #[cold]
-    fn settle(&self, key: &K, shard: usize, slot: Slot, undone: Undone, in_head: bool) {
+    fn settle(&self, key: &K, shard: usize, slot: Slot, undone: Undone, by_head: bool) {
         if slot == Slot::Key && undone.idle {
             self.ctx.idle_hint(&self.store.shards[shard]);
-            self.room_freed(key, in_head);
+            self.room_freed(key, by_head);
         }
         if !undone.wake {
             return;
         }
         match slot {
-            Slot::Key if in_head => {}
+            Slot::Key if by_head => {}
             Slot::Key => {
                 if let Some(wait) = self.ctx.waits.map.get(key, Arc::clone) {
                     wait.queue.wake_head();
                 }
             }
-            Slot::Overflow => self.wake_pool_heads(key, in_head),
+            Slot::Overflow => self.wake_pool_heads(key, by_head),
         }
     }
 
     /// The shared pool's waiters may be in any key's queue: wakes every head (rare: only
     /// overflow keys at the cap wait on the pool), even if one's waker panics (`WakeAll`);
-    /// `key`'s own not when `in_head` (we are that head, under its queue's mutex).
+    /// `key`'s own not when `by_head` (its head owes itself nothing, see `settle`).
+    ///
+    /// **Lock order.** Each wake takes that queue's mutex (`wake_head`), so this never runs
+    /// under a queue's mutex: a head's attempt (under its own) defers what it owes to after
+    /// unlocking ([`HeadDebts`]), and a pool waiter leaves the pool's waiters from its call's
+    /// guard, after it has left its queue ([`LeavePool`]). Otherwise two heads waking each
+    /// other's queue, each holding its own mutex, would deadlock.
     #[cold]
-    fn wake_pool_heads(&self, key: &K, in_head: bool) {
+    fn wake_pool_heads(&self, key: &K, by_head: bool) {
         let mut all = WakeAll::default();
         self.ctx.waits.map.for_each(|k, wait| {
-            if !(in_head && k == key) {
+            if !(by_head && k == key) {
                 all.run(|| wait.queue.wake_head());
             }
         });
@@ -840,14 +924,24 @@ where
     /// Under oldest-first order it also keeps its standing among the pool's waiters (`me`, see
     /// [`PoolWait`]): joined when it blocks on the pool (or defers to the heads already
     /// there); the call leaves them when it ends.
-    fn take_head(&self, key: &K, shard: usize, n: u32, me: &PoolWait) -> Result<Slot, Blocked> {
+    ///
+    /// What stale admissions given back on the way owe is recorded in `debts`, for the call to
+    /// pay once the queue's mutex is released ([`HeadDebts`]): paying may wake other keys' heads.
+    fn take_head(
+        &self,
+        key: &K,
+        shard: usize,
+        n: u32,
+        me: &PoolWait,
+        debts: &HeadDebts,
+    ) -> Result<Slot, Blocked> {
         let mut looked_again = false;
         loop {
             let owed = Owed::default();
             let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
                 self.take(cell, n, Some(me), &owed)
             });
-            self.pay(key, shard, &owed, true);
+            debts.defer(&owed);
             let blocked = match taken {
                 Ok((Err(_), Slot::Overflow)) if !looked_again => {
                     // SeqCst fence: store-then-load on both sides (we marked the pool, then
@@ -974,7 +1068,7 @@ where
     /// and wakes every head, as a pool release does (a head still short marks again). Without
     /// the shared pool, nothing: nobody waits for room.
     #[inline]
-    fn room_freed(&self, key: &K, in_head: bool) {
+    fn room_freed(&self, key: &K, by_head: bool) {
         if self.ctx.overflow != KeyOverflow::Shared {
             return;
         }
@@ -986,7 +1080,7 @@ where
         // makes its key's queue visible to the wake's lookup.
         let pool = &*self.store.overflow;
         if pool.load(Ordering::Acquire) & WAITERS != 0 && Concurrency::consume_mark(pool) {
-            self.wake_pool_heads(key, in_head);
+            self.wake_pool_heads(key, by_head);
         }
     }
 
@@ -1008,6 +1102,7 @@ where
             key,
             me: PoolWait::new(),
         };
+        let debts = HeadDebts::new();
         loop {
             let wait = self.ctx.waits.key_wait(key);
             Self::registered();
@@ -1020,10 +1115,11 @@ where
                 .ctx
                 .waits
                 .wait(&wait, &self.ctx.counters, n)
-                .run_async(
-                    || self.take_head(key, shard, n, &pool.me),
+                .run_async_then(
+                    || self.take_head(key, shard, n, &pool.me, &debts),
                     |slot| self.release(key, shard, n, slot),
                     no_timer,
+                    || self.pay_head_debts(key, shard, &debts),
                 )
                 .await;
             drop(exit);
@@ -1058,6 +1154,7 @@ where
             key,
             me: PoolWait::new(),
         };
+        let debts = HeadDebts::new();
         loop {
             let wait = self.ctx.waits.key_wait(key);
             Self::registered();
@@ -1070,10 +1167,11 @@ where
                 .ctx
                 .waits
                 .wait(&wait, &self.ctx.counters, n)
-                .run_blocking(
-                    || self.take_head(key, shard, n, &pool.me),
+                .run_blocking_then(
+                    || self.take_head(key, shard, n, &pool.me, &debts),
                     |slot| self.release(key, shard, n, slot),
                     deadline,
+                    || self.pay_head_debts(key, shard, &debts),
                 ) {
                 Err(AcquireError::Closed) => continue,
                 outcome => return outcome,

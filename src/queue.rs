@@ -48,8 +48,8 @@
 
 use crate::error::AcquireError;
 use crate::sync::{
-    lock, wake_all, Arc, AtomicU64, Counters, Mutex, Ordering, Signal, ADMITTED, CANCELLED,
-    REJECTED,
+    lock, wake_all, Arc, AtomicU64, Counters, Mutex, Ordering, Signal, WakeAll, ADMITTED,
+    CANCELLED, REJECTED,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -552,23 +552,33 @@ impl Ticket<'_> {
     /// hands (a concurrency limiter builds its permit guard only once the wait returns). If the
     /// wake unwinds, [`Granted`] hands the grant to `give_back` rather than letting the unwind drop
     /// it with the permits or the admission still taken.
-    fn turn<T, G: FnMut(T)>(
+    ///
+    /// `after` runs once the queue's mutex is released, after every look: the work `take` owes
+    /// that must not run under the mutex (a keyed concurrency limiter's head waking the heads of
+    /// *other* keys' queues, whose mutexes it would otherwise take while holding its own: two
+    /// heads doing so at once would deadlock). It runs with the next head's wake, both even if
+    /// one panics (see `WakeAll`), and inside the grant's guard.
+    fn turn<T, G: FnMut(T), A: FnMut()>(
         &mut self,
         who: Registration<'_>,
         take: impl FnOnce() -> Result<T, Blocked>,
         give_back: &mut G,
+        after: &mut A,
     ) -> Turn<T> {
         let (turn, next) = self.queue.turn(self.gate, self.seq, who, take);
         let Turn::Done(outcome) = turn else {
+            // Still queued: should `after` panic, the unwind drops the ticket, which leaves the
+            // queue and wakes the next head if we were it.
+            after();
             return turn;
         };
         self.queued = false;
         let value = match outcome {
             Ok(value) => value,
             Err(error) => {
-                // Nothing was granted: a panic in this wake loses nothing of the caller's.
+                // Nothing was granted: a panic in these wakes loses nothing of the caller's.
                 self.counters.bump(REJECTED);
-                next.wake();
+                Self::wake_after(next, after);
                 return Turn::Done(Err(error));
             }
         };
@@ -577,7 +587,7 @@ impl Ticket<'_> {
             give_back,
             counters: self.counters,
         };
-        next.wake();
+        Self::wake_after(next, after);
         match granted.value.take() {
             Some(value) => {
                 self.counters.bump(ADMITTED);
@@ -593,6 +603,15 @@ impl Ticket<'_> {
 }
 
 impl Ticket<'_> {
+    /// A leaving head's last wakes: the next head's, and `after`'s (see [`turn`](Self::turn)),
+    /// each run even if the other panics, the first panic re-raised after both.
+    fn wake_after(next: Wake, after: &mut impl FnMut()) {
+        let mut all = WakeAll::default();
+        all.run(|| next.wake());
+        all.run(after);
+        all.finish();
+    }
+
     /// A blocking waiter's deadline passed: it leaves the queue. Returns what the call ends in:
     /// [`AcquireError::Timeout`] (counted cancelled), unless the queue had failed it already (a
     /// `close`, an eviction or a reconfiguration that landed after its last look): then that
@@ -687,13 +706,27 @@ impl<'a> Wait<'a> {
     /// that then returns `Ready`, so a dropped future never holds any.
     pub(crate) async fn run_async<T>(
         self,
+        take: impl FnMut() -> Result<T, Blocked>,
+        give_back: impl FnMut(T),
+        sleep: impl FnMut(&mut Context<'_>, u64) -> Poll<()>,
+    ) -> Result<T, AcquireError> {
+        self.run_async_then(take, give_back, sleep, || {}).await
+    }
+
+    /// [`run_async`](Self::run_async), running `after` after every attempt once the queue's
+    /// mutex is released (the work the attempt owes that must not run under it; see
+    /// `Ticket::turn`).
+    pub(crate) async fn run_async_then<T>(
+        self,
         mut take: impl FnMut() -> Result<T, Blocked>,
         mut give_back: impl FnMut(T),
         mut sleep: impl FnMut(&mut Context<'_>, u64) -> Poll<()>,
+        mut after: impl FnMut(),
     ) -> Result<T, AcquireError> {
         let mut ticket = self.enqueue()?;
         std::future::poll_fn(|cx| loop {
-            match ticket.turn(Registration::Task(cx.waker()), &mut take, &mut give_back) {
+            let who = Registration::Task(cx.waker());
+            match ticket.turn(who, &mut take, &mut give_back, &mut after) {
                 Turn::Done(outcome) => return Poll::Ready(outcome),
                 Turn::Wait(Blocked::Until(nanos)) => match sleep(cx, nanos) {
                     Poll::Ready(()) => continue,
@@ -709,19 +742,31 @@ impl<'a> Wait<'a> {
     /// `take` and `give_back` as for [`run_async`](Self::run_async).
     pub(crate) fn run_blocking<T>(
         self,
+        take: impl FnMut() -> Result<T, Blocked>,
+        give_back: impl FnMut(T),
+        deadline: Option<std::time::Instant>,
+    ) -> Result<T, AcquireError> {
+        self.run_blocking_then(take, give_back, deadline, || {})
+    }
+
+    /// [`run_blocking`](Self::run_blocking), running `after` as
+    /// [`run_async_then`](Self::run_async_then) does.
+    pub(crate) fn run_blocking_then<T>(
+        self,
         mut take: impl FnMut() -> Result<T, Blocked>,
         mut give_back: impl FnMut(T),
         deadline: Option<std::time::Instant>,
+        mut after: impl FnMut(),
     ) -> Result<T, AcquireError> {
         let mut ticket = self.enqueue()?;
         let signal = Arc::new(Signal::new());
         loop {
             let seen = signal.epoch();
-            let blocked =
-                match ticket.turn(Registration::Thread(&signal), &mut take, &mut give_back) {
-                    Turn::Done(outcome) => return outcome,
-                    Turn::Wait(blocked) => blocked,
-                };
+            let who = Registration::Thread(&signal);
+            let blocked = match ticket.turn(who, &mut take, &mut give_back, &mut after) {
+                Turn::Done(outcome) => return outcome,
+                Turn::Wait(blocked) => blocked,
+            };
             let left = match deadline {
                 Some(deadline) => {
                     let now = std::time::Instant::now();
