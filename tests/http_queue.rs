@@ -290,3 +290,104 @@ async fn queues_need_the_memory_backend() {
         other => panic!("expected an error, got {other:?}"),
     }
 }
+
+fn with_client(ip: &str, client: Option<&'static str>) -> RequestInfo<'static> {
+    RequestInfo {
+        method: &http::Method::GET,
+        path: "/",
+        client_ip: Some(ip.parse::<IpAddr>().unwrap()),
+        client_id: client,
+    }
+}
+
+/// A reload keeps a rule's count of waiting requests: with the one place of `queue_limit = 1`
+/// taken, a reload of the same configuration does not let a second request wait.
+#[tokio::test(start_paused = true)]
+async fn a_reload_does_not_reset_the_queue_count() {
+    let toml =
+        "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\nmax_wait = \"5s\"\n";
+    let limiter = Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_toml_str(toml).unwrap(), TokioClock::new())
+            .unwrap(),
+    );
+    assert!(limiter
+        .decide_async(&with_client("192.0.2.1", None))
+        .await
+        .outcome
+        .is_admitted());
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.decide_async(&with_client("192.0.2.1", None)).await })
+    };
+    tokio::task::yield_now().await;
+    // The queue is full: another is rejected at once.
+    let start = tokio::time::Instant::now();
+    assert!(!limiter
+        .decide_async(&with_client("192.0.2.1", None))
+        .await
+        .outcome
+        .is_admitted());
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    limiter
+        .reload(HttpConfig::from_toml_str(toml).unwrap())
+        .unwrap();
+    // Still one waiting: the queue is still full.
+    let start = tokio::time::Instant::now();
+    let verdict = limiter.decide_async(&with_client("192.0.2.1", None)).await;
+    let waited = start.elapsed();
+    let _ = waiter.await;
+    assert_eq!(
+        (verdict.outcome.is_admitted(), waited),
+        (false, Duration::ZERO),
+        "a second request waited although the queue (limit 1) was full: {verdict:?}"
+    );
+}
+
+#[cfg(feature = "metrics")]
+#[path = "common/tally.rs"]
+mod tally;
+
+/// `turnstile_http_key_overflow` counts a request of a client a rule had no room for once,
+/// though a request that waits for another rule is decided again after its wait.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_waiting_request_counts_its_key_overflow_once() {
+    let tally = tally::Tally::default();
+    let counts = tally.0.clone();
+    let config = HttpConfig::from_toml_str(
+        "max_keys_per_rule = 1\nkey_overflow = \"allow\"\n\
+         [[rules]]\nname = \"by-ip\"\nperiod = \"1m\"\nlimit = 100\nkey = \"ip\"\n\
+         [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"client\"\nqueue_limit = 5\n",
+    )
+    .unwrap();
+    metrics::with_local_recorder(&tally, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let limiter = HttpLimiter::with_clock(config, TokioClock::new()).unwrap();
+            // 10.0.0.1 fills `by-ip` (one key), "x" fills `q`.
+            assert!(limiter
+                .decide_async(&with_client("10.0.0.1", Some("x")))
+                .await
+                .outcome
+                .is_admitted());
+            // Another IP, same client: `by-ip` has no room (allowed, counted), `q` rejects: waits 1 s.
+            let start = tokio::time::Instant::now();
+            let v = limiter
+                .decide_async(&with_client("10.0.0.2", Some("x")))
+                .await;
+            assert!(v.outcome.is_admitted(), "{v:?}");
+            assert_eq!(start.elapsed(), Duration::from_secs(1));
+        });
+    });
+    let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+    assert_eq!(n("turnstile_http_waited{q}"), 1);
+    assert_eq!(
+        n("turnstile_http_key_overflow{by-ip}"),
+        1,
+        "one request, one overflow"
+    );
+}

@@ -254,8 +254,9 @@ pub struct RuleConfig {
     /// retry-after and is decided again (every rule, all-or-nothing, as a new request is),
     /// as long as its answer comes within `max_wait` of its arrival; otherwise, or when the
     /// queue is full, it is rejected at once. Waiting requests hold nothing: a rejection
-    /// charged no rule. They are not served in arrival order (see [`HttpLimiter`]'s "Waiting").
-    /// Memory backend only; not on a monitor rule or a rule of limit 0.
+    /// charged no rule. They are not served in arrival order (see [`HttpLimiter`]'s "Waiting"),
+    /// the count is of all clients together, and waiting uses tokio's timer. Memory backend
+    /// only; not on a monitor rule or a rule of limit 0.
     ///
     /// [`HttpLimiter`]: crate::http::HttpLimiter
     pub queue_limit: u32,

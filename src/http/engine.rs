@@ -152,8 +152,10 @@ macro_rules! count_list_rejection {
 /// (ASP.NET Core's `QueueLimit`). A request that such a rule rejects for its rate (step 5,
 /// the client's own counter) waits, if fewer than `queue_limit` requests wait for the rule and
 /// the rejection's retry-after ends within the rule's `max_wait` (default: its period) of the
-/// request's arrival: it sleeps that retry-after and is decided again from step 5 on, every
-/// rule as for a new request (the rules it arrived under, even if a reload came since). It
+/// request's arrival: it sleeps that retry-after (on tokio's timer: the runtime needs its time
+/// driver, `enable_time` or `enable_all`) and is decided again as a new request is, from
+/// step 0 on (a client banned meanwhile is rejected as banned), under the rules it arrived
+/// under even if a reload came since. It
 /// waits again as long as each answer comes in time; when one does not, or another rule
 /// without a queue rejects it, that rejection is final. Only the final rejection is logged,
 /// counted (`turnstile_http_rejected`) and counted towards a ban; each wait is counted in
@@ -162,7 +164,10 @@ macro_rules! count_list_rejection {
 /// client gone) takes nothing. Waiting requests are **not served in arrival order**: each
 /// tries again at its own retry-after, and a request arriving when a permit is free takes it.
 /// [`decide`](HttpLimiter::decide) never waits (it answers the rejection);
-/// [`decide_async`](HttpLimiter::decide_async) and the layer do. Memory backend only.
+/// [`decide_async`](HttpLimiter::decide_async) and the layer do. Memory backend only. The
+/// queue is the rule's, not each client's: `queue_limit` counts the waiting requests of all
+/// clients together (one client can fill it; the others are then rejected at once, as without
+/// a queue), and a reload keeps the count of a rule whose identity is unchanged.
 ///
 /// # Reload
 ///
@@ -644,13 +649,17 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         }
     }
 
-    /// Decides one request, waiting for the backend if the rules count in Redis.
+    /// Decides one request, waiting for the backend if the rules count in Redis, and for a rule
+    /// with a queue if one rejects it (see "Waiting" on [`HttpLimiter`]; that needs tokio's
+    /// timer).
     ///
     /// # Cancel safety
     ///
     /// Dropping the future before it completes may leave some of the request's rules charged
     /// in Redis (a request already sent may still run there), as for `RedisLimiter::try_acquire`
-    /// (feature `redis`). With the memory backend the decision is made before the first poll.
+    /// (feature `redis`). With the memory backend the decision is made before the first poll,
+    /// unless the request waits for a rule's queue: dropped while it waits, it leaves the queue
+    /// and has taken nothing.
     ///
     /// # Examples
     ///
@@ -1116,6 +1125,9 @@ fn decide<C: Clock>(
     }
     // The admissions to refund if a later rule rejects: the last rule's never is.
     let mut charged: SmallVec<[_; 3]> = SmallVec::new();
+    // Decided again after a wait (see `Patience`): what was counted once per request is not
+    // counted again.
+    let again = patience.as_ref().is_some_and(|p| p.since.is_some());
     // The quotas, reported in the rules' order whatever the order of charging.
     let mut quota_of: SmallVec<[Option<QuotaState>; 4]> = SmallVec::from_elem(None, plan.len());
     // The rules a full limiter let this request pass uncounted (`key_overflow = "allow"`):
@@ -1125,7 +1137,9 @@ fn decide<C: Clock>(
         let (rule, limiter, key) = &plan[index];
         let (decided, committed) = limiter.chain_decide::<true>(key, 1);
         let overflow = committed.overflow;
-        count_shared_overflow(rule, overflow);
+        // A request decided again after a wait was counted in the overflow metric already,
+        // if the rule had no room for it then.
+        count_shared_overflow(rule, overflow && !again);
         match decided {
             Ok(admission) => {
                 quota_of[index] =
@@ -1135,7 +1149,7 @@ fn decide<C: Clock>(
                 }
             }
             // Not charged, nothing to refund: the rule does not count this client.
-            Err(error) if passes_full_rule(set, rule, key, &error) => uncounted.push(index),
+            Err(error) if passes_full_rule(set, rule, key, &error, again) => uncounted.push(index),
             Err(error) => {
                 for (l, k, a, o) in charged.drain(..) {
                     l.chain_refund(k, 1, &a, o);
@@ -1274,17 +1288,21 @@ fn rejected_by<C: Clock>(
 /// Whether `rule`'s answer `error` is its limiter being full of other clients with
 /// `key_overflow = "allow"`: the request then passes the rule uncounted. Counts the overflow
 /// (`Reject` rejects after this; `Shared` never gets here, its decisions are counted by
-/// [`count_shared_overflow`]).
+/// [`count_shared_overflow`]), unless `again`: a request decided again after a wait, counted
+/// the first time.
 fn passes_full_rule<C: Clock>(
     set: &RuleSet<C>,
     rule: &Rule<C>,
     key: &CounterKey,
     error: &TryAcquireError,
+    again: bool,
 ) -> bool {
     if !matches!(error, TryAcquireError::TooManyKeys { .. }) {
         return false;
     }
-    rule.counters.increment(Metric::KeyOverflow);
+    if !again {
+        rule.counters.increment(Metric::KeyOverflow);
+    }
     let allow = set.key_overflow == KeyOverflowPolicy::Allow;
     tracing::debug!(rule = %rule.name, key = ?key, allow, "rule full: a new client is not counted");
     allow
@@ -1330,7 +1348,7 @@ fn decide_one<C: Clock>(
                     .into(),
             }
         }
-        Err(error) if passes_full_rule(set, rule, &key, &error) => Verdict {
+        Err(error) if passes_full_rule(set, rule, &key, &error, false) => Verdict {
             outcome: Outcome::Admitted,
             quotas: Quotas::new(),
         },

@@ -69,9 +69,10 @@ type OnRejection = Arc<
 /// Readiness follows tower's rule: the service polled ready serves the request. A request
 /// rejected at once releases what that service reserved (it is dropped, a clone takes its
 /// place), so rejected requests never hold an inner `Buffer` slot or concurrency permit. When
-/// the policy answers [`Check::Pending`], the ready service goes with the response future until
-/// the decision arrives (a clone takes its place), so a reserved slot stays reserved meanwhile.
-/// Errors of the inner service pass through unchanged.
+/// the policy answers [`Check::Pending`] (a remote backend, a request waiting for its rule's
+/// queue), the reservation is given back the same way and the response future takes a clone,
+/// polled ready only once the decision admits: a waiting request holds nothing of the inner
+/// service's. Errors of the inner service pass through unchanged.
 ///
 /// With tonic, enable the `tonic` feature and put the layer on the server:
 /// `Server::builder().layer(limiter.layer())`. A

@@ -317,8 +317,10 @@ pub(crate) struct Queue {
     pub(crate) limit: u32,
     /// `max_wait`, counted from a request's arrival.
     pub(crate) max_wait: Duration,
-    /// Requests waiting now (each holds a [`WaitSlot`]).
-    waiting: AtomicU64,
+    /// Requests waiting now (each holds a [`WaitSlot`]). Shared with the rule of the same
+    /// identity in the configurations before and after a reload: requests still waiting hold
+    /// places counted here, so a reload does not let `limit` more in.
+    waiting: Arc<AtomicU64>,
 }
 
 /// One request's place among a rule's waiting requests; dropping it (the request decided, or
@@ -815,13 +817,18 @@ pub(crate) struct Compiler<'a, C: Clock + Clone> {
     /// default name): looked up without taking, they all got the last one's limiter, counters
     /// and (reconfigured by each in turn) limit, so that the rule enforced counted by another
     /// rule's limit.
-    old: RefCell<HashMap<Identity, VecDeque<KeyedLimiter<CounterKey, C>>>>,
+    ///
+    /// With each, the old rule's count of waiting requests, if it had a queue.
+    old: RefCell<HashMap<Identity, VecDeque<OldRule<C>>>>,
     old_bans: Option<Arc<Bans<C>>>,
     /// Reconfigurations of reused limiters, applied when compilation has succeeded.
     pending: RefCell<Vec<Pending<C>>>,
     /// The key cap of the configuration being compiled.
     cap: Cell<KeyCap>,
 }
+
+/// What a new rule may take over from an old rule of its identity.
+type OldRule<C> = (KeyedLimiter<CounterKey, C>, Option<Arc<AtomicU64>>);
 
 impl<'a, C: Clock + Clone> Compiler<'a, C> {
     pub(crate) fn new(clock: &'a C, old: Option<&RuleSet<C>>) -> Self {
@@ -830,9 +837,10 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         if let Some(old) = old {
             for rule in old.all_rules() {
                 if let Some(l) = &rule.limiter {
+                    let waiting = rule.queue.as_ref().map(|q| Arc::clone(&q.waiting));
                     map.entry(rule.identity.clone())
                         .or_default()
-                        .push_back(l.clone());
+                        .push_back((l.clone(), waiting));
                 }
             }
             old_bans = old.bans.clone();
@@ -898,15 +906,19 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             )
         };
         let cap = self.cap.get();
+        // Taken only for a rule that counts (as before queues: a block takes nothing over).
+        let (old_limiter, old_waiting) = match limit {
+            0 => (None, None),
+            _ => self
+                .old
+                .borrow_mut()
+                .get_mut(&identity)
+                .and_then(VecDeque::pop_front)
+                .map_or((None, None), |(l, w)| (Some(l), w)),
+        };
         let limiter = if limit == 0 {
             None
-        } else if let Some(old) = self
-            .old
-            .borrow_mut()
-            .get_mut(&identity)
-            .and_then(VecDeque::pop_front)
-            .filter(|old| cap.fits(old))
-        {
+        } else if let Some(old) = old_limiter.filter(|old| cap.fits(old)) {
             let grows_ring = matches!(
                 (old.algorithm(), algo),
                 (Algorithm::SlidingWindow { limit: from, .. }, Algorithm::SlidingWindow { limit: to, .. }) if to > from
@@ -936,7 +948,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                     Some(text) => parse_period(text, &format!("{field}.max_wait"))?,
                     None => period,
                 },
-                waiting: AtomicU64::new(0),
+                waiting: old_waiting.unwrap_or_else(|| Arc::new(AtomicU64::new(0))),
             }),
         };
         let name: Arc<str> = name.into();
