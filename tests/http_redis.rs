@@ -174,6 +174,37 @@ async fn reload_keeps_counters_in_redis_unless_the_rule_identity_changes() {
     assert!(limiter.reload(elsewhere).is_err());
 }
 
+/// The same IP range listed twice, once with an enforced rule and once with a monitor rule of
+/// the default name and the same period (so of one identity: the monitor flag and the limit are
+/// not part of it), is two rules in Redis as in memory, each counting on its own keys. When
+/// they shared keys, every request was counted twice on one state, and the enforced rule of
+/// limit 3 rejected the third request.
+#[tokio::test]
+async fn rules_of_one_identity_count_on_their_own_keys() {
+    let server = RedisServer::start();
+    let rules = "[[ip_rules]]\nip = \"192.0.2.0/24\"\n[[ip_rules.rules]]\nperiod = \"1m\"\nlimit = 3\nalgorithm = \"sliding_window\"\n\
+                 [[ip_rules]]\nip = \"192.0.2.0/24\"\n[[ip_rules.rules]]\nperiod = \"1m\"\nlimit = 2\nalgorithm = \"sliding_window\"\nmonitor = true\n";
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", rules))
+        .await
+        .unwrap();
+    let ip = "192.0.2.7";
+    for i in 0..3 {
+        let verdict = get(&limiter, "/", ip).await;
+        assert!(verdict.outcome.is_admitted(), "request {i}: {verdict:?}");
+    }
+    let verdict = get(&limiter, "/", ip).await;
+    assert!(rejection(&verdict).is_some(), "{verdict:?}");
+    let mut con = server.connection();
+    let keys: Vec<String> = con.keys("myapp:*").unwrap();
+    assert_eq!(keys.len(), 2, "one key per rule: {keys:?}");
+    // A reload keeps each rule on its keys: the enforced rule is still spent.
+    limiter
+        .reload(config(&server.url(), "closed", rules))
+        .unwrap();
+    let verdict = get(&limiter, "/", ip).await;
+    assert!(rejection(&verdict).is_some(), "{verdict:?}");
+}
+
 #[tokio::test]
 async fn redis_down_fail_open_admits() {
     let mut server = RedisServer::start();

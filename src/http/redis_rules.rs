@@ -5,7 +5,7 @@
 
 use crate::backend::try_acquire_all;
 use crate::http::config::{BackendConfig, HttpConfig, RuleKey};
-use crate::http::rules::{parse_period, BanKey, Bans, CounterKey, Metric, Rule, RuleSet};
+use crate::http::rules::{parse_period, BanKey, Bans, CounterKey, Identity, Metric, Rule, RuleSet};
 use crate::http::{Check, HttpConfigError, Outcome, QuotaState, Quotas, RejectReason, Verdict};
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Admission, Clock, FailurePolicy, RedisLimiter, TryAcquireError};
@@ -13,6 +13,7 @@ use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{RedisFuture, Value};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -233,6 +234,14 @@ pub(crate) fn attach<C: Clock>(
     // The fixed selection holds the rules too: let go of it while they change, then make it
     // again from the changed rules.
     set.fixed_enforced = None;
+    // How many rules of each identity have been given keys so far: the second and later rules
+    // of one identity (the same `ip` listed twice, each with a rule of the default name) take
+    // their occurrence into their prefix, so that each counts on its own keys, as each has its
+    // own limiter in memory. The first keeps the plain prefix, so that the keys of a
+    // configuration without duplicates stay as they were. The order (general rules, then IP
+    // rules as listed) is the configuration's, the same in every process; client rules cannot
+    // repeat an identity (their ids and, within one id, their names are unique).
+    let mut seen: HashMap<Identity, u32> = HashMap::new();
     let lists = std::iter::once(&mut set.general)
         .chain(set.ip.iter_mut().map(|(_, rules)| rules))
         .chain(set.client.values_mut());
@@ -249,7 +258,13 @@ pub(crate) fn attach<C: Clock>(
             let Some(local) = &rule.limiter else {
                 continue; // limit 0: blocks, counts nothing
             };
-            let digest = Sha256::digest(rule.identity.canonical().as_bytes());
+            let occurrence = seen.entry(rule.identity.clone()).or_insert(0);
+            let mut canonical = rule.identity.canonical();
+            if *occurrence > 0 {
+                let _ = write!(canonical, "\u{0}#{occurrence}");
+            }
+            *occurrence += 1;
+            let digest = Sha256::digest(canonical.as_bytes());
             let mut prefix = format!("{}:r", settings.prefix);
             for byte in &digest[..8] {
                 let _ = write!(prefix, "{byte:02x}");
