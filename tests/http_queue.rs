@@ -348,17 +348,27 @@ async fn a_reload_does_not_reset_the_queue_count() {
 mod tally;
 
 /// `turnstile_http_key_overflow` counts a request of a client a rule had no room for once,
-/// though a request that waits for another rule is decided again after its wait.
+/// though a request that waits for another rule is decided again after its wait; whether the
+/// full rule is reached in the first decision (`fixed_window`, charged in the rules' order) or
+/// only after the wait (`sliding_window`, charged after the rules that refund exactly, so the
+/// waiting rule rejected before it was reached: it was not counted at all).
 #[cfg(feature = "metrics")]
 #[test]
 fn a_waiting_request_counts_its_key_overflow_once() {
+    for algorithm in ["fixed_window", "sliding_window"] {
+        waiting_request_counts_its_key_overflow_once(algorithm);
+    }
+}
+
+#[cfg(feature = "metrics")]
+fn waiting_request_counts_its_key_overflow_once(algorithm: &str) {
     let tally = tally::Tally::default();
     let counts = tally.0.clone();
-    let config = HttpConfig::from_toml_str(
+    let config = HttpConfig::from_toml_str(&format!(
         "max_keys_per_rule = 1\nkey_overflow = \"allow\"\n\
-         [[rules]]\nname = \"by-ip\"\nperiod = \"1m\"\nlimit = 100\nkey = \"ip\"\n\
+         [[rules]]\nname = \"by-ip\"\nperiod = \"1m\"\nlimit = 100\nkey = \"ip\"\nalgorithm = \"{algorithm}\"\n\
          [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"client\"\nqueue_limit = 5\n",
-    )
+    ))
     .unwrap();
     metrics::with_local_recorder(&tally, || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -384,10 +394,10 @@ fn a_waiting_request_counts_its_key_overflow_once() {
         });
     });
     let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
-    assert_eq!(n("turnstile_http_waited{q}"), 1);
+    assert_eq!(n("turnstile_http_waited{q}"), 1, "{algorithm}");
     assert_eq!(
         n("turnstile_http_key_overflow{by-ip}"),
         1,
-        "one request, one overflow"
+        "one request, one overflow ({algorithm})"
     );
 }

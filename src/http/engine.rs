@@ -1125,9 +1125,6 @@ fn decide<C: Clock>(
     }
     // The admissions to refund if a later rule rejects: the last rule's never is.
     let mut charged: SmallVec<[_; 3]> = SmallVec::new();
-    // Decided again after a wait (see `Patience`): what was counted once per request is not
-    // counted again.
-    let again = patience.as_ref().is_some_and(|p| p.since.is_some());
     // The quotas, reported in the rules' order whatever the order of charging.
     let mut quota_of: SmallVec<[Option<QuotaState>; 4]> = SmallVec::from_elem(None, plan.len());
     // The rules a full limiter let this request pass uncounted (`key_overflow = "allow"`):
@@ -1137,9 +1134,11 @@ fn decide<C: Clock>(
         let (rule, limiter, key) = &plan[index];
         let (decided, committed) = limiter.chain_decide::<true>(key, 1);
         let overflow = committed.overflow;
-        // A request decided again after a wait was counted in the overflow metric already,
-        // if the rule had no room for it then.
-        count_shared_overflow(rule, overflow && !again);
+        // A request decided again after a wait is counted in the overflow metric once per rule.
+        count_shared_overflow(
+            rule,
+            overflow && first_overflow(patience.as_deref_mut(), rule),
+        );
         match decided {
             Ok(admission) => {
                 quota_of[index] =
@@ -1149,7 +1148,9 @@ fn decide<C: Clock>(
                 }
             }
             // Not charged, nothing to refund: the rule does not count this client.
-            Err(error) if passes_full_rule(set, rule, key, &error, again) => uncounted.push(index),
+            Err(error) if passes_full_rule(set, rule, key, &error, patience.as_deref_mut()) => {
+                uncounted.push(index)
+            }
             Err(error) => {
                 for (l, k, a, o) in charged.drain(..) {
                     l.chain_refund(k, 1, &a, o);
@@ -1288,24 +1289,45 @@ fn rejected_by<C: Clock>(
 /// Whether `rule`'s answer `error` is its limiter being full of other clients with
 /// `key_overflow = "allow"`: the request then passes the rule uncounted. Counts the overflow
 /// (`Reject` rejects after this; `Shared` never gets here, its decisions are counted by
-/// [`count_shared_overflow`]), unless `again`: a request decided again after a wait, counted
-/// the first time.
+/// [`count_shared_overflow`]), once per rule for a request decided again after a wait (see
+/// [`first_overflow`]).
 fn passes_full_rule<C: Clock>(
     set: &RuleSet<C>,
-    rule: &Rule<C>,
+    rule: &Arc<Rule<C>>,
     key: &CounterKey,
     error: &TryAcquireError,
-    again: bool,
+    patience: Option<&mut Patience<C>>,
 ) -> bool {
     if !matches!(error, TryAcquireError::TooManyKeys { .. }) {
         return false;
     }
-    if !again {
+    if first_overflow(patience, rule) {
         rule.counters.increment(Metric::KeyOverflow);
     }
     let allow = set.key_overflow == KeyOverflowPolicy::Allow;
     tracing::debug!(rule = %rule.name, key = ?key, allow, "rule full: a new client is not counted");
     allow
+}
+
+/// Whether the overflow `rule` met for this request is the first it met for it: a request that
+/// waits is decided again, and reaches rules after the wait it did not reach before (the rule
+/// that made it wait may be charged first), so what counts once per request is kept per rule.
+fn first_overflow<C: Clock>(patience: Option<&mut Patience<C>>, rule: &Arc<Rule<C>>) -> bool {
+    match patience {
+        None => true,
+        Some(patience) => {
+            // The rule's address names it: every decision of one request is made with the
+            // rule set it arrived under, which the request holds (no clone of the rule, no
+            // reference count to touch on a path that clients a full rule take).
+            let address = Arc::as_ptr(rule) as usize;
+            if patience.overflowed.contains(&address) {
+                false
+            } else {
+                patience.overflowed.push(address);
+                true
+            }
+        }
+    }
 }
 
 /// Counts a decision, admission or rejection, the shared overflow counter made
@@ -1348,7 +1370,7 @@ fn decide_one<C: Clock>(
                     .into(),
             }
         }
-        Err(error) if passes_full_rule(set, rule, &key, &error, false) => Verdict {
+        Err(error) if passes_full_rule(set, rule, &key, &error, None) => Verdict {
             outcome: Outcome::Admitted,
             quotas: Quotas::new(),
         },
@@ -1398,6 +1420,9 @@ struct Patience<C: Clock> {
     slot: Option<WaitSlot<C>>,
     /// Set by a decision that chose to wait: decide again after this long.
     wait: Option<Duration>,
+    /// The rules (by address) whose key overflow this request was counted in (see
+    /// [`first_overflow`]).
+    overflowed: SmallVec<[usize; 2]>,
 }
 
 impl<C: Clock> Patience<C> {
@@ -1406,6 +1431,7 @@ impl<C: Clock> Patience<C> {
             since: None,
             slot: None,
             wait: None,
+            overflowed: SmallVec::new(),
         }
     }
 
