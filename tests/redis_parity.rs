@@ -806,6 +806,37 @@ async fn a_fallback_too_small_for_the_request_is_unavailable_not_insufficient_ca
     assert!(back.is_ok(), "{back:?}");
 }
 
+/// The fallback's share of a token bucket's rate: `share` of 1 permit per minute is a quarter
+/// permit per minute, one permit per 4 minutes. Rounded down to whole permits per period and
+/// then raised to at least 1, it was 1 permit per minute, the whole rate: with four processes
+/// (the share's P) four times the limit while Redis was away.
+#[tokio::test]
+async fn a_fallback_of_less_than_one_permit_per_period_stretches_the_period() {
+    let mut server = RedisServer::start();
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_minute(1),
+            burst: 1,
+        },
+        FailurePolicy::Fallback { share: 0.25 },
+    )
+    .prefix(PREFIX)
+    .deadline(Duration::from_millis(200))
+    .build(manager(&server).await)
+    .unwrap();
+    server.kill();
+    assert!(limiter.try_acquire("s").await.is_ok(), "the local burst");
+    match limiter.try_acquire("s").await {
+        Err(TryAcquireError::Rejected(r)) => assert!(
+            r.retry_after() > Duration::from_secs(230)
+                && r.retry_after() <= Duration::from_secs(240),
+            "a quarter of 1 per minute is 1 per 4 minutes: {r:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(limiter.stats().fallbacks, 2);
+}
+
 /// Placed before the prelude: a `redis` whose `TIME` answers ARGV[4] (µs), as `FAKE_TIME`, and
 /// whose expiries run on that clock too: `PEXPIREAT` and `SET … PXAT` note the key's expiry (ms)
 /// in a hash beside it, `PTTL` answers from it, and a key whose time has passed (Redis's rule:

@@ -263,6 +263,59 @@ mod stored_values {
         }
     }
 
+    /// A token bucket whose stored word has bit 63 set: the in-memory bucket's mark of a word
+    /// written under parameters before a reconfiguration, which a `StoreLimiter` (never
+    /// reconfigured) does not write, so a foreign value. Read as a word to translate from the
+    /// previous parameters, of which there are none (capacity 0), it divided by zero: a panic
+    /// instead of a value treated as absent. Decisions and charges alike.
+    #[test]
+    fn a_token_bucket_word_of_another_epoch_is_treated_as_absent() {
+        let bucket = Algorithm::TokenBucket {
+            rate: turnstile::Rate::per_second(1),
+            burst: 2,
+        };
+        let foreign = (1u64 << 63) | unix_nanos();
+        for charge in [false, true] {
+            let outcome = decide_with(bucket, &[foreign], move |limiter| async move {
+                if charge {
+                    limiter.charge("x", 1).await.map_err(|never| match never {})
+                } else {
+                    limiter.try_acquire("x").await.map_err(|e| panic!("{e:?}"))
+                }
+            });
+            assert_eq!(outcome.remaining(), 1, "charge: {charge}");
+        }
+    }
+
+    /// `call` on a limiter running `algorithm` whose stored state for subject "x" is `words`,
+    /// on its own thread and runtime, so that a busy spin or a panic inside is reported rather
+    /// than hanging or aborting the test binary.
+    fn decide_with<F, Fut>(algorithm: Algorithm, words: &[u64], call: F) -> Admission
+    where
+        F: FnOnce(StoreLimiter<Preloaded>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Admission, ()>>,
+    {
+        let store = Preloaded::default();
+        let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
+        store
+            .0
+            .lock()
+            .unwrap()
+            .insert(limiter.key("x"), bytes(words));
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let _ = tx.send(runtime.block_on(call(limiter)));
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(outcome) => outcome.expect("admitted"),
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("the decision never returned"),
+            Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the decision panicked"),
+        }
+    }
+
     /// head = 2 (two tickets claimed), but both slots still say "never written" (lap parity 1):
     /// the ring claims tickets it never published. The in-memory algorithm waits for the writer it
     /// believes to be between claim and publish; restored from a store there is none, so it spun

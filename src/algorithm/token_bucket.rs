@@ -284,10 +284,16 @@ impl Algo for TokenBucket {
         vec![state.load(Ordering::Relaxed)]
     }
 
+    /// Only a word of the current epoch: a `StoreLimiter` is never reconfigured, so it writes
+    /// none other, and a word of the other epoch (bit 63 set: a foreign value) would be
+    /// translated from previous parameters that do not exist (a capacity of 0, a division by
+    /// zero). Such a word is no state, as [`RETIRED`] is not.
     #[cfg(feature = "store")]
     fn restore(&self, words: &[u64]) -> Option<AtomicU64> {
         match words {
-            [word] if *word != RETIRED => Some(AtomicU64::new(*word)),
+            [word] if *word != RETIRED && self.shape().0.tat(*word).is_some() => {
+                Some(AtomicU64::new(*word))
+            }
             _ => None,
         }
     }

@@ -197,8 +197,11 @@ pub enum FailurePolicy {
     /// Reject with [`TryAcquireError::Unavailable`]: protection over availability.
     FailClosed,
     /// Decide in a local in-memory [`KeyedLimiter`] running the same algorithm at `share` of the
-    /// global limit (limit, burst and rate each scaled by `share`, rounded down, at least 1).
-    /// `share` must be in (0, 1]; with P processes, 1/P keeps the global total near the limit.
+    /// global limit (limit and burst each scaled by `share`, rounded down, at least 1; the
+    /// rate's permits per period scaled likewise while at least one remains, and otherwise one
+    /// permit per period stretched in proportion: a quarter of 1 per minute is 1 per 4
+    /// minutes). `share` must be in (0, 1]; with P processes, 1/P keeps the global total near
+    /// the limit.
     /// The admission's `at` is then on the local limiter's clock, not Redis's. A call for more
     /// permits than the local share can ever admit gets [`TryAcquireError::Unavailable`] (not
     /// `InsufficientCapacity`: Redis admits it once it is back).
@@ -542,6 +545,22 @@ fn scaled(x: u32, share: f64) -> u32 {
     ((f64::from(x) * share).floor() as u32).max(1)
 }
 
+/// `rate × share`: whole permits per period, rounded down, while at least one remains;
+/// otherwise one permit per period ÷ (permits × share), rounded up to the nanosecond (never
+/// faster than the share) and held where a bucket of `burst` still fits the in-memory bound
+/// (b·T ≤ 2^62 ns, about 146 years). Rounded down and then raised to one permit, a share of a
+/// slow rate was the whole rate (a quarter of 1 per minute was 1 per minute).
+fn scaled_rate(rate: Rate, share: f64, burst: u32) -> Rate {
+    let permits = f64::from(rate.permits) * share;
+    if permits >= 1.0 {
+        return Rate::new(permits.floor() as u32, rate.period);
+    }
+    let most = (u64::MAX / 4) / u64::from(burst.max(1));
+    // Float to integer casts saturate: a period beyond u64 nanoseconds is held at `most` too.
+    let nanos = ((rate.period.as_nanos() as f64 / permits).ceil() as u64).min(most);
+    Rate::new(1, Duration::from_nanos(nanos))
+}
+
 /// The local fallback's algorithm: the global one at `share` of its limit.
 fn share_of(algorithm: Algorithm, share: f64) -> Algorithm {
     match algorithm {
@@ -557,10 +576,13 @@ fn share_of(algorithm: Algorithm, share: f64) -> Algorithm {
             limit: scaled(limit, share),
             window,
         },
-        Algorithm::TokenBucket { rate, burst } => Algorithm::TokenBucket {
-            rate: Rate::new(scaled(rate.permits, share), rate.period),
-            burst: scaled(burst, share),
-        },
+        Algorithm::TokenBucket { rate, burst } => {
+            let burst = scaled(burst, share);
+            Algorithm::TokenBucket {
+                rate: scaled_rate(rate, share, burst),
+                burst,
+            }
+        }
     }
 }
 
@@ -1506,6 +1528,33 @@ mod tests {
                 burst: 2
             }
         );
+    }
+
+    #[test]
+    fn a_slow_rate_is_shared_by_stretching_its_period() {
+        let a = share_of(
+            Algorithm::TokenBucket {
+                rate: Rate::per_minute(1),
+                burst: 3,
+            },
+            0.25,
+        );
+        assert_eq!(
+            a,
+            Algorithm::TokenBucket {
+                rate: Rate::new(1, Duration::from_secs(240)),
+                burst: 1
+            }
+        );
+        // Far beyond what a bucket can hold: held at the in-memory bound, still a valid limiter.
+        let a = share_of(
+            Algorithm::TokenBucket {
+                rate: Rate::new(1, Duration::from_secs(100 * 365 * 86_400)),
+                burst: 7,
+            },
+            0.001,
+        );
+        assert!(KeyedLimiter::<Box<[u8]>>::new(a).is_ok(), "{a:?}");
     }
 
     #[test]
