@@ -792,3 +792,69 @@ fn a_new_key_arriving_during_another_search_for_room_still_finds_idle_keys() {
     assert_eq!(limiter.len(), 2);
     assert_eq!(limiter.stats().overflowed, 0);
 }
+
+/// A sweep's `retire` reads the clock, and a reconfiguration that shortens the window runs
+/// before it judges the word (the sweeper descheduled after its clock read). The key admitted
+/// its whole limit in the current window, which the rebased grid keeps (it ends at the
+/// reconfiguration's time plus the new length), so the key must stay busy. `retire` judged its
+/// earlier clock reading on the new grid, placed it in the window before, found the count
+/// stale and evicted the key: a fresh cell then admitted the whole limit again in that same
+/// window.
+#[test]
+fn a_sweep_racing_a_window_change_never_evicts_a_busy_key() {
+    const MS: u64 = 1_000_000;
+    // A key in shard 0 whatever the shard count, so that the sweep's second clock reading (after
+    // that shard's hint check) is its `retire`'s.
+    let key = (0u64..)
+        .find(|k| (std::hash::BuildHasher::hash_one(&Fixed::default(), k) >> 32) & 4095 == 0)
+        .unwrap();
+    for (from, to) in [
+        (
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: Duration::from_millis(100),
+            },
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: Duration::from_millis(10),
+            },
+        ),
+        (
+            Algorithm::SlidingCounter {
+                limit: 1,
+                window: Duration::from_millis(100),
+            },
+            Algorithm::SlidingCounter {
+                limit: 1,
+                window: Duration::from_millis(10),
+            },
+        ),
+    ] {
+        let clock = HookClock::default();
+        let limiter: KeyedLimiter<u64, HookClock, Fixed> = KeyedLimiter::builder(from)
+            .clock(clock.clone())
+            .hasher(Fixed::default())
+            .build()
+            .unwrap();
+        limiter.try_acquire(&key).unwrap();
+        clock.advance(60 * MS);
+        {
+            let (limiter, clock) = (limiter.clone(), clock.clone());
+            // Readings: shard 0's hint check, then the key's `retire` (at 60 ms), after which
+            // the window shrinks at 70 ms: the current window now ends at 80 ms.
+            clock.clone().arm_after(
+                2,
+                Box::new(move || {
+                    clock.advance(10 * MS);
+                    limiter.reconfigure(to).unwrap();
+                }),
+            );
+        }
+        limiter.sweep();
+        assert!(clock.disarm(), "{from:?}: the hook did not run");
+        assert!(
+            matches!(limiter.try_acquire(&key), Err(TryAcquireError::Rejected(_))),
+            "{from:?} → {to:?}: the key admitted its limit twice in one window"
+        );
+    }
+}
