@@ -858,3 +858,49 @@ fn a_sweep_racing_a_window_change_never_evicts_a_busy_key() {
         );
     }
 }
+
+/// At the key cap, with every key busy, a new key's calls are decided by the overflow policy:
+/// `available` must report what that gives (the shared limiter's free permits, or none under
+/// `Reject`), not the full limit of a cell the key will not get. It reported the full limit,
+/// so a caller that checked it was refused (`Rejected` by the exhausted shared limiter, or
+/// `TooManyKeys`). Once a key can be evicted again, a new key has the full limit.
+#[test]
+fn available_for_a_new_key_at_the_cap_reports_the_overflow_policy() {
+    let fixed = Algorithm::FixedWindow {
+        limit: 2,
+        window: SEC,
+    };
+    let clock = ManualClock::new();
+    let shared = KeyedLimiter::builder(fixed)
+        .clock(clock.clone())
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    shared.try_acquire(&1u64).unwrap(); // the only key slot, busy for the window
+    shared.try_acquire(&2).unwrap(); // the shared limiter: one of its two permits
+    assert_eq!(shared.available(&3), 1);
+    shared.try_acquire(&3).unwrap();
+    assert_eq!(shared.available(&4), 0, "the shared limiter is exhausted");
+    assert!(matches!(
+        shared.try_acquire(&4),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert_eq!(shared.available(&1), 1, "a held key reports its own cell");
+
+    let reject = KeyedLimiter::builder(fixed)
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    reject.try_acquire(&1u64).unwrap();
+    assert_eq!(
+        reject.try_acquire(&2),
+        Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+    );
+    assert_eq!(reject.available(&2), 0, "refused at the cap");
+    clock.advance(SEC);
+    // Key 1 is idle now: a new key's call would evict it and start fresh.
+    assert_eq!(reject.available(&2), 2);
+    assert_eq!(reject.try_acquire(&2).unwrap().remaining(), 1);
+}
