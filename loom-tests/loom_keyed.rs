@@ -30,7 +30,10 @@
 //! - a new key's first admission that fails on its fresh cell (the limit lowered after the
 //!   store's check) leaves no cell behind, and never takes back a cell someone else has used;
 //! - racing reconfigurations sweep the key queues in the order of their changes, so no waiter
-//!   fails for a capacity already replaced.
+//!   fails for a capacity already replaced;
+//! - a sweep racing a reconfiguration judges a key under one parameter set, loaded before its
+//!   clock read and re-checked before its CAS: a shrunk window never makes a busy key's count
+//!   look stale (`a_sweep_racing_a_window_shrink_never_evicts_a_busy_key`).
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed`
 #![cfg(turnstile_loom)]
@@ -624,5 +627,34 @@ fn keyed_reconfigure_sweep_never_uses_a_superseded_capacity() {
             (0, 0, 0),
             "{s:?}"
         );
+    });
+}
+
+/// A sweep races a reconfiguration that shrinks the window (10 → 2) while the key holds the
+/// whole limit in its window. The rebased grid keeps that window, ending it at 9, so after
+/// both the key must still refuse at 7. A sweep that read its clock (6) before the
+/// reconfiguration and its parameters after it placed 6 in the new grid's previous window,
+/// took the key's count for a stale one and evicted it: a fresh cell then admitted again in
+/// the same window. `retire` now loads the parameters before the word and the clock and
+/// re-checks their version before its CAS, as a decision does.
+#[test]
+fn a_sweep_racing_a_window_shrink_never_evicts_a_busy_key() {
+    model(|| {
+        let l = limiter(fixed(1), 4);
+        assert!(attempt(&l, 1).is_some());
+        l.clock().advance(Duration::from_nanos(6));
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        l.clock().advance(Duration::from_nanos(1));
+        l.reconfigure(Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_nanos(2),
+        })
+        .unwrap();
+        assert_eq!(sweeper.join().unwrap(), 0, "a busy key was evicted");
+        assert_eq!(attempt(&l, 1), None, "the window admitted its limit twice");
+        assert_eq!(l.len(), 1);
     });
 }

@@ -1083,12 +1083,32 @@ where
         true
     }
 
+    /// The key's free permits if it holds a cell; for a key not held, what its next call would
+    /// be decided on: a fresh cell (the limit), unless the cap is reached and no key can be
+    /// evicted yet (the hint `chain_check` and `make_room` trust), when the overflow policy
+    /// decides it: the shared cell's free permits, or none under `Reject`. (It reported the
+    /// full limit there, for a key whose calls the exhausted shared cell or the cap refused.)
     fn available<C: Clock>(&self, ctx: &Ctx<K, C, S>, shard: usize, key: &K) -> u32 {
         let now = ctx.clock.now();
-        self.shards[shard]
+        if let Some(free) = self.shards[shard]
             .map
             .get(key, |cell| self.algo.available(cell, now))
-            .unwrap_or_else(|| self.algo.limit())
+        {
+            return free;
+        }
+        // Relaxed, both: a snapshot, read as `chain_check` reads them; a stale value answers as
+        // a call a moment earlier or later would have been answered.
+        let room_at = ctx.room_at.load(Ordering::Relaxed);
+        let full = ctx.keys.load(Ordering::Relaxed) >= ctx.max_keys as u64
+            && now < room_at
+            && room_at != SEARCHING;
+        if !full {
+            return self.algo.limit();
+        }
+        match ctx.overflow {
+            KeyOverflow::Shared => self.algo.available(&self.overflow, now),
+            KeyOverflow::Reject => 0,
+        }
     }
 }
 
@@ -1669,18 +1689,33 @@ where
         }
     }
 
-    /// Permits `key` could take now (a snapshot; a key not held has the full limit).
+    /// Permits `key` could take now (a snapshot): its own free permits if it is held; for a key
+    /// not held, the full limit, unless the limiter holds [`max_keys`](Self::max_keys) keys and
+    /// none of them can be evicted yet (as far as the last search for room found): a new key's
+    /// calls are then decided by the [`KeyOverflow`] policy, and this reports what that gives,
+    /// the shared limiter's free permits under [`KeyOverflow::Shared`], none under
+    /// [`KeyOverflow::Reject`].
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
-    /// use turnstile::{Algorithm, KeyedLimiter};
+    /// use turnstile::{Algorithm, KeyOverflow, KeyedLimiter, ManualClock};
     ///
     /// let limiter = KeyedLimiter::new(Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) })?;
     /// limiter.try_acquire_n(&1u64, 2)?;
     /// assert_eq!(limiter.available(&1u64), 3);
     /// assert_eq!(limiter.available(&2u64), 5);
+    ///
+    /// // At the cap, with every key busy, a new key is served by the shared limiter.
+    /// let shared = KeyedLimiter::builder(Algorithm::FixedWindow { limit: 2, window: Duration::from_secs(60) })
+    ///     .clock(ManualClock::new())
+    ///     .max_keys(1)
+    ///     .overflow(KeyOverflow::Shared)
+    ///     .build()?;
+    /// shared.try_acquire(&1u64)?; // the only key slot, busy for the window
+    /// shared.try_acquire(&2u64)?; // one of the shared limiter's two permits
+    /// assert_eq!(shared.available(&3u64), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available(&self, key: &K) -> u32 {

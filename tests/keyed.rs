@@ -792,3 +792,115 @@ fn a_new_key_arriving_during_another_search_for_room_still_finds_idle_keys() {
     assert_eq!(limiter.len(), 2);
     assert_eq!(limiter.stats().overflowed, 0);
 }
+
+/// A sweep's `retire` reads the clock, and a reconfiguration that shortens the window runs
+/// before it judges the word (the sweeper descheduled after its clock read). The key admitted
+/// its whole limit in the current window, which the rebased grid keeps (it ends at the
+/// reconfiguration's time plus the new length), so the key must stay busy. `retire` judged its
+/// earlier clock reading on the new grid, placed it in the window before, found the count
+/// stale and evicted the key: a fresh cell then admitted the whole limit again in that same
+/// window.
+#[test]
+fn a_sweep_racing_a_window_change_never_evicts_a_busy_key() {
+    const MS: u64 = 1_000_000;
+    // A key in shard 0 whatever the shard count, so that the sweep's second clock reading (after
+    // that shard's hint check) is its `retire`'s.
+    let key = (0u64..)
+        .find(|k| (std::hash::BuildHasher::hash_one(&Fixed::default(), k) >> 32) & 4095 == 0)
+        .unwrap();
+    for (from, to) in [
+        (
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: Duration::from_millis(100),
+            },
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: Duration::from_millis(10),
+            },
+        ),
+        (
+            Algorithm::SlidingCounter {
+                limit: 1,
+                window: Duration::from_millis(100),
+            },
+            Algorithm::SlidingCounter {
+                limit: 1,
+                window: Duration::from_millis(10),
+            },
+        ),
+    ] {
+        let clock = HookClock::default();
+        let limiter: KeyedLimiter<u64, HookClock, Fixed> = KeyedLimiter::builder(from)
+            .clock(clock.clone())
+            .hasher(Fixed::default())
+            .build()
+            .unwrap();
+        limiter.try_acquire(&key).unwrap();
+        clock.advance(60 * MS);
+        {
+            let (limiter, clock) = (limiter.clone(), clock.clone());
+            // Readings: shard 0's hint check, then the key's `retire` (at 60 ms), after which
+            // the window shrinks at 70 ms: the current window now ends at 80 ms.
+            clock.clone().arm_after(
+                2,
+                Box::new(move || {
+                    clock.advance(10 * MS);
+                    limiter.reconfigure(to).unwrap();
+                }),
+            );
+        }
+        limiter.sweep();
+        assert!(clock.disarm(), "{from:?}: the hook did not run");
+        assert!(
+            matches!(limiter.try_acquire(&key), Err(TryAcquireError::Rejected(_))),
+            "{from:?} → {to:?}: the key admitted its limit twice in one window"
+        );
+    }
+}
+
+/// At the key cap, with every key busy, a new key's calls are decided by the overflow policy:
+/// `available` must report what that gives (the shared limiter's free permits, or none under
+/// `Reject`), not the full limit of a cell the key will not get. It reported the full limit,
+/// so a caller that checked it was refused (`Rejected` by the exhausted shared limiter, or
+/// `TooManyKeys`). Once a key can be evicted again, a new key has the full limit.
+#[test]
+fn available_for_a_new_key_at_the_cap_reports_the_overflow_policy() {
+    let fixed = Algorithm::FixedWindow {
+        limit: 2,
+        window: SEC,
+    };
+    let clock = ManualClock::new();
+    let shared = KeyedLimiter::builder(fixed)
+        .clock(clock.clone())
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    shared.try_acquire(&1u64).unwrap(); // the only key slot, busy for the window
+    shared.try_acquire(&2).unwrap(); // the shared limiter: one of its two permits
+    assert_eq!(shared.available(&3), 1);
+    shared.try_acquire(&3).unwrap();
+    assert_eq!(shared.available(&4), 0, "the shared limiter is exhausted");
+    assert!(matches!(
+        shared.try_acquire(&4),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert_eq!(shared.available(&1), 1, "a held key reports its own cell");
+
+    let reject = KeyedLimiter::builder(fixed)
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    reject.try_acquire(&1u64).unwrap();
+    assert_eq!(
+        reject.try_acquire(&2),
+        Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+    );
+    assert_eq!(reject.available(&2), 0, "refused at the cap");
+    clock.advance(SEC);
+    // Key 1 is idle now: a new key's call would evict it and start fresh.
+    assert_eq!(reject.available(&2), 2);
+    assert_eq!(reject.try_acquire(&2).unwrap().remaining(), 1);
+}

@@ -182,7 +182,14 @@ impl Algo for FixedWindow {
         }
     }
 
+    /// Judged as a decision is: the parameters first, then the word, then the clock, and the
+    /// version re-checked before the CAS. Parameters loaded after the clock read could be a
+    /// reconfiguration's that read its clock later: a shrunk window's rebased grid places our
+    /// earlier reading in the window before the current one, the key's count in the current
+    /// window reads as stale, and the key was evicted with the whole limit taken (a fresh cell
+    /// then admitted it again in that window).
     fn retire<C: Clock>(&self, state: &AtomicU64, clock: &C) -> Result<(), u64> {
+        let (p, version) = self.shape();
         // Acquire: as in `try_acquire`, so our clock read is no earlier than the last admission's.
         let word = state.load(Ordering::Acquire);
         let now = clock.now();
@@ -194,10 +201,15 @@ impl Algo for FixedWindow {
             // Never used: its inserter is about to admit on it (see `Algo::retire`).
             return Err(now);
         }
-        let (used, _, until_reset, _) = self.shape().0.free(word, now);
+        let (used, _, until_reset, _) = p.free(word, now);
         if used > 0 {
             // Busy until its window ends.
             return Err(now.saturating_add(until_reset));
+        }
+        if self.params.changed(version) {
+            // Reconfigured since our snapshot: idle under the old grid at `now` says nothing
+            // about the new one. Look again (as `try_acquire` decides again).
+            return Err(now);
         }
         // Release on success: publishes our clock reading to whoever sees RETIRED and re-creates
         // the key, so the fresh word is used at times no earlier than ours. Relaxed on failure: an

@@ -366,7 +366,12 @@ impl Algo for SlidingCounter {
             .saturating_sub(p.weighted(prev, elapsed))
     }
 
+    /// Judged as a decision is: the parameters first, then the word, then the clock, and the
+    /// version re-checked before the CAS (as the fixed window's `retire`: parameters loaded
+    /// after the clock read could be those of a reconfiguration that read its clock later, whose
+    /// rebased grid placed our reading before the current window and read its counts as stale).
     fn retire<C: Clock>(&self, words: &Words, clock: &C) -> Result<(), u64> {
+        let (p, version) = self.shape();
         // Acquire: as in `try_acquire`.
         let word = words.current.load(Ordering::Acquire);
         let now = clock.now();
@@ -378,7 +383,6 @@ impl Algo for SlidingCounter {
             // Never used: its inserter is about to admit on it (see `Algo::retire`).
             return Err(now);
         }
-        let p = self.shape().0;
         let (window, elapsed) = p.grid.locate(now);
         let id = window_id(window);
         if self.counts(words, word, id) != (0, 0) {
@@ -387,6 +391,10 @@ impl Algo for SlidingCounter {
             let ahead = if unpack(word).0 == id { 2 } else { 1 };
             let start = now - elapsed;
             return Err(start.saturating_add(p.window.saturating_mul(ahead)));
+        }
+        if self.params.changed(version) {
+            // Reconfigured since our snapshot: look again under the new parameters.
+            return Err(now);
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.
         words

@@ -1,10 +1,11 @@
 //! A manual clock that runs a hook inside one of its readings: the deterministic way to put a
 //! racing call at an exact point of another call (the `countdown`-th clock reading after
-//! `arm`), on the reading thread.
+//! `arm`), on the reading thread. `arm_after` runs it after the reading is taken instead: the
+//! reader is "preempted" between its clock read and what it does next.
 
 #![allow(dead_code)] // each test binary uses the parts it needs
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use turnstile::Clock;
 
@@ -17,6 +18,8 @@ pub struct HookState {
     pub tick: AtomicU64,
     /// Readings left before the hook fires (0: disarmed).
     countdown: AtomicUsize,
+    /// Whether the hook runs after the reading is taken (`arm_after`) rather than before.
+    after: AtomicBool,
     hook: Mutex<Option<Hook>>,
 }
 
@@ -30,6 +33,15 @@ impl HookClock {
     }
 
     pub fn arm(&self, readings: usize, hook: Hook) {
+        self.0.after.store(false, Ordering::SeqCst);
+        *self.0.hook.lock().unwrap() = Some(hook);
+        self.0.countdown.store(readings, Ordering::SeqCst);
+    }
+
+    /// As `arm`, but the hook runs after that reading is taken (everything it does is later
+    /// than the reading, so the clock stays monotonic for the reader).
+    pub fn arm_after(&self, readings: usize, hook: Hook) {
+        self.0.after.store(true, Ordering::SeqCst);
         *self.0.hook.lock().unwrap() = Some(hook);
         self.0.countdown.store(readings, Ordering::SeqCst);
     }
@@ -48,13 +60,21 @@ impl Clock for HookClock {
             .countdown
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
             == Ok(1);
-        if fire {
+        let after = fire && self.0.after.load(Ordering::SeqCst);
+        if fire && !after {
             let hook = self.0.hook.lock().unwrap().take();
             if let Some(hook) = hook {
                 hook();
             }
         }
         let tick = self.0.tick.load(Ordering::SeqCst);
-        self.0.now.fetch_add(tick, Ordering::SeqCst)
+        let now = self.0.now.fetch_add(tick, Ordering::SeqCst);
+        if after {
+            let hook = self.0.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        now
     }
 }
