@@ -457,3 +457,73 @@ proptest! {
         }
     }
 }
+
+/// axum answers a `HEAD` request with the route's `GET` handler (its body dropped), so a rule
+/// for `get:/path` that `HEAD` did not match let any client run that handler without limit,
+/// and a per-endpoint counter of `HEAD:/path` beside `GET:/path` doubled its quota there. To
+/// the rules a `HEAD` is the `GET` it is served as.
+#[tokio::test]
+async fn head_requests_run_the_get_handler_and_count_as_get() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    async fn statuses(toml: &str, methods: &[http::Method]) -> (Vec<u16>, usize) {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let routes = Router::new()
+            .route(
+                "/api/export",
+                get(move || {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async { "a large export" }
+                }),
+            )
+            .with_state(());
+        let (limiter, _clock) = limiter(toml);
+        let mut service = limiter.layer().layer(routes);
+        let mut out = Vec::new();
+        for method in methods {
+            let mut request = http::Request::builder()
+                .method(method.clone())
+                .uri("/api/export")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            request
+                .extensions_mut()
+                .insert(PeerAddr("192.0.2.1:40000".parse().unwrap()));
+            let response = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut service)
+                .await
+                .unwrap()
+                .call(request)
+                .await
+                .unwrap();
+            out.push(response.status().as_u16());
+        }
+        (out, runs.load(Ordering::SeqCst))
+    }
+
+    let (head, get) = (http::Method::HEAD, http::Method::GET);
+    // A rule for the GET endpoint limits the HEAD requests its handler serves.
+    let rule = "endpoint_rate_limiting = true\n[[rules]]\nendpoint = \"get:/api/export\"\n\
+                period = \"1m\"\nlimit = 2\n";
+    let (got, runs) = statuses(
+        rule,
+        &[head.clone(), head.clone(), head.clone(), get.clone()],
+    )
+    .await;
+    assert_eq!(got, [200, 200, 429, 429]);
+    assert_eq!(runs, 2, "the handler ran for every admitted request only");
+    // A per-endpoint counter: GET and HEAD of one path are one endpoint.
+    let rule = "[[rules]]\nendpoint = \"*\"\nper_endpoint = true\nperiod = \"1m\"\nlimit = 2\n";
+    let (got, runs) = statuses(rule, &[get.clone(), head.clone(), head.clone(), get]).await;
+    assert_eq!(got, [200, 200, 429, 429]);
+    assert_eq!(runs, 2);
+    // A rule for HEAD alone still matches HEAD alone.
+    let rule = "endpoint_rate_limiting = true\n[[rules]]\nendpoint = \"head:/api/export\"\n\
+                period = \"1m\"\nlimit = 1\n";
+    let (got, _) = statuses(
+        rule,
+        &[http::Method::GET, http::Method::GET, head.clone(), head],
+    )
+    .await;
+    assert_eq!(got, [200, 200, 200, 429]);
+}

@@ -64,7 +64,9 @@ macro_rules! count_list_rejection {
 ///    pattern matches the request: `*` always; `verb:/path` or `*:/path` when the method (or any
 ///    method) and the path match, case-insensitively, `*` in the path matching any run of
 ///    characters and `?` any one; with `regex = true` or a `re:` prefix the path part is a
-///    regular expression that must match the whole path. With `endpoint_rate_limiting = false`
+///    regular expression that must match the whole path. A `HEAD` request matches `get:`
+///    patterns too and counts as `GET` for `per_endpoint`: axum serves it with the `GET`
+///    handler, which a `HEAD` must not reach unlimited. With `endpoint_rate_limiting = false`
 ///    only `*` rules apply.
 ///    Rules are grouped by period and counter key (`key` and `per_endpoint`): rules that count
 ///    different things never displace each other, so that a client cannot step around a limit
@@ -839,9 +841,15 @@ fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<Co
         RuleKey::Client => (None, Some(client?)),
         RuleKey::IpAndClient => (Some(ip?), Some(client?)),
     };
-    let endpoint = rule
-        .per_endpoint
-        .then(|| (request.method.as_str(), request.path));
+    // `HEAD` counts as the `GET` it is served as (see `Endpoint::matches`): one endpoint, one
+    // counter, rather than a second quota for the same handler.
+    let endpoint = rule.per_endpoint.then(|| {
+        let method = match *request.method {
+            http::Method::HEAD => "GET",
+            ref method => method.as_str(),
+        };
+        (method, request.path)
+    });
     Some(CounterKey::parts(ip, client, endpoint))
 }
 
