@@ -882,3 +882,39 @@ fn aspnet_star_colon_star_is_no_global_rule_without_endpoint_rate_limiting() {
         );
     }
 }
+
+/// A period too long for any limiter (over u64::MAX nanoseconds, about 584 years: `1000y`, or
+/// .NET's `TimeSpan.MaxValue`) is refused naming the document's field and saying why, as every
+/// other error in the document is. It used to pass the translation and be refused by the
+/// compiler as `rules[0].period`, a field the document does not have; and the largest
+/// `TimeSpan` was "not a .NET TimeSpan".
+#[test]
+fn aspnet_periods_too_long_for_a_limiter_name_the_documents_field() {
+    for (rule, field) in [
+        (
+            r#"{"Endpoint": "*", "Period": "1000y", "Limit": 1}"#,
+            "ClientRateLimiting.GeneralRules[1].Period",
+        ),
+        (
+            r#"{"Endpoint": "*", "Period": "1000000000y", "Limit": 5}"#,
+            "ClientRateLimiting.GeneralRules[1].Period",
+        ),
+        (
+            r#"{"Endpoint": "*", "Period": "1s", "PeriodTimespan": "10675199.02:48:05.4775807", "Limit": 1}"#,
+            "ClientRateLimiting.GeneralRules[1].PeriodTimespan",
+        ),
+    ] {
+        let doc = format!(
+            r#"{{"ClientRateLimiting": {{"GeneralRules": [
+                {{"Endpoint": "*", "Period": "1m", "Limit": 5}}, {rule}]}}}}"#
+        );
+        let e = err(&doc);
+        assert!(e.starts_with(field), "{field}: {e}");
+        assert!(e.contains("584 years"), "says why: {e}");
+    }
+    // The longest period a limiter counts still loads.
+    let doc = r#"{"IpRateLimiting": {"GeneralRules": [
+        {"Endpoint": "*", "Period": "584y", "Limit": 1},
+        {"Endpoint": "*", "Period": "1s", "PeriodTimespan": "213503.00:00:00", "Limit": 1}]}}"#;
+    limiter(HttpConfig::from_aspnet_json(doc).expect("loads"));
+}
