@@ -918,3 +918,30 @@ fn aspnet_periods_too_long_for_a_limiter_name_the_documents_field() {
         {"Endpoint": "*", "Period": "1s", "PeriodTimespan": "213503.00:00:00", "Limit": 1}]}}"#;
     limiter(HttpConfig::from_aspnet_json(doc).expect("loads"));
 }
+
+/// Two more errors that the translation passed on and the compiler reported under the
+/// translated configuration's field names (`client_rules[1].client_id`,
+/// `response.content_type`), which the document does not have.
+#[test]
+fn aspnet_duplicate_client_ids_and_bad_content_types_name_the_documents_field() {
+    for (doc, field) in [
+        (
+            r#"{"ClientRateLimitPolicies": {"ClientRules": [
+                {"ClientId": "a", "Rules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]},
+                {"ClientId": "b", "Rules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]},
+                {"ClientId": "a", "Rules": [{"Endpoint": "*", "Period": "1m", "Limit": 9}]}]}}"#,
+            "ClientRateLimitPolicies.ClientRules[2].ClientId",
+        ),
+        (
+            r#"{"ClientRateLimiting": {"QuotaExceededResponse": {"Content": "{0}", "ContentType": "text/plain\nx"}}}"#,
+            "ClientRateLimiting.QuotaExceededResponse.ContentType",
+        ),
+        (
+            r#"{"IpRateLimiting": {"QuotaExceededResponse": {"ContentType": "application/json\u0000"}}}"#,
+            "IpRateLimiting.QuotaExceededResponse.ContentType",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(e.starts_with(field), "{field}: {e}");
+    }
+}

@@ -697,6 +697,16 @@ fn apply_options(
             None => {}
         }
         content_type = q.string("ContentType")?;
+        if let Some(value) = &content_type {
+            // Checked here so that the error names the document's field, not
+            // `response.content_type`.
+            if http::HeaderValue::from_str(value).is_err() {
+                return Err(HttpConfigError::invalid(
+                    q.field("ContentType"),
+                    format!("{value:?} is not a valid header value"),
+                ));
+            }
+        }
         content = q.string("Content")?.or(content);
     }
     match content {
@@ -828,6 +838,14 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
                 return Err(HttpConfigError::invalid(
                     policy.field("ClientId"),
                     "must not be empty",
+                ));
+            }
+            // Refused as the compiler refuses it, but naming the document's field (the
+            // translated `client_rules[i]` need not have the document's index).
+            if config.client_rules.iter().any(|c| c.client_id == client_id) {
+                return Err(HttpConfigError::invalid(
+                    policy.field("ClientId"),
+                    format!("duplicate client id {client_id:?}: give each client one policy"),
                 ));
             }
             config.client_rules.push(ClientRulesConfig {
