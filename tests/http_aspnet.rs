@@ -945,3 +945,18 @@ fn aspnet_duplicate_client_ids_and_bad_content_types_name_the_documents_field() 
         assert!(e.starts_with(field), "{field}: {e}");
     }
 }
+
+/// An `appsettings.json` with comments (which ASP.NET allows) and a mistake elsewhere: the
+/// error must say where the mistake is. `from_json_str` reported only the plain-JSON parse's
+/// complaint about the first comment ("expected value at line 1 column 1"), sending the reader
+/// to a line that is fine.
+#[test]
+fn an_appsettings_error_after_a_comment_is_reported_where_it_is() {
+    let doc = "// limits\n{\"IpRateLimiting\": {\"GeneralRules\": [\n  \
+               {\"Endpoint\": \"*\", \"Period\": \"1s\" \"Limit\": 1}]}}";
+    let e = HttpConfig::from_json_str(doc).unwrap_err().to_string();
+    assert!(e.contains("line 3"), "{e}");
+    // As the AspNetCoreRateLimit loader reports it.
+    let e = HttpConfig::from_aspnet_json(doc).unwrap_err().to_string();
+    assert!(e.contains("line 3"), "{e}");
+}

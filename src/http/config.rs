@@ -1021,18 +1021,25 @@ impl HttpConfig {
             Err(e) => {
                 // An `appsettings.json` may have comments and trailing commas, which ASP.NET's
                 // JSON configuration accepts; the native format stays plain JSON.
-                let aspnet = without_comments(text)
-                    .and_then(|text| serde_json::from_str(&text).ok())
-                    .filter(crate::http::aspnet::is_aspnet);
-                match aspnet {
-                    Some(value) => return crate::http::aspnet::translate(value),
-                    None => {
-                        return Err(HttpConfigError::Parse {
-                            format: "json",
-                            message: e.to_string(),
-                        })
+                let stripped = without_comments(text)
+                    .map(|text| serde_json::from_str::<serde_json::Value>(&text));
+                let message = match stripped {
+                    Some(Ok(value)) if crate::http::aspnet::is_aspnet(&value) => {
+                        return crate::http::aspnet::translate(value)
                     }
-                }
+                    // Not valid even with its comments read as ASP.NET reads them: the plain
+                    // error points at the first comment, which an `appsettings.json` may have;
+                    // the other says where the document is wrong (positions are kept).
+                    Some(Err(stripped)) => format!(
+                        "{e} (read as an appsettings.json, whose comments and trailing commas \
+                         are allowed: {stripped})"
+                    ),
+                    _ => e.to_string(),
+                };
+                return Err(HttpConfigError::Parse {
+                    format: "json",
+                    message,
+                });
             }
         };
         if crate::http::aspnet::is_aspnet(&value) {
