@@ -231,9 +231,11 @@ pub struct RuleConfig {
     /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex.
     /// Matched against the request's path without its query, after RFC 3986's normalizations
     /// that change no resource: `/api/%76alues/%31` is `/api/values/1`, while `%2F` stays an
-    /// escape (it is not a segment boundary), its hex digits upper-cased. A `get:` pattern
-    /// matches `HEAD` requests too, which axum serves with the `GET` handler (`head:` matches
-    /// `HEAD` only).
+    /// escape, its hex digits upper-cased. A path with such escapes left is also matched as a
+    /// handler reads it (axum's `Path` decodes them: `/files/a%2Fb` gives `/files/{*path}`
+    /// the `a/b` of `/files/a/b`), so escaping steps around no rule; whitelist endpoints match
+    /// the first form only. A `get:` pattern matches `HEAD` requests too, which axum serves
+    /// with the `GET` handler (`head:` matches `HEAD` only).
     pub endpoint: String,
     /// When `endpoint` (after an optional `verb:`) is a regular expression.
     pub regex: bool,
@@ -248,8 +250,9 @@ pub struct RuleConfig {
     /// Count and log would-be rejections without enforcing them.
     pub monitor: bool,
     /// Count each `VERB:path` separately (AspNetCoreRateLimit's endpoint rate limiting); the
-    /// path normalized as for `endpoint`, so two spellings of one path share a counter, and
-    /// `HEAD` counted as the `GET` it is served as.
+    /// path normalized as for `endpoint` and read as a handler reads it (escapes decoded), so
+    /// two spellings of one path share a counter, and `HEAD` counted as the `GET` it is
+    /// served as.
     pub per_endpoint: bool,
     /// Requests that may wait for this rule at once instead of being rejected (ASP.NET Core's
     /// `QueueLimit`); 0, the default: a rejection answers at once. A request this rule rejects
