@@ -457,3 +457,158 @@ proptest! {
         }
     }
 }
+
+/// axum answers a `HEAD` request with the route's `GET` handler (its body dropped), so a rule
+/// for `get:/path` that `HEAD` did not match let any client run that handler without limit,
+/// and a per-endpoint counter of `HEAD:/path` beside `GET:/path` doubled its quota there. To
+/// the rules a `HEAD` is the `GET` it is served as.
+#[tokio::test]
+async fn head_requests_run_the_get_handler_and_count_as_get() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    async fn statuses(toml: &str, methods: &[http::Method]) -> (Vec<u16>, usize) {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let routes = Router::new()
+            .route(
+                "/api/export",
+                get(move || {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async { "a large export" }
+                }),
+            )
+            .with_state(());
+        let (limiter, _clock) = limiter(toml);
+        let mut service = limiter.layer().layer(routes);
+        let mut out = Vec::new();
+        for method in methods {
+            let mut request = http::Request::builder()
+                .method(method.clone())
+                .uri("/api/export")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            request
+                .extensions_mut()
+                .insert(PeerAddr("192.0.2.1:40000".parse().unwrap()));
+            let response = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut service)
+                .await
+                .unwrap()
+                .call(request)
+                .await
+                .unwrap();
+            out.push(response.status().as_u16());
+        }
+        (out, runs.load(Ordering::SeqCst))
+    }
+
+    let (head, get) = (http::Method::HEAD, http::Method::GET);
+    // A rule for the GET endpoint limits the HEAD requests its handler serves.
+    let rule = "endpoint_rate_limiting = true\n[[rules]]\nendpoint = \"get:/api/export\"\n\
+                period = \"1m\"\nlimit = 2\n";
+    let (got, runs) = statuses(
+        rule,
+        &[head.clone(), head.clone(), head.clone(), get.clone()],
+    )
+    .await;
+    assert_eq!(got, [200, 200, 429, 429]);
+    assert_eq!(runs, 2, "the handler ran for every admitted request only");
+    // A per-endpoint counter: GET and HEAD of one path are one endpoint.
+    let rule = "[[rules]]\nendpoint = \"*\"\nper_endpoint = true\nperiod = \"1m\"\nlimit = 2\n";
+    let (got, runs) = statuses(rule, &[get.clone(), head.clone(), head.clone(), get]).await;
+    assert_eq!(got, [200, 200, 429, 429]);
+    assert_eq!(runs, 2);
+    // A rule for HEAD alone still matches HEAD alone.
+    let rule = "endpoint_rate_limiting = true\n[[rules]]\nendpoint = \"head:/api/export\"\n\
+                period = \"1m\"\nlimit = 1\n";
+    let (got, _) = statuses(
+        rule,
+        &[http::Method::GET, http::Method::GET, head.clone(), head],
+    )
+    .await;
+    assert_eq!(got, [200, 200, 200, 429]);
+}
+
+/// axum's `Path` extractor percent-decodes what it captures, `%2F` and non-ASCII escapes
+/// included: `/files/secret%2Fdoc` reaches the handler of `/files/{*path}` with the very
+/// `secret/doc` that `/files/secret/doc` gives it, and `/tags/%C3%A9` the `é` of `/tags/é`.
+/// Rules that saw only the escaped path let a client step around them that way; they match
+/// the path as the handler reads it too (and count it as such), while whitelists, which
+/// exempt, keep to the path as it was written.
+#[tokio::test]
+async fn a_rule_matches_the_path_as_the_handler_reads_it() {
+    async fn statuses(toml: &str, uris: &[&str]) -> Vec<(u16, String)> {
+        let routes = Router::new()
+            .route(
+                "/files/{*path}",
+                get(|axum::extract::Path(path): axum::extract::Path<String>| async move { path }),
+            )
+            .route(
+                "/tags/{tag}",
+                get(|axum::extract::Path(tag): axum::extract::Path<String>| async move { tag }),
+            )
+            .with_state(());
+        let (limiter, _clock) = limiter(toml);
+        let mut service = limiter.layer().layer(routes);
+        let mut out = Vec::new();
+        for uri in uris {
+            let mut request = http::Request::builder()
+                .uri(*uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            request
+                .extensions_mut()
+                .insert(PeerAddr("192.0.2.1:40000".parse().unwrap()));
+            let response = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut service)
+                .await
+                .unwrap()
+                .call(request)
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            out.push((status, String::from_utf8_lossy(&body).into_owned()));
+        }
+        out
+    }
+
+    let blocking = |pattern: &str| {
+        format!("[[rules]]\nendpoint = \"{pattern}\"\nperiod = \"1m\"\nlimit = 0\n")
+    };
+    // The handler reads `secret/doc` from each of these: each is blocked.
+    let got = statuses(
+        &blocking("get:/files/secret/*"),
+        &[
+            "/files/secret/doc",
+            "/files/secret%2Fdoc",
+            "/files/secret%2fdoc",
+            "/files/other",
+        ],
+    )
+    .await;
+    let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
+    assert_eq!(codes, [429, 429, 429, 200], "{got:?}");
+    let got = statuses(&blocking("get:/tags/é"), &["/tags/%C3%A9", "/tags/e"]).await;
+    let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
+    assert_eq!(codes, [429, 200], "{got:?}");
+    // A rule written for the escaped form still matches it.
+    let got = statuses(&blocking("get:/files/a%2Fb"), &["/files/a%2fb"]).await;
+    assert_eq!(got[0].0, 429, "{got:?}");
+    // Per endpoint, the spellings the handler cannot tell apart share one counter.
+    let per_endpoint =
+        "[[rules]]\nendpoint = \"*\"\nper_endpoint = true\nperiod = \"1m\"\nlimit = 2\n";
+    let got = statuses(
+        per_endpoint,
+        &["/files/a/b", "/files/a%2Fb", "/files/a%2fb", "/files/a/c"],
+    )
+    .await;
+    let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
+    assert_eq!(codes, [200, 200, 429, 200], "{got:?}");
+    // A whitelist exempts the path as written only: `%2F` does not make a request exempt.
+    let whitelisted = "[whitelist]\nendpoints = [\"get:/files/public/*\"]\n[[rules]]\n\
+                       endpoint = \"*\"\nperiod = \"1m\"\nlimit = 0\n";
+    let got = statuses(whitelisted, &["/files/public/x", "/files/public%2Fx"]).await;
+    let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
+    assert_eq!(codes, [200, 429], "{got:?}");
+}

@@ -882,3 +882,81 @@ fn aspnet_star_colon_star_is_no_global_rule_without_endpoint_rate_limiting() {
         );
     }
 }
+
+/// A period too long for any limiter (over u64::MAX nanoseconds, about 584 years: `1000y`, or
+/// .NET's `TimeSpan.MaxValue`) is refused naming the document's field and saying why, as every
+/// other error in the document is. It used to pass the translation and be refused by the
+/// compiler as `rules[0].period`, a field the document does not have; and the largest
+/// `TimeSpan` was "not a .NET TimeSpan".
+#[test]
+fn aspnet_periods_too_long_for_a_limiter_name_the_documents_field() {
+    for (rule, field) in [
+        (
+            r#"{"Endpoint": "*", "Period": "1000y", "Limit": 1}"#,
+            "ClientRateLimiting.GeneralRules[1].Period",
+        ),
+        (
+            r#"{"Endpoint": "*", "Period": "1000000000y", "Limit": 5}"#,
+            "ClientRateLimiting.GeneralRules[1].Period",
+        ),
+        (
+            r#"{"Endpoint": "*", "Period": "1s", "PeriodTimespan": "10675199.02:48:05.4775807", "Limit": 1}"#,
+            "ClientRateLimiting.GeneralRules[1].PeriodTimespan",
+        ),
+    ] {
+        let doc = format!(
+            r#"{{"ClientRateLimiting": {{"GeneralRules": [
+                {{"Endpoint": "*", "Period": "1m", "Limit": 5}}, {rule}]}}}}"#
+        );
+        let e = err(&doc);
+        assert!(e.starts_with(field), "{field}: {e}");
+        assert!(e.contains("584 years"), "says why: {e}");
+    }
+    // The longest period a limiter counts still loads.
+    let doc = r#"{"IpRateLimiting": {"GeneralRules": [
+        {"Endpoint": "*", "Period": "584y", "Limit": 1},
+        {"Endpoint": "*", "Period": "1s", "PeriodTimespan": "213503.00:00:00", "Limit": 1}]}}"#;
+    limiter(HttpConfig::from_aspnet_json(doc).expect("loads"));
+}
+
+/// Two more errors that the translation passed on and the compiler reported under the
+/// translated configuration's field names (`client_rules[1].client_id`,
+/// `response.content_type`), which the document does not have.
+#[test]
+fn aspnet_duplicate_client_ids_and_bad_content_types_name_the_documents_field() {
+    for (doc, field) in [
+        (
+            r#"{"ClientRateLimitPolicies": {"ClientRules": [
+                {"ClientId": "a", "Rules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]},
+                {"ClientId": "b", "Rules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]},
+                {"ClientId": "a", "Rules": [{"Endpoint": "*", "Period": "1m", "Limit": 9}]}]}}"#,
+            "ClientRateLimitPolicies.ClientRules[2].ClientId",
+        ),
+        (
+            r#"{"ClientRateLimiting": {"QuotaExceededResponse": {"Content": "{0}", "ContentType": "text/plain\nx"}}}"#,
+            "ClientRateLimiting.QuotaExceededResponse.ContentType",
+        ),
+        (
+            r#"{"IpRateLimiting": {"QuotaExceededResponse": {"ContentType": "application/json\u0000"}}}"#,
+            "IpRateLimiting.QuotaExceededResponse.ContentType",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(e.starts_with(field), "{field}: {e}");
+    }
+}
+
+/// An `appsettings.json` with comments (which ASP.NET allows) and a mistake elsewhere: the
+/// error must say where the mistake is. `from_json_str` reported only the plain-JSON parse's
+/// complaint about the first comment ("expected value at line 1 column 1"), sending the reader
+/// to a line that is fine.
+#[test]
+fn an_appsettings_error_after_a_comment_is_reported_where_it_is() {
+    let doc = "// limits\n{\"IpRateLimiting\": {\"GeneralRules\": [\n  \
+               {\"Endpoint\": \"*\", \"Period\": \"1s\" \"Limit\": 1}]}}";
+    let e = HttpConfig::from_json_str(doc).unwrap_err().to_string();
+    assert!(e.contains("line 3"), "{e}");
+    // As the AspNetCoreRateLimit loader reports it.
+    let e = HttpConfig::from_aspnet_json(doc).unwrap_err().to_string();
+    assert!(e.contains("line 3"), "{e}");
+}

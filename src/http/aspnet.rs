@@ -498,17 +498,25 @@ impl Section<'_> {
     fn rule(&self, r: &Node<'_>, endpoint: String) -> Result<Vec<RuleConfig>, HttpConfigError> {
         let period_text = r.string("Period")?.unwrap_or_default();
         // A `PeriodTimespan` given is the window there (the period text is then only a name).
-        let period = match r.string("PeriodTimespan")? {
+        // The window, and the field and text it was read from, for the check below.
+        let (period, window, written) = match r.string("PeriodTimespan")? {
             Some(text) => {
+                let field = r.field("PeriodTimespan");
                 let window = timespan(&text).ok_or_else(|| {
                     HttpConfigError::invalid(
-                        r.field("PeriodTimespan"),
+                        &field,
                         format!("{text:?} is not a .NET TimeSpan (`[d.]hh:mm[:ss[.fffffff]]`)"),
                     )
                 })?;
-                humantime::format_duration(window).to_string()
+                let period = humantime::format_duration(window).to_string();
+                (period, window, (field, text))
             }
-            None => period(&period_text, &r.field("Period"))?,
+            None => {
+                let field = r.field("Period");
+                let period = period(&period_text, &field)?;
+                let window = parse_period(&period, &field)?;
+                (period, window, (field, period_text.clone()))
+            }
         };
         let limit = r.number("Limit")?.unwrap_or(0.0);
         if !(limit >= 0.0 && limit.fract() == 0.0 && limit <= u32::MAX as f64) {
@@ -517,6 +525,18 @@ impl Section<'_> {
                 format!(
                     "{limit} is not a whole number of requests up to {}",
                     u32::MAX
+                ),
+            ));
+        }
+        // What the compiler would refuse for the translated rule (`rules[1].period`, a field
+        // the document does not have), refused here naming the document's. A rule of limit 0
+        // builds no limiter, so any period does for it, as in the native format.
+        if limit > 0.0 && window.as_nanos() > u128::from(u64::MAX) {
+            let (field, text) = written;
+            return Err(HttpConfigError::invalid(
+                field,
+                format!(
+                    "{text:?} is too long: a window is at most u64::MAX nanoseconds (about 584 years)"
                 ),
             ));
         }
@@ -586,8 +606,12 @@ fn timespan(text: &str) -> Option<std::time::Duration> {
             * 1_000_000_000
             + fraction;
     }
-    let nanos = u64::try_from(nanos).ok().filter(|&n| n > 0)?;
-    Some(std::time::Duration::from_nanos(nanos))
+    // Longer than a limiter's window can be (`TimeSpan.MaxValue` is 10675199 days): still a
+    // `TimeSpan`, refused by the caller for what it is.
+    let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
+    // Below a second by the remainder.
+    let subsec = (nanos % 1_000_000_000) as u32;
+    Some(std::time::Duration::new(secs, subsec)).filter(|d| !d.is_zero())
 }
 
 /// How AspNetCoreRateLimit formats `QuotaExceededResponse.Content` and `QuotaExceededMessage`
@@ -673,6 +697,16 @@ fn apply_options(
             None => {}
         }
         content_type = q.string("ContentType")?;
+        if let Some(value) = &content_type {
+            // Checked here so that the error names the document's field, not
+            // `response.content_type`.
+            if http::HeaderValue::from_str(value).is_err() {
+                return Err(HttpConfigError::invalid(
+                    q.field("ContentType"),
+                    format!("{value:?} is not a valid header value"),
+                ));
+            }
+        }
         content = q.string("Content")?.or(content);
     }
     match content {
@@ -804,6 +838,14 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
                 return Err(HttpConfigError::invalid(
                     policy.field("ClientId"),
                     "must not be empty",
+                ));
+            }
+            // Refused as the compiler refuses it, but naming the document's field (the
+            // translated `client_rules[i]` need not have the document's index).
+            if config.client_rules.iter().any(|c| c.client_id == client_id) {
+                return Err(HttpConfigError::invalid(
+                    policy.field("ClientId"),
+                    format!("duplicate client id {client_id:?}: give each client one policy"),
                 ));
             }
             config.client_rules.push(ClientRulesConfig {

@@ -231,7 +231,11 @@ pub struct RuleConfig {
     /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex.
     /// Matched against the request's path without its query, after RFC 3986's normalizations
     /// that change no resource: `/api/%76alues/%31` is `/api/values/1`, while `%2F` stays an
-    /// escape (it is not a segment boundary), its hex digits upper-cased.
+    /// escape, its hex digits upper-cased. A path with such escapes left is also matched as a
+    /// handler reads it (axum's `Path` decodes them: `/files/a%2Fb` gives `/files/{*path}`
+    /// the `a/b` of `/files/a/b`), so escaping steps around no rule; whitelist endpoints match
+    /// the first form only. A `get:` pattern matches `HEAD` requests too, which axum serves
+    /// with the `GET` handler (`head:` matches `HEAD` only).
     pub endpoint: String,
     /// When `endpoint` (after an optional `verb:`) is a regular expression.
     pub regex: bool,
@@ -246,7 +250,9 @@ pub struct RuleConfig {
     /// Count and log would-be rejections without enforcing them.
     pub monitor: bool,
     /// Count each `VERB:path` separately (AspNetCoreRateLimit's endpoint rate limiting); the
-    /// path normalized as for `endpoint`, so two spellings of one path share a counter.
+    /// path normalized as for `endpoint` and read as a handler reads it (escapes decoded), so
+    /// two spellings of one path share a counter, and `HEAD` counted as the `GET` it is
+    /// served as.
     pub per_endpoint: bool,
     /// Requests that may wait for this rule at once instead of being rejected (ASP.NET Core's
     /// `QueueLimit`); 0, the default: a rejection answers at once. A request this rule rejects
@@ -1018,18 +1024,25 @@ impl HttpConfig {
             Err(e) => {
                 // An `appsettings.json` may have comments and trailing commas, which ASP.NET's
                 // JSON configuration accepts; the native format stays plain JSON.
-                let aspnet = without_comments(text)
-                    .and_then(|text| serde_json::from_str(&text).ok())
-                    .filter(crate::http::aspnet::is_aspnet);
-                match aspnet {
-                    Some(value) => return crate::http::aspnet::translate(value),
-                    None => {
-                        return Err(HttpConfigError::Parse {
-                            format: "json",
-                            message: e.to_string(),
-                        })
+                let stripped = without_comments(text)
+                    .map(|text| serde_json::from_str::<serde_json::Value>(&text));
+                let message = match stripped {
+                    Some(Ok(value)) if crate::http::aspnet::is_aspnet(&value) => {
+                        return crate::http::aspnet::translate(value)
                     }
-                }
+                    // Not valid even with its comments read as ASP.NET reads them: the plain
+                    // error points at the first comment, which an `appsettings.json` may have;
+                    // the other says where the document is wrong (positions are kept).
+                    Some(Err(stripped)) => format!(
+                        "{e} (read as an appsettings.json, whose comments and trailing commas \
+                         are allowed: {stripped})"
+                    ),
+                    _ => e.to_string(),
+                };
+                return Err(HttpConfigError::Parse {
+                    format: "json",
+                    message,
+                });
             }
         };
         if crate::http::aspnet::is_aspnet(&value) {

@@ -43,7 +43,9 @@ macro_rules! count_list_rejection {
 /// In this order, for each request:
 ///
 /// 0. **The request as the rules see it.** Its path with RFC 3986's normalizations that change
-///    no resource, and without its trailing `/` with `trim_trailing_slash`; a client id that is
+///    no resource, and without its trailing `/` with `trim_trailing_slash`; when escapes are
+///    left (`%2F`, non-ASCII), the rules of step 4 also match it, and count it, as a handler
+///    reads it, every escape decoded (whitelists match the first form only); a client id that is
 ///    empty or longer than `client_id_max_len` is none, and none is `anonymous_client_id` when
 ///    that is set.
 /// 1. **Whitelists.** A client IP in `whitelist.ips` (addresses or CIDR ranges), a client id in
@@ -64,7 +66,9 @@ macro_rules! count_list_rejection {
 ///    pattern matches the request: `*` always; `verb:/path` or `*:/path` when the method (or any
 ///    method) and the path match, case-insensitively, `*` in the path matching any run of
 ///    characters and `?` any one; with `regex = true` or a `re:` prefix the path part is a
-///    regular expression that must match the whole path. With `endpoint_rate_limiting = false`
+///    regular expression that must match the whole path. A `HEAD` request matches `get:`
+///    patterns too and counts as `GET` for `per_endpoint`: axum serves it with the `GET`
+///    handler, which a `HEAD` must not reach unlimited. With `endpoint_rate_limiting = false`
 ///    only `*` rules apply.
 ///    Rules are grouped by period and counter key (`key` and `per_endpoint`): rules that count
 ///    different things never displace each other, so that a client cannot step around a limit
@@ -839,9 +843,15 @@ fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<Co
         RuleKey::Client => (None, Some(client?)),
         RuleKey::IpAndClient => (Some(ip?), Some(client?)),
     };
-    let endpoint = rule
-        .per_endpoint
-        .then(|| (request.method.as_str(), request.path));
+    // `HEAD` counts as the `GET` it is served as (see `Endpoint::matches`): one endpoint, one
+    // counter, rather than a second quota for the same handler.
+    let endpoint = rule.per_endpoint.then(|| {
+        let method = match *request.method {
+            http::Method::HEAD => "GET",
+            ref method => method.as_str(),
+        };
+        (method, request.path)
+    });
     Some(CounterKey::parts(ip, client, endpoint))
 }
 
@@ -876,7 +886,8 @@ fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
 /// `/api/values/1` to the rules, while the app's router hands both to the same handler (axum
 /// decodes path parameters): a client could step around an endpoint rule, or take a fresh
 /// per-endpoint counter, by encoding a character. Escapes of reserved characters (`%2F`) stay
-/// escaped: decoded, they would change the path's segments.
+/// escaped: decoded, they would change the path's segments, and the whitelists match this form
+/// only. The rules also match the form a handler reads ([`decoded_path`]).
 fn normalized_path(path: &str) -> Option<String> {
     let bytes = path.as_bytes();
     if !bytes.contains(&b'%') {
@@ -911,6 +922,33 @@ fn normalized_path(path: &str) -> Option<String> {
     String::from_utf8(out).ok().filter(|normal| normal != path)
 }
 
+/// `path` (normalized) with every escape decoded, as a router's extractors hand it to a
+/// handler, when that differs and is UTF-8: axum's `Path` percent-decodes what it captures,
+/// `%2F` and non-ASCII escapes included, so `/files/secret%2Fdoc` reaches the handler of
+/// `/files/{*path}` with the `secret/doc` of `/files/secret/doc`, and a rule that saw only
+/// the escaped path could be stepped around by escaping a `/`. Not UTF-8: the extractor
+/// refuses the request, and there is no other reading. A broken escape stays as it is.
+fn decoded_path(path: &str) -> Option<String> {
+    let bytes = path.as_bytes();
+    let hex = |b: Option<&u8>| b.and_then(|&b| (b as char).to_digit(16)).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            if let (Some(high), Some(low)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
+                out.push(high << 4 | low);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out)
+        .ok()
+        .filter(|decoded| decoded != path)
+}
+
 /// `path` without its trailing `/`s (`/` itself stays), as AspNetCoreRateLimit counts it.
 fn without_trailing_slash(path: &str) -> &str {
     match path.trim_end_matches('/') {
@@ -929,11 +967,30 @@ fn decide<C: Clock>(
 ) -> Check {
     let normal;
     let normalized;
+    // The path as a handler reads it, when it differs from the normalized one (an escape of a
+    // reserved or non-ASCII character left): see `decoded_path`.
+    let mut decoded = None;
     let request = if set.reads_path {
-        normal = normalized_path(request.path);
+        // One byte search on the common path, as before: a path without `%` has one reading.
+        let escaped = request.path.as_bytes().contains(&b'%');
+        normal = if escaped {
+            normalized_path(request.path)
+        } else {
+            None
+        };
         let mut path = normal.as_deref().unwrap_or(request.path);
         if set.trim_trailing_slash {
             path = without_trailing_slash(path);
+        }
+        // Only a path with an escape left after normalizing has another reading.
+        if escaped && path.contains('%') {
+            decoded = decoded_path(path).map(|mut text| {
+                if set.trim_trailing_slash {
+                    let trimmed = without_trailing_slash(&text).len();
+                    text.truncate(trimmed);
+                }
+                text
+            });
         }
         if path.len() == request.path.len() && normal.is_none() {
             request
@@ -1006,6 +1063,19 @@ fn decide<C: Clock>(
         .filter(|w| w.matches(ip, client, request.method, request.path))
         .fold(0, |bits, w| bits | key_bit(w.key));
 
+    // The whitelists exempt the path as written (normalized); the rules limit it as written
+    // and as the handler reads it, and count it as the handler reads it, so that the
+    // spellings a handler cannot tell apart share one counter.
+    let written = request.path;
+    let as_read;
+    let request = match decoded.as_deref() {
+        Some(path) => {
+            as_read = RequestInfo { path, ..*request };
+            &as_read
+        }
+        None => request,
+    };
+
     // The common case, one global rule counted in memory and no monitors: decided without
     // collecting the selection, the plan or the refunds.
     if let (Some([rule]), false, 0) = (set.fixed_enforced.as_deref(), set.has_monitors, exempt) {
@@ -1023,6 +1093,7 @@ fn decide<C: Clock>(
             false
         } else if set.endpoint_rate_limiting {
             r.endpoint.matches(request.method, request.path)
+                || (decoded.is_some() && r.endpoint.matches(request.method, written))
         } else {
             r.endpoint.is_any()
         }

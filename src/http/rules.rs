@@ -217,7 +217,12 @@ impl Endpoint {
 
     pub(crate) fn matches(&self, method: &http::Method, path: &str) -> bool {
         if let Some(m) = &self.method {
-            if !m.eq_ignore_ascii_case(method.as_str()) {
+            // A `HEAD` is the `GET` it is served as: axum (and most servers) answer it with the
+            // `GET` handler, so a `get:` pattern that `HEAD` did not match would let any client
+            // run that handler unlimited.
+            let same = m.eq_ignore_ascii_case(method.as_str())
+                || (*method == http::Method::HEAD && m == "GET");
+            if !same {
                 return false;
             }
         }
