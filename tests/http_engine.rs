@@ -1160,29 +1160,48 @@ fn rules_in_code_equal_the_same_rules_from_toml() {
     assert!(retry.unwrap() <= 90 * minute && retry.unwrap() > 89 * minute);
 }
 
-/// The log lines a closure produces, at warn and above.
+/// The log lines a closure produces on its thread, at warn and above.
+///
+/// Through one global subscriber, installed by the first call, that writes an event into the
+/// emitting thread's capture buffer if it has one. A subscriber of the thread's own
+/// (`with_default`) lost events now and then: a callsite another test thread registered at the
+/// same moment could have its interest cached as "never" after the scoped subscriber's rebuild
+/// of the cache, and the warning was then not emitted at all (1 run in 6).
 fn warnings_of(f: impl FnOnce()) -> String {
-    use std::sync::{Arc, Mutex};
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Sink {
+    use std::cell::RefCell;
+    use std::sync::Once;
+    thread_local! {
+        static CAPTURE: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+    }
+    struct ThreadSink;
+    impl std::io::Write for ThreadSink {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
+            CAPTURE.with(|c| {
+                if let Some(buffer) = c.borrow_mut().as_mut() {
+                    buffer.extend_from_slice(bytes);
+                }
+            });
             Ok(bytes.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let sink = Sink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, f);
-    let bytes = sink.0.lock().unwrap().clone();
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(|| ThreadSink)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("this test binary installs no other global subscriber");
+        // Callsites registered before the subscriber was there are looked at again.
+        tracing::callsite::rebuild_interest_cache();
+    });
+    CAPTURE.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    f();
+    let bytes = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
     String::from_utf8(bytes).unwrap()
 }
 
