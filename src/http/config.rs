@@ -33,6 +33,12 @@ pub struct HttpConfig {
     /// How the client's IP address is found.
     pub client_ip: ClientIpConfig,
     /// The header carrying the client id (for client rules and the client lists).
+    ///
+    /// The id is whatever the request says: any client can send any id. Client rules and client
+    /// whitelists that grant more than the general rules need an id the client cannot choose
+    /// (the layer's `client_id_fn`, from what the app authenticated); with a header, keep
+    /// client rules stricter than the general ones, or count them by `key = "client"` so that
+    /// everyone sending an id shares its one quota.
     pub client_id_header: Option<String>,
     /// The longest client id counted (256 bytes by default, at most 4096). A longer one is
     /// treated as no client id (so `missing_key` decides for rules that count by it): every
@@ -75,7 +81,9 @@ pub struct HttpConfig {
     /// same period that count by the same key (see the engine's semantics).
     pub ip_rules: Vec<IpRulesConfig>,
     /// Rules for one client id; they take precedence over general rules of the same period that
-    /// count by the same key.
+    /// count by the same key. A client rule counting by `key = "ip"` therefore replaces the
+    /// general per-IP rule of its period for every request that carries its id: see
+    /// `client_id_header` on who can send an id.
     pub client_rules: Vec<ClientRulesConfig>,
     /// Requests that are never limited nor counted.
     pub whitelist: WhitelistConfig,
