@@ -154,6 +154,21 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Validates the parameters as a limiter's constructor does, building no state (no ring).
+    #[cfg(all(feature = "http", feature = "redis"))]
+    pub(crate) fn check_params(self) -> Result<(), ConfigError> {
+        match self {
+            Algorithm::FixedWindow { limit, window } => FixedWindow::new(limit, window).map(drop),
+            Algorithm::SlidingWindow { limit, window } => {
+                SlidingWindow::new(limit, window).map(drop)
+            }
+            Algorithm::SlidingCounter { limit, window } => {
+                SlidingCounter::new(limit, window).map(drop)
+            }
+            Algorithm::TokenBucket { rate, burst } => TokenBucket::new(rate, burst).map(drop),
+        }
+    }
+
     /// The algorithm's name in messages ("fixed window", ...).
     pub(crate) fn name(&self) -> &'static str {
         match self {

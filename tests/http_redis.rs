@@ -317,6 +317,47 @@ fn configuration_errors_name_the_field() {
         .starts_with("backend.deadline"));
 }
 
+/// A rule the scripts cannot count (an exact sliding window above 100,000 in Redis, valid in
+/// memory) is refused naming its field, by `connect` before it connects and by a reload before
+/// anything changes: the limits in force stay. It used to be refused only as its Redis limiter
+/// was built, naming `backend`, after the reload had compiled and reconfigured the limiters it
+/// keeps.
+#[tokio::test]
+async fn a_rule_redis_cannot_count_is_refused_naming_its_field() {
+    let too_wide = |url: &str| {
+        config(
+            url,
+            "closed",
+            &format!(
+                "{TWO_PER_MINUTE}[[ip_rules]]\nip = \"192.0.2.0/24\"\n[[ip_rules.rules]]\nperiod = \"1h\"\nlimit = 200000\nalgorithm = \"sliding_window\"\n"
+            ),
+        )
+    };
+    // Refused before connecting: the port has no server, and the error is not about that.
+    let error = HttpLimiter::connect(too_wide("redis://127.0.0.1:1/"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("ip_rules[0].rules[0]") && error.contains("100000"),
+        "{error}"
+    );
+    let server = RedisServer::start();
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    let ip = "192.0.2.30";
+    assert!(get(&limiter, "/", ip).await.outcome.is_admitted());
+    let error = limiter
+        .reload(too_wide(&server.url()))
+        .unwrap_err()
+        .to_string();
+    assert!(error.starts_with("ip_rules[0].rules[0]"), "{error}");
+    // The rules in force are the old ones: one more request, then a rejection.
+    assert!(get(&limiter, "/", ip).await.outcome.is_admitted());
+    assert!(rejection(&get(&limiter, "/", ip).await).is_some());
+}
+
 #[tokio::test]
 async fn connect_fails_clearly_when_redis_is_not_there() {
     let mut server = RedisServer::start();

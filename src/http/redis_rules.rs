@@ -4,8 +4,11 @@
 //! the crate read them.
 
 use crate::backend::try_acquire_all;
-use crate::http::config::{BackendConfig, HttpConfig, RuleKey};
-use crate::http::rules::{parse_period, BanKey, Bans, CounterKey, Identity, Metric, Rule, RuleSet};
+use crate::http::config::{BackendConfig, HttpConfig, RuleConfig, RuleKey};
+use crate::http::rules::{
+    algorithm as rule_algorithm, parse_period, BanKey, Bans, CounterKey, Identity, Metric, Rule,
+    RuleSet,
+};
 use crate::http::{Check, HttpConfigError, Outcome, QuotaState, Quotas, RejectReason, Verdict};
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Admission, Clock, FailurePolicy, RedisLimiter, TryAcquireError};
@@ -31,13 +34,51 @@ pub(crate) struct RedisSettings {
 
 impl RedisSettings {
     /// Validates the `[backend]` of `config` (its kind being `"redis"`), naming the field at
-    /// fault; on a Cluster, also that a request's keys share a slot ([`check_cluster`]).
+    /// fault; that every rule can count in Redis ([`check_rules`]); on a Cluster, also that a
+    /// request's keys share a slot ([`check_cluster`]). Before any limiter is built or
+    /// reconfigured, so that a reload refused here changes nothing.
     pub(crate) fn of(config: &HttpConfig) -> Result<Self, HttpConfigError> {
         let settings = Self::parse(&config.backend)?;
+        settings.check_rules(config)?;
         if settings.cluster {
             check_cluster(config)?;
         }
         Ok(settings)
+    }
+
+    /// Checks that every rule that counts can have its limiter in Redis: the scripts take
+    /// narrower parameters than the limiters in memory (an exact sliding window of more than
+    /// 100,000 in Redis, for one), and a rule refused only when its Redis limiter was built
+    /// came after compilation had reconfigured the limiters a reload keeps, and was named by
+    /// no field of the document. Rules whose own fields are wrong are left to the compiler,
+    /// which names them.
+    fn check_rules(&self, config: &HttpConfig) -> Result<(), HttpConfigError> {
+        for (field, rule) in all_rules(config) {
+            let (Ok(period), Ok(limit)) = (
+                parse_period(&rule.period, &field),
+                u32::try_from(rule.limit),
+            ) else {
+                continue;
+            };
+            if limit == 0 {
+                continue; // blocks, counts nothing
+            }
+            let algorithm = rule_algorithm(rule.algorithm, limit, period);
+            if algorithm.check_params().is_err() {
+                continue; // the compiler says what is wrong, naming the field
+            }
+            RedisLimiter::builder(algorithm, self.policy)
+                .prefix(format!("{}:r0000000000000000", self.prefix))
+                .deadline(self.deadline)
+                .check()
+                .map_err(|e| {
+                    HttpConfigError::invalid(
+                        field,
+                        format!("cannot count in Redis (backend.kind = \"redis\"): {e}"),
+                    )
+                })?;
+        }
+        Ok(())
     }
 
     /// The seed nodes of a Cluster: the URLs in `url`, separated by commas.
@@ -132,6 +173,28 @@ fn seeds(url: &str) -> impl Iterator<Item = &str> {
 /// request the same subject, whatever else differs. So every enforced rule that counts (limit
 /// above 0) must agree with the first; monitor rules are counted one script each and may differ.
 fn check_cluster(config: &HttpConfig) -> Result<(), HttpConfigError> {
+    let mut first: Option<(String, RuleKey, bool)> = None;
+    for (field, rule) in all_rules(config).filter(|(_, r)| !r.monitor && r.limit > 0) {
+        match &first {
+            None => first = Some((field, rule.key, rule.per_endpoint)),
+            Some((first_field, key, per_endpoint)) => {
+                if (rule.key, rule.per_endpoint) != (*key, *per_endpoint) {
+                    return Err(HttpConfigError::invalid(
+                        field,
+                        format!(
+                            "counts by key {:?} with per_endpoint = {}, but {first_field} by {key:?} with per_endpoint = {per_endpoint}: with backend.cluster every enforced rule must count alike, so that a request's keys share a Cluster slot",
+                            rule.key, rule.per_endpoint
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every rule of `config` with the name of its field (`ip_rules[0].rules[1]`).
+fn all_rules(config: &HttpConfig) -> impl Iterator<Item = (String, &RuleConfig)> {
     let general = config
         .rules
         .iter()
@@ -155,28 +218,7 @@ fn check_cluster(config: &HttpConfig) -> Result<(), HttpConfigError> {
                 .enumerate()
                 .map(move |(j, r)| (format!("client_rules[{i}].rules[{j}]"), r))
         });
-    let mut first: Option<(String, RuleKey, bool)> = None;
-    for (field, rule) in general
-        .chain(ip)
-        .chain(client)
-        .filter(|(_, r)| !r.monitor && r.limit > 0)
-    {
-        match &first {
-            None => first = Some((field, rule.key, rule.per_endpoint)),
-            Some((first_field, key, per_endpoint)) => {
-                if (rule.key, rule.per_endpoint) != (*key, *per_endpoint) {
-                    return Err(HttpConfigError::invalid(
-                        field,
-                        format!(
-                            "counts by key {:?} with per_endpoint = {}, but {first_field} by {key:?} with per_endpoint = {per_endpoint}: with backend.cluster every enforced rule must count alike, so that a request's keys share a Cluster slot",
-                            rule.key, rule.per_endpoint
-                        ),
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
+    general.chain(ip).chain(client)
 }
 
 /// A connection to a standalone Redis or to a Redis Cluster, for the rules' limiters: one type,

@@ -758,7 +758,7 @@ pub(crate) fn parse_period(text: &str, field: &str) -> Result<Duration, HttpConf
     Ok(d)
 }
 
-fn algorithm(kind: RuleAlgorithm, limit: u32, period: Duration) -> Algorithm {
+pub(crate) fn algorithm(kind: RuleAlgorithm, limit: u32, period: Duration) -> Algorithm {
     match kind {
         RuleAlgorithm::FixedWindow => Algorithm::FixedWindow {
             limit,
