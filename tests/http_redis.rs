@@ -924,3 +924,47 @@ async fn cluster_rules_must_count_alike() {
     let error = HttpLimiter::new(memory).unwrap_err().to_string();
     assert!(error.starts_with("backend.cluster:"), "{error}");
 }
+
+/// Monitor rules count in Redis also when no enforced rule counts the request there: a
+/// shadow-only configuration (the usual first rollout of a limit), or an enforced rule the
+/// request has no key for. Counted in each process's memory instead, a fleet's shadow rule saw
+/// only each process's share of a client's traffic, and would-be rejections went unseen.
+#[tokio::test]
+async fn monitor_rules_count_in_redis_without_an_enforced_rule_in_redis() {
+    let server = RedisServer::start();
+    let shadow = "[[rules]]\nname = \"shadow\"\nperiod = \"1h\"\nlimit = 1\nmonitor = true\n";
+    let by_client =
+        "[[rules]]\nname = \"per-client\"\nkey = \"client\"\nperiod = \"1m\"\nlimit = 5\n";
+    for rules in [shadow.to_owned(), format!("{by_client}{shadow}")] {
+        let mut con = server.connection();
+        let _: () = turnstile::redis::cmd("FLUSHALL").query(&mut con).unwrap();
+        let mut config = config(&server.url(), "closed", &rules);
+        // The requests have no client id: "per-client" lets them pass uncounted.
+        config.missing_key = turnstile::http::MissingKey::Allow;
+        let limiter = HttpLimiter::connect(config).await.unwrap();
+        // The sync `decide` cannot count in Redis: it admits (a monitor never rejects) and
+        // writes nothing.
+        let request = RequestInfo {
+            method: &http::Method::GET,
+            path: "/",
+            client_ip: Some("192.0.2.61".parse().unwrap()),
+            client_id: None,
+        };
+        assert_eq!(
+            limiter.decide(&request).outcome,
+            Outcome::Admitted,
+            "{rules}"
+        );
+        let keys: Vec<String> = con.keys("myapp:*").unwrap();
+        assert!(keys.is_empty(), "{keys:?}\n{rules}");
+        let verdict = get(&limiter, "/", "192.0.2.61").await;
+        assert_eq!(verdict.outcome, Outcome::Admitted, "{rules}");
+        assert!(verdict.quotas.is_empty(), "monitor rules report no quota");
+        let keys: Vec<String> = con.keys("myapp:*").unwrap();
+        assert_eq!(
+            keys.len(),
+            1,
+            "the monitor rule counted in Redis: {keys:?}\n{rules}"
+        );
+    }
+}

@@ -633,7 +633,9 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     ///
     /// A limiter counting in Redis cannot decide without a round trip: for a request that would
     /// be counted there, `decide` rejects with [`RejectReason::Unavailable`] (rule `"backend"`)
-    /// and charges nothing. Use [`decide_async`](HttpLimiter::decide_async) (or the layer) then.
+    /// and charges nothing; one only monitor rules would count there is admitted, uncounted (a
+    /// monitor rule never rejects). Use [`decide_async`](HttpLimiter::decide_async) (or the
+    /// layer) then.
     ///
     /// # Examples
     ///
@@ -957,7 +959,8 @@ fn without_trailing_slash(path: &str) -> &str {
     }
 }
 
-/// `patience`: `None` when the request may not wait (the answer is needed now); otherwise a
+/// `patience`: `None` when the request may not wait (the answer is needed now: the sync
+/// [`HttpLimiter::decide`], which cannot wait for Redis either); otherwise a
 /// rejection that the request waits for (see [`Patience::waits_for`]) is recorded there, and
 /// the verdict returned is the rejection it would have been, counted nowhere.
 fn decide<C: Clock>(
@@ -1134,9 +1137,28 @@ fn decide<C: Clock>(
         }
     }
 
+    // Selected before counting: with the Redis backend they decide where the request counts.
+    let monitors = if set.has_monitors {
+        select(specific(), general(), true)
+    } else {
+        SmallVec::new()
+    };
+
+    // Monitor rules count in Redis too, also when no enforced rule counts the request there (a
+    // configuration of monitor rules only, an enforced rule the request has no key for).
     #[cfg(feature = "redis")]
-    if plan.iter().any(|(rule, _, _)| rule.remote.is_some()) {
+    if plan.iter().any(|(rule, _, _)| rule.remote.is_some())
+        || monitors.iter().any(|rule| rule.remote.is_some())
+    {
         use crate::http::redis_rules::{count, Step};
+        // Only monitor rules count: the sync `decide`, which cannot wait for Redis, admits the
+        // request uncounted rather than have a monitor rule reject it.
+        if plan.is_empty() && patience.is_none() {
+            return Check::Ready(Verdict {
+                outcome: Outcome::Admitted,
+                quotas: Quotas::new(),
+            });
+        }
         let steps = |list: Vec<(&Arc<Rule<C>>, CounterKey)>| {
             list.into_iter()
                 .map(|(rule, key)| Step {
@@ -1144,11 +1166,6 @@ fn decide<C: Clock>(
                     key,
                 })
                 .collect()
-        };
-        let monitors = if set.has_monitors {
-            select(specific(), general(), true)
-        } else {
-            SmallVec::new()
         };
         let monitors = monitors
             .iter()
@@ -1254,11 +1271,6 @@ fn decide<C: Clock>(
             }
         }
     }
-    let monitors = if set.has_monitors {
-        select(specific(), general(), true)
-    } else {
-        SmallVec::new()
-    };
     for rule in &monitors {
         // A monitor of limit 0 would block whatever key the request has, as an enforced one
         // does (`planned`).
