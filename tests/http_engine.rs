@@ -380,6 +380,40 @@ fn bans_start_after_k_rejections_and_end_after_d() {
     assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
 }
 
+/// A reload keeps the bans when `[bans]` did not change, whatever the periods' spelling: `1m`
+/// and `60s` are the same window. Compared as text, a reload that only respelled a period
+/// (or a configuration built in code, whose periods read as humantime writes them, reloaded
+/// from a file) lifted every ban and forgot every count towards one.
+#[test]
+fn a_reload_keeps_the_bans_whatever_their_periods_spelling() {
+    let bans = |within: &str, duration: &str| {
+        format!("{PER_IP}[bans]\nafter = 1\nwithin = \"{within}\"\nduration = \"{duration}\"\n")
+    };
+    let (l, clock) = limiter(&bans("1m", "1h"));
+    get(&l, "/", "1.1.1.1", None);
+    get(&l, "/", "1.1.1.1", None);
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+        RejectReason::RateLimited
+    );
+    clock.advance(Duration::from_secs(10));
+    l.reload(HttpConfig::from_toml_str(&bans("60s", "60m")).unwrap())
+        .unwrap();
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", None)),
+        Some((
+            RejectReason::Banned,
+            "ban".to_owned(),
+            Some(Duration::from_secs(3590))
+        )),
+        "the ban survives a reload that changed no ban setting"
+    );
+    // A real change starts a new list.
+    l.reload(HttpConfig::from_toml_str(&bans("60s", "30m")).unwrap())
+        .unwrap();
+    assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
+}
+
 /// One per-IP rule, 2 per minute, for the key-cap tests.
 const PER_IP_MINUTE: &str = "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 2\n";
 

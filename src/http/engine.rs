@@ -182,10 +182,10 @@ macro_rules! count_list_rejection {
 /// raised: its ring of timestamps cannot grow in place, so the rule starts with fresh counters
 /// (each client may then make the new limit's requests at once, whatever it made in the last
 /// period). A pattern or IP range is compared as it reads, not as it is written (`GET:/API/*`
-/// is `get:/api/*`). Bans are kept when `[bans]` did not change. With the Redis
-/// backend the counters live in Redis under names derived from the rule's identity, so the same
-/// rules find them again; a reload may change the prefix (new keys), failure policy and deadline,
-/// not the URL nor `cluster`.
+/// is `get:/api/*`). Bans are kept when `[bans]` did not change (its periods compared as they
+/// read: `1m` is `60s`). With the Redis backend the counters live in Redis under names derived
+/// from the rule's identity, so the same rules find them again; a reload may change the prefix
+/// (new keys), failure policy and deadline, not the URL nor `cluster`.
 ///
 /// # Examples
 ///

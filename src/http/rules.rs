@@ -1227,13 +1227,22 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
     }
 
     fn bans(&self, b: &BanConfig) -> Result<Arc<Bans<C>>, HttpConfigError> {
+        let within = parse_period(&b.within, "bans.within")?;
+        let duration = parse_period(&b.duration, "bans.duration")?;
+        // Compared as they read, not as they are written: `within = "1m"` and `"60s"` are one
+        // window, and a reload that respells a period must not lift every ban.
         if let Some(old) = &self.old_bans {
-            if old.config == *b {
+            let same = |text: &str, period: Duration| {
+                parse_period(text, "bans").is_ok_and(|old| old == period)
+            };
+            if old.config.after == b.after
+                && old.config.max_entries == b.max_entries
+                && same(&old.config.within, within)
+                && same(&old.config.duration, duration)
+            {
                 return Ok(old.clone());
             }
         }
-        let within = parse_period(&b.within, "bans.within")?;
-        let duration = parse_period(&b.duration, "bans.duration")?;
         // Checked here rather than by the list, for the message the layer has always given.
         let after = match u32::try_from(b.after) {
             Ok(after) if after > 0 => after,
