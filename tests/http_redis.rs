@@ -968,3 +968,36 @@ async fn monitor_rules_count_in_redis_without_an_enforced_rule_in_redis() {
         );
     }
 }
+
+/// A monitor rule of limit 0 (a block tried out in shadow first) would reject every request the
+/// enforced rules admit, whatever key the request has, and says so in
+/// `turnstile_http_shadow_rejected` with the Redis backend as in memory; it has no limiter in
+/// Redis, and was skipped there, so the shadow block showed no request it would have refused.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn a_monitor_rule_of_limit_zero_counts_its_would_be_rejections_in_redis() {
+    recorder();
+    let server = RedisServer::start();
+    let rules = format!(
+        "{}[[rules]]\nname = \"shadow-block\"\nendpoint = \"*:/admin/*\"\nperiod = \"1m\"\nlimit = 0\nmonitor = true\n\
+         [[rules]]\nname = \"shadow-block-by-client\"\nkey = \"client\"\nendpoint = \"*:/admin/*\"\nperiod = \"1h\"\nlimit = 0\nmonitor = true\n",
+        TWO_PER_MINUTE
+            .replace("per-ip", "enforced-beside-blocks")
+            .replace("limit = 2", "limit = 3")
+    );
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    for path in ["/admin/users", "/admin/users", "/public"] {
+        let verdict = get(&limiter, path, "192.0.2.62").await;
+        assert_eq!(verdict.outcome, Outcome::Admitted, "{path}");
+    }
+    // Rejected by the enforced rule: no monitor is asked.
+    assert!(rejection(&get(&limiter, "/admin/users", "192.0.2.62").await).is_some());
+    assert_eq!(n("turnstile_http_shadow_rejected{shadow-block}"), 2);
+    // The request has no client id: a block needs none.
+    assert_eq!(
+        n("turnstile_http_shadow_rejected{shadow-block-by-client}"),
+        2
+    );
+}

@@ -1167,13 +1167,19 @@ fn decide<C: Clock>(
                 })
                 .collect()
         };
+        // A monitor of limit 0 (no limiter) would block whatever key the request has, as in
+        // memory; one that counts needs the request's key.
         let monitors = monitors
             .iter()
-            .filter_map(|r| Some((*r, counter_key(r, request)?)))
+            .filter_map(|r| match (&r.limiter, counter_key(r, request)) {
+                (None, _) => Some((Arc::clone(r), None)),
+                (Some(_), None) => None,
+                (Some(_), key) => Some((Arc::clone(r), key)),
+            })
             .collect();
         return count(
             steps(plan.into_iter().map(|(r, _, k)| (*r, k)).collect()),
-            steps(monitors),
+            monitors,
             ban.map(|(bans, key)| (Arc::clone(bans), key)),
         );
     }

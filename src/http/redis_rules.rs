@@ -358,13 +358,17 @@ pub(crate) struct Step<C: Clock> {
     pub(crate) key: CounterKey,
 }
 
+/// One monitor rule to count for a request after the enforced ones admitted it: with the
+/// request's key, or none for a rule of limit 0 (it would block whatever the key).
+pub(crate) type Monitor<C> = (Arc<Rule<C>>, Option<CounterKey>);
+
 /// The ban bookkeeping of a request, when bans are configured and the client is known.
 pub(crate) type BanEntry<C> = Option<(Arc<Bans<C>>, BanKey)>;
 
 /// Counts `plan` (the enforced rules) and then `monitors` in Redis; see the module docs.
 pub(crate) fn count<C: Clock>(
     plan: Vec<Step<C>>,
-    monitors: Vec<Step<C>>,
+    monitors: Vec<Monitor<C>>,
     ban: BanEntry<C>,
 ) -> Check {
     Check::Pending(Box::pin(async move {
@@ -389,15 +393,20 @@ pub(crate) fn count<C: Clock>(
             }
             quotas
         };
-        for step in &monitors {
-            let Some(limiter) = &step.rule.remote else {
-                continue;
+        for (rule, key) in &monitors {
+            let would_reject = match (&rule.remote, key) {
+                (Some(limiter), Some(key)) => {
+                    let result = limiter.limiter.try_acquire(&key.subject()).await;
+                    limiter.report(rule);
+                    result.is_err()
+                }
+                // Limit 0 (no limiter here or in Redis): a block, whatever the key.
+                (None, _) => rule.limiter.is_none(),
+                (Some(_), None) => false,
             };
-            let result = limiter.limiter.try_acquire(&step.key.subject()).await;
-            limiter.report(&step.rule);
-            if result.is_err() {
-                tracing::debug!(rule = %step.rule.name, key = ?step.key, "monitor rule would reject");
-                step.rule.counters.increment(Metric::ShadowRejected);
+            if would_reject {
+                tracing::debug!(rule = %rule.name, key = ?key, "monitor rule would reject");
+                rule.counters.increment(Metric::ShadowRejected);
             }
         }
         // Every enforced step admitted and reported a quota.
