@@ -172,6 +172,20 @@ async fn reload_keeps_counters_in_redis_unless_the_rule_identity_changes() {
     // A reload cannot move to another Redis.
     let elsewhere = config("redis://127.0.0.1:1/", "closed", &renamed);
     assert!(limiter.reload(elsewhere).is_err());
+    // Nor to memory, where each process would count on its own: refused, and the rules in
+    // force still count in Redis.
+    let in_memory = HttpConfig::from_toml_str(&renamed).unwrap();
+    let error = limiter.reload(in_memory).unwrap_err().to_string();
+    assert!(error.starts_with("backend.kind"), "{error}");
+    assert!(matches!(
+        limiter.check(&RequestInfo {
+            method: &http::Method::GET,
+            path: "/",
+            client_ip: Some(ip.parse().unwrap()),
+            client_id: None,
+        }),
+        Check::Pending(_)
+    ));
 }
 
 /// The same IP range listed twice, once with an enforced rule and once with a monitor rule of

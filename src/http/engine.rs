@@ -499,7 +499,9 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     }
 
     /// Replaces the configuration, keeping the counters of the rules that did not change (see
-    /// the module's semantics). On error nothing changes.
+    /// the module's semantics). On error nothing changes. The backend stays: a limiter made by
+    /// [`connect`](HttpLimiter::connect) reloads only configurations for the same Redis, and
+    /// one counting in memory only configurations that count in memory.
     ///
     /// # Errors
     ///
@@ -539,6 +541,13 @@ impl<C: Clock + Clone> HttpLimiter<C> {
                     ))
                 }
             }
+        } else if self.backend.is_some() {
+            // Not quietly: the rules would count in each process's memory from then on, each
+            // process admitting the whole limit (and from zero), where the fleet shared one.
+            return Err(HttpConfigError::invalid(
+                "backend.kind",
+                "a reload cannot switch from Redis to memory (the limits would count per process): restart with HttpLimiter::new",
+            ));
         } else {
             None
         };
