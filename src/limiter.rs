@@ -1150,7 +1150,7 @@ impl<C: Clock> RateLimiter<C> {
         // since a woken task's `Waker` may call `algorithm()`, which takes the same mutex.
         let woken = inner
             .queue
-            .reconfigure_waiters(&inner.gate, inner.state.limit());
+            .reconfigure_waiters_and_bound(&inner.gate, inner.state.limit());
         drop(current);
         woken.wake();
         Ok(())
