@@ -45,6 +45,8 @@
 //!   time in the new window), and is failed `Closed` by a racing `close`;
 //! - racing reconfigurations of a rate limiter never fail a waiter for a capacity that was
 //!   superseded before it started (each sweep of the queue runs under the reconfiguring mutex);
+//! - a request that a racing `set_limit` makes too big fails `InsufficientCapacity` however its
+//!   fast path, the sweep and its enqueue interleave, and never waits behind the head;
 //! - in every model, `stats()` adds up: admitted + rejected + cancelled equals the calls made, and
 //!   `waiting` and `queued_permits` are 0 at the end.
 //!
@@ -1006,5 +1008,52 @@ fn set_limit_lowering_fails_oversized_waiter() {
         );
         drop(held);
         assert_idle(&l, 2);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// A lowered limit vs the enqueue of a request it makes too big.
+// ---------------------------------------------------------------------------------------------
+
+/// Limit 2, both permits held by the main thread, and a head queued for 1 (a future polled by
+/// hand). One thread lowers the limit to 1 while another asks for 2 permits, blocking. That
+/// request can never fit: it must fail `InsufficientCapacity` whether it meets the new limit in
+/// its fast path, in the queue (`set_limit`'s sweep fails it), or only as it enqueues after the
+/// sweep; it must never wait behind the head, which the main thread serves only after joining
+/// it (so a wait is a deadlock loom reports).
+#[test]
+fn lowered_limit_vs_enqueue_of_a_request_it_makes_too_big() {
+    model(|| {
+        let l = ConcurrencyLimiter::new(2).unwrap();
+        let held = l.try_acquire_owned(2).unwrap();
+        let mut head = Box::pin(l.acquire_owned(1));
+        assert!(poll_once(head.as_mut()).is_pending());
+        let lower = {
+            let l = l.clone();
+            thread::spawn(move || l.set_limit(1).unwrap())
+        };
+        let big = {
+            let l = l.clone();
+            thread::spawn(move || l.acquire_blocking_n(2).map(|p| p.permits()))
+        };
+        lower.join().unwrap();
+        let outcome = big.join().unwrap();
+        assert!(
+            matches!(
+                outcome,
+                Err(AcquireError::InsufficientCapacity {
+                    requested: 2,
+                    capacity: 1
+                })
+            ),
+            "{outcome:?}"
+        );
+        drop(held);
+        let Poll::Ready(permit) = poll_once(head.as_mut()) else {
+            panic!("the head was not served once the permits came back");
+        };
+        drop(permit.unwrap());
+        drop(head);
+        assert_idle(&l, 3);
     });
 }

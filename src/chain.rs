@@ -31,7 +31,7 @@ use crate::error::{AcquireError, ConfigError, TryAcquireError};
 #[cfg(feature = "keyed")]
 use crate::keyed::KeyedLimiter;
 use crate::limiter::RateLimiter;
-use crate::sync::{Arc, Counters, ADMITTED, CANCELLED, REFUNDED, REJECTED};
+use crate::sync::{Arc, Counters, WakeAll, ADMITTED, CANCELLED, REFUNDED, REJECTED};
 use std::fmt;
 #[cfg(feature = "keyed")]
 use std::hash::{BuildHasher, Hash};
@@ -59,6 +59,9 @@ trait Member<Q: ?Sized> {
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, Committed);
     fn refund(&self, key: &Q, n: u32, admission: &Admission, committed: Committed);
+    /// Wakes whoever waits on this member for `key` (its queue's head), after a refund gave it
+    /// permits back; run only once every refund of the call is done, since a `Waker` may panic.
+    fn wake(&self, key: &Q);
     /// The member's own `charge`: `n` permits recorded without the limit check.
     fn charge(&self, key: &Q, n: u32) -> Result<Admission, TryAcquireError>;
     /// Whether `other` is a handle to the same limiter (a member listed twice).
@@ -81,6 +84,9 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     }
     fn refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed) {
         self.chain_refund(n, admission);
+    }
+    fn wake(&self, _: &Q) {
+        self.chain_wake();
     }
     fn charge(&self, _: &Q, n: u32) -> Result<Admission, TryAcquireError> {
         RateLimiter::charge(self, n)
@@ -243,13 +249,16 @@ impl<L> Core<L> {
         })
     }
 
-    /// One all-or-nothing attempt; counts nothing. On success `slots` hold every member's
-    /// admission and refund flag (those asked for).
+    /// One all-or-nothing attempt; counts nothing and wakes nobody. On success `slots` hold every
+    /// member's admission and refund flag (those asked for). `refunded` is set to how many
+    /// members (the first ones in `order`) admitted and were given their permits back, for the
+    /// caller to wake ([`wake_refunded`](Self::wake_refunded)) once it has counted the call.
     fn attempt<Q: ?Sized>(
         &self,
         key: &Q,
         n: u32,
         mut slots: Slots<'_>,
+        refunded: &mut usize,
     ) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
@@ -286,8 +295,10 @@ impl<L> Core<L> {
             Err(failure) => failure,
         };
         if failed != self.order[0] {
-            // Some member had admitted and was given its permits back.
+            // Some member had admitted and was given its permits back: those before `failed`
+            // in `order` (the commit takes them in that order).
             self.counters.bump(REFUNDED);
+            *refunded = self.order.iter().position(|&i| i == failed).unwrap_or(0);
         }
         let TryAcquireError::Rejected(r) = error else {
             return Err(error);
@@ -363,6 +374,33 @@ impl<L> Core<L> {
             member.refund(key, n, admission, *flag);
         }
         self.counters.bump(REFUNDED);
+        self.wake(key, 0..self.members.len());
+    }
+
+    /// Wakes the members the last attempt refunded (the first `refunded` in `order`; see
+    /// [`attempt`](Self::attempt)).
+    fn wake_refunded<Q: ?Sized>(&self, key: &Q, refunded: usize)
+    where
+        L: Member<Q>,
+    {
+        if refunded > 0 {
+            self.wake(key, self.order[..refunded].iter().copied());
+        }
+    }
+
+    /// Wakes members `which` after refunds, every one of them even if a `Waker` panics (the
+    /// first panic is re-raised after the last; see `WakeAll`). Only once every refund is done:
+    /// a panic out of a refund's wake would otherwise unwind past the members still to refund,
+    /// leaving their permits taken for a call that was not admitted.
+    fn wake<Q: ?Sized>(&self, key: &Q, which: impl Iterator<Item = usize>)
+    where
+        L: Member<Q>,
+    {
+        let mut all = WakeAll::default();
+        for i in which {
+            all.run(|| self.members[i].wake(key));
+        }
+        all.finish();
     }
 
     /// `attempt`, counted: once on the chain and once on every member.
@@ -375,8 +413,10 @@ impl<L> Core<L> {
     where
         L: Member<Q>,
     {
-        let outcome = self.attempt(key, n, slots);
+        let mut refunded = 0;
+        let outcome = self.attempt(key, n, slots, &mut refunded);
         self.count(if outcome.is_ok() { ADMITTED } else { REJECTED });
+        self.wake_refunded(key, refunded);
         outcome
     }
 
@@ -452,26 +492,38 @@ impl<L> Core<L> {
     /// One attempt of a waiting call: `Ok` with how the call ends (counted), or `Err` with how
     /// long to wait before the next attempt (the largest `retry_after`, at least
     /// [`MIN_BACKOFF`]).
+    ///
+    /// `counted` is set once the call's outcome is counted, before the refunded members are
+    /// woken: a `Waker` that panics then must not have the call counted again as cancelled.
     fn attempt_waiting<Q: ?Sized>(
         &self,
         key: &Q,
         n: u32,
+        counted: &mut bool,
     ) -> Result<Result<Admission, AcquireError>, std::time::Duration>
     where
         L: Member<Q>,
     {
-        let error = match self.attempt(key, n, Slots::default()) {
+        let mut refunded = 0;
+        let error = match self.attempt(key, n, Slots::default(), &mut refunded) {
+            // Admitted: nothing was refunded.
             Ok(admission) => {
                 self.count(ADMITTED);
+                *counted = true;
                 return Ok(Ok(admission));
             }
             Err(e) => match e.wait_or_fail() {
                 // A member that defers to its own queue of waiters reports 0: poll gently.
-                Ok(rejection) => return Err(rejection.retry_after().max(MIN_BACKOFF)),
+                Ok(rejection) => {
+                    self.wake_refunded(key, refunded);
+                    return Err(rejection.retry_after().max(MIN_BACKOFF));
+                }
                 Err(error) => error,
             },
         };
         self.count(REJECTED);
+        *counted = true;
+        self.wake_refunded(key, refunded);
         Ok(Err(error))
     }
 
@@ -514,11 +566,8 @@ impl<L> Core<L> {
             _key: std::marker::PhantomData,
         };
         loop {
-            match self.attempt_waiting(key, n) {
-                Ok(outcome) => {
-                    finish.done = true;
-                    return outcome;
-                }
+            match self.attempt_waiting(key, n, &mut finish.done) {
+                Ok(outcome) => return outcome,
                 Err(wait) => {
                     tokio::time::sleep(wait).await;
                     self.caught_up::<Q>();
@@ -540,7 +589,7 @@ impl<L> Core<L> {
         L: Member<Q>,
     {
         loop {
-            let wait = match self.attempt_waiting(key, n) {
+            let wait = match self.attempt_waiting(key, n, &mut false) {
                 Ok(outcome) => return outcome,
                 Err(wait) => wait,
             };
@@ -1199,6 +1248,14 @@ where
         match self {
             Link::PerKey(l) => l.chain_refund(key, n, admission, committed),
             Link::Global(l) => l.chain_refund(n, admission),
+        }
+    }
+    fn wake(&self, _: &K) {
+        match self {
+            // A keyed member's per-key queue is not woken: `KeyedLimiter` has no hook for it
+            // yet, so a head waiting on a refunded key sleeps until its own timer fires.
+            Link::PerKey(_) => {}
+            Link::Global(l) => l.chain_wake(),
         }
     }
     fn charge(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {

@@ -732,7 +732,9 @@ impl ConcurrencyLimiter {
         // The sweep runs under the mutex, so that racing changes sweep in their order; the
         // wake-ups after it, since a woken party's `Waker` runs code of its own (which may call
         // `set_limit`).
-        let woken = inner.queue.reconfigure_waiters(&inner.word, limit);
+        let woken = inner
+            .queue
+            .reconfigure_waiters_and_bound(&inner.word, limit);
         drop(guard);
         woken.wake();
         Ok(())

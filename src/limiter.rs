@@ -1150,7 +1150,7 @@ impl<C: Clock> RateLimiter<C> {
         // since a woken task's `Waker` may call `algorithm()`, which takes the same mutex.
         let woken = inner
             .queue
-            .reconfigure_waiters(&inner.gate, inner.state.limit());
+            .reconfigure_waiters_and_bound(&inner.gate, inner.state.limit());
         drop(current);
         woken.wake();
         Ok(())
@@ -1543,10 +1543,27 @@ impl<C: Clock> RateLimiter<C> {
         self.inner.decide::<COMMIT>(n)
     }
 
-    /// Gives back an admission `chain_decide::<true>` returned (see [`Algo::refund`]).
+    /// Gives back an admission `chain_decide::<true>` returned (see [`Algo::refund`]). The
+    /// chain then wakes this limiter's head ([`chain_wake`](Self::chain_wake)), once every
+    /// member it refunds has its permits back.
     pub(crate) fn chain_refund(&self, n: u32, admission: &Admission) {
         let inner = &*self.inner;
         inner.state.refund(n, admission, &inner.clock);
+    }
+
+    /// Wakes the head of this limiter's queue after a refund: a waiter that queued since the
+    /// refunded admission sleeps until the time the algorithm reported then, while the permits
+    /// given back are free now and `try_acquire` defers to it (oldest first), so without the
+    /// wake they would sit unused until its timer fired.
+    ///
+    /// It takes the queue's mutex whether or not `WAITERS` is set: the head sets that bit and
+    /// then reads the algorithm's state, and a refund writes the state and would then read the
+    /// bit, so a check without a full fence on both sides could miss the head while the head
+    /// missed the refund. Under the mutex, either the refund comes before the head's attempt
+    /// (which sees it) or after its registration (which this wakes). A refund is the cold path
+    /// of a chain that lost a race; the lock costs nothing on the paths that admit.
+    pub(crate) fn chain_wake(&self) {
+        self.inner.queue.wake_head();
     }
 
     /// Whether `other` is a handle to this very limiter (a chain member listed twice).

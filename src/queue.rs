@@ -190,6 +190,12 @@ struct Waiters {
     next: u64,
     /// Room taken by `live` waiters ([`Waiter::room`]: their permits, one for a probe).
     permits: u64,
+    /// The capacity the last [`WaitQueue::reconfigure_waiters_and_bound`] swept for (`u32::MAX`
+    /// before any): an enqueue for more fails at once. A caller checks the capacity before it
+    /// enqueues, without the mutex; one that read it before a reconfiguration lowered it and
+    /// enqueues after that sweep would otherwise wait behind the head, failing only once it
+    /// became the head itself, or never while the head waits for good.
+    capacity: u32,
     closed: bool,
 }
 
@@ -207,6 +213,7 @@ impl WaitQueue {
                 failed: BTreeMap::new(),
                 next: 0,
                 permits: 0,
+                capacity: u32::MAX,
                 closed: false,
             }),
             order,
@@ -249,6 +256,12 @@ impl WaitQueue {
             let mut waiters = lock(&self.waiters);
             if waiters.closed {
                 return Err(AcquireError::Closed);
+            }
+            if permits > waiters.capacity {
+                return Err(AcquireError::InsufficientCapacity {
+                    requested: permits,
+                    capacity: waiters.capacity,
+                });
             }
             if need > self.limit {
                 return Err(full(permits));
@@ -426,9 +439,25 @@ impl WaitQueue {
     /// its own (so that sweeps run in the order of the changes they follow) and wakes after
     /// releasing it, since a woken party's `Waker` may run code that takes that mutex.
     pub(crate) fn reconfigure_waiters(&self, gate: &AtomicU64, capacity: u32) -> Woken {
+        self.sweep(gate, capacity, false)
+    }
+
+    /// [`reconfigure_waiters`](Self::reconfigure_waiters), and every later enqueue for more than
+    /// `capacity` fails with [`AcquireError::InsufficientCapacity`] at once (until the next
+    /// call): for a limiter whose every change of capacity sweeps this queue (an unkeyed one).
+    /// A caller that read the old capacity and enqueues after the sweep fails then, instead of
+    /// waiting behind the head (`loom_waiters::lowered_limit_vs_enqueue_of_a_request_it_makes_too_big`).
+    pub(crate) fn reconfigure_waiters_and_bound(&self, gate: &AtomicU64, capacity: u32) -> Woken {
+        self.sweep(gate, capacity, true)
+    }
+
+    fn sweep(&self, gate: &AtomicU64, capacity: u32, bound: bool) -> Woken {
         let mut wakes = Vec::new();
         {
             let mut waiters = lock(&self.waiters);
+            if bound {
+                waiters.capacity = capacity;
+            }
             let too_big: Vec<u64> = waiters
                 .live
                 .iter()

@@ -1922,3 +1922,227 @@ fn chain_charges_racing_admissions_lose_nothing_and_never_over_admit() {
         assert_eq!(u64::from(chain.charge(0).unwrap().remaining()), smallest);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A refund wakes a member's waiting head.
+
+/// A chain that admits on one member and is refused by a later one gives the first its permit
+/// back. A waiter that queued on the first member in between (its head, asleep until the window
+/// turns, since `try_acquire` defers to it) must be woken: the permit is free now, and nobody
+/// else may take it.
+#[tokio::test(start_paused = true)]
+async fn a_refund_wakes_the_head_waiting_on_the_refunded_member() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    #[derive(Default)]
+    struct Wakes(std::sync::atomic::AtomicUsize);
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    let fixed = Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(10),
+    };
+    let (first_clock, second_clock) = (HookClock::default(), HookClock::default());
+    // Leaked, so that the waiter's future (which borrows it) can move into the hook.
+    let first: &'static RateLimiter<HookClock> = Box::leak(Box::new(
+        RateLimiter::with_clock(fixed, first_clock).unwrap(),
+    ));
+    let second = RateLimiter::with_clock(fixed, second_clock.clone()).unwrap();
+    let chain = Chain::new([first.clone(), second.clone()]).unwrap();
+
+    let wakes = Arc::new(Wakes::default());
+    let waker = Waker::from(Arc::clone(&wakes));
+    let waiter = Arc::new(Mutex::new(Some(Box::pin(first.acquire()))));
+    // The second member's second reading is its commit (the first is the chain's check): by
+    // then the first member has admitted. A caller takes the second member's permit, and a
+    // waiter queues on the first, whose permit the chain holds.
+    {
+        let (second, waiter, waker) = (second.clone(), Arc::clone(&waiter), waker.clone());
+        second_clock.arm(
+            2,
+            Box::new(move || {
+                second.try_acquire().unwrap();
+                let mut waiter = waiter.lock().unwrap();
+                let fut = waiter.as_mut().unwrap().as_mut();
+                assert!(fut.poll(&mut Context::from_waker(&waker)).is_pending());
+            }),
+        );
+    }
+    assert!(matches!(
+        chain.try_acquire(),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert!(
+        second_clock.disarm(),
+        "the hook ran inside the chain's commit"
+    );
+    assert_eq!(chain.stats().refunded, 1);
+    assert_eq!(first.stats().waiting, 1);
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        1,
+        "the refunded permit is free, but the head was left asleep until the window turns"
+    );
+    let mut waiter = waiter.lock().unwrap();
+    let fut = waiter.as_mut().unwrap().as_mut();
+    assert!(matches!(
+        fut.poll(&mut Context::from_waker(&waker)),
+        Poll::Ready(Ok(_))
+    ));
+}
+
+/// As above, with three members: the first two admit and the third refuses. The second member's
+/// head has a `Waker` that panics: the panic comes out of the call, but only once both members
+/// have their permits back (a wake run inside the refunds would unwind past the first member's).
+#[tokio::test(start_paused = true)]
+async fn a_panicking_waker_woken_by_a_refund_costs_no_member_its_permit() {
+    use std::future::Future;
+    use std::task::{Context, Wake, Waker};
+
+    struct Panicky;
+    impl Wake for Panicky {
+        fn wake(self: Arc<Self>) {
+            panic!("this waker panics in wake");
+        }
+    }
+
+    let fixed = Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(10),
+    };
+    let third_clock = HookClock::default();
+    let first = RateLimiter::with_clock(fixed, HookClock::default()).unwrap();
+    // Leaked, so that the waiter's future (which borrows it) can move into the hook.
+    let second: &'static RateLimiter<HookClock> = Box::leak(Box::new(
+        RateLimiter::with_clock(fixed, HookClock::default()).unwrap(),
+    ));
+    let third = RateLimiter::with_clock(fixed, third_clock.clone()).unwrap();
+    let chain = Chain::new([first.clone(), second.clone(), third.clone()]).unwrap();
+
+    let waiter = Arc::new(Mutex::new(Some(Box::pin(second.acquire()))));
+    {
+        let (third, waiter) = (third.clone(), Arc::clone(&waiter));
+        // The third member's second reading is its commit: the first two have admitted.
+        third_clock.arm(
+            2,
+            Box::new(move || {
+                third.try_acquire().unwrap();
+                let waker = Waker::from(Arc::new(Panicky));
+                let mut waiter = waiter.lock().unwrap();
+                let fut = waiter.as_mut().unwrap().as_mut();
+                assert!(fut.poll(&mut Context::from_waker(&waker)).is_pending());
+            }),
+        );
+    }
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chain.try_acquire()));
+    assert!(
+        outcome.is_err(),
+        "the head's waker panics, and so does the call"
+    );
+    assert!(
+        third_clock.disarm(),
+        "the hook ran inside the chain's commit"
+    );
+    let stats = chain.stats();
+    assert_eq!((stats.rejected, stats.refunded), (1, 1));
+    // Both refunds were made: the first member admits again, and the second has its permit
+    // free for its queued waiter.
+    assert!(
+        first.try_acquire().is_ok(),
+        "the first member kept the permit"
+    );
+    assert_eq!(second.stats().available, 1);
+    assert_eq!(second.stats().waiting, 1);
+    drop(waiter.lock().unwrap().take());
+    assert!(second.try_acquire().is_ok());
+}
+
+/// A waiting call that ends in a failure after a refund (a member closed between the check and
+/// the commit) is counted once: as rejected, and not again as cancelled when the refunded
+/// member's head has a `Waker` that panics.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_call_failed_after_a_refund_is_counted_once_when_a_waker_panics() {
+    use std::future::Future;
+    use std::task::{Context, Wake, Waker};
+
+    struct Panicky;
+    impl Wake for Panicky {
+        fn wake(self: Arc<Self>) {
+            panic!("this waker panics in wake");
+        }
+    }
+    struct Noop;
+    impl Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    let fixed = Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(10),
+    };
+    let middle_clock = HookClock::default();
+    // Leaked, so that the waiter's future (which borrows it) can move into the hook.
+    let first: &'static RateLimiter<HookClock> = Box::leak(Box::new(
+        RateLimiter::with_clock(fixed, HookClock::default()).unwrap(),
+    ));
+    let middle = RateLimiter::with_clock(fixed, middle_clock.clone()).unwrap();
+    let last = RateLimiter::with_clock(fixed, HookClock::default()).unwrap();
+    let chain = Chain::new([first.clone(), middle.clone(), last.clone()]).unwrap();
+
+    let waiter = Arc::new(Mutex::new(Some(Box::pin(first.acquire()))));
+    {
+        let (last, waiter) = (last.clone(), Arc::clone(&waiter));
+        // The middle member's second reading is its commit: the first has admitted. A waiter
+        // queues on the first, and the last member closes, so that its commit fails.
+        middle_clock.arm(
+            2,
+            Box::new(move || {
+                let waker = Waker::from(Arc::new(Panicky));
+                let mut waiter = waiter.lock().unwrap();
+                let fut = waiter.as_mut().unwrap().as_mut();
+                assert!(fut.poll(&mut Context::from_waker(&waker)).is_pending());
+                last.close();
+            }),
+        );
+    }
+    let mut call = Box::pin(chain.acquire());
+    let noop = Waker::from(Arc::new(Noop));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        call.as_mut().poll(&mut Context::from_waker(&noop))
+    }));
+    assert!(
+        outcome.is_err(),
+        "the head's waker panics, and so does the poll"
+    );
+    assert!(
+        middle_clock.disarm(),
+        "the hook ran inside the chain's commit"
+    );
+    drop(call);
+    let stats = chain.stats();
+    assert_eq!(
+        (
+            stats.admitted,
+            stats.rejected,
+            stats.cancelled,
+            stats.refunded
+        ),
+        (0, 1, 0, 1),
+        "one call, counted once"
+    );
+    assert_eq!(
+        first.stats().available,
+        1,
+        "the first member has its permit back"
+    );
+    assert_eq!(
+        middle.stats().available,
+        1,
+        "the middle member has its permit back"
+    );
+}
