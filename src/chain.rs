@@ -1250,11 +1250,9 @@ where
             Link::Global(l) => l.chain_refund(n, admission),
         }
     }
-    fn wake(&self, _: &K) {
+    fn wake(&self, key: &K) {
         match self {
-            // A keyed member's per-key queue is not woken: `KeyedLimiter` has no hook for it
-            // yet, so a head waiting on a refunded key sleeps until its own timer fires.
-            Link::PerKey(_) => {}
+            Link::PerKey(l) => l.chain_wake(key),
             Link::Global(l) => l.chain_wake(),
         }
     }

@@ -2657,6 +2657,17 @@ where
         with_store!(&inner.store, s => s.chain_refund(&inner.ctx, shard, key, n, admission, committed));
     }
 
+    /// Wakes the head waiting on `key`'s queue, if one waits, after a chain refund gave the key
+    /// permits back: a waiter that queued while the chain held them sleeps until its own timer
+    /// (the window's turn), and `try_acquire` defers to it meanwhile. As `reset` does. A waiter
+    /// whose queue this look-up misses (made just now) makes its first attempt after it, on the
+    /// refunded state; at worst a head sleeps until its timer, as without the wake.
+    pub(crate) fn chain_wake(&self, key: &K) {
+        if let Some(wait) = self.inner.ctx.waits.map.get(key, Arc::clone) {
+            wait.queue.wake_head();
+        }
+    }
+
     /// Whether `other` is a handle to this very limiter (a chain member listed twice).
     pub(crate) fn chain_same(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

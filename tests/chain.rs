@@ -1996,6 +1996,73 @@ async fn a_refund_wakes_the_head_waiting_on_the_refunded_member() {
     ));
 }
 
+/// The same for a keyed chain: the refunded key's waiting head is woken.
+#[tokio::test(start_paused = true)]
+async fn a_refund_wakes_the_head_waiting_on_the_refunded_key() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    #[derive(Default)]
+    struct Wakes(std::sync::atomic::AtomicUsize);
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    let fixed = Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(10),
+    };
+    let (first_clock, second_clock) = (HookClock::default(), HookClock::default());
+    let first: &'static KeyedLimiter<u8, HookClock> = Box::leak(Box::new(
+        KeyedLimiter::with_clock(fixed, first_clock).unwrap(),
+    ));
+    let second = KeyedLimiter::with_clock(fixed, second_clock.clone()).unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(first.clone())
+        .per_key(second.clone())
+        .build()
+        .unwrap();
+
+    let wakes = Arc::new(Wakes::default());
+    let waker = Waker::from(Arc::clone(&wakes));
+    let waiter = Arc::new(Mutex::new(Some(Box::pin(first.acquire(&7)))));
+    {
+        let (second, waiter, waker) = (second.clone(), Arc::clone(&waiter), waker.clone());
+        second_clock.arm(
+            2,
+            Box::new(move || {
+                second.try_acquire(&7).unwrap();
+                let mut waiter = waiter.lock().unwrap();
+                let fut = waiter.as_mut().unwrap().as_mut();
+                assert!(fut.poll(&mut Context::from_waker(&waker)).is_pending());
+            }),
+        );
+    }
+    assert!(matches!(
+        chain.try_acquire(&7),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert!(
+        second_clock.disarm(),
+        "the hook ran inside the chain's commit"
+    );
+    assert_eq!(chain.stats().refunded, 1);
+    assert_eq!(first.stats().waiting, 1);
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        1,
+        "the refunded permit is free, but the key's head was left asleep until the window turns"
+    );
+    let mut waiter = waiter.lock().unwrap();
+    let fut = waiter.as_mut().unwrap().as_mut();
+    assert!(matches!(
+        fut.poll(&mut Context::from_waker(&waker)),
+        Poll::Ready(Ok(_))
+    ));
+}
+
 /// As above, with three members: the first two admit and the third refuses. The second member's
 /// head has a `Waker` that panics: the panic comes out of the call, but only once both members
 /// have their permits back (a wake run inside the refunds would unwind past the first member's).
