@@ -1926,6 +1926,16 @@ fn chain_charges_racing_admissions_lose_nothing_and_never_over_admit() {
 // ---------------------------------------------------------------------------------------------
 // A refund wakes a member's waiting head.
 
+/// A waker that counts its wakes.
+#[derive(Default)]
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// A chain that admits on one member and is refused by a later one gives the first its permit
 /// back. A waiter that queued on the first member in between (its head, asleep until the window
 /// turns, since `try_acquire` defers to it) must be woken: the permit is free now, and nobody
@@ -1933,15 +1943,7 @@ fn chain_charges_racing_admissions_lose_nothing_and_never_over_admit() {
 #[tokio::test(start_paused = true)]
 async fn a_refund_wakes_the_head_waiting_on_the_refunded_member() {
     use std::future::Future;
-    use std::task::{Context, Poll, Wake, Waker};
-
-    #[derive(Default)]
-    struct Wakes(std::sync::atomic::AtomicUsize);
-    impl Wake for Wakes {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use std::task::{Context, Poll, Waker};
 
     let fixed = Algorithm::FixedWindow {
         limit: 1,
@@ -2000,15 +2002,7 @@ async fn a_refund_wakes_the_head_waiting_on_the_refunded_member() {
 #[tokio::test(start_paused = true)]
 async fn a_refund_wakes_the_head_waiting_on_the_refunded_key() {
     use std::future::Future;
-    use std::task::{Context, Poll, Wake, Waker};
-
-    #[derive(Default)]
-    struct Wakes(std::sync::atomic::AtomicUsize);
-    impl Wake for Wakes {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use std::task::{Context, Poll, Waker};
 
     let fixed = Algorithm::FixedWindow {
         limit: 1,

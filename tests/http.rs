@@ -482,20 +482,7 @@ async fn head_requests_run_the_get_handler_and_count_as_get() {
         let mut service = limiter.layer().layer(routes);
         let mut out = Vec::new();
         for method in methods {
-            let mut request = http::Request::builder()
-                .method(method.clone())
-                .uri("/api/export")
-                .body(axum::body::Body::empty())
-                .unwrap();
-            request
-                .extensions_mut()
-                .insert(PeerAddr("192.0.2.1:40000".parse().unwrap()));
-            let response = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut service)
-                .await
-                .unwrap()
-                .call(request)
-                .await
-                .unwrap();
+            let response = call_from_one_peer(&mut service, method.clone(), "/api/export").await;
             out.push(response.status().as_u16());
         }
         (out, runs.load(Ordering::SeqCst))
@@ -528,6 +515,28 @@ async fn head_requests_run_the_get_handler_and_count_as_get() {
     assert_eq!(got, [200, 200, 200, 429]);
 }
 
+/// Calls the layered `service` in process with a `method` request for `uri` from one peer.
+async fn call_from_one_peer(
+    service: &mut RateLimitService<Router, HttpLimiter<ManualClock>>,
+    method: http::Method,
+    uri: &str,
+) -> http::Response<axum::body::Body> {
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(PeerAddr("192.0.2.1:40000".parse().unwrap()));
+    ServiceExt::<http::Request<axum::body::Body>>::ready(service)
+        .await
+        .unwrap()
+        .call(request)
+        .await
+        .unwrap()
+}
+
 /// axum's `Path` extractor percent-decodes what it captures, `%2F` and non-ASCII escapes
 /// included: `/files/secret%2Fdoc` reaches the handler of `/files/{*path}` with the very
 /// `secret/doc` that `/files/secret/doc` gives it, and `/tags/%C3%A9` the `é` of `/tags/é`.
@@ -551,19 +560,7 @@ async fn a_rule_matches_the_path_as_the_handler_reads_it() {
         let mut service = limiter.layer().layer(routes);
         let mut out = Vec::new();
         for uri in uris {
-            let mut request = http::Request::builder()
-                .uri(*uri)
-                .body(axum::body::Body::empty())
-                .unwrap();
-            request
-                .extensions_mut()
-                .insert(PeerAddr("192.0.2.1:40000".parse().unwrap()));
-            let response = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut service)
-                .await
-                .unwrap()
-                .call(request)
-                .await
-                .unwrap();
+            let response = call_from_one_peer(&mut service, http::Method::GET, uri).await;
             let status = response.status().as_u16();
             let body = axum::body::to_bytes(response.into_body(), 1 << 16)
                 .await
