@@ -31,6 +31,13 @@
 //! `refund_excursion_cannot_lower_previous` in `src/algorithm/sliding_counter.rs`, and
 //! `loom_sliding_counter` checks the changed publish without refunds.
 //!
+//! A chain caller that must wait sleeps, registered with its members' watchers
+//! (`src/watchers.rs`); a close, a reconfiguration or a refund of a member notifies it. The
+//! `*_is_never_missed` models run that protocol (`turnstile::ModelWaiter::wait_until`, the
+//! steps a chain's `acquire` takes, with an untimed wait so that a lost notification is a
+//! deadlock) against changers that make a change visible with a Relaxed store, as a close sets
+//! its closed bit, and then tell the watchers.
+//!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_chain`
 #![cfg(turnstile_loom)]
 
@@ -656,5 +663,53 @@ fn a_keyed_chain_call_racing_the_eviction_of_its_key_at_the_cap_is_admitted() {
         assert_eq!(mine, Ok(WINDOW), "an idle key's call was refused");
         assert_eq!(per_key.len(), 1);
         assert_eq!(per_key.stats().overflowed, 0);
+    });
+}
+
+/// A change made between the caller's first read of the epoch and its registration is either
+/// seen by its attempt, or by the second read (then it attempts again), or notifies it.
+#[test]
+fn close_during_a_chain_wait_is_never_missed() {
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use loom::sync::Arc;
+    model(|| {
+        let watchers = Arc::new(turnstile::Watchers::default());
+        let closed = Arc::new(AtomicBool::new(false));
+        let closer = {
+            let (watchers, closed) = (Arc::clone(&watchers), Arc::clone(&closed));
+            thread::spawn(move || {
+                closed.store(true, Ordering::Relaxed);
+                watchers.changed_for_model();
+            })
+        };
+        turnstile::ModelWaiter::default().wait_until(&watchers, || closed.load(Ordering::Relaxed));
+        closer.join().unwrap();
+    });
+}
+
+/// The caller stays registered between attempts: it needs two changes, each by its own thread,
+/// and neither notification is lost, whether it lands before the registration, between two
+/// attempts, or during the wait.
+#[test]
+fn two_changes_during_a_chain_wait_are_never_missed() {
+    use loom::sync::atomic::{AtomicU32, Ordering};
+    use loom::sync::Arc;
+    model(|| {
+        let watchers = Arc::new(turnstile::Watchers::default());
+        let changes = Arc::new(AtomicU32::new(0));
+        let changers: Vec<_> = (0..2)
+            .map(|_| {
+                let (watchers, changes) = (Arc::clone(&watchers), Arc::clone(&changes));
+                thread::spawn(move || {
+                    changes.fetch_add(1, Ordering::Relaxed);
+                    watchers.changed_for_model();
+                })
+            })
+            .collect();
+        turnstile::ModelWaiter::default()
+            .wait_until(&watchers, || changes.load(Ordering::Relaxed) == 2);
+        for changer in changers {
+            changer.join().unwrap();
+        }
     });
 }

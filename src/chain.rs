@@ -31,7 +31,9 @@ use crate::error::{AcquireError, ConfigError, TryAcquireError};
 #[cfg(feature = "keyed")]
 use crate::keyed::KeyedLimiter;
 use crate::limiter::RateLimiter;
+use crate::sync::Signal;
 use crate::sync::{Arc, Counters, WakeAll, ADMITTED, CANCELLED, REFUNDED, REJECTED};
+use crate::watchers::{Watcher, Watchers};
 use std::fmt;
 #[cfg(feature = "keyed")]
 use std::hash::{BuildHasher, Hash};
@@ -71,6 +73,8 @@ trait Member<Q: ?Sized> {
     /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
     fn count(&self, which: usize);
     fn catch_up(&self);
+    /// The chain callers sleeping on this member (see [`crate::watchers`]).
+    fn watchers(&self) -> &Watchers;
 }
 
 impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
@@ -105,6 +109,9 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     }
     fn catch_up(&self) {
         self.chain_catch_up();
+    }
+    fn watchers(&self) -> &Watchers {
+        self.chain_watchers()
     }
 }
 
@@ -527,6 +534,35 @@ impl<L> Core<L> {
         Ok(Err(error))
     }
 
+    /// The members' change counts added up: read before a first attempt, and compared by
+    /// [`watch`](Self::watch) (every count only grows, so the sum moves if any count does).
+    fn epochs<Q: ?Sized>(&self) -> u64
+    where
+        L: Member<Q>,
+    {
+        self.members.iter().fold(0, |sum: u64, member| {
+            sum.wrapping_add(member.watchers().epoch())
+        })
+    }
+
+    /// Registers `who` with every member, until the returned guard is dropped; `None` (nothing
+    /// left registered) if a member changed since `seen` ([`epochs`](Self::epochs)) was read:
+    /// the attempt in between may have missed that change, so the caller tries again at once.
+    fn watch<Q: ?Sized>(&self, who: &Watcher, seen: u64) -> Option<Watching<'_>>
+    where
+        L: Member<Q>,
+    {
+        let mut watching = Watching(Vec::with_capacity(self.members.len()));
+        let mut now: u64 = 0;
+        for member in self.members.iter() {
+            let watchers = member.watchers();
+            let (id, epoch) = watchers.watch(who.clone());
+            watching.0.push((watchers, id));
+            now = now.wrapping_add(epoch);
+        }
+        (now == seen).then_some(watching)
+    }
+
     /// Before the next attempt after a wait: the members' clocks brought up to date.
     fn caught_up<Q: ?Sized>(&self)
     where
@@ -565,11 +601,23 @@ impl<L> Core<L> {
             done: false,
             _key: std::marker::PhantomData,
         };
+        // Registered with every member after the first attempt that must wait, until the call
+        // ends: a change (a close, a reconfiguration, a refund) cuts the sleep short.
+        let mut seen = self.epochs::<Q>();
+        let mut watching = None;
+        let notify = std::sync::Arc::new(tokio::sync::Notify::new());
         loop {
             match self.attempt_waiting(key, n, &mut finish.done) {
                 Ok(outcome) => return outcome,
                 Err(wait) => {
-                    tokio::time::sleep(wait).await;
+                    if watching.is_none() {
+                        watching = self.watch::<Q>(&Watcher::Task(notify.clone()), seen);
+                        if watching.is_none() {
+                            seen = self.epochs::<Q>();
+                            continue;
+                        }
+                    }
+                    sleep_or_notified(wait, &notify).await;
                     self.caught_up::<Q>();
                 }
             }
@@ -588,11 +636,25 @@ impl<L> Core<L> {
     where
         L: Member<Q>,
     {
+        // As in `acquire`, with the thread's signal (created on this thread, which it wakes).
+        let mut seen = self.epochs::<Q>();
+        let mut watching = None;
+        let signal = Arc::new(Signal::new());
         loop {
+            // Before the attempt: a change after it moves the signal's epoch, and the wait
+            // below returns at once.
+            let signalled = signal.epoch();
             let wait = match self.attempt_waiting(key, n, &mut false) {
                 Ok(outcome) => return outcome,
                 Err(wait) => wait,
             };
+            if watching.is_none() {
+                watching = self.watch::<Q>(&Watcher::Thread(Arc::clone(&signal)), seen);
+                if watching.is_none() {
+                    seen = self.epochs::<Q>();
+                    continue;
+                }
+            }
             let wait = match deadline {
                 None => wait,
                 Some(deadline) => {
@@ -604,10 +666,37 @@ impl<L> Core<L> {
                     wait.min(left)
                 }
             };
-            std::thread::sleep(wait);
+            signal.wait_timeout(signalled, wait);
             self.caught_up::<Q>();
         }
     }
+}
+
+/// A chain caller's registrations with its members' [`Watchers`], removed when dropped (the
+/// call ended, or its future was dropped).
+struct Watching<'a>(Vec<(&'a Watchers, u64)>);
+
+impl Drop for Watching<'_> {
+    fn drop(&mut self) {
+        for (watchers, id) in self.0.drain(..) {
+            watchers.unwatch(id);
+        }
+    }
+}
+
+/// Sleeps for `wait`, or less if `notify` is (or was, since the caller registered) notified.
+#[cfg(feature = "tokio")]
+async fn sleep_or_notified(wait: std::time::Duration, notify: &tokio::sync::Notify) {
+    use std::future::Future;
+    let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
+    let mut notified = std::pin::pin!(notify.notified());
+    std::future::poll_fn(|cx| {
+        if notified.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(());
+        }
+        sleep.as_mut().poll(cx)
+    })
+    .await;
 }
 
 /// The shortest sleep between two attempts of a chain's `acquire`: a member whose own queue has
@@ -978,8 +1067,10 @@ impl<C: Clock> Chain<C> {
     ///
     /// Each attempt is an all-or-nothing [`try_acquire_n`](Self::try_acquire_n); after a
     /// rejection the caller sleeps on tokio's timer for its `retry_after` (the largest over the
-    /// members, at least 1 ms) and tries again. Needs a tokio runtime with the time driver; with
-    /// paused time, give the members a [`TokioClock`](crate::TokioClock).
+    /// members, at least 1 ms) and tries again. The sleep ends early when a member changes: it
+    /// is closed, reconfigured, a key of it is reset, or a chain call gives it permits back.
+    /// Needs a tokio runtime with the time driver; with paused time, give the members a
+    /// [`TokioClock`](crate::TokioClock).
     ///
     /// **Fairness: none across members.** A waiting chain call is not queued anywhere: it does not
     /// join the members' own wait queues, and calls that arrive while it sleeps can take the
@@ -1100,7 +1191,8 @@ impl<C: Clock> Chain<C> {
     ///
     /// Each attempt is an all-or-nothing [`try_acquire_n`](Self::try_acquire_n); after a
     /// rejection the thread sleeps (real time) for its `retry_after`, the largest over the
-    /// members (at least 1 ms), and tries again. Fairness as [`acquire_n`](Self::acquire_n):
+    /// members (at least 1 ms), or until a member changes (as for
+    /// [`acquire_n`](Self::acquire_n)), and tries again. Fairness as [`acquire_n`](Self::acquire_n):
     /// none across members, and it defers to a member's own queued waiters. With a
     /// [`ManualClock`](crate::ManualClock) that nobody advances, it waits forever.
     ///
@@ -1292,6 +1384,12 @@ where
         match self {
             Link::PerKey(l) => l.chain_catch_up(),
             Link::Global(l) => l.chain_catch_up(),
+        }
+    }
+    fn watchers(&self) -> &Watchers {
+        match self {
+            Link::PerKey(l) => l.chain_watchers(),
+            Link::Global(l) => l.chain_watchers(),
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::sync::{
     lock, wake_all, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED,
     CANCELLED, OVERFLOWED, REJECTED,
 };
+use crate::watchers::Watchers;
 use crossbeam_utils::CachePadded;
 use std::fmt;
 #[cfg(feature = "tokio")]
@@ -184,6 +185,8 @@ struct Inner<K, C, S> {
     /// runs.
     resetting: Mutex<()>,
     ctx: Ctx<K, C, S>,
+    /// Chain callers sleeping on this limiter, told of a reconfiguration, a reset or a refund.
+    watchers: Watchers,
 }
 
 /// The per-key wait queues of a keyed limiter (rate or concurrency): one [`KeyWait`] per key
@@ -1496,6 +1499,7 @@ where
                 store,
                 algorithm: Mutex::new(self.algorithm),
                 resetting: Mutex::new(()),
+                watchers: Watchers::default(),
                 ctx: Ctx::new(
                     self.clock,
                     self.hasher.clone(),
@@ -1780,6 +1784,9 @@ where
             forgot
         };
         if forgot {
+            // Chain callers too (told of every key's reset: they look again, and a caller of
+            // another key sleeps on).
+            let _watchers = inner.watchers.notify_on_drop();
             // The head may be sleeping until the forgotten state would have let it in.
             if let Some(wait) = inner.ctx.waits.map.get(key, Arc::clone) {
                 wait.queue.wake_head();
@@ -2076,6 +2083,8 @@ where
             woken.push(wait.queue.reconfigure_waiters(&wait.gate, capacity));
         });
         drop(current);
+        // Chain callers sleeping on the old parameters look again too, even if a waker panics.
+        let _watchers = inner.watchers.notify_on_drop();
         // The wake-ups after it, since a woken task's `Waker` may call `algorithm()`, which
         // takes the same mutex; every key's, even if a waker panics in one of them.
         wake_all(woken, Woken::wake);
@@ -2661,11 +2670,18 @@ where
     /// permits back: a waiter that queued while the chain held them sleeps until its own timer
     /// (the window's turn), and `try_acquire` defers to it meanwhile. As `reset` does. A waiter
     /// whose queue this look-up misses (made just now) makes its first attempt after it, on the
-    /// refunded state; at worst a head sleeps until its timer, as without the wake.
+    /// refunded state; at worst a head sleeps until its timer, as without the wake. Chain
+    /// callers sleeping on this limiter are told as well (`crate::watchers`).
     pub(crate) fn chain_wake(&self, key: &K) {
+        let _watchers = self.inner.watchers.notify_on_drop();
         if let Some(wait) = self.inner.ctx.waits.map.get(key, Arc::clone) {
             wait.queue.wake_head();
         }
+    }
+
+    /// The chain callers sleeping on this limiter.
+    pub(crate) fn chain_watchers(&self) -> &Watchers {
+        &self.inner.watchers
     }
 
     /// Whether `other` is a handle to this very limiter (a chain member listed twice).

@@ -84,6 +84,7 @@ mod queue;
 #[cfg(feature = "store")]
 mod store;
 mod sync;
+mod watchers;
 
 #[cfg(feature = "redis")]
 pub use backend::{
@@ -121,6 +122,10 @@ pub use limiter::{Algorithm, Rate, RateLimiter, RateLimiterBuilder, Stats};
 pub use queue::{QueueOrder, DEFAULT_QUEUE_LIMIT};
 #[cfg(feature = "store")]
 pub use store::{Store, StoreLimiter, StoreStats};
+/// The chain watchers' protocol, for its loom model (`loom-tests/loom_chain.rs`) only.
+#[cfg(turnstile_loom)]
+#[doc(hidden)]
+pub use watchers::{ModelWaiter, Watchers};
 
 /// The redis-rs crate this one is built against (feature `redis`): build the connection for a
 /// [`RedisLimiter`] with it, so that the versions match.

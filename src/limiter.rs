@@ -6,6 +6,7 @@ use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, CLOSED, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{lock, Arc, AtomicU64, Counters, Mutex, Ordering, ADMITTED, CANCELLED, REJECTED};
+use crate::watchers::Watchers;
 use crossbeam_utils::CachePadded;
 use std::fmt;
 #[cfg(feature = "tokio")]
@@ -418,6 +419,8 @@ struct Inner<C> {
     clock: C,
     counters: Counters,
     queue: WaitQueue,
+    /// Chain callers sleeping on this limiter, told of a close, a reconfiguration or a refund.
+    watchers: Watchers,
 }
 
 impl<C: Clock> Inner<C> {
@@ -894,6 +897,7 @@ impl<C: Clock> RateLimiter<C> {
                 clock,
                 counters: Counters::new(),
                 queue: WaitQueue::new(order, queue_limit),
+                watchers: Watchers::default(),
             }),
         })
     }
@@ -1152,6 +1156,8 @@ impl<C: Clock> RateLimiter<C> {
             .queue
             .reconfigure_waiters_and_bound(&inner.gate, inner.state.limit());
         drop(current);
+        // Chain callers sleeping on the old parameters look again too, even if a waker panics.
+        let _watchers = inner.watchers.notify_on_drop();
         woken.wake();
         Ok(())
     }
@@ -1456,6 +1462,9 @@ impl<C: Clock> RateLimiter<C> {
     /// ```
     pub fn close(&self) {
         let inner = &*self.inner;
+        // Chain callers sleeping on this limiter fail now rather than when their sleep ends;
+        // told after the closed bit is set, and even if a queued waiter's waker panics.
+        let _watchers = inner.watchers.notify_on_drop();
         inner.queue.close(&inner.gate);
     }
 
@@ -1561,9 +1570,16 @@ impl<C: Clock> RateLimiter<C> {
     /// bit, so a check without a full fence on both sides could miss the head while the head
     /// missed the refund. Under the mutex, either the refund comes before the head's attempt
     /// (which sees it) or after its registration (which this wakes). A refund is the cold path
-    /// of a chain that lost a race; the lock costs nothing on the paths that admit.
+    /// of a chain that lost a race; the lock costs nothing on the paths that admit. Chain
+    /// callers sleeping on this limiter are told as well (`crate::watchers`).
     pub(crate) fn chain_wake(&self) {
+        let _watchers = self.inner.watchers.notify_on_drop();
         self.inner.queue.wake_head();
+    }
+
+    /// The chain callers sleeping on this limiter.
+    pub(crate) fn chain_watchers(&self) -> &Watchers {
+        &self.inner.watchers
     }
 
     /// Whether `other` is a handle to this very limiter (a chain member listed twice).

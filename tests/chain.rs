@@ -2207,3 +2207,98 @@ async fn a_waiting_call_failed_after_a_refund_is_counted_once_when_a_waker_panic
         "the middle member has its permit back"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// A chain caller that sleeps notices a change of a member at once: a close, a reconfiguration,
+// a key's reset. Each member's window is an hour, so without the change the caller would sleep
+// for an hour; paused time fires the one-second timeout first if the change goes unnoticed.
+
+/// Two fixed windows of an hour, the second exhausted: a chain caller must wait an hour.
+fn hour_members() -> (RateLimiter, RateLimiter, Chain) {
+    let hour = Duration::from_secs(3600);
+    let open = RateLimiter::fixed_window(5, hour).unwrap();
+    let full = RateLimiter::fixed_window(1, hour).unwrap();
+    full.try_acquire().unwrap();
+    let chain = Chain::new([open.clone(), full.clone()]).unwrap();
+    (open, full, chain)
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sleeping_chain_caller_fails_at_once_when_a_member_closes() {
+    let (_open, full, chain) = hour_members();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire().await }
+    });
+    tokio::task::yield_now().await;
+    full.close();
+    let outcome = tokio::time::timeout(Duration::from_secs(1), waiter)
+        .await
+        .expect("the chain caller slept on past the member's close");
+    assert_eq!(outcome.unwrap(), Err(turnstile::AcquireError::Closed));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sleeping_chain_caller_is_admitted_at_once_when_a_member_is_raised() {
+    let (open, full, chain) = hour_members();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire().await }
+    });
+    tokio::task::yield_now().await;
+    full.reconfigure(Algorithm::FixedWindow {
+        limit: 2,
+        window: Duration::from_secs(3600),
+    })
+    .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(1), waiter)
+        .await
+        .expect("the chain caller slept on past the member's new limit");
+    assert!(outcome.unwrap().is_ok());
+    assert_eq!((open.stats().available, full.stats().available), (4, 0));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sleeping_keyed_chain_caller_is_admitted_at_once_when_its_key_is_reset() {
+    let per_key = KeyedLimiter::<&'static str>::new(Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(3600),
+    })
+    .unwrap();
+    per_key.try_acquire(&"a").unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .build()
+        .unwrap();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire(&"a").await }
+    });
+    tokio::task::yield_now().await;
+    assert!(per_key.reset(&"a"));
+    let outcome = tokio::time::timeout(Duration::from_secs(1), waiter)
+        .await
+        .expect("the chain caller slept on past its key's reset");
+    assert!(outcome.unwrap().is_ok());
+    assert_eq!(per_key.available(&"a"), 0);
+}
+
+/// The same on a plain thread: the blocked caller is woken by the close, in real time (which
+/// is what is under test: the thread's own sleep), and must not sleep the member's hour.
+#[test]
+fn a_blocked_chain_caller_fails_at_once_when_a_member_closes() {
+    let (_open, full, chain) = hour_members();
+    let (done, outcome) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = done.send(chain.acquire_blocking());
+    });
+    // Give the caller time to make its attempt and block; the close may also come first, which
+    // the caller must see as well.
+    std::thread::sleep(Duration::from_millis(50));
+    full.close();
+    let outcome = outcome
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the blocked chain caller slept on past the member's close");
+    assert_eq!(outcome, Err(turnstile::AcquireError::Closed));
+    waiter.join().unwrap();
+}

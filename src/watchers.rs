@@ -1,0 +1,189 @@
+//! Chain callers sleeping on a limiter, woken when the limiter changes in a way that can end
+//! their wait early or for good: it is closed, reconfigured, or a key is reset.
+//!
+//! A [`Chain`](crate::Chain) or [`KeyedChain`](crate::KeyedChain) that must wait does not join
+//! its members' own queues (it needs every member at once, and would hold a place in each). It
+//! sleeps for the largest `retry_after` and tries again. Without these watchers, a member closed
+//! during that sleep was noticed only when it ended, which for a rule of an hour is an hour, and a
+//! raised limit admitted nobody waiting before then either.
+//!
+//! Protocol, per limiter:
+//!
+//! - **Changer** ([`Watchers::changed`]): makes its change visible first (the closed bit, the new
+//!   parameters), then, under the mutex, bumps `epoch` and takes a copy of every registered
+//!   watcher, which it notifies after unlocking.
+//! - **Chain caller**: reads [`Watchers::epoch`] of every member *before* its first attempt.
+//!   When the attempt fails it registers with every member ([`Watchers::watch`], under each
+//!   mutex) and then reads the epochs again, under the same mutexes: if any moved, a change
+//!   landed between its read and its registration, perhaps unseen by its attempt, and it tries
+//!   again at once instead of sleeping. Otherwise every later change notifies it. It stays
+//!   registered until the call ends (a drop guard unregisters it, so a cancelled call leaves
+//!   nothing behind), and a notification that arrives while it is not sleeping is kept (a
+//!   `Notify` permit, or the signal's epoch), so it cannot be lost between two attempts.
+//!
+//! The mutex orders every registration against every bump: a bump before the registration is
+//! seen by the second read, one after it finds the watcher. `loom-tests/loom_chain.rs`
+//! (`close_during_a_chain_wait_is_never_missed`) checks this. Only chain callers that wait touch
+//! the mutex; `try_acquire` and the first read (one atomic load per member) do not.
+
+#[cfg(turnstile_loom)]
+use crate::sync::Signal;
+use crate::sync::{lock, wake_all, Arc, AtomicU64, Mutex, Ordering};
+use std::collections::BTreeMap;
+
+/// Who waits: a task (its `Notify` keeps a permit if notified while it is not sleeping) or a
+/// blocked thread (its [`Signal`](crate::sync::Signal) epoch moves).
+#[derive(Clone)]
+pub(crate) enum Watcher {
+    #[cfg(feature = "tokio")]
+    Task(std::sync::Arc<tokio::sync::Notify>),
+    Thread(Arc<crate::sync::Signal>),
+}
+
+impl Watcher {
+    fn notify(self) {
+        match self {
+            #[cfg(feature = "tokio")]
+            Watcher::Task(notify) => notify.notify_one(),
+            Watcher::Thread(signal) => signal.notify(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct List {
+    next: u64,
+    who: BTreeMap<u64, Watcher>,
+}
+
+/// The watchers of one limiter. See the module docs.
+#[derive(Default)]
+#[doc(hidden)]
+// Public only for the loom model, which reaches it through a re-export under `turnstile_loom`.
+#[cfg_attr(not(turnstile_loom), allow(unreachable_pub))]
+pub struct Watchers {
+    /// Bumped under `list`'s mutex by every change. Read without it before a first attempt.
+    epoch: AtomicU64,
+    list: Mutex<List>,
+}
+
+impl std::fmt::Debug for Watchers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchers")
+            .field("epoch", &self.epoch.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watchers {
+    /// The change count, to read before the attempt that a registration follows.
+    pub(crate) fn epoch(&self) -> u64 {
+        // Acquire: pairs with the Release in `changed`. A caller that reads a bump also sees the
+        // change made before it (the closed bit, the parameters), so the attempt that follows
+        // decides under it; a caller that reads the epoch before the bump is caught by the
+        // second read under the mutex (`watch`).
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Registers `who`; returns its id and the epoch now (read under the mutex, so a bump that
+    /// this registration missed shows as a moved epoch).
+    pub(crate) fn watch(&self, who: Watcher) -> (u64, u64) {
+        let mut list = lock(&self.list);
+        let id = list.next;
+        list.next += 1;
+        list.who.insert(id, who);
+        // Relaxed: the epoch is written only under this mutex, which orders this read.
+        (id, self.epoch.load(Ordering::Relaxed))
+    }
+
+    /// Removes the registration `id`.
+    pub(crate) fn unwatch(&self, id: u64) {
+        let removed = lock(&self.list).who.remove(&id);
+        // Dropped after unlocking: the last reference to a task's `Notify` runs no user code,
+        // but a dropped `Signal` is kept out of the critical section all the same.
+        drop(removed);
+    }
+
+    /// The limiter changed (call after the change is visible): every watcher is notified.
+    pub(crate) fn changed(&self) {
+        let who: Vec<Watcher> = {
+            let list = lock(&self.list);
+            // Release: pairs with the Acquire in `epoch`, so a reader of this bump sees the
+            // change. The mutex orders it against `watch`.
+            self.epoch.fetch_add(1, Ordering::Release);
+            list.who.values().cloned().collect()
+        };
+        // After unlocking: a notified task's waker may run code that comes back here.
+        wake_all(who, Watcher::notify);
+    }
+
+    /// [`changed`](Self::changed), for the loom model.
+    #[cfg(turnstile_loom)]
+    pub fn changed_for_model(&self) {
+        self.changed();
+    }
+
+    /// [`changed`](Self::changed) when the guard is dropped: at the end of the caller's scope,
+    /// or while it unwinds from a panicking waker of its own wake-ups (a limiter's queue), so
+    /// that the watchers are told either way.
+    pub(crate) fn notify_on_drop(&self) -> NotifyOnDrop<'_> {
+        NotifyOnDrop(self)
+    }
+}
+
+/// See [`Watchers::notify_on_drop`].
+#[must_use = "the watchers are told when this is dropped"]
+pub(crate) struct NotifyOnDrop<'a>(&'a Watchers);
+
+impl Drop for NotifyOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.changed();
+    }
+}
+
+/// The watchers of a model, for `loom-tests/loom_chain.rs` only: one waiter registered with a
+/// [`Signal`] against one changer.
+#[cfg(turnstile_loom)]
+#[doc(hidden)]
+pub struct ModelWaiter {
+    signal: Arc<Signal>,
+}
+
+#[cfg(turnstile_loom)]
+impl Default for ModelWaiter {
+    fn default() -> Self {
+        ModelWaiter {
+            signal: Arc::new(Signal::new()),
+        }
+    }
+}
+
+#[cfg(turnstile_loom)]
+impl ModelWaiter {
+    /// The chain caller's side: `seen` read before `attempt`; if the attempt fails, registers,
+    /// compares the epoch, and waits (untimed, unlike a real chain, so that a lost notification
+    /// is a deadlock loom reports) until notified; then attempts again. Returns when `attempt`
+    /// succeeds.
+    pub fn wait_until(&self, watchers: &Watchers, mut attempt: impl FnMut() -> bool) {
+        let seen = watchers.epoch();
+        let mut registered = None;
+        loop {
+            // Before the attempt: a notification after it moves the signal's epoch.
+            let signal_epoch = self.signal.epoch();
+            if attempt() {
+                if let Some(id) = registered {
+                    watchers.unwatch(id);
+                }
+                return;
+            }
+            if registered.is_none() {
+                let (id, now) = watchers.watch(Watcher::Thread(Arc::clone(&self.signal)));
+                registered = Some(id);
+                if now != seen {
+                    continue;
+                }
+            }
+            self.signal.wait(signal_epoch);
+        }
+    }
+}
