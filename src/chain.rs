@@ -605,11 +605,14 @@ impl<L> Core<L> {
         // ends: a change (a close, a reconfiguration, a refund) cuts the sleep short.
         let mut seen = self.epochs::<Q>();
         let mut watching = None;
-        let notify = std::sync::Arc::new(tokio::sync::Notify::new());
+        // Made at the first wait: a call admitted at once allocates nothing.
+        let mut notify = None;
         loop {
             match self.attempt_waiting(key, n, &mut finish.done) {
                 Ok(outcome) => return outcome,
                 Err(wait) => {
+                    let notify = notify
+                        .get_or_insert_with(|| std::sync::Arc::new(tokio::sync::Notify::new()));
                     if watching.is_none() {
                         watching = self.watch::<Q>(&Watcher::Task(notify.clone()), seen);
                         if watching.is_none() {
@@ -617,7 +620,7 @@ impl<L> Core<L> {
                             continue;
                         }
                     }
-                    sleep_or_notified(wait, &notify).await;
+                    sleep_or_notified(wait, notify).await;
                     self.caught_up::<Q>();
                 }
             }
@@ -639,17 +642,20 @@ impl<L> Core<L> {
         // As in `acquire`, with the thread's signal (created on this thread, which it wakes).
         let mut seen = self.epochs::<Q>();
         let mut watching = None;
-        let signal = Arc::new(Signal::new());
+        // Made at the first wait (its epoch starts at 0): a call admitted at once allocates
+        // nothing.
+        let mut signal: Option<Arc<Signal>> = None;
         loop {
             // Before the attempt: a change after it moves the signal's epoch, and the wait
             // below returns at once.
-            let signalled = signal.epoch();
+            let signalled = signal.as_ref().map_or(0, |signal| signal.epoch());
             let wait = match self.attempt_waiting(key, n, &mut false) {
                 Ok(outcome) => return outcome,
                 Err(wait) => wait,
             };
+            let signal = signal.get_or_insert_with(|| Arc::new(Signal::new()));
             if watching.is_none() {
-                watching = self.watch::<Q>(&Watcher::Thread(Arc::clone(&signal)), seen);
+                watching = self.watch::<Q>(&Watcher::Thread(Arc::clone(signal)), seen);
                 if watching.is_none() {
                     seen = self.epochs::<Q>();
                     continue;
