@@ -81,7 +81,7 @@ where
     });
     let reply = within(deadline, round_trip)
         .await
-        .and_then(|reply| split(&reply, keys));
+        .and_then(|reply| split(repaired(members, &reply, keys), keys));
     let (all, decisions) = match reply {
         Ok(reply) => reply,
         Err(failure) => return fail_all(members, failure, n),
@@ -122,6 +122,20 @@ where
             })
         })
         .collect()
+}
+
+/// `reply` without the count of unreadable keys `multi.lua` appends when it found any, which is
+/// counted by the first member's limiter, the one whose connection sent the script (the count
+/// does not say whose keys they were).
+fn repaired<'r, C>(
+    members: &[(&RedisLimiter<C>, &[u8])],
+    reply: &'r [i64],
+    keys: usize,
+) -> &'r [i64] {
+    match members.first() {
+        Some((first, _)) => first.inner.repaired(reply, 2 + 3 * keys),
+        None => reply,
+    }
 }
 
 /// One decision of a script's key, as [`parse`] gives it.
@@ -404,6 +418,46 @@ mod tests {
         // The chain's sliding window (3) holds the 2 admitted, not 4: one left.
         assert_eq!(chain.try_acquire(b"c").await.map(|a| a.remaining()), Ok(0));
         assert!(chain.try_acquire(b"c").await.is_err());
+    }
+
+    /// A key no script writes, met by the multi-rule script: read as no state and rewritten,
+    /// the reply's trailing count taken off before the per-key decisions and counted.
+    #[tokio::test]
+    async fn an_unreadable_key_is_rewritten_in_one_call_of_several() {
+        let server = RedisServer::start();
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ConnectionManager::new(client).await.unwrap();
+        let window = Algorithm::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(3600),
+        };
+        let build = |prefix: &str| {
+            RedisLimiter::builder(window, FailurePolicy::FailClosed)
+                .prefix(prefix)
+                .build(connection.clone())
+                .unwrap()
+        };
+        let (a, b) = (build("ua"), build("ub"));
+        let mut raw = server.connection();
+        let () = ::redis::cmd("HSET")
+            .arg(b.key(b"y"))
+            .arg(&["w", "1", "l", "0", "c", "1"])
+            .query(&mut raw)
+            .unwrap();
+        for left in [2, 1] {
+            let answers = try_acquire_all(&[(&a, b"x"), (&b, b"y")], 1).await;
+            let remaining: Vec<_> = answers
+                .iter()
+                .map(|a| {
+                    a.as_ref()
+                        .and_then(|a| a.as_ref().ok())
+                        .map(|a| a.remaining())
+                })
+                .collect();
+            assert_eq!(remaining, [Some(left), Some(left)]);
+        }
+        assert_eq!(a.stats().repaired, 1);
+        assert_eq!((a.stats().errors, b.stats().errors), (0, 0));
     }
 
     #[test]
