@@ -2099,3 +2099,57 @@ async fn a_charge_with_the_server_killed_is_an_error_and_charges_the_fallback() 
         "not decisions"
     );
 }
+
+/// A charge that misses the deadline under `Fallback` is recorded in the fallback, and its script,
+/// already sent, still runs in Redis once the server answers again: each place counts it once,
+/// never twice, and the two are never added up (the fallback decides only while Redis fails).
+/// So is a decision that timed out and was answered by the fallback. Counting in both is
+/// at-least-once: Redis may hold a charge the caller was told failed, but never misses one
+/// that ran, and the fallback never misses one that Redis might not have recorded.
+#[tokio::test]
+async fn a_late_charge_counts_once_in_redis_and_once_in_the_fallback() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let deadline = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 4,
+            window: Duration::from_secs(3600),
+        },
+        FailurePolicy::Fallback { share: 1.0 },
+    )
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .deny_cache(0)
+    .build(manager(&server).await)
+    .unwrap();
+    // Both scripts cached: a late EVALSHA then runs (after NOSCRIPT the EVAL would never go).
+    limiter.charge("warm", 0).await.unwrap();
+    limiter.try_acquire_n("warm", 0).await.unwrap();
+    server.pause();
+    assert!(timed(deadline, limiter.charge("s", 3)).await.is_err());
+    // The fallback holds the charge: 1 of its 4 left, taken now by a decision Redis also got.
+    let admission = timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    assert_eq!(admission.remaining(), 0, "the fallback's 4 − 3 − 1");
+    server.resume();
+    // The same connection, after the two late scripts: Redis counted 3 + 1, not more.
+    let probe = limiter.try_acquire_n("s", 0).await;
+    rejection(probe);
+    let key = limiter.key("s");
+    assert_eq!(
+        field(&mut con, &key, "c"),
+        4,
+        "the charge and the admission, once each"
+    );
+    let s = limiter.stats();
+    // The warming probe admitted, the last one rejected; one timeout answered by the fallback
+    // (the charge's is not a decision).
+    assert_eq!(
+        (s.timeouts, s.fallbacks, s.admitted, s.rejected),
+        (1, 1, 1, 1)
+    );
+    // The fallback counted each once too: 4 of 4, so a second outage rejects "s" locally.
+    server.pause();
+    rejection(timed(deadline, limiter.try_acquire("s")).await);
+    server.resume();
+}

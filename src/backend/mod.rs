@@ -951,7 +951,10 @@ where
     /// **No failure policy.** A charge is not a decision: it cannot be admitted open or
     /// rejected closed. If Redis fails or misses the deadline, the error says so, whatever the
     /// [`FailurePolicy`]; under [`FailurePolicy::Fallback`] the charge is also recorded in the
-    /// local fallback limiter, which decides for this process while Redis is away. Charges are
+    /// local fallback limiter, which decides for this process while Redis is away. A charge
+    /// that missed the deadline may still run in Redis once the server answers: it is then
+    /// counted once in Redis and once in the fallback, each of which decides alone (at least
+    /// once in each, never twice in either). Charges are
     /// not counted in [`stats`](Self::stats), and the deny cache is left as it is: a charge only
     /// makes the subject stricter, so a rejection it holds still holds, and a subject it does not
     /// hold is asked of Redis on its next call, which sees the debt.
