@@ -365,8 +365,17 @@ mod tests {
             let answers = try_acquire_all(&twice, 1).await;
             assert_eq!(remaining(&answers), [Some(2), Some(1)], "{algorithm:?}");
             // One permit left: the first occurrence would take it, the second cannot, so the
-            // call takes nothing and the permit is still there.
+            // call takes nothing and the permit is still there: the key as it was, TTL too.
+            let mut raw = server.connection();
+            let key = limiter.key(b"k");
+            let state = |raw: &mut ::redis::Connection| -> (Vec<u8>, i64) {
+                let dump = ::redis::cmd("DUMP").arg(&key).query(raw).unwrap();
+                let expiry = ::redis::cmd("PEXPIRETIME").arg(&key).query(raw).unwrap();
+                (dump, expiry)
+            };
+            let before = state(&mut raw);
             let answers = try_acquire_all(&twice, 1).await;
+            assert_eq!(state(&mut raw), before, "{algorithm:?}");
             assert!(
                 matches!(answers[1], Some(Err(TryAcquireError::Rejected(_)))),
                 "{algorithm:?}: {answers:?}"

@@ -23,22 +23,31 @@ local function repeated_keys()
   return repeated
 end
 
--- A repeated key's state as it was before the call wrote to it: its DUMP and TTL (ms), or false
--- if it did not exist.
+-- A repeated key's state as it was before the call wrote to it: its DUMP and its expiry (ms
+-- since the Unix epoch, -1 for none), or false if it did not exist.
 local function snapshot(key)
   local dump = redis.call('DUMP', key)
   if not dump then return false end
-  return {dump, redis.call('PTTL', key)}
+  local at = redis.pcall('PEXPIRETIME', key)
+  if type(at) ~= 'number' then
+    -- Redis 6.2 has no PEXPIRETIME: the TTL from this script's clock (a millisecond later at
+    -- most, never earlier).
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 then at = -1 else at = math.ceil(now_us() / 1000) + ttl end
+  end
+  return {dump, at}
 end
 
--- Puts back what `snapshot` saw. RESTORE of a DUMP gives the same value; the TTL read in this
--- script is given again (0: none), never earlier than it was.
+-- Puts back what `snapshot` saw: RESTORE of a DUMP gives the same value, with the same absolute
+-- expiry (a relative TTL read and given again moved it by the millisecond that passed between).
 local function restore(key, saved)
   redis.call('DEL', key)
   if saved then
-    local ttl = saved[2]
-    if ttl < 0 then ttl = 0 end
-    redis.call('RESTORE', key, ttl, saved[1])
+    if saved[2] < 0 then
+      redis.call('RESTORE', key, 0, saved[1])
+    else
+      redis.call('RESTORE', key, saved[2], saved[1], 'ABSTTL')
+    end
   end
 end
 
