@@ -201,7 +201,11 @@ pub struct StoreStats {
 /// that ends when it equals a fresh one, a rejection writes nothing. Time is the wall clock in
 /// nanoseconds since the Unix epoch (kept from going back within the process). Keys are
 /// `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a store with a key length
-/// limit must hash long keys itself. A stored value that cannot be this algorithm's state is
+/// limit must hash long keys itself. A `:` in the prefix is written `%3A` and a `%` as `%25`, so
+/// that the prefix ends at the key's first `:` and no two limiters' keys meet: written as is,
+/// prefix `a` with subject `b:x` and prefix `a:b` with subject `x` shared the key `a:b:x:fw`. A
+/// prefix without either character is written as is; one with either gets new keys, so its
+/// subjects start afresh once when a version that wrote it as is is replaced. A stored value that cannot be this algorithm's state is
 /// treated as absent (never a panic, never a wait for a writer that does not exist); one that
 /// can is used as it is, whoever wrote it: a token bucket's arrival time or a sliding window's
 /// expiry far ahead (a foreign value, or a writer whose clock is ahead) rejects until then.
@@ -262,6 +266,8 @@ struct StoreInner<S> {
     algorithm: Algorithm,
     suffix: &'static str,
     prefix: String,
+    /// The prefix as keys spell it (see [`escape_prefix`]).
+    key_prefix: String,
     locks: KeyLocks<Vec<u8>>,
     clock: WallClock,
     counters: [AtomicU64; 3],
@@ -462,6 +468,7 @@ impl<S: Store> StoreLimiter<S> {
         prefix: impl Into<String>,
         store: S,
     ) -> Result<Self, ConfigError> {
+        let prefix = prefix.into();
         let (algo, suffix) = match algorithm {
             Algorithm::FixedWindow { limit, window } => {
                 (AnyAlgo::Fixed(FixedWindow::new(limit, window)?), "fw")
@@ -482,7 +489,8 @@ impl<S: Store> StoreLimiter<S> {
                 algo,
                 algorithm,
                 suffix,
-                prefix: prefix.into(),
+                key_prefix: escape_prefix(&prefix),
+                prefix,
                 locks: KeyLocks::new(),
                 clock: WallClock {
                     last: AtomicU64::new(0),
@@ -886,7 +894,8 @@ impl<S: Store> StoreLimiter<S> {
         inner.store.delete(&key).await
     }
 
-    /// The store key of `subject`: `prefix:subject:suffix`.
+    /// The store key of `subject`: `prefix:subject:suffix`, a `:` in the prefix written `%3A`
+    /// and a `%` in it `%25` (so that no two prefixes' keys meet; see [`StoreLimiter`]).
     ///
     /// # Examples
     ///
@@ -899,8 +908,8 @@ impl<S: Store> StoreLimiter<S> {
         let inner = &*self.inner;
         let subject = subject.as_ref();
         let mut key =
-            Vec::with_capacity(inner.prefix.len() + subject.len() + inner.suffix.len() + 2);
-        key.extend_from_slice(inner.prefix.as_bytes());
+            Vec::with_capacity(inner.key_prefix.len() + subject.len() + inner.suffix.len() + 2);
+        key.extend_from_slice(inner.key_prefix.as_bytes());
         key.push(b':');
         key.extend_from_slice(subject);
         key.push(b':');
@@ -938,6 +947,23 @@ impl<S: Store> StoreLimiter<S> {
     pub fn algorithm(&self) -> Algorithm {
         self.inner.algorithm
     }
+}
+
+/// The prefix as keys spell it: `%` as `%25` and `:` as `%3A`, everything else as is. With no
+/// `:` in it, the prefix is what precedes a key's first `:`; the suffix (no `:` either) follows
+/// its last, and the subject lies between: one key per (prefix, subject, algorithm). `%` is
+/// escaped too so that the prefix `a%3Ab` stays apart from `a:b`. A prefix with neither
+/// character keeps the key it had before the escape, and with it its counters.
+fn escape_prefix(prefix: &str) -> String {
+    let mut escaped = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        match c {
+            '%' => escaped.push_str("%25"),
+            ':' => escaped.push_str("%3A"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
 }
 
 impl<S> StoreInner<S> {

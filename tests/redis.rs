@@ -366,6 +366,143 @@ async fn keys_found_without_a_ttl_are_repaired() {
     assert_eq!(assert_all_keys_expire(&mut con).len(), 4);
 }
 
+/// A key holding what no script writes (a foreign writer, a hand edit, a corrupt restore) is read
+/// as no state and overwritten, and counted in `stats().repaired`: a window of length 0, a
+/// negative or fractional count, a time beyond 2^53 or not a number, a bucket of capacity 0, a
+/// log member that never expires, a key of another type. Each made every call fail (or a
+/// negative count admit beyond the limit) until someone deleted the key. Decisions, charges
+/// and chains alike.
+#[tokio::test]
+async fn unreadable_state_is_read_as_none_and_overwritten() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    let h = "3600000000";
+    let corruptions: Vec<(Algorithm, Vec<Vec<&str>>)> = vec![
+        (
+            Algorithm::FixedWindow {
+                limit: 3,
+                window: hour,
+            },
+            vec![
+                vec!["HSET", "{key}", "w", "{now}", "l", "0", "c", "1"],
+                vec!["HSET", "{key}", "w", "{now}", "l", h, "c", "-5"],
+                vec!["HSET", "{key}", "w", "{now}", "l", h, "c", "1.5"],
+                vec!["HSET", "{key}", "w", "inf", "l", h, "c", "0"],
+                vec!["HSET", "{key}", "w", "{now}", "l", "nan", "c", "0"],
+                vec![
+                    "HSET",
+                    "{key}",
+                    "w",
+                    "99999999999999999999",
+                    "l",
+                    h,
+                    "c",
+                    "0",
+                ],
+                vec!["SET", "{key}", "x"],
+            ],
+        ),
+        (
+            Algorithm::SlidingCounter {
+                limit: 3,
+                window: hour,
+            },
+            vec![
+                vec!["HSET", "{key}", "w", "{now}", "l", "0", "c", "1", "p", "0"],
+                vec!["HSET", "{key}", "w", "{now}", "l", h, "c", "0", "p", "-1"],
+                vec!["HSET", "{key}", "w", "{now}", "l", h, "c", "-2", "p", "0"],
+                vec!["HSET", "{key}", "w", "-inf", "l", h, "c", "0", "p", "0"],
+                vec!["RPUSH", "{key}", "x"],
+            ],
+        ),
+        (
+            Algorithm::TokenBucket {
+                rate: Rate::new(3, hour),
+                burst: 3,
+            },
+            vec![
+                vec!["SET", "{key}", "{now}:0"],
+                vec!["SET", "{key}", "99999999999999999999:3600000000"],
+                vec!["SET", "{key}", "99999999999999999999"],
+                vec!["SET", "{key}", "nan"],
+                vec!["HSET", "{key}", "w", "1"],
+            ],
+        ),
+        (
+            Algorithm::SlidingWindow {
+                limit: 3,
+                window: hour,
+            },
+            vec![
+                vec!["ZADD", "{key}", "inf", "a"],
+                vec!["ZADD", "{key}", "1e300", "a"],
+                vec!["SET", "{key}", "x"],
+            ],
+        ),
+    ];
+    let mut case = 0;
+    for (algorithm, corruptions) in corruptions {
+        let limiter = RedisLimiter::builder(algorithm, FailurePolicy::FailClosed)
+            .prefix(PREFIX)
+            .deny_cache(0)
+            .build(manager(&server).await)
+            .unwrap();
+        let chain = RedisLimiter::builder(algorithm, FailurePolicy::FailClosed)
+            .and_limit(Algorithm::FixedWindow {
+                limit: 10,
+                window: hour,
+            })
+            .prefix(PREFIX)
+            .deny_cache(0)
+            .build(manager(&server).await)
+            .unwrap();
+        let count = corruptions.len() as u64;
+        for corruption in corruptions {
+            // A decision, a charge and a chain's decision each meet the corrupt key.
+            for way in 0..3 {
+                case += 1;
+                let subject = format!("s{case}");
+                let key = match way {
+                    2 => chain.keys(&subject).remove(0),
+                    _ => limiter.key(&subject),
+                };
+                let now = (redis_now(&mut con) - 1_000_000).to_string();
+                let mut cmd = redis::cmd(corruption[0]);
+                for arg in &corruption[1..] {
+                    match *arg {
+                        "{key}" => cmd.arg(&key),
+                        "{now}" => cmd.arg(&now),
+                        other => cmd.arg(other),
+                    };
+                }
+                let () = cmd.query(&mut con).unwrap();
+                let what = format!("{algorithm:?} {corruption:?} way {way}");
+                let first = match way {
+                    0 => limiter.try_acquire(&subject).await,
+                    1 => Ok(limiter.charge(&subject, 1).await.expect(&what)),
+                    _ => chain.try_acquire(&subject).await,
+                };
+                assert_eq!(first.map(|a| a.remaining()), Ok(2), "{what}");
+                // Rewritten as this limiter's state: counted on from there.
+                let by = if way == 2 { &chain } else { &limiter };
+                for left in [1, 0] {
+                    assert_eq!(
+                        by.try_acquire(&subject).await.map(|a| a.remaining()),
+                        Ok(left),
+                        "{what}"
+                    );
+                }
+                rejection(by.try_acquire(&subject).await);
+            }
+        }
+        // Counted once each, where found (a charge too), never again once rewritten.
+        assert_eq!(limiter.stats().repaired, 2 * count, "{algorithm:?}");
+        assert_eq!(chain.stats().repaired, count, "{algorithm:?}");
+    }
+    assert!(!assert_all_keys_expire(&mut con).is_empty());
+}
+
 /// Every admission leaves its key expiring at the millisecond its state becomes a missing key's
 /// (the admission's time plus its `reset_after`, rounded up), an absolute time on Redis's clock.
 /// A TTL instead (`PEXPIRE key 1` in a window's last millisecond) was deleted at once when
@@ -1961,4 +2098,58 @@ async fn a_charge_with_the_server_killed_is_an_error_and_charges_the_fallback() 
         (0, 0, 0),
         "not decisions"
     );
+}
+
+/// A charge that misses the deadline under `Fallback` is recorded in the fallback, and its script,
+/// already sent, still runs in Redis once the server answers again: each place counts it once,
+/// never twice, and the two are never added up (the fallback decides only while Redis fails).
+/// So is a decision that timed out and was answered by the fallback. Counting in both is
+/// at-least-once: Redis may hold a charge the caller was told failed, but never misses one
+/// that ran, and the fallback never misses one that Redis might not have recorded.
+#[tokio::test]
+async fn a_late_charge_counts_once_in_redis_and_once_in_the_fallback() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let deadline = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 4,
+            window: Duration::from_secs(3600),
+        },
+        FailurePolicy::Fallback { share: 1.0 },
+    )
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .deny_cache(0)
+    .build(manager(&server).await)
+    .unwrap();
+    // Both scripts cached: a late EVALSHA then runs (after NOSCRIPT the EVAL would never go).
+    limiter.charge("warm", 0).await.unwrap();
+    limiter.try_acquire_n("warm", 0).await.unwrap();
+    server.pause();
+    assert!(timed(deadline, limiter.charge("s", 3)).await.is_err());
+    // The fallback holds the charge: 1 of its 4 left, taken now by a decision Redis also got.
+    let admission = timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    assert_eq!(admission.remaining(), 0, "the fallback's 4 − 3 − 1");
+    server.resume();
+    // The same connection, after the two late scripts: Redis counted 3 + 1, not more.
+    let probe = limiter.try_acquire_n("s", 0).await;
+    rejection(probe);
+    let key = limiter.key("s");
+    assert_eq!(
+        field(&mut con, &key, "c"),
+        4,
+        "the charge and the admission, once each"
+    );
+    let s = limiter.stats();
+    // The warming probe admitted, the last one rejected; one timeout answered by the fallback
+    // (the charge's is not a decision).
+    assert_eq!(
+        (s.timeouts, s.fallbacks, s.admitted, s.rejected),
+        (1, 1, 1, 1)
+    );
+    // The fallback counted each once too: 4 of 4, so a second outage rejects "s" locally.
+    server.pause();
+    rejection(timed(deadline, limiter.try_acquire("s")).await);
+    server.resume();
 }

@@ -188,6 +188,28 @@ async fn two_processes_over_one_get_set_store_can_over_admit() {
     assert!(r1.is_ok() != r2.is_ok(), "{r1:?} {r2:?}");
 }
 
+/// Keys are injective across prefixes: `a` with subject `b:x` and `a:b` with subject `x` both
+/// read `a:b:x:fw` as `prefix:subject:suffix`, so one limiter's admissions were the other's.
+/// A prefix without ':' or '%' keeps the key it had (a deploy keeps its counters).
+#[tokio::test]
+async fn a_prefix_extending_another_has_keys_of_its_own() {
+    let store = Memory::default();
+    let fw = fixed(1, Duration::from_secs(60));
+    let short = StoreLimiter::new(fw, "a", store.clone()).unwrap();
+    let long = StoreLimiter::new(fw, "a:b", store.clone()).unwrap();
+    assert_ne!(short.key("b:x"), long.key("x"));
+    assert_eq!(short.key("b:x"), b"a:b:x:fw");
+    short.try_acquire("b:x").await.unwrap();
+    assert!(
+        long.try_acquire("x").await.is_ok(),
+        "counted on the other's key"
+    );
+    // Escaping is itself injective: a prefix spelling the escape is another prefix.
+    let spelled = StoreLimiter::new(fw, "a%3Ab", store.clone()).unwrap();
+    assert_ne!(spelled.key("x"), long.key("x"));
+    assert!(spelled.try_acquire("x").await.is_ok());
+}
+
 /// Stored values the limiter did not write: the docs promise that "a stored value that cannot be
 /// this algorithm's state is treated as absent". An exact sliding window's ring of the right
 /// length but inconsistent contents (a corrupt value, another version's layout) must be treated

@@ -43,8 +43,11 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
 
 /// The key of `subject` for one algorithm: `prefix:{subject}:suffix`, the subject hashed if long.
 ///
-/// Injective for subjects of at most [`MAX_SUBJECT_LEN`] bytes: prefix and suffix are fixed, so
-/// the subject is what lies between them. (A subject may itself contain `}`; the hash tag is then
+/// Injective for subjects of at most [`MAX_SUBJECT_LEN`] bytes, across prefixes and suffixes
+/// too: a prefix holds no brace ([`check_prefix`]), so it is what precedes the key's first `{`
+/// (less the `:`); a suffix holds no `}`, so it is what follows the key's last `}:`; the subject
+/// is what lies between. Prefix `a` with subject `b:x` is `a:{b:x}:fw`, prefix `a:b` with subject
+/// `x` is `a:b:{x}:fw`. (The HTTP rules' prefixes, `{prefix}:r<16 hex>`, are prefixes as any.) (A subject may itself contain `}`; the hash tag is then
 /// cut short, but identically for every key of that subject, which is all the tag is for. Only an
 /// empty tag would not be: Redis then hashes the whole key, suffix included, so such subjects
 /// are hashed, and their tag is the digest.)
@@ -108,6 +111,29 @@ mod tests {
         // Still injective: such a subject's hashed name is no literal subject's name.
         assert_ne!(key("rl", b"", "fw"), key("rl", b"}", "fw"));
         assert!(key("rl", b"", "fw").starts_with(b"rl:{sha256:"));
+    }
+
+    /// A prefix that extends another (`a`, `a:b`) never meets its keys: the brace marks where
+    /// the prefix ends, and a prefix cannot hold one.
+    #[test]
+    fn keys_of_prefixes_that_extend_one_another_differ() {
+        let subjects: [&[u8]; 6] = [b"x", b"b:x", b"b:{x", b"x}:fw", b"}:c0.fw", b"b:x}:fw"];
+        let mut seen = std::collections::HashMap::new();
+        for prefix in ["a", "a:b", "a:b:x", "a:"] {
+            for subject in subjects {
+                for suffix in ["fw", "sw", "sc", "tb", "c0.fw", "c1.tb", "c10.fw"] {
+                    let key = key(prefix, subject, suffix);
+                    assert_eq!(
+                        seen.insert(key.clone(), (prefix, subject, suffix)),
+                        None,
+                        "{}",
+                        String::from_utf8_lossy(&key)
+                    );
+                }
+            }
+        }
+        assert_eq!(key("a", b"b:x", "fw"), b"a:{b:x}:fw".to_vec());
+        assert_eq!(key("a:b", b"x", "fw"), b"a:b:{x}:fw".to_vec());
     }
 
     #[test]

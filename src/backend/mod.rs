@@ -4,9 +4,9 @@
 //! Each algorithm is one Lua script (`src/backend/scripts/*.lua`), run with `EVALSHA`: one round
 //! trip per decision. A script reads Redis's own clock (`TIME`, in microseconds), decides from what
 //! it read, and writes only when it admits (or records a [charge](RedisLimiter::charge)), so a
-//! rejection changes nothing (except to repair a key: one found without a TTL is given one, and
-//! state written under other parameters is rewritten once under the caller's; see
-//! [`RedisLimiter`]). Every key it writes gets a TTL in the same script.
+//! rejection changes nothing (except to repair a key: one found without a TTL is given one,
+//! state written under other parameters is rewritten once under the caller's, and state no
+//! script writes is deleted; see [`RedisLimiter`]). Every key it writes gets a TTL in the same script.
 
 mod deny;
 mod keys;
@@ -240,6 +240,11 @@ pub struct RedisStats {
     pub failed_open: u64,
     /// Failed decisions rejected by [`FailurePolicy::FailClosed`].
     pub failed_closed: u64,
+    /// Keys found holding what this limiter's script cannot read as its state (a window of
+    /// length 0, a negative count, a time past 2^53 µs, a key of another type, ...: written by
+    /// something else), by decisions and charges alike. Each was read as no state and
+    /// overwritten (deleted if the call wrote nothing), so it is counted once.
+    pub repaired: u64,
 }
 
 const ADMITTED: usize = 0;
@@ -250,6 +255,7 @@ const TIMEOUTS: usize = 4;
 const FALLBACKS: usize = 5;
 const FAILED_OPEN: usize = 6;
 const FAILED_CLOSED: usize = 7;
+const REPAIRED: usize = 8;
 
 /// A rate limiter whose state lives in Redis or Valkey, shared by every process that uses the same
 /// server and key prefix. Keyed by string-like subjects (`&str`, `String`, `&[u8]`, ...).
@@ -271,7 +277,10 @@ const FAILED_CLOSED: usize = 7;
 ///   indistinguishable from a fresh key's. What a key holds: the fixed window a hash of the
 ///   current window's start, its length and its count (the sliding counter also the previous
 ///   window's count); the exact sliding window a sorted set of one member per permit, scored by
-///   its expiry; the token bucket a string `"<TAT>:<capacity>"` (µs).
+///   its expiry; the token bucket a string `"<TAT>:<capacity>"` (µs). A key holding anything
+///   else (another type, a window of length 0, a negative count, a time past 2^53 µs) is read
+///   as no state and deleted, and counted in [`RedisStats::repaired`]: the call decides as for a
+///   subject seen for the first time.
 /// - **Deadline and failure policy**: each decision must complete within the
 ///   [deadline](RedisLimiterBuilder::deadline) (default 50 ms), or the [`FailurePolicy`] decides;
 ///   a timed-out decision is never retried (the script may have run). Service returns to Redis on
@@ -355,7 +364,7 @@ struct Inner<C> {
     policy: FailurePolicy,
     fallback: Option<Local>,
     deny: DenyCache,
-    counters: [AtomicU64; 8],
+    counters: [AtomicU64; 9],
 }
 
 impl<C> Clone for RedisLimiter<C> {
@@ -904,7 +913,7 @@ where
         inner.before(subject, n, sent)?;
         let reply = within(inner.deadline, inner.eval(inner.script, subject, n))
             .await
-            .and_then(|reply| parse(&reply));
+            .and_then(|reply| parse(inner.repaired(&reply, 4)));
         match reply {
             Ok(Ok((at, reset_after, remaining))) => {
                 inner.count(ADMITTED);
@@ -942,7 +951,10 @@ where
     /// **No failure policy.** A charge is not a decision: it cannot be admitted open or
     /// rejected closed. If Redis fails or misses the deadline, the error says so, whatever the
     /// [`FailurePolicy`]; under [`FailurePolicy::Fallback`] the charge is also recorded in the
-    /// local fallback limiter, which decides for this process while Redis is away. Charges are
+    /// local fallback limiter, which decides for this process while Redis is away. A charge
+    /// that missed the deadline may still run in Redis once the server answers: it is then
+    /// counted once in Redis and once in the fallback, each of which decides alone (at least
+    /// once in each, never twice in either). Charges are
     /// not counted in [`stats`](Self::stats), and the deny cache is left as it is: a charge only
     /// makes the subject stricter, so a rejection it holds still holds, and a subject it does not
     /// hold is asked of Redis on its next call, which sees the debt.
@@ -995,7 +1007,7 @@ where
             Err(error)
         };
         match reply {
-            Ok(Ok(reply)) => match parse(&reply) {
+            Ok(Ok(reply)) => match parse(inner.repaired(&reply, 4)) {
                 Ok(Ok((at, reset_after, remaining))) => {
                     Ok(Admission::new(at, reset_after, remaining))
                 }
@@ -1161,6 +1173,7 @@ impl<C> RedisLimiter<C> {
             fallbacks: c(FALLBACKS),
             failed_open: c(FAILED_OPEN),
             failed_closed: c(FAILED_CLOSED),
+            repaired: c(REPAIRED),
         }
     }
 
@@ -1311,6 +1324,21 @@ impl<C> Inner<C> {
         let (answer, counter) = self.policy(subject, n);
         self.count(counter);
         answer
+    }
+
+    /// `reply` without the count of unreadable keys that a script appends after its `len`
+    /// usual fields when it found any (see `discard` in `scripts/prelude.lua`), which is
+    /// counted as repaired. A reply of another length is left whole, for the parser to refuse.
+    fn repaired<'r>(&self, reply: &'r [i64], len: usize) -> &'r [i64] {
+        match reply.split_at_checked(len) {
+            Some((reply, &[found])) => {
+                if let Ok(found) = u64::try_from(found) {
+                    self.counters[REPAIRED].fetch_add(found, Ordering::Relaxed);
+                }
+                reply
+            }
+            _ => reply,
+        }
     }
 
     fn count_failure(&self, failure: Failure) {

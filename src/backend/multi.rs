@@ -12,7 +12,9 @@ pub(crate) type Answer = Option<Result<Admission, TryAcquireError>>;
 
 /// Takes `n` permits from every `(limiter, subject)` of `members` if every one admits them, and
 /// otherwise from none: one `EVALSHA` for all (plus an `EVAL` after Redis lost its script
-/// cache), in which every member decides on the state before any write. The limiters must count
+/// cache), in which every member decides on the state before any write (a key listed more than
+/// once, by one limiter and subject listed twice or two limiters sharing a prefix, is decided in
+/// order, each occurrence seeing what the one before it took). The limiters must count
 /// on one standalone server (their keys may lie in any slot): the first member's connection
 /// sends the script, within the smallest deadline of the members. Answers one entry per member,
 /// in order; the call admitted if and only if every entry is `Some(Ok(_))`.
@@ -79,7 +81,7 @@ where
     });
     let reply = within(deadline, round_trip)
         .await
-        .and_then(|reply| split(&reply, keys));
+        .and_then(|reply| split(repaired(members, &reply, keys), keys));
     let (all, decisions) = match reply {
         Ok(reply) => reply,
         Err(failure) => return fail_all(members, failure, n),
@@ -120,6 +122,20 @@ where
             })
         })
         .collect()
+}
+
+/// `reply` without the count of unreadable keys `multi.lua` appends when it found any, which is
+/// counted by the first member's limiter, the one whose connection sent the script (the count
+/// does not say whose keys they were).
+fn repaired<'r, C>(
+    members: &[(&RedisLimiter<C>, &[u8])],
+    reply: &'r [i64],
+    keys: usize,
+) -> &'r [i64] {
+    match members.first() {
+        Some((first, _)) => first.inner.repaired(reply, 2 + 3 * keys),
+        None => reply,
+    }
 }
 
 /// One decision of a script's key, as [`parse`] gives it.
@@ -298,6 +314,159 @@ mod tests {
         };
         assert_eq!(failures(&a), (1, 1, 0, 0));
         assert_eq!(failures(&b), (1, 0, 1, 0));
+    }
+
+    /// One key listed twice in a call (two rules sharing a counter) counts twice, each
+    /// occurrence deciding on the state the one before it left: every algorithm, a chain
+    /// included, and a call whose later member rejects takes nothing from the repeated key.
+    #[tokio::test]
+    async fn a_key_listed_twice_counts_twice() {
+        let server = RedisServer::start();
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ConnectionManager::new(client).await.unwrap();
+        let hour = Duration::from_secs(3600);
+        let algorithms = [
+            Algorithm::FixedWindow {
+                limit: 5,
+                window: hour,
+            },
+            Algorithm::SlidingWindow {
+                limit: 5,
+                window: hour,
+            },
+            Algorithm::SlidingCounter {
+                limit: 5,
+                window: hour,
+            },
+            Algorithm::TokenBucket {
+                rate: Rate::new(5, hour),
+                burst: 5,
+            },
+        ];
+        for (i, algorithm) in algorithms.into_iter().enumerate() {
+            let limiter = RedisLimiter::builder(algorithm, FailurePolicy::FailClosed)
+                .prefix(format!("dup{i}"))
+                .deny_cache(0)
+                .build(connection.clone())
+                .unwrap();
+            let remaining = |answers: &[Answer]| {
+                answers
+                    .iter()
+                    .map(|a| match a {
+                        Some(Ok(admission)) => Some(admission.remaining()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let twice = [(&limiter, &b"k"[..]), (&limiter, &b"k"[..])];
+            // 5 permits: two calls take 2 each, the second occurrence seeing the first's.
+            let answers = try_acquire_all(&twice, 1).await;
+            assert_eq!(remaining(&answers), [Some(4), Some(3)], "{algorithm:?}");
+            let answers = try_acquire_all(&twice, 1).await;
+            assert_eq!(remaining(&answers), [Some(2), Some(1)], "{algorithm:?}");
+            // One permit left: the first occurrence would take it, the second cannot, so the
+            // call takes nothing and the permit is still there: the key as it was, TTL too.
+            let mut raw = server.connection();
+            let key = limiter.key(b"k");
+            let state = |raw: &mut ::redis::Connection| -> (Vec<u8>, i64) {
+                let dump = ::redis::cmd("DUMP").arg(&key).query(raw).unwrap();
+                let expiry = ::redis::cmd("PEXPIRETIME").arg(&key).query(raw).unwrap();
+                (dump, expiry)
+            };
+            let before = state(&mut raw);
+            let answers = try_acquire_all(&twice, 1).await;
+            assert_eq!(state(&mut raw), before, "{algorithm:?}");
+            assert!(
+                matches!(answers[1], Some(Err(TryAcquireError::Rejected(_)))),
+                "{algorithm:?}: {answers:?}"
+            );
+            assert_eq!(
+                limiter.try_acquire(b"k").await.map(|a| a.remaining()),
+                Ok(0),
+                "{algorithm:?}"
+            );
+        }
+        // A chain listed twice, and a repeated key beside a rejecting member: nothing taken.
+        let chain = RedisLimiter::builder(
+            Algorithm::FixedWindow {
+                limit: 4,
+                window: hour,
+            },
+            FailurePolicy::FailClosed,
+        )
+        .and_limit(Algorithm::SlidingWindow {
+            limit: 3,
+            window: hour,
+        })
+        .prefix("dupc")
+        .deny_cache(0)
+        .build(connection.clone())
+        .unwrap();
+        let full = RedisLimiter::builder(
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: hour,
+            },
+            FailurePolicy::FailClosed,
+        )
+        .prefix("dupf")
+        .deny_cache(0)
+        .build(connection)
+        .unwrap();
+        let answers = try_acquire_all(&[(&chain, b"c"), (&chain, b"c")], 1).await;
+        assert!(
+            answers.iter().all(|a| matches!(a, Some(Ok(_)))),
+            "{answers:?}"
+        );
+        full.try_acquire(b"f").await.unwrap();
+        let answers = try_acquire_all(&[(&chain, b"c"), (&chain, b"c"), (&full, b"f")], 1).await;
+        assert!(matches!(
+            answers[2],
+            Some(Err(TryAcquireError::Rejected(_)))
+        ));
+        // The chain's sliding window (3) holds the 2 admitted, not 4: one left.
+        assert_eq!(chain.try_acquire(b"c").await.map(|a| a.remaining()), Ok(0));
+        assert!(chain.try_acquire(b"c").await.is_err());
+    }
+
+    /// A key no script writes, met by the multi-rule script: read as no state and rewritten,
+    /// the reply's trailing count taken off before the per-key decisions and counted.
+    #[tokio::test]
+    async fn an_unreadable_key_is_rewritten_in_one_call_of_several() {
+        let server = RedisServer::start();
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ConnectionManager::new(client).await.unwrap();
+        let window = Algorithm::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(3600),
+        };
+        let build = |prefix: &str| {
+            RedisLimiter::builder(window, FailurePolicy::FailClosed)
+                .prefix(prefix)
+                .build(connection.clone())
+                .unwrap()
+        };
+        let (a, b) = (build("ua"), build("ub"));
+        let mut raw = server.connection();
+        let () = ::redis::cmd("HSET")
+            .arg(b.key(b"y"))
+            .arg(&["w", "1", "l", "0", "c", "1"])
+            .query(&mut raw)
+            .unwrap();
+        for left in [2, 1] {
+            let answers = try_acquire_all(&[(&a, b"x"), (&b, b"y")], 1).await;
+            let remaining: Vec<_> = answers
+                .iter()
+                .map(|a| {
+                    a.as_ref()
+                        .and_then(|a| a.as_ref().ok())
+                        .map(|a| a.remaining())
+                })
+                .collect();
+            assert_eq!(remaining, [Some(left), Some(left)]);
+        }
+        assert_eq!(a.stats().repaired, 1);
+        assert_eq!((a.stats().errors, b.stats().errors), (0, 0));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 -- Several limits for one subject, all or nothing, in one script (see members.lua; here every key
 -- is in the subject's hash tag). Reply {1, now, largest reset_after, smallest remaining} or
--- {0, now, largest retry_after, the 1-based index of the member that gave it}.
+-- {0, now, largest retry_after, the 1-based index of the member that gave it}; the count of
+-- unreadable keys after them if there were any (see `discard` in the prelude).
 local now, _, all, results = all_or_nothing()
 local reset, remaining = 0, nil
 local worst, worst_at = -1, 0
@@ -16,6 +17,6 @@ for i = 1, #KEYS do
   end
 end
 if not all then
-  return {0, now, worst, worst_at}
+  return reported({0, now, worst, worst_at})
 end
-return {1, now, reset, remaining}
+return reported({1, now, reset, remaining})

@@ -8,4 +8,4 @@ for i = 1, #KEYS do
   if t > reset then reset = t end
   if remaining == nil or left < remaining then remaining = left end
 end
-return {1, now, reset, remaining}
+return reported({1, now, reset, remaining})

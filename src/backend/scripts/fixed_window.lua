@@ -5,7 +5,13 @@
 -- with another window keeps the count as the in-memory `reconfigure` does. A new limit simply
 -- applies to the count kept (a count above a lowered limit admits nothing until the window ends).
 local function fixed_window(key, n, window, limit, now)
-  local state = redis.call('HMGET', key, 'w', 'l', 'c')
+  local state = redis.pcall('HMGET', key, 'w', 'l', 'c')
+  if state.err or (state[1] and (not whole(state[1], MAX_TIME)
+      or (state[2] and not positive(state[2], MAX_TIME))
+      or (state[3] and not whole(state[3], MAX_COUNT)))) then
+    discard(key)
+    state = {false, false, false}
+  end
   local stored, len = tonumber(state[1]), tonumber(state[2])
   local start, age = window_grid(stored, len, window, now)
   local used = 0

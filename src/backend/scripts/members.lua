@@ -9,22 +9,86 @@ local function decide(i, n, now)
   return algorithm(KEYS[i], n, tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1]), now)
 end
 
+-- Keys listed more than once (only multi.lua's callers can: two limiters, or two rules, sharing
+-- one key): the set of them, or nil if every key is listed once.
+local function repeated_keys()
+  local seen, repeated = {}, nil
+  for i = 1, #KEYS do
+    if seen[KEYS[i]] then
+      repeated = repeated or {}
+      repeated[KEYS[i]] = true
+    end
+    seen[KEYS[i]] = true
+  end
+  return repeated
+end
+
+-- A repeated key's state as it was before the call wrote to it: its DUMP and its expiry (ms
+-- since the Unix epoch, -1 for none), or false if it did not exist.
+local function snapshot(key)
+  local dump = redis.call('DUMP', key)
+  if not dump then return false end
+  local at = redis.pcall('PEXPIRETIME', key)
+  if type(at) ~= 'number' then
+    -- Redis 6.2 has no PEXPIRETIME: the TTL from this script's clock (a millisecond later at
+    -- most, never earlier).
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 then at = -1 else at = math.ceil(now_us() / 1000) + ttl end
+  end
+  return {dump, at}
+end
+
+-- Puts back what `snapshot` saw: RESTORE of a DUMP gives the same value, with the same absolute
+-- expiry (a relative TTL read and given again moved it by the millisecond that passed between).
+local function restore(key, saved)
+  redis.call('DEL', key)
+  if saved then
+    if saved[2] < 0 then
+      redis.call('RESTORE', key, 0, saved[1])
+    else
+      redis.call('RESTORE', key, saved[2], saved[1], 'ABSTTL')
+    end
+  end
+end
+
 -- Every member decides on the state before any write; only if all admit (and n > 0) are they
 -- all committed, so a rejection charges no member; otherwise every key is repaired.
+-- A key listed more than once is decided in order instead, each occurrence on the state the one
+-- before it left: an occurrence that admits is committed at once (after a snapshot of the key's
+-- first state), and if the call as a whole rejects, the key is restored from the snapshot and
+-- repaired as its first occurrence read it. Deciding every occurrence on the first state, the
+-- second write overwrote the first and the call counted n where it took 2n.
 -- Returns now, n, whether all admitted, and per member {admitted, t, remaining}.
 local function all_or_nothing()
   local now = now_us()
   local n = tonumber(ARGV[1])
+  local repeated = nil
+  if n > 0 then repeated = repeated_keys() end
   local results, commits, repairs = {}, {}, {}
+  local saved, first_repair = {}, {}
   local all = true
   for i = 1, #KEYS do
+    local key = KEYS[i]
     local admitted, t, left, commit, repair = decide(i, n, now)
     results[i] = {admitted, t, left}
     commits[i], repairs[i] = commit, repair
     if not admitted then all = false end
+    if repeated and repeated[key] then
+      if saved[key] == nil then
+        saved[key], first_repair[key] = snapshot(key), repair
+      end
+      if admitted then commit() end
+    end
   end
   for i = 1, #KEYS do
-    if all and n > 0 then
+    local key = KEYS[i]
+    if repeated and repeated[key] then
+      if not all and saved[key] ~= nil then
+        restore(key, saved[key])
+        first_repair[key]()
+        saved[key] = nil
+      end
+    elseif all and n > 0 then
       commits[i]()
     else
       repairs[i]()

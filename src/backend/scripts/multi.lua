@@ -1,6 +1,7 @@
 -- Several limiters, each with its own subject, all or nothing, in one script (see members.lua;
 -- the keys may lie in any slot, so only on a standalone server). Reply {all admitted (1 or 0),
--- now, then per member: admitted (1 or 0), t, remaining}: an admitted member's t is its
+-- now, then per member: admitted (1 or 0), t, remaining, then the count of unreadable keys if
+-- there were any}: an admitted member's t is its
 -- reset_after and remaining what is left; a rejected member's t is its retry_after (remaining 0).
 -- When the call as a whole is rejected nothing was taken, so the members that would have
 -- admitted report their state as it stands: a probe (n = 0), which writes nothing.
@@ -17,4 +18,4 @@ for i = 1, #KEYS do
   reply[#reply + 1] = t
   reply[#reply + 1] = left
 end
-return reply
+return reported(reply)

@@ -19,6 +19,41 @@ local MAX_COUNT = 4294967295
 -- which a double counts exactly (the year 2255). Only a charge gets near it.
 local MAX_TIME = 9007199254740992
 
+-- Keys this script found holding what no script writes (see `unreadable`): reported after the
+-- reply's usual fields, so that the limiter counts them.
+local unreadable = 0
+
+-- `x` (a field as Redis returns it: a string, or false if missing) as a whole number in
+-- [0, max], or nil if it is none: Lua's tonumber also reads "inf", "nan", "-5" and "1.5".
+local function whole(x, max)
+  local v = tonumber(x)
+  if v == nil or v ~= v or v < 0 or v > max or v ~= math.floor(v) then return nil end
+  return v
+end
+
+-- As `whole`, and at least 1 (a length, a capacity).
+local function positive(x, max)
+  local v = whole(x, max)
+  if v and v >= 1 then return v end
+  return nil
+end
+
+-- A key whose state cannot be read (another type, or a field no script writes: a window of
+-- length 0, a negative count, a time past MAX_TIME) is read as no state, as the in-memory
+-- StoreLimiter reads a value that cannot be its state: deleted here, so that the call decides
+-- on a fresh key and its write (if any) starts the state afresh. Left as it was, it failed
+-- every call (or a negative count admitted beyond the limit) until someone deleted it.
+local function discard(key)
+  redis.call('DEL', key)
+  unreadable = unreadable + 1
+end
+
+-- `reply` with the count of unreadable keys appended when there were any.
+local function reported(reply)
+  if unreadable > 0 then reply[#reply + 1] = unreadable end
+  return reply
+end
+
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -46,7 +81,7 @@ local function grid_end(t, window)
 end
 
 -- One algorithm on KEYS[1]; ARGV = n, p1, p2. Reply {1, now, reset_after, remaining} or
--- {0, now, retry_after, 0}.
+-- {0, now, retry_after, 0}, and the count of unreadable keys after them if there were any.
 local function single(algorithm)
   local now = now_us()
   local n = tonumber(ARGV[1])
@@ -58,9 +93,9 @@ local function single(algorithm)
     commit()
   end
   if not admitted then
-    return {0, now, t, 0}
+    return reported({0, now, t, 0})
   end
-  return {1, now, t, remaining}
+  return reported({1, now, t, remaining})
 end
 
 -- A charge (see `charge` above) of ARGV[1] permits on KEYS[1]; ARGV = n, p1, p2. The state is
@@ -71,7 +106,7 @@ local function charge_one(algorithm)
   local _, _, _, _, _, charge =
     algorithm(KEYS[1], 0, tonumber(ARGV[2]), tonumber(ARGV[3]), now)
   local reset, remaining = charge(tonumber(ARGV[1]))
-  return {1, now, reset, remaining}
+  return reported({1, now, reset, remaining})
 end
 
 -- The window holding `now` on a key's grid, for windows of `window` µs. Returns its start and

@@ -6,7 +6,14 @@
 -- length (see `window_grid` in the prelude): both counts are kept, and the previous window's is
 -- weighted over the new length, as the in-memory `reconfigure` does.
 local function sliding_counter(key, n, window, limit, now)
-  local state = redis.call('HMGET', key, 'w', 'l', 'c', 'p')
+  local state = redis.pcall('HMGET', key, 'w', 'l', 'c', 'p')
+  if state.err or (state[1] and (not whole(state[1], MAX_TIME)
+      or (state[2] and not positive(state[2], MAX_TIME))
+      or (state[3] and not whole(state[3], MAX_COUNT))
+      or (state[4] and not whole(state[4], MAX_COUNT)))) then
+    discard(key)
+    state = {false, false, false, false}
+  end
   local stored, len = tonumber(state[1]), tonumber(state[2])
   local start, age = window_grid(stored, len, window, now)
   local elapsed = now - start

@@ -8,12 +8,21 @@
 -- of the members not yet expired.
 local function sliding_window(key, n, window, limit, now)
   local now_s = string.format('%d', now)
-  local inside = redis.call('ZCOUNT', key, '(' .. now_s, '+inf')
+  local inside = redis.pcall('ZCOUNT', key, '(' .. now_s, '+inf')
   -- The latest expiry in the log (0 if empty). After a shorter window it may be an older
   -- member's, later than any this limiter writes.
   local latest = 0
-  if inside > 0 then
+  if type(inside) == 'table' then
+    -- Another type (ZCOUNT's error): no log.
+    discard(key)
+    inside = 0
+  elseif inside > 0 then
     latest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    if not (latest <= MAX_TIME) then
+      -- A member that never expires (+inf), or past MAX_TIME: no log.
+      discard(key)
+      inside, latest = 0, 0
+    end
   end
   local function repair()
     if redis.call('PTTL', key) == -1 then

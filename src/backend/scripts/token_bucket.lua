@@ -40,14 +40,23 @@ end
 
 local function token_bucket(key, n, interval, burst, now)
   local capacity = interval * burst
-  local stored = redis.call('GET', key)
+  local stored = redis.pcall('GET', key)
   local tat, written = nil, capacity
-  if stored then
+  if type(stored) == 'table' then
+    -- Another type (GET's error): no bucket.
+    discard(key)
+    stored = false
+  elseif stored then
     local t, k = string.match(stored, '^(%d+):(%d+)$')
     if t then
-      tat, written = tonumber(t), tonumber(k)
+      tat, written = whole(t, MAX_TIME), positive(k, MAX_TIME)
     else
-      tat = tonumber(stored)
+      tat = whole(stored, MAX_TIME)
+    end
+    if not tat or not written then
+      -- A time past MAX_TIME, a capacity of 0, or no number at all: no bucket.
+      discard(key)
+      stored, tat, written = false, nil, capacity
     end
   end
   local start = tat or 0
