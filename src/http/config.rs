@@ -258,9 +258,9 @@ pub struct RuleConfig {
     /// Count and log would-be rejections without enforcing them.
     pub monitor: bool,
     /// Count each `VERB:path` separately (AspNetCoreRateLimit's endpoint rate limiting); the
-    /// path normalized as for `endpoint` and read as a handler reads it (escapes decoded), so
-    /// two spellings of one path share a counter, and `HEAD` counted as the `GET` it is
-    /// served as.
+    /// path normalized as for `endpoint` and read as a handler reads it (escapes decoded, empty
+    /// and `.` segments dropped), so two spellings of one path share a counter, and `HEAD`
+    /// counted as the `GET` it is served as.
     pub per_endpoint: bool,
     /// Requests that may wait for this rule at once instead of being rejected (ASP.NET Core's
     /// `QueueLimit`); 0, the default: a rejection answers at once. A request this rule rejects

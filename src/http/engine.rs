@@ -44,8 +44,10 @@ macro_rules! count_list_rejection {
 ///
 /// 0. **The request as the rules see it.** Its path with RFC 3986's normalizations that change
 ///    no resource, and without its trailing `/` with `trim_trailing_slash`; when escapes are
-///    left (`%2F`, non-ASCII), the rules of step 4 also match it, and count it, as a handler
-///    reads it, every escape decoded (whitelists match the first form only); a client id that is
+///    left (`%2F`, non-ASCII) or it has empty or `.` segments (`//`, `/./`), the rules of step
+///    4 also match it, and count it, as a handler reads it, every escape decoded, and as a file
+///    server resolves it, those segments dropped (whitelists match the first form only); a
+///    client id that is
 ///    empty or longer than `client_id_max_len` is none, and none is `anonymous_client_id` when
 ///    that is set.
 /// 1. **Whitelists.** A client IP in `whitelist.ips` (addresses or CIDR ranges), a client id in
@@ -960,6 +962,43 @@ fn decoded_path(path: &str) -> Option<String> {
         .filter(|decoded| decoded != path)
 }
 
+/// `path` (normalized, decoded when it has a second reading) without its empty and `.`
+/// segments, as a file server resolves it, when that differs: tower-http's `ServeDir` (and
+/// `std::path::Path::components`, which it walks) reads `/static//secret/x` and
+/// `/static/./secret/x` as the `secret/x` of `/static/secret/x`, so behind a wildcard route
+/// (`/static/{*path}`) a rule for `/static/secret/*` that saw only the path as written could
+/// be stepped around by doubling a `/` or inserting a `.` segment. A final `.` leaves its
+/// `/` (`/a/.` is `/a/`, as RFC 3986's `remove_dot_segments` has it). `..` stays: it names
+/// another resource, which file servers refuse and clients resolve before sending.
+fn resolved_path(path: &str) -> Option<String> {
+    let bytes = path.as_bytes();
+    // One pass on the common path: no `//`, no `/.`, nothing to resolve.
+    if !bytes
+        .windows(2)
+        .any(|pair| pair[0] == b'/' && matches!(pair[1], b'/' | b'.'))
+    {
+        return None;
+    }
+    let mut segments = path.split('/');
+    // What precedes the first `/`: nothing in an origin-form path.
+    let mut out = String::from(segments.next().unwrap_or(""));
+    out.reserve(path.len());
+    let mut ends_in_slash = false;
+    for segment in segments {
+        if segment.is_empty() || segment == "." {
+            ends_in_slash = true;
+        } else {
+            out.push('/');
+            out.push_str(segment);
+            ends_in_slash = false;
+        }
+    }
+    if ends_in_slash {
+        out.push('/');
+    }
+    Some(out).filter(|resolved| resolved != path)
+}
+
 /// `path` without its trailing `/`s (`/` itself stays), as AspNetCoreRateLimit counts it.
 fn without_trailing_slash(path: &str) -> &str {
     match path.trim_end_matches('/') {
@@ -980,7 +1019,8 @@ fn decide<C: Clock>(
     let normal;
     let normalized;
     // The path as a handler reads it, when it differs from the normalized one (an escape of a
-    // reserved or non-ASCII character left): see `decoded_path`.
+    // reserved or non-ASCII character left, see `decoded_path`; an empty or `.` segment, see
+    // `resolved_path`).
     let mut decoded = None;
     let request = if set.reads_path {
         // One byte search on the common path, as before: a path without `%` has one reading.
@@ -994,15 +1034,19 @@ fn decide<C: Clock>(
         if set.trim_trailing_slash {
             path = without_trailing_slash(path);
         }
-        // Only a path with an escape left after normalizing has another reading.
+        // Only a path with an escape left after normalizing, or with an empty or `.` segment,
+        // has another reading.
         if escaped && path.contains('%') {
-            decoded = decoded_path(path).map(|mut text| {
-                if set.trim_trailing_slash {
-                    let trimmed = without_trailing_slash(&text).len();
-                    text.truncate(trimmed);
-                }
-                text
-            });
+            decoded = decoded_path(path);
+        }
+        if let Some(resolved) = resolved_path(decoded.as_deref().unwrap_or(path)) {
+            decoded = Some(resolved);
+        }
+        if let Some(text) = decoded.as_mut() {
+            if set.trim_trailing_slash {
+                let trimmed = without_trailing_slash(text).len();
+                text.truncate(trimmed);
+            }
         }
         if path.len() == request.path.len() && normal.is_none() {
             request
@@ -1769,6 +1813,25 @@ mod tests {
         assert_eq!(normal("/é%31é").as_deref(), Some("/é1é"));
         // One pass: a decoded `%` does not start an escape.
         assert_eq!(normal("/%2531").as_deref(), None);
+    }
+
+    #[test]
+    fn empty_and_dot_segments_resolve_as_a_file_server_resolves_them() {
+        let resolved = |path: &str| resolved_path(path);
+        assert_eq!(resolved("/static/secret/x"), None, "nothing to do: no copy");
+        assert_eq!(
+            resolved("/static/.secret/x"),
+            None,
+            "a name starting with `.`"
+        );
+        assert_eq!(resolved("/a/../b"), None, "`..` names another resource");
+        assert_eq!(resolved("//a//b").as_deref(), Some("/a/b"));
+        assert_eq!(resolved("/a/./b/.").as_deref(), Some("/a/b/"));
+        assert_eq!(resolved("/a/.//./b//").as_deref(), Some("/a/b/"));
+        assert_eq!(resolved("/./").as_deref(), Some("/"));
+        assert_eq!(resolved("//").as_deref(), Some("/"));
+        assert_eq!(resolved("/"), None);
+        assert_eq!(resolved("*"), None);
     }
 
     /// A rejection by the blocklist or a ban names its "rule" with the thread's one copy of a
