@@ -3,7 +3,8 @@
 
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
 use crate::http::rules::{
-    parse_header, BanKey, Bans, Compiler, CounterKey, LocalName, Metric, Rule, RuleSet, WaitSlot,
+    parse_header, BanKey, Bans, Compiler, CounterKey, Identity, LocalName, Metric, Rule, RuleSet,
+    WaitSlot,
 };
 use crate::http::{
     client_ip, Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas,
@@ -160,9 +161,10 @@ macro_rules! count_list_rejection {
 /// the rejection's retry-after ends within the rule's `max_wait` (default: its period) of the
 /// request's arrival: it sleeps that retry-after (on tokio's timer: the runtime needs its time
 /// driver, `enable_time` or `enable_all`) and is decided again as a new request is, from
-/// step 0 on (a client banned meanwhile is rejected as banned), under the rules it arrived
-/// under even if a reload came since. It
-/// waits again as long as each answer comes in time; when one does not, or another rule
+/// step 0 on (a client banned meanwhile is rejected as banned), under the rules in force then:
+/// a reload while it waits applies to it (a rule the reload kept, same identity, keeps its
+/// place in that rule's queue; its headers report the new limit beside the count made under
+/// it). It waits again as long as each answer comes in time; when one does not, or another rule
 /// without a queue rejects it, that rejection is final. Only the final rejection is logged,
 /// counted (`turnstile_http_rejected`) and counted towards a ban; each wait is counted in
 /// `turnstile_http_waited`. A waiting request holds no permit of any rule, and the layer gives
@@ -208,7 +210,9 @@ macro_rules! count_list_rejection {
 /// ```
 pub struct HttpLimiter<C: Clock + Clone = MonotonicClock> {
     clock: C,
-    rules: ArcSwap<RuleSet<C>>,
+    /// Shared with the requests that wait for a rule: each decides again under the rules in
+    /// force when it wakes.
+    rules: Arc<ArcSwap<RuleSet<C>>>,
     settings: Arc<ArcSwap<LayerSettings>>,
     reload_lock: Mutex<()>,
     /// The Redis connection, when the rules count in Redis.
@@ -457,7 +461,7 @@ impl HttpLimiter {
         attach(&mut rules, &redis, &backend)?;
         Ok(HttpLimiter {
             clock,
-            rules: ArcSwap::from_pointee(rules),
+            rules: Arc::new(ArcSwap::from_pointee(rules)),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             reload_lock: Mutex::new(()),
             backend: Some(backend),
@@ -492,7 +496,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         }
         Ok(HttpLimiter {
             clock,
-            rules: ArcSwap::from_pointee(rules),
+            rules: Arc::new(ArcSwap::from_pointee(rules)),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             reload_lock: Mutex::new(()),
             #[cfg(feature = "redis")]
@@ -1458,9 +1462,10 @@ fn first_overflow<C: Clock>(patience: Option<&mut Patience<C>>, rule: &Arc<Rule<
     match patience {
         None => true,
         Some(patience) => {
-            // The rule's address names it: every decision of one request is made with the
-            // rule set it arrived under, which the request holds (no clone of the rule, no
-            // reference count to touch on a path that clients a full rule take).
+            // The rule's address names it: the request holds the rule set it was last decided
+            // under, and carries the addresses over to a reload's (`Patience::follow`); no
+            // clone of the rule, no reference count to touch on a path that clients a full
+            // rule take.
             let address = Arc::as_ptr(rule) as usize;
             if patience.overflowed.contains(&address) {
                 false
@@ -1543,6 +1548,7 @@ impl<C: Clock + Clone> Policy for HttpLimiter<C> {
         match patience.wait.take() {
             None => check,
             Some(retry) => Check::Pending(wait_and_decide(
+                Arc::clone(&self.rules),
                 arc_swap::Guard::into_inner(set),
                 OwnedRequest::of(request),
                 patience,
@@ -1600,11 +1606,7 @@ impl<C: Clock> Patience<C> {
         if !fits {
             return false;
         }
-        if !self
-            .slot
-            .as_ref()
-            .is_some_and(|s| Arc::ptr_eq(s.rule(), rule))
-        {
+        if !self.slot.as_ref().is_some_and(|s| s.is_for(rule)) {
             let Some(slot) = WaitSlot::enter(rule) else {
                 tracing::debug!(rule = %rule.name, "rule's queue full: request rejected at once");
                 return false;
@@ -1615,6 +1617,28 @@ impl<C: Clock> Patience<C> {
         tracing::debug!(rule = %rule.name, retry_after = ?retry, "request waits for its rule");
         self.wait = Some(retry);
         true
+    }
+}
+
+impl<C: Clock> Patience<C> {
+    /// Carries what is kept per rule from the rules of `old` to those of `new`, a reload's
+    /// configuration: the rules whose key overflow was counted are named by address, and a
+    /// rule the reload kept (same identity) has a new one. (The place in a queue needs nothing:
+    /// a kept rule keeps its queue's count, see [`WaitSlot::is_for`].)
+    fn follow(&mut self, old: &RuleSet<C>, new: &RuleSet<C>) {
+        if self.overflowed.is_empty() {
+            return;
+        }
+        let counted: Vec<&Identity> = old
+            .all_rules()
+            .filter(|r| self.overflowed.contains(&(Arc::as_ptr(r) as usize)))
+            .map(|r| &r.identity)
+            .collect();
+        self.overflowed = new
+            .all_rules()
+            .filter(|r| counted.contains(&&r.identity))
+            .map(|r| Arc::as_ptr(r) as usize)
+            .collect();
     }
 }
 
@@ -1646,11 +1670,18 @@ impl OwnedRequest {
     }
 }
 
-/// The decision of a request that waits: sleeps `retry`, decides again (with the rules it
-/// arrived under), and so on while the decisions ask it to wait. Holds no permit while it
-/// sleeps, only its place in the queue, so dropping it consumes nothing.
+/// The decision of a request that waits: sleeps `retry`, decides again (under the rules in
+/// force then, `rules`; `set` is the one it was last decided under), and so on while the
+/// decisions ask it to wait. Holds no permit while it sleeps, only its place in the queue, so
+/// dropping it consumes nothing.
+///
+/// Not under the rules it arrived under: a reload reconfigures the limiters of the rules it
+/// keeps in place, which those rules share with the old ones, so the old rule's limit would
+/// be reported beside a count made under the new one; and the limiters of the rules a reload
+/// replaced count for no one any more.
 fn wait_and_decide<C: Clock>(
-    set: Arc<RuleSet<C>>,
+    rules: Arc<ArcSwap<RuleSet<C>>>,
+    mut set: Arc<RuleSet<C>>,
     request: OwnedRequest,
     mut patience: Patience<C>,
     mut retry: Duration,
@@ -1659,6 +1690,11 @@ fn wait_and_decide<C: Clock>(
         loop {
             // At least a millisecond: no spinning on a retry-after that rounds to nothing.
             tokio::time::sleep(retry.max(Duration::from_millis(1))).await;
+            let current = rules.load_full();
+            if !Arc::ptr_eq(&current, &set) {
+                patience.follow(&set, &current);
+                set = current;
+            }
             let check = decide(&set, &request.info(), Some(&mut patience));
             match patience.wait.take() {
                 Some(next) => retry = next,
