@@ -528,3 +528,51 @@ fn a_request_waiting_across_a_reload_counts_its_key_overflow_once() {
         "one request, one overflow"
     );
 }
+
+/// Through the layer, a request that waits across a reload is answered with the response
+/// settings of the configuration its verdict was made under, as it is counted: the reload's
+/// `legacy_headers` apply to it, with the reload's limit. The layer kept the settings of the
+/// request's arrival, and wrote the new verdict in the old format.
+#[tokio::test(start_paused = true)]
+async fn the_layer_answers_a_request_waiting_across_a_reload_with_the_new_settings() {
+    let rule = |limit: u32| {
+        format!(
+            "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = {limit}\nqueue_limit = 1\n\
+             max_wait = \"5s\"\n"
+        )
+    };
+    let limiter = limiter(&rule(1));
+    let service = limiter
+        .layer()
+        .layer(tower::service_fn(|_: http::Request<String>| {
+            std::future::ready(Ok::<_, Infallible>(http::Response::new(String::from("ok"))))
+        }));
+    let request = || {
+        let mut request = http::Request::new(String::new());
+        request
+            .extensions_mut()
+            .insert(PeerAddr("192.0.2.1:4000".parse().unwrap()));
+        request
+    };
+    let first = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("x-ratelimit-limit").is_none());
+    let waiter = tokio::spawn(service.clone().oneshot(request()));
+    tokio::task::yield_now().await;
+    let reload = format!("{}[response]\nlegacy_headers = true\n", rule(3));
+    limiter
+        .reload(HttpConfig::from_toml_str(&reload).unwrap())
+        .unwrap();
+    let waited = waiter.await.unwrap().unwrap();
+    assert_eq!(waited.status(), 200);
+    assert_eq!(waited.headers()["ratelimit"], "\"q\";r=2;t=1");
+    assert_eq!(
+        waited
+            .headers()
+            .get("x-ratelimit-limit")
+            .map(|v| v.to_str().unwrap()),
+        Some("3"),
+        "{:?}",
+        waited.headers()
+    );
+}
