@@ -894,6 +894,50 @@ async fn watch_reloads_on_change_and_keeps_old_config_on_error() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Two writes within the file system's timestamp resolution leave the modification time as it
+/// was (and a changed limit leaves the length): the watcher notices the change by the content,
+/// which is what it reloads. It compared modification times only, and kept the first write.
+#[tokio::test(start_paused = true)]
+async fn watch_notices_a_rewrite_that_keeps_the_modification_time_and_length() {
+    let dir = std::env::temp_dir().join(format!(
+        "turnstile-http-watch-same-mtime-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let write = |limit: u32| {
+        std::fs::write(
+            &path,
+            format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = {limit}\n"),
+        )
+        .unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000))
+            .unwrap();
+    };
+    write(1);
+    let l = std::sync::Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
+    );
+    let handle = l.watch(&path, Duration::from_millis(10));
+    let limit = |ip: &str| get(&l, "/", ip, None).quotas[0].limit;
+    // Paused time: each sleep lets the watcher poll a few times.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(limit("9.9.9.1"), 1);
+    write(2);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        limit("9.9.9.2"),
+        2,
+        "a rewrite of the same time and length was missed"
+    );
+    write(3);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(limit("9.9.9.3"), 3);
+    handle.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[cfg(feature = "metrics")]
 #[path = "common/tally.rs"]
 mod tally;

@@ -1189,6 +1189,16 @@ impl HttpConfig {
     /// ```
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, HttpConfigError> {
         let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| HttpConfigError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Self::from_file_bytes(path, &bytes)
+    }
+
+    /// `bytes`, read from `path`, in the format `path`'s extension names (what
+    /// [`from_file`](Self::from_file) does once it has read them).
+    pub(crate) fn from_file_bytes(path: &Path, bytes: &[u8]) -> Result<Self, HttpConfigError> {
         let io = |message: String| HttpConfigError::Io {
             path: path.display().to_string(),
             message,
@@ -1197,11 +1207,13 @@ impl HttpConfig {
             .extension()
             .and_then(|e| e.to_str())
             .map(str::to_ascii_lowercase);
-        let text = std::fs::read_to_string(path).map_err(|e| io(e.to_string()))?;
+        // The message `read_to_string` gives.
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| io("stream did not contain valid UTF-8".to_owned()))?;
         match ext.as_deref() {
-            Some("toml") => Self::from_toml_str(&text),
-            Some("json") => Self::from_json_str(&text),
-            Some("yaml") | Some("yml") => Self::from_yaml_str(&text),
+            Some("toml") => Self::from_toml_str(text),
+            Some("json") => Self::from_json_str(text),
+            Some("yaml") | Some("yml") => Self::from_yaml_str(text),
             _ => Err(io(
                 "unknown extension: expected .toml, .json, .yaml or .yml".to_owned(),
             )),

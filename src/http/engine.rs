@@ -20,7 +20,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Counts a rejection by a list no rule names (`"blocklist"`, `"ban"`) in the `metrics` facade:
 /// literals, so the key is a static one.
@@ -589,9 +589,16 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         self.reload(HttpConfig::from_file(path)?)
     }
 
-    /// Polls `path`'s modification time every `interval` and reloads when it changes, logging
-    /// failures (with `tracing`, at error level) and keeping the old configuration. Needs a
-    /// tokio runtime; abort the handle to stop.
+    /// Reads `path` every `interval` and reloads when its content changed, logging failures
+    /// (with `tracing`, at error level) and keeping the old configuration. Needs a tokio
+    /// runtime; abort the handle to stop.
+    ///
+    /// The content, not the modification time: two writes within the file system's
+    /// timestamp resolution (a second on some) leave the time as it was, and an edit of one
+    /// digit the length. The bytes compared are the bytes reloaded, so a write landing between
+    /// a poll and its reload is not taken for the one reloaded. A file that cannot be read
+    /// (replaced by a rename, say) is tried again at the next poll; a content that fails to
+    /// load is not tried again until it changes.
     ///
     /// # Examples
     ///
@@ -613,8 +620,9 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         let path = path.into();
         let limiter = Arc::downgrade(self);
         let interval = interval.max(Duration::from_millis(1));
-        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let mut seen: Option<SystemTime> = mtime(&path);
+        // The content last loaded (or found unloadable): a configuration file is small, and
+        // kept whole it is compared exactly, with no hash to collide.
+        let mut seen: Option<Vec<u8>> = std::fs::read(&path).ok();
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             loop {
@@ -622,12 +630,16 @@ impl<C: Clock + Clone> HttpLimiter<C> {
                 let Some(limiter) = limiter.upgrade() else {
                     return;
                 };
-                let now = mtime(&path);
-                if now.is_none() || now == seen {
+                let Ok(now) = std::fs::read(&path) else {
+                    continue;
+                };
+                if seen.as_deref() == Some(now.as_slice()) {
                     continue;
                 }
-                seen = now;
-                match limiter.reload_from_file(&path) {
+                let result = HttpConfig::from_file_bytes(&path, &now)
+                    .and_then(|config| limiter.reload(config));
+                seen = Some(now);
+                match result {
                     Ok(()) => {
                         tracing::info!(path = %path.display(), "rate-limit configuration reloaded")
                     }
