@@ -414,6 +414,57 @@ fn a_reload_keeps_the_bans_whatever_their_periods_spelling() {
     assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
 }
 
+/// A ban longer than the clock can read (`Duration::MAX` built in code, `1000000y` in a file)
+/// bans for good: the limiters' readings stop at 2^62 ns (about 146 years after the clock's
+/// epoch) while such a ban ends later, so no reading reaches its end; its retry-after never
+/// falls below 2^62 − 1 ns (Retry-After: 4611686019). A duration humantime cannot represent is
+/// refused, naming the field.
+#[test]
+fn a_ban_longer_than_the_clock_can_read_is_for_good() {
+    let forever = Duration::from_nanos((1 << 62) - 1);
+    let texts = [
+        "1000000y".to_owned(),
+        turnstile::http::BanConfig::new(1, Duration::from_secs(60), Duration::MAX).duration,
+    ];
+    for duration in texts {
+        let (l, clock) = limiter(&format!(
+            "{PER_IP}[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"{duration}\"\n"
+        ));
+        get(&l, "/", "1.1.1.1", None);
+        get(&l, "/", "1.1.1.1", None);
+        assert_eq!(
+            reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+            RejectReason::RateLimited
+        );
+        for years in [1, 146, 147, 300, 600] {
+            clock.advance(Duration::from_secs(years * 365 * 24 * 3600));
+            let (why, _, retry_after) = reason(&get(&l, "/", "1.1.1.1", None)).unwrap();
+            assert_eq!(
+                why,
+                RejectReason::Banned,
+                "{duration}: lifted after {years} more years"
+            );
+            assert!(
+                retry_after.unwrap() >= forever,
+                "{duration}: {retry_after:?}"
+            );
+        }
+    }
+    let refused = HttpLimiter::with_clock(
+        HttpConfig::from_toml_str(&format!(
+            "{PER_IP}[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"600000000000y\"\n"
+        ))
+        .unwrap(),
+        ManualClock::new(),
+    );
+    match refused {
+        Err(turnstile::http::HttpConfigError::Invalid { field, .. }) => {
+            assert_eq!(field, "bans.duration")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// One per-IP rule, 2 per minute, for the key-cap tests.
 const PER_IP_MINUTE: &str = "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 2\n";
 

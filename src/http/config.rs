@@ -641,7 +641,11 @@ pub struct BanConfig {
     pub after: u64,
     /// The interval they must fall in (humantime).
     pub within: String,
-    /// How long a ban lasts (humantime).
+    /// How long a ban lasts (humantime). A ban longer than the clock reads (about 146 years
+    /// after its epoch: `Duration::MAX`, `"1000000y"`) is for good: no reading reaches its end,
+    /// and its `Retry-After` never falls below 4611686019 (seconds: 2^62 ns, rounded up). A
+    /// duration humantime cannot hold (beyond about 584 billion years) is refused, naming
+    /// `bans.duration`.
     pub duration: String,
     /// The most clients tracked (for rejection counts, and for bans). A rejection of a new
     /// client while every entry is busy is not counted towards a ban (the layer logs it and,
