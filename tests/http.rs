@@ -609,3 +609,112 @@ async fn a_rule_matches_the_path_as_the_handler_reads_it() {
     let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
     assert_eq!(codes, [200, 429], "{got:?}");
 }
+
+/// A file server behind a wildcard route resolves the path it captures as a file system
+/// does: empty segments (`//`) and `.` segments name nothing, so `/static//secret/x` and
+/// `/static/./secret/x` are the file of `/static/secret/x` (tower-http's `ServeDir` walks
+/// `Path::components`, which drops both; the handler below resolves its capture the same
+/// way). A rule that saw only the path as written could be stepped around by writing it
+/// so; it matches, and counts, the resolved path too, while a whitelist keeps to the path as
+/// written. axum's router resolves neither: `/api//values` is not `/api/values` to it.
+#[tokio::test]
+async fn a_rule_matches_the_path_as_a_file_server_resolves_it() {
+    async fn statuses(toml: &str, uris: &[&str]) -> Vec<(u16, String)> {
+        let file = |axum::extract::Path(path): axum::extract::Path<String>| async move {
+            std::path::Path::new(&path)
+                .components()
+                .filter_map(|c| match c {
+                    std::path::Component::Normal(part) => part.to_str().map(str::to_owned),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        let routes = Router::new()
+            .route("/static/{*path}", get(file))
+            .route("/api/values", get(|| async { "values" }))
+            .with_state(());
+        let (limiter, _clock) = limiter(toml);
+        let mut service = limiter.layer().layer(routes);
+        let mut out = Vec::new();
+        for uri in uris {
+            let response = call_from_one_peer(&mut service, http::Method::GET, uri).await;
+            let status = response.status().as_u16();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            out.push((status, String::from_utf8_lossy(&body).into_owned()));
+        }
+        out
+    }
+
+    let blocking = |pattern: &str| {
+        format!("[[rules]]\nendpoint = \"{pattern}\"\nperiod = \"1m\"\nlimit = 0\n")
+    };
+    // Unlimited, the file server serves `secret/x` for each of these spellings.
+    let spellings = [
+        "/static/secret/x",
+        "/static//secret/x",
+        "/static/./secret/x",
+        "/static/secret//x",
+        "/static/.//./secret/./x",
+        "/static/%2E/secret/x",
+        "/static/%2F/secret/x",
+    ];
+    let got = statuses("", &spellings).await;
+    assert!(
+        got.iter().all(|g| *g == (200, "secret/x".to_owned())),
+        "{got:?}"
+    );
+    // Each is blocked by the rule for the secret files, and the other files are not.
+    let mut uris = spellings.to_vec();
+    uris.extend(["/static/other", "/static//other/./secret/x"]);
+    let got = statuses(&blocking("get:/static/secret/*"), &uris).await;
+    let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
+    assert_eq!(
+        codes,
+        [429, 429, 429, 429, 429, 429, 429, 200, 200],
+        "{got:?}"
+    );
+    // A `.` in a name is no `.` segment, nor is `..` one that resolves to nothing.
+    let got = statuses(
+        &blocking("get:/static/secret/*"),
+        &["/static/.secret/x", "/static/secret./x"],
+    )
+    .await;
+    let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
+    assert_eq!(codes, [200, 200], "{got:?}");
+    // Per endpoint, the spellings of one file share one counter.
+    let per_endpoint =
+        "[[rules]]\nendpoint = \"*\"\nper_endpoint = true\nperiod = \"1m\"\nlimit = 2\n";
+    let got = statuses(
+        per_endpoint,
+        &[
+            "/static/a/b",
+            "/static//a/b",
+            "/static/./a/./b",
+            "/static/a/c",
+        ],
+    )
+    .await;
+    let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
+    assert_eq!(codes, [200, 200, 429, 200], "{got:?}");
+    // axum routes `//` to no handler of its own: the request is answered 404, not served.
+    let got = statuses("", &["/api/values", "/api//values", "/api/./values"]).await;
+    let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
+    assert_eq!(codes, [200, 404, 404], "{got:?}");
+    // A whitelist exempts the path as written only: `//` does not make a request exempt.
+    let whitelisted = "[whitelist]\nendpoints = [\"get:/static/public/x\"]\n[[rules]]\n\
+                       endpoint = \"*\"\nperiod = \"1m\"\nlimit = 0\n";
+    let got = statuses(
+        whitelisted,
+        &[
+            "/static/public/x",
+            "/static/public//x",
+            "/static/./public/x",
+        ],
+    )
+    .await;
+    let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
+    assert_eq!(codes, [200, 429, 429], "{got:?}");
+}

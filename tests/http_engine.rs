@@ -414,6 +414,57 @@ fn a_reload_keeps_the_bans_whatever_their_periods_spelling() {
     assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
 }
 
+/// A ban longer than the clock can read (`Duration::MAX` built in code, `1000000y` in a file)
+/// bans for good: the limiters' readings stop at 2^62 ns (about 146 years after the clock's
+/// epoch) while such a ban ends later, so no reading reaches its end; its retry-after never
+/// falls below 2^62 − 1 ns (Retry-After: 4611686019). A duration humantime cannot represent is
+/// refused, naming the field.
+#[test]
+fn a_ban_longer_than_the_clock_can_read_is_for_good() {
+    let forever = Duration::from_nanos((1 << 62) - 1);
+    let texts = [
+        "1000000y".to_owned(),
+        turnstile::http::BanConfig::new(1, Duration::from_secs(60), Duration::MAX).duration,
+    ];
+    for duration in texts {
+        let (l, clock) = limiter(&format!(
+            "{PER_IP}[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"{duration}\"\n"
+        ));
+        get(&l, "/", "1.1.1.1", None);
+        get(&l, "/", "1.1.1.1", None);
+        assert_eq!(
+            reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
+            RejectReason::RateLimited
+        );
+        for years in [1, 146, 147, 300, 600] {
+            clock.advance(Duration::from_secs(years * 365 * 24 * 3600));
+            let (why, _, retry_after) = reason(&get(&l, "/", "1.1.1.1", None)).unwrap();
+            assert_eq!(
+                why,
+                RejectReason::Banned,
+                "{duration}: lifted after {years} more years"
+            );
+            assert!(
+                retry_after.unwrap() >= forever,
+                "{duration}: {retry_after:?}"
+            );
+        }
+    }
+    let refused = HttpLimiter::with_clock(
+        HttpConfig::from_toml_str(&format!(
+            "{PER_IP}[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"600000000000y\"\n"
+        ))
+        .unwrap(),
+        ManualClock::new(),
+    );
+    match refused {
+        Err(turnstile::http::HttpConfigError::Invalid { field, .. }) => {
+            assert_eq!(field, "bans.duration")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// One per-IP rule, 2 per minute, for the key-cap tests.
 const PER_IP_MINUTE: &str = "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 2\n";
 
@@ -890,6 +941,50 @@ async fn watch_reloads_on_change_and_keeps_old_config_on_error() {
         1,
         "old config kept"
     );
+    handle.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two writes within the file system's timestamp resolution leave the modification time as it
+/// was (and a changed limit leaves the length): the watcher notices the change by the content,
+/// which is what it reloads. It compared modification times only, and kept the first write.
+#[tokio::test(start_paused = true)]
+async fn watch_notices_a_rewrite_that_keeps_the_modification_time_and_length() {
+    let dir = std::env::temp_dir().join(format!(
+        "turnstile-http-watch-same-mtime-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let write = |limit: u32| {
+        std::fs::write(
+            &path,
+            format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = {limit}\n"),
+        )
+        .unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000))
+            .unwrap();
+    };
+    write(1);
+    let l = std::sync::Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
+    );
+    let handle = l.watch(&path, Duration::from_millis(10));
+    let limit = |ip: &str| get(&l, "/", ip, None).quotas[0].limit;
+    // Paused time: each sleep lets the watcher poll a few times.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(limit("9.9.9.1"), 1);
+    write(2);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        limit("9.9.9.2"),
+        2,
+        "a rewrite of the same time and length was missed"
+    );
+    write(3);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(limit("9.9.9.3"), 3);
     handle.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -401,3 +401,178 @@ fn waiting_request_counts_its_key_overflow_once(algorithm: &str) {
         "one request, one overflow ({algorithm})"
     );
 }
+
+/// A request that waits across a reload is decided again under the configuration in force
+/// then, all of it: its rule's limiter is the one the reload reconfigured, so the quota its
+/// headers report must name the new limit beside the count made under it. It reported the
+/// limit of the configuration it arrived under with the remaining of the new one (limit 1,
+/// remaining 2).
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_across_a_reload_reports_the_new_limit_with_its_count() {
+    let rule = |limit: u32| {
+        format!(
+            "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = {limit}\nqueue_limit = 1\n\
+             max_wait = \"5s\"\n"
+        )
+    };
+    let limiter = limiter(&rule(1));
+    let first = decide(&limiter, "192.0.2.1").await;
+    assert_eq!((first.quotas[0].limit, first.quotas[0].remaining), (1, 0));
+    let start = Instant::now();
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { decide(&limiter, "192.0.2.1").await })
+    };
+    tokio::task::yield_now().await;
+    limiter
+        .reload(HttpConfig::from_toml_str(&rule(3)).unwrap())
+        .unwrap();
+    let waited = waiter.await.unwrap();
+    assert!(waited.outcome.is_admitted(), "{waited:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    let quota = &waited.quotas[0];
+    assert_eq!(
+        (quota.limit, quota.remaining),
+        (3, 2),
+        "the limit and the count of one configuration: {quota:?}"
+    );
+    // And the request after it is counted under the same configuration.
+    let next = decide(&limiter, "192.0.2.1").await;
+    assert_eq!((next.quotas[0].limit, next.quotas[0].remaining), (3, 1));
+}
+
+/// A request that waits across a reload that keeps its rule keeps its place in the rule's
+/// queue: rejected again under the lowered limit, it waits on (a full queue of one does not
+/// turn it away for the place it holds itself), and is admitted under the new limit.
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_across_a_reload_keeps_its_place_in_the_queue() {
+    let rule = |limit: u32| {
+        format!(
+            "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = {limit}\n\
+             algorithm = \"sliding_window\"\nqueue_limit = 1\nmax_wait = \"5s\"\n"
+        )
+    };
+    let limiter = limiter(&rule(2));
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    tokio::time::advance(Duration::from_millis(500)).await;
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    // Full until the first request's second ends, at 1 s.
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { decide(&limiter, "192.0.2.1").await })
+    };
+    tokio::task::yield_now().await;
+    limiter
+        .reload(HttpConfig::from_toml_str(&rule(1)).unwrap())
+        .unwrap();
+    // At 1 s the request of 0.5 s still fills the lowered limit: the waiter waits for 1.5 s.
+    let waited = waiter.await.unwrap();
+    assert!(waited.outcome.is_admitted(), "{waited:?}");
+    assert_eq!(start.elapsed(), Duration::from_millis(1500));
+    let quota = &waited.quotas[0];
+    assert_eq!((quota.limit, quota.remaining), (1, 0), "{quota:?}");
+}
+
+/// The key overflow of a request that waits across a reload is still counted once: the
+/// rules of the reload's configuration are other objects, and the full rule the request met
+/// before its wait, kept by the reload, is met again after it.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_request_waiting_across_a_reload_counts_its_key_overflow_once() {
+    let tally = tally::Tally::default();
+    let counts = tally.0.clone();
+    let toml = "max_keys_per_rule = 1\nkey_overflow = \"allow\"\n\
+         [[rules]]\nname = \"by-ip\"\nperiod = \"1m\"\nlimit = 100\nkey = \"ip\"\n\
+         [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"client\"\nqueue_limit = 5\n";
+    metrics::with_local_recorder(&tally, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let limiter = Arc::new(
+                HttpLimiter::with_clock(
+                    HttpConfig::from_toml_str(toml).unwrap(),
+                    TokioClock::new(),
+                )
+                .unwrap(),
+            );
+            assert!(limiter
+                .decide_async(&with_client("10.0.0.1", Some("x")))
+                .await
+                .outcome
+                .is_admitted());
+            let waiter = {
+                let limiter = Arc::clone(&limiter);
+                tokio::spawn(async move {
+                    limiter
+                        .decide_async(&with_client("10.0.0.2", Some("x")))
+                        .await
+                })
+            };
+            tokio::task::yield_now().await;
+            limiter
+                .reload(HttpConfig::from_toml_str(toml).unwrap())
+                .unwrap();
+            let v = waiter.await.unwrap();
+            assert!(v.outcome.is_admitted(), "{v:?}");
+        });
+    });
+    let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+    assert_eq!(n("turnstile_http_waited{q}"), 1);
+    assert_eq!(
+        n("turnstile_http_key_overflow{by-ip}"),
+        1,
+        "one request, one overflow"
+    );
+}
+
+/// Through the layer, a request that waits across a reload is answered with the response
+/// settings of the configuration its verdict was made under, as it is counted: the reload's
+/// `legacy_headers` apply to it, with the reload's limit. The layer kept the settings of the
+/// request's arrival, and wrote the new verdict in the old format.
+#[tokio::test(start_paused = true)]
+async fn the_layer_answers_a_request_waiting_across_a_reload_with_the_new_settings() {
+    let rule = |limit: u32| {
+        format!(
+            "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = {limit}\nqueue_limit = 1\n\
+             max_wait = \"5s\"\n"
+        )
+    };
+    let limiter = limiter(&rule(1));
+    let service = limiter
+        .layer()
+        .layer(tower::service_fn(|_: http::Request<String>| {
+            std::future::ready(Ok::<_, Infallible>(http::Response::new(String::from("ok"))))
+        }));
+    let request = || {
+        let mut request = http::Request::new(String::new());
+        request
+            .extensions_mut()
+            .insert(PeerAddr("192.0.2.1:4000".parse().unwrap()));
+        request
+    };
+    let first = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("x-ratelimit-limit").is_none());
+    let waiter = tokio::spawn(service.clone().oneshot(request()));
+    tokio::task::yield_now().await;
+    let reload = format!("{}[response]\nlegacy_headers = true\n", rule(3));
+    limiter
+        .reload(HttpConfig::from_toml_str(&reload).unwrap())
+        .unwrap();
+    let waited = waiter.await.unwrap().unwrap();
+    assert_eq!(waited.status(), 200);
+    assert_eq!(waited.headers()["ratelimit"], "\"q\";r=2;t=1");
+    assert_eq!(
+        waited
+            .headers()
+            .get("x-ratelimit-limit")
+            .map(|v| v.to_str().unwrap()),
+        Some("3"),
+        "{:?}",
+        waited.headers()
+    );
+}

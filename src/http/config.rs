@@ -258,9 +258,9 @@ pub struct RuleConfig {
     /// Count and log would-be rejections without enforcing them.
     pub monitor: bool,
     /// Count each `VERB:path` separately (AspNetCoreRateLimit's endpoint rate limiting); the
-    /// path normalized as for `endpoint` and read as a handler reads it (escapes decoded), so
-    /// two spellings of one path share a counter, and `HEAD` counted as the `GET` it is
-    /// served as.
+    /// path normalized as for `endpoint` and read as a handler reads it (escapes decoded, empty
+    /// and `.` segments dropped), so two spellings of one path share a counter, and `HEAD`
+    /// counted as the `GET` it is served as.
     pub per_endpoint: bool,
     /// Requests that may wait for this rule at once instead of being rejected (ASP.NET Core's
     /// `QueueLimit`); 0, the default: a rejection answers at once. A request this rule rejects
@@ -641,7 +641,11 @@ pub struct BanConfig {
     pub after: u64,
     /// The interval they must fall in (humantime).
     pub within: String,
-    /// How long a ban lasts (humantime).
+    /// How long a ban lasts (humantime). A ban longer than the clock reads (about 146 years
+    /// after its epoch: `Duration::MAX`, `"1000000y"`) is for good: no reading reaches its end,
+    /// and its `Retry-After` never falls below 4611686019 (seconds: 2^62 ns, rounded up). A
+    /// duration humantime cannot hold (beyond about 584 billion years) is refused, naming
+    /// `bans.duration`.
     pub duration: String,
     /// The most clients tracked (for rejection counts, and for bans). A rejection of a new
     /// client while every entry is busy is not counted towards a ban (the layer logs it and,
@@ -1189,6 +1193,16 @@ impl HttpConfig {
     /// ```
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, HttpConfigError> {
         let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| HttpConfigError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Self::from_file_bytes(path, &bytes)
+    }
+
+    /// `bytes`, read from `path`, in the format `path`'s extension names (what
+    /// [`from_file`](Self::from_file) does once it has read them).
+    pub(crate) fn from_file_bytes(path: &Path, bytes: &[u8]) -> Result<Self, HttpConfigError> {
         let io = |message: String| HttpConfigError::Io {
             path: path.display().to_string(),
             message,
@@ -1197,11 +1211,13 @@ impl HttpConfig {
             .extension()
             .and_then(|e| e.to_str())
             .map(str::to_ascii_lowercase);
-        let text = std::fs::read_to_string(path).map_err(|e| io(e.to_string()))?;
+        // The message `read_to_string` gives.
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| io("stream did not contain valid UTF-8".to_owned()))?;
         match ext.as_deref() {
-            Some("toml") => Self::from_toml_str(&text),
-            Some("json") => Self::from_json_str(&text),
-            Some("yaml") | Some("yml") => Self::from_yaml_str(&text),
+            Some("toml") => Self::from_toml_str(text),
+            Some("json") => Self::from_json_str(text),
+            Some("yaml") | Some("yml") => Self::from_yaml_str(text),
             _ => Err(io(
                 "unknown extension: expected .toml, .json, .yaml or .yml".to_owned(),
             )),

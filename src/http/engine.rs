@@ -3,7 +3,8 @@
 
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
 use crate::http::rules::{
-    parse_header, BanKey, Bans, Compiler, CounterKey, LocalName, Metric, Rule, RuleSet, WaitSlot,
+    parse_header, BanKey, Bans, Compiler, CounterKey, Identity, LocalName, Metric, Rule, RuleSet,
+    WaitSlot,
 };
 use crate::http::{
     client_ip, Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas,
@@ -19,7 +20,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Counts a rejection by a list no rule names (`"blocklist"`, `"ban"`) in the `metrics` facade:
 /// literals, so the key is a static one.
@@ -44,8 +45,10 @@ macro_rules! count_list_rejection {
 ///
 /// 0. **The request as the rules see it.** Its path with RFC 3986's normalizations that change
 ///    no resource, and without its trailing `/` with `trim_trailing_slash`; when escapes are
-///    left (`%2F`, non-ASCII), the rules of step 4 also match it, and count it, as a handler
-///    reads it, every escape decoded (whitelists match the first form only); a client id that is
+///    left (`%2F`, non-ASCII) or it has empty or `.` segments (`//`, `/./`), the rules of step
+///    4 also match it, and count it, as a handler reads it, every escape decoded, and as a file
+///    server resolves it, those segments dropped (whitelists match the first form only); a
+///    client id that is
 ///    empty or longer than `client_id_max_len` is none, and none is `anonymous_client_id` when
 ///    that is set.
 /// 1. **Whitelists.** A client IP in `whitelist.ips` (addresses or CIDR ranges), a client id in
@@ -158,9 +161,10 @@ macro_rules! count_list_rejection {
 /// the rejection's retry-after ends within the rule's `max_wait` (default: its period) of the
 /// request's arrival: it sleeps that retry-after (on tokio's timer: the runtime needs its time
 /// driver, `enable_time` or `enable_all`) and is decided again as a new request is, from
-/// step 0 on (a client banned meanwhile is rejected as banned), under the rules it arrived
-/// under even if a reload came since. It
-/// waits again as long as each answer comes in time; when one does not, or another rule
+/// step 0 on (a client banned meanwhile is rejected as banned), under the rules in force then:
+/// a reload while it waits applies to it (a rule the reload kept, same identity, keeps its
+/// place in that rule's queue; its headers report the new limit beside the count made under
+/// it). It waits again as long as each answer comes in time; when one does not, or another rule
 /// without a queue rejects it, that rejection is final. Only the final rejection is logged,
 /// counted (`turnstile_http_rejected`) and counted towards a ban; each wait is counted in
 /// `turnstile_http_waited`. A waiting request holds no permit of any rule, and the layer gives
@@ -206,7 +210,9 @@ macro_rules! count_list_rejection {
 /// ```
 pub struct HttpLimiter<C: Clock + Clone = MonotonicClock> {
     clock: C,
-    rules: ArcSwap<RuleSet<C>>,
+    /// Shared with the requests that wait for a rule: each decides again under the rules in
+    /// force when it wakes.
+    rules: Arc<ArcSwap<RuleSet<C>>>,
     settings: Arc<ArcSwap<LayerSettings>>,
     reload_lock: Mutex<()>,
     /// The Redis connection, when the rules count in Redis.
@@ -455,7 +461,7 @@ impl HttpLimiter {
         attach(&mut rules, &redis, &backend)?;
         Ok(HttpLimiter {
             clock,
-            rules: ArcSwap::from_pointee(rules),
+            rules: Arc::new(ArcSwap::from_pointee(rules)),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             reload_lock: Mutex::new(()),
             backend: Some(backend),
@@ -490,7 +496,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         }
         Ok(HttpLimiter {
             clock,
-            rules: ArcSwap::from_pointee(rules),
+            rules: Arc::new(ArcSwap::from_pointee(rules)),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             reload_lock: Mutex::new(()),
             #[cfg(feature = "redis")]
@@ -583,9 +589,16 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         self.reload(HttpConfig::from_file(path)?)
     }
 
-    /// Polls `path`'s modification time every `interval` and reloads when it changes, logging
-    /// failures (with `tracing`, at error level) and keeping the old configuration. Needs a
-    /// tokio runtime; abort the handle to stop.
+    /// Reads `path` every `interval` and reloads when its content changed, logging failures
+    /// (with `tracing`, at error level) and keeping the old configuration. Needs a tokio
+    /// runtime; abort the handle to stop.
+    ///
+    /// The content, not the modification time: two writes within the file system's
+    /// timestamp resolution (a second on some) leave the time as it was, and an edit of one
+    /// digit the length. The bytes compared are the bytes reloaded, so a write landing between
+    /// a poll and its reload is not taken for the one reloaded. A file that cannot be read
+    /// (replaced by a rename, say) is tried again at the next poll; a content that fails to
+    /// load is not tried again until it changes.
     ///
     /// # Examples
     ///
@@ -607,8 +620,9 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         let path = path.into();
         let limiter = Arc::downgrade(self);
         let interval = interval.max(Duration::from_millis(1));
-        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let mut seen: Option<SystemTime> = mtime(&path);
+        // The content last loaded (or found unloadable): a configuration file is small, and
+        // kept whole it is compared exactly, with no hash to collide.
+        let mut seen: Option<Vec<u8>> = std::fs::read(&path).ok();
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             loop {
@@ -616,12 +630,16 @@ impl<C: Clock + Clone> HttpLimiter<C> {
                 let Some(limiter) = limiter.upgrade() else {
                     return;
                 };
-                let now = mtime(&path);
-                if now.is_none() || now == seen {
+                let Ok(now) = std::fs::read(&path) else {
+                    continue;
+                };
+                if seen.as_deref() == Some(now.as_slice()) {
                     continue;
                 }
-                seen = now;
-                match limiter.reload_from_file(&path) {
+                let result = HttpConfig::from_file_bytes(&path, &now)
+                    .and_then(|config| limiter.reload(config));
+                seen = Some(now);
+                match result {
                     Ok(()) => {
                         tracing::info!(path = %path.display(), "rate-limit configuration reloaded")
                     }
@@ -960,6 +978,43 @@ fn decoded_path(path: &str) -> Option<String> {
         .filter(|decoded| decoded != path)
 }
 
+/// `path` (normalized, decoded when it has a second reading) without its empty and `.`
+/// segments, as a file server resolves it, when that differs: tower-http's `ServeDir` (and
+/// `std::path::Path::components`, which it walks) reads `/static//secret/x` and
+/// `/static/./secret/x` as the `secret/x` of `/static/secret/x`, so behind a wildcard route
+/// (`/static/{*path}`) a rule for `/static/secret/*` that saw only the path as written could
+/// be stepped around by doubling a `/` or inserting a `.` segment. A final `.` leaves its
+/// `/` (`/a/.` is `/a/`, as RFC 3986's `remove_dot_segments` has it). `..` stays: it names
+/// another resource, which file servers refuse and clients resolve before sending.
+fn resolved_path(path: &str) -> Option<String> {
+    let bytes = path.as_bytes();
+    // One pass on the common path: no `//`, no `/.`, nothing to resolve.
+    if !bytes
+        .windows(2)
+        .any(|pair| pair[0] == b'/' && matches!(pair[1], b'/' | b'.'))
+    {
+        return None;
+    }
+    let mut segments = path.split('/');
+    // What precedes the first `/`: nothing in an origin-form path.
+    let mut out = String::from(segments.next().unwrap_or(""));
+    out.reserve(path.len());
+    let mut ends_in_slash = false;
+    for segment in segments {
+        if segment.is_empty() || segment == "." {
+            ends_in_slash = true;
+        } else {
+            out.push('/');
+            out.push_str(segment);
+            ends_in_slash = false;
+        }
+    }
+    if ends_in_slash {
+        out.push('/');
+    }
+    Some(out).filter(|resolved| resolved != path)
+}
+
 /// `path` without its trailing `/`s (`/` itself stays), as AspNetCoreRateLimit counts it.
 fn without_trailing_slash(path: &str) -> &str {
     match path.trim_end_matches('/') {
@@ -980,7 +1035,8 @@ fn decide<C: Clock>(
     let normal;
     let normalized;
     // The path as a handler reads it, when it differs from the normalized one (an escape of a
-    // reserved or non-ASCII character left): see `decoded_path`.
+    // reserved or non-ASCII character left, see `decoded_path`; an empty or `.` segment, see
+    // `resolved_path`).
     let mut decoded = None;
     let request = if set.reads_path {
         // One byte search on the common path, as before: a path without `%` has one reading.
@@ -994,15 +1050,19 @@ fn decide<C: Clock>(
         if set.trim_trailing_slash {
             path = without_trailing_slash(path);
         }
-        // Only a path with an escape left after normalizing has another reading.
+        // Only a path with an escape left after normalizing, or with an empty or `.` segment,
+        // has another reading.
         if escaped && path.contains('%') {
-            decoded = decoded_path(path).map(|mut text| {
-                if set.trim_trailing_slash {
-                    let trimmed = without_trailing_slash(&text).len();
-                    text.truncate(trimmed);
-                }
-                text
-            });
+            decoded = decoded_path(path);
+        }
+        if let Some(resolved) = resolved_path(decoded.as_deref().unwrap_or(path)) {
+            decoded = Some(resolved);
+        }
+        if let Some(text) = decoded.as_mut() {
+            if set.trim_trailing_slash {
+                let trimmed = without_trailing_slash(text).len();
+                text.truncate(trimmed);
+            }
         }
         if path.len() == request.path.len() && normal.is_none() {
             request
@@ -1414,9 +1474,10 @@ fn first_overflow<C: Clock>(patience: Option<&mut Patience<C>>, rule: &Arc<Rule<
     match patience {
         None => true,
         Some(patience) => {
-            // The rule's address names it: every decision of one request is made with the
-            // rule set it arrived under, which the request holds (no clone of the rule, no
-            // reference count to touch on a path that clients a full rule take).
+            // The rule's address names it: the request holds the rule set it was last decided
+            // under, and carries the addresses over to a reload's (`Patience::follow`); no
+            // clone of the rule, no reference count to touch on a path that clients a full
+            // rule take.
             let address = Arc::as_ptr(rule) as usize;
             if patience.overflowed.contains(&address) {
                 false
@@ -1499,6 +1560,7 @@ impl<C: Clock + Clone> Policy for HttpLimiter<C> {
         match patience.wait.take() {
             None => check,
             Some(retry) => Check::Pending(wait_and_decide(
+                Arc::clone(&self.rules),
                 arc_swap::Guard::into_inner(set),
                 OwnedRequest::of(request),
                 patience,
@@ -1556,11 +1618,7 @@ impl<C: Clock> Patience<C> {
         if !fits {
             return false;
         }
-        if !self
-            .slot
-            .as_ref()
-            .is_some_and(|s| Arc::ptr_eq(s.rule(), rule))
-        {
+        if !self.slot.as_ref().is_some_and(|s| s.is_for(rule)) {
             let Some(slot) = WaitSlot::enter(rule) else {
                 tracing::debug!(rule = %rule.name, "rule's queue full: request rejected at once");
                 return false;
@@ -1571,6 +1629,28 @@ impl<C: Clock> Patience<C> {
         tracing::debug!(rule = %rule.name, retry_after = ?retry, "request waits for its rule");
         self.wait = Some(retry);
         true
+    }
+}
+
+impl<C: Clock> Patience<C> {
+    /// Carries what is kept per rule from the rules of `old` to those of `new`, a reload's
+    /// configuration: the rules whose key overflow was counted are named by address, and a
+    /// rule the reload kept (same identity) has a new one. (The place in a queue needs nothing:
+    /// a kept rule keeps its queue's count, see [`WaitSlot::is_for`].)
+    fn follow(&mut self, old: &RuleSet<C>, new: &RuleSet<C>) {
+        if self.overflowed.is_empty() {
+            return;
+        }
+        let counted: Vec<&Identity> = old
+            .all_rules()
+            .filter(|r| self.overflowed.contains(&(Arc::as_ptr(r) as usize)))
+            .map(|r| &r.identity)
+            .collect();
+        self.overflowed = new
+            .all_rules()
+            .filter(|r| counted.contains(&&r.identity))
+            .map(|r| Arc::as_ptr(r) as usize)
+            .collect();
     }
 }
 
@@ -1602,11 +1682,18 @@ impl OwnedRequest {
     }
 }
 
-/// The decision of a request that waits: sleeps `retry`, decides again (with the rules it
-/// arrived under), and so on while the decisions ask it to wait. Holds no permit while it
-/// sleeps, only its place in the queue, so dropping it consumes nothing.
+/// The decision of a request that waits: sleeps `retry`, decides again (under the rules in
+/// force then, `rules`; `set` is the one it was last decided under), and so on while the
+/// decisions ask it to wait. Holds no permit while it sleeps, only its place in the queue, so
+/// dropping it consumes nothing.
+///
+/// Not under the rules it arrived under: a reload reconfigures the limiters of the rules it
+/// keeps in place, which those rules share with the old ones, so the old rule's limit would
+/// be reported beside a count made under the new one; and the limiters of the rules a reload
+/// replaced count for no one any more.
 fn wait_and_decide<C: Clock>(
-    set: Arc<RuleSet<C>>,
+    rules: Arc<ArcSwap<RuleSet<C>>>,
+    mut set: Arc<RuleSet<C>>,
     request: OwnedRequest,
     mut patience: Patience<C>,
     mut retry: Duration,
@@ -1615,6 +1702,11 @@ fn wait_and_decide<C: Clock>(
         loop {
             // At least a millisecond: no spinning on a retry-after that rounds to nothing.
             tokio::time::sleep(retry.max(Duration::from_millis(1))).await;
+            let current = rules.load_full();
+            if !Arc::ptr_eq(&current, &set) {
+                patience.follow(&set, &current);
+                set = current;
+            }
             let check = decide(&set, &request.info(), Some(&mut patience));
             match patience.wait.take() {
                 Some(next) => retry = next,
@@ -1769,6 +1861,25 @@ mod tests {
         assert_eq!(normal("/é%31é").as_deref(), Some("/é1é"));
         // One pass: a decoded `%` does not start an escape.
         assert_eq!(normal("/%2531").as_deref(), None);
+    }
+
+    #[test]
+    fn empty_and_dot_segments_resolve_as_a_file_server_resolves_them() {
+        let resolved = |path: &str| resolved_path(path);
+        assert_eq!(resolved("/static/secret/x"), None, "nothing to do: no copy");
+        assert_eq!(
+            resolved("/static/.secret/x"),
+            None,
+            "a name starting with `.`"
+        );
+        assert_eq!(resolved("/a/../b"), None, "`..` names another resource");
+        assert_eq!(resolved("//a//b").as_deref(), Some("/a/b"));
+        assert_eq!(resolved("/a/./b/.").as_deref(), Some("/a/b/"));
+        assert_eq!(resolved("/a/.//./b//").as_deref(), Some("/a/b/"));
+        assert_eq!(resolved("/./").as_deref(), Some("/"));
+        assert_eq!(resolved("//").as_deref(), Some("/"));
+        assert_eq!(resolved("/"), None);
+        assert_eq!(resolved("*"), None);
     }
 
     /// A rejection by the blocklist or a ban names its "rule" with the thread's one copy of a

@@ -51,7 +51,9 @@ type OnRejection = Arc<
 /// configured rejection (429 with `Retry-After` by default). Cloning shares the policy and the
 /// settings.
 ///
-/// The settings are read on every request, so a reload that swaps them takes effect at once.
+/// The settings are read on every request, so a reload that swaps them takes effect at once;
+/// a request whose decision comes later (see [`Check::Pending`] below) is answered with the
+/// response settings in force when it comes.
 ///
 /// The peer address comes from the request's extensions: [`PeerAddr`], a [`SocketAddr`],
 /// (feature `axum`) axum's `ConnectInfo<SocketAddr>` — serve the router with
@@ -381,7 +383,7 @@ where
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let shared = &*self.layer.shared;
         // A guard, not an `Arc`: no reference count to bump (and bounce between cores) on the
-        // common path; only a pending decision keeps the settings beyond this call.
+        // common path; a pending decision reads them again when its verdict comes.
         let settings = shared.settings.load();
 
         let ip = client_ip(peer_ip(&request), request.headers(), &settings.client_ip);
@@ -462,7 +464,7 @@ where
                             decided: None,
                             service: self.inner.clone(),
                             request,
-                            settings: arc_swap::Guard::into_inner(settings),
+                            settings: Arc::clone(&shared.settings),
                             on_rejection: shared.on_rejection.clone(),
                         })),
                     },
@@ -510,7 +512,10 @@ struct Waiting<S, R> {
     /// A clone of the inner service, not yet polled ready.
     service: S,
     request: R,
-    settings: Arc<LayerSettings>,
+    /// The layer's settings, read when the verdict comes: the response is written as the
+    /// configuration in force then says, the one the verdict was made under (a request that
+    /// waited for its rule is decided again under the rules in force when it wakes).
+    settings: Arc<ArcSwap<LayerSettings>>,
     on_rejection: Option<OnRejection>,
 }
 
@@ -631,6 +636,7 @@ where
             let Some(verdict) = decided else {
                 return Poll::Pending;
             };
+            let settings = settings.load();
             *this.state = match rejection(&verdict, &request, &settings.response) {
                 None => {
                     this.inner.set(Some(service.call(request)));

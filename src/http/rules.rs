@@ -350,9 +350,14 @@ impl<C: Clock> WaitSlot<C> {
         })
     }
 
-    /// The rule this place is for.
-    pub(crate) fn rule(&self) -> &Arc<Rule<C>> {
-        &self.rule
+    /// Whether this place is one among `rule`'s waiting requests: `rule` is the rule it was
+    /// taken for, or that rule as a reload kept it (same identity), which counts its waiting
+    /// requests on the same counter.
+    pub(crate) fn is_for(&self, rule: &Rule<C>) -> bool {
+        match (&self.rule.queue, &rule.queue) {
+            (Some(mine), Some(theirs)) => Arc::ptr_eq(&mine.waiting, &theirs.waiting),
+            _ => false,
+        }
     }
 }
 
