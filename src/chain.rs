@@ -620,7 +620,8 @@ impl<L> Core<L> {
                             continue;
                         }
                     }
-                    sleep_or_notified(wait, notify).await;
+                    // Ends early if `notify` is (or was, since the registration) notified.
+                    crate::watchers::sleep_unless(wait, std::pin::pin!(notify.notified())).await;
                     self.caught_up::<Q>();
                 }
             }
@@ -688,21 +689,6 @@ impl Drop for Watching<'_> {
             watchers.unwatch(id);
         }
     }
-}
-
-/// Sleeps for `wait`, or less if `notify` is (or was, since the caller registered) notified.
-#[cfg(feature = "tokio")]
-async fn sleep_or_notified(wait: std::time::Duration, notify: &tokio::sync::Notify) {
-    use std::future::Future;
-    let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
-    let mut notified = std::pin::pin!(notify.notified());
-    std::future::poll_fn(|cx| {
-        if notified.as_mut().poll(cx).is_ready() {
-            return std::task::Poll::Ready(());
-        }
-        sleep.as_mut().poll(cx)
-    })
-    .await;
 }
 
 /// The shortest sleep between two attempts of a chain's `acquire`: a member whose own queue has

@@ -131,6 +131,23 @@ impl Watchers {
     }
 }
 
+/// Sleeps on tokio's timer for `wait`, or less if `notified` completes first.
+#[cfg(feature = "tokio")]
+pub(crate) async fn sleep_unless(
+    wait: std::time::Duration,
+    mut notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+) {
+    use std::future::Future;
+    let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
+    std::future::poll_fn(|cx| {
+        if notified.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(());
+        }
+        sleep.as_mut().poll(cx)
+    })
+    .await;
+}
+
 /// See [`Watchers::notify_on_drop`].
 #[must_use = "the watchers are told when this is dropped"]
 pub(crate) struct NotifyOnDrop<'a>(&'a Watchers);

@@ -162,9 +162,9 @@ macro_rules! count_list_rejection {
 /// request's arrival: it sleeps that retry-after (on tokio's timer: the runtime needs its time
 /// driver, `enable_time` or `enable_all`) and is decided again as a new request is, from
 /// step 0 on (a client banned meanwhile is rejected as banned), under the rules in force then:
-/// a reload while it waits applies to it (a rule the reload kept, same identity, keeps its
-/// place in that rule's queue; its headers report the new limit beside the count made under
-/// it). It waits again as long as each answer comes in time; when one does not, or another rule
+/// a reload while it waits applies to it, and ends its sleep at once, since it may have raised
+/// the limit the request waits for (a rule the reload kept, same identity, keeps its place in
+/// that rule's queue; its headers report the new limit beside the count made under it). It waits again as long as each answer comes in time; when one does not, or another rule
 /// without a queue rejects it, that rejection is final. Only the final rejection is logged,
 /// counted (`turnstile_http_rejected`) and counted towards a ban; each wait is counted in
 /// `turnstile_http_waited`. A waiting request holds no permit of any rule, and the layer gives
@@ -213,6 +213,9 @@ pub struct HttpLimiter<C: Clock + Clone = MonotonicClock> {
     /// Shared with the requests that wait for a rule: each decides again under the rules in
     /// force when it wakes.
     rules: Arc<ArcSwap<RuleSet<C>>>,
+    /// Wakes the requests that wait for a rule after a reload, which may have raised the limit
+    /// they wait for (or removed their rule): each decides again at once.
+    reloaded: Arc<tokio::sync::Notify>,
     settings: Arc<ArcSwap<LayerSettings>>,
     reload_lock: Mutex<()>,
     /// The Redis connection, when the rules count in Redis.
@@ -462,6 +465,7 @@ impl HttpLimiter {
         Ok(HttpLimiter {
             clock,
             rules: Arc::new(ArcSwap::from_pointee(rules)),
+            reloaded: Arc::new(tokio::sync::Notify::new()),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             reload_lock: Mutex::new(()),
             backend: Some(backend),
@@ -497,6 +501,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         Ok(HttpLimiter {
             clock,
             rules: Arc::new(ArcSwap::from_pointee(rules)),
+            reloaded: Arc::new(tokio::sync::Notify::new()),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             reload_lock: Mutex::new(()),
             #[cfg(feature = "redis")]
@@ -566,6 +571,9 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         }
         self.rules.store(Arc::new(rules));
         self.settings.store(Arc::new(settings));
+        // After the store: a waiting request that misses this (it was deciding) finds the new
+        // rules when it compares them with its own before sleeping (`wait_and_decide`).
+        self.reloaded.notify_waiters();
         Ok(())
     }
 
@@ -1561,6 +1569,7 @@ impl<C: Clock + Clone> Policy for HttpLimiter<C> {
             None => check,
             Some(retry) => Check::Pending(wait_and_decide(
                 Arc::clone(&self.rules),
+                Arc::clone(&self.reloaded),
                 arc_swap::Guard::into_inner(set),
                 OwnedRequest::of(request),
                 patience,
@@ -1682,9 +1691,9 @@ impl OwnedRequest {
     }
 }
 
-/// The decision of a request that waits: sleeps `retry`, decides again (under the rules in
-/// force then, `rules`; `set` is the one it was last decided under), and so on while the
-/// decisions ask it to wait. Holds no permit while it sleeps, only its place in the queue, so
+/// The decision of a request that waits: sleeps `retry` (less if a reload comes, `reloaded`),
+/// decides again (under the rules in force then, `rules`; `set` is the one it was last decided
+/// under), and so on while the decisions ask it to wait. Holds no permit while it sleeps, only its place in the queue, so
 /// dropping it consumes nothing.
 ///
 /// Not under the rules it arrived under: a reload reconfigures the limiters of the rules it
@@ -1693,6 +1702,7 @@ impl OwnedRequest {
 /// replaced count for no one any more.
 fn wait_and_decide<C: Clock>(
     rules: Arc<ArcSwap<RuleSet<C>>>,
+    reloaded: Arc<tokio::sync::Notify>,
     mut set: Arc<RuleSet<C>>,
     request: OwnedRequest,
     mut patience: Patience<C>,
@@ -1700,8 +1710,19 @@ fn wait_and_decide<C: Clock>(
 ) -> Pin<Box<dyn Future<Output = Verdict> + Send + 'static>> {
     Box::pin(async move {
         loop {
-            // At least a millisecond: no spinning on a retry-after that rounds to nothing.
-            tokio::time::sleep(retry.max(Duration::from_millis(1))).await;
+            {
+                // A reload ends the sleep: it may have raised the limit the request waits for.
+                // Registered before the rules are compared, so a reload after the comparison
+                // wakes it, and one before it is seen there (no sleep at all).
+                let mut notified = std::pin::pin!(reloaded.notified());
+                notified.as_mut().enable();
+                if Arc::ptr_eq(&rules.load(), &set) {
+                    // At least a millisecond: no spinning on a retry-after that rounds to
+                    // nothing.
+                    let wait = retry.max(Duration::from_millis(1));
+                    crate::watchers::sleep_unless(wait, notified).await;
+                }
+            }
             let current = rules.load_full();
             if !Arc::ptr_eq(&current, &set) {
                 patience.follow(&set, &current);
