@@ -251,7 +251,8 @@ pub struct FailOutcome {
 /// - **Bans** last the configured duration, or any duration given to [`ban`](Self::ban). A
 ///   ban never shortens a ban in force: the key stays banned until the later of the two ends.
 ///   Lengths are whole [`BAN_RESOLUTION`]s (rounded up), and a ban's end saturates at 2^63 − 2
-///   ns after the clock's epoch (at least 146 years after any reading): longer bans end there.
+///   ns after the clock's epoch, beyond the last reading a clock gives (2^62 − 1 ns, about 146
+///   years): a longer ban never ends.
 /// - **Checks** are one lookup in a lock-free map, take no lock, write nothing and never add a
 ///   key; a ban's `retry_after` is exact.
 /// - **Memory** is bounded: each of the two tables (failures, bans) holds at most

@@ -899,7 +899,8 @@ proptest! {
     }
 }
 
-#[tokio::test]
+/// On paused time: the watcher's polls and the test's waits are timer ticks, not real sleeps.
+#[tokio::test(start_paused = true)]
 async fn watch_reloads_on_change_and_keeps_old_config_on_error() {
     let dir = std::env::temp_dir().join(format!("turnstile-http-watch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
