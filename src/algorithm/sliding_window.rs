@@ -943,6 +943,20 @@ impl crate::keyed::Unused for SlidingWindow {
         // the reset); its slot write lands in the dead ring.
         super::retire_word(&ring.head, |head| head == 0)
     }
+
+    /// A ring without slots. A call for zero permits on a ring that has handed out no ticket
+    /// (`head` 0) is decided for one permit, ticket 0, which is decided on no earlier ticket
+    /// (the limit is at least 1), so it reads no slot; `remaining` and the reset time look at
+    /// tickets below `head` only, of which there are none. Such a call therefore answers on it
+    /// exactly as on a fresh ring, without allocating one (8 bytes per permit).
+    fn probe_cell(&self) -> Ring {
+        Ring {
+            head: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            settled: AtomicU64::new(UNSETTLED),
+            slots: Box::new([]),
+        }
+    }
 }
 
 #[cfg(all(test, not(turnstile_loom)))]
@@ -1181,6 +1195,40 @@ mod tests {
                     Step::Advance(d) => clock.advance(Duration::from_nanos(d)),
                 }
             }
+        }
+    }
+
+    /// The slotless ring a keyed limiter answers a probe for an unknown key on reads as a fresh
+    /// one, whatever the parameters went through (a raise, a lowering, a shrink).
+    #[cfg(feature = "keyed")]
+    #[test]
+    fn a_probe_cell_answers_zero_permit_calls_as_a_fresh_ring() {
+        use crate::keyed::Unused;
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(3, Duration::from_nanos(10))
+            .unwrap()
+            .with_capacity(5)
+            .unwrap();
+        let ring = algo.cell();
+        for (limit, window) in [(3, 10), (5, 10), (2, 10), (2, 4), (4, 1)] {
+            lower(&algo, &ring, limit, window, &clock);
+            clock.advance(Duration::from_nanos(1));
+            let probe = algo.probe_cell();
+            assert!(probe.slots.is_empty());
+            let fresh = algo.cell();
+            assert_eq!(
+                algo.try_acquire(&probe, 0, &clock).unwrap(),
+                algo.try_acquire(&fresh, 0, &clock).unwrap()
+            );
+            assert_eq!(
+                algo.charge(&probe, 0, &clock).unwrap(),
+                algo.charge(&fresh, 0, &clock).unwrap()
+            );
+            assert_eq!(
+                SlidingWindow::words(&fresh),
+                SlidingWindow::words(&algo.cell()),
+                "a probe wrote"
+            );
         }
     }
 
