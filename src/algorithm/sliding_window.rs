@@ -258,27 +258,31 @@ impl SlidingWindow {
     }
 
     /// A charge of `k` tickets that an admission would refuse (some ticket they are decided on is
-    /// still live): the ring remembers only N entries of the log, so the charge claims N tickets
-    /// at once, `[head, head + N)`, and writes into them, in ascending order, the N latest
-    /// expiries among the tickets that can still be live (`[head − N, head)`, or back to the
-    /// reach while a lowering is unsettled) and the k charged ones.
+    /// still live): the log keeps only its N latest entries, so the charge claims every ticket
+    /// the ring holds at once, R of them (its capacity: the limit, or a larger `max_limit`),
+    /// `[head, head + R)`, and writes into them, in ascending order, R − N expired entries (0)
+    /// and then the N latest expiries among the tickets that can still be live (`[head − N,
+    /// head)`, or back to the reach while a lowering is unsettled) and the k charged ones.
     ///
     /// **Exact, and never looser.** Whatever the clock reads later, the ring then counts as many
     /// live entries as the whole log would, up to N: an entry left out expires no later than
     /// every one kept, so if it is still live, all N kept ones are (full either way), and if it
     /// has expired it counts in neither. Written in ascending order, expiries are non-decreasing
     /// in ticket order, so a later claim that finds one of ours expired knows every older one
-    /// has. The old tickets all lie below `head`, where no claim under this limit looks again
-    /// (nor a ticket below `head + N − N`): a chain's refund that later zeroes one of them (a
-    /// positional refund) changes no decision. Refunded tickets (expiry 0) sort first and are
-    /// the first left out. After a window was shortened the log is not in ticket order, and the
-    /// sort makes it so again: tighter than the positional order, exact all the same.
+    /// has. The old tickets all lie below `head`, where no claim looks again (the newest R
+    /// tickets are ours): a chain's refund that later zeroes one of them (a positional refund)
+    /// changes no decision, and a limit raised later counts the N kept entries, as the log
+    /// (and Redis's sorted set, trimmed alike) does. Claiming only N tickets left the entries
+    /// before them in the other R − N slots beside their copies, which a raised limit counted
+    /// twice (stricter than the log). Refunded tickets (expiry 0) sort first and are the first
+    /// left out. After a window was shortened the log is not in ticket order, and the sort
+    /// makes it so again: tighter than the positional order, exact all the same.
     ///
     /// The protocol is the admission's: `head` was loaded before the clock was read, every slot
     /// read or overwritten must be published (else `Retry`: snooze and reload `head`), the
     /// parameters' version is re-checked before the Release CAS on `head`, and the slots are then
     /// stored with Release in ticket order. It allocates and sorts the entries (at most
-    /// reach + k): a cold path.
+    /// reach + k) and writes R slots: a cold path.
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
@@ -292,9 +296,9 @@ impl SlidingWindow {
         back: u64,
         now: u64,
     ) -> Overdraw {
-        let limit = u64::from(p.limit);
+        let limit = p.limit as usize;
         let capacity = u64::from(self.capacity);
-        let end = head + limit;
+        let end = head + capacity;
         // Tickets below `head − N` matter only after a lowering: none has checked them then.
         let from = head.saturating_sub(back);
         let mut log = Vec::with_capacity((head - from + k) as usize);
@@ -304,20 +308,18 @@ impl SlidingWindow {
                 None => return Overdraw::Retry,
             }
         }
-        // With a ring larger than the limit, the slots we overwrite hold older tickets still.
-        if capacity > limit
-            && end > capacity
-            && !self
-                .all_published(ring, head.saturating_sub(capacity), end - capacity)
-                .0
+        // We overwrite every slot: the older tickets in them must be published too.
+        if !self
+            .all_published(ring, head.saturating_sub(capacity), from)
+            .0
         {
             return Overdraw::Retry;
         }
         log.extend(std::iter::repeat_n(Self::expiry(now, p.window), k as usize));
         log.sort_unstable();
-        // The N latest, preceded by expired entries (0) while the log holds fewer.
-        let kept = log.split_off(log.len().saturating_sub(limit as usize));
-        let expired = std::iter::repeat_n(0, limit as usize - kept.len());
+        // The N latest, preceded by expired entries (0) in the rest of the ring.
+        let kept = log.split_off(log.len().saturating_sub(limit));
+        let expired = std::iter::repeat_n(0, capacity as usize - kept.len());
         if self.params.changed(version) {
             return Overdraw::Reconfigured;
         }
