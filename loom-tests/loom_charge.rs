@@ -188,6 +188,33 @@ fn sliding_window_overdraw_races_admissions() {
     });
 }
 
+/// Exact sliding window, limit 2 in a ring of 3 (`max_limit`), the clock still: a charge of 2
+/// against two permits. An overdraw claims all three tickets (expired, then the two latest
+/// entries), racing the other claim's publication, and rewrites every slot: once the limit is
+/// raised to 3 the log's two kept entries leave one permit, whatever the order. (Claiming two
+/// tickets left an admission in the third slot beside its copy, and the raise found none.)
+#[test]
+fn sliding_window_overdraw_of_a_larger_ring_races_admissions() {
+    model(|| {
+        let sliding = |limit| Algorithm::SlidingWindow {
+            limit,
+            window: Duration::from_nanos(WINDOW),
+        };
+        let limiter = RateLimiter::builder(sliding(2))
+            .clock(ManualClock::new())
+            .max_limit(3)
+            .build()
+            .unwrap();
+        let outcome = race(&limiter, 2, 2, None);
+        after_charge_fits(&outcome, 2, 2, |_| true);
+        assert_eq!(limiter.charge(0).unwrap().remaining(), 0);
+        limiter.reconfigure(sliding(3)).unwrap();
+        assert_eq!(limiter.charge(0).unwrap().remaining(), 1);
+        limiter.try_acquire().unwrap();
+        assert!(limiter.try_acquire().is_err());
+    });
+}
+
 /// Exact sliding window, limit 2, W = 10 ns: a charge of 1 against three single permits while
 /// the clock moves one window on, so that the charge may find the ring full (and overdraw) or
 /// not, and admissions may see any mix of live and expired entries. Every admission that started

@@ -29,6 +29,8 @@
 //! `refund_after_lowering` races a chain's refund against the lowering and a claim (a refund hole
 //! must not hide an older live ticket), and `lowered_ring_settles_under_races` races claims that
 //! check back to the old limit and settle the ring against claims that rely on it being settled.
+//! `available_after_lowering_under_a_settling_claim` races a keyed `available` (which decides
+//! nothing, and checks back to the reach unless the ring is settled) against such a claim.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test 'loom_*'`
 #![cfg(turnstile_loom)]
@@ -38,7 +40,7 @@ use common::model;
 
 use loom::thread;
 use std::time::Duration;
-use turnstile::{Algorithm, Chain, ManualClock, RateLimiter, TryAcquireError};
+use turnstile::{Algorithm, Chain, Clock, KeyedLimiter, ManualClock, RateLimiter, TryAcquireError};
 
 const WINDOW: u64 = 10;
 
@@ -410,5 +412,46 @@ fn lowered_ring_settles_under_races() {
             times.windows(2).all(|w| w[1] - w[0] >= WINDOW),
             "two admissions within a window under limit 1: {times:?}"
         );
+    });
+}
+
+/// One key of a keyed ring of 2: ticket 0 admitted under window 10 (live until 10), ticket 1
+/// under window 1 (expired at 1), then the limit lowered to 1 and the clock at 1. One thread
+/// moves the clock to 10 and takes a permit (checking back to ticket 0, settling the ring);
+/// the other reads `available` and then the clock. While the clock read after it is still
+/// below 10, nothing is free: ticket 0 fills limit 1 (the newest ticket alone, expired, said 1).
+/// Once the claim is in, nothing is free either (its ticket is live), whether `available` sees
+/// the ring settled or checks back itself.
+#[test]
+fn available_after_lowering_under_a_settling_claim() {
+    model(|| {
+        let sliding = |limit, window| Algorithm::SlidingWindow {
+            limit,
+            window: Duration::from_nanos(window),
+        };
+        let l = std::sync::Arc::new(
+            KeyedLimiter::<u64, _>::with_clock(sliding(2, WINDOW), ManualClock::new()).unwrap(),
+        );
+        l.try_acquire(&1).unwrap();
+        l.reconfigure(sliding(2, 1)).unwrap();
+        l.try_acquire(&1).unwrap();
+        l.reconfigure(sliding(1, 1)).unwrap();
+        l.clock().advance(Duration::from_nanos(1));
+        let claimer = {
+            let l = std::sync::Arc::clone(&l);
+            thread::spawn(move || {
+                l.clock().advance(Duration::from_nanos(WINDOW - 1));
+                l.try_acquire(&1).unwrap().at_nanos()
+            })
+        };
+        let free = l.available(&1);
+        let after = l.clock().now();
+        let claimed_at = claimer.join().unwrap();
+        assert_eq!(claimed_at, WINDOW);
+        assert!(free <= 1);
+        if after < WINDOW {
+            assert_eq!(free, 0, "a permit reported free while ticket 0 was live");
+        }
+        assert_eq!(l.available(&1), 0, "the claim's ticket is live");
     });
 }

@@ -305,6 +305,14 @@ pub(crate) trait Unused: Algo {
     fn retire_now(_cell: &Self::Cell) -> bool {
         false
     }
+
+    /// A cell that answers a call for zero permits (a probe, `charge(0)`) as a fresh cell
+    /// would, for a key that is not held: used for that one call and dropped, never inserted,
+    /// never shared. An algorithm whose fresh cell is costly to build (the exact sliding
+    /// window's ring) hands out a cheaper one that such a call cannot tell apart.
+    fn probe_cell(&self) -> Self::Cell {
+        self.cell()
+    }
 }
 
 /// One algorithm's parameters, its per-key cells, and the shared overflow cell.
@@ -611,8 +619,9 @@ where
             return Err(too_big(n, limit));
         }
         if n == 0 {
-            // A probe consumes nothing, so it creates no key: answer for a fresh state.
-            let fresh = self.algo.cell();
+            // A probe consumes nothing, so it creates no key (nor a fresh ring of the exact
+            // sliding window, 8 bytes per permit): answer for a fresh state.
+            let fresh = self.algo.probe_cell();
             return op(&fresh).map(|r| (r, Slot::Key));
         }
         // The spare before a search for room: when the key's own slot is on its way back, a

@@ -983,12 +983,11 @@ impl<C: Clock> RateLimiter<C> {
     /// | exact sliding window | min(n, N) timestamps `now` enter the log | one window: the log keeps only its newest N entries, so a charge of N or more refuses everything for W from now |
     ///
     /// In the exact sliding window a charge that fits is taken exactly as an admission; one that
-    /// does not claims all N slots at once and writes into them the N latest expiries of the
-    /// log with the k new entries (an entry left out expires no later than every one kept, so
-    /// the window counts exactly as the whole log would, up to N). A ring built larger than its
-    /// limit (`max_limit`) keeps the older entries in the slots the overdraw did not reach, and a
-    /// limit raised later reads them again beside their copies: stricter than the exact log, never
-    /// looser, until they expire. A token bucket's debt is
+    /// does not claims every slot of the ring at once and writes into them the N latest expiries
+    /// of the log with the k new entries (an entry left out expires no later than every one
+    /// kept, so the window counts exactly as the whole log would, up to N), the rest of a ring
+    /// built larger than its limit (`max_limit`) marked expired: a limit raised later counts
+    /// the N entries kept and what came after, as the Redis backend does. A token bucket's debt is
     /// translated by a [`reconfigure`](Self::reconfigure) like any other (scaled by new
     /// capacity / old).
     ///

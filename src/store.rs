@@ -217,10 +217,16 @@ pub struct StoreStats {
 /// admitted under, and the key lives until the latest of them. The parameters themselves are not
 /// stored, which costs two departures from the in-memory `reconfigure` and the Redis backend:
 /// under another window length the fixed window's or sliding counter's stored window is not the
-/// current one, so the subject starts a fresh window once; and a token bucket reads the stored
+/// current one, so the subject starts a fresh window; and a token bucket reads the stored
 /// theoretical arrival time under the caller's rate and burst, keeping the time until the bucket
 /// is full rather than how full it is (a bucket emptied at 10 per second, full again in a
-/// second, is full again in a second at 1 per second too).
+/// second, is full again in a second at 1 per second too). After a redeploy that happens once
+/// per subject; two processes running side by side with different window lengths start a fresh
+/// window at every turn of the writer, so together they admit up to a limit per turn. Storing
+/// the parameters would change the stored value's length, which every earlier version reads as
+/// no state: during a rolling deploy the old processes would then forget a subject's count at
+/// every write of the new ones. Keep the parameters of one prefix the same in every process, or
+/// use [`RedisLimiter`](crate::RedisLimiter), which stores them.
 ///
 /// # Examples
 ///

@@ -540,6 +540,159 @@ fn matches_model(algorithm: Algorithm, ops: &[Op]) {
     }
 }
 
+/// Limit 2 in a ring of 4: two admissions at 0 and a charge at 1 ms; the log keeps its two
+/// latest entries (one admission and the charge), as the charge table documents and Redis
+/// trims. Raised to 4, two permits are free. The overdraw used to leave both admissions in the
+/// ring beside the copy of one of them, so the raised limit counted four and refused.
+#[test]
+fn a_raise_after_an_overdraw_counts_each_logged_entry_once() {
+    let clock = ManualClock::new();
+    let sliding = |limit| Algorithm::SlidingWindow {
+        limit,
+        window: 10 * MS,
+    };
+    let limiter = RateLimiter::builder(sliding(2))
+        .clock(clock.clone())
+        .max_limit(4)
+        .build()
+        .unwrap();
+    limiter.try_acquire_n(2).unwrap();
+    clock.advance(MS);
+    assert_eq!(limiter.charge(1).unwrap().remaining(), 0);
+    limiter.reconfigure(sliding(4)).unwrap();
+    assert_eq!(limiter.try_acquire_n(0).unwrap().remaining(), 2);
+    assert!(limiter.try_acquire_n(3).is_err());
+    assert_eq!(limiter.try_acquire_n(2).unwrap().remaining(), 0);
+    // The kept admission leaves at 10 ms: one free until the charge leaves at 11 ms.
+    clock.advance(9 * MS);
+    assert_eq!(limiter.try_acquire_n(0).unwrap().remaining(), 1);
+}
+
+/// One step against a sliding window whose ring is larger than its limit (`max_limit`).
+#[derive(Debug, Clone)]
+enum Step {
+    Acquire { advance: u64, n: u32 },
+    Charge { advance: u64, n: u32 },
+    Limit(u32),
+}
+
+/// The log with a limit that changes, as the charge table on `RateLimiter::charge` documents
+/// it (and Redis keeps it): an admission adds its entries; a charge adds min(n, N) and the log
+/// then keeps only its N latest entries (a charge of 0 records nothing).
+struct ChangingLog {
+    limit: u64,
+    capacity: u64,
+    window: u64,
+    log: std::collections::VecDeque<u64>,
+}
+
+impl ChangingLog {
+    fn live(&mut self, now: u64) -> u64 {
+        while self.log.front().is_some_and(|&t| t + self.window <= now) {
+            self.log.pop_front();
+        }
+        self.log.len() as u64
+    }
+
+    fn push(&mut self, now: u64, n: u64, keep: u64) {
+        self.log.extend(std::iter::repeat_n(now, n as usize));
+        while self.log.len() as u64 > keep {
+            self.log.pop_front();
+        }
+    }
+
+    fn decide(&mut self, now: u64, n: u64) -> Option<Result<u64, u64>> {
+        if n > self.limit {
+            return None;
+        }
+        let live = self.live(now);
+        let want = n.max(1);
+        if live + want > self.limit {
+            let blocker = self.log[(live + want - self.limit - 1) as usize];
+            return Some(Err(blocker + self.window - now));
+        }
+        self.push(now, n, self.capacity);
+        Some(Ok(self.limit - live - n))
+    }
+
+    fn charge(&mut self, now: u64, n: u64) -> (u64, u64) {
+        self.live(now);
+        if n > 0 {
+            self.push(now, n.min(self.limit), self.limit);
+        }
+        let reset = self.log.back().map_or(0, |&t| t + self.window - now);
+        (self.limit.saturating_sub(self.log.len() as u64), reset)
+    }
+}
+
+fn steps(capacity: u32, window: u64) -> impl Strategy<Value = Vec<Step>> {
+    let advance = move || prop_oneof![3 => Just(0u64), 5 => 0..=window, 1 => 0..=(3 * window)];
+    let step = prop_oneof![
+        4 => (advance(), 0..=capacity).prop_map(|(advance, n)| Step::Acquire { advance, n }),
+        3 => (advance(), 0..=2 * capacity).prop_map(|(advance, n)| Step::Charge { advance, n }),
+        2 => (1..=capacity).prop_map(Step::Limit),
+    ];
+    prop::collection::vec(step, 1..80)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    /// A sliding window built with a `max_limit` above its limit, charged beyond its limit and
+    /// then raised (or lowered), decides, counts and times everything as the log does. An
+    /// overdraw claimed only N tickets and wrote the N latest entries into them, leaving older
+    /// ones that a raised limit read again beside their copies (stricter than the log).
+    #[test]
+    fn a_larger_ring_after_overdraws_matches_the_exact_log((limit, capacity, window, steps) in
+        (1u32..5, 0u32..4, 1u64..30).prop_flat_map(|(limit, extra, window)| {
+            (Just(limit), Just(limit + extra), Just(window), steps(limit + extra, window))
+        }))
+    {
+        let clock = ManualClock::new();
+        let sliding = |limit| Algorithm::SlidingWindow { limit, window: Duration::from_nanos(window) };
+        let limiter = RateLimiter::builder(sliding(limit))
+            .clock(clock.clone())
+            .max_limit(capacity)
+            .build()
+            .unwrap();
+        let mut model = ChangingLog {
+            limit: limit.into(),
+            capacity: capacity.into(),
+            window,
+            log: Default::default(),
+        };
+        for (i, step) in steps.iter().enumerate() {
+            match *step {
+                Step::Acquire { advance, n } => {
+                    clock.advance(Duration::from_nanos(advance));
+                    let now = clock.elapsed().as_nanos() as u64;
+                    let got = match limiter.try_acquire_n(n) {
+                        Ok(a) => Some(Ok(u64::from(a.remaining()))),
+                        Err(TryAcquireError::Rejected(r)) => Some(Err(r.retry_after_nanos())),
+                        Err(TryAcquireError::InsufficientCapacity { .. }) => None,
+                        Err(e) => panic!("unexpected {e:?}"),
+                    };
+                    prop_assert_eq!(got, model.decide(now, n.into()), "step {} {:?} at {}", i, step, now);
+                }
+                Step::Charge { advance, n } => {
+                    clock.advance(Duration::from_nanos(advance));
+                    let now = clock.elapsed().as_nanos() as u64;
+                    let charged = limiter.charge(n).unwrap();
+                    let got = (
+                        u64::from(charged.remaining()),
+                        charged.reset_after().as_nanos() as u64,
+                    );
+                    prop_assert_eq!(got, model.charge(now, n.into()), "step {} {:?} at {}", i, step, now);
+                }
+                Step::Limit(to) => {
+                    limiter.reconfigure(sliding(to)).unwrap();
+                    model.limit = to.into();
+                }
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 

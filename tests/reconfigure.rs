@@ -369,6 +369,71 @@ fn keyed_sliding_window_within_max_limit() {
     assert_eq!(limiter.algorithm(), sliding(3, S));
 }
 
+/// How many single permits `key` is admitted now, taking them: what `remaining` had to say.
+fn admissible(limiter: &KeyedLimiter<u8, ManualClock>, key: u8, limit: u32) -> u32 {
+    (0..limit)
+        .take_while(|_| limiter.try_acquire(&key).is_ok())
+        .count() as u32
+}
+
+/// After a window shrink older admissions outlive newer ones, and after a lowering tickets
+/// before the newest N can still be live. What a keyed sliding window reports (`available`, a
+/// probe's and an admission's `remaining`) must be what its decisions then admit, as the
+/// unkeyed limiter's probe refuses too. It reported the newest tickets' free permits: limit 8
+/// with 2 permits left showed 8, and after a lowering to 1 with the one permit still live 1.
+#[test]
+fn keyed_sliding_window_reports_what_it_admits_after_a_shrink_or_a_lowering() {
+    let ns = Duration::from_nanos;
+    let sliding_ns = |limit, window| sliding(limit, ns(window));
+    // The shrink: tickets 0 and 1 (window 1), 2 (window 10), 3..8 (window 4); at 5 only
+    // ticket 2 is live, so the next call can take tickets 8 and 9 (decided on 0 and 1), not 10.
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::<u8, _>::with_clock(sliding_ns(8, 1), clock.clone()).unwrap();
+    let unkeyed = RateLimiter::with_clock(sliding_ns(8, 1), clock.clone()).unwrap();
+    for (n, window) in [(2, 1), (1, 10), (5, 4)] {
+        keyed.reconfigure(sliding_ns(8, window)).unwrap();
+        unkeyed.reconfigure(sliding_ns(8, window)).unwrap();
+        keyed.try_acquire_n(&1, n).unwrap();
+        unkeyed.try_acquire_n(n).unwrap();
+    }
+    clock.advance(ns(5));
+    assert_eq!(keyed.available(&1), 2, "available");
+    assert_eq!(keyed.try_acquire_n(&1, 0).unwrap().remaining(), 2, "probe");
+    assert_eq!(
+        unkeyed.try_acquire_n(0).unwrap().remaining(),
+        2,
+        "unkeyed probe"
+    );
+    assert_eq!(keyed.try_acquire(&1).unwrap().remaining(), 1, "admission");
+    assert_eq!(
+        unkeyed.try_acquire().unwrap().remaining(),
+        1,
+        "unkeyed admission"
+    );
+    assert_eq!(admissible(&keyed, 1, 8), 1);
+    assert_eq!(keyed.available(&1), 0);
+
+    // The lowering: ticket 0 (window 10) live, ticket 1 (window 1) expired, limit 1.
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::<u8, _>::with_clock(sliding_ns(2, 10), clock.clone()).unwrap();
+    let unkeyed = RateLimiter::with_clock(sliding_ns(2, 10), clock.clone()).unwrap();
+    keyed.try_acquire(&1).unwrap();
+    unkeyed.try_acquire().unwrap();
+    keyed.reconfigure(sliding_ns(2, 1)).unwrap();
+    unkeyed.reconfigure(sliding_ns(2, 1)).unwrap();
+    keyed.try_acquire(&1).unwrap();
+    unkeyed.try_acquire().unwrap();
+    keyed.reconfigure(sliding_ns(1, 1)).unwrap();
+    unkeyed.reconfigure(sliding_ns(1, 1)).unwrap();
+    clock.advance(ns(1));
+    assert!(unkeyed.try_acquire_n(0).is_err(), "unkeyed probe");
+    assert!(keyed.try_acquire_n(&1, 0).is_err(), "probe");
+    assert_eq!(keyed.available(&1), 0, "available");
+    clock.advance(ns(9));
+    assert_eq!(keyed.available(&1), 1);
+    assert_eq!(admissible(&keyed, 1, 1), 1);
+}
+
 async fn settle() {
     for _ in 0..8 {
         tokio::task::yield_now().await;

@@ -225,11 +225,9 @@ fn differential_across(
     let mut t = 0u64; // µs
     let mut history = Vec::new();
     let per_phase = 400 / phases.len();
-    // From which step on an exact log runs after its window was shortened, or (with charges)
-    // under a raised limit.
+    // From which step on an exact log runs after its window was shortened.
     let shrunk_log = phases.windows(2).position(|pair| {
-        matches!(pair[0].algorithm, Algorithm::SlidingWindow { .. })
-            && (pair[1].p1 < pair[0].p1 || charge_script.is_some() && pair[1].limit > pair[0].limit)
+        matches!(pair[0].algorithm, Algorithm::SlidingWindow { .. }) && pair[1].p1 < pair[0].p1
     });
     let shrunk_log = shrunk_log.map(|i| (i + 1) * per_phase);
     let mut log = matches!(phases[0].algorithm, Algorithm::SlidingWindow { .. }).then(Log::default);
@@ -285,10 +283,7 @@ fn differential_across(
         if shrunk_log.is_some_and(|at| step >= at) {
             // After a shorter window the exact log (what Redis keeps) and the in-memory ring
             // part ways: the ring decides by position, which is stricter than a count of the
-            // live admissions (see `Log`). So after a raised limit once a charge overdrew the
-            // ring: it copied the latest expiries into new tickets and left the old ones in
-            // their slots, which a larger limit reads again. Redis is held to the log model
-            // alone from here.
+            // live admissions (see `Log`). Redis is held to the log model alone from here.
             continue;
         }
         let expected = if charge.is_some() {

@@ -595,6 +595,29 @@ async fn a_shorter_window_does_not_shorten_the_life_of_older_admissions() {
 /// process, or the next version, over the same keys) meets a ring of another length. It must go
 /// on counting the admissions in it under the new limit, as the in-memory `reconfigure` and the
 /// Redis backend do, not forget them and hand out the new limit on top.
+/// The parameters are not stored (see `StoreLimiter`): two processes over one store with
+/// fixed windows of different lengths read each other's window as over, so at every turn of
+/// the writer the subject starts a fresh window, and limit 2 each admits 6 in three turns
+/// within one hour. Pinned so that the documentation stays true; the Redis backend, which
+/// stores them, is the answer for a fleet whose parameters may differ.
+#[tokio::test]
+async fn processes_with_other_windows_read_each_others_windows_as_over() {
+    let store = Memory::default();
+    let hour = Duration::from_secs(3600);
+    let a = StoreLimiter::new(fixed(2, hour), "t", store.clone()).unwrap();
+    let b = StoreLimiter::new(fixed(2, 2 * hour), "t", store.clone()).unwrap();
+    for limiter in [&a, &b, &a] {
+        assert_eq!(
+            limiter.try_acquire_n("x", 2).await.map(|a| a.remaining()),
+            Ok(0)
+        );
+        assert!(limiter.try_acquire("x").await.is_err());
+    }
+    // The same window length, another limit: the count is kept and read under the caller's.
+    let c = StoreLimiter::new(fixed(3, hour), "t", store.clone()).unwrap();
+    assert_eq!(c.try_acquire("x").await.map(|a| a.remaining()), Ok(0));
+}
+
 #[tokio::test]
 async fn a_sliding_window_of_another_limit_keeps_counting_the_admissions_made() {
     let hour = Duration::from_secs(3600);

@@ -148,7 +148,8 @@ fn token_version(version: u64) -> u32 {
 /// expired, by the claims' checks), an admission's the later of that and its own window, and
 /// retiring looks at every slot rather than stopping at the newest expired ticket. That scan is
 /// O(N) per decision, paid only until the longer window's admissions are gone; otherwise the
-/// one comparison with `outlived_until` is all it costs.
+/// one comparison with `outlived_until` is all it costs. `remaining` scans the tickets in order
+/// then too, instead of galloping (which assumes expiry is a prefix in ticket order).
 ///
 /// **Memory:** R words for the ring plus three counters and the ring's pointer (40 bytes).
 ///
@@ -258,27 +259,31 @@ impl SlidingWindow {
     }
 
     /// A charge of `k` tickets that an admission would refuse (some ticket they are decided on is
-    /// still live): the ring remembers only N entries of the log, so the charge claims N tickets
-    /// at once, `[head, head + N)`, and writes into them, in ascending order, the N latest
-    /// expiries among the tickets that can still be live (`[head − N, head)`, or back to the
-    /// reach while a lowering is unsettled) and the k charged ones.
+    /// still live): the log keeps only its N latest entries, so the charge claims every ticket
+    /// the ring holds at once, R of them (its capacity: the limit, or a larger `max_limit`),
+    /// `[head, head + R)`, and writes into them, in ascending order, R − N expired entries (0)
+    /// and then the N latest expiries among the tickets that can still be live (`[head − N,
+    /// head)`, or back to the reach while a lowering is unsettled) and the k charged ones.
     ///
     /// **Exact, and never looser.** Whatever the clock reads later, the ring then counts as many
     /// live entries as the whole log would, up to N: an entry left out expires no later than
     /// every one kept, so if it is still live, all N kept ones are (full either way), and if it
     /// has expired it counts in neither. Written in ascending order, expiries are non-decreasing
     /// in ticket order, so a later claim that finds one of ours expired knows every older one
-    /// has. The old tickets all lie below `head`, where no claim under this limit looks again
-    /// (nor a ticket below `head + N − N`): a chain's refund that later zeroes one of them (a
-    /// positional refund) changes no decision. Refunded tickets (expiry 0) sort first and are
-    /// the first left out. After a window was shortened the log is not in ticket order, and the
-    /// sort makes it so again: tighter than the positional order, exact all the same.
+    /// has. The old tickets all lie below `head`, where no claim looks again (the newest R
+    /// tickets are ours): a chain's refund that later zeroes one of them (a positional refund)
+    /// changes no decision, and a limit raised later counts the N kept entries, as the log
+    /// (and Redis's sorted set, trimmed alike) does. Claiming only N tickets left the entries
+    /// before them in the other R − N slots beside their copies, which a raised limit counted
+    /// twice (stricter than the log). Refunded tickets (expiry 0) sort first and are the first
+    /// left out. After a window was shortened the log is not in ticket order, and the sort
+    /// makes it so again: tighter than the positional order, exact all the same.
     ///
     /// The protocol is the admission's: `head` was loaded before the clock was read, every slot
     /// read or overwritten must be published (else `Retry`: snooze and reload `head`), the
     /// parameters' version is re-checked before the Release CAS on `head`, and the slots are then
     /// stored with Release in ticket order. It allocates and sorts the entries (at most
-    /// reach + k): a cold path.
+    /// reach + k) and writes R slots: a cold path.
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
@@ -292,9 +297,9 @@ impl SlidingWindow {
         back: u64,
         now: u64,
     ) -> Overdraw {
-        let limit = u64::from(p.limit);
+        let limit = p.limit as usize;
         let capacity = u64::from(self.capacity);
-        let end = head + limit;
+        let end = head + capacity;
         // Tickets below `head − N` matter only after a lowering: none has checked them then.
         let from = head.saturating_sub(back);
         let mut log = Vec::with_capacity((head - from + k) as usize);
@@ -304,20 +309,18 @@ impl SlidingWindow {
                 None => return Overdraw::Retry,
             }
         }
-        // With a ring larger than the limit, the slots we overwrite hold older tickets still.
-        if capacity > limit
-            && end > capacity
-            && !self
-                .all_published(ring, head.saturating_sub(capacity), end - capacity)
-                .0
+        // We overwrite every slot: the older tickets in them must be published too.
+        if !self
+            .all_published(ring, head.saturating_sub(capacity), from)
+            .0
         {
             return Overdraw::Retry;
         }
         log.extend(std::iter::repeat_n(Self::expiry(now, p.window), k as usize));
         log.sort_unstable();
-        // The N latest, preceded by expired entries (0) while the log holds fewer.
-        let kept = log.split_off(log.len().saturating_sub(limit as usize));
-        let expired = std::iter::repeat_n(0, limit as usize - kept.len());
+        // The N latest, preceded by expired entries (0) in the rest of the ring.
+        let kept = log.split_off(log.len().saturating_sub(limit));
+        let expired = std::iter::repeat_n(0, capacity as usize - kept.len());
         if self.params.changed(version) {
             return Overdraw::Reconfigured;
         }
@@ -346,7 +349,7 @@ impl SlidingWindow {
         Overdraw::Done(Admission::new(
             now,
             latest.saturating_sub(now),
-            self.remaining(ring, end, now, p.limit),
+            self.remaining(ring, end, now, p),
         ))
     }
 
@@ -404,21 +407,43 @@ impl SlidingWindow {
         now.saturating_add(window).min(MAX_TIME)
     }
 
-    /// Permits that tickets `end`, `end + 1`, … could take at `now`: N minus the tickets in
-    /// `[end − N, end)` that are still in the window. Finds the first live ticket by galloping from
-    /// the `expired` hint, so the cost is amortised O(1) per admission, O(log N) at worst.
+    /// Permits that tickets `end`, `end + 1`, … could take at `now`, as claims decide them:
+    /// N minus the tickets in `[end − N, end)` from the first live one on (ticket `end + m`
+    /// needs every ticket up to `end + m − N` expired). Finds the first live ticket by galloping
+    /// from the `expired` hint, so the cost is amortised O(1) per admission, O(log N) at worst.
+    /// Galloping needs expiry to be a prefix in ticket order, which a shorter window breaks
+    /// ("Shortening": an older ticket can outlive newer ones); until `outlived_until` the tickets
+    /// are scanned in order instead, O(N), as the reset time already is then. (The gallop
+    /// over-counted: limit 8 with ticket 2 live among expired ones reported 8 free permits
+    /// where calls could take 2.) The caller makes sure that the tickets below `end − N` have
+    /// expired (a claim checked them, or [`available`](Algo::available) does).
     ///
     /// Unpublished tickets count as live; the result is exact when no admission is in flight.
     #[inline]
-    fn remaining(&self, ring: &Ring, end: u64, now: u64, limit: u32) -> u32 {
-        let limit = u64::from(limit);
+    fn remaining(&self, ring: &Ring, end: u64, now: u64, p: &Shape) -> u32 {
+        let limit = u64::from(p.limit);
         // Relaxed: a hint, any value it ever held is a valid lower bound.
         let hint = ring.expired.load(Ordering::Relaxed);
         let low = hint.max(end.saturating_sub(limit));
         if low >= end || !self.expired(ring, low, now) {
             return (limit - (end - low.min(end))) as u32;
         }
+        if now < p.outlived_until {
+            return self.remaining_scan(ring, end, now, low, limit);
+        }
         self.remaining_gallop(ring, end, now, hint, low, limit)
+    }
+
+    /// [`remaining`](Self::remaining) while an older ticket may outlive newer ones: the first
+    /// live ticket after `low` (which has expired), in ticket order. Stores no hint: the hint
+    /// vouches for every ticket below it, and the ones below `low` were not looked at here.
+    #[cold]
+    #[inline(never)]
+    fn remaining_scan(&self, ring: &Ring, end: u64, now: u64, low: u64, limit: u64) -> u32 {
+        let live = (low + 1..end)
+            .find(|&t| !self.expired(ring, t, now))
+            .unwrap_or(end);
+        (limit - (end - live)) as u32
     }
 
     /// The slow part of [`remaining`](Self::remaining): `low` has expired, find the first live
@@ -607,13 +632,31 @@ impl Algo for SlidingWindow {
         words
     }
 
+    /// As a probe's `remaining`, without deciding: after a lowering, while the ring is not
+    /// settled under the current parameters, a live ticket among `[head − reach, head − N)`
+    /// refuses every call ("Lowering" on the type), so none is free; it reported the newest N
+    /// tickets' free permits (limit 2 lowered to 1, ticket 0 live and ticket 1 expired: 1 free,
+    /// where every call was refused). That scan (at most reach − N slots) is paid by each call
+    /// until an admission settles the ring.
     fn available(&self, ring: &Ring, now: u64) -> u32 {
         let now = now.min(MAX_TIME - 1);
-        // Acquire: as in try_acquire, so the slots we read are at least as new as `head`.
-        let limit = self.shape().0.limit;
+        let (p, version) = self.shape();
+        let lowered = p.limit < p.reach;
+        // Acquire: as in `run` (read before `head`): an admission that stored our version
+        // checked every ticket below the `head` we then load, back to the reach.
+        let settled = lowered && ring.settled.load(Ordering::Acquire) == version;
+        // Acquire: as in `run`, so the slots we read are at least as new as `head`.
         match ring.head.load(Ordering::Acquire) {
-            RETIRED => limit,
-            head => self.remaining(ring, head, now, limit),
+            RETIRED => p.limit,
+            head => {
+                let unchecked = head.saturating_sub(u64::from(p.reach))
+                    ..head.saturating_sub(u64::from(p.limit));
+                if lowered && !settled && !unchecked.into_iter().all(|t| self.expired(ring, t, now))
+                {
+                    return 0;
+                }
+                self.remaining(ring, head, now, &p)
+            }
         }
     }
 
@@ -855,7 +898,7 @@ impl Charge for SlidingWindow {
                     // A check (n > 0) only needs the verdict; `remaining` may store its hint,
                     // and a check writes nothing.
                     let remaining = if n == 0 {
-                        self.remaining(ring, head, now, p.limit)
+                        self.remaining(ring, head, now, &p)
                     } else {
                         0
                     };
@@ -911,7 +954,7 @@ impl Charge for SlidingWindow {
                         return Ok(Admission::with_token(
                             now,
                             reset,
-                            self.remaining(ring, end, now, p.limit),
+                            self.remaining(ring, end, now, &p),
                             token,
                         ));
                     }
@@ -942,6 +985,20 @@ impl crate::keyed::Unused for SlidingWindow {
         // A writer between its claim and its publish keeps its ticket (it was admitted before
         // the reset); its slot write lands in the dead ring.
         super::retire_word(&ring.head, |head| head == 0)
+    }
+
+    /// A ring without slots. A call for zero permits on a ring that has handed out no ticket
+    /// (`head` 0) is decided for one permit, ticket 0, which is decided on no earlier ticket
+    /// (the limit is at least 1), so it reads no slot; `remaining` and the reset time look at
+    /// tickets below `head` only, of which there are none. Such a call therefore answers on it
+    /// exactly as on a fresh ring, without allocating one (8 bytes per permit).
+    fn probe_cell(&self) -> Ring {
+        Ring {
+            head: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            settled: AtomicU64::new(UNSETTLED),
+            slots: Box::new([]),
+        }
     }
 }
 
@@ -1180,6 +1237,91 @@ mod tests {
                     }
                     Step::Advance(d) => clock.advance(Duration::from_nanos(d)),
                 }
+            }
+        }
+    }
+
+    /// The slotless ring a keyed limiter answers a probe for an unknown key on reads as a fresh
+    /// one, whatever the parameters went through (a raise, a lowering, a shrink).
+    #[cfg(feature = "keyed")]
+    #[test]
+    fn a_probe_cell_answers_zero_permit_calls_as_a_fresh_ring() {
+        use crate::keyed::Unused;
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(3, Duration::from_nanos(10))
+            .unwrap()
+            .with_capacity(5)
+            .unwrap();
+        let ring = algo.cell();
+        for (limit, window) in [(3, 10), (5, 10), (2, 10), (2, 4), (4, 1)] {
+            lower(&algo, &ring, limit, window, &clock);
+            clock.advance(Duration::from_nanos(1));
+            let probe = algo.probe_cell();
+            assert!(probe.slots.is_empty());
+            let fresh = algo.cell();
+            assert_eq!(
+                algo.try_acquire(&probe, 0, &clock).unwrap(),
+                algo.try_acquire(&fresh, 0, &clock).unwrap()
+            );
+            assert_eq!(
+                algo.charge(&probe, 0, &clock).unwrap(),
+                algo.charge(&fresh, 0, &clock).unwrap()
+            );
+            assert_eq!(
+                SlidingWindow::words(&fresh),
+                SlidingWindow::words(&algo.cell()),
+                "a probe wrote"
+            );
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Whatever sequence of admissions, charges, limit and window changes (no refunds: a
+        /// refund hole among live tickets over-counts, as documented on the type): what the
+        /// ring reports free (`available`, a probe's `remaining`) is exactly how many permits
+        /// one call could take now, as the decisions (`check`) see it.
+        #[test]
+        fn remaining_is_what_a_call_could_take(
+            (limit, capacity, steps) in (1u32..5, 0u32..4).prop_flat_map(|(limit, extra)| {
+                let capacity = limit + extra;
+                (Just(limit), Just(capacity), prop::collection::vec(step(capacity), 1..60))
+            })
+        ) {
+            let clock = ManualClock::new();
+            let mut window = 10;
+            let algo = SlidingWindow::new(limit, Duration::from_nanos(window))
+                .unwrap()
+                .with_capacity(capacity)
+                .unwrap();
+            let ring = algo.cell();
+            let mut limit = limit;
+            for step in steps {
+                match step {
+                    Step::Keep(n) => {
+                        let _ = algo.try_acquire(&ring, n, &clock);
+                    }
+                    Step::Hold(n) => {
+                        algo.charge(&ring, n, &clock).unwrap();
+                    }
+                    Step::Refund(_) => {}
+                    Step::Limit(to) => {
+                        limit = to;
+                        lower(&algo, &ring, to, window, &clock);
+                    }
+                    Step::Window(to) => {
+                        window = to;
+                        lower(&algo, &ring, limit, to, &clock);
+                    }
+                    Step::Advance(d) => clock.advance(Duration::from_nanos(d)),
+                }
+                let could = (1..=limit)
+                    .take_while(|&n| algo.check(&ring, n, &clock).is_ok())
+                    .count() as u32;
+                prop_assert_eq!(algo.available(&ring, clock.now()), could, "available");
+                let probe = algo.try_acquire(&ring, 0, &clock).map(|a| a.remaining());
+                prop_assert_eq!(probe.unwrap_or(0), could, "probe");
             }
         }
     }
