@@ -224,6 +224,7 @@ impl Inner {
             counters: &self.counters,
             permits: n,
             retry_closed: false,
+            capacity: None,
         }
     }
 

@@ -7,9 +7,11 @@ use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::{build_sliding, Algorithm};
-use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, Woken, DEFAULT_QUEUE_LIMIT, WAITERS};
+use crate::queue::{
+    Blocked, Capacity, QueueOrder, Wait, WaitQueue, Woken, DEFAULT_QUEUE_LIMIT, WAITERS,
+};
 use crate::sync::{
-    lock, wake_all, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED,
+    fence, lock, wake_all, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED,
     CANCELLED, OVERFLOWED, REJECTED,
 };
 use crossbeam_utils::CachePadded;
@@ -1124,6 +1126,16 @@ impl<K, C, S> Inner<K, C, S> {
     }
 }
 
+/// A key's waiter checks the limit in force as it joins the key's queue (see `Wait::capacity`).
+impl<K, C, S> Capacity for Inner<K, C, S>
+where
+    Inner<K, C, S>: Sync,
+{
+    fn capacity_now(&self) -> u32 {
+        self.algorithm_limit()
+    }
+}
+
 /// Runs `$body` with `$keyed` bound to the store's `Keyed<A, K, S>`, whatever `A` is.
 macro_rules! with_store {
     ($store:expr, $keyed:ident => $body:expr) => {
@@ -2067,6 +2079,10 @@ where
         // and the search for room at the cap would skip those keys until the old times.
         with_store!(&inner.store, s => s.forget_hints(&inner.ctx));
         *current = algorithm;
+        // SeqCst fence: pairs with the one a waiter makes between looking up its key's queue
+        // and joining it, which reads the limit (see `KeyedLimiter::wait`): the walk below finds
+        // that queue, or the waiter reads the parameters published above.
+        fence(Ordering::SeqCst);
         let capacity = inner.algorithm_limit();
         // Every key's queue is swept under the mutex: swept after it, for a capacity another
         // reconfiguration has since replaced, a queue failed waiters that fit the capacity in
@@ -2193,8 +2209,18 @@ where
         }
     }
 
+    /// A waiter's view of `wait`, the key's queue it has just looked up. The SeqCst fence pairs
+    /// with the one in [`reconfigure`](KeyedLimiter::reconfigure) between publishing the new
+    /// parameters and walking the queue map: store-then-load on both sides (we wrote or read
+    /// the queue's map entry, then load the limit as we enqueue; `reconfigure` stores the
+    /// parameters, then reads the map). With a fence on each side, either its walk finds this
+    /// queue (and its sweep, under the queue's mutex, fails us if we joined first), or our
+    /// enqueue reads the new limit: a request a lowering made too big never waits behind the
+    /// head for good. Only waiters pay it.
     fn wait<'a>(&'a self, wait: &'a KeyWait, n: u32) -> Wait<'a> {
-        self.inner.ctx.waits.wait(wait, &self.inner.ctx.counters, n)
+        fence(Ordering::SeqCst);
+        let inner = &*self.inner;
+        inner.ctx.waits.wait(wait, &inner.ctx.counters, n, inner)
     }
 
     /// Waits until one permit for `key` is admitted. See [`acquire_n`](Self::acquire_n).
@@ -2599,13 +2625,26 @@ where
     }
 
     /// A waiting call's view of `wait`.
-    pub(crate) fn wait<'a>(&self, wait: &'a KeyWait, counters: &'a Counters, n: u32) -> Wait<'a> {
+    ///
+    /// `capacity` is the limiter's, read as the waiter joins the queue, under its mutex: a key's
+    /// queue is swept by a lowering of the limit only if the sweep's walk of the map finds it,
+    /// and it may be created, or joined, just after (see `Wait::capacity`). The caller fences
+    /// between its lookup of `wait` and this enqueue, pairing with the fence its sweeper makes
+    /// between storing the new limit and walking the map.
+    pub(crate) fn wait<'a>(
+        &self,
+        wait: &'a KeyWait,
+        counters: &'a Counters,
+        n: u32,
+        capacity: &'a dyn Capacity,
+    ) -> Wait<'a> {
         Wait {
             queue: &wait.queue,
             gate: &wait.gate,
             counters,
             permits: n,
             retry_closed: true,
+            capacity: Some(capacity),
         }
     }
 }

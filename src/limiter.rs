@@ -546,6 +546,7 @@ impl<C: Clock> Inner<C> {
             counters: &self.counters,
             permits: n,
             retry_closed: false,
+            capacity: None,
         }
     }
 }
