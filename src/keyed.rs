@@ -118,7 +118,9 @@ pub struct KeyedStats {
     /// given back, and a panicked future cannot be polled again.
     pub cancelled: u64,
     /// Calls for a new key that found the cap reached and no idle key to evict (served by the
-    /// shared overflow limiter or rejected, per [`KeyOverflow`]).
+    /// shared overflow limiter or rejected, per [`KeyOverflow`]). A
+    /// [`charge`](KeyedLimiter::charge) is not a call counted here, whatever the policy did
+    /// with it, as it is not counted anywhere in these statistics.
     pub overflowed: u64,
     /// Idle keys evicted so far.
     pub evicted: u64,
@@ -569,6 +571,21 @@ where
         shard: usize,
         key: &K,
         n: u32,
+        met_retired: bool,
+        op: impl Fn(&A::Cell) -> Result<R, TryAcquireError>,
+    ) -> Result<(R, Slot), TryAcquireError> {
+        self.with_cell_counting::<true, C, R>(ctx, shard, key, n, met_retired, op)
+    }
+
+    /// [`with_cell_after`](Self::with_cell_after); `COUNTED`: the call is one that `stats()`
+    /// counts, so a new key that meets the cap counts as overflowed. A charge is not (its
+    /// docs): it passes false.
+    pub(crate) fn with_cell_counting<const COUNTED: bool, C: Clock, R>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
         mut met_retired: bool,
         op: impl Fn(&A::Cell) -> Result<R, TryAcquireError>,
     ) -> Result<(R, Slot), TryAcquireError> {
@@ -576,7 +593,7 @@ where
         loop {
             let outcome = match shard.map.get(key, &op) {
                 Some(outcome) => outcome.map(|r| (r, Slot::Key)),
-                None => self.first_use(ctx, shard, key, n, met_retired, &op),
+                None => self.first_use::<COUNTED, C, R>(ctx, shard, key, n, met_retired, &op),
             };
             match outcome {
                 // The key's cell was retired by eviction: drop the dead entry and retry, which
@@ -596,7 +613,7 @@ where
     /// `with_cell_after`).
     #[cold]
     #[inline(never)]
-    fn first_use<C: Clock, R>(
+    fn first_use<const COUNTED: bool, C: Clock, R>(
         &self,
         ctx: &Ctx<K, C, S>,
         shard: &Shard<K, A::Cell, S>,
@@ -620,7 +637,9 @@ where
             || (met_retired && ctx.reserve_spare_key())
             || self.make_room(ctx, shard);
         if !reserved {
-            ctx.counters.bump(OVERFLOWED);
+            if COUNTED {
+                ctx.counters.bump(OVERFLOWED);
+            }
             return match ctx.overflow {
                 KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
                     max_keys: ctx.max_keys,
@@ -1610,7 +1629,8 @@ where
     /// [`KeyOverflow::Shared`] it is charged to the shared overflow cell. `n == 0` records
     /// nothing and creates no key. Waiters queued on the key are neither woken nor passed over
     /// (a charge only makes the key stricter; the queue's head retries at its new
-    /// `retry_after`), and the charge is not counted in [`stats`](Self::stats).
+    /// `retry_after`), and the charge is not counted in [`stats`](Self::stats) (nor as
+    /// `overflowed` when it meets the cap).
     ///
     /// # Errors
     ///
@@ -1644,7 +1664,8 @@ where
             // The key's cell through the path every keyed call takes (`with_cell`); its checks
             // for a new key are for a call of at most the limit, which a charge may exceed.
             let cell_n = n.min(s.algo.limit());
-            let charged = s.with_cell(ctx, shard, key, cell_n, |cell| {
+            // Not counted in `stats()`, `overflowed` included (see the docs above).
+            let charged = s.with_cell_counting::<false, _, _>(ctx, shard, key, cell_n, false, |cell| {
                 crate::algorithm::Charge::charge(&s.algo, cell, n, &ctx.clock)
             });
             match charged {
