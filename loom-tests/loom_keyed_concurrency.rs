@@ -30,6 +30,8 @@
 //!   left free, or cancelled), never left asleep with the pool free.
 //! - no lock-order deadlock: two pool heads whose attempts (each under its own queue's mutex)
 //!   owe each other a wake pay it after unlocking, and that deferred wake is never lost.
+//! - a request that a racing `set_limit` makes too big fails at once, never waiting behind the
+//!   key's head, wherever the change lands between its fast path's check and its enqueue.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]

@@ -447,6 +447,9 @@ impl WaitQueue {
     /// The wake-ups are returned for the caller to run: every caller sweeps under a mutex of
     /// its own (so that sweeps run in the order of the changes they follow) and wakes after
     /// releasing it, since a woken party's `Waker` may run code that takes that mutex.
+    ///
+    /// For a keyed limiter's queues, which no sweep can bound (a key's queue may be made after
+    /// it): their waiters read the capacity in force as they enqueue ([`Wait::capacity`]).
     #[cfg(feature = "keyed")]
     pub(crate) fn reconfigure_waiters(&self, gate: &AtomicU64, capacity: u32) -> Woken {
         self.sweep(gate, capacity, false)
