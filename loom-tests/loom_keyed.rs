@@ -31,6 +31,8 @@
 //!   store's check) leaves no cell behind, and never takes back a cell someone else has used;
 //! - racing reconfigurations sweep the key queues in the order of their changes, so no waiter
 //!   fails for a capacity already replaced;
+//! - a request that a racing lowering makes too big fails at once, never waiting behind the
+//!   key's head, wherever the lowering lands between its fast path's check and its enqueue;
 //! - a sweep racing a reconfiguration judges a key under one parameter set, loaded before its
 //!   clock read and re-checked before its CAS: a shrunk window never makes a busy key's count
 //!   look stale (`a_sweep_racing_a_window_shrink_never_evicts_a_busy_key`).
@@ -627,6 +629,59 @@ fn keyed_reconfigure_sweep_never_uses_a_superseded_capacity() {
             (0, 0, 0),
             "{s:?}"
         );
+    });
+}
+
+/// Limit 2 per key, key 1 spent in window 0, and a head (an `acquire` polled by hand) waiting
+/// on it for one permit, in the next window, which comes only when the main thread advances the
+/// clock. The main thread lowers the limit to 1 while a caller asks key 1 for 2, which its fast
+/// path checks without the key's queue's mutex. Whether the caller meets the new limit there,
+/// or only as it enqueues after the sweep, it must fail `InsufficientCapacity`, and never wait
+/// behind the head: the main thread advances the clock only after joining it, so such a wait is
+/// a deadlock loom reports. Before the enqueue read the limit under the queue's mutex, a caller
+/// that read 2 and enqueued after the sweep waited there (the keyed twin of loom_waiters'
+/// `lowered_limit_vs_enqueue_of_a_request_it_makes_too_big`).
+///
+/// The head sleeps on tokio's timer, so it is polled inside a paused current-thread runtime
+/// entered on the main thread only (tokio's own synchronisation is not modelled; nothing else
+/// touches it). A blocking head would spin on its timer under loom, which makes the model
+/// exceed loom's branch limit.
+#[test]
+fn lowered_limit_vs_enqueue_of_a_request_it_makes_too_big() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    model(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let _entered = rt.enter();
+        let l = limiter(fixed(2), 4);
+        l.try_acquire_n(&1, 2).unwrap();
+        let mut head = Box::pin(l.acquire(&1));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(head.as_mut().poll(&mut cx).is_pending(), "key 1 is spent");
+        let big = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking_n(&1, 2).map(|a| a.at_nanos()))
+        };
+        l.reconfigure(fixed(1)).unwrap();
+        assert_eq!(
+            big.join().unwrap(),
+            Err(AcquireError::InsufficientCapacity {
+                requested: 2,
+                capacity: 1
+            })
+        );
+        l.clock().advance(Duration::from_nanos(W));
+        let Poll::Ready(served) = head.as_mut().poll(&mut cx) else {
+            panic!("the head was not served in the next window");
+        };
+        assert_eq!(served.map(|a| a.at_nanos()), Ok(W));
+        drop(head);
+        let s = l.stats();
+        assert_eq!((s.admitted, s.rejected, s.waiting), (2, 1, 0), "{s:?}");
     });
 }
 

@@ -30,6 +30,8 @@
 //!   left free, or cancelled), never left asleep with the pool free.
 //! - no lock-order deadlock: two pool heads whose attempts (each under its own queue's mutex)
 //!   owe each other a wake pay it after unlocking, and that deferred wake is never lost.
+//! - a request that a racing `set_limit` makes too big fails at once, never waiting behind the
+//!   key's head, wherever the change lands between its fast path's check and its enqueue.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -702,5 +704,48 @@ fn a_head_owing_a_pool_wake_pays_it_after_its_attempt() {
                 }
             }
         }
+    });
+}
+
+/// The keyed twin of loom_waiters' `lowered_limit_vs_enqueue_of_a_request_it_makes_too_big`.
+/// Key 1 holds both permits and a head waits for one of them; a `set_limit(1)` races an
+/// `acquire_blocking_n(&1, 2)`, which checks the limit in its fast path without the queue's
+/// mutex. Whether that call meets the new limit in its fast path, in the key's queue (the
+/// sweep fails it), or only as it enqueues after the sweep, it must fail
+/// `InsufficientCapacity` and never wait behind the head, which the main thread serves only
+/// after joining it (a wait is a deadlock loom reports). Before the enqueue read the limit under
+/// the queue's mutex, a call that read 2 and enqueued after the sweep waited there.
+#[test]
+fn lowered_limit_vs_enqueue_of_a_request_it_makes_too_big() {
+    use std::task::Poll;
+    model(|| {
+        let l = limiter(2);
+        let held = l.try_acquire_owned(1, 2).unwrap();
+        let mut head: Head = Box::pin(l.acquire_owned(1, 1));
+        assert!(poll_head(&mut head).is_pending(), "the key is full");
+        let lower = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.set_limit(1).unwrap())
+        };
+        let big = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking_n(&1, 2).map(|p| p.permits()))
+        };
+        lower.join().unwrap();
+        assert_eq!(
+            big.join().unwrap(),
+            Err(turnstile::AcquireError::InsufficientCapacity {
+                requested: 2,
+                capacity: 1
+            })
+        );
+        drop(held);
+        let Poll::Ready(served) = poll_head(&mut head) else {
+            panic!("the head was not served once the permits came back");
+        };
+        assert_eq!(served.map(|p| p.permits()), Ok(1));
+        drop(head);
+        let s = l.stats();
+        assert_eq!((s.admitted, s.rejected, s.waiting), (2, 1, 0), "{s:?}");
     });
 }

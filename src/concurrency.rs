@@ -130,22 +130,24 @@ impl Inner {
         let mut word = self.word.load(Ordering::Acquire);
         loop {
             let limit = self.limit();
-            if n > limit {
-                return Err(TryPermitError::InsufficientCapacity {
-                    requested: n,
-                    capacity: limit,
-                });
-            }
+            // Closed first, whatever `n` (as `RateLimiter`): a closed limiter serves nobody,
+            // so "could never fit" would be beside the point. Then too big, then the queue.
             if respect_queue && word & (WAITERS | CLOSED) != 0 {
                 if word & CLOSED != 0 {
                     return Err(TryPermitError::Closed);
                 }
-                if self.queue.order() == QueueOrder::OldestFirst {
+                if n <= limit && self.queue.order() == QueueOrder::OldestFirst {
                     return Err(TryPermitError::NoPermits {
                         available: free(limit, used(word)),
                         requested: n,
                     });
                 }
+            }
+            if n > limit {
+                return Err(TryPermitError::InsufficientCapacity {
+                    requested: n,
+                    capacity: limit,
+                });
             }
             if free(limit, used(word)) < n.max(1) {
                 return Err(TryPermitError::NoPermits {
@@ -224,6 +226,7 @@ impl Inner {
             counters: &self.counters,
             permits: n,
             retry_closed: false,
+            capacity: None,
         }
     }
 
@@ -337,8 +340,11 @@ impl ConcurrencyLimiter {
     ///
     /// # Errors
     ///
-    /// [`TryPermitError::NoPermits`], [`TryPermitError::InsufficientCapacity`] (`n` > limit) or
-    /// [`TryPermitError::Closed`].
+    /// In this order of precedence:
+    ///
+    /// - [`TryPermitError::Closed`]: the limiter was [closed](Self::close), whatever `n`.
+    /// - [`TryPermitError::InsufficientCapacity`]: `n` exceeds the limit.
+    /// - [`TryPermitError::NoPermits`]: too few free, or others are queued (oldest first).
     ///
     /// # Examples
     ///
@@ -429,10 +435,11 @@ impl ConcurrencyLimiter {
     ///
     /// # Errors
     ///
+    /// - [`AcquireError::Closed`] if the limiter is or gets [closed](Self::close); a closed
+    ///   limiter says so first, whatever `n`.
     /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit.
     /// - [`AcquireError::QueueFull`] if the queue has no room (or, newest-first, this waiter was
     ///   among the oldest failed to make room).
-    /// - [`AcquireError::Closed`] if the limiter is or gets closed.
     ///
     /// # Cancel safety
     ///

@@ -7,9 +7,11 @@ use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::{build_sliding, Algorithm};
-use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, Woken, DEFAULT_QUEUE_LIMIT, WAITERS};
+use crate::queue::{
+    Blocked, Capacity, QueueOrder, Wait, WaitQueue, Woken, DEFAULT_QUEUE_LIMIT, WAITERS,
+};
 use crate::sync::{
-    lock, wake_all, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED,
+    fence, lock, wake_all, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED,
     CANCELLED, OVERFLOWED, REJECTED,
 };
 use crate::watchers::Watchers;
@@ -117,7 +119,9 @@ pub struct KeyedStats {
     /// given back, and a panicked future cannot be polled again.
     pub cancelled: u64,
     /// Calls for a new key that found the cap reached and no idle key to evict (served by the
-    /// shared overflow limiter or rejected, per [`KeyOverflow`]).
+    /// shared overflow limiter or rejected, per [`KeyOverflow`]). A
+    /// [`charge`](KeyedLimiter::charge) is not a call counted here, whatever the policy did
+    /// with it, as it is not counted anywhere in these statistics.
     pub overflowed: u64,
     /// Idle keys evicted so far.
     pub evicted: u64,
@@ -578,6 +582,21 @@ where
         shard: usize,
         key: &K,
         n: u32,
+        met_retired: bool,
+        op: impl Fn(&A::Cell) -> Result<R, TryAcquireError>,
+    ) -> Result<(R, Slot), TryAcquireError> {
+        self.with_cell_counting::<true, C, R>(ctx, shard, key, n, met_retired, op)
+    }
+
+    /// [`with_cell_after`](Self::with_cell_after); `COUNTED`: the call is one that `stats()`
+    /// counts, so a new key that meets the cap counts as overflowed. A charge is not (its
+    /// docs): it passes false.
+    pub(crate) fn with_cell_counting<const COUNTED: bool, C: Clock, R>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
         mut met_retired: bool,
         op: impl Fn(&A::Cell) -> Result<R, TryAcquireError>,
     ) -> Result<(R, Slot), TryAcquireError> {
@@ -585,7 +604,7 @@ where
         loop {
             let outcome = match shard.map.get(key, &op) {
                 Some(outcome) => outcome.map(|r| (r, Slot::Key)),
-                None => self.first_use(ctx, shard, key, n, met_retired, &op),
+                None => self.first_use::<COUNTED, C, R>(ctx, shard, key, n, met_retired, &op),
             };
             match outcome {
                 // The key's cell was retired by eviction: drop the dead entry and retry, which
@@ -605,7 +624,7 @@ where
     /// `with_cell_after`).
     #[cold]
     #[inline(never)]
-    fn first_use<C: Clock, R>(
+    fn first_use<const COUNTED: bool, C: Clock, R>(
         &self,
         ctx: &Ctx<K, C, S>,
         shard: &Shard<K, A::Cell, S>,
@@ -630,7 +649,9 @@ where
             || (met_retired && ctx.reserve_spare_key())
             || self.make_room(ctx, shard);
         if !reserved {
-            ctx.counters.bump(OVERFLOWED);
+            if COUNTED {
+                ctx.counters.bump(OVERFLOWED);
+            }
             return match ctx.overflow {
                 KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
                     max_keys: ctx.max_keys,
@@ -1136,6 +1157,16 @@ impl<K, C, S> Inner<K, C, S> {
     }
 }
 
+/// A key's waiter checks the limit in force as it joins the key's queue (see `Wait::capacity`).
+impl<K, C, S> Capacity for Inner<K, C, S>
+where
+    Inner<K, C, S>: Sync,
+{
+    fn capacity_now(&self) -> u32 {
+        self.algorithm_limit()
+    }
+}
+
 /// Runs `$body` with `$keyed` bound to the store's `Keyed<A, K, S>`, whatever `A` is.
 macro_rules! with_store {
     ($store:expr, $keyed:ident => $body:expr) => {
@@ -1611,7 +1642,8 @@ where
     /// [`KeyOverflow::Shared`] it is charged to the shared overflow cell. `n == 0` records
     /// nothing and creates no key. Waiters queued on the key are neither woken nor passed over
     /// (a charge only makes the key stricter; the queue's head retries at its new
-    /// `retry_after`), and the charge is not counted in [`stats`](Self::stats).
+    /// `retry_after`), and the charge is not counted in [`stats`](Self::stats) (nor as
+    /// `overflowed` when it meets the cap).
     ///
     /// # Errors
     ///
@@ -1645,7 +1677,8 @@ where
             // The key's cell through the path every keyed call takes (`with_cell`); its checks
             // for a new key are for a call of at most the limit, which a charge may exceed.
             let cell_n = n.min(s.algo.limit());
-            let charged = s.with_cell(ctx, shard, key, cell_n, |cell| {
+            // Not counted in `stats()`, `overflowed` included (see the docs above).
+            let charged = s.with_cell_counting::<false, _, _>(ctx, shard, key, cell_n, false, |cell| {
                 crate::algorithm::Charge::charge(&s.algo, cell, n, &ctx.clock)
             });
             match charged {
@@ -2083,6 +2116,10 @@ where
         // and the search for room at the cap would skip those keys until the old times.
         with_store!(&inner.store, s => s.forget_hints(&inner.ctx));
         *current = algorithm;
+        // SeqCst fence: pairs with the one a waiter makes between looking up its key's queue
+        // and joining it, which reads the limit (see `KeyedLimiter::wait`): the walk below finds
+        // that queue, or the waiter reads the parameters published above.
+        fence(Ordering::SeqCst);
         let capacity = inner.algorithm_limit();
         // Every key's queue is swept under the mutex: swept after it, for a capacity another
         // reconfiguration has since replaced, a queue failed waiters that fit the capacity in
@@ -2211,8 +2248,18 @@ where
         }
     }
 
+    /// A waiter's view of `wait`, the key's queue it has just looked up. The SeqCst fence pairs
+    /// with the one in [`reconfigure`](KeyedLimiter::reconfigure) between publishing the new
+    /// parameters and walking the queue map: store-then-load on both sides (we wrote or read
+    /// the queue's map entry, then load the limit as we enqueue; `reconfigure` stores the
+    /// parameters, then reads the map). With a fence on each side, either its walk finds this
+    /// queue (and its sweep, under the queue's mutex, fails us if we joined first), or our
+    /// enqueue reads the new limit: a request a lowering made too big never waits behind the
+    /// head for good. Only waiters pay it.
     fn wait<'a>(&'a self, wait: &'a KeyWait, n: u32) -> Wait<'a> {
-        self.inner.ctx.waits.wait(wait, &self.inner.ctx.counters, n)
+        fence(Ordering::SeqCst);
+        let inner = &*self.inner;
+        inner.ctx.waits.wait(wait, &inner.ctx.counters, n, inner)
     }
 
     /// Waits until one permit for `key` is admitted. See [`acquire_n`](Self::acquire_n).
@@ -2617,13 +2664,26 @@ where
     }
 
     /// A waiting call's view of `wait`.
-    pub(crate) fn wait<'a>(&self, wait: &'a KeyWait, counters: &'a Counters, n: u32) -> Wait<'a> {
+    ///
+    /// `capacity` is the limiter's, read as the waiter joins the queue, under its mutex: a key's
+    /// queue is swept by a lowering of the limit only if the sweep's walk of the map finds it,
+    /// and it may be created, or joined, just after (see `Wait::capacity`). The caller fences
+    /// between its lookup of `wait` and this enqueue, pairing with the fence its sweeper makes
+    /// between storing the new limit and walking the map.
+    pub(crate) fn wait<'a>(
+        &self,
+        wait: &'a KeyWait,
+        counters: &'a Counters,
+        n: u32,
+        capacity: &'a dyn Capacity,
+    ) -> Wait<'a> {
         Wait {
             queue: &wait.queue,
             gate: &wait.gate,
             counters,
             permits: n,
             retry_closed: true,
+            capacity: Some(capacity),
         }
     }
 }

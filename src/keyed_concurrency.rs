@@ -13,7 +13,7 @@ use crate::keyed::{
     shard_count, waiting_error, Ctx, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Slot, Unused,
     Waits, DEFAULT_MAX_KEYS,
 };
-use crate::queue::{no_timer, Blocked, QueueOrder, Woken, DEFAULT_QUEUE_LIMIT, WAITERS};
+use crate::queue::{no_timer, Blocked, Capacity, QueueOrder, Woken, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{
     fence, lock, wake_all, Arc, AtomicU64, Mutex, Ordering, WakeAll, ADMITTED, CANCELLED,
     OVERFLOWED, REJECTED,
@@ -692,6 +692,16 @@ impl<K, S> fmt::Debug for KeyedConcurrencyLimiter<K, S> {
     }
 }
 
+/// A key's waiter checks the limit in force as it joins the key's queue (see `Wait::capacity`).
+impl<K, S> Capacity for Inner<K, S>
+where
+    Inner<K, S>: Sync,
+{
+    fn capacity_now(&self) -> u32 {
+        self.store.algo.current_limit()
+    }
+}
+
 impl<K, S> Inner<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -1084,15 +1094,17 @@ where
         }
     }
 
-    /// Between a waiter's lookup (or insert) of its key's queue in the queue map and its first
-    /// attempt, which loads the limit: pairs with the fence in `set_limit` between its `config`
-    /// store and its walk of the queue map.
+    /// Between a waiter's lookup (or insert) of its key's queue in the queue map and its
+    /// enqueue (which loads the limit, see `Wait::capacity`) and first attempt: pairs with the
+    /// fence in `set_limit` between its `config` store and its walk of the queue map.
     fn registered() {
         // SeqCst fence: store-then-load on both sides (we wrote or read the queue's map entry,
         // then load `config`; `set_limit` stores `config`, then reads the map). With a fence on
-        // each side, either `set_limit`'s walk finds this queue (and wakes its head under its
-        // mutex), or our attempts load the new `config`: a raise is never missed by a waiter
-        // that queued during the change. Only waiters pay it.
+        // each side, either `set_limit`'s walk finds this queue (and wakes its head, or fails
+        // us if we joined first and ask for more than the new limit, under its mutex), or our
+        // enqueue and attempts load the new `config`: a raise is never missed by a waiter that
+        // queued during the change, and a lowering never leaves one waiting behind the head
+        // for a request that can no longer fit. Only waiters pay it.
         fence(Ordering::SeqCst);
     }
 
@@ -1114,7 +1126,7 @@ where
             let outcome = self
                 .ctx
                 .waits
-                .wait(&wait, &self.ctx.counters, n)
+                .wait(&wait, &self.ctx.counters, n, self)
                 .run_async_then(
                     || self.take_head(key, shard, n, &pool.me, &debts),
                     |slot| self.release(key, shard, n, slot),
@@ -1166,7 +1178,7 @@ where
             match self
                 .ctx
                 .waits
-                .wait(&wait, &self.ctx.counters, n)
+                .wait(&wait, &self.ctx.counters, n, self)
                 .run_blocking_then(
                     || self.take_head(key, shard, n, &pool.me, &debts),
                     |slot| self.release(key, shard, n, slot),

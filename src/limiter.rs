@@ -549,6 +549,7 @@ impl<C: Clock> Inner<C> {
             counters: &self.counters,
             permits: n,
             retry_closed: false,
+            capacity: None,
         }
     }
 }
@@ -939,7 +940,8 @@ impl<C: Clock> RateLimiter<C> {
     ///   `n` permits could be admitted if nothing else is.
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst) and can never be
     ///   admitted.
-    /// - [`TryAcquireError::Closed`]: the limiter was [closed](Self::close).
+    /// - [`TryAcquireError::Closed`]: the limiter was [closed](Self::close); this comes first,
+    ///   whatever `n`.
     ///
     /// # Examples
     ///
@@ -1249,7 +1251,8 @@ impl<C: Clock> RateLimiter<C> {
     /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit (or burst).
     /// - [`AcquireError::QueueFull`] at once if the queue has no room for `n` more permits, or
     ///   later if a newest-first queue fails this (oldest) waiter to make room.
-    /// - [`AcquireError::Closed`] if the limiter is or gets [closed](Self::close).
+    /// - [`AcquireError::Closed`] if the limiter is or gets [closed](Self::close); a closed
+    ///   limiter says so first, whatever `n`.
     ///
     /// # Cancel safety
     ///

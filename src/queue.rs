@@ -245,7 +245,15 @@ impl WaitQueue {
     /// Queues a waiter for `permits`; returns its sequence number and the waiters it failed to
     /// make room (newest-first order only), for the caller to wake once it holds its ticket (see
     /// [`Wait::enqueue`]).
-    fn enqueue(&self, gate: &AtomicU64, permits: u32) -> Result<(u64, Vec<Wake>), AcquireError> {
+    ///
+    /// `capacity`, if given, is the limiter's capacity now, read under the queue's mutex in place
+    /// of the one the last bounding sweep left (see [`Wait::capacity`]).
+    fn enqueue(
+        &self,
+        gate: &AtomicU64,
+        permits: u32,
+        capacity: Option<&dyn Capacity>,
+    ) -> Result<(u64, Vec<Wake>), AcquireError> {
         let full = |requested| AcquireError::QueueFull {
             requested,
             queue_limit: self.limit,
@@ -257,10 +265,11 @@ impl WaitQueue {
             if waiters.closed {
                 return Err(AcquireError::Closed);
             }
-            if permits > waiters.capacity {
+            let capacity = capacity.map_or(waiters.capacity, Capacity::capacity_now);
+            if permits > capacity {
                 return Err(AcquireError::InsufficientCapacity {
                     requested: permits,
-                    capacity: waiters.capacity,
+                    capacity,
                 });
             }
             if need > self.limit {
@@ -438,6 +447,9 @@ impl WaitQueue {
     /// The wake-ups are returned for the caller to run: every caller sweeps under a mutex of
     /// its own (so that sweeps run in the order of the changes they follow) and wakes after
     /// releasing it, since a woken party's `Waker` may run code that takes that mutex.
+    ///
+    /// For a keyed limiter's queues, which no sweep can bound (a key's queue may be made after
+    /// it): their waiters read the capacity in force as they enqueue ([`Wait::capacity`]).
     #[cfg(feature = "keyed")]
     pub(crate) fn reconfigure_waiters(&self, gate: &AtomicU64, capacity: u32) -> Woken {
         self.sweep(gate, capacity, false)
@@ -699,11 +711,31 @@ pub(crate) struct Wait<'a> {
     /// A closed queue is a retired one that the caller will replace and retry (a keyed limiter's
     /// per-key queue): an enqueue that fails with `Closed` is then not counted as a rejection.
     pub(crate) retry_closed: bool,
+    /// The limiter's capacity now, for a queue that no sweep bounds (a keyed limiter's: a key's
+    /// queue may be created after the sweep of a lowering): the enqueue reads it under the
+    /// queue's mutex and fails with [`AcquireError::InsufficientCapacity`] if `permits` is
+    /// above it. `None`: the capacity the last [`WaitQueue::reconfigure_waiters_and_bound`] left.
+    ///
+    /// Why under the mutex: the caller checked the capacity in its fast path, without it, and may
+    /// enqueue after a lowering swept this queue; it would then wait behind the head for a
+    /// request that can never fit (for good, while the head waits for good). With the read under
+    /// the mutex, either the sweep takes the mutex after the enqueue (and fails the waiter), or
+    /// before it, and the enqueue reads the lowered capacity its sweeper stored before the sweep.
+    /// A sweep that misses the queue altogether (created, or looked up, during the walk) is the
+    /// keyed limiters' fence pair (`registered` in `keyed_concurrency.rs`, `KeyedLimiter`'s
+    /// `reconfigure`): either the walk finds the queue, or the read sees the new capacity.
+    pub(crate) capacity: Option<&'a dyn Capacity>,
+}
+
+/// A limiter whose capacity an enqueue reads under the queue's mutex: see [`Wait::capacity`].
+pub(crate) trait Capacity: Sync {
+    /// The most permits one call can get now.
+    fn capacity_now(&self) -> u32;
 }
 
 impl<'a> Wait<'a> {
     fn enqueue(&self) -> Result<Ticket<'a>, AcquireError> {
-        match self.queue.enqueue(self.gate, self.permits) {
+        match self.queue.enqueue(self.gate, self.permits, self.capacity) {
             Ok((seq, evicted)) => {
                 let ticket = Ticket {
                     queue: self.queue,

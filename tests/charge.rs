@@ -383,6 +383,39 @@ fn keyed_charge_at_the_cap_follows_the_overflow_policy() {
     }
 }
 
+/// A charge is not counted in `stats()` (its docs), so a charge for a new key at the cap is
+/// not an overflowed call either, whether the policy rejects it or charges the shared cell:
+/// `overflowed` counts the calls that met the cap, as `admitted` and `rejected` count calls.
+#[test]
+fn keyed_charge_at_the_cap_is_not_counted_as_overflowed() {
+    for overflow in [KeyOverflow::Reject, KeyOverflow::Shared] {
+        let (limiter, _clock) = keyed(
+            Algorithm::FixedWindow {
+                limit: 4,
+                window: 100 * MS,
+            },
+            1,
+            overflow,
+        );
+        limiter.try_acquire(&1).unwrap();
+        let charged = limiter.charge(&2, 3);
+        assert_eq!(
+            charged.is_ok(),
+            overflow == KeyOverflow::Shared,
+            "{overflow:?}: {charged:?}"
+        );
+        let stats = limiter.stats();
+        assert_eq!(
+            (stats.admitted, stats.rejected, stats.overflowed),
+            (1, 0, 0),
+            "{overflow:?}: a charge was counted"
+        );
+        // A call at the cap still is.
+        let _ = limiter.try_acquire(&3);
+        assert_eq!(limiter.stats().overflowed, 1, "{overflow:?}");
+    }
+}
+
 #[test]
 fn keyed_charge_at_the_cap_evicts_an_idle_key() {
     for algorithm in all_algorithms(4, 100 * MS) {

@@ -1020,3 +1020,87 @@ fn a_pool_head_leaving_wakes_the_heads_that_deferred_to_it() {
     drop(second);
     assert!(limiter.try_acquire(&5).is_ok(), "no head waits any more");
 }
+
+/// A `BuildHasher` that runs a hook (once) at its `countdown`-th hasher from `arm`: the keyed
+/// limiters hash the key at every lookup, so this puts a racing call between two lookups of
+/// one call.
+#[derive(Clone, Default)]
+struct HookHasher(Arc<HookHasherState>);
+
+#[derive(Default)]
+struct HookHasherState {
+    countdown: std::sync::atomic::AtomicUsize,
+    hook: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl HookHasher {
+    fn arm(&self, countdown: usize, hook: Box<dyn FnOnce() + Send>) {
+        *self.0.hook.lock().unwrap() = Some(hook);
+        self.0.countdown.store(countdown, Ordering::SeqCst);
+    }
+
+    /// Disarms; true if the hook had run.
+    fn disarm(&self) -> bool {
+        self.0.countdown.store(0, Ordering::SeqCst);
+        self.0.hook.lock().unwrap().take().is_none()
+    }
+}
+
+impl std::hash::BuildHasher for HookHasher {
+    type Hasher = std::collections::hash_map::DefaultHasher;
+
+    fn build_hasher(&self) -> Self::Hasher {
+        let fire = self
+            .0
+            .countdown
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
+            == Ok(1);
+        if fire {
+            let hook = self.0.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        std::collections::hash_map::DefaultHasher::new()
+    }
+}
+
+/// A call for 2 checks `n` against the limit in its fast path, without the key's queue's mutex,
+/// then looks the key's queue up and joins it behind a head waiting for a permit held for good.
+/// `set_limit(1)` lands at each of the call's first key lookups in turn (a `HookHasher`), so
+/// also between its check and its enqueue, where the sweep finds nothing too big in the queue.
+/// Wherever it lands the call must fail `InsufficientCapacity` at once: the request can never
+/// fit. Before the enqueue read the limit under the queue's mutex, a call that had checked
+/// against 2 waited behind the head for good.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_request_a_racing_set_limit_makes_too_big_fails_at_once_behind_a_head() {
+    for countdown in 1..=3 {
+        let hasher = HookHasher::default();
+        let limiter = KeyedConcurrencyLimiter::<u64>::builder(2)
+            .hasher(hasher.clone())
+            .build()
+            .unwrap();
+        let held = limiter.try_acquire_n(&1, 2).unwrap();
+        let mut head = Box::pin(limiter.acquire(&1));
+        assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+        // The hook holds a handle (a cycle through the limiter's hasher until it runs).
+        let lowering = limiter.clone();
+        hasher.arm(countdown, Box::new(move || lowering.set_limit(1).unwrap()));
+        let outcome = tokio::time::timeout(Duration::from_secs(60), limiter.acquire_n(&1, 2)).await;
+        assert!(hasher.disarm(), "lookup {countdown}: the hook did not run");
+        assert_eq!(
+            outcome.map(|o| o.map(|p| p.permits())),
+            Ok(Err(AcquireError::InsufficientCapacity {
+                requested: 2,
+                capacity: 1
+            })),
+            "lookup {countdown}: a request that can never fit waited behind the head"
+        );
+        drop(held);
+        let permit = poll_with(head.as_mut(), Waker::noop());
+        assert!(
+            matches!(&permit, std::task::Poll::Ready(Ok(p)) if p.permits() == 1),
+            "lookup {countdown}: the head was not served"
+        );
+    }
+}

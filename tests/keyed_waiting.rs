@@ -15,6 +15,10 @@ use turnstile::{
 mod wakers;
 use wakers::{must_panic, panicky, poll_with};
 
+#[path = "common/hook_clock.rs"]
+mod hook_clock;
+use hook_clock::HookClock;
+
 type Limiter = KeyedLimiter<&'static str, TokioClock>;
 
 fn bucket(per_second: u32, burst: u32) -> Arc<Limiter> {
@@ -483,4 +487,54 @@ async fn an_evicted_waiter_dropped_unseen_counts_as_rejected() {
     let stats = limiter.stats();
     // `newest` gave up its wait; `evicted` was failed with `QueueFull` before it was dropped.
     assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (1, 1, 1));
+}
+
+/// A caller checks `n` against the limit in its fast path, without the key's queue's mutex. Here
+/// `reconfigure` lowers the limit (2 → 1) right after that check, at the clock reading of the
+/// call's fast path (a `HookClock`), and a head joins the key's queue just before: the sweep
+/// finds nothing too big, and the call (for 2) then joins the queue behind the head. It must fail
+/// `InsufficientCapacity` at once: the request can never fit. Before the enqueue read the limit
+/// under the queue's mutex it waited behind the head, which waits for a window that never comes
+/// (the clock does not move), so for good.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_request_a_racing_lowering_makes_too_big_fails_at_once_behind_a_head() {
+    type Hooked = KeyedLimiter<&'static str, HookClock>;
+    type Head = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+    let clock = HookClock::default();
+    let fixed = |limit| Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_secs(1),
+    };
+    let limiter: Arc<Hooked> = Arc::new(KeyedLimiter::with_clock(fixed(2), clock.clone()).unwrap());
+    limiter.try_acquire_n(&"k", 2).unwrap();
+    let head: Arc<std::sync::Mutex<Option<Head>>> = Arc::default();
+    {
+        let (limiter, head) = (Arc::clone(&limiter), Arc::clone(&head));
+        clock.arm(
+            1,
+            Box::new(move || {
+                let waiting = Arc::clone(&limiter);
+                let mut queued: Head = Box::pin(async move {
+                    let _ = waiting.acquire(&"k").await;
+                });
+                assert!(poll_with(queued.as_mut(), Waker::noop()).is_pending());
+                *head.lock().unwrap() = Some(queued);
+                limiter.reconfigure(fixed(1)).unwrap();
+            }),
+        );
+    }
+    let outcome = tokio::time::timeout(Duration::from_secs(60), limiter.acquire_n(&"k", 2)).await;
+    assert!(clock.disarm(), "the hook did not run");
+    assert_eq!(
+        outcome.map(|o| o.map(|a| a.remaining())),
+        Ok(Err(AcquireError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        })),
+        "a request that can never fit waited behind the head"
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.queued_permits), (1, 1), "{stats:?}");
+    drop(head.lock().unwrap().take());
+    assert_eq!(limiter.stats().waiting_keys, 0);
 }

@@ -296,6 +296,58 @@ async fn close_fails_every_waiter_and_every_later_call() {
     assert_eq!(permits.try_acquire().unwrap_err(), TryPermitError::Closed);
 }
 
+/// A closed limiter says `Closed` to every call, before it looks at `n`: a request above the
+/// limit is not told it could never fit (it could not be served at all). Both limiters, every
+/// entry point. The concurrency limiter answered `InsufficientCapacity` there.
+#[tokio::test(start_paused = true)]
+async fn a_closed_limiter_says_closed_before_too_big() {
+    let limiter = bucket(Rate::per_second(1), 2);
+    limiter.close();
+    assert_eq!(
+        limiter.try_acquire_n(3).unwrap_err(),
+        TryAcquireError::Closed
+    );
+    assert_eq!(
+        limiter.acquire_n(3).await.unwrap_err(),
+        AcquireError::Closed
+    );
+    assert_eq!(
+        limiter.acquire_blocking_n(3).unwrap_err(),
+        AcquireError::Closed
+    );
+
+    let permits = ConcurrencyLimiter::new(2).unwrap();
+    permits.close();
+    assert_eq!(
+        permits.try_acquire_n(3).unwrap_err(),
+        TryPermitError::Closed
+    );
+    assert_eq!(
+        permits.try_acquire_owned(3).unwrap_err(),
+        TryPermitError::Closed
+    );
+    assert_eq!(
+        permits.acquire_n(3).await.unwrap_err(),
+        AcquireError::Closed
+    );
+    assert_eq!(
+        permits.acquire_owned(3).await.unwrap_err(),
+        AcquireError::Closed
+    );
+    assert_eq!(
+        permits.acquire_blocking_n(3).unwrap_err(),
+        AcquireError::Closed
+    );
+    // And with others queued (the gate's `WAITERS` bit set too): still `Closed` first.
+    let queued = ConcurrencyLimiter::new(1).unwrap();
+    let held = queued.try_acquire().unwrap();
+    let mut waiter = Box::pin(queued.acquire());
+    assert!(poll_with(waiter.as_mut(), Waker::noop()).is_pending());
+    queued.close();
+    assert_eq!(queued.try_acquire_n(2).unwrap_err(), TryPermitError::Closed);
+    drop((waiter, held));
+}
+
 #[tokio::test(start_paused = true)]
 async fn acquire_zero_waits_for_a_permit_and_takes_nothing() {
     let limiter = bucket(Rate::per_second(10), 2);
