@@ -63,7 +63,8 @@ trait Member<Q: ?Sized> {
     fn refund(&self, key: &Q, n: u32, admission: &Admission, committed: Committed);
     /// Wakes whoever waits on this member for `key` (its queue's head), after a refund gave it
     /// permits back; run only once every refund of the call is done, since a `Waker` may panic.
-    fn wake(&self, key: &Q);
+    /// `except`: the waiting chain caller whose refund this is, not to be told of it.
+    fn wake(&self, key: &Q, except: Option<&Watcher>);
     /// The member's own `charge`: `n` permits recorded without the limit check.
     fn charge(&self, key: &Q, n: u32) -> Result<Admission, TryAcquireError>;
     /// Whether `other` is a handle to the same limiter (a member listed twice).
@@ -89,8 +90,8 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     fn refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed) {
         self.chain_refund(n, admission);
     }
-    fn wake(&self, _: &Q) {
-        self.chain_wake();
+    fn wake(&self, _: &Q, except: Option<&Watcher>) {
+        self.chain_wake(except);
     }
     fn charge(&self, _: &Q, n: u32) -> Result<Admission, TryAcquireError> {
         RateLimiter::charge(self, n)
@@ -381,17 +382,17 @@ impl<L> Core<L> {
             member.refund(key, n, admission, *flag);
         }
         self.counters.bump(REFUNDED);
-        self.wake(key, 0..self.members.len());
+        self.wake(key, 0..self.members.len(), None);
     }
 
     /// Wakes the members the last attempt refunded (the first `refunded` in `order`; see
     /// [`attempt`](Self::attempt)).
-    fn wake_refunded<Q: ?Sized>(&self, key: &Q, refunded: usize)
+    fn wake_refunded<Q: ?Sized>(&self, key: &Q, refunded: usize, except: Option<&Watcher>)
     where
         L: Member<Q>,
     {
         if refunded > 0 {
-            self.wake(key, self.order[..refunded].iter().copied());
+            self.wake(key, self.order[..refunded].iter().copied(), except);
         }
     }
 
@@ -399,13 +400,13 @@ impl<L> Core<L> {
     /// first panic is re-raised after the last; see `WakeAll`). Only once every refund is done:
     /// a panic out of a refund's wake would otherwise unwind past the members still to refund,
     /// leaving their permits taken for a call that was not admitted.
-    fn wake<Q: ?Sized>(&self, key: &Q, which: impl Iterator<Item = usize>)
+    fn wake<Q: ?Sized>(&self, key: &Q, which: impl Iterator<Item = usize>, except: Option<&Watcher>)
     where
         L: Member<Q>,
     {
         let mut all = WakeAll::default();
         for i in which {
-            all.run(|| self.members[i].wake(key));
+            all.run(|| self.members[i].wake(key, except));
         }
         all.finish();
     }
@@ -423,7 +424,7 @@ impl<L> Core<L> {
         let mut refunded = 0;
         let outcome = self.attempt(key, n, slots, &mut refunded);
         self.count(if outcome.is_ok() { ADMITTED } else { REJECTED });
-        self.wake_refunded(key, refunded);
+        self.wake_refunded(key, refunded, None);
         outcome
     }
 
@@ -498,16 +499,22 @@ impl<L> Core<L> {
 
     /// One attempt of a waiting call: `Ok` with how the call ends (counted), or `Err` with how
     /// long to wait before the next attempt (the largest `retry_after`, at least
-    /// [`MIN_BACKOFF`]).
+    /// [`MIN_BACKOFF`]) and how far the attempt's own refunds moved the members' epoch sum
+    /// ([`epochs`](Self::epochs)).
     ///
     /// `counted` is set once the call's outcome is counted, before the refunded members are
     /// woken: a `Waker` that panics then must not have the call counted again as cancelled.
+    /// `who`, the caller's watcher once it has one, is not told of its own refunds: they are no
+    /// change it missed, and each attempt on a chain whose commit keeps failing after its check
+    /// passed (a member at its key cap whose search for room cannot evict, or a racing caller)
+    /// would wake it for the next at once, and it would never sleep.
     fn attempt_waiting<Q: ?Sized>(
         &self,
         key: &Q,
         n: u32,
         counted: &mut bool,
-    ) -> Result<Result<Admission, AcquireError>, std::time::Duration>
+        who: Option<&Watcher>,
+    ) -> Result<Result<Admission, AcquireError>, (std::time::Duration, u64)>
     where
         L: Member<Q>,
     {
@@ -522,15 +529,20 @@ impl<L> Core<L> {
             Err(e) => match e.wait_or_fail() {
                 // A member that defers to its own queue of waiters reports 0: poll gently.
                 Ok(rejection) => {
-                    self.wake_refunded(key, refunded);
-                    return Err(rejection.retry_after().max(MIN_BACKOFF));
+                    self.wake_refunded(key, refunded, who);
+                    // Each refunded member's wake bumps its limiter's epoch once, which the
+                    // sum holds once per listing of that limiter.
+                    let own = self.order[..refunded]
+                        .iter()
+                        .fold(0, |sum: u64, &i| sum.wrapping_add(u64::from(self.times[i])));
+                    return Err((rejection.retry_after().max(MIN_BACKOFF), own));
                 }
                 Err(error) => error,
             },
         };
         self.count(REJECTED);
         *counted = true;
-        self.wake_refunded(key, refunded);
+        self.wake_refunded(key, refunded, who);
         Ok(Err(error))
     }
 
@@ -606,15 +618,19 @@ impl<L> Core<L> {
         let mut seen = self.epochs::<Q>();
         let mut watching = None;
         // Made at the first wait: a call admitted at once allocates nothing.
-        let mut notify = None;
+        let mut notify: Option<(std::sync::Arc<tokio::sync::Notify>, Watcher)> = None;
         loop {
-            match self.attempt_waiting(key, n, &mut finish.done) {
+            let who = notify.as_ref().map(|(_, who)| who);
+            match self.attempt_waiting(key, n, &mut finish.done, who) {
                 Ok(outcome) => return outcome,
-                Err(wait) => {
-                    let notify = notify
-                        .get_or_insert_with(|| std::sync::Arc::new(tokio::sync::Notify::new()));
+                Err((wait, own)) => {
+                    let (notify, who) = notify.get_or_insert_with(|| {
+                        let notify = std::sync::Arc::new(tokio::sync::Notify::new());
+                        (notify.clone(), Watcher::Task(notify))
+                    });
                     if watching.is_none() {
-                        watching = self.watch::<Q>(&Watcher::Task(notify.clone()), seen);
+                        // The attempt's own refunds moved the sum: not a change it missed.
+                        watching = self.watch::<Q>(who, seen.wrapping_add(own));
                         if watching.is_none() {
                             seen = self.epochs::<Q>();
                             continue;
@@ -644,23 +660,18 @@ impl<L> Core<L> {
         let mut watching = None;
         // Made at the first wait (its epoch starts at 0): a call admitted at once allocates
         // nothing.
-        let mut signal: Option<Arc<Signal>> = None;
+        let mut signal: Option<(Arc<Signal>, Watcher)> = None;
         loop {
             // Before the attempt: a change after it moves the signal's epoch, and the wait
             // below returns at once.
-            let signalled = signal.as_ref().map_or(0, |signal| signal.epoch());
-            let wait = match self.attempt_waiting(key, n, &mut false) {
+            let signalled = signal.as_ref().map_or(0, |(signal, _)| signal.epoch());
+            let who = signal.as_ref().map(|(_, who)| who);
+            let (wait, own) = match self.attempt_waiting(key, n, &mut false, who) {
                 Ok(outcome) => return outcome,
                 Err(wait) => wait,
             };
-            let signal = signal.get_or_insert_with(|| Arc::new(Signal::new()));
-            if watching.is_none() {
-                watching = self.watch::<Q>(&Watcher::Thread(Arc::clone(signal)), seen);
-                if watching.is_none() {
-                    seen = self.epochs::<Q>();
-                    continue;
-                }
-            }
+            // Checked before anything else: a caller that must look again at once (a member
+            // changed meanwhile) still ends at its deadline.
             let wait = match deadline {
                 None => wait,
                 Some(deadline) => {
@@ -672,6 +683,18 @@ impl<L> Core<L> {
                     wait.min(left)
                 }
             };
+            let (signal, who) = signal.get_or_insert_with(|| {
+                let signal = Arc::new(Signal::new());
+                (Arc::clone(&signal), Watcher::Thread(signal))
+            });
+            if watching.is_none() {
+                // The attempt's own refunds moved the sum: not a change it missed.
+                watching = self.watch::<Q>(who, seen.wrapping_add(own));
+                if watching.is_none() {
+                    seen = self.epochs::<Q>();
+                    continue;
+                }
+            }
             signal.wait_timeout(signalled, wait);
             self.caught_up::<Q>();
         }
@@ -1074,7 +1097,8 @@ impl<C: Clock> Chain<C> {
     /// Each attempt is an all-or-nothing [`try_acquire_n`](Self::try_acquire_n); after a
     /// rejection the caller sleeps on tokio's timer for its `retry_after` (the largest over the
     /// members, at least 1 ms) and tries again. The sleep ends early when a member changes: it
-    /// is closed, reconfigured, a key of it is reset, or a chain call gives it permits back.
+    /// is closed, reconfigured, a key of it is reset, or another chain call gives it permits
+    /// back.
     /// Needs a tokio runtime with the time driver; with paused time, give the members a
     /// [`TokioClock`](crate::TokioClock).
     ///
@@ -1348,10 +1372,10 @@ where
             Link::Global(l) => l.chain_refund(n, admission),
         }
     }
-    fn wake(&self, key: &K) {
+    fn wake(&self, key: &K, except: Option<&Watcher>) {
         match self {
-            Link::PerKey(l) => l.chain_wake(key),
-            Link::Global(l) => l.chain_wake(),
+            Link::PerKey(l) => l.chain_wake(key, except),
+            Link::Global(l) => l.chain_wake(except),
         }
     }
     fn charge(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
