@@ -557,10 +557,11 @@ impl<L> Core<L> {
         })
     }
 
-    /// Registers `who` with every member, until the returned guard is dropped; `None` (nothing
-    /// left registered) if a member changed since `seen` ([`epochs`](Self::epochs)) was read:
-    /// the attempt in between may have missed that change, so the caller tries again at once.
-    fn watch<Q: ?Sized>(&self, who: &Watcher, seen: u64) -> Option<Watching<'_>>
+    /// Registers `who` with every member, until the returned guard is dropped, and says
+    /// whether a member changed since `seen` ([`epochs`](Self::epochs)) was read: the attempt
+    /// in between may have missed that change, so the caller looks again as if notified (every
+    /// later change notifies it).
+    fn watch<Q: ?Sized>(&self, who: &Watcher, seen: u64) -> (Watching<'_>, bool)
     where
         L: Member<Q>,
     {
@@ -572,7 +573,7 @@ impl<L> Core<L> {
             watching.0.push((watchers, id));
             now = now.wrapping_add(epoch);
         }
-        (now == seen).then_some(watching)
+        (watching, now != seen)
     }
 
     /// Before the next attempt after a wait: the members' clocks brought up to date.
@@ -615,7 +616,7 @@ impl<L> Core<L> {
         };
         // Registered with every member after the first attempt that must wait, until the call
         // ends: a change (a close, a reconfiguration, a refund) cuts the sleep short.
-        let mut seen = self.epochs::<Q>();
+        let seen = self.epochs::<Q>();
         let mut watching = None;
         // Made at the first wait: a call admitted at once allocates nothing.
         let mut notify: Option<(std::sync::Arc<tokio::sync::Notify>, Watcher)> = None;
@@ -630,10 +631,10 @@ impl<L> Core<L> {
                     });
                     if watching.is_none() {
                         // The attempt's own refunds moved the sum: not a change it missed.
-                        watching = self.watch::<Q>(who, seen.wrapping_add(own));
-                        if watching.is_none() {
-                            seen = self.epochs::<Q>();
-                            continue;
+                        let (registered, moved) = self.watch::<Q>(who, seen.wrapping_add(own));
+                        watching = Some(registered);
+                        if moved {
+                            notify.notify_one();
                         }
                     }
                     sleep_or_notified(wait, notify).await;
@@ -656,7 +657,7 @@ impl<L> Core<L> {
         L: Member<Q>,
     {
         // As in `acquire`, with the thread's signal (created on this thread, which it wakes).
-        let mut seen = self.epochs::<Q>();
+        let seen = self.epochs::<Q>();
         let mut watching = None;
         // Made at the first wait (its epoch starts at 0): a call admitted at once allocates
         // nothing.
@@ -670,8 +671,7 @@ impl<L> Core<L> {
                 Ok(outcome) => return outcome,
                 Err(wait) => wait,
             };
-            // Checked before anything else: a caller that must look again at once (a member
-            // changed meanwhile) still ends at its deadline.
+            // Checked first: a caller woken early, again and again, still ends at its deadline.
             let wait = match deadline {
                 None => wait,
                 Some(deadline) => {
@@ -687,15 +687,19 @@ impl<L> Core<L> {
                 let signal = Arc::new(Signal::new());
                 (Arc::clone(&signal), Watcher::Thread(signal))
             });
+            let mut moved = false;
             if watching.is_none() {
                 // The attempt's own refunds moved the sum: not a change it missed.
-                watching = self.watch::<Q>(who, seen.wrapping_add(own));
-                if watching.is_none() {
-                    seen = self.epochs::<Q>();
-                    continue;
-                }
+                let registered;
+                (registered, moved) = self.watch::<Q>(who, seen.wrapping_add(own));
+                watching = Some(registered);
             }
-            signal.wait_timeout(signalled, wait);
+            // As `sleep_or_notified`: the backoff first, whatever the notifications.
+            let backoff = MIN_BACKOFF.min(wait);
+            std::thread::sleep(backoff);
+            if !moved {
+                signal.wait_timeout(signalled, wait - backoff);
+            }
             self.caught_up::<Q>();
         }
     }
@@ -713,11 +717,18 @@ impl Drop for Watching<'_> {
     }
 }
 
-/// Sleeps for `wait`, or less if `notify` is (or was, since the caller registered) notified.
+/// Sleeps for `wait`, or less if `notify` is (or was, since the caller registered) notified;
+/// but for [`MIN_BACKOFF`] first (no `wait` is shorter) whatever the notifications, which are
+/// kept meanwhile. A change that lands during every attempt (two callers whose attempts keep
+/// failing in the commit, each one's refund telling the other; a stream of resets of other
+/// keys) would otherwise have the caller try again without a pause for as long as it lasts: a
+/// task without ever yielding to its timer, under paused time for ever.
 #[cfg(feature = "tokio")]
 async fn sleep_or_notified(wait: std::time::Duration, notify: &tokio::sync::Notify) {
     use std::future::Future;
-    let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
+    let backoff = MIN_BACKOFF.min(wait);
+    tokio::time::sleep(backoff).await;
+    let mut sleep = std::pin::pin!(tokio::time::sleep(wait - backoff));
     let mut notified = std::pin::pin!(notify.notified());
     std::future::poll_fn(|cx| {
         if notified.as_mut().poll(cx).is_ready() {
@@ -729,7 +740,8 @@ async fn sleep_or_notified(wait: std::time::Duration, notify: &tokio::sync::Noti
 }
 
 /// The shortest sleep between two attempts of a chain's `acquire`: a member whose own queue has
-/// waiters (oldest first) rejects with a `retry_after` of 0, and the chain must not spin on it.
+/// waiters (oldest first) rejects with a `retry_after` of 0, and the chain must not spin on it;
+/// nor on members that change all the time (see `sleep_or_notified`).
 const MIN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Counts kept by a [`Chain`] or [`KeyedChain`].
@@ -1098,7 +1110,8 @@ impl<C: Clock> Chain<C> {
     /// rejection the caller sleeps on tokio's timer for its `retry_after` (the largest over the
     /// members, at least 1 ms) and tries again. The sleep ends early when a member changes: it
     /// is closed, reconfigured, a key of it is reset, or another chain call gives it permits
-    /// back.
+    /// back (but not within its first millisecond, so that a member changing all the time
+    /// cannot make it try again without a pause).
     /// Needs a tokio runtime with the time driver; with paused time, give the members a
     /// [`TokioClock`](crate::TokioClock).
     ///

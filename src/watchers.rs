@@ -16,10 +16,13 @@
 //!   When the attempt fails it registers with every member ([`Watchers::watch`], under each
 //!   mutex) and then reads the epochs again, under the same mutexes: if any moved, a change
 //!   landed between its read and its registration, perhaps unseen by its attempt, and it tries
-//!   again at once instead of sleeping. Otherwise every later change notifies it. It stays
+//!   again as if notified. Either way every later change notifies it. It stays
 //!   registered until the call ends (a drop guard unregisters it, so a cancelled call leaves
 //!   nothing behind), and a notification that arrives while it is not sleeping is kept (a
-//!   `Notify` permit, or the signal's epoch), so it cannot be lost between two attempts.
+//!   `Notify` permit, or the signal's epoch), so it cannot be lost between two attempts. It
+//!   sleeps 1 ms (`MIN_BACKOFF`) after every attempt before it heeds one, so that members that
+//!   change all the time (two callers whose refunds wake each other, a stream of resets) make
+//!   it poll gently rather than loop.
 //! - **Its own refunds**: an attempt whose commit failed after its check passed gives back what
 //!   the members before the failing one took, and a refund is a change. The caller is not told
 //!   of its own (`except` in [`Watchers::changed`]), and at its registration it expects the sum
@@ -195,7 +198,8 @@ impl Default for ModelWaiter {
 #[cfg(turnstile_loom)]
 impl ModelWaiter {
     /// The chain caller's side: `seen` read before `attempt`; if the attempt fails, registers,
-    /// compares the epoch (unregistering and reading it again if it moved), and waits (untimed,
+    /// compares the epoch (attempting again at once, still registered, if it moved; the real
+    /// caller sleeps its backoff first), and waits (untimed,
     /// unlike a real chain, so that a lost notification is a deadlock loom reports) until
     /// notified; then attempts again. Returns when `attempt` succeeds.
     pub fn wait_until(&self, watchers: &Watchers, attempt: impl FnMut() -> bool) {
@@ -214,7 +218,7 @@ impl ModelWaiter {
 
     fn wait(&self, watchers: &Watchers, mut attempt: impl FnMut() -> bool, refunds: bool) {
         let me = Watcher::Thread(Arc::clone(&self.signal));
-        let mut seen = watchers.epoch();
+        let seen = watchers.epoch();
         let mut registered = None;
         loop {
             // Before the attempt: a notification after it moves the signal's epoch.
@@ -231,13 +235,12 @@ impl ModelWaiter {
                 watchers.changed(Some(&me));
             }
             if registered.is_none() {
+                // Registered from here on, whatever the epoch says.
                 let (id, now) = watchers.watch(me.clone());
+                registered = Some(id);
                 if now != seen.wrapping_add(own) {
-                    watchers.unwatch(id);
-                    seen = watchers.epoch();
                     continue;
                 }
-                registered = Some(id);
             }
             self.signal.wait(signal_epoch);
         }

@@ -2410,3 +2410,49 @@ fn a_sleeping_chain_caller_is_not_woken_by_its_own_refunds() {
     assert_eq!(outcome.unwrap_err(), turnstile::AcquireError::Timeout);
     assert_eq!(attempts, 1, "the caller spun");
 }
+
+/// Two callers on the refunding chain: each one's refund tells the other, whose attempt refunds
+/// and tells the first. On tasks they passed the turn back and forth without a pause, paused
+/// time never advanced, and neither reached its timeout; each wake-driven retry now comes at
+/// least 1 ms after the attempt before it, as a member's queue that defers to its waiters is
+/// polled.
+#[test]
+fn two_sleeping_chain_callers_do_not_wake_each_other_without_pause() {
+    let (chain, _runtime) = refunding_chain();
+    let (outcome, attempts) = attempts_of(&chain, |chain| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let other = tokio::spawn({
+                let chain = chain.clone();
+                async move { chain.acquire_timeout(&"d", 1, Duration::from_secs(1)).await }
+            });
+            let mine = chain.acquire_timeout(&"c", 1, Duration::from_secs(1)).await;
+            assert_eq!(other.await.unwrap(), Err(turnstile::AcquireError::Timeout));
+            mine
+        })
+    });
+    assert_eq!(outcome.unwrap_err(), turnstile::AcquireError::Timeout);
+    // At most one attempt per millisecond each, and the first ones.
+    assert!(attempts <= 2 * 1_002, "{attempts} attempts in one second");
+}
+
+/// The same on two threads, until their deadline.
+#[test]
+fn two_blocked_chain_callers_do_not_wake_each_other_without_pause() {
+    let (chain, _runtime) = refunding_chain();
+    let (outcome, attempts) = attempts_of(&chain, |chain| {
+        let other = std::thread::spawn({
+            let chain = chain.clone();
+            move || chain.acquire_blocking_timeout(&"d", 1, Duration::from_millis(200))
+        });
+        let mine = chain.acquire_blocking_timeout(&"c", 1, Duration::from_millis(200));
+        assert_eq!(other.join().unwrap(), Err(turnstile::AcquireError::Timeout));
+        mine
+    });
+    assert_eq!(outcome.unwrap_err(), turnstile::AcquireError::Timeout);
+    assert!(attempts <= 2 * 203, "{attempts} attempts in 200 ms");
+}
