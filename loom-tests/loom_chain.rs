@@ -36,7 +36,8 @@
 //! `*_is_never_missed` models run that protocol (`turnstile::ModelWaiter::wait_until`, the
 //! steps a chain's `acquire` takes, with an untimed wait so that a lost notification is a
 //! deadlock) against changers that make a change visible with a Relaxed store, as a close sets
-//! its closed bit, and then tell the watchers.
+//! its closed bit, and then tell the watchers; `a_chain_callers_own_refunds_*` with a caller
+//! whose every failed attempt refunds, which tells every watcher but itself.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_chain`
 #![cfg(turnstile_loom)]
@@ -711,5 +712,30 @@ fn two_changes_during_a_chain_wait_are_never_missed() {
         for changer in changers {
             changer.join().unwrap();
         }
+    });
+}
+
+/// A caller whose every failed attempt gives permits back (a commit that keeps losing after its
+/// check passed) expects its own refunds' bumps at its registration, and that never hides a
+/// real change: one always reaches it (a lost one is a deadlock here). That its own refunds do
+/// not wake it is checked by `tests/chain.rs` (`a_*_chain_caller_is_not_woken_by_its_own_refunds`):
+/// loom schedules the closer into a caller's loop either way.
+#[test]
+fn a_chain_callers_own_refunds_neither_wake_it_nor_hide_a_change() {
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use loom::sync::Arc;
+    model(|| {
+        let watchers = Arc::new(turnstile::Watchers::default());
+        let closed = Arc::new(AtomicBool::new(false));
+        let closer = {
+            let (watchers, closed) = (Arc::clone(&watchers), Arc::clone(&closed));
+            thread::spawn(move || {
+                closed.store(true, Ordering::Relaxed);
+                watchers.changed_for_model();
+            })
+        };
+        turnstile::ModelWaiter::default()
+            .wait_until_refunding(&watchers, || closed.load(Ordering::Relaxed));
+        closer.join().unwrap();
     });
 }

@@ -63,7 +63,8 @@ trait Member<Q: ?Sized> {
     fn refund(&self, key: &Q, n: u32, admission: &Admission, committed: Committed);
     /// Wakes whoever waits on this member for `key` (its queue's head), after a refund gave it
     /// permits back; run only once every refund of the call is done, since a `Waker` may panic.
-    fn wake(&self, key: &Q);
+    /// `except`: the waiting chain caller whose refund this is, not to be told of it.
+    fn wake(&self, key: &Q, except: Option<&Watcher>);
     /// The member's own `charge`: `n` permits recorded without the limit check.
     fn charge(&self, key: &Q, n: u32) -> Result<Admission, TryAcquireError>;
     /// Whether `other` is a handle to the same limiter (a member listed twice).
@@ -89,8 +90,8 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     fn refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed) {
         self.chain_refund(n, admission);
     }
-    fn wake(&self, _: &Q) {
-        self.chain_wake();
+    fn wake(&self, _: &Q, except: Option<&Watcher>) {
+        self.chain_wake(except);
     }
     fn charge(&self, _: &Q, n: u32) -> Result<Admission, TryAcquireError> {
         RateLimiter::charge(self, n)
@@ -381,17 +382,17 @@ impl<L> Core<L> {
             member.refund(key, n, admission, *flag);
         }
         self.counters.bump(REFUNDED);
-        self.wake(key, 0..self.members.len());
+        self.wake(key, 0..self.members.len(), None);
     }
 
     /// Wakes the members the last attempt refunded (the first `refunded` in `order`; see
     /// [`attempt`](Self::attempt)).
-    fn wake_refunded<Q: ?Sized>(&self, key: &Q, refunded: usize)
+    fn wake_refunded<Q: ?Sized>(&self, key: &Q, refunded: usize, except: Option<&Watcher>)
     where
         L: Member<Q>,
     {
         if refunded > 0 {
-            self.wake(key, self.order[..refunded].iter().copied());
+            self.wake(key, self.order[..refunded].iter().copied(), except);
         }
     }
 
@@ -399,13 +400,13 @@ impl<L> Core<L> {
     /// first panic is re-raised after the last; see `WakeAll`). Only once every refund is done:
     /// a panic out of a refund's wake would otherwise unwind past the members still to refund,
     /// leaving their permits taken for a call that was not admitted.
-    fn wake<Q: ?Sized>(&self, key: &Q, which: impl Iterator<Item = usize>)
+    fn wake<Q: ?Sized>(&self, key: &Q, which: impl Iterator<Item = usize>, except: Option<&Watcher>)
     where
         L: Member<Q>,
     {
         let mut all = WakeAll::default();
         for i in which {
-            all.run(|| self.members[i].wake(key));
+            all.run(|| self.members[i].wake(key, except));
         }
         all.finish();
     }
@@ -423,7 +424,7 @@ impl<L> Core<L> {
         let mut refunded = 0;
         let outcome = self.attempt(key, n, slots, &mut refunded);
         self.count(if outcome.is_ok() { ADMITTED } else { REJECTED });
-        self.wake_refunded(key, refunded);
+        self.wake_refunded(key, refunded, None);
         outcome
     }
 
@@ -498,16 +499,22 @@ impl<L> Core<L> {
 
     /// One attempt of a waiting call: `Ok` with how the call ends (counted), or `Err` with how
     /// long to wait before the next attempt (the largest `retry_after`, at least
-    /// [`MIN_BACKOFF`]).
+    /// [`MIN_BACKOFF`]) and how far the attempt's own refunds moved the members' epoch sum
+    /// ([`epochs`](Self::epochs)).
     ///
     /// `counted` is set once the call's outcome is counted, before the refunded members are
     /// woken: a `Waker` that panics then must not have the call counted again as cancelled.
+    /// `who`, the caller's watcher once it has one, is not told of its own refunds: they are no
+    /// change it missed, and each attempt on a chain whose commit keeps failing after its check
+    /// passed (a member at its key cap whose search for room cannot evict, or a racing caller)
+    /// would wake it for the next at once, and it would never sleep.
     fn attempt_waiting<Q: ?Sized>(
         &self,
         key: &Q,
         n: u32,
         counted: &mut bool,
-    ) -> Result<Result<Admission, AcquireError>, std::time::Duration>
+        who: Option<&Watcher>,
+    ) -> Result<Result<Admission, AcquireError>, (std::time::Duration, u64)>
     where
         L: Member<Q>,
     {
@@ -522,15 +529,20 @@ impl<L> Core<L> {
             Err(e) => match e.wait_or_fail() {
                 // A member that defers to its own queue of waiters reports 0: poll gently.
                 Ok(rejection) => {
-                    self.wake_refunded(key, refunded);
-                    return Err(rejection.retry_after().max(MIN_BACKOFF));
+                    self.wake_refunded(key, refunded, who);
+                    // Each refunded member's wake bumps its limiter's epoch once, which the
+                    // sum holds once per listing of that limiter.
+                    let own = self.order[..refunded]
+                        .iter()
+                        .fold(0, |sum: u64, &i| sum.wrapping_add(u64::from(self.times[i])));
+                    return Err((rejection.retry_after().max(MIN_BACKOFF), own));
                 }
                 Err(error) => error,
             },
         };
         self.count(REJECTED);
         *counted = true;
-        self.wake_refunded(key, refunded);
+        self.wake_refunded(key, refunded, who);
         Ok(Err(error))
     }
 
@@ -545,10 +557,11 @@ impl<L> Core<L> {
         })
     }
 
-    /// Registers `who` with every member, until the returned guard is dropped; `None` (nothing
-    /// left registered) if a member changed since `seen` ([`epochs`](Self::epochs)) was read:
-    /// the attempt in between may have missed that change, so the caller tries again at once.
-    fn watch<Q: ?Sized>(&self, who: &Watcher, seen: u64) -> Option<Watching<'_>>
+    /// Registers `who` with every member, until the returned guard is dropped, and says
+    /// whether a member changed since `seen` ([`epochs`](Self::epochs)) was read: the attempt
+    /// in between may have missed that change, so the caller looks again as if notified (every
+    /// later change notifies it).
+    fn watch<Q: ?Sized>(&self, who: &Watcher, seen: u64) -> (Watching<'_>, bool)
     where
         L: Member<Q>,
     {
@@ -560,7 +573,7 @@ impl<L> Core<L> {
             watching.0.push((watchers, id));
             now = now.wrapping_add(epoch);
         }
-        (now == seen).then_some(watching)
+        (watching, now != seen)
     }
 
     /// Before the next attempt after a wait: the members' clocks brought up to date.
@@ -603,25 +616,28 @@ impl<L> Core<L> {
         };
         // Registered with every member after the first attempt that must wait, until the call
         // ends: a change (a close, a reconfiguration, a refund) cuts the sleep short.
-        let mut seen = self.epochs::<Q>();
+        let seen = self.epochs::<Q>();
         let mut watching = None;
         // Made at the first wait: a call admitted at once allocates nothing.
-        let mut notify = None;
+        let mut notify: Option<(std::sync::Arc<tokio::sync::Notify>, Watcher)> = None;
         loop {
-            match self.attempt_waiting(key, n, &mut finish.done) {
+            let who = notify.as_ref().map(|(_, who)| who);
+            match self.attempt_waiting(key, n, &mut finish.done, who) {
                 Ok(outcome) => return outcome,
-                Err(wait) => {
-                    let notify = notify
-                        .get_or_insert_with(|| std::sync::Arc::new(tokio::sync::Notify::new()));
+                Err((wait, own)) => {
+                    let (notify, who) = notify.get_or_insert_with(|| {
+                        let notify = std::sync::Arc::new(tokio::sync::Notify::new());
+                        (notify.clone(), Watcher::Task(notify))
+                    });
                     if watching.is_none() {
-                        watching = self.watch::<Q>(&Watcher::Task(notify.clone()), seen);
-                        if watching.is_none() {
-                            seen = self.epochs::<Q>();
-                            continue;
+                        // The attempt's own refunds moved the sum: not a change it missed.
+                        let (registered, moved) = self.watch::<Q>(who, seen.wrapping_add(own));
+                        watching = Some(registered);
+                        if moved {
+                            notify.notify_one();
                         }
                     }
-                    // Ends early if `notify` is (or was, since the registration) notified.
-                    crate::watchers::sleep_unless(wait, std::pin::pin!(notify.notified())).await;
+                    sleep_or_notified(wait, notify).await;
                     self.caught_up::<Q>();
                 }
             }
@@ -641,27 +657,21 @@ impl<L> Core<L> {
         L: Member<Q>,
     {
         // As in `acquire`, with the thread's signal (created on this thread, which it wakes).
-        let mut seen = self.epochs::<Q>();
+        let seen = self.epochs::<Q>();
         let mut watching = None;
         // Made at the first wait (its epoch starts at 0): a call admitted at once allocates
         // nothing.
-        let mut signal: Option<Arc<Signal>> = None;
+        let mut signal: Option<(Arc<Signal>, Watcher)> = None;
         loop {
             // Before the attempt: a change after it moves the signal's epoch, and the wait
             // below returns at once.
-            let signalled = signal.as_ref().map_or(0, |signal| signal.epoch());
-            let wait = match self.attempt_waiting(key, n, &mut false) {
+            let signalled = signal.as_ref().map_or(0, |(signal, _)| signal.epoch());
+            let who = signal.as_ref().map(|(_, who)| who);
+            let (wait, own) = match self.attempt_waiting(key, n, &mut false, who) {
                 Ok(outcome) => return outcome,
                 Err(wait) => wait,
             };
-            let signal = signal.get_or_insert_with(|| Arc::new(Signal::new()));
-            if watching.is_none() {
-                watching = self.watch::<Q>(&Watcher::Thread(Arc::clone(signal)), seen);
-                if watching.is_none() {
-                    seen = self.epochs::<Q>();
-                    continue;
-                }
-            }
+            // Checked first: a caller woken early, again and again, still ends at its deadline.
             let wait = match deadline {
                 None => wait,
                 Some(deadline) => {
@@ -673,7 +683,23 @@ impl<L> Core<L> {
                     wait.min(left)
                 }
             };
-            signal.wait_timeout(signalled, wait);
+            let (signal, who) = signal.get_or_insert_with(|| {
+                let signal = Arc::new(Signal::new());
+                (Arc::clone(&signal), Watcher::Thread(signal))
+            });
+            let mut moved = false;
+            if watching.is_none() {
+                // The attempt's own refunds moved the sum: not a change it missed.
+                let registered;
+                (registered, moved) = self.watch::<Q>(who, seen.wrapping_add(own));
+                watching = Some(registered);
+            }
+            // As `sleep_or_notified`: the backoff first, whatever the notifications.
+            let backoff = MIN_BACKOFF.min(wait);
+            std::thread::sleep(backoff);
+            if !moved {
+                signal.wait_timeout(signalled, wait - backoff);
+            }
             self.caught_up::<Q>();
         }
     }
@@ -691,8 +717,22 @@ impl Drop for Watching<'_> {
     }
 }
 
+/// Sleeps for `wait`, or less if `notify` is (or was, since the caller registered) notified;
+/// but for [`MIN_BACKOFF`] first (no `wait` is shorter) whatever the notifications, which are
+/// kept meanwhile. A change that lands during every attempt (two callers whose attempts keep
+/// failing in the commit, each one's refund telling the other; a stream of resets of other
+/// keys) would otherwise have the caller try again without a pause for as long as it lasts: a
+/// task without ever yielding to its timer, under paused time for ever.
+#[cfg(feature = "tokio")]
+async fn sleep_or_notified(wait: std::time::Duration, notify: &tokio::sync::Notify) {
+    let backoff = MIN_BACKOFF.min(wait);
+    tokio::time::sleep(backoff).await;
+    crate::watchers::sleep_unless(wait - backoff, std::pin::pin!(notify.notified())).await;
+}
+
 /// The shortest sleep between two attempts of a chain's `acquire`: a member whose own queue has
-/// waiters (oldest first) rejects with a `retry_after` of 0, and the chain must not spin on it.
+/// waiters (oldest first) rejects with a `retry_after` of 0, and the chain must not spin on it;
+/// nor on members that change all the time (see `sleep_or_notified`).
 const MIN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Counts kept by a [`Chain`] or [`KeyedChain`].
@@ -1060,7 +1100,9 @@ impl<C: Clock> Chain<C> {
     /// Each attempt is an all-or-nothing [`try_acquire_n`](Self::try_acquire_n); after a
     /// rejection the caller sleeps on tokio's timer for its `retry_after` (the largest over the
     /// members, at least 1 ms) and tries again. The sleep ends early when a member changes: it
-    /// is closed, reconfigured, a key of it is reset, or a chain call gives it permits back.
+    /// is closed, reconfigured, a key of it is reset, or another chain call gives it permits
+    /// back (but not within its first millisecond, so that a member changing all the time
+    /// cannot make it try again without a pause).
     /// Needs a tokio runtime with the time driver; with paused time, give the members a
     /// [`TokioClock`](crate::TokioClock).
     ///
@@ -1334,10 +1376,10 @@ where
             Link::Global(l) => l.chain_refund(n, admission),
         }
     }
-    fn wake(&self, key: &K) {
+    fn wake(&self, key: &K, except: Option<&Watcher>) {
         match self {
-            Link::PerKey(l) => l.chain_wake(key),
-            Link::Global(l) => l.chain_wake(),
+            Link::PerKey(l) => l.chain_wake(key, except),
+            Link::Global(l) => l.chain_wake(except),
         }
     }
     fn charge(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {

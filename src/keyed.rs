@@ -14,7 +14,7 @@ use crate::sync::{
     fence, lock, wake_all, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED,
     CANCELLED, OVERFLOWED, REJECTED,
 };
-use crate::watchers::Watchers;
+use crate::watchers::{Watcher, Watchers};
 use crossbeam_utils::CachePadded;
 use std::fmt;
 #[cfg(feature = "tokio")]
@@ -2740,9 +2740,10 @@ where
     /// (the window's turn), and `try_acquire` defers to it meanwhile. As `reset` does. A waiter
     /// whose queue this look-up misses (made just now) makes its first attempt after it, on the
     /// refunded state; at worst a head sleeps until its timer, as without the wake. Chain
-    /// callers sleeping on this limiter are told as well (`crate::watchers`).
-    pub(crate) fn chain_wake(&self, key: &K) {
-        let _watchers = self.inner.watchers.notify_on_drop();
+    /// callers sleeping on this limiter are told as well (`crate::watchers`), all but `except`,
+    /// the caller whose refund this is.
+    pub(crate) fn chain_wake(&self, key: &K, except: Option<&Watcher>) {
+        let _watchers = self.inner.watchers.notify_on_drop_except(except);
         if let Some(wait) = self.inner.ctx.waits.map.get(key, Arc::clone) {
             wait.queue.wake_head();
         }

@@ -6,7 +6,7 @@ use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, CLOSED, DEFAULT_QUEUE_LIMIT, WAITERS};
 use crate::sync::{lock, Arc, AtomicU64, Counters, Mutex, Ordering, ADMITTED, CANCELLED, REJECTED};
-use crate::watchers::Watchers;
+use crate::watchers::{Watcher, Watchers};
 use crossbeam_utils::CachePadded;
 use std::fmt;
 #[cfg(feature = "tokio")]
@@ -1573,9 +1573,10 @@ impl<C: Clock> RateLimiter<C> {
     /// missed the refund. Under the mutex, either the refund comes before the head's attempt
     /// (which sees it) or after its registration (which this wakes). A refund is the cold path
     /// of a chain that lost a race; the lock costs nothing on the paths that admit. Chain
-    /// callers sleeping on this limiter are told as well (`crate::watchers`).
-    pub(crate) fn chain_wake(&self) {
-        let _watchers = self.inner.watchers.notify_on_drop();
+    /// callers sleeping on this limiter are told as well (`crate::watchers`), all but `except`,
+    /// the caller whose refund this is.
+    pub(crate) fn chain_wake(&self, except: Option<&Watcher>) {
+        let _watchers = self.inner.watchers.notify_on_drop_except(except);
         self.inner.queue.wake_head();
     }
 

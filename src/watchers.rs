@@ -16,14 +16,26 @@
 //!   When the attempt fails it registers with every member ([`Watchers::watch`], under each
 //!   mutex) and then reads the epochs again, under the same mutexes: if any moved, a change
 //!   landed between its read and its registration, perhaps unseen by its attempt, and it tries
-//!   again at once instead of sleeping. Otherwise every later change notifies it. It stays
+//!   again as if notified. Either way every later change notifies it. It stays
 //!   registered until the call ends (a drop guard unregisters it, so a cancelled call leaves
 //!   nothing behind), and a notification that arrives while it is not sleeping is kept (a
-//!   `Notify` permit, or the signal's epoch), so it cannot be lost between two attempts.
+//!   `Notify` permit, or the signal's epoch), so it cannot be lost between two attempts. It
+//!   sleeps 1 ms (`MIN_BACKOFF`) after every attempt before it heeds one, so that members that
+//!   change all the time (two callers whose refunds wake each other, a stream of resets) make
+//!   it poll gently rather than loop.
+//! - **Its own refunds**: an attempt whose commit failed after its check passed gives back what
+//!   the members before the failing one took, and a refund is a change. The caller is not told
+//!   of its own (`except` in [`Watchers::changed`]), and at its registration it expects the sum
+//!   to have moved by exactly its own bumps (one per refunded member, counted once per listing
+//!   of that limiter). Otherwise an attempt that keeps refunding (a member at its key cap whose
+//!   search for room cannot evict, or a race lost every time) woke its own caller, or failed
+//!   its registration, every time: the caller looped without ever sleeping (a task without
+//!   ever yielding) and a blocked caller past its deadline.
 //!
 //! The mutex orders every registration against every bump: a bump before the registration is
 //! seen by the second read, one after it finds the watcher. `loom-tests/loom_chain.rs`
-//! (`close_during_a_chain_wait_is_never_missed`) checks this. Only chain callers that wait touch
+//! (`close_during_a_chain_wait_is_never_missed`; with the caller's own refunds expected at its
+//! registration, `a_chain_callers_own_refunds_neither_wake_it_nor_hide_a_change`) checks this. Only chain callers that wait touch
 //! the mutex; `try_acquire` and the first read (one atomic load per member) do not.
 
 #[cfg(turnstile_loom)]
@@ -41,6 +53,17 @@ pub(crate) enum Watcher {
 }
 
 impl Watcher {
+    /// Whether `other` is this very watcher (a clone of it).
+    fn is(&self, other: &Watcher) -> bool {
+        match (self, other) {
+            #[cfg(feature = "tokio")]
+            (Watcher::Task(a), Watcher::Task(b)) => std::sync::Arc::ptr_eq(a, b),
+            (Watcher::Thread(a), Watcher::Thread(b)) => Arc::ptr_eq(a, b),
+            #[cfg(feature = "tokio")]
+            _ => false,
+        }
+    }
+
     fn notify(self) {
         match self {
             #[cfg(feature = "tokio")]
@@ -104,14 +127,20 @@ impl Watchers {
         drop(removed);
     }
 
-    /// The limiter changed (call after the change is visible): every watcher is notified.
-    pub(crate) fn changed(&self) {
+    /// The limiter changed (call after the change is visible): every watcher is notified but
+    /// `except`, a chain caller whose own refund is the change (it knows what it gave back;
+    /// told of it, it would try again at once, perhaps refund again, and never sleep). The
+    /// epoch moves all the same.
+    pub(crate) fn changed(&self, except: Option<&Watcher>) {
         let who: Vec<Watcher> = {
             let list = lock(&self.list);
             // Release: pairs with the Acquire in `epoch`, so a reader of this bump sees the
             // change. The mutex orders it against `watch`.
             self.epoch.fetch_add(1, Ordering::Release);
-            list.who.values().cloned().collect()
+            (list.who.values())
+                .filter(|who| except.is_none_or(|except| !who.is(except)))
+                .cloned()
+                .collect()
         };
         // After unlocking: a notified task's waker may run code that comes back here.
         wake_all(who, Watcher::notify);
@@ -120,14 +149,22 @@ impl Watchers {
     /// [`changed`](Self::changed), for the loom model.
     #[cfg(turnstile_loom)]
     pub fn changed_for_model(&self) {
-        self.changed();
+        self.changed(None);
     }
 
     /// [`changed`](Self::changed) when the guard is dropped: at the end of the caller's scope,
     /// or while it unwinds from a panicking waker of its own wake-ups (a limiter's queue), so
     /// that the watchers are told either way.
     pub(crate) fn notify_on_drop(&self) -> NotifyOnDrop<'_> {
-        NotifyOnDrop(self)
+        self.notify_on_drop_except(None)
+    }
+
+    /// [`notify_on_drop`](Self::notify_on_drop), telling every watcher but `except`.
+    pub(crate) fn notify_on_drop_except<'a>(
+        &'a self,
+        except: Option<&'a Watcher>,
+    ) -> NotifyOnDrop<'a> {
+        NotifyOnDrop(self, except)
     }
 }
 
@@ -150,11 +187,11 @@ pub(crate) async fn sleep_unless(
 
 /// See [`Watchers::notify_on_drop`].
 #[must_use = "the watchers are told when this is dropped"]
-pub(crate) struct NotifyOnDrop<'a>(&'a Watchers);
+pub(crate) struct NotifyOnDrop<'a>(&'a Watchers, Option<&'a Watcher>);
 
 impl Drop for NotifyOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.changed();
+        self.0.changed(self.1);
     }
 }
 
@@ -178,10 +215,26 @@ impl Default for ModelWaiter {
 #[cfg(turnstile_loom)]
 impl ModelWaiter {
     /// The chain caller's side: `seen` read before `attempt`; if the attempt fails, registers,
-    /// compares the epoch, and waits (untimed, unlike a real chain, so that a lost notification
-    /// is a deadlock loom reports) until notified; then attempts again. Returns when `attempt`
-    /// succeeds.
-    pub fn wait_until(&self, watchers: &Watchers, mut attempt: impl FnMut() -> bool) {
+    /// compares the epoch (attempting again at once, still registered, if it moved; the real
+    /// caller sleeps its backoff first), and waits (untimed,
+    /// unlike a real chain, so that a lost notification is a deadlock loom reports) until
+    /// notified; then attempts again. Returns when `attempt` succeeds.
+    pub fn wait_until(&self, watchers: &Watchers, attempt: impl FnMut() -> bool) {
+        self.wait(watchers, attempt, false);
+    }
+
+    /// As [`wait_until`](Self::wait_until), each failed attempt giving permits back as a
+    /// chain's commit that lost a race does: a change of the limiter, which does not wake the
+    /// caller and which its registration expects, so that it is not taken for a change it
+    /// missed. The model checks that this expectation never hides a change it did miss (a
+    /// deadlock); that the caller sleeps rather than loops is for the tests (`tests/chain.rs`),
+    /// loom scheduling the other thread into a loop either way.
+    pub fn wait_until_refunding(&self, watchers: &Watchers, attempt: impl FnMut() -> bool) {
+        self.wait(watchers, attempt, true);
+    }
+
+    fn wait(&self, watchers: &Watchers, mut attempt: impl FnMut() -> bool, refunds: bool) {
+        let me = Watcher::Thread(Arc::clone(&self.signal));
         let seen = watchers.epoch();
         let mut registered = None;
         loop {
@@ -193,10 +246,16 @@ impl ModelWaiter {
                 }
                 return;
             }
+            // The attempt's refund, as `Core::attempt_waiting` makes it: one bump of its own.
+            let own = u64::from(refunds);
+            if refunds {
+                watchers.changed(Some(&me));
+            }
             if registered.is_none() {
-                let (id, now) = watchers.watch(Watcher::Thread(Arc::clone(&self.signal)));
+                // Registered from here on, whatever the epoch says.
+                let (id, now) = watchers.watch(me.clone());
                 registered = Some(id);
-                if now != seen {
+                if now != seen.wrapping_add(own) {
                     continue;
                 }
             }

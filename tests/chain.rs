@@ -2302,3 +2302,157 @@ fn a_blocked_chain_caller_fails_at_once_when_a_member_closes() {
     assert_eq!(outcome, Err(turnstile::AcquireError::Closed));
     waiter.join().unwrap();
 }
+
+/// A keyed chain whose every attempt refunds: `cap`, at its one key and with its shared
+/// overflow cell spent, passes the check for a new key ("a" has a waiter, so the search for
+/// room, which cannot evict it, leaves the hint at now) and rejects it in the commit, after
+/// `first` took its permit, which the chain then gives back. That refund tells the chain's
+/// watchers; its own caller must not take it for a change it missed and try again at once, for
+/// ever. Returns the chain and the runtime that holds `cap`'s waiter.
+fn refunding_chain() -> (
+    KeyedChain<&'static str, ManualClock>,
+    tokio::runtime::Runtime,
+) {
+    let clock = ManualClock::new();
+    let hour = Duration::from_secs(3600);
+    let window = |limit| Algorithm::FixedWindow {
+        limit,
+        window: hour,
+    };
+    let first = KeyedLimiter::with_clock(window(10), clock.clone()).unwrap();
+    let cap = KeyedLimiter::builder(window(1))
+        .clock(clock)
+        .max_keys(1)
+        .overflow(turnstile::KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    cap.try_acquire(&"a").unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        tokio::spawn({
+            let cap = cap.clone();
+            async move { cap.acquire(&"a").await }
+        });
+        tokio::task::yield_now().await;
+    });
+    // At the cap: "a" cannot be evicted (it has a waiter); the overflow cell admits "b".
+    cap.try_acquire(&"b").unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(first)
+        .per_key(cap)
+        .build()
+        .unwrap();
+    for refunds in 1..=2 {
+        assert!(matches!(
+            chain.try_acquire(&"c"),
+            Err(TryAcquireError::Rejected(_))
+        ));
+        assert_eq!(chain.stats().refunded, refunds, "every attempt refunds");
+    }
+    (chain, runtime)
+}
+
+/// Runs `call` on its own thread; its outcome and how many attempts it made (each refunds),
+/// or a failure if it does not return within 10 s (it spins: the thread is left to it).
+fn attempts_of(
+    chain: &KeyedChain<&'static str, ManualClock>,
+    call: impl FnOnce(&KeyedChain<&'static str, ManualClock>) -> Result<Admission, turnstile::AcquireError>
+        + Send
+        + 'static,
+) -> (Result<Admission, turnstile::AcquireError>, u64) {
+    let before = chain.stats().refunded;
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let chain = chain.clone();
+        move || {
+            let _ = done.send(call(&chain));
+        }
+    });
+    let outcome = outcome
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the chain caller spun past its deadline");
+    (outcome, chain.stats().refunded - before)
+}
+
+/// On a thread: after its first attempt the caller sleeps until its deadline, and tries once
+/// more then, rather than spinning until then (or past it). (A third attempt would be a
+/// spurious wake-up of its park, which the platform allows.)
+#[test]
+fn a_blocked_chain_caller_is_not_woken_by_its_own_refunds() {
+    let (chain, _runtime) = refunding_chain();
+    let (outcome, attempts) = attempts_of(&chain, |chain| {
+        chain.acquire_blocking_timeout(&"c", 1, Duration::from_millis(200))
+    });
+    assert_eq!(outcome.unwrap_err(), turnstile::AcquireError::Timeout);
+    assert!(
+        (2..=3).contains(&attempts),
+        "the caller spun: {attempts} attempts"
+    );
+}
+
+/// The same on a task: it sleeps (paused time, so the sleep ends at the timeout) rather than
+/// looping without ever yielding.
+#[test]
+fn a_sleeping_chain_caller_is_not_woken_by_its_own_refunds() {
+    let (chain, _runtime) = refunding_chain();
+    let (outcome, attempts) = attempts_of(&chain, |chain| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(chain.acquire_timeout(&"c", 1, Duration::from_secs(60)))
+    });
+    assert_eq!(outcome.unwrap_err(), turnstile::AcquireError::Timeout);
+    assert_eq!(attempts, 1, "the caller spun");
+}
+
+/// Two callers on the refunding chain: each one's refund tells the other, whose attempt refunds
+/// and tells the first. On tasks they passed the turn back and forth without a pause, paused
+/// time never advanced, and neither reached its timeout; each wake-driven retry now comes at
+/// least 1 ms after the attempt before it, as a member's queue that defers to its waiters is
+/// polled.
+#[test]
+fn two_sleeping_chain_callers_do_not_wake_each_other_without_pause() {
+    let (chain, _runtime) = refunding_chain();
+    let (outcome, attempts) = attempts_of(&chain, |chain| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let other = tokio::spawn({
+                let chain = chain.clone();
+                async move { chain.acquire_timeout(&"d", 1, Duration::from_secs(1)).await }
+            });
+            let mine = chain.acquire_timeout(&"c", 1, Duration::from_secs(1)).await;
+            assert_eq!(other.await.unwrap(), Err(turnstile::AcquireError::Timeout));
+            mine
+        })
+    });
+    assert_eq!(outcome.unwrap_err(), turnstile::AcquireError::Timeout);
+    // At most one attempt per millisecond each, and the first ones.
+    assert!(attempts <= 2 * 1_002, "{attempts} attempts in one second");
+}
+
+/// The same on two threads, until their deadline.
+#[test]
+fn two_blocked_chain_callers_do_not_wake_each_other_without_pause() {
+    let (chain, _runtime) = refunding_chain();
+    let (outcome, attempts) = attempts_of(&chain, |chain| {
+        let other = std::thread::spawn({
+            let chain = chain.clone();
+            move || chain.acquire_blocking_timeout(&"d", 1, Duration::from_millis(200))
+        });
+        let mine = chain.acquire_blocking_timeout(&"c", 1, Duration::from_millis(200));
+        assert_eq!(other.join().unwrap(), Err(turnstile::AcquireError::Timeout));
+        mine
+    });
+    assert_eq!(outcome.unwrap_err(), turnstile::AcquireError::Timeout);
+    assert!(attempts <= 2 * 203, "{attempts} attempts in 200 ms");
+}

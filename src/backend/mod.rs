@@ -920,7 +920,7 @@ where
                 Ok(Admission::new(at, reset_after, remaining))
             }
             Ok(Err((retry_after, member))) => {
-                Err(inner.rejected(subject, n, sent, retry_after, member))
+                Err(inner.rejected(subject, n, sent, retry_after, member, true))
             }
             Err(failure) => inner.fail(failure, subject, n),
         }
@@ -1295,7 +1295,7 @@ impl<C> Inner<C> {
 
     /// Redis rejected `n` permits for `subject` (asked at `sent`) with `retry_after` (ns), given
     /// by `member` (1-based in a chain; 0 for one limit): counted, and remembered by the deny
-    /// cache.
+    /// cache if `remember` (a rejection of `n` on the subject's state as it stands).
     fn rejected(
         &self,
         subject: &[u8],
@@ -1303,13 +1303,14 @@ impl<C> Inner<C> {
         sent: Instant,
         retry_after: u64,
         member: usize,
+        remember: bool,
     ) -> TryAcquireError {
         self.count(REJECTED);
         let limit = member
             .checked_sub(1)
             .and_then(|i| self.members.get(i))
             .map_or(self.capacity, |m| m.plan.capacity);
-        if n > 0 {
+        if n > 0 && remember {
             let until = sent.checked_add(Duration::from_nanos(retry_after));
             if let Some(until) = until {
                 self.deny.deny(subject, n, limit, until, Instant::now());

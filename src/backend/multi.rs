@@ -23,9 +23,10 @@ pub(crate) type Answer = Option<Result<Admission, TryAcquireError>>;
 ///   `reset_after`); each limiter counts an admission.
 /// - **Rejected by Redis**: nothing was taken. A member that rejected answers its rejection
 ///   (exact retry-after, remembered by its deny cache as in
-///   [`RedisLimiter::try_acquire_n`]); a member that would have admitted answers its state as
-///   it stands, untouched (an admission whose `remaining` includes the `n` not taken). Every
-///   limiter counts a rejection.
+///   [`RedisLimiter::try_acquire_n`], unless one of its keys is listed more than once: that
+///   retry-after may count what an earlier occurrence took); a member that would have admitted
+///   answers its state as it stands, untouched (an admission whose `remaining` includes the `n`
+///   not taken). Every limiter counts a rejection.
 /// - **Settled before the round trip**: `n` above a member's capacity, or a member whose deny
 ///   cache denies its subject: that member answers the error, the others `None`, and nothing is
 ///   sent (only the denying limiter counts, as denied locally). The deny cache is never stricter
@@ -63,13 +64,20 @@ where
         .map(|(l, _)| l.inner.deadline)
         .min()
         .unwrap_or(first.inner.deadline);
-    let keys: usize = members.iter().map(|(l, _)| l.inner.members.len()).sum();
-    let round_trip = run(&first.inner.connection, &MULTI, keys, |cmd| {
-        for (limiter, subject) in members {
+    // Every member's keys, in the script's order.
+    let each: Vec<Vec<Vec<u8>>> = members
+        .iter()
+        .map(|(limiter, subject)| {
             let inner = &limiter.inner;
-            for member in &inner.members {
-                cmd.arg(keys::key(&inner.prefix, subject, &member.suffix));
-            }
+            (inner.members.iter())
+                .map(|member| keys::key(&inner.prefix, subject, &member.suffix))
+                .collect()
+        })
+        .collect();
+    let keys: usize = each.iter().map(Vec::len).sum();
+    let round_trip = run(&first.inner.connection, &MULTI, keys, |cmd| {
+        for key in each.iter().flatten() {
+            cmd.arg(key);
         }
         cmd.arg(n);
         for (limiter, _) in members {
@@ -89,7 +97,8 @@ where
     let mut decisions = decisions.into_iter();
     members
         .iter()
-        .map(|(limiter, subject)| {
+        .zip(&each)
+        .map(|((limiter, subject), own)| {
             let inner = &limiter.inner;
             let mut admitted: Option<(u64, u64, u32)> = None;
             let mut worst: Option<(u64, usize)> = None;
@@ -112,7 +121,13 @@ where
             }
             Some(match (worst, admitted) {
                 (Some((retry_after, member)), _) => {
-                    Err(inner.rejected(subject, n, sent, retry_after, member))
+                    // A key that the call lists more than once may have been decided on what
+                    // an earlier occurrence took (then put back): that retry-after is not one
+                    // for `n` on the subject as it stands, and the deny cache keeps none of it.
+                    let remember = !own
+                        .iter()
+                        .any(|key| each.iter().flatten().filter(|other| *other == key).count() > 1);
+                    Err(inner.rejected(subject, n, sent, retry_after, member, remember))
                 }
                 (None, Some((at, reset, remaining))) => {
                     inner.count(if all { ADMITTED } else { REJECTED });
@@ -427,6 +442,51 @@ mod tests {
         // The chain's sliding window (3) holds the 2 admitted, not 4: one left.
         assert_eq!(chain.try_acquire(b"c").await.map(|a| a.remaining()), Ok(0));
         assert!(chain.try_acquire(b"c").await.is_err());
+    }
+
+    /// A later occurrence of a repeated key is rejected on the state its earlier occurrence
+    /// left, which the rejected call then restored: its retry-after is for the call's 2n, not
+    /// for n on the key as it stands, so the deny cache must not remember it as a rejection of
+    /// n for that subject (it would refuse, in-process, a call that Redis admits). The same for
+    /// two limiters that share a prefix, and so a key.
+    #[tokio::test]
+    async fn a_rejection_of_a_repeated_key_is_not_cached_for_the_subject() {
+        let server = RedisServer::start();
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ConnectionManager::new(client).await.unwrap();
+        let window = Algorithm::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(3600),
+        };
+        let build = |prefix: &str| {
+            RedisLimiter::builder(window, FailurePolicy::FailClosed)
+                .prefix(prefix)
+                .build(connection.clone())
+                .unwrap()
+        };
+        let (once, twin) = (build("same"), build("same"));
+        for (first, second) in [(&once, &once), (&once, &twin)] {
+            let subject = if std::ptr::eq(first, second) {
+                &b"k1"[..]
+            } else {
+                &b"k2"[..]
+            };
+            first.try_acquire_n(subject, 2).await.unwrap();
+            let answers = try_acquire_all(&[(first, subject), (second, subject)], 1).await;
+            assert!(
+                matches!(answers[1], Some(Err(TryAcquireError::Rejected(_)))),
+                "{answers:?}"
+            );
+            // One permit is left, and Redis gives it to a call for one.
+            assert_eq!(
+                second.try_acquire(subject).await.map(|a| a.remaining()),
+                Ok(0)
+            );
+        }
+        assert_eq!(
+            (once.stats().denied_locally, twin.stats().denied_locally),
+            (0, 0)
+        );
     }
 
     /// A key no script writes, met by the multi-rule script: read as no state and rewritten,
