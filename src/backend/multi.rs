@@ -15,8 +15,9 @@ pub(crate) type Answer = Option<Result<Admission, TryAcquireError>>;
 /// cache), in which every member decides on the state before any write (a key listed more than
 /// once, by one limiter and subject listed twice or two limiters sharing a prefix, is decided in
 /// order, each occurrence seeing what the one before it took). The limiters must count
-/// on one standalone server (their keys may lie in any slot): the first member's connection
-/// sends the script, within the smallest deadline of the members. Answers one entry per member,
+/// on one standalone server (their keys may lie in any slot), or on a Cluster with every key
+/// in one slot (the HTTP layer checks that its rules' keys share one: `check_cluster`): the
+/// first member's connection sends the script, within the smallest deadline of the members. Answers one entry per member,
 /// in order; the call admitted if and only if every entry is `Some(Ok(_))`.
 ///
 /// - **Admitted**: each member's admission (its `remaining` after taking `n`, its

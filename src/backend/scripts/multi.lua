@@ -1,5 +1,6 @@
 -- Several limiters, each with its own subject, all or nothing, in one script (see members.lua;
--- the keys may lie in any slot, so only on a standalone server). Reply {all admitted (1 or 0),
+-- the keys may lie in any slot, so on a standalone server, or on a Cluster when the caller makes
+-- them share one, as the HTTP layer's rules do there). Reply {all admitted (1 or 0),
 -- now, then per member: admitted (1 or 0), t, remaining, then the count of unreadable keys if
 -- there were any}: an admitted member's t is its
 -- reset_after and remaining what is left; a rejected member's t is its retry_after (remaining 0).
