@@ -146,9 +146,11 @@ fn token_version(version: u64) -> u32 {
 /// Before that time a probe's `reset_after` is the latest expiry among the tickets that can be
 /// live (`[head − N, head)`, or back to the reach while unsettled: every ticket below that has
 /// expired, by the claims' checks), an admission's the later of that and its own window, and
-/// retiring looks at every slot rather than stopping at the newest expired ticket. That scan is
-/// O(N) per decision, paid only until the longer window's admissions are gone; otherwise the
-/// one comparison with `outlived_until` is all it costs. `remaining` walks the tickets in order
+/// retiring looks at every slot rather than stopping at the newest expired ticket. The reset
+/// walk starts at the `expired` hint (the tickets behind it have expired), so it costs the
+/// live tickets, up to N, per decision; retiring's scan is O(N) per sweep. Both are paid only
+/// until the longer window's admissions are gone; otherwise the one comparison with
+/// `outlived_until` is all it costs. `remaining` walks the tickets in order
 /// then too, instead of galloping (which assumes expiry is a prefix in ticket order), from the
 /// `expired` hint to the first live one, and moves the hint there: amortised O(1) as well.
 ///
@@ -367,11 +369,16 @@ impl SlidingWindow {
         (all, latest)
     }
 
-    /// The latest expiry among the published tickets `[from, to)`, or 0: only while an admission
-    /// under a longer window may outlive the newest ("Shortening" on the type).
+    /// The latest expiry among the published tickets `[from, to)` that may still be live, or 0:
+    /// only while an admission under a longer window may outlive the newest ("Shortening" on
+    /// the type). The walk starts at the `expired` hint when that is later: the tickets behind
+    /// it have expired and weigh on no reset time, and walking them cost every call O(N) until
+    /// `outlived_until`; it now costs the live tickets.
     #[cold]
     #[inline(never)]
     fn latest_published(&self, ring: &Ring, from: u64, to: u64) -> u64 {
+        // Relaxed: a hint (see the load in `remaining`).
+        let from = from.max(ring.expired.load(Ordering::Relaxed));
         (from..to)
             .filter_map(|t| self.published(ring, t))
             .max()
@@ -1363,6 +1370,41 @@ mod tests {
             "the expired tickets 0..8 stay ahead of the hint"
         );
         assert_eq!(algo.available(&ring, clock.now()), 7);
+    }
+
+    /// After a window shrink the reset time is the latest expiry among the live tickets, found
+    /// by walking them: from the `expired` hint, since every ticket behind it has expired and
+    /// weighs on no reset. Walked from `head − N`, every admission read every expired ticket
+    /// again until `outlived_until`, as `remaining` did. The slot planted behind the hint
+    /// (a state no claim makes) shows which tickets the walk reads.
+    #[test]
+    fn reset_after_a_shrink_walks_no_ticket_behind_the_hint() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(8, Duration::from_nanos(100)).unwrap();
+        let ring = algo.cell();
+        lower(&algo, &ring, 8, 10, &clock); // outlived until 100
+        algo.try_acquire(&ring, 8, &clock).unwrap(); // tickets 0..8, expire at 10
+        clock.advance(Duration::from_nanos(20));
+        algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 8, expires at 30
+        assert_eq!(
+            SlidingWindow::words(&ring)[1],
+            8,
+            "the hint moved past 0..8"
+        );
+        // Ticket 3 (lap 0, parity 0) behind the hint, as if it expired at 90.
+        ring.slots[3].store(90 << 1, Ordering::Relaxed);
+        let probe = algo.try_acquire(&ring, 0, &clock).unwrap();
+        assert_eq!(
+            probe.reset_after(),
+            Duration::from_nanos(10),
+            "probe read behind the hint"
+        );
+        let admission = algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 9, expires at 30
+        assert_eq!(
+            admission.reset_after(),
+            Duration::from_nanos(10),
+            "admission read behind the hint"
+        );
     }
 
     /// After a window shrink an older ticket outlives a newer one; a multi-permit rejection
