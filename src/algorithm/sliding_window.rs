@@ -96,7 +96,10 @@ fn token_version(version: u64) -> u32 {
 ///   refunded tickets for the newest real one.
 /// - `remaining` (headers and `available`, never a decision) gallops assuming expiry is a prefix
 ///   in ticket order; a refunded ticket among live ones can make it over-count what is free,
-///   by at most the live tickets older than the refunded one, until those expire.
+///   by at most the live tickets older than the refunded one, until those expire. The
+///   `expired` hint it stores can then lie past such a live ticket, and a window shortened
+///   while it is live makes the reset time (walked from the hint, see "Shortening") miss its
+///   expiry: `reset_after` then names an earlier time, never a decision.
 ///
 /// Taking the tickets back instead (moving `head` back) would be exact, but lets `head` repeat a
 /// value: a claimer that validated its slots before the refund could then succeed with its CAS
