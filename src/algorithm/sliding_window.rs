@@ -96,7 +96,10 @@ fn token_version(version: u64) -> u32 {
 ///   refunded tickets for the newest real one.
 /// - `remaining` (headers and `available`, never a decision) gallops assuming expiry is a prefix
 ///   in ticket order; a refunded ticket among live ones can make it over-count what is free,
-///   by at most the live tickets older than the refunded one, until those expire.
+///   by at most the live tickets older than the refunded one, until those expire. The
+///   `expired` hint it stores can then lie past such a live ticket, and a window shortened
+///   while it is live makes the reset time (walked from the hint, see "Shortening") miss its
+///   expiry: `reset_after` then names an earlier time, never a decision.
 ///
 /// Taking the tickets back instead (moving `head` back) would be exact, but lets `head` repeat a
 /// value: a claimer that validated its slots before the refund could then succeed with its CAS
@@ -146,10 +149,13 @@ fn token_version(version: u64) -> u32 {
 /// Before that time a probe's `reset_after` is the latest expiry among the tickets that can be
 /// live (`[head − N, head)`, or back to the reach while unsettled: every ticket below that has
 /// expired, by the claims' checks), an admission's the later of that and its own window, and
-/// retiring looks at every slot rather than stopping at the newest expired ticket. That scan is
-/// O(N) per decision, paid only until the longer window's admissions are gone; otherwise the
-/// one comparison with `outlived_until` is all it costs. `remaining` scans the tickets in order
-/// then too, instead of galloping (which assumes expiry is a prefix in ticket order).
+/// retiring looks at every slot rather than stopping at the newest expired ticket. The reset
+/// walk starts at the `expired` hint (the tickets behind it have expired), so it costs the
+/// live tickets, up to N, per decision; retiring's scan is O(N) per sweep. Both are paid only
+/// until the longer window's admissions are gone; otherwise the one comparison with
+/// `outlived_until` is all it costs. `remaining` walks the tickets in order
+/// then too, instead of galloping (which assumes expiry is a prefix in ticket order), from the
+/// `expired` hint to the first live one, and moves the hint there: amortised O(1) as well.
 ///
 /// **Memory:** R words for the ring plus three counters and the ring's pointer (40 bytes).
 ///
@@ -366,11 +372,16 @@ impl SlidingWindow {
         (all, latest)
     }
 
-    /// The latest expiry among the published tickets `[from, to)`, or 0: only while an admission
-    /// under a longer window may outlive the newest ("Shortening" on the type).
+    /// The latest expiry among the published tickets `[from, to)` that may still be live, or 0:
+    /// only while an admission under a longer window may outlive the newest ("Shortening" on
+    /// the type). The walk starts at the `expired` hint when that is later: the tickets behind
+    /// it have expired and weigh on no reset time, and walking them cost every call O(N) until
+    /// `outlived_until`; it now costs the live tickets.
     #[cold]
     #[inline(never)]
     fn latest_published(&self, ring: &Ring, from: u64, to: u64) -> u64 {
+        // Relaxed: a hint (see the load in `remaining`).
+        let from = from.max(ring.expired.load(Ordering::Relaxed));
         (from..to)
             .filter_map(|t| self.published(ring, t))
             .max()
@@ -413,7 +424,7 @@ impl SlidingWindow {
     /// from the `expired` hint, so the cost is amortised O(1) per admission, O(log N) at worst.
     /// Galloping needs expiry to be a prefix in ticket order, which a shorter window breaks
     /// ("Shortening": an older ticket can outlive newer ones); until `outlived_until` the tickets
-    /// are scanned in order instead, O(N), as the reset time already is then. (The gallop
+    /// are walked in order instead, from the hint, which then moves as the gallop's does. (The gallop
     /// over-counted: limit 8 with ticket 2 live among expired ones reported 8 free permits
     /// where calls could take 2.) The caller makes sure that the tickets below `end − N` have
     /// expired (a claim checked them, or [`available`](Algo::available) does).
@@ -429,20 +440,35 @@ impl SlidingWindow {
             return (limit - (end - low.min(end))) as u32;
         }
         if now < p.outlived_until {
-            return self.remaining_scan(ring, end, now, low, limit);
+            return self.remaining_scan(ring, end, now, hint, low, limit);
         }
         self.remaining_gallop(ring, end, now, hint, low, limit)
     }
 
     /// [`remaining`](Self::remaining) while an older ticket may outlive newer ones: the first
-    /// live ticket after `low` (which has expired), in ticket order. Stores no hint: the hint
-    /// vouches for every ticket below it, and the ones below `low` were not looked at here.
+    /// live ticket after `low` (which has expired), in ticket order. Every ticket below it has
+    /// expired (those below `low` by the hint or the caller, the others were just looked at),
+    /// so it becomes the hint, as the gallop's answer does: each expired ticket is walked past
+    /// once, not by every call until `outlived_until` (which may be a whole old window away),
+    /// and a call stops at the first live ticket.
     #[cold]
     #[inline(never)]
-    fn remaining_scan(&self, ring: &Ring, end: u64, now: u64, low: u64, limit: u64) -> u32 {
+    fn remaining_scan(
+        &self,
+        ring: &Ring,
+        end: u64,
+        now: u64,
+        hint: u64,
+        low: u64,
+        limit: u64,
+    ) -> u32 {
         let live = (low + 1..end)
             .find(|&t| !self.expired(ring, t, now))
             .unwrap_or(end);
+        if live > hint {
+            // Relaxed: a hint (see the load in `remaining`).
+            ring.expired.store(live, Ordering::Relaxed);
+        }
         (limit - (end - live)) as u32
     }
 
@@ -1324,6 +1350,64 @@ mod tests {
                 prop_assert_eq!(probe.unwrap_or(0), could, "probe");
             }
         }
+    }
+
+    /// After a window shrink `remaining` walks the tickets in order (an older one can outlive
+    /// newer ones); the expired ones it walked past go behind the `expired` hint, as after a
+    /// gallop, so that the next call starts after them. Left behind, every admission walked
+    /// them all again until `outlived_until`: O(N) per call for as long as the old window
+    /// (a day-long window shortened at limit 100,000 cost each admission 100,000 loads a day).
+    #[test]
+    fn remaining_after_a_shrink_moves_the_hint_past_expired_tickets() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(8, Duration::from_nanos(100)).unwrap();
+        let ring = algo.cell();
+        lower(&algo, &ring, 8, 10, &clock); // outlived until 100
+        algo.try_acquire(&ring, 8, &clock).unwrap(); // tickets 0..8, expire at 10
+        clock.advance(Duration::from_nanos(20));
+        let admission = algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 8, expires at 30
+        assert_eq!(admission.remaining(), 7);
+        assert_eq!(
+            SlidingWindow::words(&ring)[1],
+            8,
+            "the expired tickets 0..8 stay ahead of the hint"
+        );
+        assert_eq!(algo.available(&ring, clock.now()), 7);
+    }
+
+    /// After a window shrink the reset time is the latest expiry among the live tickets, found
+    /// by walking them: from the `expired` hint, since every ticket behind it has expired and
+    /// weighs on no reset. Walked from `head − N`, every admission read every expired ticket
+    /// again until `outlived_until`, as `remaining` did. The slot planted behind the hint
+    /// (a state no claim makes) shows which tickets the walk reads.
+    #[test]
+    fn reset_after_a_shrink_walks_no_ticket_behind_the_hint() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(8, Duration::from_nanos(100)).unwrap();
+        let ring = algo.cell();
+        lower(&algo, &ring, 8, 10, &clock); // outlived until 100
+        algo.try_acquire(&ring, 8, &clock).unwrap(); // tickets 0..8, expire at 10
+        clock.advance(Duration::from_nanos(20));
+        algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 8, expires at 30
+        assert_eq!(
+            SlidingWindow::words(&ring)[1],
+            8,
+            "the hint moved past 0..8"
+        );
+        // Ticket 3 (lap 0, parity 0) behind the hint, as if it expired at 90.
+        ring.slots[3].store(90 << 1, Ordering::Relaxed);
+        let probe = algo.try_acquire(&ring, 0, &clock).unwrap();
+        assert_eq!(
+            probe.reset_after(),
+            Duration::from_nanos(10),
+            "probe read behind the hint"
+        );
+        let admission = algo.try_acquire(&ring, 1, &clock).unwrap(); // ticket 9, expires at 30
+        assert_eq!(
+            admission.reset_after(),
+            Duration::from_nanos(10),
+            "admission read behind the hint"
+        );
     }
 
     /// After a window shrink an older ticket outlives a newer one; a multi-permit rejection
