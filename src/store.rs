@@ -17,6 +17,7 @@ use crate::decision::Admission;
 #[cfg(feature = "tokio")]
 use crate::error::AcquireError;
 use crate::error::{ConfigError, TryAcquireError};
+use crate::keyed::Unused;
 use crate::keylocks::KeyLocks;
 use crate::limiter::Algorithm;
 use crate::sync::{Arc, AtomicU64, Ordering};
@@ -302,7 +303,7 @@ type Write = Option<(Vec<u8>, Duration)>;
 /// One decision on stored bytes: the verdict, and what to store if it admitted. `outlived` gives
 /// the latest time (clock ns) until which the saved words can restrict beyond the admission's
 /// own `reset_after` (0 if never), so that the TTL covers it too.
-fn run<A: Algo, C: Clock>(
+fn run<A: Unused, C: Clock>(
     algo: &A,
     words: Option<Vec<u64>>,
     n: u32,
@@ -311,7 +312,7 @@ fn run<A: Algo, C: Clock>(
 ) -> (Result<Admission, TryAcquireError>, Write) {
     let cell = words
         .and_then(|w| algo.restore(&w))
-        .unwrap_or_else(|| algo.cell());
+        .unwrap_or_else(|| fresh(algo, n));
     let result = algo.try_acquire(&cell, n, clock);
     let write = match &result {
         Ok(admission) => save::<A>(&cell, admission, n, outlived),
@@ -320,9 +321,21 @@ fn run<A: Algo, C: Clock>(
     (result, write)
 }
 
+/// The state of a subject the store holds nothing (readable) for, for a call of `n` permits:
+/// for a probe (`n == 0`, which writes nothing back) one that answers as a fresh state without
+/// being built as one; a fresh exact sliding window is a ring of 8 bytes per permit, which each
+/// probe of an unknown subject allocated and dropped.
+fn fresh<A: Unused>(algo: &A, n: u32) -> A::Cell {
+    if n == 0 {
+        algo.probe_cell()
+    } else {
+        algo.cell()
+    }
+}
+
 /// A charge of `n` on stored bytes ([`Charge::charge`]): what it reports, and what to store
 /// (nothing for `n == 0`), with an admission's TTL: until the state equals a fresh one.
-fn run_charge<A: Charge, C: Clock>(
+fn run_charge<A: Charge + Unused, C: Clock>(
     algo: &A,
     words: Option<Vec<u64>>,
     n: u32,
@@ -331,7 +344,7 @@ fn run_charge<A: Charge, C: Clock>(
 ) -> (Admission, Write) {
     let mut cell = words
         .and_then(|w| algo.restore(&w))
-        .unwrap_or_else(|| algo.cell());
+        .unwrap_or_else(|| fresh(algo, n));
     // Only a retired cell refuses a charge, and `restore` refuses a retired word: should one get
     // through, the charge goes to a fresh cell, as for bytes that are no state. A fresh cell is
     // never retired (the last arm only keeps this free of panics).

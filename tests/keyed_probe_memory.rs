@@ -102,3 +102,50 @@ fn probes_for_unknown_keys_allocate_no_ring_and_make_no_key() {
     assert_eq!(limiter.len(), 1);
     assert_eq!(limiter.try_acquire_n(&7, 0).unwrap().remaining(), limit - 1);
 }
+
+/// The same for a `StoreLimiter`: a probe (`try_acquire_n(0)`, `charge(0)`) of a subject the
+/// store holds nothing for answers for a fresh state without building one (each built a whole
+/// ring), and writes nothing.
+#[cfg(feature = "store")]
+#[test]
+fn store_probes_for_unknown_subjects_allocate_no_ring() {
+    use turnstile::{Store, StoreLimiter};
+
+    /// A store that holds nothing, and refuses writes (a probe makes none).
+    struct Empty;
+
+    impl Store for Empty {
+        type Error = std::convert::Infallible;
+        async fn get(&self, _: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+            Ok(None)
+        }
+        async fn set(&self, _: &[u8], _: Vec<u8>, _: Duration) -> Result<(), Self::Error> {
+            panic!("a probe wrote to the store");
+        }
+    }
+
+    let limit = 1 << 20;
+    let algorithm = Algorithm::SlidingWindow {
+        limit,
+        window: Duration::from_secs(60),
+    };
+    let limiter = StoreLimiter::new(algorithm, "p", Empty).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let bytes = allocated_by(|| {
+        runtime.block_on(async {
+            for subject in 0..100u64 {
+                let subject = subject.to_le_bytes();
+                let probe = limiter.try_acquire_n(&subject, 0).await.unwrap();
+                assert_eq!(probe.remaining(), limit);
+                assert_eq!(limiter.charge(&subject, 0).await.unwrap().remaining(), limit);
+            }
+        })
+    });
+    assert!(
+        bytes < 1 << 20,
+        "two hundred probes allocated {bytes} bytes (a ring is {} bytes)",
+        8 * limit
+    );
+}
