@@ -2313,7 +2313,9 @@ where
     ///
     /// # Errors
     ///
-    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit (or burst).
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit (or burst), or
+    ///   as soon as a [`reconfigure`](Self::reconfigure) lowers it below `n` while this call
+    ///   waits (a racing one included: the limit is read again as the call joins the queue).
     /// - [`AcquireError::QueueFull`] if the key's queue has no room for `n` more permits (or, under
     ///   [`QueueOrder::NewestFirst`], this waiter was among the oldest failed to make room).
     /// - [`AcquireError::TooManyKeys`] if the key is new, the cap is reached, nothing is idle, and

@@ -1453,7 +1453,9 @@ where
     ///
     /// # Errors
     ///
-    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit.
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit, or as soon as
+    ///   a [`set_limit`](Self::set_limit) lowers it below `n` while this call waits (a racing
+    ///   one included: the limit is read again as the call joins the queue).
     /// - [`AcquireError::QueueFull`] if the key's queue has no room for `n` more permits (or,
     ///   under [`QueueOrder::NewestFirst`], this waiter was among the oldest failed to make room).
     /// - [`AcquireError::TooManyKeys`] if the key is new, the cap is reached, nothing is idle, and
