@@ -182,8 +182,10 @@ impl Inner {
     }
 
     /// The head's attempt, under the queue's mutex. A request above a limit lowered since it
-    /// queued fails (`set_limit` also fails such waiters itself; this covers one that validated
-    /// against the old limit and queued after that sweep).
+    /// queued fails: `set_limit` stores the limit before its sweep takes this mutex, so a head
+    /// attempt in between sees the new limit before the sweep can fail the head. (A waiter that
+    /// validated against the old limit and enqueues after the sweep fails as it enqueues, on
+    /// the capacity the sweep left in the queue, and never becomes the head.)
     fn take_head(&self, n: u32) -> Result<(), Blocked> {
         self.take(n, false).map_err(|error| match error {
             TryPermitError::InsufficientCapacity {

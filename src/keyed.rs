@@ -2250,12 +2250,13 @@ where
 
     /// A waiter's view of `wait`, the key's queue it has just looked up. The SeqCst fence pairs
     /// with the one in [`reconfigure`](KeyedLimiter::reconfigure) between publishing the new
-    /// parameters and walking the queue map: store-then-load on both sides (we wrote or read
-    /// the queue's map entry, then load the limit as we enqueue; `reconfigure` stores the
-    /// parameters, then reads the map). With a fence on each side, either its walk finds this
-    /// queue (and its sweep, under the queue's mutex, fails us if we joined first), or our
-    /// enqueue reads the new limit: a request a lowering made too big never waits behind the
-    /// head for good. Only waiters pay it.
+    /// parameters and walking the queue map: we wrote the queue's map entry (store-then-load),
+    /// or read one whose insert happens before our fence and which a walk that missed it read
+    /// before (see ARCHITECTURE.md, "Reconfiguration"), then load the limit as we enqueue;
+    /// `reconfigure` stores the parameters, then reads the map. With a fence on each side,
+    /// either its walk finds this queue (and its sweep, under the queue's mutex, fails us if we
+    /// joined first), or our enqueue reads the new limit: a request a lowering made too big
+    /// never waits behind the head for good. Only waiters pay it.
     fn wait<'a>(&'a self, wait: &'a KeyWait, n: u32) -> Wait<'a> {
         fence(Ordering::SeqCst);
         let inner = &*self.inner;
@@ -2312,7 +2313,9 @@ where
     ///
     /// # Errors
     ///
-    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit (or burst).
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit (or burst), or
+    ///   as soon as a [`reconfigure`](Self::reconfigure) lowers it below `n` while this call
+    ///   waits (a racing one included: the limit is read again as the call joins the queue).
     /// - [`AcquireError::QueueFull`] if the key's queue has no room for `n` more permits (or, under
     ///   [`QueueOrder::NewestFirst`], this waiter was among the oldest failed to make room).
     /// - [`AcquireError::TooManyKeys`] if the key is new, the cap is reached, nothing is idle, and

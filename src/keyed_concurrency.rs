@@ -1098,11 +1098,13 @@ where
     /// enqueue (which loads the limit, see `Wait::capacity`) and first attempt: pairs with the
     /// fence in `set_limit` between its `config` store and its walk of the queue map.
     fn registered() {
-        // SeqCst fence: store-then-load on both sides (we wrote or read the queue's map entry,
-        // then load `config`; `set_limit` stores `config`, then reads the map). With a fence on
-        // each side, either `set_limit`'s walk finds this queue (and wakes its head, or fails
-        // us if we joined first and ask for more than the new limit, under its mutex), or our
-        // enqueue and attempts load the new `config`: a raise is never missed by a waiter that
+        // SeqCst fence: store-then-load on both sides (we wrote the queue's map entry, or read
+        // one whose insert happens before this fence and which a walk that missed it read
+        // before: the same order, see ARCHITECTURE.md "Reconfiguration"; then we load `config`;
+        // `set_limit` stores `config`, then reads the map). With a fence on each side, either
+        // `set_limit`'s walk finds this queue (and wakes its head, or fails us if we joined
+        // first and ask for more than the new limit, under its mutex), or our enqueue and
+        // attempts load the new `config`: a raise is never missed by a waiter that
         // queued during the change, and a lowering never leaves one waiting behind the head
         // for a request that can no longer fit. Only waiters pay it.
         fence(Ordering::SeqCst);
@@ -1451,7 +1453,9 @@ where
     ///
     /// # Errors
     ///
-    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit.
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit, or as soon as
+    ///   a [`set_limit`](Self::set_limit) lowers it below `n` while this call waits (a racing
+    ///   one included: the limit is read again as the call joins the queue).
     /// - [`AcquireError::QueueFull`] if the key's queue has no room for `n` more permits (or,
     ///   under [`QueueOrder::NewestFirst`], this waiter was among the oldest failed to make room).
     /// - [`AcquireError::TooManyKeys`] if the key is new, the cap is reached, nothing is idle, and
