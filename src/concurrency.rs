@@ -439,7 +439,9 @@ impl ConcurrencyLimiter {
     ///
     /// - [`AcquireError::Closed`] if the limiter is or gets [closed](Self::close); a closed
     ///   limiter says so first, whatever `n`.
-    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit.
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit, or as soon as
+    ///   a [`set_limit`](Self::set_limit) lowers it below `n` while this call waits (a racing
+    ///   one included).
     /// - [`AcquireError::QueueFull`] if the queue has no room (or, newest-first, this waiter was
     ///   among the oldest failed to make room).
     ///

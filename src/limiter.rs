@@ -1248,7 +1248,9 @@ impl<C: Clock> RateLimiter<C> {
     ///
     /// # Errors
     ///
-    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit (or burst).
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the limit (or burst), or
+    ///   as soon as a [`reconfigure`](Self::reconfigure) lowers it below `n` while this call
+    ///   waits (a racing one included).
     /// - [`AcquireError::QueueFull`] at once if the queue has no room for `n` more permits, or
     ///   later if a newest-first queue fails this (oldest) waiter to make room.
     /// - [`AcquireError::Closed`] if the limiter is or gets [closed](Self::close); a closed

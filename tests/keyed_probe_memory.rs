@@ -139,7 +139,10 @@ fn store_probes_for_unknown_subjects_allocate_no_ring() {
                 let subject = subject.to_le_bytes();
                 let probe = limiter.try_acquire_n(&subject, 0).await.unwrap();
                 assert_eq!(probe.remaining(), limit);
-                assert_eq!(limiter.charge(&subject, 0).await.unwrap().remaining(), limit);
+                assert_eq!(
+                    limiter.charge(&subject, 0).await.unwrap().remaining(),
+                    limit
+                );
             }
         })
     });
