@@ -1182,6 +1182,18 @@ mod tests {
         Advance(u64),
     }
 
+    /// A limit, a ring capacity of at least it (a `max_limit`), and steps within that capacity.
+    fn steps() -> impl Strategy<Value = (u32, u32, Vec<Step>)> {
+        (1u32..5, 0u32..4).prop_flat_map(|(limit, extra)| {
+            let capacity = limit + extra;
+            (
+                Just(limit),
+                Just(capacity),
+                prop::collection::vec(step(capacity), 1..60),
+            )
+        })
+    }
+
     fn step(capacity: u32) -> impl Strategy<Value = Step> {
         prop_oneof![
             4 => (1..=capacity).prop_map(Step::Keep),
@@ -1202,10 +1214,7 @@ mod tests {
         /// the ones the admission was made under (see `refund`), and so does the model.
         #[test]
         fn never_more_live_than_the_limit_in_force(
-            (limit, capacity, steps) in (1u32..5, 0u32..4).prop_flat_map(|(limit, extra)| {
-                let capacity = limit + extra;
-                (Just(limit), Just(capacity), prop::collection::vec(step(capacity), 1..60))
-            })
+            (limit, capacity, steps) in steps()
         ) {
             let clock = ManualClock::new();
             let mut window = 10;
@@ -1310,10 +1319,7 @@ mod tests {
         /// one call could take now, as the decisions (`check`) see it.
         #[test]
         fn remaining_is_what_a_call_could_take(
-            (limit, capacity, steps) in (1u32..5, 0u32..4).prop_flat_map(|(limit, extra)| {
-                let capacity = limit + extra;
-                (Just(limit), Just(capacity), prop::collection::vec(step(capacity), 1..60))
-            })
+            (limit, capacity, steps) in steps()
         ) {
             let clock = ManualClock::new();
             let mut window = 10;

@@ -240,6 +240,23 @@ mod tests {
     use ::redis::aio::ConnectionManager;
     use std::time::Duration;
 
+    async fn connect(server: &RedisServer) -> ConnectionManager {
+        let client = ::redis::Client::open(server.url()).unwrap();
+        ConnectionManager::new(client).await.unwrap()
+    }
+
+    /// A fixed window of 3 per hour under `prefix`, failing closed.
+    fn limit_3_per_hour(connection: &ConnectionManager, prefix: &str) -> RedisLimiter {
+        let window = Algorithm::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(3600),
+        };
+        RedisLimiter::builder(window, FailurePolicy::FailClosed)
+            .prefix(prefix)
+            .build(connection.clone())
+            .unwrap()
+    }
+
     /// Two limiters with their own prefixes, subjects and algorithms, one of them a chain of
     /// two: each call is all or nothing, answers per limiter, and counts in each limiter's stats.
     #[tokio::test]
@@ -453,18 +470,8 @@ mod tests {
     #[tokio::test]
     async fn a_rejection_of_a_repeated_key_is_not_cached_for_the_subject() {
         let server = RedisServer::start();
-        let client = ::redis::Client::open(server.url()).unwrap();
-        let connection = ConnectionManager::new(client).await.unwrap();
-        let window = Algorithm::FixedWindow {
-            limit: 3,
-            window: Duration::from_secs(3600),
-        };
-        let build = |prefix: &str| {
-            RedisLimiter::builder(window, FailurePolicy::FailClosed)
-                .prefix(prefix)
-                .build(connection.clone())
-                .unwrap()
-        };
+        let connection = connect(&server).await;
+        let build = |prefix: &str| limit_3_per_hour(&connection, prefix);
         let (once, twin) = (build("same"), build("same"));
         for (first, second) in [(&once, &once), (&once, &twin)] {
             let subject = if std::ptr::eq(first, second) {
@@ -495,18 +502,8 @@ mod tests {
     #[tokio::test]
     async fn an_unreadable_key_is_rewritten_in_one_call_of_several() {
         let server = RedisServer::start();
-        let client = ::redis::Client::open(server.url()).unwrap();
-        let connection = ConnectionManager::new(client).await.unwrap();
-        let window = Algorithm::FixedWindow {
-            limit: 3,
-            window: Duration::from_secs(3600),
-        };
-        let build = |prefix: &str| {
-            RedisLimiter::builder(window, FailurePolicy::FailClosed)
-                .prefix(prefix)
-                .build(connection.clone())
-                .unwrap()
-        };
+        let connection = connect(&server).await;
+        let build = |prefix: &str| limit_3_per_hour(&connection, prefix);
         let (a, b) = (build("ua"), build("ub"));
         let mut raw = server.connection();
         let () = ::redis::cmd("HSET")
