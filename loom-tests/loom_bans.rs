@@ -7,7 +7,7 @@
 //! count and the charge forgot the failure and then saw its ban land: a key banned with no
 //! failure counted. The model asserts that the outcome is one of the two orders.
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom cargo test --release --test loom_bans`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom cargo test --release -p turnstile-loom-tests --test loom_bans`
 #![cfg(turnstile_loom)]
 
 mod common;

@@ -39,7 +39,7 @@
 //! its closed bit, and then tell the watchers; `a_chain_callers_own_refunds_*` with a caller
 //! whose every failed attempt refunds, which tells every watcher but itself.
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_chain`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_chain`
 #![cfg(turnstile_loom)]
 
 mod common;

@@ -16,7 +16,7 @@
 //! The exact sliding window's model takes its overdraw path (a charge that does not fit claims
 //! the whole ring) against claims that may be between their CAS and their slot writes.
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_charge`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_charge`
 #![cfg(turnstile_loom)]
 
 mod common;

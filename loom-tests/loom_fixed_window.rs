@@ -14,7 +14,7 @@
 //!   rejection while capacity is left, no lost update);
 //! - a thread's admissions carry non-decreasing times (program order + a monotonic clock).
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test 'loom_*'`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p turnstile-loom-tests`
 #![cfg(turnstile_loom)]
 
 mod common;

@@ -37,7 +37,7 @@
 //!   clock read and re-checked before its CAS: a shrunk window never makes a busy key's count
 //!   look stale (`a_sweep_racing_a_window_shrink_never_evicts_a_busy_key`).
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_keyed`
 #![cfg(turnstile_loom)]
 
 mod common;

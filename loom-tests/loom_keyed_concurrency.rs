@@ -33,7 +33,7 @@
 //! - a request that a racing `set_limit` makes too big fails at once, never waiting behind the
 //!   key's head, wherever the change lands between its fast path's check and its enqueue.
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_keyed_concurrency`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
 
 mod common;

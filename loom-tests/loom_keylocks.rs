@@ -31,7 +31,7 @@
 //!    waker unparks a loom thread) is woken by the writer's release.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom
-//! cargo test --release --test loom_keylocks`
+//! cargo test --release -p turnstile-loom-tests --test loom_keylocks`
 #![cfg(turnstile_loom)]
 
 mod common;

@@ -23,7 +23,7 @@
 //!   limit of a ring with spare slots while claims race, checking the log bound.
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom
-//! cargo test --release --test loom_reconfigure`
+//! cargo test --release -p turnstile-loom-tests --test loom_reconfigure`
 #![cfg(turnstile_loom)]
 
 mod common;

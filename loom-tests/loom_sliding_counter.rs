@@ -20,7 +20,7 @@
 //! - no rejection while capacity provably exists (e.g. at one instant, exactly `min(limit, demand)`
 //!   n = 1 calls are admitted; after a roll-over with `prev = 1`, limit 2, `e = 0`, exactly one more).
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test 'loom_*'`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p turnstile-loom-tests`
 #![cfg(turnstile_loom)]
 
 mod common;

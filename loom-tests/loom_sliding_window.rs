@@ -32,7 +32,7 @@
 //! `available_after_lowering_under_a_settling_claim` races a keyed `available` (which decides
 //! nothing, and checks back to the reach unless the ring is settled) against such a claim.
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test 'loom_*'`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p turnstile-loom-tests`
 #![cfg(turnstile_loom)]
 
 mod common;

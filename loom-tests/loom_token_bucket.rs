@@ -15,7 +15,7 @@
 //! - no rejection while capacity provably exists (at one instant exactly `burst` permits go; one
 //!   emission interval later exactly one more).
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test 'loom_*'`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p turnstile-loom-tests`
 #![cfg(turnstile_loom)]
 
 mod common;

@@ -53,7 +53,7 @@
 //! A model that finds a lost wake-up fails with loom's "deadlock" panic; unwinding then drops loom
 //! objects outside the model, so the test binary aborts right after printing it.
 //!
-//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_waiters`
+//! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_waiters`
 #![cfg(turnstile_loom)]
 
 mod common;
