@@ -81,6 +81,7 @@ mod keyed_concurrency;
 mod keylocks;
 mod limiter;
 mod queue;
+mod refund;
 #[cfg(feature = "store")]
 mod store;
 mod sync;
@@ -120,6 +121,9 @@ pub use keylocks::{
 };
 pub use limiter::{Algorithm, Rate, RateLimiter, RateLimiterBuilder, Stats};
 pub use queue::{QueueOrder, DEFAULT_QUEUE_LIMIT};
+#[cfg(feature = "keyed")]
+pub use refund::KeyedRefundable;
+pub use refund::Refundable;
 #[cfg(feature = "store")]
 pub use store::{Store, StoreLimiter, StoreStats};
 /// The chain watchers' protocol, for its loom model (`loom-tests/loom_chain.rs`) only.

@@ -1,0 +1,331 @@
+//! `try_acquire_refundable` and the receipts' `refund` (`src/refund.rs`): what comes back, per
+//! algorithm and over time; what never does (after a reconfiguration, a reset, an eviction);
+//! who is woken; what is counted. Time is a `ManualClock`, or tokio's paused clock for waiters.
+
+use std::time::Duration;
+use turnstile::{
+    Algorithm, Chain, KeyOverflow, KeyedLimiter, ManualClock, Rate, RateLimiter, TryAcquireError,
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn fixed(limit: u32) -> Algorithm {
+    Algorithm::FixedWindow {
+        limit,
+        window: 10 * SECOND,
+    }
+}
+
+fn counter(limit: u32) -> Algorithm {
+    Algorithm::SlidingCounter {
+        limit,
+        window: 10 * SECOND,
+    }
+}
+
+fn bucket(burst: u32) -> Algorithm {
+    Algorithm::TokenBucket {
+        rate: Rate::new(1, SECOND),
+        burst,
+    }
+}
+
+fn sliding(limit: u32) -> Algorithm {
+    Algorithm::SlidingWindow {
+        limit,
+        window: 10 * SECOND,
+    }
+}
+
+fn limiter(algorithm: Algorithm) -> (RateLimiter<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::with_clock(algorithm, clock.clone()).unwrap();
+    (limiter, clock)
+}
+
+/// Every later decision of `a` and `b`, one permit at a time, at the same clock times.
+fn same_decisions(
+    (a, a_clock): &(RateLimiter<ManualClock>, ManualClock),
+    (b, b_clock): &(RateLimiter<ManualClock>, ManualClock),
+) {
+    for step in 0..40 {
+        let (x, y) = (a.try_acquire(), b.try_acquire());
+        assert_eq!(
+            format!("{x:?}"),
+            format!("{y:?}"),
+            "decision {step} differs from the twin's"
+        );
+        a_clock.advance(SECOND / 4);
+        b_clock.advance(SECOND / 4);
+    }
+}
+
+/// With the clock where it was at the admission, the fixed window, the sliding counter and the
+/// token bucket are left exactly as if the refunded admission had never happened, whatever was
+/// admitted around it: every later decision equals a twin's that never made it.
+#[test]
+fn a_refund_on_an_unmoved_clock_is_exact() {
+    for algorithm in [fixed(5), counter(5), bucket(5)] {
+        let refunded = limiter(algorithm);
+        let twin = limiter(algorithm);
+        for (limiter, clock) in [&refunded, &twin] {
+            clock.advance(3 * SECOND);
+            limiter.try_acquire_n(2).unwrap();
+        }
+        let taken = refunded.0.try_acquire_refundable(2).unwrap();
+        assert_eq!(taken.permits(), 2);
+        assert_eq!(taken.admission().remaining(), 1);
+        refunded.0.try_acquire().unwrap();
+        twin.0.try_acquire().unwrap();
+        taken.refund();
+        assert_eq!(
+            refunded.0.stats().available,
+            twin.0.stats().available,
+            "{algorithm:?}"
+        );
+        same_decisions(&refunded, &twin);
+    }
+}
+
+/// Later, a refund gives back only what the admission still weighs: the fixed window nothing
+/// once its window has ended (the next window is not credited), the token bucket the part of
+/// `n·T` not yet replenished.
+#[test]
+fn a_later_refund_gives_back_only_what_still_weighs() {
+    // Fixed window: within the window, all of it; after, nothing.
+    let (l, clock) = limiter(fixed(3));
+    let within = l.try_acquire_refundable(2).unwrap();
+    clock.advance(9 * SECOND);
+    within.refund();
+    assert_eq!(l.stats().available, 3, "refunded within its window");
+    let late = l.try_acquire_refundable(3).unwrap();
+    clock.advance(SECOND); // the next window
+    l.try_acquire_n(3).unwrap();
+    late.refund();
+    assert!(
+        matches!(l.try_acquire(), Err(TryAcquireError::Rejected(_))),
+        "a refund from the previous window credited this one"
+    );
+
+    // Token bucket, one token a second, burst 4: 2 taken at 0 to be refunded, 2 kept. At 1.5 s
+    // the bucket has replenished 1.5 of the 2 refunded tokens' time: the refund gives back the
+    // other 0.5 s. Free then: 2 (1.5 without the refund, 3.5 had the 2 never been taken).
+    let (l, clock) = limiter(bucket(4));
+    let taken = l.try_acquire_refundable(2).unwrap();
+    l.try_acquire_n(2).unwrap();
+    clock.advance(SECOND * 3 / 2);
+    taken.refund();
+    l.try_acquire_n(2).unwrap();
+    match l.try_acquire() {
+        Err(TryAcquireError::Rejected(r)) => assert_eq!(r.retry_after(), SECOND),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+/// The exact sliding window's refund is positional: nothing comes back before the ring's turn
+/// reaches the refunded tickets, and then the admissions in their places do not wait for them.
+/// Never looser than the log without them: the twin below never made the refunded admission.
+#[test]
+fn a_sliding_window_refund_frees_its_place_in_the_ring() {
+    let refunded = limiter(sliding(3));
+    let twin = limiter(sliding(3));
+    refunded.0.try_acquire().unwrap();
+    twin.0.try_acquire().unwrap();
+    refunded.1.advance(SECOND);
+    twin.1.advance(SECOND);
+    let taken = refunded.0.try_acquire_refundable(1).unwrap();
+    refunded.0.try_acquire().unwrap();
+    twin.0.try_acquire().unwrap();
+    taken.refund();
+    // The twin has a free permit now; the refunded limiter waits for the ticket at 0 s.
+    assert!(twin.0.try_acquire_n(0).is_ok());
+    match refunded.0.try_acquire() {
+        Err(TryAcquireError::Rejected(r)) => assert_eq!(r.retry_after(), 9 * SECOND),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    refunded.1.advance(9 * SECOND);
+    // At 10 s the ticket at 0 s has expired: the next takes its place, and the one after that
+    // takes the refunded ticket's place without waiting until 11 s.
+    refunded.0.try_acquire().unwrap();
+    refunded.0.try_acquire().unwrap();
+    assert!(refunded.0.try_acquire().is_err(), "three within 10 s");
+}
+
+/// A reconfiguration between the admission and the refund: nothing is given back (the
+/// admission was decided under other parameters), for every algorithm.
+#[test]
+fn nothing_comes_back_across_a_reconfiguration() {
+    for (before, after) in [
+        (fixed(4), fixed(5)),
+        (counter(4), counter(5)),
+        (bucket(4), bucket(5)),
+        (sliding(4), sliding(5)),
+    ] {
+        let l = RateLimiter::builder(before)
+            .max_limit(8)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        let taken = l.try_acquire_refundable(4).unwrap();
+        l.reconfigure(after).unwrap();
+        let available = l.stats().available;
+        taken.refund();
+        assert_eq!(l.stats().available, available, "{before:?}");
+    }
+}
+
+#[test]
+fn refundable_calls_are_counted_as_calls_and_refunds_are_not() {
+    let (l, _clock) = limiter(fixed(2));
+    let taken = l.try_acquire_refundable(2).unwrap();
+    assert!(matches!(
+        l.try_acquire_refundable(1),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert!(matches!(
+        l.try_acquire_refundable(3),
+        Err(TryAcquireError::InsufficientCapacity { .. })
+    ));
+    taken.refund();
+    let stats = l.stats();
+    assert_eq!((stats.admitted, stats.rejected), (1, 2));
+    l.close();
+    assert!(matches!(
+        l.try_acquire_refundable(1),
+        Err(TryAcquireError::Closed)
+    ));
+}
+
+/// A keyed refund goes back to its key and no other, exactly on an unmoved clock.
+#[test]
+fn a_keyed_refund_goes_back_to_its_key() {
+    for algorithm in [fixed(3), counter(3), bucket(3)] {
+        let l = KeyedLimiter::with_clock(algorithm, ManualClock::new()).unwrap();
+        let taken = l.try_acquire_refundable(&"a", 3).unwrap();
+        assert_eq!(*taken.key(), "a");
+        l.try_acquire_n(&"b", 3).unwrap();
+        taken.refund();
+        assert_eq!(l.available(&"a"), 3, "{algorithm:?}");
+        assert_eq!(l.available(&"b"), 0, "{algorithm:?}");
+        l.try_acquire_n(&"a", 3).unwrap();
+    }
+}
+
+/// A reset of the key between the admission and the refund: the key's cell may be a new one
+/// that never held the admission, so nothing is given back.
+#[test]
+fn a_keyed_refund_after_a_reset_of_its_key_gives_nothing() {
+    let l = KeyedLimiter::with_clock(fixed(3), ManualClock::new()).unwrap();
+    let taken = l.try_acquire_refundable(&1, 2).unwrap();
+    l.reset(&1);
+    l.try_acquire_n(&1, 3).unwrap();
+    taken.refund();
+    assert_eq!(l.available(&1), 0, "the refund credited the key's new cell");
+}
+
+/// The key's cell evicted (its admissions expired) and made again: the refund finds nothing
+/// of its admission there and writes nothing.
+#[test]
+fn a_keyed_refund_after_its_key_was_evicted_gives_nothing() {
+    for algorithm in [fixed(3), counter(3), bucket(3), sliding(3)] {
+        let clock = ManualClock::new();
+        let l = KeyedLimiter::with_clock(algorithm, clock.clone()).unwrap();
+        let taken = l.try_acquire_refundable(&1, 3).unwrap();
+        clock.advance(30 * SECOND);
+        assert_eq!(l.sweep(), 1, "{algorithm:?}: the idle key is evicted");
+        l.try_acquire_n(&1, 3).unwrap();
+        taken.refund();
+        assert_eq!(
+            l.available(&1),
+            0,
+            "{algorithm:?}: the new cell was credited"
+        );
+    }
+}
+
+/// At the key cap with the shared overflow cell, an admission the overflow cell made is
+/// refunded there.
+#[test]
+fn an_overflow_admission_is_refunded_to_the_overflow_cell() {
+    let l = KeyedLimiter::builder(fixed(2))
+        .clock(ManualClock::new())
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    l.try_acquire_n(&1, 2).unwrap();
+    let taken = l.try_acquire_refundable(&2, 2).unwrap(); // on the overflow cell
+    assert!(l.try_acquire(&3).is_err(), "the overflow cell is spent");
+    taken.refund();
+    l.try_acquire_n(&3, 2).unwrap();
+    assert_eq!(l.available(&1), 0, "key 1's own cell was credited");
+}
+
+/// A waiter queued on the limiter is woken by the refund, without waiting for its timer.
+#[tokio::test(start_paused = true)]
+async fn a_refund_wakes_the_waiter_it_frees_a_permit_for() {
+    let l = RateLimiter::builder(fixed(1))
+        .clock(turnstile::TokioClock::new())
+        .build()
+        .unwrap();
+    let taken = l.try_acquire_refundable(1).unwrap();
+    let waiter = {
+        let l = l.clone();
+        tokio::spawn(async move { l.acquire().await.map(|a| a.at()) })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(l.stats().waiting, 1);
+    let start = tokio::time::Instant::now();
+    taken.refund();
+    let at = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "the waiter slept out its timer"
+    );
+    assert_eq!(at, Duration::ZERO);
+}
+
+/// The same for a key's queue.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_refund_wakes_the_keys_waiter() {
+    let l = KeyedLimiter::builder(fixed(1))
+        .clock(turnstile::TokioClock::new())
+        .build()
+        .unwrap();
+    let taken = l.try_acquire_refundable(&"k", 1).unwrap();
+    let waiter = {
+        let l = l.clone();
+        tokio::spawn(async move { l.acquire(&"k").await.map(|a| a.at()) })
+    };
+    tokio::task::yield_now().await;
+    let start = tokio::time::Instant::now();
+    taken.refund();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "the waiter slept out its timer"
+    );
+}
+
+/// A chain caller sleeping on a member is told of a refund made on that member directly.
+#[tokio::test(start_paused = true)]
+async fn a_refund_wakes_a_chain_caller_sleeping_on_the_limiter() {
+    let l = RateLimiter::builder(fixed(1))
+        .clock(turnstile::TokioClock::new())
+        .build()
+        .unwrap();
+    let chain = Chain::new([l.clone()]).unwrap();
+    let taken = l.try_acquire_refundable(1).unwrap();
+    let caller = tokio::spawn(async move { chain.acquire().await.map(|_| ()) });
+    tokio::task::yield_now().await;
+    let start = tokio::time::Instant::now();
+    taken.refund();
+    caller.await.unwrap().unwrap();
+    assert!(
+        start.elapsed() < 10 * SECOND,
+        "the chain caller slept out the window: {:?}",
+        start.elapsed()
+    );
+}
