@@ -162,7 +162,9 @@ macro_rules! count_list_rejection {
 /// the rejection's retry-after ends within the rule's `max_wait` (default: its period) of the
 /// request's arrival: it sleeps that retry-after (on tokio's timer: the runtime needs its time
 /// driver, `enable_time` or `enable_all`) and is decided again as a new request is, from
-/// step 0 on (a client banned meanwhile is rejected as banned), under the rules in force then:
+/// step 0 on (a client banned meanwhile is rejected as banned; the client it is, its IP and id,
+/// as found at its arrival), under the rules in force then, and the layer answers it with the
+/// response settings of that same configuration:
 /// a reload while it waits applies to it, and ends its sleep at once, since it may have raised
 /// the limit the request waits for (a rule the reload kept, same identity, keeps its place in
 /// that rule's queue; its headers report the new limit beside the count made under it). It waits again as long as each answer comes in time; when one does not, or another rule
@@ -181,7 +183,10 @@ macro_rules! count_list_rejection {
 /// # Reload
 ///
 /// [`HttpLimiter::reload`] compiles the new configuration completely before swapping it in; on
-/// error the old one stays. A rule whose identity (scope, name, endpoint, period, algorithm, key,
+/// error the old one stays. The rules and the layer's settings (client IP, client id header,
+/// response) are swapped together, in one store: the layer reads them once per request, so
+/// each request is decided and answered under one configuration, the old or the new, never
+/// the rules of one and the settings of the other. A rule whose identity (scope, name, endpoint, period, algorithm, key,
 /// per-endpoint) is unchanged keeps its limiter and counters; if only its limit changed the
 /// limiter is reconfigured in place, except that of a `sliding_window` rule whose limit is
 /// raised: its ring of timestamps cannot grow in place, so the rule starts with fresh counters
