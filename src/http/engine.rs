@@ -1619,20 +1619,22 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     fn decide_in(&self, snapshot: &Arc<Snapshot<C>>, request: &RequestInfo<'_>) -> Decision {
         let mut patience = Patience::new();
         let check = decide(&snapshot.rules, request, Some(&mut patience));
-        match (patience.wait.take(), check) {
-            (None, Check::Ready(verdict)) => Decision::Ready(verdict),
-            (None, Check::Pending(pending)) => {
-                let answered: Answered = Arc::clone(snapshot) as Answered;
-                Decision::Pending(Box::pin(async move { (pending.await, answered) }))
-            }
-            (Some(retry), _) => Decision::Pending(wait_and_decide(
+        if let Some(retry) = patience.wait.take() {
+            return Decision::Pending(wait_and_decide(
                 Arc::clone(&self.config),
                 Arc::clone(&self.reloaded),
                 Arc::clone(snapshot),
                 OwnedRequest::of(request),
                 patience,
                 retry,
-            )),
+            ));
+        }
+        match check {
+            Check::Ready(verdict) => Decision::Ready(verdict),
+            Check::Pending(pending) => {
+                let answered: Answered = Arc::clone(snapshot) as Answered;
+                Decision::Pending(Box::pin(async move { (pending.await, answered) }))
+            }
         }
     }
 }
