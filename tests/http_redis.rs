@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 use tower::{Layer, Service};
 use turnstile::http::{
-    Check, HttpConfig, HttpConfigError, HttpLimiter, Outcome, PeerAddr, Policy, RateLimitLayer,
+    Check, HttpConfig, HttpConfigError, HttpLimiter, Outcome, PeerAddr, RateLimitLayer,
     RejectReason, RequestInfo, Verdict,
 };
 use turnstile::redis::Commands;

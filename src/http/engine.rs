@@ -2,12 +2,13 @@
 //! [`HttpLimiter`] itself, where users of the crate read it).
 
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
+use crate::http::layer::{Answered, Decision, Sealed};
 use crate::http::rules::{
     parse_header, BanKey, Bans, Compiler, CounterKey, Identity, LocalName, Metric, Rule, RuleSet,
     WaitSlot,
 };
 use crate::http::{
-    client_ip, Check, HttpConfigError, LayerSettings, Outcome, Policy, QuotaState, Quotas,
+    client_ip, Check, HttpConfigError, LayerPolicy, LayerSettings, Outcome, QuotaState, Quotas,
     RateLimitLayer, RejectReason, RequestInfo, Verdict,
 };
 use crate::{Clock, MonotonicClock, TryAcquireError};
@@ -144,8 +145,8 @@ macro_rules! count_list_rejection {
 ///
 /// With `[backend] kind = "redis"` (features `http` and `redis`; build with
 /// `HttpLimiter::connect`), steps 1 to 4 and the checks of step 5 are as above; the counting of
-/// step 5 and monitor rules go to Redis, and [`Policy::check`] returns [`Check::Pending`]. Each
-/// rule counts in its own `RedisLimiter` under keys named by the rule's identity (not its limit).
+/// step 5 and monitor rules go to Redis, and [`HttpLimiter::check`] returns [`Check::Pending`]
+/// (the layer waits for it). Each rule counts in its own `RedisLimiter` under keys named by the rule's identity (not its limit).
 /// A request's matching rules are decided together in one atomic script (one round trip): a
 /// rejected request is charged to no rule, whatever other processes do. Bans stay in this
 /// process's memory. With `[backend] cluster = true` the rules count in a Redis Cluster; every
@@ -161,7 +162,9 @@ macro_rules! count_list_rejection {
 /// the rejection's retry-after ends within the rule's `max_wait` (default: its period) of the
 /// request's arrival: it sleeps that retry-after (on tokio's timer: the runtime needs its time
 /// driver, `enable_time` or `enable_all`) and is decided again as a new request is, from
-/// step 0 on (a client banned meanwhile is rejected as banned), under the rules in force then:
+/// step 0 on (a client banned meanwhile is rejected as banned; the client it is, its IP and id,
+/// as found at its arrival), under the rules in force then, and the layer answers it with the
+/// response settings of that same configuration:
 /// a reload while it waits applies to it, and ends its sleep at once, since it may have raised
 /// the limit the request waits for (a rule the reload kept, same identity, keeps its place in
 /// that rule's queue; its headers report the new limit beside the count made under it). It waits again as long as each answer comes in time; when one does not, or another rule
@@ -180,7 +183,10 @@ macro_rules! count_list_rejection {
 /// # Reload
 ///
 /// [`HttpLimiter::reload`] compiles the new configuration completely before swapping it in; on
-/// error the old one stays. A rule whose identity (scope, name, endpoint, period, algorithm, key,
+/// error the old one stays. The rules and the layer's settings (client IP, client id header,
+/// response) are swapped together, in one store: the layer reads them once per request, so
+/// each request is decided and answered under one configuration, the old or the new, never
+/// the rules of one and the settings of the other. A rule whose identity (scope, name, endpoint, period, algorithm, key,
 /// per-endpoint) is unchanged keeps its limiter and counters; if only its limit changed the
 /// limiter is reconfigured in place, except that of a `sliding_window` rule whose limit is
 /// raised: its ring of timestamps cannot grow in place, so the rule starts with fresh counters
@@ -194,7 +200,7 @@ macro_rules! count_list_rejection {
 /// # Examples
 ///
 /// ```
-/// use turnstile::http::{HttpConfig, HttpLimiter, Policy, RequestInfo, Check};
+/// use turnstile::http::{HttpConfig, HttpLimiter, RequestInfo, Check};
 ///
 /// let config = HttpConfig::from_toml_str("[[rules]]\nperiod = \"1s\"\nlimit = 1\n")?;
 /// // Reads `Instant` for its decisions unless given another clock with `with_clock`.
@@ -210,13 +216,14 @@ macro_rules! count_list_rejection {
 /// ```
 pub struct HttpLimiter<C: Clock + Clone = MonotonicClock> {
     clock: C,
-    /// Shared with the requests that wait for a rule: each decides again under the rules in
-    /// force when it wakes.
-    rules: Arc<ArcSwap<RuleSet<C>>>,
+    /// The rules and the layer settings, in one snapshot that a reload swaps in one store: a
+    /// request reads it once and is decided and answered under it whole. Shared with the
+    /// requests that wait for a rule: each decides again under the snapshot in force when it
+    /// wakes.
+    config: Arc<ArcSwap<Snapshot<C>>>,
     /// Wakes the requests that wait for a rule after a reload, which may have raised the limit
     /// they wait for (or removed their rule): each decides again at once.
     reloaded: Arc<tokio::sync::Notify>,
-    settings: Arc<ArcSwap<LayerSettings>>,
     reload_lock: Mutex<()>,
     /// The Redis connection, when the rules count in Redis.
     #[cfg(feature = "redis")]
@@ -225,17 +232,34 @@ pub struct HttpLimiter<C: Clock + Clone = MonotonicClock> {
 
 impl<C: Clock + Clone> fmt::Debug for HttpLimiter<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rules = self.rules.load();
+        let config = self.config.load();
         f.debug_struct("HttpLimiter")
             .field(
                 "rules",
-                &rules
+                &config
+                    .rules
                     .all_rules()
                     .map(|r| r.name.clone())
                     .collect::<Vec<_>>(),
             )
-            .field("settings", &self.settings.load())
+            .field("settings", &config.settings)
             .finish_non_exhaustive()
+    }
+}
+
+/// What one request is decided and answered under: the compiled rules and the layer's
+/// settings of one configuration. [`HttpLimiter::reload`] swaps the whole of it in one store,
+/// and the layer reads it once per request (one guard), so that no request meets the rules of
+/// one configuration and the client-IP or response settings of another. `pub` only to name it
+/// in the layer's sealed trait; not reachable from outside the crate.
+pub struct Snapshot<C: Clock> {
+    pub(crate) rules: RuleSet<C>,
+    pub(crate) settings: LayerSettings,
+}
+
+impl<C: Clock> crate::http::layer::HasSettings for Snapshot<C> {
+    fn layer_settings(&self) -> &LayerSettings {
+        &self.settings
     }
 }
 
@@ -464,9 +488,8 @@ impl HttpLimiter {
         attach(&mut rules, &redis, &backend)?;
         Ok(HttpLimiter {
             clock,
-            rules: Arc::new(ArcSwap::from_pointee(rules)),
+            config: Arc::new(ArcSwap::from_pointee(Snapshot { rules, settings })),
             reloaded: Arc::new(tokio::sync::Notify::new()),
-            settings: Arc::new(ArcSwap::from_pointee(settings)),
             reload_lock: Mutex::new(()),
             backend: Some(backend),
         })
@@ -500,9 +523,8 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         }
         Ok(HttpLimiter {
             clock,
-            rules: Arc::new(ArcSwap::from_pointee(rules)),
+            config: Arc::new(ArcSwap::from_pointee(Snapshot { rules, settings })),
             reloaded: Arc::new(tokio::sync::Notify::new()),
-            settings: Arc::new(ArcSwap::from_pointee(settings)),
             reload_lock: Mutex::new(()),
             #[cfg(feature = "redis")]
             backend: None,
@@ -562,15 +584,16 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         } else {
             None
         };
-        let old = self.rules.load_full();
+        let old = self.config.load_full();
         #[allow(unused_mut)] // mutated only to attach Redis limiters
-        let mut rules = Compiler::new(&self.clock, Some(&old)).compile(&config)?;
+        let mut rules = Compiler::new(&self.clock, Some(&old.rules)).compile(&config)?;
         #[cfg(feature = "redis")]
         if let Some((redis, backend)) = redis {
             crate::http::redis_rules::attach(&mut rules, &redis, backend)?;
         }
-        self.rules.store(Arc::new(rules));
-        self.settings.store(Arc::new(settings));
+        // One store for the rules and the settings: a request sees both of the old
+        // configuration or both of the new one.
+        self.config.store(Arc::new(Snapshot { rules, settings }));
         // After the store: a waiting request that misses this (it was deciding) finds the new
         // rules when it compares them with its own before sleeping (`wait_and_decide`).
         self.reloaded.notify_waiters();
@@ -659,12 +682,8 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         })
     }
 
-    /// The layer settings shared with every layer built from this limiter (swapped on reload).
-    pub(crate) fn layer_settings(&self) -> Arc<ArcSwap<LayerSettings>> {
-        self.settings.clone()
-    }
-
-    /// Decides one request at once (what [`Policy::check`] returns, without the wrapper).
+    /// Decides one request at once (what [`check`](HttpLimiter::check) returns, without the
+    /// wrapper).
     ///
     /// A limiter counting in Redis cannot decide without a round trip: for a request that would
     /// be counted there, `decide` rejects with [`RejectReason::Unavailable`] (rule `"backend"`)
@@ -684,7 +703,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn decide(&self, request: &RequestInfo<'_>) -> Verdict {
-        match decide(&self.rules.load(), request, None) {
+        match decide(&self.config.load().rules, request, None) {
             Check::Ready(verdict) => verdict,
             Check::Pending(_) => rejected(RejectReason::Unavailable, BACKEND.get(), None),
         }
@@ -759,8 +778,12 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn unban(&self, ip: IpAddr) -> bool {
-        let settings = self.settings.load();
-        let grouped = client_ip(Some(ip), &http::HeaderMap::new(), &settings.client_ip);
+        let config = self.config.load();
+        let grouped = client_ip(
+            Some(ip),
+            &http::HeaderMap::new(),
+            &config.settings.client_ip,
+        );
         grouped.is_some_and(|ip| self.lift(&BanKey::Ip(ip)))
     }
 
@@ -784,8 +807,8 @@ impl<C: Clock + Clone> HttpLimiter<C> {
 
     /// Resets `client`'s ban and its count of rejections; whether it was banned.
     fn lift(&self, client: &BanKey) -> bool {
-        let rules = self.rules.load();
-        let Some(bans) = rules.bans.as_ref() else {
+        let config = self.config.load();
+        let Some(bans) = config.rules.bans.as_ref() else {
             return false;
         };
         let banned = bans.list.unban(client);
@@ -1560,24 +1583,80 @@ fn decide_one<C: Clock>(
     }
 }
 
-impl<C: Clock + Clone> Policy for HttpLimiter<C> {
-    fn check(&self, request: &RequestInfo<'_>) -> Check {
-        let set = self.rules.load();
+impl<C: Clock + Clone> HttpLimiter<C> {
+    /// Decides one request as the layer does: at once ([`Check::Ready`]), or later
+    /// ([`Check::Pending`]) when the rules count in Redis or the request waits for a rule's
+    /// queue (see "Waiting" above; the future then needs tokio's timer).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::ManualClock;
+    /// use turnstile::http::{Check, HttpConfig, HttpLimiter, RequestInfo};
+    ///
+    /// let config = HttpConfig::from_toml_str("[[rules]]\nperiod = \"1s\"\nlimit = 1\n")?;
+    /// let limiter = HttpLimiter::with_clock(config, ManualClock::new())?;
+    /// let request = RequestInfo {
+    ///     method: &http::Method::GET,
+    ///     path: "/",
+    ///     client_ip: Some("203.0.113.7".parse().unwrap()),
+    ///     client_id: None,
+    /// };
+    /// assert!(matches!(limiter.check(&request), Check::Ready(v) if v.outcome.is_admitted()));
+    /// assert!(matches!(limiter.check(&request), Check::Ready(v) if !v.outcome.is_admitted()));
+    /// # Ok::<(), turnstile::http::HttpConfigError>(())
+    /// ```
+    pub fn check(&self, request: &RequestInfo<'_>) -> Check {
+        match self.decide_in(&self.config.load(), request) {
+            Decision::Ready(verdict) => Check::Ready(verdict),
+            Decision::Pending(pending) => Check::Pending(Box::pin(async move { pending.await.0 })),
+        }
+    }
+
+    /// Decides `request` under `snapshot`'s rules. A decision that comes later comes with the
+    /// snapshot it was made under: `snapshot`, or for a request that waited across a reload,
+    /// the one in force when it was decided again.
+    fn decide_in(&self, snapshot: &Arc<Snapshot<C>>, request: &RequestInfo<'_>) -> Decision {
         let mut patience = Patience::new();
-        let check = decide(&set, request, Some(&mut patience));
-        match patience.wait.take() {
-            None => check,
-            Some(retry) => Check::Pending(wait_and_decide(
-                Arc::clone(&self.rules),
+        let check = decide(&snapshot.rules, request, Some(&mut patience));
+        if let Some(retry) = patience.wait.take() {
+            return Decision::Pending(wait_and_decide(
+                Arc::clone(&self.config),
                 Arc::clone(&self.reloaded),
-                arc_swap::Guard::into_inner(set),
+                Arc::clone(snapshot),
                 OwnedRequest::of(request),
                 patience,
                 retry,
-            )),
+            ));
+        }
+        match check {
+            Check::Ready(verdict) => Decision::Ready(verdict),
+            Check::Pending(pending) => {
+                let answered: Answered = Arc::clone(snapshot) as Answered;
+                Decision::Pending(Box::pin(async move { (pending.await, answered) }))
+            }
         }
     }
 }
+
+impl<C: Clock + Clone> Sealed for HttpLimiter<C> {
+    type Source = ();
+    type Loaded = arc_swap::Guard<Arc<Snapshot<C>>>;
+
+    fn load(&self, _: &()) -> Self::Loaded {
+        self.config.load()
+    }
+
+    fn settings(loaded: &Self::Loaded) -> &LayerSettings {
+        &loaded.settings
+    }
+
+    fn decide(&self, loaded: &Self::Loaded, _: &(), request: &RequestInfo<'_>) -> Decision {
+        self.decide_in(loaded, request)
+    }
+}
+
+impl<C: Clock + Clone> LayerPolicy for HttpLimiter<C> {}
 
 /// A request's waiting for its rules (`queue_limit`), across its decisions: when it arrived,
 /// the place it holds among a rule's waiting requests, and what the last decision asked.
@@ -1692,8 +1771,8 @@ impl OwnedRequest {
 }
 
 /// The decision of a request that waits: sleeps `retry` (less if a reload comes, `reloaded`),
-/// decides again (under the rules in force then, `rules`; `set` is the one it was last decided
-/// under), and so on while the decisions ask it to wait. Holds no permit while it sleeps, only its place in the queue, so
+/// decides again (under the snapshot in force then, `config`; `set` is the one it was last
+/// decided under, and the one its verdict comes with), and so on while the decisions ask it to wait. Holds no permit while it sleeps, only its place in the queue, so
 /// dropping it consumes nothing.
 ///
 /// Not under the rules it arrived under: a reload reconfigures the limiters of the rules it
@@ -1701,13 +1780,13 @@ impl OwnedRequest {
 /// be reported beside a count made under the new one; and the limiters of the rules a reload
 /// replaced count for no one any more.
 fn wait_and_decide<C: Clock>(
-    rules: Arc<ArcSwap<RuleSet<C>>>,
+    config: Arc<ArcSwap<Snapshot<C>>>,
     reloaded: Arc<tokio::sync::Notify>,
-    mut set: Arc<RuleSet<C>>,
+    mut set: Arc<Snapshot<C>>,
     request: OwnedRequest,
     mut patience: Patience<C>,
     mut retry: Duration,
-) -> Pin<Box<dyn Future<Output = Verdict> + Send + 'static>> {
+) -> Pin<Box<dyn Future<Output = (Verdict, Answered)> + Send + 'static>> {
     Box::pin(async move {
         loop {
             {
@@ -1716,26 +1795,29 @@ fn wait_and_decide<C: Clock>(
                 // wakes it, and one before it is seen there (no sleep at all).
                 let mut notified = std::pin::pin!(reloaded.notified());
                 notified.as_mut().enable();
-                if Arc::ptr_eq(&rules.load(), &set) {
+                if Arc::ptr_eq(&config.load(), &set) {
                     // At least a millisecond: no spinning on a retry-after that rounds to
                     // nothing.
                     let wait = retry.max(Duration::from_millis(1));
                     crate::watchers::sleep_unless(wait, notified).await;
                 }
             }
-            let current = rules.load_full();
+            let current = config.load_full();
             if !Arc::ptr_eq(&current, &set) {
-                patience.follow(&set, &current);
+                patience.follow(&set.rules, &current.rules);
                 set = current;
             }
-            let check = decide(&set, &request.info(), Some(&mut patience));
+            let check = decide(&set.rules, &request.info(), Some(&mut patience));
             match patience.wait.take() {
                 Some(next) => retry = next,
                 None => {
-                    return match check {
+                    // The verdict with the snapshot it was made under, whose settings the
+                    // layer answers it with.
+                    let verdict = match check {
                         Check::Ready(verdict) => verdict,
                         Check::Pending(pending) => pending.await,
-                    }
+                    };
+                    return (verdict, set as Answered);
                 }
             }
         }
@@ -1763,7 +1845,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn layer(self: &Arc<Self>) -> RateLimitLayer<Self> {
-        RateLimitLayer::with_settings(Arc::clone(self), self.layer_settings())
+        RateLimitLayer::of(Arc::clone(self), ())
     }
 }
 
@@ -1795,7 +1877,7 @@ mod tests {
     fn only_rule_sets_that_read_the_path_normalize_it() {
         let rule =
             |extra: &str| format!("[[rules]]\nname = \"r\"\nperiod = \"1s\"\nlimit = 5\n{extra}");
-        let reads = |toml: &str| manual(toml).rules.load().reads_path;
+        let reads = |toml: &str| manual(toml).config.load().rules.reads_path;
         assert!(!reads(&rule("")));
         assert!(!reads(&rule("endpoint = \"*\"\nmonitor = true\n")));
         assert!(reads(&rule("endpoint = \"get:/api/*\"\n")));
@@ -1818,7 +1900,7 @@ mod tests {
         limiter
             .reload(HttpConfig::from_toml_str(&rule("per_endpoint = true\n")).unwrap())
             .unwrap();
-        assert!(limiter.rules.load().reads_path);
+        assert!(limiter.config.load().rules.reads_path);
     }
 
     /// Keys are inline up to 24 bytes and on the heap beyond: both count apart, per client and
@@ -1965,7 +2047,8 @@ mod tests {
         for (rules, expected) in cases {
             let toml = rules.concat();
             let limiter = manual(&toml);
-            let set = limiter.rules.load();
+            let config = limiter.config.load();
+            let set = &config.rules;
             let fixed = set.fixed_enforced.as_deref().map(names);
             let expected = expected.map(|e| e.iter().map(|s| s.to_string()).collect::<Vec<_>>());
             assert_eq!(fixed, expected, "{toml}");
@@ -1984,7 +2067,7 @@ mod tests {
             rule("a", "*", "1s", 5, false)
         );
         let limiter = manual(&toml);
-        assert!(limiter.rules.load().fixed_enforced.is_none());
+        assert!(limiter.config.load().rules.fixed_enforced.is_none());
     }
 
     /// An empty client id is no client id: `missing_key = "reject"` rejects it as it rejects a
@@ -2127,21 +2210,27 @@ mod tests {
     }
 
     #[test]
-    fn reload_swaps_the_shared_layer_settings() {
+    fn reload_swaps_the_layer_settings_with_the_rules() {
         let config = HttpConfig::from_toml_str("client_id_header = \"X-ClientId\"\n").unwrap();
         let limiter = HttpLimiter::with_clock(config, ManualClock::new()).unwrap();
-        let shared = limiter.layer_settings();
+        let settings = |limiter: &HttpLimiter<ManualClock>| {
+            let loaded = Sealed::load(limiter, &());
+            <HttpLimiter<ManualClock> as Sealed>::settings(&loaded).clone()
+        };
         assert_eq!(
-            shared.load().client_id_header.as_ref().map(|h| h.as_str()),
+            settings(&limiter)
+                .client_id_header
+                .as_ref()
+                .map(|h| h.as_str()),
             Some("x-clientid")
         );
         let next = HttpConfig::from_toml_str("[response]\nstatus = 503\n").unwrap();
         limiter.reload(next).unwrap();
-        assert_eq!(shared.load().response.status, 503);
-        assert_eq!(shared.load().client_id_header, None);
+        assert_eq!(settings(&limiter).response.status, 503);
+        assert_eq!(settings(&limiter).client_id_header, None);
         // a failed reload leaves them alone
         let bad = HttpConfig::from_toml_str("client_id_header = \"a b\"\n").unwrap();
         assert!(limiter.reload(bad).is_err());
-        assert_eq!(shared.load().response.status, 503);
+        assert_eq!(settings(&limiter).response.status, 503);
     }
 }

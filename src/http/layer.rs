@@ -46,14 +46,122 @@ type OnRejection = Arc<
         + Sync,
 >;
 
-/// A tower [`Layer`](tower::Layer) that decides every request with a [`Policy`]: admitted
-/// requests go on (their responses get the `RateLimit` headers), rejected ones get the
-/// configured rejection (429 with `Retry-After` by default). Cloning shares the policy and the
-/// settings.
+/// The settings a decision that came later is answered with (see [`Decision::Pending`]).
+pub trait HasSettings: Send + Sync {
+    fn layer_settings(&self) -> &LayerSettings;
+}
+
+impl HasSettings for LayerSettings {
+    fn layer_settings(&self) -> &LayerSettings {
+        self
+    }
+}
+
+/// The settings of a decision that came later: those of the snapshot it was made under.
+pub(crate) type Answered = Arc<dyn HasSettings>;
+
+/// What [`Sealed::decide`] answers: [`Check`], with the settings a later decision is answered
+/// with.
+pub enum Decision {
+    /// Decided at once, under the snapshot the layer loaded.
+    Ready(Verdict),
+    /// Decided later, under the snapshot that comes with the verdict.
+    Pending(Pin<Box<dyn Future<Output = (Verdict, Answered)> + Send + 'static>>),
+}
+
+/// How the layer reads what a request is decided and answered under, and asks for the
+/// decision: the [`LayerPolicy`] it is generic over, with nothing callable from outside the
+/// crate. `pub` only to be named as [`LayerPolicy`]'s supertrait; not reachable from outside.
+pub trait Sealed: Send + Sync + 'static {
+    /// What the layer keeps besides the policy: the settings of a [`Policy`]; nothing for an
+    /// [`HttpLimiter`](crate::http::HttpLimiter), whose settings are in its snapshot.
+    type Source: Clone + Send + Sync + 'static;
+    /// What one request is decided and answered under, loaded once per request (a guard:
+    /// nothing to count on the common path).
+    type Loaded;
+    fn load(&self, source: &Self::Source) -> Self::Loaded;
+    fn settings(loaded: &Self::Loaded) -> &LayerSettings;
+    /// Decides `request` (described with `loaded`'s settings) under `loaded`.
+    fn decide(
+        &self,
+        loaded: &Self::Loaded,
+        source: &Self::Source,
+        request: &RequestInfo<'_>,
+    ) -> Decision;
+}
+
+/// What a [`RateLimitLayer`] decides with: any [`Policy`], whose [`LayerSettings`] the layer
+/// keeps ([`RateLimitLayer::with_settings`]), or an [`HttpLimiter`](crate::http::HttpLimiter),
+/// whose rules and settings are one snapshot: each request reads it once and is decided and
+/// answered under it whole, and a reload swaps it in one store. Sealed: implement [`Policy`]
+/// for decisions of your own.
 ///
-/// The settings are read on every request, so a reload that swaps them takes effect at once;
-/// a request whose decision comes later (see [`Check::Pending`] below) is answered with the
-/// response settings in force when it comes.
+/// # Examples
+///
+/// ```
+/// use turnstile::http::{Check, LayerPolicy, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
+///
+/// struct AdmitAll;
+/// impl Policy for AdmitAll {
+///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
+///     }
+/// }
+/// fn layer_of<P: LayerPolicy>(layer: RateLimitLayer<P>) -> RateLimitLayer<P> {
+///     layer
+/// }
+/// let _layer = layer_of(RateLimitLayer::new(AdmitAll));
+/// ```
+pub trait LayerPolicy: Sealed {}
+
+impl<P: Policy> Sealed for P {
+    type Source = Arc<ArcSwap<LayerSettings>>;
+    type Loaded = arc_swap::Guard<Arc<LayerSettings>>;
+
+    fn load(&self, source: &Self::Source) -> Self::Loaded {
+        source.load()
+    }
+
+    fn settings(loaded: &Self::Loaded) -> &LayerSettings {
+        loaded
+    }
+
+    fn decide(
+        &self,
+        _: &Self::Loaded,
+        source: &Self::Source,
+        request: &RequestInfo<'_>,
+    ) -> Decision {
+        match self.check(request) {
+            Check::Ready(verdict) => Decision::Ready(verdict),
+            // The policy decides under nothing of the layer's: its verdict is answered with
+            // the settings in force when it comes.
+            Check::Pending(pending) => {
+                let source = Arc::clone(source);
+                Decision::Pending(Box::pin(async move {
+                    let verdict = pending.await;
+                    (verdict, source.load_full() as Answered)
+                }))
+            }
+        }
+    }
+}
+
+impl<P: Policy> LayerPolicy for P {}
+
+/// A tower [`Layer`](tower::Layer) that decides every request with a [`Policy`] or an
+/// [`HttpLimiter`](crate::http::HttpLimiter) (see [`LayerPolicy`]): admitted requests go on
+/// (their responses get the `RateLimit` headers), rejected ones get the configured rejection
+/// (429 with `Retry-After` by default). Cloning shares the policy and the settings.
+///
+/// The settings are read on every request, so a reload that swaps them takes effect at once.
+/// With an [`HttpLimiter`](crate::http::HttpLimiter) they are read with its rules, in one
+/// snapshot: a request is decided, its client found and its response written under one
+/// configuration, never the rules of a reload and the settings of the one before. A request
+/// whose decision comes later (see [`Check::Pending`] below) is answered with the settings of
+/// the snapshot its verdict was made under (a request waiting for its rule's queue is decided
+/// again under the snapshot in force when it wakes; the client found at its arrival); with a
+/// [`Policy`] of your own, with the layer's settings in force when the verdict comes.
 ///
 /// The peer address comes from the request's extensions: [`PeerAddr`], a [`SocketAddr`],
 /// (feature `axum`) axum's `ConnectInfo<SocketAddr>` — serve the router with
@@ -102,20 +210,21 @@ type OnRejection = Arc<
 ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
 /// }));
 /// ```
-pub struct RateLimitLayer<P> {
+pub struct RateLimitLayer<P: LayerPolicy> {
     // One `Arc` for everything the layer shares: axum clones the service for every request, and
     // each reference count touched then is a cache line both cores write.
     shared: Arc<Shared<P>>,
 }
 
-struct Shared<P> {
+struct Shared<P: LayerPolicy> {
     policy: Arc<P>,
-    settings: Arc<ArcSwap<LayerSettings>>,
+    /// The settings of a [`Policy`]; nothing for an `HttpLimiter` (its snapshot has them).
+    source: P::Source,
     client_id_fn: Option<ClientIdFn>,
     on_rejection: Option<OnRejection>,
 }
 
-impl<P> Clone for RateLimitLayer<P> {
+impl<P: LayerPolicy> Clone for RateLimitLayer<P> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             shared: Arc::clone(&self.shared),
@@ -123,10 +232,11 @@ impl<P> Clone for RateLimitLayer<P> {
     }
 }
 
-impl<P> fmt::Debug for RateLimitLayer<P> {
+impl<P: LayerPolicy> fmt::Debug for RateLimitLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let loaded = self.shared.policy.load(&self.shared.source);
         f.debug_struct("RateLimitLayer")
-            .field("settings", &self.shared.settings.load())
+            .field("settings", P::settings(&loaded))
             .field("client_id_fn", &self.shared.client_id_fn.is_some())
             .field("on_rejection", &self.shared.on_rejection.is_some())
             .finish_non_exhaustive()
@@ -179,10 +289,41 @@ impl<P: Policy> RateLimitLayer<P> {
     /// # let _ = layer;
     /// ```
     pub fn with_settings(policy: Arc<P>, settings: Arc<ArcSwap<LayerSettings>>) -> Self {
+        Self::of(policy, settings)
+    }
+
+    /// The settings the layer reads on every request; store new ones to change them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use turnstile::http::{Check, LayerSettings, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
+    ///
+    /// struct AdmitAll;
+    /// impl Policy for AdmitAll {
+    ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
+    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
+    ///     }
+    /// }
+    /// let layer = RateLimitLayer::new(AdmitAll);
+    /// let mut settings = LayerSettings::clone(&layer.settings().load());
+    /// settings.response.legacy_headers = true;
+    /// layer.settings().store(Arc::new(settings));
+    /// assert!(layer.settings().load().response.legacy_headers);
+    /// ```
+    pub fn settings(&self) -> &Arc<ArcSwap<LayerSettings>> {
+        &self.shared.source
+    }
+}
+
+impl<P: LayerPolicy> RateLimitLayer<P> {
+    /// A layer deciding with `policy`, reading what it needs besides from `source`.
+    pub(crate) fn of(policy: Arc<P>, source: P::Source) -> Self {
         RateLimitLayer {
             shared: Arc::new(Shared {
                 policy,
-                settings,
+                source,
                 client_id_fn: None,
                 on_rejection: None,
             }),
@@ -215,7 +356,7 @@ impl<P: Policy> RateLimitLayer<P> {
         let client_id_fn: ClientIdFn = Arc::new(f);
         self.shared = Arc::new(Shared {
             policy: Arc::clone(&self.shared.policy),
-            settings: Arc::clone(&self.shared.settings),
+            source: self.shared.source.clone(),
             client_id_fn: Some(client_id_fn),
             on_rejection: self.shared.on_rejection.clone(),
         });
@@ -265,39 +406,15 @@ impl<P: Policy> RateLimitLayer<P> {
         let on_rejection: OnRejection = Arc::new(f);
         self.shared = Arc::new(Shared {
             policy: Arc::clone(&self.shared.policy),
-            settings: Arc::clone(&self.shared.settings),
+            source: self.shared.source.clone(),
             client_id_fn: self.shared.client_id_fn.clone(),
             on_rejection: Some(on_rejection),
         });
         self
     }
-
-    /// The settings the layer reads on every request; store new ones to change them.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use turnstile::http::{Check, LayerSettings, Outcome, Policy, Quotas, RateLimitLayer, RequestInfo, Verdict};
-    ///
-    /// struct AdmitAll;
-    /// impl Policy for AdmitAll {
-    ///     fn check(&self, _: &RequestInfo<'_>) -> Check {
-    ///         Check::Ready(Verdict { outcome: Outcome::Admitted, quotas: Quotas::new() })
-    ///     }
-    /// }
-    /// let layer = RateLimitLayer::new(AdmitAll);
-    /// let mut settings = LayerSettings::clone(&layer.settings().load());
-    /// settings.response.legacy_headers = true;
-    /// layer.settings().store(Arc::new(settings));
-    /// assert!(layer.settings().load().response.legacy_headers);
-    /// ```
-    pub fn settings(&self) -> &Arc<ArcSwap<LayerSettings>> {
-        &self.shared.settings
-    }
 }
 
-impl<S, P: Policy> tower::Layer<S> for RateLimitLayer<P> {
+impl<S, P: LayerPolicy> tower::Layer<S> for RateLimitLayer<P> {
     type Service = RateLimitService<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
@@ -327,12 +444,12 @@ impl<S, P: Policy> tower::Layer<S> for RateLimitLayer<P> {
 /// });
 /// let _service: RateLimitService<_, AdmitAll> = RateLimitLayer::new(AdmitAll).layer(inner);
 /// ```
-pub struct RateLimitService<S, P> {
+pub struct RateLimitService<S, P: LayerPolicy> {
     inner: S,
     layer: RateLimitLayer<P>,
 }
 
-impl<S: Clone, P> Clone for RateLimitService<S, P> {
+impl<S: Clone, P: LayerPolicy> Clone for RateLimitService<S, P> {
     fn clone(&self) -> Self {
         RateLimitService {
             inner: self.inner.clone(),
@@ -341,7 +458,7 @@ impl<S: Clone, P> Clone for RateLimitService<S, P> {
     }
 }
 
-impl<S: fmt::Debug, P> fmt::Debug for RateLimitService<S, P> {
+impl<S: fmt::Debug, P: LayerPolicy> fmt::Debug for RateLimitService<S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitService")
             .field("inner", &self.inner)
@@ -369,7 +486,7 @@ fn peer_ip<B>(request: &http::Request<B>) -> Option<IpAddr> {
 impl<S, P, B, ResBody> tower::Service<http::Request<B>> for RateLimitService<S, P>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<ResBody>> + Clone,
-    P: Policy,
+    P: LayerPolicy,
     ResBody: RejectionBody,
 {
     type Response = http::Response<ResBody>;
@@ -382,9 +499,12 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let shared = &*self.layer.shared;
-        // A guard, not an `Arc`: no reference count to bump (and bounce between cores) on the
-        // common path; a pending decision reads them again when its verdict comes.
-        let settings = shared.settings.load();
+        // One load for what the request is decided and answered under (an `HttpLimiter`'s
+        // rules and settings together). A guard, not an `Arc`: no reference count to bump (and
+        // bounce between cores) on the common path; a pending decision comes with the
+        // settings it is answered with.
+        let loaded = shared.policy.load(&shared.source);
+        let settings = P::settings(&loaded);
 
         let ip = client_ip(peer_ip(&request), request.headers(), &settings.client_ip);
         // The request stays where it is (it is a few hundred bytes, and every move is a copy)
@@ -393,12 +513,16 @@ where
             Some(client_id_fn) => {
                 let (parts, body) = request.into_parts();
                 let client_id = client_id_fn(&parts);
-                let check = shared.policy.check(&RequestInfo {
-                    method: &parts.method,
-                    path: parts.uri.path(),
-                    client_ip: ip,
-                    client_id: client_id.as_deref(),
-                });
+                let check = shared.policy.decide(
+                    &loaded,
+                    &shared.source,
+                    &RequestInfo {
+                        method: &parts.method,
+                        path: parts.uri.path(),
+                        client_ip: ip,
+                        client_id: client_id.as_deref(),
+                    },
+                );
                 request = http::Request::from_parts(parts, body);
                 check
             }
@@ -408,18 +532,22 @@ where
                     .as_ref()
                     .and_then(|name| request.headers().get(name))
                     .and_then(|value| value.to_str().ok());
-                shared.policy.check(&RequestInfo {
-                    method: request.method(),
-                    path: request.uri().path(),
-                    client_ip: ip,
-                    client_id,
-                })
+                shared.policy.decide(
+                    &loaded,
+                    &shared.source,
+                    &RequestInfo {
+                        method: request.method(),
+                        path: request.uri().path(),
+                        client_ip: ip,
+                        client_id,
+                    },
+                )
             }
         };
 
         match check {
             // Decided now: the service polled ready serves the request now, as tower asks.
-            Check::Ready(verdict) => match rejection(&verdict, &request, &settings.response) {
+            Decision::Ready(verdict) => match rejection(&verdict, &request, &settings.response) {
                 // The inner future goes straight into its own field of the returned future
                 // (inside the state enum it was copied twice more on every request).
                 None => ResponseFuture {
@@ -453,7 +581,7 @@ where
             // through the wait (a waiting request must not hold a concurrency permit that
             // admitted ones need); the future takes a clone, polled ready once admitted. Boxed,
             // so that the future of the common, immediate case is no bigger than it needs.
-            Check::Pending(verdict) => {
+            Decision::Pending(verdict) => {
                 let fresh = self.inner.clone();
                 drop(std::mem::replace(&mut self.inner, fresh));
                 ResponseFuture {
@@ -464,7 +592,6 @@ where
                             decided: None,
                             service: self.inner.clone(),
                             request,
-                            settings: Arc::clone(&shared.settings),
                             on_rejection: shared.on_rejection.clone(),
                         })),
                     },
@@ -506,16 +633,15 @@ fn answer<B>(
 
 /// A decision still to come, with what serving the request then needs.
 struct Waiting<S, R> {
-    verdict: Pin<Box<dyn Future<Output = Verdict> + Send + 'static>>,
-    /// The verdict, once it came, while the service is polled ready.
-    decided: Option<Verdict>,
+    /// The verdict, with the settings of the snapshot it was made under (a request that
+    /// waited for its rule is decided again under the snapshot in force when it wakes): the
+    /// response is written as they say.
+    verdict: Pin<Box<dyn Future<Output = (Verdict, Answered)> + Send + 'static>>,
+    /// The verdict and its settings, once they came, while the service is polled ready.
+    decided: Option<(Verdict, Answered)>,
     /// A clone of the inner service, not yet polled ready.
     service: S,
     request: R,
-    /// The layer's settings, read when the verdict comes: the response is written as the
-    /// configuration in force then says, the one the verdict was made under (a request that
-    /// waited for its rule is decided again under the rules in force when it wakes).
-    settings: Arc<ArcSwap<LayerSettings>>,
     on_rejection: Option<OnRejection>,
 }
 
@@ -612,7 +738,7 @@ where
                     Poll::Pending => return Poll::Pending,
                 },
             };
-            if verdict.outcome.is_admitted() {
+            if verdict.0.outcome.is_admitted() {
                 match w.service.poll_ready(cx) {
                     Poll::Ready(Ok(())) => {}
                     Poll::Ready(Err(error)) => {
@@ -628,15 +754,14 @@ where
             let Waiting {
                 mut service,
                 request,
-                settings,
                 on_rejection,
                 decided,
                 ..
             } = *done;
-            let Some(verdict) = decided else {
+            let Some((verdict, settings)) = decided else {
                 return Poll::Pending;
             };
-            let settings = settings.load();
+            let settings = settings.layer_settings();
             *this.state = match rejection(&verdict, &request, &settings.response) {
                 None => {
                     this.inner.set(Some(service.call(request)));

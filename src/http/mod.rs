@@ -26,8 +26,8 @@
 //!   `concurrency`: [`ConcurrencyLayer`], an in-flight cap per route.
 //!
 //! The contract between them is the small set of types in this module: the layer extracts a
-//! [`RequestInfo`], a [`Policy`] (the engine, or one of your own) answers with a [`Check`], and
-//! the layer turns the [`Verdict`] into a response.
+//! [`RequestInfo`], the engine (or a [`Policy`] of your own) answers with a [`Check`], and the
+//! layer turns the [`Verdict`] into a response.
 //!
 //! # Where the layer goes in an axum app
 //!
@@ -440,8 +440,10 @@ impl fmt::Debug for Check {
     }
 }
 
-/// Decides requests for [`RateLimitLayer`]. [`HttpLimiter`] is the configured implementation;
-/// implement it yourself for custom decisions.
+/// Decides requests for [`RateLimitLayer`]: implement it for custom decisions, and give the
+/// layer its [`LayerSettings`] ([`RateLimitLayer::new`], [`RateLimitLayer::with_settings`]).
+/// [`HttpLimiter`], the configured decisions, is not one: it keeps its rules and its settings
+/// in one snapshot, which the layer reads once per request (see [`LayerPolicy`]).
 ///
 /// # Examples
 ///
@@ -486,7 +488,8 @@ pub trait Policy: Send + Sync + 'static {
 }
 
 /// What the layer itself needs from the configuration: how to find the client, and how to
-/// answer. [`HttpLimiter`] keeps one, shared with the layers it builds, and swaps it on reload.
+/// answer. [`HttpLimiter`] keeps one with its rules, in one snapshot that a reload swaps whole;
+/// a layer deciding with a [`Policy`] keeps its own ([`RateLimitLayer::settings`]).
 ///
 /// # Examples
 ///
@@ -530,7 +533,7 @@ pub use config::{
 };
 pub use engine::HttpLimiter;
 pub use grpc::grpc_rejection_response;
-pub use layer::{PeerAddr, RateLimitLayer, RateLimitService, ResponseFuture};
+pub use layer::{LayerPolicy, PeerAddr, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use response::{
     insert_quota_headers, ratelimit_policy_value, ratelimit_value, rejection_response,
     whole_seconds_up, ResponseConfig, ResponseConfigError,

@@ -1,0 +1,92 @@
+//! Hot reload under load, on real threads: a reload that changes both the rules and the layer
+//! settings is seen by each request whole, never half.
+
+#![cfg(feature = "http")]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use tower::{Layer, ServiceExt};
+use turnstile::http::{HttpConfig, HttpLimiter, PeerAddr};
+
+/// Configuration A: a limit of 1,000,000 per hour, answered with the legacy `X-RateLimit-*`
+/// headers besides the IETF ones.
+const A: &str = "[[rules]]\nname = \"r\"\nperiod = \"1h\"\nlimit = 1000000\n\
+                 [response]\nlegacy_headers = true\n";
+/// Configuration B: a limit of 2,000,000 per hour, the IETF headers only.
+const B: &str = "[[rules]]\nname = \"r\"\nperiod = \"1h\"\nlimit = 2000000\n\
+                 [response]\nlegacy_headers = false\n";
+
+/// One thread reloads between A and B while others send requests through the layer: every
+/// response must be written by the configuration that decided it. Its `RateLimit-Policy`
+/// names the limit of the rules it was counted under (`q=`), and the legacy headers must be
+/// there exactly when that limit is A's. With the rules and the settings swapped in two steps
+/// (and read as two), a request that met the new rules and the old settings (or the reverse)
+/// got the other configuration's header style.
+#[test]
+fn every_response_is_decided_and_answered_under_one_configuration() {
+    const RELOADS: usize = 400;
+    const WORKERS: usize = 2;
+    let limiter = Arc::new(HttpLimiter::new(HttpConfig::from_toml_str(A).unwrap()).unwrap());
+    let service = limiter
+        .layer()
+        .layer(tower::service_fn(|_: http::Request<String>| {
+            std::future::ready(Ok::<_, Infallible>(http::Response::new(String::from("ok"))))
+        }));
+    let done = AtomicBool::new(false);
+    let mixed = AtomicU64::new(0);
+    let answered = AtomicU64::new(0);
+    let example: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for worker in 0..WORKERS {
+            let service = service.clone();
+            let (done, mixed, answered, example) = (&done, &mixed, &answered, &example);
+            scope.spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                let peer = format!("192.0.2.{}:4000", worker + 1).parse().unwrap();
+                // Relaxed: a stop signal; the scope's join orders everything else.
+                while !done.load(Ordering::Relaxed) {
+                    let mut request = http::Request::new(String::new());
+                    request.extensions_mut().insert(PeerAddr(peer));
+                    let response = runtime.block_on(service.clone().oneshot(request)).unwrap();
+                    assert_eq!(response.status(), 200);
+                    let headers = response.headers();
+                    let policy = headers["ratelimit-policy"].to_str().unwrap();
+                    let legacy = headers
+                        .get("x-ratelimit-limit")
+                        .map(|v| v.to_str().unwrap().to_owned());
+                    let consistent = match policy {
+                        "\"r\";q=1000000;w=3600" => legacy.as_deref() == Some("1000000"),
+                        "\"r\";q=2000000;w=3600" => legacy.is_none(),
+                        other => panic!("unexpected RateLimit-Policy {other}"),
+                    };
+                    answered.fetch_add(1, Ordering::Relaxed);
+                    if !consistent {
+                        mixed.fetch_add(1, Ordering::Relaxed);
+                        example
+                            .lock()
+                            .unwrap()
+                            .get_or_insert_with(|| format!("{policy} with legacy {legacy:?}"));
+                    }
+                }
+            });
+        }
+        for n in 0..RELOADS {
+            let config = if n % 2 == 0 { B } else { A };
+            limiter
+                .reload(HttpConfig::from_toml_str(config).unwrap())
+                .unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(
+        mixed.load(Ordering::Relaxed),
+        0,
+        "of {} responses, some were decided under one configuration and answered under the \
+         other, e.g. {:?}",
+        answered.load(Ordering::Relaxed),
+        example.lock().unwrap()
+    );
+}
