@@ -667,6 +667,54 @@ fn a_keyed_chain_call_racing_the_eviction_of_its_key_at_the_cap_is_admitted() {
     });
 }
 
+/// A sweep that frees room under a per-key member's key cap tells the chain callers sleeping on
+/// it (`Inner::sweep` in `src/keyed.rs`), after giving the slot back, as every change is told. The member (a
+/// token bucket of 1 per `WINDOW`, one key, `KeyOverflow::Shared`) holds key 1, spent at 0, and
+/// its overflow cell was spent at `WINDOW / 2` by key 2. The sweeper moves the clock to
+/// `WINDOW`, where key 1 is idle (the overflow cell is not), and sweeps; the chain caller for
+/// key 3, running the real chain decision as its attempt, is rejected on the overflow cell
+/// until it or the sweeper evicts key 1. Wherever the sweep lands (before the caller's first
+/// read of the epoch, during its attempt, while its own search for room finds the shard being
+/// swept, between the attempt and its registration, or after it), the caller gets the room:
+/// a lost notification is a deadlock here.
+#[cfg(feature = "keyed")]
+#[test]
+fn a_sweep_freeing_room_at_the_key_cap_during_a_chain_wait_is_never_missed() {
+    model(|| {
+        let clock = ManualClock::new();
+        // A hasher with fixed keys, so every execution puts the keys in the same shards.
+        type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+        let per_key = turnstile::KeyedLimiter::<u8>::builder(bucket(1))
+            .clock(clock.clone())
+            .hasher(Fixed::default())
+            .max_keys(1)
+            .overflow(turnstile::KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        assert!(per_key.try_acquire(&1).is_ok());
+        clock.advance(Duration::from_nanos(WINDOW / 2));
+        assert!(per_key.try_acquire(&2).is_ok());
+        assert_eq!(per_key.stats().overflowed, 1);
+        let chain = turnstile::KeyedChain::builder()
+            .per_key(per_key.clone())
+            .build()
+            .unwrap();
+        let sweeper = {
+            let (per_key, clock) = (per_key.clone(), clock.clone());
+            thread::spawn(move || {
+                clock.advance(Duration::from_nanos(WINDOW / 2));
+                per_key.sweep()
+            })
+        };
+        turnstile::ModelWaiter::default().wait_until(per_key.watchers_for_model(), || {
+            chain.try_acquire(&3).is_ok()
+        });
+        assert!(sweeper.join().unwrap() <= 1);
+        // On a cell of its own: the overflow cell is spent until 3 * WINDOW / 2.
+        assert_eq!((per_key.len(), per_key.available(&3)), (1, 0));
+    });
+}
+
 /// A change made between the caller's first read of the epoch and its registration is either
 /// seen by its attempt, or by the second read (then it attempts again), or notifies it.
 #[test]

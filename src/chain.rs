@@ -1852,7 +1852,10 @@ where
     }
 
     /// Waits until every member admits `n` permits for `key` at once; see
-    /// [`Chain::acquire_n`] for how it waits and its (absent) fairness.
+    /// [`Chain::acquire_n`] for how it waits and its (absent) fairness. Besides the changes
+    /// that end its sleep there, a per-key member's [`sweep`](KeyedLimiter::sweep) (or
+    /// `run_sweeper`) that evicts idle keys ends it too (a key new to a member at its cap,
+    /// decided on the shared overflow cell, may now get a cell of its own).
     ///
     /// # Errors
     ///
@@ -1961,7 +1964,8 @@ where
     }
 
     /// Blocks the calling thread until every member admits `n` permits for `key` at once; see
-    /// [`Chain::acquire_blocking_n`] for how it waits and its (absent) fairness.
+    /// [`Chain::acquire_blocking_n`] for how it waits and its (absent) fairness, and
+    /// [`acquire_n`](Self::acquire_n) for what else ends its wait early.
     ///
     /// # Errors
     ///

@@ -189,7 +189,8 @@ struct Inner<K, C, S> {
     /// runs.
     resetting: Mutex<()>,
     ctx: Ctx<K, C, S>,
-    /// Chain callers sleeping on this limiter, told of a reconfiguration, a reset or a refund.
+    /// Chain callers sleeping on this limiter, told of a reconfiguration, a reset, a refund, or
+    /// a sweep that evicted keys (see `Inner::sweep`).
     watchers: Watchers,
 }
 
@@ -1179,6 +1180,33 @@ macro_rules! with_store {
     };
 }
 
+impl<K, C: Clock, S> Inner<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone,
+{
+    /// Evicts every idle key (see [`KeyedLimiter::sweep`]); returns how many.
+    ///
+    /// A sweep that evicted a key tells the chain callers sleeping on this limiter, after the
+    /// slots are given back (as every change is told, see `crate::watchers`): a `KeyedChain`
+    /// call for a key new to this limiter at its cap was decided on the shared overflow cell
+    /// (`KeyOverflow::Shared`), and slept out that cell's whole `retry_after` though its key
+    /// could now get a cell of its own. Nobody is told when nothing was evicted: sweeps run
+    /// often (a periodic sweeper), and most evict nothing.
+    ///
+    /// Only this sweep tells, not the ones a call makes on its way (the sweep an insert pays
+    /// for, a search for room at the cap): those run inside a decision, with an admission or a
+    /// reserved slot in hand and, for a key's head waiter, under its queue's mutex, where a
+    /// chain caller's `Waker` (foreign code, which may panic) must not run.
+    fn sweep(&self) -> u64 {
+        let evicted = with_store!(&self.store, s => s.sweep(&self.ctx));
+        if evicted > 0 {
+            self.watchers.changed(None);
+        }
+        evicted
+    }
+}
+
 impl<K, C: Clock, S> Clone for KeyedLimiter<K, C, S> {
     fn clone(&self) -> Self {
         KeyedLimiter {
@@ -1843,6 +1871,9 @@ where
     /// memory sooner, for example from a periodic task (see
     /// [`run_sweeper`](Self::run_sweeper)). It never removes a key that is not idle, and it runs
     /// concurrently with every other call; a shard that another thread is sweeping is skipped.
+    /// A sweep that evicts a key wakes the [`KeyedChain`](crate::KeyedChain) callers waiting on
+    /// this limiter: a new key at the cap, decided on the shared overflow cell while they
+    /// waited, may now get a cell of its own.
     ///
     /// # Examples
     ///
@@ -1865,8 +1896,7 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sweep(&self) -> usize {
-        let inner = &*self.inner;
-        with_store!(&inner.store, s => s.sweep(&inner.ctx)) as usize
+        self.inner.sweep() as usize
     }
 
     /// Sweeps every `every` until the last handle to the limiter is dropped: spawn it on tokio
@@ -1922,7 +1952,7 @@ where
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
-                with_store!(&inner.store, s => s.sweep(&inner.ctx));
+                inner.sweep();
             }
         }
     }
@@ -2755,6 +2785,14 @@ where
     /// The chain callers sleeping on this limiter.
     pub(crate) fn chain_watchers(&self) -> &Watchers {
         &self.inner.watchers
+    }
+
+    /// [`chain_watchers`](Self::chain_watchers), for the loom model of a sweep that frees room
+    /// under the key cap while a chain caller waits (`loom-tests/loom_chain.rs`).
+    #[cfg(turnstile_loom)]
+    #[doc(hidden)]
+    pub fn watchers_for_model(&self) -> &Watchers {
+        self.chain_watchers()
     }
 
     /// Whether `other` is a handle to this very limiter (a chain member listed twice).

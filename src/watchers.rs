@@ -1,5 +1,8 @@
 //! Chain callers sleeping on a limiter, woken when the limiter changes in a way that can end
-//! their wait early or for good: it is closed, reconfigured, or a key is reset.
+//! their wait early or for good: it is closed, reconfigured, a key is reset, another chain call
+//! gives it permits back, or a keyed limiter's `sweep` (or `run_sweeper`) evicts idle keys (room
+//! under its key cap for a key that was decided on the shared overflow cell; only a sweep that
+//! evicts tells, so the many that evict nothing cost nothing here).
 //!
 //! A [`Chain`](crate::Chain) or [`KeyedChain`](crate::KeyedChain) that must wait does not join
 //! its members' own queues (it needs every member at once, and would hold a place in each). It
@@ -10,8 +13,8 @@
 //! Protocol, per limiter:
 //!
 //! - **Changer** ([`Watchers::changed`]): makes its change visible first (the closed bit, the new
-//!   parameters), then, under the mutex, bumps `epoch` and takes a copy of every registered
-//!   watcher, which it notifies after unlocking.
+//!   parameters, an evicted key's slot given back), then, under the mutex, bumps `epoch` and
+//!   takes a copy of every registered watcher, which it notifies after unlocking.
 //! - **Chain caller**: reads [`Watchers::epoch`] of every member *before* its first attempt.
 //!   When the attempt fails it registers with every member ([`Watchers::watch`], under each
 //!   mutex) and then reads the epochs again, under the same mutexes: if any moved, a change
@@ -35,8 +38,11 @@
 //! The mutex orders every registration against every bump: a bump before the registration is
 //! seen by the second read, one after it finds the watcher. `loom-tests/loom_chain.rs`
 //! (`close_during_a_chain_wait_is_never_missed`; with the caller's own refunds expected at its
-//! registration, `a_chain_callers_own_refunds_neither_wake_it_nor_hide_a_change`) checks this. Only chain callers that wait touch
-//! the mutex; `try_acquire` and the first read (one atomic load per member) do not.
+//! registration, `a_chain_callers_own_refunds_neither_wake_it_nor_hide_a_change`; a real keyed
+//! limiter's sweep against a caller rejected on its overflow cell,
+//! `a_sweep_freeing_room_at_the_key_cap_during_a_chain_wait_is_never_missed`) checks this. Only
+//! chain callers that wait, and changers, touch the mutex; `try_acquire` and the first read (one
+//! atomic load per member) do not.
 
 #[cfg(turnstile_loom)]
 use crate::sync::Signal;

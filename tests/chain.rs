@@ -2303,6 +2303,116 @@ fn a_blocked_chain_caller_fails_at_once_when_a_member_closes() {
     waiter.join().unwrap();
 }
 
+/// A keyed chain whose per-key member, a token bucket of 1 an hour capped at one key under
+/// `KeyOverflow::Shared`, holds "a" (spent at 0, idle at 1 h) and whose shared overflow cell
+/// "b" spent at 30 min (free again at 1.5 h). The clock reads 30 min: a call for a new key is
+/// decided on the spent overflow cell (the search for room at "b"'s call found "a" busy until
+/// 1 h) and must wait an hour. Also returns the member's `overflowed` count so far.
+fn chain_at_the_key_cap() -> (
+    ManualClock,
+    KeyedLimiter<&'static str, ManualClock>,
+    KeyedChain<&'static str, ManualClock>,
+    u64,
+) {
+    let clock = ManualClock::new();
+    let per_key = KeyedLimiter::builder(Algorithm::TokenBucket {
+        rate: Rate::new(1, HOUR),
+        burst: 1,
+    })
+    .clock(clock.clone())
+    .max_keys(1)
+    .overflow(turnstile::KeyOverflow::Shared)
+    .build()
+    .unwrap();
+    per_key.try_acquire(&"a").unwrap();
+    clock.advance(HOUR / 2);
+    per_key.try_acquire(&"b").unwrap();
+    let overflowed = per_key.stats().overflowed;
+    assert_eq!(overflowed, 1, "\"b\" was decided on the overflow cell");
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .build()
+        .unwrap();
+    (clock, per_key, chain, overflowed)
+}
+
+/// A chain caller for a new key, rejected on the spent overflow cell, sleeps until that cell
+/// frees (an hour). When "a" turns idle and a sweep evicts it, its own key can get a cell under
+/// the cap at once: the sweep wakes it. A sweep that evicts nothing wakes nobody.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sleeping_keyed_chain_caller_at_the_key_cap_is_admitted_at_once_when_a_sweep_frees_room()
+{
+    let (clock, per_key, chain, overflowed) = chain_at_the_key_cap();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire(&"c").await }
+    });
+    tokio::task::yield_now().await;
+    let waits = overflowed + 1;
+    assert_eq!(
+        per_key.stats().overflowed,
+        waits,
+        "decided on the overflow cell"
+    );
+    assert_eq!(per_key.sweep(), 0);
+    tokio::time::sleep(SECOND).await;
+    assert_eq!(
+        per_key.stats().overflowed,
+        waits,
+        "a sweep that evicted nothing woke the caller"
+    );
+    clock.advance(HOUR / 2);
+    assert_eq!(per_key.sweep(), 1);
+    let outcome = tokio::time::timeout(SECOND, waiter)
+        .await
+        .expect("the chain caller slept on past the sweep that freed room for its key");
+    assert!(outcome.unwrap().is_ok());
+    // On a cell of its own (the overflow cell is still spent, and was not asked again).
+    assert_eq!((per_key.len(), per_key.available(&"c")), (1, 0));
+    assert_eq!(per_key.stats().overflowed, waits);
+}
+
+/// The same with the limiter's own periodic sweeper (`run_sweeper`) doing the sweep.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sleeping_keyed_chain_caller_at_the_key_cap_is_admitted_when_the_sweeper_frees_room() {
+    let (clock, per_key, chain, _) = chain_at_the_key_cap();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire(&"c").await }
+    });
+    tokio::spawn(per_key.run_sweeper(SECOND));
+    tokio::task::yield_now().await;
+    clock.advance(HOUR / 2);
+    let outcome = tokio::time::timeout(3 * SECOND, waiter)
+        .await
+        .expect("the chain caller slept on past the sweeper's eviction");
+    assert!(outcome.unwrap().is_ok());
+    assert_eq!((per_key.len(), per_key.available(&"c")), (1, 0));
+}
+
+/// The same on a plain thread, blocked (in real time) for the overflow cell's hour.
+#[test]
+fn a_blocked_keyed_chain_caller_at_the_key_cap_is_admitted_at_once_when_a_sweep_frees_room() {
+    let (clock, per_key, chain, overflowed) = chain_at_the_key_cap();
+    let (done, outcome) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = done.send(chain.acquire_blocking(&"c"));
+    });
+    // Its first attempt has been decided on the overflow cell; it registers and blocks next
+    // (a sweep before its registration moves the epoch it compares there).
+    while per_key.stats().overflowed == overflowed {
+        std::thread::yield_now();
+    }
+    clock.advance(HOUR / 2);
+    assert_eq!(per_key.sweep(), 1);
+    let outcome = outcome
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the blocked chain caller slept on past the sweep that freed room for its key");
+    assert!(outcome.is_ok());
+    assert_eq!((per_key.len(), per_key.available(&"c")), (1, 0));
+    waiter.join().unwrap();
+}
+
 /// A keyed chain whose every attempt refunds: `cap`, at its one key and with its shared
 /// overflow cell spent, passes the check for a new key ("a" has a waiter, so the search for
 /// room, which cannot evict it, leaves the hint at now) and rejects it in the commit, after
