@@ -329,3 +329,35 @@ async fn a_refund_wakes_a_chain_caller_sleeping_on_the_limiter() {
         start.elapsed()
     );
 }
+
+/// A charge saturates the fixed window's and the sliding counter's 32-bit count, so past that
+/// point the count no longer holds every admission; a refund must not subtract from it. With a
+/// limit above 2^31 the refunded admission's permits were then handed out again although the
+/// charge alone covers the whole limit.
+#[test]
+fn a_refund_after_a_charge_saturated_the_count_gives_nothing() {
+    const LIMIT: u32 = 3_000_000_000;
+    for algorithm in [
+        Algorithm::FixedWindow {
+            limit: LIMIT,
+            window: 10 * SECOND,
+        },
+        Algorithm::SlidingCounter {
+            limit: LIMIT,
+            window: 10 * SECOND,
+        },
+    ] {
+        let (l, _clock) = limiter(algorithm);
+        let taken = l.try_acquire_refundable(LIMIT).unwrap();
+        l.charge(LIMIT).unwrap(); // the count saturates at u32::MAX
+        taken.refund();
+        // The twin that never took the refunded permits holds the charge of LIMIT: nothing is free.
+        assert!(
+            matches!(
+                l.try_acquire_n(1_000_000_000),
+                Err(TryAcquireError::Rejected(_))
+            ),
+            "{algorithm:?}: the charge alone fills the window"
+        );
+    }
+}
