@@ -55,6 +55,8 @@ pub struct Refundable<C: Clock> {
     limiter: RateLimiter<C>,
     n: u32,
     admission: Admission,
+    /// The parameters' version read before the admission (see `receipt_refund`).
+    version: u64,
 }
 
 impl<C: Clock> Refundable<C> {
@@ -111,7 +113,8 @@ impl<C: Clock> Refundable<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refund(self) {
-        self.limiter.chain_refund(self.n, &self.admission);
+        self.limiter
+            .receipt_refund(self.n, &self.admission, self.version);
         self.limiter.chain_wake(None);
     }
 }
@@ -180,12 +183,15 @@ impl<C: Clock> RateLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_acquire_refundable(&self, n: u32) -> Result<Refundable<C>, TryAcquireError> {
+        // Before the decision: the admission is decided under this version or a later one.
+        let version = self.params_version();
         let decision = self.chain_decide::<true>(n);
         self.chain_count(if decision.is_ok() { ADMITTED } else { REJECTED });
         decision.map(|admission| Refundable {
             limiter: self.clone(),
             n,
             admission,
+            version,
         })
     }
 }
@@ -220,6 +226,8 @@ where
     n: u32,
     admission: Admission,
     committed: Committed,
+    /// The parameters' version read before the admission (see `receipt_refund`).
+    version: u64,
 }
 
 #[cfg(feature = "keyed")]
@@ -300,8 +308,13 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refund(self) {
-        self.limiter
-            .chain_refund(&self.key, self.n, &self.admission, self.committed);
+        self.limiter.receipt_refund(
+            &self.key,
+            self.n,
+            &self.admission,
+            self.committed,
+            self.version,
+        );
         self.limiter.chain_wake(&self.key, None);
     }
 }
@@ -365,6 +378,8 @@ where
         key: &K,
         n: u32,
     ) -> Result<KeyedRefundable<K, C, S>, TryAcquireError> {
+        // Before the decision, as for a `Refundable`.
+        let version = self.params_version();
         let (decision, committed) = self.chain_decide::<true>(key, n);
         self.chain_count(if decision.is_ok() { ADMITTED } else { REJECTED });
         decision.map(|admission| KeyedRefundable {
@@ -373,6 +388,7 @@ where
             n,
             admission,
             committed,
+            version,
         })
     }
 }

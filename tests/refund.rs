@@ -330,6 +330,35 @@ async fn a_refund_wakes_a_chain_caller_sleeping_on_the_limiter() {
     );
 }
 
+/// A receipt held across 128 reconfigurations (the exact sliding window's token keeps 7 bits of
+/// the parameters' version) must still give nothing back: here the window changes make a later
+/// lap's ticket, live, hold exactly the word the refund expects in the refunded ticket's slot,
+/// and zeroing it admitted a second permit at one instant under a limit of 1.
+#[test]
+fn a_sliding_window_refund_after_128_reconfigurations_gives_nothing() {
+    let window = |secs| Algorithm::SlidingWindow {
+        limit: 1,
+        window: secs * SECOND,
+    };
+    let (l, clock) = limiter(window(10));
+    let taken = l.try_acquire_refundable(1).unwrap(); // ticket 0 at 0 s, expires at 10 s
+    clock.advance(10 * SECOND);
+    l.try_acquire().unwrap(); // ticket 1 at 10 s, expires at 20 s
+    clock.advance(10 * SECOND);
+    l.reconfigure(window(5)).unwrap();
+    l.try_acquire().unwrap(); // ticket 2 at 20 s, expires at 25 s: ticket 0's slot and parity
+    for _ in 0..126 {
+        l.reconfigure(window(5)).unwrap();
+    }
+    // The 128th: a refund of ticket 0 now expects expiry 0 s + 25 s, ticket 2's.
+    l.reconfigure(window(25)).unwrap();
+    taken.refund();
+    assert!(
+        matches!(l.try_acquire(), Err(TryAcquireError::Rejected(_))),
+        "a second permit at 20 s under a limit of 1"
+    );
+}
+
 /// A charge saturates the fixed window's and the sliding counter's 32-bit count, so past that
 /// point the count no longer holds every admission; a refund must not subtract from it. With a
 /// limit above 2^31 the refunded admission's permits were then handed out again although the

@@ -264,6 +264,10 @@ impl Algo for SlidingCounter {
         self.shape().0.limit
     }
 
+    fn version(&self) -> u64 {
+        self.shape().1
+    }
+
     #[inline(always)]
     fn decide<C: Clock, const COMMIT: bool>(
         &self,

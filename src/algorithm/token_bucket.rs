@@ -213,6 +213,10 @@ impl Algo for TokenBucket {
         self.shape().0.burst
     }
 
+    fn version(&self) -> u64 {
+        self.shape().1
+    }
+
     #[inline(always)]
     fn decide<C: Clock, const COMMIT: bool>(
         &self,
