@@ -2,9 +2,13 @@
 //! algorithm and over time; what never does (after a reconfiguration, a reset, an eviction);
 //! who is woken; what is counted. Time is a `ManualClock`, or tokio's paused clock for waiters.
 
+mod common;
+
+use proptest::prelude::*;
 use std::time::Duration;
 use turnstile::{
-    Algorithm, Chain, KeyOverflow, KeyedLimiter, ManualClock, Rate, RateLimiter, TryAcquireError,
+    Admission, Algorithm, Chain, KeyOverflow, KeyedLimiter, ManualClock, Rate, RateLimiter,
+    TryAcquireError,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -388,5 +392,193 @@ fn a_refund_after_a_charge_saturated_the_count_gives_nothing() {
             ),
             "{algorithm:?}: the charge alone fills the window"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exactness under refunds at any age: what stays admitted never breaks the algorithm's contract.
+
+/// One step of [`refunds_keep_what_stays_admitted_exact`].
+#[derive(Debug, Clone)]
+enum Op {
+    /// `try_acquire_n`, kept for good.
+    Take(u32),
+    /// `try_acquire_refundable`, the receipt kept for a later `Refund`.
+    Refundable(u32),
+    /// Refunds the outstanding receipt at this index (modulo their number), whatever its age.
+    Refund(usize),
+    /// Moves the clock on, by milliseconds (windows are 10 s).
+    Advance(u64),
+    /// Reconfigures to the same parameters (a new version, the same contract).
+    Reconfigure,
+    /// Keyed only: a sweep, which evicts the key once it is idle.
+    Sweep,
+    /// Keyed only: forgets the key; the audit starts a new segment.
+    Reset,
+}
+
+fn op(limit: u32) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1..=limit).prop_map(Op::Take),
+        4 => (1..=limit).prop_map(Op::Refundable),
+        4 => any::<usize>().prop_map(Op::Refund),
+        2 => (0u64..3_000).prop_map(Op::Advance),
+        1 => (3_000u64..25_000).prop_map(Op::Advance),
+        1 => Just(Op::Reconfigure),
+        1 => Just(Op::Sweep),
+        1 => Just(Op::Reset),
+    ]
+}
+
+/// The admissions of one reset-free stretch, as `(at, permits)`; a refunded one is `None`.
+#[derive(Default)]
+struct Audit {
+    segments: Vec<Vec<Option<(u64, u64)>>>,
+}
+
+impl Audit {
+    fn admit(&mut self, admission: &Admission, n: u32) -> (usize, usize) {
+        if self.segments.is_empty() {
+            self.segments.push(Vec::new());
+        }
+        let segment = self.segments.len() - 1;
+        let at = admission.at().as_nanos() as u64;
+        self.segments[segment].push(Some((at, u64::from(n))));
+        (segment, self.segments[segment].len() - 1)
+    }
+
+    fn refunded(&mut self, (segment, index): (usize, usize)) {
+        self.segments[segment][index] = None;
+    }
+
+    fn reset(&mut self) {
+        self.segments.push(Vec::new());
+    }
+
+    fn violations(&self, algorithm: Algorithm) -> usize {
+        self.segments
+            .iter()
+            .map(|segment| {
+                let kept: Vec<(u64, u64)> = segment.iter().flatten().copied().collect();
+                common::violations(algorithm, &kept)
+            })
+            .sum()
+    }
+}
+
+fn algorithm_of(kind: u8, limit: u32) -> Algorithm {
+    match kind {
+        0 => fixed(limit),
+        1 => counter(limit),
+        2 => Algorithm::TokenBucket {
+            rate: Rate::new(limit, 10 * SECOND),
+            burst: limit,
+        },
+        _ => sliding(limit),
+    }
+}
+
+/// Runs `ops` on an unkeyed limiter (sweeps and resets skipped) and returns the audit.
+fn run_unkeyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit {
+    let clock = ManualClock::new();
+    let mut builder = RateLimiter::builder(algorithm).clock(clock.clone());
+    if let Some(max) = max_limit {
+        builder = builder.max_limit(max);
+    }
+    let l = builder.build().unwrap();
+    let mut audit = Audit::default();
+    let mut receipts = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Take(n) => {
+                if let Ok(a) = l.try_acquire_n(n) {
+                    audit.admit(&a, n);
+                }
+            }
+            Op::Refundable(n) => {
+                if let Ok(r) = l.try_acquire_refundable(n) {
+                    let at = audit.admit(&r.admission(), n);
+                    receipts.push((r, at));
+                }
+            }
+            Op::Refund(i) if !receipts.is_empty() => {
+                let (r, at) = receipts.swap_remove(i % receipts.len());
+                r.refund();
+                audit.refunded(at);
+            }
+            Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+            Op::Reconfigure => l.reconfigure(algorithm).unwrap(),
+            _ => {}
+        }
+    }
+    audit
+}
+
+/// The same on one key of a keyed limiter, with sweeps and resets.
+fn run_keyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit {
+    let clock = ManualClock::new();
+    let mut builder = KeyedLimiter::builder(algorithm).clock(clock.clone());
+    if let Some(max) = max_limit {
+        builder = builder.max_limit(max);
+    }
+    let l = builder.build().unwrap();
+    let mut audit = Audit::default();
+    let mut receipts = Vec::new();
+    let key = "k";
+    for op in ops {
+        match *op {
+            Op::Take(n) => {
+                if let Ok(a) = l.try_acquire_n(&key, n) {
+                    audit.admit(&a, n);
+                }
+            }
+            Op::Refundable(n) => {
+                if let Ok(r) = l.try_acquire_refundable(&key, n) {
+                    let at = audit.admit(&r.admission(), n);
+                    receipts.push((r, at));
+                }
+            }
+            Op::Refund(i) if !receipts.is_empty() => {
+                let (r, at) = receipts.swap_remove(i % receipts.len());
+                r.refund();
+                audit.refunded(at);
+            }
+            Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+            Op::Reconfigure => l.reconfigure(algorithm).unwrap(),
+            Op::Sweep => {
+                l.sweep();
+            }
+            Op::Reset => {
+                l.reset(&key);
+                audit.reset();
+            }
+            Op::Refund(_) => {}
+        }
+    }
+    audit
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Random admissions, receipts refunded at any age (after their window, after the ring
+    /// lapped, after roll-overs, reconfigurations, sweeps and resets), clock advances: the
+    /// admissions never refunded satisfy the algorithm's exactness audit.
+    #[test]
+    fn refunds_keep_what_stays_admitted_exact(
+        kind in 0u8..4,
+        limit in 1u32..=4,
+        wider in any::<bool>(),
+        keyed in any::<bool>(),
+        ops in (1u32..=4).prop_flat_map(|l| proptest::collection::vec(op(l), 1..120)),
+    ) {
+        let algorithm = algorithm_of(kind, limit);
+        let max_limit = (wider && kind == 3).then_some(8);
+        let audit = if keyed {
+            run_keyed(algorithm, max_limit, &ops)
+        } else {
+            run_unkeyed(algorithm, max_limit, &ops)
+        };
+        prop_assert_eq!(audit.violations(algorithm), 0);
     }
 }
