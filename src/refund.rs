@@ -152,7 +152,9 @@ impl<C: Clock> RateLimiter<C> {
     /// a permit at once, use the sliding counter, which also keeps a log's shape in O(1).
     ///
     /// Nothing is given back after a [`reconfigure`](Self::reconfigure) (the admission was made
-    /// under other parameters). The receipt is neither `Clone` nor `Copy`, and `refund` takes it
+    /// under other parameters), nor, for the fixed window and the sliding counter, once a
+    /// [`charge`](Self::charge) has saturated the window's count at `u32::MAX` (it then no longer
+    /// holds every admission; only a limit above 2^31 can notice). The receipt is neither `Clone` nor `Copy`, and `refund` takes it
     /// by value: an admission is given back at most once, to this limiter, for its own permits.
     ///
     /// # Errors
