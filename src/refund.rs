@@ -8,7 +8,7 @@
 //! the clock where it was at the admission the refund is exact; later it gives back what still
 //! weighs on later decisions, and nothing once the admission has stopped weighing (its window
 //! ended, its ticket expired, its tokens were replenished). A [`reconfigure`] between the two
-//! makes the refund give nothing back, as does a `reset` of a keyed admission's key.
+//! makes the refund give nothing back, as does any `reset` of its keyed limiter (of any key).
 //!
 //! The receipt is the proof that the permits were taken: it is made only by an admission, is
 //! neither `Clone` nor `Copy`, and `refund` consumes it, so an admission is given back at most
@@ -289,9 +289,10 @@ where
     /// Gives the permits back to the key (or to the shared overflow cell, if that admitted
     /// them), as far as that leaves it no looser than if they had never been taken (see
     /// [`KeyedLimiter::try_acquire_refundable`]), and wakes the head of the key's queue. Nothing
-    /// is given back after a [`reset`](KeyedLimiter::reset) of the key (the cell may be a new
-    /// one that never held the admission) or a [`reconfigure`](KeyedLimiter::reconfigure). Not
-    /// counted in [`stats`](KeyedLimiter::stats).
+    /// is given back after a [`reset`](KeyedLimiter::reset) (the key's cell may be a new one
+    /// that never held the admission; the limiter counts resets, not resets per key, so a reset
+    /// of *any* key, even one that held nothing, counts) or a
+    /// [`reconfigure`](KeyedLimiter::reconfigure). Not counted in [`stats`](KeyedLimiter::stats).
     ///
     /// # Examples
     ///
@@ -347,9 +348,9 @@ where
     /// What a refund gives back, per algorithm, is as for
     /// [`RateLimiter::try_acquire_refundable`]; the key's cell may be evicted meanwhile (only
     /// once the admission no longer weighs on it, so the refund then finds nothing of it and
-    /// writes nothing), and a [`reset`](Self::reset) of the key or a
-    /// [`reconfigure`](Self::reconfigure) makes the refund give nothing back. The key is cloned
-    /// into the receipt.
+    /// writes nothing), and a [`reset`](Self::reset) (of any key: resets are counted per
+    /// limiter) or a [`reconfigure`](Self::reconfigure) makes the refund give nothing back. The
+    /// key is cloned into the receipt.
     ///
     /// # Errors
     ///

@@ -582,3 +582,37 @@ proptest! {
         prop_assert_eq!(audit.violations(algorithm), 0);
     }
 }
+
+fn send_sync<T: Send + Sync>(_: &T) {}
+
+/// Receipts can be handed to another task or thread to be refunded there; a refund on a
+/// closed limiter gives the permits back and wakes nobody, without a panic.
+#[test]
+fn receipts_are_send_and_sync_and_refund_after_close() {
+    let (l, _clock) = limiter(fixed(2));
+    let taken = l.try_acquire_refundable(2).unwrap();
+    send_sync(&taken);
+    l.close();
+    std::thread::spawn(move || taken.refund()).join().unwrap();
+    assert!(matches!(l.try_acquire(), Err(TryAcquireError::Closed)));
+    assert_eq!(l.stats().available, 2);
+
+    let k = KeyedLimiter::with_clock(fixed(2), ManualClock::new()).unwrap();
+    let taken = k.try_acquire_refundable(&"k", 2).unwrap();
+    send_sync(&taken);
+    std::thread::spawn(move || taken.refund()).join().unwrap();
+    assert_eq!(k.available(&"k"), 2);
+}
+
+/// The reset counter a refund checks is the limiter's, not the key's: a reset of any other key
+/// between the admission and the refund also makes the refund give nothing back (conservative;
+/// the docs say so).
+#[test]
+fn a_reset_of_another_key_also_makes_a_keyed_refund_give_nothing() {
+    let l = KeyedLimiter::with_clock(fixed(3), ManualClock::new()).unwrap();
+    let taken = l.try_acquire_refundable(&1, 2).unwrap();
+    l.try_acquire(&2).unwrap();
+    assert!(l.reset(&2));
+    taken.refund();
+    assert_eq!(l.available(&1), 1);
+}
