@@ -616,3 +616,58 @@ fn a_reset_of_another_key_also_makes_a_keyed_refund_give_nothing() {
     taken.refund();
     assert_eq!(l.available(&1), 1);
 }
+
+/// A refundable call is counted as `try_acquire_n` counts the same call: admitted, rejected and
+/// overflowed (at the key cap, the shared cell or a `TooManyKeys` refusal).
+#[test]
+fn refundable_calls_are_counted_as_plain_ones_at_the_key_cap() {
+    for overflow in [KeyOverflow::Shared, KeyOverflow::Reject] {
+        let make = || {
+            KeyedLimiter::builder(fixed(2))
+                .clock(ManualClock::new())
+                .max_keys(1)
+                .overflow(overflow)
+                .build()
+                .unwrap()
+        };
+        let (plain, refundable) = (make(), make());
+        let mut outcomes = (Vec::new(), Vec::new());
+        for key in [1, 2, 2, 2, 1, 1] {
+            outcomes
+                .0
+                .push(format!("{:?}", plain.try_acquire_n(&key, 1)));
+            outcomes.1.push(format!(
+                "{:?}",
+                refundable
+                    .try_acquire_refundable(&key, 1)
+                    .map(|r| r.admission())
+            ));
+        }
+        assert_eq!(outcomes.0, outcomes.1, "{overflow:?}");
+        assert_eq!(
+            format!("{:?}", plain.stats()),
+            format!("{:?}", refundable.stats()),
+            "{overflow:?}"
+        );
+    }
+}
+
+/// The token bucket's charge holds `tat` at 2^63 − 2 ns, where it no longer holds every
+/// admission; a refund from there handed out, at the clock's cap (146 years on), a permit the
+/// charge alone forbids.
+#[test]
+fn a_token_bucket_refund_after_a_charge_saturated_tat_gives_nothing() {
+    let interval = (1u64 << 61) - 1;
+    let (l, clock) = limiter(Algorithm::TokenBucket {
+        rate: Rate::new(1, Duration::from_nanos(interval)),
+        burst: 2,
+    });
+    let taken = l.try_acquire_refundable(2).unwrap();
+    l.charge(8).unwrap(); // tat saturates
+    taken.refund();
+    clock.advance(Duration::from_nanos((1 << 62) - 1));
+    assert!(
+        matches!(l.try_acquire(), Err(TryAcquireError::Rejected(_))),
+        "the charge's debt alone outlasts the clock"
+    );
+}
