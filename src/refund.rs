@@ -5,10 +5,12 @@
 //!
 //! A refund is the one a [`Chain`](crate::Chain) makes when a later member rejects, with the
 //! same guarantee: the limiter is never looser than if the admission had never happened. With
-//! the clock where it was at the admission the refund is exact; later it gives back what still
-//! weighs on later decisions, and nothing once the admission has stopped weighing (its window
-//! ended, its ticket expired, its tokens were replenished). A [`reconfigure`] between the two
-//! makes the refund give nothing back, as does any `reset` of its keyed limiter (of any key).
+//! the clock where it was at the admission the refund is exact (but for the exact sliding
+//! window's, which is positional, and after a charge saturated the state); later it gives back
+//! what still weighs on later decisions, and nothing once the admission has stopped weighing
+//! (its window ended, its ticket expired, its tokens were replenished). A [`reconfigure`]
+//! between the two makes the refund give nothing back, as does any `reset` of its keyed limiter
+//! (of any key).
 //!
 //! The receipt is the proof that the permits were taken: it is made only by an admission, is
 //! neither `Clone` nor `Copy`, and `refund` consumes it, so an admission is given back at most
