@@ -415,10 +415,18 @@ enum Op {
     Sweep,
     /// Keyed only: forgets the key; the audit starts a new segment.
     Reset,
+    /// `charge`: recorded whatever the limit (only [`charged_violations`] audits runs with it).
+    Charge(u32),
 }
 
 fn op(limit: u32) -> impl Strategy<Value = Op> {
+    op_charging(limit, 0)
+}
+
+/// [`op`], with charges of up to `limit + 2` permits at weight `charges`.
+fn op_charging(limit: u32, charges: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
+        charges => (1..=limit + 2).prop_map(Op::Charge),
         3 => (1..=limit).prop_map(Op::Take),
         4 => (1..=limit).prop_map(Op::Refundable),
         4 => any::<usize>().prop_map(Op::Refund),
@@ -434,16 +442,23 @@ fn op(limit: u32) -> impl Strategy<Value = Op> {
 #[derive(Default)]
 struct Audit {
     segments: Vec<Vec<Option<(u64, u64)>>>,
+    /// Per segment, which entries are charges (never audited themselves).
+    charged: Vec<Vec<bool>>,
 }
 
 impl Audit {
     fn admit(&mut self, admission: &Admission, n: u32) -> (usize, usize) {
+        self.record(admission, n, false)
+    }
+
+    fn record(&mut self, admission: &Admission, n: u32, charge: bool) -> (usize, usize) {
         if self.segments.is_empty() {
-            self.segments.push(Vec::new());
+            self.reset();
         }
         let segment = self.segments.len() - 1;
         let at = admission.at().as_nanos() as u64;
         self.segments[segment].push(Some((at, u64::from(n))));
+        self.charged[segment].push(charge);
         (segment, self.segments[segment].len() - 1)
     }
 
@@ -453,6 +468,24 @@ impl Audit {
 
     fn reset(&mut self) {
         self.segments.push(Vec::new());
+        self.charged.push(Vec::new());
+    }
+
+    /// As [`violations`](Self::violations), with charges: they count against later decisions,
+    /// but only the admissions are audited.
+    fn charged_violations(&self, algorithm: Algorithm) -> usize {
+        self.segments
+            .iter()
+            .zip(&self.charged)
+            .map(|(segment, charged)| {
+                let kept: Vec<(u64, u64, bool)> = segment
+                    .iter()
+                    .zip(charged)
+                    .filter_map(|(e, &c)| e.map(|(t, n)| (t, n, c)))
+                    .collect();
+                charged_violations(algorithm, &kept)
+            })
+            .sum()
     }
 
     fn violations(&self, algorithm: Algorithm) -> usize {
@@ -508,6 +541,10 @@ fn run_unkeyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audi
             }
             Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),
             Op::Reconfigure => l.reconfigure(algorithm).unwrap(),
+            Op::Charge(n) => {
+                let a = l.charge(n).unwrap();
+                audit.record(&a, n, true);
+            }
             _ => {}
         }
     }
@@ -551,6 +588,10 @@ fn run_keyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit 
             Op::Reset => {
                 l.reset(&key);
                 audit.reset();
+            }
+            Op::Charge(n) => {
+                let a = l.charge(&key, n).unwrap();
+                audit.record(&a, n, true);
             }
             Op::Refund(_) => {}
         }
@@ -670,4 +711,98 @@ fn a_token_bucket_refund_after_a_charge_saturated_tat_gives_nothing() {
         matches!(l.try_acquire(), Err(TryAcquireError::Rejected(_))),
         "the charge's debt alone outlasts the clock"
     );
+}
+
+/// The admissions (not the charges) of `kept`, `(time, permits, charged)` in time order, that the
+/// algorithm could not have admitted given every entry before them, charges included: for the
+/// windows, the permits in the window (the fixed one, the last `window` for the exact sliding
+/// window, the weighted estimate for the counter); for the token bucket, the credit, which a
+/// charge may take below zero.
+fn charged_violations(algorithm: Algorithm, kept: &[(u64, u64, bool)]) -> usize {
+    let mut violations = 0;
+    match algorithm {
+        Algorithm::FixedWindow { limit, window } => {
+            let w = window.as_nanos() as u64;
+            let mut per_window = std::collections::HashMap::<u64, u64>::new();
+            for &(t, n, charged) in kept {
+                let count = per_window.entry(t / w).or_default();
+                if !charged && *count + n > u64::from(limit) {
+                    violations += 1;
+                }
+                *count += n;
+            }
+        }
+        Algorithm::SlidingWindow { limit, window } => {
+            let w = window.as_nanos() as u64;
+            for (i, &(t, n, charged)) in kept.iter().enumerate() {
+                let before: u64 = kept[..i]
+                    .iter()
+                    .filter(|&&(u, _, _)| u + w > t)
+                    .map(|&(_, m, _)| m)
+                    .sum();
+                if !charged && before + n > u64::from(limit) {
+                    violations += 1;
+                }
+            }
+        }
+        Algorithm::SlidingCounter { limit, window } => {
+            let w = u128::from(window.as_nanos() as u64);
+            let mut counts = std::collections::HashMap::<u64, u128>::new();
+            for &(t, n, charged) in kept {
+                let (k, e) = (u128::from(t) / w, u128::from(t) % w);
+                let prev = if k == 0 {
+                    0
+                } else {
+                    counts.get(&((k - 1) as u64)).copied().unwrap_or(0)
+                };
+                let cur = counts.get(&(k as u64)).copied().unwrap_or(0);
+                if !charged && prev * (w - e) + (cur + u128::from(n)) * w > u128::from(limit) * w {
+                    violations += 1;
+                }
+                *counts.entry(k as u64).or_default() += u128::from(n);
+            }
+        }
+        Algorithm::TokenBucket { rate, burst } => {
+            let interval =
+                i128::from((rate.period.as_nanos() as u64).div_ceil(u64::from(rate.permits)));
+            let capacity = interval * i128::from(burst);
+            let (mut credit, mut last) = (capacity, 0u64);
+            for &(t, n, charged) in kept {
+                credit = (credit + i128::from(t - last)).min(capacity);
+                last = t;
+                let cost = i128::from(n) * interval;
+                if !charged && credit < cost {
+                    violations += 1;
+                }
+                credit -= cost;
+            }
+        }
+        other => panic!("no contract check for {other:?}"),
+    }
+    violations
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// As `refunds_keep_what_stays_admitted_exact`, with charges (debt, overdrawn logs) among
+    /// the steps: no admission that stays is one the never-refunded history, charges included,
+    /// would have refused.
+    #[test]
+    fn refunds_keep_what_stays_admitted_exact_with_charges(
+        kind in 0u8..4,
+        limit in 1u32..=4,
+        wider in any::<bool>(),
+        keyed in any::<bool>(),
+        ops in (1u32..=4).prop_flat_map(|l| proptest::collection::vec(op_charging(l, 1), 1..120)),
+    ) {
+        let algorithm = algorithm_of(kind, limit);
+        let max_limit = (wider && kind == 3).then_some(8);
+        let audit = if keyed {
+            run_keyed(algorithm, max_limit, &ops)
+        } else {
+            run_unkeyed(algorithm, max_limit, &ops)
+        };
+        prop_assert_eq!(audit.charged_violations(algorithm), 0);
+    }
 }
