@@ -552,7 +552,6 @@ fn charge_races_refund_sliding_counter() {
 
 /// The keyed models' chain: a fixed window of 1 per key, then a global fixed window of 1, on
 /// one manual clock; with handles on both members for direct calls.
-#[cfg(feature = "keyed")]
 fn keyed_chain() -> (
     turnstile::KeyedLimiter<u8, ManualClock>,
     Limiter,
@@ -571,7 +570,6 @@ fn keyed_chain() -> (
 
 /// A keyed chain (a fixed window of 1 per key, a global fixed window of 1): the refund of the
 /// key's cell races a direct admission for the same key.
-#[cfg(feature = "keyed")]
 #[test]
 fn keyed_refund_races_admission() {
     model(|| {
@@ -606,7 +604,6 @@ fn keyed_refund_races_admission() {
 /// chain's commit and its refund, the refund must not go to the key's new cell, which never held
 /// the chain's permit: the racer's admission there would be undone and the key would admit a
 /// second time in the window. The main thread's final attempt checks just that.
-#[cfg(feature = "keyed")]
 #[test]
 fn keyed_refund_after_a_reset_stays_out_of_the_new_cell() {
     model(|| {
@@ -634,7 +631,6 @@ fn keyed_refund_after_a_reset_stays_out_of_the_new_cell() {
 /// A keyed chain at its per-key member's key cap: a call for a key that a sweep is evicting
 /// is admitted (the key's idle cell is being retired, and its slot comes back or the spare slot
 /// serves it), never refused by the chain's check or its commit as over the cap.
-#[cfg(feature = "keyed")]
 #[test]
 fn a_keyed_chain_call_racing_the_eviction_of_its_key_at_the_cap_is_admitted() {
     model(|| {

@@ -214,3 +214,26 @@ fn sliding_raise_within_capacity() {
         assert!(now == 10);
     });
 }
+
+/// A receipt's refund (`Refundable::refund`) racing a reconfiguration, to the same parameters
+/// (a new version all the same): the receipt compares the version it read before its admission
+/// with the current one under the reconfiguration mutex, so the refund either lands before the
+/// reconfiguration (the permit is free after both) or gives nothing; in neither order is a
+/// second permit admitted under a limit of 1 within the window, and neither side blocks the
+/// other for good.
+#[test]
+fn receipt_refund_races_reconfigure() {
+    model(|| {
+        let l = limiter(fixed(1, 10));
+        let taken = l.try_acquire_refundable(1).unwrap();
+        let reconfigurer = {
+            let l = l.clone();
+            thread::spawn(move || l.reconfigure(fixed(1, 10)).unwrap())
+        };
+        taken.refund();
+        reconfigurer.join().unwrap();
+        // Free if the refund came first, taken still otherwise: one permit at most.
+        let _ = l.try_acquire();
+        assert!(l.try_acquire().is_err(), "two permits under a limit of 1");
+    });
+}

@@ -2768,6 +2768,29 @@ where
         with_store!(&inner.store, s => s.chain_refund(&inner.ctx, shard, key, n, admission, committed));
     }
 
+    /// The parameters' version now, read by a receipt before its admission
+    /// ([`try_acquire_refundable`](Self::try_acquire_refundable)).
+    pub(crate) fn params_version(&self) -> u64 {
+        with_store!(&self.inner.store, s => s.algo.version())
+    }
+
+    /// [`chain_refund`](Self::chain_refund) for a receipt: only if the parameters are still
+    /// those of `version`, read before the admission, checked and refunded under the
+    /// reconfiguration mutex (see `RateLimiter::receipt_refund`).
+    pub(crate) fn receipt_refund(
+        &self,
+        key: &K,
+        n: u32,
+        admission: &Admission,
+        committed: Committed,
+        version: u64,
+    ) {
+        let _reconfiguring = lock(&self.inner.algorithm);
+        if self.params_version() == version {
+            self.chain_refund(key, n, admission, committed);
+        }
+    }
+
     /// Wakes the head waiting on `key`'s queue, if one waits, after a chain refund gave the key
     /// permits back: a waiter that queued while the chain held them sleeps until its own timer
     /// (the window's turn), and `try_acquire` defers to it meanwhile. As `reset` does. A waiter

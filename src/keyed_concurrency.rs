@@ -423,6 +423,11 @@ impl Algo for Concurrency {
         self.current_limit()
     }
 
+    /// No parameters version: nothing is refunded here (see `refund`).
+    fn version(&self) -> u64 {
+        0
+    }
+
     fn decide<C: Clock, const COMMIT: bool>(
         &self,
         cell: &AtomicU64,

@@ -279,6 +279,16 @@ impl State {
         }
     }
 
+    /// [`Algo::version`].
+    pub(crate) fn version(&self) -> u64 {
+        match self {
+            State::Fixed(s) => s.algo.version(),
+            State::Sliding(s) => s.algo.version(),
+            State::Counter(s) => s.algo.version(),
+            State::Bucket(s) => s.algo.version(),
+        }
+    }
+
     /// [`Algo::exact_refund`].
     pub(crate) fn exact_refund(&self) -> bool {
         match self {
@@ -1562,6 +1572,27 @@ impl<C: Clock> RateLimiter<C> {
     pub(crate) fn chain_refund(&self, n: u32, admission: &Admission) {
         let inner = &*self.inner;
         inner.state.refund(n, admission, &inner.clock);
+    }
+
+    /// The parameters' version now, read by a receipt before its admission
+    /// ([`try_acquire_refundable`](Self::try_acquire_refundable)).
+    pub(crate) fn params_version(&self) -> u64 {
+        self.inner.state.version()
+    }
+
+    /// [`chain_refund`](Self::chain_refund) for a receipt, which can come any time later: only
+    /// if the parameters are still those of `version`, read before the admission. An admission
+    /// is decided under a version at least that one, so an unchanged version now is the
+    /// admission's own. Under the reconfiguration mutex, so that no reconfiguration lands
+    /// between that check and the refund. (The admission's token keeps only some bits of the
+    /// version, 7 for the exact sliding window: enough for a chain's immediate refund, not for a
+    /// receipt held across 128 reconfigurations.)
+    pub(crate) fn receipt_refund(&self, n: u32, admission: &Admission, version: u64) {
+        let inner = &*self.inner;
+        let _reconfiguring = lock(&inner.algorithm);
+        if inner.state.version() == version {
+            inner.state.refund(n, admission, &inner.clock);
+        }
     }
 
     /// Wakes the head of this limiter's queue after a refund: a waiter that queued since the

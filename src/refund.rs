@@ -5,10 +5,12 @@
 //!
 //! A refund is the one a [`Chain`](crate::Chain) makes when a later member rejects, with the
 //! same guarantee: the limiter is never looser than if the admission had never happened. With
-//! the clock where it was at the admission the refund is exact; later it gives back what still
-//! weighs on later decisions, and nothing once the admission has stopped weighing (its window
-//! ended, its ticket expired, its tokens were replenished). A [`reconfigure`] between the two
-//! makes the refund give nothing back, as does a `reset` of a keyed admission's key.
+//! the clock where it was at the admission the refund is exact (but for the exact sliding
+//! window's, which is positional, and after a charge saturated the state); later it gives back
+//! what still weighs on later decisions, and nothing once the admission has stopped weighing
+//! (its window ended, its ticket expired, its tokens were replenished). A [`reconfigure`]
+//! between the two makes the refund give nothing back, as does any `reset` of its keyed limiter
+//! (of any key).
 //!
 //! The receipt is the proof that the permits were taken: it is made only by an admission, is
 //! neither `Clone` nor `Copy`, and `refund` consumes it, so an admission is given back at most
@@ -55,6 +57,8 @@ pub struct Refundable<C: Clock> {
     limiter: RateLimiter<C>,
     n: u32,
     admission: Admission,
+    /// The parameters' version read before the admission (see `receipt_refund`).
+    version: u64,
 }
 
 impl<C: Clock> Refundable<C> {
@@ -111,7 +115,8 @@ impl<C: Clock> Refundable<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refund(self) {
-        self.limiter.chain_refund(self.n, &self.admission);
+        self.limiter
+            .receipt_refund(self.n, &self.admission, self.version);
         self.limiter.chain_wake(None);
     }
 }
@@ -149,7 +154,10 @@ impl<C: Clock> RateLimiter<C> {
     /// a permit at once, use the sliding counter, which also keeps a log's shape in O(1).
     ///
     /// Nothing is given back after a [`reconfigure`](Self::reconfigure) (the admission was made
-    /// under other parameters). The receipt is neither `Clone` nor `Copy`, and `refund` takes it
+    /// under other parameters), nor, for the fixed window and the sliding counter, once a
+    /// [`charge`](Self::charge) has saturated the window's count at `u32::MAX` (it then no longer
+    /// holds every admission; only a limit above 2^31 can notice), nor for the token bucket once a
+    /// charge has saturated its debt (146 years ahead). The receipt is neither `Clone` nor `Copy`, and `refund` takes it
     /// by value: an admission is given back at most once, to this limiter, for its own permits.
     ///
     /// # Errors
@@ -180,12 +188,15 @@ impl<C: Clock> RateLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_acquire_refundable(&self, n: u32) -> Result<Refundable<C>, TryAcquireError> {
+        // Before the decision: the admission is decided under this version or a later one.
+        let version = self.params_version();
         let decision = self.chain_decide::<true>(n);
         self.chain_count(if decision.is_ok() { ADMITTED } else { REJECTED });
         decision.map(|admission| Refundable {
             limiter: self.clone(),
             n,
             admission,
+            version,
         })
     }
 }
@@ -220,6 +231,8 @@ where
     n: u32,
     admission: Admission,
     committed: Committed,
+    /// The parameters' version read before the admission (see `receipt_refund`).
+    version: u64,
 }
 
 #[cfg(feature = "keyed")]
@@ -279,9 +292,10 @@ where
     /// Gives the permits back to the key (or to the shared overflow cell, if that admitted
     /// them), as far as that leaves it no looser than if they had never been taken (see
     /// [`KeyedLimiter::try_acquire_refundable`]), and wakes the head of the key's queue. Nothing
-    /// is given back after a [`reset`](KeyedLimiter::reset) of the key (the cell may be a new
-    /// one that never held the admission) or a [`reconfigure`](KeyedLimiter::reconfigure). Not
-    /// counted in [`stats`](KeyedLimiter::stats).
+    /// is given back after a [`reset`](KeyedLimiter::reset) (the key's cell may be a new one
+    /// that never held the admission; the limiter counts resets, not resets per key, so a reset
+    /// of *any* key, even one that held nothing, counts) or a
+    /// [`reconfigure`](KeyedLimiter::reconfigure). Not counted in [`stats`](KeyedLimiter::stats).
     ///
     /// # Examples
     ///
@@ -300,8 +314,13 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refund(self) {
-        self.limiter
-            .chain_refund(&self.key, self.n, &self.admission, self.committed);
+        self.limiter.receipt_refund(
+            &self.key,
+            self.n,
+            &self.admission,
+            self.committed,
+            self.version,
+        );
         self.limiter.chain_wake(&self.key, None);
     }
 }
@@ -332,9 +351,9 @@ where
     /// What a refund gives back, per algorithm, is as for
     /// [`RateLimiter::try_acquire_refundable`]; the key's cell may be evicted meanwhile (only
     /// once the admission no longer weighs on it, so the refund then finds nothing of it and
-    /// writes nothing), and a [`reset`](Self::reset) of the key or a
-    /// [`reconfigure`](Self::reconfigure) makes the refund give nothing back. The key is cloned
-    /// into the receipt.
+    /// writes nothing), and a [`reset`](Self::reset) (of any key: resets are counted per
+    /// limiter) or a [`reconfigure`](Self::reconfigure) makes the refund give nothing back. The
+    /// key is cloned into the receipt.
     ///
     /// # Errors
     ///
@@ -365,6 +384,8 @@ where
         key: &K,
         n: u32,
     ) -> Result<KeyedRefundable<K, C, S>, TryAcquireError> {
+        // Before the decision, as for a `Refundable`.
+        let version = self.params_version();
         let (decision, committed) = self.chain_decide::<true>(key, n);
         self.chain_count(if decision.is_ok() { ADMITTED } else { REJECTED });
         decision.map(|admission| KeyedRefundable {
@@ -373,6 +394,7 @@ where
             n,
             admission,
             committed,
+            version,
         })
     }
 }

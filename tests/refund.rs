@@ -2,9 +2,13 @@
 //! algorithm and over time; what never does (after a reconfiguration, a reset, an eviction);
 //! who is woken; what is counted. Time is a `ManualClock`, or tokio's paused clock for waiters.
 
+mod common;
+
+use proptest::prelude::*;
 use std::time::Duration;
 use turnstile::{
-    Algorithm, Chain, KeyOverflow, KeyedLimiter, ManualClock, Rate, RateLimiter, TryAcquireError,
+    Admission, Algorithm, Chain, KeyOverflow, KeyedLimiter, ManualClock, Rate, RateLimiter,
+    TryAcquireError,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -328,4 +332,477 @@ async fn a_refund_wakes_a_chain_caller_sleeping_on_the_limiter() {
         "the chain caller slept out the window: {:?}",
         start.elapsed()
     );
+}
+
+/// A receipt held across 128 reconfigurations (the exact sliding window's token keeps 7 bits of
+/// the parameters' version) must still give nothing back: here the window changes make a later
+/// lap's ticket, live, hold exactly the word the refund expects in the refunded ticket's slot,
+/// and zeroing it admitted a second permit at one instant under a limit of 1.
+#[test]
+fn a_sliding_window_refund_after_128_reconfigurations_gives_nothing() {
+    let window = |secs| Algorithm::SlidingWindow {
+        limit: 1,
+        window: secs * SECOND,
+    };
+    let (l, clock) = limiter(window(10));
+    let taken = l.try_acquire_refundable(1).unwrap(); // ticket 0 at 0 s, expires at 10 s
+    clock.advance(10 * SECOND);
+    l.try_acquire().unwrap(); // ticket 1 at 10 s, expires at 20 s
+    clock.advance(10 * SECOND);
+    l.reconfigure(window(5)).unwrap();
+    l.try_acquire().unwrap(); // ticket 2 at 20 s, expires at 25 s: ticket 0's slot and parity
+    for _ in 0..126 {
+        l.reconfigure(window(5)).unwrap();
+    }
+    // The 128th: a refund of ticket 0 now expects expiry 0 s + 25 s, ticket 2's.
+    l.reconfigure(window(25)).unwrap();
+    taken.refund();
+    assert!(
+        matches!(l.try_acquire(), Err(TryAcquireError::Rejected(_))),
+        "a second permit at 20 s under a limit of 1"
+    );
+}
+
+/// A charge saturates the fixed window's and the sliding counter's 32-bit count, so past that
+/// point the count no longer holds every admission; a refund must not subtract from it. With a
+/// limit above 2^31 the refunded admission's permits were then handed out again although the
+/// charge alone covers the whole limit.
+#[test]
+fn a_refund_after_a_charge_saturated_the_count_gives_nothing() {
+    const LIMIT: u32 = 3_000_000_000;
+    for algorithm in [
+        Algorithm::FixedWindow {
+            limit: LIMIT,
+            window: 10 * SECOND,
+        },
+        Algorithm::SlidingCounter {
+            limit: LIMIT,
+            window: 10 * SECOND,
+        },
+    ] {
+        let (l, _clock) = limiter(algorithm);
+        let taken = l.try_acquire_refundable(LIMIT).unwrap();
+        l.charge(LIMIT).unwrap(); // the count saturates at u32::MAX
+        taken.refund();
+        // The twin that never took the refunded permits holds the charge of LIMIT: nothing is free.
+        assert!(
+            matches!(
+                l.try_acquire_n(1_000_000_000),
+                Err(TryAcquireError::Rejected(_))
+            ),
+            "{algorithm:?}: the charge alone fills the window"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exactness under refunds at any age: what stays admitted never breaks the algorithm's contract.
+
+/// One step of [`refunds_keep_what_stays_admitted_exact`].
+#[derive(Debug, Clone)]
+enum Op {
+    /// `try_acquire_n`, kept for good.
+    Take(u32),
+    /// `try_acquire_refundable`, the receipt kept for a later `Refund`.
+    Refundable(u32),
+    /// Refunds the outstanding receipt at this index (modulo their number), whatever its age.
+    Refund(usize),
+    /// Moves the clock on, by milliseconds (windows are 10 s).
+    Advance(u64),
+    /// Reconfigures to the same parameters (a new version, the same contract).
+    Reconfigure,
+    /// Keyed only: a sweep, which evicts the key once it is idle.
+    Sweep,
+    /// Keyed only: forgets the key; the audit starts a new segment.
+    Reset,
+    /// `charge`: recorded whatever the limit (only [`charged_violations`] audits runs with it).
+    Charge(u32),
+}
+
+fn op(limit: u32) -> impl Strategy<Value = Op> {
+    op_charging(limit, 0)
+}
+
+/// [`op`], with charges of up to `limit + 2` permits at weight `charges`.
+fn op_charging(limit: u32, charges: u32) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        charges => (1..=limit + 2).prop_map(Op::Charge),
+        3 => (1..=limit).prop_map(Op::Take),
+        4 => (1..=limit).prop_map(Op::Refundable),
+        4 => any::<usize>().prop_map(Op::Refund),
+        2 => (0u64..3_000).prop_map(Op::Advance),
+        1 => (3_000u64..25_000).prop_map(Op::Advance),
+        1 => Just(Op::Reconfigure),
+        1 => Just(Op::Sweep),
+        1 => Just(Op::Reset),
+    ]
+}
+
+/// The admissions of one reset-free stretch, as `(at, permits)`; a refunded one is `None`.
+#[derive(Default)]
+struct Audit {
+    segments: Vec<Vec<Option<(u64, u64)>>>,
+    /// Per segment, which entries are charges (never audited themselves).
+    charged: Vec<Vec<bool>>,
+}
+
+impl Audit {
+    fn admit(&mut self, admission: &Admission, n: u32) -> (usize, usize) {
+        self.record(admission, n, false)
+    }
+
+    fn record(&mut self, admission: &Admission, n: u32, charge: bool) -> (usize, usize) {
+        if self.segments.is_empty() {
+            self.reset();
+        }
+        let segment = self.segments.len() - 1;
+        let at = admission.at().as_nanos() as u64;
+        self.segments[segment].push(Some((at, u64::from(n))));
+        self.charged[segment].push(charge);
+        (segment, self.segments[segment].len() - 1)
+    }
+
+    fn refunded(&mut self, (segment, index): (usize, usize)) {
+        self.segments[segment][index] = None;
+    }
+
+    fn reset(&mut self) {
+        self.segments.push(Vec::new());
+        self.charged.push(Vec::new());
+    }
+
+    /// As [`violations`](Self::violations), with charges: they count against later decisions,
+    /// but only the admissions are audited.
+    fn charged_violations(&self, algorithm: Algorithm) -> usize {
+        self.segments
+            .iter()
+            .zip(&self.charged)
+            .map(|(segment, charged)| {
+                let kept: Vec<(u64, u64, bool)> = segment
+                    .iter()
+                    .zip(charged)
+                    .filter_map(|(e, &c)| e.map(|(t, n)| (t, n, c)))
+                    .collect();
+                charged_violations(algorithm, &kept)
+            })
+            .sum()
+    }
+
+    fn violations(&self, algorithm: Algorithm) -> usize {
+        self.segments
+            .iter()
+            .map(|segment| {
+                let kept: Vec<(u64, u64)> = segment.iter().flatten().copied().collect();
+                common::violations(algorithm, &kept)
+            })
+            .sum()
+    }
+}
+
+fn algorithm_of(kind: u8, limit: u32) -> Algorithm {
+    match kind {
+        0 => fixed(limit),
+        1 => counter(limit),
+        2 => Algorithm::TokenBucket {
+            rate: Rate::new(limit, 10 * SECOND),
+            burst: limit,
+        },
+        _ => sliding(limit),
+    }
+}
+
+/// Runs `ops` on an unkeyed limiter (sweeps and resets skipped) and returns the audit.
+fn run_unkeyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit {
+    let clock = ManualClock::new();
+    let mut builder = RateLimiter::builder(algorithm).clock(clock.clone());
+    if let Some(max) = max_limit {
+        builder = builder.max_limit(max);
+    }
+    let l = builder.build().unwrap();
+    let mut audit = Audit::default();
+    let mut receipts = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Take(n) => {
+                if let Ok(a) = l.try_acquire_n(n) {
+                    audit.admit(&a, n);
+                }
+            }
+            Op::Refundable(n) => {
+                if let Ok(r) = l.try_acquire_refundable(n) {
+                    let at = audit.admit(&r.admission(), n);
+                    receipts.push((r, at));
+                }
+            }
+            Op::Refund(i) if !receipts.is_empty() => {
+                let (r, at) = receipts.swap_remove(i % receipts.len());
+                r.refund();
+                audit.refunded(at);
+            }
+            Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+            Op::Reconfigure => l.reconfigure(algorithm).unwrap(),
+            Op::Charge(n) => {
+                let a = l.charge(n).unwrap();
+                audit.record(&a, n, true);
+            }
+            _ => {}
+        }
+    }
+    audit
+}
+
+/// The same on one key of a keyed limiter, with sweeps and resets.
+fn run_keyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit {
+    let clock = ManualClock::new();
+    let mut builder = KeyedLimiter::builder(algorithm).clock(clock.clone());
+    if let Some(max) = max_limit {
+        builder = builder.max_limit(max);
+    }
+    let l = builder.build().unwrap();
+    let mut audit = Audit::default();
+    let mut receipts = Vec::new();
+    let key = "k";
+    for op in ops {
+        match *op {
+            Op::Take(n) => {
+                if let Ok(a) = l.try_acquire_n(&key, n) {
+                    audit.admit(&a, n);
+                }
+            }
+            Op::Refundable(n) => {
+                if let Ok(r) = l.try_acquire_refundable(&key, n) {
+                    let at = audit.admit(&r.admission(), n);
+                    receipts.push((r, at));
+                }
+            }
+            Op::Refund(i) if !receipts.is_empty() => {
+                let (r, at) = receipts.swap_remove(i % receipts.len());
+                r.refund();
+                audit.refunded(at);
+            }
+            Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+            Op::Reconfigure => l.reconfigure(algorithm).unwrap(),
+            Op::Sweep => {
+                l.sweep();
+            }
+            Op::Reset => {
+                l.reset(&key);
+                audit.reset();
+            }
+            Op::Charge(n) => {
+                let a = l.charge(&key, n).unwrap();
+                audit.record(&a, n, true);
+            }
+            Op::Refund(_) => {}
+        }
+    }
+    audit
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Random admissions, receipts refunded at any age (after their window, after the ring
+    /// lapped, after roll-overs, reconfigurations, sweeps and resets), clock advances: the
+    /// admissions never refunded satisfy the algorithm's exactness audit.
+    #[test]
+    fn refunds_keep_what_stays_admitted_exact(
+        kind in 0u8..4,
+        limit in 1u32..=4,
+        wider in any::<bool>(),
+        keyed in any::<bool>(),
+        ops in (1u32..=4).prop_flat_map(|l| proptest::collection::vec(op(l), 1..120)),
+    ) {
+        let algorithm = algorithm_of(kind, limit);
+        let max_limit = (wider && kind == 3).then_some(8);
+        let audit = if keyed {
+            run_keyed(algorithm, max_limit, &ops)
+        } else {
+            run_unkeyed(algorithm, max_limit, &ops)
+        };
+        prop_assert_eq!(audit.violations(algorithm), 0);
+    }
+}
+
+fn send_sync<T: Send + Sync>(_: &T) {}
+
+/// Receipts can be handed to another task or thread to be refunded there; a refund on a
+/// closed limiter gives the permits back and wakes nobody, without a panic.
+#[test]
+fn receipts_are_send_and_sync_and_refund_after_close() {
+    let (l, _clock) = limiter(fixed(2));
+    let taken = l.try_acquire_refundable(2).unwrap();
+    send_sync(&taken);
+    l.close();
+    std::thread::spawn(move || taken.refund()).join().unwrap();
+    assert!(matches!(l.try_acquire(), Err(TryAcquireError::Closed)));
+    assert_eq!(l.stats().available, 2);
+
+    let k = KeyedLimiter::with_clock(fixed(2), ManualClock::new()).unwrap();
+    let taken = k.try_acquire_refundable(&"k", 2).unwrap();
+    send_sync(&taken);
+    std::thread::spawn(move || taken.refund()).join().unwrap();
+    assert_eq!(k.available(&"k"), 2);
+}
+
+/// The reset counter a refund checks is the limiter's, not the key's: a reset of any other key
+/// between the admission and the refund also makes the refund give nothing back (conservative;
+/// the docs say so).
+#[test]
+fn a_reset_of_another_key_also_makes_a_keyed_refund_give_nothing() {
+    let l = KeyedLimiter::with_clock(fixed(3), ManualClock::new()).unwrap();
+    let taken = l.try_acquire_refundable(&1, 2).unwrap();
+    l.try_acquire(&2).unwrap();
+    assert!(l.reset(&2));
+    taken.refund();
+    assert_eq!(l.available(&1), 1);
+}
+
+/// A refundable call is counted as `try_acquire_n` counts the same call: admitted, rejected and
+/// overflowed (at the key cap, the shared cell or a `TooManyKeys` refusal).
+#[test]
+fn refundable_calls_are_counted_as_plain_ones_at_the_key_cap() {
+    for overflow in [KeyOverflow::Shared, KeyOverflow::Reject] {
+        let make = || {
+            KeyedLimiter::builder(fixed(2))
+                .clock(ManualClock::new())
+                .max_keys(1)
+                .overflow(overflow)
+                .build()
+                .unwrap()
+        };
+        let (plain, refundable) = (make(), make());
+        let mut outcomes = (Vec::new(), Vec::new());
+        for key in [1, 2, 2, 2, 1, 1] {
+            outcomes
+                .0
+                .push(format!("{:?}", plain.try_acquire_n(&key, 1)));
+            outcomes.1.push(format!(
+                "{:?}",
+                refundable
+                    .try_acquire_refundable(&key, 1)
+                    .map(|r| r.admission())
+            ));
+        }
+        assert_eq!(outcomes.0, outcomes.1, "{overflow:?}");
+        assert_eq!(
+            format!("{:?}", plain.stats()),
+            format!("{:?}", refundable.stats()),
+            "{overflow:?}"
+        );
+    }
+}
+
+/// The token bucket's charge holds `tat` at 2^63 − 2 ns, where it no longer holds every
+/// admission; a refund from there handed out, at the clock's cap (146 years on), a permit the
+/// charge alone forbids.
+#[test]
+fn a_token_bucket_refund_after_a_charge_saturated_tat_gives_nothing() {
+    let interval = (1u64 << 61) - 1;
+    let (l, clock) = limiter(Algorithm::TokenBucket {
+        rate: Rate::new(1, Duration::from_nanos(interval)),
+        burst: 2,
+    });
+    let taken = l.try_acquire_refundable(2).unwrap();
+    l.charge(8).unwrap(); // tat saturates
+    taken.refund();
+    clock.advance(Duration::from_nanos((1 << 62) - 1));
+    assert!(
+        matches!(l.try_acquire(), Err(TryAcquireError::Rejected(_))),
+        "the charge's debt alone outlasts the clock"
+    );
+}
+
+/// The admissions (not the charges) of `kept`, `(time, permits, charged)` in time order, that the
+/// algorithm could not have admitted given every entry before them, charges included: for the
+/// windows, the permits in the window (the fixed one, the last `window` for the exact sliding
+/// window, the weighted estimate for the counter); for the token bucket, the credit, which a
+/// charge may take below zero.
+fn charged_violations(algorithm: Algorithm, kept: &[(u64, u64, bool)]) -> usize {
+    let mut violations = 0;
+    match algorithm {
+        Algorithm::FixedWindow { limit, window } => {
+            let w = window.as_nanos() as u64;
+            let mut per_window = std::collections::HashMap::<u64, u64>::new();
+            for &(t, n, charged) in kept {
+                let count = per_window.entry(t / w).or_default();
+                if !charged && *count + n > u64::from(limit) {
+                    violations += 1;
+                }
+                *count += n;
+            }
+        }
+        Algorithm::SlidingWindow { limit, window } => {
+            let w = window.as_nanos() as u64;
+            for (i, &(t, n, charged)) in kept.iter().enumerate() {
+                let before: u64 = kept[..i]
+                    .iter()
+                    .filter(|&&(u, _, _)| u + w > t)
+                    .map(|&(_, m, _)| m)
+                    .sum();
+                if !charged && before + n > u64::from(limit) {
+                    violations += 1;
+                }
+            }
+        }
+        Algorithm::SlidingCounter { limit, window } => {
+            let w = u128::from(window.as_nanos() as u64);
+            let mut counts = std::collections::HashMap::<u64, u128>::new();
+            for &(t, n, charged) in kept {
+                let (k, e) = (u128::from(t) / w, u128::from(t) % w);
+                let prev = if k == 0 {
+                    0
+                } else {
+                    counts.get(&((k - 1) as u64)).copied().unwrap_or(0)
+                };
+                let cur = counts.get(&(k as u64)).copied().unwrap_or(0);
+                if !charged && prev * (w - e) + (cur + u128::from(n)) * w > u128::from(limit) * w {
+                    violations += 1;
+                }
+                *counts.entry(k as u64).or_default() += u128::from(n);
+            }
+        }
+        Algorithm::TokenBucket { rate, burst } => {
+            let interval =
+                i128::from((rate.period.as_nanos() as u64).div_ceil(u64::from(rate.permits)));
+            let capacity = interval * i128::from(burst);
+            let (mut credit, mut last) = (capacity, 0u64);
+            for &(t, n, charged) in kept {
+                credit = (credit + i128::from(t - last)).min(capacity);
+                last = t;
+                let cost = i128::from(n) * interval;
+                if !charged && credit < cost {
+                    violations += 1;
+                }
+                credit -= cost;
+            }
+        }
+        other => panic!("no contract check for {other:?}"),
+    }
+    violations
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// As `refunds_keep_what_stays_admitted_exact`, with charges (debt, overdrawn logs) among
+    /// the steps: no admission that stays is one the never-refunded history, charges included,
+    /// would have refused.
+    #[test]
+    fn refunds_keep_what_stays_admitted_exact_with_charges(
+        kind in 0u8..4,
+        limit in 1u32..=4,
+        wider in any::<bool>(),
+        keyed in any::<bool>(),
+        ops in (1u32..=4).prop_flat_map(|l| proptest::collection::vec(op_charging(l, 1), 1..120)),
+    ) {
+        let algorithm = algorithm_of(kind, limit);
+        let max_limit = (wider && kind == 3).then_some(8);
+        let audit = if keyed {
+            run_keyed(algorithm, max_limit, &ops)
+        } else {
+            run_unkeyed(algorithm, max_limit, &ops)
+        };
+        prop_assert_eq!(audit.charged_violations(algorithm), 0);
+    }
 }

@@ -102,6 +102,10 @@ impl Algo for FixedWindow {
         self.shape().0.limit
     }
 
+    fn version(&self) -> u64 {
+        self.shape().1
+    }
+
     #[inline(always)]
     fn decide<C: Clock, const COMMIT: bool>(
         &self,
@@ -125,6 +129,10 @@ impl Algo for FixedWindow {
     /// id wrap: the word's window lies between the admission's and the clock's (load-then-clock),
     /// so a matching id is that very window.
     ///
+    /// **Saturated.** A [charge](Charge) saturates the count at `u32::MAX`, where it stops
+    /// holding every admission: a refund then gives nothing back (with a limit above 2^31 the
+    /// subtraction handed a charged window's permits out again).
+    ///
     /// **Reconfigured since.** The admission carries the parameters' version (its token); if it
     /// is no longer current, nothing is given back (conservative: the grid may have moved).
     fn refund<C: Clock>(&self, state: &AtomicU64, n: u32, admission: &Admission, clock: &C) {
@@ -138,7 +146,14 @@ impl Algo for FixedWindow {
         let mut word = state.load(Ordering::Acquire);
         loop {
             let (wid, count) = unpack(word);
-            if word == RETIRED || wid != id || p.grid.locate(clock.now()).0 != window {
+            // A count at u32::MAX may be a charge's saturated one, which no longer holds every
+            // admission of the window: subtracting from it could leave less than the others.
+            // Nothing comes back then (only a charge gets there, and the window stays full).
+            if word == RETIRED
+                || wid != id
+                || count == u32::MAX
+                || p.grid.locate(clock.now()).0 != window
+            {
                 return;
             }
             // Release on success: publishes our clock reading like an admission does. Acquire on

@@ -45,6 +45,11 @@ pub(crate) trait Algo: Send + Sync + 'static {
     /// The most permits one call can ask for.
     fn limit(&self) -> u32;
 
+    /// The version the parameters are published under now: even, and larger after every
+    /// reconfiguration (a `u64` that never wraps). A receipt's refund compares it in full, where
+    /// an admission's token keeps only some bits of it (`refund::Refundable`).
+    fn version(&self) -> u64;
+
     /// The decision for `n` permits at the clock's time. With `COMMIT` the permits are taken
     /// (all or nothing; `n == 0` is a probe for one permit that takes nothing); without it the
     /// decision is made for `n.max(1)` permits and nothing is written either way (for `n > 0`

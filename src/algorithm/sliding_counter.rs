@@ -264,6 +264,10 @@ impl Algo for SlidingCounter {
         self.shape().0.limit
     }
 
+    fn version(&self) -> u64 {
+        self.shape().1
+    }
+
     #[inline(always)]
     fn decide<C: Clock, const COMMIT: bool>(
         &self,
@@ -289,6 +293,9 @@ impl Algo for SlidingCounter {
     /// The clock bound rules out the 31-bit id wrap: `current`'s window lies between the
     /// admission's and the clock's, and ids of windows w and w + 1 differ.
     ///
+    /// **Saturated.** A [charge](Charge) saturates `current`'s count at `u32::MAX`, where it
+    /// stops holding every admission of its window: nothing is given back from it.
+    ///
     /// **Reconfigured since.** If the admission's parameters version (its token) is no longer
     /// current, nothing is given back (conservative).
     fn refund<C: Clock>(&self, words: &Words, n: u32, admission: &Admission, clock: &C) {
@@ -302,7 +309,11 @@ impl Algo for SlidingCounter {
         let mut word = words.current.load(Ordering::Acquire);
         loop {
             let (wid, count) = unpack(word);
-            if word == RETIRED || wid != id || p.grid.locate(clock.now()).0.wrapping_sub(window) > 1
+            // A count at u32::MAX may be a charge's saturated one (see the fixed window's refund).
+            if word == RETIRED
+                || wid != id
+                || count == u32::MAX
+                || p.grid.locate(clock.now()).0.wrapping_sub(window) > 1
             {
                 return;
             }

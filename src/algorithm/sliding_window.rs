@@ -542,6 +542,10 @@ impl Algo for SlidingWindow {
         self.shape().0.limit
     }
 
+    fn version(&self) -> u64 {
+        self.shape().1
+    }
+
     #[inline(always)]
     fn decide<C: Clock, const COMMIT: bool>(
         &self,
@@ -574,7 +578,10 @@ impl Algo for SlidingWindow {
     /// and after two window changes a later lap's ticket in our slot (same parity, admitted once
     /// ours had expired under its shorter window) can hold exactly that expiry; zeroing it would
     /// free a live permit (`refund_after_window_changes_leaves_a_later_laps_ticket_alone`). The
-    /// version bits wrap after 128 reconfigurations, which then leaves only that coincidence.
+    /// version bits wrap after 128 reconfigurations, which then leaves only that coincidence: a
+    /// chain's refund follows its commit at once, and a receipt's (`refund::Refundable`), which
+    /// can come any time later, also compares the version in full, under the reconfiguration
+    /// mutex (`RateLimiter::receipt_refund`).
     fn refund<C: Clock>(&self, ring: &Ring, n: u32, admission: &Admission, clock: &C) {
         let (p, version) = self.shape();
         if admission.token() & TOKEN_VERSION != token_version(version) {

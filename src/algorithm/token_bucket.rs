@@ -213,6 +213,10 @@ impl Algo for TokenBucket {
         self.shape().0.burst
     }
 
+    fn version(&self) -> u64 {
+        self.shape().1
+    }
+
     #[inline(always)]
     fn decide<C: Clock, const COMMIT: bool>(
         &self,
@@ -246,6 +250,12 @@ impl Algo for TokenBucket {
     /// tick of an `UpkeepClock`) the refund is exact: the word becomes `max(tat_before, at)`,
     /// which decides every later call like `tat_before`.
     ///
+    /// **Saturated.** A [charge](Charge) holds `tat` at [`MAX_TAT`], below `G` when it saturates:
+    /// nothing is given back from there (subtracting let a permit through, at the clock's cap,
+    /// that the charge alone forbids). Only refunds and a reconfiguration's translation lower a
+    /// saturated `tat`, and an admission under the translated parameters is refused while it is
+    /// that far ahead, so below `MAX_TAT` the invariant holds.
+    ///
     /// **Reconfigured since.** If the admission's parameters version (its token) is no longer
     /// current, or the word is of another epoch, nothing is given back (conservative).
     fn refund<C: Clock>(&self, state: &AtomicU64, n: u32, admission: &Admission, clock: &C) {
@@ -260,6 +270,10 @@ impl Algo for TokenBucket {
             let Some(tat) = p.tat(word).filter(|_| word != RETIRED) else {
                 return;
             };
+            if tat >= MAX_TAT {
+                // A charge's saturated tat, which no longer holds every admission: see below.
+                return;
+            }
             let elapsed = clock.now().saturating_sub(admission.at_nanos());
             let give = cost.saturating_sub(elapsed);
             if give == 0 {
