@@ -673,7 +673,6 @@ fn a_keyed_chain_call_racing_the_eviction_of_its_key_at_the_cap_is_admitted() {
 /// read of the epoch, during its attempt, while its own search for room finds the shard being
 /// swept, between the attempt and its registration, or after it), the caller gets the room:
 /// a lost notification is a deadlock here.
-#[cfg(feature = "keyed")]
 #[test]
 fn a_sweep_freeing_room_at_the_key_cap_during_a_chain_wait_is_never_missed() {
     model(|| {
