@@ -156,9 +156,10 @@ impl<C: Clock> RateLimiter<C> {
     /// Nothing is given back after a [`reconfigure`](Self::reconfigure) (the admission was made
     /// under other parameters), nor, for the fixed window and the sliding counter, once a
     /// [`charge`](Self::charge) has saturated the window's count at `u32::MAX` (it then no longer
-    /// holds every admission; only a limit above 2^31 can notice), nor for the token bucket once a
-    /// charge has saturated its debt (146 years ahead). The receipt is neither `Clone` nor `Copy`, and `refund` takes it
-    /// by value: an admission is given back at most once, to this limiter, for its own permits.
+    /// holds every admission; only a limit above 2^31 can notice), nor for the token bucket once
+    /// a charge has saturated its debt (146 years ahead). The receipt is neither `Clone` nor
+    /// `Copy`, and `refund` takes it by value: an admission is given back at most once, to this
+    /// limiter, for its own permits.
     ///
     /// # Errors
     ///
