@@ -89,7 +89,8 @@ pub(crate) trait Algo: Send + Sync + 'static {
 
     /// Gives back the `n` permits of `admission`, which `try_acquire` on this cell returned, as
     /// far as that can be done without making the cell looser than if the admission had never
-    /// happened. Used by a [`Chain`](crate::Chain) when a later member rejects.
+    /// happened. Used by a [`Chain`](crate::Chain) when a later member rejects, and by a receipt of
+    /// `try_acquire_refundable` (`src/refund.rs`), whose refund may come any time later.
     ///
     /// Every implementation keeps one invariant, stated per algorithm: the state always charges
     /// *at least* the admissions that are never refunded, so every decision made on it is at
