@@ -585,15 +585,33 @@ fn the_spare_slot_keeps_the_count_within_one_of_the_cap() {
 }
 
 /// Limit 2 per key, key 1 spent. Thread A lowers the limit to 1 while the main thread sets it to
-/// 2, then a waiter asks key 1 for 2. If the main thread's change came last, the waiter is
-/// admitted in the next window; if A's came last, it fails with capacity 1 (at once or in A's
-/// sweep). Fails if `reconfigure` sweeps the key queues after releasing its mutex: A's sweep,
-/// computed for capacity 1, then runs after the change to 2 and fails the waiter for a capacity
-/// superseded before it even started (the keyed twin of loom_waiters'
-/// `rate_reconfigure_sweep_never_uses_a_superseded_capacity`).
+/// 2 and then, once that call has returned, starts a waiter asking key 1 for 2. If the main
+/// thread's change came last, the capacity has been 2 ever since the waiter started, so nothing
+/// may fail it as too large: it is admitted in the next window. If A's came last, it fails with
+/// capacity 1 (at once or in A's sweep). Fails if `reconfigure` sweeps the key queues after
+/// releasing its mutex: A's sweep, computed for capacity 1, then runs after the change to 2 and
+/// fails the waiter for a capacity superseded before it even started (the keyed twin of
+/// loom_waiters' `rate_reconfigure_sweep_never_uses_a_superseded_capacity`).
+///
+/// The waiter is an `acquire_n` future polled by hand on the main thread (inside a paused
+/// current-thread tokio runtime, as in the model below), not a blocking call on a third thread:
+/// its enqueue still lands anywhere in A's reconfiguration, which is the race this model is
+/// about. A blocking waiter waiting for the next window spins on `yield_now` under loom until the
+/// clock moves, and loom explored every interleaving of that spin with A and the main thread,
+/// which cost minutes and nothing for this property (a waiter's fast path racing a lowering is
+/// `lowered_limit_vs_enqueue_of_a_request_it_makes_too_big`; a blocking head's wait for time,
+/// loom_waiters' `rate_head_waits_for_clock`).
 #[test]
 fn keyed_reconfigure_sweep_never_uses_a_superseded_capacity() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
     model(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let _entered = rt.enter();
         let l = limiter(fixed(2), 16);
         l.try_acquire_n(&1, 2).unwrap();
         let lower = {
@@ -601,21 +619,31 @@ fn keyed_reconfigure_sweep_never_uses_a_superseded_capacity() {
             thread::spawn(move || l.reconfigure(fixed(1)).unwrap())
         };
         l.reconfigure(fixed(2)).unwrap();
-        let waiter = {
-            let l = Arc::clone(&l);
-            thread::spawn(move || l.acquire_blocking_n(&1, 2).map(|a| a.at_nanos()))
-        };
+        let mut waiter = Box::pin(l.acquire_n(&1, 2));
+        let mut cx = Context::from_waker(Waker::noop());
+        let first = waiter.as_mut().poll(&mut cx);
         lower.join().unwrap();
-        if l.algorithm() == fixed(2) {
+        let raised = l.algorithm() == fixed(2);
+        if raised {
             l.clock().advance(Duration::from_nanos(W));
+        }
+        let outcome = match first {
+            Poll::Ready(outcome) => outcome,
+            Poll::Pending => match waiter.as_mut().poll(&mut cx) {
+                Poll::Ready(outcome) => outcome,
+                Poll::Pending => panic!("the waiter was neither served nor failed"),
+            },
+        };
+        drop(waiter);
+        if raised {
             assert_eq!(
-                waiter.join().unwrap(),
+                outcome.map(|a| a.at_nanos()),
                 Ok(W),
                 "failed by a capacity superseded before it started"
             );
         } else {
             assert_eq!(
-                waiter.join().unwrap(),
+                outcome.map(|a| a.at_nanos()),
                 Err(AcquireError::InsufficientCapacity {
                     requested: 2,
                     capacity: 1
