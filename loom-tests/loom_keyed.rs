@@ -41,7 +41,7 @@
 #![cfg(turnstile_loom)]
 
 mod common;
-use common::model;
+use common::{model, model_capped};
 
 use loom::thread;
 use std::collections::hash_map::DefaultHasher;
@@ -308,8 +308,8 @@ fn first_callers_race_with_eviction() {
 /// stays in the map for good (`len()` 1 after a sweep with everything long idle). (The caller
 /// runs on the spawned thread: with the roles swapped, loom ran the main thread's whole call
 /// before the other thread's first step and explored one execution only.)
-fn a_first_admission_failed_by_reconfigure(sweep: bool) {
-    model(move || {
+fn a_first_admission_failed_by_reconfigure(sweep: bool, preemptions: usize) {
+    model_capped(preemptions, move || {
         let l = limiter(fixed(2), 4);
         let t = {
             let l = Arc::clone(&l);
@@ -344,13 +344,20 @@ fn a_first_admission_failed_by_reconfigure(sweep: bool) {
 
 #[test]
 fn a_first_admission_failed_by_reconfigure_leaves_no_cell() {
-    a_first_admission_failed_by_reconfigure(false);
+    a_first_admission_failed_by_reconfigure(false, usize::MAX);
 }
 
 /// As above with a sweep of the key's shard racing T's take-back: the cell is counted out once.
+///
+/// Preemptions capped at 2 (`LOOM_MAX_PREEMPTIONS=2`, the architecture's standard run): the
+/// sweep after the `reconfigure` on the main thread made CI's bound of 3 take well over a
+/// minute. The model is otherwise unchanged, and the form without the sweep above still runs at
+/// the full bound. A sweep that counts the take-back's retirement as its own eviction still
+/// fails it at this bound (tried by skipping the sweep's look at never-used cells and having
+/// `retire` answer `Ok` for a word already `RETIRED`: the key is counted out twice).
 #[test]
 fn a_first_admission_failed_by_reconfigure_and_a_sweep_count_the_key_once() {
-    a_first_admission_failed_by_reconfigure(true);
+    a_first_admission_failed_by_reconfigure(true, 2);
 }
 
 /// As above, and the main thread, after lowering the limit, asks one permit of key 1 itself: it
@@ -548,9 +555,17 @@ fn a_call_racing_a_reset_of_its_key_at_the_cap_gets_the_slot() {
 /// The spare slot those calls may take is one: with a new key racing the evicted key's call for
 /// the slot the eviction frees, at most `max_keys + 1` keys are ever held, at least one of the
 /// two calls gets in, the books match the keys held, and an eviction brings the count back.
+///
+/// Preemptions capped at 2 (`LOOM_MAX_PREEMPTIONS=2`, the architecture's standard run): three
+/// racing threads made CI's bound of 3 take about three minutes. The model is otherwise
+/// unchanged. What it exists for needs fewer: the sweep's retiring CAS, the call for key 1
+/// meeting the retired cell before the sweep gives its slot back (one preemption), and the
+/// newcomer taking that slot before or after the spare is reserved (at most one more). Without
+/// the spare slot (a call that met its key's cell retired treated as a new key) it still fails
+/// at this bound: both calls refused with a slot being freed.
 #[test]
 fn the_spare_slot_keeps_the_count_within_one_of_the_cap() {
-    model(|| {
+    model_capped(2, || {
         let l = limiter(fixed(1), 1);
         assert!(attempt(&l, 1).is_some());
         l.clock().advance(Duration::from_nanos(W));
@@ -585,15 +600,39 @@ fn the_spare_slot_keeps_the_count_within_one_of_the_cap() {
 }
 
 /// Limit 2 per key, key 1 spent. Thread A lowers the limit to 1 while the main thread sets it to
-/// 2, then a waiter asks key 1 for 2. If the main thread's change came last, the waiter is
-/// admitted in the next window; if A's came last, it fails with capacity 1 (at once or in A's
-/// sweep). Fails if `reconfigure` sweeps the key queues after releasing its mutex: A's sweep,
-/// computed for capacity 1, then runs after the change to 2 and fails the waiter for a capacity
-/// superseded before it even started (the keyed twin of loom_waiters'
-/// `rate_reconfigure_sweep_never_uses_a_superseded_capacity`).
+/// 2 and then, once that call has returned, starts a waiter asking key 1 for 2. If the main
+/// thread's change came last, the capacity has been 2 ever since the waiter started, so nothing
+/// may fail it as too large: it is admitted in the next window. If A's came last, it fails with
+/// capacity 1 (at once or in A's sweep). Fails if `reconfigure` sweeps the key queues after
+/// releasing its mutex: A's sweep, computed for capacity 1, then runs after the change to 2 and
+/// fails the waiter for a capacity superseded before it even started (the keyed twin of
+/// loom_waiters' `rate_reconfigure_sweep_never_uses_a_superseded_capacity`).
+///
+/// The waiter is an `acquire_n` future polled by hand on the main thread (inside a paused
+/// current-thread tokio runtime, as in the model below), not a blocking call on a third thread:
+/// its enqueue still lands anywhere in A's reconfiguration, which is the race this model is
+/// about. A blocking waiter waiting for the next window spins on `yield_now` under loom until the
+/// clock moves, and loom explored every interleaving of that spin with A and the main thread,
+/// which cost minutes and nothing for this property (a waiter's fast path racing a lowering is
+/// `lowered_limit_vs_enqueue_of_a_request_it_makes_too_big`; a blocking head's wait for time,
+/// loom_waiters' `rate_head_waits_for_clock`).
+///
+/// Preemptions capped at 2 (`LOOM_MAX_PREEMPTIONS=2`, the architecture's standard run): two
+/// racing keyed reconfigurations (each walking every shard's cells, hints and key queues) made
+/// CI's bound of 3 take most of a minute even so. The interleaving this model exists for needs
+/// two: A preempted before it takes the mutex (so that it goes first), and again between its
+/// unlock and its sweep; a sweep moved after the unlock still fails it at this bound.
 #[test]
 fn keyed_reconfigure_sweep_never_uses_a_superseded_capacity() {
-    model(|| {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    model_capped(2, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let _entered = rt.enter();
         let l = limiter(fixed(2), 16);
         l.try_acquire_n(&1, 2).unwrap();
         let lower = {
@@ -601,21 +640,31 @@ fn keyed_reconfigure_sweep_never_uses_a_superseded_capacity() {
             thread::spawn(move || l.reconfigure(fixed(1)).unwrap())
         };
         l.reconfigure(fixed(2)).unwrap();
-        let waiter = {
-            let l = Arc::clone(&l);
-            thread::spawn(move || l.acquire_blocking_n(&1, 2).map(|a| a.at_nanos()))
-        };
+        let mut waiter = Box::pin(l.acquire_n(&1, 2));
+        let mut cx = Context::from_waker(Waker::noop());
+        let first = waiter.as_mut().poll(&mut cx);
         lower.join().unwrap();
-        if l.algorithm() == fixed(2) {
+        let raised = l.algorithm() == fixed(2);
+        if raised {
             l.clock().advance(Duration::from_nanos(W));
+        }
+        let outcome = match first {
+            Poll::Ready(outcome) => outcome,
+            Poll::Pending => match waiter.as_mut().poll(&mut cx) {
+                Poll::Ready(outcome) => outcome,
+                Poll::Pending => panic!("the waiter was neither served nor failed"),
+            },
+        };
+        drop(waiter);
+        if raised {
             assert_eq!(
-                waiter.join().unwrap(),
+                outcome.map(|a| a.at_nanos()),
                 Ok(W),
                 "failed by a capacity superseded before it started"
             );
         } else {
             assert_eq!(
-                waiter.join().unwrap(),
+                outcome.map(|a| a.at_nanos()),
                 Err(AcquireError::InsufficientCapacity {
                     requested: 2,
                     capacity: 1

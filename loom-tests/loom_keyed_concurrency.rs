@@ -37,7 +37,7 @@
 #![cfg(turnstile_loom)]
 
 mod common;
-use common::model;
+use common::{model, model_capped};
 
 use loom::sync::atomic::{AtomicU32, Ordering};
 use loom::thread;
@@ -661,17 +661,29 @@ fn two_pool_heads_owing_each_other_a_wake_do_not_deadlock() {
 }
 
 /// The wake a head's attempt owes is deferred to after its queue's mutex is released, never
-/// lost. Key 3's head (polled by hand) and key 4's `acquire_blocking` both wait for a pool of
-/// one permit, which is released while the limit is set again (same value, new generation).
-/// The interleaving of interest: key 3's head takes the permit under the old `config`; key 4's
-/// head, short, marks the pool and sleeps; the change lands; key 3's head gives its stale permit
-/// back, consuming key 4's mark (the wake is now its debt), and takes again. Unless that debt is
-/// paid after the attempt, key 4 sleeps with no mark for key 3's release to read, and loom
-/// reports it asleep forever.
+/// lost. Key 3's head (polled by hand) and key 4's `acquire_blocking` both want a pool of one
+/// permit, which has just been released (waking key 3's head), while the limit is set again
+/// (same value, new generation). The interleaving of interest: key 3's head takes the permit
+/// under the old `config`; key 4's head, short, marks the pool and sleeps; the change lands;
+/// key 3's head gives its stale permit back, consuming key 4's mark (the wake is now its debt),
+/// and takes again. Unless that debt is paid after the attempt, key 4 sleeps with no mark for
+/// key 3's release to read, and loom reports it asleep forever.
+///
+/// The pool's permit is released before key 4 starts (as in the two models above): the release
+/// racing key 4's registration is a plain release-vs-waiter race (`release_vs_waiter_registration`,
+/// `a_pool_head_is_served_by_another_key_going_idle`), and the interleaving above begins only once
+/// the permit is free. Released concurrently, it multiplied the interleavings loom explored here
+/// for nothing this model is about.
+///
+/// Preemptions capped at 2 (`LOOM_MAX_PREEMPTIONS=2`, the architecture's standard run): three
+/// racing threads (two pool heads and the limit change) made CI's bound of 3 take over a minute.
+/// The interleaving above needs one preemption (key 3's head between its CAS and its re-check of
+/// `config`; key 4's sleep and the main thread's join hand the turn on without one): with the
+/// deferred pool wake dropped, the model still reports key 4 asleep forever at this bound.
 #[test]
 fn a_head_owing_a_pool_wake_pays_it_after_its_attempt() {
     use std::task::Poll;
-    model(|| {
+    model_capped(2, || {
         let l = shared_pool(1);
         let _own = l.try_acquire_owned(0, 1).unwrap();
         let pooled = l.try_acquire_owned(2, 1).unwrap();
@@ -680,11 +692,11 @@ fn a_head_owing_a_pool_wake_pays_it_after_its_attempt() {
             poll_head(&mut head).is_pending(),
             "the pool is out: the head waits"
         );
+        drop(pooled); // wakes key 3's head; the permit is free
         let late = {
             let l = Arc::clone(&l);
             thread::spawn(move || l.acquire_blocking(&4).map(|p| p.permits()))
         };
-        drop(pooled);
         let racer = thread::spawn(move || match poll_head(&mut head) {
             Poll::Ready(served) => Err(served),
             Poll::Pending => Ok(head),

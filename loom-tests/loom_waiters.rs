@@ -858,13 +858,21 @@ fn rate_close_vs_time_waiter() {
 }
 
 /// Two reconfigurations of a rate limiter race: thread A lowers its capacity to 1 while the main
-/// thread sets it to 2, then (once that call has returned) starts a blocking waiter for 2 on the
-/// exhausted window. If A's change came first (the capacity is 2 at the end), the capacity has
-/// been 2 ever since the waiter started, so nothing may fail it as too large: it is served in the
-/// next window. If A's came last, the waiter fails with capacity 1 (at once or in A's sweep). Fails
-/// if `reconfigure` sweeps the queue after releasing its mutex: A's sweep, computed for capacity 1,
+/// thread sets it to 2, then (once that call has returned) starts a waiter for 2 on the exhausted
+/// window. If A's change came first (the capacity is 2 at the end), the capacity has been 2 ever
+/// since the waiter started, so nothing may fail it as too large: it is served in the next
+/// window. If A's came last, the waiter fails with capacity 1 (at once or in A's sweep). Fails if
+/// `reconfigure` sweeps the queue after releasing its mutex: A's sweep, computed for capacity 1,
 /// then runs after the main thread's change to 2 and fails the waiter for a capacity superseded
 /// before it even started.
+///
+/// The waiter is an `acquire_n` future polled by hand on the main thread (inside a paused
+/// current-thread tokio runtime, whose timer it sleeps on; nothing else touches the runtime), not
+/// a blocking call on a third thread: its enqueue still lands anywhere in A's reconfiguration,
+/// which is the race this model is about, while a blocking waiter waiting for the next window
+/// spins on `yield_now` under loom until the clock moves, and loom explored every interleaving of
+/// that spin with the other two threads for nothing this property needs (a blocking head's wait
+/// for time is `rate_head_waits_for_clock`).
 #[test]
 fn rate_reconfigure_sweep_never_uses_a_superseded_capacity() {
     fn limit(limit: u32) -> Algorithm {
@@ -872,6 +880,12 @@ fn rate_reconfigure_sweep_never_uses_a_superseded_capacity() {
         Algorithm::FixedWindow { limit, window }
     }
     model(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let _entered = rt.enter();
         let l = RateLimiter::with_clock(limit(2), ManualClock::new()).unwrap();
         l.try_acquire_n(2).unwrap();
         let lower = {
@@ -879,21 +893,30 @@ fn rate_reconfigure_sweep_never_uses_a_superseded_capacity() {
             thread::spawn(move || l.reconfigure(limit(1)).unwrap())
         };
         l.reconfigure(limit(2)).unwrap();
-        let waiter = {
-            let l = l.clone();
-            thread::spawn(move || l.acquire_blocking_n(2).map(|a| a.at_nanos()))
-        };
+        let mut waiter = Box::pin(l.acquire_n(2));
+        let first = poll_once(waiter.as_mut());
         lower.join().unwrap();
-        if l.capacity() == 2 {
+        let raised = l.capacity() == 2;
+        if raised {
             l.clock().advance(Duration::from_nanos(WINDOW));
+        }
+        let outcome = match first {
+            Poll::Ready(outcome) => outcome,
+            Poll::Pending => match poll_once(waiter.as_mut()) {
+                Poll::Ready(outcome) => outcome,
+                Poll::Pending => panic!("the waiter was neither served nor failed"),
+            },
+        };
+        drop(waiter);
+        if raised {
             assert_eq!(
-                waiter.join().unwrap(),
+                outcome.map(|a| a.at_nanos()),
                 Ok(WINDOW),
                 "failed by a capacity superseded before it started"
             );
         } else {
             assert_eq!(
-                waiter.join().unwrap(),
+                outcome.map(|a| a.at_nanos()),
                 Err(AcquireError::InsufficientCapacity {
                     requested: 2,
                     capacity: 1
