@@ -627,11 +627,7 @@ fn keyed_reconfigure_sweep_never_uses_a_superseded_capacity() {
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
     model_capped(2, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = common::paused_runtime();
         let _entered = rt.enter();
         let l = limiter(fixed(2), 16);
         l.try_acquire_n(&1, 2).unwrap();
@@ -700,11 +696,7 @@ fn lowered_limit_vs_enqueue_of_a_request_it_makes_too_big() {
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
     model(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = common::paused_runtime();
         let _entered = rt.enter();
         let l = limiter(fixed(2), 4);
         l.try_acquire_n(&1, 2).unwrap();

@@ -880,11 +880,7 @@ fn rate_reconfigure_sweep_never_uses_a_superseded_capacity() {
         Algorithm::FixedWindow { limit, window }
     }
     model(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = common::paused_runtime();
         let _entered = rt.enter();
         let l = RateLimiter::with_clock(limit(2), ManualClock::new()).unwrap();
         l.try_acquire_n(2).unwrap();

@@ -28,3 +28,15 @@ pub fn model_capped<F: Fn() + Sync + Send + 'static>(cap: usize, f: F) {
     builder.preemption_bound = Some(asked.min(cap));
     builder.check(f);
 }
+
+/// A paused current-thread tokio runtime, for a model that polls a waiter (whose head sleeps on
+/// tokio's timer) by hand on the main thread: enter it for the model's run. tokio's own
+/// synchronisation is not modelled; nothing but the main thread touches the runtime.
+#[allow(dead_code)] // Not every model file has such a model.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
