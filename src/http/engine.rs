@@ -146,7 +146,8 @@ macro_rules! count_list_rejection {
 /// With `[backend] kind = "redis"` (features `http` and `redis`; build with
 /// `HttpLimiter::connect`), steps 1 to 4 and the checks of step 5 are as above; the counting of
 /// step 5 and monitor rules go to Redis, and [`HttpLimiter::check`] returns [`Check::Pending`]
-/// (the layer waits for it). Each rule counts in its own `RedisLimiter` under keys named by the rule's identity (not its limit).
+/// (the layer waits for it). Each rule counts in its own `RedisLimiter` under keys named by the
+/// rule's identity (not its limit).
 /// A request's matching rules are decided together in one atomic script (one round trip): a
 /// rejected request is charged to no rule, whatever other processes do. Bans stay in this
 /// process's memory. With `[backend] cluster = true` the rules count in a Redis Cluster; every
@@ -186,7 +187,8 @@ macro_rules! count_list_rejection {
 /// error the old one stays. The rules and the layer's settings (client IP, client id header,
 /// response) are swapped together, in one store: the layer reads them once per request, so
 /// each request is decided and answered under one configuration, the old or the new, never
-/// the rules of one and the settings of the other. A rule whose identity (scope, name, endpoint, period, algorithm, key,
+/// the rules of one and the settings of the other. A rule whose identity (scope, name,
+/// endpoint, period, algorithm, key,
 /// per-endpoint) is unchanged keeps its limiter and counters; if only its limit changed the
 /// limiter is reconfigured in place, except that of a `sliding_window` rule whose limit is
 /// raised: its ring of timestamps cannot grow in place, so the rule starts with fresh counters
@@ -1772,8 +1774,9 @@ impl OwnedRequest {
 
 /// The decision of a request that waits: sleeps `retry` (less if a reload comes, `reloaded`),
 /// decides again (under the snapshot in force then, `config`; `set` is the one it was last
-/// decided under, and the one its verdict comes with), and so on while the decisions ask it to wait. Holds no permit while it sleeps, only its place in the queue, so
-/// dropping it consumes nothing.
+/// decided under, and the one its verdict comes with), and so on while the decisions ask it to
+/// wait. Holds no permit while it sleeps, only its place in the queue, so dropping it consumes
+/// nothing.
 ///
 /// Not under the rules it arrived under: a reload reconfigures the limiters of the rules it
 /// keeps in place, which those rules share with the old ones, so the old rule's limit would
