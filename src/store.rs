@@ -147,11 +147,30 @@ struct WallClock {
     last: AtomicU64,
 }
 
+impl WallClock {
+    /// The system clock's reading, which may go back.
+    fn wall() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 2))
+    }
+
+    /// How far readings are held ahead of the system clock now (0 unless it stepped back).
+    ///
+    /// A TTL is real time, counted by the store, but the state's times are this clock's: while
+    /// it is held still, its time does not pass, and the state restricts for that much longer
+    /// in real time. With a TTL of the state's own time alone, a fixed window held 1 ms before
+    /// its end was dropped by the store every millisecond and admitted its limit again each time.
+    fn lag(&self) -> Duration {
+        // Relaxed: a reading of the maximum for a TTL; a newer one only shortens the lag.
+        let last = self.last.load(Ordering::Relaxed);
+        Duration::from_nanos(last.saturating_sub(Self::wall()))
+    }
+}
+
 impl Clock for WallClock {
     fn now(&self) -> u64 {
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 2));
+        let wall = Self::wall();
         // Relaxed: the maximum alone keeps readings from going back (read-modify-writes of one
         // word always read its latest value), and a reader that must not see a time earlier
         // than a writer's is already ordered after it by the Acquire/Release on the state it
@@ -200,7 +219,9 @@ pub struct StoreStats {
 /// token bucket, three for the sliding counter, 2 + limit for the exact sliding window), under
 /// a per-subject write lock from [`KeyLocks`]; an admission stores the new state with a TTL
 /// that ends when it equals a fresh one, a rejection writes nothing. Time is the wall clock in
-/// nanoseconds since the Unix epoch (kept from going back within the process). Keys are
+/// nanoseconds since the Unix epoch, kept from going back within the process: after a step back
+/// of the system clock the reading stays still until the clock catches up, and each TTL is
+/// lengthened by that wait, the real time the state's own time takes to pass. Keys are
 /// `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a store with a key length
 /// limit must hash long keys itself. A `:` in the prefix is written `%3A` and a `%` as `%25`, so
 /// that the prefix ends at the key's first `:` and no two limiters' keys meet: written as is,
@@ -608,6 +629,7 @@ impl<S: Store> StoreLimiter<S> {
             AnyAlgo::Bucket(a) => run(a, words, n, clock, never),
         };
         if let Some((value, ttl)) = save {
+            let ttl = ttl.saturating_add(inner.clock.lag());
             if inner.store.set(&key, value, ttl).await.is_err() {
                 return Err(inner.count(2, TryAcquireError::Unavailable));
             }
@@ -706,6 +728,7 @@ impl<S: Store> StoreLimiter<S> {
             AnyAlgo::Bucket(a) => run_charge(a, words, n, clock, never),
         };
         if let Some((value, ttl)) = save {
+            let ttl = ttl.saturating_add(inner.clock.lag());
             inner.store.set(&key, value, ttl).await?;
         }
         Ok(admission)
@@ -989,5 +1012,81 @@ impl<S> StoreInner<S> {
     fn count(&self, counter: usize, error: TryAcquireError) -> TryAcquireError {
         self.counters[counter].fetch_add(1, Ordering::Relaxed);
         error
+    }
+}
+
+#[cfg(all(test, feature = "tokio", not(turnstile_loom)))]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// Key → (value, expiry on the store's time).
+    type Entries = HashMap<Vec<u8>, (Vec<u8>, Duration)>;
+
+    /// A store whose expiry runs on a time of its own, advanced by hand: the real time that
+    /// passes while the limiter's wall clock is held still.
+    #[derive(Default)]
+    struct Virtual {
+        now: Mutex<Duration>,
+        map: Mutex<Entries>,
+    }
+
+    impl Virtual {
+        fn advance(&self, by: Duration) {
+            *self.now.lock().unwrap() += by;
+        }
+    }
+
+    impl Store for std::sync::Arc<Virtual> {
+        type Error = std::convert::Infallible;
+
+        async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+            let now = *self.now.lock().unwrap();
+            let map = self.map.lock().unwrap();
+            Ok(map
+                .get(key)
+                .filter(|(_, until)| *until > now)
+                .map(|(v, _)| v.clone()))
+        }
+
+        async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+            let until = *self.now.lock().unwrap() + ttl;
+            self.map
+                .lock()
+                .unwrap()
+                .insert(key.to_vec(), (value, until));
+            Ok(())
+        }
+    }
+
+    /// The system clock stepped back an hour, just after a reading 1 ms before the end of a
+    /// minute's window: the limiter's clock stays on that reading for the hour, so its window
+    /// does not end for an hour of real time. The stored state must live as long; with a TTL
+    /// of the 1 ms left on the held clock, the store dropped it every millisecond of real
+    /// time and a limit of 1 per minute admitted once per millisecond.
+    #[tokio::test]
+    async fn state_outlives_its_window_while_the_clock_is_held() {
+        let window = Duration::from_secs(60);
+        let store = std::sync::Arc::new(Virtual::default());
+        let limiter = StoreLimiter::new(
+            Algorithm::FixedWindow { limit: 1, window },
+            "t",
+            std::sync::Arc::clone(&store),
+        )
+        .unwrap();
+        let w = window.as_nanos() as u64;
+        let ahead = limiter.inner.clock.now() + 3_600_000_000_000;
+        let held = (ahead / w + 1) * w - 1_000_000;
+        limiter.inner.clock.last.store(held, Ordering::Relaxed);
+        limiter.try_acquire("x").await.unwrap();
+        for step in 1..=5 {
+            store.advance(Duration::from_millis(2));
+            assert!(
+                limiter.try_acquire("x").await.is_err(),
+                "admitted again {} ms later, with the clock still in the window",
+                2 * step
+            );
+        }
     }
 }
