@@ -13,7 +13,7 @@
 
 use crate::algorithm::{Algo, Charge, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::Clock;
-use crate::decision::Admission;
+use crate::decision::{Admission, Rejection};
 #[cfg(feature = "tokio")]
 use crate::error::AcquireError;
 use crate::error::{ConfigError, TryAcquireError};
@@ -155,16 +155,18 @@ impl WallClock {
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 2))
     }
 
-    /// How far readings are held ahead of the system clock now (0 unless it stepped back).
+    /// How far readings are held ahead of the system clock now, in ns (0 unless it stepped back).
     ///
     /// A TTL is real time, counted by the store, but the state's times are this clock's: while
     /// it is held still, its time does not pass, and the state restricts for that much longer
-    /// in real time. With a TTL of the state's own time alone, a fixed window held 1 ms before
-    /// its end was dropped by the store every millisecond and admitted its limit again each time.
-    fn lag(&self) -> Duration {
+    /// in real time, and so does a rejection. With a TTL of the state's own time alone, a fixed
+    /// window held 1 ms before its end was dropped by the store every millisecond and admitted
+    /// its limit again each time; with such a retry-after, `acquire` retried every millisecond.
+    fn lag(&self) -> u64 {
         // Relaxed: a reading of the maximum for a TTL; a newer one only shortens the lag.
-        let last = self.last.load(Ordering::Relaxed);
-        Duration::from_nanos(last.saturating_sub(Self::wall()))
+        self.last
+            .load(Ordering::Relaxed)
+            .saturating_sub(Self::wall())
     }
 }
 
@@ -220,8 +222,9 @@ pub struct StoreStats {
 /// a per-subject write lock from [`KeyLocks`]; an admission stores the new state with a TTL
 /// that ends when it equals a fresh one, a rejection writes nothing. Time is the wall clock in
 /// nanoseconds since the Unix epoch, kept from going back within the process: after a step back
-/// of the system clock the reading stays still until the clock catches up, and each TTL is
-/// lengthened by that wait, the real time the state's own time takes to pass. Keys are
+/// of the system clock the reading stays still until the clock catches up, and each TTL and
+/// retry-after is lengthened by that wait, the real time the state's own time takes to pass.
+/// Keys are
 /// `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a store with a key length
 /// limit must hash long keys itself. A `:` in the prefix is written `%3A` and a `%` as `%25`, so
 /// that the prefix ends at the key's first `:` and no two limiters' keys meet: written as is,
@@ -629,7 +632,7 @@ impl<S: Store> StoreLimiter<S> {
             AnyAlgo::Bucket(a) => run(a, words, n, clock, never),
         };
         if let Some((value, ttl)) = save {
-            let ttl = ttl.saturating_add(inner.clock.lag());
+            let ttl = ttl.saturating_add(Duration::from_nanos(inner.clock.lag()));
             if inner.store.set(&key, value, ttl).await.is_err() {
                 return Err(inner.count(2, TryAcquireError::Unavailable));
             }
@@ -638,6 +641,13 @@ impl<S: Store> StoreLimiter<S> {
             Ok(admission) => {
                 inner.counters[0].fetch_add(1, Ordering::Relaxed);
                 Ok(admission)
+            }
+            // The retry-after is the state's time; while the clock is held it passes only once
+            // the system clock has caught up (see `WallClock::lag`).
+            Err(TryAcquireError::Rejected(r)) => {
+                let retry_after = r.retry_after_nanos().saturating_add(inner.clock.lag());
+                let rejected = TryAcquireError::Rejected(Rejection::new(retry_after, r.limit()));
+                Err(inner.count(1, rejected))
             }
             Err(e) => Err(inner.count(1, e)),
         }
@@ -728,7 +738,7 @@ impl<S: Store> StoreLimiter<S> {
             AnyAlgo::Bucket(a) => run_charge(a, words, n, clock, never),
         };
         if let Some((value, ttl)) = save {
-            let ttl = ttl.saturating_add(inner.clock.lag());
+            let ttl = ttl.saturating_add(Duration::from_nanos(inner.clock.lag()));
             inner.store.set(&key, value, ttl).await?;
         }
         Ok(admission)
@@ -1087,6 +1097,34 @@ mod tests {
                 "admitted again {} ms later, with the clock still in the window",
                 2 * step
             );
+        }
+    }
+
+    /// In the same hold, a rejection's retry-after is the real time until the held clock leaves
+    /// the window: an hour, not the 1 ms left on the held clock. Told 1 ms, `acquire` retried
+    /// (a store round trip each time) every millisecond for the hour.
+    #[tokio::test]
+    async fn a_retry_after_covers_the_time_the_clock_is_held() {
+        let window = Duration::from_secs(60);
+        let store = std::sync::Arc::new(Virtual::default());
+        let limiter = StoreLimiter::new(
+            Algorithm::FixedWindow { limit: 1, window },
+            "t",
+            std::sync::Arc::clone(&store),
+        )
+        .unwrap();
+        let w = window.as_nanos() as u64;
+        let ahead = limiter.inner.clock.now() + 3_600_000_000_000;
+        let held = (ahead / w + 1) * w - 1_000_000;
+        limiter.inner.clock.last.store(held, Ordering::Relaxed);
+        limiter.try_acquire("x").await.unwrap();
+        match limiter.try_acquire("x").await {
+            Err(TryAcquireError::Rejected(r)) => assert!(
+                r.retry_after() > Duration::from_secs(3_599),
+                "retry after {:?}, while the clock is held for an hour",
+                r.retry_after()
+            ),
+            other => panic!("{other:?}"),
         }
     }
 }
