@@ -159,9 +159,10 @@ impl WallClock {
     ///
     /// A TTL is real time, counted by the store, but the state's times are this clock's: while
     /// it is held still, its time does not pass, and the state restricts for that much longer
-    /// in real time, and so does a rejection. With a TTL of the state's own time alone, a fixed
-    /// window held 1 ms before its end was dropped by the store every millisecond and admitted
-    /// its limit again each time; with such a retry-after, `acquire` retried every millisecond.
+    /// in real time: a rejection's retry-after and an admission's reset-after are that much
+    /// longer too. With a TTL of the state's own time alone, a fixed window held 1 ms before its
+    /// end was dropped by the store every millisecond and admitted its limit again each time;
+    /// with such a retry-after, `acquire` retried every millisecond.
     fn lag(&self) -> u64 {
         // Relaxed: a reading of the maximum for a TTL; a newer one only shortens the lag.
         self.last
@@ -222,11 +223,10 @@ pub struct StoreStats {
 /// a per-subject write lock from [`KeyLocks`]; an admission stores the new state with a TTL
 /// that ends when it equals a fresh one, a rejection writes nothing. Time is the wall clock in
 /// nanoseconds since the Unix epoch, kept from going back within the process: after a step back
-/// of the system clock the reading stays still until the clock catches up, and each TTL and
-/// retry-after is lengthened by that wait, the real time the state's own time takes to pass.
-/// Keys are
-/// `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a store with a key length
-/// limit must hash long keys itself. A `:` in the prefix is written `%3A` and a `%` as `%25`, so
+/// of the system clock the reading stays still until the clock catches up, and each TTL,
+/// retry-after and reset-after is lengthened by that wait, the real time the state's own time
+/// takes to pass. Keys are `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a
+/// store with a key length limit must hash long keys itself. A `:` in the prefix is written `%3A` and a `%` as `%25`, so
 /// that the prefix ends at the key's first `:` and no two limiters' keys meet: written as is,
 /// prefix `a` with subject `b:x` and prefix `a:b` with subject `x` shared the key `a:b:x:fw`. A
 /// prefix without either character is written as is; one with either gets new keys, so its
@@ -384,6 +384,21 @@ fn run_charge<A: Charge + Unused, C: Clock>(
     };
     let write = save::<A>(&cell, &admission, n, outlived);
     (admission, write)
+}
+
+/// `admission` with its `reset_after` lengthened by `lag`, the time [`WallClock`] is held ahead
+/// of real time (see [`WallClock::lag`]), unless it is 0: a state that is fresh now is fresh
+/// whatever the clock.
+fn lengthen(admission: Admission, lag: u64) -> Admission {
+    match admission.reset_after_nanos() {
+        0 => admission,
+        reset_after => Admission::with_token(
+            admission.at_nanos(),
+            reset_after.saturating_add(lag),
+            admission.remaining(),
+            admission.token(),
+        ),
+    }
 }
 
 /// What to store after `admission` took `n > 0` permits on `cell` (None for `n == 0`).
@@ -631,8 +646,11 @@ impl<S: Store> StoreLimiter<S> {
             AnyAlgo::Counter(a) => run(a, words, n, clock, never),
             AnyAlgo::Bucket(a) => run(a, words, n, clock, never),
         };
+        // The state's times are the clock's, which may be held ahead of real time: every
+        // duration handed to the store or the caller is lengthened by the hold.
+        let lag = inner.clock.lag();
         if let Some((value, ttl)) = save {
-            let ttl = ttl.saturating_add(Duration::from_nanos(inner.clock.lag()));
+            let ttl = ttl.saturating_add(Duration::from_nanos(lag));
             if inner.store.set(&key, value, ttl).await.is_err() {
                 return Err(inner.count(2, TryAcquireError::Unavailable));
             }
@@ -640,12 +658,10 @@ impl<S: Store> StoreLimiter<S> {
         match result {
             Ok(admission) => {
                 inner.counters[0].fetch_add(1, Ordering::Relaxed);
-                Ok(admission)
+                Ok(lengthen(admission, lag))
             }
-            // The retry-after is the state's time; while the clock is held it passes only once
-            // the system clock has caught up (see `WallClock::lag`).
             Err(TryAcquireError::Rejected(r)) => {
-                let retry_after = r.retry_after_nanos().saturating_add(inner.clock.lag());
+                let retry_after = r.retry_after_nanos().saturating_add(lag);
                 let rejected = TryAcquireError::Rejected(Rejection::new(retry_after, r.limit()));
                 Err(inner.count(1, rejected))
             }
@@ -737,11 +753,13 @@ impl<S: Store> StoreLimiter<S> {
             AnyAlgo::Counter(a) => run_charge(a, words, n, clock, never),
             AnyAlgo::Bucket(a) => run_charge(a, words, n, clock, never),
         };
+        // As in `try_acquire_n`: durations lengthened by the clock's hold.
+        let lag = inner.clock.lag();
         if let Some((value, ttl)) = save {
-            let ttl = ttl.saturating_add(Duration::from_nanos(inner.clock.lag()));
+            let ttl = ttl.saturating_add(Duration::from_nanos(lag));
             inner.store.set(&key, value, ttl).await?;
         }
-        Ok(admission)
+        Ok(lengthen(admission, lag))
     }
 
     /// Takes one permit for `subject`, waiting as long as it takes. See
@@ -1126,5 +1144,48 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// In the same hold, an admission's reset-after (the time until the subject is back to its
+    /// full limit) is an hour of real time too, for the admission and for a charge: it said
+    /// 1 ms, and a client that waited that long found the window still running for the hour.
+    #[tokio::test]
+    async fn a_reset_after_covers_the_time_the_clock_is_held() {
+        let window = Duration::from_secs(60);
+        let store = std::sync::Arc::new(Virtual::default());
+        let limiter = StoreLimiter::new(
+            Algorithm::FixedWindow { limit: 3, window },
+            "t",
+            std::sync::Arc::clone(&store),
+        )
+        .unwrap();
+        let w = window.as_nanos() as u64;
+        let ahead = limiter.inner.clock.now() + 3_600_000_000_000;
+        let held = (ahead / w + 1) * w - 1_000_000;
+        limiter.inner.clock.last.store(held, Ordering::Relaxed);
+        let admission = limiter.try_acquire("x").await.unwrap();
+        let charged = limiter.charge("x", 1).await.unwrap();
+        for (what, reset_after) in [
+            ("admission", admission.reset_after()),
+            ("charge", charged.reset_after()),
+        ] {
+            assert!(
+                reset_after > Duration::from_secs(3_599),
+                "{what}: reset after {reset_after:?}, while the clock is held for an hour"
+            );
+        }
+        // A state at its full limit (a bucket's reset-after of 0) is so now, held or not.
+        let bucket = StoreLimiter::new(
+            Algorithm::TokenBucket {
+                rate: crate::Rate::per_second(1),
+                burst: 1,
+            },
+            "t",
+            std::sync::Arc::clone(&store),
+        )
+        .unwrap();
+        bucket.inner.clock.last.store(held, Ordering::Relaxed);
+        let probe = bucket.try_acquire_n("y", 0).await.unwrap();
+        assert_eq!(probe.reset_after(), Duration::ZERO);
     }
 }
