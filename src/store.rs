@@ -13,7 +13,7 @@
 
 use crate::algorithm::{Algo, Charge, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
 use crate::clock::Clock;
-use crate::decision::Admission;
+use crate::decision::{Admission, Rejection};
 #[cfg(feature = "tokio")]
 use crate::error::AcquireError;
 use crate::error::{ConfigError, TryAcquireError};
@@ -147,11 +147,33 @@ struct WallClock {
     last: AtomicU64,
 }
 
+impl WallClock {
+    /// The system clock's reading, which may go back.
+    fn wall() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 2))
+    }
+
+    /// How far readings are held ahead of the system clock now, in ns (0 unless it stepped back).
+    ///
+    /// A TTL is real time, counted by the store, but the state's times are this clock's: while
+    /// it is held still, its time does not pass, and the state restricts for that much longer
+    /// in real time: a rejection's retry-after and an admission's reset-after are that much
+    /// longer too. With a TTL of the state's own time alone, a fixed window held 1 ms before its
+    /// end was dropped by the store every millisecond and admitted its limit again each time;
+    /// with such a retry-after, `acquire` retried every millisecond.
+    fn lag(&self) -> u64 {
+        // Relaxed: a reading of the maximum for a TTL; a newer one only shortens the lag.
+        self.last
+            .load(Ordering::Relaxed)
+            .saturating_sub(Self::wall())
+    }
+}
+
 impl Clock for WallClock {
     fn now(&self) -> u64 {
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 2));
+        let wall = Self::wall();
         // Relaxed: the maximum alone keeps readings from going back (read-modify-writes of one
         // word always read its latest value), and a reader that must not see a time earlier
         // than a writer's is already ordered after it by the Acquire/Release on the state it
@@ -200,9 +222,11 @@ pub struct StoreStats {
 /// token bucket, three for the sliding counter, 2 + limit for the exact sliding window), under
 /// a per-subject write lock from [`KeyLocks`]; an admission stores the new state with a TTL
 /// that ends when it equals a fresh one, a rejection writes nothing. Time is the wall clock in
-/// nanoseconds since the Unix epoch (kept from going back within the process). Keys are
-/// `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a store with a key length
-/// limit must hash long keys itself. A `:` in the prefix is written `%3A` and a `%` as `%25`, so
+/// nanoseconds since the Unix epoch, kept from going back within the process: after a step back
+/// of the system clock the reading stays still until the clock catches up, and each TTL,
+/// retry-after and reset-after is lengthened by that wait, the real time the state's own time
+/// takes to pass. Keys are `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a
+/// store with a key length limit must hash long keys itself. A `:` in the prefix is written `%3A` and a `%` as `%25`, so
 /// that the prefix ends at the key's first `:` and no two limiters' keys meet: written as is,
 /// prefix `a` with subject `b:x` and prefix `a:b` with subject `x` shared the key `a:b:x:fw`. A
 /// prefix without either character is written as is; one with either gets new keys, so its
@@ -360,6 +384,21 @@ fn run_charge<A: Charge + Unused, C: Clock>(
     };
     let write = save::<A>(&cell, &admission, n, outlived);
     (admission, write)
+}
+
+/// `admission` with its `reset_after` lengthened by `lag`, the time [`WallClock`] is held ahead
+/// of real time (see [`WallClock::lag`]), unless it is 0: a state that is fresh now is fresh
+/// whatever the clock.
+fn lengthen(admission: Admission, lag: u64) -> Admission {
+    match admission.reset_after_nanos() {
+        0 => admission,
+        reset_after => Admission::with_token(
+            admission.at_nanos(),
+            reset_after.saturating_add(lag),
+            admission.remaining(),
+            admission.token(),
+        ),
+    }
 }
 
 /// What to store after `admission` took `n > 0` permits on `cell` (None for `n == 0`).
@@ -607,7 +646,11 @@ impl<S: Store> StoreLimiter<S> {
             AnyAlgo::Counter(a) => run(a, words, n, clock, never),
             AnyAlgo::Bucket(a) => run(a, words, n, clock, never),
         };
+        // The state's times are the clock's, which may be held ahead of real time: every
+        // duration handed to the store or the caller is lengthened by the hold.
+        let lag = inner.clock.lag();
         if let Some((value, ttl)) = save {
+            let ttl = ttl.saturating_add(Duration::from_nanos(lag));
             if inner.store.set(&key, value, ttl).await.is_err() {
                 return Err(inner.count(2, TryAcquireError::Unavailable));
             }
@@ -615,7 +658,12 @@ impl<S: Store> StoreLimiter<S> {
         match result {
             Ok(admission) => {
                 inner.counters[0].fetch_add(1, Ordering::Relaxed);
-                Ok(admission)
+                Ok(lengthen(admission, lag))
+            }
+            Err(TryAcquireError::Rejected(r)) => {
+                let retry_after = r.retry_after_nanos().saturating_add(lag);
+                let rejected = TryAcquireError::Rejected(Rejection::new(retry_after, r.limit()));
+                Err(inner.count(1, rejected))
             }
             Err(e) => Err(inner.count(1, e)),
         }
@@ -705,10 +753,13 @@ impl<S: Store> StoreLimiter<S> {
             AnyAlgo::Counter(a) => run_charge(a, words, n, clock, never),
             AnyAlgo::Bucket(a) => run_charge(a, words, n, clock, never),
         };
+        // As in `try_acquire_n`: durations lengthened by the clock's hold.
+        let lag = inner.clock.lag();
         if let Some((value, ttl)) = save {
+            let ttl = ttl.saturating_add(Duration::from_nanos(lag));
             inner.store.set(&key, value, ttl).await?;
         }
-        Ok(admission)
+        Ok(lengthen(admission, lag))
     }
 
     /// Takes one permit for `subject`, waiting as long as it takes. See
@@ -989,5 +1040,152 @@ impl<S> StoreInner<S> {
     fn count(&self, counter: usize, error: TryAcquireError) -> TryAcquireError {
         self.counters[counter].fetch_add(1, Ordering::Relaxed);
         error
+    }
+}
+
+#[cfg(all(test, feature = "tokio", not(turnstile_loom)))]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// Key → (value, expiry on the store's time).
+    type Entries = HashMap<Vec<u8>, (Vec<u8>, Duration)>;
+
+    /// A store whose expiry runs on a time of its own, advanced by hand: the real time that
+    /// passes while the limiter's wall clock is held still.
+    #[derive(Default)]
+    struct Virtual {
+        now: Mutex<Duration>,
+        map: Mutex<Entries>,
+    }
+
+    impl Virtual {
+        fn advance(&self, by: Duration) {
+            *self.now.lock().unwrap() += by;
+        }
+    }
+
+    impl Store for std::sync::Arc<Virtual> {
+        type Error = std::convert::Infallible;
+
+        async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+            let now = *self.now.lock().unwrap();
+            let map = self.map.lock().unwrap();
+            Ok(map
+                .get(key)
+                .filter(|(_, until)| *until > now)
+                .map(|(v, _)| v.clone()))
+        }
+
+        async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+            let until = *self.now.lock().unwrap() + ttl;
+            self.map
+                .lock()
+                .unwrap()
+                .insert(key.to_vec(), (value, until));
+            Ok(())
+        }
+    }
+
+    /// The system clock stepped back an hour, just after a reading 1 ms before the end of a
+    /// minute's window: the limiter's clock stays on that reading for the hour, so its window
+    /// does not end for an hour of real time. The stored state must live as long; with a TTL
+    /// of the 1 ms left on the held clock, the store dropped it every millisecond of real
+    /// time and a limit of 1 per minute admitted once per millisecond.
+    #[tokio::test]
+    async fn state_outlives_its_window_while_the_clock_is_held() {
+        let window = Duration::from_secs(60);
+        let store = std::sync::Arc::new(Virtual::default());
+        let limiter = StoreLimiter::new(
+            Algorithm::FixedWindow { limit: 1, window },
+            "t",
+            std::sync::Arc::clone(&store),
+        )
+        .unwrap();
+        let w = window.as_nanos() as u64;
+        let ahead = limiter.inner.clock.now() + 3_600_000_000_000;
+        let held = (ahead / w + 1) * w - 1_000_000;
+        limiter.inner.clock.last.store(held, Ordering::Relaxed);
+        limiter.try_acquire("x").await.unwrap();
+        for step in 1..=5 {
+            store.advance(Duration::from_millis(2));
+            assert!(
+                limiter.try_acquire("x").await.is_err(),
+                "admitted again {} ms later, with the clock still in the window",
+                2 * step
+            );
+        }
+    }
+
+    /// In the same hold, a rejection's retry-after is the real time until the held clock leaves
+    /// the window: an hour, not the 1 ms left on the held clock. Told 1 ms, `acquire` retried
+    /// (a store round trip each time) every millisecond for the hour.
+    #[tokio::test]
+    async fn a_retry_after_covers_the_time_the_clock_is_held() {
+        let window = Duration::from_secs(60);
+        let store = std::sync::Arc::new(Virtual::default());
+        let limiter = StoreLimiter::new(
+            Algorithm::FixedWindow { limit: 1, window },
+            "t",
+            std::sync::Arc::clone(&store),
+        )
+        .unwrap();
+        let w = window.as_nanos() as u64;
+        let ahead = limiter.inner.clock.now() + 3_600_000_000_000;
+        let held = (ahead / w + 1) * w - 1_000_000;
+        limiter.inner.clock.last.store(held, Ordering::Relaxed);
+        limiter.try_acquire("x").await.unwrap();
+        match limiter.try_acquire("x").await {
+            Err(TryAcquireError::Rejected(r)) => assert!(
+                r.retry_after() > Duration::from_secs(3_599),
+                "retry after {:?}, while the clock is held for an hour",
+                r.retry_after()
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// In the same hold, an admission's reset-after (the time until the subject is back to its
+    /// full limit) is an hour of real time too, for the admission and for a charge: it said
+    /// 1 ms, and a client that waited that long found the window still running for the hour.
+    #[tokio::test]
+    async fn a_reset_after_covers_the_time_the_clock_is_held() {
+        let window = Duration::from_secs(60);
+        let store = std::sync::Arc::new(Virtual::default());
+        let limiter = StoreLimiter::new(
+            Algorithm::FixedWindow { limit: 3, window },
+            "t",
+            std::sync::Arc::clone(&store),
+        )
+        .unwrap();
+        let w = window.as_nanos() as u64;
+        let ahead = limiter.inner.clock.now() + 3_600_000_000_000;
+        let held = (ahead / w + 1) * w - 1_000_000;
+        limiter.inner.clock.last.store(held, Ordering::Relaxed);
+        let admission = limiter.try_acquire("x").await.unwrap();
+        let charged = limiter.charge("x", 1).await.unwrap();
+        for (what, reset_after) in [
+            ("admission", admission.reset_after()),
+            ("charge", charged.reset_after()),
+        ] {
+            assert!(
+                reset_after > Duration::from_secs(3_599),
+                "{what}: reset after {reset_after:?}, while the clock is held for an hour"
+            );
+        }
+        // A state at its full limit (a bucket's reset-after of 0) is so now, held or not.
+        let bucket = StoreLimiter::new(
+            Algorithm::TokenBucket {
+                rate: crate::Rate::per_second(1),
+                burst: 1,
+            },
+            "t",
+            std::sync::Arc::clone(&store),
+        )
+        .unwrap();
+        bucket.inner.clock.last.store(held, Ordering::Relaxed);
+        let probe = bucket.try_acquire_n("y", 0).await.unwrap();
+        assert_eq!(probe.reset_after(), Duration::ZERO);
     }
 }
