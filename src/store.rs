@@ -226,14 +226,15 @@ pub struct StoreStats {
 /// of the system clock the reading stays still until the clock catches up, and each TTL,
 /// retry-after and reset-after is lengthened by that wait, the real time the state's own time
 /// takes to pass. Keys are `prefix:subject:fw` (or `sw`, `sc`, `tb`), subject bytes as given: a
-/// store with a key length limit must hash long keys itself. A `:` in the prefix is written `%3A` and a `%` as `%25`, so
-/// that the prefix ends at the key's first `:` and no two limiters' keys meet: written as is,
-/// prefix `a` with subject `b:x` and prefix `a:b` with subject `x` shared the key `a:b:x:fw`. A
-/// prefix without either character is written as is; one with either gets new keys, so its
-/// subjects start afresh once when a version that wrote it as is is replaced. A stored value that cannot be this algorithm's state is
-/// treated as absent (never a panic, never a wait for a writer that does not exist); one that
-/// can is used as it is, whoever wrote it: a token bucket's arrival time or a sliding window's
-/// expiry far ahead (a foreign value, or a writer whose clock is ahead) rejects until then.
+/// store with a key length limit must hash long keys itself. A `:` in the prefix is written `%3A`
+/// and a `%` as `%25`, so that the prefix ends at the key's first `:` and no two limiters' keys
+/// meet: written as is, prefix `a` with subject `b:x` and prefix `a:b` with subject `x` shared the
+/// key `a:b:x:fw`. A prefix without either character is written as is; one with either gets new
+/// keys, so its subjects start afresh once when a version that wrote it as is is replaced. A stored
+/// value that cannot be this algorithm's state is treated as absent (never a panic, never a wait
+/// for a writer that does not exist); one that can is used as it is, whoever wrote it: a token
+/// bucket's arrival time or a sliding window's expiry far ahead (a foreign value, or a writer whose
+/// clock is ahead) rejects until then.
 ///
 /// **Other parameters on existing keys** (another process, or a redeploy, over the same keys):
 /// the fixed window and the sliding counter apply the caller's limit to the counts they find;
