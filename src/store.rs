@@ -84,7 +84,15 @@ pub trait Store: Send + Sync + 'static {
     /// # Cancel safety
     ///
     /// The limiter may drop this future; the write may then have happened or not, and either is
-    /// fine for the limiter (the admission it was for is never reported to the caller).
+    /// fine for the limiter (the admission it was for is never reported to the caller). What is
+    /// not fine is a write that happens *later*: the limiter releases the subject's lock when
+    /// the future is dropped, so a request still in flight (sent on a pooled connection, or
+    /// queued in a client's background task) that lands after a later decision's write
+    /// replaces that state with an older one, and the admissions recorded in between are
+    /// forgotten. An implementation must therefore either finish or abandon the write by the
+    /// time the future is dropped (a request on a connection of its own, closed on drop, or a
+    /// store call that is not cancellable), or accept that a cancelled caller can make the
+    /// subject over-admit by what was decided meanwhile.
     ///
     /// # Examples
     ///
