@@ -70,6 +70,8 @@ mod chain;
 mod clock;
 mod concurrency;
 mod decision;
+#[cfg(feature = "envoy")]
+pub mod envoy;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
