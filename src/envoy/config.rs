@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
-/// The rate limit configuration of Envoy's rate limit service: one or more domains,
+/// The rate limit configuration of an [`RlsService`](super::RlsService): one or more domains,
 /// each loaded from one of envoyproxy/ratelimit's YAML files, as they are.
 ///
 /// A file holds a `domain` and its `descriptors`: each has a `key`, an optional `value` (a
@@ -48,7 +48,6 @@ pub struct RlsConfig {
 
 /// A configured limit, as the service applies it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(dead_code)] // read by the service
 pub(crate) struct LimitSpec {
     /// The domain and the composite keys of the descriptors down to this one
     /// (`domain.key_value.key`): with the limit itself, what identifies its counters across
@@ -265,12 +264,10 @@ impl RlsConfig {
         self.domains.keys().map(String::as_str)
     }
 
-    #[allow(dead_code)] // read by the service
     pub(crate) fn limits(&self) -> &[LimitSpec] {
         &self.limits
     }
 
-    #[allow(dead_code)] // read by the service
     pub(crate) fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)
     }
@@ -279,7 +276,6 @@ impl RlsConfig {
     /// level, the descriptor with the entry's key and value, else the first whose value is a
     /// prefix of it (`*`), else the one with the key and no value; the limit applies only if
     /// it is on the descriptor matched by the last entry.
-    #[allow(dead_code)] // read by the service
     pub(crate) fn find(&self, domain: &str, entries: &[Entry]) -> Option<usize> {
         let mut level = self.domains.get(domain)?;
         let last = entries.len().checked_sub(1)?;

@@ -1,0 +1,726 @@
+//! The `ShouldRateLimit` service: decisions over `KeyedLimiter`s, hot reload, and the tonic
+//! service that serves them.
+
+use super::config::{LimitSpec, RlsConfig, RlsConfigError};
+use super::proto::{
+    Code, DescriptorStatus, Entry, ProtoDuration, RateLimit, RateLimitRequest, RateLimitResponse,
+    Unit,
+};
+use crate::{Algorithm, Clock, DefaultClock, KeyedLimiter, KeyedRefundable, TryAcquireError};
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The gRPC path of the one method served.
+pub const SHOULD_RATE_LIMIT_PATH: &str =
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The most distinct request `limit` overrides (domain, requests per unit, unit) given a
+/// limiter of their own; an override beyond them is ignored (the configured limit applies).
+pub const MAX_OVERRIDE_LIMITS: usize = 1024;
+
+/// A descriptor's counters: its entries, as the request sent them.
+type Key = Vec<Entry>;
+type Hasher = foldhash::fast::RandomState;
+type Limiter<C> = KeyedLimiter<Key, C, Hasher>;
+
+/// The clock an [`RlsService`] uses unless told otherwise: [`DefaultClock`] read as nanoseconds
+/// since the Unix epoch, so that a unit's fixed windows start on UTC's whole seconds, minutes,
+/// hours and days (months and years: multiples of 30 and 365 days since 1970), as Envoy's
+/// service aligns them.
+///
+/// The offset is taken from the system clock once, when the clock is made; after that time
+/// only moves forward with the monotonic clock, whatever the system clock does.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{SystemTime, UNIX_EPOCH};
+/// use turnstile::Clock;
+/// use turnstile::envoy::UnixClock;
+///
+/// let clock = UnixClock::new();
+/// let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+/// assert!(clock.now().abs_diff(unix) < 5_000_000_000);
+/// ```
+#[derive(Debug, Clone)]
+pub struct UnixClock {
+    base: DefaultClock,
+    offset: u64,
+}
+
+impl UnixClock {
+    /// A clock reading the Unix time now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::Clock;
+    ///
+    /// assert!(turnstile::envoy::UnixClock::new().now() > 1_600_000_000_000_000_000);
+    /// ```
+    pub fn new() -> Self {
+        let base = DefaultClock::new();
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        UnixClock {
+            offset: unix.saturating_sub(base.now()),
+            base,
+        }
+    }
+}
+
+impl Default for UnixClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for UnixClock {
+    fn now(&self) -> u64 {
+        self.base.now().saturating_add(self.offset)
+    }
+
+    fn catch_up(&self) {
+        self.base.catch_up();
+    }
+}
+
+/// Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService`), answering
+/// `ShouldRateLimit` from an [`RlsConfig`], counting in memory.
+///
+/// Mount it on a tonic server with `Server::builder().add_service(service.clone())`; keep a clone
+/// to [`reload`](Self::reload) the configuration. Clones share everything.
+///
+/// # Decisions
+///
+/// Each request descriptor is matched against its domain's descriptors as Envoy's service
+/// matches it (see [`RlsConfig`]); a matched limit counts in fixed windows of its unit, one
+/// counter per distinct list of entries (so a descriptor configured without a `value` counts
+/// each value apart). A descriptor's cost is its own `hits_addend` if set (0 only checks), else
+/// the request's (0 means 1).
+///
+/// - **All or nothing.** When one descriptor is over its limit, the hits the request took from
+///   the others are given back: a rejected request costs nothing, as a rejection of turnstile's
+///   HTTP layer costs nothing. Envoy's service charges every descriptor even when one is over
+///   (so a client over one limit also eats into the others); this is the one deliberate
+///   difference. A descriptor over its limit is not charged either (Envoy counts it).
+/// - `shadow_mode: true`: never over the limit; when it would be, its status is `OK` with
+///   `limit_remaining` 0, as in Envoy.
+/// - `unlimited: true`: `OK`, no counting, `limit_remaining` `u32::MAX`.
+/// - `requests_per_unit: 0`: every hit is over the limit.
+/// - A request `limit` override counts in a limiter of its own per (domain, requests per unit,
+///   unit), keyed by the entries; overrides with an unknown unit are ignored, as are overrides
+///   beyond [`MAX_OVERRIDE_LIMITS`] distinct ones.
+/// - `replaces`: a matched limit naming others in `replaces` makes those not apply to the
+///   request.
+/// - An unknown domain, or a descriptor no limit matches: `OK`, no `current_limit`.
+/// - A request with an empty domain or no descriptors: the gRPC status `INVALID_ARGUMENT`.
+/// - Statuses: `current_limit` (requests per unit, unit, name), `limit_remaining` and
+///   `duration_until_reset` (exact: the time left in the window). On `OVER_LIMIT`,
+///   `limit_remaining` is what is left, which the rejected hits did not take: 0 unless the
+///   request asked for more hits than were left (Envoy, having counted them, reports 0).
+/// - A new counter when its limit already holds its most keys
+///   ([`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS)) and none is idle: `OVER_LIMIT`, nothing
+///   counted (fail closed).
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::proto::{Code, Entry, RateLimitDescriptor, RateLimitRequest};
+/// use turnstile::envoy::{RlsConfig, RlsService};
+///
+/// let service = RlsService::new(RlsConfig::from_yaml_str(r#"
+/// domain: rl
+/// descriptors:
+///   - key: category
+///     value: account
+///     rate_limit: { unit: minute, requests_per_unit: 1 }
+/// "#)?)?;
+/// let request = RateLimitRequest {
+///     domain: "rl".into(),
+///     descriptors: vec![RateLimitDescriptor {
+///         entries: vec![Entry { key: "category".into(), value: "account".into() }],
+///         ..Default::default()
+///     }],
+///     hits_addend: 0,
+/// };
+/// assert_eq!(service.should_rate_limit(&request)?.overall_code(), Code::Ok);
+/// assert_eq!(service.should_rate_limit(&request)?.overall_code(), Code::OverLimit);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RlsService<C: Clock + Clone = UnixClock> {
+    shared: Arc<Shared<C>>,
+}
+
+struct Shared<C: Clock + Clone> {
+    clock: C,
+    state: RwLock<Arc<State<C>>>,
+    overrides: Mutex<HashMap<(String, u32, Unit), Limiter<C>>>,
+}
+
+struct State<C: Clock + Clone> {
+    config: RlsConfig,
+    /// Per `config.limits()`: `None` for unlimited limits and for `requests_per_unit: 0`.
+    limiters: Vec<Option<Limiter<C>>>,
+}
+
+impl<C: Clock + Clone> Clone for RlsService<C> {
+    fn clone(&self) -> Self {
+        RlsService {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<C: Clock + Clone> std::fmt::Debug for RlsService<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state();
+        f.debug_struct("RlsService")
+            .field("domains", &state.config.domains().collect::<Vec<_>>())
+            .field("limits", &state.config.limits().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RlsService {
+    /// A service answering from `config`, on a [`UnixClock`].
+    ///
+    /// # Errors
+    ///
+    /// [`RlsConfigError::Invalid`] if a limit cannot be built (not expected of a loaded
+    /// configuration).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: edge\n")?)?;
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn new(config: RlsConfig) -> Result<Self, RlsConfigError> {
+        Self::with_clock(config, UnixClock::new())
+    }
+}
+
+impl<C: Clock + Clone> RlsService<C> {
+    /// A service answering from `config`, on `clock` (a [`ManualClock`](crate::ManualClock) in
+    /// tests). Windows are aligned to the clock's epoch.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](RlsService::new).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::ManualClock;
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let clock = ManualClock::new();
+    /// let service = RlsService::with_clock(RlsConfig::from_yaml_str("domain: edge\n")?, clock)?;
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn with_clock(config: RlsConfig, clock: C) -> Result<Self, RlsConfigError> {
+        let limiters = build_limiters(&config, &clock, None)?;
+        Ok(RlsService {
+            shared: Arc::new(Shared {
+                clock,
+                state: RwLock::new(Arc::new(State { config, limiters })),
+                overrides: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Replaces the configuration. A limit found again at the same descriptor path (domain,
+    /// keys and values), with the same requests per unit and unit, keeps its limiter and so
+    /// its counts; any other limit starts empty. Requests being decided finish on the
+    /// configuration they started with. Limiters of request `limit` overrides are kept.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](RlsService::new); the old configuration then stays.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: a\n")?)?;
+    /// service.reload(RlsConfig::from_yaml_str("domain: b\n")?)?;
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn reload(&self, config: RlsConfig) -> Result<(), RlsConfigError> {
+        let mut slot = self
+            .shared
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let limiters = build_limiters(&config, &self.shared.clock, Some(&slot))?;
+        *slot = Arc::new(State { config, limiters });
+        Ok(())
+    }
+
+    fn state(&self) -> Arc<State<C>> {
+        Arc::clone(
+            &self
+                .shared
+                .state
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// Decides one `ShouldRateLimit` request (what the gRPC service calls), as described on
+    /// [`RlsService`]. Never blocks on the limiters (a read lock on the configuration only).
+    ///
+    /// # Errors
+    ///
+    /// `INVALID_ARGUMENT` for an empty domain or an empty descriptor list.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::proto::{Code, RateLimitRequest};
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::default())?;
+    /// let err = service.should_rate_limit(&RateLimitRequest::default()).unwrap_err();
+    /// assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        if request.domain.is_empty() {
+            return Err(tonic::Status::invalid_argument(
+                "rate limit domain must not be empty",
+            ));
+        }
+        if request.descriptors.is_empty() {
+            return Err(tonic::Status::invalid_argument(
+                "rate limit descriptor list must not be empty",
+            ));
+        }
+        let state = self.state();
+        let known = state.config.has_domain(&request.domain);
+        // What applies to each descriptor.
+        let mut applied: Vec<Applied<'_, C>> = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                if !known {
+                    return Applied::Nothing;
+                }
+                if let Some(o) = d.limit {
+                    if let Some(applied) = self.override_limit(&request.domain, o) {
+                        return applied;
+                    }
+                }
+                match state.config.find(&request.domain, &d.entries) {
+                    None => Applied::Nothing,
+                    Some(i) => {
+                        let spec = &state.config.limits()[i];
+                        if spec.unlimited {
+                            Applied::Unlimited
+                        } else {
+                            Applied::Limit {
+                                spec: Spec::Configured(spec),
+                                limiter: state.limiters[i].clone(),
+                            }
+                        }
+                    }
+                }
+            })
+            .collect();
+        // `replaces`: limits named by a matched limit do not apply.
+        let replaced: HashSet<&str> = applied
+            .iter()
+            .filter_map(|a| match a {
+                Applied::Limit {
+                    spec: Spec::Configured(s),
+                    ..
+                } => Some(s.replaces.iter().map(String::as_str)),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        if !replaced.is_empty() {
+            for a in &mut applied {
+                if let Applied::Limit {
+                    spec: Spec::Configured(s),
+                    ..
+                } = a
+                {
+                    if !s.name.is_empty() && replaced.contains(s.name.as_str()) {
+                        *a = Applied::Nothing;
+                    }
+                }
+            }
+        }
+
+        let now = self.shared.clock.now();
+        let mut rejected = false;
+        let mut outcomes = Vec::with_capacity(applied.len());
+        for (a, d) in applied.iter().zip(&request.descriptors) {
+            let hits = match d.hits_addend {
+                Some(h) => h.value,
+                None => u64::from(request.hits_addend.max(1)),
+            };
+            let outcome = match a {
+                Applied::Nothing => Outcome::Nothing,
+                Applied::Unlimited => Outcome::Unlimited,
+                Applied::Limit { spec, limiter } => {
+                    let o = decide(limiter.as_ref(), &d.entries, hits, spec.unit(), now);
+                    if matches!(o, Outcome::Over { .. }) && !spec.shadow_mode() {
+                        rejected = true;
+                    }
+                    o
+                }
+            };
+            outcomes.push(outcome);
+        }
+
+        let mut statuses = Vec::with_capacity(outcomes.len());
+        for (outcome, a) in outcomes.into_iter().zip(&applied) {
+            let current_limit = match a {
+                Applied::Limit { spec, .. } => Some(spec.proto()),
+                _ => None,
+            };
+            let shadow = matches!(a, Applied::Limit { spec, .. } if spec.shadow_mode());
+            let status = match outcome {
+                Outcome::Nothing => status(Code::Ok, None, 0, None),
+                Outcome::Unlimited => status(Code::Ok, None, u32::MAX, None),
+                Outcome::Admitted(taken) => {
+                    let admission = taken.admission();
+                    if rejected {
+                        // All or nothing: give this descriptor's hits back.
+                        let key = taken.key().clone();
+                        taken.refund();
+                        let remaining = match a {
+                            Applied::Limit {
+                                limiter: Some(l), ..
+                            } => l.available(&key),
+                            _ => admission.remaining(),
+                        };
+                        status(
+                            Code::Ok,
+                            current_limit,
+                            remaining,
+                            Some(admission.reset_after()),
+                        )
+                    } else {
+                        status(
+                            Code::Ok,
+                            current_limit,
+                            admission.remaining(),
+                            Some(admission.reset_after()),
+                        )
+                    }
+                }
+                Outcome::Within { remaining, reset } => {
+                    status(Code::Ok, current_limit, remaining, Some(reset))
+                }
+                Outcome::Over { remaining, reset } => status(
+                    if shadow { Code::Ok } else { Code::OverLimit },
+                    current_limit,
+                    if shadow { 0 } else { remaining },
+                    Some(reset),
+                ),
+            };
+            statuses.push(status);
+        }
+        Ok(RateLimitResponse {
+            overall_code: if rejected { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            ..Default::default()
+        })
+    }
+
+    fn override_limit(
+        &self,
+        domain: &str,
+        o: super::proto::RateLimitOverride,
+    ) -> Option<Applied<'static, C>> {
+        let unit = Unit::try_from(o.unit).ok()?;
+        let window = unit.duration()?;
+        let spec = Spec::Override {
+            requests_per_unit: o.requests_per_unit,
+            unit,
+        };
+        if o.requests_per_unit == 0 {
+            return Some(Applied::Limit {
+                spec,
+                limiter: None,
+            });
+        }
+        let mut overrides = self
+            .shared
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let id = (domain.to_owned(), o.requests_per_unit, unit);
+        let limiter = match overrides.get(&id) {
+            Some(l) => l.clone(),
+            None if overrides.len() >= MAX_OVERRIDE_LIMITS => return None,
+            None => {
+                let l = fixed_window(o.requests_per_unit, window, &self.shared.clock).ok()?;
+                overrides.insert(id, l.clone());
+                l
+            }
+        };
+        Some(Applied::Limit {
+            spec,
+            limiter: Some(limiter),
+        })
+    }
+}
+
+enum Spec<'a> {
+    Configured(&'a LimitSpec),
+    Override { requests_per_unit: u32, unit: Unit },
+}
+
+impl Spec<'_> {
+    fn unit(&self) -> Unit {
+        match self {
+            Spec::Configured(s) => s.unit,
+            Spec::Override { unit, .. } => *unit,
+        }
+    }
+
+    fn shadow_mode(&self) -> bool {
+        match self {
+            Spec::Configured(s) => s.shadow_mode,
+            Spec::Override { .. } => false,
+        }
+    }
+
+    fn proto(&self) -> RateLimit {
+        match self {
+            Spec::Configured(s) => RateLimit {
+                name: s.name.clone(),
+                requests_per_unit: s.requests_per_unit,
+                unit: s.unit as i32,
+            },
+            Spec::Override {
+                requests_per_unit,
+                unit,
+            } => RateLimit {
+                name: String::new(),
+                requests_per_unit: *requests_per_unit,
+                unit: *unit as i32,
+            },
+        }
+    }
+}
+
+enum Applied<'a, C: Clock + Clone> {
+    Nothing,
+    Unlimited,
+    Limit {
+        spec: Spec<'a>,
+        /// `None` when `requests_per_unit` is 0.
+        limiter: Option<Limiter<C>>,
+    },
+}
+
+enum Outcome<C: Clock + Clone> {
+    Nothing,
+    Unlimited,
+    Admitted(KeyedRefundable<Key, C, Hasher>),
+    /// Under the limit without taking anything (a check with 0 hits).
+    Within {
+        remaining: u32,
+        reset: Duration,
+    },
+    Over {
+        remaining: u32,
+        reset: Duration,
+    },
+}
+
+/// Time left in the window of `unit` that holds `now`.
+fn window_left(unit: Unit, now: u64) -> Duration {
+    let w = unit
+        .duration()
+        .and_then(|d| u64::try_from(d.as_nanos()).ok())
+        .unwrap_or(1)
+        .max(1);
+    Duration::from_nanos(w - now % w)
+}
+
+fn decide<C: Clock + Clone>(
+    limiter: Option<&Limiter<C>>,
+    entries: &[Entry],
+    hits: u64,
+    unit: Unit,
+    now: u64,
+) -> Outcome<C> {
+    let reset = window_left(unit, now);
+    let Some(limiter) = limiter else {
+        // `requests_per_unit: 0`: any hit is over; a check is not.
+        return if hits == 0 {
+            Outcome::Within {
+                remaining: 0,
+                reset,
+            }
+        } else {
+            Outcome::Over {
+                remaining: 0,
+                reset,
+            }
+        };
+    };
+    let key: Key = entries.to_vec();
+    if hits == 0 {
+        return Outcome::Within {
+            remaining: limiter.available(&key),
+            reset,
+        };
+    }
+    let Ok(n) = u32::try_from(hits) else {
+        return Outcome::Over {
+            remaining: limiter.available(&key),
+            reset,
+        };
+    };
+    match limiter.try_acquire_refundable(&key, n) {
+        Ok(taken) => Outcome::Admitted(taken),
+        Err(TryAcquireError::Rejected(r)) => Outcome::Over {
+            remaining: limiter.available(&key),
+            reset: r.retry_after(),
+        },
+        // More hits than the limit: over whatever the count. The key cap reached with no idle
+        // key: over as well (fail closed), with nothing counted.
+        Err(_) => Outcome::Over {
+            remaining: limiter.available(&key),
+            reset,
+        },
+    }
+}
+
+fn status(
+    code: Code,
+    current_limit: Option<RateLimit>,
+    limit_remaining: u32,
+    reset: Option<Duration>,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit,
+        limit_remaining,
+        duration_until_reset: reset.map(ProtoDuration::from),
+    }
+}
+
+fn fixed_window<C: Clock + Clone>(
+    limit: u32,
+    window: Duration,
+    clock: &C,
+) -> Result<Limiter<C>, crate::ConfigError> {
+    KeyedLimiter::builder(Algorithm::FixedWindow { limit, window })
+        .clock(clock.clone())
+        .hasher(Hasher::default())
+        .build()
+}
+
+fn build_limiters<C: Clock + Clone>(
+    config: &RlsConfig,
+    clock: &C,
+    old: Option<&State<C>>,
+) -> Result<Vec<Option<Limiter<C>>>, RlsConfigError> {
+    let kept: HashMap<(&str, u32, Unit), &Limiter<C>> = old
+        .map(|old| {
+            old.config
+                .limits()
+                .iter()
+                .zip(&old.limiters)
+                .filter_map(|(s, l)| {
+                    l.as_ref()
+                        .map(|l| ((s.path.as_str(), s.requests_per_unit, s.unit), l))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    config
+        .limits()
+        .iter()
+        .map(|s| {
+            if s.unlimited || s.requests_per_unit == 0 {
+                return Ok(None);
+            }
+            if let Some(l) = kept.get(&(s.path.as_str(), s.requests_per_unit, s.unit)) {
+                return Ok(Some((*l).clone()));
+            }
+            let window = s.unit.duration().unwrap_or(Duration::from_secs(1));
+            fixed_window(s.requests_per_unit, window, clock)
+                .map(Some)
+                .map_err(|e| RlsConfigError::Invalid {
+                    source: "configuration".to_owned(),
+                    field: s.path.clone(),
+                    message: e.to_string(),
+                })
+        })
+        .collect()
+}
+
+impl<C: Clock + Clone> tonic::server::NamedService for RlsService<C> {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+/// The unary method, as tonic's server runs it.
+struct ShouldRateLimit<C: Clock + Clone>(RlsService<C>);
+
+impl<C: Clock + Clone> tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit<C> {
+    type Response = RateLimitResponse;
+    type Future = std::future::Ready<Result<tonic::Response<RateLimitResponse>, tonic::Status>>;
+
+    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
+        std::future::ready(
+            self.0
+                .should_rate_limit(request.get_ref())
+                .map(tonic::Response::new),
+        )
+    }
+}
+
+impl<C, B> tower::Service<http::Request<B>> for RlsService<C>
+where
+    C: Clock + Clone,
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() == SHOULD_RATE_LIMIT_PATH {
+            let method = ShouldRateLimit(self.clone());
+            Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+                Ok(grpc.unary(method, request).await)
+            })
+        } else {
+            Box::pin(async move {
+                Ok(
+                    tonic::Status::unimplemented("no such method on the rate limit service")
+                        .into_http(),
+                )
+            })
+        }
+    }
+}
