@@ -705,7 +705,7 @@ async fn a_limit_override_counts_in_its_own_limiter() {
 // Reload
 
 #[tokio::test]
-async fn reload_keeps_the_counts_of_unchanged_limits_and_resets_changed_ones() {
+async fn reload_keeps_the_counts_of_limits_at_the_same_path_and_unit() {
     let v1 = "
 domain: d
 descriptors:
@@ -713,13 +713,18 @@ descriptors:
     rate_limit: { unit: minute, requests_per_unit: 5 }
   - key: b
     rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: u
+    rate_limit: { unit: minute, requests_per_unit: 5 }
 ";
-    // `a` is the same limit, moved and renamed; `b` changed its limit.
+    // `a` is the same limit, moved and renamed; `b` has a new limit in the same unit (its count
+    // is kept, as Envoy's counters do not depend on the limit); `u` changed its unit.
     let v2 = "
 domain: d
 descriptors:
   - key: c
     rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: u
+    rate_limit: { unit: hour, requests_per_unit: 5 }
   - key: b
     rate_limit: { unit: minute, requests_per_unit: 6 }
   - key: a
@@ -728,15 +733,27 @@ descriptors:
     let mut rls = start(&[v1]).await;
     let a: &[(&str, &str)] = &[("a", "1")];
     let b: &[(&str, &str)] = &[("b", "1")];
-    assert_eq!(remaining(&rls.call_hits("d", &[a, b], 3).await), [2, 2]);
+    let u: &[(&str, &str)] = &[("u", "1")];
+    assert_eq!(
+        remaining(&rls.call_hits("d", &[a, b, u], 3).await),
+        [2, 2, 2]
+    );
     rls.service
         .reload(RlsConfig::from_yaml_str(v2).unwrap())
         .unwrap();
-    let r = rls.call("d", &[a, b]).await;
-    assert_eq!(remaining(&r), [1, 5]);
+    let r = rls.call("d", &[a, b, u]).await;
+    assert_eq!(remaining(&r), [1, 2, 4]);
     assert_eq!(
         r.statuses[0].current_limit.as_ref().unwrap().name,
         "renamed"
+    );
+    assert_eq!(
+        r.statuses[1]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        6
     );
     // A domain dropped by a reload is unknown afterwards.
     rls.service

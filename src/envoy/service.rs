@@ -240,9 +240,11 @@ impl<C: Clock + Clone> RlsService<C> {
     }
 
     /// Replaces the configuration. A limit found again at the same descriptor path (domain,
-    /// keys and values), with the same requests per unit and unit, keeps its limiter and so
-    /// its counts; any other limit starts empty. Requests being decided finish on the
-    /// configuration they started with. Limiters of request `limit` overrides are kept.
+    /// keys and values) with the same unit keeps its counts, wherever it moved in the file and
+    /// whatever its name; with other requests per unit, the new limit applies to them (as in
+    /// Envoy's service, whose counters do not depend on the limit). Any other limit starts
+    /// empty. Requests being decided finish on the configuration they started with. Limiters
+    /// of request `limit` overrides are kept.
     ///
     /// # Errors
     ///
@@ -638,7 +640,9 @@ fn build_limiters<C: Clock + Clone>(
     clock: &C,
     old: Option<&State<C>>,
 ) -> Result<Vec<Option<Limiter<C>>>, RlsConfigError> {
-    let kept: HashMap<(&str, u32, Unit), &Limiter<C>> = old
+    // A limit's counters are identified as Envoy's are: by domain, descriptor path and unit
+    // (its window), not by its requests per unit.
+    let kept: HashMap<(&str, Unit), (&Limiter<C>, u32)> = old
         .map(|old| {
             old.config
                 .limits()
@@ -646,31 +650,45 @@ fn build_limiters<C: Clock + Clone>(
                 .zip(&old.limiters)
                 .filter_map(|(s, l)| {
                     l.as_ref()
-                        .map(|l| ((s.path.as_str(), s.requests_per_unit, s.unit), l))
+                        .map(|l| ((s.path.as_str(), s.unit), (l, s.requests_per_unit)))
                 })
                 .collect()
         })
         .unwrap_or_default();
-    config
-        .limits()
-        .iter()
-        .map(|s| {
-            if s.unlimited || s.requests_per_unit == 0 {
-                return Ok(None);
+    let invalid = |s: &LimitSpec, e: crate::ConfigError| RlsConfigError::Invalid {
+        source: "configuration".to_owned(),
+        field: s.path.clone(),
+        message: e.to_string(),
+    };
+    let mut limiters = Vec::with_capacity(config.limits().len());
+    let mut changed = Vec::new();
+    for s in config.limits() {
+        if s.unlimited || s.requests_per_unit == 0 {
+            limiters.push(None);
+            continue;
+        }
+        let window = s.unit.duration().unwrap_or(Duration::from_secs(1));
+        match kept.get(&(s.path.as_str(), s.unit)) {
+            Some(&(l, old_limit)) => {
+                if old_limit != s.requests_per_unit {
+                    changed.push((s, l, window));
+                }
+                limiters.push(Some(l.clone()));
             }
-            if let Some(l) = kept.get(&(s.path.as_str(), s.requests_per_unit, s.unit)) {
-                return Ok(Some((*l).clone()));
-            }
-            let window = s.unit.duration().unwrap_or(Duration::from_secs(1));
-            fixed_window(s.requests_per_unit, window, clock)
-                .map(Some)
-                .map_err(|e| RlsConfigError::Invalid {
-                    source: "configuration".to_owned(),
-                    field: s.path.clone(),
-                    message: e.to_string(),
-                })
+            None => limiters.push(Some(
+                fixed_window(s.requests_per_unit, window, clock).map_err(|e| invalid(s, e))?,
+            )),
+        }
+    }
+    // Last, once nothing else can fail: a new limit in the same window keeps the counts.
+    for (s, l, window) in changed {
+        l.reconfigure(Algorithm::FixedWindow {
+            limit: s.requests_per_unit,
+            window,
         })
-        .collect()
+        .map_err(|e| invalid(s, e))?;
+    }
+    Ok(limiters)
 }
 
 impl<C: Clock + Clone> tonic::server::NamedService for RlsService<C> {
