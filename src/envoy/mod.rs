@@ -27,6 +27,8 @@
 
 mod config;
 pub mod proto;
+#[cfg(feature = "redis")]
+mod remote;
 mod service;
 
 pub use config::{RlsConfig, RlsConfigError};

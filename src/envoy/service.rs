@@ -3,8 +3,8 @@
 
 use super::config::{LimitSpec, RlsConfig, RlsConfigError};
 use super::proto::{
-    Code, DescriptorStatus, Entry, ProtoDuration, RateLimit, RateLimitRequest, RateLimitResponse,
-    Unit,
+    Code, DescriptorStatus, Entry, ProtoDuration, RateLimit, RateLimitDescriptor,
+    RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit,
 };
 use crate::{Algorithm, Clock, DefaultClock, KeyedLimiter, KeyedRefundable, TryAcquireError};
 use std::collections::{HashMap, HashSet};
@@ -93,7 +93,8 @@ impl Clock for UnixClock {
 }
 
 /// Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService`), answering
-/// `ShouldRateLimit` from an [`RlsConfig`], counting in memory.
+/// `ShouldRateLimit` from an [`RlsConfig`], counting in memory (or, made with `with_redis`
+/// under the feature `redis`, in Redis: see there for how its decisions differ).
 ///
 /// Mount it on a tonic server with `Server::builder().add_service(service.clone())`; keep a clone
 /// to [`reload`](Self::reload) the configuration. Clones share everything.
@@ -163,12 +164,19 @@ struct Shared<C: Clock + Clone> {
     clock: C,
     state: RwLock<Arc<State<C>>>,
     overrides: Mutex<HashMap<(String, u32, Unit), Limiter<C>>>,
+    /// Where the counters are when they are in Redis.
+    #[cfg(feature = "redis")]
+    remote: Option<super::remote::Remote>,
 }
 
 struct State<C: Clock + Clone> {
     config: RlsConfig,
-    /// Per `config.limits()`: `None` for unlimited limits and for `requests_per_unit: 0`.
+    /// Per `config.limits()`: `None` for unlimited limits and for `requests_per_unit: 0`
+    /// (and for every limit when counting in Redis).
     limiters: Vec<Option<Limiter<C>>>,
+    /// As `limiters`, when counting in Redis; empty otherwise.
+    #[cfg(feature = "redis")]
+    remote: Vec<Option<crate::RedisLimiter>>,
 }
 
 impl<C: Clock + Clone> Clone for RlsService<C> {
@@ -208,6 +216,66 @@ impl RlsService {
     pub fn new(config: RlsConfig) -> Result<Self, RlsConfigError> {
         Self::with_clock(config, UnixClock::new())
     }
+
+    /// A service answering from `config`, counting in Redis (feature `redis`), so that every
+    /// process on that Redis shares the counts, as envoyproxy/ratelimit's instances do.
+    ///
+    /// Each configured limit is a [`RedisLimiter`](crate::RedisLimiter) with a fixed window of
+    /// its unit, on Redis's clock (windows aligned to Unix time), with `policy` for when Redis
+    /// fails or is slow (50 ms deadline), under keys `prefix:<16 hex digits naming the domain,
+    /// descriptor path and unit>:{<the entries>}:fw`: a reload keeps the counts of limits at
+    /// the same path and unit, whatever their requests per unit, as in Envoy. Decide with
+    /// [`decide`](RlsService::decide) (the gRPC service does);
+    /// [`should_rate_limit`](RlsService::should_rate_limit) answers `FAILED_PRECONDITION`.
+    ///
+    /// A request's descriptors that are enforced (not in shadow mode) and cost the same hits
+    /// are decided in one script, one round trip, all or nothing. With different per-descriptor
+    /// `hits_addend`s they are decided one round trip each, in order, stopping at the first
+    /// over its limit: the ones before it stay charged (as Envoy charges them). Shadow-mode
+    /// descriptors take a round trip each, and only when the request is admitted. A standalone
+    /// Redis (or Valkey) only: on a Cluster, one request's counters lie in different slots.
+    ///
+    /// # Errors
+    ///
+    /// [`RlsConfigError::Invalid`] naming `prefix` for a prefix Redis keys cannot have (empty,
+    /// over 256 bytes, or with `{` or `}`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    /// use turnstile::redis::{aio::ConnectionManager, Client};
+    /// use turnstile::FailurePolicy;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let connection = ConnectionManager::new(Client::open("redis://127.0.0.1/")?).await?;
+    /// let config = RlsConfig::from_files(["config/edge.yaml"])?;
+    /// let service = RlsService::with_redis(config, connection, "ratelimit", FailurePolicy::FailOpen)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn with_redis(
+        config: RlsConfig,
+        connection: crate::redis::aio::ConnectionManager,
+        prefix: impl Into<String>,
+        policy: crate::FailurePolicy,
+    ) -> Result<Self, RlsConfigError> {
+        let remote = super::remote::Remote::new(connection, prefix.into(), policy)?;
+        let limiters = remote.limiters(&config)?;
+        Ok(RlsService {
+            shared: Arc::new(Shared {
+                clock: UnixClock::new(),
+                state: RwLock::new(Arc::new(State {
+                    config,
+                    limiters: Vec::new(),
+                    remote: limiters,
+                })),
+                overrides: Mutex::new(HashMap::new()),
+                remote: Some(remote),
+            }),
+        })
+    }
 }
 
 impl<C: Clock + Clone> RlsService<C> {
@@ -233,8 +301,15 @@ impl<C: Clock + Clone> RlsService<C> {
         Ok(RlsService {
             shared: Arc::new(Shared {
                 clock,
-                state: RwLock::new(Arc::new(State { config, limiters })),
+                state: RwLock::new(Arc::new(State {
+                    config,
+                    limiters,
+                    #[cfg(feature = "redis")]
+                    remote: Vec::new(),
+                })),
                 overrides: Mutex::new(HashMap::new()),
+                #[cfg(feature = "redis")]
+                remote: None,
             }),
         })
     }
@@ -265,8 +340,23 @@ impl<C: Clock + Clone> RlsService<C> {
             .state
             .write()
             .unwrap_or_else(PoisonError::into_inner);
+        #[cfg(feature = "redis")]
+        if let Some(remote) = &self.shared.remote {
+            let limiters = remote.limiters(&config)?;
+            *slot = Arc::new(State {
+                config,
+                limiters: Vec::new(),
+                remote: limiters,
+            });
+            return Ok(());
+        }
         let limiters = build_limiters(&config, &self.shared.clock, Some(&slot))?;
-        *slot = Arc::new(State { config, limiters });
+        *slot = Arc::new(State {
+            config,
+            limiters,
+            #[cfg(feature = "redis")]
+            remote: Vec::new(),
+        });
         Ok(())
     }
 
@@ -302,81 +392,23 @@ impl<C: Clock + Clone> RlsService<C> {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, tonic::Status> {
-        if request.domain.is_empty() {
-            return Err(tonic::Status::invalid_argument(
-                "rate limit domain must not be empty",
-            ));
-        }
-        if request.descriptors.is_empty() {
-            return Err(tonic::Status::invalid_argument(
-                "rate limit descriptor list must not be empty",
+        validate(request)?;
+        #[cfg(feature = "redis")]
+        if self.shared.remote.is_some() {
+            return Err(tonic::Status::failed_precondition(
+                "this service counts in Redis: decide with `RlsService::decide`",
             ));
         }
         let state = self.state();
-        let known = state.config.has_domain(&request.domain);
-        // What applies to each descriptor.
-        let mut applied: Vec<Applied<'_, C>> = request
-            .descriptors
-            .iter()
-            .map(|d| {
-                if !known {
-                    return Applied::Nothing;
-                }
-                if let Some(o) = d.limit {
-                    if let Some(applied) = self.override_limit(&request.domain, o) {
-                        return applied;
-                    }
-                }
-                match state.config.find(&request.domain, &d.entries) {
-                    None => Applied::Nothing,
-                    Some(i) => {
-                        let spec = &state.config.limits()[i];
-                        if spec.unlimited {
-                            Applied::Unlimited
-                        } else {
-                            Applied::Limit {
-                                spec: Spec::Configured(spec),
-                                limiter: state.limiters[i].clone(),
-                            }
-                        }
-                    }
-                }
-            })
-            .collect();
-        // `replaces`: limits named by a matched limit do not apply.
-        let replaced: HashSet<&str> = applied
-            .iter()
-            .filter_map(|a| match a {
-                Applied::Limit {
-                    spec: Spec::Configured(s),
-                    ..
-                } => Some(s.replaces.iter().map(String::as_str)),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        if !replaced.is_empty() {
-            for a in &mut applied {
-                if let Applied::Limit {
-                    spec: Spec::Configured(s),
-                    ..
-                } = a
-                {
-                    if !s.name.is_empty() && replaced.contains(s.name.as_str()) {
-                        *a = Applied::Nothing;
-                    }
-                }
-            }
-        }
+        let applied = resolve(&state.config, &state.limiters, request, |domain, o| {
+            self.override_limit(domain, o)
+        });
 
         let now = self.shared.clock.now();
         let mut rejected = false;
         let mut outcomes = Vec::with_capacity(applied.len());
         for (a, d) in applied.iter().zip(&request.descriptors) {
-            let hits = match d.hits_addend {
-                Some(h) => h.value,
-                None => u64::from(request.hits_addend.max(1)),
-            };
+            let hits = hits_of(request, d);
             let outcome = match a {
                 Applied::Nothing => Outcome::Nothing,
                 Applied::Unlimited => Outcome::Unlimited,
@@ -447,11 +479,63 @@ impl<C: Clock + Clone> RlsService<C> {
         })
     }
 
+    /// Decides one `ShouldRateLimit` request wherever the counters are: in memory as
+    /// [`should_rate_limit`](Self::should_rate_limit), in Redis (a service made by
+    /// `with_redis`, feature `redis`) with the round trips that describes. The gRPC service
+    /// calls this.
+    ///
+    /// # Errors
+    ///
+    /// `INVALID_ARGUMENT` for an empty domain or an empty descriptor list.
+    ///
+    /// # Cancel safety
+    ///
+    /// In memory it completes at its first poll. In Redis, dropping the future leaves no local
+    /// state behind, but a script already sent may still run and take the hits (as with
+    /// [`RedisLimiter::try_acquire_n`](crate::RedisLimiter::try_acquire_n)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::proto::{Code, Entry, RateLimitDescriptor, RateLimitRequest};
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: d\n")?)?;
+    /// let request = RateLimitRequest {
+    ///     domain: "d".into(),
+    ///     descriptors: vec![RateLimitDescriptor {
+    ///         entries: vec![Entry { key: "k".into(), value: "v".into() }],
+    ///         ..Default::default()
+    ///     }],
+    ///     hits_addend: 0,
+    /// };
+    /// assert_eq!(service.decide(&request).await?.overall_code(), Code::Ok);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn decide(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        #[cfg(feature = "redis")]
+        if let Some(remote) = &self.shared.remote {
+            validate(request)?;
+            let state = self.state();
+            let now = self.shared.clock.now();
+            return Ok(remote
+                .decide(&state.config, &state.remote, request, now)
+                .await);
+        }
+        self.should_rate_limit(request)
+    }
+
     fn override_limit(
         &self,
         domain: &str,
-        o: super::proto::RateLimitOverride,
-    ) -> Option<Applied<'static, C>> {
+        o: RateLimitOverride,
+    ) -> Option<Applied<'static, Limiter<C>>> {
         let unit = Unit::try_from(o.unit).ok()?;
         let window = unit.duration()?;
         let spec = Spec::Override {
@@ -486,27 +570,27 @@ impl<C: Clock + Clone> RlsService<C> {
     }
 }
 
-enum Spec<'a> {
+pub(super) enum Spec<'a> {
     Configured(&'a LimitSpec),
     Override { requests_per_unit: u32, unit: Unit },
 }
 
 impl Spec<'_> {
-    fn unit(&self) -> Unit {
+    pub(super) fn unit(&self) -> Unit {
         match self {
             Spec::Configured(s) => s.unit,
             Spec::Override { unit, .. } => *unit,
         }
     }
 
-    fn shadow_mode(&self) -> bool {
+    pub(super) fn shadow_mode(&self) -> bool {
         match self {
             Spec::Configured(s) => s.shadow_mode,
             Spec::Override { .. } => false,
         }
     }
 
-    fn proto(&self) -> RateLimit {
+    pub(super) fn proto(&self) -> RateLimit {
         match self {
             Spec::Configured(s) => RateLimit {
                 name: s.name.clone(),
@@ -525,14 +609,103 @@ impl Spec<'_> {
     }
 }
 
-enum Applied<'a, C: Clock + Clone> {
+pub(super) enum Applied<'a, L> {
     Nothing,
     Unlimited,
     Limit {
         spec: Spec<'a>,
         /// `None` when `requests_per_unit` is 0.
-        limiter: Option<Limiter<C>>,
+        limiter: Option<L>,
     },
+}
+
+/// Checks what Envoy's service checks of every request.
+pub(super) fn validate(request: &RateLimitRequest) -> Result<(), tonic::Status> {
+    if request.domain.is_empty() {
+        return Err(tonic::Status::invalid_argument(
+            "rate limit domain must not be empty",
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(tonic::Status::invalid_argument(
+            "rate limit descriptor list must not be empty",
+        ));
+    }
+    Ok(())
+}
+
+/// A descriptor's cost: its own `hits_addend` if set (0 only checks), else the request's
+/// (0 meaning 1).
+pub(super) fn hits_of(request: &RateLimitRequest, d: &RateLimitDescriptor) -> u64 {
+    match d.hits_addend {
+        Some(h) => h.value,
+        None => u64::from(request.hits_addend.max(1)),
+    }
+}
+
+/// What applies to each descriptor of `request`: its override (through `override_limit`), else
+/// the configured limit it matches (with `counters[i]` counting configured limit `i`), less the
+/// limits another matched limit `replaces`.
+pub(super) fn resolve<'s, L: Clone>(
+    config: &'s RlsConfig,
+    counters: &[Option<L>],
+    request: &RateLimitRequest,
+    mut override_limit: impl FnMut(&str, RateLimitOverride) -> Option<Applied<'static, L>>,
+) -> Vec<Applied<'s, L>> {
+    let known = config.has_domain(&request.domain);
+    let mut applied: Vec<Applied<'s, L>> = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            if !known {
+                return Applied::Nothing;
+            }
+            if let Some(o) = d.limit {
+                if let Some(applied) = override_limit(&request.domain, o) {
+                    return applied;
+                }
+            }
+            match config.find(&request.domain, &d.entries) {
+                None => Applied::Nothing,
+                Some(i) => {
+                    let spec = &config.limits()[i];
+                    if spec.unlimited {
+                        Applied::Unlimited
+                    } else {
+                        Applied::Limit {
+                            spec: Spec::Configured(spec),
+                            limiter: counters.get(i).cloned().flatten(),
+                        }
+                    }
+                }
+            }
+        })
+        .collect();
+    let replaced: HashSet<&str> = applied
+        .iter()
+        .filter_map(|a| match a {
+            Applied::Limit {
+                spec: Spec::Configured(s),
+                ..
+            } => Some(s.replaces.iter().map(String::as_str)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if !replaced.is_empty() {
+        for a in &mut applied {
+            if let Applied::Limit {
+                spec: Spec::Configured(s),
+                ..
+            } = a
+            {
+                if !s.name.is_empty() && replaced.contains(s.name.as_str()) {
+                    *a = Applied::Nothing;
+                }
+            }
+        }
+    }
+    applied
 }
 
 enum Outcome<C: Clock + Clone> {
@@ -551,7 +724,7 @@ enum Outcome<C: Clock + Clone> {
 }
 
 /// Time left in the window of `unit` that holds `now`.
-fn window_left(unit: Unit, now: u64) -> Duration {
+pub(super) fn window_left(unit: Unit, now: u64) -> Duration {
     let w = unit
         .duration()
         .and_then(|d| u64::try_from(d.as_nanos()).ok())
@@ -610,7 +783,7 @@ fn decide<C: Clock + Clone>(
     }
 }
 
-fn status(
+pub(super) fn status(
     code: Code,
     current_limit: Option<RateLimit>,
     limit_remaining: u32,
@@ -700,14 +873,18 @@ struct ShouldRateLimit<C: Clock + Clone>(RlsService<C>);
 
 impl<C: Clock + Clone> tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit<C> {
     type Response = RateLimitResponse;
-    type Future = std::future::Ready<Result<tonic::Response<RateLimitResponse>, tonic::Status>>;
+    type Future = Pin<
+        Box<dyn Future<Output = Result<tonic::Response<RateLimitResponse>, tonic::Status>> + Send>,
+    >;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        std::future::ready(
-            self.0
-                .should_rate_limit(request.get_ref())
-                .map(tonic::Response::new),
-        )
+        let service = self.0.clone();
+        Box::pin(async move {
+            service
+                .decide(request.get_ref())
+                .await
+                .map(tonic::Response::new)
+        })
     }
 }
 
