@@ -12,7 +12,9 @@ use turnstile::envoy::proto::{
     Code, DescriptorStatus, Entry, ProtoDuration, RateLimit, RateLimitDescriptor,
     RateLimitOverride, RateLimitRequest, RateLimitResponse, UInt64Value, Unit,
 };
-use turnstile::envoy::{RlsConfig, RlsConfigError, RlsService, SHOULD_RATE_LIMIT_PATH};
+use turnstile::envoy::{
+    ResponseHeaders, RlsConfig, RlsConfigError, RlsService, SHOULD_RATE_LIMIT_PATH,
+};
 use turnstile::ManualClock;
 
 // ---------------------------------------------------------------------------------------------
@@ -1054,4 +1056,69 @@ async fn windows_align_to_whole_units_at_unix_time_scale() {
         real.should_rate_limit(&request).unwrap().overall_code(),
         OVER
     );
+}
+
+#[tokio::test]
+async fn response_headers_report_the_descriptor_closest_to_its_limit_when_enabled() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: small
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: big
+    rate_limit: { unit: hour, requests_per_unit: 100 }
+"])
+    .await;
+    let small: &[(&str, &str)] = &[("small", "x")];
+    let big: &[(&str, &str)] = &[("big", "x")];
+    let headers = |r: &RateLimitResponse| -> Vec<(String, String)> {
+        r.response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect()
+    };
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    // Off by default, as in Envoy's service.
+    assert!(headers(&rls.call("d", &[big]).await).is_empty());
+
+    rls.service
+        .set_response_headers(Some(ResponseHeaders::default()));
+    rls.clock.advance(Duration::from_millis(20_500));
+    let r = rls.call("d", &[big, small]).await;
+    assert_eq!(
+        headers(&r),
+        pairs(&[
+            ("RateLimit-Limit", "2"),
+            ("RateLimit-Remaining", "1"),
+            ("RateLimit-Reset", "40"), // 39.5 s, rounded up
+        ])
+    );
+    rls.call("d", &[small]).await;
+    let r = rls.call("d", &[small, big]).await;
+    assert_eq!(r.overall_code(), OVER);
+    assert_eq!(
+        headers(&r),
+        pairs(&[
+            ("RateLimit-Limit", "2"),
+            ("RateLimit-Remaining", "0"),
+            ("RateLimit-Reset", "40"),
+        ])
+    );
+    // Other names, and a reload keeps the setting.
+    rls.service.set_response_headers(Some(ResponseHeaders {
+        limit: "X-RateLimit-Limit".into(),
+        remaining: "X-RateLimit-Remaining".into(),
+        reset: "X-RateLimit-Reset".into(),
+    }));
+    rls.service
+        .reload(RlsConfig::from_yaml_str("domain: d\ndescriptors:\n  - key: big\n    rate_limit: { unit: hour, requests_per_unit: 100 }\n").unwrap())
+        .unwrap();
+    let r = rls.call("d", &[big]).await;
+    assert_eq!(headers(&r)[1], pairs(&[("X-RateLimit-Remaining", "97")])[0]);
+    // Nothing limited: no headers.
+    assert!(headers(&rls.call("d", &[&[("other", "x")]]).await).is_empty());
 }

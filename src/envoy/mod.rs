@@ -32,4 +32,6 @@ mod remote;
 mod service;
 
 pub use config::{RlsConfig, RlsConfigError};
-pub use service::{RlsService, UnixClock, MAX_OVERRIDE_LIMITS, SHOULD_RATE_LIMIT_PATH};
+pub use service::{
+    ResponseHeaders, RlsService, UnixClock, MAX_OVERRIDE_LIMITS, SHOULD_RATE_LIMIT_PATH,
+};

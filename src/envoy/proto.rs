@@ -185,7 +185,8 @@ pub struct RateLimitResponse {
     /// One status per request descriptor, in order (field 2).
     #[prost(message, repeated, tag = "2")]
     pub statuses: Vec<DescriptorStatus>,
-    /// Headers for Envoy to add to the response (field 3). This service sends none.
+    /// Headers for Envoy to add to the response (field 3): the rate limit headers, when the
+    /// service is told to send them.
     #[prost(message, repeated, tag = "3")]
     pub response_headers_to_add: Vec<HeaderValue>,
     /// Headers for Envoy to add to the forwarded request (field 4). This service sends none.

@@ -3,7 +3,7 @@
 
 use super::config::{LimitSpec, RlsConfig, RlsConfigError};
 use super::proto::{
-    Code, DescriptorStatus, Entry, ProtoDuration, RateLimit, RateLimitDescriptor,
+    Code, DescriptorStatus, Entry, HeaderValue, ProtoDuration, RateLimit, RateLimitDescriptor,
     RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit,
 };
 use crate::{Algorithm, Clock, DefaultClock, KeyedLimiter, KeyedRefundable, TryAcquireError};
@@ -177,6 +177,78 @@ struct State<C: Clock + Clone> {
     /// As `limiters`, when counting in Redis; empty otherwise.
     #[cfg(feature = "redis")]
     remote: Vec<Option<crate::RedisLimiter>>,
+    headers: Option<Arc<ResponseHeaders>>,
+}
+
+/// The names of the response headers an [`RlsService`] asks Envoy to add, when it is told to
+/// with [`set_response_headers`](RlsService::set_response_headers) (envoyproxy/ratelimit's
+/// `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER` and
+/// `LIMIT_RESET_HEADER`). They describe the descriptor closest to its limit: the first over it,
+/// else the one with the least `limit_remaining`; the reset is in whole seconds, rounded up.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::ResponseHeaders;
+///
+/// assert_eq!(ResponseHeaders::default().remaining, "RateLimit-Remaining");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHeaders {
+    /// The header with the limit's requests per unit (default `RateLimit-Limit`).
+    pub limit: String,
+    /// The header with the hits left (default `RateLimit-Remaining`).
+    pub remaining: String,
+    /// The header with the seconds until the window ends (default `RateLimit-Reset`).
+    pub reset: String,
+}
+
+impl Default for ResponseHeaders {
+    fn default() -> Self {
+        ResponseHeaders {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
+}
+
+impl ResponseHeaders {
+    /// Adds the headers for `response`'s descriptor closest to its limit, if any has a limit.
+    fn add_to(&self, response: &mut RateLimitResponse) {
+        let mut closest: Option<&DescriptorStatus> = None;
+        let mut least = u32::MAX;
+        for status in &response.statuses {
+            if status.code() == Code::OverLimit {
+                closest = Some(status);
+                least = 0;
+            }
+            if status.current_limit.is_some() && status.limit_remaining < least {
+                closest = Some(status);
+                least = status.limit_remaining;
+            }
+        }
+        let Some(status) = closest else { return };
+        let Some(limit) = &status.current_limit else {
+            return;
+        };
+        let reset = status
+            .duration_until_reset
+            .and_then(|d| Duration::try_from(d).ok())
+            .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0));
+        let headers = [
+            (&self.limit, limit.requests_per_unit.to_string()),
+            (&self.remaining, status.limit_remaining.to_string()),
+            (&self.reset, reset.to_string()),
+        ];
+        response.response_headers_to_add = headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.clone(),
+                value,
+            })
+            .collect();
+    }
 }
 
 impl<C: Clock + Clone> Clone for RlsService<C> {
@@ -270,6 +342,7 @@ impl RlsService {
                     config,
                     limiters: Vec::new(),
                     remote: limiters,
+                    headers: None,
                 })),
                 overrides: Mutex::new(HashMap::new()),
                 remote: Some(remote),
@@ -306,6 +379,7 @@ impl<C: Clock + Clone> RlsService<C> {
                     limiters,
                     #[cfg(feature = "redis")]
                     remote: Vec::new(),
+                    headers: None,
                 })),
                 overrides: Mutex::new(HashMap::new()),
                 #[cfg(feature = "redis")]
@@ -347,6 +421,7 @@ impl<C: Clock + Clone> RlsService<C> {
                 config,
                 limiters: Vec::new(),
                 remote: limiters,
+                headers: slot.headers.clone(),
             });
             return Ok(());
         }
@@ -356,8 +431,36 @@ impl<C: Clock + Clone> RlsService<C> {
             limiters,
             #[cfg(feature = "redis")]
             remote: Vec::new(),
+            headers: slot.headers.clone(),
         });
         Ok(())
+    }
+
+    /// Asks Envoy to add rate limit headers to its responses (`Some`, with their names), or not
+    /// (`None`, the default): see [`ResponseHeaders`]. Kept across reloads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{ResponseHeaders, RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: edge\n")?)?;
+    /// service.set_response_headers(Some(ResponseHeaders::default()));
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn set_response_headers(&self, headers: Option<ResponseHeaders>) {
+        let mut slot = self
+            .shared
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        *slot = Arc::new(State {
+            config: slot.config.clone(),
+            limiters: slot.limiters.clone(),
+            #[cfg(feature = "redis")]
+            remote: slot.remote.clone(),
+            headers: headers.map(Arc::new),
+        });
     }
 
     fn state(&self) -> Arc<State<C>> {
@@ -472,11 +575,15 @@ impl<C: Clock + Clone> RlsService<C> {
             };
             statuses.push(status);
         }
-        Ok(RateLimitResponse {
+        let mut response = RateLimitResponse {
             overall_code: if rejected { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
             ..Default::default()
-        })
+        };
+        if let Some(headers) = &state.headers {
+            headers.add_to(&mut response);
+        }
+        Ok(response)
     }
 
     /// Decides one `ShouldRateLimit` request wherever the counters are: in memory as
@@ -524,9 +631,13 @@ impl<C: Clock + Clone> RlsService<C> {
             validate(request)?;
             let state = self.state();
             let now = self.shared.clock.now();
-            return Ok(remote
+            let mut response = remote
                 .decide(&state.config, &state.remote, request, now)
-                .await);
+                .await;
+            if let Some(headers) = &state.headers {
+                headers.add_to(&mut response);
+            }
+            return Ok(response);
         }
         self.should_rate_limit(request)
     }
