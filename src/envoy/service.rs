@@ -16,11 +16,27 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The gRPC path of the one method served.
+///
+/// # Examples
+///
+/// ```
+/// use tonic::server::NamedService;
+/// use turnstile::envoy::{RlsService, SHOULD_RATE_LIMIT_PATH};
+///
+/// let service = format!("/{}/", <RlsService as NamedService>::NAME);
+/// assert_eq!(SHOULD_RATE_LIMIT_PATH, format!("{service}ShouldRateLimit"));
+/// ```
 pub const SHOULD_RATE_LIMIT_PATH: &str =
     "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// The most distinct request `limit` overrides (domain, requests per unit, unit) given a
 /// limiter of their own; an override beyond them is ignored (the configured limit applies).
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::envoy::MAX_OVERRIDE_LIMITS, 1024);
+/// ```
 pub const MAX_OVERRIDE_LIMITS: usize = 1024;
 
 /// A descriptor's counters: its entries, as the request sent them.
