@@ -873,6 +873,7 @@ fn yaml_field() -> impl Strategy<Value = String> {
         Just("requests_per_unit".to_owned()),
         Just("unlimited".to_owned()),
         Just("shadow_mode".to_owned()),
+        Just("share_threshold".to_owned()),
         Just("name".to_owned()),
         Just("rate_limit".to_owned()),
         Just("descriptors".to_owned()),
@@ -1121,4 +1122,56 @@ descriptors:
     assert_eq!(headers(&r)[1], pairs(&[("X-RateLimit-Remaining", "97")])[0]);
     // Nothing limited: no headers.
     assert!(headers(&rls.call("d", &[&[("other", "x")]]).await).is_empty());
+}
+
+#[tokio::test]
+async fn share_threshold_makes_the_values_a_wildcard_matches_share_one_counter() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: files
+    value: report*
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: path
+    value: /api/*
+    share_threshold: true
+    descriptors:
+      - key: user
+        rate_limit: { unit: minute, requests_per_unit: 2 }
+"])
+    .await;
+    let r = rls.call("d", &[&[("files", "report-1")]]).await;
+    assert_eq!(remaining(&r), [1]);
+    let r = rls.call("d", &[&[("files", "report-2")]]).await;
+    assert_eq!(remaining(&r), [0]);
+    assert_eq!(
+        codes(&rls.call("d", &[&[("files", "report-3")]]).await).0,
+        OVER
+    );
+    // Shared at the wildcard's level, apart by user below it.
+    for path in ["/api/a", "/api/b"] {
+        let r = rls.call("d", &[&[("path", path), ("user", "alice")]]).await;
+        assert_eq!(codes(&r).0, OK);
+    }
+    let r = rls
+        .call("d", &[&[("path", "/api/c"), ("user", "alice")]])
+        .await;
+    assert_eq!(codes(&r).0, OVER);
+    let r = rls
+        .call("d", &[&[("path", "/api/c"), ("user", "bob")]])
+        .await;
+    assert_eq!(remaining(&r), [1]);
+}
+
+#[test]
+fn share_threshold_needs_a_wildcard_and_a_limit_cannot_replace_itself() {
+    let (field, message) =
+        invalid("domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n");
+    assert_eq!(field, "descriptors[0].share_threshold");
+    assert!(message.contains('*'), "{message}");
+    let (field, _) = invalid(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, name: a, replaces: [{ name: a }] }\n",
+    );
+    assert_eq!(field, "descriptors[0].rate_limit.replaces[0].name");
 }

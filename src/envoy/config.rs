@@ -13,14 +13,17 @@ use std::path::Path;
 /// A file holds a `domain` and its `descriptors`: each has a `key`, an optional `value` (a
 /// trailing `*` makes it a prefix), an optional `rate_limit` (`unit`: `second`, `minute`,
 /// `hour`, `day`, `month` or `year`, any case; `requests_per_unit`; optional `name`,
-/// `unlimited`, `replaces: [{ name }]`), optional `shadow_mode` and nested `descriptors`.
+/// `unlimited`, `replaces: [{ name }]`), optional `shadow_mode`, `share_threshold` (on a
+/// wildcard: every value it matches shares one counter) and nested `descriptors`.
 /// `detailed_metric` and `value_to_metric` are accepted and ignored (they name metrics).
 ///
 /// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
 /// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing
 /// `domain` or `key`, an unknown `unit`, a `unit` on an `unlimited` limit (and a missing one on
 /// any other), a `requests_per_unit` that is not a whole number up to 4,294,967,295, two
-/// descriptors with the same key and value at one level, and a domain loaded twice. As in
+/// descriptors with the same key and value at one level, `share_threshold` on a descriptor
+/// whose value is not a wildcard, a limit that `replaces` its own name, and a domain loaded
+/// twice. As in
 /// Envoy's service, `requests_per_unit: 0` is accepted: every hit is then over the limit.
 ///
 /// # Examples
@@ -82,7 +85,17 @@ struct KeyNodes {
 struct Node {
     /// An index into `RlsConfig::limits`.
     limit: Option<usize>,
+    /// `share_threshold`: the values this wildcard matches count as one.
+    share: bool,
     children: Level,
+}
+
+/// The limit a request descriptor matched.
+pub(crate) struct Found {
+    /// An index into `RlsConfig::limits`.
+    pub(crate) limit: usize,
+    /// The entries (by index) whose value counts as the wildcard they matched (`share_threshold`).
+    pub(crate) shared: Vec<(usize, String)>,
 }
 
 /// A configuration that could not be loaded: which file (or document), which field, and why.
@@ -276,24 +289,31 @@ impl RlsConfig {
     /// level, the descriptor with the entry's key and value, else the first whose value is a
     /// prefix of it (`*`), else the one with the key and no value; the limit applies only if
     /// it is on the descriptor matched by the last entry.
-    pub(crate) fn find(&self, domain: &str, entries: &[Entry]) -> Option<usize> {
+    ///
+    /// Entries matched by a wildcard with `share_threshold` are listed in the answer with the
+    /// wildcard (`report*`): their counter is the wildcard's, shared by every value it matches.
+    pub(crate) fn find(&self, domain: &str, entries: &[Entry]) -> Option<Found> {
         let mut level = self.domains.get(domain)?;
         let last = entries.len().checked_sub(1)?;
+        let mut shared = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
             let nodes = level.keys.get(&entry.key)?;
-            let node = nodes
-                .by_value
-                .get(&entry.value)
-                .or_else(|| {
-                    nodes
-                        .prefixes
-                        .iter()
-                        .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
-                        .map(|(_, node)| node)
-                })
-                .or(nodes.any.as_deref())?;
+            let node = match nodes.by_value.get(&entry.value) {
+                Some(node) => node,
+                None => match (nodes.prefixes.iter())
+                    .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
+                {
+                    Some((prefix, node)) => {
+                        if node.share {
+                            shared.push((i, format!("{prefix}*")));
+                        }
+                        node
+                    }
+                    None => nodes.any.as_deref()?,
+                },
+            };
             if i == last {
-                return node.limit;
+                return node.limit.map(|limit| Found { limit, shared });
             }
             level = &node.children;
         }
@@ -432,8 +452,8 @@ impl Loader<'_> {
         let Value::Mapping(map) = item else {
             return Err(self.invalid(path.to_owned(), "must be a mapping"));
         };
-        let (mut key, mut value, mut rate_limit, mut children, mut shadow) =
-            (None, None, None, None, false);
+        let (mut key, mut value, mut rate_limit, mut children, mut shadow, mut share) =
+            (None, None, None, None, false, false);
         for (k, v) in map {
             let name = self.key(k, path)?;
             let field = join(path, name);
@@ -443,6 +463,7 @@ impl Loader<'_> {
                 "rate_limit" => rate_limit = Some(v),
                 "descriptors" => children = Some(v),
                 "shadow_mode" => shadow = self.bool(v, &field)?,
+                "share_threshold" => share = self.bool(v, &field)?,
                 "detailed_metric" | "value_to_metric" => {
                     self.bool(v, &field)?;
                 }
@@ -453,11 +474,20 @@ impl Loader<'_> {
             .filter(|k| !k.is_empty())
             .ok_or_else(|| self.invalid(join(path, "key"), "must be a non-empty string"))?;
         let value = value.filter(|v| !v.is_empty());
+        if share && !value.as_deref().is_some_and(|v| v.ends_with('*')) {
+            return Err(self.invalid(
+                join(path, "share_threshold"),
+                "needs a wildcard value (one ending in '*')",
+            ));
+        }
         let composite = match &value {
             Some(v) => format!("{parent_key}.{key}_{v}"),
             None => format!("{parent_key}.{key}"),
         };
-        let mut node = Node::default();
+        let mut node = Node {
+            share,
+            ..Node::default()
+        };
         if let Some(rl) = rate_limit {
             node.limit =
                 Some(self.rate_limit(rl, &join(path, "rate_limit"), &composite, shadow)?);
@@ -527,6 +557,15 @@ impl Loader<'_> {
                 "replaces" => replaces = self.replaces(v, &field)?,
                 other => return Err(self.unknown(path, other)),
             }
+        }
+        if let Some(i) = (!name.is_empty())
+            .then(|| replaces.iter().position(|r| *r == name))
+            .flatten()
+        {
+            return Err(self.invalid(
+                format!("{path}.replaces[{i}].name"),
+                "a limit cannot replace itself",
+            ));
         }
         let unit_field = join(path, "unit");
         let parsed = unit.as_deref().filter(|u| !u.is_empty()).map(|u| {

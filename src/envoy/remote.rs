@@ -2,7 +2,9 @@
 
 use super::config::{RlsConfig, RlsConfigError};
 use super::proto::{Code, Entry, RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit};
-use super::service::{hits_of, resolve, status, window_left, Applied, Spec, MAX_OVERRIDE_LIMITS};
+use super::service::{
+    counter_entries, hits_of, resolve, status, window_left, Applied, Spec, MAX_OVERRIDE_LIMITS,
+};
 use crate::redis::aio::ConnectionManager;
 use crate::{Admission, Algorithm, ConfigError, FailurePolicy, RedisLimiter, TryAcquireError};
 use sha2::{Digest, Sha256};
@@ -121,6 +123,7 @@ impl Remote {
             return Some(Applied::Limit {
                 spec,
                 limiter: None,
+                shared: Vec::new(),
             });
         }
         let mut overrides = self
@@ -141,6 +144,7 @@ impl Remote {
         Some(Applied::Limit {
             spec,
             limiter: Some(limiter),
+            shared: Vec::new(),
         })
     }
 
@@ -159,8 +163,11 @@ impl Remote {
         let hits: Vec<u64> = (request.descriptors.iter())
             .map(|d| hits_of(request, d))
             .collect();
-        let subjects: Vec<Vec<u8>> = (request.descriptors.iter())
-            .map(|d| subject(&d.entries))
+        let subjects: Vec<Vec<u8>> = (request.descriptors.iter().zip(&applied))
+            .map(|(d, a)| match a {
+                Applied::Limit { shared, .. } => subject(&counter_entries(&d.entries, shared)),
+                _ => Vec::new(),
+            })
             .collect();
         let shadow =
             |i: usize| matches!(&applied[i], Applied::Limit { spec, .. } if spec.shadow_mode());
@@ -176,7 +183,7 @@ impl Remote {
             .map(|(a, &n)| match a {
                 Applied::Nothing => Answer::Nothing,
                 Applied::Unlimited => Answer::Unlimited,
-                Applied::Limit { spec, limiter } => {
+                Applied::Limit { spec, limiter, .. } => {
                     let reset = window_left(spec.unit(), now);
                     match limiter {
                         None if n == 0 => Answer::Within(0, reset),

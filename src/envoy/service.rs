@@ -7,6 +7,7 @@ use super::proto::{
     RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit,
 };
 use crate::{Algorithm, Clock, DefaultClock, KeyedLimiter, KeyedRefundable, TryAcquireError};
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::future::Future;
@@ -531,8 +532,13 @@ impl<C: Clock + Clone> RlsService<C> {
             let outcome = match a {
                 Applied::Nothing => Outcome::Nothing,
                 Applied::Unlimited => Outcome::Unlimited,
-                Applied::Limit { spec, limiter } => {
-                    let o = decide(limiter.as_ref(), &d.entries, hits, spec.unit(), now);
+                Applied::Limit {
+                    spec,
+                    limiter,
+                    shared,
+                } => {
+                    let entries = counter_entries(&d.entries, shared);
+                    let o = decide(limiter.as_ref(), &entries, hits, spec.unit(), now);
                     if matches!(o, Outcome::Over { .. }) && !spec.shadow_mode() {
                         rejected = true;
                     }
@@ -673,6 +679,7 @@ impl<C: Clock + Clone> RlsService<C> {
             return Some(Applied::Limit {
                 spec,
                 limiter: None,
+                shared: Vec::new(),
             });
         }
         let mut overrides = self
@@ -693,6 +700,7 @@ impl<C: Clock + Clone> RlsService<C> {
         Some(Applied::Limit {
             spec,
             limiter: Some(limiter),
+            shared: Vec::new(),
         })
     }
 }
@@ -743,7 +751,27 @@ pub(super) enum Applied<'a, L> {
         spec: Spec<'a>,
         /// `None` when `requests_per_unit` is 0.
         limiter: Option<L>,
+        /// Entries counted as the wildcard they matched (`share_threshold`).
+        shared: Vec<(usize, String)>,
     },
+}
+
+/// The entries a descriptor's counter is named by: its own, less the values a
+/// `share_threshold` wildcard stands for.
+pub(super) fn counter_entries<'e>(
+    entries: &'e [Entry],
+    shared: &[(usize, String)],
+) -> Cow<'e, [Entry]> {
+    if shared.is_empty() {
+        return Cow::Borrowed(entries);
+    }
+    let mut owned = entries.to_vec();
+    for (i, pattern) in shared {
+        if let Some(e) = owned.get_mut(*i) {
+            e.value.clone_from(pattern);
+        }
+    }
+    Cow::Owned(owned)
 }
 
 /// Checks what Envoy's service checks of every request.
@@ -794,14 +822,15 @@ pub(super) fn resolve<'s, L: Clone>(
             }
             match config.find(&request.domain, &d.entries) {
                 None => Applied::Nothing,
-                Some(i) => {
-                    let spec = &config.limits()[i];
+                Some(found) => {
+                    let spec = &config.limits()[found.limit];
                     if spec.unlimited {
                         Applied::Unlimited
                     } else {
                         Applied::Limit {
                             spec: Spec::Configured(spec),
-                            limiter: counters.get(i).cloned().flatten(),
+                            limiter: counters.get(found.limit).cloned().flatten(),
+                            shared: found.shared,
                         }
                     }
                 }
