@@ -1175,3 +1175,29 @@ fn share_threshold_needs_a_wildcard_and_a_limit_cannot_replace_itself() {
     );
     assert_eq!(field, "descriptors[0].rate_limit.replaces[0].name");
 }
+
+#[tokio::test]
+async fn response_headers_of_several_descriptors_over_report_the_first() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: one
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: two
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+"])
+    .await;
+    rls.service
+        .set_response_headers(Some(ResponseHeaders::default()));
+    // Three hits: over both limits, whose statuses both say OVER_LIMIT.
+    let r = rls
+        .call_hits("d", &[&[("one", "x")], &[("two", "x")]], 3)
+        .await;
+    assert_eq!(codes(&r), (OVER, vec![OVER, OVER]));
+    let limit = r
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == "RateLimit-Limit")
+        .map(|h| h.value.as_str());
+    assert_eq!(limit, Some("1"), "the first descriptor over its limit");
+}

@@ -237,8 +237,9 @@ impl ResponseHeaders {
         let mut least = u32::MAX;
         for status in &response.statuses {
             if status.code() == Code::OverLimit {
+                // The first over its limit: no later status replaces it.
                 closest = Some(status);
-                least = 0;
+                break;
             }
             if status.current_limit.is_some() && status.limit_remaining < least {
                 closest = Some(status);
