@@ -1201,3 +1201,38 @@ descriptors:
         .map(|h| h.value.as_str());
     assert_eq!(limit, Some("1"), "the first descriptor over its limit");
 }
+
+#[tokio::test]
+async fn reload_keeps_each_limit_apart_when_two_limits_share_a_composite_path() {
+    // `a: b_c` and `a_b: c` both have the composite path `d.a_b_c`: two limits, with their
+    // own requests per unit, before and after a reload.
+    let yaml = "
+domain: d
+descriptors:
+  - key: a
+    value: b_c
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: a_b
+    value: c
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+";
+    let mut rls = start(&[yaml]).await;
+    let five: &[(&str, &str)] = &[("a_b", "c")];
+    assert_eq!(codes(&rls.call_hits("d", &[five], 2).await).0, OK);
+    rls.service
+        .reload(RlsConfig::from_yaml_str(yaml).unwrap())
+        .unwrap();
+    let r = rls.call_hits("d", &[five], 2).await;
+    assert_eq!(codes(&r).0, OK, "5 per minute still: 2 + 2 hits fit");
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        5
+    );
+    let one: &[(&str, &str)] = &[("a", "b_c")];
+    assert_eq!(codes(&rls.call("d", &[one]).await).0, OK);
+    assert_eq!(codes(&rls.call("d", &[one]).await).0, OVER);
+}

@@ -410,7 +410,7 @@ impl<C: Clock + Clone> RlsService<C> {
     /// keys and values) with the same unit keeps its counts, wherever it moved in the file and
     /// whatever its name; with other requests per unit, the new limit applies to them (as in
     /// Envoy's service, whose counters do not depend on the limit). Any other limit starts
-    /// empty. Requests being decided finish on the configuration they started with. Limiters
+    /// empty, as do limits whose composite paths are alike (`a: b_c` and `a_b: c`). Requests being decided finish on the configuration they started with. Limiters
     /// of request `limit` overrides are kept.
     ///
     /// # Errors
@@ -971,20 +971,23 @@ fn build_limiters<C: Clock + Clone>(
     old: Option<&State<C>>,
 ) -> Result<Vec<Option<Limiter<C>>>, RlsConfigError> {
     // A limit's counters are identified as Envoy's are: by domain, descriptor path and unit
-    // (its window), not by its requests per unit.
-    let kept: HashMap<(&str, Unit), (&Limiter<C>, u32)> = old
-        .map(|old| {
-            old.config
-                .limits()
-                .iter()
-                .zip(&old.limiters)
-                .filter_map(|(s, l)| {
-                    l.as_ref()
-                        .map(|l| ((s.path.as_str(), s.unit), (l, s.requests_per_unit)))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    // (its window), not by its requests per unit. A composite path can name two limits
+    // (`a: b_c` and `a_b: c` are both `.a_b_c`): such a path identifies neither, so its limits
+    // start empty rather than share (and reconfigure) one limiter.
+    let mut kept: HashMap<(&str, Unit), Option<(&Limiter<C>, u32)>> = HashMap::new();
+    if let Some(old) = old {
+        for (s, l) in old.config.limits().iter().zip(&old.limiters) {
+            if let Some(l) = l {
+                kept.entry((s.path.as_str(), s.unit))
+                    .and_modify(|k| *k = None)
+                    .or_insert(Some((l, s.requests_per_unit)));
+            }
+        }
+    }
+    let mut new_paths: HashMap<(&str, Unit), usize> = HashMap::new();
+    for s in config.limits() {
+        *new_paths.entry((s.path.as_str(), s.unit)).or_default() += 1;
+    }
     let invalid = |s: &LimitSpec, e: crate::ConfigError| RlsConfigError::Invalid {
         source: "configuration".to_owned(),
         field: s.path.clone(),
@@ -998,8 +1001,10 @@ fn build_limiters<C: Clock + Clone>(
             continue;
         }
         let window = s.unit.duration().unwrap_or(Duration::from_secs(1));
-        match kept.get(&(s.path.as_str(), s.unit)) {
-            Some(&(l, old_limit)) => {
+        let id = (s.path.as_str(), s.unit);
+        let unique = new_paths.get(&id) == Some(&1);
+        match kept.get(&id).copied().flatten().filter(|_| unique) {
+            Some((l, old_limit)) => {
                 if old_limit != s.requests_per_unit {
                     changed.push((s, l, window));
                 }
