@@ -843,6 +843,30 @@ descriptors:
     ));
 }
 
+#[test]
+fn descriptors_whose_key_value_joins_alike_are_duplicates_as_in_envoy() {
+    // Envoy's service keys a level's descriptors by `key_value` (or `key`), so it refuses
+    // these pairs as one composite key given twice.
+    let cases = [
+        "domain: d\ndescriptors:\n  - key: a\n    value: b_c\n  - key: a_b\n    value: c\n",
+        "domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n",
+        "domain: d\ndescriptors:\n  - key: x\n    descriptors:\n      - key: a\n        value: b*\n      - key: a_b*\n",
+    ];
+    for yaml in cases {
+        let (field, message) = invalid(yaml);
+        assert!(field.ends_with("descriptors[1]"), "{yaml}: {field}");
+        assert!(
+            message.contains("duplicate descriptor composite key"),
+            "{message}"
+        );
+    }
+    // The same key and value under two parents is no duplicate.
+    RlsConfig::from_yaml_str(
+        "domain: d\ndescriptors:\n  - key: a\n    value: b_c\n  - key: x\n    descriptors:\n      - key: a_b\n        value: c\n",
+    )
+    .unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Never a panic
 
@@ -1204,20 +1228,20 @@ descriptors:
 
 #[tokio::test]
 async fn reload_keeps_each_limit_apart_when_two_limits_share_a_composite_path() {
-    // `a: b_c` and `a_b: c` both have the composite path `d.a_b_c`: two limits, with their
-    // own requests per unit, before and after a reload.
+    // Key `a.b`, and key `b` under key `a`, both have the composite path `d.a.b`: two limits,
+    // with their own requests per unit, before and after a reload.
     let yaml = "
 domain: d
 descriptors:
-  - key: a
-    value: b_c
+  - key: a.b
     rate_limit: { unit: minute, requests_per_unit: 1 }
-  - key: a_b
-    value: c
-    rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: a
+    descriptors:
+      - key: b
+        rate_limit: { unit: minute, requests_per_unit: 5 }
 ";
     let mut rls = start(&[yaml]).await;
-    let five: &[(&str, &str)] = &[("a_b", "c")];
+    let five: &[(&str, &str)] = &[("a", "x"), ("b", "y")];
     assert_eq!(codes(&rls.call_hits("d", &[five], 2).await).0, OK);
     rls.service
         .reload(RlsConfig::from_yaml_str(yaml).unwrap())
@@ -1232,7 +1256,7 @@ descriptors:
             .requests_per_unit,
         5
     );
-    let one: &[(&str, &str)] = &[("a", "b_c")];
+    let one: &[(&str, &str)] = &[("a.b", "z")];
     assert_eq!(codes(&rls.call("d", &[one]).await).0, OK);
     assert_eq!(codes(&rls.call("d", &[one]).await).0, OVER);
 }

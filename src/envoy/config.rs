@@ -3,7 +3,7 @@
 
 use super::proto::{Entry, Unit};
 use serde_norway::{Mapping, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 
@@ -18,13 +18,13 @@ use std::path::Path;
 /// `detailed_metric` and `value_to_metric` are accepted and ignored (they name metrics).
 ///
 /// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
-/// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing
-/// `domain` or `key`, an unknown `unit`, a `unit` on an `unlimited` limit (and a missing one on
-/// any other), a `requests_per_unit` that is not a whole number up to 4,294,967,295, two
-/// descriptors with the same key and value at one level, `share_threshold` on a descriptor
-/// whose value is not a wildcard, a limit that `replaces` its own name, and a domain loaded
-/// twice. As in
-/// Envoy's service, `requests_per_unit: 0` is accepted: every hit is then over the limit.
+/// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing `domain`
+/// or `key`, an unknown `unit`, a `unit` on an `unlimited` limit (and a missing one on any other),
+/// a `requests_per_unit` that is not a whole number up to 4,294,967,295, two descriptors with the
+/// same key and value at one level (compared as Envoy's service compares them, joined as
+/// `key_value`: key `a` value `b_c` is key `a_b` value `c`), `share_threshold` on a descriptor
+/// whose value is not a wildcard, a limit that `replaces` its own name, and a domain loaded twice.
+/// As in Envoy's service, `requests_per_unit: 0` is accepted: every hit is then over the limit.
 ///
 /// # Examples
 ///
@@ -69,6 +69,9 @@ pub(crate) struct LimitSpec {
 #[derive(Debug, Clone, Default)]
 struct Level {
     keys: HashMap<String, KeyNodes>,
+    /// Envoy's map key of each descriptor of the level (`key`, or `key_value`), which it
+    /// refuses to see twice: `a: b_c` and `a_b: c` are one key to it.
+    final_keys: HashSet<String>,
 }
 
 /// The descriptors of one level that share a key.
@@ -495,26 +498,31 @@ impl Loader<'_> {
         if let Some(list) = children {
             self.level(list, path, &composite, &mut node.children)?;
         }
-        let nodes = level.keys.entry(key).or_default();
-        let taken = match value {
-            None if nodes.any.is_some() => true,
-            None => {
-                nodes.any = Some(Box::new(node));
-                false
-            }
-            Some(v) => match v.strip_suffix('*') {
-                Some(prefix) if nodes.prefixes.iter().any(|(p, _)| p == prefix) => true,
-                Some(prefix) => {
-                    nodes.prefixes.push((prefix.to_owned(), node));
-                    false
-                }
-                None if nodes.by_value.contains_key(&v) => true,
-                None => {
-                    nodes.by_value.insert(v, node);
-                    false
-                }
-            },
+        let final_key = match &value {
+            Some(v) => format!("{key}_{v}"),
+            None => key.clone(),
         };
+        let nodes = level.keys.entry(key).or_default();
+        let taken = !level.final_keys.insert(final_key)
+            || match value {
+                None if nodes.any.is_some() => true,
+                None => {
+                    nodes.any = Some(Box::new(node));
+                    false
+                }
+                Some(v) => match v.strip_suffix('*') {
+                    Some(prefix) if nodes.prefixes.iter().any(|(p, _)| p == prefix) => true,
+                    Some(prefix) => {
+                        nodes.prefixes.push((prefix.to_owned(), node));
+                        false
+                    }
+                    None if nodes.by_value.contains_key(&v) => true,
+                    None => {
+                        nodes.by_value.insert(v, node);
+                        false
+                    }
+                },
+            };
         if taken {
             return Err(self.invalid(
                 path.to_owned(),

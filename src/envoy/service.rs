@@ -406,12 +406,13 @@ impl<C: Clock + Clone> RlsService<C> {
         })
     }
 
-    /// Replaces the configuration. A limit found again at the same descriptor path (domain,
-    /// keys and values) with the same unit keeps its counts, wherever it moved in the file and
-    /// whatever its name; with other requests per unit, the new limit applies to them (as in
-    /// Envoy's service, whose counters do not depend on the limit). Any other limit starts
-    /// empty, as do limits whose composite paths are alike (`a: b_c` and `a_b: c`). Requests being decided finish on the configuration they started with. Limiters
-    /// of request `limit` overrides are kept.
+    /// Replaces the configuration. A limit found again at the same descriptor path (domain, keys
+    /// and values) with the same unit keeps its counts, wherever it moved in the file and whatever
+    /// its name; with other requests per unit, the new limit applies to them (as in Envoy's
+    /// service, whose counters do not depend on the limit). Any other limit starts empty, as do
+    /// limits whose composite paths are alike (key `a.b`, and `b` under `a`). Requests being
+    /// decided finish on the configuration they started with. Limiters of request `limit` overrides
+    /// are kept.
     ///
     /// # Errors
     ///
@@ -970,10 +971,10 @@ fn build_limiters<C: Clock + Clone>(
     clock: &C,
     old: Option<&State<C>>,
 ) -> Result<Vec<Option<Limiter<C>>>, RlsConfigError> {
-    // A limit's counters are identified as Envoy's are: by domain, descriptor path and unit
-    // (its window), not by its requests per unit. A composite path can name two limits
-    // (`a: b_c` and `a_b: c` are both `.a_b_c`): such a path identifies neither, so its limits
-    // start empty rather than share (and reconfigure) one limiter.
+    // A limit's counters are identified as Envoy's are: by domain, descriptor path and unit (its
+    // window), not by its requests per unit. A composite path can name two limits (key `a.b`, and
+    // key `b` under key `a`, are both `.a.b`): such a path identifies neither, so its limits start
+    // empty rather than share (and reconfigure) one limiter.
     let mut kept: HashMap<(&str, Unit), Option<(&Limiter<C>, u32)>> = HashMap::new();
     if let Some(old) = old {
         for (s, l) in old.config.limits().iter().zip(&old.limiters) {
