@@ -867,6 +867,21 @@ fn descriptors_whose_key_value_joins_alike_are_duplicates_as_in_envoy() {
     .unwrap();
 }
 
+#[tokio::test]
+async fn an_unlimited_limit_with_a_unit_envoy_does_not_know_loads_as_in_envoy() {
+    // Envoy's service refuses only a valid unit on an unlimited limit; `unknown` or a word it
+    // does not know is no unit to it.
+    for unit in ["unknown", "UNKNOWN", "fortnight"] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{ unlimited: true, unit: {unit} }}\n"
+        );
+        let mut rls = start(&[&yaml]).await;
+        let r = rls.call("d", &[&[("k", "v")]]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]), "{unit}");
+        assert_eq!(remaining(&r), [u32::MAX], "{unit}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Never a panic
 

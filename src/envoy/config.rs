@@ -19,12 +19,13 @@ use std::path::Path;
 ///
 /// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
 /// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing `domain`
-/// or `key`, an unknown `unit`, a `unit` on an `unlimited` limit (and a missing one on any other),
-/// a `requests_per_unit` that is not a whole number up to 4,294,967,295, two descriptors with the
-/// same key and value at one level (compared as Envoy's service compares them, joined as
-/// `key_value`: key `a` value `b_c` is key `a_b` value `c`), `share_threshold` on a descriptor
-/// whose value is not a wildcard, a limit that `replaces` its own name, and a domain loaded twice.
-/// As in Envoy's service, `requests_per_unit: 0` is accepted: every hit is then over the limit.
+/// or `key`, an unknown `unit` (but on an `unlimited` limit, where Envoy ignores it), a valid
+/// `unit` on an `unlimited` limit (and a missing one on any other), a `requests_per_unit` that is
+/// not a whole number up to 4,294,967,295, two descriptors with the same key and value at one level
+/// (compared as Envoy's service compares them, joined as `key_value`: key `a` value `b_c` is key
+/// `a_b` value `c`), `share_threshold` on a descriptor whose value is not a wildcard, a limit that
+/// `replaces` its own name, and a domain loaded twice. As in Envoy's service, `requests_per_unit:
+/// 0` is accepted: every hit is then over the limit.
 ///
 /// # Examples
 ///
@@ -588,8 +589,9 @@ impl Loader<'_> {
             }
         });
         let unit = match (unlimited, parsed) {
-            (true, None) => Unit::Unknown,
-            (true, Some(_)) => {
+            // As Envoy's service: only a valid unit is refused on an unlimited limit.
+            (true, None | Some(None)) => Unit::Unknown,
+            (true, Some(Some(_))) => {
                 return Err(self.invalid(unit_field, "must not be set on an unlimited limit"))
             }
             (false, None) => {
