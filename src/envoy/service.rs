@@ -200,8 +200,9 @@ struct State<C: Clock + Clone> {
 /// The names of the response headers an [`RlsService`] asks Envoy to add, when it is told to
 /// with [`set_response_headers`](RlsService::set_response_headers) (envoyproxy/ratelimit's
 /// `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER` and
-/// `LIMIT_RESET_HEADER`). They describe the descriptor closest to its limit: the first over it,
-/// else the one with the least `limit_remaining`; the reset is in whole seconds, rounded up.
+/// `LIMIT_RESET_HEADER`). They describe the descriptor closest to its limit, chosen as Envoy's
+/// service chooses it: the last over its limit, else the first with the least
+/// `limit_remaining`; the reset is in whole seconds, rounded up.
 ///
 /// # Examples
 ///
@@ -237,9 +238,9 @@ impl ResponseHeaders {
         let mut least = u32::MAX;
         for status in &response.statuses {
             if status.code() == Code::OverLimit {
-                // The first over its limit: no later status replaces it.
+                // As Envoy's service: a later status over its limit replaces an earlier one.
                 closest = Some(status);
-                break;
+                least = 0;
             }
             if status.current_limit.is_some() && status.limit_remaining < least {
                 closest = Some(status);
