@@ -556,6 +556,34 @@ async fn example_7_a_replacing_limit_drops_the_replaced_one_for_the_request() {
     );
 }
 
+#[tokio::test]
+async fn an_unlimited_limit_replaces_the_limits_it_names_as_in_envoy() {
+    // envoyproxy/ratelimit gathers `replaces` from every matched limit, unlimited ones too,
+    // before it sets the unlimited ones aside.
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: vip
+    rate_limit:
+      unlimited: true
+      replaces: [{ name: per_ip }]
+  - key: ip
+    rate_limit: { unit: minute, requests_per_unit: 1, name: per_ip }
+"])
+    .await;
+    let vip: &[(&str, &str)] = &[("vip", "yes")];
+    let ip: &[(&str, &str)] = &[("ip", "10.0.0.1")];
+    for _ in 0..3 {
+        let r = rls.call("d", &[vip, ip]).await;
+        assert_eq!(codes(&r), (OK, vec![OK, OK]));
+        assert_eq!(remaining(&r)[0], u32::MAX);
+        assert_eq!(r.statuses[1].current_limit, None, "per_ip is replaced");
+    }
+    // Without the unlimited descriptor, per_ip applies (and was not counted above).
+    assert_eq!(codes(&rls.call("d", &[ip]).await).0, OK);
+    assert_eq!(codes(&rls.call("d", &[ip]).await).0, OVER);
+}
+
 const EXAMPLE_8: &str = "
 domain: example8
 descriptors:

@@ -182,7 +182,7 @@ impl Remote {
         let mut answers: Vec<Answer> = (applied.iter().zip(&hits))
             .map(|(a, &n)| match a {
                 Applied::Nothing => Answer::Nothing,
-                Applied::Unlimited => Answer::Unlimited,
+                Applied::Unlimited(_) => Answer::Unlimited,
                 Applied::Limit { spec, limiter, .. } => {
                     let reset = window_left(spec.unit(), now);
                     match limiter {

@@ -136,8 +136,8 @@ impl Clock for UnixClock {
 /// - A request `limit` override counts in a limiter of its own per (domain, requests per unit,
 ///   unit), keyed by the entries; overrides with an unknown unit are ignored, as are overrides
 ///   beyond [`MAX_OVERRIDE_LIMITS`] distinct ones.
-/// - `replaces`: a matched limit naming others in `replaces` makes those not apply to the
-///   request.
+/// - `replaces`: a matched limit (an unlimited one too, as in Envoy) naming others in
+///   `replaces` makes those not apply to the request.
 /// - An unknown domain, or a descriptor no limit matches: `OK`, no `current_limit`.
 /// - A request with an empty domain or no descriptors: the gRPC status `INVALID_ARGUMENT`.
 /// - Statuses: `current_limit` (requests per unit, unit, name), `limit_remaining` and
@@ -534,7 +534,7 @@ impl<C: Clock + Clone> RlsService<C> {
             let hits = hits_of(request, d);
             let outcome = match a {
                 Applied::Nothing => Outcome::Nothing,
-                Applied::Unlimited => Outcome::Unlimited,
+                Applied::Unlimited(_) => Outcome::Unlimited,
                 Applied::Limit {
                     spec,
                     limiter,
@@ -749,7 +749,8 @@ impl Spec<'_> {
 
 pub(super) enum Applied<'a, L> {
     Nothing,
-    Unlimited,
+    /// An unlimited limit, with the names it `replaces` (which apply, as in Envoy's service).
+    Unlimited(&'a [String]),
     Limit {
         spec: Spec<'a>,
         /// `None` when `requests_per_unit` is 0.
@@ -828,7 +829,7 @@ pub(super) fn resolve<'s, L: Clone>(
                 Some(found) => {
                     let spec = &config.limits()[found.limit];
                     if spec.unlimited {
-                        Applied::Unlimited
+                        Applied::Unlimited(&spec.replaces)
                     } else {
                         Applied::Limit {
                             spec: Spec::Configured(spec),
@@ -847,6 +848,7 @@ pub(super) fn resolve<'s, L: Clone>(
                 spec: Spec::Configured(s),
                 ..
             } => Some(s.replaces.iter().map(String::as_str)),
+            Applied::Unlimited(replaces) => Some(replaces.iter().map(String::as_str)),
             _ => None,
         })
         .flatten()
