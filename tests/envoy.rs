@@ -1304,3 +1304,14 @@ descriptors:
     assert_eq!(codes(&rls.call("d", &[one]).await).0, OK);
     assert_eq!(codes(&rls.call("d", &[one]).await).0, OVER);
 }
+
+#[tokio::test]
+async fn one_counter_named_twice_in_a_request_counts_twice_and_is_refunded_once_each() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    let d: &[(&str, &str)] = &[("category", "account")];
+    // Two hits on a limit of 1: over, and all or nothing gives the first hit back.
+    assert_eq!(codes(&rls.call("rl", &[d, d]).await).0, OVER);
+    let r = rls.call("rl", &[d]).await;
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
+    assert_eq!(codes(&rls.call("rl", &[d]).await).0, OVER);
+}

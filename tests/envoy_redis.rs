@@ -171,3 +171,15 @@ descriptors:
     assert_eq!(summary(&r), (OK, vec![(OK, 48)]));
     assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().name, "moved");
 }
+
+#[tokio::test]
+async fn one_counter_named_twice_in_a_request_counts_twice() {
+    let server = RedisServer::start();
+    let rls = service(&server, CONFIG).await;
+    // The same subject twice, against a limit of 1: the second hit is over, and all or nothing
+    // leaves the counter as it was.
+    let r = rls.decide(&request(&[SMALL, SMALL])).await.unwrap();
+    assert_eq!(r.overall_code(), OVER);
+    let r = rls.decide(&request(&[SMALL])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0)]));
+}
