@@ -1315,3 +1315,39 @@ async fn one_counter_named_twice_in_a_request_counts_twice_and_is_refunded_once_
     assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
     assert_eq!(codes(&rls.call("rl", &[d]).await).0, OVER);
 }
+
+#[tokio::test]
+async fn a_request_that_is_not_a_rate_limit_request_gets_a_grpc_error() {
+    use http_body_util::{BodyExt, Full};
+    use tower::Service;
+    let mut service = RlsService::with_clock(
+        RlsConfig::from_yaml_str(PER_MINUTE_1).unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap();
+    // A gRPC frame (uncompressed, 3 bytes) holding field 1 as a varint: `domain` is a string.
+    static FRAME: [u8; 8] = [0, 0, 0, 0, 3, 0x08, 0x96, 0x01];
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(SHOULD_RATE_LIMIT_PATH)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(&FRAME[..]))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(5), service.call(request))
+        .await
+        .expect("answered")
+        .unwrap();
+    let status = match response.headers().get("grpc-status") {
+        Some(s) => s.to_str().unwrap().to_owned(),
+        None => {
+            let collected = response.into_body().collect().await.unwrap();
+            let trailers = collected.trailers().expect("trailers").clone();
+            trailers["grpc-status"].to_str().unwrap().to_owned()
+        }
+    };
+    assert_eq!(
+        status, "13",
+        "a decode error is INTERNAL, as tonic answers it"
+    );
+}
