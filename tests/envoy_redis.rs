@@ -183,3 +183,31 @@ async fn one_counter_named_twice_in_a_request_counts_twice() {
     let r = rls.decide(&request(&[SMALL])).await.unwrap();
     assert_eq!(summary(&r), (OK, vec![(OK, 0)]));
 }
+
+#[tokio::test]
+async fn a_silent_redis_is_answered_by_the_failure_policy_within_the_deadline() {
+    let server = RedisServer::start();
+    let connection = || async {
+        ConnectionManager::new(Client::open(server.url()).unwrap())
+            .await
+            .unwrap()
+    };
+    let config = || RlsConfig::from_yaml_str(CONFIG).unwrap();
+    let open = RlsService::with_redis(config(), connection().await, "rls", FailurePolicy::FailOpen)
+        .unwrap();
+    let closed = RlsService::with_redis(
+        config(),
+        connection().await,
+        "rls",
+        FailurePolicy::FailClosed,
+    )
+    .unwrap();
+    server.pause();
+    let big = request(&[BIG]);
+    let r = tokio::time::timeout(Duration::from_secs(5), open.decide(&big)).await;
+    let r = r.expect("no hang").unwrap();
+    assert_eq!(r.overall_code(), OK);
+    let r = tokio::time::timeout(Duration::from_secs(5), closed.decide(&big)).await;
+    assert_eq!(r.expect("no hang").unwrap().overall_code(), OVER);
+    server.resume();
+}
