@@ -978,7 +978,10 @@ fn build_limiters<C: Clock + Clone>(
     // window), not by its requests per unit. A composite path can name two limits (key `a.b`, and
     // key `b` under key `a`, are both `.a.b`): such a path identifies neither, so its limits start
     // empty rather than share (and reconfigure) one limiter.
-    let mut kept: HashMap<(&str, Unit), Option<(&Limiter<C>, u32)>> = HashMap::new();
+    // Per identity: the old limiter and its requests per unit; `None` once the identity is
+    // seen twice.
+    type Kept<'a, C> = HashMap<(&'a str, Unit), Option<(&'a Limiter<C>, u32)>>;
+    let mut kept: Kept<'_, C> = HashMap::new();
     if let Some(old) = old {
         for (s, l) in old.config.limits().iter().zip(&old.limiters) {
             if let Some(l) = l {
