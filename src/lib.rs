@@ -15,7 +15,9 @@
 //! `redis`), and `StoreLimiter` over any store with get and set-with-expiry (feature `store`;
 //! exact within one process only); for HTTP services, the tower layer in `turnstile::http`
 //! (feature `http`): rules per endpoint, client IP and client id, trusted proxies, bans, IETF
-//! `RateLimit` headers and 429 with `Retry-After`.
+//! `RateLimit` headers and 429 with `Retry-After`; for Envoy, its rate limit service's
+//! `ShouldRateLimit` gRPC API from envoyproxy/ratelimit's configuration files, in
+//! `turnstile::envoy` (feature `envoy`).
 //!
 //! The README maps the concepts of governor, tower_governor, .NET's
 //! `System.Threading.RateLimiting`, AspNetCoreRateLimit, rate-limiter-flexible and Envoy's
@@ -70,6 +72,8 @@ mod chain;
 mod clock;
 mod concurrency;
 mod decision;
+#[cfg(feature = "envoy")]
+pub mod envoy;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;

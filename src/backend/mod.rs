@@ -10,11 +10,14 @@
 
 mod deny;
 mod keys;
-// Used by the HTTP rules counted in Redis.
-#[cfg_attr(not(feature = "http"), allow(dead_code, unused_imports))]
+// Used by the HTTP rules and Envoy's rate limit service counted in Redis.
+#[cfg_attr(
+    not(any(feature = "http", feature = "envoy")),
+    allow(dead_code, unused_imports)
+)]
 mod multi;
 
-#[cfg(feature = "http")]
+#[cfg(any(feature = "http", feature = "envoy"))]
 pub(crate) use multi::try_acquire_all;
 
 use crate::chain::{KeyedChain, Taken};

@@ -1,0 +1,648 @@
+//! envoyproxy/ratelimit's YAML configuration: loading, validation with errors that name the
+//! field, and the descriptor tree a request is matched against.
+
+use super::proto::{Entry, Unit};
+use serde_norway::{Mapping, Value};
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::Path;
+
+/// The rate limit configuration of an [`RlsService`](super::RlsService): one or more domains,
+/// each loaded from one of envoyproxy/ratelimit's YAML files, as they are.
+///
+/// A file holds a `domain` and its `descriptors`: each has a `key`, an optional `value` (a
+/// trailing `*` makes it a prefix), an optional `rate_limit` (`unit`: `second`, `minute`,
+/// `hour`, `day`, `month` or `year`, any case; `requests_per_unit`; optional `name`,
+/// `unlimited`, `replaces: [{ name }]`), optional `shadow_mode`, `share_threshold` (on a
+/// wildcard: every value it matches shares one counter) and nested `descriptors`.
+/// `detailed_metric` and `value_to_metric` are accepted and ignored (they name metrics).
+///
+/// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
+/// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing `domain`
+/// or `key`, an unknown `unit` (but on an `unlimited` limit, where Envoy ignores it), a valid
+/// `unit` on an `unlimited` limit (and a missing one on any other), a `requests_per_unit` that is
+/// not a whole number up to 4,294,967,295, two descriptors with the same key and value at one level
+/// (compared as Envoy's service compares them, joined as `key_value`: key `a` value `b_c` is key
+/// `a_b` value `c`), `share_threshold` on a descriptor whose value is not a wildcard, a limit that
+/// `replaces` its own name, and a domain loaded twice. As in Envoy's service, `requests_per_unit:
+/// 0` is accepted: every hit is then over the limit.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::RlsConfig;
+///
+/// let config = RlsConfig::from_yaml_str(r#"
+/// domain: mongo_cps
+/// descriptors:
+///   - key: database
+///     value: users
+///     rate_limit:
+///       unit: second
+///       requests_per_unit: 500
+/// "#)?;
+/// assert_eq!(config.domains().collect::<Vec<_>>(), ["mongo_cps"]);
+/// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct RlsConfig {
+    domains: HashMap<String, Level>,
+    limits: Vec<LimitSpec>,
+}
+
+/// A configured limit, as the service applies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LimitSpec {
+    /// The domain and the composite keys of the descriptors down to this one
+    /// (`domain.key_value.key`): with the limit itself, what identifies its counters across
+    /// reloads.
+    pub(crate) path: String,
+    pub(crate) requests_per_unit: u32,
+    /// `Unknown` for an unlimited limit.
+    pub(crate) unit: Unit,
+    pub(crate) name: String,
+    pub(crate) unlimited: bool,
+    pub(crate) shadow_mode: bool,
+    pub(crate) replaces: Vec<String>,
+}
+
+/// The descriptors of one level of the tree, by key.
+#[derive(Debug, Clone, Default)]
+struct Level {
+    keys: HashMap<String, KeyNodes>,
+    /// Envoy's map key of each descriptor of the level (`key`, or `key_value`), which it
+    /// refuses to see twice: `a: b_c` and `a_b: c` are one key to it.
+    final_keys: HashSet<String>,
+}
+
+/// The descriptors of one level that share a key.
+#[derive(Debug, Clone, Default)]
+struct KeyNodes {
+    by_value: HashMap<String, Node>,
+    /// Values ending in `*`, without it, in the file's order.
+    prefixes: Vec<(String, Node)>,
+    /// The descriptor with no value: matches any value, each counted apart.
+    any: Option<Box<Node>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Node {
+    /// An index into `RlsConfig::limits`.
+    limit: Option<usize>,
+    /// `share_threshold`: the values this wildcard matches count as one.
+    share: bool,
+    children: Level,
+}
+
+/// The limit a request descriptor matched.
+pub(crate) struct Found {
+    /// An index into `RlsConfig::limits`.
+    pub(crate) limit: usize,
+    /// The entries (by index) whose value counts as the wildcard they matched (`share_threshold`).
+    pub(crate) shared: Vec<(usize, String)>,
+}
+
+/// A configuration that could not be loaded: which file (or document), which field, and why.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::{RlsConfig, RlsConfigError};
+///
+/// let err = RlsConfig::from_yaml_str(r#"
+/// domain: d
+/// descriptors:
+///   - key: a
+///     rate_limit: { unit: fortnight, requests_per_unit: 1 }
+/// "#).unwrap_err();
+/// assert!(matches!(&err, RlsConfigError::Invalid { field, .. } if field == "descriptors[0].rate_limit.unit"));
+/// assert!(err.to_string().contains("fortnight"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RlsConfigError {
+    /// A file could not be read.
+    Io {
+        /// The file.
+        path: String,
+        /// The operating system's message.
+        message: String,
+    },
+    /// The text is not YAML.
+    Yaml {
+        /// The file, or `document N` for the N-th string given (from 1).
+        source: String,
+        /// The YAML parser's message.
+        message: String,
+    },
+    /// A field is missing, unknown or has a value that is not allowed.
+    Invalid {
+        /// The file, or `document N` for the N-th string given (from 1).
+        source: String,
+        /// The field's path, such as `descriptors[1].rate_limit.unit` (`domain` for the root's).
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Two files configure the same domain.
+    DuplicateDomain {
+        /// The second file (or document) naming it.
+        source: String,
+        /// The domain.
+        domain: String,
+    },
+}
+
+impl fmt::Display for RlsConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RlsConfigError::Io { path, message } => write!(f, "{path}: {message}"),
+            RlsConfigError::Yaml { source, message } => write!(f, "{source}: not YAML: {message}"),
+            RlsConfigError::Invalid {
+                source,
+                field,
+                message,
+            } => write!(f, "{source}: {field}: {message}"),
+            RlsConfigError::DuplicateDomain { source, domain } => {
+                write!(f, "{source}: domain '{domain}' is configured twice")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RlsConfigError {}
+
+impl RlsConfig {
+    /// One domain, from the text of one of envoyproxy/ratelimit's YAML files.
+    ///
+    /// # Errors
+    ///
+    /// [`RlsConfigError`], naming `document 1` and the field.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::RlsConfig;
+    ///
+    /// let config = RlsConfig::from_yaml_str("domain: edge\ndescriptors:\n  - key: generic_key\n    value: default\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n")?;
+    /// assert!(config.domains().any(|d| d == "edge"));
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn from_yaml_str(yaml: &str) -> Result<Self, RlsConfigError> {
+        Self::from_yaml_strs([yaml])
+    }
+
+    /// Several domains, one per YAML text (the N-th is `document N` in errors).
+    ///
+    /// # Errors
+    ///
+    /// [`RlsConfigError`]; [`RlsConfigError::DuplicateDomain`] if two texts configure one domain.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::RlsConfig;
+    ///
+    /// let config = RlsConfig::from_yaml_strs(["domain: a\n", "domain: b\n"])?;
+    /// assert_eq!(config.domains().count(), 2);
+    /// assert!(RlsConfig::from_yaml_strs(["domain: a\n", "domain: a\n"]).is_err());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn from_yaml_strs<'a>(
+        yamls: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, RlsConfigError> {
+        let mut config = RlsConfig::default();
+        for (i, yaml) in yamls.into_iter().enumerate() {
+            config.load(&format!("document {}", i + 1), yaml)?;
+        }
+        Ok(config)
+    }
+
+    /// One domain, from a YAML file.
+    ///
+    /// # Errors
+    ///
+    /// [`RlsConfigError::Io`] if the file cannot be read, otherwise as
+    /// [`from_yaml_str`](Self::from_yaml_str), naming the file.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::RlsConfig;
+    ///
+    /// let err = RlsConfig::from_file("/nonexistent/config.yaml").unwrap_err();
+    /// assert!(err.to_string().contains("/nonexistent/config.yaml"));
+    /// ```
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, RlsConfigError> {
+        Self::from_files([path])
+    }
+
+    /// Several domains, one per YAML file (envoyproxy/ratelimit loads every file of its
+    /// configuration directory this way).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_file`](Self::from_file), and [`RlsConfigError::DuplicateDomain`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use turnstile::envoy::RlsConfig;
+    ///
+    /// let config = RlsConfig::from_files(["config/edge.yaml", "config/mongo.yaml"])?;
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn from_files<P: AsRef<Path>>(
+        paths: impl IntoIterator<Item = P>,
+    ) -> Result<Self, RlsConfigError> {
+        let mut config = RlsConfig::default();
+        for path in paths {
+            let path = path.as_ref();
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|e| RlsConfigError::Io {
+                path: name.clone(),
+                message: e.to_string(),
+            })?;
+            config.load(&name, &text)?;
+        }
+        Ok(config)
+    }
+
+    /// The configured domains, in no particular order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::RlsConfig;
+    ///
+    /// assert_eq!(RlsConfig::default().domains().count(), 0);
+    /// ```
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
+    pub(crate) fn limits(&self) -> &[LimitSpec] {
+        &self.limits
+    }
+
+    pub(crate) fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// The limit for a request descriptor's entries, as Envoy's service finds it: level by
+    /// level, the descriptor with the entry's key and value, else the first whose value is a
+    /// prefix of it (`*`), else the one with the key and no value; the limit applies only if
+    /// it is on the descriptor matched by the last entry.
+    ///
+    /// Entries matched by a wildcard with `share_threshold` are listed in the answer with the
+    /// wildcard (`report*`): their counter is the wildcard's, shared by every value it matches.
+    pub(crate) fn find(&self, domain: &str, entries: &[Entry]) -> Option<Found> {
+        let mut level = self.domains.get(domain)?;
+        let last = entries.len().checked_sub(1)?;
+        let mut shared = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let nodes = level.keys.get(&entry.key)?;
+            let node = match nodes.by_value.get(&entry.value) {
+                Some(node) => node,
+                None => match (nodes.prefixes.iter())
+                    .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
+                {
+                    Some((prefix, node)) => {
+                        if node.share {
+                            shared.push((i, format!("{prefix}*")));
+                        }
+                        node
+                    }
+                    None => nodes.any.as_deref()?,
+                },
+            };
+            if i == last {
+                return node.limit.map(|limit| Found { limit, shared });
+            }
+            level = &node.children;
+        }
+        None
+    }
+
+    fn load(&mut self, source: &str, yaml: &str) -> Result<(), RlsConfigError> {
+        let root: Value = serde_norway::from_str(yaml).map_err(|e| RlsConfigError::Yaml {
+            source: source.to_owned(),
+            message: e.to_string(),
+        })?;
+        let mut loader = Loader {
+            source,
+            limits: &mut self.limits,
+        };
+        let empty = Mapping::new();
+        let map = match &root {
+            Value::Null => &empty,
+            Value::Mapping(m) => m,
+            _ => return Err(loader.invalid(String::new(), "the document must be a mapping")),
+        };
+        let mut domain = None;
+        let mut descriptors = None;
+        for (k, v) in map {
+            match loader.key(k, "")? {
+                "domain" => domain = Some(v),
+                "descriptors" => descriptors = Some(v),
+                other => return Err(loader.unknown("", other)),
+            }
+        }
+        let domain = match domain {
+            Some(v) => loader.string(v, "domain")?,
+            None => None,
+        }
+        .filter(|d| !d.is_empty())
+        .ok_or_else(|| loader.invalid("domain".into(), "must be a non-empty string"))?;
+        if self.domains.contains_key(&domain) {
+            return Err(RlsConfigError::DuplicateDomain {
+                source: source.to_owned(),
+                domain,
+            });
+        }
+        let mut level = Level::default();
+        if let Some(list) = descriptors {
+            loader.level(list, "", &domain, &mut level)?;
+        }
+        self.domains.insert(domain, level);
+        Ok(())
+    }
+}
+
+struct Loader<'a> {
+    source: &'a str,
+    limits: &'a mut Vec<LimitSpec>,
+}
+
+fn join(parent: &str, field: &str) -> String {
+    if parent.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{parent}.{field}")
+    }
+}
+
+const UNITS: &str = "second, minute, hour, day, month or year";
+
+impl Loader<'_> {
+    fn invalid(&self, field: String, message: impl Into<String>) -> RlsConfigError {
+        RlsConfigError::Invalid {
+            source: self.source.to_owned(),
+            field,
+            message: message.into(),
+        }
+    }
+
+    fn unknown(&self, parent: &str, key: &str) -> RlsConfigError {
+        self.invalid(join(parent, key), "unknown field")
+    }
+
+    fn key<'v>(&self, k: &'v Value, parent: &str) -> Result<&'v str, RlsConfigError> {
+        match k {
+            Value::String(s) => Ok(s),
+            _ => Err(self.invalid(
+                join(parent, &format!("{k:?}")),
+                "field names must be strings",
+            )),
+        }
+    }
+
+    /// A scalar as text (Envoy's YAML reader takes `value: 10` as "10"); `None` for null.
+    fn string(&self, v: &Value, field: &str) -> Result<Option<String>, RlsConfigError> {
+        match v {
+            Value::Null => Ok(None),
+            Value::String(s) => Ok(Some(s.clone())),
+            Value::Number(n) => Ok(Some(n.to_string())),
+            Value::Bool(b) => Ok(Some(b.to_string())),
+            _ => Err(self.invalid(field.to_owned(), "must be a string")),
+        }
+    }
+
+    fn bool(&self, v: &Value, field: &str) -> Result<bool, RlsConfigError> {
+        match v {
+            Value::Null => Ok(false),
+            Value::Bool(b) => Ok(*b),
+            _ => Err(self.invalid(field.to_owned(), "must be true or false")),
+        }
+    }
+
+    fn level(
+        &mut self,
+        list: &Value,
+        parent: &str,
+        parent_key: &str,
+        level: &mut Level,
+    ) -> Result<(), RlsConfigError> {
+        let field = join(parent, "descriptors");
+        let items = match list {
+            Value::Null => return Ok(()),
+            Value::Sequence(items) => items,
+            _ => return Err(self.invalid(field, "must be a list of descriptors")),
+        };
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("{field}[{i}]");
+            self.descriptor(item, &path, parent_key, level)?;
+        }
+        Ok(())
+    }
+
+    fn descriptor(
+        &mut self,
+        item: &Value,
+        path: &str,
+        parent_key: &str,
+        level: &mut Level,
+    ) -> Result<(), RlsConfigError> {
+        let Value::Mapping(map) = item else {
+            return Err(self.invalid(path.to_owned(), "must be a mapping"));
+        };
+        let (mut key, mut value, mut rate_limit, mut children, mut shadow, mut share) =
+            (None, None, None, None, false, false);
+        for (k, v) in map {
+            let name = self.key(k, path)?;
+            let field = join(path, name);
+            match name {
+                "key" => key = self.string(v, &field)?,
+                "value" => value = self.string(v, &field)?,
+                "rate_limit" => rate_limit = Some(v),
+                "descriptors" => children = Some(v),
+                "shadow_mode" => shadow = self.bool(v, &field)?,
+                "share_threshold" => share = self.bool(v, &field)?,
+                "detailed_metric" | "value_to_metric" => {
+                    self.bool(v, &field)?;
+                }
+                other => return Err(self.unknown(path, other)),
+            }
+        }
+        let key = key
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| self.invalid(join(path, "key"), "must be a non-empty string"))?;
+        let value = value.filter(|v| !v.is_empty());
+        if share && !value.as_deref().is_some_and(|v| v.ends_with('*')) {
+            return Err(self.invalid(
+                join(path, "share_threshold"),
+                "needs a wildcard value (one ending in '*')",
+            ));
+        }
+        let composite = match &value {
+            Some(v) => format!("{parent_key}.{key}_{v}"),
+            None => format!("{parent_key}.{key}"),
+        };
+        let mut node = Node {
+            share,
+            ..Node::default()
+        };
+        if let Some(rl) = rate_limit {
+            node.limit =
+                Some(self.rate_limit(rl, &join(path, "rate_limit"), &composite, shadow)?);
+        }
+        if let Some(list) = children {
+            self.level(list, path, &composite, &mut node.children)?;
+        }
+        let final_key = match &value {
+            Some(v) => format!("{key}_{v}"),
+            None => key.clone(),
+        };
+        let nodes = level.keys.entry(key).or_default();
+        let taken = !level.final_keys.insert(final_key)
+            || match value {
+                None if nodes.any.is_some() => true,
+                None => {
+                    nodes.any = Some(Box::new(node));
+                    false
+                }
+                Some(v) => match v.strip_suffix('*') {
+                    Some(prefix) if nodes.prefixes.iter().any(|(p, _)| p == prefix) => true,
+                    Some(prefix) => {
+                        nodes.prefixes.push((prefix.to_owned(), node));
+                        false
+                    }
+                    None if nodes.by_value.contains_key(&v) => true,
+                    None => {
+                        nodes.by_value.insert(v, node);
+                        false
+                    }
+                },
+            };
+        if taken {
+            return Err(self.invalid(
+                path.to_owned(),
+                format!("duplicate descriptor composite key '{composite}'"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn rate_limit(
+        &mut self,
+        v: &Value,
+        path: &str,
+        composite: &str,
+        shadow_mode: bool,
+    ) -> Result<usize, RlsConfigError> {
+        let Value::Mapping(map) = v else {
+            return Err(self.invalid(path.to_owned(), "must be a mapping"));
+        };
+        let (mut unit, mut rpu, mut name, mut unlimited, mut replaces) =
+            (None, 0u32, String::new(), false, Vec::new());
+        for (k, v) in map {
+            let key = self.key(k, path)?;
+            let field = join(path, key);
+            match key {
+                "unit" => {
+                    unit = self.string(v, &field)?;
+                }
+                "requests_per_unit" => {
+                    rpu = match v {
+                        Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+                        _ => None,
+                    }
+                    .ok_or_else(|| {
+                        self.invalid(field, "must be a whole number from 0 to 4294967295")
+                    })?;
+                }
+                "name" => name = self.string(v, &field)?.unwrap_or_default(),
+                "unlimited" => unlimited = self.bool(v, &field)?,
+                "replaces" => replaces = self.replaces(v, &field)?,
+                other => return Err(self.unknown(path, other)),
+            }
+        }
+        if let Some(i) = (!name.is_empty())
+            .then(|| replaces.iter().position(|r| *r == name))
+            .flatten()
+        {
+            return Err(self.invalid(
+                format!("{path}.replaces[{i}].name"),
+                "a limit cannot replace itself",
+            ));
+        }
+        let unit_field = join(path, "unit");
+        let parsed = unit.as_deref().filter(|u| !u.is_empty()).map(|u| {
+            match u.to_ascii_lowercase().as_str() {
+                "second" => Some(Unit::Second),
+                "minute" => Some(Unit::Minute),
+                "hour" => Some(Unit::Hour),
+                "day" => Some(Unit::Day),
+                "month" => Some(Unit::Month),
+                "year" => Some(Unit::Year),
+                _ => None,
+            }
+        });
+        let unit = match (unlimited, parsed) {
+            // As Envoy's service: only a valid unit is refused on an unlimited limit.
+            (true, None | Some(None)) => Unit::Unknown,
+            (true, Some(Some(_))) => {
+                return Err(self.invalid(unit_field, "must not be set on an unlimited limit"))
+            }
+            (false, None) => {
+                return Err(self.invalid(unit_field, format!("is required: {UNITS}")));
+            }
+            (false, Some(None)) => {
+                return Err(self.invalid(
+                    unit_field,
+                    format!(
+                        "unknown unit '{}': expected {UNITS}",
+                        unit.unwrap_or_default()
+                    ),
+                ));
+            }
+            (false, Some(Some(u))) => u,
+        };
+        self.limits.push(LimitSpec {
+            path: composite.to_owned(),
+            requests_per_unit: rpu,
+            unit,
+            name,
+            unlimited,
+            shadow_mode,
+            replaces,
+        });
+        Ok(self.limits.len() - 1)
+    }
+
+    fn replaces(&self, v: &Value, field: &str) -> Result<Vec<String>, RlsConfigError> {
+        let Value::Sequence(items) = v else {
+            return Err(self.invalid(field.to_owned(), "must be a list of { name: ... }"));
+        };
+        let mut names = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("{field}[{i}]");
+            let Value::Mapping(map) = item else {
+                return Err(self.invalid(path, "must be a mapping { name: ... }"));
+            };
+            let mut name = None;
+            for (k, v) in map {
+                match self.key(k, &path)? {
+                    "name" => name = self.string(v, &join(&path, "name"))?,
+                    other => return Err(self.unknown(&path, other)),
+                }
+            }
+            names.push(
+                name.filter(|n| !n.is_empty()).ok_or_else(|| {
+                    self.invalid(join(&path, "name"), "must be a non-empty string")
+                })?,
+            );
+        }
+        Ok(names)
+    }
+}

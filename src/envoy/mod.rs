@@ -1,0 +1,37 @@
+//! A drop-in for Envoy's rate limit service (feature `envoy`): the
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` gRPC API that Envoy's
+//! `envoy.filters.http.ratelimit` filter calls, answered from envoyproxy/ratelimit's YAML
+//! configuration files, loaded as they are.
+//!
+//! - [`RlsConfig`]: the configuration (one YAML file per domain), with errors naming the field.
+//! - [`RlsService`]: the decisions, hot [`reload`](RlsService::reload), and the tonic service
+//!   to mount with `Server::builder().add_service(..)`.
+//! - [`proto`]: the request and response messages, written by hand with Envoy's field numbers.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use turnstile::envoy::{RlsConfig, RlsService};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let service = RlsService::new(RlsConfig::from_files(["config/edge.yaml"])?)?;
+//! # let serve = |_s: RlsService| async { Ok::<(), Box<dyn std::error::Error>>(()) };
+//! // tonic::transport::Server::builder().add_service(service.clone()).serve(addr).await?;
+//! # serve(service.clone()).await?;
+//! // later, on a signal:
+//! service.reload(RlsConfig::from_files(["config/edge.yaml"])?)?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod config;
+pub mod proto;
+#[cfg(feature = "redis")]
+mod remote;
+mod service;
+
+pub use config::{RlsConfig, RlsConfigError};
+pub use service::{
+    ResponseHeaders, RlsService, UnixClock, MAX_OVERRIDE_LIMITS, SHOULD_RATE_LIMIT_PATH,
+};

@@ -1,0 +1,1090 @@
+//! The `ShouldRateLimit` service: decisions over `KeyedLimiter`s, hot reload, and the tonic
+//! service that serves them.
+
+use super::config::{LimitSpec, RlsConfig, RlsConfigError};
+use super::proto::{
+    Code, DescriptorStatus, Entry, HeaderValue, ProtoDuration, RateLimit, RateLimitDescriptor,
+    RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit,
+};
+use crate::{Algorithm, Clock, DefaultClock, KeyedLimiter, KeyedRefundable, TryAcquireError};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The gRPC path of the one method served.
+///
+/// # Examples
+///
+/// ```
+/// use tonic::server::NamedService;
+/// use turnstile::envoy::{RlsService, SHOULD_RATE_LIMIT_PATH};
+///
+/// let service = format!("/{}/", <RlsService as NamedService>::NAME);
+/// assert_eq!(SHOULD_RATE_LIMIT_PATH, format!("{service}ShouldRateLimit"));
+/// ```
+pub const SHOULD_RATE_LIMIT_PATH: &str =
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The most distinct request `limit` overrides (domain, requests per unit, unit) given a
+/// limiter of their own; an override beyond them is ignored (the configured limit applies).
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::envoy::MAX_OVERRIDE_LIMITS, 1024);
+/// ```
+pub const MAX_OVERRIDE_LIMITS: usize = 1024;
+
+/// A descriptor's counters: its entries, as the request sent them.
+type Key = Vec<Entry>;
+type Hasher = foldhash::fast::RandomState;
+type Limiter<C> = KeyedLimiter<Key, C, Hasher>;
+
+/// The clock an [`RlsService`] uses unless told otherwise: [`DefaultClock`] read as nanoseconds
+/// since the Unix epoch, so that a unit's fixed windows start on UTC's whole seconds, minutes,
+/// hours and days (months and years: multiples of 30 and 365 days since 1970), as Envoy's
+/// service aligns them.
+///
+/// The offset is taken from the system clock once, when the clock is made; after that time
+/// only moves forward with the monotonic clock, whatever the system clock does.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{SystemTime, UNIX_EPOCH};
+/// use turnstile::Clock;
+/// use turnstile::envoy::UnixClock;
+///
+/// let clock = UnixClock::new();
+/// let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+/// assert!(clock.now().abs_diff(unix) < 5_000_000_000);
+/// ```
+#[derive(Debug, Clone)]
+pub struct UnixClock {
+    base: DefaultClock,
+    offset: u64,
+}
+
+impl UnixClock {
+    /// A clock reading the Unix time now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::Clock;
+    ///
+    /// assert!(turnstile::envoy::UnixClock::new().now() > 1_600_000_000_000_000_000);
+    /// ```
+    pub fn new() -> Self {
+        let base = DefaultClock::new();
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        UnixClock {
+            offset: unix.saturating_sub(base.now()),
+            base,
+        }
+    }
+}
+
+impl Default for UnixClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for UnixClock {
+    fn now(&self) -> u64 {
+        self.base.now().saturating_add(self.offset)
+    }
+
+    fn catch_up(&self) {
+        self.base.catch_up();
+    }
+}
+
+/// Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService`), answering
+/// `ShouldRateLimit` from an [`RlsConfig`], counting in memory (or, made with `with_redis`
+/// under the feature `redis`, in Redis: see there for how its decisions differ).
+///
+/// Mount it on a tonic server with `Server::builder().add_service(service.clone())`; keep a clone
+/// to [`reload`](Self::reload) the configuration. Clones share everything.
+///
+/// # Decisions
+///
+/// Each request descriptor is matched against its domain's descriptors as Envoy's service
+/// matches it (see [`RlsConfig`]); a matched limit counts in fixed windows of its unit, one
+/// counter per distinct list of entries (so a descriptor configured without a `value` counts
+/// each value apart). A descriptor's cost is its own `hits_addend` if set (0 only checks), else
+/// the request's (0 means 1).
+///
+/// - **All or nothing.** When one descriptor is over its limit, the hits the request took from
+///   the others are given back: a rejected request costs nothing, as a rejection of turnstile's
+///   HTTP layer costs nothing. Envoy's service charges every descriptor even when one is over
+///   (so a client over one limit also eats into the others); this is the one deliberate
+///   difference. A descriptor over its limit is not charged either (Envoy counts it).
+/// - `shadow_mode: true`: never over the limit; when it would be, its status is `OK` with
+///   `limit_remaining` 0, as in Envoy.
+/// - `unlimited: true`: `OK`, no counting, `limit_remaining` `u32::MAX`.
+/// - `requests_per_unit: 0`: every hit is over the limit.
+/// - A request `limit` override counts in a limiter of its own per (domain, requests per unit,
+///   unit), keyed by the entries; overrides with an unknown unit are ignored, as are overrides
+///   beyond [`MAX_OVERRIDE_LIMITS`] distinct ones.
+/// - `replaces`: a matched limit (an unlimited one too, as in Envoy) naming others in
+///   `replaces` makes those not apply to the request.
+/// - An unknown domain, or a descriptor no limit matches: `OK`, no `current_limit`.
+/// - A request with an empty domain or no descriptors: the gRPC status `INVALID_ARGUMENT`.
+/// - Statuses: `current_limit` (requests per unit, unit, name), `limit_remaining` and
+///   `duration_until_reset` (exact: the time left in the window). On `OVER_LIMIT`,
+///   `limit_remaining` is what is left, which the rejected hits did not take: 0 unless the
+///   request asked for more hits than were left (Envoy, having counted them, reports 0).
+/// - A new counter when its limit already holds its most keys
+///   ([`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS)) and none is idle: `OVER_LIMIT`, nothing
+///   counted (fail closed).
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::proto::{Code, Entry, RateLimitDescriptor, RateLimitRequest};
+/// use turnstile::envoy::{RlsConfig, RlsService};
+///
+/// let service = RlsService::new(RlsConfig::from_yaml_str(r#"
+/// domain: rl
+/// descriptors:
+///   - key: category
+///     value: account
+///     rate_limit: { unit: minute, requests_per_unit: 1 }
+/// "#)?)?;
+/// let request = RateLimitRequest {
+///     domain: "rl".into(),
+///     descriptors: vec![RateLimitDescriptor {
+///         entries: vec![Entry { key: "category".into(), value: "account".into() }],
+///         ..Default::default()
+///     }],
+///     hits_addend: 0,
+/// };
+/// assert_eq!(service.should_rate_limit(&request)?.overall_code(), Code::Ok);
+/// assert_eq!(service.should_rate_limit(&request)?.overall_code(), Code::OverLimit);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RlsService<C: Clock + Clone = UnixClock> {
+    shared: Arc<Shared<C>>,
+}
+
+struct Shared<C: Clock + Clone> {
+    clock: C,
+    state: RwLock<Arc<State<C>>>,
+    overrides: Mutex<HashMap<(String, u32, Unit), Limiter<C>>>,
+    /// Where the counters are when they are in Redis.
+    #[cfg(feature = "redis")]
+    remote: Option<super::remote::Remote>,
+}
+
+struct State<C: Clock + Clone> {
+    config: RlsConfig,
+    /// Per `config.limits()`: `None` for unlimited limits and for `requests_per_unit: 0`
+    /// (and for every limit when counting in Redis).
+    limiters: Vec<Option<Limiter<C>>>,
+    /// As `limiters`, when counting in Redis; empty otherwise.
+    #[cfg(feature = "redis")]
+    remote: Vec<Option<crate::RedisLimiter>>,
+    headers: Option<Arc<ResponseHeaders>>,
+}
+
+/// The names of the response headers an [`RlsService`] asks Envoy to add, when it is told to
+/// with [`set_response_headers`](RlsService::set_response_headers) (envoyproxy/ratelimit's
+/// `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER` and
+/// `LIMIT_RESET_HEADER`). They describe the descriptor closest to its limit, chosen as Envoy's
+/// service chooses it: the last over its limit, else the first with the least
+/// `limit_remaining`; the reset is in whole seconds, rounded up.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::ResponseHeaders;
+///
+/// assert_eq!(ResponseHeaders::default().remaining, "RateLimit-Remaining");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHeaders {
+    /// The header with the limit's requests per unit (default `RateLimit-Limit`).
+    pub limit: String,
+    /// The header with the hits left (default `RateLimit-Remaining`).
+    pub remaining: String,
+    /// The header with the seconds until the window ends (default `RateLimit-Reset`).
+    pub reset: String,
+}
+
+impl Default for ResponseHeaders {
+    fn default() -> Self {
+        ResponseHeaders {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
+}
+
+impl ResponseHeaders {
+    /// Adds the headers for `response`'s descriptor closest to its limit, if any has a limit.
+    fn add_to(&self, response: &mut RateLimitResponse) {
+        let mut closest: Option<&DescriptorStatus> = None;
+        let mut least = u32::MAX;
+        for status in &response.statuses {
+            if status.code() == Code::OverLimit {
+                // As Envoy's service: a later status over its limit replaces an earlier one.
+                closest = Some(status);
+                least = 0;
+            }
+            if status.current_limit.is_some() && status.limit_remaining < least {
+                closest = Some(status);
+                least = status.limit_remaining;
+            }
+        }
+        let Some(status) = closest else { return };
+        let Some(limit) = &status.current_limit else {
+            return;
+        };
+        let reset = status
+            .duration_until_reset
+            .and_then(|d| Duration::try_from(d).ok())
+            .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0));
+        let headers = [
+            (&self.limit, limit.requests_per_unit.to_string()),
+            (&self.remaining, status.limit_remaining.to_string()),
+            (&self.reset, reset.to_string()),
+        ];
+        response.response_headers_to_add = headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.clone(),
+                value,
+            })
+            .collect();
+    }
+}
+
+impl<C: Clock + Clone> Clone for RlsService<C> {
+    fn clone(&self) -> Self {
+        RlsService {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<C: Clock + Clone> std::fmt::Debug for RlsService<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state();
+        f.debug_struct("RlsService")
+            .field("domains", &state.config.domains().collect::<Vec<_>>())
+            .field("limits", &state.config.limits().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RlsService {
+    /// A service answering from `config`, on a [`UnixClock`].
+    ///
+    /// # Errors
+    ///
+    /// [`RlsConfigError::Invalid`] if a limit cannot be built (not expected of a loaded
+    /// configuration).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: edge\n")?)?;
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn new(config: RlsConfig) -> Result<Self, RlsConfigError> {
+        Self::with_clock(config, UnixClock::new())
+    }
+
+    /// A service answering from `config`, counting in Redis (feature `redis`), so that every
+    /// process on that Redis shares the counts, as envoyproxy/ratelimit's instances do.
+    ///
+    /// Each configured limit is a [`RedisLimiter`](crate::RedisLimiter) with a fixed window of
+    /// its unit, on Redis's clock (windows aligned to Unix time), with `policy` for when Redis
+    /// fails or is slow (50 ms deadline), under keys `prefix:<16 hex digits naming the domain,
+    /// descriptor path and unit>:{<the entries>}:fw`: a reload keeps the counts of limits at
+    /// the same path and unit, whatever their requests per unit, as in Envoy. Decide with
+    /// [`decide`](RlsService::decide) (the gRPC service does);
+    /// [`should_rate_limit`](RlsService::should_rate_limit) answers `FAILED_PRECONDITION`.
+    ///
+    /// A request's descriptors that are enforced (not in shadow mode) and cost the same hits
+    /// are decided in one script, one round trip, all or nothing. With different per-descriptor
+    /// `hits_addend`s they are decided one round trip each, in order, stopping at the first
+    /// over its limit: the ones before it stay charged (as Envoy charges them). Shadow-mode
+    /// descriptors take a round trip each, and only when the request is admitted. A standalone
+    /// Redis (or Valkey) only: on a Cluster, one request's counters lie in different slots.
+    ///
+    /// # Errors
+    ///
+    /// [`RlsConfigError::Invalid`] naming `prefix` for a prefix Redis keys cannot have (empty,
+    /// over 256 bytes, or with `{` or `}`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    /// use turnstile::redis::{aio::ConnectionManager, Client};
+    /// use turnstile::FailurePolicy;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let connection = ConnectionManager::new(Client::open("redis://127.0.0.1/")?).await?;
+    /// let config = RlsConfig::from_files(["config/edge.yaml"])?;
+    /// let service = RlsService::with_redis(config, connection, "ratelimit", FailurePolicy::FailOpen)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn with_redis(
+        config: RlsConfig,
+        connection: crate::redis::aio::ConnectionManager,
+        prefix: impl Into<String>,
+        policy: crate::FailurePolicy,
+    ) -> Result<Self, RlsConfigError> {
+        let remote = super::remote::Remote::new(connection, prefix.into(), policy)?;
+        let limiters = remote.limiters(&config)?;
+        Ok(RlsService {
+            shared: Arc::new(Shared {
+                clock: UnixClock::new(),
+                state: RwLock::new(Arc::new(State {
+                    config,
+                    limiters: Vec::new(),
+                    remote: limiters,
+                    headers: None,
+                })),
+                overrides: Mutex::new(HashMap::new()),
+                remote: Some(remote),
+            }),
+        })
+    }
+}
+
+impl<C: Clock + Clone> RlsService<C> {
+    /// A service answering from `config`, on `clock` (a [`ManualClock`](crate::ManualClock) in
+    /// tests). Windows are aligned to the clock's epoch.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](RlsService::new).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::ManualClock;
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let clock = ManualClock::new();
+    /// let service = RlsService::with_clock(RlsConfig::from_yaml_str("domain: edge\n")?, clock)?;
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn with_clock(config: RlsConfig, clock: C) -> Result<Self, RlsConfigError> {
+        let limiters = build_limiters(&config, &clock, None)?;
+        Ok(RlsService {
+            shared: Arc::new(Shared {
+                clock,
+                state: RwLock::new(Arc::new(State {
+                    config,
+                    limiters,
+                    #[cfg(feature = "redis")]
+                    remote: Vec::new(),
+                    headers: None,
+                })),
+                overrides: Mutex::new(HashMap::new()),
+                #[cfg(feature = "redis")]
+                remote: None,
+            }),
+        })
+    }
+
+    /// Replaces the configuration. A limit found again at the same descriptor path (domain, keys
+    /// and values) with the same unit keeps its counts, wherever it moved in the file and whatever
+    /// its name; with other requests per unit, the new limit applies to them (as in Envoy's
+    /// service, whose counters do not depend on the limit). Any other limit starts empty, as do
+    /// limits whose composite paths are alike (key `a.b`, and `b` under `a`). Requests being
+    /// decided finish on the configuration they started with. Limiters of request `limit` overrides
+    /// are kept.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](RlsService::new); the old configuration then stays.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: a\n")?)?;
+    /// service.reload(RlsConfig::from_yaml_str("domain: b\n")?)?;
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn reload(&self, config: RlsConfig) -> Result<(), RlsConfigError> {
+        let mut slot = self
+            .shared
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        #[cfg(feature = "redis")]
+        if let Some(remote) = &self.shared.remote {
+            let limiters = remote.limiters(&config)?;
+            *slot = Arc::new(State {
+                config,
+                limiters: Vec::new(),
+                remote: limiters,
+                headers: slot.headers.clone(),
+            });
+            return Ok(());
+        }
+        let limiters = build_limiters(&config, &self.shared.clock, Some(&slot))?;
+        *slot = Arc::new(State {
+            config,
+            limiters,
+            #[cfg(feature = "redis")]
+            remote: Vec::new(),
+            headers: slot.headers.clone(),
+        });
+        Ok(())
+    }
+
+    /// Asks Envoy to add rate limit headers to its responses (`Some`, with their names), or not
+    /// (`None`, the default): see [`ResponseHeaders`]. Kept across reloads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{ResponseHeaders, RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: edge\n")?)?;
+    /// service.set_response_headers(Some(ResponseHeaders::default()));
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn set_response_headers(&self, headers: Option<ResponseHeaders>) {
+        let mut slot = self
+            .shared
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        *slot = Arc::new(State {
+            config: slot.config.clone(),
+            limiters: slot.limiters.clone(),
+            #[cfg(feature = "redis")]
+            remote: slot.remote.clone(),
+            headers: headers.map(Arc::new),
+        });
+    }
+
+    fn state(&self) -> Arc<State<C>> {
+        Arc::clone(
+            &self
+                .shared
+                .state
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// Decides one `ShouldRateLimit` request (what the gRPC service calls), as described on
+    /// [`RlsService`]. Never blocks on the limiters (a read lock on the configuration only).
+    ///
+    /// # Errors
+    ///
+    /// `INVALID_ARGUMENT` for an empty domain or an empty descriptor list.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::proto::{Code, RateLimitRequest};
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::default())?;
+    /// let err = service.should_rate_limit(&RateLimitRequest::default()).unwrap_err();
+    /// assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        validate(request)?;
+        #[cfg(feature = "redis")]
+        if self.shared.remote.is_some() {
+            return Err(tonic::Status::failed_precondition(
+                "this service counts in Redis: decide with `RlsService::decide`",
+            ));
+        }
+        let state = self.state();
+        let applied = resolve(&state.config, &state.limiters, request, |domain, o| {
+            self.override_limit(domain, o)
+        });
+
+        let now = self.shared.clock.now();
+        let mut rejected = false;
+        let mut outcomes = Vec::with_capacity(applied.len());
+        for (a, d) in applied.iter().zip(&request.descriptors) {
+            let hits = hits_of(request, d);
+            let outcome = match a {
+                Applied::Nothing => Outcome::Nothing,
+                Applied::Unlimited(_) => Outcome::Unlimited,
+                Applied::Limit {
+                    spec,
+                    limiter,
+                    shared,
+                } => {
+                    let entries = counter_entries(&d.entries, shared);
+                    let o = decide(limiter.as_ref(), &entries, hits, spec.unit(), now);
+                    if matches!(o, Outcome::Over { .. }) && !spec.shadow_mode() {
+                        rejected = true;
+                    }
+                    o
+                }
+            };
+            outcomes.push(outcome);
+        }
+
+        let mut statuses = Vec::with_capacity(outcomes.len());
+        for (outcome, a) in outcomes.into_iter().zip(&applied) {
+            let current_limit = match a {
+                Applied::Limit { spec, .. } => Some(spec.proto()),
+                _ => None,
+            };
+            let shadow = matches!(a, Applied::Limit { spec, .. } if spec.shadow_mode());
+            let status = match outcome {
+                Outcome::Nothing => status(Code::Ok, None, 0, None),
+                Outcome::Unlimited => status(Code::Ok, None, u32::MAX, None),
+                Outcome::Admitted(taken) => {
+                    let admission = taken.admission();
+                    if rejected {
+                        // All or nothing: give this descriptor's hits back.
+                        let key = taken.key().clone();
+                        taken.refund();
+                        let remaining = match a {
+                            Applied::Limit {
+                                limiter: Some(l), ..
+                            } => l.available(&key),
+                            _ => admission.remaining(),
+                        };
+                        status(
+                            Code::Ok,
+                            current_limit,
+                            remaining,
+                            Some(admission.reset_after()),
+                        )
+                    } else {
+                        status(
+                            Code::Ok,
+                            current_limit,
+                            admission.remaining(),
+                            Some(admission.reset_after()),
+                        )
+                    }
+                }
+                Outcome::Within { remaining, reset } => {
+                    status(Code::Ok, current_limit, remaining, Some(reset))
+                }
+                Outcome::Over { remaining, reset } => status(
+                    if shadow { Code::Ok } else { Code::OverLimit },
+                    current_limit,
+                    if shadow { 0 } else { remaining },
+                    Some(reset),
+                ),
+            };
+            statuses.push(status);
+        }
+        let mut response = RateLimitResponse {
+            overall_code: if rejected { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            ..Default::default()
+        };
+        if let Some(headers) = &state.headers {
+            headers.add_to(&mut response);
+        }
+        Ok(response)
+    }
+
+    /// Decides one `ShouldRateLimit` request wherever the counters are: in memory as
+    /// [`should_rate_limit`](Self::should_rate_limit), in Redis (a service made by
+    /// `with_redis`, feature `redis`) with the round trips that describes. The gRPC service
+    /// calls this.
+    ///
+    /// # Errors
+    ///
+    /// `INVALID_ARGUMENT` for an empty domain or an empty descriptor list.
+    ///
+    /// # Cancel safety
+    ///
+    /// In memory it completes at its first poll. In Redis, dropping the future leaves no local
+    /// state behind, but a script already sent may still run and take the hits (as with
+    /// [`RedisLimiter::try_acquire_n`](crate::RedisLimiter::try_acquire_n)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::proto::{Code, Entry, RateLimitDescriptor, RateLimitRequest};
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: d\n")?)?;
+    /// let request = RateLimitRequest {
+    ///     domain: "d".into(),
+    ///     descriptors: vec![RateLimitDescriptor {
+    ///         entries: vec![Entry { key: "k".into(), value: "v".into() }],
+    ///         ..Default::default()
+    ///     }],
+    ///     hits_addend: 0,
+    /// };
+    /// assert_eq!(service.decide(&request).await?.overall_code(), Code::Ok);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn decide(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        #[cfg(feature = "redis")]
+        if let Some(remote) = &self.shared.remote {
+            validate(request)?;
+            let state = self.state();
+            let now = self.shared.clock.now();
+            let mut response = remote
+                .decide(&state.config, &state.remote, request, now)
+                .await;
+            if let Some(headers) = &state.headers {
+                headers.add_to(&mut response);
+            }
+            return Ok(response);
+        }
+        self.should_rate_limit(request)
+    }
+
+    fn override_limit(
+        &self,
+        domain: &str,
+        o: RateLimitOverride,
+    ) -> Option<Applied<'static, Limiter<C>>> {
+        let unit = Unit::try_from(o.unit).ok()?;
+        let window = unit.duration()?;
+        let spec = Spec::Override {
+            requests_per_unit: o.requests_per_unit,
+            unit,
+        };
+        if o.requests_per_unit == 0 {
+            return Some(Applied::Limit {
+                spec,
+                limiter: None,
+                shared: Vec::new(),
+            });
+        }
+        let mut overrides = self
+            .shared
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let id = (domain.to_owned(), o.requests_per_unit, unit);
+        let limiter = match overrides.get(&id) {
+            Some(l) => l.clone(),
+            None if overrides.len() >= MAX_OVERRIDE_LIMITS => return None,
+            None => {
+                let l = fixed_window(o.requests_per_unit, window, &self.shared.clock).ok()?;
+                overrides.insert(id, l.clone());
+                l
+            }
+        };
+        Some(Applied::Limit {
+            spec,
+            limiter: Some(limiter),
+            shared: Vec::new(),
+        })
+    }
+}
+
+pub(super) enum Spec<'a> {
+    Configured(&'a LimitSpec),
+    Override { requests_per_unit: u32, unit: Unit },
+}
+
+impl Spec<'_> {
+    pub(super) fn unit(&self) -> Unit {
+        match self {
+            Spec::Configured(s) => s.unit,
+            Spec::Override { unit, .. } => *unit,
+        }
+    }
+
+    pub(super) fn shadow_mode(&self) -> bool {
+        match self {
+            Spec::Configured(s) => s.shadow_mode,
+            Spec::Override { .. } => false,
+        }
+    }
+
+    pub(super) fn proto(&self) -> RateLimit {
+        match self {
+            Spec::Configured(s) => RateLimit {
+                name: s.name.clone(),
+                requests_per_unit: s.requests_per_unit,
+                unit: s.unit as i32,
+            },
+            Spec::Override {
+                requests_per_unit,
+                unit,
+            } => RateLimit {
+                name: String::new(),
+                requests_per_unit: *requests_per_unit,
+                unit: *unit as i32,
+            },
+        }
+    }
+}
+
+pub(super) enum Applied<'a, L> {
+    Nothing,
+    /// An unlimited limit, with the names it `replaces` (which apply, as in Envoy's service).
+    Unlimited(&'a [String]),
+    Limit {
+        spec: Spec<'a>,
+        /// `None` when `requests_per_unit` is 0.
+        limiter: Option<L>,
+        /// Entries counted as the wildcard they matched (`share_threshold`).
+        shared: Vec<(usize, String)>,
+    },
+}
+
+/// The entries a descriptor's counter is named by: its own, less the values a
+/// `share_threshold` wildcard stands for.
+pub(super) fn counter_entries<'e>(
+    entries: &'e [Entry],
+    shared: &[(usize, String)],
+) -> Cow<'e, [Entry]> {
+    if shared.is_empty() {
+        return Cow::Borrowed(entries);
+    }
+    let mut owned = entries.to_vec();
+    for (i, pattern) in shared {
+        if let Some(e) = owned.get_mut(*i) {
+            e.value.clone_from(pattern);
+        }
+    }
+    Cow::Owned(owned)
+}
+
+/// Checks what Envoy's service checks of every request.
+pub(super) fn validate(request: &RateLimitRequest) -> Result<(), tonic::Status> {
+    if request.domain.is_empty() {
+        return Err(tonic::Status::invalid_argument(
+            "rate limit domain must not be empty",
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(tonic::Status::invalid_argument(
+            "rate limit descriptor list must not be empty",
+        ));
+    }
+    Ok(())
+}
+
+/// A descriptor's cost: its own `hits_addend` if set (0 only checks), else the request's
+/// (0 meaning 1).
+pub(super) fn hits_of(request: &RateLimitRequest, d: &RateLimitDescriptor) -> u64 {
+    match d.hits_addend {
+        Some(h) => h.value,
+        None => u64::from(request.hits_addend.max(1)),
+    }
+}
+
+/// What applies to each descriptor of `request`: its override (through `override_limit`), else
+/// the configured limit it matches (with `counters[i]` counting configured limit `i`), less the
+/// limits another matched limit `replaces`.
+pub(super) fn resolve<'s, L: Clone>(
+    config: &'s RlsConfig,
+    counters: &[Option<L>],
+    request: &RateLimitRequest,
+    mut override_limit: impl FnMut(&str, RateLimitOverride) -> Option<Applied<'static, L>>,
+) -> Vec<Applied<'s, L>> {
+    let known = config.has_domain(&request.domain);
+    let mut applied: Vec<Applied<'s, L>> = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            if !known {
+                return Applied::Nothing;
+            }
+            if let Some(o) = d.limit {
+                if let Some(applied) = override_limit(&request.domain, o) {
+                    return applied;
+                }
+            }
+            match config.find(&request.domain, &d.entries) {
+                None => Applied::Nothing,
+                Some(found) => {
+                    let spec = &config.limits()[found.limit];
+                    if spec.unlimited {
+                        Applied::Unlimited(&spec.replaces)
+                    } else {
+                        Applied::Limit {
+                            spec: Spec::Configured(spec),
+                            limiter: counters.get(found.limit).cloned().flatten(),
+                            shared: found.shared,
+                        }
+                    }
+                }
+            }
+        })
+        .collect();
+    let replaced: HashSet<&str> = applied
+        .iter()
+        .filter_map(|a| match a {
+            Applied::Limit {
+                spec: Spec::Configured(s),
+                ..
+            } => Some(s.replaces.iter().map(String::as_str)),
+            Applied::Unlimited(replaces) => Some(replaces.iter().map(String::as_str)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if !replaced.is_empty() {
+        for a in &mut applied {
+            if let Applied::Limit {
+                spec: Spec::Configured(s),
+                ..
+            } = a
+            {
+                if !s.name.is_empty() && replaced.contains(s.name.as_str()) {
+                    *a = Applied::Nothing;
+                }
+            }
+        }
+    }
+    applied
+}
+
+enum Outcome<C: Clock + Clone> {
+    Nothing,
+    Unlimited,
+    Admitted(KeyedRefundable<Key, C, Hasher>),
+    /// Under the limit without taking anything (a check with 0 hits).
+    Within {
+        remaining: u32,
+        reset: Duration,
+    },
+    Over {
+        remaining: u32,
+        reset: Duration,
+    },
+}
+
+/// Time left in the window of `unit` that holds `now`.
+pub(super) fn window_left(unit: Unit, now: u64) -> Duration {
+    let w = unit
+        .duration()
+        .and_then(|d| u64::try_from(d.as_nanos()).ok())
+        .unwrap_or(1)
+        .max(1);
+    Duration::from_nanos(w - now % w)
+}
+
+fn decide<C: Clock + Clone>(
+    limiter: Option<&Limiter<C>>,
+    entries: &[Entry],
+    hits: u64,
+    unit: Unit,
+    now: u64,
+) -> Outcome<C> {
+    let reset = window_left(unit, now);
+    let Some(limiter) = limiter else {
+        // `requests_per_unit: 0`: any hit is over; a check is not.
+        return if hits == 0 {
+            Outcome::Within {
+                remaining: 0,
+                reset,
+            }
+        } else {
+            Outcome::Over {
+                remaining: 0,
+                reset,
+            }
+        };
+    };
+    let key: Key = entries.to_vec();
+    if hits == 0 {
+        return Outcome::Within {
+            remaining: limiter.available(&key),
+            reset,
+        };
+    }
+    let Ok(n) = u32::try_from(hits) else {
+        return Outcome::Over {
+            remaining: limiter.available(&key),
+            reset,
+        };
+    };
+    match limiter.try_acquire_refundable(&key, n) {
+        Ok(taken) => Outcome::Admitted(taken),
+        Err(TryAcquireError::Rejected(r)) => Outcome::Over {
+            remaining: limiter.available(&key),
+            reset: r.retry_after(),
+        },
+        // More hits than the limit: over whatever the count. The key cap reached with no idle
+        // key: over as well (fail closed), with nothing counted.
+        Err(_) => Outcome::Over {
+            remaining: limiter.available(&key),
+            reset,
+        },
+    }
+}
+
+pub(super) fn status(
+    code: Code,
+    current_limit: Option<RateLimit>,
+    limit_remaining: u32,
+    reset: Option<Duration>,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit,
+        limit_remaining,
+        duration_until_reset: reset.map(ProtoDuration::from),
+    }
+}
+
+fn fixed_window<C: Clock + Clone>(
+    limit: u32,
+    window: Duration,
+    clock: &C,
+) -> Result<Limiter<C>, crate::ConfigError> {
+    KeyedLimiter::builder(Algorithm::FixedWindow { limit, window })
+        .clock(clock.clone())
+        .hasher(Hasher::default())
+        .build()
+}
+
+fn build_limiters<C: Clock + Clone>(
+    config: &RlsConfig,
+    clock: &C,
+    old: Option<&State<C>>,
+) -> Result<Vec<Option<Limiter<C>>>, RlsConfigError> {
+    // A limit's counters are identified as Envoy's are: by domain, descriptor path and unit (its
+    // window), not by its requests per unit. A composite path can name two limits (key `a.b`, and
+    // key `b` under key `a`, are both `.a.b`): such a path identifies neither, so its limits start
+    // empty rather than share (and reconfigure) one limiter.
+    // Per identity: the old limiter and its requests per unit; `None` once the identity is
+    // seen twice.
+    type Kept<'a, C> = HashMap<(&'a str, Unit), Option<(&'a Limiter<C>, u32)>>;
+    let mut kept: Kept<'_, C> = HashMap::new();
+    if let Some(old) = old {
+        for (s, l) in old.config.limits().iter().zip(&old.limiters) {
+            if let Some(l) = l {
+                kept.entry((s.path.as_str(), s.unit))
+                    .and_modify(|k| *k = None)
+                    .or_insert(Some((l, s.requests_per_unit)));
+            }
+        }
+    }
+    let mut new_paths: HashMap<(&str, Unit), usize> = HashMap::new();
+    for s in config.limits() {
+        *new_paths.entry((s.path.as_str(), s.unit)).or_default() += 1;
+    }
+    let invalid = |s: &LimitSpec, e: crate::ConfigError| RlsConfigError::Invalid {
+        source: "configuration".to_owned(),
+        field: s.path.clone(),
+        message: e.to_string(),
+    };
+    let mut limiters = Vec::with_capacity(config.limits().len());
+    let mut changed = Vec::new();
+    for s in config.limits() {
+        if s.unlimited || s.requests_per_unit == 0 {
+            limiters.push(None);
+            continue;
+        }
+        let window = s.unit.duration().unwrap_or(Duration::from_secs(1));
+        let id = (s.path.as_str(), s.unit);
+        let unique = new_paths.get(&id) == Some(&1);
+        match kept.get(&id).copied().flatten().filter(|_| unique) {
+            Some((l, old_limit)) => {
+                if old_limit != s.requests_per_unit {
+                    changed.push((s, l, window));
+                }
+                limiters.push(Some(l.clone()));
+            }
+            None => limiters.push(Some(
+                fixed_window(s.requests_per_unit, window, clock).map_err(|e| invalid(s, e))?,
+            )),
+        }
+    }
+    // Last, once nothing else can fail: a new limit in the same window keeps the counts.
+    for (s, l, window) in changed {
+        l.reconfigure(Algorithm::FixedWindow {
+            limit: s.requests_per_unit,
+            window,
+        })
+        .map_err(|e| invalid(s, e))?;
+    }
+    Ok(limiters)
+}
+
+impl<C: Clock + Clone> tonic::server::NamedService for RlsService<C> {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+/// The unary method, as tonic's server runs it.
+struct ShouldRateLimit<C: Clock + Clone>(RlsService<C>);
+
+impl<C: Clock + Clone> tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit<C> {
+    type Response = RateLimitResponse;
+    type Future = Pin<
+        Box<dyn Future<Output = Result<tonic::Response<RateLimitResponse>, tonic::Status>> + Send>,
+    >;
+
+    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move {
+            service
+                .decide(request.get_ref())
+                .await
+                .map(tonic::Response::new)
+        })
+    }
+}
+
+impl<C, B> tower::Service<http::Request<B>> for RlsService<C>
+where
+    C: Clock + Clone,
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() == SHOULD_RATE_LIMIT_PATH {
+            let method = ShouldRateLimit(self.clone());
+            Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+                Ok(grpc.unary(method, request).await)
+            })
+        } else {
+            Box::pin(async move {
+                Ok(
+                    tonic::Status::unimplemented("no such method on the rate limit service")
+                        .into_http(),
+                )
+            })
+        }
+    }
+}

@@ -1,0 +1,1353 @@
+//! The Envoy rate limit service (feature `envoy`): the wire format of the hand-written
+//! messages, envoyproxy/ratelimit's configuration files, and the decisions, asked by a real
+//! tonic client of a real tonic server on 127.0.0.1:0. Time is a `ManualClock` the tests
+//! advance; nothing sleeps.
+
+use proptest::prelude::*;
+use prost::Message;
+use std::time::Duration;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Server};
+use turnstile::envoy::proto::{
+    Code, DescriptorStatus, Entry, ProtoDuration, RateLimit, RateLimitDescriptor,
+    RateLimitOverride, RateLimitRequest, RateLimitResponse, UInt64Value, Unit,
+};
+use turnstile::envoy::{
+    ResponseHeaders, RlsConfig, RlsConfigError, RlsService, SHOULD_RATE_LIMIT_PATH,
+};
+use turnstile::ManualClock;
+
+// ---------------------------------------------------------------------------------------------
+// Wire format
+
+/// The bytes, derived by hand from the field numbers of rls.proto and ratelimit.proto: each
+/// field is its key `(number << 3) | wire type` (0 varint, 2 length-delimited), then its value.
+#[test]
+fn a_request_encodes_with_envoys_field_numbers() {
+    let request = RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            limit: Some(RateLimitOverride {
+                requests_per_unit: 10,
+                unit: Unit::Minute as i32,
+            }),
+            hits_addend: Some(UInt64Value { value: 5 }),
+        }],
+        hits_addend: 2,
+    };
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        0x0a, 0x01, b'd',                         // 1 domain: "d"
+        0x12, 0x12,                               // 2 descriptors: 18 bytes
+          0x0a, 0x06,                             //   1 entries: 6 bytes
+            0x0a, 0x01, b'k', 0x12, 0x01, b'v',   //     1 key "k", 2 value "v"
+          0x12, 0x04,                             //   2 limit: 4 bytes
+            0x08, 0x0a, 0x10, 0x02,               //     1 requests_per_unit 10, 2 unit MINUTE
+          0x1a, 0x02,                             //   3 hits_addend (UInt64Value): 2 bytes
+            0x08, 0x05,                           //     1 value 5
+        0x18, 0x02,                               // 3 hits_addend: 2
+    ];
+    assert_eq!(request.encode_to_vec(), expected);
+    assert_eq!(RateLimitRequest::decode(expected).unwrap(), request);
+}
+
+#[test]
+fn a_response_decodes_from_envoys_field_numbers() {
+    #[rustfmt::skip]
+    let bytes: &[u8] = &[
+        0x08, 0x02,                               // 1 overall_code: OVER_LIMIT
+        0x12, 0x11,                               // 2 statuses: 17 bytes
+          0x08, 0x02,                             //   1 code: OVER_LIMIT
+          0x12, 0x07,                             //   2 current_limit: 7 bytes
+            0x08, 0x01, 0x10, 0x01,               //     1 requests_per_unit 1, 2 unit SECOND
+            0x1a, 0x01, b'n',                     //     3 name "n"
+          0x18, 0x03,                             //   3 limit_remaining: 3
+          0x22, 0x02, 0x08, 0x01,                 //   4 duration_until_reset: 1 s
+        0x22, 0x06,                               // 4 request_headers_to_add: 6 bytes
+          0x0a, 0x01, b'h', 0x12, 0x01, b'x',     //   1 key "h", 2 value "x"
+        0xa2, 0x06, 0x00,                         // 100: a field unknown here, skipped
+    ];
+    let response = RateLimitResponse::decode(bytes).unwrap();
+    assert_eq!(response.overall_code(), Code::OverLimit);
+    assert_eq!(
+        response.statuses,
+        [DescriptorStatus {
+            code: Code::OverLimit as i32,
+            current_limit: Some(RateLimit {
+                name: "n".into(),
+                requests_per_unit: 1,
+                unit: Unit::Second as i32,
+            }),
+            limit_remaining: 3,
+            duration_until_reset: Some(ProtoDuration {
+                seconds: 1,
+                nanos: 0
+            }),
+        }]
+    );
+    assert_eq!(response.request_headers_to_add[0].key, "h");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A real server and client
+
+struct Rls {
+    service: RlsService<ManualClock>,
+    clock: ManualClock,
+    client: tonic::client::Grpc<Channel>,
+}
+
+async fn start(yamls: &[&str]) -> Rls {
+    let clock = ManualClock::new();
+    let config = RlsConfig::from_yaml_strs(yamls.iter().copied()).expect("config");
+    let service = RlsService::with_clock(config, clock.clone()).expect("service");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let router = Server::builder().add_service(service.clone());
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .expect("server");
+    });
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    Rls {
+        service,
+        clock,
+        client: tonic::client::Grpc::new(channel),
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+impl Rls {
+    async fn ask(&mut self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        self.client.ready().await.expect("ready");
+        let codec = tonic_prost::ProstCodec::default();
+        let path = http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT_PATH);
+        self.client
+            .unary(tonic::Request::new(request), path, codec)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn call(&mut self, domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitResponse {
+        self.call_hits(domain, descriptors, 0).await
+    }
+
+    async fn call_hits(
+        &mut self,
+        domain: &str,
+        descriptors: &[&[(&str, &str)]],
+        hits_addend: u32,
+    ) -> RateLimitResponse {
+        self.ask(RateLimitRequest {
+            domain: domain.into(),
+            descriptors: descriptors.iter().map(|d| descriptor(d)).collect(),
+            hits_addend,
+        })
+        .await
+        .expect("a response")
+    }
+}
+
+fn codes(response: &RateLimitResponse) -> (Code, Vec<Code>) {
+    (
+        response.overall_code(),
+        response.statuses.iter().map(|s| s.code()).collect(),
+    )
+}
+
+fn remaining(response: &RateLimitResponse) -> Vec<u32> {
+    response
+        .statuses
+        .iter()
+        .map(|s| s.limit_remaining)
+        .collect()
+}
+
+fn reset(status: &DescriptorStatus) -> Duration {
+    Duration::try_from(status.duration_until_reset.expect("duration_until_reset")).unwrap()
+}
+
+use Code::{Ok as OK, OverLimit as OVER};
+
+const PER_MINUTE_1: &str = "
+domain: rl
+descriptors:
+  - key: category
+    value: account
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+";
+
+#[tokio::test]
+async fn the_second_request_over_a_one_per_minute_limit_is_over_limit_until_the_minute_ends() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    let d: &[(&str, &str)] = &[("category", "account")];
+    rls.clock.advance(Duration::from_secs(15));
+    let first = rls.call("rl", &[d]).await;
+    assert_eq!(codes(&first), (OK, vec![OK]));
+    assert_eq!(remaining(&first), [0]);
+    assert_eq!(
+        first.statuses[0].current_limit,
+        Some(RateLimit {
+            name: String::new(),
+            requests_per_unit: 1,
+            unit: Unit::Minute as i32
+        })
+    );
+    assert_eq!(reset(&first.statuses[0]), Duration::from_secs(45));
+
+    rls.clock.advance(Duration::from_secs(5));
+    let second = rls.call("rl", &[d]).await;
+    assert_eq!(codes(&second), (OVER, vec![OVER]));
+    assert_eq!(remaining(&second), [0]);
+    assert_eq!(reset(&second.statuses[0]), Duration::from_secs(40));
+
+    // The next minute starts empty.
+    rls.clock.advance(Duration::from_secs(40));
+    assert_eq!(codes(&rls.call("rl", &[d]).await), (OK, vec![OK]));
+}
+
+#[tokio::test]
+async fn an_unknown_domain_or_an_unmatched_descriptor_is_ok_with_no_limit() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    for _ in 0..3 {
+        let r = rls.call("elsewhere", &[&[("category", "account")]]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]));
+        assert_eq!(r.statuses[0].current_limit, None);
+        let r = rls.call("rl", &[&[("category", "other")]]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]));
+        assert_eq!(r.statuses[0].current_limit, None);
+    }
+}
+
+#[tokio::test]
+async fn an_empty_domain_or_descriptor_list_is_invalid_argument() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    let err = rls
+        .ask(RateLimitRequest {
+            domain: String::new(),
+            descriptors: vec![descriptor(&[("category", "account")])],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let err = rls
+        .ask(RateLimitRequest {
+            domain: "rl".into(),
+            descriptors: vec![],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+}
+
+// The examples of envoyproxy/ratelimit's README (its "Examples" section), loaded as they are.
+
+const EXAMPLE_1: &str = "
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+";
+
+#[tokio::test]
+async fn example_1_two_values_of_one_key_each_get_500_per_second() {
+    let mut rls = start(&[EXAMPLE_1]).await;
+    let users: &[(&str, &str)] = &[("database", "users")];
+    let default: &[(&str, &str)] = &[("database", "default")];
+    let r = rls.call_hits("mongo_cps", &[users], 500).await;
+    assert_eq!((codes(&r), remaining(&r)), ((OK, vec![OK]), vec![0]));
+    assert_eq!(codes(&rls.call("mongo_cps", &[users]).await).0, OVER);
+    let r = rls.call("mongo_cps", &[default]).await;
+    assert_eq!((codes(&r), remaining(&r)), ((OK, vec![OK]), vec![499]));
+    rls.clock.advance(Duration::from_secs(1));
+    assert_eq!(codes(&rls.call("mongo_cps", &[users]).await).0, OK);
+}
+
+const EXAMPLE_2: &str = "
+domain: messaging
+descriptors:
+  # Only allow 5 marketing messages a day
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+
+  # Only allow 100 messages a day to any unique phone number
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+";
+
+#[tokio::test]
+async fn example_2_nested_descriptors_and_a_value_less_key_counting_each_number_apart() {
+    let mut rls = start(&[EXAMPLE_2]).await;
+    let marketing_1: &[(&str, &str)] =
+        &[("message_type", "marketing"), ("to_number", "2061111111")];
+    let number_1: &[(&str, &str)] = &[("to_number", "2061111111")];
+    let marketing_2: &[(&str, &str)] =
+        &[("message_type", "marketing"), ("to_number", "2062222222")];
+    for i in 0..5 {
+        let r = rls.call("messaging", &[marketing_1, number_1]).await;
+        assert_eq!(codes(&r), (OK, vec![OK, OK]));
+        assert_eq!(remaining(&r), [4 - i, 99 - i]);
+    }
+    // The sixth marketing message to that number is over; another number has its own 5.
+    let r = rls.call("messaging", &[marketing_1, number_1]).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER, OK]));
+    assert_eq!(
+        rls.call("messaging", &[marketing_2]).await.statuses[0].limit_remaining,
+        4
+    );
+    // The placeholder level alone has no limit.
+    let r = rls
+        .call("messaging", &[&[("message_type", "marketing")]])
+        .await;
+    assert_eq!(r.statuses[0].current_limit, None);
+    // Non-marketing messages to the number count only against the 100: the rejected request
+    // above took nothing from them (all or nothing).
+    let r = rls.call("messaging", &[number_1]).await;
+    assert_eq!(remaining(&r), [94]);
+    assert_eq!(reset(&r.statuses[0]), Duration::from_secs(86_400));
+}
+
+const EXAMPLE_3: &str = "
+domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+";
+
+#[tokio::test]
+async fn example_3_key_and_value_match_before_key_alone_and_zero_blocks() {
+    let mut rls = start(&[EXAMPLE_3]).await;
+    let r = rls
+        .call("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.5")]])
+        .await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]));
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        0
+    );
+    for i in 0..10 {
+        let r = rls
+            .call("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.1")]])
+            .await;
+        assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![9 - i]));
+    }
+    let r = rls
+        .call("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.1")]])
+        .await;
+    assert_eq!(codes(&r).0, OVER);
+}
+
+const EXAMPLE_4_FLAT: &str = "
+domain: example4
+descriptors:
+  - key: key
+    value: value
+    rate_limit:
+      requests_per_unit: 300
+      unit: second
+";
+
+const EXAMPLE_4_NESTED: &str = "
+domain: example4
+descriptors:
+  - key: key
+    value: value
+    descriptors:
+      - key: subkey
+        rate_limit:
+          requests_per_unit: 300
+          unit: second
+";
+
+#[tokio::test]
+async fn example_4_the_request_depth_must_equal_the_configured_depth() {
+    let two: &[(&str, &str)] = &[("key", "value"), ("subkey", "subvalue")];
+    let mut flat = start(&[EXAMPLE_4_FLAT]).await;
+    assert_eq!(
+        flat.call("example4", &[two]).await.statuses[0].current_limit,
+        None
+    );
+    let mut nested = start(&[EXAMPLE_4_NESTED]).await;
+    let r = nested.call("example4", &[two]).await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        300
+    );
+    assert_eq!(remaining(&r), [299]);
+}
+
+const EXAMPLE_5: &str = "
+domain: internal
+descriptors:
+  - key: ldap
+    rate_limit:
+      unlimited: true
+
+  - key: azure
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+";
+
+#[tokio::test]
+async fn example_5_unlimited_is_ok_with_u32_max_remaining_and_counts_nothing() {
+    let mut rls = start(&[EXAMPLE_5]).await;
+    for _ in 0..3 {
+        let r = rls
+            .call_hits("internal", &[&[("ldap", "x")], &[("azure", "y")]], 40)
+            .await;
+        assert_eq!(r.statuses[0].code(), OK);
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+        assert_eq!(r.statuses[0].current_limit, None);
+    }
+    // Two of the three 40s fitted in azure's 100 (the third was over, and took nothing).
+    let r = rls.call_hits("internal", &[&[("azure", "y")]], 21).await;
+    assert_eq!(codes(&r).0, OVER);
+    let r = rls.call_hits("internal", &[&[("azure", "y")]], 20).await;
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
+}
+
+const EXAMPLE_6: &str = "
+domain: example6
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 10
+          unit: second
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 20
+          unit: second
+";
+
+#[tokio::test]
+async fn example_6_shadow_mode_passes_and_reports_zero_remaining() {
+    let mut rls = start(&[EXAMPLE_6]).await;
+    let a: &[(&str, &str)] = &[("service", "auth-service"), ("user", "user-a")];
+    let b: &[(&str, &str)] = &[("service", "auth-service"), ("user", "user-b")];
+    for i in 0..10 {
+        assert_eq!(remaining(&rls.call("example6", &[a]).await), [9 - i]);
+    }
+    for _ in 0..5 {
+        let r = rls.call("example6", &[a]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]));
+        assert_eq!(remaining(&r), [0]);
+        assert_eq!(reset(&r.statuses[0]), Duration::from_secs(1));
+    }
+    for _ in 0..20 {
+        assert_eq!(codes(&rls.call("example6", &[b]).await).0, OK);
+    }
+    assert_eq!(codes(&rls.call("example6", &[b]).await).0, OVER);
+    // A shadow descriptor never makes a request over the limit, but a real one still does.
+    assert_eq!(
+        codes(&rls.call("example6", &[a, b]).await),
+        (OVER, vec![OK, OVER])
+    );
+}
+
+const EXAMPLE_7: &str = "
+domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: second
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+";
+
+#[tokio::test]
+async fn example_7_a_replacing_limit_drops_the_replaced_one_for_the_request() {
+    let mut rls = start(&[EXAMPLE_7]).await;
+    let one: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
+    let two: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
+    for i in 0..10 {
+        let r = rls.call("example7", &[one, two]).await;
+        assert_eq!(codes(&r), (OK, vec![OK, OK]));
+        assert_eq!(r.statuses[0].current_limit, None);
+        assert_eq!(remaining(&r)[1], 9 - i);
+    }
+    assert_eq!(codes(&rls.call("example7", &[one, two]).await).0, OVER);
+    // The 5 per second was not touched.
+    let r = rls.call("example7", &[one]).await;
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![4]));
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "specific_limit"
+    );
+}
+
+#[tokio::test]
+async fn an_unlimited_limit_replaces_the_limits_it_names_as_in_envoy() {
+    // envoyproxy/ratelimit gathers `replaces` from every matched limit, unlimited ones too,
+    // before it sets the unlimited ones aside.
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: vip
+    rate_limit:
+      unlimited: true
+      replaces: [{ name: per_ip }]
+  - key: ip
+    rate_limit: { unit: minute, requests_per_unit: 1, name: per_ip }
+"])
+    .await;
+    let vip: &[(&str, &str)] = &[("vip", "yes")];
+    let ip: &[(&str, &str)] = &[("ip", "10.0.0.1")];
+    for _ in 0..3 {
+        let r = rls.call("d", &[vip, ip]).await;
+        assert_eq!(codes(&r), (OK, vec![OK, OK]));
+        assert_eq!(remaining(&r)[0], u32::MAX);
+        assert_eq!(r.statuses[1].current_limit, None, "per_ip is replaced");
+    }
+    // Without the unlimited descriptor, per_ip applies (and was not counted above).
+    assert_eq!(codes(&rls.call("d", &[ip]).await).0, OK);
+    assert_eq!(codes(&rls.call("d", &[ip]).await).0, OVER);
+}
+
+const EXAMPLE_8: &str = "
+domain: example8
+descriptors:
+  - key: key1
+    detailed_metric: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+";
+
+const EXAMPLE_9: &str = "
+domain: example9
+descriptors:
+  - key: key1
+    value: value*
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+";
+
+#[tokio::test]
+async fn examples_8_and_9_detailed_metric_loads_and_a_trailing_star_matches_a_prefix() {
+    let mut rls = start(&[EXAMPLE_8, EXAMPLE_9]).await;
+    let r = rls
+        .call(
+            "example8",
+            &[&[("key1", "unspecified")], &[("key1", "value1")]],
+        )
+        .await;
+    assert_eq!(remaining(&r), [9, 19]);
+    for value in ["value_1", "value_2", "value"] {
+        let r = rls.call("example9", &[&[("key1", value)]]).await;
+        assert_eq!(remaining(&r), [19], "{value}: each value counts apart");
+    }
+    let r = rls.call("example9", &[&[("key1", "other")]]).await;
+    assert_eq!(r.statuses[0].current_limit, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// hits_addend, overrides, all or nothing
+
+#[tokio::test]
+async fn hits_addend_per_request_and_per_descriptor_with_zero_only_checking() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: k
+    rate_limit: { unit: second, requests_per_unit: 10 }
+"])
+    .await;
+    let mut request = RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![descriptor(&[("k", "a")]), descriptor(&[("k", "b")])],
+        hits_addend: 3,
+    };
+    request.descriptors[1].hits_addend = Some(UInt64Value { value: 7 });
+    let r = rls.ask(request.clone()).await.unwrap();
+    assert_eq!(remaining(&r), [7, 3]);
+    // An explicit 0 only checks.
+    request.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    request.descriptors[1].hits_addend = Some(UInt64Value { value: 0 });
+    let r = rls.ask(request.clone()).await.unwrap();
+    assert_eq!((codes(&r), remaining(&r)), ((OK, vec![OK, OK]), vec![7, 3]));
+    // More than the limit in one request: over, and nothing is taken.
+    request.descriptors[1].hits_addend = Some(UInt64Value { value: 11 });
+    let r = rls.ask(request.clone()).await.unwrap();
+    assert_eq!(codes(&r), (OVER, vec![OK, OVER]));
+    assert_eq!(remaining(&r), [7, 3]);
+    // More than u32::MAX: over as well, no panic.
+    request.descriptors[1].hits_addend = Some(UInt64Value { value: u64::MAX });
+    assert_eq!(rls.ask(request).await.unwrap().overall_code(), OVER);
+}
+
+#[tokio::test]
+async fn a_request_rejected_by_one_descriptor_charges_no_other() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: small
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: big
+    rate_limit: { unit: minute, requests_per_unit: 100 }
+"])
+    .await;
+    let small: &[(&str, &str)] = &[("small", "x")];
+    let big: &[(&str, &str)] = &[("big", "x")];
+    assert_eq!(remaining(&rls.call("d", &[small, big]).await), [0, 99]);
+    for _ in 0..5 {
+        let r = rls.call("d", &[big, small]).await;
+        assert_eq!(codes(&r), (OVER, vec![OK, OVER]));
+        assert_eq!(
+            remaining(&r),
+            [99, 0],
+            "the big limit was given its hit back"
+        );
+    }
+    assert_eq!(remaining(&rls.call("d", &[big]).await), [98]);
+}
+
+#[tokio::test]
+async fn a_limit_override_counts_in_its_own_limiter() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    let mut d = descriptor(&[("category", "account")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 3,
+        unit: Unit::Hour as i32,
+    });
+    let request = RateLimitRequest {
+        domain: "rl".into(),
+        descriptors: vec![d],
+        hits_addend: 0,
+    };
+    for i in 0..3 {
+        let r = rls.ask(request.clone()).await.unwrap();
+        assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![2 - i]));
+        let limit = r.statuses[0].current_limit.clone().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit()), (3, Unit::Hour));
+    }
+    assert_eq!(rls.ask(request.clone()).await.unwrap().overall_code(), OVER);
+    // The configured 1 per minute is untouched.
+    assert_eq!(
+        codes(&rls.call("rl", &[&[("category", "account")]]).await).0,
+        OK
+    );
+    // An override with an unknown unit is ignored: the configured limit applies.
+    let mut odd = request;
+    odd.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1000,
+        unit: 99,
+    });
+    let r = rls.ask(odd).await.unwrap();
+    assert_eq!(r.overall_code(), OVER);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        1
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reload
+
+#[tokio::test]
+async fn reload_keeps_the_counts_of_limits_at_the_same_path_and_unit() {
+    let v1 = "
+domain: d
+descriptors:
+  - key: a
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: b
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: u
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+";
+    // `a` is the same limit, moved and renamed; `b` has a new limit in the same unit (its count
+    // is kept, as Envoy's counters do not depend on the limit); `u` changed its unit.
+    let v2 = "
+domain: d
+descriptors:
+  - key: c
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: u
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: b
+    rate_limit: { unit: minute, requests_per_unit: 6 }
+  - key: a
+    rate_limit: { unit: minute, requests_per_unit: 5, name: renamed }
+";
+    let mut rls = start(&[v1]).await;
+    let a: &[(&str, &str)] = &[("a", "1")];
+    let b: &[(&str, &str)] = &[("b", "1")];
+    let u: &[(&str, &str)] = &[("u", "1")];
+    assert_eq!(
+        remaining(&rls.call_hits("d", &[a, b, u], 3).await),
+        [2, 2, 2]
+    );
+    rls.service
+        .reload(RlsConfig::from_yaml_str(v2).unwrap())
+        .unwrap();
+    let r = rls.call("d", &[a, b, u]).await;
+    assert_eq!(remaining(&r), [1, 2, 4]);
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "renamed"
+    );
+    assert_eq!(
+        r.statuses[1]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        6
+    );
+    // A domain dropped by a reload is unknown afterwards.
+    rls.service
+        .reload(RlsConfig::from_yaml_str("domain: other\n").unwrap())
+        .unwrap();
+    assert_eq!(rls.call("d", &[a]).await.statuses[0].current_limit, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration errors
+
+fn invalid(yaml: &str) -> (String, String) {
+    match RlsConfig::from_yaml_str(yaml).unwrap_err() {
+        RlsConfigError::Invalid { field, message, .. } => (field, message),
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn configuration_errors_name_the_field_path() {
+    let nested = "
+domain: d
+descriptors:
+  - key: a
+  - key: b
+    descriptors:
+      - key: c
+        rate_limit: { unit: fortnight, requests_per_unit: 1 }
+";
+    let (field, message) = invalid(nested);
+    assert_eq!(field, "descriptors[1].descriptors[0].rate_limit.unit");
+    assert!(message.contains("fortnight"), "{message}");
+
+    let cases = [
+        ("domain: d\nextra: 1\n", "extra"),
+        ("descriptors: []\n", "domain"),
+        ("domain: ''\n", "domain"),
+        ("domain: d\ndescriptors:\n  - value: v\n", "descriptors[0].key"),
+        ("domain: d\ndescriptors:\n  - key: k\n    colour: red\n", "descriptors[0].colour"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: -1 }\n",
+            "descriptors[0].rate_limit.requests_per_unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 4294967296 }\n",
+            "descriptors[0].rate_limit.requests_per_unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { requests_per_unit: 1 }\n",
+            "descriptors[0].rate_limit.unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unlimited: true, unit: second }\n",
+            "descriptors[0].rate_limit.unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, replaces: [{ nom: x }] }\n",
+            "descriptors[0].rate_limit.replaces[0].nom",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
+            "descriptors[1]",
+        ),
+        ("domain: d\ndescriptors: 3\n", "descriptors"),
+    ];
+    for (yaml, expected) in cases {
+        assert_eq!(invalid(yaml).0, expected, "{yaml}");
+    }
+    // Duplicate composite keys are named as Envoy names them.
+    let (_, message) =
+        invalid("domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n");
+    assert!(message.contains("d.k_v"), "{message}");
+    // Units in any case, requests_per_unit 0, and the same domain twice.
+    RlsConfig::from_yaml_str(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: HOUR, requests_per_unit: 0 }\n",
+    )
+    .unwrap();
+    assert!(matches!(
+        RlsConfig::from_yaml_strs(["domain: d\n", "domain: d\n"]),
+        Err(RlsConfigError::DuplicateDomain { .. })
+    ));
+    assert!(matches!(
+        RlsConfig::from_yaml_str("domain: [unclosed"),
+        Err(RlsConfigError::Yaml { .. })
+    ));
+}
+
+#[test]
+fn descriptors_whose_key_value_joins_alike_are_duplicates_as_in_envoy() {
+    // Envoy's service keys a level's descriptors by `key_value` (or `key`), so it refuses
+    // these pairs as one composite key given twice.
+    let cases = [
+        "domain: d\ndescriptors:\n  - key: a\n    value: b_c\n  - key: a_b\n    value: c\n",
+        "domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n",
+        "domain: d\ndescriptors:\n  - key: x\n    descriptors:\n      - key: a\n        value: b*\n      - key: a_b*\n",
+    ];
+    for yaml in cases {
+        let (field, message) = invalid(yaml);
+        assert!(field.ends_with("descriptors[1]"), "{yaml}: {field}");
+        assert!(
+            message.contains("duplicate descriptor composite key"),
+            "{message}"
+        );
+    }
+    // The same key and value under two parents is no duplicate.
+    RlsConfig::from_yaml_str(
+        "domain: d\ndescriptors:\n  - key: a\n    value: b_c\n  - key: x\n    descriptors:\n      - key: a_b\n        value: c\n",
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn an_unlimited_limit_with_a_unit_envoy_does_not_know_loads_as_in_envoy() {
+    // Envoy's service refuses only a valid unit on an unlimited limit; `unknown` or a word it
+    // does not know is no unit to it.
+    for unit in ["unknown", "UNKNOWN", "fortnight"] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{ unlimited: true, unit: {unit} }}\n"
+        );
+        let mut rls = start(&[&yaml]).await;
+        let r = rls.call("d", &[&[("k", "v")]]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]), "{unit}");
+        assert_eq!(remaining(&r), [u32::MAX], "{unit}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Never a panic
+
+fn yaml_scalar() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("second".to_owned()),
+        Just("minute".to_owned()),
+        Just("DAY".to_owned()),
+        Just("year".to_owned()),
+        Just("0".to_owned()),
+        Just("1".to_owned()),
+        Just("-3".to_owned()),
+        Just("4294967296".to_owned()),
+        Just("true".to_owned()),
+        Just("~".to_owned()),
+        Just("a*".to_owned()),
+        Just("[]".to_owned()),
+        Just("{}".to_owned()),
+        "[a-c]{0,2}",
+    ]
+}
+
+fn yaml_field() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("key".to_owned()),
+        Just("value".to_owned()),
+        Just("unit".to_owned()),
+        Just("requests_per_unit".to_owned()),
+        Just("unlimited".to_owned()),
+        Just("shadow_mode".to_owned()),
+        Just("share_threshold".to_owned()),
+        Just("name".to_owned()),
+        Just("rate_limit".to_owned()),
+        Just("descriptors".to_owned()),
+        Just("replaces".to_owned()),
+        Just("bogus".to_owned()),
+    ]
+}
+
+/// A YAML tree of the configuration's own fields, nested, with values good and bad.
+fn yaml_node(depth: u32) -> BoxedStrategy<String> {
+    let leaf = (yaml_field(), yaml_scalar()).prop_map(|(k, v)| format!("{{{k}: {v}}}"));
+    if depth == 0 {
+        return leaf.boxed();
+    }
+    prop_oneof![
+        leaf,
+        proptest::collection::vec((yaml_field(), yaml_node(depth - 1)), 0..4).prop_map(|fields| {
+            let body: Vec<String> = fields.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            format!("{{{}}}", body.join(", "))
+        }),
+        proptest::collection::vec(yaml_node(depth - 1), 0..3)
+            .prop_map(|items| format!("[{}]", items.join(", "))),
+    ]
+    .boxed()
+}
+
+fn descriptor_config(depth: u32) -> BoxedStrategy<String> {
+    let rate_limit = (
+        prop_oneof![Just("second"), Just("minute"), Just("hour")],
+        0u32..4,
+        any::<bool>(),
+    )
+        .prop_map(|(unit, rpu, unlimited)| {
+            if unlimited {
+                ", rate_limit: { unlimited: true }".to_owned()
+            } else {
+                format!(", rate_limit: {{ unit: {unit}, requests_per_unit: {rpu}, name: n{rpu}, replaces: [{{ name: n{} }}] }}", (rpu + 1) % 4)
+            }
+        });
+    let value = prop_oneof![
+        Just(String::new()),
+        "[ab]\\*?".prop_map(|v| format!(", value: '{v}'"))
+    ];
+    let children = if depth == 0 {
+        Just(String::new()).boxed()
+    } else {
+        proptest::collection::vec(descriptor_config(depth - 1), 0..3)
+            .prop_map(|c| format!(", descriptors: [{}]", c.join(", ")))
+            .boxed()
+    };
+    (
+        "[kl]",
+        value,
+        proptest::option::of(rate_limit),
+        any::<bool>(),
+        children,
+    )
+        .prop_map(|(key, value, rl, shadow, children)| {
+            format!(
+                "{{ key: {key}{value}{}{}{children} }}",
+                rl.unwrap_or_default(),
+                if shadow { ", shadow_mode: true" } else { "" }
+            )
+        })
+        .boxed()
+}
+
+fn request() -> impl Strategy<Value = RateLimitRequest> {
+    let entry = ("[kl]", "[ab]{0,2}").prop_map(|(key, value)| Entry { key, value });
+    let limit = proptest::option::of((0u32..3, -1i32..8).prop_map(|(r, u)| RateLimitOverride {
+        requests_per_unit: r,
+        unit: u,
+    }));
+    let hits = proptest::option::of(prop_oneof![0u64..4, Just(u64::MAX)]);
+    let d =
+        (proptest::collection::vec(entry, 0..4), limit, hits).prop_map(|(entries, limit, hits)| {
+            RateLimitDescriptor {
+                entries,
+                limit,
+                hits_addend: hits.map(|value| UInt64Value { value }),
+            }
+        });
+    (
+        prop_oneof![
+            Just("d".to_owned()),
+            Just(String::new()),
+            Just("x".to_owned())
+        ],
+        proptest::collection::vec(d, 0..4),
+        0u32..3,
+    )
+        .prop_map(|(domain, descriptors, hits_addend)| RateLimitRequest {
+            domain,
+            descriptors,
+            hits_addend,
+        })
+}
+
+proptest! {
+    /// Any text, YAML or not: a configuration or an error, never a panic.
+    #[test]
+    fn any_text_loads_or_fails_without_panicking(text in "\\PC{0,200}") {
+        let _ = RlsConfig::from_yaml_str(&text);
+    }
+
+    /// Trees of the configuration's own fields, good and bad: no panic either.
+    #[test]
+    fn any_tree_of_fields_loads_or_fails_without_panicking(node in yaml_node(3)) {
+        let _ = RlsConfig::from_yaml_str(&node);
+        let _ = RlsConfig::from_yaml_str(&format!("domain: d\ndescriptors: [{node}]"));
+    }
+
+    /// Random valid configurations and random requests: always a response with one status per
+    /// descriptor (or INVALID_ARGUMENT for an empty domain or list), whatever the time.
+    #[test]
+    fn every_request_gets_an_answer(
+        descriptors in proptest::collection::vec(descriptor_config(2), 0..4),
+        requests in proptest::collection::vec(request(), 1..8),
+        steps in proptest::collection::vec(0u64..3_000, 1..8),
+    ) {
+        let yaml = format!("domain: d\ndescriptors: [{}]", descriptors.join(", "));
+        let Ok(config) = RlsConfig::from_yaml_str(&yaml) else { return Ok(()) };
+        let clock = ManualClock::new();
+        let service = RlsService::with_clock(config.clone(), clock.clone()).unwrap();
+        for (i, request) in requests.iter().enumerate() {
+            clock.advance(Duration::from_millis(steps[i % steps.len()]));
+            match service.should_rate_limit(request) {
+                Ok(response) => {
+                    prop_assert_eq!(response.statuses.len(), request.descriptors.len());
+                    let over = response.statuses.iter().any(|s| s.code() == Code::OverLimit);
+                    prop_assert_eq!(response.overall_code() == Code::OverLimit, over);
+                }
+                Err(status) => {
+                    prop_assert_eq!(status.code(), tonic::Code::InvalidArgument);
+                    prop_assert!(request.domain.is_empty() || request.descriptors.is_empty());
+                }
+            }
+            if i == 3 {
+                service.reload(config.clone()).unwrap();
+            }
+        }
+    }
+}
+
+/// The default clock reads Unix time, about 1.8 × 10^18 ns: the windows still start on the
+/// unit's multiples of it (a whole UTC minute here), and the real clock admits and resets.
+#[tokio::test]
+async fn windows_align_to_whole_units_at_unix_time_scale() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    let d: &[(&str, &str)] = &[("category", "account")];
+    // 2026-11-27 16:00:10 UTC.
+    rls.clock.set(Duration::from_secs(1_795_795_210));
+    let r = rls.call("rl", &[d]).await;
+    assert_eq!(
+        (codes(&r).0, reset(&r.statuses[0])),
+        (OK, Duration::from_secs(50))
+    );
+    assert_eq!(codes(&rls.call("rl", &[d]).await).0, OVER);
+    rls.clock.advance(Duration::from_secs(50));
+    assert_eq!(codes(&rls.call("rl", &[d]).await).0, OK);
+
+    let real = RlsService::new(RlsConfig::from_yaml_str(PER_MINUTE_1).unwrap()).unwrap();
+    let request = RateLimitRequest {
+        domain: "rl".into(),
+        descriptors: vec![descriptor(d)],
+        hits_addend: 0,
+    };
+    let r = real.should_rate_limit(&request).unwrap();
+    assert_eq!(r.overall_code(), OK);
+    let left = reset(&r.statuses[0]);
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    // The window ends on a whole minute, give or take the clocks' drift and tick.
+    let end = (unix + left).as_millis() % 60_000;
+    assert!(
+        !(2_000..=58_000).contains(&end),
+        "window ends {end} ms into a minute"
+    );
+    assert_eq!(
+        real.should_rate_limit(&request).unwrap().overall_code(),
+        OVER
+    );
+}
+
+#[tokio::test]
+async fn response_headers_report_the_descriptor_closest_to_its_limit_when_enabled() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: small
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: big
+    rate_limit: { unit: hour, requests_per_unit: 100 }
+"])
+    .await;
+    let small: &[(&str, &str)] = &[("small", "x")];
+    let big: &[(&str, &str)] = &[("big", "x")];
+    let headers = |r: &RateLimitResponse| -> Vec<(String, String)> {
+        r.response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect()
+    };
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    // Off by default, as in Envoy's service.
+    assert!(headers(&rls.call("d", &[big]).await).is_empty());
+
+    rls.service
+        .set_response_headers(Some(ResponseHeaders::default()));
+    rls.clock.advance(Duration::from_millis(20_500));
+    let r = rls.call("d", &[big, small]).await;
+    assert_eq!(
+        headers(&r),
+        pairs(&[
+            ("RateLimit-Limit", "2"),
+            ("RateLimit-Remaining", "1"),
+            ("RateLimit-Reset", "40"), // 39.5 s, rounded up
+        ])
+    );
+    rls.call("d", &[small]).await;
+    let r = rls.call("d", &[small, big]).await;
+    assert_eq!(r.overall_code(), OVER);
+    assert_eq!(
+        headers(&r),
+        pairs(&[
+            ("RateLimit-Limit", "2"),
+            ("RateLimit-Remaining", "0"),
+            ("RateLimit-Reset", "40"),
+        ])
+    );
+    // Other names, and a reload keeps the setting.
+    rls.service.set_response_headers(Some(ResponseHeaders {
+        limit: "X-RateLimit-Limit".into(),
+        remaining: "X-RateLimit-Remaining".into(),
+        reset: "X-RateLimit-Reset".into(),
+    }));
+    rls.service
+        .reload(RlsConfig::from_yaml_str("domain: d\ndescriptors:\n  - key: big\n    rate_limit: { unit: hour, requests_per_unit: 100 }\n").unwrap())
+        .unwrap();
+    let r = rls.call("d", &[big]).await;
+    assert_eq!(headers(&r)[1], pairs(&[("X-RateLimit-Remaining", "97")])[0]);
+    // Nothing limited: no headers.
+    assert!(headers(&rls.call("d", &[&[("other", "x")]]).await).is_empty());
+}
+
+#[tokio::test]
+async fn share_threshold_makes_the_values_a_wildcard_matches_share_one_counter() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: files
+    value: report*
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: path
+    value: /api/*
+    share_threshold: true
+    descriptors:
+      - key: user
+        rate_limit: { unit: minute, requests_per_unit: 2 }
+"])
+    .await;
+    let r = rls.call("d", &[&[("files", "report-1")]]).await;
+    assert_eq!(remaining(&r), [1]);
+    let r = rls.call("d", &[&[("files", "report-2")]]).await;
+    assert_eq!(remaining(&r), [0]);
+    assert_eq!(
+        codes(&rls.call("d", &[&[("files", "report-3")]]).await).0,
+        OVER
+    );
+    // Shared at the wildcard's level, apart by user below it.
+    for path in ["/api/a", "/api/b"] {
+        let r = rls.call("d", &[&[("path", path), ("user", "alice")]]).await;
+        assert_eq!(codes(&r).0, OK);
+    }
+    let r = rls
+        .call("d", &[&[("path", "/api/c"), ("user", "alice")]])
+        .await;
+    assert_eq!(codes(&r).0, OVER);
+    let r = rls
+        .call("d", &[&[("path", "/api/c"), ("user", "bob")]])
+        .await;
+    assert_eq!(remaining(&r), [1]);
+}
+
+#[test]
+fn share_threshold_needs_a_wildcard_and_a_limit_cannot_replace_itself() {
+    let (field, message) =
+        invalid("domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n");
+    assert_eq!(field, "descriptors[0].share_threshold");
+    assert!(message.contains('*'), "{message}");
+    let (field, _) = invalid(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, name: a, replaces: [{ name: a }] }\n",
+    );
+    assert_eq!(field, "descriptors[0].rate_limit.replaces[0].name");
+}
+
+#[tokio::test]
+async fn response_headers_of_several_descriptors_over_report_the_last_as_envoy_does() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: one
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: two
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+"])
+    .await;
+    rls.service
+        .set_response_headers(Some(ResponseHeaders::default()));
+    // Three hits: over both limits, whose statuses both say OVER_LIMIT.
+    let r = rls
+        .call_hits("d", &[&[("one", "x")], &[("two", "x")]], 3)
+        .await;
+    assert_eq!(codes(&r), (OVER, vec![OVER, OVER]));
+    let limit = r
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == "RateLimit-Limit")
+        .map(|h| h.value.as_str());
+    // envoyproxy/ratelimit lets each status over its limit replace the one chosen before.
+    assert_eq!(limit, Some("2"), "the last descriptor over its limit");
+}
+
+#[tokio::test]
+async fn reload_keeps_each_limit_apart_when_two_limits_share_a_composite_path() {
+    // Key `a.b`, and key `b` under key `a`, both have the composite path `d.a.b`: two limits,
+    // with their own requests per unit, before and after a reload.
+    let yaml = "
+domain: d
+descriptors:
+  - key: a.b
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: a
+    descriptors:
+      - key: b
+        rate_limit: { unit: minute, requests_per_unit: 5 }
+";
+    let mut rls = start(&[yaml]).await;
+    let five: &[(&str, &str)] = &[("a", "x"), ("b", "y")];
+    assert_eq!(codes(&rls.call_hits("d", &[five], 2).await).0, OK);
+    rls.service
+        .reload(RlsConfig::from_yaml_str(yaml).unwrap())
+        .unwrap();
+    let r = rls.call_hits("d", &[five], 2).await;
+    assert_eq!(codes(&r).0, OK, "5 per minute still: 2 + 2 hits fit");
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        5
+    );
+    let one: &[(&str, &str)] = &[("a.b", "z")];
+    assert_eq!(codes(&rls.call("d", &[one]).await).0, OK);
+    assert_eq!(codes(&rls.call("d", &[one]).await).0, OVER);
+}
+
+#[tokio::test]
+async fn one_counter_named_twice_in_a_request_counts_twice_and_is_refunded_once_each() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    let d: &[(&str, &str)] = &[("category", "account")];
+    // Two hits on a limit of 1: over, and all or nothing gives the first hit back.
+    assert_eq!(codes(&rls.call("rl", &[d, d]).await).0, OVER);
+    let r = rls.call("rl", &[d]).await;
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
+    assert_eq!(codes(&rls.call("rl", &[d]).await).0, OVER);
+}
+
+#[tokio::test]
+async fn a_request_that_is_not_a_rate_limit_request_gets_a_grpc_error() {
+    use http_body_util::{BodyExt, Full};
+    use tower::Service;
+    let mut service = RlsService::with_clock(
+        RlsConfig::from_yaml_str(PER_MINUTE_1).unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap();
+    // A gRPC frame (uncompressed, 3 bytes) holding field 1 as a varint: `domain` is a string.
+    static FRAME: [u8; 8] = [0, 0, 0, 0, 3, 0x08, 0x96, 0x01];
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(SHOULD_RATE_LIMIT_PATH)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(&FRAME[..]))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(5), service.call(request))
+        .await
+        .expect("answered")
+        .unwrap();
+    let status = match response.headers().get("grpc-status") {
+        Some(s) => s.to_str().unwrap().to_owned(),
+        None => {
+            let collected = response.into_body().collect().await.unwrap();
+            let trailers = collected.trailers().expect("trailers").clone();
+            trailers["grpc-status"].to_str().unwrap().to_owned()
+        }
+    };
+    assert_eq!(
+        status, "13",
+        "a decode error is INTERNAL, as tonic answers it"
+    );
+}
