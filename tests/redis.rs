@@ -11,7 +11,7 @@ mod common;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
-use redis_server::RedisServer;
+use redis_server::{redis_now, room_in_window, RedisServer};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use turnstile::redis::{self, aio::ConnectionManager, Commands};
@@ -22,29 +22,12 @@ use turnstile::{
 
 const PREFIX: &str = "t";
 
-/// Redis's clock, in µs since the Unix epoch.
-fn redis_now(con: &mut redis::Connection) -> u64 {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query(con).unwrap();
-    s * 1_000_000 + us
-}
-
 /// Sleeps (real time) until `margin` after the start of the next window of `window` on Redis's
 /// clock, so that a test's admissions all fall in one window.
 fn align_to_window(con: &mut redis::Connection, window: Duration, margin: Duration) {
     let w = window.as_micros() as u64;
     let now = redis_now(con);
     std::thread::sleep(Duration::from_micros(w - now % w) + margin);
-}
-
-/// Makes sure at least `room` is left of the current epoch-aligned window of `window` on Redis's
-/// clock, waiting for the next window if less is: for tests whose fixed windows must not end
-/// between two of their calls (a window ending there deletes the key and starts a fresh count).
-fn room_in_window(con: &mut redis::Connection, window: Duration, room: Duration) {
-    let w = window.as_micros() as u64;
-    let left = w - redis_now(con) % w;
-    if left < room.as_micros() as u64 {
-        std::thread::sleep(Duration::from_micros(left) + Duration::from_millis(5));
-    }
 }
 
 async fn manager(server: &RedisServer) -> ConnectionManager {
@@ -377,6 +360,9 @@ async fn unreadable_state_is_read_as_none_and_overwritten() {
     let server = RedisServer::start();
     let mut con = server.connection();
     let hour = Duration::from_secs(3600);
+    // Each case counts 2, 1, 0 left, then a rejection, in hour-long fixed windows and sliding
+    // counters aligned to Redis's clock: no hour may end among them.
+    room_in_window(&mut con, hour, Duration::from_secs(30));
     let h = "3600000000";
     let corruptions: Vec<(Algorithm, Vec<Vec<&str>>)> = vec![
         (
@@ -553,6 +539,8 @@ async fn long_subjects_are_hashed_into_the_tag() {
         FailurePolicy::FailClosed,
     )
     .await;
+    // The rejection and the two keys counted need one 5 s window (aligned to Redis's clock).
+    room_in_window(&mut con, Duration::from_secs(5), Duration::from_secs(2));
     let long = "x".repeat(1000);
     let other = format!("{long}y");
     limiter.try_acquire(&long).await.unwrap();
@@ -888,15 +876,17 @@ async fn bad_configuration_is_a_typed_error() {
     assert!(err.to_string().contains("too large"), "{err}");
 }
 
-/// A chain of two limits (1 per 5 s, and a bucket of 5) on `client`'s cluster: its one script
-/// touches two keys of each subject, so it runs only if they share a slot.
+/// A chain of two limits (1 per hour, and a bucket of 5) on `client`'s cluster: its one script
+/// touches two keys of each subject, so it runs only if they share a slot. The tests expect
+/// the fixed window to reject a subject's second call: it is an hour long, and they make room
+/// for themselves in it (`room_in_window`); a 5 s window ended within them about one run in 20.
 async fn cluster_chain(
     client: &redis::cluster::ClusterClient,
 ) -> RedisLimiter<redis::cluster_async::ClusterConnection> {
     RedisLimiter::builder(
         Algorithm::FixedWindow {
             limit: 1,
-            window: Duration::from_secs(5),
+            window: Duration::from_secs(3600),
         },
         FailurePolicy::FailClosed,
     )
@@ -952,6 +942,12 @@ async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
 
     // A chain's keys share the subject's slot, so its one script runs on one master.
     let chain = cluster_chain(&client).await;
+    let hour = Duration::from_secs(3600);
+    room_in_window(
+        &mut cluster.nodes[0].connection(),
+        hour,
+        Duration::from_secs(60),
+    );
     for subject in &subjects {
         chain.try_acquire(subject).await.unwrap();
         assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
@@ -1295,7 +1291,12 @@ async fn shared_cases(backend: &Backend, limit: u32) -> Vec<(String, String)> {
 async fn the_same_cases_answer_alike_in_memory_in_redis_and_in_a_store() {
     let server = RedisServer::start();
     let limit = 4;
-    for algorithm in common::all_algorithms(limit, Duration::from_secs(30)) {
+    // The fixed window and the sliding counter in Redis (and in the store, on the wall clock)
+    // are aligned to the Unix epoch: an hour, with room for the whole suite in it. (In 30 s
+    // windows a boundary within the suite turned "over the limit" into an admission.)
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut server.connection(), hour, Duration::from_secs(30));
+    for algorithm in common::all_algorithms(limit, hour) {
         let memory = turnstile::KeyedLimiter::<String>::new(algorithm).unwrap();
         let in_memory: Backend = Box::new(move |subject, n| {
             let out = memory.try_acquire_n(&subject, n);
@@ -1432,6 +1433,12 @@ async fn cluster_chain_decides_subjects_that_would_leave_the_tag_empty() {
     let cluster = redis_server::RedisCluster::start(3);
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
     let chain = cluster_chain(&client).await;
+    let hour = Duration::from_secs(3600);
+    room_in_window(
+        &mut cluster.nodes[0].connection(),
+        hour,
+        Duration::from_secs(30),
+    );
     for subject in ["", "}", "}x"] {
         chain.try_acquire(subject).await.unwrap();
         assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
@@ -1496,6 +1503,9 @@ async fn reset_forgets_a_subject_everywhere() {
     .deadline(deadline)
     .build(manager(&server).await)
     .unwrap();
+    // The fixed window (aligned to Redis's clock) must reject alice and bob until the end of
+    // the Redis part, and keep its keys: no minute ends in it.
+    room_in_window(&mut con, minute, Duration::from_secs(10));
     for subject in ["alice", "bob"] {
         limiter.try_acquire_n(subject, 2).await.unwrap();
         rejection(limiter.try_acquire(subject).await);
@@ -1651,6 +1661,9 @@ async fn a_window_with_another_length_keeps_the_count() {
         Duration::from_secs(3599),
         Duration::from_secs(86_400),
     );
+    // The old limiter's hour (aligned to Redis's clock) must not end before the new limiter
+    // meets its count.
+    room_in_window(&mut con, hour, Duration::from_secs(30));
     type Make = fn(u32, Duration) -> Algorithm;
     let algorithms: [Make; 2] = [
         |limit, window| Algorithm::FixedWindow { limit, window },
@@ -2041,6 +2054,8 @@ async fn after_a_charge_into_debt_the_next_call_is_rejected() {
         FailurePolicy::FailClosed,
     )
     .await;
+    // One minute (aligned to Redis's clock) holds the whole debt and both rejections.
+    room_in_window(&mut con, Duration::from_secs(60), Duration::from_secs(10));
     limiter.try_acquire("d").await.unwrap();
     limiter.charge("d", 3).await.unwrap();
     rejection(limiter.try_acquire("d").await);

@@ -234,7 +234,7 @@ mod redis_server;
 
 #[cfg(test)]
 mod tests {
-    use super::redis_server::RedisServer;
+    use super::redis_server::{room_in_window, RedisServer};
     use super::*;
     use crate::{Algorithm, FailurePolicy, Rate};
     use ::redis::aio::ConnectionManager;
@@ -358,6 +358,9 @@ mod tests {
         let client = ::redis::Client::open(server.url()).unwrap();
         let connection = ConnectionManager::new(client).await.unwrap();
         let hour = Duration::from_secs(3600);
+        // The fixed window and the sliding counter are aligned to Redis's clock: no hour may
+        // end among a case's calls.
+        room_in_window(&mut server.connection(), hour, Duration::from_secs(30));
         let algorithms = [
             Algorithm::FixedWindow {
                 limit: 5,
@@ -473,6 +476,9 @@ mod tests {
         let connection = connect(&server).await;
         let build = |prefix: &str| limit_3_per_hour(&connection, prefix);
         let (once, twin) = (build("same"), build("same"));
+        // Fixed windows aligned to Redis's clock: none may end among the calls.
+        let hour = Duration::from_secs(3600);
+        room_in_window(&mut server.connection(), hour, Duration::from_secs(10));
         for (first, second) in [(&once, &once), (&once, &twin)] {
             let subject = if std::ptr::eq(first, second) {
                 &b"k1"[..]
@@ -506,6 +512,8 @@ mod tests {
         let build = |prefix: &str| limit_3_per_hour(&connection, prefix);
         let (a, b) = (build("ua"), build("ub"));
         let mut raw = server.connection();
+        // Fixed windows aligned to Redis's clock: none may end among the calls.
+        room_in_window(&mut raw, Duration::from_secs(3600), Duration::from_secs(10));
         let () = ::redis::cmd("HSET")
             .arg(b.key(b"y"))
             .arg(&["w", "1", "l", "0", "c", "1"])
