@@ -22,7 +22,7 @@ use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::keyed::KeyedLimiter;
 use crate::limiter::{Algorithm, Rate};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{ErrorKind, RedisError, ServerErrorKind};
 use deny::DenyCache;
@@ -293,9 +293,11 @@ const REPAIRED: usize = 8;
 ///   from the cache until t has passed. Bounded ([`deny_cache`](RedisLimiterBuilder::deny_cache));
 ///   `deny_cache(0)` turns it off, so that every call asks Redis.
 ///
-/// **A limiter with other parameters on existing keys.** There is no `reconfigure`: a redeploy
-/// with another limit, window, rate or burst builds a new limiter, which meets the keys the old
-/// one wrote under the same prefix. It carries their state over as the in-memory
+/// **A limiter with other parameters on existing keys.** A limiter meets keys written under
+/// other parameters after [`reconfigure`](Self::reconfigure) (or
+/// [`reconfigure_all`](Self::reconfigure_all)), and after a redeploy with another limit,
+/// window, rate or burst, whose new limiter meets the keys the old one wrote under the same
+/// prefix. It carries their state over as the in-memory
 /// [`RateLimiter::reconfigure`](crate::RateLimiter::reconfigure) does, at the first call that
 /// meets each key: a new limit applies to the counts kept; a fixed window or sliding counter
 /// with another window length keeps the count of the window running, which keeps its start if
@@ -307,7 +309,8 @@ const REPAIRED: usize = 8;
 /// as it was (its debt scaled to the new capacity, rounded up). The translated state is written
 /// back at that first call, even if it rejects or only probes. A key that has expired is fresh
 /// under any parameters (and windows are then aligned to the Unix epoch again). While old and new
-/// limiters both run (a rolling deploy), each call decides under its own limiter's parameters,
+/// parameters are both in use (a rolling deploy, or a process reconfigured before another), each
+/// call decides under its own limiter's parameters,
 /// translating the state it finds; nothing is handed out afresh by the switch either way. The
 /// exact sliding window counts its live permits, where the in-memory ring decides by position
 /// after a shorter window (stricter there); every other answer matches.
@@ -351,6 +354,23 @@ pub struct RedisLimiter<C = ConnectionManager> {
 
 struct Inner<C> {
     connection: C,
+    prefix: String,
+    deadline: Duration,
+    policy: FailurePolicy,
+    /// The deny cache's capacity, for the fresh cache of each reconfiguration.
+    deny_cache: usize,
+    /// The parameters in force. Every call takes one snapshot ([`Inner::config`]) and decides
+    /// under it alone; [`RedisLimiter::reconfigure_all`] replaces it whole. The mutex is held
+    /// only to clone or replace the `Arc`, never across an await.
+    config: Mutex<Arc<Config>>,
+    /// Serialises reconfigurations (a change of one limit reads the others in force).
+    reconfiguring: Mutex<()>,
+    counters: [AtomicU64; 9],
+}
+
+/// One set of parameters of a [`RedisLimiter`], and what was derived from them: replaced whole
+/// by a reconfiguration, so that no decision mixes two sets.
+struct Config {
     /// The limits, in the order given; one for a plain limiter, several for a chain.
     members: Vec<Member>,
     /// The algorithm's script, or [`CHAIN`] for several members.
@@ -359,12 +379,13 @@ struct Inner<C> {
     charge: &'static Lua,
     /// The most permits one call can get: the smallest member capacity.
     capacity: u32,
-    prefix: String,
-    deadline: Duration,
-    policy: FailurePolicy,
+    /// The local fallback at these parameters' share ([`FailurePolicy::Fallback`]).
     fallback: Option<Local>,
+    /// Rejections Redis gave under these parameters. A reconfiguration starts an empty cache:
+    /// a rejection under the old parameters says nothing of the new ones (a raised limit
+    /// admits at once), and one arriving late from a call under the old parameters lands in
+    /// the old cache, which nothing reads any more.
     deny: DenyCache,
-    counters: [AtomicU64; 9],
 }
 
 impl<C> Clone for RedisLimiter<C> {
@@ -378,15 +399,7 @@ impl<C> Clone for RedisLimiter<C> {
 impl<C> fmt::Debug for RedisLimiter<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field(
-                "algorithms",
-                &self
-                    .inner
-                    .members
-                    .iter()
-                    .map(|m| m.algorithm)
-                    .collect::<Vec<_>>(),
-            )
+            .field("algorithms", &self.algorithms().collect::<Vec<_>>())
             .field("prefix", &self.inner.prefix)
             .field("deadline", &self.inner.deadline)
             .field("policy", &self.inner.policy)
@@ -733,47 +746,13 @@ impl RedisLimiterBuilder {
         self.validate().map(drop)
     }
 
-    fn validate(&self) -> Result<(Vec<Member>, Option<Local>), ConfigError> {
-        let chain = self.algorithms.len() > 1;
-        let members = self
-            .algorithms
-            .iter()
-            .enumerate()
-            .map(|(i, &algorithm)| {
-                let plan = plan(algorithm)?;
-                let suffix = if chain {
-                    format!("c{i}.{}", plan.suffix)
-                } else {
-                    plan.suffix.to_owned()
-                };
-                Ok(Member {
-                    algorithm,
-                    plan,
-                    suffix,
-                })
-            })
-            .collect::<Result<Vec<_>, ConfigError>>()?;
+    fn validate(&self) -> Result<Config, ConfigError> {
+        let config = Config::new(&self.algorithms, self.policy, self.deny_cache)?;
         keys::check_prefix(&self.prefix)?;
         if self.deadline.is_zero() {
             return Err(ConfigError::Zero { what: "deadline" });
         }
-        let fallback = match self.policy {
-            FailurePolicy::Fallback { share } => {
-                if !(share > 0.0 && share <= 1.0) {
-                    return Err(ConfigError::Invalid {
-                        what: "fallback share",
-                        requirement: "it must be greater than 0 and at most 1",
-                    });
-                }
-                let mut local = KeyedChain::builder();
-                for &algorithm in &self.algorithms {
-                    local = local.per_key(KeyedLimiter::new(share_of(algorithm, share))?);
-                }
-                Some(local.build()?)
-            }
-            FailurePolicy::FailOpen | FailurePolicy::FailClosed => None,
-        };
-        Ok((members, fallback))
+        Ok(config)
     }
 
     /// The limiter, deciding through `connection`. Connects nothing and sends nothing: the first
@@ -807,26 +786,77 @@ impl RedisLimiterBuilder {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let (members, fallback) = self.validate()?;
+        let config = self.validate()?;
+        Ok(RedisLimiter {
+            inner: Arc::new(Inner {
+                connection,
+                prefix: self.prefix,
+                deadline: self.deadline,
+                policy: self.policy,
+                deny_cache: self.deny_cache,
+                config: Mutex::new(Arc::new(config)),
+                reconfiguring: Mutex::new(()),
+                counters: Default::default(),
+            }),
+        })
+    }
+}
+
+impl Config {
+    /// The parameters of `algorithms` (one per limit, in order), each checked as the builder
+    /// checks it, with a fallback at `policy`'s share and an empty deny cache of `deny_cache`
+    /// subjects.
+    fn new(
+        algorithms: &[Algorithm],
+        policy: FailurePolicy,
+        deny_cache: usize,
+    ) -> Result<Config, ConfigError> {
+        let chain = algorithms.len() > 1;
+        let members = algorithms
+            .iter()
+            .enumerate()
+            .map(|(i, &algorithm)| {
+                let plan = plan(algorithm)?;
+                let suffix = if chain {
+                    format!("c{i}.{}", plan.suffix)
+                } else {
+                    plan.suffix.to_owned()
+                };
+                Ok(Member {
+                    algorithm,
+                    plan,
+                    suffix,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let fallback = match policy {
+            FailurePolicy::Fallback { share } => {
+                if !(share > 0.0 && share <= 1.0) {
+                    return Err(ConfigError::Invalid {
+                        what: "fallback share",
+                        requirement: "it must be greater than 0 and at most 1",
+                    });
+                }
+                let mut local = KeyedChain::builder();
+                for &algorithm in algorithms {
+                    local = local.per_key(KeyedLimiter::new(share_of(algorithm, share))?);
+                }
+                Some(local.build()?)
+            }
+            FailurePolicy::FailOpen | FailurePolicy::FailClosed => None,
+        };
         let (script, charge) = match &members[..] {
             [single] => (single.plan.script, single.plan.charge),
             _ => (&*CHAIN, &*CHAIN_CHARGE),
         };
         let capacity = members.iter().map(|m| m.plan.capacity).min().unwrap_or(0);
-        Ok(RedisLimiter {
-            inner: Arc::new(Inner {
-                connection,
-                members,
-                script,
-                charge,
-                capacity,
-                prefix: self.prefix,
-                deadline: self.deadline,
-                policy: self.policy,
-                fallback,
-                deny: DenyCache::new(self.deny_cache),
-                counters: Default::default(),
-            }),
+        Ok(Config {
+            members,
+            script,
+            charge,
+            capacity,
+            fallback,
+            deny: DenyCache::new(deny_cache),
         })
     }
 }
@@ -908,21 +938,25 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let inner = &*self.inner;
+        let config = inner.config();
         let subject = subject.as_ref();
         let sent = Instant::now();
-        inner.before(subject, n, sent)?;
-        let reply = within(inner.deadline, inner.eval(inner.script, subject, n))
-            .await
-            .and_then(|reply| parse(inner.repaired(&reply, 4)));
+        inner.before(&config, subject, n, sent)?;
+        let reply = within(
+            inner.deadline,
+            inner.eval(&config, config.script, subject, n),
+        )
+        .await
+        .and_then(|reply| parse(inner.repaired(&reply, 4)));
         match reply {
             Ok(Ok((at, reset_after, remaining))) => {
                 inner.count(ADMITTED);
                 Ok(Admission::new(at, reset_after, remaining))
             }
             Ok(Err((retry_after, member))) => {
-                Err(inner.rejected(subject, n, sent, retry_after, member, true))
+                Err(inner.rejected(&config, subject, n, sent, retry_after, member, true))
             }
-            Err(failure) => inner.fail(failure, subject, n),
+            Err(failure) => inner.fail(&config, failure, subject, n),
         }
     }
 
@@ -990,13 +1024,17 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let inner = &*self.inner;
+        let config = inner.config();
         let subject = subject.as_ref();
-        let reply =
-            tokio::time::timeout(inner.deadline, inner.eval(inner.charge, subject, n)).await;
+        let reply = tokio::time::timeout(
+            inner.deadline,
+            inner.eval(&config, config.charge, subject, n),
+        )
+        .await;
         let failed = |error: RedisError| {
             // The local limiter decides for the subject while Redis is away: it must see the
             // usage too. Recorded only once Redis has failed, as its decisions are made.
-            if let Some(local) = &inner.fallback {
+            if let Some(local) = &config.fallback {
                 let key: Box<[u8]> = subject.into();
                 for member in local.per_key() {
                     // Only a full key map refuses (a charge is never rejected): the error
@@ -1064,9 +1102,10 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let inner = &*self.inner;
+        let config = inner.config();
         let subject = subject.as_ref();
-        inner.deny.forget(subject);
-        if let Some(local) = &inner.fallback {
+        config.deny.forget(subject);
+        if let Some(local) = &config.fallback {
             let key: Box<[u8]> = subject.into();
             for member in local.per_key() {
                 member.reset(&key);
@@ -1177,7 +1216,8 @@ impl<C> RedisLimiter<C> {
         }
     }
 
-    /// The algorithm and its parameters, as configured (the first limit of a chain).
+    /// The algorithm and its parameters in force (the first limit of a chain): those it was
+    /// built with, or the last successful [`reconfigure`](Self::reconfigure)'s.
     ///
     /// # Examples
     ///
@@ -1187,11 +1227,12 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn algorithm(&self) -> Algorithm {
-        self.inner.members[0].algorithm
+        self.inner.config().members[0].algorithm
     }
 
     /// Every limit, in the order given (one unless built with
-    /// [`and_limit`](RedisLimiterBuilder::and_limit)).
+    /// [`and_limit`](RedisLimiterBuilder::and_limit)), as in force now: those it was built with,
+    /// or the last successful reconfiguration's (all from one parameter set).
     ///
     /// # Examples
     ///
@@ -1203,10 +1244,13 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn algorithms(&self) -> impl Iterator<Item = Algorithm> + '_ {
-        self.inner.members.iter().map(|m| m.algorithm)
+        let config = self.inner.config();
+        let algorithms: Vec<Algorithm> = config.members.iter().map(|m| m.algorithm).collect();
+        algorithms.into_iter()
     }
 
-    /// The most permits one call can get: the limit (or burst), the smallest over a chain.
+    /// The most permits one call can get: the limit (or burst), the smallest over a chain, under
+    /// the parameters in force.
     ///
     /// # Examples
     ///
@@ -1216,7 +1260,7 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn capacity(&self) -> u32 {
-        self.inner.capacity
+        self.inner.config().capacity
     }
 
     /// The Redis key holding `subject`'s state: `prefix:{subject}:suffix`, the subject hashed if
@@ -1234,7 +1278,7 @@ impl<C> RedisLimiter<C> {
         keys::key(
             &self.inner.prefix,
             subject.as_ref(),
-            &self.inner.members[0].suffix,
+            &self.inner.config().members[0].suffix,
         )
     }
 
@@ -1251,6 +1295,7 @@ impl<C> RedisLimiter<C> {
     /// ```
     pub fn keys<K: AsRef<[u8]> + ?Sized>(&self, subject: &K) -> Vec<Vec<u8>> {
         self.inner
+            .config()
             .members
             .iter()
             .map(|m| keys::key(&self.inner.prefix, subject.as_ref(), &m.suffix))
@@ -1268,7 +1313,191 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn denied_subjects(&self) -> usize {
-        self.inner.deny.len()
+        self.inner.config().deny.len()
+    }
+
+    /// Changes the limit, window, rate or burst of a limiter with one limit at run time, keeping
+    /// the state in Redis; for a limiter built with
+    /// [`and_limit`](RedisLimiterBuilder::and_limit), see
+    /// [`reconfigure_all`](Self::reconfigure_all) and
+    /// [`reconfigure_limit`](Self::reconfigure_limit).
+    ///
+    /// Clones share the change, and every later call decides under the new parameters; a call
+    /// already started decides under the parameters it started with, wholly (never some of each).
+    /// The state in Redis carries over as after
+    /// [`RateLimiter::reconfigure`](crate::RateLimiter::reconfigure), translated by the first
+    /// call that meets each key under the new parameters: the counts kept are judged under a new
+    /// limit at once (a lowered limit below what was admitted admits nothing until the window
+    /// ends), a new window length keeps the window running (its start if younger than the new
+    /// length, otherwise its end moved to the earlier of its old end and now + the new length),
+    /// a token bucket stays as full as it was and refills at the new rate, and the exact sliding
+    /// window's permits keep the expiry they were admitted with (its limit can be raised up to
+    /// [`REDIS_MAX_SLIDING_LIMIT`], with no ring to size). Other processes still running the old
+    /// parameters on the same prefix go on deciding under them, each call translating the state
+    /// it meets, as in a rolling deploy (see [`RedisLimiter`]).
+    ///
+    /// What this process keeps starts afresh: the deny cache is emptied, so a raised limit
+    /// admits a subject it held at once, and a lowered one is judged by Redis, whose retry-after
+    /// is then cached anew (a rejection arriving late from a call under the old parameters is
+    /// not cached). Under [`FailurePolicy::Fallback`] the local fallback is rebuilt at the share
+    /// of the new parameters, empty: it decides only while Redis is away, and its counts there
+    /// are this process's stopgap, not the shared ones, which Redis keeps. [`algorithm`](Self::algorithm),
+    /// [`capacity`](Self::capacity) and the rejections' limits report the new parameters; the
+    /// [`stats`](Self::stats) go on counting.
+    ///
+    /// # Errors
+    ///
+    /// Nothing changes on error:
+    /// - [`ConfigError::AlgorithmChanged`] if `algorithm` is another kind than the limiter runs
+    ///   (its keys hold another state);
+    /// - [`ConfigError::Invalid`] (`what: "reconfigure"`) if the limiter has several limits;
+    /// - the builder's [`ConfigError`]s for parameters that are zero or too large (as
+    ///   [`RedisLimiterBuilder::check`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, Rate};
+    ///
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// let window = Duration::from_secs(60);
+    /// // Built with 100 per minute; a plan change for every subject: 150 per minute. What each
+    /// // subject was admitted in the current minute still counts.
+    /// limiter.reconfigure(Algorithm::FixedWindow { limit: 150, window })?;
+    /// assert_eq!(limiter.capacity(), 150);
+    /// // Another algorithm is a typed error, and changes nothing.
+    /// let bucket = Algorithm::TokenBucket { rate: Rate::per_second(2), burst: 10 };
+    /// assert!(matches!(limiter.reconfigure(bucket), Err(ConfigError::AlgorithmChanged { .. })));
+    /// assert_eq!(limiter.algorithm(), Algorithm::FixedWindow { limit: 150, window });
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reconfigure(&self, algorithm: Algorithm) -> Result<(), ConfigError> {
+        self.reconfigure_with(|current| {
+            if current.len() != 1 {
+                return Err(ConfigError::Invalid {
+                    what: "reconfigure",
+                    requirement: "a limiter with several limits (and_limit) takes one algorithm \
+                                  per limit: use reconfigure_all or reconfigure_limit",
+                });
+            }
+            Ok(vec![algorithm])
+        })
+    }
+
+    /// Changes every limit of a limiter at once, one algorithm per limit in the order given
+    /// (the builder's, then each [`and_limit`](RedisLimiterBuilder::and_limit)'s): a plan
+    /// change of "10 per second and 1,000 per hour" to "20 per second and 5,000 per hour" in one
+    /// step, so that no call decides under one new limit and one old. Otherwise as
+    /// [`reconfigure`](Self::reconfigure), limit by limit.
+    ///
+    /// # Errors
+    ///
+    /// Nothing changes on error:
+    /// - [`ConfigError::Invalid`] (`what: "algorithms"`) unless there is exactly one algorithm
+    ///   per limit;
+    /// - [`ConfigError::AlgorithmChanged`] if one is another kind than its limit runs;
+    /// - the builder's [`ConfigError`]s for parameters that are zero or too large.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Rate};
+    ///
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// // Built with a bucket of 10 per second and `.and_limit` 1,000 per hour.
+    /// let hour = Duration::from_secs(3600);
+    /// limiter.reconfigure_all([
+    ///     Algorithm::TokenBucket { rate: Rate::per_second(20), burst: 20 },
+    ///     Algorithm::FixedWindow { limit: 5_000, window: hour },
+    /// ])?;
+    /// assert_eq!(limiter.algorithms().count(), 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reconfigure_all<I>(&self, algorithms: I) -> Result<(), ConfigError>
+    where
+        I: IntoIterator<Item = Algorithm>,
+    {
+        let algorithms: Vec<Algorithm> = algorithms.into_iter().collect();
+        self.reconfigure_with(|current| {
+            if algorithms.len() != current.len() {
+                return Err(ConfigError::Invalid {
+                    what: "algorithms",
+                    requirement: "one per limit of the limiter, in order (the builder's, then \
+                                  each and_limit's)",
+                });
+            }
+            Ok(algorithms)
+        })
+    }
+
+    /// Changes limit `index` (0 for the builder's, then 1, 2, ... for each
+    /// [`and_limit`](RedisLimiterBuilder::and_limit)) and keeps the others as they are in
+    /// force: [`reconfigure_all`](Self::reconfigure_all) with one algorithm replaced.
+    /// Reconfigurations are serialised, so two of them changing different limits both hold.
+    ///
+    /// # Errors
+    ///
+    /// Nothing changes on error: [`ConfigError::Invalid`] (`what: "limit index"`) for an index
+    /// past the last limit; otherwise as [`reconfigure_all`](Self::reconfigure_all).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::Algorithm;
+    ///
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// // The hourly limit (the second) only.
+    /// let hour = Duration::from_secs(3600);
+    /// limiter.reconfigure_limit(1, Algorithm::FixedWindow { limit: 2_000, window: hour })?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reconfigure_limit(&self, index: usize, algorithm: Algorithm) -> Result<(), ConfigError> {
+        self.reconfigure_with(|current| {
+            let mut algorithms = current.to_vec();
+            match algorithms.get_mut(index) {
+                Some(slot) => *slot = algorithm,
+                None => {
+                    return Err(ConfigError::Invalid {
+                        what: "limit index",
+                        requirement: "it must be less than the number of limits",
+                    })
+                }
+            }
+            Ok(algorithms)
+        })
+    }
+
+    /// Replaces the parameters in force by those `next` makes of them (one algorithm per limit),
+    /// checked whole before anything changes. Serialised by `reconfiguring`, so that `next` reads
+    /// the parameters it replaces.
+    fn reconfigure_with(
+        &self,
+        next: impl FnOnce(&[Algorithm]) -> Result<Vec<Algorithm>, ConfigError>,
+    ) -> Result<(), ConfigError> {
+        let inner = &*self.inner;
+        let _serial = crate::sync::lock(&inner.reconfiguring);
+        let current = inner.config();
+        let old: Vec<Algorithm> = current.members.iter().map(|m| m.algorithm).collect();
+        let algorithms = next(&old)?;
+        for (from, to) in old.iter().zip(&algorithms) {
+            if std::mem::discriminant(from) != std::mem::discriminant(to) {
+                return Err(ConfigError::AlgorithmChanged {
+                    from: from.name(),
+                    to: to.name(),
+                });
+            }
+        }
+        let config = Config::new(&algorithms, inner.policy, inner.deny_cache)?;
+        // The one write: later calls take the new snapshot whole; calls holding the old one
+        // finish under it.
+        *crate::sync::lock(&inner.config) = Arc::new(config);
+        Ok(())
     }
 }
 
@@ -1277,16 +1506,27 @@ impl<C> Inner<C> {
         self.counters[counter].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The parameters in force now: a call decides under this one snapshot from start to end.
+    fn config(&self) -> Arc<Config> {
+        Arc::clone(&crate::sync::lock(&self.config))
+    }
+
     /// What is settled before any round trip: `n` must fit the capacity, and `subject` must not
     /// be denied for `n` at `sent` by the deny cache (counted as denied locally).
-    fn before(&self, subject: &[u8], n: u32, sent: Instant) -> Result<(), TryAcquireError> {
-        if n > self.capacity {
+    fn before(
+        &self,
+        config: &Config,
+        subject: &[u8],
+        n: u32,
+        sent: Instant,
+    ) -> Result<(), TryAcquireError> {
+        if n > config.capacity {
             return Err(TryAcquireError::InsufficientCapacity {
                 requested: n,
-                capacity: self.capacity,
+                capacity: config.capacity,
             });
         }
-        if let Some((left, limit)) = self.deny.check(subject, n, sent) {
+        if let Some((left, limit)) = config.deny.check(subject, n, sent) {
             self.count(DENIED_LOCALLY);
             return Err(TryAcquireError::Rejected(Rejection::new(left, limit)));
         }
@@ -1296,8 +1536,10 @@ impl<C> Inner<C> {
     /// Redis rejected `n` permits for `subject` (asked at `sent`) with `retry_after` (ns), given
     /// by `member` (1-based in a chain; 0 for one limit): counted, and remembered by the deny
     /// cache if `remember` (a rejection of `n` on the subject's state as it stands).
+    #[allow(clippy::too_many_arguments)]
     fn rejected(
         &self,
+        config: &Config,
         subject: &[u8],
         n: u32,
         sent: Instant,
@@ -1308,21 +1550,27 @@ impl<C> Inner<C> {
         self.count(REJECTED);
         let limit = member
             .checked_sub(1)
-            .and_then(|i| self.members.get(i))
-            .map_or(self.capacity, |m| m.plan.capacity);
+            .and_then(|i| config.members.get(i))
+            .map_or(config.capacity, |m| m.plan.capacity);
         if n > 0 && remember {
             let until = sent.checked_add(Duration::from_nanos(retry_after));
             if let Some(until) = until {
-                self.deny.deny(subject, n, limit, until, Instant::now());
+                config.deny.deny(subject, n, limit, until, Instant::now());
             }
         }
         TryAcquireError::Rejected(Rejection::new(retry_after, limit))
     }
 
     /// The failure policy's answer for a decision that got no reply.
-    fn fail(&self, failure: Failure, subject: &[u8], n: u32) -> Result<Admission, TryAcquireError> {
+    fn fail(
+        &self,
+        config: &Config,
+        failure: Failure,
+        subject: &[u8],
+        n: u32,
+    ) -> Result<Admission, TryAcquireError> {
         self.count_failure(failure);
-        let (answer, counter) = self.policy(subject, n);
+        let (answer, counter) = self.policy(config, subject, n);
         self.count(counter);
         answer
     }
@@ -1354,10 +1602,11 @@ impl<C> Inner<C> {
     /// closed take nothing. Counts nothing.
     fn policy_taken(
         &self,
+        config: &Config,
         subject: &[u8],
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, usize, Option<Taken>) {
-        match (self.policy, &self.fallback) {
+        match (self.policy, &config.fallback) {
             (FailurePolicy::Fallback { .. }, Some(local)) => {
                 let key: Box<[u8]> = subject.into();
                 match local.try_acquire_n_taken(&key, n) {
@@ -1366,15 +1615,15 @@ impl<C> Inner<C> {
                 }
             }
             _ => {
-                let (answer, counter) = self.policy(subject, n);
+                let (answer, counter) = self.policy(config, subject, n);
                 (answer, counter, None)
             }
         }
     }
 
     /// Gives back to the fallback limiter what [`policy_taken`](Self::policy_taken) took.
-    fn give_back(&self, subject: &[u8], n: u32, taken: &Taken) {
-        if let Some(local) = &self.fallback {
+    fn give_back(&self, config: &Config, subject: &[u8], n: u32, taken: &Taken) {
+        if let Some(local) = &config.fallback {
             let key: Box<[u8]> = subject.into();
             local.give_back(&key, n, taken);
         }
@@ -1387,8 +1636,13 @@ impl<C> Inner<C> {
 
     /// The failure policy's answer for `n` permits (`n == 0`: a probe, which takes nothing from
     /// the fallback), and the counter it belongs to; counts nothing.
-    fn policy(&self, subject: &[u8], n: u32) -> (Result<Admission, TryAcquireError>, usize) {
-        match (self.policy, &self.fallback) {
+    fn policy(
+        &self,
+        config: &Config,
+        subject: &[u8],
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, usize) {
+        match (self.policy, &config.fallback) {
             (FailurePolicy::Fallback { .. }, Some(local)) => {
                 let key: Box<[u8]> = subject.into();
                 let answer = local.try_acquire_n(&key, n).map_err(unavailable_if_too_big);
@@ -1398,7 +1652,7 @@ impl<C> Inner<C> {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-                (Ok(Admission::new(now, 0, self.capacity)), FAILED_OPEN)
+                (Ok(Admission::new(now, 0, config.capacity)), FAILED_OPEN)
             }
             _ => (Err(TryAcquireError::Unavailable), FAILED_CLOSED),
         }
@@ -1411,14 +1665,20 @@ where
 {
     /// One decision (`script`: [`Inner::script`]) or charge ([`Inner::charge`]) in Redis:
     /// `EVALSHA`, and `EVAL` if Redis has lost the script.
-    async fn eval(&self, script: &Lua, subject: &[u8], n: u32) -> Result<Vec<i64>, RedisError> {
-        let chain = self.members.len() > 1;
-        run(&self.connection, script, self.members.len(), |cmd| {
-            for member in &self.members {
+    async fn eval(
+        &self,
+        config: &Config,
+        script: &Lua,
+        subject: &[u8],
+        n: u32,
+    ) -> Result<Vec<i64>, RedisError> {
+        let chain = config.members.len() > 1;
+        run(&self.connection, script, config.members.len(), |cmd| {
+            for member in &config.members {
                 cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
             }
             cmd.arg(n);
-            for member in &self.members {
+            for member in &config.members {
                 if chain {
                     cmd.arg(member.plan.kind);
                 }
