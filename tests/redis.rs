@@ -2568,3 +2568,104 @@ async fn decisions_racing_reconfigurations_use_one_parameter_set_wholly() {
     let stats = limiter.stats();
     assert_eq!((stats.errors, stats.timeouts), (0, 0));
 }
+
+/// An `acquire` whose attempt missed the deadline under `Fallback`, and whose fallback then
+/// rejected, waits and tries again; the timed-out attempt's script, already sent, still runs
+/// once the server answers, and admits. The retry must answer that admission, not charge the
+/// subject a second time for one call. (The server is stopped, SIGSTOP, while the attempt is
+/// in flight: its command waits in the socket and runs at SIGCONT, long before the retry.)
+#[tokio::test]
+async fn an_acquire_retrying_after_a_timeout_is_charged_once() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let deadline = Duration::from_millis(50);
+    // A bucket of 4 per second (locally 1 per second, burst 1: a short retry-after), and a log
+    // of the hour that counts every admission in Redis.
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(4),
+            burst: 4,
+        },
+        FailurePolicy::Fallback { share: 0.25 },
+    )
+    .and_limit(Algorithm::SlidingWindow {
+        limit: 100,
+        window: Duration::from_secs(3600),
+    })
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .deny_cache(0)
+    .build(manager(&server).await)
+    .unwrap();
+    // Every script cached: a late EVALSHA then runs (after NOSCRIPT its EVAL would never go).
+    limiter.acquire("warm").await.unwrap();
+    limiter.try_acquire("warm").await.unwrap();
+    let log = limiter.keys("s").remove(1);
+    let logged = |con: &mut redis::Connection| -> u64 { con.zcard(&log).unwrap() };
+    let settled = |con: &mut redis::Connection, expected: u64| {
+        let started = Instant::now();
+        while logged(con) != expected {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "never {expected}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    // The local bucket emptied by a decision that timed out (and ran late in Redis).
+    server.pause();
+    timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    server.resume();
+    settled(&mut con, 1);
+    // Now an acquire: its attempt times out, the empty local bucket rejects it for about a
+    // second, the attempt runs late in Redis meanwhile, and the retry goes to Redis.
+    server.pause();
+    let resume = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.resume();
+    };
+    let (admission, ()) = tokio::join!(limiter.acquire("s"), resume);
+    let admission = admission.unwrap();
+    assert_eq!(logged(&mut con), 2, "one call charged once: {admission:?}");
+    let stats = limiter.stats();
+    assert_eq!((stats.timeouts, stats.fallbacks), (2, 2), "{stats:?}");
+    // The answer is an admission the log holds: the late attempt's, scored by its expiry.
+    let expiry = admission.at_nanos() / 1000 + 3_600_000_000;
+    let at_expiry: u64 = con.zcount(&log, expiry, expiry).unwrap();
+    assert_eq!(at_expiry, 1, "{admission:?}");
+    assert_all_keys_expire(&mut con);
+}
+
+/// Every algorithm's `acquire` script: distinct calls are each charged (only a call's own
+/// retry finds its record), and the record expires with the state; a reset forgets it too.
+#[tokio::test]
+async fn distinct_acquire_calls_are_each_charged() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    for algorithm in common::all_algorithms(3, hour) {
+        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let subject = format!("{algorithm:?}");
+        for left in [2, 1, 0] {
+            let admission = limiter.acquire(&subject).await.unwrap();
+            assert_eq!(admission.remaining(), left, "{algorithm:?}");
+        }
+        rejection(limiter.try_acquire(&subject).await);
+    }
+    // A state key and a record per subject, all expiring.
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 8);
+    let limiter = limiter(
+        &server,
+        common::all_algorithms(3, hour)[0],
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    let subject = format!("{:?}", common::all_algorithms(3, hour)[0]);
+    assert_eq!(limiter.reset(&subject).await, Ok(true));
+    assert_eq!(
+        assert_all_keys_expire(&mut con).len(),
+        6,
+        "both keys deleted"
+    );
+}

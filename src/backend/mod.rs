@@ -120,6 +120,37 @@ static TOKEN_BUCKET: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// One algorithm's script for the attempts of an `acquire` call: `single` inside the prelude's
+/// `once`, which answers a retry of a call already admitted from its record.
+macro_rules! one_key_once {
+    ($file:literal, $function:literal) => {
+        concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!($file),
+            "\nreturn once(function() return single(",
+            $function,
+            ") end)\n"
+        )
+    };
+}
+
+static FIXED_WINDOW_ONCE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(one_key_once!("scripts/fixed_window.lua", "fixed_window")));
+static SLIDING_WINDOW_ONCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key_once!(
+        "scripts/sliding_window.lua",
+        "sliding_window"
+    ))
+});
+static SLIDING_COUNTER_ONCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key_once!(
+        "scripts/sliding_counter.lua",
+        "sliding_counter"
+    ))
+});
+static TOKEN_BUCKET_ONCE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(one_key_once!("scripts/token_bucket.lua", "token_bucket")));
+
 static FIXED_WINDOW_CHARGE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(one_key!(
         "scripts/fixed_window.lua",
@@ -152,6 +183,10 @@ static TOKEN_BUCKET_CHARGE: LazyLock<Lua> = LazyLock::new(|| {
 /// runner (`members.lua`), then `$file`'s reply.
 macro_rules! members {
     ($file:literal) => {
+        members!("", $file, "")
+    };
+    // `$file` between `$before` and `$after`.
+    ($before:literal, $file:literal, $after:literal) => {
         concat!(
             include_str!("scripts/prelude.lua"),
             include_str!("scripts/fixed_window.lua"),
@@ -159,13 +194,23 @@ macro_rules! members {
             include_str!("scripts/sliding_counter.lua"),
             include_str!("scripts/token_bucket.lua"),
             include_str!("scripts/members.lua"),
+            $before,
             include_str!($file),
+            $after,
         )
     };
 }
 
 /// Several limits for one subject: one aggregated reply.
 static CHAIN: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/chain.lua")));
+/// [`CHAIN`] for the attempts of an `acquire` call, inside the prelude's `once`.
+static CHAIN_ONCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(members!(
+        "local function chain_decision()\n",
+        "scripts/chain.lua",
+        "\nend\nreturn once(chain_decision)\n"
+    ))
+});
 /// Several limiters, each with its own subject: one reply per member ([`multi`]).
 static MULTI: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/multi.lua")));
 /// A charge to every limit of one subject: one aggregated reply.
@@ -176,7 +221,10 @@ static CHAIN_CHARGE: LazyLock<Lua> =
 /// error.
 ///
 /// A decision that timed out is never retried: the script may have run (and admitted) even though
-/// its reply was lost, and retrying could charge the subject twice.
+/// its reply was lost, and retrying could charge the subject twice. (An
+/// [`acquire`](RedisLimiter::acquire_n) whose fallback rejected tries again after the
+/// retry-after, as it does after any rejection; its attempts carry one call id, so that a
+/// timed-out attempt that admitted late is answered, not charged again.)
 ///
 /// # Examples
 ///
@@ -270,21 +318,23 @@ const REPAIRED: usize = 8;
 /// - **One round trip** per decision: `EVALSHA`. After Redis lost its script cache (restart,
 ///   failover, `SCRIPT FLUSH`) the first call per script costs two commands: `EVALSHA`, which
 ///   answers `NOSCRIPT`, then `EVAL`, which runs the script and caches it again.
-/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`). The subject is the hash tag, so a
-///   subject's keys share one Cluster slot. Subjects longer than 64 bytes are replaced by
-///   `sha256:` and their SHA-256 in hex, and so are the empty subject and those starting with
-///   `}` (they would leave the tag empty). Every key carries a TTL: it disappears once its state is
-///   indistinguishable from a fresh key's. What a key holds: the fixed window a hash of the
-///   current window's start, its length and its count (the sliding counter also the previous
-///   window's count); the exact sliding window a sorted set of one member per permit, scored by
-///   its expiry; the token bucket a string `"<TAT>:<capacity>"` (µs). A key holding anything
-///   else (another type, a window of length 0, a negative count, a time past 2^53 µs) is read
-///   as no state and deleted, and counted in [`RedisStats::repaired`]: the call decides as for a
-///   subject seen for the first time.
+/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`), and `prefix:{subject}:acq` for a
+///   subject decided by [`acquire`](Self::acquire_n) (its latest admitted call). The subject is
+///   the hash tag, so a subject's keys share one Cluster slot. Subjects longer than 64 bytes are
+///   replaced by `sha256:` and their SHA-256 in hex, and so are the empty subject and those
+///   starting with `}` (they would leave the tag empty). Every key carries a TTL: it disappears
+///   once its state is indistinguishable from a fresh key's. What a key holds: the fixed window a
+///   hash of the current window's start, its length and its count (the sliding counter also the
+///   previous window's count); the exact sliding window a sorted set of one member per permit,
+///   scored by its expiry; the token bucket a string `"<TAT>:<capacity>"` (µs). A key holding
+///   anything else (another type, a window of length 0, a negative count, a time past 2^53 µs) is
+///   read as no state and deleted, and counted in [`RedisStats::repaired`]: the call decides as for
+///   a subject seen for the first time.
 /// - **Deadline and failure policy**: each decision must complete within the
 ///   [deadline](RedisLimiterBuilder::deadline) (default 50 ms), or the [`FailurePolicy`] decides;
-///   a timed-out decision is never retried (the script may have run). Service returns to Redis on
-///   the next call that succeeds: there is no circuit breaker to reset.
+///   a timed-out decision is never retried (the script may have run; an `acquire` that goes on
+///   waiting is charged once all the same: see [`acquire_n`](Self::acquire_n)). Service returns
+///   to Redis on the next call that succeeds: there is no circuit breaker to reset.
 /// - **Deny cache**: after Redis rejects a subject with a retry-after t, calls for it asking as
 ///   many permits are rejected in-process until t, without a round trip. Never stricter
 ///   than Redis's answer at the time: t is counted from when the rejected request was sent. But
@@ -375,6 +425,8 @@ struct Config {
     members: Vec<Member>,
     /// The algorithm's script, or [`CHAIN`] for several members.
     script: &'static Lua,
+    /// The script of an `acquire` call's attempts, or [`CHAIN_ONCE`] for several members.
+    once: &'static Lua,
     /// The algorithm's charge script, or [`CHAIN_CHARGE`] for several members.
     charge: &'static Lua,
     /// The most permits one call can get: the smallest member capacity.
@@ -441,6 +493,8 @@ type Local = KeyedChain<Box<[u8]>>;
 /// How one limit runs in Redis.
 struct Plan {
     script: &'static Lua,
+    /// The script of an `acquire` call's attempts (`once`).
+    once: &'static Lua,
     /// The script of [`RedisLimiter::charge`].
     charge: &'static Lua,
     /// The algorithm's number in `chain.lua` (1 fixed window ... 4 token bucket).
@@ -486,6 +540,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
     Ok(match algorithm {
         Algorithm::FixedWindow { limit, window } => Plan {
             script: &FIXED_WINDOW,
+            once: &FIXED_WINDOW_ONCE,
             charge: &FIXED_WINDOW_CHARGE,
             kind: 1,
             suffix: "fw",
@@ -504,6 +559,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &SLIDING_WINDOW,
+                once: &SLIDING_WINDOW_ONCE,
                 charge: &SLIDING_WINDOW_CHARGE,
                 kind: 2,
                 suffix: "sw",
@@ -525,6 +581,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &SLIDING_COUNTER,
+                once: &SLIDING_COUNTER_ONCE,
                 charge: &SLIDING_COUNTER_CHARGE,
                 kind: 3,
                 suffix: "sc",
@@ -552,6 +609,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &TOKEN_BUCKET,
+                once: &TOKEN_BUCKET_ONCE,
                 charge: &TOKEN_BUCKET_CHARGE,
                 kind: 4,
                 suffix: "tb",
@@ -845,14 +903,15 @@ impl Config {
             }
             FailurePolicy::FailOpen | FailurePolicy::FailClosed => None,
         };
-        let (script, charge) = match &members[..] {
-            [single] => (single.plan.script, single.plan.charge),
-            _ => (&*CHAIN, &*CHAIN_CHARGE),
+        let (script, once, charge) = match &members[..] {
+            [single] => (single.plan.script, single.plan.once, single.plan.charge),
+            _ => (&*CHAIN, &*CHAIN_ONCE, &*CHAIN_CHARGE),
         };
         let capacity = members.iter().map(|m| m.plan.capacity).min().unwrap_or(0);
         Ok(Config {
             members,
             script,
+            once,
             charge,
             capacity,
             fallback,
@@ -937,14 +996,30 @@ where
     where
         K: AsRef<[u8]> + ?Sized,
     {
+        self.decide(subject.as_ref(), n, None).await
+    }
+
+    /// One decision for `n` permits, as [`try_acquire_n`](Self::try_acquire_n); an attempt of
+    /// the `acquire` call `call` runs the parameters' `once` script, which answers a call
+    /// already admitted from its record instead of charging it again.
+    async fn decide(
+        &self,
+        subject: &[u8],
+        n: u32,
+        call: Option<u64>,
+    ) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
         let config = inner.config();
-        let subject = subject.as_ref();
         let sent = Instant::now();
         inner.before(&config, subject, n, sent)?;
+        let script = if call.is_some() {
+            config.once
+        } else {
+            config.script
+        };
         let reply = within(
             inner.deadline,
-            inner.eval(&config, config.script, subject, n),
+            inner.eval_call(&config, script, subject, n, call),
         )
         .await
         .and_then(|reply| parse(inner.repaired(&reply, 4)));
@@ -1114,6 +1189,7 @@ where
         let mut connection = inner.connection.clone();
         let mut delete = ::redis::cmd("DEL");
         delete.arg(self.keys(subject));
+        delete.arg(keys::key(&inner.prefix, subject, RECORD));
         let deleted = delete.query_async::<u64>(&mut connection);
         match tokio::time::timeout(inner.deadline, deleted).await {
             Ok(deleted) => Ok(deleted? > 0),
@@ -1155,6 +1231,17 @@ where
     /// sleeps for the retry-after plus a little jitter (up to 1/8 of the retry-after, between
     /// 0.1 ms and 50 ms, so that many waiters do not return at the same instant) and tries again.
     ///
+    /// **Charged once.** Every attempt of one call carries the call's random id. An attempt that
+    /// missed the deadline may still run in Redis and admit after the failure policy answered;
+    /// if that answer was a rejection (a [`FailurePolicy::Fallback`] whose local share is spent),
+    /// the call waits and tries again, and that attempt finds the call's id in the subject's
+    /// record (`prefix:{subject}:acq`, written by each admission of an `acquire`, expiring with
+    /// the admission's reset) and answers the recorded admission instead of taking the permits
+    /// a second time. The record holds the subject's latest `acquire` admission only: if another
+    /// call's `acquire` was admitted on the subject in between, the retry is charged again.
+    /// [`try_acquire_n`](Self::try_acquire_n) writes no record (a caller retrying it makes a
+    /// new decision).
+    ///
     /// **Not FIFO.** Waiters in different processes (or tasks) do not queue: whoever asks first
     /// after the permits free up gets them. Under contention a waiter can be overtaken many times;
     /// wrap the call in `tokio::time::timeout` to bound the wait.
@@ -1185,7 +1272,9 @@ where
     where
         K: AsRef<[u8]> + ?Sized,
     {
-        crate::clock::retry_rejections(|| self.try_acquire_n(subject, n)).await
+        let subject = subject.as_ref();
+        let call = call_id();
+        crate::clock::retry_rejections(|| self.decide(subject, n, Some(call))).await
     }
 }
 
@@ -1336,12 +1425,12 @@ impl<C> RedisLimiter<C> {
     /// parameters on the same prefix go on deciding under them, each call translating the state
     /// it meets, as in a rolling deploy (see [`RedisLimiter`]).
     ///
-    /// What this process keeps starts afresh: the deny cache is emptied, so a raised limit
-    /// admits a subject it held at once, and a lowered one is judged by Redis, whose retry-after
-    /// is then cached anew (a rejection arriving late from a call under the old parameters is
-    /// not cached). Under [`FailurePolicy::Fallback`] the local fallback is rebuilt at the share
-    /// of the new parameters, empty: it decides only while Redis is away, and its counts there
-    /// are this process's stopgap, not the shared ones, which Redis keeps. [`algorithm`](Self::algorithm),
+    /// What this process keeps starts afresh: the deny cache is emptied, so a raised limit admits a
+    /// subject it held at once, and a lowered one is judged by Redis, whose retry-after is then
+    /// cached anew (a rejection arriving late from a call under the old parameters is not cached).
+    /// Under [`FailurePolicy::Fallback`] the local fallback is rebuilt at the share of the new
+    /// parameters, empty: it decides only while Redis is away, and its counts there are this
+    /// process's stopgap, not the shared ones, which Redis keeps. [`algorithm`](Self::algorithm),
     /// [`capacity`](Self::capacity) and the rejections' limits report the new parameters; the
     /// [`stats`](Self::stats) go on counting.
     ///
@@ -1672,10 +1761,28 @@ where
         subject: &[u8],
         n: u32,
     ) -> Result<Vec<i64>, RedisError> {
+        self.eval_call(config, script, subject, n, None).await
+    }
+
+    /// As [`eval`](Self::eval); with a `call` id (an `acquire` call's attempt, `script` a
+    /// `once` script), the subject's record key after the members' keys and the id after the
+    /// arguments.
+    async fn eval_call(
+        &self,
+        config: &Config,
+        script: &Lua,
+        subject: &[u8],
+        n: u32,
+        call: Option<u64>,
+    ) -> Result<Vec<i64>, RedisError> {
         let chain = config.members.len() > 1;
-        run(&self.connection, script, config.members.len(), |cmd| {
+        let keys = config.members.len() + usize::from(call.is_some());
+        run(&self.connection, script, keys, |cmd| {
             for member in &config.members {
                 cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
+            }
+            if call.is_some() {
+                cmd.arg(keys::key(&self.prefix, subject, RECORD));
             }
             cmd.arg(n);
             for member in &config.members {
@@ -1684,9 +1791,23 @@ where
                 }
                 cmd.arg(member.plan.params[0]).arg(member.plan.params[1]);
             }
+            if let Some(call) = call {
+                cmd.arg(call);
+            }
         })
         .await
     }
+}
+
+/// The suffix of a subject's record of the last `acquire` call Redis admitted for it (see
+/// `once` in `scripts/prelude.lua`).
+const RECORD: &str = "acq";
+
+/// A fresh id for one `acquire` call, carried by each of its attempts: random, so that calls
+/// from every process on a subject are told apart (two of 2^64 meeting is negligible).
+fn call_id() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
 }
 
 /// Runs `script` over `keys` keys through a clone of `connection`: `EVALSHA`, and `EVAL` if
