@@ -120,13 +120,14 @@ static TOKEN_BUCKET: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
-/// One algorithm's script for the attempts of an `acquire` call: `single` inside the prelude's
-/// `once`, which answers a retry of a call already admitted from its record.
+/// One algorithm's script for the attempts of an `acquire` call: `single` inside `once`
+/// (`scripts/once.lua`), which answers a retry of a call already admitted from its record.
 macro_rules! one_key_once {
     ($file:literal, $function:literal) => {
         concat!(
             include_str!("scripts/prelude.lua"),
             include_str!($file),
+            include_str!("scripts/once.lua"),
             "\nreturn once(function() return single(",
             $function,
             ") end)\n"
@@ -183,10 +184,6 @@ static TOKEN_BUCKET_CHARGE: LazyLock<Lua> = LazyLock::new(|| {
 /// runner (`members.lua`), then `$file`'s reply.
 macro_rules! members {
     ($file:literal) => {
-        members!("", $file, "")
-    };
-    // `$file` between `$before` and `$after`.
-    ($before:literal, $file:literal, $after:literal) => {
         concat!(
             include_str!("scripts/prelude.lua"),
             include_str!("scripts/fixed_window.lua"),
@@ -194,23 +191,30 @@ macro_rules! members {
             include_str!("scripts/sliding_counter.lua"),
             include_str!("scripts/token_bucket.lua"),
             include_str!("scripts/members.lua"),
-            $before,
             include_str!($file),
-            $after,
+        )
+    };
+    // `$file`'s body as a function, run inside `once` (`scripts/once.lua`).
+    (once $file:literal) => {
+        concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!("scripts/fixed_window.lua"),
+            include_str!("scripts/sliding_window.lua"),
+            include_str!("scripts/sliding_counter.lua"),
+            include_str!("scripts/token_bucket.lua"),
+            include_str!("scripts/members.lua"),
+            include_str!("scripts/once.lua"),
+            "local function chain_decision()\n",
+            include_str!($file),
+            "\nend\nreturn once(chain_decision)\n",
         )
     };
 }
 
 /// Several limits for one subject: one aggregated reply.
 static CHAIN: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/chain.lua")));
-/// [`CHAIN`] for the attempts of an `acquire` call, inside the prelude's `once`.
-static CHAIN_ONCE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(members!(
-        "local function chain_decision()\n",
-        "scripts/chain.lua",
-        "\nend\nreturn once(chain_decision)\n"
-    ))
-});
+/// [`CHAIN`] for the attempts of an `acquire` call, inside `once` (`scripts/once.lua`).
+static CHAIN_ONCE: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!(once "scripts/chain.lua")));
 /// Several limiters, each with its own subject: one reply per member ([`multi`]).
 static MULTI: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/multi.lua")));
 /// A charge to every limit of one subject: one aggregated reply.
@@ -1800,7 +1804,7 @@ where
 }
 
 /// The suffix of a subject's record of the last `acquire` call Redis admitted for it (see
-/// `once` in `scripts/prelude.lua`).
+/// `once` in `scripts/once.lua`).
 const RECORD: &str = "acq";
 
 /// A fresh id for one `acquire` call, carried by each of its attempts: random, so that calls
