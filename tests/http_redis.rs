@@ -1,8 +1,12 @@
 //! The HTTP layer's rules counted in Redis (`[backend] kind = "redis"`), against a real
 //! `redis-server` started by each test (a missing server fails the test, never skips it).
 //!
-//! Redis's `TIME` is real time: the rules use windows of a minute or more (exact sliding windows,
-//! which have no boundary to straddle), so that no test depends on how fast it runs.
+//! Redis's `TIME` is real time: the rules use windows of a minute or more, exact sliding windows
+//! (which have no boundary to straddle) wherever a test counts in Redis, so that no test depends
+//! on how fast it runs or when. The few fixed windows (the default algorithm) counted in Redis
+//! are an hour long, and their tests make room for themselves in the hour (`room_in_window`): a
+//! window ending within a test expires its key. Fixed windows in the tests where Redis is
+//! killed first count in the fallback's memory, on a clock that starts with the limiter.
 
 #![cfg(all(feature = "http", feature = "redis"))]
 
@@ -438,6 +442,10 @@ async fn monitor_rules_count_in_redis_and_sync_decide_is_unavailable() {
     let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
         .await
         .unwrap();
+    // "shadow" is a fixed window aligned to Redis's clock: its key must outlive the test.
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    redis_server::room_in_window(&mut con, hour, Duration::from_secs(10));
     let request = RequestInfo {
         method: &http::Method::GET,
         path: "/",
@@ -456,7 +464,6 @@ async fn monitor_rules_count_in_redis_and_sync_decide_is_unavailable() {
         assert_eq!(verdict.quotas[0].remaining, remaining);
     }
     // Both rules wrote their keys (the sync decide wrote none): 2 keys.
-    let mut con = server.connection();
     let keys: Vec<String> = con.keys("myapp:*").unwrap();
     assert_eq!(keys.len(), 2, "{keys:?}");
 }
@@ -951,6 +958,8 @@ async fn monitor_rules_count_in_redis_without_an_enforced_rule_in_redis() {
         "[[rules]]\nname = \"per-client\"\nkey = \"client\"\nperiod = \"1m\"\nlimit = 5\n";
     for rules in [shadow.to_owned(), format!("{by_client}{shadow}")] {
         let mut con = server.connection();
+        // "shadow" is a fixed window aligned to Redis's clock: its key must outlive the case.
+        redis_server::room_in_window(&mut con, Duration::from_secs(3600), Duration::from_secs(10));
         let _: () = turnstile::redis::cmd("FLUSHALL").query(&mut con).unwrap();
         let mut config = config(&server.url(), "closed", &rules);
         // The requests have no client id: "per-client" lets them pass uncounted.

@@ -11,22 +11,16 @@ mod common;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
-use redis_server::RedisServer;
+use redis_server::{redis_now, room_in_window, RedisServer};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use turnstile::redis::{self, aio::ConnectionManager, Commands};
 use turnstile::{
-    AcquireError, Admission, Algorithm, FailurePolicy, Rate, RedisLimiter, Rejection,
+    AcquireError, Admission, Algorithm, ConfigError, FailurePolicy, Rate, RedisLimiter, Rejection,
     TryAcquireError,
 };
 
 const PREFIX: &str = "t";
-
-/// Redis's clock, in µs since the Unix epoch.
-fn redis_now(con: &mut redis::Connection) -> u64 {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query(con).unwrap();
-    s * 1_000_000 + us
-}
 
 /// Sleeps (real time) until `margin` after the start of the next window of `window` on Redis's
 /// clock, so that a test's admissions all fall in one window.
@@ -34,17 +28,6 @@ fn align_to_window(con: &mut redis::Connection, window: Duration, margin: Durati
     let w = window.as_micros() as u64;
     let now = redis_now(con);
     std::thread::sleep(Duration::from_micros(w - now % w) + margin);
-}
-
-/// Makes sure at least `room` is left of the current epoch-aligned window of `window` on Redis's
-/// clock, waiting for the next window if less is: for tests whose fixed windows must not end
-/// between two of their calls (a window ending there deletes the key and starts a fresh count).
-fn room_in_window(con: &mut redis::Connection, window: Duration, room: Duration) {
-    let w = window.as_micros() as u64;
-    let left = w - redis_now(con) % w;
-    if left < room.as_micros() as u64 {
-        std::thread::sleep(Duration::from_micros(left) + Duration::from_millis(5));
-    }
 }
 
 async fn manager(server: &RedisServer) -> ConnectionManager {
@@ -377,6 +360,9 @@ async fn unreadable_state_is_read_as_none_and_overwritten() {
     let server = RedisServer::start();
     let mut con = server.connection();
     let hour = Duration::from_secs(3600);
+    // Each case counts 2, 1, 0 left, then a rejection, in hour-long fixed windows and sliding
+    // counters aligned to Redis's clock: no hour may end among them.
+    room_in_window(&mut con, hour, Duration::from_secs(30));
     let h = "3600000000";
     let corruptions: Vec<(Algorithm, Vec<Vec<&str>>)> = vec![
         (
@@ -553,6 +539,8 @@ async fn long_subjects_are_hashed_into_the_tag() {
         FailurePolicy::FailClosed,
     )
     .await;
+    // The rejection and the two keys counted need one 5 s window (aligned to Redis's clock).
+    room_in_window(&mut con, Duration::from_secs(5), Duration::from_secs(2));
     let long = "x".repeat(1000);
     let other = format!("{long}y");
     limiter.try_acquire(&long).await.unwrap();
@@ -888,15 +876,17 @@ async fn bad_configuration_is_a_typed_error() {
     assert!(err.to_string().contains("too large"), "{err}");
 }
 
-/// A chain of two limits (1 per 5 s, and a bucket of 5) on `client`'s cluster: its one script
-/// touches two keys of each subject, so it runs only if they share a slot.
+/// A chain of two limits (1 per hour, and a bucket of 5) on `client`'s cluster: its one script
+/// touches two keys of each subject, so it runs only if they share a slot. The tests expect
+/// the fixed window to reject a subject's second call: it is an hour long, and they make room
+/// for themselves in it (`room_in_window`); a 5 s window ended within them about one run in 20.
 async fn cluster_chain(
     client: &redis::cluster::ClusterClient,
 ) -> RedisLimiter<redis::cluster_async::ClusterConnection> {
     RedisLimiter::builder(
         Algorithm::FixedWindow {
             limit: 1,
-            window: Duration::from_secs(5),
+            window: Duration::from_secs(3600),
         },
         FailurePolicy::FailClosed,
     )
@@ -952,6 +942,12 @@ async fn cluster_subjects_spread_over_masters_and_decide_in_one_script() {
 
     // A chain's keys share the subject's slot, so its one script runs on one master.
     let chain = cluster_chain(&client).await;
+    let hour = Duration::from_secs(3600);
+    room_in_window(
+        &mut cluster.nodes[0].connection(),
+        hour,
+        Duration::from_secs(60),
+    );
     for subject in &subjects {
         chain.try_acquire(subject).await.unwrap();
         assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
@@ -1295,7 +1291,12 @@ async fn shared_cases(backend: &Backend, limit: u32) -> Vec<(String, String)> {
 async fn the_same_cases_answer_alike_in_memory_in_redis_and_in_a_store() {
     let server = RedisServer::start();
     let limit = 4;
-    for algorithm in common::all_algorithms(limit, Duration::from_secs(30)) {
+    // The fixed window and the sliding counter in Redis (and in the store, on the wall clock)
+    // are aligned to the Unix epoch: an hour, with room for the whole suite in it. (In 30 s
+    // windows a boundary within the suite turned "over the limit" into an admission.)
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut server.connection(), hour, Duration::from_secs(30));
+    for algorithm in common::all_algorithms(limit, hour) {
         let memory = turnstile::KeyedLimiter::<String>::new(algorithm).unwrap();
         let in_memory: Backend = Box::new(move |subject, n| {
             let out = memory.try_acquire_n(&subject, n);
@@ -1432,6 +1433,12 @@ async fn cluster_chain_decides_subjects_that_would_leave_the_tag_empty() {
     let cluster = redis_server::RedisCluster::start(3);
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
     let chain = cluster_chain(&client).await;
+    let hour = Duration::from_secs(3600);
+    room_in_window(
+        &mut cluster.nodes[0].connection(),
+        hour,
+        Duration::from_secs(30),
+    );
     for subject in ["", "}", "}x"] {
         chain.try_acquire(subject).await.unwrap();
         assert_eq!(rejection(chain.try_acquire(subject).await).limit(), 1);
@@ -1496,6 +1503,9 @@ async fn reset_forgets_a_subject_everywhere() {
     .deadline(deadline)
     .build(manager(&server).await)
     .unwrap();
+    // The fixed window (aligned to Redis's clock) must reject alice and bob until the end of
+    // the Redis part, and keep its keys: no minute ends in it.
+    room_in_window(&mut con, minute, Duration::from_secs(10));
     for subject in ["alice", "bob"] {
         limiter.try_acquire_n(subject, 2).await.unwrap();
         rejection(limiter.try_acquire(subject).await);
@@ -1651,6 +1661,9 @@ async fn a_window_with_another_length_keeps_the_count() {
         Duration::from_secs(3599),
         Duration::from_secs(86_400),
     );
+    // The old limiter's hour (aligned to Redis's clock) must not end before the new limiter
+    // meets its count.
+    room_in_window(&mut con, hour, Duration::from_secs(30));
     type Make = fn(u32, Duration) -> Algorithm;
     let algorithms: [Make; 2] = [
         |limit, window| Algorithm::FixedWindow { limit, window },
@@ -2041,6 +2054,8 @@ async fn after_a_charge_into_debt_the_next_call_is_rejected() {
         FailurePolicy::FailClosed,
     )
     .await;
+    // One minute (aligned to Redis's clock) holds the whole debt and both rejections.
+    room_in_window(&mut con, Duration::from_secs(60), Duration::from_secs(10));
     limiter.try_acquire("d").await.unwrap();
     limiter.charge("d", 3).await.unwrap();
     rejection(limiter.try_acquire("d").await);
@@ -2156,4 +2171,501 @@ async fn a_late_charge_counts_once_in_redis_and_once_in_the_fallback() {
     server.pause();
     rejection(timed(deadline, limiter.try_acquire("s")).await);
     server.resume();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reconfiguration at run time (`RedisLimiter::reconfigure`, `reconfigure_all`,
+// `reconfigure_limit`).
+// ---------------------------------------------------------------------------------------------
+
+/// A limiter of `algorithm` under `PREFIX` with the deny cache on, failing closed.
+async fn cached(server: &RedisServer, algorithm: Algorithm) -> RedisLimiter {
+    RedisLimiter::builder(algorithm, FailurePolicy::FailClosed)
+        .prefix(PREFIX)
+        .deadline(Duration::from_millis(500))
+        .build(manager(server).await)
+        .unwrap()
+}
+
+/// A raised limit admits at once, also a subject the deny cache held under the old limit (its
+/// cached rejection was of the old parameters), and every accessor reports the new parameters.
+#[tokio::test]
+async fn a_raised_limit_admits_at_once_even_a_subject_denied_locally() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    let two = Algorithm::FixedWindow {
+        limit: 2,
+        window: hour,
+    };
+    let four = Algorithm::FixedWindow {
+        limit: 4,
+        window: hour,
+    };
+    let limiter = cached(&server, two).await;
+    let clone = limiter.clone();
+    limiter.try_acquire_n("d", 2).await.unwrap();
+    assert_eq!(rejection(limiter.try_acquire("d").await).limit(), 2);
+    assert_eq!(rejection(limiter.try_acquire("d").await).limit(), 2);
+    assert_eq!(limiter.stats().denied_locally, 1, "held by the deny cache");
+    limiter.reconfigure(four).unwrap();
+    assert_eq!((clone.algorithm(), clone.capacity()), (four, 4));
+    assert_eq!(clone.algorithms().collect::<Vec<_>>(), [four]);
+    assert_eq!(clone.denied_subjects(), 0);
+    // The two admitted still count: two more, then a rejection naming the new limit.
+    assert_eq!(clone.try_acquire("d").await.unwrap().remaining(), 1);
+    assert_eq!(clone.try_acquire("d").await.unwrap().remaining(), 0);
+    assert_eq!(rejection(clone.try_acquire("d").await).limit(), 4);
+    let stats = clone.stats();
+    assert_eq!((stats.admitted, stats.rejected), (3, 2), "the stats go on");
+    // n = 3 fits the new capacity: not InsufficientCapacity any more.
+    assert!(matches!(
+        clone.try_acquire_n("e", 3).await,
+        Ok(a) if a.remaining() == 1
+    ));
+    assert_all_keys_expire(&mut con);
+}
+
+/// A lowered limit judges the counts kept under it at once (as in memory): above it, nothing
+/// is admitted until the window ends; raised again, what is left is there. A token bucket
+/// stays as full as it was.
+#[tokio::test]
+async fn a_lowered_limit_judges_the_counts_kept() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    let fixed = |limit| Algorithm::FixedWindow {
+        limit,
+        window: hour,
+    };
+    let limiter = cached(&server, fixed(5)).await;
+    limiter.try_acquire_n("l", 3).await.unwrap();
+    limiter.reconfigure(fixed(2)).unwrap();
+    let r = rejection(limiter.try_acquire("l").await);
+    assert_eq!(r.limit(), 2);
+    assert!(r.retry_after() <= hour);
+    assert_eq!(
+        limiter.try_acquire_n("l", 3).await,
+        Err(TryAcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        })
+    );
+    limiter.reconfigure(fixed(5)).unwrap();
+    assert_eq!(limiter.try_acquire_n("l", 2).await.unwrap().remaining(), 0);
+
+    // A bucket of 10 with 6 taken, halved: 4 of 10 left is 2 of 5.
+    let bucket = |burst| Algorithm::TokenBucket {
+        rate: Rate::new(burst, hour),
+        burst,
+    };
+    let limiter = cached(&server, bucket(10)).await;
+    limiter.try_acquire_n("b", 6).await.unwrap();
+    limiter.reconfigure(bucket(5)).unwrap();
+    assert_eq!(limiter.try_acquire_n("b", 2).await.unwrap().remaining(), 0);
+    assert_eq!(rejection(limiter.try_acquire("b").await).limit(), 5);
+    assert_all_keys_expire(&mut con);
+}
+
+/// A new window length keeps the count of the window running (rebased as the in-memory
+/// `reconfigure` does), for the fixed window and the sliding counter; the exact sliding
+/// window's permits keep their expiry.
+#[tokio::test]
+async fn a_new_window_keeps_the_counts() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let (hour, almost, day) = (
+        Duration::from_secs(3600),
+        Duration::from_secs(3599),
+        Duration::from_secs(86_400),
+    );
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    type Make = fn(u32, Duration) -> Algorithm;
+    let algorithms: [Make; 3] = [
+        |limit, window| Algorithm::FixedWindow { limit, window },
+        |limit, window| Algorithm::SlidingCounter { limit, window },
+        |limit, window| Algorithm::SlidingWindow { limit, window },
+    ];
+    for (i, make) in algorithms.into_iter().enumerate() {
+        for (j, other) in [almost, day].into_iter().enumerate() {
+            let subject = format!("w{i}.{j}");
+            let limiter = cached(&server, make(5, hour)).await;
+            limiter.try_acquire_n(&subject, 3).await.unwrap();
+            limiter.reconfigure(make(5, other)).unwrap();
+            let what = format!("{:?}", make(5, other));
+            // Rejected as in memory, where the same reconfiguration keeps the count.
+            let memory =
+                reconfigured_in_memory(make(5, hour), make(5, other), 3, Duration::ZERO, 3);
+            assert!(memory.is_err(), "{what}: {memory:?}");
+            let r = rejection(limiter.try_acquire_n(&subject, 3).await);
+            // At most the new window, plus the weighing of the counter's previous window.
+            assert!(r.retry_after() <= 2 * day, "{what}: {r:?}");
+            assert_eq!(
+                limiter
+                    .try_acquire_n(&subject, 2)
+                    .await
+                    .map(|a| a.remaining()),
+                Ok(0),
+                "{what}"
+            );
+        }
+    }
+    assert_all_keys_expire(&mut con);
+}
+
+/// Bad parameters, another algorithm, the wrong number of limits or a limit index past the
+/// last: a typed error each, and the parameters in force stay, decisions included.
+#[tokio::test]
+async fn a_bad_reconfiguration_is_a_typed_error_and_changes_nothing() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    let three = Algorithm::FixedWindow {
+        limit: 3,
+        window: hour,
+    };
+    let limiter = cached(&server, three).await;
+    limiter.try_acquire("s").await.unwrap();
+    let errors = [
+        limiter.reconfigure(Algorithm::FixedWindow {
+            limit: 0,
+            window: hour,
+        }),
+        limiter.reconfigure(Algorithm::FixedWindow {
+            limit: 3,
+            window: Duration::ZERO,
+        }),
+        limiter.reconfigure(Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 3,
+        }),
+        limiter.reconfigure_all([three, three]),
+        limiter.reconfigure_all([]),
+        limiter.reconfigure_limit(1, three),
+    ];
+    assert_eq!(errors[0], Err(ConfigError::Zero { what: "limit" }));
+    assert_eq!(errors[1], Err(ConfigError::Zero { what: "window" }));
+    assert!(
+        matches!(
+            errors[2],
+            Err(ConfigError::AlgorithmChanged {
+                from: "fixed window",
+                to: "token bucket"
+            })
+        ),
+        "{errors:?}"
+    );
+    for error in &errors[3..5] {
+        assert!(
+            matches!(
+                error,
+                Err(ConfigError::Invalid {
+                    what: "algorithms",
+                    ..
+                })
+            ),
+            "{error:?}"
+        );
+    }
+    assert!(
+        matches!(
+            errors[5],
+            Err(ConfigError::Invalid {
+                what: "limit index",
+                ..
+            })
+        ),
+        "{errors:?}"
+    );
+    let log = Algorithm::SlidingWindow {
+        limit: 3,
+        window: hour,
+    };
+    let sliding = cached(&server, log).await;
+    let too_many = Algorithm::SlidingWindow {
+        limit: turnstile::REDIS_MAX_SLIDING_LIMIT + 1,
+        window: hour,
+    };
+    assert!(matches!(
+        sliding.reconfigure(too_many),
+        Err(ConfigError::TooLarge { .. })
+    ));
+    assert_eq!(sliding.algorithm(), log);
+    // Still 3 per hour, one taken.
+    assert_eq!((limiter.algorithm(), limiter.capacity()), (three, 3));
+    assert_eq!(limiter.try_acquire_n("s", 2).await.unwrap().remaining(), 0);
+    assert_eq!(rejection(limiter.try_acquire("s").await).limit(), 3);
+    // A chain takes one algorithm per limit: `reconfigure` alone says so.
+    let chain = RedisLimiter::builder(three, FailurePolicy::FailClosed)
+        .and_limit(log)
+        .prefix(PREFIX)
+        .build(manager(&server).await)
+        .unwrap();
+    assert!(matches!(
+        chain.reconfigure(three),
+        Err(ConfigError::Invalid {
+            what: "reconfigure",
+            ..
+        })
+    ));
+    assert_eq!(chain.algorithms().collect::<Vec<_>>(), [three, log]);
+}
+
+/// A chain's limits change together (`reconfigure_all`) or one at a time (`reconfigure_limit`),
+/// each keeping its counts; the capacity is the new smallest limit.
+#[tokio::test]
+async fn a_chain_reconfigures_all_its_limits_or_one() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    let fixed = |limit| Algorithm::FixedWindow {
+        limit,
+        window: hour,
+    };
+    let log = |limit| Algorithm::SlidingWindow {
+        limit,
+        window: hour,
+    };
+    let chain = RedisLimiter::builder(fixed(3), FailurePolicy::FailClosed)
+        .and_limit(log(5))
+        .prefix(PREFIX)
+        .build(manager(&server).await)
+        .unwrap();
+    chain.try_acquire_n("c", 3).await.unwrap();
+    assert_eq!(rejection(chain.try_acquire("c").await).limit(), 3);
+    chain.reconfigure_all([fixed(10), log(4)]).unwrap();
+    assert_eq!(chain.capacity(), 4);
+    assert_eq!(chain.algorithms().collect::<Vec<_>>(), [fixed(10), log(4)]);
+    // The log has 3 of 4: one more, then the log (now the tighter) rejects.
+    assert_eq!(chain.try_acquire("c").await.unwrap().remaining(), 0);
+    assert_eq!(rejection(chain.try_acquire("c").await).limit(), 4);
+    chain.reconfigure_limit(1, log(6)).unwrap();
+    assert_eq!(chain.algorithms().collect::<Vec<_>>(), [fixed(10), log(6)]);
+    assert_eq!(chain.capacity(), 6);
+    assert_eq!(chain.try_acquire_n("c", 2).await.unwrap().remaining(), 0);
+    assert_all_keys_expire(&mut con);
+}
+
+/// Under `Fallback` the local limiter follows: with Redis away, it decides at the share of the
+/// new parameters.
+#[tokio::test]
+async fn the_fallback_follows_a_reconfiguration() {
+    let mut server = RedisServer::start();
+    let deadline = Duration::from_millis(100);
+    let fixed = |limit| Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_secs(3600),
+    };
+    let limiter = RedisLimiter::builder(fixed(4), FailurePolicy::Fallback { share: 0.5 })
+        .prefix(PREFIX)
+        .deadline(deadline)
+        .build(manager(&server).await)
+        .unwrap();
+    limiter.reconfigure(fixed(8)).unwrap();
+    server.kill();
+    // Half of 8: four locally (two under the old parameters), then the local limit rejects.
+    for _ in 0..4 {
+        timed(deadline, limiter.try_acquire("f")).await.unwrap();
+    }
+    assert_eq!(
+        rejection(timed(deadline, limiter.try_acquire("f")).await).limit(),
+        4
+    );
+    limiter.reconfigure(fixed(2)).unwrap();
+    timed(deadline, limiter.try_acquire("g")).await.unwrap();
+    rejection(timed(deadline, limiter.try_acquire("g")).await);
+    assert_eq!(limiter.stats().fallbacks, 7);
+}
+
+/// Many tasks decide while another reconfigures over and over between two parameter sets: each
+/// decision is made under one set wholly. A fresh subject's admission tells the set apart by
+/// its remaining (the limit) and its reset (the window's end, from the admission's time), both
+/// computed by the script from the parameters sent; a call for more than one set's capacity is
+/// refused before the round trip under that set, and admitted by the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn decisions_racing_reconfigurations_use_one_parameter_set_wholly() {
+    let server = RedisServer::start();
+    let (a, b) = (
+        Algorithm::FixedWindow {
+            limit: 5,
+            window: Duration::from_secs(1000),
+        },
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: Duration::from_secs(3000),
+        },
+    );
+    let limiter = cached(&server, a).await;
+    let stop = Instant::now() + Duration::from_millis(1500);
+    let flipper = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let mut flips = 0u32;
+            while Instant::now() < stop {
+                limiter
+                    .reconfigure(if flips.is_multiple_of(2) { b } else { a })
+                    .unwrap();
+                flips += 1;
+                tokio::task::yield_now().await;
+            }
+            flips
+        })
+    };
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let (mut seen_a, mut seen_b, mut i) = (0u32, 0u32, 0u64);
+                while Instant::now() < stop {
+                    i += 1;
+                    let n = if i.is_multiple_of(2) { 1 } else { 7 };
+                    let subject = format!("race/{t}/{i}");
+                    match limiter.try_acquire_n(&subject, n).await {
+                        Ok(admission) => {
+                            let at = admission.at_nanos() / 1000;
+                            let end = at + admission.reset_after_us();
+                            // The limit tells the set; the window's end must be that set's.
+                            let (limit, window) = if admission.remaining() + n == 5 {
+                                (5, 1_000_000_000)
+                            } else {
+                                (10, 3_000_000_000)
+                            };
+                            assert_eq!(admission.remaining(), limit - n, "{admission:?}");
+                            assert_eq!(end, (at / window + 1) * window, "{admission:?}");
+                            if limit == 5 {
+                                seen_a += 1;
+                            } else {
+                                seen_b += 1;
+                            }
+                        }
+                        Err(TryAcquireError::InsufficientCapacity {
+                            requested: 7,
+                            capacity: 5,
+                        }) => seen_a += 1,
+                        Err(e) => panic!("{subject} for {n}: {e:?}"),
+                    }
+                }
+                (seen_a, seen_b)
+            })
+        })
+        .collect();
+    let (mut seen_a, mut seen_b) = (0, 0);
+    for task in tasks {
+        let (x, y) = task.await.unwrap();
+        seen_a += x;
+        seen_b += y;
+    }
+    let flips = flipper.await.unwrap();
+    assert!(flips > 10, "{flips} reconfigurations");
+    assert!(
+        seen_a > 10 && seen_b > 10,
+        "{seen_a} under a, {seen_b} under b"
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.errors, stats.timeouts), (0, 0));
+}
+
+/// An `acquire` whose attempt missed the deadline under `Fallback`, and whose fallback then
+/// rejected, waits and tries again; the timed-out attempt's script, already sent, still runs
+/// once the server answers, and admits. The retry must answer that admission, not charge the
+/// subject a second time for one call. (The server is stopped, SIGSTOP, while the attempt is
+/// in flight: its command waits in the socket and runs at SIGCONT, long before the retry.)
+#[tokio::test]
+async fn an_acquire_retrying_after_a_timeout_is_charged_once() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let deadline = Duration::from_millis(50);
+    // A bucket of 4 per second (locally 1 per second, burst 1: a short retry-after), and a log
+    // of the hour that counts every admission in Redis.
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(4),
+            burst: 4,
+        },
+        FailurePolicy::Fallback { share: 0.25 },
+    )
+    .and_limit(Algorithm::SlidingWindow {
+        limit: 100,
+        window: Duration::from_secs(3600),
+    })
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .deny_cache(0)
+    .build(manager(&server).await)
+    .unwrap();
+    // Every script cached: a late EVALSHA then runs (after NOSCRIPT its EVAL would never go).
+    limiter.acquire("warm").await.unwrap();
+    limiter.try_acquire("warm").await.unwrap();
+    let log = limiter.keys("s").remove(1);
+    let logged = |con: &mut redis::Connection| -> u64 { con.zcard(&log).unwrap() };
+    let settled = |con: &mut redis::Connection, expected: u64| {
+        let started = Instant::now();
+        while logged(con) != expected {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "never {expected}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    // The local bucket emptied by a decision that timed out (and ran late in Redis).
+    server.pause();
+    timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    server.resume();
+    settled(&mut con, 1);
+    // Now an acquire: its attempt times out, the empty local bucket rejects it for about a
+    // second, the attempt runs late in Redis meanwhile, and the retry goes to Redis.
+    server.pause();
+    let resume = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.resume();
+    };
+    let (admission, ()) = tokio::join!(limiter.acquire("s"), resume);
+    let admission = admission.unwrap();
+    assert_eq!(logged(&mut con), 2, "one call charged once: {admission:?}");
+    let stats = limiter.stats();
+    assert_eq!((stats.timeouts, stats.fallbacks), (2, 2), "{stats:?}");
+    // The answer is an admission the log holds: the late attempt's, scored by its expiry.
+    let expiry = admission.at_nanos() / 1000 + 3_600_000_000;
+    let at_expiry: u64 = con.zcount(&log, expiry, expiry).unwrap();
+    assert_eq!(at_expiry, 1, "{admission:?}");
+    assert_all_keys_expire(&mut con);
+}
+
+/// Every algorithm's `acquire` script: distinct calls are each charged (only a call's own
+/// retry finds its record), and the record expires with the state; a reset forgets it too.
+#[tokio::test]
+async fn distinct_acquire_calls_are_each_charged() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    for algorithm in common::all_algorithms(3, hour) {
+        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let subject = format!("{algorithm:?}");
+        for left in [2, 1, 0] {
+            let admission = limiter.acquire(&subject).await.unwrap();
+            assert_eq!(admission.remaining(), left, "{algorithm:?}");
+        }
+        rejection(limiter.try_acquire(&subject).await);
+    }
+    // A state key and a record per subject, all expiring.
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 8);
+    let limiter = limiter(
+        &server,
+        common::all_algorithms(3, hour)[0],
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    let subject = format!("{:?}", common::all_algorithms(3, hour)[0]);
+    assert_eq!(limiter.reset(&subject).await, Ok(true));
+    assert_eq!(
+        assert_all_keys_expire(&mut con).len(),
+        6,
+        "both keys deleted"
+    );
 }

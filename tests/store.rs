@@ -68,6 +68,9 @@ fn fixed(limit: u32, window: Duration) -> Algorithm {
 
 #[tokio::test]
 async fn each_algorithm_limits_and_rejections_write_nothing() {
+    // The fixed window and the sliding counter are aligned to the Unix epoch on the wall clock:
+    // no minute may end between the admissions and the rejection.
+    common::room_in_wall_window(Duration::from_secs(60), Duration::from_secs(10));
     for algorithm in common::all_algorithms(3, Duration::from_secs(60)) {
         let store = Memory::default();
         let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
@@ -174,6 +177,9 @@ async fn one_process_never_over_admits() {
 async fn two_processes_over_one_get_set_store_can_over_admit() {
     let store = Memory::default();
     let fw = fixed(1, Duration::from_secs(60));
+    // One minute of the wall clock (the windows' epoch) for both races: the serialised one
+    // rejects its second call only within the window of its first.
+    common::room_in_wall_window(Duration::from_secs(60), Duration::from_secs(5));
     let a = StoreLimiter::new(fw, "t", store.clone()).unwrap();
     let b = StoreLimiter::new(fw, "t", store.clone()).unwrap();
     // Both read the empty state before either writes (each get yields once).
@@ -448,6 +454,8 @@ mod stored_values {
 /// default `Store::delete` (get, then an empty value for 1 ms) leaves nothing that counts.
 #[tokio::test]
 async fn reset_forgets_one_subject_and_keeps_the_others() {
+    // Windows aligned to the wall clock's epoch: no minute may end among the calls.
+    common::room_in_wall_window(Duration::from_secs(60), Duration::from_secs(10));
     for algorithm in common::all_algorithms(3, Duration::from_secs(60)) {
         let store = Memory::default();
         let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
@@ -482,6 +490,9 @@ async fn reset_forgets_one_subject_and_keeps_the_others() {
 
 #[tokio::test]
 async fn reset_on_a_failing_store_is_the_store_error() {
+    // "The state is still there" holds only within the minute (on the wall clock) of its
+    // admission.
+    common::room_in_wall_window(Duration::from_secs(60), Duration::from_secs(5));
     let store = Memory::default();
     let limiter = StoreLimiter::new(fixed(1, Duration::from_secs(60)), "t", store.clone()).unwrap();
     limiter.try_acquire("a").await.unwrap();
@@ -539,6 +550,8 @@ mod reset_race {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_reset_racing_a_decision_is_serialised_with_it() {
+        // The racing decision counts the first admission only within its minute (wall clock).
+        crate::common::room_in_wall_window(Duration::from_secs(60), Duration::from_secs(10));
         for algorithm in crate::common::all_algorithms(2, Duration::from_secs(60)) {
             let store = Slow::default();
             let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
@@ -604,6 +617,8 @@ async fn a_shorter_window_does_not_shorten_the_life_of_older_admissions() {
 async fn processes_with_other_windows_read_each_others_windows_as_over() {
     let store = Memory::default();
     let hour = Duration::from_secs(3600);
+    // One hour (and so one two-hour window) of the wall clock holds all the turns.
+    common::room_in_wall_window(hour, Duration::from_secs(30));
     let a = StoreLimiter::new(fixed(2, hour), "t", store.clone()).unwrap();
     let b = StoreLimiter::new(fixed(2, 2 * hour), "t", store.clone()).unwrap();
     for limiter in [&a, &b, &a] {
@@ -703,6 +718,10 @@ mod cancellation {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn dropped_decisions_and_resets_leave_the_state_whole() {
+        // The paused tokio clock does not move the store's time, the wall clock: make room in
+        // its hour (the window's epoch) for the admissions and the rejection.
+        let hour = Duration::from_secs(3600);
+        crate::common::room_in_wall_window(hour, Duration::from_secs(30));
         let store = Stuck::default();
         let limiter =
             StoreLimiter::new(fixed(2, Duration::from_secs(3600)), "t", store.clone()).unwrap();
@@ -806,6 +825,8 @@ fn expiry(store: &Memory, key: &[u8]) -> Instant {
 #[tokio::test]
 async fn a_charge_is_stored_and_puts_each_algorithm_in_debt() {
     let hour = Duration::from_secs(3600);
+    // The fixed window's debt lasts to its hour's end (wall clock): not within the test.
+    common::room_in_wall_window(hour, Duration::from_secs(30));
     for algorithm in common::all_algorithms(3, hour) {
         let store = Memory::default();
         let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();
@@ -867,6 +888,8 @@ async fn a_charge_is_stored_and_puts_each_algorithm_in_debt() {
 /// Every `n` is accepted: 2^32 − 1 permits saturate as the in-memory algorithms do.
 #[tokio::test]
 async fn a_huge_charge_saturates_in_a_store() {
+    // The fixed window's debt lasts to its minute's end (wall clock): not within the test.
+    common::room_in_wall_window(Duration::from_secs(60), Duration::from_secs(5));
     for algorithm in common::all_algorithms(3, Duration::from_secs(60)) {
         let store = Memory::default();
         let limiter = StoreLimiter::new(algorithm, "t", store.clone()).unwrap();

@@ -25,7 +25,7 @@ use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::keyed::KeyedLimiter;
 use crate::limiter::{Algorithm, Rate};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{ErrorKind, RedisError, ServerErrorKind};
 use deny::DenyCache;
@@ -123,6 +123,38 @@ static TOKEN_BUCKET: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// One algorithm's script for the attempts of an `acquire` call: `single` inside `once`
+/// (`scripts/once.lua`), which answers a retry of a call already admitted from its record.
+macro_rules! one_key_once {
+    ($file:literal, $function:literal) => {
+        concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!($file),
+            include_str!("scripts/once.lua"),
+            "\nreturn once(function() return single(",
+            $function,
+            ") end)\n"
+        )
+    };
+}
+
+static FIXED_WINDOW_ONCE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(one_key_once!("scripts/fixed_window.lua", "fixed_window")));
+static SLIDING_WINDOW_ONCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key_once!(
+        "scripts/sliding_window.lua",
+        "sliding_window"
+    ))
+});
+static SLIDING_COUNTER_ONCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(one_key_once!(
+        "scripts/sliding_counter.lua",
+        "sliding_counter"
+    ))
+});
+static TOKEN_BUCKET_ONCE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(one_key_once!("scripts/token_bucket.lua", "token_bucket")));
+
 static FIXED_WINDOW_CHARGE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(one_key!(
         "scripts/fixed_window.lua",
@@ -165,10 +197,27 @@ macro_rules! members {
             include_str!($file),
         )
     };
+    // `$file`'s body as a function, run inside `once` (`scripts/once.lua`).
+    (once $file:literal) => {
+        concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!("scripts/fixed_window.lua"),
+            include_str!("scripts/sliding_window.lua"),
+            include_str!("scripts/sliding_counter.lua"),
+            include_str!("scripts/token_bucket.lua"),
+            include_str!("scripts/members.lua"),
+            include_str!("scripts/once.lua"),
+            "local function chain_decision()\n",
+            include_str!($file),
+            "\nend\nreturn once(chain_decision)\n",
+        )
+    };
 }
 
 /// Several limits for one subject: one aggregated reply.
 static CHAIN: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/chain.lua")));
+/// [`CHAIN`] for the attempts of an `acquire` call, inside `once` (`scripts/once.lua`).
+static CHAIN_ONCE: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!(once "scripts/chain.lua")));
 /// Several limiters, each with its own subject: one reply per member ([`multi`]).
 static MULTI: LazyLock<Lua> = LazyLock::new(|| Lua::new(members!("scripts/multi.lua")));
 /// A charge to every limit of one subject: one aggregated reply.
@@ -179,7 +228,10 @@ static CHAIN_CHARGE: LazyLock<Lua> =
 /// error.
 ///
 /// A decision that timed out is never retried: the script may have run (and admitted) even though
-/// its reply was lost, and retrying could charge the subject twice.
+/// its reply was lost, and retrying could charge the subject twice. (An
+/// [`acquire`](RedisLimiter::acquire_n) whose fallback rejected tries again after the
+/// retry-after, as it does after any rejection; its attempts carry one call id, so that a
+/// timed-out attempt that admitted late is answered, not charged again.)
 ///
 /// # Examples
 ///
@@ -273,21 +325,23 @@ const REPAIRED: usize = 8;
 /// - **One round trip** per decision: `EVALSHA`. After Redis lost its script cache (restart,
 ///   failover, `SCRIPT FLUSH`) the first call per script costs two commands: `EVALSHA`, which
 ///   answers `NOSCRIPT`, then `EVAL`, which runs the script and caches it again.
-/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`). The subject is the hash tag, so a
-///   subject's keys share one Cluster slot. Subjects longer than 64 bytes are replaced by
-///   `sha256:` and their SHA-256 in hex, and so are the empty subject and those starting with
-///   `}` (they would leave the tag empty). Every key carries a TTL: it disappears once its state is
-///   indistinguishable from a fresh key's. What a key holds: the fixed window a hash of the
-///   current window's start, its length and its count (the sliding counter also the previous
-///   window's count); the exact sliding window a sorted set of one member per permit, scored by
-///   its expiry; the token bucket a string `"<TAT>:<capacity>"` (µs). A key holding anything
-///   else (another type, a window of length 0, a negative count, a time past 2^53 µs) is read
-///   as no state and deleted, and counted in [`RedisStats::repaired`]: the call decides as for a
-///   subject seen for the first time.
+/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`), and `prefix:{subject}:acq` for a
+///   subject decided by [`acquire`](Self::acquire_n) (its latest admitted call). The subject is
+///   the hash tag, so a subject's keys share one Cluster slot. Subjects longer than 64 bytes are
+///   replaced by `sha256:` and their SHA-256 in hex, and so are the empty subject and those
+///   starting with `}` (they would leave the tag empty). Every key carries a TTL: it disappears
+///   once its state is indistinguishable from a fresh key's. What a key holds: the fixed window a
+///   hash of the current window's start, its length and its count (the sliding counter also the
+///   previous window's count); the exact sliding window a sorted set of one member per permit,
+///   scored by its expiry; the token bucket a string `"<TAT>:<capacity>"` (µs). A key holding
+///   anything else (another type, a window of length 0, a negative count, a time past 2^53 µs) is
+///   read as no state and deleted, and counted in [`RedisStats::repaired`]: the call decides as for
+///   a subject seen for the first time.
 /// - **Deadline and failure policy**: each decision must complete within the
 ///   [deadline](RedisLimiterBuilder::deadline) (default 50 ms), or the [`FailurePolicy`] decides;
-///   a timed-out decision is never retried (the script may have run). Service returns to Redis on
-///   the next call that succeeds: there is no circuit breaker to reset.
+///   a timed-out decision is never retried (the script may have run; an `acquire` that goes on
+///   waiting is charged once all the same: see [`acquire_n`](Self::acquire_n)). Service returns
+///   to Redis on the next call that succeeds: there is no circuit breaker to reset.
 /// - **Deny cache**: after Redis rejects a subject with a retry-after t, calls for it asking as
 ///   many permits are rejected in-process until t, without a round trip. Never stricter
 ///   than Redis's answer at the time: t is counted from when the rejected request was sent. But
@@ -296,9 +350,11 @@ const REPAIRED: usize = 8;
 ///   from the cache until t has passed. Bounded ([`deny_cache`](RedisLimiterBuilder::deny_cache));
 ///   `deny_cache(0)` turns it off, so that every call asks Redis.
 ///
-/// **A limiter with other parameters on existing keys.** There is no `reconfigure`: a redeploy
-/// with another limit, window, rate or burst builds a new limiter, which meets the keys the old
-/// one wrote under the same prefix. It carries their state over as the in-memory
+/// **A limiter with other parameters on existing keys.** A limiter meets keys written under
+/// other parameters after [`reconfigure`](Self::reconfigure) (or
+/// [`reconfigure_all`](Self::reconfigure_all)), and after a redeploy with another limit,
+/// window, rate or burst, whose new limiter meets the keys the old one wrote under the same
+/// prefix. It carries their state over as the in-memory
 /// [`RateLimiter::reconfigure`](crate::RateLimiter::reconfigure) does, at the first call that
 /// meets each key: a new limit applies to the counts kept; a fixed window or sliding counter
 /// with another window length keeps the count of the window running, which keeps its start if
@@ -310,7 +366,8 @@ const REPAIRED: usize = 8;
 /// as it was (its debt scaled to the new capacity, rounded up). The translated state is written
 /// back at that first call, even if it rejects or only probes. A key that has expired is fresh
 /// under any parameters (and windows are then aligned to the Unix epoch again). While old and new
-/// limiters both run (a rolling deploy), each call decides under its own limiter's parameters,
+/// parameters are both in use (a rolling deploy, or a process reconfigured before another), each
+/// call decides under its own limiter's parameters,
 /// translating the state it finds; nothing is handed out afresh by the switch either way. The
 /// exact sliding window counts its live permits, where the in-memory ring decides by position
 /// after a shorter window (stricter there); every other answer matches.
@@ -354,20 +411,40 @@ pub struct RedisLimiter<C = ConnectionManager> {
 
 struct Inner<C> {
     connection: C,
+    prefix: String,
+    deadline: Duration,
+    policy: FailurePolicy,
+    /// The deny cache's capacity, for the fresh cache of each reconfiguration.
+    deny_cache: usize,
+    /// The parameters in force. Every call takes one snapshot ([`Inner::config`]) and decides
+    /// under it alone; [`RedisLimiter::reconfigure_all`] replaces it whole. The mutex is held
+    /// only to clone or replace the `Arc`, never across an await.
+    config: Mutex<Arc<Config>>,
+    /// Serialises reconfigurations (a change of one limit reads the others in force).
+    reconfiguring: Mutex<()>,
+    counters: [AtomicU64; 9],
+}
+
+/// One set of parameters of a [`RedisLimiter`], and what was derived from them: replaced whole
+/// by a reconfiguration, so that no decision mixes two sets.
+struct Config {
     /// The limits, in the order given; one for a plain limiter, several for a chain.
     members: Vec<Member>,
     /// The algorithm's script, or [`CHAIN`] for several members.
     script: &'static Lua,
+    /// The script of an `acquire` call's attempts, or [`CHAIN_ONCE`] for several members.
+    once: &'static Lua,
     /// The algorithm's charge script, or [`CHAIN_CHARGE`] for several members.
     charge: &'static Lua,
     /// The most permits one call can get: the smallest member capacity.
     capacity: u32,
-    prefix: String,
-    deadline: Duration,
-    policy: FailurePolicy,
+    /// The local fallback at these parameters' share ([`FailurePolicy::Fallback`]).
     fallback: Option<Local>,
+    /// Rejections Redis gave under these parameters. A reconfiguration starts an empty cache:
+    /// a rejection under the old parameters says nothing of the new ones (a raised limit
+    /// admits at once), and one arriving late from a call under the old parameters lands in
+    /// the old cache, which nothing reads any more.
     deny: DenyCache,
-    counters: [AtomicU64; 9],
 }
 
 impl<C> Clone for RedisLimiter<C> {
@@ -381,15 +458,7 @@ impl<C> Clone for RedisLimiter<C> {
 impl<C> fmt::Debug for RedisLimiter<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field(
-                "algorithms",
-                &self
-                    .inner
-                    .members
-                    .iter()
-                    .map(|m| m.algorithm)
-                    .collect::<Vec<_>>(),
-            )
+            .field("algorithms", &self.algorithms().collect::<Vec<_>>())
             .field("prefix", &self.inner.prefix)
             .field("deadline", &self.inner.deadline)
             .field("policy", &self.inner.policy)
@@ -431,6 +500,8 @@ type Local = KeyedChain<Box<[u8]>>;
 /// How one limit runs in Redis.
 struct Plan {
     script: &'static Lua,
+    /// The script of an `acquire` call's attempts (`once`).
+    once: &'static Lua,
     /// The script of [`RedisLimiter::charge`].
     charge: &'static Lua,
     /// The algorithm's number in `chain.lua` (1 fixed window ... 4 token bucket).
@@ -476,6 +547,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
     Ok(match algorithm {
         Algorithm::FixedWindow { limit, window } => Plan {
             script: &FIXED_WINDOW,
+            once: &FIXED_WINDOW_ONCE,
             charge: &FIXED_WINDOW_CHARGE,
             kind: 1,
             suffix: "fw",
@@ -494,6 +566,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &SLIDING_WINDOW,
+                once: &SLIDING_WINDOW_ONCE,
                 charge: &SLIDING_WINDOW_CHARGE,
                 kind: 2,
                 suffix: "sw",
@@ -515,6 +588,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &SLIDING_COUNTER,
+                once: &SLIDING_COUNTER_ONCE,
                 charge: &SLIDING_COUNTER_CHARGE,
                 kind: 3,
                 suffix: "sc",
@@ -542,6 +616,7 @@ fn plan(algorithm: Algorithm) -> Result<Plan, ConfigError> {
             }
             Plan {
                 script: &TOKEN_BUCKET,
+                once: &TOKEN_BUCKET_ONCE,
                 charge: &TOKEN_BUCKET_CHARGE,
                 kind: 4,
                 suffix: "tb",
@@ -736,47 +811,13 @@ impl RedisLimiterBuilder {
         self.validate().map(drop)
     }
 
-    fn validate(&self) -> Result<(Vec<Member>, Option<Local>), ConfigError> {
-        let chain = self.algorithms.len() > 1;
-        let members = self
-            .algorithms
-            .iter()
-            .enumerate()
-            .map(|(i, &algorithm)| {
-                let plan = plan(algorithm)?;
-                let suffix = if chain {
-                    format!("c{i}.{}", plan.suffix)
-                } else {
-                    plan.suffix.to_owned()
-                };
-                Ok(Member {
-                    algorithm,
-                    plan,
-                    suffix,
-                })
-            })
-            .collect::<Result<Vec<_>, ConfigError>>()?;
+    fn validate(&self) -> Result<Config, ConfigError> {
+        let config = Config::new(&self.algorithms, self.policy, self.deny_cache)?;
         keys::check_prefix(&self.prefix)?;
         if self.deadline.is_zero() {
             return Err(ConfigError::Zero { what: "deadline" });
         }
-        let fallback = match self.policy {
-            FailurePolicy::Fallback { share } => {
-                if !(share > 0.0 && share <= 1.0) {
-                    return Err(ConfigError::Invalid {
-                        what: "fallback share",
-                        requirement: "it must be greater than 0 and at most 1",
-                    });
-                }
-                let mut local = KeyedChain::builder();
-                for &algorithm in &self.algorithms {
-                    local = local.per_key(KeyedLimiter::new(share_of(algorithm, share))?);
-                }
-                Some(local.build()?)
-            }
-            FailurePolicy::FailOpen | FailurePolicy::FailClosed => None,
-        };
-        Ok((members, fallback))
+        Ok(config)
     }
 
     /// The limiter, deciding through `connection`. Connects nothing and sends nothing: the first
@@ -810,26 +851,78 @@ impl RedisLimiterBuilder {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let (members, fallback) = self.validate()?;
-        let (script, charge) = match &members[..] {
-            [single] => (single.plan.script, single.plan.charge),
-            _ => (&*CHAIN, &*CHAIN_CHARGE),
-        };
-        let capacity = members.iter().map(|m| m.plan.capacity).min().unwrap_or(0);
+        let config = self.validate()?;
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 connection,
-                members,
-                script,
-                charge,
-                capacity,
                 prefix: self.prefix,
                 deadline: self.deadline,
                 policy: self.policy,
-                fallback,
-                deny: DenyCache::new(self.deny_cache),
+                deny_cache: self.deny_cache,
+                config: Mutex::new(Arc::new(config)),
+                reconfiguring: Mutex::new(()),
                 counters: Default::default(),
             }),
+        })
+    }
+}
+
+impl Config {
+    /// The parameters of `algorithms` (one per limit, in order), each checked as the builder
+    /// checks it, with a fallback at `policy`'s share and an empty deny cache of `deny_cache`
+    /// subjects.
+    fn new(
+        algorithms: &[Algorithm],
+        policy: FailurePolicy,
+        deny_cache: usize,
+    ) -> Result<Config, ConfigError> {
+        let chain = algorithms.len() > 1;
+        let members = algorithms
+            .iter()
+            .enumerate()
+            .map(|(i, &algorithm)| {
+                let plan = plan(algorithm)?;
+                let suffix = if chain {
+                    format!("c{i}.{}", plan.suffix)
+                } else {
+                    plan.suffix.to_owned()
+                };
+                Ok(Member {
+                    algorithm,
+                    plan,
+                    suffix,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let fallback = match policy {
+            FailurePolicy::Fallback { share } => {
+                if !(share > 0.0 && share <= 1.0) {
+                    return Err(ConfigError::Invalid {
+                        what: "fallback share",
+                        requirement: "it must be greater than 0 and at most 1",
+                    });
+                }
+                let mut local = KeyedChain::builder();
+                for &algorithm in algorithms {
+                    local = local.per_key(KeyedLimiter::new(share_of(algorithm, share))?);
+                }
+                Some(local.build()?)
+            }
+            FailurePolicy::FailOpen | FailurePolicy::FailClosed => None,
+        };
+        let (script, once, charge) = match &members[..] {
+            [single] => (single.plan.script, single.plan.once, single.plan.charge),
+            _ => (&*CHAIN, &*CHAIN_ONCE, &*CHAIN_CHARGE),
+        };
+        let capacity = members.iter().map(|m| m.plan.capacity).min().unwrap_or(0);
+        Ok(Config {
+            members,
+            script,
+            once,
+            charge,
+            capacity,
+            fallback,
+            deny: DenyCache::new(deny_cache),
         })
     }
 }
@@ -910,22 +1003,42 @@ where
     where
         K: AsRef<[u8]> + ?Sized,
     {
+        self.decide(subject.as_ref(), n, None).await
+    }
+
+    /// One decision for `n` permits, as [`try_acquire_n`](Self::try_acquire_n); an attempt of
+    /// the `acquire` call `call` runs the parameters' `once` script, which answers a call
+    /// already admitted from its record instead of charging it again.
+    async fn decide(
+        &self,
+        subject: &[u8],
+        n: u32,
+        call: Option<u64>,
+    ) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
-        let subject = subject.as_ref();
+        let config = inner.config();
         let sent = Instant::now();
-        inner.before(subject, n, sent)?;
-        let reply = within(inner.deadline, inner.eval(inner.script, subject, n))
-            .await
-            .and_then(|reply| parse(inner.repaired(&reply, 4)));
+        inner.before(&config, subject, n, sent)?;
+        let script = if call.is_some() {
+            config.once
+        } else {
+            config.script
+        };
+        let reply = within(
+            inner.deadline,
+            inner.eval_call(&config, script, subject, n, call),
+        )
+        .await
+        .and_then(|reply| parse(inner.repaired(&reply, 4)));
         match reply {
             Ok(Ok((at, reset_after, remaining))) => {
                 inner.count(ADMITTED);
                 Ok(Admission::new(at, reset_after, remaining))
             }
             Ok(Err((retry_after, member))) => {
-                Err(inner.rejected(subject, n, sent, retry_after, member, true))
+                Err(inner.rejected(&config, subject, n, sent, retry_after, member, true))
             }
-            Err(failure) => inner.fail(failure, subject, n),
+            Err(failure) => inner.fail(&config, failure, subject, n),
         }
     }
 
@@ -993,13 +1106,17 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let inner = &*self.inner;
+        let config = inner.config();
         let subject = subject.as_ref();
-        let reply =
-            tokio::time::timeout(inner.deadline, inner.eval(inner.charge, subject, n)).await;
+        let reply = tokio::time::timeout(
+            inner.deadline,
+            inner.eval(&config, config.charge, subject, n),
+        )
+        .await;
         let failed = |error: RedisError| {
             // The local limiter decides for the subject while Redis is away: it must see the
             // usage too. Recorded only once Redis has failed, as its decisions are made.
-            if let Some(local) = &inner.fallback {
+            if let Some(local) = &config.fallback {
                 let key: Box<[u8]> = subject.into();
                 for member in local.per_key() {
                     // Only a full key map refuses (a charge is never rejected): the error
@@ -1067,9 +1184,10 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let inner = &*self.inner;
+        let config = inner.config();
         let subject = subject.as_ref();
-        inner.deny.forget(subject);
-        if let Some(local) = &inner.fallback {
+        config.deny.forget(subject);
+        if let Some(local) = &config.fallback {
             let key: Box<[u8]> = subject.into();
             for member in local.per_key() {
                 member.reset(&key);
@@ -1078,6 +1196,7 @@ where
         let mut connection = inner.connection.clone();
         let mut delete = ::redis::cmd("DEL");
         delete.arg(self.keys(subject));
+        delete.arg(keys::key(&inner.prefix, subject, RECORD));
         let deleted = delete.query_async::<u64>(&mut connection);
         match tokio::time::timeout(inner.deadline, deleted).await {
             Ok(deleted) => Ok(deleted? > 0),
@@ -1119,6 +1238,17 @@ where
     /// sleeps for the retry-after plus a little jitter (up to 1/8 of the retry-after, between
     /// 0.1 ms and 50 ms, so that many waiters do not return at the same instant) and tries again.
     ///
+    /// **Charged once.** Every attempt of one call carries the call's random id. An attempt that
+    /// missed the deadline may still run in Redis and admit after the failure policy answered;
+    /// if that answer was a rejection (a [`FailurePolicy::Fallback`] whose local share is spent),
+    /// the call waits and tries again, and that attempt finds the call's id in the subject's
+    /// record (`prefix:{subject}:acq`, written by each admission of an `acquire`, expiring with
+    /// the admission's reset) and answers the recorded admission instead of taking the permits
+    /// a second time. The record holds the subject's latest `acquire` admission only: if another
+    /// call's `acquire` was admitted on the subject in between, the retry is charged again.
+    /// [`try_acquire_n`](Self::try_acquire_n) writes no record (a caller retrying it makes a
+    /// new decision).
+    ///
     /// **Not FIFO.** Waiters in different processes (or tasks) do not queue: whoever asks first
     /// after the permits free up gets them. Under contention a waiter can be overtaken many times;
     /// wrap the call in `tokio::time::timeout` to bound the wait.
@@ -1149,7 +1279,9 @@ where
     where
         K: AsRef<[u8]> + ?Sized,
     {
-        crate::clock::retry_rejections(|| self.try_acquire_n(subject, n)).await
+        let subject = subject.as_ref();
+        let call = call_id();
+        crate::clock::retry_rejections(|| self.decide(subject, n, Some(call))).await
     }
 }
 
@@ -1180,7 +1312,8 @@ impl<C> RedisLimiter<C> {
         }
     }
 
-    /// The algorithm and its parameters, as configured (the first limit of a chain).
+    /// The algorithm and its parameters in force (the first limit of a chain): those it was
+    /// built with, or the last successful [`reconfigure`](Self::reconfigure)'s.
     ///
     /// # Examples
     ///
@@ -1190,11 +1323,12 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn algorithm(&self) -> Algorithm {
-        self.inner.members[0].algorithm
+        self.inner.config().members[0].algorithm
     }
 
     /// Every limit, in the order given (one unless built with
-    /// [`and_limit`](RedisLimiterBuilder::and_limit)).
+    /// [`and_limit`](RedisLimiterBuilder::and_limit)), as in force now: those it was built with,
+    /// or the last successful reconfiguration's (all from one parameter set).
     ///
     /// # Examples
     ///
@@ -1206,10 +1340,13 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn algorithms(&self) -> impl Iterator<Item = Algorithm> + '_ {
-        self.inner.members.iter().map(|m| m.algorithm)
+        let config = self.inner.config();
+        let algorithms: Vec<Algorithm> = config.members.iter().map(|m| m.algorithm).collect();
+        algorithms.into_iter()
     }
 
-    /// The most permits one call can get: the limit (or burst), the smallest over a chain.
+    /// The most permits one call can get: the limit (or burst), the smallest over a chain, under
+    /// the parameters in force.
     ///
     /// # Examples
     ///
@@ -1219,7 +1356,7 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn capacity(&self) -> u32 {
-        self.inner.capacity
+        self.inner.config().capacity
     }
 
     /// The Redis key holding `subject`'s state: `prefix:{subject}:suffix`, the subject hashed if
@@ -1237,7 +1374,7 @@ impl<C> RedisLimiter<C> {
         keys::key(
             &self.inner.prefix,
             subject.as_ref(),
-            &self.inner.members[0].suffix,
+            &self.inner.config().members[0].suffix,
         )
     }
 
@@ -1254,6 +1391,7 @@ impl<C> RedisLimiter<C> {
     /// ```
     pub fn keys<K: AsRef<[u8]> + ?Sized>(&self, subject: &K) -> Vec<Vec<u8>> {
         self.inner
+            .config()
             .members
             .iter()
             .map(|m| keys::key(&self.inner.prefix, subject.as_ref(), &m.suffix))
@@ -1271,7 +1409,191 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn denied_subjects(&self) -> usize {
-        self.inner.deny.len()
+        self.inner.config().deny.len()
+    }
+
+    /// Changes the limit, window, rate or burst of a limiter with one limit at run time, keeping
+    /// the state in Redis; for a limiter built with
+    /// [`and_limit`](RedisLimiterBuilder::and_limit), see
+    /// [`reconfigure_all`](Self::reconfigure_all) and
+    /// [`reconfigure_limit`](Self::reconfigure_limit).
+    ///
+    /// Clones share the change, and every later call decides under the new parameters; a call
+    /// already started decides under the parameters it started with, wholly (never some of each).
+    /// The state in Redis carries over as after
+    /// [`RateLimiter::reconfigure`](crate::RateLimiter::reconfigure), translated by the first
+    /// call that meets each key under the new parameters: the counts kept are judged under a new
+    /// limit at once (a lowered limit below what was admitted admits nothing until the window
+    /// ends), a new window length keeps the window running (its start if younger than the new
+    /// length, otherwise its end moved to the earlier of its old end and now + the new length),
+    /// a token bucket stays as full as it was and refills at the new rate, and the exact sliding
+    /// window's permits keep the expiry they were admitted with (its limit can be raised up to
+    /// [`REDIS_MAX_SLIDING_LIMIT`], with no ring to size). Other processes still running the old
+    /// parameters on the same prefix go on deciding under them, each call translating the state
+    /// it meets, as in a rolling deploy (see [`RedisLimiter`]).
+    ///
+    /// What this process keeps starts afresh: the deny cache is emptied, so a raised limit admits a
+    /// subject it held at once, and a lowered one is judged by Redis, whose retry-after is then
+    /// cached anew (a rejection arriving late from a call under the old parameters is not cached).
+    /// Under [`FailurePolicy::Fallback`] the local fallback is rebuilt at the share of the new
+    /// parameters, empty: it decides only while Redis is away, and its counts there are this
+    /// process's stopgap, not the shared ones, which Redis keeps. [`algorithm`](Self::algorithm),
+    /// [`capacity`](Self::capacity) and the rejections' limits report the new parameters; the
+    /// [`stats`](Self::stats) go on counting.
+    ///
+    /// # Errors
+    ///
+    /// Nothing changes on error:
+    /// - [`ConfigError::AlgorithmChanged`] if `algorithm` is another kind than the limiter runs
+    ///   (its keys hold another state);
+    /// - [`ConfigError::Invalid`] (`what: "reconfigure"`) if the limiter has several limits;
+    /// - the builder's [`ConfigError`]s for parameters that are zero or too large (as
+    ///   [`RedisLimiterBuilder::check`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, Rate};
+    ///
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// let window = Duration::from_secs(60);
+    /// // Built with 100 per minute; a plan change for every subject: 150 per minute. What each
+    /// // subject was admitted in the current minute still counts.
+    /// limiter.reconfigure(Algorithm::FixedWindow { limit: 150, window })?;
+    /// assert_eq!(limiter.capacity(), 150);
+    /// // Another algorithm is a typed error, and changes nothing.
+    /// let bucket = Algorithm::TokenBucket { rate: Rate::per_second(2), burst: 10 };
+    /// assert!(matches!(limiter.reconfigure(bucket), Err(ConfigError::AlgorithmChanged { .. })));
+    /// assert_eq!(limiter.algorithm(), Algorithm::FixedWindow { limit: 150, window });
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reconfigure(&self, algorithm: Algorithm) -> Result<(), ConfigError> {
+        self.reconfigure_with(|current| {
+            if current.len() != 1 {
+                return Err(ConfigError::Invalid {
+                    what: "reconfigure",
+                    requirement: "a limiter with several limits (and_limit) takes one algorithm \
+                                  per limit: use reconfigure_all or reconfigure_limit",
+                });
+            }
+            Ok(vec![algorithm])
+        })
+    }
+
+    /// Changes every limit of a limiter at once, one algorithm per limit in the order given
+    /// (the builder's, then each [`and_limit`](RedisLimiterBuilder::and_limit)'s): a plan
+    /// change of "10 per second and 1,000 per hour" to "20 per second and 5,000 per hour" in one
+    /// step, so that no call decides under one new limit and one old. Otherwise as
+    /// [`reconfigure`](Self::reconfigure), limit by limit.
+    ///
+    /// # Errors
+    ///
+    /// Nothing changes on error:
+    /// - [`ConfigError::Invalid`] (`what: "algorithms"`) unless there is exactly one algorithm
+    ///   per limit;
+    /// - [`ConfigError::AlgorithmChanged`] if one is another kind than its limit runs;
+    /// - the builder's [`ConfigError`]s for parameters that are zero or too large.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, Rate};
+    ///
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// // Built with a bucket of 10 per second and `.and_limit` 1,000 per hour.
+    /// let hour = Duration::from_secs(3600);
+    /// limiter.reconfigure_all([
+    ///     Algorithm::TokenBucket { rate: Rate::per_second(20), burst: 20 },
+    ///     Algorithm::FixedWindow { limit: 5_000, window: hour },
+    /// ])?;
+    /// assert_eq!(limiter.algorithms().count(), 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reconfigure_all<I>(&self, algorithms: I) -> Result<(), ConfigError>
+    where
+        I: IntoIterator<Item = Algorithm>,
+    {
+        let algorithms: Vec<Algorithm> = algorithms.into_iter().collect();
+        self.reconfigure_with(|current| {
+            if algorithms.len() != current.len() {
+                return Err(ConfigError::Invalid {
+                    what: "algorithms",
+                    requirement: "one per limit of the limiter, in order (the builder's, then \
+                                  each and_limit's)",
+                });
+            }
+            Ok(algorithms)
+        })
+    }
+
+    /// Changes limit `index` (0 for the builder's, then 1, 2, ... for each
+    /// [`and_limit`](RedisLimiterBuilder::and_limit)) and keeps the others as they are in
+    /// force: [`reconfigure_all`](Self::reconfigure_all) with one algorithm replaced.
+    /// Reconfigurations are serialised, so two of them changing different limits both hold.
+    ///
+    /// # Errors
+    ///
+    /// Nothing changes on error: [`ConfigError::Invalid`] (`what: "limit index"`) for an index
+    /// past the last limit; otherwise as [`reconfigure_all`](Self::reconfigure_all).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::Algorithm;
+    ///
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// // The hourly limit (the second) only.
+    /// let hour = Duration::from_secs(3600);
+    /// limiter.reconfigure_limit(1, Algorithm::FixedWindow { limit: 2_000, window: hour })?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reconfigure_limit(&self, index: usize, algorithm: Algorithm) -> Result<(), ConfigError> {
+        self.reconfigure_with(|current| {
+            let mut algorithms = current.to_vec();
+            match algorithms.get_mut(index) {
+                Some(slot) => *slot = algorithm,
+                None => {
+                    return Err(ConfigError::Invalid {
+                        what: "limit index",
+                        requirement: "it must be less than the number of limits",
+                    })
+                }
+            }
+            Ok(algorithms)
+        })
+    }
+
+    /// Replaces the parameters in force by those `next` makes of them (one algorithm per limit),
+    /// checked whole before anything changes. Serialised by `reconfiguring`, so that `next` reads
+    /// the parameters it replaces.
+    fn reconfigure_with(
+        &self,
+        next: impl FnOnce(&[Algorithm]) -> Result<Vec<Algorithm>, ConfigError>,
+    ) -> Result<(), ConfigError> {
+        let inner = &*self.inner;
+        let _serial = crate::sync::lock(&inner.reconfiguring);
+        let current = inner.config();
+        let old: Vec<Algorithm> = current.members.iter().map(|m| m.algorithm).collect();
+        let algorithms = next(&old)?;
+        for (from, to) in old.iter().zip(&algorithms) {
+            if std::mem::discriminant(from) != std::mem::discriminant(to) {
+                return Err(ConfigError::AlgorithmChanged {
+                    from: from.name(),
+                    to: to.name(),
+                });
+            }
+        }
+        let config = Config::new(&algorithms, inner.policy, inner.deny_cache)?;
+        // The one write: later calls take the new snapshot whole; calls holding the old one
+        // finish under it.
+        *crate::sync::lock(&inner.config) = Arc::new(config);
+        Ok(())
     }
 }
 
@@ -1280,16 +1602,27 @@ impl<C> Inner<C> {
         self.counters[counter].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The parameters in force now: a call decides under this one snapshot from start to end.
+    fn config(&self) -> Arc<Config> {
+        Arc::clone(&crate::sync::lock(&self.config))
+    }
+
     /// What is settled before any round trip: `n` must fit the capacity, and `subject` must not
     /// be denied for `n` at `sent` by the deny cache (counted as denied locally).
-    fn before(&self, subject: &[u8], n: u32, sent: Instant) -> Result<(), TryAcquireError> {
-        if n > self.capacity {
+    fn before(
+        &self,
+        config: &Config,
+        subject: &[u8],
+        n: u32,
+        sent: Instant,
+    ) -> Result<(), TryAcquireError> {
+        if n > config.capacity {
             return Err(TryAcquireError::InsufficientCapacity {
                 requested: n,
-                capacity: self.capacity,
+                capacity: config.capacity,
             });
         }
-        if let Some((left, limit)) = self.deny.check(subject, n, sent) {
+        if let Some((left, limit)) = config.deny.check(subject, n, sent) {
             self.count(DENIED_LOCALLY);
             return Err(TryAcquireError::Rejected(Rejection::new(left, limit)));
         }
@@ -1299,8 +1632,10 @@ impl<C> Inner<C> {
     /// Redis rejected `n` permits for `subject` (asked at `sent`) with `retry_after` (ns), given
     /// by `member` (1-based in a chain; 0 for one limit): counted, and remembered by the deny
     /// cache if `remember` (a rejection of `n` on the subject's state as it stands).
+    #[allow(clippy::too_many_arguments)]
     fn rejected(
         &self,
+        config: &Config,
         subject: &[u8],
         n: u32,
         sent: Instant,
@@ -1311,21 +1646,27 @@ impl<C> Inner<C> {
         self.count(REJECTED);
         let limit = member
             .checked_sub(1)
-            .and_then(|i| self.members.get(i))
-            .map_or(self.capacity, |m| m.plan.capacity);
+            .and_then(|i| config.members.get(i))
+            .map_or(config.capacity, |m| m.plan.capacity);
         if n > 0 && remember {
             let until = sent.checked_add(Duration::from_nanos(retry_after));
             if let Some(until) = until {
-                self.deny.deny(subject, n, limit, until, Instant::now());
+                config.deny.deny(subject, n, limit, until, Instant::now());
             }
         }
         TryAcquireError::Rejected(Rejection::new(retry_after, limit))
     }
 
     /// The failure policy's answer for a decision that got no reply.
-    fn fail(&self, failure: Failure, subject: &[u8], n: u32) -> Result<Admission, TryAcquireError> {
+    fn fail(
+        &self,
+        config: &Config,
+        failure: Failure,
+        subject: &[u8],
+        n: u32,
+    ) -> Result<Admission, TryAcquireError> {
         self.count_failure(failure);
-        let (answer, counter) = self.policy(subject, n);
+        let (answer, counter) = self.policy(config, subject, n);
         self.count(counter);
         answer
     }
@@ -1357,10 +1698,11 @@ impl<C> Inner<C> {
     /// closed take nothing. Counts nothing.
     fn policy_taken(
         &self,
+        config: &Config,
         subject: &[u8],
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, usize, Option<Taken>) {
-        match (self.policy, &self.fallback) {
+        match (self.policy, &config.fallback) {
             (FailurePolicy::Fallback { .. }, Some(local)) => {
                 let key: Box<[u8]> = subject.into();
                 match local.try_acquire_n_taken(&key, n) {
@@ -1369,15 +1711,15 @@ impl<C> Inner<C> {
                 }
             }
             _ => {
-                let (answer, counter) = self.policy(subject, n);
+                let (answer, counter) = self.policy(config, subject, n);
                 (answer, counter, None)
             }
         }
     }
 
     /// Gives back to the fallback limiter what [`policy_taken`](Self::policy_taken) took.
-    fn give_back(&self, subject: &[u8], n: u32, taken: &Taken) {
-        if let Some(local) = &self.fallback {
+    fn give_back(&self, config: &Config, subject: &[u8], n: u32, taken: &Taken) {
+        if let Some(local) = &config.fallback {
             let key: Box<[u8]> = subject.into();
             local.give_back(&key, n, taken);
         }
@@ -1390,8 +1732,13 @@ impl<C> Inner<C> {
 
     /// The failure policy's answer for `n` permits (`n == 0`: a probe, which takes nothing from
     /// the fallback), and the counter it belongs to; counts nothing.
-    fn policy(&self, subject: &[u8], n: u32) -> (Result<Admission, TryAcquireError>, usize) {
-        match (self.policy, &self.fallback) {
+    fn policy(
+        &self,
+        config: &Config,
+        subject: &[u8],
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, usize) {
+        match (self.policy, &config.fallback) {
             (FailurePolicy::Fallback { .. }, Some(local)) => {
                 let key: Box<[u8]> = subject.into();
                 let answer = local.try_acquire_n(&key, n).map_err(unavailable_if_too_big);
@@ -1401,7 +1748,7 @@ impl<C> Inner<C> {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-                (Ok(Admission::new(now, 0, self.capacity)), FAILED_OPEN)
+                (Ok(Admission::new(now, 0, config.capacity)), FAILED_OPEN)
             }
             _ => (Err(TryAcquireError::Unavailable), FAILED_CLOSED),
         }
@@ -1414,22 +1761,60 @@ where
 {
     /// One decision (`script`: [`Inner::script`]) or charge ([`Inner::charge`]) in Redis:
     /// `EVALSHA`, and `EVAL` if Redis has lost the script.
-    async fn eval(&self, script: &Lua, subject: &[u8], n: u32) -> Result<Vec<i64>, RedisError> {
-        let chain = self.members.len() > 1;
-        run(&self.connection, script, self.members.len(), |cmd| {
-            for member in &self.members {
+    async fn eval(
+        &self,
+        config: &Config,
+        script: &Lua,
+        subject: &[u8],
+        n: u32,
+    ) -> Result<Vec<i64>, RedisError> {
+        self.eval_call(config, script, subject, n, None).await
+    }
+
+    /// As [`eval`](Self::eval); with a `call` id (an `acquire` call's attempt, `script` a
+    /// `once` script), the subject's record key after the members' keys and the id after the
+    /// arguments.
+    async fn eval_call(
+        &self,
+        config: &Config,
+        script: &Lua,
+        subject: &[u8],
+        n: u32,
+        call: Option<u64>,
+    ) -> Result<Vec<i64>, RedisError> {
+        let chain = config.members.len() > 1;
+        let keys = config.members.len() + usize::from(call.is_some());
+        run(&self.connection, script, keys, |cmd| {
+            for member in &config.members {
                 cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
             }
+            if call.is_some() {
+                cmd.arg(keys::key(&self.prefix, subject, RECORD));
+            }
             cmd.arg(n);
-            for member in &self.members {
+            for member in &config.members {
                 if chain {
                     cmd.arg(member.plan.kind);
                 }
                 cmd.arg(member.plan.params[0]).arg(member.plan.params[1]);
             }
+            if let Some(call) = call {
+                cmd.arg(call);
+            }
         })
         .await
     }
+}
+
+/// The suffix of a subject's record of the last `acquire` call Redis admitted for it (see
+/// `once` in `scripts/once.lua`).
+const RECORD: &str = "acq";
+
+/// A fresh id for one `acquire` call, carried by each of its attempts: random, so that calls
+/// from every process on a subject are told apart (two of 2^64 meeting is negligible).
+fn call_id() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
 }
 
 /// Runs `script` over `keys` keys through a clone of `connection`: `EVALSHA`, and `EVAL` if

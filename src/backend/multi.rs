@@ -1,9 +1,10 @@
 //! Several [`RedisLimiter`]s, each with its own subject (and prefix, and algorithm), decided all
 //! or nothing in one script, `scripts/multi.lua`: see [`try_acquire_all`].
 
-use super::{keys, parse, run, within, Failure, RedisLimiter, ADMITTED, MULTI, REJECTED};
+use super::{keys, parse, run, within, Config, Failure, RedisLimiter, ADMITTED, MULTI, REJECTED};
 use crate::decision::Admission;
 use crate::error::TryAcquireError;
+use crate::sync::Arc;
 use ::redis::aio::ConnectionLike;
 use std::time::Instant;
 
@@ -52,9 +53,11 @@ where
     let Some((first, _)) = members.first() else {
         return Vec::new();
     };
+    // Each limiter's parameters in force now: the whole call decides under these snapshots.
+    let configs: Vec<Arc<Config>> = members.iter().map(|(l, _)| l.inner.config()).collect();
     let sent = Instant::now();
-    for (i, (limiter, subject)) in members.iter().enumerate() {
-        if let Err(error) = limiter.inner.before(subject, n, sent) {
+    for (i, ((limiter, subject), config)) in members.iter().zip(&configs).enumerate() {
+        if let Err(error) = limiter.inner.before(config, subject, n, sent) {
             let mut answers: Vec<Answer> = members.iter().map(|_| None).collect();
             answers[i] = Some(Err(error));
             return answers;
@@ -68,10 +71,11 @@ where
     // Every member's keys, in the script's order.
     let each: Vec<Vec<Vec<u8>>> = members
         .iter()
-        .map(|(limiter, subject)| {
-            let inner = &limiter.inner;
-            (inner.members.iter())
-                .map(|member| keys::key(&inner.prefix, subject, &member.suffix))
+        .zip(&configs)
+        .map(|((limiter, subject), config)| {
+            let prefix = &limiter.inner.prefix;
+            (config.members.iter())
+                .map(|member| keys::key(prefix, subject, &member.suffix))
                 .collect()
         })
         .collect();
@@ -81,8 +85,8 @@ where
             cmd.arg(key);
         }
         cmd.arg(n);
-        for (limiter, _) in members {
-            for member in &limiter.inner.members {
+        for config in &configs {
+            for member in &config.members {
                 let plan = &member.plan;
                 cmd.arg(plan.kind).arg(plan.params[0]).arg(plan.params[1]);
             }
@@ -93,19 +97,20 @@ where
         .and_then(|reply| split(repaired(members, &reply, keys), keys));
     let (all, decisions) = match reply {
         Ok(reply) => reply,
-        Err(failure) => return fail_all(members, failure, n),
+        Err(failure) => return fail_all(members, &configs, failure, n),
     };
     let mut decisions = decisions.into_iter();
     members
         .iter()
         .zip(&each)
-        .map(|((limiter, subject), own)| {
+        .zip(&configs)
+        .map(|(((limiter, subject), own), config)| {
             let inner = &limiter.inner;
             let mut admitted: Option<(u64, u64, u32)> = None;
             let mut worst: Option<(u64, usize)> = None;
             // A chain's keys answer together: the largest retry-after (and the member, 1-based,
             // that gave it), or the smallest remaining and the largest reset.
-            for (k, decision) in decisions.by_ref().take(inner.members.len()).enumerate() {
+            for (k, decision) in decisions.by_ref().take(config.members.len()).enumerate() {
                 match decision {
                     Ok((at, reset, remaining)) => {
                         admitted = Some(match admitted {
@@ -128,7 +133,7 @@ where
                     let remember = !own
                         .iter()
                         .any(|key| each.iter().flatten().filter(|other| *other == key).count() > 1);
-                    Err(inner.rejected(subject, n, sent, retry_after, member, remember))
+                    Err(inner.rejected(config, subject, n, sent, retry_after, member, remember))
                 }
                 (None, Some((at, reset, remaining))) => {
                     inner.count(if all { ADMITTED } else { REJECTED });
@@ -174,7 +179,12 @@ fn split(reply: &[i64], keys: usize) -> Result<(bool, Vec<Decision>), Failure> {
 }
 
 /// Redis gave no decision: each member's failure policy answers (see [`try_acquire_all`]).
-fn fail_all<C>(members: &[(&RedisLimiter<C>, &[u8])], failure: Failure, n: u32) -> Vec<Answer> {
+fn fail_all<C>(
+    members: &[(&RedisLimiter<C>, &[u8])],
+    configs: &[Arc<Config>],
+    failure: Failure,
+    n: u32,
+) -> Vec<Answer> {
     for (limiter, _) in members {
         limiter.inner.count_failure(failure);
     }
@@ -185,8 +195,8 @@ fn fail_all<C>(members: &[(&RedisLimiter<C>, &[u8])], failure: Failure, n: u32) 
     let mut rejected = None;
     if n > 0 && !members.iter().any(|(l, _)| l.inner.fails_closed()) {
         let mut charged = Vec::with_capacity(members.len());
-        for (i, (limiter, subject)) in members.iter().enumerate() {
-            let (answer, counter, taken) = limiter.inner.policy_taken(subject, n);
+        for (i, ((limiter, subject), config)) in members.iter().zip(configs).enumerate() {
+            let (answer, counter, taken) = limiter.inner.policy_taken(config, subject, n);
             match answer {
                 Ok(admission) => charged.push((admission, counter, taken)),
                 Err(error) => {
@@ -205,9 +215,11 @@ fn fail_all<C>(members: &[(&RedisLimiter<C>, &[u8])], failure: Failure, n: u32) 
                 })
                 .collect();
         }
-        for ((limiter, subject), (_, _, taken)) in members.iter().zip(&charged) {
+        for (((limiter, subject), config), (_, _, taken)) in
+            members.iter().zip(configs).zip(&charged)
+        {
             if let Some(taken) = taken {
-                limiter.inner.give_back(subject, n, taken);
+                limiter.inner.give_back(config, subject, n, taken);
             }
         }
     }
@@ -215,11 +227,12 @@ fn fail_all<C>(members: &[(&RedisLimiter<C>, &[u8])], failure: Failure, n: u32) 
     // rejection, the others their policy's answer to a probe, which takes nothing.
     members
         .iter()
+        .zip(configs)
         .enumerate()
-        .map(|(i, (limiter, subject))| {
+        .map(|(i, ((limiter, subject), config))| {
             let (answer, counter) = match rejected {
                 Some((at, error, counter)) if at == i => (Err(error), counter),
-                _ => limiter.inner.policy(subject, 0),
+                _ => limiter.inner.policy(config, subject, 0),
             };
             limiter.inner.count(counter);
             Some(answer)
@@ -234,7 +247,7 @@ mod redis_server;
 
 #[cfg(test)]
 mod tests {
-    use super::redis_server::RedisServer;
+    use super::redis_server::{room_in_window, RedisServer};
     use super::*;
     use crate::{Algorithm, FailurePolicy, Rate};
     use ::redis::aio::ConnectionManager;
@@ -358,6 +371,9 @@ mod tests {
         let client = ::redis::Client::open(server.url()).unwrap();
         let connection = ConnectionManager::new(client).await.unwrap();
         let hour = Duration::from_secs(3600);
+        // The fixed window and the sliding counter are aligned to Redis's clock: no hour may
+        // end among a case's calls.
+        room_in_window(&mut server.connection(), hour, Duration::from_secs(30));
         let algorithms = [
             Algorithm::FixedWindow {
                 limit: 5,
@@ -473,6 +489,9 @@ mod tests {
         let connection = connect(&server).await;
         let build = |prefix: &str| limit_3_per_hour(&connection, prefix);
         let (once, twin) = (build("same"), build("same"));
+        // Fixed windows aligned to Redis's clock: none may end among the calls.
+        let hour = Duration::from_secs(3600);
+        room_in_window(&mut server.connection(), hour, Duration::from_secs(10));
         for (first, second) in [(&once, &once), (&once, &twin)] {
             let subject = if std::ptr::eq(first, second) {
                 &b"k1"[..]
@@ -506,6 +525,8 @@ mod tests {
         let build = |prefix: &str| limit_3_per_hour(&connection, prefix);
         let (a, b) = (build("ua"), build("ub"));
         let mut raw = server.connection();
+        // Fixed windows aligned to Redis's clock: none may end among the calls.
+        room_in_window(&mut raw, Duration::from_secs(3600), Duration::from_secs(10));
         let () = ::redis::cmd("HSET")
             .arg(b.key(b"y"))
             .arg(&["w", "1", "l", "0", "c", "1"])

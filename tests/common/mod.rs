@@ -108,3 +108,28 @@ pub fn all_algorithms(limit: u32, window: Duration) -> [Algorithm; 4] {
         },
     ]
 }
+
+/// The wall clock in µs since the Unix epoch: the time of a `StoreLimiter`'s state.
+pub fn wall_now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// Makes sure at least `room` is left of the current epoch-aligned window of `window` on the
+/// wall clock, waiting for the next window if less is (plus 5 ms): for tests that decide in a
+/// `StoreLimiter`'s fixed windows or sliding counters, which are aligned to the Unix epoch on
+/// the wall clock, so that none ends between two of their calls (the count would start afresh,
+/// a retry-after would be cut short). The wait is at most `room`.
+pub fn room_in_wall_window(window: Duration, room: Duration) {
+    assert!(
+        room < window,
+        "room {room:?} must be shorter than the window {window:?}"
+    );
+    let w = window.as_micros() as u64;
+    let left = w - wall_now_us() % w;
+    if left < room.as_micros() as u64 {
+        std::thread::sleep(Duration::from_micros(left) + Duration::from_millis(5));
+    }
+}

@@ -315,3 +315,27 @@ pub fn assert_all_keys_expire(con: &mut redis::Connection, prefix: &str) -> Vec<
     }
     live
 }
+
+/// Redis's clock, in µs since the Unix epoch.
+pub fn redis_now(con: &mut redis::Connection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(con).unwrap();
+    s * 1_000_000 + us
+}
+
+/// Makes sure at least `room` is left of the current epoch-aligned window of `window` on Redis's
+/// clock, waiting for the next window if less is (plus 5 ms): for tests that decide in fixed
+/// windows or sliding counters aligned to Redis's clock (the HTTP rules' fixed windows too),
+/// whose answers change if such a window ends between two of their calls (the key expires and
+/// the count starts afresh, a retry-after is cut short by the window's end). The wait is at
+/// most `room`, and only when the test starts that close to a boundary.
+pub fn room_in_window(con: &mut redis::Connection, window: Duration, room: Duration) {
+    assert!(
+        room < window,
+        "room {room:?} must be shorter than the window {window:?}"
+    );
+    let w = window.as_micros() as u64;
+    let left = w - redis_now(con) % w;
+    if left < room.as_micros() as u64 {
+        std::thread::sleep(Duration::from_micros(left) + Duration::from_millis(5));
+    }
+}
