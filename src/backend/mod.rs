@@ -28,6 +28,7 @@ use crate::limiter::{Algorithm, Rate};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{ErrorKind, RedisError, ServerErrorKind};
+use arc_swap::ArcSwap;
 use deny::DenyCache;
 use std::fmt;
 use std::sync::LazyLock;
@@ -417,9 +418,11 @@ struct Inner<C> {
     /// The deny cache's capacity, for the fresh cache of each reconfiguration.
     deny_cache: usize,
     /// The parameters in force. Every call takes one snapshot ([`Inner::config`]) and decides
-    /// under it alone; [`RedisLimiter::reconfigure_all`] replaces it whole. The mutex is held
-    /// only to clone or replace the `Arc`, never across an await.
-    config: Mutex<Arc<Config>>,
+    /// under it alone; [`RedisLimiter::reconfigure_all`] replaces it whole. An `ArcSwap`, not a
+    /// mutex: a call the deny cache rejects reads it without writing a line other threads read
+    /// (arc-swap's load borrows through the thread's own debt slot), so that denials stay free
+    /// under a flood; a call that goes to Redis then takes its own reference.
+    config: ArcSwap<Config>,
     /// Serialises reconfigurations (a change of one limit reads the others in force).
     reconfiguring: Mutex<()>,
     counters: [AtomicU64; 9],
@@ -859,7 +862,7 @@ impl RedisLimiterBuilder {
                 deadline: self.deadline,
                 policy: self.policy,
                 deny_cache: self.deny_cache,
-                config: Mutex::new(Arc::new(config)),
+                config: ArcSwap::from_pointee(config),
                 reconfiguring: Mutex::new(()),
                 counters: Default::default(),
             }),
@@ -1016,9 +1019,11 @@ where
         call: Option<u64>,
     ) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
-        let config = inner.config();
+        let loaded = inner.config.load();
         let sent = Instant::now();
-        inner.before(&config, subject, n, sent)?;
+        inner.before(&loaded, subject, n, sent)?;
+        // Past the deny cache: the round trip and its answer use this snapshot.
+        let config = arc_swap::Guard::into_inner(loaded);
         let script = if call.is_some() {
             config.once
         } else {
@@ -1592,7 +1597,7 @@ impl<C> RedisLimiter<C> {
         let config = Config::new(&algorithms, inner.policy, inner.deny_cache)?;
         // The one write: later calls take the new snapshot whole; calls holding the old one
         // finish under it.
-        *crate::sync::lock(&inner.config) = Arc::new(config);
+        inner.config.store(Arc::new(config));
         Ok(())
     }
 }
@@ -1604,7 +1609,7 @@ impl<C> Inner<C> {
 
     /// The parameters in force now: a call decides under this one snapshot from start to end.
     fn config(&self) -> Arc<Config> {
-        Arc::clone(&crate::sync::lock(&self.config))
+        self.config.load_full()
     }
 
     /// What is settled before any round trip: `n` must fit the capacity, and `subject` must not
