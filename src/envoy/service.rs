@@ -33,6 +33,12 @@ pub const SHOULD_RATE_LIMIT_PATH: &str =
 /// The most distinct request `limit` overrides (domain, requests per unit, unit) given a
 /// limiter of their own; an override beyond them is ignored (the configured limit applies).
 ///
+/// Each limiter, configured or override, holds at most
+/// [`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS) counters, and an idle one gives its memory
+/// back; the bound on memory is then this many limiters' worth of counters on top of the
+/// configured ones, each counter as large as the entries that name it. Overrides come from
+/// Envoy's route configuration, not from clients, and a deployment uses a handful.
+///
 /// # Examples
 ///
 /// ```
@@ -51,7 +57,10 @@ type Limiter<C> = KeyedLimiter<Key, C, Hasher>;
 /// service aligns them.
 ///
 /// The offset is taken from the system clock once, when the clock is made; after that time
-/// only moves forward with the monotonic clock, whatever the system clock does.
+/// only moves forward with the monotonic clock, whatever the system clock does. Windows then
+/// drift from UTC's as the two clocks drift apart (NTP slews the system clock by up to half a
+/// millisecond a second): within one process the windows stay whole and exact, and only their
+/// alignment to UTC's minutes moves. Counting in Redis (`with_redis`) uses Redis's clock.
 ///
 /// # Examples
 ///
@@ -325,6 +334,14 @@ impl RlsService {
     /// over its limit: the ones before it stay charged (as Envoy charges them). Shadow-mode
     /// descriptors take a round trip each, and only when the request is admitted. A standalone
     /// Redis (or Valkey) only: on a Cluster, one request's counters lie in different slots.
+    ///
+    /// While Redis does not answer within the limiters' deadline, `policy` decides each
+    /// descriptor: [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen) answers `OK`
+    /// with the admission it makes (`limit_remaining` the whole limit, `duration_until_reset`
+    /// 0: nothing is known of the count), `FailClosed` answers `OVER_LIMIT`, and `Fallback`
+    /// decides in a local limiter at its share. envoyproxy/ratelimit answers a gRPC error
+    /// instead and leaves the choice to the filter's `failure_mode_deny`; here the service
+    /// chooses, so that `Fallback` is possible, and Envoy never sees an error from Redis.
     ///
     /// # Errors
     ///
