@@ -1097,17 +1097,20 @@ mod tests {
         }
     }
 
-    /// The system clock stepped back an hour, just after a reading 1 ms before the end of a
-    /// minute's window: the limiter's clock stays on that reading for the hour, so its window
-    /// does not end for an hour of real time. The stored state must live as long; with a TTL
-    /// of the 1 ms left on the held clock, the store dropped it every millisecond of real
-    /// time and a limit of 1 per minute admitted once per millisecond.
-    #[tokio::test]
-    async fn state_outlives_its_window_while_the_clock_is_held() {
+    /// A fixed window of `limit` per minute over a [`Virtual`] store, its limiter's clock held
+    /// an hour ahead of the system clock (as after a step back of an hour), 1 ms before the end
+    /// of a window: the store, the limiter and the held reading.
+    fn held_for_an_hour(
+        limit: u32,
+    ) -> (
+        std::sync::Arc<Virtual>,
+        StoreLimiter<std::sync::Arc<Virtual>>,
+        u64,
+    ) {
         let window = Duration::from_secs(60);
         let store = std::sync::Arc::new(Virtual::default());
         let limiter = StoreLimiter::new(
-            Algorithm::FixedWindow { limit: 1, window },
+            Algorithm::FixedWindow { limit, window },
             "t",
             std::sync::Arc::clone(&store),
         )
@@ -1116,6 +1119,17 @@ mod tests {
         let ahead = limiter.inner.clock.now() + 3_600_000_000_000;
         let held = (ahead / w + 1) * w - 1_000_000;
         limiter.inner.clock.last.store(held, Ordering::Relaxed);
+        (store, limiter, held)
+    }
+
+    /// The system clock stepped back an hour, just after a reading 1 ms before the end of a
+    /// minute's window: the limiter's clock stays on that reading for the hour, so its window
+    /// does not end for an hour of real time. The stored state must live as long; with a TTL
+    /// of the 1 ms left on the held clock, the store dropped it every millisecond of real
+    /// time and a limit of 1 per minute admitted once per millisecond.
+    #[tokio::test]
+    async fn state_outlives_its_window_while_the_clock_is_held() {
+        let (store, limiter, _) = held_for_an_hour(1);
         limiter.try_acquire("x").await.unwrap();
         for step in 1..=5 {
             store.advance(Duration::from_millis(2));
@@ -1132,18 +1146,7 @@ mod tests {
     /// (a store round trip each time) every millisecond for the hour.
     #[tokio::test]
     async fn a_retry_after_covers_the_time_the_clock_is_held() {
-        let window = Duration::from_secs(60);
-        let store = std::sync::Arc::new(Virtual::default());
-        let limiter = StoreLimiter::new(
-            Algorithm::FixedWindow { limit: 1, window },
-            "t",
-            std::sync::Arc::clone(&store),
-        )
-        .unwrap();
-        let w = window.as_nanos() as u64;
-        let ahead = limiter.inner.clock.now() + 3_600_000_000_000;
-        let held = (ahead / w + 1) * w - 1_000_000;
-        limiter.inner.clock.last.store(held, Ordering::Relaxed);
+        let (_store, limiter, _) = held_for_an_hour(1);
         limiter.try_acquire("x").await.unwrap();
         match limiter.try_acquire("x").await {
             Err(TryAcquireError::Rejected(r)) => assert!(
@@ -1160,18 +1163,7 @@ mod tests {
     /// 1 ms, and a client that waited that long found the window still running for the hour.
     #[tokio::test]
     async fn a_reset_after_covers_the_time_the_clock_is_held() {
-        let window = Duration::from_secs(60);
-        let store = std::sync::Arc::new(Virtual::default());
-        let limiter = StoreLimiter::new(
-            Algorithm::FixedWindow { limit: 3, window },
-            "t",
-            std::sync::Arc::clone(&store),
-        )
-        .unwrap();
-        let w = window.as_nanos() as u64;
-        let ahead = limiter.inner.clock.now() + 3_600_000_000_000;
-        let held = (ahead / w + 1) * w - 1_000_000;
-        limiter.inner.clock.last.store(held, Ordering::Relaxed);
+        let (store, limiter, held) = held_for_an_hour(3);
         let admission = limiter.try_acquire("x").await.unwrap();
         let charged = limiter.charge("x", 1).await.unwrap();
         for (what, reset_after) in [

@@ -3,21 +3,21 @@
 use super::config::{RlsConfig, RlsConfigError};
 use super::proto::{Code, Entry, RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit};
 use super::service::{
-    counter_entries, hits_of, resolve, status, window_left, Applied, Spec, MAX_OVERRIDE_LIMITS,
+    counter_entries, hits_of, override_applied, resolve, status, window_left, Applied, Overrides,
 };
 use crate::redis::aio::ConnectionManager;
 use crate::{Admission, Algorithm, ConfigError, FailurePolicy, RedisLimiter, TryAcquireError};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 pub(crate) struct Remote {
     connection: ConnectionManager,
     prefix: String,
     policy: FailurePolicy,
-    overrides: Mutex<HashMap<(String, u32, Unit), RedisLimiter>>,
+    overrides: Overrides<RedisLimiter>,
 }
 
 /// A descriptor's entries as one subject, unambiguously: each key and value preceded by its
@@ -113,38 +113,9 @@ impl Remote {
         domain: &str,
         o: RateLimitOverride,
     ) -> Option<Applied<'static, RedisLimiter>> {
-        let unit = Unit::try_from(o.unit).ok()?;
-        unit.duration()?;
-        let spec = Spec::Override {
-            requests_per_unit: o.requests_per_unit,
-            unit,
-        };
-        if o.requests_per_unit == 0 {
-            return Some(Applied::Limit {
-                spec,
-                limiter: None,
-                shared: Vec::new(),
-            });
-        }
-        let mut overrides = self
-            .overrides
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let id = (domain.to_owned(), o.requests_per_unit, unit);
-        let limiter = match overrides.get(&id) {
-            Some(l) => l.clone(),
-            None if overrides.len() >= MAX_OVERRIDE_LIMITS => return None,
-            None => {
-                let identity = format!("override|{domain}|{}|{}", o.requests_per_unit, unit as i32);
-                let l = self.limiter(&identity, o.requests_per_unit, unit).ok()?;
-                overrides.insert(id, l.clone());
-                l
-            }
-        };
-        Some(Applied::Limit {
-            spec,
-            limiter: Some(limiter),
-            shared: Vec::new(),
+        override_applied(&self.overrides, domain, o, |limit, unit, _| {
+            let identity = format!("override|{domain}|{limit}|{}", unit as i32);
+            self.limiter(&identity, limit, unit).ok()
         })
     }
 

@@ -189,7 +189,7 @@ pub struct RlsService<C: Clock + Clone = UnixClock> {
 struct Shared<C: Clock + Clone> {
     clock: C,
     state: RwLock<Arc<State<C>>>,
-    overrides: Mutex<HashMap<(String, u32, Unit), Limiter<C>>>,
+    overrides: Overrides<Limiter<C>>,
     /// Where the counters are when they are in Redis.
     #[cfg(feature = "redis")]
     remote: Option<super::remote::Remote>,
@@ -689,40 +689,54 @@ impl<C: Clock + Clone> RlsService<C> {
         domain: &str,
         o: RateLimitOverride,
     ) -> Option<Applied<'static, Limiter<C>>> {
-        let unit = Unit::try_from(o.unit).ok()?;
-        let window = unit.duration()?;
-        let spec = Spec::Override {
-            requests_per_unit: o.requests_per_unit,
-            unit,
-        };
-        if o.requests_per_unit == 0 {
-            return Some(Applied::Limit {
-                spec,
-                limiter: None,
-                shared: Vec::new(),
-            });
-        }
-        let mut overrides = self
-            .shared
-            .overrides
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let id = (domain.to_owned(), o.requests_per_unit, unit);
-        let limiter = match overrides.get(&id) {
-            Some(l) => l.clone(),
-            None if overrides.len() >= MAX_OVERRIDE_LIMITS => return None,
-            None => {
-                let l = fixed_window(o.requests_per_unit, window, &self.shared.clock).ok()?;
-                overrides.insert(id, l.clone());
-                l
-            }
-        };
-        Some(Applied::Limit {
-            spec,
-            limiter: Some(limiter),
-            shared: Vec::new(),
+        override_applied(&self.shared.overrides, domain, o, |limit, _, window| {
+            fixed_window(limit, window, &self.shared.clock).ok()
         })
     }
+}
+
+/// Distinct overrides, each with its limiter: (domain, requests per unit, unit).
+pub(super) type Overrides<L> = Mutex<HashMap<(String, u32, Unit), L>>;
+
+/// What Envoy's `limit` override `o` applies for `domain`: its limiter, found among
+/// `overrides` or made by `make(requests per unit, unit, window)` while there are fewer than
+/// [`MAX_OVERRIDE_LIMITS`]; `None` (the configured limit applies) for an unknown unit, past the
+/// cap, or when `make` fails. `requests_per_unit: 0` needs no limiter: everything is over.
+pub(super) fn override_applied<L: Clone>(
+    overrides: &Overrides<L>,
+    domain: &str,
+    o: RateLimitOverride,
+    make: impl FnOnce(u32, Unit, Duration) -> Option<L>,
+) -> Option<Applied<'static, L>> {
+    let unit = Unit::try_from(o.unit).ok()?;
+    let window = unit.duration()?;
+    let spec = Spec::Override {
+        requests_per_unit: o.requests_per_unit,
+        unit,
+    };
+    if o.requests_per_unit == 0 {
+        return Some(Applied::Limit {
+            spec,
+            limiter: None,
+            shared: Vec::new(),
+        });
+    }
+    let mut overrides = overrides.lock().unwrap_or_else(PoisonError::into_inner);
+    let id = (domain.to_owned(), o.requests_per_unit, unit);
+    let limiter = match overrides.get(&id) {
+        Some(l) => l.clone(),
+        None if overrides.len() >= MAX_OVERRIDE_LIMITS => return None,
+        None => {
+            let l = make(o.requests_per_unit, unit, window)?;
+            overrides.insert(id, l.clone());
+            l
+        }
+    };
+    Some(Applied::Limit {
+        spec,
+        limiter: Some(limiter),
+        shared: Vec::new(),
+    })
 }
 
 pub(super) enum Spec<'a> {
