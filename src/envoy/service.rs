@@ -963,7 +963,9 @@ fn decide<C: Clock + Clone>(
     match limiter.try_acquire_refundable(&key, n) {
         Ok(taken) => Outcome::Admitted(taken),
         Err(TryAcquireError::Rejected(r)) => Outcome::Over {
-            remaining: limiter.available(&key),
+            // One hit rejected: none was left (a fixed window rejects only a full count), so
+            // the flood of single hits a limit exists for is answered without a second look-up.
+            remaining: if n == 1 { 0 } else { limiter.available(&key) },
             reset: r.retry_after(),
         },
         // More hits than the limit: over whatever the count. The key cap reached with no idle
