@@ -26,6 +26,11 @@ descriptors:
     rate_limit: { unit: minute, requests_per_unit: 5 }
   - key: tiny
     rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: file
+    value: report*
+    share_threshold: true
+    detailed_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 5 }
 ";
 
 fn service() -> RlsService<ManualClock> {
@@ -144,6 +149,20 @@ fn detailed_metric_labels_by_the_requests_entries() {
     assert_eq!(of(&counts, "d.user_alice"), [2, 0, 0, 2, 0]);
     assert_eq!(of(&counts, "d.user_bob"), [1, 0, 0, 1, 0]);
     assert_eq!(of(&counts, "d.user"), [0; 5]);
+}
+
+/// With `share_threshold`, the values a wildcard matches share one counter, and one label.
+#[test]
+fn detailed_metric_with_share_threshold_labels_by_the_wildcard() {
+    let rls = service();
+    let counts = counted(|| {
+        rls.should_rate_limit(&request(&[("file", "report-a")], 0))
+            .unwrap();
+        rls.should_rate_limit(&request(&[("file", "report-b")], 0))
+            .unwrap();
+    });
+    assert_eq!(of(&counts, "d.file_report*"), [2, 0, 0, 2, 0]);
+    assert_eq!(of(&counts, "d.file_report-a"), [0; 5]);
 }
 
 /// All or nothing: a descriptor within its limit on a request another rejects gets its hits
