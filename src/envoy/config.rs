@@ -15,7 +15,8 @@ use std::path::Path;
 /// `hour`, `day`, `month` or `year`, any case; `requests_per_unit`; optional `name`,
 /// `unlimited`, `replaces: [{ name }]`), optional `shadow_mode`, `share_threshold` (on a
 /// wildcard: every value it matches shares one counter) and nested `descriptors`.
-/// `detailed_metric` and `value_to_metric` are accepted and ignored (they name metrics).
+/// `detailed_metric` labels the limit's counters (feature `metrics`) by the request's entries;
+/// `value_to_metric` is accepted and ignored.
 ///
 /// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
 /// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing `domain`
@@ -64,6 +65,11 @@ pub(crate) struct LimitSpec {
     pub(crate) unlimited: bool,
     pub(crate) shadow_mode: bool,
     pub(crate) replaces: Vec<String>,
+    /// `detailed_metric: true` on the descriptor: its counters are labelled by the request's
+    /// entries rather than by `path`.
+    pub(crate) detailed_metric: bool,
+    /// Its counters, labelled by domain and `path`, built as the configuration loads.
+    pub(crate) counters: std::sync::Arc<super::metrics::Counters>,
 }
 
 /// The descriptors of one level of the tree, by key.
@@ -331,6 +337,7 @@ impl RlsConfig {
         })?;
         let mut loader = Loader {
             source,
+            domain: String::new(),
             limits: &mut self.limits,
         };
         let empty = Mapping::new();
@@ -361,6 +368,7 @@ impl RlsConfig {
             });
         }
         let mut level = Level::default();
+        loader.domain.clone_from(&domain);
         if let Some(list) = descriptors {
             loader.level(list, "", &domain, &mut level)?;
         }
@@ -371,6 +379,8 @@ impl RlsConfig {
 
 struct Loader<'a> {
     source: &'a str,
+    /// The domain being loaded, to label its limits' counters.
+    domain: String,
     limits: &'a mut Vec<LimitSpec>,
 }
 
@@ -458,6 +468,7 @@ impl Loader<'_> {
         };
         let (mut key, mut value, mut rate_limit, mut children, mut shadow, mut share) =
             (None, None, None, None, false, false);
+        let mut detailed = false;
         for (k, v) in map {
             let name = self.key(k, path)?;
             let field = join(path, name);
@@ -468,7 +479,8 @@ impl Loader<'_> {
                 "descriptors" => children = Some(v),
                 "shadow_mode" => shadow = self.bool(v, &field)?,
                 "share_threshold" => share = self.bool(v, &field)?,
-                "detailed_metric" | "value_to_metric" => {
+                "detailed_metric" => detailed = self.bool(v, &field)?,
+                "value_to_metric" => {
                     self.bool(v, &field)?;
                 }
                 other => return Err(self.unknown(path, other)),
@@ -493,8 +505,13 @@ impl Loader<'_> {
             ..Node::default()
         };
         if let Some(rl) = rate_limit {
-            node.limit =
-                Some(self.rate_limit(rl, &join(path, "rate_limit"), &composite, shadow)?);
+            node.limit = Some(self.rate_limit(
+                rl,
+                &join(path, "rate_limit"),
+                &composite,
+                shadow,
+                detailed,
+            )?);
         }
         if let Some(list) = children {
             self.level(list, path, &composite, &mut node.children)?;
@@ -539,6 +556,7 @@ impl Loader<'_> {
         path: &str,
         composite: &str,
         shadow_mode: bool,
+        detailed_metric: bool,
     ) -> Result<usize, RlsConfigError> {
         let Value::Mapping(map) = v else {
             return Err(self.invalid(path.to_owned(), "must be a mapping"));
@@ -616,6 +634,8 @@ impl Loader<'_> {
             unlimited,
             shadow_mode,
             replaces,
+            detailed_metric,
+            counters: std::sync::Arc::new(super::metrics::Counters::new(&self.domain, composite)),
         });
         Ok(self.limits.len() - 1)
     }

@@ -26,6 +26,7 @@
 //! ```
 
 mod config;
+mod metrics;
 pub mod proto;
 #[cfg(feature = "redis")]
 mod remote;

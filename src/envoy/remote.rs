@@ -1,6 +1,7 @@
 //! Counting in Redis (features `envoy` and `redis`): a `RedisLimiter` per configured limit.
 
 use super::config::{RlsConfig, RlsConfigError};
+use super::metrics::Decision;
 use super::proto::{Code, Entry, RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit};
 use super::service::{
     counter_entries, hits_of, override_applied, resolve, status, window_left, Applied, Overrides,
@@ -236,6 +237,29 @@ impl Remote {
                     _ => (None, Unit::Second),
                 };
                 let over = if shadow(i) { Code::Ok } else { Code::OverLimit };
+                if let Applied::Limit { spec, shared, .. } = &applied[i] {
+                    // A rejection's count before the hits is not known here: all its hits
+                    // count over the limit. Descriptors left unasked are not counted.
+                    let limit = spec.requests_per_unit();
+                    let before = match &answer {
+                        Answer::Got(Ok(a)) => Some(
+                            u64::from(limit.saturating_sub(a.remaining())).saturating_sub(hits[i]),
+                        ),
+                        Answer::Over(_) | Answer::Got(Err(_)) => Some(u64::from(limit)),
+                        _ => None,
+                    };
+                    if let Some(before) = before {
+                        let entries = counter_entries(&request.descriptors[i].entries, shared);
+                        let decision = Decision {
+                            limit,
+                            before,
+                            hits: hits[i],
+                            over: !matches!(answer, Answer::Got(Ok(_))),
+                            shadow: shadow(i),
+                        };
+                        spec.count(&request.domain, &entries, decision);
+                    }
+                }
                 match answer {
                     Answer::Nothing => status(Code::Ok, None, 0, None),
                     Answer::Unlimited => status(Code::Ok, None, u32::MAX, None),

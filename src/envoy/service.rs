@@ -2,6 +2,7 @@
 //! service that serves them.
 
 use super::config::{LimitSpec, RlsConfig, RlsConfigError};
+use super::metrics::{detailed_label, Counters, Decision};
 use super::proto::{
     Code, DescriptorStatus, Entry, HeaderValue, ProtoDuration, RateLimit, RateLimitDescriptor,
     RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit,
@@ -156,6 +157,22 @@ impl Clock for UnixClock {
 /// - A new counter when its limit already holds its most keys
 ///   ([`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS)) and none is idle: `OVER_LIMIT`, nothing
 ///   counted (fail closed).
+///
+/// # Metrics
+///
+/// With the feature `metrics`, each descriptor with a limit counts its hits through the
+/// `metrics` facade, as envoyproxy/ratelimit counts its per-limit stats:
+/// `turnstile_envoy_total_hits`; `turnstile_envoy_over_limit`, the hits past the limit;
+/// `turnstile_envoy_near_limit`, the hits past 80% of the limit (rounded down) up to it;
+/// `turnstile_envoy_within_limit`, the hits of a descriptor within its limit; and
+/// `turnstile_envoy_shadow_mode`, the hits of a shadow-mode descriptor over its limit (counted
+/// in `over_limit` too). Labels: `domain`, and `limit`, the limit's descriptor path
+/// (`domain.key_value.key`), or `override:<requests>/<unit>` for a request's `limit` override,
+/// or, on a descriptor with `detailed_metric: true`, the request's entries
+/// (`domain.key_value`, one series per value clients send: unbounded, as in Envoy). Each
+/// descriptor counts as it decided: within its limit on a request another descriptor rejects,
+/// its hits are given back and still counted within the limit. Unlimited limits and unmatched
+/// descriptors count nothing. The counts go to the recorder installed at each decision.
 ///
 /// # Examples
 ///
@@ -562,6 +579,27 @@ impl<C: Clock + Clone> RlsService<C> {
                     if matches!(o, Outcome::Over { .. }) && !spec.shadow_mode() {
                         rejected = true;
                     }
+                    // Counted as this descriptor decided, whatever the others decide.
+                    let limit = spec.requests_per_unit();
+                    let (before, over) = match &o {
+                        Outcome::Admitted(taken) => (
+                            u64::from(limit.saturating_sub(taken.admission().remaining()))
+                                .saturating_sub(hits),
+                            false,
+                        ),
+                        Outcome::Over { remaining, .. } => {
+                            (u64::from(limit.saturating_sub(*remaining)), true)
+                        }
+                        _ => (0, false),
+                    };
+                    let decision = Decision {
+                        limit,
+                        before,
+                        hits,
+                        over,
+                        shadow: spec.shadow_mode(),
+                    };
+                    spec.count(&request.domain, &entries, decision);
                     o
                 }
             };
@@ -695,8 +733,16 @@ impl<C: Clock + Clone> RlsService<C> {
     }
 }
 
-/// Distinct overrides, each with its limiter: (domain, requests per unit, unit).
-pub(super) type Overrides<L> = Mutex<HashMap<(String, u32, Unit), L>>;
+/// Distinct overrides, each with its limiter and counters: (domain, requests per unit, unit).
+pub(super) type Overrides<L> = Mutex<HashMap<(String, u32, Unit), (L, Arc<Counters>)>>;
+
+/// The `limit` label of an override's counters.
+fn override_label(requests_per_unit: u32, unit: Unit) -> String {
+    format!(
+        "override:{requests_per_unit}/{}",
+        format!("{unit:?}").to_ascii_lowercase()
+    )
+}
 
 /// What Envoy's `limit` override `o` applies for `domain`: its limiter, found among
 /// `overrides` or made by `make(requests per unit, unit, window)` while there are fewer than
@@ -710,30 +756,37 @@ pub(super) fn override_applied<L: Clone>(
 ) -> Option<Applied<'static, L>> {
     let unit = Unit::try_from(o.unit).ok()?;
     let window = unit.duration()?;
-    let spec = Spec::Override {
-        requests_per_unit: o.requests_per_unit,
-        unit,
-    };
+    let label = || override_label(o.requests_per_unit, unit);
     if o.requests_per_unit == 0 {
+        // No limiter to keep them with: made per request (an override of 0 is rare).
         return Some(Applied::Limit {
-            spec,
+            spec: Spec::Override {
+                requests_per_unit: 0,
+                unit,
+                counters: Arc::new(Counters::new(domain, &label())),
+            },
             limiter: None,
             shared: Vec::new(),
         });
     }
     let mut overrides = overrides.lock().unwrap_or_else(PoisonError::into_inner);
     let id = (domain.to_owned(), o.requests_per_unit, unit);
-    let limiter = match overrides.get(&id) {
-        Some(l) => l.clone(),
+    let (limiter, counters) = match overrides.get(&id) {
+        Some((l, c)) => (l.clone(), Arc::clone(c)),
         None if overrides.len() >= MAX_OVERRIDE_LIMITS => return None,
         None => {
             let l = make(o.requests_per_unit, unit, window)?;
-            overrides.insert(id, l.clone());
-            l
+            let c = Arc::new(Counters::new(domain, &label()));
+            overrides.insert(id, (l.clone(), Arc::clone(&c)));
+            (l, c)
         }
     };
     Some(Applied::Limit {
-        spec,
+        spec: Spec::Override {
+            requests_per_unit: o.requests_per_unit,
+            unit,
+            counters,
+        },
         limiter: Some(limiter),
         shared: Vec::new(),
     })
@@ -741,10 +794,37 @@ pub(super) fn override_applied<L: Clone>(
 
 pub(super) enum Spec<'a> {
     Configured(&'a LimitSpec),
-    Override { requests_per_unit: u32, unit: Unit },
+    Override {
+        requests_per_unit: u32,
+        unit: Unit,
+        counters: Arc<Counters>,
+    },
 }
 
 impl Spec<'_> {
+    /// Counts one decision of this limit for a descriptor with `entries` (as counted, wildcards
+    /// shared) in `domain`: in the counters built with the limit, or, with `detailed_metric`,
+    /// in counters labelled by the entries, made now.
+    pub(super) fn count(&self, domain: &str, entries: &[Entry], decision: Decision) {
+        match self {
+            // Without the feature nothing counts: no label to build.
+            Spec::Configured(s) if s.detailed_metric && cfg!(feature = "metrics") => {
+                Counters::new(domain, &detailed_label(domain, entries)).count(decision);
+            }
+            Spec::Configured(s) => s.counters.count(decision),
+            Spec::Override { counters, .. } => counters.count(decision),
+        }
+    }
+
+    pub(super) fn requests_per_unit(&self) -> u32 {
+        match self {
+            Spec::Configured(s) => s.requests_per_unit,
+            Spec::Override {
+                requests_per_unit, ..
+            } => *requests_per_unit,
+        }
+    }
+
     pub(super) fn unit(&self) -> Unit {
         match self {
             Spec::Configured(s) => s.unit,
@@ -769,6 +849,7 @@ impl Spec<'_> {
             Spec::Override {
                 requests_per_unit,
                 unit,
+                ..
             } => RateLimit {
                 name: String::new(),
                 requests_per_unit: *requests_per_unit,

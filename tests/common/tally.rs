@@ -1,5 +1,6 @@
-//! A `metrics` recorder for the HTTP tests (feature `metrics`): it counts every counter by
-//! `name{rule}`, so that a test can assert what the layer reported, rule by rule.
+//! A `metrics` recorder for the tests of feature `metrics`: it counts every counter by
+//! `name{label values, comma-separated}` (`name{rule}` for the HTTP layer's, `name{domain,limit}`
+//! for the Envoy service's), so that a test can assert what was reported, limit by limit.
 
 use metrics::{
     Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -7,7 +8,7 @@ use metrics::{
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Counter totals by `name{rule}`.
+/// Counter totals by `name{label values}`.
 pub type Counts = Arc<Mutex<HashMap<String, u64>>>;
 
 /// The recorder: every counter registered adds into the shared [`Counts`].
@@ -28,11 +29,8 @@ impl Recorder for Tally {
     fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        let rule = key
-            .labels()
-            .find(|l| l.key() == "rule")
-            .map(|l| l.value().to_owned());
-        let name = format!("{}{{{}}}", key.name(), rule.unwrap_or_default());
+        let labels: Vec<&str> = key.labels().map(|l| l.value()).collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
         Counter::from_arc(Arc::new(One(self.0.clone(), name)))
     }
     fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {

@@ -1,0 +1,254 @@
+//! The Envoy service's per-limit counters (features `envoy` and `metrics`), read from a local
+//! recorder: counted by hits as envoyproxy/ratelimit counts its stats, labelled by domain and
+//! limit. Time is a `ManualClock` that does not move; in Redis, windows are a year long.
+
+#[path = "common/tally.rs"]
+mod tally;
+
+use std::collections::HashMap;
+use tally::Tally;
+use turnstile::envoy::proto::{
+    Code, Entry, RateLimitDescriptor, RateLimitOverride, RateLimitRequest, UInt64Value, Unit,
+};
+use turnstile::envoy::{RlsConfig, RlsService};
+use turnstile::ManualClock;
+
+const CONFIG: &str = "
+domain: d
+descriptors:
+  - key: k
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: shadow
+    shadow_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: user
+    detailed_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: tiny
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: file
+    value: report*
+    share_threshold: true
+    detailed_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+";
+
+fn service() -> RlsService<ManualClock> {
+    RlsService::with_clock(
+        RlsConfig::from_yaml_str(CONFIG).unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap()
+}
+
+fn request(descriptors: &[(&str, &str)], hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "d".into(),
+        descriptors: descriptors
+            .iter()
+            .map(|(k, v)| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: hits,
+    }
+}
+
+/// Runs `f` with a fresh recorder and returns what it counted, by `name{domain,limit}`.
+fn counted(f: impl FnOnce()) -> HashMap<String, u64> {
+    let tally = Tally::default();
+    let counts = tally.0.clone();
+    metrics::with_local_recorder(&tally, f);
+    let counts = counts.lock().unwrap().clone();
+    counts
+}
+
+/// `limit`'s counts: `[total_hits, over_limit, near_limit, within_limit, shadow_mode]`.
+fn of(counts: &HashMap<String, u64>, limit: &str) -> [u64; 5] {
+    [
+        "total_hits",
+        "over_limit",
+        "near_limit",
+        "within_limit",
+        "shadow_mode",
+    ]
+    .map(|name| {
+        counts
+            .get(&format!("turnstile_envoy_{name}{{d,{limit}}}"))
+            .copied()
+            .unwrap_or(0)
+    })
+}
+
+#[test]
+fn admitted_near_and_over_limit_count_by_hits() {
+    let rls = service();
+    let counts = counted(|| {
+        for i in 1..=11 {
+            let code = rls.should_rate_limit(&request(&[("k", "x")], 0)).unwrap();
+            let expected = if i <= 10 { Code::Ok } else { Code::OverLimit };
+            assert_eq!(code.overall_code(), expected, "hit {i}");
+        }
+    });
+    // The 9th and 10th hits pass 80% of 10; the 11th is over.
+    assert_eq!(of(&counts, "d.k"), [11, 1, 2, 10, 0]);
+}
+
+#[test]
+fn hits_addend_splits_a_request_across_the_thresholds() {
+    let rls = service();
+    let counts = counted(|| {
+        let ask = |hits| {
+            rls.should_rate_limit(&request(&[("k", "x")], hits))
+                .unwrap()
+        };
+        assert_eq!(ask(7).overall_code(), Code::Ok);
+        // 7 → 9: one hit past the near threshold of 8.
+        assert_eq!(ask(2).overall_code(), Code::Ok);
+        // 9 → 12: the 10th is near, two are over.
+        assert_eq!(ask(3).overall_code(), Code::OverLimit);
+    });
+    assert_eq!(of(&counts, "d.k"), [12, 2, 2, 9, 0]);
+    // A descriptor's own hits_addend, as well.
+    let counts = counted(|| {
+        let mut r = request(&[("k", "y")], 0);
+        r.descriptors[0].hits_addend = Some(UInt64Value { value: 4 });
+        rls.should_rate_limit(&r).unwrap();
+    });
+    assert_eq!(of(&counts, "d.k"), [4, 0, 0, 4, 0]);
+}
+
+#[test]
+fn shadow_mode_counts_over_limit_and_shadow_mode() {
+    let rls = service();
+    let counts = counted(|| {
+        for _ in 0..3 {
+            let r = rls
+                .should_rate_limit(&request(&[("shadow", "x")], 0))
+                .unwrap();
+            assert_eq!(r.overall_code(), Code::Ok);
+        }
+    });
+    // Limit 2: near from the 2nd hit (floor(1.6) = 1); the 3rd over, in shadow.
+    assert_eq!(of(&counts, "d.shadow"), [3, 1, 1, 2, 1]);
+}
+
+#[test]
+fn detailed_metric_labels_by_the_requests_entries() {
+    let rls = service();
+    let counts = counted(|| {
+        rls.should_rate_limit(&request(&[("user", "alice")], 2))
+            .unwrap();
+        rls.should_rate_limit(&request(&[("user", "bob")], 0))
+            .unwrap();
+    });
+    assert_eq!(of(&counts, "d.user_alice"), [2, 0, 0, 2, 0]);
+    assert_eq!(of(&counts, "d.user_bob"), [1, 0, 0, 1, 0]);
+    assert_eq!(of(&counts, "d.user"), [0; 5]);
+}
+
+/// With `share_threshold`, the values a wildcard matches share one counter, and one label.
+#[test]
+fn detailed_metric_with_share_threshold_labels_by_the_wildcard() {
+    let rls = service();
+    let counts = counted(|| {
+        rls.should_rate_limit(&request(&[("file", "report-a")], 0))
+            .unwrap();
+        rls.should_rate_limit(&request(&[("file", "report-b")], 0))
+            .unwrap();
+    });
+    assert_eq!(of(&counts, "d.file_report*"), [2, 0, 0, 2, 0]);
+    assert_eq!(of(&counts, "d.file_report-a"), [0; 5]);
+}
+
+/// All or nothing: a descriptor within its limit on a request another rejects gets its hits
+/// back, and is counted as it decided (a hit within its limit), as envoyproxy/ratelimit counts
+/// it.
+#[test]
+fn a_request_rejected_by_another_descriptor_counts_within_this_one() {
+    let rls = service();
+    let counts = counted(|| {
+        let both = request(&[("k", "x"), ("tiny", "x")], 0);
+        assert_eq!(
+            rls.should_rate_limit(&both).unwrap().overall_code(),
+            Code::Ok
+        );
+        let r = rls.should_rate_limit(&both).unwrap();
+        assert_eq!(r.overall_code(), Code::OverLimit);
+        // Given back: 9 left, not 8.
+        assert_eq!(r.statuses[0].limit_remaining, 9);
+    });
+    assert_eq!(of(&counts, "d.k"), [2, 0, 0, 2, 0]);
+    // Limit 1: near from the first hit (floor(0.8) = 0).
+    assert_eq!(of(&counts, "d.tiny"), [2, 1, 1, 1, 0]);
+}
+
+#[test]
+fn an_override_counts_under_its_own_label() {
+    let rls = service();
+    let counts = counted(|| {
+        let mut r = request(&[("k", "x")], 0);
+        r.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: Unit::Minute as i32,
+        });
+        assert_eq!(rls.should_rate_limit(&r).unwrap().overall_code(), Code::Ok);
+        assert_eq!(
+            rls.should_rate_limit(&r).unwrap().overall_code(),
+            Code::OverLimit
+        );
+    });
+    assert_eq!(of(&counts, "override:1/minute"), [2, 1, 1, 1, 0]);
+    assert_eq!(of(&counts, "d.k"), [0; 5]);
+}
+
+#[cfg(feature = "redis")]
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+/// In Redis: admissions as in memory; a rejection's count before it is not known there, so all
+/// its hits count over the limit.
+#[cfg(feature = "redis")]
+#[test]
+fn in_redis_the_same_counters_count() {
+    use turnstile::redis::{aio::ConnectionManager, Client};
+    use turnstile::FailurePolicy;
+
+    let server = redis_server::RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let yaml = CONFIG.replace("unit: minute", "unit: year");
+    let rls = runtime.block_on(async {
+        let connection = ConnectionManager::new(Client::open(server.url()).unwrap())
+            .await
+            .unwrap();
+        RlsService::with_redis(
+            RlsConfig::from_yaml_str(&yaml).unwrap(),
+            connection,
+            "rls",
+            FailurePolicy::FailClosed,
+        )
+        .unwrap()
+    });
+    let counts = counted(|| {
+        runtime.block_on(async {
+            let k = |hits| request(&[("k", "x")], hits);
+            assert_eq!(rls.decide(&k(9)).await.unwrap().overall_code(), Code::Ok);
+            let r = rls.decide(&k(2)).await.unwrap();
+            assert_eq!(r.overall_code(), Code::OverLimit);
+            for _ in 0..3 {
+                rls.decide(&request(&[("shadow", "x")], 0)).await.unwrap();
+            }
+            rls.decide(&request(&[("user", "carol")], 0)).await.unwrap();
+        });
+    });
+    assert_eq!(of(&counts, "d.k"), [11, 2, 1, 9, 0]);
+    assert_eq!(of(&counts, "d.shadow"), [3, 1, 1, 2, 1]);
+    assert_eq!(of(&counts, "d.user_carol"), [1, 0, 0, 1, 0]);
+}
