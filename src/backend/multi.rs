@@ -53,16 +53,22 @@ where
     let Some((first, _)) = members.first() else {
         return Vec::new();
     };
-    // Each limiter's parameters in force now: the whole call decides under these snapshots.
-    let configs: Vec<Arc<Config>> = members.iter().map(|(l, _)| l.inner.config()).collect();
+    // Each limiter's parameters in force now: the whole call decides under these snapshots,
+    // borrowed (as `RedisLimiter::decide` borrows its one) until the deny caches have had
+    // their say, so that a call they reject writes no reference count other threads read.
+    let loaded: Vec<_> = members.iter().map(|(l, _)| l.inner.config.load()).collect();
     let sent = Instant::now();
-    for (i, ((limiter, subject), config)) in members.iter().zip(&configs).enumerate() {
+    for (i, ((limiter, subject), config)) in members.iter().zip(&loaded).enumerate() {
         if let Err(error) = limiter.inner.before(config, subject, n, sent) {
             let mut answers: Vec<Answer> = members.iter().map(|_| None).collect();
             answers[i] = Some(Err(error));
             return answers;
         }
     }
+    let configs: Vec<Arc<Config>> = loaded
+        .into_iter()
+        .map(arc_swap::Guard::into_inner)
+        .collect();
     let deadline = members
         .iter()
         .map(|(l, _)| l.inner.deadline)
