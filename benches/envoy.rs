@@ -20,11 +20,13 @@
 //!
 //! Run: `cargo bench --features envoy --bench envoy`.
 
+#[path = "../tests/common/envoy.rs"]
+mod envoy_common;
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use envoy_common::descriptor;
 use std::time::Duration;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Server};
-use turnstile::envoy::proto::{Code, Entry, RateLimitDescriptor, RateLimitRequest};
+use turnstile::envoy::proto::{Code, RateLimitDescriptor, RateLimitRequest};
 use turnstile::envoy::{RlsConfig, RlsService, SHOULD_RATE_LIMIT_PATH};
 use turnstile::{Algorithm, KeyedLimiter};
 
@@ -50,19 +52,6 @@ descriptors:
 "#
     ))
     .expect("the bench's configuration loads")
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
-        ..Default::default()
-    }
 }
 
 fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
@@ -149,23 +138,7 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let mut client = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let router = Server::builder().add_service(RlsService::new(config()).unwrap());
-        tokio::spawn(async move {
-            router
-                .serve_with_incoming(TcpIncoming::from(listener))
-                .await
-                .unwrap();
-        });
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        tonic::client::Grpc::new(channel)
-    });
+    let mut client = runtime.block_on(envoy_common::serve(RlsService::new(config()).unwrap()));
     let mut i = 0;
     group.bench_function("grpc/1_descriptor", |b| {
         b.iter(|| {

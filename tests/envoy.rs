@@ -3,11 +3,14 @@
 //! tonic client of a real tonic server on 127.0.0.1:0. Time is a `ManualClock` the tests
 //! advance; nothing sleeps.
 
+#[path = "common/envoy.rs"]
+mod envoy_common;
+
+use envoy_common::descriptor;
 use proptest::prelude::*;
 use prost::Message;
 use std::time::Duration;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Server};
+use tonic::transport::Channel;
 use turnstile::envoy::proto::{
     Code, DescriptorStatus, Entry, ProtoDuration, RateLimit, RateLimitDescriptor,
     RateLimitOverride, RateLimitRequest, RateLimitResponse, UInt64Value, Unit,
@@ -105,39 +108,11 @@ async fn start(yamls: &[&str]) -> Rls {
     let clock = ManualClock::new();
     let config = RlsConfig::from_yaml_strs(yamls.iter().copied()).expect("config");
     let service = RlsService::with_clock(config, clock.clone()).expect("service");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("address");
-    let router = Server::builder().add_service(service.clone());
-    tokio::spawn(async move {
-        router
-            .serve_with_incoming(TcpIncoming::from(listener))
-            .await
-            .expect("server");
-    });
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
+    let client = envoy_common::serve(service.clone()).await;
     Rls {
         service,
         clock,
-        client: tonic::client::Grpc::new(channel),
-    }
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
-        ..Default::default()
+        client,
     }
 }
 

@@ -2,14 +2,15 @@
 //! recorder: counted by hits as envoyproxy/ratelimit counts its stats, labelled by domain and
 //! limit. Time is a `ManualClock` that does not move; in Redis, windows are a year long.
 
+#[path = "common/envoy.rs"]
+mod envoy_common;
 #[path = "common/tally.rs"]
 mod tally;
 
+use envoy_common::descriptor;
 use std::collections::HashMap;
 use tally::Tally;
-use turnstile::envoy::proto::{
-    Code, Entry, RateLimitDescriptor, RateLimitOverride, RateLimitRequest, UInt64Value, Unit,
-};
+use turnstile::envoy::proto::{Code, RateLimitOverride, RateLimitRequest, UInt64Value, Unit};
 use turnstile::envoy::{RlsConfig, RlsService};
 use turnstile::ManualClock;
 
@@ -46,13 +47,7 @@ fn request(descriptors: &[(&str, &str)], hits: u32) -> RateLimitRequest {
         domain: "d".into(),
         descriptors: descriptors
             .iter()
-            .map(|(k, v)| RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: (*k).into(),
-                    value: (*v).into(),
-                }],
-                ..Default::default()
-            })
+            .map(|&entry| descriptor(&[entry]))
             .collect(),
         hits_addend: hits,
     }

@@ -3,16 +3,15 @@
 //! script, reloads keeping counts, and the gRPC path. Windows are a year long (Redis's clock
 //! is the real one), so that no test meets a window's end.
 
+#[path = "common/envoy.rs"]
+mod envoy_common;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
+use envoy_common::descriptor;
 use redis_server::RedisServer;
 use std::time::Duration;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Server};
-use turnstile::envoy::proto::{
-    Code, Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, UInt64Value,
-};
+use turnstile::envoy::proto::{Code, RateLimitRequest, RateLimitResponse, UInt64Value};
 use turnstile::envoy::{RlsConfig, RlsService, SHOULD_RATE_LIMIT_PATH};
 use turnstile::redis::{aio::ConnectionManager, Client};
 use turnstile::FailurePolicy;
@@ -47,16 +46,7 @@ fn request(descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
         domain: "d".into(),
         descriptors: descriptors
             .iter()
-            .map(|entries| RateLimitDescriptor {
-                entries: entries
-                    .iter()
-                    .map(|(k, v)| Entry {
-                        key: (*k).into(),
-                        value: (*v).into(),
-                    })
-                    .collect(),
-                ..Default::default()
-            })
+            .map(|entries| descriptor(entries))
             .collect(),
         hits_addend: 0,
     }
@@ -143,21 +133,7 @@ descriptors:
     )
     .unwrap();
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let router = Server::builder().add_service(rls.clone());
-    tokio::spawn(async move {
-        router
-            .serve_with_incoming(TcpIncoming::from(listener))
-            .await
-            .unwrap();
-    });
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = tonic::client::Grpc::new(channel);
+    let mut client = envoy_common::serve(rls.clone()).await;
     client.ready().await.unwrap();
     let r: RateLimitResponse = client
         .unary(
