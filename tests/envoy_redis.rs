@@ -1,7 +1,8 @@
 //! Envoy's rate limit service counting in Redis (features `envoy` and `redis`), against a
-//! `redis-server` each test starts: shared counts across services, all or nothing in one
-//! script, reloads keeping counts, and the gRPC path. Windows are a year long (Redis's clock
-//! is the real one), so that no test meets a window's end.
+//! `redis-server` (or a Redis Cluster of three) each test starts: shared counts across services,
+//! all or nothing in one script, and across Cluster slots by giving back, reloads keeping
+//! counts, the failure policy, and the gRPC path. Windows are a year long (Redis's clock is the
+//! real one), so that no test meets a window's end.
 
 #[path = "common/envoy.rs"]
 mod envoy_common;
@@ -9,10 +10,13 @@ mod envoy_common;
 mod redis_server;
 
 use envoy_common::descriptor;
-use redis_server::RedisServer;
+use redis_server::{RedisCluster, RedisServer};
 use std::time::Duration;
-use turnstile::envoy::proto::{Code, RateLimitRequest, RateLimitResponse, UInt64Value};
+use turnstile::envoy::proto::{
+    Code, RateLimitOverride, RateLimitRequest, RateLimitResponse, UInt64Value, Unit,
+};
 use turnstile::envoy::{RlsConfig, RlsService, SHOULD_RATE_LIMIT_PATH};
+use turnstile::redis::cluster::ClusterClient;
 use turnstile::redis::{aio::ConnectionManager, Client};
 use turnstile::FailurePolicy;
 
@@ -186,4 +190,220 @@ async fn a_silent_redis_is_answered_by_the_failure_policy_within_the_deadline() 
     let r = tokio::time::timeout(Duration::from_secs(5), closed.decide(&big)).await;
     assert_eq!(r.expect("no hang").unwrap().overall_code(), OVER);
     server.resume();
+}
+
+/// Different per-descriptor `hits_addend`s on one server: one script per cost, and a request
+/// that one of them rejects costs nothing in the others either (given back).
+#[tokio::test]
+async fn descriptors_of_different_costs_are_all_or_nothing() {
+    let server = RedisServer::start();
+    let rls = service(&server, CONFIG).await;
+    let r = rls.decide(&request(&[SMALL])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0)]));
+    let mut req = request(&[BIG, SMALL]);
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 10 });
+    let r = rls.decide(&req).await.unwrap();
+    // The big limit took 10 in its script, and gave them back: 100 left, as before.
+    assert_eq!(summary(&r), (OVER, vec![(OK, 100), (OVER, 0)]));
+    let r = rls.decide(&request(&[BIG])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 99)]));
+}
+
+/// A big descriptor whose key's slot (7490) falls on another master of three than `SMALL`'s
+/// (11491): slots are split in thirds (the tests check where the keys landed).
+const BIG_B: &[(&str, &str)] = &[("big", "b")];
+
+/// A service counting in `cluster` under the prefix `rls`.
+async fn cluster_service(cluster: &RedisCluster, yaml: &str, policy: FailurePolicy) -> RlsService {
+    let connection = ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    RlsService::with_redis_cluster(
+        RlsConfig::from_yaml_str(yaml).unwrap(),
+        connection,
+        "rls",
+        policy,
+    )
+    .unwrap()
+}
+
+/// The (node, slot) of each key under `rls:` whose name holds `needle`, in `cluster`.
+fn keys_of(cluster: &RedisCluster, needle: &str) -> Vec<(usize, i64)> {
+    let mut found = Vec::new();
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        let mut con = node.connection();
+        for key in redis_server::assert_all_keys_expire(&mut con, "rls") {
+            if key.contains(needle) {
+                let slot: i64 = turnstile::redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(&key)
+                    .query(&mut con)
+                    .unwrap();
+                found.push((n, slot));
+            }
+        }
+    }
+    found
+}
+
+/// `EVALSHA` and `EVAL` calls so far, over every node of `cluster`.
+fn scripts_run(cluster: &RedisCluster) -> u64 {
+    let mut calls = 0;
+    for node in &cluster.nodes {
+        let info: String = turnstile::redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut node.connection())
+            .unwrap();
+        for line in info.lines() {
+            if line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:") {
+                let calls_field = line
+                    .split([':', ','])
+                    .find_map(|f| f.strip_prefix("calls="));
+                calls += calls_field.unwrap().parse::<u64>().unwrap();
+            }
+        }
+    }
+    calls
+}
+
+/// On a Cluster, a request's descriptors in different slots (here on different masters) are
+/// each limited, shared by every service, and all or nothing: the one over its limit is
+/// rejected in its slot, and the one admitted in the other slot gives its hit back.
+#[tokio::test]
+async fn cluster_descriptors_in_different_slots_are_all_or_nothing() {
+    let cluster = RedisCluster::start(3);
+    let a = cluster_service(&cluster, CONFIG, FailurePolicy::FailClosed).await;
+    let b = cluster_service(&cluster, CONFIG, FailurePolicy::FailClosed).await;
+    let r = a.decide(&request(&[SMALL, BIG_B])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0), (OK, 99)]));
+    let (small, big) = (keys_of(&cluster, "small"), keys_of(&cluster, "big"));
+    assert_eq!((small.len(), big.len()), (1, 1));
+    assert_ne!(
+        small[0].0, big[0].0,
+        "on different masters: {small:?} {big:?}"
+    );
+    // The other service: the small limit is over in its slot, the big one admits in its own
+    // and gives its hit back (99 left: the count as it stands).
+    let r = b.decide(&request(&[BIG_B, SMALL])).await.unwrap();
+    assert_eq!(summary(&r), (OVER, vec![(OK, 99), (OVER, 0)]));
+    let left = Duration::try_from(r.statuses[1].duration_until_reset.unwrap()).unwrap();
+    assert!(left > Duration::ZERO && left <= Duration::from_secs(365 * 86_400));
+    let r = a.decide(&request(&[BIG_B])).await.unwrap();
+    assert_eq!(
+        summary(&r),
+        (OK, vec![(OK, 98)]),
+        "the rejected request cost nothing"
+    );
+    // Now the small subject is in `b`'s deny cache: rejected with no round trip to any slot,
+    // the big descriptor not asked.
+    let before = scripts_run(&cluster);
+    for _ in 0..3 {
+        let r = b.decide(&request(&[BIG_B, SMALL])).await.unwrap();
+        assert_eq!(summary(&r), (OVER, vec![(OK, 0), (OVER, 0)]));
+        assert_eq!(r.statuses[0].duration_until_reset, None);
+    }
+    assert_eq!(scripts_run(&cluster), before);
+    let r = a.decide(&request(&[BIG_B])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 97)]));
+}
+
+/// On a Cluster, descriptors whose keys share a slot (one subject: the same entries, under a
+/// configured limit and a request's `limit` override) are decided in one script, one round
+/// trip, all or nothing; and a reload keeps the counts.
+#[tokio::test]
+async fn cluster_descriptors_in_one_slot_are_one_script_and_a_reload_keeps_counts() {
+    let cluster = RedisCluster::start(3);
+    let rls = cluster_service(&cluster, CONFIG, FailurePolicy::FailClosed).await;
+    let mut req = request(&[SMALL, SMALL]);
+    req.descriptors[1].limit = Some(RateLimitOverride {
+        requests_per_unit: 5,
+        unit: Unit::Year as i32,
+    });
+    let r = rls.decide(&req).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0), (OK, 4)]));
+    let keys = keys_of(&cluster, "small");
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "one node, one slot");
+    let before = scripts_run(&cluster);
+    let r = rls.decide(&req).await.unwrap();
+    assert_eq!(summary(&r), (OVER, vec![(OVER, 0), (OK, 4)]));
+    assert_eq!(scripts_run(&cluster), before + 1, "one script");
+    let r = rls.decide(&request(&[BIG])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 99)]));
+    // The override's count was not charged by the rejected request.
+    let mut alone = request(&[SMALL]);
+    alone.descriptors[0].limit = req.descriptors[1].limit;
+    let r = rls.decide(&alone).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 3)]));
+
+    rls.reload(
+        RlsConfig::from_yaml_str(
+            "
+domain: d
+descriptors:
+  - key: big
+    rate_limit: { unit: year, requests_per_unit: 50, name: moved }
+  - key: small
+    rate_limit: { unit: year, requests_per_unit: 3 }
+",
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let r = rls.decide(&request(&[BIG, SMALL])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 48), (OK, 1)]));
+}
+
+/// On a Cluster whose node for one descriptor's slot does not answer, that descriptor is
+/// decided by the failure policy and the other's slot by Redis: failing closed rejects the
+/// request and gives the other's hit back; failing open admits it, charged in Redis.
+#[tokio::test]
+async fn cluster_failure_policy_decides_the_slot_that_does_not_answer() {
+    let cluster = RedisCluster::start(3);
+    let closed = cluster_service(&cluster, CONFIG, FailurePolicy::FailClosed).await;
+    let open = cluster_service(&cluster, CONFIG, FailurePolicy::FailOpen).await;
+    let r = closed.decide(&request(&[SMALL, BIG_B])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0), (OK, 99)]));
+    let (small, big) = (keys_of(&cluster, "small"), keys_of(&cluster, "big"));
+    assert_ne!(small[0].0, big[0].0);
+    let small_node = &cluster.nodes[small[0].0];
+    small_node.pause();
+    let probe = request(&[BIG_B, SMALL]);
+    let r = tokio::time::timeout(Duration::from_secs(5), closed.decide(&probe)).await;
+    let r = r.expect("no hang").unwrap();
+    assert_eq!(summary(&r), (OVER, vec![(OK, 99), (OVER, 0)]));
+    let r = tokio::time::timeout(Duration::from_secs(5), open.decide(&probe)).await;
+    let r = r.expect("no hang").unwrap();
+    assert_eq!(r.overall_code(), OK);
+    assert_eq!(r.statuses[0].limit_remaining, 98, "charged in Redis");
+    small_node.resume();
+    let r = closed.decide(&request(&[BIG_B])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 97)]));
+}
+
+/// On a Cluster under `Fallback`, a descriptor whose slot does not answer is charged in the
+/// local fallback; when the other slot rejects the request, the fallback gives its hit back.
+#[tokio::test]
+async fn cluster_fallback_gives_back_when_another_slot_rejects() {
+    let cluster = RedisCluster::start(3);
+    let policy = FailurePolicy::Fallback { share: 0.5 };
+    let rls = cluster_service(&cluster, CONFIG, policy).await;
+    let r = rls.decide(&request(&[SMALL, BIG_B])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0), (OK, 99)]));
+    let (small, big) = (keys_of(&cluster, "small"), keys_of(&cluster, "big"));
+    assert_ne!(small[0].0, big[0].0);
+    let big_node = &cluster.nodes[big[0].0];
+    big_node.pause();
+    // The big limit's fallback (50 here) admits, the small limit in Redis is over: the
+    // fallback's hit is given back, so the next one leaves 49, not 48.
+    let (both, big_alone) = (request(&[BIG_B, SMALL]), request(&[BIG_B]));
+    let r = tokio::time::timeout(Duration::from_secs(5), rls.decide(&both)).await;
+    let r = r.expect("no hang").unwrap();
+    assert_eq!(summary(&r), (OVER, vec![(OK, 50), (OVER, 0)]));
+    let r = tokio::time::timeout(Duration::from_secs(5), rls.decide(&big_alone)).await;
+    let r = r.expect("no hang").unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 49)]));
+    big_node.resume();
 }

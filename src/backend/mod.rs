@@ -19,6 +19,9 @@ mod multi;
 
 #[cfg(any(feature = "http", feature = "envoy"))]
 pub(crate) use multi::try_acquire_all;
+// Envoy's service on a Cluster: one call per slot, given back when another slot rejects.
+#[cfg(feature = "envoy")]
+pub(crate) use multi::{settled, try_acquire_all_held, Held};
 
 use crate::chain::{KeyedChain, Taken};
 use crate::decision::{Admission, Rejection};

@@ -1,15 +1,154 @@
 //! Several [`RedisLimiter`]s, each with its own subject (and prefix, and algorithm), decided all
-//! or nothing in one script, `scripts/multi.lua`: see [`try_acquire_all`].
+//! or nothing in one script, `scripts/multi.lua`: see [`try_acquire_all`]. For callers whose
+//! members lie in several Cluster slots (one call per slot): [`settled`] and
+//! [`try_acquire_all_held`], whose [`Held`] gives back what an admitted call took.
 
-use super::{keys, parse, run, within, Config, Failure, RedisLimiter, ADMITTED, MULTI, REJECTED};
+use super::{
+    keys, parse, run, within, Config, Failure, Lua, RedisLimiter, ADMITTED, MULTI, REJECTED,
+};
+use crate::chain::Taken;
 use crate::decision::Admission;
 use crate::error::TryAcquireError;
 use crate::sync::Arc;
 use ::redis::aio::ConnectionLike;
+use std::ops::Deref;
+use std::sync::LazyLock;
 use std::time::Instant;
 
 /// One member's answer from [`try_acquire_all`]: `None` if it was not decided.
 pub(crate) type Answer = Option<Result<Admission, TryAcquireError>>;
+
+/// `scripts/give_back.lua`: see [`Held::give_back`].
+static GIVE_BACK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/give_back.lua")));
+
+/// What one member of a call took, for [`Held::give_back`].
+enum Took {
+    /// Nothing: the call was rejected or settled before the round trip, or the member's
+    /// failure policy admitted it open.
+    Nothing,
+    /// `n` in Redis: in the fixed window ending at this time (µs since the Unix epoch), or
+    /// `None` for another algorithm or a chain, which cannot be given back.
+    Redis(Option<u64>),
+    /// `n` from the member's local fallback, while Redis failed.
+    Fallback(Taken),
+}
+
+/// What a [`try_acquire_all_held`] call took from each member, to give back when the caller
+/// rejects the decision after all (another call of the same decision, in another Cluster slot,
+/// rejected).
+#[cfg_attr(not(feature = "envoy"), allow(dead_code))]
+pub(crate) struct Held {
+    n: u32,
+    /// The members' parameters the call decided under (empty if it was settled before).
+    configs: Vec<Arc<Config>>,
+    took: Vec<Took>,
+}
+
+#[cfg_attr(not(feature = "envoy"), allow(dead_code))]
+impl Held {
+    /// A call that took nothing.
+    fn nothing() -> Self {
+        Held {
+            n: 0,
+            configs: Vec::new(),
+            took: Vec::new(),
+        }
+    }
+
+    /// Gives back to each member what the call took from it (`members` as given to the call):
+    /// to a local fallback at once, and in Redis in one `give_back.lua` round trip over every
+    /// key (which must share a slot on a Cluster, as the call's did) through the first
+    /// member's connection, within the smallest deadline of the members. Answers per member
+    /// whether it now holds nothing of the call: `false` for a fixed window whose script
+    /// failed or missed the deadline (the charge stays), and for another algorithm or a
+    /// chain (only fixed windows are given back). A window that has ended meanwhile is left
+    /// alone and answers `false` as well: its count is gone with it. Counts nothing in
+    /// [`stats`](RedisLimiter::stats): each member counted the admission it made.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped after the script was sent, the keys may or may not have been given back.
+    pub(crate) async fn give_back<C>(self, members: &[(&RedisLimiter<C>, &[u8])]) -> Vec<bool>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let n = self.n;
+        let mut given = vec![true; members.len()];
+        // The fixed windows to give back in Redis: their keys, window ends and members.
+        let mut keys = Vec::new();
+        let mut ends = Vec::new();
+        let mut whose = Vec::new();
+        for (i, (((limiter, subject), config), took)) in
+            (members.iter().zip(&self.configs).zip(self.took)).enumerate()
+        {
+            match took {
+                Took::Nothing => {}
+                Took::Fallback(taken) => limiter.inner.give_back(config, subject, n, &taken),
+                Took::Redis(None) => given[i] = false,
+                Took::Redis(Some(end)) => {
+                    let suffix = &config.members[0].suffix;
+                    keys.push(keys::key(&limiter.inner.prefix, subject, suffix));
+                    ends.push(end);
+                    whose.push(i);
+                    given[i] = false;
+                }
+            }
+        }
+        let Some((first, _)) = members.first().filter(|_| !keys.is_empty()) else {
+            return given;
+        };
+        let deadline =
+            (members.iter().map(|(l, _)| l.inner.deadline).min()).unwrap_or(first.inner.deadline);
+        let round_trip = run(&first.inner.connection, &GIVE_BACK, keys.len(), |cmd| {
+            for key in &keys {
+                cmd.arg(key);
+            }
+            cmd.arg(n);
+            for end in &ends {
+                cmd.arg(*end);
+            }
+        });
+        if let Ok(reply) = within(deadline, round_trip).await {
+            if reply.len() == whose.len() {
+                for (&i, &flag) in whose.iter().zip(&reply) {
+                    given[i] = flag == 1;
+                }
+            }
+        }
+        given
+    }
+}
+
+/// What is settled of a call for `n` before any round trip, as [`try_acquire_all`] settles it:
+/// `Some` (the answers it would give: the denying or too small member its error, the others
+/// `None`) if a member's deny cache denies its subject (counted as denied locally) or `n`
+/// exceeds a member's capacity; `None` if the call must ask Redis. For a caller making several
+/// calls of one decision, so that it sends none when one is settled.
+#[cfg_attr(not(feature = "envoy"), allow(dead_code))]
+pub(crate) fn settled<C>(members: &[(&RedisLimiter<C>, &[u8])], n: u32) -> Option<Vec<Answer>> {
+    let loaded: Vec<_> = members.iter().map(|(l, _)| l.inner.config.load()).collect();
+    settle(members, &loaded, n, Instant::now())
+}
+
+/// [`settled`], under the parameters `loaded` (one per member) at `sent`.
+fn settle<C, G>(
+    members: &[(&RedisLimiter<C>, &[u8])],
+    loaded: &[G],
+    n: u32,
+    sent: Instant,
+) -> Option<Vec<Answer>>
+where
+    G: Deref<Target = Arc<Config>>,
+{
+    for (i, ((limiter, subject), config)) in members.iter().zip(loaded).enumerate() {
+        if let Err(error) = limiter.inner.before(config, subject, n, sent) {
+            let mut answers: Vec<Answer> = members.iter().map(|_| None).collect();
+            answers[i] = Some(Err(error));
+            return Some(answers);
+        }
+    }
+    None
+}
 
 /// Takes `n` permits from every `(limiter, subject)` of `members` if every one admits them, and
 /// otherwise from none: one `EVALSHA` for all (plus an `EVAL` after Redis lost its script
@@ -50,20 +189,32 @@ pub(crate) async fn try_acquire_all<C>(members: &[(&RedisLimiter<C>, &[u8])], n:
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    try_acquire_all_held(members, n).await.0
+}
+
+/// [`try_acquire_all`], and what the call took from each member, so that the caller can give
+/// it back ([`Held::give_back`]) if it rejects the decision after all.
+///
+/// # Cancel safety
+///
+/// As [`try_acquire_all`].
+pub(crate) async fn try_acquire_all_held<C>(
+    members: &[(&RedisLimiter<C>, &[u8])],
+    n: u32,
+) -> (Vec<Answer>, Held)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     let Some((first, _)) = members.first() else {
-        return Vec::new();
+        return (Vec::new(), Held::nothing());
     };
     // Each limiter's parameters in force now: the whole call decides under these snapshots,
     // borrowed (as `RedisLimiter::decide` borrows its one) until the deny caches have had
     // their say, so that a call they reject writes no reference count other threads read.
     let loaded: Vec<_> = members.iter().map(|(l, _)| l.inner.config.load()).collect();
     let sent = Instant::now();
-    for (i, ((limiter, subject), config)) in members.iter().zip(&loaded).enumerate() {
-        if let Err(error) = limiter.inner.before(config, subject, n, sent) {
-            let mut answers: Vec<Answer> = members.iter().map(|_| None).collect();
-            answers[i] = Some(Err(error));
-            return answers;
-        }
+    if let Some(answers) = settle(members, &loaded, n, sent) {
+        return (answers, Held::nothing());
     }
     let configs: Vec<Arc<Config>> = loaded
         .into_iter()
@@ -103,10 +254,15 @@ where
         .and_then(|reply| split(repaired(members, &reply, keys), keys));
     let (all, decisions) = match reply {
         Ok(reply) => reply,
-        Err(failure) => return fail_all(members, &configs, failure, n),
+        Err(failure) => {
+            let (answers, took) = fail_all(members, &configs, failure, n);
+            let held = Held { n, configs, took };
+            return (answers, held);
+        }
     };
     let mut decisions = decisions.into_iter();
-    members
+    let mut took = Vec::with_capacity(members.len());
+    let answers = members
         .iter()
         .zip(&each)
         .zip(&configs)
@@ -131,6 +287,15 @@ where
                     }
                 }
             }
+            // Taken only when every member admitted; a lone fixed window's admission ends
+            // with its window, whose end (in µs, as the key keeps it) names what to give back.
+            took.push(match admitted {
+                Some((at, reset, _)) if all && worst.is_none() => {
+                    let fixed = matches!(&config.members[..], [m] if m.plan.kind == 1);
+                    Took::Redis(fixed.then(|| at.saturating_add(reset) / 1000))
+                }
+                _ => Took::Nothing,
+            });
             Some(match (worst, admitted) {
                 (Some((retry_after, member)), _) => {
                     // A key that the call lists more than once may have been decided on what
@@ -148,7 +313,9 @@ where
                 (None, None) => Err(TryAcquireError::Unavailable), // a limiter has members
             })
         })
-        .collect()
+        .collect();
+    let held = Held { n, configs, took };
+    (answers, held)
 }
 
 /// `reply` without the count of unreadable keys `multi.lua` appends when it found any, which is
@@ -184,13 +351,14 @@ fn split(reply: &[i64], keys: usize) -> Result<(bool, Vec<Decision>), Failure> {
     Ok((*all == 1, decisions))
 }
 
-/// Redis gave no decision: each member's failure policy answers (see [`try_acquire_all`]).
+/// Redis gave no decision: each member's failure policy answers (see [`try_acquire_all`]);
+/// and what each member took, from its fallback, when all admitted.
 fn fail_all<C>(
     members: &[(&RedisLimiter<C>, &[u8])],
     configs: &[Arc<Config>],
     failure: Failure,
     n: u32,
-) -> Vec<Answer> {
+) -> (Vec<Answer>, Vec<Took>) {
     for (limiter, _) in members {
         limiter.inner.count_failure(failure);
     }
@@ -215,11 +383,14 @@ fn fail_all<C>(
             return members
                 .iter()
                 .zip(charged)
-                .map(|((limiter, _), (admission, counter, _))| {
+                .map(|((limiter, _), (admission, counter, taken))| {
                     limiter.inner.count(counter);
-                    Some(Ok(admission))
+                    (
+                        Some(Ok(admission)),
+                        taken.map_or(Took::Nothing, Took::Fallback),
+                    )
                 })
-                .collect();
+                .unzip();
         }
         for (((limiter, subject), config), (_, _, taken)) in
             members.iter().zip(configs).zip(&charged)
@@ -241,9 +412,9 @@ fn fail_all<C>(
                 _ => limiter.inner.policy(config, subject, 0),
             };
             limiter.inner.count(counter);
-            Some(answer)
+            (Some(answer), Took::Nothing)
         })
-        .collect()
+        .unzip()
 }
 
 #[cfg(test)]
@@ -552,6 +723,68 @@ mod tests {
         }
         assert_eq!(a.stats().repaired, 1);
         assert_eq!((a.stats().errors, b.stats().errors), (0, 0));
+    }
+
+    /// What an admitted call took is given back: a fixed window's key listed twice gives back
+    /// twice, a key whose window is no longer the admission's is left alone, and an algorithm
+    /// other than the fixed window is not given back (and says so).
+    #[tokio::test]
+    async fn an_admitted_call_gives_back_its_fixed_windows_only() {
+        let server = RedisServer::start();
+        let connection = connect(&server).await;
+        let mut raw = server.connection();
+        let hour = Duration::from_secs(3600);
+        room_in_window(&mut raw, hour, Duration::from_secs(10));
+        let (a, b) = (
+            limit_3_per_hour(&connection, "ga"),
+            limit_3_per_hour(&connection, "gb"),
+        );
+        let bucket = RedisLimiter::builder(
+            Algorithm::TokenBucket {
+                rate: Rate::new(3, hour),
+                burst: 3,
+            },
+            FailurePolicy::FailClosed,
+        )
+        .prefix("gt")
+        .build(connection)
+        .unwrap();
+        let members = [
+            (&a, &b"x"[..]),
+            (&a, &b"x"[..]),
+            (&b, &b"y"[..]),
+            (&bucket, &b"z"[..]),
+        ];
+        let (answers, held) = try_acquire_all_held(&members, 1).await;
+        assert!(
+            answers.iter().all(|a| matches!(a, Some(Ok(_)))),
+            "{answers:?}"
+        );
+        // Another window's state for b's key (as if its window had ended and a new one begun).
+        let () = ::redis::cmd("HSET")
+            .arg(b.key(b"y"))
+            .arg(&["w", "0"])
+            .query(&mut raw)
+            .unwrap();
+        assert_eq!(held.give_back(&members).await, [true, true, false, false]);
+        let remaining = |answer: Result<Admission, TryAcquireError>| answer.map(|a| a.remaining());
+        assert_eq!(
+            remaining(a.try_acquire(b"x").await),
+            Ok(2),
+            "both hits back"
+        );
+        assert_eq!(
+            remaining(bucket.try_acquire(b"z").await),
+            Ok(1),
+            "still charged"
+        );
+        // A rejected call took nothing, and gives back nothing.
+        let (_, held) = try_acquire_all_held(&[(&a, &b"x"[..]), (&a, &b"x"[..])], 2).await;
+        assert_eq!(
+            held.give_back(&[(&a, &b"x"[..]), (&a, &b"x"[..])]).await,
+            [true, true]
+        );
+        assert_eq!(remaining(a.try_acquire(b"x").await), Ok(1));
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //!
 //! - [`RlsConfig`]: the configuration (one YAML file per domain), with errors naming the field.
 //! - [`RlsService`]: the decisions, hot [`reload`](RlsService::reload), and the tonic service
-//!   to mount with `Server::builder().add_service(..)`.
+//!   to mount with `Server::builder().add_service(..)`. It counts in memory, or (feature
+//!   `redis`) in Redis or Valkey, shared by every instance: standalone (`with_redis`) or a
+//!   Cluster (`with_redis_cluster`, one script per slot, all or nothing across slots by giving
+//!   back what the other slots took).
 //! - [`proto`]: the request and response messages, written by hand with Envoy's field numbers.
 //!
 //! # Examples

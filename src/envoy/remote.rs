@@ -1,4 +1,5 @@
-//! Counting in Redis (features `envoy` and `redis`): a `RedisLimiter` per configured limit.
+//! Counting in Redis (features `envoy` and `redis`): a `RedisLimiter` per configured limit, on a
+//! standalone server or a Redis Cluster.
 
 use super::config::{RlsConfig, RlsConfigError};
 use super::metrics::Decision;
@@ -6,19 +7,91 @@ use super::proto::{Code, Entry, RateLimitOverride, RateLimitRequest, RateLimitRe
 use super::service::{
     counter_entries, hits_of, override_applied, resolve, status, window_left, Applied, Overrides,
 };
-use crate::redis::aio::ConnectionManager;
-use crate::{Admission, Algorithm, ConfigError, FailurePolicy, RedisLimiter, TryAcquireError};
+use crate::backend::{settled, try_acquire_all, try_acquire_all_held, Held};
+use crate::redis::aio::{ConnectionLike, ConnectionManager};
+use crate::redis::cluster_async::ClusterConnection;
+use crate::redis::cluster_routing::Slot;
+use crate::redis::{RedisFuture, Value};
+use crate::{Admission, Algorithm, ConfigError, FailurePolicy, TryAcquireError};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::Poll;
 use std::time::Duration;
 
+/// The service's limiters in Redis, whichever the connection.
+pub(crate) type RedisLimiter = crate::RedisLimiter<Connection>;
+
+/// A connection to a standalone Redis or to a Redis Cluster: one limiter type either way.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    /// A standalone server, through a connection that reconnects by itself.
+    Standalone(ConnectionManager),
+    /// A Cluster: each command goes to the node that owns its keys' slot.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a crate::redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a crate::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Standalone(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 pub(crate) struct Remote {
-    connection: ConnectionManager,
+    connection: Connection,
     prefix: String,
     policy: FailurePolicy,
     overrides: Overrides<RedisLimiter>,
+}
+
+/// Runs `futures` together on the calling task (their round trips in flight at once), and
+/// answers their outputs in order.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 /// A descriptor's entries as one subject, unambiguously: each key and value preceded by its
@@ -40,15 +113,18 @@ enum Answer {
     Within(u32, Duration),
     Over(Duration),
     Got(Result<Admission, TryAcquireError>),
+    /// Admitted in its slot, then given back (another slot rejected the request): the
+    /// admission, and what it is left with now.
+    GivenBack(Admission, u32),
 }
 
 impl Remote {
     pub(super) fn new(
-        connection: ConnectionManager,
+        connection: Connection,
         prefix: String,
         policy: FailurePolicy,
     ) -> Result<Self, RlsConfigError> {
-        RedisLimiter::builder(
+        crate::RedisLimiter::builder(
             Algorithm::FixedWindow {
                 limit: 1,
                 window: Duration::from_secs(1),
@@ -79,7 +155,7 @@ impl Remote {
             let _ = write!(prefix, "{b:02x}");
         }
         let window = unit.duration().unwrap_or(Duration::from_secs(1));
-        RedisLimiter::builder(Algorithm::FixedWindow { limit, window }, self.policy)
+        crate::RedisLimiter::builder(Algorithm::FixedWindow { limit, window }, self.policy)
             .prefix(prefix)
             .build(self.connection.clone())
     }
@@ -118,6 +194,97 @@ impl Remote {
             let identity = format!("override|{domain}|{limit}|{}", unit as i32);
             self.limiter(&identity, limit, unit).ok()
         })
+    }
+
+    /// Decides the enforced descriptors `group` (index, limiter), each costing `hits[i]` on
+    /// `subjects[i]`, into `answers`: one multi-limiter script per Cluster slot and cost (on a
+    /// standalone server, per cost), the scripts in parallel. When one rejects, the others give
+    /// back what they took, so that the request costs nothing (see `RlsService::with_redis`).
+    async fn enforce(
+        &self,
+        group: &[(usize, &RedisLimiter)],
+        subjects: &[Vec<u8>],
+        hits: &[u64],
+        answers: &mut [Answer],
+    ) {
+        let cluster = matches!(self.connection, Connection::Cluster(_));
+        // The calls, in the order first met: slot (on a Cluster), cost, members (in `group`).
+        let mut calls: Vec<(Option<Slot>, u64, Vec<usize>)> = Vec::new();
+        for (k, &(i, l)) in group.iter().enumerate() {
+            let slot = cluster.then(|| Slot::for_key(l.key(subjects[i].as_slice())));
+            match calls
+                .iter_mut()
+                .find(|(s, h, _)| *s == slot && *h == hits[i])
+            {
+                Some((_, _, ks)) => ks.push(k),
+                None => calls.push((slot, hits[i], vec![k])),
+            }
+        }
+        // At most the limit's capacity, a u32 (checked before).
+        let cost = |h: u64| u32::try_from(h).unwrap_or(u32::MAX);
+        let members: Vec<Vec<(&RedisLimiter, &[u8])>> = (calls.iter())
+            .map(|(_, _, ks)| {
+                (ks.iter())
+                    .map(|&k| (group[k].1, subjects[group[k].0].as_slice()))
+                    .collect()
+            })
+            .collect();
+        let mut set = |ks: &[usize], got: Vec<Option<Result<Admission, TryAcquireError>>>| {
+            for (&k, result) in ks.iter().zip(got) {
+                if let Some(result) = result {
+                    answers[group[k].0] = Answer::Got(result);
+                }
+            }
+        };
+        if let [(_, h, ks)] = &calls[..] {
+            set(ks, try_acquire_all(&members[0], cost(*h)).await);
+            return;
+        }
+        // A deny cache that settles one call settles the request: no call is sent.
+        for ((_, h, ks), m) in calls.iter().zip(&members) {
+            if let Some(got) = settled(m, cost(*h)) {
+                set(ks, got);
+                return;
+            }
+        }
+        let calls_held: Vec<_> = (calls.iter().zip(&members))
+            .map(|((_, h, _), m)| try_acquire_all_held(m, cost(*h)))
+            .collect();
+        let held = join_all(calls_held).await;
+        let admitted = |got: &[Option<Result<Admission, TryAcquireError>>]| {
+            got.iter().all(|a| matches!(a, Some(Ok(_))))
+        };
+        if held.iter().all(|(got, _)| admitted(got)) {
+            for ((_, _, ks), (got, _)) in calls.iter().zip(held) {
+                set(ks, got);
+            }
+            return;
+        }
+        let giving: Vec<_> = (held.into_iter().zip(&members))
+            .map(|((got, held), m): ((_, Held), _)| async move {
+                let back = if admitted(&got) {
+                    held.give_back(m).await
+                } else {
+                    // Rejected: it took nothing, and its admitting members answered their
+                    // state untouched.
+                    vec![false; got.len()]
+                };
+                (got, back)
+            })
+            .collect();
+        for ((_, h, ks), (got, back)) in calls.iter().zip(join_all(giving).await) {
+            for ((&k, result), back) in ks.iter().zip(got).zip(back) {
+                let (i, l) = group[k];
+                answers[i] = match result {
+                    Some(Ok(a)) if back => {
+                        let left = a.remaining().saturating_add(cost(*h)).min(l.capacity());
+                        Answer::GivenBack(a, left)
+                    }
+                    Some(result) => Answer::Got(result),
+                    None => continue,
+                };
+            }
+        }
     }
 
     /// Decides `request` (already validated) against `counters`; `now` (Unix nanoseconds)
@@ -173,37 +340,14 @@ impl Remote {
             _ => None,
         };
 
-        // The enforced descriptors: one script when they cost alike, else one by one.
+        // The enforced descriptors: one script per Cluster slot (one in all on a standalone
+        // server) and per cost, in parallel; all or nothing across them by giving back.
         if !enforced_over(&answers) {
-            let group: Vec<usize> = (0..answers.len())
+            let group: Vec<(usize, &RedisLimiter)> = (0..answers.len())
                 .filter(|&i| matches!(answers[i], Answer::NotAsked) && !shadow(i) && hits[i] > 0)
+                .filter_map(|i| limiter(i).map(|l| (i, l)))
                 .collect();
-            if let Some(&first) = group.first() {
-                // At most the limit's capacity, a u32 (checked above).
-                let n = u32::try_from(hits[first]).unwrap_or(u32::MAX);
-                if group.iter().all(|&i| hits[i] == hits[first]) {
-                    let members: Vec<(&RedisLimiter, &[u8])> = (group.iter())
-                        .filter_map(|&i| limiter(i).map(|l| (l, subjects[i].as_slice())))
-                        .collect();
-                    let got = crate::backend::try_acquire_all(&members, n).await;
-                    for (&i, answer) in group.iter().zip(got) {
-                        if let Some(result) = answer {
-                            answers[i] = Answer::Got(result);
-                        }
-                    }
-                } else {
-                    for &i in &group {
-                        let Some(l) = limiter(i) else { continue };
-                        let n = u32::try_from(hits[i]).unwrap_or(u32::MAX);
-                        let result = l.try_acquire_n(subjects[i].as_slice(), n).await;
-                        let over = result.is_err();
-                        answers[i] = Answer::Got(result);
-                        if over {
-                            break;
-                        }
-                    }
-                }
-            }
+            self.enforce(&group, &subjects, &hits, &mut answers).await;
         }
         let rejected = enforced_over(&answers);
 
@@ -242,7 +386,7 @@ impl Remote {
                     // count over the limit. Descriptors left unasked are not counted.
                     let limit = spec.requests_per_unit();
                     let before = match &answer {
-                        Answer::Got(Ok(a)) => Some(
+                        Answer::Got(Ok(a)) | Answer::GivenBack(a, _) => Some(
                             u64::from(limit.saturating_sub(a.remaining())).saturating_sub(hits[i]),
                         ),
                         Answer::Over(_) | Answer::Got(Err(_)) => Some(u64::from(limit)),
@@ -254,7 +398,7 @@ impl Remote {
                             limit,
                             before,
                             hits: hits[i],
-                            over: !matches!(answer, Answer::Got(Ok(_))),
+                            over: !matches!(answer, Answer::Got(Ok(_)) | Answer::GivenBack(..)),
                             shadow: shadow(i),
                         };
                         spec.count(&request.domain, &entries, decision);
@@ -268,6 +412,9 @@ impl Remote {
                     Answer::Over(reset) => status(over, current, 0, Some(reset)),
                     Answer::Got(Ok(a)) => {
                         status(Code::Ok, current, a.remaining(), Some(a.reset_after()))
+                    }
+                    Answer::GivenBack(a, left) => {
+                        status(Code::Ok, current, left, Some(a.reset_after()))
                     }
                     Answer::Got(Err(TryAcquireError::Rejected(r))) => {
                         status(over, current, 0, Some(r.retry_after()))

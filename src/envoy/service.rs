@@ -120,8 +120,9 @@ impl Clock for UnixClock {
 }
 
 /// Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService`), answering
-/// `ShouldRateLimit` from an [`RlsConfig`], counting in memory (or, made with `with_redis`
-/// under the feature `redis`, in Redis: see there for how its decisions differ).
+/// `ShouldRateLimit` from an [`RlsConfig`], counting in memory (or, made with `with_redis` or
+/// `with_redis_cluster` under the feature `redis`, in Redis or a Redis Cluster: see there for
+/// how its decisions differ).
 ///
 /// Mount it on a tonic server with `Server::builder().add_service(service.clone())`; keep a clone
 /// to [`reload`](Self::reload) the configuration. Clones share everything.
@@ -219,7 +220,7 @@ struct State<C: Clock + Clone> {
     limiters: Vec<Option<Limiter<C>>>,
     /// As `limiters`, when counting in Redis; empty otherwise.
     #[cfg(feature = "redis")]
-    remote: Vec<Option<crate::RedisLimiter>>,
+    remote: Vec<Option<super::remote::RedisLimiter>>,
     headers: Option<Arc<ResponseHeaders>>,
 }
 
@@ -345,20 +346,39 @@ impl RlsService {
     /// [`decide`](RlsService::decide) (the gRPC service does);
     /// [`should_rate_limit`](RlsService::should_rate_limit) answers `FAILED_PRECONDITION`.
     ///
-    /// A request's descriptors that are enforced (not in shadow mode) and cost the same hits
-    /// are decided in one script, one round trip, all or nothing. With different per-descriptor
-    /// `hits_addend`s they are decided one round trip each, in order, stopping at the first
-    /// over its limit: the ones before it stay charged (as Envoy charges them). Shadow-mode
-    /// descriptors take a round trip each, and only when the request is admitted. A standalone
-    /// Redis (or Valkey) only: on a Cluster, one request's counters lie in different slots.
+    /// **All or nothing.** A request's enforced descriptors (not in shadow mode, with hits) are
+    /// decided by one script per *call*, the calls sent together (their round trips in
+    /// flight at once): on a standalone server one call for all of them (one per distinct
+    /// cost when per-descriptor `hits_addend`s differ); on a Cluster
+    /// ([`with_redis_cluster`](RlsService::with_redis_cluster)) one per slot and cost. Each
+    /// script decides its descriptors all or nothing. When every call admits, the request is
+    /// admitted; when one rejects, the calls that admitted give their hits back (one more
+    /// round trip each, in parallel), so that a rejected request costs nothing, as in memory.
+    /// What that leaves open, and only when a request needs more than one call:
+    ///
+    /// - Between a call's charge and its give-back, other requests see those hits taken and
+    ///   may be rejected by them (never admitted past a limit): the same window as in memory,
+    ///   where the refund also follows the charge, here one round trip long.
+    /// - A give-back that fails or misses the deadline leaves the hits charged (as Envoy
+    ///   charges every descriptor), and the status reports the count after the charge; a
+    ///   window that ended in between has nothing to give back.
+    ///
+    /// A descriptor given back answers `OK` with its count as it was before the request. When
+    /// a limiter's deny cache already knows that its call rejects, the request is rejected
+    /// with no round trip to any slot, and the other descriptors are not asked (`OK`, no
+    /// count, no window). Shadow-mode descriptors take a round trip each, and only when the
+    /// request is admitted; checks (0 hits) a round trip each.
     ///
     /// While Redis does not answer within the limiters' deadline, `policy` decides each
-    /// descriptor: [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen) answers `OK`
-    /// with the admission it makes (`limit_remaining` the whole limit, `duration_until_reset`
-    /// 0: nothing is known of the count), `FailClosed` answers `OVER_LIMIT`, and `Fallback`
-    /// decides in a local limiter at its share. envoyproxy/ratelimit answers a gRPC error
-    /// instead and leaves the choice to the filter's `failure_mode_deny`; here the service
-    /// chooses, so that `Fallback` is possible, and Envoy never sees an error from Redis.
+    /// descriptor of the calls it did not answer (on a Cluster, the calls to the node that is
+    /// down; the other slots are decided by Redis):
+    /// [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen) answers `OK` with the
+    /// admission it makes (`limit_remaining` the whole limit, `duration_until_reset` 0: nothing
+    /// is known of the count), `FailClosed` answers `OVER_LIMIT` (and the other calls give
+    /// back), and `Fallback` decides in a local limiter at its share (given back there if
+    /// another call rejects). envoyproxy/ratelimit answers a gRPC error instead and leaves the
+    /// choice to the filter's `failure_mode_deny`; here the service chooses, so that `Fallback`
+    /// is possible, and Envoy never sees an error from Redis.
     ///
     /// # Errors
     ///
@@ -386,7 +406,67 @@ impl RlsService {
         prefix: impl Into<String>,
         policy: crate::FailurePolicy,
     ) -> Result<Self, RlsConfigError> {
-        let remote = super::remote::Remote::new(connection, prefix.into(), policy)?;
+        let connection = super::remote::Connection::Standalone(connection);
+        Self::with_remote(config, connection, prefix.into(), policy)
+    }
+
+    /// As [`with_redis`](RlsService::with_redis), counting in a Redis (or Valkey) Cluster
+    /// through `connection`, as envoyproxy/ratelimit's `REDIS_TYPE=cluster` does.
+    ///
+    /// A counter's key has the descriptor's entries as its hash tag, so the counters of one
+    /// request usually lie in different slots, on different masters, and the counters of all
+    /// clients spread over the masters. A request is decided with one script per slot (and
+    /// per cost), the slots in parallel, all or nothing across them by giving back: see
+    /// [`with_redis`](RlsService::with_redis) for what that leaves open. Descriptors that
+    /// share a slot (the same entries under a configured limit and a request's `limit`
+    /// override, or entries whose tags collide) are decided in one script.
+    ///
+    /// redis-rs's cluster client resends a command after a connection error by default
+    /// (`ClusterClientBuilder::retries`): a script whose reply was lost with the connection
+    /// then runs twice, charging twice, or giving back twice (which hands out the hits again).
+    /// Set the retries to 0 where that matters; the limiters' deadline bounds the time either
+    /// way.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_redis`](RlsService::with_redis).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    /// use turnstile::redis::cluster::ClusterClient;
+    /// use turnstile::FailurePolicy;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Any node's address; the client discovers the others.
+    /// let client = ClusterClient::builder(["redis://10.0.0.1:7000/"]).retries(0).build()?;
+    /// let connection = client.get_async_connection().await?;
+    /// let config = RlsConfig::from_files(["config/edge.yaml"])?;
+    /// let service =
+    ///     RlsService::with_redis_cluster(config, connection, "ratelimit", FailurePolicy::FailOpen)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn with_redis_cluster(
+        config: RlsConfig,
+        connection: crate::redis::cluster_async::ClusterConnection,
+        prefix: impl Into<String>,
+        policy: crate::FailurePolicy,
+    ) -> Result<Self, RlsConfigError> {
+        let connection = super::remote::Connection::Cluster(connection);
+        Self::with_remote(config, connection, prefix.into(), policy)
+    }
+
+    #[cfg(feature = "redis")]
+    fn with_remote(
+        config: RlsConfig,
+        connection: super::remote::Connection,
+        prefix: String,
+        policy: crate::FailurePolicy,
+    ) -> Result<Self, RlsConfigError> {
+        let remote = super::remote::Remote::new(connection, prefix, policy)?;
         let limiters = remote.limiters(&config)?;
         Ok(RlsService {
             shared: Arc::new(Shared {
@@ -679,7 +759,8 @@ impl<C: Clock + Clone> RlsService<C> {
     ///
     /// In memory it completes at its first poll. In Redis, dropping the future leaves no local
     /// state behind, but a script already sent may still run and take the hits (as with
-    /// [`RedisLimiter::try_acquire_n`](crate::RedisLimiter::try_acquire_n)).
+    /// [`RedisLimiter::try_acquire_n`](crate::RedisLimiter::try_acquire_n)); dropped while
+    /// the calls of a rejected request give back, some hits may stay charged.
     ///
     /// # Examples
     ///
