@@ -31,7 +31,7 @@ use common::{model, model_capped};
 
 use loom::thread;
 use std::time::Duration;
-use turnstile::{Algorithm, Clock, ManualClock, Rate, RateLimiter, TryAcquireError};
+use turnstile::{Algorithm, Clock, KeyedLimiter, ManualClock, Rate, RateLimiter, TryAcquireError};
 
 type Limiter = RateLimiter<ManualClock>;
 
@@ -242,5 +242,71 @@ fn receipt_refund_races_reconfigure() {
         // Free if the refund came first, taken still otherwise: one permit at most.
         let _ = l.try_acquire();
         assert!(l.try_acquire().is_err(), "two permits under a limit of 1");
+    });
+}
+
+/// Polls a waiter once on the calling thread, with a no-op waker.
+fn poll_once<F: std::future::Future + ?Sized>(
+    future: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    future.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+}
+
+/// The same for a receipt the queue's head made (`acquire_refundable`): the head, queued
+/// behind a receipt that is then refunded, makes its attempt (the version read, then the
+/// decision, under the queue's mutex) while a reconfiguration to the same parameters runs. Its
+/// receipt was read under the version of its decision or an earlier one, so its refund either
+/// gives the permit back or gives nothing: never a second permit under a limit of 1, and the
+/// head is served whatever the order (the reconfiguration's sweep only wakes it).
+#[test]
+fn queue_served_receipt_races_reconfigure() {
+    model(|| {
+        let rt = common::paused_runtime();
+        let _entered = rt.enter();
+        let l = limiter(fixed(1, 10));
+        let first = l.try_acquire_refundable(1).unwrap();
+        let mut waiter = Box::pin(l.acquire_refundable(1));
+        assert!(poll_once(waiter.as_mut()).is_pending(), "the head waits");
+        first.refund();
+        let reconfigurer = {
+            let l = l.clone();
+            thread::spawn(move || l.reconfigure(fixed(1, 10)).unwrap())
+        };
+        let std::task::Poll::Ready(taken) = poll_once(waiter.as_mut()) else {
+            panic!("the head was not served once the permit came back");
+        };
+        let taken = taken.unwrap();
+        reconfigurer.join().unwrap();
+        taken.refund();
+        let _ = l.try_acquire();
+        assert!(l.try_acquire().is_err(), "two permits under a limit of 1");
+    });
+}
+
+/// The same on a key's queue, where the head's attempt is a chain member's commit (the version,
+/// then the limiter's reset count, then the key's cell) racing a reconfiguration.
+#[test]
+fn keyed_queue_served_receipt_races_reconfigure() {
+    model(|| {
+        let rt = common::paused_runtime();
+        let _entered = rt.enter();
+        let l = KeyedLimiter::with_clock(fixed(1, 10), ManualClock::new()).unwrap();
+        let first = l.try_acquire_refundable(&1u8, 1).unwrap();
+        let mut waiter = Box::pin(l.acquire_refundable(&1u8, 1));
+        assert!(poll_once(waiter.as_mut()).is_pending(), "the head waits");
+        first.refund();
+        let reconfigurer = {
+            let l = l.clone();
+            thread::spawn(move || l.reconfigure(fixed(1, 10)).unwrap())
+        };
+        let std::task::Poll::Ready(taken) = poll_once(waiter.as_mut()) else {
+            panic!("the head was not served once the permit came back");
+        };
+        let taken = taken.unwrap();
+        reconfigurer.join().unwrap();
+        drop(waiter);
+        taken.refund();
+        let _ = l.try_acquire(&1);
+        assert!(l.try_acquire(&1).is_err(), "two permits under a limit of 1");
     });
 }

@@ -2229,10 +2229,22 @@ where
     /// Validates and tries without queueing when `key` has no waiters. `Pending`: queue up.
     #[inline(always)]
     fn acquire_fast(&self, key: &K, n: u32) -> Poll<Result<Admission, AcquireError>> {
+        self.acquire_fast_with(key, n, || self.decide(key, n))
+    }
+
+    /// [`acquire_fast`](Self::acquire_fast) with `attempt` as the key's decision (for a
+    /// receipt, the commit a chain member makes, with what a refund needs).
+    #[inline(always)]
+    fn acquire_fast_with<T>(
+        &self,
+        key: &K,
+        n: u32,
+        attempt: impl Fn() -> Result<T, TryAcquireError>,
+    ) -> Poll<Result<T, AcquireError>> {
         let inner = &*self.inner;
         let counters = &inner.ctx.counters;
         if !inner.ctx.waits.any() || !inner.ctx.waits.has_waiters(key) {
-            let error = match self.decide(key, n) {
+            let error = match attempt() {
                 Ok(admission) => {
                     counters.bump(ADMITTED);
                     return Poll::Ready(Ok(admission));
@@ -2256,7 +2268,7 @@ where
             // free now, as `try_acquire` does, and queues only if it must wait. Queueing first
             // would make a full queue fail its oldest waiter with `QueueFull` to make room for
             // a caller that is then admitted at once. Any refusal: the queue decides.
-            if let Ok(admission) = self.decide(key, n) {
+            if let Ok(admission) = attempt() {
                 counters.bump(ADMITTED);
                 return Poll::Ready(Ok(admission));
             }
@@ -2264,17 +2276,47 @@ where
         Poll::Pending
     }
 
+    /// A receipt's decision: the commit [`try_acquire_refundable`](Self::try_acquire_refundable)
+    /// makes (a chain member's), with the parameters' version read before it. Ignores the key's
+    /// queue, as `decide` does: the callers check it.
+    fn commit_versioned(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> Result<(Admission, Committed, u64), TryAcquireError> {
+        let inner = &*self.inner;
+        let version = self.params_version();
+        let shard = self.shard(key);
+        let (decision, committed) =
+            with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n));
+        decision.map(|admission| (admission, committed, version))
+    }
+
+    /// [`acquire_n`](Self::acquire_n)'s fast path for a receipt (see
+    /// [`commit_versioned`](Self::commit_versioned)).
+    #[inline]
+    pub(crate) fn receipt_fast(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> Poll<Result<(Admission, Committed, u64), AcquireError>> {
+        self.acquire_fast_with(key, n, || self.commit_versioned(key, n))
+    }
+
     /// The head waiter's attempt: the key's state, ignoring its queue. It commits as a chain
     /// member does, keeping what a refund needs, so that an admission that never reaches its
-    /// caller can be given back (see `Wait::run_async`).
-    fn take(&self, key: &K, n: u32) -> Result<(Admission, Committed), Blocked> {
+    /// caller can be given back (see `Wait::run_async`), and a receipt's: the parameters'
+    /// version read before the commit, as
+    /// [`try_acquire_refundable`](Self::try_acquire_refundable) reads it, so that the refund of
+    /// an admission the queue made is checked against the version it was made under (or an
+    /// earlier one: then it gives nothing back, which is never looser).
+    fn take_versioned(&self, key: &K, n: u32) -> Result<(Admission, Committed, u64), Blocked> {
         let inner = &*self.inner;
         inner.ctx.clock.catch_up();
-        let shard = self.shard(key);
-        match with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n)) {
-            (Ok(admission), committed) => Ok((admission, committed)),
-            (Err(TryAcquireError::Rejected(r)), _) => Err(Blocked::Until(r.retry_after_nanos())),
-            (Err(error), _) => Err(Blocked::Fail(waiting_error(error))),
+        match self.commit_versioned(key, n) {
+            Ok(admitted) => Ok(admitted),
+            Err(TryAcquireError::Rejected(r)) => Err(Blocked::Until(r.retry_after_nanos())),
+            Err(error) => Err(Blocked::Fail(waiting_error(error))),
         }
     }
 
@@ -2392,6 +2434,19 @@ where
 
     #[cfg(feature = "tokio")]
     async fn acquire_slow(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
+        self.receipt_slow(key, n)
+            .await
+            .map(|(admission, _, _)| admission)
+    }
+
+    /// The wait in `key`'s queue: the head's commit, with what a refund needs (for a receipt;
+    /// [`acquire_n`](Self::acquire_n) keeps only the admission).
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn receipt_slow(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> Result<(Admission, Committed, u64), AcquireError> {
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let exit = RetireOnExit {
@@ -2403,12 +2458,11 @@ where
             let outcome = self
                 .wait(&wait, n)
                 .run_async(
-                    || self.take(key, n),
-                    |(admission, committed)| self.chain_refund(key, n, &admission, committed),
+                    || self.take_versioned(key, n),
+                    |(admission, committed, _)| self.chain_refund(key, n, &admission, committed),
                     |cx, nanos| timer.poll(cx, nanos),
                 )
-                .await
-                .map(|(admission, _)| admission);
+                .await;
             drop(exit);
             match outcome {
                 // The queue was retired between our lookup and our enqueue: look again.
@@ -2553,6 +2607,31 @@ where
         if let Poll::Ready(outcome) = self.acquire_fast(key, n) {
             return outcome;
         }
+        self.blocking_queued(key, n, deadline)
+            .map(|(admission, _, _)| admission)
+    }
+
+    /// [`blocking`](Self::blocking) for a receipt: the commit, at once or as the head, with
+    /// what a refund needs (see [`commit_versioned`](Self::commit_versioned)).
+    pub(crate) fn receipt_blocking(
+        &self,
+        key: &K,
+        n: u32,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<(Admission, Committed, u64), AcquireError> {
+        if let Poll::Ready(outcome) = self.receipt_fast(key, n) {
+            return outcome;
+        }
+        self.blocking_queued(key, n, deadline)
+    }
+
+    /// The blocking wait in `key`'s queue, once the fast path said to queue up.
+    fn blocking_queued(
+        &self,
+        key: &K,
+        n: u32,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<(Admission, Committed, u64), AcquireError> {
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let _exit = RetireOnExit {
@@ -2560,15 +2639,11 @@ where
                 key,
                 wait: &wait,
             };
-            match self
-                .wait(&wait, n)
-                .run_blocking(
-                    || self.take(key, n),
-                    |(admission, committed)| self.chain_refund(key, n, &admission, committed),
-                    deadline,
-                )
-                .map(|(admission, _)| admission)
-            {
+            match self.wait(&wait, n).run_blocking(
+                || self.take_versioned(key, n),
+                |(admission, committed, _)| self.chain_refund(key, n, &admission, committed),
+                deadline,
+            ) {
                 Err(AcquireError::Closed) => continue,
                 outcome => return outcome,
             }

@@ -498,6 +498,25 @@ impl<C: Clock> Inner<C> {
         }
     }
 
+    /// [`take`](Self::take) for a receipt: with the parameters' version read before the
+    /// decision, as [`try_acquire_refundable`](RateLimiter::try_acquire_refundable) reads it, so
+    /// that a refund of an admission the queue made is checked against the version it was
+    /// made under (or an earlier one: then it gives nothing back, which is never looser).
+    fn take_versioned(&self, n: u32) -> Result<(Admission, u64), Blocked> {
+        let version = self.state.version();
+        self.take(n).map(|admission| (admission, version))
+    }
+
+    /// [`try_acquire`](State::try_acquire) for a receipt, the version read first (see
+    /// [`take_versioned`](Self::take_versioned)).
+    #[inline(always)]
+    fn try_acquire_versioned(&self, n: u32) -> Result<(Admission, u64), TryAcquireError> {
+        let version = self.state.version();
+        self.state
+            .try_acquire(n, &self.clock)
+            .map(|admission| (admission, version))
+    }
+
     /// Undoes an admission `take` made that never reached its caller (see `Wait::run_async`).
     fn give_back(&self, n: u32, admission: &Admission) {
         self.state.refund(n, admission, &self.clock);
@@ -507,23 +526,41 @@ impl<C: Clock> Inner<C> {
     /// nobody is queued. `Pending` means "queue up".
     #[inline(always)]
     fn acquire_fast(&self, n: u32) -> Poll<Result<Admission, AcquireError>> {
+        self.acquire_fast_with(n, || self.state.try_acquire(n, &self.clock))
+    }
+
+    /// [`acquire_fast`](Self::acquire_fast) with `attempt` as the algorithm's decision (for a
+    /// receipt, one that also reads the parameters' version first).
+    #[inline(always)]
+    fn acquire_fast_with<T, F: FnOnce() -> Result<T, TryAcquireError>>(
+        &self,
+        n: u32,
+        attempt: F,
+    ) -> Poll<Result<T, AcquireError>> {
         // Relaxed: as in `try_acquire_n`.
         let gate = self.gate.load(Ordering::Relaxed);
         if gate == 0 {
-            return match self.state.try_acquire(n, &self.clock) {
-                Ok(admission) => {
+            return match attempt() {
+                Ok(admitted) => {
                     self.counters.bump(ADMITTED);
-                    Poll::Ready(Ok(admission))
+                    Poll::Ready(Ok(admitted))
                 }
                 Err(TryAcquireError::Rejected(_)) => Poll::Pending,
-                Err(_) => self.acquire_check(n, gate),
+                Err(_) => self.acquire_check::<T, F>(n, gate, None),
             };
         }
-        self.acquire_check(n, gate)
+        self.acquire_check(n, gate, Some(attempt))
     }
 
+    /// The checks of `acquire_fast` once the gate is not clear or the algorithm refused with an
+    /// error; `attempt` (if not spent) is the decision a newest-first caller makes at once.
     #[cold]
-    fn acquire_check(&self, n: u32, gate: u64) -> Poll<Result<Admission, AcquireError>> {
+    fn acquire_check<T, F: FnOnce() -> Result<T, TryAcquireError>>(
+        &self,
+        n: u32,
+        gate: u64,
+        attempt: Option<F>,
+    ) -> Poll<Result<T, AcquireError>> {
         let capacity = self.state.limit();
         let error = if gate & CLOSED != 0 {
             AcquireError::Closed
@@ -537,13 +574,13 @@ impl<C: Clock> Inner<C> {
             // is free now, as `try_acquire` does, and queues only if it must wait. Queueing first
             // would make a full queue fail its oldest waiter with `QueueFull` to make room for a
             // caller that is then admitted at once.
-            return match self.state.try_acquire(n, &self.clock) {
-                Ok(admission) => {
+            return match attempt.map(|attempt| attempt()) {
+                Some(Ok(admitted)) => {
                     self.counters.bump(ADMITTED);
-                    Poll::Ready(Ok(admission))
+                    Poll::Ready(Ok(admitted))
                 }
                 // Rejected (or the capacity changed since it was read): the queue decides.
-                Err(_) => Poll::Pending,
+                _ => Poll::Pending,
             };
         } else {
             return Poll::Pending;
@@ -1312,6 +1349,50 @@ impl<C: Clock> RateLimiter<C> {
                 |cx, nanos| timer.poll(cx, nanos),
             )
             .await
+    }
+
+    /// [`acquire_n`](Self::acquire_n)'s fast path for a receipt: the admission and the
+    /// parameters' version read before it (see `Inner::take_versioned`).
+    #[cfg(feature = "tokio")]
+    #[inline(always)]
+    pub(crate) fn receipt_fast(&self, n: u32) -> Poll<Result<(Admission, u64), AcquireError>> {
+        let inner = &*self.inner;
+        inner.acquire_fast_with(n, || inner.try_acquire_versioned(n))
+    }
+
+    /// [`acquire_n`](Self::acquire_n)'s wait in the queue for a receipt: the head's admission
+    /// with the version it read before deciding.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn receipt_slow(&self, n: u32) -> Result<(Admission, u64), AcquireError> {
+        let inner = &*self.inner;
+        let mut timer = crate::queue::Timer::default();
+        inner
+            .wait(n)
+            .run_async(
+                || inner.take_versioned(n),
+                |(admission, _)| inner.give_back(n, &admission),
+                |cx, nanos| timer.poll(cx, nanos),
+            )
+            .await
+    }
+
+    /// [`blocking`](Self::blocking) for a receipt: the fast path and the head's attempt each
+    /// read the version before deciding.
+    pub(crate) fn receipt_blocking(
+        &self,
+        n: u32,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<(Admission, u64), AcquireError> {
+        let inner = &*self.inner;
+        if let Poll::Ready(outcome) = inner.acquire_fast_with(n, || inner.try_acquire_versioned(n))
+        {
+            return outcome;
+        }
+        inner.wait(n).run_blocking(
+            || inner.take_versioned(n),
+            |(admission, _)| inner.give_back(n, &admission),
+            deadline,
+        )
     }
 
     /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is consumed.

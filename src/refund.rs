@@ -1,7 +1,15 @@
 //! Admissions that can be given back: [`RateLimiter::try_acquire_refundable`] and
 //! [`KeyedLimiter::try_acquire_refundable`] (rate-limiter-flexible's `reward`, for the work that
 //! turned out not to count: a response served from cache, a request a downstream refused, a
-//! login that succeeded on a limiter of failures).
+//! login that succeeded on a limiter of failures), and their waiting counterparts
+//! (`acquire_refundable(n).await`, `acquire_refundable_timeout`, `acquire_blocking_refundable`,
+//! `acquire_blocking_refundable_timeout`), for a caller that waits its turn in the queue and
+//! then finds the work unnecessary.
+//!
+//! A waiting call's admission, made at once or by the head of the queue, is the very decision
+//! `try_acquire_refundable` makes (the algorithm's commit for a `RateLimiter`, a chain member's
+//! commit for a `KeyedLimiter`), with the parameters' version read just before it: its receipt
+//! is as good, and its refund as safe.
 //!
 //! A refund is the one a [`Chain`](crate::Chain) makes when a later member rejects, with the
 //! same guarantee: the limiter is never looser than if the admission had never happened. With
@@ -21,10 +29,15 @@
 
 use crate::clock::Clock;
 use crate::decision::Admission;
-use crate::error::TryAcquireError;
+use crate::error::{AcquireError, TryAcquireError};
 use crate::limiter::RateLimiter;
 use crate::sync::{ADMITTED, REJECTED};
 use std::fmt;
+#[cfg(feature = "tokio")]
+use std::future::Future;
+#[cfg(feature = "tokio")]
+use std::task::Poll;
+use std::time::Duration;
 
 #[cfg(feature = "keyed")]
 use crate::chain::Committed;
@@ -34,7 +47,9 @@ use crate::keyed::KeyedLimiter;
 use std::hash::{BuildHasher, Hash};
 
 /// An admission of a [`RateLimiter`] that [`refund`](Self::refund) can give back, from
-/// [`RateLimiter::try_acquire_refundable`]. Dropping it keeps the permits spent.
+/// [`RateLimiter::try_acquire_refundable`] or a waiting call
+/// ([`acquire_refundable`](RateLimiter::acquire_refundable) and its timeout and blocking
+/// variants). Dropping it keeps the permits spent.
 ///
 /// # Examples
 ///
@@ -52,7 +67,7 @@ use std::hash::{BuildHasher, Hash};
 /// assert_eq!(limiter.stats().available, 10);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[must_use = "dropping it keeps the permits spent; use `try_acquire_n` when no refund can follow"]
+#[must_use = "dropping it keeps the permits spent; use `try_acquire_n` or `acquire_n` when no refund can follow"]
 pub struct Refundable<C: Clock> {
     limiter: RateLimiter<C>,
     n: u32,
@@ -62,7 +77,8 @@ pub struct Refundable<C: Clock> {
 }
 
 impl<C: Clock> Refundable<C> {
-    /// The admission, as [`try_acquire_n`](RateLimiter::try_acquire_n) would have returned it.
+    /// The admission, as [`try_acquire_n`](RateLimiter::try_acquire_n) (or, for a waiting call,
+    /// [`acquire_n`](RateLimiter::acquire_n)) would have returned it.
     ///
     /// # Examples
     ///
@@ -200,10 +216,204 @@ impl<C: Clock> RateLimiter<C> {
             version,
         })
     }
+
+    /// The receipt for an admission and the version read before it.
+    fn receipt(&self, n: u32, (admission, version): (Admission, u64)) -> Refundable<C> {
+        Refundable {
+            limiter: self.clone(),
+            n,
+            admission,
+            version,
+        }
+    }
+
+    /// [`acquire_n`](Self::acquire_n), with a receipt that can give the permits back: for a
+    /// caller that waits its turn and then finds the work unnecessary (rate-limiter-flexible's
+    /// `RateLimiterQueue` followed by `reward`, .NET's lease given back).
+    ///
+    /// Waits as `acquire_n` does, in the same fair queue (a caller admitted at once never
+    /// touches it), and is counted as it is. The admission, made at once or by the head of the
+    /// queue, is the one `try_acquire_refundable` makes, and its receipt is as good: the
+    /// parameters' version is read just before each attempt, so a
+    /// [`reconfigure`](Self::reconfigure) while the caller waited leaves the refund of an
+    /// admission made after it whole, and one after the admission makes it give nothing back.
+    /// What [`Refundable::refund`] gives back, per algorithm and over time, is as for
+    /// [`try_acquire_refundable`](Self::try_acquire_refundable).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire_n`](Self::acquire_n): a future dropped while it waits holds
+    /// nothing (the permits are taken only in the poll that returns the receipt), frees its
+    /// place in the queue and, if it was the head, wakes the next waiter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::with_clock(
+    ///     Algorithm::SlidingCounter { limit: 1, window: Duration::from_secs(1) },
+    ///     TokioClock::new(),
+    /// )?;
+    /// limiter.acquire().await?;
+    /// let taken = limiter.acquire_refundable(1).await?; // waits for its turn
+    /// let already_done = true; // say, another worker did the job meanwhile
+    /// if already_done {
+    ///     taken.refund();
+    /// }
+    /// assert!(limiter.try_acquire().is_ok(), "the permit went to the next caller");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub fn acquire_refundable(
+        &self,
+        n: u32,
+    ) -> impl Future<Output = Result<Refundable<C>, AcquireError>> + Send + '_ {
+        crate::queue::Acquire::new(RefundableAcquire { limiter: self, n })
+    }
+
+    /// [`acquire_refundable`](Self::acquire_refundable) with a time limit; on timeout nothing is
+    /// consumed and the waiter has left the queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`] when `timeout` passes
+    /// first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire_refundable`](Self::acquire_refundable).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, RateLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 2, window: Duration::from_secs(10) },
+    ///     TokioClock::new(),
+    /// )?;
+    /// let taken = limiter.acquire_refundable_timeout(2, Duration::from_secs(1)).await?;
+    /// let late = limiter.acquire_refundable_timeout(1, Duration::from_secs(1)).await;
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// taken.refund();
+    /// assert_eq!(limiter.stats().available, 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_refundable_timeout(
+        &self,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<Refundable<C>, AcquireError> {
+        match tokio::time::timeout(timeout, self.acquire_refundable(n)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(AcquireError::Timeout),
+        }
+    }
+
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n), with a receipt that can give the
+    /// permits back: the blocking counterpart of
+    /// [`acquire_refundable`](Self::acquire_refundable), in the same queue, with a receipt as
+    /// good.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::RateLimiter;
+    ///
+    /// let limiter = RateLimiter::fixed_window(3, Duration::from_secs(3600))?;
+    /// let taken = limiter.acquire_blocking_refundable(3)?;
+    /// assert!(limiter.try_acquire().is_err());
+    /// taken.refund(); // say, the batch turned out empty
+    /// assert_eq!(limiter.try_acquire_n(3)?.remaining(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_refundable(&self, n: u32) -> Result<Refundable<C>, AcquireError> {
+        self.receipt_blocking(n, None)
+            .map(|admitted| self.receipt(n, admitted))
+    }
+
+    /// [`acquire_blocking_refundable`](Self::acquire_blocking_refundable) with a time limit
+    /// (real time); on timeout nothing is consumed and the waiter leaves the queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::fixed_window(1, Duration::from_secs(3600))?;
+    /// let taken = limiter.acquire_blocking_refundable_timeout(1, Duration::from_millis(10))?;
+    /// let late = limiter.acquire_blocking_refundable_timeout(1, Duration::from_millis(10));
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// taken.refund();
+    /// assert!(limiter.try_acquire().is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_refundable_timeout(
+        &self,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<Refundable<C>, AcquireError> {
+        self.receipt_blocking(n, std::time::Instant::now().checked_add(timeout))
+            .map(|admitted| self.receipt(n, admitted))
+    }
+}
+
+/// The two halves of [`RateLimiter::acquire_refundable`].
+#[cfg(feature = "tokio")]
+struct RefundableAcquire<'a, C: Clock> {
+    limiter: &'a RateLimiter<C>,
+    n: u32,
+}
+
+#[cfg(feature = "tokio")]
+impl<'a, C: Clock> crate::queue::Phases<'a> for RefundableAcquire<'a, C> {
+    type Output = Refundable<C>;
+
+    #[inline(always)]
+    fn fast(&mut self) -> Poll<Result<Refundable<C>, AcquireError>> {
+        let (limiter, n) = (self.limiter, self.n);
+        limiter
+            .receipt_fast(n)
+            .map(|outcome| outcome.map(|admitted| limiter.receipt(n, admitted)))
+    }
+
+    fn slow(&mut self) -> crate::queue::SlowWait<'a, Refundable<C>> {
+        let (limiter, n) = (self.limiter, self.n);
+        Box::pin(async move {
+            let admitted = limiter.receipt_slow(n).await?;
+            Ok(limiter.receipt(n, admitted))
+        })
+    }
 }
 
 /// An admission of a [`KeyedLimiter`] that [`refund`](Self::refund) can give back, from
-/// [`KeyedLimiter::try_acquire_refundable`]. Dropping it keeps the permits spent.
+/// [`KeyedLimiter::try_acquire_refundable`] or a waiting call
+/// ([`acquire_refundable`](KeyedLimiter::acquire_refundable) and its timeout and blocking
+/// variants). Dropping it keeps the permits spent.
 ///
 /// # Examples
 ///
@@ -221,7 +431,7 @@ impl<C: Clock> RateLimiter<C> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[cfg(feature = "keyed")]
-#[must_use = "dropping it keeps the permits spent; use `try_acquire_n` when no refund can follow"]
+#[must_use = "dropping it keeps the permits spent; use `try_acquire_n` or `acquire_n` when no refund can follow"]
 pub struct KeyedRefundable<K, C: Clock, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -242,7 +452,8 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
-    /// The admission, as [`try_acquire_n`](KeyedLimiter::try_acquire_n) would have returned it.
+    /// The admission, as [`try_acquire_n`](KeyedLimiter::try_acquire_n) (or, for a waiting call,
+    /// [`acquire_n`](KeyedLimiter::acquire_n)) would have returned it.
     ///
     /// # Examples
     ///
@@ -396,6 +607,222 @@ where
             admission,
             committed,
             version,
+        })
+    }
+
+    /// The receipt for a commit on `key`, with the version read before it.
+    fn receipt(
+        &self,
+        key: &K,
+        n: u32,
+        (admission, committed, version): (Admission, Committed, u64),
+    ) -> KeyedRefundable<K, C, S> {
+        KeyedRefundable {
+            limiter: self.clone(),
+            key: key.clone(),
+            n,
+            admission,
+            committed,
+            version,
+        }
+    }
+
+    /// [`acquire_n`](Self::acquire_n), with a receipt that can give the permits back to `key`:
+    /// for a caller that waits its turn and then finds the work unnecessary
+    /// (rate-limiter-flexible's `RateLimiterQueue` followed by `reward`).
+    ///
+    /// Waits as `acquire_n` does, in the key's own fair queue, and is counted as it is. The
+    /// admission, made at once or by the head of the key's queue, is the commit
+    /// [`try_acquire_refundable`](Self::try_acquire_refundable) makes (the shared overflow cell
+    /// at the key cap included), and its receipt is as good: the parameters' version and the
+    /// reset count are read just before each attempt, so what a later refund gives back, and
+    /// when it gives nothing (a [`reset`](Self::reset) or a
+    /// [`reconfigure`](Self::reconfigure) after the admission, an eviction), are as for
+    /// `try_acquire_refundable`. A reconfiguration or reset while the caller still waited does
+    /// not void the receipt of an admission made after it. The key is cloned into the receipt.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire_n`](Self::acquire_n): a future dropped while it waits holds
+    /// nothing (the permits are taken only in the poll that returns the receipt), frees its
+    /// place in the key's queue and, if it was the head, wakes the next waiter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // One export per user a minute; an export that finds nothing new does not count.
+    /// let exports = KeyedLimiter::with_clock(
+    ///     Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) },
+    ///     TokioClock::new(),
+    /// )?;
+    /// exports.acquire(&"alice").await?;
+    /// let taken = exports.acquire_refundable(&"alice", 1).await?; // the next minute
+    /// let nothing_new = true;
+    /// if nothing_new {
+    ///     taken.refund();
+    /// }
+    /// assert_eq!(exports.available(&"alice"), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub fn acquire_refundable<'a>(
+        &'a self,
+        key: &'a K,
+        n: u32,
+    ) -> impl Future<Output = Result<KeyedRefundable<K, C, S>, AcquireError>> + Send + 'a {
+        crate::queue::Acquire::new(KeyedRefundableAcquire {
+            limiter: self,
+            key,
+            n,
+        })
+    }
+
+    /// [`acquire_refundable`](Self::acquire_refundable) with a time limit; on timeout nothing
+    /// is consumed and the waiter has left the key's queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire_refundable`](Self::acquire_refundable).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, KeyedLimiter, TokioClock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = KeyedLimiter::with_clock(
+    ///     Algorithm::SlidingWindow { limit: 1, window: Duration::from_secs(10) },
+    ///     TokioClock::new(),
+    /// )?;
+    /// let taken = limiter.acquire_refundable_timeout(&"k", 1, Duration::from_secs(1)).await?;
+    /// let late = limiter.acquire_refundable_timeout(&"k", 1, Duration::from_secs(1)).await;
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// assert_eq!(limiter.stats().waiting, 0);
+    /// taken.refund(); // its ticket is marked expired, and the next admission waits for it
+    /// assert!(limiter.try_acquire(&"k").is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_refundable_timeout(
+        &self,
+        key: &K,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<KeyedRefundable<K, C, S>, AcquireError> {
+        match tokio::time::timeout(timeout, self.acquire_refundable(key, n)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(AcquireError::Timeout),
+        }
+    }
+
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n), with a receipt that can give the
+    /// permits back to `key`: the blocking counterpart of
+    /// [`acquire_refundable`](Self::acquire_refundable), in the same per-key queue, with a
+    /// receipt as good.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::new(Algorithm::FixedWindow { limit: 2, window: Duration::from_secs(3600) })?;
+    /// let taken = limiter.acquire_blocking_refundable(&"batch-7", 2)?;
+    /// taken.refund(); // say, the batch was empty
+    /// assert_eq!(limiter.available(&"batch-7"), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_refundable(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> Result<KeyedRefundable<K, C, S>, AcquireError> {
+        self.receipt_blocking(key, n, None)
+            .map(|committed| self.receipt(key, n, committed))
+    }
+
+    /// [`acquire_blocking_refundable`](Self::acquire_blocking_refundable) with a time limit
+    /// (real time); on timeout nothing is consumed and the waiter leaves the key's queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(3600) })?;
+    /// let taken = limiter.acquire_blocking_refundable_timeout(&"k", 1, Duration::from_millis(10))?;
+    /// let late = limiter.acquire_blocking_refundable_timeout(&"k", 1, Duration::from_millis(10));
+    /// assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    /// taken.refund();
+    /// assert_eq!(limiter.available(&"k"), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_refundable_timeout(
+        &self,
+        key: &K,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<KeyedRefundable<K, C, S>, AcquireError> {
+        self.receipt_blocking(key, n, std::time::Instant::now().checked_add(timeout))
+            .map(|committed| self.receipt(key, n, committed))
+    }
+}
+
+/// The two halves of [`KeyedLimiter::acquire_refundable`].
+#[cfg(all(feature = "keyed", feature = "tokio"))]
+struct KeyedRefundableAcquire<'a, K, C: Clock, S> {
+    limiter: &'a KeyedLimiter<K, C, S>,
+    key: &'a K,
+    n: u32,
+}
+
+#[cfg(all(feature = "keyed", feature = "tokio"))]
+impl<'a, K, C: Clock, S> crate::queue::Phases<'a> for KeyedRefundableAcquire<'a, K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    type Output = KeyedRefundable<K, C, S>;
+
+    #[inline(always)]
+    fn fast(&mut self) -> Poll<Result<KeyedRefundable<K, C, S>, AcquireError>> {
+        let (limiter, key, n) = (self.limiter, self.key, self.n);
+        limiter
+            .receipt_fast(key, n)
+            .map(|outcome| outcome.map(|committed| limiter.receipt(key, n, committed)))
+    }
+
+    fn slow(&mut self) -> crate::queue::SlowWait<'a, KeyedRefundable<K, C, S>> {
+        let (limiter, key, n) = (self.limiter, self.key, self.n);
+        Box::pin(async move {
+            let committed = limiter.receipt_slow(key, n).await?;
+            Ok(limiter.receipt(key, n, committed))
         })
     }
 }

@@ -1,4 +1,5 @@
-//! `try_acquire_refundable` and the receipts' `refund` (`src/refund.rs`): what comes back, per
+//! `try_acquire_refundable`, its waiting counterparts (`acquire_refundable` and its timeout and
+//! blocking variants) and the receipts' `refund` (`src/refund.rs`): what comes back, per
 //! algorithm and over time; what never does (after a reconfiguration, a reset, an eviction);
 //! who is woken; what is counted. Time is a `ManualClock`, or tokio's paused clock for waiters.
 
@@ -417,6 +418,13 @@ enum Op {
     Reset,
     /// `charge`: recorded whatever the limit (only [`charged_violations`] audits runs with it).
     Charge(u32),
+    /// `acquire_refundable(n)`, polled by hand after every step until the queue serves it; its
+    /// receipt then joins the others.
+    Wait(u32),
+    /// `acquire_blocking_refundable_timeout(n, 0)`: the fast path, or one look as the head.
+    WaitBlocking(u32),
+    /// Drops every waiter still queued (cancelled waits hold nothing).
+    Cancel,
 }
 
 /// One step, with charges of up to `limit + 2` permits at weight `charges` (0: none).
@@ -431,7 +439,42 @@ fn op_charging(limit: u32, charges: u32) -> impl Strategy<Value = Op> {
         1 => Just(Op::Reconfigure),
         1 => Just(Op::Sweep),
         1 => Just(Op::Reset),
+        // One arm (a union of more than ten arms refuses the weight 0 of `charges`).
+        4 => prop_oneof![
+            2 => (1..=limit).prop_map(Op::Wait),
+            1 => (1..=limit).prop_map(Op::WaitBlocking),
+            1 => Just(Op::Cancel),
+        ],
     ]
+}
+
+/// A waiting call's future, polled by hand.
+type Waiting<'a, R> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<R, turnstile::AcquireError>> + 'a>>;
+
+/// Polls every waiter once, oldest first (a head served hands the turn to the next, which this
+/// same pass polls), and returns the receipts of those served; failed ones are dropped.
+fn poll_waiters<'a, R>(waiters: &mut Vec<Waiting<'a, R>>) -> Vec<R> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut served = Vec::new();
+    waiters.retain_mut(|w| match std::future::Future::poll(w.as_mut(), &mut cx) {
+        std::task::Poll::Ready(outcome) => {
+            served.extend(outcome.ok());
+            false
+        }
+        std::task::Poll::Pending => true,
+    });
+    served
+}
+
+/// A tokio runtime on paused time, for the timer a head waiter arms (it never fires: the
+/// waiters are polled by hand, on the `ManualClock`).
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
 }
 
 /// The admissions of one reset-free stretch, as `(at, permits)`; a refunded one is `None`.
@@ -515,8 +558,11 @@ fn run_unkeyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audi
         builder = builder.max_limit(max);
     }
     let l = builder.build().unwrap();
+    let runtime = paused_runtime();
+    let _entered = runtime.enter();
     let mut audit = Audit::default();
     let mut receipts = Vec::new();
+    let mut waiters: Vec<Waiting<'_, _>> = Vec::new();
     for op in ops {
         match *op {
             Op::Take(n) => {
@@ -530,6 +576,14 @@ fn run_unkeyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audi
                     receipts.push((r, at));
                 }
             }
+            Op::Wait(n) => waiters.push(Box::pin(l.acquire_refundable(n))),
+            Op::WaitBlocking(n) => {
+                if let Ok(r) = l.acquire_blocking_refundable_timeout(n, Duration::ZERO) {
+                    let at = audit.admit(&r.admission(), r.permits());
+                    receipts.push((r, at));
+                }
+            }
+            Op::Cancel => waiters.clear(),
             Op::Refund(i) if !receipts.is_empty() => {
                 let (r, at) = receipts.swap_remove(i % receipts.len());
                 r.refund();
@@ -543,6 +597,10 @@ fn run_unkeyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audi
             }
             _ => {}
         }
+        for r in poll_waiters(&mut waiters) {
+            let at = audit.admit(&r.admission(), r.permits());
+            receipts.push((r, at));
+        }
     }
     audit
 }
@@ -555,9 +613,12 @@ fn run_keyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit 
         builder = builder.max_limit(max);
     }
     let l = builder.build().unwrap();
+    let runtime = paused_runtime();
+    let _entered = runtime.enter();
     let mut audit = Audit::default();
     let mut receipts = Vec::new();
     let key = "k";
+    let mut waiters: Vec<Waiting<'_, _>> = Vec::new();
     for op in ops {
         match *op {
             Op::Take(n) => {
@@ -571,6 +632,14 @@ fn run_keyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit 
                     receipts.push((r, at));
                 }
             }
+            Op::Wait(n) => waiters.push(Box::pin(l.acquire_refundable(&key, n))),
+            Op::WaitBlocking(n) => {
+                if let Ok(r) = l.acquire_blocking_refundable_timeout(&key, n, Duration::ZERO) {
+                    let at = audit.admit(&r.admission(), r.permits());
+                    receipts.push((r, at));
+                }
+            }
+            Op::Cancel => waiters.clear(),
             Op::Refund(i) if !receipts.is_empty() => {
                 let (r, at) = receipts.swap_remove(i % receipts.len());
                 r.refund();
@@ -591,6 +660,10 @@ fn run_keyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit 
             }
             Op::Refund(_) => {}
         }
+        for r in poll_waiters(&mut waiters) {
+            let at = audit.admit(&r.admission(), r.permits());
+            receipts.push((r, at));
+        }
     }
     audit
 }
@@ -598,7 +671,8 @@ fn run_keyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 800, ..ProptestConfig::default() })]
 
-    /// Random admissions, receipts refunded at any age (after their window, after the ring
+    /// Random admissions, receipts (from `try_acquire_refundable` and from the waiting calls,
+    /// served at once or from the queue) refunded at any age (after their window, after the ring
     /// lapped, after roll-overs, reconfigurations, sweeps and resets), clock advances, and in
     /// half the runs charges (debt, overdrawn logs): the admissions never refunded satisfy the
     /// algorithm's exactness audit; with charges, no admission that stays is one the
@@ -785,4 +859,208 @@ fn charged_violations(algorithm: Algorithm, kept: &[(u64, u64, bool)]) -> usize 
         other => panic!("no contract check for {other:?}"),
     }
     violations
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receipts from the waiting calls: `acquire_refundable(n).await`, its timeout, and the blocking
+// counterparts, served from the fair queue and refunded as a `try_acquire_refundable`'s receipt.
+
+/// A limiter on tokio's paused clock, so that a head waiter's timer and the limiter agree.
+fn waiting_limiter(algorithm: Algorithm) -> RateLimiter<turnstile::TokioClock> {
+    RateLimiter::builder(algorithm)
+        .clock(turnstile::TokioClock::new())
+        .build()
+        .unwrap()
+}
+
+/// Per algorithm: a caller that waited in the queue for its permit, then finds the work
+/// unnecessary, gives the permit back, and the next caller gets it at once.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_served_from_the_queue_gives_its_permit_back() {
+    for algorithm in [fixed(1), counter(1), bucket(1), sliding(1)] {
+        let l = waiting_limiter(algorithm);
+        l.try_acquire().unwrap();
+        let start = tokio::time::Instant::now();
+        let waiter = {
+            let l = l.clone();
+            tokio::spawn(async move { l.acquire_refundable(1).await })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(l.stats().waiting, 1, "{algorithm:?}: the caller queued");
+        let taken = waiter.await.unwrap().unwrap();
+        assert!(start.elapsed() > Duration::ZERO, "{algorithm:?}");
+        assert_eq!(taken.permits(), 1);
+        assert_eq!(taken.admission().remaining(), 0, "{algorithm:?}");
+        assert!(
+            l.try_acquire().is_err(),
+            "{algorithm:?}: the waiter holds it"
+        );
+        taken.refund();
+        l.try_acquire()
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the refund freed nothing: {e:?}"));
+        assert_eq!(l.stats().admitted, 3, "{algorithm:?}");
+    }
+}
+
+/// The same for a key's queue: the permit goes back to the key.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_waiter_served_from_the_queue_gives_its_permit_back() {
+    for algorithm in [fixed(1), counter(1), bucket(1), sliding(1)] {
+        let l = KeyedLimiter::builder(algorithm)
+            .clock(turnstile::TokioClock::new())
+            .build()
+            .unwrap();
+        l.try_acquire(&"k").unwrap();
+        let waiter = {
+            let l = l.clone();
+            tokio::spawn(async move { l.acquire_refundable(&"k", 1).await })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(l.stats().waiting, 1, "{algorithm:?}: the caller queued");
+        let taken = waiter.await.unwrap().unwrap();
+        assert_eq!((*taken.key(), taken.permits()), ("k", 1));
+        assert!(l.try_acquire(&"k").is_err(), "{algorithm:?}");
+        taken.refund();
+        l.try_acquire(&"k")
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the refund freed nothing: {e:?}"));
+    }
+}
+
+/// The receipt's parameters' version is read at the admission the queue makes, not when the
+/// call started: a reconfiguration while it waited does not void the refund of an admission
+/// made after it, and one after the admission does.
+#[tokio::test(start_paused = true)]
+async fn a_queue_served_receipt_is_voided_only_by_a_reconfiguration_after_its_admission() {
+    let l = waiting_limiter(fixed(1));
+    l.try_acquire().unwrap();
+    let waiter = {
+        let l = l.clone();
+        tokio::spawn(async move { l.acquire_refundable(1).await })
+    };
+    tokio::task::yield_now().await;
+    l.reconfigure(fixed(1)).unwrap();
+    let taken = waiter.await.unwrap().unwrap();
+    taken.refund();
+    assert!(
+        l.try_acquire().is_ok(),
+        "a reconfiguration before the admission voided it"
+    );
+
+    let k = KeyedLimiter::builder(fixed(1))
+        .clock(turnstile::TokioClock::new())
+        .build()
+        .unwrap();
+    k.try_acquire(&"k").unwrap();
+    let waiter = {
+        let k = k.clone();
+        tokio::spawn(async move { k.acquire_refundable(&"k", 1).await })
+    };
+    tokio::task::yield_now().await;
+    k.reconfigure(fixed(1)).unwrap();
+    let taken = waiter.await.unwrap().unwrap();
+    k.reconfigure(fixed(1)).unwrap();
+    taken.refund();
+    assert!(
+        k.try_acquire(&"k").is_err(),
+        "refunded across a reconfiguration"
+    );
+}
+
+/// A receipt from the fast path (nobody queued, permits free) is a receipt too.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_call_admitted_at_once_gives_a_receipt_too() {
+    let l = waiting_limiter(counter(2));
+    let taken = l.acquire_refundable(2).await.unwrap();
+    taken.refund();
+    assert_eq!(l.stats().available, 2);
+    let k = KeyedLimiter::builder(counter(2))
+        .clock(turnstile::TokioClock::new())
+        .build()
+        .unwrap();
+    let taken = k.acquire_refundable(&7, 2).await.unwrap();
+    taken.refund();
+    assert_eq!(k.available(&7), 2);
+}
+
+/// The timeout variants time out holding nothing: the token bucket's one token accrued while
+/// the caller waited for two is there for the next caller.
+#[tokio::test(start_paused = true)]
+async fn a_refundable_wait_that_times_out_holds_nothing() {
+    let rate = Rate::new(1, SECOND);
+    let l = waiting_limiter(Algorithm::TokenBucket { rate, burst: 2 });
+    l.try_acquire_n(2).unwrap();
+    let late = l.acquire_refundable_timeout(2, SECOND).await;
+    assert_eq!(late.unwrap_err(), turnstile::AcquireError::Timeout);
+    assert_eq!(l.stats().waiting, 0);
+    assert_eq!(l.stats().cancelled, 1);
+    l.try_acquire().unwrap();
+
+    let k = KeyedLimiter::builder(Algorithm::TokenBucket { rate, burst: 2 })
+        .clock(turnstile::TokioClock::new())
+        .build()
+        .unwrap();
+    k.try_acquire_n(&"k", 2).unwrap();
+    let late = k.acquire_refundable_timeout(&"k", 2, SECOND).await;
+    assert_eq!(late.unwrap_err(), turnstile::AcquireError::Timeout);
+    assert_eq!(k.stats().waiting, 0);
+    k.try_acquire(&"k").unwrap();
+}
+
+/// The blocking counterpart: a thread queued behind a receipt's admission is served when that
+/// receipt is refunded (the refund wakes the head; the clock never moves), and its own receipt
+/// gives the permit back in turn.
+#[test]
+fn a_blocking_waiter_served_from_the_queue_gives_its_permit_back() {
+    for algorithm in [fixed(1), counter(1), bucket(1), sliding(1)] {
+        let (l, _clock) = limiter(algorithm);
+        let first = l.try_acquire_refundable(1).unwrap();
+        let taken = std::thread::scope(|s| {
+            let waiter = s.spawn(|| l.acquire_blocking_refundable(1));
+            while l.stats().waiting < 1 {
+                std::thread::yield_now();
+            }
+            first.refund();
+            waiter.join().unwrap()
+        })
+        .unwrap();
+        assert!(l.try_acquire().is_err(), "{algorithm:?}");
+        taken.refund();
+        l.try_acquire()
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the refund freed nothing: {e:?}"));
+    }
+}
+
+/// The same for a key's queue, and the blocking timeouts give up holding nothing.
+#[test]
+fn a_blocking_keyed_waiter_gives_its_permit_back_and_a_timeout_holds_nothing() {
+    let k = KeyedLimiter::with_clock(counter(1), ManualClock::new()).unwrap();
+    let first = k.try_acquire_refundable(&"k", 1).unwrap();
+    let taken = std::thread::scope(|s| {
+        let waiter = s.spawn(|| k.acquire_blocking_refundable(&"k", 1));
+        while k.stats().waiting < 1 {
+            std::thread::yield_now();
+        }
+        first.refund();
+        waiter.join().unwrap()
+    })
+    .unwrap();
+    assert_eq!(k.available(&"k"), 0);
+    assert_eq!(
+        k.acquire_blocking_refundable_timeout(&"k", 1, Duration::ZERO)
+            .unwrap_err(),
+        turnstile::AcquireError::Timeout
+    );
+    taken.refund();
+    assert_eq!(k.available(&"k"), 1);
+
+    let (l, clock) = limiter(fixed(1));
+    l.try_acquire().unwrap();
+    assert_eq!(
+        l.acquire_blocking_refundable_timeout(1, Duration::ZERO)
+            .unwrap_err(),
+        turnstile::AcquireError::Timeout
+    );
+    assert_eq!(l.stats().waiting, 0);
+    clock.advance(10 * SECOND);
+    assert_eq!(l.try_acquire().unwrap().remaining(), 0);
 }
