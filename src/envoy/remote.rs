@@ -13,13 +13,11 @@ use crate::redis::cluster_async::ClusterConnection;
 use crate::redis::cluster_routing::Slot;
 use crate::redis::{RedisFuture, Value};
 use crate::{Admission, Algorithm, ConfigError, FailurePolicy, TryAcquireError};
+use futures_util::future::join_all;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Mutex;
-use std::task::Poll;
 use std::time::Duration;
 
 /// The service's limiters in Redis, whichever the connection.
@@ -67,31 +65,6 @@ pub(crate) struct Remote {
     prefix: String,
     policy: FailurePolicy,
     overrides: Overrides<RedisLimiter>,
-}
-
-/// Runs `futures` together on the calling task (their round trips in flight at once), and
-/// answers their outputs in order.
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(value) => *output = Some(value),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 /// A descriptor's entries as one subject, unambiguously: each key and value preceded by its
@@ -351,27 +324,33 @@ impl Remote {
         }
         let rejected = enforced_over(&answers);
 
-        // Checks (0 hits), and shadow descriptors of an admitted request.
-        for i in 0..answers.len() {
-            if !matches!(answers[i], Answer::NotAsked) {
-                continue;
-            }
-            let Some(l) = limiter(i) else { continue };
-            let subject = subjects[i].as_slice();
-            if hits[i] == 0 {
+        // Checks (0 hits), and shadow descriptors of an admitted request: their round trips
+        // in flight at once.
+        let asked: Vec<_> = (0..answers.len())
+            .filter(|&i| matches!(answers[i], Answer::NotAsked))
+            .filter_map(|i| limiter(i).map(|l| (i, l)))
+            .filter(|&(i, _)| hits[i] == 0 || (shadow(i) && !rejected))
+            .map(|(i, l)| {
+                let subject = subjects[i].as_slice();
                 let unit = match &applied[i] {
                     Applied::Limit { spec, .. } => spec.unit(),
                     _ => Unit::Second,
                 };
-                answers[i] = match l.try_acquire_n(subject, 0).await {
-                    Ok(a) => Answer::Within(a.remaining(), a.reset_after()),
-                    Err(TryAcquireError::Rejected(r)) => Answer::Within(0, r.retry_after()),
-                    Err(_) => Answer::Within(0, window_left(unit, now)),
-                };
-            } else if shadow(i) && !rejected {
                 let n = u32::try_from(hits[i]).unwrap_or(u32::MAX);
-                answers[i] = Answer::Got(l.try_acquire_n(subject, n).await);
-            }
+                async move {
+                    let got = l.try_acquire_n(subject, n).await;
+                    let answer = match got {
+                        _ if n > 0 => Answer::Got(got),
+                        Ok(a) => Answer::Within(a.remaining(), a.reset_after()),
+                        Err(TryAcquireError::Rejected(r)) => Answer::Within(0, r.retry_after()),
+                        Err(_) => Answer::Within(0, window_left(unit, now)),
+                    };
+                    (i, answer)
+                }
+            })
+            .collect();
+        for (i, answer) in join_all(asked).await {
+            answers[i] = answer;
         }
 
         let statuses = (answers.into_iter().enumerate())
