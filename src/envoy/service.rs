@@ -358,7 +358,9 @@ impl RlsService {
     ///
     /// - Between a call's charge and its give-back, other requests see those hits taken and
     ///   may be rejected by them (never admitted past a limit): the same window as in memory,
-    ///   where the refund also follows the charge, here one round trip long.
+    ///   where the refund also follows the charge, here one round trip long. A process whose
+    ///   deny cache keeps such a rejection refuses that counter locally until its window ends,
+    ///   although the give-back left it room for the hits given back.
     /// - A give-back that fails or misses the deadline leaves the hits charged (as Envoy
     ///   charges every descriptor), and the status reports the count after the charge; a
     ///   window that ended in between has nothing to give back.
@@ -366,8 +368,8 @@ impl RlsService {
     /// A descriptor given back answers `OK` with its count as it was before the request. When
     /// a limiter's deny cache already knows that its call rejects, the request is rejected
     /// with no round trip to any slot, and the other descriptors are not asked (`OK`, no
-    /// count, no window). Shadow-mode descriptors take a round trip each, and only when the
-    /// request is admitted; checks (0 hits) a round trip each.
+    /// count, no window). Shadow-mode descriptors (only when the request is admitted) and
+    /// checks (0 hits) take a round trip each, sent together after the enforced calls.
     ///
     /// While Redis does not answer within the limiters' deadline, `policy` decides each
     /// descriptor of the calls it did not answer (on a Cluster, the calls to the node that is
