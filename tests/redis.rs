@@ -2636,16 +2636,85 @@ async fn an_acquire_retrying_after_a_timeout_is_charged_once() {
     assert_all_keys_expire(&mut con);
 }
 
+/// Two `acquire` calls on one subject, both timing out (the server stopped while their attempts
+/// are in flight) and both rejected by the spent fallback: both late attempts admit in Redis, and
+/// each call's retry must answer its own call's admission. With one record per subject (the
+/// latest admission's), the first late attempt's record was overwritten by the second's, and
+/// its call's retry was charged again.
+#[tokio::test]
+async fn concurrent_acquires_retrying_after_a_timeout_are_each_charged_once() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let deadline = Duration::from_millis(50);
+    // As in `an_acquire_retrying_after_a_timeout_is_charged_once`: a bucket of 4 per second
+    // (locally 1 per second, burst 1), and a log of the hour counting every admission in Redis.
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(4),
+            burst: 4,
+        },
+        FailurePolicy::Fallback { share: 0.25 },
+    )
+    .and_limit(Algorithm::SlidingWindow {
+        limit: 100,
+        window: Duration::from_secs(3600),
+    })
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .deny_cache(0)
+    .build(manager(&server).await)
+    .unwrap();
+    limiter.acquire("warm").await.unwrap();
+    limiter.try_acquire("warm").await.unwrap();
+    let log = limiter.keys("s").remove(1);
+    let logged = |con: &mut redis::Connection| -> u64 { con.zcard(&log).unwrap() };
+    // The local bucket emptied by a decision that timed out (and ran late in Redis).
+    server.pause();
+    timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    server.resume();
+    let started = Instant::now();
+    while logged(&mut con) != 1 {
+        assert!(started.elapsed() < Duration::from_secs(5), "never logged");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Two calls, each attempt timing out and rejected by the empty local bucket, each running
+    // late in Redis meanwhile; then each retry goes to Redis.
+    server.pause();
+    let resume = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.resume();
+    };
+    let (a, b, ()) = tokio::join!(limiter.acquire("s"), limiter.acquire("s"), resume);
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(
+        logged(&mut con),
+        3,
+        "two calls charged once each: {a:?} {b:?}"
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.timeouts, stats.fallbacks), (3, 3), "{stats:?}");
+    // Each answer is its own call's late admission, which the log holds.
+    assert_ne!(a.at_nanos(), b.at_nanos());
+    for admission in [a, b] {
+        let expiry = admission.at_nanos() / 1000 + 3_600_000_000;
+        let at_expiry: u64 = con.zcount(&log, expiry, expiry).unwrap();
+        assert_eq!(at_expiry, 1, "{admission:?}");
+    }
+    assert_all_keys_expire(&mut con);
+}
+
 /// Every algorithm's `acquire` script: distinct calls are each charged (only a call's own
-/// retry finds its record), and the record expires with the state; a reset forgets it too.
+/// retry finds its record, one per call), and the records expire with the state; a reset
+/// deletes the state and leaves the records, which charge nothing, to expire.
 #[tokio::test]
 async fn distinct_acquire_calls_are_each_charged() {
     let server = RedisServer::start();
     let mut con = server.connection();
     let hour = Duration::from_secs(3600);
     room_in_window(&mut con, hour, Duration::from_secs(30));
+    let fallback = FailurePolicy::Fallback { share: 1.0 };
     for algorithm in common::all_algorithms(3, hour) {
-        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let limiter = limiter(&server, algorithm, fallback).await;
         let subject = format!("{algorithm:?}");
         for left in [2, 1, 0] {
             let admission = limiter.acquire(&subject).await.unwrap();
@@ -2653,19 +2722,17 @@ async fn distinct_acquire_calls_are_each_charged() {
         }
         rejection(limiter.try_acquire(&subject).await);
     }
-    // A state key and a record per subject, all expiring.
-    assert_eq!(assert_all_keys_expire(&mut con).len(), 8);
-    let limiter = limiter(
-        &server,
-        common::all_algorithms(3, hour)[0],
-        FailurePolicy::FailClosed,
-    )
-    .await;
-    let subject = format!("{:?}", common::all_algorithms(3, hour)[0]);
-    assert_eq!(limiter.reset(&subject).await, Ok(true));
+    // A state key and a record per call, all expiring.
+    let keys = assert_all_keys_expire(&mut con);
+    assert_eq!(keys.len(), 16, "{keys:?}");
+    assert_eq!(keys.iter().filter(|k| k.contains("}:acq.")).count(), 12);
+    let first = common::all_algorithms(3, hour)[0];
+    let resetter = limiter(&server, first, fallback).await;
+    let subject = format!("{first:?}");
+    assert_eq!(resetter.reset(&subject).await, Ok(true));
     assert_eq!(
         assert_all_keys_expire(&mut con).len(),
-        6,
-        "both keys deleted"
+        15,
+        "the state key deleted"
     );
 }

@@ -326,8 +326,8 @@ const REPAIRED: usize = 8;
 /// - **One round trip** per decision: `EVALSHA`. After Redis lost its script cache (restart,
 ///   failover, `SCRIPT FLUSH`) the first call per script costs two commands: `EVALSHA`, which
 ///   answers `NOSCRIPT`, then `EVAL`, which runs the script and caches it again.
-/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`), and `prefix:{subject}:acq` for a
-///   subject decided by [`acquire`](Self::acquire_n) (its latest admitted call). The subject is
+/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`), and `prefix:{subject}:acq.<id>`
+///   for each [`acquire`](Self::acquire_n) call Redis admitted (its record). The subject is
 ///   the hash tag, so a subject's keys share one Cluster slot. Subjects longer than 64 bytes are
 ///   replaced by `sha256:` and their SHA-256 in hex, and so are the empty subject and those
 ///   starting with `}` (they would leave the tag empty). Every key carries a TTL: it disappears
@@ -1152,7 +1152,8 @@ where
     /// Forgets `subject`'s state in Redis (one `DEL` of its keys, every limit of a chain), in
     /// this limiter's deny cache and in its local fallback: its next call through this limiter,
     /// and every call that reaches Redis from any process, starts fresh. `Ok(true)` if Redis held
-    /// state for it.
+    /// state for it. The records of [`acquire`](Self::acquire_n) calls are left to expire: they
+    /// charge nothing, and only the call that wrote one ever reads it.
     ///
     /// Other processes (and other limiters in this one) keep their own deny caches: one that
     /// cached a rejection of `subject` goes on answering it locally, without asking Redis, until
@@ -1201,7 +1202,6 @@ where
         let mut connection = inner.connection.clone();
         let mut delete = ::redis::cmd("DEL");
         delete.arg(self.keys(subject));
-        delete.arg(keys::key(&inner.prefix, subject, RECORD));
         let deleted = delete.query_async::<u64>(&mut connection);
         match tokio::time::timeout(inner.deadline, deleted).await {
             Ok(deleted) => Ok(deleted? > 0),
@@ -1246,13 +1246,16 @@ where
     /// **Charged once.** Every attempt of one call carries the call's random id. An attempt that
     /// missed the deadline may still run in Redis and admit after the failure policy answered;
     /// if that answer was a rejection (a [`FailurePolicy::Fallback`] whose local share is spent),
-    /// the call waits and tries again, and that attempt finds the call's id in the subject's
-    /// record (`prefix:{subject}:acq`, written by each admission of an `acquire`, expiring with
-    /// the admission's reset) and answers the recorded admission instead of taking the permits
-    /// a second time. The record holds the subject's latest `acquire` admission only: if another
-    /// call's `acquire` was admitted on the subject in between, the retry is charged again.
-    /// [`try_acquire_n`](Self::try_acquire_n) writes no record (a caller retrying it makes a
-    /// new decision).
+    /// the call waits and tries again, and that attempt finds the call's record
+    /// (`prefix:{subject}:acq.<id>`, written by the admission of an `acquire` call's attempt,
+    /// expiring with the admission's reset) and answers the recorded admission instead of taking
+    /// the permits a second time. Each call has its own record, so calls racing on one subject
+    /// are each charged once however their attempts interleave. The price is one small key per
+    /// admitted `acquire` call, kept until the admission's reset (for a window, up to the
+    /// window's length): a subject admitted through `acquire` many times per window holds as
+    /// many records. [`try_acquire_n`](Self::try_acquire_n) writes no record (a caller retrying
+    /// it makes a new decision), and [`reset`](Self::reset) leaves the records to expire (they
+    /// charge nothing).
     ///
     /// **Not FIFO.** Waiters in different processes (or tasks) do not queue: whoever asks first
     /// after the permits free up gets them. Under contention a waiter can be overtaken many times;
@@ -1777,8 +1780,7 @@ where
     }
 
     /// As [`eval`](Self::eval); with a `call` id (an `acquire` call's attempt, `script` a
-    /// `once` script), the subject's record key after the members' keys and the id after the
-    /// arguments.
+    /// `once` script), the call's record key ([`record`]) after the members' keys.
     async fn eval_call(
         &self,
         config: &Config,
@@ -1793,8 +1795,8 @@ where
             for member in &config.members {
                 cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
             }
-            if call.is_some() {
-                cmd.arg(keys::key(&self.prefix, subject, RECORD));
+            if let Some(call) = call {
+                cmd.arg(record(&self.prefix, subject, call));
             }
             cmd.arg(n);
             for member in &config.members {
@@ -1803,17 +1805,17 @@ where
                 }
                 cmd.arg(member.plan.params[0]).arg(member.plan.params[1]);
             }
-            if let Some(call) = call {
-                cmd.arg(call);
-            }
         })
         .await
     }
 }
 
-/// The suffix of a subject's record of the last `acquire` call Redis admitted for it (see
-/// `once` in `scripts/once.lua`).
-const RECORD: &str = "acq";
+/// The key of the record of `acquire` call `call` on `subject`, written when Redis admits one of
+/// its attempts (see `once` in `scripts/once.lua`): `prefix:{subject}:acq.<call id in hex>`, in
+/// the subject's hash tag (so its Cluster slot), one per call.
+fn record(prefix: &str, subject: &[u8], call: u64) -> Vec<u8> {
+    keys::key(prefix, subject, &format!("acq.{call:016x}"))
+}
 
 /// A fresh id for one `acquire` call, carried by each of its attempts: random, so that calls
 /// from every process on a subject are told apart (two of 2^64 meeting is negligible).
