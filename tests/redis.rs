@@ -2705,7 +2705,8 @@ async fn concurrent_acquires_retrying_after_a_timeout_are_each_charged_once() {
 
 /// Every algorithm's `acquire` script: distinct calls are each charged (only a call's own
 /// retry finds its record, one per call), and the records expire with the state; a reset
-/// deletes the state and leaves the records, which charge nothing, to expire.
+/// deletes the state and leaves the records, which charge nothing, to expire. Only a limiter
+/// with a fallback writes records: under the other policies no attempt follows a timed-out one.
 #[tokio::test]
 async fn distinct_acquire_calls_are_each_charged() {
     let server = RedisServer::start();
@@ -2735,4 +2736,12 @@ async fn distinct_acquire_calls_are_each_charged() {
         15,
         "the state key deleted"
     );
+    for policy in [FailurePolicy::FailClosed, FailurePolicy::FailOpen] {
+        let limiter = limiter(&server, first, policy).await;
+        let subject = format!("{policy:?}");
+        limiter.acquire(&subject).await.unwrap();
+        limiter.acquire(&subject).await.unwrap();
+    }
+    let keys = assert_all_keys_expire(&mut con);
+    assert_eq!(keys.len(), 17, "one state key each, no record: {keys:?}");
 }

@@ -326,8 +326,9 @@ const REPAIRED: usize = 8;
 /// - **One round trip** per decision: `EVALSHA`. After Redis lost its script cache (restart,
 ///   failover, `SCRIPT FLUSH`) the first call per script costs two commands: `EVALSHA`, which
 ///   answers `NOSCRIPT`, then `EVAL`, which runs the script and caches it again.
-/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`), and `prefix:{subject}:acq.<id>`
-///   for each [`acquire`](Self::acquire_n) call Redis admitted (its record). The subject is
+/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`), and under
+///   [`FailurePolicy::Fallback`] `prefix:{subject}:acq.<id>` for each
+///   [`acquire`](Self::acquire_n) call Redis admitted (its record). The subject is
 ///   the hash tag, so a subject's keys share one Cluster slot. Subjects longer than 64 bytes are
 ///   replaced by `sha256:` and their SHA-256 in hex, and so are the empty subject and those
 ///   starting with `}` (they would leave the tag empty). Every key carries a TTL: it disappears
@@ -1253,8 +1254,11 @@ where
     /// are each charged once however their attempts interleave. The price is one small key per
     /// admitted `acquire` call, kept until the admission's reset (for a window, up to the
     /// window's length): a subject admitted through `acquire` many times per window holds as
-    /// many records. [`try_acquire_n`](Self::try_acquire_n) writes no record (a caller retrying
-    /// it makes a new decision), and [`reset`](Self::reset) leaves the records to expire (they
+    /// many records. Only a limiter with [`FailurePolicy::Fallback`] pays it: under the other
+    /// policies a timed-out attempt is never followed by another (`FailClosed` ends the call
+    /// with [`AcquireError::Unavailable`], `FailOpen` admits it), so their `acquire` writes no
+    /// record. [`try_acquire_n`](Self::try_acquire_n) writes none either (a caller retrying it
+    /// makes a new decision), and [`reset`](Self::reset) leaves the records to expire (they
     /// charge nothing).
     ///
     /// **Not FIFO.** Waiters in different processes (or tasks) do not queue: whoever asks first
@@ -1288,8 +1292,10 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let subject = subject.as_ref();
-        let call = call_id();
-        crate::clock::retry_rejections(|| self.decide(subject, n, Some(call))).await
+        // Only a fallback's rejection follows a timed-out attempt with another (a closed policy
+        // ends the call, an open one admits it): other policies need no record.
+        let call = matches!(self.inner.policy, FailurePolicy::Fallback { .. }).then(call_id);
+        crate::clock::retry_rejections(|| self.decide(subject, n, call)).await
     }
 }
 
