@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use turnstile::redis::{self, aio::ConnectionManager, Commands};
 use turnstile::{
     AcquireError, Admission, Algorithm, ConfigError, FailurePolicy, Rate, RedisLimiter, Rejection,
-    TryAcquireError,
+    TryAcquireError, REDIS_ACQUIRE_RECORDS,
 };
 
 const PREFIX: &str = "t";
@@ -2712,9 +2712,9 @@ async fn concurrent_acquires_retrying_after_a_timeout_are_each_charged_once() {
 }
 
 /// Every algorithm's `acquire` script: distinct calls are each charged (only a call's own
-/// retry finds its record, one per call), and the records expire with the state; a reset
-/// deletes the state and leaves the records, which charge nothing, to expire. Only a limiter
-/// with a fallback writes records: under the other policies no attempt follows a timed-out one.
+/// retry finds its field in the subject's record), and the records expire with the state; a
+/// reset deletes both. Only a limiter with a fallback writes records: under the other policies
+/// no attempt follows a timed-out one.
 #[tokio::test]
 async fn distinct_acquire_calls_are_each_charged() {
     let server = RedisServer::start();
@@ -2731,18 +2731,23 @@ async fn distinct_acquire_calls_are_each_charged() {
         }
         rejection(limiter.try_acquire(&subject).await);
     }
-    // A state key and a record per call, all expiring.
+    // A state key and a record per subject, holding one field per call, all expiring.
     let keys = assert_all_keys_expire(&mut con);
-    assert_eq!(keys.len(), 16, "{keys:?}");
-    assert_eq!(keys.iter().filter(|k| k.contains("}:acq.")).count(), 12);
+    assert_eq!(keys.len(), 8, "{keys:?}");
+    let records: Vec<&String> = keys.iter().filter(|k| k.ends_with("}:acq")).collect();
+    assert_eq!(records.len(), 4, "{keys:?}");
+    for record in records {
+        let calls: u64 = con.hlen(record).unwrap();
+        assert_eq!(calls, 3, "{record}");
+    }
     let first = common::all_algorithms(3, hour)[0];
     let resetter = limiter(&server, first, fallback).await;
     let subject = format!("{first:?}");
     assert_eq!(resetter.reset(&subject).await, Ok(true));
     assert_eq!(
         assert_all_keys_expire(&mut con).len(),
-        15,
-        "the state key deleted"
+        6,
+        "the state key and the record deleted"
     );
     for policy in [FailurePolicy::FailClosed, FailurePolicy::FailOpen] {
         let limiter = limiter(&server, first, policy).await;
@@ -2751,5 +2756,70 @@ async fn distinct_acquire_calls_are_each_charged() {
         limiter.acquire(&subject).await.unwrap();
     }
     let keys = assert_all_keys_expire(&mut con);
-    assert_eq!(keys.len(), 17, "one state key each, no record: {keys:?}");
+    assert_eq!(keys.len(), 8, "one state key each, no record: {keys:?}");
+}
+
+/// Many `acquire` calls admitted on one subject leave one record key, the subject's hash of the
+/// latest calls (at most the cap of them: the oldest are evicted first), not a key per call: a
+/// subject admitted through `acquire` a million times per window held a million keys. The hash
+/// expires at the latest of its admissions' resets: an admission with an earlier reset (here a
+/// fixed window of 10 s after a sliding window of an hour, on one prefix) never shortens it.
+#[tokio::test]
+async fn many_acquire_calls_on_one_subject_keep_one_bounded_record() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    let cap = REDIS_ACQUIRE_RECORDS as usize;
+    let fallback = FailurePolicy::Fallback { share: 0.5 };
+    let long = limiter(
+        &server,
+        Algorithm::SlidingWindow {
+            limit: 1000,
+            window: hour,
+        },
+        fallback,
+    )
+    .await;
+    let calls = 2 * cap + 5;
+    let mut ats = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        ats.push(long.acquire("s").await.unwrap().at_nanos() / 1000);
+    }
+    let keys = assert_all_keys_expire(&mut con);
+    let records: Vec<&String> = keys.iter().filter(|k| k.contains(":acq")).collect();
+    assert_eq!(records, ["t:{s}:acq"], "{keys:?}");
+    let held: HashMap<String, String> = con.hgetall("t:{s}:acq").unwrap();
+    assert_eq!(held.len(), cap);
+    // The latest calls' admissions: "now:reset_after:remaining", now in µs.
+    let mut times: Vec<u64> = held
+        .values()
+        .map(|v| v.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    times.sort_unstable();
+    assert_eq!(times, ats[calls - cap..], "the oldest evicted first");
+    let ttl = |con: &mut redis::Connection| -> i64 { con.pttl("t:{s}:acq").unwrap() };
+    assert!(ttl(&mut con) > 3_590_000, "{}", ttl(&mut con));
+    let short = limiter(
+        &server,
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: Duration::from_secs(10),
+        },
+        fallback,
+    )
+    .await;
+    short.acquire("s").await.unwrap();
+    let held: HashMap<String, String> = con.hgetall("t:{s}:acq").unwrap();
+    assert_eq!(held.len(), cap);
+    assert!(ttl(&mut con) > 3_590_000, "shortened to {}", ttl(&mut con));
+    // An older version's record (a string) is replaced, not an error.
+    let _: () = con.set_ex("t:{old}:acq", "1:2:3", 60).unwrap();
+    assert_eq!(long.acquire("old").await.unwrap().remaining(), 999);
+    let calls: u64 = con.hlen("t:{old}:acq").unwrap();
+    assert_eq!(calls, 1);
+    assert_eq!(long.reset("old").await, Ok(true));
+    // A reset deletes the record with the state.
+    assert_eq!(short.reset("s").await, Ok(true));
+    assert_eq!(long.reset("s").await, Ok(true));
+    assert_eq!(assert_all_keys_expire(&mut con), Vec::<String>::new());
 }

@@ -55,6 +55,26 @@ use std::time::{Duration, Instant};
 /// ```
 pub const REDIS_MAX_SLIDING_LIMIT: u32 = 100_000;
 
+/// The most [`acquire`](RedisLimiter::acquire_n) calls a [`RedisLimiter`] under
+/// [`FailurePolicy::Fallback`] remembers per subject, so as to charge each call once when an
+/// attempt that timed out was admitted late (see [`acquire_n`](RedisLimiter::acquire_n)).
+///
+/// The record is one hash per subject, `prefix:{subject}:acq`, of call id → admission; a full
+/// one drops its oldest admissions first. Small, so that a subject admitted through `acquire`
+/// at a high rate (workers sharing one global limit, a million calls an hour) costs one small
+/// key, not one per call; large enough that a call's retry, which follows its timed-out attempt
+/// within about a retry-after, finds its record unless this many other `acquire` calls on the
+/// subject were admitted in between. A call whose record was dropped is charged a second time:
+/// a permit nobody uses, never an admission beyond the limit.
+///
+/// # Examples
+///
+/// ```
+/// // Bounded whatever the subject's traffic.
+/// assert!(turnstile::REDIS_ACQUIRE_RECORDS <= 64);
+/// ```
+pub const REDIS_ACQUIRE_RECORDS: u32 = 32;
+
 /// Products of microseconds and counts must stay exact in a Lua number (a double).
 const MAX_EXACT: u128 = 1 << 52;
 
@@ -327,8 +347,9 @@ const REPAIRED: usize = 8;
 ///   failover, `SCRIPT FLUSH`) the first call per script costs two commands: `EVALSHA`, which
 ///   answers `NOSCRIPT`, then `EVAL`, which runs the script and caches it again.
 /// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`), and under
-///   [`FailurePolicy::Fallback`] `prefix:{subject}:acq.<id>` for each
-///   [`acquire`](Self::acquire_n) call Redis admitted (its record). The subject is
+///   [`FailurePolicy::Fallback`] `prefix:{subject}:acq` for a subject Redis admitted through
+///   [`acquire`](Self::acquire_n) (its record: a hash of at most [`REDIS_ACQUIRE_RECORDS`]
+///   call ids, whatever the subject's traffic). The subject is
 ///   the hash tag, so a subject's keys share one Cluster slot. Subjects longer than 64 bytes are
 ///   replaced by `sha256:` and their SHA-256 in hex, and so are the empty subject and those
 ///   starting with `}` (they would leave the tag empty). Every key carries a TTL: it disappears
@@ -1153,8 +1174,9 @@ where
     /// Forgets `subject`'s state in Redis (one `DEL` of its keys, every limit of a chain), in
     /// this limiter's deny cache and in its local fallback: its next call through this limiter,
     /// and every call that reaches Redis from any process, starts fresh. `Ok(true)` if Redis held
-    /// state for it. The records of [`acquire`](Self::acquire_n) calls are left to expire: they
-    /// charge nothing, and only the call that wrote one ever reads it.
+    /// state for it. Under [`FailurePolicy::Fallback`] the `DEL` also takes the subject's record
+    /// of [`acquire`](Self::acquire_n) calls (`prefix:{subject}:acq`; a record alone, whose
+    /// state has expired, counts as state held).
     ///
     /// Other processes (and other limiters in this one) keep their own deny caches: one that
     /// cached a rejection of `subject` goes on answering it locally, without asking Redis, until
@@ -1203,6 +1225,9 @@ where
         let mut connection = inner.connection.clone();
         let mut delete = ::redis::cmd("DEL");
         delete.arg(self.keys(subject));
+        if inner.records() {
+            delete.arg(record(&inner.prefix, subject));
+        }
         let deleted = delete.query_async::<u64>(&mut connection);
         match tokio::time::timeout(inner.deadline, deleted).await {
             Ok(deleted) => Ok(deleted? > 0),
@@ -1244,22 +1269,25 @@ where
     /// sleeps for the retry-after plus a little jitter (up to 1/8 of the retry-after, between
     /// 0.1 ms and 50 ms, so that many waiters do not return at the same instant) and tries again.
     ///
-    /// **Charged once.** Every attempt of one call carries the call's random id. An attempt that
-    /// missed the deadline may still run in Redis and admit after the failure policy answered;
-    /// if that answer was a rejection (a [`FailurePolicy::Fallback`] whose local share is spent),
-    /// the call waits and tries again, and that attempt finds the call's record
-    /// (`prefix:{subject}:acq.<id>`, written by the admission of an `acquire` call's attempt,
-    /// expiring with the admission's reset) and answers the recorded admission instead of taking
-    /// the permits a second time. Each call has its own record, so calls racing on one subject
-    /// are each charged once however their attempts interleave. The price is one small key per
-    /// admitted `acquire` call, kept until the admission's reset (for a window, up to the
-    /// window's length): a subject admitted through `acquire` many times per window holds as
-    /// many records. Only a limiter with [`FailurePolicy::Fallback`] pays it: under the other
-    /// policies a timed-out attempt is never followed by another (`FailClosed` ends the call
-    /// with [`AcquireError::Unavailable`], `FailOpen` admits it), so their `acquire` writes no
-    /// record. [`try_acquire_n`](Self::try_acquire_n) writes none either (a caller retrying it
-    /// makes a new decision), and [`reset`](Self::reset) leaves the records to expire (they
-    /// charge nothing).
+    /// **Charged once, within a bound.** Every attempt of one call carries the call's random id.
+    /// An attempt that missed the deadline may still run in Redis and admit after the failure
+    /// policy answered; if that answer was a rejection (a [`FailurePolicy::Fallback`] whose local
+    /// share is spent), the call waits and tries again, and that attempt finds the call's id in
+    /// the subject's record (`prefix:{subject}:acq`, a hash of call id → admission, written by
+    /// the admission of an `acquire` call's attempt) and answers the recorded admission instead
+    /// of taking the permits a second time. Calls racing on one subject each have their own
+    /// field, so each is charged once however their attempts interleave, unless
+    /// [`REDIS_ACQUIRE_RECORDS`] or more other `acquire` calls were admitted on the subject
+    /// between the late admission and the retry: the record keeps that many calls, dropping the
+    /// oldest first, and a call whose field was dropped is charged again (a permit nobody uses,
+    /// never an admission beyond the limit). So the memory is bounded per subject: one small
+    /// hash, expiring at the latest of its admissions' resets (for a window, up to the window's
+    /// length), however many `acquire` calls the subject gets. Only a limiter with
+    /// [`FailurePolicy::Fallback`] writes it: under the other policies a timed-out attempt is
+    /// never followed by another (`FailClosed` ends the call with [`AcquireError::Unavailable`],
+    /// `FailOpen` admits it), so their `acquire` writes no record.
+    /// [`try_acquire_n`](Self::try_acquire_n) writes none either (a caller retrying it makes a
+    /// new decision), and [`reset`](Self::reset) deletes the record with the state.
     ///
     /// **Not FIFO.** Waiters in different processes (or tasks) do not queue: whoever asks first
     /// after the permits free up gets them. Under contention a waiter can be overtaken many times;
@@ -1292,9 +1320,7 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let subject = subject.as_ref();
-        // Only a fallback's rejection follows a timed-out attempt with another (a closed policy
-        // ends the call, an open one admits it): other policies need no record.
-        let call = matches!(self.inner.policy, FailurePolicy::Fallback { .. }).then(call_id);
+        let call = self.inner.records().then(call_id);
         crate::clock::retry_rejections(|| self.decide(subject, n, call)).await
     }
 }
@@ -1739,6 +1765,13 @@ impl<C> Inner<C> {
         }
     }
 
+    /// Whether `acquire` calls keep a record of their admissions in Redis: only a fallback's
+    /// rejection follows a timed-out attempt with another (a closed policy ends the call, an
+    /// open one admits it), so other policies need none.
+    fn records(&self) -> bool {
+        matches!(self.policy, FailurePolicy::Fallback { .. })
+    }
+
     /// Whether the failure policy rejects every call (`FailClosed`).
     fn fails_closed(&self) -> bool {
         matches!(self.policy, FailurePolicy::FailClosed)
@@ -1786,7 +1819,8 @@ where
     }
 
     /// As [`eval`](Self::eval); with a `call` id (an `acquire` call's attempt, `script` a
-    /// `once` script), the call's record key ([`record`]) after the members' keys.
+    /// `once` script), the subject's record key ([`record`]) after the members' keys, and the
+    /// id (in hex) and [`REDIS_ACQUIRE_RECORDS`] after the arguments.
     async fn eval_call(
         &self,
         config: &Config,
@@ -1801,8 +1835,8 @@ where
             for member in &config.members {
                 cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
             }
-            if let Some(call) = call {
-                cmd.arg(record(&self.prefix, subject, call));
+            if call.is_some() {
+                cmd.arg(record(&self.prefix, subject));
             }
             cmd.arg(n);
             for member in &config.members {
@@ -1811,16 +1845,19 @@ where
                 }
                 cmd.arg(member.plan.params[0]).arg(member.plan.params[1]);
             }
+            if let Some(call) = call {
+                cmd.arg(format!("{call:016x}")).arg(REDIS_ACQUIRE_RECORDS);
+            }
         })
         .await
     }
 }
 
-/// The key of the record of `acquire` call `call` on `subject`, written when Redis admits one of
-/// its attempts (see `once` in `scripts/once.lua`): `prefix:{subject}:acq.<call id in hex>`, in
-/// the subject's hash tag (so its Cluster slot), one per call.
-fn record(prefix: &str, subject: &[u8], call: u64) -> Vec<u8> {
-    keys::key(prefix, subject, &format!("acq.{call:016x}"))
+/// The key of `subject`'s record of the `acquire` calls Redis admitted for it (see `once` in
+/// `scripts/once.lua`): `prefix:{subject}:acq`, in the subject's hash tag (so its Cluster slot),
+/// a hash of at most [`REDIS_ACQUIRE_RECORDS`] call ids.
+fn record(prefix: &str, subject: &[u8]) -> Vec<u8> {
+    keys::key(prefix, subject, "acq")
 }
 
 /// A fresh id for one `acquire` call, carried by each of its attempts: random, so that calls
