@@ -257,6 +257,17 @@ async fn a_reload_during_an_outage_keeps_the_fallback_spent() {
         Some((RejectReason::RateLimited, "per-ip")),
         "{verdict:?}"
     );
+    // A changed limit reconfigures the rule's limiter, and its fallback in place: the two
+    // requests counted there still count under a limit of one (a fallback rebuilt empty
+    // admitted the client again).
+    let one = TWO_PER_MINUTE.replace("limit = 2", "limit = 1");
+    limiter.reload(config(&url, "fallback", &one)).unwrap();
+    let verdict = get(&limiter, "/", ip).await;
+    assert_eq!(
+        rejection(&verdict).map(|r| (r.0, r.1)),
+        Some((RejectReason::RateLimited, "per-ip")),
+        "the fallback's count survives a reconfiguration: {verdict:?}"
+    );
 }
 
 /// A reload keeps the `RedisLimiter` of a rule whose identity is unchanged: its deny cache goes

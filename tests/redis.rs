@@ -2823,3 +2823,82 @@ async fn many_acquire_calls_on_one_subject_keep_one_bounded_record() {
     assert_eq!(long.reset("s").await, Ok(true));
     assert_eq!(assert_all_keys_expire(&mut con), Vec::<String>::new());
 }
+
+/// Redis stopped (SIGSTOP: every decision times out) and `Fallback`: a subject has spent its
+/// local share, and a reconfiguration that leaves the share as it is (a limit raised by one,
+/// rounded down to the same half) or lowers it must not give the share back. When the fallback
+/// was rebuilt empty by every reconfiguration, each one during an outage (an HTTP reload that
+/// changed a rule's limit) handed every client its fallback share again. Only an exact sliding
+/// window's share raised above the ring it was built with cannot be kept, and starts empty.
+#[tokio::test]
+async fn a_reconfiguration_during_an_outage_keeps_the_fallback_spent() {
+    let server = RedisServer::start();
+    let deadline = Duration::from_millis(50);
+    let hour = Duration::from_secs(3600);
+    let fallback = FailurePolicy::Fallback { share: 0.5 };
+    let build = |algorithm| {
+        RedisLimiter::builder(algorithm, fallback)
+            .prefix(PREFIX)
+            .deadline(deadline)
+    };
+    let mut limiters = Vec::new();
+    for algorithm in common::all_algorithms(4, hour) {
+        limiters.push(build(algorithm).build(manager(&server).await).unwrap());
+    }
+    let fixed = |limit| Algorithm::FixedWindow {
+        limit,
+        window: hour,
+    };
+    let chain = build(fixed(10))
+        .and_limit(common::all_algorithms(4, hour)[1])
+        .build(manager(&server).await)
+        .unwrap();
+    server.pause();
+    let spend = |limiter: &RedisLimiter| {
+        let limiter = limiter.clone();
+        async move {
+            for _ in 0..2 {
+                timed(deadline, limiter.try_acquire("s")).await.unwrap();
+            }
+            rejection(timed(deadline, limiter.try_acquire("s")).await);
+        }
+    };
+    for (limiter, (raised, lowered)) in limiters.iter().zip(
+        common::all_algorithms(5, hour)
+            .into_iter()
+            .zip(common::all_algorithms(2, hour)),
+    ) {
+        spend(limiter).await;
+        limiter.reconfigure(raised).unwrap();
+        let r = rejection(timed(deadline, limiter.try_acquire("s")).await);
+        assert_eq!(r.limit(), 2, "{raised:?}");
+        limiter.reconfigure(lowered).unwrap();
+        let r = rejection(timed(deadline, limiter.try_acquire("s")).await);
+        assert_eq!(r.limit(), 1, "{lowered:?}");
+    }
+    spend(&chain).await;
+    chain.reconfigure_limit(0, fixed(12)).unwrap();
+    rejection(timed(deadline, chain.try_acquire("s")).await);
+    chain
+        .reconfigure_all([fixed(8), common::all_algorithms(5, hour)[1]])
+        .unwrap();
+    rejection(timed(deadline, chain.try_acquire("s")).await);
+    // The log's share raised past the ring of two it was built with: that member starts
+    // empty (the fixed window's count of two, under a share of 5, is kept).
+    let log = &limiters[1];
+    log.reconfigure(common::all_algorithms(8, hour)[1]).unwrap();
+    for _ in 0..4 {
+        timed(deadline, log.try_acquire("s")).await.unwrap();
+    }
+    rejection(timed(deadline, log.try_acquire("s")).await);
+    chain
+        .reconfigure_all([fixed(10), common::all_algorithms(8, hour)[1]])
+        .unwrap();
+    for _ in 0..3 {
+        timed(deadline, chain.try_acquire("s")).await.unwrap();
+    }
+    assert_eq!(
+        rejection(timed(deadline, chain.try_acquire("s")).await).limit(),
+        5
+    );
+}

@@ -1472,12 +1472,18 @@ impl<C> RedisLimiter<C> {
     /// parameters on the same prefix go on deciding under them, each call translating the state
     /// it meets, as in a rolling deploy (see [`RedisLimiter`]).
     ///
-    /// What this process keeps starts afresh: the deny cache is emptied, so a raised limit admits a
-    /// subject it held at once, and a lowered one is judged by Redis, whose retry-after is then
-    /// cached anew (a rejection arriving late from a call under the old parameters is not cached).
-    /// Under [`FailurePolicy::Fallback`] the local fallback is rebuilt at the share of the new
-    /// parameters, empty: it decides only while Redis is away, and its counts there are this
-    /// process's stopgap, not the shared ones, which Redis keeps. [`algorithm`](Self::algorithm),
+    /// The deny cache starts afresh: it is emptied, so a raised limit admits a subject it held at
+    /// once, and a lowered one is judged by Redis, whose retry-after is then cached anew (a
+    /// rejection arriving late from a call under the old parameters is not cached). Under
+    /// [`FailurePolicy::Fallback`] the local fallback is reconfigured in place to the share of
+    /// the new parameters, as [`KeyedLimiter::reconfigure`] does: what each subject was admitted
+    /// there still counts, so that a reconfiguration during an outage (an HTTP reload that
+    /// changes a rule's limit) gives no subject its share again. The one exception is an exact
+    /// sliding window whose share is raised above the limit its local ring was built with: that
+    /// limit's fallback starts empty at the new share (a chain's other limits keep theirs). A
+    /// fallback decision made while a chain is being reconfigured may judge one limit under the
+    /// new share and another under the old (each limit wholly under one); Redis's decisions
+    /// never mix. [`algorithm`](Self::algorithm),
     /// [`capacity`](Self::capacity) and the rejections' limits report the new parameters; the
     /// [`stats`](Self::stats) go on counting.
     ///
@@ -1629,12 +1635,43 @@ impl<C> RedisLimiter<C> {
                 });
             }
         }
-        let config = Config::new(&algorithms, inner.policy, inner.deny_cache)?;
+        let mut config = Config::new(&algorithms, inner.policy, inner.deny_cache)?;
+        // Checked whole: from here on nothing fails, and the fallback's counts carry over.
+        if let (FailurePolicy::Fallback { share }, Some(old), Some(fresh)) =
+            (inner.policy, &current.fallback, config.fallback.take())
+        {
+            config.fallback = Some(carried(old, fresh, &algorithms, share));
+        }
         // The one write: later calls take the new snapshot whole; calls holding the old one
         // finish under it.
         inner.config.store(Arc::new(config));
         Ok(())
     }
+}
+
+/// The fallback after a reconfiguration to `algorithms`: `old`'s limiters reconfigured in place
+/// to their `share` ([`KeyedLimiter::reconfigure`]: each subject's counts carry over as in
+/// memory), so that a reconfiguration during an outage gives no subject its share again. A limit
+/// that cannot be reconfigured so (an exact sliding window's share raised above the ring it was
+/// built with) takes `fresh`'s limiter, empty, in its place; the others keep theirs.
+fn carried(old: &Local, fresh: Local, algorithms: &[Algorithm], share: f64) -> Local {
+    let members: Vec<&KeyedLimiter<Box<[u8]>>> = old.per_key().collect();
+    if members.len() != algorithms.len() {
+        return fresh;
+    }
+    let kept: Vec<bool> = members
+        .iter()
+        .zip(algorithms)
+        .map(|(member, &algorithm)| member.reconfigure(share_of(algorithm, share)).is_ok())
+        .collect();
+    if kept.iter().all(|&k| k) {
+        return old.clone();
+    }
+    let mut local = KeyedChain::builder();
+    for ((member, new), keep) in members.into_iter().zip(fresh.per_key()).zip(kept) {
+        local = local.per_key(if keep { member.clone() } else { new.clone() });
+    }
+    local.build().unwrap_or(fresh)
 }
 
 impl<C> Inner<C> {

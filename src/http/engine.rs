@@ -202,9 +202,10 @@ macro_rules! count_list_rejection {
 /// cache, its counts of failure-policy decisions, and the counts of its `fallback` limiter (a
 /// reload during an outage gives no client its fallback share again). If only its limit
 /// changed the limiter is reconfigured in place (`RedisLimiter::reconfigure`: the counts in
-/// Redis judged under the new limit, the deny cache emptied, the fallback started afresh at the
-/// new limit's share). A rule under a changed prefix, failure policy or deadline gets a new
-/// limiter.
+/// Redis judged under the new limit, the deny cache emptied, the fallback's counts judged under
+/// the new limit's share, except that a `sliding_window` rule's fallback starts empty when its
+/// limit is raised, as in memory). A rule under a changed prefix, failure policy or deadline
+/// gets a new limiter.
 ///
 /// # Examples
 ///
