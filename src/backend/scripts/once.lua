@@ -49,11 +49,12 @@ local function once(decide)
     end
     local value = string.format('%d:%d:%d', reply[2], reply[3], reply[4])
     redis.call('HSET', record, id, value)
-    -- The record's expiry is now + PTTL on the clock of the script's start, no later than
-    -- `reply[2]` (TIME): rounded up, an upper bound, so that the record is never shortened.
+    -- Extended, never shortened. The record's expiry is PTTL after the clock PTTL read (Redis
+    -- 7.0 reads the real clock, Valkey 8 the script's start); TIME read after it is no earlier
+    -- on either, so that TIME rounded up plus PTTL is never before the expiry in force.
     local expiry = expire_at(reply[2] + math.max(reply[3], 1000))
     local ttl = redis.call('PTTL', record)
-    if ttl < 0 or expiry > math.ceil(reply[2] / 1000) + ttl then
+    if ttl < 0 or expiry > math.ceil(now_us() / 1000) + ttl then
       redis.call('PEXPIREAT', record, expiry)
     end
   end
