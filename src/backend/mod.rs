@@ -70,8 +70,9 @@ pub const REDIS_MAX_SLIDING_LIMIT: u32 = 100_000;
 /// # Examples
 ///
 /// ```
-/// // Bounded whatever the subject's traffic.
-/// assert!(turnstile::REDIS_ACQUIRE_RECORDS <= 64);
+/// // `HLEN prefix:{subject}:acq` is at most this, whatever the subject's traffic.
+/// let most = turnstile::REDIS_ACQUIRE_RECORDS;
+/// assert_eq!(most, 32);
 /// ```
 pub const REDIS_ACQUIRE_RECORDS: u32 = 32;
 
