@@ -93,7 +93,8 @@ mod watchers;
 
 #[cfg(feature = "redis")]
 pub use backend::{
-    FailurePolicy, RedisLimiter, RedisLimiterBuilder, RedisStats, REDIS_MAX_SLIDING_LIMIT,
+    FailurePolicy, RedisLimiter, RedisLimiterBuilder, RedisStats, REDIS_ACQUIRE_RECORDS,
+    REDIS_MAX_SLIDING_LIMIT,
 };
 #[cfg(feature = "keyed")]
 pub use bans::{

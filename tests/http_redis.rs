@@ -223,6 +223,100 @@ async fn rules_of_one_identity_count_on_their_own_keys() {
     assert!(rejection(&verdict).is_some(), "{verdict:?}");
 }
 
+/// Redis gone and `fallback`: the rule's local fallback has spent a client's share, and a
+/// reload that changes nothing must not give it back. When every reload built each rule a new
+/// `RedisLimiter`, the fallback started empty and admitted the client's whole share again (in
+/// every process of the fleet at once: over-admission while Redis is down).
+#[tokio::test]
+async fn a_reload_during_an_outage_keeps_the_fallback_spent() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    let limiter = HttpLimiter::connect(config(&url, "fallback", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    server.kill();
+    let ip = "192.0.2.40";
+    assert!(get(&limiter, "/", ip).await.outcome.is_admitted());
+    assert!(get(&limiter, "/", ip).await.outcome.is_admitted());
+    assert!(rejection(&get(&limiter, "/", ip).await).is_some());
+    // The same configuration, and then one with another rule beside it: "per-ip" is kept.
+    limiter
+        .reload(config(&url, "fallback", TWO_PER_MINUTE))
+        .unwrap();
+    let verdict = get(&limiter, "/", ip).await;
+    assert_eq!(
+        rejection(&verdict).map(|r| (r.0, r.1)),
+        Some((RejectReason::RateLimited, "per-ip")),
+        "the fallback's count survives a reload: {verdict:?}"
+    );
+    let more = format!("{TWO_PER_MINUTE}{}", rule("other", "ip", 5, "1h"));
+    limiter.reload(config(&url, "fallback", &more)).unwrap();
+    let verdict = get(&limiter, "/", ip).await;
+    assert_eq!(
+        rejection(&verdict).map(|r| (r.0, r.1)),
+        Some((RejectReason::RateLimited, "per-ip")),
+        "{verdict:?}"
+    );
+    // A changed limit reconfigures the rule's limiter, and its fallback in place: the two
+    // requests counted there still count under a limit of one (a fallback rebuilt empty
+    // admitted the client again).
+    let one = TWO_PER_MINUTE.replace("limit = 2", "limit = 1");
+    limiter.reload(config(&url, "fallback", &one)).unwrap();
+    let verdict = get(&limiter, "/", ip).await;
+    assert_eq!(
+        rejection(&verdict).map(|r| (r.0, r.1)),
+        Some((RejectReason::RateLimited, "per-ip")),
+        "the fallback's count survives a reconfiguration: {verdict:?}"
+    );
+}
+
+/// A reload keeps the `RedisLimiter` of a rule whose identity is unchanged: its deny cache goes
+/// on answering a client it rejected without a round trip; a changed limit reconfigures it in
+/// place (the counts in Redis kept, the deny cache emptied, so that a raised limit admits at
+/// once); a changed prefix names other keys, and so starts afresh.
+#[tokio::test]
+async fn a_reload_keeps_a_rules_redis_limiter() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut con = server.connection();
+    let limiter = HttpLimiter::connect(config(&url, "closed", TWO_PER_MINUTE))
+        .await
+        .unwrap();
+    let ip = "192.0.2.41";
+    assert!(get(&limiter, "/", ip).await.outcome.is_admitted());
+    assert!(get(&limiter, "/", ip).await.outcome.is_admitted());
+    assert!(rejection(&get(&limiter, "/", ip).await).is_some());
+    let scripts = calls(&mut con, "evalsha");
+    assert!(rejection(&get(&limiter, "/", ip).await).is_some());
+    assert_eq!(calls(&mut con, "evalsha"), scripts, "denied locally");
+    limiter
+        .reload(config(&url, "closed", TWO_PER_MINUTE))
+        .unwrap();
+    assert!(rejection(&get(&limiter, "/", ip).await).is_some());
+    assert_eq!(
+        calls(&mut con, "evalsha"),
+        scripts,
+        "still denied locally after a reload that changed nothing"
+    );
+    // A new limit: the counts kept in Redis are judged under it at once.
+    let three = TWO_PER_MINUTE.replace("limit = 2", "limit = 3");
+    limiter.reload(config(&url, "closed", &three)).unwrap();
+    let verdict = get(&limiter, "/", ip).await;
+    assert_eq!(verdict.outcome, Outcome::Admitted, "{verdict:?}");
+    assert_eq!(
+        (verdict.quotas[0].limit, verdict.quotas[0].remaining),
+        (3, 0)
+    );
+    assert!(rejection(&get(&limiter, "/", ip).await).is_some());
+    // Another prefix: other keys, nothing counted there yet.
+    let mut moved = config(&url, "closed", &three);
+    moved.backend.prefix = Some("elsewhere".to_owned());
+    limiter.reload(moved).unwrap();
+    let verdict = get(&limiter, "/", ip).await;
+    assert_eq!(verdict.outcome, Outcome::Admitted, "{verdict:?}");
+    assert_eq!(verdict.quotas[0].remaining, 2);
+}
+
 #[tokio::test]
 async fn redis_down_fail_open_admits() {
     let mut server = RedisServer::start();

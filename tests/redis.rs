@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use turnstile::redis::{self, aio::ConnectionManager, Commands};
 use turnstile::{
     AcquireError, Admission, Algorithm, ConfigError, FailurePolicy, Rate, RedisLimiter, Rejection,
-    TryAcquireError,
+    TryAcquireError, REDIS_ACQUIRE_RECORDS,
 };
 
 const PREFIX: &str = "t";
@@ -2636,16 +2636,94 @@ async fn an_acquire_retrying_after_a_timeout_is_charged_once() {
     assert_all_keys_expire(&mut con);
 }
 
+/// Two `acquire` calls on one subject, both timing out (the server stopped while their attempts
+/// are in flight) and both rejected by the spent fallback: both late attempts admit in Redis, and
+/// each call's retry must answer its own call's admission. With one record per subject (the
+/// latest admission's), the first late attempt's record was overwritten by the second's, and
+/// its call's retry was charged again.
+#[tokio::test]
+async fn concurrent_acquires_retrying_after_a_timeout_are_each_charged_once() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let deadline = Duration::from_millis(50);
+    // As in `an_acquire_retrying_after_a_timeout_is_charged_once`: a bucket of 4 per second
+    // (locally 1 per second, burst 1), and a log of the hour counting every admission in Redis.
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(4),
+            burst: 4,
+        },
+        FailurePolicy::Fallback { share: 0.25 },
+    )
+    .and_limit(Algorithm::SlidingWindow {
+        limit: 100,
+        window: Duration::from_secs(3600),
+    })
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .deny_cache(0)
+    .build(manager(&server).await)
+    .unwrap();
+    limiter.acquire("warm").await.unwrap();
+    limiter.try_acquire("warm").await.unwrap();
+    let log = limiter.keys("s").remove(1);
+    let logged = |con: &mut redis::Connection| -> u64 { con.zcard(&log).unwrap() };
+    // The local bucket emptied by a decision that timed out (and ran late in Redis).
+    server.pause();
+    timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    server.resume();
+    let started = Instant::now();
+    while logged(&mut con) != 1 {
+        assert!(started.elapsed() < Duration::from_secs(5), "never logged");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Two calls, each attempt timing out and rejected by the empty local bucket, each running
+    // late in Redis meanwhile; then each retry goes to Redis.
+    server.pause();
+    let resume = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.resume();
+    };
+    let (a, b, ()) = tokio::join!(limiter.acquire("s"), limiter.acquire("s"), resume);
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(
+        logged(&mut con),
+        3,
+        "two calls charged once each: {a:?} {b:?}"
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.timeouts, stats.fallbacks), (3, 3), "{stats:?}");
+    // Each answer is its own call's late admission, which the log holds (the second one ran
+    // after the first had taken its permit: one fewer remains), not the same record twice.
+    assert_ne!(a.remaining(), b.remaining(), "{a:?} {b:?}");
+    let expiry = |admission: &Admission| admission.at_nanos() / 1000 + 3_600_000_000;
+    for admission in [&a, &b] {
+        let at_expiry: u64 = con
+            .zcount(&log, expiry(admission), expiry(admission))
+            .unwrap();
+        // Two scripts may run within one microsecond of Redis's clock.
+        let answers = [&a, &b]
+            .iter()
+            .filter(|other| expiry(other) == expiry(admission))
+            .count();
+        assert_eq!(at_expiry, answers as u64, "{admission:?}");
+    }
+    assert_all_keys_expire(&mut con);
+}
+
 /// Every algorithm's `acquire` script: distinct calls are each charged (only a call's own
-/// retry finds its record), and the record expires with the state; a reset forgets it too.
+/// retry finds its field in the subject's record), and the records expire with the state; a
+/// reset deletes both. Only a limiter with a fallback writes records: under the other policies
+/// no attempt follows a timed-out one.
 #[tokio::test]
 async fn distinct_acquire_calls_are_each_charged() {
     let server = RedisServer::start();
     let mut con = server.connection();
     let hour = Duration::from_secs(3600);
     room_in_window(&mut con, hour, Duration::from_secs(30));
+    let fallback = FailurePolicy::Fallback { share: 1.0 };
     for algorithm in common::all_algorithms(3, hour) {
-        let limiter = limiter(&server, algorithm, FailurePolicy::FailClosed).await;
+        let limiter = limiter(&server, algorithm, fallback).await;
         let subject = format!("{algorithm:?}");
         for left in [2, 1, 0] {
             let admission = limiter.acquire(&subject).await.unwrap();
@@ -2653,19 +2731,174 @@ async fn distinct_acquire_calls_are_each_charged() {
         }
         rejection(limiter.try_acquire(&subject).await);
     }
-    // A state key and a record per subject, all expiring.
-    assert_eq!(assert_all_keys_expire(&mut con).len(), 8);
-    let limiter = limiter(
-        &server,
-        common::all_algorithms(3, hour)[0],
-        FailurePolicy::FailClosed,
-    )
-    .await;
-    let subject = format!("{:?}", common::all_algorithms(3, hour)[0]);
-    assert_eq!(limiter.reset(&subject).await, Ok(true));
+    // A state key and a record per subject, holding one field per call, all expiring.
+    let keys = assert_all_keys_expire(&mut con);
+    assert_eq!(keys.len(), 8, "{keys:?}");
+    let records: Vec<&String> = keys.iter().filter(|k| k.ends_with("}:acq")).collect();
+    assert_eq!(records.len(), 4, "{keys:?}");
+    for record in records {
+        let calls: u64 = con.hlen(record).unwrap();
+        assert_eq!(calls, 3, "{record}");
+    }
+    let first = common::all_algorithms(3, hour)[0];
+    let resetter = limiter(&server, first, fallback).await;
+    let subject = format!("{first:?}");
+    assert_eq!(resetter.reset(&subject).await, Ok(true));
     assert_eq!(
         assert_all_keys_expire(&mut con).len(),
         6,
-        "both keys deleted"
+        "the state key and the record deleted"
+    );
+    for policy in [FailurePolicy::FailClosed, FailurePolicy::FailOpen] {
+        let limiter = limiter(&server, first, policy).await;
+        let subject = format!("{policy:?}");
+        limiter.acquire(&subject).await.unwrap();
+        limiter.acquire(&subject).await.unwrap();
+    }
+    let keys = assert_all_keys_expire(&mut con);
+    assert_eq!(keys.len(), 8, "one state key each, no record: {keys:?}");
+}
+
+/// Many `acquire` calls admitted on one subject leave one record key, the subject's hash of the
+/// latest calls (at most the cap of them: the oldest are evicted first), not a key per call: a
+/// subject admitted through `acquire` a million times per window held a million keys. The hash
+/// expires at the latest of its admissions' resets: an admission with an earlier reset (here a
+/// fixed window of 10 s after a sliding window of an hour, on one prefix) never shortens it.
+#[tokio::test]
+async fn many_acquire_calls_on_one_subject_keep_one_bounded_record() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    let cap = REDIS_ACQUIRE_RECORDS as usize;
+    let fallback = FailurePolicy::Fallback { share: 0.5 };
+    let long = limiter(
+        &server,
+        Algorithm::SlidingWindow {
+            limit: 1000,
+            window: hour,
+        },
+        fallback,
+    )
+    .await;
+    let calls = 2 * cap + 5;
+    let mut ats = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        ats.push(long.acquire("s").await.unwrap().at_nanos() / 1000);
+    }
+    let keys = assert_all_keys_expire(&mut con);
+    let records: Vec<&String> = keys.iter().filter(|k| k.contains(":acq")).collect();
+    assert_eq!(records, ["t:{s}:acq"], "{keys:?}");
+    let held: HashMap<String, String> = con.hgetall("t:{s}:acq").unwrap();
+    assert_eq!(held.len(), cap);
+    // The latest calls' admissions: "now:reset_after:remaining", now in µs.
+    let mut times: Vec<u64> = held
+        .values()
+        .map(|v| v.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    times.sort_unstable();
+    assert_eq!(times, ats[calls - cap..], "the oldest evicted first");
+    let ttl = |con: &mut redis::Connection| -> i64 { con.pttl("t:{s}:acq").unwrap() };
+    assert!(ttl(&mut con) > 3_590_000, "{}", ttl(&mut con));
+    let short = limiter(
+        &server,
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: Duration::from_secs(10),
+        },
+        fallback,
+    )
+    .await;
+    short.acquire("s").await.unwrap();
+    let held: HashMap<String, String> = con.hgetall("t:{s}:acq").unwrap();
+    assert_eq!(held.len(), cap);
+    assert!(ttl(&mut con) > 3_590_000, "shortened to {}", ttl(&mut con));
+    // An older version's record (a string) is replaced, not an error.
+    let _: () = con.set_ex("t:{old}:acq", "1:2:3", 60).unwrap();
+    assert_eq!(long.acquire("old").await.unwrap().remaining(), 999);
+    let calls: u64 = con.hlen("t:{old}:acq").unwrap();
+    assert_eq!(calls, 1);
+    assert_eq!(long.reset("old").await, Ok(true));
+    // A reset deletes the record with the state.
+    assert_eq!(short.reset("s").await, Ok(true));
+    assert_eq!(long.reset("s").await, Ok(true));
+    assert_eq!(assert_all_keys_expire(&mut con), Vec::<String>::new());
+}
+
+/// Redis stopped (SIGSTOP: every decision times out) and `Fallback`: a subject has spent its
+/// local share, and a reconfiguration that leaves the share as it is (a limit raised by one,
+/// rounded down to the same half) or lowers it must not give the share back. When the fallback
+/// was rebuilt empty by every reconfiguration, each one during an outage (an HTTP reload that
+/// changed a rule's limit) handed every client its fallback share again. Only an exact sliding
+/// window's share raised above the ring it was built with cannot be kept, and starts empty.
+#[tokio::test]
+async fn a_reconfiguration_during_an_outage_keeps_the_fallback_spent() {
+    let server = RedisServer::start();
+    let deadline = Duration::from_millis(50);
+    let hour = Duration::from_secs(3600);
+    let fallback = FailurePolicy::Fallback { share: 0.5 };
+    let build = |algorithm| {
+        RedisLimiter::builder(algorithm, fallback)
+            .prefix(PREFIX)
+            .deadline(deadline)
+    };
+    let mut limiters = Vec::new();
+    for algorithm in common::all_algorithms(4, hour) {
+        limiters.push(build(algorithm).build(manager(&server).await).unwrap());
+    }
+    let fixed = |limit| Algorithm::FixedWindow {
+        limit,
+        window: hour,
+    };
+    let chain = build(fixed(10))
+        .and_limit(common::all_algorithms(4, hour)[1])
+        .build(manager(&server).await)
+        .unwrap();
+    server.pause();
+    let spend = |limiter: &RedisLimiter| {
+        let limiter = limiter.clone();
+        async move {
+            for _ in 0..2 {
+                timed(deadline, limiter.try_acquire("s")).await.unwrap();
+            }
+            rejection(timed(deadline, limiter.try_acquire("s")).await);
+        }
+    };
+    for (limiter, (raised, lowered)) in limiters.iter().zip(
+        common::all_algorithms(5, hour)
+            .into_iter()
+            .zip(common::all_algorithms(2, hour)),
+    ) {
+        spend(limiter).await;
+        limiter.reconfigure(raised).unwrap();
+        let r = rejection(timed(deadline, limiter.try_acquire("s")).await);
+        assert_eq!(r.limit(), 2, "{raised:?}");
+        limiter.reconfigure(lowered).unwrap();
+        let r = rejection(timed(deadline, limiter.try_acquire("s")).await);
+        assert_eq!(r.limit(), 1, "{lowered:?}");
+    }
+    spend(&chain).await;
+    chain.reconfigure_limit(0, fixed(12)).unwrap();
+    rejection(timed(deadline, chain.try_acquire("s")).await);
+    chain
+        .reconfigure_all([fixed(8), common::all_algorithms(5, hour)[1]])
+        .unwrap();
+    rejection(timed(deadline, chain.try_acquire("s")).await);
+    // The log's share raised past the ring of two it was built with: that member starts
+    // empty (the fixed window's count of two, under a share of 5, is kept).
+    let log = &limiters[1];
+    log.reconfigure(common::all_algorithms(8, hour)[1]).unwrap();
+    for _ in 0..4 {
+        timed(deadline, log.try_acquire("s")).await.unwrap();
+    }
+    rejection(timed(deadline, log.try_acquire("s")).await);
+    chain
+        .reconfigure_all([fixed(10), common::all_algorithms(8, hour)[1]])
+        .unwrap();
+    for _ in 0..3 {
+        timed(deadline, chain.try_acquire("s")).await.unwrap();
+    }
+    assert_eq!(
+        rejection(timed(deadline, chain.try_acquire("s")).await).limit(),
+        5
     );
 }

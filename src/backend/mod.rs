@@ -58,6 +58,27 @@ use std::time::{Duration, Instant};
 /// ```
 pub const REDIS_MAX_SLIDING_LIMIT: u32 = 100_000;
 
+/// The most [`acquire`](RedisLimiter::acquire_n) calls a [`RedisLimiter`] under
+/// [`FailurePolicy::Fallback`] remembers per subject, so as to charge each call once when an
+/// attempt that timed out was admitted late (see [`acquire_n`](RedisLimiter::acquire_n)).
+///
+/// The record is one hash per subject, `prefix:{subject}:acq`, of call id → admission; a full
+/// one drops its oldest admissions first. Small, so that a subject admitted through `acquire`
+/// at a high rate (workers sharing one global limit, a million calls an hour) costs one small
+/// key, not one per call; large enough that a call's retry, which follows its timed-out attempt
+/// within about a retry-after, finds its record unless this many other `acquire` calls on the
+/// subject were admitted in between. A call whose record was dropped is charged a second time:
+/// a permit nobody uses, never an admission beyond the limit.
+///
+/// # Examples
+///
+/// ```
+/// // `HLEN prefix:{subject}:acq` is at most this, whatever the subject's traffic.
+/// let most = turnstile::REDIS_ACQUIRE_RECORDS;
+/// assert_eq!(most, 32);
+/// ```
+pub const REDIS_ACQUIRE_RECORDS: u32 = 32;
+
 /// Products of microseconds and counts must stay exact in a Lua number (a double).
 const MAX_EXACT: u128 = 1 << 52;
 
@@ -329,8 +350,10 @@ const REPAIRED: usize = 8;
 /// - **One round trip** per decision: `EVALSHA`. After Redis lost its script cache (restart,
 ///   failover, `SCRIPT FLUSH`) the first call per script costs two commands: `EVALSHA`, which
 ///   answers `NOSCRIPT`, then `EVAL`, which runs the script and caches it again.
-/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`), and `prefix:{subject}:acq` for a
-///   subject decided by [`acquire`](Self::acquire_n) (its latest admitted call). The subject is
+/// - **Keys**: `prefix:{subject}:fw` (or `:sw`, `:sc`, `:tb`), and under
+///   [`FailurePolicy::Fallback`] `prefix:{subject}:acq` for a subject Redis admitted through
+///   [`acquire`](Self::acquire_n) (its record: a hash of at most [`REDIS_ACQUIRE_RECORDS`]
+///   call ids, whatever the subject's traffic). The subject is
 ///   the hash tag, so a subject's keys share one Cluster slot. Subjects longer than 64 bytes are
 ///   replaced by `sha256:` and their SHA-256 in hex, and so are the empty subject and those
 ///   starting with `}` (they would leave the tag empty). Every key carries a TTL: it disappears
@@ -1155,7 +1178,9 @@ where
     /// Forgets `subject`'s state in Redis (one `DEL` of its keys, every limit of a chain), in
     /// this limiter's deny cache and in its local fallback: its next call through this limiter,
     /// and every call that reaches Redis from any process, starts fresh. `Ok(true)` if Redis held
-    /// state for it.
+    /// state for it. Under [`FailurePolicy::Fallback`] the `DEL` also takes the subject's record
+    /// of [`acquire`](Self::acquire_n) calls (`prefix:{subject}:acq`; a record alone, whose
+    /// state has expired, counts as state held).
     ///
     /// Other processes (and other limiters in this one) keep their own deny caches: one that
     /// cached a rejection of `subject` goes on answering it locally, without asking Redis, until
@@ -1204,7 +1229,9 @@ where
         let mut connection = inner.connection.clone();
         let mut delete = ::redis::cmd("DEL");
         delete.arg(self.keys(subject));
-        delete.arg(keys::key(&inner.prefix, subject, RECORD));
+        if inner.records() {
+            delete.arg(record(&inner.prefix, subject));
+        }
         let deleted = delete.query_async::<u64>(&mut connection);
         match tokio::time::timeout(inner.deadline, deleted).await {
             Ok(deleted) => Ok(deleted? > 0),
@@ -1246,16 +1273,25 @@ where
     /// sleeps for the retry-after plus a little jitter (up to 1/8 of the retry-after, between
     /// 0.1 ms and 50 ms, so that many waiters do not return at the same instant) and tries again.
     ///
-    /// **Charged once.** Every attempt of one call carries the call's random id. An attempt that
-    /// missed the deadline may still run in Redis and admit after the failure policy answered;
-    /// if that answer was a rejection (a [`FailurePolicy::Fallback`] whose local share is spent),
-    /// the call waits and tries again, and that attempt finds the call's id in the subject's
-    /// record (`prefix:{subject}:acq`, written by each admission of an `acquire`, expiring with
-    /// the admission's reset) and answers the recorded admission instead of taking the permits
-    /// a second time. The record holds the subject's latest `acquire` admission only: if another
-    /// call's `acquire` was admitted on the subject in between, the retry is charged again.
-    /// [`try_acquire_n`](Self::try_acquire_n) writes no record (a caller retrying it makes a
-    /// new decision).
+    /// **Charged once, within a bound.** Every attempt of one call carries the call's random id.
+    /// An attempt that missed the deadline may still run in Redis and admit after the failure
+    /// policy answered; if that answer was a rejection (a [`FailurePolicy::Fallback`] whose local
+    /// share is spent), the call waits and tries again, and that attempt finds the call's id in
+    /// the subject's record (`prefix:{subject}:acq`, a hash of call id → admission, written by
+    /// the admission of an `acquire` call's attempt) and answers the recorded admission instead
+    /// of taking the permits a second time. Calls racing on one subject each have their own
+    /// field, so each is charged once however their attempts interleave, unless
+    /// [`REDIS_ACQUIRE_RECORDS`] or more other `acquire` calls were admitted on the subject
+    /// between the late admission and the retry: the record keeps that many calls, dropping the
+    /// oldest first, and a call whose field was dropped is charged again (a permit nobody uses,
+    /// never an admission beyond the limit). So the memory is bounded per subject: one small
+    /// hash, expiring at the latest of its admissions' resets (for a window, up to the window's
+    /// length), however many `acquire` calls the subject gets. Only a limiter with
+    /// [`FailurePolicy::Fallback`] writes it: under the other policies a timed-out attempt is
+    /// never followed by another (`FailClosed` ends the call with [`AcquireError::Unavailable`],
+    /// `FailOpen` admits it), so their `acquire` writes no record.
+    /// [`try_acquire_n`](Self::try_acquire_n) writes none either (a caller retrying it makes a
+    /// new decision), and [`reset`](Self::reset) deletes the record with the state.
     ///
     /// **Not FIFO.** Waiters in different processes (or tasks) do not queue: whoever asks first
     /// after the permits free up gets them. Under contention a waiter can be overtaken many times;
@@ -1288,8 +1324,8 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let subject = subject.as_ref();
-        let call = call_id();
-        crate::clock::retry_rejections(|| self.decide(subject, n, Some(call))).await
+        let call = self.inner.records().then(call_id);
+        crate::clock::retry_rejections(|| self.decide(subject, n, call)).await
     }
 }
 
@@ -1440,12 +1476,18 @@ impl<C> RedisLimiter<C> {
     /// parameters on the same prefix go on deciding under them, each call translating the state
     /// it meets, as in a rolling deploy (see [`RedisLimiter`]).
     ///
-    /// What this process keeps starts afresh: the deny cache is emptied, so a raised limit admits a
-    /// subject it held at once, and a lowered one is judged by Redis, whose retry-after is then
-    /// cached anew (a rejection arriving late from a call under the old parameters is not cached).
-    /// Under [`FailurePolicy::Fallback`] the local fallback is rebuilt at the share of the new
-    /// parameters, empty: it decides only while Redis is away, and its counts there are this
-    /// process's stopgap, not the shared ones, which Redis keeps. [`algorithm`](Self::algorithm),
+    /// The deny cache starts afresh: it is emptied, so a raised limit admits a subject it held at
+    /// once, and a lowered one is judged by Redis, whose retry-after is then cached anew (a
+    /// rejection arriving late from a call under the old parameters is not cached). Under
+    /// [`FailurePolicy::Fallback`] the local fallback is reconfigured in place to the share of
+    /// the new parameters, as [`KeyedLimiter::reconfigure`] does: what each subject was admitted
+    /// there still counts, so that a reconfiguration during an outage (an HTTP reload that
+    /// changes a rule's limit) gives no subject its share again. The one exception is an exact
+    /// sliding window whose share is raised above the limit its local ring was built with: that
+    /// limit's fallback starts empty at the new share (a chain's other limits keep theirs). A
+    /// fallback decision made while a chain is being reconfigured may judge one limit under the
+    /// new share and another under the old (each limit wholly under one); Redis's decisions
+    /// never mix. [`algorithm`](Self::algorithm),
     /// [`capacity`](Self::capacity) and the rejections' limits report the new parameters; the
     /// [`stats`](Self::stats) go on counting.
     ///
@@ -1597,12 +1639,43 @@ impl<C> RedisLimiter<C> {
                 });
             }
         }
-        let config = Config::new(&algorithms, inner.policy, inner.deny_cache)?;
+        let mut config = Config::new(&algorithms, inner.policy, inner.deny_cache)?;
+        // Checked whole: from here on nothing fails, and the fallback's counts carry over.
+        if let (FailurePolicy::Fallback { share }, Some(old), Some(fresh)) =
+            (inner.policy, &current.fallback, config.fallback.take())
+        {
+            config.fallback = Some(carried(old, fresh, &algorithms, share));
+        }
         // The one write: later calls take the new snapshot whole; calls holding the old one
         // finish under it.
         inner.config.store(Arc::new(config));
         Ok(())
     }
+}
+
+/// The fallback after a reconfiguration to `algorithms`: `old`'s limiters reconfigured in place
+/// to their `share` ([`KeyedLimiter::reconfigure`]: each subject's counts carry over as in
+/// memory), so that a reconfiguration during an outage gives no subject its share again. A limit
+/// that cannot be reconfigured so (an exact sliding window's share raised above the ring it was
+/// built with) takes `fresh`'s limiter, empty, in its place; the others keep theirs.
+fn carried(old: &Local, fresh: Local, algorithms: &[Algorithm], share: f64) -> Local {
+    let members: Vec<&KeyedLimiter<Box<[u8]>>> = old.per_key().collect();
+    if members.len() != algorithms.len() {
+        return fresh;
+    }
+    let kept: Vec<bool> = members
+        .iter()
+        .zip(algorithms)
+        .map(|(member, &algorithm)| member.reconfigure(share_of(algorithm, share)).is_ok())
+        .collect();
+    if kept.iter().all(|&k| k) {
+        return old.clone();
+    }
+    let mut local = KeyedChain::builder();
+    for ((member, new), keep) in members.into_iter().zip(fresh.per_key()).zip(kept) {
+        local = local.per_key(if keep { member.clone() } else { new.clone() });
+    }
+    local.build().unwrap_or(fresh)
 }
 
 impl<C> Inner<C> {
@@ -1733,6 +1806,13 @@ impl<C> Inner<C> {
         }
     }
 
+    /// Whether `acquire` calls keep a record of their admissions in Redis: only a fallback's
+    /// rejection follows a timed-out attempt with another (a closed policy ends the call, an
+    /// open one admits it), so other policies need none.
+    fn records(&self) -> bool {
+        matches!(self.policy, FailurePolicy::Fallback { .. })
+    }
+
     /// Whether the failure policy rejects every call (`FailClosed`).
     fn fails_closed(&self) -> bool {
         matches!(self.policy, FailurePolicy::FailClosed)
@@ -1780,8 +1860,8 @@ where
     }
 
     /// As [`eval`](Self::eval); with a `call` id (an `acquire` call's attempt, `script` a
-    /// `once` script), the subject's record key after the members' keys and the id after the
-    /// arguments.
+    /// `once` script), the subject's record key ([`record`]) after the members' keys, and the
+    /// id (in hex) and [`REDIS_ACQUIRE_RECORDS`] after the arguments.
     async fn eval_call(
         &self,
         config: &Config,
@@ -1797,7 +1877,7 @@ where
                 cmd.arg(keys::key(&self.prefix, subject, &member.suffix));
             }
             if call.is_some() {
-                cmd.arg(keys::key(&self.prefix, subject, RECORD));
+                cmd.arg(record(&self.prefix, subject));
             }
             cmd.arg(n);
             for member in &config.members {
@@ -1807,16 +1887,19 @@ where
                 cmd.arg(member.plan.params[0]).arg(member.plan.params[1]);
             }
             if let Some(call) = call {
-                cmd.arg(call);
+                cmd.arg(format!("{call:016x}")).arg(REDIS_ACQUIRE_RECORDS);
             }
         })
         .await
     }
 }
 
-/// The suffix of a subject's record of the last `acquire` call Redis admitted for it (see
-/// `once` in `scripts/once.lua`).
-const RECORD: &str = "acq";
+/// The key of `subject`'s record of the `acquire` calls Redis admitted for it (see `once` in
+/// `scripts/once.lua`): `prefix:{subject}:acq`, in the subject's hash tag (so its Cluster slot),
+/// a hash of at most [`REDIS_ACQUIRE_RECORDS`] call ids.
+fn record(prefix: &str, subject: &[u8]) -> Vec<u8> {
+    keys::key(prefix, subject, "acq")
+}
 
 /// A fresh id for one `acquire` call, carried by each of its attempts: random, so that calls
 /// from every process on a subject are told apart (two of 2^64 meeting is negligible).

@@ -708,7 +708,9 @@ impl BanConfig {
 /// (client IP, client id, `VERB:path`). The limit is not part of the name: a reload that only
 /// changes a rule's limit keeps its counters in Redis, and so does a reload that leaves the rule
 /// alone. Changing anything in the identity starts the rule from fresh keys (the old ones expire
-/// by their TTL).
+/// by their TTL). A rule whose keys a reload keeps also keeps its `RedisLimiter` (deny cache,
+/// fallback counts), unless the reload changed `failure` or `deadline`; see
+/// [`HttpLimiter`](crate::http::HttpLimiter)'s "Reload".
 ///
 /// # All or nothing, and what is not atomic
 ///

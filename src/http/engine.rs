@@ -197,7 +197,15 @@ macro_rules! count_list_rejection {
 /// is `get:/api/*`). Bans are kept when `[bans]` did not change (its periods compared as they
 /// read: `1m` is `60s`). With the Redis backend the counters live in Redis under names derived
 /// from the rule's identity, so the same rules find them again; a reload may change the prefix
-/// (new keys), failure policy and deadline, not the URL nor `cluster`.
+/// (new keys), failure policy and deadline, not the URL nor `cluster`. A kept rule also keeps its
+/// `RedisLimiter`, and with it what this process holds besides the counts in Redis: its deny
+/// cache, its counts of failure-policy decisions, and the counts of its `fallback` limiter (a
+/// reload during an outage gives no client its fallback share again). If only its limit
+/// changed the limiter is reconfigured in place (`RedisLimiter::reconfigure`: the counts in
+/// Redis judged under the new limit, the deny cache emptied, the fallback's counts judged under
+/// the new limit's share, except that a `sliding_window` rule's fallback starts empty when its
+/// limit is raised, as in memory). A rule under a changed prefix, failure policy or deadline
+/// gets a new limiter.
 ///
 /// # Examples
 ///
@@ -487,7 +495,7 @@ impl HttpLimiter {
             cluster: redis.cluster,
             connection,
         };
-        attach(&mut rules, &redis, &backend)?;
+        attach(&mut rules, &redis, &backend, None)?;
         Ok(HttpLimiter {
             clock,
             config: Arc::new(ArcSwap::from_pointee(Snapshot { rules, settings })),
@@ -591,7 +599,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         let mut rules = Compiler::new(&self.clock, Some(&old.rules)).compile(&config)?;
         #[cfg(feature = "redis")]
         if let Some((redis, backend)) = redis {
-            crate::http::redis_rules::attach(&mut rules, &redis, backend)?;
+            crate::http::redis_rules::attach(&mut rules, &redis, backend, Some(&old.rules))?;
         }
         // One store for the rules and the settings: a request sees both of the old
         // configuration or both of the new one.

@@ -11,7 +11,7 @@ use crate::http::rules::{
 };
 use crate::http::{Check, HttpConfigError, Outcome, QuotaState, Quotas, RejectReason, Verdict};
 use crate::sync::{AtomicU64, Ordering};
-use crate::{Admission, Clock, FailurePolicy, RedisLimiter, TryAcquireError};
+use crate::{Admission, Algorithm, Clock, FailurePolicy, RedisLimiter, TryAcquireError};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{RedisFuture, Value};
@@ -267,12 +267,34 @@ pub(crate) struct RedisBackend {
     pub(crate) connection: Connection,
 }
 
-/// Gives every rule of a freshly compiled `set` its limiter in Redis.
+/// Gives every rule of a freshly compiled `set` its limiter in Redis: the limiter of the rule of
+/// `old` (the configuration a reload replaces) that counted on the same keys under the same
+/// failure policy and deadline, reconfigured if its limit changed, or else a new one.
+///
+/// Kept, a rule keeps what its limiter holds in this process besides the counts in Redis: its
+/// deny cache, its [`stats`](RedisLimiter::stats) (and the reported share of them), and under
+/// `fallback` the local counts that decide while Redis is away, which a new limiter would start
+/// empty: every client would get its share afresh on each reload during an outage. A rule
+/// whose prefix changed counts on other keys, so it starts afresh; one whose failure policy or
+/// deadline changed too, since both are fixed when a `RedisLimiter` is built. Nothing is
+/// reconfigured unless every rule got its limiter, so that a reload refused here changes no
+/// kept limiter.
 pub(crate) fn attach<C: Clock>(
     set: &mut RuleSet<C>,
     settings: &RedisSettings,
     backend: &RedisBackend,
+    old: Option<&RuleSet<C>>,
 ) -> Result<(), HttpConfigError> {
+    // The old limiters by their keys' prefix, which names the rule's identity, its occurrence
+    // and `backend.prefix` together: each taken by at most one new rule.
+    let mut kept: HashMap<&str, &Arc<Remote>> = old
+        .into_iter()
+        .flat_map(RuleSet::all_rules)
+        .filter_map(|rule| rule.remote.as_ref())
+        .map(|remote| (remote.prefix.as_str(), remote))
+        .collect();
+    // Limit changes of kept limiters, made once every rule has its limiter.
+    let mut pending: Vec<(Arc<Remote>, Algorithm, Arc<str>)> = Vec::new();
     // The fixed selection holds the rules too: let go of it while they change, then make it
     // again from the changed rules.
     set.fixed_enforced = None;
@@ -300,6 +322,7 @@ pub(crate) fn attach<C: Clock>(
             let Some(local) = &rule.limiter else {
                 continue; // limit 0: blocks, counts nothing
             };
+            let algorithm = local.algorithm();
             let occurrence = seen.entry(rule.identity.clone()).or_insert(0);
             let mut canonical = rule.identity.canonical();
             if *occurrence > 0 {
@@ -311,8 +334,18 @@ pub(crate) fn attach<C: Clock>(
             for byte in &digest[..8] {
                 let _ = write!(prefix, "{byte:02x}");
             }
-            let remote = RedisLimiter::builder(local.algorithm(), settings.policy)
-                .prefix(prefix)
+            let same = kept
+                .remove(prefix.as_str())
+                .filter(|r| r.policy == settings.policy && r.deadline == settings.deadline);
+            if let Some(remote) = same {
+                if remote.limiter.algorithm() != algorithm {
+                    pending.push((Arc::clone(remote), algorithm, Arc::clone(&name)));
+                }
+                rule.remote = Some(Arc::clone(remote));
+                continue;
+            }
+            let remote = RedisLimiter::builder(algorithm, settings.policy)
+                .prefix(prefix.clone())
                 .deadline(settings.deadline)
                 .build(backend.connection.clone())
                 .map_err(|e| {
@@ -321,10 +354,20 @@ pub(crate) fn attach<C: Clock>(
                         format!("rule {name:?} cannot count in Redis: {e}"),
                     )
                 })?;
-            rule.remote = Some(Remote {
+            rule.remote = Some(Arc::new(Remote {
                 limiter: remote,
                 reported: AtomicU64::new(0),
-            });
+                prefix,
+                policy: settings.policy,
+                deadline: settings.deadline,
+            }));
+        }
+    }
+    for (remote, algorithm, name) in pending {
+        // The parameters passed `RedisSettings::check_rules`, and the algorithm's kind is part
+        // of the rule's identity (hence of its prefix): not expected to fail.
+        if let Err(e) = remote.limiter.reconfigure(algorithm) {
+            tracing::warn!(rule = %name, error = %e, "rule kept its previous limit in Redis");
         }
     }
     set.fixed_enforced = set.fixed_selection();
@@ -347,9 +390,15 @@ impl Remote {
 }
 
 /// A rule's limiter in Redis, and how many of its failure-policy decisions were reported.
+/// Shared by the rule of the same keys in the configurations before and after a reload
+/// ([`attach`]), as the limiter's counts are.
 pub(crate) struct Remote {
     limiter: RedisLimiter<Connection>,
     reported: AtomicU64,
+    /// The limiter's key prefix, policy and deadline, which a reload compares.
+    prefix: String,
+    policy: FailurePolicy,
+    deadline: Duration,
 }
 
 /// One rule to count for a request.
@@ -374,7 +423,7 @@ pub(crate) fn count<C: Clock>(
     Check::Pending(Box::pin(async move {
         let steps: Vec<(&Step<C>, &Remote, String)> = plan
             .iter()
-            .filter_map(|s| Some((s, s.rule.remote.as_ref()?, s.key.subject())))
+            .filter_map(|s| Some((s, s.rule.remote.as_deref()?, s.key.subject())))
             .collect();
         let quotas = if steps.len() > 1 {
             match count_all(&steps, &ban).await {
@@ -394,7 +443,7 @@ pub(crate) fn count<C: Clock>(
             quotas
         };
         for (rule, key) in &monitors {
-            let would_reject = match (&rule.remote, key) {
+            let would_reject = match (rule.remote.as_deref(), key) {
                 (Some(limiter), Some(key)) => {
                     let result = limiter.limiter.try_acquire(&key.subject()).await;
                     limiter.report(rule);

@@ -310,7 +310,7 @@ pub(crate) struct Rule<C: Clock> {
     pub(crate) limiter: Option<KeyedLimiter<CounterKey, C>>,
     /// The rule's limiter in Redis, when the backend is Redis (set after compilation).
     #[cfg(feature = "redis")]
-    pub(crate) remote: Option<crate::http::redis_rules::Remote>,
+    pub(crate) remote: Option<Arc<crate::http::redis_rules::Remote>>,
     /// Requests may wait for the rule (`queue_limit` > 0).
     pub(crate) queue: Option<Queue>,
 }

@@ -2,31 +2,61 @@
 -- chain files); the decisions of `try_acquire` run without it.
 --
 -- One attempt of an `acquire` call, which tries again after a rejection (RedisLimiter::acquire_n):
--- KEYS[#KEYS] is the subject's record of the last acquire call Redis admitted for it, ARGV[#ARGV]
--- the id every attempt of this call carries; both are taken off before `decide` (a runner:
+-- KEYS[#KEYS] is the subject's record, `prefix:{subject}:acq` (the subject's hash tag, so its
+-- slot), a hash of call id -> "now:reset_after:remaining" of the acquire calls Redis admitted on
+-- the subject; ARGV[#ARGV] is the most calls it holds (REDIS_ACQUIRE_RECORDS) and ARGV[#ARGV - 1]
+-- the id every attempt of this call carries. All three are taken off before `decide` (a runner:
 -- `single`, or the chain's) reads the others. An attempt that timed out may have run late and
 -- admitted while its caller was told to wait (by a fallback that rejected): the call's next
 -- attempt then finds its id in the record and answers the recorded admission instead of taking
--- the permits again. An admission writes the record, "id:now:reset_after:remaining", expiring
--- with the state's reset (its permits stop counting then, so a second charge could no longer
--- matter); one record per subject, the latest acquire admitted.
+-- the permits again. An admission adds its call's field; a full record first drops its oldest
+-- admissions (the smallest `now`), so that a call's field survives the admission of at least
+-- `cap - 1` others, and the subject's memory stays bounded whatever its traffic. The record
+-- expires at the latest of its admissions' resets (their permits stop counting then, so a second
+-- charge could no longer matter): an admission never shortens its TTL.
 local function once(decide)
   local record = table.remove(KEYS)
+  local cap = tonumber(table.remove(ARGV))
   local id = table.remove(ARGV)
-  local held = redis.pcall('GET', record)
+  -- Anything but a hash (an older version's string record) answers an error: read as no record.
+  local held = redis.pcall('HGET', record, id)
   if type(held) == 'string' then
     local f = {}
     for field in string.gmatch(held, '[^:]+') do f[#f + 1] = field end
-    local at, reset = whole(f[2], MAX_TIME), whole(f[3], MAX_TIME)
-    local remaining = whole(f[4], MAX_COUNT)
-    if #f == 4 and f[1] == id and at and reset and remaining then
+    local at, reset = whole(f[1], MAX_TIME), whole(f[2], MAX_TIME)
+    local remaining = whole(f[3], MAX_COUNT)
+    if #f == 3 and at and reset and remaining then
       return {1, at, reset, remaining}
     end
   end
   local reply = decide()
   if reply[1] == 1 and tonumber(ARGV[1]) > 0 then
-    local value = string.format('%s:%d:%d:%d', id, reply[2], reply[3], reply[4])
-    redis.call('SET', record, value, 'PXAT', expire_at(reply[2] + math.max(reply[3], 1000)))
+    local len = redis.pcall('HLEN', record)
+    if type(len) ~= 'number' then
+      redis.call('DEL', record)
+    elseif len >= cap then
+      -- The oldest admissions out (a field that is no admission first), down to cap - 1.
+      local all = redis.call('HGETALL', record)
+      local fields = {}
+      for i = 1, #all, 2 do
+        local at = whole(string.match(all[i + 1], '^[^:]*'), MAX_TIME) or -1
+        fields[#fields + 1] = {at, all[i]}
+      end
+      table.sort(fields, function(a, b) return a[1] < b[1] end)
+      for i = 1, len - cap + 1 do
+        redis.call('HDEL', record, fields[i][2])
+      end
+    end
+    local value = string.format('%d:%d:%d', reply[2], reply[3], reply[4])
+    redis.call('HSET', record, id, value)
+    -- Extended, never shortened. The record's expiry is PTTL after the clock PTTL read (Redis
+    -- 7.0 reads the real clock, Valkey 8 the script's start); TIME read after it is no earlier
+    -- on either, so that TIME rounded up plus PTTL is never before the expiry in force.
+    local expiry = expire_at(reply[2] + math.max(reply[3], 1000))
+    local ttl = redis.call('PTTL', record)
+    if ttl < 0 or expiry > math.ceil(now_us() / 1000) + ttl then
+      redis.call('PEXPIREAT', record, expiry)
+    end
   end
   return reply
 end
