@@ -2467,7 +2467,7 @@ async fn the_fallback_follows_a_reconfiguration() {
         .unwrap();
     limiter.reconfigure(fixed(8)).unwrap();
     server.kill();
-    // Half of 8: four locally (two under the old parameters), then the local limit rejects.
+    // Half of 8: four locally, then the local limit rejects.
     for _ in 0..4 {
         timed(deadline, limiter.try_acquire("f")).await.unwrap();
     }
