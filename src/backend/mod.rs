@@ -8,6 +8,9 @@
 //! state written under other parameters is rewritten once under the caller's, and state no
 //! script writes is deleted; see [`RedisLimiter`]). Every key it writes gets a TTL in the same script.
 
+// The connection of the HTTP rules' and Envoy's service's limiters.
+#[cfg(any(feature = "http", feature = "envoy"))]
+mod connection;
 mod deny;
 mod keys;
 // Used by the HTTP rules and Envoy's rate limit service counted in Redis.
@@ -17,6 +20,8 @@ mod keys;
 )]
 mod multi;
 
+#[cfg(any(feature = "http", feature = "envoy"))]
+pub(crate) use connection::Connection;
 #[cfg(any(feature = "http", feature = "envoy"))]
 pub(crate) use multi::try_acquire_all;
 // Envoy's service on a Cluster: one call per slot, given back when another slot rejects.

@@ -7,11 +7,9 @@ use super::proto::{Code, Entry, RateLimitOverride, RateLimitRequest, RateLimitRe
 use super::service::{
     counter_entries, hits_of, override_applied, resolve, status, window_left, Applied, Overrides,
 };
+pub(crate) use crate::backend::Connection;
 use crate::backend::{settled, try_acquire_all, try_acquire_all_held, Held};
-use crate::redis::aio::{ConnectionLike, ConnectionManager};
-use crate::redis::cluster_async::ClusterConnection;
 use crate::redis::cluster_routing::Slot;
-use crate::redis::{RedisFuture, Value};
 use crate::{Admission, Algorithm, ConfigError, FailurePolicy, TryAcquireError};
 use futures_util::future::join_all;
 use sha2::{Digest, Sha256};
@@ -22,43 +20,6 @@ use std::time::Duration;
 
 /// The service's limiters in Redis, whichever the connection.
 pub(crate) type RedisLimiter = crate::RedisLimiter<Connection>;
-
-/// A connection to a standalone Redis or to a Redis Cluster: one limiter type either way.
-#[derive(Clone)]
-pub(crate) enum Connection {
-    /// A standalone server, through a connection that reconnects by itself.
-    Standalone(ConnectionManager),
-    /// A Cluster: each command goes to the node that owns its keys' slot.
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Connection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a crate::redis::Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Connection::Standalone(c) => c.req_packed_command(cmd),
-            Connection::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a crate::redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Connection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
-            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Connection::Standalone(c) => c.get_db(),
-            Connection::Cluster(c) => c.get_db(),
-        }
-    }
-}
 
 pub(crate) struct Remote {
     connection: Connection,

@@ -4,6 +4,7 @@
 //! the crate read them.
 
 use crate::backend::try_acquire_all;
+pub(crate) use crate::backend::Connection;
 use crate::http::config::{BackendConfig, HttpConfig, RuleConfig, RuleKey};
 use crate::http::rules::{
     algorithm as rule_algorithm, parse_period, BanKey, Bans, CounterKey, Identity, Metric, Rule,
@@ -12,9 +13,6 @@ use crate::http::rules::{
 use crate::http::{Check, HttpConfigError, Outcome, QuotaState, Quotas, RejectReason, Verdict};
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Admission, Algorithm, Clock, FailurePolicy, RedisLimiter, TryAcquireError};
-use ::redis::aio::{ConnectionLike, ConnectionManager};
-use ::redis::cluster_async::ClusterConnection;
-use ::redis::{RedisFuture, Value};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -219,44 +217,6 @@ fn all_rules(config: &HttpConfig) -> impl Iterator<Item = (String, &RuleConfig)>
                 .map(move |(j, r)| (format!("client_rules[{i}].rules[{j}]"), r))
         });
     general.chain(ip).chain(client)
-}
-
-/// A connection to a standalone Redis or to a Redis Cluster, for the rules' limiters: one type,
-/// so that a request's rules can be decided together whichever it is.
-#[derive(Clone)]
-pub(crate) enum Connection {
-    /// A standalone server, through a connection that reconnects by itself.
-    Standalone(ConnectionManager),
-    /// A Cluster: each command goes to the node that owns its keys' slot.
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Connection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a ::redis::Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Connection::Standalone(c) => c.req_packed_command(cmd),
-            Connection::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a ::redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Connection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
-            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Connection::Standalone(c) => c.get_db(),
-            Connection::Cluster(c) => c.get_db(),
-        }
-    }
 }
 
 /// The connection of a limiter that counts in Redis.
