@@ -736,3 +736,22 @@ async fn max_wait_bounds_a_wait_behind_others() {
     let (verdict, _) = third.await.unwrap();
     assert!(verdict.outcome.is_admitted(), "{verdict:?}");
 }
+
+/// The synchronous `decide`, which never waits, does not take a permit from the requests
+/// waiting for it either: while a request waits for its client's counter, a permit that frees
+/// is the waiting request's, and `decide` answers a rejection.
+#[tokio::test(start_paused = true)]
+async fn decide_does_not_take_the_permit_a_request_waits_for() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\nalgorithm = \"token_bucket\"\n\
+         queue_limit = 2\nmax_wait = \"5s\"\n",
+    );
+    tokio::time::advance(Duration::from_micros(500)).await;
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let first = waiter(&limiter, from("192.0.2.1")).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let verdict = limiter.decide(&from("192.0.2.1"));
+    assert!(!verdict.outcome.is_admitted(), "{verdict:?}");
+    let (verdict, _) = first.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+}

@@ -165,7 +165,8 @@ macro_rules! count_list_rejection {
 /// (one client's, or one client's per endpoint): the requests waiting for one counter are
 /// admitted by the rule **in arrival order**, the head when a permit frees (on tokio's timer:
 /// the runtime needs its time driver, `enable_time` or `enable_all`), and a request arriving
-/// meanwhile for that counter queues behind them rather than take a freed permit. Admitted by
+/// meanwhile for that counter is refused the freed permit: it queues behind them (or is
+/// rejected at once, if it may not wait). Admitted by
 /// the rule, it is decided again as a new request is, from step 0 on (a client banned meanwhile
 /// is rejected as banned; the client it is, its IP and id, as found at its arrival), with that
 /// rule's permit already taken (it is not charged twice), and the layer answers it with the
