@@ -501,6 +501,12 @@ where
         self.n
     }
 
+    /// Whether the permits were taken from `limiter` (a handle to the same limiter).
+    #[cfg(feature = "http")]
+    pub(crate) fn is_from(&self, limiter: &KeyedLimiter<K, C, S>) -> bool {
+        self.limiter.chain_same(limiter)
+    }
+
     /// Gives the permits back to the key (or to the shared overflow cell, if that admitted
     /// them), as far as that leaves it no looser than if they had never been taken (see
     /// [`KeyedLimiter::try_acquire_refundable`]), and wakes the head of the key's queue. Nothing

@@ -91,9 +91,8 @@ async fn a_full_queue_rejects_at_once() {
         assert!(verdict.outcome.is_admitted(), "{verdict:?}");
         admitted_at.push(start.elapsed());
     }
-    // Both waited from the first window; one per window: one at 1 s, one at 2 s (which one
-    // is not promised: waiting requests are not served in arrival order).
-    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    // Both waited from the first window; one per window, oldest first: at 1 s and 2 s.
+    assert_eq!(admitted_at, [1, 2].map(Duration::from_secs));
     // The queue is empty again: two more may wait.
     let again = decide(&limiter, "192.0.2.1").await;
     assert!(again.outcome.is_admitted());
@@ -578,4 +577,181 @@ async fn the_layer_answers_a_request_waiting_across_a_reload_with_the_new_settin
         "{:?}",
         waited.headers()
     );
+}
+
+/// Spawns `decide` for `ip` and lets it reach its rule's queue; the task returns its verdict
+/// and when it got it.
+async fn waiter(
+    limiter: &Arc<HttpLimiter<TokioClock>>,
+    request: RequestInfo<'static>,
+) -> tokio::task::JoinHandle<(Verdict, Instant)> {
+    let limiter = Arc::clone(limiter);
+    let task = tokio::spawn(async move {
+        let verdict = limiter.decide_async(&request).await;
+        (verdict, Instant::now())
+    });
+    tokio::task::yield_now().await;
+    task
+}
+
+/// A client's waiting requests are served oldest first (ASP.NET Core's `OldestFirst`): three
+/// that queue at 0, 10 and 20 ms behind a one-per-second rule are admitted in that order, one a
+/// second, the later ones waiting in the rule's queue for the client rather than each sleeping
+/// its own retry-after (which tokio's timer happened to end in the same order, so this alone
+/// did not fail before; the newcomer below did).
+#[tokio::test(start_paused = true)]
+async fn waiters_of_one_client_are_admitted_in_arrival_order() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 3\n\
+         max_wait = \"5s\"\n",
+    );
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let mut waiters = Vec::new();
+    for arrival in [0, 10, 20] {
+        tokio::time::advance(start + Duration::from_millis(arrival) - Instant::now()).await;
+        waiters.push(waiter(&limiter, from("192.0.2.1")).await);
+    }
+    let mut admitted_at = Vec::new();
+    for task in waiters {
+        let (verdict, at) = task.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        admitted_at.push(at - start);
+    }
+    assert_eq!(
+        admitted_at,
+        [1, 2, 3].map(Duration::from_secs),
+        "admitted in arrival order, one a second"
+    );
+}
+
+/// A request arriving when its rule frees a permit does not take it from a request of the same
+/// client already waiting for it: it queues behind. (The token bucket's permit frees half a
+/// millisecond into a millisecond; the waiter slept to the timer's next millisecond, and the
+/// newcomer, arriving in between, took the permit.)
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_does_not_overtake_a_waiting_request() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\nalgorithm = \"token_bucket\"\n\
+         queue_limit = 2\nmax_wait = \"5s\"\n",
+    );
+    tokio::time::advance(Duration::from_micros(500)).await;
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let first = waiter(&limiter, from("192.0.2.1")).await;
+    // The permit is free again at `start` + 1 s: a newcomer then.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let newcomer = waiter(&limiter, from("192.0.2.1")).await;
+    let (verdict, at) = first.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert!(
+        at - start < Duration::from_secs(2),
+        "the waiting request went first: {:?}",
+        at - start
+    );
+    let (verdict, at) = newcomer.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert!(
+        at - start >= Duration::from_secs(2),
+        "the newcomer went second, a second later: {:?}",
+        at - start
+    );
+}
+
+/// A request its waiting rule admits and another rule then rejects is charged to neither: the
+/// waiting rule's permit goes to the next request waiting for it, at once.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_another_rule_rejects_leaves_its_permit_to_the_next() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 3\n\
+         max_wait = \"5s\"\n\
+         [[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\n",
+    );
+    let start = Instant::now();
+    let a = with_client("192.0.2.1", Some("a"));
+    assert!(limiter.decide_async(&a).await.outcome.is_admitted());
+    // Client "a" has used its minute; its next request waits for `per-ip` first.
+    let refused = waiter(&limiter, a).await;
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let next = waiter(&limiter, with_client("192.0.2.1", Some("b"))).await;
+    let (verdict, at) = refused.await.unwrap();
+    match &verdict.outcome {
+        Outcome::Rejected { rule, .. } => assert_eq!(&**rule, "per-client"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        at - start,
+        Duration::from_secs(1),
+        "admitted by per-ip first"
+    );
+    let (verdict, at) = next.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert_eq!(
+        at - start,
+        Duration::from_secs(1),
+        "per-ip's permit given back to it"
+    );
+}
+
+/// A waiting request dropped frees its place in its client's queue: the request behind it is
+/// admitted when the first would have been.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_waiter_frees_its_place_for_the_next() {
+    let limiter = limiter(ONE_PER_SECOND_QUEUE_2);
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let first = waiter(&limiter, from("192.0.2.1")).await;
+    let second = waiter(&limiter, from("192.0.2.1")).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    let (verdict, at) = second.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert_eq!(at - start, Duration::from_secs(1));
+}
+
+/// `max_wait` bounds a wait behind other requests too: a request whose retry-after fits but
+/// whose turn comes after `max_wait` is rejected by then.
+#[tokio::test(start_paused = true)]
+async fn max_wait_bounds_a_wait_behind_others() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 3\n\
+         max_wait = \"1500ms\"\n",
+    );
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let first = waiter(&limiter, from("192.0.2.1")).await;
+    let second = waiter(&limiter, from("192.0.2.1")).await;
+    let (verdict, at) = first.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert_eq!(at - start, Duration::from_secs(1));
+    let (verdict, at) = second.await.unwrap();
+    assert!(retry_after(&verdict).is_some(), "{verdict:?}");
+    assert!(
+        at - start <= Duration::from_millis(1500),
+        "{:?}",
+        at - start
+    );
+    // It was a final rejection: the rule's queue is empty again.
+    let third = waiter(&limiter, from("192.0.2.1")).await;
+    let (verdict, _) = third.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+}
+
+/// The synchronous `decide`, which never waits, does not take a permit from the requests
+/// waiting for it either: while a request waits for its client's counter, a permit that frees
+/// is the waiting request's, and `decide` answers a rejection.
+#[tokio::test(start_paused = true)]
+async fn decide_does_not_take_the_permit_a_request_waits_for() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\nalgorithm = \"token_bucket\"\n\
+         queue_limit = 2\nmax_wait = \"5s\"\n",
+    );
+    tokio::time::advance(Duration::from_micros(500)).await;
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let first = waiter(&limiter, from("192.0.2.1")).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let verdict = limiter.decide(&from("192.0.2.1"));
+    assert!(!verdict.outcome.is_admitted(), "{verdict:?}");
+    let (verdict, _) = first.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
 }

@@ -264,13 +264,14 @@ pub struct RuleConfig {
     pub per_endpoint: bool,
     /// Requests that may wait for this rule at once instead of being rejected (ASP.NET Core's
     /// `QueueLimit`); 0, the default: a rejection answers at once. A request this rule rejects
-    /// for its rate, while fewer than `queue_limit` wait for the rule, waits the rejection's
-    /// retry-after and is decided again (every rule, all-or-nothing, as a new request is),
-    /// as long as its answer comes within `max_wait` of its arrival; otherwise, or when the
-    /// queue is full, it is rejected at once. Waiting requests hold nothing: a rejection
-    /// charged no rule. They are not served in arrival order (see [`HttpLimiter`]'s "Waiting"),
-    /// the count is of all clients together, and waiting uses tokio's timer. Memory backend
-    /// only; not on a monitor rule or a rule of limit 0.
+    /// for its rate, while fewer than `queue_limit` wait for the rule, waits in the rule's queue
+    /// for its client's counter, at most `max_wait` from its arrival, and once the rule admits
+    /// it is decided again (every rule, all-or-nothing, as a new request is); if its answer
+    /// cannot come within `max_wait`, or the queue is full, it is rejected at once. Waiting
+    /// requests hold nothing: a rejection charged no rule. One client's waiting requests are
+    /// served in arrival order (see [`HttpLimiter`]'s "Waiting"), the count is of all clients
+    /// together, and waiting uses tokio's timer. Memory backend only; not on a monitor rule or
+    /// a rule of limit 0.
     ///
     /// [`HttpLimiter`]: crate::http::HttpLimiter
     pub queue_limit: u32,

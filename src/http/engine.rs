@@ -158,28 +158,42 @@ macro_rules! count_list_rejection {
 /// # Waiting
 ///
 /// A rule with `queue_limit` > 0 lets requests wait for it instead of being rejected at once
-/// (ASP.NET Core's `QueueLimit`). A request that such a rule rejects for its rate (step 5,
-/// the client's own counter) waits, if fewer than `queue_limit` requests wait for the rule and
-/// the rejection's retry-after ends within the rule's `max_wait` (default: its period) of the
-/// request's arrival: it sleeps that retry-after (on tokio's timer: the runtime needs its time
-/// driver, `enable_time` or `enable_all`) and is decided again as a new request is, from
-/// step 0 on (a client banned meanwhile is rejected as banned; the client it is, its IP and id,
-/// as found at its arrival), under the rules in force then, and the layer answers it with the
-/// response settings of that same configuration:
-/// a reload while it waits applies to it, and ends its sleep at once, since it may have raised
-/// the limit the request waits for (a rule the reload kept, same identity, keeps its place in
-/// that rule's queue; its headers report the new limit beside the count made under it). It waits again as long as each answer comes in time; when one does not, or another rule
-/// without a queue rejects it, that rejection is final. Only the final rejection is logged,
-/// counted (`turnstile_http_rejected`) and counted towards a ban; each wait is counted in
-/// `turnstile_http_waited`. A waiting request holds no permit of any rule, and the layer gives
-/// back what the inner service's `poll_ready` reserved while it waits, so dropping it (the
-/// client gone) takes nothing. Waiting requests are **not served in arrival order**: each
-/// tries again at its own retry-after, and a request arriving when a permit is free takes it.
-/// [`decide`](HttpLimiter::decide) never waits (it answers the rejection);
-/// [`decide_async`](HttpLimiter::decide_async) and the layer do. Memory backend only. The
-/// queue is the rule's, not each client's: `queue_limit` counts the waiting requests of all
+/// (ASP.NET Core's `QueueLimit`, oldest first). A request that such a rule rejects for its rate
+/// (step 5, the client's own counter) waits, if fewer than `queue_limit` requests wait for the
+/// rule and the rejection's retry-after ends within the rule's `max_wait` (default: its period)
+/// of the request's arrival. It waits in the queue of the rule's limiter for its counter key
+/// (one client's, or one client's per endpoint): the requests waiting for one counter are
+/// admitted by the rule **in arrival order**, the head when a permit frees (on tokio's timer:
+/// the runtime needs its time driver, `enable_time` or `enable_all`), and a request arriving
+/// meanwhile for that counter is refused the freed permit: it queues behind them (or is
+/// rejected at once, if it may not wait). Admitted by
+/// the rule, it is decided again as a new request is, from step 0 on (a client banned meanwhile
+/// is rejected as banned; the client it is, its IP and id, as found at its arrival), with that
+/// rule's permit already taken (it is not charged twice), and the layer answers it with the
+/// response settings of the configuration it is decided under. If it is not admitted then
+/// (another rule rejects it, a list answers it first), the rule's permit is given back, to the
+/// next request waiting for it: a rejected request is charged to no rule, as always. A request
+/// still waiting when its `max_wait` ends is rejected then. A reload while it waits applies to
+/// it, and ends its wait at once, since it may have raised the limit the request waits for:
+/// it is decided under the new rules, and if it waits again, it queues again, after the
+/// requests of its counter still waiting (a rule the reload kept, same identity, keeps its
+/// count of waiting requests and its limiter; its headers report the new limit beside the
+/// count made under it). It waits again as long as each answer comes in time; when one does
+/// not, or another rule without a queue rejects it, that rejection is final. Only the final
+/// rejection is logged, counted (`turnstile_http_rejected`) and counted towards a ban; each
+/// wait is counted in `turnstile_http_waited`. A waiting request holds no permit of any rule,
+/// and the layer gives back what the inner service's `poll_ready` reserved while it waits, so
+/// dropping it (the client gone) takes nothing and frees its place for the next.
+/// [`decide`](HttpLimiter::decide) never waits (it answers the rejection, and a counter with
+/// requests waiting rejects it as it rejects a newcomer);
+/// [`decide_async`](HttpLimiter::decide_async) and the layer do. Memory backend only (the
+/// Redis backend refuses `queue_limit` when the configuration loads). The count of
+/// `queue_limit` is the rule's, not each client's: it counts the waiting requests of all
 /// clients together (one client can fill it; the others are then rejected at once, as without
-/// a queue), and a reload keeps the count of a rule whose identity is unchanged.
+/// a queue), and a reload keeps the count of a rule whose identity is unchanged. Arrival order
+/// is kept per counter, not across clients (each client's requests are admitted at its own
+/// rate), and the permit a `sliding_window` rule gives back frees only when the admission it
+/// replaced would have expired (see `KeyedLimiter::try_acquire_refundable`).
 ///
 /// # Reload
 ///
@@ -1334,9 +1348,20 @@ fn decide<C: Clock>(
     // The rules a full limiter let this request pass uncounted (`key_overflow = "allow"`):
     // they report no quota, admitted or rejected.
     let mut uncounted: SmallVec<[usize; 2]> = SmallVec::new();
+    // The permit a wait in a rule's queue got this request, and once that rule is reached, the
+    // same permit as its charge, given back if another rule rejects.
+    let mut held = patience.as_deref_mut().and_then(|p| p.held.take());
+    let mut used = None;
     for (step, &index) in order.iter().enumerate() {
         let (rule, limiter, key) = &plan[index];
-        let (decided, committed) = limiter.chain_decide::<true>(key, 1);
+        let ((decided, committed), waited) = match take_held(&mut held, limiter, key) {
+            Some(receipt) => {
+                let admission = receipt.admission();
+                used = Some(receipt);
+                ((Ok(admission), Default::default()), true)
+            }
+            None => (limiter.chain_decide::<true>(key, 1), false),
+        };
         let overflow = committed.overflow;
         // A request decided again after a wait is counted in the overflow metric once per rule.
         count_shared_overflow(
@@ -1347,7 +1372,8 @@ fn decide<C: Clock>(
             Ok(admission) => {
                 quota_of[index] =
                     Some(rule.quota(u64::from(admission.remaining()), admission.reset_after()));
-                if step + 1 < order.len() {
+                // The permit of the wait is given back through its receipt.
+                if step + 1 < order.len() && !waited {
                     charged.push((limiter, key, admission, committed));
                 }
             }
@@ -1359,8 +1385,11 @@ fn decide<C: Clock>(
                 for (l, k, a, o) in charged.drain(..) {
                     l.chain_refund(k, 1, &a, o);
                 }
+                if let Some(receipt) = used.take().or(held.take()) {
+                    receipt.refund();
+                }
                 if let Some(patience) = patience.as_deref_mut() {
-                    if patience.waits_for(rule, &error, overflow) {
+                    if patience.waits_for(rule, key, &error, overflow) {
                         return Check::Ready(would_reject(rule, &error));
                     }
                 }
@@ -1411,6 +1440,10 @@ fn decide<C: Clock>(
         if !uncounted.contains(&index) {
             rule.counters.increment(Metric::Admitted);
         }
+    }
+    // The rule the request waited for no longer applies to it (a reload): not charged.
+    if let Some(receipt) = held {
+        receipt.refund();
     }
     Check::Ready(Verdict {
         outcome: Outcome::Admitted,
@@ -1545,7 +1578,7 @@ fn decide_one<C: Clock>(
     rule: &Arc<Rule<C>>,
     request: &RequestInfo<'_>,
     ban: Option<&(&Arc<Bans<C>>, BanKey)>,
-    patience: Option<&mut Patience<C>>,
+    mut patience: Option<&mut Patience<C>>,
 ) -> Verdict {
     let (limiter, key) = match planned(set, rule, request) {
         Ok(Some(plan)) => plan,
@@ -1557,7 +1590,17 @@ fn decide_one<C: Clock>(
         }
         Err(verdict) => return verdict,
     };
-    let (decided, committed) = limiter.chain_decide::<true>(&key, 1);
+    let mut held = patience.as_deref_mut().and_then(|p| p.held.take());
+    let receipt = take_held(&mut held, limiter, &key);
+    // The rule the request waited for no longer applies to it (a reload): not charged.
+    if let Some(other) = held {
+        other.refund();
+    }
+    let (decided, committed) = match receipt {
+        // The permit of the wait is the charge; dropped, it stays spent.
+        Some(receipt) => (Ok(receipt.admission()), Default::default()),
+        None => limiter.chain_decide::<true>(&key, 1),
+    };
     let overflow = committed.overflow;
     count_shared_overflow(rule, overflow);
     match decided {
@@ -1576,7 +1619,7 @@ fn decide_one<C: Clock>(
         },
         Err(error) => {
             if let Some(patience) = patience {
-                if patience.waits_for(rule, &error, overflow) {
+                if patience.waits_for(rule, &key, &error, overflow) {
                     return would_reject(rule, &error);
                 }
             }
@@ -1629,14 +1672,14 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     fn decide_in(&self, snapshot: &Arc<Snapshot<C>>, request: &RequestInfo<'_>) -> Decision {
         let mut patience = Patience::new();
         let check = decide(&snapshot.rules, request, Some(&mut patience));
-        if let Some(retry) = patience.wait.take() {
+        if let Some(wait) = patience.wait.take() {
             return Decision::Pending(wait_and_decide(
                 Arc::clone(&self.config),
                 Arc::clone(&self.reloaded),
                 Arc::clone(snapshot),
                 OwnedRequest::of(request),
                 patience,
-                retry,
+                wait,
             ));
         }
         match check {
@@ -1669,18 +1712,35 @@ impl<C: Clock + Clone> Sealed for HttpLimiter<C> {
 impl<C: Clock + Clone> LayerPolicy for HttpLimiter<C> {}
 
 /// A request's waiting for its rules (`queue_limit`), across its decisions: when it arrived,
-/// the place it holds among a rule's waiting requests, and what the last decision asked.
+/// the place it holds among a rule's waiting requests, what the last decision asked, and the
+/// permit its wait in a rule's limiter got it.
 struct Patience<C: Clock> {
     /// When the request first met a rule it may wait for (its arrival: a decision is made at
     /// once). Read only then, so that requests that never wait read no clock here.
     since: Option<tokio::time::Instant>,
     /// The place held among a rule's waiting requests.
     slot: Option<WaitSlot<C>>,
-    /// Set by a decision that chose to wait: decide again after this long.
-    wait: Option<Duration>,
+    /// Set by a decision that chose to wait: the rule and counter key to wait for (boxed: a
+    /// request that never waits carries a pointer).
+    wait: Option<Box<Wait<C>>>,
+    /// The permit the waited-for rule's limiter admitted the request with, from the key's
+    /// queue: the next decision counts it as that rule's charge (see [`take_held`]), and gives
+    /// it back if the request is not admitted. Boxed, as `wait` is.
+    held: Option<Box<Receipt<C>>>,
+    /// The wait ended without a permit (`max_wait` reached): the next decision is final.
+    done: bool,
     /// The rules (by address) whose key overflow this request was counted in (see
     /// [`first_overflow`]).
     overflowed: SmallVec<[usize; 2]>,
+}
+
+/// A permit of a rule's limiter that can be given back.
+type Receipt<C> = crate::KeyedRefundable<CounterKey, C, foldhash::fast::RandomState>;
+
+/// What a request waits for: a permit of `rule`'s limiter for `key`.
+struct Wait<C: Clock> {
+    rule: Arc<Rule<C>>,
+    key: CounterKey,
 }
 
 impl<C: Clock> Patience<C> {
@@ -1689,17 +1749,25 @@ impl<C: Clock> Patience<C> {
             since: None,
             slot: None,
             wait: None,
+            held: None,
+            done: false,
             overflowed: SmallVec::new(),
         }
     }
 
     /// Whether the request `rule` rejected with `error` waits for it: a rate-limit rejection of
-    /// the client's own counter, by a rule with a queue that has room (or whose place the
-    /// request holds), answered within the rule's `max_wait` of the request's arrival. If so,
-    /// holds the place and records the wait.
-    fn waits_for(&mut self, rule: &Arc<Rule<C>>, error: &TryAcquireError, overflow: bool) -> bool {
-        let (Some(queue), TryAcquireError::Rejected(rejection), false) =
-            (&rule.queue, error, overflow)
+    /// the client's own counter (`key`), by a rule with a queue that has room (or whose place
+    /// the request holds), answered within the rule's `max_wait` of the request's arrival. If
+    /// so, holds the place and records the wait.
+    fn waits_for(
+        &mut self,
+        rule: &Arc<Rule<C>>,
+        key: &CounterKey,
+        error: &TryAcquireError,
+        overflow: bool,
+    ) -> bool {
+        let (Some(queue), TryAcquireError::Rejected(rejection), false, false) =
+            (&rule.queue, error, overflow, self.done)
         else {
             return false;
         };
@@ -1725,8 +1793,36 @@ impl<C: Clock> Patience<C> {
             self.slot = Some(slot);
         }
         tracing::debug!(rule = %rule.name, retry_after = ?retry, "request waits for its rule");
-        self.wait = Some(retry);
+        self.wait = Some(Box::new(Wait {
+            rule: Arc::clone(rule),
+            key: key.clone(),
+        }));
         true
+    }
+
+    /// How long the request may still wait: what remains of `max_wait` since its arrival
+    /// (`Duration::MAX` when that deadline is beyond `Instant`'s range).
+    fn budget(&self, max_wait: Duration) -> Duration {
+        let since = self.since.unwrap_or_else(tokio::time::Instant::now);
+        match since.checked_add(max_wait) {
+            Some(deadline) => deadline.saturating_duration_since(tokio::time::Instant::now()),
+            None => Duration::MAX,
+        }
+    }
+}
+
+/// The permit `held` holds for `limiter` and `key`, taken out of it: a request admitted from
+/// the key's queue of `limiter` (a rule, or that rule as a reload kept it, which keeps its
+/// limiter) counts it as the rule's charge instead of being charged again.
+#[inline]
+fn take_held<C: Clock>(
+    held: &mut Option<Box<Receipt<C>>>,
+    limiter: &crate::KeyedLimiter<CounterKey, C>,
+    key: &CounterKey,
+) -> Option<Box<Receipt<C>>> {
+    match held {
+        Some(receipt) if receipt.is_from(limiter) && receipt.key() == key => held.take(),
+        _ => None,
     }
 }
 
@@ -1780,11 +1876,14 @@ impl OwnedRequest {
     }
 }
 
-/// The decision of a request that waits: sleeps `retry` (less if a reload comes, `reloaded`),
-/// decides again (under the snapshot in force then, `config`; `set` is the one it was last
-/// decided under, and the one its verdict comes with), and so on while the decisions ask it to
-/// wait. Holds no permit while it sleeps, only its place in the queue, so dropping it consumes
-/// nothing.
+/// The decision of a request that waits: waits in the queue of its rule's limiter for its
+/// counter key (`wait`), oldest first, at most what remains of the rule's `max_wait` (less if a
+/// reload comes, `reloaded`); then decides again (under the snapshot in force then, `config`;
+/// `set` is the one it was last decided under, and the one its verdict comes with), counting
+/// the permit the queue gave it as that rule's charge, and so on while the decisions ask it to
+/// wait. Holds no permit while it waits, only its places in the queues, so dropping it
+/// consumes nothing; a permit its next decision does not count (another rule rejects, a
+/// reload dropped the rule) is given back, to the next request waiting for it.
 ///
 /// Not under the rules it arrived under: a reload reconfigures the limiters of the rules it
 /// keeps in place, which those rules share with the old ones, so the old rule's limit would
@@ -1796,21 +1895,29 @@ fn wait_and_decide<C: Clock>(
     mut set: Arc<Snapshot<C>>,
     request: OwnedRequest,
     mut patience: Patience<C>,
-    mut retry: Duration,
+    mut wait: Box<Wait<C>>,
 ) -> Pin<Box<dyn Future<Output = (Verdict, Answered)> + Send + 'static>> {
     Box::pin(async move {
         loop {
             {
-                // A reload ends the sleep: it may have raised the limit the request waits for.
+                // A reload ends the wait: it may have raised the limit the request waits for.
                 // Registered before the rules are compared, so a reload after the comparison
-                // wakes it, and one before it is seen there (no sleep at all).
+                // wakes it, and one before it is seen there (no wait at all).
                 let mut notified = std::pin::pin!(reloaded.notified());
                 notified.as_mut().enable();
                 if Arc::ptr_eq(&config.load(), &set) {
-                    // At least a millisecond: no spinning on a retry-after that rounds to
-                    // nothing.
-                    let wait = retry.max(Duration::from_millis(1));
-                    crate::watchers::sleep_unless(wait, notified).await;
+                    patience.held = match &wait.rule.limiter {
+                        Some(limiter) => {
+                            let budget = wait
+                                .rule
+                                .queue
+                                .as_ref()
+                                .map_or(Duration::ZERO, |q| patience.budget(q.max_wait));
+                            queued(limiter, &wait.key, budget, notified, &mut patience.done).await
+                        }
+                        // A rule of limit 0 has no queue (refused at load): never here.
+                        None => None,
+                    };
                 }
             }
             let current = config.load_full();
@@ -1819,8 +1926,12 @@ fn wait_and_decide<C: Clock>(
                 set = current;
             }
             let check = decide(&set.rules, &request.info(), Some(&mut patience));
+            // Not counted (a list or a whitelist answered before the rules): not charged.
+            if let Some(receipt) = patience.held.take() {
+                receipt.refund();
+            }
             match patience.wait.take() {
-                Some(next) => retry = next,
+                Some(next) => wait = next,
                 None => {
                     // The verdict with the snapshot it was made under, whose settings the
                     // layer answers it with.
@@ -1833,6 +1944,36 @@ fn wait_and_decide<C: Clock>(
             }
         }
     })
+}
+
+/// Waits in `limiter`'s queue for `key` for a permit, at most `budget`, unless `notified` (a
+/// reload) comes first: the permit, or `None` when the reload came (nothing taken) or the wait
+/// failed (`max_wait` reached; `done` is then set, so that the decision that follows is final).
+/// Cancel-safe: dropped, it leaves the key's queue and holds nothing.
+async fn queued<C: Clock>(
+    limiter: &crate::KeyedLimiter<CounterKey, C>,
+    key: &CounterKey,
+    budget: Duration,
+    mut notified: Pin<&mut tokio::sync::futures::Notified<'_>>,
+    done: &mut bool,
+) -> Option<Box<Receipt<C>>> {
+    let mut acquire = std::pin::pin!(limiter.acquire_refundable_timeout(key, 1, budget));
+    let outcome = std::future::poll_fn(|cx| {
+        if notified.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(None);
+        }
+        acquire.as_mut().poll(cx).map(Some)
+    })
+    .await;
+    match outcome {
+        Some(Ok(receipt)) => Some(Box::new(receipt)),
+        Some(Err(error)) => {
+            tracing::debug!(error = %error, "request's wait for its rule ended without a permit");
+            *done = true;
+            None
+        }
+        None => None,
+    }
 }
 
 impl<C: Clock + Clone> HttpLimiter<C> {

@@ -1295,6 +1295,9 @@ fn build<C: Clock + Clone>(
         .clock(clock.clone())
         .max_keys(cap.max)
         .overflow(cap.overflow)
+        // Requests wait in a key's queue for a rule with `queue_limit` (see `wait_and_decide`),
+        // as many as that rule-wide count lets wait: the key's own bound must not be lower.
+        .queue_limit(u64::from(u32::MAX))
         .build()
 }
 
