@@ -1284,8 +1284,10 @@ where
     /// share is spent), the call waits and tries again, and that attempt finds the call's id in
     /// the subject's record (`prefix:{subject}:acq`, a hash of call id → admission, written by
     /// the admission of an `acquire` call's attempt) and answers the recorded admission instead
-    /// of taking the permits a second time. Calls racing on one subject each have their own
-    /// field, so each is charged once however their attempts interleave, unless
+    /// of taking the permits a second time (while that admission still counts: after its reset
+    /// the retry decides afresh, as the first permit no longer weighs on anything). Calls
+    /// racing on one subject each have their own field, so each is charged once however their
+    /// attempts interleave, unless
     /// [`REDIS_ACQUIRE_RECORDS`] or more other `acquire` calls were admitted on the subject
     /// between the late admission and the retry: the record keeps that many calls, dropping the
     /// oldest first, and a call whose field was dropped is charged again (a permit nobody uses,
@@ -2084,5 +2086,53 @@ mod tests {
         assert!(parse(&[1, -2, 3, 4]).is_err());
         assert!(matches!(parse(&[0, 5, 7, 0]), Ok(Err((7_000, 0)))));
         assert!(matches!(parse(&[0, 5, 7, 2]), Ok(Err((7_000, 2)))));
+    }
+
+    /// A field of an `acquire` record outlives its admission when a later admission (another
+    /// call's) extends the record's TTL. A retry of that call, finding the field after the
+    /// admission's reset, must not answer it: its permit no longer counts, so answering it
+    /// admitted the call now on nothing, past a window already full.
+    #[tokio::test]
+    async fn a_stale_acquire_record_is_not_answered() {
+        use super::multi::redis_server::{redis_now, room_in_window, RedisServer};
+        let server = RedisServer::start();
+        let mut raw = server.connection();
+        let hour = Duration::from_secs(3600);
+        room_in_window(&mut raw, hour, Duration::from_secs(10));
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ::redis::aio::ConnectionManager::new(client).await.unwrap();
+        let limiter = RedisLimiter::builder(
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: hour,
+            },
+            FailurePolicy::Fallback { share: 1.0 },
+        )
+        .prefix("st")
+        .deny_cache(0)
+        .build(connection)
+        .unwrap();
+        // Call 7's admission of a window that ended 10 s ago, kept by a record that lives on.
+        let now = redis_now(&mut raw);
+        let at = now - 20_000_000;
+        let () = ::redis::cmd("HSET")
+            .arg(record("st", b"s"))
+            .arg(format!("{:016x}", 7))
+            .arg(format!("{at}:10000000:0"))
+            .query(&mut raw)
+            .unwrap();
+        let () = ::redis::cmd("PEXPIRE")
+            .arg(record("st", b"s"))
+            .arg(3_600_000)
+            .query(&mut raw)
+            .unwrap();
+        // This window's one permit, taken by another caller.
+        assert!(limiter.try_acquire("s").await.is_ok());
+        // Call 7's retry: the window is full.
+        let retry = limiter.decide(b"s", 1, Some(7)).await;
+        assert!(
+            matches!(retry, Err(TryAcquireError::Rejected(_))),
+            "{retry:?}"
+        );
     }
 }

@@ -420,7 +420,7 @@ fn fail_all<C>(
 #[cfg(test)]
 #[allow(unreachable_pub)]
 #[path = "../../tests/common/redis_server.rs"]
-mod redis_server;
+pub(super) mod redis_server;
 
 #[cfg(test)]
 mod tests {

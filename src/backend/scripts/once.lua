@@ -9,7 +9,8 @@
 -- `single`, or the chain's) reads the others. An attempt that timed out may have run late and
 -- admitted while its caller was told to wait (by a fallback that rejected): the call's next
 -- attempt then finds its id in the record and answers the recorded admission instead of taking
--- the permits again. An admission adds its call's field; a full record first drops its oldest
+-- the permits again, if the admission still counts (its reset has not passed; otherwise the
+-- attempt decides afresh). An admission adds its call's field; a full record first drops its oldest
 -- admissions (the smallest `now`), so that a call's field survives the admission of at least
 -- `cap - 1` others, and the subject's memory stays bounded whatever its traffic. The record
 -- expires at the latest of its admissions' resets (their permits stop counting then, so a second
@@ -25,7 +26,10 @@ local function once(decide)
     for field in string.gmatch(held, '[^:]+') do f[#f + 1] = field end
     local at, reset = whole(f[1], MAX_TIME), whole(f[2], MAX_TIME)
     local remaining = whole(f[3], MAX_COUNT)
-    if #f == 3 and at and reset and remaining then
+    -- Only while the admission still counts: the record outlives a field whose reset has
+    -- passed when later admissions extended it, and answering that field admitted the call
+    -- now on a permit that weighs on nothing any more.
+    if #f == 3 and at and reset and remaining and at + reset > now_us() then
       return {1, at, reset, remaining}
     end
   end
