@@ -663,6 +663,63 @@ descriptors:
     assert_eq!(remaining(&rls.call("d", &[big]).await), [98]);
 }
 
+const SMALL_AND_BIG: &str = "
+domain: d
+descriptors:
+  - key: small
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: big
+    rate_limit: { unit: minute, requests_per_unit: 100 }
+";
+
+/// Global shadow mode (envoyproxy/ratelimit's `SHADOW_MODE=true`): the request is decided as
+/// without it, all or nothing included (the big limit gets its hit back), and only the overall
+/// answer becomes `OK`; the statuses stay as decided, as in Envoy's service.
+#[tokio::test]
+async fn global_shadow_mode_answers_ok_and_counts_exactly_as_without_it() {
+    let mut rls = start(&[SMALL_AND_BIG]).await;
+    assert!(!rls.service.global_shadow_mode());
+    rls.service.set_global_shadow_mode(true);
+    assert!(rls.service.global_shadow_mode());
+    let small: &[(&str, &str)] = &[("small", "x")];
+    let big: &[(&str, &str)] = &[("big", "x")];
+    assert_eq!(remaining(&rls.call("d", &[small, big]).await), [0, 99]);
+    for _ in 0..3 {
+        let r = rls.call("d", &[big, small]).await;
+        assert_eq!(codes(&r), (OK, vec![OK, OVER]));
+        assert_eq!(
+            remaining(&r),
+            [99, 0],
+            "the big limit was given its hit back"
+        );
+    }
+    assert_eq!(remaining(&rls.call("d", &[big]).await), [98]);
+    // Kept across a reload; off again, the small limit is enforced.
+    rls.service
+        .reload(RlsConfig::from_yaml_str(SMALL_AND_BIG).unwrap())
+        .unwrap();
+    assert_eq!(codes(&rls.call("d", &[small]).await), (OK, vec![OVER]));
+    rls.service.set_global_shadow_mode(false);
+    assert_eq!(codes(&rls.call("d", &[small]).await), (OVER, vec![OVER]));
+}
+
+#[test]
+fn global_shadow_mode_can_be_set_as_the_service_is_made() {
+    let config = RlsConfig::from_yaml_str(SMALL_AND_BIG).unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new())
+        .unwrap()
+        .with_global_shadow_mode(true);
+    assert!(service.global_shadow_mode());
+    let request = RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![descriptor(&[("small", "x")])],
+        hits_addend: 2,
+    };
+    let r = service.should_rate_limit(&request).unwrap();
+    assert_eq!(r.overall_code(), OK);
+    assert_eq!(r.statuses[0].code(), OVER);
+}
+
 #[tokio::test]
 async fn a_limit_override_counts_in_its_own_limiter() {
     let mut rls = start(&[PER_MINUTE_1]).await;

@@ -201,6 +201,37 @@ fn an_override_counts_under_its_own_label() {
     assert_eq!(of(&counts, "d.k"), [0; 5]);
 }
 
+/// Global shadow mode: the per-limit counters count as without it (the rejected hit over, the
+/// admitted one given back and counted within), and `turnstile_envoy_global_shadow_mode`
+/// counts, by domain, each request whose answer it turned into `OK`.
+#[test]
+fn global_shadow_mode_counts_the_requests_it_let_through_by_domain() {
+    let rls = service().with_global_shadow_mode(true);
+    let counts = counted(|| {
+        let both = request(&[("k", "x"), ("tiny", "x")], 0);
+        for _ in 0..3 {
+            let r = rls.should_rate_limit(&both).unwrap();
+            assert_eq!(r.overall_code(), Code::Ok);
+        }
+    });
+    assert_eq!(of(&counts, "d.k"), [3, 0, 0, 3, 0]);
+    assert_eq!(of(&counts, "d.tiny"), [3, 2, 1, 1, 0]);
+    assert_eq!(
+        counts.get("turnstile_envoy_global_shadow_mode{d}"),
+        Some(&2)
+    );
+    // A request admitted anyway is not counted; nor is one with the mode off.
+    let counts = counted(|| {
+        rls.should_rate_limit(&request(&[("k", "y")], 0)).unwrap();
+        rls.set_global_shadow_mode(false);
+        let r = rls
+            .should_rate_limit(&request(&[("tiny", "x")], 0))
+            .unwrap();
+        assert_eq!(r.overall_code(), Code::OverLimit);
+    });
+    assert_eq!(counts.get("turnstile_envoy_global_shadow_mode{d}"), None);
+}
+
 #[cfg(feature = "redis")]
 #[path = "common/redis_server.rs"]
 mod redis_server;

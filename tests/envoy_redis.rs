@@ -119,6 +119,17 @@ async fn shadow_mode_hits_addend_and_limit_zero() {
     assert_eq!(summary(&r), (OK, vec![(OK, 90), (OK, 1)]));
 }
 
+/// Global shadow mode in Redis: decided as without it (the big limit given back), answered `OK`.
+#[tokio::test]
+async fn global_shadow_mode_answers_ok_after_the_same_decision() {
+    let server = RedisServer::start();
+    let rls = service(&server, CONFIG).await.with_global_shadow_mode(true);
+    let r = rls.decide(&request(&[SMALL, BIG])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0), (OK, 99)]));
+    let r = rls.decide(&request(&[BIG, SMALL])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 99), (OVER, 0)]));
+}
+
 #[tokio::test]
 async fn a_reload_keeps_the_counts_in_redis_and_the_grpc_server_counts_there() {
     let server = RedisServer::start();

@@ -136,6 +136,16 @@ impl Counters {
     }
 }
 
+/// Counts, in the recorder installed now, one request of `domain` whose answer the global
+/// shadow mode turned into `OK` (`turnstile_envoy_global_shadow_mode`, labelled by domain).
+pub(super) fn count_global_shadow_mode(domain: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("turnstile_envoy_global_shadow_mode", "domain" => domain.to_owned())
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = domain;
+}
+
 impl std::fmt::Debug for Counters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Counters").finish_non_exhaustive()

@@ -142,6 +142,9 @@ impl Clock for UnixClock {
 ///   difference. A descriptor over its limit is not charged either (Envoy counts it).
 /// - `shadow_mode: true`: never over the limit; when it would be, its status is `OK` with
 ///   `limit_remaining` 0, as in Envoy.
+/// - The global shadow mode ([`set_global_shadow_mode`](Self::set_global_shadow_mode),
+///   envoyproxy/ratelimit's `SHADOW_MODE`): decided and counted as without it, then the
+///   overall answer is `OK`; the statuses stay as decided.
 /// - `unlimited: true`: `OK`, no counting, `limit_remaining` `u32::MAX`.
 /// - `requests_per_unit: 0`: every hit is over the limit.
 /// - A request `limit` override counts in a limiter of its own per (domain, requests per unit,
@@ -173,7 +176,9 @@ impl Clock for UnixClock {
 /// (`domain.key_value`, one series per value clients send: unbounded, as in Envoy). Each
 /// descriptor counts as it decided: within its limit on a request another descriptor rejects,
 /// its hits are given back and still counted within the limit. Unlimited limits and unmatched
-/// descriptors count nothing. The counts go to the recorder installed at each decision.
+/// descriptors count nothing. In the global shadow mode, `turnstile_envoy_global_shadow_mode`
+/// (labelled by `domain` only) counts the requests whose answer it turned into `OK`. The counts
+/// go to the recorder installed at each decision.
 ///
 /// # Examples
 ///
@@ -221,7 +226,15 @@ struct State<C: Clock + Clone> {
     /// As `limiters`, when counting in Redis; empty otherwise.
     #[cfg(feature = "redis")]
     remote: Vec<Option<super::remote::RedisLimiter>>,
+    settings: Settings,
+}
+
+/// The service-level settings, kept across reloads.
+#[derive(Clone, Default)]
+struct Settings {
     headers: Option<Arc<ResponseHeaders>>,
+    /// envoyproxy/ratelimit's `SHADOW_MODE`: every answer is `OK`.
+    global_shadow_mode: bool,
 }
 
 /// The names of the response headers an [`RlsService`] asks Envoy to add, when it is told to
@@ -294,6 +307,20 @@ impl ResponseHeaders {
                 value,
             })
             .collect();
+    }
+}
+
+impl Settings {
+    /// What the settings add to a decided `response` of `domain`: the response headers, then
+    /// the global shadow mode's `OK`.
+    fn finish(&self, domain: &str, response: &mut RateLimitResponse) {
+        if let Some(headers) = &self.headers {
+            headers.add_to(response);
+        }
+        if self.global_shadow_mode && response.overall_code() == Code::OverLimit {
+            response.overall_code = Code::Ok as i32;
+            super::metrics::count_global_shadow_mode(domain);
+        }
     }
 }
 
@@ -477,7 +504,7 @@ impl RlsService {
                     config,
                     limiters: Vec::new(),
                     remote: limiters,
-                    headers: None,
+                    settings: Settings::default(),
                 })),
                 overrides: Mutex::new(HashMap::new()),
                 remote: Some(remote),
@@ -514,7 +541,7 @@ impl<C: Clock + Clone> RlsService<C> {
                     limiters,
                     #[cfg(feature = "redis")]
                     remote: Vec::new(),
-                    headers: None,
+                    settings: Settings::default(),
                 })),
                 overrides: Mutex::new(HashMap::new()),
                 #[cfg(feature = "redis")]
@@ -557,7 +584,7 @@ impl<C: Clock + Clone> RlsService<C> {
                 config,
                 limiters: Vec::new(),
                 remote: limiters,
-                headers: slot.headers.clone(),
+                settings: slot.settings.clone(),
             });
             return Ok(());
         }
@@ -567,7 +594,7 @@ impl<C: Clock + Clone> RlsService<C> {
             limiters,
             #[cfg(feature = "redis")]
             remote: Vec::new(),
-            headers: slot.headers.clone(),
+            settings: slot.settings.clone(),
         });
         Ok(())
     }
@@ -585,17 +612,103 @@ impl<C: Clock + Clone> RlsService<C> {
     /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
     /// ```
     pub fn set_response_headers(&self, headers: Option<ResponseHeaders>) {
+        self.update_settings(|s| s.headers = headers.map(Arc::new));
+    }
+
+    /// Turns the global shadow mode on or off (off by default), as envoyproxy/ratelimit's
+    /// `SHADOW_MODE=true` does: every request is decided and counted exactly as it would be
+    /// without it, and then, if it was over a limit, its overall answer is `OK` instead of
+    /// `OVER_LIMIT`. Kept across reloads; requests being decided finish with the setting they
+    /// started with.
+    ///
+    /// - The statuses are left as decided (a descriptor over its limit still reports
+    ///   `OVER_LIMIT` with its `limit_remaining`), as Envoy's service leaves them, so that
+    ///   Envoy lets the request through while its logs and the response headers (when
+    ///   [enabled](Self::set_response_headers)) show what would have happened.
+    /// - All or nothing still holds: the hits a request over one limit took from the others
+    ///   are given back. Envoy's service charges every descriptor, shadow mode or not; here
+    ///   turning the mode on or off never changes what is counted, only the answer.
+    /// - With the feature `metrics`, `turnstile_envoy_global_shadow_mode`, labelled by
+    ///   `domain`, counts the requests whose answer the mode turned into `OK` (the per-limit
+    ///   counters count as without the mode).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::proto::{Code, Entry, RateLimitDescriptor, RateLimitRequest};
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str(
+    ///     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: hour, requests_per_unit: 0 }\n",
+    /// )?)?;
+    /// service.set_global_shadow_mode(true);
+    /// let request = RateLimitRequest {
+    ///     domain: "d".into(),
+    ///     descriptors: vec![RateLimitDescriptor {
+    ///         entries: vec![Entry { key: "k".into(), value: "v".into() }],
+    ///         ..Default::default()
+    ///     }],
+    ///     hits_addend: 0,
+    /// };
+    /// let response = service.should_rate_limit(&request)?;
+    /// assert_eq!(response.overall_code(), Code::Ok);
+    /// assert_eq!(response.statuses[0].code(), Code::OverLimit);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_global_shadow_mode(&self, on: bool) {
+        self.update_settings(|s| s.global_shadow_mode = on);
+    }
+
+    /// The service with the global shadow mode on or off, to set it as the service is made:
+    /// see [`set_global_shadow_mode`](Self::set_global_shadow_mode).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: d\n")?)?
+    ///     .with_global_shadow_mode(true);
+    /// assert!(service.global_shadow_mode());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn with_global_shadow_mode(self, on: bool) -> Self {
+        self.set_global_shadow_mode(on);
+        self
+    }
+
+    /// Whether the global shadow mode is on: see
+    /// [`set_global_shadow_mode`](Self::set_global_shadow_mode).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: d\n")?)?;
+    /// assert!(!service.global_shadow_mode());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn global_shadow_mode(&self) -> bool {
+        self.state().settings.global_shadow_mode
+    }
+
+    /// Replaces the state with one whose settings `change` changed.
+    fn update_settings(&self, change: impl FnOnce(&mut Settings)) {
         let mut slot = self
             .shared
             .state
             .write()
             .unwrap_or_else(PoisonError::into_inner);
+        let mut settings = slot.settings.clone();
+        change(&mut settings);
         *slot = Arc::new(State {
             config: slot.config.clone(),
             limiters: slot.limiters.clone(),
             #[cfg(feature = "redis")]
             remote: slot.remote.clone(),
-            headers: headers.map(Arc::new),
+            settings,
         });
     }
 
@@ -742,9 +855,7 @@ impl<C: Clock + Clone> RlsService<C> {
             statuses,
             ..Default::default()
         };
-        if let Some(headers) = &state.headers {
-            headers.add_to(&mut response);
-        }
+        state.settings.finish(&request.domain, &mut response);
         Ok(response)
     }
 
@@ -797,9 +908,7 @@ impl<C: Clock + Clone> RlsService<C> {
             let mut response = remote
                 .decide(&state.config, &state.remote, request, now)
                 .await;
-            if let Some(headers) = &state.headers {
-                headers.add_to(&mut response);
-            }
+            state.settings.finish(&request.domain, &mut response);
             return Ok(response);
         }
         self.should_rate_limit(request)
