@@ -720,6 +720,32 @@ fn global_shadow_mode_can_be_set_as_the_service_is_made() {
     assert_eq!(r.statuses[0].code(), OVER);
 }
 
+/// The near-limit ratio is a share of the limit: 0 to 1 (Envoy's default 0.8); anything else
+/// is refused with a typed error, and the ratio set before stays.
+#[test]
+fn a_near_limit_ratio_outside_zero_to_one_is_refused() {
+    let config = RlsConfig::from_yaml_str(SMALL_AND_BIG).unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    assert_eq!(service.near_limit_ratio(), 0.8);
+    for ok in [0.0, 0.25, 1.0] {
+        service.set_near_limit_ratio(ok).unwrap();
+        assert_eq!(service.near_limit_ratio(), ok);
+    }
+    for bad in [-0.1, 1.01, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let err = service.set_near_limit_ratio(bad).unwrap_err();
+        assert!(
+            matches!(&err, RlsConfigError::InvalidSetting { setting, .. } if setting == "near_limit_ratio"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("from 0 to 1"), "{err}");
+        assert_eq!(service.near_limit_ratio(), 1.0, "unchanged by {bad}");
+    }
+    let made = RlsService::with_clock(RlsConfig::default(), ManualClock::new())
+        .unwrap()
+        .with_near_limit_ratio(2.0);
+    assert!(made.is_err());
+}
+
 #[tokio::test]
 async fn a_limit_override_counts_in_its_own_limiter() {
     let mut rls = start(&[PER_MINUTE_1]).await;

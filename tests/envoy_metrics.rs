@@ -232,6 +232,34 @@ fn global_shadow_mode_counts_the_requests_it_let_through_by_domain() {
     assert_eq!(counts.get("turnstile_envoy_global_shadow_mode{d}"), None);
 }
 
+/// The near-limit ratio (envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`) moves the near threshold;
+/// 0 and 1 are its ends.
+#[test]
+fn the_near_limit_ratio_sets_where_near_limit_starts() {
+    let eleven = |rls: &RlsService<ManualClock>| {
+        counted(|| {
+            for _ in 0..11 {
+                rls.should_rate_limit(&request(&[("k", "x")], 0)).unwrap();
+            }
+        })
+    };
+    let rls = service().with_near_limit_ratio(0.5).unwrap();
+    assert_eq!(rls.near_limit_ratio(), 0.5);
+    // Limit 10, ratio 0.5: near from the 6th hit (floor(5)), up to the 10th.
+    assert_eq!(of(&eleven(&rls), "d.k"), [11, 1, 5, 10, 0]);
+    let rls = service().with_near_limit_ratio(0.0).unwrap();
+    assert_eq!(of(&eleven(&rls), "d.k"), [11, 1, 10, 10, 0]);
+    let rls = service().with_near_limit_ratio(1.0).unwrap();
+    assert_eq!(of(&eleven(&rls), "d.k"), [11, 1, 0, 10, 0]);
+    // Set at run time: a request passing the limit splits at the new threshold.
+    rls.set_near_limit_ratio(0.7).unwrap();
+    let counts = counted(|| {
+        rls.should_rate_limit(&request(&[("k", "y")], 12)).unwrap();
+    });
+    // 0 → 12 over a limit of 10: 2 over, the 8th to the 10th near (floor(7) = 7).
+    assert_eq!(of(&counts, "d.k"), [12, 2, 3, 0, 0]);
+}
+
 #[cfg(feature = "redis")]
 #[path = "common/redis_server.rs"]
 mod redis_server;
@@ -277,4 +305,14 @@ fn in_redis_the_same_counters_count() {
     assert_eq!(of(&counts, "d.k"), [11, 2, 1, 9, 0]);
     assert_eq!(of(&counts, "d.shadow"), [3, 1, 1, 2, 1]);
     assert_eq!(of(&counts, "d.user_carol"), [1, 0, 0, 1, 0]);
+    // The near-limit ratio applies in Redis as well: 6 more hits on a fresh counter, limit 10
+    // and ratio 0.5: the 6th is near.
+    rls.set_near_limit_ratio(0.5).unwrap();
+    let counts = counted(|| {
+        runtime.block_on(async {
+            let r = rls.decide(&request(&[("k", "z")], 6)).await.unwrap();
+            assert_eq!(r.overall_code(), Code::Ok);
+        });
+    });
+    assert_eq!(of(&counts, "d.k"), [6, 0, 1, 6, 0]);
 }

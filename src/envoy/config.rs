@@ -108,7 +108,8 @@ pub(crate) struct Found {
     pub(crate) shared: Vec<(usize, String)>,
 }
 
-/// A configuration that could not be loaded: which file (or document), which field, and why.
+/// A configuration that could not be loaded: which file (or document), which field, and why;
+/// or a setting of the service that is not allowed.
 ///
 /// # Examples
 ///
@@ -150,6 +151,14 @@ pub enum RlsConfigError {
         /// What is wrong.
         message: String,
     },
+    /// A setting of the service (not of a file) has a value that is not allowed, such as a
+    /// near-limit ratio over 1.
+    InvalidSetting {
+        /// The setting, such as `near_limit_ratio`.
+        setting: String,
+        /// What is wrong.
+        message: String,
+    },
     /// Two files configure the same domain.
     DuplicateDomain {
         /// The second file (or document) naming it.
@@ -169,6 +178,9 @@ impl fmt::Display for RlsConfigError {
                 field,
                 message,
             } => write!(f, "{source}: {field}: {message}"),
+            RlsConfigError::InvalidSetting { setting, message } => {
+                write!(f, "{setting}: {message}")
+            }
             RlsConfigError::DuplicateDomain { source, domain } => {
                 write!(f, "{source}: domain '{domain}' is configured twice")
             }

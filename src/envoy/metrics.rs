@@ -7,10 +7,6 @@
 
 use super::proto::Entry;
 
-/// The share of a limit past which hits are near it, as envoyproxy/ratelimit's default
-/// `NEAR_LIMIT_RATIO`.
-const NEAR_LIMIT_RATIO: f32 = 0.8;
-
 /// One decision of one descriptor with a limit, as counted.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Decision {
@@ -22,6 +18,8 @@ pub(super) struct Decision {
     /// Over the limit (whether or not the limit is in shadow mode).
     pub(super) over: bool,
     pub(super) shadow: bool,
+    /// The share of the limit past which hits are near it (`NEAR_LIMIT_RATIO`), from 0 to 1.
+    pub(super) near_ratio: f32,
 }
 
 /// What each counter gains, in hits: `[total_hits, over_limit, near_limit, within_limit,
@@ -29,7 +27,7 @@ pub(super) struct Decision {
 pub(super) fn tally(d: Decision) -> [u64; 5] {
     let limit = u64::from(d.limit);
     // As envoyproxy/ratelimit: the ratio applied in single precision, rounded down.
-    let near = (d.limit as f32 * NEAR_LIMIT_RATIO).floor() as u64;
+    let near = (d.limit as f32 * d.near_ratio).floor() as u64;
     let after = d.before.saturating_add(d.hits);
     let (mut over, mut near_hits, mut within, mut shadow) = (0, 0, 0, 0);
     if d.over {
@@ -172,6 +170,7 @@ mod tests {
             hits,
             over,
             shadow,
+            near_ratio: 0.8,
         })
     }
 

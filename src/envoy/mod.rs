@@ -37,5 +37,6 @@ mod service;
 
 pub use config::{RlsConfig, RlsConfigError};
 pub use service::{
-    ResponseHeaders, RlsService, UnixClock, MAX_OVERRIDE_LIMITS, SHOULD_RATE_LIMIT_PATH,
+    ResponseHeaders, RlsService, UnixClock, DEFAULT_NEAR_LIMIT_RATIO, MAX_OVERRIDE_LIMITS,
+    SHOULD_RATE_LIMIT_PATH,
 };

@@ -229,6 +229,7 @@ impl Remote {
         counters: &[Option<RedisLimiter>],
         request: &RateLimitRequest,
         now: u64,
+        near_ratio: f32,
     ) -> RateLimitResponse {
         let applied = resolve(config, counters, request, |domain, o| {
             self.override_limit(domain, o)
@@ -340,6 +341,7 @@ impl Remote {
                             hits: hits[i],
                             over: !matches!(answer, Answer::Got(Ok(_)) | Answer::GivenBack(..)),
                             shadow: shadow(i),
+                            near_ratio,
                         };
                         spec.count(&request.domain, &entries, decision);
                     }

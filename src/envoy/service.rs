@@ -47,6 +47,17 @@ pub const SHOULD_RATE_LIMIT_PATH: &str =
 /// ```
 pub const MAX_OVERRIDE_LIMITS: usize = 1024;
 
+/// The near-limit ratio of a service until it is
+/// [set](RlsService::set_near_limit_ratio): envoyproxy/ratelimit's default
+/// `NEAR_LIMIT_RATIO`.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::envoy::DEFAULT_NEAR_LIMIT_RATIO, 0.8);
+/// ```
+pub const DEFAULT_NEAR_LIMIT_RATIO: f32 = 0.8;
+
 /// A descriptor's counters: its entries, as the request sent them.
 type Key = Vec<Entry>;
 type Hasher = foldhash::fast::RandomState;
@@ -167,7 +178,9 @@ impl Clock for UnixClock {
 /// With the feature `metrics`, each descriptor with a limit counts its hits through the
 /// `metrics` facade, as envoyproxy/ratelimit counts its per-limit stats:
 /// `turnstile_envoy_total_hits`; `turnstile_envoy_over_limit`, the hits past the limit;
-/// `turnstile_envoy_near_limit`, the hits past 80% of the limit (rounded down) up to it;
+/// `turnstile_envoy_near_limit`, the hits past the
+/// [near-limit ratio](Self::set_near_limit_ratio) of the limit (80% unless set, rounded down)
+/// up to it;
 /// `turnstile_envoy_within_limit`, the hits of a descriptor within its limit; and
 /// `turnstile_envoy_shadow_mode`, the hits of a shadow-mode descriptor over its limit (counted
 /// in `over_limit` too). Labels: `domain`, and `limit`, the limit's descriptor path
@@ -230,11 +243,23 @@ struct State<C: Clock + Clone> {
 }
 
 /// The service-level settings, kept across reloads.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Settings {
     headers: Option<Arc<ResponseHeaders>>,
     /// envoyproxy/ratelimit's `SHADOW_MODE`: every answer is `OK`.
     global_shadow_mode: bool,
+    /// envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`, from 0 to 1.
+    near_limit_ratio: f32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            headers: None,
+            global_shadow_mode: false,
+            near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
+        }
+    }
 }
 
 /// The names of the response headers an [`RlsService`] asks Envoy to add, when it is told to
@@ -678,6 +703,75 @@ impl<C: Clock + Clone> RlsService<C> {
         self
     }
 
+    /// Sets the near-limit ratio, envoyproxy/ratelimit's `NEAR_LIMIT_RATIO` (default
+    /// [`DEFAULT_NEAR_LIMIT_RATIO`], 0.8): with the feature `metrics`, the hits of a limit past
+    /// `floor(requests_per_unit × ratio)` (in single precision, as in Envoy's service) up to the
+    /// limit count in `turnstile_envoy_near_limit`. It changes no decision. Kept across reloads.
+    ///
+    /// # Errors
+    ///
+    /// [`RlsConfigError::InvalidSetting`] naming `near_limit_ratio` for a ratio that is not a
+    /// number from 0 to 1 (NaN, infinite, negative or over 1); the ratio set before stays.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: d\n")?)?;
+    /// service.set_near_limit_ratio(0.9)?;
+    /// assert_eq!(service.near_limit_ratio(), 0.9);
+    /// assert!(service.set_near_limit_ratio(1.5).is_err());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn set_near_limit_ratio(&self, ratio: f32) -> Result<(), RlsConfigError> {
+        if !(0.0..=1.0).contains(&ratio) {
+            return Err(RlsConfigError::InvalidSetting {
+                setting: "near_limit_ratio".to_owned(),
+                message: format!("must be a number from 0 to 1, not {ratio}"),
+            });
+        }
+        self.update_settings(|s| s.near_limit_ratio = ratio);
+        Ok(())
+    }
+
+    /// The service with the near-limit ratio `ratio`, to set it as the service is made: see
+    /// [`set_near_limit_ratio`](Self::set_near_limit_ratio).
+    ///
+    /// # Errors
+    ///
+    /// As [`set_near_limit_ratio`](Self::set_near_limit_ratio).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: d\n")?)?
+    ///     .with_near_limit_ratio(0.5)?;
+    /// assert_eq!(service.near_limit_ratio(), 0.5);
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn with_near_limit_ratio(self, ratio: f32) -> Result<Self, RlsConfigError> {
+        self.set_near_limit_ratio(ratio)?;
+        Ok(self)
+    }
+
+    /// The near-limit ratio: see [`set_near_limit_ratio`](Self::set_near_limit_ratio).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService, DEFAULT_NEAR_LIMIT_RATIO};
+    ///
+    /// let service = RlsService::new(RlsConfig::default())?;
+    /// assert_eq!(service.near_limit_ratio(), DEFAULT_NEAR_LIMIT_RATIO);
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn near_limit_ratio(&self) -> f32 {
+        self.state().settings.near_limit_ratio
+    }
+
     /// Whether the global shadow mode is on: see
     /// [`set_global_shadow_mode`](Self::set_global_shadow_mode).
     ///
@@ -793,6 +887,7 @@ impl<C: Clock + Clone> RlsService<C> {
                         hits,
                         over,
                         shadow: spec.shadow_mode(),
+                        near_ratio: state.settings.near_limit_ratio,
                     };
                     spec.count(&request.domain, &entries, decision);
                     o
@@ -905,8 +1000,9 @@ impl<C: Clock + Clone> RlsService<C> {
             validate(request)?;
             let state = self.state();
             let now = self.shared.clock.now();
+            let near_ratio = state.settings.near_limit_ratio;
             let mut response = remote
-                .decide(&state.config, &state.remote, request, now)
+                .decide(&state.config, &state.remote, request, now, near_ratio)
                 .await;
             state.settings.finish(&request.domain, &mut response);
             return Ok(response);
