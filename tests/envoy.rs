@@ -953,6 +953,159 @@ fn descriptors_whose_key_value_joins_alike_are_duplicates_as_in_envoy() {
     .unwrap();
 }
 
+const EDGE_A: &str = "
+domain: edge
+descriptors:
+  - key: a
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+";
+const EDGE_B: &str = "
+domain: edge
+descriptors:
+  - key: b
+    value: x
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+    descriptors:
+      - key: c
+        rate_limit: { unit: minute, requests_per_unit: 3 }
+";
+
+/// Files in a directory of their own under the system's temporary directory, removed on drop.
+struct TempFiles(std::path::PathBuf);
+
+impl TempFiles {
+    fn new(name: &str, files: &[(&str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(format!("turnstile-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (file, text) in files {
+            std::fs::write(dir.join(file), text).unwrap();
+        }
+        TempFiles(dir)
+    }
+
+    fn path(&self, file: &str) -> std::path::PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for TempFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`: off (the default), a domain in two files is
+/// refused, naming the second; merged, the files' descriptors make one domain, each limit
+/// counting as if the domain had been one file.
+#[test]
+fn two_files_of_one_domain_are_refused_unless_merged() {
+    let files = TempFiles::new(
+        "envoy-merge",
+        &[
+            ("a.yaml", EDGE_A),
+            ("b.yaml", EDGE_B),
+            ("other.yaml", PER_MINUTE_1),
+        ],
+    );
+    let paths = [
+        files.path("a.yaml"),
+        files.path("b.yaml"),
+        files.path("other.yaml"),
+    ];
+    assert_eq!(
+        RlsConfig::from_files(&paths).unwrap_err(),
+        RlsConfigError::DuplicateDomain {
+            source: files.path("b.yaml").display().to_string(),
+            domain: "edge".into(),
+        }
+    );
+    assert!(matches!(
+        RlsConfig::from_yaml_strs([EDGE_A, EDGE_B]),
+        Err(RlsConfigError::DuplicateDomain { .. })
+    ));
+
+    let config = RlsConfig::from_files_merged(&paths).unwrap();
+    let mut domains: Vec<_> = config.domains().collect();
+    domains.sort_unstable();
+    assert_eq!(domains, ["edge", "rl"]);
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |entries: &[(&str, &str)]| {
+        let request = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![descriptor(entries)],
+            hits_addend: 0,
+        };
+        let r = service.should_rate_limit(&request).unwrap();
+        (
+            r.overall_code(),
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.requests_per_unit),
+        )
+    };
+    assert_eq!(ask(&[("a", "1")]), (OK, Some(1)));
+    assert_eq!(ask(&[("a", "1")]), (OVER, Some(1)));
+    assert_eq!(ask(&[("b", "x")]), (OK, Some(2)));
+    assert_eq!(ask(&[("b", "x"), ("c", "1")]), (OK, Some(3)));
+
+    let merged = RlsConfig::from_yaml_strs_merged([EDGE_A, EDGE_B]).unwrap();
+    assert_eq!(merged.domains().collect::<Vec<_>>(), ["edge"]);
+}
+
+/// Merging adds descriptors, it does not merge them: the same key and value at the top level of
+/// two files (compared as Envoy compares them, `key_value`) is refused, naming both files, as
+/// Envoy refuses it within one file; so is the same descriptor twice in one file.
+#[test]
+fn merging_refuses_a_descriptor_configured_in_two_files_naming_both() {
+    let again = "
+domain: edge
+descriptors:
+  - key: z
+  - key: a
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+";
+    let files = TempFiles::new(
+        "envoy-merge-dup",
+        &[("a.yaml", EDGE_A), ("again.yaml", again)],
+    );
+    let err =
+        RlsConfig::from_files_merged([files.path("a.yaml"), files.path("again.yaml")]).unwrap_err();
+    let RlsConfigError::Invalid {
+        source,
+        field,
+        message,
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(*source, files.path("again.yaml").display().to_string());
+    assert_eq!(field, "descriptors[1]");
+    assert!(message.contains("edge.a"), "{message}");
+    let first = files.path("a.yaml").display().to_string();
+    assert!(message.contains(&first), "{message}");
+
+    // Joined alike: key `a` value `b_c` is key `a_b` value `c`.
+    let err = RlsConfig::from_yaml_strs_merged([
+        "domain: e\ndescriptors:\n  - key: a\n    value: b_c\n",
+        "domain: e\ndescriptors:\n  - key: a_b\n    value: c\n",
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(&err, RlsConfigError::Invalid { source, field, message }
+            if source == "document 2" && field == "descriptors[0]" && message.contains("document 1")),
+        "{err:?}"
+    );
+    // Twice in one file, merging or not: refused as before, naming that file alone.
+    let twice = "domain: e\ndescriptors:\n  - key: a\n  - key: a\n";
+    let err = RlsConfig::from_yaml_strs_merged(["domain: e\n", twice]).unwrap_err();
+    assert!(
+        matches!(&err, RlsConfigError::Invalid { source, field, message }
+            if source == "document 2" && field == "descriptors[1]" && !message.contains("document 1")),
+        "{err:?}"
+    );
+}
+
 #[tokio::test]
 async fn an_unlimited_limit_with_a_unit_envoy_does_not_know_loads_as_in_envoy() {
     // Envoy's service refuses only a valid unit on an unlimited limit; `unknown` or a word it

@@ -25,8 +25,10 @@ use std::path::Path;
 /// not a whole number up to 4,294,967,295, two descriptors with the same key and value at one level
 /// (compared as Envoy's service compares them, joined as `key_value`: key `a` value `b_c` is key
 /// `a_b` value `c`), `share_threshold` on a descriptor whose value is not a wildcard, a limit that
-/// `replaces` its own name, and a domain loaded twice. As in Envoy's service, `requests_per_unit:
-/// 0` is accepted: every hit is then over the limit.
+/// `replaces` its own name, and a domain loaded twice (unless the files are loaded with
+/// [`from_files_merged`](Self::from_files_merged), envoyproxy/ratelimit's
+/// `MERGE_DOMAIN_CONFIG`). As in Envoy's service, `requests_per_unit: 0` is accepted: every hit
+/// is then over the limit.
 ///
 /// # Examples
 ///
@@ -231,7 +233,43 @@ impl RlsConfig {
     ) -> Result<Self, RlsConfigError> {
         let mut config = RlsConfig::default();
         for (i, yaml) in yamls.into_iter().enumerate() {
-            config.load(&format!("document {}", i + 1), yaml)?;
+            config.load(&format!("document {}", i + 1), yaml, None)?;
+        }
+        Ok(config)
+    }
+
+    /// As [`from_yaml_strs`](Self::from_yaml_strs), merging the texts that configure one
+    /// domain: see [`from_files_merged`](Self::from_files_merged).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_files_merged`](Self::from_files_merged), naming `document N`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::RlsConfig;
+    ///
+    /// let config = RlsConfig::from_yaml_strs_merged([
+    ///     "domain: a\ndescriptors:\n  - key: x\n",
+    ///     "domain: a\ndescriptors:\n  - key: y\n",
+    /// ])?;
+    /// assert_eq!(config.domains().collect::<Vec<_>>(), ["a"]);
+    /// let err = RlsConfig::from_yaml_strs_merged([
+    ///     "domain: a\ndescriptors:\n  - key: x\n",
+    ///     "domain: a\ndescriptors:\n  - key: x\n",
+    /// ])
+    /// .unwrap_err();
+    /// assert!(err.to_string().contains("document 1"));
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn from_yaml_strs_merged<'a>(
+        yamls: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, RlsConfigError> {
+        let mut config = RlsConfig::default();
+        let mut origins = Origins::new();
+        for (i, yaml) in yamls.into_iter().enumerate() {
+            config.load(&format!("document {}", i + 1), yaml, Some(&mut origins))?;
         }
         Ok(config)
     }
@@ -273,6 +311,44 @@ impl RlsConfig {
     pub fn from_files<P: AsRef<Path>>(
         paths: impl IntoIterator<Item = P>,
     ) -> Result<Self, RlsConfigError> {
+        Self::files(paths, None)
+    }
+
+    /// As [`from_files`](Self::from_files), with envoyproxy/ratelimit's
+    /// `MERGE_DOMAIN_CONFIG=true`: files that configure one domain make one domain of their
+    /// descriptors, in the order given, rather than an error.
+    ///
+    /// Descriptors are added, not merged: a top-level descriptor of one file with the same key
+    /// and value as one of another file (compared as within a file, joined as `key_value`) is
+    /// refused, with an [`RlsConfigError::Invalid`] naming the later file and the descriptor's
+    /// field path, and, in its message, the earlier file, as envoyproxy/ratelimit refuses the
+    /// same descriptor twice in one file. A limit counts as if the domain had been one file
+    /// (its counters are named by the domain and its descriptor path, not by the file).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_files`](Self::from_files), but for
+    /// [`DuplicateDomain`](RlsConfigError::DuplicateDomain); and a descriptor in two files.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use turnstile::envoy::RlsConfig;
+    ///
+    /// // Both files say `domain: edge`.
+    /// let config = RlsConfig::from_files_merged(["config/edge-api.yaml", "config/edge-web.yaml"])?;
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn from_files_merged<P: AsRef<Path>>(
+        paths: impl IntoIterator<Item = P>,
+    ) -> Result<Self, RlsConfigError> {
+        Self::files(paths, Some(&mut Origins::new()))
+    }
+
+    fn files<P: AsRef<Path>>(
+        paths: impl IntoIterator<Item = P>,
+        mut origins: Option<&mut Origins>,
+    ) -> Result<Self, RlsConfigError> {
         let mut config = RlsConfig::default();
         for path in paths {
             let path = path.as_ref();
@@ -281,7 +357,7 @@ impl RlsConfig {
                 path: name.clone(),
                 message: e.to_string(),
             })?;
-            config.load(&name, &text)?;
+            config.load(&name, &text, origins.as_deref_mut())?;
         }
         Ok(config)
     }
@@ -342,7 +418,14 @@ impl RlsConfig {
         None
     }
 
-    fn load(&mut self, source: &str, yaml: &str) -> Result<(), RlsConfigError> {
+    /// Loads one file's domain; with `origins` (merging), into the domain's descriptors if
+    /// another file configured it, else refusing it as a duplicate.
+    fn load(
+        &mut self,
+        source: &str,
+        yaml: &str,
+        mut origins: Option<&mut Origins>,
+    ) -> Result<(), RlsConfigError> {
         let root: Value = serde_norway::from_str(yaml).map_err(|e| RlsConfigError::Yaml {
             source: source.to_owned(),
             message: e.to_string(),
@@ -351,6 +434,7 @@ impl RlsConfig {
             source,
             domain: String::new(),
             limits: &mut self.limits,
+            origins: None,
         };
         let empty = Mapping::new();
         let map = match &root {
@@ -373,13 +457,19 @@ impl RlsConfig {
         }
         .filter(|d| !d.is_empty())
         .ok_or_else(|| loader.invalid("domain".into(), "must be a non-empty string"))?;
-        if self.domains.contains_key(&domain) {
-            return Err(RlsConfigError::DuplicateDomain {
-                source: source.to_owned(),
-                domain,
-            });
-        }
-        let mut level = Level::default();
+        let mut level = match self.domains.remove(&domain) {
+            None => Level::default(),
+            Some(level) if origins.is_some() => level,
+            Some(_) => {
+                return Err(RlsConfigError::DuplicateDomain {
+                    source: source.to_owned(),
+                    domain,
+                })
+            }
+        };
+        loader.origins = origins
+            .as_deref_mut()
+            .map(|o| o.entry(domain.clone()).or_default());
         loader.domain.clone_from(&domain);
         if let Some(list) = descriptors {
             loader.level(list, "", &domain, &mut level)?;
@@ -389,11 +479,17 @@ impl RlsConfig {
     }
 }
 
+/// When merging domains: per domain, the file (or document) of each top-level descriptor, by
+/// Envoy's map key (`key` or `key_value`), to name it when another file repeats it.
+type Origins = HashMap<String, HashMap<String, String>>;
+
 struct Loader<'a> {
     source: &'a str,
     /// The domain being loaded, to label its limits' counters.
     domain: String,
     limits: &'a mut Vec<LimitSpec>,
+    /// When merging: the files of the domain's top-level descriptors loaded so far.
+    origins: Option<&'a mut HashMap<String, String>>,
 }
 
 fn join(parent: &str, field: &str) -> String {
@@ -463,7 +559,7 @@ impl Loader<'_> {
         };
         for (i, item) in items.iter().enumerate() {
             let path = format!("{field}[{i}]");
-            self.descriptor(item, &path, parent_key, level)?;
+            self.descriptor(item, &path, parent_key, parent.is_empty(), level)?;
         }
         Ok(())
     }
@@ -473,6 +569,7 @@ impl Loader<'_> {
         item: &Value,
         path: &str,
         parent_key: &str,
+        top: bool,
         level: &mut Level,
     ) -> Result<(), RlsConfigError> {
         let Value::Mapping(map) = item else {
@@ -533,7 +630,7 @@ impl Loader<'_> {
             None => key.clone(),
         };
         let nodes = level.keys.entry(key).or_default();
-        let taken = !level.final_keys.insert(final_key)
+        let taken = !level.final_keys.insert(final_key.clone())
             || match value {
                 None if nodes.any.is_some() => true,
                 None => {
@@ -553,11 +650,19 @@ impl Loader<'_> {
                     }
                 },
             };
+        let origins = self.origins.as_deref_mut().filter(|_| top);
         if taken {
-            return Err(self.invalid(
-                path.to_owned(),
-                format!("duplicate descriptor composite key '{composite}'"),
-            ));
+            let mut message = format!("duplicate descriptor composite key '{composite}'");
+            if let Some(first) = origins
+                .and_then(|o| o.get(&final_key))
+                .filter(|first| *first != self.source)
+            {
+                message.push_str(&format!(" (also configured in {first})"));
+            }
+            return Err(self.invalid(path.to_owned(), message));
+        }
+        if let Some(origins) = origins {
+            origins.insert(final_key, self.source.to_owned());
         }
         Ok(())
     }
