@@ -424,7 +424,7 @@ impl RlsConfig {
         &mut self,
         source: &str,
         yaml: &str,
-        mut origins: Option<&mut Origins>,
+        origins: Option<&mut Origins>,
     ) -> Result<(), RlsConfigError> {
         let root: Value = serde_norway::from_str(yaml).map_err(|e| RlsConfigError::Yaml {
             source: source.to_owned(),
@@ -467,9 +467,7 @@ impl RlsConfig {
                 })
             }
         };
-        loader.origins = origins
-            .as_deref_mut()
-            .map(|o| o.entry(domain.clone()).or_default());
+        loader.origins = origins.map(|o| o.entry(domain.clone()).or_default());
         loader.domain.clone_from(&domain);
         if let Some(list) = descriptors {
             loader.level(list, "", &domain, &mut level)?;
