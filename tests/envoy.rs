@@ -1562,3 +1562,277 @@ async fn a_request_that_is_not_a_rate_limit_request_gets_a_grpc_error() {
         "a decode error is INTERNAL, as tonic answers it"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The HTTP JSON endpoint (envoyproxy/ratelimit's `/json` and `/healthcheck`)
+
+/// Asks `service`'s JSON endpoint: `(status, content type, body)`.
+fn http_ask(
+    service: &RlsService<ManualClock>,
+    method: &str,
+    path: &str,
+    body: impl Into<Vec<u8>>,
+) -> (u16, Option<String>, String) {
+    use tower::Service as _;
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.into())))
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let response = runtime
+        .block_on(service.json_service().call(request))
+        .unwrap();
+    let content_type = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned());
+    (
+        response.status().as_u16(),
+        content_type,
+        response.into_body(),
+    )
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn json_service() -> (RlsService<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let config = RlsConfig::from_yaml_strs([PER_MINUTE_1, SMALL_AND_BIG]).unwrap();
+    (
+        RlsService::with_clock(config, clock.clone()).unwrap(),
+        clock,
+    )
+}
+
+/// A `RateLimitRequest` in the proto3 JSON mapping gets the `RateLimitResponse` in it: 200
+/// when the request is under its limits, 429 when over; enums by name, a Duration as
+/// seconds with an `s`, fields at their default value (0, empty) left out, as protojson
+/// writes them.
+#[test]
+fn the_json_endpoint_answers_200_then_429_with_the_response_in_proto3_json() {
+    let (service, clock) = json_service();
+    let body = r#"{"domain": "rl", "descriptors": [{"entries": [{"key": "category", "value": "account"}]}]}"#;
+    let (status, content_type, answer) = http_ask(&service, "POST", "/json", body);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(content_type.as_deref(), Some("application/json"));
+    assert_eq!(
+        json(&answer),
+        json(
+            r#"{"overallCode": "OK", "statuses": [{"code": "OK",
+            "currentLimit": {"requestsPerUnit": 1, "unit": "MINUTE"},
+            "durationUntilReset": "60s"}]}"#
+        )
+    );
+    clock.advance(Duration::from_millis(1500));
+    let (status, _, answer) = http_ask(&service, "POST", "/json", body);
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!(
+        json(&answer),
+        json(
+            r#"{"overallCode": "OVER_LIMIT", "statuses": [{"code": "OVER_LIMIT",
+            "currentLimit": {"requestsPerUnit": 1, "unit": "MINUTE"},
+            "durationUntilReset": "58.500s"}]}"#
+        )
+    );
+}
+
+/// The request's other fields, under either of the names proto3 JSON allows (`hitsAddend`,
+/// `hits_addend`), numbers as numbers or strings, an override's unit by name or number; the
+/// remaining count and the response headers come back.
+#[test]
+fn the_json_endpoint_reads_hits_addend_overrides_and_writes_remaining_and_headers() {
+    let (service, _clock) = json_service();
+    service.set_response_headers(Some(ResponseHeaders::default()));
+    let body = r#"{"domain": "d", "hitsAddend": 3, "descriptors": [
+        {"entries": [{"key": "big", "value": "x"}]},
+        {"entries": [{"key": "big", "value": "y"}], "hits_addend": "10"},
+        {"entries": [{"key": "big", "value": "z"}], "limit": {"requestsPerUnit": "5", "unit": "HOUR"}},
+        {"entries": [{"key": "big", "value": "w"}], "limit": {"requests_per_unit": 7, "unit": 2}}
+    ]}"#;
+    let (status, _, answer) = http_ask(&service, "POST", "/json", body);
+    assert_eq!(status, 200, "{answer}");
+    let answer = json(&answer);
+    let statuses = answer["statuses"].as_array().unwrap();
+    let left: Vec<_> = statuses
+        .iter()
+        .map(|s| s["limitRemaining"].clone())
+        .collect();
+    assert_eq!(left, [json("97"), json("90"), json("2"), json("4")]);
+    assert_eq!(
+        statuses[2]["currentLimit"],
+        json(r#"{"requestsPerUnit": 5, "unit": "HOUR"}"#)
+    );
+    assert_eq!(
+        statuses[3]["currentLimit"],
+        json(r#"{"requestsPerUnit": 7, "unit": "MINUTE"}"#)
+    );
+    assert_eq!(
+        answer["responseHeadersToAdd"],
+        json(
+            r#"[{"key": "RateLimit-Limit", "value": "5"},
+                 {"key": "RateLimit-Remaining", "value": "2"},
+                 {"key": "RateLimit-Reset", "value": "3600"}]"#
+        )
+    );
+}
+
+/// Bad requests get 400 with a message naming what is wrong; other paths 404, other methods
+/// 405; `/healthcheck` 200.
+#[test]
+fn the_json_endpoint_refuses_bad_requests_with_400_and_a_message() {
+    let (service, _clock) = json_service();
+    let cases = [
+        ("{", "not JSON"),
+        ("[]", "JSON object"),
+        (r#"{"domain": 1}"#, "domain"),
+        (r#"{"domain": "rl", "color": "red"}"#, "color"),
+        (
+            r#"{"domain": "rl", "descriptors": [{"entries": [{"key": "k", "value": []}]}]}"#,
+            "descriptors[0].entries[0].value",
+        ),
+        (
+            r#"{"domain": "rl", "hitsAddend": -1, "descriptors": []}"#,
+            "hitsAddend",
+        ),
+        (
+            r#"{"domain": "rl", "hitsAddend": 4294967296}"#,
+            "hitsAddend",
+        ),
+        (
+            r#"{"domain": "rl", "descriptors": [{"limit": {"unit": "FORTNIGHT"}}]}"#,
+            "descriptors[0].limit.unit",
+        ),
+        (
+            r#"{"domain": "rl", "descriptors": [{"hitsAddend": "x"}]}"#,
+            "descriptors[0].hitsAddend",
+        ),
+        // Valid JSON, but not a request the service takes (as over gRPC).
+        (
+            r#"{"domain": "", "descriptors": [{}]}"#,
+            "domain must not be empty",
+        ),
+        (r#"{"domain": "rl"}"#, "descriptor list must not be empty"),
+    ];
+    for (body, expected) in cases {
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body);
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(expected), "{body}: {answer}");
+    }
+    let (status, _, answer) = http_ask(&service, "POST", "/json", vec![0xff, 0xfe]);
+    assert_eq!(status, 400, "{answer}");
+    let too_big = format!(
+        r#"{{"domain": "{}"}}"#,
+        "x".repeat(turnstile::envoy::MAX_JSON_REQUEST_BYTES)
+    );
+    assert_eq!(http_ask(&service, "POST", "/json", too_big).0, 413);
+    assert_eq!(http_ask(&service, "GET", "/json", "").0, 405);
+    assert_eq!(http_ask(&service, "POST", "/other", "{}").0, 404);
+    let (status, _, answer) = http_ask(&service, "GET", "/healthcheck", "");
+    assert_eq!((status, answer.as_str()), (200, "OK"));
+}
+
+fn json_scalar() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("null".to_owned()),
+        Just("\"rl\"".to_owned()),
+        Just("\"d\"".to_owned()),
+        Just("\"MINUTE\"".to_owned()),
+        any::<i64>().prop_map(|n| n.to_string()),
+        any::<u32>().prop_map(|n| format!("\"{n}\"")),
+        any::<f64>().prop_map(|n| n.to_string()),
+        "\\PC{0,8}".prop_map(|s| serde_json::to_string(&s).unwrap()),
+    ]
+}
+
+/// JSON built of the request's own field names, nested at random.
+fn json_node(depth: u32) -> BoxedStrategy<String> {
+    let leaf = json_scalar().boxed();
+    leaf.prop_recursive(depth, 32, 4, |inner| {
+        let names = prop_oneof![
+            Just("domain"),
+            Just("descriptors"),
+            Just("entries"),
+            Just("key"),
+            Just("value"),
+            Just("hitsAddend"),
+            Just("hits_addend"),
+            Just("limit"),
+            Just("requestsPerUnit"),
+            Just("unit"),
+            Just("other"),
+        ];
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(","))),
+            prop::collection::vec((names, inner), 0..5).prop_map(|fields| {
+                let fields: Vec<String> =
+                    fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                format!("{{{}}}", fields.join(","))
+            }),
+        ]
+    })
+    .boxed()
+}
+
+proptest! {
+    /// Any body, JSON or not: an answer (200, 429 or 400 with a message), never a panic.
+    #[test]
+    fn the_json_endpoint_answers_any_body_without_panicking(
+        body in prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..64),
+            json_node(4).prop_map(String::into_bytes),
+        ]
+    ) {
+        let (service, _clock) = json_service();
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body);
+        prop_assert!(matches!(status, 200 | 429 | 400), "{status}: {answer}");
+        if status == 400 {
+            prop_assert!(!answer.is_empty());
+        } else {
+            prop_assert!(json(&answer).get("overallCode").is_some(), "{answer}");
+        }
+    }
+}
+
+/// Served by hyper over TCP, as a deployment mounts it: the JSON endpoint and the health check
+/// answer a real HTTP client, and share the counts of the gRPC service.
+#[tokio::test]
+async fn the_json_endpoint_serves_over_hyper_and_shares_the_grpc_counts() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let json_service = rls.service.json_service();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper_util::service::TowerToHyperService::new(json_service.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let health = client
+        .get(format!("{base}/healthcheck"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let body =
+        r#"{"domain":"rl","descriptors":[{"entries":[{"key":"category","value":"account"}]}]}"#;
+    let post = || client.post(format!("{base}/json")).body(body).send();
+    assert_eq!(post().await.unwrap().status(), 200);
+    let over = post().await.unwrap();
+    assert_eq!(over.status(), 429);
+    let text = over.text().await.unwrap();
+    assert_eq!(json(&text)["overallCode"], "OVER_LIMIT");
+    // The gRPC service counted the same hit.
+    let r = rls.call("rl", &[&[("category", "account")]]).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]));
+}

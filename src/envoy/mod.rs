@@ -9,6 +9,8 @@
 //!   `redis`) in Redis or Valkey, shared by every instance: standalone (`with_redis`) or a
 //!   Cluster (`with_redis_cluster`, one script per slot, all or nothing across slots by giving
 //!   back what the other slots took).
+//! - [`JsonService`]: envoyproxy/ratelimit's HTTP endpoints, `/json` (the same decisions, in
+//!   the proto3 JSON mapping) and `/healthcheck`, as a tower service.
 //! - [`proto`]: the request and response messages, written by hand with Envoy's field numbers.
 //!
 //! # Examples
@@ -29,6 +31,7 @@
 //! ```
 
 mod config;
+mod json;
 mod metrics;
 pub mod proto;
 #[cfg(feature = "redis")]
@@ -36,6 +39,7 @@ mod remote;
 mod service;
 
 pub use config::{RlsConfig, RlsConfigError};
+pub use json::{JsonService, MAX_JSON_REQUEST_BYTES};
 pub use service::{
     ResponseHeaders, RlsService, UnixClock, DEFAULT_NEAR_LIMIT_RATIO, MAX_OVERRIDE_LIMITS,
     SHOULD_RATE_LIMIT_PATH,

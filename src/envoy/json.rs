@@ -1,0 +1,539 @@
+//! envoyproxy/ratelimit's HTTP endpoints: `/json` (a `RateLimitRequest` in, its
+//! `RateLimitResponse` out, both in the proto3 JSON mapping) and `/healthcheck`, as a tower
+//! service.
+
+use super::proto::{
+    Code, DescriptorStatus, Entry, HeaderValue, ProtoDuration, RateLimit, RateLimitDescriptor,
+    RateLimitOverride, RateLimitRequest, RateLimitResponse, UInt64Value, Unit,
+};
+use super::service::{RlsService, UnixClock};
+use crate::Clock;
+use bytes::Buf;
+use http::{header, Method, StatusCode};
+use serde_json::{Map, Value};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// The largest `/json` request body a [`JsonService`] reads; a longer one is answered
+/// `413 Payload Too Large` (a `RateLimitRequest` is a few hundred bytes).
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::envoy::MAX_JSON_REQUEST_BYTES, 1 << 20);
+/// ```
+pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
+
+/// envoyproxy/ratelimit's HTTP endpoints for an [`RlsService`], as a
+/// `tower::Service<http::Request<B>>` to serve with hyper (or mount in any tower router):
+/// made by [`RlsService::json_service`], sharing the service's configuration and counts.
+///
+/// - `POST /json`: the body is a `RateLimitRequest` in the proto3 JSON mapping (`domain`,
+///   `descriptors[].entries[].key` and `.value`, `descriptors[].limit.requestsPerUnit` and
+///   `.unit`, `descriptors[].hitsAddend`, `hitsAddend`; the proto field names, such as
+///   `hits_addend`, are accepted too, numbers may be strings, enums names or numbers, `null` is
+///   the default). It is decided as a gRPC `ShouldRateLimit` is
+///   ([`RlsService::decide`]), and the answer is the `RateLimitResponse` in the same mapping,
+///   as protojson writes it (`overallCode`, `statuses[].code` by name,
+///   `statuses[].currentLimit.requestsPerUnit` and `.unit`, `limitRemaining`,
+///   `durationUntilReset` as seconds with an `s`, such as `"59s"` or `"58.500s"`,
+///   `responseHeadersToAdd`; a field at its default value, 0 or empty, is left out), with
+///   `200 OK`, or `429 Too Many Requests` when the overall code is `OVER_LIMIT`.
+/// - A body that is not such a request (not JSON, an unknown field, a wrong type, a number
+///   out of range), or a request the service refuses (an empty domain or no descriptors):
+///   `400 Bad Request`, with a plain-text message naming the field
+///   (`descriptors[0].entries[1].value: must be a string`). A body over
+///   [`MAX_JSON_REQUEST_BYTES`]: `413`. Another method than `POST`: `405`.
+/// - `/healthcheck`, any method: `200 OK`, body `OK`.
+/// - Any other path: `404`.
+///
+/// envoyproxy/ratelimit answers `/json` whatever the method and writes 400 with no message;
+/// it serves these on a port of its own (8080), as a server here would.
+///
+/// # Examples
+///
+/// ```
+/// use tower::Service;
+/// use turnstile::envoy::{RlsConfig, RlsService};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let service = RlsService::new(RlsConfig::from_yaml_str("
+/// domain: edge
+/// descriptors:
+///   - key: path
+///     rate_limit: { unit: second, requests_per_unit: 100 }
+/// ")?)?;
+/// let request = http::Request::post("/json").body(String::from(
+///     r#"{"domain": "edge", "descriptors": [{"entries": [{"key": "path", "value": "/"}]}]}"#,
+/// ))?;
+/// let response = service.json_service().call(request).await?;
+/// assert_eq!(response.status(), 200);
+/// assert!(response.body().contains(r#""limitRemaining":99"#));
+/// // With hyper: hyper_util::service::TowerToHyperService::new(service.json_service())
+/// # Ok(())
+/// # }
+/// ```
+pub struct JsonService<C: Clock + Clone = UnixClock> {
+    service: RlsService<C>,
+}
+
+impl<C: Clock + Clone> Clone for JsonService<C> {
+    fn clone(&self) -> Self {
+        JsonService {
+            service: self.service.clone(),
+        }
+    }
+}
+
+impl<C: Clock + Clone> std::fmt::Debug for JsonService<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonService")
+            .field("service", &self.service)
+            .finish()
+    }
+}
+
+impl<C: Clock + Clone> RlsService<C> {
+    /// envoyproxy/ratelimit's HTTP endpoints (`/json`, `/healthcheck`) for this service: see
+    /// [`JsonService`]. It shares this service's configuration, settings and counts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: edge\n")?)?;
+    /// let http = service.json_service();
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn json_service(&self) -> JsonService<C> {
+        JsonService {
+            service: self.clone(),
+        }
+    }
+}
+
+impl<C, B> tower::Service<http::Request<B>> for JsonService<C>
+where
+    C: Clock + Clone,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    type Response = http::Response<String>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let service = self.service.clone();
+        Box::pin(async move { Ok(answer(&service, request).await) })
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> http::Response<String> {
+    let mut response = http::Response::new(body.into());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+async fn answer<C, B>(service: &RlsService<C>, request: http::Request<B>) -> http::Response<String>
+where
+    C: Clock + Clone,
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    match request.uri().path() {
+        "/healthcheck" => return text(StatusCode::OK, "OK"),
+        "/json" => {}
+        _ => {
+            return text(
+                StatusCode::NOT_FOUND,
+                "not found: the paths are /json and /healthcheck",
+            )
+        }
+    }
+    if request.method() != Method::POST {
+        let mut response = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "/json takes a POST of a RateLimitRequest",
+        );
+        response
+            .headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+        return response;
+    }
+    let body = match read_body(request.into_body(), MAX_JSON_REQUEST_BYTES).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let request = match parse_request(&body) {
+        Ok(request) => request,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+    };
+    let response = match service.decide(&request).await {
+        Ok(response) => response,
+        Err(status) => return text(StatusCode::BAD_REQUEST, status.message()),
+    };
+    let status = match response.overall_code() {
+        Code::Ok => StatusCode::OK,
+        Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+        // Not answered by this service; as envoyproxy/ratelimit answers it.
+        Code::Unknown => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let mut http = http::Response::new(render_response(&response).to_string());
+    *http.status_mut() = status;
+    http.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    http
+}
+
+/// The body, up to `limit` bytes; past it, or when the body fails, the answer to send.
+async fn read_body<B>(body: B, limit: usize) -> Result<Vec<u8>, http::Response<String>>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    let too_large = || {
+        text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is over {limit} bytes"),
+        )
+    };
+    if body.size_hint().lower() > limit as u64 {
+        return Err(too_large());
+    }
+    let mut body = std::pin::pin!(body);
+    let mut bytes = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let frame = frame.map_err(|e| {
+            text(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the request body: {}", e.into()),
+            )
+        })?;
+        let Ok(mut data) = frame.into_data() else {
+            continue; // trailers
+        };
+        while data.has_remaining() {
+            let chunk = data.chunk();
+            let n = chunk.len();
+            if bytes.len().saturating_add(n) > limit {
+                return Err(too_large());
+            }
+            bytes.extend_from_slice(chunk);
+            data.advance(n);
+        }
+    }
+    Ok(bytes)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The request, from the proto3 JSON mapping
+
+/// `parent.field`, or `field` at the top.
+fn join(parent: &str, field: &str) -> String {
+    if parent.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{parent}.{field}")
+    }
+}
+
+fn object<'v>(
+    v: &'v Value,
+    field: &str,
+    what: &str,
+) -> Result<Option<&'v Map<String, Value>>, String> {
+    match v {
+        Value::Null => Ok(None),
+        Value::Object(map) => Ok(Some(map)),
+        _ => Err(format!("{field}: must be {what} (a JSON object)")),
+    }
+}
+
+fn list<'v>(v: &'v Value, field: &str) -> Result<&'v [Value], String> {
+    match v {
+        Value::Null => Ok(&[]),
+        Value::Array(items) => Ok(items),
+        _ => Err(format!("{field}: must be a list")),
+    }
+}
+
+fn string(v: &Value, field: &str) -> Result<String, String> {
+    match v {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        _ => Err(format!("{field}: must be a string")),
+    }
+}
+
+/// An unsigned integer up to `max`: a JSON number (whole) or a string of one, as proto3 JSON
+/// writes 64-bit integers.
+fn unsigned(v: &Value, field: &str, max: u64) -> Result<u64, String> {
+    let out_of_range = || format!("{field}: must be a whole number from 0 to {max}");
+    let n = match v {
+        Value::Null => return Ok(0),
+        Value::Number(n) => match (n.as_u64(), n.as_f64()) {
+            (Some(n), _) => n,
+            // 1e3, 5.0: whole numbers written as floats are accepted by protojson.
+            (None, Some(f)) if f.fract() == 0.0 && (0.0..=max as f64).contains(&f) => f as u64,
+            _ => return Err(out_of_range()),
+        },
+        Value::String(s) => s.trim().parse::<u64>().map_err(|_| out_of_range())?,
+        _ => return Err(out_of_range()),
+    };
+    if n > max {
+        return Err(out_of_range());
+    }
+    Ok(n)
+}
+
+fn unit(v: &Value, field: &str) -> Result<i32, String> {
+    match v {
+        Value::Null => Ok(Unit::Unknown as i32),
+        Value::String(name) => UNITS
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, u)| u as i32)
+            .ok_or_else(|| {
+                format!(
+                    "{field}: unknown unit '{name}': expected UNKNOWN, SECOND, MINUTE, HOUR, DAY, MONTH or YEAR"
+                )
+            }),
+        Value::Number(n) => n
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .ok_or_else(|| format!("{field}: must be a unit's name or number")),
+        _ => Err(format!("{field}: must be a unit's name or number")),
+    }
+}
+
+const UNITS: [(&str, Unit); 7] = [
+    ("UNKNOWN", Unit::Unknown),
+    ("SECOND", Unit::Second),
+    ("MINUTE", Unit::Minute),
+    ("HOUR", Unit::Hour),
+    ("DAY", Unit::Day),
+    ("MONTH", Unit::Month),
+    ("YEAR", Unit::Year),
+];
+
+fn unknown(field: &str, message: &str) -> String {
+    format!("{field}: unknown field of {message}")
+}
+
+/// A `RateLimitRequest` from its proto3 JSON mapping; the error names the field.
+pub(super) fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
+    let root: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    let map = object(&root, "the body", "a RateLimitRequest")?
+        .ok_or("the body must be a RateLimitRequest (a JSON object), not null")?;
+    let mut request = RateLimitRequest::default();
+    for (name, v) in map {
+        match name.as_str() {
+            "domain" => request.domain = string(v, "domain")?,
+            "descriptors" => {
+                for (i, d) in list(v, "descriptors")?.iter().enumerate() {
+                    request
+                        .descriptors
+                        .push(parse_descriptor(d, &format!("descriptors[{i}]"))?);
+                }
+            }
+            "hitsAddend" | "hits_addend" => {
+                request.hits_addend = unsigned(v, name, u64::from(u32::MAX))? as u32;
+            }
+            other => return Err(unknown(other, "RateLimitRequest")),
+        }
+    }
+    Ok(request)
+}
+
+fn parse_descriptor(v: &Value, path: &str) -> Result<RateLimitDescriptor, String> {
+    let mut descriptor = RateLimitDescriptor::default();
+    let Some(map) = object(v, path, "a descriptor")? else {
+        return Ok(descriptor);
+    };
+    for (name, v) in map {
+        let field = join(path, name);
+        match name.as_str() {
+            "entries" => {
+                for (i, e) in list(v, &field)?.iter().enumerate() {
+                    descriptor
+                        .entries
+                        .push(parse_entry(e, &format!("{field}[{i}]"))?);
+                }
+            }
+            "limit" => {
+                descriptor.limit = match object(v, &field, "a limit override")? {
+                    None => None,
+                    Some(map) => Some(parse_override(map, &field)?),
+                };
+            }
+            "hitsAddend" | "hits_addend" => {
+                descriptor.hits_addend = match v {
+                    Value::Null => None,
+                    v => Some(UInt64Value {
+                        value: unsigned(v, &field, u64::MAX)?,
+                    }),
+                };
+            }
+            other => return Err(unknown(&join(path, other), "a descriptor")),
+        }
+    }
+    Ok(descriptor)
+}
+
+fn parse_entry(v: &Value, path: &str) -> Result<Entry, String> {
+    let mut entry = Entry::default();
+    let Some(map) = object(v, path, "an entry")? else {
+        return Ok(entry);
+    };
+    for (name, v) in map {
+        let field = join(path, name);
+        match name.as_str() {
+            "key" => entry.key = string(v, &field)?,
+            "value" => entry.value = string(v, &field)?,
+            other => return Err(unknown(&join(path, other), "an entry")),
+        }
+    }
+    Ok(entry)
+}
+
+fn parse_override(map: &Map<String, Value>, path: &str) -> Result<RateLimitOverride, String> {
+    let mut limit = RateLimitOverride::default();
+    for (name, v) in map {
+        let field = join(path, name);
+        match name.as_str() {
+            "requestsPerUnit" | "requests_per_unit" => {
+                limit.requests_per_unit = unsigned(v, &field, u64::from(u32::MAX))? as u32;
+            }
+            "unit" => limit.unit = unit(v, &field)?,
+            other => return Err(unknown(&join(path, other), "a limit override")),
+        }
+    }
+    Ok(limit)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The response, in the proto3 JSON mapping, as protojson writes it
+
+/// An enum's name; `null` for its default (0), which protojson leaves out.
+fn code(code: i32) -> Value {
+    match Code::try_from(code) {
+        Ok(Code::Unknown) => Value::Null,
+        Ok(Code::Ok) => "OK".into(),
+        Ok(Code::OverLimit) => "OVER_LIMIT".into(),
+        // An enum value without a name is written as its number.
+        Err(_) => code.into(),
+    }
+}
+
+fn unit_name(unit: i32) -> Value {
+    match UNITS.iter().find(|&&(_, u)| u as i32 == unit) {
+        Some((_, Unit::Unknown)) => Value::Null,
+        Some((name, _)) => (*name).into(),
+        None => unit.into(),
+    }
+}
+
+/// A Duration as protojson writes it: seconds, with 0, 3, 6 or 9 digits of fraction, and `s`.
+fn duration(d: &ProtoDuration) -> Value {
+    let (seconds, nanos) = (d.seconds, d.nanos);
+    let sign = if seconds < 0 || nanos < 0 { "-" } else { "" };
+    let (seconds, nanos) = (seconds.unsigned_abs(), nanos.unsigned_abs());
+    let text = if nanos == 0 {
+        format!("{sign}{seconds}s")
+    } else if nanos % 1_000_000 == 0 {
+        format!("{sign}{seconds}.{:03}s", nanos / 1_000_000)
+    } else if nanos % 1_000 == 0 {
+        format!("{sign}{seconds}.{:06}s", nanos / 1_000)
+    } else {
+        format!("{sign}{seconds}.{nanos:09}s")
+    };
+    text.into()
+}
+
+/// Inserts `value` under `name` unless it is the field's default (protojson leaves those out):
+/// null (an enum's 0), 0, an empty string or list.
+fn put(map: &mut Map<String, Value>, name: &str, value: Value) {
+    let default = match &value {
+        Value::Null => true,
+        Value::Number(n) => n.as_u64() == Some(0) || n.as_i64() == Some(0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        Value::Bool(b) => !b,
+        Value::Object(_) => false,
+    };
+    if !default {
+        map.insert(name.to_owned(), value);
+    }
+}
+
+fn render_limit(limit: &RateLimit) -> Value {
+    let mut map = Map::new();
+    put(&mut map, "name", limit.name.clone().into());
+    put(&mut map, "requestsPerUnit", limit.requests_per_unit.into());
+    put(&mut map, "unit", unit_name(limit.unit));
+    Value::Object(map)
+}
+
+fn render_status(status: &DescriptorStatus) -> Value {
+    let mut map = Map::new();
+    put(&mut map, "code", code(status.code));
+    if let Some(limit) = &status.current_limit {
+        map.insert("currentLimit".to_owned(), render_limit(limit));
+    }
+    put(&mut map, "limitRemaining", status.limit_remaining.into());
+    if let Some(d) = &status.duration_until_reset {
+        map.insert("durationUntilReset".to_owned(), duration(d));
+    }
+    Value::Object(map)
+}
+
+fn render_headers(headers: &[HeaderValue]) -> Value {
+    headers
+        .iter()
+        .map(|h| {
+            let mut map = Map::new();
+            put(&mut map, "key", h.key.clone().into());
+            put(&mut map, "value", h.value.clone().into());
+            Value::Object(map)
+        })
+        .collect()
+}
+
+/// A `RateLimitResponse` in its proto3 JSON mapping. `raw_body` is never set by this service
+/// and is not written.
+pub(super) fn render_response(response: &RateLimitResponse) -> Value {
+    let mut map = Map::new();
+    put(&mut map, "overallCode", code(response.overall_code));
+    put(
+        &mut map,
+        "statuses",
+        response.statuses.iter().map(render_status).collect(),
+    );
+    put(
+        &mut map,
+        "responseHeadersToAdd",
+        render_headers(&response.response_headers_to_add),
+    );
+    put(
+        &mut map,
+        "requestHeadersToAdd",
+        render_headers(&response.request_headers_to_add),
+    );
+    Value::Object(map)
+}
