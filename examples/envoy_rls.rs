@@ -7,7 +7,12 @@
 //! 127.0.0.1:8081, the port envoyproxy/ratelimit serves gRPC on). The example asks its own
 //! server a few questions and prints the answers, then serves until stopped: point Envoy's
 //! `envoy.filters.http.ratelimit` filter (a `rate_limit_service` with `transport_api_version:
-//! V3`) at the address.
+//! V3`) at the address. Beside it, on 127.0.0.1:8080 (envoyproxy/ratelimit's HTTP port), the
+//! same service answers `POST /json` and `GET /healthcheck`:
+//!
+//! ```sh
+//! curl -s -XPOST localhost:8080/json -d '{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"}]}]}'
+//! ```
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,6 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "Envoy rate limit service on {addr}, configuration from {}",
         path.display()
     );
+    tokio::spawn(serve_json(service.clone(), "127.0.0.1:8080".parse()?));
     let server = tokio::spawn(
         Server::builder()
             .add_service(service)
@@ -105,6 +111,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("serving; edit {} to reload, Ctrl-C to stop", path.display());
     server.await??;
     Ok(())
+}
+
+/// Serves the service's `/json` and `/healthcheck` endpoints over HTTP/1.1 with hyper, sharing
+/// the gRPC service's counts; a port already taken is reported, and gRPC serves on.
+async fn serve_json(service: RlsService, addr: SocketAddr) {
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("no /json endpoint: {addr}: {e}");
+            return;
+        }
+    };
+    println!("/json and /healthcheck on http://{addr}");
+    let json = service.json_service();
+    while let Ok((stream, _)) = listener.accept().await {
+        let json = hyper_util::service::TowerToHyperService::new(json.clone());
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), json)
+                .await;
+        });
+    }
 }
 
 /// Reloads the configuration when the file changes (checked every second); a file that does
