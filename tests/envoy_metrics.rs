@@ -316,3 +316,51 @@ fn in_redis_the_same_counters_count() {
     });
     assert_eq!(of(&counts, "d.k"), [6, 0, 1, 6, 0]);
 }
+
+/// In Redis, one script decides both descriptors: when one rejects, the script charges
+/// neither, and the other reports its count untouched. Its hit is counted from that count (as
+/// in memory: within, and near when it crosses the threshold), not as if it had been charged.
+#[cfg(feature = "redis")]
+#[test]
+fn in_redis_a_descriptor_another_rejects_counts_from_its_untouched_count() {
+    use turnstile::redis::{aio::ConnectionManager, Client};
+    use turnstile::FailurePolicy;
+
+    let server = redis_server::RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let yaml = CONFIG.replace("unit: minute", "unit: year");
+    let rls = runtime.block_on(async {
+        let connection = ConnectionManager::new(Client::open(server.url()).unwrap())
+            .await
+            .unwrap();
+        RlsService::with_redis(
+            RlsConfig::from_yaml_str(&yaml).unwrap(),
+            connection,
+            "rls",
+            FailurePolicy::FailClosed,
+        )
+        .unwrap()
+    });
+    runtime.block_on(async {
+        // k at 8 of 10 (the near threshold), tiny at its limit.
+        let r = rls.decide(&request(&[("k", "x")], 8)).await.unwrap();
+        assert_eq!(r.overall_code(), Code::Ok);
+        let r = rls.decide(&request(&[("tiny", "x")], 0)).await.unwrap();
+        assert_eq!(r.overall_code(), Code::Ok);
+    });
+    let counts = counted(|| {
+        runtime.block_on(async {
+            let both = request(&[("k", "x"), ("tiny", "x")], 0);
+            let r = rls.decide(&both).await.unwrap();
+            assert_eq!(r.overall_code(), Code::OverLimit);
+            // Not charged: 2 left, as before the request.
+            assert_eq!(r.statuses[0].limit_remaining, 2);
+        });
+    });
+    // The 9th hit on k: past floor(10 × 0.8) = 8, so near its limit, and within it.
+    assert_eq!(of(&counts, "d.k"), [1, 0, 1, 1, 0]);
+    assert_eq!(of(&counts, "d.tiny"), [1, 1, 0, 0, 0]);
+}

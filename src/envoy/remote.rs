@@ -50,6 +50,23 @@ enum Answer {
     /// Admitted in its slot, then given back (another slot rejected the request): the
     /// admission, and what it is left with now.
     GivenBack(Admission, u32),
+    /// Would have admitted, in a script another member of rejected: nothing was taken, and the
+    /// admission reports the count as it was before the request.
+    Untouched(Admission),
+}
+
+/// A call's answers as the descriptors get them: when the script rejected, its admitting
+/// members took nothing (`Untouched`).
+fn answers_of(
+    got: Vec<Option<Result<Admission, TryAcquireError>>>,
+) -> impl Iterator<Item = Option<Answer>> {
+    let all = got.iter().all(|a| matches!(a, Some(Ok(_))));
+    got.into_iter().map(move |result| {
+        result.map(|result| match result {
+            Ok(a) if !all => Answer::Untouched(a),
+            result => Answer::Got(result),
+        })
+    })
 }
 
 impl Remote {
@@ -164,9 +181,9 @@ impl Remote {
             })
             .collect();
         let mut set = |ks: &[usize], got: Vec<Option<Result<Admission, TryAcquireError>>>| {
-            for (&k, result) in ks.iter().zip(got) {
-                if let Some(result) = result {
-                    answers[group[k].0] = Answer::Got(result);
+            for (&k, answer) in ks.iter().zip(answers_of(got)) {
+                if let Some(answer) = answer {
+                    answers[group[k].0] = answer;
                 }
             }
         };
@@ -207,14 +224,14 @@ impl Remote {
             })
             .collect();
         for ((_, h, ks), (got, back)) in calls.iter().zip(join_all(giving).await) {
-            for ((&k, result), back) in ks.iter().zip(got).zip(back) {
+            for ((&k, answer), back) in ks.iter().zip(answers_of(got)).zip(back) {
                 let (i, l) = group[k];
-                answers[i] = match result {
-                    Some(Ok(a)) if back => {
+                answers[i] = match answer {
+                    Some(Answer::Got(Ok(a))) if back => {
                         let left = a.remaining().saturating_add(cost(*h)).min(l.capacity());
                         Answer::GivenBack(a, left)
                     }
-                    Some(result) => Answer::Got(result),
+                    Some(answer) => answer,
                     None => continue,
                 };
             }
@@ -330,6 +347,9 @@ impl Remote {
                         Answer::Got(Ok(a)) | Answer::GivenBack(a, _) => Some(
                             u64::from(limit.saturating_sub(a.remaining())).saturating_sub(hits[i]),
                         ),
+                        Answer::Untouched(a) => {
+                            Some(u64::from(limit.saturating_sub(a.remaining())))
+                        }
                         Answer::Over(_) | Answer::Got(Err(_)) => Some(u64::from(limit)),
                         _ => None,
                     };
@@ -339,7 +359,10 @@ impl Remote {
                             limit,
                             before,
                             hits: hits[i],
-                            over: !matches!(answer, Answer::Got(Ok(_)) | Answer::GivenBack(..)),
+                            over: !matches!(
+                                answer,
+                                Answer::Got(Ok(_)) | Answer::GivenBack(..) | Answer::Untouched(_)
+                            ),
                             shadow: shadow(i),
                             near_ratio,
                         };
@@ -352,7 +375,7 @@ impl Remote {
                     Answer::NotAsked => status(Code::Ok, current, 0, None),
                     Answer::Within(left, reset) => status(Code::Ok, current, left, Some(reset)),
                     Answer::Over(reset) => status(over, current, 0, Some(reset)),
-                    Answer::Got(Ok(a)) => {
+                    Answer::Got(Ok(a)) | Answer::Untouched(a) => {
                         status(Code::Ok, current, a.remaining(), Some(a.reset_after()))
                     }
                     Answer::GivenBack(a, left) => {
