@@ -446,7 +446,7 @@ async fn a_request_waiting_across_a_reload_reports_the_new_limit_with_its_count(
 /// queue: rejected again under the lowered limit, it waits on (a full queue of one does not
 /// turn it away for the place it holds itself), and is admitted under the new limit.
 #[tokio::test(start_paused = true)]
-async fn a_request_waiting_across_a_reload_keeps_its_place_in_the_queue() {
+async fn a_request_waiting_across_a_reload_keeps_its_rules_count_of_waiting_requests() {
     let rule = |limit: u32| {
         format!(
             "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = {limit}\n\

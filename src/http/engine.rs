@@ -176,9 +176,10 @@ macro_rules! count_list_rejection {
 /// still waiting when its `max_wait` ends is rejected then. A reload while it waits applies to
 /// it, and ends its wait at once, since it may have raised the limit the request waits for:
 /// it is decided under the new rules, and if it waits again, it queues again, after the
-/// requests of its counter still waiting (a rule the reload kept, same identity, keeps its
-/// count of waiting requests and its limiter; its headers report the new limit beside the
-/// count made under it). It waits again as long as each answer comes in time; when one does
+/// requests of its counter still waiting, so that a reload can let a request arriving
+/// meanwhile go first (a rule the reload kept, same identity, keeps its count of waiting
+/// requests and, unless the reload made it a new one as described under "Reload", its
+/// limiter; its headers report the new limit beside the count made under it). It waits again as long as each answer comes in time; when one does
 /// not, or another rule without a queue rejects it, that rejection is final. Only the final
 /// rejection is logged, counted (`turnstile_http_rejected`) and counted towards a ban; each
 /// wait is counted in `turnstile_http_waited`. A waiting request holds no permit of any rule,
