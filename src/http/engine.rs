@@ -208,7 +208,8 @@ macro_rules! count_list_rejection {
 /// limiter is reconfigured in place, except that of a `sliding_window` rule whose limit is
 /// raised: its ring of timestamps cannot grow in place, so the rule starts with fresh counters
 /// (each client may then make the new limit's requests at once, whatever it made in the last
-/// period). A pattern or IP range is compared as it reads, not as it is written (`GET:/API/*`
+/// period), and every rule starts with fresh counters when `max_keys_per_rule` or
+/// `key_overflow` changed (a limiter's key cap is fixed when it is built). A pattern or IP range is compared as it reads, not as it is written (`GET:/API/*`
 /// is `get:/api/*`). Bans are kept when `[bans]` did not change (its periods compared as they
 /// read: `1m` is `60s`). With the Redis backend the counters live in Redis under names derived
 /// from the rule's identity, so the same rules find them again; a reload may change the prefix
