@@ -264,15 +264,13 @@ fn the_near_limit_ratio_sets_where_near_limit_starts() {
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
-/// In Redis: admissions as in memory; a rejection's count before it is not known there, so all
-/// its hits count over the limit.
+/// The configuration's service counting in `server`, with yearly windows (so that none ends
+/// within a test), and the runtime to drive it.
 #[cfg(feature = "redis")]
-#[test]
-fn in_redis_the_same_counters_count() {
+fn in_redis(server: &redis_server::RedisServer) -> (tokio::runtime::Runtime, RlsService) {
     use turnstile::redis::{aio::ConnectionManager, Client};
     use turnstile::FailurePolicy;
 
-    let server = redis_server::RedisServer::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -290,6 +288,16 @@ fn in_redis_the_same_counters_count() {
         )
         .unwrap()
     });
+    (runtime, rls)
+}
+
+/// In Redis: admissions as in memory; a rejection's count before it is not known there, so all
+/// its hits count over the limit.
+#[cfg(feature = "redis")]
+#[test]
+fn in_redis_the_same_counters_count() {
+    let server = redis_server::RedisServer::start();
+    let (runtime, rls) = in_redis(&server);
     let counts = counted(|| {
         runtime.block_on(async {
             let k = |hits| request(&[("k", "x")], hits);
@@ -323,27 +331,8 @@ fn in_redis_the_same_counters_count() {
 #[cfg(feature = "redis")]
 #[test]
 fn in_redis_a_descriptor_another_rejects_counts_from_its_untouched_count() {
-    use turnstile::redis::{aio::ConnectionManager, Client};
-    use turnstile::FailurePolicy;
-
     let server = redis_server::RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let yaml = CONFIG.replace("unit: minute", "unit: year");
-    let rls = runtime.block_on(async {
-        let connection = ConnectionManager::new(Client::open(server.url()).unwrap())
-            .await
-            .unwrap();
-        RlsService::with_redis(
-            RlsConfig::from_yaml_str(&yaml).unwrap(),
-            connection,
-            "rls",
-            FailurePolicy::FailClosed,
-        )
-        .unwrap()
-    });
+    let (runtime, rls) = in_redis(&server);
     runtime.block_on(async {
         // k at 8 of 10 (the near threshold), tiny at its limit.
         let r = rls.decide(&request(&[("k", "x")], 8)).await.unwrap();

@@ -2569,18 +2569,14 @@ async fn decisions_racing_reconfigurations_use_one_parameter_set_wholly() {
     assert_eq!((stats.errors, stats.timeouts), (0, 0));
 }
 
-/// An `acquire` whose attempt missed the deadline under `Fallback`, and whose fallback then
-/// rejected, waits and tries again; the timed-out attempt's script, already sent, still runs
-/// once the server answers, and admits. The retry must answer that admission, not charge the
-/// subject a second time for one call. (The server is stopped, SIGSTOP, while the attempt is
-/// in flight: its command waits in the socket and runs at SIGCONT, long before the retry.)
-#[tokio::test]
-async fn an_acquire_retrying_after_a_timeout_is_charged_once() {
-    let server = RedisServer::start();
-    let mut con = server.connection();
-    let deadline = Duration::from_millis(50);
-    // A bucket of 4 per second (locally 1 per second, burst 1: a short retry-after), and a log
-    // of the hour that counts every admission in Redis.
+/// For the once-charge tests: a bucket of 4 per second under `Fallback` (locally 1 per second,
+/// burst 1: a short retry-after), and a log of the hour that counts every admission in Redis;
+/// every script cached, so that a late `EVALSHA` runs (after `NOSCRIPT` its `EVAL` would never
+/// go).
+async fn once_charge_limiter(
+    server: &RedisServer,
+    deadline: Duration,
+) -> RedisLimiter<ConnectionManager> {
     let limiter = RedisLimiter::builder(
         Algorithm::TokenBucket {
             rate: Rate::per_second(4),
@@ -2595,11 +2591,24 @@ async fn an_acquire_retrying_after_a_timeout_is_charged_once() {
     .prefix(PREFIX)
     .deadline(deadline)
     .deny_cache(0)
-    .build(manager(&server).await)
+    .build(manager(server).await)
     .unwrap();
-    // Every script cached: a late EVALSHA then runs (after NOSCRIPT its EVAL would never go).
     limiter.acquire("warm").await.unwrap();
     limiter.try_acquire("warm").await.unwrap();
+    limiter
+}
+
+/// An `acquire` whose attempt missed the deadline under `Fallback`, and whose fallback then
+/// rejected, waits and tries again; the timed-out attempt's script, already sent, still runs
+/// once the server answers, and admits. The retry must answer that admission, not charge the
+/// subject a second time for one call. (The server is stopped, SIGSTOP, while the attempt is
+/// in flight: its command waits in the socket and runs at SIGCONT, long before the retry.)
+#[tokio::test]
+async fn an_acquire_retrying_after_a_timeout_is_charged_once() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let deadline = Duration::from_millis(50);
+    let limiter = once_charge_limiter(&server, deadline).await;
     let log = limiter.keys("s").remove(1);
     let logged = |con: &mut redis::Connection| -> u64 { con.zcard(&log).unwrap() };
     let settled = |con: &mut redis::Connection, expected: u64| {
@@ -2646,26 +2655,7 @@ async fn concurrent_acquires_retrying_after_a_timeout_are_each_charged_once() {
     let server = RedisServer::start();
     let mut con = server.connection();
     let deadline = Duration::from_millis(50);
-    // As in `an_acquire_retrying_after_a_timeout_is_charged_once`: a bucket of 4 per second
-    // (locally 1 per second, burst 1), and a log of the hour counting every admission in Redis.
-    let limiter = RedisLimiter::builder(
-        Algorithm::TokenBucket {
-            rate: Rate::per_second(4),
-            burst: 4,
-        },
-        FailurePolicy::Fallback { share: 0.25 },
-    )
-    .and_limit(Algorithm::SlidingWindow {
-        limit: 100,
-        window: Duration::from_secs(3600),
-    })
-    .prefix(PREFIX)
-    .deadline(deadline)
-    .deny_cache(0)
-    .build(manager(&server).await)
-    .unwrap();
-    limiter.acquire("warm").await.unwrap();
-    limiter.try_acquire("warm").await.unwrap();
+    let limiter = once_charge_limiter(&server, deadline).await;
     let log = limiter.keys("s").remove(1);
     let logged = |con: &mut redis::Connection| -> u64 { con.zcard(&log).unwrap() };
     // The local bucket emptied by a decision that timed out (and ran late in Redis).
