@@ -260,6 +260,34 @@ fn the_near_limit_ratio_sets_where_near_limit_starts() {
     assert_eq!(of(&counts, "d.k"), [12, 2, 3, 0, 0]);
 }
 
+#[test]
+fn a_near_threshold_rounded_past_the_limit_in_single_precision_counts_no_near_hits() {
+    // 16777219 is not a single-precision number: times 1.0 it rounds up to 16777220, past the
+    // limit. The near-limit range then is empty, not negative.
+    let rls = RlsService::with_clock(
+        RlsConfig::from_yaml_str(
+            "
+domain: d
+descriptors:
+  - key: big
+    rate_limit: { unit: minute, requests_per_unit: 16777219 }
+",
+        )
+        .unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap()
+    .with_near_limit_ratio(1.0)
+    .unwrap();
+    let counts = counted(|| {
+        let response = rls
+            .should_rate_limit(&request(&[("big", "x")], 16_777_220))
+            .unwrap();
+        assert_eq!(response.overall_code(), Code::OverLimit);
+    });
+    assert_eq!(of(&counts, "d.big"), [16_777_220, 1, 0, 0, 0]);
+}
+
 #[cfg(feature = "redis")]
 #[path = "common/redis_server.rs"]
 mod redis_server;

@@ -26,8 +26,10 @@ pub(super) struct Decision {
 /// shadow_mode]`.
 pub(super) fn tally(d: Decision) -> [u64; 5] {
     let limit = u64::from(d.limit);
-    // As envoyproxy/ratelimit: the ratio applied in single precision, rounded down.
-    let near = (d.limit as f32 * d.near_ratio).floor() as u64;
+    // As envoyproxy/ratelimit: the ratio applied in single precision, rounded down. A limit
+    // past 2^24 may round up past itself (16777219 × 1.0 is 16777220): no further than the
+    // limit, so that the near range is empty rather than negative.
+    let near = ((d.limit as f32 * d.near_ratio).floor() as u64).min(limit);
     let after = d.before.saturating_add(d.hits);
     let (mut over, mut near_hits, mut within, mut shadow) = (0, 0, 0, 0);
     if d.over {
