@@ -1736,6 +1736,23 @@ fn the_json_endpoint_refuses_bad_requests_with_400_and_a_message() {
     assert_eq!((status, answer.as_str()), (200, "OK"));
 }
 
+#[test]
+fn the_json_endpoint_refuses_a_64_bit_number_past_the_range_written_as_a_float() {
+    // 2^64 and past it are read as floats, which round u64::MAX up to 2^64: still out of range.
+    let (service, _clock) = json_service();
+    for n in ["18446744073709551616", "1.8446744073709552e19", "1e20"] {
+        let body = format!(
+            r#"{{"domain": "rl", "descriptors": [{{"entries": [{{"key": "k", "value": "v"}}], "hitsAddend": {n}}}]}}"#
+        );
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body);
+        assert_eq!(status, 400, "{n}: {answer}");
+        assert!(
+            answer.contains("descriptors[0].hitsAddend"),
+            "{n}: {answer}"
+        );
+    }
+}
+
 fn json_scalar() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("null".to_owned()),

@@ -288,8 +288,9 @@ fn unsigned(v: &Value, field: &str, max: u64) -> Result<u64, String> {
         Value::Null => return Ok(0),
         Value::Number(n) => match (n.as_u64(), n.as_f64()) {
             (Some(n), _) => n,
-            // 1e3, 5.0: whole numbers written as floats are accepted by protojson.
-            (None, Some(f)) if f.fract() == 0.0 && (0.0..=max as f64).contains(&f) => f as u64,
+            // 1e3, 5.0: whole numbers written as floats are accepted by protojson. Below 2^64
+            // (`u64::MAX as f64`, rounded up) so that the cast is exact; `max` is checked below.
+            (None, Some(f)) if f.fract() == 0.0 && (0.0..u64::MAX as f64).contains(&f) => f as u64,
             _ => return Err(out_of_range()),
         },
         Value::String(s) => s.trim().parse::<u64>().map_err(|_| out_of_range())?,
