@@ -1737,6 +1737,39 @@ fn the_json_endpoint_refuses_bad_requests_with_400_and_a_message() {
 }
 
 #[test]
+fn yaml_merge_keys_share_settings_between_descriptors_as_envoys_yaml_reader_does() {
+    // envoyproxy/ratelimit's YAML reader applies `<<` merge keys; configurations use them to
+    // share a rate limit between descriptors.
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - key: a
+    rate_limit: &one_per_minute { unit: minute, requests_per_unit: 1 }
+  - key: b
+    rate_limit:
+      <<: *one_per_minute
+      requests_per_unit: 2
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |key: &str| {
+        let response = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, "x")])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        response.statuses[0].current_limit.clone().unwrap()
+    };
+    let b = ask("b");
+    assert_eq!((b.requests_per_unit, b.unit()), (2, Unit::Minute));
+    assert_eq!(ask("a").requests_per_unit, 1);
+}
+
+#[test]
 fn the_json_endpoint_refuses_a_64_bit_number_past_the_range_written_as_a_float() {
     // 2^64 and past it are read as floats, which round u64::MAX up to 2^64: still out of range.
     let (service, _clock) = json_service();

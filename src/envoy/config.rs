@@ -426,10 +426,13 @@ impl RlsConfig {
         yaml: &str,
         origins: Option<&mut Origins>,
     ) -> Result<(), RlsConfigError> {
-        let root: Value = serde_norway::from_str(yaml).map_err(|e| RlsConfigError::Yaml {
+        let yaml_error = |e: serde_norway::Error| RlsConfigError::Yaml {
             source: source.to_owned(),
             message: e.to_string(),
-        })?;
+        };
+        let mut root: Value = serde_norway::from_str(yaml).map_err(yaml_error)?;
+        // `<<` merge keys, which envoyproxy/ratelimit's YAML reader applies.
+        root.apply_merge().map_err(yaml_error)?;
         let mut loader = Loader {
             source,
             domain: String::new(),
