@@ -52,6 +52,10 @@ pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
 /// envoyproxy/ratelimit answers `/json` whatever the method and writes 400 with no message;
 /// it serves these on a port of its own (8080), as a server here would.
 ///
+/// The service reads the body as the client sends it and sets no time limit of its own: a
+/// client that stops sending holds its call until the server's timeouts end it (hyper's
+/// `header_read_timeout`, or a `tower::timeout::TimeoutLayer` around this service).
+///
 /// # Examples
 ///
 /// ```
