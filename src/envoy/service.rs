@@ -967,7 +967,7 @@ impl<C: Clock + Clone> RlsService<C> {
     ///
     /// In memory it completes at its first poll. In Redis, dropping the future leaves no local
     /// state behind, but a script already sent may still run and take the hits (as with
-    /// [`RedisLimiter::try_acquire_n`](crate::RedisLimiter::try_acquire_n)); dropped while
+    /// `RedisLimiter::try_acquire_n`); dropped while
     /// the calls of a rejected request give back, some hits may stay charged.
     ///
     /// # Examples
