@@ -639,15 +639,7 @@ descriptors:
 
 #[tokio::test]
 async fn a_request_rejected_by_one_descriptor_charges_no_other() {
-    let mut rls = start(&["
-domain: d
-descriptors:
-  - key: small
-    rate_limit: { unit: minute, requests_per_unit: 1 }
-  - key: big
-    rate_limit: { unit: minute, requests_per_unit: 100 }
-"])
-    .await;
+    let mut rls = start(&[SMALL_AND_BIG]).await;
     let small: &[(&str, &str)] = &[("small", "x")];
     let big: &[(&str, &str)] = &[("big", "x")];
     assert_eq!(remaining(&rls.call("d", &[small, big]).await), [0, 99]);
