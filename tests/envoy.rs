@@ -1890,6 +1890,80 @@ fn the_json_endpoint_reads_whole_numbers_exactly_as_protojson_does() {
     }
 }
 
+/// A field given twice in one object is refused, as protojson refuses a duplicate field, rather
+/// than the last one counting; `null` included. The message names the field.
+#[test]
+fn the_json_endpoint_refuses_a_field_given_twice() {
+    let (service, _clock) = json_service();
+    for (body, field) in [
+        (
+            r#"{"domain": "d", "domain": "d", "descriptors": [{"entries": [{"key": "big", "value": "x"}]}]}"#.to_owned(),
+            "domain",
+        ),
+        (
+            r#"{"domain": "d", "hitsAddend": 1, "hitsAddend": 2, "descriptors": [{}]}"#.to_owned(),
+            "hitsAddend",
+        ),
+        (
+            r#"{"domain": "d", "descriptors": [], "descriptors": [{"entries": [{"key": "big", "value": "x"}]}]}"#.to_owned(),
+            "descriptors",
+        ),
+        (
+            big_request(r#", "hitsAddend": null, "hitsAddend": 5"#),
+            "descriptors[0].hitsAddend",
+        ),
+        (
+            big_request(r#", "entries": []"#),
+            "descriptors[0].entries",
+        ),
+        (
+            r#"{"domain": "d", "descriptors": [{"entries": [{"key": "big", "key": "small", "value": "x"}]}]}"#.to_owned(),
+            "descriptors[0].entries[0].key",
+        ),
+        (
+            big_request(r#", "limit": {"unit": "HOUR", "requestsPerUnit": 5, "unit": "MINUTE"}"#),
+            "descriptors[0].limit.unit",
+        ),
+        (
+            big_request(r#", "limit": null, "limit": {"requestsPerUnit": 5, "unit": "HOUR"}"#),
+            "descriptors[0].limit",
+        ),
+    ] {
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(field), "{body}: {answer}");
+        assert!(answer.contains("twice"), "{body}: {answer}");
+    }
+}
+
+/// A field's JSON name and its proto name in one object are one field given twice: refused, as
+/// protojson refuses them, rather than the later one counting.
+#[test]
+fn the_json_endpoint_refuses_both_names_of_one_field_in_one_object() {
+    let (service, _clock) = json_service();
+    for (body, field) in [
+        (
+            r#"{"domain": "d", "hitsAddend": 1, "hits_addend": 2, "descriptors": [{}]}"#.to_owned(),
+            "hits_addend",
+        ),
+        (
+            big_request(r#", "hits_addend": 2, "hitsAddend": 3"#),
+            "descriptors[0].hitsAddend",
+        ),
+        (
+            big_request(
+                r#", "limit": {"requestsPerUnit": 5, "requests_per_unit": 6, "unit": "HOUR"}"#,
+            ),
+            "descriptors[0].limit.requests_per_unit",
+        ),
+    ] {
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(field), "{body}: {answer}");
+        assert!(answer.contains("twice"), "{body}: {answer}");
+    }
+}
+
 fn json_scalar() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("null".to_owned()),

@@ -37,6 +37,8 @@ pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
 ///   `.unit`, `descriptors[].hitsAddend`, `hitsAddend`; the proto field names, such as
 ///   `hits_addend`, are accepted too, enums names or numbers, `null` is the default), read as
 ///   Go's protojson (envoyproxy/ratelimit's reader) reads it:
+///   - A field given twice in one object is refused, under one name twice or under both
+///     (`hitsAddend` and `hits_addend`), `null` included.
 ///   - A number field (`hitsAddend`, `requestsPerUnit`) takes a JSON number or a string holding
 ///     one, and nothing else: no `+`, no leading zero, no whitespace inside the quotes. Its
 ///     value is worked out exactly, in decimal: a fraction or an exponent is fine when the value
@@ -54,8 +56,8 @@ pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
 ///   `durationUntilReset` as seconds with an `s`, such as `"59s"` or `"58.500s"`,
 ///   `responseHeadersToAdd`; a field at its default value, 0 or empty, is left out), with
 ///   `200 OK`, or `429 Too Many Requests` when the overall code is `OVER_LIMIT`.
-/// - A body that is not such a request (not JSON, an unknown field, a wrong type, a number
-///   out of range or not whole), or a request the service refuses (an empty domain or no descriptors):
+/// - A body that is not such a request (not JSON, an unknown field, a field given twice, a
+///   wrong type, a number out of range or not whole), or a request the service refuses (an empty domain or no descriptors):
 ///   `400 Bad Request`, with a plain-text message naming the field
 ///   (`descriptors[0].entries[1].value: must be a string`). A body over
 ///   [`MAX_JSON_REQUEST_BYTES`]: `413`. Another method than `POST`: `405`.
@@ -482,6 +484,28 @@ fn unknown(field: &str, message: &str) -> String {
     format!("{field}: unknown field of {message}")
 }
 
+/// The fields of one object met so far, each as `(its JSON name, the name it was given by)`.
+#[derive(Default)]
+struct Seen<'n>(Vec<(&'static str, &'n str)>);
+
+impl<'n> Seen<'n> {
+    /// Refuses the field `json_name`, given as `name` at `field`, if the object gave it before,
+    /// under either of its names (protojson refuses a duplicate field, and takes the JSON name
+    /// and the proto name for one field).
+    fn once(&mut self, json_name: &'static str, name: &'n str, field: &str) -> Result<(), String> {
+        match self.0.iter().find(|(j, _)| *j == json_name) {
+            Some((_, before)) if *before == name => Err(format!("{field}: given twice")),
+            Some((_, before)) => Err(format!(
+                "{field}: given twice, as '{before}' and as '{name}' (one field's two names)"
+            )),
+            None => {
+                self.0.push((json_name, name));
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A `RateLimitRequest` from its proto3 JSON mapping; the error names the field.
 pub(super) fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
     let root: &RawValue =
@@ -489,12 +513,15 @@ pub(super) fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
     let map = object(root, "the body", "a RateLimitRequest")?
         .ok_or("the body must be a RateLimitRequest (a JSON object), not null")?;
     let mut request = RateLimitRequest::default();
+    let mut seen = Seen::default();
     for (name, v) in &map.0 {
         match name.as_str() {
             "domain" => {
+                seen.once("domain", name, name)?;
                 request.domain = string(v, "domain")?;
             }
             "descriptors" => {
+                seen.once("descriptors", name, name)?;
                 for (i, d) in list(v, "descriptors")?.into_iter().enumerate() {
                     request
                         .descriptors
@@ -502,6 +529,7 @@ pub(super) fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
                 }
             }
             "hitsAddend" | "hits_addend" => {
+                seen.once("hitsAddend", name, name)?;
                 request.hits_addend = unsigned(v, name, u64::from(u32::MAX))? as u32;
             }
             other => return Err(unknown(other, "RateLimitRequest")),
@@ -515,10 +543,12 @@ fn parse_descriptor(v: &RawValue, path: &str) -> Result<RateLimitDescriptor, Str
     let Some(map) = object(v, path, "a descriptor")? else {
         return Ok(descriptor);
     };
+    let mut seen = Seen::default();
     for (name, v) in &map.0 {
         let field = join(path, name);
         match name.as_str() {
             "entries" => {
+                seen.once("entries", name, &field)?;
                 for (i, e) in list(v, &field)?.into_iter().enumerate() {
                     descriptor
                         .entries
@@ -526,12 +556,14 @@ fn parse_descriptor(v: &RawValue, path: &str) -> Result<RateLimitDescriptor, Str
                 }
             }
             "limit" => {
+                seen.once("limit", name, &field)?;
                 descriptor.limit = match object(v, &field, "a limit override")? {
                     None => None,
                     Some(map) => Some(parse_override(&map, &field)?),
                 };
             }
             "hitsAddend" | "hits_addend" => {
+                seen.once("hitsAddend", name, &field)?;
                 descriptor.hits_addend = match kind(v) {
                     Kind::Null => None,
                     _ => Some(UInt64Value {
@@ -550,13 +582,16 @@ fn parse_entry(v: &RawValue, path: &str) -> Result<Entry, String> {
     let Some(map) = object(v, path, "an entry")? else {
         return Ok(entry);
     };
+    let mut seen = Seen::default();
     for (name, v) in &map.0 {
         let field = join(path, name);
         match name.as_str() {
             "key" => {
+                seen.once("key", name, &field)?;
                 entry.key = string(v, &field)?;
             }
             "value" => {
+                seen.once("value", name, &field)?;
                 entry.value = string(v, &field)?;
             }
             other => return Err(unknown(&join(path, other), "an entry")),
@@ -567,13 +602,16 @@ fn parse_entry(v: &RawValue, path: &str) -> Result<Entry, String> {
 
 fn parse_override(map: &Members<'_>, path: &str) -> Result<RateLimitOverride, String> {
     let mut limit = RateLimitOverride::default();
+    let mut seen = Seen::default();
     for (name, v) in &map.0 {
         let field = join(path, name);
         match name.as_str() {
             "requestsPerUnit" | "requests_per_unit" => {
+                seen.once("requestsPerUnit", name, &field)?;
                 limit.requests_per_unit = unsigned(v, &field, u64::from(u32::MAX))? as u32;
             }
             "unit" => {
+                seen.once("unit", name, &field)?;
                 limit.unit = unit(v, &field)?;
             }
             other => return Err(unknown(&join(path, other), "a limit override")),
