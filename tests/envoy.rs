@@ -1890,6 +1890,36 @@ fn the_json_endpoint_reads_whole_numbers_exactly_as_protojson_does() {
     }
 }
 
+/// An enum given by number is read as protojson reads an integer, exactly: `2.0` and `3e0` are
+/// MINUTE and HOUR; a number in a string is not an enum's name, and a fraction is refused.
+#[test]
+fn the_json_endpoint_reads_a_unit_number_written_with_a_fraction_or_exponent() {
+    let (service, _clock) = json_service();
+    for (n, expected) in [("2.0", "MINUTE"), ("3e0", "HOUR"), ("30e-1", "HOUR")] {
+        let body = big_request(&format!(
+            r#", "limit": {{"requestsPerUnit": 5, "unit": {n}}}"#
+        ));
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 200, "{body}: {answer}");
+        assert_eq!(
+            json(&answer)["statuses"][0]["currentLimit"]["unit"],
+            expected,
+            "{body}: {answer}"
+        );
+    }
+    for n in ["2.5", r#""2""#, "2147483648"] {
+        let body = big_request(&format!(
+            r#", "limit": {{"requestsPerUnit": 5, "unit": {n}}}"#
+        ));
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(
+            answer.contains("descriptors[0].limit.unit"),
+            "{body}: {answer}"
+        );
+    }
+}
+
 /// A field given twice in one object is refused, as protojson refuses a duplicate field, rather
 /// than the last one counting; `null` included. The message names the field.
 #[test]

@@ -48,6 +48,8 @@ pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
 ///     the digits before the point past 20 (`0.000000000000000000001e21`, though that is 1).
 ///     protojson reads only the number at the start of a string and ignores what follows a
 ///     space or a comma (`"1 2"` is 1 there); here such a string is refused.
+///   - An enum (`unit`) takes its name, or its number as a JSON number read the same way
+///     (`2.0` is `MINUTE`), not as a string.
 ///
 ///   It is decided as a gRPC `ShouldRateLimit` is
 ///   ([`RlsService::decide`]), and the answer is the `RateLimitResponse` in the same mapping,
@@ -460,10 +462,8 @@ fn unit(v: &RawValue, field: &str) -> Result<i32, String> {
                     )
                 })
         }
-        Kind::Number => v
-            .get()
-            .parse::<i64>()
-            .ok()
+        // A number as `integer` reads it (protojson takes `2.0` for 2 here too).
+        Kind::Number => integer(v.get())
             .and_then(|n| i32::try_from(n).ok())
             .ok_or_else(|| format!("{field}: must be a unit's name or number")),
         _ => Err(format!("{field}: must be a unit's name or number")),
