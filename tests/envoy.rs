@@ -1920,6 +1920,27 @@ fn the_json_endpoint_reads_a_unit_number_written_with_a_fraction_or_exponent() {
     }
 }
 
+/// `null` in a list of messages is refused, as protojson refuses it (a `null` field is its
+/// default, but a list's element must be the message).
+#[test]
+fn the_json_endpoint_refuses_null_in_a_list_of_descriptors_or_entries() {
+    let (service, _clock) = json_service();
+    for (body, field) in [
+        (
+            r#"{"domain": "d", "descriptors": [null]}"#.to_owned(),
+            "descriptors[0]",
+        ),
+        (
+            r#"{"domain": "d", "descriptors": [{"entries": [{"key": "big", "value": "x"}, null]}]}"#.to_owned(),
+            "descriptors[0].entries[1]",
+        ),
+    ] {
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(field), "{body}: {answer}");
+    }
+}
+
 /// A field given twice in one object is refused, as protojson refuses a duplicate field, rather
 /// than the last one counting; `null` included. The message names the field.
 #[test]

@@ -39,6 +39,8 @@ pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
 ///   Go's protojson (envoyproxy/ratelimit's reader) reads it:
 ///   - A field given twice in one object is refused, under one name twice or under both
 ///     (`hitsAddend` and `hits_addend`), `null` included.
+///   - `null` as a field's value is its default, but not as an element of `descriptors` or
+///     `entries`: refused there.
 ///   - A number field (`hitsAddend`, `requestsPerUnit`) takes a JSON number or a string holding
 ///     one, and nothing else: no `+`, no leading zero, no whitespace inside the quotes. Its
 ///     value is worked out exactly, in decimal: a fraction or an exponent is fine when the value
@@ -540,8 +542,11 @@ pub(super) fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
 
 fn parse_descriptor(v: &RawValue, path: &str) -> Result<RateLimitDescriptor, String> {
     let mut descriptor = RateLimitDescriptor::default();
+    // A list's element: `null` is not a descriptor (protojson refuses it).
     let Some(map) = object(v, path, "a descriptor")? else {
-        return Ok(descriptor);
+        return Err(format!(
+            "{path}: must be a descriptor (a JSON object), not null"
+        ));
     };
     let mut seen = Seen::default();
     for (name, v) in &map.0 {
@@ -579,8 +584,11 @@ fn parse_descriptor(v: &RawValue, path: &str) -> Result<RateLimitDescriptor, Str
 
 fn parse_entry(v: &RawValue, path: &str) -> Result<Entry, String> {
     let mut entry = Entry::default();
+    // A list's element: `null` is not an entry (protojson refuses it).
     let Some(map) = object(v, path, "an entry")? else {
-        return Ok(entry);
+        return Err(format!(
+            "{path}: must be an entry (a JSON object), not null"
+        ));
     };
     let mut seen = Seen::default();
     for (name, v) in &map.0 {
