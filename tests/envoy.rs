@@ -1778,6 +1778,243 @@ fn the_json_endpoint_refuses_a_64_bit_number_past_the_range_written_as_a_float()
     }
 }
 
+/// The request `{"domain": "d", "descriptors": [<descriptor>]}` with one descriptor on the big
+/// limit (100 a minute) whose other fields are `fields`.
+fn big_request(fields: &str) -> String {
+    format!(
+        r#"{{"domain": "d", "descriptors": [{{"entries": [{{"key": "big", "value": "x"}}]{fields}}}]}}"#
+    )
+}
+
+/// A number written as a string must be the number alone, as protojson reads it: no `+`, no
+/// whitespace around it inside the quotes. The message names the field.
+#[test]
+fn the_json_endpoint_refuses_numeric_strings_with_a_sign_or_whitespace() {
+    let (service, _clock) = json_service();
+    for n in [
+        r#""+1""#, r#"" 1""#, r#""1 ""#, r#""\t1""#, r#""1\n""#, r#""+0""#,
+    ] {
+        for (body, field) in [
+            (
+                format!(r#"{{"domain": "d", "hitsAddend": {n}, "descriptors": [{{}}]}}"#),
+                "hitsAddend",
+            ),
+            (
+                big_request(&format!(r#", "hitsAddend": {n}"#)),
+                "descriptors[0].hitsAddend",
+            ),
+            (
+                big_request(&format!(
+                    r#", "limit": {{"requestsPerUnit": {n}, "unit": "HOUR"}}"#
+                )),
+                "descriptors[0].limit.requestsPerUnit",
+            ),
+        ] {
+            let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+            assert_eq!(status, 400, "{body}: {answer}");
+            assert!(answer.contains(field), "{body}: {answer}");
+        }
+    }
+}
+
+/// A 64-bit or 32-bit number, as a JSON number or a string of one, is read as protojson reads
+/// it: exactly, in decimal, a fraction or exponent allowed if the value is whole (`1e2`, `"1.0"`,
+/// `"-0"`, u64::MAX written with `.0`), refused when it is not (`1.00000000000000000001`, which
+/// a float would round to 1) or when the exponent takes it past 20 digits.
+#[test]
+fn the_json_endpoint_reads_whole_numbers_exactly_as_protojson_does() {
+    let (service, _clock) = json_service();
+    // requestsPerUnit (uint32) comes back in the status's current limit.
+    for (n, expected) in [
+        (r#""1e2""#, 100),
+        ("1e2", 100),
+        (r#""1.0""#, 1),
+        (r#""100e-2""#, 1),
+        (r#""0.5e1""#, 5),
+        (r#""2.50E+1""#, 25),
+        ("4294967295.0", u32::MAX),
+        (r#""4294967295""#, u32::MAX),
+    ] {
+        let body = big_request(&format!(
+            r#", "limit": {{"requestsPerUnit": {n}, "unit": "HOUR"}}"#
+        ));
+        // 429 once an override's counter is spent: "1.0" and "100e-2" share one.
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert!(matches!(status, 200 | 429), "{body}: {answer}");
+        assert_eq!(
+            json(&answer)["statuses"][0]["currentLimit"]["requestsPerUnit"],
+            expected,
+            "{body}: {answer}"
+        );
+    }
+    // hitsAddend (uint64): 0 only checks, so the remaining count stays at the limit.
+    for n in [r#""-0""#, "-0", r#""-0.0""#, r#""0e5""#] {
+        let body = big_request(&format!(r#", "hitsAddend": {n}"#));
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 200, "{body}: {answer}");
+        assert_eq!(
+            json(&answer)["statuses"][0]["limitRemaining"],
+            100,
+            "{body}"
+        );
+    }
+    // u64::MAX is read (and is over the limit), however it is written.
+    for n in [
+        "18446744073709551615.0",
+        r#""18446744073709551615.000""#,
+        "1844674407370955161.5e1",
+    ] {
+        let body = big_request(&format!(r#", "hitsAddend": {n}"#));
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 429, "{body}: {answer}");
+    }
+    for n in [
+        "1.00000000000000000001",
+        r#""1.00000000000000000001""#,
+        "1e-1",
+        r#""1.5""#,
+        "0.00000000000000000000000001e26",
+        r#""01""#,
+        r#""0x10""#,
+        r#""1e""#,
+        r#""""#,
+        r#""1 2""#,
+    ] {
+        let body = big_request(&format!(r#", "hitsAddend": {n}"#));
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(
+            answer.contains("descriptors[0].hitsAddend"),
+            "{body}: {answer}"
+        );
+    }
+}
+
+/// An enum given by number is read as protojson reads an integer, exactly: `2.0` and `3e0` are
+/// MINUTE and HOUR; a number in a string is not an enum's name, and a fraction is refused.
+#[test]
+fn the_json_endpoint_reads_a_unit_number_written_with_a_fraction_or_exponent() {
+    let (service, _clock) = json_service();
+    for (n, expected) in [("2.0", "MINUTE"), ("3e0", "HOUR"), ("30e-1", "HOUR")] {
+        let body = big_request(&format!(
+            r#", "limit": {{"requestsPerUnit": 5, "unit": {n}}}"#
+        ));
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 200, "{body}: {answer}");
+        assert_eq!(
+            json(&answer)["statuses"][0]["currentLimit"]["unit"],
+            expected,
+            "{body}: {answer}"
+        );
+    }
+    for n in ["2.5", r#""2""#, "2147483648"] {
+        let body = big_request(&format!(
+            r#", "limit": {{"requestsPerUnit": 5, "unit": {n}}}"#
+        ));
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(
+            answer.contains("descriptors[0].limit.unit"),
+            "{body}: {answer}"
+        );
+    }
+}
+
+/// `null` in a list of messages is refused, as protojson refuses it (a `null` field is its
+/// default, but a list's element must be the message).
+#[test]
+fn the_json_endpoint_refuses_null_in_a_list_of_descriptors_or_entries() {
+    let (service, _clock) = json_service();
+    for (body, field) in [
+        (
+            r#"{"domain": "d", "descriptors": [null]}"#.to_owned(),
+            "descriptors[0]",
+        ),
+        (
+            r#"{"domain": "d", "descriptors": [{"entries": [{"key": "big", "value": "x"}, null]}]}"#.to_owned(),
+            "descriptors[0].entries[1]",
+        ),
+    ] {
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(field), "{body}: {answer}");
+    }
+}
+
+/// A field given twice in one object is refused, as protojson refuses a duplicate field, rather
+/// than the last one counting; `null` included. The message names the field.
+#[test]
+fn the_json_endpoint_refuses_a_field_given_twice() {
+    let (service, _clock) = json_service();
+    for (body, field) in [
+        (
+            r#"{"domain": "d", "domain": "d", "descriptors": [{"entries": [{"key": "big", "value": "x"}]}]}"#.to_owned(),
+            "domain",
+        ),
+        (
+            r#"{"domain": "d", "hitsAddend": 1, "hitsAddend": 2, "descriptors": [{}]}"#.to_owned(),
+            "hitsAddend",
+        ),
+        (
+            r#"{"domain": "d", "descriptors": [], "descriptors": [{"entries": [{"key": "big", "value": "x"}]}]}"#.to_owned(),
+            "descriptors",
+        ),
+        (
+            big_request(r#", "hitsAddend": null, "hitsAddend": 5"#),
+            "descriptors[0].hitsAddend",
+        ),
+        (
+            big_request(r#", "entries": []"#),
+            "descriptors[0].entries",
+        ),
+        (
+            r#"{"domain": "d", "descriptors": [{"entries": [{"key": "big", "key": "small", "value": "x"}]}]}"#.to_owned(),
+            "descriptors[0].entries[0].key",
+        ),
+        (
+            big_request(r#", "limit": {"unit": "HOUR", "requestsPerUnit": 5, "unit": "MINUTE"}"#),
+            "descriptors[0].limit.unit",
+        ),
+        (
+            big_request(r#", "limit": null, "limit": {"requestsPerUnit": 5, "unit": "HOUR"}"#),
+            "descriptors[0].limit",
+        ),
+    ] {
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(field), "{body}: {answer}");
+        assert!(answer.contains("twice"), "{body}: {answer}");
+    }
+}
+
+/// A field's JSON name and its proto name in one object are one field given twice: refused, as
+/// protojson refuses them, rather than the later one counting.
+#[test]
+fn the_json_endpoint_refuses_both_names_of_one_field_in_one_object() {
+    let (service, _clock) = json_service();
+    for (body, field) in [
+        (
+            r#"{"domain": "d", "hitsAddend": 1, "hits_addend": 2, "descriptors": [{}]}"#.to_owned(),
+            "hits_addend",
+        ),
+        (
+            big_request(r#", "hits_addend": 2, "hitsAddend": 3"#),
+            "descriptors[0].hitsAddend",
+        ),
+        (
+            big_request(
+                r#", "limit": {"requestsPerUnit": 5, "requests_per_unit": 6, "unit": "HOUR"}"#,
+            ),
+            "descriptors[0].limit.requests_per_unit",
+        ),
+    ] {
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body.clone());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(field), "{body}: {answer}");
+        assert!(answer.contains("twice"), "{body}: {answer}");
+    }
+}
+
 fn json_scalar() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("null".to_owned()),
@@ -1787,6 +2024,9 @@ fn json_scalar() -> impl Strategy<Value = String> {
         any::<i64>().prop_map(|n| n.to_string()),
         any::<u32>().prop_map(|n| format!("\"{n}\"")),
         any::<f64>().prop_map(|n| n.to_string()),
+        // Numbers as protojson reads them, and near misses: signs, exponents, whitespace.
+        "-?[0-9]{1,3}(\\.[0-9]{1,3})?([eE][+-]?[0-9]{1,3})?",
+        "\"[ +-]?[0-9]{1,3}(\\.[0-9]{0,3})?([eE][+-]?[0-9]{0,12})? ?\"",
         "\\PC{0,8}".prop_map(|s| serde_json::to_string(&s).unwrap()),
     ]
 }

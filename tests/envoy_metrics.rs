@@ -381,3 +381,36 @@ fn in_redis_a_descriptor_another_rejects_counts_from_its_untouched_count() {
     assert_eq!(of(&counts, "d.k"), [1, 0, 1, 1, 0]);
     assert_eq!(of(&counts, "d.tiny"), [1, 1, 0, 0, 0]);
 }
+
+/// A descriptor whose hits are given back because another descriptor of the request rejects is
+/// counted as it decided, within its limit, in Redis (where its call admitted, then gave back)
+/// as in memory (where its admission is refunded), and as Envoy counts it; the rejecting one
+/// counts over. Different costs make two calls in Redis, so the give-back path is the one taken.
+#[cfg(feature = "redis")]
+#[test]
+fn a_descriptor_given_back_counts_within_its_limit_in_redis_as_in_memory() {
+    let server = redis_server::RedisServer::start();
+    let (runtime, remote) = in_redis(&server);
+    let local = service();
+    let mut both = request(&[("k", "x"), ("tiny", "x")], 0);
+    both.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });
+    for rls in [Err(&local), Ok(&remote)] {
+        let decide = |r: &RateLimitRequest| match rls {
+            Err(local) => local.should_rate_limit(r).unwrap(),
+            Ok(remote) => runtime.block_on(remote.decide(r)).unwrap(),
+        };
+        // tiny at its limit (1 of 1), admitted: nothing for a deny cache to remember.
+        assert_eq!(
+            decide(&request(&[("tiny", "x")], 0)).overall_code(),
+            Code::Ok
+        );
+        let counts = counted(|| {
+            let r = decide(&both);
+            assert_eq!(r.overall_code(), Code::OverLimit);
+            // k's 3 hits were given back: 10 left.
+            assert_eq!(r.statuses[0].limit_remaining, 10, "{rls:?}");
+        });
+        assert_eq!(of(&counts, "d.k"), [3, 0, 0, 3, 0], "{rls:?}");
+        assert_eq!(of(&counts, "d.tiny"), [1, 1, 0, 0, 0], "{rls:?}");
+    }
+}

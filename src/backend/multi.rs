@@ -63,7 +63,12 @@ impl Held {
     /// failed or missed the deadline (the charge stays), and for another algorithm or a
     /// chain (only fixed windows are given back). A window that has ended meanwhile is left
     /// alone and answers `false` as well: its count is gone with it. Counts nothing in
-    /// [`stats`](RedisLimiter::stats): each member counted the admission it made.
+    /// [`stats`](RedisLimiter::stats): each member counted the admission its call made, and
+    /// keeps it counted as admitted, as a refunded admission stays counted in memory
+    /// ([`Refundable::refund`](crate::Refundable::refund), which the in-memory Envoy service
+    /// gives a descriptor's hits back with). A member's stats count what its own call decided;
+    /// the request's rejection is another call's (and the Envoy metrics count a descriptor
+    /// given back within its limit too, as Envoy counts it).
     ///
     /// # Cancel safety
     ///
@@ -766,7 +771,12 @@ mod tests {
             .arg(&["w", "0"])
             .query(&mut raw)
             .unwrap();
+        let counts = |l: &RedisLimiter| (l.stats().admitted, l.stats().rejected);
+        assert_eq!(counts(&a), (2, 0));
         assert_eq!(held.give_back(&members).await, [true, true, false, false]);
+        // Counted as admitted still, as a refunded admission in memory is
+        // (`Refundable::refund`): the give-back counts nothing.
+        assert_eq!((counts(&a), counts(&b)), ((2, 0), (1, 0)));
         let remaining = |answer: Result<Admission, TryAcquireError>| answer.map(|a| a.remaining());
         assert_eq!(
             remaining(a.try_acquire(b"x").await),

@@ -10,6 +10,8 @@ use super::service::{RlsService, UnixClock};
 use crate::Clock;
 use bytes::Buf;
 use http::{header, Method, StatusCode};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::convert::Infallible;
 use std::future::Future;
@@ -33,16 +35,33 @@ pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
 /// - `POST /json`: the body is a `RateLimitRequest` in the proto3 JSON mapping (`domain`,
 ///   `descriptors[].entries[].key` and `.value`, `descriptors[].limit.requestsPerUnit` and
 ///   `.unit`, `descriptors[].hitsAddend`, `hitsAddend`; the proto field names, such as
-///   `hits_addend`, are accepted too, numbers may be strings, enums names or numbers, `null` is
-///   the default). It is decided as a gRPC `ShouldRateLimit` is
+///   `hits_addend`, are accepted too, enums names or numbers, `null` is the default), read as
+///   Go's protojson (envoyproxy/ratelimit's reader) reads it:
+///   - A field given twice in one object is refused, under one name twice or under both
+///     (`hitsAddend` and `hits_addend`), `null` included.
+///   - `null` as a field's value is its default, but not as an element of `descriptors` or
+///     `entries`: refused there.
+///   - A number field (`hitsAddend`, `requestsPerUnit`) takes a JSON number or a string holding
+///     one, and nothing else: no `+`, no leading zero, no whitespace inside the quotes. Its
+///     value is worked out exactly, in decimal: a fraction or an exponent is fine when the value
+///     is whole and in range (`1e2` and `"100.0"` are 100, `"-0"` is 0,
+///     `18446744073709551615.0` is `u64::MAX`), and refused otherwise (`1.5`, `1e-1`,
+///     `1.00000000000000000001`, which a float would round to 1), as is an exponent that takes
+///     the digits before the point past 20 (`0.000000000000000000001e21`, though that is 1).
+///     protojson reads only the number at the start of a string and ignores what follows a
+///     space or a comma (`"1 2"` is 1 there); here such a string is refused.
+///   - An enum (`unit`) takes its name, or its number as a JSON number read the same way
+///     (`2.0` is `MINUTE`), not as a string.
+///
+///   It is decided as a gRPC `ShouldRateLimit` is
 ///   ([`RlsService::decide`]), and the answer is the `RateLimitResponse` in the same mapping,
 ///   as protojson writes it (`overallCode`, `statuses[].code` by name,
 ///   `statuses[].currentLimit.requestsPerUnit` and `.unit`, `limitRemaining`,
 ///   `durationUntilReset` as seconds with an `s`, such as `"59s"` or `"58.500s"`,
 ///   `responseHeadersToAdd`; a field at its default value, 0 or empty, is left out), with
 ///   `200 OK`, or `429 Too Many Requests` when the overall code is `OVER_LIMIT`.
-/// - A body that is not such a request (not JSON, an unknown field, a wrong type, a number
-///   out of range), or a request the service refuses (an empty domain or no descriptors):
+/// - A body that is not such a request (not JSON, an unknown field, a field given twice, a
+///   wrong type, a number out of range or not whole), or a request the service refuses (an empty domain or no descriptors):
 ///   `400 Bad Request`, with a plain-text message naming the field
 ///   (`descriptors[0].entries[1].value: must be a string`). A body over
 ///   [`MAX_JSON_REQUEST_BYTES`]: `413`. Another method than `POST`: `405`.
@@ -256,70 +275,197 @@ fn join(parent: &str, field: &str) -> String {
     }
 }
 
-fn object<'v>(
-    v: &'v Value,
-    field: &str,
-    what: &str,
-) -> Result<Option<&'v Map<String, Value>>, String> {
-    match v {
-        Value::Null => Ok(None),
-        Value::Object(map) => Ok(Some(map)),
+/// A JSON object's members in the order sent, a name given twice kept twice (serde_json's
+/// `Map` would keep the last one, where protojson refuses the request), each value as its text.
+struct Members<'b>(Vec<(String, &'b RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Object)
+    }
+}
+
+/// What a JSON value is, by its first character (serde_json gives a value's text without the
+/// whitespace around it, and only valid JSON).
+#[derive(PartialEq)]
+enum Kind {
+    Null,
+    Object,
+    List,
+    Text,
+    Number,
+    Bool,
+}
+
+fn kind(v: &RawValue) -> Kind {
+    match v.get().as_bytes().first() {
+        Some(b'n') => Kind::Null,
+        Some(b'{') => Kind::Object,
+        Some(b'[') => Kind::List,
+        Some(b'"') => Kind::Text,
+        Some(b't' | b'f') => Kind::Bool,
+        _ => Kind::Number,
+    }
+}
+
+/// `v`'s text read as a `T` (of the kind already checked).
+fn read<'b, T: Deserialize<'b>>(v: &'b RawValue, field: &str) -> Result<T, String> {
+    serde_json::from_str(v.get()).map_err(|e| format!("{field}: {e}"))
+}
+
+fn object<'b>(v: &'b RawValue, field: &str, what: &str) -> Result<Option<Members<'b>>, String> {
+    match kind(v) {
+        Kind::Null => Ok(None),
+        Kind::Object => read(v, field).map(Some),
         _ => Err(format!("{field}: must be {what} (a JSON object)")),
     }
 }
 
-fn list<'v>(v: &'v Value, field: &str) -> Result<&'v [Value], String> {
-    match v {
-        Value::Null => Ok(&[]),
-        Value::Array(items) => Ok(items),
+fn list<'b>(v: &'b RawValue, field: &str) -> Result<Vec<&'b RawValue>, String> {
+    match kind(v) {
+        Kind::Null => Ok(Vec::new()),
+        Kind::List => read(v, field),
         _ => Err(format!("{field}: must be a list")),
     }
 }
 
-fn string(v: &Value, field: &str) -> Result<String, String> {
-    match v {
-        Value::Null => Ok(String::new()),
-        Value::String(s) => Ok(s.clone()),
+fn string(v: &RawValue, field: &str) -> Result<String, String> {
+    match kind(v) {
+        Kind::Null => Ok(String::new()),
+        Kind::Text => read(v, field),
         _ => Err(format!("{field}: must be a string")),
     }
 }
 
-/// An unsigned integer up to `max`: a JSON number (whole) or a string of one, as proto3 JSON
-/// writes 64-bit integers.
-fn unsigned(v: &Value, field: &str, max: u64) -> Result<u64, String> {
-    let out_of_range = || format!("{field}: must be a whole number from 0 to {max}");
-    let n = match v {
-        Value::Null => return Ok(0),
-        Value::Number(n) => match (n.as_u64(), n.as_f64()) {
-            (Some(n), _) => n,
-            // 1e3, 5.0: whole numbers written as floats are accepted by protojson. Below 2^64
-            // (`u64::MAX as f64`, rounded up) so that the cast is exact; `max` is checked below.
-            (None, Some(f)) if f.fract() == 0.0 && (0.0..u64::MAX as f64).contains(&f) => f as u64,
-            _ => return Err(out_of_range()),
-        },
-        Value::String(s) => s.trim().parse::<u64>().map_err(|_| out_of_range())?,
-        _ => return Err(out_of_range()),
+/// The whole number `text` stands for, if it is one, as protojson reads a JSON number into an
+/// integer field: `text` must be a JSON number exactly (`-`, no `+`, no leading zero, no
+/// whitespace), worked out in decimal, not through a float: a fraction and an exponent are
+/// allowed when the value is whole (`1.0`, `1e2`, `15e-1` is not, `-0` is 0), and an exponent
+/// that takes the digits before the point past 20 is refused even when the value would fit.
+/// `None` for anything else, and for a magnitude of 2^64 or more.
+fn integer(text: &str) -> Option<i128> {
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
     };
-    if n > max {
-        return Err(out_of_range());
+    let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+    // The digits before the point: `0`, or a first digit other than 0 and any after it.
+    let whole_len = digits(rest);
+    if whole_len == 0 || (whole_len > 1 && rest.starts_with('0')) {
+        return None;
     }
-    Ok(n)
+    let (whole, rest) = rest.split_at(whole_len);
+    let whole = whole.trim_start_matches('0'); // a lone 0 counts no digit, as in protojson
+    let (fraction, rest) = match rest.strip_prefix('.') {
+        Some(after) => {
+            let n = digits(after);
+            if n == 0 {
+                return None;
+            }
+            (after[..n].trim_end_matches('0'), &after[n..])
+        }
+        None => ("", rest),
+    };
+    let exponent = match rest.strip_prefix(['e', 'E']) {
+        Some(after) => {
+            let unsigned = after.strip_prefix(['+', '-']).unwrap_or(after);
+            if unsigned.is_empty() || digits(unsigned) != unsigned.len() {
+                return None;
+            }
+            Some(after)
+        }
+        None if rest.is_empty() => None,
+        None => return None,
+    };
+    if whole.is_empty() && fraction.is_empty() {
+        return Some(0); // 0, -0.0, 0e99999999999: zero whatever the exponent
+    }
+    // protojson reads the exponent as a 32-bit integer.
+    let exponent: i64 = match exponent {
+        Some(e) => i32::try_from(e.parse::<i64>().ok()?).ok()?.into(),
+        None => 0,
+    };
+    let mut number = String::with_capacity(20);
+    if exponent >= 0 {
+        // The fraction's digits move before the point; zeros pad the rest.
+        if fraction.len() as i64 > exponent || whole.len() as i64 + exponent > 20 {
+            return None;
+        }
+        number.push_str(whole);
+        number.push_str(fraction);
+        number.extend(std::iter::repeat_n(
+            '0',
+            (exponent - fraction.len() as i64) as usize,
+        ));
+    } else {
+        // The last digits before the point move after it: they must be zeros.
+        let point = whole.len() as i64 + exponent;
+        if !fraction.is_empty() || point < 0 {
+            return None;
+        }
+        let (kept, moved) = whole.split_at(point as usize);
+        if moved.bytes().any(|b| b != b'0') {
+            return None;
+        }
+        number.push_str(kept);
+    }
+    let magnitude = i128::from(number.parse::<u64>().ok()?);
+    Some(if negative { -magnitude } else { magnitude })
 }
 
-fn unit(v: &Value, field: &str) -> Result<i32, String> {
-    match v {
-        Value::Null => Ok(Unit::Unknown as i32),
-        Value::String(name) => UNITS
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|&(_, u)| u as i32)
-            .ok_or_else(|| {
-                format!(
-                    "{field}: unknown unit '{name}': expected UNKNOWN, SECOND, MINUTE, HOUR, DAY, MONTH or YEAR"
-                )
-            }),
-        Value::Number(n) => n
-            .as_i64()
+/// A number field's value as its text: a JSON number's own, or a string's content.
+fn number_text(v: &RawValue, field: &str) -> Result<Option<String>, String> {
+    Ok(match kind(v) {
+        Kind::Number => Some(v.get().to_owned()),
+        Kind::Text => Some(read(v, field)?),
+        _ => None,
+    })
+}
+
+/// An unsigned integer up to `max`: a JSON number or a string of one, as proto3 JSON writes
+/// 64-bit integers, read as [`integer`] reads it.
+fn unsigned(v: &RawValue, field: &str, max: u64) -> Result<u64, String> {
+    if kind(v) == Kind::Null {
+        return Ok(0);
+    }
+    (number_text(v, field)?.as_deref())
+        .and_then(integer)
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|&n| n <= max)
+        .ok_or_else(|| format!("{field}: must be a whole number from 0 to {max}"))
+}
+
+fn unit(v: &RawValue, field: &str) -> Result<i32, String> {
+    match kind(v) {
+        Kind::Null => Ok(Unit::Unknown as i32),
+        Kind::Text => {
+            let name: String = read(v, field)?;
+            UNITS
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|&(_, u)| u as i32)
+                .ok_or_else(|| {
+                    format!(
+                        "{field}: unknown unit '{name}': expected UNKNOWN, SECOND, MINUTE, HOUR, DAY, MONTH or YEAR"
+                    )
+                })
+        }
+        // A number as `integer` reads it (protojson takes `2.0` for 2 here too).
+        Kind::Number => integer(v.get())
             .and_then(|n| i32::try_from(n).ok())
             .ok_or_else(|| format!("{field}: must be a unit's name or number")),
         _ => Err(format!("{field}: must be a unit's name or number")),
@@ -340,24 +486,52 @@ fn unknown(field: &str, message: &str) -> String {
     format!("{field}: unknown field of {message}")
 }
 
+/// The fields of one object met so far, each as `(its JSON name, the name it was given by)`.
+#[derive(Default)]
+struct Seen<'n>(Vec<(&'static str, &'n str)>);
+
+impl<'n> Seen<'n> {
+    /// Refuses the field `json_name`, given as `name` at `field`, if the object gave it before,
+    /// under either of its names (protojson refuses a duplicate field, and takes the JSON name
+    /// and the proto name for one field).
+    fn once(&mut self, json_name: &'static str, name: &'n str, field: &str) -> Result<(), String> {
+        match self.0.iter().find(|(j, _)| *j == json_name) {
+            Some((_, before)) if *before == name => Err(format!("{field}: given twice")),
+            Some((_, before)) => Err(format!(
+                "{field}: given twice, as '{before}' and as '{name}' (one field's two names)"
+            )),
+            None => {
+                self.0.push((json_name, name));
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A `RateLimitRequest` from its proto3 JSON mapping; the error names the field.
 pub(super) fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
-    let root: Value =
+    let root: &RawValue =
         serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
-    let map = object(&root, "the body", "a RateLimitRequest")?
+    let map = object(root, "the body", "a RateLimitRequest")?
         .ok_or("the body must be a RateLimitRequest (a JSON object), not null")?;
     let mut request = RateLimitRequest::default();
-    for (name, v) in map {
+    let mut seen = Seen::default();
+    for (name, v) in &map.0 {
         match name.as_str() {
-            "domain" => request.domain = string(v, "domain")?,
+            "domain" => {
+                seen.once("domain", name, name)?;
+                request.domain = string(v, "domain")?;
+            }
             "descriptors" => {
-                for (i, d) in list(v, "descriptors")?.iter().enumerate() {
+                seen.once("descriptors", name, name)?;
+                for (i, d) in list(v, "descriptors")?.into_iter().enumerate() {
                     request
                         .descriptors
                         .push(parse_descriptor(d, &format!("descriptors[{i}]"))?);
                 }
             }
             "hitsAddend" | "hits_addend" => {
+                seen.once("hitsAddend", name, name)?;
                 request.hits_addend = unsigned(v, name, u64::from(u32::MAX))? as u32;
             }
             other => return Err(unknown(other, "RateLimitRequest")),
@@ -366,31 +540,38 @@ pub(super) fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
     Ok(request)
 }
 
-fn parse_descriptor(v: &Value, path: &str) -> Result<RateLimitDescriptor, String> {
+fn parse_descriptor(v: &RawValue, path: &str) -> Result<RateLimitDescriptor, String> {
     let mut descriptor = RateLimitDescriptor::default();
+    // A list's element: `null` is not a descriptor (protojson refuses it).
     let Some(map) = object(v, path, "a descriptor")? else {
-        return Ok(descriptor);
+        return Err(format!(
+            "{path}: must be a descriptor (a JSON object), not null"
+        ));
     };
-    for (name, v) in map {
+    let mut seen = Seen::default();
+    for (name, v) in &map.0 {
         let field = join(path, name);
         match name.as_str() {
             "entries" => {
-                for (i, e) in list(v, &field)?.iter().enumerate() {
+                seen.once("entries", name, &field)?;
+                for (i, e) in list(v, &field)?.into_iter().enumerate() {
                     descriptor
                         .entries
                         .push(parse_entry(e, &format!("{field}[{i}]"))?);
                 }
             }
             "limit" => {
+                seen.once("limit", name, &field)?;
                 descriptor.limit = match object(v, &field, "a limit override")? {
                     None => None,
-                    Some(map) => Some(parse_override(map, &field)?),
+                    Some(map) => Some(parse_override(&map, &field)?),
                 };
             }
             "hitsAddend" | "hits_addend" => {
-                descriptor.hits_addend = match v {
-                    Value::Null => None,
-                    v => Some(UInt64Value {
+                seen.once("hitsAddend", name, &field)?;
+                descriptor.hits_addend = match kind(v) {
+                    Kind::Null => None,
+                    _ => Some(UInt64Value {
                         value: unsigned(v, &field, u64::MAX)?,
                     }),
                 };
@@ -401,31 +582,46 @@ fn parse_descriptor(v: &Value, path: &str) -> Result<RateLimitDescriptor, String
     Ok(descriptor)
 }
 
-fn parse_entry(v: &Value, path: &str) -> Result<Entry, String> {
+fn parse_entry(v: &RawValue, path: &str) -> Result<Entry, String> {
     let mut entry = Entry::default();
+    // A list's element: `null` is not an entry (protojson refuses it).
     let Some(map) = object(v, path, "an entry")? else {
-        return Ok(entry);
+        return Err(format!(
+            "{path}: must be an entry (a JSON object), not null"
+        ));
     };
-    for (name, v) in map {
+    let mut seen = Seen::default();
+    for (name, v) in &map.0 {
         let field = join(path, name);
         match name.as_str() {
-            "key" => entry.key = string(v, &field)?,
-            "value" => entry.value = string(v, &field)?,
+            "key" => {
+                seen.once("key", name, &field)?;
+                entry.key = string(v, &field)?;
+            }
+            "value" => {
+                seen.once("value", name, &field)?;
+                entry.value = string(v, &field)?;
+            }
             other => return Err(unknown(&join(path, other), "an entry")),
         }
     }
     Ok(entry)
 }
 
-fn parse_override(map: &Map<String, Value>, path: &str) -> Result<RateLimitOverride, String> {
+fn parse_override(map: &Members<'_>, path: &str) -> Result<RateLimitOverride, String> {
     let mut limit = RateLimitOverride::default();
-    for (name, v) in map {
+    let mut seen = Seen::default();
+    for (name, v) in &map.0 {
         let field = join(path, name);
         match name.as_str() {
             "requestsPerUnit" | "requests_per_unit" => {
+                seen.once("requestsPerUnit", name, &field)?;
                 limit.requests_per_unit = unsigned(v, &field, u64::from(u32::MAX))? as u32;
             }
-            "unit" => limit.unit = unit(v, &field)?,
+            "unit" => {
+                seen.once("unit", name, &field)?;
+                limit.unit = unit(v, &field)?;
+            }
             other => return Err(unknown(&join(path, other), "a limit override")),
         }
     }

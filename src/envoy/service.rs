@@ -188,7 +188,7 @@ impl Clock for UnixClock {
 /// or, on a descriptor with `detailed_metric: true`, the request's entries
 /// (`domain.key_value`, one series per value clients send: unbounded, as in Envoy). Each
 /// descriptor counts as it decided: within its limit on a request another descriptor rejects,
-/// its hits are given back and still counted within the limit. Unlimited limits and unmatched
+/// its hits are given back and still counted within the limit, in memory and in Redis alike. Unlimited limits and unmatched
 /// descriptors count nothing. In the global shadow mode, `turnstile_envoy_global_shadow_mode`
 /// (labelled by `domain` only) counts the requests whose answer it turned into `OK`. The counts
 /// go to the recorder installed at each decision.
