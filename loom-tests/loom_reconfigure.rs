@@ -31,7 +31,9 @@ use common::{model, model_capped};
 
 use loom::thread;
 use std::time::Duration;
-use turnstile::{Algorithm, Clock, KeyedLimiter, ManualClock, Rate, RateLimiter, TryAcquireError};
+use turnstile::{
+    Algorithm, Chain, Clock, KeyedLimiter, ManualClock, Rate, RateLimiter, TryAcquireError,
+};
 
 type Limiter = RateLimiter<ManualClock>;
 
@@ -242,6 +244,40 @@ fn receipt_refund_races_reconfigure() {
         // Free if the refund came first, taken still otherwise: one permit at most.
         let _ = l.try_acquire();
         assert!(l.try_acquire().is_err(), "two permits under a limit of 1");
+    });
+}
+
+/// A chain receipt's refund (`ChainRefundable::refund`) racing a reconfiguration of one member:
+/// the refund runs each member's own receipt refund in turn, so the reconfigured member either
+/// gets its permit back before the reconfiguration or nothing, while the other member, never
+/// reconfigured, always gets its permit back. Neither member ever admits a second permit under
+/// its limit of 1, and neither side blocks the other for good.
+#[test]
+fn chain_receipt_refund_races_reconfigure() {
+    model(|| {
+        let changed = limiter(fixed(1, 10));
+        let kept = limiter(fixed(1, 10));
+        let chain = Chain::new([changed.clone(), kept.clone()]).unwrap();
+        let taken = chain.try_acquire_refundable(1).unwrap();
+        let reconfigurer = {
+            let changed = changed.clone();
+            thread::spawn(move || changed.reconfigure(fixed(1, 10)).unwrap())
+        };
+        taken.refund();
+        reconfigurer.join().unwrap();
+        let _ = changed.try_acquire();
+        assert!(
+            changed.try_acquire().is_err(),
+            "two permits under a limit of 1"
+        );
+        assert!(
+            kept.try_acquire().is_ok(),
+            "the other member's refund was lost"
+        );
+        assert!(
+            kept.try_acquire().is_err(),
+            "two permits under a limit of 1"
+        );
     });
 }
 

@@ -24,6 +24,11 @@
 //! rejected, so nothing needs checking first or giving back. Every member's own `charge` runs,
 //! and a member that fails (closed, or a key cap under `KeyOverflow::Reject`) is reported after
 //! the others were charged; the protocol is the members' own, with nothing shared added.
+//!
+//! **Receipts** (`try_acquire_refundable` and its waiting counterparts, in `refund`): the same
+//! attempt, which also reads every member's parameters' version before it decides and keeps each
+//! member's admission, so that a later refund can give each member its permits back under that
+//! member's own receipt's rules ([`ChainRefundable`], `KeyedChainRefundable`).
 
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
@@ -37,6 +42,11 @@ use crate::watchers::{Watcher, Watchers};
 use std::fmt;
 #[cfg(feature = "keyed")]
 use std::hash::{BuildHasher, Hash};
+
+mod refund;
+pub use refund::ChainRefundable;
+#[cfg(feature = "keyed")]
+pub use refund::KeyedChainRefundable;
 
 /// What a member's commit returns beside its decision, for a refund of it: for a keyed member,
 /// whether the shared overflow cell decided (the refund goes there), and the limiter's reset
@@ -61,6 +71,20 @@ trait Member<Q: ?Sized> {
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, Committed);
     fn refund(&self, key: &Q, n: u32, admission: &Admission, committed: Committed);
+    /// The parameters' version now: read by a chain receipt before its attempt, so that each
+    /// member's commit is made under that version or a later one.
+    fn version(&self) -> u64;
+    /// [`refund`](Self::refund) for a receipt, which can come any time later: only if the
+    /// member's parameters are still those of `version` (the member's own receipt's rule:
+    /// `RateLimiter::receipt_refund`, `KeyedLimiter::receipt_refund`).
+    fn receipt_refund(
+        &self,
+        key: &Q,
+        n: u32,
+        admission: &Admission,
+        committed: Committed,
+        version: u64,
+    );
     /// Wakes whoever waits on this member for `key` (its queue's head), after a refund gave it
     /// permits back; run only once every refund of the call is done, since a `Waker` may panic.
     /// `except`: the waiting chain caller whose refund this is, not to be told of it.
@@ -90,6 +114,12 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     fn refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed) {
         self.chain_refund(n, admission);
     }
+    fn version(&self) -> u64 {
+        self.params_version()
+    }
+    fn receipt_refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed, version: u64) {
+        RateLimiter::receipt_refund(self, n, admission, version);
+    }
     fn wake(&self, _: &Q, except: Option<&Watcher>) {
         self.chain_wake(except);
     }
@@ -117,11 +147,25 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
 }
 
 /// Where a successful attempt writes, per member (indexed by member), its admission and the
-/// [`Committed`] its commit returned (which `give_back` needs).
+/// [`Committed`] its commit returned (which `give_back` needs), and where every attempt writes
+/// the members' parameters' versions, read before it decides anything (which a receipt's
+/// refund needs: `refund::Held`).
 #[derive(Default)]
 struct Slots<'a> {
     admissions: Option<&'a mut [Admission]>,
     flags: Option<&'a mut [Committed]>,
+    versions: Option<&'a mut [u64]>,
+}
+
+impl Slots<'_> {
+    /// The same slots, for one more attempt of a waiting call.
+    fn reborrow(&mut self) -> Slots<'_> {
+        Slots {
+            admissions: self.admissions.as_deref_mut(),
+            flags: self.flags.as_deref_mut(),
+            versions: self.versions.as_deref_mut(),
+        }
+    }
 }
 
 /// What [`KeyedChain::try_acquire_n_taken`] took from each member, to give back.
@@ -271,6 +315,14 @@ impl<L> Core<L> {
     where
         L: Member<Q>,
     {
+        // A receipt's versions, read before anything is decided, as a member's own receipt
+        // reads its version: each member's commit is then made under that version or a later
+        // one, so a version unchanged at the refund is the commit's own.
+        if let Some(versions) = slots.versions.as_deref_mut() {
+            for (version, member) in versions.iter_mut().zip(self.members.iter()) {
+                *version = member.version();
+            }
+        }
         // Pass 1: check every member, writing nothing. Each member refuses a request above its
         // own capacity (as it stands now: members can be reconfigured), so a request above the
         // smallest one fails here, whichever member sees it first.
@@ -456,6 +508,7 @@ impl<L> Core<L> {
             Slots {
                 admissions: Some(out.as_mut_slice()),
                 flags: None,
+                versions: None,
             },
         );
         if outcome.is_err() {
@@ -512,6 +565,7 @@ impl<L> Core<L> {
         &self,
         key: &Q,
         n: u32,
+        slots: Slots<'_>,
         counted: &mut bool,
         who: Option<&Watcher>,
     ) -> Result<Result<Admission, AcquireError>, (std::time::Duration, u64)>
@@ -519,7 +573,7 @@ impl<L> Core<L> {
         L: Member<Q>,
     {
         let mut refunded = 0;
-        let error = match self.attempt(key, n, Slots::default(), &mut refunded) {
+        let error = match self.attempt(key, n, slots, &mut refunded) {
             // Admitted: nothing was refunded.
             Ok(admission) => {
                 self.count(ADMITTED);
@@ -587,9 +641,15 @@ impl<L> Core<L> {
     }
 
     /// Retries until every member admits at once, sleeping on tokio's timer for the largest
-    /// `retry_after` in between.
+    /// `retry_after` in between. `slots` as for [`attempt`](Self::attempt): each attempt
+    /// writes them again, so they hold the admitting attempt's.
     #[cfg(feature = "tokio")]
-    async fn acquire<Q: ?Sized>(&self, key: &Q, n: u32) -> Result<Admission, AcquireError>
+    async fn acquire<Q: ?Sized>(
+        &self,
+        key: &Q,
+        n: u32,
+        mut slots: Slots<'_>,
+    ) -> Result<Admission, AcquireError>
     where
         L: Member<Q>,
     {
@@ -622,7 +682,7 @@ impl<L> Core<L> {
         let mut notify: Option<(std::sync::Arc<tokio::sync::Notify>, Watcher)> = None;
         loop {
             let who = notify.as_ref().map(|(_, who)| who);
-            match self.attempt_waiting(key, n, &mut finish.done, who) {
+            match self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, who) {
                 Ok(outcome) => return outcome,
                 Err((wait, own)) => {
                     let (notify, who) = notify.get_or_insert_with(|| {
@@ -651,6 +711,7 @@ impl<L> Core<L> {
         &self,
         key: &Q,
         n: u32,
+        mut slots: Slots<'_>,
         deadline: Option<std::time::Instant>,
     ) -> Result<Admission, AcquireError>
     where
@@ -667,7 +728,8 @@ impl<L> Core<L> {
             // below returns at once.
             let signalled = signal.as_ref().map_or(0, |(signal, _)| signal.epoch());
             let who = signal.as_ref().map(|(_, who)| who);
-            let (wait, own) = match self.attempt_waiting(key, n, &mut false, who) {
+            let (wait, own) = match self.attempt_waiting(key, n, slots.reborrow(), &mut false, who)
+            {
                 Ok(outcome) => return outcome,
                 Err(wait) => wait,
             };
@@ -1147,7 +1209,7 @@ impl<C: Clock> Chain<C> {
     /// ```
     #[cfg(feature = "tokio")]
     pub async fn acquire_n(&self, n: u32) -> Result<Admission, AcquireError> {
-        self.core.acquire(&(), n).await
+        self.core.acquire(&(), n, Slots::default()).await
     }
 
     /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is consumed.
@@ -1257,7 +1319,7 @@ impl<C: Clock> Chain<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acquire_blocking_n(&self, n: u32) -> Result<Admission, AcquireError> {
-        self.core.acquire_blocking(&(), n, None)
+        self.core.acquire_blocking(&(), n, Slots::default(), None)
     }
 
     /// [`acquire_blocking_n`](Self::acquire_blocking_n) with a time limit (real time); on
@@ -1286,7 +1348,8 @@ impl<C: Clock> Chain<C> {
         timeout: std::time::Duration,
     ) -> Result<Admission, AcquireError> {
         let deadline = std::time::Instant::now().checked_add(timeout);
-        self.core.acquire_blocking(&(), n, deadline)
+        self.core
+            .acquire_blocking(&(), n, Slots::default(), deadline)
     }
 
     /// The members, in the order given.
@@ -1374,6 +1437,27 @@ where
         match self {
             Link::PerKey(l) => l.chain_refund(key, n, admission, committed),
             Link::Global(l) => l.chain_refund(n, admission),
+        }
+    }
+    fn version(&self) -> u64 {
+        match self {
+            Link::PerKey(l) => l.params_version(),
+            Link::Global(l) => l.params_version(),
+        }
+    }
+    fn receipt_refund(
+        &self,
+        key: &K,
+        n: u32,
+        admission: &Admission,
+        committed: Committed,
+        version: u64,
+    ) {
+        match self {
+            Link::PerKey(l) => {
+                KeyedLimiter::receipt_refund(l, key, n, admission, committed, version);
+            }
+            Link::Global(l) => RateLimiter::receipt_refund(l, n, admission, version),
         }
     }
     fn wake(&self, key: &K, except: Option<&Watcher>) {
@@ -1801,6 +1885,7 @@ where
             Slots {
                 admissions: Some(&mut taken.admissions),
                 flags: Some(&mut taken.flags),
+                versions: None,
             },
         )?;
         Ok((admission, taken))
@@ -1889,7 +1974,7 @@ where
     /// ```
     #[cfg(feature = "tokio")]
     pub async fn acquire_n(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
-        self.core.acquire(key, n).await
+        self.core.acquire(key, n, Slots::default()).await
     }
 
     /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is consumed.
@@ -1988,7 +2073,7 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acquire_blocking_n(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
-        self.core.acquire_blocking(key, n, None)
+        self.core.acquire_blocking(key, n, Slots::default(), None)
     }
 
     /// [`acquire_blocking_n`](Self::acquire_blocking_n) with a time limit (real time); on
@@ -2020,7 +2105,8 @@ where
         timeout: std::time::Duration,
     ) -> Result<Admission, AcquireError> {
         let deadline = std::time::Instant::now().checked_add(timeout);
-        self.core.acquire_blocking(key, n, deadline)
+        self.core
+            .acquire_blocking(key, n, Slots::default(), deadline)
     }
 
     /// The per-key members, in the order added.

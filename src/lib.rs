@@ -100,9 +100,9 @@ pub use backend::{
 pub use bans::{
     BanList, BanListBuilder, BanListFull, BanStats, Banned, FailOutcome, BAN_RESOLUTION,
 };
-pub use chain::{Chain, ChainStats};
+pub use chain::{Chain, ChainRefundable, ChainStats};
 #[cfg(feature = "keyed")]
-pub use chain::{KeyedChain, KeyedChainBuilder};
+pub use chain::{KeyedChain, KeyedChainBuilder, KeyedChainRefundable};
 #[cfg(feature = "tokio")]
 pub use clock::TokioClock;
 /// The upkeep clock's protocol, for its loom model (`loom-tests/loom_upkeep.rs`) only.

@@ -20,6 +20,9 @@
 //! between the two makes the refund give nothing back, as does any `reset` of its keyed limiter
 //! (of any key).
 //!
+//! Chains have receipts of their own, which give every member its permits back under these rules:
+//! [`ChainRefundable`](crate::ChainRefundable) and `KeyedChainRefundable`.
+//!
 //! The receipt is the proof that the permits were taken: it is made only by an admission, is
 //! neither `Clone` nor `Copy`, and `refund` consumes it, so an admission is given back at most
 //! once, to the limiter that made it, for the permits it took. Dropping it keeps the permits

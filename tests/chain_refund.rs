@@ -1,0 +1,592 @@
+//! Receipts of chains (`src/chain/refund.rs`): `Chain::try_acquire_refundable` and
+//! `KeyedChain::try_acquire_refundable`, their waiting counterparts, and the receipts' `refund`,
+//! which gives every member its permits back under that member's own receipt's rules. Per
+//! algorithm: what comes back to each member; who is woken (chain callers, members' queues);
+//! timeouts that hold nothing; a reconfiguration (or reset) of one member, which voids that
+//! member's refund only. Time is a `ManualClock`, or tokio's paused clock for waiters.
+
+use std::time::Duration;
+use turnstile::{
+    AcquireError, Algorithm, Chain, KeyedChain, KeyedLimiter, ManualClock, Rate, RateLimiter,
+    TokioClock, TryAcquireError,
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn fixed(limit: u32) -> Algorithm {
+    Algorithm::FixedWindow {
+        limit,
+        window: 10 * SECOND,
+    }
+}
+
+fn counter(limit: u32) -> Algorithm {
+    Algorithm::SlidingCounter {
+        limit,
+        window: 10 * SECOND,
+    }
+}
+
+/// One token a second: a bucket refills within a second, far sooner than a window.
+fn bucket(burst: u32) -> Algorithm {
+    Algorithm::TokenBucket {
+        rate: Rate::new(1, SECOND),
+        burst,
+    }
+}
+
+fn sliding(limit: u32) -> Algorithm {
+    Algorithm::SlidingWindow {
+        limit,
+        window: 10 * SECOND,
+    }
+}
+
+/// Every algorithm at `limit`.
+fn every(limit: u32) -> [Algorithm; 4] {
+    [fixed(limit), counter(limit), bucket(limit), sliding(limit)]
+}
+
+/// The same algorithm at another limit.
+fn resized(algorithm: Algorithm, limit: u32) -> Algorithm {
+    match algorithm {
+        Algorithm::FixedWindow { .. } => fixed(limit),
+        Algorithm::SlidingCounter { .. } => counter(limit),
+        Algorithm::TokenBucket { .. } => bucket(limit),
+        _ => sliding(limit),
+    }
+}
+
+fn manual(algorithm: Algorithm, clock: &ManualClock) -> RateLimiter<ManualClock> {
+    RateLimiter::with_clock(algorithm, clock.clone()).unwrap()
+}
+
+fn on_tokio(algorithm: Algorithm) -> RateLimiter<TokioClock> {
+    RateLimiter::with_clock(algorithm, TokioClock::new()).unwrap()
+}
+
+fn keyed_on_tokio(algorithm: Algorithm) -> KeyedLimiter<&'static str, TokioClock> {
+    KeyedLimiter::with_clock(algorithm, TokioClock::new()).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// What comes back.
+
+/// Per algorithm, a chain of a smaller and a larger member: the refund gives both their
+/// permits back, and the next caller gets them.
+#[test]
+fn a_chain_refund_frees_the_permits_in_every_member() {
+    for algorithm in every(2) {
+        let clock = ManualClock::new();
+        let small = manual(algorithm, &clock);
+        let large = manual(resized(algorithm, 3), &clock);
+        let chain = Chain::new([small.clone(), large.clone()]).unwrap();
+        let taken = chain.try_acquire_refundable(2).unwrap();
+        assert_eq!(taken.permits(), 2);
+        assert_eq!(taken.admission().remaining(), 0, "{algorithm:?}");
+        assert!(chain.try_acquire().is_err(), "{algorithm:?}");
+        assert_eq!(large.stats().available, 1, "{algorithm:?}");
+        taken.refund();
+        assert_eq!(
+            (small.stats().available, large.stats().available),
+            (2, 3),
+            "{algorithm:?}"
+        );
+        let next = chain
+            .try_acquire_n(2)
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the refund freed nothing: {e:?}"));
+        assert_eq!(next.remaining(), 0, "{algorithm:?}");
+        assert_eq!(large.stats().available, 1, "{algorithm:?}");
+    }
+}
+
+/// Per algorithm, a keyed chain of two per-key members and a global one: the refund goes back
+/// to the key on both per-key members and to the global member, and the next caller gets it.
+#[test]
+fn a_keyed_chain_refund_frees_the_permits_in_every_member() {
+    for algorithm in every(2) {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::with_clock(algorithm, clock.clone()).unwrap();
+        let wider = KeyedLimiter::with_clock(resized(algorithm, 4), clock.clone()).unwrap();
+        let global = manual(resized(algorithm, 3), &clock);
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .per_key(wider.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        let taken = chain.try_acquire_refundable(&"a", 2).unwrap();
+        assert_eq!((*taken.key(), taken.permits()), ("a", 2));
+        chain.try_acquire(&"b").unwrap();
+        assert!(
+            chain.try_acquire(&"c").is_err(),
+            "{algorithm:?}: global spent"
+        );
+        taken.refund();
+        assert_eq!(per_key.available(&"a"), 2, "{algorithm:?}");
+        assert_eq!(wider.available(&"a"), 4, "{algorithm:?}");
+        assert_eq!(per_key.available(&"b"), 1, "{algorithm:?}: not b's");
+        assert_eq!(global.stats().available, 2, "{algorithm:?}");
+        chain
+            .try_acquire_n(&"a", 2)
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the refund freed nothing: {e:?}"));
+    }
+}
+
+/// A limiter listed twice was charged twice: both admissions come back.
+#[test]
+fn a_limiter_listed_twice_gets_both_admissions_back() {
+    for algorithm in every(4) {
+        let clock = ManualClock::new();
+        let twice = manual(algorithm, &clock);
+        let chain = Chain::new([twice.clone(), twice.clone()]).unwrap();
+        let taken = chain.try_acquire_refundable(2).unwrap();
+        assert_eq!(twice.stats().available, 0, "{algorithm:?}");
+        taken.refund();
+        assert_eq!(twice.stats().available, 4, "{algorithm:?}");
+    }
+}
+
+/// Receipt calls are counted as calls; refunds are counted nowhere; a probe's receipt gives
+/// nothing back; errors are `try_acquire_n`'s.
+#[test]
+fn chain_receipts_are_counted_as_calls_and_refunds_are_not() {
+    let clock = ManualClock::new();
+    let member = manual(fixed(2), &clock);
+    let chain = Chain::new([member.clone()]).unwrap();
+    let probe = chain.try_acquire_refundable(0).unwrap();
+    let taken = chain.try_acquire_refundable(2).unwrap();
+    probe.refund();
+    assert_eq!(member.stats().available, 0, "a probe gave something back");
+    assert!(matches!(
+        chain.try_acquire_refundable(1),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert!(matches!(
+        chain.try_acquire_refundable(3),
+        Err(TryAcquireError::InsufficientCapacity { .. })
+    ));
+    taken.refund();
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.refunded), (2, 2, 0));
+    assert_eq!(member.stats().admitted, 2);
+    assert_eq!(member.stats().available, 2);
+    member.close();
+    assert_eq!(
+        chain.try_acquire_refundable(1).unwrap_err(),
+        TryAcquireError::Closed
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Who is woken.
+
+/// Per algorithm: a chain caller waiting for the chain (its own waiting receipt call) is
+/// admitted as soon as another receipt is refunded, not when its retry-after comes; and its
+/// own receipt gives the permit back in turn.
+#[tokio::test(start_paused = true)]
+async fn a_chain_caller_is_admitted_when_a_receipt_is_refunded() {
+    for algorithm in every(1) {
+        let a = on_tokio(algorithm);
+        let b = on_tokio(resized(algorithm, 1));
+        let chain = Chain::new([a, b]).unwrap();
+        let taken = chain.try_acquire_refundable(1).unwrap();
+        let waiter = tokio::spawn({
+            let chain = chain.clone();
+            async move { chain.acquire_refundable(1).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "{algorithm:?}: the caller waits");
+        let start = tokio::time::Instant::now();
+        taken.refund();
+        let got = waiter.await.unwrap().unwrap();
+        assert!(
+            start.elapsed() < SECOND / 10,
+            "{algorithm:?}: the caller slept out its retry-after: {:?}",
+            start.elapsed()
+        );
+        assert!(chain.try_acquire().is_err(), "{algorithm:?}: it holds it");
+        got.refund();
+        chain
+            .try_acquire()
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the waiter's refund freed nothing: {e:?}"));
+    }
+}
+
+/// The same for a keyed chain, per key and global members both spent by the receipt.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_chain_caller_is_admitted_when_a_receipt_is_refunded() {
+    for algorithm in every(1) {
+        let chain = KeyedChain::builder()
+            .per_key(keyed_on_tokio(algorithm))
+            .global(on_tokio(algorithm))
+            .build()
+            .unwrap();
+        let taken = chain.try_acquire_refundable(&"k", 1).unwrap();
+        let waiter = tokio::spawn({
+            let chain = chain.clone();
+            async move { chain.acquire_refundable(&"k", 1).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "{algorithm:?}: the caller waits");
+        let start = tokio::time::Instant::now();
+        taken.refund();
+        let got = waiter.await.unwrap().unwrap();
+        assert!(
+            start.elapsed() < SECOND / 10,
+            "{algorithm:?}: the caller slept out its retry-after: {:?}",
+            start.elapsed()
+        );
+        assert_eq!(*got.key(), "k");
+        got.refund();
+        chain.try_acquire(&"k").unwrap();
+    }
+}
+
+/// Per algorithm: a refund wakes the head of every member's own queue (a key's queue on a
+/// per-key member), which the permits now admit, as a member's own receipt's refund does.
+#[tokio::test(start_paused = true)]
+async fn a_chain_refund_wakes_the_members_queues() {
+    for algorithm in every(1) {
+        let per_key = keyed_on_tokio(algorithm);
+        let global = on_tokio(resized(algorithm, 2));
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        // The receipt first: an exact sliding window's refund frees the oldest place.
+        let taken = chain.try_acquire_refundable(&"k", 1).unwrap();
+        global.try_acquire().unwrap();
+        let key_waiter = tokio::spawn({
+            let per_key = per_key.clone();
+            async move { per_key.acquire(&"k").await }
+        });
+        let global_waiter = tokio::spawn({
+            let global = global.clone();
+            async move { global.acquire().await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(per_key.stats().waiting, 1, "{algorithm:?}");
+        assert_eq!(global.stats().waiting, 1, "{algorithm:?}");
+        let start = tokio::time::Instant::now();
+        taken.refund();
+        key_waiter.await.unwrap().unwrap();
+        global_waiter.await.unwrap().unwrap();
+        assert!(
+            start.elapsed() < SECOND / 10,
+            "{algorithm:?}: a queue's head slept out its timer: {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+/// A thread blocked on the chain (whose clock never moves: only a refund can admit it) gets
+/// its receipt once another is refunded; the same on a keyed chain.
+#[test]
+fn a_blocked_chain_caller_is_admitted_when_a_receipt_is_refunded() {
+    for algorithm in every(1) {
+        let clock = ManualClock::new();
+        let chain = Chain::new([manual(algorithm, &clock), manual(algorithm, &clock)]).unwrap();
+        let taken = chain.try_acquire_refundable(1).unwrap();
+        let start = std::time::Instant::now();
+        let got = std::thread::scope(|s| {
+            let waiter = s.spawn(|| chain.acquire_blocking_refundable(1));
+            taken.refund();
+            waiter.join().unwrap()
+        })
+        .unwrap();
+        assert!(
+            start.elapsed() < 5 * SECOND,
+            "{algorithm:?}: slept out its retry-after"
+        );
+        assert!(chain.try_acquire().is_err(), "{algorithm:?}");
+        got.refund();
+        chain.try_acquire().unwrap();
+
+        let chain = KeyedChain::builder()
+            .per_key(KeyedLimiter::with_clock(algorithm, clock.clone()).unwrap())
+            .global(manual(algorithm, &clock))
+            .build()
+            .unwrap();
+        let taken = chain.try_acquire_refundable(&"k", 1).unwrap();
+        let start = std::time::Instant::now();
+        let got = std::thread::scope(|s| {
+            let waiter = s.spawn(|| chain.acquire_blocking_refundable(&"k", 1));
+            taken.refund();
+            waiter.join().unwrap()
+        })
+        .unwrap();
+        assert!(
+            start.elapsed() < 5 * SECOND,
+            "{algorithm:?}: slept out its retry-after"
+        );
+        assert!(chain.try_acquire(&"k").is_err(), "{algorithm:?}");
+        got.refund();
+        chain.try_acquire(&"k").unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timeouts hold nothing.
+
+/// A waiting receipt call that times out holds nothing in any member: the token the bucket
+/// accrued while it waited for two, and the fixed window's permits, are there for the next
+/// caller.
+#[tokio::test(start_paused = true)]
+async fn a_chain_wait_that_times_out_holds_nothing() {
+    let window = on_tokio(fixed(5));
+    let chain = Chain::new([on_tokio(bucket(2)), window.clone()]).unwrap();
+    chain.try_acquire_n(2).unwrap();
+    let late = chain.acquire_refundable_timeout(2, SECOND).await;
+    assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    assert_eq!(chain.stats().cancelled, 1);
+    assert_eq!(window.stats().available, 3);
+    chain.try_acquire().unwrap();
+
+    let per_key = keyed_on_tokio(bucket(2));
+    let global = on_tokio(fixed(5));
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .global(global.clone())
+        .build()
+        .unwrap();
+    chain.try_acquire_n(&"k", 2).unwrap();
+    let late = chain.acquire_refundable_timeout(&"k", 2, SECOND).await;
+    assert_eq!(late.unwrap_err(), AcquireError::Timeout);
+    assert_eq!(chain.stats().cancelled, 1);
+    assert_eq!(global.stats().available, 3);
+    chain.try_acquire(&"k").unwrap();
+}
+
+/// The blocking timeouts too, per algorithm.
+#[test]
+fn a_blocking_chain_wait_that_times_out_holds_nothing() {
+    for algorithm in every(1) {
+        let clock = ManualClock::new();
+        let wide = manual(resized(algorithm, 3), &clock);
+        let chain = Chain::new([manual(algorithm, &clock), wide.clone()]).unwrap();
+        chain.try_acquire().unwrap();
+        let late = chain.acquire_blocking_refundable_timeout(1, Duration::ZERO);
+        assert_eq!(late.unwrap_err(), AcquireError::Timeout, "{algorithm:?}");
+        assert_eq!(chain.stats().cancelled, 1);
+        assert_eq!(wide.stats().available, 2, "{algorithm:?}");
+
+        let wide = KeyedLimiter::with_clock(resized(algorithm, 3), clock.clone()).unwrap();
+        let global = manual(resized(algorithm, 3), &clock);
+        let chain = KeyedChain::builder()
+            .per_key(KeyedLimiter::with_clock(algorithm, clock.clone()).unwrap())
+            .per_key(wide.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        chain.try_acquire(&"k").unwrap();
+        let late = chain.acquire_blocking_refundable_timeout(&"k", 1, Duration::ZERO);
+        assert_eq!(late.unwrap_err(), AcquireError::Timeout, "{algorithm:?}");
+        assert_eq!(wide.available(&"k"), 2, "{algorithm:?}");
+        assert_eq!(global.stats().available, 2, "{algorithm:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reconfigurations and resets between the admission and the refund.
+
+/// Per algorithm: a reconfiguration of one member between the admission and the refund voids
+/// that member's refund (as for its own receipt), and the other member still gets its permits.
+#[test]
+fn a_reconfigured_member_gets_nothing_back_and_the_others_get_theirs() {
+    for (before, after) in [
+        (fixed(4), fixed(5)),
+        (counter(4), counter(5)),
+        (bucket(4), bucket(5)),
+        (sliding(4), sliding(5)),
+    ] {
+        let clock = ManualClock::new();
+        let changed = RateLimiter::builder(before)
+            .max_limit(8)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let kept = manual(before, &clock);
+        let chain = Chain::new([changed.clone(), kept.clone()]).unwrap();
+        let taken = chain.try_acquire_refundable(4).unwrap();
+        changed.reconfigure(after).unwrap();
+        let available = changed.stats().available;
+        taken.refund();
+        assert_eq!(changed.stats().available, available, "{before:?}");
+        assert_eq!(kept.stats().available, 4, "{before:?}");
+    }
+}
+
+/// The same on a keyed chain, either way round: a reconfigured per-key member, or global
+/// member, gets nothing back; so does a per-key member after a reset of any of its keys.
+#[test]
+fn a_keyed_chain_refund_skips_a_reconfigured_or_reset_member() {
+    for (before, after) in [
+        (fixed(4), fixed(5)),
+        (counter(4), counter(5)),
+        (bucket(4), bucket(5)),
+        (sliding(4), sliding(5)),
+    ] {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::builder(before)
+            .max_limit(8)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let global = RateLimiter::builder(before)
+            .max_limit(8)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+
+        let taken = chain.try_acquire_refundable(&"a", 2).unwrap();
+        per_key.reconfigure(after).unwrap();
+        let available = per_key.available(&"a");
+        taken.refund();
+        assert_eq!(per_key.available(&"a"), available, "{before:?}");
+        assert_eq!(global.stats().available, 4, "{before:?}");
+
+        let taken = chain.try_acquire_refundable(&"b", 2).unwrap();
+        global.reconfigure(after).unwrap();
+        let available = global.stats().available;
+        taken.refund();
+        assert_eq!(global.stats().available, available, "{before:?}");
+        assert_eq!(per_key.available(&"b"), 5, "{before:?}");
+
+        // A reset, on fresh members.
+        let per_key = KeyedLimiter::with_clock(before, clock.clone()).unwrap();
+        let global = manual(before, &clock);
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        let taken = chain.try_acquire_refundable(&"c", 1).unwrap();
+        per_key.reset(&"unrelated");
+        taken.refund();
+        assert_eq!(
+            per_key.available(&"c"),
+            3,
+            "{before:?}: refunded across a reset"
+        );
+        assert_eq!(global.stats().available, 4, "{before:?}");
+    }
+}
+
+/// A waiting receipt reads the versions at the attempt that admits it: a reconfiguration while
+/// it waited leaves its refund whole; one after its admission voids that member's only.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_chain_receipt_is_voided_only_by_a_reconfiguration_after_its_admission() {
+    let a = on_tokio(fixed(1));
+    let b = on_tokio(fixed(1));
+    let chain = Chain::new([a.clone(), b.clone()]).unwrap();
+    chain.try_acquire().unwrap();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire_refundable(1).await }
+    });
+    tokio::task::yield_now().await;
+    a.reconfigure(fixed(1)).unwrap();
+    let taken = waiter.await.unwrap().unwrap();
+    b.reconfigure(fixed(1)).unwrap();
+    taken.refund();
+    assert!(
+        a.try_acquire().is_ok(),
+        "a reconfiguration before the admission voided it"
+    );
+    assert!(
+        b.try_acquire().is_err(),
+        "refunded across a reconfiguration"
+    );
+
+    let per_key = keyed_on_tokio(fixed(1));
+    let global = on_tokio(fixed(1));
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .global(global.clone())
+        .build()
+        .unwrap();
+    chain.try_acquire(&"k").unwrap();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire_refundable(&"k", 1).await }
+    });
+    tokio::task::yield_now().await;
+    per_key.reconfigure(fixed(1)).unwrap();
+    per_key.reset(&"other");
+    let taken = waiter.await.unwrap().unwrap();
+    global.reconfigure(fixed(1)).unwrap();
+    taken.refund();
+    assert_eq!(
+        per_key.available(&"k"),
+        1,
+        "a reconfiguration or reset before the admission voided it"
+    );
+    assert!(
+        global.try_acquire().is_err(),
+        "refunded across a reconfiguration"
+    );
+}
+
+/// The exact sliding window's admission token keeps only 7 bits of the parameters' version,
+/// enough for a chain's own immediate refund, not for a receipt held across 128
+/// reconfigurations: the chain's receipt must compare the whole version, as a member's own
+/// receipt does. Here the window changes make a later lap's ticket, live, hold exactly the word
+/// the refund expects in the refunded ticket's slot; zeroing it would admit a second permit at
+/// one instant under a limit of 1. The other member, never reconfigured, gets its permit back.
+#[test]
+fn a_sliding_window_member_refunded_after_128_reconfigurations_gets_nothing() {
+    let window = |secs| Algorithm::SlidingWindow {
+        limit: 1,
+        window: secs * SECOND,
+    };
+    let hour = Algorithm::FixedWindow {
+        limit: 5,
+        window: 3600 * SECOND,
+    };
+    let clock = ManualClock::new();
+    let sliding = manual(window(10), &clock);
+    let other = manual(hour, &clock);
+    let chain = Chain::new([sliding.clone(), other.clone()]).unwrap();
+    let per_key = KeyedLimiter::with_clock(window(10), clock.clone()).unwrap();
+    let keyed = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .global(other.clone())
+        .build()
+        .unwrap();
+    let taken = chain.try_acquire_refundable(1).unwrap(); // ticket 0 at 0 s, expires at 10 s
+    let keyed_taken = keyed.try_acquire_refundable(&"k", 1).unwrap();
+    clock.advance(10 * SECOND);
+    sliding.try_acquire().unwrap(); // ticket 1 at 10 s, expires at 20 s
+    per_key.try_acquire(&"k").unwrap();
+    clock.advance(10 * SECOND);
+    sliding.reconfigure(window(5)).unwrap();
+    per_key.reconfigure(window(5)).unwrap();
+    sliding.try_acquire().unwrap(); // ticket 2 at 20 s, expires at 25 s: ticket 0's slot and parity
+    per_key.try_acquire(&"k").unwrap();
+    for _ in 0..126 {
+        sliding.reconfigure(window(5)).unwrap();
+        per_key.reconfigure(window(5)).unwrap();
+    }
+    // The 128th: a refund of ticket 0 now expects expiry 0 s + 25 s, ticket 2's.
+    sliding.reconfigure(window(25)).unwrap();
+    per_key.reconfigure(window(25)).unwrap();
+    assert_eq!(other.stats().available, 3);
+    taken.refund();
+    keyed_taken.refund();
+    assert!(
+        matches!(sliding.try_acquire(), Err(TryAcquireError::Rejected(_))),
+        "a second permit at 20 s under a limit of 1"
+    );
+    assert!(
+        matches!(per_key.try_acquire(&"k"), Err(TryAcquireError::Rejected(_))),
+        "a second permit for the key at 20 s under a limit of 1"
+    );
+    assert_eq!(other.stats().available, 5, "the other member's permits");
+}
