@@ -172,7 +172,9 @@ macro_rules! count_list_rejection {
 /// rule's permit already taken (it is not charged twice), and the layer answers it with the
 /// response settings of the configuration it is decided under. If it is not admitted then
 /// (another rule rejects it, a list answers it first), the rule's permit is given back, to the
-/// next request waiting for it: a rejected request is charged to no rule, as always. A request
+/// next request waiting for it: a rejected request is charged to no rule, as always (a permit
+/// given back because a later rule rejected its request, waiting or not, wakes the request at
+/// the head of its counter's queue at once). A request
 /// still waiting when its `max_wait` ends is rejected then. A reload while it waits applies to
 /// it, and ends its wait at once, since it may have raised the limit the request waits for:
 /// it is decided under the new rules, and if it waits again, it queues again, after the
@@ -1384,9 +1386,7 @@ fn decide<C: Clock>(
                 uncounted.push(index)
             }
             Err(error) => {
-                for (l, k, a, o) in charged.drain(..) {
-                    l.chain_refund(k, 1, &a, o);
-                }
+                give_back(charged.drain(..).map(|(l, k, a, o)| (*l, k, a, o)));
                 if let Some(receipt) = used.take().or(held.take()) {
                     receipt.refund();
                 }
@@ -1451,6 +1451,28 @@ fn decide<C: Clock>(
         outcome: Outcome::Admitted,
         quotas: quota_of.into_iter().flatten().collect(),
     })
+}
+
+/// Gives back the charges of the rules that admitted a request a later rule rejected, as
+/// [`KeyedChain`](crate::KeyedChain) does: each permit goes back to its key, and the head of
+/// the key's queue is woken, as a receipt's refund wakes it
+/// ([`KeyedRefundable::refund`](crate::KeyedRefundable::refund)). A request that queued for
+/// that key while this one held the permit (another thread's, rejected in between) is then
+/// admitted now, not when its own timer ends.
+fn give_back<'r, C: Clock>(
+    charged: impl Iterator<
+        Item = (
+            &'r crate::KeyedLimiter<CounterKey, C>,
+            &'r CounterKey,
+            crate::Admission,
+            crate::chain::Committed,
+        ),
+    >,
+) {
+    for (limiter, key, admission, committed) in charged {
+        limiter.chain_refund(key, 1, &admission, committed);
+        limiter.chain_wake(key, None);
+    }
 }
 
 /// A rule's limiter and the key it counts a request under.
@@ -2386,5 +2408,51 @@ mod tests {
         let bad = HttpConfig::from_toml_str("client_id_header = \"a b\"\n").unwrap();
         assert!(limiter.reload(bad).is_err());
         assert_eq!(settings(&limiter).response.status, 503);
+    }
+
+    /// A request one rule admits and a later one rejects has its charge of the first given
+    /// back (`give_back`): a request of the same client that queued for the first rule's key
+    /// meanwhile (on another thread; here by hand, between the charge and the refund that
+    /// `decide` makes in one call) is admitted at once, as the refund of a receipt wakes it.
+    /// It slept until its own timer, the permit free all along.
+    #[tokio::test(start_paused = true)]
+    async fn giving_back_a_charge_wakes_the_request_waiting_for_its_key() {
+        let toml = "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\n\
+                    max_wait = \"5s\"\n";
+        let limiter = Arc::new(
+            HttpLimiter::with_clock(
+                HttpConfig::from_toml_str(toml).unwrap(),
+                crate::TokioClock::new(),
+            )
+            .unwrap(),
+        );
+        let snapshot = limiter.config.load_full();
+        let rule = snapshot.rules.all_rules().next().unwrap();
+        let rule_limiter = rule.limiter.as_ref().unwrap();
+        let key = counter_key(rule, &from_ip("192.0.2.1")).unwrap();
+        // What `decide` does when the rule admits: the key's only permit is charged.
+        let (admission, committed) = match rule_limiter.chain_decide::<true>(&key, 1) {
+            (Ok(admission), committed) => (admission, committed),
+            (Err(error), _) => panic!("{error}"),
+        };
+        let start = tokio::time::Instant::now();
+        let waiter = {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let verdict = limiter.decide_async(&from_ip("192.0.2.1")).await;
+                (verdict, tokio::time::Instant::now())
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "the request waits for the rule");
+        // A later rule rejected the first request: the charge goes back.
+        give_back(std::iter::once((rule_limiter, &key, admission, committed)));
+        let (verdict, at) = waiter.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        assert_eq!(
+            at - start,
+            Duration::ZERO,
+            "admitted when the permit was given back, not when its timer ended"
+        );
     }
 }
