@@ -1366,7 +1366,12 @@ fn decide<C: Clock>(
             }
             None => (limiter.chain_decide::<true>(key, 1), false),
         };
-        let overflow = committed.overflow;
+        // The queue's admission may have been the shared overflow cell's (the key was taken
+        // out of the limiter while the request waited, and the rule was full of others).
+        let overflow = match &used {
+            Some(receipt) if waited => receipt.overflowed(),
+            _ => committed.overflow,
+        };
         // A request decided again after a wait is counted in the overflow metric once per rule.
         count_shared_overflow(
             rule,
@@ -1620,13 +1625,21 @@ fn decide_one<C: Clock>(
     if let Some(other) = held {
         other.refund();
     }
-    let (decided, committed) = match receipt {
-        // The permit of the wait is the charge; dropped, it stays spent.
-        Some(receipt) => (Ok(receipt.admission()), Default::default()),
-        None => limiter.chain_decide::<true>(&key, 1),
+    let (decided, overflow) = match receipt {
+        // The permit of the wait is the charge; dropped, it stays spent. It may have been the
+        // shared overflow cell's, as in `decide`.
+        Some(receipt) => (Ok(receipt.admission()), receipt.overflowed()),
+        None => {
+            let (decided, committed) = limiter.chain_decide::<true>(&key, 1);
+            (decided, committed.overflow)
+        }
     };
-    let overflow = committed.overflow;
-    count_shared_overflow(rule, overflow);
+    // Once per rule for a request decided again after a wait, as in `decide` (a reload may
+    // have left this rule alone of the rules it met before).
+    count_shared_overflow(
+        rule,
+        overflow && first_overflow(patience.as_deref_mut(), rule),
+    );
     match decided {
         Ok(admission) => {
             rule.counters.increment(Metric::Admitted);
@@ -1637,10 +1650,12 @@ fn decide_one<C: Clock>(
                     .into(),
             }
         }
-        Err(error) if passes_full_rule(set, rule, &key, &error, None) => Verdict {
-            outcome: Outcome::Admitted,
-            quotas: Quotas::new(),
-        },
+        Err(error) if passes_full_rule(set, rule, &key, &error, patience.as_deref_mut()) => {
+            Verdict {
+                outcome: Outcome::Admitted,
+                quotas: Quotas::new(),
+            }
+        }
         Err(error) => {
             if let Some(patience) = patience {
                 if patience.waits_for(rule, &key, &error, overflow) {
@@ -2024,6 +2039,12 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         RateLimitLayer::of(Arc::clone(self), ())
     }
 }
+
+/// The integration tests' `metrics` recorder, for the tests below that count metrics.
+#[cfg(all(test, feature = "metrics"))]
+#[path = "../../tests/common/tally.rs"]
+#[allow(unreachable_pub)]
+mod tally;
 
 #[cfg(test)]
 mod tests {
@@ -2453,6 +2474,82 @@ mod tests {
             at - start,
             Duration::ZERO,
             "admitted when the permit was given back, not when its timer ended"
+        );
+    }
+
+    /// A request that its rule's queue admits on the shared overflow counter
+    /// (`key_overflow = "shared"`) is counted in `turnstile_http_key_overflow`, once. Its
+    /// client's own counter rejected it, so it waited; the counter was then given back the only
+    /// permit it had counted (a request another rule rejected, charged on another thread just
+    /// before it queued: here by hand, as above), which took the key out of the limiter, and
+    /// another client took its place, so that the queue admitted it on the shared counter. The
+    /// receipt's admission was taken for one of the client's own counter: not counted. With the
+    /// rule alone (the one-rule path of the decision) and beside another rule.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_request_its_rules_queue_admits_on_the_shared_overflow_counter_counts_its_overflow() {
+        let other = "[[rules]]\nname = \"c\"\nperiod = \"1m\"\nlimit = 100\nkey = \"client\"\n";
+        for other in ["", other] {
+            admitted_on_the_shared_overflow_counter_from_the_queue(other);
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn admitted_on_the_shared_overflow_counter_from_the_queue(other: &str) {
+        let tally = tally::Tally::default();
+        let counts = tally.0.clone();
+        // A token bucket, on a clock that stays at 0: its only permit given back, the key's
+        // counter is as new, and the limiter takes it out.
+        let toml = format!(
+            "max_keys_per_rule = 1\nkey_overflow = \"shared\"\n\
+             [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"ip\"\n\
+             algorithm = \"token_bucket\"\nqueue_limit = 5\nmax_wait = \"5s\"\n{other}"
+        );
+        let request = |ip: &str| RequestInfo {
+            client_id: Some("c"),
+            ..from_ip(ip)
+        };
+        metrics::with_local_recorder(&tally, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let limiter = Arc::new(manual(&toml));
+                let snapshot = limiter.config.load_full();
+                let rule = snapshot
+                    .rules
+                    .all_rules()
+                    .find(|r| &*r.name == "q")
+                    .unwrap();
+                let rule_limiter = rule.limiter.as_ref().unwrap();
+                let key = counter_key(rule, &request("10.0.0.1")).unwrap();
+                let (admission, committed) = match rule_limiter.chain_decide::<true>(&key, 1) {
+                    (Ok(admission), committed) => (admission, committed),
+                    (Err(error), _) => panic!("{error}"),
+                };
+                let waiter = {
+                    let limiter = Arc::clone(&limiter);
+                    tokio::spawn(async move { limiter.decide_async(&request("10.0.0.1")).await })
+                };
+                tokio::task::yield_now().await;
+                assert!(!waiter.is_finished(), "the request waits for the rule");
+                give_back(std::iter::once((rule_limiter, &key, admission, committed)));
+                // Another client takes the place 10.0.0.1's counter left, before the waiting
+                // request's turn.
+                let verdict = limiter.decide(&request("10.0.0.2"));
+                assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+                let verdict = waiter.await.unwrap();
+                assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+            });
+        });
+        let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+        assert_eq!(n("turnstile_http_waited{q}"), 1, "{other}");
+        assert_eq!(
+            n("turnstile_http_key_overflow{q}"),
+            1,
+            "admitted on the shared counter, once ({other})"
         );
     }
 }
