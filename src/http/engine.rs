@@ -11,7 +11,7 @@ use crate::http::{
     client_ip, Check, HttpConfigError, LayerPolicy, LayerSettings, Outcome, QuotaState, Quotas,
     RateLimitLayer, RejectReason, RequestInfo, Verdict,
 };
-use crate::{Clock, MonotonicClock, TryAcquireError};
+use crate::{AcquireError, Clock, MonotonicClock, TryAcquireError};
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use smallvec::SmallVec;
@@ -175,7 +175,11 @@ macro_rules! count_list_rejection {
 /// next request waiting for it: a rejected request is charged to no rule, as always (a permit
 /// given back because a later rule rejected its request, waiting or not, wakes the request at
 /// the head of its counter's queue at once). A request
-/// still waiting when its `max_wait` ends is rejected then. A reload while it waits applies to
+/// still waiting when its `max_wait` ends is rejected then, with the rate-limit rejection it
+/// would have had without waiting, and waits no more. One whose turn comes when the rule has no
+/// room left for its client (its counter was taken out, see `max_keys_per_rule`) is decided
+/// again as a newcomer is: `key_overflow` answers for that rule, and it may wait for
+/// another. A reload while it waits applies to
 /// it, and ends its wait at once, since it may have raised the limit the request waits for:
 /// it is decided under the new rules, and if it waits again, it queues again, after the
 /// requests of its counter still waiting, so that a reload can let a request arriving
@@ -1766,7 +1770,9 @@ struct Patience<C: Clock> {
     /// queue: the next decision counts it as that rule's charge (see [`take_held`]), and gives
     /// it back if the request is not admitted. Boxed, as `wait` is.
     held: Option<Box<Receipt<C>>>,
-    /// The wait ended without a permit (`max_wait` reached): the next decision is final.
+    /// The wait ended without a permit and waiting again would end the same way (`max_wait`
+    /// reached, or the limiter refused the request a place: see [`queued`]): the next decision
+    /// is final, its rejection the request's answer.
     done: bool,
     /// The rules (by address) whose key overflow this request was counted in (see
     /// [`first_overflow`]).
@@ -1986,8 +1992,24 @@ fn wait_and_decide<C: Clock>(
 }
 
 /// Waits in `limiter`'s queue for `key` for a permit, at most `budget`, unless `notified` (a
-/// reload) comes first: the permit, or `None` when the reload came (nothing taken) or the wait
-/// failed (`max_wait` reached; `done` is then set, so that the decision that follows is final).
+/// reload) comes first: the permit, or `None`, after which the request is decided again. How
+/// the wait ended says whether that decision may make it wait again:
+///
+/// - a reload: it may (nothing taken); the reload may have raised the limit, or dropped the
+///   rule, and the request is decided under the new rules as if it had just arrived (within
+///   its `max_wait`, counted from its arrival);
+/// - `Timeout` (`max_wait` reached): it may not (`done`): the decision's rejection, the 429 the
+///   request would have had without waiting, is final;
+/// - `QueueFull`, `InsufficientCapacity`, `Closed`, `Unavailable` (the limiter gives the
+///   request no place to wait: never for a rule's limiter, whose key queues are bounded by
+///   the rule's count (`rules::build`), whose limit is at least 1 and which is never closed,
+///   but each would answer the same at once if asked again): it may not (`done`), so that it
+///   is rejected at once rather than asking again in a loop;
+/// - `TooManyKeys`: the client's counter left the limiter while it waited (a refund left it
+///   as new, and the limiter takes such a key out) and the rule is full of other clients: it
+///   may, as a newcomer may. The decision meets the full rule as a newcomer does
+///   (`key_overflow`) and may wait for another rule, or for this one if its counter is back.
+///
 /// Cancel-safe: dropped, it leaves the key's queue and holds nothing.
 async fn queued<C: Clock>(
     limiter: &crate::KeyedLimiter<CounterKey, C>,
@@ -2004,15 +2026,24 @@ async fn queued<C: Clock>(
         acquire.as_mut().poll(cx).map(Some)
     })
     .await;
-    match outcome {
-        Some(Ok(receipt)) => Some(Box::new(receipt)),
-        Some(Err(error)) => {
-            tracing::debug!(error = %error, "request's wait for its rule ended without a permit");
-            *done = true;
-            None
-        }
-        None => None,
+    let error = match outcome {
+        Some(Ok(receipt)) => return Some(Box::new(receipt)),
+        None => return None,
+        Some(Err(error)) => error,
+    };
+    tracing::debug!(error = %error, "request's wait for its rule ended without a permit");
+    let again = match error {
+        AcquireError::TooManyKeys { .. } => true,
+        AcquireError::Timeout
+        | AcquireError::QueueFull { .. }
+        | AcquireError::InsufficientCapacity { .. }
+        | AcquireError::Closed
+        | AcquireError::Unavailable => false,
+    };
+    if !again {
+        *done = true;
     }
+    None
 }
 
 impl<C: Clock + Clone> HttpLimiter<C> {
@@ -2551,5 +2582,86 @@ mod tests {
             1,
             "admitted on the shared counter, once ({other})"
         );
+    }
+
+    /// A request whose wait ends because its rule has no room left for its client (its key
+    /// taken out of the limiter, as above, and another client in its place; `TooManyKeys`) is
+    /// decided again as a newcomer is, not for good: `key_overflow = "allow"` lets it pass that
+    /// rule, and another rule's queue lets it wait there. The wait's end was taken for a
+    /// timeout: the next rejection, by the other rule, was final, though the request could
+    /// wait for it within its `max_wait`.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_its_rule_has_no_room_for_is_decided_again_and_may_wait_again() {
+        let clock = ManualClock::new();
+        let limiter = Arc::new(
+            HttpLimiter::with_clock(
+                HttpConfig::from_toml_str(
+                    "max_keys_per_rule = 1\nkey_overflow = \"allow\"\n\
+                     [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"ip\"\n\
+                     algorithm = \"token_bucket\"\nqueue_limit = 5\nmax_wait = \"5s\"\n\
+                     [[rules]]\nname = \"r\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\n\
+                     queue_limit = 5\nmax_wait = \"2m\"\n",
+                )
+                .unwrap(),
+                clock.clone(),
+            )
+            .unwrap(),
+        );
+        let request = |ip: &str, client: &'static str| RequestInfo {
+            client_id: Some(client),
+            ..from_ip(ip)
+        };
+        let snapshot = limiter.config.load_full();
+        let rule = |name: &str| {
+            snapshot
+                .rules
+                .all_rules()
+                .find(|r| &*r.name == name)
+                .unwrap()
+        };
+        let charge = |name: &str, request: &RequestInfo<'_>| {
+            let rule = rule(name);
+            let key = counter_key(rule, request).unwrap();
+            match rule.limiter.as_ref().unwrap().chain_decide::<true>(&key, 1) {
+                (Ok(admission), committed) => (key, admission, committed),
+                (Err(error), _) => panic!("{error}"),
+            }
+        };
+        // Client "w" has used `r`'s minute; 10.0.0.1's only permit of `q` is charged (by a
+        // request that `r` will reject, on another thread).
+        let _ = charge("r", &request("10.0.0.1", "w"));
+        let (key, admission, committed) = charge("q", &request("10.0.0.1", "w"));
+        let start = tokio::time::Instant::now();
+        let waiter = {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let verdict = limiter.decide_async(&request("10.0.0.1", "w")).await;
+                (verdict, tokio::time::Instant::now())
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "the request waits for q");
+        give_back(std::iter::once((
+            rule("q").limiter.as_ref().unwrap(),
+            &key,
+            admission,
+            committed,
+        )));
+        // 10.0.0.2 takes the place in `q` that 10.0.0.1's counter, as new, left.
+        let verdict = limiter.decide(&request("10.0.0.2", "z"));
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        // `q` has no room for 10.0.0.1 now: it lets the request pass, and `r` makes it wait.
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "the request waits for r: {:?}",
+            waiter.await.unwrap()
+        );
+        clock.advance(Duration::from_secs(60));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let (verdict, at) = waiter.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        assert_eq!(at - start, Duration::from_secs(60));
     }
 }
