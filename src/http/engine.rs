@@ -174,14 +174,13 @@ macro_rules! count_list_rejection {
 /// (another rule rejects it, a list answers it first), the rule's permit is given back, to the
 /// next request waiting for it: a rejected request is charged to no rule, as always (a permit
 /// given back because a later rule rejected its request, waiting or not, wakes the request at
-/// the head of its counter's queue at once). A request
-/// still waiting when its `max_wait` ends is rejected then, with the rate-limit rejection it
-/// would have had without waiting, and waits no more. One whose turn comes when the rule has no
-/// room left for its client (its counter was taken out, see `max_keys_per_rule`) is decided
-/// again as a newcomer is: `key_overflow` answers for that rule, and it may wait for
-/// another. A reload while it waits applies to
-/// it, and ends its wait at once, since it may have raised the limit the request waits for:
-/// it is decided under the new rules, and if it waits again, it queues again, after the
+/// the head of its counter's queue at once). A request still waiting when its `max_wait` ends
+/// is rejected then, with the rate-limit rejection it would have had without waiting, and
+/// waits no more. One whose turn comes when the rule has no room left for its client (its
+/// counter was taken out, see `max_keys_per_rule`) is decided again as a newcomer is:
+/// `key_overflow` answers for that rule, and it may wait for another. A reload while it waits
+/// applies to it, and ends its wait at once, since it may have raised the limit the request
+/// waits for: it is decided under the new rules, and if it waits again, it queues again, after the
 /// requests of its counter still waiting, so that a reload can let a request arriving
 /// meanwhile go first (a rule the reload kept, same identity, keeps its count of waiting
 /// requests and, unless the reload made it a new one as described under "Reload", its
