@@ -510,6 +510,13 @@ where
         self.limiter.chain_same(limiter)
     }
 
+    /// Whether the shared overflow cell admitted the permits (the key was new to the limiter
+    /// at its key cap, under [`KeyOverflow::Shared`](crate::KeyOverflow::Shared)).
+    #[cfg(feature = "http")]
+    pub(crate) fn overflowed(&self) -> bool {
+        self.committed.overflow
+    }
+
     /// Gives the permits back to the key (or to the shared overflow cell, if that admitted
     /// them), as far as that leaves it no looser than if they had never been taken (see
     /// [`KeyedLimiter::try_acquire_refundable`]), and wakes the head of the key's queue. Nothing

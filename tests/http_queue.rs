@@ -530,6 +530,66 @@ fn a_request_waiting_across_a_reload_counts_its_key_overflow_once() {
     );
 }
 
+/// And when the reload leaves the full rule alone (the one-rule path of the decision): the
+/// request met it before its wait, counted, and meets it again after the reload, which ends
+/// the wait. That path counted it again.
+/// Whether the full rule lets the client pass uncounted or counts it on its shared counter.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_request_waiting_across_a_reload_to_one_rule_counts_its_key_overflow_once() {
+    for policy in ["allow", "shared"] {
+        waiting_across_a_reload_to_one_rule_counts_its_key_overflow_once(policy);
+    }
+}
+
+#[cfg(feature = "metrics")]
+fn waiting_across_a_reload_to_one_rule_counts_its_key_overflow_once(policy: &str) {
+    let tally = tally::Tally::default();
+    let counts = tally.0.clone();
+    let by_ip = format!(
+        "max_keys_per_rule = 1\nkey_overflow = \"{policy}\"\n\
+         [[rules]]\nname = \"by-ip\"\nperiod = \"1m\"\nlimit = 100\nkey = \"ip\"\n"
+    );
+    let both = format!(
+        "{by_ip}[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"client\"\nqueue_limit = 5\n"
+    );
+    metrics::with_local_recorder(&tally, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let limiter = Arc::new(
+                HttpLimiter::with_clock(
+                    HttpConfig::from_toml_str(&both).unwrap(),
+                    TokioClock::new(),
+                )
+                .unwrap(),
+            );
+            assert!(limiter
+                .decide_async(&with_client("10.0.0.1", Some("x")))
+                .await
+                .outcome
+                .is_admitted());
+            let waiter = waiter(&limiter, with_client("10.0.0.2", Some("x"))).await;
+            assert!(!waiter.is_finished(), "the request waits for q");
+            limiter
+                .reload(HttpConfig::from_toml_str(&by_ip).unwrap())
+                .unwrap();
+            let (v, _) = waiter.await.unwrap();
+            assert!(v.outcome.is_admitted(), "{v:?}");
+        });
+    });
+    let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+    assert_eq!(n("turnstile_http_waited{q}"), 1, "{policy}");
+    assert_eq!(
+        n("turnstile_http_key_overflow{by-ip}"),
+        1,
+        "one request, one overflow ({policy})"
+    );
+}
+
 /// Through the layer, a request that waits across a reload is answered with the response
 /// settings of the configuration its verdict was made under, as it is counted: the reload's
 /// `legacy_headers` apply to it, with the reload's limit. The layer kept the settings of the

@@ -276,7 +276,8 @@ pub struct RuleConfig {
     /// [`HttpLimiter`]: crate::http::HttpLimiter
     pub queue_limit: u32,
     /// The longest a request may wait for this rule (a humantime duration), counted from its
-    /// arrival; default: the rule's `period`. Needs `queue_limit`.
+    /// arrival; default: the rule's `period`. A request still waiting then is rejected with the
+    /// rule's 429, and waits no more. Needs `queue_limit`.
     pub max_wait: Option<String>,
 }
 

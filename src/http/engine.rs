@@ -11,7 +11,7 @@ use crate::http::{
     client_ip, Check, HttpConfigError, LayerPolicy, LayerSettings, Outcome, QuotaState, Quotas,
     RateLimitLayer, RejectReason, RequestInfo, Verdict,
 };
-use crate::{Clock, MonotonicClock, TryAcquireError};
+use crate::{AcquireError, Clock, MonotonicClock, TryAcquireError};
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use smallvec::SmallVec;
@@ -172,10 +172,15 @@ macro_rules! count_list_rejection {
 /// rule's permit already taken (it is not charged twice), and the layer answers it with the
 /// response settings of the configuration it is decided under. If it is not admitted then
 /// (another rule rejects it, a list answers it first), the rule's permit is given back, to the
-/// next request waiting for it: a rejected request is charged to no rule, as always. A request
-/// still waiting when its `max_wait` ends is rejected then. A reload while it waits applies to
-/// it, and ends its wait at once, since it may have raised the limit the request waits for:
-/// it is decided under the new rules, and if it waits again, it queues again, after the
+/// next request waiting for it: a rejected request is charged to no rule, as always (a permit
+/// given back because a later rule rejected its request, waiting or not, wakes the request at
+/// the head of its counter's queue at once). A request still waiting when its `max_wait` ends
+/// is rejected then, with the rate-limit rejection it would have had without waiting, and
+/// waits no more. One whose turn comes when the rule has no room left for its client (its
+/// counter was taken out, see `max_keys_per_rule`) is decided again as a newcomer is:
+/// `key_overflow` answers for that rule, and it may wait for another. A reload while it waits
+/// applies to it, and ends its wait at once, since it may have raised the limit the request
+/// waits for: it is decided under the new rules, and if it waits again, it queues again, after the
 /// requests of its counter still waiting, so that a reload can let a request arriving
 /// meanwhile go first (a rule the reload kept, same identity, keeps its count of waiting
 /// requests and, unless the reload made it a new one as described under "Reload", its
@@ -1364,7 +1369,12 @@ fn decide<C: Clock>(
             }
             None => (limiter.chain_decide::<true>(key, 1), false),
         };
-        let overflow = committed.overflow;
+        // The queue's admission may have been the shared overflow cell's (the key was taken
+        // out of the limiter while the request waited, and the rule was full of others).
+        let overflow = match &used {
+            Some(receipt) if waited => receipt.overflowed(),
+            _ => committed.overflow,
+        };
         // A request decided again after a wait is counted in the overflow metric once per rule.
         count_shared_overflow(
             rule,
@@ -1384,9 +1394,7 @@ fn decide<C: Clock>(
                 uncounted.push(index)
             }
             Err(error) => {
-                for (l, k, a, o) in charged.drain(..) {
-                    l.chain_refund(k, 1, &a, o);
-                }
+                give_back(charged.drain(..).map(|(l, k, a, o)| (*l, k, a, o)));
                 if let Some(receipt) = used.take().or(held.take()) {
                     receipt.refund();
                 }
@@ -1451,6 +1459,28 @@ fn decide<C: Clock>(
         outcome: Outcome::Admitted,
         quotas: quota_of.into_iter().flatten().collect(),
     })
+}
+
+/// Gives back the charges of the rules that admitted a request a later rule rejected, as
+/// [`KeyedChain`](crate::KeyedChain) does: each permit goes back to its key, and the head of
+/// the key's queue is woken, as a receipt's refund wakes it
+/// ([`KeyedRefundable::refund`](crate::KeyedRefundable::refund)). A request that queued for
+/// that key while this one held the permit (another thread's, rejected in between) is then
+/// admitted now, not when its own timer ends.
+fn give_back<'r, C: Clock>(
+    charged: impl Iterator<
+        Item = (
+            &'r crate::KeyedLimiter<CounterKey, C>,
+            &'r CounterKey,
+            crate::Admission,
+            crate::chain::Committed,
+        ),
+    >,
+) {
+    for (limiter, key, admission, committed) in charged {
+        limiter.chain_refund(key, 1, &admission, committed);
+        limiter.chain_wake(key, None);
+    }
 }
 
 /// A rule's limiter and the key it counts a request under.
@@ -1598,13 +1628,21 @@ fn decide_one<C: Clock>(
     if let Some(other) = held {
         other.refund();
     }
-    let (decided, committed) = match receipt {
-        // The permit of the wait is the charge; dropped, it stays spent.
-        Some(receipt) => (Ok(receipt.admission()), Default::default()),
-        None => limiter.chain_decide::<true>(&key, 1),
+    let (decided, overflow) = match receipt {
+        // The permit of the wait is the charge; dropped, it stays spent. It may have been the
+        // shared overflow cell's, as in `decide`.
+        Some(receipt) => (Ok(receipt.admission()), receipt.overflowed()),
+        None => {
+            let (decided, committed) = limiter.chain_decide::<true>(&key, 1);
+            (decided, committed.overflow)
+        }
     };
-    let overflow = committed.overflow;
-    count_shared_overflow(rule, overflow);
+    // Once per rule for a request decided again after a wait, as in `decide` (a reload may
+    // have left this rule alone of the rules it met before).
+    count_shared_overflow(
+        rule,
+        overflow && first_overflow(patience.as_deref_mut(), rule),
+    );
     match decided {
         Ok(admission) => {
             rule.counters.increment(Metric::Admitted);
@@ -1615,10 +1653,12 @@ fn decide_one<C: Clock>(
                     .into(),
             }
         }
-        Err(error) if passes_full_rule(set, rule, &key, &error, None) => Verdict {
-            outcome: Outcome::Admitted,
-            quotas: Quotas::new(),
-        },
+        Err(error) if passes_full_rule(set, rule, &key, &error, patience.as_deref_mut()) => {
+            Verdict {
+                outcome: Outcome::Admitted,
+                quotas: Quotas::new(),
+            }
+        }
         Err(error) => {
             if let Some(patience) = patience {
                 if patience.waits_for(rule, &key, &error, overflow) {
@@ -1729,7 +1769,9 @@ struct Patience<C: Clock> {
     /// queue: the next decision counts it as that rule's charge (see [`take_held`]), and gives
     /// it back if the request is not admitted. Boxed, as `wait` is.
     held: Option<Box<Receipt<C>>>,
-    /// The wait ended without a permit (`max_wait` reached): the next decision is final.
+    /// The wait ended without a permit and waiting again would end the same way (`max_wait`
+    /// reached, or the limiter refused the request a place: see [`queued`]): the next decision
+    /// is final, its rejection the request's answer.
     done: bool,
     /// The rules (by address) whose key overflow this request was counted in (see
     /// [`first_overflow`]).
@@ -1949,8 +1991,24 @@ fn wait_and_decide<C: Clock>(
 }
 
 /// Waits in `limiter`'s queue for `key` for a permit, at most `budget`, unless `notified` (a
-/// reload) comes first: the permit, or `None` when the reload came (nothing taken) or the wait
-/// failed (`max_wait` reached; `done` is then set, so that the decision that follows is final).
+/// reload) comes first: the permit, or `None`, after which the request is decided again. How
+/// the wait ended says whether that decision may make it wait again:
+///
+/// - a reload: it may (nothing taken); the reload may have raised the limit, or dropped the
+///   rule, and the request is decided under the new rules as if it had just arrived (within
+///   its `max_wait`, counted from its arrival);
+/// - `Timeout` (`max_wait` reached): it may not (`done`): the decision's rejection, the 429 the
+///   request would have had without waiting, is final;
+/// - `QueueFull`, `InsufficientCapacity`, `Closed`, `Unavailable` (the limiter gives the
+///   request no place to wait: never for a rule's limiter, whose key queues are bounded by
+///   the rule's count (`rules::build`), whose limit is at least 1 and which is never closed,
+///   but each would answer the same at once if asked again): it may not (`done`), so that it
+///   is rejected at once rather than asking again in a loop;
+/// - `TooManyKeys`: the client's counter left the limiter while it waited (a refund left it
+///   as new, and the limiter takes such a key out) and the rule is full of other clients: it
+///   may, as a newcomer may. The decision meets the full rule as a newcomer does
+///   (`key_overflow`) and may wait for another rule, or for this one if its counter is back.
+///
 /// Cancel-safe: dropped, it leaves the key's queue and holds nothing.
 async fn queued<C: Clock>(
     limiter: &crate::KeyedLimiter<CounterKey, C>,
@@ -1967,15 +2025,24 @@ async fn queued<C: Clock>(
         acquire.as_mut().poll(cx).map(Some)
     })
     .await;
-    match outcome {
-        Some(Ok(receipt)) => Some(Box::new(receipt)),
-        Some(Err(error)) => {
-            tracing::debug!(error = %error, "request's wait for its rule ended without a permit");
-            *done = true;
-            None
-        }
-        None => None,
+    let error = match outcome {
+        Some(Ok(receipt)) => return Some(Box::new(receipt)),
+        None => return None,
+        Some(Err(error)) => error,
+    };
+    tracing::debug!(error = %error, "request's wait for its rule ended without a permit");
+    let again = match error {
+        AcquireError::TooManyKeys { .. } => true,
+        AcquireError::Timeout
+        | AcquireError::QueueFull { .. }
+        | AcquireError::InsufficientCapacity { .. }
+        | AcquireError::Closed
+        | AcquireError::Unavailable => false,
+    };
+    if !again {
+        *done = true;
     }
+    None
 }
 
 impl<C: Clock + Clone> HttpLimiter<C> {
@@ -2002,6 +2069,12 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         RateLimitLayer::of(Arc::clone(self), ())
     }
 }
+
+/// The integration tests' `metrics` recorder, for the tests below that count metrics.
+#[cfg(all(test, feature = "metrics"))]
+#[path = "../../tests/common/tally.rs"]
+#[allow(unreachable_pub)]
+mod tally;
 
 #[cfg(test)]
 mod tests {
@@ -2386,5 +2459,208 @@ mod tests {
         let bad = HttpConfig::from_toml_str("client_id_header = \"a b\"\n").unwrap();
         assert!(limiter.reload(bad).is_err());
         assert_eq!(settings(&limiter).response.status, 503);
+    }
+
+    /// A request one rule admits and a later one rejects has its charge of the first given
+    /// back (`give_back`): a request of the same client that queued for the first rule's key
+    /// meanwhile (on another thread; here by hand, between the charge and the refund that
+    /// `decide` makes in one call) is admitted at once, as the refund of a receipt wakes it.
+    /// It slept until its own timer, the permit free all along.
+    #[tokio::test(start_paused = true)]
+    async fn giving_back_a_charge_wakes_the_request_waiting_for_its_key() {
+        let toml = "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\n\
+                    max_wait = \"5s\"\n";
+        let limiter = Arc::new(
+            HttpLimiter::with_clock(
+                HttpConfig::from_toml_str(toml).unwrap(),
+                crate::TokioClock::new(),
+            )
+            .unwrap(),
+        );
+        let snapshot = limiter.config.load_full();
+        let rule = snapshot.rules.all_rules().next().unwrap();
+        let rule_limiter = rule.limiter.as_ref().unwrap();
+        let key = counter_key(rule, &from_ip("192.0.2.1")).unwrap();
+        // What `decide` does when the rule admits: the key's only permit is charged.
+        let (admission, committed) = match rule_limiter.chain_decide::<true>(&key, 1) {
+            (Ok(admission), committed) => (admission, committed),
+            (Err(error), _) => panic!("{error}"),
+        };
+        let start = tokio::time::Instant::now();
+        let waiter = {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let verdict = limiter.decide_async(&from_ip("192.0.2.1")).await;
+                (verdict, tokio::time::Instant::now())
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "the request waits for the rule");
+        // A later rule rejected the first request: the charge goes back.
+        give_back(std::iter::once((rule_limiter, &key, admission, committed)));
+        let (verdict, at) = waiter.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        assert_eq!(
+            at - start,
+            Duration::ZERO,
+            "admitted when the permit was given back, not when its timer ended"
+        );
+    }
+
+    /// A request that its rule's queue admits on the shared overflow counter
+    /// (`key_overflow = "shared"`) is counted in `turnstile_http_key_overflow`, once. Its
+    /// client's own counter rejected it, so it waited; the counter was then given back the only
+    /// permit it had counted (a request another rule rejected, charged on another thread just
+    /// before it queued: here by hand, as above), which took the key out of the limiter, and
+    /// another client took its place, so that the queue admitted it on the shared counter. The
+    /// receipt's admission was taken for one of the client's own counter: not counted. With the
+    /// rule alone (the one-rule path of the decision) and beside another rule.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_request_its_rules_queue_admits_on_the_shared_overflow_counter_counts_its_overflow() {
+        let other = "[[rules]]\nname = \"c\"\nperiod = \"1m\"\nlimit = 100\nkey = \"client\"\n";
+        for other in ["", other] {
+            admitted_on_the_shared_overflow_counter_from_the_queue(other);
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn admitted_on_the_shared_overflow_counter_from_the_queue(other: &str) {
+        let tally = tally::Tally::default();
+        let counts = tally.0.clone();
+        // A token bucket, on a clock that stays at 0: its only permit given back, the key's
+        // counter is as new, and the limiter takes it out.
+        let toml = format!(
+            "max_keys_per_rule = 1\nkey_overflow = \"shared\"\n\
+             [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"ip\"\n\
+             algorithm = \"token_bucket\"\nqueue_limit = 5\nmax_wait = \"5s\"\n{other}"
+        );
+        let request = |ip: &str| RequestInfo {
+            client_id: Some("c"),
+            ..from_ip(ip)
+        };
+        metrics::with_local_recorder(&tally, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let limiter = Arc::new(manual(&toml));
+                let snapshot = limiter.config.load_full();
+                let rule = snapshot
+                    .rules
+                    .all_rules()
+                    .find(|r| &*r.name == "q")
+                    .unwrap();
+                let rule_limiter = rule.limiter.as_ref().unwrap();
+                let key = counter_key(rule, &request("10.0.0.1")).unwrap();
+                let (admission, committed) = match rule_limiter.chain_decide::<true>(&key, 1) {
+                    (Ok(admission), committed) => (admission, committed),
+                    (Err(error), _) => panic!("{error}"),
+                };
+                let waiter = {
+                    let limiter = Arc::clone(&limiter);
+                    tokio::spawn(async move { limiter.decide_async(&request("10.0.0.1")).await })
+                };
+                tokio::task::yield_now().await;
+                assert!(!waiter.is_finished(), "the request waits for the rule");
+                give_back(std::iter::once((rule_limiter, &key, admission, committed)));
+                // Another client takes the place 10.0.0.1's counter left, before the waiting
+                // request's turn.
+                let verdict = limiter.decide(&request("10.0.0.2"));
+                assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+                let verdict = waiter.await.unwrap();
+                assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+            });
+        });
+        let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+        assert_eq!(n("turnstile_http_waited{q}"), 1, "{other}");
+        assert_eq!(
+            n("turnstile_http_key_overflow{q}"),
+            1,
+            "admitted on the shared counter, once ({other})"
+        );
+    }
+
+    /// A request whose wait ends because its rule has no room left for its client (its key
+    /// taken out of the limiter, as above, and another client in its place; `TooManyKeys`) is
+    /// decided again as a newcomer is, not for good: `key_overflow = "allow"` lets it pass that
+    /// rule, and another rule's queue lets it wait there. The wait's end was taken for a
+    /// timeout: the next rejection, by the other rule, was final, though the request could
+    /// wait for it within its `max_wait`.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_its_rule_has_no_room_for_is_decided_again_and_may_wait_again() {
+        let clock = ManualClock::new();
+        let limiter = Arc::new(
+            HttpLimiter::with_clock(
+                HttpConfig::from_toml_str(
+                    "max_keys_per_rule = 1\nkey_overflow = \"allow\"\n\
+                     [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"ip\"\n\
+                     algorithm = \"token_bucket\"\nqueue_limit = 5\nmax_wait = \"5s\"\n\
+                     [[rules]]\nname = \"r\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\n\
+                     queue_limit = 5\nmax_wait = \"2m\"\n",
+                )
+                .unwrap(),
+                clock.clone(),
+            )
+            .unwrap(),
+        );
+        let request = |ip: &str, client: &'static str| RequestInfo {
+            client_id: Some(client),
+            ..from_ip(ip)
+        };
+        let snapshot = limiter.config.load_full();
+        let rule = |name: &str| {
+            snapshot
+                .rules
+                .all_rules()
+                .find(|r| &*r.name == name)
+                .unwrap()
+        };
+        let charge = |name: &str, request: &RequestInfo<'_>| {
+            let rule = rule(name);
+            let key = counter_key(rule, request).unwrap();
+            match rule.limiter.as_ref().unwrap().chain_decide::<true>(&key, 1) {
+                (Ok(admission), committed) => (key, admission, committed),
+                (Err(error), _) => panic!("{error}"),
+            }
+        };
+        // Client "w" has used `r`'s minute; 10.0.0.1's only permit of `q` is charged (by a
+        // request that `r` will reject, on another thread).
+        let _ = charge("r", &request("10.0.0.1", "w"));
+        let (key, admission, committed) = charge("q", &request("10.0.0.1", "w"));
+        let start = tokio::time::Instant::now();
+        let waiter = {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let verdict = limiter.decide_async(&request("10.0.0.1", "w")).await;
+                (verdict, tokio::time::Instant::now())
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "the request waits for q");
+        give_back(std::iter::once((
+            rule("q").limiter.as_ref().unwrap(),
+            &key,
+            admission,
+            committed,
+        )));
+        // 10.0.0.2 takes the place in `q` that 10.0.0.1's counter, as new, left.
+        let verdict = limiter.decide(&request("10.0.0.2", "z"));
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        // `q` has no room for 10.0.0.1 now: it lets the request pass, and `r` makes it wait.
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "the request waits for r: {:?}",
+            waiter.await.unwrap()
+        );
+        clock.advance(Duration::from_secs(60));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let (verdict, at) = waiter.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        assert_eq!(at - start, Duration::from_secs(60));
     }
 }
