@@ -687,10 +687,10 @@ where
             ctx.release_keys(1);
             return outcome;
         }
-        if let Some(ours) = unused {
-            if self.take_back(ctx, shard, key, ours) {
-                return outcome;
-            }
+        if let Some(ours) = unused
+            && self.take_back(ctx, shard, key, ours)
+        {
+            return outcome;
         }
         // Release: pairs with the Acquire swap that starts a sweep: if that swap reads our 0, the
         // sweep sees our key; if it comes earlier, our 0 lands after it and survives the sweep's

@@ -386,12 +386,11 @@ impl WaitQueue {
         if waiters.live.is_empty() {
             // Relaxed: see `enqueue`.
             gate.fetch_and(!WAITERS, Ordering::Relaxed);
-        } else if was_head {
-            if let Some(head) = self.head(waiters) {
-                if let Some(h) = waiters.live.get_mut(&head) {
-                    *next = std::mem::replace(&mut h.wake, Wake::Nobody);
-                }
-            }
+        } else if was_head
+            && let Some(head) = self.head(waiters)
+            && let Some(h) = waiters.live.get_mut(&head)
+        {
+            *next = std::mem::replace(&mut h.wake, Wake::Nobody);
         }
         Some(me.wake)
     }
@@ -495,10 +494,10 @@ impl WaitQueue {
                     // Relaxed: see `enqueue`.
                     gate.fetch_and(!WAITERS, Ordering::Relaxed);
                 }
-            } else if let Some(head) = self.head(&waiters) {
-                if let Some(h) = waiters.live.get_mut(&head) {
-                    wakes.push(std::mem::replace(&mut h.wake, Wake::Nobody));
-                }
+            } else if let Some(head) = self.head(&waiters)
+                && let Some(h) = waiters.live.get_mut(&head)
+            {
+                wakes.push(std::mem::replace(&mut h.wake, Wake::Nobody));
             }
         }
         Woken(wakes)
@@ -676,10 +675,10 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        if self.queued {
-            if let Some(left) = self.queue.cancel(self.gate, self.seq) {
-                self.counters.bump(left.counter());
-            }
+        if self.queued
+            && let Some(left) = self.queue.cancel(self.gate, self.seq)
+        {
+            self.counters.bump(left.counter());
         }
     }
 }

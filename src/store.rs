@@ -482,10 +482,10 @@ fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
     let mut ring = Vec::with_capacity(2 + slots);
     ring.extend([kept.end - kept.start, 0]);
     ring.extend(kept.map(expiry));
-    if let (Some(oldest), Some(dropped)) = (ring.get_mut(2), dropped) {
-        if by_expiry(&dropped) > by_expiry(oldest) {
-            *oldest = dropped;
-        }
+    if let (Some(oldest), Some(dropped)) = (ring.get_mut(2), dropped)
+        && by_expiry(&dropped) > by_expiry(oldest)
+    {
+        *oldest = dropped;
     }
     ring.resize(2 + slots, 1);
     Some(ring)

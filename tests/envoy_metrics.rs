@@ -58,8 +58,8 @@ fn counted(f: impl FnOnce()) -> HashMap<String, u64> {
     let tally = Tally::default();
     let counts = tally.0.clone();
     metrics::with_local_recorder(&tally, f);
-    let counts = counts.lock().unwrap().clone();
-    counts
+
+    counts.lock().unwrap().clone()
 }
 
 /// `limit`'s counts: `[total_hits, over_limit, near_limit, within_limit, shadow_mode]`.

@@ -435,11 +435,10 @@ proptest! {
     fn any_shape_of_aspnet_document_never_panics(section in 0usize..4, body in aspnet_shape()) {
         let name = ["IpRateLimiting", "ClientRateLimiting", "IpRateLimitPolicies", "ClientRateLimitPolicies"][section];
         let doc = serde_json::json!({ name: body }).to_string();
-        if let Ok(config) = HttpConfig::from_json_str(&doc) {
-            if let Ok(l) = HttpLimiter::with_clock(config, ManualClock::new()) {
+        if let Ok(config) = HttpConfig::from_json_str(&doc)
+            && let Ok(l) = HttpLimiter::with_clock(config, ManualClock::new()) {
                 let _ = decide(&l, &http::Method::GET, "/a", [192, 0, 2, 1]);
             }
-        }
     }
 }
 

@@ -874,13 +874,12 @@ proptest! {
         let mut end = (at + cut).min(doc.len());
         while !doc.is_char_boundary(end) { end -= 1; }
         doc.replace_range(at..end, &insert);
-        if let Ok(c) = HttpConfig::from_toml_str(&doc) {
-            if let Ok(l) = HttpLimiter::with_clock(c, ManualClock::new()) {
+        if let Ok(c) = HttpConfig::from_toml_str(&doc)
+            && let Ok(l) = HttpLimiter::with_clock(c, ManualClock::new()) {
                 for ip in ["10.1.1.1", "1.1.1.1", "x"] {
                     let _ = get(&l, "/api/x", ip, Some("c"));
                 }
             }
-        }
     }
 
     #[test]
@@ -891,11 +890,10 @@ proptest! {
         let mut end = (at + cut).min(doc.len());
         while !doc.is_char_boundary(end) { end -= 1; }
         doc.replace_range(at..end, &insert);
-        if let Ok(c) = HttpConfig::from_json_str(&doc) {
-            if let Ok(l) = HttpLimiter::with_clock(c, ManualClock::new()) {
+        if let Ok(c) = HttpConfig::from_json_str(&doc)
+            && let Ok(l) = HttpLimiter::with_clock(c, ManualClock::new()) {
                 let _ = get(&l, "/", "84.247.85.224", None);
             }
-        }
     }
 }
 

@@ -113,11 +113,11 @@ impl Held {
                 cmd.arg(*end);
             }
         });
-        if let Ok(reply) = within(deadline, round_trip).await {
-            if reply.len() == whose.len() {
-                for (&i, &flag) in whose.iter().zip(&reply) {
-                    given[i] = flag == 1;
-                }
+        if let Ok(reply) = within(deadline, round_trip).await
+            && reply.len() == whose.len()
+        {
+            for (&i, &flag) in whose.iter().zip(&reply) {
+                given[i] = flag == 1;
             }
         }
         given

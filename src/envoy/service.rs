@@ -1219,10 +1219,10 @@ pub(super) fn resolve<'s, L: Clone>(
             if !known {
                 return Applied::Nothing;
             }
-            if let Some(o) = d.limit {
-                if let Some(applied) = override_limit(&request.domain, o) {
-                    return applied;
-                }
+            if let Some(o) = d.limit
+                && let Some(applied) = override_limit(&request.domain, o)
+            {
+                return applied;
             }
             match config.find(&request.domain, &d.entries) {
                 None => Applied::Nothing,
@@ -1259,10 +1259,10 @@ pub(super) fn resolve<'s, L: Clone>(
                 spec: Spec::Configured(s),
                 ..
             } = a
+                && !s.name.is_empty()
+                && replaced.contains(s.name.as_str())
             {
-                if !s.name.is_empty() && replaced.contains(s.name.as_str()) {
-                    *a = Applied::Nothing;
-                }
+                *a = Applied::Nothing;
             }
         }
     }

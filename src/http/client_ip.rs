@@ -137,10 +137,10 @@ impl ClientIpConfig {
         // A name that is no header name can never be read: the client would always be the
         // proxy, and every client behind it would share one key.
         for (i, header) in self.headers.iter().enumerate() {
-            if let ForwardedHeader::Custom(name) = header {
-                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                    return Err(format!("headers[{i}]: {name:?} is not a valid header name"));
-                }
+            if let ForwardedHeader::Custom(name) = header
+                && http::HeaderName::from_bytes(name.as_bytes()).is_err()
+            {
+                return Err(format!("headers[{i}]: {name:?} is not a valid header name"));
             }
         }
         Ok(())
@@ -157,15 +157,14 @@ impl ClientIpConfig {
 /// A range of IPv4-mapped IPv6 addresses (`::ffff:10.0.0.0/104`) is the IPv4 range
 /// (`10.0.0.0/8`), as addresses are compared in their [`canonical`] form.
 pub(crate) fn canonical_net(net: IpNet) -> IpNet {
-    if let IpNet::V6(v6) = net {
-        if let (Some(v4), Some(len)) = (
+    if let IpNet::V6(v6) = net
+        && let (Some(v4), Some(len)) = (
             v6.network().to_ipv4_mapped(),
             v6.prefix_len().checked_sub(96),
-        ) {
-            if let Ok(v4net) = ipnet::Ipv4Net::new(v4, len) {
-                return IpNet::V4(v4net);
-            }
-        }
+        )
+        && let Ok(v4net) = ipnet::Ipv4Net::new(v4, len)
+    {
+        return IpNet::V4(v4net);
     }
     net
 }

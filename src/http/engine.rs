@@ -1025,12 +1025,12 @@ fn decoded_path(path: &str) -> Option<String> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' {
-            if let (Some(high), Some(low)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
-                out.push(high << 4 | low);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && let (Some(high), Some(low)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2)))
+        {
+            out.push(high << 4 | low);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -1120,11 +1120,11 @@ fn decide<C: Clock>(
         if let Some(resolved) = resolved_path(decoded.as_deref().unwrap_or(path)) {
             decoded = Some(resolved);
         }
-        if let Some(text) = decoded.as_mut() {
-            if set.trim_trailing_slash {
-                let trimmed = without_trailing_slash(text).len();
-                text.truncate(trimmed);
-            }
+        if let Some(text) = decoded.as_mut()
+            && set.trim_trailing_slash
+        {
+            let trimmed = without_trailing_slash(text).len();
+            text.truncate(trimmed);
         }
         if path.len() == request.path.len() && normal.is_none() {
             request
@@ -1179,15 +1179,15 @@ fn decide<C: Clock>(
         return Check::Ready(rejected(RejectReason::Blocked, BLOCKLIST.get(), None));
     }
     let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
-    if let Some((bans, key)) = &ban {
-        if let Err(banned) = bans.list.check(key) {
-            count_list_rejection!("ban");
-            return Check::Ready(rejected(
-                RejectReason::Banned,
-                BAN.get(),
-                Some(banned.retry_after()),
-            ));
-        }
+    if let Some((bans, key)) = &ban
+        && let Err(banned) = bans.list.check(key)
+    {
+        count_list_rejection!("ban");
+        return Check::Ready(rejected(
+            RejectReason::Banned,
+            BAN.get(),
+            Some(banned.retry_after()),
+        ));
     }
 
     // The keys whose rules this request is exempt from (`whitelist.by_key`), as a bit each.
@@ -1398,10 +1398,10 @@ fn decide<C: Clock>(
                 if let Some(receipt) = used.take().or(held.take()) {
                     receipt.refund();
                 }
-                if let Some(patience) = patience.as_deref_mut() {
-                    if patience.waits_for(rule, key, &error, overflow) {
-                        return Check::Ready(would_reject(rule, &error));
-                    }
+                if let Some(patience) = patience.as_deref_mut()
+                    && patience.waits_for(rule, key, &error, overflow)
+                {
+                    return Check::Ready(would_reject(rule, &error));
                 }
                 let (reason, retry_after) = rejected_by(rule, key, &error, overflow, ban.as_ref());
                 return Check::Ready(Verdict {
@@ -1660,10 +1660,10 @@ fn decide_one<C: Clock>(
             }
         }
         Err(error) => {
-            if let Some(patience) = patience {
-                if patience.waits_for(rule, &key, &error, overflow) {
-                    return would_reject(rule, &error);
-                }
+            if let Some(patience) = patience
+                && patience.waits_for(rule, &key, &error, overflow)
+            {
+                return would_reject(rule, &error);
             }
             let (reason, retry_after) = rejected_by(rule, &key, &error, overflow, ban);
             Verdict {

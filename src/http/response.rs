@@ -152,12 +152,12 @@ impl ResponseConfig {
                 return Err(ResponseConfigError::InvalidStatus { field, status });
             }
         }
-        if let Some(content_type) = &self.content_type {
-            if HeaderValue::from_str(content_type).is_err() {
-                return Err(ResponseConfigError::InvalidContentType(
-                    content_type.clone(),
-                ));
-            }
+        if let Some(content_type) = &self.content_type
+            && HeaderValue::from_str(content_type).is_err()
+        {
+            return Err(ResponseConfigError::InvalidContentType(
+                content_type.clone(),
+            ));
         }
         Ok(())
     }
@@ -334,10 +334,10 @@ fn list_value(
     if quotas.is_empty() {
         return None;
     }
-    if let [quota] = quotas {
-        if let Some(value) = single_value(quota, params_of(quota)) {
-            return Some(value);
-        }
+    if let [quota] = quotas
+        && let Some(value) = single_value(quota, params_of(quota))
+    {
+        return Some(value);
     }
     let write = |out: &mut Sink| {
         for (i, quota) in quotas.iter().enumerate() {
@@ -381,10 +381,10 @@ fn memo<K: 'static, V: Clone + 'static>(
     let mut make = Some(make);
     let cached = slot.try_with(|cell| {
         let mut last = cell.try_borrow_mut().ok()?;
-        if let Some((key, value)) = &*last {
-            if hit(key) {
-                return Some(value.clone());
-            }
+        if let Some((key, value)) = &*last
+            && hit(key)
+        {
+            return Some(value.clone());
         }
         let (key, value) = make.take()?()?;
         *last = Some((key, value.clone()));
