@@ -23,7 +23,7 @@
 #[path = "../tests/common/envoy.rs"]
 mod envoy_common;
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use envoy_common::descriptor;
 use std::time::Duration;
 use turnstile::envoy::proto::{Code, RateLimitDescriptor, RateLimitRequest};

@@ -50,11 +50,11 @@
 //! instruction counts). In criterion's test mode (`cargo test --benches`) the paired part runs
 //! briefly and writes nothing.
 
-use axum::routing::get;
 use axum::Router;
+use axum::routing::get;
 use bytes::Bytes;
 use criterion::measurement::WallTime;
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -154,8 +154,8 @@ fn constant_headers() -> tower::util::MapResponse<Router, AddHeaders> {
 /// changes the config's type, hence a macro) when `headers` is true.
 macro_rules! governed {
     ($headers:expr, |$app:ident| $body:expr) => {{
-        use tower_governor::governor::GovernorConfigBuilder;
         use tower_governor::GovernorLayer;
+        use tower_governor::governor::GovernorConfigBuilder;
         let mut builder = GovernorConfigBuilder::default();
         builder.per_second(1).burst_size(u32::MAX / 2);
         if $headers {
@@ -295,7 +295,16 @@ fn http(c: &mut Criterion) {
         return;
     }
     let runtime = Runtime::new().expect("runtime");
-    let [mut bare, mut admitted, mut rejected, _, _, mut governor, _, _] = servers(&runtime);
+    let [
+        mut bare,
+        mut admitted,
+        mut rejected,
+        _,
+        _,
+        mut governor,
+        _,
+        _,
+    ] = servers(&runtime);
     let mut group = c.benchmark_group("http");
     group.measurement_time(Duration::from_secs(8));
     group.bench_function("bare", |b| {
@@ -638,11 +647,15 @@ fn http_wrk() {
     }
     let (how, file) = match placement {
         Placement::Pinned => (
-            format!("`wrk -t1 -c{CONNECTIONS}` run per app, order rotating, the server on CPU 0 and wrk on CPU 1"),
+            format!(
+                "`wrk -t1 -c{CONNECTIONS}` run per app, order rotating, the server on CPU 0 and wrk on CPU 1"
+            ),
             "wrk.md",
         ),
         Placement::Shared => (
-            format!("`wrk -t2 -c{CONNECTIONS}` run per app, order rotating, wrk and the server's two workers sharing both cores"),
+            format!(
+                "`wrk -t2 -c{CONNECTIONS}` run per app, order rotating, wrk and the server's two workers sharing both cores"
+            ),
             "wrk-shared.md",
         ),
     };

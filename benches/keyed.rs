@@ -61,11 +61,11 @@
 //! its `not_before` hint, so that is measured too (`busy_repeat`). governor's `retain_recent()`
 //! over 1,000,000 keys on its `FakeRelativeClock` is the peer.
 
-use criterion::{criterion_group, BatchSize, Criterion, SamplingMode};
+use criterion::{BatchSize, Criterion, SamplingMode, criterion_group};
+use governor::Quota;
 use governor::clock::{Clock as GovClock, FakeRelativeClock, QuantaUpkeepClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
-use governor::Quota;
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -75,7 +75,7 @@ use turnstile::{Algorithm, KeyedLimiter, ManualClock, Rate};
 
 #[path = "common/heap.rs"]
 mod heap;
-use heap::{key_sequence, Heap, LARGE};
+use heap::{Heap, LARGE, key_sequence};
 
 // ---------------------------------------------------------------------------------------------
 // Configurations

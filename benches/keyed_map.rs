@@ -24,12 +24,12 @@
 //!
 //! Run: `cargo bench --bench keyed_map`.
 
-use criterion::{black_box, criterion_group, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group};
 #[path = "common/heap.rs"]
 mod heap;
 
 use foldhash::fast::RandomState as Fold;
-use heap::{key_sequence, Heap};
+use heap::{Heap, key_sequence};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -22,7 +22,7 @@
 //! ready (nothing else holds the key); a pending poll panics, so a number can never hide a wait.
 //! `turnstile/try_*` rows use the non-async `try_read`/`try_write`.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use std::collections::HashMap;
 use std::future::Future;
 use std::hint::black_box;

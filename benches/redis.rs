@@ -32,10 +32,10 @@
 
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use turnstile::redis::{self, aio::ConnectionManager, Client};
+use turnstile::redis::{self, Client, aio::ConnectionManager};
 use turnstile::{Algorithm, FailurePolicy, Rate, RedisLimiter};
 
 const RUN: Duration = Duration::from_secs(2);

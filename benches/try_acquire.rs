@@ -31,13 +31,13 @@
 //! wrong). Every reject-path limiter is checked to have admitted nothing during its benchmark.
 
 use criterion::measurement::WallTime;
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
-use governor::clock::{MonotonicClock as GovMonotonicClock, QuantaUpkeepClock};
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use governor::Quota;
+use governor::clock::{MonotonicClock as GovMonotonicClock, QuantaUpkeepClock};
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use turnstile::{Algorithm, Clock, DefaultClock, MonotonicClock, Rate, RateLimiter, UpkeepClock};
 

@@ -45,7 +45,7 @@
 //! Every limiter used on an admit path is checked afterwards to have rejected nothing (a rejection
 //! would make the figure meaningless), and every concurrency limiter to have all its permits back.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use std::future::Future;
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -377,7 +377,9 @@ fn paired_ratios() {
     let results = vec![
         paired(
             "ConcurrencyLimiter try_acquire + drop ÷ tokio Semaphore",
-            ("try_acquire_drop/turnstile", || limiter.try_acquire().is_ok()),
+            ("try_acquire_drop/turnstile", || {
+                limiter.try_acquire().is_ok()
+            }),
             ("try_acquire_drop/tokio_semaphore", || {
                 semaphore.try_acquire().is_ok()
             }),
@@ -400,7 +402,9 @@ fn paired_ratios() {
             ("acquire_poll_drop/turnstile", || {
                 poll_once(limiter.acquire()).is_ok()
             }),
-            ("try_acquire_drop/turnstile", || limiter.try_acquire().is_ok()),
+            ("try_acquire_drop/turnstile", || {
+                limiter.try_acquire().is_ok()
+            }),
             Some(1.2),
             length,
         ),

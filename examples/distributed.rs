@@ -12,7 +12,7 @@
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use turnstile::redis::{aio::ConnectionManager, Client};
+use turnstile::redis::{Client, aio::ConnectionManager};
 use turnstile::{Algorithm, FailurePolicy, RedisLimiter, TryAcquireError};
 
 const LIMIT: u32 = 100;

@@ -16,11 +16,11 @@
 #[path = "../benches/common/heap.rs"]
 mod heap;
 
+use governor::Quota;
 use governor::clock::{FakeRelativeClock, QuantaUpkeepClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
-use governor::Quota;
-use heap::{key_sequence, Heap};
+use heap::{Heap, key_sequence};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Barrier;
@@ -116,7 +116,9 @@ fn calls(rounds: usize, only: Option<u64>) {
     let upkeep = QuantaUpkeepClock::from_interval(Duration::from_millis(1)).expect("upkeep");
     let quota =
         Quota::per_minute(NonZeroU32::MIN).allow_burst(NonZeroU32::new(BURST).expect("> 0"));
-    println!("| keys | threads | turnstile fixed ns | bucket ns | governor ns | fixed ÷ gov | bucket ÷ gov |");
+    println!(
+        "| keys | threads | turnstile fixed ns | bucket ns | governor ns | fixed ÷ gov | bucket ÷ gov |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for (n, calls) in [(1_000u64, 2_000_000usize), (1_000_000, 400_000)] {
         if only.is_some_and(|only| only != n) {

@@ -6,8 +6,8 @@
 //!     [1, 1.5 s), 3 in [1.5, 2 s)) is replayed on a manual clock against the fixed window and the
 //!     exact sliding window, and charted per 100 ms.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use turnstile::{Algorithm, ManualClock, RateLimiter};
 
@@ -90,7 +90,9 @@ fn boundary() -> Result<(), Box<dyn std::error::Error>> {
         },
         &calls,
     )?;
-    println!("(b) limit 10 per 1 s; calls: 3 in [0, 0.5 s), 7 in [0.5, 1 s), 7 in [1, 1.5 s), 3 in [1.5, 2 s)");
+    println!(
+        "(b) limit 10 per 1 s; calls: 3 in [0, 0.5 s), 7 in [0.5, 1 s), 7 in [1, 1.5 s), 3 in [1.5, 2 s)"
+    );
     println!("      time      calls  fixed window  sliding window");
     for bucket in 0..20 {
         let range: std::ops::Range<u64> = bucket * 100..(bucket + 1) * 100;

@@ -714,8 +714,8 @@ fn a_sweep_freeing_room_at_the_key_cap_during_a_chain_wait_is_never_missed() {
 /// seen by its attempt, or by the second read (then it attempts again), or notifies it.
 #[test]
 fn close_during_a_chain_wait_is_never_missed() {
-    use loom::sync::atomic::{AtomicBool, Ordering};
     use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicBool, Ordering};
     model(|| {
         let watchers = Arc::new(turnstile::Watchers::default());
         let closed = Arc::new(AtomicBool::new(false));
@@ -736,8 +736,8 @@ fn close_during_a_chain_wait_is_never_missed() {
 /// attempts, or during the wait.
 #[test]
 fn two_changes_during_a_chain_wait_are_never_missed() {
-    use loom::sync::atomic::{AtomicU32, Ordering};
     use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicU32, Ordering};
     model(|| {
         let watchers = Arc::new(turnstile::Watchers::default());
         let changes = Arc::new(AtomicU32::new(0));
@@ -765,8 +765,8 @@ fn two_changes_during_a_chain_wait_are_never_missed() {
 /// loom schedules the closer into a caller's loop either way.
 #[test]
 fn a_chain_callers_own_refunds_neither_wake_it_nor_hide_a_change() {
-    use loom::sync::atomic::{AtomicBool, Ordering};
     use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicBool, Ordering};
     model(|| {
         let watchers = Arc::new(turnstile::Watchers::default());
         let closed = Arc::new(AtomicBool::new(false));

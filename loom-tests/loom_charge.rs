@@ -22,8 +22,8 @@
 mod common;
 use common::model;
 
-use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::thread;
 use std::time::Duration;
 use turnstile::{Algorithm, Clock, ManualClock, Rate, RateLimiter, TryAcquireError};

@@ -573,10 +573,11 @@ fn a_head_deferring_to_a_cancelled_pool_head_is_woken() {
         let _own = l.try_acquire_owned(0, 1).unwrap();
         let pooled = l.try_acquire_owned(2, 1).unwrap();
         let mut head = Box::pin(l.acquire(&3));
-        assert!(head
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-            .is_pending());
+        assert!(
+            head.as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_pending()
+        );
         drop(pooled); // wakes key 3's head; the permit is free
         let late = {
             let l = Arc::clone(&l);

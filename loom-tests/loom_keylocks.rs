@@ -37,8 +37,8 @@
 mod common;
 use common::model;
 
-use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
+use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use std::future::Future;
 use std::pin::pin;

@@ -25,8 +25,8 @@
 
 #![cfg(turnstile_loom)]
 
-use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::sync::Arc;
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::thread;
 use turnstile::Upkeep;
 

@@ -60,8 +60,8 @@ mod common;
 use common::model;
 
 use loom::cell::UnsafeCell;
-use loom::sync::atomic::{AtomicU32, Ordering};
 use loom::sync::Arc;
+use loom::sync::atomic::{AtomicU32, Ordering};
 use loom::thread;
 use std::future::Future;
 use std::pin::Pin;

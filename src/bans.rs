@@ -20,9 +20,9 @@
 
 use crate::clock::{Clock, DefaultClock};
 use crate::error::{ConfigError, TryAcquireError};
-use crate::keyed::{KeyOverflow, KeyedLimiter, DEFAULT_MAX_KEYS};
+use crate::keyed::{DEFAULT_MAX_KEYS, KeyOverflow, KeyedLimiter};
 use crate::limiter::{Algorithm, Rate};
-use crate::sync::{lock, Arc, Counters, Mutex, MutexGuard};
+use crate::sync::{Arc, Counters, Mutex, MutexGuard, lock};
 use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};

@@ -37,7 +37,7 @@ use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::keyed::KeyedLimiter;
 use crate::limiter::RateLimiter;
 use crate::sync::Signal;
-use crate::sync::{Arc, Counters, WakeAll, ADMITTED, CANCELLED, REFUNDED, REJECTED};
+use crate::sync::{ADMITTED, Arc, CANCELLED, Counters, REFUNDED, REJECTED, WakeAll};
 use crate::watchers::{Watcher, Watchers};
 use std::fmt;
 #[cfg(feature = "keyed")]

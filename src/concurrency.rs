@@ -3,10 +3,10 @@
 use crate::error::{AcquireError, ConfigError, TryPermitError};
 use crate::limiter::Stats;
 use crate::queue::{
-    no_timer, Acquire, Blocked, Phases, QueueOrder, SlowWait, Wait, WaitQueue, CLOSED,
-    DEFAULT_QUEUE_LIMIT, WAITERS,
+    Acquire, Blocked, CLOSED, DEFAULT_QUEUE_LIMIT, Phases, QueueOrder, SlowWait, WAITERS, Wait,
+    WaitQueue, no_timer,
 };
-use crate::sync::{lock, Arc, AtomicU64, Counters, Mutex, Ordering, ADMITTED, CANCELLED, REJECTED};
+use crate::sync::{ADMITTED, Arc, AtomicU64, CANCELLED, Counters, Mutex, Ordering, REJECTED, lock};
 use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::future::Future;

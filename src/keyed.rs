@@ -1,18 +1,18 @@
 //! [`KeyedLimiter`]: one rate limiter per key (IP address, user, API token, session), for millions
 //! of keys, with idle keys evicted and a hard cap on how many are kept.
 
-use crate::algorithm::{too_big, Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket};
+use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket, too_big};
 use crate::chain::Committed;
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
-use crate::limiter::{build_sliding, Algorithm};
+use crate::limiter::{Algorithm, build_sliding};
 use crate::queue::{
-    Blocked, Capacity, QueueOrder, Wait, WaitQueue, Woken, DEFAULT_QUEUE_LIMIT, WAITERS,
+    Blocked, Capacity, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Wait, WaitQueue, Woken,
 };
 use crate::sync::{
-    fence, lock, wake_all, Arc, AtomicU64, Counters, KeyMap, Mutex, Ordering, Reclaimer, ADMITTED,
-    CANCELLED, OVERFLOWED, REJECTED,
+    ADMITTED, Arc, AtomicU64, CANCELLED, Counters, KeyMap, Mutex, OVERFLOWED, Ordering, REJECTED,
+    Reclaimer, fence, lock, wake_all,
 };
 use crate::watchers::{Watcher, Watchers};
 use crossbeam_utils::CachePadded;

@@ -10,13 +10,13 @@ use crate::clock::Clock;
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
 use crate::keyed::{
-    shard_count, waiting_error, Ctx, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Slot, Unused,
-    Waits, DEFAULT_MAX_KEYS,
+    Ctx, DEFAULT_MAX_KEYS, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Slot, Unused, Waits,
+    shard_count, waiting_error,
 };
-use crate::queue::{no_timer, Blocked, Capacity, QueueOrder, Woken, DEFAULT_QUEUE_LIMIT, WAITERS};
+use crate::queue::{Blocked, Capacity, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Woken, no_timer};
 use crate::sync::{
-    fence, lock, wake_all, Arc, AtomicU64, Mutex, Ordering, WakeAll, ADMITTED, CANCELLED,
-    OVERFLOWED, REJECTED,
+    ADMITTED, Arc, AtomicU64, CANCELLED, Mutex, OVERFLOWED, Ordering, REJECTED, WakeAll, fence,
+    lock, wake_all,
 };
 use crossbeam_utils::CachePadded;
 use std::cell::Cell;

@@ -82,13 +82,13 @@
 //! use the live count `waiting`, never the queue's length.
 
 use crate::error::ConfigError;
-use crate::sync::{lock, wake_all, Arc, Mutex, Signal};
+use crate::sync::{Arc, Mutex, Signal, lock, wake_all};
 use crossbeam_utils::CachePadded;
-use hashbrown::hash_table::Entry as Slot;
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry as Slot;
 use std::borrow::Borrow;
-use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
+use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash};
@@ -1810,7 +1810,7 @@ impl<K, S> KeyLocksBuilder<K, S> {
                 return Err(ConfigError::TooLarge {
                     what: "shards",
                     max: "65536",
-                })
+                });
             }
             Some(n) => n.next_power_of_two(),
         };

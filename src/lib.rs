@@ -93,12 +93,12 @@ mod watchers;
 
 #[cfg(feature = "redis")]
 pub use backend::{
-    FailurePolicy, RedisLimiter, RedisLimiterBuilder, RedisStats, REDIS_ACQUIRE_RECORDS,
-    REDIS_MAX_SLIDING_LIMIT,
+    FailurePolicy, REDIS_ACQUIRE_RECORDS, REDIS_MAX_SLIDING_LIMIT, RedisLimiter,
+    RedisLimiterBuilder, RedisStats,
 };
 #[cfg(feature = "keyed")]
 pub use bans::{
-    BanList, BanListBuilder, BanListFull, BanStats, Banned, FailOutcome, BAN_RESOLUTION,
+    BAN_RESOLUTION, BanList, BanListBuilder, BanListFull, BanStats, Banned, FailOutcome,
 };
 pub use chain::{Chain, ChainRefundable, ChainStats};
 #[cfg(feature = "keyed")]
@@ -114,18 +114,18 @@ pub use concurrency::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, OwnedPermit
 pub use decision::{Admission, Rejection};
 pub use error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
 #[cfg(feature = "keyed")]
-pub use keyed::{KeyOverflow, KeyedLimiter, KeyedLimiterBuilder, KeyedStats, DEFAULT_MAX_KEYS};
+pub use keyed::{DEFAULT_MAX_KEYS, KeyOverflow, KeyedLimiter, KeyedLimiterBuilder, KeyedStats};
 #[cfg(feature = "keyed")]
 pub use keyed_concurrency::{
     KeyedConcurrencyLimiter, KeyedConcurrencyLimiterBuilder, KeyedPermit, OwnedKeyedPermit,
 };
 #[cfg(feature = "keyed")]
 pub use keylocks::{
-    KeyLocks, KeyLocksBuilder, OwnedReadGuard, OwnedWriteGuard, ReadGuard, TryLockError,
-    WriteGuard, DEFAULT_POOL_PER_SHARD,
+    DEFAULT_POOL_PER_SHARD, KeyLocks, KeyLocksBuilder, OwnedReadGuard, OwnedWriteGuard, ReadGuard,
+    TryLockError, WriteGuard,
 };
 pub use limiter::{Algorithm, Rate, RateLimiter, RateLimiterBuilder, Stats};
-pub use queue::{QueueOrder, DEFAULT_QUEUE_LIMIT};
+pub use queue::{DEFAULT_QUEUE_LIMIT, QueueOrder};
 #[cfg(feature = "keyed")]
 pub use refund::KeyedRefundable;
 pub use refund::Refundable;

@@ -4,8 +4,8 @@ use crate::algorithm::{Algo, Charge, FixedWindow, SlidingCounter, SlidingWindow,
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
-use crate::queue::{Blocked, QueueOrder, Wait, WaitQueue, CLOSED, DEFAULT_QUEUE_LIMIT, WAITERS};
-use crate::sync::{lock, Arc, AtomicU64, Counters, Mutex, Ordering, ADMITTED, CANCELLED, REJECTED};
+use crate::queue::{Blocked, CLOSED, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Wait, WaitQueue};
+use crate::sync::{ADMITTED, Arc, AtomicU64, CANCELLED, Counters, Mutex, Ordering, REJECTED, lock};
 use crate::watchers::{Watcher, Watchers};
 use crossbeam_utils::CachePadded;
 use std::fmt;

@@ -48,8 +48,8 @@
 
 use crate::error::AcquireError;
 use crate::sync::{
-    lock, wake_all, Arc, AtomicU64, Counters, Mutex, Ordering, Signal, WakeAll, ADMITTED,
-    CANCELLED, REJECTED,
+    ADMITTED, Arc, AtomicU64, CANCELLED, Counters, Mutex, Ordering, REJECTED, Signal, WakeAll,
+    lock, wake_all,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -785,15 +785,17 @@ impl<'a> Wait<'a> {
         mut after: impl FnMut(),
     ) -> Result<T, AcquireError> {
         let mut ticket = self.enqueue()?;
-        std::future::poll_fn(|cx| loop {
-            let who = Registration::Task(cx.waker());
-            match ticket.turn(who, &mut take, &mut give_back, &mut after) {
-                Turn::Done(outcome) => return Poll::Ready(outcome),
-                Turn::Wait(Blocked::Until(nanos)) => match sleep(cx, nanos) {
-                    Poll::Ready(()) => continue,
-                    Poll::Pending => return Poll::Pending,
-                },
-                Turn::Wait(_) => return Poll::Pending,
+        std::future::poll_fn(|cx| {
+            loop {
+                let who = Registration::Task(cx.waker());
+                match ticket.turn(who, &mut take, &mut give_back, &mut after) {
+                    Turn::Done(outcome) => return Poll::Ready(outcome),
+                    Turn::Wait(Blocked::Until(nanos)) => match sleep(cx, nanos) {
+                        Poll::Ready(()) => continue,
+                        Poll::Pending => return Poll::Pending,
+                    },
+                    Turn::Wait(_) => return Poll::Pending,
+                }
             }
         })
         .await

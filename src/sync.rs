@@ -8,12 +8,12 @@
 //! and break its build.
 
 #[cfg(not(turnstile_loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering, fence};
 #[cfg(not(turnstile_loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering, fence};
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 

@@ -46,7 +46,7 @@
 
 #[cfg(turnstile_loom)]
 use crate::sync::Signal;
-use crate::sync::{lock, wake_all, Arc, AtomicU64, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock, wake_all};
 use std::collections::BTreeMap;
 
 /// Who waits: a task (its `Notify` keeps a permit if notified while it is not sleeping) or a

@@ -344,9 +344,10 @@ fn concurrent_failures_start_exactly_one_ban_per_after_failures() {
         let mut counts: Vec<u32> = all.iter().map(|o| o.failures).collect();
         counts.sort_unstable();
         assert_eq!(counts, (1..=(THREADS * EACH) as u32).collect::<Vec<_>>());
-        assert!(all
-            .iter()
-            .all(|o| o.ban_started == (o.failures % AFTER == 0)));
+        assert!(
+            all.iter()
+                .all(|o| o.ban_started == (o.failures % AFTER == 0))
+        );
         assert_eq!(retry(&bans, 1), Some(60 * SEC));
     }
 }

@@ -80,7 +80,9 @@ fn boundary_scenario_sliding_window_never_exceeds_10_per_second() {
     });
     assert_eq!(
         admitted,
-        vec![0, 100, 200, 500, 550, 600, 650, 700, 750, 800, 1000, 1100, 1200, 1500, 1600, 1700]
+        vec![
+            0, 100, 200, 500, 550, 600, 650, 700, 750, 800, 1000, 1100, 1200, 1500, 1600, 1700
+        ]
     );
     assert_eq!(most_in_any_window(&admitted, 1000), 10);
     // Each rejection names the exact moment the oldest relevant admission leaves the window.

@@ -10,8 +10,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use turnstile::{Algorithm, ConcurrencyLimiter, MonotonicClock, Rate, RateLimiter, TokioClock};

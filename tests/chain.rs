@@ -660,7 +660,7 @@ fn refund_positional_sliding_window() {
         "ticket 4 overwrites ticket 1 (t = 10)"
     );
     clock.advance(10); // t = 110
-                       // Ticket 5 overwrites the refunded ticket 2: free at once, no waiting for its expiry.
+    // Ticket 5 overwrites the refunded ticket 2: free at once, no waiting for its expiry.
     first.try_acquire_n(2).unwrap();
     assert!(
         first.try_acquire().is_err(),
@@ -2470,9 +2470,11 @@ fn refunding_chain() -> (
 /// or a failure if it does not return within 10 s (it spins: the thread is left to it).
 fn attempts_of(
     chain: &KeyedChain<&'static str, ManualClock>,
-    call: impl FnOnce(&KeyedChain<&'static str, ManualClock>) -> Result<Admission, turnstile::AcquireError>
-        + Send
-        + 'static,
+    call: impl FnOnce(
+        &KeyedChain<&'static str, ManualClock>,
+    ) -> Result<Admission, turnstile::AcquireError>
+    + Send
+    + 'static,
 ) -> (Result<Admission, turnstile::AcquireError>, u64) {
     let before = chain.stats().refunded;
     let (done, outcome) = std::sync::mpsc::channel();

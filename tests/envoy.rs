@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use prost::Message;
 use std::time::Duration;
 use tonic::transport::Channel;
+use turnstile::ManualClock;
 use turnstile::envoy::proto::{
     Code, DescriptorStatus, Entry, ProtoDuration, RateLimit, RateLimitDescriptor,
     RateLimitOverride, RateLimitRequest, RateLimitResponse, UInt64Value, Unit,
@@ -18,7 +19,6 @@ use turnstile::envoy::proto::{
 use turnstile::envoy::{
     ResponseHeaders, RlsConfig, RlsConfigError, RlsService, SHOULD_RATE_LIMIT_PATH,
 };
-use turnstile::ManualClock;
 
 // ---------------------------------------------------------------------------------------------
 // Wire format
@@ -871,8 +871,14 @@ descriptors:
         ("domain: d\nextra: 1\n", "extra"),
         ("descriptors: []\n", "domain"),
         ("domain: ''\n", "domain"),
-        ("domain: d\ndescriptors:\n  - value: v\n", "descriptors[0].key"),
-        ("domain: d\ndescriptors:\n  - key: k\n    colour: red\n", "descriptors[0].colour"),
+        (
+            "domain: d\ndescriptors:\n  - value: v\n",
+            "descriptors[0].key",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    colour: red\n",
+            "descriptors[0].colour",
+        ),
         (
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: -1 }\n",
             "descriptors[0].rate_limit.requests_per_unit",

@@ -10,9 +10,9 @@ mod tally;
 use envoy_common::descriptor;
 use std::collections::HashMap;
 use tally::Tally;
+use turnstile::ManualClock;
 use turnstile::envoy::proto::{Code, RateLimitOverride, RateLimitRequest, UInt64Value, Unit};
 use turnstile::envoy::{RlsConfig, RlsService};
-use turnstile::ManualClock;
 
 const CONFIG: &str = "
 domain: d
@@ -296,8 +296,8 @@ mod redis_server;
 /// within a test), and the runtime to drive it.
 #[cfg(feature = "redis")]
 fn in_redis(server: &redis_server::RedisServer) -> (tokio::runtime::Runtime, RlsService) {
-    use turnstile::redis::{aio::ConnectionManager, Client};
     use turnstile::FailurePolicy;
+    use turnstile::redis::{Client, aio::ConnectionManager};
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -12,13 +12,13 @@ mod redis_server;
 use envoy_common::descriptor;
 use redis_server::{RedisCluster, RedisServer};
 use std::time::Duration;
+use turnstile::FailurePolicy;
 use turnstile::envoy::proto::{
     Code, RateLimitOverride, RateLimitRequest, RateLimitResponse, UInt64Value, Unit,
 };
 use turnstile::envoy::{RlsConfig, RlsService, SHOULD_RATE_LIMIT_PATH};
 use turnstile::redis::cluster::ClusterClient;
-use turnstile::redis::{aio::ConnectionManager, Client};
-use turnstile::FailurePolicy;
+use turnstile::redis::{Client, aio::ConnectionManager};
 
 const CONFIG: &str = "
 domain: d

@@ -6,19 +6,19 @@
 //! mechanics with a stand-in policy in `http_layer.rs`; these tests check that the scenarios of
 //! issue 6 hold through the wire, with the peer address coming from axum's `ConnectInfo`.
 
-use axum::routing::get;
 use axum::Router;
+use axum::routing::get;
 use proptest::prelude::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tower::{Layer, Service, ServiceExt};
-use turnstile::http::{HttpConfig, HttpLimiter, PeerAddr, RateLimitService};
 use turnstile::ManualClock;
+use turnstile::http::{HttpConfig, HttpLimiter, PeerAddr, RateLimitService};
 
 #[path = "common/http_rules.rs"]
 mod http_rules;
-use http_rules::{limiter, PER_IP};
+use http_rules::{PER_IP, limiter};
 
 /// The app as `examples/axum_server.rs` builds it: the layer around the whole router, so that a
 /// request is decided before it is routed. (`tests/http_layer.rs` covers `Router::layer` and

@@ -6,8 +6,8 @@
 
 use proptest::prelude::*;
 use std::time::Duration;
-use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RequestInfo, Verdict};
 use turnstile::ManualClock;
+use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RequestInfo, Verdict};
 
 fn limiter(config: HttpConfig) -> HttpLimiter<ManualClock> {
     HttpLimiter::with_clock(config, ManualClock::new()).expect("valid configuration")
@@ -357,7 +357,7 @@ fn aspnet_month_and_year_periods_are_theirs() {
 /// Any JSON value in any field of AspNetCoreRateLimit's sections: a translation or an error,
 /// never a panic (the mutated-text property rarely changes a value's kind).
 fn aspnet_shape() -> impl Strategy<Value = serde_json::Value> {
-    use serde_json::{json, Value};
+    use serde_json::{Value, json};
     let keys = prop::sample::select(vec![
         "IpRateLimiting",
         "ClientRateLimiting",

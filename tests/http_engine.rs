@@ -4,8 +4,8 @@
 use proptest::prelude::*;
 use std::net::IpAddr;
 use std::time::Duration;
-use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RejectReason, RequestInfo, Verdict};
 use turnstile::ManualClock;
+use turnstile::http::{HttpConfig, HttpLimiter, Outcome, RejectReason, RequestInfo, Verdict};
 
 #[path = "common/http_rules.rs"]
 mod http_rules;
@@ -312,9 +312,10 @@ fn reload_keeps_unchanged_counters_and_applies_new_limit() {
     assert!(e.starts_with("rules[1].period: window is too large"), "{e}");
     assert_eq!(reason(&get(&l, "/", "1.1.1.1", None)).unwrap().1, "a");
     // a bad reload keeps the old configuration
-    assert!(l
-        .reload(HttpConfig::from_toml_str("[[rules]]\nperiod = \"x\"\nlimit = 1\n").unwrap())
-        .is_err());
+    assert!(
+        l.reload(HttpConfig::from_toml_str("[[rules]]\nperiod = \"x\"\nlimit = 1\n").unwrap())
+            .is_err()
+    );
     assert_eq!(
         reason(&get(&l, "/", "1.1.1.1", None)).unwrap().0,
         RejectReason::RateLimited
@@ -562,7 +563,9 @@ fn a_full_rule_lets_new_clients_pass_uncounted_when_allowed() {
 /// the cap starts the counts afresh, one that keeps it keeps them.
 #[test]
 fn a_full_rule_bans_no_one_and_a_new_cap_starts_afresh() {
-    let config = format!("max_keys_per_rule = 1\n{PER_IP_MINUTE}[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n");
+    let config = format!(
+        "max_keys_per_rule = 1\n{PER_IP_MINUTE}[bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n"
+    );
     let (l, clock) = limiter(&config);
     get(&l, "/", "10.0.0.1", None);
     for _ in 0..3 {
@@ -1703,7 +1706,7 @@ fn a_trailing_slash_is_trimmed_only_when_asked() {
 /// literal brace, and a zero retry-after is never sent as `Retry-After: 0`.
 #[test]
 fn rejection_templates_and_retry_after() {
-    use turnstile::http::{rejection_response, Quotas, ResponseConfig};
+    use turnstile::http::{Quotas, ResponseConfig, rejection_response};
     let (l, _) = limiter(
         "[response]\nbody = \"{{rule} {rule} max {limit} per {period}\"\n\
          [[rules]]\nname = \"daily\"\nperiod = \"1d\"\nlimit = 1\n",
@@ -1732,11 +1735,13 @@ fn rejection_templates_and_retry_after() {
     assert_eq!(r.headers()["retry-after"], "1");
     let mut quiet = ResponseConfig::default();
     quiet.retry_after_header = false;
-    assert!(rejection_response(&zero, &quiet)
-        .unwrap()
-        .headers()
-        .get("retry-after")
-        .is_none());
+    assert!(
+        rejection_response(&zero, &quiet)
+            .unwrap()
+            .headers()
+            .get("retry-after")
+            .is_none()
+    );
 }
 
 /// A reload that writes a rule's pattern or IP range differently but means the same (the verb's

@@ -1,13 +1,13 @@
 //! The HTTP layers end to end: a real axum server on 127.0.0.1:0 and a real HTTP client.
 
 use arc_swap::ArcSwap;
-use axum::routing::get;
 use axum::Router;
+use axum::routing::get;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{Semaphore, mpsc};
 use tower::{Layer, Service};
 use turnstile::http::{
     Check, ClientIpConfig, ConcurrencyLayer, ForwardedHeader, LayerSettings, Outcome, PeerAddr,

@@ -5,10 +5,10 @@
 
 use proptest::prelude::*;
 use std::net::IpAddr;
-use turnstile::http::{
-    client_ip, ClientIpConfig, ForwardedHeader, HttpConfig, HttpLimiter, RequestInfo,
-};
 use turnstile::ManualClock;
+use turnstile::http::{
+    ClientIpConfig, ForwardedHeader, HttpConfig, HttpLimiter, RequestInfo, client_ip,
+};
 
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()

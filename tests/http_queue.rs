@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
+use turnstile::TokioClock;
 use turnstile::http::{
     HttpConfig, HttpConfigError, HttpLimiter, Outcome, PeerAddr, RejectReason, RequestInfo, Verdict,
 };
-use turnstile::TokioClock;
 
 fn limiter(toml: &str) -> Arc<HttpLimiter<TokioClock>> {
     let config = HttpConfig::from_toml_str(toml).unwrap();
@@ -265,11 +265,13 @@ fn queue_settings_are_validated() {
         error("[[rules]]\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\nmax_wait = \"0s\"\n")
             .starts_with("rules[0].max_wait: ")
     );
-    assert!(error(
-        "[[ip_rules]]\nip = \"10.0.0.0/8\"\n[[ip_rules.rules]]\nperiod = \"1s\"\nlimit = 1\n\
+    assert!(
+        error(
+            "[[ip_rules]]\nip = \"10.0.0.0/8\"\n[[ip_rules.rules]]\nperiod = \"1s\"\nlimit = 1\n\
          max_wait = \"soon\"\nqueue_limit = 1\n"
-    )
-    .starts_with("ip_rules[0].rules[0].max_wait: \"soon\" is not a duration"));
+        )
+        .starts_with("ip_rules[0].rules[0].max_wait: \"soon\" is not a duration")
+    );
 }
 
 /// With the Redis backend, a rule's queue is refused before any connection is tried.
@@ -309,11 +311,13 @@ async fn a_reload_does_not_reset_the_queue_count() {
         HttpLimiter::with_clock(HttpConfig::from_toml_str(toml).unwrap(), TokioClock::new())
             .unwrap(),
     );
-    assert!(limiter
-        .decide_async(&with_client("192.0.2.1", None))
-        .await
-        .outcome
-        .is_admitted());
+    assert!(
+        limiter
+            .decide_async(&with_client("192.0.2.1", None))
+            .await
+            .outcome
+            .is_admitted()
+    );
     let waiter = {
         let limiter = Arc::clone(&limiter);
         tokio::spawn(async move { limiter.decide_async(&with_client("192.0.2.1", None)).await })
@@ -321,11 +325,13 @@ async fn a_reload_does_not_reset_the_queue_count() {
     tokio::task::yield_now().await;
     // The queue is full: another is rejected at once.
     let start = tokio::time::Instant::now();
-    assert!(!limiter
-        .decide_async(&with_client("192.0.2.1", None))
-        .await
-        .outcome
-        .is_admitted());
+    assert!(
+        !limiter
+            .decide_async(&with_client("192.0.2.1", None))
+            .await
+            .outcome
+            .is_admitted()
+    );
     assert_eq!(start.elapsed(), Duration::ZERO);
     limiter
         .reload(HttpConfig::from_toml_str(toml).unwrap())
@@ -378,11 +384,13 @@ fn waiting_request_counts_its_key_overflow_once(algorithm: &str) {
         rt.block_on(async {
             let limiter = HttpLimiter::with_clock(config, TokioClock::new()).unwrap();
             // 10.0.0.1 fills `by-ip` (one key), "x" fills `q`.
-            assert!(limiter
-                .decide_async(&with_client("10.0.0.1", Some("x")))
-                .await
-                .outcome
-                .is_admitted());
+            assert!(
+                limiter
+                    .decide_async(&with_client("10.0.0.1", Some("x")))
+                    .await
+                    .outcome
+                    .is_admitted()
+            );
             // Another IP, same client: `by-ip` has no room (allowed, counted), `q` rejects: waits 1 s.
             let start = tokio::time::Instant::now();
             let v = limiter
@@ -500,11 +508,13 @@ fn a_request_waiting_across_a_reload_counts_its_key_overflow_once() {
                 )
                 .unwrap(),
             );
-            assert!(limiter
-                .decide_async(&with_client("10.0.0.1", Some("x")))
-                .await
-                .outcome
-                .is_admitted());
+            assert!(
+                limiter
+                    .decide_async(&with_client("10.0.0.1", Some("x")))
+                    .await
+                    .outcome
+                    .is_admitted()
+            );
             let waiter = {
                 let limiter = Arc::clone(&limiter);
                 tokio::spawn(async move {
@@ -567,11 +577,13 @@ fn waiting_across_a_reload_to_one_rule_counts_its_key_overflow_once(policy: &str
                 )
                 .unwrap(),
             );
-            assert!(limiter
-                .decide_async(&with_client("10.0.0.1", Some("x")))
-                .await
-                .outcome
-                .is_admitted());
+            assert!(
+                limiter
+                    .decide_async(&with_client("10.0.0.1", Some("x")))
+                    .await
+                    .outcome
+                    .is_admitted()
+            );
             let waiter = waiter(&limiter, with_client("10.0.0.2", Some("x"))).await;
             assert!(!waiter.is_finished(), "the request waits for q");
             limiter

@@ -89,10 +89,12 @@ async fn third_request_is_rejected_with_retry_after() {
     );
     assert_eq!(third.quotas[0].remaining, 0);
     // Another client has its own count.
-    assert!(get(&limiter, "/", "203.0.113.8")
-        .await
-        .outcome
-        .is_admitted());
+    assert!(
+        get(&limiter, "/", "203.0.113.8")
+            .await
+            .outcome
+            .is_admitted()
+    );
     // The keys are in Redis under the configured prefix, and all expire.
     let keys = redis_server::assert_all_keys_expire(&mut server.connection(), "myapp");
     assert_eq!(keys.len(), 2, "{keys:?}");
@@ -408,25 +410,31 @@ fn configuration_errors_name_the_field() {
         HttpConfigError::NeedsConnect
     );
     let bad_failure = config("redis://127.0.0.1:6379/", "sometimes", TWO_PER_MINUTE);
-    assert!(HttpLimiter::new(bad_failure)
-        .unwrap_err()
-        .to_string()
-        .starts_with("backend.failure"));
+    assert!(
+        HttpLimiter::new(bad_failure)
+            .unwrap_err()
+            .to_string()
+            .starts_with("backend.failure")
+    );
     let no_url =
         HttpConfig::from_toml_str(&format!("[backend]\nkind = \"redis\"\n{TWO_PER_MINUTE}"))
             .unwrap();
-    assert!(HttpLimiter::new(no_url)
-        .unwrap_err()
-        .to_string()
-        .starts_with("backend.url"));
+    assert!(
+        HttpLimiter::new(no_url)
+            .unwrap_err()
+            .to_string()
+            .starts_with("backend.url")
+    );
     let bad_deadline = HttpConfig::from_toml_str(&format!(
         "[backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\"\ndeadline = \"soon\"\n{TWO_PER_MINUTE}"
     ))
     .unwrap();
-    assert!(HttpLimiter::new(bad_deadline)
-        .unwrap_err()
-        .to_string()
-        .starts_with("backend.deadline"));
+    assert!(
+        HttpLimiter::new(bad_deadline)
+            .unwrap_err()
+            .to_string()
+            .starts_with("backend.deadline")
+    );
 }
 
 /// A rule the scripts cannot count (an exact sliding window above 100,000 in Redis, valid in
@@ -736,10 +744,12 @@ async fn redis_down_with_several_rules_fail_closed_or_open() {
     let open = HttpLimiter::connect(config(&server.url(), "open", &rules))
         .await
         .unwrap();
-    assert!(get_as(&closed, "/", "192.0.2.80", "c")
-        .await
-        .outcome
-        .is_admitted());
+    assert!(
+        get_as(&closed, "/", "192.0.2.80", "c")
+            .await
+            .outcome
+            .is_admitted()
+    );
     server.kill();
     let verdict = get_as(&closed, "/", "192.0.2.80", "c").await;
     assert_eq!(
@@ -798,7 +808,9 @@ async fn redis_down_several_rules_racing_requests_are_charged_all_or_nothing() {
     let mut server = RedisServer::start();
     // Two rules counting by different keys: both apply, whatever their periods.
     let fixed = |name: &str, key: &str, limit: u64, period: &str| {
-        format!("[[rules]]\nname = \"{name}\"\nkey = \"{key}\"\nperiod = \"{period}\"\nlimit = {limit}\n")
+        format!(
+            "[[rules]]\nname = \"{name}\"\nkey = \"{key}\"\nperiod = \"{period}\"\nlimit = {limit}\n"
+        )
     };
     let rules = fixed("race-ip", "ip", IP_LIMIT, "2h") + &fixed("race-client", "client", 1, "1h");
     let limiter = std::sync::Arc::new(
@@ -860,10 +872,12 @@ async fn several_rules_survive_a_script_flush() {
         .await
         .unwrap();
     let mut con = server.connection();
-    assert!(get_as(&limiter, "/", "192.0.2.100", "f")
-        .await
-        .outcome
-        .is_admitted());
+    assert!(
+        get_as(&limiter, "/", "192.0.2.100", "f")
+            .await
+            .outcome
+            .is_admitted()
+    );
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
     let before = calls(&mut con, "eval");
     for left in [1, 0] {
@@ -884,10 +898,12 @@ async fn several_rules_on_a_black_hole_fail_within_the_deadline() {
     let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
         .await
         .unwrap();
-    assert!(get_as(&limiter, "/", "192.0.2.110", "h")
-        .await
-        .outcome
-        .is_admitted());
+    assert!(
+        get_as(&limiter, "/", "192.0.2.110", "h")
+            .await
+            .outcome
+            .is_admitted()
+    );
     server.pause();
     let started = std::time::Instant::now();
     let verdict = get_as(&limiter, "/", "192.0.2.110", "h").await;

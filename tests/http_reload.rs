@@ -4,8 +4,8 @@
 #![cfg(feature = "http")]
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tower::{Layer, ServiceExt};
 use turnstile::http::{HttpConfig, HttpLimiter, PeerAddr};
 

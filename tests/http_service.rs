@@ -17,11 +17,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tower::{Layer, Service};
+use turnstile::ConcurrencyLimiter;
 use turnstile::http::{
     Check, ConcurrencyLayer, Outcome, Policy, QuotaState, Quotas, RateLimitLayer, RejectReason,
     RequestInfo, Verdict,
 };
-use turnstile::ConcurrencyLimiter;
 
 fn admitted(name: &'static str) -> Verdict {
     Verdict {

@@ -9,17 +9,17 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tonic::Code;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
-use tonic::Code;
-use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use turnstile::http::HttpLimiter;
+use tonic_health::pb::health_client::HealthClient;
 use turnstile::ManualClock;
+use turnstile::http::HttpLimiter;
 
 #[path = "common/http_rules.rs"]
 mod http_rules;
-use http_rules::{limiter, PER_IP};
+use http_rules::{PER_IP, limiter};
 
 /// Serves tonic-health's Health service behind the limiter's layer on 127.0.0.1:0 and returns
 /// a client connected to it.

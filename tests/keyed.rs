@@ -7,8 +7,8 @@ mod common;
 use common::hook_clock::HookClock;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use turnstile::{
     Algorithm, Clock, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock, MonotonicClock, Rate,
@@ -260,18 +260,22 @@ fn bad_input_is_a_typed_error_and_creates_no_key() {
     );
     assert!(limiter.try_acquire_n(&1, 0).is_ok());
     assert!(limiter.is_empty(), "a failed call or a probe created a key");
-    assert!(KeyedLimiter::<u64>::new(Algorithm::FixedWindow {
-        limit: 0,
-        window: SEC
-    })
-    .is_err());
-    assert!(KeyedLimiter::<u64>::builder(Algorithm::FixedWindow {
-        limit: 1,
-        window: SEC
-    })
-    .max_keys(0)
-    .build()
-    .is_err());
+    assert!(
+        KeyedLimiter::<u64>::new(Algorithm::FixedWindow {
+            limit: 0,
+            window: SEC
+        })
+        .is_err()
+    );
+    assert!(
+        KeyedLimiter::<u64>::builder(Algorithm::FixedWindow {
+            limit: 1,
+            window: SEC
+        })
+        .max_keys(0)
+        .build()
+        .is_err()
+    );
 }
 
 #[test]

@@ -2,8 +2,8 @@
 //! with permits out, the cap, waiting (try/async/blocking), per-key FIFO on paused time, and
 //! cancellation that leaves the books balanced and no queue behind.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::task::Waker;
 use std::time::Duration;
 use turnstile::{AcquireError, KeyOverflow, KeyedConcurrencyLimiter, QueueOrder, TryPermitError};

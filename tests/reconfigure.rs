@@ -224,7 +224,7 @@ fn sliding_window_admissions_keep_their_expiry() {
     clock.advance(S);
     limiter.reconfigure(sliding(2, 2 * S)).unwrap();
     limiter.try_acquire().unwrap(); // expires at 3 s
-                                    // The log is full; the oldest entry keeps its 10 s expiry.
+    // The log is full; the oldest entry keeps its 10 s expiry.
     assert_eq!(retry(limiter.try_acquire()), 9 * S);
     clock.advance(9 * S);
     limiter.try_acquire().unwrap();

@@ -11,13 +11,13 @@ mod common;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
-use redis_server::{redis_now, room_in_window, RedisServer};
+use redis_server::{RedisServer, redis_now, room_in_window};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use turnstile::redis::{self, aio::ConnectionManager, Commands};
+use turnstile::redis::{self, Commands, aio::ConnectionManager};
 use turnstile::{
-    AcquireError, Admission, Algorithm, ConfigError, FailurePolicy, Rate, RedisLimiter, Rejection,
-    TryAcquireError, REDIS_ACQUIRE_RECORDS,
+    AcquireError, Admission, Algorithm, ConfigError, FailurePolicy, REDIS_ACQUIRE_RECORDS, Rate,
+    RedisLimiter, Rejection, TryAcquireError,
 };
 
 const PREFIX: &str = "t";

@@ -737,7 +737,7 @@ async fn a_chain_rejection_from_the_deny_cache_names_the_same_limit() {
         match limiter.try_acquire("s").await {
             Ok(_) => admitted += 1,
             Err(TryAcquireError::Rejected(r)) if r.retry_after() > Duration::from_secs(60) => {
-                break r
+                break r;
             }
             // The bucket, between refills.
             Err(TryAcquireError::Rejected(_)) => {}

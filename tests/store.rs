@@ -730,9 +730,11 @@ mod cancellation {
         let before = store.map.lock().unwrap()[&limiter.key("x")].clone();
         // Dropped in `set`: the admission never landed, and is not counted.
         store.hang_set.store(true, Ordering::Relaxed);
-        assert!(tokio::time::timeout(second, limiter.try_acquire("x"))
-            .await
-            .is_err());
+        assert!(
+            tokio::time::timeout(second, limiter.try_acquire("x"))
+                .await
+                .is_err()
+        );
         store.hang_set.store(false, Ordering::Relaxed);
         assert_eq!(store.map.lock().unwrap()[&limiter.key("x")], before);
         assert_eq!(limiter.stats().admitted, 1);

@@ -612,7 +612,7 @@ async fn async_and_blocking_waiters_share_one_queue() {
 #[test]
 fn an_acquire_future_polled_after_completion_panics_and_takes_nothing_more() {
     use std::future::Future;
-    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
     use std::task::{Context, Waker};
 
     fn poll_twice<F: Future>(future: F) -> (bool, bool) {

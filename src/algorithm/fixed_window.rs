@@ -1,7 +1,7 @@
 //! Fixed window: one atomic word, updated by compare-and-swap.
 
-use super::{not_fresh, pack, too_big, unpack, window_id, Algo, Charge, EachCell, Grid, RETIRED};
-use crate::clock::{nanos, Clock};
+use super::{Algo, Charge, EachCell, Grid, RETIRED, not_fresh, pack, too_big, unpack, window_id};
+use crate::clock::{Clock, nanos};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering, Params};
@@ -344,7 +344,7 @@ impl Charge for FixedWindow {
                             until_reset,
                             free.saturating_sub(n),
                             version as u32,
-                        ))
+                        ));
                     }
                     Err(actual) => current = actual,
                 }

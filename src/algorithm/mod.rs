@@ -13,9 +13,9 @@ mod token_bucket;
 
 pub(crate) use fixed_window::FixedWindow;
 pub(crate) use sliding_counter::SlidingCounter;
+pub(crate) use sliding_window::SlidingWindow;
 #[cfg(feature = "store")]
 pub(crate) use sliding_window::slot_expiry;
-pub(crate) use sliding_window::SlidingWindow;
 pub(crate) use token_bucket::TokenBucket;
 
 use crate::clock::Clock;
@@ -450,8 +450,8 @@ pub(crate) fn too_big(requested: u32, capacity: u32) -> TryAcquireError {
 #[cfg(all(test, not(turnstile_loom)))]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
     use crate::Rate;
+    use crate::clock::ManualClock;
     use proptest::prelude::*;
     use std::time::Duration;
 

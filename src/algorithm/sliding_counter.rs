@@ -1,9 +1,9 @@
 //! Sliding window counter: the previous and current fixed-window counts, weighted.
 
 use super::{
-    pack, too_big, unpack, window_id, Algo, Charge, Divisor, EachCell, Grid, ID_MASK, RETIRED,
+    Algo, Charge, Divisor, EachCell, Grid, ID_MASK, RETIRED, pack, too_big, unpack, window_id,
 };
-use crate::clock::{nanos, Clock};
+use crate::clock::{Clock, nanos};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering, Params};

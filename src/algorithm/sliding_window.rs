@@ -1,7 +1,7 @@
 //! The exact sliding window: a sliding log kept in a bounded ring of timestamps.
 
-use super::{too_big, Algo, Charge, EachCell, RETIRED};
-use crate::clock::{nanos, Clock};
+use super::{Algo, Charge, EachCell, RETIRED, too_big};
+use crate::clock::{Clock, nanos};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering, Params, Spin};

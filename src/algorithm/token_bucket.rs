@@ -1,11 +1,11 @@
 //! Token bucket as GCRA: one atomic word holding the theoretical arrival time.
 
-use super::{too_big, Algo, Charge, Divisor, EachCell, RETIRED};
-use crate::clock::{nanos, Clock};
+use super::{Algo, Charge, Divisor, EachCell, RETIRED, too_big};
+use crate::Rate;
+use crate::clock::{Clock, nanos};
 use crate::decision::{Admission, Rejection};
 use crate::error::{ConfigError, TryAcquireError};
 use crate::sync::{AtomicU64, Ordering, Params};
-use crate::Rate;
 
 /// The generic cell rate algorithm with emission interval `T` (time per permit) and a burst `b`.
 ///
@@ -495,7 +495,7 @@ impl Charge for TokenBucket {
                             ahead,
                             p.remaining(ahead),
                             version as u32,
-                        ))
+                        ));
                     }
                     Err(actual) => word = actual,
                 }

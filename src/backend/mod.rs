@@ -26,7 +26,7 @@ pub(crate) use connection::Connection;
 pub(crate) use multi::try_acquire_all;
 // Envoy's service on a Cluster: one call per slot, given back when another slot rejects.
 #[cfg(feature = "envoy")]
-pub(crate) use multi::{settled, try_acquire_all_held, Held};
+pub(crate) use multi::{Held, settled, try_acquire_all_held};
 
 use crate::chain::{KeyedChain, Taken};
 use crate::decision::{Admission, Rejection};
@@ -1619,7 +1619,7 @@ impl<C> RedisLimiter<C> {
                     return Err(ConfigError::Invalid {
                         what: "limit index",
                         requirement: "it must be less than the number of limits",
-                    })
+                    });
                 }
             }
             Ok(algorithms)
@@ -2094,7 +2094,7 @@ mod tests {
     /// admitted the call now on nothing, past a window already full.
     #[tokio::test]
     async fn a_stale_acquire_record_is_not_answered() {
-        use super::multi::redis_server::{redis_now, room_in_window, RedisServer};
+        use super::multi::redis_server::{RedisServer, redis_now, room_in_window};
         let server = RedisServer::start();
         let mut raw = server.connection();
         let hour = Duration::from_secs(3600);

@@ -4,7 +4,7 @@
 //! [`try_acquire_all_held`], whose [`Held`] gives back what an admitted call took.
 
 use super::{
-    keys, parse, run, within, Config, Failure, Lua, RedisLimiter, ADMITTED, MULTI, REJECTED,
+    ADMITTED, Config, Failure, Lua, MULTI, REJECTED, RedisLimiter, keys, parse, run, within,
 };
 use crate::chain::Taken;
 use crate::decision::Admission;
@@ -429,7 +429,7 @@ pub(super) mod redis_server;
 
 #[cfg(test)]
 mod tests {
-    use super::redis_server::{room_in_window, RedisServer};
+    use super::redis_server::{RedisServer, room_in_window};
     use super::*;
     use crate::{Algorithm, FailurePolicy, Rate};
     use ::redis::aio::ConnectionManager;

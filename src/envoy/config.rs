@@ -467,7 +467,7 @@ impl RlsConfig {
                 return Err(RlsConfigError::DuplicateDomain {
                     source: source.to_owned(),
                     domain,
-                })
+                });
             }
         };
         loader.origins = origins.map(|o| o.entry(domain.clone()).or_default());
@@ -728,7 +728,7 @@ impl Loader<'_> {
             // As Envoy's service: only a valid unit is refused on an unlimited limit.
             (true, None | Some(None)) => Unit::Unknown,
             (true, Some(Some(_))) => {
-                return Err(self.invalid(unit_field, "must not be set on an unlimited limit"))
+                return Err(self.invalid(unit_field, "must not be set on an unlimited limit"));
             }
             (false, None) => {
                 return Err(self.invalid(unit_field, format!("is required: {UNITS}")));

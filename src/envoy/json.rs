@@ -9,7 +9,7 @@ use super::proto::{
 use super::service::{RlsService, UnixClock};
 use crate::Clock;
 use bytes::Buf;
-use http::{header, Method, StatusCode};
+use http::{Method, StatusCode, header};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -183,7 +183,7 @@ where
             return text(
                 StatusCode::NOT_FOUND,
                 "not found: the paths are /json and /healthcheck",
-            )
+            );
         }
     }
     if request.method() != Method::POST {

@@ -41,6 +41,6 @@ mod service;
 pub use config::{RlsConfig, RlsConfigError};
 pub use json::{JsonService, MAX_JSON_REQUEST_BYTES};
 pub use service::{
-    ResponseHeaders, RlsService, UnixClock, DEFAULT_NEAR_LIMIT_RATIO, MAX_OVERRIDE_LIMITS,
-    SHOULD_RATE_LIMIT_PATH,
+    DEFAULT_NEAR_LIMIT_RATIO, MAX_OVERRIDE_LIMITS, ResponseHeaders, RlsService,
+    SHOULD_RATE_LIMIT_PATH, UnixClock,
 };

@@ -5,10 +5,10 @@ use super::config::{RlsConfig, RlsConfigError};
 use super::metrics::Decision;
 use super::proto::{Code, Entry, RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit};
 use super::service::{
-    counter_entries, hits_of, override_applied, resolve, status, window_left, Applied, Overrides,
+    Applied, Overrides, counter_entries, hits_of, override_applied, resolve, status, window_left,
 };
 pub(crate) use crate::backend::Connection;
-use crate::backend::{settled, try_acquire_all, try_acquire_all_held, Held};
+use crate::backend::{Held, settled, try_acquire_all, try_acquire_all_held};
 use crate::redis::cluster_routing::Slot;
 use crate::{Admission, Algorithm, ConfigError, FailurePolicy, TryAcquireError};
 use futures_util::future::join_all;

@@ -2,7 +2,7 @@
 //! service that serves them.
 
 use super::config::{LimitSpec, RlsConfig, RlsConfigError};
-use super::metrics::{detailed_label, Counters, Decision};
+use super::metrics::{Counters, Decision, detailed_label};
 use super::proto::{
     Code, DescriptorStatus, Entry, HeaderValue, ProtoDuration, RateLimit, RateLimitDescriptor,
     RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit,

@@ -6,7 +6,7 @@
 use crate::http::config::{
     ClientRulesConfig, HttpConfig, IpRulesConfig, KeyWhitelistConfig, RuleConfig, RuleKey,
 };
-use crate::http::rules::{parse_net, parse_period, Endpoint};
+use crate::http::rules::{Endpoint, parse_net, parse_period};
 use crate::http::{ClientIpConfig, ForwardedHeader, HttpConfigError};
 use serde_json::{Map, Value};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -286,7 +286,7 @@ fn regex_endpoint(
     match verb {
         ".+" | ".*" | "*" => return Ok(named(format!("*:{path}"), true)),
         v if !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphabetic()) => {
-            return Ok(named(format!("{v}:{path}"), true))
+            return Ok(named(format!("{v}:{path}"), true));
         }
         _ => {}
     }
@@ -363,7 +363,10 @@ fn ip_nets(
     let text = text.trim();
     let invalid = |why: &str| HttpConfigError::invalid(field, format!("{text:?} {why}"));
     let nets = if let Some((first, last)) = text.split_once('-') {
-        match (first.trim().parse::<IpAddr>(), last.trim().parse::<IpAddr>()) {
+        match (
+            first.trim().parse::<IpAddr>(),
+            last.trim().parse::<IpAddr>(),
+        ) {
             (Ok(IpAddr::V4(a)), Ok(IpAddr::V4(b))) if a <= b => {
                 range_cidrs(u32::from(a).into(), u32::from(b).into(), 32)
                     .into_iter()
@@ -380,7 +383,7 @@ fn ip_nets(
             _ => {
                 return Err(invalid(
                     "is not a range of IP addresses (`first-last`, both of one family, the first not after the last)",
-                ))
+                ));
             }
         }
     } else if let Some((address, mask)) = text
@@ -860,8 +863,8 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
 #[cfg(test)]
 mod tests {
     use crate::http::{
-        rejection_response, ForwardedHeader, HttpConfig, HttpLimiter, Outcome, QuotaState,
-        RejectReason, RequestInfo, Verdict,
+        ForwardedHeader, HttpConfig, HttpLimiter, Outcome, QuotaState, RejectReason, RequestInfo,
+        Verdict, rejection_response,
     };
     use std::time::Duration;
 

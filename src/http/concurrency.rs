@@ -1,11 +1,11 @@
 //! [`ConcurrencyLayer`]: an in-flight cap for the routes it wraps.
 
-use crate::http::response::whole_seconds_up;
 use crate::http::RateLimitBody;
+use crate::http::response::whole_seconds_up;
 use crate::{ConcurrencyLimiter, OwnedPermit};
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::StatusCode;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

@@ -1044,7 +1044,7 @@ impl HttpConfig {
                     .map(|text| serde_json::from_str::<serde_json::Value>(&text));
                 let message = match stripped {
                     Some(Ok(value)) if crate::http::aspnet::is_aspnet(&value) => {
-                        return crate::http::aspnet::translate(value)
+                        return crate::http::aspnet::translate(value);
                     }
                     // Not valid even with its comments read as ASP.NET reads them: the plain
                     // error points at the first comment, which an `appsettings.json` may have;

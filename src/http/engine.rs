@@ -4,12 +4,12 @@
 use crate::http::config::{HttpConfig, KeyOverflowPolicy, MissingKey, RuleKey};
 use crate::http::layer::{Answered, Decision, Sealed};
 use crate::http::rules::{
-    parse_header, BanKey, Bans, Compiler, CounterKey, Identity, LocalName, Metric, Rule, RuleSet,
-    WaitSlot,
+    BanKey, Bans, Compiler, CounterKey, Identity, LocalName, Metric, Rule, RuleSet, WaitSlot,
+    parse_header,
 };
 use crate::http::{
-    client_ip, Check, HttpConfigError, LayerPolicy, LayerSettings, Outcome, QuotaState, Quotas,
-    RateLimitLayer, RejectReason, RequestInfo, Verdict,
+    Check, HttpConfigError, LayerPolicy, LayerSettings, Outcome, QuotaState, Quotas,
+    RateLimitLayer, RejectReason, RequestInfo, Verdict, client_ip,
 };
 use crate::{AcquireError, Clock, MonotonicClock, TryAcquireError};
 use arc_swap::ArcSwap;
@@ -500,7 +500,7 @@ impl HttpLimiter {
         config: HttpConfig,
         connection: crate::http::redis_rules::Connection,
     ) -> Result<Self, HttpConfigError> {
-        use crate::http::redis_rules::{attach, RedisBackend, RedisSettings};
+        use crate::http::redis_rules::{RedisBackend, RedisSettings, attach};
         if config.backend.kind != "redis" {
             return Err(HttpConfigError::invalid(
                 "backend.kind",
@@ -602,7 +602,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
                     return Err(HttpConfigError::invalid(
                         "backend.url",
                         "a reload cannot connect to a different Redis (or switch from memory to Redis, or to or from a Cluster): restart with HttpLimiter::connect",
-                    ))
+                    ));
                 }
             }
         } else if self.backend.is_some() {
@@ -1281,7 +1281,7 @@ fn decide<C: Clock>(
     if plan.iter().any(|(rule, _, _)| rule.remote.is_some())
         || monitors.iter().any(|rule| rule.remote.is_some())
     {
-        use crate::http::redis_rules::{count, Step};
+        use crate::http::redis_rules::{Step, count};
         // Only monitor rules count: the sync `decide`, which cannot wait for Redis, admits the
         // request uncounted rather than have a monitor rule reject it.
         if plan.is_empty() && patience.is_none() {
@@ -1618,7 +1618,7 @@ fn decide_one<C: Clock>(
             return Verdict {
                 outcome: Outcome::Admitted,
                 quotas: Quotas::new(),
-            }
+            };
         }
         Err(verdict) => return verdict,
     };
@@ -2243,7 +2243,9 @@ mod tests {
     #[test]
     fn a_fixed_selection_is_the_per_request_selection() {
         let rule = |name: &str, endpoint: &str, period: &str, limit: u32, monitor: bool| {
-            format!("[[rules]]\nname = \"{name}\"\nendpoint = \"{endpoint}\"\nperiod = \"{period}\"\nlimit = {limit}\nmonitor = {monitor}\n")
+            format!(
+                "[[rules]]\nname = \"{name}\"\nendpoint = \"{endpoint}\"\nperiod = \"{period}\"\nlimit = {limit}\nmonitor = {monitor}\n"
+            )
         };
         let names = |rules: &[Arc<Rule<ManualClock>>]| {
             let mut names: Vec<String> = rules.iter().map(|r| r.name.to_string()).collect();
@@ -2426,9 +2428,11 @@ mod tests {
             "[backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1/\"\n{}",
             rule(1)
         );
-        assert!(limiter
-            .reload(HttpConfig::from_toml_str(&redis).unwrap())
-            .is_err());
+        assert!(
+            limiter
+                .reload(HttpConfig::from_toml_str(&redis).unwrap())
+                .is_err()
+        );
         let request = from_ip("192.0.2.1");
         for n in 1..=2 {
             let verdict = limiter.decide(&request);

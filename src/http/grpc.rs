@@ -11,10 +11,10 @@
 //! `grpc-status` only if CORS exposes it, as for every gRPC-Web answer. This is plain HTTP: any
 //! gRPC server behind the layer benefits, with or without the `tonic` feature.
 
-use crate::http::response::{whole_seconds_up, Rejection};
-use crate::http::{insert_quota_headers, Outcome, RejectReason, ResponseConfig, Verdict};
+use crate::http::response::{Rejection, whole_seconds_up};
+use crate::http::{Outcome, RejectReason, ResponseConfig, Verdict, insert_quota_headers};
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use std::fmt::Write as _;
 use std::time::Duration;
 

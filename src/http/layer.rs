@@ -5,8 +5,8 @@
 use crate::http::grpc;
 use crate::http::response::QuotaHeaders;
 use crate::http::{
-    client_ip, Check, LayerSettings, Policy, Quotas, RejectionBody, RequestInfo, ResponseConfig,
-    Verdict,
+    Check, LayerSettings, Policy, Quotas, RejectionBody, RequestInfo, ResponseConfig, Verdict,
+    client_ip,
 };
 use arc_swap::ArcSwap;
 use pin_project_lite::pin_project;

@@ -524,7 +524,7 @@ mod response;
 mod rules;
 
 pub use body::{RateLimitBody, RejectionBody};
-pub use client_ip::{client_ip, ClientIpConfig, ForwardedHeader};
+pub use client_ip::{ClientIpConfig, ForwardedHeader, client_ip};
 pub use concurrency::{ConcurrencyFuture, ConcurrencyLayer, ConcurrencyService};
 pub use config::{
     BackendConfig, BanConfig, BlocklistConfig, ClientRulesConfig, HttpConfig, HttpConfigError,
@@ -535,6 +535,6 @@ pub use engine::HttpLimiter;
 pub use grpc::grpc_rejection_response;
 pub use layer::{LayerPolicy, PeerAddr, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use response::{
-    insert_quota_headers, ratelimit_policy_value, ratelimit_value, rejection_response,
-    whole_seconds_up, ResponseConfig, ResponseConfigError,
+    ResponseConfig, ResponseConfigError, insert_quota_headers, ratelimit_policy_value,
+    ratelimit_value, rejection_response, whole_seconds_up,
 };

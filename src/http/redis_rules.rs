@@ -3,12 +3,12 @@
 //! The semantics are documented on [`BackendConfig`](crate::http::BackendConfig), where users of
 //! the crate read them.
 
-use crate::backend::try_acquire_all;
 pub(crate) use crate::backend::Connection;
+use crate::backend::try_acquire_all;
 use crate::http::config::{BackendConfig, HttpConfig, RuleConfig, RuleKey};
 use crate::http::rules::{
-    algorithm as rule_algorithm, parse_period, BanKey, Bans, CounterKey, Identity, Metric, Rule,
-    RuleSet,
+    BanKey, Bans, CounterKey, Identity, Metric, Rule, RuleSet, algorithm as rule_algorithm,
+    parse_period,
 };
 use crate::http::{Check, HttpConfigError, Outcome, QuotaState, Quotas, RejectReason, Verdict};
 use crate::sync::{AtomicU64, Ordering};
@@ -91,7 +91,7 @@ impl RedisSettings {
                 return Err(HttpConfigError::invalid(
                     "backend.url",
                     "required with kind = \"redis\" (such as \"redis://127.0.0.1:6379/\")",
-                ))
+                ));
             }
         };
         let urls: Vec<&str> = if backend.cluster {
@@ -140,7 +140,7 @@ impl RedisSettings {
                             format!(
                                 "{other:?} is not a failure policy: expected \"open\", \"closed\", \"fallback\" or \"fallback:<share in (0, 1]>\""
                             ),
-                        ))
+                        ));
                     }
                 }
             }

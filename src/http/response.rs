@@ -3,8 +3,8 @@
 
 use crate::http::{Outcome, QuotaState, RejectReason, Verdict};
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::StatusCode;
+use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde::Deserialize;
 use std::cell::RefCell;
 use std::fmt;

@@ -174,7 +174,9 @@ impl Endpoint {
         let Some((verb, path)) = rest.split_once(':') else {
             return Err(HttpConfigError::invalid(
                 field,
-                format!("{pattern:?} is not an endpoint pattern: expected \"*\", \"*:/path\" or \"verb:/path\""),
+                format!(
+                    "{pattern:?} is not an endpoint pattern: expected \"*\", \"*:/path\" or \"verb:/path\""
+                ),
             ));
         };
         let method = match verb {
@@ -186,7 +188,7 @@ impl Endpoint {
                 return Err(HttpConfigError::invalid(
                     field,
                     format!("{verb:?} is not an HTTP method or \"*\" (in {pattern:?})"),
-                ))
+                ));
             }
         };
         let path = if regex {
@@ -881,7 +883,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 return Err(HttpConfigError::invalid(
                     format!("{field}.name"),
                     "must not be empty",
-                ))
+                ));
             }
             Some(n) => n.clone(),
             None => format!("{}-{}", r.endpoint, r.period.trim()),
@@ -1075,7 +1077,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 return Err(HttpConfigError::invalid(
                     "backend.cluster",
                     "applies only to kind = \"redis\"",
-                ))
+                ));
             }
             "memory" => {}
             #[cfg(feature = "redis")]
@@ -1087,13 +1089,13 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 return Err(HttpConfigError::invalid(
                     "backend.kind",
                     "\"redis\" needs the crate feature `redis` (enable it in Cargo.toml)",
-                ))
+                ));
             }
             other => {
                 return Err(HttpConfigError::invalid(
                     "backend.kind",
                     format!("{other:?} is not a backend: expected \"memory\" or \"redis\""),
-                ))
+                ));
             }
         }
         Ok(())
@@ -1147,7 +1149,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                         "{id:?} must be 1 to client_id_max_len ({}) bytes long",
                         config.client_id_max_len
                     ),
-                ))
+                ));
             }
             other => other.clone(),
         };
@@ -1255,7 +1257,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 return Err(HttpConfigError::invalid(
                     "bans.after",
                     format!("{} is not between 1 and {}", b.after, u32::MAX),
-                ))
+                ));
             }
         };
         if b.max_entries == 0 {

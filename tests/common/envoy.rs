@@ -5,9 +5,9 @@
 
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
-use turnstile::envoy::proto::{Entry, RateLimitDescriptor};
-use turnstile::envoy::RlsService;
 use turnstile::Clock;
+use turnstile::envoy::RlsService;
+use turnstile::envoy::proto::{Entry, RateLimitDescriptor};
 
 /// A descriptor of `entries`, outermost first, with no override and no hits of its own.
 pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {

@@ -2,8 +2,8 @@
 //! limiter built from TOML on a `ManualClock` the test advances.
 
 use std::sync::Arc;
-use turnstile::http::{HttpConfig, HttpLimiter};
 use turnstile::ManualClock;
+use turnstile::http::{HttpConfig, HttpLimiter};
 
 /// One general rule: 2 requests per second per client IP, on every endpoint.
 pub const PER_IP: &str = r#"
