@@ -87,8 +87,10 @@ trait Member<Q: ?Sized> {
     );
     /// Wakes whoever waits on this member for `key` (its queue's head), after a refund gave it
     /// permits back; run only once every refund of the call is done, since a `Waker` may panic.
-    /// `except`: the waiting chain caller whose refund this is, not to be told of it.
-    fn wake(&self, key: &Q, except: Option<&Watcher>);
+    /// `overflow`: some refund went to a keyed member's shared overflow cell, whose waiters may
+    /// be in any key's queue (`KeyedLimiter::chain_wake`). `except`: the waiting chain caller
+    /// whose refund this is, not to be told of it.
+    fn wake(&self, key: &Q, overflow: bool, except: Option<&Watcher>);
     /// The member's own `charge`: `n` permits recorded without the limit check.
     fn charge(&self, key: &Q, n: u32) -> Result<Admission, TryAcquireError>;
     /// Whether `other` is a handle to the same limiter (a member listed twice).
@@ -120,7 +122,7 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     fn receipt_refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed, version: u64) {
         RateLimiter::receipt_refund(self, n, admission, version);
     }
-    fn wake(&self, _: &Q, except: Option<&Watcher>) {
+    fn wake(&self, _: &Q, _: bool, except: Option<&Watcher>) {
         self.chain_wake(except);
     }
     fn charge(&self, _: &Q, n: u32) -> Result<Admission, TryAcquireError> {
@@ -434,7 +436,8 @@ impl<L> Core<L> {
             member.refund(key, n, admission, *flag);
         }
         self.counters.bump(REFUNDED);
-        self.wake(key, 0..self.members.len(), None);
+        let overflow = flags.iter().map(|flag| flag.overflow);
+        self.wake(key, overflow.enumerate(), None);
     }
 
     /// Wakes the members the last attempt refunded (the first `refunded` in `order`; see
@@ -444,21 +447,27 @@ impl<L> Core<L> {
         L: Member<Q>,
     {
         if refunded > 0 {
-            self.wake(key, self.order[..refunded].iter().copied(), except);
+            let members = self.order[..refunded].iter().map(|&i| (i, false));
+            self.wake(key, members, except);
         }
     }
 
     /// Wakes members `which` after refunds, every one of them even if a `Waker` panics (the
     /// first panic is re-raised after the last; see `WakeAll`). Only once every refund is done:
     /// a panic out of a refund's wake would otherwise unwind past the members still to refund,
-    /// leaving their permits taken for a call that was not admitted.
-    fn wake<Q: ?Sized>(&self, key: &Q, which: impl Iterator<Item = usize>, except: Option<&Watcher>)
-    where
+    /// leaving their permits taken for a call that was not admitted. Each member comes with
+    /// whether its refund went to a shared overflow cell ([`Member::wake`]).
+    fn wake<Q: ?Sized>(
+        &self,
+        key: &Q,
+        which: impl Iterator<Item = (usize, bool)>,
+        except: Option<&Watcher>,
+    ) where
         L: Member<Q>,
     {
         let mut all = WakeAll::default();
-        for i in which {
-            all.run(|| self.members[i].wake(key, except));
+        for (i, overflow) in which {
+            all.run(|| self.members[i].wake(key, overflow, except));
         }
         all.finish();
     }
@@ -1460,9 +1469,9 @@ where
             Link::Global(l) => RateLimiter::receipt_refund(l, n, admission, version),
         }
     }
-    fn wake(&self, key: &K, except: Option<&Watcher>) {
+    fn wake(&self, key: &K, overflow: bool, except: Option<&Watcher>) {
         match self {
-            Link::PerKey(l) => l.chain_wake(key, except),
+            Link::PerKey(l) => l.chain_wake(key, overflow, except),
             Link::Global(l) => l.chain_wake(except),
         }
     }

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 use turnstile::{
-    AcquireError, Algorithm, Chain, KeyedChain, KeyedLimiter, ManualClock, Rate, RateLimiter,
-    TokioClock, TryAcquireError,
+    AcquireError, Algorithm, Chain, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock, Rate,
+    RateLimiter, TokioClock, TryAcquireError,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -277,6 +277,42 @@ async fn a_chain_refund_wakes_the_members_queues() {
             start.elapsed() < SECOND / 10,
             "{algorithm:?}: a queue's head slept out its timer: {:?}",
             start.elapsed()
+        );
+    }
+}
+
+/// Per algorithm: a receipt a per-key member's shared overflow cell admitted (at the key cap)
+/// gives that cell its permits back, and the refund wakes the waiters of the other keys the
+/// cell serves, in their own keys' queues, not only the refunded key's queue.
+#[tokio::test(start_paused = true)]
+async fn an_overflow_refund_wakes_the_waiters_of_other_overflow_keys() {
+    for algorithm in every(1) {
+        let per_key = KeyedLimiter::builder(algorithm)
+            .clock(TokioClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(on_tokio(resized(algorithm, 5)))
+            .build()
+            .unwrap();
+        per_key.try_acquire(&"own").unwrap(); // holds the only key slot, busy
+        let taken = chain.try_acquire_refundable(&"a", 1).unwrap(); // on the overflow cell
+        let waiter = tokio::spawn({
+            let per_key = per_key.clone();
+            async move { per_key.acquire(&"b").await.map(drop) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(per_key.stats().waiting, 1, "{algorithm:?}");
+        let start = tokio::time::Instant::now();
+        taken.refund();
+        waiter.await.unwrap().unwrap();
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "{algorithm:?}: the overflow key's waiter slept out its timer"
         );
     }
 }

@@ -117,7 +117,8 @@ impl<L> Core<L> {
         for (i, member) in self.members.iter().enumerate() {
             member.receipt_refund(key, n, &held.admissions[i], held.flags[i], held.versions[i]);
         }
-        self.wake(key, 0..self.members.len(), None);
+        let overflow = held.flags.iter().map(|flag| flag.overflow);
+        self.wake(key, overflow.enumerate(), None);
     }
 }
 
@@ -556,8 +557,10 @@ where
     /// [`reconfigure`](crate::KeyedLimiter::reconfigure)d since the admission, or a per-key
     /// member with a [`reset`](crate::KeyedLimiter::reset) since (of any key: resets are
     /// counted per limiter), gets nothing back; the others get theirs. Then wakes the head of
-    /// the key's queue on every per-key member and of every global member's queue, and the chain
-    /// callers sleeping on the members. Not counted in [`stats`](KeyedChain::stats).
+    /// the key's queue on every per-key member (of every key's queue on one whose overflow cell
+    /// admitted, whose waiters wait in their own keys' queues) and of every global member's
+    /// queue, and the chain callers sleeping on the members. Not counted in
+    /// [`stats`](KeyedChain::stats).
     ///
     /// # Examples
     ///
