@@ -281,6 +281,36 @@ async fn a_chain_refund_wakes_the_members_queues() {
     }
 }
 
+/// A reset of a per-key member voids its share of a refund, but not a share its shared overflow
+/// cell admitted (no reset touches that cell), as for a keyed receipt of its own.
+#[test]
+fn a_reset_leaves_a_refund_to_the_overflow_cell_whole() {
+    for algorithm in every(2) {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let global = manual(resized(algorithm, 3), &clock);
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        per_key.try_acquire(&"own").unwrap(); // holds the only key slot, busy
+        let taken = chain.try_acquire_refundable(&"a", 2).unwrap(); // on the overflow cell
+        per_key.reset(&"a");
+        per_key.reset(&"other");
+        taken.refund();
+        per_key
+            .try_acquire_n(&"b", 2)
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the overflow cell got nothing: {e:?}"));
+        assert_eq!(global.stats().available, 3, "{algorithm:?}");
+    }
+}
+
 /// Per algorithm: a receipt a per-key member's shared overflow cell admitted (at the key cap)
 /// gives that cell its permits back, and the refund wakes the waiters of the other keys the
 /// cell serves, in their own keys' queues, not only the refunded key's queue.

@@ -266,6 +266,28 @@ fn an_overflow_admission_is_refunded_to_the_overflow_cell() {
     assert_eq!(l.available(&1), 0, "key 1's own cell was credited");
 }
 
+/// A reset voids a keyed refund because the key's cell may be a new one; the shared overflow
+/// cell is never reset, so a refund of its admission is made across a reset (of any key, the
+/// refunded one included), as the docs say.
+#[test]
+fn a_reset_leaves_a_refund_to_the_overflow_cell_whole() {
+    for algorithm in [fixed(2), counter(2), bucket(2), sliding(2)] {
+        let l = KeyedLimiter::builder(algorithm)
+            .clock(ManualClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        l.try_acquire(&1).unwrap(); // holds the only key slot, busy
+        let taken = l.try_acquire_refundable(&2, 2).unwrap(); // on the overflow cell
+        assert!(!l.reset(&2), "key 2 has no cell of its own");
+        assert!(!l.reset(&3));
+        taken.refund();
+        l.try_acquire_n(&3, 2)
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the overflow cell got nothing: {e:?}"));
+    }
+}
+
 /// The shared overflow cell's waiters wait in their own keys' queues: a refund that gives the
 /// overflow cell its permits back wakes them, not only the refunded key's queue (which has no
 /// waiter here), or they sleep out the cell's `retry_after` (two windows for the sliding
