@@ -178,6 +178,92 @@ fn chain_receipts_are_counted_as_calls_and_refunds_are_not() {
     );
 }
 
+/// Every permit `limiter` still admits now (at most 1000).
+fn drain(limiter: &RateLimiter<ManualClock>) -> u32 {
+    (0..1000)
+        .take_while(|_| limiter.try_acquire().is_ok())
+        .count() as u32
+}
+
+/// Per algorithm, over time (the clock moved 0 to 25 s after the admission, across window
+/// boundaries, with the member drained in between): a member's share of a chain refund frees
+/// exactly what the member's own receipt for the same admission frees on a twin limiter, never
+/// more; and a limiter listed twice, each of whose admissions is refunded as its own receipt
+/// would be, never frees more than the limit.
+#[test]
+fn a_members_share_of_a_refund_is_its_own_receipts_over_time() {
+    for algorithm in every(3) {
+        for half_seconds in [0, 1, 3, 9, 10, 11, 19, 20, 21, 50] {
+            let elapsed = SECOND * half_seconds / 2;
+            let (clock, twin_clock) = (ManualClock::new(), ManualClock::new());
+            clock.advance(7 * SECOND);
+            twin_clock.advance(7 * SECOND);
+            let member = manual(algorithm, &clock);
+            let twin = manual(algorithm, &twin_clock);
+            member.try_acquire().unwrap();
+            twin.try_acquire().unwrap();
+            let chain = Chain::new([member.clone()]).unwrap();
+            let taken = chain.try_acquire_refundable(1).unwrap();
+            let own = twin.try_acquire_refundable(1).unwrap();
+            clock.advance(elapsed);
+            twin_clock.advance(elapsed);
+            assert_eq!(drain(&member), drain(&twin), "{algorithm:?} {elapsed:?}");
+            taken.refund();
+            own.refund();
+            assert_eq!(
+                drain(&member),
+                drain(&twin),
+                "{algorithm:?}, {elapsed:?} after the admission"
+            );
+
+            let clock = ManualClock::new();
+            clock.advance(7 * SECOND);
+            let twice = manual(resized(algorithm, 4), &clock);
+            let chain = Chain::new([twice.clone(), twice.clone()]).unwrap();
+            let taken = chain.try_acquire_refundable(2).unwrap();
+            clock.advance(elapsed);
+            let before = drain(&twice);
+            taken.refund();
+            let after = drain(&twice);
+            assert!(
+                before + after <= 4,
+                "{algorithm:?}, {elapsed:?}: {before} + {after} after a refund of 4"
+            );
+        }
+    }
+}
+
+/// Per algorithm: a per-key member's key evicted (idle once the admission stopped weighing)
+/// and made again, and its new cell drained, between the admission and the refund: the refund
+/// finds nothing of its admission there and frees nothing.
+#[test]
+fn a_refund_after_the_key_was_evicted_and_made_again_frees_nothing() {
+    for algorithm in every(2) {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .build()
+            .unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(manual(fixed(100), &clock))
+            .build()
+            .unwrap();
+        let taken = chain.try_acquire_refundable(&"a", 2).unwrap();
+        clock.advance(30 * SECOND);
+        per_key.try_acquire(&"b").unwrap(); // evicts "a", at the cap
+        clock.advance(30 * SECOND);
+        per_key.try_acquire_n(&"a", 2).unwrap(); // evicts "b": a new cell for "a", drained
+        assert_eq!(per_key.stats().evicted, 2, "{algorithm:?}");
+        taken.refund();
+        assert!(
+            per_key.try_acquire(&"a").is_err(),
+            "{algorithm:?}: the refund freed a permit of the key's new cell"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Who is woken.
 
