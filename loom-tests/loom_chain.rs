@@ -38,6 +38,9 @@
 //! deadlock) against changers that make a change visible with a Relaxed store, as a close sets
 //! its closed bit, and then tell the watchers; `a_chain_callers_own_refunds_*` with a caller
 //! whose every failed attempt refunds, which tells every watcher but itself.
+//! `an_overflow_refund_racing_another_keys_head_is_never_missed` races a receipt's refund to a
+//! per-key member's shared overflow cell with the first attempt of another overflow key's head,
+//! which the refund must wake (the cell's waiters wait in their own keys' queues).
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_chain`
 #![cfg(turnstile_loom)]
@@ -780,5 +783,62 @@ fn a_chain_callers_own_refunds_neither_wake_it_nor_hide_a_change() {
         turnstile::ModelWaiter::default()
             .wait_until_refunding(&watchers, || closed.load(Ordering::Relaxed));
         closer.join().unwrap();
+    });
+}
+
+/// A waker that records that it was woken (loom-visible).
+#[derive(Default)]
+struct Flag(loom::sync::atomic::AtomicBool);
+
+impl std::task::Wake for Flag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.store(true, loom::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A keyed chain's receipt taken from its per-key member's shared overflow cell (the member at
+/// its key cap) is refunded while the head of another overflow key's queue makes its first
+/// attempt on that cell. The cell's waiters wait in their own keys' queues, so the refund wakes
+/// every queue's head (`KeyedLimiter::chain_wake`): either the head's attempt sees the permit
+/// back, or its queue is found and its head woken, and served. Waking only the refunded key's
+/// queue (which has no waiter) left the head asleep until its timer with the permit free.
+#[test]
+fn an_overflow_refund_racing_another_keys_head_is_never_missed() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    model(|| {
+        let rt = common::paused_runtime();
+        let _entered = rt.enter();
+        type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+        let per_key = turnstile::KeyedLimiter::<u8>::builder(fixed(1))
+            .hasher(Fixed::default())
+            .clock(ManualClock::new())
+            .max_keys(1)
+            .overflow(turnstile::KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let chain = turnstile::KeyedChain::builder()
+            .per_key(per_key.clone())
+            .build()
+            .unwrap();
+        per_key.try_acquire(&0).unwrap(); // holds the only key slot, busy
+        let taken = chain.try_acquire_refundable(&1, 1).unwrap(); // the overflow cell's permit
+        let refunder = thread::spawn(move || taken.refund());
+        let woken = std::sync::Arc::new(Flag::default());
+        let waker = Waker::from(std::sync::Arc::clone(&woken));
+        let mut cx = Context::from_waker(&waker);
+        let mut head = Box::pin(per_key.acquire(&2));
+        let first = head.as_mut().poll(&mut cx);
+        refunder.join().unwrap();
+        if first.is_pending() {
+            assert!(
+                woken.0.load(loom::sync::atomic::Ordering::SeqCst),
+                "the overflow key's head was left asleep with the permit free"
+            );
+            assert!(
+                matches!(head.as_mut().poll(&mut cx), Poll::Ready(Ok(_))),
+                "the woken head was not served"
+            );
+        }
     });
 }

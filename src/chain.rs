@@ -87,8 +87,10 @@ trait Member<Q: ?Sized> {
     );
     /// Wakes whoever waits on this member for `key` (its queue's head), after a refund gave it
     /// permits back; run only once every refund of the call is done, since a `Waker` may panic.
-    /// `except`: the waiting chain caller whose refund this is, not to be told of it.
-    fn wake(&self, key: &Q, except: Option<&Watcher>);
+    /// `overflow`: some refund went to a keyed member's shared overflow cell, whose waiters may
+    /// be in any key's queue (`KeyedLimiter::chain_wake`). `except`: the waiting chain caller
+    /// whose refund this is, not to be told of it.
+    fn wake(&self, key: &Q, overflow: bool, except: Option<&Watcher>);
     /// The member's own `charge`: `n` permits recorded without the limit check.
     fn charge(&self, key: &Q, n: u32) -> Result<Admission, TryAcquireError>;
     /// Whether `other` is a handle to the same limiter (a member listed twice).
@@ -120,7 +122,7 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     fn receipt_refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed, version: u64) {
         RateLimiter::receipt_refund(self, n, admission, version);
     }
-    fn wake(&self, _: &Q, except: Option<&Watcher>) {
+    fn wake(&self, _: &Q, _: bool, except: Option<&Watcher>) {
         self.chain_wake(except);
     }
     fn charge(&self, _: &Q, n: u32) -> Result<Admission, TryAcquireError> {
@@ -166,6 +168,17 @@ impl Slots<'_> {
             versions: self.versions.as_deref_mut(),
         }
     }
+}
+
+/// The members an attempt admitted and then gave their permits back, after a later member
+/// refused in the commit: the first `members` in `Core::order`. `overflow`: one of those
+/// refunds went to a keyed member's shared overflow cell, whose waiters wait in any key's queue
+/// (every refunded member is then woken as if its own had: a per-key member whose refund went
+/// to the key's cell only wakes more heads than it needs to, who look again).
+#[derive(Debug, Clone, Copy, Default)]
+struct Refunded {
+    members: usize,
+    overflow: bool,
 }
 
 /// What [`KeyedChain::try_acquire_n_taken`] took from each member, to give back.
@@ -302,15 +315,15 @@ impl<L> Core<L> {
     }
 
     /// One all-or-nothing attempt; counts nothing and wakes nobody. On success `slots` hold every
-    /// member's admission and refund flag (those asked for). `refunded` is set to how many
-    /// members (the first ones in `order`) admitted and were given their permits back, for the
-    /// caller to wake ([`wake_refunded`](Self::wake_refunded)) once it has counted the call.
+    /// member's admission and refund flag (those asked for). `refunded` is set to the members
+    /// that admitted and were given their permits back ([`Refunded`]), for the caller to wake
+    /// ([`wake_refunded`](Self::wake_refunded)) once it has counted the call.
     fn attempt<Q: ?Sized>(
         &self,
         key: &Q,
         n: u32,
         mut slots: Slots<'_>,
-        refunded: &mut usize,
+        refunded: &mut Refunded,
     ) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
@@ -350,7 +363,7 @@ impl<L> Core<L> {
             return Ok(probed.expect("a chain has members"));
         }
         // Pass 2: commit in `order`, refunding on the way back if a later member rejects.
-        let (failed, error) = match self.commit(key, n, 0, &mut slots) {
+        let (failed, error, overflow) = match self.commit(key, n, 0, &mut slots) {
             Ok(admission) => return Ok(admission),
             Err(failure) => failure,
         };
@@ -358,7 +371,10 @@ impl<L> Core<L> {
             // Some member had admitted and was given its permits back: those before `failed`
             // in `order` (the commit takes them in that order).
             self.counters.bump(REFUNDED);
-            *refunded = self.order.iter().position(|&i| i == failed).unwrap_or(0);
+            *refunded = Refunded {
+                members: self.order.iter().position(|&i| i == failed).unwrap_or(0),
+                overflow,
+            };
         }
         let TryAcquireError::Rejected(r) = error else {
             return Err(error);
@@ -382,15 +398,16 @@ impl<L> Core<L> {
     }
 
     /// Commits `order[pos..]`, then returns the combined admission; on failure, refunds what it
-    /// took and returns the failing member's index and error. Recursive so that each member's
-    /// admission waits for its refund on the stack: no allocation, however long the chain.
+    /// took and returns the failing member's index and error, and whether a refund went to a
+    /// shared overflow cell. Recursive so that each member's admission waits for its refund on
+    /// the stack: no allocation, however long the chain.
     fn commit<Q: ?Sized>(
         &self,
         key: &Q,
         n: u32,
         pos: usize,
         slots: &mut Slots<'_>,
-    ) -> Result<Admission, (usize, TryAcquireError)>
+    ) -> Result<Admission, (usize, TryAcquireError, bool)>
     where
         L: Member<Q>,
     {
@@ -398,16 +415,16 @@ impl<L> Core<L> {
         let member = &self.members[i];
         let admission = match member.decide::<true>(key, n) {
             (Ok(a), flag) => (a, flag),
-            (Err(e), _) => return Err((i, e)),
+            (Err(e), _) => return Err((i, e, false)),
         };
         let rest = if pos + 1 < self.order.len() {
             match self.commit(key, n, pos + 1, slots) {
                 Ok(rest) => Some(rest),
-                Err(failed) => {
+                Err((failed, error, overflow)) => {
                     member.refund(key, n, &admission.0, admission.1);
                     // The failure is reported as a refund only once (by `attempt`); a member
                     // that failed first refunded nothing.
-                    return Err(failed);
+                    return Err((failed, error, overflow || admission.1.overflow));
                 }
             }
         } else {
@@ -434,31 +451,37 @@ impl<L> Core<L> {
             member.refund(key, n, admission, *flag);
         }
         self.counters.bump(REFUNDED);
-        self.wake(key, 0..self.members.len(), None);
+        let overflow = flags.iter().map(|flag| flag.overflow);
+        self.wake(key, overflow.enumerate(), None);
     }
 
-    /// Wakes the members the last attempt refunded (the first `refunded` in `order`; see
-    /// [`attempt`](Self::attempt)).
-    fn wake_refunded<Q: ?Sized>(&self, key: &Q, refunded: usize, except: Option<&Watcher>)
+    /// Wakes the members the last attempt refunded (see [`attempt`](Self::attempt)).
+    fn wake_refunded<Q: ?Sized>(&self, key: &Q, refunded: Refunded, except: Option<&Watcher>)
     where
         L: Member<Q>,
     {
-        if refunded > 0 {
-            self.wake(key, self.order[..refunded].iter().copied(), except);
+        if refunded.members > 0 {
+            let members = self.order[..refunded.members].iter();
+            self.wake(key, members.map(|&i| (i, refunded.overflow)), except);
         }
     }
 
     /// Wakes members `which` after refunds, every one of them even if a `Waker` panics (the
     /// first panic is re-raised after the last; see `WakeAll`). Only once every refund is done:
     /// a panic out of a refund's wake would otherwise unwind past the members still to refund,
-    /// leaving their permits taken for a call that was not admitted.
-    fn wake<Q: ?Sized>(&self, key: &Q, which: impl Iterator<Item = usize>, except: Option<&Watcher>)
-    where
+    /// leaving their permits taken for a call that was not admitted. Each member comes with
+    /// whether its refund went to a shared overflow cell ([`Member::wake`]).
+    fn wake<Q: ?Sized>(
+        &self,
+        key: &Q,
+        which: impl Iterator<Item = (usize, bool)>,
+        except: Option<&Watcher>,
+    ) where
         L: Member<Q>,
     {
         let mut all = WakeAll::default();
-        for i in which {
-            all.run(|| self.members[i].wake(key, except));
+        for (i, overflow) in which {
+            all.run(|| self.members[i].wake(key, overflow, except));
         }
         all.finish();
     }
@@ -473,7 +496,7 @@ impl<L> Core<L> {
     where
         L: Member<Q>,
     {
-        let mut refunded = 0;
+        let mut refunded = Refunded::default();
         let outcome = self.attempt(key, n, slots, &mut refunded);
         self.count(if outcome.is_ok() { ADMITTED } else { REJECTED });
         self.wake_refunded(key, refunded, None);
@@ -572,7 +595,7 @@ impl<L> Core<L> {
     where
         L: Member<Q>,
     {
-        let mut refunded = 0;
+        let mut refunded = Refunded::default();
         let error = match self.attempt(key, n, slots, &mut refunded) {
             // Admitted: nothing was refunded.
             Ok(admission) => {
@@ -586,7 +609,7 @@ impl<L> Core<L> {
                     self.wake_refunded(key, refunded, who);
                     // Each refunded member's wake bumps its limiter's epoch once, which the
                     // sum holds once per listing of that limiter.
-                    let own = self.order[..refunded]
+                    let own = self.order[..refunded.members]
                         .iter()
                         .fold(0, |sum: u64, &i| sum.wrapping_add(u64::from(self.times[i])));
                     return Err((rejection.retry_after().max(MIN_BACKOFF), own));
@@ -1460,9 +1483,9 @@ where
             Link::Global(l) => RateLimiter::receipt_refund(l, n, admission, version),
         }
     }
-    fn wake(&self, key: &K, except: Option<&Watcher>) {
+    fn wake(&self, key: &K, overflow: bool, except: Option<&Watcher>) {
         match self {
-            Link::PerKey(l) => l.chain_wake(key, except),
+            Link::PerKey(l) => l.chain_wake(key, overflow, except),
             Link::Global(l) => l.chain_wake(except),
         }
     }

@@ -2873,9 +2873,22 @@ where
     /// refunded state; at worst a head sleeps until its timer, as without the wake. Chain
     /// callers sleeping on this limiter are told as well (`crate::watchers`), all but `except`,
     /// the caller whose refund this is.
-    pub(crate) fn chain_wake(&self, key: &K, except: Option<&Watcher>) {
+    ///
+    /// `overflow`: the refund went to the shared overflow cell ([`Committed::overflow`]), whose
+    /// waiters wait in their own keys' queues, any key's: then every queue's head is woken, as a
+    /// keyed concurrency limiter wakes them when its shared pool frees (rare: only at the key
+    /// cap). Waking only `key`'s left them asleep until their timers (a whole window, two for
+    /// the sliding counter) with the permits free. A head whose key has a cell of its own looks
+    /// again and sleeps on.
+    pub(crate) fn chain_wake(&self, key: &K, overflow: bool, except: Option<&Watcher>) {
         let _watchers = self.inner.watchers.notify_on_drop_except(except);
-        if let Some(wait) = self.inner.ctx.waits.map.get(key, Arc::clone) {
+        let waits = &self.inner.ctx.waits.map;
+        if overflow {
+            // Collected first: no waker runs while the map is being walked.
+            let mut heads = Vec::new();
+            waits.for_each(|_, wait| heads.push(Arc::clone(wait)));
+            wake_all(heads, |wait| wait.queue.wake_head());
+        } else if let Some(wait) = waits.get(key, Arc::clone) {
             wait.queue.wake_head();
         }
     }

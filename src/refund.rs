@@ -18,7 +18,8 @@
 //! what still weighs on later decisions, and nothing once the admission has stopped weighing
 //! (its window ended, its ticket expired, its tokens were replenished). A [`reconfigure`]
 //! between the two makes the refund give nothing back, as does any `reset` of its keyed limiter
-//! (of any key).
+//! (of any key), unless the shared overflow cell made the admission: no reset touches that cell,
+//! which gets its permits back.
 //!
 //! Chains have receipts of their own, which give every member its permits back under these rules:
 //! [`ChainRefundable`](crate::ChainRefundable) and `KeyedChainRefundable`.
@@ -519,10 +520,12 @@ where
 
     /// Gives the permits back to the key (or to the shared overflow cell, if that admitted
     /// them), as far as that leaves it no looser than if they had never been taken (see
-    /// [`KeyedLimiter::try_acquire_refundable`]), and wakes the head of the key's queue. Nothing
+    /// [`KeyedLimiter::try_acquire_refundable`]), and wakes the head of the key's queue (of
+    /// every key's queue for the overflow cell, whose waiters wait in their own keys'). Nothing
     /// is given back after a [`reset`](KeyedLimiter::reset) (the key's cell may be a new one
     /// that never held the admission; the limiter counts resets, not resets per key, so a reset
-    /// of *any* key, even one that held nothing, counts) or a
+    /// of *any* key, even one that held nothing, counts; but a refund to the shared overflow
+    /// cell, which no reset touches, is made all the same) or a
     /// [`reconfigure`](KeyedLimiter::reconfigure). Not counted in [`stats`](KeyedLimiter::stats).
     ///
     /// # Examples
@@ -549,7 +552,8 @@ where
             self.committed,
             self.version,
         );
-        self.limiter.chain_wake(&self.key, None);
+        self.limiter
+            .chain_wake(&self.key, self.committed.overflow, None);
     }
 }
 
@@ -580,8 +584,9 @@ where
     /// [`RateLimiter::try_acquire_refundable`]; the key's cell may be evicted meanwhile (only
     /// once the admission no longer weighs on it, so the refund then finds nothing of it and
     /// writes nothing), and a [`reset`](Self::reset) (of any key: resets are counted per
-    /// limiter) or a [`reconfigure`](Self::reconfigure) makes the refund give nothing back. The
-    /// key is cloned into the receipt.
+    /// limiter; not for an admission of the shared overflow cell, which no reset touches) or a
+    /// [`reconfigure`](Self::reconfigure) makes the refund give nothing back. The key is cloned
+    /// into the receipt.
     ///
     /// # Errors
     ///

@@ -2057,6 +2057,78 @@ async fn a_refund_wakes_the_head_waiting_on_the_refunded_key() {
     ));
 }
 
+/// The same when the refunded admission was the shared overflow cell's (a per-key member at its
+/// key cap): the cell's waiters wait in their own keys' queues, so the head of another overflow
+/// key's queue, which queued while the chain held the cell's permit, is woken, not only the
+/// refunded key's queue (which has none).
+#[tokio::test(start_paused = true)]
+async fn a_refund_to_the_overflow_cell_wakes_the_heads_of_other_keys() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let fixed = |limit| Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_secs(10),
+    };
+    let (per_key_clock, global_clock) = (HookClock::default(), HookClock::default());
+    // Leaked, so that the waiter's future (which borrows it) can move into the hook.
+    let per_key: &'static KeyedLimiter<u8, HookClock> = Box::leak(Box::new(
+        KeyedLimiter::builder(fixed(1))
+            .clock(per_key_clock)
+            .max_keys(1)
+            .overflow(turnstile::KeyOverflow::Shared)
+            .build()
+            .unwrap(),
+    ));
+    let global = RateLimiter::with_clock(fixed(2), global_clock.clone()).unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .global(global.clone())
+        .build()
+        .unwrap();
+    chain.try_acquire(&1).unwrap(); // key 1 fills the cap; the global member has 1 left
+
+    let wakes = Arc::new(Wakes::default());
+    let waker = Waker::from(Arc::clone(&wakes));
+    let waiter = Arc::new(Mutex::new(Some(Box::pin(per_key.acquire(&9)))));
+    // The global member's second reading is its commit: by then the per-key member has admitted
+    // key 2 on the overflow cell. A caller takes the global member's permit, and key 9 queues
+    // for the overflow cell's permit, which the chain holds.
+    {
+        let (global, waiter, waker) = (global.clone(), Arc::clone(&waiter), waker.clone());
+        global_clock.arm(
+            2,
+            Box::new(move || {
+                global.try_acquire().unwrap();
+                let mut waiter = waiter.lock().unwrap();
+                let fut = waiter.as_mut().unwrap().as_mut();
+                assert!(fut.poll(&mut Context::from_waker(&waker)).is_pending());
+            }),
+        );
+    }
+    assert!(matches!(
+        chain.try_acquire(&2),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert!(
+        global_clock.disarm(),
+        "the hook ran inside the chain's commit"
+    );
+    assert_eq!(chain.stats().refunded, 1);
+    assert_eq!(per_key.stats().waiting, 1);
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        1,
+        "the overflow cell's permit is free, but key 9's head was left asleep until its timer"
+    );
+    let mut waiter = waiter.lock().unwrap();
+    let fut = waiter.as_mut().unwrap().as_mut();
+    assert!(matches!(
+        fut.poll(&mut Context::from_waker(&waker)),
+        Poll::Ready(Ok(_))
+    ));
+}
+
 /// As above, with three members: the first two admit and the third refuses. The second member's
 /// head has a `Waker` that panics: the panic comes out of the call, but only once both members
 /// have their permits back (a wake run inside the refunds would unwind past the first member's).

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 use turnstile::{
-    AcquireError, Algorithm, Chain, KeyedChain, KeyedLimiter, ManualClock, Rate, RateLimiter,
-    TokioClock, TryAcquireError,
+    AcquireError, Algorithm, Chain, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock, Rate,
+    RateLimiter, TokioClock, TryAcquireError,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -178,6 +178,92 @@ fn chain_receipts_are_counted_as_calls_and_refunds_are_not() {
     );
 }
 
+/// Every permit `limiter` still admits now (at most 1000).
+fn drain(limiter: &RateLimiter<ManualClock>) -> u32 {
+    (0..1000)
+        .take_while(|_| limiter.try_acquire().is_ok())
+        .count() as u32
+}
+
+/// Per algorithm, over time (the clock moved 0 to 25 s after the admission, across window
+/// boundaries, with the member drained in between): a member's share of a chain refund frees
+/// exactly what the member's own receipt for the same admission frees on a twin limiter, never
+/// more; and a limiter listed twice, each of whose admissions is refunded as its own receipt
+/// would be, never frees more than the limit.
+#[test]
+fn a_members_share_of_a_refund_is_its_own_receipts_over_time() {
+    for algorithm in every(3) {
+        for half_seconds in [0, 1, 3, 9, 10, 11, 19, 20, 21, 50] {
+            let elapsed = SECOND * half_seconds / 2;
+            let (clock, twin_clock) = (ManualClock::new(), ManualClock::new());
+            clock.advance(7 * SECOND);
+            twin_clock.advance(7 * SECOND);
+            let member = manual(algorithm, &clock);
+            let twin = manual(algorithm, &twin_clock);
+            member.try_acquire().unwrap();
+            twin.try_acquire().unwrap();
+            let chain = Chain::new([member.clone()]).unwrap();
+            let taken = chain.try_acquire_refundable(1).unwrap();
+            let own = twin.try_acquire_refundable(1).unwrap();
+            clock.advance(elapsed);
+            twin_clock.advance(elapsed);
+            assert_eq!(drain(&member), drain(&twin), "{algorithm:?} {elapsed:?}");
+            taken.refund();
+            own.refund();
+            assert_eq!(
+                drain(&member),
+                drain(&twin),
+                "{algorithm:?}, {elapsed:?} after the admission"
+            );
+
+            let clock = ManualClock::new();
+            clock.advance(7 * SECOND);
+            let twice = manual(resized(algorithm, 4), &clock);
+            let chain = Chain::new([twice.clone(), twice.clone()]).unwrap();
+            let taken = chain.try_acquire_refundable(2).unwrap();
+            clock.advance(elapsed);
+            let before = drain(&twice);
+            taken.refund();
+            let after = drain(&twice);
+            assert!(
+                before + after <= 4,
+                "{algorithm:?}, {elapsed:?}: {before} + {after} after a refund of 4"
+            );
+        }
+    }
+}
+
+/// Per algorithm: a per-key member's key evicted (idle once the admission stopped weighing)
+/// and made again, and its new cell drained, between the admission and the refund: the refund
+/// finds nothing of its admission there and frees nothing.
+#[test]
+fn a_refund_after_the_key_was_evicted_and_made_again_frees_nothing() {
+    for algorithm in every(2) {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .build()
+            .unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(manual(fixed(100), &clock))
+            .build()
+            .unwrap();
+        let taken = chain.try_acquire_refundable(&"a", 2).unwrap();
+        clock.advance(30 * SECOND);
+        per_key.try_acquire(&"b").unwrap(); // evicts "a", at the cap
+        clock.advance(30 * SECOND);
+        per_key.try_acquire_n(&"a", 2).unwrap(); // evicts "b": a new cell for "a", drained
+        assert_eq!(per_key.stats().evicted, 2, "{algorithm:?}");
+        taken.refund();
+        assert!(
+            per_key.try_acquire(&"a").is_err(),
+            "{algorithm:?}: the refund freed a permit of the key's new cell"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Who is woken.
 
@@ -277,6 +363,72 @@ async fn a_chain_refund_wakes_the_members_queues() {
             start.elapsed() < SECOND / 10,
             "{algorithm:?}: a queue's head slept out its timer: {:?}",
             start.elapsed()
+        );
+    }
+}
+
+/// A reset of a per-key member voids its share of a refund, but not a share its shared overflow
+/// cell admitted (no reset touches that cell), as for a keyed receipt of its own.
+#[test]
+fn a_reset_leaves_a_refund_to_the_overflow_cell_whole() {
+    for algorithm in every(2) {
+        let clock = ManualClock::new();
+        let per_key = KeyedLimiter::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let global = manual(resized(algorithm, 3), &clock);
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        per_key.try_acquire(&"own").unwrap(); // holds the only key slot, busy
+        let taken = chain.try_acquire_refundable(&"a", 2).unwrap(); // on the overflow cell
+        per_key.reset(&"a");
+        per_key.reset(&"other");
+        taken.refund();
+        per_key
+            .try_acquire_n(&"b", 2)
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the overflow cell got nothing: {e:?}"));
+        assert_eq!(global.stats().available, 3, "{algorithm:?}");
+    }
+}
+
+/// Per algorithm: a receipt a per-key member's shared overflow cell admitted (at the key cap)
+/// gives that cell its permits back, and the refund wakes the waiters of the other keys the
+/// cell serves, in their own keys' queues, not only the refunded key's queue.
+#[tokio::test(start_paused = true)]
+async fn an_overflow_refund_wakes_the_waiters_of_other_overflow_keys() {
+    for algorithm in every(1) {
+        let per_key = KeyedLimiter::builder(algorithm)
+            .clock(TokioClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key.clone())
+            .global(on_tokio(resized(algorithm, 5)))
+            .build()
+            .unwrap();
+        per_key.try_acquire(&"own").unwrap(); // holds the only key slot, busy
+        let taken = chain.try_acquire_refundable(&"a", 1).unwrap(); // on the overflow cell
+        let waiter = tokio::spawn({
+            let per_key = per_key.clone();
+            async move { per_key.acquire(&"b").await.map(drop) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(per_key.stats().waiting, 1, "{algorithm:?}");
+        let start = tokio::time::Instant::now();
+        taken.refund();
+        waiter.await.unwrap().unwrap();
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "{algorithm:?}: the overflow key's waiter slept out its timer"
         );
     }
 }

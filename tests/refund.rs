@@ -266,6 +266,60 @@ fn an_overflow_admission_is_refunded_to_the_overflow_cell() {
     assert_eq!(l.available(&1), 0, "key 1's own cell was credited");
 }
 
+/// A reset voids a keyed refund because the key's cell may be a new one; the shared overflow
+/// cell is never reset, so a refund of its admission is made across a reset (of any key, the
+/// refunded one included), as the docs say.
+#[test]
+fn a_reset_leaves_a_refund_to_the_overflow_cell_whole() {
+    for algorithm in [fixed(2), counter(2), bucket(2), sliding(2)] {
+        let l = KeyedLimiter::builder(algorithm)
+            .clock(ManualClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        l.try_acquire(&1).unwrap(); // holds the only key slot, busy
+        let taken = l.try_acquire_refundable(&2, 2).unwrap(); // on the overflow cell
+        assert!(!l.reset(&2), "key 2 has no cell of its own");
+        assert!(!l.reset(&3));
+        taken.refund();
+        l.try_acquire_n(&3, 2)
+            .unwrap_or_else(|e| panic!("{algorithm:?}: the overflow cell got nothing: {e:?}"));
+    }
+}
+
+/// The shared overflow cell's waiters wait in their own keys' queues: a refund that gives the
+/// overflow cell its permits back wakes them, not only the refunded key's queue (which has no
+/// waiter here), or they sleep out the cell's `retry_after` (two windows for the sliding
+/// counter) with the permit free.
+#[tokio::test(start_paused = true)]
+async fn an_overflow_refund_wakes_the_waiters_of_other_overflow_keys() {
+    for algorithm in [fixed(1), counter(1), bucket(1), sliding(1)] {
+        let l = KeyedLimiter::builder(algorithm)
+            .clock(turnstile::TokioClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        l.try_acquire(&"own").unwrap(); // holds the only key slot, busy
+        let taken = l.try_acquire_refundable(&"a", 1).unwrap(); // on the overflow cell
+        let waiter = {
+            let l = l.clone();
+            tokio::spawn(async move { l.acquire(&"b").await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(l.stats().waiting, 1, "{algorithm:?}");
+        let start = tokio::time::Instant::now();
+        taken.refund();
+        waiter.await.unwrap().unwrap();
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "{algorithm:?}: the overflow key's waiter slept out its timer"
+        );
+    }
+}
+
 /// A waiter queued on the limiter is woken by the refund, without waiting for its timer.
 #[tokio::test(start_paused = true)]
 async fn a_refund_wakes_the_waiter_it_frees_a_permit_for() {

@@ -117,7 +117,8 @@ impl<L> Core<L> {
         for (i, member) in self.members.iter().enumerate() {
             member.receipt_refund(key, n, &held.admissions[i], held.flags[i], held.versions[i]);
         }
-        self.wake(key, 0..self.members.len(), None);
+        let overflow = held.flags.iter().map(|flag| flag.overflow);
+        self.wake(key, overflow.enumerate(), None);
     }
 }
 
@@ -555,9 +556,12 @@ where
     /// member, as [`Refundable::refund`](crate::Refundable::refund) does. A member
     /// [`reconfigure`](crate::KeyedLimiter::reconfigure)d since the admission, or a per-key
     /// member with a [`reset`](crate::KeyedLimiter::reset) since (of any key: resets are
-    /// counted per limiter), gets nothing back; the others get theirs. Then wakes the head of
-    /// the key's queue on every per-key member and of every global member's queue, and the chain
-    /// callers sleeping on the members. Not counted in [`stats`](KeyedChain::stats).
+    /// counted per limiter; unless its shared overflow cell admitted, which no reset touches),
+    /// gets nothing back; the others get theirs. Then wakes the head of
+    /// the key's queue on every per-key member (of every key's queue on one whose overflow cell
+    /// admitted, whose waiters wait in their own keys' queues) and of every global member's
+    /// queue, and the chain callers sleeping on the members. Not counted in
+    /// [`stats`](KeyedChain::stats).
     ///
     /// # Examples
     ///
@@ -623,8 +627,8 @@ where
     /// own receipt's rules, per algorithm and over time (see
     /// [`RateLimiter::try_acquire_refundable`](crate::RateLimiter::try_acquire_refundable));
     /// each per-key member as [`KeyedLimiter::try_acquire_refundable`](crate::KeyedLimiter::try_acquire_refundable)'s
-    /// receipt: to the shared overflow cell if that admitted, nothing after a
-    /// [`reset`](crate::KeyedLimiter::reset) of that member (of any key) or a
+    /// receipt: to the shared overflow cell if that admitted (a reset does not void that),
+    /// nothing after a [`reset`](crate::KeyedLimiter::reset) of that member (of any key) or a
     /// [`reconfigure`](crate::KeyedLimiter::reconfigure), and nothing on a cell evicted
     /// meanwhile (only once the admission no longer weighs on it). A member that gets nothing
     /// back does not keep the others from getting theirs. The key is cloned into the receipt.
