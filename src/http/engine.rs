@@ -1478,8 +1478,11 @@ fn give_back<'r, C: Clock>(
     >,
 ) {
     for (limiter, key, admission, committed) in charged {
+        // A charge the shared overflow cell took wakes every key's head: that cell's waiters
+        // wait in their own keys' queues (see `KeyedLimiter::chain_wake`).
+        let overflow = committed.overflow;
         limiter.chain_refund(key, 1, &admission, committed);
-        limiter.chain_wake(key, None);
+        limiter.chain_wake(key, overflow, None);
     }
 }
 
