@@ -4,11 +4,11 @@
 use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket, too_big};
 use crate::chain::Committed;
 use crate::clock::{Clock, DefaultClock};
-use crate::decision::{Admission, Rejection};
+use crate::decision::Admission;
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::{Algorithm, build_sliding};
 use crate::queue::{
-    Blocked, Capacity, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Wait, WaitQueue, Woken,
+    Blocked, Capacity, DEFAULT_QUEUE_LIMIT, QueueOrder, Queued, WAITERS, Wait, WaitQueue, Woken,
 };
 use crate::sync::{
     ADMITTED, Arc, AtomicU64, CANCELLED, Counters, KeyMap, Mutex, OVERFLOWED, Ordering, REJECTED,
@@ -1622,7 +1622,9 @@ where
     ///
     /// # Errors
     ///
-    /// - [`TryAcquireError::Rejected`]: the key has too few permits now; `retry_after` is exact.
+    /// - [`TryAcquireError::Rejected`]: the key has too few permits now; `retry_after` is exact
+    ///   (behind the key's queued waiters, oldest first, a lower bound that counts the permits
+    ///   they will take, as for an unkeyed limiter).
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst).
     /// - [`TryAcquireError::TooManyKeys`]: a new key, the cap is reached, nothing is idle, and the
     ///   policy is [`KeyOverflow::Reject`].
@@ -1748,19 +1750,25 @@ where
     /// The answer to a call that `key`'s waiters hold back (see [`held_back`](Self::held_back)).
     #[cold]
     fn refused_for_waiters(&self, key: &K, n: u32) -> TryAcquireError {
-        let capacity = self.inner.algorithm_limit();
-        if n > capacity {
-            return TryAcquireError::InsufficientCapacity {
-                requested: n,
-                capacity,
-            };
-        }
-        // As for an unkeyed limiter: the retry-after is what the key's state alone says for one
-        // permit, a lower bound since the queue is served first.
-        match self.decide(key, 0) {
-            Err(rejected) => rejected,
-            Ok(_) => TryAcquireError::Rejected(Rejection::new(0, capacity)),
-        }
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        // As for an unkeyed limiter (see there): when the key's state could admit what its
+        // queue will take and this call's permits together. The check writes nothing and
+        // creates no key; a key without a cell answers as a fresh one would (or, at the cap,
+        // as its overflow policy does), as its queue's head will be answered.
+        let next_window_after = match &inner.store {
+            Store::Counter(s) => {
+                Some(|after| s.algo.next_window_after(inner.ctx.clock.now(), after))
+            }
+            _ => None,
+        };
+        crate::limiter::refused_for_waiters(
+            n,
+            inner.algorithm_limit(),
+            inner.ctx.waits.queued_on(key),
+            |want| with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, want)),
+            next_window_after,
+        )
     }
 
     /// Permits `key` could take now (a snapshot): its own free permits if it is held; for a key
@@ -2726,6 +2734,11 @@ where
         self.map
             .get(key, |w| w.gate.load(Ordering::Relaxed) & WAITERS != 0)
             .unwrap_or(false)
+    }
+
+    /// What `key`'s waiters will take (see [`WaitQueue::queued`]); nothing if it has no queue.
+    pub(crate) fn queued_on(&self, key: &K) -> Queued {
+        self.map.get(key, |w| w.queue.queued()).unwrap_or_default()
     }
 
     /// Keys that have a wait queue now, and the waiters and permits queued over all of them.

@@ -4,7 +4,9 @@ use crate::algorithm::{Algo, Charge, FixedWindow, SlidingCounter, SlidingWindow,
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
-use crate::queue::{Blocked, CLOSED, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Wait, WaitQueue};
+use crate::queue::{
+    Blocked, CLOSED, DEFAULT_QUEUE_LIMIT, QueueOrder, Queued, WAITERS, Wait, WaitQueue,
+};
 use crate::sync::{ADMITTED, Arc, AtomicU64, CANCELLED, Counters, Mutex, Ordering, REJECTED, lock};
 use crate::watchers::{Watcher, Watchers};
 use crossbeam_utils::CachePadded;
@@ -350,6 +352,79 @@ impl State {
     }
 }
 
+/// The answer to a call for `n` permits that queued waiters hold back (no barging), on a
+/// limiter of `capacity` whose queue will take `queued`: `InsufficientCapacity` if `n` can never
+/// be admitted, else a rejection whose retry-after is a lower bound of when this call could be
+/// admitted behind the queue. `check` is the algorithm's decision for that many permits without
+/// `COMMIT` (it writes nothing); `next_window_after` is the sliding counter's (see below).
+///
+/// The bound is when the algorithm could admit the queue's permits and this call's (`n.max(1)`:
+/// a probe needs one) at once. The queue is served first, in order, and its admissions only make
+/// the state stricter: for the fixed and sliding windows and the token bucket this call's
+/// permits then fit no earlier than all of them would fit at once. Capped at the capacity, as a
+/// check cannot be asked for more; beyond it the answer is the time the capacity needs, still a
+/// lower bound, the best one check can give. Shared by the keyed limiter (`KeyedLimiter`'s
+/// `refused_for_waiters`), with its key's queue and state.
+///
+/// The sliding counter's estimate weighs what a window admitted less as the next goes by, so
+/// a call admitted a window after the queue's admissions can fit sooner than all of them would
+/// at once. Its bound is therefore the earlier of that and the start of the window after the
+/// one in which the head could first be admitted (`next_window_after` of that wait): if this
+/// call is admitted in the window of every queue admission, they all count in full, as at once;
+/// if not, it comes after a window that the head's admission fell in, which is no earlier than
+/// that window.
+///
+/// 0 only when the algorithm admits all of that now: then the head has been woken, or its
+/// timer is due (a timer rounds its sleep up), and is about to take its permits; when it runs
+/// is not known here, and behind it, unless the queue holds more than the capacity, this call
+/// would be admitted at once. (Beyond the capacity the wait past the head's admission is more
+/// than one check can tell.) An HTTP answer never says 0: it rounds up to at least 1 s.
+#[cold]
+pub(crate) fn refused_for_waiters(
+    n: u32,
+    mut capacity: u32,
+    queued: Queued,
+    check: impl Fn(u32) -> Result<Admission, TryAcquireError>,
+    next_window_after: Option<impl Fn(u64) -> u64>,
+) -> TryAcquireError {
+    loop {
+        if n > capacity {
+            return TryAcquireError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            };
+        }
+        let want = queued
+            .permits
+            .saturating_add(u64::from(n.max(1)))
+            .min(u64::from(capacity)) as u32;
+        let at_once = match check(want) {
+            Err(TryAcquireError::InsufficientCapacity {
+                capacity: lowered, ..
+            }) if lowered < capacity => {
+                // The limit was lowered since we read it: again, under the new one. (It
+                // decreases with every round, so this ends.)
+                capacity = lowered;
+                continue;
+            }
+            Err(TryAcquireError::Rejected(rejection)) => rejection,
+            Err(other) => return other,
+            Ok(_) => return TryAcquireError::Rejected(Rejection::new(0, capacity)),
+        };
+        let Some(next_window_after) = next_window_after.filter(|_| queued.permits > 0) else {
+            return TryAcquireError::Rejected(at_once);
+        };
+        let head = match check(queued.head.clamp(1, capacity)) {
+            Ok(_) => 0,
+            Err(TryAcquireError::Rejected(head)) => head.retry_after_nanos(),
+            // Lowered meanwhile, or gone: the plain bound is as good an answer.
+            Err(_) => return TryAcquireError::Rejected(at_once),
+        };
+        let bound = next_window_after(head).min(at_once.retry_after_nanos());
+        return TryAcquireError::Rejected(Rejection::new(bound, at_once.limit()));
+    }
+}
+
 /// Counts kept by a limiter.
 ///
 /// Every call ends in exactly one of `admitted`, `rejected` or `cancelled`, so once no call is in
@@ -458,20 +533,18 @@ impl<C: Clock> Inner<C> {
         if gate & WAITERS == 0 || self.queue.order() == QueueOrder::NewestFirst {
             return self.state.decide::<C, COMMIT>(n, &self.clock);
         }
-        let capacity = self.state.limit();
-        if n > capacity {
-            return Err(TryAcquireError::InsufficientCapacity {
-                requested: n,
-                capacity,
-            });
-        }
-        // Oldest first and others are queued: no barging. The retry-after is what the algorithm
-        // alone would say for one permit (a probe consumes nothing): a lower bound, since the queue
-        // is served first.
-        Err(match self.state.try_acquire(0, &self.clock) {
-            Err(rejected) => rejected,
-            Ok(_) => TryAcquireError::Rejected(Rejection::new(0, capacity)),
-        })
+        // Oldest first and others are queued: no barging.
+        let next_window_after = match &self.state {
+            State::Counter(s) => Some(|after| s.algo.next_window_after(self.clock.now(), after)),
+            _ => None,
+        };
+        Err(refused_for_waiters(
+            n,
+            self.state.limit(),
+            self.queue.queued(),
+            |want| self.state.decide::<C, false>(want, &self.clock),
+            next_window_after,
+        ))
     }
 
     /// The head's attempt: the algorithm, ignoring the gate. The head has usually just slept until
@@ -978,13 +1051,19 @@ impl<C: Clock> RateLimiter<C> {
     ///
     /// **No barging.** Under [`QueueOrder::OldestFirst`] (the default), while anyone is queued in
     /// [`acquire`](Self::acquire) or [`acquire_blocking`](Self::acquire_blocking) this fails with a
-    /// rejection rather than take permits the queue is waiting for; its `retry_after` is then a
-    /// lower bound (what the algorithm alone would say for one permit, 0 if it has one).
+    /// rejection rather than take permits the queue is waiting for. Its `retry_after` is then a
+    /// lower bound that counts the queue: the time until the algorithm could admit the permits
+    /// the queued waiters take plus these `n` (one for a probe) at once, counting at most the
+    /// capacity (for the sliding counter, whose older windows weigh less, no later than the
+    /// start of the window after the one the queue's head could be admitted in). It is 0 only
+    /// when the algorithm could admit all of that now, the head waiter being about to take its
+    /// share.
     ///
     /// # Errors
     ///
     /// - [`TryAcquireError::Rejected`]: not enough permits now; `retry_after` is the exact time until
-    ///   `n` permits could be admitted if nothing else is.
+    ///   `n` permits could be admitted if nothing else is (behind queued waiters, the lower bound
+    ///   above).
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst) and can never be
     ///   admitted.
     /// - [`TryAcquireError::Closed`]: the limiter was [closed](Self::close); this comes first,
