@@ -861,3 +861,44 @@ async fn a_request_behind_waiters_is_told_the_time_their_permits_need_too() {
         assert_eq!(when - start, Duration::from_millis(at));
     }
 }
+
+/// A 429 never says "retry now": a request that finds the permit its client's waiting request
+/// is about to take (free, the waiter's timer not yet run) and has no room to wait is rejected
+/// with `Retry-After: 1`, and its `RateLimit` field, nothing remaining, says 1 s too (it said
+/// `t=0`, so the two disagreed, and `t=0` invites the same retry at once).
+#[tokio::test(start_paused = true)]
+async fn a_429_behind_a_waiting_request_never_says_retry_now() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\nalgorithm = \"token_bucket\"\n\
+         queue_limit = 1\nmax_wait = \"5s\"\n[response]\nlegacy_headers = true\n",
+    );
+    let service = limiter
+        .layer()
+        .layer(tower::service_fn(|_: http::Request<String>| {
+            std::future::ready(Ok::<_, Infallible>(http::Response::new(String::from("ok"))))
+        }));
+    let request = || {
+        let mut request = http::Request::new(String::new());
+        request
+            .extensions_mut()
+            .insert(PeerAddr("192.0.2.1:4000".parse().unwrap()));
+        request
+    };
+    // The permit frees half a millisecond into a millisecond; the waiter's timer ends at the
+    // next millisecond.
+    tokio::time::advance(Duration::from_micros(500)).await;
+    assert_eq!(
+        service.clone().oneshot(request()).await.unwrap().status(),
+        200
+    );
+    let waiter = tokio::spawn(service.clone().oneshot(request()));
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let refused = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let headers = refused.headers();
+    assert_eq!(headers["retry-after"], "1", "{headers:?}");
+    assert_eq!(headers["ratelimit"], "\"per-ip\";r=0;t=1", "{headers:?}");
+    assert_eq!(headers["x-ratelimit-reset"], "1", "{headers:?}");
+    assert_eq!(waiter.await.unwrap().unwrap().status(), 200);
+}
