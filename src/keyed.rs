@@ -1768,6 +1768,10 @@ where
             inner.ctx.waits.queued_on(key),
             |want| with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, want)),
             next_window_after,
+            |at_limit, extra| {
+                let now = inner.ctx.clock.now();
+                with_store!(&inner.store, s => s.algo.beyond_limit(now, at_limit, extra))
+            },
         )
     }
 

@@ -310,6 +310,17 @@ impl State {
         }
     }
 
+    /// [`Algo::beyond_limit`] at the clock's time.
+    pub(crate) fn beyond_limit<C: Clock>(&self, clock: &C, at_limit: u64, extra: u64) -> u64 {
+        let now = clock.now();
+        match self {
+            State::Fixed(s) => s.algo.beyond_limit(now, at_limit, extra),
+            State::Sliding(s) => s.algo.beyond_limit(now, at_limit, extra),
+            State::Counter(s) => s.algo.beyond_limit(now, at_limit, extra),
+            State::Bucket(s) => s.algo.beyond_limit(now, at_limit, extra),
+        }
+    }
+
     pub(crate) fn limit(&self) -> u32 {
         match self {
             State::Fixed(s) => s.algo.limit(),
@@ -356,29 +367,29 @@ impl State {
 /// limiter of `capacity` whose queue will take `queued`: `InsufficientCapacity` if `n` can never
 /// be admitted, else a rejection whose retry-after is a lower bound of when this call could be
 /// admitted behind the queue. `check` is the algorithm's decision for that many permits without
-/// `COMMIT` (it writes nothing); `next_window_after` is the sliding counter's (see below).
+/// `COMMIT` (it writes nothing); `next_window_after` is the sliding counter's (see below), and
+/// `beyond_limit` the algorithm's [`Algo::beyond_limit`] at the clock's time.
 ///
 /// The bound is when the algorithm could admit the queue's permits and this call's (`n.max(1)`:
 /// a probe needs one) at once. The queue is served first, in order, and its admissions only make
 /// the state stricter: for the fixed and sliding windows and the token bucket this call's
-/// permits then fit no earlier than all of them would fit at once. Capped at the capacity, as a
-/// check cannot be asked for more; beyond it the answer is the time the capacity needs, still a
-/// lower bound, the best one check can give. Shared by the keyed limiter (`KeyedLimiter`'s
-/// `refused_for_waiters`), with its key's queue and state.
+/// permits then fit no earlier than all of them would fit at once. A check cannot be asked for
+/// more than the capacity: beyond it, the time the capacity needs at once, or what the
+/// algorithm guarantees of more than its limit in a row (`beyond_limit`: the next window, a
+/// window's length, one more period per permit), whichever is later. Shared by the keyed
+/// limiter (`KeyedLimiter`'s `refused_for_waiters`), with its key's queue and state.
 ///
 /// The sliding counter's estimate weighs what a window admitted less as the next goes by, so
 /// a call admitted a window after the queue's admissions can fit sooner than all of them would
-/// at once. Its bound is therefore the earlier of that and the start of the window after the
-/// one in which the head could first be admitted (`next_window_after` of that wait): if this
-/// call is admitted in the window of every queue admission, they all count in full, as at once;
-/// if not, it comes after a window that the head's admission fell in, which is no earlier than
-/// that window.
+/// at once. Its bound at once is therefore no later than the start of the window after the one
+/// in which the head could first be admitted (`next_window_after` of that wait, a second
+/// check): if this call is admitted in the window of every queue admission, they all count in
+/// full, as at once; if not, it comes after a window that the head's admission fell in.
 ///
-/// 0 only when the algorithm admits all of that now: then the head has been woken, or its
-/// timer is due (a timer rounds its sleep up), and is about to take its permits; when it runs
-/// is not known here, and behind it, unless the queue holds more than the capacity, this call
-/// would be admitted at once. (Beyond the capacity the wait past the head's admission is more
-/// than one check can tell.) An HTTP answer never says 0: it rounds up to at least 1 s.
+/// 0 only when the algorithm admits all of it now, within the capacity: then the head has been
+/// woken, or its timer is due (a timer rounds its sleep up), and is about to take its permits,
+/// and behind it this call would be admitted at once; how soon the head runs is not known
+/// here. An HTTP answer never says 0: it rounds up to at least 1 s.
 #[cold]
 pub(crate) fn refused_for_waiters(
     n: u32,
@@ -386,6 +397,7 @@ pub(crate) fn refused_for_waiters(
     queued: Queued,
     check: impl Fn(u32) -> Result<Admission, TryAcquireError>,
     next_window_after: Option<impl Fn(u64) -> u64>,
+    beyond_limit: impl Fn(u64, u64) -> u64,
 ) -> TryAcquireError {
     loop {
         if n > capacity {
@@ -394,11 +406,9 @@ pub(crate) fn refused_for_waiters(
                 capacity,
             };
         }
-        let want = queued
-            .permits
-            .saturating_add(u64::from(n.max(1)))
-            .min(u64::from(capacity)) as u32;
-        let at_once = match check(want) {
+        let total = queued.permits.saturating_add(u64::from(n.max(1)));
+        let want = total.min(u64::from(capacity)) as u32;
+        let (at_once, limit) = match check(want) {
             Err(TryAcquireError::InsufficientCapacity {
                 capacity: lowered, ..
             }) if lowered < capacity => {
@@ -407,21 +417,30 @@ pub(crate) fn refused_for_waiters(
                 capacity = lowered;
                 continue;
             }
-            Err(TryAcquireError::Rejected(rejection)) => rejection,
+            Err(TryAcquireError::Rejected(rejection)) => {
+                (rejection.retry_after_nanos(), rejection.limit())
+            }
             Err(other) => return other,
-            Ok(_) => return TryAcquireError::Rejected(Rejection::new(0, capacity)),
+            Ok(_) => (0, capacity),
         };
-        let Some(next_window_after) = next_window_after.filter(|_| queued.permits > 0) else {
-            return TryAcquireError::Rejected(at_once);
-        };
-        let head = match check(queued.head.clamp(1, capacity)) {
-            Ok(_) => 0,
-            Err(TryAcquireError::Rejected(head)) => head.retry_after_nanos(),
-            // Lowered meanwhile, or gone: the plain bound is as good an answer.
-            Err(_) => return TryAcquireError::Rejected(at_once),
-        };
-        let bound = next_window_after(head).min(at_once.retry_after_nanos());
-        return TryAcquireError::Rejected(Rejection::new(bound, at_once.limit()));
+        let mut bound = at_once;
+        if let Some(next_window_after) = next_window_after
+            && at_once > 0
+            && queued.permits > 0
+        {
+            match check(queued.head.clamp(1, capacity)) {
+                Ok(_) => bound = bound.min(next_window_after(0)),
+                Err(TryAcquireError::Rejected(head)) => {
+                    bound = bound.min(next_window_after(head.retry_after_nanos()));
+                }
+                // Lowered meanwhile, or gone: the bound at once stands.
+                Err(_) => {}
+            }
+        }
+        if total > u64::from(capacity) {
+            bound = bound.max(beyond_limit(at_once, total - u64::from(capacity)));
+        }
+        return TryAcquireError::Rejected(Rejection::new(bound, limit));
     }
 }
 
@@ -544,6 +563,7 @@ impl<C: Clock> Inner<C> {
             self.queue.queued(),
             |want| self.state.decide::<C, false>(want, &self.clock),
             next_window_after,
+            |at_limit, extra| self.state.beyond_limit(&self.clock, at_limit, extra),
         ))
     }
 
@@ -1053,11 +1073,13 @@ impl<C: Clock> RateLimiter<C> {
     /// [`acquire`](Self::acquire) or [`acquire_blocking`](Self::acquire_blocking) this fails with a
     /// rejection rather than take permits the queue is waiting for. Its `retry_after` is then a
     /// lower bound that counts the queue: the time until the algorithm could admit the permits
-    /// the queued waiters take plus these `n` (one for a probe) at once, counting at most the
-    /// capacity (for the sliding counter, whose older windows weigh less, no later than the
-    /// start of the window after the one the queue's head could be admitted in). It is 0 only
-    /// when the algorithm could admit all of that now, the head waiter being about to take its
-    /// share.
+    /// the queued waiters take plus these `n` (one for a probe) at once (for the sliding
+    /// counter, whose older windows weigh less, no later than the start of the window after the
+    /// one the queue's head could be admitted in). Beyond the capacity it is the later of the
+    /// time the capacity needs and what the algorithm allows of more than its limit in a row:
+    /// the next window (fixed window, sliding counter), a window's length (sliding window), one
+    /// more period per permit (token bucket). It is 0 only when the algorithm could admit all
+    /// of it now, within the capacity, the head waiter being about to take its share.
     ///
     /// # Errors
     ///

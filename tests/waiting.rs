@@ -243,6 +243,47 @@ async fn a_rejection_behind_waiters_counts_their_permits() {
     }
 }
 
+/// Behind a waiter about to be served (the permits it waits for free, its timer not run yet), a
+/// call whose permits and the waiter's exceed the limit is told what more than the limit in a
+/// row needs, not 0: the next window, or a window's length for the sliding window (the waiter
+/// takes what is free now first).
+#[tokio::test(start_paused = true)]
+async fn behind_a_waiter_about_to_be_served_a_call_beyond_the_limit_waits_for_the_next_window() {
+    let window = Duration::from_secs(1);
+    for algorithm in [
+        Algorithm::FixedWindow { limit: 2, window },
+        Algorithm::SlidingWindow { limit: 2, window },
+    ] {
+        // Permits free half a millisecond into a millisecond: timers end at the next one.
+        tokio::time::advance(Duration::from_micros(500)).await;
+        let limiter = RateLimiter::with_clock(algorithm, TokioClock::new()).unwrap();
+        limiter.try_acquire_n(2).unwrap();
+        let waiter = {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire_n(2).await.map(|a| a.at()) })
+        };
+        settle().await;
+        tokio::time::advance(window).await;
+        assert_eq!(
+            limiter.stats().waiting,
+            1,
+            "{algorithm:?}: the waiter has not run"
+        );
+        let retry = limiter
+            .try_acquire()
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .retry_after();
+        assert_eq!(retry, window, "{algorithm:?}");
+        waiter.await.unwrap().unwrap();
+        assert!(
+            limiter.try_acquire().is_err(),
+            "{algorithm:?}: the waiter took both"
+        );
+    }
+}
+
 /// The sliding counter weighs a window's admissions less as the next window goes by, so a call
 /// admitted a window after the queue's can fit sooner than all of them would at once: its
 /// retry-after behind the queue is then the start of the window after the head's, still a
@@ -289,11 +330,10 @@ async fn behind_waiters_a_sliding_counters_retry_after_stays_a_lower_bound() {
     assert!(Duration::from_secs(1) + retry <= admitted);
 }
 
-/// What the queue takes is counted, capped at the capacity: a queued probe takes nothing, and
-/// a queue holding more than the capacity is answered with the time the capacity needs (the
-/// most one check of the algorithm can tell).
+/// What the queue takes is counted: a queued probe takes nothing, and beyond the capacity the
+/// token bucket's refill (one permit a period) says when the rest fits.
 #[tokio::test(start_paused = true)]
-async fn a_rejection_behind_waiters_counts_what_they_take_up_to_the_capacity() {
+async fn a_rejection_behind_waiters_counts_what_they_take_even_beyond_the_capacity() {
     // 10 tokens a second, burst 5; 4 taken: 1 token left, one more every 100 ms.
     let limiter = bucket(Rate::per_second(10), 5);
     limiter.try_acquire_n(4).unwrap();
@@ -321,8 +361,8 @@ async fn a_rejection_behind_waiters_counts_what_they_take_up_to_the_capacity() {
     assert_eq!(retry(3), MS * 400);
     let three = spawn(3);
     settle().await;
-    // 5 queued + 1 is beyond the burst: the time 5 need.
-    assert_eq!(retry(1), MS * 400);
+    // 5 queued + 1 is beyond the burst of 5: the time 5 need (400 ms), and 100 ms more.
+    assert_eq!(retry(1), MS * 500);
     assert_eq!(two.await.unwrap().unwrap(), MS * 100);
     // The probe waits for a token it does not take.
     assert_eq!(probe.await.unwrap().unwrap(), MS * 200);

@@ -383,6 +383,12 @@ impl Algo for SlidingCounter {
         ]
     }
 
+    /// What this window admits counts in full until it ends, and never more than the limit:
+    /// more cannot all come before the next window.
+    fn beyond_limit(&self, now: u64, _at_limit: u64, _extra: u64) -> u64 {
+        self.next_window_after(now, 0)
+    }
+
     fn available(&self, words: &Words, now: u64) -> u32 {
         // Acquire: as in try_acquire, so that `previous` is current for this word.
         let p = self.shape().0;
