@@ -972,12 +972,16 @@ where
     /// comes, drained it. "No key can be evicted yet" is the hint `make_room` itself trusts
     /// (`room_at`, raised by a search for room that found none), so the first call at the cap
     /// still searches, in its commit, and the ones after it are refused here.
+    ///
+    /// `count`: a refusal at the cap counts the call in `overflowed`; false for a further check
+    /// made for a call already counted (see `KeyedLimiter::refused_for_waiters`).
     fn chain_check<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
+        count: bool,
     ) -> Result<Admission, TryAcquireError> {
         let limit = self.algo.limit();
         if n > limit {
@@ -1008,7 +1012,7 @@ where
                     }),
                     KeyOverflow::Shared => self.algo.check(&self.overflow, n, &ctx.clock),
                 };
-                if outcome.is_err() {
+                if count && outcome.is_err() {
                     // The call ends here, as it would have in `first_use`, which counts it; an
                     // admission is counted there, by the commit.
                     ctx.counters.bump(OVERFLOWED);
@@ -1756,6 +1760,7 @@ where
         // queue will take and this call's permits together. The check writes nothing and
         // creates no key; a key without a cell answers as a fresh one would (or, at the cap,
         // as its overflow policy does), as its queue's head will be answered.
+        let first = std::cell::Cell::new(true);
         let next_window_after = match &inner.store {
             Store::Counter(s) => {
                 Some(|after| s.algo.next_window_after(inner.ctx.clock.now(), after))
@@ -1766,7 +1771,12 @@ where
             n,
             inner.algorithm_limit(),
             inner.ctx.waits.queued_on(key),
-            |want| with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, want)),
+            // The first check counts the call in `overflowed` if it is refused at the cap; the
+            // sliding counter's second one, for the same call, does not.
+            |want| {
+                let count = first.replace(false);
+                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, want, count))
+            },
             next_window_after,
             |at_limit, extra| {
                 let now = inner.ctx.clock.now();
@@ -2842,7 +2852,8 @@ where
         if COMMIT || n == 0 {
             with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))
         } else {
-            let outcome = with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n));
+            let outcome =
+                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n, true));
             (outcome, Committed::default())
         }
     }

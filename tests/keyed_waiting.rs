@@ -224,6 +224,36 @@ async fn behind_a_keys_waiters_a_sliding_counters_retry_after_stays_a_lower_boun
     assert!(Duration::from_secs(1) + retry <= admitted, "{admitted:?}");
 }
 
+/// A call for a key served by the shared overflow cell, held back by that key's waiter, is
+/// counted once in `overflowed`, though the sliding counter's bound checks the cell twice.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_held_back_call_at_the_key_cap_counts_as_overflowed_once() {
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::SlidingCounter {
+            limit: 3,
+            window: Duration::from_secs(1),
+        })
+        .clock(TokioClock::new())
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap(),
+    );
+    limiter.try_acquire(&"x").unwrap(); // the only key slot, busy for its window
+    limiter.try_acquire_n(&"a", 2).unwrap(); // the shared cell
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.acquire_n(&"a", 2).await })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().waiting, 1);
+    let before = limiter.stats().overflowed;
+    let refused = limiter.try_acquire(&"a").unwrap_err();
+    assert!(refused.rejection().unwrap().retry_after() > Duration::ZERO);
+    assert_eq!(limiter.stats().overflowed, before + 1);
+    waiter.await.unwrap().unwrap();
+}
+
 /// A key's queued probe takes nothing, and beyond the capacity the token bucket's refill says
 /// when the rest fits.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
