@@ -604,7 +604,8 @@ impl<L> Core<L> {
                 return Ok(Ok(admission));
             }
             Err(e) => match e.wait_or_fail() {
-                // A member that defers to its own queue of waiters reports 0: poll gently.
+                // A member that defers to its own queue of waiters may report 0 (its head is
+                // about to be served): poll gently.
                 Ok(rejection) => {
                     self.wake_refunded(key, refunded, who);
                     // Each refunded member's wake bumps its limiter's epoch once, which the
@@ -816,7 +817,8 @@ async fn sleep_or_notified(wait: std::time::Duration, notify: &tokio::sync::Noti
 }
 
 /// The shortest sleep between two attempts of a chain's `acquire`: a member whose own queue has
-/// waiters (oldest first) rejects with a `retry_after` of 0, and the chain must not spin on it;
+/// waiters (oldest first) rejects with a `retry_after` of 0 when its head is about to be served,
+/// and the chain must not spin on it;
 /// nor on members that change all the time (see `sleep_or_notified`).
 const MIN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1);
 

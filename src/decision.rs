@@ -227,6 +227,10 @@ impl Rejection {
     /// The exact time until the requested permits could be admitted, if nothing else is admitted
     /// meanwhile. Never rounded: an HTTP layer rounds up to whole seconds itself.
     ///
+    /// A call refused because others are queued first (no barging, see
+    /// [`RateLimiter::try_acquire_n`](crate::RateLimiter::try_acquire_n)) gets a lower bound
+    /// instead, which counts the permits the queue will take before it (see there).
+    ///
     /// # Examples
     ///
     /// ```

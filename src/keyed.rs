@@ -4,11 +4,11 @@
 use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket, too_big};
 use crate::chain::Committed;
 use crate::clock::{Clock, DefaultClock};
-use crate::decision::{Admission, Rejection};
+use crate::decision::Admission;
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::{Algorithm, build_sliding};
 use crate::queue::{
-    Blocked, Capacity, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Wait, WaitQueue, Woken,
+    Blocked, Capacity, DEFAULT_QUEUE_LIMIT, QueueOrder, Queued, WAITERS, Wait, WaitQueue, Woken,
 };
 use crate::sync::{
     ADMITTED, Arc, AtomicU64, CANCELLED, Counters, KeyMap, Mutex, OVERFLOWED, Ordering, REJECTED,
@@ -972,12 +972,16 @@ where
     /// comes, drained it. "No key can be evicted yet" is the hint `make_room` itself trusts
     /// (`room_at`, raised by a search for room that found none), so the first call at the cap
     /// still searches, in its commit, and the ones after it are refused here.
+    ///
+    /// `count`: a refusal at the cap counts the call in `overflowed`; false for a further check
+    /// made for a call already counted (see `KeyedLimiter::refused_for_waiters`).
     fn chain_check<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
+        count: bool,
     ) -> Result<Admission, TryAcquireError> {
         let limit = self.algo.limit();
         if n > limit {
@@ -1008,7 +1012,7 @@ where
                     }),
                     KeyOverflow::Shared => self.algo.check(&self.overflow, n, &ctx.clock),
                 };
-                if outcome.is_err() {
+                if count && outcome.is_err() {
                     // The call ends here, as it would have in `first_use`, which counts it; an
                     // admission is counted there, by the commit.
                     ctx.counters.bump(OVERFLOWED);
@@ -1622,7 +1626,9 @@ where
     ///
     /// # Errors
     ///
-    /// - [`TryAcquireError::Rejected`]: the key has too few permits now; `retry_after` is exact.
+    /// - [`TryAcquireError::Rejected`]: the key has too few permits now; `retry_after` is exact
+    ///   (behind the key's queued waiters, oldest first, a lower bound that counts the permits
+    ///   they will take, as for an unkeyed limiter).
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst).
     /// - [`TryAcquireError::TooManyKeys`]: a new key, the cap is reached, nothing is idle, and the
     ///   policy is [`KeyOverflow::Reject`].
@@ -1748,19 +1754,35 @@ where
     /// The answer to a call that `key`'s waiters hold back (see [`held_back`](Self::held_back)).
     #[cold]
     fn refused_for_waiters(&self, key: &K, n: u32) -> TryAcquireError {
-        let capacity = self.inner.algorithm_limit();
-        if n > capacity {
-            return TryAcquireError::InsufficientCapacity {
-                requested: n,
-                capacity,
-            };
-        }
-        // As for an unkeyed limiter: the retry-after is what the key's state alone says for one
-        // permit, a lower bound since the queue is served first.
-        match self.decide(key, 0) {
-            Err(rejected) => rejected,
-            Ok(_) => TryAcquireError::Rejected(Rejection::new(0, capacity)),
-        }
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        // As for an unkeyed limiter (see there): when the key's state could admit what its
+        // queue will take and this call's permits together. The check writes nothing and
+        // creates no key; a key without a cell answers as a fresh one would (or, at the cap,
+        // as its overflow policy does), as its queue's head will be answered.
+        let first = std::cell::Cell::new(true);
+        let next_window_after = match &inner.store {
+            Store::Counter(s) => {
+                Some(|after| s.algo.next_window_after(inner.ctx.clock.now(), after))
+            }
+            _ => None,
+        };
+        crate::limiter::refused_for_waiters(
+            n,
+            inner.algorithm_limit(),
+            inner.ctx.waits.queued_on(key),
+            // The first check counts the call in `overflowed` if it is refused at the cap; the
+            // sliding counter's second one, for the same call, does not.
+            |want| {
+                let count = first.replace(false);
+                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, want, count))
+            },
+            next_window_after,
+            |at_limit, extra| {
+                let now = inner.ctx.clock.now();
+                with_store!(&inner.store, s => s.algo.beyond_limit(now, at_limit, extra))
+            },
+        )
     }
 
     /// Permits `key` could take now (a snapshot): its own free permits if it is held; for a key
@@ -2728,6 +2750,11 @@ where
             .unwrap_or(false)
     }
 
+    /// What `key`'s waiters will take (see [`WaitQueue::queued`]); nothing if it has no queue.
+    pub(crate) fn queued_on(&self, key: &K) -> Queued {
+        self.map.get(key, |w| w.queue.queued()).unwrap_or_default()
+    }
+
     /// Keys that have a wait queue now, and the waiters and permits queued over all of them.
     pub(crate) fn queued(&self) -> (usize, usize, u64) {
         let (mut keys, mut waiters, mut permits) = (0, 0, 0);
@@ -2825,7 +2852,8 @@ where
         if COMMIT || n == 0 {
             with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))
         } else {
-            let outcome = with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n));
+            let outcome =
+                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n, true));
             (outcome, Committed::default())
         }
     }

@@ -428,6 +428,12 @@ impl Algo for Concurrency {
         0
     }
 
+    /// A rejection here says `retry_after` 0, and that is no claim that permits are free at
+    /// once: a concurrency limit has no time to wait for (permits come back when their holders
+    /// release them, at a time nobody knows), and nothing better can be said. Nor does the 0
+    /// reach anyone: `try_acquire` answers [`TryPermitError::NoPermits`] (with the permits free
+    /// now) instead, the HTTP concurrency layer its own configured `Retry-After` (at least 1 s),
+    /// and chains take no concurrency members.
     fn decide<C: Clock, const COMMIT: bool>(
         &self,
         cell: &AtomicU64,

@@ -4,7 +4,9 @@ use crate::algorithm::{Algo, Charge, FixedWindow, SlidingCounter, SlidingWindow,
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
-use crate::queue::{Blocked, CLOSED, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Wait, WaitQueue};
+use crate::queue::{
+    Blocked, CLOSED, DEFAULT_QUEUE_LIMIT, QueueOrder, Queued, WAITERS, Wait, WaitQueue,
+};
 use crate::sync::{ADMITTED, Arc, AtomicU64, CANCELLED, Counters, Mutex, Ordering, REJECTED, lock};
 use crate::watchers::{Watcher, Watchers};
 use crossbeam_utils::CachePadded;
@@ -308,6 +310,17 @@ impl State {
         }
     }
 
+    /// [`Algo::beyond_limit`] at the clock's time.
+    pub(crate) fn beyond_limit<C: Clock>(&self, clock: &C, at_limit: u64, extra: u64) -> u64 {
+        let now = clock.now();
+        match self {
+            State::Fixed(s) => s.algo.beyond_limit(now, at_limit, extra),
+            State::Sliding(s) => s.algo.beyond_limit(now, at_limit, extra),
+            State::Counter(s) => s.algo.beyond_limit(now, at_limit, extra),
+            State::Bucket(s) => s.algo.beyond_limit(now, at_limit, extra),
+        }
+    }
+
     pub(crate) fn limit(&self) -> u32 {
         match self {
             State::Fixed(s) => s.algo.limit(),
@@ -347,6 +360,87 @@ impl State {
                 to: to.name(),
             }),
         }
+    }
+}
+
+/// The answer to a call for `n` permits that queued waiters hold back (no barging), on a
+/// limiter of `capacity` whose queue will take `queued`: `InsufficientCapacity` if `n` can never
+/// be admitted, else a rejection whose retry-after is a lower bound of when this call could be
+/// admitted behind the queue. `check` is the algorithm's decision for that many permits without
+/// `COMMIT` (it writes nothing); `next_window_after` is the sliding counter's (see below), and
+/// `beyond_limit` the algorithm's [`Algo::beyond_limit`] at the clock's time.
+///
+/// The bound is when the algorithm could admit the queue's permits and this call's (`n.max(1)`:
+/// a probe needs one) at once. The queue is served first, in order, and its admissions only make
+/// the state stricter: for the fixed and sliding windows and the token bucket this call's
+/// permits then fit no earlier than all of them would fit at once. A check cannot be asked for
+/// more than the capacity: beyond it, the time the capacity needs at once, or what the
+/// algorithm guarantees of more than its limit in a row (`beyond_limit`: the next window, a
+/// window's length, one more period per permit), whichever is later. Shared by the keyed
+/// limiter (`KeyedLimiter`'s `refused_for_waiters`), with its key's queue and state.
+///
+/// The sliding counter's estimate weighs what a window admitted less as the next goes by, so
+/// a call admitted a window after the queue's admissions can fit sooner than all of them would
+/// at once. Its bound at once is therefore no later than the start of the window after the one
+/// in which the head could first be admitted (`next_window_after` of that wait, a second
+/// check): if this call is admitted in the window of every queue admission, they all count in
+/// full, as at once; if not, it comes after a window that the head's admission fell in.
+///
+/// 0 only when the algorithm admits all of it now, within the capacity: then the head has been
+/// woken, or its timer is due (a timer rounds its sleep up), and is about to take its permits,
+/// and behind it this call would be admitted at once; how soon the head runs is not known
+/// here. An HTTP answer never says 0: it rounds up to at least 1 s.
+#[cold]
+pub(crate) fn refused_for_waiters(
+    n: u32,
+    mut capacity: u32,
+    queued: Queued,
+    check: impl Fn(u32) -> Result<Admission, TryAcquireError>,
+    next_window_after: Option<impl Fn(u64) -> u64>,
+    beyond_limit: impl Fn(u64, u64) -> u64,
+) -> TryAcquireError {
+    loop {
+        if n > capacity {
+            return TryAcquireError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            };
+        }
+        let total = queued.permits.saturating_add(u64::from(n.max(1)));
+        let want = total.min(u64::from(capacity)) as u32;
+        let (at_once, limit) = match check(want) {
+            Err(TryAcquireError::InsufficientCapacity {
+                capacity: lowered, ..
+            }) if lowered < capacity => {
+                // The limit was lowered since we read it: again, under the new one. (It
+                // decreases with every round, so this ends.)
+                capacity = lowered;
+                continue;
+            }
+            Err(TryAcquireError::Rejected(rejection)) => {
+                (rejection.retry_after_nanos(), rejection.limit())
+            }
+            Err(other) => return other,
+            Ok(_) => (0, capacity),
+        };
+        let mut bound = at_once;
+        if let Some(next_window_after) = next_window_after
+            && at_once > 0
+            && queued.permits > 0
+        {
+            match check(queued.head.clamp(1, capacity)) {
+                Ok(_) => bound = bound.min(next_window_after(0)),
+                Err(TryAcquireError::Rejected(head)) => {
+                    bound = bound.min(next_window_after(head.retry_after_nanos()));
+                }
+                // Lowered meanwhile, or gone: the bound at once stands.
+                Err(_) => {}
+            }
+        }
+        if total > u64::from(capacity) {
+            bound = bound.max(beyond_limit(at_once, total - u64::from(capacity)));
+        }
+        return TryAcquireError::Rejected(Rejection::new(bound, limit));
     }
 }
 
@@ -458,20 +552,19 @@ impl<C: Clock> Inner<C> {
         if gate & WAITERS == 0 || self.queue.order() == QueueOrder::NewestFirst {
             return self.state.decide::<C, COMMIT>(n, &self.clock);
         }
-        let capacity = self.state.limit();
-        if n > capacity {
-            return Err(TryAcquireError::InsufficientCapacity {
-                requested: n,
-                capacity,
-            });
-        }
-        // Oldest first and others are queued: no barging. The retry-after is what the algorithm
-        // alone would say for one permit (a probe consumes nothing): a lower bound, since the queue
-        // is served first.
-        Err(match self.state.try_acquire(0, &self.clock) {
-            Err(rejected) => rejected,
-            Ok(_) => TryAcquireError::Rejected(Rejection::new(0, capacity)),
-        })
+        // Oldest first and others are queued: no barging.
+        let next_window_after = match &self.state {
+            State::Counter(s) => Some(|after| s.algo.next_window_after(self.clock.now(), after)),
+            _ => None,
+        };
+        Err(refused_for_waiters(
+            n,
+            self.state.limit(),
+            self.queue.queued(),
+            |want| self.state.decide::<C, false>(want, &self.clock),
+            next_window_after,
+            |at_limit, extra| self.state.beyond_limit(&self.clock, at_limit, extra),
+        ))
     }
 
     /// The head's attempt: the algorithm, ignoring the gate. The head has usually just slept until
@@ -978,13 +1071,21 @@ impl<C: Clock> RateLimiter<C> {
     ///
     /// **No barging.** Under [`QueueOrder::OldestFirst`] (the default), while anyone is queued in
     /// [`acquire`](Self::acquire) or [`acquire_blocking`](Self::acquire_blocking) this fails with a
-    /// rejection rather than take permits the queue is waiting for; its `retry_after` is then a
-    /// lower bound (what the algorithm alone would say for one permit, 0 if it has one).
+    /// rejection rather than take permits the queue is waiting for. Its `retry_after` is then a
+    /// lower bound that counts the queue: the time until the algorithm could admit the permits
+    /// the queued waiters take plus these `n` (one for a probe) at once (for the sliding
+    /// counter, whose older windows weigh less, no later than the start of the window after the
+    /// one the queue's head could be admitted in). Beyond the capacity it is the later of the
+    /// time the capacity needs and what the algorithm allows of more than its limit in a row:
+    /// the next window (fixed window, sliding counter), a window's length (sliding window), one
+    /// more period per permit (token bucket). It is 0 only when the algorithm could admit all
+    /// of it now, within the capacity, the head waiter being about to take its share.
     ///
     /// # Errors
     ///
     /// - [`TryAcquireError::Rejected`]: not enough permits now; `retry_after` is the exact time until
-    ///   `n` permits could be admitted if nothing else is.
+    ///   `n` permits could be admitted if nothing else is (behind queued waiters, the lower bound
+    ///   above).
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst) and can never be
     ///   admitted.
     /// - [`TryAcquireError::Closed`]: the limiter was [closed](Self::close); this comes first,

@@ -190,6 +190,8 @@ struct Waiters {
     next: u64,
     /// Room taken by `live` waiters ([`Waiter::room`]: their permits, one for a probe).
     permits: u64,
+    /// Probes among the `live` waiters: `permits` less this is what the queue will take.
+    probes: u64,
     /// The capacity the last [`WaitQueue::reconfigure_waiters_and_bound`] swept for (`u32::MAX`
     /// before any): an enqueue for more fails at once. A caller checks the capacity before it
     /// enqueues, without the mutex; one that read it before a reconfiguration lowered it and
@@ -197,6 +199,24 @@ struct Waiters {
     /// became the head itself, or never while the head waits for good.
     capacity: u32,
     closed: bool,
+}
+
+impl Waiters {
+    /// Takes a leaving waiter of `permits` out of the counts.
+    fn remove_room(&mut self, permits: u32) {
+        self.permits -= Waiter::room(permits);
+        self.probes -= u64::from(permits == 0);
+    }
+}
+
+/// What a queue's waiters will take, a snapshot: [`WaitQueue::queued`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Queued {
+    /// The permits of every waiter: none for a probe, which waits for one permit but takes
+    /// nothing.
+    pub(crate) permits: u64,
+    /// The head's permits (0: a probe, or nobody).
+    pub(crate) head: u32,
 }
 
 pub(crate) struct WaitQueue {
@@ -213,6 +233,7 @@ impl WaitQueue {
                 failed: BTreeMap::new(),
                 next: 0,
                 permits: 0,
+                probes: 0,
                 capacity: u32::MAX,
                 closed: false,
             }),
@@ -240,6 +261,19 @@ impl WaitQueue {
     pub(crate) fn len(&self) -> (usize, u64) {
         let waiters = lock(&self.waiters);
         (waiters.live.len(), waiters.permits)
+    }
+
+    /// What the waiters queued now will take when served (see [`Queued`]). A rejection that
+    /// defers to the queue counts it (see `limiter::refused_for_waiters`).
+    pub(crate) fn queued(&self) -> Queued {
+        let waiters = lock(&self.waiters);
+        Queued {
+            permits: waiters.permits - waiters.probes,
+            head: self
+                .head(&waiters)
+                .and_then(|seq| waiters.live.get(&seq))
+                .map_or(0, |w| w.permits),
+        }
     }
 
     /// Queues a waiter for `permits`; returns its sequence number and the waiters it failed to
@@ -283,7 +317,7 @@ impl WaitQueue {
                 let Some((seq, old)) = waiters.live.pop_first() else {
                     break;
                 };
-                waiters.permits -= Waiter::room(old.permits);
+                waiters.remove_room(old.permits);
                 waiters.failed.insert(seq, full(old.permits));
                 evicted.push(old.wake);
             }
@@ -303,6 +337,7 @@ impl WaitQueue {
                 },
             );
             waiters.permits += need;
+            waiters.probes += u64::from(permits == 0);
             seq
         };
         Ok((seq, evicted))
@@ -382,7 +417,7 @@ impl WaitQueue {
     ) -> Option<Wake> {
         let was_head = self.head(waiters) == Some(seq);
         let me = waiters.live.remove(&seq)?;
-        waiters.permits -= Waiter::room(me.permits);
+        waiters.remove_room(me.permits);
         if waiters.live.is_empty() {
             // Relaxed: see `enqueue`.
             gate.fetch_and(!WAITERS, Ordering::Relaxed);
@@ -478,7 +513,7 @@ impl WaitQueue {
                 .collect();
             for seq in too_big {
                 if let Some(waiter) = waiters.live.remove(&seq) {
-                    waiters.permits -= Waiter::room(waiter.permits);
+                    waiters.remove_room(waiter.permits);
                     waiters.failed.insert(
                         seq,
                         AcquireError::InsufficientCapacity {
@@ -532,6 +567,7 @@ impl WaitQueue {
             let mut waiters = lock(&self.waiters);
             waiters.closed = true;
             waiters.permits = 0;
+            waiters.probes = 0;
             let live = std::mem::take(&mut waiters.live);
             let mut wakes = Vec::with_capacity(live.len());
             for (seq, waiter) in live {

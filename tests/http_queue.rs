@@ -827,3 +827,80 @@ async fn decide_does_not_take_the_permit_a_request_waits_for() {
     let (verdict, _) = first.await.unwrap();
     assert!(verdict.outcome.is_admitted(), "{verdict:?}");
 }
+
+/// A request behind others waiting for its client's counter is told when the rule could admit
+/// them and it, not when the rule alone would have a permit: with that answer beyond its
+/// `max_wait` it is rejected at once, with that retry-after, rather than wait out `max_wait`
+/// for a turn that cannot come in time.
+#[tokio::test(start_paused = true)]
+async fn a_request_behind_waiters_is_told_the_time_their_permits_need_too() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 3\n\
+         algorithm = \"sliding_window\"\nqueue_limit = 5\nmax_wait = \"800ms\"\n",
+    );
+    let start = Instant::now();
+    for at in [0, 100, 200] {
+        tokio::time::advance(start + Duration::from_millis(at) - Instant::now()).await;
+        assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    }
+    tokio::time::advance(Duration::from_millis(100)).await;
+    // At 300 ms: the permit of 0 ms frees at 1 s, that of 100 ms at 1.1 s: two wait for them.
+    let first = waiter(&limiter, from("192.0.2.1")).await;
+    let second = waiter(&limiter, from("192.0.2.1")).await;
+    // The third would be admitted at 1.2 s, 900 ms from now: beyond its 800 ms.
+    let third = decide(&limiter, "192.0.2.1").await;
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_millis(300),
+        "rejected at once"
+    );
+    assert_eq!(retry_after(&third), Some(Duration::from_millis(900)));
+    for (task, at) in [(first, 1000), (second, 1100)] {
+        let (verdict, when) = task.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        assert_eq!(when - start, Duration::from_millis(at));
+    }
+}
+
+/// A 429 never says "retry now": a request that finds the permits of a new window free while
+/// its client's waiting request (whose timer has not run yet) is about to take one, and has no
+/// room to wait, is rejected with a retry-after of 0 (behind that request it would fit at
+/// once), sent as `Retry-After: 1`; its `RateLimit` field, nothing remaining, says 1 s too (it
+/// said `t=0`, so the two disagreed, and `t=0` invites the same retry at once).
+#[tokio::test(start_paused = true)]
+async fn a_429_behind_a_waiting_request_never_says_retry_now() {
+    // Windows end half a millisecond into a millisecond: the waiter's timer ends at the next.
+    tokio::time::advance(Duration::from_micros(500)).await;
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 2\nalgorithm = \"fixed_window\"\n\
+         queue_limit = 1\nmax_wait = \"5s\"\n[response]\nlegacy_headers = true\n",
+    );
+    let service = limiter
+        .layer()
+        .layer(tower::service_fn(|_: http::Request<String>| {
+            std::future::ready(Ok::<_, Infallible>(http::Response::new(String::from("ok"))))
+        }));
+    let request = || {
+        let mut request = http::Request::new(String::new());
+        request
+            .extensions_mut()
+            .insert(PeerAddr("192.0.2.1:4000".parse().unwrap()));
+        request
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            service.clone().oneshot(request()).await.unwrap().status(),
+            200
+        );
+    }
+    let waiter = tokio::spawn(service.clone().oneshot(request()));
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let refused = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let headers = refused.headers();
+    assert_eq!(headers["retry-after"], "1", "{headers:?}");
+    assert_eq!(headers["ratelimit"], "\"per-ip\";r=0;t=1", "{headers:?}");
+    assert_eq!(headers["x-ratelimit-reset"], "1", "{headers:?}");
+    assert_eq!(waiter.await.unwrap().unwrap().status(), 200);
+}

@@ -128,6 +128,168 @@ async fn no_barging_past_a_keys_queue() {
     assert!(limiter.try_acquire(&"a").is_ok());
 }
 
+/// As for an unkeyed limiter: a `try_acquire` that a key's waiters hold back says when the
+/// key's state could admit the queue's permits and its own together, per algorithm, not 0
+/// ("retry now") because the state alone had one permit. Other keys are not counted.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_rejection_behind_a_keys_waiters_counts_their_permits() {
+    let window = Duration::from_secs(1);
+    for algorithm in [
+        Algorithm::FixedWindow { limit: 3, window },
+        Algorithm::SlidingWindow { limit: 3, window },
+        Algorithm::SlidingCounter { limit: 3, window },
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(10),
+            burst: 3,
+        },
+    ] {
+        let limiter: Arc<Limiter> =
+            Arc::new(KeyedLimiter::with_clock(algorithm, TokioClock::new()).unwrap());
+        // The key's history on another key without waiters: what it says for 2 + 1 permits.
+        limiter.try_acquire_n(&"a", 2).unwrap();
+        limiter.try_acquire_n(&"alone", 2).unwrap();
+        let expected = limiter
+            .try_acquire_n(&"alone", 3)
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .retry_after();
+        // One permit is free on "a", but a waiter for two is queued first.
+        let waiter = {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { limiter.acquire_n(&"a", 2).await })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(limiter.stats().waiting, 1, "{algorithm:?}");
+        for n in [1, 0] {
+            let rejection = limiter
+                .try_acquire_n(&"a", n)
+                .unwrap_err()
+                .rejection()
+                .copied()
+                .unwrap_or_else(|| panic!("{algorithm:?}: not a rejection"));
+            assert_eq!(rejection.retry_after(), expected, "{algorithm:?}, n = {n}");
+            assert_eq!(rejection.limit(), 3, "{algorithm:?}");
+        }
+        let concrete = match algorithm {
+            Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow { .. } => Some(window),
+            Algorithm::TokenBucket { .. } => Some(Duration::from_millis(200)),
+            _ => None,
+        };
+        if let Some(concrete) = concrete {
+            assert_eq!(expected, concrete, "{algorithm:?}");
+        }
+        assert!(expected > Duration::ZERO, "{algorithm:?}");
+        // Another key's queue is not this one's: a fresh key is admitted.
+        assert!(limiter.try_acquire_n(&"b", 3).is_ok(), "{algorithm:?}");
+        waiter.await.unwrap().unwrap();
+    }
+}
+
+/// The sliding counter's bound behind a key's waiters: the start of the window after the
+/// head's when that is earlier than all of the permits at once (see the unkeyed test in
+/// `tests/waiting.rs`), and never later than the call's admission.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn behind_a_keys_waiters_a_sliding_counters_retry_after_stays_a_lower_bound() {
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::with_clock(
+            Algorithm::SlidingCounter {
+                limit: 10,
+                window: Duration::from_secs(1),
+            },
+            TokioClock::new(),
+        )
+        .unwrap(),
+    );
+    limiter.try_acquire_n(&"a", 6).unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    limiter.try_acquire_n(&"a", 4).unwrap();
+    let spawn = |n| {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.acquire_n(&"a", n).await.map(|a| a.at()) })
+    };
+    let head = spawn(3);
+    tokio::task::yield_now().await;
+    let retry = limiter
+        .try_acquire_n(&"a", 4)
+        .unwrap_err()
+        .rejection()
+        .unwrap()
+        .retry_after();
+    let behind = spawn(4);
+    tokio::task::yield_now().await;
+    assert_eq!(head.await.unwrap().unwrap(), Duration::from_millis(1500));
+    let admitted = behind.await.unwrap().unwrap();
+    assert_eq!(retry, Duration::from_secs(1));
+    assert!(Duration::from_secs(1) + retry <= admitted, "{admitted:?}");
+}
+
+/// A call for a key served by the shared overflow cell, held back by that key's waiter, is
+/// counted once in `overflowed`, though the sliding counter's bound checks the cell twice.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_held_back_call_at_the_key_cap_counts_as_overflowed_once() {
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::SlidingCounter {
+            limit: 3,
+            window: Duration::from_secs(1),
+        })
+        .clock(TokioClock::new())
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap(),
+    );
+    limiter.try_acquire(&"x").unwrap(); // the only key slot, busy for its window
+    limiter.try_acquire_n(&"a", 2).unwrap(); // the shared cell
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.acquire_n(&"a", 2).await })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().waiting, 1);
+    let before = limiter.stats().overflowed;
+    let refused = limiter.try_acquire(&"a").unwrap_err();
+    assert!(refused.rejection().unwrap().retry_after() > Duration::ZERO);
+    assert_eq!(limiter.stats().overflowed, before + 1);
+    waiter.await.unwrap().unwrap();
+}
+
+/// A key's queued probe takes nothing, and beyond the capacity the token bucket's refill says
+/// when the rest fits.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_rejection_behind_a_keys_waiters_counts_what_they_take_even_beyond_the_capacity() {
+    // 10 tokens a second, burst 5; 4 taken: 1 token left, one more every 100 ms.
+    let limiter = bucket(10, 5);
+    limiter.try_acquire_n(&"a", 4).unwrap();
+    let spawn = |n| {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.acquire_n(&"a", n).await.map(|a| a.at()) })
+    };
+    let two = spawn(2);
+    tokio::task::yield_now().await;
+    let probe = spawn(0);
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().waiting, 2);
+    let retry = |n| {
+        limiter
+            .try_acquire_n(&"a", n)
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .retry_after()
+    };
+    let ms = Duration::from_millis;
+    assert_eq!(retry(1), ms(200));
+    assert_eq!(retry(0), ms(200));
+    assert_eq!(retry(3), ms(400));
+    let three = spawn(3);
+    tokio::task::yield_now().await;
+    assert_eq!(retry(1), ms(500));
+    assert_eq!(two.await.unwrap().unwrap(), ms(100));
+    assert_eq!(probe.await.unwrap().unwrap(), ms(200));
+    assert_eq!(three.await.unwrap().unwrap(), ms(400));
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn cancelled_waiters_leave_no_trace() {
     let limiter = bucket(100, 1);

@@ -173,6 +173,202 @@ async fn try_acquire_does_not_barge_past_waiters() {
     assert_eq!(queued.await.unwrap().unwrap(), MS * 100);
 }
 
+/// The four algorithms, each allowing 3 permits (per second, or a burst of 3 at 10 a second).
+fn three_of_each() -> [Algorithm; 4] {
+    let window = Duration::from_secs(1);
+    [
+        Algorithm::FixedWindow { limit: 3, window },
+        Algorithm::SlidingWindow { limit: 3, window },
+        Algorithm::SlidingCounter { limit: 3, window },
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(10),
+            burst: 3,
+        },
+    ]
+}
+
+/// A `try_acquire` held back by queued waiters (no barging) says when it could be admitted
+/// behind them: once the algorithm could admit the queue's permits and its own together. It
+/// said 0 ("retry now") whenever the algorithm alone had one permit, so a caller that retried
+/// on it spun until the queue drained.
+#[tokio::test(start_paused = true)]
+async fn a_rejection_behind_waiters_counts_their_permits() {
+    for algorithm in three_of_each() {
+        let limiter = RateLimiter::with_clock(algorithm, TokioClock::new()).unwrap();
+        // The same history without the waiter: what the algorithm says for 2 + 1 permits.
+        let alone = RateLimiter::with_clock(algorithm, TokioClock::new()).unwrap();
+        limiter.try_acquire_n(2).unwrap();
+        alone.try_acquire_n(2).unwrap();
+        let expected = alone
+            .try_acquire_n(3)
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .retry_after();
+        // One permit is free, but a waiter for two is queued first.
+        assert!(alone.try_acquire().is_ok(), "{algorithm:?}");
+        let waiter = {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire_n(2).await.map(|a| a.at()) })
+        };
+        settle().await;
+        assert_eq!(limiter.stats().waiting, 1, "{algorithm:?}");
+        let behind = |n| {
+            limiter
+                .try_acquire_n(n)
+                .unwrap_err()
+                .rejection()
+                .copied()
+                .unwrap_or_else(|| panic!("{algorithm:?}: not a rejection"))
+        };
+        let rejection = behind(1);
+        assert_eq!(rejection.retry_after(), expected, "{algorithm:?}");
+        assert_eq!(rejection.limit(), 3, "{algorithm:?}");
+        // A probe needs one permit behind the queue, as a call for one does.
+        assert_eq!(behind(0).retry_after(), expected, "{algorithm:?}");
+        let concrete = match algorithm {
+            // The next window: 2 + 1 never fit in this one.
+            Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow { .. } => {
+                Some(Duration::from_secs(1))
+            }
+            // Two more tokens, at 100 ms each.
+            Algorithm::TokenBucket { .. } => Some(MS * 200),
+            _ => None,
+        };
+        if let Some(concrete) = concrete {
+            assert_eq!(expected, concrete, "{algorithm:?}");
+        }
+        assert!(expected > Duration::ZERO, "{algorithm:?}");
+        waiter.await.unwrap().unwrap();
+    }
+}
+
+/// Behind a waiter about to be served (the permits it waits for free, its timer not run yet), a
+/// call whose permits and the waiter's exceed the limit is told what more than the limit in a
+/// row needs, not 0: the next window, or a window's length for the sliding window (the waiter
+/// takes what is free now first).
+#[tokio::test(start_paused = true)]
+async fn behind_a_waiter_about_to_be_served_a_call_beyond_the_limit_waits_for_the_next_window() {
+    let window = Duration::from_secs(1);
+    for algorithm in [
+        Algorithm::FixedWindow { limit: 2, window },
+        Algorithm::SlidingWindow { limit: 2, window },
+    ] {
+        // Permits free half a millisecond into a millisecond: timers end at the next one.
+        tokio::time::advance(Duration::from_micros(500)).await;
+        let limiter = RateLimiter::with_clock(algorithm, TokioClock::new()).unwrap();
+        limiter.try_acquire_n(2).unwrap();
+        let waiter = {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire_n(2).await.map(|a| a.at()) })
+        };
+        settle().await;
+        tokio::time::advance(window).await;
+        assert_eq!(
+            limiter.stats().waiting,
+            1,
+            "{algorithm:?}: the waiter has not run"
+        );
+        let retry = limiter
+            .try_acquire()
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .retry_after();
+        assert_eq!(retry, window, "{algorithm:?}");
+        waiter.await.unwrap().unwrap();
+        assert!(
+            limiter.try_acquire().is_err(),
+            "{algorithm:?}: the waiter took both"
+        );
+    }
+}
+
+/// The sliding counter weighs a window's admissions less as the next window goes by, so a call
+/// admitted a window after the queue's can fit sooner than all of them would at once: its
+/// retry-after behind the queue is then the start of the window after the head's, still a
+/// lower bound of when it is admitted.
+#[tokio::test(start_paused = true)]
+async fn behind_waiters_a_sliding_counters_retry_after_stays_a_lower_bound() {
+    let limiter = RateLimiter::with_clock(
+        Algorithm::SlidingCounter {
+            limit: 10,
+            window: Duration::from_secs(1),
+        },
+        TokioClock::new(),
+    )
+    .unwrap();
+    limiter.try_acquire_n(6).unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // 6 in the previous window, 4 in this one (which starts at 1 s).
+    limiter.try_acquire_n(4).unwrap();
+    let spawn = |n| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire_n(n).await.map(|a| a.at()) })
+    };
+    // 3 fit once the previous window weighs 3: halfway through this one.
+    let head = spawn(3);
+    settle().await;
+    let retry = limiter
+        .try_acquire_n(4)
+        .unwrap_err()
+        .rejection()
+        .unwrap()
+        .retry_after();
+    let behind = spawn(4);
+    settle().await;
+    assert_eq!(head.await.unwrap().unwrap(), MS * 1500);
+    // 4 more fit once the 7 of the window from 1 s weigh 6, a seventh into the next: at
+    // 2.142… s. All 7 at once would fit only at 2.25 s, when this window's 4 weigh 3.
+    let admitted = behind.await.unwrap().unwrap();
+    assert!(admitted > MS * 2142 && admitted < MS * 2150, "{admitted:?}");
+    assert_eq!(
+        retry,
+        Duration::from_secs(1),
+        "the start of the window after the head's"
+    );
+    assert!(Duration::from_secs(1) + retry <= admitted);
+}
+
+/// What the queue takes is counted: a queued probe takes nothing, and beyond the capacity the
+/// token bucket's refill (one permit a period) says when the rest fits.
+#[tokio::test(start_paused = true)]
+async fn a_rejection_behind_waiters_counts_what_they_take_even_beyond_the_capacity() {
+    // 10 tokens a second, burst 5; 4 taken: 1 token left, one more every 100 ms.
+    let limiter = bucket(Rate::per_second(10), 5);
+    limiter.try_acquire_n(4).unwrap();
+    let spawn = |n| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire_n(n).await.map(|a| a.at()) })
+    };
+    let two = spawn(2);
+    settle().await;
+    let probe = spawn(0);
+    settle().await;
+    assert_eq!(limiter.stats().waiting, 2);
+    let retry = |n| {
+        limiter
+            .try_acquire_n(n)
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .retry_after()
+    };
+    // 2 queued (the probe takes none) + 1: 2 more tokens.
+    assert_eq!(retry(1), MS * 200);
+    assert_eq!(retry(0), MS * 200);
+    // 2 + 3: 4 more tokens.
+    assert_eq!(retry(3), MS * 400);
+    let three = spawn(3);
+    settle().await;
+    // 5 queued + 1 is beyond the burst of 5: the time 5 need (400 ms), and 100 ms more.
+    assert_eq!(retry(1), MS * 500);
+    assert_eq!(two.await.unwrap().unwrap(), MS * 100);
+    // The probe waits for a token it does not take.
+    assert_eq!(probe.await.unwrap().unwrap(), MS * 200);
+    assert_eq!(three.await.unwrap().unwrap(), MS * 400);
+}
+
 #[tokio::test(start_paused = true)]
 async fn newest_first_serves_the_newest_and_evicts_the_oldest_when_full() {
     let limiter = ConcurrencyLimiter::builder(1)

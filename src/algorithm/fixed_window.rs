@@ -188,6 +188,13 @@ impl Algo for FixedWindow {
         vec![state.load(Ordering::Relaxed)]
     }
 
+    /// A window admits at most the limit: more cannot all come before the next window.
+    fn beyond_limit(&self, now: u64, _at_limit: u64, _extra: u64) -> u64 {
+        let (p, _) = self.shape();
+        let (_, elapsed) = p.grid.locate(now);
+        p.grid.len() - elapsed
+    }
+
     fn available(&self, state: &AtomicU64, now: u64) -> u32 {
         // Relaxed: a statistic; no decision depends on it.
         let p = self.shape().0;

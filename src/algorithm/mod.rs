@@ -111,6 +111,18 @@ pub(crate) trait Algo: Send + Sync + 'static {
     /// Permits available at `now` (a snapshot; a retired cell counts as fresh).
     fn available(&self, cell: &Self::Cell, now: u64) -> u32;
 
+    /// A lower bound of the time from `now` until more than the limit (`extra` beyond it) could
+    /// have been admitted by calls one after another, from what the algorithm guarantees of
+    /// any such sequence; `at_limit` is the time the limit needs at once (a check's
+    /// retry-after, 0 if it fits now). A call that queued waiters hold back, whose permits and
+    /// theirs are more than the limit, is answered with this (see
+    /// `limiter::refused_for_waiters`), never less than `at_limit`. 0 (the default) when
+    /// nothing more is known: permits in flight come back at no known time.
+    #[cold]
+    fn beyond_limit(&self, _now: u64, _at_limit: u64, _extra: u64) -> u64 {
+        0
+    }
+
     /// Marks `cell` retired if it is idle now (its state admits exactly what a fresh cell would,
     /// now and later). `Err(t)`: not idle; it cannot become idle before clock time `t`.
     ///

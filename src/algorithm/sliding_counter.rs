@@ -98,6 +98,26 @@ impl SlidingCounter {
         })
     }
 
+    /// The time from `now` to the start of the first window that begins later than `after`
+    /// nanoseconds from `now` (the end of the window `now + after` falls in, as this window's
+    /// end is reckoned by a rejection's retry-after). From then on, what was admitted by `now +
+    /// after` counts only with the previous window's fading weight.
+    ///
+    /// A rejection held back by queued waiters needs it (see `limiter::refused_for_waiters`):
+    /// the estimate weighs admissions by the window they fell in, so a call admitted a window
+    /// after the queue's can fit sooner than all of them at once would.
+    #[cold]
+    pub(crate) fn next_window_after(&self, now: u64, after: u64) -> u64 {
+        let (p, _) = self.shape();
+        let (_, elapsed) = p.grid.locate(now);
+        let to_end = p.window - elapsed;
+        if after < to_end {
+            return to_end;
+        }
+        let windows = (after - to_end) / p.window + 1;
+        to_end.saturating_add(windows.saturating_mul(p.window))
+    }
+
     /// The parameters now, and the version they were published under.
     #[inline(always)]
     fn shape(&self) -> (Shape, u64) {
@@ -361,6 +381,12 @@ impl Algo for SlidingCounter {
             words.previous[0].load(Ordering::Relaxed),
             words.previous[1].load(Ordering::Relaxed),
         ]
+    }
+
+    /// What this window admits counts in full until it ends, and never more than the limit:
+    /// more cannot all come before the next window.
+    fn beyond_limit(&self, now: u64, _at_limit: u64, _extra: u64) -> u64 {
+        self.next_window_after(now, 0)
     }
 
     fn available(&self, words: &Words, now: u64) -> u32 {

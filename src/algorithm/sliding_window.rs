@@ -671,6 +671,12 @@ impl Algo for SlidingWindow {
     /// tickets' free permits (limit 2 lowered to 1, ticket 0 live and ticket 1 expired: 1 free,
     /// where every call was refused). That scan (at most reach − N slots) is paid by each call
     /// until an admission settles the ring.
+    /// At most the limit in any window's length: of more, all admitted from `now` on, the last
+    /// comes at least a window after the first.
+    fn beyond_limit(&self, _now: u64, _at_limit: u64, _extra: u64) -> u64 {
+        self.shape().0.window
+    }
+
     fn available(&self, ring: &Ring, now: u64) -> u32 {
         let now = now.min(MAX_TIME - 1);
         let (p, version) = self.shape();

@@ -317,6 +317,11 @@ impl Algo for TokenBucket {
         vec![state.load(Ordering::Relaxed)]
     }
 
+    /// Exact: the burst once the bucket is full (`at_limit`), then one permit a period each.
+    fn beyond_limit(&self, _now: u64, at_limit: u64, extra: u64) -> u64 {
+        at_limit.saturating_add(extra.saturating_mul(self.shape().0.interval()))
+    }
+
     fn available(&self, state: &AtomicU64, now: u64) -> u32 {
         // Relaxed: a statistic; no decision depends on it.
         let p = self.shape().0;

@@ -208,7 +208,8 @@ pub struct QuotaState {
     pub window: Duration,
     /// Requests left in the current window after this decision.
     pub remaining: u64,
-    /// Time until the quota is fully available again (exact; headers round it up).
+    /// Time until the quota is fully available again (exact; headers round it up, to at least
+    /// 1 s when nothing remains).
     pub reset_after: Duration,
 }
 

@@ -189,6 +189,20 @@ pub fn whole_seconds_up(duration: Duration) -> u64 {
     }
 }
 
+/// The seconds until `quota` resets as the `RateLimit` field's `t` and `X-RateLimit-Reset` say
+/// them: its `reset_after` rounded up, and at least 1 when nothing remains. A rejection's quota
+/// resets after its retry-after, which is 0 when the permit the request found is about to go to
+/// a request queued before it (see `RateLimiter::try_acquire_n`): `Retry-After` says 1 then,
+/// as it never says 0, and `t=0` beside it would both disagree and invite a retry at once.
+pub(crate) fn reset_seconds(quota: &QuotaState) -> u64 {
+    let secs = whole_seconds_up(quota.reset_after);
+    if quota.remaining == 0 {
+        secs.max(1)
+    } else {
+        secs
+    }
+}
+
 /// Appends `name` to `out` as a structured-field string (RFC 8941): quoted, with `"` and `\`
 /// escaped. The bytes an sf-string cannot hold (controls, non-ASCII) are percent-encoded
 /// (`é` is `%C3%A9`), and so is `%` itself (`%25`): every name is written distinctly, where a
@@ -267,7 +281,8 @@ pub fn ratelimit_policy_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
 }
 
 /// The `RateLimit` field value for `quotas`: `"per-ip";r=42;t=17` (remaining, and seconds until
-/// reset rounded up). `None` when `quotas` is empty.
+/// reset rounded up, and at least 1 when nothing remains, as `Retry-After` never says 0).
+/// `None` when `quotas` is empty.
 ///
 /// # Examples
 ///
@@ -286,10 +301,7 @@ pub fn ratelimit_policy_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
 /// ```
 pub fn ratelimit_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
     list_value(quotas, |quota| {
-        [
-            (b'r', quota.remaining),
-            (b't', whole_seconds_up(quota.reset_after)),
-        ]
+        [(b'r', quota.remaining), (b't', reset_seconds(quota))]
     })
 }
 
@@ -461,7 +473,7 @@ fn cached_ratelimit_value(quotas: &[QuotaState]) -> Option<HeaderValue> {
     if quota.remaining > 0 {
         return ratelimit_value(quotas);
     }
-    let reset = whole_seconds_up(quota.reset_after);
+    let reset = reset_seconds(quota);
     memo(
         &LAST_EXHAUSTED,
         |(policy, secs)| Arc::ptr_eq(policy, &quota.policy) && *secs == reset,
@@ -568,10 +580,7 @@ impl QuotaHeaders {
             {
                 headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(quota.limit));
                 headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(quota.remaining));
-                headers.insert(
-                    X_RATELIMIT_RESET,
-                    HeaderValue::from(whole_seconds_up(quota.reset_after)),
-                );
+                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_seconds(quota)));
             }
         }
     }
@@ -1094,7 +1103,7 @@ mod tests {
         );
         assert_eq!(
             ratelimit_value(&quotas).unwrap(),
-            r#""per-ip";r=42;t=17, "a\"b\\c";r=0;t=0"#
+            r#""per-ip";r=42;t=17, "a\"b\\c";r=0;t=1"#
         );
         assert_eq!(
             ratelimit_value(&[quota("é\n", 1, 1)]).unwrap(),
