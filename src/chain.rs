@@ -222,14 +222,17 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
 /// chain where nobody waits is one load (as a keyed limiter's `Waits::any`), and only then a
 /// lookup of the key's room. Relaxed, for the reasons given on [`ChainLine`].
 ///
-/// The per-key queues sit behind a trait object, `Send` and `Sync` whatever the key type: the
-/// keyed limiters are `Sync` only for `K: 'static`, and a chain `acquire` future that holds
-/// its chain across an await would not be provably `Send` for a key type with a lifetime
-/// (`&'static str`): the compiler checks a future's `Send` for every lifetime in it.
+/// The per-key queues are made by the first caller that waits: a keyed limiter is a few MiB of
+/// shards at its default key cap, which a chain whose callers never wait (or a program that
+/// makes many chains) should not pay for. They sit behind a trait object, `Send` and `Sync`
+/// whatever the key type: the keyed limiters are `Sync` only for `K: 'static`, and a chain
+/// `acquire` future that holds its chain across an await would not be provably `Send` for a
+/// key type with a lifetime (`&'static str`): the compiler checks a future's `Send` for every
+/// lifetime in it.
 #[cfg(feature = "keyed")]
 pub(crate) struct KeyedLine<K> {
     count: ConcurrencyLimiter,
-    keys: Box<dyn KeyLines<K> + Send + Sync>,
+    keys: std::sync::OnceLock<Box<dyn KeyLines<K> + Send + Sync>>,
     queue_limit: u64,
 }
 
@@ -313,24 +316,37 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
 {
     fn new(queue_limit: u64) -> Result<Self, ConfigError> {
-        let room = match room_limit(queue_limit) {
-            0 => None,
-            permits => Some(
-                KeyedConcurrencyLimiter::builder(permits)
-                    .queue_limit(0)
-                    .build()?,
-            ),
-        };
-        let turn = KeyedConcurrencyLimiter::builder(1)
-            .queue_limit(u64::MAX)
-            .build()?;
         Ok(KeyedLine {
             count: ConcurrencyLimiter::builder(u32::MAX)
                 .queue_limit(0)
                 .build()?,
-            keys: Box::new(KeyQueues { room, turn }),
+            keys: std::sync::OnceLock::new(),
             queue_limit,
         })
+    }
+
+    /// The per-key queues, made on first use; `QueueFull` (for a caller of `n`) in the case,
+    /// which cannot happen, that they cannot be built.
+    fn queues(&self, n: u32) -> Result<&(dyn KeyLines<K> + Send + Sync), AcquireError> {
+        if let Some(keys) = self.keys.get() {
+            return Ok(&**keys);
+        }
+        let full = |_| queue_full(n, self.queue_limit);
+        let room = match room_limit(self.queue_limit) {
+            0 => None,
+            permits => Some(
+                KeyedConcurrencyLimiter::builder(permits)
+                    .queue_limit(0)
+                    .build()
+                    .map_err(full)?,
+            ),
+        };
+        let turn = KeyedConcurrencyLimiter::builder(1)
+            .queue_limit(u64::MAX)
+            .build()
+            .map_err(full)?;
+        // A racing first caller may have made them too: one of the two is kept.
+        Ok(&**self.keys.get_or_init(|| Box::new(KeyQueues { room, turn })))
     }
 }
 
@@ -352,20 +368,24 @@ where
             .count
             .try_acquire()
             .map_err(|_| queue_full(n, self.queue_limit))?;
-        let room = self.keys.join(key, n, self.queue_limit)?;
+        let room = self.queues(n)?.join(key, n, self.queue_limit)?;
         Ok(Box::new(KeyedRoom {
             _room: room,
             _count: count,
         }))
     }
 
+    // The turn is asked for only after `join` made the queues.
     fn try_turn(&self, key: &K) -> Option<Held<'_>> {
-        self.keys.try_turn(key)
+        self.queues(1).ok()?.try_turn(key)
     }
 
     #[cfg(feature = "tokio")]
     fn turn<'a>(&'a self, key: &'a K) -> TurnFuture<'a> {
-        self.keys.turn(key)
+        match self.queues(1) {
+            Ok(keys) => keys.turn(key),
+            Err(error) => Box::pin(std::future::ready(Err(error))),
+        }
     }
 
     fn turn_blocking(
@@ -373,7 +393,7 @@ where
         key: &K,
         deadline: Option<std::time::Instant>,
     ) -> Result<Held<'_>, AcquireError> {
-        self.keys.turn_blocking(key, deadline)
+        self.queues(1)?.turn_blocking(key, deadline)
     }
 
     fn waiting(&self) -> u64 {
@@ -391,7 +411,7 @@ impl<K> KeyedLine<K> {
     #[cold]
     #[inline(never)]
     fn busy_key(&self, key: &K) -> bool {
-        self.keys.busy(key)
+        self.keys.get().is_some_and(|keys| keys.busy(key))
     }
 }
 
