@@ -81,9 +81,10 @@ pub(crate) struct Committed {
 /// timed out, or its future dropped) hands it to the next caller at once, and dropping the room
 /// frees it.
 ///
-/// What a caller holds (its room, its turn) is type-erased ([`Held`]): a keyed line's permits
-/// require `K: 'static`, and a chain `acquire` future holding one across an await (or naming it
-/// through an associated type of this trait) would not be provably `Send` for a key type with a
+/// What a caller holds (its room, its turn) is type-erased ([`Held`]), and so is the future of
+/// [`turn`](Self::turn): a keyed line's permits, and its implementation of this trait, require
+/// `K: 'static`, and a chain `acquire` future holding such a type across an await (or naming it
+/// through an associated type of this trait) is not provably `Send` for a key type with a
 /// lifetime (`&'static str`): the compiler checks a future's `Send` for every lifetime in it.
 trait Line<Q: ?Sized>: Send + Sync {
     /// Whether chain callers wait on `key` now (a hint: see the implementations). A call that
@@ -93,10 +94,8 @@ trait Line<Q: ?Sized>: Send + Sync {
     fn join(&self, key: &Q, n: u32) -> Result<Held<'_>, AcquireError>;
     /// `key`'s turn now, if nobody holds it or waits for it.
     fn try_turn(&self, key: &Q) -> Option<Held<'_>>;
-    /// Waits for `key`'s turn, in arrival order. Boxed (only callers that wait make one): an
-    /// opaque future here would make the chain's `acquire` futures of a key type with a
-    /// lifetime (`&'static str`) not provably `Send`, a known limit of the compiler's
-    /// higher-ranked reasoning.
+    /// Waits for `key`'s turn, in arrival order. Boxed (only callers that wait make one), for
+    /// the reason above.
     #[cfg(feature = "tokio")]
     fn turn<'a>(&'a self, key: &'a Q) -> TurnFuture<'a>;
     /// [`turn`](Self::turn) on the calling thread, until `deadline` if any (then `Timeout`).
