@@ -42,6 +42,14 @@
 //! per-key member's shared overflow cell with the first attempt of another overflow key's head,
 //! which the refund must wake (the cell's waiters wait in their own keys' queues).
 //!
+//! A chain caller that must wait queues in the chain's own line: room (permits of a
+//! `ConcurrencyLimiter` of `queue_limit`), then the turn (a `ConcurrencyLimiter` of 1); a call
+//! that finds room in use does not barge. The order and the handoff are the concurrency
+//! limiter's (`loom_waiters`); `waiting_chain_callers_*` race the composition, with callers
+//! that give up at once (a deadline already passed, so no model sleeps): whatever the
+//! interleaving, nothing stays held (no caller counted as waiting, the gate open again, the
+//! member's permits untouched by refusals).
+//!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_chain`
 #![cfg(turnstile_loom)]
 
@@ -50,7 +58,7 @@ use common::model;
 
 use loom::thread;
 use std::time::Duration;
-use turnstile::{Algorithm, Chain, ManualClock, Rate, RateLimiter, TryAcquireError};
+use turnstile::{AcquireError, Algorithm, Chain, ManualClock, Rate, RateLimiter, TryAcquireError};
 
 const WINDOW: u64 = 10;
 
@@ -840,5 +848,58 @@ fn an_overflow_refund_racing_another_keys_head_is_never_missed() {
                 "the woken head was not served"
             );
         }
+    });
+}
+
+/// Two chain callers that must wait race for the chain's turn, each giving up at once: one may
+/// take the turn while the other queues for it, or queue behind a turn held, promoted or not
+/// when the first leaves. Both time out, and they leave nothing held: nobody waits, the room
+/// is free (the gate is open: a call is admitted once the member allows it).
+#[test]
+fn waiting_chain_callers_racing_for_the_turn_leave_nothing_held() {
+    model(|| {
+        let clock = ManualClock::new();
+        let member = Limiter::with_clock(fixed(1), clock.clone()).unwrap();
+        member.try_acquire().unwrap();
+        let chain = Chain::builder([member]).queue_limit(2).build().unwrap();
+        let other = {
+            let chain = chain.clone();
+            thread::spawn(move || chain.acquire_blocking_timeout(1, Duration::ZERO))
+        };
+        let mine = chain.acquire_blocking_timeout(1, Duration::ZERO);
+        let theirs = other.join().unwrap();
+        assert_eq!(mine, Err(AcquireError::Timeout));
+        assert_eq!(theirs, Err(AcquireError::Timeout));
+        let stats = chain.stats();
+        assert_eq!((stats.waiting, stats.cancelled), (0, 2));
+        clock.advance(Duration::from_nanos(WINDOW));
+        assert!(chain.try_acquire().is_ok(), "the gate stayed shut");
+    });
+}
+
+/// A newcomer's `try_acquire` racing a chain caller that must wait (for 2, one free): the
+/// newcomer either came first (and takes the free permit) or is refused, taking nothing; the
+/// waiter gives up at once. Either way nothing stays held, and the gate opens again.
+#[test]
+fn waiting_chain_callers_against_a_newcomer_take_nothing_and_reopen() {
+    model(|| {
+        let clock = ManualClock::new();
+        let member = Limiter::with_clock(fixed(2), clock.clone()).unwrap();
+        member.try_acquire().unwrap();
+        let chain = Chain::builder([member.clone()]).build().unwrap();
+        let waiter = {
+            let chain = chain.clone();
+            thread::spawn(move || chain.acquire_blocking_timeout(2, Duration::ZERO))
+        };
+        let newcomer = chain.try_acquire();
+        assert_eq!(waiter.join().unwrap(), Err(AcquireError::Timeout));
+        match newcomer {
+            Ok(_) => assert_eq!(member.stats().available, 0),
+            Err(TryAcquireError::Rejected(_)) => assert_eq!(member.stats().available, 1),
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+        assert_eq!(chain.stats().waiting, 0);
+        clock.advance(Duration::from_nanos(WINDOW));
+        assert!(chain.try_acquire_n(2).is_ok(), "the gate stayed shut");
     });
 }

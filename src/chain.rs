@@ -25,17 +25,30 @@
 //! and a member that fails (closed, or a key cap under `KeyOverflow::Reject`) is reported after
 //! the others were charged; the protocol is the members' own, with nothing shared added.
 //!
+//! **Waiting** (`acquire_n`, `acquire_blocking_n`): fair among chain callers, not across
+//! members. A chain (per key, for a `KeyedChain`) has its own FIFO queue of waiting chain
+//! callers ([`Line`]): room in it taken from a `ConcurrencyLimiter` of `queue_limit` permits,
+//! the turn from a `ConcurrencyLimiter` of 1 (keyed concurrency limiters, per key), so that
+//! ordering, bounds, cancellation and the handoff are that limiter's loom-checked queue. Only
+//! the caller whose turn it is runs the attempt/sleep loop; a newcomer's `try_acquire` is
+//! refused while anyone waits (one load when nobody does). Why not the members' queues:
+//! ARCHITECTURE.md, "Waiting" under the chain.
+//!
 //! **Receipts** (`try_acquire_refundable` and its waiting counterparts, in `refund`): the same
 //! attempt, which also reads every member's parameters' version before it decides and keeps each
 //! member's admission, so that a later refund can give each member its permits back under that
 //! member's own receipt's rules ([`ChainRefundable`], `KeyedChainRefundable`).
 
 use crate::clock::{Clock, DefaultClock};
+use crate::concurrency::ConcurrencyLimiter;
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 #[cfg(feature = "keyed")]
 use crate::keyed::KeyedLimiter;
+#[cfg(feature = "keyed")]
+use crate::keyed_concurrency::KeyedConcurrencyLimiter;
 use crate::limiter::RateLimiter;
+use crate::queue::DEFAULT_QUEUE_LIMIT;
 use crate::sync::Signal;
 use crate::sync::{ADMITTED, Arc, CANCELLED, Counters, REFUNDED, REJECTED, WakeAll};
 use crate::watchers::{Watcher, Watchers};
@@ -58,6 +71,347 @@ pub(crate) struct Committed {
     pub(crate) overflow: bool,
     /// The keyed limiter's `Ctx::resets` when the commit began.
     pub(crate) resets: u64,
+}
+
+/// A chain's queue of waiting chain callers: one for a [`Chain`], one per key for a
+/// [`KeyedChain`]. A caller that must wait first takes its room ([`join`](Self::join), held until
+/// its call ends), then waits for its turn ([`turn`](Self::turn): oldest first, in a
+/// [`ConcurrencyLimiter`] of 1, whose queue async and blocking callers share); only the caller
+/// whose turn it is makes attempts and sleeps between them. Dropping the turn (admitted, failed,
+/// timed out, or its future dropped) hands it to the next caller at once, and dropping the room
+/// frees it.
+///
+/// What a caller holds (its room, its turn) is type-erased ([`Held`]), and so is the future of
+/// [`turn`](Self::turn): a keyed line's permits, and its implementation of this trait, require
+/// `K: 'static`, and a chain `acquire` future holding such a type across an await (or naming it
+/// through an associated type of this trait) is not provably `Send` for a key type with a
+/// lifetime (`&'static str`): the compiler checks a future's `Send` for every lifetime in it.
+trait Line<Q: ?Sized>: Send + Sync {
+    /// Whether chain callers wait on `key` now (a hint: see the implementations). A call that
+    /// finds them does not barge.
+    fn busy(&self, key: &Q) -> bool;
+    /// Room for a caller of `n` permits (a probe takes one), or `QueueFull`.
+    fn join(&self, key: &Q, n: u32) -> Result<Held<'_>, AcquireError>;
+    /// `key`'s turn now, if nobody holds it or waits for it.
+    fn try_turn(&self, key: &Q) -> Option<Held<'_>>;
+    /// Waits for `key`'s turn, in arrival order. Boxed (only callers that wait make one), for
+    /// the reason above.
+    #[cfg(feature = "tokio")]
+    fn turn<'a>(&'a self, key: &'a Q) -> TurnFuture<'a>;
+    /// [`turn`](Self::turn) on the calling thread, until `deadline` if any (then `Timeout`).
+    fn turn_blocking(
+        &self,
+        key: &Q,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Held<'_>, AcquireError>;
+    /// Chain callers waiting now, the ones whose turn it is included.
+    fn waiting(&self) -> u64;
+    /// The most permits that may wait at once (per key).
+    fn queue_limit(&self) -> u64;
+}
+
+/// What [`Line::turn`] returns.
+#[cfg(feature = "tokio")]
+type TurnFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Held<'a>, AcquireError>> + Send + 'a>,
+>;
+
+/// What a waiting caller holds while it waits (its room, its turn), type-erased (see
+/// [`Line`]); dropping it gives it back.
+type Held<'a> = Box<dyn Send + 'a>;
+
+/// `QueueFull` for a caller of `n` permits.
+fn queue_full(n: u32, queue_limit: u64) -> AcquireError {
+    AcquireError::QueueFull {
+        requested: n,
+        queue_limit,
+    }
+}
+
+/// The room limiter of a queue limit: `queue_limit` permits (at most `u32::MAX`); none for a
+/// limit of 0 (nobody waits).
+fn room_limit(queue_limit: u64) -> u32 {
+    u32::try_from(queue_limit).unwrap_or(u32::MAX)
+}
+
+/// A [`Chain`]'s queue.
+///
+/// **The gate is one load.** Every waiting caller holds its room (`n` permits of `room`) from
+/// before it queues for its turn until after it has given the turn up, so "someone waits" is
+/// "`room` has permits in use": [`ConcurrencyLimiter::in_use`], one Relaxed load of `room`'s
+/// permit word, on a word that only waiting callers write. Relaxed is enough, as for a
+/// limiter's own `WAITERS` gate: the flag is a hint nothing else is read by, and a caller that
+/// misses a waiter that took its room just after its load was not behind it (it made its own
+/// attempt first).
+pub(crate) struct ChainLine {
+    room: Option<ConcurrencyLimiter>,
+    turn: ConcurrencyLimiter,
+    queue_limit: u64,
+}
+
+impl ChainLine {
+    fn new(queue_limit: u64) -> Result<Self, ConfigError> {
+        let room = match room_limit(queue_limit) {
+            0 => None,
+            permits => Some(
+                ConcurrencyLimiter::builder(permits)
+                    .queue_limit(0)
+                    .build()?,
+            ),
+        };
+        Ok(ChainLine {
+            room,
+            // Unbounded: the room bounds it.
+            turn: ConcurrencyLimiter::builder(1)
+                .queue_limit(u64::MAX)
+                .build()?,
+            queue_limit,
+        })
+    }
+}
+
+impl<Q: ?Sized> Line<Q> for ChainLine {
+    #[inline(always)]
+    fn busy(&self, _: &Q) -> bool {
+        self.room.as_ref().is_some_and(ConcurrencyLimiter::in_use)
+    }
+
+    fn join(&self, _: &Q, n: u32) -> Result<Held<'_>, AcquireError> {
+        match self.room.as_ref().map(|room| room.try_acquire_n(n.max(1))) {
+            Some(Ok(room)) => Ok(Box::new(room)),
+            _ => Err(queue_full(n, self.queue_limit)),
+        }
+    }
+
+    fn try_turn(&self, _: &Q) -> Option<Held<'_>> {
+        let turn = self.turn.try_acquire().ok()?;
+        Some(Box::new(turn))
+    }
+
+    #[cfg(feature = "tokio")]
+    fn turn<'a>(&'a self, _: &'a Q) -> TurnFuture<'a> {
+        Box::pin(async move {
+            let turn = self.turn.acquire().await?;
+            Ok(Box::new(turn) as Held<'a>)
+        })
+    }
+
+    fn turn_blocking(
+        &self,
+        _: &Q,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Held<'_>, AcquireError> {
+        let turn = self.turn.acquire_blocking_until(1, deadline)?;
+        Ok(Box::new(turn))
+    }
+
+    fn waiting(&self) -> u64 {
+        let turn = self.turn.stats();
+        turn.waiting as u64 + u64::from(turn.available == 0)
+    }
+
+    fn queue_limit(&self) -> u64 {
+        self.queue_limit
+    }
+}
+
+/// A [`KeyedChain`]'s queues, one per key: [`ChainLine`]'s room and turn per key, in keyed
+/// concurrency limiters (a key's entries are evicted once idle: [`KeyQueues`]), plus `count`,
+/// where every waiting caller of every key holds one permit, so that the gate of a call on a
+/// chain where nobody waits is one load (as a keyed limiter's `Waits::any`), and only then a
+/// lookup of the key's room. Relaxed, for the reasons given on [`ChainLine`].
+///
+/// The per-key queues are made by the first caller that waits: a keyed limiter is a few MiB of
+/// shards at its default key cap, which a chain whose callers never wait (or a program that
+/// makes many chains) should not pay for. They sit behind a trait object, `Send` and `Sync`
+/// whatever the key type: the keyed limiters are `Sync` only for `K: 'static`, and a chain
+/// `acquire` future that holds its chain across an await would not be provably `Send` for a
+/// key type with a lifetime (`&'static str`): the compiler checks a future's `Send` for every
+/// lifetime in it.
+#[cfg(feature = "keyed")]
+pub(crate) struct KeyedLine<K> {
+    count: ConcurrencyLimiter,
+    keys: std::sync::OnceLock<Box<dyn KeyLines<K> + Send + Sync>>,
+    queue_limit: u64,
+}
+
+/// A keyed chain caller's room: dropped in this order, its key's room first, so that the
+/// count stays up while any key's room is held.
+#[cfg(feature = "keyed")]
+struct KeyedRoom<'a> {
+    _room: Held<'a>,
+    _count: crate::concurrency::Permit<'a>,
+}
+
+/// The per-key half of a [`KeyedLine`].
+#[cfg(feature = "keyed")]
+trait KeyLines<K> {
+    fn busy(&self, key: &K) -> bool;
+    fn join(&self, key: &K, n: u32, queue_limit: u64) -> Result<Held<'_>, AcquireError>;
+    fn try_turn(&self, key: &K) -> Option<Held<'_>>;
+    #[cfg(feature = "tokio")]
+    fn turn<'a>(&'a self, key: &'a K) -> TurnFuture<'a>;
+    fn turn_blocking(
+        &self,
+        key: &K,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Held<'_>, AcquireError>;
+}
+
+/// [`KeyLines`]: per key, room (`None` for a queue limit of 0) and turn.
+#[cfg(feature = "keyed")]
+struct KeyQueues<K> {
+    room: Option<KeyedConcurrencyLimiter<K>>,
+    turn: KeyedConcurrencyLimiter<K>,
+}
+
+#[cfg(feature = "keyed")]
+impl<K> KeyLines<K> for KeyQueues<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn busy(&self, key: &K) -> bool {
+        self.room.as_ref().is_some_and(|room| room.in_use(key))
+    }
+
+    fn join(&self, key: &K, n: u32, queue_limit: u64) -> Result<Held<'_>, AcquireError> {
+        let full = || queue_full(n, queue_limit);
+        let room = self.room.as_ref().ok_or_else(full)?;
+        let room = room.try_acquire_n(key, n.max(1)).map_err(|e| match e {
+            crate::error::TryPermitError::TooManyKeys { max_keys } => {
+                AcquireError::TooManyKeys { max_keys }
+            }
+            _ => full(),
+        })?;
+        Ok(Box::new(room))
+    }
+
+    fn try_turn(&self, key: &K) -> Option<Held<'_>> {
+        let turn = self.turn.try_acquire(key).ok()?;
+        Some(Box::new(turn))
+    }
+
+    #[cfg(feature = "tokio")]
+    fn turn<'a>(&'a self, key: &'a K) -> TurnFuture<'a> {
+        Box::pin(async move {
+            let turn = self.turn.acquire(key).await?;
+            Ok(Box::new(turn) as Held<'a>)
+        })
+    }
+
+    fn turn_blocking(
+        &self,
+        key: &K,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Held<'_>, AcquireError> {
+        let turn = self.turn.acquire_blocking_until(key, 1, deadline)?;
+        Ok(Box::new(turn))
+    }
+}
+
+#[cfg(feature = "keyed")]
+impl<K> KeyedLine<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn new(queue_limit: u64) -> Result<Self, ConfigError> {
+        Ok(KeyedLine {
+            count: ConcurrencyLimiter::builder(u32::MAX)
+                .queue_limit(0)
+                .build()?,
+            keys: std::sync::OnceLock::new(),
+            queue_limit,
+        })
+    }
+
+    /// The per-key queues, made on first use; `QueueFull` (for a caller of `n`) in the case,
+    /// which cannot happen, that they cannot be built.
+    fn queues(&self, n: u32) -> Result<&(dyn KeyLines<K> + Send + Sync), AcquireError> {
+        if let Some(keys) = self.keys.get() {
+            return Ok(&**keys);
+        }
+        let full = |_| queue_full(n, self.queue_limit);
+        let room = match room_limit(self.queue_limit) {
+            0 => None,
+            permits => Some(
+                KeyedConcurrencyLimiter::builder(permits)
+                    .queue_limit(0)
+                    .build()
+                    .map_err(full)?,
+            ),
+        };
+        let turn = KeyedConcurrencyLimiter::builder(1)
+            .queue_limit(u64::MAX)
+            .build()
+            .map_err(full)?;
+        // A racing first caller may have made them too: one of the two is kept.
+        Ok(&**self.keys.get_or_init(|| Box::new(KeyQueues { room, turn })))
+    }
+}
+
+#[cfg(feature = "keyed")]
+impl<K> Line<K> for KeyedLine<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    #[inline(always)]
+    fn busy(&self, key: &K) -> bool {
+        self.count.in_use() && self.busy_key(key)
+    }
+
+    fn join(&self, key: &K, n: u32) -> Result<Held<'_>, AcquireError> {
+        if self.queue_limit == 0 {
+            return Err(queue_full(n, 0));
+        }
+        let count = self
+            .count
+            .try_acquire()
+            .map_err(|_| queue_full(n, self.queue_limit))?;
+        let room = self.queues(n)?.join(key, n, self.queue_limit)?;
+        Ok(Box::new(KeyedRoom {
+            _room: room,
+            _count: count,
+        }))
+    }
+
+    // The turn is asked for only after `join` made the queues.
+    fn try_turn(&self, key: &K) -> Option<Held<'_>> {
+        self.queues(1).ok()?.try_turn(key)
+    }
+
+    #[cfg(feature = "tokio")]
+    fn turn<'a>(&'a self, key: &'a K) -> TurnFuture<'a> {
+        match self.queues(1) {
+            Ok(keys) => keys.turn(key),
+            Err(error) => Box::pin(std::future::ready(Err(error))),
+        }
+    }
+
+    fn turn_blocking(
+        &self,
+        key: &K,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Held<'_>, AcquireError> {
+        self.queues(1)?.turn_blocking(key, deadline)
+    }
+
+    fn waiting(&self) -> u64 {
+        u64::from(u32::MAX - self.count.available())
+    }
+
+    fn queue_limit(&self) -> u64 {
+        self.queue_limit
+    }
+}
+
+#[cfg(feature = "keyed")]
+impl<K> KeyedLine<K> {
+    /// The per-key half of [`busy`](Line::busy), once some key has waiters.
+    #[cold]
+    #[inline(never)]
+    fn busy_key(&self, key: &K) -> bool {
+        self.keys.get().is_some_and(|keys| keys.busy(key))
+    }
 }
 
 /// One member of a chain, as the chain's core sees it. `Q` is the key type (`()` for unkeyed
@@ -189,8 +543,10 @@ pub(crate) struct Taken {
 }
 
 /// The members and the logic shared by [`Chain`] and [`KeyedChain`].
-struct Core<L> {
+struct Core<L, W> {
     members: Box<[L]>,
+    /// Where waiting callers queue ([`Line`]).
+    line: W,
     /// Per member, how many times its limiter is listed: a limiter listed twice is charged
     /// twice, so the check asks it for all of that at once (1 for every member of a chain
     /// without repeats).
@@ -220,10 +576,11 @@ fn worse(acc: Option<Rejection>, r: Rejection) -> Rejection {
     }
 }
 
-impl<L> Core<L> {
-    fn new<Q: ?Sized>(members: Vec<L>, global_from: usize) -> Result<Self, ConfigError>
+impl<L, W> Core<L, W> {
+    fn new<Q: ?Sized>(members: Vec<L>, global_from: usize, line: W) -> Result<Self, ConfigError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         if members.is_empty() {
             return Err(ConfigError::Zero {
@@ -242,6 +599,7 @@ impl<L> Core<L> {
             .collect();
         Ok(Core {
             members: members.into_boxed_slice(),
+            line,
             times,
             order: order.into_boxed_slice(),
             counters: Counters::new(),
@@ -254,6 +612,7 @@ impl<L> Core<L> {
     fn capacity<Q: ?Sized>(&self) -> u32
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         self.members
             .iter()
@@ -281,6 +640,7 @@ impl<L> Core<L> {
     fn check<Q: ?Sized>(&self, i: usize, key: &Q, n: u32) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let member = &self.members[i];
         let times = self.times[i];
@@ -306,6 +666,7 @@ impl<L> Core<L> {
     fn too_big<Q: ?Sized>(&self, n: u32) -> Option<TryAcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let capacity = self.capacity::<Q>();
         (n > capacity).then_some(TryAcquireError::InsufficientCapacity {
@@ -327,6 +688,7 @@ impl<L> Core<L> {
     ) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         // A receipt's versions, read before anything is decided, as a member's own receipt
         // reads its version: each member's commit is then made under that version or a later
@@ -410,6 +772,7 @@ impl<L> Core<L> {
     ) -> Result<Admission, (usize, TryAcquireError, bool)>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let i = self.order[pos];
         let member = &self.members[i];
@@ -446,6 +809,7 @@ impl<L> Core<L> {
     fn give_back<Q: ?Sized>(&self, key: &Q, n: u32, admissions: &[Admission], flags: &[Committed])
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         for ((member, admission), flag) in self.members.iter().zip(admissions).zip(flags) {
             member.refund(key, n, admission, *flag);
@@ -459,6 +823,7 @@ impl<L> Core<L> {
     fn wake_refunded<Q: ?Sized>(&self, key: &Q, refunded: Refunded, except: Option<&Watcher>)
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         if refunded.members > 0 {
             let members = self.order[..refunded.members].iter();
@@ -478,6 +843,7 @@ impl<L> Core<L> {
         except: Option<&Watcher>,
     ) where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let mut all = WakeAll::default();
         for (i, overflow) in which {
@@ -486,7 +852,9 @@ impl<L> Core<L> {
         all.finish();
     }
 
-    /// `attempt`, counted: once on the chain and once on every member.
+    /// `attempt`, counted: once on the chain and once on every member. Refused while chain
+    /// callers wait for `key` (no barging past the chain's queue: [`refused`](Self::refused)).
+    #[inline]
     fn try_acquire<Q: ?Sized>(
         &self,
         key: &Q,
@@ -495,7 +863,11 @@ impl<L> Core<L> {
     ) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
+        if self.line.busy(key) {
+            return Err(self.refused(key, n));
+        }
         let mut refunded = Refunded::default();
         let outcome = self.attempt(key, n, slots, &mut refunded);
         self.count(if outcome.is_ok() { ADMITTED } else { REJECTED });
@@ -503,9 +875,42 @@ impl<L> Core<L> {
         outcome
     }
 
+    /// The answer to a call that waiting chain callers hold back, counted as rejected: as a
+    /// member's own (`refused_for_waiters`), a request that can never fit says so; otherwise
+    /// the members' answer to a probe, which writes nothing: its rejection (a lower bound, the
+    /// queue being served first), or a retry-after of 0 if every member has a permit now.
+    #[cold]
+    #[inline(never)]
+    fn refused<Q: ?Sized>(&self, key: &Q, n: u32) -> TryAcquireError
+    where
+        L: Member<Q>,
+        W: Line<Q>,
+    {
+        let error = self.too_big::<Q>(n).unwrap_or_else(|| {
+            match self.attempt(key, 0, Slots::default(), &mut Refunded::default()) {
+                Err(error) => error,
+                Ok(_) => TryAcquireError::Rejected(Rejection::new(0, self.capacity::<Q>())),
+            }
+        });
+        self.count(REJECTED);
+        error
+    }
+
+    /// Before a caller queues: `n` above the chain's capacity fails at once, as on the
+    /// caller's own first attempt, rather than once its turn comes.
+    #[cold]
+    fn too_big_to_wait<Q: ?Sized>(&self, n: u32) -> Option<AcquireError>
+    where
+        L: Member<Q>,
+        W: Line<Q>,
+    {
+        self.too_big::<Q>(n).and_then(|e| e.wait_or_fail().err())
+    }
+
     fn count<Q: ?Sized>(&self, which: usize)
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         self.counters.bump(which);
         for member in self.members.iter() {
@@ -522,6 +927,7 @@ impl<L> Core<L> {
     ) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         out.clear();
         out.resize(self.members.len(), Admission::new(0, 0, 0));
@@ -547,6 +953,7 @@ impl<L> Core<L> {
     fn charge<Q: ?Sized>(&self, key: &Q, n: u32) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let mut charged = None;
         let mut failed = None;
@@ -564,12 +971,17 @@ impl<L> Core<L> {
         }
     }
 
-    fn stats(&self) -> ChainStats {
+    fn stats<Q: ?Sized>(&self) -> ChainStats
+    where
+        L: Member<Q>,
+        W: Line<Q>,
+    {
         ChainStats {
             admitted: self.counters.sum(ADMITTED),
             rejected: self.counters.sum(REJECTED),
             cancelled: self.counters.sum(CANCELLED),
             refunded: self.counters.sum(REFUNDED),
+            waiting: self.line.waiting(),
         }
     }
 
@@ -594,6 +1006,7 @@ impl<L> Core<L> {
     ) -> Result<Result<Admission, AcquireError>, (std::time::Duration, u64)>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let mut refunded = Refunded::default();
         let error = match self.attempt(key, n, slots, &mut refunded) {
@@ -629,6 +1042,7 @@ impl<L> Core<L> {
     fn epochs<Q: ?Sized>(&self) -> u64
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         self.members.iter().fold(0, |sum: u64, member| {
             sum.wrapping_add(member.watchers().epoch())
@@ -642,6 +1056,7 @@ impl<L> Core<L> {
     fn watch<Q: ?Sized>(&self, who: &Watcher, seen: u64) -> (Watching<'_>, bool)
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let mut watching = Watching(Vec::with_capacity(self.members.len()));
         let mut now: u64 = 0;
@@ -658,6 +1073,7 @@ impl<L> Core<L> {
     fn caught_up<Q: ?Sized>(&self)
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         for member in self.members.iter() {
             member.catch_up();
@@ -667,6 +1083,11 @@ impl<L> Core<L> {
     /// Retries until every member admits at once, sleeping on tokio's timer for the largest
     /// `retry_after` in between. `slots` as for [`attempt`](Self::attempt): each attempt
     /// writes them again, so they hold the admitting attempt's.
+    ///
+    /// One attempt first, unless chain callers wait for `key` already; a caller that must wait
+    /// then takes its room in the chain's queue and waits for its turn ([`Line`]), and only
+    /// then makes its attempts, sleeping in between, until its call ends and the turn passes
+    /// to the next caller.
     #[cfg(feature = "tokio")]
     async fn acquire<Q: ?Sized>(
         &self,
@@ -676,17 +1097,19 @@ impl<L> Core<L> {
     ) -> Result<Admission, AcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         /// Counts the call as cancelled if the future is dropped before it finishes.
-        struct Finish<'a, L, Q: ?Sized>
+        struct Finish<'a, L, W, Q: ?Sized>
         where
             L: Member<Q>,
+            W: Line<Q>,
         {
-            core: &'a Core<L>,
+            core: &'a Core<L, W>,
             done: bool,
             _key: std::marker::PhantomData<fn(&Q)>,
         }
-        impl<L: Member<Q>, Q: ?Sized> Drop for Finish<'_, L, Q> {
+        impl<L: Member<Q>, W: Line<Q>, Q: ?Sized> Drop for Finish<'_, L, W, Q> {
             fn drop(&mut self) {
                 if !self.done {
                     self.core.count(CANCELLED);
@@ -700,13 +1123,56 @@ impl<L> Core<L> {
         };
         // Registered with every member after the first attempt that must wait, until the call
         // ends: a change (a close, a reconfiguration, a refund) cuts the sleep short.
-        let seen = self.epochs::<Q>();
+        let mut seen = self.epochs::<Q>();
+        // The first attempt's wait, if it was made and failed.
+        let mut first = None;
+        if !self.line.busy(key) {
+            match self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, None) {
+                Ok(outcome) => return outcome,
+                Err(wait) => first = Some(wait),
+            }
+        } else if let Some(error) = self.too_big_to_wait::<Q>(n) {
+            self.count(REJECTED);
+            finish.done = true;
+            return Err(error);
+        }
+        // Dropped after the turn (locals drop in reverse order): the room is held while the
+        // turn is, and a newcomer sees a caller waiting until its turn has passed on.
+        let _room = match self.line.join(key, n) {
+            Ok(room) => room,
+            Err(error) => {
+                self.count(REJECTED);
+                finish.done = true;
+                return Err(error);
+            }
+        };
+        // The turn at once (nobody else waits): the first attempt stands, and the caller sleeps
+        // on its answer. After a wait for it, a fresh attempt.
+        let _turn = match self.line.try_turn(key) {
+            Some(turn) => turn,
+            None => match self.line.turn(key).await {
+                Ok(turn) => {
+                    first = None;
+                    seen = self.epochs::<Q>();
+                    turn
+                }
+                Err(error) => {
+                    self.count(REJECTED);
+                    finish.done = true;
+                    return Err(error);
+                }
+            },
+        };
         let mut watching = None;
         // Made at the first wait: a call admitted at once allocates nothing.
         let mut notify: Option<(std::sync::Arc<tokio::sync::Notify>, Watcher)> = None;
         loop {
             let who = notify.as_ref().map(|(_, who)| who);
-            match self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, who) {
+            let attempt = match first.take() {
+                Some(wait) => Err(wait),
+                None => self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, who),
+            };
+            match attempt {
                 Ok(outcome) => return outcome,
                 Err((wait, own)) => {
                     let (notify, who) = notify.get_or_insert_with(|| {
@@ -740,9 +1206,43 @@ impl<L> Core<L> {
     ) -> Result<Admission, AcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
-        // As in `acquire`, with the thread's signal (created on this thread, which it wakes).
-        let seen = self.epochs::<Q>();
+        // The queue as in `acquire`, with the thread's signal (created on this thread, which it
+        // wakes).
+        let mut seen = self.epochs::<Q>();
+        let mut first = None;
+        if !self.line.busy(key) {
+            match self.attempt_waiting(key, n, slots.reborrow(), &mut false, None) {
+                Ok(outcome) => return outcome,
+                Err(wait) => first = Some(wait),
+            }
+        } else if let Some(error) = self.too_big_to_wait::<Q>(n) {
+            self.count(REJECTED);
+            return Err(error);
+        }
+        let _room = self
+            .line
+            .join(key, n)
+            .inspect_err(|_| self.count(REJECTED))?;
+        let _turn = match self.line.try_turn(key) {
+            Some(turn) => turn,
+            None => {
+                let turn = self
+                    .line
+                    .turn_blocking(key, deadline)
+                    .inspect_err(|error| {
+                        self.count(if *error == AcquireError::Timeout {
+                            CANCELLED
+                        } else {
+                            REJECTED
+                        });
+                    })?;
+                first = None;
+                seen = self.epochs::<Q>();
+                turn
+            }
+        };
         let mut watching = None;
         // Made at the first wait (its epoch starts at 0): a call admitted at once allocates
         // nothing.
@@ -752,8 +1252,11 @@ impl<L> Core<L> {
             // below returns at once.
             let signalled = signal.as_ref().map_or(0, |(signal, _)| signal.epoch());
             let who = signal.as_ref().map(|(_, who)| who);
-            let (wait, own) = match self.attempt_waiting(key, n, slots.reborrow(), &mut false, who)
-            {
+            let attempt = match first.take() {
+                Some(wait) => Err(wait),
+                None => self.attempt_waiting(key, n, slots.reborrow(), &mut false, who),
+            };
+            let (wait, own) = match attempt {
                 Ok(outcome) => return outcome,
                 Err(wait) => wait,
             };
@@ -861,6 +1364,9 @@ pub struct ChainStats {
     /// Calls that passed the check pass but lost a race in the commit pass, so that members
     /// which had already admitted were given their permits back. Included in `rejected`.
     pub refunded: u64,
+    /// Chain callers waiting now in the chain's queue (for a [`KeyedChain`], over every key),
+    /// the ones whose turn it is included: a snapshot, not a count of calls.
+    pub waiting: u64,
 }
 
 /// Several rate limiters at once: a call is admitted only if every member admits it.
@@ -914,7 +1420,7 @@ pub struct ChainStats {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Chain<C: Clock = DefaultClock> {
-    core: Arc<Core<RateLimiter<C>>>,
+    core: Arc<Core<RateLimiter<C>, ChainLine>>,
 }
 
 impl<C: Clock> Clone for Chain<C> {
@@ -960,11 +1466,49 @@ impl<C: Clock> Chain<C> {
     /// # Ok::<(), ConfigError>(())
     /// ```
     pub fn new(members: impl IntoIterator<Item = RateLimiter<C>>) -> Result<Self, ConfigError> {
-        let members: Vec<_> = members.into_iter().collect();
-        let global_from = members.len();
-        Ok(Chain {
-            core: Arc::new(Core::new::<()>(members, global_from)?),
-        })
+        Self::builder(members).build()
+    }
+
+    /// A builder for a chain of `members` with queue settings
+    /// ([`queue_limit`](ChainBuilder::queue_limit)); [`new`](Self::new) is
+    /// `builder(members).build()`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Chain, RateLimiter, DEFAULT_QUEUE_LIMIT};
+    ///
+    /// let members = [RateLimiter::fixed_window(10, Duration::from_secs(1))?];
+    /// let chain = Chain::builder(members.clone()).queue_limit(100).build()?;
+    /// assert_eq!(chain.queue_limit(), 100);
+    /// assert_eq!(Chain::new(members)?.queue_limit(), DEFAULT_QUEUE_LIMIT);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn builder(members: impl IntoIterator<Item = RateLimiter<C>>) -> ChainBuilder<C> {
+        ChainBuilder {
+            members: members.into_iter().collect(),
+            queue_limit: DEFAULT_QUEUE_LIMIT,
+        }
+    }
+
+    /// The most permits that chain callers may wait for at once (see
+    /// [`ChainBuilder::queue_limit`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Chain, RateLimiter};
+    ///
+    /// let chain = Chain::builder([RateLimiter::fixed_window(1, Duration::from_secs(1))?])
+    ///     .queue_limit(8)
+    ///     .build()?;
+    /// assert_eq!(chain.queue_limit(), 8);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_limit(&self) -> u64 {
+        Line::<()>::queue_limit(&self.core.line)
     }
 
     /// Takes one permit from every member, or none. See [`try_acquire_n`](Self::try_acquire_n).
@@ -996,13 +1540,18 @@ impl<C: Clock> Chain<C> {
     /// times: k), consuming nothing (the admission combines the members' own probes).
     ///
     /// A member with waiters queued in its own [`acquire`](RateLimiter::acquire) (oldest first)
-    /// rejects, as its own `try_acquire` would: chains do not barge either.
+    /// rejects, as its own `try_acquire` would: chains do not barge either. Nor past the chain's
+    /// own queue: while chain callers wait in [`acquire_n`](Self::acquire_n) (or its blocking
+    /// and timeout variants), the call is rejected and takes nothing, whatever the members have
+    /// free. When nobody waits, that check is one atomic load.
     ///
     /// # Errors
     ///
     /// - [`TryAcquireError::Rejected`]: some member has too few permits now; `retry_after` is
     ///   the largest over the members (exact when nothing else is admitted meanwhile), `limit`
-    ///   that member's limit.
+    ///   that member's limit. Also while chain callers wait: then what the members say of one
+    ///   more call, a lower bound (the waiting callers are served first), or a `retry_after` of
+    ///   0 with the chain's capacity as `limit` if every member could admit it.
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the chain's
     ///   [`capacity`](Self::capacity).
     /// - [`TryAcquireError::Closed`]: a member was closed.
@@ -1155,7 +1704,9 @@ impl<C: Clock> Chain<C> {
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: no permit is held across an await; dropping the future consumes nothing.
+    /// Cancel-safe, as [`acquire_n`](Self::acquire_n): no member's permit is held across an
+    /// await, and dropping the future consumes nothing and leaves the chain's queue (passing
+    /// the turn on if it was the caller's).
     ///
     /// # Examples
     ///
@@ -1193,22 +1744,35 @@ impl<C: Clock> Chain<C> {
     /// Needs a tokio runtime with the time driver; with paused time, give the members a
     /// [`TokioClock`](crate::TokioClock).
     ///
-    /// **Fairness: none across members.** A waiting chain call is not queued anywhere: it does not
-    /// join the members' own wait queues, and calls that arrive while it sleeps can take the
-    /// permits it waits for (so under sustained contention it can wait indefinitely), and two
-    /// waiting chain calls are served in no particular order. It does defer to a member's own
-    /// queued waiters (oldest-first members reject chain attempts while anyone is queued).
+    /// **Fair among chain callers: one queue, oldest first.** A caller that must wait joins the
+    /// chain's own queue (bounded: [`ChainBuilder::queue_limit`]), shared with the blocking
+    /// callers of [`acquire_blocking_n`](Self::acquire_blocking_n). Only the caller at its head
+    /// makes attempts and sleeps between them; the others wait behind it in arrival order, and
+    /// the next one takes its place at once when it leaves (admitted, failed, timed out or
+    /// dropped). A caller that finds others waiting queues behind them without an attempt of
+    /// its own, and [`try_acquire_n`](Self::try_acquire_n) is refused meanwhile: newcomers do
+    /// not pass waiting chain callers. A small request waits behind a large one at the head.
+    ///
+    /// **Not fair across members.** The queue is the chain's, not the members': callers of a
+    /// member itself (its own `try_acquire`, or another chain that shares it) can take the
+    /// permits the head waits for, so under sustained contention on a member the head can wait
+    /// indefinitely. The head does defer to a member's own queued waiters (oldest-first members
+    /// reject chain attempts while anyone is queued).
     ///
     /// # Errors
     ///
     /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the smallest capacity.
     /// - [`AcquireError::Closed`] if a member is or gets closed.
+    /// - [`AcquireError::QueueFull`] if the caller must wait and the chain's queue has no room
+    ///   for `n` permits (a probe counts as one).
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: between attempts the call holds no permit of any member (each attempt takes
     /// all or nothing without awaiting), so dropping the future at its await (a timeout, a
-    /// `select!` branch, an aborted task) consumes nothing. It is counted as cancelled.
+    /// `select!` branch, an aborted task) consumes nothing. It also leaves the chain's queue:
+    /// its room is freed and, if it was the head, the next caller becomes the head at once. It
+    /// is counted as cancelled.
     ///
     /// # Examples
     ///
@@ -1314,8 +1878,9 @@ impl<C: Clock> Chain<C> {
     /// rejection the thread sleeps (real time) for its `retry_after`, the largest over the
     /// members (at least 1 ms), or until a member changes (as for
     /// [`acquire_n`](Self::acquire_n)), and tries again. Fairness as [`acquire_n`](Self::acquire_n):
-    /// none across members, and it defers to a member's own queued waiters. With a
-    /// [`ManualClock`](crate::ManualClock) that nobody advances, it waits forever.
+    /// oldest first among chain callers, in the same queue as the async ones (only its head
+    /// makes attempts), none across members, and it defers to a member's own queued waiters.
+    /// With a [`ManualClock`](crate::ManualClock) that nobody advances, it waits forever.
     ///
     /// # Errors
     ///
@@ -1429,7 +1994,89 @@ impl<C: Clock> Chain<C> {
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn stats(&self) -> ChainStats {
-        self.core.stats()
+        self.core.stats::<()>()
+    }
+}
+
+/// Builds a [`Chain`]; see [`Chain::builder`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Chain, Rate, RateLimiter};
+///
+/// let chain = Chain::builder([
+///     RateLimiter::token_bucket(Rate::per_second(10), 10)?,
+///     RateLimiter::fixed_window(1_000, Duration::from_secs(3600))?,
+/// ])
+/// .queue_limit(50)
+/// .build()?;
+/// assert_eq!(chain.capacity(), 10);
+/// # Ok::<(), turnstile::ConfigError>(())
+/// ```
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ChainBuilder<C: Clock = DefaultClock> {
+    members: Vec<RateLimiter<C>>,
+    queue_limit: u64,
+}
+
+impl<C: Clock> fmt::Debug for ChainBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChainBuilder")
+            .field("members", &self.members)
+            .field("queue_limit", &self.queue_limit)
+            .finish()
+    }
+}
+
+impl<C: Clock> ChainBuilder<C> {
+    /// The most permits that chain callers may wait for at once in the chain's queue (default
+    /// [`DEFAULT_QUEUE_LIMIT`]), the caller whose turn it is included; a waiting probe
+    /// (`n == 0`) counts as one, and limits above `u32::MAX` count as `u32::MAX`. A caller that
+    /// must wait and finds no room fails with [`AcquireError::QueueFull`], as a member's own
+    /// waiter does; with a limit of 0 nobody waits. A caller admitted at once takes no room.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Chain, RateLimiter};
+    ///
+    /// let member = RateLimiter::fixed_window(1, Duration::from_secs(3600))?;
+    /// let chain = Chain::builder([member]).queue_limit(0).build()?;
+    /// chain.acquire_blocking()?; // admitted at once: no room needed
+    /// assert_eq!(
+    ///     chain.acquire_blocking(),
+    ///     Err(AcquireError::QueueFull { requested: 1, queue_limit: 0 })
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn queue_limit(mut self, permits: u64) -> Self {
+        self.queue_limit = permits;
+        self
+    }
+
+    /// Builds the chain.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Zero`] if there are no members.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{Chain, ConfigError, RateLimiter};
+    ///
+    /// let empty = Chain::builder(Vec::<RateLimiter>::new()).build();
+    /// assert_eq!(empty.unwrap_err(), ConfigError::Zero { what: "chain members" });
+    /// ```
+    pub fn build(self) -> Result<Chain<C>, ConfigError> {
+        let global_from = self.members.len();
+        let line = ChainLine::new(self.queue_limit)?;
+        Ok(Chain {
+            core: Arc::new(Core::new::<()>(self.members, global_from, line)?),
+        })
     }
 }
 
@@ -1581,7 +2228,7 @@ where
 /// ```
 #[cfg(feature = "keyed")]
 pub struct KeyedChain<K, C: Clock = DefaultClock, S = foldhash::fast::RandomState> {
-    core: Arc<Core<Link<K, C, S>>>,
+    core: Arc<Core<Link<K, C, S>, KeyedLine<K>>>,
 }
 
 #[cfg(feature = "keyed")]
@@ -1628,6 +2275,7 @@ impl<K, C: Clock, S> fmt::Debug for KeyedChain<K, C, S> {
 pub struct KeyedChainBuilder<K, C: Clock = DefaultClock, S = foldhash::fast::RandomState> {
     per_key: Vec<KeyedLimiter<K, C, S>>,
     global: Vec<RateLimiter<C>>,
+    queue_limit: u64,
 }
 
 #[cfg(feature = "keyed")]
@@ -1636,6 +2284,7 @@ impl<K, C: Clock, S> fmt::Debug for KeyedChainBuilder<K, C, S> {
         f.debug_struct("KeyedChainBuilder")
             .field("per_key", &self.per_key)
             .field("global", &self.global)
+            .field("queue_limit", &self.queue_limit)
             .finish()
     }
 }
@@ -1687,6 +2336,32 @@ where
         self
     }
 
+    /// The most permits that chain callers may wait for at once in each key's queue (default
+    /// [`DEFAULT_QUEUE_LIMIT`]): [`ChainBuilder::queue_limit`], per key. Besides, at most
+    /// [`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS) keys have chain callers waiting at once;
+    /// a caller of another key that must wait then fails with
+    /// [`AcquireError::TooManyKeys`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, KeyedChain, KeyedLimiter};
+    ///
+    /// let per_key = KeyedLimiter::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(3600) })?;
+    /// let chain = KeyedChain::builder().per_key(per_key).queue_limit(0).build()?;
+    /// chain.acquire_blocking(&"k")?; // admitted at once: no room needed
+    /// assert_eq!(
+    ///     chain.acquire_blocking(&"k"),
+    ///     Err(AcquireError::QueueFull { requested: 1, queue_limit: 0 })
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn queue_limit(mut self, permits: u64) -> Self {
+        self.queue_limit = permits;
+        self
+    }
+
     /// Builds the chain.
     ///
     /// # Errors
@@ -1709,8 +2384,9 @@ where
             .map(Link::PerKey)
             .chain(self.global.into_iter().map(Link::Global))
             .collect();
+        let line = KeyedLine::new(self.queue_limit)?;
         Ok(KeyedChain {
-            core: Arc::new(Core::new::<K>(members, global_from)?),
+            core: Arc::new(Core::new::<K>(members, global_from, line)?),
         })
     }
 }
@@ -1740,6 +2416,7 @@ where
         KeyedChainBuilder {
             per_key: Vec::new(),
             global: Vec::new(),
+            queue_limit: DEFAULT_QUEUE_LIMIT,
         }
     }
 
@@ -1770,7 +2447,8 @@ where
 
     /// Takes `n` permits for `key` from every member if all admit them now; otherwise takes none
     /// from any. Never blocks. Same semantics as [`Chain::try_acquire_n`], with each per-key
-    /// member deciding on `key`'s own state.
+    /// member deciding on `key`'s own state; refused while chain callers wait for `key` (only
+    /// for `key`: when no key has any, one atomic load says so).
     ///
     /// # Errors
     ///
@@ -1932,7 +2610,7 @@ where
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: no permit is held across an await; dropping the future consumes nothing.
+    /// Cancel-safe, as [`acquire_n`](Self::acquire_n).
     ///
     /// # Examples
     ///
@@ -1962,20 +2640,25 @@ where
     }
 
     /// Waits until every member admits `n` permits for `key` at once; see
-    /// [`Chain::acquire_n`] for how it waits and its (absent) fairness. Besides the changes
+    /// [`Chain::acquire_n`] for how it waits and its fairness: one queue of chain callers per
+    /// key, oldest first (callers for other keys neither wait in it nor are refused for it),
+    /// none across members. Besides the changes
     /// that end its sleep there, a per-key member's [`sweep`](KeyedLimiter::sweep) (or
     /// `run_sweeper`) that evicts idle keys ends it too (a key new to a member at its cap,
     /// decided on the shared overflow cell, may now get a cell of its own).
     ///
     /// # Errors
     ///
-    /// As [`Chain::acquire_n`], and [`AcquireError::TooManyKeys`] at once if a per-key member
-    /// cannot take a new key.
+    /// As [`Chain::acquire_n`] (`QueueFull` when the key's queue has no room), and
+    /// [`AcquireError::TooManyKeys`] at once if a per-key member cannot take a new key, or if
+    /// the caller must wait while chain callers of
+    /// [`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS) other keys wait.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: between attempts the call holds no permit of any member, so dropping the
-    /// future consumes nothing.
+    /// future consumes nothing; it leaves its key's queue (the next caller for the key becomes
+    /// the head at once if it was the head).
     ///
     /// # Examples
     ///
@@ -2074,7 +2757,8 @@ where
     }
 
     /// Blocks the calling thread until every member admits `n` permits for `key` at once; see
-    /// [`Chain::acquire_blocking_n`] for how it waits and its (absent) fairness, and
+    /// [`Chain::acquire_blocking_n`] for how it waits and its fairness (per key, in the same
+    /// queues as the async callers), and
     /// [`acquire_n`](Self::acquire_n) for what else ends its wait early.
     ///
     /// # Errors
@@ -2198,6 +2882,25 @@ where
         self.core.capacity::<K>()
     }
 
+    /// The most permits that chain callers may wait for at once per key (see
+    /// [`KeyedChainBuilder::queue_limit`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedChain, KeyedLimiter, DEFAULT_QUEUE_LIMIT};
+    ///
+    /// let chain = KeyedChain::builder()
+    ///     .per_key(KeyedLimiter::<u64>::new(Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) })?)
+    ///     .build()?;
+    /// assert_eq!(chain.queue_limit(), DEFAULT_QUEUE_LIMIT);
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn queue_limit(&self) -> u64 {
+        Line::<K>::queue_limit(&self.core.line)
+    }
+
     /// Counts so far. See [`ChainStats`].
     ///
     /// # Examples
@@ -2215,6 +2918,6 @@ where
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn stats(&self) -> ChainStats {
-        self.core.stats()
+        self.core.stats::<K>()
     }
 }

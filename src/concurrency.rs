@@ -797,6 +797,29 @@ impl ConcurrencyLimiter {
         self.inner.queue.limit()
     }
 
+    /// Whether any permit is held now: one load, for a chain's gate (`chain::ChainLine`), whose
+    /// waiting callers each hold permits of such a limiter for as long as they wait.
+    #[inline(always)]
+    pub(crate) fn in_use(&self) -> bool {
+        // Relaxed: a hint read once, as a limiter's gate (`WAITERS`) is: a holder that takes
+        // its permits just after this load is one the caller may precede (it was not waiting
+        // yet). Nothing is read on the strength of it.
+        used(self.inner.word.load(Ordering::Relaxed)) != 0
+    }
+
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n) until `deadline`, if any.
+    pub(crate) fn acquire_blocking_until(
+        &self,
+        n: u32,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Permit<'_>, AcquireError> {
+        self.inner.acquire_blocking(n, deadline)?;
+        Ok(Permit {
+            limiter: &self.inner,
+            permits: n,
+        })
+    }
+
     /// Counts so far, permits free, and the queue.
     ///
     /// # Examples

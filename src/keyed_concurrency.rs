@@ -1698,6 +1698,35 @@ where
         self.inner.available(key, self.inner.ctx.shard(key))
     }
 
+    /// Whether `key` holds any permit now (a snapshot: a lookup of its cell, and one load), for a
+    /// keyed chain's gate (`chain::KeyedLine`), whose waiting callers each hold permits of such a
+    /// limiter for their key for as long as they wait. Only for a limiter under
+    /// [`KeyOverflow::Reject`], whose permits always come from the key's own cell.
+    pub(crate) fn in_use(&self, key: &K) -> bool {
+        let shard = self.inner.ctx.shard(key);
+        self.inner.store.shards[shard]
+            .map
+            // Relaxed: a hint, as the unkeyed `ConcurrencyLimiter::in_use`. A retired cell holds
+            // nothing.
+            .get(key, |cell| match cell.load(Ordering::Relaxed) {
+                RETIRED => false,
+                word => used(word) != 0,
+            })
+            .unwrap_or(false)
+    }
+
+    /// [`acquire_blocking_n`](Self::acquire_blocking_n) until `deadline`, if any.
+    pub(crate) fn acquire_blocking_until(
+        &self,
+        key: &K,
+        n: u32,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<KeyedPermit<'_, K, S>, AcquireError> {
+        let shard = self.inner.ctx.shard(key);
+        let slot = self.inner.blocking(key, shard, n, deadline)?;
+        Ok(self.permit(key, shard, n, slot))
+    }
+
     /// The permits each key may have in flight.
     ///
     /// # Examples

@@ -100,7 +100,7 @@ pub use backend::{
 pub use bans::{
     BAN_RESOLUTION, BanList, BanListBuilder, BanListFull, BanStats, Banned, FailOutcome,
 };
-pub use chain::{Chain, ChainRefundable, ChainStats};
+pub use chain::{Chain, ChainBuilder, ChainRefundable, ChainStats};
 #[cfg(feature = "keyed")]
 pub use chain::{KeyedChain, KeyedChainBuilder, KeyedChainRefundable};
 #[cfg(feature = "tokio")]

@@ -152,3 +152,33 @@ fn store_probes_for_unknown_subjects_allocate_no_ring() {
         8 * limit
     );
 }
+
+/// A keyed chain's per-key queues of waiting chain callers (keyed concurrency limiters, a few
+/// MiB of shards each at their default key cap) are made by the first caller that waits, not
+/// with the chain: building one, and calls admitted at once, stay small.
+#[test]
+fn a_keyed_chain_makes_its_queues_only_when_a_caller_waits() {
+    let limiter = KeyedLimiter::<u64, _>::builder(Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(60),
+    })
+    .clock(ManualClock::new())
+    .build()
+    .unwrap();
+    limiter.try_acquire(&1).unwrap();
+    let mut chain = None;
+    let bytes = allocated_by(|| {
+        let built = KeyedChain::builder()
+            .per_key(limiter.clone())
+            .build()
+            .unwrap();
+        assert!(built.try_acquire(&1).is_err());
+        chain = Some(built);
+    });
+    assert!(bytes < 64 << 10, "a keyed chain allocated {bytes} bytes");
+    // The first caller that must wait makes them, and times out holding nothing.
+    let chain = chain.unwrap();
+    let waited = chain.acquire_blocking_timeout(&1, 1, Duration::from_millis(1));
+    assert_eq!(waited, Err(turnstile::AcquireError::Timeout));
+    assert_eq!(chain.stats().waiting, 0);
+}

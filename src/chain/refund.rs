@@ -18,7 +18,7 @@
 //! Nothing here is a new atomic protocol: per member, the version is loaded before the commit
 //! and the refund is that member's receipt refund, in the order a member's own receipt uses.
 
-use super::{Chain, Committed, Core, Member, Slots};
+use super::{Chain, Committed, Core, Line, Member, Slots};
 use crate::clock::Clock;
 use crate::decision::Admission;
 use crate::error::{AcquireError, TryAcquireError};
@@ -58,7 +58,7 @@ impl Held {
     }
 }
 
-impl<L> Core<L> {
+impl<L, W> Core<L, W> {
     /// `try_acquire`, keeping what a receipt needs.
     fn try_acquire_held<Q: ?Sized>(
         &self,
@@ -67,6 +67,7 @@ impl<L> Core<L> {
     ) -> Result<(Admission, Held), TryAcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let mut held = Held::new(self.members.len());
         let admission = self.try_acquire(key, n, held.slots())?;
@@ -82,6 +83,7 @@ impl<L> Core<L> {
     ) -> Result<(Admission, Held), AcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let mut held = Held::new(self.members.len());
         let admission = self.acquire(key, n, held.slots()).await?;
@@ -97,6 +99,7 @@ impl<L> Core<L> {
     ) -> Result<(Admission, Held), AcquireError>
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         let mut held = Held::new(self.members.len());
         let admission = self.acquire_blocking(key, n, held.slots(), deadline)?;
@@ -110,6 +113,7 @@ impl<L> Core<L> {
     fn refund_held<Q: ?Sized>(&self, key: &Q, n: u32, held: &Held)
     where
         L: Member<Q>,
+        W: Line<Q>,
     {
         if n == 0 {
             return;

@@ -1,0 +1,390 @@
+//! A chain's own queue of waiting chain callers (`Chain`, and per key `KeyedChain`): served
+//! oldest first, not passed by newcomers, bounded, cancel-safe, shared by async and blocking
+//! callers. Time is tokio's paused clock (members on a `TokioClock`), or a `ManualClock` for
+//! the blocking callers.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use turnstile::{
+    AcquireError, Algorithm, Chain, KeyedChain, KeyedLimiter, ManualClock, Rate, RateLimiter,
+    TokioClock, TryAcquireError,
+};
+
+/// One permit a second, bursts of 3, drained at the start: 3 permits take 3 s, 1 takes 1 s.
+fn drained_bucket() -> RateLimiter<TokioClock> {
+    let bucket = RateLimiter::with_clock(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 3,
+        },
+        TokioClock::new(),
+    )
+    .unwrap();
+    bucket.try_acquire_n(3).unwrap();
+    bucket
+}
+
+/// Admissions as (name, seconds since `start`), in the order they happened.
+type Log = Arc<Mutex<Vec<(&'static str, Duration)>>>;
+
+fn spawn_waiter(
+    chain: &Chain<TokioClock>,
+    n: u32,
+    name: &'static str,
+    log: &Log,
+    start: Instant,
+) -> tokio::task::JoinHandle<Result<(), AcquireError>> {
+    let (chain, log) = (chain.clone(), Arc::clone(log));
+    tokio::spawn(async move {
+        chain.acquire_n(n).await?;
+        log.lock().unwrap().push((name, start.elapsed()));
+        Ok(())
+    })
+}
+
+/// Lets every spawned task run until it waits.
+async fn settle() {
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn chain_waiters_are_admitted_in_arrival_order() {
+    let chain = Chain::new([drained_bucket()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    // The first asks for 3 (3 s away), the two after it for 1 (1 s away): without a queue they
+    // would pass it.
+    let a = spawn_waiter(&chain, 3, "a", &log, start);
+    settle().await;
+    let b = spawn_waiter(&chain, 1, "b", &log, start);
+    settle().await;
+    let c = spawn_waiter(&chain, 1, "c", &log, start);
+    for task in [a, b, c] {
+        task.await.unwrap().unwrap();
+    }
+    let secs = Duration::from_secs;
+    assert_eq!(
+        *log.lock().unwrap(),
+        [("a", secs(3)), ("b", secs(4)), ("c", secs(5))]
+    );
+    assert_eq!(chain.stats().admitted, 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_newcomer_does_not_pass_waiting_chain_callers() {
+    let bucket = drained_bucket();
+    let chain = Chain::new([bucket.clone()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 3, "a", &log, start);
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // One permit is free, but the waiting caller is served first: refused, nothing taken.
+    let refused = chain.try_acquire().unwrap_err();
+    assert!(
+        matches!(refused, TryAcquireError::Rejected(_)),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        chain.try_acquire_n(0),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert_eq!(bucket.stats().available, 1);
+    // The member itself has no queue of its own: it admits its own callers.
+    let newcomer = spawn_waiter(&chain, 1, "newcomer", &log, start);
+    a.await.unwrap().unwrap();
+    newcomer.await.unwrap().unwrap();
+    let secs = Duration::from_secs;
+    assert_eq!(
+        *log.lock().unwrap(),
+        [("a", secs(3)), ("newcomer", secs(4))]
+    );
+    // Nobody waits any more: no refusal.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(chain.try_acquire().is_ok());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn dropping_the_head_promotes_the_next_at_once() {
+    let bucket = drained_bucket();
+    let chain = Chain::new([bucket.clone()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 3, "a", &log, start);
+    settle().await;
+    let b = spawn_waiter(&chain, 1, "b", &log, start);
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    settle().await;
+    assert!(log.lock().unwrap().is_empty(), "b passed the head");
+    a.abort();
+    settle().await;
+    // b is the head now and takes the permit free since 1 s, without waiting for any timer.
+    assert_eq!(*log.lock().unwrap(), [("b", Duration::from_millis(1500))]);
+    b.await.unwrap().unwrap();
+    assert_eq!(chain.stats().cancelled, 1);
+    assert_eq!(bucket.stats().available, 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_head_that_times_out_holds_nothing_and_hands_over() {
+    let bucket = drained_bucket();
+    let chain = Chain::new([bucket.clone()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire_timeout(3, Duration::from_millis(1500)).await }
+    });
+    settle().await;
+    let b = spawn_waiter(&chain, 1, "b", &log, start);
+    assert_eq!(a.await.unwrap(), Err(AcquireError::Timeout));
+    b.await.unwrap().unwrap();
+    // b waited for the head, and was served the moment it gave up.
+    assert_eq!(*log.lock().unwrap(), [("b", Duration::from_millis(1500))]);
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.cancelled), (1, 1));
+    // The head took nothing: b's permit is the only one gone.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(bucket.stats().available, 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn keyed_chain_waiters_queue_per_key() {
+    let per_key = KeyedLimiter::with_clock(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 3,
+        },
+        TokioClock::new(),
+    )
+    .unwrap();
+    per_key.try_acquire_n(&"a", 3).unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .build()
+        .unwrap();
+    let log: Log = Log::default();
+    let start = Instant::now();
+    let waiter = |key: &'static str, n: u32, name: &'static str| {
+        let (chain, log) = (chain.clone(), Arc::clone(&log));
+        tokio::spawn(async move {
+            chain.acquire_n(&key, n).await?;
+            log.lock().unwrap().push((name, start.elapsed()));
+            Ok::<_, AcquireError>(())
+        })
+    };
+    let a = waiter("a", 3, "a1");
+    settle().await;
+    let b = waiter("a", 1, "a2");
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await;
+    // Key "a" has waiting chain callers: no barging on it. Key "b" has none: served at once.
+    assert!(matches!(
+        chain.try_acquire(&"a"),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert!(chain.try_acquire(&"b").is_ok());
+    let other = waiter("b", 1, "b1");
+    other.await.unwrap().unwrap();
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+    let secs = Duration::from_secs;
+    assert_eq!(
+        *log.lock().unwrap(),
+        [("b1", secs(1)), ("a1", secs(3)), ("a2", secs(4))]
+    );
+}
+
+/// A blocking caller and an async one in the same queue, each way round: the one that came
+/// second is not served before the first, though what it asks for is free.
+#[test]
+fn blocking_and_async_callers_share_one_queue() {
+    for blocking_first in [true, false] {
+        let clock = ManualClock::new();
+        let window = Duration::from_millis(100);
+        let member =
+            RateLimiter::with_clock(Algorithm::FixedWindow { limit: 2, window }, clock.clone())
+                .unwrap();
+        member.try_acquire().unwrap(); // one left in this window
+        let chain = Chain::new([member.clone()]).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let run = |blocking: bool, n: u32| {
+            let (chain, order) = (chain.clone(), Arc::clone(&order));
+            std::thread::spawn(move || {
+                let outcome = if blocking {
+                    chain.acquire_blocking_n(n)
+                } else {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                        .unwrap()
+                        .block_on(chain.acquire_n(n))
+                };
+                outcome.unwrap();
+                order.lock().unwrap().push(blocking);
+            })
+        };
+        // The first asks for 2 (the next window), the second for the 1 that is free now.
+        let first = run(blocking_first, 2);
+        wait_until(|| chain.stats().waiting == 1);
+        let second = run(!blocking_first, 1);
+        wait_until(|| chain.stats().waiting == 2);
+        assert!(
+            order.lock().unwrap().is_empty(),
+            "the second passed the first"
+        );
+        assert_eq!(member.stats().available, 1);
+        clock.advance(window);
+        first.join().unwrap();
+        clock.advance(window);
+        second.join().unwrap();
+        assert_eq!(*order.lock().unwrap(), [blocking_first, !blocking_first]);
+        assert_eq!(chain.stats().waiting, 0);
+    }
+}
+
+/// Polls `done` (real time: another thread must reach its wait).
+fn wait_until(done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out");
+        std::thread::yield_now();
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_queue_is_bounded_in_permits() {
+    let chain = Chain::builder([drained_bucket()])
+        .queue_limit(3)
+        .build()
+        .unwrap();
+    assert_eq!(chain.queue_limit(), 3);
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 2, "a", &log, start);
+    settle().await;
+    let b = spawn_waiter(&chain, 1, "b", &log, start);
+    settle().await;
+    assert_eq!(chain.stats().waiting, 2);
+    // 3 permits wait: no room for one more, the head's included.
+    assert_eq!(
+        chain.acquire_n(1).await,
+        Err(AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 3
+        })
+    );
+    assert_eq!(
+        chain.acquire_blocking_n(1),
+        Err(AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 3
+        })
+    );
+    assert_eq!(chain.stats().rejected, 2);
+    // A waiter that gives up frees its room.
+    b.abort();
+    settle().await;
+    assert_eq!(chain.stats().waiting, 1);
+    let c = spawn_waiter(&chain, 1, "c", &log, start);
+    a.await.unwrap().unwrap();
+    c.await.unwrap().unwrap();
+    let secs = Duration::from_secs;
+    assert_eq!(*log.lock().unwrap(), [("a", secs(2)), ("c", secs(3))]);
+    // Nobody may wait at all under a limit of 0; a request above the limit never waits.
+    let none = Chain::builder([drained_bucket()])
+        .queue_limit(0)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        none.acquire().await,
+        Err(AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 0
+        })
+    ));
+    let small = Chain::builder([drained_bucket()])
+        .queue_limit(2)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        small.acquire_n(3).await,
+        Err(AcquireError::QueueFull {
+            requested: 3,
+            queue_limit: 2
+        })
+    ));
+    // Admitted at once: no room needed.
+    let idle = Chain::builder([RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: 5,
+            window: Duration::from_secs(1),
+        },
+        TokioClock::new(),
+    )
+    .unwrap()])
+    .queue_limit(0)
+    .build()
+    .unwrap();
+    assert!(idle.acquire_n(5).await.is_ok());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_queued_caller_that_times_out_leaves_its_room() {
+    let chain = Chain::builder([drained_bucket()])
+        .queue_limit(3)
+        .build()
+        .unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 2, "a", &log, start);
+    settle().await;
+    let b = chain.acquire_timeout(1, Duration::from_millis(500)).await;
+    assert_eq!(b, Err(AcquireError::Timeout));
+    assert_eq!(chain.stats().waiting, 1);
+    assert_eq!(chain.stats().cancelled, 1);
+    let blocked = chain.acquire_blocking_timeout(1, Duration::from_millis(1));
+    assert_eq!(blocked, Err(AcquireError::Timeout));
+    assert_eq!(chain.stats().waiting, 1);
+    assert_eq!(chain.stats().cancelled, 2);
+    a.await.unwrap().unwrap();
+    assert_eq!(*log.lock().unwrap(), [("a", Duration::from_secs(2))]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn keyed_chain_queue_limit_is_per_key() {
+    let per_key = KeyedLimiter::with_clock(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 3,
+        },
+        TokioClock::new(),
+    )
+    .unwrap();
+    per_key.try_acquire_n(&"a", 3).unwrap();
+    per_key.try_acquire_n(&"b", 3).unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(per_key)
+        .queue_limit(1)
+        .build()
+        .unwrap();
+    assert_eq!(chain.queue_limit(), 1);
+    let a = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire(&"a").await }
+    });
+    settle().await;
+    assert_eq!(chain.stats().waiting, 1);
+    assert!(matches!(
+        chain.acquire(&"a").await,
+        Err(AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 1
+        })
+    ));
+    // Another key has room of its own.
+    let start = Instant::now();
+    chain.acquire(&"b").await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    a.await.unwrap().unwrap();
+    assert_eq!(chain.stats().waiting, 0);
+}
