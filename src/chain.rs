@@ -106,6 +106,9 @@ trait Line<Q: ?Sized>: Send + Sync {
     ) -> Result<Held<'_>, AcquireError>;
     /// Chain callers waiting now, the ones whose turn it is included.
     fn waiting(&self) -> u64;
+    /// The permits the chain callers waiting on `key` now ask for (a probe's counted as one: it
+    /// holds one of the room); a snapshot, for a refusal's retry-after.
+    fn queued(&self, key: &Q) -> u64;
     /// The most permits that may wait at once (per key).
     fn queue_limit(&self) -> u64;
 }
@@ -210,6 +213,12 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
         turn.waiting as u64 + u64::from(turn.available == 0)
     }
 
+    fn queued(&self, _: &Q) -> u64 {
+        self.room
+            .as_ref()
+            .map_or(0, |room| u64::from(room.limit() - room.available()))
+    }
+
     fn queue_limit(&self) -> u64 {
         self.queue_limit
     }
@@ -247,6 +256,7 @@ struct KeyedRoom<'a> {
 #[cfg(feature = "keyed")]
 trait KeyLines<K> {
     fn busy(&self, key: &K) -> bool;
+    fn queued(&self, key: &K) -> u64;
     fn join(&self, key: &K, n: u32, queue_limit: u64) -> Result<Held<'_>, AcquireError>;
     fn try_turn(&self, key: &K) -> Option<Held<'_>>;
     #[cfg(feature = "tokio")]
@@ -272,6 +282,12 @@ where
 {
     fn busy(&self, key: &K) -> bool {
         self.room.as_ref().is_some_and(|room| room.in_use(key))
+    }
+
+    fn queued(&self, key: &K) -> u64 {
+        self.room
+            .as_ref()
+            .map_or(0, |room| u64::from(room.limit() - room.available(key)))
     }
 
     fn join(&self, key: &K, n: u32, queue_limit: u64) -> Result<Held<'_>, AcquireError> {
@@ -399,6 +415,10 @@ where
         u64::from(u32::MAX - self.count.available())
     }
 
+    fn queued(&self, key: &K) -> u64 {
+        self.keys.get().map_or(0, |keys| keys.queued(key))
+    }
+
     fn queue_limit(&self) -> u64 {
         self.queue_limit
     }
@@ -450,6 +470,10 @@ trait Member<Q: ?Sized> {
     /// Whether `other` is a handle to the same limiter (a member listed twice).
     fn same(&self, other: &Self) -> bool;
     fn exact_refund(&self) -> bool;
+    /// Whether what the member admits now weighs less later (the sliding counter's previous
+    /// window): then a check for many permits at once is no lower bound of when they fit one
+    /// after the other.
+    fn weighs_less_later(&self) -> bool;
     fn capacity(&self) -> u32;
     /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
     fn count(&self, which: usize);
@@ -487,6 +511,9 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     }
     fn exact_refund(&self) -> bool {
         self.chain_exact_refund()
+    }
+    fn weighs_less_later(&self) -> bool {
+        matches!(self.algorithm(), crate::Algorithm::SlidingCounter { .. })
     }
     fn capacity(&self) -> u32 {
         RateLimiter::capacity(self)
@@ -876,9 +903,14 @@ impl<L, W> Core<L, W> {
     }
 
     /// The answer to a call that waiting chain callers hold back, counted as rejected: as a
-    /// member's own (`refused_for_waiters`), a request that can never fit says so; otherwise
-    /// the members' answer to a probe, which writes nothing: its rejection (a lower bound, the
-    /// queue being served first), or a retry-after of 0 if every member has a permit now.
+    /// member's own (`refused_for_waiters`), a request that can never fit says so; otherwise a
+    /// rejection whose retry-after counts the chain's queue: the latest of the members' answers
+    /// to a check (which writes nothing) for the permits the waiting chain callers ask for plus
+    /// this call's (one for a probe), at most the chain's capacity. They are served first, and
+    /// their admissions only make a member stricter, so this call fits no sooner than all of it
+    /// would at once; not so for a sliding counter, whose admissions weigh less once the next
+    /// window starts: such a member answers for this call alone, a lower bound still. 0 when
+    /// every member could admit all of it now (the head is about to be served).
     #[cold]
     #[inline(never)]
     fn refused<Q: ?Sized>(&self, key: &Q, n: u32) -> TryAcquireError
@@ -886,14 +918,40 @@ impl<L, W> Core<L, W> {
         L: Member<Q>,
         W: Line<Q>,
     {
-        let error = self.too_big::<Q>(n).unwrap_or_else(|| {
-            match self.attempt(key, 0, Slots::default(), &mut Refunded::default()) {
-                Err(error) => error,
-                Ok(_) => TryAcquireError::Rejected(Rejection::new(0, self.capacity::<Q>())),
-            }
-        });
+        let error = self
+            .too_big::<Q>(n)
+            .unwrap_or_else(|| self.behind_the_queue(key, n));
         self.count(REJECTED);
         error
+    }
+
+    /// [`refused`](Self::refused)'s rejection of a call for `n` that fits the chain.
+    #[cold]
+    fn behind_the_queue<Q: ?Sized>(&self, key: &Q, n: u32) -> TryAcquireError
+    where
+        L: Member<Q>,
+        W: Line<Q>,
+    {
+        let capacity = self.capacity::<Q>();
+        let all = self.line.queued(key).saturating_add(u64::from(n.max(1)));
+        let all = u32::try_from(all).unwrap_or(u32::MAX).min(capacity);
+        let mut rejected = None;
+        for (i, member) in self.members.iter().enumerate() {
+            let want = if member.weighs_less_later() { n } else { all };
+            match self.check(i, key, want) {
+                Ok(_) => {}
+                Err(TryAcquireError::Rejected(r)) => rejected = Some(worse(rejected, r)),
+                // A member reconfigured below it meanwhile: the members' probe, as a call that
+                // starts now would meet them.
+                Err(_) => {
+                    return match self.attempt(key, 0, Slots::default(), &mut Refunded::default()) {
+                        Err(error) => error,
+                        Ok(_) => TryAcquireError::Rejected(Rejection::new(0, capacity)),
+                    };
+                }
+            }
+        }
+        TryAcquireError::Rejected(rejected.unwrap_or_else(|| Rejection::new(0, capacity)))
     }
 
     /// Before a caller queues: `n` above the chain's capacity fails at once, as on the
@@ -1549,9 +1607,10 @@ impl<C: Clock> Chain<C> {
     ///
     /// - [`TryAcquireError::Rejected`]: some member has too few permits now; `retry_after` is
     ///   the largest over the members (exact when nothing else is admitted meanwhile), `limit`
-    ///   that member's limit. Also while chain callers wait: then what the members say of one
-    ///   more call, a lower bound (the waiting callers are served first), or a `retry_after` of
-    ///   0 with the chain's capacity as `limit` if every member could admit it.
+    ///   that member's limit. Also while chain callers wait: then a lower bound that counts them, when the
+    ///   members could admit the permits they ask for and this call's at once (up to the
+    ///   chain's capacity; a sliding counter member answers for this call alone), or a
+    ///   `retry_after` of 0 with the chain's capacity as `limit` if they could now.
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the chain's
     ///   [`capacity`](Self::capacity).
     /// - [`TryAcquireError::Closed`]: a member was closed.
@@ -2156,6 +2215,13 @@ where
             Link::PerKey(l) => l.chain_exact_refund(),
             Link::Global(l) => l.chain_exact_refund(),
         }
+    }
+    fn weighs_less_later(&self) -> bool {
+        let algorithm = match self {
+            Link::PerKey(l) => l.algorithm(),
+            Link::Global(l) => l.algorithm(),
+        };
+        matches!(algorithm, crate::Algorithm::SlidingCounter { .. })
     }
     fn capacity(&self) -> u32 {
         match self {

@@ -388,3 +388,69 @@ async fn keyed_chain_queue_limit_is_per_key() {
     a.await.unwrap().unwrap();
     assert_eq!(chain.stats().waiting, 0);
 }
+
+/// A newcomer held back by waiting chain callers is told when the members could admit what the
+/// waiters ask for and its own call, not 0 (as a member's own refusal behind its queue). A
+/// bucket of 3, drained; a caller waits for 3 (3 s away). At 1 s one permit is free: the
+/// newcomer's call would fit, but the waiter's 3 come first, and a call behind them fits no
+/// sooner than 3 permits at once (2 s more; beyond the capacity the members cannot say, so
+/// this is the bound). It was a retry-after of 0: "retry now", to a call that cannot get in
+/// for 3 s.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_newcomer_behind_chain_waiters_is_told_the_time_their_permits_need() {
+    let chain = Chain::new([drained_bucket()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 3, "a", &log, start);
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for n in [0, 1] {
+        match chain.try_acquire_n(n) {
+            Err(TryAcquireError::Rejected(r)) => {
+                assert_eq!(r.retry_after(), Duration::from_secs(2), "n = {n}")
+            }
+            other => panic!("n = {n}: {other:?}"),
+        }
+    }
+    a.await.unwrap().unwrap();
+}
+
+/// As above, per key: the waiters of one key count for that key only. A sliding counter
+/// member answers for the newcomer's call alone (its admissions weigh less once the next
+/// window starts, so all of them at once is no lower bound): with a token bucket beside it,
+/// the bucket's answer is the chain's.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keyed_newcomer_behind_chain_waiters_is_told_the_time_their_permits_need() {
+    let bucket = KeyedLimiter::<u32, _>::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 3,
+    })
+    .clock(TokioClock::new())
+    .build()
+    .unwrap();
+    let counter = KeyedLimiter::<u32, _>::builder(Algorithm::SlidingCounter {
+        limit: 100,
+        window: Duration::from_secs(60),
+    })
+    .clock(TokioClock::new())
+    .build()
+    .unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(bucket.clone())
+        .per_key(counter)
+        .build()
+        .unwrap();
+    bucket.try_acquire_n(&1, 3).unwrap();
+    let waiter = {
+        let chain = chain.clone();
+        tokio::spawn(async move { chain.acquire_n(&1, 3).await.map(drop) })
+    };
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    match chain.try_acquire(&1) {
+        Err(TryAcquireError::Rejected(r)) => assert_eq!(r.retry_after(), Duration::from_secs(2)),
+        other => panic!("{other:?}"),
+    }
+    // Another key has nobody waiting: admitted.
+    assert!(chain.try_acquire(&2).is_ok());
+    waiter.await.unwrap().unwrap();
+}
