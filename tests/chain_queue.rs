@@ -454,3 +454,84 @@ async fn a_keyed_newcomer_behind_chain_waiters_is_told_the_time_their_permits_ne
     assert!(chain.try_acquire(&2).is_ok());
     waiter.await.unwrap().unwrap();
 }
+
+/// A `Waker` that panics when woken.
+struct Panicky;
+
+impl std::task::Wake for Panicky {
+    fn wake(self: Arc<Self>) {
+        panic!("this waker panics in wake");
+    }
+}
+
+/// The head, admitted, hands the turn to the next caller, whose `Waker` panics: the unwind goes
+/// through the head's call, which never gets its admission, so the members get their permits
+/// back and the call counts as cancelled (as a limiter's served head does), and the next caller
+/// is served with them.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_head_whose_handover_panics_gives_its_permits_back() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let bucket = drained_bucket();
+    let chain = Chain::new([bucket.clone()]).unwrap();
+    let head = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire_n(1).await }
+    });
+    settle().await;
+    let mut next = Box::pin(chain.acquire_n(1));
+    let panicky = Waker::from(Arc::new(Panicky));
+    assert!(
+        next.as_mut()
+            .poll(&mut Context::from_waker(&panicky))
+            .is_pending()
+    );
+    assert_eq!(chain.stats().waiting, 2);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(head.await.unwrap_err().is_panic());
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.cancelled, stats.waiting), (0, 1, 1));
+    assert_eq!(bucket.stats().available, 1, "the head's permit was lost");
+    // The next caller, now the head, takes it at once.
+    let noop = Waker::noop();
+    assert!(
+        next.as_mut()
+            .poll(&mut Context::from_waker(noop))
+            .is_ready()
+    );
+    assert_eq!(chain.stats().admitted, 1);
+    assert_eq!(bucket.stats().available, 0);
+}
+
+/// As above, for a blocking head and an async caller behind it.
+#[test]
+fn a_blocking_head_whose_handover_panics_gives_its_permits_back() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let clock = ManualClock::new();
+    let window = Duration::from_millis(50);
+    let member =
+        RateLimiter::with_clock(Algorithm::FixedWindow { limit: 1, window }, clock.clone())
+            .unwrap();
+    member.try_acquire().unwrap();
+    let chain = Chain::new([member.clone()]).unwrap();
+    let head = std::thread::spawn({
+        let chain = chain.clone();
+        move || chain.acquire_blocking()
+    });
+    wait_until(|| chain.stats().waiting == 1);
+    let mut next = Box::pin(chain.acquire());
+    let panicky = Waker::from(Arc::new(Panicky));
+    assert!(
+        next.as_mut()
+            .poll(&mut Context::from_waker(&panicky))
+            .is_pending()
+    );
+    clock.advance(window);
+    assert!(head.join().is_err());
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.cancelled, stats.waiting), (0, 1, 1));
+    assert_eq!(member.stats().available, 1, "the head's permit was lost");
+    drop(next);
+    assert_eq!(chain.stats().waiting, 0);
+}
