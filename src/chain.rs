@@ -838,10 +838,25 @@ impl<L, W> Core<L, W> {
         L: Member<Q>,
         W: Line<Q>,
     {
+        self.counters.bump(REFUNDED);
+        self.return_admission(key, n, admissions, flags);
+    }
+
+    /// Gives every member its permits of a successful attempt back, then wakes them all;
+    /// counts nothing.
+    fn return_admission<Q: ?Sized>(
+        &self,
+        key: &Q,
+        n: u32,
+        admissions: &[Admission],
+        flags: &[Committed],
+    ) where
+        L: Member<Q>,
+        W: Line<Q>,
+    {
         for ((member, admission), flag) in self.members.iter().zip(admissions).zip(flags) {
             member.refund(key, n, admission, *flag);
         }
-        self.counters.bump(REFUNDED);
         let overflow = flags.iter().map(|flag| flag.overflow);
         self.wake(key, overflow.enumerate(), None);
     }
@@ -1054,22 +1069,44 @@ impl<L, W> Core<L, W> {
     /// change it missed, and each attempt on a chain whose commit keeps failing after its check
     /// passed (a member at its key cap whose search for room cannot evict, or a racing caller)
     /// would wake it for the next at once, and it would never sleep.
+    ///
+    /// `turn`, the caller's turn in the chain's queue if it holds one, is given up on admission
+    /// before the call is counted: that wakes the next caller, whose `Waker` may panic, and the
+    /// admission must not then be lost with the unwind (the members charged for a caller that
+    /// never gets it). As a limiter's served head does, the call gives its permits back (from
+    /// `slots`, which then hold every member's admission and flag), counts as cancelled, and the
+    /// panic goes on.
     fn attempt_waiting<Q: ?Sized>(
         &self,
         key: &Q,
         n: u32,
-        slots: Slots<'_>,
+        mut slots: Slots<'_>,
         counted: &mut bool,
         who: Option<&Watcher>,
+        turn: &mut Option<Held<'_>>,
     ) -> Result<Result<Admission, AcquireError>, (std::time::Duration, u64)>
     where
         L: Member<Q>,
         W: Line<Q>,
     {
         let mut refunded = Refunded::default();
-        let error = match self.attempt(key, n, slots, &mut refunded) {
+        let error = match self.attempt(key, n, slots.reborrow(), &mut refunded) {
             // Admitted: nothing was refunded.
             Ok(admission) => {
+                if let Some(turn) = turn.take() {
+                    let handed_over =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(turn)));
+                    if let Err(panic) = handed_over {
+                        self.count(CANCELLED);
+                        *counted = true;
+                        if let (Some(admissions), Some(flags), true) =
+                            (slots.admissions, slots.flags, n > 0)
+                        {
+                            self.return_admission(key, n, admissions, flags);
+                        }
+                        std::panic::resume_unwind(panic);
+                    }
+                }
                 self.count(ADMITTED);
                 *counted = true;
                 return Ok(Ok(admission));
@@ -1185,7 +1222,8 @@ impl<L, W> Core<L, W> {
         // The first attempt's wait, if it was made and failed.
         let mut first = None;
         if !self.line.busy(key) {
-            match self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, None) {
+            match self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, None, &mut None)
+            {
                 Ok(outcome) => return outcome,
                 Err(wait) => first = Some(wait),
             }
@@ -1206,7 +1244,7 @@ impl<L, W> Core<L, W> {
         };
         // The turn at once (nobody else waits): the first attempt stands, and the caller sleeps
         // on its answer. After a wait for it, a fresh attempt.
-        let _turn = match self.line.try_turn(key) {
+        let turn = match self.line.try_turn(key) {
             Some(turn) => turn,
             None => match self.line.turn(key).await {
                 Ok(turn) => {
@@ -1221,6 +1259,27 @@ impl<L, W> Core<L, W> {
                 }
             },
         };
+        // Handing the turn over on admission may unwind (the next caller's `Waker` panics), and
+        // the admission is then given back: every member's is kept for that, in the caller's
+        // slots or, if it keeps none, here (a caller that waits allocates anyway).
+        let mut turn = Some(turn);
+        let Slots {
+            admissions,
+            flags,
+            versions,
+        } = slots;
+        let (mut own_admissions, mut own_flags) = (Vec::new(), Vec::new());
+        let mut slots = Slots {
+            admissions: Some(admissions.unwrap_or_else(|| {
+                own_admissions.resize(self.members.len(), Admission::new(0, 0, 0));
+                &mut own_admissions
+            })),
+            flags: Some(flags.unwrap_or_else(|| {
+                own_flags.resize(self.members.len(), Committed::default());
+                &mut own_flags
+            })),
+            versions,
+        };
         let mut watching = None;
         // Made at the first wait: a call admitted at once allocates nothing.
         let mut notify: Option<(std::sync::Arc<tokio::sync::Notify>, Watcher)> = None;
@@ -1228,7 +1287,9 @@ impl<L, W> Core<L, W> {
             let who = notify.as_ref().map(|(_, who)| who);
             let attempt = match first.take() {
                 Some(wait) => Err(wait),
-                None => self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, who),
+                None => {
+                    self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, who, &mut turn)
+                }
             };
             match attempt {
                 Ok(outcome) => return outcome,
@@ -1271,7 +1332,7 @@ impl<L, W> Core<L, W> {
         let mut seen = self.epochs::<Q>();
         let mut first = None;
         if !self.line.busy(key) {
-            match self.attempt_waiting(key, n, slots.reborrow(), &mut false, None) {
+            match self.attempt_waiting(key, n, slots.reborrow(), &mut false, None, &mut None) {
                 Ok(outcome) => return outcome,
                 Err(wait) => first = Some(wait),
             }
@@ -1283,7 +1344,7 @@ impl<L, W> Core<L, W> {
             .line
             .join(key, n)
             .inspect_err(|_| self.count(REJECTED))?;
-        let _turn = match self.line.try_turn(key) {
+        let turn = match self.line.try_turn(key) {
             Some(turn) => turn,
             None => {
                 let turn = self
@@ -1301,6 +1362,27 @@ impl<L, W> Core<L, W> {
                 turn
             }
         };
+        // Handing the turn over on admission may unwind (the next caller's `Waker` panics), and
+        // the admission is then given back: every member's is kept for that, in the caller's
+        // slots or, if it keeps none, here (a caller that waits allocates anyway).
+        let mut turn = Some(turn);
+        let Slots {
+            admissions,
+            flags,
+            versions,
+        } = slots;
+        let (mut own_admissions, mut own_flags) = (Vec::new(), Vec::new());
+        let mut slots = Slots {
+            admissions: Some(admissions.unwrap_or_else(|| {
+                own_admissions.resize(self.members.len(), Admission::new(0, 0, 0));
+                &mut own_admissions
+            })),
+            flags: Some(flags.unwrap_or_else(|| {
+                own_flags.resize(self.members.len(), Committed::default());
+                &mut own_flags
+            })),
+            versions,
+        };
         let mut watching = None;
         // Made at the first wait (its epoch starts at 0): a call admitted at once allocates
         // nothing.
@@ -1312,7 +1394,7 @@ impl<L, W> Core<L, W> {
             let who = signal.as_ref().map(|(_, who)| who);
             let attempt = match first.take() {
                 Some(wait) => Err(wait),
-                None => self.attempt_waiting(key, n, slots.reborrow(), &mut false, who),
+                None => self.attempt_waiting(key, n, slots.reborrow(), &mut false, who, &mut turn),
             };
             let (wait, own) = match attempt {
                 Ok(outcome) => return outcome,

@@ -454,3 +454,274 @@ async fn a_keyed_newcomer_behind_chain_waiters_is_told_the_time_their_permits_ne
     assert!(chain.try_acquire(&2).is_ok());
     waiter.await.unwrap().unwrap();
 }
+
+/// A `Waker` that panics when woken.
+struct Panicky;
+
+impl std::task::Wake for Panicky {
+    fn wake(self: Arc<Self>) {
+        panic!("this waker panics in wake");
+    }
+}
+
+/// The head, admitted, hands the turn to the next caller, whose `Waker` panics: the unwind goes
+/// through the head's call, which never gets its admission, so the members get their permits
+/// back and the call counts as cancelled (as a limiter's served head does), and the next caller
+/// is served with them.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_head_whose_handover_panics_gives_its_permits_back() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let bucket = drained_bucket();
+    let chain = Chain::new([bucket.clone()]).unwrap();
+    let head = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire_n(1).await }
+    });
+    settle().await;
+    let mut next = Box::pin(chain.acquire_n(1));
+    let panicky = Waker::from(Arc::new(Panicky));
+    assert!(
+        next.as_mut()
+            .poll(&mut Context::from_waker(&panicky))
+            .is_pending()
+    );
+    assert_eq!(chain.stats().waiting, 2);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(head.await.unwrap_err().is_panic());
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.cancelled, stats.waiting), (0, 1, 1));
+    assert_eq!(bucket.stats().available, 1, "the head's permit was lost");
+    // The next caller, now the head, takes it at once.
+    let noop = Waker::noop();
+    assert!(
+        next.as_mut()
+            .poll(&mut Context::from_waker(noop))
+            .is_ready()
+    );
+    assert_eq!(chain.stats().admitted, 1);
+    assert_eq!(bucket.stats().available, 0);
+}
+
+/// As above, for a blocking head and an async caller behind it.
+#[test]
+fn a_blocking_head_whose_handover_panics_gives_its_permits_back() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let clock = ManualClock::new();
+    let window = Duration::from_millis(50);
+    let member =
+        RateLimiter::with_clock(Algorithm::FixedWindow { limit: 1, window }, clock.clone())
+            .unwrap();
+    member.try_acquire().unwrap();
+    let chain = Chain::new([member.clone()]).unwrap();
+    let head = std::thread::spawn({
+        let chain = chain.clone();
+        move || chain.acquire_blocking()
+    });
+    wait_until(|| chain.stats().waiting == 1);
+    let mut next = Box::pin(chain.acquire());
+    let panicky = Waker::from(Arc::new(Panicky));
+    assert!(
+        next.as_mut()
+            .poll(&mut Context::from_waker(&panicky))
+            .is_pending()
+    );
+    clock.advance(window);
+    assert!(head.join().is_err());
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.cancelled, stats.waiting), (0, 1, 1));
+    assert_eq!(member.stats().available, 1, "the head's permit was lost");
+    drop(next);
+    assert_eq!(chain.stats().waiting, 0);
+}
+
+/// A member closed while a head sleeps and others queue behind it: the head is woken at once,
+/// and each caller after it fails at once on its turn; nothing stays in the queue.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_member_closed_under_the_queue_ends_every_caller_at_once() {
+    let bucket = drained_bucket();
+    let chain = Chain::new([bucket.clone()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 3, "a", &log, start);
+    settle().await;
+    let b = spawn_waiter(&chain, 1, "b", &log, start);
+    let probe = spawn_waiter(&chain, 0, "probe", &log, start);
+    settle().await;
+    assert_eq!(chain.stats().waiting, 3);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    bucket.close();
+    settle().await;
+    for task in [a, b, probe] {
+        assert!(task.is_finished());
+        assert_eq!(task.await.unwrap(), Err(AcquireError::Closed));
+    }
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    let stats = chain.stats();
+    assert_eq!((stats.rejected, stats.waiting), (3, 0));
+}
+
+/// A refund by another chain sharing the member wakes the sleeping head, and the caller after it
+/// is served at once from what is left, at the same instant.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_refund_under_the_queue_serves_the_head_and_the_next_at_once() {
+    let bucket = RateLimiter::with_clock(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 3,
+        },
+        TokioClock::new(),
+    )
+    .unwrap();
+    let receipt = Chain::new([bucket.clone()])
+        .unwrap()
+        .try_acquire_refundable(3)
+        .unwrap();
+    let chain = Chain::new([bucket.clone()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 2, "a", &log, start);
+    settle().await;
+    let b = spawn_waiter(&chain, 1, "b", &log, start);
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    receipt.refund();
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+    let at = Duration::from_millis(100);
+    assert_eq!(*log.lock().unwrap(), [("a", at), ("b", at)]);
+}
+
+/// Waiting futures dropped at either await point (the head in its sleep, a caller waiting for
+/// its turn), polled by hand or by a task: each leaves its room and its turn, counts as
+/// cancelled, and the whole room is free again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn waiting_futures_dropped_anywhere_leave_the_whole_room() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let chain = Chain::builder([drained_bucket()])
+        .queue_limit(4)
+        .build()
+        .unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 3, "a", &log, start);
+    settle().await;
+    let b = spawn_waiter(&chain, 1, "b", &log, start);
+    settle().await;
+    assert_eq!(chain.stats().waiting, 2);
+    b.abort();
+    settle().await;
+    assert_eq!(chain.stats().waiting, 1);
+    a.abort();
+    settle().await;
+    assert_eq!(chain.stats().waiting, 0);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..2 {
+        let mut head = Box::pin(chain.acquire_n(3));
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+        let mut next = Box::pin(chain.acquire_n(1));
+        assert!(next.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(chain.stats().waiting, 2);
+        // Four permits wait: the room is full, a probe included.
+        assert!(matches!(
+            chain.acquire_n(0).await,
+            Err(AcquireError::QueueFull {
+                requested: 0,
+                queue_limit: 4
+            })
+        ));
+        drop(head);
+        assert_eq!(chain.stats().waiting, 1);
+        drop(next);
+        assert_eq!(chain.stats().waiting, 0);
+    }
+    let stats = chain.stats();
+    assert_eq!((stats.cancelled, stats.rejected, stats.admitted), (6, 2, 0));
+}
+
+/// A blocking call with no time to wait, behind an async head: `Timeout` (a probe too), holding
+/// nothing, and the head is served as before.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_blocking_call_without_time_behind_a_waiter_times_out_at_once() {
+    let chain = Chain::new([drained_bucket()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 3, "a", &log, start);
+    settle().await;
+    for n in [1, 0] {
+        assert_eq!(
+            chain.acquire_blocking_timeout(n, Duration::ZERO),
+            Err(AcquireError::Timeout)
+        );
+    }
+    let stats = chain.stats();
+    assert_eq!((stats.waiting, stats.cancelled), (1, 2));
+    a.await.unwrap().unwrap();
+    assert_eq!(*log.lock().unwrap(), [("a", Duration::from_secs(3))]);
+    assert_eq!(chain.stats().waiting, 0);
+}
+
+/// A keyed chain's queues at any queue limit, the largest included (a room of `u32::MAX`
+/// permits), with a waiting probe.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keyed_chain_queues_at_any_queue_limit() {
+    for limit in [u64::MAX, u64::from(u32::MAX) + 1, u64::from(u32::MAX), 1] {
+        let per_key = KeyedLimiter::with_clock(
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(1),
+                burst: 3,
+            },
+            TokioClock::new(),
+        )
+        .unwrap();
+        per_key.try_acquire_n(&"a", 3).unwrap();
+        let chain = KeyedChain::builder()
+            .per_key(per_key)
+            .queue_limit(limit)
+            .build()
+            .unwrap();
+        let start = Instant::now();
+        let probe = tokio::spawn({
+            let chain = chain.clone();
+            async move { chain.acquire_n(&"a", 0).await }
+        });
+        settle().await;
+        assert_eq!(chain.stats().waiting, 1, "{limit}");
+        if limit == 1 {
+            assert_eq!(
+                chain.acquire_n(&"a", 0).await,
+                Err(AcquireError::QueueFull {
+                    requested: 0,
+                    queue_limit: 1
+                })
+            );
+        }
+        probe.await.unwrap().unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "{limit}");
+        assert_eq!(chain.stats().waiting, 0);
+    }
+}
+
+/// Callers on several threads race to be a keyed chain's first waiter (who makes its queues):
+/// every one is served, and none stays counted as waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_waiters_of_a_keyed_chain_race_to_make_its_queues() {
+    for round in 0..10u32 {
+        let per_key = KeyedLimiter::new(Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_millis(5),
+        })
+        .unwrap();
+        per_key.try_acquire(&round).unwrap();
+        let chain = KeyedChain::builder().per_key(per_key).build().unwrap();
+        let callers: Vec<_> = (0..4)
+            .map(|_| {
+                let chain = chain.clone();
+                tokio::spawn(async move { chain.acquire(&round).await })
+            })
+            .collect();
+        for caller in callers {
+            caller.await.unwrap().unwrap();
+        }
+        let stats = chain.stats();
+        assert_eq!((stats.admitted, stats.waiting), (4, 0));
+    }
+}
