@@ -1854,7 +1854,7 @@ impl<C> Inner<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// One decision (`script`: [`Inner::script`]) or charge ([`Inner::charge`]) in Redis:
+    /// One decision (`script`: [`Config::script`]) or charge ([`Config::charge`]) in Redis:
     /// `EVALSHA`, and `EVAL` if Redis has lost the script.
     async fn eval(
         &self,

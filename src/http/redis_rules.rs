@@ -1,6 +1,6 @@
 //! Counting the HTTP rules in Redis (features `http` and `redis`): `[backend] kind = "redis"`.
 //!
-//! The semantics are documented on [`BackendConfig`](crate::http::BackendConfig), where users of
+//! The semantics are documented on [`crate::http::BackendConfig`], where users of
 //! the crate read them.
 
 pub(crate) use crate::backend::Connection;
@@ -32,9 +32,9 @@ pub(crate) struct RedisSettings {
 
 impl RedisSettings {
     /// Validates the `[backend]` of `config` (its kind being `"redis"`), naming the field at
-    /// fault; that every rule can count in Redis ([`check_rules`]); on a Cluster, also that a
-    /// request's keys share a slot ([`check_cluster`]). Before any limiter is built or
-    /// reconfigured, so that a reload refused here changes nothing.
+    /// fault; that every rule can count in Redis ([`check_rules`](Self::check_rules)); on a
+    /// Cluster, also that a request's keys share a slot ([`check_cluster`]). Before any
+    /// limiter is built or reconfigured, so that a reload refused here changes nothing.
     pub(crate) fn of(config: &HttpConfig) -> Result<Self, HttpConfigError> {
         let settings = Self::parse(&config.backend)?;
         settings.check_rules(config)?;
