@@ -540,7 +540,29 @@ struct Slots<'a> {
     versions: Option<&'a mut [u64]>,
 }
 
-impl Slots<'_> {
+impl<'a> Slots<'a> {
+    /// These slots, with every member's admission and flag kept: in the caller's slots, or if
+    /// it keeps none, in `own` (sized here for `members`). A waiting call keeps them to give an
+    /// admission back if handing its turn over unwinds.
+    fn keeping_admissions(
+        self,
+        members: usize,
+        own: &'a mut (Vec<Admission>, Vec<Committed>),
+    ) -> Slots<'a> {
+        let (own_admissions, own_flags) = own;
+        Slots {
+            admissions: Some(self.admissions.unwrap_or_else(|| {
+                own_admissions.resize(members, Admission::new(0, 0, 0));
+                own_admissions
+            })),
+            flags: Some(self.flags.unwrap_or_else(|| {
+                own_flags.resize(members, Committed::default());
+                own_flags
+            })),
+            versions: self.versions,
+        }
+    }
+
     /// The same slots, for one more attempt of a waiting call.
     fn reborrow(&mut self) -> Slots<'_> {
         Slots {
@@ -1263,23 +1285,8 @@ impl<L, W> Core<L, W> {
         // the admission is then given back: every member's is kept for that, in the caller's
         // slots or, if it keeps none, here (a caller that waits allocates anyway).
         let mut turn = Some(turn);
-        let Slots {
-            admissions,
-            flags,
-            versions,
-        } = slots;
-        let (mut own_admissions, mut own_flags) = (Vec::new(), Vec::new());
-        let mut slots = Slots {
-            admissions: Some(admissions.unwrap_or_else(|| {
-                own_admissions.resize(self.members.len(), Admission::new(0, 0, 0));
-                &mut own_admissions
-            })),
-            flags: Some(flags.unwrap_or_else(|| {
-                own_flags.resize(self.members.len(), Committed::default());
-                &mut own_flags
-            })),
-            versions,
-        };
+        let mut own = (Vec::new(), Vec::new());
+        let mut slots = slots.keeping_admissions(self.members.len(), &mut own);
         let mut watching = None;
         // Made at the first wait: a call admitted at once allocates nothing.
         let mut notify: Option<(std::sync::Arc<tokio::sync::Notify>, Watcher)> = None;
@@ -1366,23 +1373,8 @@ impl<L, W> Core<L, W> {
         // the admission is then given back: every member's is kept for that, in the caller's
         // slots or, if it keeps none, here (a caller that waits allocates anyway).
         let mut turn = Some(turn);
-        let Slots {
-            admissions,
-            flags,
-            versions,
-        } = slots;
-        let (mut own_admissions, mut own_flags) = (Vec::new(), Vec::new());
-        let mut slots = Slots {
-            admissions: Some(admissions.unwrap_or_else(|| {
-                own_admissions.resize(self.members.len(), Admission::new(0, 0, 0));
-                &mut own_admissions
-            })),
-            flags: Some(flags.unwrap_or_else(|| {
-                own_flags.resize(self.members.len(), Committed::default());
-                &mut own_flags
-            })),
-            versions,
-        };
+        let mut own = (Vec::new(), Vec::new());
+        let mut slots = slots.keeping_admissions(self.members.len(), &mut own);
         let mut watching = None;
         // Made at the first wait (its epoch starts at 0): a call admitted at once allocates
         // nothing.
