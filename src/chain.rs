@@ -1457,7 +1457,9 @@ async fn sleep_or_notified(wait: std::time::Duration, notify: &tokio::sync::Noti
 /// nor on members that change all the time (see `sleep_or_notified`).
 const MIN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// Counts kept by a [`Chain`] or [`KeyedChain`].
+/// Counts kept by a [`Chain`] or
+#[cfg_attr(feature = "keyed", doc = "[`KeyedChain`].")]
+#[cfg_attr(not(feature = "keyed"), doc = "`KeyedChain`.")]
 ///
 /// Every call ends in exactly one of `admitted`, `rejected` or `cancelled`. A chain call is
 /// also counted once on every member (as admitted, rejected or cancelled; keyed members, which
@@ -1496,7 +1498,10 @@ pub struct ChainStats {
     /// Calls that passed the check pass but lost a race in the commit pass, so that members
     /// which had already admitted were given their permits back. Included in `rejected`.
     pub refunded: u64,
-    /// Chain callers waiting now in the chain's queue (for a [`KeyedChain`], over every key),
+    /// Chain callers waiting now in the chain's queue (for a
+    #[cfg_attr(feature = "keyed", doc = "[`KeyedChain`],")]
+    #[cfg_attr(not(feature = "keyed"), doc = "`KeyedChain`,")]
+    /// over every key),
     /// the ones whose turn it is included: a snapshot, not a count of calls.
     pub waiting: u64,
 }
@@ -1671,9 +1676,15 @@ impl<C: Clock> Chain<C> {
     /// `n == 0` is a probe: admitted iff every member has a permit now (a limiter listed k
     /// times: k), consuming nothing (the admission combines the members' own probes).
     ///
-    /// A member with waiters queued in its own [`acquire`](RateLimiter::acquire) (oldest first)
+    /// A member with waiters queued in its own
+    #[cfg_attr(feature = "tokio", doc = "[`acquire`](RateLimiter::acquire)")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire`")]
+    /// (oldest first)
     /// rejects, as its own `try_acquire` would: chains do not barge either. Nor past the chain's
-    /// own queue: while chain callers wait in [`acquire_n`](Self::acquire_n) (or its blocking
+    /// own queue: while chain callers wait in
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n)")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`")]
+    /// (or its blocking
     /// and timeout variants), the call is rejected and takes nothing, whatever the members have
     /// free. When nobody waits, that check is one atomic load.
     ///
@@ -2005,19 +2016,28 @@ impl<C: Clock> Chain<C> {
     }
 
     /// Blocks the calling thread until every member admits `n` permits at once: for programs
-    /// on plain threads, as [`acquire_n`](Self::acquire_n) is for async ones.
+    /// on plain threads, as
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n)")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`")]
+    /// is for async ones.
     ///
     /// Each attempt is an all-or-nothing [`try_acquire_n`](Self::try_acquire_n); after a
     /// rejection the thread sleeps (real time) for its `retry_after`, the largest over the
     /// members (at least 1 ms), or until a member changes (as for
-    /// [`acquire_n`](Self::acquire_n)), and tries again. Fairness as [`acquire_n`](Self::acquire_n):
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n)),")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`),")]
+    /// and tries again. Fairness as
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n):")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`:")]
     /// oldest first among chain callers, in the same queue as the async ones (only its head
     /// makes attempts), none across members, and it defers to a member's own queued waiters.
     /// With a [`ManualClock`](crate::ManualClock) that nobody advances, it waits forever.
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n).
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`.")]
     ///
     /// # Examples
     ///
@@ -2050,7 +2070,10 @@ impl<C: Clock> Chain<C> {
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n),")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`,")]
+    /// and [`AcquireError::Timeout`].
     ///
     /// # Examples
     ///
@@ -2899,11 +2922,15 @@ where
     /// Blocks the calling thread until every member admits `n` permits for `key` at once; see
     /// [`Chain::acquire_blocking_n`] for how it waits and its fairness (per key, in the same
     /// queues as the async callers), and
-    /// [`acquire_n`](Self::acquire_n) for what else ends its wait early.
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n)")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`")]
+    /// for what else ends its wait early.
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n).
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`.")]
     ///
     /// # Examples
     ///
@@ -2930,7 +2957,10 @@ where
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n),")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`,")]
+    /// and [`AcquireError::Timeout`].
     ///
     /// # Examples
     ///

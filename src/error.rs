@@ -123,7 +123,12 @@ pub enum TryAcquireError {
     /// The limiter was [closed](crate::RateLimiter::close).
     Closed,
     /// A keyed limiter holds its maximum number of keys, none of them is idle, and its overflow
-    /// policy is to reject new keys ([`KeyOverflow::Reject`](crate::KeyOverflow::Reject)).
+    /// policy is to reject new keys
+    #[cfg_attr(
+        feature = "keyed",
+        doc = "([`KeyOverflow::Reject`](crate::KeyOverflow::Reject))."
+    )]
+    #[cfg_attr(not(feature = "keyed"), doc = "(`KeyOverflow::Reject`).")]
     /// Existing keys are still served; retrying once some keys have gone idle may succeed.
     TooManyKeys {
         /// The limiter's key cap.
@@ -254,9 +259,17 @@ pub enum AcquireError {
     Closed,
     /// The deadline passed first; nothing was consumed.
     Timeout,
-    /// A keyed limiter (or a keyed member of a [`KeyedChain`](crate::KeyedChain)) holds its
+    /// A keyed limiter (or a keyed member of a
+    #[cfg_attr(feature = "keyed", doc = "[`KeyedChain`](crate::KeyedChain))")]
+    #[cfg_attr(not(feature = "keyed"), doc = "`KeyedChain`)")]
+    /// holds its
     /// maximum number of keys, none is idle, and its overflow policy is to reject new keys
-    /// ([`KeyOverflow::Reject`](crate::KeyOverflow::Reject)): the waiter's key could not be
+    #[cfg_attr(
+        feature = "keyed",
+        doc = "([`KeyOverflow::Reject`](crate::KeyOverflow::Reject)):"
+    )]
+    #[cfg_attr(not(feature = "keyed"), doc = "(`KeyOverflow::Reject`):")]
+    /// the waiter's key could not be
     /// admitted. Returned at once.
     TooManyKeys {
         /// The limiter's key cap.

@@ -1891,7 +1891,9 @@ where
     ///
     /// Calls for new keys already evict incrementally, and at the cap; `sweep` is for returning
     /// memory sooner, for example from a periodic task (see
-    /// [`run_sweeper`](Self::run_sweeper)). It never removes a key that is not idle, and it runs
+    #[cfg_attr(feature = "tokio", doc = "[`run_sweeper`](Self::run_sweeper)).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`run_sweeper`).")]
+    /// It never removes a key that is not idle, and it runs
     /// concurrently with every other call; a shard that another thread is sweeping is skipped.
     /// A sweep that evicts a key wakes the [`KeyedChain`](crate::KeyedChain) callers waiting on
     /// this limiter: a new key at the cap, decided on the shared overflow cell while they
@@ -2541,7 +2543,9 @@ where
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n).
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`.")]
     ///
     /// # Examples
     ///
@@ -2564,11 +2568,16 @@ where
     }
 
     /// Blocks the calling thread until `n` permits for `key` are admitted, in the same per-key
-    /// queue as [`acquire_n`](Self::acquire_n) (async and blocking waiters share it).
+    /// queue as
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n)")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`")]
+    /// (async and blocking waiters share it).
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n).
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`.")]
     ///
     /// # Examples
     ///
@@ -2597,7 +2606,10 @@ where
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n),")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`,")]
+    /// and [`AcquireError::Timeout`].
     ///
     /// # Examples
     ///

@@ -4,7 +4,10 @@
 //!
 //! This release provides four lock-free rate-limit algorithms behind one handle, [`RateLimiter`],
 //! with a non-blocking [`try_acquire`](RateLimiter::try_acquire), waiting in a fair, bounded,
-//! cancel-safe queue ([`acquire`](RateLimiter::acquire) `.await`,
+//! cancel-safe queue
+#![cfg_attr(feature = "tokio", doc = "([`acquire`](RateLimiter::acquire)")]
+#![cfg_attr(not(feature = "tokio"), doc = "(`acquire`")]
+//! `.await`,
 //! [`acquire_blocking`](RateLimiter::acquire_blocking)), and a [`ConcurrencyLimiter`] for "at most
 //! N in flight". [`Chain`] (and, per key, `KeyedChain`) applies several limits at once, all or
 //! nothing.

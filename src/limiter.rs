@@ -1070,7 +1070,9 @@ impl<C: Clock> RateLimiter<C> {
     /// `n == 0` is a probe: admitted iff at least one permit is available, consuming nothing.
     ///
     /// **No barging.** Under [`QueueOrder::OldestFirst`] (the default), while anyone is queued in
-    /// [`acquire`](Self::acquire) or [`acquire_blocking`](Self::acquire_blocking) this fails with a
+    #[cfg_attr(feature = "tokio", doc = "[`acquire`](Self::acquire)")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire`")]
+    /// or [`acquire_blocking`](Self::acquire_blocking) this fails with a
     /// rejection rather than take permits the queue is waiting for. Its `retry_after` is then a
     /// lower bound that counts the queue: the time until the algorithm could admit the permits
     /// the queued waiters take plus these `n` (one for a probe) at once (for the sliding
@@ -1566,14 +1568,18 @@ impl<C: Clock> RateLimiter<C> {
     }
 
     /// Blocks the calling thread until `n` permits are admitted, in the same fair, bounded queue as
-    /// [`acquire_n`](Self::acquire_n) (async and blocking waiters share it).
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n)")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`")]
+    /// (async and blocking waiters share it).
     ///
     /// The head waiter parks the thread for exactly the time the algorithm says its permits free;
     /// the others wait, without polling, to be woken as the head.
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n).
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`.")]
     ///
     /// # Examples
     ///
@@ -1603,7 +1609,10 @@ impl<C: Clock> RateLimiter<C> {
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n),")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`,")]
+    /// and [`AcquireError::Timeout`].
     ///
     /// # Examples
     ///

@@ -52,7 +52,12 @@ use std::hash::{BuildHasher, Hash};
 
 /// An admission of a [`RateLimiter`] that [`refund`](Self::refund) can give back, from
 /// [`RateLimiter::try_acquire_refundable`] or a waiting call
-/// ([`acquire_refundable`](RateLimiter::acquire_refundable) and its timeout and blocking
+#[cfg_attr(
+    feature = "tokio",
+    doc = "([`acquire_refundable`](RateLimiter::acquire_refundable)"
+)]
+#[cfg_attr(not(feature = "tokio"), doc = "(`acquire_refundable`")]
+/// and its timeout and blocking
 /// variants). Dropping it keeps the permits spent.
 ///
 /// # Examples
@@ -82,7 +87,9 @@ pub struct Refundable<C: Clock> {
 
 impl<C: Clock> Refundable<C> {
     /// The admission, as [`try_acquire_n`](RateLimiter::try_acquire_n) (or, for a waiting call,
-    /// [`acquire_n`](RateLimiter::acquire_n)) would have returned it.
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](RateLimiter::acquire_n))")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`)")]
+    /// would have returned it.
     ///
     /// # Examples
     ///
@@ -330,12 +337,19 @@ impl<C: Clock> RateLimiter<C> {
 
     /// [`acquire_blocking_n`](Self::acquire_blocking_n), with a receipt that can give the
     /// permits back: the blocking counterpart of
-    /// [`acquire_refundable`](Self::acquire_refundable), in the same queue, with a receipt as
+    #[cfg_attr(
+        feature = "tokio",
+        doc = "[`acquire_refundable`](Self::acquire_refundable),"
+    )]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_refundable`,")]
+    /// in the same queue, with a receipt as
     /// good.
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n).
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`.")]
     ///
     /// # Examples
     ///
@@ -360,7 +374,10 @@ impl<C: Clock> RateLimiter<C> {
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n),")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`,")]
+    /// and [`AcquireError::Timeout`].
     ///
     /// # Examples
     ///
@@ -416,7 +433,12 @@ impl<'a, C: Clock> crate::queue::Phases<'a> for RefundableAcquire<'a, C> {
 
 /// An admission of a [`KeyedLimiter`] that [`refund`](Self::refund) can give back, from
 /// [`KeyedLimiter::try_acquire_refundable`] or a waiting call
-/// ([`acquire_refundable`](KeyedLimiter::acquire_refundable) and its timeout and blocking
+#[cfg_attr(
+    feature = "tokio",
+    doc = "([`acquire_refundable`](KeyedLimiter::acquire_refundable)"
+)]
+#[cfg_attr(not(feature = "tokio"), doc = "(`acquire_refundable`")]
+/// and its timeout and blocking
 /// variants). Dropping it keeps the permits spent.
 ///
 /// # Examples
@@ -457,7 +479,9 @@ where
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
     /// The admission, as [`try_acquire_n`](KeyedLimiter::try_acquire_n) (or, for a waiting call,
-    /// [`acquire_n`](KeyedLimiter::acquire_n)) would have returned it.
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](KeyedLimiter::acquire_n))")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`)")]
+    /// would have returned it.
     ///
     /// # Examples
     ///
@@ -755,12 +779,19 @@ where
 
     /// [`acquire_blocking_n`](Self::acquire_blocking_n), with a receipt that can give the
     /// permits back to `key`: the blocking counterpart of
-    /// [`acquire_refundable`](Self::acquire_refundable), in the same per-key queue, with a
+    #[cfg_attr(
+        feature = "tokio",
+        doc = "[`acquire_refundable`](Self::acquire_refundable),"
+    )]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_refundable`,")]
+    /// in the same per-key queue, with a
     /// receipt as good.
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n).
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`.")]
     ///
     /// # Examples
     ///
@@ -788,7 +819,10 @@ where
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n),")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`,")]
+    /// and [`AcquireError::Timeout`].
     ///
     /// # Examples
     ///

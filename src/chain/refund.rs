@@ -128,7 +128,12 @@ impl<L, W> Core<L, W> {
 
 /// An admission of a [`Chain`] that [`refund`](Self::refund) can give back to every member,
 /// from [`Chain::try_acquire_refundable`] or a waiting call
-/// ([`acquire_refundable`](Chain::acquire_refundable) and its timeout and blocking variants).
+#[cfg_attr(
+    feature = "tokio",
+    doc = "([`acquire_refundable`](Chain::acquire_refundable)"
+)]
+#[cfg_attr(not(feature = "tokio"), doc = "(`acquire_refundable`")]
+/// and its timeout and blocking variants).
 /// Dropping it keeps the permits spent.
 ///
 /// # Examples
@@ -156,7 +161,9 @@ pub struct ChainRefundable<C: Clock> {
 
 impl<C: Clock> ChainRefundable<C> {
     /// The admission, as [`Chain::try_acquire_n`] (or, for a waiting call,
-    /// [`Chain::acquire_n`]) would have returned it: the members' combined.
+    #[cfg_attr(feature = "tokio", doc = "[`Chain::acquire_n`])")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`Chain::acquire_n`)")]
+    /// would have returned it: the members' combined.
     ///
     /// # Examples
     ///
@@ -399,11 +406,18 @@ impl<C: Clock> Chain<C> {
 
     /// [`acquire_blocking_n`](Self::acquire_blocking_n), with a receipt that can give the
     /// permits back to every member: the blocking counterpart of
-    /// [`acquire_refundable`](Self::acquire_refundable), with a receipt as good.
+    #[cfg_attr(
+        feature = "tokio",
+        doc = "[`acquire_refundable`](Self::acquire_refundable),"
+    )]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_refundable`,")]
+    /// with a receipt as good.
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n).
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`.")]
     ///
     /// # Examples
     ///
@@ -433,7 +447,10 @@ impl<C: Clock> Chain<C> {
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n),")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`,")]
+    /// and [`AcquireError::Timeout`].
     ///
     /// # Examples
     ///
@@ -464,7 +481,12 @@ impl<C: Clock> Chain<C> {
 /// An admission of a [`KeyedChain`] for one key that [`refund`](Self::refund) can give back to
 /// every member (to the key on the per-key members, to the global members), from
 /// [`KeyedChain::try_acquire_refundable`] or a waiting call
-/// ([`acquire_refundable`](KeyedChain::acquire_refundable) and its timeout and blocking
+#[cfg_attr(
+    feature = "tokio",
+    doc = "([`acquire_refundable`](KeyedChain::acquire_refundable)"
+)]
+#[cfg_attr(not(feature = "tokio"), doc = "(`acquire_refundable`")]
+/// and its timeout and blocking
 /// variants). Dropping it keeps the permits spent.
 ///
 /// # Examples
@@ -499,7 +521,9 @@ where
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
     /// The admission, as [`KeyedChain::try_acquire_n`] (or, for a waiting call,
-    /// [`KeyedChain::acquire_n`]) would have returned it: the members' combined.
+    #[cfg_attr(feature = "tokio", doc = "[`KeyedChain::acquire_n`])")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`KeyedChain::acquire_n`)")]
+    /// would have returned it: the members' combined.
     ///
     /// # Examples
     ///
@@ -775,11 +799,18 @@ where
 
     /// [`acquire_blocking_n`](Self::acquire_blocking_n), with a receipt that can give the
     /// permits back to every member: the blocking counterpart of
-    /// [`acquire_refundable`](Self::acquire_refundable), with a receipt as good.
+    #[cfg_attr(
+        feature = "tokio",
+        doc = "[`acquire_refundable`](Self::acquire_refundable),"
+    )]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_refundable`,")]
+    /// with a receipt as good.
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n).
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n).")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`.")]
     ///
     /// # Examples
     ///
@@ -811,7 +842,10 @@ where
     ///
     /// # Errors
     ///
-    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`].
+    /// As
+    #[cfg_attr(feature = "tokio", doc = "[`acquire_n`](Self::acquire_n),")]
+    #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`,")]
+    /// and [`AcquireError::Timeout`].
     ///
     /// # Examples
     ///
