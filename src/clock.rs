@@ -732,6 +732,16 @@ impl Clock for ManualClock {
 /// - **Resolution:** 1 ns (the OS clock); paused time moves in the steps tokio takes.
 /// - **Monotonic:** yes (tokio's `Instant` never goes back).
 ///
+/// **What paused time reads after a wait.** A waiting head sleeps on tokio's timer for exactly
+/// the wait its algorithm reports, but tokio's timer counts whole milliseconds (from the
+/// runtime's start) and rounds a sleep's deadline up to the next one; paused time then jumps, in
+/// whole milliseconds, from the millisecond it is in to that one. So a head whose wait is not a
+/// whole number of milliseconds is admitted, and reads this clock, later than its deadline: a
+/// wait of 1.0005 s from 0 ends at 1.001 s, and one from 0.4 ms (after an `advance` by a part of
+/// a millisecond) ends at 1.0014 s, the part carried along. Waits and `advance`s in whole
+/// milliseconds land exactly. This is tokio's timer, not the limiter, which asked for 1.0005 s
+/// either way; the admission's [`at`](crate::Admission::at) is the time it really happened.
+///
 /// # Examples
 ///
 /// ```

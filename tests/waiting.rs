@@ -2,8 +2,10 @@
 //!
 //! Rate-limiter waits run on tokio's paused time with a `TokioClock`, so a head waiter's timer and
 //! the limiter's clock agree to the nanosecond and "wakes exactly when its slot frees" can be
-//! asserted with `==`. Concurrency waits need no time at all. Only the blocking tests use real
-//! threads, because blocking is what they test.
+//! asserted with `==` (for waits in whole milliseconds: tokio's timer rounds the others up, as
+//! `under_paused_time_a_head_is_admitted_on_tokios_millisecond_after_its_deadline` pins).
+//! Concurrency waits need no time at all. Only the blocking tests use real threads, because
+//! blocking is what they test.
 //!
 //! Last, calls that fail or serve several waiters at once (close, eviction, a new limit) must wake
 //! every one of them even when one `Waker` panics; those tests poll by hand.
@@ -119,6 +121,35 @@ async fn every_algorithm_wakes_its_head_exactly_when_the_slot_frees() {
         assert_eq!(start.elapsed(), expected, "{algorithm:?}");
         assert_eq!(admission.at(), expected, "{algorithm:?}");
     }
+}
+
+/// Paused time moves in tokio's timer steps: whole milliseconds, from the millisecond the clock
+/// is in to the first one at or after the sleep's deadline. A head waiting 1.0005 s is admitted,
+/// and reads its `TokioClock`, at 1.001 s; off the millisecond grid (0.4 ms in) the part of a
+/// millisecond rides along, so a wait of 1.0005 s from 0.4 ms ends at 1.0014 s, not 1.0009 s.
+/// The limiter sleeps for exactly its `retry_after`: the rounding is the timer's.
+#[tokio::test(start_paused = true)]
+async fn under_paused_time_a_head_is_admitted_on_tokios_millisecond_after_its_deadline() {
+    let wait = Duration::from_micros(1_000_500);
+    let limiter = bucket(Rate::new(1, wait), 1);
+    let start = Instant::now();
+    limiter.try_acquire().unwrap();
+    match limiter.try_acquire() {
+        Err(TryAcquireError::Rejected(r)) => assert_eq!(r.retry_after(), wait),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    let admission = limiter.acquire().await.unwrap();
+    assert_eq!(admission.at(), Duration::from_millis(1001));
+    assert_eq!(start.elapsed(), Duration::from_millis(1001));
+
+    let limiter = bucket(Rate::new(1, wait), 1);
+    let start = Instant::now(); // 1.001 s: on the grid
+    tokio::time::advance(Duration::from_micros(400)).await;
+    let first = limiter.try_acquire().unwrap();
+    assert_eq!(first.at(), Duration::from_micros(400));
+    let admission = limiter.acquire().await.unwrap();
+    assert_eq!(admission.at(), Duration::from_micros(1_001_400));
+    assert_eq!(start.elapsed(), Duration::from_micros(1_001_400));
 }
 
 #[tokio::test(start_paused = true)]
