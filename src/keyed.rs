@@ -2483,7 +2483,7 @@ where
                 .wait(&wait, n)
                 .run_async(
                     || self.take_versioned(key, n),
-                    |(admission, committed, _)| self.chain_refund(key, n, &admission, committed),
+                    |(admission, committed, _)| self.give_back(key, n, &admission, committed),
                     |cx, nanos| timer.poll(cx, nanos),
                 )
                 .await;
@@ -2675,7 +2675,7 @@ where
             };
             match self.wait(&wait, n).run_blocking(
                 || self.take_versioned(key, n),
-                |(admission, committed, _)| self.chain_refund(key, n, &admission, committed),
+                |(admission, committed, _)| self.give_back(key, n, &admission, committed),
                 deadline,
             ) {
                 Err(AcquireError::Closed) => continue,
@@ -2922,14 +2922,38 @@ where
     /// again and sleeps on.
     pub(crate) fn chain_wake(&self, key: &K, overflow: bool, except: Option<&Watcher>) {
         let _watchers = self.inner.watchers.notify_on_drop_except(except);
-        let waits = &self.inner.ctx.waits.map;
         if overflow {
-            // Collected first: no waker runs while the map is being walked.
-            let mut heads = Vec::new();
-            waits.for_each(|_, wait| heads.push(Arc::clone(wait)));
-            wake_all(heads, |wait| wait.queue.wake_head());
-        } else if let Some(wait) = waits.get(key, Arc::clone) {
+            self.wake_every_head();
+        } else if let Some(wait) = self.inner.ctx.waits.map.get(key, Arc::clone) {
             wait.queue.wake_head();
+        }
+    }
+
+    /// Wakes the head of every key's queue: the shared overflow cell got permits back, and its
+    /// waiters wait in their own keys' queues, any key's. Every head is woken even if a `Waker`
+    /// panics (see `WakeAll`; inside an unwind the second panic is dropped, not let out).
+    fn wake_every_head(&self) {
+        // Collected first: no waker runs while the map is being walked.
+        let mut heads = Vec::new();
+        self.inner
+            .ctx
+            .waits
+            .map
+            .for_each(|_, wait| heads.push(Arc::clone(wait)));
+        wake_all(heads, |wait| wait.queue.wake_head());
+    }
+
+    /// Undoes the admission a served head took when handing its turn over unwound (the next
+    /// waiter's `Waker` panicked; see `Wait::run_async`). Given back to the shared overflow
+    /// cell, it wakes every key's head, as a chain's refund to that cell does
+    /// ([`chain_wake`](Self::chain_wake)): a head of another overflow key that looked while
+    /// the admission was held sleeps until the cell's `retry_after` otherwise, with the permits
+    /// free. Its own key's next head was being woken (that is the wake that unwound).
+    fn give_back(&self, key: &K, n: u32, admission: &Admission, committed: Committed) {
+        let overflow = committed.overflow;
+        self.chain_refund(key, n, admission, committed);
+        if overflow {
+            self.wake_every_head();
         }
     }
 

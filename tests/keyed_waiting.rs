@@ -627,6 +627,75 @@ async fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_
     assert!(limiter.try_acquire(&"k").is_ok());
 }
 
+/// A served head whose admission came from the shared overflow cell, and whose wake-up of the
+/// next waiter panics, gives the admission back to that cell: a head of *another* overflow key
+/// that looked at the cell in between (here from inside the panicking `Waker`, as a thread of
+/// its own could) and went to sleep until its timer is woken, to be served at once. Before, the
+/// give-back woke nobody: it slept out the cell's whole `retry_after` with the permit free.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_served_overflow_heads_give_back_after_a_waker_panic_wakes_other_keys_heads() {
+    type Other = std::pin::Pin<Box<dyn Future<Output = Result<Duration, AcquireError>> + Send>>;
+
+    /// Polls `other` (the other key's first call), then panics.
+    struct PollThenPanic {
+        other: std::sync::Mutex<Other>,
+        waker: Waker,
+    }
+    impl std::task::Wake for PollThenPanic {
+        fn wake(self: Arc<Self>) {
+            let mut other = self.other.lock().unwrap();
+            assert!(poll_with(other.as_mut(), &self.waker).is_pending());
+            drop(other);
+            panic!("this waker panics after polling the other key's call");
+        }
+    }
+
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::TokenBucket {
+            rate: Rate::new(1, Duration::from_secs(10)),
+            burst: 2,
+        })
+        .clock(TokioClock::new())
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap(),
+    );
+    limiter.try_acquire_n(&"x", 2).unwrap(); // the only key slot, not idle for 20 s
+    limiter.try_acquire_n(&"o", 2).unwrap(); // the shared cell: one permit back in 10 s
+    let (woken, other_waker) = wakers::counting();
+    let other: Other = {
+        let limiter = Arc::clone(&limiter);
+        Box::pin(async move { limiter.acquire(&"c").await.map(|a| a.at()) })
+    };
+    let hook = Arc::new(PollThenPanic {
+        other: std::sync::Mutex::new(other),
+        waker: other_waker,
+    });
+    let mut head = Box::pin(limiter.acquire(&"b"));
+    let mut next = Box::pin(limiter.acquire(&"b"));
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &Waker::from(Arc::clone(&hook))).is_pending());
+    tokio::time::advance(Duration::from_secs(10)).await;
+    // `head` takes the cell's permit; waking `next` lets "c" look (nothing free until 20 s) and
+    // panics; `head` gives the permit back.
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop((head, next));
+    assert_eq!(
+        woken.wakes(),
+        1,
+        "the head of \"c\" sleeps until 20 s with the shared permit free"
+    );
+    let mut other = hook.other.lock().unwrap();
+    let served = poll_with(other.as_mut(), Waker::noop());
+    assert!(
+        matches!(served, std::task::Poll::Ready(Ok(at)) if at == Duration::from_secs(10)),
+        "{served:?}"
+    );
+}
+
 /// A waiter evicted to make room (newest first) and dropped before it looks again was failed by
 /// the limiter: it counts as rejected, not as a wait given up.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
