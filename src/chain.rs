@@ -104,7 +104,8 @@ trait Line<Q: ?Sized>: Send + Sync {
         key: &Q,
         deadline: Option<std::time::Instant>,
     ) -> Result<Held<'_>, AcquireError>;
-    /// Chain callers waiting now, the ones whose turn it is included.
+    /// Chain callers waiting now: each from before it takes its room until after it has given
+    /// its room back (so the one whose turn it is, too).
     fn waiting(&self) -> u64;
     /// The permits the chain callers waiting on `key` now ask for (a probe's counted as one: it
     /// holds one of the room); a snapshot, for a refusal's retry-after.
@@ -146,7 +147,14 @@ fn room_limit(queue_limit: u64) -> u32 {
 /// limiter's own `WAITERS` gate: the flag is a hint nothing else is read by, and a caller that
 /// misses a waiter that took its room just after its load was not behind it (it made its own
 /// attempt first).
+///
+/// **`waiting` is a count of callers**, kept as permits of `count` (one per caller, as a
+/// `KeyedLine` keeps it): taken before the room, given back after it ([`CountedRoom`]), so a
+/// caller is counted for as long as it holds its room, its gap between room and turn and its
+/// turn given up included. Only callers that wait pay for it; the gate still loads `room` alone.
+/// The turn limiter's holder and queue, counted instead, left out a caller in either gap.
 pub(crate) struct ChainLine {
+    count: ConcurrencyLimiter,
     room: Option<ConcurrencyLimiter>,
     turn: ConcurrencyLimiter,
     queue_limit: u64,
@@ -163,6 +171,11 @@ impl ChainLine {
             ),
         };
         Ok(ChainLine {
+            // One permit per waiting caller; each holds at least one of `room`'s (at most
+            // `u32::MAX`), so this never refuses.
+            count: ConcurrencyLimiter::builder(u32::MAX)
+                .queue_limit(0)
+                .build()?,
             room,
             // Unbounded: the room bounds it.
             turn: ConcurrencyLimiter::builder(1)
@@ -180,10 +193,14 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
     }
 
     fn join(&self, _: &Q, n: u32) -> Result<Held<'_>, AcquireError> {
-        match self.room.as_ref().map(|room| room.try_acquire_n(n.max(1))) {
-            Some(Ok(room)) => Ok(Box::new(room)),
-            _ => Err(queue_full(n, self.queue_limit)),
-        }
+        let full = || queue_full(n, self.queue_limit);
+        let room = self.room.as_ref().ok_or_else(full)?;
+        let count = self.count.try_acquire().map_err(|_| full())?;
+        let room = room.try_acquire_n(n.max(1)).map_err(|_| full())?;
+        Ok(Box::new(CountedRoom {
+            _room: room,
+            _count: count,
+        }))
     }
 
     fn try_turn(&self, _: &Q) -> Option<Held<'_>> {
@@ -209,8 +226,7 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
     }
 
     fn waiting(&self) -> u64 {
-        let turn = self.turn.stats();
-        turn.waiting as u64 + u64::from(turn.available == 0)
+        u64::from(u32::MAX - self.count.available())
     }
 
     fn queued(&self, _: &Q) -> u64 {
@@ -244,11 +260,11 @@ pub(crate) struct KeyedLine<K> {
     queue_limit: u64,
 }
 
-/// A keyed chain caller's room: dropped in this order, its key's room first, so that the
-/// count stays up while any key's room is held.
-#[cfg(feature = "keyed")]
-struct KeyedRoom<'a> {
-    _room: Held<'a>,
+/// A chain caller's room and its count in `waiting` (a [`ChainLine`]'s, or a `KeyedLine`'s
+/// over every key): dropped in this order, the room first, so that the count stays up while
+/// the room is held.
+struct CountedRoom<'a, R> {
+    _room: R,
     _count: crate::concurrency::Permit<'a>,
 }
 
@@ -384,7 +400,7 @@ where
             .try_acquire()
             .map_err(|_| queue_full(n, self.queue_limit))?;
         let room = self.queues(n)?.join(key, n, self.queue_limit)?;
-        Ok(Box::new(KeyedRoom {
+        Ok(Box::new(CountedRoom {
             _room: room,
             _count: count,
         }))
@@ -1502,7 +1518,9 @@ pub struct ChainStats {
     #[cfg_attr(feature = "keyed", doc = "[`KeyedChain`],")]
     #[cfg_attr(not(feature = "keyed"), doc = "`KeyedChain`,")]
     /// over every key),
-    /// the ones whose turn it is included: a snapshot, not a count of calls.
+    /// the ones whose turn it is included: a snapshot, not a count of calls. A caller counts
+    /// from just before it takes its room in the queue until just after it gives it back, as
+    /// the queue's own gate sees it (so it is still counted while it hands its turn on).
     pub waiting: u64,
 }
 

@@ -455,6 +455,88 @@ async fn a_keyed_newcomer_behind_chain_waiters_is_told_the_time_their_permits_ne
     waiter.await.unwrap().unwrap();
 }
 
+/// A `Waker` that records the chain's `stats().waiting` when woken.
+struct Record {
+    waiting: Box<dyn Fn() -> u64 + Send + Sync>,
+    seen: Mutex<Vec<u64>>,
+}
+
+impl std::task::Wake for Record {
+    fn wake(self: Arc<Self>) {
+        let waiting = (self.waiting)();
+        self.seen.lock().unwrap().push(waiting);
+    }
+}
+
+/// `stats().waiting` counts a caller from before it takes its room until after it has given its
+/// turn up, as the gate (`busy`) sees it: when the admitted head hands its turn over, waking the
+/// next caller, the head is still inside its call, holding its room. A `Chain` counted only the
+/// turn's holder and its queue, so a caller between its room and its turn (or its turn given up
+/// and its room still held) went uncounted; a `KeyedChain` counted room holders already.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn waiting_counts_a_caller_for_as_long_as_it_holds_its_room() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let chain = Chain::new([drained_bucket()]).unwrap();
+    let bucket = KeyedLimiter::<u32, _>::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 3,
+    })
+    .clock(TokioClock::new())
+    .build()
+    .unwrap();
+    bucket.try_acquire_n(&1, 3).unwrap();
+    let keyed = KeyedChain::builder().per_key(bucket).build().unwrap();
+    let record = |waiting: Box<dyn Fn() -> u64 + Send + Sync>| {
+        Arc::new(Record {
+            waiting,
+            seen: Mutex::new(Vec::new()),
+        })
+    };
+    let seen_unkeyed = record(Box::new({
+        let chain = chain.clone();
+        move || chain.stats().waiting
+    }));
+    let seen_keyed = record(Box::new({
+        let keyed = keyed.clone();
+        move || keyed.stats().waiting
+    }));
+    let head = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire_n(1).await.map(drop) }
+    });
+    let keyed_head = tokio::spawn({
+        let keyed = keyed.clone();
+        async move { keyed.acquire_n(&1, 1).await.map(drop) }
+    });
+    settle().await;
+    let mut next = Box::pin(chain.acquire_n(1));
+    let mut keyed_next = Box::pin(keyed.acquire_n(&1, 1));
+    let waker = Waker::from(Arc::clone(&seen_unkeyed));
+    assert!(
+        next.as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    let waker = Waker::from(Arc::clone(&seen_keyed));
+    assert!(
+        keyed_next
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    assert_eq!((chain.stats().waiting, keyed.stats().waiting), (2, 2));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    head.await.unwrap().unwrap();
+    keyed_head.await.unwrap().unwrap();
+    // Woken by the handover, while each head was still inside its call.
+    assert_eq!(*seen_keyed.seen.lock().unwrap(), [2]);
+    assert_eq!(*seen_unkeyed.seen.lock().unwrap(), [2]);
+    assert_eq!((chain.stats().waiting, keyed.stats().waiting), (1, 1));
+    drop((next, keyed_next));
+    assert_eq!((chain.stats().waiting, keyed.stats().waiting), (0, 0));
+}
+
 /// A `Waker` that panics when woken.
 struct Panicky;
 
