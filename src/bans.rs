@@ -826,7 +826,9 @@ where
     /// Sweeps every `every` (as [`sweep`](Self::sweep)) until the last handle to the list is
     /// dropped: spawn it on tokio (`tokio::spawn(bans.run_sweeper(Duration::from_secs(10)))`)
     /// to return memory from idle keys without waiting for new keys to arrive. An `every`
-    /// under one millisecond sweeps every millisecond.
+    /// under one millisecond sweeps every millisecond. It ticks on a tokio interval, so it must
+    /// run inside a tokio runtime with its time driver enabled; elsewhere, call
+    /// [`sweep`](Self::sweep) from a thread or task of your own.
     ///
     /// It holds only a weak reference, so it does not keep the list alive, and the tables'
     /// sweep flags keep it from sweeping a shard that a call is already sweeping.

@@ -1213,7 +1213,7 @@ impl<L, W> Core<L, W> {
         }
     }
 
-    /// Retries until every member admits at once, sleeping on tokio's timer for the largest
+    /// Retries until every member admits at once, sleeping ([`crate::timer`]) for the largest
     /// `retry_after` in between. `slots` as for [`attempt`](Self::attempt): each attempt
     /// writes them again, so they hold the admitting attempt's.
     ///
@@ -1463,7 +1463,7 @@ impl Drop for Watching<'_> {
 #[cfg(feature = "tokio")]
 async fn sleep_or_notified(wait: std::time::Duration, notify: &tokio::sync::Notify) {
     let backoff = MIN_BACKOFF.min(wait);
-    tokio::time::sleep(backoff).await;
+    crate::timer::sleep(backoff).await;
     crate::watchers::sleep_unless(wait - backoff, std::pin::pin!(notify.notified())).await;
 }
 
@@ -1898,13 +1898,14 @@ impl<C: Clock> Chain<C> {
     /// Waits until every member admits `n` permits at once.
     ///
     /// Each attempt is an all-or-nothing [`try_acquire_n`](Self::try_acquire_n); after a
-    /// rejection the caller sleeps on tokio's timer for its `retry_after` (the largest over the
-    /// members, at least 1 ms) and tries again. The sleep ends early when a member changes: it
+    /// rejection the caller sleeps for its `retry_after` (the largest over the members, at
+    /// least 1 ms) and tries again. The sleep ends early when a member changes: it
     /// is closed, reconfigured, a key of it is reset, or another chain call gives it permits
     /// back (but not within its first millisecond, so that a member changing all the time
     /// cannot make it try again without a pause).
-    /// Needs a tokio runtime with the time driver; with paused time, give the members a
-    /// [`TokioClock`](crate::TokioClock).
+    /// Runs on any executor: it sleeps on tokio's timer inside a tokio runtime (which must then
+    /// have its time driver enabled) and on futures-timer's helper thread anywhere else; with
+    /// tokio's paused time, give the members a [`TokioClock`](crate::TokioClock).
     ///
     /// **Fair among chain callers: one queue, oldest first.** A caller that must wait joins the
     /// chain's own queue (bounded: [`ChainBuilder::queue_limit`]), shared with the blocking
@@ -1999,7 +2000,7 @@ impl<C: Clock> Chain<C> {
         n: u32,
         timeout: std::time::Duration,
     ) -> Result<Admission, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_n(n)).await {
+        match crate::timer::timeout(timeout, self.acquire_n(n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }
@@ -2903,7 +2904,7 @@ where
         n: u32,
         timeout: std::time::Duration,
     ) -> Result<Admission, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_n(key, n)).await {
+        match crate::timer::timeout(timeout, self.acquire_n(key, n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }

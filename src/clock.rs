@@ -727,7 +727,8 @@ impl Clock for ManualClock {
 /// true)]` or `tokio::time::pause()`: waiting heads sleep on tokio's timer, and with this clock the
 /// limiter reads the same time the timer advances. Outside paused time it reads `Instant::now`, at
 /// the same cost as [`MonotonicClock`]. Must be created inside a tokio runtime when time is paused
-/// (its epoch is tokio's "now").
+/// (its epoch is tokio's "now"). It is for limiters waited on inside tokio: off tokio, waiters
+/// sleep on futures-timer's thread, which knows nothing of paused time, so use the default clock.
 ///
 /// - **Resolution:** 1 ns (the OS clock); paused time moves in the steps tokio takes.
 /// - **Monotonic:** yes (tokio's `Instant` never goes back).
@@ -801,8 +802,8 @@ impl Clock for TokioClock {
     }
 }
 
-/// The backends' `acquire_n` (Redis, the get/set store): `attempt` until it admits, sleeping on
-/// tokio's timer for each rejection's retry-after plus [`jitter`]; any other failure ends the
+/// The backends' `acquire_n` (Redis, the get/set store): `attempt` until it admits, sleeping
+/// ([`crate::timer`]) for each rejection's retry-after plus [`jitter`]; any other failure ends the
 /// wait. Waiters do not queue: whoever asks first after the permits free up gets them.
 #[cfg(all(feature = "tokio", any(feature = "redis", feature = "store")))]
 pub(crate) async fn retry_rejections<F, Fut>(
@@ -818,7 +819,7 @@ where
             Err(e) => e.wait_or_fail()?,
         };
         let wait = rejection.retry_after();
-        tokio::time::sleep(wait + jitter(wait)).await;
+        crate::timer::sleep(wait + jitter(wait)).await;
     }
 }
 

@@ -543,7 +543,7 @@ impl ConcurrencyLimiter {
         n: u32,
         timeout: Duration,
     ) -> Result<Permit<'_>, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_n(n)).await {
+        match crate::timer::timeout(timeout, self.acquire_n(n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }

@@ -1925,7 +1925,9 @@ where
 
     /// Sweeps every `every` until the last handle to the limiter is dropped: spawn it on tokio
     /// (`tokio::spawn(limiter.run_sweeper(Duration::from_secs(10)))`) to return memory from idle
-    /// keys without waiting for new keys to arrive.
+    /// keys without waiting for new keys to arrive. It ticks on a tokio interval, so it must run
+    /// inside a tokio runtime with its time driver enabled (unlike `acquire`, which runs on any
+    /// executor); elsewhere, call [`sweep`](Self::sweep) from a thread or task of your own.
     ///
     /// It holds only a weak reference, so it does not keep the limiter alive, and the shards'
     /// sweep flags keep it from sweeping a shard that a call is already sweeping.
@@ -2532,7 +2534,7 @@ where
         n: u32,
         timeout: std::time::Duration,
     ) -> Result<Admission, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_n(key, n)).await {
+        match crate::timer::timeout(timeout, self.acquire_n(key, n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }

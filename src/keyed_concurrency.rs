@@ -1541,8 +1541,9 @@ where
         }
     }
 
-    /// [`acquire_n`](Self::acquire_n) with a time limit (tokio's timer); on timeout nothing is
-    /// held and the waiter has left the key's queue.
+    /// [`acquire_n`](Self::acquire_n) with a time limit (on tokio's timer inside a tokio runtime,
+    /// on futures-timer's helper thread anywhere else); on timeout nothing is held and the waiter
+    /// has left the key's queue.
     ///
     /// # Errors
     ///
@@ -1575,7 +1576,7 @@ where
         n: u32,
         timeout: std::time::Duration,
     ) -> Result<KeyedPermit<'_, K, S>, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_n(key, n)).await {
+        match crate::timer::timeout(timeout, self.acquire_n(key, n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }

@@ -54,6 +54,12 @@
 //! - **Denials are free**: a rejected `try_acquire` writes no shared memory.
 //! - **Waiting is fair and cancel-safe**: waiters are served in [`QueueOrder`]; dropping a waiting
 //!   future consumes nothing and passes the turn on.
+//! - **Waiting runs on any executor** (feature `tokio`, on by default): a waiter that must sleep
+//!   does so on tokio's timer inside a tokio runtime (which must then have its time driver
+//!   enabled) and on futures-timer's helper thread anywhere else (`futures::executor::block_on`,
+//!   smol, async-std). What still needs a tokio runtime: the sweepers (`run_sweeper`), which
+//!   tick on a tokio interval, and `RedisLimiter`, the HTTP layer and the Envoy service, which
+//!   run on tokio.
 //! - **Bad input** gets a [`ConfigError`], never a panic.
 //! - **Time** comes from one [`Clock`] per limiter; tests use [`ManualClock`].
 
@@ -92,6 +98,8 @@ mod refund;
 #[cfg(feature = "store")]
 mod store;
 mod sync;
+#[cfg(feature = "tokio")]
+mod timer;
 mod watchers;
 
 #[cfg(feature = "redis")]

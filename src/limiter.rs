@@ -1388,13 +1388,15 @@ impl<C: Clock> RateLimiter<C> {
     /// If nobody is queued and the permits are available, this returns at the first poll without
     /// touching the queue. Otherwise the caller joins the queue. Waiters are served in
     /// [`QueueOrder`] (oldest first by default; a large request at the head is not overtaken). The
-    /// head waiter sleeps on the tokio timer for exactly the time the algorithm says its permits
-    /// free (no polling, no background task); when it is served, the next waiter becomes the head.
-    /// `n == 0` waits until a permit is available and consumes nothing.
+    /// head waiter sleeps for exactly the time the algorithm says its permits free (no polling, no
+    /// background task); when it is served, the next waiter becomes the head. `n == 0` waits until
+    /// a permit is available and consumes nothing.
     ///
-    /// Needs a tokio runtime with the time driver when it has to wait (as `tokio::time::sleep`
-    /// does). With tokio's paused time, give the limiter a [`TokioClock`](crate::TokioClock) so that
-    /// both read the same time.
+    /// Runs on any executor. A waiter that must sleep does so on tokio's timer when it starts to
+    /// sleep inside a tokio runtime (which must then have its time driver enabled), and on
+    /// futures-timer's helper thread anywhere else (`futures::executor::block_on`, smol,
+    /// async-std). With tokio's paused time, give the limiter a [`TokioClock`](crate::TokioClock)
+    /// so that both read the same time.
     ///
     /// # Errors
     ///
@@ -1534,7 +1536,7 @@ impl<C: Clock> RateLimiter<C> {
         n: u32,
         timeout: Duration,
     ) -> Result<Admission, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_n(n)).await {
+        match crate::timer::timeout(timeout, self.acquire_n(n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }

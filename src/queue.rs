@@ -890,23 +890,27 @@ impl<'a> Wait<'a> {
     }
 }
 
-/// A tokio timer for a head that waits for time; allocated on first use, then reset.
+/// The timer of a head that waits for time (tokio's inside a tokio runtime, futures-timer's
+/// elsewhere: [`crate::timer`]); allocated on first use, then reset.
 #[cfg(feature = "tokio")]
 #[derive(Default)]
 pub(crate) struct Timer {
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    sleep: Option<crate::timer::Sleep>,
 }
 
 #[cfg(feature = "tokio")]
 impl Timer {
     /// Arms the timer `nanos` from now (at least 1 ns) and polls it.
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>, nanos: u64) -> Poll<()> {
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_nanos(nanos.max(1));
-        let sleep = self
-            .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        sleep.as_mut().reset(deadline);
-        sleep.as_mut().poll(cx)
+        let after = std::time::Duration::from_nanos(nanos.max(1));
+        let sleep = match &mut self.sleep {
+            Some(sleep) => {
+                sleep.reset(after);
+                sleep
+            }
+            None => self.sleep.insert(crate::timer::Sleep::new(after)),
+        };
+        Pin::new(sleep).poll(cx)
     }
 }
 

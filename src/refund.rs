@@ -329,7 +329,7 @@ impl<C: Clock> RateLimiter<C> {
         n: u32,
         timeout: Duration,
     ) -> Result<Refundable<C>, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_refundable(n)).await {
+        match crate::timer::timeout(timeout, self.acquire_refundable(n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }
@@ -771,7 +771,7 @@ where
         n: u32,
         timeout: Duration,
     ) -> Result<KeyedRefundable<K, C, S>, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_refundable(key, n)).await {
+        match crate::timer::timeout(timeout, self.acquire_refundable(key, n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }

@@ -823,7 +823,8 @@ impl<S: Store> StoreLimiter<S> {
     }
 
     /// Takes `n` permits for `subject`, waiting as long as it takes: after each rejection it
-    /// sleeps on tokio's timer for the retry-after plus a little jitter (up to 1/8 of it,
+    /// sleeps (on tokio's timer inside a tokio runtime, on futures-timer's helper thread
+    /// anywhere else) for the retry-after plus a little jitter (up to 1/8 of it,
     /// between 0.1 ms and 50 ms, so that many waiters do not return at the same instant) and
     /// tries again, as [`RedisLimiter::acquire_n`](crate::RedisLimiter::acquire_n) does.
     ///

@@ -174,19 +174,19 @@ impl Watchers {
     }
 }
 
-/// Sleeps on tokio's timer for `wait`, or less if `notified` completes first.
+/// Sleeps for `wait` ([`crate::timer`]), or less if `notified` completes first.
 #[cfg(feature = "tokio")]
 pub(crate) async fn sleep_unless(
     wait: std::time::Duration,
     mut notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
 ) {
     use std::future::Future;
-    let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
+    let mut sleep = crate::timer::Sleep::new(wait);
     std::future::poll_fn(|cx| {
         if notified.as_mut().poll(cx).is_ready() {
             return std::task::Poll::Ready(());
         }
-        sleep.as_mut().poll(cx)
+        std::pin::Pin::new(&mut sleep).poll(cx)
     })
     .await;
 }

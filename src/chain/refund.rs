@@ -398,7 +398,7 @@ impl<C: Clock> Chain<C> {
         n: u32,
         timeout: Duration,
     ) -> Result<ChainRefundable<C>, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_refundable(n)).await {
+        match crate::timer::timeout(timeout, self.acquire_refundable(n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }
@@ -791,7 +791,7 @@ where
         n: u32,
         timeout: Duration,
     ) -> Result<KeyedChainRefundable<K, C, S>, AcquireError> {
-        match tokio::time::timeout(timeout, self.acquire_refundable(key, n)).await {
+        match crate::timer::timeout(timeout, self.acquire_refundable(key, n)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(AcquireError::Timeout),
         }
