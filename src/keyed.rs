@@ -481,6 +481,19 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     }
 }
 
+/// Whether `Keyed::chain_check` counts a call that meets the key cap in `overflowed`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CountOverflow {
+    /// When the check refuses it: the call ends there. An admission is counted by the commit
+    /// that follows (a chain's check).
+    IfRefused,
+    /// Whatever the check answers: the call is refused anyway (held back by the key's
+    /// waiters, see `KeyedLimiter::refused_for_waiters`).
+    Always,
+    /// Never: a further check for a call already counted.
+    Never,
+}
+
 impl<A: Unused, K, S> Keyed<A, K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -973,15 +986,15 @@ where
     /// (`room_at`, raised by a search for room that found none), so the first call at the cap
     /// still searches, in its commit, and the ones after it are refused here.
     ///
-    /// `count`: a refusal at the cap counts the call in `overflowed`; false for a further check
-    /// made for a call already counted (see `KeyedLimiter::refused_for_waiters`).
+    /// `count`: whether an answer at the cap counts the call in `overflowed` (see
+    /// [`CountOverflow`]).
     fn chain_check<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
-        count: bool,
+        count: CountOverflow,
     ) -> Result<Admission, TryAcquireError> {
         let limit = self.algo.limit();
         if n > limit {
@@ -1012,9 +1025,14 @@ where
                     }),
                     KeyOverflow::Shared => self.algo.check(&self.overflow, n, &ctx.clock),
                 };
-                if count && outcome.is_err() {
+                let counted = match count {
                     // The call ends here, as it would have in `first_use`, which counts it; an
                     // admission is counted there, by the commit.
+                    CountOverflow::IfRefused => outcome.is_err(),
+                    CountOverflow::Always => true,
+                    CountOverflow::Never => false,
+                };
+                if counted {
                     ctx.counters.bump(OVERFLOWED);
                 }
                 outcome
@@ -1771,10 +1789,14 @@ where
             n,
             inner.algorithm_limit(),
             inner.ctx.waits.queued_on(key),
-            // The first check counts the call in `overflowed` if it is refused at the cap; the
-            // sliding counter's second one, for the same call, does not.
+            // The first check counts the call in `overflowed` if it meets the cap, whatever the
+            // shared cell answers (the call is refused either way); the sliding counter's second
+            // one, for the same call, does not.
             |want| {
-                let count = first.replace(false);
+                let count = match first.replace(false) {
+                    true => CountOverflow::Always,
+                    false => CountOverflow::Never,
+                };
                 with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, want, count))
             },
             next_window_after,
@@ -2852,8 +2874,9 @@ where
         if COMMIT || n == 0 {
             with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))
         } else {
+            let count = CountOverflow::IfRefused;
             let outcome =
-                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n, true));
+                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n, count));
             (outcome, Committed::default())
         }
     }
