@@ -987,7 +987,8 @@ where
     /// still searches, in its commit, and the ones after it are refused here.
     ///
     /// `count`: whether an answer at the cap counts the call in `overflowed` (see
-    /// [`CountOverflow`]).
+    /// [`CountOverflow`]). Also says whether the shared overflow cell decided, as
+    /// [`chain_commit`](Self::chain_commit) does.
     fn chain_check<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
@@ -995,12 +996,12 @@ where
         key: &K,
         n: u32,
         count: CountOverflow,
-    ) -> Result<Admission, TryAcquireError> {
+    ) -> (Result<Admission, TryAcquireError>, bool) {
         let limit = self.algo.limit();
         if n > limit {
-            return Err(too_big(n, limit));
+            return (Err(too_big(n, limit)), false);
         }
-        match self.shards[shard]
+        let outcome = match self.shards[shard]
             .map
             .get(key, |cell| self.algo.check(cell, n, &ctx.clock))
         {
@@ -1017,7 +1018,7 @@ where
                     && room_at != SEARCHING;
                 if !full {
                     // A fresh cell admits any n up to the limit; only the verdict is used.
-                    return Ok(Admission::new(now, 0, limit));
+                    return (Ok(Admission::new(now, 0, limit)), false);
                 }
                 let outcome = match ctx.overflow {
                     KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
@@ -1035,10 +1036,11 @@ where
                 if counted {
                     ctx.counters.bump(OVERFLOWED);
                 }
-                outcome
+                return (outcome, ctx.overflow == KeyOverflow::Shared);
             }
             Some(outcome) => outcome,
-        }
+        };
+        (outcome, false)
     }
 
     /// A chain's commit: `try_acquire` on the key, also saying whether the shared overflow cell
@@ -1758,7 +1760,7 @@ where
         if !self.held_back(key) {
             return self.decide(key, n);
         }
-        Err(self.refused_for_waiters(key, n))
+        Err(self.refused_for_waiters(key, n).0)
     }
 
     /// Whether calls on `key` must not barge: it has waiters, served oldest first. One load
@@ -1769,9 +1771,11 @@ where
         waits.any() && waits.order == QueueOrder::OldestFirst && waits.has_waiters(key)
     }
 
-    /// The answer to a call that `key`'s waiters hold back (see [`held_back`](Self::held_back)).
+    /// The answer to a call that `key`'s waiters hold back (see [`held_back`](Self::held_back)),
+    /// and whether the shared overflow cell gave it (the key has no cell and the cap is
+    /// reached), as [`chain_decide`](Self::chain_decide) reports a commit's.
     #[cold]
-    fn refused_for_waiters(&self, key: &K, n: u32) -> TryAcquireError {
+    fn refused_for_waiters(&self, key: &K, n: u32) -> (TryAcquireError, bool) {
         let inner = &*self.inner;
         let shard = self.shard(key);
         // As for an unkeyed limiter (see there): when the key's state could admit what its
@@ -1779,13 +1783,14 @@ where
         // creates no key; a key without a cell answers as a fresh one would (or, at the cap,
         // as its overflow policy does), as its queue's head will be answered.
         let first = std::cell::Cell::new(true);
+        let shared = std::cell::Cell::new(false);
         let next_window_after = match &inner.store {
             Store::Counter(s) => {
                 Some(|after| s.algo.next_window_after(inner.ctx.clock.now(), after))
             }
             _ => None,
         };
-        crate::limiter::refused_for_waiters(
+        let refused = crate::limiter::refused_for_waiters(
             n,
             inner.algorithm_limit(),
             inner.ctx.waits.queued_on(key),
@@ -1797,14 +1802,19 @@ where
                     true => CountOverflow::Always,
                     false => CountOverflow::Never,
                 };
-                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, want, count))
+                let (outcome, overflow) = with_store!(
+                    &inner.store, s => s.chain_check(&inner.ctx, shard, key, want, count)
+                );
+                shared.set(overflow);
+                outcome
             },
             next_window_after,
             |at_limit, extra| {
                 let now = inner.ctx.clock.now();
                 with_store!(&inner.store, s => s.algo.beyond_limit(now, at_limit, extra))
             },
-        )
+        );
+        (refused, shared.get())
     }
 
     /// Permits `key` could take now (a snapshot): its own free permits if it is held; for a key
@@ -2868,14 +2878,20 @@ where
     ) -> (Result<Admission, TryAcquireError>, Committed) {
         let inner = &*self.inner;
         if self.held_back(key) {
-            return (Err(self.refused_for_waiters(key, n)), Committed::default());
+            // Nothing to refund; `overflow` says who refused it, as for a commit.
+            let (refused, overflow) = self.refused_for_waiters(key, n);
+            let committed = Committed {
+                overflow,
+                ..Committed::default()
+            };
+            return (Err(refused), committed);
         }
         let shard = self.shard(key);
         if COMMIT || n == 0 {
             with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))
         } else {
             let count = CountOverflow::IfRefused;
-            let outcome =
+            let (outcome, _) =
                 with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n, count));
             (outcome, Committed::default())
         }
