@@ -106,8 +106,8 @@ trait Line<Q: ?Sized>: Send + Sync {
     ) -> Result<Held<'_>, AcquireError>;
     /// Chain callers waiting now, the ones whose turn it is included.
     fn waiting(&self) -> u64;
-    /// The permits the chain callers waiting on `key` now ask for (a probe's counted as one: it
-    /// holds one of the room); a snapshot, for a refusal's retry-after.
+    /// The permits the chain callers waiting on `key` now ask for (none for a probe, which
+    /// holds one of the room but takes nothing); a snapshot, for a refusal's retry-after.
     fn queued(&self, key: &Q) -> u64;
     /// The most permits that may wait at once (per key).
     fn queue_limit(&self) -> u64;
@@ -150,6 +150,33 @@ pub(crate) struct ChainLine {
     room: Option<ConcurrencyLimiter>,
     turn: ConcurrencyLimiter,
     queue_limit: u64,
+    /// The waiting probes (`n == 0`), each holding one permit of `room` but asking for none
+    /// ([`Line::queued`]). Under a mutex that only waiting probes and refusals take.
+    probes: crate::sync::Mutex<u64>,
+}
+
+/// A waiting probe's count in its line ([`ChainLine::probes`], [`KeyQueues::probes`]), taken
+/// off when its call ends.
+struct Probe<'a, T: ProbeCount>(&'a T, T::Key);
+
+/// Where a line counts its waiting probes.
+trait ProbeCount {
+    type Key;
+    fn add(&self, key: &Self::Key, up: bool);
+}
+
+impl<T: ProbeCount> Drop for Probe<'_, T> {
+    fn drop(&mut self) {
+        self.0.add(&self.1, false);
+    }
+}
+
+impl ProbeCount for ChainLine {
+    type Key = ();
+    fn add(&self, _: &(), up: bool) {
+        let mut probes = crate::sync::lock(&self.probes);
+        *probes = if up { *probes + 1 } else { *probes - 1 };
+    }
 }
 
 impl ChainLine {
@@ -169,6 +196,7 @@ impl ChainLine {
                 .queue_limit(u64::MAX)
                 .build()?,
             queue_limit,
+            probes: crate::sync::Mutex::new(0),
         })
     }
 }
@@ -181,6 +209,12 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
 
     fn join(&self, _: &Q, n: u32) -> Result<Held<'_>, AcquireError> {
         match self.room.as_ref().map(|room| room.try_acquire_n(n.max(1))) {
+            Some(Ok(room)) if n == 0 => {
+                self.add(&(), true);
+                // Dropped in this order: the count first, so it never counts a probe that
+                // holds no room.
+                Ok(Box::new((Probe(self, ()), room)))
+            }
             Some(Ok(room)) => Ok(Box::new(room)),
             _ => Err(queue_full(n, self.queue_limit)),
         }
@@ -214,9 +248,11 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
     }
 
     fn queued(&self, _: &Q) -> u64 {
-        self.room
+        let room = self
+            .room
             .as_ref()
-            .map_or(0, |room| u64::from(room.limit() - room.available()))
+            .map_or(0, |room| u64::from(room.limit() - room.available()));
+        room.saturating_sub(*crate::sync::lock(&self.probes))
     }
 
     fn queue_limit(&self) -> u64 {
@@ -273,6 +309,24 @@ trait KeyLines<K> {
 struct KeyQueues<K> {
     room: Option<KeyedConcurrencyLimiter<K>>,
     turn: KeyedConcurrencyLimiter<K>,
+    /// Per key, its waiting probes, as [`ChainLine::probes`]: only keys that have some.
+    probes: crate::sync::Mutex<std::collections::HashMap<K, u64>>,
+}
+
+#[cfg(feature = "keyed")]
+impl<K: Hash + Eq + Clone> ProbeCount for KeyQueues<K> {
+    type Key = K;
+    fn add(&self, key: &K, up: bool) {
+        let mut probes = crate::sync::lock(&self.probes);
+        if up {
+            *probes.entry(key.clone()).or_insert(0) += 1;
+        } else if let Some(count) = probes.get_mut(key) {
+            *count -= 1;
+            if *count == 0 {
+                probes.remove(key);
+            }
+        }
+    }
 }
 
 #[cfg(feature = "keyed")]
@@ -285,9 +339,12 @@ where
     }
 
     fn queued(&self, key: &K) -> u64 {
-        self.room
+        let room = self
+            .room
             .as_ref()
-            .map_or(0, |room| u64::from(room.limit() - room.available(key)))
+            .map_or(0, |room| u64::from(room.limit() - room.available(key)));
+        let probes = crate::sync::lock(&self.probes).get(key).copied();
+        room.saturating_sub(probes.unwrap_or(0))
     }
 
     fn join(&self, key: &K, n: u32, queue_limit: u64) -> Result<Held<'_>, AcquireError> {
@@ -299,6 +356,11 @@ where
             }
             _ => full(),
         })?;
+        if n == 0 {
+            self.add(key, true);
+            // Dropped in this order, as for `ChainLine`'s.
+            return Ok(Box::new((Probe(self, key.clone()), room)));
+        }
         Ok(Box::new(room))
     }
 
@@ -361,7 +423,10 @@ where
             .build()
             .map_err(full)?;
         // A racing first caller may have made them too: one of the two is kept.
-        Ok(&**self.keys.get_or_init(|| Box::new(KeyQueues { room, turn })))
+        let probes = crate::sync::Mutex::new(std::collections::HashMap::new());
+        Ok(&**self
+            .keys
+            .get_or_init(|| Box::new(KeyQueues { room, turn, probes })))
     }
 }
 

@@ -725,3 +725,58 @@ async fn first_waiters_of_a_keyed_chain_race_to_make_its_queues() {
         assert_eq!((stats.admitted, stats.waiting), (4, 0));
     }
 }
+
+/// A chain caller queued for a probe (`acquire_n(0)`) waits for one permit but takes none: a
+/// newcomer behind it is told when its own permit fits, as behind a limiter's queued probe,
+/// not when two would (a probe counted as a permit made the bound longer than the wait).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_newcomer_behind_a_chain_probe_is_told_when_its_own_permit_fits() {
+    let chain = Chain::new([drained_bucket()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let probe = spawn_waiter(&chain, 0, "probe", &log, start);
+    settle().await;
+    match chain.try_acquire_n(1) {
+        Err(TryAcquireError::Rejected(r)) => assert_eq!(r.retry_after(), Duration::from_secs(1)),
+        other => panic!("{other:?}"),
+    }
+    probe.await.unwrap().unwrap();
+    assert_eq!(*log.lock().unwrap(), [("probe", Duration::from_secs(1))]);
+    assert!(
+        chain.try_acquire_n(1).is_ok(),
+        "fits once the probe is through"
+    );
+}
+
+/// As above, per key, and only for the key the probe waits on.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keyed_newcomer_behind_a_chain_probe_is_told_when_its_own_permit_fits() {
+    let bucket = KeyedLimiter::<u32, _>::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 3,
+    })
+    .clock(TokioClock::new())
+    .build()
+    .unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(bucket.clone())
+        .build()
+        .unwrap();
+    bucket.try_acquire_n(&1, 3).unwrap();
+    let spawn = |n| {
+        let chain = chain.clone();
+        tokio::spawn(async move { chain.acquire_n(&1, n).await.map(drop) })
+    };
+    let probe = spawn(0);
+    settle().await;
+    let retry = || match chain.try_acquire(&1) {
+        Err(TryAcquireError::Rejected(r)) => r.retry_after(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(retry(), Duration::from_secs(1));
+    // A caller of one permit behind the probe counts.
+    let one = spawn(1);
+    settle().await;
+    assert_eq!(retry(), Duration::from_secs(2));
+    probe.await.unwrap().unwrap();
+    one.await.unwrap().unwrap();
+}
