@@ -540,6 +540,9 @@ trait Member<Q: ?Sized> {
     /// after the other.
     fn weighs_less_later(&self) -> bool;
     fn capacity(&self) -> u32;
+    /// What the member guarantees of more than its capacity admitted in a row, `extra` beyond
+    /// it, from now: its algorithm's `beyond_limit` (see `limiter::refused_for_waiters`).
+    fn beyond_limit(&self, at_limit: u64, extra: u64) -> u64;
     /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
     fn count(&self, which: usize);
     fn catch_up(&self);
@@ -582,6 +585,9 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     }
     fn capacity(&self) -> u32 {
         RateLimiter::capacity(self)
+    }
+    fn beyond_limit(&self, at_limit: u64, extra: u64) -> u64 {
+        self.chain_beyond_limit(at_limit, extra)
     }
     fn count(&self, which: usize) {
         self.chain_count(which);
@@ -1011,8 +1017,11 @@ impl<L, W> Core<L, W> {
     /// this call's (one for a probe), at most the chain's capacity. They are served first, and
     /// their admissions only make a member stricter, so this call fits no sooner than all of it
     /// would at once; not so for a sliding counter, whose admissions weigh less once the next
-    /// window starts: such a member answers for this call alone, a lower bound still. 0 when
-    /// every member could admit all of it now (the head is about to be served).
+    /// window starts: such a member answers for this call alone, a lower bound still. Beyond a
+    /// member's capacity, no sooner than what its algorithm guarantees of that many permits in
+    /// a row (its `beyond_limit`, as a member's own refusal counts it). 0 when every member
+    /// could admit all of it now and it is within their capacities (the head is about to be
+    /// served).
     #[cold]
     #[inline(never)]
     fn refused<Q: ?Sized>(&self, key: &Q, n: u32) -> TryAcquireError
@@ -1035,14 +1044,33 @@ impl<L, W> Core<L, W> {
         W: Line<Q>,
     {
         let capacity = self.capacity::<Q>();
-        let all = self.line.queued(key).saturating_add(u64::from(n.max(1)));
-        let all = u32::try_from(all).unwrap_or(u32::MAX).min(capacity);
+        let total = self.line.queued(key).saturating_add(u64::from(n.max(1)));
+        let all = u32::try_from(total).unwrap_or(u32::MAX).min(capacity);
         let mut rejected = None;
         for (i, member) in self.members.iter().enumerate() {
             let want = if member.weighs_less_later() { n } else { all };
+            // More than the member's capacity in a row: what its algorithm guarantees of that,
+            // at least (as a limiter's own refusal behind its queue, `refused_for_waiters`).
+            let beyond = |at_once: u64| {
+                let permits = total.saturating_mul(u64::from(self.times[i]));
+                match permits.checked_sub(u64::from(member.capacity())) {
+                    Some(extra) if extra > 0 => member.beyond_limit(at_once, extra),
+                    _ => 0,
+                }
+            };
             match self.check(i, key, want) {
-                Ok(_) => {}
-                Err(TryAcquireError::Rejected(r)) => rejected = Some(worse(rejected, r)),
+                Ok(_) => {
+                    let bound = beyond(0);
+                    if bound > 0 {
+                        let r = Rejection::new(bound, member.capacity());
+                        rejected = Some(worse(rejected, r));
+                    }
+                }
+                Err(TryAcquireError::Rejected(r)) => {
+                    let at_once = r.retry_after_nanos();
+                    let r = Rejection::new(at_once.max(beyond(at_once)), r.limit());
+                    rejected = Some(worse(rejected, r));
+                }
                 // A member reconfigured below it meanwhile: the members' probe, as a call that
                 // starts now would meet them.
                 Err(_) => {
@@ -1748,8 +1776,10 @@ impl<C: Clock> Chain<C> {
     ///   the largest over the members (exact when nothing else is admitted meanwhile), `limit`
     ///   that member's limit. Also while chain callers wait: then a lower bound that counts them, when the
     ///   members could admit the permits they ask for and this call's at once (up to the
-    ///   chain's capacity; a sliding counter member answers for this call alone), or a
-    ///   `retry_after` of 0 with the chain's capacity as `limit` if they could now.
+    ///   chain's capacity; a sliding counter member answers for this call alone; beyond a
+    ///   member's capacity, no sooner than its algorithm allows that many in a row, as a
+    ///   limiter's own refusal behind its queue), or a `retry_after` of 0 with the chain's
+    ///   capacity as `limit` if they could now.
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the chain's
     ///   [`capacity`](Self::capacity).
     /// - [`TryAcquireError::Closed`]: a member was closed.
@@ -2366,6 +2396,12 @@ where
         match self {
             Link::PerKey(l) => l.chain_capacity(),
             Link::Global(l) => l.capacity(),
+        }
+    }
+    fn beyond_limit(&self, at_limit: u64, extra: u64) -> u64 {
+        match self {
+            Link::PerKey(l) => l.chain_beyond_limit(at_limit, extra),
+            Link::Global(l) => l.chain_beyond_limit(at_limit, extra),
         }
     }
     fn count(&self, which: usize) {

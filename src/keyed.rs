@@ -2983,6 +2983,12 @@ where
         with_store!(&self.inner.store, s => s.algo.exact_refund())
     }
 
+    /// [`Algo::beyond_limit`] now, for a chain's refusal behind its queue.
+    pub(crate) fn chain_beyond_limit(&self, at_limit: u64, extra: u64) -> u64 {
+        let now = self.inner.ctx.clock.now();
+        with_store!(&self.inner.store, s => s.algo.beyond_limit(now, at_limit, extra))
+    }
+
     /// The most permits one call can get.
     pub(crate) fn chain_capacity(&self) -> u32 {
         with_store!(&self.inner.store, s => s.algo.limit())
