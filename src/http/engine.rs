@@ -2662,6 +2662,71 @@ mod tests {
         );
     }
 
+    /// With `key_overflow = "reject"`, a request whose wait ends because its rule has no room
+    /// left for its client (as below) is rejected then, as a newcomer is (`TooManyKeys`), not
+    /// made to wait again, and counted once in each metric: it waited, it met the full rule,
+    /// it was rejected.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_wait_its_rule_has_no_room_for_ends_in_a_too_many_keys_rejection_under_reject() {
+        let tally = tally::Tally::default();
+        let counts = tally.0.clone();
+        let toml = "max_keys_per_rule = 1\nkey_overflow = \"reject\"\n\
+             [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"ip\"\n\
+             algorithm = \"token_bucket\"\nqueue_limit = 5\nmax_wait = \"5s\"\n";
+        metrics::with_local_recorder(&tally, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let limiter = Arc::new(manual(toml));
+                let snapshot = limiter.config.load_full();
+                let rule = snapshot
+                    .rules
+                    .all_rules()
+                    .find(|r| &*r.name == "q")
+                    .unwrap();
+                let rule_limiter = rule.limiter.as_ref().unwrap();
+                let key = counter_key(rule, &from_ip("10.0.0.1")).unwrap();
+                let (admission, committed) = match rule_limiter.chain_decide::<true>(&key, 1) {
+                    (Ok(admission), committed) => (admission, committed),
+                    (Err(error), _) => panic!("{error}"),
+                };
+                let start = tokio::time::Instant::now();
+                let waiter = {
+                    let limiter = Arc::clone(&limiter);
+                    tokio::spawn(async move {
+                        let verdict = limiter.decide_async(&from_ip("10.0.0.1")).await;
+                        (verdict, tokio::time::Instant::now())
+                    })
+                };
+                tokio::task::yield_now().await;
+                assert!(!waiter.is_finished(), "the request waits for the rule");
+                give_back(std::iter::once((rule_limiter, &key, admission, committed)));
+                let verdict = limiter.decide(&from_ip("10.0.0.2"));
+                assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+                let (verdict, at) = waiter.await.unwrap();
+                assert!(
+                    matches!(
+                        verdict.outcome,
+                        Outcome::Rejected {
+                            reason: RejectReason::TooManyKeys,
+                            ..
+                        }
+                    ),
+                    "{verdict:?}"
+                );
+                assert_eq!(at - start, Duration::ZERO, "rejected when its turn came");
+            });
+        });
+        let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+        assert_eq!(n("turnstile_http_waited{q}"), 1);
+        assert_eq!(n("turnstile_http_key_overflow{q}"), 1);
+        assert_eq!(n("turnstile_http_rejected{q}"), 1);
+    }
+
     /// A request whose wait ends because its rule has no room left for its client (its key
     /// taken out of the limiter, as above, and another client in its place; `TooManyKeys`) is
     /// decided again as a newcomer is, not for good: `key_overflow = "allow"` lets it pass that
