@@ -107,8 +107,8 @@ trait Line<Q: ?Sized>: Send + Sync {
     /// Chain callers waiting now: each from before it takes its room until after it has given
     /// its room back (so the one whose turn it is, too).
     fn waiting(&self) -> u64;
-    /// The permits the chain callers waiting on `key` now ask for (a probe's counted as one: it
-    /// holds one of the room); a snapshot, for a refusal's retry-after.
+    /// The permits the chain callers waiting on `key` now ask for (none for a probe, which
+    /// holds one of the room but takes nothing); a snapshot, for a refusal's retry-after.
     fn queued(&self, key: &Q) -> u64;
     /// The most permits that may wait at once (per key).
     fn queue_limit(&self) -> u64;
@@ -158,6 +158,33 @@ pub(crate) struct ChainLine {
     room: Option<ConcurrencyLimiter>,
     turn: ConcurrencyLimiter,
     queue_limit: u64,
+    /// The waiting probes (`n == 0`), each holding one permit of `room` but asking for none
+    /// ([`Line::queued`]). Under a mutex that only waiting probes and refusals take.
+    probes: crate::sync::Mutex<u64>,
+}
+
+/// A waiting probe's count in its line ([`ChainLine::probes`], [`KeyQueues::probes`]), taken
+/// off when its call ends.
+struct Probe<'a, T: ProbeCount>(&'a T, T::Key);
+
+/// Where a line counts its waiting probes.
+trait ProbeCount {
+    type Key;
+    fn add(&self, key: &Self::Key, up: bool);
+}
+
+impl<T: ProbeCount> Drop for Probe<'_, T> {
+    fn drop(&mut self) {
+        self.0.add(&self.1, false);
+    }
+}
+
+impl ProbeCount for ChainLine {
+    type Key = ();
+    fn add(&self, _: &(), up: bool) {
+        let mut probes = crate::sync::lock(&self.probes);
+        *probes = if up { *probes + 1 } else { *probes - 1 };
+    }
 }
 
 impl ChainLine {
@@ -182,6 +209,7 @@ impl ChainLine {
                 .queue_limit(u64::MAX)
                 .build()?,
             queue_limit,
+            probes: crate::sync::Mutex::new(0),
         })
     }
 }
@@ -197,6 +225,15 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
         let room = self.room.as_ref().ok_or_else(full)?;
         let count = self.count.try_acquire().map_err(|_| full())?;
         let room = room.try_acquire_n(n.max(1)).map_err(|_| full())?;
+        if n == 0 {
+            self.add(&(), true);
+            // Dropped in this order: the probe's count first, so it never counts a probe that
+            // holds no room.
+            return Ok(Box::new(CountedRoom {
+                _room: (Probe(self, ()), room),
+                _count: count,
+            }));
+        }
         Ok(Box::new(CountedRoom {
             _room: room,
             _count: count,
@@ -230,9 +267,11 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
     }
 
     fn queued(&self, _: &Q) -> u64 {
-        self.room
+        let room = self
+            .room
             .as_ref()
-            .map_or(0, |room| u64::from(room.limit() - room.available()))
+            .map_or(0, |room| u64::from(room.limit() - room.available()));
+        room.saturating_sub(*crate::sync::lock(&self.probes))
     }
 
     fn queue_limit(&self) -> u64 {
@@ -289,6 +328,24 @@ trait KeyLines<K> {
 struct KeyQueues<K> {
     room: Option<KeyedConcurrencyLimiter<K>>,
     turn: KeyedConcurrencyLimiter<K>,
+    /// Per key, its waiting probes, as [`ChainLine::probes`]: only keys that have some.
+    probes: crate::sync::Mutex<std::collections::HashMap<K, u64>>,
+}
+
+#[cfg(feature = "keyed")]
+impl<K: Hash + Eq + Clone> ProbeCount for KeyQueues<K> {
+    type Key = K;
+    fn add(&self, key: &K, up: bool) {
+        let mut probes = crate::sync::lock(&self.probes);
+        if up {
+            *probes.entry(key.clone()).or_insert(0) += 1;
+        } else if let Some(count) = probes.get_mut(key) {
+            *count -= 1;
+            if *count == 0 {
+                probes.remove(key);
+            }
+        }
+    }
 }
 
 #[cfg(feature = "keyed")]
@@ -301,9 +358,12 @@ where
     }
 
     fn queued(&self, key: &K) -> u64 {
-        self.room
+        let room = self
+            .room
             .as_ref()
-            .map_or(0, |room| u64::from(room.limit() - room.available(key)))
+            .map_or(0, |room| u64::from(room.limit() - room.available(key)));
+        let probes = crate::sync::lock(&self.probes).get(key).copied();
+        room.saturating_sub(probes.unwrap_or(0))
     }
 
     fn join(&self, key: &K, n: u32, queue_limit: u64) -> Result<Held<'_>, AcquireError> {
@@ -315,6 +375,11 @@ where
             }
             _ => full(),
         })?;
+        if n == 0 {
+            self.add(key, true);
+            // Dropped in this order, as for `ChainLine`'s.
+            return Ok(Box::new((Probe(self, key.clone()), room)));
+        }
         Ok(Box::new(room))
     }
 
@@ -377,7 +442,10 @@ where
             .build()
             .map_err(full)?;
         // A racing first caller may have made them too: one of the two is kept.
-        Ok(&**self.keys.get_or_init(|| Box::new(KeyQueues { room, turn })))
+        let probes = crate::sync::Mutex::new(std::collections::HashMap::new());
+        Ok(&**self
+            .keys
+            .get_or_init(|| Box::new(KeyQueues { room, turn, probes })))
     }
 }
 
@@ -491,6 +559,9 @@ trait Member<Q: ?Sized> {
     /// after the other.
     fn weighs_less_later(&self) -> bool;
     fn capacity(&self) -> u32;
+    /// What the member guarantees of more than its capacity admitted in a row, `extra` beyond
+    /// it, from now: its algorithm's `beyond_limit` (see `limiter::refused_for_waiters`).
+    fn beyond_limit(&self, at_limit: u64, extra: u64) -> u64;
     /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
     fn count(&self, which: usize);
     fn catch_up(&self);
@@ -533,6 +604,9 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     }
     fn capacity(&self) -> u32 {
         RateLimiter::capacity(self)
+    }
+    fn beyond_limit(&self, at_limit: u64, extra: u64) -> u64 {
+        self.chain_beyond_limit(at_limit, extra)
     }
     fn count(&self, which: usize) {
         self.chain_count(which);
@@ -962,8 +1036,11 @@ impl<L, W> Core<L, W> {
     /// this call's (one for a probe), at most the chain's capacity. They are served first, and
     /// their admissions only make a member stricter, so this call fits no sooner than all of it
     /// would at once; not so for a sliding counter, whose admissions weigh less once the next
-    /// window starts: such a member answers for this call alone, a lower bound still. 0 when
-    /// every member could admit all of it now (the head is about to be served).
+    /// window starts: such a member answers for this call alone, a lower bound still. Beyond a
+    /// member's capacity, no sooner than what its algorithm guarantees of that many permits in
+    /// a row (its `beyond_limit`, as a member's own refusal counts it). 0 when every member
+    /// could admit all of it now and it is within their capacities (the head is about to be
+    /// served).
     #[cold]
     #[inline(never)]
     fn refused<Q: ?Sized>(&self, key: &Q, n: u32) -> TryAcquireError
@@ -986,14 +1063,33 @@ impl<L, W> Core<L, W> {
         W: Line<Q>,
     {
         let capacity = self.capacity::<Q>();
-        let all = self.line.queued(key).saturating_add(u64::from(n.max(1)));
-        let all = u32::try_from(all).unwrap_or(u32::MAX).min(capacity);
+        let total = self.line.queued(key).saturating_add(u64::from(n.max(1)));
+        let all = u32::try_from(total).unwrap_or(u32::MAX).min(capacity);
         let mut rejected = None;
         for (i, member) in self.members.iter().enumerate() {
             let want = if member.weighs_less_later() { n } else { all };
+            // More than the member's capacity in a row: what its algorithm guarantees of that,
+            // at least (as a limiter's own refusal behind its queue, `refused_for_waiters`).
+            let beyond = |at_once: u64| {
+                let permits = total.saturating_mul(u64::from(self.times[i]));
+                match permits.checked_sub(u64::from(member.capacity())) {
+                    Some(extra) if extra > 0 => member.beyond_limit(at_once, extra),
+                    _ => 0,
+                }
+            };
             match self.check(i, key, want) {
-                Ok(_) => {}
-                Err(TryAcquireError::Rejected(r)) => rejected = Some(worse(rejected, r)),
+                Ok(_) => {
+                    let bound = beyond(0);
+                    if bound > 0 {
+                        let r = Rejection::new(bound, member.capacity());
+                        rejected = Some(worse(rejected, r));
+                    }
+                }
+                Err(TryAcquireError::Rejected(r)) => {
+                    let at_once = r.retry_after_nanos();
+                    let r = Rejection::new(at_once.max(beyond(at_once)), r.limit());
+                    rejected = Some(worse(rejected, r));
+                }
                 // A member reconfigured below it meanwhile: the members' probe, as a call that
                 // starts now would meet them.
                 Err(_) => {
@@ -1712,8 +1808,10 @@ impl<C: Clock> Chain<C> {
     ///   the largest over the members (exact when nothing else is admitted meanwhile), `limit`
     ///   that member's limit. Also while chain callers wait: then a lower bound that counts them, when the
     ///   members could admit the permits they ask for and this call's at once (up to the
-    ///   chain's capacity; a sliding counter member answers for this call alone), or a
-    ///   `retry_after` of 0 with the chain's capacity as `limit` if they could now.
+    ///   chain's capacity; a sliding counter member answers for this call alone; beyond a
+    ///   member's capacity, no sooner than its algorithm allows that many in a row, as a
+    ///   limiter's own refusal behind its queue), or a `retry_after` of 0 with the chain's
+    ///   capacity as `limit` if they could now.
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the chain's
     ///   [`capacity`](Self::capacity).
     /// - [`TryAcquireError::Closed`]: a member was closed.
@@ -2343,6 +2441,12 @@ where
         match self {
             Link::PerKey(l) => l.chain_capacity(),
             Link::Global(l) => l.capacity(),
+        }
+    }
+    fn beyond_limit(&self, at_limit: u64, extra: u64) -> u64 {
+        match self {
+            Link::PerKey(l) => l.chain_beyond_limit(at_limit, extra),
+            Link::Global(l) => l.chain_beyond_limit(at_limit, extra),
         }
     }
     fn count(&self, which: usize) {

@@ -481,6 +481,19 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     }
 }
 
+/// Whether `Keyed::chain_check` counts a call that meets the key cap in `overflowed`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CountOverflow {
+    /// When the check refuses it: the call ends there. An admission is counted by the commit
+    /// that follows (a chain's check).
+    IfRefused,
+    /// Whatever the check answers: the call is refused anyway (held back by the key's
+    /// waiters, see `KeyedLimiter::refused_for_waiters`).
+    Always,
+    /// Never: a further check for a call already counted.
+    Never,
+}
+
 impl<A: Unused, K, S> Keyed<A, K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -973,21 +986,22 @@ where
     /// (`room_at`, raised by a search for room that found none), so the first call at the cap
     /// still searches, in its commit, and the ones after it are refused here.
     ///
-    /// `count`: a refusal at the cap counts the call in `overflowed`; false for a further check
-    /// made for a call already counted (see `KeyedLimiter::refused_for_waiters`).
+    /// `count`: whether an answer at the cap counts the call in `overflowed` (see
+    /// [`CountOverflow`]). Also says whether the shared overflow cell decided, as
+    /// [`chain_commit`](Self::chain_commit) does.
     fn chain_check<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
         shard: usize,
         key: &K,
         n: u32,
-        count: bool,
-    ) -> Result<Admission, TryAcquireError> {
+        count: CountOverflow,
+    ) -> (Result<Admission, TryAcquireError>, bool) {
         let limit = self.algo.limit();
         if n > limit {
-            return Err(too_big(n, limit));
+            return (Err(too_big(n, limit)), false);
         }
-        match self.shards[shard]
+        let outcome = match self.shards[shard]
             .map
             .get(key, |cell| self.algo.check(cell, n, &ctx.clock))
         {
@@ -1004,7 +1018,7 @@ where
                     && room_at != SEARCHING;
                 if !full {
                     // A fresh cell admits any n up to the limit; only the verdict is used.
-                    return Ok(Admission::new(now, 0, limit));
+                    return (Ok(Admission::new(now, 0, limit)), false);
                 }
                 let outcome = match ctx.overflow {
                     KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
@@ -1012,15 +1026,21 @@ where
                     }),
                     KeyOverflow::Shared => self.algo.check(&self.overflow, n, &ctx.clock),
                 };
-                if count && outcome.is_err() {
+                let counted = match count {
                     // The call ends here, as it would have in `first_use`, which counts it; an
                     // admission is counted there, by the commit.
+                    CountOverflow::IfRefused => outcome.is_err(),
+                    CountOverflow::Always => true,
+                    CountOverflow::Never => false,
+                };
+                if counted {
                     ctx.counters.bump(OVERFLOWED);
                 }
-                outcome
+                return (outcome, ctx.overflow == KeyOverflow::Shared);
             }
             Some(outcome) => outcome,
-        }
+        };
+        (outcome, false)
     }
 
     /// A chain's commit: `try_acquire` on the key, also saying whether the shared overflow cell
@@ -1740,7 +1760,7 @@ where
         if !self.held_back(key) {
             return self.decide(key, n);
         }
-        Err(self.refused_for_waiters(key, n))
+        Err(self.refused_for_waiters(key, n).0)
     }
 
     /// Whether calls on `key` must not barge: it has waiters, served oldest first. One load
@@ -1751,9 +1771,11 @@ where
         waits.any() && waits.order == QueueOrder::OldestFirst && waits.has_waiters(key)
     }
 
-    /// The answer to a call that `key`'s waiters hold back (see [`held_back`](Self::held_back)).
+    /// The answer to a call that `key`'s waiters hold back (see [`held_back`](Self::held_back)),
+    /// and whether the shared overflow cell gave it (the key has no cell and the cap is
+    /// reached), as [`chain_decide`](Self::chain_decide) reports a commit's.
     #[cold]
-    fn refused_for_waiters(&self, key: &K, n: u32) -> TryAcquireError {
+    fn refused_for_waiters(&self, key: &K, n: u32) -> (TryAcquireError, bool) {
         let inner = &*self.inner;
         let shard = self.shard(key);
         // As for an unkeyed limiter (see there): when the key's state could admit what its
@@ -1761,28 +1783,38 @@ where
         // creates no key; a key without a cell answers as a fresh one would (or, at the cap,
         // as its overflow policy does), as its queue's head will be answered.
         let first = std::cell::Cell::new(true);
+        let shared = std::cell::Cell::new(false);
         let next_window_after = match &inner.store {
             Store::Counter(s) => {
                 Some(|after| s.algo.next_window_after(inner.ctx.clock.now(), after))
             }
             _ => None,
         };
-        crate::limiter::refused_for_waiters(
+        let refused = crate::limiter::refused_for_waiters(
             n,
             inner.algorithm_limit(),
             inner.ctx.waits.queued_on(key),
-            // The first check counts the call in `overflowed` if it is refused at the cap; the
-            // sliding counter's second one, for the same call, does not.
+            // The first check counts the call in `overflowed` if it meets the cap, whatever the
+            // shared cell answers (the call is refused either way); the sliding counter's second
+            // one, for the same call, does not.
             |want| {
-                let count = first.replace(false);
-                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, want, count))
+                let count = match first.replace(false) {
+                    true => CountOverflow::Always,
+                    false => CountOverflow::Never,
+                };
+                let (outcome, overflow) = with_store!(
+                    &inner.store, s => s.chain_check(&inner.ctx, shard, key, want, count)
+                );
+                shared.set(overflow);
+                outcome
             },
             next_window_after,
             |at_limit, extra| {
                 let now = inner.ctx.clock.now();
                 with_store!(&inner.store, s => s.algo.beyond_limit(now, at_limit, extra))
             },
-        )
+        );
+        (refused, shared.get())
     }
 
     /// Permits `key` could take now (a snapshot): its own free permits if it is held; for a key
@@ -2860,14 +2892,21 @@ where
     ) -> (Result<Admission, TryAcquireError>, Committed) {
         let inner = &*self.inner;
         if self.held_back(key) {
-            return (Err(self.refused_for_waiters(key, n)), Committed::default());
+            // Nothing to refund; `overflow` says who refused it, as for a commit.
+            let (refused, overflow) = self.refused_for_waiters(key, n);
+            let committed = Committed {
+                overflow,
+                ..Committed::default()
+            };
+            return (Err(refused), committed);
         }
         let shard = self.shard(key);
         if COMMIT || n == 0 {
             with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))
         } else {
-            let outcome =
-                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n, true));
+            let count = CountOverflow::IfRefused;
+            let (outcome, _) =
+                with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n, count));
             (outcome, Committed::default())
         }
     }
@@ -2980,6 +3019,12 @@ where
     /// Whether refunds are exact (every algorithm but the exact sliding window).
     pub(crate) fn chain_exact_refund(&self) -> bool {
         with_store!(&self.inner.store, s => s.algo.exact_refund())
+    }
+
+    /// [`Algo::beyond_limit`] now, for a chain's refusal behind its queue.
+    pub(crate) fn chain_beyond_limit(&self, at_limit: u64, extra: u64) -> u64 {
+        let now = self.inner.ctx.clock.now();
+        with_store!(&self.inner.store, s => s.algo.beyond_limit(now, at_limit, extra))
     }
 
     /// The most permits one call can get.

@@ -1821,6 +1821,11 @@ impl<C: Clock> RateLimiter<C> {
         self.inner.state.exact_refund()
     }
 
+    /// [`Algo::beyond_limit`] now, for a chain's refusal behind its queue.
+    pub(crate) fn chain_beyond_limit(&self, at_limit: u64, extra: u64) -> u64 {
+        (self.inner.state).beyond_limit(&self.inner.clock, at_limit, extra)
+    }
+
     /// Counts one chain call on this member's statistics.
     pub(crate) fn chain_count(&self, which: usize) {
         self.inner.counters.bump(which);

@@ -393,8 +393,8 @@ async fn keyed_chain_queue_limit_is_per_key() {
 /// waiters ask for and its own call, not 0 (as a member's own refusal behind its queue). A
 /// bucket of 3, drained; a caller waits for 3 (3 s away). At 1 s one permit is free: the
 /// newcomer's call would fit, but the waiter's 3 come first, and a call behind them fits no
-/// sooner than 3 permits at once (2 s more; beyond the capacity the members cannot say, so
-/// this is the bound). It was a retry-after of 0: "retry now", to a call that cannot get in
+/// sooner than 3 permits at once (2 s more), and then one more period for the permit past the
+/// burst (3 s: exact). It was a retry-after of 0: "retry now", to a call that cannot get in
 /// for 3 s.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_newcomer_behind_chain_waiters_is_told_the_time_their_permits_need() {
@@ -406,7 +406,7 @@ async fn a_newcomer_behind_chain_waiters_is_told_the_time_their_permits_need() {
     for n in [0, 1] {
         match chain.try_acquire_n(n) {
             Err(TryAcquireError::Rejected(r)) => {
-                assert_eq!(r.retry_after(), Duration::from_secs(2), "n = {n}")
+                assert_eq!(r.retry_after(), Duration::from_secs(3), "n = {n}")
             }
             other => panic!("n = {n}: {other:?}"),
         }
@@ -417,7 +417,7 @@ async fn a_newcomer_behind_chain_waiters_is_told_the_time_their_permits_need() {
 /// As above, per key: the waiters of one key count for that key only. A sliding counter
 /// member answers for the newcomer's call alone (its admissions weigh less once the next
 /// window starts, so all of them at once is no lower bound): with a token bucket beside it,
-/// the bucket's answer is the chain's.
+/// the bucket's answer (3 s, as above) is the chain's.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_keyed_newcomer_behind_chain_waiters_is_told_the_time_their_permits_need() {
     let bucket = KeyedLimiter::<u32, _>::builder(Algorithm::TokenBucket {
@@ -447,7 +447,7 @@ async fn a_keyed_newcomer_behind_chain_waiters_is_told_the_time_their_permits_ne
     settle().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     match chain.try_acquire(&1) {
-        Err(TryAcquireError::Rejected(r)) => assert_eq!(r.retry_after(), Duration::from_secs(2)),
+        Err(TryAcquireError::Rejected(r)) => assert_eq!(r.retry_after(), Duration::from_secs(3)),
         other => panic!("{other:?}"),
     }
     // Another key has nobody waiting: admitted.
@@ -806,4 +806,88 @@ async fn first_waiters_of_a_keyed_chain_race_to_make_its_queues() {
         let stats = chain.stats();
         assert_eq!((stats.admitted, stats.waiting), (4, 0));
     }
+}
+
+/// A chain caller queued for a probe (`acquire_n(0)`) waits for one permit but takes none: a
+/// newcomer behind it is told when its own permit fits, as behind a limiter's queued probe,
+/// not when two would (a probe counted as a permit made the bound longer than the wait).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_newcomer_behind_a_chain_probe_is_told_when_its_own_permit_fits() {
+    let chain = Chain::new([drained_bucket()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let probe = spawn_waiter(&chain, 0, "probe", &log, start);
+    settle().await;
+    match chain.try_acquire_n(1) {
+        Err(TryAcquireError::Rejected(r)) => assert_eq!(r.retry_after(), Duration::from_secs(1)),
+        other => panic!("{other:?}"),
+    }
+    probe.await.unwrap().unwrap();
+    assert_eq!(*log.lock().unwrap(), [("probe", Duration::from_secs(1))]);
+    assert!(
+        chain.try_acquire_n(1).is_ok(),
+        "fits once the probe is through"
+    );
+}
+
+/// As above, per key, and only for the key the probe waits on.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keyed_newcomer_behind_a_chain_probe_is_told_when_its_own_permit_fits() {
+    let bucket = KeyedLimiter::<u32, _>::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 3,
+    })
+    .clock(TokioClock::new())
+    .build()
+    .unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(bucket.clone())
+        .build()
+        .unwrap();
+    bucket.try_acquire_n(&1, 3).unwrap();
+    let spawn = |n| {
+        let chain = chain.clone();
+        tokio::spawn(async move { chain.acquire_n(&1, n).await.map(drop) })
+    };
+    let probe = spawn(0);
+    settle().await;
+    let retry = || match chain.try_acquire(&1) {
+        Err(TryAcquireError::Rejected(r)) => r.retry_after(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(retry(), Duration::from_secs(1));
+    // A caller of one permit behind the probe counts.
+    let one = spawn(1);
+    settle().await;
+    assert_eq!(retry(), Duration::from_secs(2));
+    probe.await.unwrap().unwrap();
+    one.await.unwrap().unwrap();
+}
+
+/// Behind waiting chain callers whose permits and the newcomer's are more than the chain's
+/// capacity, the newcomer is told what its members guarantee of that many in a row (a token
+/// bucket: one more period per permit past the burst), as a limiter's own refusal behind its
+/// queue is, not when the capacity alone fits.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_newcomer_behind_chain_waiters_beyond_the_capacity_is_told_their_whole_wait() {
+    let chain = Chain::new([drained_bucket()]).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let a = spawn_waiter(&chain, 3, "a", &log, start);
+    settle().await;
+    let b = spawn_waiter(&chain, 3, "b", &log, start);
+    settle().await;
+    for n in [0, 1] {
+        match chain.try_acquire_n(n) {
+            // 3 s for a's, 3 s for b's, 1 s for this call's.
+            Err(TryAcquireError::Rejected(r)) => {
+                assert_eq!(r.retry_after(), Duration::from_secs(7), "n = {n}")
+            }
+            other => panic!("n = {n}: {other:?}"),
+        }
+    }
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+    assert_eq!(
+        *log.lock().unwrap(),
+        [("a", Duration::from_secs(3)), ("b", Duration::from_secs(6))]
+    );
 }

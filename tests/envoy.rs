@@ -2021,6 +2021,62 @@ fn the_json_endpoint_refuses_both_names_of_one_field_in_one_object() {
     }
 }
 
+/// The review's probes of the number reader and the names, pinned: an exponent past `i32` or
+/// `i64`, one far below zero, a whole number written with most of a megabyte of digits (its
+/// value found by the exponent, or refused as too large, without building the number), a name
+/// spelled with escapes (`"domai\u006e"` is `domain`, so given twice), and a body nested
+/// half a million lists deep: a 200 or a 400 naming the field, never a panic.
+#[test]
+fn the_json_endpoint_reads_extreme_numbers_and_escaped_names() {
+    let (service, _clock) = json_service();
+    let zeros = "0".repeat(900_000);
+    for (n, ok) in [
+        ("1e999999999".to_owned(), false),
+        ("1e99999999999999999999".to_owned(), false),
+        ("1e-999999999".to_owned(), false),
+        ("0e99999999999999999999".to_owned(), true),
+        (r#""1e+0000000000000000000000001""#.to_owned(), true),
+        (format!("1{zeros}"), false),
+        (format!("1{zeros}e-900000"), true),
+        (format!(r#""0.{zeros}1e999999999""#), false),
+    ] {
+        let body = big_request(&format!(r#", "hitsAddend": {n}"#));
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body);
+        let shown: String = n.chars().take(40).collect();
+        if ok {
+            assert_eq!(status, 200, "{shown}: {answer}");
+        } else {
+            assert_eq!(status, 400, "{shown}: {answer}");
+            assert!(
+                answer.contains("descriptors[0].hitsAddend"),
+                "{shown}: {answer}"
+            );
+        }
+    }
+    for (body, field) in [
+        (
+            r#"{"domain": "d", "domai\u006e": "d", "descriptors": [{}]}"#,
+            "domain: given twice",
+        ),
+        (
+            r#"{"domain": "d", "hits_addend": 1, "hits\u005faddend": 1, "descriptors": [{}]}"#,
+            "hits_addend: given twice",
+        ),
+        (r#"{"domain": "\ud800", "descriptors": [{}]}"#, "domain"),
+    ] {
+        let (status, _, answer) = http_ask(&service, "POST", "/json", body);
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(field), "{body}: {answer}");
+    }
+    let deep = format!("{}{}", "[".repeat(500_000), "]".repeat(500_000));
+    let (status, _, answer) = http_ask(&service, "POST", "/json", deep);
+    assert_eq!(status, 400, "{answer}");
+    let deep = format!(r#"{{"domain": {}1{}}}"#, "[".repeat(1000), "]".repeat(1000));
+    let (status, _, answer) = http_ask(&service, "POST", "/json", deep);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("domain"), "{answer}");
+}
+
 fn json_scalar() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("null".to_owned()),

@@ -769,3 +769,40 @@ async fn a_request_a_racing_lowering_makes_too_big_fails_at_once_behind_a_head()
     drop(head.lock().unwrap().take());
     assert_eq!(limiter.stats().waiting_keys, 0);
 }
+
+/// A call for a key served by the shared overflow cell, held back by that key's waiter while
+/// the cell already has room for the waiter's permits and its own (the waiter's timer has not
+/// run yet), is a call that found the cap reached: counted in `overflowed`, as the same call
+/// refused by the cell is.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_held_back_call_at_the_key_cap_counts_as_overflowed_when_the_cell_has_room() {
+    let clock = HookClock::default();
+    let limiter = Arc::new(
+        KeyedLimiter::builder(Algorithm::TokenBucket {
+            rate: Rate::per_second(10),
+            burst: 3,
+        })
+        .clock(clock.clone())
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap(),
+    );
+    limiter.try_acquire_n(&"x", 3).unwrap(); // the only key slot, busy for 300 ms
+    limiter.try_acquire_n(&"a", 3).unwrap(); // the shared cell, empty
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.acquire(&"a").await })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().waiting, 1);
+    // 200 ms on the limiter's clock: the cell holds 2 tokens, "x" is still busy; the waiter's
+    // timer (tokio's, paused) has not run.
+    clock.advance(200_000_000);
+    let before = limiter.stats().overflowed;
+    let refused = limiter.try_acquire(&"a").unwrap_err();
+    assert_eq!(refused.rejection().unwrap().retry_after(), Duration::ZERO);
+    assert_eq!(limiter.stats().overflowed, before + 1);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    waiter.await.unwrap().unwrap();
+}

@@ -2590,6 +2590,143 @@ mod tests {
         );
     }
 
+    /// A request that its client's waiting request holds back, when the client's counter was
+    /// taken out of the full rule (as above) and another new client found no room either, so
+    /// that the shared overflow counter answers for it, is a request the rule had no room for: counted in `turnstile_http_key_overflow`, and
+    /// its rejection not counted towards a ban (the counter that refused it is the one other
+    /// new clients share). It was taken for a rejection by the client's own counter: a ban
+    /// then rejected the waiting request too, once its turn came.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_request_held_back_behind_its_clients_waiter_on_the_shared_counter_is_an_overflow() {
+        let tally = tally::Tally::default();
+        let counts = tally.0.clone();
+        let toml = "max_keys_per_rule = 1\nkey_overflow = \"shared\"\n\
+             [bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n\
+             [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"ip\"\n\
+             algorithm = \"token_bucket\"\nqueue_limit = 5\nmax_wait = \"5s\"\n";
+        metrics::with_local_recorder(&tally, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let clock = ManualClock::new();
+                let config = HttpConfig::from_toml_str(toml).unwrap();
+                let limiter = Arc::new(HttpLimiter::with_clock(config, clock.clone()).unwrap());
+                let snapshot = limiter.config.load_full();
+                let rule = snapshot
+                    .rules
+                    .all_rules()
+                    .find(|r| &*r.name == "q")
+                    .unwrap();
+                let rule_limiter = rule.limiter.as_ref().unwrap();
+                let key = counter_key(rule, &from_ip("10.0.0.1")).unwrap();
+                let (admission, committed) = match rule_limiter.chain_decide::<true>(&key, 1) {
+                    (Ok(admission), committed) => (admission, committed),
+                    (Err(error), _) => panic!("{error}"),
+                };
+                let waiter = {
+                    let limiter = Arc::clone(&limiter);
+                    tokio::spawn(async move { limiter.decide_async(&from_ip("10.0.0.1")).await })
+                };
+                tokio::task::yield_now().await;
+                assert!(!waiter.is_finished(), "the request waits for the rule");
+                give_back(std::iter::once((rule_limiter, &key, admission, committed)));
+                let verdict = limiter.decide(&from_ip("10.0.0.2"));
+                assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+                // Before the waiting request's turn, another of its client's: held back.
+                // A third client finds the rule full, and the shared counter admits it.
+                let verdict = limiter.decide(&from_ip("10.0.0.3"));
+                assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+                // Before the waiting request's turn, another of its client's: held back, and
+                // refused by the shared counter.
+                let verdict = limiter.decide(&from_ip("10.0.0.1"));
+                assert!(!verdict.outcome.is_admitted(), "{verdict:?}");
+                assert_eq!(rule_limiter.stats().overflowed, 2);
+                // The waiting request's turn comes once the shared counter has a permit again.
+                clock.advance(Duration::from_secs(1));
+                tokio::time::advance(Duration::from_secs(1)).await;
+                let verdict = waiter.await.unwrap();
+                assert!(verdict.outcome.is_admitted(), "not banned: {verdict:?}");
+            });
+        });
+        let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+        assert_eq!(n("turnstile_http_banned{q}"), 0);
+        assert_eq!(
+            n("turnstile_http_key_overflow{q}"),
+            2,
+            "the third client and the held-back request (the waiting one, a second later, found \
+             room: the second client's counter had gone idle)"
+        );
+    }
+
+    /// With `key_overflow = "reject"`, a request whose wait ends because its rule has no room
+    /// left for its client (as below) is rejected then, as a newcomer is (`TooManyKeys`), not
+    /// made to wait again, and counted once in each metric: it waited, it met the full rule,
+    /// it was rejected.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_wait_its_rule_has_no_room_for_ends_in_a_too_many_keys_rejection_under_reject() {
+        let tally = tally::Tally::default();
+        let counts = tally.0.clone();
+        let toml = "max_keys_per_rule = 1\nkey_overflow = \"reject\"\n\
+             [[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"ip\"\n\
+             algorithm = \"token_bucket\"\nqueue_limit = 5\nmax_wait = \"5s\"\n";
+        metrics::with_local_recorder(&tally, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let limiter = Arc::new(manual(toml));
+                let snapshot = limiter.config.load_full();
+                let rule = snapshot
+                    .rules
+                    .all_rules()
+                    .find(|r| &*r.name == "q")
+                    .unwrap();
+                let rule_limiter = rule.limiter.as_ref().unwrap();
+                let key = counter_key(rule, &from_ip("10.0.0.1")).unwrap();
+                let (admission, committed) = match rule_limiter.chain_decide::<true>(&key, 1) {
+                    (Ok(admission), committed) => (admission, committed),
+                    (Err(error), _) => panic!("{error}"),
+                };
+                let start = tokio::time::Instant::now();
+                let waiter = {
+                    let limiter = Arc::clone(&limiter);
+                    tokio::spawn(async move {
+                        let verdict = limiter.decide_async(&from_ip("10.0.0.1")).await;
+                        (verdict, tokio::time::Instant::now())
+                    })
+                };
+                tokio::task::yield_now().await;
+                assert!(!waiter.is_finished(), "the request waits for the rule");
+                give_back(std::iter::once((rule_limiter, &key, admission, committed)));
+                let verdict = limiter.decide(&from_ip("10.0.0.2"));
+                assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+                let (verdict, at) = waiter.await.unwrap();
+                assert!(
+                    matches!(
+                        verdict.outcome,
+                        Outcome::Rejected {
+                            reason: RejectReason::TooManyKeys,
+                            ..
+                        }
+                    ),
+                    "{verdict:?}"
+                );
+                assert_eq!(at - start, Duration::ZERO, "rejected when its turn came");
+            });
+        });
+        let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+        assert_eq!(n("turnstile_http_waited{q}"), 1);
+        assert_eq!(n("turnstile_http_key_overflow{q}"), 1);
+        assert_eq!(n("turnstile_http_rejected{q}"), 1);
+    }
+
     /// A request whose wait ends because its rule has no room left for its client (its key
     /// taken out of the limiter, as above, and another client in its place; `TooManyKeys`) is
     /// decided again as a newcomer is, not for good: `key_overflow = "allow"` lets it pass that
