@@ -18,6 +18,7 @@
 //! | `rate_try_acquire/{token_bucket,fixed_window}` | `RateLimiter::try_acquire()` on a limiter that never runs out (default clock) |
 //! | `rate_acquire_poll/{token_bucket,fixed_window}` | `RateLimiter::acquire()` polled once with a no-op waker (asserted `Ready`), same limiter config |
 //! | `rate_try_acquire_in_poll/{token_bucket,fixed_window}` | control: `try_acquire()` inside an `async` block polled the same way |
+//! | `rate_acquire_timeout_poll/{token_bucket,fixed_window}` | `RateLimiter::acquire_timeout(1, 1 s)` polled once the same way: no timer is made for a call admitted at its first poll |
 //! | `block_on/...` | the same calls inside a tokio current-thread `block_on` per iteration, both sides |
 //!
 //! The no-op poll measures the fast path itself: no executor, no task, no wake-up. It is what an
@@ -213,6 +214,15 @@ fn bench_rate(c: &mut Criterion) {
         let limiter = never_empty(alg);
         g.bench_function(&id, |b| b.iter(|| poll_once(limiter.acquire())));
         assert_no_rejections(&id, &limiter);
+
+        // `acquire_timeout` on the same fast path: its timer is made only once the wait is
+        // pending, so an admission at the first poll sets none (and needs no runtime).
+        let id = format!("rate_acquire_timeout_poll/{name}");
+        let limiter = never_empty(alg);
+        g.bench_function(&id, |b| {
+            b.iter(|| poll_once(limiter.acquire_timeout(1, Duration::from_secs(1))))
+        });
+        assert_no_rejections(&id, &limiter);
     }
     g.finish();
 }
@@ -246,6 +256,12 @@ fn bench_block_on(c: &mut Criterion) {
     let limiter = never_empty(alg);
     g.bench_function(&id, |b| {
         b.iter(|| rt.block_on(async { limiter.acquire().await }))
+    });
+    assert_no_rejections(&id, &limiter);
+    let id = format!("block_on/rate_acquire_timeout/{name}");
+    let limiter = never_empty(alg);
+    g.bench_function(&id, |b| {
+        b.iter(|| rt.block_on(async { limiter.acquire_timeout(1, Duration::from_secs(1)).await }))
     });
     assert_no_rejections(&id, &limiter);
     g.finish();
@@ -847,6 +863,59 @@ fn turnstile_blocking_load(length: Duration) -> LoadResult {
     )
 }
 
+/// The tokio load's `acquire().await`, but with no tokio runtime: 64 threads, each its own
+/// `futures::executor::block_on` loop, so that every head sleeps on futures-timer's thread (see
+/// `src/timer.rs`). Beside the tokio rows, for the lateness that timer adds.
+fn turnstile_off_tokio_load(length: Duration, burst: u32) -> LoadResult {
+    let limiter = RateLimiter::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(LOAD_RATE),
+        burst,
+    })
+    .clock(MonotonicClock::new())
+    .build()
+    .expect("valid load-test limiter");
+    let end = Instant::now() + length;
+    let mut samples: Vec<Sample> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..LOAD_TASKS)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut samples = Vec::with_capacity(256);
+                    while Instant::now() < end {
+                        let admission = futures_executor::block_on(limiter.acquire())
+                            .expect("acquire off tokio in the load test");
+                        samples.push(Sample {
+                            returned: Instant::now(),
+                            admission: Some((
+                                admission.at_nanos(),
+                                admission.reset_after().as_nanos() as u64,
+                            )),
+                        });
+                    }
+                    samples
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("load thread"))
+            .collect()
+    });
+    samples.retain(|s| s.returned <= end);
+    samples.sort_by_key(|s| s.returned);
+    let stats = limiter.stats();
+    assert!(
+        stats.rejected == 0 && stats.cancelled == 0 && stats.waiting == 0,
+        "off-tokio load: {stats:?}"
+    );
+    analyse(
+        "turnstile, no tokio runtime (64 threads in block_on; futures-timer)",
+        "MonotonicClock",
+        &samples,
+        length,
+        burst,
+    )
+}
+
 fn leaky_bucket_load(length: Duration, burst: u32) -> LoadResult {
     // Built inside a runtime: leaky-bucket reads tokio's clock.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -1003,7 +1072,7 @@ fn load_test() {
     else {
         return;
     };
-    println!("waiting-load: 8 scenarios × {length:?}");
+    println!("waiting-load: 10 scenarios × {length:?}");
     let results = vec![
         // `Rate::per_second(1000)` with a burst of one second's worth, as governor's
         // `Quota::per_second` and most token-bucket configurations have it.
@@ -1022,6 +1091,7 @@ fn load_test() {
             LOAD_RATE,
         ),
         leaky_bucket_load(length, LOAD_RATE),
+        turnstile_off_tokio_load(length, LOAD_RATE),
         // Strict 1 ms spacing (burst 1): what a 1 ms timer costs when no credit absorbs a late
         // wake (see the docs above).
         turnstile_load(
@@ -1039,6 +1109,7 @@ fn load_test() {
             1,
         ),
         leaky_bucket_load(length, 1),
+        turnstile_off_tokio_load(length, 1),
         turnstile_blocking_load(length),
         turnstile_load(
             "turnstile",
