@@ -37,7 +37,9 @@
 //! `load.md`). Scenarios: burst 1,000 (one second's worth, the usual configuration): turnstile on
 //! `MonotonicClock`, on the default `UpkeepClock`, and leaky-bucket 1.x
 //! (`max(b).initial(b).refill(1).interval(1 ms)`), same load, same runtime settings; then strict
-//! spacing, burst 1: the same three, 64 threads in `acquire_blocking`, and burst 3. See
+//! spacing, burst 1: the same three, 64 threads in `acquire_blocking`, and burst 3. At both
+//! bursts, also 64 threads each in a `futures::executor::block_on` loop of `acquire().await`, with
+//! no tokio runtime: the heads sleep on futures-timer's thread. See
 //! [`load_test`] for how lateness is defined and why burst 1 cannot reach the rate on a 1 ms timer.
 //!
 //! `cargo bench --bench waiting -- waiting-` runs only the paired ratios and the load test; in
