@@ -826,9 +826,10 @@ where
     /// Sweeps every `every` (as [`sweep`](Self::sweep)) until the last handle to the list is
     /// dropped: spawn it on tokio (`tokio::spawn(bans.run_sweeper(Duration::from_secs(10)))`)
     /// to return memory from idle keys without waiting for new keys to arrive. An `every`
-    /// under one millisecond sweeps every millisecond. It ticks on a tokio interval, so it must
-    /// run inside a tokio runtime with its time driver enabled; elsewhere, call
-    /// [`sweep`](Self::sweep) from a thread or task of your own.
+    /// under one millisecond sweeps every millisecond. Like `acquire`, it runs on any executor:
+    /// it sleeps on tokio's timer inside a tokio runtime (with its time driver enabled), on
+    /// futures-timer's thread elsewhere. Each sleep of `every` starts when the sweep before it
+    /// ends.
     ///
     /// It holds only a weak reference, so it does not keep the list alive, and the tables'
     /// sweep flags keep it from sweeping a shard that a call is already sweeping.
@@ -869,11 +870,9 @@ where
     {
         let weak = Arc::downgrade(&self.inner);
         async move {
-            let mut ticks = tokio::time::interval(every.max(BAN_RESOLUTION));
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticks.tick().await;
+            let every = every.max(BAN_RESOLUTION);
             loop {
-                ticks.tick().await;
+                crate::timer::sleep(every).await;
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };

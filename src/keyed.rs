@@ -1957,9 +1957,10 @@ where
 
     /// Sweeps every `every` until the last handle to the limiter is dropped: spawn it on tokio
     /// (`tokio::spawn(limiter.run_sweeper(Duration::from_secs(10)))`) to return memory from idle
-    /// keys without waiting for new keys to arrive. It ticks on a tokio interval, so it must run
-    /// inside a tokio runtime with its time driver enabled (unlike `acquire`, which runs on any
-    /// executor); elsewhere, call [`sweep`](Self::sweep) from a thread or task of your own.
+    /// keys without waiting for new keys to arrive. Like `acquire`, it runs on any executor: it
+    /// sleeps on tokio's timer inside a tokio runtime (with its time driver enabled), on
+    /// futures-timer's thread elsewhere. A sweep runs on the task that polls it; each sleep of
+    /// `every` starts when the sweep before it ends.
     ///
     /// It holds only a weak reference, so it does not keep the limiter alive, and the shards'
     /// sweep flags keep it from sweeping a shard that a call is already sweeping.
@@ -2002,11 +2003,9 @@ where
     {
         let weak = Arc::downgrade(&self.inner);
         async move {
-            let mut ticks = tokio::time::interval(every.max(std::time::Duration::from_millis(1)));
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticks.tick().await;
+            let every = every.max(std::time::Duration::from_millis(1));
             loop {
-                ticks.tick().await;
+                crate::timer::sleep(every).await;
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };

@@ -335,3 +335,45 @@ fn a_store_limiter_waits_off_tokio() {
     });
     about_one_step(waited);
 }
+
+/// A keyed limiter's `run_sweeper` off tokio: it sweeps an idle key on its own, and ends once
+/// the limiter is dropped. It ticked on a tokio interval, which panics off tokio.
+#[test]
+fn a_keyed_limiter_sweeper_runs_off_tokio() {
+    let limiter = KeyedLimiter::new(Algorithm::FixedWindow {
+        limit: 1,
+        window: Duration::from_millis(10),
+    })
+    .unwrap();
+    limiter.try_acquire(&"idle").unwrap();
+    assert_eq!(limiter.len(), 1);
+    let sweeper = limiter.run_sweeper(Duration::from_millis(20));
+    let sweeping = std::thread::spawn(move || off_tokio(sweeper));
+    let start = Instant::now();
+    while !limiter.is_empty() {
+        assert!(start.elapsed() < AT_MOST, "the idle key was never swept");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(limiter);
+    // Ends at its next tick, the limiter gone (a hang here fails the test run).
+    sweeping.join().unwrap();
+}
+
+/// The same for a ban list's sweeper.
+#[test]
+fn a_ban_list_sweeper_runs_off_tokio() {
+    let bans = turnstile::BanList::builder(1, Duration::from_millis(10), Duration::from_millis(10))
+        .build()
+        .unwrap();
+    bans.fail(&"mallory").unwrap();
+    assert!(!bans.is_empty());
+    let sweeper = bans.run_sweeper(Duration::from_millis(20));
+    let sweeping = std::thread::spawn(move || off_tokio(sweeper));
+    let start = Instant::now();
+    while !bans.is_empty() {
+        assert!(start.elapsed() < AT_MOST, "the expired ban was never swept");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(bans);
+    sweeping.join().unwrap();
+}
