@@ -418,3 +418,30 @@ async fn cluster_fallback_gives_back_when_another_slot_rejects() {
     assert_eq!(summary(&r), (OK, vec![(OK, 49)]));
     big_node.resume();
 }
+
+/// One counter named by two descriptors of different costs is decided in two scripts (one per
+/// cost), one after the other: the second rejects on what the first took, and the first then
+/// gives it back. That rejection counted hits the request no longer holds, so the deny cache
+/// must not keep it: kept, it answered every later one-hit request on the counter over the
+/// limit, without asking Redis, for the rest of the window (a year here), with the counter at 0.
+#[tokio::test]
+async fn a_rejection_counting_another_call_s_given_back_hits_is_not_cached() {
+    const PAIR_CONFIG: &str = "
+domain: d
+descriptors:
+  - key: pair
+    rate_limit: { unit: year, requests_per_unit: 2 }
+";
+    const PAIR: &[(&str, &str)] = &[("pair", "x")];
+    let server = RedisServer::start();
+    let rls = service(&server, PAIR_CONFIG).await;
+    let mut req = request(&[PAIR, PAIR]);
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
+    let r = rls.decide(&req).await.unwrap();
+    assert_eq!(r.overall_code(), OVER);
+    // Nothing is held: one hit is within the limit, and so is a second.
+    let r = rls.decide(&request(&[PAIR])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 1)]));
+    let r = rls.decide(&request(&[PAIR])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0)]));
+}

@@ -198,8 +198,22 @@ impl Remote {
                 return;
             }
         }
-        let calls_held: Vec<_> = (calls.iter().zip(&members))
-            .map(|((_, h, _), m)| try_acquire_all_held(m, cost(*h)))
+        // Each call's keys, so that a call whose key another call also counts (one counter
+        // named at two costs) does not cache a rejection that may count the other's hits,
+        // given back after.
+        let keys: Vec<Vec<Vec<u8>>> = (members.iter())
+            .map(|m| (m.iter()).flat_map(|(l, s)| l.keys(*s)).collect())
+            .collect();
+        let elsewhere: Vec<Vec<Vec<u8>>> = (0..keys.len())
+            .map(|c| {
+                (keys.iter().enumerate())
+                    .filter(|&(other, _)| other != c)
+                    .flat_map(|(_, k)| k.iter().cloned())
+                    .collect()
+            })
+            .collect();
+        let calls_held: Vec<_> = (calls.iter().zip(&members).zip(&elsewhere))
+            .map(|(((_, h, _), m), elsewhere)| try_acquire_all_held(m, cost(*h), elsewhere))
             .collect();
         let held = join_all(calls_held).await;
         let admitted = |got: &[Option<Result<Admission, TryAcquireError>>]| {
