@@ -237,17 +237,32 @@ impl Remote {
                 (got, back)
             })
             .collect();
+        // A counter named more than once (in one call, or in calls of different costs) took
+        // its hits one occurrence after another: the one that ran first saw the count as
+        // before the request, the others less by what the ones before them took. All of it is
+        // given back, so each occurrence answers the most any of them saw before its own hits.
+        let mut before: HashMap<Vec<u8>, u32> = HashMap::new();
+        let mut given = Vec::new();
         for ((_, h, ks), (got, back)) in calls.iter().zip(join_all(giving).await) {
             for ((&k, answer), back) in ks.iter().zip(answers_of(got)).zip(back) {
                 let (i, l) = group[k];
                 answers[i] = match answer {
                     Some(Answer::Got(Ok(a))) if back => {
                         let left = a.remaining().saturating_add(cost(*h)).min(l.capacity());
+                        let key = l.key(subjects[i].as_slice());
+                        let most = before.entry(key.clone()).or_insert(left);
+                        *most = (*most).max(left);
+                        given.push((i, key));
                         Answer::GivenBack(a, left)
                     }
                     Some(answer) => answer,
                     None => continue,
                 };
+            }
+        }
+        for (i, key) in given {
+            if let (Answer::GivenBack(_, left), Some(&most)) = (&mut answers[i], before.get(&key)) {
+                *left = most;
             }
         }
     }
