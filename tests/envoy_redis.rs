@@ -418,3 +418,59 @@ async fn cluster_fallback_gives_back_when_another_slot_rejects() {
     assert_eq!(summary(&r), (OK, vec![(OK, 49)]));
     big_node.resume();
 }
+
+/// One counter named by two descriptors of different costs is decided in two scripts (one per
+/// cost), one after the other: the second rejects on what the first took, and the first then
+/// gives it back. That rejection counted hits the request no longer holds, so the deny cache
+/// must not keep it: kept, it answered every later one-hit request on the counter over the
+/// limit, without asking Redis, for the rest of the window (a year here), with the counter at 0.
+#[tokio::test]
+async fn a_rejection_counting_another_call_s_given_back_hits_is_not_cached() {
+    const PAIR_CONFIG: &str = "
+domain: d
+descriptors:
+  - key: pair
+    rate_limit: { unit: year, requests_per_unit: 2 }
+";
+    const PAIR: &[(&str, &str)] = &[("pair", "x")];
+    let server = RedisServer::start();
+    let rls = service(&server, PAIR_CONFIG).await;
+    let mut req = request(&[PAIR, PAIR]);
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
+    let r = rls.decide(&req).await.unwrap();
+    assert_eq!(r.overall_code(), OVER);
+    // Nothing is held: one hit is within the limit, and so is a second.
+    let r = rls.decide(&request(&[PAIR])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 1)]));
+    let r = rls.decide(&request(&[PAIR])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 0)]));
+}
+
+/// A counter named twice in a call that is given back (another call, of another cost,
+/// rejected): the call took its hits twice and gives them back twice, so both descriptors
+/// answer the count as before the request, not the second one a hit short of it.
+#[tokio::test]
+async fn a_counter_named_twice_and_given_back_answers_its_count_before_the_request_twice() {
+    const TRIO_CONFIG: &str = "
+domain: d
+descriptors:
+  - key: trio
+    rate_limit: { unit: year, requests_per_unit: 3 }
+  - key: big
+    rate_limit: { unit: year, requests_per_unit: 100 }
+";
+    const TRIO: &[(&str, &str)] = &[("trio", "x")];
+    let server = RedisServer::start();
+    let rls = service(&server, TRIO_CONFIG).await;
+    let mut spend = request(&[BIG]);
+    spend.descriptors[0].hits_addend = Some(UInt64Value { value: 99 });
+    let r = rls.decide(&spend).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 1)]));
+    let mut req = request(&[TRIO, TRIO, BIG]);
+    req.descriptors[2].hits_addend = Some(UInt64Value { value: 2 });
+    let r = rls.decide(&req).await.unwrap();
+    assert_eq!(summary(&r), (OVER, vec![(OK, 3), (OK, 3), (OVER, 0)]));
+    // Nothing was kept: the counter of three admits three.
+    let r = rls.decide(&request(&[TRIO])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 2)]));
+}

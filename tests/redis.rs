@@ -2569,10 +2569,13 @@ async fn decisions_racing_reconfigurations_use_one_parameter_set_wholly() {
     assert_eq!((stats.errors, stats.timeouts), (0, 0));
 }
 
-/// For the once-charge tests: a bucket of 4 per second under `Fallback` (locally 1 per second,
-/// burst 1: a short retry-after), and a log of the hour that counts every admission in Redis;
-/// every script cached, so that a late `EVALSHA` runs (after `NOSCRIPT` its `EVAL` would never
-/// go).
+/// For the once-charge tests: a bucket of 4 per second, burst 8, under `Fallback` (locally 1
+/// per second, burst 2: a retry-after of about a second), and a log of the hour that counts
+/// every admission in Redis; every script cached, so that a late `EVALSHA` runs (after
+/// `NOSCRIPT` its `EVAL` would never go). Then 4 of the subject `s`'s permits taken in Redis,
+/// so that a late admission still weighs on the bucket (its reset outlives the local
+/// retry-after) when the call's retry comes: a chain's admission is answered only while it
+/// counts in every limit.
 async fn once_charge_limiter(
     server: &RedisServer,
     deadline: Duration,
@@ -2580,7 +2583,7 @@ async fn once_charge_limiter(
     let limiter = RedisLimiter::builder(
         Algorithm::TokenBucket {
             rate: Rate::per_second(4),
-            burst: 4,
+            burst: 8,
         },
         FailurePolicy::Fallback { share: 0.25 },
     )
@@ -2595,6 +2598,7 @@ async fn once_charge_limiter(
     .unwrap();
     limiter.acquire("warm").await.unwrap();
     limiter.try_acquire("warm").await.unwrap();
+    limiter.try_acquire_n("s", 4).await.unwrap();
     limiter
 }
 
@@ -2621,11 +2625,13 @@ async fn an_acquire_retrying_after_a_timeout_is_charged_once() {
             std::thread::sleep(Duration::from_millis(1));
         }
     };
-    // The local bucket emptied by a decision that timed out (and ran late in Redis).
+    // The local bucket emptied by two decisions that timed out (and ran late in Redis).
     server.pause();
-    timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    for _ in 0..2 {
+        timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    }
     server.resume();
-    settled(&mut con, 1);
+    settled(&mut con, 6);
     // Now an acquire: its attempt times out, the empty local bucket rejects it for about a
     // second, the attempt runs late in Redis meanwhile, and the retry goes to Redis.
     server.pause();
@@ -2635,9 +2641,9 @@ async fn an_acquire_retrying_after_a_timeout_is_charged_once() {
     };
     let (admission, ()) = tokio::join!(limiter.acquire("s"), resume);
     let admission = admission.unwrap();
-    assert_eq!(logged(&mut con), 2, "one call charged once: {admission:?}");
+    assert_eq!(logged(&mut con), 7, "one call charged once: {admission:?}");
     let stats = limiter.stats();
-    assert_eq!((stats.timeouts, stats.fallbacks), (2, 2), "{stats:?}");
+    assert_eq!((stats.timeouts, stats.fallbacks), (3, 3), "{stats:?}");
     // The answer is an admission the log holds: the late attempt's, scored by its expiry.
     let expiry = admission.at_nanos() / 1000 + 3_600_000_000;
     let at_expiry: u64 = con.zcount(&log, expiry, expiry).unwrap();
@@ -2658,12 +2664,14 @@ async fn concurrent_acquires_retrying_after_a_timeout_are_each_charged_once() {
     let limiter = once_charge_limiter(&server, deadline).await;
     let log = limiter.keys("s").remove(1);
     let logged = |con: &mut redis::Connection| -> u64 { con.zcard(&log).unwrap() };
-    // The local bucket emptied by a decision that timed out (and ran late in Redis).
+    // The local bucket emptied by two decisions that timed out (and ran late in Redis).
     server.pause();
-    timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    for _ in 0..2 {
+        timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    }
     server.resume();
     let started = Instant::now();
-    while logged(&mut con) != 1 {
+    while logged(&mut con) != 6 {
         assert!(started.elapsed() < Duration::from_secs(5), "never logged");
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -2678,11 +2686,11 @@ async fn concurrent_acquires_retrying_after_a_timeout_are_each_charged_once() {
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(
         logged(&mut con),
-        3,
+        8,
         "two calls charged once each: {a:?} {b:?}"
     );
     let stats = limiter.stats();
-    assert_eq!((stats.timeouts, stats.fallbacks), (3, 3), "{stats:?}");
+    assert_eq!((stats.timeouts, stats.fallbacks), (4, 4), "{stats:?}");
     // Each answer is its own call's late admission, which the log holds (the second one ran
     // after the first had taken its permit: one fewer remains), not the same record twice.
     assert_ne!(a.remaining(), b.remaining(), "{a:?} {b:?}");
@@ -2780,7 +2788,7 @@ async fn many_acquire_calls_on_one_subject_keep_one_bounded_record() {
     assert_eq!(records, ["t:{s}:acq"], "{keys:?}");
     let held: HashMap<String, String> = con.hgetall("t:{s}:acq").unwrap();
     assert_eq!(held.len(), cap);
-    // The latest calls' admissions: "now:reset_after:remaining", now in µs.
+    // The latest calls' admissions: "now:reset_after:remaining:held", now in µs.
     let mut times: Vec<u64> = held
         .values()
         .map(|v| v.split(':').next().unwrap().parse().unwrap())

@@ -1284,8 +1284,12 @@ where
     /// share is spent), the call waits and tries again, and that attempt finds the call's id in
     /// the subject's record (`prefix:{subject}:acq`, a hash of call id → admission, written by
     /// the admission of an `acquire` call's attempt) and answers the recorded admission instead
-    /// of taking the permits a second time (while that admission still counts: after its reset
-    /// the retry decides afresh, as the first permit no longer weighs on anything). Calls
+    /// of taking the permits a second time (while that admission still counts in every limit:
+    /// after its reset, for a chain its shortest limit's, the retry decides afresh, as the first
+    /// permit no longer weighs on that limit; a chain's longer limits are then charged twice,
+    /// rather than the call let through on nothing in the shorter one; and only under the
+    /// parameters it was admitted under: after a [`reconfigure`](Self::reconfigure), which may
+    /// end the permit's window sooner, the retry decides afresh too). Calls
     /// racing on one subject each have their own field, so each is charged once however their
     /// attempts interleave, unless
     /// [`REDIS_ACQUIRE_RECORDS`] or more other `acquire` calls were admitted on the subject
@@ -2129,6 +2133,110 @@ mod tests {
         // This window's one permit, taken by another caller.
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: the window is full.
+        let retry = limiter.decide(b"s", 1, Some(7)).await;
+        assert!(
+            matches!(retry, Err(TryAcquireError::Rejected(_))),
+            "{retry:?}"
+        );
+    }
+
+    /// A chain's admission counts in every limit only until its shortest limit's reset: the
+    /// chain's reply (and the record's `reset_after`) is the longest. A retry finding its call's
+    /// field after the short limit's permit stopped counting, but within the long limit's
+    /// reset, must not answer it: that admitted the call now on nothing in the short limit,
+    /// whose window others had since filled (two admitted in a window of one).
+    #[tokio::test]
+    async fn a_chain_s_acquire_record_is_not_answered_past_its_shortest_reset() {
+        use super::multi::redis_server::{RedisServer, redis_now, room_in_window};
+        let server = RedisServer::start();
+        let mut raw = server.connection();
+        let (short, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
+        room_in_window(&mut raw, hour, Duration::from_secs(30));
+        room_in_window(&mut raw, short, Duration::from_millis(900));
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ::redis::aio::ConnectionManager::new(client).await.unwrap();
+        let limiter = RedisLimiter::builder(
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: short,
+            },
+            FailurePolicy::Fallback { share: 1.0 },
+        )
+        .and_limit(Algorithm::FixedWindow {
+            limit: 100,
+            window: hour,
+        })
+        .prefix("sc")
+        .deny_cache(0)
+        .build(connection)
+        .unwrap();
+        // Call 7's attempt admitted (its reply lost, say): a permit in this second's window and
+        // one in the hour's, which counts it still after this second.
+        let first = limiter.decide(b"s", 1, Some(7)).await.unwrap();
+        assert!(first.reset_after() > Duration::from_secs(30), "{first:?}");
+        // The next second's window (Redis's clock is the real one), whose one permit another
+        // caller takes.
+        let left = 1_000_000 - redis_now(&mut raw) % 1_000_000;
+        std::thread::sleep(Duration::from_micros(left) + Duration::from_millis(5));
+        assert!(limiter.try_acquire("s").await.is_ok());
+        // Call 7's retry: this window is full.
+        let retry = limiter.decide(b"s", 1, Some(7)).await;
+        assert!(
+            matches!(retry, Err(TryAcquireError::Rejected(_))),
+            "{retry:?}"
+        );
+    }
+
+    /// A reconfiguration to a shorter window between an `acquire` call's attempts: the call's
+    /// admission, recorded with the reset of the hour it was admitted under, stops counting
+    /// when the rebased window ends, a second later. A retry after that must not answer it:
+    /// that let the call through on nothing, into the next second's window, which another
+    /// caller had filled (two admitted in a window of one).
+    #[tokio::test]
+    async fn an_acquire_record_is_not_answered_under_other_parameters() {
+        use super::multi::redis_server::{RedisServer, redis_now, room_in_window};
+        let server = RedisServer::start();
+        let mut raw = server.connection();
+        let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
+        room_in_window(&mut raw, hour, Duration::from_secs(30));
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ::redis::aio::ConnectionManager::new(client).await.unwrap();
+        let limiter = RedisLimiter::builder(
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: hour,
+            },
+            FailurePolicy::Fallback { share: 1.0 },
+        )
+        .prefix("rc")
+        .deny_cache(0)
+        .build(connection)
+        .unwrap();
+        // Call 7's attempt admitted (its reply lost, say).
+        let first = limiter.decide(b"s", 1, Some(7)).await.unwrap();
+        assert!(first.reset_after() > Duration::from_secs(30), "{first:?}");
+        limiter
+            .reconfigure(Algorithm::FixedWindow {
+                limit: 1,
+                window: second,
+            })
+            .unwrap();
+        // The first call under the new window rebases the hour's to end within a second; the
+        // call's permit counts until then.
+        assert!(limiter.try_acquire("s").await.is_err());
+        let end: u64 = ::redis::cmd("HGET")
+            .arg(limiter.key("s"))
+            .arg("w")
+            .query::<u64>(&mut raw)
+            .unwrap()
+            + 1_000_000;
+        let now = redis_now(&mut raw);
+        std::thread::sleep(
+            Duration::from_micros(end.saturating_sub(now)) + Duration::from_millis(5),
+        );
+        // The next window's one permit, taken by another caller.
+        assert!(limiter.try_acquire("s").await.is_ok());
+        // Call 7's retry: this window is full.
         let retry = limiter.decide(b"s", 1, Some(7)).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),

@@ -194,11 +194,14 @@ pub(crate) async fn try_acquire_all<C>(members: &[(&RedisLimiter<C>, &[u8])], n:
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    try_acquire_all_held(members, n).await.0
+    try_acquire_all_held(members, n, &[]).await.0
 }
 
 /// [`try_acquire_all`], and what the call took from each member, so that the caller can give
-/// it back ([`Held::give_back`]) if it rejects the decision after all.
+/// it back ([`Held::give_back`]) if it rejects the decision after all. `elsewhere` are the keys
+/// of the decision's other calls, which may take from a key of this call before it decides and
+/// give it back after: a member with such a key keeps its rejection out of the deny cache, as
+/// one with a key this call lists twice does (that retry-after may count hits given back).
 ///
 /// # Cancel safety
 ///
@@ -206,6 +209,7 @@ where
 pub(crate) async fn try_acquire_all_held<C>(
     members: &[(&RedisLimiter<C>, &[u8])],
     n: u32,
+    elsewhere: &[Vec<u8>],
 ) -> (Vec<Answer>, Held)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -304,11 +308,14 @@ where
             Some(match (worst, admitted) {
                 (Some((retry_after, member)), _) => {
                     // A key that the call lists more than once may have been decided on what
-                    // an earlier occurrence took (then put back): that retry-after is not one
-                    // for `n` on the subject as it stands, and the deny cache keeps none of it.
-                    let remember = !own
-                        .iter()
-                        .any(|key| each.iter().flatten().filter(|other| *other == key).count() > 1);
+                    // an earlier occurrence took (then put back), and one that another call of
+                    // the decision lists on what that call took (then given back): that
+                    // retry-after is not one for `n` on the subject as it stands, and the deny
+                    // cache keeps none of it.
+                    let remember = !own.iter().any(|key| {
+                        elsewhere.contains(key)
+                            || each.iter().flatten().filter(|other| *other == key).count() > 1
+                    });
                     Err(inner.rejected(config, subject, n, sent, retry_after, member, remember))
                 }
                 (None, Some((at, reset, remaining))) => {
@@ -760,7 +767,7 @@ mod tests {
             (&b, &b"y"[..]),
             (&bucket, &b"z"[..]),
         ];
-        let (answers, held) = try_acquire_all_held(&members, 1).await;
+        let (answers, held) = try_acquire_all_held(&members, 1, &[]).await;
         assert!(
             answers.iter().all(|a| matches!(a, Some(Ok(_)))),
             "{answers:?}"
@@ -789,7 +796,7 @@ mod tests {
             "still charged"
         );
         // A rejected call took nothing, and gives back nothing.
-        let (_, held) = try_acquire_all_held(&[(&a, &b"x"[..]), (&a, &b"x"[..])], 2).await;
+        let (_, held) = try_acquire_all_held(&[(&a, &b"x"[..]), (&a, &b"x"[..])], 2, &[]).await;
         assert_eq!(
             held.give_back(&[(&a, &b"x"[..]), (&a, &b"x"[..])]).await,
             [true, true]

@@ -198,8 +198,22 @@ impl Remote {
                 return;
             }
         }
-        let calls_held: Vec<_> = (calls.iter().zip(&members))
-            .map(|((_, h, _), m)| try_acquire_all_held(m, cost(*h)))
+        // Each call's keys, so that a call whose key another call also counts (one counter
+        // named at two costs) does not cache a rejection that may count the other's hits,
+        // given back after.
+        let keys: Vec<Vec<Vec<u8>>> = (members.iter())
+            .map(|m| (m.iter()).flat_map(|(l, s)| l.keys(*s)).collect())
+            .collect();
+        let elsewhere: Vec<Vec<Vec<u8>>> = (0..keys.len())
+            .map(|c| {
+                (keys.iter().enumerate())
+                    .filter(|&(other, _)| other != c)
+                    .flat_map(|(_, k)| k.iter().cloned())
+                    .collect()
+            })
+            .collect();
+        let calls_held: Vec<_> = (calls.iter().zip(&members).zip(&elsewhere))
+            .map(|(((_, h, _), m), elsewhere)| try_acquire_all_held(m, cost(*h), elsewhere))
             .collect();
         let held = join_all(calls_held).await;
         let admitted = |got: &[Option<Result<Admission, TryAcquireError>>]| {
@@ -223,17 +237,32 @@ impl Remote {
                 (got, back)
             })
             .collect();
+        // A counter named more than once (in one call, or in calls of different costs) took
+        // its hits one occurrence after another: the one that ran first saw the count as
+        // before the request, the others less by what the ones before them took. All of it is
+        // given back, so each occurrence answers the most any of them saw before its own hits.
+        let mut before: HashMap<Vec<u8>, u32> = HashMap::new();
+        let mut given = Vec::new();
         for ((_, h, ks), (got, back)) in calls.iter().zip(join_all(giving).await) {
             for ((&k, answer), back) in ks.iter().zip(answers_of(got)).zip(back) {
                 let (i, l) = group[k];
                 answers[i] = match answer {
                     Some(Answer::Got(Ok(a))) if back => {
                         let left = a.remaining().saturating_add(cost(*h)).min(l.capacity());
+                        let key = l.key(subjects[i].as_slice());
+                        let most = before.entry(key.clone()).or_insert(left);
+                        *most = (*most).max(left);
+                        given.push((i, key));
                         Answer::GivenBack(a, left)
                     }
                     Some(answer) => answer,
                     None => continue,
                 };
+            }
+        }
+        for (i, key) in given {
+            if let (Answer::GivenBack(_, left), Some(&most)) = (&mut answers[i], before.get(&key)) {
+                *left = most;
             }
         }
     }

@@ -13,6 +13,7 @@ for i = 1, #KEYS do
     end
   else
     if t > reset then reset = t end
+    if shortest_reset == nil or t < shortest_reset then shortest_reset = t end
     if remaining == nil or left < remaining then remaining = left end
   end
 end

@@ -48,6 +48,10 @@ local function discard(key)
   unreadable = unreadable + 1
 end
 
+-- An admission of several limits (chain.lua) replies with the longest reset_after; it sets this
+-- to the shortest, after which the admission no longer counts in every limit (see once.lua).
+local shortest_reset = nil
+
 -- `reply` with the count of unreadable keys appended when there were any.
 local function reported(reply)
   if unreadable > 0 then reply[#reply + 1] = unreadable end
