@@ -400,6 +400,52 @@ async fn a_rejection_behind_waiters_counts_what_they_take_even_beyond_the_capaci
     assert_eq!(three.await.unwrap().unwrap(), MS * 400);
 }
 
+/// Behind waiters holding several windows' worth, a window algorithm's retry-after counts the
+/// windows they fill: it said one window, whatever the queue held, so a caller that retried on
+/// it was refused again and again.
+#[tokio::test(start_paused = true)]
+async fn behind_several_windows_of_waiters_a_windows_retry_after_counts_them() {
+    let window = Duration::from_secs(1);
+    for algorithm in [
+        Algorithm::FixedWindow { limit: 2, window },
+        Algorithm::SlidingWindow { limit: 2, window },
+        Algorithm::SlidingCounter { limit: 2, window },
+    ] {
+        let limiter = RateLimiter::with_clock(algorithm, TokioClock::new()).unwrap();
+        let start = tokio::time::Instant::now();
+        limiter.try_acquire_n(2).unwrap();
+        let spawn = |n| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                limiter.acquire_n(n).await.unwrap();
+                start.elapsed()
+            })
+        };
+        let first = spawn(2);
+        settle().await;
+        let second = spawn(2);
+        settle().await;
+        let retry = limiter
+            .try_acquire()
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .retry_after();
+        // 4 queued + 1: this window holds no more, the next two windows take 2 each at most
+        // (this one has none free, which the bound cannot know, so it allows it one).
+        assert_eq!(retry, 2 * window, "{algorithm:?}");
+        let call = spawn(1);
+        settle().await;
+        let (first, second, call) = (
+            first.await.unwrap(),
+            second.await.unwrap(),
+            call.await.unwrap(),
+        );
+        assert!(first < second && second < call, "{algorithm:?}");
+        assert!(call >= retry, "{algorithm:?}: a lower bound ({call:?})");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn newest_first_serves_the_newest_and_evicts_the_oldest_when_full() {
     let limiter = ConcurrencyLimiter::builder(1)

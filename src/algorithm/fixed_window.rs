@@ -188,11 +188,17 @@ impl Algo for FixedWindow {
         vec![state.load(Ordering::Relaxed)]
     }
 
-    /// A window admits at most the limit: more cannot all come before the next window.
-    fn beyond_limit(&self, now: u64, _at_limit: u64, _extra: u64) -> u64 {
+    /// A window admits at most the limit. Of `limit + extra` admitted from `now` on, this window
+    /// takes at most the limit, and at most `limit − 1` when the limit does not fit at once
+    /// (`at_limit > 0`); the rest go a limit per window after it, the last in the window that
+    /// starts `(⌈rest / limit⌉ − 1)` windows after the next one.
+    fn beyond_limit(&self, now: u64, at_limit: u64, extra: u64) -> u64 {
         let (p, _) = self.shape();
         let (_, elapsed) = p.grid.locate(now);
-        p.grid.len() - elapsed
+        let len = p.grid.len();
+        let rest = extra.saturating_add(u64::from(at_limit > 0)).max(1);
+        let later = rest.div_ceil(u64::from(p.limit.max(1))) - 1;
+        (len - elapsed).saturating_add(later.saturating_mul(len))
     }
 
     fn available(&self, state: &AtomicU64, now: u64) -> u32 {

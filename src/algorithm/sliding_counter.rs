@@ -383,10 +383,16 @@ impl Algo for SlidingCounter {
         ]
     }
 
-    /// What this window admits counts in full until it ends, and never more than the limit:
-    /// more cannot all come before the next window.
-    fn beyond_limit(&self, now: u64, _at_limit: u64, _extra: u64) -> u64 {
+    /// What a window admits counts in full until it ends, and never more than the limit: of
+    /// `limit + extra` admitted from `now` on, this window takes at most the limit (its previous
+    /// window's weight falls to nothing by its end), and the rest go at most a limit per window
+    /// after it, the last in the window that starts `(⌈extra / limit⌉ − 1)` windows after the
+    /// next one.
+    fn beyond_limit(&self, now: u64, _at_limit: u64, extra: u64) -> u64 {
+        let p = self.shape().0;
+        let later = extra.max(1).div_ceil(u64::from(p.limit.max(1))) - 1;
         self.next_window_after(now, 0)
+            .saturating_add(later.saturating_mul(p.window))
     }
 
     fn available(&self, words: &Words, now: u64) -> u32 {

@@ -671,10 +671,17 @@ impl Algo for SlidingWindow {
     /// tickets' free permits (limit 2 lowered to 1, ticket 0 live and ticket 1 expired: 1 free,
     /// where every call was refused). That scan (at most reach − N slots) is paid by each call
     /// until an admission settles the ring.
-    /// At most the limit in any window's length: of more, all admitted from `now` on, the last
-    /// comes at least a window after the first.
-    fn beyond_limit(&self, _now: u64, _at_limit: u64, _extra: u64) -> u64 {
-        self.shape().0.window
+    /// At most the limit in any window's length: of `limit + extra` admitted one after another
+    /// from `now` on, admission `i + limit` comes at least a window after admission `i`. So the
+    /// last comes `⌈extra / limit⌉` windows after the first (at `now` at the earliest), and
+    /// `⌊extra / limit⌋` windows after the limit-th, which is no earlier than the time the
+    /// limit fits at once (`at_limit`: every live ticket must have expired by then).
+    fn beyond_limit(&self, _now: u64, at_limit: u64, extra: u64) -> u64 {
+        let p = self.shape().0;
+        let limit = u64::from(p.limit.max(1));
+        let from_first = extra.div_ceil(limit).saturating_mul(p.window);
+        let from_limit = at_limit.saturating_add((extra / limit).saturating_mul(p.window));
+        from_first.max(from_limit)
     }
 
     fn available(&self, ring: &Ring, now: u64) -> u32 {
