@@ -41,8 +41,9 @@ pub(super) fn tally(d: Decision) -> [u64; 5] {
             over = after.saturating_sub(limit);
             near_hits = limit - near.max(d.before);
         }
+        // As envoyproxy/ratelimit: a shadow limit's hits over it, as `over_limit` counts them.
         if d.shadow {
-            shadow = d.hits;
+            shadow = over;
         }
     } else {
         within = d.hits;
@@ -185,6 +186,8 @@ mod tests {
         // 9 counted, 3 more: 2 over, the 10th near.
         assert_eq!(d(10, 9, 3, true, false), [3, 2, 1, 0, 0]);
         assert_eq!(d(10, 10, 2, true, true), [2, 2, 0, 0, 2]);
+        // In shadow mode, crossing: only the hits past the limit count in shadow_mode.
+        assert_eq!(d(10, 9, 3, true, true), [3, 2, 1, 0, 2]);
         // Limit 0: every hit over.
         assert_eq!(d(0, 0, 4, true, false), [4, 4, 0, 0, 0]);
     }

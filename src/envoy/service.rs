@@ -182,8 +182,8 @@ impl Clock for UnixClock {
 /// [near-limit ratio](Self::set_near_limit_ratio) of the limit (80% unless set, rounded down)
 /// up to it;
 /// `turnstile_envoy_within_limit`, the hits of a descriptor within its limit; and
-/// `turnstile_envoy_shadow_mode`, the hits of a shadow-mode descriptor over its limit (counted
-/// in `over_limit` too). Labels: `domain`, and `limit`, the limit's descriptor path
+/// `turnstile_envoy_shadow_mode`, the hits of a shadow-mode descriptor past its limit (those
+/// `over_limit` counts too). Labels: `domain`, and `limit`, the limit's descriptor path
 /// (`domain.key_value.key`), or `override:<requests>/<unit>` for a request's `limit` override,
 /// or, on a descriptor with `detailed_metric: true`, the request's entries
 /// (`domain.key_value`, one series per value clients send: unbounded, as in Envoy). Each
