@@ -1734,6 +1734,42 @@ fn the_json_endpoint_refuses_bad_requests_with_400_and_a_message() {
     assert_eq!((status, answer.as_str()), (200, "OK"));
 }
 
+/// envoyproxy/ratelimit's `/healthcheck` fails (500, no body) once the service drains (on
+/// SIGTERM there), so that load balancers stop sending to it; `/json` is still answered.
+#[test]
+fn the_health_check_answers_500_with_no_body_while_the_service_drains() {
+    let (service, _clock) = json_service();
+    service.set_draining(true);
+    assert!(!service.is_healthy());
+    let (status, _, answer) = http_ask(&service, "GET", "/healthcheck", "");
+    assert_eq!((status, answer.as_str()), (500, ""));
+    let ask = r#"{"domain": "rl", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}"#;
+    assert_eq!(http_ask(&service, "POST", "/json", ask).0, 200);
+    service.set_draining(false);
+    let (status, _, answer) = http_ask(&service, "GET", "/healthcheck", "");
+    assert_eq!((status, answer.as_str()), (200, "OK"));
+}
+
+/// envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: unhealthy while the
+/// configuration has no domain, healthy from a load that has one, unhealthy again after a
+/// load without any; a draining service stays unhealthy whatever is loaded.
+#[test]
+fn healthy_with_at_least_one_config_loaded_fails_the_health_check_without_a_domain() {
+    let service = RlsService::with_clock(RlsConfig::default(), ManualClock::new()).unwrap();
+    assert!(service.is_healthy());
+    service.set_healthy_with_at_least_one_config_loaded(true);
+    assert_eq!(http_ask(&service, "GET", "/healthcheck", "").0, 500);
+    service
+        .reload(RlsConfig::from_yaml_str("domain: d\n").unwrap())
+        .unwrap();
+    assert_eq!(http_ask(&service, "GET", "/healthcheck", "").0, 200);
+    service.set_draining(true);
+    assert_eq!(http_ask(&service, "GET", "/healthcheck", "").0, 500);
+    service.set_draining(false);
+    service.reload(RlsConfig::default()).unwrap();
+    assert_eq!(http_ask(&service, "GET", "/healthcheck", "").0, 500);
+}
+
 #[test]
 fn yaml_merge_keys_share_settings_between_descriptors_as_envoys_yaml_reader_does() {
     // envoyproxy/ratelimit's YAML reader applies `<<` merge keys; configurations use them to

@@ -65,7 +65,9 @@ pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
 ///   `400 Bad Request`, with a plain-text message naming the field
 ///   (`descriptors[0].entries[1].value: must be a string`). A body over
 ///   [`MAX_JSON_REQUEST_BYTES`]: `413`. Another method than `POST`: `405`.
-/// - `/healthcheck`, any method: `200 OK`, body `OK`.
+/// - `/healthcheck`, any method: `200 OK`, body `OK`; while the service is not
+///   [healthy](RlsService::is_healthy) (draining, or with no domain when one is required),
+///   `500` with no body, as envoyproxy/ratelimit answers.
 /// - Any other path: `404`.
 ///
 /// envoyproxy/ratelimit answers `/json` whatever the method and writes 400 with no message;
@@ -177,7 +179,13 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
     match request.uri().path() {
-        "/healthcheck" => return text(StatusCode::OK, "OK"),
+        "/healthcheck" if service.is_healthy() => return text(StatusCode::OK, "OK"),
+        // As envoyproxy/ratelimit: the status alone.
+        "/healthcheck" => {
+            let mut response = http::Response::new(String::new());
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            return response;
+        }
         "/json" => {}
         _ => {
             return text(

@@ -250,6 +250,11 @@ struct Settings {
     global_shadow_mode: bool,
     /// envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`, from 0 to 1.
     near_limit_ratio: f32,
+    /// Draining (envoyproxy/ratelimit after SIGTERM): the health check fails.
+    draining: bool,
+    /// envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: the health check fails
+    /// while the configuration has no domain.
+    require_domain: bool,
 }
 
 impl Default for Settings {
@@ -258,6 +263,8 @@ impl Default for Settings {
             headers: None,
             global_shadow_mode: false,
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
+            draining: false,
+            require_domain: false,
         }
     }
 }
@@ -786,6 +793,70 @@ impl<C: Clock + Clone> RlsService<C> {
     /// ```
     pub fn global_shadow_mode(&self) -> bool {
         self.state().settings.global_shadow_mode
+    }
+
+    /// Marks the service as draining, or not (the default), as envoyproxy/ratelimit marks
+    /// itself on SIGTERM: while it drains, [`is_healthy`](Self::is_healthy) is `false` and the
+    /// [`/healthcheck`](super::JsonService) endpoint answers `500` with no body, so that load
+    /// balancers and probes stop sending to it. Decisions go on as before (gRPC and `/json`),
+    /// for the requests still arriving. Kept across reloads.
+    ///
+    /// A library cannot take the process's signals: call this from the server's SIGTERM
+    /// handler, before the grace period that lets the load balancers notice.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: d\n")?)?;
+    /// service.set_draining(true);
+    /// assert!(!service.is_healthy());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn set_draining(&self, on: bool) {
+        self.update_settings(|s| s.draining = on);
+    }
+
+    /// Makes the health check fail while the configuration has no domain (`on`), as
+    /// envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true` does; off by
+    /// default, when a service with no domain is healthy. Each [`reload`](Self::reload) that
+    /// succeeds decides again from the configuration it loads; one that fails changes nothing.
+    /// Kept across reloads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::default())?;
+    /// service.set_healthy_with_at_least_one_config_loaded(true);
+    /// assert!(!service.is_healthy());
+    /// service.reload(RlsConfig::from_yaml_str("domain: d\n")?)?;
+    /// assert!(service.is_healthy());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn set_healthy_with_at_least_one_config_loaded(&self, on: bool) {
+        self.update_settings(|s| s.require_domain = on);
+    }
+
+    /// Whether the service is healthy, as the `/healthcheck` endpoint answers: not
+    /// [draining](Self::set_draining), and holding a domain if
+    /// [required](Self::set_healthy_with_at_least_one_config_loaded).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::default())?;
+    /// assert!(service.is_healthy());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn is_healthy(&self) -> bool {
+        let state = self.state();
+        let s = &state.settings;
+        !s.draining && !(s.require_domain && state.config.domains().next().is_none())
     }
 
     /// Replaces the state with one whose settings `change` changed.
