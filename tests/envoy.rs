@@ -1294,6 +1294,26 @@ proptest! {
     }
 }
 
+/// envoyproxy/ratelimit answers `duration_until_reset` in whole seconds (the unit's seconds
+/// less the Unix seconds into the window): 1.5 s into a minute is 59 s, not 58.5 s.
+#[tokio::test]
+async fn duration_until_reset_is_whole_seconds_rounded_up_as_envoys_service_answers() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    let d: &[(&str, &str)] = &[("category", "account")];
+    rls.clock.advance(Duration::from_millis(1_500));
+    let r = rls.call("rl", &[d]).await;
+    assert_eq!(
+        (codes(&r).0, reset(&r.statuses[0])),
+        (OK, Duration::from_secs(59))
+    );
+    rls.clock.advance(Duration::from_millis(57_501));
+    let r = rls.call("rl", &[d]).await;
+    assert_eq!(
+        (codes(&r).0, reset(&r.statuses[0])),
+        (OVER, Duration::from_secs(1))
+    );
+}
+
 /// The default clock reads Unix time, about 1.8 × 10^18 ns: the windows still start on the
 /// unit's multiples of it (a whole UTC minute here), and the real clock admits and resets.
 #[tokio::test]
@@ -1634,7 +1654,7 @@ fn the_json_endpoint_answers_200_then_429_with_the_response_in_proto3_json() {
         json(
             r#"{"overallCode": "OVER_LIMIT", "statuses": [{"code": "OVER_LIMIT",
             "currentLimit": {"requestsPerUnit": 1, "unit": "MINUTE"},
-            "durationUntilReset": "58.500s"}]}"#
+            "durationUntilReset": "59s"}]}"#
         )
     );
 }

@@ -57,7 +57,7 @@ pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
 ///   ([`RlsService::decide`]), and the answer is the `RateLimitResponse` in the same mapping,
 ///   as protojson writes it (`overallCode`, `statuses[].code` by name,
 ///   `statuses[].currentLimit.requestsPerUnit` and `.unit`, `limitRemaining`,
-///   `durationUntilReset` as seconds with an `s`, such as `"59s"` or `"58.500s"`,
+///   `durationUntilReset` as whole seconds with an `s`, such as `"59s"`,
 ///   `responseHeadersToAdd`; a field at its default value, 0 or empty, is left out), with
 ///   `200 OK`, or `429 Too Many Requests` when the overall code is `OVER_LIMIT`.
 /// - A body that is not such a request (not JSON, an unknown field, a field given twice, a

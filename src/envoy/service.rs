@@ -166,7 +166,8 @@ impl Clock for UnixClock {
 /// - An unknown domain, or a descriptor no limit matches: `OK`, no `current_limit`.
 /// - A request with an empty domain or no descriptors: the gRPC status `INVALID_ARGUMENT`.
 /// - Statuses: `current_limit` (requests per unit, unit, name), `limit_remaining` and
-///   `duration_until_reset` (exact: the time left in the window). On `OVER_LIMIT`,
+///   `duration_until_reset` (the time left in the window in whole seconds, rounded up, as
+///   Envoy's service answers it). On `OVER_LIMIT`,
 ///   `limit_remaining` is what is left, which the rejected hits did not take: 0 unless the
 ///   request asked for more hits than were left (Envoy, having counted them, reports 0).
 /// - A new counter when its limit already holds its most keys
@@ -274,7 +275,7 @@ impl Default for Settings {
 /// `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER` and
 /// `LIMIT_RESET_HEADER`). They describe the descriptor closest to its limit, chosen as Envoy's
 /// service chooses it: the last over its limit, else the first with the least
-/// `limit_remaining`; the reset is in whole seconds, rounded up.
+/// `limit_remaining`; the reset is its `duration_until_reset`, in whole seconds.
 ///
 /// # Examples
 ///
@@ -1427,8 +1428,15 @@ pub(super) fn status(
         code: code as i32,
         current_limit,
         limit_remaining,
-        duration_until_reset: reset.map(ProtoDuration::from),
+        duration_until_reset: reset.map(|d| ProtoDuration::from(whole_seconds(d))),
     }
+}
+
+/// `d` rounded up to whole seconds: envoyproxy/ratelimit reads Unix time in seconds, so its
+/// `duration_until_reset` is the unit's seconds less the whole seconds into the window, which
+/// is the exact time left rounded up.
+fn whole_seconds(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0)))
 }
 
 fn fixed_window<C: Clock + Clone>(
