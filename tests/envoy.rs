@@ -1823,6 +1823,50 @@ descriptors:
     assert_eq!(ask("a").requests_per_unit, 1);
 }
 
+/// envoyproxy/ratelimit's YAML reader (YAML 1.1) takes `yes`, `no`, `on` and `off` as
+/// booleans: files that write flags so load, and mean the same here.
+#[test]
+fn yaml_1_1_booleans_set_flags_as_envoys_yaml_reader_reads_them() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - key: shadow
+    shadow_mode: yes
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+  - key: enforced
+    shadow_mode: Off
+    detailed_metric: NO
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+  - key: free
+    rate_limit: { unlimited: on }
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |key: &str| {
+        let r = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, "x")])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        (r.overall_code(), r.statuses[0].limit_remaining)
+    };
+    assert_eq!(ask("shadow"), (Code::Ok, 0));
+    assert_eq!(ask("enforced"), (Code::OverLimit, 0));
+    assert_eq!(ask("free"), (Code::Ok, u32::MAX));
+    // Other words are still refused.
+    let err =
+        RlsConfig::from_yaml_str("domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n")
+            .unwrap_err();
+    assert!(
+        err.to_string().contains("descriptors[0].shadow_mode"),
+        "{err}"
+    );
+}
+
 #[test]
 fn the_json_endpoint_refuses_a_64_bit_number_past_the_range_written_as_a_float() {
     // 2^64 and past it are read as floats, which round u64::MAX up to 2^64: still out of range.

@@ -16,7 +16,8 @@ use std::path::Path;
 /// `unlimited`, `replaces: [{ name }]`), optional `shadow_mode`, `share_threshold` (on a
 /// wildcard: every value it matches shares one counter) and nested `descriptors`.
 /// `detailed_metric` labels the limit's counters (feature `metrics`) by the request's entries;
-/// `value_to_metric` is accepted and ignored.
+/// `value_to_metric` is accepted and ignored. Flags take `true` and `false`, and also YAML
+/// 1.1's `yes`, `no`, `on`, `off`, `y` and `n`, as envoyproxy/ratelimit's YAML reader does.
 ///
 /// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
 /// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing `domain`
@@ -537,10 +538,18 @@ impl Loader<'_> {
         }
     }
 
+    /// A flag. Envoy's YAML reader is YAML 1.1, where `yes`, `on`, `y` (and `no`, `off`, `n`,
+    /// in the three cases YAML 1.1 lists) are booleans too; this reader, YAML 1.2, reads them
+    /// as strings, taken here as the booleans they are there.
     fn bool(&self, v: &Value, field: &str) -> Result<bool, RlsConfigError> {
         match v {
             Value::Null => Ok(false),
             Value::Bool(b) => Ok(*b),
+            Value::String(s) => match s.as_str() {
+                "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Ok(true),
+                "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Ok(false),
+                _ => Err(self.invalid(field.to_owned(), "must be true or false")),
+            },
             _ => Err(self.invalid(field.to_owned(), "must be true or false")),
         }
     }
