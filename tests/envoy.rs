@@ -1867,6 +1867,39 @@ descriptors:
     );
 }
 
+/// A field left empty (YAML null) is absent to envoyproxy/ratelimit: `rate_limit:` is no
+/// limit, `requests_per_unit:` is 0, `replaces:` replaces nothing. Such files load there.
+#[test]
+fn empty_rate_limit_fields_load_as_absent_as_in_envoys_service() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - key: nothing
+    rate_limit:
+  - key: zero
+    rate_limit:
+      unit: minute
+      requests_per_unit:
+      replaces:
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |key: &str| {
+        let r = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, "x")])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        (r.overall_code(), r.statuses[0].current_limit.is_some())
+    };
+    assert_eq!(ask("nothing"), (Code::Ok, false));
+    assert_eq!(ask("zero"), (Code::OverLimit, true));
+}
+
 #[test]
 fn the_json_endpoint_refuses_a_64_bit_number_past_the_range_written_as_a_float() {
     // 2^64 and past it are read as floats, which round u64::MAX up to 2^64: still out of range.

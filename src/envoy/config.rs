@@ -18,6 +18,8 @@ use std::path::Path;
 /// `detailed_metric` labels the limit's counters (feature `metrics`) by the request's entries;
 /// `value_to_metric` is accepted and ignored. Flags take `true` and `false`, and also YAML
 /// 1.1's `yes`, `no`, `on`, `off`, `y` and `n`, as envoyproxy/ratelimit's YAML reader does.
+/// A field left empty (YAML null) is absent, as there: `rate_limit:` sets no limit,
+/// `requests_per_unit:` is 0, `replaces:` replaces nothing.
 ///
 /// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
 /// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing `domain`
@@ -594,7 +596,8 @@ impl Loader<'_> {
             match name {
                 "key" => key = self.string(v, &field)?,
                 "value" => value = self.string(v, &field)?,
-                "rate_limit" => rate_limit = Some(v),
+                // Empty (null): no limit, as in Envoy's service.
+                "rate_limit" => rate_limit = Some(v).filter(|v| !v.is_null()),
                 "descriptors" => children = Some(v),
                 "shadow_mode" => shadow = self.bool(v, &field)?,
                 "share_threshold" => share = self.bool(v, &field)?,
@@ -699,6 +702,8 @@ impl Loader<'_> {
                 }
                 "requests_per_unit" => {
                     rpu = match v {
+                        // Empty: 0, as in Envoy's service.
+                        Value::Null => Some(0),
                         Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
                         _ => None,
                     }
@@ -768,8 +773,11 @@ impl Loader<'_> {
     }
 
     fn replaces(&self, v: &Value, field: &str) -> Result<Vec<String>, RlsConfigError> {
-        let Value::Sequence(items) = v else {
-            return Err(self.invalid(field.to_owned(), "must be a list of { name: ... }"));
+        let items = match v {
+            // Empty: nothing replaced, as in Envoy's service.
+            Value::Null => return Ok(Vec::new()),
+            Value::Sequence(items) => items,
+            _ => return Err(self.invalid(field.to_owned(), "must be a list of { name: ... }")),
         };
         let mut names = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
