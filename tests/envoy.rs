@@ -1823,6 +1823,51 @@ descriptors:
     assert_eq!(ask("a").requests_per_unit, 1);
 }
 
+/// envoyproxy/ratelimit's YAML reader (go-yaml v2) applies a `<<` merge key where it stands in
+/// the mapping: keys before it are overridden by the merged ones, keys after it override them;
+/// of a list of merged mappings the earlier ones win. A file with `<<` after a key answers there
+/// with the merged value.
+#[test]
+fn a_yaml_merge_key_overrides_the_keys_before_it_as_envoys_yaml_reader_does() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - key: a
+    rate_limit: &one { unit: minute, requests_per_unit: 1 }
+  - key: hour
+    rate_limit: &hour { unit: hour, requests_per_unit: 7 }
+  - key: before
+    rate_limit:
+      requests_per_unit: 2
+      <<: *one
+  - key: after
+    rate_limit:
+      <<: *one
+      requests_per_unit: 3
+  - key: list
+    rate_limit:
+      <<: [*hour, *one]
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |key: &str| {
+        let response = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, "x")])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        let limit = response.statuses[0].current_limit.clone().unwrap();
+        (limit.requests_per_unit, limit.unit())
+    };
+    assert_eq!(ask("before"), (1, Unit::Minute));
+    assert_eq!(ask("after"), (3, Unit::Minute));
+    assert_eq!(ask("list"), (7, Unit::Hour));
+}
+
 /// envoyproxy/ratelimit's YAML reader (YAML 1.1) takes `yes`, `no`, `on` and `off` as
 /// booleans: files that write flags so load, and mean the same here.
 #[test]

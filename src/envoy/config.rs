@@ -18,6 +18,8 @@ use std::path::Path;
 /// `detailed_metric` labels the limit's counters (feature `metrics`) by the request's entries;
 /// `value_to_metric` is accepted and ignored. Flags take `true` and `false`, and also YAML
 /// 1.1's `yes`, `no`, `on`, `off`, `y` and `n`, as envoyproxy/ratelimit's YAML reader does.
+/// `<<` merge keys apply as there: in the order they stand (a merge overrides the keys before
+/// it, the keys after it override the merge).
 /// A field left empty (YAML null) is absent, as there: `rate_limit:` sets no limit,
 /// `requests_per_unit:` is 0, `replaces:` replaces nothing.
 ///
@@ -435,7 +437,10 @@ impl RlsConfig {
         };
         let mut root: Value = serde_norway::from_str(yaml).map_err(yaml_error)?;
         // `<<` merge keys, which envoyproxy/ratelimit's YAML reader applies.
-        root.apply_merge().map_err(yaml_error)?;
+        merge_in_order(&mut root).map_err(|message| RlsConfigError::Yaml {
+            source: source.to_owned(),
+            message,
+        })?;
         let mut loader = Loader {
             source,
             domain: String::new(),
@@ -481,6 +486,57 @@ impl RlsConfig {
         self.domains.insert(domain, level);
         Ok(())
     }
+}
+
+/// Applies the `<<` merge keys in `v` as envoyproxy/ratelimit's YAML reader (go-yaml v2) does:
+/// in the order the keys stand, each setting what it holds, so that a merge overrides the keys
+/// before it and the keys after it override the merge; of a list of merged mappings, the
+/// earlier ones win. (YAML's merge-key spec, which `serde_norway`'s `apply_merge` follows, has
+/// every explicit key win wherever it stands: the same for the usual `<<` first, not for a
+/// `<<` after the keys it shares.)
+fn merge_in_order(v: &mut Value) -> Result<(), String> {
+    match v {
+        Value::Mapping(mapping) => {
+            let mut merged = Mapping::with_capacity(mapping.len());
+            for (k, mut value) in std::mem::take(mapping) {
+                merge_in_order(&mut value)?;
+                if k.as_str() != Some("<<") {
+                    merged.insert(k, value);
+                    continue;
+                }
+                let sources = match value {
+                    Value::Mapping(m) => vec![m],
+                    Value::Sequence(items) => items
+                        .into_iter()
+                        .rev()
+                        .map(|item| match item {
+                            Value::Mapping(m) => Ok(m),
+                            _ => Err("a '<<' merge key's list must hold only mappings".to_owned()),
+                        })
+                        .collect::<Result<_, _>>()?,
+                    _ => {
+                        return Err(
+                            "a '<<' merge key must hold a mapping or a list of mappings".to_owned()
+                        );
+                    }
+                };
+                for source in sources {
+                    for (k, value) in source {
+                        merged.insert(k, value);
+                    }
+                }
+            }
+            *mapping = merged;
+        }
+        Value::Sequence(items) => {
+            for item in items {
+                merge_in_order(item)?;
+            }
+        }
+        Value::Tagged(tagged) => merge_in_order(&mut tagged.value)?,
+        _ => {}
+    }
+    Ok(())
 }
 
 /// When merging domains: per domain, the file (or document) of each top-level descriptor, by
