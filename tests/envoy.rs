@@ -1823,6 +1823,50 @@ descriptors:
     assert_eq!(ask("a").requests_per_unit, 1);
 }
 
+/// envoyproxy/ratelimit checks field names against one list for the whole file, and reads
+/// each level's own fields: a known name at another level (`shadow_mode` inside `rate_limit`,
+/// `name` on a descriptor) loads there, with no effect. Such files load here, with the same
+/// answers; a name Envoy does not know is still refused.
+#[test]
+fn a_known_field_at_another_level_loads_with_no_effect_as_in_envoys_service() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+key: ignored
+descriptors:
+  - key: k
+    name: ignored
+    unit: hour
+    rate_limit:
+      unit: minute
+      requests_per_unit: 0
+      shadow_mode: true
+      replaces:
+        - name: other
+          unit: second
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let r = service
+        .should_rate_limit(&RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![descriptor(&[("k", "x")])],
+            hits_addend: 0,
+        })
+        .unwrap();
+    assert_eq!(r.overall_code(), Code::OverLimit);
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().unit(),
+        Unit::Minute
+    );
+    let err = RlsConfig::from_yaml_str(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, color: red }\n",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("rate_limit.color"), "{err}");
+}
+
 /// envoyproxy/ratelimit's YAML reader (go-yaml v2) applies a `<<` merge key where it stands in
 /// the mapping: keys before it are overridden by the merged ones, keys after it override them;
 /// of a list of merged mappings the earlier ones win. A file with `<<` after a key answers there

@@ -24,7 +24,9 @@ use std::path::Path;
 /// `requests_per_unit:` is 0, `replaces:` replaces nothing.
 ///
 /// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
-/// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing `domain`
+/// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields (a field Envoy's service
+/// knows at another level, such as `shadow_mode` inside `rate_limit`, loads with no effect, as
+/// there: it checks names against one list for the whole file), an empty or missing `domain`
 /// or `key`, an unknown `unit` (but on an `unlimited` limit, where Envoy ignores it), a valid
 /// `unit` on an `unlimited` limit (and a missing one on any other), a `requests_per_unit` that is
 /// not a whole number up to 4,294,967,295, two descriptors with the same key and value at one level
@@ -459,7 +461,7 @@ impl RlsConfig {
             match loader.key(k, "")? {
                 "domain" => domain = Some(v),
                 "descriptors" => descriptors = Some(v),
-                other => return Err(loader.unknown("", other)),
+                other => loader.elsewhere("", other)?,
             }
         }
         let domain = match domain {
@@ -571,8 +573,31 @@ impl Loader<'_> {
         }
     }
 
-    fn unknown(&self, parent: &str, key: &str) -> RlsConfigError {
-        self.invalid(join(parent, key), "unknown field")
+    /// A field this level does not read: ignored if it is one of the names Envoy's service
+    /// knows (it checks every name against one list for the whole file, and reads each level's
+    /// own), refused otherwise.
+    fn elsewhere(&self, parent: &str, key: &str) -> Result<(), RlsConfigError> {
+        const ENVOY_FIELDS: [&str; 14] = [
+            "domain",
+            "key",
+            "value",
+            "descriptors",
+            "rate_limit",
+            "unit",
+            "requests_per_unit",
+            "unlimited",
+            "shadow_mode",
+            "name",
+            "replaces",
+            "detailed_metric",
+            "value_to_metric",
+            "share_threshold",
+        ];
+        if ENVOY_FIELDS.contains(&key) {
+            Ok(())
+        } else {
+            Err(self.invalid(join(parent, key), "unknown field"))
+        }
     }
 
     fn key<'v>(&self, k: &'v Value, parent: &str) -> Result<&'v str, RlsConfigError> {
@@ -661,7 +686,7 @@ impl Loader<'_> {
                 "value_to_metric" => {
                     self.bool(v, &field)?;
                 }
-                other => return Err(self.unknown(path, other)),
+                other => self.elsewhere(path, other)?,
             }
         }
         let key = key
@@ -770,7 +795,7 @@ impl Loader<'_> {
                 "name" => name = self.string(v, &field)?.unwrap_or_default(),
                 "unlimited" => unlimited = self.bool(v, &field)?,
                 "replaces" => replaces = self.replaces(v, &field)?,
-                other => return Err(self.unknown(path, other)),
+                other => self.elsewhere(path, other)?,
             }
         }
         if let Some(i) = (!name.is_empty())
@@ -845,7 +870,7 @@ impl Loader<'_> {
             for (k, v) in map {
                 match self.key(k, &path)? {
                     "name" => name = self.string(v, &join(&path, "name"))?,
-                    other => return Err(self.unknown(&path, other)),
+                    other => self.elsewhere(&path, other)?,
                 }
             }
             names.push(
