@@ -1699,8 +1699,8 @@ fn the_json_endpoint_reads_hits_addend_overrides_and_writes_remaining_and_header
     );
 }
 
-/// Bad requests get 400 with a message naming what is wrong; other paths 404, other methods
-/// 405; `/healthcheck` 200.
+/// Bad requests get 400 with a message naming what is wrong; other paths 404;
+/// `/healthcheck` 200.
 #[test]
 fn the_json_endpoint_refuses_bad_requests_with_400_and_a_message() {
     let (service, _clock) = json_service();
@@ -1748,7 +1748,6 @@ fn the_json_endpoint_refuses_bad_requests_with_400_and_a_message() {
         "x".repeat(turnstile::envoy::MAX_JSON_REQUEST_BYTES)
     );
     assert_eq!(http_ask(&service, "POST", "/json", too_big).0, 413);
-    assert_eq!(http_ask(&service, "GET", "/json", "").0, 405);
     assert_eq!(http_ask(&service, "POST", "/other", "{}").0, 404);
     let (status, _, answer) = http_ask(&service, "GET", "/healthcheck", "");
     assert_eq!((status, answer.as_str()), (200, "OK"));
@@ -1827,6 +1826,17 @@ descriptors:
 /// each level's own fields: a known name at another level (`shadow_mode` inside `rate_limit`,
 /// `name` on a descriptor) loads there, with no effect. Such files load here, with the same
 /// answers; a name Envoy does not know is still refused.
+/// envoyproxy/ratelimit's `/json` takes the request whatever the method: a client that sends
+/// it with `PUT` (or `GET` with a body) is answered, and one with no body gets 400.
+#[test]
+fn the_json_endpoint_answers_whatever_the_method_as_envoys_service_does() {
+    let (service, _clock) = json_service();
+    let body = r#"{"domain": "rl", "descriptors": [{"entries": [{"key": "category", "value": "account"}]}]}"#;
+    assert_eq!(http_ask(&service, "PUT", "/json", body).0, 200);
+    assert_eq!(http_ask(&service, "GET", "/json", body).0, 429);
+    assert_eq!(http_ask(&service, "GET", "/json", "").0, 400);
+}
+
 #[test]
 fn a_known_field_at_another_level_loads_with_no_effect_as_in_envoys_service() {
     let config = RlsConfig::from_yaml_str(
