@@ -1769,6 +1769,55 @@ fn the_health_check_answers_500_with_no_body_while_the_service_drains() {
     assert_eq!((status, answer.as_str()), (200, "OK"));
 }
 
+/// envoyproxy/ratelimit also serves gRPC's health checking protocol (`grpc.health.v1.Health`)
+/// on its gRPC port, for Envoy's gRPC health checks: `ratelimit` is `SERVING` while healthy
+/// and `NOT_SERVING` while draining, the server as a whole (`""`) `SERVING`, any other name
+/// `NOT_FOUND`.
+#[tokio::test]
+async fn the_grpc_health_check_answers_for_ratelimit_as_envoys_service_does() {
+    use turnstile::envoy::proto::{HealthCheckRequest, HealthCheckResponse, ServingStatus};
+    let service = RlsService::with_clock(
+        RlsConfig::from_yaml_str(PER_MINUTE_1).unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = tonic::transport::Server::builder()
+        .add_service(service.clone())
+        .add_service(service.health_service());
+    tokio::spawn(router.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = tonic::client::Grpc::new(channel);
+    let mut check = async |service: &str| {
+        client.ready().await.expect("ready");
+        let path = http::uri::PathAndQuery::from_static(turnstile::envoy::HEALTH_CHECK_PATH);
+        client
+            .unary::<_, HealthCheckResponse, _>(
+                tonic::Request::new(HealthCheckRequest {
+                    service: service.into(),
+                }),
+                path,
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+            .map(|r| r.into_inner().status())
+    };
+    assert_eq!(check("ratelimit").await.unwrap(), ServingStatus::Serving);
+    assert_eq!(check("").await.unwrap(), ServingStatus::Serving);
+    assert_eq!(
+        check("other").await.unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+    service.set_draining(true);
+    assert_eq!(check("ratelimit").await.unwrap(), ServingStatus::NotServing);
+    assert_eq!(check("").await.unwrap(), ServingStatus::Serving);
+}
+
 /// envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: unhealthy while the
 /// configuration has no domain, healthy from a load that has one, unhealthy again after a
 /// load without any; a draining service stays unhealthy whatever is loaded.

@@ -4,8 +4,9 @@
 use super::config::{LimitSpec, RlsConfig, RlsConfigError};
 use super::metrics::{Counters, Decision, detailed_label};
 use super::proto::{
-    Code, DescriptorStatus, Entry, HeaderValue, ProtoDuration, RateLimit, RateLimitDescriptor,
-    RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit,
+    Code, DescriptorStatus, Entry, HeaderValue, HealthCheckRequest, HealthCheckResponse,
+    ProtoDuration, RateLimit, RateLimitDescriptor, RateLimitOverride, RateLimitRequest,
+    RateLimitResponse, ServingStatus, Unit,
 };
 use crate::{Algorithm, Clock, DefaultClock, KeyedLimiter, KeyedRefundable, TryAcquireError};
 use std::borrow::Cow;
@@ -30,6 +31,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// ```
 pub const SHOULD_RATE_LIMIT_PATH: &str =
     "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The gRPC path of `grpc.health.v1.Health/Check`, which [`HealthService`] answers, as
+/// envoyproxy/ratelimit's gRPC port does: see [`HEALTH_SERVICE_NAME`].
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::envoy::HEALTH_CHECK_PATH, "/grpc.health.v1.Health/Check");
+/// ```
+pub const HEALTH_CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
+
+/// The service name whose health the gRPC health check reports, as envoyproxy/ratelimit names
+/// it: `SERVING` while the service [is healthy](RlsService::is_healthy), `NOT_SERVING`
+/// otherwise (draining, or with no domain when one is required). The server as a whole (`""`)
+/// is always `SERVING`, as there; any other name is `NOT_FOUND`.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::envoy::HEALTH_SERVICE_NAME, "ratelimit");
+/// ```
+pub const HEALTH_SERVICE_NAME: &str = "ratelimit";
 
 /// The most distinct request `limit` overrides (domain, requests per unit, unit) given a
 /// limiter of their own; an override beyond them is ignored (the configured limit applies).
@@ -1535,6 +1558,118 @@ impl<C: Clock + Clone> tonic::server::UnaryService<RateLimitRequest> for ShouldR
                 .await
                 .map(tonic::Response::new)
         })
+    }
+}
+
+/// gRPC's health checking protocol (`grpc.health.v1.Health`) for an [`RlsService`], as
+/// envoyproxy/ratelimit serves it on its gRPC port, so that Envoy's gRPC health checks (and
+/// `grpc_health_probe`) of the rate limit cluster keep working: mount it beside the service
+/// with `Server::builder().add_service(service.clone()).add_service(service.health_service())`.
+///
+/// `Check` answers for [`HEALTH_SERVICE_NAME`] (`ratelimit`) whether the service
+/// [is healthy](RlsService::is_healthy) (`SERVING`, or `NOT_SERVING` while it drains or lacks
+/// a required domain), for `""` (the server as a whole) `SERVING`, as envoyproxy/ratelimit
+/// does, and `NOT_FOUND` for any other name. `Watch` is not served (`UNIMPLEMENTED`).
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::{RlsConfig, RlsService};
+///
+/// let service = RlsService::new(RlsConfig::from_yaml_str("domain: edge\n")?)?;
+/// let health = service.health_service();
+/// // tonic::transport::Server::builder().add_service(service).add_service(health)
+/// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+/// ```
+pub struct HealthService<C: Clock + Clone = UnixClock> {
+    service: RlsService<C>,
+}
+
+impl<C: Clock + Clone> Clone for HealthService<C> {
+    fn clone(&self) -> Self {
+        HealthService {
+            service: self.service.clone(),
+        }
+    }
+}
+
+impl<C: Clock + Clone> std::fmt::Debug for HealthService<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthService")
+            .field("service", &self.service)
+            .finish()
+    }
+}
+
+impl<C: Clock + Clone> RlsService<C> {
+    /// gRPC's health checking protocol for this service: see [`HealthService`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: edge\n")?)?;
+    /// let health = service.health_service();
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn health_service(&self) -> HealthService<C> {
+        HealthService {
+            service: self.clone(),
+        }
+    }
+}
+
+impl<C: Clock + Clone> tonic::server::NamedService for HealthService<C> {
+    const NAME: &'static str = "grpc.health.v1.Health";
+}
+
+impl<C, B> tower::Service<http::Request<B>> for HealthService<C>
+where
+    C: Clock + Clone,
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() == HEALTH_CHECK_PATH {
+            let method = HealthCheck(self.service.clone());
+            Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+                Ok(grpc.unary(method, request).await)
+            })
+        } else {
+            Box::pin(
+                async move { Ok(tonic::Status::unimplemented("only Check is served").into_http()) },
+            )
+        }
+    }
+}
+
+/// `grpc.health.v1.Health/Check`, as envoyproxy/ratelimit's health server answers it.
+struct HealthCheck<C: Clock + Clone>(RlsService<C>);
+
+impl<C: Clock + Clone> tonic::server::UnaryService<HealthCheckRequest> for HealthCheck<C> {
+    type Response = HealthCheckResponse;
+    type Future = std::future::Ready<Result<tonic::Response<HealthCheckResponse>, tonic::Status>>;
+
+    fn call(&mut self, request: tonic::Request<HealthCheckRequest>) -> Self::Future {
+        let status = match request.get_ref().service.as_str() {
+            "" => ServingStatus::Serving,
+            HEALTH_SERVICE_NAME if self.0.is_healthy() => ServingStatus::Serving,
+            HEALTH_SERVICE_NAME => ServingStatus::NotServing,
+            _ => return std::future::ready(Err(tonic::Status::not_found("unknown service"))),
+        };
+        std::future::ready(Ok(tonic::Response::new(HealthCheckResponse {
+            status: status as i32,
+        })))
     }
 }
 
