@@ -880,7 +880,8 @@ impl<C: Clock + Clone> RlsService<C> {
     pub fn is_healthy(&self) -> bool {
         let state = self.state();
         let s = &state.settings;
-        !s.draining && !(s.require_domain && state.config.domains().next().is_none())
+        let lacks_domain = s.require_domain && state.config.domains().next().is_none();
+        !(s.draining || lacks_domain)
     }
 
     /// Replaces the state with one whose settings `change` changed.
