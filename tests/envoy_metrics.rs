@@ -169,6 +169,18 @@ fn detailed_metric_labels_by_the_requests_entries() {
     assert_eq!(of(&counts, "d.user"), [0; 5]);
 }
 
+/// envoyproxy/ratelimit names a detailed stat by each entry as `key_value`, the `_` kept when
+/// the value is empty (`d.user_`), unless a `share_threshold` wildcard matched one of them.
+#[test]
+fn detailed_metric_keeps_the_underscore_of_an_empty_value_as_envoys_service_does() {
+    let rls = service();
+    let counts = counted(|| {
+        rls.should_rate_limit(&request(&[("user", "")], 0)).unwrap();
+    });
+    assert_eq!(of(&counts, "d.user_"), [1, 0, 0, 1, 0]);
+    assert_eq!(of(&counts, "d.user"), [0; 5]);
+}
+
 /// With `share_threshold`, the values a wildcard matches share one counter, and one label.
 #[test]
 fn detailed_metric_with_share_threshold_labels_by_the_wildcard() {

@@ -59,14 +59,16 @@ pub(super) fn tally(d: Decision) -> [u64; 5] {
 }
 
 /// The label of a limit with `detailed_metric: true`: the domain and the request's entries,
-/// `domain.key_value.key` (a key alone when its value is empty), as envoyproxy/ratelimit names
-/// the stat.
-pub(super) fn detailed_label(domain: &str, entries: &[Entry]) -> String {
+/// as envoyproxy/ratelimit names the stat: `domain.key_value.key_value`, the `_` kept when a
+/// value is empty (`domain.key_`), except that when a `share_threshold` wildcard matched
+/// (`shared`) an empty value leaves the key alone (`domain.key`), as its two ways of naming
+/// it differ there.
+pub(super) fn detailed_label(domain: &str, entries: &[Entry], shared: bool) -> String {
     let mut label = domain.to_owned();
     for e in entries {
         label.push('.');
         label.push_str(&e.key);
-        if !e.value.is_empty() {
+        if !shared || !e.value.is_empty() {
             label.push('_');
             label.push_str(&e.value);
         }

@@ -985,7 +985,7 @@ impl<C: Clock + Clone> RlsService<C> {
                         shadow: spec.shadow_mode(),
                         near_ratio: state.settings.near_limit_ratio,
                     };
-                    spec.count(&request.domain, &entries, decision);
+                    spec.count(&request.domain, &entries, !shared.is_empty(), decision);
                     o
                 }
             };
@@ -1188,12 +1188,13 @@ pub(super) enum Spec<'a> {
 impl Spec<'_> {
     /// Counts one decision of this limit for a descriptor with `entries` (as counted, wildcards
     /// shared) in `domain`: in the counters built with the limit, or, with `detailed_metric`,
-    /// in counters labelled by the entries, made now.
-    pub(super) fn count(&self, domain: &str, entries: &[Entry], decision: Decision) {
+    /// in counters labelled by the entries, made now. `shared`: a `share_threshold` wildcard
+    /// named some of the entries.
+    pub(super) fn count(&self, domain: &str, entries: &[Entry], shared: bool, decision: Decision) {
         match self {
             // Without the feature nothing counts: no label to build.
             Spec::Configured(s) if s.detailed_metric && cfg!(feature = "metrics") => {
-                Counters::new(domain, &detailed_label(domain, entries)).count(decision);
+                Counters::new(domain, &detailed_label(domain, entries, shared)).count(decision);
             }
             Spec::Configured(s) => s.counters.count(decision),
             Spec::Override { counters, .. } => counters.count(decision),
