@@ -1871,6 +1871,57 @@ descriptors:
     assert_eq!(ask("a").requests_per_unit, 1);
 }
 
+/// envoyproxy/ratelimit looks a request entry up at each level by the joined string: its
+/// `key_value`, then each wildcard of the level (in file order) as a prefix of that, then its
+/// `key`. Where keys hold `_`, an entry so matches a descriptor of another key, and a key
+/// written with a trailing `*` (no value) is a wildcard over keys; the answers are the same
+/// here.
+#[test]
+fn descriptors_match_by_the_joined_key_and_value_as_in_envoys_service() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - key: user_id
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: tenant_acme
+    value: gold
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: ip*
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 3 }
+  - key: plan
+    rate_limit: { unit: minute, requests_per_unit: 4 }
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |key: &str, value: &str| {
+        let r = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, value)])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| (l.requests_per_unit, r.statuses[0].limit_remaining))
+    };
+    // `user` + `id` is `user_id`, the key-only descriptor.
+    assert_eq!(ask("user", "id"), Some((1, 0)));
+    // `tenant` + `acme_gold` is `tenant_acme_gold`.
+    assert_eq!(ask("tenant", "acme_gold"), Some((2, 1)));
+    // `ip*` is a prefix of `ipv4_10.0.0.1` and of `ip6_::1`; with `share_threshold` the
+    // values of one key share a counter (named by the key and the wildcard, as there).
+    assert_eq!(ask("ipv4", "10.0.0.1"), Some((3, 2)));
+    assert_eq!(ask("ipv4", "10.0.0.2"), Some((3, 1)));
+    assert_eq!(ask("ip6", "::1"), Some((3, 2)));
+    assert_eq!(ask("plan", "x"), Some((4, 3)));
+    assert_eq!(ask("other", "x"), None);
+}
+
 /// envoyproxy/ratelimit checks field names against one list for the whole file, and reads
 /// each level's own fields: a known name at another level (`shadow_mode` inside `rate_limit`,
 /// `name` on a descriptor) loads there, with no effect. Such files load here, with the same

@@ -3,7 +3,7 @@
 
 use super::proto::{Entry, Unit};
 use serde_norway::{Mapping, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
@@ -11,7 +11,8 @@ use std::path::Path;
 /// each loaded from one of envoyproxy/ratelimit's YAML files, as they are.
 ///
 /// A file holds a `domain` and its `descriptors`: each has a `key`, an optional `value` (a
-/// trailing `*` makes it a prefix), an optional `rate_limit` (`unit`: `second`, `minute`,
+/// trailing `*` makes it a prefix; on a key with no value, a prefix of the request's joined
+/// `key_value`, as Envoy's service matches joined strings), an optional `rate_limit` (`unit`: `second`, `minute`,
 /// `hour`, `day`, `month` or `year`, any case; `requests_per_unit`; optional `name`,
 /// `unlimited`, `replaces: [{ name }]`), optional `shadow_mode`, `share_threshold` (on a
 /// wildcard: every value it matches shares one counter) and nested `descriptors`.
@@ -31,7 +32,7 @@ use std::path::Path;
 /// `unit` on an `unlimited` limit (and a missing one on any other), a `requests_per_unit` that is
 /// not a whole number up to 4,294,967,295, two descriptors with the same key and value at one level
 /// (compared as Envoy's service compares them, joined as `key_value`: key `a` value `b_c` is key
-/// `a_b` value `c`), `share_threshold` on a descriptor whose value is not a wildcard, a limit that
+/// `a_b` value `c`), `share_threshold` on a descriptor that is not a wildcard, a limit that
 /// `replaces` its own name, and a domain loaded twice (unless the files are loaded with
 /// [`from_files_merged`](Self::from_files_merged), envoyproxy/ratelimit's
 /// `MERGE_DOMAIN_CONFIG`). As in Envoy's service, `requests_per_unit: 0` is accepted: every hit
@@ -81,23 +82,14 @@ pub(crate) struct LimitSpec {
     pub(crate) counters: std::sync::Arc<super::metrics::Counters>,
 }
 
-/// The descriptors of one level of the tree, by key.
+/// The descriptors of one level of the tree, as Envoy's service keeps them: by its map key
+/// (`key`, or `key_value`: `a: b_c` and `a_b: c` are one key to it, which it refuses to see
+/// twice), and the map keys ending in `*` in the file's order.
 #[derive(Debug, Clone, Default)]
 struct Level {
-    keys: HashMap<String, KeyNodes>,
-    /// Envoy's map key of each descriptor of the level (`key`, or `key_value`), which it
-    /// refuses to see twice: `a: b_c` and `a_b: c` are one key to it.
-    final_keys: HashSet<String>,
-}
-
-/// The descriptors of one level that share a key.
-#[derive(Debug, Clone, Default)]
-struct KeyNodes {
-    by_value: HashMap<String, Node>,
-    /// Values ending in `*`, without it, in the file's order.
-    prefixes: Vec<(String, Node)>,
-    /// The descriptor with no value: matches any value, each counted apart.
-    any: Option<Box<Node>>,
+    nodes: HashMap<String, Node>,
+    /// The wildcards' map keys (`key_prefix*`, or a key alone ending in `*`), in file order.
+    wildcards: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -391,9 +383,10 @@ impl RlsConfig {
     }
 
     /// The limit for a request descriptor's entries, as Envoy's service finds it: level by
-    /// level, the descriptor with the entry's key and value, else the first whose value is a
-    /// prefix of it (`*`), else the one with the key and no value; the limit applies only if
-    /// it is on the descriptor matched by the last entry.
+    /// level, by the entry's joined `key_value`, the descriptor with that map key, else the
+    /// first wildcard (in file order) whose map key less its `*` is a prefix of it, else the
+    /// descriptor whose map key is the entry's key; the limit applies only if it is on the
+    /// descriptor matched by the last entry.
     ///
     /// Entries matched by a wildcard with `share_threshold` are listed in the answer with the
     /// wildcard (`report*`): their counter is the wildcard's, shared by every value it matches.
@@ -401,20 +394,29 @@ impl RlsConfig {
         let mut level = self.domains.get(domain)?;
         let last = entries.len().checked_sub(1)?;
         let mut shared = Vec::new();
+        // One buffer for the joined strings: a request's look-up allocates once.
+        let mut joined = String::new();
         for (i, entry) in entries.iter().enumerate() {
-            let nodes = level.keys.get(&entry.key)?;
-            let node = match nodes.by_value.get(&entry.value) {
+            joined.clear();
+            joined.push_str(&entry.key);
+            joined.push('_');
+            joined.push_str(&entry.value);
+            let node = match level.nodes.get(&joined) {
                 Some(node) => node,
-                None => match (nodes.prefixes.iter())
-                    .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
+                None => match (level.wildcards.iter())
+                    .find(|w| joined.starts_with(w.strip_suffix('*').unwrap_or(w)))
                 {
-                    Some((prefix, node)) => {
+                    Some(wildcard) => {
+                        let node = &level.nodes[wildcard];
                         if node.share {
-                            shared.push((i, format!("{prefix}*")));
+                            // As Envoy's service: the wildcard less the entry's `key_`.
+                            let prefix = format!("{}_", entry.key);
+                            let pattern = wildcard.strip_prefix(&prefix).unwrap_or(wildcard);
+                            shared.push((i, pattern.to_owned()));
                         }
                         node
                     }
-                    None => nodes.any.as_deref()?,
+                    None => level.nodes.get(&entry.key)?,
                 },
             };
             if i == last {
@@ -693,10 +695,11 @@ impl Loader<'_> {
             .filter(|k| !k.is_empty())
             .ok_or_else(|| self.invalid(join(path, "key"), "must be a non-empty string"))?;
         let value = value.filter(|v| !v.is_empty());
-        if share && !value.as_deref().is_some_and(|v| v.ends_with('*')) {
+        // As Envoy's service: a wildcard is a map key ending in `*`, a value's or a key's.
+        if share && !value.as_deref().unwrap_or(&key).ends_with('*') {
             return Err(self.invalid(
                 join(path, "share_threshold"),
-                "needs a wildcard value (one ending in '*')",
+                "needs a wildcard (a value, or a key without one, ending in '*')",
             ));
         }
         let composite = match &value {
@@ -723,27 +726,13 @@ impl Loader<'_> {
             Some(v) => format!("{key}_{v}"),
             None => key.clone(),
         };
-        let nodes = level.keys.entry(key).or_default();
-        let taken = !level.final_keys.insert(final_key.clone())
-            || match value {
-                None if nodes.any.is_some() => true,
-                None => {
-                    nodes.any = Some(Box::new(node));
-                    false
-                }
-                Some(v) => match v.strip_suffix('*') {
-                    Some(prefix) if nodes.prefixes.iter().any(|(p, _)| p == prefix) => true,
-                    Some(prefix) => {
-                        nodes.prefixes.push((prefix.to_owned(), node));
-                        false
-                    }
-                    None if nodes.by_value.contains_key(&v) => true,
-                    None => {
-                        nodes.by_value.insert(v, node);
-                        false
-                    }
-                },
-            };
+        let taken = level.nodes.contains_key(&final_key);
+        if !taken {
+            if final_key.ends_with('*') {
+                level.wildcards.push(final_key.clone());
+            }
+            level.nodes.insert(final_key.clone(), node);
+        }
         let origins = self.origins.as_deref_mut().filter(|_| top);
         if taken {
             let mut message = format!("duplicate descriptor composite key '{composite}'");
