@@ -42,6 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::spawn(serve_json(service.clone(), "127.0.0.1:8080".parse()?));
     let server = tokio::spawn(
         Server::builder()
+            .add_service(service.health_service())
             .add_service(service)
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
     );

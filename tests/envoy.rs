@@ -1294,6 +1294,26 @@ proptest! {
     }
 }
 
+/// envoyproxy/ratelimit answers `duration_until_reset` in whole seconds (the unit's seconds
+/// less the Unix seconds into the window): 1.5 s into a minute is 59 s, not 58.5 s.
+#[tokio::test]
+async fn duration_until_reset_is_whole_seconds_rounded_up_as_envoys_service_answers() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    let d: &[(&str, &str)] = &[("category", "account")];
+    rls.clock.advance(Duration::from_millis(1_500));
+    let r = rls.call("rl", &[d]).await;
+    assert_eq!(
+        (codes(&r).0, reset(&r.statuses[0])),
+        (OK, Duration::from_secs(59))
+    );
+    rls.clock.advance(Duration::from_millis(57_501));
+    let r = rls.call("rl", &[d]).await;
+    assert_eq!(
+        (codes(&r).0, reset(&r.statuses[0])),
+        (OVER, Duration::from_secs(1))
+    );
+}
+
 /// The default clock reads Unix time, about 1.8 × 10^18 ns: the windows still start on the
 /// unit's multiples of it (a whole UTC minute here), and the real clock admits and resets.
 #[tokio::test]
@@ -1634,7 +1654,7 @@ fn the_json_endpoint_answers_200_then_429_with_the_response_in_proto3_json() {
         json(
             r#"{"overallCode": "OVER_LIMIT", "statuses": [{"code": "OVER_LIMIT",
             "currentLimit": {"requestsPerUnit": 1, "unit": "MINUTE"},
-            "durationUntilReset": "58.500s"}]}"#
+            "durationUntilReset": "59s"}]}"#
         )
     );
 }
@@ -1679,8 +1699,8 @@ fn the_json_endpoint_reads_hits_addend_overrides_and_writes_remaining_and_header
     );
 }
 
-/// Bad requests get 400 with a message naming what is wrong; other paths 404, other methods
-/// 405; `/healthcheck` 200.
+/// Bad requests get 400 with a message naming what is wrong; other paths 404;
+/// `/healthcheck` 200.
 #[test]
 fn the_json_endpoint_refuses_bad_requests_with_400_and_a_message() {
     let (service, _clock) = json_service();
@@ -1728,10 +1748,94 @@ fn the_json_endpoint_refuses_bad_requests_with_400_and_a_message() {
         "x".repeat(turnstile::envoy::MAX_JSON_REQUEST_BYTES)
     );
     assert_eq!(http_ask(&service, "POST", "/json", too_big).0, 413);
-    assert_eq!(http_ask(&service, "GET", "/json", "").0, 405);
     assert_eq!(http_ask(&service, "POST", "/other", "{}").0, 404);
     let (status, _, answer) = http_ask(&service, "GET", "/healthcheck", "");
     assert_eq!((status, answer.as_str()), (200, "OK"));
+}
+
+/// envoyproxy/ratelimit's `/healthcheck` fails (500, no body) once the service drains (on
+/// SIGTERM there), so that load balancers stop sending to it; `/json` is still answered.
+#[test]
+fn the_health_check_answers_500_with_no_body_while_the_service_drains() {
+    let (service, _clock) = json_service();
+    service.set_draining(true);
+    assert!(!service.is_healthy());
+    let (status, _, answer) = http_ask(&service, "GET", "/healthcheck", "");
+    assert_eq!((status, answer.as_str()), (500, ""));
+    let ask = r#"{"domain": "rl", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}"#;
+    assert_eq!(http_ask(&service, "POST", "/json", ask).0, 200);
+    service.set_draining(false);
+    let (status, _, answer) = http_ask(&service, "GET", "/healthcheck", "");
+    assert_eq!((status, answer.as_str()), (200, "OK"));
+}
+
+/// envoyproxy/ratelimit also serves gRPC's health checking protocol (`grpc.health.v1.Health`)
+/// on its gRPC port, for Envoy's gRPC health checks: `ratelimit` is `SERVING` while healthy
+/// and `NOT_SERVING` while draining, the server as a whole (`""`) `SERVING`, any other name
+/// `NOT_FOUND`.
+#[tokio::test]
+async fn the_grpc_health_check_answers_for_ratelimit_as_envoys_service_does() {
+    use turnstile::envoy::proto::{HealthCheckRequest, HealthCheckResponse, ServingStatus};
+    let service = RlsService::with_clock(
+        RlsConfig::from_yaml_str(PER_MINUTE_1).unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = tonic::transport::Server::builder()
+        .add_service(service.clone())
+        .add_service(service.health_service());
+    tokio::spawn(router.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = tonic::client::Grpc::new(channel);
+    let mut check = async |service: &str| {
+        client.ready().await.expect("ready");
+        let path = http::uri::PathAndQuery::from_static(turnstile::envoy::HEALTH_CHECK_PATH);
+        client
+            .unary::<_, HealthCheckResponse, _>(
+                tonic::Request::new(HealthCheckRequest {
+                    service: service.into(),
+                }),
+                path,
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+            .map(|r| r.into_inner().status())
+    };
+    assert_eq!(check("ratelimit").await.unwrap(), ServingStatus::Serving);
+    assert_eq!(check("").await.unwrap(), ServingStatus::Serving);
+    assert_eq!(
+        check("other").await.unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+    service.set_draining(true);
+    assert_eq!(check("ratelimit").await.unwrap(), ServingStatus::NotServing);
+    assert_eq!(check("").await.unwrap(), ServingStatus::Serving);
+}
+
+/// envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: unhealthy while the
+/// configuration has no domain, healthy from a load that has one, unhealthy again after a
+/// load without any; a draining service stays unhealthy whatever is loaded.
+#[test]
+fn healthy_with_at_least_one_config_loaded_fails_the_health_check_without_a_domain() {
+    let service = RlsService::with_clock(RlsConfig::default(), ManualClock::new()).unwrap();
+    assert!(service.is_healthy());
+    service.set_healthy_with_at_least_one_config_loaded(true);
+    assert_eq!(http_ask(&service, "GET", "/healthcheck", "").0, 500);
+    service
+        .reload(RlsConfig::from_yaml_str("domain: d\n").unwrap())
+        .unwrap();
+    assert_eq!(http_ask(&service, "GET", "/healthcheck", "").0, 200);
+    service.set_draining(true);
+    assert_eq!(http_ask(&service, "GET", "/healthcheck", "").0, 500);
+    service.set_draining(false);
+    service.reload(RlsConfig::default()).unwrap();
+    assert_eq!(http_ask(&service, "GET", "/healthcheck", "").0, 500);
 }
 
 #[test]
@@ -1765,6 +1869,234 @@ descriptors:
     let b = ask("b");
     assert_eq!((b.requests_per_unit, b.unit()), (2, Unit::Minute));
     assert_eq!(ask("a").requests_per_unit, 1);
+}
+
+/// envoyproxy/ratelimit looks a request entry up at each level by the joined string: its
+/// `key_value`, then each wildcard of the level (in file order) as a prefix of that, then its
+/// `key`. Where keys hold `_`, an entry so matches a descriptor of another key, and a key
+/// written with a trailing `*` (no value) is a wildcard over keys; the answers are the same
+/// here.
+#[test]
+fn descriptors_match_by_the_joined_key_and_value_as_in_envoys_service() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - key: user_id
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: tenant_acme
+    value: gold
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: ip*
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 3 }
+  - key: plan
+    rate_limit: { unit: minute, requests_per_unit: 4 }
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |key: &str, value: &str| {
+        let r = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, value)])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| (l.requests_per_unit, r.statuses[0].limit_remaining))
+    };
+    // `user` + `id` is `user_id`, the key-only descriptor.
+    assert_eq!(ask("user", "id"), Some((1, 0)));
+    // `tenant` + `acme_gold` is `tenant_acme_gold`.
+    assert_eq!(ask("tenant", "acme_gold"), Some((2, 1)));
+    // `ip*` is a prefix of `ipv4_10.0.0.1` and of `ip6_::1`; with `share_threshold` the
+    // values of one key share a counter (named by the key and the wildcard, as there).
+    assert_eq!(ask("ipv4", "10.0.0.1"), Some((3, 2)));
+    assert_eq!(ask("ipv4", "10.0.0.2"), Some((3, 1)));
+    assert_eq!(ask("ip6", "::1"), Some((3, 2)));
+    assert_eq!(ask("plan", "x"), Some((4, 3)));
+    assert_eq!(ask("other", "x"), None);
+}
+
+/// envoyproxy/ratelimit checks field names against one list for the whole file, and reads
+/// each level's own fields: a known name at another level (`shadow_mode` inside `rate_limit`,
+/// `name` on a descriptor) loads there, with no effect. Such files load here, with the same
+/// answers; a name Envoy does not know is still refused.
+/// envoyproxy/ratelimit's `/json` takes the request whatever the method: a client that sends
+/// it with `PUT` (or `GET` with a body) is answered, and one with no body gets 400.
+#[test]
+fn the_json_endpoint_answers_whatever_the_method_as_envoys_service_does() {
+    let (service, _clock) = json_service();
+    let body = r#"{"domain": "rl", "descriptors": [{"entries": [{"key": "category", "value": "account"}]}]}"#;
+    assert_eq!(http_ask(&service, "PUT", "/json", body).0, 200);
+    assert_eq!(http_ask(&service, "GET", "/json", body).0, 429);
+    assert_eq!(http_ask(&service, "GET", "/json", "").0, 400);
+}
+
+#[test]
+fn a_known_field_at_another_level_loads_with_no_effect_as_in_envoys_service() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+key: ignored
+descriptors:
+  - key: k
+    name: ignored
+    unit: hour
+    rate_limit:
+      unit: minute
+      requests_per_unit: 0
+      shadow_mode: true
+      replaces:
+        - name: other
+          unit: second
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let r = service
+        .should_rate_limit(&RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![descriptor(&[("k", "x")])],
+            hits_addend: 0,
+        })
+        .unwrap();
+    assert_eq!(r.overall_code(), Code::OverLimit);
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().unit(),
+        Unit::Minute
+    );
+    let err = RlsConfig::from_yaml_str(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, color: red }\n",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("rate_limit.color"), "{err}");
+}
+
+/// envoyproxy/ratelimit's YAML reader (go-yaml v2) applies a `<<` merge key where it stands in
+/// the mapping: keys before it are overridden by the merged ones, keys after it override them;
+/// of a list of merged mappings the earlier ones win. A file with `<<` after a key answers there
+/// with the merged value.
+#[test]
+fn a_yaml_merge_key_overrides_the_keys_before_it_as_envoys_yaml_reader_does() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - key: a
+    rate_limit: &one { unit: minute, requests_per_unit: 1 }
+  - key: hour
+    rate_limit: &hour { unit: hour, requests_per_unit: 7 }
+  - key: before
+    rate_limit:
+      requests_per_unit: 2
+      <<: *one
+  - key: after
+    rate_limit:
+      <<: *one
+      requests_per_unit: 3
+  - key: list
+    rate_limit:
+      <<: [*hour, *one]
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |key: &str| {
+        let response = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, "x")])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        let limit = response.statuses[0].current_limit.clone().unwrap();
+        (limit.requests_per_unit, limit.unit())
+    };
+    assert_eq!(ask("before"), (1, Unit::Minute));
+    assert_eq!(ask("after"), (3, Unit::Minute));
+    assert_eq!(ask("list"), (7, Unit::Hour));
+}
+
+/// envoyproxy/ratelimit's YAML reader (YAML 1.1) takes `yes`, `no`, `on` and `off` as
+/// booleans: files that write flags so load, and mean the same here.
+#[test]
+fn yaml_1_1_booleans_set_flags_as_envoys_yaml_reader_reads_them() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - key: shadow
+    shadow_mode: yes
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+  - key: enforced
+    shadow_mode: Off
+    detailed_metric: NO
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+  - key: free
+    rate_limit: { unlimited: on }
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |key: &str| {
+        let r = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, "x")])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        (r.overall_code(), r.statuses[0].limit_remaining)
+    };
+    assert_eq!(ask("shadow"), (Code::Ok, 0));
+    assert_eq!(ask("enforced"), (Code::OverLimit, 0));
+    assert_eq!(ask("free"), (Code::Ok, u32::MAX));
+    // Other words are still refused.
+    let err =
+        RlsConfig::from_yaml_str("domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n")
+            .unwrap_err();
+    assert!(
+        err.to_string().contains("descriptors[0].shadow_mode"),
+        "{err}"
+    );
+}
+
+/// A field left empty (YAML null) is absent to envoyproxy/ratelimit: `rate_limit:` is no
+/// limit, `requests_per_unit:` is 0, `replaces:` replaces nothing. Such files load there.
+#[test]
+fn empty_rate_limit_fields_load_as_absent_as_in_envoys_service() {
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - key: nothing
+    rate_limit:
+  - key: zero
+    rate_limit:
+      unit: minute
+      requests_per_unit:
+      replaces:
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    let ask = |key: &str| {
+        let r = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, "x")])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        (r.overall_code(), r.statuses[0].current_limit.is_some())
+    };
+    assert_eq!(ask("nothing"), (Code::Ok, false));
+    assert_eq!(ask("zero"), (Code::OverLimit, true));
 }
 
 #[test]

@@ -132,6 +132,29 @@ fn shadow_mode_counts_over_limit_and_shadow_mode() {
     assert_eq!(of(&counts, "d.shadow"), [3, 1, 1, 2, 1]);
 }
 
+/// As envoyproxy/ratelimit counts `shadow_mode`: the hits past the limit, as `over_limit`
+/// counts them, not every hit of a request that crosses it.
+#[test]
+fn a_shadow_request_crossing_its_limit_counts_only_the_hits_past_it_in_shadow_mode() {
+    let rls = service();
+    let counts = counted(|| {
+        assert_eq!(
+            rls.should_rate_limit(&request(&[("shadow", "x")], 1))
+                .unwrap()
+                .overall_code(),
+            Code::Ok
+        );
+        // 1 → 4 on a limit of 2: the 2nd hit near, the 3rd and 4th over.
+        assert_eq!(
+            rls.should_rate_limit(&request(&[("shadow", "x")], 3))
+                .unwrap()
+                .overall_code(),
+            Code::Ok
+        );
+    });
+    assert_eq!(of(&counts, "d.shadow"), [4, 2, 1, 1, 2]);
+}
+
 #[test]
 fn detailed_metric_labels_by_the_requests_entries() {
     let rls = service();
@@ -143,6 +166,18 @@ fn detailed_metric_labels_by_the_requests_entries() {
     });
     assert_eq!(of(&counts, "d.user_alice"), [2, 0, 0, 2, 0]);
     assert_eq!(of(&counts, "d.user_bob"), [1, 0, 0, 1, 0]);
+    assert_eq!(of(&counts, "d.user"), [0; 5]);
+}
+
+/// envoyproxy/ratelimit names a detailed stat by each entry as `key_value`, the `_` kept when
+/// the value is empty (`d.user_`), unless a `share_threshold` wildcard matched one of them.
+#[test]
+fn detailed_metric_keeps_the_underscore_of_an_empty_value_as_envoys_service_does() {
+    let rls = service();
+    let counts = counted(|| {
+        rls.should_rate_limit(&request(&[("user", "")], 0)).unwrap();
+    });
+    assert_eq!(of(&counts, "d.user_"), [1, 0, 0, 1, 0]);
     assert_eq!(of(&counts, "d.user"), [0; 5]);
 }
 

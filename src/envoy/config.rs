@@ -3,7 +3,7 @@
 
 use super::proto::{Entry, Unit};
 use serde_norway::{Mapping, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
@@ -11,20 +11,28 @@ use std::path::Path;
 /// each loaded from one of envoyproxy/ratelimit's YAML files, as they are.
 ///
 /// A file holds a `domain` and its `descriptors`: each has a `key`, an optional `value` (a
-/// trailing `*` makes it a prefix), an optional `rate_limit` (`unit`: `second`, `minute`,
+/// trailing `*` makes it a prefix; on a key with no value, a prefix of the request's joined
+/// `key_value`, as Envoy's service matches joined strings), an optional `rate_limit` (`unit`: `second`, `minute`,
 /// `hour`, `day`, `month` or `year`, any case; `requests_per_unit`; optional `name`,
 /// `unlimited`, `replaces: [{ name }]`), optional `shadow_mode`, `share_threshold` (on a
 /// wildcard: every value it matches shares one counter) and nested `descriptors`.
 /// `detailed_metric` labels the limit's counters (feature `metrics`) by the request's entries;
-/// `value_to_metric` is accepted and ignored.
+/// `value_to_metric` is accepted and ignored. Flags take `true` and `false`, and also YAML
+/// 1.1's `yes`, `no`, `on`, `off`, `y` and `n`, as envoyproxy/ratelimit's YAML reader does.
+/// `<<` merge keys apply as there: in the order they stand (a merge overrides the keys before
+/// it, the keys after it override the merge).
+/// A field left empty (YAML null) is absent, as there: `rate_limit:` sets no limit,
+/// `requests_per_unit:` is 0, `replaces:` replaces nothing.
 ///
 /// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
-/// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields, an empty or missing `domain`
+/// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields (a field Envoy's service
+/// knows at another level, such as `shadow_mode` inside `rate_limit`, loads with no effect, as
+/// there: it checks names against one list for the whole file), an empty or missing `domain`
 /// or `key`, an unknown `unit` (but on an `unlimited` limit, where Envoy ignores it), a valid
 /// `unit` on an `unlimited` limit (and a missing one on any other), a `requests_per_unit` that is
 /// not a whole number up to 4,294,967,295, two descriptors with the same key and value at one level
 /// (compared as Envoy's service compares them, joined as `key_value`: key `a` value `b_c` is key
-/// `a_b` value `c`), `share_threshold` on a descriptor whose value is not a wildcard, a limit that
+/// `a_b` value `c`), `share_threshold` on a descriptor that is not a wildcard, a limit that
 /// `replaces` its own name, and a domain loaded twice (unless the files are loaded with
 /// [`from_files_merged`](Self::from_files_merged), envoyproxy/ratelimit's
 /// `MERGE_DOMAIN_CONFIG`). As in Envoy's service, `requests_per_unit: 0` is accepted: every hit
@@ -74,23 +82,14 @@ pub(crate) struct LimitSpec {
     pub(crate) counters: std::sync::Arc<super::metrics::Counters>,
 }
 
-/// The descriptors of one level of the tree, by key.
+/// The descriptors of one level of the tree, as Envoy's service keeps them: by its map key
+/// (`key`, or `key_value`: `a: b_c` and `a_b: c` are one key to it, which it refuses to see
+/// twice), and the map keys ending in `*` in the file's order.
 #[derive(Debug, Clone, Default)]
 struct Level {
-    keys: HashMap<String, KeyNodes>,
-    /// Envoy's map key of each descriptor of the level (`key`, or `key_value`), which it
-    /// refuses to see twice: `a: b_c` and `a_b: c` are one key to it.
-    final_keys: HashSet<String>,
-}
-
-/// The descriptors of one level that share a key.
-#[derive(Debug, Clone, Default)]
-struct KeyNodes {
-    by_value: HashMap<String, Node>,
-    /// Values ending in `*`, without it, in the file's order.
-    prefixes: Vec<(String, Node)>,
-    /// The descriptor with no value: matches any value, each counted apart.
-    any: Option<Box<Node>>,
+    nodes: HashMap<String, Node>,
+    /// The wildcards' map keys (`key_prefix*`, or a key alone ending in `*`), in file order.
+    wildcards: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -384,9 +383,10 @@ impl RlsConfig {
     }
 
     /// The limit for a request descriptor's entries, as Envoy's service finds it: level by
-    /// level, the descriptor with the entry's key and value, else the first whose value is a
-    /// prefix of it (`*`), else the one with the key and no value; the limit applies only if
-    /// it is on the descriptor matched by the last entry.
+    /// level, by the entry's joined `key_value`, the descriptor with that map key, else the
+    /// first wildcard (in file order) whose map key less its `*` is a prefix of it, else the
+    /// descriptor whose map key is the entry's key; the limit applies only if it is on the
+    /// descriptor matched by the last entry.
     ///
     /// Entries matched by a wildcard with `share_threshold` are listed in the answer with the
     /// wildcard (`report*`): their counter is the wildcard's, shared by every value it matches.
@@ -394,20 +394,29 @@ impl RlsConfig {
         let mut level = self.domains.get(domain)?;
         let last = entries.len().checked_sub(1)?;
         let mut shared = Vec::new();
+        // One buffer for the joined strings: a request's look-up allocates once.
+        let mut joined = String::new();
         for (i, entry) in entries.iter().enumerate() {
-            let nodes = level.keys.get(&entry.key)?;
-            let node = match nodes.by_value.get(&entry.value) {
+            joined.clear();
+            joined.push_str(&entry.key);
+            joined.push('_');
+            joined.push_str(&entry.value);
+            let node = match level.nodes.get(&joined) {
                 Some(node) => node,
-                None => match (nodes.prefixes.iter())
-                    .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
+                None => match (level.wildcards.iter())
+                    .find(|w| joined.starts_with(w.strip_suffix('*').unwrap_or(w)))
                 {
-                    Some((prefix, node)) => {
+                    Some(wildcard) => {
+                        let node = &level.nodes[wildcard];
                         if node.share {
-                            shared.push((i, format!("{prefix}*")));
+                            // As Envoy's service: the wildcard less the entry's `key_`.
+                            let prefix = format!("{}_", entry.key);
+                            let pattern = wildcard.strip_prefix(&prefix).unwrap_or(wildcard);
+                            shared.push((i, pattern.to_owned()));
                         }
                         node
                     }
-                    None => nodes.any.as_deref()?,
+                    None => level.nodes.get(&entry.key)?,
                 },
             };
             if i == last {
@@ -432,7 +441,10 @@ impl RlsConfig {
         };
         let mut root: Value = serde_norway::from_str(yaml).map_err(yaml_error)?;
         // `<<` merge keys, which envoyproxy/ratelimit's YAML reader applies.
-        root.apply_merge().map_err(yaml_error)?;
+        merge_in_order(&mut root).map_err(|message| RlsConfigError::Yaml {
+            source: source.to_owned(),
+            message,
+        })?;
         let mut loader = Loader {
             source,
             domain: String::new(),
@@ -451,7 +463,7 @@ impl RlsConfig {
             match loader.key(k, "")? {
                 "domain" => domain = Some(v),
                 "descriptors" => descriptors = Some(v),
-                other => return Err(loader.unknown("", other)),
+                other => loader.elsewhere("", other)?,
             }
         }
         let domain = match domain {
@@ -478,6 +490,57 @@ impl RlsConfig {
         self.domains.insert(domain, level);
         Ok(())
     }
+}
+
+/// Applies the `<<` merge keys in `v` as envoyproxy/ratelimit's YAML reader (go-yaml v2) does:
+/// in the order the keys stand, each setting what it holds, so that a merge overrides the keys
+/// before it and the keys after it override the merge; of a list of merged mappings, the
+/// earlier ones win. (YAML's merge-key spec, which `serde_norway`'s `apply_merge` follows, has
+/// every explicit key win wherever it stands: the same for the usual `<<` first, not for a
+/// `<<` after the keys it shares.)
+fn merge_in_order(v: &mut Value) -> Result<(), String> {
+    match v {
+        Value::Mapping(mapping) => {
+            let mut merged = Mapping::with_capacity(mapping.len());
+            for (k, mut value) in std::mem::take(mapping) {
+                merge_in_order(&mut value)?;
+                if k.as_str() != Some("<<") {
+                    merged.insert(k, value);
+                    continue;
+                }
+                let sources = match value {
+                    Value::Mapping(m) => vec![m],
+                    Value::Sequence(items) => items
+                        .into_iter()
+                        .rev()
+                        .map(|item| match item {
+                            Value::Mapping(m) => Ok(m),
+                            _ => Err("a '<<' merge key's list must hold only mappings".to_owned()),
+                        })
+                        .collect::<Result<_, _>>()?,
+                    _ => {
+                        return Err(
+                            "a '<<' merge key must hold a mapping or a list of mappings".to_owned()
+                        );
+                    }
+                };
+                for source in sources {
+                    for (k, value) in source {
+                        merged.insert(k, value);
+                    }
+                }
+            }
+            *mapping = merged;
+        }
+        Value::Sequence(items) => {
+            for item in items {
+                merge_in_order(item)?;
+            }
+        }
+        Value::Tagged(tagged) => merge_in_order(&mut tagged.value)?,
+        _ => {}
+    }
+    Ok(())
 }
 
 /// When merging domains: per domain, the file (or document) of each top-level descriptor, by
@@ -512,8 +575,31 @@ impl Loader<'_> {
         }
     }
 
-    fn unknown(&self, parent: &str, key: &str) -> RlsConfigError {
-        self.invalid(join(parent, key), "unknown field")
+    /// A field this level does not read: ignored if it is one of the names Envoy's service
+    /// knows (it checks every name against one list for the whole file, and reads each level's
+    /// own), refused otherwise.
+    fn elsewhere(&self, parent: &str, key: &str) -> Result<(), RlsConfigError> {
+        const ENVOY_FIELDS: [&str; 14] = [
+            "domain",
+            "key",
+            "value",
+            "descriptors",
+            "rate_limit",
+            "unit",
+            "requests_per_unit",
+            "unlimited",
+            "shadow_mode",
+            "name",
+            "replaces",
+            "detailed_metric",
+            "value_to_metric",
+            "share_threshold",
+        ];
+        if ENVOY_FIELDS.contains(&key) {
+            Ok(())
+        } else {
+            Err(self.invalid(join(parent, key), "unknown field"))
+        }
     }
 
     fn key<'v>(&self, k: &'v Value, parent: &str) -> Result<&'v str, RlsConfigError> {
@@ -537,10 +623,18 @@ impl Loader<'_> {
         }
     }
 
+    /// A flag. Envoy's YAML reader is YAML 1.1, where `yes`, `on`, `y` (and `no`, `off`, `n`,
+    /// in the three cases YAML 1.1 lists) are booleans too; this reader, YAML 1.2, reads them
+    /// as strings, taken here as the booleans they are there.
     fn bool(&self, v: &Value, field: &str) -> Result<bool, RlsConfigError> {
         match v {
             Value::Null => Ok(false),
             Value::Bool(b) => Ok(*b),
+            Value::String(s) => match s.as_str() {
+                "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Ok(true),
+                "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Ok(false),
+                _ => Err(self.invalid(field.to_owned(), "must be true or false")),
+            },
             _ => Err(self.invalid(field.to_owned(), "must be true or false")),
         }
     }
@@ -585,7 +679,8 @@ impl Loader<'_> {
             match name {
                 "key" => key = self.string(v, &field)?,
                 "value" => value = self.string(v, &field)?,
-                "rate_limit" => rate_limit = Some(v),
+                // Empty (null): no limit, as in Envoy's service.
+                "rate_limit" => rate_limit = Some(v).filter(|v| !v.is_null()),
                 "descriptors" => children = Some(v),
                 "shadow_mode" => shadow = self.bool(v, &field)?,
                 "share_threshold" => share = self.bool(v, &field)?,
@@ -593,17 +688,18 @@ impl Loader<'_> {
                 "value_to_metric" => {
                     self.bool(v, &field)?;
                 }
-                other => return Err(self.unknown(path, other)),
+                other => self.elsewhere(path, other)?,
             }
         }
         let key = key
             .filter(|k| !k.is_empty())
             .ok_or_else(|| self.invalid(join(path, "key"), "must be a non-empty string"))?;
         let value = value.filter(|v| !v.is_empty());
-        if share && !value.as_deref().is_some_and(|v| v.ends_with('*')) {
+        // As Envoy's service: a wildcard is a map key ending in `*`, a value's or a key's.
+        if share && !value.as_deref().unwrap_or(&key).ends_with('*') {
             return Err(self.invalid(
                 join(path, "share_threshold"),
-                "needs a wildcard value (one ending in '*')",
+                "needs a wildcard (a value, or a key without one, ending in '*')",
             ));
         }
         let composite = match &value {
@@ -630,27 +726,13 @@ impl Loader<'_> {
             Some(v) => format!("{key}_{v}"),
             None => key.clone(),
         };
-        let nodes = level.keys.entry(key).or_default();
-        let taken = !level.final_keys.insert(final_key.clone())
-            || match value {
-                None if nodes.any.is_some() => true,
-                None => {
-                    nodes.any = Some(Box::new(node));
-                    false
-                }
-                Some(v) => match v.strip_suffix('*') {
-                    Some(prefix) if nodes.prefixes.iter().any(|(p, _)| p == prefix) => true,
-                    Some(prefix) => {
-                        nodes.prefixes.push((prefix.to_owned(), node));
-                        false
-                    }
-                    None if nodes.by_value.contains_key(&v) => true,
-                    None => {
-                        nodes.by_value.insert(v, node);
-                        false
-                    }
-                },
-            };
+        let taken = level.nodes.contains_key(&final_key);
+        if !taken {
+            if final_key.ends_with('*') {
+                level.wildcards.push(final_key.clone());
+            }
+            level.nodes.insert(final_key.clone(), node);
+        }
         let origins = self.origins.as_deref_mut().filter(|_| top);
         if taken {
             let mut message = format!("duplicate descriptor composite key '{composite}'");
@@ -690,6 +772,8 @@ impl Loader<'_> {
                 }
                 "requests_per_unit" => {
                     rpu = match v {
+                        // Empty: 0, as in Envoy's service.
+                        Value::Null => Some(0),
                         Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
                         _ => None,
                     }
@@ -700,7 +784,7 @@ impl Loader<'_> {
                 "name" => name = self.string(v, &field)?.unwrap_or_default(),
                 "unlimited" => unlimited = self.bool(v, &field)?,
                 "replaces" => replaces = self.replaces(v, &field)?,
-                other => return Err(self.unknown(path, other)),
+                other => self.elsewhere(path, other)?,
             }
         }
         if let Some(i) = (!name.is_empty())
@@ -759,8 +843,11 @@ impl Loader<'_> {
     }
 
     fn replaces(&self, v: &Value, field: &str) -> Result<Vec<String>, RlsConfigError> {
-        let Value::Sequence(items) = v else {
-            return Err(self.invalid(field.to_owned(), "must be a list of { name: ... }"));
+        let items = match v {
+            // Empty: nothing replaced, as in Envoy's service.
+            Value::Null => return Ok(Vec::new()),
+            Value::Sequence(items) => items,
+            _ => return Err(self.invalid(field.to_owned(), "must be a list of { name: ... }")),
         };
         let mut names = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
@@ -772,7 +859,7 @@ impl Loader<'_> {
             for (k, v) in map {
                 match self.key(k, &path)? {
                     "name" => name = self.string(v, &join(&path, "name"))?,
-                    other => return Err(self.unknown(&path, other)),
+                    other => self.elsewhere(&path, other)?,
                 }
             }
             names.push(

@@ -9,7 +9,7 @@ use super::proto::{
 use super::service::{RlsService, UnixClock};
 use crate::Clock;
 use bytes::Buf;
-use http::{Method, StatusCode, header};
+use http::{StatusCode, header};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -57,19 +57,22 @@ pub const MAX_JSON_REQUEST_BYTES: usize = 1 << 20;
 ///   ([`RlsService::decide`]), and the answer is the `RateLimitResponse` in the same mapping,
 ///   as protojson writes it (`overallCode`, `statuses[].code` by name,
 ///   `statuses[].currentLimit.requestsPerUnit` and `.unit`, `limitRemaining`,
-///   `durationUntilReset` as seconds with an `s`, such as `"59s"` or `"58.500s"`,
+///   `durationUntilReset` as whole seconds with an `s`, such as `"59s"`,
 ///   `responseHeadersToAdd`; a field at its default value, 0 or empty, is left out), with
 ///   `200 OK`, or `429 Too Many Requests` when the overall code is `OVER_LIMIT`.
 /// - A body that is not such a request (not JSON, an unknown field, a field given twice, a
 ///   wrong type, a number out of range or not whole), or a request the service refuses (an empty domain or no descriptors):
 ///   `400 Bad Request`, with a plain-text message naming the field
 ///   (`descriptors[0].entries[1].value: must be a string`). A body over
-///   [`MAX_JSON_REQUEST_BYTES`]: `413`. Another method than `POST`: `405`.
-/// - `/healthcheck`, any method: `200 OK`, body `OK`.
+///   [`MAX_JSON_REQUEST_BYTES`]: `413`. Any method is taken, as envoyproxy/ratelimit takes it
+///   (clients send `POST`).
+/// - `/healthcheck`, any method: `200 OK`, body `OK`; while the service is not
+///   [healthy](RlsService::is_healthy) (draining, or with no domain when one is required),
+///   `500` with no body, as envoyproxy/ratelimit answers.
 /// - Any other path: `404`.
 ///
-/// envoyproxy/ratelimit answers `/json` whatever the method and writes 400 with no message;
-/// it serves these on a port of its own (8080), as a server here would.
+/// envoyproxy/ratelimit writes 400 with no message; it serves these on a port of its own
+/// (8080), as a server here would.
 ///
 /// The service reads the body as the client sends it and sets no time limit of its own: a
 /// client that stops sending holds its call until the server's timeouts end it (hyper's
@@ -177,7 +180,13 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
     match request.uri().path() {
-        "/healthcheck" => return text(StatusCode::OK, "OK"),
+        "/healthcheck" if service.is_healthy() => return text(StatusCode::OK, "OK"),
+        // As envoyproxy/ratelimit: the status alone.
+        "/healthcheck" => {
+            let mut response = http::Response::new(String::new());
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            return response;
+        }
         "/json" => {}
         _ => {
             return text(
@@ -185,16 +194,6 @@ where
                 "not found: the paths are /json and /healthcheck",
             );
         }
-    }
-    if request.method() != Method::POST {
-        let mut response = text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "/json takes a POST of a RateLimitRequest",
-        );
-        response
-            .headers_mut()
-            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
-        return response;
     }
     let body = match read_body(request.into_body(), MAX_JSON_REQUEST_BYTES).await {
         Ok(body) => body,

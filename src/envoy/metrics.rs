@@ -41,8 +41,9 @@ pub(super) fn tally(d: Decision) -> [u64; 5] {
             over = after.saturating_sub(limit);
             near_hits = limit - near.max(d.before);
         }
+        // As envoyproxy/ratelimit: a shadow limit's hits over it, as `over_limit` counts them.
         if d.shadow {
-            shadow = d.hits;
+            shadow = over;
         }
     } else {
         within = d.hits;
@@ -58,14 +59,16 @@ pub(super) fn tally(d: Decision) -> [u64; 5] {
 }
 
 /// The label of a limit with `detailed_metric: true`: the domain and the request's entries,
-/// `domain.key_value.key` (a key alone when its value is empty), as envoyproxy/ratelimit names
-/// the stat.
-pub(super) fn detailed_label(domain: &str, entries: &[Entry]) -> String {
+/// as envoyproxy/ratelimit names the stat: `domain.key_value.key_value`, the `_` kept when a
+/// value is empty (`domain.key_`), except that when a `share_threshold` wildcard matched
+/// (`shared`) an empty value leaves the key alone (`domain.key`), as its two ways of naming
+/// it differ there.
+pub(super) fn detailed_label(domain: &str, entries: &[Entry], shared: bool) -> String {
     let mut label = domain.to_owned();
     for e in entries {
         label.push('.');
         label.push_str(&e.key);
-        if !e.value.is_empty() {
+        if !shared || !e.value.is_empty() {
             label.push('_');
             label.push_str(&e.value);
         }
@@ -185,6 +188,8 @@ mod tests {
         // 9 counted, 3 more: 2 over, the 10th near.
         assert_eq!(d(10, 9, 3, true, false), [3, 2, 1, 0, 0]);
         assert_eq!(d(10, 10, 2, true, true), [2, 2, 0, 0, 2]);
+        // In shadow mode, crossing: only the hits past the limit count in shadow_mode.
+        assert_eq!(d(10, 9, 3, true, true), [3, 2, 1, 0, 2]);
         // Limit 0: every hit over.
         assert_eq!(d(0, 0, 4, true, false), [4, 4, 0, 0, 0]);
     }

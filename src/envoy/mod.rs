@@ -9,6 +9,8 @@
 //!   `redis`) in Redis or Valkey, shared by every instance: standalone (`with_redis`) or a
 //!   Cluster (`with_redis_cluster`, one script per slot, all or nothing across slots by giving
 //!   back what the other slots took).
+//! - [`HealthService`]: gRPC's health checking protocol (`grpc.health.v1.Health/Check`), as
+//!   envoyproxy/ratelimit serves it beside `ShouldRateLimit`.
 //! - [`JsonService`]: envoyproxy/ratelimit's HTTP endpoints, `/json` (the same decisions, in
 //!   the proto3 JSON mapping) and `/healthcheck`, as a tower service.
 //! - [`proto`]: the request and response messages, written by hand with Envoy's field numbers.
@@ -41,6 +43,6 @@ mod service;
 pub use config::{RlsConfig, RlsConfigError};
 pub use json::{JsonService, MAX_JSON_REQUEST_BYTES};
 pub use service::{
-    DEFAULT_NEAR_LIMIT_RATIO, MAX_OVERRIDE_LIMITS, ResponseHeaders, RlsService,
-    SHOULD_RATE_LIMIT_PATH, UnixClock,
+    DEFAULT_NEAR_LIMIT_RATIO, HEALTH_CHECK_PATH, HEALTH_SERVICE_NAME, HealthService,
+    MAX_OVERRIDE_LIMITS, ResponseHeaders, RlsService, SHOULD_RATE_LIMIT_PATH, UnixClock,
 };

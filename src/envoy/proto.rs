@@ -342,3 +342,60 @@ pub struct HeaderValue {
     #[prost(string, tag = "2")]
     pub value: String,
 }
+
+/// `grpc.health.v1.HealthCheckRequest`: the service whose health is asked, `""` for the
+/// server as a whole.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::proto::HealthCheckRequest;
+///
+/// let request = HealthCheckRequest { service: "ratelimit".into() };
+/// assert_eq!(request.service, "ratelimit");
+/// ```
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct HealthCheckRequest {
+    /// The service name (field 1).
+    #[prost(string, tag = "1")]
+    pub service: String,
+}
+
+/// `grpc.health.v1.HealthCheckResponse`: the service's serving status.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::proto::{HealthCheckResponse, ServingStatus};
+///
+/// let response = HealthCheckResponse { status: ServingStatus::Serving as i32 };
+/// assert_eq!(response.status(), ServingStatus::Serving);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct HealthCheckResponse {
+    /// The status (field 1), a [`ServingStatus`].
+    #[prost(enumeration = "ServingStatus", tag = "1")]
+    pub status: i32,
+}
+
+/// `grpc.health.v1.HealthCheckResponse.ServingStatus`.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::proto::ServingStatus;
+///
+/// assert_eq!(ServingStatus::NotServing as i32, 2);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum ServingStatus {
+    /// Not known.
+    Unknown = 0,
+    /// Serving requests.
+    Serving = 1,
+    /// Not serving requests (draining, or otherwise unhealthy).
+    NotServing = 2,
+    /// The asked service is not known (used by `Watch`, not by `Check`).
+    ServiceUnknown = 3,
+}

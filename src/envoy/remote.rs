@@ -395,7 +395,7 @@ impl Remote {
                             shadow: shadow(i),
                             near_ratio,
                         };
-                        spec.count(&request.domain, &entries, decision);
+                        spec.count(&request.domain, &entries, !shared.is_empty(), decision);
                     }
                 }
                 match answer {

@@ -4,8 +4,9 @@
 use super::config::{LimitSpec, RlsConfig, RlsConfigError};
 use super::metrics::{Counters, Decision, detailed_label};
 use super::proto::{
-    Code, DescriptorStatus, Entry, HeaderValue, ProtoDuration, RateLimit, RateLimitDescriptor,
-    RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit,
+    Code, DescriptorStatus, Entry, HeaderValue, HealthCheckRequest, HealthCheckResponse,
+    ProtoDuration, RateLimit, RateLimitDescriptor, RateLimitOverride, RateLimitRequest,
+    RateLimitResponse, ServingStatus, Unit,
 };
 use crate::{Algorithm, Clock, DefaultClock, KeyedLimiter, KeyedRefundable, TryAcquireError};
 use std::borrow::Cow;
@@ -30,6 +31,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// ```
 pub const SHOULD_RATE_LIMIT_PATH: &str =
     "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The gRPC path of `grpc.health.v1.Health/Check`, which [`HealthService`] answers, as
+/// envoyproxy/ratelimit's gRPC port does: see [`HEALTH_SERVICE_NAME`].
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::envoy::HEALTH_CHECK_PATH, "/grpc.health.v1.Health/Check");
+/// ```
+pub const HEALTH_CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
+
+/// The service name whose health the gRPC health check reports, as envoyproxy/ratelimit names
+/// it: `SERVING` while the service [is healthy](RlsService::is_healthy), `NOT_SERVING`
+/// otherwise (draining, or with no domain when one is required). The server as a whole (`""`)
+/// is always `SERVING`, as there; any other name is `NOT_FOUND`.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(turnstile::envoy::HEALTH_SERVICE_NAME, "ratelimit");
+/// ```
+pub const HEALTH_SERVICE_NAME: &str = "ratelimit";
 
 /// The most distinct request `limit` overrides (domain, requests per unit, unit) given a
 /// limiter of their own; an override beyond them is ignored (the configured limit applies).
@@ -166,7 +189,8 @@ impl Clock for UnixClock {
 /// - An unknown domain, or a descriptor no limit matches: `OK`, no `current_limit`.
 /// - A request with an empty domain or no descriptors: the gRPC status `INVALID_ARGUMENT`.
 /// - Statuses: `current_limit` (requests per unit, unit, name), `limit_remaining` and
-///   `duration_until_reset` (exact: the time left in the window). On `OVER_LIMIT`,
+///   `duration_until_reset` (the time left in the window in whole seconds, rounded up, as
+///   Envoy's service answers it). On `OVER_LIMIT`,
 ///   `limit_remaining` is what is left, which the rejected hits did not take: 0 unless the
 ///   request asked for more hits than were left (Envoy, having counted them, reports 0).
 /// - A new counter when its limit already holds its most keys
@@ -182,8 +206,8 @@ impl Clock for UnixClock {
 /// [near-limit ratio](Self::set_near_limit_ratio) of the limit (80% unless set, rounded down)
 /// up to it;
 /// `turnstile_envoy_within_limit`, the hits of a descriptor within its limit; and
-/// `turnstile_envoy_shadow_mode`, the hits of a shadow-mode descriptor over its limit (counted
-/// in `over_limit` too). Labels: `domain`, and `limit`, the limit's descriptor path
+/// `turnstile_envoy_shadow_mode`, the hits of a shadow-mode descriptor past its limit (those
+/// `over_limit` counts too). Labels: `domain`, and `limit`, the limit's descriptor path
 /// (`domain.key_value.key`), or `override:<requests>/<unit>` for a request's `limit` override,
 /// or, on a descriptor with `detailed_metric: true`, the request's entries
 /// (`domain.key_value`, one series per value clients send: unbounded, as in Envoy). Each
@@ -250,6 +274,11 @@ struct Settings {
     global_shadow_mode: bool,
     /// envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`, from 0 to 1.
     near_limit_ratio: f32,
+    /// Draining (envoyproxy/ratelimit after SIGTERM): the health check fails.
+    draining: bool,
+    /// envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: the health check fails
+    /// while the configuration has no domain.
+    require_domain: bool,
 }
 
 impl Default for Settings {
@@ -258,6 +287,8 @@ impl Default for Settings {
             headers: None,
             global_shadow_mode: false,
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
+            draining: false,
+            require_domain: false,
         }
     }
 }
@@ -267,7 +298,7 @@ impl Default for Settings {
 /// `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER` and
 /// `LIMIT_RESET_HEADER`). They describe the descriptor closest to its limit, chosen as Envoy's
 /// service chooses it: the last over its limit, else the first with the least
-/// `limit_remaining`; the reset is in whole seconds, rounded up.
+/// `limit_remaining`; the reset is its `duration_until_reset`, in whole seconds.
 ///
 /// # Examples
 ///
@@ -788,6 +819,71 @@ impl<C: Clock + Clone> RlsService<C> {
         self.state().settings.global_shadow_mode
     }
 
+    /// Marks the service as draining, or not (the default), as envoyproxy/ratelimit marks
+    /// itself on SIGTERM: while it drains, [`is_healthy`](Self::is_healthy) is `false` and the
+    /// [`/healthcheck`](super::JsonService) endpoint answers `500` with no body, so that load
+    /// balancers and probes stop sending to it. Decisions go on as before (gRPC and `/json`),
+    /// for the requests still arriving. Kept across reloads.
+    ///
+    /// A library cannot take the process's signals: call this from the server's SIGTERM
+    /// handler, before the grace period that lets the load balancers notice.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: d\n")?)?;
+    /// service.set_draining(true);
+    /// assert!(!service.is_healthy());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn set_draining(&self, on: bool) {
+        self.update_settings(|s| s.draining = on);
+    }
+
+    /// Makes the health check fail while the configuration has no domain (`on`), as
+    /// envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true` does; off by
+    /// default, when a service with no domain is healthy. Each [`reload`](Self::reload) that
+    /// succeeds decides again from the configuration it loads; one that fails changes nothing.
+    /// Kept across reloads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::default())?;
+    /// service.set_healthy_with_at_least_one_config_loaded(true);
+    /// assert!(!service.is_healthy());
+    /// service.reload(RlsConfig::from_yaml_str("domain: d\n")?)?;
+    /// assert!(service.is_healthy());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn set_healthy_with_at_least_one_config_loaded(&self, on: bool) {
+        self.update_settings(|s| s.require_domain = on);
+    }
+
+    /// Whether the service is healthy, as the `/healthcheck` endpoint answers: not
+    /// [draining](Self::set_draining), and holding a domain if
+    /// [required](Self::set_healthy_with_at_least_one_config_loaded).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::default())?;
+    /// assert!(service.is_healthy());
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn is_healthy(&self) -> bool {
+        let state = self.state();
+        let s = &state.settings;
+        let lacks_domain = s.require_domain && state.config.domains().next().is_none();
+        !(s.draining || lacks_domain)
+    }
+
     /// Replaces the state with one whose settings `change` changed.
     fn update_settings(&self, change: impl FnOnce(&mut Settings)) {
         let mut slot = self
@@ -889,7 +985,7 @@ impl<C: Clock + Clone> RlsService<C> {
                         shadow: spec.shadow_mode(),
                         near_ratio: state.settings.near_limit_ratio,
                     };
-                    spec.count(&request.domain, &entries, decision);
+                    spec.count(&request.domain, &entries, !shared.is_empty(), decision);
                     o
                 }
             };
@@ -1092,12 +1188,13 @@ pub(super) enum Spec<'a> {
 impl Spec<'_> {
     /// Counts one decision of this limit for a descriptor with `entries` (as counted, wildcards
     /// shared) in `domain`: in the counters built with the limit, or, with `detailed_metric`,
-    /// in counters labelled by the entries, made now.
-    pub(super) fn count(&self, domain: &str, entries: &[Entry], decision: Decision) {
+    /// in counters labelled by the entries, made now. `shared`: a `share_threshold` wildcard
+    /// named some of the entries.
+    pub(super) fn count(&self, domain: &str, entries: &[Entry], shared: bool, decision: Decision) {
         match self {
             // Without the feature nothing counts: no label to build.
             Spec::Configured(s) if s.detailed_metric && cfg!(feature = "metrics") => {
-                Counters::new(domain, &detailed_label(domain, entries)).count(decision);
+                Counters::new(domain, &detailed_label(domain, entries, shared)).count(decision);
             }
             Spec::Configured(s) => s.counters.count(decision),
             Spec::Override { counters, .. } => counters.count(decision),
@@ -1356,8 +1453,15 @@ pub(super) fn status(
         code: code as i32,
         current_limit,
         limit_remaining,
-        duration_until_reset: reset.map(ProtoDuration::from),
+        duration_until_reset: reset.map(|d| ProtoDuration::from(whole_seconds(d))),
     }
+}
+
+/// `d` rounded up to whole seconds: envoyproxy/ratelimit reads Unix time in seconds, so its
+/// `duration_until_reset` is the unit's seconds less the whole seconds into the window, which
+/// is the exact time left rounded up.
+fn whole_seconds(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0)))
 }
 
 fn fixed_window<C: Clock + Clone>(
@@ -1456,6 +1560,118 @@ impl<C: Clock + Clone> tonic::server::UnaryService<RateLimitRequest> for ShouldR
                 .await
                 .map(tonic::Response::new)
         })
+    }
+}
+
+/// gRPC's health checking protocol (`grpc.health.v1.Health`) for an [`RlsService`], as
+/// envoyproxy/ratelimit serves it on its gRPC port, so that Envoy's gRPC health checks (and
+/// `grpc_health_probe`) of the rate limit cluster keep working: mount it beside the service
+/// with `Server::builder().add_service(service.clone()).add_service(service.health_service())`.
+///
+/// `Check` answers for [`HEALTH_SERVICE_NAME`] (`ratelimit`) whether the service
+/// [is healthy](RlsService::is_healthy) (`SERVING`, or `NOT_SERVING` while it drains or lacks
+/// a required domain), for `""` (the server as a whole) `SERVING`, as envoyproxy/ratelimit
+/// does, and `NOT_FOUND` for any other name. `Watch` is not served (`UNIMPLEMENTED`).
+///
+/// # Examples
+///
+/// ```
+/// use turnstile::envoy::{RlsConfig, RlsService};
+///
+/// let service = RlsService::new(RlsConfig::from_yaml_str("domain: edge\n")?)?;
+/// let health = service.health_service();
+/// // tonic::transport::Server::builder().add_service(service).add_service(health)
+/// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+/// ```
+pub struct HealthService<C: Clock + Clone = UnixClock> {
+    service: RlsService<C>,
+}
+
+impl<C: Clock + Clone> Clone for HealthService<C> {
+    fn clone(&self) -> Self {
+        HealthService {
+            service: self.service.clone(),
+        }
+    }
+}
+
+impl<C: Clock + Clone> std::fmt::Debug for HealthService<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthService")
+            .field("service", &self.service)
+            .finish()
+    }
+}
+
+impl<C: Clock + Clone> RlsService<C> {
+    /// gRPC's health checking protocol for this service: see [`HealthService`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::envoy::{RlsConfig, RlsService};
+    ///
+    /// let service = RlsService::new(RlsConfig::from_yaml_str("domain: edge\n")?)?;
+    /// let health = service.health_service();
+    /// # Ok::<(), turnstile::envoy::RlsConfigError>(())
+    /// ```
+    pub fn health_service(&self) -> HealthService<C> {
+        HealthService {
+            service: self.clone(),
+        }
+    }
+}
+
+impl<C: Clock + Clone> tonic::server::NamedService for HealthService<C> {
+    const NAME: &'static str = "grpc.health.v1.Health";
+}
+
+impl<C, B> tower::Service<http::Request<B>> for HealthService<C>
+where
+    C: Clock + Clone,
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() == HEALTH_CHECK_PATH {
+            let method = HealthCheck(self.service.clone());
+            Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+                Ok(grpc.unary(method, request).await)
+            })
+        } else {
+            Box::pin(
+                async move { Ok(tonic::Status::unimplemented("only Check is served").into_http()) },
+            )
+        }
+    }
+}
+
+/// `grpc.health.v1.Health/Check`, as envoyproxy/ratelimit's health server answers it.
+struct HealthCheck<C: Clock + Clone>(RlsService<C>);
+
+impl<C: Clock + Clone> tonic::server::UnaryService<HealthCheckRequest> for HealthCheck<C> {
+    type Response = HealthCheckResponse;
+    type Future = std::future::Ready<Result<tonic::Response<HealthCheckResponse>, tonic::Status>>;
+
+    fn call(&mut self, request: tonic::Request<HealthCheckRequest>) -> Self::Future {
+        let status = match request.get_ref().service.as_str() {
+            "" => ServingStatus::Serving,
+            HEALTH_SERVICE_NAME if self.0.is_healthy() => ServingStatus::Serving,
+            HEALTH_SERVICE_NAME => ServingStatus::NotServing,
+            _ => return std::future::ready(Err(tonic::Status::not_found("unknown service"))),
+        };
+        std::future::ready(Ok(tonic::Response::new(HealthCheckResponse {
+            status: status as i32,
+        })))
     }
 }
 
