@@ -107,9 +107,12 @@ trait Line<Q: ?Sized>: Send + Sync {
     /// Chain callers waiting now: each from before it takes its room until after it has given
     /// its room back (so the one whose turn it is, too).
     fn waiting(&self) -> u64;
-    /// The permits the chain callers waiting on `key` now ask for (none for a probe, which
-    /// holds one of the room but takes nothing); a snapshot, for a refusal's retry-after.
-    fn queued(&self, key: &Q) -> u64;
+    /// The permits the chain callers waiting on `key` now ask for, counting only the calls of
+    /// at most `capacity` permits (none for a probe, which holds one of the room but takes
+    /// nothing); a snapshot, for a refusal's retry-after. A larger call, which a member's
+    /// reconfiguration left too big for the chain, fails when its turn comes and takes nothing
+    /// (as its own first attempt would have), so it holds nobody back.
+    fn queued(&self, key: &Q, capacity: u32) -> u64;
     /// The most permits that may wait at once (per key).
     fn queue_limit(&self) -> u64;
 }
@@ -158,32 +161,61 @@ pub(crate) struct ChainLine {
     room: Option<ConcurrencyLimiter>,
     turn: ConcurrencyLimiter,
     queue_limit: u64,
-    /// The waiting probes (`n == 0`), each holding one permit of `room` but asking for none
-    /// ([`Line::queued`]). Under a mutex that only waiting probes and refusals take.
-    probes: crate::sync::Mutex<u64>,
+    /// The waiting callers by the permits they ask for (a probe, `n == 0`, asks for none but
+    /// holds one permit of `room`), for [`Line::queued`]: `room` alone cannot tell a call that
+    /// a member's reconfiguration left too big, and will take nothing, from one that will
+    /// take its permits. Under a mutex that only waiting callers (twice each) and refusals
+    /// behind them take; a caller that does not wait never touches it.
+    sizes: crate::sync::Mutex<Sizes>,
 }
 
-/// A waiting probe's count in its line ([`ChainLine::probes`], [`KeyQueues::probes`]), taken
-/// off when its call ends.
-struct Probe<'a, T: ProbeCount>(&'a T, T::Key);
+/// A line's waiting callers: how many ask for each number of permits.
+type Sizes = std::collections::BTreeMap<u32, u64>;
 
-/// Where a line counts its waiting probes.
-trait ProbeCount {
-    type Key;
-    fn add(&self, key: &Self::Key, up: bool);
+/// The permits asked for by the callers of `sizes` whose calls fit `capacity` (probes take
+/// none).
+fn fitting(sizes: &Sizes, capacity: u32) -> u64 {
+    if capacity == 0 {
+        return 0;
+    }
+    sizes
+        .range(1..=capacity)
+        .map(|(&n, &callers)| u64::from(n).saturating_mul(callers))
+        .fold(0, u64::saturating_add)
 }
 
-impl<T: ProbeCount> Drop for Probe<'_, T> {
-    fn drop(&mut self) {
-        self.0.add(&self.1, false);
+/// Counts one caller of `n` permits in `sizes`, or takes it off.
+fn tally(sizes: &mut Sizes, n: u32, up: bool) {
+    if up {
+        *sizes.entry(n).or_insert(0) += 1;
+    } else if let Some(callers) = sizes.get_mut(&n) {
+        *callers -= 1;
+        if *callers == 0 {
+            sizes.remove(&n);
+        }
     }
 }
 
-impl ProbeCount for ChainLine {
+/// A waiting caller's entry in its line's sizes ([`ChainLine::sizes`], [`KeyQueues::sizes`]),
+/// taken off when its call ends.
+struct Waiter<'a, T: SizeCount>(&'a T, T::Key, u32);
+
+/// Where a line counts its waiting callers by size.
+trait SizeCount {
+    type Key;
+    fn add(&self, key: &Self::Key, n: u32, up: bool);
+}
+
+impl<T: SizeCount> Drop for Waiter<'_, T> {
+    fn drop(&mut self) {
+        self.0.add(&self.1, self.2, false);
+    }
+}
+
+impl SizeCount for ChainLine {
     type Key = ();
-    fn add(&self, _: &(), up: bool) {
-        let mut probes = crate::sync::lock(&self.probes);
-        *probes = if up { *probes + 1 } else { *probes - 1 };
+    fn add(&self, _: &(), n: u32, up: bool) {
+        tally(&mut crate::sync::lock(&self.sizes), n, up);
     }
 }
 
@@ -209,7 +241,7 @@ impl ChainLine {
                 .queue_limit(u64::MAX)
                 .build()?,
             queue_limit,
-            probes: crate::sync::Mutex::new(0),
+            sizes: crate::sync::Mutex::new(Sizes::new()),
         })
     }
 }
@@ -225,17 +257,11 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
         let room = self.room.as_ref().ok_or_else(full)?;
         let count = self.count.try_acquire().map_err(|_| full())?;
         let room = room.try_acquire_n(n.max(1)).map_err(|_| full())?;
-        if n == 0 {
-            self.add(&(), true);
-            // Dropped in this order: the probe's count first, so it never counts a probe that
-            // holds no room.
-            return Ok(Box::new(CountedRoom {
-                _room: (Probe(self, ()), room),
-                _count: count,
-            }));
-        }
+        self.add(&(), n, true);
+        // Dropped in this order: the caller's size first, so it never counts a caller that
+        // holds no room.
         Ok(Box::new(CountedRoom {
-            _room: room,
+            _room: (Waiter(self, (), n), room),
             _count: count,
         }))
     }
@@ -266,12 +292,8 @@ impl<Q: ?Sized> Line<Q> for ChainLine {
         u64::from(u32::MAX - self.count.available())
     }
 
-    fn queued(&self, _: &Q) -> u64 {
-        let room = self
-            .room
-            .as_ref()
-            .map_or(0, |room| u64::from(room.limit() - room.available()));
-        room.saturating_sub(*crate::sync::lock(&self.probes))
+    fn queued(&self, _: &Q, capacity: u32) -> u64 {
+        fitting(&crate::sync::lock(&self.sizes), capacity)
     }
 
     fn queue_limit(&self) -> u64 {
@@ -311,7 +333,7 @@ struct CountedRoom<'a, R> {
 #[cfg(feature = "keyed")]
 trait KeyLines<K> {
     fn busy(&self, key: &K) -> bool;
-    fn queued(&self, key: &K) -> u64;
+    fn queued(&self, key: &K, capacity: u32) -> u64;
     fn join(&self, key: &K, n: u32, queue_limit: u64) -> Result<Held<'_>, AcquireError>;
     fn try_turn(&self, key: &K) -> Option<Held<'_>>;
     #[cfg(feature = "tokio")]
@@ -328,21 +350,22 @@ trait KeyLines<K> {
 struct KeyQueues<K> {
     room: Option<KeyedConcurrencyLimiter<K>>,
     turn: KeyedConcurrencyLimiter<K>,
-    /// Per key, its waiting probes, as [`ChainLine::probes`]: only keys that have some.
-    probes: crate::sync::Mutex<std::collections::HashMap<K, u64>>,
+    /// Per key, its waiting callers by size, as [`ChainLine::sizes`]: only keys that have
+    /// some.
+    sizes: crate::sync::Mutex<std::collections::HashMap<K, Sizes>>,
 }
 
 #[cfg(feature = "keyed")]
-impl<K: Hash + Eq + Clone> ProbeCount for KeyQueues<K> {
+impl<K: Hash + Eq + Clone> SizeCount for KeyQueues<K> {
     type Key = K;
-    fn add(&self, key: &K, up: bool) {
-        let mut probes = crate::sync::lock(&self.probes);
+    fn add(&self, key: &K, n: u32, up: bool) {
+        let mut sizes = crate::sync::lock(&self.sizes);
         if up {
-            *probes.entry(key.clone()).or_insert(0) += 1;
-        } else if let Some(count) = probes.get_mut(key) {
-            *count -= 1;
-            if *count == 0 {
-                probes.remove(key);
+            tally(sizes.entry(key.clone()).or_default(), n, true);
+        } else if let Some(of_key) = sizes.get_mut(key) {
+            tally(of_key, n, false);
+            if of_key.is_empty() {
+                sizes.remove(key);
             }
         }
     }
@@ -357,13 +380,9 @@ where
         self.room.as_ref().is_some_and(|room| room.in_use(key))
     }
 
-    fn queued(&self, key: &K) -> u64 {
-        let room = self
-            .room
-            .as_ref()
-            .map_or(0, |room| u64::from(room.limit() - room.available(key)));
-        let probes = crate::sync::lock(&self.probes).get(key).copied();
-        room.saturating_sub(probes.unwrap_or(0))
+    fn queued(&self, key: &K, capacity: u32) -> u64 {
+        let sizes = crate::sync::lock(&self.sizes);
+        sizes.get(key).map_or(0, |of_key| fitting(of_key, capacity))
     }
 
     fn join(&self, key: &K, n: u32, queue_limit: u64) -> Result<Held<'_>, AcquireError> {
@@ -375,12 +394,9 @@ where
             }
             _ => full(),
         })?;
-        if n == 0 {
-            self.add(key, true);
-            // Dropped in this order, as for `ChainLine`'s.
-            return Ok(Box::new((Probe(self, key.clone()), room)));
-        }
-        Ok(Box::new(room))
+        self.add(key, n, true);
+        // Dropped in this order, as for `ChainLine`'s.
+        Ok(Box::new((Waiter(self, key.clone(), n), room)))
     }
 
     fn try_turn(&self, key: &K) -> Option<Held<'_>> {
@@ -442,10 +458,10 @@ where
             .build()
             .map_err(full)?;
         // A racing first caller may have made them too: one of the two is kept.
-        let probes = crate::sync::Mutex::new(std::collections::HashMap::new());
+        let sizes = crate::sync::Mutex::new(std::collections::HashMap::new());
         Ok(&**self
             .keys
-            .get_or_init(|| Box::new(KeyQueues { room, turn, probes })))
+            .get_or_init(|| Box::new(KeyQueues { room, turn, sizes })))
     }
 }
 
@@ -499,8 +515,8 @@ where
         u64::from(u32::MAX - self.count.available())
     }
 
-    fn queued(&self, key: &K) -> u64 {
-        self.keys.get().map_or(0, |keys| keys.queued(key))
+    fn queued(&self, key: &K, capacity: u32) -> u64 {
+        self.keys.get().map_or(0, |keys| keys.queued(key, capacity))
     }
 
     fn queue_limit(&self) -> u64 {
@@ -1063,7 +1079,10 @@ impl<L, W> Core<L, W> {
         W: Line<Q>,
     {
         let capacity = self.capacity::<Q>();
-        let total = self.line.queued(key).saturating_add(u64::from(n.max(1)));
+        let total = self
+            .line
+            .queued(key, capacity)
+            .saturating_add(u64::from(n.max(1)));
         let all = u32::try_from(total).unwrap_or(u32::MAX).min(capacity);
         let mut rejected = None;
         for (i, member) in self.members.iter().enumerate() {

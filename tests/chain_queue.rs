@@ -891,3 +891,84 @@ async fn a_newcomer_behind_chain_waiters_beyond_the_capacity_is_told_their_whole
         [("a", Duration::from_secs(3)), ("b", Duration::from_secs(6))]
     );
 }
+
+/// A waiting caller that a member's reconfiguration left larger than the chain's capacity will
+/// take nothing (its turn fails it, as its first attempt would have): a newcomer behind it is
+/// told when its own permits fit, not a wait for permits nobody will take. The line counted the
+/// permits its room held, and told this newcomer 2 s.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_caller_left_too_big_by_a_reconfiguration_holds_no_refusal_back() {
+    let window = |limit| Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_secs(1),
+    };
+    let member = RateLimiter::with_clock(window(4), TokioClock::new()).unwrap();
+    let chain = Chain::new([member.clone()]).unwrap();
+    member.try_acquire_n(4).unwrap();
+    let (log, start): (Log, _) = (Log::default(), Instant::now());
+    let big = spawn_waiter(&chain, 3, "big", &log, start);
+    settle().await;
+    let retry = || match chain.try_acquire_n(1) {
+        Err(TryAcquireError::Rejected(r)) => r.retry_after(),
+        other => panic!("{other:?}"),
+    };
+    // Behind 3 waiting permits, 4 of a 4-per-second window: the next window.
+    assert_eq!(retry(), Duration::from_secs(1));
+    member.reconfigure(window(2)).unwrap();
+    assert_eq!(
+        retry(),
+        Duration::from_secs(1),
+        "the caller of 3 takes nothing"
+    );
+    let one = spawn_waiter(&chain, 1, "one", &log, start);
+    assert!(matches!(
+        big.await.unwrap(),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        })
+    ));
+    one.await.unwrap().unwrap();
+    assert_eq!(*log.lock().unwrap(), [("one", Duration::from_secs(1))]);
+}
+
+/// As above, per key.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keyed_caller_left_too_big_by_a_reconfiguration_holds_no_refusal_back() {
+    let window = |limit| Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_secs(1),
+    };
+    let member = KeyedLimiter::<u32, _>::builder(window(4))
+        .clock(TokioClock::new())
+        .build()
+        .unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(member.clone())
+        .build()
+        .unwrap();
+    member.try_acquire_n(&1, 4).unwrap();
+    let big = {
+        let chain = chain.clone();
+        tokio::spawn(async move { chain.acquire_n(&1, 3).await.map(drop) })
+    };
+    settle().await;
+    let retry = || match chain.try_acquire(&1) {
+        Err(TryAcquireError::Rejected(r)) => r.retry_after(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(retry(), Duration::from_secs(1));
+    member.reconfigure(window(2)).unwrap();
+    assert_eq!(
+        retry(),
+        Duration::from_secs(1),
+        "the caller of 3 takes nothing"
+    );
+    assert!(matches!(
+        big.await.unwrap(),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        })
+    ));
+}
