@@ -4,7 +4,7 @@
 use crate::algorithm::{Algo, FixedWindow, SlidingCounter, SlidingWindow, TokenBucket, too_big};
 use crate::chain::Committed;
 use crate::clock::{Clock, DefaultClock};
-use crate::decision::Admission;
+use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError};
 use crate::limiter::{Algorithm, build_sliding};
 use crate::queue::{
@@ -356,6 +356,36 @@ pub(crate) struct Shard<K, V, S> {
 /// evict for it too.
 const SEARCHING: u64 = u64::MAX - 1;
 
+/// A refusal of a key without a cell of its own by the shared overflow cell, no later than
+/// `room_at`, when a key may first turn idle: a call then evicts it and is admitted on a fresh
+/// cell of its own (or finds the room another new key took, and is answered as now). The
+/// shared cell's wait alone told such a caller, and a waiter's timer, to wait past that for
+/// permits it would not need (`at_the_cap_a_shared_cell_refusal_is_no_later_than_a_key_turning_idle`).
+/// Left as it is when `room_at` is no time (a search runs, or no key can turn idle) or is
+/// already past (a search will run, and may or may not find room).
+fn sooner_by_room<K, C: Clock, S, R>(
+    ctx: &Ctx<K, C, S>,
+    outcome: Result<R, TryAcquireError>,
+) -> Result<R, TryAcquireError> {
+    match outcome {
+        Err(TryAcquireError::Rejected(r)) => {
+            // Relaxed: a hint, as in `make_room`; a stale value answers as a moment earlier.
+            let room_at = ctx.room_at.load(Ordering::Relaxed);
+            let now = ctx.clock.now();
+            let sooner = match room_at {
+                SEARCHING | u64::MAX => None,
+                t if t > now && t - now < r.retry_after_nanos() => Some(t - now),
+                _ => None,
+            };
+            Err(TryAcquireError::Rejected(match sooner {
+                Some(wait) => Rejection::new(wait, r.limit()),
+                None => r,
+            }))
+        }
+        other => other,
+    }
+}
+
 /// A shard whose key count reaches a multiple of this flushes its thread's reclamation batch
 /// (one `membarrier` system call per this many inserts into the shard), so that tables replaced
 /// by resizes while it grows are freed promptly: right after inserting 1M keys, about 9 bytes
@@ -670,7 +700,9 @@ where
                 KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
                     max_keys: ctx.max_keys,
                 }),
-                KeyOverflow::Shared => op(&self.overflow).map(|r| (r, Slot::Overflow)),
+                KeyOverflow::Shared => {
+                    sooner_by_room(ctx, op(&self.overflow)).map(|r| (r, Slot::Overflow))
+                }
             };
         }
         // Insert a fresh cell, then admit on whichever cell is there through the ordinary path
@@ -1024,7 +1056,9 @@ where
                     KeyOverflow::Reject => Err(TryAcquireError::TooManyKeys {
                         max_keys: ctx.max_keys,
                     }),
-                    KeyOverflow::Shared => self.algo.check(&self.overflow, n, &ctx.clock),
+                    KeyOverflow::Shared => {
+                        sooner_by_room(ctx, self.algo.check(&self.overflow, n, &ctx.clock))
+                    }
                 };
                 let counted = match count {
                     // The call ends here, as it would have in `first_use`, which counts it; an

@@ -908,3 +908,47 @@ fn available_for_a_new_key_at_the_cap_reports_the_overflow_policy() {
     assert_eq!(reject.available(&2), 2);
     assert_eq!(reject.try_acquire(&2).unwrap().remaining(), 1);
 }
+
+/// At the key cap, a new key refused by the shared overflow cell is told no later than when a
+/// held key turns idle: a call then evicts it and takes its place with a fresh cell of its own.
+/// The shared bucket's wait for 5 tokens (5 s) told it 4 s too late.
+#[test]
+fn at_the_cap_a_shared_cell_refusal_is_no_later_than_a_key_turning_idle() {
+    let limiter = KeyedLimiter::builder(Algorithm::TokenBucket {
+        rate: Rate::per_second(1),
+        burst: 10,
+    })
+    .clock(ManualClock::new())
+    .max_keys(1)
+    .overflow(KeyOverflow::Shared)
+    .build()
+    .unwrap();
+    // The one key is full again, idle, 1 s from now.
+    limiter.try_acquire(&"held").unwrap();
+    // The shared cell is drained by the keys beyond the cap.
+    limiter.try_acquire_n(&"shared", 10).unwrap();
+    let retry = limiter
+        .try_acquire_n(&"new", 5)
+        .unwrap_err()
+        .rejection()
+        .copied()
+        .unwrap();
+    assert_eq!(retry.retry_after(), SEC);
+    limiter.clock().advance(retry.retry_after());
+    assert!(
+        limiter.try_acquire_n(&"new", 5).is_ok(),
+        "on a cell of its own"
+    );
+    assert_eq!(limiter.available(&"new"), 5);
+    // With no key turning idle sooner, the shared cell's own wait stands: "new" is busy for 5 s,
+    // and the shared bucket has refilled one token.
+    assert_eq!(
+        limiter
+            .try_acquire_n(&"newer", 3)
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .retry_after(),
+        2 * SEC
+    );
+}
