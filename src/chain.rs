@@ -1,4 +1,4 @@
-//! [`Chain`] and [`KeyedChain`]: several limits at once, admitted only if every member admits.
+//! [`Chain`] and `KeyedChain`: several limits at once, admitted only if every member admits.
 //!
 //! **Design: check, then commit with refund.** A call runs in two passes over the members:
 //!
@@ -74,15 +74,15 @@ pub(crate) struct Committed {
 }
 
 /// A chain's queue of waiting chain callers: one for a [`Chain`], one per key for a
-/// [`KeyedChain`]. A caller that must wait first takes its room ([`join`](Self::join), held until
-/// its call ends), then waits for its turn ([`turn`](Self::turn): oldest first, in a
+/// `KeyedChain`. A caller that must wait first takes its room ([`join`](Self::join), held until
+/// its call ends), then waits for its turn (`turn`: oldest first, in a
 /// [`ConcurrencyLimiter`] of 1, whose queue async and blocking callers share); only the caller
 /// whose turn it is makes attempts and sleeps between them. Dropping the turn (admitted, failed,
 /// timed out, or its future dropped) hands it to the next caller at once, and dropping the room
 /// frees it.
 ///
 /// What a caller holds (its room, its turn) is type-erased ([`Held`]), and so is the future of
-/// [`turn`](Self::turn): a keyed line's permits, and its implementation of this trait, require
+/// `turn`: a keyed line's permits, and its implementation of this trait, require
 /// `K: 'static`, and a chain `acquire` future holding such a type across an await (or naming it
 /// through an associated type of this trait) is not provably `Send` for a key type with a
 /// lifetime (`&'static str`): the compiler checks a future's `Send` for every lifetime in it.
@@ -98,7 +98,7 @@ trait Line<Q: ?Sized>: Send + Sync {
     /// the reason above.
     #[cfg(feature = "tokio")]
     fn turn<'a>(&'a self, key: &'a Q) -> TurnFuture<'a>;
-    /// [`turn`](Self::turn) on the calling thread, until `deadline` if any (then `Timeout`).
+    /// `turn` on the calling thread, until `deadline` if any (then `Timeout`).
     fn turn_blocking(
         &self,
         key: &Q,
@@ -196,7 +196,7 @@ fn tally(sizes: &mut Sizes, n: u32, up: bool) {
     }
 }
 
-/// A waiting caller's entry in its line's sizes ([`ChainLine::sizes`], [`KeyQueues::sizes`]),
+/// A waiting caller's entry in its line's sizes ([`ChainLine::sizes`], `KeyQueues::sizes`),
 /// taken off when its call ends.
 struct Waiter<'a, T: SizeCount>(&'a T, T::Key, u32);
 
@@ -697,7 +697,7 @@ pub(crate) struct Taken {
     flags: Vec<Committed>,
 }
 
-/// The members and the logic shared by [`Chain`] and [`KeyedChain`].
+/// The members and the logic shared by [`Chain`] and `KeyedChain`.
 struct Core<L, W> {
     members: Box<[L]>,
     /// Where waiting callers queue ([`Line`]).
@@ -1451,7 +1451,7 @@ impl<L, W> Core<L, W> {
         }
     }
 
-    /// As [`acquire`](Self::acquire), blocking the calling thread: it sleeps (real time) for the
+    /// As `acquire`, blocking the calling thread: it sleeps (real time) for the
     /// largest `retry_after` between attempts, until `deadline` if there is one. A call that
     /// unwinds from a member's code is not counted.
     fn acquire_blocking<Q: ?Sized>(

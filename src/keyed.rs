@@ -2383,7 +2383,7 @@ where
         decision.map(|admission| (admission, committed, version))
     }
 
-    /// [`acquire_n`](Self::acquire_n)'s fast path for a receipt (see
+    /// `acquire_n`'s fast path for a receipt (see
     /// [`commit_versioned`](Self::commit_versioned)).
     #[inline]
     pub(crate) fn receipt_fast(

@@ -489,7 +489,7 @@ impl WaitQueue {
         self.sweep(gate, capacity, false)
     }
 
-    /// [`reconfigure_waiters`](Self::reconfigure_waiters), and every later enqueue for more than
+    /// `reconfigure_waiters`, and every later enqueue for more than
     /// `capacity` fails with [`AcquireError::InsufficientCapacity`] at once (until the next
     /// call): for a limiter whose every change of capacity sweeps this queue (an unkeyed one).
     /// A caller that read the old capacity and enqueues after the sweep fails then, instead of
@@ -582,7 +582,7 @@ impl WaitQueue {
     }
 }
 
-/// Wake-ups owed by [`WaitQueue::reconfigure_waiters`]: each woken party already has its
+/// Wake-ups owed by `WaitQueue::reconfigure_waiters`: each woken party already has its
 /// outcome, so they must be run ([`wake`](Self::wake)); dropping this unrun strands them.
 #[must_use = "the waiters it holds must be woken"]
 pub(crate) struct Woken(Vec<Wake>);

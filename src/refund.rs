@@ -1,5 +1,5 @@
 //! Admissions that can be given back: [`RateLimiter::try_acquire_refundable`] and
-//! [`KeyedLimiter::try_acquire_refundable`] (rate-limiter-flexible's `reward`, for the work that
+//! `KeyedLimiter::try_acquire_refundable` (rate-limiter-flexible's `reward`, for the work that
 //! turned out not to count: a response served from cache, a request a downstream refused, a
 //! login that succeeded on a limiter of failures), and their waiting counterparts
 //! (`acquire_refundable(n).await`, `acquire_refundable_timeout`, `acquire_blocking_refundable`,

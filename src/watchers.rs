@@ -4,7 +4,7 @@
 //! under its key cap for a key that was decided on the shared overflow cell; only a sweep that
 //! evicts tells, so the many that evict nothing cost nothing here).
 //!
-//! A [`Chain`](crate::Chain) or [`KeyedChain`](crate::KeyedChain) that must wait does not join
+//! A [`Chain`](crate::Chain) or `KeyedChain` that must wait does not join
 //! its members' own queues (it needs every member at once, and would hold a place in each). It
 //! sleeps for the largest `retry_after` and tries again. Without these watchers, a member closed
 //! during that sleep was noticed only when it ended, which for a rule of an hour is an hour, and a

@@ -1,5 +1,5 @@
 //! Chain admissions that can be given back: [`Chain::try_acquire_refundable`] and
-//! [`KeyedChain::try_acquire_refundable`], and their waiting counterparts
+//! `KeyedChain::try_acquire_refundable`, and their waiting counterparts
 //! (`acquire_refundable(n).await`, `acquire_refundable_timeout`, `acquire_blocking_refundable`,
 //! `acquire_blocking_refundable_timeout`): the single limiters' receipts (`crate::refund`), for a
 //! call that every member admitted.
