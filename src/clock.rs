@@ -805,21 +805,46 @@ impl Clock for TokioClock {
 /// The backends' `acquire_n` (Redis, the get/set store): `attempt` until it admits, sleeping
 /// ([`crate::timer`]) for each rejection's retry-after plus [`jitter`]; any other failure ends the
 /// wait. Waiters do not queue: whoever asks first after the permits free up gets them.
+///
+/// With a `limit` (their `acquire_timeout`), the wait ends with
+/// [`AcquireError::Timeout`](crate::AcquireError::Timeout) once `limit` has passed since the call began, but only
+/// between attempts: a sleep is cut short at the time limit, while an attempt in flight then is
+/// awaited and answered, admission included. Cutting it instead, as a `tokio::time::timeout`
+/// around `acquire_n` does, could leave its permits charged in the store with nobody holding
+/// them. A `limit` past what an `Instant` holds never passes.
 #[cfg(all(feature = "tokio", any(feature = "redis", feature = "store")))]
 pub(crate) async fn retry_rejections<F, Fut>(
+    limit: Option<Duration>,
     mut attempt: F,
 ) -> Result<crate::Admission, crate::AcquireError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<crate::Admission, crate::TryAcquireError>>,
 {
+    use std::pin::Pin;
+    use std::task::Poll;
+    // Made before the first attempt, so that its round trip counts in the limit.
+    let mut deadline = limit.and_then(crate::timer::Sleep::new_or_never);
     loop {
         let rejection = match attempt().await {
             Ok(admission) => return Ok(admission),
             Err(e) => e.wait_or_fail()?,
         };
         let wait = rejection.retry_after();
-        crate::timer::sleep(wait + jitter(wait)).await;
+        let mut retry = crate::timer::Sleep::new(wait + jitter(wait));
+        // The time limit first: when both have passed, the call is over.
+        let timed_out = std::future::poll_fn(|cx| {
+            if let Some(deadline) = deadline.as_mut()
+                && Pin::new(deadline).poll(cx).is_ready()
+            {
+                return Poll::Ready(true);
+            }
+            Pin::new(&mut retry).poll(cx).map(|()| false)
+        })
+        .await;
+        if timed_out {
+            return Err(crate::AcquireError::Timeout);
+        }
     }
 }
 

@@ -829,9 +829,9 @@ impl<S: Store> StoreLimiter<S> {
     /// tries again, as [`RedisLimiter::acquire_n`](crate::RedisLimiter::acquire_n) does.
     ///
     /// **Not FIFO.** Waiters do not queue: whoever asks first after the permits free up gets
-    /// them, and a waiter can be overtaken many times under contention; wrap the call in
-    /// `tokio::time::timeout` to bound the wait. The time is the wall clock (the state's), so
-    /// tokio's paused time does not shorten the wait.
+    /// them, and a waiter can be overtaken many times under contention;
+    /// [`acquire_timeout`](Self::acquire_timeout) bounds the wait. The time is the wall clock
+    /// (the state's), so tokio's paused time does not shorten the wait.
     ///
     /// # Errors
     ///
@@ -872,7 +872,7 @@ impl<S: Store> StoreLimiter<S> {
     ///     "batch",
     ///     Memory::default(),
     /// )?;
-    /// let admission = tokio::time::timeout(Duration::from_secs(5), limiter.acquire_n("job", 4)).await??;
+    /// let admission = limiter.acquire_n("job", 4).await?;
     /// assert_eq!(admission.remaining(), 6);
     /// assert_eq!(
     ///     limiter.acquire_n("job", 11).await,
@@ -886,7 +886,76 @@ impl<S: Store> StoreLimiter<S> {
     where
         K: AsRef<[u8]> + ?Sized,
     {
-        crate::clock::retry_rejections(|| self.try_acquire_n(subject, n)).await
+        crate::clock::retry_rejections(None, || self.try_acquire_n(subject, n)).await
+    }
+
+    /// [`acquire_n`](Self::acquire_n) within a time limit: the wait ends with
+    /// [`AcquireError::Timeout`] once `timeout` has passed since the call, unless the permits
+    /// were admitted first.
+    ///
+    /// The limit ends a sleep between attempts, never a decision: an attempt under way when the
+    /// time is up (a `get`/`set` of the store) runs to its end and is answered, an admission
+    /// included, so the call returns up to one decision's time late rather than leave a
+    /// decision half done or permits taken that nobody holds, as a `tokio::time::timeout`
+    /// around [`acquire_n`](Self::acquire_n) can. Measured on the timer the sleeps use
+    /// (tokio's inside a tokio runtime, so its paused time counts; futures-timer's elsewhere);
+    /// a `timeout` past what an `Instant` holds never passes.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`] when the time is up.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::collections::HashMap;
+    /// # use std::sync::Mutex;
+    /// # use std::time::{Duration, Instant};
+    /// # #[derive(Default)]
+    /// # struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+    /// # impl turnstile::Store for Memory {
+    /// #     type Error = std::convert::Infallible;
+    /// #     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
+    /// #         let map = self.0.lock().unwrap();
+    /// #         Ok(map.get(key).filter(|(_, until)| *until > Instant::now()).map(|(v, _)| v.clone()))
+    /// #     }
+    /// #     async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
+    /// #         self.0.lock().unwrap().insert(key.to_vec(), (value, Instant::now() + ttl));
+    /// #         Ok(())
+    /// #     }
+    /// # }
+    /// use turnstile::{AcquireError, Algorithm, StoreLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = StoreLimiter::new(
+    ///     Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(3600) },
+    ///     "batch",
+    ///     Memory::default(),
+    /// )?;
+    /// let admission = limiter.acquire_timeout("job", 8, Duration::from_secs(5)).await?;
+    /// assert_eq!(admission.remaining(), 2);
+    /// // The next window is up to an hour away: the call gives up after five seconds.
+    /// let late = limiter.acquire_timeout("job", 4, Duration::from_secs(5)).await;
+    /// assert_eq!(late, Err(AcquireError::Timeout));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_timeout<K>(
+        &self,
+        subject: &K,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<Admission, AcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        crate::clock::retry_rejections(Some(timeout), || self.try_acquire_n(subject, n)).await
     }
 
     /// Forgets `subject`'s state in the store: its next call, through this limiter or any other

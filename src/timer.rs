@@ -38,7 +38,7 @@ impl Sleep {
 
     /// A sleep that ends `after` from now, or `None` if that is past what an `Instant` holds: a
     /// time that never comes (a time limit of `Duration::MAX`), as tokio's `timeout` takes it.
-    fn new_or_never(after: Duration) -> Option<Self> {
+    pub(crate) fn new_or_never(after: Duration) -> Option<Self> {
         if tokio::runtime::Handle::try_current().is_ok() {
             let deadline = tokio::time::Instant::now().checked_add(after)?;
             Some(Sleep(Kind::Tokio(Box::pin(tokio::time::sleep_until(

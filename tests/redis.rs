@@ -2900,3 +2900,87 @@ async fn a_reconfiguration_during_an_outage_keeps_the_fallback_spent() {
         5
     );
 }
+
+/// `acquire_timeout` gives up at its time limit, the sleep toward the retry-after (200 ms)
+/// cut short there and nothing charged, and is admitted when the permit frees within it.
+#[tokio::test]
+async fn acquire_timeout_gives_up_at_its_time_limit_and_is_admitted_within_it() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limiter = limiter(
+        &server,
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(5),
+            burst: 1,
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    limiter.try_acquire("t").await.unwrap();
+    let state = dump(&mut con, &limiter.key("t"));
+    let started = Instant::now();
+    assert_eq!(
+        limiter
+            .acquire_timeout("t", 1, Duration::from_millis(50))
+            .await,
+        Err(AcquireError::Timeout)
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(50) && took < Duration::from_millis(150),
+        "{took:?}"
+    );
+    assert_eq!(dump(&mut con, &limiter.key("t")), state, "nothing charged");
+    let admission = limiter
+        .acquire_timeout("t", 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(admission.remaining(), 0);
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert_eq!(limiter.stats().admitted, 2);
+    assert_all_keys_expire(&mut con);
+}
+
+/// The time limit ends a sleep between attempts, never a round trip: the server stopped
+/// (SIGSTOP) while the first attempt is in flight, and answering only after the 50 ms limit
+/// (within the limiter's 200 ms deadline), the call answers that admission. A
+/// `tokio::time::timeout` around `acquire_n` drops the call there and leaves the permit charged
+/// in Redis with nobody holding it.
+#[tokio::test]
+async fn acquire_timeout_answers_the_round_trip_in_flight_at_its_time_limit() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limiter = limiter(
+        &server,
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(3600),
+        },
+        FailurePolicy::FailClosed,
+    )
+    .await;
+    // A first decision, so that the connection and the script are ready before the pause.
+    limiter.try_acquire("warm").await.unwrap();
+    server.pause();
+    let resume = async {
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        server.resume();
+    };
+    let started = Instant::now();
+    let (admission, ()) = tokio::join!(
+        limiter.acquire_timeout("s", 1, Duration::from_millis(50)),
+        resume
+    );
+    let admission = admission.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(120));
+    assert_eq!(admission.remaining(), 0);
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.timeouts), (2, 0), "{stats:?}");
+    // The admission answered is the one Redis holds: the window is spent.
+    assert_eq!(
+        rejection(limiter.try_acquire("s").await).limit(),
+        1,
+        "the permit was charged once, to this call"
+    );
+    assert_all_keys_expire(&mut con);
+}

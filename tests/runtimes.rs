@@ -336,6 +336,30 @@ fn a_store_limiter_waits_off_tokio() {
     about_one_step(waited);
 }
 
+/// A store limiter's `acquire_timeout` off tokio: its time limit runs on futures-timer's
+/// thread as its sleeps do, and cuts the sleep toward an hour-long window's end.
+#[cfg(feature = "store")]
+#[test]
+fn a_store_limiter_acquire_timeout_off_tokio_times_out() {
+    let limiter = turnstile::StoreLimiter::new(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(3600),
+        },
+        "runtimes",
+        MemoryStore::default(),
+    )
+    .unwrap();
+    let (outcome, waited) = off_tokio(async {
+        limiter.acquire_timeout("a", 1, STEP).await.unwrap();
+        let start = Instant::now();
+        let outcome = limiter.acquire_timeout("a", 1, STEP).await;
+        (outcome, start.elapsed())
+    });
+    assert_eq!(outcome.unwrap_err(), AcquireError::Timeout);
+    about_one_step(waited);
+}
+
 /// A keyed limiter's `run_sweeper` off tokio: it sweeps an idle key on its own, and ends once
 /// the limiter is dropped. It ticked on a tokio interval, which panics off tokio.
 #[test]

@@ -922,3 +922,117 @@ async fn a_charge_on_a_failing_store_is_the_store_error() {
     store.fail.store(false, Ordering::Relaxed);
     assert_eq!(limiter.try_acquire("a").await.unwrap().remaining(), 1);
 }
+
+/// A store whose `set` takes `delay` (tokio's time), as a slow network store's would.
+#[derive(Clone, Default)]
+struct Slow {
+    memory: Memory,
+    delay: Arc<Mutex<Duration>>,
+}
+
+impl Store for Slow {
+    type Error = Down;
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Down> {
+        self.memory.get(key).await
+    }
+
+    async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Down> {
+        let delay = *self.delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        self.memory.set(key, value, ttl).await
+    }
+}
+
+/// `acquire_timeout` gives up at its time limit, on tokio's (paused) time, the sleep toward
+/// the next window cut short there; the refused attempts took nothing. A limit that never
+/// passes (`Duration::MAX`) is taken, and a call admitted at once sets no limit's worth of
+/// waiting.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn acquire_timeout_gives_up_at_its_time_limit() {
+    let limiter =
+        StoreLimiter::new(fixed(3, Duration::from_secs(3600)), "t", Memory::default()).unwrap();
+    let started = tokio::time::Instant::now();
+    let first = limiter
+        .acquire_timeout("a", 2, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(first.remaining(), 1);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(
+        limiter
+            .acquire_timeout("a", 2, Duration::from_secs(2))
+            .await,
+        Err(turnstile::AcquireError::Timeout)
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_millis(2001),
+        "{waited:?}"
+    );
+    // Nothing was taken by the refused attempts: the last permit is still there.
+    assert_eq!(
+        limiter
+            .acquire_timeout("a", 1, Duration::MAX)
+            .await
+            .unwrap()
+            .remaining(),
+        0
+    );
+    assert_eq!(
+        limiter
+            .acquire_timeout("a", 4, Duration::from_secs(1))
+            .await,
+        Err(turnstile::AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        })
+    );
+}
+
+/// The time limit ends a sleep between attempts, never a decision: an attempt whose `set` is
+/// still under way when the time is up is awaited and its admission answered (a
+/// `tokio::time::timeout` around `acquire_n` drops it there, with its write half done). And an
+/// attempt under way then that is refused ends the call with `Timeout` without another sleep.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn acquire_timeout_answers_the_decision_under_way_at_its_time_limit() {
+    let store = Slow::default();
+    *store.delay.lock().unwrap() = Duration::from_secs(3);
+    let limiter = StoreLimiter::new(fixed(1, Duration::from_secs(3600)), "t", store).unwrap();
+    let started = tokio::time::Instant::now();
+    let admission = limiter
+        .acquire_timeout("a", 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(admission.remaining(), 0);
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    // The admission was written: the next call is refused (a refusal writes nothing, so it
+    // does not wait for the slow `set`), at the time limit.
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        limiter
+            .acquire_timeout("a", 1, Duration::from_secs(1))
+            .await,
+        Err(turnstile::AcquireError::Timeout)
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(limiter.stats().admitted, 1);
+}
+
+/// Real time (the store's windows are on the wall clock): a call admitted within its time
+/// limit, once the next 30 ms window opens, is answered with that window's admission.
+#[tokio::test]
+async fn acquire_timeout_is_admitted_when_the_window_opens_in_time() {
+    let window = Duration::from_millis(30);
+    let limiter = StoreLimiter::new(fixed(1, window), "t", Memory::default()).unwrap();
+    let first = limiter.acquire("a").await.unwrap();
+    let second = limiter
+        .acquire_timeout("a", 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let w = window.as_nanos() as u64;
+    assert!(
+        second.at_nanos() / w > first.at_nanos() / w,
+        "{first:?} {second:?}"
+    );
+}

@@ -1306,7 +1306,7 @@ where
     ///
     /// **Not FIFO.** Waiters in different processes (or tasks) do not queue: whoever asks first
     /// after the permits free up gets them. Under contention a waiter can be overtaken many times;
-    /// wrap the call in `tokio::time::timeout` to bound the wait.
+    /// [`acquire_timeout`](Self::acquire_timeout) bounds the wait.
     ///
     /// # Errors
     ///
@@ -1325,7 +1325,7 @@ where
     /// ```no_run
     /// use std::time::Duration;
     /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
-    /// let admission = tokio::time::timeout(Duration::from_secs(5), limiter.acquire_n("batch", 10)).await??;
+    /// let admission = limiter.acquire_n("batch", 10).await?;
     /// println!("{} left", admission.remaining());
     /// # Ok(())
     /// # }
@@ -1336,7 +1336,54 @@ where
     {
         let subject = subject.as_ref();
         let call = self.inner.records().then(call_id);
-        crate::clock::retry_rejections(|| self.decide(subject, n, call)).await
+        crate::clock::retry_rejections(None, || self.decide(subject, n, call)).await
+    }
+
+    /// [`acquire_n`](Self::acquire_n) within a time limit: the wait ends with
+    /// [`AcquireError::Timeout`] once `timeout` has passed since the call, unless the permits
+    /// were admitted first.
+    ///
+    /// The limit ends a sleep between attempts, never a decision: a round trip under way when
+    /// the time is up runs to its end (or to the limiter's own deadline and failure policy)
+    /// and is answered, an admission included, so the call returns up to one decision's time
+    /// late rather than leave permits charged in Redis that nobody holds, as a
+    /// `tokio::time::timeout` around [`acquire_n`](Self::acquire_n) can. Measured on tokio's
+    /// timer (its paused time counts); a `timeout` past what an `Instant` holds never passes.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_n`](Self::acquire_n), and [`AcquireError::Timeout`] when the time is up.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_n`](Self::acquire_n).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::AcquireError;
+    /// # async fn demo(limiter: turnstile::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// match limiter.acquire_timeout("batch", 10, Duration::from_secs(5)).await {
+    ///     Ok(admission) => println!("{} left", admission.remaining()),
+    ///     Err(AcquireError::Timeout) => println!("busy: try the next batch later"),
+    ///     Err(other) => return Err(other.into()),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire_timeout<K>(
+        &self,
+        subject: &K,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<Admission, AcquireError>
+    where
+        K: AsRef<[u8]> + ?Sized,
+    {
+        let subject = subject.as_ref();
+        let call = self.inner.records().then(call_id);
+        crate::clock::retry_rejections(Some(timeout), || self.decide(subject, n, call)).await
     }
 }
 
