@@ -56,10 +56,11 @@
 //!   future consumes nothing and passes the turn on.
 //! - **Waiting runs on any executor** (feature `tokio`, on by default): a waiter that must sleep
 //!   does so on tokio's timer inside a tokio runtime (which must then have its time driver
-//!   enabled) and on futures-timer's helper thread anywhere else (`futures::executor::block_on`,
-//!   smol, async-std). What still needs a tokio runtime: the sweepers (`run_sweeper`), which
-//!   tick on a tokio interval, and `RedisLimiter`, the HTTP layer and the Envoy service, which
-//!   run on tokio.
+//!   enabled, and be running: a current-thread runtime only entered with `Handle::enter`, not
+//!   inside its `block_on`, never fires a timer, as tokio's own `sleep` would not) and on
+//!   futures-timer's helper thread anywhere else (`futures::executor::block_on`, smol,
+//!   async-std); so do the sweepers (`run_sweeper`). What still needs a tokio runtime:
+//!   `RedisLimiter`, the HTTP layer and the Envoy service, which run on tokio.
 //! - **Bad input** gets a [`ConfigError`], never a panic.
 //! - **Time** comes from one [`Clock`] per limiter; tests use [`ManualClock`].
 

@@ -6,7 +6,9 @@
 //! The choice is made once per sleep, when it is created, with
 //! [`Handle::try_current`](tokio::runtime::Handle::try_current): inside a runtime, waits keep
 //! tokio's timer wheel and follow its paused time (which the tests, and users' tests, rely on);
-//! that runtime must have its time driver enabled, as before. Only a waiter that must sleep pays
+//! that runtime must have its time driver enabled, as before, and be running: a current-thread
+//! runtime merely entered (`Handle::enter`) while another executor polls never fires the timer,
+//! as tokio's own `sleep` would not. Only a waiter that must sleep pays
 //! for the look-up: the fast path of an `acquire` creates no sleep.
 
 use std::future::Future;
