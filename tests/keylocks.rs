@@ -870,6 +870,30 @@ fn blocking_waits_with_a_time_limit_give_up_and_leave_the_queue() {
     assert_quiescent(&locks, &0);
 }
 
+/// `Duration::MAX` (a common "no limit") overflows `Instant::now() + timeout`: the blocking
+/// waits must treat it as waiting without a deadline, not panic, both when the key is free and
+/// when the caller has to queue.
+#[test]
+fn blocking_waits_with_an_unbounded_time_limit_neither_panic_nor_give_up() {
+    let locks: KeyLocks<u8> = KeyLocks::new();
+    drop(
+        locks
+            .write_blocking_timeout(&0, Duration::MAX)
+            .expect("a free key is granted at once"),
+    );
+    let w = locks.try_write(&0).unwrap();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| locks.read_blocking_timeout(&0, Duration::MAX).is_some());
+        // `is_finished`: a waiter that panicked before queueing must not leave this loop spinning.
+        while locks.waiters(&0) == 0 && !waiter.is_finished() {
+            std::thread::yield_now();
+        }
+        drop(w);
+        assert!(waiter.join().expect("the waiter panicked"));
+    });
+    assert_quiescent(&locks, &0);
+}
+
 #[test]
 fn handles_guards_and_futures_are_send_and_sync() {
     fn send_sync<T: Send + Sync>(_: &T) {}
