@@ -798,6 +798,48 @@ where
         u32::MAX - self.inner.failures.available(key)
     }
 
+    /// The keys banned now, each with how long it stays banned: for an operator's listing, or
+    /// for carrying the bans in force over to another list. A snapshot, weakly consistent
+    /// under concurrent changes (a ban started, ended or lifted meanwhile may or may not be
+    /// in it), in no particular order. Takes no lock, writes nothing; it visits every key of
+    /// the bans table, so it costs time in their number.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{BanList, ManualClock};
+    ///
+    /// let clock = ManualClock::new();
+    /// let bans = BanList::builder(1, Duration::from_secs(60), Duration::from_secs(600))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// bans.fail(&"mallory")?;
+    /// bans.ban(&"eve", Duration::from_secs(60))?;
+    /// clock.advance(Duration::from_secs(30));
+    /// let mut banned = bans.banned();
+    /// banned.sort();
+    /// assert_eq!(
+    ///     banned,
+    ///     [("eve", Duration::from_secs(30)), ("mallory", Duration::from_secs(570))],
+    /// );
+    /// clock.advance(Duration::from_secs(30));
+    /// assert_eq!(bans.banned(), [("mallory", Duration::from_secs(540))]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn banned(&self) -> Vec<(K, Duration)> {
+        // The keys first, then each one's ban: no lookup runs inside the table's walk.
+        self.inner
+            .bans
+            .keys()
+            .into_iter()
+            .filter_map(|key| {
+                let left = self.left(&key)?;
+                Some((key, left))
+            })
+            .collect()
+    }
+
     /// Evicts every idle key now (failures of a window that has passed, bans that have ended);
     /// returns how many entries were evicted. Idle keys are also evicted as new keys arrive
     /// and at the cap: this is for returning memory sooner.

@@ -541,6 +541,18 @@ where
         }
     }
 
+    /// Calls `f` on every key held and not retired (a weakly consistent pass, as
+    /// `for_each_cell`).
+    fn for_each_key(&self, f: &mut dyn FnMut(&K)) {
+        for shard in self.shards.iter() {
+            shard.map.for_each(|key, cell| {
+                if !A::retired(cell) {
+                    f(key);
+                }
+            });
+        }
+    }
+
     /// Calls `f` on every key's cell and on the shared overflow cell (a weakly consistent
     /// pass: keys inserted meanwhile may be missed, and are fresh or decided under the new
     /// parameters).
@@ -2065,6 +2077,14 @@ where
     pub fn len(&self) -> usize {
         // Relaxed: a snapshot.
         self.inner.ctx.keys.load(Ordering::Relaxed) as usize
+    }
+
+    /// The keys held now (a weakly consistent snapshot: a key inserted or evicted meanwhile
+    /// may or may not be in it), without the shared overflow cell's.
+    pub(crate) fn keys(&self) -> Vec<K> {
+        let mut keys = Vec::with_capacity(self.len());
+        with_store!(&self.inner.store, s => s.for_each_key(&mut |key| keys.push(key.clone())));
+        keys
     }
 
     /// Whether no key is held.

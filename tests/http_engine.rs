@@ -409,10 +409,193 @@ fn a_reload_keeps_the_bans_whatever_their_periods_spelling() {
         )),
         "the ban survives a reload that changed no ban setting"
     );
-    // A real change starts a new list.
+    // A real change starts a new list, which the ban in force is carried over to as it is.
     l.reload(HttpConfig::from_toml_str(&bans("60s", "30m")).unwrap())
         .unwrap();
-    assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.1", None)).unwrap().2,
+        Some(Duration::from_secs(3590))
+    );
+}
+
+/// A reload that changes `[bans]` builds a new list but carries the bans in force over, each
+/// for what is left of it: neither lifted (before, tuning `after` unbanned every client at
+/// once) nor cut or lengthened to the new duration. Counts towards a ban start over.
+#[test]
+fn a_reload_that_changes_the_ban_settings_carries_the_bans_in_force() {
+    let bans = |after: u32, duration: &str| {
+        format!(
+            "missing_key = \"allow\"\n{ONE_A_DAY}\
+             [[rules]]\nname = \"per-client\"\nperiod = \"1d\"\nlimit = 1\nkey = \"client\"\n\
+             [bans]\nafter = {after}\nwithin = \"1h\"\nduration = \"{duration}\"\n"
+        )
+    };
+    let (l, clock) = limiter(&bans(2, "1h"));
+    let rejected = |ip: &str, client: Option<&str>| reason(&get(&l, "/", ip, client)).unwrap().0;
+    get(&l, "/", "1.1.1.1", None);
+    get(&l, "/", "", Some("partner-7")); // known by its id alone
+    get(&l, "/", "1.1.1.2", None);
+    for _ in 0..2 {
+        assert_eq!(rejected("1.1.1.1", None), RejectReason::RateLimited);
+        assert_eq!(rejected("", Some("partner-7")), RejectReason::RateLimited);
+    }
+    assert_eq!(rejected("1.1.1.2", None), RejectReason::RateLimited); // one of two
+    assert_eq!(rejected("1.1.1.1", None), RejectReason::Banned);
+    assert_eq!(rejected("", Some("partner-7")), RejectReason::Banned);
+    clock.advance(Duration::from_secs(10));
+    l.reload(HttpConfig::from_toml_str(&bans(3, "10m")).unwrap())
+        .unwrap();
+    for (ip, client) in [("1.1.1.1", None), ("", Some("partner-7"))] {
+        assert_eq!(
+            reason(&get(&l, "/", ip, client)),
+            Some((
+                RejectReason::Banned,
+                "ban".to_owned(),
+                Some(Duration::from_secs(3590))
+            )),
+            "{ip}{client:?}: carried over with what was left of it"
+        );
+    }
+    // 1.1.1.2's rejection before the reload no longer counts: three more are needed.
+    for _ in 0..3 {
+        assert_eq!(rejected("1.1.1.2", None), RejectReason::RateLimited);
+    }
+    assert_eq!(
+        reason(&get(&l, "/", "1.1.1.2", None)).unwrap().2,
+        Some(Duration::from_secs(600)),
+        "banned under the new duration"
+    );
+    // The carried bans end when they would have: the rules answer again.
+    clock.advance(Duration::from_secs(3590));
+    assert_eq!(rejected("1.1.1.1", None), RejectReason::RateLimited);
+    assert_eq!(rejected("", Some("partner-7")), RejectReason::RateLimited);
+}
+
+/// One request a day per client: every later one is a rejection.
+const ONE_A_DAY: &str = "[[rules]]\nname = \"per-ip\"\nperiod = \"1d\"\nlimit = 1\n";
+
+fn grouped(ipv4_prefix: u8, ipv6_prefix: u8) -> String {
+    format!(
+        "[client_ip]\nipv4_prefix = {ipv4_prefix}\nipv6_prefix = {ipv6_prefix}\n{ONE_A_DAY}\
+         [bans]\nafter = 1\nwithin = \"1h\"\nduration = \"1h\"\n"
+    )
+}
+
+/// A reload that groups addresses more coarsely (`ipv6_prefix` 128, then 64) moves a banned
+/// address's ban to its new group: the group is the client now. Before, the ban stayed keyed
+/// by the address, which no request named any more (the layer hands the engine the /64), so
+/// the reload unbanned it.
+#[test]
+fn a_reload_to_a_coarser_grouping_bans_the_banned_addresses_groups() {
+    let (l, clock) = limiter(&grouped(32, 128));
+    for ip in ["2001:db8:0:7::5", "192.0.2.9"] {
+        get(&l, "/", ip, None);
+        get(&l, "/", ip, None);
+        assert_eq!(
+            reason(&get(&l, "/", ip, None)).unwrap().0,
+            RejectReason::Banned
+        );
+    }
+    clock.advance(Duration::from_secs(10));
+    l.reload(HttpConfig::from_toml_str(&grouped(24, 64)).unwrap())
+        .unwrap();
+    for group in ["2001:db8:0:7::", "192.0.2.0"] {
+        assert_eq!(
+            reason(&get(&l, "/", group, None)).unwrap().2,
+            Some(Duration::from_secs(3590)),
+            "{group}"
+        );
+    }
+    for other in ["2001:db8:0:8::", "192.0.3.0"] {
+        assert_eq!(get(&l, "/", other, None).outcome, Outcome::Admitted);
+    }
+    assert!(l.unban("2001:db8:0:7::99".parse().unwrap()), "its /64");
+    assert_eq!(
+        get(&l, "/", "2001:db8:0:7::", None).outcome,
+        Outcome::Admitted
+    );
+}
+
+/// A reload that groups addresses more finely (`ipv6_prefix` 64, then 128; `ipv4_prefix` 24,
+/// then 32) cannot name a banned group's members, so the group's ban is kept as such: every
+/// address in it stays banned until the ban ends, through further reloads, and `unban` of any
+/// of them lifts it. Before, the ban stayed keyed by the group's network address, which no
+/// request named any more.
+#[test]
+fn a_reload_to_a_finer_grouping_keeps_the_banned_groups_banned() {
+    let (l, clock) = limiter(&grouped(24, 64));
+    for group in ["2001:db8:0:7::", "192.0.2.0"] {
+        get(&l, "/", group, None);
+        get(&l, "/", group, None);
+        assert_eq!(
+            reason(&get(&l, "/", group, None)).unwrap().0,
+            RejectReason::Banned
+        );
+    }
+    clock.advance(Duration::from_secs(10));
+    l.reload(HttpConfig::from_toml_str(&grouped(32, 128)).unwrap())
+        .unwrap();
+    let banned_for = |ip: &str| reason(&get(&l, "/", ip, None)).and_then(|r| r.2);
+    for member in [
+        "2001:db8:0:7::1",
+        "2001:db8:0:7:ffff::2",
+        "192.0.2.1",
+        "192.0.2.200",
+    ] {
+        assert_eq!(
+            banned_for(member),
+            Some(Duration::from_secs(3590)),
+            "{member}"
+        );
+    }
+    for other in ["2001:db8:0:8::1", "192.0.3.1"] {
+        assert_eq!(get(&l, "/", other, None).outcome, Outcome::Admitted);
+    }
+    clock.advance(Duration::from_secs(1800));
+    l.reload(HttpConfig::from_toml_str(&grouped(32, 96)).unwrap())
+        .unwrap();
+    assert_eq!(
+        banned_for("2001:db8:0:7::1"),
+        Some(Duration::from_secs(1790))
+    );
+    assert_eq!(banned_for("192.0.2.1"), Some(Duration::from_secs(1790)));
+    // Unbanning a member lifts its group's ban.
+    assert!(l.unban("2001:db8:0:7::3".parse().unwrap()));
+    assert_eq!(
+        get(&l, "/", "2001:db8:0:7::4", None).outcome,
+        Outcome::Admitted
+    );
+    clock.advance(Duration::from_secs(1790));
+    assert_eq!(get(&l, "/", "192.0.2.1", None).outcome, Outcome::Admitted);
+}
+
+/// A reload to a ban list smaller than the bans in force carries what fits and says how many
+/// were lost, at warn, naming the setting to raise.
+#[test]
+fn a_reload_to_a_smaller_ban_list_carries_what_fits_and_warns() {
+    let bans = |max: u32| {
+        format!(
+            "{ONE_A_DAY}[bans]\nafter = 1\nwithin = \"1h\"\nduration = \"1h\"\nmax_entries = {max}\n"
+        )
+    };
+    let (l, _) = limiter(&bans(10));
+    let ips = ["10.0.0.1", "10.0.0.2", "10.0.0.3"];
+    for ip in ips {
+        get(&l, "/", ip, None);
+        get(&l, "/", ip, None);
+    }
+    let logged = warnings_of(|| {
+        l.reload(HttpConfig::from_toml_str(&bans(2)).unwrap())
+            .unwrap();
+    });
+    let still = ips
+        .iter()
+        .filter(|ip| reason(&get(&l, "/", ip, None)).unwrap().0 == RejectReason::Banned)
+        .count();
+    assert_eq!(still, 2, "as many as fit");
+    assert_eq!(logged.matches("carry every ban").count(), 1, "{logged}");
+    assert!(logged.contains("lost=1"), "{logged}");
+    assert!(logged.contains("bans.max_entries"), "{logged}");
 }
 
 /// A ban longer than the clock can read (`Duration::MAX` built in code, `1000000y` in a file)

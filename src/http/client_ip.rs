@@ -104,6 +104,15 @@ fn deserialize_nets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Ip
 }
 
 impl ClientIpConfig {
+    /// The prefix length that groups addresses of `ip`'s family (capped at the family's
+    /// width).
+    pub(crate) fn prefix_of(&self, ip: IpAddr) -> u8 {
+        match ip {
+            IpAddr::V4(_) => self.ipv4_prefix.min(32),
+            IpAddr::V6(_) => self.ipv6_prefix.min(128),
+        }
+    }
+
     /// Checks the prefix lengths (`ipv4_prefix` at most 32, `ipv6_prefix` at most 128) and that
     /// every custom forwarding header is a valid header name. The error names the field.
     ///
@@ -380,12 +389,18 @@ fn is_port(text: &str) -> bool {
 }
 
 fn mask(ip: IpAddr, config: &ClientIpConfig) -> IpAddr {
+    mask_to(ip, config.prefix_of(ip))
+}
+
+/// `ip`'s network of `prefix` bits (at most the family's width: more is the whole address), as
+/// an address.
+pub(crate) fn mask_to(ip: IpAddr, prefix: u8) -> IpAddr {
     match ip {
         // The usual configuration: whole addresses.
-        IpAddr::V4(_) if config.ipv4_prefix >= 32 => ip,
-        IpAddr::V6(_) if config.ipv6_prefix >= 128 => ip,
+        IpAddr::V4(_) if prefix >= 32 => ip,
+        IpAddr::V6(_) if prefix >= 128 => ip,
         IpAddr::V4(v4) => {
-            let prefix = u32::from(config.ipv4_prefix.min(32));
+            let prefix = u32::from(prefix);
             let bits = u32::from(v4);
             let masked = if prefix == 0 {
                 0
@@ -395,7 +410,7 @@ fn mask(ip: IpAddr, config: &ClientIpConfig) -> IpAddr {
             IpAddr::V4(Ipv4Addr::from(masked))
         }
         IpAddr::V6(v6) => {
-            let prefix = u32::from(config.ipv6_prefix.min(128));
+            let prefix = u32::from(prefix);
             let bits = u128::from(v6);
             let masked = if prefix == 0 {
                 0

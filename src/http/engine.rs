@@ -215,8 +215,15 @@ macro_rules! count_list_rejection {
 /// (each client may then make the new limit's requests at once, whatever it made in the last
 /// period), and every rule starts with fresh counters when `max_keys_per_rule` or
 /// `key_overflow` changed (a limiter's key cap is fixed when it is built). A pattern or IP range is compared as it reads, not as it is written (`GET:/API/*`
-/// is `get:/api/*`). Bans are kept when `[bans]` did not change (its periods compared as they
-/// read: `1m` is `60s`). With the Redis backend the counters live in Redis under names derived
+/// is `get:/api/*`). Bans are kept when `[bans]` and the grouping of addresses
+/// (`client_ip.ipv4_prefix`, `ipv6_prefix`) did not change (periods compared as they read: `1m`
+/// is `60s`). A reload that changes either builds a new ban list and carries every ban in force
+/// over to it for what is left of it (not cut or lengthened to a new `duration`): a client's
+/// ban as it is; an address's to its group when the new grouping is as coarse or coarser (an
+/// address banned under `ipv6_prefix = 128` bans its /64 under 64); and when it is finer, the
+/// old group stays banned as a group, every address in it, until its ban ends (`unban` of any
+/// of them lifts it). Counts of rejections towards a ban start over. Bans that do not fit a
+/// smaller `max_entries` are lost, and the reload says how many at `warn`. With the Redis backend the counters live in Redis under names derived
 /// from the rule's identity, so the same rules find them again; a reload may change the prefix
 /// (new keys), failure policy and deadline, not the URL nor `cluster`. A kept rule also keeps its
 /// `RedisLimiter`, and with it what this process holds besides the counts in Redis: its deny
@@ -622,9 +629,28 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         if let Some((redis, backend)) = redis {
             crate::http::redis_rules::attach(&mut rules, &redis, backend, Some(&old.rules))?;
         }
+        // Bans started under the old list since compiling carried them over (requests go on
+        // under it until the store) are carried after it too.
+        let carry = match (&old.rules.bans, &rules.bans) {
+            (Some(old), Some(new)) if !Arc::ptr_eq(old, new) => {
+                Some((Arc::clone(old), Arc::clone(new)))
+            }
+            _ => None,
+        };
         // One store for the rules and the settings: a request sees both of the old
         // configuration or both of the new one.
         self.config.store(Arc::new(Snapshot { rules, settings }));
+        if let Some((old, new)) = carry {
+            let lost = new.carry(&old);
+            if lost > 0 {
+                tracing::warn!(
+                    lost,
+                    max_entries = new.config.max_entries,
+                    "the reload could not carry every ban in force over to the new ban list, \
+                     which is full (raise bans.max_entries): those clients are no longer banned"
+                );
+            }
+        }
         // After the store: a waiting request that misses this (it was deciding) finds the new
         // rules when it compares them with its own before sleeping (`wait_and_decide`).
         self.reloaded.notify_waiters();
@@ -842,7 +868,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         let Some(bans) = config.rules.bans.as_ref() else {
             return false;
         };
-        let banned = bans.list.unban(client);
+        let banned = bans.unban(client);
         if banned {
             tracing::info!(client = ?client, "client unbanned");
         }
@@ -1180,14 +1206,10 @@ fn decide<C: Clock>(
     }
     let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
     if let Some((bans, key)) = &ban
-        && let Err(banned) = bans.list.check(key)
+        && let Some(left) = bans.check(key)
     {
         count_list_rejection!("ban");
-        return Check::Ready(rejected(
-            RejectReason::Banned,
-            BAN.get(),
-            Some(banned.retry_after()),
-        ));
+        return Check::Ready(rejected(RejectReason::Banned, BAN.get(), Some(left)));
     }
 
     // The keys whose rules this request is exempt from (`whitelist.by_key`), as a bit each.

@@ -1,7 +1,7 @@
 //! Compiling an [`HttpConfig`] into matchers and limiters, with the semantic checks whose
 //! errors name the field.
 
-use crate::http::client_ip::canonical_net;
+use crate::http::client_ip::{canonical_net, mask_to};
 use crate::http::config::{
     BanConfig, HttpConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
 };
@@ -418,17 +418,123 @@ impl LocalName {
 }
 
 /// Temporary bans: a [`BanList`] of clients, whose failures are the rule rejections the
-/// engine counts, with the configuration it was built from (a reload that keeps `[bans]` keeps
-/// the list).
+/// engine counts, with the configuration it was built from (a reload that keeps `[bans]` and
+/// the grouping of addresses keeps the list; one that changes either builds a new list and
+/// carries the bans in force over to it, see [`Bans::carry`]).
 pub(crate) struct Bans<C: Clock> {
     pub(crate) config: BanConfig,
+    /// The prefix lengths, IPv4 then IPv6, that grouped the addresses in `list`: the
+    /// configuration's `client_ip` (`ipv6_prefix = 64` bans a /64 as one client).
+    grouping: (u8, u8),
     pub(crate) list: BanList<BanKey, C>,
+    /// Bans of groups coarser than this list's, carried over by a reload that made the grouping
+    /// finer (`ipv6_prefix` 64, then 128): the members of a banned /64 cannot be named one by
+    /// one, so the ban stays the group's, keyed by its network and prefix length, and covers
+    /// every address in it until it ends. `None` unless such a reload built this list.
+    inherited: Option<Inherited<C>>,
     /// 1 once a rejection found the list full and said so at `warn` (later ones log at `debug`:
     /// a flood at a full list would otherwise write a warning per request).
     warned_full: crate::sync::AtomicU64,
 }
 
+/// Bans of groups of addresses coarser than the list's own (see [`Bans::inherited`]).
+struct Inherited<C: Clock> {
+    /// By network address and prefix length. Only a reload adds to it; checks and unbans read
+    /// and lift.
+    list: BanList<(IpAddr, u8), C>,
+    /// The prefix lengths the list may hold, IPv4 then IPv6: each one coarser than the
+    /// owner's grouping of its family (few: one per reload that refined the grouping).
+    v4: Box<[u8]>,
+    v6: Box<[u8]>,
+}
+
+impl<C: Clock> Inherited<C> {
+    fn prefixes(&self, ip: IpAddr) -> &[u8] {
+        match ip {
+            IpAddr::V4(_) => &self.v4,
+            IpAddr::V6(_) => &self.v6,
+        }
+    }
+}
+
 impl<C: Clock> Bans<C> {
+    /// The prefix length this list groups `ip`'s family by.
+    fn prefix_of(&self, ip: IpAddr) -> u8 {
+        match ip {
+            IpAddr::V4(_) => self.grouping.0,
+            IpAddr::V6(_) => self.grouping.1,
+        }
+    }
+
+    /// How long `client` stays banned, if it is: the longest of its own ban and, for an
+    /// address, the bans a reload carried over for the coarser groups it is in. Adds no key.
+    pub(crate) fn check(&self, client: &BanKey) -> Option<Duration> {
+        let own = self.list.check(client).err().map(|b| b.retry_after());
+        let (Some(inherited), BanKey::Ip(ip)) = (&self.inherited, client) else {
+            return own;
+        };
+        inherited
+            .prefixes(*ip)
+            .iter()
+            .filter_map(|&p| {
+                let group = (mask_to(*ip, p), p);
+                inherited.list.check(&group).err().map(|b| b.retry_after())
+            })
+            .chain(own)
+            .max()
+    }
+
+    /// Lifts `client`'s ban, and for an address those of the coarser groups it is in (a ban
+    /// carried over from before a reload refined the grouping), and forgets its rejections;
+    /// whether any was in force.
+    pub(crate) fn unban(&self, client: &BanKey) -> bool {
+        let mut banned = self.list.unban(client);
+        if let (Some(inherited), BanKey::Ip(ip)) = (&self.inherited, client) {
+            for &p in inherited.prefixes(*ip) {
+                banned |= inherited.list.unban(&(mask_to(*ip, p), p));
+            }
+        }
+        banned
+    }
+
+    /// Carries `old`'s bans in force over to this list, each for what is left of it (rounded
+    /// up to a whole millisecond): a client's as it is, an address's to its group under this
+    /// list's grouping when that group holds the old one (the same grouping, or a coarser one:
+    /// a /128 banned, then a /64 grouping, bans its /64), and otherwise (a finer grouping) to
+    /// `inherited`, as the old group. A ban never shortens one in force, so carrying twice
+    /// (before and after a reload's swap, for the bans started meanwhile) changes nothing.
+    /// Returns how many bans this list had no room for (`bans.max_entries` lowered below the
+    /// bans in force): those clients are no longer banned.
+    pub(crate) fn carry(&self, old: &Bans<C>) -> usize {
+        // A ban of `ip`'s group of `p` bits: whether this list took it.
+        let place = |ip: IpAddr, p: u8, left: Duration| {
+            let q = self.prefix_of(ip);
+            if q <= p {
+                self.list.ban(&BanKey::Ip(mask_to(ip, q)), left).is_ok()
+            } else {
+                // `Compiler::bans` gave `inherited` every prefix coarser than ours that `old`
+                // holds.
+                self.inherited
+                    .as_ref()
+                    .is_some_and(|i| i.list.ban(&(mask_to(ip, p), p), left).is_ok())
+            }
+        };
+        let mut lost = 0;
+        for (client, left) in old.list.banned() {
+            let placed = match client {
+                BanKey::Ip(ip) => place(ip, old.prefix_of(ip), left),
+                BanKey::Client(_) => self.list.ban(&client, left).is_ok(),
+            };
+            lost += usize::from(!placed);
+        }
+        if let Some(inherited) = &old.inherited {
+            for ((ip, p), left) in inherited.list.banned() {
+                lost += usize::from(!place(ip, p, left));
+            }
+        }
+        lost
+    }
+
     /// Counts a rate-limit rejection of `client` by the rule `rule`: every `after`-th within
     /// `within` starts a ban (logged, and counted in `turnstile_http_banned` for the rule).
     /// Only rate-limit rejections count: the other reasons say nothing about the client.
@@ -1155,7 +1261,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         };
         let bans = match &config.bans {
             None => None,
-            Some(b) => Some(self.bans(b)?),
+            Some(b) => Some(self.bans(b, &config.client_ip)?),
         };
         let general = self.rules("general", &config.rules, "rules")?;
         let mut ip = Vec::new();
@@ -1233,7 +1339,15 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         Ok(set)
     }
 
-    fn bans(&self, b: &BanConfig) -> Result<Arc<Bans<C>>, HttpConfigError> {
+    fn bans(
+        &self,
+        b: &BanConfig,
+        client_ip: &ClientIpConfig,
+    ) -> Result<Arc<Bans<C>>, HttpConfigError> {
+        let grouping = (
+            client_ip.ipv4_prefix.min(32),
+            client_ip.ipv6_prefix.min(128),
+        );
         let within = parse_period(&b.within, "bans.within")?;
         let duration = parse_period(&b.duration, "bans.duration")?;
         // Compared as they read, not as they are written: `within = "1m"` and `"60s"` are one
@@ -1246,6 +1360,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 && old.config.max_entries == b.max_entries
                 && same(&old.config.within, within)
                 && same(&old.config.duration, duration)
+                && old.grouping == grouping
             {
                 return Ok(old.clone());
             }
@@ -1280,11 +1395,51 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 };
                 HttpConfigError::invalid(field, e.to_string())
             })?;
-        Ok(Arc::new(Bans {
+        // The coarser groups the old list's bans may be of, per family: its own grouping and
+        // what it inherited, those coarser than ours.
+        let inherited = self.old_bans.as_ref().and_then(|old| {
+            let coarser = |own: u8, inherited: Option<&[u8]>, ours: u8| -> Box<[u8]> {
+                let mut all: Vec<u8> = std::iter::once(own)
+                    .chain(inherited.into_iter().flatten().copied())
+                    .filter(|&p| p < ours)
+                    .collect();
+                all.sort_unstable();
+                all.dedup();
+                all.into()
+            };
+            let v4 = coarser(
+                old.grouping.0,
+                old.inherited.as_ref().map(|i| &*i.v4),
+                grouping.0,
+            );
+            let v6 = coarser(
+                old.grouping.1,
+                old.inherited.as_ref().map(|i| &*i.v6),
+                grouping.1,
+            );
+            if v4.is_empty() && v6.is_empty() {
+                return None;
+            }
+            // Only carried bans go in, and only checks and unbans follow: `after` and
+            // `within` never apply.
+            let list = BanList::builder(1, Duration::from_secs(1), duration)
+                .clock(self.clock.clone())
+                .max_keys(b.max_entries)
+                .build()
+                .ok()?;
+            Some(Inherited { list, v4, v6 })
+        });
+        let bans = Arc::new(Bans {
             config: b.clone(),
+            grouping,
             list,
+            inherited,
             warned_full: crate::sync::AtomicU64::new(0),
-        }))
+        });
+        if let Some(old) = &self.old_bans {
+            bans.carry(old);
+        }
+        Ok(bans)
     }
 }
 
