@@ -25,8 +25,9 @@
 //!
 //! Every state change happens under the shard's mutex, in a short critical section with no await,
 //! so correctness reduces to the mutex plus three rules. The only user code run under the mutex is
-//! the key's `Eq` and `to_owned` and a waker's `clone`, each before the change it belongs to: a
-//! panic in any of them leaves a consistent state (the crate ignores mutex poisoning). Wake-ups,
+//! the key's `Borrow::borrow`, `Eq` and `to_owned` and a waker's `clone`, each before the change
+//! it belongs to (`Hash` runs before locking, to pick the shard): a panic in any of them leaves
+//! a consistent state (the crate ignores mutex poisoning). Wake-ups,
 //! and the drops of retired keys, of cancelled waiters' wakers and of wakers replaced by a newer
 //! one, run after unlocking (a waker's drop may itself release a guard of these locks).
 //!
