@@ -41,6 +41,9 @@
 //! governor's keyed check, on one thread and on two at once, each thread deciding for its own
 //! client: whether a decision writes memory that decisions for other clients write too.
 //!
+//! **The client address behind a proxy** (`http-client-ip`, criterion): `client_ip` on a
+//! forwarding header of 2 entries beside one with 1,000 entries the client wrote before them.
+//!
 //! **Instructions** (`http-count`, only when named, needs valgrind): each app called directly
 //! under callgrind, twice with different request counts; the exact instructions per request,
 //! which a noisy machine cannot move; written to `target/criterion/http-paired/instructions.md`.
@@ -823,7 +826,56 @@ fn http_decide(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, http, http_service, http_decide);
+/// The client address behind a trusted proxy (`http-client-ip`): [`client_ip`] on a request
+/// whose forwarding header holds two entries (the client and the proxy before ours), beside the
+/// same header after the client sent 1,000 made-up entries of its own before them, as a proxy
+/// that appends to `X-Forwarded-For` passes on. The walk is right to left and stops at the
+/// first untrusted address, so what the client wrote before it should cost next to nothing.
+///
+/// [`client_ip`]: turnstile::http::client_ip
+fn http_client_ip(c: &mut Criterion) {
+    if counting() {
+        return;
+    }
+    use turnstile::http::{ClientIpConfig, ForwardedHeader, client_ip};
+    let mut config = ClientIpConfig::default();
+    config.trusted_proxies = vec!["10.0.0.0/8".parse().expect("a range")];
+    let peer = Some("10.0.0.1".parse().expect("an address"));
+    let spoofed: Vec<String> = (0..1_000u32)
+        .map(|i| format!("198.51.{}.{}", i / 256, i % 256))
+        .collect();
+    let mut group = c.benchmark_group("http-client-ip");
+    for header in [ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded] {
+        config.headers = vec![header.clone()];
+        let name = match header {
+            ForwardedHeader::Forwarded => "forwarded",
+            _ => "x-forwarded-for",
+        };
+        let line = |ips: &[String]| match header {
+            ForwardedHeader::Forwarded => ips
+                .iter()
+                .map(|ip| format!("for={ip};proto=https"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            _ => ips.join(", "),
+        };
+        let honest = [String::from("203.0.113.9"), String::from("10.0.0.2")];
+        let long: Vec<String> = spoofed.iter().chain(&honest).cloned().collect();
+        for (label, entries) in [("2 entries", &honest[..]), ("1,002 entries", &long[..])] {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(name, line(entries).parse().expect("a header value"));
+            group.bench_function(format!("{name}, {label}"), |b| {
+                b.iter(|| {
+                    let found = client_ip(peer, std::hint::black_box(&headers), &config);
+                    assert_eq!(found, Some("203.0.113.9".parse().expect("an address")));
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, http, http_service, http_decide, http_client_ip);
 /// Requests per callgrind run of the instruction count part: two runs, and the difference over
 /// the difference in requests is the count per request, the start-up (the runtime, the apps,
 /// criterion's own) cancelled out.
