@@ -3044,6 +3044,9 @@ where
     /// the admission was held sleeps until the cell's `retry_after` otherwise, with the permits
     /// free. Its own key's next head was being woken (that is the wake that unwound).
     fn give_back(&self, key: &K, n: u32, admission: &Admission, committed: Committed) {
+        // The chain callers sleeping on this limiter are told too (after the refund, as
+        // `chain_wake` tells them).
+        let _watchers = self.inner.watchers.notify_on_drop();
         let overflow = committed.overflow;
         self.chain_refund(key, n, admission, committed);
         if overflow {

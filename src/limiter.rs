@@ -610,8 +610,14 @@ impl<C: Clock> Inner<C> {
             .map(|admission| (admission, version))
     }
 
-    /// Undoes an admission `take` made that never reached its caller (see `Wait::run_async`).
+    /// Undoes an admission `take` made that never reached its caller (see `Wait::run_async`:
+    /// its handover to the next waiter unwound). The chain callers sleeping on this limiter are
+    /// told, as a chain's refund tells them (`chain_wake`): one that looked while the admission
+    /// was held sleeps until its retry-after otherwise, with the permits free. This runs inside
+    /// the unwind; `Watchers::changed` wakes every watcher even if a `Waker` panics, and lets no
+    /// second panic out of it.
     fn give_back(&self, n: u32, admission: &Admission) {
+        let _watchers = self.watchers.notify_on_drop();
         self.state.refund(n, admission, &self.clock);
     }
 

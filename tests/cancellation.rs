@@ -337,6 +337,72 @@ async fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_
     assert!(limiter.try_acquire().is_ok());
 }
 
+/// A served head whose wake-up of the next waiter panics gives its admission back; a chain
+/// caller that looked at the limiter in between (here from inside the panicking `Waker`, as a
+/// thread of its own could) and went to sleep until the next window is told, as a chain's own
+/// refund tells it, and admitted after its backoff. Before, the give-back told no chain caller:
+/// it slept out the window with the permit free.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() {
+    type Caller = Pin<Box<dyn Future<Output = Result<Duration, turnstile::AcquireError>> + Send>>;
+
+    /// Polls the chain caller, then panics.
+    struct PollThenPanic {
+        caller: std::sync::Mutex<Caller>,
+        waker: Waker,
+    }
+    impl std::task::Wake for PollThenPanic {
+        fn wake(self: Arc<Self>) {
+            let mut caller = self.caller.lock().unwrap();
+            assert!(poll_with(caller.as_mut(), &self.waker).is_pending());
+            drop(caller);
+            panic!("this waker panics after polling the chain caller");
+        }
+    }
+
+    let window = Duration::from_secs(10);
+    let limiter = RateLimiter::with_clock(
+        Algorithm::FixedWindow { limit: 1, window },
+        TokioClock::new(),
+    )
+    .unwrap();
+    let roomy = RateLimiter::with_clock(
+        Algorithm::FixedWindow { limit: 100, window },
+        TokioClock::new(),
+    )
+    .unwrap();
+    let chain = turnstile::Chain::new([roomy, limiter.clone()]).unwrap();
+    limiter.try_acquire().unwrap();
+    let (woken, caller_waker) = wakers::counting();
+    let caller: Caller = Box::pin(async move { chain.acquire().await.map(|a| a.at()) });
+    let hook = Arc::new(PollThenPanic {
+        caller: std::sync::Mutex::new(caller),
+        waker: caller_waker,
+    });
+    let mut head = Box::pin(limiter.acquire());
+    let mut next = Box::pin(limiter.acquire());
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &Waker::from(Arc::clone(&hook))).is_pending());
+    tokio::time::advance(window).await;
+    // `head` takes the new window's permit; waking `next` lets the chain caller look (nothing
+    // free until 20 s) and panics; `head` gives the permit back.
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop((head, next));
+    // The caller sleeps its 1 ms backoff whatever it is told (the notification is kept), then
+    // finds it and tries again.
+    let backoff = Duration::from_millis(1);
+    tokio::time::advance(backoff).await;
+    assert_eq!(woken.wakes(), 1, "the backoff's timer");
+    let mut caller = hook.caller.lock().unwrap();
+    let served = poll_with(caller.as_mut(), Waker::noop());
+    assert!(
+        matches!(served, Poll::Ready(Ok(at)) if at == window + backoff),
+        "{served:?}: the chain caller sleeps until 20 s with the permit free"
+    );
+}
+
 // A guard or a waiting future dropped by a panic in the code that held it wakes the next party
 // from inside that unwind. If that party's `Waker` panics too, the panic must not leave the drop:
 // a panic in a destructor during unwinding aborts the process.

@@ -696,6 +696,69 @@ async fn a_served_overflow_heads_give_back_after_a_waker_panic_wakes_other_keys_
     );
 }
 
+/// A served head whose wake-up of the next waiter panics gives its admission back; a
+/// `KeyedChain` caller for the same key that looked in between (from inside the panicking
+/// `Waker`) and went to sleep until the next window is told, as a chain refund tells it, and
+/// admitted after its backoff. Before, the give-back told no chain caller: it slept out the
+/// window with the permit free.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() {
+    type Caller = std::pin::Pin<Box<dyn Future<Output = Result<Duration, AcquireError>> + Send>>;
+
+    /// Polls the chain caller, then panics.
+    struct PollThenPanic {
+        caller: std::sync::Mutex<Caller>,
+        waker: Waker,
+    }
+    impl std::task::Wake for PollThenPanic {
+        fn wake(self: Arc<Self>) {
+            let mut caller = self.caller.lock().unwrap();
+            assert!(poll_with(caller.as_mut(), &self.waker).is_pending());
+            drop(caller);
+            panic!("this waker panics after polling the chain caller");
+        }
+    }
+
+    let window = Duration::from_secs(10);
+    let fixed = |limit| {
+        KeyedLimiter::builder(Algorithm::FixedWindow { limit, window })
+            .clock(TokioClock::new())
+            .build()
+            .unwrap()
+    };
+    let limiter: Limiter = fixed(1);
+    let chain = turnstile::KeyedChain::builder()
+        .per_key(fixed(100))
+        .per_key(limiter.clone())
+        .build()
+        .unwrap();
+    limiter.try_acquire(&"k").unwrap();
+    let (woken, caller_waker) = wakers::counting();
+    let caller: Caller = Box::pin(async move { chain.acquire(&"k").await.map(|a| a.at()) });
+    let hook = Arc::new(PollThenPanic {
+        caller: std::sync::Mutex::new(caller),
+        waker: caller_waker,
+    });
+    let mut head = Box::pin(limiter.acquire(&"k"));
+    let mut next = Box::pin(limiter.acquire(&"k"));
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &Waker::from(Arc::clone(&hook))).is_pending());
+    tokio::time::advance(window).await;
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop((head, next));
+    let backoff = Duration::from_millis(1);
+    tokio::time::advance(backoff).await;
+    assert_eq!(woken.wakes(), 1, "the backoff's timer");
+    let mut caller = hook.caller.lock().unwrap();
+    let served = poll_with(caller.as_mut(), Waker::noop());
+    assert!(
+        matches!(served, std::task::Poll::Ready(Ok(at)) if at == window + backoff),
+        "{served:?}: the chain caller sleeps until 20 s with the permit free"
+    );
+}
+
 /// A waiter evicted to make room (newest first) and dropped before it looks again was failed by
 /// the limiter: it counts as rejected, not as a wait given up.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
