@@ -18,7 +18,7 @@ use turnstile::{Algorithm, ConcurrencyLimiter, MonotonicClock, Rate, RateLimiter
 
 #[path = "common/wakers.rs"]
 mod wakers;
-use wakers::{must_panic, panicky, poll_with};
+use wakers::{Call, PollThenPanic, must_panic, panicky, poll_with};
 
 /// xorshift64*: a small deterministic generator per task, no dependency.
 struct Rng(u64);
@@ -344,22 +344,6 @@ async fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_
 /// it slept out the window with the permit free.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() {
-    type Caller = Pin<Box<dyn Future<Output = Result<Duration, turnstile::AcquireError>> + Send>>;
-
-    /// Polls the chain caller, then panics.
-    struct PollThenPanic {
-        caller: std::sync::Mutex<Caller>,
-        waker: Waker,
-    }
-    impl std::task::Wake for PollThenPanic {
-        fn wake(self: Arc<Self>) {
-            let mut caller = self.caller.lock().unwrap();
-            assert!(poll_with(caller.as_mut(), &self.waker).is_pending());
-            drop(caller);
-            panic!("this waker panics after polling the chain caller");
-        }
-    }
-
     let window = Duration::from_secs(10);
     let limiter = RateLimiter::with_clock(
         Algorithm::FixedWindow { limit: 1, window },
@@ -374,11 +358,8 @@ async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() 
     let chain = turnstile::Chain::new([roomy, limiter.clone()]).unwrap();
     limiter.try_acquire().unwrap();
     let (woken, caller_waker) = wakers::counting();
-    let caller: Caller = Box::pin(async move { chain.acquire().await.map(|a| a.at()) });
-    let hook = Arc::new(PollThenPanic {
-        caller: std::sync::Mutex::new(caller),
-        waker: caller_waker,
-    });
+    let caller: Call<_> = Box::pin(async move { chain.acquire().await.map(|a| a.at()) });
+    let hook = PollThenPanic::new(caller, caller_waker);
     let mut head = Box::pin(limiter.acquire());
     let mut next = Box::pin(limiter.acquire());
     assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
@@ -395,8 +376,7 @@ async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() 
     let backoff = Duration::from_millis(1);
     tokio::time::advance(backoff).await;
     assert_eq!(woken.wakes(), 1, "the backoff's timer");
-    let mut caller = hook.caller.lock().unwrap();
-    let served = poll_with(caller.as_mut(), Waker::noop());
+    let served = hook.poll(Waker::noop());
     assert!(
         matches!(served, Poll::Ready(Ok(at)) if at == window + backoff),
         "{served:?}: the chain caller sleeps until 20 s with the permit free"

@@ -13,7 +13,7 @@ use turnstile::{
 
 #[path = "common/wakers.rs"]
 mod wakers;
-use wakers::{must_panic, panicky, poll_with};
+use wakers::{Call, PollThenPanic, must_panic, panicky, poll_with};
 
 #[path = "common/hook_clock.rs"]
 mod hook_clock;
@@ -634,22 +634,6 @@ async fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_
 /// give-back woke nobody: it slept out the cell's whole `retry_after` with the permit free.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_served_overflow_heads_give_back_after_a_waker_panic_wakes_other_keys_heads() {
-    type Other = std::pin::Pin<Box<dyn Future<Output = Result<Duration, AcquireError>> + Send>>;
-
-    /// Polls `other` (the other key's first call), then panics.
-    struct PollThenPanic {
-        other: std::sync::Mutex<Other>,
-        waker: Waker,
-    }
-    impl std::task::Wake for PollThenPanic {
-        fn wake(self: Arc<Self>) {
-            let mut other = self.other.lock().unwrap();
-            assert!(poll_with(other.as_mut(), &self.waker).is_pending());
-            drop(other);
-            panic!("this waker panics after polling the other key's call");
-        }
-    }
-
     let limiter: Arc<Limiter> = Arc::new(
         KeyedLimiter::builder(Algorithm::TokenBucket {
             rate: Rate::new(1, Duration::from_secs(10)),
@@ -664,14 +648,11 @@ async fn a_served_overflow_heads_give_back_after_a_waker_panic_wakes_other_keys_
     limiter.try_acquire_n(&"x", 2).unwrap(); // the only key slot, not idle for 20 s
     limiter.try_acquire_n(&"o", 2).unwrap(); // the shared cell: one permit back in 10 s
     let (woken, other_waker) = wakers::counting();
-    let other: Other = {
+    let other: Call<_> = {
         let limiter = Arc::clone(&limiter);
         Box::pin(async move { limiter.acquire(&"c").await.map(|a| a.at()) })
     };
-    let hook = Arc::new(PollThenPanic {
-        other: std::sync::Mutex::new(other),
-        waker: other_waker,
-    });
+    let hook = PollThenPanic::new(other, other_waker);
     let mut head = Box::pin(limiter.acquire(&"b"));
     let mut next = Box::pin(limiter.acquire(&"b"));
     assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
@@ -688,8 +669,7 @@ async fn a_served_overflow_heads_give_back_after_a_waker_panic_wakes_other_keys_
         1,
         "the head of \"c\" sleeps until 20 s with the shared permit free"
     );
-    let mut other = hook.other.lock().unwrap();
-    let served = poll_with(other.as_mut(), Waker::noop());
+    let served = hook.poll(Waker::noop());
     assert!(
         matches!(served, std::task::Poll::Ready(Ok(at)) if at == Duration::from_secs(10)),
         "{served:?}"
@@ -703,22 +683,6 @@ async fn a_served_overflow_heads_give_back_after_a_waker_panic_wakes_other_keys_
 /// window with the permit free.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() {
-    type Caller = std::pin::Pin<Box<dyn Future<Output = Result<Duration, AcquireError>> + Send>>;
-
-    /// Polls the chain caller, then panics.
-    struct PollThenPanic {
-        caller: std::sync::Mutex<Caller>,
-        waker: Waker,
-    }
-    impl std::task::Wake for PollThenPanic {
-        fn wake(self: Arc<Self>) {
-            let mut caller = self.caller.lock().unwrap();
-            assert!(poll_with(caller.as_mut(), &self.waker).is_pending());
-            drop(caller);
-            panic!("this waker panics after polling the chain caller");
-        }
-    }
-
     let window = Duration::from_secs(10);
     let fixed = |limit| {
         KeyedLimiter::builder(Algorithm::FixedWindow { limit, window })
@@ -734,11 +698,8 @@ async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() 
         .unwrap();
     limiter.try_acquire(&"k").unwrap();
     let (woken, caller_waker) = wakers::counting();
-    let caller: Caller = Box::pin(async move { chain.acquire(&"k").await.map(|a| a.at()) });
-    let hook = Arc::new(PollThenPanic {
-        caller: std::sync::Mutex::new(caller),
-        waker: caller_waker,
-    });
+    let caller: Call<_> = Box::pin(async move { chain.acquire(&"k").await.map(|a| a.at()) });
+    let hook = PollThenPanic::new(caller, caller_waker);
     let mut head = Box::pin(limiter.acquire(&"k"));
     let mut next = Box::pin(limiter.acquire(&"k"));
     assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
@@ -751,8 +712,7 @@ async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() 
     let backoff = Duration::from_millis(1);
     tokio::time::advance(backoff).await;
     assert_eq!(woken.wakes(), 1, "the backoff's timer");
-    let mut caller = hook.caller.lock().unwrap();
-    let served = poll_with(caller.as_mut(), Waker::noop());
+    let served = hook.poll(Waker::noop());
     assert!(
         matches!(served, std::task::Poll::Ready(Ok(at)) if at == window + backoff),
         "{served:?}: the chain caller sleeps until 20 s with the permit free"

@@ -1,12 +1,13 @@
-//! Wakers for tests that poll futures by hand: one that counts its wake-ups, and one whose `wake`
-//! panics (the `Waker` contract allows it), to check that one bad waker strands nobody else.
+//! Wakers for tests that poll futures by hand: one that counts its wake-ups, and ones whose
+//! `wake` panics (the `Waker` contract allows it), to check that one bad waker strands nobody
+//! else.
 
 #![allow(dead_code)] // each test binary uses the helpers it needs
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
 /// Counts the wake-ups of the wakers made from it.
@@ -53,4 +54,36 @@ pub fn poll_with<F: Future + ?Sized>(fut: Pin<&mut F>, waker: &Waker) -> Poll<F:
 pub fn must_panic(f: impl FnOnce()) {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     assert!(outcome.is_err(), "expected the panicking waker to panic");
+}
+
+/// A call polled by hand, boxed.
+pub type Call<O> = Pin<Box<dyn Future<Output = O> + Send>>;
+
+/// A waker whose `wake` polls another call (with `waker`; it must stay pending) and then
+/// panics: a party that looks at a limiter from inside a served head's handover (as a thread of
+/// its own could, at that moment), and a handover that unwinds.
+pub struct PollThenPanic<O> {
+    call: Mutex<Call<O>>,
+    waker: Waker,
+}
+
+impl<O> PollThenPanic<O> {
+    pub fn new(call: Call<O>, waker: Waker) -> Arc<Self> {
+        Arc::new(PollThenPanic {
+            call: Mutex::new(call),
+            waker,
+        })
+    }
+
+    /// Polls the call once more, with `waker`.
+    pub fn poll(&self, waker: &Waker) -> Poll<O> {
+        poll_with(self.call.lock().unwrap().as_mut(), waker)
+    }
+}
+
+impl<O: 'static> Wake for PollThenPanic<O> {
+    fn wake(self: Arc<Self>) {
+        assert!(self.poll(&self.waker).is_pending());
+        panic!("this waker panics after polling another call");
+    }
 }
