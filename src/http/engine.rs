@@ -223,7 +223,10 @@ macro_rules! count_list_rejection {
 /// address banned under `ipv6_prefix = 128` bans its /64 under 64); and when it is finer, the
 /// old group stays banned as a group, every address in it, until its ban ends (`unban` of any
 /// of them lifts it). Counts of rejections towards a ban start over. Bans that do not fit a
-/// smaller `max_entries` are lost, and the reload says how many at `warn`. With the Redis backend the counters live in Redis under names derived
+/// smaller `max_entries` are lost, and the reload says how many at `warn`. The counters of rules
+/// that count by address are not carried over a new grouping: they are keyed by the old groups,
+/// so each client starts from a full limit under its new key (a rule's counts cannot be split
+/// among a group's members, and summing members into a group would need every key visited). With the Redis backend the counters live in Redis under names derived
 /// from the rule's identity, so the same rules find them again; a reload may change the prefix
 /// (new keys), failure policy and deadline, not the URL nor `cluster`. A kept rule also keeps its
 /// `RedisLimiter`, and with it what this process holds besides the counts in Redis: its deny
