@@ -1395,28 +1395,28 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                 };
                 HttpConfigError::invalid(field, e.to_string())
             })?;
-        // The coarser groups the old list's bans may be of, per family: its own grouping and
-        // what it inherited, those coarser than ours.
+        // The coarser groups the old list's bans may be of, per family: its own grouping (bans
+        // start under it until the reload's swap, and are carried after it) and those of its
+        // inherited bans still in force, each only if coarser than ours. An inherited prefix
+        // whose bans have all ended is dropped here, so checks stop looking it up once a reload
+        // has seen the last of them end.
         let inherited = self.old_bans.as_ref().and_then(|old| {
-            let coarser = |own: u8, inherited: Option<&[u8]>, ours: u8| -> Box<[u8]> {
-                let mut all: Vec<u8> = std::iter::once(own)
-                    .chain(inherited.into_iter().flatten().copied())
-                    .filter(|&p| p < ours)
-                    .collect();
+            let (mut v4, mut v6) = (vec![old.grouping.0], vec![old.grouping.1]);
+            if let Some(i) = &old.inherited {
+                for ((ip, p), _) in i.list.banned() {
+                    match ip {
+                        IpAddr::V4(_) => v4.push(p),
+                        IpAddr::V6(_) => v6.push(p),
+                    }
+                }
+            }
+            let coarser = |mut all: Vec<u8>, ours: u8| -> Box<[u8]> {
+                all.retain(|&p| p < ours);
                 all.sort_unstable();
                 all.dedup();
                 all.into()
             };
-            let v4 = coarser(
-                old.grouping.0,
-                old.inherited.as_ref().map(|i| &*i.v4),
-                grouping.0,
-            );
-            let v6 = coarser(
-                old.grouping.1,
-                old.inherited.as_ref().map(|i| &*i.v6),
-                grouping.1,
-            );
+            let (v4, v6) = (coarser(v4, grouping.0), coarser(v6, grouping.1));
             if v4.is_empty() && v6.is_empty() {
                 return None;
             }
@@ -1596,6 +1596,50 @@ mod tests {
             .compile(&config)
             .unwrap();
         assert_eq!(limits(&reloaded), expected);
+    }
+
+    /// A list built by a reload that refined the grouping inherits the coarser groups' bans,
+    /// and a later reload keeps an inherited prefix only while a ban of it is in force: before,
+    /// every prefix once inherited was looked up on every request after every later reload.
+    #[test]
+    fn a_list_inherits_the_groups_bans_only_while_one_is_in_force() {
+        let clock = crate::ManualClock::new();
+        let config = |v6: u8, after: u32| {
+            HttpConfig::from_toml_str(&format!(
+                "[client_ip]\nipv6_prefix = {v6}\n\
+                 [bans]\nafter = {after}\nwithin = \"1h\"\nduration = \"1h\"\n"
+            ))
+            .unwrap()
+        };
+        let bans = |set: &RuleSet<crate::ManualClock>| Arc::clone(set.bans.as_ref().unwrap());
+        let v6 =
+            |set: &RuleSet<crate::ManualClock>| bans(set).inherited.as_ref().map(|i| i.v6.to_vec());
+        let group: IpAddr = "2001:db8:0:7::".parse().unwrap();
+        let member = BanKey::Ip("2001:db8:0:7::1".parse().unwrap());
+        let reload = |old: &RuleSet<crate::ManualClock>, v6: u8, after: u32| {
+            Compiler::new(&clock, Some(old))
+                .compile(&config(v6, after))
+                .unwrap()
+        };
+        let first = Compiler::new(&clock, None).compile(&config(64, 1)).unwrap();
+        bans(&first)
+            .list
+            .ban(&BanKey::Ip(group), Duration::from_secs(600))
+            .unwrap();
+        let finer = reload(&first, 128, 1);
+        assert_eq!(v6(&finer), Some(vec![64]));
+        assert_eq!(bans(&finer).check(&member), Some(Duration::from_secs(600)));
+        // A later reload with the ban in force keeps the group's ban and its prefix.
+        clock.advance(Duration::from_secs(300));
+        let kept = reload(&finer, 128, 2);
+        assert_eq!(v6(&kept), Some(vec![64]));
+        assert_eq!(bans(&kept).check(&member), Some(Duration::from_secs(300)));
+        // Once it has ended, the next reload drops the prefix, and with it the inherited list.
+        clock.advance(Duration::from_secs(300));
+        assert_eq!(bans(&kept).check(&member), None);
+        let ended = reload(&kept, 128, 3);
+        assert_eq!(v6(&ended), None);
+        assert_eq!(bans(&ended).check(&member), None);
     }
 
     /// A regex is the whole path: one that would close the anchoring group (`/a)|(/b`) is
