@@ -90,3 +90,99 @@ fn every_response_is_decided_and_answered_under_one_configuration() {
         example.lock().unwrap()
     );
 }
+
+/// A clock that counts its readings, so that a racing thread can act at a chosen point of a
+/// reload (after its `k`-th reading) whatever the machine's speed.
+#[derive(Clone, Default)]
+struct CountingClock {
+    time: turnstile::ManualClock,
+    reads: Arc<AtomicU64>,
+}
+
+impl turnstile::Clock for CountingClock {
+    fn now(&self) -> u64 {
+        // Relaxed: a position marker for the racing thread; the limiter's own state is ordered
+        // by its own atomics.
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.time.now()
+    }
+}
+
+/// An unban issued while a reload carries the bans over to a new list stays done. A reload
+/// that builds a new ban list carries the bans in force twice (when it compiles, and again
+/// after the swap for those started meanwhile): an unban in between lifted the ban from the
+/// old list only, and the new list kept the copy made first; one just after the swap was
+/// undone by the second carry. The unban is sent at every point of the reload in turn (after
+/// its `k`-th clock reading), each time on a limiter with the address banned.
+#[test]
+fn an_unban_while_a_reload_carries_the_bans_over_stays_done() {
+    use turnstile::http::{Outcome, RejectReason, RequestInfo};
+    let config = |after: u32| {
+        format!(
+            "[[rules]]\nname = \"r\"\nperiod = \"1h\"\nlimit = 1\n\
+             [bans]\nafter = {after}\nwithin = \"1h\"\nduration = \"1h\"\n"
+        )
+    };
+    let ip: std::net::IpAddr = "198.51.100.7".parse().unwrap();
+    let request = RequestInfo {
+        method: &http::Method::GET,
+        path: "/",
+        client_ip: Some(ip),
+        client_id: None,
+    };
+    let banned = |limiter: &HttpLimiter<CountingClock>| {
+        matches!(
+            limiter.decide(&request).outcome,
+            Outcome::Rejected {
+                reason: RejectReason::Banned,
+                ..
+            }
+        )
+    };
+    let fresh = || {
+        let clock = CountingClock::default();
+        let limiter = HttpLimiter::with_clock(
+            HttpConfig::from_toml_str(&config(1)).unwrap(),
+            clock.clone(),
+        )
+        .unwrap();
+        limiter.decide(&request);
+        limiter.decide(&request);
+        assert!(banned(&limiter));
+        // Relaxed: read by the racing thread only after the spawn, which orders it.
+        clock.reads.store(0, Ordering::Relaxed);
+        (limiter, clock)
+    };
+    // How many times a reload reads the clock: the points to race at.
+    let (limiter, clock) = fresh();
+    limiter
+        .reload(HttpConfig::from_toml_str(&config(2)).unwrap())
+        .unwrap();
+    let reads = clock.reads.load(Ordering::Relaxed);
+    assert!(reads > 0, "the reload carries bans, which reads the clock");
+    let mut undone = Vec::new();
+    for k in 0..=reads + 1 {
+        let (limiter, clock) = fresh();
+        let reloaded = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // Relaxed: positions to act at; the scope's join orders the outcome.
+                while clock.reads.load(Ordering::Relaxed) < k && !reloaded.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+                assert!(limiter.unban(ip), "banned until this unban");
+            });
+            limiter
+                .reload(HttpConfig::from_toml_str(&config(2)).unwrap())
+                .unwrap();
+            reloaded.store(true, Ordering::Relaxed);
+        });
+        if banned(&limiter) {
+            undone.push(k);
+        }
+    }
+    assert!(
+        undone.is_empty(),
+        "unbans sent after these clock readings of the reload ({reads} in all) were undone: {undone:?}"
+    );
+}

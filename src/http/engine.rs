@@ -218,11 +218,15 @@ macro_rules! count_list_rejection {
 /// is `get:/api/*`). Bans are kept when `[bans]` and the grouping of addresses
 /// (`client_ip.ipv4_prefix`, `ipv6_prefix`) did not change (periods compared as they read: `1m`
 /// is `60s`). A reload that changes either builds a new ban list and carries every ban in force
-/// over to it for what is left of it (not cut or lengthened to a new `duration`): a client's
+/// over to it for what is left of it, rounded up to a whole millisecond (not cut to, nor
+/// lengthened to, a new `duration`): a client's
 /// ban as it is; an address's to its group when the new grouping is as coarse or coarser (an
 /// address banned under `ipv6_prefix = 128` bans its /64 under 64); and when it is finer, the
 /// old group stays banned as a group, every address in it, until its ban ends (`unban` of any
-/// of them lifts it). Counts of rejections towards a ban start over. Bans that do not fit a
+/// of them lifts it; a later reload stops looking the group up once its ban has ended). An
+/// unban made while a reload carries the bans over stays done: the reload lifts the ban again
+/// in the new list once that list holds every ban it carries (which also lifts a ban the same
+/// client earned during the reload). Counts of rejections towards a ban start over. Bans that do not fit a
 /// smaller `max_entries` are lost, and the reload says how many at `warn`. The counters of rules
 /// that count by address are not carried over a new grouping: they are keyed by the old groups,
 /// so each client starts from a full limit under its new key (a rule's counts cannot be split
@@ -266,6 +270,11 @@ pub struct HttpLimiter<C: Clock + Clone = MonotonicClock> {
     /// they wait for (or removed their rule): each decides again at once.
     reloaded: Arc<tokio::sync::Notify>,
     reload_lock: Mutex<()>,
+    /// The unbans asked for while a reload carries the bans over to a new list, to be done
+    /// again on the new list once it has (see [`reload`](Self::reload)); `None` while no
+    /// reload runs. An unban takes this lock for its whole lifting, so that the reload's last
+    /// step sees every unban made before it.
+    unbans_in_reload: Mutex<Option<Vec<Unban>>>,
     /// The Redis connection, when the rules count in Redis.
     #[cfg(feature = "redis")]
     backend: Option<crate::http::redis_rules::RedisBackend>,
@@ -532,6 +541,7 @@ impl HttpLimiter {
             config: Arc::new(ArcSwap::from_pointee(Snapshot { rules, settings })),
             reloaded: Arc::new(tokio::sync::Notify::new()),
             reload_lock: Mutex::new(()),
+            unbans_in_reload: Mutex::new(None),
             backend: Some(backend),
         })
     }
@@ -567,6 +577,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
             config: Arc::new(ArcSwap::from_pointee(Snapshot { rules, settings })),
             reloaded: Arc::new(tokio::sync::Notify::new()),
             reload_lock: Mutex::new(()),
+            unbans_in_reload: Mutex::new(None),
             #[cfg(feature = "redis")]
             backend: None,
         })
@@ -626,6 +637,11 @@ impl<C: Clock + Clone> HttpLimiter<C> {
             None
         };
         let old = self.config.load_full();
+        // From here until the new list has every ban it will carry, an unban may lift a ban
+        // from the old list that the new one has already copied (or will copy again after the
+        // swap): each is recorded and done again on the new list at the end. Stopped however
+        // the reload ends.
+        let recording = Recording::start(&self.unbans_in_reload);
         #[allow(unused_mut)] // mutated only to attach Redis limiters
         let mut rules = Compiler::new(&self.clock, Some(&old.rules)).compile(&config)?;
         #[cfg(feature = "redis")]
@@ -643,6 +659,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         // One store for the rules and the settings: a request sees both of the old
         // configuration or both of the new one.
         self.config.store(Arc::new(Snapshot { rules, settings }));
+        let carried = carry.is_some();
         if let Some((old, new)) = carry {
             let lost = new.carry(&old);
             if lost > 0 {
@@ -653,6 +670,10 @@ impl<C: Clock + Clone> HttpLimiter<C> {
                      which is full (raise bans.max_entries): those clients are no longer banned"
                 );
             }
+        }
+        // Only a new list can have kept (or been given back) a ban an unban lifted meanwhile.
+        if carried {
+            recording.redo(&self.config.load());
         }
         // After the store: a waiting request that misses this (it was deciding) finds the new
         // rules when it compares them with its own before sleeping (`wait_and_decide`).
@@ -838,13 +859,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn unban(&self, ip: IpAddr) -> bool {
-        let config = self.config.load();
-        let grouped = client_ip(
-            Some(ip),
-            &http::HeaderMap::new(),
-            &config.settings.client_ip,
-        );
-        grouped.is_some_and(|ip| self.lift(&BanKey::Ip(ip)))
+        self.lift(Unban::Ip(ip))
     }
 
     /// Lifts the ban of the client with id `client_id` (a client known by its id alone: its
@@ -862,20 +877,94 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn unban_client(&self, client_id: &str) -> bool {
-        self.lift(&BanKey::Client(CompactString::from(client_id)))
+        self.lift(Unban::Client(CompactString::from(client_id)))
     }
 
-    /// Resets `client`'s ban and its count of rejections; whether it was banned.
-    fn lift(&self, client: &BanKey) -> bool {
-        let config = self.config.load();
-        let Some(bans) = config.rules.bans.as_ref() else {
-            return false;
-        };
-        let banned = bans.unban(client);
+    /// Resets `who`'s ban and its count of rejections; whether it was banned. Under the
+    /// reload's record of unbans, which it joins while a reload runs.
+    fn lift(&self, who: Unban) -> bool {
+        let mut recorded = self
+            .unbans_in_reload
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let banned = who.lift(&self.config.load());
         if banned {
-            tracing::info!(client = ?client, "client unbanned");
+            tracing::info!(client = ?who, "client unbanned");
+        }
+        if let Some(recorded) = recorded.as_mut() {
+            recorded.push(who);
         }
         banned
+    }
+}
+
+/// A client to unban, as [`HttpLimiter::unban`] and [`HttpLimiter::unban_client`] name it: an
+/// address is grouped under the configuration the ban is lifted in (a reload may change the
+/// grouping between an unban and its redoing).
+#[derive(Debug)]
+enum Unban {
+    Ip(IpAddr),
+    Client(CompactString),
+}
+
+impl Unban {
+    /// Lifts the ban in `snapshot`'s list, grouping an address by its settings; whether one
+    /// was in force.
+    fn lift<C: Clock>(&self, snapshot: &Snapshot<C>) -> bool {
+        let Some(bans) = snapshot.rules.bans.as_ref() else {
+            return false;
+        };
+        let client = match self {
+            Unban::Ip(ip) => {
+                match client_ip(
+                    Some(*ip),
+                    &http::HeaderMap::new(),
+                    &snapshot.settings.client_ip,
+                ) {
+                    Some(grouped) => BanKey::Ip(grouped),
+                    None => return false,
+                }
+            }
+            Unban::Client(id) => BanKey::Client(id.clone()),
+        };
+        bans.unban(&client)
+    }
+}
+
+/// A reload's record of the unbans made while it carries the bans over (see
+/// `HttpLimiter::unbans_in_reload`): started before it compiles, redone and stopped at its
+/// end, and stopped when dropped (a reload refused midway has nothing to redo: the list in
+/// force was never replaced).
+struct Recording<'a>(&'a Mutex<Option<Vec<Unban>>>);
+
+impl<'a> Recording<'a> {
+    fn start(unbans: &'a Mutex<Option<Vec<Unban>>>) -> Self {
+        *unbans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Vec::new());
+        Recording(unbans)
+    }
+
+    /// Does the recorded unbans again in `snapshot` (the configuration just stored, whose list
+    /// has carried every ban it will), and stops recording; under the lock, so that an unban
+    /// made after this finds `snapshot` in force.
+    fn redo<C: Clock>(self, snapshot: &Snapshot<C>) {
+        let mut recorded = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for who in recorded.take().into_iter().flatten() {
+            who.lift(snapshot);
+        }
+    }
+}
+
+impl Drop for Recording<'_> {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
     }
 }
 
