@@ -569,6 +569,103 @@ fn a_reload_to_a_finer_grouping_keeps_the_banned_groups_banned() {
     assert_eq!(get(&l, "/", "192.0.2.1", None).outcome, Outcome::Admitted);
 }
 
+/// Reloads that regroup one way and back (finer, coarser, then finer again for the other
+/// family) keep every ban for exactly what is left of it: a group's ban inherited by a finer
+/// list comes back as the group's own under the old grouping again, and an address's ban moved
+/// to a coarser group stays that group's when a later reload refines the grouping once more.
+#[test]
+fn reloads_that_regroup_back_and_forth_keep_every_ban() {
+    let (l, clock) = limiter(&grouped(32, 64));
+    for client in ["2001:db8:0:7::", "192.0.2.9"] {
+        get(&l, "/", client, None);
+        get(&l, "/", client, None);
+    }
+    let banned_for = |ip: &str| match reason(&get(&l, "/", ip, None)) {
+        Some((RejectReason::Banned, _, left)) => left,
+        _ => None,
+    };
+    let mut left = 3600;
+    let mut step = |v4: u8, v6: u8| {
+        clock.advance(Duration::from_secs(60));
+        left -= 60;
+        l.reload(HttpConfig::from_toml_str(&grouped(v4, v6)).unwrap())
+            .unwrap();
+        Some(Duration::from_secs(left))
+    };
+    // Finer for IPv6: the /64 is inherited, every member banned.
+    let expected = step(32, 128);
+    assert_eq!(banned_for("2001:db8:0:7::1"), expected);
+    assert_eq!(banned_for("2001:db8:0:7:1::"), expected);
+    assert_eq!(banned_for("192.0.2.9"), expected);
+    // Back to /64: the group's own ban again.
+    let expected = step(32, 64);
+    assert_eq!(banned_for("2001:db8:0:7::"), expected);
+    assert_eq!(banned_for("192.0.2.9"), expected);
+    // Coarser for IPv4: the address's ban is its /24's.
+    let expected = step(24, 128);
+    assert_eq!(banned_for("192.0.2.0"), expected);
+    assert_eq!(banned_for("2001:db8:0:7::2"), expected);
+    // Finer for IPv4 again: the /24 is inherited, so a neighbour of the banned address stays
+    // banned; the /64 is the list's own once more.
+    let expected = step(32, 64);
+    assert_eq!(banned_for("192.0.2.200"), expected);
+    assert_eq!(banned_for("2001:db8:0:7::"), expected);
+    for other in ["192.0.3.1", "2001:db8:0:8::"] {
+        assert_eq!(
+            get(&l, "/", other, None).outcome,
+            Outcome::Admitted,
+            "{other}"
+        );
+    }
+    // And every one of them ends on time.
+    clock.advance(Duration::from_secs(left));
+    for ip in ["192.0.2.9", "192.0.2.200", "2001:db8:0:7::"] {
+        assert_eq!(banned_for(ip), None, "{ip}");
+    }
+}
+
+/// A reload refused after its ban list was built (a later rule is invalid) leaves the list in
+/// force untouched: the bans with what was left of them, and the rejections counted towards a
+/// ban, so that the next rejection still starts one.
+#[test]
+fn a_refused_reload_leaves_the_bans_and_their_counts_as_they_were() {
+    let bans = |after: u32, v6: u8| {
+        format!(
+            "[client_ip]\nipv6_prefix = {v6}\n{ONE_A_DAY}\
+             [bans]\nafter = {after}\nwithin = \"1h\"\nduration = \"1h\"\n"
+        )
+    };
+    let (l, clock) = limiter(&bans(2, 64));
+    // 10.0.0.1 banned (two rejections); 10.0.0.2 one rejection short of a ban.
+    for _ in 0..3 {
+        get(&l, "/", "10.0.0.1", None);
+    }
+    get(&l, "/", "10.0.0.2", None);
+    get(&l, "/", "10.0.0.2", None);
+    clock.advance(Duration::from_secs(10));
+    for refused in [bans(3, 64), bans(2, 128), bans(5, 48)] {
+        let bad = format!("{refused}[[rules]]\nperiod = \"1s\"\nlimit = 1\nendpoint = \"nope\"\n");
+        assert!(l.reload(HttpConfig::from_toml_str(&bad).unwrap()).is_err());
+    }
+    assert_eq!(
+        reason(&get(&l, "/", "10.0.0.1", None)),
+        Some((
+            RejectReason::Banned,
+            "ban".to_owned(),
+            Some(Duration::from_secs(3590))
+        ))
+    );
+    assert_eq!(
+        reason(&get(&l, "/", "10.0.0.2", None)).unwrap().0,
+        RejectReason::RateLimited,
+        "the second rejection, which starts the ban"
+    );
+    assert_eq!(
+        reason(&get(&l, "/", "10.0.0.2", None)).unwrap().0,
+        RejectReason::Banned
+    );
+}
+
 /// A reload to a ban list smaller than the bans in force carries what fits and says how many
 /// were lost, at warn, naming the setting to raise.
 #[test]
