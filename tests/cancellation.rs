@@ -18,7 +18,7 @@ use turnstile::{Algorithm, ConcurrencyLimiter, MonotonicClock, Rate, RateLimiter
 
 #[path = "common/wakers.rs"]
 mod wakers;
-use wakers::{Call, PollThenPanic, must_panic, panicky, poll_with};
+use wakers::{Call, must_panic, panicky, poll_with};
 
 /// xorshift64*: a small deterministic generator per task, no dependency.
 struct Rng(u64);
@@ -357,28 +357,16 @@ async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() 
     .unwrap();
     let chain = turnstile::Chain::new([roomy, limiter.clone()]).unwrap();
     limiter.try_acquire().unwrap();
-    let (woken, caller_waker) = wakers::counting();
     let caller: Call<_> = Box::pin(async move { chain.acquire().await.map(|a| a.at()) });
-    let hook = PollThenPanic::new(caller, caller_waker);
-    let mut head = Box::pin(limiter.acquire());
-    let mut next = Box::pin(limiter.acquire());
-    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
-    assert!(poll_with(next.as_mut(), &Waker::from(Arc::clone(&hook))).is_pending());
-    tokio::time::advance(window).await;
-    // `head` takes the new window's permit; waking `next` lets the chain caller look (nothing
-    // free until 20 s) and panics; `head` gives the permit back.
-    must_panic(|| {
-        let _ = poll_with(head.as_mut(), Waker::noop());
-    });
-    drop((head, next));
-    // The caller sleeps its 1 ms backoff whatever it is told (the notification is kept), then
-    // finds it and tries again.
-    let backoff = Duration::from_millis(1);
-    tokio::time::advance(backoff).await;
-    assert_eq!(woken.wakes(), 1, "the backoff's timer");
-    let served = hook.poll(Waker::noop());
+    let served = wakers::give_back_after_a_handover_panic(
+        limiter.acquire(),
+        limiter.acquire(),
+        caller,
+        window,
+    )
+    .await;
     assert!(
-        matches!(served, Poll::Ready(Ok(at)) if at == window + backoff),
+        matches!(served, Poll::Ready(Ok(at)) if at == window + Duration::from_millis(1)),
         "{served:?}: the chain caller sleeps until 20 s with the permit free"
     );
 }

@@ -697,24 +697,16 @@ async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_chain_callers() 
         .build()
         .unwrap();
     limiter.try_acquire(&"k").unwrap();
-    let (woken, caller_waker) = wakers::counting();
     let caller: Call<_> = Box::pin(async move { chain.acquire(&"k").await.map(|a| a.at()) });
-    let hook = PollThenPanic::new(caller, caller_waker);
-    let mut head = Box::pin(limiter.acquire(&"k"));
-    let mut next = Box::pin(limiter.acquire(&"k"));
-    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
-    assert!(poll_with(next.as_mut(), &Waker::from(Arc::clone(&hook))).is_pending());
-    tokio::time::advance(window).await;
-    must_panic(|| {
-        let _ = poll_with(head.as_mut(), Waker::noop());
-    });
-    drop((head, next));
-    let backoff = Duration::from_millis(1);
-    tokio::time::advance(backoff).await;
-    assert_eq!(woken.wakes(), 1, "the backoff's timer");
-    let served = hook.poll(Waker::noop());
+    let served = wakers::give_back_after_a_handover_panic(
+        limiter.acquire(&"k"),
+        limiter.acquire(&"k"),
+        caller,
+        window,
+    )
+    .await;
     assert!(
-        matches!(served, std::task::Poll::Ready(Ok(at)) if at == window + backoff),
+        matches!(served, std::task::Poll::Ready(Ok(at)) if at == window + Duration::from_millis(1)),
         "{served:?}: the chain caller sleeps until 20 s with the permit free"
     );
 }

@@ -87,3 +87,32 @@ impl<O: 'static> Wake for PollThenPanic<O> {
         panic!("this waker panics after polling another call");
     }
 }
+
+/// A served head whose handover unwinds, with a chain caller watching: `head` and `next` wait,
+/// in that order, on a limiter whose one permit is taken until `window` ends (tokio's paused
+/// time); the chain `caller` needs that permit too. At `window`, `head` takes the new permit and
+/// wakes `next`, whose waker polls `caller` (it finds nothing free and goes to sleep) and then
+/// panics, so `head` gives its permit back. Returns what `caller` answers after its 1 ms
+/// backoff, by which time the give-back must have woken it exactly once.
+pub async fn give_back_after_a_handover_panic<H: Future, N: Future, O: 'static>(
+    head: H,
+    next: N,
+    caller: Call<O>,
+    window: std::time::Duration,
+) -> Poll<O> {
+    let (woken, caller_waker) = counting();
+    let hook = PollThenPanic::new(caller, caller_waker);
+    let (mut head, mut next) = (Box::pin(head), Box::pin(next));
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    assert!(poll_with(next.as_mut(), &Waker::from(Arc::clone(&hook))).is_pending());
+    tokio::time::advance(window).await;
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop((head, next));
+    // The caller sleeps its 1 ms backoff whatever it is told (the notification is kept), then
+    // finds it and tries again.
+    tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    assert_eq!(woken.wakes(), 1, "the backoff's timer");
+    hook.poll(Waker::noop())
+}
