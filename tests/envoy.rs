@@ -2066,6 +2066,136 @@ descriptors:
     );
 }
 
+/// envoyproxy/ratelimit reads a descriptor's `key` and `value` (and the `domain`) into strings,
+/// and go-yaml v2 gives a string field a plain scalar's text as written: `value: 1.10` is
+/// "1.10", `0x1F` is "0x1F", `True` is "True". Read as the number or flag it also spells, a
+/// value became another text ("1.1", "31", "true"), and the requests naming it as written,
+/// which Envoy limits, matched nothing and were never limited.
+#[test]
+fn a_value_spelled_as_a_number_or_flag_matches_its_text_as_written() {
+    let spellings = [
+        "1.10", "0x1F", "+1", "1e3", ".5", "-0", "0o17", "0b11", "True", "FALSE", "1.0", ".inf",
+        "010", "1_000",
+    ];
+    let mut yaml = String::from("domain: 2.50\ndescriptors:\n");
+    for (i, value) in spellings.iter().enumerate() {
+        yaml.push_str(&format!(
+            "  - key: {}\n    value: {value}\n    rate_limit: {{ unit: minute, requests_per_unit: 0 }}\n",
+            ["0x10", "k"][i % 2]
+        ));
+    }
+    let config = RlsConfig::from_yaml_str(&yaml).unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    for (i, value) in spellings.iter().enumerate() {
+        let key = ["0x10", "k"][i % 2];
+        let r = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "2.50".into(),
+                descriptors: vec![descriptor(&[(key, value)])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        assert_eq!(
+            (r.overall_code(), r.statuses[0].current_limit.is_some()),
+            (Code::OverLimit, true),
+            "{key}={value}: its limit of 0"
+        );
+    }
+    // Through anchors, aliases and `<<` merges too.
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - &first
+    key: k
+    value: &v 1.10
+    rate_limit: { unit: minute, requests_per_unit: 00 }
+  - <<: *first
+    value: 2.50
+  - key: alias
+    value: *v
+    rate_limit: *limit_of_first
+",
+    );
+    assert!(config.is_err(), "an alias of no anchor");
+    let config = RlsConfig::from_yaml_str(
+        "
+domain: d
+descriptors:
+  - &first
+    key: k
+    value: &v 1.10
+    rate_limit: &zero { unit: minute, requests_per_unit: 00 }
+  - <<: *first
+    value: 2.50
+  - key: alias
+    value: *v
+    rate_limit: *zero
+",
+    )
+    .unwrap();
+    let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+    for (key, value) in [("k", "1.10"), ("k", "2.50"), ("alias", "1.10")] {
+        let r = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[(key, value)])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        assert_eq!(r.overall_code(), Code::OverLimit, "{key}={value}");
+    }
+}
+
+/// go-yaml v2 (YAML 1.1) reads `requests_per_unit` spellings that YAML 1.2 does not: digit
+/// separators (`1_000`), a leading zero for octal (`010` is 8), and floats with a whole value
+/// (`1e3`). Such files load there and mean the same here; a fraction is refused, not cut.
+#[test]
+fn requests_per_unit_spelled_as_envoys_yaml_reader_reads_it() {
+    let limit = |spelled: &str| {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{ unit: hour, requests_per_unit: {spelled} }}\n"
+        );
+        let config = RlsConfig::from_yaml_str(&yaml).map_err(|e| e.to_string())?;
+        let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
+        let r = service
+            .should_rate_limit(&RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![descriptor(&[("k", "x")])],
+                hits_addend: 0,
+            })
+            .unwrap();
+        Ok::<_, String>(
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit,
+        )
+    };
+    for (spelled, n) in [
+        ("1_000", 1000),
+        ("010", 8),
+        ("08", 8),
+        ("0x10", 16),
+        ("0o10", 8),
+        ("0b101", 5),
+        ("+7", 7),
+        ("1e3", 1000),
+        ("100.0", 100),
+        ("4_294_967_295", u32::MAX),
+    ] {
+        assert_eq!(limit(spelled), Ok(n), "{spelled}");
+    }
+    for refused in ["1.5", "-1", "4294967296", ".inf", "1__0x", "ten", "[1]"] {
+        let err = limit(refused).expect_err(refused);
+        assert!(
+            err.contains("descriptors[0].rate_limit.requests_per_unit"),
+            "{refused}: {err}"
+        );
+    }
+}
+
 /// A field left empty (YAML null) is absent to envoyproxy/ratelimit: `rate_limit:` is no
 /// limit, `requests_per_unit:` is 0, `replaces:` replaces nothing. Such files load there.
 #[test]

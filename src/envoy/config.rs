@@ -2,6 +2,7 @@
 //! field, and the descriptor tree a request is matched against.
 
 use super::proto::{Entry, Unit};
+use serde::de::DeserializeSeed;
 use serde_norway::{Mapping, Value};
 use std::collections::HashMap;
 use std::fmt;
@@ -17,8 +18,12 @@ use std::path::Path;
 /// `unlimited`, `replaces: [{ name }]`), optional `shadow_mode`, `share_threshold` (on a
 /// wildcard: every value it matches shares one counter) and nested `descriptors`.
 /// `detailed_metric` labels the limit's counters (feature `metrics`) by the request's entries;
-/// `value_to_metric` is accepted and ignored. Flags take `true` and `false`, and also YAML
-/// 1.1's `yes`, `no`, `on`, `off`, `y` and `n`, as envoyproxy/ratelimit's YAML reader does.
+/// `value_to_metric` is accepted and ignored. Scalars are read as envoyproxy/ratelimit's YAML
+/// reader (go-yaml v2, YAML 1.1) reads them into its fields: a `domain`, `key` or `value` is
+/// the text as written (`value: 1.10` is "1.10", not "1.1"; `value: 0x1F` is "0x1F"); flags
+/// take `true` and `false` and also YAML 1.1's `yes`, `no`, `on`, `off`, `y` and `n`; and
+/// `requests_per_unit` takes YAML 1.1's integers (`1_000`; `010` is octal, 8; `0x10`, `0b101`)
+/// and floats with a whole value (`1e3`).
 /// `<<` merge keys apply as there: in the order they stand (a merge overrides the keys before
 /// it, the keys after it override the merge).
 /// A field left empty (YAML null) is absent, as there: `rate_limit:` sets no limit,
@@ -30,7 +35,8 @@ use std::path::Path;
 /// there: it checks names against one list for the whole file), an empty or missing `domain`
 /// or `key`, an unknown `unit` (but on an `unlimited` limit, where Envoy ignores it), a valid
 /// `unit` on an `unlimited` limit (and a missing one on any other), a `requests_per_unit` that is
-/// not a whole number up to 4,294,967,295, two descriptors with the same key and value at one level
+/// not a whole number up to 4,294,967,295 (a fraction too, which Envoy's reader cuts to its
+/// whole part), two descriptors with the same key and value at one level
 /// (compared as Envoy's service compares them, joined as `key_value`: key `a` value `b_c` is key
 /// `a_b` value `c`), `share_threshold` on a descriptor that is not a wildcard, a limit that
 /// `replaces` its own name, and a domain loaded twice (unless the files are loaded with
@@ -440,6 +446,10 @@ impl RlsConfig {
             message: e.to_string(),
         };
         let mut root: Value = serde_norway::from_str(yaml).map_err(yaml_error)?;
+        // Before merging, while the tree is still the document's shape.
+        AsWritten(&mut root)
+            .deserialize(serde_norway::Deserializer::from_str(yaml))
+            .map_err(yaml_error)?;
         // `<<` merge keys, which envoyproxy/ratelimit's YAML reader applies.
         merge_in_order(&mut root).map_err(|message| RlsConfigError::Yaml {
             source: source.to_owned(),
@@ -543,6 +553,124 @@ fn merge_in_order(v: &mut Value) -> Result<(), String> {
     Ok(())
 }
 
+/// Gives every number and flag in a tree its text as written: a second pass over the document
+/// the tree was read from, guided by the tree's shape. envoyproxy/ratelimit's YAML reader
+/// (go-yaml v2) gives a string field a plain scalar's text as written, so `value: 1.10` is
+/// "1.10" there, and the other fields resolve a scalar by YAML 1.1's rules, which are not the
+/// YAML 1.2 rules this reader resolved it by (`010` is 8 there, `1_000` is 1000). With the text,
+/// the walk reads each field as go-yaml reads it into its Go type ([`Loader::string`],
+/// [`Loader::bool`], [`yaml_1_1_u32`]). Strings keep the value they were read with (quoted
+/// ones have no other text); nulls and tagged nodes are left as they are.
+struct AsWritten<'a>(&'a mut Value);
+
+impl<'de> serde::de::DeserializeSeed<'de> for AsWritten<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        match self.0 {
+            Value::Number(_) | Value::Bool(_) => {
+                // A scalar's text, whatever it resolves to: what serde_norway gives a string.
+                *self.0 = Value::String(<String as serde::Deserialize>::deserialize(d)?);
+                Ok(())
+            }
+            Value::Sequence(items) => d.deserialize_seq(Guide(items.iter_mut())),
+            Value::Mapping(map) => d.deserialize_map(Guide(map.values_mut())),
+            _ => <serde::de::IgnoredAny as serde::Deserialize>::deserialize(d).map(drop),
+        }
+    }
+}
+
+/// Walks a sequence's items, or a mapping's values, in the document's order beside the
+/// parser's (a mapping's keys are skipped: they are only ever compared as strings).
+struct Guide<I>(I);
+
+impl<'de, 'v, I: Iterator<Item = &'v mut Value>> serde::de::Visitor<'de> for Guide<I> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the shape the document was read in")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        for item in self.0.by_ref() {
+            if seq.next_element_seed(AsWritten(item))?.is_none() {
+                break;
+            }
+        }
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+        while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+            match self.0.next() {
+                Some(value) => map.next_value_seed(AsWritten(value))?,
+                None => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A scalar's text read as go-yaml v2 reads it into a `uint32` (YAML 1.1): `_` separators
+/// dropped; an integer in Go's notation (`0x`, `0o` or a leading `0` for octal, `0b`, a sign);
+/// else a float with a whole value (`1e3`). `None` for anything else, and for a fraction, which
+/// go-yaml would cut to its whole part: refused rather than read as another limit.
+fn yaml_1_1_u32(text: &str) -> Option<u32> {
+    let plain: String = text.chars().filter(|&c| c != '_').collect();
+    let (negative, digits) = match plain.as_bytes().first()? {
+        b'-' => (true, &plain[1..]),
+        b'+' => (false, &plain[1..]),
+        _ => (false, &plain[..]),
+    };
+    let lower = digits.to_ascii_lowercase();
+    // Go takes one sign, before the prefix; `from_str_radix` would take another after it.
+    let integer = if lower.contains(['+', '-']) {
+        None
+    } else if let Some(hex) = lower.strip_prefix("0x") {
+        u64::from_str_radix(hex, 16).ok()
+    } else if let Some(octal) = lower.strip_prefix("0o") {
+        u64::from_str_radix(octal, 8).ok()
+    } else if let Some(binary) = lower.strip_prefix("0b") {
+        u64::from_str_radix(binary, 2).ok()
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        u64::from_str_radix(&lower[1..], 8).ok()
+    } else {
+        lower.parse::<u64>().ok()
+    };
+    if let Some(n) = integer {
+        return if negative && n != 0 {
+            None
+        } else {
+            u32::try_from(n).ok()
+        };
+    }
+    // YAML 1.1's float: digits with an optional fraction, or a fraction alone, then an
+    // optional exponent (no `inf` or `nan`: those are words there, and no limit).
+    let (mantissa, exponent) = match lower.split_once('e') {
+        Some((m, e)) => (m, Some(e)),
+        None => (&lower[..], None),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits_only = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    let exponent_ok = exponent.is_none_or(|e| {
+        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+        !e.is_empty() && digits_only(e)
+    });
+    let mantissa_ok = digits_only(whole)
+        && digits_only(fraction)
+        && (!whole.is_empty() || !fraction.is_empty())
+        && (!whole.is_empty() || mantissa.contains('.'));
+    if !(mantissa_ok && exponent_ok) {
+        return None;
+    }
+    let float: f64 = lower.parse().ok()?;
+    let value = if negative { -float } else { float };
+    (value.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&value)).then_some(value as u32)
+}
+
 /// When merging domains: per domain, the file (or document) of each top-level descriptor, by
 /// Envoy's map key (`key` or `key_value`), to name it when another file repeats it.
 type Origins = HashMap<String, HashMap<String, String>>;
@@ -612,7 +740,8 @@ impl Loader<'_> {
         }
     }
 
-    /// A scalar as text (Envoy's YAML reader takes `value: 10` as "10"); `None` for null.
+    /// A scalar as text, as written (see `AsWritten`: Envoy's YAML reader takes `value: 1.10`
+    /// as "1.10"); `None` for null.
     fn string(&self, v: &Value, field: &str) -> Result<Option<String>, RlsConfigError> {
         match v {
             Value::Null => Ok(None),
@@ -630,9 +759,12 @@ impl Loader<'_> {
         match v {
             Value::Null => Ok(false),
             Value::Bool(b) => Ok(*b),
+            // Flags come as text (see `AsWritten`): YAML 1.1's words for true and false.
             Value::String(s) => match s.as_str() {
-                "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Ok(true),
-                "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Ok(false),
+                "true" | "True" | "TRUE" | "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On"
+                | "ON" => Ok(true),
+                "false" | "False" | "FALSE" | "n" | "N" | "no" | "No" | "NO" | "off" | "Off"
+                | "OFF" => Ok(false),
                 _ => Err(self.invalid(field.to_owned(), "must be true or false")),
             },
             _ => Err(self.invalid(field.to_owned(), "must be true or false")),
@@ -774,6 +906,8 @@ impl Loader<'_> {
                     rpu = match v {
                         // Empty: 0, as in Envoy's service.
                         Value::Null => Some(0),
+                        // Numbers come as text (see `AsWritten`), read by YAML 1.1's rules.
+                        Value::String(text) => yaml_1_1_u32(text),
                         Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
                         _ => None,
                     }
@@ -869,5 +1003,73 @@ impl Loader<'_> {
             );
         }
         Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `requests_per_unit` as go-yaml v2 reads a plain scalar into a `uint32`, sign and prefix
+    /// rules included; a fraction, a negative, a word or a second sign is no limit.
+    #[test]
+    fn a_limit_is_read_by_yaml_1_1_rules() {
+        for (text, n) in [
+            ("0", 0),
+            ("-0", 0),
+            ("00", 0),
+            ("17", 17),
+            ("017", 15),
+            ("09", 9),
+            ("0X1f", 31),
+            ("+0x10", 16),
+            ("0O17", 15),
+            ("0B1_1", 3),
+            ("1_0_0", 100),
+            ("1.", 1),
+            ("2.0e1", 20),
+            ("5E+2", 500),
+            ("4294967295", u32::MAX),
+        ] {
+            assert_eq!(yaml_1_1_u32(text), Some(n), "{text}");
+        }
+        for text in [
+            "",
+            "_",
+            "+",
+            "-",
+            "-1",
+            "++5",
+            "+-5",
+            "0x+5",
+            "0x-5",
+            "0x",
+            "1.5",
+            ".5",
+            "5e-1",
+            "4294967296",
+            "1e10",
+            ".inf",
+            "nan",
+            "1e",
+            "e3",
+            "1.2.3",
+            "é",
+            "-é",
+            "1é",
+            "0xé",
+        ] {
+            assert_eq!(yaml_1_1_u32(text), None, "{text}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text: a limit or none, never a panic; and every number's decimal spelling is
+        /// itself.
+        #[test]
+        fn any_text_reads_as_a_limit_or_none(text in "\\PC{0,12}", n: u32) {
+            let _ = yaml_1_1_u32(&text);
+            proptest::prop_assert_eq!(yaml_1_1_u32(&n.to_string()), Some(n));
+        }
     }
 }
