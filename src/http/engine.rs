@@ -216,21 +216,21 @@ macro_rules! count_list_rejection {
 /// period), and every rule starts with fresh counters when `max_keys_per_rule` or
 /// `key_overflow` changed (a limiter's key cap is fixed when it is built). A pattern or IP range is compared as it reads, not as it is written (`GET:/API/*`
 /// is `get:/api/*`). Bans are kept when `[bans]` and the grouping of addresses
-/// (`client_ip.ipv4_prefix`, `ipv6_prefix`) did not change (periods compared as they read: `1m`
-/// is `60s`). A reload that changes either builds a new ban list and carries every ban in force
-/// over to it for what is left of it, rounded up to a whole millisecond (not cut to, nor
-/// lengthened to, a new `duration`): a client's
-/// ban as it is; an address's to its group when the new grouping is as coarse or coarser (an
-/// address banned under `ipv6_prefix = 128` bans its /64 under 64); and when it is finer, the
-/// old group stays banned as a group, every address in it, until its ban ends (`unban` of any
-/// of them lifts it; a later reload stops looking the group up once its ban has ended). An
-/// unban made while a reload carries the bans over stays done: the reload lifts the ban again
-/// in the new list once that list holds every ban it carries (which also lifts a ban the same
-/// client earned during the reload). Counts of rejections towards a ban start over. Bans that do not fit a
-/// smaller `max_entries` are lost, and the reload says how many at `warn`. The counters of rules
-/// that count by address are not carried over a new grouping: they are keyed by the old groups,
-/// so each client starts from a full limit under its new key (a rule's counts cannot be split
-/// among a group's members, and summing members into a group would need every key visited). With the Redis backend the counters live in Redis under names derived
+/// (`client_ip.ipv4_prefix`, `ipv6_prefix`) did not change (periods compared as they read: `1m` is
+/// `60s`). A reload that changes either builds a new ban list and carries every ban in force over
+/// to it for what is left of it, rounded up to a whole millisecond (not cut to, nor lengthened to,
+/// a new `duration`): a client's ban as it is; an address's to its group when the new grouping is
+/// as coarse or coarser (an address banned under `ipv6_prefix = 128` bans its /64 under 64); and
+/// when it is finer, the old group stays banned as a group, every address in it, until its ban ends
+/// (`unban` of any of them lifts it; a later reload stops looking the group up once its ban has
+/// ended). An unban made while a reload carries the bans over stays done: the reload lifts the ban
+/// again in the new list once that list holds every ban it carries (which also lifts a ban the same
+/// client earned during the reload). Counts of rejections towards a ban start over. Bans that do
+/// not fit a smaller `max_entries` are lost, and the reload says how many at `warn`. The counters
+/// of rules that count by address are not carried over a new grouping: they are keyed by the old
+/// groups, so each client starts from a full limit under its new key (a rule's counts cannot be
+/// split among a group's members, and summing members into a group would need every key visited).
+/// With the Redis backend the counters live in Redis under names derived
 /// from the rule's identity, so the same rules find them again; a reload may change the prefix
 /// (new keys), failure policy and deadline, not the URL nor `cluster`. A kept rule also keeps its
 /// `RedisLimiter`, and with it what this process holds besides the counts in Redis: its deny

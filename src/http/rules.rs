@@ -443,7 +443,8 @@ struct Inherited<C: Clock> {
     /// and lift.
     list: BanList<(IpAddr, u8), C>,
     /// The prefix lengths the list may hold, IPv4 then IPv6: each one coarser than the
-    /// owner's grouping of its family (few: one per reload that refined the grouping).
+    /// owner's grouping of its family (few: the grouping before the reload that built the
+    /// list, and those of the bans in force it inherited in turn).
     v4: Box<[u8]>,
     v6: Box<[u8]>,
 }
