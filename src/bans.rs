@@ -775,7 +775,8 @@ where
     }
 
     /// `key`'s failures in the current window of `within` (a snapshot; 0 for a key the list
-    /// holds no failures of). Adds no key.
+    /// holds no failures of, also one whose failure a full table refused as [`BanListFull`]).
+    /// Adds no key.
     ///
     /// # Examples
     ///
@@ -795,7 +796,13 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn failures(&self, key: &K) -> u32 {
-        u32::MAX - self.inner.failures.available(key)
+        // What the key's cell holds, not `available`: for a key without a cell that answers
+        // what its next failure would be decided on, none at a full table, which read as
+        // `u32::MAX` failures.
+        self.inner
+            .failures
+            .held_available(key)
+            .map_or(0, |free| u32::MAX - free)
     }
 
     /// The keys banned now, each with how long it stays banned: for an operator's listing, or

@@ -655,3 +655,27 @@ async fn the_sweeper_evicts_idle_keys_and_ends_with_the_list() {
         .expect("the sweeper ends once the list is gone")
         .unwrap();
 }
+
+/// `failures` of a key the list holds no failures of is 0, also when the failures table is at
+/// its cap with every key busy (the key's failure was refused as `BanListFull`, or it never
+/// failed): it reports what the list holds, not what a new key could be admitted.
+#[test]
+fn failures_of_a_key_a_full_table_holds_nothing_of_are_zero() {
+    let clock = ManualClock::new();
+    let bans = BanList::builder(3, 60 * SEC, 600 * SEC)
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    bans.fail(&"a").unwrap();
+    assert_eq!(bans.fail(&"b"), Err(BanListFull { max_keys: 1 }));
+    assert_eq!(bans.failures(&"a"), 1);
+    assert_eq!(bans.failures(&"b"), 0, "b's failure was not recorded");
+    assert_eq!(bans.failures(&"c"), 0, "c never failed");
+    assert!(bans.check(&"b").is_ok());
+    // Once "a"'s window has passed, "b" gets room and its count starts from 1.
+    clock.advance(60 * SEC);
+    assert_eq!(bans.failures(&"b"), 0);
+    assert_eq!(bans.fail(&"b").unwrap().failures, 1);
+    assert_eq!(bans.failures(&"b"), 1);
+}
