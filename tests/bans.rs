@@ -679,3 +679,25 @@ fn failures_of_a_key_a_full_table_holds_nothing_of_are_zero() {
     assert_eq!(bans.fail(&"b").unwrap().failures, 1);
     assert_eq!(bans.failures(&"b"), 1);
 }
+
+/// A ban that has reached its saturation (2^63 − 2 ns after the clock's epoch) cannot be made
+/// longer: a `ban` that asks for more returns what is left, and counts no ban in the stats,
+/// which count only `ban` calls that started a ban or lengthened one.
+#[test]
+fn a_ban_at_its_saturation_is_not_lengthened_nor_counted_again() {
+    let (bans, clock) = list(1, 60 * SEC, 60 * SEC);
+    let first = bans.ban(&1, Duration::MAX).unwrap();
+    assert_eq!(bans.stats().bans, 1);
+    assert_eq!(bans.ban(&1, Duration::MAX).unwrap(), first);
+    assert_eq!(bans.ban(&1, Duration::MAX - SEC).unwrap(), first);
+    assert_eq!(bans.stats().bans, 1, "nothing was lengthened");
+    clock.advance(86_400 * SEC);
+    assert_eq!(bans.ban(&1, Duration::MAX).unwrap(), first - 86_400 * SEC);
+    assert_eq!(bans.stats().bans, 1, "a day later, still saturated");
+    // A ban that reaches the saturation from below is a lengthening.
+    bans.ban(&2, 60 * SEC).unwrap();
+    assert_eq!(bans.stats().bans, 2);
+    let saturated = bans.ban(&2, Duration::MAX).unwrap();
+    assert_eq!(saturated, first - 86_400 * SEC);
+    assert_eq!(bans.stats().bans, 3);
+}
