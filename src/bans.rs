@@ -1114,7 +1114,13 @@ where
             match self.inner.bans.charge(key, n) {
                 Ok(charged) => {
                     tokens -= u128::from(n);
+                    let moved = ban_end(&charged) > ends;
                     ends = ban_end(&charged);
+                    // Saturated: the charges left would change nothing (up to ~2,000 of them,
+                    // under the lock, for a failure of a key banned for `Duration::MAX`).
+                    if !moved {
+                        break;
+                    }
                 }
                 // Only `TooManyKeys` (a charge is never rejected): a new key at the cap. It
                 // can only fail the first charge, which records nothing: the key holds a cell
