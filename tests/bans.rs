@@ -701,3 +701,74 @@ fn a_ban_at_its_saturation_is_not_lengthened_nor_counted_again() {
     assert_eq!(saturated, first - 86_400 * SEC);
     assert_eq!(bans.stats().bans, 3);
 }
+
+/// Probes that found nothing, pinned: a clock read past its last reading (`ManualClock`
+/// advanced by `Duration::MAX`), the longest `within` a fixed window takes, a `within` of 1 ns,
+/// a `max_keys` of `usize::MAX`, and a key at a full table whose ban has ended: no panic,
+/// and the outcomes the docs promise.
+#[test]
+fn extreme_clocks_windows_and_caps_neither_panic_nor_misjudge() {
+    // The clock at its end: bans still start, are checked, listed, lengthened and lifted.
+    let (bans, clock) = list(2, 60 * SEC, Duration::MAX);
+    clock.advance(Duration::MAX);
+    assert!(!bans.fail(&1).unwrap().ban_started);
+    let second = bans.fail(&1).unwrap();
+    assert!(second.ban_started);
+    let forever = second.banned_for.unwrap();
+    assert!(
+        forever > Duration::from_secs(86_400 * 365 * 100),
+        "{forever:?}"
+    );
+    assert_eq!(retry(&bans, 1), Some(forever));
+    assert_eq!(bans.ban(&2, SEC).unwrap(), SEC);
+    assert_eq!(retry(&bans, 2), Some(SEC));
+    assert_eq!(bans.ban(&2, Duration::MAX).unwrap(), forever);
+    let mut banned = bans.banned();
+    banned.sort();
+    assert_eq!(banned, [(1, forever), (2, forever)]);
+    assert_eq!(bans.sweep(), 0);
+    assert!(bans.unban(&1) && bans.unban(&2));
+    assert!(bans.is_empty());
+
+    // The longest window (u64::MAX ns): failures a century apart add up; the second window,
+    // aligned to the epoch as every window is, starts at the clock's very last reading.
+    let (bans, clock) = list(3, Duration::from_nanos(u64::MAX), SEC);
+    bans.fail(&1).unwrap();
+    clock.advance(Duration::from_secs(86_400 * 365 * 100));
+    assert_eq!(bans.fail(&1).unwrap().failures, 2);
+    clock.advance(Duration::MAX);
+    assert_eq!(bans.failures(&1), 0);
+    assert_eq!(bans.fail(&1).unwrap().failures, 1);
+
+    // A window of 1 ns: failures of one instant add up; the next nanosecond starts over.
+    let (bans, clock) = list(2, NS, SEC);
+    bans.fail(&1).unwrap();
+    assert!(bans.fail(&1).unwrap().ban_started);
+    clock.advance(NS);
+    assert_eq!(bans.failures(&1), 0);
+    assert!(!bans.fail(&1).unwrap().ban_started);
+
+    // No cap to speak of: built, and works.
+    let huge = BanList::builder(1, SEC, SEC)
+        .clock(ManualClock::new())
+        .max_keys(usize::MAX)
+        .build()
+        .unwrap();
+    assert!(huge.fail(&1u64).unwrap().ban_started);
+    assert_eq!(huge.max_keys(), usize::MAX);
+
+    // One key's room at each table: once its ban ends (its window going on), it is banned again
+    // by its next failure and by hand, on the cells it holds.
+    let clock = ManualClock::new();
+    let bans = BanList::builder(1, 10 * SEC, 5 * SEC)
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    assert!(bans.fail(&1u64).unwrap().ban_started);
+    clock.advance(5 * SEC);
+    assert!(bans.check(&1).is_ok());
+    let again = bans.fail(&1).unwrap();
+    assert_eq!((again.failures, again.banned_for), (2, Some(5 * SEC)));
+    assert_eq!(bans.ban(&1, 7 * SEC), Ok(7 * SEC));
+}
