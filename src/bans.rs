@@ -95,7 +95,8 @@ pub struct BanStats {
     pub failures: u64,
     /// Bans started or lengthened: failures whose [`FailOutcome::ban_started`] is true (also
     /// when a ban in force that ends later was kept), and [`ban`](BanList::ban) calls that
-    /// started a ban or made one in force longer.
+    /// started a ban or made one in force longer (not those that found it at its saturation,
+    /// which no ban can lengthen).
     pub bans: u64,
     /// [`check`](BanList::check) calls answered [`Banned`]: the attempts a caller refused.
     pub refused: u64,
@@ -775,7 +776,8 @@ where
     }
 
     /// `key`'s failures in the current window of `within` (a snapshot; 0 for a key the list
-    /// holds no failures of). Adds no key.
+    /// holds no failures of, also one whose failure a full table refused as [`BanListFull`]).
+    /// Adds no key.
     ///
     /// # Examples
     ///
@@ -795,7 +797,13 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn failures(&self, key: &K) -> u32 {
-        u32::MAX - self.inner.failures.available(key)
+        // What the key's cell holds, not `available`: for a key without a cell that answers
+        // what its next failure would be decided on, none at a full table, which read as
+        // `u32::MAX` failures.
+        self.inner
+            .failures
+            .held_available(key)
+            .map_or(0, |free| u32::MAX - free)
     }
 
     /// The keys banned now, each with how long it stays banned: for an operator's listing, or
@@ -1084,28 +1092,54 @@ where
     /// Makes `key`'s ban last at least `duration` from now; returns how long it lasts now and
     /// whether this started or lengthened it. The caller holds `banning`.
     fn extend_locked(&self, key: &K, duration: Duration) -> Result<(Duration, bool), BanListFull> {
-        // What is left of the ban in force (0: none). Under the lock nothing else changes it;
-        // time may pass before the charge, and if the ban ends meanwhile the charge starts
+        // The ban in force: a charge of nothing records nothing and adds no key, and says when
+        // the key's bucket is full again (`max(tat, now)`, the ban's end, or now if none) and
+        // what is left of the ban until then (0: none). Under the lock nothing else changes
+        // it; time may pass before the charge, and if the ban ends meanwhile the charge starts
         // from a later now, so the ban still ends at least `duration` after this reading.
-        let left = self.left(key).unwrap_or(Duration::ZERO);
+        let (left, end) = match self.inner.bans.charge(key, 0) {
+            Ok(probe) => (probe.reset_after(), ban_end(&probe)),
+            // Never for a charge of nothing; answered as no ban.
+            Err(_) => (Duration::ZERO, 0),
+        };
         let Some(more) = duration.checked_sub(left).filter(|d| !d.is_zero()) else {
             return Ok((left, false));
         };
         // Whole resolutions, rounded up, in charges of at most `u32::MAX` tokens; beyond
         // `MAX_BAN_TOKENS` the bucket saturates and a charge would change nothing.
         let mut tokens = more.as_nanos().div_ceil(RESOLUTION_NS).min(MAX_BAN_TOKENS);
+        let mut ends = end;
         while tokens > 0 {
             let n = u32::try_from(tokens).unwrap_or(u32::MAX);
             match self.inner.bans.charge(key, n) {
-                Ok(_) => tokens -= u128::from(n),
+                Ok(charged) => {
+                    tokens -= u128::from(n);
+                    let moved = ban_end(&charged) > ends;
+                    ends = ban_end(&charged);
+                    // Saturated: the charges left would change nothing (up to ~2,000 of them,
+                    // under the lock, for a failure of a key banned for `Duration::MAX`).
+                    if !moved {
+                        break;
+                    }
+                }
                 // Only `TooManyKeys` (a charge is never rejected): a new key at the cap. It
                 // can only fail the first charge, which records nothing: the key holds a cell
                 // from then on, banned and so never idle.
                 Err(_) => return Err(self.full()),
             }
         }
-        Ok((self.left(key).unwrap_or(Duration::ZERO), true))
+        // Lengthened only if the end moved: a ban already at the bucket's saturation (a ban
+        // of `Duration::MAX`, say) takes charges that change nothing, and is not lengthened.
+        Ok((self.left(key).unwrap_or(Duration::ZERO), ends > end))
     }
+}
+
+/// When the bans' bucket that answered `admission` is full again, in nanoseconds of the
+/// clock: the end of the key's ban (`tat`), or the time of the call if it is not banned.
+fn ban_end(admission: &crate::Admission) -> u64 {
+    admission
+        .at_nanos()
+        .saturating_add(admission.reset_after_nanos())
 }
 
 /// Whether a failure starts a ban: it was counted (`Some` of its count in the window; `None`

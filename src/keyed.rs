@@ -1187,6 +1187,13 @@ where
         true
     }
 
+    /// The key's free permits at `now` if it holds a cell; `None` if it holds none.
+    fn held_available(&self, shard: usize, key: &K, now: u64) -> Option<u32> {
+        self.shards[shard]
+            .map
+            .get(key, |cell| self.algo.available(cell, now))
+    }
+
     /// The key's free permits if it holds a cell; for a key not held, what its next call would
     /// be decided on: a fresh cell (the limit), unless the cap is reached and no key can be
     /// evicted yet (the hint `chain_check` and `make_room` trust), when the overflow policy
@@ -1194,10 +1201,7 @@ where
     /// full limit there, for a key whose calls the exhausted shared cell or the cap refused.)
     fn available<C: Clock>(&self, ctx: &Ctx<K, C, S>, shard: usize, key: &K) -> u32 {
         let now = ctx.clock.now();
-        if let Some(free) = self.shards[shard]
-            .map
-            .get(key, |cell| self.algo.available(cell, now))
-        {
+        if let Some(free) = self.held_available(shard, key, now) {
             return free;
         }
         // Relaxed, both: a snapshot, read as `chain_check` reads them; a stale value answers as
@@ -1896,6 +1900,16 @@ where
         let inner = &*self.inner;
         let shard = self.shard(key);
         with_store!(&inner.store, s => s.available(&inner.ctx, shard, key))
+    }
+
+    /// `key`'s free permits if the limiter holds a cell for it; `None` if it holds none (never
+    /// seen, evicted, reset), whatever a call for it would be decided on (see
+    /// [`available`](Self::available), which answers for the key's next call instead).
+    pub(crate) fn held_available(&self, key: &K) -> Option<u32> {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        let now = inner.ctx.clock.now();
+        with_store!(&inner.store, s => s.held_available(shard, key, now))
     }
 
     /// Forgets `key`'s state: its next call starts as a key seen for the first time would, with

@@ -655,3 +655,120 @@ async fn the_sweeper_evicts_idle_keys_and_ends_with_the_list() {
         .expect("the sweeper ends once the list is gone")
         .unwrap();
 }
+
+/// `failures` of a key the list holds no failures of is 0, also when the failures table is at
+/// its cap with every key busy (the key's failure was refused as `BanListFull`, or it never
+/// failed): it reports what the list holds, not what a new key could be admitted.
+#[test]
+fn failures_of_a_key_a_full_table_holds_nothing_of_are_zero() {
+    let clock = ManualClock::new();
+    let bans = BanList::builder(3, 60 * SEC, 600 * SEC)
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    bans.fail(&"a").unwrap();
+    assert_eq!(bans.fail(&"b"), Err(BanListFull { max_keys: 1 }));
+    assert_eq!(bans.failures(&"a"), 1);
+    assert_eq!(bans.failures(&"b"), 0, "b's failure was not recorded");
+    assert_eq!(bans.failures(&"c"), 0, "c never failed");
+    assert!(bans.check(&"b").is_ok());
+    // Once "a"'s window has passed, "b" gets room and its count starts from 1.
+    clock.advance(60 * SEC);
+    assert_eq!(bans.failures(&"b"), 0);
+    assert_eq!(bans.fail(&"b").unwrap().failures, 1);
+    assert_eq!(bans.failures(&"b"), 1);
+}
+
+/// A ban that has reached its saturation (2^63 − 2 ns after the clock's epoch) cannot be made
+/// longer: a `ban` that asks for more returns what is left, and counts no ban in the stats,
+/// which count only `ban` calls that started a ban or lengthened one.
+#[test]
+fn a_ban_at_its_saturation_is_not_lengthened_nor_counted_again() {
+    let (bans, clock) = list(1, 60 * SEC, 60 * SEC);
+    let first = bans.ban(&1, Duration::MAX).unwrap();
+    assert_eq!(bans.stats().bans, 1);
+    assert_eq!(bans.ban(&1, Duration::MAX).unwrap(), first);
+    assert_eq!(bans.ban(&1, Duration::MAX - SEC).unwrap(), first);
+    assert_eq!(bans.stats().bans, 1, "nothing was lengthened");
+    clock.advance(86_400 * SEC);
+    assert_eq!(bans.ban(&1, Duration::MAX).unwrap(), first - 86_400 * SEC);
+    assert_eq!(bans.stats().bans, 1, "a day later, still saturated");
+    // A ban that reaches the saturation from below is a lengthening.
+    bans.ban(&2, 60 * SEC).unwrap();
+    assert_eq!(bans.stats().bans, 2);
+    let saturated = bans.ban(&2, Duration::MAX).unwrap();
+    assert_eq!(saturated, first - 86_400 * SEC);
+    assert_eq!(bans.stats().bans, 3);
+}
+
+/// Probes that found nothing, pinned: a clock read past its last reading (`ManualClock`
+/// advanced by `Duration::MAX`), the longest `within` a fixed window takes, a `within` of 1 ns,
+/// a `max_keys` of `usize::MAX`, and a key at a full table whose ban has ended: no panic,
+/// and the outcomes the docs promise.
+#[test]
+fn extreme_clocks_windows_and_caps_neither_panic_nor_misjudge() {
+    // The clock at its end: bans still start, are checked, listed, lengthened and lifted.
+    let (bans, clock) = list(2, 60 * SEC, Duration::MAX);
+    clock.advance(Duration::MAX);
+    assert!(!bans.fail(&1).unwrap().ban_started);
+    let second = bans.fail(&1).unwrap();
+    assert!(second.ban_started);
+    let forever = second.banned_for.unwrap();
+    assert!(
+        forever > Duration::from_secs(86_400 * 365 * 100),
+        "{forever:?}"
+    );
+    assert_eq!(retry(&bans, 1), Some(forever));
+    assert_eq!(bans.ban(&2, SEC).unwrap(), SEC);
+    assert_eq!(retry(&bans, 2), Some(SEC));
+    assert_eq!(bans.ban(&2, Duration::MAX).unwrap(), forever);
+    let mut banned = bans.banned();
+    banned.sort();
+    assert_eq!(banned, [(1, forever), (2, forever)]);
+    assert_eq!(bans.sweep(), 0);
+    assert!(bans.unban(&1) && bans.unban(&2));
+    assert!(bans.is_empty());
+
+    // The longest window (u64::MAX ns): failures a century apart add up; the second window,
+    // aligned to the epoch as every window is, starts at the clock's very last reading.
+    let (bans, clock) = list(3, Duration::from_nanos(u64::MAX), SEC);
+    bans.fail(&1).unwrap();
+    clock.advance(Duration::from_secs(86_400 * 365 * 100));
+    assert_eq!(bans.fail(&1).unwrap().failures, 2);
+    clock.advance(Duration::MAX);
+    assert_eq!(bans.failures(&1), 0);
+    assert_eq!(bans.fail(&1).unwrap().failures, 1);
+
+    // A window of 1 ns: failures of one instant add up; the next nanosecond starts over.
+    let (bans, clock) = list(2, NS, SEC);
+    bans.fail(&1).unwrap();
+    assert!(bans.fail(&1).unwrap().ban_started);
+    clock.advance(NS);
+    assert_eq!(bans.failures(&1), 0);
+    assert!(!bans.fail(&1).unwrap().ban_started);
+
+    // No cap to speak of: built, and works.
+    let huge = BanList::builder(1, SEC, SEC)
+        .clock(ManualClock::new())
+        .max_keys(usize::MAX)
+        .build()
+        .unwrap();
+    assert!(huge.fail(&1u64).unwrap().ban_started);
+    assert_eq!(huge.max_keys(), usize::MAX);
+
+    // One key's room at each table: once its ban ends (its window going on), it is banned again
+    // by its next failure and by hand, on the cells it holds.
+    let clock = ManualClock::new();
+    let bans = BanList::builder(1, 10 * SEC, 5 * SEC)
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    assert!(bans.fail(&1u64).unwrap().ban_started);
+    clock.advance(5 * SEC);
+    assert!(bans.check(&1).is_ok());
+    let again = bans.fail(&1).unwrap();
+    assert_eq!((again.failures, again.banned_for), (2, Some(5 * SEC)));
+    assert_eq!(bans.ban(&1, 7 * SEC), Ok(7 * SEC));
+}

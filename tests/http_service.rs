@@ -445,3 +445,192 @@ async fn concurrency_rejection_status_is_an_error_status() {
         server.abort();
     }
 }
+
+/// A service whose readiness and calls the test scripts: `poll_ready` fails once `fail_ready`
+/// is set, and its response future fails when `fail_call` is.
+#[derive(Clone, Default)]
+struct Scripted {
+    fail_ready: Arc<std::sync::atomic::AtomicBool>,
+    fail_call: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Service<http::Request<String>> for Scripted {
+    type Response = http::Response<String>;
+    type Error = &'static str;
+    type Future = std::future::Ready<Result<http::Response<String>, &'static str>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), &'static str>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        Poll::Ready(match self.fail_ready.load(SeqCst) {
+            true => Err("not ready"),
+            false => Ok(()),
+        })
+    }
+
+    fn call(&mut self, _: http::Request<String>) -> Self::Future {
+        use std::sync::atomic::Ordering::SeqCst;
+        std::future::ready(match self.fail_call.load(SeqCst) {
+            true => Err("failed"),
+            false => Ok(http::Response::new(String::from("ok"))),
+        })
+    }
+}
+
+/// Probes of the concurrency layer's permit that found nothing, pinned: a response future
+/// dropped before it is polled, an inner call that fails, an inner `poll_ready` that fails after
+/// a waiter got its permit, a limiter closed meanwhile, and two services of one layer sharing
+/// the cap. The permit always goes back, and nothing is left queued.
+#[tokio::test(start_paused = true)]
+async fn concurrency_permit_goes_back_on_every_early_end() {
+    use std::sync::atomic::Ordering::SeqCst;
+    for wait in [None, Some(Duration::from_secs(1))] {
+        let mut layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+        if let Some(timeout) = wait {
+            layer = layer.wait(timeout);
+        }
+        let limiter = layer.limiter().clone();
+        let inner = Scripted::default();
+        let mut service = layer.layer(inner.clone());
+        let mut twin = layer.layer(inner.clone());
+
+        // Dropped before its first poll.
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        drop(service.call(http::Request::new(String::new())));
+        assert_eq!(limiter.available(), 1, "wait {wait:?}: dropped unpolled");
+
+        // The inner call fails: the error passes, the permit goes back.
+        inner.fail_call.store(true, SeqCst);
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let failed = service.call(http::Request::new(String::new())).await;
+        assert_eq!(failed.unwrap_err(), "failed");
+        assert_eq!(limiter.available(), 1, "wait {wait:?}: failed call");
+        inner.fail_call.store(false, SeqCst);
+
+        // One layer, two services: one cap. The twin's request is refused (at once, or after
+        // the wait) while the first response's body holds the permit.
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let held = service
+            .call(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(limiter.available(), 0);
+        std::future::poll_fn(|cx| twin.poll_ready(cx))
+            .await
+            .unwrap();
+        let refused = twin.call(http::Request::new(String::new())).await.unwrap();
+        assert_eq!(refused.status(), 503, "wait {wait:?}: shared cap");
+        assert_eq!(refused.headers()["retry-after"], "1");
+        assert_eq!(limiter.stats().waiting, 0);
+        drop(held);
+        assert_eq!(limiter.available(), 1);
+
+        if wait.is_some() {
+            // A waiter gets the permit, and then the inner service fails to become ready: the
+            // error passes and the permit goes back.
+            let held = limiter.try_acquire_owned(1).unwrap();
+            std::future::poll_fn(|cx| service.poll_ready(cx))
+                .await
+                .unwrap();
+            let mut future = service.call(http::Request::new(String::new()));
+            assert!(future.as_mut().poll(&mut noop()).is_pending());
+            inner.fail_ready.store(true, SeqCst);
+            drop(held);
+            assert_eq!(future.await.unwrap_err(), "not ready");
+            assert_eq!(limiter.available(), 1, "failed readiness after the grant");
+            inner.fail_ready.store(false, SeqCst);
+        }
+
+        // A closed limiter refuses every request with the layer's rejection (a waiter queued
+        // when it closes as well), and panics nowhere.
+        let held = limiter.try_acquire_owned(1).unwrap();
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let mut queued = service.call(http::Request::new(String::new()));
+        let first = queued.as_mut().poll(&mut noop());
+        assert_eq!(first.is_pending(), wait.is_some());
+        limiter.close();
+        let status = match first {
+            Poll::Ready(response) => response.unwrap().status(),
+            Poll::Pending => queued.await.unwrap().status(),
+        };
+        assert_eq!(status, 503, "wait {wait:?}: closed");
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let after = service
+            .call(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(after.status(), 503);
+        drop(held);
+    }
+}
+
+/// Probes of the rejection's headers that found nothing, pinned: the longest `retry_after`
+/// is written (whole seconds, rounded up) without a panic, and gRPC's pushback stays within
+/// the 32 bits clients parse; `wait(Duration::MAX)` waits as long as it takes, and
+/// `wait(Duration::ZERO)` admits a request that finds a permit free and rejects at once
+/// otherwise.
+#[tokio::test(start_paused = true)]
+async fn concurrency_extreme_retry_after_and_wait() {
+    let layer =
+        ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).retry_after(Duration::MAX);
+    let limiter = layer.limiter().clone();
+    let mut service = layer.layer(ok_service());
+    let held = limiter.try_acquire_owned(1).unwrap();
+    for grpc in [false, true] {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let response = service.call(empty_request(grpc)).await.unwrap();
+        assert_eq!(
+            response.headers()["retry-after"],
+            (u64::MAX).to_string().as_str(),
+            "grpc: {grpc}"
+        );
+        if grpc {
+            assert_eq!(response.headers()["grpc-retry-pushback-ms"], "2147483647");
+        }
+    }
+    drop(held);
+
+    for (timeout, waited) in [(Duration::MAX, true), (Duration::ZERO, false)] {
+        let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(timeout);
+        let limiter = layer.limiter().clone();
+        let mut service = layer.layer(ok_service());
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let free = service.call(empty_request(false)).await.unwrap();
+        assert_eq!(free.status(), 200, "{timeout:?}: a free permit");
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let mut second = service.call(empty_request(false));
+        let polled = second.as_mut().poll(&mut noop());
+        if waited {
+            assert!(polled.is_pending());
+            tokio::time::advance(Duration::from_secs(86_400 * 365)).await;
+            assert!(
+                second.as_mut().poll(&mut noop()).is_pending(),
+                "still waiting"
+            );
+            drop(free);
+            assert_eq!(second.await.unwrap().status(), 200);
+        } else {
+            match polled {
+                Poll::Ready(Ok(response)) => assert_eq!(response.status(), 503),
+                other => panic!("a zero wait answers at once: {:?}", other.is_ready()),
+            }
+            drop(free);
+        }
+        assert_eq!(limiter.available(), 1);
+    }
+}
