@@ -2067,30 +2067,30 @@ descriptors:
 }
 
 /// envoyproxy/ratelimit reads a descriptor's `key` and `value` (and the `domain`) into strings,
-/// and go-yaml v2 gives a string field a plain scalar's text as written: `value: 1.10` is
-/// "1.10", `0x1F` is "0x1F", `True` is "True". Read as the number or flag it also spells, a
-/// value became another text ("1.1", "31", "true"), and the requests naming it as written,
-/// which Envoy limits, matched nothing and were never limited.
+/// and go-yaml v2 gives a string field a plain scalar's text as written: `value: 0x1F` is
+/// "0x1F", `+1` is "+1", `True` is "True". Read as the number or flag it also spells, a value
+/// became another text ("31", "1", "true"), and the requests naming it as written, which Envoy
+/// limits, matched nothing and were never limited.
 #[test]
 fn a_value_spelled_as_a_number_or_flag_matches_its_text_as_written() {
     let spellings = [
-        "1.10", "0x1F", "+1", "1e3", ".5", "-0", "0o17", "0b11", "True", "FALSE", "1.0", ".inf",
-        "010", "1_000",
+        "0x1F", "+1", "-0", "0o17", "0b11", "True", "FALSE", "010", "1_000", "\"1.10\"",
     ];
-    let mut yaml = String::from("domain: 2.50\ndescriptors:\n");
+    let mut yaml = String::from("domain: 0x250\ndescriptors:\n");
     for (i, value) in spellings.iter().enumerate() {
+        let key = ["0x10", "k"][i % 2];
         yaml.push_str(&format!(
-            "  - key: {}\n    value: {value}\n    rate_limit: {{ unit: minute, requests_per_unit: 0 }}\n",
-            ["0x10", "k"][i % 2]
+            "  - key: {key}\n    value: {value}\n    rate_limit: {{ unit: minute, requests_per_unit: 0 }}\n",
         ));
     }
     let config = RlsConfig::from_yaml_str(&yaml).unwrap();
     let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
     for (i, value) in spellings.iter().enumerate() {
         let key = ["0x10", "k"][i % 2];
+        let value = value.trim_matches('"');
         let r = service
             .should_rate_limit(&RateLimitRequest {
-                domain: "2.50".into(),
+                domain: "0x250".into(),
                 descriptors: vec![descriptor(&[(key, value)])],
                 hits_addend: 0,
             })
@@ -2108,26 +2108,10 @@ domain: d
 descriptors:
   - &first
     key: k
-    value: &v 1.10
-    rate_limit: { unit: minute, requests_per_unit: 00 }
-  - <<: *first
-    value: 2.50
-  - key: alias
-    value: *v
-    rate_limit: *limit_of_first
-",
-    );
-    assert!(config.is_err(), "an alias of no anchor");
-    let config = RlsConfig::from_yaml_str(
-        "
-domain: d
-descriptors:
-  - &first
-    key: k
-    value: &v 1.10
+    value: &v 0x10
     rate_limit: &zero { unit: minute, requests_per_unit: 00 }
   - <<: *first
-    value: 2.50
+    value: +5
   - key: alias
     value: *v
     rate_limit: *zero
@@ -2135,7 +2119,7 @@ descriptors:
     )
     .unwrap();
     let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
-    for (key, value) in [("k", "1.10"), ("k", "2.50"), ("alias", "1.10")] {
+    for (key, value) in [("k", "0x10"), ("k", "+5"), ("alias", "0x10")] {
         let r = service
             .should_rate_limit(&RateLimitRequest {
                 domain: "d".into(),
@@ -2147,9 +2131,58 @@ descriptors:
     }
 }
 
+/// envoyproxy/ratelimit checks every leaf of the file before reading it and refuses the file
+/// over a float (`1.10`, `1e3`, `.inf`) or an integer past 2^63 − 1, wherever it stands, and
+/// over a list of anything but mappings or an unknown field name anywhere, also under a field
+/// it ignores where it stands. Such files loaded here: `value: 1.10` as "1.1" (before reading
+/// values as written), and what stood under an ignored field unchecked.
+#[test]
+fn a_file_envoys_service_refuses_for_its_leaves_or_shape_is_refused_naming_the_field() {
+    let descriptor = |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n{body}");
+    for (body, field, says) in [
+        ("    value: 1.10\n", "descriptors[0].value", "quote it"),
+        ("    value: 1e3\n", "descriptors[0].value", "quote it"),
+        ("    value: .inf\n", "descriptors[0].value", "quote it"),
+        (
+            "    value: 9223372036854775808\n",
+            "descriptors[0].value",
+            "quote it",
+        ),
+        (
+            "    rate_limit: { unit: hour, requests_per_unit: 1.0 }\n",
+            "descriptors[0].rate_limit.requests_per_unit",
+            "quote it",
+        ),
+        (
+            "    rate_limit: { unit: hour, requests_per_unit: 1, descriptors: [{ key: a, color: red }] }\n",
+            "descriptors[0].rate_limit.descriptors[0].color",
+            "unknown field",
+        ),
+        (
+            "    rate_limit: { unit: hour, requests_per_unit: 1, descriptors: [x] }\n",
+            "descriptors[0].rate_limit.descriptors[0]",
+            "must be a mapping",
+        ),
+        (
+            "    rate_limit: { unit: hour, requests_per_unit: 1, name: 2.5 }\n",
+            "descriptors[0].rate_limit.name",
+            "quote it",
+        ),
+    ] {
+        let err = RlsConfig::from_yaml_str(&descriptor(body))
+            .expect_err(body)
+            .to_string();
+        assert!(err.contains(field) && err.contains(says), "{body}: {err}");
+    }
+    // Quoted, a float's text is a string; the largest integer Envoy's reader takes is one.
+    for body in ["    value: \"1.10\"\n", "    value: 9223372036854775807\n"] {
+        RlsConfig::from_yaml_str(&descriptor(body)).expect(body);
+    }
+}
+
 /// go-yaml v2 (YAML 1.1) reads `requests_per_unit` spellings that YAML 1.2 does not: digit
-/// separators (`1_000`), a leading zero for octal (`010` is 8), and floats with a whole value
-/// (`1e3`). Such files load there and mean the same here; a fraction is refused, not cut.
+/// separators (`1_000`) and a leading zero for octal (`010` is 8). Such files load there and
+/// mean the same here.
 #[test]
 fn requests_per_unit_spelled_as_envoys_yaml_reader_reads_it() {
     let limit = |spelled: &str| {
@@ -2176,18 +2209,25 @@ fn requests_per_unit_spelled_as_envoys_yaml_reader_reads_it() {
     for (spelled, n) in [
         ("1_000", 1000),
         ("010", 8),
-        ("08", 8),
         ("0x10", 16),
         ("0o10", 8),
         ("0b101", 5),
         ("+7", 7),
-        ("1e3", 1000),
-        ("100.0", 100),
         ("4_294_967_295", u32::MAX),
     ] {
         assert_eq!(limit(spelled), Ok(n), "{spelled}");
     }
-    for refused in ["1.5", "-1", "4294967296", ".inf", "1__0x", "ten", "[1]"] {
+    for refused in [
+        "1e3",
+        "100.0",
+        "08",
+        "-1",
+        "4294967296",
+        ".inf",
+        "1__0x",
+        "ten",
+        "[1]",
+    ] {
         let err = limit(refused).expect_err(refused);
         assert!(
             err.contains("descriptors[0].rate_limit.requests_per_unit"),

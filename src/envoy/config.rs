@@ -20,23 +20,24 @@ use std::path::Path;
 /// `detailed_metric` labels the limit's counters (feature `metrics`) by the request's entries;
 /// `value_to_metric` is accepted and ignored. Scalars are read as envoyproxy/ratelimit's YAML
 /// reader (go-yaml v2, YAML 1.1) reads them into its fields: a `domain`, `key` or `value` is
-/// the text as written (`value: 1.10` is "1.10", not "1.1"; `value: 0x1F` is "0x1F"); flags
+/// the text as written (`value: 0x1F` is "0x1F", not "31"; `value: True` is "True"); flags
 /// take `true` and `false` and also YAML 1.1's `yes`, `no`, `on`, `off`, `y` and `n`; and
-/// `requests_per_unit` takes YAML 1.1's integers (`1_000`; `010` is octal, 8; `0x10`, `0b101`)
-/// and floats with a whole value (`1e3`).
+/// `requests_per_unit` takes YAML 1.1's integers (`1_000`; `010` is octal, 8; `0x10`, `0b101`).
 /// `<<` merge keys apply as there: in the order they stand (a merge overrides the keys before
 /// it, the keys after it override the merge).
 /// A field left empty (YAML null) is absent, as there: `rate_limit:` sets no limit,
 /// `requests_per_unit:` is 0, `replaces:` replaces nothing.
 ///
 /// Refused, with an [`RlsConfigError`] naming the file and the field path (for example
-/// `descriptors[1].descriptors[0].rate_limit.unit`): unknown fields (a field Envoy's service
-/// knows at another level, such as `shadow_mode` inside `rate_limit`, loads with no effect, as
-/// there: it checks names against one list for the whole file), an empty or missing `domain`
+/// `descriptors[1].descriptors[0].rate_limit.unit`), as Envoy's service refuses them: unknown
+/// fields anywhere (a field Envoy's service knows at another level, such as `shadow_mode`
+/// inside `rate_limit`, loads with no effect, as there: it checks names against one list for
+/// the whole file, and checks what such a field holds all the same), a list of anything but
+/// mappings anywhere, a float anywhere (`value: 1.10`: quote it for the string "1.10") or an
+/// integer past 2^63 − 1, an empty or missing `domain`
 /// or `key`, an unknown `unit` (but on an `unlimited` limit, where Envoy ignores it), a valid
 /// `unit` on an `unlimited` limit (and a missing one on any other), a `requests_per_unit` that is
-/// not a whole number up to 4,294,967,295 (a fraction too, which Envoy's reader cuts to its
-/// whole part), two descriptors with the same key and value at one level
+/// not a whole number up to 4,294,967,295, two descriptors with the same key and value at one level
 /// (compared as Envoy's service compares them, joined as `key_value`: key `a` value `b_c` is key
 /// `a_b` value `c`), `share_threshold` on a descriptor that is not a wildcard, a limit that
 /// `replaces` its own name, and a domain loaded twice (unless the files are loaded with
@@ -461,6 +462,7 @@ impl RlsConfig {
             limits: &mut self.limits,
             origins: None,
         };
+        loader.envoy_shape(&root, "")?;
         let empty = Mapping::new();
         let map = match &root {
             Value::Null => &empty,
@@ -555,12 +557,14 @@ fn merge_in_order(v: &mut Value) -> Result<(), String> {
 
 /// Gives every number and flag in a tree its text as written: a second pass over the document
 /// the tree was read from, guided by the tree's shape. envoyproxy/ratelimit's YAML reader
-/// (go-yaml v2) gives a string field a plain scalar's text as written, so `value: 1.10` is
-/// "1.10" there, and the other fields resolve a scalar by YAML 1.1's rules, which are not the
-/// YAML 1.2 rules this reader resolved it by (`010` is 8 there, `1_000` is 1000). With the text,
-/// the walk reads each field as go-yaml reads it into its Go type ([`Loader::string`],
-/// [`Loader::bool`], [`yaml_1_1_u32`]). Strings keep the value they were read with (quoted
-/// ones have no other text); nulls and tagged nodes are left as they are.
+/// (go-yaml v2) gives a string field a plain scalar's text as written (`value: 0x1F` is "0x1F"
+/// there, not "31"), and resolves the other fields' scalars by YAML 1.1's rules, which are not
+/// the YAML 1.2 rules this reader resolved them by (`010` is 8 there, `1_000` is 1000). With
+/// the text, the walk reads each field as go-yaml reads it into its Go type
+/// ([`Loader::string`], [`Loader::bool`], [`yaml_1_1_u32`]). A float, or an integer past
+/// 2^63 − 1, becomes its text under the tag [`NOT_AN_ENVOY_LEAF`]: Envoy's service refuses a
+/// file holding one ([`Loader::envoy_shape`]). Strings keep the value they were read with
+/// (quoted ones have no other text); nulls and tagged nodes are left as they are.
 struct AsWritten<'a>(&'a mut Value);
 
 impl<'de> serde::de::DeserializeSeed<'de> for AsWritten<'_> {
@@ -570,7 +574,19 @@ impl<'de> serde::de::DeserializeSeed<'de> for AsWritten<'_> {
         match self.0 {
             Value::Number(_) | Value::Bool(_) => {
                 // A scalar's text, whatever it resolves to: what serde_norway gives a string.
-                *self.0 = Value::String(<String as serde::Deserialize>::deserialize(d)?);
+                let text = Value::String(<String as serde::Deserialize>::deserialize(d)?);
+                // go-yaml v2 reads these as a float or a uint64, leaves that Envoy's service
+                // refuses wherever they stand (`Loader::envoy_shape`, after merging).
+                let refused = matches!(self.0, Value::Number(n)
+                    if n.is_f64() || n.as_u64().is_some_and(|n| n > i64::MAX as u64));
+                *self.0 = if refused {
+                    Value::Tagged(Box::new(serde_norway::value::TaggedValue {
+                        tag: serde_norway::value::Tag::new(NOT_AN_ENVOY_LEAF),
+                        value: text,
+                    }))
+                } else {
+                    text
+                };
                 Ok(())
             }
             Value::Sequence(items) => d.deserialize_seq(Guide(items.iter_mut())),
@@ -579,6 +595,10 @@ impl<'de> serde::de::DeserializeSeed<'de> for AsWritten<'_> {
         }
     }
 }
+
+/// The tag [`AsWritten`] gives a number that go-yaml v2 reads as a float or a uint64, holding
+/// its text.
+const NOT_AN_ENVOY_LEAF: &str = "!turnstile/not-an-envoy-leaf";
 
 /// Walks a sequence's items, or a mapping's values, in the document's order beside the
 /// parser's (a mapping's keys are skipped: they are only ever compared as strings).
@@ -615,9 +635,9 @@ impl<'de, 'v, I: Iterator<Item = &'v mut Value>> serde::de::Visitor<'de> for Gui
 }
 
 /// A scalar's text read as go-yaml v2 reads it into a `uint32` (YAML 1.1): `_` separators
-/// dropped; an integer in Go's notation (`0x`, `0o` or a leading `0` for octal, `0b`, a sign);
-/// else a float with a whole value (`1e3`). `None` for anything else, and for a fraction, which
-/// go-yaml would cut to its whole part: refused rather than read as another limit.
+/// dropped, then an integer in Go's notation (one sign, then `0x`, `0o` or a leading `0` for
+/// octal, `0b`). `None` for anything else, a float included (Envoy's service refuses a file
+/// holding one).
 fn yaml_1_1_u32(text: &str) -> Option<u32> {
     let plain: String = text.chars().filter(|&c| c != '_').collect();
     let (negative, digits) = match plain.as_bytes().first()? {
@@ -625,11 +645,12 @@ fn yaml_1_1_u32(text: &str) -> Option<u32> {
         b'+' => (false, &plain[1..]),
         _ => (false, &plain[..]),
     };
-    let lower = digits.to_ascii_lowercase();
     // Go takes one sign, before the prefix; `from_str_radix` would take another after it.
-    let integer = if lower.contains(['+', '-']) {
-        None
-    } else if let Some(hex) = lower.strip_prefix("0x") {
+    if digits.contains(['+', '-']) {
+        return None;
+    }
+    let lower = digits.to_ascii_lowercase();
+    let n = if let Some(hex) = lower.strip_prefix("0x") {
         u64::from_str_radix(hex, 16).ok()
     } else if let Some(octal) = lower.strip_prefix("0o") {
         u64::from_str_radix(octal, 8).ok()
@@ -639,36 +660,11 @@ fn yaml_1_1_u32(text: &str) -> Option<u32> {
         u64::from_str_radix(&lower[1..], 8).ok()
     } else {
         lower.parse::<u64>().ok()
-    };
-    if let Some(n) = integer {
-        return if negative && n != 0 {
-            None
-        } else {
-            u32::try_from(n).ok()
-        };
-    }
-    // YAML 1.1's float: digits with an optional fraction, or a fraction alone, then an
-    // optional exponent (no `inf` or `nan`: those are words there, and no limit).
-    let (mantissa, exponent) = match lower.split_once('e') {
-        Some((m, e)) => (m, Some(e)),
-        None => (&lower[..], None),
-    };
-    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let digits_only = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    let exponent_ok = exponent.is_none_or(|e| {
-        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
-        !e.is_empty() && digits_only(e)
-    });
-    let mantissa_ok = digits_only(whole)
-        && digits_only(fraction)
-        && (!whole.is_empty() || !fraction.is_empty())
-        && (!whole.is_empty() || mantissa.contains('.'));
-    if !(mantissa_ok && exponent_ok) {
+    }?;
+    if negative && n != 0 {
         return None;
     }
-    let float: f64 = lower.parse().ok()?;
-    let value = if negative { -float } else { float };
-    (value.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&value)).then_some(value as u32)
+    u32::try_from(n).ok()
 }
 
 /// When merging domains: per domain, the file (or document) of each top-level descriptor, by
@@ -701,6 +697,49 @@ impl Loader<'_> {
             field,
             message: message.into(),
         }
+    }
+
+    /// What envoyproxy/ratelimit checks of the whole tree (merged) before reading it, wherever
+    /// a node stands, read or not: every field name is a string and one of its field names,
+    /// every list holds mappings, and no leaf is a float or an integer past 2^63 − 1 (its
+    /// checker takes strings, integers, flags and nulls only, and refuses the file otherwise).
+    /// The walk checks the levels it reads; this covers the others too, such as what a field
+    /// known elsewhere holds where it is ignored (`rate_limit: { descriptors: [...] }`).
+    fn envoy_shape(&self, v: &Value, path: &str) -> Result<(), RlsConfigError> {
+        match v {
+            Value::Mapping(map) => {
+                for (k, v) in map {
+                    let key = self.key(k, path)?;
+                    self.elsewhere(path, key)?;
+                    self.envoy_shape(v, &join(path, key))?;
+                }
+            }
+            Value::Sequence(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let at = format!("{path}[{i}]");
+                    if !item.is_mapping() {
+                        return Err(self.invalid(
+                            at,
+                            "must be a mapping (envoyproxy/ratelimit refuses a list of anything \
+                             else, wherever it stands)",
+                        ));
+                    }
+                    self.envoy_shape(item, &at)?;
+                }
+            }
+            Value::Tagged(t) if t.tag == NOT_AN_ENVOY_LEAF => {
+                let text = t.value.as_str().unwrap_or_default();
+                return Err(self.invalid(
+                    path.to_owned(),
+                    format!(
+                        "{text} is a number envoyproxy/ratelimit's YAML reader takes as a float or \
+                         past 2^63 - 1, and it refuses the file over it; quote it for a string"
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// A field this level does not read: ignored if it is one of the names Envoy's service
@@ -1011,7 +1050,7 @@ mod tests {
     use super::*;
 
     /// `requests_per_unit` as go-yaml v2 reads a plain scalar into a `uint32`, sign and prefix
-    /// rules included; a fraction, a negative, a word or a second sign is no limit.
+    /// rules included; a float, a negative, a word or a second sign is no limit.
     #[test]
     fn a_limit_is_read_by_yaml_1_1_rules() {
         for (text, n) in [
@@ -1020,15 +1059,11 @@ mod tests {
             ("00", 0),
             ("17", 17),
             ("017", 15),
-            ("09", 9),
             ("0X1f", 31),
             ("+0x10", 16),
             ("0O17", 15),
             ("0B1_1", 3),
             ("1_0_0", 100),
-            ("1.", 1),
-            ("2.0e1", 20),
-            ("5E+2", 500),
             ("4294967295", u32::MAX),
         ] {
             assert_eq!(yaml_1_1_u32(text), Some(n), "{text}");
@@ -1044,6 +1079,10 @@ mod tests {
             "0x+5",
             "0x-5",
             "0x",
+            "08",
+            "09",
+            "1.",
+            "1e3",
             "1.5",
             ".5",
             "5e-1",
