@@ -712,6 +712,31 @@ fn aspnet_fractional_period_loads() {
     limiter(config);
 }
 
+/// A period with a fraction is counted in whole milliseconds. One of more milliseconds than a
+/// `u64` holds (`18446744073709552.5s`, some 584 million years) wrapped around to `384ms`: a
+/// rule meant to be near permanent counted a window shorter than a second. It is too long, and
+/// refused as such naming the field; and a fraction below a millisecond (`0.0001s`) is refused
+/// saying so, not as "must be greater than zero".
+#[test]
+fn aspnet_fractional_periods_out_of_range_are_refused_not_wrapped() {
+    for (period, why) in [
+        ("18446744073709552.5s", "too long"),
+        ("307445734561825.9m", "too long"),
+        ("0.0001s", "below a millisecond"),
+    ] {
+        let doc = format!(
+            r#"{{"IpRateLimiting": {{"GeneralRules": [
+                {{"Endpoint": "*", "Period": "1m", "Limit": 5}},
+                {{"Endpoint": "*", "Period": "{period}", "Limit": 1}}]}}}}"#
+        );
+        let e = err(&doc);
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[1].Period") && e.contains(why),
+            "{period}: {e}"
+        );
+    }
+}
+
 /// There `IpWhitelist` entries and `IpRules[].Ip` are IP ranges: `first-last` and
 /// `address/mask` too. A range that is not one CIDR range becomes the few that cover it.
 #[test]

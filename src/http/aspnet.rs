@@ -308,6 +308,15 @@ fn regex_endpoint(
     Ok(matched)
 }
 
+/// The error for a window longer than a limiter counts (more than u64::MAX nanoseconds), naming
+/// `field` and the text it was written as.
+fn too_long(text: &str, field: &str) -> HttpConfigError {
+    HttpConfigError::invalid(
+        field,
+        format!("{text:?} is too long: a window is at most u64::MAX nanoseconds (about 584 years)"),
+    )
+}
+
 /// An AspNetCoreRateLimit period as a humantime one, checked: `{n}mo` is `n` times 30 days
 /// and `{n}y` `n` times 365 days there (humantime's months and years are longer), and the
 /// number may have a fraction (`1.5m`, which is `double.Parse` there); other text is left for
@@ -335,13 +344,27 @@ fn period(text: &str, field: &str) -> Result<String, HttpConfigError> {
             .checked_mul(per / 86_400)
             .map_or_else(|| trimmed.to_owned(), |days| format!("{days}d")),
         (Err(_), Some(per)) => match number.parse::<f64>() {
-            Ok(n) => std::time::Duration::try_from_secs_f64(n * per as f64)
-                .map(|d| {
-                    // Whole milliseconds: a binary fraction's noise is no part of the period.
-                    let d = std::time::Duration::from_millis(d.as_millis() as u64);
-                    humantime::format_duration(d).to_string()
-                })
-                .unwrap_or_else(|_| trimmed.to_owned()),
+            Ok(n) => match std::time::Duration::try_from_secs_f64(n * per as f64) {
+                // Whole milliseconds: a binary fraction's noise is no part of the period. A
+                // count of them beyond a `u64` is far beyond any window (checked, not cast: a
+                // cast wrapped `18446744073709552.5s` around to `384ms`).
+                Ok(d) => match u64::try_from(d.as_millis()) {
+                    Ok(0) if n > 0.0 => {
+                        return Err(HttpConfigError::invalid(
+                            field,
+                            format!(
+                                "{text:?} is below a millisecond, the finest a period with a fraction is counted in"
+                            ),
+                        ));
+                    }
+                    Ok(millis) => {
+                        humantime::format_duration(std::time::Duration::from_millis(millis))
+                            .to_string()
+                    }
+                    Err(_) => return Err(too_long(text, field)),
+                },
+                Err(_) => trimmed.to_owned(),
+            },
             Err(_) => trimmed.to_owned(),
         },
         _ => trimmed.to_owned(),
@@ -536,12 +559,7 @@ impl Section<'_> {
         // builds no limiter, so any period does for it, as in the native format.
         if limit > 0.0 && window.as_nanos() > u128::from(u64::MAX) {
             let (field, text) = written;
-            return Err(HttpConfigError::invalid(
-                field,
-                format!(
-                    "{text:?} is too long: a window is at most u64::MAX nanoseconds (about 584 years)"
-                ),
-            ));
+            return Err(too_long(&text, &field));
         }
         let monitor = r.bool("MonitorMode")?;
         let patterns = if self.regex {
