@@ -984,3 +984,44 @@ fn an_appsettings_error_after_a_comment_is_reported_where_it_is() {
     let e = HttpConfig::from_aspnet_json(doc).unwrap_err().to_string();
     assert!(e.contains("line 3"), "{e}");
 }
+
+/// There a rule whose `Limit` is zero or less blocks every request it applies to ("if limit
+/// is zero or less, block the request"), so `"Limit": -1` is a way to shut out a client in an
+/// `IpRules` policy. It was refused here as "not a whole number", and the document did not
+/// load; it is a block, as `0` is.
+#[test]
+fn aspnet_negative_limit_blocks_as_zero_does() {
+    let doc = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 100}]},
+      "IpRateLimitPolicies": {"IpRules": [{"Ip": "192.0.2.1", "Rules": [
+        {"Endpoint": "*", "Period": "1m", "Limit": -1}]}]}
+    }"#;
+    let config = HttpConfig::from_aspnet_json(doc).expect("a negative limit loads");
+    assert_eq!(config.ip_rules[0].rules[0].limit, 0);
+    let l = limiter(config);
+    let v = decide(&l, &http::Method::GET, "/", [192, 0, 2, 1]);
+    assert!(
+        matches!(
+            v.outcome,
+            Outcome::Rejected {
+                reason: turnstile::http::RejectReason::Blocked,
+                ..
+            }
+        ),
+        "{v:?}"
+    );
+    assert!(!rejected(&decide(
+        &l,
+        &http::Method::GET,
+        "/",
+        [1, 1, 1, 1]
+    )));
+    // Too many requests for a rule to count is still refused, saying so.
+    let e = err(
+        r#"{"IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 4294967296}]}}"#,
+    );
+    assert!(
+        e.starts_with("IpRateLimiting.GeneralRules[0].Limit") && e.contains("4294967295"),
+        "{e}"
+    );
+}

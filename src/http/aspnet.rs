@@ -544,12 +544,20 @@ impl Section<'_> {
                 (period, window, (field, period_text.clone()))
             }
         };
-        let limit = r.number("Limit")?.unwrap_or(0.0);
-        if !(limit >= 0.0 && limit.fract() == 0.0 && limit <= u32::MAX as f64) {
+        // There a limit of zero or less blocks every request the rule applies to (`-1` as
+        // well as `0`), as a limit of 0 does here.
+        let limit = r.number("Limit")?.unwrap_or(0.0).max(0.0);
+        if limit.fract() != 0.0 {
+            return Err(HttpConfigError::invalid(
+                r.field("Limit"),
+                format!("{limit} is not a whole number of requests"),
+            ));
+        }
+        if limit > f64::from(u32::MAX) {
             return Err(HttpConfigError::invalid(
                 r.field("Limit"),
                 format!(
-                    "{limit} is not a whole number of requests up to {}",
+                    "{limit} is more requests than a rule counts (at most {})",
                     u32::MAX
                 ),
             ));

@@ -1114,7 +1114,9 @@ impl HttpConfig {
     /// Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
     /// 365, as there; a fraction, `1.5m`, is read as there too); other text is read as a humantime
     /// duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]`) is its
-    /// window when given, as there.
+    /// window when given, as there. A `Limit` of zero or less blocks every request its rule
+    /// applies to, as there (`-1` becomes `limit = 0`); a fraction, or more than 4294967295, is
+    /// refused naming the field.
     ///
     /// `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
     /// `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
