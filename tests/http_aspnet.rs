@@ -1025,3 +1025,34 @@ fn aspnet_negative_limit_blocks_as_zero_does() {
         "{e}"
     );
 }
+
+/// A rule of AspNetCoreRateLimit may have its own `QuotaExceededResponse` (its status, content
+/// and content type for the rejections it makes; there it then replaces the section's for every
+/// later rejection too). It was ignored here without a word: such a rule's rejections had the
+/// section's status and body. A rule cannot have its own response here, so the document is
+/// refused naming the field, as `StackBlockedRequests: true` is.
+#[test]
+fn aspnet_rule_quota_exceeded_response_is_refused_not_ignored() {
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [
+                {"Endpoint": "*", "Period": "1s", "Limit": 5},
+                {"Endpoint": "*", "Period": "1m", "Limit": 50,
+                 "QuotaExceededResponse": {"StatusCode": 503, "Content": "busy"}}]}}"#,
+            "IpRateLimiting.GeneralRules[1].QuotaExceededResponse",
+        ),
+        (
+            r#"{"ClientRateLimitPolicies": {"ClientRules": [{"ClientId": "c", "Rules": [
+                {"Endpoint": "*", "Period": "1m", "Limit": 50,
+                 "quotaExceededResponse": {"Content": "busy"}}]}]}}"#,
+            "ClientRateLimitPolicies.ClientRules[0].Rules[0].QuotaExceededResponse",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(e.starts_with(field), "{field}: {e}");
+    }
+    // A `null` one is none, as there.
+    let doc = r#"{"IpRateLimiting": {"GeneralRules": [
+        {"Endpoint": "*", "Period": "1s", "Limit": 5, "QuotaExceededResponse": null}]}}"#;
+    limiter(HttpConfig::from_aspnet_json(doc).expect("loads"));
+}

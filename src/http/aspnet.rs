@@ -508,6 +508,16 @@ impl Section<'_> {
             if self.only_any && endpoint.as_deref().is_some_and(|e| e.trim() != "*") {
                 continue;
             }
+            // There a rule's own response is sent for its rejections (and then for every later
+            // one of the section: it replaces the section's). A rule has no response of its own
+            // here; ignoring it would send the section's status and body instead.
+            if let Some((_, field)) = r.get("QuotaExceededResponse")? {
+                return Err(HttpConfigError::invalid(
+                    field,
+                    "a rule's own response is not supported: give it to the section \
+                     (its QuotaExceededResponse), whose rejections all share one",
+                ));
+            }
             for rule in rules {
                 match out.iter_mut().find(|o| o.name == rule.name) {
                     Some(kept) if rule.limit < kept.limit => *kept = rule,

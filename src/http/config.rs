@@ -1135,7 +1135,9 @@ impl HttpConfig {
     /// otherwise (`60s`, `1.5m`, `1w`) is written `1m`, `90s`, `7d`. `DisableRateLimitHeaders`
     /// leaves out `Retry-After` as well as the quota headers, as there.
     ///
-    /// `StackBlockedRequests: true` is refused: rejected requests are never counted here.
+    /// `StackBlockedRequests: true` is refused: rejected requests are never counted here. So is a
+    /// rule's own `QuotaExceededResponse` (of a rule that applies): every rejection here has the
+    /// section's response, and there that rule's would be sent instead.
     /// `RateLimitCounterPrefix` becomes `backend.prefix`, the key prefix in Redis once the backend
     /// is switched to Redis (`backend.kind = "redis"`; the memory backend has no keys).
     ///
