@@ -1056,3 +1056,41 @@ fn aspnet_rule_quota_exceeded_response_is_refused_not_ignored() {
         {"Endpoint": "*", "Period": "1s", "Limit": 5, "QuotaExceededResponse": null}]}}"#;
     limiter(HttpConfig::from_aspnet_json(doc).expect("loads"));
 }
+
+/// There a policy's rule replaces the general rule whose `Period` is the same text
+/// (`r.Period == generalLimit.Period`): a policy of `60s` leaves the general `1m` rule in force,
+/// and both apply. Here rules compete by their window, so the policy's `60s` rule displaced the
+/// general `1m` one: an address given a generous policy per `60s` escaped the general limit of
+/// 2 per `1m`, which AspNetCoreRateLimit kept applying to it. A client policy likewise.
+#[test]
+fn aspnet_policy_of_the_same_window_written_otherwise_keeps_the_general_rule() {
+    let doc = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 2}]},
+      "IpRateLimitPolicies": {"IpRules": [{"Ip": "10.0.0.1", "Rules": [
+        {"Endpoint": "*", "Period": "60s", "Limit": 100}]}]},
+      "ClientRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1h", "Limit": 3}]},
+      "ClientRateLimitPolicies": {"ClientRules": [{"ClientId": "partner", "Rules": [
+        {"Endpoint": "*", "Period": "60m", "Limit": 100}]}]}
+    }"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    // The IP policy's address: still 2 per minute.
+    assert!(!get_rejected(&l, [10, 0, 0, 1], Some("a")));
+    assert!(!get_rejected(&l, [10, 0, 0, 1], Some("b")));
+    assert!(get_rejected(&l, [10, 0, 0, 1], Some("c")));
+    // The client policy's client: still 3 per hour, from three addresses.
+    assert!(!get_rejected(&l, [1, 1, 1, 1], Some("partner")));
+    assert!(!get_rejected(&l, [2, 2, 2, 2], Some("partner")));
+    assert!(!get_rejected(&l, [3, 3, 3, 3], Some("partner")));
+    assert!(get_rejected(&l, [4, 4, 4, 4], Some("partner")));
+    // A policy's rule of the same text still replaces the general one, as there.
+    let doc = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 2}]},
+      "IpRateLimitPolicies": {"IpRules": [{"Ip": "10.0.0.1", "Rules": [
+        {"Endpoint": "*", "Period": "1m", "Limit": 3}]}]}
+    }"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    for _ in 0..3 {
+        assert!(!get_rejected(&l, [10, 0, 0, 1], None));
+    }
+    assert!(get_rejected(&l, [10, 0, 0, 1], None));
+}

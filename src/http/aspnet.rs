@@ -497,11 +497,17 @@ struct Section<'a> {
 impl Section<'_> {
     /// The rules of the list `name` of `node`. Two rules of one endpoint and period are legal
     /// there, and only the lower limit can apply (the lowest limit per period is taken): the
-    /// other is left out here, where the two would share a name.
-    fn rules(&self, node: &Node<'_>, name: &str) -> Result<Vec<RuleConfig>, HttpConfigError> {
+    /// other is left out here, where the two would share a name. Each with its `Period` as
+    /// written, which policies compare (see [`kept_general_rules`]).
+    fn rules(
+        &self,
+        node: &Node<'_>,
+        name: &str,
+    ) -> Result<Vec<(RuleConfig, String)>, HttpConfigError> {
         let rules = node.objects(name)?;
-        let mut out: Vec<RuleConfig> = Vec::with_capacity(rules.len());
+        let mut out: Vec<(RuleConfig, String)> = Vec::with_capacity(rules.len());
         for r in rules {
+            let period_text = r.string("Period")?.unwrap_or_default();
             let endpoint = r.string("Endpoint")?;
             // Checked even when left out: a mistake in the document is reported wherever it is.
             let rules = self.rule(&r, endpoint.clone().unwrap_or_else(|| "*".to_owned()))?;
@@ -519,10 +525,10 @@ impl Section<'_> {
                 ));
             }
             for rule in rules {
-                match out.iter_mut().find(|o| o.name == rule.name) {
-                    Some(kept) if rule.limit < kept.limit => *kept = rule,
+                match out.iter_mut().find(|(o, _)| o.name == rule.name) {
+                    Some((kept, _)) if rule.limit < kept.limit => *kept = rule,
                     Some(_) => {}
-                    None => out.push(rule),
+                    None => out.push((rule, period_text.clone())),
                 }
             }
         }
@@ -701,11 +707,39 @@ fn template_of_dotnet_format(format: &str) -> String {
     out
 }
 
+/// The rules of a policy, and the section's general rules that still apply beside them there.
+///
+/// There a general rule gives way to a policy's only when one of the policy's rules has the same
+/// `Period` text (`r.Period == generalLimit.Period`); rules of another text all apply, whatever
+/// their windows. Here a specific rule displaces the general ones of its window, so a policy
+/// rule of `60s` displaced the general `1m` rule that AspNetCoreRateLimit keeps applying (an
+/// address with a generous policy escaped the general limit). Such a general rule is given to
+/// the policy as well: it then competes with the policy's rules of its window, and the lower
+/// limit applies, which is what both applying comes to (in a section every rule counts the
+/// same requests, all of them or each `VERB:path`'s).
+fn kept_general_rules(
+    policy: Vec<(RuleConfig, String)>,
+    general: &[(RuleConfig, String)],
+) -> Vec<RuleConfig> {
+    let window = |rule: &RuleConfig| parse_period(&rule.period, "").ok();
+    let kept: Vec<RuleConfig> = general
+        .iter()
+        .filter(|(g, text)| {
+            !policy.iter().any(|(_, t)| t == text)
+                && policy.iter().any(|(p, _)| window(p) == window(g))
+        })
+        .map(|(g, _)| g.clone())
+        .collect();
+    policy.into_iter().map(|(p, _)| p).chain(kept).collect()
+}
+
+/// Applies one section's options to `config`, and adds its general rules; returns them, with
+/// their `Period` as written.
 fn apply_options(
     config: &mut HttpConfig,
     options: &Options<'_>,
     section: &Section<'_>,
-) -> Result<(), HttpConfigError> {
+) -> Result<Vec<(RuleConfig, String)>, HttpConfigError> {
     let node = &options.node;
     if node.bool("StackBlockedRequests")? {
         return Err(HttpConfigError::invalid(
@@ -796,8 +830,10 @@ fn apply_options(
         config.whitelist.by_key.push(whitelist);
     }
     let rules = section.rules(node, "GeneralRules")?;
-    config.rules.extend(rules);
-    Ok(())
+    config
+        .rules
+        .extend(rules.iter().map(|(rule, _)| rule.clone()));
+    Ok(rules)
 }
 
 /// Translates a parsed AspNetCoreRateLimit document.
@@ -849,17 +885,19 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         ..HttpConfig::default()
     };
     config.client_ip.headers = vec![ForwardedHeader::Custom("X-Real-IP".to_owned())];
+    let mut ip_general = Vec::new();
     if let Some(o) = &ip {
-        apply_options(&mut config, o, &ip_section)?;
+        ip_general = apply_options(&mut config, o, &ip_section)?;
     }
+    let mut client_general = Vec::new();
     if let Some(o) = &client {
-        apply_options(&mut config, o, &client_section)?;
+        client_general = apply_options(&mut config, o, &client_section)?;
     }
     if let Some(p) = root.object("IpRateLimitPolicies")? {
         for policy in p.objects("IpRules")? {
             let ip = policy.string("Ip")?.unwrap_or_default();
             let nets = ip_nets(&ip, &policy.field("Ip"), &config.client_ip)?;
-            let rules = ip_section.rules(&policy, "Rules")?;
+            let rules = kept_general_rules(ip_section.rules(&policy, "Rules")?, &ip_general);
             // A range that is several CIDR ranges is one entry each, with the same rules: each
             // client is in one of them, and counted by that one's rules alone.
             for ip in nets {
@@ -889,7 +927,7 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
             }
             config.client_rules.push(ClientRulesConfig {
                 client_id,
-                rules: client_section.rules(&policy, "Rules")?,
+                rules: kept_general_rules(client_section.rules(&policy, "Rules")?, &client_general),
             });
         }
     }

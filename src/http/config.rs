@@ -1099,7 +1099,10 @@ impl HttpConfig {
     /// apply independently, as the two middlewares do there: the lowest limit per period is taken
     /// within each section (and its policies), and both sections' rules must admit. Two rules of
     /// one section with the same endpoint and period are legal there, only the lower limit
-    /// applying: the other is left out. A request without the client id header is the client
+    /// applying: the other is left out. A policy's rule replaces the general rules whose `Period`
+    /// is the same text, as there: a general rule of another text stays in force for the
+    /// policy's clients even when its window is the same (`1m` beside a policy's `60s`), the
+    /// lower limit of the two applying. A request without the client id header is the client
     /// `"anon"` (`anonymous_client_id`), as there; and the path is matched and counted without its
     /// trailing `/` (`trim_trailing_slash`), as there. With `EnableEndpointRateLimiting`, every
     /// rule counts each `VERB:path` separately, as there.
