@@ -1094,3 +1094,35 @@ fn aspnet_policy_of_the_same_window_written_otherwise_keeps_the_general_rule() {
     }
     assert!(get_rejected(&l, [10, 0, 0, 1], None));
 }
+
+/// A `null` entry of a list is skipped (as ASP.NET's binder leaves it out), but the entries
+/// after it keep their index in the document: an error in `IpWhitelist[2]` named
+/// `IpWhitelist[1]`, the entry before it, which is valid.
+#[test]
+fn aspnet_list_errors_after_a_null_entry_name_the_right_index() {
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"IpWhitelist": [null, "10.0.0.1", "bad"]}}"#,
+            "IpRateLimiting.IpWhitelist[2]",
+        ),
+        (
+            r#"{"ClientRateLimiting": {"EndpointWhitelist": [null, "get:/ok", "get:bad"]}}"#,
+            "ClientRateLimiting.EndpointWhitelist[2]",
+        ),
+        (
+            r#"{"IpRateLimiting": {"EnableRegexRuleMatching": true,
+                "EndpointWhitelist": [null, "get:/ok", "(get:/x"]}}"#,
+            "IpRateLimiting.EndpointWhitelist[2]",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(e.starts_with(field), "{field}: {e}");
+    }
+    // The null entries are no entries.
+    let config = HttpConfig::from_aspnet_json(
+        r#"{"IpRateLimiting": {"IpWhitelist": [null, "10.0.0.1"], "ClientWhitelist": [null, "c"]}}"#,
+    )
+    .unwrap();
+    assert_eq!(config.whitelist.by_key[0].ips, ["10.0.0.1/32"]);
+    assert_eq!(config.whitelist.by_key[0].clients, ["c"]);
+}

@@ -154,19 +154,32 @@ impl<'a> Node<'a> {
     }
 
     fn strings(&self, name: &str) -> Result<Vec<String>, HttpConfigError> {
+        Ok(self
+            .entries(name)?
+            .into_iter()
+            .map(|(_, entry)| entry)
+            .collect())
+    }
+
+    /// The strings of the list `name`, each with its field (`IpWhitelist[2]`): the index is the
+    /// document's, `null` entries (which are skipped) counted.
+    fn entries(&self, name: &str) -> Result<Vec<(String, String)>, HttpConfigError> {
         match self.get(name)? {
             None => Ok(Vec::new()),
             Some((Value::Array(items), field)) => items
                 .iter()
                 .enumerate()
                 .filter(|(_, item)| !item.is_null())
-                .map(|(i, item)| match item {
-                    Value::String(s) => Ok(s.clone()),
-                    Value::Number(n) => Ok(n.to_string()),
-                    other => Err(HttpConfigError::invalid(
-                        format!("{field}[{i}]"),
-                        format!("expected a string, found {}", kind(other)),
-                    )),
+                .map(|(i, item)| {
+                    let at = format!("{field}[{i}]");
+                    match item {
+                        Value::String(s) => Ok((at, s.clone())),
+                        Value::Number(n) => Ok((at, n.to_string())),
+                        other => Err(HttpConfigError::invalid(
+                            at,
+                            format!("expected a string, found {}", kind(other)),
+                        )),
+                    }
                 })
                 .collect(),
             Some((other, field)) => Err(HttpConfigError::invalid(
@@ -804,14 +817,12 @@ fn apply_options(
     // A section's whitelists exempt requests from its own rules only: the IP middleware and
     // the client middleware each check theirs there.
     let mut whitelist = KeyWhitelistConfig::new(section.key);
-    for (i, entry) in node.strings("IpWhitelist")?.iter().enumerate() {
-        let field = format!("{}[{i}]", node.field("IpWhitelist"));
+    for (field, entry) in node.entries("IpWhitelist")? {
         whitelist
             .ips
-            .extend(ip_nets(entry, &field, &config.client_ip)?);
+            .extend(ip_nets(&entry, &field, &config.client_ip)?);
     }
-    for (i, endpoint) in node.strings("EndpointWhitelist")?.into_iter().enumerate() {
-        let field = format!("{}[{i}]", node.field("EndpointWhitelist"));
+    for (field, endpoint) in node.entries("EndpointWhitelist")? {
         if !section.regex {
             Endpoint::parse(&endpoint, false, &field)?;
             whitelist.endpoints.push(endpoint);
