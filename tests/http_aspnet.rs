@@ -1126,3 +1126,41 @@ fn aspnet_list_errors_after_a_null_entry_name_the_right_index() {
     assert_eq!(config.whitelist.by_key[0].ips, ["10.0.0.1/32"]);
     assert_eq!(config.whitelist.by_key[0].clients, ["c"]);
 }
+
+/// Each section's middleware reads its own `RealIpHeader` and `ClientIdHeader` there: the IP
+/// rules count the address the IP section's header gives, the client rules the id the client
+/// section's header gives. Here one of each is read, and the section translated last won: a
+/// `RealIpHeader` of the client section (which counts no address) replaced the IP section's,
+/// and the IP rules counted a header their section does not read.
+#[test]
+fn aspnet_each_header_is_the_section_that_counts_by_it() {
+    for (ip, client) in [
+        ("IpRateLimiting", "ClientRateLimiting"),
+        ("ipratelimiting", "clientratelimiting"),
+    ] {
+        let doc = format!(
+            r#"{{"{client}": {{"RealIpHeader": "X-Real-IP", "ClientIdHeader": "X-Api-Key"}},
+                "{ip}": {{"RealIpHeader": "CF-Connecting-IP", "ClientIdHeader": "X-ClientId"}}}}"#
+        );
+        let config = HttpConfig::from_aspnet_json(&doc).unwrap();
+        assert_eq!(
+            config.client_ip.headers,
+            [turnstile::http::ForwardedHeader::Custom(
+                "CF-Connecting-IP".to_owned()
+            )]
+        );
+        assert_eq!(config.client_id_header.as_deref(), Some("X-Api-Key"));
+    }
+    // One section naming them: its headers, whichever it is.
+    let config = HttpConfig::from_aspnet_json(
+        r#"{"ClientRateLimiting": {"RealIpHeader": "X-Real-Client", "ClientIdHeader": "X-Key"}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        config.client_ip.headers,
+        [turnstile::http::ForwardedHeader::Custom(
+            "X-Real-Client".to_owned()
+        )]
+    );
+    assert_eq!(config.client_id_header.as_deref(), Some("X-Key"));
+}
