@@ -1164,3 +1164,78 @@ fn aspnet_each_header_is_the_section_that_counts_by_it() {
     );
     assert_eq!(config.client_id_header.as_deref(), Some("X-Key"));
 }
+
+/// Probes of the review that found nothing, pinned: periods and limits at their bounds are
+/// read as there or refused naming the field; whitelisted endpoints match in any case and
+/// without the trailing `/`, as the rules do; client ids are compared exactly, as
+/// `List.Contains` does there.
+#[test]
+fn aspnet_bounds_and_whitelist_matching_hold() {
+    let rule = |period: &str, limit: &str| {
+        format!(
+            r#"{{"IpRateLimiting": {{"GeneralRules": [{{"Endpoint": "*", "Period": "{period}", "Limit": {limit}}}]}}}}"#
+        )
+    };
+    for (period, limit, loaded) in [
+        ("1s", "1", ("1s", 1)),
+        ("15m", "0", ("15m", 0)),
+        ("12h", "-0", ("12h", 0)),
+        ("7d", "4294967295", ("7d", 4_294_967_295)),
+        (".5m", "\"3\"", ("30s", 3)),
+        ("584y", "1", ("213160d", 1)),
+    ] {
+        let config = HttpConfig::from_aspnet_json(&rule(period, limit)).unwrap();
+        assert_eq!(
+            (config.rules[0].period.as_str(), config.rules[0].limit),
+            loaded,
+            "{period} {limit}"
+        );
+        limiter(config);
+    }
+    for (period, why) in [
+        ("0s", "must be greater than zero"),
+        ("0.0s", "must be greater than zero"),
+        ("99999999d", "too long"),
+        ("-1s", "is not a duration"),
+        ("", "is not a duration"),
+    ] {
+        let e = err(&rule(period, "1"));
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[0].Period") && e.contains(why),
+            "{period:?}: {e}"
+        );
+    }
+    for span in ["00:00:00", "24:00:00", "-00:01:00", "00:60:00"] {
+        let doc = format!(
+            r#"{{"IpRateLimiting": {{"GeneralRules": [{{"Endpoint": "*", "Period": "1m", "PeriodTimespan": "{span}", "Limit": 1}}]}}}}"#
+        );
+        let e = err(&doc);
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[0].PeriodTimespan"),
+            "{span}: {e}"
+        );
+    }
+
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true,
+        "EndpointWhitelist": ["get:/api/license", "*:/api/status"],
+        "ClientWhitelist": ["Trusted"],
+        "GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 0}]}}"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    for (method, path, client, whitelisted) in [
+        (http::Method::GET, "/api/license", None, true),
+        (http::Method::GET, "/API/License/", None, true),
+        (http::Method::HEAD, "/api/license", None, true),
+        (http::Method::POST, "/api/license", None, false),
+        (http::Method::DELETE, "/api/status/", None, true),
+        (http::Method::GET, "/api/statusx", None, false),
+        (http::Method::GET, "/x", Some("Trusted"), true),
+        (http::Method::GET, "/x", Some("trusted"), false),
+    ] {
+        let outcome = decide_as(&l, &method, path, [1, 1, 1, 1], client).outcome;
+        assert_eq!(
+            outcome == Outcome::Whitelisted,
+            whitelisted,
+            "{method} {path} {client:?}: {outcome:?}"
+        );
+    }
+}

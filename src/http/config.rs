@@ -1310,6 +1310,72 @@ fn without_comments(text: &str) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// One document in TOML, JSON and YAML is one configuration, periods and limits at their
+    /// bounds included, and a value the compiler refuses is refused naming the same field
+    /// whichever format it came in (a probe of the review that found nothing, pinned).
+    #[test]
+    fn toml_json_and_yaml_read_one_document_alike() {
+        let rules = [
+            ("1s", 0u64),
+            ("15m", 1),
+            ("12h", 4_294_967_295),
+            ("7d", 100),
+            ("1.5m", 2),
+            ("1m 30s", 3),
+        ];
+        let toml: String = rules
+            .iter()
+            .map(|(p, l)| {
+                format!("[[rules]]\nendpoint = \"*:/{p}\"\nperiod = \"{p}\"\nlimit = {l}\n")
+            })
+            .collect();
+        let json = format!(
+            "{{\"rules\": [{}]}}",
+            rules
+                .iter()
+                .map(|(p, l)| format!(
+                    "{{\"endpoint\": \"*:/{p}\", \"period\": \"{p}\", \"limit\": {l}}}"
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let yaml: String = std::iter::once("rules:\n".to_owned())
+            .chain(rules.iter().map(|(p, l)| {
+                format!("  - endpoint: \"*:/{p}\"\n    period: {p}\n    limit: {l}\n")
+            }))
+            .collect();
+        let from_toml = HttpConfig::from_toml_str(&toml).unwrap();
+        assert_eq!(HttpConfig::from_json_str(&json).unwrap(), from_toml);
+        assert_eq!(HttpConfig::from_yaml_str(&yaml).unwrap(), from_toml);
+        crate::http::HttpLimiter::new(from_toml).unwrap();
+        for (period, limit, field) in [
+            ("0s", 1u64, "rules[0].period"),
+            ("585y", 1, "rules[0].period"),
+            ("1s", 4_294_967_296, "rules[0].limit"),
+        ] {
+            let errors: Vec<String> = [
+                HttpConfig::from_toml_str(&format!(
+                    "[[rules]]\nperiod = \"{period}\"\nlimit = {limit}\n"
+                )),
+                HttpConfig::from_json_str(&format!(
+                    "{{\"rules\": [{{\"period\": \"{period}\", \"limit\": {limit}}}]}}"
+                )),
+                HttpConfig::from_yaml_str(&format!(
+                    "rules:\n  - period: {period}\n    limit: {limit}\n"
+                )),
+            ]
+            .into_iter()
+            .map(|config| {
+                crate::http::HttpLimiter::new(config.unwrap())
+                    .unwrap_err()
+                    .to_string()
+            })
+            .collect();
+            assert!(errors[0].starts_with(field), "{}", errors[0]);
+            assert!(errors.iter().all(|e| *e == errors[0]), "{errors:?}");
+        }
+    }
+
     /// A native JSON document that does not fit the model is reported with its position, as
     /// the loader's documentation says (and as TOML and YAML are): not a bare "invalid type".
     #[test]
