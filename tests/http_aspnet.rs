@@ -1239,3 +1239,34 @@ fn aspnet_bounds_and_whitelist_matching_hold() {
         );
     }
 }
+
+/// There each section's rejections have that section's response (`HttpStatusCode`,
+/// `QuotaExceededResponse`, `QuotaExceededMessage`, `DisableRateLimitHeaders`). Here every
+/// rejection has one, and the section translated last gave it: the IP rules' rejections were
+/// sent with the client section's status and body. Two sections that give different responses
+/// are refused naming the second; one that gives none takes the other's, and two that give the
+/// same load.
+#[test]
+fn aspnet_sections_with_different_responses_are_refused() {
+    let e = err(r#"{
+      "IpRateLimiting": {"QuotaExceededResponse": {"Content": "slow down", "StatusCode": 429}},
+      "ClientRateLimiting": {"HttpStatusCode": 403, "QuotaExceededMessage": "quota"}
+    }"#);
+    assert!(e.starts_with("ClientRateLimiting:"), "{e}");
+    assert!(e.contains("IpRateLimiting"), "{e}");
+    let e = err(r#"{
+      "IpRateLimiting": {"HttpStatusCode": 503},
+      "clientRateLimiting": {"DisableRateLimitHeaders": true, "HttpStatusCode": 503}
+    }"#);
+    assert!(e.starts_with("ClientRateLimiting:"), "{e}");
+    for doc in [
+        r#"{"IpRateLimiting": {"HttpStatusCode": 503, "QuotaExceededMessage": "x"},
+            "ClientRateLimiting": {"ClientIdHeader": "X-Key"}}"#,
+        r#"{"IpRateLimiting": {"HttpStatusCode": "503"},
+            "ClientRateLimiting": {"httpStatusCode": 503, "DisableRateLimitHeaders": false}}"#,
+        r#"{"IpRateLimiting": {}, "ClientRateLimiting": {"HttpStatusCode": 503}}"#,
+    ] {
+        let config = HttpConfig::from_aspnet_json(doc).expect(doc);
+        assert_eq!(config.response.status, 503, "{doc}");
+    }
+}

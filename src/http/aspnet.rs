@@ -7,7 +7,7 @@ use crate::http::config::{
     ClientRulesConfig, HttpConfig, IpRulesConfig, KeyWhitelistConfig, RuleConfig, RuleKey,
 };
 use crate::http::rules::{Endpoint, parse_net, parse_period};
-use crate::http::{ClientIpConfig, ForwardedHeader, HttpConfigError};
+use crate::http::{ClientIpConfig, ForwardedHeader, HttpConfigError, ResponseConfig};
 use serde_json::{Map, Value};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -746,6 +746,75 @@ fn kept_general_rules(
     policy.into_iter().map(|(p, _)| p).chain(kept).collect()
 }
 
+/// The keys of a section that make its rejections' response.
+const RESPONSE_KEYS: [&str; 4] = [
+    "HttpStatusCode",
+    "QuotaExceededResponse",
+    "QuotaExceededMessage",
+    "DisableRateLimitHeaders",
+];
+
+/// Whether the section `node` gives any of its response's keys.
+fn gives_response(node: &Node<'_>) -> Result<bool, HttpConfigError> {
+    for key in RESPONSE_KEYS {
+        if node.get(key)?.is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Applies the response of the section `node` (its status, body, content type and headers) to
+/// `response`.
+fn apply_response(response: &mut ResponseConfig, node: &Node<'_>) -> Result<(), HttpConfigError> {
+    if let Some(status) = node.status("HttpStatusCode")? {
+        response.status = status;
+    }
+    let mut content = node.string("QuotaExceededMessage")?;
+    let mut content_type = None;
+    if let Some(q) = node.object("QuotaExceededResponse")? {
+        // Its `StatusCode` defaults to 429 there and wins over `HttpStatusCode`; only a `null`
+        // one leaves `HttpStatusCode` in force.
+        match q.status("StatusCode")? {
+            Some(status) => response.status = status,
+            None if !q.is_null("StatusCode") => response.status = 429,
+            None => {}
+        }
+        content_type = q.string("ContentType")?;
+        if let Some(value) = &content_type {
+            // Checked here so that the error names the document's field, not
+            // `response.content_type`.
+            if http::HeaderValue::from_str(value).is_err() {
+                return Err(HttpConfigError::invalid(
+                    q.field("ContentType"),
+                    format!("{value:?} is not a valid header value"),
+                ));
+            }
+        }
+        content = q.string("Content")?.or(content);
+    }
+    match content {
+        Some(content) => {
+            response.body = Some(template_of_dotnet_format(&content));
+            // There the content is `text/plain` unless `ContentType` says otherwise, as a
+            // template's is here when `content_type` is unset.
+            response.content_type = content_type;
+        }
+        None => {
+            if content_type.is_some() {
+                response.content_type = content_type;
+            }
+        }
+    }
+    if node.bool("DisableRateLimitHeaders")? {
+        // There `Retry-After` is one of the rate-limit headers, sent only when they are.
+        response.ietf_headers = false;
+        response.legacy_headers = false;
+        response.retry_after_header = false;
+    }
+    Ok(())
+}
+
 /// Applies one section's options to `config`, and adds its general rules; returns them, with
 /// their `Period` as written.
 fn apply_options(
@@ -769,51 +838,7 @@ fn apply_options(
     if let Some(h) = header_name(node, "ClientIdHeader")? {
         config.client_id_header = Some(h);
     }
-    if let Some(status) = node.status("HttpStatusCode")? {
-        config.response.status = status;
-    }
-    let mut content = node.string("QuotaExceededMessage")?;
-    let mut content_type = None;
-    if let Some(q) = node.object("QuotaExceededResponse")? {
-        // Its `StatusCode` defaults to 429 there and wins over `HttpStatusCode`; only a `null`
-        // one leaves `HttpStatusCode` in force.
-        match q.status("StatusCode")? {
-            Some(status) => config.response.status = status,
-            None if !q.is_null("StatusCode") => config.response.status = 429,
-            None => {}
-        }
-        content_type = q.string("ContentType")?;
-        if let Some(value) = &content_type {
-            // Checked here so that the error names the document's field, not
-            // `response.content_type`.
-            if http::HeaderValue::from_str(value).is_err() {
-                return Err(HttpConfigError::invalid(
-                    q.field("ContentType"),
-                    format!("{value:?} is not a valid header value"),
-                ));
-            }
-        }
-        content = q.string("Content")?.or(content);
-    }
-    match content {
-        Some(content) => {
-            config.response.body = Some(template_of_dotnet_format(&content));
-            // There the content is `text/plain` unless `ContentType` says otherwise, as a
-            // template's is here when `content_type` is unset.
-            config.response.content_type = content_type;
-        }
-        None => {
-            if content_type.is_some() {
-                config.response.content_type = content_type;
-            }
-        }
-    }
-    if node.bool("DisableRateLimitHeaders")? {
-        // There `Retry-After` is one of the rate-limit headers, sent only when they are.
-        config.response.ietf_headers = false;
-        config.response.legacy_headers = false;
-        config.response.retry_after_header = false;
-    }
+    apply_response(&mut config.response, node)?;
     // A section's whitelists exempt requests from its own rules only: the IP middleware and
     // the client middleware each check theirs there.
     let mut whitelist = KeyWhitelistConfig::new(section.key);
@@ -896,6 +921,26 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         ..HttpConfig::default()
     };
     config.client_ip.headers = vec![ForwardedHeader::Custom("X-Real-IP".to_owned())];
+    // One response here for every rejection, where each section has its own there: two
+    // sections that give different ones cannot both be kept.
+    if let (Some(i), Some(c)) = (&ip, &client)
+        && gives_response(&i.node)?
+        && gives_response(&c.node)?
+    {
+        let (mut of_ip, mut of_client) = (ResponseConfig::default(), ResponseConfig::default());
+        apply_response(&mut of_ip, &i.node)?;
+        apply_response(&mut of_client, &c.node)?;
+        if of_ip != of_client {
+            return Err(HttpConfigError::invalid(
+                c.node.path.clone(),
+                format!(
+                    "its response ({}) differs from IpRateLimiting's: every rejection has one \
+                     response here, so give both sections the same, or give it in one only",
+                    RESPONSE_KEYS.join(", ")
+                ),
+            ));
+        }
+    }
     let mut ip_general = Vec::new();
     if let Some(o) = &ip {
         ip_general = apply_options(&mut config, o, &ip_section)?;

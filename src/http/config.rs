@@ -1138,7 +1138,11 @@ impl HttpConfig {
     /// there; a `null` one leaves `HttpStatusCode`). The period is written in its largest whole
     /// unit (`1d`, `15m`), which is the `Period` as written for the usual ones; a period written
     /// otherwise (`60s`, `1.5m`, `1w`) is written `1m`, `90s`, `7d`. `DisableRateLimitHeaders`
-    /// leaves out `Retry-After` as well as the quota headers, as there.
+    /// leaves out `Retry-After` as well as the quota headers, as there. Every rejection has one
+    /// response here, where each section has its own there: the response one section gives is
+    /// that of both (the other giving none of `HttpStatusCode`, `QuotaExceededResponse`,
+    /// `QuotaExceededMessage` and `DisableRateLimitHeaders`), and two sections that give
+    /// different ones are refused, naming `ClientRateLimiting`.
     ///
     /// `StackBlockedRequests: true` is refused: rejected requests are never counted here. So is a
     /// rule's own `QuotaExceededResponse` (of a rule that applies): every rejection here has the
