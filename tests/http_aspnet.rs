@@ -1270,3 +1270,41 @@ fn aspnet_sections_with_different_responses_are_refused() {
         assert_eq!(config.response.status, 503, "{doc}");
     }
 }
+
+/// ASP.NET's JSON configuration refuses a file with a key given twice in one object, in any
+/// case, exactly the same one included. A key given twice in one case was read here as the
+/// last one given: `"Limit": 1, ..., "Limit": 1000` loaded a limit of 1000 from a file ASP.NET
+/// does not start with. It is refused naming the field, as a key given in two cases is.
+#[test]
+fn aspnet_a_key_given_twice_in_one_case_is_refused() {
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [
+                {"Endpoint": "*", "Period": "1s", "Limit": 1, "Limit": 1000}]}}"#,
+            "IpRateLimiting.GeneralRules[0].Limit",
+        ),
+        (
+            r#"{"IpRateLimiting": {"IpWhitelist": ["10.0.0.1"]},
+                "IpRateLimiting": {"GeneralRules": []}}"#,
+            "IpRateLimiting",
+        ),
+        (
+            // Anywhere in the file, as there: ASP.NET reads all of it.
+            r#"{"Logging": {"LogLevel": {"Default": "Information", "default": "Warning"}},
+                "ClientRateLimiting": {}}"#,
+            "Logging.LogLevel.Default",
+        ),
+    ] {
+        for e in [
+            err(doc),
+            HttpConfig::from_aspnet_json(doc).unwrap_err().to_string(),
+            // With a comment, as an appsettings.json may have.
+            err(&format!("// limits\n{doc}")),
+        ] {
+            assert!(
+                e.starts_with(&format!("{field}: given twice")),
+                "{field}: {e}"
+            );
+        }
+    }
+}

@@ -27,6 +27,121 @@ pub(crate) fn is_aspnet(value: &serde_json::Value) -> bool {
     })
 }
 
+/// Refuses a JSON document with a key given twice in one object, in any case (ASP.NET's JSON
+/// configuration compares keys case-insensitively): parsed into a `Value`, the last of the two
+/// would silently win. Anywhere in the document, since ASP.NET reads all of it. A value given
+/// twice refuses the file there too; two objects or lists given under one key are merged
+/// there, which is not done here, so they are refused as well, saying so. The error names the
+/// field as the document spells it, at its first spelling.
+pub(crate) fn check_duplicate_keys(text: &str) -> Result<(), HttpConfigError> {
+    use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    /// The field given twice, its two spellings, and whether the first is an object or a list.
+    type Found = RefCell<Option<(String, String, String, bool)>>;
+
+    /// Walks one value; its result is whether it is an object or a list.
+    struct Walk<'a> {
+        path: String,
+        found: &'a Found,
+    }
+
+    impl Walk<'_> {
+        fn child(&self, name: &str) -> String {
+            if self.path.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{}.{name}", self.path)
+            }
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Walk<'_> {
+        type Value = bool;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Walk<'_> {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_unit<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+            let mut i = 0usize;
+            while seq
+                .next_element_seed(Walk {
+                    path: format!("{}[{i}]", self.path),
+                    found: self.found,
+                })?
+                .is_some()
+            {
+                i += 1;
+            }
+            Ok(true)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            // Each key in lower case: its first spelling, and whether its value is an object
+            // or a list.
+            let mut seen: HashMap<String, (String, bool)> = HashMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if let Some((first, container)) = seen.get(&key.to_ascii_lowercase()) {
+                    *self.found.borrow_mut() =
+                        Some((self.child(first), first.clone(), key, *container));
+                    return Err(A::Error::custom("a key given twice"));
+                }
+                let container = map.next_value_seed(Walk {
+                    path: self.child(&key),
+                    found: self.found,
+                })?;
+                seen.insert(key.to_ascii_lowercase(), (key, container));
+            }
+            Ok(true)
+        }
+    }
+
+    let found = RefCell::new(None);
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    // Any other error is the parser's, which the caller reports.
+    let _ = Walk {
+        path: String::new(),
+        found: &found,
+    }
+    .deserialize(&mut deserializer);
+    let Some((field, first, second, container)) = found.into_inner() else {
+        return Ok(());
+    };
+    let why = if container {
+        "ASP.NET's configuration merges the two, which is not done here: write it once"
+    } else {
+        "ASP.NET's configuration refuses a value given twice in one object, in any case"
+    };
+    Err(HttpConfigError::invalid(
+        field,
+        format!("given twice ({first:?} and {second:?}): {why}"),
+    ))
+}
+
 /// What kind of JSON value `value` is, for error messages.
 fn kind(value: &Value) -> &'static str {
     match value {

@@ -1044,6 +1044,9 @@ impl HttpConfig {
                     .map(|text| serde_json::from_str::<serde_json::Value>(&text));
                 let message = match stripped {
                     Some(Ok(value)) if crate::http::aspnet::is_aspnet(&value) => {
+                        if let Some(stripped) = without_comments(text) {
+                            crate::http::aspnet::check_duplicate_keys(&stripped)?;
+                        }
                         return crate::http::aspnet::translate(value);
                     }
                     // Not valid even with its comments read as ASP.NET reads them: the plain
@@ -1062,6 +1065,7 @@ impl HttpConfig {
             }
         };
         if crate::http::aspnet::is_aspnet(&value) {
+            crate::http::aspnet::check_duplicate_keys(text)?;
             return crate::http::aspnet::translate(value);
         }
         // From the text, not from `value`: a `Value` has no positions, so its errors would say
@@ -1078,12 +1082,13 @@ impl HttpConfig {
     /// # How the document is translated
     ///
     /// The document is read as ASP.NET's configuration binder reads it: section and field names in
-    /// any case (`"limit"`, `"Limit"` and `"LIMIT"` are one key; a key given twice in different
-    /// cases is an error, as there), and numbers and booleans also from their text (`"Limit":
-    /// "100"`). Fields it does not know are ignored, as there; a value of the wrong kind, and any
-    /// value the limiter would refuse (a period, an endpoint pattern, an IP entry, a header name),
-    /// is an error naming the document's field (`IpRateLimiting.GeneralRules[2].Limit`), checked as
-    /// the document is translated.
+    /// any case (`"limit"`, `"Limit"` and `"LIMIT"` are one key; a value given twice in one
+    /// object, in one case or two, is an error anywhere in the document, as there, and so are two
+    /// objects or lists under one key, which ASP.NET merges), and numbers and booleans also from
+    /// their text (`"Limit": "100"`). Fields it does not know are ignored, as there; a value of
+    /// the wrong kind, and any value the limiter would refuse (a period, an endpoint pattern, an
+    /// IP entry, a header name), is an error naming the document's field
+    /// (`IpRateLimiting.GeneralRules[2].Limit`), checked as the document is translated.
     ///
     /// Endpoint patterns match the whole `VERB:path` there, with `*` and `?` wildcards and in any
     /// case (AspNetCoreRateLimit 4 and 5; 3.x matched them as prefixes), as they do here:
@@ -1166,11 +1171,13 @@ impl HttpConfig {
         // As ASP.NET's JSON configuration reads it: comments and trailing commas allowed.
         let text = without_bom(text);
         let stripped = without_comments(text);
-        let value: serde_json::Value = serde_json::from_str(stripped.as_deref().unwrap_or(text))
-            .map_err(|e| HttpConfigError::Parse {
+        let text = stripped.as_deref().unwrap_or(text);
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| HttpConfigError::Parse {
                 format: "AspNetCoreRateLimit json",
                 message: e.to_string(),
             })?;
+        crate::http::aspnet::check_duplicate_keys(text)?;
         crate::http::aspnet::translate(value)
     }
 
