@@ -103,7 +103,7 @@ fn aspnet_values_bind_from_text_and_errors_name_the_field() {
     assert_eq!(config.rules[0].limit, 1);
     for (doc, field) in [
         (
-            r#"{"IpRateLimiting": {"GeneralRules": [{"Period": "1s", "Limit": 1}, {"Period": "1s", "Limit": "ten"}]}}"#,
+            r#"{"IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}, {"Endpoint": "*", "Period": "1s", "Limit": "ten"}]}}"#,
             "IpRateLimiting.GeneralRules[1].Limit: expected a number",
         ),
         (
@@ -1306,5 +1306,36 @@ fn aspnet_a_key_given_twice_in_one_case_is_refused() {
                 "{field}: {e}"
             );
         }
+    }
+}
+
+/// There a rule without an `Endpoint` applies to no request (its endpoint is no `*`, and a
+/// missing pattern matches nothing). Here it was read as `*`, a limit on every request: a rule
+/// that did nothing there limited every endpoint once migrated. It is refused naming the field.
+#[test]
+fn aspnet_rule_without_endpoint_is_refused_not_read_as_every_request() {
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [
+                {"Endpoint": "*", "Period": "1m", "Limit": 100},
+                {"Period": "1s", "Limit": 1}]}}"#,
+            "IpRateLimiting.GeneralRules[1].Endpoint",
+        ),
+        (
+            r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "GeneralRules": [
+                {"Endpoint": null, "Period": "1s", "Limit": 1}]}}"#,
+            "IpRateLimiting.GeneralRules[0].Endpoint",
+        ),
+        (
+            r#"{"ClientRateLimitPolicies": {"ClientRules": [{"ClientId": "c", "Rules": [
+                {"Period": "1s", "Limit": 1}]}]}}"#,
+            "ClientRateLimitPolicies.ClientRules[0].Rules[0].Endpoint",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(
+            e.starts_with(field) && e.contains("missing"),
+            "{field}: {e}"
+        );
     }
 }

@@ -639,6 +639,15 @@ impl Section<'_> {
             let endpoint = r.string("Endpoint")?;
             // Checked even when left out: a mistake in the document is reported wherever it is.
             let rules = self.rule(&r, endpoint.clone().unwrap_or_else(|| "*".to_owned()))?;
+            // There a rule without a pattern applies to no request (it is no `*` rule, and a
+            // missing pattern matches nothing); read as `*` it would limit every request.
+            if endpoint.is_none() {
+                return Err(HttpConfigError::invalid(
+                    r.field("Endpoint"),
+                    "missing: AspNetCoreRateLimit applies a rule without one to no request; \
+                     write \"*\" for every request, or leave the rule out",
+                ));
+            }
             if self.only_any && endpoint.as_deref().is_some_and(|e| e.trim() != "*") {
                 continue;
             }

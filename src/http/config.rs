@@ -1124,7 +1124,8 @@ impl HttpConfig {
     /// duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]`) is its
     /// window when given, as there. A `Limit` of zero or less blocks every request its rule
     /// applies to, as there (`-1` becomes `limit = 0`); a fraction, or more than 4294967295, is
-    /// refused naming the field.
+    /// refused naming the field. A rule without an `Endpoint` is refused: there it applies to no
+    /// request, and read as `*` it would limit every one.
     ///
     /// `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
     /// `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
