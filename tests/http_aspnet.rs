@@ -103,7 +103,7 @@ fn aspnet_values_bind_from_text_and_errors_name_the_field() {
     assert_eq!(config.rules[0].limit, 1);
     for (doc, field) in [
         (
-            r#"{"IpRateLimiting": {"GeneralRules": [{"Period": "1s", "Limit": 1}, {"Period": "1s", "Limit": "ten"}]}}"#,
+            r#"{"IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}, {"Endpoint": "*", "Period": "1s", "Limit": "ten"}]}}"#,
             "IpRateLimiting.GeneralRules[1].Limit: expected a number",
         ),
         (
@@ -712,6 +712,31 @@ fn aspnet_fractional_period_loads() {
     limiter(config);
 }
 
+/// A period with a fraction is counted in whole milliseconds. One of more milliseconds than a
+/// `u64` holds (`18446744073709552.5s`, some 584 million years) wrapped around to `384ms`: a
+/// rule meant to be near permanent counted a window shorter than a second. It is too long, and
+/// refused as such naming the field; and a fraction below a millisecond (`0.0001s`) is refused
+/// saying so, not as "must be greater than zero".
+#[test]
+fn aspnet_fractional_periods_out_of_range_are_refused_not_wrapped() {
+    for (period, why) in [
+        ("18446744073709552.5s", "too long"),
+        ("307445734561825.9m", "too long"),
+        ("0.0001s", "below a millisecond"),
+    ] {
+        let doc = format!(
+            r#"{{"IpRateLimiting": {{"GeneralRules": [
+                {{"Endpoint": "*", "Period": "1m", "Limit": 5}},
+                {{"Endpoint": "*", "Period": "{period}", "Limit": 1}}]}}}}"#
+        );
+        let e = err(&doc);
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[1].Period") && e.contains(why),
+            "{period}: {e}"
+        );
+    }
+}
+
 /// There `IpWhitelist` entries and `IpRules[].Ip` are IP ranges: `first-last` and
 /// `address/mask` too. A range that is not one CIDR range becomes the few that cover it.
 #[test]
@@ -958,4 +983,359 @@ fn an_appsettings_error_after_a_comment_is_reported_where_it_is() {
     // As the AspNetCoreRateLimit loader reports it.
     let e = HttpConfig::from_aspnet_json(doc).unwrap_err().to_string();
     assert!(e.contains("line 3"), "{e}");
+}
+
+/// There a rule whose `Limit` is zero or less blocks every request it applies to ("if limit
+/// is zero or less, block the request"), so `"Limit": -1` is a way to shut out a client in an
+/// `IpRules` policy. It was refused here as "not a whole number", and the document did not
+/// load; it is a block, as `0` is.
+#[test]
+fn aspnet_negative_limit_blocks_as_zero_does() {
+    let doc = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 100}]},
+      "IpRateLimitPolicies": {"IpRules": [{"Ip": "192.0.2.1", "Rules": [
+        {"Endpoint": "*", "Period": "1m", "Limit": -1}]}]}
+    }"#;
+    let config = HttpConfig::from_aspnet_json(doc).expect("a negative limit loads");
+    assert_eq!(config.ip_rules[0].rules[0].limit, 0);
+    let l = limiter(config);
+    let v = decide(&l, &http::Method::GET, "/", [192, 0, 2, 1]);
+    assert!(
+        matches!(
+            v.outcome,
+            Outcome::Rejected {
+                reason: turnstile::http::RejectReason::Blocked,
+                ..
+            }
+        ),
+        "{v:?}"
+    );
+    assert!(!rejected(&decide(
+        &l,
+        &http::Method::GET,
+        "/",
+        [1, 1, 1, 1]
+    )));
+    // Too many requests for a rule to count is still refused, saying so.
+    let e = err(
+        r#"{"IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 4294967296}]}}"#,
+    );
+    assert!(
+        e.starts_with("IpRateLimiting.GeneralRules[0].Limit") && e.contains("4294967295"),
+        "{e}"
+    );
+}
+
+/// A rule of AspNetCoreRateLimit may have its own `QuotaExceededResponse` (its status, content
+/// and content type for the rejections it makes; there it then replaces the section's for every
+/// later rejection too). It was ignored here without a word: such a rule's rejections had the
+/// section's status and body. A rule cannot have its own response here, so the document is
+/// refused naming the field, as `StackBlockedRequests: true` is.
+#[test]
+fn aspnet_rule_quota_exceeded_response_is_refused_not_ignored() {
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [
+                {"Endpoint": "*", "Period": "1s", "Limit": 5},
+                {"Endpoint": "*", "Period": "1m", "Limit": 50,
+                 "QuotaExceededResponse": {"StatusCode": 503, "Content": "busy"}}]}}"#,
+            "IpRateLimiting.GeneralRules[1].QuotaExceededResponse",
+        ),
+        (
+            r#"{"ClientRateLimitPolicies": {"ClientRules": [{"ClientId": "c", "Rules": [
+                {"Endpoint": "*", "Period": "1m", "Limit": 50,
+                 "quotaExceededResponse": {"Content": "busy"}}]}]}}"#,
+            "ClientRateLimitPolicies.ClientRules[0].Rules[0].QuotaExceededResponse",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(e.starts_with(field), "{field}: {e}");
+    }
+    // A `null` one is none, as there.
+    let doc = r#"{"IpRateLimiting": {"GeneralRules": [
+        {"Endpoint": "*", "Period": "1s", "Limit": 5, "QuotaExceededResponse": null}]}}"#;
+    limiter(HttpConfig::from_aspnet_json(doc).expect("loads"));
+}
+
+/// There a policy's rule replaces the general rule whose `Period` is the same text
+/// (`r.Period == generalLimit.Period`): a policy of `60s` leaves the general `1m` rule in force,
+/// and both apply. Here rules compete by their window, so the policy's `60s` rule displaced the
+/// general `1m` one: an address given a generous policy per `60s` escaped the general limit of
+/// 2 per `1m`, which AspNetCoreRateLimit kept applying to it. A client policy likewise.
+#[test]
+fn aspnet_policy_of_the_same_window_written_otherwise_keeps_the_general_rule() {
+    let doc = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 2}]},
+      "IpRateLimitPolicies": {"IpRules": [{"Ip": "10.0.0.1", "Rules": [
+        {"Endpoint": "*", "Period": "60s", "Limit": 100}]}]},
+      "ClientRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1h", "Limit": 3}]},
+      "ClientRateLimitPolicies": {"ClientRules": [{"ClientId": "partner", "Rules": [
+        {"Endpoint": "*", "Period": "60m", "Limit": 100}]}]}
+    }"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    // The IP policy's address: still 2 per minute.
+    assert!(!get_rejected(&l, [10, 0, 0, 1], Some("a")));
+    assert!(!get_rejected(&l, [10, 0, 0, 1], Some("b")));
+    assert!(get_rejected(&l, [10, 0, 0, 1], Some("c")));
+    // The client policy's client: still 3 per hour, from three addresses.
+    assert!(!get_rejected(&l, [1, 1, 1, 1], Some("partner")));
+    assert!(!get_rejected(&l, [2, 2, 2, 2], Some("partner")));
+    assert!(!get_rejected(&l, [3, 3, 3, 3], Some("partner")));
+    assert!(get_rejected(&l, [4, 4, 4, 4], Some("partner")));
+    // A policy's rule of the same text still replaces the general one, as there.
+    let doc = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 2}]},
+      "IpRateLimitPolicies": {"IpRules": [{"Ip": "10.0.0.1", "Rules": [
+        {"Endpoint": "*", "Period": "1m", "Limit": 3}]}]}
+    }"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    for _ in 0..3 {
+        assert!(!get_rejected(&l, [10, 0, 0, 1], None));
+    }
+    assert!(get_rejected(&l, [10, 0, 0, 1], None));
+}
+
+/// A `null` entry of a list is skipped (as ASP.NET's binder leaves it out), but the entries
+/// after it keep their index in the document: an error in `IpWhitelist[2]` named
+/// `IpWhitelist[1]`, the entry before it, which is valid.
+#[test]
+fn aspnet_list_errors_after_a_null_entry_name_the_right_index() {
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"IpWhitelist": [null, "10.0.0.1", "bad"]}}"#,
+            "IpRateLimiting.IpWhitelist[2]",
+        ),
+        (
+            r#"{"ClientRateLimiting": {"EndpointWhitelist": [null, "get:/ok", "get:bad"]}}"#,
+            "ClientRateLimiting.EndpointWhitelist[2]",
+        ),
+        (
+            r#"{"IpRateLimiting": {"EnableRegexRuleMatching": true,
+                "EndpointWhitelist": [null, "get:/ok", "(get:/x"]}}"#,
+            "IpRateLimiting.EndpointWhitelist[2]",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(e.starts_with(field), "{field}: {e}");
+    }
+    // The null entries are no entries.
+    let config = HttpConfig::from_aspnet_json(
+        r#"{"IpRateLimiting": {"IpWhitelist": [null, "10.0.0.1"], "ClientWhitelist": [null, "c"]}}"#,
+    )
+    .unwrap();
+    assert_eq!(config.whitelist.by_key[0].ips, ["10.0.0.1/32"]);
+    assert_eq!(config.whitelist.by_key[0].clients, ["c"]);
+}
+
+/// Each section's middleware reads its own `RealIpHeader` and `ClientIdHeader` there: the IP
+/// rules count the address the IP section's header gives, the client rules the id the client
+/// section's header gives. Here one of each is read, and the section translated last won: a
+/// `RealIpHeader` of the client section (which counts no address) replaced the IP section's,
+/// and the IP rules counted a header their section does not read.
+#[test]
+fn aspnet_each_header_is_the_section_that_counts_by_it() {
+    for (ip, client) in [
+        ("IpRateLimiting", "ClientRateLimiting"),
+        ("ipratelimiting", "clientratelimiting"),
+    ] {
+        let doc = format!(
+            r#"{{"{client}": {{"RealIpHeader": "X-Real-IP", "ClientIdHeader": "X-Api-Key"}},
+                "{ip}": {{"RealIpHeader": "CF-Connecting-IP", "ClientIdHeader": "X-ClientId"}}}}"#
+        );
+        let config = HttpConfig::from_aspnet_json(&doc).unwrap();
+        assert_eq!(
+            config.client_ip.headers,
+            [turnstile::http::ForwardedHeader::Custom(
+                "CF-Connecting-IP".to_owned()
+            )]
+        );
+        assert_eq!(config.client_id_header.as_deref(), Some("X-Api-Key"));
+    }
+    // One section naming them: its headers, whichever it is.
+    let config = HttpConfig::from_aspnet_json(
+        r#"{"ClientRateLimiting": {"RealIpHeader": "X-Real-Client", "ClientIdHeader": "X-Key"}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        config.client_ip.headers,
+        [turnstile::http::ForwardedHeader::Custom(
+            "X-Real-Client".to_owned()
+        )]
+    );
+    assert_eq!(config.client_id_header.as_deref(), Some("X-Key"));
+}
+
+/// Probes of the review that found nothing, pinned: periods and limits at their bounds are
+/// read as there or refused naming the field; whitelisted endpoints match in any case and
+/// without the trailing `/`, as the rules do; client ids are compared exactly, as
+/// `List.Contains` does there.
+#[test]
+fn aspnet_bounds_and_whitelist_matching_hold() {
+    let rule = |period: &str, limit: &str| {
+        format!(
+            r#"{{"IpRateLimiting": {{"GeneralRules": [{{"Endpoint": "*", "Period": "{period}", "Limit": {limit}}}]}}}}"#
+        )
+    };
+    for (period, limit, loaded) in [
+        ("1s", "1", ("1s", 1)),
+        ("15m", "0", ("15m", 0)),
+        ("12h", "-0", ("12h", 0)),
+        ("7d", "4294967295", ("7d", 4_294_967_295)),
+        (".5m", "\"3\"", ("30s", 3)),
+        ("584y", "1", ("213160d", 1)),
+    ] {
+        let config = HttpConfig::from_aspnet_json(&rule(period, limit)).unwrap();
+        assert_eq!(
+            (config.rules[0].period.as_str(), config.rules[0].limit),
+            loaded,
+            "{period} {limit}"
+        );
+        limiter(config);
+    }
+    for (period, why) in [
+        ("0s", "must be greater than zero"),
+        ("0.0s", "must be greater than zero"),
+        ("99999999d", "too long"),
+        ("-1s", "is not a duration"),
+        ("", "is not a duration"),
+    ] {
+        let e = err(&rule(period, "1"));
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[0].Period") && e.contains(why),
+            "{period:?}: {e}"
+        );
+    }
+    for span in ["00:00:00", "24:00:00", "-00:01:00", "00:60:00"] {
+        let doc = format!(
+            r#"{{"IpRateLimiting": {{"GeneralRules": [{{"Endpoint": "*", "Period": "1m", "PeriodTimespan": "{span}", "Limit": 1}}]}}}}"#
+        );
+        let e = err(&doc);
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[0].PeriodTimespan"),
+            "{span}: {e}"
+        );
+    }
+
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true,
+        "EndpointWhitelist": ["get:/api/license", "*:/api/status"],
+        "ClientWhitelist": ["Trusted"],
+        "GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 0}]}}"#;
+    let l = limiter(HttpConfig::from_aspnet_json(doc).unwrap());
+    for (method, path, client, whitelisted) in [
+        (http::Method::GET, "/api/license", None, true),
+        (http::Method::GET, "/API/License/", None, true),
+        (http::Method::HEAD, "/api/license", None, true),
+        (http::Method::POST, "/api/license", None, false),
+        (http::Method::DELETE, "/api/status/", None, true),
+        (http::Method::GET, "/api/statusx", None, false),
+        (http::Method::GET, "/x", Some("Trusted"), true),
+        (http::Method::GET, "/x", Some("trusted"), false),
+    ] {
+        let outcome = decide_as(&l, &method, path, [1, 1, 1, 1], client).outcome;
+        assert_eq!(
+            outcome == Outcome::Whitelisted,
+            whitelisted,
+            "{method} {path} {client:?}: {outcome:?}"
+        );
+    }
+}
+
+/// There each section's rejections have that section's response (`HttpStatusCode`,
+/// `QuotaExceededResponse`, `QuotaExceededMessage`, `DisableRateLimitHeaders`). Here every
+/// rejection has one, and the section translated last gave it: the IP rules' rejections were
+/// sent with the client section's status and body. Two sections that give different responses
+/// are refused naming the second; one that gives none takes the other's, and two that give the
+/// same load.
+#[test]
+fn aspnet_sections_with_different_responses_are_refused() {
+    let e = err(r#"{
+      "IpRateLimiting": {"QuotaExceededResponse": {"Content": "slow down", "StatusCode": 429}},
+      "ClientRateLimiting": {"HttpStatusCode": 403, "QuotaExceededMessage": "quota"}
+    }"#);
+    assert!(e.starts_with("ClientRateLimiting:"), "{e}");
+    assert!(e.contains("IpRateLimiting"), "{e}");
+    let e = err(r#"{
+      "IpRateLimiting": {"HttpStatusCode": 503},
+      "clientRateLimiting": {"DisableRateLimitHeaders": true, "HttpStatusCode": 503}
+    }"#);
+    assert!(e.starts_with("ClientRateLimiting:"), "{e}");
+    for doc in [
+        r#"{"IpRateLimiting": {"HttpStatusCode": 503, "QuotaExceededMessage": "x"},
+            "ClientRateLimiting": {"ClientIdHeader": "X-Key"}}"#,
+        r#"{"IpRateLimiting": {"HttpStatusCode": "503"},
+            "ClientRateLimiting": {"httpStatusCode": 503, "DisableRateLimitHeaders": false}}"#,
+        r#"{"IpRateLimiting": {}, "ClientRateLimiting": {"HttpStatusCode": 503}}"#,
+    ] {
+        let config = HttpConfig::from_aspnet_json(doc).expect(doc);
+        assert_eq!(config.response.status, 503, "{doc}");
+    }
+}
+
+/// ASP.NET's JSON configuration refuses a file with a key given twice in one object, in any
+/// case, exactly the same one included. A key given twice in one case was read here as the
+/// last one given: `"Limit": 1, ..., "Limit": 1000` loaded a limit of 1000 from a file ASP.NET
+/// does not start with. It is refused naming the field, as a key given in two cases is.
+#[test]
+fn aspnet_a_key_given_twice_in_one_case_is_refused() {
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [
+                {"Endpoint": "*", "Period": "1s", "Limit": 1, "Limit": 1000}]}}"#,
+            "IpRateLimiting.GeneralRules[0].Limit",
+        ),
+        (
+            r#"{"IpRateLimiting": {"IpWhitelist": ["10.0.0.1"]},
+                "IpRateLimiting": {"GeneralRules": []}}"#,
+            "IpRateLimiting",
+        ),
+        (
+            // Anywhere in the file, as there: ASP.NET reads all of it.
+            r#"{"Logging": {"LogLevel": {"Default": "Information", "default": "Warning"}},
+                "ClientRateLimiting": {}}"#,
+            "Logging.LogLevel.Default",
+        ),
+    ] {
+        for e in [
+            err(doc),
+            HttpConfig::from_aspnet_json(doc).unwrap_err().to_string(),
+            // With a comment, as an appsettings.json may have.
+            err(&format!("// limits\n{doc}")),
+        ] {
+            assert!(
+                e.starts_with(&format!("{field}: given twice")),
+                "{field}: {e}"
+            );
+        }
+    }
+}
+
+/// There a rule without an `Endpoint` applies to no request (its endpoint is no `*`, and a
+/// missing pattern matches nothing). Here it was read as `*`, a limit on every request: a rule
+/// that did nothing there limited every endpoint once migrated. It is refused naming the field.
+#[test]
+fn aspnet_rule_without_endpoint_is_refused_not_read_as_every_request() {
+    for (doc, field) in [
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [
+                {"Endpoint": "*", "Period": "1m", "Limit": 100},
+                {"Period": "1s", "Limit": 1}]}}"#,
+            "IpRateLimiting.GeneralRules[1].Endpoint",
+        ),
+        (
+            r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "GeneralRules": [
+                {"Endpoint": null, "Period": "1s", "Limit": 1}]}}"#,
+            "IpRateLimiting.GeneralRules[0].Endpoint",
+        ),
+        (
+            r#"{"ClientRateLimitPolicies": {"ClientRules": [{"ClientId": "c", "Rules": [
+                {"Period": "1s", "Limit": 1}]}]}}"#,
+            "ClientRateLimitPolicies.ClientRules[0].Rules[0].Endpoint",
+        ),
+    ] {
+        let e = err(doc);
+        assert!(
+            e.starts_with(field) && e.contains("missing"),
+            "{field}: {e}"
+        );
+    }
 }

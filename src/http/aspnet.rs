@@ -7,7 +7,7 @@ use crate::http::config::{
     ClientRulesConfig, HttpConfig, IpRulesConfig, KeyWhitelistConfig, RuleConfig, RuleKey,
 };
 use crate::http::rules::{Endpoint, parse_net, parse_period};
-use crate::http::{ClientIpConfig, ForwardedHeader, HttpConfigError};
+use crate::http::{ClientIpConfig, ForwardedHeader, HttpConfigError, ResponseConfig};
 use serde_json::{Map, Value};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -25,6 +25,121 @@ pub(crate) fn is_aspnet(value: &serde_json::Value) -> bool {
         o.keys()
             .any(|k| SECTIONS.iter().any(|s| s.eq_ignore_ascii_case(k)))
     })
+}
+
+/// Refuses a JSON document with a key given twice in one object, in any case (ASP.NET's JSON
+/// configuration compares keys case-insensitively): parsed into a `Value`, the last of the two
+/// would silently win. Anywhere in the document, since ASP.NET reads all of it. A value given
+/// twice refuses the file there too; two objects or lists given under one key are merged
+/// there, which is not done here, so they are refused as well, saying so. The error names the
+/// field as the document spells it, at its first spelling.
+pub(crate) fn check_duplicate_keys(text: &str) -> Result<(), HttpConfigError> {
+    use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    /// The field given twice, its two spellings, and whether the first is an object or a list.
+    type Found = RefCell<Option<(String, String, String, bool)>>;
+
+    /// Walks one value; its result is whether it is an object or a list.
+    struct Walk<'a> {
+        path: String,
+        found: &'a Found,
+    }
+
+    impl Walk<'_> {
+        fn child(&self, name: &str) -> String {
+            if self.path.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{}.{name}", self.path)
+            }
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Walk<'_> {
+        type Value = bool;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Walk<'_> {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_unit<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+            let mut i = 0usize;
+            while seq
+                .next_element_seed(Walk {
+                    path: format!("{}[{i}]", self.path),
+                    found: self.found,
+                })?
+                .is_some()
+            {
+                i += 1;
+            }
+            Ok(true)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            // Each key in lower case: its first spelling, and whether its value is an object
+            // or a list.
+            let mut seen: HashMap<String, (String, bool)> = HashMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if let Some((first, container)) = seen.get(&key.to_ascii_lowercase()) {
+                    *self.found.borrow_mut() =
+                        Some((self.child(first), first.clone(), key, *container));
+                    return Err(A::Error::custom("a key given twice"));
+                }
+                let container = map.next_value_seed(Walk {
+                    path: self.child(&key),
+                    found: self.found,
+                })?;
+                seen.insert(key.to_ascii_lowercase(), (key, container));
+            }
+            Ok(true)
+        }
+    }
+
+    let found = RefCell::new(None);
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    // Any other error is the parser's, which the caller reports.
+    let _ = Walk {
+        path: String::new(),
+        found: &found,
+    }
+    .deserialize(&mut deserializer);
+    let Some((field, first, second, container)) = found.into_inner() else {
+        return Ok(());
+    };
+    let why = if container {
+        "ASP.NET's configuration merges the two, which is not done here: write it once"
+    } else {
+        "ASP.NET's configuration refuses a value given twice in one object, in any case"
+    };
+    Err(HttpConfigError::invalid(
+        field,
+        format!("given twice ({first:?} and {second:?}): {why}"),
+    ))
 }
 
 /// What kind of JSON value `value` is, for error messages.
@@ -154,19 +269,32 @@ impl<'a> Node<'a> {
     }
 
     fn strings(&self, name: &str) -> Result<Vec<String>, HttpConfigError> {
+        Ok(self
+            .entries(name)?
+            .into_iter()
+            .map(|(_, entry)| entry)
+            .collect())
+    }
+
+    /// The strings of the list `name`, each with its field (`IpWhitelist[2]`): the index is the
+    /// document's, `null` entries (which are skipped) counted.
+    fn entries(&self, name: &str) -> Result<Vec<(String, String)>, HttpConfigError> {
         match self.get(name)? {
             None => Ok(Vec::new()),
             Some((Value::Array(items), field)) => items
                 .iter()
                 .enumerate()
                 .filter(|(_, item)| !item.is_null())
-                .map(|(i, item)| match item {
-                    Value::String(s) => Ok(s.clone()),
-                    Value::Number(n) => Ok(n.to_string()),
-                    other => Err(HttpConfigError::invalid(
-                        format!("{field}[{i}]"),
-                        format!("expected a string, found {}", kind(other)),
-                    )),
+                .map(|(i, item)| {
+                    let at = format!("{field}[{i}]");
+                    match item {
+                        Value::String(s) => Ok((at, s.clone())),
+                        Value::Number(n) => Ok((at, n.to_string())),
+                        other => Err(HttpConfigError::invalid(
+                            at,
+                            format!("expected a string, found {}", kind(other)),
+                        )),
+                    }
                 })
                 .collect(),
             Some((other, field)) => Err(HttpConfigError::invalid(
@@ -308,6 +436,15 @@ fn regex_endpoint(
     Ok(matched)
 }
 
+/// The error for a window longer than a limiter counts (more than u64::MAX nanoseconds), naming
+/// `field` and the text it was written as.
+fn too_long(text: &str, field: &str) -> HttpConfigError {
+    HttpConfigError::invalid(
+        field,
+        format!("{text:?} is too long: a window is at most u64::MAX nanoseconds (about 584 years)"),
+    )
+}
+
 /// An AspNetCoreRateLimit period as a humantime one, checked: `{n}mo` is `n` times 30 days
 /// and `{n}y` `n` times 365 days there (humantime's months and years are longer), and the
 /// number may have a fraction (`1.5m`, which is `double.Parse` there); other text is left for
@@ -335,13 +472,27 @@ fn period(text: &str, field: &str) -> Result<String, HttpConfigError> {
             .checked_mul(per / 86_400)
             .map_or_else(|| trimmed.to_owned(), |days| format!("{days}d")),
         (Err(_), Some(per)) => match number.parse::<f64>() {
-            Ok(n) => std::time::Duration::try_from_secs_f64(n * per as f64)
-                .map(|d| {
-                    // Whole milliseconds: a binary fraction's noise is no part of the period.
-                    let d = std::time::Duration::from_millis(d.as_millis() as u64);
-                    humantime::format_duration(d).to_string()
-                })
-                .unwrap_or_else(|_| trimmed.to_owned()),
+            Ok(n) => match std::time::Duration::try_from_secs_f64(n * per as f64) {
+                // Whole milliseconds: a binary fraction's noise is no part of the period. A
+                // count of them beyond a `u64` is far beyond any window (checked, not cast: a
+                // cast wrapped `18446744073709552.5s` around to `384ms`).
+                Ok(d) => match u64::try_from(d.as_millis()) {
+                    Ok(0) if n > 0.0 => {
+                        return Err(HttpConfigError::invalid(
+                            field,
+                            format!(
+                                "{text:?} is below a millisecond, the finest a period with a fraction is counted in"
+                            ),
+                        ));
+                    }
+                    Ok(millis) => {
+                        humantime::format_duration(std::time::Duration::from_millis(millis))
+                            .to_string()
+                    }
+                    Err(_) => return Err(too_long(text, field)),
+                },
+                Err(_) => trimmed.to_owned(),
+            },
             Err(_) => trimmed.to_owned(),
         },
         _ => trimmed.to_owned(),
@@ -474,22 +625,47 @@ struct Section<'a> {
 impl Section<'_> {
     /// The rules of the list `name` of `node`. Two rules of one endpoint and period are legal
     /// there, and only the lower limit can apply (the lowest limit per period is taken): the
-    /// other is left out here, where the two would share a name.
-    fn rules(&self, node: &Node<'_>, name: &str) -> Result<Vec<RuleConfig>, HttpConfigError> {
+    /// other is left out here, where the two would share a name. Each with its `Period` as
+    /// written, which policies compare (see [`kept_general_rules`]).
+    fn rules(
+        &self,
+        node: &Node<'_>,
+        name: &str,
+    ) -> Result<Vec<(RuleConfig, String)>, HttpConfigError> {
         let rules = node.objects(name)?;
-        let mut out: Vec<RuleConfig> = Vec::with_capacity(rules.len());
+        let mut out: Vec<(RuleConfig, String)> = Vec::with_capacity(rules.len());
         for r in rules {
+            let period_text = r.string("Period")?.unwrap_or_default();
             let endpoint = r.string("Endpoint")?;
             // Checked even when left out: a mistake in the document is reported wherever it is.
             let rules = self.rule(&r, endpoint.clone().unwrap_or_else(|| "*".to_owned()))?;
+            // There a rule without a pattern applies to no request (it is no `*` rule, and a
+            // missing pattern matches nothing); read as `*` it would limit every request.
+            if endpoint.is_none() {
+                return Err(HttpConfigError::invalid(
+                    r.field("Endpoint"),
+                    "missing: AspNetCoreRateLimit applies a rule without one to no request; \
+                     write \"*\" for every request, or leave the rule out",
+                ));
+            }
             if self.only_any && endpoint.as_deref().is_some_and(|e| e.trim() != "*") {
                 continue;
             }
+            // There a rule's own response is sent for its rejections (and then for every later
+            // one of the section: it replaces the section's). A rule has no response of its own
+            // here; ignoring it would send the section's status and body instead.
+            if let Some((_, field)) = r.get("QuotaExceededResponse")? {
+                return Err(HttpConfigError::invalid(
+                    field,
+                    "a rule's own response is not supported: give it to the section \
+                     (its QuotaExceededResponse), whose rejections all share one",
+                ));
+            }
             for rule in rules {
-                match out.iter_mut().find(|o| o.name == rule.name) {
-                    Some(kept) if rule.limit < kept.limit => *kept = rule,
+                match out.iter_mut().find(|(o, _)| o.name == rule.name) {
+                    Some((kept, _)) if rule.limit < kept.limit => *kept = rule,
                     Some(_) => {}
-                    None => out.push(rule),
+                    None => out.push((rule, period_text.clone())),
                 }
             }
         }
@@ -521,12 +697,20 @@ impl Section<'_> {
                 (period, window, (field, period_text.clone()))
             }
         };
-        let limit = r.number("Limit")?.unwrap_or(0.0);
-        if !(limit >= 0.0 && limit.fract() == 0.0 && limit <= u32::MAX as f64) {
+        // There a limit of zero or less blocks every request the rule applies to (`-1` as
+        // well as `0`), as a limit of 0 does here.
+        let limit = r.number("Limit")?.unwrap_or(0.0).max(0.0);
+        if limit.fract() != 0.0 {
+            return Err(HttpConfigError::invalid(
+                r.field("Limit"),
+                format!("{limit} is not a whole number of requests"),
+            ));
+        }
+        if limit > f64::from(u32::MAX) {
             return Err(HttpConfigError::invalid(
                 r.field("Limit"),
                 format!(
-                    "{limit} is not a whole number of requests up to {}",
+                    "{limit} is more requests than a rule counts (at most {})",
                     u32::MAX
                 ),
             ));
@@ -536,12 +720,7 @@ impl Section<'_> {
         // builds no limiter, so any period does for it, as in the native format.
         if limit > 0.0 && window.as_nanos() > u128::from(u64::MAX) {
             let (field, text) = written;
-            return Err(HttpConfigError::invalid(
-                field,
-                format!(
-                    "{text:?} is too long: a window is at most u64::MAX nanoseconds (about 584 years)"
-                ),
-            ));
+            return Err(too_long(&text, &field));
         }
         let monitor = r.bool("MonitorMode")?;
         let patterns = if self.regex {
@@ -665,29 +844,55 @@ fn template_of_dotnet_format(format: &str) -> String {
     out
 }
 
-fn apply_options(
-    config: &mut HttpConfig,
-    options: &Options<'_>,
-    section: &Section<'_>,
-) -> Result<(), HttpConfigError> {
-    let node = &options.node;
-    if node.bool("StackBlockedRequests")? {
-        return Err(HttpConfigError::invalid(
-            node.field("StackBlockedRequests"),
-            "true is not supported: rejected requests are never counted",
-        ));
+/// The rules of a policy, and the section's general rules that still apply beside them there.
+///
+/// There a general rule gives way to a policy's only when one of the policy's rules has the same
+/// `Period` text (`r.Period == generalLimit.Period`); rules of another text all apply, whatever
+/// their windows. Here a specific rule displaces the general ones of its window, so a policy
+/// rule of `60s` displaced the general `1m` rule that AspNetCoreRateLimit keeps applying (an
+/// address with a generous policy escaped the general limit). Such a general rule is given to
+/// the policy as well: it then competes with the policy's rules of its window, and the lower
+/// limit applies, which is what both applying comes to (in a section every rule counts the
+/// same requests, all of them or each `VERB:path`'s).
+fn kept_general_rules(
+    policy: Vec<(RuleConfig, String)>,
+    general: &[(RuleConfig, String)],
+) -> Vec<RuleConfig> {
+    let window = |rule: &RuleConfig| parse_period(&rule.period, "").ok();
+    let kept: Vec<RuleConfig> = general
+        .iter()
+        .filter(|(g, text)| {
+            !policy.iter().any(|(_, t)| t == text)
+                && policy.iter().any(|(p, _)| window(p) == window(g))
+        })
+        .map(|(g, _)| g.clone())
+        .collect();
+    policy.into_iter().map(|(p, _)| p).chain(kept).collect()
+}
+
+/// The keys of a section that make its rejections' response.
+const RESPONSE_KEYS: [&str; 4] = [
+    "HttpStatusCode",
+    "QuotaExceededResponse",
+    "QuotaExceededMessage",
+    "DisableRateLimitHeaders",
+];
+
+/// Whether the section `node` gives any of its response's keys.
+fn gives_response(node: &Node<'_>) -> Result<bool, HttpConfigError> {
+    for key in RESPONSE_KEYS {
+        if node.get(key)?.is_some() {
+            return Ok(true);
+        }
     }
-    if let Some(p) = node.string("RateLimitCounterPrefix")? {
-        config.backend.prefix = Some(p);
-    }
-    if let Some(h) = header_name(node, "RealIpHeader")? {
-        config.client_ip.headers = vec![ForwardedHeader::Custom(h)];
-    }
-    if let Some(h) = header_name(node, "ClientIdHeader")? {
-        config.client_id_header = Some(h);
-    }
+    Ok(false)
+}
+
+/// Applies the response of the section `node` (its status, body, content type and headers) to
+/// `response`.
+fn apply_response(response: &mut ResponseConfig, node: &Node<'_>) -> Result<(), HttpConfigError> {
     if let Some(status) = node.status("HttpStatusCode")? {
-        config.response.status = status;
+        response.status = status;
     }
     let mut content = node.string("QuotaExceededMessage")?;
     let mut content_type = None;
@@ -695,8 +900,8 @@ fn apply_options(
         // Its `StatusCode` defaults to 429 there and wins over `HttpStatusCode`; only a `null`
         // one leaves `HttpStatusCode` in force.
         match q.status("StatusCode")? {
-            Some(status) => config.response.status = status,
-            None if !q.is_null("StatusCode") => config.response.status = 429,
+            Some(status) => response.status = status,
+            None if !q.is_null("StatusCode") => response.status = 429,
             None => {}
         }
         content_type = q.string("ContentType")?;
@@ -714,34 +919,59 @@ fn apply_options(
     }
     match content {
         Some(content) => {
-            config.response.body = Some(template_of_dotnet_format(&content));
+            response.body = Some(template_of_dotnet_format(&content));
             // There the content is `text/plain` unless `ContentType` says otherwise, as a
             // template's is here when `content_type` is unset.
-            config.response.content_type = content_type;
+            response.content_type = content_type;
         }
         None => {
             if content_type.is_some() {
-                config.response.content_type = content_type;
+                response.content_type = content_type;
             }
         }
     }
     if node.bool("DisableRateLimitHeaders")? {
         // There `Retry-After` is one of the rate-limit headers, sent only when they are.
-        config.response.ietf_headers = false;
-        config.response.legacy_headers = false;
-        config.response.retry_after_header = false;
+        response.ietf_headers = false;
+        response.legacy_headers = false;
+        response.retry_after_header = false;
     }
+    Ok(())
+}
+
+/// Applies one section's options to `config`, and adds its general rules; returns them, with
+/// their `Period` as written.
+fn apply_options(
+    config: &mut HttpConfig,
+    options: &Options<'_>,
+    section: &Section<'_>,
+) -> Result<Vec<(RuleConfig, String)>, HttpConfigError> {
+    let node = &options.node;
+    if node.bool("StackBlockedRequests")? {
+        return Err(HttpConfigError::invalid(
+            node.field("StackBlockedRequests"),
+            "true is not supported: rejected requests are never counted",
+        ));
+    }
+    if let Some(p) = node.string("RateLimitCounterPrefix")? {
+        config.backend.prefix = Some(p);
+    }
+    if let Some(h) = header_name(node, "RealIpHeader")? {
+        config.client_ip.headers = vec![ForwardedHeader::Custom(h)];
+    }
+    if let Some(h) = header_name(node, "ClientIdHeader")? {
+        config.client_id_header = Some(h);
+    }
+    apply_response(&mut config.response, node)?;
     // A section's whitelists exempt requests from its own rules only: the IP middleware and
     // the client middleware each check theirs there.
     let mut whitelist = KeyWhitelistConfig::new(section.key);
-    for (i, entry) in node.strings("IpWhitelist")?.iter().enumerate() {
-        let field = format!("{}[{i}]", node.field("IpWhitelist"));
+    for (field, entry) in node.entries("IpWhitelist")? {
         whitelist
             .ips
-            .extend(ip_nets(entry, &field, &config.client_ip)?);
+            .extend(ip_nets(&entry, &field, &config.client_ip)?);
     }
-    for (i, endpoint) in node.strings("EndpointWhitelist")?.into_iter().enumerate() {
-        let field = format!("{}[{i}]", node.field("EndpointWhitelist"));
+    for (field, endpoint) in node.entries("EndpointWhitelist")? {
         if !section.regex {
             Endpoint::parse(&endpoint, false, &field)?;
             whitelist.endpoints.push(endpoint);
@@ -760,8 +990,10 @@ fn apply_options(
         config.whitelist.by_key.push(whitelist);
     }
     let rules = section.rules(node, "GeneralRules")?;
-    config.rules.extend(rules);
-    Ok(())
+    config
+        .rules
+        .extend(rules.iter().map(|(rule, _)| rule.clone()));
+    Ok(rules)
 }
 
 /// Translates a parsed AspNetCoreRateLimit document.
@@ -813,17 +1045,50 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         ..HttpConfig::default()
     };
     config.client_ip.headers = vec![ForwardedHeader::Custom("X-Real-IP".to_owned())];
-    if let Some(o) = &ip {
-        apply_options(&mut config, o, &ip_section)?;
+    // One response here for every rejection, where each section has its own there: two
+    // sections that give different ones cannot both be kept.
+    if let (Some(i), Some(c)) = (&ip, &client)
+        && gives_response(&i.node)?
+        && gives_response(&c.node)?
+    {
+        let (mut of_ip, mut of_client) = (ResponseConfig::default(), ResponseConfig::default());
+        apply_response(&mut of_ip, &i.node)?;
+        apply_response(&mut of_client, &c.node)?;
+        if of_ip != of_client {
+            return Err(HttpConfigError::invalid(
+                c.node.path.clone(),
+                format!(
+                    "its response ({}) differs from IpRateLimiting's: every rejection has one \
+                     response here, so give both sections the same, or give it in one only",
+                    RESPONSE_KEYS.join(", ")
+                ),
+            ));
+        }
     }
+    let mut ip_general = Vec::new();
+    if let Some(o) = &ip {
+        ip_general = apply_options(&mut config, o, &ip_section)?;
+    }
+    let mut client_general = Vec::new();
     if let Some(o) = &client {
-        apply_options(&mut config, o, &client_section)?;
+        client_general = apply_options(&mut config, o, &client_section)?;
+    }
+    // Each middleware reads its own headers there. One of each is read here: the client id the
+    // client section's header gives (applied last), and the address the IP section's gives,
+    // which are what their rules count by.
+    if let Some(h) = ip
+        .as_ref()
+        .map(|o| header_name(&o.node, "RealIpHeader"))
+        .transpose()?
+        .flatten()
+    {
+        config.client_ip.headers = vec![ForwardedHeader::Custom(h)];
     }
     if let Some(p) = root.object("IpRateLimitPolicies")? {
         for policy in p.objects("IpRules")? {
             let ip = policy.string("Ip")?.unwrap_or_default();
             let nets = ip_nets(&ip, &policy.field("Ip"), &config.client_ip)?;
-            let rules = ip_section.rules(&policy, "Rules")?;
+            let rules = kept_general_rules(ip_section.rules(&policy, "Rules")?, &ip_general);
             // A range that is several CIDR ranges is one entry each, with the same rules: each
             // client is in one of them, and counted by that one's rules alone.
             for ip in nets {
@@ -853,7 +1118,7 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
             }
             config.client_rules.push(ClientRulesConfig {
                 client_id,
-                rules: client_section.rules(&policy, "Rules")?,
+                rules: kept_general_rules(client_section.rules(&policy, "Rules")?, &client_general),
             });
         }
     }

@@ -1044,6 +1044,9 @@ impl HttpConfig {
                     .map(|text| serde_json::from_str::<serde_json::Value>(&text));
                 let message = match stripped {
                     Some(Ok(value)) if crate::http::aspnet::is_aspnet(&value) => {
+                        if let Some(stripped) = without_comments(text) {
+                            crate::http::aspnet::check_duplicate_keys(&stripped)?;
+                        }
                         return crate::http::aspnet::translate(value);
                     }
                     // Not valid even with its comments read as ASP.NET reads them: the plain
@@ -1062,6 +1065,7 @@ impl HttpConfig {
             }
         };
         if crate::http::aspnet::is_aspnet(&value) {
+            crate::http::aspnet::check_duplicate_keys(text)?;
             return crate::http::aspnet::translate(value);
         }
         // From the text, not from `value`: a `Value` has no positions, so its errors would say
@@ -1078,12 +1082,13 @@ impl HttpConfig {
     /// # How the document is translated
     ///
     /// The document is read as ASP.NET's configuration binder reads it: section and field names in
-    /// any case (`"limit"`, `"Limit"` and `"LIMIT"` are one key; a key given twice in different
-    /// cases is an error, as there), and numbers and booleans also from their text (`"Limit":
-    /// "100"`). Fields it does not know are ignored, as there; a value of the wrong kind, and any
-    /// value the limiter would refuse (a period, an endpoint pattern, an IP entry, a header name),
-    /// is an error naming the document's field (`IpRateLimiting.GeneralRules[2].Limit`), checked as
-    /// the document is translated.
+    /// any case (`"limit"`, `"Limit"` and `"LIMIT"` are one key; a value given twice in one
+    /// object, in one case or two, is an error anywhere in the document, as there, and so are two
+    /// objects or lists under one key, which ASP.NET merges), and numbers and booleans also from
+    /// their text (`"Limit": "100"`). Fields it does not know are ignored, as there; a value of
+    /// the wrong kind, and any value the limiter would refuse (a period, an endpoint pattern, an
+    /// IP entry, a header name), is an error naming the document's field
+    /// (`IpRateLimiting.GeneralRules[2].Limit`), checked as the document is translated.
     ///
     /// Endpoint patterns match the whole `VERB:path` there, with `*` and `?` wildcards and in any
     /// case (AspNetCoreRateLimit 4 and 5; 3.x matched them as prefixes), as they do here:
@@ -1099,7 +1104,10 @@ impl HttpConfig {
     /// apply independently, as the two middlewares do there: the lowest limit per period is taken
     /// within each section (and its policies), and both sections' rules must admit. Two rules of
     /// one section with the same endpoint and period are legal there, only the lower limit
-    /// applying: the other is left out. A request without the client id header is the client
+    /// applying: the other is left out. A policy's rule replaces the general rules whose `Period`
+    /// is the same text, as there: a general rule of another text stays in force for the
+    /// policy's clients even when its window is the same (`1m` beside a policy's `60s`), the
+    /// lower limit of the two applying. A request without the client id header is the client
     /// `"anon"` (`anonymous_client_id`), as there; and the path is matched and counted without its
     /// trailing `/` (`trim_trailing_slash`), as there. With `EnableEndpointRateLimiting`, every
     /// rule counts each `VERB:path` separately, as there.
@@ -1114,12 +1122,17 @@ impl HttpConfig {
     /// Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
     /// 365, as there; a fraction, `1.5m`, is read as there too); other text is read as a humantime
     /// duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]`) is its
-    /// window when given, as there.
+    /// window when given, as there. A `Limit` of zero or less blocks every request its rule
+    /// applies to, as there (`-1` becomes `limit = 0`); a fraction, or more than 4294967295, is
+    /// refused naming the field. A rule without an `Endpoint` is refused: there it applies to no
+    /// request, and read as `*` it would limit every one.
     ///
     /// `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
     /// `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
     /// As there, it is `X-Real-IP` and the client id header `X-ClientId` unless a section names
-    /// them.
+    /// them. When both sections name one, the IP section's `RealIpHeader` and the client
+    /// section's `ClientIdHeader` are read, those their rules count by (there each section reads
+    /// its own, also for its whitelists).
     ///
     /// `EnableEndpointRateLimiting` is each section's own: a section that leaves it off keeps only
     /// its `*` rules (the others never apply there) while the other section's endpoint rules do.
@@ -1131,9 +1144,15 @@ impl HttpConfig {
     /// there; a `null` one leaves `HttpStatusCode`). The period is written in its largest whole
     /// unit (`1d`, `15m`), which is the `Period` as written for the usual ones; a period written
     /// otherwise (`60s`, `1.5m`, `1w`) is written `1m`, `90s`, `7d`. `DisableRateLimitHeaders`
-    /// leaves out `Retry-After` as well as the quota headers, as there.
+    /// leaves out `Retry-After` as well as the quota headers, as there. Every rejection has one
+    /// response here, where each section has its own there: the response one section gives is
+    /// that of both (the other giving none of `HttpStatusCode`, `QuotaExceededResponse`,
+    /// `QuotaExceededMessage` and `DisableRateLimitHeaders`), and two sections that give
+    /// different ones are refused, naming `ClientRateLimiting`.
     ///
-    /// `StackBlockedRequests: true` is refused: rejected requests are never counted here.
+    /// `StackBlockedRequests: true` is refused: rejected requests are never counted here. So is a
+    /// rule's own `QuotaExceededResponse` (of a rule that applies): every rejection here has the
+    /// section's response, and there that rule's would be sent instead.
     /// `RateLimitCounterPrefix` becomes `backend.prefix`, the key prefix in Redis once the backend
     /// is switched to Redis (`backend.kind = "redis"`; the memory backend has no keys).
     ///
@@ -1153,11 +1172,13 @@ impl HttpConfig {
         // As ASP.NET's JSON configuration reads it: comments and trailing commas allowed.
         let text = without_bom(text);
         let stripped = without_comments(text);
-        let value: serde_json::Value = serde_json::from_str(stripped.as_deref().unwrap_or(text))
-            .map_err(|e| HttpConfigError::Parse {
+        let text = stripped.as_deref().unwrap_or(text);
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| HttpConfigError::Parse {
                 format: "AspNetCoreRateLimit json",
                 message: e.to_string(),
             })?;
+        crate::http::aspnet::check_duplicate_keys(text)?;
         crate::http::aspnet::translate(value)
     }
 
@@ -1300,6 +1321,72 @@ fn without_comments(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One document in TOML, JSON and YAML is one configuration, periods and limits at their
+    /// bounds included, and a value the compiler refuses is refused naming the same field
+    /// whichever format it came in (a probe of the review that found nothing, pinned).
+    #[test]
+    fn toml_json_and_yaml_read_one_document_alike() {
+        let rules = [
+            ("1s", 0u64),
+            ("15m", 1),
+            ("12h", 4_294_967_295),
+            ("7d", 100),
+            ("1.5m", 2),
+            ("1m 30s", 3),
+        ];
+        let toml: String = rules
+            .iter()
+            .map(|(p, l)| {
+                format!("[[rules]]\nendpoint = \"*:/{p}\"\nperiod = \"{p}\"\nlimit = {l}\n")
+            })
+            .collect();
+        let json = format!(
+            "{{\"rules\": [{}]}}",
+            rules
+                .iter()
+                .map(|(p, l)| format!(
+                    "{{\"endpoint\": \"*:/{p}\", \"period\": \"{p}\", \"limit\": {l}}}"
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let yaml: String = std::iter::once("rules:\n".to_owned())
+            .chain(rules.iter().map(|(p, l)| {
+                format!("  - endpoint: \"*:/{p}\"\n    period: {p}\n    limit: {l}\n")
+            }))
+            .collect();
+        let from_toml = HttpConfig::from_toml_str(&toml).unwrap();
+        assert_eq!(HttpConfig::from_json_str(&json).unwrap(), from_toml);
+        assert_eq!(HttpConfig::from_yaml_str(&yaml).unwrap(), from_toml);
+        crate::http::HttpLimiter::new(from_toml).unwrap();
+        for (period, limit, field) in [
+            ("0s", 1u64, "rules[0].period"),
+            ("585y", 1, "rules[0].period"),
+            ("1s", 4_294_967_296, "rules[0].limit"),
+        ] {
+            let errors: Vec<String> = [
+                HttpConfig::from_toml_str(&format!(
+                    "[[rules]]\nperiod = \"{period}\"\nlimit = {limit}\n"
+                )),
+                HttpConfig::from_json_str(&format!(
+                    "{{\"rules\": [{{\"period\": \"{period}\", \"limit\": {limit}}}]}}"
+                )),
+                HttpConfig::from_yaml_str(&format!(
+                    "rules:\n  - period: {period}\n    limit: {limit}\n"
+                )),
+            ]
+            .into_iter()
+            .map(|config| {
+                crate::http::HttpLimiter::new(config.unwrap())
+                    .unwrap_err()
+                    .to_string()
+            })
+            .collect();
+            assert!(errors[0].starts_with(field), "{}", errors[0]);
+            assert!(errors.iter().all(|e| *e == errors[0]), "{errors:?}");
+        }
+    }
 
     /// A native JSON document that does not fit the model is reported with its position, as
     /// the loader's documentation says (and as TOML and YAML are): not a bare "invalid type".
