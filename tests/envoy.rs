@@ -147,6 +147,21 @@ impl Rls {
     }
 }
 
+/// One request of one descriptor, decided by `service` directly (no gRPC).
+fn decide(
+    service: &RlsService<ManualClock>,
+    domain: &str,
+    entries: &[(&str, &str)],
+) -> RateLimitResponse {
+    service
+        .should_rate_limit(&RateLimitRequest {
+            domain: domain.into(),
+            descriptors: vec![descriptor(entries)],
+            hits_addend: 0,
+        })
+        .expect("a response")
+}
+
 fn codes(response: &RateLimitResponse) -> (Code, Vec<Code>) {
     (
         response.overall_code(),
@@ -1857,13 +1872,7 @@ descriptors:
     .unwrap();
     let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
     let ask = |key: &str| {
-        let response = service
-            .should_rate_limit(&RateLimitRequest {
-                domain: "d".into(),
-                descriptors: vec![descriptor(&[(key, "x")])],
-                hits_addend: 0,
-            })
-            .unwrap();
+        let response = decide(&service, "d", &[(key, "x")]);
         response.statuses[0].current_limit.clone().unwrap()
     };
     let b = ask("b");
@@ -1897,13 +1906,7 @@ descriptors:
     .unwrap();
     let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
     let ask = |key: &str, value: &str| {
-        let r = service
-            .should_rate_limit(&RateLimitRequest {
-                domain: "d".into(),
-                descriptors: vec![descriptor(&[(key, value)])],
-                hits_addend: 0,
-            })
-            .unwrap();
+        let r = decide(&service, "d", &[(key, value)]);
         r.statuses[0]
             .current_limit
             .as_ref()
@@ -1958,13 +1961,7 @@ descriptors:
     )
     .unwrap();
     let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
-    let r = service
-        .should_rate_limit(&RateLimitRequest {
-            domain: "d".into(),
-            descriptors: vec![descriptor(&[("k", "x")])],
-            hits_addend: 0,
-        })
-        .unwrap();
+    let r = decide(&service, "d", &[("k", "x")]);
     assert_eq!(r.overall_code(), Code::OverLimit);
     assert_eq!(
         r.statuses[0].current_limit.as_ref().unwrap().unit(),
@@ -2007,13 +2004,7 @@ descriptors:
     .unwrap();
     let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
     let ask = |key: &str| {
-        let response = service
-            .should_rate_limit(&RateLimitRequest {
-                domain: "d".into(),
-                descriptors: vec![descriptor(&[(key, "x")])],
-                hits_addend: 0,
-            })
-            .unwrap();
+        let response = decide(&service, "d", &[(key, "x")]);
         let limit = response.statuses[0].current_limit.clone().unwrap();
         (limit.requests_per_unit, limit.unit())
     };
@@ -2044,13 +2035,7 @@ descriptors:
     .unwrap();
     let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
     let ask = |key: &str| {
-        let r = service
-            .should_rate_limit(&RateLimitRequest {
-                domain: "d".into(),
-                descriptors: vec![descriptor(&[(key, "x")])],
-                hits_addend: 0,
-            })
-            .unwrap();
+        let r = decide(&service, "d", &[(key, "x")]);
         (r.overall_code(), r.statuses[0].limit_remaining)
     };
     assert_eq!(ask("shadow"), (Code::Ok, 0));
@@ -2088,13 +2073,7 @@ fn a_value_spelled_as_a_number_or_flag_matches_its_text_as_written() {
     for (i, value) in spellings.iter().enumerate() {
         let key = ["0x10", "k"][i % 2];
         let value = value.trim_matches('"');
-        let r = service
-            .should_rate_limit(&RateLimitRequest {
-                domain: "0x250".into(),
-                descriptors: vec![descriptor(&[(key, value)])],
-                hits_addend: 0,
-            })
-            .unwrap();
+        let r = decide(&service, "0x250", &[(key, value)]);
         assert_eq!(
             (r.overall_code(), r.statuses[0].current_limit.is_some()),
             (Code::OverLimit, true),
@@ -2120,13 +2099,7 @@ descriptors:
     .unwrap();
     let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
     for (key, value) in [("k", "0x10"), ("k", "+5"), ("alias", "0x10")] {
-        let r = service
-            .should_rate_limit(&RateLimitRequest {
-                domain: "d".into(),
-                descriptors: vec![descriptor(&[(key, value)])],
-                hits_addend: 0,
-            })
-            .unwrap();
+        let r = decide(&service, "d", &[(key, value)]);
         assert_eq!(r.overall_code(), Code::OverLimit, "{key}={value}");
     }
 }
@@ -2191,13 +2164,7 @@ fn requests_per_unit_spelled_as_envoys_yaml_reader_reads_it() {
         );
         let config = RlsConfig::from_yaml_str(&yaml).map_err(|e| e.to_string())?;
         let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
-        let r = service
-            .should_rate_limit(&RateLimitRequest {
-                domain: "d".into(),
-                descriptors: vec![descriptor(&[("k", "x")])],
-                hits_addend: 0,
-            })
-            .unwrap();
+        let r = decide(&service, "d", &[("k", "x")]);
         Ok::<_, String>(
             r.statuses[0]
                 .current_limit
@@ -2256,13 +2223,7 @@ descriptors:
     .unwrap();
     let service = RlsService::with_clock(config, ManualClock::new()).unwrap();
     let ask = |key: &str| {
-        let r = service
-            .should_rate_limit(&RateLimitRequest {
-                domain: "d".into(),
-                descriptors: vec![descriptor(&[(key, "x")])],
-                hits_addend: 0,
-            })
-            .unwrap();
+        let r = decide(&service, "d", &[(key, "x")]);
         (r.overall_code(), r.statuses[0].current_limit.is_some())
     };
     assert_eq!(ask("nothing"), (Code::Ok, false));
