@@ -335,7 +335,7 @@ async fn raw_http1_head_and_http10() {
 
 /// The concurrency layer's `Retry-After` is at least 1, as every rejection's is: a zero (or
 /// sub-second, rounded up) setting must not tell clients to come back at once, into the same
-/// full cap; gRPC's `retry-after` metadata likewise.
+/// full cap; gRPC's `retry-after` metadata and `grpc-retry-pushback-ms` likewise.
 #[tokio::test]
 async fn concurrency_retry_after_is_at_least_one_second() {
     let layer =
@@ -350,6 +350,10 @@ async fn concurrency_retry_after_is_at_least_one_second() {
         let request = empty_request(grpc);
         let response = service.call(request).await.unwrap();
         assert_eq!(response.headers()["retry-after"], "1", "grpc: {grpc}");
+        if grpc {
+            // What a gRPC retry policy obeys says the same second, not "retry in 1 ms".
+            assert_eq!(response.headers()["grpc-retry-pushback-ms"], "1000");
+        }
     }
 }
 

@@ -149,7 +149,8 @@ impl ConcurrencyLayer {
 
     /// The `Retry-After` of a rejection (1 s by default; sent in whole seconds rounded up, and
     /// at least 1, as every rejection's: "retry after 0" sends clients straight back into the
-    /// full cap).
+    /// full cap). A gRPC rejection's `grpc-retry-pushback-ms` is the setting in milliseconds,
+    /// rounded up, and 1000 for zero, for the same reason.
     ///
     /// # Examples
     ///

@@ -76,8 +76,8 @@ fn strip_prefix_ignore_case<'a>(value: &'a [u8], prefix: &[u8]) -> Option<&'a [u
 /// A trailers-only gRPC response: HTTP 200, `content_type` (`application/grpc` or a gRPC-Web
 /// one, see [`grpc_content_type`]), `grpc-status` `code`, `message` percent-encoded in
 /// `grpc-message`, and when `retry` is given `retry-after` (whole seconds, rounded up, at
-/// least 1) and `grpc-retry-pushback-ms` (milliseconds, rounded up, at least 1, at most
-/// `i32::MAX`); no body.
+/// least 1) and `grpc-retry-pushback-ms` (milliseconds, rounded up, at most `i32::MAX`; a
+/// zero wait as long as `retry-after`, 1000 ms); no body.
 ///
 /// `grpc-retry-pushback-ms` is what gRPC clients with a retry policy read (gRPC's retry design,
 /// A6): they wait that long before the next attempt instead of their own backoff, where
@@ -107,10 +107,19 @@ pub(crate) fn trailers_only(
         // At most `i32::MAX` (24.8 days): clients read the value as a 32-bit integer (grpc-java
         // parses an `Integer`), and one that cannot parse it never retries at all; a longer
         // wait (only a long ban) is met by another rejection with the rest of it.
-        let millis = retry
-            .as_nanos()
-            .div_ceil(1_000_000)
-            .clamp(1, PUSHBACK_MAX_MS);
+        //
+        // A zero wait pushes back as long as `retry-after` says (1 s), not 1 ms: zero is no
+        // wait at all (a custom policy's, a rule whose free permit goes to the request queued
+        // first, `ConcurrencyLayer::retry_after(ZERO)`), and a client with a retry policy would
+        // spend its attempts within milliseconds, each rejected again; "retry after 0" is what
+        // the 1-second floor of `retry-after` (and of the message's "retry after 1 s") is there
+        // to prevent. Any other wait is the limiter's exact one, rounded up to whole ms.
+        let millis = if retry.is_zero() {
+            u128::from(secs).saturating_mul(1_000)
+        } else {
+            retry.as_nanos().div_ceil(1_000_000)
+        }
+        .clamp(1, PUSHBACK_MAX_MS);
         headers.insert(
             HeaderName::from_static("grpc-retry-pushback-ms"),
             HeaderValue::from(u32::try_from(millis).unwrap_or(i32::MAX as u32)),
@@ -168,8 +177,9 @@ fn push_percent_encoded(out: &mut String, message: &str) {
 /// - `grpc-message`, percent-encoded: the configured `body` template rendered as for HTTP
 ///   (`{rule}`, `{limit}`, `{period}`, `{retry_after}`, `{reason}`), or by default
 ///   `rate limited by rule per-ip; retry after 1 s`.
-/// - `retry-after` (whole seconds, rounded up) and `grpc-retry-pushback-ms` (milliseconds,
-///   rounded up: what gRPC clients with a retry policy wait before their next attempt) when the
+/// - `retry-after` (whole seconds, rounded up, at least 1) and `grpc-retry-pushback-ms`
+///   (milliseconds, rounded up: what gRPC clients with a retry policy wait before their next
+///   attempt; for a zero wait 1000, as long as `retry-after`, never a retry at once) when the
 ///   verdict says when to retry and [`ResponseConfig::retry_after_header`] is on, and the quota
 ///   headers the configuration asks for; gRPC clients see them as metadata of the status.
 ///
@@ -288,6 +298,51 @@ mod tests {
         let headers = response.headers();
         assert_eq!(headers["grpc-retry-pushback-ms"], "2147483647");
         assert_eq!(headers["retry-after"], "8640000");
+    }
+
+    /// A zero wait (a custom policy's, a rule whose queue head is about to take the free
+    /// permit, `ConcurrencyLayer::retry_after(ZERO)`) pushes back as long as `retry-after`
+    /// and `grpc-message` say, 1 s, not 1 ms: a pushback of 1 ms is a retry at once, which the
+    /// 1-second floor of `retry-after` is there to prevent, and a client with a retry policy
+    /// would spend its attempts within a few milliseconds, every one rejected again. A wait
+    /// of a nanosecond is a real wait: its exact 1 ms stays.
+    #[test]
+    fn a_zero_wait_pushes_back_as_long_as_retry_after_says() {
+        let verdict = rejected(RejectReason::RateLimited, Some(Duration::ZERO));
+        let response = grpc_rejection_response(&verdict, &ResponseConfig::default()).unwrap();
+        let headers = response.headers();
+        assert_eq!(headers["retry-after"], "1");
+        assert_eq!(
+            headers["grpc-message"],
+            "rate limited by rule per-ip; retry after 1 s"
+        );
+        assert_eq!(headers["grpc-retry-pushback-ms"], "1000");
+        // The concurrency layer's answer, with its `retry_after` set to zero.
+        let response = trailers_only(
+            "application/grpc",
+            CONCURRENCY_CODE,
+            "concurrency limit reached",
+            Some(Duration::ZERO),
+        );
+        assert_eq!(response.headers()["retry-after"], "1");
+        assert_eq!(response.headers()["grpc-retry-pushback-ms"], "1000");
+        // Rounded up to whole milliseconds, as before: a computed wait is not stretched.
+        for (wait, pushback) in [
+            (Duration::from_nanos(1), "1"),
+            (Duration::from_micros(999), "1"),
+            (Duration::from_micros(1_001), "2"),
+            (Duration::from_millis(999), "999"),
+            (Duration::from_millis(1_000), "1000"),
+            (Duration::from_nanos(1_000_000_001), "1001"),
+        ] {
+            let verdict = rejected(RejectReason::RateLimited, Some(wait));
+            let response = grpc_rejection_response(&verdict, &ResponseConfig::default()).unwrap();
+            assert_eq!(
+                response.headers()["grpc-retry-pushback-ms"],
+                pushback,
+                "{wait:?}"
+            );
+        }
     }
 
     /// Without the Retry-After option (AspNet's `DisableRateLimitHeaders`), no pushback
