@@ -11,7 +11,7 @@
 //! `grpc-status` only if CORS exposes it, as for every gRPC-Web answer. This is plain HTTP: any
 //! gRPC server behind the layer benefits, with or without the `tonic` feature.
 
-use crate::http::response::{Rejection, whole_seconds_up};
+use crate::http::response::{Rejection, retry_seconds};
 use crate::http::{Outcome, RejectReason, ResponseConfig, Verdict, insert_quota_headers};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -102,7 +102,7 @@ pub(crate) fn trailers_only(
         headers.insert(HeaderName::from_static("grpc-message"), value);
     }
     if let Some(retry) = retry {
-        let secs = whole_seconds_up(retry).max(1);
+        let secs = retry_seconds(retry);
         headers.insert(RETRY_AFTER, crate::http::response::retry_after_value(secs));
         // At most `i32::MAX` (24.8 days): clients read the value as a 32-bit integer (grpc-java
         // parses an `Integer`), and one that cannot parse it never retries at all; a longer

@@ -189,13 +189,27 @@ pub fn whole_seconds_up(duration: Duration) -> u64 {
     }
 }
 
+/// The seconds a rejection says to wait (`Retry-After`, the problem+json `retry_after`, a
+/// template's `{retry_after}`, gRPC's `retry-after`): `wait` rounded up, at least 1 (a rejection
+/// that says "retry after 0 seconds" invites a retry at once, which a policy returning a zero
+/// wait would only reject again), and at most the largest sf-integer, 15 digits, as the
+/// `RateLimit` field's `t` beside it must be. A longer wait (over 31 million years: a custom
+/// `Policy`'s or `ConcurrencyLayer::retry_after`'s `Duration::MAX`; the engine's longest ban
+/// is about 146 years) written in full is `u64::MAX`, 20 digits, past the signed 64-bit
+/// integers many clients parse `Retry-After` into; those then take it as absent and retry on
+/// their own backoff.
+pub(crate) fn retry_seconds(wait: Duration) -> u64 {
+    whole_seconds_up(wait).clamp(1, SF_INTEGER_MAX)
+}
+
 /// The seconds until `quota` resets as the `RateLimit` field's `t` and `X-RateLimit-Reset` say
-/// them: its `reset_after` rounded up, and at least 1 when nothing remains. A rejection's quota
+/// them: its `reset_after` rounded up, at most the largest sf-integer (as [`retry_seconds`]),
+/// and at least 1 when nothing remains. A rejection's quota
 /// resets after its retry-after, which is 0 when the permit the request found is about to go to
 /// a request queued before it (see `RateLimiter::try_acquire_n`): `Retry-After` says 1 then,
 /// as it never says 0, and `t=0` beside it would both disagree and invite a retry at once.
 pub(crate) fn reset_seconds(quota: &QuotaState) -> u64 {
-    let secs = whole_seconds_up(quota.reset_after);
+    let secs = whole_seconds_up(quota.reset_after).min(SF_INTEGER_MAX);
     if quota.remaining == 0 {
         secs.max(1)
     } else {
@@ -767,7 +781,8 @@ pub fn rejection_response(
 pub(crate) struct Rejection<'a> {
     pub(crate) reason: RejectReason,
     pub(crate) rule: &'a Arc<str>,
-    /// The retry-after in whole seconds, rounded up, and at least 1.
+    /// The retry-after in whole seconds, rounded up, at least 1 and at most 15 digits (see
+    /// [`retry_seconds`]).
     pub(crate) retry_secs: Option<u64>,
     quotas: &'a [QuotaState],
 }
@@ -786,9 +801,8 @@ impl<'a> Rejection<'a> {
         Some(Rejection {
             reason: *reason,
             rule,
-            // At least 1: a rejection that says "retry after 0 seconds" invites a retry at once,
-            // which a policy returning a zero wait would only reject again.
-            retry_secs: retry_after.map(|d| whole_seconds_up(d).max(1)),
+            // At least 1, at most 15 digits: see `retry_seconds`.
+            retry_secs: retry_after.map(retry_seconds),
             quotas: &verdict.quotas,
         })
     }
@@ -1310,6 +1324,72 @@ mod tests {
             quotas: Quotas::new(),
         };
         assert!(rejection_response(&admitted, &ResponseConfig::default()).is_none());
+    }
+
+    /// The longest waits are written alike everywhere, within sf-integer's 15 digits: the
+    /// `RateLimit` field's `t` cannot say more, and a 20-digit `Retry-After` (`u64::MAX`) is
+    /// beyond the signed 64-bit integers many clients parse it into (Go's `ParseInt`, Java's
+    /// `Long.parseLong`), which then take it as absent and retry on their own backoff, into a
+    /// refusal that lasts for ever (a custom `Policy`'s `Duration::MAX`). 999 999 999 999 999 s is over 31 million years.
+    #[test]
+    fn the_longest_waits_agree_within_fifteen_digits() {
+        const MAX: &str = "999999999999999";
+        let config = ResponseConfig {
+            legacy_headers: true,
+            ..ResponseConfig::default()
+        };
+        for (wait, secs) in [
+            (Duration::MAX, MAX),
+            (Duration::from_secs(u64::MAX), MAX),
+            (
+                Duration::from_secs(SF_INTEGER_MAX) + Duration::from_nanos(1),
+                MAX,
+            ),
+            (Duration::from_secs(SF_INTEGER_MAX), MAX),
+            (Duration::from_secs(SF_INTEGER_MAX - 1), "999999999999998"),
+        ] {
+            let verdict = Verdict {
+                outcome: Outcome::Rejected {
+                    reason: RejectReason::Banned,
+                    rule: "ban".into(),
+                    retry_after: Some(wait),
+                },
+                quotas: QuotaState {
+                    policy: "ban".into(),
+                    limit: 1,
+                    window: wait,
+                    remaining: 0,
+                    reset_after: wait,
+                }
+                .into(),
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            let headers = response.headers();
+            assert_eq!(headers["retry-after"], secs, "{wait:?}");
+            assert_eq!(headers["x-ratelimit-reset"], secs, "{wait:?}");
+            assert_eq!(
+                headers["ratelimit"],
+                format!(r#""ban";r=0;t={secs}"#).as_str(),
+                "{wait:?}"
+            );
+            let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            assert_eq!(body["retry_after"].to_string(), secs, "{wait:?}");
+            assert!(
+                body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(&format!("retry after {secs} s")),
+                "{wait:?}"
+            );
+            let templated = ResponseConfig {
+                body: Some("{retry_after}".into()),
+                ..config.clone()
+            };
+            let response = rejection_response(&verdict, &templated).unwrap();
+            assert_eq!(response.body(), secs, "{wait:?}");
+            let grpc = crate::http::grpc_rejection_response(&verdict, &config).unwrap();
+            assert_eq!(grpc.headers()["retry-after"], secs, "{wait:?}");
+        }
     }
 
     /// A rejection must be an error status: 101 switches protocols, 204 and 304 carry no body,
