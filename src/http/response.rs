@@ -513,7 +513,8 @@ fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
 ///
 /// Headers already there (a layer inside this one) are kept: `RateLimit-Policy` and
 /// `RateLimit` lines are appended (lists, so the response lists both layers' policies), and
-/// the `X-RateLimit-*` trio is replaced only by a quota with fewer requests remaining.
+/// the `X-RateLimit-*` trio is replaced only by a more restrictive quota: fewer requests
+/// remaining, or as many and a later reset (the rule that picks among one layer's quotas).
 ///
 /// # Examples
 ///
@@ -585,16 +586,28 @@ impl QuotaHeaders {
             }
         }
         if self.legacy {
-            // One quota only: the most restrictive of ours and the one already there.
-            let already = headers
-                .get(X_RATELIMIT_REMAINING)
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-            if let Some(quota) = most_restrictive(quotas)
-                .filter(|quota| already.is_none_or(|already| quota.remaining < already))
-            {
-                headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(quota.limit));
-                headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(quota.remaining));
-                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_seconds(quota)));
+            // One quota only: the most restrictive of ours and the one already there, by
+            // `most_restrictive`'s rule (the fewest remaining, then the longest to reset).
+            let number = |name| {
+                headers
+                    .get(name)
+                    .and_then(|v: &HeaderValue| v.to_str().ok()?.parse::<u64>().ok())
+            };
+            let already = number(X_RATELIMIT_REMAINING);
+            if let Some(quota) = most_restrictive(quotas) {
+                let reset = reset_seconds(quota);
+                let replace = match already {
+                    None => true,
+                    Some(already) if quota.remaining == already => {
+                        number(X_RATELIMIT_RESET).is_none_or(|already| reset > already)
+                    }
+                    Some(already) => quota.remaining < already,
+                };
+                if replace {
+                    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(quota.limit));
+                    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(quota.remaining));
+                    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+                }
             }
         }
     }
@@ -1096,6 +1109,55 @@ mod tests {
         assert_eq!(lines(&headers, X_RATELIMIT_REMAINING), ["1"]);
         assert_eq!(lines(&headers, X_RATELIMIT_RESET), ["5"]);
         assert_eq!(lines(&headers, RATELIMIT).len(), 3);
+    }
+
+    /// Stacked layers report the most restrictive quota in the legacy trio by the same rule as
+    /// one layer with both quotas: the fewest remaining, and of those the longest to reset. A
+    /// tie on remaining kept the inner layer's shorter reset, so a client told "0 left, reset
+    /// in 1 s" came back in a second to an outer quota exhausted for 30.
+    #[test]
+    fn stacked_layers_tie_on_remaining_by_the_longer_reset() {
+        let config = ResponseConfig {
+            legacy_headers: true,
+            ietf_headers: false,
+            ..ResponseConfig::default()
+        };
+        let one_layer = |quotas: &[QuotaState]| {
+            let mut headers = HeaderMap::new();
+            insert_quota_headers(&mut headers, quotas, &config);
+            headers
+        };
+        let stacked = |inner: QuotaState, outer: QuotaState| {
+            let mut headers = HeaderMap::new();
+            insert_quota_headers(&mut headers, &[inner], &config);
+            insert_quota_headers(&mut headers, &[outer], &config);
+            headers
+        };
+        let short = QuotaState {
+            limit: 5,
+            ..quota("inner", 0, 1_000)
+        };
+        let long = QuotaState {
+            limit: 7,
+            ..quota("outer", 0, 30_000)
+        };
+        let want = one_layer(&[short.clone(), long.clone()]);
+        assert_eq!(want[X_RATELIMIT_RESET], "30");
+        assert_eq!(want[X_RATELIMIT_LIMIT], "7");
+        for headers in [
+            stacked(short.clone(), long.clone()),
+            stacked(long.clone(), short.clone()),
+        ] {
+            for name in [X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET] {
+                assert_eq!(headers[&name], want[&name], "{name}");
+            }
+        }
+        // A tie on both keeps the inner layer's trio.
+        let twin = QuotaState {
+            limit: 9,
+            ..quota("twin", 0, 30_000)
+        };
+        assert_eq!(stacked(long.clone(), twin)[X_RATELIMIT_LIMIT], "7");
     }
 
     #[test]
