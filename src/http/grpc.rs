@@ -424,6 +424,34 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// A probe that found nothing, pinned: any message is a valid field value once
+        /// encoded (printable ASCII, no whitespace at either end) and decodes back to itself
+        /// as a gRPC client decodes `grpc-message`.
+        #[test]
+        fn any_message_encodes_to_a_field_value_that_decodes_back(message in "\\PC*|.*|[ %\r\n\t\u{0}-\u{1f}\u{7f}-\u{ff}]*") {
+            let mut out = String::new();
+            push_percent_encoded(&mut out, &message);
+            let value = HeaderValue::from_str(&out).unwrap();
+            let bytes = value.as_bytes();
+            proptest::prop_assert!(bytes.iter().all(|b| (0x20..=0x7e).contains(b)));
+            proptest::prop_assert!(bytes.first() != Some(&b' ') && bytes.last() != Some(&b' '));
+            let mut decoded = Vec::new();
+            let mut i = 0;
+            while i < bytes.len() {
+                if bytes[i] == b'%' {
+                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap();
+                    decoded.push(u8::from_str_radix(hex, 16).unwrap());
+                    i += 3;
+                } else {
+                    decoded.push(bytes[i]);
+                    i += 1;
+                }
+            }
+            proptest::prop_assert_eq!(String::from_utf8(decoded).unwrap(), message);
+        }
+    }
+
     #[test]
     fn which_requests_are_grpc() {
         let mut headers = HeaderMap::new();

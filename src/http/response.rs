@@ -1553,3 +1553,304 @@ mod tests {
         assert_eq!(render("text/plain", "{rule}"), name);
     }
 }
+
+/// The review's probes of the rejection and the quota headers that found nothing, pinned.
+#[cfg(test)]
+mod probes {
+    use super::*;
+
+    /// Checks `value` is an RFC 9651 list of sf-strings, each with integer parameters whose keys
+    /// are `keys`, and returns the strings (unescaped) and the integers.
+    fn parse_list(value: &str, keys: [u8; 2]) -> Vec<(String, [u64; 2])> {
+        let bytes = value.as_bytes();
+        let mut members = Vec::new();
+        let mut i = 0;
+        loop {
+            assert_eq!(bytes[i], b'"', "{value}: a string at {i}");
+            i += 1;
+            let mut name = String::new();
+            loop {
+                match bytes[i] {
+                    b'\\' => {
+                        assert!(matches!(bytes[i + 1], b'"' | b'\\'), "{value}: escape");
+                        name.push(char::from(bytes[i + 1]));
+                        i += 2;
+                    }
+                    b'"' => break,
+                    b @ 0x20..=0x7e => {
+                        name.push(char::from(b));
+                        i += 1;
+                    }
+                    b => panic!("{value}: byte {b} in a string"),
+                }
+            }
+            i += 1;
+            let mut numbers = [0; 2];
+            for (key, number) in keys.iter().zip(&mut numbers) {
+                assert_eq!(&bytes[i..i + 3], [b';', *key, b'='], "{value}");
+                i += 3;
+                let digits = bytes[i..].iter().take_while(|b| b.is_ascii_digit()).count();
+                assert!((1..=15).contains(&digits), "{value}: {digits} digits");
+                *number = value[i..i + digits].parse().unwrap();
+                i += digits;
+            }
+            members.push((name, numbers));
+            if i == bytes.len() {
+                return members;
+            }
+            assert_eq!(&bytes[i..i + 2], b", ", "{value}");
+            i += 2;
+        }
+    }
+
+    /// Percent-decodes what `push_sf_string` encoded.
+    fn decode(name: &str) -> String {
+        let bytes = name.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                out.push(u8::from_str_radix(&name[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    fn quota(
+        name: &str,
+        limit: u64,
+        window: Duration,
+        remaining: u64,
+        reset: Duration,
+    ) -> QuotaState {
+        QuotaState {
+            policy: name.into(),
+            limit,
+            window,
+            remaining,
+            reset_after: reset,
+        }
+    }
+
+    /// Names of every awkward kind (empty, quotes, backslashes, `%`, commas and semicolons,
+    /// spaces at the ends, controls, DEL, non-ASCII) and the largest numbers give valid
+    /// structured-field lists, alone (the fast path) or listed, whose names decode back to the
+    /// originals and whose integers stop at 15 digits.
+    #[test]
+    fn ietf_values_parse_for_any_name_and_the_largest_numbers() {
+        let names = [
+            "",
+            "per-ip",
+            "a\"b",
+            "\\",
+            "\\\"",
+            "%",
+            "%41",
+            "a,b;c=d",
+            " sp ",
+            "\u{0}\t\r\n",
+            "\u{7f}",
+            "é",
+            "𝄞",
+            "{rule}",
+        ];
+        let extremes = [
+            (u64::MAX, Duration::MAX, u64::MAX, Duration::MAX),
+            (0, Duration::ZERO, 0, Duration::ZERO),
+            (
+                SF_INTEGER_MAX,
+                Duration::from_secs(SF_INTEGER_MAX),
+                SF_INTEGER_MAX,
+                Duration::from_nanos(1),
+            ),
+        ];
+        for (limit, window, remaining, reset) in extremes {
+            let quotas: Vec<_> = names
+                .iter()
+                .map(|name| quota(name, limit, window, remaining, reset))
+                .collect();
+            let capped = |n: u64| n.min(SF_INTEGER_MAX);
+            let want_policy = [capped(limit), capped(whole_seconds_up(window))];
+            let want_state = [capped(remaining), reset_seconds(&quotas[0])];
+            for list in [&quotas[..1], &quotas[..]]
+                .into_iter()
+                .chain(quotas.chunks(1))
+            {
+                let policy = ratelimit_policy_value(list).unwrap();
+                let state = ratelimit_value(list).unwrap();
+                let policy = parse_list(policy.to_str().unwrap(), [b'q', b'w']);
+                let state = parse_list(state.to_str().unwrap(), [b'r', b't']);
+                assert_eq!(policy.len(), list.len());
+                for ((quota, (p_name, p)), (s_name, s)) in list.iter().zip(policy).zip(state) {
+                    assert_eq!(decode(&p_name), *quota.policy);
+                    assert_eq!(decode(&s_name), *quota.policy);
+                    assert_eq!(p, want_policy, "{:?}", quota.policy);
+                    assert_eq!(s, want_state, "{:?}", quota.policy);
+                }
+            }
+        }
+    }
+
+    /// `Retry-After` and `t` at the boundaries of a second: rounded up, never 0 on a rejection,
+    /// and the same number in both (the engine's rejecting quota resets after the retry-after).
+    #[test]
+    fn retry_after_and_t_agree_at_the_edges_of_a_second() {
+        for (wait, secs) in [
+            (Duration::ZERO, "1"),
+            (Duration::from_nanos(1), "1"),
+            (Duration::from_millis(999), "1"),
+            (Duration::from_nanos(999_999_999), "1"),
+            (Duration::from_secs(1), "1"),
+            (Duration::from_nanos(1_000_000_001), "2"),
+            (Duration::from_millis(1_001), "2"),
+            (Duration::from_secs(60), "60"),
+            (Duration::from_nanos(60_000_000_001), "61"),
+            (Duration::from_secs(3_600), "3600"),
+        ] {
+            let verdict = Verdict {
+                outcome: Outcome::Rejected {
+                    reason: RejectReason::RateLimited,
+                    rule: "r".into(),
+                    retry_after: Some(wait),
+                },
+                quotas: quota("r", 5, Duration::from_secs(60), 0, wait).into(),
+            };
+            let config = ResponseConfig {
+                legacy_headers: true,
+                ..ResponseConfig::default()
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            let headers = response.headers();
+            assert_eq!(headers[RETRY_AFTER], secs, "{wait:?}");
+            assert_eq!(headers[X_RATELIMIT_RESET], secs, "{wait:?}");
+            assert_eq!(
+                headers[RATELIMIT],
+                format!(r#""r";r=0;t={secs}"#).as_str(),
+                "{wait:?}"
+            );
+            let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            assert_eq!(body["retry_after"].to_string(), secs, "{wait:?}");
+        }
+    }
+
+    /// Templates with stray and doubled braces, unknown or miscased placeholders, a rule whose
+    /// name is itself a placeholder, and the largest values render without a panic, each
+    /// placeholder once; a JSON template stays JSON with every value at its largest.
+    #[test]
+    fn templates_with_stray_braces_and_extreme_values() {
+        let verdict = Verdict {
+            outcome: Outcome::Rejected {
+                reason: RejectReason::RateLimited,
+                rule: "{rule}\"}{".into(),
+                retry_after: Some(Duration::MAX),
+            },
+            quotas: quota("{rule}\"}{", u64::MAX, Duration::MAX, 0, Duration::MAX).into(),
+        };
+        let render = |template: &str, content_type: Option<&str>| {
+            let config = ResponseConfig {
+                body: Some(template.into()),
+                content_type: content_type.map(Into::into),
+                ..ResponseConfig::default()
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            String::from_utf8(response.into_body().to_vec()).unwrap()
+        };
+        for (template, text) in [
+            ("", ""),
+            ("{", "{"),
+            ("}", "}"),
+            ("{{", "{"),
+            ("x{", "x{"),
+            ("{}", "{}"),
+            ("{{}}", "{}}"),
+            ("{rule", "{rule"),
+            ("{{{rule}", "{{rule}\"}{"),
+            ("{{rule}", "{rule}"),
+            ("{RULE}{ rule }{x}", "{RULE}{ rule }{x}"),
+            ("{rule}{rule}", "{rule}\"}{{rule}\"}{"),
+            ("{limit}", "18446744073709551615"),
+            ("{retry_after}", "999999999999999"),
+            ("é{reason}ü", "érate limitedü"),
+        ] {
+            assert_eq!(render(template, None), text, "{template:?}");
+        }
+        let json = render(
+            r#"{"rule": "{rule}", "limit": {limit}, "period": "{period}", "retry": {retry_after}, "why": "{reason}", "nested": {"a": ["{"]}}"#,
+            Some("application/json"),
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(parsed["rule"], "{rule}\"}{");
+        assert_eq!(parsed["limit"].to_string(), "18446744073709551615");
+        assert_eq!(parsed["retry"].to_string(), "999999999999999");
+        assert_eq!(parsed["nested"]["a"][0], "{");
+        assert!(
+            parsed["period"]
+                .as_str()
+                .unwrap()
+                .starts_with("584542046090years")
+        );
+    }
+
+    /// Every status outside `400..=599` is refused by validation and answered 429 if a
+    /// configuration was never validated, for `no_key_status` as for `status`; a content type
+    /// that is no header value (a line break, a control) is refused and answered as the
+    /// default.
+    #[test]
+    fn statuses_and_content_types_that_cannot_be_sent() {
+        for status in [0, 1, 99, 100, 399, 600, 999, 1000, u16::MAX] {
+            for field in ["status", "no_key_status"] {
+                let mut config = ResponseConfig::default();
+                let reason = if field == "status" {
+                    config.status = status;
+                    RejectReason::RateLimited
+                } else {
+                    config.no_key_status = status;
+                    RejectReason::NoKey
+                };
+                assert_eq!(
+                    config.validate(),
+                    Err(ResponseConfigError::InvalidStatus { field, status })
+                );
+                let verdict = Verdict {
+                    outcome: Outcome::Rejected {
+                        reason,
+                        rule: "r".into(),
+                        retry_after: None,
+                    },
+                    quotas: crate::http::Quotas::new(),
+                };
+                let response = rejection_response(&verdict, &config).unwrap();
+                assert_eq!(response.status(), 429, "{field} = {status}");
+            }
+        }
+        for content_type in [
+            "application/json\r\nx-injected: 1",
+            "text/plain\u{0}",
+            "a\u{7f}",
+        ] {
+            let config = ResponseConfig {
+                content_type: Some(content_type.into()),
+                ..ResponseConfig::default()
+            };
+            assert_eq!(
+                config.validate(),
+                Err(ResponseConfigError::InvalidContentType(content_type.into()))
+            );
+            let verdict = Verdict {
+                outcome: Outcome::Rejected {
+                    reason: RejectReason::RateLimited,
+                    rule: "r".into(),
+                    retry_after: None,
+                },
+                quotas: crate::http::Quotas::new(),
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+            assert!(response.headers().get("x-injected").is_none());
+        }
+    }
+}
