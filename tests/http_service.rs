@@ -335,7 +335,7 @@ async fn raw_http1_head_and_http10() {
 
 /// The concurrency layer's `Retry-After` is at least 1, as every rejection's is: a zero (or
 /// sub-second, rounded up) setting must not tell clients to come back at once, into the same
-/// full cap; gRPC's `retry-after` metadata likewise.
+/// full cap; gRPC's `retry-after` metadata and `grpc-retry-pushback-ms` likewise.
 #[tokio::test]
 async fn concurrency_retry_after_is_at_least_one_second() {
     let layer =
@@ -350,6 +350,10 @@ async fn concurrency_retry_after_is_at_least_one_second() {
         let request = empty_request(grpc);
         let response = service.call(request).await.unwrap();
         assert_eq!(response.headers()["retry-after"], "1", "grpc: {grpc}");
+        if grpc {
+            // What a gRPC retry policy obeys says the same second, not "retry in 1 ms".
+            assert_eq!(response.headers()["grpc-retry-pushback-ms"], "1000");
+        }
     }
 }
 
@@ -574,7 +578,7 @@ async fn concurrency_permit_goes_back_on_every_early_end() {
 }
 
 /// Probes of the rejection's headers that found nothing, pinned: the longest `retry_after`
-/// is written (whole seconds, rounded up) without a panic, and gRPC's pushback stays within
+/// is written (whole seconds, rounded up, at most 15 digits) without a panic, and gRPC's pushback stays within
 /// the 32 bits clients parse; `wait(Duration::MAX)` waits as long as it takes, and
 /// `wait(Duration::ZERO)` admits a request that finds a permit free and rejects at once
 /// otherwise.
@@ -590,9 +594,11 @@ async fn concurrency_extreme_retry_after_and_wait() {
             .await
             .unwrap();
         let response = service.call(empty_request(grpc)).await.unwrap();
+        // At most sf-integer's 15 digits, as the `RateLimit` field's `t`: `u64::MAX` would
+        // not parse as the signed 64-bit integer many clients read `Retry-After` into.
         assert_eq!(
             response.headers()["retry-after"],
-            (u64::MAX).to_string().as_str(),
+            "999999999999999",
             "grpc: {grpc}"
         );
         if grpc {
@@ -633,4 +639,138 @@ async fn concurrency_extreme_retry_after_and_wait() {
         }
         assert_eq!(limiter.available(), 1);
     }
+}
+
+/// Admits every request with one quota, `"layer";r=5;t=1` (10 per second).
+struct AdmitWithQuota;
+
+impl Policy for AdmitWithQuota {
+    fn check(&self, _: &RequestInfo<'_>) -> Check {
+        Check::Ready(admitted("layer"))
+    }
+}
+
+/// A body that fails on its first frame.
+struct Failing;
+
+impl Body for Failing {
+    type Data = Bytes;
+    type Error = &'static str;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, &'static str>>> {
+        Poll::Ready(Some(Err("the handler's body failed")))
+    }
+}
+
+/// Probes of the headers on admitted responses that found nothing, pinned. Every response the
+/// inner service gives gets the quota headers, whatever its status (204 and 304, which carry
+/// no body, keep none; HEAD's is the server's to drop), and its body is passed on untouched,
+/// errors included. A handler's own `RateLimit` and `RateLimit-Policy` lines stay, ours appended
+/// after them (one structured-field list, as two layers give); its `X-RateLimit-*` trio is
+/// replaced only by a more restrictive quota, or when its remaining is no number.
+#[tokio::test]
+async fn admitted_responses_get_the_quota_headers_beside_the_handlers_own() {
+    use http::StatusCode;
+    use turnstile::http::{LayerSettings, RateLimitBody};
+    let layer = RateLimitLayer::new(AdmitWithQuota);
+    let mut settings = LayerSettings::clone(&layer.settings().load());
+    settings.response.legacy_headers = true;
+    layer.settings().store(Arc::new(settings));
+    let mut service = layer.layer(tower::service_fn(|request: http::Request<String>| {
+        let mut response = http::Response::new(RateLimitBody::new(
+            http_body_util::Empty::<Bytes>::new()
+                .map_err(|never| match never {})
+                .boxed(),
+        ));
+        let headers = response.headers_mut();
+        match request.uri().path() {
+            "/204" => *response.status_mut() = StatusCode::NO_CONTENT,
+            "/304" => *response.status_mut() = StatusCode::NOT_MODIFIED,
+            "/own" | "/own-tight" | "/own-garbled" => {
+                headers.insert("ratelimit", r#""app";r=1;t=9"#.parse().unwrap());
+                headers.insert("ratelimit-policy", r#""app";q=2;w=9"#.parse().unwrap());
+                headers.insert("x-ratelimit-limit", "2".parse().unwrap());
+                headers.insert("x-ratelimit-reset", "9".parse().unwrap());
+                let remaining = match request.uri().path() {
+                    "/own" => "99",
+                    "/own-tight" => "1",
+                    _ => "many",
+                };
+                headers.insert("x-ratelimit-remaining", remaining.parse().unwrap());
+            }
+            "/failing" => *response.body_mut() = RateLimitBody::new(Failing.boxed()),
+            _ => {}
+        }
+        std::future::ready(Ok::<_, Infallible>(response))
+    }));
+    let mut call = async |method: http::Method, path: &str| {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(String::new())
+            .unwrap();
+        service.call(request).await.unwrap()
+    };
+    let lines = |response: &http::Response<_>, name: &str| -> Vec<String> {
+        response
+            .headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    let ours = [r#""layer";r=5;t=1"#];
+    for (method, path, status) in [
+        (http::Method::GET, "/204", 204),
+        (http::Method::GET, "/304", 304),
+        (http::Method::HEAD, "/", 200),
+    ] {
+        let response = call(method, path).await;
+        assert_eq!(response.status(), status, "{path}");
+        assert_eq!(lines(&response, "ratelimit"), ours, "{path}");
+        assert_eq!(
+            lines(&response, "ratelimit-policy"),
+            [r#""layer";q=10;w=1"#],
+            "{path}"
+        );
+        assert_eq!(lines(&response, "x-ratelimit-remaining"), ["5"], "{path}");
+        assert!(
+            response.into_body().is_end_stream(),
+            "{path}: no body added"
+        );
+    }
+
+    for (path, trio) in [
+        ("/own", ["10", "5", "1"]),
+        ("/own-garbled", ["10", "5", "1"]),
+        ("/own-tight", ["2", "1", "9"]),
+    ] {
+        let response = call(http::Method::GET, path).await;
+        assert_eq!(
+            lines(&response, "ratelimit"),
+            [r#""app";r=1;t=9"#, ours[0]],
+            "{path}"
+        );
+        assert_eq!(
+            lines(&response, "ratelimit-policy"),
+            [r#""app";q=2;w=9"#, r#""layer";q=10;w=1"#],
+            "{path}"
+        );
+        let got: Vec<_> = ["limit", "remaining", "reset"]
+            .iter()
+            .map(|name| lines(&response, &format!("x-ratelimit-{name}")))
+            .collect();
+        assert_eq!(got, trio.map(|value| vec![value.to_owned()]), "{path}");
+    }
+
+    let response = call(http::Method::GET, "/failing").await;
+    assert_eq!(lines(&response, "ratelimit"), ours);
+    let error = response.into_body().collect().await.unwrap_err();
+    assert_eq!(error, "the handler's body failed");
 }

@@ -1,7 +1,7 @@
 //! [`ConcurrencyLayer`]: an in-flight cap for the routes it wraps.
 
 use crate::http::RateLimitBody;
-use crate::http::response::whole_seconds_up;
+use crate::http::response::retry_seconds;
 use crate::{ConcurrencyLimiter, OwnedPermit};
 use bytes::Bytes;
 use http::StatusCode;
@@ -147,9 +147,10 @@ impl ConcurrencyLayer {
         self
     }
 
-    /// The `Retry-After` of a rejection (1 s by default; sent in whole seconds rounded up, and
-    /// at least 1, as every rejection's: "retry after 0" sends clients straight back into the
-    /// full cap).
+    /// The `Retry-After` of a rejection (1 s by default; sent in whole seconds rounded up, at
+    /// most 15 digits, and at least 1, as every rejection's: "retry after 0" sends clients straight back into the
+    /// full cap). A gRPC rejection's `grpc-retry-pushback-ms` is the setting in milliseconds,
+    /// rounded up, and 1000 for zero, for the same reason.
     ///
     /// # Examples
     ///
@@ -257,7 +258,7 @@ impl ConcurrencyLayer {
     fn response(&self, grpc: Option<&'static str>) -> http::Response<Bytes> {
         // At least 1, as the rate layer's (`Rejection::of`): a zero setting would invite a
         // retry at once, into the cap that just turned the request away.
-        let secs = whole_seconds_up(self.retry_after).max(1);
+        let secs = retry_seconds(self.retry_after);
         if let Some(content_type) = grpc {
             return crate::http::grpc::trailers_only(
                 content_type,

@@ -11,7 +11,7 @@
 //! `grpc-status` only if CORS exposes it, as for every gRPC-Web answer. This is plain HTTP: any
 //! gRPC server behind the layer benefits, with or without the `tonic` feature.
 
-use crate::http::response::{Rejection, whole_seconds_up};
+use crate::http::response::{Rejection, retry_seconds};
 use crate::http::{Outcome, RejectReason, ResponseConfig, Verdict, insert_quota_headers};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -76,8 +76,8 @@ fn strip_prefix_ignore_case<'a>(value: &'a [u8], prefix: &[u8]) -> Option<&'a [u
 /// A trailers-only gRPC response: HTTP 200, `content_type` (`application/grpc` or a gRPC-Web
 /// one, see [`grpc_content_type`]), `grpc-status` `code`, `message` percent-encoded in
 /// `grpc-message`, and when `retry` is given `retry-after` (whole seconds, rounded up, at
-/// least 1) and `grpc-retry-pushback-ms` (milliseconds, rounded up, at least 1, at most
-/// `i32::MAX`); no body.
+/// least 1) and `grpc-retry-pushback-ms` (milliseconds, rounded up, at most `i32::MAX`; a
+/// zero wait as long as `retry-after`, 1000 ms); no body.
 ///
 /// `grpc-retry-pushback-ms` is what gRPC clients with a retry policy read (gRPC's retry design,
 /// A6): they wait that long before the next attempt instead of their own backoff, where
@@ -102,15 +102,24 @@ pub(crate) fn trailers_only(
         headers.insert(HeaderName::from_static("grpc-message"), value);
     }
     if let Some(retry) = retry {
-        let secs = whole_seconds_up(retry).max(1);
+        let secs = retry_seconds(retry);
         headers.insert(RETRY_AFTER, crate::http::response::retry_after_value(secs));
         // At most `i32::MAX` (24.8 days): clients read the value as a 32-bit integer (grpc-java
         // parses an `Integer`), and one that cannot parse it never retries at all; a longer
         // wait (only a long ban) is met by another rejection with the rest of it.
-        let millis = retry
-            .as_nanos()
-            .div_ceil(1_000_000)
-            .clamp(1, PUSHBACK_MAX_MS);
+        //
+        // A zero wait pushes back as long as `retry-after` says (1 s), not 1 ms: zero is no
+        // wait at all (a custom policy's, a rule whose free permit goes to the request queued
+        // first, `ConcurrencyLayer::retry_after(ZERO)`), and a client with a retry policy would
+        // spend its attempts within milliseconds, each rejected again; "retry after 0" is what
+        // the 1-second floor of `retry-after` (and of the message's "retry after 1 s") is there
+        // to prevent. Any other wait is the limiter's exact one, rounded up to whole ms.
+        let millis = if retry.is_zero() {
+            u128::from(secs).saturating_mul(1_000)
+        } else {
+            retry.as_nanos().div_ceil(1_000_000)
+        }
+        .clamp(1, PUSHBACK_MAX_MS);
         headers.insert(
             HeaderName::from_static("grpc-retry-pushback-ms"),
             HeaderValue::from(u32::try_from(millis).unwrap_or(i32::MAX as u32)),
@@ -168,8 +177,9 @@ fn push_percent_encoded(out: &mut String, message: &str) {
 /// - `grpc-message`, percent-encoded: the configured `body` template rendered as for HTTP
 ///   (`{rule}`, `{limit}`, `{period}`, `{retry_after}`, `{reason}`), or by default
 ///   `rate limited by rule per-ip; retry after 1 s`.
-/// - `retry-after` (whole seconds, rounded up) and `grpc-retry-pushback-ms` (milliseconds,
-///   rounded up: what gRPC clients with a retry policy wait before their next attempt) when the
+/// - `retry-after` (whole seconds, rounded up, at least 1) and `grpc-retry-pushback-ms`
+///   (milliseconds, rounded up: what gRPC clients with a retry policy wait before their next
+///   attempt; for a zero wait 1000, as long as `retry-after`, never a retry at once) when the
 ///   verdict says when to retry and [`ResponseConfig::retry_after_header`] is on, and the quota
 ///   headers the configuration asks for; gRPC clients see them as metadata of the status.
 ///
@@ -290,6 +300,51 @@ mod tests {
         assert_eq!(headers["retry-after"], "8640000");
     }
 
+    /// A zero wait (a custom policy's, a rule whose queue head is about to take the free
+    /// permit, `ConcurrencyLayer::retry_after(ZERO)`) pushes back as long as `retry-after`
+    /// and `grpc-message` say, 1 s, not 1 ms: a pushback of 1 ms is a retry at once, which the
+    /// 1-second floor of `retry-after` is there to prevent, and a client with a retry policy
+    /// would spend its attempts within a few milliseconds, every one rejected again. A wait
+    /// of a nanosecond is a real wait: its exact 1 ms stays.
+    #[test]
+    fn a_zero_wait_pushes_back_as_long_as_retry_after_says() {
+        let verdict = rejected(RejectReason::RateLimited, Some(Duration::ZERO));
+        let response = grpc_rejection_response(&verdict, &ResponseConfig::default()).unwrap();
+        let headers = response.headers();
+        assert_eq!(headers["retry-after"], "1");
+        assert_eq!(
+            headers["grpc-message"],
+            "rate limited by rule per-ip; retry after 1 s"
+        );
+        assert_eq!(headers["grpc-retry-pushback-ms"], "1000");
+        // The concurrency layer's answer, with its `retry_after` set to zero.
+        let response = trailers_only(
+            "application/grpc",
+            CONCURRENCY_CODE,
+            "concurrency limit reached",
+            Some(Duration::ZERO),
+        );
+        assert_eq!(response.headers()["retry-after"], "1");
+        assert_eq!(response.headers()["grpc-retry-pushback-ms"], "1000");
+        // Rounded up to whole milliseconds, as before: a computed wait is not stretched.
+        for (wait, pushback) in [
+            (Duration::from_nanos(1), "1"),
+            (Duration::from_micros(999), "1"),
+            (Duration::from_micros(1_001), "2"),
+            (Duration::from_millis(999), "999"),
+            (Duration::from_millis(1_000), "1000"),
+            (Duration::from_nanos(1_000_000_001), "1001"),
+        ] {
+            let verdict = rejected(RejectReason::RateLimited, Some(wait));
+            let response = grpc_rejection_response(&verdict, &ResponseConfig::default()).unwrap();
+            assert_eq!(
+                response.headers()["grpc-retry-pushback-ms"],
+                pushback,
+                "{wait:?}"
+            );
+        }
+    }
+
     /// Without the Retry-After option (AspNet's `DisableRateLimitHeaders`), no pushback
     /// either: both say when to retry.
     #[test]
@@ -366,6 +421,34 @@ mod tests {
             push_percent_encoded(&mut out, message);
             assert_eq!(out, encoded, "{message:?}");
             assert!(http::HeaderValue::from_str(&out).is_ok());
+        }
+    }
+
+    proptest::proptest! {
+        /// A probe that found nothing, pinned: any message is a valid field value once
+        /// encoded (printable ASCII, no whitespace at either end) and decodes back to itself
+        /// as a gRPC client decodes `grpc-message`.
+        #[test]
+        fn any_message_encodes_to_a_field_value_that_decodes_back(message in "\\PC*|.*|[ %\r\n\t\u{0}-\u{1f}\u{7f}-\u{ff}]*") {
+            let mut out = String::new();
+            push_percent_encoded(&mut out, &message);
+            let value = HeaderValue::from_str(&out).unwrap();
+            let bytes = value.as_bytes();
+            proptest::prop_assert!(bytes.iter().all(|b| (0x20..=0x7e).contains(b)));
+            proptest::prop_assert!(bytes.first() != Some(&b' ') && bytes.last() != Some(&b' '));
+            let mut decoded = Vec::new();
+            let mut i = 0;
+            while i < bytes.len() {
+                if bytes[i] == b'%' {
+                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap();
+                    decoded.push(u8::from_str_radix(hex, 16).unwrap());
+                    i += 3;
+                } else {
+                    decoded.push(bytes[i]);
+                    i += 1;
+                }
+            }
+            proptest::prop_assert_eq!(String::from_utf8(decoded).unwrap(), message);
         }
     }
 

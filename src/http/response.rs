@@ -189,13 +189,27 @@ pub fn whole_seconds_up(duration: Duration) -> u64 {
     }
 }
 
+/// The seconds a rejection says to wait (`Retry-After`, the problem+json `retry_after`, a
+/// template's `{retry_after}`, gRPC's `retry-after`): `wait` rounded up, at least 1 (a rejection
+/// that says "retry after 0 seconds" invites a retry at once, which a policy returning a zero
+/// wait would only reject again), and at most the largest sf-integer, 15 digits, as the
+/// `RateLimit` field's `t` beside it must be. A longer wait (over 31 million years: a custom
+/// `Policy`'s or `ConcurrencyLayer::retry_after`'s `Duration::MAX`; the engine's longest ban
+/// is about 146 years) written in full is `u64::MAX`, 20 digits, past the signed 64-bit
+/// integers many clients parse `Retry-After` into; those then take it as absent and retry on
+/// their own backoff.
+pub(crate) fn retry_seconds(wait: Duration) -> u64 {
+    whole_seconds_up(wait).clamp(1, SF_INTEGER_MAX)
+}
+
 /// The seconds until `quota` resets as the `RateLimit` field's `t` and `X-RateLimit-Reset` say
-/// them: its `reset_after` rounded up, and at least 1 when nothing remains. A rejection's quota
+/// them: its `reset_after` rounded up, at most the largest sf-integer (as [`retry_seconds`]),
+/// and at least 1 when nothing remains. A rejection's quota
 /// resets after its retry-after, which is 0 when the permit the request found is about to go to
 /// a request queued before it (see `RateLimiter::try_acquire_n`): `Retry-After` says 1 then,
 /// as it never says 0, and `t=0` beside it would both disagree and invite a retry at once.
 pub(crate) fn reset_seconds(quota: &QuotaState) -> u64 {
-    let secs = whole_seconds_up(quota.reset_after);
+    let secs = whole_seconds_up(quota.reset_after).min(SF_INTEGER_MAX);
     if quota.remaining == 0 {
         secs.max(1)
     } else {
@@ -499,7 +513,8 @@ fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
 ///
 /// Headers already there (a layer inside this one) are kept: `RateLimit-Policy` and
 /// `RateLimit` lines are appended (lists, so the response lists both layers' policies), and
-/// the `X-RateLimit-*` trio is replaced only by a quota with fewer requests remaining.
+/// the `X-RateLimit-*` trio is replaced only by a more restrictive quota: fewer requests
+/// remaining, or as many and a later reset (the rule that picks among one layer's quotas).
 ///
 /// # Examples
 ///
@@ -571,16 +586,28 @@ impl QuotaHeaders {
             }
         }
         if self.legacy {
-            // One quota only: the most restrictive of ours and the one already there.
-            let already = headers
-                .get(X_RATELIMIT_REMAINING)
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-            if let Some(quota) = most_restrictive(quotas)
-                .filter(|quota| already.is_none_or(|already| quota.remaining < already))
-            {
-                headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(quota.limit));
-                headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(quota.remaining));
-                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_seconds(quota)));
+            // One quota only: the most restrictive of ours and the one already there, by
+            // `most_restrictive`'s rule (the fewest remaining, then the longest to reset).
+            let number = |name| {
+                headers
+                    .get(name)
+                    .and_then(|v: &HeaderValue| v.to_str().ok()?.parse::<u64>().ok())
+            };
+            let already = number(X_RATELIMIT_REMAINING);
+            if let Some(quota) = most_restrictive(quotas) {
+                let reset = reset_seconds(quota);
+                let replace = match already {
+                    None => true,
+                    Some(already) if quota.remaining == already => {
+                        number(X_RATELIMIT_RESET).is_none_or(|already| reset > already)
+                    }
+                    Some(already) => quota.remaining < already,
+                };
+                if replace {
+                    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(quota.limit));
+                    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(quota.remaining));
+                    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+                }
             }
         }
     }
@@ -767,7 +794,8 @@ pub fn rejection_response(
 pub(crate) struct Rejection<'a> {
     pub(crate) reason: RejectReason,
     pub(crate) rule: &'a Arc<str>,
-    /// The retry-after in whole seconds, rounded up, and at least 1.
+    /// The retry-after in whole seconds, rounded up, at least 1 and at most 15 digits (see
+    /// [`retry_seconds`]).
     pub(crate) retry_secs: Option<u64>,
     quotas: &'a [QuotaState],
 }
@@ -786,9 +814,8 @@ impl<'a> Rejection<'a> {
         Some(Rejection {
             reason: *reason,
             rule,
-            // At least 1: a rejection that says "retry after 0 seconds" invites a retry at once,
-            // which a policy returning a zero wait would only reject again.
-            retry_secs: retry_after.map(|d| whole_seconds_up(d).max(1)),
+            // At least 1, at most 15 digits: see `retry_seconds`.
+            retry_secs: retry_after.map(retry_seconds),
             quotas: &verdict.quotas,
         })
     }
@@ -1084,6 +1111,55 @@ mod tests {
         assert_eq!(lines(&headers, RATELIMIT).len(), 3);
     }
 
+    /// Stacked layers report the most restrictive quota in the legacy trio by the same rule as
+    /// one layer with both quotas: the fewest remaining, and of those the longest to reset. A
+    /// tie on remaining kept the inner layer's shorter reset, so a client told "0 left, reset
+    /// in 1 s" came back in a second to an outer quota exhausted for 30.
+    #[test]
+    fn stacked_layers_tie_on_remaining_by_the_longer_reset() {
+        let config = ResponseConfig {
+            legacy_headers: true,
+            ietf_headers: false,
+            ..ResponseConfig::default()
+        };
+        let one_layer = |quotas: &[QuotaState]| {
+            let mut headers = HeaderMap::new();
+            insert_quota_headers(&mut headers, quotas, &config);
+            headers
+        };
+        let stacked = |inner: QuotaState, outer: QuotaState| {
+            let mut headers = HeaderMap::new();
+            insert_quota_headers(&mut headers, &[inner], &config);
+            insert_quota_headers(&mut headers, &[outer], &config);
+            headers
+        };
+        let short = QuotaState {
+            limit: 5,
+            ..quota("inner", 0, 1_000)
+        };
+        let long = QuotaState {
+            limit: 7,
+            ..quota("outer", 0, 30_000)
+        };
+        let want = one_layer(&[short.clone(), long.clone()]);
+        assert_eq!(want[X_RATELIMIT_RESET], "30");
+        assert_eq!(want[X_RATELIMIT_LIMIT], "7");
+        for headers in [
+            stacked(short.clone(), long.clone()),
+            stacked(long.clone(), short.clone()),
+        ] {
+            for name in [X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET] {
+                assert_eq!(headers[&name], want[&name], "{name}");
+            }
+        }
+        // A tie on both keeps the inner layer's trio.
+        let twin = QuotaState {
+            limit: 9,
+            ..quota("twin", 0, 30_000)
+        };
+        assert_eq!(stacked(long.clone(), twin)[X_RATELIMIT_LIMIT], "7");
+    }
+
     #[test]
     fn rounding_up() {
         assert_eq!(whole_seconds_up(Duration::from_millis(300)), 1);
@@ -1312,6 +1388,72 @@ mod tests {
         assert!(rejection_response(&admitted, &ResponseConfig::default()).is_none());
     }
 
+    /// The longest waits are written alike everywhere, within sf-integer's 15 digits: the
+    /// `RateLimit` field's `t` cannot say more, and a 20-digit `Retry-After` (`u64::MAX`) is
+    /// beyond the signed 64-bit integers many clients parse it into (Go's `ParseInt`, Java's
+    /// `Long.parseLong`), which then take it as absent and retry on their own backoff, into a
+    /// refusal that lasts for ever (a custom `Policy`'s `Duration::MAX`). 999 999 999 999 999 s is over 31 million years.
+    #[test]
+    fn the_longest_waits_agree_within_fifteen_digits() {
+        const MAX: &str = "999999999999999";
+        let config = ResponseConfig {
+            legacy_headers: true,
+            ..ResponseConfig::default()
+        };
+        for (wait, secs) in [
+            (Duration::MAX, MAX),
+            (Duration::from_secs(u64::MAX), MAX),
+            (
+                Duration::from_secs(SF_INTEGER_MAX) + Duration::from_nanos(1),
+                MAX,
+            ),
+            (Duration::from_secs(SF_INTEGER_MAX), MAX),
+            (Duration::from_secs(SF_INTEGER_MAX - 1), "999999999999998"),
+        ] {
+            let verdict = Verdict {
+                outcome: Outcome::Rejected {
+                    reason: RejectReason::Banned,
+                    rule: "ban".into(),
+                    retry_after: Some(wait),
+                },
+                quotas: QuotaState {
+                    policy: "ban".into(),
+                    limit: 1,
+                    window: wait,
+                    remaining: 0,
+                    reset_after: wait,
+                }
+                .into(),
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            let headers = response.headers();
+            assert_eq!(headers["retry-after"], secs, "{wait:?}");
+            assert_eq!(headers["x-ratelimit-reset"], secs, "{wait:?}");
+            assert_eq!(
+                headers["ratelimit"],
+                format!(r#""ban";r=0;t={secs}"#).as_str(),
+                "{wait:?}"
+            );
+            let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            assert_eq!(body["retry_after"].to_string(), secs, "{wait:?}");
+            assert!(
+                body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(&format!("retry after {secs} s")),
+                "{wait:?}"
+            );
+            let templated = ResponseConfig {
+                body: Some("{retry_after}".into()),
+                ..config.clone()
+            };
+            let response = rejection_response(&verdict, &templated).unwrap();
+            assert_eq!(response.body(), secs, "{wait:?}");
+            let grpc = crate::http::grpc_rejection_response(&verdict, &config).unwrap();
+            assert_eq!(grpc.headers()["retry-after"], secs, "{wait:?}");
+        }
+    }
+
     /// A rejection must be an error status: 101 switches protocols, 204 and 304 carry no body,
     /// and 2xx/3xx say the request was served or moved. Refused by validation, and replaced by
     /// 429 if a config was never validated; 400 and 599, the ends of the range, are kept.
@@ -1409,5 +1551,306 @@ mod tests {
             "<p>say &quot;hi&quot; \\ &lt;b&gt;&amp;&#39;\u{1}</p>"
         );
         assert_eq!(render("text/plain", "{rule}"), name);
+    }
+}
+
+/// The review's probes of the rejection and the quota headers that found nothing, pinned.
+#[cfg(test)]
+mod probes {
+    use super::*;
+
+    /// Checks `value` is an RFC 9651 list of sf-strings, each with integer parameters whose keys
+    /// are `keys`, and returns the strings (unescaped) and the integers.
+    fn parse_list(value: &str, keys: [u8; 2]) -> Vec<(String, [u64; 2])> {
+        let bytes = value.as_bytes();
+        let mut members = Vec::new();
+        let mut i = 0;
+        loop {
+            assert_eq!(bytes[i], b'"', "{value}: a string at {i}");
+            i += 1;
+            let mut name = String::new();
+            loop {
+                match bytes[i] {
+                    b'\\' => {
+                        assert!(matches!(bytes[i + 1], b'"' | b'\\'), "{value}: escape");
+                        name.push(char::from(bytes[i + 1]));
+                        i += 2;
+                    }
+                    b'"' => break,
+                    b @ 0x20..=0x7e => {
+                        name.push(char::from(b));
+                        i += 1;
+                    }
+                    b => panic!("{value}: byte {b} in a string"),
+                }
+            }
+            i += 1;
+            let mut numbers = [0; 2];
+            for (key, number) in keys.iter().zip(&mut numbers) {
+                assert_eq!(&bytes[i..i + 3], [b';', *key, b'='], "{value}");
+                i += 3;
+                let digits = bytes[i..].iter().take_while(|b| b.is_ascii_digit()).count();
+                assert!((1..=15).contains(&digits), "{value}: {digits} digits");
+                *number = value[i..i + digits].parse().unwrap();
+                i += digits;
+            }
+            members.push((name, numbers));
+            if i == bytes.len() {
+                return members;
+            }
+            assert_eq!(&bytes[i..i + 2], b", ", "{value}");
+            i += 2;
+        }
+    }
+
+    /// Percent-decodes what `push_sf_string` encoded.
+    fn decode(name: &str) -> String {
+        let bytes = name.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                out.push(u8::from_str_radix(&name[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    fn quota(
+        name: &str,
+        limit: u64,
+        window: Duration,
+        remaining: u64,
+        reset: Duration,
+    ) -> QuotaState {
+        QuotaState {
+            policy: name.into(),
+            limit,
+            window,
+            remaining,
+            reset_after: reset,
+        }
+    }
+
+    /// Names of every awkward kind (empty, quotes, backslashes, `%`, commas and semicolons,
+    /// spaces at the ends, controls, DEL, non-ASCII) and the largest numbers give valid
+    /// structured-field lists, alone (the fast path) or listed, whose names decode back to the
+    /// originals and whose integers stop at 15 digits.
+    #[test]
+    fn ietf_values_parse_for_any_name_and_the_largest_numbers() {
+        let names = [
+            "",
+            "per-ip",
+            "a\"b",
+            "\\",
+            "\\\"",
+            "%",
+            "%41",
+            "a,b;c=d",
+            " sp ",
+            "\u{0}\t\r\n",
+            "\u{7f}",
+            "é",
+            "𝄞",
+            "{rule}",
+        ];
+        let extremes = [
+            (u64::MAX, Duration::MAX, u64::MAX, Duration::MAX),
+            (0, Duration::ZERO, 0, Duration::ZERO),
+            (
+                SF_INTEGER_MAX,
+                Duration::from_secs(SF_INTEGER_MAX),
+                SF_INTEGER_MAX,
+                Duration::from_nanos(1),
+            ),
+        ];
+        for (limit, window, remaining, reset) in extremes {
+            let quotas: Vec<_> = names
+                .iter()
+                .map(|name| quota(name, limit, window, remaining, reset))
+                .collect();
+            let capped = |n: u64| n.min(SF_INTEGER_MAX);
+            let want_policy = [capped(limit), capped(whole_seconds_up(window))];
+            let want_state = [capped(remaining), reset_seconds(&quotas[0])];
+            for list in [&quotas[..1], &quotas[..]]
+                .into_iter()
+                .chain(quotas.chunks(1))
+            {
+                let policy = ratelimit_policy_value(list).unwrap();
+                let state = ratelimit_value(list).unwrap();
+                let policy = parse_list(policy.to_str().unwrap(), [b'q', b'w']);
+                let state = parse_list(state.to_str().unwrap(), [b'r', b't']);
+                assert_eq!(policy.len(), list.len());
+                for ((quota, (p_name, p)), (s_name, s)) in list.iter().zip(policy).zip(state) {
+                    assert_eq!(decode(&p_name), *quota.policy);
+                    assert_eq!(decode(&s_name), *quota.policy);
+                    assert_eq!(p, want_policy, "{:?}", quota.policy);
+                    assert_eq!(s, want_state, "{:?}", quota.policy);
+                }
+            }
+        }
+    }
+
+    /// `Retry-After` and `t` at the boundaries of a second: rounded up, never 0 on a rejection,
+    /// and the same number in both (the engine's rejecting quota resets after the retry-after).
+    #[test]
+    fn retry_after_and_t_agree_at_the_edges_of_a_second() {
+        for (wait, secs) in [
+            (Duration::ZERO, "1"),
+            (Duration::from_nanos(1), "1"),
+            (Duration::from_millis(999), "1"),
+            (Duration::from_nanos(999_999_999), "1"),
+            (Duration::from_secs(1), "1"),
+            (Duration::from_nanos(1_000_000_001), "2"),
+            (Duration::from_millis(1_001), "2"),
+            (Duration::from_secs(60), "60"),
+            (Duration::from_nanos(60_000_000_001), "61"),
+            (Duration::from_secs(3_600), "3600"),
+        ] {
+            let verdict = Verdict {
+                outcome: Outcome::Rejected {
+                    reason: RejectReason::RateLimited,
+                    rule: "r".into(),
+                    retry_after: Some(wait),
+                },
+                quotas: quota("r", 5, Duration::from_secs(60), 0, wait).into(),
+            };
+            let config = ResponseConfig {
+                legacy_headers: true,
+                ..ResponseConfig::default()
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            let headers = response.headers();
+            assert_eq!(headers[RETRY_AFTER], secs, "{wait:?}");
+            assert_eq!(headers[X_RATELIMIT_RESET], secs, "{wait:?}");
+            assert_eq!(
+                headers[RATELIMIT],
+                format!(r#""r";r=0;t={secs}"#).as_str(),
+                "{wait:?}"
+            );
+            let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            assert_eq!(body["retry_after"].to_string(), secs, "{wait:?}");
+        }
+    }
+
+    /// Templates with stray and doubled braces, unknown or miscased placeholders, a rule whose
+    /// name is itself a placeholder, and the largest values render without a panic, each
+    /// placeholder once; a JSON template stays JSON with every value at its largest.
+    #[test]
+    fn templates_with_stray_braces_and_extreme_values() {
+        let verdict = Verdict {
+            outcome: Outcome::Rejected {
+                reason: RejectReason::RateLimited,
+                rule: "{rule}\"}{".into(),
+                retry_after: Some(Duration::MAX),
+            },
+            quotas: quota("{rule}\"}{", u64::MAX, Duration::MAX, 0, Duration::MAX).into(),
+        };
+        let render = |template: &str, content_type: Option<&str>| {
+            let config = ResponseConfig {
+                body: Some(template.into()),
+                content_type: content_type.map(Into::into),
+                ..ResponseConfig::default()
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            String::from_utf8(response.into_body().to_vec()).unwrap()
+        };
+        for (template, text) in [
+            ("", ""),
+            ("{", "{"),
+            ("}", "}"),
+            ("{{", "{"),
+            ("x{", "x{"),
+            ("{}", "{}"),
+            ("{{}}", "{}}"),
+            ("{rule", "{rule"),
+            ("{{{rule}", "{{rule}\"}{"),
+            ("{{rule}", "{rule}"),
+            ("{RULE}{ rule }{x}", "{RULE}{ rule }{x}"),
+            ("{rule}{rule}", "{rule}\"}{{rule}\"}{"),
+            ("{limit}", "18446744073709551615"),
+            ("{retry_after}", "999999999999999"),
+            ("é{reason}ü", "érate limitedü"),
+        ] {
+            assert_eq!(render(template, None), text, "{template:?}");
+        }
+        let json = render(
+            r#"{"rule": "{rule}", "limit": {limit}, "period": "{period}", "retry": {retry_after}, "why": "{reason}", "nested": {"a": ["{"]}}"#,
+            Some("application/json"),
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(parsed["rule"], "{rule}\"}{");
+        assert_eq!(parsed["limit"].to_string(), "18446744073709551615");
+        assert_eq!(parsed["retry"].to_string(), "999999999999999");
+        assert_eq!(parsed["nested"]["a"][0], "{");
+        assert!(
+            parsed["period"]
+                .as_str()
+                .unwrap()
+                .starts_with("584542046090years")
+        );
+    }
+
+    /// Every status outside `400..=599` is refused by validation and answered 429 if a
+    /// configuration was never validated, for `no_key_status` as for `status`; a content type
+    /// that is no header value (a line break, a control) is refused and answered as the
+    /// default.
+    #[test]
+    fn statuses_and_content_types_that_cannot_be_sent() {
+        for status in [0, 1, 99, 100, 399, 600, 999, 1000, u16::MAX] {
+            for field in ["status", "no_key_status"] {
+                let mut config = ResponseConfig::default();
+                let reason = if field == "status" {
+                    config.status = status;
+                    RejectReason::RateLimited
+                } else {
+                    config.no_key_status = status;
+                    RejectReason::NoKey
+                };
+                assert_eq!(
+                    config.validate(),
+                    Err(ResponseConfigError::InvalidStatus { field, status })
+                );
+                let verdict = Verdict {
+                    outcome: Outcome::Rejected {
+                        reason,
+                        rule: "r".into(),
+                        retry_after: None,
+                    },
+                    quotas: crate::http::Quotas::new(),
+                };
+                let response = rejection_response(&verdict, &config).unwrap();
+                assert_eq!(response.status(), 429, "{field} = {status}");
+            }
+        }
+        for content_type in [
+            "application/json\r\nx-injected: 1",
+            "text/plain\u{0}",
+            "a\u{7f}",
+        ] {
+            let config = ResponseConfig {
+                content_type: Some(content_type.into()),
+                ..ResponseConfig::default()
+            };
+            assert_eq!(
+                config.validate(),
+                Err(ResponseConfigError::InvalidContentType(content_type.into()))
+            );
+            let verdict = Verdict {
+                outcome: Outcome::Rejected {
+                    reason: RejectReason::RateLimited,
+                    rule: "r".into(),
+                    retry_after: None,
+                },
+                quotas: crate::http::Quotas::new(),
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+            assert!(response.headers().get("x-injected").is_none());
+        }
     }
 }
