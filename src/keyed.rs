@@ -318,6 +318,14 @@ pub(crate) trait Unused: Algo {
     fn probe_cell(&self) -> Self::Cell {
         self.cell()
     }
+
+    /// Whether a probe for a key that is not held meets the key cap as a take of one would: at
+    /// the cap with no idle key to evict, it gets the overflow policy's answer (refused under
+    /// [`KeyOverflow::Reject`], the shared cell's under [`KeyOverflow::Shared`]) rather than a
+    /// fresh cell's. The keyed concurrency limiter's: its probe says whether a permit is free
+    /// for the key, and at the cap none is on a cell the key cannot get. The rate limiters
+    /// answer for a fresh state (their probes and `charge(0)` have documented that).
+    const PROBE_MEETS_CAP: bool = false;
 }
 
 /// One algorithm's parameters, its per-key cells, and the shared overflow cell.
@@ -674,6 +682,29 @@ where
         }
     }
 
+    /// Whether a take of one for a key not in the map would get a cell of its own now (see
+    /// [`Unused::PROBE_MEETS_CAP`]): a key slot is free, its own slot is on its way back
+    /// (`met_retired`), or a search evicts an idle key for one. A slot the search reserves is
+    /// given back at once: the probe creates no key. Evicting idle keys is what the take would
+    /// do, and harmless: an idle key holds nothing.
+    #[cold]
+    fn room_for_probe<C: Clock>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        shard: &Shard<K, A::Cell, S>,
+        met_retired: bool,
+    ) -> bool {
+        // Relaxed: as in `reserve_key`; a snapshot, as any probe's answer is.
+        if met_retired || ctx.keys.load(Ordering::Relaxed) < ctx.max_keys as u64 {
+            return true;
+        }
+        if self.make_room(ctx, shard) {
+            ctx.release_keys(1);
+            return true;
+        }
+        false
+    }
+
     /// A call for a key that is not in the map; the `Slot` says whether it was decided on the
     /// shared overflow cell (the key cap was reached and the policy is `Shared`).
     /// `met_retired`: the call met the key's cell retired, and may take the spare slot (see
@@ -693,17 +724,19 @@ where
         if n > limit {
             return Err(too_big(n, limit));
         }
-        if n == 0 {
+        if n == 0 && (!A::PROBE_MEETS_CAP || self.room_for_probe(ctx, shard, met_retired)) {
             // A probe consumes nothing, so it creates no key (nor a fresh ring of the exact
             // sliding window, 8 bytes per permit): answer for a fresh state.
             let fresh = self.algo.probe_cell();
             return op(&fresh).map(|r| (r, Slot::Key));
         }
         // The spare before a search for room: when the key's own slot is on its way back, a
-        // search would evict another idle key for nothing.
-        let reserved = ctx.reserve_key()
-            || (met_retired && ctx.reserve_spare_key())
-            || self.make_room(ctx, shard);
+        // search would evict another idle key for nothing. (A probe left here met the cap: it
+        // takes no slot and gets the overflow policy's answer.)
+        let reserved = n != 0
+            && (ctx.reserve_key()
+                || (met_retired && ctx.reserve_spare_key())
+                || self.make_room(ctx, shard));
         if !reserved {
             if COUNTED {
                 ctx.counters.bump(OVERFLOWED);

@@ -543,6 +543,11 @@ impl Algo for Concurrency {
 /// takes instead). So a first take that failed on a fresh cell (`n` above a limit lowered after
 /// the store's check) leaves it 0 unless someone else has taken from it since.
 impl Unused for Concurrency {
+    /// `try_acquire_n(key, 0)` says whether a permit is free for `key`, and a key at the cap
+    /// gets one only by the overflow policy: the answer must be that of a take of one, as
+    /// [`KeyedConcurrencyLimiter::available`] reports it.
+    const PROBE_MEETS_CAP: bool = true;
+
     fn unused(cell: &AtomicU64) -> bool {
         // Relaxed: a hint; `retire_unused`'s CAS decides.
         cell.load(Ordering::Relaxed) == 0

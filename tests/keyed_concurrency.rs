@@ -1104,3 +1104,73 @@ async fn a_request_a_racing_set_limit_makes_too_big_fails_at_once_behind_a_head(
         );
     }
 }
+
+/// `try_acquire_n(key, 0)` "succeeds iff a permit is free": for a new key at the cap that is
+/// what the overflow policy gives, as `available` and a take of one say. The probe answered for
+/// a fresh cell instead, so it succeeded where a take of one was refused (`TooManyKeys`, or the
+/// shared pool exhausted), and `acquire_n(key, 0)` returned at once instead of waiting.
+#[test]
+fn a_zero_permit_probe_at_the_cap_answers_as_a_take_of_one() {
+    let reject = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let _a = reject.try_acquire(&1u8).unwrap();
+    assert_eq!(reject.available(&2), 0);
+    assert_eq!(
+        reject.try_acquire_n(&2, 0).map(|p| p.permits()),
+        Err(TryPermitError::TooManyKeys { max_keys: 1 })
+    );
+    assert_eq!(
+        reject
+            .acquire_blocking_timeout(&2, 0, Duration::from_millis(1))
+            .map(|p| p.permits()),
+        Err(AcquireError::TooManyKeys { max_keys: 1 })
+    );
+    // An idle key makes room: the probe succeeds, and creates no key.
+    let idle = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    drop(idle.try_acquire(&1u8).unwrap());
+    assert_eq!(idle.try_acquire_n(&2, 0).unwrap().permits(), 0);
+    assert!(idle.len() <= 1);
+    assert_eq!(idle.try_acquire(&2).unwrap().permits(), 1);
+
+    let shared = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _a = shared.try_acquire(&1u8).unwrap();
+    assert_eq!(
+        shared.try_acquire_n(&3, 0).unwrap().permits(),
+        0,
+        "the pool has one"
+    );
+    let b = shared.try_acquire(&2u8).unwrap(); // the pool's only permit
+    assert_eq!(shared.available(&3), 0);
+    assert_eq!(
+        shared.try_acquire_n(&3, 0).map(|p| p.permits()),
+        Err(TryPermitError::NoPermits {
+            available: 0,
+            requested: 0
+        })
+    );
+    assert_eq!(
+        shared
+            .acquire_blocking_timeout(&3, 0, Duration::from_millis(5))
+            .map(|p| p.permits()),
+        Err(AcquireError::Timeout),
+        "waits for a pool permit"
+    );
+    let waiter = {
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.acquire_blocking_n(&3, 0).map(|p| p.permits()))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    drop(b);
+    assert_eq!(waiter.join().unwrap(), Ok(0));
+    assert_eq!(shared.available(&3), 1, "a probe holds nothing");
+    assert_eq!(shared.len(), 1);
+}
