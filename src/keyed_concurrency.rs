@@ -1248,6 +1248,31 @@ where
     }
 }
 
+/// Permits taken for `key` whose guard is not made yet: dropped (only by an unwind out of the
+/// key's `Clone`, see [`KeyedConcurrencyLimiter::permit`]), it gives them back.
+struct Untaken<'a, K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    inner: &'a Inner<K, S>,
+    key: &'a K,
+    shard: usize,
+    permits: u32,
+    slot: Slot,
+}
+
+impl<K, S> Drop for Untaken<'_, K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        self.inner
+            .release(self.key, self.shard, self.permits, self.slot);
+    }
+}
+
 /// A store error seen by `try_acquire` (never `Rejected`: the store answers "too few free"
 /// apart).
 fn permit_error(error: TryAcquireError) -> TryPermitError {
@@ -1325,10 +1350,24 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
+    /// The guard of `permits` just taken for `key`. The guard keeps a clone of the key, made
+    /// here, after the take: should `K::clone` panic, the permits go back as it unwinds
+    /// ([`Untaken`]) rather than stay in use for good (the key then never idle, its slot of the
+    /// cap never free).
     fn permit(&self, key: &K, shard: usize, permits: u32, slot: Slot) -> KeyedPermit<'_, K, S> {
+        let untaken = Untaken {
+            inner: &self.inner,
+            key,
+            shard,
+            permits,
+            slot,
+        };
+        let key = key.clone();
+        // The clone returned: the guard below owns the permits now.
+        std::mem::forget(untaken);
         KeyedPermit {
             limiter: self,
-            key: key.clone(),
+            key,
             shard,
             permits,
             slot,

@@ -1174,3 +1174,40 @@ fn a_zero_permit_probe_at_the_cap_answers_as_a_take_of_one() {
     assert_eq!(shared.available(&3), 1, "a probe holds nothing");
     assert_eq!(shared.len(), 1);
 }
+
+/// A key whose `Clone` panics once the permits are taken (the guard keeps a clone of the key,
+/// made after the take): the permits must go back as the panic unwinds. They were leaked: the
+/// key stayed short of a permit for good, and, never idle again, held a slot of the cap.
+#[test]
+fn a_key_clone_that_panics_after_the_take_leaks_no_permit() {
+    let limiter = KeyedConcurrencyLimiter::<Hooked>::builder(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    // The key's cell exists: the next takes clone the key only for their guards.
+    drop(limiter.try_acquire(&Hooked(1)).unwrap());
+    let arm = || ON_CLONE.with(|h| h.set(Some(Box::new(|| panic!("Clone panics")))));
+    arm();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.try_acquire(&Hooked(1));
+    }));
+    assert!(outcome.is_err(), "the hook did not run");
+    assert_eq!(
+        limiter.available(&Hooked(1)),
+        1,
+        "try_acquire leaked its permit"
+    );
+    arm();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.acquire_blocking(&Hooked(1));
+    }));
+    assert!(outcome.is_err(), "the hook did not run");
+    assert_eq!(
+        limiter.available(&Hooked(1)),
+        1,
+        "acquire_blocking leaked its permit"
+    );
+    // Idle: evictable, and the cap's one slot is free for another key.
+    assert_eq!(limiter.sweep(), 1);
+    assert_eq!(limiter.try_acquire(&Hooked(2)).unwrap().permits(), 1);
+}
