@@ -1472,3 +1472,105 @@ fn two_first_uses_of_one_new_key_at_the_cap_the_loser_is_refused_and_a_retry_ser
     );
     assert_eq!((first.permits(), limiter.len()), (1, 2));
 }
+
+/// Probe: a head dropped at each of its await points (queued and marked; woken by the release
+/// that consumed its mark but not polled again) passes the turn on: the waiter behind it is
+/// woken and served, and once everything is back the key is idle and evictable.
+#[test]
+fn a_head_dropped_at_each_await_point_passes_the_turn_on() {
+    use std::task::{Context, Poll};
+    for woken_first in [false, true] {
+        let limiter = KeyedConcurrencyLimiter::new(1).unwrap();
+        let held = limiter.try_acquire(&"k").unwrap();
+        let (head_waker, head_wakes) = counting_waker();
+        let (next_waker, next_wakes) = counting_waker();
+        let mut head = Box::pin(limiter.acquire(&"k"));
+        let mut next = Box::pin(limiter.acquire(&"k"));
+        assert!(
+            head.as_mut()
+                .poll(&mut Context::from_waker(&head_waker))
+                .is_pending()
+        );
+        assert!(
+            next.as_mut()
+                .poll(&mut Context::from_waker(&next_waker))
+                .is_pending()
+        );
+        if woken_first {
+            drop(held);
+            assert_eq!(
+                head_wakes.load(Ordering::SeqCst),
+                1,
+                "the release wakes the head"
+            );
+            drop(head);
+        } else {
+            drop(head);
+            drop(held);
+        }
+        assert!(
+            next_wakes.load(Ordering::SeqCst) >= 1,
+            "the next waiter was never woken"
+        );
+        let Poll::Ready(Ok(permit)) = next.as_mut().poll(&mut Context::from_waker(&next_waker))
+        else {
+            panic!("the permit is free for the next waiter");
+        };
+        drop(permit);
+        drop(next);
+        let stats = limiter.stats();
+        assert_eq!(
+            (stats.waiting, stats.waiting_keys, stats.cancelled),
+            (0, 0, 1)
+        );
+        assert_eq!(limiter.sweep(), 1, "idle once everything is back");
+    }
+}
+
+/// Probe: the same on the shared pool, the heads in different keys' queues (oldest first, so
+/// the second defers to the first): the first dropped, before or after the pool release that
+/// woke it, the second is woken and served from the pool.
+#[test]
+fn a_pool_head_dropped_at_each_await_point_passes_the_pool_on() {
+    use std::task::{Context, Poll};
+    for woken_first in [false, true] {
+        let limiter = KeyedConcurrencyLimiter::builder(1)
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let _own = limiter.try_acquire(&0u8).unwrap(); // the only key slot, busy
+        let pooled = limiter.try_acquire(&1u8).unwrap(); // the pool's one permit
+        let (a_waker, _) = counting_waker();
+        let (b_waker, b_wakes) = counting_waker();
+        let mut a = Box::pin(limiter.acquire(&2u8));
+        let mut b = Box::pin(limiter.acquire(&3u8));
+        assert!(
+            a.as_mut()
+                .poll(&mut Context::from_waker(&a_waker))
+                .is_pending()
+        );
+        assert!(
+            b.as_mut()
+                .poll(&mut Context::from_waker(&b_waker))
+                .is_pending()
+        );
+        if woken_first {
+            drop(pooled);
+            drop(a);
+        } else {
+            drop(a);
+            drop(pooled);
+        }
+        assert!(b_wakes.load(Ordering::SeqCst) >= 1, "b was never woken");
+        let Poll::Ready(Ok(permit)) = b.as_mut().poll(&mut Context::from_waker(&b_waker)) else {
+            panic!("the pool's permit is free for b");
+        };
+        assert_eq!(*permit.key(), 3);
+        drop(permit);
+        drop(b);
+        assert_eq!(limiter.available(&9), 1, "the pool's permit is back");
+        let stats = limiter.stats();
+        assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+    }
+}
