@@ -519,6 +519,18 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     }
 }
 
+/// A key slot reserved under the cap by a call that has yet to insert its key: dropped (only by
+/// an unwind out of the key's `Clone`, see `Keyed::first_use`), it gives the slot back.
+struct SlotOnUnwind<'a, K, C: Clock, S> {
+    ctx: &'a Ctx<K, C, S>,
+}
+
+impl<K, C: Clock, S> Drop for SlotOnUnwind<'_, K, C, S> {
+    fn drop(&mut self) {
+        self.ctx.release_keys(1);
+    }
+}
+
 /// Whether `Keyed::chain_check` counts a call that meets the key cap in `overflowed`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum CountOverflow {
@@ -755,19 +767,26 @@ where
         // happened to the key before, including the eviction of an earlier cell. A sweeper never
         // retires a cell that has not admitted yet (`Algo::retire`), so the inserter is not
         // starved by one looping beside it.
+        // The map's copy of the key, made now that the slot is ours (a call refused at the cap
+        // clones nothing). Should the key's `Clone` panic, the slot goes back as it unwinds:
+        // kept, each such panic took a slot of the cap for good.
+        let owned = {
+            let slot = SlotOnUnwind { ctx };
+            let owned = key.clone();
+            std::mem::forget(slot);
+            owned
+        };
         // Relaxed: bookkeeping for when to sweep; no decision about admissions depends on it.
         // Counted before the insert so that a concurrent removal never takes `len` below zero.
         let len = shard.len.fetch_add(1, Ordering::Relaxed) + 1;
         let ((outcome, unused), inserted) =
-            shard
-                .map
-                .insert_then(key.clone(), self.algo.cell(), |cell| {
-                    let outcome = op(cell);
-                    // Whether the call left the cell unused (it failed, or it was a chain's decided
-                    // rejection), and which cell that is. One load of the word just decided on; for
-                    // algorithms that cannot tell, nothing.
-                    (outcome, A::unused(cell).then_some(cell as *const A::Cell))
-                });
+            shard.map.insert_then(owned, self.algo.cell(), |cell| {
+                let outcome = op(cell);
+                // Whether the call left the cell unused (it failed, or it was a chain's decided
+                // rejection), and which cell that is. One load of the word just decided on; for
+                // algorithms that cannot tell, nothing.
+                (outcome, A::unused(cell).then_some(cell as *const A::Cell))
+            });
         let outcome = outcome.map(|r| (r, Slot::Key));
         if !inserted {
             // Another call inserted the key first: the call was decided on its cell, and our

@@ -1574,3 +1574,22 @@ fn a_pool_head_dropped_at_each_await_point_passes_the_pool_on() {
         assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
     }
 }
+
+/// A new key's `Clone` that panics in the store's insert (the store clones the key once it has
+/// reserved the key's slot under the cap): the slot must be given back as the panic unwinds. It
+/// was kept: each such panic took a slot of the cap for good, until every new key was refused.
+#[test]
+fn a_new_key_clone_that_panics_in_the_insert_gives_its_slot_back() {
+    let limiter = KeyedConcurrencyLimiter::<Hooked>::builder(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    ON_CLONE.with(|h| h.set(Some(Box::new(|| panic!("Clone panics")))));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.try_acquire(&Hooked(1));
+    }));
+    assert!(outcome.is_err(), "the hook did not run");
+    assert_eq!(limiter.len(), 0, "the slot stayed reserved");
+    assert_eq!(limiter.try_acquire(&Hooked(2)).unwrap().permits(), 1);
+    assert_eq!(limiter.len(), 1);
+}
