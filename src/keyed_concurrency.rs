@@ -584,7 +584,7 @@ impl Clock for NoClock {
 /// [`KeyOverflow`] policy, and per-key fair, bounded wait queues.
 ///
 /// Permits are guards ([`KeyedPermit`], or [`OwnedKeyedPermit`] for spawned tasks) that give
-/// their permits back on `Drop`: one lookup of the key and one `fetch_add`, lock-free unless
+/// their permits back on `Drop`: one lookup of the key and one `fetch_sub`, lock-free unless
 /// someone waits for that key.
 ///
 /// Under [`KeyOverflow::Shared`] all overflow keys share one pool of `limit` permits; under
