@@ -318,6 +318,14 @@ pub(crate) trait Unused: Algo {
     fn probe_cell(&self) -> Self::Cell {
         self.cell()
     }
+
+    /// Whether a probe for a key that is not held meets the key cap as a take of one would: at
+    /// the cap with no idle key to evict, it gets the overflow policy's answer (refused under
+    /// [`KeyOverflow::Reject`], the shared cell's under [`KeyOverflow::Shared`]) rather than a
+    /// fresh cell's. The keyed concurrency limiter's: its probe says whether a permit is free
+    /// for the key, and at the cap none is on a cell the key cannot get. The rate limiters
+    /// answer for a fresh state (their probes and `charge(0)` have documented that).
+    const PROBE_MEETS_CAP: bool = false;
 }
 
 /// One algorithm's parameters, its per-key cells, and the shared overflow cell.
@@ -511,6 +519,18 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     }
 }
 
+/// A key slot reserved under the cap by a call that has yet to insert its key: dropped (only by
+/// an unwind out of the key's `Clone`, see `Keyed::first_use`), it gives the slot back.
+struct SlotOnUnwind<'a, K, C: Clock, S> {
+    ctx: &'a Ctx<K, C, S>,
+}
+
+impl<K, C: Clock, S> Drop for SlotOnUnwind<'_, K, C, S> {
+    fn drop(&mut self) {
+        self.ctx.release_keys(1);
+    }
+}
+
 /// Whether `Keyed::chain_check` counts a call that meets the key cap in `overflowed`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum CountOverflow {
@@ -674,6 +694,29 @@ where
         }
     }
 
+    /// Whether a take of one for a key not in the map would get a cell of its own now (see
+    /// [`Unused::PROBE_MEETS_CAP`]): a key slot is free, its own slot is on its way back
+    /// (`met_retired`), or a search evicts an idle key for one. A slot the search reserves is
+    /// given back at once: the probe creates no key. Evicting idle keys is what the take would
+    /// do, and harmless: an idle key holds nothing.
+    #[cold]
+    fn room_for_probe<C: Clock>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        shard: &Shard<K, A::Cell, S>,
+        met_retired: bool,
+    ) -> bool {
+        // Relaxed: as in `reserve_key`; a snapshot, as any probe's answer is.
+        if met_retired || ctx.keys.load(Ordering::Relaxed) < ctx.max_keys as u64 {
+            return true;
+        }
+        if self.make_room(ctx, shard) {
+            ctx.release_keys(1);
+            return true;
+        }
+        false
+    }
+
     /// A call for a key that is not in the map; the `Slot` says whether it was decided on the
     /// shared overflow cell (the key cap was reached and the policy is `Shared`).
     /// `met_retired`: the call met the key's cell retired, and may take the spare slot (see
@@ -693,17 +736,19 @@ where
         if n > limit {
             return Err(too_big(n, limit));
         }
-        if n == 0 {
+        if n == 0 && (!A::PROBE_MEETS_CAP || self.room_for_probe(ctx, shard, met_retired)) {
             // A probe consumes nothing, so it creates no key (nor a fresh ring of the exact
             // sliding window, 8 bytes per permit): answer for a fresh state.
             let fresh = self.algo.probe_cell();
             return op(&fresh).map(|r| (r, Slot::Key));
         }
         // The spare before a search for room: when the key's own slot is on its way back, a
-        // search would evict another idle key for nothing.
-        let reserved = ctx.reserve_key()
-            || (met_retired && ctx.reserve_spare_key())
-            || self.make_room(ctx, shard);
+        // search would evict another idle key for nothing. (A probe left here met the cap: it
+        // takes no slot and gets the overflow policy's answer.)
+        let reserved = n != 0
+            && (ctx.reserve_key()
+                || (met_retired && ctx.reserve_spare_key())
+                || self.make_room(ctx, shard));
         if !reserved {
             if COUNTED {
                 ctx.counters.bump(OVERFLOWED);
@@ -722,19 +767,26 @@ where
         // happened to the key before, including the eviction of an earlier cell. A sweeper never
         // retires a cell that has not admitted yet (`Algo::retire`), so the inserter is not
         // starved by one looping beside it.
+        // The map's copy of the key, made now that the slot is ours (a call refused at the cap
+        // clones nothing). Should the key's `Clone` panic, the slot goes back as it unwinds:
+        // kept, each such panic took a slot of the cap for good.
+        let owned = {
+            let slot = SlotOnUnwind { ctx };
+            let owned = key.clone();
+            std::mem::forget(slot);
+            owned
+        };
         // Relaxed: bookkeeping for when to sweep; no decision about admissions depends on it.
         // Counted before the insert so that a concurrent removal never takes `len` below zero.
         let len = shard.len.fetch_add(1, Ordering::Relaxed) + 1;
         let ((outcome, unused), inserted) =
-            shard
-                .map
-                .insert_then(key.clone(), self.algo.cell(), |cell| {
-                    let outcome = op(cell);
-                    // Whether the call left the cell unused (it failed, or it was a chain's decided
-                    // rejection), and which cell that is. One load of the word just decided on; for
-                    // algorithms that cannot tell, nothing.
-                    (outcome, A::unused(cell).then_some(cell as *const A::Cell))
-                });
+            shard.map.insert_then(owned, self.algo.cell(), |cell| {
+                let outcome = op(cell);
+                // Whether the call left the cell unused (it failed, or it was a chain's decided
+                // rejection), and which cell that is. One load of the word just decided on; for
+                // algorithms that cannot tell, nothing.
+                (outcome, A::unused(cell).then_some(cell as *const A::Cell))
+            });
         let outcome = outcome.map(|r| (r, Slot::Key));
         if !inserted {
             // Another call inserted the key first: the call was decided on its cell, and our

@@ -543,6 +543,11 @@ impl Algo for Concurrency {
 /// takes instead). So a first take that failed on a fresh cell (`n` above a limit lowered after
 /// the store's check) leaves it 0 unless someone else has taken from it since.
 impl Unused for Concurrency {
+    /// `try_acquire_n(key, 0)` says whether a permit is free for `key`, and a key at the cap
+    /// gets one only by the overflow policy: the answer must be that of a take of one, as
+    /// [`KeyedConcurrencyLimiter::available`] reports it.
+    const PROBE_MEETS_CAP: bool = true;
+
     fn unused(cell: &AtomicU64) -> bool {
         // Relaxed: a hint; `retire_unused`'s CAS decides.
         cell.load(Ordering::Relaxed) == 0
@@ -579,7 +584,7 @@ impl Clock for NoClock {
 /// [`KeyOverflow`] policy, and per-key fair, bounded wait queues.
 ///
 /// Permits are guards ([`KeyedPermit`], or [`OwnedKeyedPermit`] for spawned tasks) that give
-/// their permits back on `Drop`: one lookup of the key and one `fetch_add`, lock-free unless
+/// their permits back on `Drop`: one lookup of the key and one `fetch_sub`, lock-free unless
 /// someone waits for that key.
 ///
 /// Under [`KeyOverflow::Shared`] all overflow keys share one pool of `limit` permits; under
@@ -1243,6 +1248,31 @@ where
     }
 }
 
+/// Permits taken for `key` whose guard is not made yet: dropped (only by an unwind out of the
+/// key's `Clone`, see [`KeyedConcurrencyLimiter::permit`]), it gives them back.
+struct Untaken<'a, K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    inner: &'a Inner<K, S>,
+    key: &'a K,
+    shard: usize,
+    permits: u32,
+    slot: Slot,
+}
+
+impl<K, S> Drop for Untaken<'_, K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        self.inner
+            .release(self.key, self.shard, self.permits, self.slot);
+    }
+}
+
 /// A store error seen by `try_acquire` (never `Rejected`: the store answers "too few free"
 /// apart).
 fn permit_error(error: TryAcquireError) -> TryPermitError {
@@ -1320,10 +1350,24 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
+    /// The guard of `permits` just taken for `key`. The guard keeps a clone of the key, made
+    /// here, after the take: should `K::clone` panic, the permits go back as it unwinds
+    /// ([`Untaken`]) rather than stay in use for good (the key then never idle, its slot of the
+    /// cap never free).
     fn permit(&self, key: &K, shard: usize, permits: u32, slot: Slot) -> KeyedPermit<'_, K, S> {
+        let untaken = Untaken {
+            inner: &self.inner,
+            key,
+            shard,
+            permits,
+            slot,
+        };
+        let key = key.clone();
+        // The clone returned: the guard below owns the permits now.
+        std::mem::forget(untaken);
         KeyedPermit {
             limiter: self,
-            key: key.clone(),
+            key,
             shard,
             permits,
             slot,

@@ -1104,3 +1104,492 @@ async fn a_request_a_racing_set_limit_makes_too_big_fails_at_once_behind_a_head(
         );
     }
 }
+
+/// Probe: the per-key limit under the key cap (`Reject`), with more keys than slots, so that
+/// keys are evicted and made again all the time, by sweeps and by `make_room`, while threads take
+/// 1 or 2 permits by `try_acquire_n`, `acquire_blocking_timeout` and `acquire_blocking_n`.
+#[test]
+fn per_key_limit_holds_at_the_cap_while_keys_churn() {
+    const LIMIT: u32 = 2;
+    const KEYS: usize = 5;
+    let limiter = KeyedConcurrencyLimiter::<usize>::builder(LIMIT)
+        .max_keys(2)
+        .overflow(KeyOverflow::Reject)
+        .build()
+        .unwrap();
+    let inside: Arc<Vec<AtomicU32>> = Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
+    let calls = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (limiter, inside, calls) = (limiter.clone(), inside.clone(), calls.clone());
+            std::thread::spawn(move || {
+                for i in 0..1500usize {
+                    let key = (t * 7 + i) % KEYS;
+                    let n = 1 + (i % 2) as u32;
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    let permit = match i % 3 {
+                        0 => limiter.try_acquire_n(&key, n).ok(),
+                        1 => limiter
+                            .acquire_blocking_timeout(&key, n, Duration::from_micros(200))
+                            .ok(),
+                        _ => match limiter.acquire_blocking_n(&key, n) {
+                            Ok(p) => Some(p),
+                            Err(AcquireError::TooManyKeys { .. }) => None,
+                            Err(e) => panic!("{e}"),
+                        },
+                    };
+                    let Some(permit) = permit else { continue };
+                    let now = inside[key].fetch_add(n, Ordering::SeqCst) + n;
+                    assert!(now <= LIMIT, "key {key}: {now} in flight");
+                    if i % 5 == 0 {
+                        std::thread::yield_now();
+                    }
+                    inside[key].fetch_sub(n, Ordering::SeqCst);
+                    drop(permit);
+                    if i % 50 == 0 {
+                        limiter.sweep();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = limiter.stats();
+    assert_eq!(
+        stats.admitted + stats.rejected + stats.cancelled,
+        calls.load(Ordering::Relaxed)
+    );
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+    limiter.sweep();
+    assert!(limiter.is_empty(), "{} keys left", limiter.len());
+    for key in 0..KEYS {
+        assert_eq!(limiter.try_acquire_n(&key, LIMIT).unwrap().permits(), LIMIT);
+    }
+}
+
+/// Probe: under `Shared` at the cap, the overflow pool never has more than `limit` permits out
+/// over all the keys it serves, and every permit comes back (async waiters, some cancelled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_pool_never_gives_out_more_than_the_limit() {
+    const LIMIT: u32 = 2;
+    let limiter = KeyedConcurrencyLimiter::<u32>::builder(LIMIT)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    // Key 0 holds the only key slot for the whole run: every other key is served by the pool.
+    let _slot = limiter.try_acquire(&0).unwrap();
+    let pooled = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..4u32 {
+        let (limiter, pooled) = (limiter.clone(), pooled.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..300u32 {
+                let key = 1 + (t + i) % 6;
+                let n = 1 + i % 2;
+                let wait = Duration::from_micros(u64::from(i % 4) * 100);
+                if let Ok(permit) = limiter.acquire_timeout(&key, n, wait).await {
+                    let now = pooled.fetch_add(n, Ordering::SeqCst) + n;
+                    assert!(now <= LIMIT, "{now} pool permits out");
+                    tokio::task::yield_now().await;
+                    pooled.fetch_sub(n, Ordering::SeqCst);
+                    drop(permit);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+    assert_eq!(limiter.available(&99), LIMIT, "every pool permit is back");
+    assert_eq!(limiter.len(), 1);
+}
+
+/// `try_acquire_n(key, 0)` "succeeds iff a permit is free": for a new key at the cap that is
+/// what the overflow policy gives, as `available` and a take of one say. The probe answered for
+/// a fresh cell instead, so it succeeded where a take of one was refused (`TooManyKeys`, or the
+/// shared pool exhausted), and `acquire_n(key, 0)` returned at once instead of waiting.
+#[test]
+fn a_zero_permit_probe_at_the_cap_answers_as_a_take_of_one() {
+    let reject = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let _a = reject.try_acquire(&1u8).unwrap();
+    assert_eq!(reject.available(&2), 0);
+    assert_eq!(
+        reject.try_acquire_n(&2, 0).map(|p| p.permits()),
+        Err(TryPermitError::TooManyKeys { max_keys: 1 })
+    );
+    assert_eq!(
+        reject
+            .acquire_blocking_timeout(&2, 0, Duration::from_millis(1))
+            .map(|p| p.permits()),
+        Err(AcquireError::TooManyKeys { max_keys: 1 })
+    );
+    // An idle key makes room: the probe succeeds, and creates no key.
+    let idle = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    drop(idle.try_acquire(&1u8).unwrap());
+    assert_eq!(idle.try_acquire_n(&2, 0).unwrap().permits(), 0);
+    assert!(idle.len() <= 1);
+    assert_eq!(idle.try_acquire(&2).unwrap().permits(), 1);
+
+    let shared = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _a = shared.try_acquire(&1u8).unwrap();
+    assert_eq!(
+        shared.try_acquire_n(&3, 0).unwrap().permits(),
+        0,
+        "the pool has one"
+    );
+    let b = shared.try_acquire(&2u8).unwrap(); // the pool's only permit
+    assert_eq!(shared.available(&3), 0);
+    assert_eq!(
+        shared.try_acquire_n(&3, 0).map(|p| p.permits()),
+        Err(TryPermitError::NoPermits {
+            available: 0,
+            requested: 0
+        })
+    );
+    assert_eq!(
+        shared
+            .acquire_blocking_timeout(&3, 0, Duration::from_millis(5))
+            .map(|p| p.permits()),
+        Err(AcquireError::Timeout),
+        "waits for a pool permit"
+    );
+    let waiter = {
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.acquire_blocking_n(&3, 0).map(|p| p.permits()))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    drop(b);
+    assert_eq!(waiter.join().unwrap(), Ok(0));
+    assert_eq!(shared.available(&3), 1, "a probe holds nothing");
+    assert_eq!(shared.len(), 1);
+}
+
+/// Probe: the extremes of `n` and of the limit: `u32::MAX` permits taken, held across a
+/// lowering and given back to an evictable key; `n` above the limit refused by every entry
+/// point without creating a key; a request above the queue limit refused at once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn extreme_counts_take_and_give_back_exactly() {
+    let limiter = KeyedConcurrencyLimiter::<u8>::builder(u32::MAX)
+        .queue_limit(4)
+        .build()
+        .unwrap();
+    let all = limiter.try_acquire_n(&1, u32::MAX).unwrap();
+    assert_eq!(limiter.available(&1), 0);
+    assert!(matches!(
+        limiter.try_acquire(&1),
+        Err(TryPermitError::NoPermits { available: 0, .. })
+    ));
+    limiter.set_limit(1).unwrap();
+    assert_eq!(limiter.available(&1), 0, "held past the lowered limit");
+    assert_eq!(limiter.sweep(), 0, "a key with permits out stays");
+    drop(all);
+    assert_eq!(limiter.available(&1), 1);
+    assert_eq!(limiter.sweep(), 1);
+    assert!(limiter.is_empty());
+
+    let too_big = TryPermitError::InsufficientCapacity {
+        requested: 2,
+        capacity: 1,
+    };
+    assert_eq!(
+        limiter.try_acquire_n(&2, 2).map(|p| p.permits()),
+        Err(too_big)
+    );
+    let too_big = AcquireError::InsufficientCapacity {
+        requested: 2,
+        capacity: 1,
+    };
+    assert_eq!(
+        limiter.acquire_n(&2, 2).await.map(|p| p.permits()),
+        Err(too_big)
+    );
+    assert_eq!(
+        limiter.acquire_blocking_n(&2, 2).map(|p| p.permits()),
+        Err(too_big)
+    );
+    assert!(limiter.is_empty(), "refused calls create no key");
+
+    limiter.set_limit(10).unwrap();
+    let _held = limiter.try_acquire_n(&3, 10).unwrap();
+    assert_eq!(
+        limiter.acquire_n(&3, 5).await.map(|p| p.permits()),
+        Err(AcquireError::QueueFull {
+            requested: 5,
+            queue_limit: 4
+        })
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+}
+
+/// A key whose `Clone` panics once the permits are taken (the guard keeps a clone of the key,
+/// made after the take): the permits must go back as the panic unwinds. They were leaked: the
+/// key stayed short of a permit for good, and, never idle again, held a slot of the cap.
+#[test]
+fn a_key_clone_that_panics_after_the_take_leaks_no_permit() {
+    let limiter = KeyedConcurrencyLimiter::<Hooked>::builder(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    // The key's cell exists: the next takes clone the key only for their guards.
+    drop(limiter.try_acquire(&Hooked(1)).unwrap());
+    let arm = || ON_CLONE.with(|h| h.set(Some(Box::new(|| panic!("Clone panics")))));
+    arm();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.try_acquire(&Hooked(1));
+    }));
+    assert!(outcome.is_err(), "the hook did not run");
+    assert_eq!(
+        limiter.available(&Hooked(1)),
+        1,
+        "try_acquire leaked its permit"
+    );
+    arm();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.acquire_blocking(&Hooked(1));
+    }));
+    assert!(outcome.is_err(), "the hook did not run");
+    assert_eq!(
+        limiter.available(&Hooked(1)),
+        1,
+        "acquire_blocking leaked its permit"
+    );
+    // Idle: evictable, and the cap's one slot is free for another key.
+    assert_eq!(limiter.sweep(), 1);
+    assert_eq!(limiter.try_acquire(&Hooked(2)).unwrap().permits(), 1);
+}
+
+/// Probe: blocking waiters on a few keys under a small cap (`Reject`), while the limit flips
+/// between 1 and 3 and sweeps run: never more than the larger limit in flight per key, and no
+/// waiter stranded (holders hold for moments, so a wait of seconds is a lost wake-up).
+#[test]
+fn blocking_waiters_at_the_cap_through_limit_flips_are_never_stranded() {
+    const HIGH: u32 = 3;
+    const KEYS: usize = 3;
+    let limiter = KeyedConcurrencyLimiter::<usize>::builder(1)
+        .max_keys(KEYS)
+        .build()
+        .unwrap();
+    let inside: Arc<Vec<AtomicU32>> = Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|t| {
+            let (limiter, inside, done) = (limiter.clone(), inside.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut i = t;
+                let mut served = 0u32;
+                while !done.load(Ordering::Relaxed) {
+                    i += 1;
+                    let key = i % KEYS;
+                    match limiter.acquire_blocking_timeout(&key, 1, Duration::from_secs(5)) {
+                        Ok(permit) => {
+                            served += 1;
+                            let now = inside[key].fetch_add(1, Ordering::SeqCst) + 1;
+                            assert!(now <= HIGH, "key {key}: {now} in flight");
+                            std::thread::yield_now();
+                            inside[key].fetch_sub(1, Ordering::SeqCst);
+                            drop(permit);
+                        }
+                        Err(AcquireError::Timeout) => panic!("key {key}: a waiter stranded"),
+                        // Two first uses of one key racing for the last slot: the loser is
+                        // refused, as documented (see
+                        // `two_first_uses_of_one_new_key_at_the_cap_the_loser_is_refused_...`).
+                        Err(AcquireError::TooManyKeys { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                    if i % 31 == 0 {
+                        limiter.sweep();
+                    }
+                }
+                served
+            })
+        })
+        .collect();
+    for flip in 0..300u32 {
+        limiter
+            .set_limit(if flip % 2 == 0 { HIGH } else { 1 })
+            .unwrap();
+        std::thread::yield_now();
+    }
+    done.store(true, Ordering::Relaxed);
+    let served: u32 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(served > 0);
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+    for key in 0..KEYS {
+        assert_eq!(
+            limiter.available(&key),
+            limiter.limit(),
+            "key {key} lost a permit"
+        );
+    }
+}
+
+/// Two first uses of one new key at the cap, the second running between the first's
+/// reservation of the last key slot and its insert of the key's cell (the store clones a new key
+/// just before its insert; the hook runs the second call there): as ARCHITECTURE.md documents
+/// ("The spare slot"), the second is refused `TooManyKeys`, a refusal a retry answers: the key
+/// then has its cell, with a permit free for it. Pinned so that a change to it is seen.
+#[test]
+fn two_first_uses_of_one_new_key_at_the_cap_the_loser_is_refused_and_a_retry_served() {
+    let limiter = KeyedConcurrencyLimiter::<Hooked>::builder(2)
+        .max_keys(2)
+        .build()
+        .unwrap();
+    let _busy = limiter.try_acquire(&Hooked(0)).unwrap();
+    let second = Arc::new(std::sync::Mutex::new(None));
+    let (other, seen) = (limiter.clone(), second.clone());
+    ON_CLONE.with(|h| {
+        h.set(Some(Box::new(move || {
+            let outcome = other.try_acquire_owned(Hooked(1), 1).map(|p| p.permits());
+            *seen.lock().unwrap() = Some(outcome);
+        })))
+    });
+    let first = limiter.try_acquire(&Hooked(1)).unwrap();
+    assert_eq!(
+        *second.lock().unwrap(),
+        Some(Err(TryPermitError::TooManyKeys { max_keys: 2 }))
+    );
+    assert_eq!(
+        limiter.try_acquire(&Hooked(1)).unwrap().permits(),
+        1,
+        "the retry"
+    );
+    assert_eq!((first.permits(), limiter.len()), (1, 2));
+}
+
+/// Probe: a head dropped at each of its await points (queued and marked; woken by the release
+/// that consumed its mark but not polled again) passes the turn on: the waiter behind it is
+/// woken and served, and once everything is back the key is idle and evictable.
+#[test]
+fn a_head_dropped_at_each_await_point_passes_the_turn_on() {
+    use std::task::{Context, Poll};
+    for woken_first in [false, true] {
+        let limiter = KeyedConcurrencyLimiter::new(1).unwrap();
+        let held = limiter.try_acquire(&"k").unwrap();
+        let (head_waker, head_wakes) = counting_waker();
+        let (next_waker, next_wakes) = counting_waker();
+        let mut head = Box::pin(limiter.acquire(&"k"));
+        let mut next = Box::pin(limiter.acquire(&"k"));
+        assert!(
+            head.as_mut()
+                .poll(&mut Context::from_waker(&head_waker))
+                .is_pending()
+        );
+        assert!(
+            next.as_mut()
+                .poll(&mut Context::from_waker(&next_waker))
+                .is_pending()
+        );
+        if woken_first {
+            drop(held);
+            assert_eq!(
+                head_wakes.load(Ordering::SeqCst),
+                1,
+                "the release wakes the head"
+            );
+            drop(head);
+        } else {
+            drop(head);
+            drop(held);
+        }
+        assert!(
+            next_wakes.load(Ordering::SeqCst) >= 1,
+            "the next waiter was never woken"
+        );
+        let Poll::Ready(Ok(permit)) = next.as_mut().poll(&mut Context::from_waker(&next_waker))
+        else {
+            panic!("the permit is free for the next waiter");
+        };
+        drop(permit);
+        drop(next);
+        let stats = limiter.stats();
+        assert_eq!(
+            (stats.waiting, stats.waiting_keys, stats.cancelled),
+            (0, 0, 1)
+        );
+        assert_eq!(limiter.sweep(), 1, "idle once everything is back");
+    }
+}
+
+/// Probe: the same on the shared pool, the heads in different keys' queues (oldest first, so
+/// the second defers to the first): the first dropped, before or after the pool release that
+/// woke it, the second is woken and served from the pool.
+#[test]
+fn a_pool_head_dropped_at_each_await_point_passes_the_pool_on() {
+    use std::task::{Context, Poll};
+    for woken_first in [false, true] {
+        let limiter = KeyedConcurrencyLimiter::builder(1)
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let _own = limiter.try_acquire(&0u8).unwrap(); // the only key slot, busy
+        let pooled = limiter.try_acquire(&1u8).unwrap(); // the pool's one permit
+        let (a_waker, _) = counting_waker();
+        let (b_waker, b_wakes) = counting_waker();
+        let mut a = Box::pin(limiter.acquire(&2u8));
+        let mut b = Box::pin(limiter.acquire(&3u8));
+        assert!(
+            a.as_mut()
+                .poll(&mut Context::from_waker(&a_waker))
+                .is_pending()
+        );
+        assert!(
+            b.as_mut()
+                .poll(&mut Context::from_waker(&b_waker))
+                .is_pending()
+        );
+        if woken_first {
+            drop(pooled);
+            drop(a);
+        } else {
+            drop(a);
+            drop(pooled);
+        }
+        assert!(b_wakes.load(Ordering::SeqCst) >= 1, "b was never woken");
+        let Poll::Ready(Ok(permit)) = b.as_mut().poll(&mut Context::from_waker(&b_waker)) else {
+            panic!("the pool's permit is free for b");
+        };
+        assert_eq!(*permit.key(), 3);
+        drop(permit);
+        drop(b);
+        assert_eq!(limiter.available(&9), 1, "the pool's permit is back");
+        let stats = limiter.stats();
+        assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+    }
+}
+
+/// A new key's `Clone` that panics in the store's insert (the store clones the key once it has
+/// reserved the key's slot under the cap): the slot must be given back as the panic unwinds. It
+/// was kept: each such panic took a slot of the cap for good, until every new key was refused.
+#[test]
+fn a_new_key_clone_that_panics_in_the_insert_gives_its_slot_back() {
+    let limiter = KeyedConcurrencyLimiter::<Hooked>::builder(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    ON_CLONE.with(|h| h.set(Some(Box::new(|| panic!("Clone panics")))));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.try_acquire(&Hooked(1));
+    }));
+    assert!(outcome.is_err(), "the hook did not run");
+    assert_eq!(limiter.len(), 0, "the slot stayed reserved");
+    assert_eq!(limiter.try_acquire(&Hooked(2)).unwrap().permits(), 1);
+    assert_eq!(limiter.len(), 1);
+}
