@@ -952,3 +952,34 @@ fn at_the_cap_a_shared_cell_refusal_is_no_later_than_a_key_turning_idle() {
         2 * SEC
     );
 }
+
+/// A sliding counter key whose current window was refunded to nothing weighs only the window
+/// before, and turns idle when the current window ends. The sweep used to report it busy for
+/// a window more, and at the key cap a new key was refused over the cap (the search for room
+/// trusted that time and did not look) while the key was already idle.
+#[test]
+fn a_counter_key_refunded_to_its_previous_window_frees_its_slot_when_that_window_ends() {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<u64, _>::builder(Algorithm::SlidingCounter {
+        limit: 2,
+        window: SEC,
+    })
+    .clock(clock.clone())
+    .max_keys(1)
+    .build()
+    .unwrap();
+    limiter.try_acquire(&1).unwrap();
+    clock.set(SEC + Duration::from_millis(300));
+    limiter.try_acquire_refundable(&1, 1).unwrap().refund();
+    // Busy until window 1 ends: window 0's permit weighs on it.
+    assert_eq!(limiter.sweep(), 0);
+    assert_eq!(
+        limiter.try_acquire(&2),
+        Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+    );
+    clock.set(2 * SEC);
+    assert!(
+        limiter.try_acquire(&2).is_ok(),
+        "key 1 is idle from 2 s on, and its slot free"
+    );
+}

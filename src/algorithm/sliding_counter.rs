@@ -430,8 +430,12 @@ impl Algo for SlidingCounter {
         let id = window_id(window);
         if self.counts(words, word, id) != (0, 0) {
             // Counts of window w weigh on windows w and w + 1; a word of window `id` is forgotten
-            // from window id + 2 on, one of the window before from id + 1 on.
-            let ahead = if unpack(word).0 == id { 2 } else { 1 };
+            // from window id + 2 on, one of the window before from id + 1 on. A word of window
+            // `id` whose count a refund took back to 0 only has `prev` left, which window id + 1
+            // no longer weighs: idle from then on (reporting id + 2 kept a keyed store from
+            // sweeping, and at its cap from admitting a new key, for a window too long).
+            let (wid, count) = unpack(word);
+            let ahead = if wid == id && count > 0 { 2 } else { 1 };
             let start = now - elapsed;
             return Err(start.saturating_add(p.window.saturating_mul(ahead)));
         }
@@ -634,6 +638,26 @@ mod tests {
         assert_eq!(algo.counts(&words, pack(1, 1), 1), (2, 1));
         // At e = 0 of window 1 the estimate is 2 + 1: a third permit is refused.
         assert!(algo.try_acquire(&words, 1, &clock).is_err());
+    }
+
+    /// A cell whose current window's count was refunded to 0 weighs only its previous window's
+    /// count, which is forgotten when the current window ends: `retire` must say so, not a
+    /// window later (a keyed store trusts the time as the earliest a key turns idle, skips
+    /// sweeps and refuses new keys at its cap until then).
+    #[test]
+    fn a_refunded_current_window_is_idle_when_it_ends() {
+        let algo = SlidingCounter::new(2, Duration::from_nanos(10)).unwrap();
+        let words = algo.cell();
+        let clock = ManualClock::new();
+        algo.try_acquire(&words, 1, &clock).unwrap();
+        clock.set(Duration::from_nanos(13));
+        let given_back = algo.try_acquire(&words, 1, &clock).unwrap();
+        algo.refund(&words, 1, &given_back, &clock);
+        assert_eq!(unpack(words.current.load(Ordering::Relaxed)), (1, 0));
+        // Busy: window 0's permit still weighs on window 1, until it ends at 20.
+        assert_eq!(algo.retire(&words, &clock), Err(20));
+        clock.set(Duration::from_nanos(20));
+        assert_eq!(algo.retire(&words, &clock), Ok(()));
     }
 
     /// A roller whose check of `current` fails publishes nothing and must not try its CAS.
