@@ -606,6 +606,99 @@ mod tests {
         }
     }
 
+    /// As [`refunds_are_never_looser`], with reconfigurations (`make` builds the parameters
+    /// `(a, b)` stand for) applied to both cells between the steps: refunds made before, across
+    /// and after them never leave the refunding cell looser than its twin (every admission it
+    /// keeps, the twin makes too, and it never has more available).
+    fn refunds_across_reconfigurations<A: Charge>(
+        make: impl Fn(u32, u64) -> A,
+        start: (u32, u64),
+        steps: &[(Step, Option<(u32, u64)>)],
+    ) {
+        let algo = make(start.0, start.1);
+        let clock = ManualClock::new();
+        let (cell, twin) = (algo.cell(), algo.cell());
+        let mut held: Vec<(u32, Admission)> = Vec::new();
+        for (step, change) in steps {
+            if let Some((a, b)) = *change {
+                algo.reconfigure(&make(a, b), &clock, &|each| {
+                    each(&cell);
+                    each(&twin);
+                })
+                .unwrap();
+            }
+            match *step {
+                Step::Keep { advance, n } | Step::Hold { advance, n } => {
+                    clock.advance(Duration::from_nanos(advance));
+                    let got = algo.try_acquire(&cell, n, &clock);
+                    if let (Step::Hold { .. }, Ok(admission)) = (step, got) {
+                        held.push((n, admission));
+                    } else if got.is_ok() {
+                        let twin_got = algo.try_acquire(&twin, n, &clock);
+                        assert!(twin_got.is_ok(), "looser than the twin at {}", clock.now());
+                    }
+                }
+                Step::Charge { advance, n } => {
+                    clock.advance(Duration::from_nanos(advance));
+                    algo.charge(&cell, n, &clock).unwrap();
+                    algo.charge(&twin, n, &clock).unwrap();
+                }
+                Step::Release { advance, which } => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    clock.advance(Duration::from_nanos(advance));
+                    let (n, admission) = held.swap_remove(which % held.len());
+                    algo.refund(&cell, n, &admission, &clock);
+                }
+            }
+            let now = clock.now();
+            assert!(
+                algo.available(&cell, now) <= algo.available(&twin, now),
+                "more available than the twin at {now}"
+            );
+        }
+    }
+
+    /// Steps for [`refunds_across_reconfigurations`]: one in four changes the parameters to
+    /// `(a, b)` first (a limit or burst in 1..6, a window or period in 1..30).
+    fn steps_with_changes(
+        limit: u32,
+        window: u64,
+    ) -> impl Strategy<Value = Vec<(Step, Option<(u32, u64)>)>> {
+        let change = prop_oneof![3 => Just(None), 1 => (1u32..6, 1u64..30).prop_map(Some)];
+        steps(limit, window).prop_flat_map(move |steps| {
+            let n = steps.len();
+            (Just(steps), prop::collection::vec(change.clone(), n))
+                .prop_map(|(steps, changes)| steps.into_iter().zip(changes).collect::<Vec<_>>())
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
+
+        #[test]
+        fn fixed_window_refunds_across_reconfigurations((limit, window, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps_with_changes(l, w)))) {
+            let make = |l, w| FixedWindow::new(l, Duration::from_nanos(w)).unwrap();
+            refunds_across_reconfigurations(make, (limit, window), &steps);
+        }
+
+        #[test]
+        fn sliding_counter_refunds_across_reconfigurations((limit, window, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps_with_changes(l, w)))) {
+            let make = |l, w| SlidingCounter::new(l, Duration::from_nanos(w)).unwrap();
+            refunds_across_reconfigurations(make, (limit, window), &steps);
+        }
+
+        #[test]
+        fn token_bucket_refunds_across_reconfigurations((burst, period, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(b, t)| (Just(b), Just(t), steps_with_changes(b, t)))) {
+            let make = |b, t| TokenBucket::new(Rate::new(1, Duration::from_nanos(t)), b).unwrap();
+            refunds_across_reconfigurations(make, (burst, period), &steps);
+        }
+    }
+
     proptest! {
         /// The stored strength reduction divides exactly, whatever the divisor (powers of two,
         /// 1, u64::MAX included), and survives a round trip through its words.
