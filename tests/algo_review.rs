@@ -508,3 +508,160 @@ fn a_shrunk_old_window_reweighs_its_previous_count_from_the_rebased_start() {
     clock.set(NS(200));
     assert_eq!(available(), 4);
 }
+
+/// Threads admit on a sliding counter while another moves a `ManualClock` and changes the
+/// window length (rebasing the grid) between its steps. Replayed on the documented grid
+/// afterwards, no window holds more than the limit, and at every instant that is not a
+/// switch the estimate (the previous window's count weighted, plus the current window's up to
+/// that instant) stays within the limit: the roll-over's publish and the parameters'
+/// re-check hold across rebases.
+#[test]
+fn a_sliding_counter_rebased_under_load_never_over_admits() {
+    rebased_under_load(true);
+}
+
+/// As [`a_sliding_counter_rebased_under_load_never_over_admits`], for the fixed window: no
+/// window of the rebased grid holds more than the limit.
+#[test]
+fn a_fixed_window_rebased_under_load_never_over_admits() {
+    rebased_under_load(false);
+}
+
+fn rebased_under_load(counter: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const LIMIT: u64 = 5;
+    let lengths = [7u64, 13, 20];
+    let clock = ManualClock::new();
+    let algorithm = |window| {
+        let (limit, window) = (LIMIT as u32, NS(window));
+        if counter {
+            Algorithm::SlidingCounter { limit, window }
+        } else {
+            Algorithm::FixedWindow { limit, window }
+        }
+    };
+    let limiter = RateLimiter::with_clock(algorithm(lengths[0]), clock.clone()).unwrap();
+    // Lockstep without sleeps: the driver moves the clock, opens a round (`round`), may
+    // reconfigure while the workers make their few attempts of the round, then waits for both
+    // to be done with it (`acks`). Spinning freely would starve the driver on a busy machine.
+    const ROUNDS: u64 = 1500;
+    let (round, acks, done) = (AtomicU64::new(0), AtomicU64::new(0), AtomicBool::new(false));
+    let (switches, mut admitted) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2u32)
+            .map(|id| {
+                let (limiter, round, acks, done) = (&limiter, &round, &acks, &done);
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    let mut seen = 0;
+                    loop {
+                        let now = loop {
+                            let r = round.load(Ordering::Acquire);
+                            if r != seen || done.load(Ordering::Acquire) {
+                                break r;
+                            }
+                            std::thread::yield_now();
+                        };
+                        if now == seen {
+                            return mine;
+                        }
+                        seen = now;
+                        for i in 0..3u32 {
+                            let n = 1 + (i + id) % 2;
+                            if let Ok(a) = limiter.try_acquire_n(n) {
+                                mine.push((a.at_nanos(), u64::from(n)));
+                            }
+                        }
+                        acks.fetch_add(1, Ordering::AcqRel);
+                    }
+                })
+            })
+            .collect();
+        let mut switches = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for r in 1..=ROUNDS {
+            clock.advance(NS(next() % 9));
+            round.store(r, Ordering::Release);
+            if next() % 4 == 0 {
+                let window = lengths[(next() % 3) as usize];
+                limiter.reconfigure(algorithm(window)).unwrap();
+                switches.push((clock.now(), window));
+            }
+            while acks.load(Ordering::Acquire) < 2 * r {
+                std::thread::yield_now();
+            }
+        }
+        done.store(true, Ordering::Release);
+        let admitted: Vec<_> = workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        (switches, admitted)
+    });
+    admitted.sort_unstable();
+    assert!(
+        admitted.len() > 100,
+        "too few admissions: {}",
+        admitted.len()
+    );
+    // The grid: (number, start, length) of the window holding t, switches applied at their
+    // time (an admission at a switch's own instant is in the same window under either grid).
+    let mut grid = (0u64, 0u64, lengths[0]);
+    let mut switches = switches.into_iter().peekable();
+    let mut counts: std::collections::HashMap<u64, u64> = Default::default();
+    let mut i = 0;
+    while i < admitted.len() {
+        let t = admitted[i].0;
+        let mut switched_now = false;
+        loop {
+            // Roll to t, applying the switches up to t in order.
+            let until = switches.peek().map_or(t, |&(at, _)| at.min(t));
+            let (number, start, len) = grid;
+            if until >= start + len {
+                let k = (until - start) / len;
+                grid = (number + k, start + k * len, len);
+            }
+            match switches.peek() {
+                Some(&(at, window)) if at <= t => {
+                    let (number, start, len) = grid;
+                    let end = if at - start < window {
+                        start + window
+                    } else {
+                        (start + len).min(at + window)
+                    };
+                    grid = (number, end - window, window);
+                    switched_now |= at == t;
+                    switches.next();
+                }
+                _ => break,
+            }
+        }
+        let (number, start, len) = grid;
+        let mut at_t = 0;
+        while i < admitted.len() && admitted[i].0 == t {
+            at_t += admitted[i].1;
+            i += 1;
+        }
+        let cur = counts.entry(number).or_insert(0);
+        *cur += at_t;
+        let cur = *cur;
+        assert!(cur <= LIMIT, "window {number} holds {cur} at {t}");
+        let prev = if number == 0 {
+            0
+        } else {
+            counts.get(&(number - 1)).copied().unwrap_or(0)
+        };
+        if counter && !switched_now {
+            let e = t - start;
+            assert!(
+                prev * (len - e) + cur * len <= LIMIT * len,
+                "estimate over the limit at {t}: prev {prev}, cur {cur}, e {e}, W {len}"
+            );
+        }
+    }
+}
