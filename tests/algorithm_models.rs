@@ -253,6 +253,55 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 /// Like [`ops`], for larger limits and windows.
+/// Drives a sliding counter and [`RebasedCounter`] through `ops`: every call's outcome equal.
+fn counter_matches_the_rebased_model(
+    limit: u32,
+    window: u64,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new();
+    let algorithm = |limit, window| Algorithm::SlidingCounter {
+        limit,
+        window: NS(window),
+    };
+    let limiter = RateLimiter::with_clock(algorithm(limit, window), clock.clone()).unwrap();
+    let mut model = RebasedCounter {
+        limit: limit.into(),
+        window,
+        start: 0,
+        cur: 0,
+        prev: 0,
+    };
+    for (i, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Acquire { advance, n } => {
+                clock.advance(NS(advance));
+                let now = clock.elapsed().as_nanos() as u64;
+                let expected = model.decide(now, n.into());
+                prop_assert_eq!(
+                    outcome(limiter.try_acquire_n(n)),
+                    expected,
+                    "op {} at {}: {:?}",
+                    i,
+                    now,
+                    model
+                );
+            }
+            Op::Reconfigure {
+                advance,
+                limit,
+                window,
+            } => {
+                clock.advance(NS(advance));
+                let now = clock.elapsed().as_nanos() as u64;
+                limiter.reconfigure(algorithm(limit, window)).unwrap();
+                model.reconfigure(limit.into(), window, now);
+            }
+        }
+    }
+    Ok(())
+}
+
 fn wide_ops(limit: u32, window: u64) -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         8 => (0..=window, 0..=limit + 1).prop_map(|(advance, n)| Op::Acquire { advance, n }),
@@ -270,52 +319,14 @@ proptest! {
     #[test]
     fn sliding_counter_matches_the_rebased_model_wide((limit, window, ops) in (1u32..300, 1u64..5000)
         .prop_flat_map(|(l, w)| (Just(l), Just(w), wide_ops(l, w)))) {
-        let clock = ManualClock::new();
-        let algorithm = |limit, window| Algorithm::SlidingCounter { limit, window: NS(window) };
-        let limiter = RateLimiter::with_clock(algorithm(limit, window), clock.clone()).unwrap();
-        let mut model = RebasedCounter { limit: limit.into(), window, start: 0, cur: 0, prev: 0 };
-        for (i, op) in ops.iter().enumerate() {
-            match *op {
-                Op::Acquire { advance, n } => {
-                    clock.advance(NS(advance));
-                    let now = clock.elapsed().as_nanos() as u64;
-                    let expected = model.decide(now, n.into());
-                    prop_assert_eq!(outcome(limiter.try_acquire_n(n)), expected, "op {} at {}: {:?}", i, now, model);
-                }
-                Op::Reconfigure { advance, limit, window } => {
-                    clock.advance(NS(advance));
-                    let now = clock.elapsed().as_nanos() as u64;
-                    limiter.reconfigure(algorithm(limit, window)).unwrap();
-                    model.reconfigure(limit.into(), window, now);
-                }
-            }
-        }
+        counter_matches_the_rebased_model(limit, window, &ops)?;
     }
 
     /// The sliding counter across reconfigurations: verdicts, remaining, reset_after and
     /// retry_after equal the rebased model's.
     #[test]
     fn sliding_counter_matches_the_rebased_model(limit in 1u32..6, window in 1u64..30, ops in ops()) {
-        let clock = ManualClock::new();
-        let algorithm = |limit, window| Algorithm::SlidingCounter { limit, window: NS(window) };
-        let limiter = RateLimiter::with_clock(algorithm(limit, window), clock.clone()).unwrap();
-        let mut model = RebasedCounter { limit: limit.into(), window, start: 0, cur: 0, prev: 0 };
-        for (i, op) in ops.iter().enumerate() {
-            match *op {
-                Op::Acquire { advance, n } => {
-                    clock.advance(NS(advance));
-                    let now = clock.elapsed().as_nanos() as u64;
-                    let expected = model.decide(now, n.into());
-                    prop_assert_eq!(outcome(limiter.try_acquire_n(n)), expected, "op {} at {}: {:?}", i, now, model);
-                }
-                Op::Reconfigure { advance, limit, window } => {
-                    clock.advance(NS(advance));
-                    let now = clock.elapsed().as_nanos() as u64;
-                    limiter.reconfigure(algorithm(limit, window)).unwrap();
-                    model.reconfigure(limit.into(), window, now);
-                }
-            }
-        }
+        counter_matches_the_rebased_model(limit, window, &ops)?;
     }
 
     /// The fixed window across reconfigurations, `reset_after` included (probes too).
