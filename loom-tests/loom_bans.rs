@@ -51,3 +51,50 @@ fn an_unban_is_wholly_before_or_after_a_failure() {
         }
     });
 }
+
+/// The hand-over of a reload that replaces a ban list, modelled over two real lists: a ban
+/// that starts in the old list while the reload hands it over reaches the new one.
+///
+/// Protocol (`Bans::hand_over`, `Bans::pass_on` in `src/http/rules.rs`, whose HTTP feature loom
+/// does not build; this replays their steps in their order over the real `BanList`s): the
+/// reload sets the old list's successor under a mutex, then carries the old list's bans over
+/// (`banned`, then `ban` in the new list); a request's failure starts its ban in the old list,
+/// then reads the successor under the same mutex and, if set, bans in it too. Whichever takes
+/// the mutex first, the other sees its write: the ban is carried, or passed on, or both.
+#[test]
+fn a_ban_started_during_a_hand_over_reaches_the_new_list() {
+    model(|| {
+        let list = || {
+            Arc::new(
+                BanList::<u64>::builder(1, Duration::from_secs(60), Duration::from_secs(60))
+                    .clock(ManualClock::new())
+                    .hasher(Fixed::default())
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let (old, new) = (list(), list());
+        let successor = Arc::new(loom::sync::Mutex::new(
+            None::<Arc<BanList<u64, ManualClock, Fixed>>>,
+        ));
+        let request = {
+            let (old, successor) = (Arc::clone(&old), Arc::clone(&successor));
+            thread::spawn(move || {
+                assert!(old.fail(&1).unwrap().ban_started);
+                let next = successor.lock().unwrap().clone();
+                if let (Some(next), Err(banned)) = (next, old.check(&1)) {
+                    next.ban(&1, banned.retry_after()).unwrap();
+                }
+            })
+        };
+        *successor.lock().unwrap() = Some(Arc::clone(&new));
+        for (key, left) in old.banned() {
+            new.ban(&key, left).unwrap();
+        }
+        request.join().unwrap();
+        assert!(
+            new.check(&1).is_err(),
+            "the ban was neither carried nor passed on"
+        );
+    });
+}

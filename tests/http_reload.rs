@@ -186,3 +186,123 @@ fn an_unban_while_a_reload_carries_the_bans_over_stays_done() {
         "unbans sent after these clock readings of the reload ({reads} in all) were undone: {undone:?}"
     );
 }
+
+/// What a [`HookClock`] runs, and at which of its readings (counted from 0).
+type Hook = Option<(u64, Box<dyn FnOnce() + Send>)>;
+
+/// A clock that runs a hook once, at a chosen reading: a reload in the middle of a request's
+/// decision, at each of its clock readings in turn, deterministically.
+#[derive(Clone, Default)]
+struct HookClock {
+    time: turnstile::ManualClock,
+    reads: Arc<AtomicU64>,
+    hook: Arc<std::sync::Mutex<Hook>>,
+}
+
+impl turnstile::Clock for HookClock {
+    fn now(&self) -> u64 {
+        // Relaxed: one thread reads and hooks; the count only names the reading.
+        let read = self.reads.fetch_add(1, Ordering::Relaxed);
+        let due = {
+            let mut hook = self.hook.lock().unwrap();
+            match hook.take() {
+                Some((at, run)) if at == read => Some(run),
+                other => {
+                    *hook = other;
+                    None
+                }
+            }
+        };
+        // Outside the hook's lock: the hook reads this clock too.
+        if let Some(run) = due {
+            run();
+        }
+        self.time.now()
+    }
+}
+
+/// A ban that a request starts under the old configuration while a reload replaces the ban
+/// list is not lost. A reload carries the bans in force over to its new list after its swap;
+/// a request that loaded the old configuration before the swap and started its ban after that
+/// carry put the ban in a list nothing looks at any more, and the client went unbanned. The
+/// reload is run at each of the rejected request's clock readings in turn, for reloads that
+/// change `[bans]`, make the grouping of addresses coarser or finer, or do two of these in a
+/// row (the ban then passes through the first new list to the second).
+#[test]
+fn a_ban_started_under_the_old_list_during_a_reload_is_kept() {
+    use turnstile::http::{Outcome, RejectReason, RequestInfo};
+    // Every configuration bans at the first rejection; they differ in `within` or in the
+    // grouping of IPv4 addresses, so each reload builds a new list.
+    let config = |(within, prefix): (&str, u8)| {
+        HttpConfig::from_toml_str(&format!(
+            "[client_ip]\nipv4_prefix = {prefix}\n\
+             [[rules]]\nname = \"r\"\nperiod = \"1h\"\nlimit = 1\n\
+             [bans]\nafter = 1\nwithin = \"{within}\"\nduration = \"1h\"\n"
+        ))
+        .unwrap()
+    };
+    let start = ("1h", 28);
+    let reloads: [&[(&str, u8)]; 5] = [
+        &[("2h", 28)],
+        &[("1h", 24)],
+        &[("1h", 32)],
+        &[("2h", 28), ("2h", 32)],
+        &[("1h", 32), ("1h", 24)],
+    ];
+    // The layer hands the engine addresses grouped as configured: this one is its group under
+    // every grouping here.
+    let ip: std::net::IpAddr = "198.51.100.0".parse().unwrap();
+    let request = RequestInfo {
+        method: &http::Method::GET,
+        path: "/",
+        client_ip: Some(ip),
+        client_id: None,
+    };
+    let reason = |limiter: &HttpLimiter<HookClock>| match limiter.decide(&request).outcome {
+        Outcome::Rejected { reason, .. } => Some(reason),
+        _ => None,
+    };
+    // A limiter whose client has used its one request, with the count of readings so far.
+    let fresh = || {
+        let clock = HookClock::default();
+        let limiter = Arc::new(HttpLimiter::with_clock(config(start), clock.clone()).unwrap());
+        assert_eq!(reason(&limiter), None);
+        let before = clock.reads.load(Ordering::Relaxed);
+        (limiter, clock, before)
+    };
+    // How many times the rejected request reads the clock: the points to reload at.
+    let (limiter, clock, before) = fresh();
+    assert_eq!(reason(&limiter), Some(RejectReason::RateLimited));
+    let reads = clock.reads.load(Ordering::Relaxed) - before;
+    assert!(reads > 0, "a rejection that starts a ban reads the clock");
+    let mut lost = Vec::new();
+    for steps in reloads {
+        for k in 0..reads {
+            let (limiter, clock, before) = fresh();
+            let reloaded = Arc::new(AtomicBool::new(false));
+            let hook: Box<dyn FnOnce() + Send> = {
+                let (limiter, reloaded) = (Arc::clone(&limiter), Arc::clone(&reloaded));
+                Box::new(move || {
+                    for &step in steps {
+                        limiter.reload(config(step)).unwrap();
+                    }
+                    reloaded.store(true, Ordering::Relaxed);
+                })
+            };
+            *clock.hook.lock().unwrap() = Some((before + k, hook));
+            assert_eq!(reason(&limiter), Some(RejectReason::RateLimited));
+            assert!(
+                reloaded.load(Ordering::Relaxed),
+                "the reloads ran at reading {k}"
+            );
+            if reason(&limiter) != Some(RejectReason::Banned) {
+                lost.push((steps, k));
+            }
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "bans started by a request with reloads (to these settings) at these of its {reads} \
+         clock readings were lost: {lost:?}"
+    );
+}

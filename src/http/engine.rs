@@ -219,7 +219,8 @@ macro_rules! count_list_rejection {
 /// (`client_ip.ipv4_prefix`, `ipv6_prefix`) did not change (periods compared as they read: `1m` is
 /// `60s`). A reload that changes either builds a new ban list and carries every ban in force over
 /// to it for what is left of it, rounded up to a whole millisecond (not cut to, nor lengthened to,
-/// a new `duration`): a client's ban as it is; an address's to its group when the new grouping is
+/// a new `duration`), a ban that a request still deciding under the old configuration starts
+/// during the reload included: a client's ban as it is; an address's to its group when the new grouping is
 /// as coarse or coarser (an address banned under `ipv6_prefix = 128` bans its /64 under 64); and
 /// when it is finer, the old group stays banned as a group, every address in it, until its ban ends
 /// (`unban` of any of them lifts it; a later reload stops looking the group up once its ban has
@@ -661,6 +662,9 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         self.config.store(Arc::new(Snapshot { rules, settings }));
         let carried = carry.is_some();
         if let Some((old, new)) = carry {
+            // Before the carry reads the old list: a ban that starts there after it, from a
+            // request still deciding under the old snapshot, is passed on (`Bans::pass_on`).
+            old.hand_over(&new);
             let lost = new.carry(&old);
             if lost > 0 {
                 tracing::warn!(

@@ -6,7 +6,7 @@ use crate::http::config::{
     BanConfig, HttpConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
 };
 use crate::http::{ClientIpConfig, HttpConfigError};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::{Algorithm, BanList, Clock, KeyOverflow, KeyedLimiter, Rate};
 use compact_str::CompactString;
 use ipnet::IpNet;
@@ -435,6 +435,18 @@ pub(crate) struct Bans<C: Clock> {
     /// 1 once a rejection found the list full and said so at `warn` (later ones log at `debug`:
     /// a flood at a full list would otherwise write a warning per request).
     warned_full: crate::sync::AtomicU64,
+    /// The list a reload replaced this one with, once it has ([`Bans::hand_over`]): a ban that
+    /// starts here after that is passed on to it ([`Bans::pass_on`]). A mutex, not an atomic:
+    /// it orders the hand-over against the bans of this list (see `pass_on`), and it is taken
+    /// only when a ban starts.
+    successor: Mutex<Option<Arc<Bans<C>>>>,
+}
+
+/// A ban as any list can place it: a client's, or an address group's (network, prefix length;
+/// an address's own ban is its group under the list's grouping).
+enum Placed {
+    Client(BanKey),
+    Group(IpAddr, u8),
 }
 
 /// Bans of groups of addresses coarser than the list's own (see [`Bans::inherited`]).
@@ -498,42 +510,120 @@ impl<C: Clock> Bans<C> {
         banned
     }
 
-    /// Carries `old`'s bans in force over to this list, each for what is left of it (rounded
-    /// up to a whole millisecond): a client's as it is, an address's to its group under this
-    /// list's grouping when that group holds the old one (the same grouping, or a coarser one:
-    /// a /128 banned, then a /64 grouping, bans its /64), and otherwise (a finer grouping) to
-    /// `inherited`, as the old group. A ban never shortens one in force, so carrying twice
-    /// (before and after a reload's swap, for the bans started meanwhile) changes nothing.
-    /// Returns how many bans this list had no room for (`bans.max_entries` lowered below the
-    /// bans in force): those clients are no longer banned.
-    pub(crate) fn carry(&self, old: &Bans<C>) -> usize {
-        // A ban of `ip`'s group of `p` bits: whether this list took it.
-        let place = |ip: IpAddr, p: u8, left: Duration| {
-            let q = self.prefix_of(ip);
-            if q <= p {
-                self.list.ban(&BanKey::Ip(mask_to(ip, q)), left).is_ok()
-            } else {
-                // `Compiler::bans` gave `inherited` every prefix coarser than ours that `old`
-                // holds.
-                self.inherited
-                    .as_ref()
-                    .is_some_and(|i| i.list.ban(&(mask_to(ip, p), p), left).is_ok())
+    /// Places a ban of `left` from another list in this one: a client's as it is, a group's (an
+    /// address's own ban being its group under the other list's grouping) as its group under
+    /// this list's grouping when that group holds it (the same grouping, or a coarser one: a
+    /// /128 banned, then a /64 grouping, bans its /64), and otherwise (a finer grouping) in
+    /// `inherited`, as the group it was. Where it landed, in this list's terms; `None` if it
+    /// found no room (`bans.max_entries` lowered below the bans in force) or no place (a group
+    /// of a prefix this list does not look up: see [`Bans::pass_on`]).
+    fn place(&self, ban: Placed, left: Duration) -> Option<Placed> {
+        match ban {
+            Placed::Client(client) => self
+                .list
+                .ban(&client, left)
+                .ok()
+                .map(|_| Placed::Client(client)),
+            Placed::Group(ip, p) => {
+                let q = self.prefix_of(ip);
+                if q <= p {
+                    let own = mask_to(ip, q);
+                    self.list.ban(&BanKey::Ip(own), left).ok()?;
+                    Some(Placed::Group(own, q))
+                } else {
+                    // `Compiler::bans` gave `inherited` every prefix coarser than ours that the
+                    // list it replaced held; a prefix it did not give would never be looked up.
+                    let inherited = self.inherited.as_ref()?;
+                    if !inherited.prefixes(ip).contains(&p) {
+                        return None;
+                    }
+                    let group = (mask_to(ip, p), p);
+                    inherited.list.ban(&group, left).ok()?;
+                    Some(Placed::Group(group.0, p))
+                }
             }
-        };
+        }
+    }
+
+    /// `client`'s ban in this list as any list can place it.
+    fn placed(&self, client: BanKey) -> Placed {
+        match client {
+            BanKey::Ip(ip) => Placed::Group(ip, self.prefix_of(ip)),
+            BanKey::Client(_) => Placed::Client(client),
+        }
+    }
+
+    /// Carries `old`'s bans in force over to this list, each for what is left of it (rounded
+    /// up to a whole millisecond), each where [`place`](Self::place) puts it. A ban never
+    /// shortens one in force, so carrying twice (before and after a reload's swap, for the bans
+    /// started meanwhile) changes nothing. Returns how many bans this list had no room for
+    /// (`bans.max_entries` lowered below the bans in force): those clients are no longer banned.
+    pub(crate) fn carry(&self, old: &Bans<C>) -> usize {
         let mut lost = 0;
         for (client, left) in old.list.banned() {
-            let placed = match client {
-                BanKey::Ip(ip) => place(ip, old.prefix_of(ip), left),
-                BanKey::Client(_) => self.list.ban(&client, left).is_ok(),
-            };
-            lost += usize::from(!placed);
+            lost += usize::from(self.place(old.placed(client), left).is_none());
         }
         if let Some(inherited) = &old.inherited {
             for ((ip, p), left) in inherited.list.banned() {
-                lost += usize::from(!place(ip, p, left));
+                lost += usize::from(self.place(Placed::Group(ip, p), left).is_none());
             }
         }
         lost
+    }
+
+    /// Records that a reload replaced this list with `new`, before it carries this list's bans
+    /// over to it for the last time: from here on a ban that starts in this list (a request
+    /// that loaded the old configuration and is still deciding under it) is passed on to `new`
+    /// by [`pass_on`](Self::pass_on).
+    pub(crate) fn hand_over(&self, new: &Arc<Bans<C>>) {
+        *crate::sync::lock(&self.successor) = Some(Arc::clone(new));
+    }
+
+    /// The list that replaced this one, if a reload has.
+    fn successor(&self) -> Option<Arc<Bans<C>>> {
+        crate::sync::lock(&self.successor).clone()
+    }
+
+    /// Passes `client`'s ban, just started in this list, on to the lists that replaced it,
+    /// each in turn (a second reload may have replaced the first one's list too).
+    ///
+    /// A reload carries the old list's bans over after its swap, but a request that loaded the
+    /// old configuration before the swap may start its ban after that carry: the ban landed in
+    /// a list no request looks at any more, and the client went unbanned. The hand-over and
+    /// this look are ordered by `successor`'s mutex: the reload sets it before its last carry
+    /// reads this list's bans, and this reads it after the ban was written. If this lock comes
+    /// first, the ban was written before the reload's lock, so the carry (after it) sees the
+    /// ban; if the reload's lock comes first, this sees the successor and passes the ban on.
+    /// Either way the ban reaches the new list; both is harmless, a ban never shortening one in
+    /// force. The same holds at every further hop, a ban placed in the successor being written
+    /// before its own successor is looked at. `loom-tests/loom_bans.rs` models it.
+    fn pass_on(&self, client: &BanKey) {
+        let Some(mut next) = self.successor() else {
+            return;
+        };
+        let Some(left) = self.list.check(client).err().map(|b| b.retry_after()) else {
+            // Already lifted (an unban raced this): nothing to pass on.
+            return;
+        };
+        let mut ban = self.placed(client.clone());
+        loop {
+            ban = match next.place(ban, left) {
+                Some(placed) => placed,
+                None => {
+                    tracing::warn!(
+                        client = ?client,
+                        "a ban that started as a reload replaced the ban list found no place in \
+                         the new list (full, or a grouping changed twice meanwhile): the client \
+                         is not banned"
+                    );
+                    return;
+                }
+            };
+            match next.successor() {
+                Some(after) => next = after,
+                None => return,
+            }
+        }
     }
 
     /// Counts a rate-limit rejection of `client` by the rule `rule`: every `after`-th within
@@ -552,6 +642,7 @@ impl<C: Clock> Bans<C> {
             Ok(failure) if failure.ban_started => {
                 tracing::info!(client = ?client, duration = %self.config.duration, "client banned");
                 rule.increment(Metric::Banned);
+                self.pass_on(client);
             }
             Ok(_) => {}
             Err(full) => {
@@ -1436,6 +1527,7 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             list,
             inherited,
             warned_full: crate::sync::AtomicU64::new(0),
+            successor: Mutex::new(None),
         });
         if let Some(old) = &self.old_bans {
             bans.carry(old);
