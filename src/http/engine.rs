@@ -227,7 +227,8 @@ macro_rules! count_list_rejection {
 /// ended). An unban made while a reload carries the bans over stays done: the reload lifts the ban
 /// again in the new list once that list holds every ban it carries (which also lifts a ban the same
 /// client earned during the reload). Counts of rejections towards a ban start over. Bans that do
-/// not fit a smaller `max_entries` are lost, and the reload says how many at `warn`. The counters
+/// not fit a smaller `max_entries` are lost, those that end soonest, and the reload says how
+/// many at `warn`. The counters
 /// of rules that count by address are not carried over a new grouping: they are keyed by the old
 /// groups, so each client starts from a full limit under its new key (a rule's counts cannot be
 /// split among a group's members, and summing members into a group would need every key visited).

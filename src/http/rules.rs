@@ -558,17 +558,23 @@ impl<C: Clock> Bans<C> {
     /// shortens one in force, so carrying twice (before and after a reload's swap, for the bans
     /// started meanwhile) changes nothing. Returns how many bans this list had no room for
     /// (`bans.max_entries` lowered below the bans in force): those clients are no longer banned.
+    /// The longest bans are placed first, so those are the ones kept when not all fit: the
+    /// others were to end sooner anyway.
     pub(crate) fn carry(&self, old: &Bans<C>) -> usize {
-        let mut lost = 0;
-        for (client, left) in old.list.banned() {
-            lost += usize::from(self.place(old.placed(client), left).is_none());
-        }
+        let mut bans: Vec<(Placed, Duration)> = old
+            .list
+            .banned()
+            .into_iter()
+            .map(|(client, left)| (old.placed(client), left))
+            .collect();
         if let Some(inherited) = &old.inherited {
-            for ((ip, p), left) in inherited.list.banned() {
-                lost += usize::from(self.place(Placed::Group(ip, p), left).is_none());
-            }
+            let groups = inherited.list.banned().into_iter();
+            bans.extend(groups.map(|((ip, p), left)| (Placed::Group(ip, p), left)));
         }
-        lost
+        bans.sort_by_key(|&(_, left)| std::cmp::Reverse(left));
+        bans.into_iter()
+            .map(|(ban, left)| usize::from(self.place(ban, left).is_none()))
+            .sum()
     }
 
     /// Records that a reload replaced this list with `new`, before it carries this list's bans
