@@ -796,6 +796,83 @@ async fn a_limit_override_counts_in_its_own_limiter() {
     );
 }
 
+/// The extremes of every number a request or a configuration can hold: a limit of `u32::MAX`
+/// takes a request of `u32::MAX` hits whole and then nothing more; an override of `u32::MAX`
+/// a year does the same; a descriptor's own 64-bit `hits_addend` past any limit is over with
+/// nothing taken. Typed answers throughout, no overflow.
+#[tokio::test]
+async fn the_largest_limits_and_hits_decide_without_overflow() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: k
+    rate_limit: { unit: second, requests_per_unit: 4294967295 }
+"])
+    .await;
+    let k: &[(&str, &str)] = &[("k", "v")];
+    let r = rls.call_hits("d", &[k], u32::MAX).await;
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
+    let r = rls.call("d", &[k]).await;
+    assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![0]));
+    assert_eq!(reset(&r.statuses[0]), Duration::from_secs(1));
+
+    let mut d = descriptor(&[("k", "w")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: u32::MAX,
+        unit: Unit::Year as i32,
+    });
+    let mut request = RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![d],
+        hits_addend: u32::MAX - 1,
+    };
+    let r = rls.ask(request.clone()).await.unwrap();
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![1]));
+    assert_eq!(reset(&r.statuses[0]), Duration::from_secs(365 * 86_400));
+    request.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
+    let r = rls.ask(request.clone()).await.unwrap();
+    assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![1]));
+    request.descriptors[0].hits_addend = Some(UInt64Value { value: 1 });
+    let r = rls.ask(request).await.unwrap();
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
+}
+
+/// A descriptor with no entries, or with an empty key, matches no limit of a known domain:
+/// `OK` with no `current_limit`, as in Envoy's service (whose lookup walks the entries).
+#[tokio::test]
+async fn a_descriptor_with_no_entries_or_an_empty_key_matches_no_limit() {
+    let mut rls = start(&[PER_MINUTE_1]).await;
+    for entries in [&[][..], &[("", "")][..], &[("", "account")][..]] {
+        let r = rls.call("rl", &[entries]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]));
+        assert_eq!(r.statuses[0].current_limit, None);
+        assert_eq!(r.statuses[0].duration_until_reset, None);
+    }
+}
+
+/// A reload that lowers a limit below the count of its window keeps the count: the next hit
+/// is over at once (as in Envoy's service, whose count is past the new limit), and raising the
+/// limit again leaves the room the count leaves, not a fresh window.
+#[tokio::test]
+async fn a_reload_lowering_a_limit_below_its_count_rejects_until_the_window_ends() {
+    let at = |limit: u32| {
+        RlsConfig::from_yaml_str(&format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{ unit: minute, requests_per_unit: {limit} }}\n"
+        ))
+        .unwrap()
+    };
+    let mut rls = start(&["domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n"]).await;
+    let k: &[(&str, &str)] = &[("k", "v")];
+    assert_eq!(remaining(&rls.call_hits("d", &[k], 8).await), [2]);
+    rls.service.reload(at(3)).unwrap();
+    let r = rls.call("d", &[k]).await;
+    assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![0]));
+    rls.service.reload(at(10)).unwrap();
+    assert_eq!(remaining(&rls.call("d", &[k]).await), [1]);
+    rls.clock.advance(Duration::from_secs(60));
+    assert_eq!(remaining(&rls.call("d", &[k]).await), [9]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reload
 

@@ -173,7 +173,14 @@ impl Clock for UnixClock {
 ///   the others are given back: a rejected request costs nothing, as a rejection of turnstile's
 ///   HTTP layer costs nothing. Envoy's service charges every descriptor even when one is over
 ///   (so a client over one limit also eats into the others); this is the one deliberate
-///   difference. A descriptor over its limit is not charged either (Envoy counts it).
+///   difference. A descriptor over its limit is not charged either (Envoy counts it), so
+///   no count ever passes its limit, and a check (0 hits) is always `OK`, with what is left
+///   (Envoy's is `OVER_LIMIT` past the limit). A cost reported after the fact (a check with
+///   `hits_addend: 0` before the request, then its cost once known) is therefore not
+///   recorded when it is more than what is left, and the checks go on answering `OK`:
+///   Envoy's service counts it past the limit and answers the next checks `OVER_LIMIT`. A
+///   count past a limit that a reload lowered is the one exception: over for every hit, and
+///   still `OK` for a check.
 /// - `shadow_mode: true`: never over the limit; when it would be, its status is `OK` with
 ///   `limit_remaining` 0, as in Envoy.
 /// - The global shadow mode ([`set_global_shadow_mode`](Self::set_global_shadow_mode),
