@@ -92,8 +92,8 @@ fn token_version(version: u64) -> u32 {
 ///   refused. So no interval holds more than N live admissions. (That argument needs N to be
 ///   the same for all those claims; after a lowering see "Lowering" below.)
 /// - Refunded tickets read as expired out of time order, so a claim of several tickets checks
-///   that *every* slot it overwrites has expired, not only the newest, and retiring looks past
-///   refunded tickets for the newest real one.
+///   that *every* slot it overwrites has expired, not only the newest, and retiring and a
+///   probe's (or check's) reset time look past refunded tickets for the newest real one.
 /// - `remaining` (headers and `available`, never a decision) gallops assuming expiry is a prefix
 ///   in ticket order; a refunded ticket among live ones can make it over-count what is free,
 ///   by at most the live tickets older than the refunded one, until those expire. The
@@ -928,9 +928,15 @@ impl Charge for SlidingWindow {
                     }
                 }
                 if n == 0 || !COMMIT {
-                    let mut latest = head
-                        .checked_sub(1)
-                        .and_then(|t| self.published(ring, t))
+                    // The newest ticket expires last, unless it was refunded (expiry 0, which
+                    // says nothing about the older ones): then the newest one that was not.
+                    // Read as 0, a refunded newest ticket reported the ring full again at once
+                    // while older admissions still held permits. The tickets before `head −
+                    // back` have expired (the claims checked them).
+                    let mut latest = (head.saturating_sub(back)..head)
+                        .rev()
+                        .filter_map(|t| self.published(ring, t))
+                        .find(|&expiry| expiry != 0)
                         .unwrap_or(0);
                     if now < p.outlived_until {
                         // An older ticket may outlive the newest ("Shortening").
