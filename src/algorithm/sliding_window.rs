@@ -723,8 +723,11 @@ impl Algo for SlidingWindow {
         // tickets (expiry 0) are skipped, since they say nothing about the older ones. A writer
         // still between claim and publish makes the ring busy; look again shortly. Until
         // `outlived_until` an older ticket can outlive the newest ("Shortening"): every slot is
-        // looked at then.
+        // looked at then, and the ring is busy until the latest expiry among them (the first
+        // live one met, walking back, could expire before an older one: a sweep told to come
+        // back then found the ring busy still).
         let outlived = now < self.shape().0.outlived_until;
+        let mut busy_until = None;
         for ticket in (head.saturating_sub(u64::from(self.capacity))..head).rev() {
             match self.published(ring, ticket) {
                 Some(0) => continue,
@@ -734,9 +737,13 @@ impl Algo for SlidingWindow {
                     }
                     break;
                 }
+                Some(expiry) if outlived => busy_until = busy_until.max(Some(expiry)),
                 Some(expiry) => return Err(expiry),
                 None => return Err(now),
             }
+        }
+        if let Some(expiry) = busy_until {
+            return Err(expiry);
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.
         ring.head
@@ -1440,6 +1447,26 @@ mod tests {
             Duration::from_nanos(10),
             "admission read behind the hint"
         );
+    }
+
+    /// After a window shrink an older ticket outlives a newer one: retiring's busy-until is the
+    /// latest expiry in the ring, not the newest live ticket's. Window 100: ticket 0 at 0
+    /// (expiry 100); shrunk to 10: ticket 1 at 1 (expiry 11). Retire said "busy until 11", and
+    /// at 11 "busy until 100".
+    #[test]
+    fn retire_after_a_shrink_is_busy_until_the_latest_expiry() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(2, Duration::from_nanos(100)).unwrap();
+        let ring = algo.cell();
+        algo.try_acquire(&ring, 1, &clock).unwrap();
+        lower(&algo, &ring, 2, 10, &clock);
+        clock.advance(Duration::from_nanos(1));
+        algo.try_acquire(&ring, 1, &clock).unwrap();
+        assert_eq!(algo.retire(&ring, &clock), Err(100));
+        clock.set(Duration::from_nanos(99));
+        assert_eq!(algo.retire(&ring, &clock), Err(100));
+        clock.set(Duration::from_nanos(100));
+        assert_eq!(algo.retire(&ring, &clock), Ok(()));
     }
 
     /// After a window shrink an older ticket outlives a newer one; a multi-permit rejection
