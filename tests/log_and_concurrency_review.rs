@@ -2,7 +2,7 @@
 //! concurrency limiter. Time is driven by `ManualClock`; everything is in nanoseconds.
 
 use std::time::Duration;
-use turnstile::{Algorithm, ManualClock, RateLimiter, TryAcquireError};
+use turnstile::{Algorithm, Clock, ManualClock, RateLimiter, TryAcquireError};
 
 const NS: fn(u64) -> Duration = Duration::from_nanos;
 
@@ -286,4 +286,130 @@ proptest::proptest! {
             }
         }
     }
+}
+
+/// Two threads claim on one exact sliding window in lockstep rounds (the clock stands still
+/// within a round) while, between rounds, the driver moves the clock and raises or lowers the
+/// limit within `max_limit` and grows or shrinks the window. Whatever order the claims of a
+/// round took, the last of them saw every earlier admission: if a round admitted anything, the
+/// permits live at its instant (earlier rounds' under the window each was admitted with, and
+/// the round's own) are at most the round's limit. Lowerings make the ring check back to the
+/// largest limit set until an admission settles it; that is what two racing claims exercise.
+#[test]
+fn the_log_under_load_never_over_admits_across_reconfigurations() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const ROUNDS: u64 = 3000;
+    const MAX: u32 = 6;
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::builder(Algorithm::SlidingWindow {
+        limit: 3,
+        window: NS(10),
+    })
+    .clock(clock.clone())
+    .max_limit(MAX)
+    .build()
+    .unwrap();
+    let (round, acks, done) = (AtomicU64::new(0), AtomicU64::new(0), AtomicBool::new(false));
+    // Per round: (instant, limit, window).
+    let mut rounds = vec![(0u64, 0u32, 0u64)];
+    let admitted = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2u32)
+            .map(|id| {
+                let (limiter, round, acks, done) = (&limiter, &round, &acks, &done);
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    let mut seen = 0;
+                    loop {
+                        let r = loop {
+                            let r = round.load(Ordering::Acquire);
+                            if r != seen || done.load(Ordering::Acquire) {
+                                break r;
+                            }
+                            std::thread::yield_now();
+                        };
+                        if r == seen {
+                            return mine;
+                        }
+                        seen = r;
+                        for i in 0..3u32 {
+                            let n = 1 + (i + id + r as u32) % 3;
+                            if let Ok(a) = limiter.try_acquire_n(n) {
+                                mine.push((r, a.at_nanos(), u64::from(n)));
+                            }
+                        }
+                        acks.fetch_add(1, Ordering::AcqRel);
+                    }
+                })
+            })
+            .collect();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (mut limit, mut window) = (3u32, 10u64);
+        for r in 1..=ROUNDS {
+            clock.advance(NS(next() % 5));
+            if next() % 3 == 0 {
+                limit = 1 + (next() % u64::from(MAX)) as u32;
+                window = [3, 10, 25][(next() % 3) as usize];
+                limiter
+                    .reconfigure(Algorithm::SlidingWindow {
+                        limit,
+                        window: NS(window),
+                    })
+                    .unwrap();
+            }
+            rounds.push((clock.now(), limit, window));
+            round.store(r, Ordering::Release);
+            while acks.load(Ordering::Acquire) < 2 * r {
+                std::thread::yield_now();
+            }
+        }
+        done.store(true, Ordering::Release);
+        let mut all: Vec<_> = workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        all.sort_unstable();
+        all
+    });
+    assert!(
+        admitted.len() > 1000,
+        "too few admissions: {}",
+        admitted.len()
+    );
+    let mut lowered_rounds_admitting = 0;
+    for r in 1..=ROUNDS {
+        let (at, limit, _) = rounds[r as usize];
+        let mine: u64 = admitted
+            .iter()
+            .filter(|&&(ar, ..)| ar == r)
+            .map(|&(_, t, n)| {
+                assert_eq!(t, at, "round {r} admitted at another instant");
+                n
+            })
+            .sum();
+        if mine == 0 {
+            continue;
+        }
+        if rounds[..r as usize].iter().any(|&(_, l, _)| l > limit) {
+            lowered_rounds_admitting += 1;
+        }
+        let earlier: u64 = admitted
+            .iter()
+            .filter(|&&(ar, t, _)| ar < r && at < t + rounds[ar as usize].2)
+            .map(|&(.., n)| n)
+            .sum();
+        assert!(
+            earlier + mine <= u64::from(limit),
+            "round {r} at {at}: {earlier} live from earlier rounds + {mine} admitted > limit {limit}"
+        );
+    }
+    assert!(
+        lowered_rounds_admitting > 100,
+        "too few admissions after a lowering"
+    );
 }
