@@ -413,3 +413,361 @@ fn the_log_under_load_never_over_admits_across_reconfigurations() {
         "too few admissions after a lowering"
     );
 }
+
+mod concurrency_model {
+    //! The unkeyed concurrency limiter against a sequential model of its documented queue:
+    //! futures polled by hand, each with a waker that records its wake-ups. After every step
+    //! the woken futures are polled until none is woken; then every future the model says is
+    //! served or failed must have been (a future the model serves that is still pending and
+    //! was never woken is a lost wake-up), and the permits free, the queue and the counts must
+    //! agree.
+
+    use proptest::prelude::*;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+    use turnstile::{AcquireError, ConcurrencyLimiter, OwnedPermit, QueueOrder, TryPermitError};
+
+    struct Flag(AtomicBool);
+
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    type Pending = Pin<Box<dyn Future<Output = Result<OwnedPermit, AcquireError>> + Send>>;
+
+    struct Waiting {
+        id: u64,
+        n: u32,
+        future: Pending,
+        flag: Arc<Flag>,
+    }
+
+    #[derive(Debug, Clone)]
+    pub(super) enum Step {
+        Try(u32),
+        Acquire(u32),
+        Release(usize),
+        Cancel(usize),
+        SetLimit(u32),
+        Close,
+    }
+
+    pub(super) fn steps() -> impl Strategy<Value = Vec<Step>> {
+        prop::collection::vec(
+            prop_oneof![
+                2 => (0u32..5).prop_map(Step::Try),
+                4 => (0u32..5).prop_map(Step::Acquire),
+                4 => any::<usize>().prop_map(Step::Release),
+                2 => any::<usize>().prop_map(Step::Cancel),
+                2 => (1u32..5).prop_map(Step::SetLimit),
+                1 => Just(Step::Close),
+            ],
+            1..80,
+        )
+    }
+
+    /// The model: the limit, the permits in use, the queue in arrival order (id, n).
+    #[derive(Debug)]
+    struct Model {
+        order: QueueOrder,
+        queue_limit: u64,
+        limit: u32,
+        in_use: u32,
+        closed: bool,
+        queue: Vec<(u64, u32)>,
+        admitted: u64,
+        rejected: u64,
+        cancelled: u64,
+    }
+
+    impl Model {
+        fn free(&self) -> u32 {
+            self.limit.saturating_sub(self.in_use)
+        }
+
+        fn room(&self) -> u64 {
+            self.queue.iter().map(|&(_, n)| u64::from(n.max(1))).sum()
+        }
+
+        fn head(&self) -> Option<usize> {
+            match self.order {
+                _ if self.queue.is_empty() => None,
+                QueueOrder::NewestFirst => Some(self.queue.len() - 1),
+                _ => Some(0),
+            }
+        }
+
+        /// Serves heads while they fit; returns (id, outcome) of those that left.
+        fn settle(&mut self, out: &mut Vec<(u64, Result<u32, AcquireError>)>) {
+            while let Some(h) = self.head() {
+                let (id, n) = self.queue[h];
+                if n > self.limit {
+                    self.queue.remove(h);
+                    self.rejected += 1;
+                    out.push((
+                        id,
+                        Err(AcquireError::InsufficientCapacity {
+                            requested: n,
+                            capacity: self.limit,
+                        }),
+                    ));
+                } else if self.free() >= n.max(1) {
+                    self.queue.remove(h);
+                    self.in_use += n;
+                    self.admitted += 1;
+                    out.push((id, Ok(n)));
+                } else {
+                    break;
+                }
+            }
+        }
+    }
+
+    pub(super) fn run(order: QueueOrder, queue_limit: u64, limit: u32, steps: Vec<Step>) {
+        let limiter = ConcurrencyLimiter::builder(limit)
+            .queue_order(order)
+            .queue_limit(queue_limit)
+            .build()
+            .unwrap();
+        let mut model = Model {
+            order,
+            queue_limit,
+            limit,
+            in_use: 0,
+            closed: false,
+            queue: Vec::new(),
+            admitted: 0,
+            rejected: 0,
+            cancelled: 0,
+        };
+        let mut held: Vec<OwnedPermit> = Vec::new();
+        let mut waiting: Vec<Waiting> = Vec::new();
+        let mut next_id = 0u64;
+        for (i, step) in steps.into_iter().enumerate() {
+            // What the model decides at this step: outcomes of futures by id.
+            let mut expected: Vec<(u64, Result<u32, AcquireError>)> = Vec::new();
+            match step {
+                Step::Try(n) => {
+                    let got = limiter.try_acquire_owned(n);
+                    let want = if model.closed {
+                        Err(TryPermitError::Closed)
+                    } else if n <= model.limit
+                        && !model.queue.is_empty()
+                        && order == QueueOrder::OldestFirst
+                    {
+                        Err(TryPermitError::NoPermits {
+                            available: model.free(),
+                            requested: n,
+                        })
+                    } else if n > model.limit {
+                        Err(TryPermitError::InsufficientCapacity {
+                            requested: n,
+                            capacity: model.limit,
+                        })
+                    } else if model.free() < n.max(1) {
+                        Err(TryPermitError::NoPermits {
+                            available: model.free(),
+                            requested: n,
+                        })
+                    } else {
+                        Ok(n)
+                    };
+                    assert_eq!(
+                        got.as_ref().map(OwnedPermit::permits).map_err(Clone::clone),
+                        want,
+                        "step {i}: try {n}: {model:?}"
+                    );
+                    match got {
+                        Ok(p) => {
+                            model.in_use += n;
+                            model.admitted += 1;
+                            held.push(p);
+                        }
+                        Err(_) => model.rejected += 1,
+                    }
+                }
+                Step::Acquire(n) => {
+                    let id = next_id;
+                    next_id += 1;
+                    let flag = Arc::new(Flag(AtomicBool::new(true)));
+                    waiting.push(Waiting {
+                        id,
+                        n,
+                        future: Box::pin(limiter.acquire_owned(n)),
+                        flag,
+                    });
+                    // The fast path, then the queue.
+                    if model.closed {
+                        model.rejected += 1;
+                        expected.push((id, Err(AcquireError::Closed)));
+                    } else if n <= model.limit
+                        && !model.queue.is_empty()
+                        && order == QueueOrder::OldestFirst
+                        || n <= model.limit && model.free() < n.max(1)
+                    {
+                        let need = u64::from(n.max(1));
+                        if need > model.queue_limit
+                            || order == QueueOrder::OldestFirst
+                                && model.room() + need > model.queue_limit
+                        {
+                            model.rejected += 1;
+                            expected.push((
+                                id,
+                                Err(AcquireError::QueueFull {
+                                    requested: n,
+                                    queue_limit: model.queue_limit,
+                                }),
+                            ));
+                        } else {
+                            while model.room() + need > model.queue_limit {
+                                let (old, m) = model.queue.remove(0);
+                                model.rejected += 1;
+                                expected.push((
+                                    old,
+                                    Err(AcquireError::QueueFull {
+                                        requested: m,
+                                        queue_limit: model.queue_limit,
+                                    }),
+                                ));
+                            }
+                            model.queue.push((id, n));
+                        }
+                    } else if n > model.limit {
+                        model.rejected += 1;
+                        expected.push((
+                            id,
+                            Err(AcquireError::InsufficientCapacity {
+                                requested: n,
+                                capacity: model.limit,
+                            }),
+                        ));
+                    } else {
+                        model.in_use += n;
+                        model.admitted += 1;
+                        expected.push((id, Ok(n)));
+                    }
+                }
+                Step::Release(which) => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    let permit = held.swap_remove(which % held.len());
+                    model.in_use -= permit.permits();
+                    drop(permit);
+                }
+                Step::Cancel(which) => {
+                    if waiting.is_empty() {
+                        continue;
+                    }
+                    let w = waiting.swap_remove(which % waiting.len());
+                    let at = model.queue.iter().position(|&(id, _)| id == w.id);
+                    // Futures are polled to quiescence after every step: one still here is
+                    // queued.
+                    let at =
+                        at.unwrap_or_else(|| panic!("step {i}: cancelled {} not queued", w.id));
+                    model.queue.remove(at);
+                    model.cancelled += 1;
+                    drop(w);
+                }
+                Step::SetLimit(to) => {
+                    limiter.set_limit(to).unwrap();
+                    model.limit = to;
+                    let (fail, keep): (Vec<_>, Vec<_>) =
+                        model.queue.iter().partition(|&&(_, n)| n > to);
+                    model.queue = keep;
+                    for (id, n) in fail {
+                        model.rejected += 1;
+                        expected.push((
+                            id,
+                            Err(AcquireError::InsufficientCapacity {
+                                requested: n,
+                                capacity: to,
+                            }),
+                        ));
+                    }
+                }
+                Step::Close => {
+                    limiter.close();
+                    model.closed = true;
+                    for (id, _) in model.queue.drain(..) {
+                        model.rejected += 1;
+                        expected.push((id, Err(AcquireError::Closed)));
+                    }
+                }
+            }
+            if !model.closed {
+                model.settle(&mut expected);
+            }
+            // Poll the woken futures until none is woken.
+            let mut got: Vec<(u64, Result<u32, AcquireError>)> = Vec::new();
+            loop {
+                let mut progress = false;
+                let mut k = 0;
+                while k < waiting.len() {
+                    if !waiting[k].flag.0.swap(false, Ordering::SeqCst) {
+                        k += 1;
+                        continue;
+                    }
+                    progress = true;
+                    let waker = Waker::from(Arc::clone(&waiting[k].flag));
+                    let mut cx = Context::from_waker(&waker);
+                    match waiting[k].future.as_mut().poll(&mut cx) {
+                        Poll::Ready(outcome) => {
+                            let w = waiting.swap_remove(k);
+                            got.push((
+                                w.id,
+                                outcome
+                                    .as_ref()
+                                    .map(OwnedPermit::permits)
+                                    .map_err(Clone::clone),
+                            ));
+                            if let Ok(p) = outcome {
+                                assert_eq!(p.permits(), w.n);
+                                held.push(p);
+                            }
+                        }
+                        Poll::Pending => k += 1,
+                    }
+                }
+                if !progress {
+                    break;
+                }
+            }
+            got.sort_by_key(|&(id, _)| id);
+            expected.sort_by_key(|&(id, _)| id);
+            assert_eq!(got, expected, "step {i} ({step:?}): {model:?}");
+            let stats = limiter.stats();
+            assert_eq!(
+                (stats.available, stats.waiting, stats.queued_permits),
+                (model.free(), model.queue.len(), model.room()),
+                "step {i} ({step:?}): {model:?}"
+            );
+            assert_eq!(
+                (stats.admitted, stats.rejected, stats.cancelled),
+                (model.admitted, model.rejected, model.cancelled),
+                "step {i} ({step:?}) counts: {model:?}"
+            );
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 1000, ..Default::default() })]
+
+    /// See [`concurrency_model`]: both queue orders, queue limits small enough to fill.
+    #[test]
+    fn the_concurrency_limiter_matches_its_queue_model(
+        newest in proptest::bool::ANY,
+        queue_limit in 0u64..8,
+        limit in 1u32..5,
+        steps in concurrency_model::steps(),
+    ) {
+        let order = if newest { turnstile::QueueOrder::NewestFirst } else { turnstile::QueueOrder::OldestFirst };
+        concurrency_model::run(order, queue_limit, limit, steps);
+    }
+}
