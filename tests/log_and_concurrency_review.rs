@@ -771,3 +771,137 @@ proptest::proptest! {
         concurrency_model::run(order, queue_limit, limit, steps);
     }
 }
+
+/// As [`the_log_under_load_never_over_admits_across_reconfigurations`], with receipts given
+/// back by the workers as they go (races between a refund's compare-and-swap of its slots and
+/// the other thread's claims). A refund takes effect only under the parameters of its
+/// admission (reconfigurations fall between rounds here), so the bound counts every admission
+/// still live at the round's instant except those refunded, in that round or before, under the
+/// version they were admitted with: a refund that landed before the round's last claim may have
+/// let it admit, one after it only lowers the count.
+#[test]
+fn the_log_with_refunds_under_load_never_over_admits() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const ROUNDS: u64 = 3000;
+    const MAX: u32 = 6;
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::builder(Algorithm::SlidingWindow {
+        limit: 3,
+        window: NS(10),
+    })
+    .clock(clock.clone())
+    .max_limit(MAX)
+    .build()
+    .unwrap();
+    let (round, acks, done) = (AtomicU64::new(0), AtomicU64::new(0), AtomicBool::new(false));
+    // Per round: (instant, limit, window, version).
+    let mut rounds = vec![(0u64, 0u32, 0u64, 0u64)];
+    // (round, at, n, refunded in round)
+    type Admitted = (u64, u64, u64, Option<u64>);
+    let admitted: Vec<Admitted> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2u32)
+            .map(|id| {
+                let (limiter, round, acks, done) = (&limiter, &round, &acks, &done);
+                s.spawn(move || {
+                    let mut mine: Vec<Admitted> = Vec::new();
+                    let mut held = std::collections::VecDeque::new();
+                    let mut seen = 0;
+                    loop {
+                        let r = loop {
+                            let r = round.load(Ordering::Acquire);
+                            if r != seen || done.load(Ordering::Acquire) {
+                                break r;
+                            }
+                            std::thread::yield_now();
+                        };
+                        if r == seen {
+                            return mine;
+                        }
+                        seen = r;
+                        for i in 0..3u32 {
+                            let k = i + id + r as u32;
+                            if k % 3 == 0
+                                && let Some((receipt, at)) = held.pop_front()
+                            {
+                                turnstile::Refundable::refund(receipt);
+                                let m: &mut Admitted = &mut mine[at];
+                                m.3 = Some(r);
+                            }
+                            let n = 1 + k % 3;
+                            if let Ok(receipt) = limiter.try_acquire_refundable(n) {
+                                mine.push((r, receipt.admission().at_nanos(), u64::from(n), None));
+                                if k % 2 == 0 {
+                                    held.push_back((receipt, mine.len() - 1));
+                                }
+                            }
+                        }
+                        acks.fetch_add(1, Ordering::AcqRel);
+                    }
+                })
+            })
+            .collect();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (mut limit, mut window, mut version) = (3u32, 10u64, 0u64);
+        for r in 1..=ROUNDS {
+            clock.advance(NS(next() % 5));
+            if next() % 4 == 0 {
+                limit = 1 + (next() % u64::from(MAX)) as u32;
+                window = [3, 10, 25][(next() % 3) as usize];
+                limiter
+                    .reconfigure(Algorithm::SlidingWindow {
+                        limit,
+                        window: NS(window),
+                    })
+                    .unwrap();
+                version += 1;
+            }
+            rounds.push((clock.now(), limit, window, version));
+            round.store(r, Ordering::Release);
+            while acks.load(Ordering::Acquire) < 2 * r {
+                std::thread::yield_now();
+            }
+        }
+        done.store(true, Ordering::Release);
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    assert!(
+        admitted.len() > 1000,
+        "too few admissions: {}",
+        admitted.len()
+    );
+    let refunds = admitted
+        .iter()
+        .filter(|&&(ar, _, _, by)| {
+            by.is_some_and(|by| rounds[by as usize].3 == rounds[ar as usize].3)
+        })
+        .count();
+    assert!(refunds > 300, "too few refunds that count: {refunds}");
+    for r in 1..=ROUNDS {
+        let (at, limit, ..) = rounds[r as usize];
+        if !admitted.iter().any(|&(ar, ..)| ar == r) {
+            continue;
+        }
+        let live: u64 = admitted
+            .iter()
+            .filter(|&&(ar, t, _, by)| {
+                let (_, _, window, version) = rounds[ar as usize];
+                let refunded = by.is_some_and(|by| by <= r && rounds[by as usize].3 == version);
+                ar <= r && at < t + window && !refunded
+            })
+            .map(|&(_, _, n, _)| n)
+            .sum();
+        assert!(
+            live <= u64::from(limit),
+            "round {r} at {at}: {live} live > limit {limit}"
+        );
+    }
+}
