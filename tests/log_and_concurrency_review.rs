@@ -820,7 +820,7 @@ fn the_log_with_refunds_under_load_never_over_admits() {
                         seen = r;
                         for i in 0..3u32 {
                             let k = i + id + r as u32;
-                            if k % 3 == 0
+                            if k.is_multiple_of(3)
                                 && let Some((receipt, at)) = held.pop_front()
                             {
                                 turnstile::Refundable::refund(receipt);
@@ -830,7 +830,7 @@ fn the_log_with_refunds_under_load_never_over_admits() {
                             let n = 1 + k % 3;
                             if let Ok(receipt) = limiter.try_acquire_refundable(n) {
                                 mine.push((r, receipt.admission().at_nanos(), u64::from(n), None));
-                                if k % 2 == 0 {
+                                if k.is_multiple_of(2) {
                                     held.push_back((receipt, mine.len() - 1));
                                 }
                             }
