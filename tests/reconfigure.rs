@@ -684,7 +684,7 @@ proptest! {
 /// admission's own parameter set implies. A lost count or a torn parameter read would break it.
 #[test]
 fn limit_flips_under_load_never_exceed_the_larger_limit() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let window = Duration::from_millis(2);
     for algorithm in [fixed(20, window), sliding(20, window)] {
         let limiter = RateLimiter::builder(algorithm)
@@ -692,6 +692,11 @@ fn limit_flips_under_load_never_exceed_the_larger_limit() {
             .build()
             .unwrap();
         let done = AtomicBool::new(false);
+        // Workers stop once they have made their 100,000 attempts *and* the flipper has run
+        // and the clock has covered enough windows: in release builds the attempts alone took
+        // a few milliseconds, over before the flipper was scheduled or a hundred permits were
+        // admitted (both asserts below failed that way on two busy cores).
+        let (flipped, admitted) = (AtomicU64::new(0), AtomicU64::new(0));
         let mut admissions: Vec<(u64, u64)> = std::thread::scope(|s| {
             let flipper = s.spawn(|| {
                 let mut flips = 0u64;
@@ -703,20 +708,27 @@ fn limit_flips_under_load_never_exceed_the_larger_limit() {
                     };
                     limiter.reconfigure(to).unwrap();
                     flips += 1;
+                    flipped.store(flips, Ordering::Relaxed);
                     std::thread::yield_now();
                 }
                 flips
             });
             let workers: Vec<_> = (0..4u32)
                 .map(|id| {
-                    let limiter = &limiter;
+                    let (limiter, flipped, admitted) = (&limiter, &flipped, &admitted);
                     s.spawn(move || {
                         let mut mine = Vec::new();
-                        for i in 0..100_000u32 {
+                        let mut i = 0u32;
+                        while i < 100_000
+                            || flipped.load(Ordering::Relaxed) <= 10
+                            || admitted.load(Ordering::Relaxed) <= 1_000
+                        {
                             let n = if id < 2 { 1 } else { 1 + i % 3 };
                             if let Ok(a) = limiter.try_acquire_n(n) {
                                 mine.push((a.at_nanos(), u64::from(n)));
+                                admitted.fetch_add(1, Ordering::Relaxed);
                             }
+                            i = i.wrapping_add(1);
                         }
                         mine
                     })

@@ -779,6 +779,16 @@ mod tests {
         }
 
         #[test]
+        fn sliding_window_retire_says_when((limit, window, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps_with_changes(l, w)))) {
+            // A ring of 5 slots, so that every limit the changes pick (1..6) fits.
+            let make = |l, w| {
+                SlidingWindow::new(l, Duration::from_nanos(w)).unwrap().with_capacity(5).unwrap()
+            };
+            retire_says_when(make, (limit, window), &steps);
+        }
+
+        #[test]
         fn token_bucket_retire_says_when((burst, period, steps) in (1u32..6, 1u64..30)
             .prop_flat_map(|(b, t)| (Just(b), Just(t), steps_with_changes(b, t)))) {
             let make = |b, t| TokenBucket::new(Rate::new(1, Duration::from_nanos(t)), b).unwrap();

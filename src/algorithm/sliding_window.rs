@@ -92,8 +92,8 @@ fn token_version(version: u64) -> u32 {
 ///   refused. So no interval holds more than N live admissions. (That argument needs N to be
 ///   the same for all those claims; after a lowering see "Lowering" below.)
 /// - Refunded tickets read as expired out of time order, so a claim of several tickets checks
-///   that *every* slot it overwrites has expired, not only the newest, and retiring looks past
-///   refunded tickets for the newest real one.
+///   that *every* slot it overwrites has expired, not only the newest, and retiring and a
+///   probe's (or check's) reset time look past refunded tickets for the newest real one.
 /// - `remaining` (headers and `available`, never a decision) gallops assuming expiry is a prefix
 ///   in ticket order; a refunded ticket among live ones can make it over-count what is free,
 ///   by at most the live tickets older than the refunded one, until those expire. The
@@ -723,8 +723,11 @@ impl Algo for SlidingWindow {
         // tickets (expiry 0) are skipped, since they say nothing about the older ones. A writer
         // still between claim and publish makes the ring busy; look again shortly. Until
         // `outlived_until` an older ticket can outlive the newest ("Shortening"): every slot is
-        // looked at then.
+        // looked at then, and the ring is busy until the latest expiry among them (the first
+        // live one met, walking back, could expire before an older one: a sweep told to come
+        // back then found the ring busy still).
         let outlived = now < self.shape().0.outlived_until;
+        let mut busy_until = None;
         for ticket in (head.saturating_sub(u64::from(self.capacity))..head).rev() {
             match self.published(ring, ticket) {
                 Some(0) => continue,
@@ -734,9 +737,13 @@ impl Algo for SlidingWindow {
                     }
                     break;
                 }
+                Some(expiry) if outlived => busy_until = busy_until.max(Some(expiry)),
                 Some(expiry) => return Err(expiry),
                 None => return Err(now),
             }
+        }
+        if let Some(expiry) = busy_until {
+            return Err(expiry);
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.
         ring.head
@@ -928,9 +935,15 @@ impl Charge for SlidingWindow {
                     }
                 }
                 if n == 0 || !COMMIT {
-                    let mut latest = head
-                        .checked_sub(1)
-                        .and_then(|t| self.published(ring, t))
+                    // The newest ticket expires last, unless it was refunded (expiry 0, which
+                    // says nothing about the older ones): then the newest one that was not.
+                    // Read as 0, a refunded newest ticket reported the ring full again at once
+                    // while older admissions still held permits. The tickets before `head −
+                    // back` have expired (the claims checked them).
+                    let mut latest = (head.saturating_sub(back)..head)
+                        .rev()
+                        .filter_map(|t| self.published(ring, t))
+                        .find(|&expiry| expiry != 0)
                         .unwrap_or(0);
                     if now < p.outlived_until {
                         // An older ticket may outlive the newest ("Shortening").
@@ -1434,6 +1447,26 @@ mod tests {
             Duration::from_nanos(10),
             "admission read behind the hint"
         );
+    }
+
+    /// After a window shrink an older ticket outlives a newer one: retiring's busy-until is the
+    /// latest expiry in the ring, not the newest live ticket's. Window 100: ticket 0 at 0
+    /// (expiry 100); shrunk to 10: ticket 1 at 1 (expiry 11). Retire said "busy until 11", and
+    /// at 11 "busy until 100".
+    #[test]
+    fn retire_after_a_shrink_is_busy_until_the_latest_expiry() {
+        let clock = ManualClock::new();
+        let algo = SlidingWindow::new(2, Duration::from_nanos(100)).unwrap();
+        let ring = algo.cell();
+        algo.try_acquire(&ring, 1, &clock).unwrap();
+        lower(&algo, &ring, 2, 10, &clock);
+        clock.advance(Duration::from_nanos(1));
+        algo.try_acquire(&ring, 1, &clock).unwrap();
+        assert_eq!(algo.retire(&ring, &clock), Err(100));
+        clock.set(Duration::from_nanos(99));
+        assert_eq!(algo.retire(&ring, &clock), Err(100));
+        clock.set(Duration::from_nanos(100));
+        assert_eq!(algo.retire(&ring, &clock), Ok(()));
     }
 
     /// After a window shrink an older ticket outlives a newer one; a multi-permit rejection
