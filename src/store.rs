@@ -1260,3 +1260,131 @@ mod tests {
         assert_eq!(probe.reset_after(), Duration::ZERO);
     }
 }
+
+/// Decisions on stored bytes against an in-memory cell, on one manual clock.
+#[cfg(all(test, not(turnstile_loom)))]
+mod model_tests {
+    use super::*;
+    use crate::Rate;
+    use crate::clock::ManualClock;
+    use proptest::prelude::*;
+
+    /// One call, after the clock moved `advance` ns: a take of `n` permits or a charge of `n`.
+    #[derive(Debug, Clone)]
+    struct Call {
+        advance: u64,
+        n: u32,
+        charge: bool,
+    }
+
+    fn calls(limit: u32, window: u64) -> impl Strategy<Value = Vec<Call>> {
+        let advance = prop_oneof![3 => Just(0u64), 4 => 0..=window, 2 => 0..=3 * window];
+        let call = (advance, 0..=2 * limit + 1, prop::bool::weighted(0.15)).prop_map(
+            move |(advance, n, charge)| Call {
+                advance,
+                // A take of more than the limit is refused before the store is asked.
+                n: if charge { n } else { n.min(limit) },
+                charge,
+            },
+        );
+        prop::collection::vec(call, 1..80)
+    }
+
+    /// What a decision answered, for comparison: the verdict, and what the caller is told.
+    fn outcome(result: &Result<Admission, TryAcquireError>) -> Result<(u32, u64), TryAcquireError> {
+        result
+            .as_ref()
+            .map(|a| (a.remaining(), a.reset_after_nanos()))
+            .map_err(|e| *e)
+    }
+
+    /// Every call decided as [`StoreLimiter::try_acquire_n`] and [`StoreLimiter::charge`] do
+    /// (`decode`, `resize`, [`run`] or [`run_charge`], and the write with its TTL) on a store
+    /// that drops a value once its TTL has passed on the same clock, and on an in-memory cell
+    /// that nothing ever drops: the answers must be the same. A TTL that ends while the state
+    /// still restricts shows as an admission the cell refuses.
+    fn stored_matches_memory<A: Charge + Unused>(
+        algo: A,
+        resize: fn(Vec<u64>, &A) -> Option<Vec<u64>>,
+        outlived: fn(&[u64]) -> u64,
+        calls: &[Call],
+    ) {
+        let clock = ManualClock::new();
+        let cell = algo.cell();
+        // The stored bytes and the clock time they expire at.
+        let mut stored: Option<(Vec<u8>, u64)> = None;
+        for (i, call) in calls.iter().enumerate() {
+            clock.advance(Duration::from_nanos(call.advance));
+            let now = clock.now();
+            if stored.as_ref().is_some_and(|(_, until)| *until <= now) {
+                stored = None;
+            }
+            let words = decode(stored.as_ref().map(|(bytes, _)| &bytes[..]))
+                .and_then(|words| resize(words, &algo));
+            let (got, write) = if call.charge {
+                let (admission, write) = run_charge(&algo, words, call.n, &clock, outlived);
+                (Ok(admission), write)
+            } else {
+                run(&algo, words, call.n, &clock, outlived)
+            };
+            let want = if call.charge {
+                algo.charge(&cell, call.n, &clock)
+            } else {
+                algo.try_acquire(&cell, call.n, &clock)
+            };
+            assert_eq!(
+                outcome(&got),
+                outcome(&want),
+                "call {i} ({call:?}) at {now}: the stored state answers otherwise"
+            );
+            if let Some((bytes, ttl)) = write {
+                let ttl = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+                stored = Some((bytes, now.saturating_add(ttl)));
+            }
+        }
+    }
+
+    fn same(words: Vec<u64>, _: &impl Algo) -> Option<Vec<u64>> {
+        Some(words)
+    }
+
+    fn never(_: &[u64]) -> u64 {
+        0
+    }
+
+    /// Windows of 1 to 50 ms: above the 1 ms floor of a TTL, so that a TTL cut short shows.
+    const MS: u64 = 1_000_000;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_stored_fixed_window_decides_as_in_memory((limit, window, calls) in (1u32..6, MS..50 * MS)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), calls(l, w)))) {
+            let algo = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
+            stored_matches_memory(algo, same, never, &calls);
+        }
+
+        #[test]
+        fn a_stored_sliding_counter_decides_as_in_memory((limit, window, calls) in (1u32..6, MS..50 * MS)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), calls(l, w)))) {
+            let algo = SlidingCounter::new(limit, Duration::from_nanos(window)).unwrap();
+            stored_matches_memory(algo, same, never, &calls);
+        }
+
+        #[test]
+        fn a_stored_token_bucket_decides_as_in_memory((burst, permits, period, calls) in (1u32..6, 1u32..4, MS..50 * MS)
+            .prop_flat_map(|(b, p, t)| (Just(b), Just(p), Just(t), calls(b, t)))) {
+            let algo = TokenBucket::new(Rate::new(permits, Duration::from_nanos(period)), burst).unwrap();
+            stored_matches_memory(algo, same, never, &calls);
+        }
+
+        #[test]
+        fn a_stored_sliding_window_decides_as_in_memory((limit, window, calls) in (1u32..6, MS..50 * MS)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), calls(l, w)))) {
+            let algo = SlidingWindow::new(limit, Duration::from_nanos(window)).unwrap();
+            let resize = |words, algo: &SlidingWindow| resize_ring(words, algo.limit() as usize);
+            stored_matches_memory(algo, resize, latest_expiry, &calls);
+        }
+    }
+}
