@@ -246,9 +246,10 @@ pub struct StoreStats {
 ///
 /// **Other parameters on existing keys** (another process, or a redeploy, over the same keys):
 /// the fixed window and the sliding counter apply the caller's limit to the counts they find;
-/// an exact sliding window's ring of another limit is read as its newest admissions, as many
-/// as the caller's limit (all of them if fewer), each with the expiry of the window it was
-/// admitted under, and the key lives until the latest of them. The parameters themselves are not
+/// an exact sliding window's ring of another limit is read as its admissions that expire last
+/// (which, after other windows, need not be the newest), as many as the caller's limit (all of
+/// them if fewer), each with the expiry of the window it was admitted under, and the key lives
+/// until the latest of them. The parameters themselves are not
 /// stored, which costs two departures from the in-memory `reconfigure` and the Redis backend:
 /// under another window length the fixed window's or sliding counter's stored window is not the
 /// current one, so the subject starts a fresh window; and a token bucket reads the stored
@@ -442,19 +443,27 @@ fn decode(stored: Option<&[u8]>) -> Option<Vec<u64>> {
 
 /// A saved sliding-window ring of another limit (`head`, `expired`, then one slot per permit of
 /// that limit, `expiry << 1 | lap parity`) as a ring of `slots` slots holding the same
-/// admissions: the newest `slots` of them (or all), in ticket order, from ticket 0 on lap 0
-/// (parity 0), the other slots unwritten (1), the oldest kept one expiring no earlier than any
-/// left out. A ring of the right length, or none, is returned as it is, for `restore` to judge.
+/// admissions: the `slots` latest-expiring of them (or all), in ascending order of expiry, from
+/// ticket 0 on lap 0 (parity 0), the other slots unwritten (1). A ring of the right length, or
+/// none, is returned as it is, for `restore` to judge.
 ///
 /// Another process, or the next version, may run with another limit over the same keys. The
 /// ring cannot be restored as it is (its slots are positions modulo the old limit), and treating
 /// it as absent forgot every admission in it: a limit lowered from 100 to 10 handed out 10 more
-/// to a subject with 100 in the window. What decides is the newest `limit` tickets (ticket k is
-/// admitted iff ticket k − N has expired, and every older one expired before it, times being
-/// non-decreasing in ticket order), so keeping those is exact under the new limit, as the
-/// in-memory `reconfigure` and the Redis backend count the admissions they find. `None` (no
-/// state) for a ring that `restore` would refuse at any length: a head beyond 2^62, or a ticket
-/// below it whose slot does not show its lap's parity.
+/// to a subject with 100 in the window. Every ticket below the old ring's last lap has expired
+/// (each claim checked those it was decided on), so its live admissions are among the tickets
+/// it holds; of those, the latest `slots` expiries are what decides under the new limit, as a
+/// charge's overdraw keeps the log's latest (see `SlidingWindow::overdraw`): one left out
+/// expires no later than every one kept, so while it is live all kept ones are (the ring is
+/// full either way), and once it has expired it counts in neither. Sorted, expiry is
+/// non-decreasing in ticket order, so a claim that finds a ticket expired knows every older one
+/// has. That is exact under the new limit, as the in-memory `reconfigure` and the Redis backend
+/// count the admissions they find. The *newest* tickets are not the latest expiries once some
+/// were admitted under a longer window: keeping those (the oldest kept lent the latest expiry
+/// left out) kept one entry for several live ones, and a charge's overdraw, which writes what
+/// the ring holds, then forgot the others. `None` (no state) for a ring that `restore` would
+/// refuse at any length: a head beyond 2^62, or a ticket below it whose slot does not show its
+/// lap's parity.
 fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
     let [head, _, old @ ..] = &words[..] else {
         return Some(words);
@@ -468,25 +477,16 @@ fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
     if head > 1 << 62 || !(head.saturating_sub(laps)..head).all(published) {
         return None;
     }
-    let expiry = |t: u64| old[(t % laps) as usize] & !1; // still shifted left by one
-    let kept = head.saturating_sub(laps.min(slots as u64))..head;
-    // The tickets left out expire no later than the oldest kept one while all were admitted
-    // under one window; after a shorter window, one of them may outlive it, and the oldest kept
-    // ticket then takes its expiry (the next claim checks it), so that none is dropped live.
-    // Compared by expiry alone: a word an overdrawing charge wrote carries a mark above the
-    // expiry (bit 63), and a marked word that expired long ago is the larger number.
-    let by_expiry = |word: &u64| crate::algorithm::slot_expiry(*word);
-    let dropped = (head.saturating_sub(laps)..kept.start)
-        .map(expiry)
-        .max_by_key(by_expiry);
+    // Still shifted left by one, a charge's mark (bit 63) kept; compared by expiry alone: a
+    // marked word that expired long ago is the larger number.
+    let mut log: Vec<u64> = (head.saturating_sub(laps)..head)
+        .map(|t| old[(t % laps) as usize] & !1)
+        .collect();
+    log.sort_unstable_by_key(|&word| crate::algorithm::slot_expiry(word));
+    let kept = log.split_off(log.len().saturating_sub(slots));
     let mut ring = Vec::with_capacity(2 + slots);
-    ring.extend([kept.end - kept.start, 0]);
-    ring.extend(kept.map(expiry));
-    if let (Some(oldest), Some(dropped)) = (ring.get_mut(2), dropped)
-        && by_expiry(&dropped) > by_expiry(oldest)
-    {
-        *oldest = dropped;
-    }
+    ring.extend([kept.len() as u64, 0]);
+    ring.extend(kept);
     ring.resize(2 + slots, 1);
     Some(ring)
 }
@@ -1354,6 +1354,86 @@ mod model_tests {
 
     /// Windows of 1 to 50 ms: above the 1 ms floor of a TTL, so that a TTL cut short shows.
     const MS: u64 = 1_000_000;
+
+    /// One call of a process with its own parameters over the same key: a limit, a window
+    /// (ns), a take of `n` or a charge of `n`, after the clock moved `advance` ns.
+    #[derive(Debug, Clone)]
+    struct Visit {
+        advance: u64,
+        limit: u32,
+        window: u64,
+        n: u32,
+        charge: bool,
+    }
+
+    fn visits() -> impl Strategy<Value = Vec<Visit>> {
+        let visit = (
+            prop_oneof![3 => Just(0u64), 4 => 0..=20 * MS, 1 => 0..=80 * MS],
+            1u32..=5,
+            prop_oneof![Just(10 * MS), Just(40 * MS)],
+            1u32..=6,
+            prop::bool::weighted(0.2),
+        )
+            .prop_map(|(advance, limit, window, n, charge)| Visit {
+                advance,
+                limit,
+                window,
+                n: if charge { n } else { n.min(limit) },
+                charge,
+            });
+        prop::collection::vec(visit, 1..60)
+    }
+
+    /// Sliding windows of several limits and windows over one key (processes, or deploys, with
+    /// other parameters), decided on the stored ring as `StoreLimiter` decides, against the
+    /// sorted-set log of the Redis backend (`sliding_window.lua`): each admission keeps the
+    /// expiry of its own window, a take of `n` is admitted iff the live entries and `n` fit the
+    /// caller's limit, and a charge of `n` adds `min(n, limit)` entries and keeps the `limit`
+    /// latest expiries. The ring may be stricter (it is positional), never looser: no admission
+    /// the log refuses.
+    #[test]
+    fn a_stored_ring_under_other_parameters_never_admits_what_the_log_refuses() {
+        proptest!(ProptestConfig { cases: 2000, ..ProptestConfig::default() }, |(visits in visits())| {
+            let clock = ManualClock::new();
+            let mut stored: Option<(Vec<u8>, u64)> = None;
+            let mut log: Vec<u64> = Vec::new();
+            for (i, v) in visits.iter().enumerate() {
+                clock.advance(Duration::from_nanos(v.advance));
+                let now = clock.now();
+                if stored.as_ref().is_some_and(|(_, until)| *until <= now) {
+                    stored = None;
+                }
+                log.retain(|&expiry| expiry > now);
+                let algo = SlidingWindow::new(v.limit, Duration::from_nanos(v.window)).unwrap();
+                let words = decode(stored.as_ref().map(|(bytes, _)| &bytes[..]))
+                    .and_then(|words| resize_ring(words, v.limit as usize));
+                let limit = v.limit as usize;
+                let write = if v.charge {
+                    let (_, write) = run_charge(&algo, words, v.n, &clock, latest_expiry);
+                    log.extend(std::iter::repeat_n(now + v.window, (v.n as usize).min(limit)));
+                    log.sort_unstable();
+                    log.drain(..log.len().saturating_sub(limit));
+                    write
+                } else {
+                    let (got, write) = run(&algo, words, v.n, &clock, latest_expiry);
+                    let fits = log.len() + v.n as usize <= limit;
+                    prop_assert!(
+                        fits || got.is_err(),
+                        "visit {} ({:?}) at {}: admitted with {:?} live in the log",
+                        i, v, now, log
+                    );
+                    if got.is_ok() {
+                        log.extend(std::iter::repeat_n(now + v.window, v.n as usize));
+                    }
+                    write
+                };
+                if let Some((bytes, ttl)) = write {
+                    let ttl = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+                    stored = Some((bytes, now.saturating_add(ttl)));
+                }
+            }
+        });
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]

@@ -409,6 +409,32 @@ mod stored_values {
         }
     }
 
+    /// A ring lowered to a limit below its length keeps its latest expiries, not its newest
+    /// tickets: admitted under other windows, the newest tickets are not the last to expire.
+    /// Limit 4: tickets 0 and 1 live for an hour (a process with a long window), tickets 2 and 3
+    /// expired (one with a short window). Met under limit 3, the two live ones must both go on
+    /// counting. Keeping the newest three tickets (the oldest of them lent the expiry of the one
+    /// left out) kept one of them, and the next write, a charge's overdraw, kept that ring: one
+    /// live entry and the charge, where the log has three, and the next take was admitted.
+    #[tokio::test]
+    async fn a_lowered_ring_keeps_its_latest_expiries() {
+        let now = unix_nanos();
+        let at = |expiry: u64| expiry << 1; // lap 0: parity 0
+        let store = Preloaded::default();
+        let limiter =
+            StoreLimiter::new(sliding(3, Duration::from_secs(60)), "t", store.clone()).unwrap();
+        let (live, gone) = (at(now + 3_600_000_000_000), at(now - 1_000_000_000));
+        let ring = bytes(&[4, 0, live, live, gone, gone]);
+        store.0.lock().unwrap().insert(limiter.key("x"), ring);
+        limiter.charge("x", 1).await.unwrap();
+        match limiter.try_acquire("x").await {
+            Err(TryAcquireError::Rejected(r)) => {
+                assert!(r.retry_after() > Duration::from_secs(50), "{r:?}")
+            }
+            other => panic!("three live (two for an hour, the charge), limit 3: {other:?}"),
+        }
+    }
+
     /// A ring lowered after a charge overdrew it: the overdraw marks its slot words with bit 63,
     /// which is no part of the expiry. Limit 2, head 3: ticket 1 (slot 1, lap 0) written by an
     /// overdraw and expired a second ago, ticket 2 (slot 0, lap 1) admitted since, live for a
