@@ -1062,3 +1062,80 @@ async fn acquire_timeout_is_admitted_when_the_window_opens_in_time() {
         "{first:?} {second:?}"
     );
 }
+
+/// Extreme parameters: limits of `u32::MAX`, windows and periods of `u64::MAX` ns (and the
+/// largest bucket the constructor takes), a `Duration::MAX` window a typed error. Takes,
+/// probes and charges of every size neither panic nor overflow; what is admitted counts (the
+/// next call beyond the limit is refused), and the state is stored for as long as it
+/// restricts: to the end of a window of u64::MAX ns (the year 2554), to the sliding window's
+/// saturated expiry (2116), to the slow bucket's arrival time (146 years ahead).
+#[tokio::test]
+async fn extreme_parameters_are_decided_and_stored() {
+    const YEAR: u64 = 365 * 86_400;
+    let longest = Duration::from_nanos(u64::MAX);
+    assert!(StoreLimiter::new(fixed(1, Duration::MAX), "x", Memory::default()).is_err());
+    let counter = Algorithm::SlidingCounter {
+        limit: u32::MAX,
+        window: longest,
+    };
+    let sliding = Algorithm::SlidingWindow {
+        limit: 1000,
+        window: longest,
+    };
+    let slow = Algorithm::TokenBucket {
+        rate: turnstile::Rate::new(1, Duration::from_nanos(u64::MAX / 4)),
+        burst: 1,
+    };
+    // (algorithm, limit, the least it must be stored for after taking the limit)
+    let cases = [
+        (fixed(u32::MAX, longest), u32::MAX, 500 * YEAR),
+        (counter, u32::MAX, 500 * YEAR),
+        (sliding, 1000, 85 * YEAR),
+        (slow, 1, 145 * YEAR),
+    ];
+    for (algorithm, limit, least) in cases {
+        let store = Memory::default();
+        let limiter = StoreLimiter::new(algorithm, "x", store.clone()).unwrap();
+        let probe = limiter.try_acquire_n("a", 0).await.unwrap();
+        assert_eq!(probe.remaining(), limit, "{algorithm:?}");
+        let all = limiter.try_acquire_n("a", limit).await;
+        let all = all.unwrap_or_else(|e| panic!("{algorithm:?}: {e:?}"));
+        assert_eq!(all.remaining(), 0, "{algorithm:?}");
+        assert!(
+            matches!(
+                limiter.try_acquire("a").await,
+                Err(TryAcquireError::Rejected(_))
+            ),
+            "{algorithm:?}: admitted beyond the limit"
+        );
+        let lives = expiry(&store, &limiter.key("a")).saturating_duration_since(Instant::now());
+        assert!(
+            lives > Duration::from_secs(least),
+            "{algorithm:?}: stored for {lives:?}"
+        );
+        for n in [0, 1, u32::MAX] {
+            let charged = limiter.charge("a", n).await;
+            charged.unwrap_or_else(|e| panic!("{algorithm:?}: {e:?}"));
+        }
+        let other = limiter.try_acquire_n("b", limit).await;
+        assert!(other.is_ok(), "{algorithm:?}: {other:?}");
+    }
+    // u32::MAX permits a nanosecond is one a nanosecond (the interval rounds up to whole
+    // nanoseconds): the burst of 2^32 − 1 comes back in about 4.3 s.
+    let fast = Algorithm::TokenBucket {
+        rate: turnstile::Rate::new(u32::MAX, Duration::from_nanos(1)),
+        burst: u32::MAX,
+    };
+    let limiter = StoreLimiter::new(fast, "x", Memory::default()).unwrap();
+    limiter.try_acquire_n("a", u32::MAX).await.unwrap();
+    match limiter.try_acquire_n("a", u32::MAX).await {
+        Err(TryAcquireError::Rejected(r)) => {
+            assert!(
+                r.retry_after() <= Duration::from_nanos(u64::from(u32::MAX)),
+                "{r:?}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    limiter.charge("a", u32::MAX).await.unwrap();
+}
