@@ -1355,6 +1355,93 @@ mod model_tests {
     /// Windows of 1 to 50 ms: above the 1 ms floor of a TTL, so that a TTL cut short shows.
     const MS: u64 = 1_000_000;
 
+    /// Stored words from anywhere: small numbers, times around the clock's, lap parities,
+    /// the top bits, and anything.
+    fn word(now: u64) -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0u64..8,
+            (0..=4 * 50 * MS).prop_map(move |d| now - 2 * 50 * MS + d),
+            (0..=4 * 50 * MS, 0u64..2)
+                .prop_map(move |(d, parity)| ((now - 2 * 50 * MS + d) << 1) | parity),
+            Just(u64::MAX),
+            Just(u64::MAX - 1),
+            Just(1 << 63),
+            Just((1 << 62) - 1),
+            any::<u64>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// Bytes the limiter did not write (any length, any words) are decided on or treated
+        /// as absent, by every algorithm and for every call (a probe, a take, a charge of any
+        /// size): never a panic, never a wait for a writer that does not exist (the test would
+        /// hang), and what is written back is state the same limiter reads again.
+        #[test]
+        fn foreign_bytes_are_decided_or_ignored(
+            kind in 0u8..4,
+            limit in 1u32..5,
+            window in MS..50 * MS,
+            words in prop::collection::vec(word(1 << 60), 0..10),
+            ragged in 0usize..8,
+            n in prop_oneof![0u32..6, Just(u32::MAX)],
+            charge in any::<bool>(),
+        ) {
+            let clock = ManualClock::new();
+            clock.set(Duration::from_nanos(1 << 60));
+            let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            // Sometimes not a whole number of words.
+            bytes.truncate(bytes.len().saturating_sub(ragged % 8 * usize::from(ragged > 3)));
+            let window = Duration::from_nanos(window);
+            let n = if charge { n } else { n.min(limit) };
+            match kind {
+                0 => foreign(&FixedWindow::new(limit, window).unwrap(), same, never, bytes, n, charge, &clock),
+                1 => foreign(&SlidingCounter::new(limit, window).unwrap(), same, never, bytes, n, charge, &clock),
+                2 => {
+                    let algo = TokenBucket::new(Rate::new(limit, window), limit).unwrap();
+                    foreign(&algo, same, never, bytes, n, charge, &clock)
+                }
+                _ => {
+                    let algo = SlidingWindow::new(limit, window).unwrap();
+                    let resize = |words, algo: &SlidingWindow| resize_ring(words, algo.limit() as usize);
+                    foreign(&algo, resize, latest_expiry, bytes, n, charge, &clock)
+                }
+            }
+        }
+    }
+
+    /// [`foreign_bytes_are_decided_or_ignored`] for one algorithm: a call on `bytes`, then one on
+    /// what it wrote, which must be this algorithm's state.
+    fn foreign<A: Charge + Unused>(
+        algo: &A,
+        resize: fn(Vec<u64>, &A) -> Option<Vec<u64>>,
+        outlived: fn(&[u64]) -> u64,
+        bytes: Vec<u8>,
+        n: u32,
+        charge: bool,
+        clock: &ManualClock,
+    ) {
+        let mut stored = Some(bytes);
+        for call in 0..2 {
+            let words = decode(stored.as_deref()).and_then(|words| resize(words, algo));
+            let write = if charge {
+                run_charge(algo, words, n, clock, outlived).1
+            } else {
+                run(algo, words, n, clock, outlived).1
+            };
+            let Some((bytes, _)) = write else {
+                return;
+            };
+            let words = decode(Some(&bytes)).expect("whole words");
+            assert!(
+                algo.restore(&words).is_some(),
+                "call {call} wrote {words:?}, no state"
+            );
+            stored = Some(bytes);
+        }
+    }
+
     /// One call of a process with its own parameters over the same key: a limit, a window
     /// (ns), a take of `n` or a charge of `n`, after the clock moved `advance` ns.
     #[derive(Debug, Clone)]
