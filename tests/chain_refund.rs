@@ -781,6 +781,9 @@ fn chain_op(limit: u32) -> impl Strategy<Value = ChainOp> {
     ]
 }
 
+/// An admission as `(time, permits)`, `None` once refunded.
+type Entry = Option<(u64, u64)>;
+
 /// A receipt and the audit entries (first member's, second member's) its refund takes back.
 enum Held {
     Chain(
@@ -820,12 +823,11 @@ proptest! {
         members.push(b.clone());
         let chain = Chain::new(members).unwrap();
         // Per member: (time, permits) of every admission, None once refunded.
-        let (mut on_a, mut on_b): (Vec<Option<(u64, u64)>>, Vec<Option<(u64, u64)>>) =
-            (Vec::new(), Vec::new());
+        let (mut on_a, mut on_b): (Vec<Entry>, Vec<Entry>) = (Vec::new(), Vec::new());
         let mut held: Vec<Held> = Vec::new();
         for op in &ops {
             let now = clock.elapsed().as_nanos() as u64;
-            let record = |on: &mut Vec<Option<(u64, u64)>>, n: u32, times: usize| {
+            let record = |on: &mut Vec<Entry>, n: u32, times: usize| {
                 (0..times)
                     .map(|_| {
                         on.push(Some((now, u64::from(n))));
@@ -879,7 +881,7 @@ proptest! {
                 }
             }
         }
-        let kept = |on: &[Option<(u64, u64)>]| on.iter().flatten().copied().collect::<Vec<_>>();
+        let kept = |on: &[Entry]| on.iter().flatten().copied().collect::<Vec<_>>();
         prop_assert_eq!(common::violations(of(first), &kept(&on_a)), 0, "first member");
         prop_assert_eq!(common::violations(of(second), &kept(&on_b)), 0, "second member");
     }
