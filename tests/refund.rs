@@ -1209,3 +1209,117 @@ proptest! {
         }
     }
 }
+
+/// Extreme parameters: limits and bursts of `u32::MAX`, windows of `u64::MAX` ns, a bucket
+/// decades long, and a clock anywhere in its range, past the algorithms' cap of
+/// 2^62 ns too (where their time stands still). A receipt given back on an unmoved clock frees
+/// what it took (exact), without an overflow; given back at the end of the clock's range, it
+/// never leaves more than the limit free.
+///
+/// Past the cap the token bucket's and the exact sliding window's refunds compared the
+/// admission's capped time with the clock's uncapped reading: the clock seemed to have moved
+/// by up to 2^63 ns, and nothing came back.
+#[test]
+fn extreme_parameters_refund_exactly_without_overflow() {
+    let longest = Duration::from_nanos(u64::MAX);
+    // (algorithm, what a receipt takes): a window of u32::MAX taken one short of full (see
+    // `a_full_window_of_u32_max_gives_nothing_back`).
+    let cases = [
+        (
+            Algorithm::FixedWindow {
+                limit: u32::MAX,
+                window: longest,
+            },
+            u32::MAX - 1,
+        ),
+        (
+            Algorithm::SlidingCounter {
+                limit: u32::MAX,
+                window: longest,
+            },
+            u32::MAX - 1,
+        ),
+        (
+            Algorithm::SlidingWindow {
+                limit: 1 << 16,
+                window: longest,
+            },
+            1 << 16,
+        ),
+        (
+            Algorithm::SlidingWindow {
+                limit: 2,
+                window: 10 * SECOND,
+            },
+            2,
+        ),
+        (
+            // A bucket 73 years long: the longest, emptied at the capped time, lands on the
+            // saturated arrival time of a charge, where a refund gives nothing back (the
+            // token bucket's `refund` says so).
+            Algorithm::TokenBucket {
+                rate: Rate::new(1, Duration::from_nanos(u64::MAX / 8)),
+                burst: 1,
+            },
+            1,
+        ),
+        (
+            Algorithm::TokenBucket {
+                rate: Rate::new(u32::MAX, Duration::from_nanos(u64::from(u32::MAX))),
+                burst: u32::MAX,
+            },
+            u32::MAX,
+        ),
+        (bucket(2), 2),
+    ];
+    for start in [0, (1 << 62) - 2, 1 << 62, u64::MAX / 2, u64::MAX - 10] {
+        for (algorithm, n) in cases {
+            let (l, clock) = limiter(algorithm);
+            clock.advance(Duration::from_nanos(start));
+            let limit = l.capacity();
+            let free = l.stats().available;
+            let taken = l.try_acquire_refundable(n).unwrap();
+            assert_eq!(l.stats().available, free - n, "{algorithm:?} at {start}");
+            taken.refund();
+            assert_eq!(
+                l.stats().available,
+                free,
+                "{algorithm:?} at {start}: the refund gave back {} of {n}",
+                l.stats().available - (free - n)
+            );
+            let again = l.try_acquire_n(n);
+            assert!(again.is_ok(), "{algorithm:?} at {start}: {again:?}");
+            // Given back at the end of the clock's range: never more than the limit free.
+            let taken = l.try_acquire_refundable(1);
+            clock.advance(Duration::MAX);
+            if let Ok(taken) = taken {
+                taken.refund();
+            }
+            let free = l.stats().available;
+            assert!(free <= limit, "{algorithm:?} at {start}: {free} free");
+        }
+    }
+}
+
+/// A window of limit `u32::MAX` filled to the last permit holds the count a charge saturates
+/// at, where the count no longer holds every admission: the two cannot be told apart, so a
+/// refund from there gives nothing back (stricter, never looser), as the docs say.
+#[test]
+fn a_full_window_of_u32_max_gives_nothing_back() {
+    let window = 10 * SECOND;
+    for algorithm in [
+        Algorithm::FixedWindow {
+            limit: u32::MAX,
+            window,
+        },
+        Algorithm::SlidingCounter {
+            limit: u32::MAX,
+            window,
+        },
+    ] {
+        let (l, _clock) = limiter(algorithm);
+        let taken = l.try_acquire_refundable(u32::MAX).unwrap();
+        taken.refund();
+        assert_eq!(l.stats().available, 0, "{algorithm:?}");
+    }
+}

@@ -588,8 +588,11 @@ impl Algo for SlidingWindow {
             return;
         }
         let expiry = Self::expiry(admission.at_nanos(), p.window);
-        // Acquire: as in `try_acquire`: our clock read comes after the last claimer's.
-        if ring.head.load(Ordering::Acquire) == RETIRED || expiry <= clock.now() {
+        // Acquire: as in `try_acquire`: our clock read comes after the last claimer's. Capped as
+        // every decision's is: past the cap the admission's time (capped) and ours are one, and
+        // its saturated expiry never passes; compared uncapped, it had always passed.
+        let now = clock.now().min(MAX_TIME - 1);
+        if ring.head.load(Ordering::Acquire) == RETIRED || expiry <= now {
             return;
         }
         let token = admission.token();
