@@ -462,8 +462,8 @@ fn decode(stored: Option<&[u8]>) -> Option<Vec<u64>> {
 /// were admitted under a longer window: keeping those (the oldest kept lent the latest expiry
 /// left out) kept one entry for several live ones, and a charge's overdraw, which writes what
 /// the ring holds, then forgot the others. `None` (no state) for a ring that `restore` would
-/// refuse at any length: a head beyond 2^62, or a ticket below it whose slot does not show its
-/// lap's parity.
+/// refuse at any length: a retired head, or a ticket below the head whose slot does not show
+/// its lap's parity. (The new ring's head is at most `slots`, however far the old one was.)
 fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
     let [head, _, old @ ..] = &words[..] else {
         return Some(words);
@@ -474,7 +474,7 @@ fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
     let head = *head;
     let laps = old.len() as u64;
     let published = |t: u64| old[(t % laps) as usize] & 1 == (t / laps) & 1;
-    if head > 1 << 62 || !(head.saturating_sub(laps)..head).all(published) {
+    if head == crate::algorithm::RETIRED || !(head.saturating_sub(laps)..head).all(published) {
         return None;
     }
     // Still shifted left by one, a charge's mark (bit 63) kept; compared by expiry alone: a

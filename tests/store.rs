@@ -356,10 +356,48 @@ mod stored_values {
 
     /// A head near u64::MAX (RETIRED excluded, `expired <= head`, the right length: everything the
     /// restore checks) overflowed `head + n` (a panic in debug builds; in release the claim wrapped).
+    /// The ring is read with its head moved back by whole pairs of laps (each ticket keeps its
+    /// slot and parity); its tickets having expired, it admits as a fresh one would.
     #[test]
-    fn sliding_window_head_near_the_top_is_treated_as_absent() {
+    fn a_sliding_window_head_near_the_top_does_not_overflow() {
         let admission = decide_on(&[u64::MAX - 1, 0, 0, 0], 2).expect("a fresh ring admits");
         assert_eq!(admission.remaining(), 0);
+    }
+
+    /// A ring whose head is 2^62 (no real count gets there: a foreign value, used as it is, as
+    /// the docs say), the bound beyond which the restore refused a head: limit 3, the oldest of
+    /// its last three tickets expired and the two newer ones live for an hour. One more is
+    /// admitted; its write took the head past the bound, so the next call read the ring as no
+    /// state and was admitted too, with three live.
+    #[tokio::test]
+    async fn a_ring_near_the_head_bound_is_read_again_after_its_write() {
+        let now = unix_nanos();
+        let head: u64 = 1 << 62;
+        // Ticket t in slot t % 3, with its lap's parity.
+        let mut ring = vec![head, 0, 0, 0, 0];
+        for (t, expiry) in [
+            (head - 3, now - 1_000_000_000),
+            (head - 2, now + 3_600_000_000_000),
+            (head - 1, now + 3_600_000_000_000),
+        ] {
+            ring[2 + (t % 3) as usize] = (expiry << 1) | ((t / 3) & 1);
+        }
+        let store = Preloaded::default();
+        let limiter =
+            StoreLimiter::new(sliding(3, Duration::from_secs(60)), "t", store.clone()).unwrap();
+        store
+            .0
+            .lock()
+            .unwrap()
+            .insert(limiter.key("x"), bytes(&ring));
+        let admitted = limiter.try_acquire("x").await.unwrap();
+        assert_eq!(admitted.remaining(), 0);
+        match limiter.try_acquire("x").await {
+            Err(TryAcquireError::Rejected(r)) => {
+                assert!(r.retry_after() > Duration::from_secs(50), "{r:?}")
+            }
+            other => panic!("three live, limit 3: {other:?}"),
+        }
     }
 
     /// A ring that has wrapped around its slots, met by a limiter of another limit: limit 2,
