@@ -1323,3 +1323,72 @@ fn a_full_window_of_u32_max_gives_nothing_back() {
         assert_eq!(l.stats().available, 0, "{algorithm:?}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+
+    /// The shared overflow cell: a limiter of one key, held by key 0 and kept busy (charged to
+    /// the full after every step that moves the clock), so that keys 1 and 2 are always decided
+    /// on the one cell they share. Their receipts refunded at any age, across resets of either
+    /// (which never touch the shared cell, so they void none of its refunds), sweeps and
+    /// reconfigurations (which void them): the admissions of both keys never refunded satisfy
+    /// the algorithm's exactness audit as one cell's.
+    #[test]
+    fn overflow_refunds_keep_what_stays_admitted_exact(
+        kind in 0u8..4,
+        limit in 1u32..=4,
+        ops in proptest::collection::vec(key_op(4), 1..120),
+    ) {
+        let algorithm = algorithm_of(kind, limit);
+        let clock = ManualClock::new();
+        let l = KeyedLimiter::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let pin = |l: &KeyedLimiter<u8, ManualClock>| l.charge(&0, u32::MAX).unwrap();
+        pin(&l);
+        let mut audit = Audit::default();
+        let mut receipts = Vec::new();
+        // Keys 1 and 2 (the ops name 0 and 1).
+        let key = |k: u8| k + 1;
+        for op in &ops {
+            match *op {
+                KeyOp::Take(k, n) => {
+                    let n = n.min(limit);
+                    if let Ok(a) = l.try_acquire_n(&key(k), n) {
+                        audit.admit(&a, n);
+                    }
+                }
+                KeyOp::Refundable(k, n) => {
+                    let n = n.min(limit);
+                    if let Ok(r) = l.try_acquire_refundable(&key(k), n) {
+                        let at = audit.admit(&r.admission(), n);
+                        receipts.push((r, at));
+                    }
+                }
+                KeyOp::Refund(i) if !receipts.is_empty() => {
+                    let (r, at) = receipts.swap_remove(i % receipts.len());
+                    r.refund();
+                    audit.refunded(at);
+                }
+                KeyOp::Refund(_) => {}
+                KeyOp::Advance(ms) => {
+                    clock.advance(Duration::from_millis(ms));
+                    pin(&l);
+                }
+                KeyOp::Reconfigure => l.reconfigure(algorithm).unwrap(),
+                KeyOp::Sweep => {
+                    l.sweep();
+                }
+                KeyOp::Reset(k) => {
+                    l.reset(&key(k));
+                }
+            }
+        }
+        let stats = l.stats();
+        prop_assert_eq!((stats.evicted, stats.keys), (0, 1), "key 0 lost its cell");
+        prop_assert_eq!(audit.violations(algorithm), 0);
+    }
+}
