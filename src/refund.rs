@@ -183,10 +183,12 @@ impl<C: Clock> RateLimiter<C> {
     /// Nothing is given back after a [`reconfigure`](Self::reconfigure) (the admission was made
     /// under other parameters), nor, for the fixed window and the sliding counter, once a
     /// [`charge`](Self::charge) has saturated the window's count at `u32::MAX` (it then no longer
-    /// holds every admission; only a limit above 2^31 can notice), nor for the token bucket once
-    /// a charge has saturated its debt (146 years ahead). The receipt is neither `Clone` nor
-    /// `Copy`, and `refund` takes it by value: an admission is given back at most once, to this
-    /// limiter, for its own permits.
+    /// holds every admission; only a limit above 2^31 can notice), or admissions have filled a
+    /// window of limit `u32::MAX` to that count (which reads the same), nor for the token bucket
+    /// once a charge has saturated its debt (146 years ahead; an admission that empties a bucket
+    /// of the largest capacity at the clock's cap of 2^62 ns reads the same). The receipt is
+    /// neither `Clone` nor `Copy`, and `refund` takes it by value: an admission is given back at
+    /// most once, to this limiter, for its own permits.
     ///
     /// # Errors
     ///

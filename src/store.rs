@@ -246,9 +246,10 @@ pub struct StoreStats {
 ///
 /// **Other parameters on existing keys** (another process, or a redeploy, over the same keys):
 /// the fixed window and the sliding counter apply the caller's limit to the counts they find;
-/// an exact sliding window's ring of another limit is read as its newest admissions, as many
-/// as the caller's limit (all of them if fewer), each with the expiry of the window it was
-/// admitted under, and the key lives until the latest of them. The parameters themselves are not
+/// an exact sliding window's ring of another limit is read as its admissions that expire last
+/// (which, after other windows, need not be the newest), as many as the caller's limit (all of
+/// them if fewer), each with the expiry of the window it was admitted under, and the key lives
+/// until the latest of them. The parameters themselves are not
 /// stored, which costs two departures from the in-memory `reconfigure` and the Redis backend:
 /// under another window length the fixed window's or sliding counter's stored window is not the
 /// current one, so the subject starts a fresh window; and a token bucket reads the stored
@@ -442,19 +443,27 @@ fn decode(stored: Option<&[u8]>) -> Option<Vec<u64>> {
 
 /// A saved sliding-window ring of another limit (`head`, `expired`, then one slot per permit of
 /// that limit, `expiry << 1 | lap parity`) as a ring of `slots` slots holding the same
-/// admissions: the newest `slots` of them (or all), in ticket order, from ticket 0 on lap 0
-/// (parity 0), the other slots unwritten (1), the oldest kept one expiring no earlier than any
-/// left out. A ring of the right length, or none, is returned as it is, for `restore` to judge.
+/// admissions: the `slots` latest-expiring of them (or all), in ascending order of expiry, from
+/// ticket 0 on lap 0 (parity 0), the other slots unwritten (1). A ring of the right length, or
+/// none, is returned as it is, for `restore` to judge.
 ///
 /// Another process, or the next version, may run with another limit over the same keys. The
 /// ring cannot be restored as it is (its slots are positions modulo the old limit), and treating
 /// it as absent forgot every admission in it: a limit lowered from 100 to 10 handed out 10 more
-/// to a subject with 100 in the window. What decides is the newest `limit` tickets (ticket k is
-/// admitted iff ticket k − N has expired, and every older one expired before it, times being
-/// non-decreasing in ticket order), so keeping those is exact under the new limit, as the
-/// in-memory `reconfigure` and the Redis backend count the admissions they find. `None` (no
-/// state) for a ring that `restore` would refuse at any length: a head beyond 2^62, or a ticket
-/// below it whose slot does not show its lap's parity.
+/// to a subject with 100 in the window. Every ticket below the old ring's last lap has expired
+/// (each claim checked those it was decided on), so its live admissions are among the tickets
+/// it holds; of those, the latest `slots` expiries are what decides under the new limit, as a
+/// charge's overdraw keeps the log's latest (see `SlidingWindow::overdraw`): one left out
+/// expires no later than every one kept, so while it is live all kept ones are (the ring is
+/// full either way), and once it has expired it counts in neither. Sorted, expiry is
+/// non-decreasing in ticket order, so a claim that finds a ticket expired knows every older one
+/// has. That is exact under the new limit, as the in-memory `reconfigure` and the Redis backend
+/// count the admissions they find. The *newest* tickets are not the latest expiries once some
+/// were admitted under a longer window: keeping those (the oldest kept lent the latest expiry
+/// left out) kept one entry for several live ones, and a charge's overdraw, which writes what
+/// the ring holds, then forgot the others. `None` (no state) for a ring that `restore` would
+/// refuse at any length: a retired head, or a ticket below the head whose slot does not show
+/// its lap's parity. (The new ring's head is at most `slots`, however far the old one was.)
 fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
     let [head, _, old @ ..] = &words[..] else {
         return Some(words);
@@ -465,28 +474,19 @@ fn resize_ring(words: Vec<u64>, slots: usize) -> Option<Vec<u64>> {
     let head = *head;
     let laps = old.len() as u64;
     let published = |t: u64| old[(t % laps) as usize] & 1 == (t / laps) & 1;
-    if head > 1 << 62 || !(head.saturating_sub(laps)..head).all(published) {
+    if head == crate::algorithm::RETIRED || !(head.saturating_sub(laps)..head).all(published) {
         return None;
     }
-    let expiry = |t: u64| old[(t % laps) as usize] & !1; // still shifted left by one
-    let kept = head.saturating_sub(laps.min(slots as u64))..head;
-    // The tickets left out expire no later than the oldest kept one while all were admitted
-    // under one window; after a shorter window, one of them may outlive it, and the oldest kept
-    // ticket then takes its expiry (the next claim checks it), so that none is dropped live.
-    // Compared by expiry alone: a word an overdrawing charge wrote carries a mark above the
-    // expiry (bit 63), and a marked word that expired long ago is the larger number.
-    let by_expiry = |word: &u64| crate::algorithm::slot_expiry(*word);
-    let dropped = (head.saturating_sub(laps)..kept.start)
-        .map(expiry)
-        .max_by_key(by_expiry);
+    // Still shifted left by one, a charge's mark (bit 63) kept; compared by expiry alone: a
+    // marked word that expired long ago is the larger number.
+    let mut log: Vec<u64> = (head.saturating_sub(laps)..head)
+        .map(|t| old[(t % laps) as usize] & !1)
+        .collect();
+    log.sort_unstable_by_key(|&word| crate::algorithm::slot_expiry(word));
+    let kept = log.split_off(log.len().saturating_sub(slots));
     let mut ring = Vec::with_capacity(2 + slots);
-    ring.extend([kept.end - kept.start, 0]);
-    ring.extend(kept.map(expiry));
-    if let (Some(oldest), Some(dropped)) = (ring.get_mut(2), dropped)
-        && by_expiry(&dropped) > by_expiry(oldest)
-    {
-        *oldest = dropped;
-    }
+    ring.extend([kept.len() as u64, 0]);
+    ring.extend(kept);
     ring.resize(2 + slots, 1);
     Some(ring)
 }
@@ -1258,5 +1258,300 @@ mod tests {
         bucket.inner.clock.last.store(held, Ordering::Relaxed);
         let probe = bucket.try_acquire_n("y", 0).await.unwrap();
         assert_eq!(probe.reset_after(), Duration::ZERO);
+    }
+}
+
+/// Decisions on stored bytes against an in-memory cell, on one manual clock.
+#[cfg(all(test, not(turnstile_loom)))]
+mod model_tests {
+    use super::*;
+    use crate::Rate;
+    use crate::clock::ManualClock;
+    use proptest::prelude::*;
+
+    /// One call, after the clock moved `advance` ns: a take of `n` permits or a charge of `n`.
+    #[derive(Debug, Clone)]
+    struct Call {
+        advance: u64,
+        n: u32,
+        charge: bool,
+    }
+
+    fn calls(limit: u32, window: u64) -> impl Strategy<Value = Vec<Call>> {
+        let advance = prop_oneof![3 => Just(0u64), 4 => 0..=window, 2 => 0..=3 * window];
+        let call = (advance, 0..=2 * limit + 1, prop::bool::weighted(0.15)).prop_map(
+            move |(advance, n, charge)| Call {
+                advance,
+                // A take of more than the limit is refused before the store is asked.
+                n: if charge { n } else { n.min(limit) },
+                charge,
+            },
+        );
+        prop::collection::vec(call, 1..80)
+    }
+
+    /// What a decision answered, for comparison: the verdict, and what the caller is told.
+    fn outcome(result: &Result<Admission, TryAcquireError>) -> Result<(u32, u64), TryAcquireError> {
+        result
+            .as_ref()
+            .map(|a| (a.remaining(), a.reset_after_nanos()))
+            .map_err(|e| *e)
+    }
+
+    /// Every call decided as [`StoreLimiter::try_acquire_n`] and [`StoreLimiter::charge`] do
+    /// (`decode`, `resize`, [`run`] or [`run_charge`], and the write with its TTL) on a store
+    /// that drops a value once its TTL has passed on the same clock, and on an in-memory cell
+    /// that nothing ever drops: the answers must be the same. A TTL that ends while the state
+    /// still restricts shows as an admission the cell refuses.
+    fn stored_matches_memory<A: Charge + Unused>(
+        algo: A,
+        resize: fn(Vec<u64>, &A) -> Option<Vec<u64>>,
+        outlived: fn(&[u64]) -> u64,
+        calls: &[Call],
+    ) {
+        let clock = ManualClock::new();
+        let cell = algo.cell();
+        // The stored bytes and the clock time they expire at.
+        let mut stored: Option<(Vec<u8>, u64)> = None;
+        for (i, call) in calls.iter().enumerate() {
+            clock.advance(Duration::from_nanos(call.advance));
+            let now = clock.now();
+            if stored.as_ref().is_some_and(|(_, until)| *until <= now) {
+                stored = None;
+            }
+            let words = decode(stored.as_ref().map(|(bytes, _)| &bytes[..]))
+                .and_then(|words| resize(words, &algo));
+            let (got, write) = if call.charge {
+                let (admission, write) = run_charge(&algo, words, call.n, &clock, outlived);
+                (Ok(admission), write)
+            } else {
+                run(&algo, words, call.n, &clock, outlived)
+            };
+            let want = if call.charge {
+                algo.charge(&cell, call.n, &clock)
+            } else {
+                algo.try_acquire(&cell, call.n, &clock)
+            };
+            assert_eq!(
+                outcome(&got),
+                outcome(&want),
+                "call {i} ({call:?}) at {now}: the stored state answers otherwise"
+            );
+            if let Some((bytes, ttl)) = write {
+                let ttl = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+                stored = Some((bytes, now.saturating_add(ttl)));
+            }
+        }
+    }
+
+    fn same(words: Vec<u64>, _: &impl Algo) -> Option<Vec<u64>> {
+        Some(words)
+    }
+
+    fn never(_: &[u64]) -> u64 {
+        0
+    }
+
+    /// Windows of 1 to 50 ms: above the 1 ms floor of a TTL, so that a TTL cut short shows.
+    const MS: u64 = 1_000_000;
+
+    /// Stored words from anywhere: small numbers, times around the clock's, lap parities,
+    /// the top bits, and anything.
+    fn word(now: u64) -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0u64..8,
+            (0..=4 * 50 * MS).prop_map(move |d| now - 2 * 50 * MS + d),
+            (0..=4 * 50 * MS, 0u64..2)
+                .prop_map(move |(d, parity)| ((now - 2 * 50 * MS + d) << 1) | parity),
+            Just(u64::MAX),
+            Just(u64::MAX - 1),
+            Just(1 << 63),
+            Just((1 << 62) - 1),
+            any::<u64>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// Bytes the limiter did not write (any length, any words) are decided on or treated
+        /// as absent, by every algorithm and for every call (a probe, a take, a charge of any
+        /// size): never a panic, never a wait for a writer that does not exist (the test would
+        /// hang), and what is written back is state the same limiter reads again.
+        #[test]
+        fn foreign_bytes_are_decided_or_ignored(
+            kind in 0u8..4,
+            limit in 1u32..5,
+            window in MS..50 * MS,
+            words in prop::collection::vec(word(1 << 60), 0..10),
+            ragged in 0usize..8,
+            n in prop_oneof![0u32..6, Just(u32::MAX)],
+            charge in any::<bool>(),
+        ) {
+            let clock = ManualClock::new();
+            clock.set(Duration::from_nanos(1 << 60));
+            let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            // Sometimes not a whole number of words.
+            bytes.truncate(bytes.len().saturating_sub(ragged % 8 * usize::from(ragged > 3)));
+            let window = Duration::from_nanos(window);
+            let n = if charge { n } else { n.min(limit) };
+            match kind {
+                0 => foreign(&FixedWindow::new(limit, window).unwrap(), same, never, bytes, n, charge, &clock),
+                1 => foreign(&SlidingCounter::new(limit, window).unwrap(), same, never, bytes, n, charge, &clock),
+                2 => {
+                    let algo = TokenBucket::new(Rate::new(limit, window), limit).unwrap();
+                    foreign(&algo, same, never, bytes, n, charge, &clock)
+                }
+                _ => {
+                    let algo = SlidingWindow::new(limit, window).unwrap();
+                    let resize = |words, algo: &SlidingWindow| resize_ring(words, algo.limit() as usize);
+                    foreign(&algo, resize, latest_expiry, bytes, n, charge, &clock)
+                }
+            }
+        }
+    }
+
+    /// [`foreign_bytes_are_decided_or_ignored`] for one algorithm: a call on `bytes`, then one on
+    /// what it wrote, which must be this algorithm's state.
+    fn foreign<A: Charge + Unused>(
+        algo: &A,
+        resize: fn(Vec<u64>, &A) -> Option<Vec<u64>>,
+        outlived: fn(&[u64]) -> u64,
+        bytes: Vec<u8>,
+        n: u32,
+        charge: bool,
+        clock: &ManualClock,
+    ) {
+        let mut stored = Some(bytes);
+        for call in 0..2 {
+            let words = decode(stored.as_deref()).and_then(|words| resize(words, algo));
+            let write = if charge {
+                run_charge(algo, words, n, clock, outlived).1
+            } else {
+                run(algo, words, n, clock, outlived).1
+            };
+            let Some((bytes, _)) = write else {
+                return;
+            };
+            let words = decode(Some(&bytes)).expect("whole words");
+            assert!(
+                algo.restore(&words).is_some(),
+                "call {call} wrote {words:?}, no state"
+            );
+            stored = Some(bytes);
+        }
+    }
+
+    /// One call of a process with its own parameters over the same key: a limit, a window
+    /// (ns), a take of `n` or a charge of `n`, after the clock moved `advance` ns.
+    #[derive(Debug, Clone)]
+    struct Visit {
+        advance: u64,
+        limit: u32,
+        window: u64,
+        n: u32,
+        charge: bool,
+    }
+
+    fn visits() -> impl Strategy<Value = Vec<Visit>> {
+        let visit = (
+            prop_oneof![3 => Just(0u64), 4 => 0..=20 * MS, 1 => 0..=80 * MS],
+            1u32..=5,
+            prop_oneof![Just(10 * MS), Just(40 * MS)],
+            1u32..=6,
+            prop::bool::weighted(0.2),
+        )
+            .prop_map(|(advance, limit, window, n, charge)| Visit {
+                advance,
+                limit,
+                window,
+                n: if charge { n } else { n.min(limit) },
+                charge,
+            });
+        prop::collection::vec(visit, 1..60)
+    }
+
+    /// Sliding windows of several limits and windows over one key (processes, or deploys, with
+    /// other parameters), decided on the stored ring as `StoreLimiter` decides, against the
+    /// sorted-set log of the Redis backend (`sliding_window.lua`): each admission keeps the
+    /// expiry of its own window, a take of `n` is admitted iff the live entries and `n` fit the
+    /// caller's limit, and a charge of `n` adds `min(n, limit)` entries and keeps the `limit`
+    /// latest expiries. The ring may be stricter (it is positional), never looser: no admission
+    /// the log refuses.
+    #[test]
+    fn a_stored_ring_under_other_parameters_never_admits_what_the_log_refuses() {
+        proptest!(ProptestConfig { cases: 2000, ..ProptestConfig::default() }, |(visits in visits())| {
+            let clock = ManualClock::new();
+            let mut stored: Option<(Vec<u8>, u64)> = None;
+            let mut log: Vec<u64> = Vec::new();
+            for (i, v) in visits.iter().enumerate() {
+                clock.advance(Duration::from_nanos(v.advance));
+                let now = clock.now();
+                if stored.as_ref().is_some_and(|(_, until)| *until <= now) {
+                    stored = None;
+                }
+                log.retain(|&expiry| expiry > now);
+                let algo = SlidingWindow::new(v.limit, Duration::from_nanos(v.window)).unwrap();
+                let words = decode(stored.as_ref().map(|(bytes, _)| &bytes[..]))
+                    .and_then(|words| resize_ring(words, v.limit as usize));
+                let limit = v.limit as usize;
+                let write = if v.charge {
+                    let (_, write) = run_charge(&algo, words, v.n, &clock, latest_expiry);
+                    log.extend(std::iter::repeat_n(now + v.window, (v.n as usize).min(limit)));
+                    log.sort_unstable();
+                    log.drain(..log.len().saturating_sub(limit));
+                    write
+                } else {
+                    let (got, write) = run(&algo, words, v.n, &clock, latest_expiry);
+                    let fits = log.len() + v.n as usize <= limit;
+                    prop_assert!(
+                        fits || got.is_err(),
+                        "visit {} ({:?}) at {}: admitted with {:?} live in the log",
+                        i, v, now, log
+                    );
+                    if got.is_ok() {
+                        log.extend(std::iter::repeat_n(now + v.window, v.n as usize));
+                    }
+                    write
+                };
+                if let Some((bytes, ttl)) = write {
+                    let ttl = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+                    stored = Some((bytes, now.saturating_add(ttl)));
+                }
+            }
+        });
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_stored_fixed_window_decides_as_in_memory((limit, window, calls) in (1u32..6, MS..50 * MS)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), calls(l, w)))) {
+            let algo = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
+            stored_matches_memory(algo, same, never, &calls);
+        }
+
+        #[test]
+        fn a_stored_sliding_counter_decides_as_in_memory((limit, window, calls) in (1u32..6, MS..50 * MS)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), calls(l, w)))) {
+            let algo = SlidingCounter::new(limit, Duration::from_nanos(window)).unwrap();
+            stored_matches_memory(algo, same, never, &calls);
+        }
+
+        #[test]
+        fn a_stored_token_bucket_decides_as_in_memory((burst, permits, period, calls) in (1u32..6, 1u32..4, MS..50 * MS)
+            .prop_flat_map(|(b, p, t)| (Just(b), Just(p), Just(t), calls(b, t)))) {
+            let algo = TokenBucket::new(Rate::new(permits, Duration::from_nanos(period)), burst).unwrap();
+            stored_matches_memory(algo, same, never, &calls);
+        }
+
+        #[test]
+        fn a_stored_sliding_window_decides_as_in_memory((limit, window, calls) in (1u32..6, MS..50 * MS)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), calls(l, w)))) {
+            let algo = SlidingWindow::new(limit, Duration::from_nanos(window)).unwrap();
+            let resize = |words, algo: &SlidingWindow| resize_ring(words, algo.limit() as usize);
+            stored_matches_memory(algo, resize, latest_expiry, &calls);
+        }
     }
 }

@@ -5,6 +5,9 @@
 //! timeouts that hold nothing; a reconfiguration (or reset) of one member, which voids that
 //! member's refund only. Time is a `ManualClock`, or tokio's paused clock for waiters.
 
+mod common;
+
+use proptest::prelude::*;
 use std::time::Duration;
 use turnstile::{
     AcquireError, Algorithm, Chain, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock, Rate,
@@ -741,4 +744,145 @@ fn a_sliding_window_member_refunded_after_128_reconfigurations_gets_nothing() {
         "a second permit for the key at 20 s under a limit of 1"
     );
     assert_eq!(other.stats().available, 5, "the other member's permits");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exactness under chain refunds at any age.
+
+/// One step of [`chain_refunds_keep_what_stays_admitted_exact`].
+#[derive(Debug, Clone)]
+enum ChainOp {
+    /// `Chain::try_acquire_n`, kept for good.
+    Take(u32),
+    /// `Chain::try_acquire_refundable`, the receipt kept for a later `Refund`.
+    Receipt(u32),
+    /// The first member's own `try_acquire_refundable`, beside the chain's.
+    Own(u32),
+    /// A plain `try_acquire_n` on the second member, beside the chain.
+    Direct(u32),
+    /// Refunds the outstanding receipt at this index (modulo their number), whatever its age.
+    Refund(usize),
+    /// Moves the clock on, by milliseconds (windows are 10 s).
+    Advance(u64),
+    /// Reconfigures the first member (or the second) to its own parameters: a new version.
+    Reconfigure(bool),
+}
+
+fn chain_op(limit: u32) -> impl Strategy<Value = ChainOp> {
+    prop_oneof![
+        2 => (1..=limit).prop_map(ChainOp::Take),
+        4 => (1..=limit).prop_map(ChainOp::Receipt),
+        2 => (1..=limit).prop_map(ChainOp::Own),
+        2 => (1..=limit).prop_map(ChainOp::Direct),
+        4 => any::<usize>().prop_map(ChainOp::Refund),
+        2 => (0u64..3_000).prop_map(ChainOp::Advance),
+        1 => (3_000u64..25_000).prop_map(ChainOp::Advance),
+        1 => any::<bool>().prop_map(ChainOp::Reconfigure),
+    ]
+}
+
+/// An admission as `(time, permits)`, `None` once refunded.
+type Entry = Option<(u64, u64)>;
+
+/// A receipt and the audit entries (first member's, second member's) its refund takes back.
+enum Held {
+    Chain(
+        turnstile::ChainRefundable<ManualClock>,
+        Vec<usize>,
+        Vec<usize>,
+    ),
+    Own(turnstile::Refundable<ManualClock>, usize),
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+
+    /// A chain of two members of one algorithm (the first listed once or twice), with chain
+    /// calls plain and refundable, the first member's own receipts and plain calls on the
+    /// second beside them, refunds at any age, clock advances and reconfigurations of either
+    /// member: the admissions each member keeps (never refunded) satisfy the algorithm's
+    /// exactness audit. A chain receipt's refund gives each listing of a member back its own
+    /// admission, never more, and never one a reconfiguration voided.
+    #[test]
+    fn chain_refunds_keep_what_stays_admitted_exact(
+        kind in 0u8..4,
+        (first, second) in (1u32..=4, 1u32..=4),
+        twice in any::<bool>(),
+        ops in proptest::collection::vec(chain_op(4), 1..100),
+    ) {
+        let of = |limit| match kind {
+            0 => fixed(limit),
+            1 => counter(limit),
+            2 => Algorithm::TokenBucket { rate: Rate::new(limit, 10 * SECOND), burst: limit },
+            _ => sliding(limit),
+        };
+        let clock = ManualClock::new();
+        let (a, b) = (manual(of(first), &clock), manual(of(second), &clock));
+        let listed = if twice { 2 } else { 1 };
+        let mut members = vec![a.clone(); listed];
+        members.push(b.clone());
+        let chain = Chain::new(members).unwrap();
+        // Per member: (time, permits) of every admission, None once refunded.
+        let (mut on_a, mut on_b): (Vec<Entry>, Vec<Entry>) = (Vec::new(), Vec::new());
+        let mut held: Vec<Held> = Vec::new();
+        for op in &ops {
+            let now = clock.elapsed().as_nanos() as u64;
+            let record = |on: &mut Vec<Entry>, n: u32, times: usize| {
+                (0..times)
+                    .map(|_| {
+                        on.push(Some((now, u64::from(n))));
+                        on.len() - 1
+                    })
+                    .collect::<Vec<_>>()
+            };
+            match *op {
+                ChainOp::Take(n) => {
+                    if chain.try_acquire_n(n).is_ok() {
+                        record(&mut on_a, n, listed);
+                        record(&mut on_b, n, 1);
+                    }
+                }
+                ChainOp::Receipt(n) => {
+                    if let Ok(r) = chain.try_acquire_refundable(n) {
+                        let at_a = record(&mut on_a, n, listed);
+                        let at_b = record(&mut on_b, n, 1);
+                        held.push(Held::Chain(r, at_a, at_b));
+                    }
+                }
+                ChainOp::Own(n) => {
+                    if let Ok(r) = a.try_acquire_refundable(n) {
+                        let at = record(&mut on_a, n, 1)[0];
+                        held.push(Held::Own(r, at));
+                    }
+                }
+                ChainOp::Direct(n) => {
+                    if b.try_acquire_n(n).is_ok() {
+                        record(&mut on_b, n, 1);
+                    }
+                }
+                ChainOp::Refund(i) if !held.is_empty() => {
+                    match held.swap_remove(i % held.len()) {
+                        Held::Chain(r, at_a, at_b) => {
+                            r.refund();
+                            at_a.into_iter().for_each(|i| on_a[i] = None);
+                            at_b.into_iter().for_each(|i| on_b[i] = None);
+                        }
+                        Held::Own(r, at) => {
+                            r.refund();
+                            on_a[at] = None;
+                        }
+                    }
+                }
+                ChainOp::Refund(_) => {}
+                ChainOp::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+                ChainOp::Reconfigure(which) => {
+                    let (member, limit) = if which { (&a, first) } else { (&b, second) };
+                    member.reconfigure(of(limit)).unwrap();
+                }
+            }
+        }
+        let kept = |on: &[Entry]| on.iter().flatten().copied().collect::<Vec<_>>();
+        prop_assert_eq!(common::violations(of(first), &kept(&on_a)), 0, "first member");
+        prop_assert_eq!(common::violations(of(second), &kept(&on_b)), 0, "second member");
+    }
 }

@@ -1118,3 +1118,277 @@ fn a_blocking_keyed_waiter_gives_its_permit_back_and_a_timeout_holds_nothing() {
     clock.advance(10 * SECOND);
     assert_eq!(l.try_acquire().unwrap().remaining(), 0);
 }
+
+/// One step of [`refunds_at_the_key_cap_keep_what_stays_admitted_exact`], on key `key` (0 or 1).
+#[derive(Debug, Clone)]
+enum KeyOp {
+    Take(u8, u32),
+    Refundable(u8, u32),
+    /// Refunds the outstanding receipt at this index (modulo their number), whatever its age.
+    Refund(usize),
+    /// Moves the clock on, by milliseconds (windows are 10 s).
+    Advance(u64),
+    Reconfigure,
+    Sweep,
+    /// Forgets the key; its audit starts a new segment.
+    Reset(u8),
+}
+
+fn key_op(limit: u32) -> impl Strategy<Value = KeyOp> {
+    prop_oneof![
+        3 => (0u8..2, 1..=limit).prop_map(|(k, n)| KeyOp::Take(k, n)),
+        4 => (0u8..2, 1..=limit).prop_map(|(k, n)| KeyOp::Refundable(k, n)),
+        4 => any::<usize>().prop_map(KeyOp::Refund),
+        2 => (0u64..3_000).prop_map(KeyOp::Advance),
+        2 => (3_000u64..25_000).prop_map(KeyOp::Advance),
+        1 => Just(KeyOp::Reconfigure),
+        1 => Just(KeyOp::Sweep),
+        1 => (0u8..2).prop_map(KeyOp::Reset),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+
+    /// Two keys of a limiter that holds one (calls for a new key are refused until the other
+    /// is idle, which then makes room by evicting it): receipts of either key refunded at any
+    /// age, across evictions and re-creations of their key's cell by the other key's calls,
+    /// sweeps, resets of either key and reconfigurations. Each key's admissions never refunded
+    /// satisfy the algorithm's exactness audit (a segment per reset of that key): a refund
+    /// never lands on a cell made after its admission's.
+    #[test]
+    fn refunds_at_the_key_cap_keep_what_stays_admitted_exact(
+        kind in 0u8..4,
+        limit in 1u32..=4,
+        ops in proptest::collection::vec(key_op(4), 1..120),
+    ) {
+        let algorithm = algorithm_of(kind, limit);
+        let clock = ManualClock::new();
+        let l = KeyedLimiter::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .overflow(KeyOverflow::Reject)
+            .build()
+            .unwrap();
+        let mut audits = [Audit::default(), Audit::default()];
+        let mut receipts = Vec::new();
+        for op in &ops {
+            match *op {
+                KeyOp::Take(k, n) => {
+                    let n = n.min(limit);
+                    if let Ok(a) = l.try_acquire_n(&k, n) {
+                        audits[usize::from(k)].admit(&a, n);
+                    }
+                }
+                KeyOp::Refundable(k, n) => {
+                    let n = n.min(limit);
+                    if let Ok(r) = l.try_acquire_refundable(&k, n) {
+                        let at = audits[usize::from(k)].admit(&r.admission(), n);
+                        receipts.push((r, k, at));
+                    }
+                }
+                KeyOp::Refund(i) if !receipts.is_empty() => {
+                    let (r, k, at) = receipts.swap_remove(i % receipts.len());
+                    r.refund();
+                    audits[usize::from(k)].refunded(at);
+                }
+                KeyOp::Refund(_) => {}
+                KeyOp::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+                KeyOp::Reconfigure => l.reconfigure(algorithm).unwrap(),
+                KeyOp::Sweep => {
+                    l.sweep();
+                }
+                KeyOp::Reset(k) => {
+                    l.reset(&k);
+                    audits[usize::from(k)].reset();
+                }
+            }
+        }
+        for (k, audit) in audits.iter().enumerate() {
+            prop_assert_eq!(audit.violations(algorithm), 0, "key {}", k);
+        }
+    }
+}
+
+/// Extreme parameters: limits and bursts of `u32::MAX`, windows of `u64::MAX` ns, a bucket
+/// decades long, and a clock anywhere in its range, past the algorithms' cap of
+/// 2^62 ns too (where their time stands still). A receipt given back on an unmoved clock frees
+/// what it took (exact), without an overflow; given back at the end of the clock's range, it
+/// never leaves more than the limit free.
+///
+/// Past the cap the token bucket's and the exact sliding window's refunds compared the
+/// admission's capped time with the clock's uncapped reading: the clock seemed to have moved
+/// by up to 2^63 ns, and nothing came back.
+#[test]
+fn extreme_parameters_refund_exactly_without_overflow() {
+    let longest = Duration::from_nanos(u64::MAX);
+    // (algorithm, what a receipt takes): a window of u32::MAX taken one short of full (see
+    // `a_full_window_of_u32_max_gives_nothing_back`).
+    let cases = [
+        (
+            Algorithm::FixedWindow {
+                limit: u32::MAX,
+                window: longest,
+            },
+            u32::MAX - 1,
+        ),
+        (
+            Algorithm::SlidingCounter {
+                limit: u32::MAX,
+                window: longest,
+            },
+            u32::MAX - 1,
+        ),
+        (
+            Algorithm::SlidingWindow {
+                limit: 1 << 16,
+                window: longest,
+            },
+            1 << 16,
+        ),
+        (
+            Algorithm::SlidingWindow {
+                limit: 2,
+                window: 10 * SECOND,
+            },
+            2,
+        ),
+        (
+            // A bucket 73 years long: the longest, emptied at the capped time, lands on the
+            // saturated arrival time of a charge, where a refund gives nothing back (the
+            // token bucket's `refund` says so).
+            Algorithm::TokenBucket {
+                rate: Rate::new(1, Duration::from_nanos(u64::MAX / 8)),
+                burst: 1,
+            },
+            1,
+        ),
+        (
+            Algorithm::TokenBucket {
+                rate: Rate::new(u32::MAX, Duration::from_nanos(u64::from(u32::MAX))),
+                burst: u32::MAX,
+            },
+            u32::MAX,
+        ),
+        (bucket(2), 2),
+    ];
+    for start in [0, (1 << 62) - 2, 1 << 62, u64::MAX / 2, u64::MAX - 10] {
+        for (algorithm, n) in cases {
+            let (l, clock) = limiter(algorithm);
+            clock.advance(Duration::from_nanos(start));
+            let limit = l.capacity();
+            let free = l.stats().available;
+            let taken = l.try_acquire_refundable(n).unwrap();
+            assert_eq!(l.stats().available, free - n, "{algorithm:?} at {start}");
+            taken.refund();
+            assert_eq!(
+                l.stats().available,
+                free,
+                "{algorithm:?} at {start}: the refund gave back {} of {n}",
+                l.stats().available - (free - n)
+            );
+            let again = l.try_acquire_n(n);
+            assert!(again.is_ok(), "{algorithm:?} at {start}: {again:?}");
+            // Given back at the end of the clock's range: never more than the limit free.
+            let taken = l.try_acquire_refundable(1);
+            clock.advance(Duration::MAX);
+            if let Ok(taken) = taken {
+                taken.refund();
+            }
+            let free = l.stats().available;
+            assert!(free <= limit, "{algorithm:?} at {start}: {free} free");
+        }
+    }
+}
+
+/// A window of limit `u32::MAX` filled to the last permit holds the count a charge saturates
+/// at, where the count no longer holds every admission: the two cannot be told apart, so a
+/// refund from there gives nothing back (stricter, never looser), as the docs say.
+#[test]
+fn a_full_window_of_u32_max_gives_nothing_back() {
+    let window = 10 * SECOND;
+    for algorithm in [
+        Algorithm::FixedWindow {
+            limit: u32::MAX,
+            window,
+        },
+        Algorithm::SlidingCounter {
+            limit: u32::MAX,
+            window,
+        },
+    ] {
+        let (l, _clock) = limiter(algorithm);
+        let taken = l.try_acquire_refundable(u32::MAX).unwrap();
+        taken.refund();
+        assert_eq!(l.stats().available, 0, "{algorithm:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+
+    /// The shared overflow cell: a limiter of one key, held by key 0 and kept busy (charged to
+    /// the full after every step that moves the clock), so that keys 1 and 2 are always decided
+    /// on the one cell they share. Their receipts refunded at any age, across resets of either
+    /// (which never touch the shared cell, so they void none of its refunds), sweeps and
+    /// reconfigurations (which void them): the admissions of both keys never refunded satisfy
+    /// the algorithm's exactness audit as one cell's.
+    #[test]
+    fn overflow_refunds_keep_what_stays_admitted_exact(
+        kind in 0u8..4,
+        limit in 1u32..=4,
+        ops in proptest::collection::vec(key_op(4), 1..120),
+    ) {
+        let algorithm = algorithm_of(kind, limit);
+        let clock = ManualClock::new();
+        let l = KeyedLimiter::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let pin = |l: &KeyedLimiter<u8, ManualClock>| l.charge(&0, u32::MAX).unwrap();
+        pin(&l);
+        let mut audit = Audit::default();
+        let mut receipts = Vec::new();
+        // Keys 1 and 2 (the ops name 0 and 1).
+        let key = |k: u8| k + 1;
+        for op in &ops {
+            match *op {
+                KeyOp::Take(k, n) => {
+                    let n = n.min(limit);
+                    if let Ok(a) = l.try_acquire_n(&key(k), n) {
+                        audit.admit(&a, n);
+                    }
+                }
+                KeyOp::Refundable(k, n) => {
+                    let n = n.min(limit);
+                    if let Ok(r) = l.try_acquire_refundable(&key(k), n) {
+                        let at = audit.admit(&r.admission(), n);
+                        receipts.push((r, at));
+                    }
+                }
+                KeyOp::Refund(i) if !receipts.is_empty() => {
+                    let (r, at) = receipts.swap_remove(i % receipts.len());
+                    r.refund();
+                    audit.refunded(at);
+                }
+                KeyOp::Refund(_) => {}
+                KeyOp::Advance(ms) => {
+                    clock.advance(Duration::from_millis(ms));
+                    pin(&l);
+                }
+                KeyOp::Reconfigure => l.reconfigure(algorithm).unwrap(),
+                KeyOp::Sweep => {
+                    l.sweep();
+                }
+                KeyOp::Reset(k) => {
+                    l.reset(&key(k));
+                }
+            }
+        }
+        let stats = l.stats();
+        prop_assert_eq!((stats.evicted, stats.keys), (0, 1), "key 0 lost its cell");
+        prop_assert_eq!(audit.violations(algorithm), 0);
+    }
+}

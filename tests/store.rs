@@ -356,10 +356,48 @@ mod stored_values {
 
     /// A head near u64::MAX (RETIRED excluded, `expired <= head`, the right length: everything the
     /// restore checks) overflowed `head + n` (a panic in debug builds; in release the claim wrapped).
+    /// The ring is read with its head moved back by whole pairs of laps (each ticket keeps its
+    /// slot and parity); its tickets having expired, it admits as a fresh one would.
     #[test]
-    fn sliding_window_head_near_the_top_is_treated_as_absent() {
+    fn a_sliding_window_head_near_the_top_does_not_overflow() {
         let admission = decide_on(&[u64::MAX - 1, 0, 0, 0], 2).expect("a fresh ring admits");
         assert_eq!(admission.remaining(), 0);
+    }
+
+    /// A ring whose head is 2^62 (no real count gets there: a foreign value, used as it is, as
+    /// the docs say), the bound beyond which the restore refused a head: limit 3, the oldest of
+    /// its last three tickets expired and the two newer ones live for an hour. One more is
+    /// admitted; its write took the head past the bound, so the next call read the ring as no
+    /// state and was admitted too, with three live.
+    #[tokio::test]
+    async fn a_ring_near_the_head_bound_is_read_again_after_its_write() {
+        let now = unix_nanos();
+        let head: u64 = 1 << 62;
+        // Ticket t in slot t % 3, with its lap's parity.
+        let mut ring = vec![head, 0, 0, 0, 0];
+        for (t, expiry) in [
+            (head - 3, now - 1_000_000_000),
+            (head - 2, now + 3_600_000_000_000),
+            (head - 1, now + 3_600_000_000_000),
+        ] {
+            ring[2 + (t % 3) as usize] = (expiry << 1) | ((t / 3) & 1);
+        }
+        let store = Preloaded::default();
+        let limiter =
+            StoreLimiter::new(sliding(3, Duration::from_secs(60)), "t", store.clone()).unwrap();
+        store
+            .0
+            .lock()
+            .unwrap()
+            .insert(limiter.key("x"), bytes(&ring));
+        let admitted = limiter.try_acquire("x").await.unwrap();
+        assert_eq!(admitted.remaining(), 0);
+        match limiter.try_acquire("x").await {
+            Err(TryAcquireError::Rejected(r)) => {
+                assert!(r.retry_after() > Duration::from_secs(50), "{r:?}")
+            }
+            other => panic!("three live, limit 3: {other:?}"),
+        }
     }
 
     /// A ring that has wrapped around its slots, met by a limiter of another limit: limit 2,
@@ -406,6 +444,32 @@ mod stored_values {
                 assert!(r.retry_after() > Duration::from_secs(3500), "{r:?}")
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    /// A ring lowered to a limit below its length keeps its latest expiries, not its newest
+    /// tickets: admitted under other windows, the newest tickets are not the last to expire.
+    /// Limit 4: tickets 0 and 1 live for an hour (a process with a long window), tickets 2 and 3
+    /// expired (one with a short window). Met under limit 3, the two live ones must both go on
+    /// counting. Keeping the newest three tickets (the oldest of them lent the expiry of the one
+    /// left out) kept one of them, and the next write, a charge's overdraw, kept that ring: one
+    /// live entry and the charge, where the log has three, and the next take was admitted.
+    #[tokio::test]
+    async fn a_lowered_ring_keeps_its_latest_expiries() {
+        let now = unix_nanos();
+        let at = |expiry: u64| expiry << 1; // lap 0: parity 0
+        let store = Preloaded::default();
+        let limiter =
+            StoreLimiter::new(sliding(3, Duration::from_secs(60)), "t", store.clone()).unwrap();
+        let (live, gone) = (at(now + 3_600_000_000_000), at(now - 1_000_000_000));
+        let ring = bytes(&[4, 0, live, live, gone, gone]);
+        store.0.lock().unwrap().insert(limiter.key("x"), ring);
+        limiter.charge("x", 1).await.unwrap();
+        match limiter.try_acquire("x").await {
+            Err(TryAcquireError::Rejected(r)) => {
+                assert!(r.retry_after() > Duration::from_secs(50), "{r:?}")
+            }
+            other => panic!("three live (two for an hour, the charge), limit 3: {other:?}"),
         }
     }
 
@@ -1035,4 +1099,81 @@ async fn acquire_timeout_is_admitted_when_the_window_opens_in_time() {
         second.at_nanos() / w > first.at_nanos() / w,
         "{first:?} {second:?}"
     );
+}
+
+/// Extreme parameters: limits of `u32::MAX`, windows and periods of `u64::MAX` ns (and the
+/// largest bucket the constructor takes), a `Duration::MAX` window a typed error. Takes,
+/// probes and charges of every size neither panic nor overflow; what is admitted counts (the
+/// next call beyond the limit is refused), and the state is stored for as long as it
+/// restricts: to the end of a window of u64::MAX ns (the year 2554), to the sliding window's
+/// saturated expiry (2116), to the slow bucket's arrival time (146 years ahead).
+#[tokio::test]
+async fn extreme_parameters_are_decided_and_stored() {
+    const YEAR: u64 = 365 * 86_400;
+    let longest = Duration::from_nanos(u64::MAX);
+    assert!(StoreLimiter::new(fixed(1, Duration::MAX), "x", Memory::default()).is_err());
+    let counter = Algorithm::SlidingCounter {
+        limit: u32::MAX,
+        window: longest,
+    };
+    let sliding = Algorithm::SlidingWindow {
+        limit: 1000,
+        window: longest,
+    };
+    let slow = Algorithm::TokenBucket {
+        rate: turnstile::Rate::new(1, Duration::from_nanos(u64::MAX / 4)),
+        burst: 1,
+    };
+    // (algorithm, limit, the least it must be stored for after taking the limit)
+    let cases = [
+        (fixed(u32::MAX, longest), u32::MAX, 500 * YEAR),
+        (counter, u32::MAX, 500 * YEAR),
+        (sliding, 1000, 85 * YEAR),
+        (slow, 1, 145 * YEAR),
+    ];
+    for (algorithm, limit, least) in cases {
+        let store = Memory::default();
+        let limiter = StoreLimiter::new(algorithm, "x", store.clone()).unwrap();
+        let probe = limiter.try_acquire_n("a", 0).await.unwrap();
+        assert_eq!(probe.remaining(), limit, "{algorithm:?}");
+        let all = limiter.try_acquire_n("a", limit).await;
+        let all = all.unwrap_or_else(|e| panic!("{algorithm:?}: {e:?}"));
+        assert_eq!(all.remaining(), 0, "{algorithm:?}");
+        assert!(
+            matches!(
+                limiter.try_acquire("a").await,
+                Err(TryAcquireError::Rejected(_))
+            ),
+            "{algorithm:?}: admitted beyond the limit"
+        );
+        let lives = expiry(&store, &limiter.key("a")).saturating_duration_since(Instant::now());
+        assert!(
+            lives > Duration::from_secs(least),
+            "{algorithm:?}: stored for {lives:?}"
+        );
+        for n in [0, 1, u32::MAX] {
+            let charged = limiter.charge("a", n).await;
+            charged.unwrap_or_else(|e| panic!("{algorithm:?}: {e:?}"));
+        }
+        let other = limiter.try_acquire_n("b", limit).await;
+        assert!(other.is_ok(), "{algorithm:?}: {other:?}");
+    }
+    // u32::MAX permits a nanosecond is one a nanosecond (the interval rounds up to whole
+    // nanoseconds): the burst of 2^32 − 1 comes back in about 4.3 s.
+    let fast = Algorithm::TokenBucket {
+        rate: turnstile::Rate::new(u32::MAX, Duration::from_nanos(1)),
+        burst: u32::MAX,
+    };
+    let limiter = StoreLimiter::new(fast, "x", Memory::default()).unwrap();
+    limiter.try_acquire_n("a", u32::MAX).await.unwrap();
+    match limiter.try_acquire_n("a", u32::MAX).await {
+        Err(TryAcquireError::Rejected(r)) => {
+            assert!(
+                r.retry_after() <= Duration::from_nanos(u64::from(u32::MAX)),
+                "{r:?}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    limiter.charge("a", u32::MAX).await.unwrap();
 }

@@ -131,7 +131,9 @@ impl Algo for FixedWindow {
     ///
     /// **Saturated.** A [charge](Charge) saturates the count at `u32::MAX`, where it stops
     /// holding every admission: a refund then gives nothing back (with a limit above 2^31 the
-    /// subtraction handed a charged window's permits out again).
+    /// subtraction handed a charged window's permits out again). A window of limit `u32::MAX`
+    /// filled to its last permit by admissions holds the same count, and is given nothing back
+    /// either: the two cannot be told apart.
     ///
     /// **Reconfigured since.** The admission carries the parameters' version (its token); if it
     /// is no longer current, nothing is given back (conservative: the grid may have moved).

@@ -314,7 +314,9 @@ impl Algo for SlidingCounter {
     /// admission's and the clock's, and ids of windows w and w + 1 differ.
     ///
     /// **Saturated.** A [charge](Charge) saturates `current`'s count at `u32::MAX`, where it
-    /// stops holding every admission of its window: nothing is given back from it.
+    /// stops holding every admission of its window: nothing is given back from it (nor from a
+    /// window of limit `u32::MAX` that admissions filled to that count: the two cannot be told
+    /// apart).
     ///
     /// **Reconfigured since.** If the admission's parameters version (its token) is no longer
     /// current, nothing is given back (conservative).

@@ -588,8 +588,11 @@ impl Algo for SlidingWindow {
             return;
         }
         let expiry = Self::expiry(admission.at_nanos(), p.window);
-        // Acquire: as in `try_acquire`: our clock read comes after the last claimer's.
-        if ring.head.load(Ordering::Acquire) == RETIRED || expiry <= clock.now() {
+        // Acquire: as in `try_acquire`: our clock read comes after the last claimer's. Capped as
+        // every decision's is: past the cap the admission's time (capped) and ours are one, and
+        // its saturated expiry never passes; compared uncapped, it had always passed.
+        let now = clock.now().min(MAX_TIME - 1);
+        if ring.head.load(Ordering::Acquire) == RETIRED || expiry <= now {
             return;
         }
         let token = admission.token();
@@ -637,17 +640,25 @@ impl Algo for SlidingWindow {
         // A ring as `save` writes it after a finished decision: every ticket below `head` was
         // published, so the R tickets before it show their own lap's parity. One that does not
         // (a corrupt value, another layout) would make a decision wait forever for a writer
-        // "between claim and publish" that does not exist, and a head near `u64::MAX` would
-        // overflow a claim: neither is this algorithm's state (2^62 tickets is far beyond any
-        // real count).
+        // "between claim and publish" that does not exist: it is not this algorithm's state.
         let laps = slots.len() as u64;
         let published = |t: u64| slots[(t % laps) as usize] & 1 == (t / laps) & 1;
-        if *head > 1 << 62 || !(head.saturating_sub(laps)..*head).all(published) {
+        if !(head.saturating_sub(laps)..*head).all(published) {
             return None;
         }
+        // A head beyond 2^62 (far beyond any real count: a foreign value) would let claims
+        // overflow near `u64::MAX`. Moved back by whole pairs of laps, every ticket keeps its
+        // slot and its lap's parity, so the ring decides as it stands, and what is saved after
+        // the decision is read again. (Refused, a ring just below the bound was read as no state
+        // once a write had taken its head past it.)
+        let back = if *head > 1 << 62 {
+            (head - laps) / (2 * laps) * (2 * laps)
+        } else {
+            0
+        };
         Some(Ring {
-            head: AtomicU64::new(*head),
-            expired: AtomicU64::new(*expired),
+            head: AtomicU64::new(head - back),
+            expired: AtomicU64::new(expired.saturating_sub(back)),
             // Its tickets may have been claimed under any limit up to R: check back as far
             // as the reach once, as after a lowering.
             settled: AtomicU64::new(UNSETTLED),

@@ -54,8 +54,9 @@ const EPOCH: u64 = 1 << 63;
 /// (at 2^63 − 1 in the odd epoch, the word would be `RETIRED`).
 const MAX_NOW: u64 = (1 << 62) - 1;
 /// The latest `tat` a [charge](Charge::charge) writes (2^63 − 2: in the odd epoch the word is
-/// then one below [`RETIRED`]). Admissions never get there (`tat ≤ now + b·T ≤ 2^63 − 2`); a
-/// charge's debt saturates here, at least 2^62 ns (146 years) after any clock reading.
+/// then one below [`RETIRED`]). Admissions get there only emptying a bucket of the largest
+/// capacity (2^62 − 1 ns) at the capped time (`tat ≤ now + b·T ≤ 2^63 − 2`); a charge's debt
+/// saturates here, at least 2^62 ns (146 years) after any clock reading.
 const MAX_TAT: u64 = EPOCH - 2;
 
 /// The token bucket's parameters: a snapshot of [`TokenBucket::params`].
@@ -254,7 +255,9 @@ impl Algo for TokenBucket {
     /// nothing is given back from there (subtracting let a permit through, at the clock's cap,
     /// that the charge alone forbids). Only refunds and a reconfiguration's translation lower a
     /// saturated `tat`, and an admission under the translated parameters is refused while it is
-    /// that far ahead, so below `MAX_TAT` the invariant holds.
+    /// that far ahead, so below `MAX_TAT` the invariant holds. (An admission that empties a
+    /// bucket of the largest capacity at the capped time lands on `MAX_TAT` too, and its refund
+    /// gives nothing back either: the two words cannot be told apart.)
     ///
     /// **Reconfigured since.** If the admission's parameters version (its token) is no longer
     /// current, or the word is of another epoch, nothing is given back (conservative).
@@ -274,7 +277,13 @@ impl Algo for TokenBucket {
                 // A charge's saturated tat, which no longer holds every admission: see below.
                 return;
             }
-            let elapsed = clock.now().saturating_sub(admission.at_nanos());
+            // Capped as the admissions' times are (the bound below needs `t_k ≤ now` of their
+            // times, which capping both keeps): past the cap, time stands still for the bucket,
+            // and an uncapped reading made every refund there look ages late.
+            let elapsed = clock
+                .now()
+                .min(MAX_NOW)
+                .saturating_sub(admission.at_nanos());
             let give = cost.saturating_sub(elapsed);
             if give == 0 {
                 return;
