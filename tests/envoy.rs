@@ -451,11 +451,16 @@ async fn example_5_unlimited_is_ok_with_u32_max_remaining_and_counts_nothing() {
         assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
         assert_eq!(r.statuses[0].current_limit, None);
     }
-    // Two of the three 40s fitted in azure's 100 (the third was over, and took nothing).
-    let r = rls.call_hits("internal", &[&[("azure", "y")]], 21).await;
-    assert_eq!(codes(&r).0, OVER);
+    // Two of the three 40s fitted in azure's 100; the third was over, and counted past the
+    // limit (120 of 100, as in Envoy's service): over for any hit, or a check, until the minute
+    // ends.
+    for hits in [20, 1] {
+        let r = rls.call_hits("internal", &[&[("azure", "y")]], hits).await;
+        assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![0]), "{hits} hits");
+    }
+    rls.clock.advance(Duration::from_secs(60));
     let r = rls.call_hits("internal", &[&[("azure", "y")]], 20).await;
-    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![80]));
 }
 
 const EXAMPLE_6: &str = "
@@ -642,14 +647,92 @@ descriptors:
     request.descriptors[1].hits_addend = Some(UInt64Value { value: 0 });
     let r = rls.ask(request.clone()).await.unwrap();
     assert_eq!((codes(&r), remaining(&r)), ((OK, vec![OK, OK]), vec![7, 3]));
-    // More than the limit in one request: over, and nothing is taken.
+    // More than the limit in one request: over, and counted past the limit, as Envoy's
+    // service counts it: a check is over from then on (answered as one hit would be).
     request.descriptors[1].hits_addend = Some(UInt64Value { value: 11 });
     let r = rls.ask(request.clone()).await.unwrap();
     assert_eq!(codes(&r), (OVER, vec![OK, OVER]));
-    assert_eq!(remaining(&r), [7, 3]);
+    assert_eq!(remaining(&r), [7, 0]);
+    request.descriptors[1].hits_addend = Some(UInt64Value { value: 0 });
+    let r = rls.ask(request.clone()).await.unwrap();
+    assert_eq!(
+        (codes(&r), remaining(&r)),
+        ((OVER, vec![OK, OVER]), vec![7, 0])
+    );
     // More than u32::MAX: over as well, no panic.
     request.descriptors[1].hits_addend = Some(UInt64Value { value: u64::MAX });
     assert_eq!(rls.ask(request).await.unwrap().overall_code(), OVER);
+}
+
+/// A cost reported after the fact (a check with `hits_addend: 0` before the work, then the
+/// work's cost once known, as for a budget of tokens) counts past the limit when it is more
+/// than what is left, as Envoy's service counts it, and the checks after it are over until the
+/// window ends. Before, such a report was over and counted nothing: the checks went on
+/// answering `OK` with what was left, and the budget was spent several times over.
+#[tokio::test]
+async fn a_cost_reported_past_what_is_left_counts_and_turns_the_checks_over() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: tokens
+    rate_limit: { unit: minute, requests_per_unit: 1000 }
+"])
+    .await;
+    let k: &[(&str, &str)] = &[("tokens", "alice")];
+    let mut check = RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![descriptor(k)],
+        hits_addend: 0,
+    };
+    check.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    let r = rls.call_hits("d", &[k], 900).await;
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![100]));
+    let r = rls.ask(check.clone()).await.unwrap();
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![100]));
+    let r = rls.call_hits("d", &[k], 500).await;
+    assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![0]));
+    for _ in 0..3 {
+        let r = rls.ask(check.clone()).await.unwrap();
+        assert_eq!(
+            (codes(&r).0, remaining(&r)),
+            (OVER, vec![0]),
+            "1400 of 1000"
+        );
+        let r = rls.call_hits("d", &[k], 1).await;
+        assert_eq!(codes(&r).0, OVER);
+    }
+    rls.clock.advance(Duration::from_secs(60));
+    let r = rls.ask(check).await.unwrap();
+    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![1000]));
+}
+
+/// A check answers as one hit would, counting nothing: over once the count has reached the
+/// limit. Envoy's service answers `OK` with 0 left at exactly the limit (and over only past
+/// it), so a client that checks before each request and reports it after makes one request
+/// more per window there.
+#[tokio::test]
+async fn a_check_is_over_once_the_count_reaches_the_limit() {
+    let mut rls = start(&["
+domain: d
+descriptors:
+  - key: k
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+"])
+    .await;
+    let k: &[(&str, &str)] = &[("k", "v")];
+    let mut check = RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![descriptor(k)],
+        hits_addend: 0,
+    };
+    check.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    for left in [2, 1] {
+        let r = rls.ask(check.clone()).await.unwrap();
+        assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![left]));
+        assert_eq!(codes(&rls.call("d", &[k]).await).0, OK);
+    }
+    let r = rls.ask(check).await.unwrap();
+    assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![0]));
 }
 
 #[tokio::test]
@@ -830,11 +913,12 @@ descriptors:
     assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![1]));
     assert_eq!(reset(&r.statuses[0]), Duration::from_secs(365 * 86_400));
     request.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
+    // Over, and counted past the limit (the count saturates): nothing is left.
     let r = rls.ask(request.clone()).await.unwrap();
-    assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![1]));
+    assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![0]));
     request.descriptors[0].hits_addend = Some(UInt64Value { value: 1 });
     let r = rls.ask(request).await.unwrap();
-    assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
+    assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![0]));
 }
 
 /// A descriptor with no entries, or with an empty key, matches no limit of a known domain:
@@ -851,8 +935,8 @@ async fn a_descriptor_with_no_entries_or_an_empty_key_matches_no_limit() {
 }
 
 /// A reload that lowers a limit below the count of its window keeps the count: the next hit
-/// is over at once (as in Envoy's service, whose count is past the new limit), and raising the
-/// limit again leaves the room the count leaves, not a fresh window.
+/// is over at once (as in Envoy's service, whose count is past the new limit) and counted, and
+/// raising the limit again leaves the room the count leaves, not a fresh window.
 #[tokio::test]
 async fn a_reload_lowering_a_limit_below_its_count_rejects_until_the_window_ends() {
     let at = |limit: u32| {
@@ -868,7 +952,11 @@ async fn a_reload_lowering_a_limit_below_its_count_rejects_until_the_window_ends
     let r = rls.call("d", &[k]).await;
     assert_eq!((codes(&r).0, remaining(&r)), (OVER, vec![0]));
     rls.service.reload(at(10)).unwrap();
-    assert_eq!(remaining(&rls.call("d", &[k]).await), [1]);
+    assert_eq!(
+        remaining(&rls.call("d", &[k]).await),
+        [0],
+        "8, 1 over, and this one"
+    );
     rls.clock.advance(Duration::from_secs(60));
     assert_eq!(remaining(&rls.call("d", &[k]).await), [9]);
 }
@@ -1630,11 +1718,18 @@ descriptors:
 async fn one_counter_named_twice_in_a_request_counts_twice_and_is_refunded_once_each() {
     let mut rls = start(&[PER_MINUTE_1]).await;
     let d: &[(&str, &str)] = &[("category", "account")];
-    // Two hits on a limit of 1: over, and all or nothing gives the first hit back.
+    // Two hits on a limit of 1: the second is over, and counts past the limit, as Envoy's
+    // service counts it; all or nothing gives the first hit back.
     assert_eq!(codes(&rls.call("rl", &[d, d]).await).0, OVER);
     let r = rls.call("rl", &[d]).await;
+    assert_eq!(
+        (codes(&r).0, remaining(&r)),
+        (OVER, vec![0]),
+        "1 of 1 counted"
+    );
+    rls.clock.advance(Duration::from_secs(60));
+    let r = rls.call("rl", &[d]).await;
     assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
-    assert_eq!(codes(&rls.call("rl", &[d]).await).0, OVER);
 }
 
 #[tokio::test]

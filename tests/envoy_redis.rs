@@ -112,11 +112,16 @@ async fn shadow_mode_hits_addend_and_limit_zero() {
     req.descriptors[0].hits_addend = Some(UInt64Value { value: 10 });
     req.descriptors[1].hits_addend = Some(UInt64Value { value: 2 });
     let r = rls.decide(&req).await.unwrap();
-    // 2 > the small limit of 1: over without a round trip, and nothing charged.
+    // 2 > the small limit of 1: over without a script, and counted past the limit (as
+    // Envoy's service counts it), the big limit not asked.
     assert_eq!(summary(&r), (OVER, vec![(OK, 0), (OVER, 0)]));
+    // So a check of the small limit is over now (as one hit would be), and the request takes
+    // nothing from the big one.
     req.descriptors[1].hits_addend = Some(UInt64Value { value: 0 });
     let r = rls.decide(&req).await.unwrap();
-    assert_eq!(summary(&r), (OK, vec![(OK, 90), (OK, 1)]));
+    assert_eq!(summary(&r), (OVER, vec![(OK, 0), (OVER, 0)]));
+    let r = rls.decide(&request(&[BIG])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 99)]));
 }
 
 /// Global shadow mode in Redis: decided as without it (the big limit given back), answered `OK`.
@@ -163,16 +168,50 @@ descriptors:
     assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().name, "moved");
 }
 
+/// In Redis too, a cost reported after the fact (a check with `hits_addend: 0`, then the cost
+/// once known) counts past the limit when it is more than what is left, in the same script,
+/// and the checks after it are over; a cost above the limit itself (decided without a script)
+/// counts as well. Before, both counted nothing and the checks went on answering `OK`.
+#[tokio::test]
+async fn a_cost_reported_past_what_is_left_counts_and_turns_the_checks_over() {
+    const TOKENS: &str = "
+domain: d
+descriptors:
+  - key: tokens
+    rate_limit: { unit: year, requests_per_unit: 1000 }
+";
+    let server = RedisServer::start();
+    let rls = service(&server, TOKENS).await;
+    let costs = |who: &str, hits: u64| {
+        let entries: &[(&str, &str)] = &[("tokens", who)];
+        let mut r = request(&[entries]);
+        r.descriptors[0].hits_addend = Some(UInt64Value { value: hits });
+        r
+    };
+    for (who, report) in [("alice", 500), ("bob", 1500)] {
+        let r = rls.decide(&costs(who, 900)).await.unwrap();
+        assert_eq!(summary(&r), (OK, vec![(OK, 100)]));
+        let r = rls.decide(&costs(who, 0)).await.unwrap();
+        assert_eq!(summary(&r), (OK, vec![(OK, 100)]), "{who}");
+        let r = rls.decide(&costs(who, report)).await.unwrap();
+        assert_eq!(summary(&r), (OVER, vec![(OVER, 0)]), "{who}");
+        for hits in [0, 1, 0] {
+            let r = rls.decide(&costs(who, hits)).await.unwrap();
+            assert_eq!(summary(&r), (OVER, vec![(OVER, 0)]), "{who}: {hits} hits");
+        }
+    }
+}
+
 #[tokio::test]
 async fn one_counter_named_twice_in_a_request_counts_twice() {
     let server = RedisServer::start();
     let rls = service(&server, CONFIG).await;
-    // The same subject twice, against a limit of 1: the second hit is over, and all or nothing
-    // leaves the counter as it was.
+    // The same subject twice, against a limit of 1: the second hit is over and counts past
+    // the limit (as Envoy's service counts it), and all or nothing gives the first one back.
     let r = rls.decide(&request(&[SMALL, SMALL])).await.unwrap();
     assert_eq!(r.overall_code(), OVER);
     let r = rls.decide(&request(&[SMALL])).await.unwrap();
-    assert_eq!(summary(&r), (OK, vec![(OK, 0)]));
+    assert_eq!(summary(&r), (OVER, vec![(OVER, 0)]), "1 of 1 counted");
 }
 
 #[tokio::test]
@@ -363,8 +402,10 @@ descriptors:
         .unwrap(),
     )
     .unwrap();
+    // The small limit's count is 2: its hit and the rejected request's, counted past the
+    // limit of 1 as Envoy's service counts it.
     let r = rls.decide(&request(&[BIG, SMALL])).await.unwrap();
-    assert_eq!(summary(&r), (OK, vec![(OK, 48), (OK, 1)]));
+    assert_eq!(summary(&r), (OK, vec![(OK, 48), (OK, 0)]));
 }
 
 /// On a Cluster whose node for one descriptor's slot does not answer, that descriptor is
@@ -439,11 +480,12 @@ descriptors:
     req.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
     let r = rls.decide(&req).await.unwrap();
     assert_eq!(r.overall_code(), OVER);
-    // Nothing is held: one hit is within the limit, and so is a second.
-    let r = rls.decide(&request(&[PAIR])).await.unwrap();
-    assert_eq!(summary(&r), (OK, vec![(OK, 1)]));
+    // The two hits were given back; the rejected one counts past the limit (as Envoy's
+    // service counts it): 1 of 2, so one hit is within the limit, and the next is over.
     let r = rls.decide(&request(&[PAIR])).await.unwrap();
     assert_eq!(summary(&r), (OK, vec![(OK, 0)]));
+    let r = rls.decide(&request(&[PAIR])).await.unwrap();
+    assert_eq!(summary(&r), (OVER, vec![(OVER, 0)]));
 }
 
 /// A counter named twice in a call that is given back (another call, of another cost,

@@ -22,7 +22,7 @@ mod multi;
 
 #[cfg(any(feature = "http", feature = "envoy"))]
 pub(crate) use connection::Connection;
-#[cfg(any(feature = "http", feature = "envoy"))]
+#[cfg(feature = "http")]
 pub(crate) use multi::try_acquire_all;
 // Envoy's service on a Cluster: one call per slot, given back when another slot rejects.
 #[cfg(feature = "envoy")]

@@ -190,11 +190,12 @@ where
 ///
 /// As [`RedisLimiter::try_acquire_n`]: once sent, the script may run and admit even if the
 /// future is dropped.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) async fn try_acquire_all<C>(members: &[(&RedisLimiter<C>, &[u8])], n: u32) -> Vec<Answer>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    try_acquire_all_held(members, n, &[]).await.0
+    try_acquire_all_held(members, n, &[], false).await.0
 }
 
 /// [`try_acquire_all`], and what the call took from each member, so that the caller can give
@@ -202,6 +203,10 @@ where
 /// of the decision's other calls, which may take from a key of this call before it decides and
 /// give it back after: a member with such a key keeps its rejection out of the deny cache, as
 /// one with a key this call lists twice does (that retry-after may count hits given back).
+/// `count_over`: a member that rejects counts its `n` all the same, past its limit, in the same
+/// script (as Envoy's rate limit service counts a descriptor's hits whether or not they fit);
+/// the members that would have admitted still take nothing, and a call the deny caches settle
+/// is not sent, so counts nothing.
 ///
 /// # Cancel safety
 ///
@@ -210,6 +215,7 @@ pub(crate) async fn try_acquire_all_held<C>(
     members: &[(&RedisLimiter<C>, &[u8])],
     n: u32,
     elsewhere: &[Vec<u8>],
+    count_over: bool,
 ) -> (Vec<Answer>, Held)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -256,6 +262,9 @@ where
                 let plan = &member.plan;
                 cmd.arg(plan.kind).arg(plan.params[0]).arg(plan.params[1]);
             }
+        }
+        if count_over {
+            cmd.arg(1);
         }
     });
     let reply = within(deadline, round_trip)
@@ -551,6 +560,50 @@ mod tests {
         assert_eq!(failures(&b), (1, 0, 1, 0));
     }
 
+    /// `count_over`: a call rejected by one member counts that member's `n` past its limit in
+    /// the same script (Envoy's service counts a descriptor's hits whether or not they fit),
+    /// while the member that would have admitted takes nothing; without it, nothing is counted.
+    #[tokio::test]
+    async fn count_over_counts_the_rejecting_members_past_their_limit_only() {
+        let server = RedisServer::start();
+        let connection = connect(&server).await;
+        for (count_over, prefix) in [(false, "off"), (true, "on")] {
+            let (big, small) = (
+                limit_3_per_hour(&connection, &format!("{prefix}-big")),
+                limit_3_per_hour(&connection, &format!("{prefix}-small")),
+            );
+            small.try_acquire_n(b"s", 3).await.unwrap();
+            let members = [(&big, &b"b"[..]), (&small, &b"s"[..])];
+            let (answers, _) = try_acquire_all_held(&members, 2, &[], count_over).await;
+            assert!(matches!(answers[0], Some(Ok(_))), "{answers:?}");
+            assert!(matches!(
+                answers[1],
+                Some(Err(TryAcquireError::Rejected(_)))
+            ));
+            // The member that would have admitted took nothing either way.
+            assert_eq!(
+                big.try_acquire_n(b"b", 3).await.map(|a| a.remaining()),
+                Ok(0)
+            );
+            // The rejecting one's count, read in Redis (its answers say 0 left either way):
+            // 3 + 2 with `count_over`, 3 without.
+            let mut raw = ::redis::Client::open(server.url())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let count: u32 = ::redis::cmd("HGET")
+                .arg(small.key(b"s"))
+                .arg("c")
+                .query(&mut raw)
+                .unwrap();
+            assert_eq!(
+                count,
+                if count_over { 5 } else { 3 },
+                "count_over {count_over}"
+            );
+        }
+    }
+
     /// One key listed twice in a call (two rules sharing a counter) counts twice, each
     /// occurrence deciding on the state the one before it left: every algorithm, a chain
     /// included, and a call whose later member rejects takes nothing from the repeated key.
@@ -767,7 +820,7 @@ mod tests {
             (&b, &b"y"[..]),
             (&bucket, &b"z"[..]),
         ];
-        let (answers, held) = try_acquire_all_held(&members, 1, &[]).await;
+        let (answers, held) = try_acquire_all_held(&members, 1, &[], false).await;
         assert!(
             answers.iter().all(|a| matches!(a, Some(Ok(_)))),
             "{answers:?}"
@@ -796,7 +849,8 @@ mod tests {
             "still charged"
         );
         // A rejected call took nothing, and gives back nothing.
-        let (_, held) = try_acquire_all_held(&[(&a, &b"x"[..]), (&a, &b"x"[..])], 2, &[]).await;
+        let (_, held) =
+            try_acquire_all_held(&[(&a, &b"x"[..]), (&a, &b"x"[..])], 2, &[], false).await;
         assert_eq!(
             held.give_back(&[(&a, &b"x"[..]), (&a, &b"x"[..])]).await,
             [true, true]

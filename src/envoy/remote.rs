@@ -8,7 +8,7 @@ use super::service::{
     Applied, Overrides, counter_entries, hits_of, override_applied, resolve, status, window_left,
 };
 pub(crate) use crate::backend::Connection;
-use crate::backend::{Held, settled, try_acquire_all, try_acquire_all_held};
+use crate::backend::{Held, settled, try_acquire_all_held};
 use crate::redis::cluster_routing::Slot;
 use crate::{Admission, Algorithm, ConfigError, FailurePolicy, TryAcquireError};
 use futures_util::future::join_all;
@@ -188,7 +188,12 @@ impl Remote {
             }
         };
         if let [(_, h, ks)] = &calls[..] {
-            set(ks, try_acquire_all(&members[0], cost(*h)).await);
+            set(
+                ks,
+                try_acquire_all_held(&members[0], cost(*h), &[], true)
+                    .await
+                    .0,
+            );
             return;
         }
         // A deny cache that settles one call settles the request: no call is sent.
@@ -213,7 +218,7 @@ impl Remote {
             })
             .collect();
         let calls_held: Vec<_> = (calls.iter().zip(&members).zip(&elsewhere))
-            .map(|(((_, h, _), m), elsewhere)| try_acquire_all_held(m, cost(*h), elsewhere))
+            .map(|(((_, h, _), m), elsewhere)| try_acquire_all_held(m, cost(*h), elsewhere, true))
             .collect();
         let held = join_all(calls_held).await;
         let admitted = |got: &[Option<Result<Admission, TryAcquireError>>]| {
@@ -298,7 +303,8 @@ impl Remote {
                 .any(|(i, a)| !shadow(i) && matches!(a, Answer::Over(_) | Answer::Got(Err(_))))
         };
 
-        // Decided here: no limit, unlimited, limit 0, more hits than the limit.
+        // Decided here: no limit, unlimited, limit 0 (a check too, as one hit would be), more
+        // hits than the limit (counted past it below, when enforced).
         let mut answers: Vec<Answer> = (applied.iter().zip(&hits))
             .map(|(a, &n)| match a {
                 Applied::Nothing => Answer::Nothing,
@@ -306,7 +312,6 @@ impl Remote {
                 Applied::Limit { spec, limiter, .. } => {
                     let reset = window_left(spec.unit(), now);
                     match limiter {
-                        None if n == 0 => Answer::Within(0, reset),
                         None => Answer::Over(reset),
                         Some(l) if n > u64::from(l.capacity()) => Answer::Over(reset),
                         Some(_) => Answer::NotAsked,
@@ -321,6 +326,40 @@ impl Remote {
             _ => None,
         };
 
+        // One round trip per descriptor `which` picks among those not yet asked, all in flight
+        // at once: a check (0 hits) answers as one hit would, over once the count has reached
+        // the limit (or the failure policy refuses); hits answer as decided.
+        let ask = |answers: &[Answer], which: &dyn Fn(usize) -> bool| {
+            (0..answers.len())
+                .filter(|&i| matches!(answers[i], Answer::NotAsked) && which(i))
+                .filter_map(|i| limiter(i).map(|l| (i, l)))
+                .map(|(i, l)| {
+                    let subject = subjects[i].as_slice();
+                    let unit = match &applied[i] {
+                        Applied::Limit { spec, .. } => spec.unit(),
+                        _ => Unit::Second,
+                    };
+                    let n = u32::try_from(hits[i]).unwrap_or(u32::MAX);
+                    async move {
+                        let got = l.try_acquire_n(subject, n).await;
+                        let answer = match got {
+                            _ if n > 0 => Answer::Got(got),
+                            Ok(a) => Answer::Within(a.remaining(), a.reset_after()),
+                            Err(TryAcquireError::Rejected(r)) => Answer::Over(r.retry_after()),
+                            Err(_) => Answer::Over(window_left(unit, now)),
+                        };
+                        (i, answer)
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+
+        // Checks first: an enforced one that is over rejects the request before any hit is
+        // taken, as any descriptor over its limit does.
+        for (i, answer) in join_all(ask(&answers, &|i| hits[i] == 0)).await {
+            answers[i] = answer;
+        }
+
         // The enforced descriptors: one script per Cluster slot (one in all on a standalone
         // server) and per cost, in parallel; all or nothing across them by giving back.
         if !enforced_over(&answers) {
@@ -332,34 +371,27 @@ impl Remote {
         }
         let rejected = enforced_over(&answers);
 
-        // Checks (0 hits), and shadow descriptors of an admitted request: their round trips
-        // in flight at once.
-        let asked: Vec<_> = (0..answers.len())
-            .filter(|&i| matches!(answers[i], Answer::NotAsked))
+        // Shadow descriptors of an admitted request.
+        if !rejected {
+            for (i, answer) in join_all(ask(&answers, &|i| shadow(i))).await {
+                answers[i] = answer;
+            }
+        }
+        // Enforced descriptors of more hits than their limit, decided without Redis, count them
+        // all the same, past the limit (the scripts count the other rejecting ones): as Envoy's
+        // service counts them, so that the checks and hits after them are over until the
+        // window ends. A failed charge leaves the request rejected all the same.
+        let charges: Vec<_> = (0..answers.len())
+            .filter(|&i| matches!(answers[i], Answer::Over(_)) && !shadow(i) && hits[i] > 0)
             .filter_map(|i| limiter(i).map(|l| (i, l)))
-            .filter(|&(i, _)| hits[i] == 0 || (shadow(i) && !rejected))
             .map(|(i, l)| {
-                let subject = subjects[i].as_slice();
-                let unit = match &applied[i] {
-                    Applied::Limit { spec, .. } => spec.unit(),
-                    _ => Unit::Second,
-                };
-                let n = u32::try_from(hits[i]).unwrap_or(u32::MAX);
-                async move {
-                    let got = l.try_acquire_n(subject, n).await;
-                    let answer = match got {
-                        _ if n > 0 => Answer::Got(got),
-                        Ok(a) => Answer::Within(a.remaining(), a.reset_after()),
-                        Err(TryAcquireError::Rejected(r)) => Answer::Within(0, r.retry_after()),
-                        Err(_) => Answer::Within(0, window_left(unit, now)),
-                    };
-                    (i, answer)
-                }
+                l.charge(
+                    subjects[i].as_slice(),
+                    u32::try_from(hits[i]).unwrap_or(u32::MAX),
+                )
             })
             .collect();
-        for (i, answer) in join_all(asked).await {
-            answers[i] = answer;
-        }
+        join_all(charges).await;
 
         let statuses = (answers.into_iter().enumerate())
             .map(|(i, answer)| {

@@ -173,14 +173,15 @@ impl Clock for UnixClock {
 ///   the others are given back: a rejected request costs nothing, as a rejection of turnstile's
 ///   HTTP layer costs nothing. Envoy's service charges every descriptor even when one is over
 ///   (so a client over one limit also eats into the others); this is the one deliberate
-///   difference. A descriptor over its limit is not charged either (Envoy counts it), so
-///   no count ever passes its limit, and a check (0 hits) is always `OK`, with what is left
-///   (Envoy's is `OVER_LIMIT` past the limit). A cost reported after the fact (a check with
-///   `hits_addend: 0` before the request, then its cost once known) is therefore not
-///   recorded when it is more than what is left, and the checks go on answering `OK`:
-///   Envoy's service counts it past the limit and answers the next checks `OVER_LIMIT`. A
-///   count past a limit that a reload lowered is the one exception: over for every hit, and
-///   still `OK` for a check.
+///   difference.
+/// - **Over the limit.** A descriptor over its limit counts its hits all the same, past the
+///   limit, as Envoy's service counts them, and answers `limit_remaining` 0: a cost reported
+///   after the fact (a check with `hits_addend: 0` before the request, then its cost once
+///   known, as for a budget of tokens) counts even when it is more than what is left, and the
+///   checks and hits after it are over until the window ends.
+/// - **Checks.** A descriptor `hits_addend` of 0 answers as one hit would, counting nothing:
+///   over once the count has reached the limit (Envoy's service answers `OK` with 0 left at
+///   exactly the limit, and over only past it).
 /// - `shadow_mode: true`: never over the limit; when it would be, its status is `OK` with
 ///   `limit_remaining` 0, as in Envoy.
 /// - The global shadow mode ([`set_global_shadow_mode`](Self::set_global_shadow_mode),
@@ -458,8 +459,12 @@ impl RlsService {
     /// A descriptor given back answers `OK` with its count as it was before the request. When
     /// a limiter's deny cache already knows that its call rejects, the request is rejected
     /// with no round trip to any slot, and the other descriptors are not asked (`OK`, no
-    /// count, no window). Shadow-mode descriptors (only when the request is admitted) and
-    /// checks (0 hits) take a round trip each, sent together after the enforced calls.
+    /// count, no window). Checks (0 hits) take a round trip each, sent together before the
+    /// enforced calls (a check that is over rejects the request before anything is taken);
+    /// shadow-mode descriptors (only when the request is admitted) one each, together after
+    /// them. A descriptor over its limit counts its hits past the limit, in the same script
+    /// (one of more hits than its limit, decided without a script, in a round trip of its
+    /// own).
     ///
     /// While Redis does not answer within the limiters' deadline, `policy` decides each
     /// descriptor of the calls it did not answer (on a Cluster, the calls to the node that is
@@ -967,7 +972,13 @@ impl<C: Clock + Clone> RlsService<C> {
                     shared,
                 } => {
                     let entries = counter_entries(&d.entries, shared);
-                    let o = decide(limiter.as_ref(), &entries, hits, spec.unit(), now);
+                    let o = decide(
+                        limiter.as_ref(),
+                        &entries,
+                        hits,
+                        (spec.unit(), now),
+                        !spec.shadow_mode(),
+                    );
                     if matches!(o, Outcome::Over { .. }) && !spec.shadow_mode() {
                         rejected = true;
                     }
@@ -979,8 +990,8 @@ impl<C: Clock + Clone> RlsService<C> {
                                 .saturating_sub(hits),
                             false,
                         ),
-                        Outcome::Over { remaining, .. } => {
-                            (u64::from(limit.saturating_sub(*remaining)), true)
+                        Outcome::Over { left, .. } => {
+                            (u64::from(limit.saturating_sub(*left)), true)
                         }
                         _ => (0, false),
                     };
@@ -1039,10 +1050,10 @@ impl<C: Clock + Clone> RlsService<C> {
                 Outcome::Within { remaining, reset } => {
                     status(Code::Ok, current_limit, remaining, Some(reset))
                 }
-                Outcome::Over { remaining, reset } => status(
+                Outcome::Over { reset, .. } => status(
                     if shadow { Code::Ok } else { Code::OverLimit },
                     current_limit,
-                    if shadow { 0 } else { remaining },
+                    0,
                     Some(reset),
                 ),
             };
@@ -1382,8 +1393,10 @@ enum Outcome<C: Clock + Clone> {
         remaining: u32,
         reset: Duration,
     },
+    /// Over the limit (its hits counted past it, see `decide`): `left` is what the count left
+    /// before them, for the metrics; the status says 0.
     Over {
-        remaining: u32,
+        left: u32,
         reset: Duration,
     },
 }
@@ -1398,55 +1411,64 @@ pub(super) fn window_left(unit: Unit, now: u64) -> Duration {
     Duration::from_nanos(w - now % w)
 }
 
+/// One descriptor's decision: `hits` on the counter of `entries` in `limiter` (`None`: a
+/// limit of 0), in the window of `unit` that holds `now`. Hits over the limit are counted all
+/// the same when `count_over` (an enforced descriptor; a shadow one's are not).
 fn decide<C: Clock + Clone>(
     limiter: Option<&Limiter<C>>,
     entries: &[Entry],
     hits: u64,
-    unit: Unit,
-    now: u64,
+    (unit, now): (Unit, u64),
+    count_over: bool,
 ) -> Outcome<C> {
     let reset = window_left(unit, now);
     let Some(limiter) = limiter else {
-        // `requests_per_unit: 0`: any hit is over; a check is not.
-        return if hits == 0 {
-            Outcome::Within {
-                remaining: 0,
-                reset,
-            }
-        } else {
-            Outcome::Over {
-                remaining: 0,
-                reset,
-            }
-        };
+        // `requests_per_unit: 0`: any hit is over, and so is a check (as one hit would be).
+        return Outcome::Over { left: 0, reset };
     };
     let key: Key = entries.to_vec();
     if hits == 0 {
-        return Outcome::Within {
-            remaining: limiter.available(&key),
-            reset,
+        // A check answers as one hit would, counting nothing: over once the count has reached
+        // the limit (past it, after hits counted over it). `available` adds no key.
+        return match limiter.available(&key) {
+            0 => Outcome::Over { left: 0, reset },
+            remaining => Outcome::Within { remaining, reset },
         };
     }
-    let Ok(n) = u32::try_from(hits) else {
-        return Outcome::Over {
-            remaining: limiter.available(&key),
-            reset,
-        };
-    };
+    let n = u32::try_from(hits).unwrap_or(u32::MAX);
     match limiter.try_acquire_refundable(&key, n) {
         Ok(taken) => Outcome::Admitted(taken),
-        Err(TryAcquireError::Rejected(r)) => Outcome::Over {
-            // One hit rejected: none was left (a fixed window rejects only a full count), so
-            // the flood of single hits a limit exists for is answered without a second look-up.
-            remaining: if n == 1 { 0 } else { limiter.available(&key) },
-            reset: r.retry_after(),
-        },
-        // More hits than the limit: over whatever the count. The key cap reached with no idle
-        // key: over as well (fail closed), with nothing counted.
-        Err(_) => Outcome::Over {
-            remaining: limiter.available(&key),
-            reset,
-        },
+        Err(error) => {
+            // What the count left before these hits, for the metrics. One hit rejected: none
+            // (a fixed window rejects only a full count), so the flood of single hits a limit
+            // exists for is answered without a second look-up.
+            let left = match error {
+                TryAcquireError::Rejected(_) if n == 1 => 0,
+                _ => limiter.available(&key),
+            };
+            // Over: the hits count all the same, past the limit, as Envoy's service counts
+            // them (more than the limit, or a cost reported after the fact that is more than
+            // what is left, included): the checks and hits after it are over until the
+            // window ends. The key cap reached with no idle key: over as well (fail closed),
+            // with nothing counted.
+            if count_over
+                && matches!(
+                    error,
+                    TryAcquireError::Rejected(_) | TryAcquireError::InsufficientCapacity { .. }
+                )
+            {
+                // Fails only at the key cap (the key evicted meanwhile, the cap full of busy
+                // keys): the request is over all the same.
+                let _ = limiter.charge(&key, n);
+            }
+            Outcome::Over {
+                left,
+                reset: match error {
+                    TryAcquireError::Rejected(r) => r.retry_after(),
+                    _ => reset,
+                },
+            }
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 -- now, then per member: admitted (1 or 0), t, remaining, then the count of unreadable keys if
 -- there were any}: an admitted member's t is its
 -- reset_after and remaining what is left; a rejected member's t is its retry_after (remaining 0).
--- When the call as a whole is rejected nothing was taken, so the members that would have
--- admitted report their state as it stands: a probe (n = 0), which writes nothing.
+-- When the call as a whole is rejected nothing was taken (but see the last ARGV below), so the
+-- members that would have admitted report their state as it stands: a probe (n = 0), which
+-- writes nothing.
 local now, n, all, results = all_or_nothing()
 local reply = {all and 1 or 0, now}
 for i = 1, #KEYS do
@@ -18,5 +19,16 @@ for i = 1, #KEYS do
   reply[#reply + 1] = admitted and 1 or 0
   reply[#reply + 1] = t
   reply[#reply + 1] = left
+end
+-- A caller may ask (a last ARGV of 1, after every member's three) that a member over its limit
+-- count its n all the same, past the limit, as Envoy's rate limit service counts a descriptor's
+-- hits whether or not they fit; the members that would have admitted still take nothing.
+if not all and n > 0 and ARGV[3 * #KEYS + 2] == '1' then
+  for i = 1, #KEYS do
+    if not results[i][1] then
+      local _, _, _, _, _, charge = decide(i, 0, now)
+      charge(n)
+    end
+  end
 end
 return reported(reply)
