@@ -751,7 +751,8 @@ impl ConcurrencyLimiter {
         Ok(())
     }
 
-    /// Permits free now (a snapshot).
+    /// Permits free now (a snapshot). A [closed](Self::close) limiter still counts them (none
+    /// can be taken; [`is_closed`](Self::is_closed) says so), as tokio's `Semaphore` does.
     ///
     /// # Examples
     ///
@@ -761,6 +762,9 @@ impl ConcurrencyLimiter {
     /// let limiter = ConcurrencyLimiter::new(5)?;
     /// let _two = limiter.try_acquire_n(2).unwrap();
     /// assert_eq!(limiter.available(), 3);
+    /// limiter.close();
+    /// assert_eq!(limiter.available(), 3);
+    /// assert!(limiter.try_acquire().is_err());
     /// # Ok::<(), turnstile::ConfigError>(())
     /// ```
     pub fn available(&self) -> u32 {

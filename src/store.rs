@@ -36,23 +36,35 @@ use std::time::Duration;
 /// use std::time::{Duration, Instant};
 /// use turnstile::Store;
 ///
-/// /// A store in this process's memory, entries dropped once expired.
+/// /// A store in this process's memory, entries dropped once expired (`None`: a TTL too long
+/// /// for an `Instant`, which never expires).
 /// #[derive(Default)]
-/// struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Instant)>>);
+/// struct Memory(Mutex<HashMap<Vec<u8>, (Vec<u8>, Option<Instant>)>>);
 ///
 /// impl Store for Memory {
 ///     type Error = std::convert::Infallible;
 ///
 ///     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Self::Error> {
 ///         let map = self.0.lock().unwrap();
-///         Ok(map.get(key).filter(|(_, until)| *until > Instant::now()).map(|(v, _)| v.clone()))
+///         let live = |until: &Option<Instant>| until.is_none_or(|at| at > Instant::now());
+///         Ok(map.get(key).filter(|(_, until)| live(until)).map(|(v, _)| v.clone()))
 ///     }
 ///
 ///     async fn set(&self, key: &[u8], value: Vec<u8>, ttl: Duration) -> Result<(), Self::Error> {
-///         self.0.lock().unwrap().insert(key.to_vec(), (value, Instant::now() + ttl));
+///         let until = Instant::now().checked_add(ttl);
+///         self.0.lock().unwrap().insert(key.to_vec(), (value, until));
 ///         Ok(())
 ///     }
 /// }
+///
+/// // The longest TTLs run to centuries: a window of `Duration::MAX`, a bucket charged deep
+/// // into debt. `Instant::now() + ttl` may panic on them (`Instant` is smaller on some
+/// // platforms), hence `checked_add`.
+/// let memory = Memory::default();
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// memory.set(b"k", vec![1], Duration::MAX).await.unwrap();
+/// assert_eq!(memory.get(b"k").await.unwrap(), Some(vec![1]));
+/// # });
 /// ```
 pub trait Store: Send + Sync + 'static {
     /// What a failed `get` or `set` reports.
@@ -79,7 +91,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Stores `value` at `key`, to expire after `ttl` (at least 1 ms; a store with coarser
     /// expiry rounds up). After the TTL the state equals a fresh one, so an expired key loses
-    /// nothing.
+    /// nothing. A TTL can be very long (up to `Duration::MAX`, for the longest windows or a
+    /// token bucket charged deep into debt): an implementation must neither overflow on it
+    /// (`Instant::checked_add`, an expiry saturated at the store's largest) nor shorten it.
     ///
     /// # Cancel safety
     ///
