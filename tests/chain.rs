@@ -2355,6 +2355,110 @@ async fn a_sleeping_keyed_chain_caller_is_admitted_at_once_when_its_key_is_reset
     assert_eq!(per_key.available(&"a"), 0);
 }
 
+/// A member refuses a chain call while its own queue has a waiter (oldest first), with the time
+/// that waiter's permits and the call's need: here the next window, an hour away, though the
+/// call alone fits now. When the waiter gives up (its future dropped, a timeout), the sleeping
+/// chain caller looks again at once and takes the permits the waiter left; before, it slept
+/// the hour with them free.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sleeping_chain_caller_is_admitted_at_once_when_a_members_waiter_gives_up() {
+    let hour = Duration::from_secs(3600);
+    let member = RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: hour,
+        },
+        turnstile::TokioClock::new(),
+    )
+    .unwrap();
+    let chain = Chain::new([member.clone()]).unwrap();
+    member.try_acquire_n(6).unwrap();
+    // Two of the member's own waiters, each for more than is left: one given up by its task,
+    // one by its time limit.
+    let dropped = tokio::spawn({
+        let member = member.clone();
+        async move { member.acquire_n(5).await }
+    });
+    let timed_out = tokio::spawn({
+        let member = member.clone();
+        async move { member.acquire_timeout(5, Duration::from_secs(10)).await }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(member.stats().waiting, 2);
+    let start = tokio::time::Instant::now();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire_n(2).await }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(chain.stats().waiting, 1);
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    // One waiter left: still no barging past it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiter.is_finished());
+    assert_eq!(
+        timed_out.await.unwrap(),
+        Err(turnstile::AcquireError::Timeout)
+    );
+    let outcome = tokio::time::timeout(Duration::from_secs(1), waiter)
+        .await
+        .expect("the chain caller slept on past the member's waiter giving up");
+    assert!(outcome.unwrap().is_ok());
+    assert!(
+        start.elapsed() < Duration::from_secs(11),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(member.stats().available, 2);
+}
+
+/// The same for a per-key member's waiter of the key, and the chain caller blocked on a plain
+/// thread while that waiter, blocked too, gives up at its time limit (real time, which is what
+/// is under test: the threads' own sleeps); the key's window is an hour.
+#[test]
+fn a_blocked_keyed_chain_caller_is_admitted_at_once_when_the_keys_waiter_gives_up() {
+    let per_key = KeyedLimiter::<&'static str, ManualClock>::with_clock(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: Duration::from_secs(3600),
+        },
+        ManualClock::new(),
+    )
+    .unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .build()
+        .unwrap();
+    per_key.try_acquire_n(&"a", 6).unwrap();
+    let member_waiter = std::thread::spawn({
+        let per_key = per_key.clone();
+        move || per_key.acquire_blocking_timeout(&"a", 5, Duration::from_millis(300))
+    });
+    while per_key.stats().waiting == 0 {
+        std::thread::yield_now();
+    }
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let chain = chain.clone();
+        move || {
+            let _ = done.send(chain.acquire_blocking_n(&"a", 2));
+        }
+    });
+    while chain.stats().waiting == 0 {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        member_waiter.join().unwrap(),
+        Err(turnstile::AcquireError::Timeout)
+    );
+    let outcome = outcome
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the chain caller slept on past the key's waiter giving up");
+    assert!(outcome.is_ok());
+    assert_eq!(per_key.available(&"a"), 2);
+}
+
 /// The same on a plain thread: the blocked caller is woken by the close, in real time (which
 /// is what is under test: the thread's own sleep), and must not sleep the member's hour.
 #[test]
