@@ -1626,8 +1626,11 @@ pub struct ChainStats {
     pub rejected: u64,
     /// `acquire` futures dropped before they got their permits, and timeouts.
     pub cancelled: u64,
-    /// Calls that passed the check pass but lost a race in the commit pass, so that members
-    /// which had already admitted were given their permits back. Included in `rejected`.
+    /// Attempts that passed the check pass but lost a race in the commit pass, so that members
+    /// which had already admitted were given their permits back. A `try_acquire` so refused is
+    /// also counted in `rejected`; a waiting call counts each of its attempts that lost such a
+    /// race and goes on waiting, so it may end admitted (or cancelled) after any number of
+    /// them: `refunded` is not a part of `rejected`.
     pub refunded: u64,
     /// Chain callers waiting now in the chain's queue (for a
     #[cfg_attr(feature = "keyed", doc = "[`KeyedChain`],")]

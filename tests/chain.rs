@@ -1936,6 +1936,37 @@ impl std::task::Wake for Wakes {
     }
 }
 
+/// `refunded` counts attempts that lost the race in the commit pass, not calls: a waiting call
+/// whose attempt lost it (here a direct call on the last member takes its permit inside the
+/// chain's commit) goes on waiting, and is admitted in the end (the member is raised), so the
+/// refund is not among the rejections; `ChainStats` said it was.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_waiting_calls_lost_commit_race_is_counted_refunded_and_the_call_admitted() {
+    let fixed = |limit| Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_secs(10),
+    };
+    let clock = HookClock::default();
+    let first = RateLimiter::with_clock(fixed(1), clock.clone()).unwrap();
+    let last = RateLimiter::with_clock(fixed(1), clock.clone()).unwrap();
+    let chain = Chain::new([first.clone(), last.clone()]).unwrap();
+    let thief = last.clone();
+    // Readings: the two checks, then the first member's commit, then the last one's.
+    clock.arm(4, Box::new(move || thief.try_acquire().map(drop).unwrap()));
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire().await }
+    });
+    tokio::task::yield_now().await;
+    assert!(clock.disarm(), "the race was injected");
+    assert_eq!(chain.stats().waiting, 1);
+    assert_eq!(first.stats().available, 1, "the first member was refunded");
+    last.reconfigure(fixed(2)).unwrap();
+    assert!(waiter.await.unwrap().is_ok());
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.refunded), (1, 0, 1));
+}
+
 /// A chain that admits on one member and is refused by a later one gives the first its permit
 /// back. A waiter that queued on the first member in between (its head, asleep until the window
 /// turns, since `try_acquire` defers to it) must be woken: the permit is free now, and nobody
