@@ -2444,6 +2444,62 @@ async fn a_sleeping_chain_caller_is_admitted_at_once_when_a_members_waiter_gives
     assert_eq!(member.stats().available, 2);
 }
 
+/// The chain caller is told only once the member's waiter has left the member's queue: woken
+/// before, its next attempt could still find the waiter queued, and it would sleep the hour
+/// again. The chain caller is polled by hand, with a waker that reads the member's queue when
+/// it is woken; the member's waiter is dropped at its await.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_chain_caller_is_told_of_a_members_waiter_giving_up_once_it_has_left() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct ReadsTheQueue(RateLimiter<turnstile::TokioClock>, Mutex<Vec<usize>>);
+    impl Wake for ReadsTheQueue {
+        fn wake(self: Arc<Self>) {
+            self.1.lock().unwrap().push(self.0.stats().waiting);
+        }
+    }
+    let member = RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: Duration::from_secs(3600),
+        },
+        turnstile::TokioClock::new(),
+    )
+    .unwrap();
+    let chain = Chain::new([member.clone()]).unwrap();
+    member.try_acquire_n(8).unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut member_waiter = Box::pin(member.acquire_n(5));
+    assert!(member_waiter.as_mut().poll(&mut cx).is_pending());
+    let reads = Arc::new(ReadsTheQueue(member.clone(), Mutex::default()));
+    let waker = Waker::from(Arc::clone(&reads));
+    let mut head = Box::pin(chain.acquire_n(2));
+    assert!(
+        head.as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    // Past the caller's backoff: it sleeps on the member's change, or the hour.
+    tokio::time::advance(Duration::from_millis(2)).await;
+    assert!(
+        head.as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    reads.1.lock().unwrap().clear();
+    drop(member_waiter);
+    assert_eq!(
+        *reads.1.lock().unwrap(),
+        [0],
+        "woken once, with the member's queue empty"
+    );
+    assert!(matches!(
+        head.as_mut().poll(&mut Context::from_waker(&waker)),
+        Poll::Ready(Ok(_))
+    ));
+}
+
 /// The same for a per-key member's waiter of the key, and the chain caller blocked on a plain
 /// thread while that waiter, blocked too, gives up at its time limit (real time, which is what
 /// is under test: the threads' own sleeps); the key's window is an hour.
