@@ -2021,8 +2021,8 @@ impl<C: Clock> Chain<C> {
     /// rejection the caller sleeps for its `retry_after` (the largest over the members, at
     /// least 1 ms) and tries again. The sleep ends early when a member changes: it
     /// is closed, reconfigured, a key of it is reset, another chain call gives it permits
-    /// back, or a waiter of the member's own queue (which the chain defers to) leaves without
-    /// permits (but not within its first millisecond, so that a member changing all the time
+    /// back, or a waiter of the member's own queue (which the chain defers to) gives up its
+    /// wait (but not within its first millisecond, so that a member changing all the time
     /// cannot make it try again without a pause).
     /// Runs on any executor: it sleeps on tokio's timer inside a tokio runtime (which must then
     /// have its time driver enabled) and on futures-timer's helper thread anywhere else; with

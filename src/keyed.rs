@@ -2625,8 +2625,8 @@ where
         n: u32,
     ) -> Result<(Admission, Committed, u64), AcquireError> {
         // Dropped after the wait (declared before it): chain callers held back by this waiter
-        // look again once it has left without permits (see `Watchers::notify_unless_served`).
-        let gave_up = self.inner.watchers.notify_unless_served();
+        // look again once it has given up (see `Watchers::notify_if_given_up`).
+        let gave_up = self.inner.watchers.notify_if_given_up();
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let exit = RetireOnExit {
@@ -2648,7 +2648,7 @@ where
                 // The queue was retired between our lookup and our enqueue: look again.
                 Err(AcquireError::Closed) => continue,
                 outcome => {
-                    gave_up.ended(outcome.is_ok());
+                    gave_up.ended(&outcome);
                     return outcome;
                 }
             }
@@ -2826,7 +2826,7 @@ where
         deadline: Option<std::time::Instant>,
     ) -> Result<(Admission, Committed, u64), AcquireError> {
         // As in `receipt_slow`.
-        let gave_up = self.inner.watchers.notify_unless_served();
+        let gave_up = self.inner.watchers.notify_if_given_up();
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let _exit = RetireOnExit {
@@ -2841,7 +2841,7 @@ where
             ) {
                 Err(AcquireError::Closed) => continue,
                 outcome => {
-                    gave_up.ended(outcome.is_ok());
+                    gave_up.ended(&outcome);
                     return outcome;
                 }
             }

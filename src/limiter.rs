@@ -1452,8 +1452,8 @@ impl<C: Clock> RateLimiter<C> {
     async fn acquire_slow(&self, n: u32) -> Result<Admission, AcquireError> {
         let inner = &*self.inner;
         // Dropped after the wait (declared before it): chain callers held back by this waiter
-        // look again once it has left without permits.
-        let gave_up = inner.watchers.notify_unless_served();
+        // look again once it has given up (see `Watchers::notify_if_given_up`).
+        let gave_up = inner.watchers.notify_if_given_up();
         let mut timer = crate::queue::Timer::default();
         let outcome = inner
             .wait(n)
@@ -1463,7 +1463,7 @@ impl<C: Clock> RateLimiter<C> {
                 |cx, nanos| timer.poll(cx, nanos),
             )
             .await;
-        gave_up.ended(outcome.is_ok());
+        gave_up.ended(&outcome);
         outcome
     }
 
@@ -1482,7 +1482,7 @@ impl<C: Clock> RateLimiter<C> {
     pub(crate) async fn receipt_slow(&self, n: u32) -> Result<(Admission, u64), AcquireError> {
         let inner = &*self.inner;
         // As in `acquire_slow`.
-        let gave_up = inner.watchers.notify_unless_served();
+        let gave_up = inner.watchers.notify_if_given_up();
         let mut timer = crate::queue::Timer::default();
         let outcome = inner
             .wait(n)
@@ -1492,7 +1492,7 @@ impl<C: Clock> RateLimiter<C> {
                 |cx, nanos| timer.poll(cx, nanos),
             )
             .await;
-        gave_up.ended(outcome.is_ok());
+        gave_up.ended(&outcome);
         outcome
     }
 
@@ -1509,13 +1509,13 @@ impl<C: Clock> RateLimiter<C> {
             return outcome;
         }
         // As in `acquire_slow`.
-        let gave_up = inner.watchers.notify_unless_served();
+        let gave_up = inner.watchers.notify_if_given_up();
         let outcome = inner.wait(n).run_blocking(
             || inner.take_versioned(n),
             |(admission, _)| inner.give_back(n, &admission),
             deadline,
         );
-        gave_up.ended(outcome.is_ok());
+        gave_up.ended(&outcome);
         outcome
     }
 
@@ -1665,13 +1665,13 @@ impl<C: Clock> RateLimiter<C> {
             return outcome;
         }
         // As in `acquire_slow`.
-        let gave_up = inner.watchers.notify_unless_served();
+        let gave_up = inner.watchers.notify_if_given_up();
         let outcome = inner.wait(n).run_blocking(
             || inner.take(n),
             |admission| inner.give_back(n, &admission),
             deadline,
         );
-        gave_up.ended(outcome.is_ok());
+        gave_up.ended(&outcome);
         outcome
     }
 

@@ -2447,7 +2447,8 @@ async fn a_sleeping_chain_caller_is_admitted_at_once_when_a_members_waiter_gives
 /// The chain caller is told only once the member's waiter has left the member's queue: woken
 /// before, its next attempt could still find the waiter queued, and it would sleep the hour
 /// again. The chain caller is polled by hand, with a waker that reads the member's queue when
-/// it is woken; the member's waiter is dropped at its await.
+/// it is woken; the member's waiter is dropped at its await. A call refused at once by the
+/// member's full queue tells nobody (a storm of them would take the watchers' lock each).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_chain_caller_is_told_of_a_members_waiter_giving_up_once_it_has_left() {
     use std::future::Future;
@@ -2459,13 +2460,14 @@ async fn a_chain_caller_is_told_of_a_members_waiter_giving_up_once_it_has_left()
             self.1.lock().unwrap().push(self.0.stats().waiting);
         }
     }
-    let member = RateLimiter::with_clock(
-        Algorithm::FixedWindow {
-            limit: 10,
-            window: Duration::from_secs(3600),
-        },
-        turnstile::TokioClock::new(),
-    )
+    // Room in the member's queue for its waiter alone.
+    let member = RateLimiter::builder(Algorithm::FixedWindow {
+        limit: 10,
+        window: Duration::from_secs(3600),
+    })
+    .clock(turnstile::TokioClock::new())
+    .queue_limit(5)
+    .build()
     .unwrap();
     let chain = Chain::new([member.clone()]).unwrap();
     member.try_acquire_n(8).unwrap();
@@ -2488,6 +2490,12 @@ async fn a_chain_caller_is_told_of_a_members_waiter_giving_up_once_it_has_left()
             .is_pending()
     );
     reads.1.lock().unwrap().clear();
+    // A call the member's full queue refuses at once held nobody back: nobody is told.
+    assert!(matches!(
+        Box::pin(member.acquire()).as_mut().poll(&mut cx),
+        Poll::Ready(Err(turnstile::AcquireError::QueueFull { .. }))
+    ));
+    assert!(reads.1.lock().unwrap().is_empty(), "woken by a refusal");
     drop(member_waiter);
     assert_eq!(
         *reads.1.lock().unwrap(),
