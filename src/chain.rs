@@ -1626,8 +1626,11 @@ pub struct ChainStats {
     pub rejected: u64,
     /// `acquire` futures dropped before they got their permits, and timeouts.
     pub cancelled: u64,
-    /// Calls that passed the check pass but lost a race in the commit pass, so that members
-    /// which had already admitted were given their permits back. Included in `rejected`.
+    /// Attempts that passed the check pass but lost a race in the commit pass, so that members
+    /// which had already admitted were given their permits back. A `try_acquire` so refused is
+    /// also counted in `rejected`; a waiting call counts each of its attempts that lost such a
+    /// race and goes on waiting, so it may end admitted (or cancelled) after any number of
+    /// them: `refunded` is not a part of `rejected`.
     pub refunded: u64,
     /// Chain callers waiting now in the chain's queue (for a
     #[cfg_attr(feature = "keyed", doc = "[`KeyedChain`],")]
@@ -2017,8 +2020,9 @@ impl<C: Clock> Chain<C> {
     /// Each attempt is an all-or-nothing [`try_acquire_n`](Self::try_acquire_n); after a
     /// rejection the caller sleeps for its `retry_after` (the largest over the members, at
     /// least 1 ms) and tries again. The sleep ends early when a member changes: it
-    /// is closed, reconfigured, a key of it is reset, or another chain call gives it permits
-    /// back (but not within its first millisecond, so that a member changing all the time
+    /// is closed, reconfigured, a key of it is reset, another chain call gives it permits
+    /// back, or a waiter of the member's own queue (which the chain defers to) gives up its
+    /// wait (but not within its first millisecond, so that a member changing all the time
     /// cannot make it try again without a pause).
     /// Runs on any executor: it sleeps on tokio's timer inside a tokio runtime (which must then
     /// have its time driver enabled) and on futures-timer's helper thread anywhere else; with

@@ -2624,6 +2624,9 @@ where
         key: &K,
         n: u32,
     ) -> Result<(Admission, Committed, u64), AcquireError> {
+        // Dropped after the wait (declared before it): chain callers held back by this waiter
+        // look again once it has given up (see `Watchers::notify_if_given_up`).
+        let gave_up = self.inner.watchers.notify_if_given_up();
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let exit = RetireOnExit {
@@ -2644,7 +2647,10 @@ where
             match outcome {
                 // The queue was retired between our lookup and our enqueue: look again.
                 Err(AcquireError::Closed) => continue,
-                outcome => return outcome,
+                outcome => {
+                    gave_up.ended(&outcome);
+                    return outcome;
+                }
             }
         }
     }
@@ -2819,6 +2825,8 @@ where
         n: u32,
         deadline: Option<std::time::Instant>,
     ) -> Result<(Admission, Committed, u64), AcquireError> {
+        // As in `receipt_slow`.
+        let gave_up = self.inner.watchers.notify_if_given_up();
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let _exit = RetireOnExit {
@@ -2832,7 +2840,10 @@ where
                 deadline,
             ) {
                 Err(AcquireError::Closed) => continue,
-                outcome => return outcome,
+                outcome => {
+                    gave_up.ended(&outcome);
+                    return outcome;
+                }
             }
         }
     }

@@ -1451,15 +1451,20 @@ impl<C: Clock> RateLimiter<C> {
     #[cfg(feature = "tokio")]
     async fn acquire_slow(&self, n: u32) -> Result<Admission, AcquireError> {
         let inner = &*self.inner;
+        // Dropped after the wait (declared before it): chain callers held back by this waiter
+        // look again once it has given up (see `Watchers::notify_if_given_up`).
+        let gave_up = inner.watchers.notify_if_given_up();
         let mut timer = crate::queue::Timer::default();
-        inner
+        let outcome = inner
             .wait(n)
             .run_async(
                 || inner.take(n),
                 |admission| inner.give_back(n, &admission),
                 |cx, nanos| timer.poll(cx, nanos),
             )
-            .await
+            .await;
+        gave_up.ended(&outcome);
+        outcome
     }
 
     /// [`acquire_n`](Self::acquire_n)'s fast path for a receipt: the admission and the
@@ -1476,15 +1481,19 @@ impl<C: Clock> RateLimiter<C> {
     #[cfg(feature = "tokio")]
     pub(crate) async fn receipt_slow(&self, n: u32) -> Result<(Admission, u64), AcquireError> {
         let inner = &*self.inner;
+        // As in `acquire_slow`.
+        let gave_up = inner.watchers.notify_if_given_up();
         let mut timer = crate::queue::Timer::default();
-        inner
+        let outcome = inner
             .wait(n)
             .run_async(
                 || inner.take_versioned(n),
                 |(admission, _)| inner.give_back(n, &admission),
                 |cx, nanos| timer.poll(cx, nanos),
             )
-            .await
+            .await;
+        gave_up.ended(&outcome);
+        outcome
     }
 
     /// [`blocking`](Self::blocking) for a receipt: the fast path and the head's attempt each
@@ -1499,11 +1508,15 @@ impl<C: Clock> RateLimiter<C> {
         {
             return outcome;
         }
-        inner.wait(n).run_blocking(
+        // As in `acquire_slow`.
+        let gave_up = inner.watchers.notify_if_given_up();
+        let outcome = inner.wait(n).run_blocking(
             || inner.take_versioned(n),
             |(admission, _)| inner.give_back(n, &admission),
             deadline,
-        )
+        );
+        gave_up.ended(&outcome);
+        outcome
     }
 
     /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is consumed.
@@ -1651,11 +1664,15 @@ impl<C: Clock> RateLimiter<C> {
         if let Poll::Ready(outcome) = inner.acquire_fast(n) {
             return outcome;
         }
-        inner.wait(n).run_blocking(
+        // As in `acquire_slow`.
+        let gave_up = inner.watchers.notify_if_given_up();
+        let outcome = inner.wait(n).run_blocking(
             || inner.take(n),
             |admission| inner.give_back(n, &admission),
             deadline,
-        )
+        );
+        gave_up.ended(&outcome);
+        outcome
     }
 
     /// Closes the limiter: every queued waiter fails with [`AcquireError::Closed`], and every later

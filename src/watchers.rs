@@ -1,8 +1,10 @@
 //! Chain callers sleeping on a limiter, woken when the limiter changes in a way that can end
 //! their wait early or for good: it is closed, reconfigured, a key is reset, another chain call
-//! gives it permits back, or a keyed limiter's `sweep` (or `run_sweeper`) evicts idle keys (room
-//! under its key cap for a key that was decided on the shared overflow cell; only a sweep that
-//! evicts tells, so the many that evict nothing cost nothing here).
+//! gives it permits back, a waiter of its own queue gives up (its future dropped, a timeout: it
+//! held chain calls back, oldest first, for the time its permits and theirs need), or a keyed
+//! limiter's `sweep` (or `run_sweeper`) evicts idle keys (room under its key cap for a key that
+//! was decided on the shared overflow cell; only a sweep that evicts tells, so the many that
+//! evict nothing cost nothing here).
 //!
 //! A [`Chain`](crate::Chain) or `KeyedChain` that must wait does not join
 //! its members' own queues (it needs every member at once, and would hold a place in each). It
@@ -165,6 +167,19 @@ impl Watchers {
         self.notify_on_drop_except(None)
     }
 
+    /// [`changed`](Self::changed) if the wait the guard covers is given up: held by a waiter of
+    /// the limiter's own queue, which may leave it without permits (its future dropped, a
+    /// timeout). A chain caller that the limiter refused because that waiter was queued (oldest
+    /// first, no barging) sleeps until the time the waiter's permits and its own need; once the
+    /// waiter is gone, it may fit at once, and without this it slept on with the permits free.
+    /// A wait that ends otherwise tells nobody here ([`ended`](GaveUp::ended)): served, it took
+    /// permits; failed by a close or a reconfiguration, that change told the watchers; refused
+    /// at once (a full queue), it held nobody back, and a storm of such refusals must not take
+    /// the watchers' mutex each.
+    pub(crate) fn notify_if_given_up(&self) -> GaveUp<'_> {
+        GaveUp(Some(self))
+    }
+
     /// [`notify_on_drop`](Self::notify_on_drop), telling every watcher but `except`.
     pub(crate) fn notify_on_drop_except<'a>(
         &'a self,
@@ -189,6 +204,29 @@ pub(crate) async fn sleep_unless(
         std::pin::Pin::new(&mut sleep).poll(cx)
     })
     .await;
+}
+
+/// See [`Watchers::notify_if_given_up`]. Declared before the wait it covers, so that it is
+/// dropped after it: the watchers are told once the waiter has left the queue.
+#[must_use = "the watchers are told when this is dropped"]
+pub(crate) struct GaveUp<'a>(Option<&'a Watchers>);
+
+impl GaveUp<'_> {
+    /// The wait ended with `outcome`: the watchers are told if it timed out, and not otherwise
+    /// (dropped without this, the wait was given up: they are told).
+    pub(crate) fn ended<T>(mut self, outcome: &Result<T, crate::error::AcquireError>) {
+        if !matches!(outcome, Err(crate::error::AcquireError::Timeout)) {
+            self.0 = None;
+        }
+    }
+}
+
+impl Drop for GaveUp<'_> {
+    fn drop(&mut self) {
+        if let Some(watchers) = self.0 {
+            watchers.changed(None);
+        }
+    }
 }
 
 /// See [`Watchers::notify_on_drop`].

@@ -1936,6 +1936,37 @@ impl std::task::Wake for Wakes {
     }
 }
 
+/// `refunded` counts attempts that lost the race in the commit pass, not calls: a waiting call
+/// whose attempt lost it (here a direct call on the last member takes its permit inside the
+/// chain's commit) goes on waiting, and is admitted in the end (the member is raised), so the
+/// refund is not among the rejections; `ChainStats` said it was.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_waiting_calls_lost_commit_race_is_counted_refunded_and_the_call_admitted() {
+    let fixed = |limit| Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_secs(10),
+    };
+    let clock = HookClock::default();
+    let first = RateLimiter::with_clock(fixed(1), clock.clone()).unwrap();
+    let last = RateLimiter::with_clock(fixed(1), clock.clone()).unwrap();
+    let chain = Chain::new([first.clone(), last.clone()]).unwrap();
+    let thief = last.clone();
+    // Readings: the two checks, then the first member's commit, then the last one's.
+    clock.arm(4, Box::new(move || thief.try_acquire().map(drop).unwrap()));
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire().await }
+    });
+    tokio::task::yield_now().await;
+    assert!(clock.disarm(), "the race was injected");
+    assert_eq!(chain.stats().waiting, 1);
+    assert_eq!(first.stats().available, 1, "the first member was refunded");
+    last.reconfigure(fixed(2)).unwrap();
+    assert!(waiter.await.unwrap().is_ok());
+    let stats = chain.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.refunded), (1, 0, 1));
+}
+
 /// A chain that admits on one member and is refused by a later one gives the first its permit
 /// back. A waiter that queued on the first member in between (its head, asleep until the window
 /// turns, since `try_acquire` defers to it) must be woken: the permit is free now, and nobody
@@ -2353,6 +2384,174 @@ async fn a_sleeping_keyed_chain_caller_is_admitted_at_once_when_its_key_is_reset
         .expect("the chain caller slept on past its key's reset");
     assert!(outcome.unwrap().is_ok());
     assert_eq!(per_key.available(&"a"), 0);
+}
+
+/// A member refuses a chain call while its own queue has a waiter (oldest first), with the time
+/// that waiter's permits and the call's need: here the next window, an hour away, though the
+/// call alone fits now. When the waiter gives up (its future dropped, a timeout), the sleeping
+/// chain caller looks again at once and takes the permits the waiter left; before, it slept
+/// the hour with them free.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sleeping_chain_caller_is_admitted_at_once_when_a_members_waiter_gives_up() {
+    let hour = Duration::from_secs(3600);
+    let member = RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: hour,
+        },
+        turnstile::TokioClock::new(),
+    )
+    .unwrap();
+    let chain = Chain::new([member.clone()]).unwrap();
+    member.try_acquire_n(6).unwrap();
+    // Two of the member's own waiters, each for more than is left: one given up by its task,
+    // one by its time limit.
+    let dropped = tokio::spawn({
+        let member = member.clone();
+        async move { member.acquire_n(5).await }
+    });
+    let timed_out = tokio::spawn({
+        let member = member.clone();
+        async move { member.acquire_timeout(5, Duration::from_secs(10)).await }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(member.stats().waiting, 2);
+    let start = tokio::time::Instant::now();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire_n(2).await }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(chain.stats().waiting, 1);
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    // One waiter left: still no barging past it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiter.is_finished());
+    assert_eq!(
+        timed_out.await.unwrap(),
+        Err(turnstile::AcquireError::Timeout)
+    );
+    let outcome = tokio::time::timeout(Duration::from_secs(1), waiter)
+        .await
+        .expect("the chain caller slept on past the member's waiter giving up");
+    assert!(outcome.unwrap().is_ok());
+    assert!(
+        start.elapsed() < Duration::from_secs(11),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(member.stats().available, 2);
+}
+
+/// The chain caller is told only once the member's waiter has left the member's queue: woken
+/// before, its next attempt could still find the waiter queued, and it would sleep the hour
+/// again. The chain caller is polled by hand, with a waker that reads the member's queue when
+/// it is woken; the member's waiter is dropped at its await. A call refused at once by the
+/// member's full queue tells nobody (a storm of them would take the watchers' lock each).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_chain_caller_is_told_of_a_members_waiter_giving_up_once_it_has_left() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct ReadsTheQueue(RateLimiter<turnstile::TokioClock>, Mutex<Vec<usize>>);
+    impl Wake for ReadsTheQueue {
+        fn wake(self: Arc<Self>) {
+            self.1.lock().unwrap().push(self.0.stats().waiting);
+        }
+    }
+    // Room in the member's queue for its waiter alone.
+    let member = RateLimiter::builder(Algorithm::FixedWindow {
+        limit: 10,
+        window: Duration::from_secs(3600),
+    })
+    .clock(turnstile::TokioClock::new())
+    .queue_limit(5)
+    .build()
+    .unwrap();
+    let chain = Chain::new([member.clone()]).unwrap();
+    member.try_acquire_n(8).unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut member_waiter = Box::pin(member.acquire_n(5));
+    assert!(member_waiter.as_mut().poll(&mut cx).is_pending());
+    let reads = Arc::new(ReadsTheQueue(member.clone(), Mutex::default()));
+    let waker = Waker::from(Arc::clone(&reads));
+    let mut head = Box::pin(chain.acquire_n(2));
+    assert!(
+        head.as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    // Past the caller's backoff: it sleeps on the member's change, or the hour.
+    tokio::time::advance(Duration::from_millis(2)).await;
+    assert!(
+        head.as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    reads.1.lock().unwrap().clear();
+    // A call the member's full queue refuses at once held nobody back: nobody is told.
+    assert!(matches!(
+        Box::pin(member.acquire()).as_mut().poll(&mut cx),
+        Poll::Ready(Err(turnstile::AcquireError::QueueFull { .. }))
+    ));
+    assert!(reads.1.lock().unwrap().is_empty(), "woken by a refusal");
+    drop(member_waiter);
+    assert_eq!(
+        *reads.1.lock().unwrap(),
+        [0],
+        "woken once, with the member's queue empty"
+    );
+    assert!(matches!(
+        head.as_mut().poll(&mut Context::from_waker(&waker)),
+        Poll::Ready(Ok(_))
+    ));
+}
+
+/// The same for a per-key member's waiter of the key, and the chain caller blocked on a plain
+/// thread while that waiter, blocked too, gives up at its time limit (real time, which is what
+/// is under test: the threads' own sleeps); the key's window is an hour.
+#[test]
+fn a_blocked_keyed_chain_caller_is_admitted_at_once_when_the_keys_waiter_gives_up() {
+    let per_key = KeyedLimiter::<&'static str, ManualClock>::with_clock(
+        Algorithm::FixedWindow {
+            limit: 10,
+            window: Duration::from_secs(3600),
+        },
+        ManualClock::new(),
+    )
+    .unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .build()
+        .unwrap();
+    per_key.try_acquire_n(&"a", 6).unwrap();
+    let member_waiter = std::thread::spawn({
+        let per_key = per_key.clone();
+        move || per_key.acquire_blocking_timeout(&"a", 5, Duration::from_millis(300))
+    });
+    while per_key.stats().waiting == 0 {
+        std::thread::yield_now();
+    }
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let chain = chain.clone();
+        move || {
+            let _ = done.send(chain.acquire_blocking_n(&"a", 2));
+        }
+    });
+    while chain.stats().waiting == 0 {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        member_waiter.join().unwrap(),
+        Err(turnstile::AcquireError::Timeout)
+    );
+    let outcome = outcome
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the chain caller slept on past the key's waiter giving up");
+    assert!(outcome.is_ok());
+    assert_eq!(per_key.available(&"a"), 2);
 }
 
 /// The same on a plain thread: the blocked caller is woken by the close, in real time (which

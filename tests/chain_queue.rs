@@ -972,3 +972,86 @@ async fn a_keyed_caller_left_too_big_by_a_reconfiguration_holds_no_refusal_back(
         })
     ));
 }
+
+/// A time limit of `Duration::MAX` never passes (no `Instant` overflow, no panic), on tasks and
+/// on threads; and a call for `u32::MAX` permits, on a member of that limit and a queue that has
+/// room for it, waits its turn for the next window and is admitted then.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_largest_time_limits_and_calls_wait_as_any_other() {
+    let start = Instant::now();
+    let chain = Chain::new([drained_bucket()]).unwrap();
+    assert!(chain.acquire_timeout(1, Duration::MAX).await.is_ok());
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    let keyed = KeyedChain::builder()
+        .per_key(
+            KeyedLimiter::with_clock(
+                Algorithm::FixedWindow {
+                    limit: 1,
+                    window: Duration::from_secs(2),
+                },
+                TokioClock::new(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    keyed.try_acquire(&"k").unwrap();
+    assert!(keyed.acquire_timeout(&"k", 1, Duration::MAX).await.is_ok());
+    // The key's next window, 2 s after its clock's start at 1 s.
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+
+    let window = Duration::from_secs(5);
+    let widest = RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: u32::MAX,
+            window,
+        },
+        TokioClock::new(),
+    )
+    .unwrap();
+    let chain = Chain::builder([widest.clone()])
+        .queue_limit(u64::MAX)
+        .build()
+        .unwrap();
+    chain.acquire_n(u32::MAX).await.unwrap();
+    let waiting = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire_n(u32::MAX).await }
+    });
+    settle().await;
+    assert_eq!(chain.stats().waiting, 1);
+    assert!(matches!(
+        chain.try_acquire(),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert_eq!(waiting.await.unwrap().unwrap().remaining(), 0);
+    // The next window, 5 s after its clock's start at 3 s.
+    assert_eq!(start.elapsed(), Duration::from_secs(8));
+    // The default queue has no room for so many.
+    let default = Chain::new([widest]).unwrap();
+    assert!(matches!(
+        default.acquire_n(u32::MAX).await,
+        Err(AcquireError::QueueFull {
+            requested: u32::MAX,
+            ..
+        })
+    ));
+}
+
+/// The same time limit for a blocked thread: it waits as without one (real time, a 20 ms
+/// window).
+#[test]
+fn a_blocking_time_limit_of_duration_max_never_passes() {
+    let chain = Chain::new([RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_millis(20),
+        },
+        turnstile::MonotonicClock::new(),
+    )
+    .unwrap()])
+    .unwrap();
+    chain.acquire_blocking_timeout(1, Duration::MAX).unwrap();
+    chain.acquire_blocking_timeout(1, Duration::MAX).unwrap();
+    assert_eq!(chain.stats().admitted, 2);
+}
