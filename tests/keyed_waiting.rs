@@ -821,3 +821,45 @@ async fn a_held_back_call_at_the_key_cap_counts_as_overflowed_when_the_cell_has_
     tokio::time::advance(Duration::from_secs(1)).await;
     waiter.await.unwrap().unwrap();
 }
+
+/// A served head whose handover unwinds gives its admission back; the key's next waiter, which
+/// looked in between (from inside its own `Waker`, as its task polled on another thread could,
+/// before that `Waker` panicked) and went to sleep until the next window, is woken by the
+/// give-back and admitted at once. Before, the give-back woke only chain callers (and, for the
+/// shared overflow cell, other keys' heads): the key's own next head slept out the window with
+/// the permit free.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_keys_next_head() {
+    let window = Duration::from_secs(10);
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::FixedWindow { limit: 1, window })
+            .clock(TokioClock::new())
+            .build()
+            .unwrap(),
+    );
+    limiter.try_acquire(&"k").unwrap();
+    let mut head = Box::pin(limiter.acquire(&"k"));
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    let next: Call<_> = {
+        let limiter = Arc::clone(&limiter);
+        Box::pin(async move { limiter.acquire(&"k").await.map(|a| a.at()) })
+    };
+    let (woken, next_waker) = wakers::counting();
+    let hook = PollThenPanic::new(next, next_waker);
+    assert!(hook.poll(&Waker::from(Arc::clone(&hook))).is_pending());
+    tokio::time::advance(window).await;
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop(head);
+    assert_eq!(
+        woken.wakes(),
+        1,
+        "the key's next head sleeps until 20 s with the permit free"
+    );
+    let served = hook.poll(Waker::noop());
+    assert!(
+        matches!(served, std::task::Poll::Ready(Ok(at)) if at == window),
+        "{served:?}"
+    );
+}
