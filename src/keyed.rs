@@ -1320,6 +1320,11 @@ where
     /// could now get a cell of its own. Nobody is told when nothing was evicted: sweeps run
     /// often (a periodic sweeper), and most evict nothing.
     ///
+    /// Under `KeyOverflow::Shared` it wakes every key's queued head too, for the same reason: a
+    /// head of a key past the cap waits on the shared cell, and its next attempt may get a cell
+    /// of its own (`a_sweep_that_frees_room_under_the_key_cap_wakes_an_overflow_keys_head`). A
+    /// head whose key has a cell looks again and sleeps on.
+    ///
     /// Only this sweep tells, not the ones a call makes on its way (the sweep an insert pays
     /// for, a search for room at the cap): those run inside a decision, with an admission or a
     /// reserved slot in hand and, for a key's head waiter, under its queue's mutex, where a
@@ -1327,9 +1332,26 @@ where
     fn sweep(&self) -> u64 {
         let evicted = with_store!(&self.store, s => s.sweep(&self.ctx));
         if evicted > 0 {
-            self.watchers.changed(None);
+            // Told even if a head's `Waker` panics.
+            let _watchers = self.watchers.notify_on_drop();
+            if self.ctx.overflow == KeyOverflow::Shared {
+                self.wake_every_head();
+            }
         }
         evicted
+    }
+
+    /// Wakes the head of every key's queue (see [`KeyedLimiter::chain_wake`]). Every head is
+    /// woken even if a `Waker` panics (see `WakeAll`; inside an unwind the second panic is
+    /// dropped, not let out).
+    fn wake_every_head(&self) {
+        // Collected first: no waker runs while the map is being walked.
+        let mut heads = Vec::new();
+        self.ctx
+            .waits
+            .map
+            .for_each(|_, wait| heads.push(Arc::clone(wait)));
+        wake_all(heads, |wait| wait.queue.wake_head());
     }
 }
 
@@ -2040,8 +2062,9 @@ where
     /// It never removes a key that is not idle, and it runs
     /// concurrently with every other call; a shard that another thread is sweeping is skipped.
     /// A sweep that evicts a key wakes the [`KeyedChain`](crate::KeyedChain) callers waiting on
-    /// this limiter: a new key at the cap, decided on the shared overflow cell while they
-    /// waited, may now get a cell of its own.
+    /// this limiter and, under [`KeyOverflow::Shared`], the head of every key's queue: a new key
+    /// at the cap, decided on the shared overflow cell while they waited, may now get a cell of
+    /// its own.
     ///
     /// # Examples
     ///
@@ -3093,14 +3116,7 @@ where
     /// waiters wait in their own keys' queues, any key's. Every head is woken even if a `Waker`
     /// panics (see `WakeAll`; inside an unwind the second panic is dropped, not let out).
     fn wake_every_head(&self) {
-        // Collected first: no waker runs while the map is being walked.
-        let mut heads = Vec::new();
-        self.inner
-            .ctx
-            .waits
-            .map
-            .for_each(|_, wait| heads.push(Arc::clone(wait)));
-        wake_all(heads, |wait| wait.queue.wake_head());
+        self.inner.wake_every_head();
     }
 
     /// Undoes the admission a served head took when handing its turn over unwound (the next
@@ -3108,7 +3124,7 @@ where
     /// cell, it wakes every key's head, as a chain's refund to that cell does
     /// ([`chain_wake`](Self::chain_wake)): a head of another overflow key that looked while
     /// the admission was held sleeps until the cell's `retry_after` otherwise, with the permits
-    /// free. Its own key's next head was being woken (that is the wake that unwound).
+    /// free. Its own key's head is woken again by the queue (see `Granted` in `queue.rs`).
     fn give_back(&self, key: &K, n: u32, admission: &Admission, committed: Committed) {
         // The chain callers sleeping on this limiter are told too (after the refund, as
         // `chain_wake` tells them).

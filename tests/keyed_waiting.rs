@@ -863,3 +863,38 @@ async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_keys_next_head()
         "{served:?}"
     );
 }
+
+/// A sweep that evicts a key frees room under the key cap: the head of a key past the cap, which
+/// waits on the shared overflow cell (until the cell's window ends), is woken and served at once
+/// on a cell of its own, as a `KeyedChain` caller is. Before, the sweep told only chain callers:
+/// the head slept until the shared cell's window ended with room for its key free.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sweep_that_frees_room_under_the_key_cap_wakes_an_overflow_keys_head() {
+    let window = Duration::from_secs(10);
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::SlidingWindow { limit: 1, window })
+            .clock(TokioClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap(),
+    );
+    limiter.try_acquire(&"x").unwrap(); // the only key slot, idle at 10 s
+    tokio::time::advance(Duration::from_secs(5)).await;
+    limiter.try_acquire(&"o").unwrap(); // the shared cell, full until 15 s
+    let (woken, waker) = wakers::counting();
+    let mut head = Box::pin(limiter.acquire(&"b"));
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(limiter.sweep(), 1);
+    assert_eq!(
+        woken.wakes(),
+        1,
+        "the head sleeps until 15 s with room for its key"
+    );
+    let served = poll_with(head.as_mut(), &waker);
+    assert!(
+        matches!(&served, std::task::Poll::Ready(Ok(a)) if a.at() == window),
+        "{served:?}"
+    );
+}
