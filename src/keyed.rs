@@ -1993,7 +1993,8 @@ where
     /// For what a demanding user resets by hand: a login's failure counter once the password
     /// was right, a client cleared by an operator, a key whose owner bought more quota. The key
     /// keeps no trace (its slot under [`max_keys`](Self::max_keys) is given back), and its
-    /// waiters are woken to try again at once.
+    /// waiters are woken to try again at once (under [`KeyOverflow::Shared`], every key's
+    /// head: one waiting on the shared cell may now get the slot).
     ///
     /// Calls that race the reset are decided either before it (and forgotten with the rest) or
     /// after it, on the fresh state; none is lost or decided on the forgotten state. A
@@ -2045,8 +2046,13 @@ where
             // Chain callers too (told of every key's reset: they look again, and a caller of
             // another key sleeps on).
             let _watchers = inner.watchers.notify_on_drop();
-            // The head may be sleeping until the forgotten state would have let it in.
-            if let Some(wait) = inner.ctx.waits.map.get(key, Arc::clone) {
+            // The head may be sleeping until the forgotten state would have let it in. Under
+            // `KeyOverflow::Shared`, so may every key's: the forgotten cell's slot under the key
+            // cap is free, and a head of a key past the cap, waiting on the shared cell, may now
+            // get a cell of its own (as after a sweep, see `Inner::sweep`).
+            if inner.ctx.overflow == KeyOverflow::Shared {
+                inner.wake_every_head();
+            } else if let Some(wait) = inner.ctx.waits.map.get(key, Arc::clone) {
                 wait.queue.wake_head();
             }
         }

@@ -898,3 +898,36 @@ async fn a_sweep_that_frees_room_under_the_key_cap_wakes_an_overflow_keys_head()
         "{served:?}"
     );
 }
+
+/// A reset that forgets a key frees room under the key cap, as a sweep does: the head of a key
+/// past the cap, waiting on the shared overflow cell, is woken and served at once on a cell of
+/// its own. Before, the reset woke only its own key's head (and chain callers).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_reset_that_frees_room_under_the_key_cap_wakes_an_overflow_keys_head() {
+    let window = Duration::from_secs(10);
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::SlidingWindow { limit: 1, window })
+            .clock(TokioClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap(),
+    );
+    limiter.try_acquire(&"x").unwrap(); // the only key slot
+    limiter.try_acquire(&"o").unwrap(); // the shared cell, full until 10 s
+    let (woken, waker) = wakers::counting();
+    let mut head = Box::pin(limiter.acquire(&"b"));
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(limiter.reset(&"x"));
+    assert_eq!(
+        woken.wakes(),
+        1,
+        "the head sleeps until 10 s with room for its key"
+    );
+    let served = poll_with(head.as_mut(), &waker);
+    assert!(
+        matches!(&served, std::task::Poll::Ready(Ok(a)) if a.at() == Duration::from_secs(1)),
+        "{served:?}"
+    );
+}
