@@ -1165,7 +1165,13 @@ where
                 decided => Ok(decided),
             }
         }) {
-            Ok((decided, slot)) => (decided, committed(slot == Slot::Overflow)),
+            // A refusal by the shared cell comes back inside `Ok`, past `first_use`'s
+            // `sooner_by_room` (which bounds only an `Err`): bounded here, so that a head's
+            // timer (and a receipt's or a chain's retry-after) ends no later than when a held
+            // key turns idle, as `try_acquire`'s does
+            // (`at_the_cap_a_head_refused_by_the_shared_cell_wakes_when_a_held_key_turns_idle`).
+            Ok((decided, Slot::Overflow)) => (sooner_by_room(ctx, decided), committed(true)),
+            Ok((decided, Slot::Key)) => (decided, committed(false)),
             Err(error) => (Err(error), committed(false)),
         }
     }
@@ -1320,11 +1326,6 @@ where
     /// could now get a cell of its own. Nobody is told when nothing was evicted: sweeps run
     /// often (a periodic sweeper), and most evict nothing.
     ///
-    /// Under `KeyOverflow::Shared` it wakes every key's queued head too, for the same reason: a
-    /// head of a key past the cap waits on the shared cell, and its next attempt may get a cell
-    /// of its own (`a_sweep_that_frees_room_under_the_key_cap_wakes_an_overflow_keys_head`). A
-    /// head whose key has a cell looks again and sleeps on.
-    ///
     /// Only this sweep tells, not the ones a call makes on its way (the sweep an insert pays
     /// for, a search for room at the cap): those run inside a decision, with an admission or a
     /// reserved slot in hand and, for a key's head waiter, under its queue's mutex, where a
@@ -1332,11 +1333,7 @@ where
     fn sweep(&self) -> u64 {
         let evicted = with_store!(&self.store, s => s.sweep(&self.ctx));
         if evicted > 0 {
-            // Told even if a head's `Waker` panics.
-            let _watchers = self.watchers.notify_on_drop();
-            if self.ctx.overflow == KeyOverflow::Shared {
-                self.wake_every_head();
-            }
+            self.watchers.changed(None);
         }
         evicted
     }
@@ -2068,9 +2065,8 @@ where
     /// It never removes a key that is not idle, and it runs
     /// concurrently with every other call; a shard that another thread is sweeping is skipped.
     /// A sweep that evicts a key wakes the [`KeyedChain`](crate::KeyedChain) callers waiting on
-    /// this limiter and, under [`KeyOverflow::Shared`], the head of every key's queue: a new key
-    /// at the cap, decided on the shared overflow cell while they waited, may now get a cell of
-    /// its own.
+    /// this limiter: a new key at the cap, decided on the shared overflow cell while they
+    /// waited, may now get a cell of its own.
     ///
     /// # Examples
     ///

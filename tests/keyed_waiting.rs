@@ -864,41 +864,6 @@ async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_keys_next_head()
     );
 }
 
-/// A sweep that evicts a key frees room under the key cap: the head of a key past the cap, which
-/// waits on the shared overflow cell (until the cell's window ends), is woken and served at once
-/// on a cell of its own, as a `KeyedChain` caller is. Before, the sweep told only chain callers:
-/// the head slept until the shared cell's window ended with room for its key free.
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_sweep_that_frees_room_under_the_key_cap_wakes_an_overflow_keys_head() {
-    let window = Duration::from_secs(10);
-    let limiter: Arc<Limiter> = Arc::new(
-        KeyedLimiter::builder(Algorithm::SlidingWindow { limit: 1, window })
-            .clock(TokioClock::new())
-            .max_keys(1)
-            .overflow(KeyOverflow::Shared)
-            .build()
-            .unwrap(),
-    );
-    limiter.try_acquire(&"x").unwrap(); // the only key slot, idle at 10 s
-    tokio::time::advance(Duration::from_secs(5)).await;
-    limiter.try_acquire(&"o").unwrap(); // the shared cell, full until 15 s
-    let (woken, waker) = wakers::counting();
-    let mut head = Box::pin(limiter.acquire(&"b"));
-    assert!(poll_with(head.as_mut(), &waker).is_pending());
-    tokio::time::advance(Duration::from_secs(5)).await;
-    assert_eq!(limiter.sweep(), 1);
-    assert_eq!(
-        woken.wakes(),
-        1,
-        "the head sleeps until 15 s with room for its key"
-    );
-    let served = poll_with(head.as_mut(), &waker);
-    assert!(
-        matches!(&served, std::task::Poll::Ready(Ok(a)) if a.at() == window),
-        "{served:?}"
-    );
-}
-
 /// A reset that forgets a key frees room under the key cap, as a sweep does: the head of a key
 /// past the cap, waiting on the shared overflow cell, is woken and served at once on a cell of
 /// its own. Before, the reset woke only its own key's head (and chain callers).
@@ -1139,4 +1104,41 @@ async fn random_keyed_waits_match_a_sequential_model_of_the_queues() {
             assert_eq!(limiter.stats().waiting_keys, 0);
         }
     }
+}
+
+/// At the key cap, the head of a new key refused by the shared overflow cell sleeps no later than
+/// when a held key turns idle, as a `try_acquire`'s retry-after says: it then evicts that key and
+/// is served on a cell of its own. Before, the head's attempt (a commit, which reports the
+/// cell's decision inside its outcome) skipped that bound, and the head slept until the shared
+/// cell's own wait ended, here 5 ms later.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn at_the_cap_a_head_refused_by_the_shared_cell_wakes_when_a_held_key_turns_idle() {
+    let ms = Duration::from_millis(1);
+    let window = ms * 10;
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::SlidingWindow { limit: 3, window })
+            .clock(TokioClock::new())
+            .max_keys(2)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    limiter.try_acquire_n(&"c", 3).unwrap(); // both slots, idle at 10 ms
+    limiter.try_acquire_n(&"b", 2).unwrap();
+    tokio::time::advance(ms * 5).await;
+    limiter.try_acquire_n(&"a", 3).unwrap(); // the shared cell, full until 15 ms
+    let told = limiter.try_acquire(&"a").unwrap_err();
+    assert_eq!(told.rejection().unwrap().retry_after(), ms * 5);
+    let (woken, waker) = wakers::counting();
+    let mut head = Box::pin(limiter.acquire(&"a"));
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    tokio::time::advance(ms * 5).await;
+    assert_eq!(woken.wakes(), 1, "the head sleeps until 15 ms");
+    let served = poll_with(head.as_mut(), &waker);
+    assert!(
+        matches!(&served, std::task::Poll::Ready(Ok(a)) if a.at() == window && a.remaining() == 2),
+        "{served:?}: served at 10 ms, on a cell of its own"
+    );
+    assert_eq!(start.elapsed(), window);
 }
