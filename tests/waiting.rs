@@ -1370,7 +1370,8 @@ fn a_waker_woken_by_a_keyed_reconfigure_may_read_the_algorithm() {
 /// nobody barges past a waiter (a newcomer queues, `try_acquire` is refused), queued waiters are
 /// admitted in arrival order, `QueueFull` comes exactly when the room (one for a probe) is spent,
 /// a waiter the limit no longer fits fails at once, and no waiter sleeps while its head's permits
-/// are free (a lost wake-up): every waiter ends once time runs on. Futures are polled by hand,
+/// are free (a lost wake-up): every waiter ends once time runs on, or is woken once by a close
+/// and fails with `Closed`; every call ends in exactly one of the statistics' three counts. Futures are polled by hand,
 /// each again only when its waker was woken, as an executor would.
 #[tokio::test(start_paused = true)]
 async fn random_waits_match_a_sequential_model_of_the_queue() {
@@ -1420,6 +1421,8 @@ async fn random_waits_match_a_sequential_model_of_the_queue() {
             let mut queue: Vec<Pending> = Vec::new();
             let mut served: Vec<usize> = Vec::new();
             let mut ids = 0usize;
+            // Calls made: each ends in exactly one of admitted, rejected, cancelled.
+            let mut calls = 0u64;
             // Polls every woken waiter until nobody is woken; takes out the finished ones.
             let drain = |queue: &mut Vec<Pending>, served: &mut Vec<usize>, cap: u32| loop {
                 let mut any = false;
@@ -1457,6 +1460,7 @@ async fn random_waits_match_a_sequential_model_of_the_queue() {
                 match next(10) {
                     0..=3 => {
                         let n = next(5) as u32;
+                        calls += 1;
                         let (counter, waker) = counting();
                         let mut fut: Fut = Box::pin(limiter.acquire_n(n));
                         let room: u64 = queue.iter().map(|p| u64::from(p.n.max(1))).sum();
@@ -1502,6 +1506,7 @@ async fn random_waits_match_a_sequential_model_of_the_queue() {
                     }
                     5 => {
                         let n = next(4) as u32;
+                        calls += 1;
                         let outcome = limiter.try_acquire_n(n);
                         if order == QueueOrder::OldestFirst && !queue.is_empty() {
                             assert!(outcome.is_err(), "try_acquire barged past waiters");
@@ -1548,13 +1553,25 @@ async fn random_waits_match_a_sequential_model_of_the_queue() {
                     assert_eq!(served, sorted, "served out of arrival order");
                 }
             }
+            if round % 8 == 7 {
+                // A close fails every waiter, each woken once to see it.
+                limiter.close();
+                for p in &mut queue {
+                    assert_eq!(p.counter.wakes(), p.seen + 1, "a waiter not woken by close");
+                    let outcome = poll_with(p.fut.as_mut(), &p.waker.clone());
+                    assert!(matches!(outcome, Poll::Ready(Err(AcquireError::Closed))));
+                }
+                queue.clear();
+            }
             // Time runs on: everyone still queued is served, in order (no lost wake-up).
             for _ in 0..(queue.len() * 2 + 2) {
                 tokio::time::advance(window).await;
                 drain(&mut queue, &mut served, capacity);
             }
             assert!(queue.is_empty(), "{} waiters never woke", queue.len());
-            assert_eq!(limiter.stats().waiting, 0);
+            let stats = limiter.stats();
+            assert_eq!(stats.waiting, 0);
+            assert_eq!(stats.admitted + stats.rejected + stats.cancelled, calls);
         }
     }
 }
