@@ -1165,7 +1165,13 @@ where
                 decided => Ok(decided),
             }
         }) {
-            Ok((decided, slot)) => (decided, committed(slot == Slot::Overflow)),
+            // A refusal by the shared cell comes back inside `Ok`, past `first_use`'s
+            // `sooner_by_room` (which bounds only an `Err`): bounded here, so that a head's
+            // timer (and a receipt's or a chain's retry-after) ends no later than when a held
+            // key turns idle, as `try_acquire`'s does
+            // (`at_the_cap_a_head_refused_by_the_shared_cell_wakes_when_a_held_key_turns_idle`).
+            Ok((decided, Slot::Overflow)) => (sooner_by_room(ctx, decided), committed(true)),
+            Ok((decided, Slot::Key)) => (decided, committed(false)),
             Err(error) => (Err(error), committed(false)),
         }
     }
@@ -1330,6 +1336,19 @@ where
             self.watchers.changed(None);
         }
         evicted
+    }
+
+    /// Wakes the head of every key's queue (see [`KeyedLimiter::chain_wake`]). Every head is
+    /// woken even if a `Waker` panics (see `WakeAll`; inside an unwind the second panic is
+    /// dropped, not let out).
+    fn wake_every_head(&self) {
+        // Collected first: no waker runs while the map is being walked.
+        let mut heads = Vec::new();
+        self.ctx
+            .waits
+            .map
+            .for_each(|_, wait| heads.push(Arc::clone(wait)));
+        wake_all(heads, |wait| wait.queue.wake_head());
     }
 }
 
@@ -1971,7 +1990,8 @@ where
     /// For what a demanding user resets by hand: a login's failure counter once the password
     /// was right, a client cleared by an operator, a key whose owner bought more quota. The key
     /// keeps no trace (its slot under [`max_keys`](Self::max_keys) is given back), and its
-    /// waiters are woken to try again at once.
+    /// waiters are woken to try again at once (under [`KeyOverflow::Shared`], every key's
+    /// head: one waiting on the shared cell may now get the slot).
     ///
     /// Calls that race the reset are decided either before it (and forgotten with the rest) or
     /// after it, on the fresh state; none is lost or decided on the forgotten state. A
@@ -2023,8 +2043,13 @@ where
             // Chain callers too (told of every key's reset: they look again, and a caller of
             // another key sleeps on).
             let _watchers = inner.watchers.notify_on_drop();
-            // The head may be sleeping until the forgotten state would have let it in.
-            if let Some(wait) = inner.ctx.waits.map.get(key, Arc::clone) {
+            // The head may be sleeping until the forgotten state would have let it in. Under
+            // `KeyOverflow::Shared`, so may every key's: the forgotten cell's slot under the key
+            // cap is free, and a head of a key past the cap, waiting on the shared cell, may now
+            // get a cell of its own (as after a sweep, see `Inner::sweep`).
+            if inner.ctx.overflow == KeyOverflow::Shared {
+                inner.wake_every_head();
+            } else if let Some(wait) = inner.ctx.waits.map.get(key, Arc::clone) {
                 wait.queue.wake_head();
             }
         }
@@ -3104,14 +3129,7 @@ where
     /// waiters wait in their own keys' queues, any key's. Every head is woken even if a `Waker`
     /// panics (see `WakeAll`; inside an unwind the second panic is dropped, not let out).
     fn wake_every_head(&self) {
-        // Collected first: no waker runs while the map is being walked.
-        let mut heads = Vec::new();
-        self.inner
-            .ctx
-            .waits
-            .map
-            .for_each(|_, wait| heads.push(Arc::clone(wait)));
-        wake_all(heads, |wait| wait.queue.wake_head());
+        self.inner.wake_every_head();
     }
 
     /// Undoes the admission a served head took when handing its turn over unwound (the next
@@ -3119,7 +3137,7 @@ where
     /// cell, it wakes every key's head, as a chain's refund to that cell does
     /// ([`chain_wake`](Self::chain_wake)): a head of another overflow key that looked while
     /// the admission was held sleeps until the cell's `retry_after` otherwise, with the permits
-    /// free. Its own key's next head was being woken (that is the wake that unwound).
+    /// free. Its own key's head is woken again by the queue (see `Granted` in `queue.rs`).
     fn give_back(&self, key: &K, n: u32, admission: &Admission, committed: Committed) {
         // The chain callers sleeping on this limiter are told too (after the refund, as
         // `chain_wake` tells them).

@@ -20,7 +20,8 @@
 //! entry and, if it was the head, wakes the next one. Nothing else can have been given to it.
 //!
 //! A `Waker` may panic. A served head wakes the next head before its poll returns, so it holds
-//! what it took in a guard until that wake is over, and an unwind gives it back to the limiter.
+//! what it took in a guard until that wake is over, and an unwind gives it back to the limiter
+//! and wakes the head again (the next head may have looked, and gone to sleep, in between).
 //! A call that wakes several waiters (a close, an eviction, a reconfiguration) wakes all of them
 //! before it lets a panic through: each already has its outcome and sees it only when polled.
 //! A release or a cancelled wait may run inside an unwind (a permit or a future dropped by a
@@ -662,6 +663,7 @@ impl Ticket<'_> {
         let mut granted = Granted {
             value: Some(value),
             give_back,
+            queue: self.queue,
             counters: self.counters,
         };
         Self::wake_after(next, after);
@@ -720,11 +722,19 @@ impl Drop for Ticket<'_> {
 }
 
 /// What a served head was granted, held while it wakes the next head. Dropped with the grant
-/// still inside only when that wake unwinds: it then gives the grant back to the limiter, and
-/// counts the call as cancelled (its poll panicked; the future cannot be used again).
+/// still inside only when that wake unwinds: it then gives the grant back to the limiter, wakes
+/// the head again, and counts the call as cancelled (its poll panicked; the future cannot be
+/// used again).
+///
+/// The head is woken again because the next head may have looked while the grant was still
+/// taken (its task polled on another thread after the wake, before the panic), and be asleep
+/// until the time the algorithm reported then: without a wake it would sleep with the permits
+/// free, and `try_acquire` would defer to it all that time
+/// (`a_served_heads_give_back_after_a_waker_panic_wakes_the_next_head`).
 struct Granted<'a, 'g, T, G: FnMut(T)> {
     value: Option<T>,
     give_back: &'g mut G,
+    queue: &'a WaitQueue,
     counters: &'a Counters,
 }
 
@@ -732,6 +742,8 @@ impl<T, G: FnMut(T)> Drop for Granted<'_, '_, T, G> {
     fn drop(&mut self) {
         if let Some(value) = self.value.take() {
             (self.give_back)(value);
+            // Inside the unwind: `wake_head` lets no second panic out (see `WakeAll::finish`).
+            self.queue.wake_head();
             self.counters.bump(CANCELLED);
         }
     }

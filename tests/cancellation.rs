@@ -431,3 +431,36 @@ fn a_waiting_future_dropped_by_an_unwinding_task_wakes_a_panicking_head_without_
     // `held` and `next` admitted; the dropped head gave up its wait.
     assert_eq!((stats.admitted, stats.rejected, stats.cancelled), (2, 0, 1));
 }
+
+/// A served head whose handover unwinds gives its admission back; the next waiter, which looked
+/// in between (from inside its own `Waker`, as its task polled on another thread could, before
+/// that `Waker` panicked) and went to sleep until the next window, is woken by the give-back,
+/// and admitted at once. Before, the give-back woke no waiter: the next head slept out the
+/// window with the permit free, and `try_acquire` deferred to it all that time.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_next_head() {
+    let window = Duration::from_secs(10);
+    let limiter = RateLimiter::with_clock(
+        Algorithm::FixedWindow { limit: 1, window },
+        TokioClock::new(),
+    )
+    .unwrap();
+    limiter.try_acquire().unwrap();
+    let mut head = Box::pin(limiter.acquire());
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    let l = limiter.clone();
+    let next: Call<_> = Box::pin(async move { l.acquire().await.map(|a| a.at()) });
+    let (woken, next_waker) = wakers::counting();
+    let hook = wakers::PollThenPanic::new(next, next_waker);
+    assert!(hook.poll(&Waker::from(Arc::clone(&hook))).is_pending());
+    tokio::time::advance(window).await;
+    // The head is admitted, wakes `next`, which looks (the permit is the head's: it sleeps
+    // until 20 s), and the wake panics: the head gives its admission back.
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop(head);
+    assert_eq!(limiter.stats().available, 1);
+    assert_eq!(woken.wakes(), 1, "the give-back wakes the next head");
+    assert_eq!(hook.poll(Waker::noop()), Poll::Ready(Ok(window)));
+}

@@ -821,3 +821,324 @@ async fn a_held_back_call_at_the_key_cap_counts_as_overflowed_when_the_cell_has_
     tokio::time::advance(Duration::from_secs(1)).await;
     waiter.await.unwrap().unwrap();
 }
+
+/// A served head whose handover unwinds gives its admission back; the key's next waiter, which
+/// looked in between (from inside its own `Waker`, as its task polled on another thread could,
+/// before that `Waker` panicked) and went to sleep until the next window, is woken by the
+/// give-back and admitted at once. Before, the give-back woke only chain callers (and, for the
+/// shared overflow cell, other keys' heads): the key's own next head slept out the window with
+/// the permit free.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_served_heads_give_back_after_a_waker_panic_wakes_the_keys_next_head() {
+    let window = Duration::from_secs(10);
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::FixedWindow { limit: 1, window })
+            .clock(TokioClock::new())
+            .build()
+            .unwrap(),
+    );
+    limiter.try_acquire(&"k").unwrap();
+    let mut head = Box::pin(limiter.acquire(&"k"));
+    assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
+    let next: Call<_> = {
+        let limiter = Arc::clone(&limiter);
+        Box::pin(async move { limiter.acquire(&"k").await.map(|a| a.at()) })
+    };
+    let (woken, next_waker) = wakers::counting();
+    let hook = PollThenPanic::new(next, next_waker);
+    assert!(hook.poll(&Waker::from(Arc::clone(&hook))).is_pending());
+    tokio::time::advance(window).await;
+    must_panic(|| {
+        let _ = poll_with(head.as_mut(), Waker::noop());
+    });
+    drop(head);
+    assert_eq!(
+        woken.wakes(),
+        1,
+        "the key's next head sleeps until 20 s with the permit free"
+    );
+    let served = hook.poll(Waker::noop());
+    assert!(
+        matches!(served, std::task::Poll::Ready(Ok(at)) if at == window),
+        "{served:?}"
+    );
+}
+
+/// A reset that forgets a key frees room under the key cap, as a sweep does: the head of a key
+/// past the cap, waiting on the shared overflow cell, is woken and served at once on a cell of
+/// its own. Before, the reset woke only its own key's head (and chain callers).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_reset_that_frees_room_under_the_key_cap_wakes_an_overflow_keys_head() {
+    let window = Duration::from_secs(10);
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::SlidingWindow { limit: 1, window })
+            .clock(TokioClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap(),
+    );
+    limiter.try_acquire(&"x").unwrap(); // the only key slot
+    limiter.try_acquire(&"o").unwrap(); // the shared cell, full until 10 s
+    let (woken, waker) = wakers::counting();
+    let mut head = Box::pin(limiter.acquire(&"b"));
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(limiter.reset(&"x"));
+    assert_eq!(
+        woken.wakes(),
+        1,
+        "the head sleeps until 10 s with room for its key"
+    );
+    let served = poll_with(head.as_mut(), &waker);
+    assert!(
+        matches!(&served, std::task::Poll::Ready(Ok(a)) if a.at() == Duration::from_secs(1)),
+        "{served:?}"
+    );
+}
+
+/// A review probe, kept: `random_waits_match_a_sequential_model_of_the_queue` (tests/waiting.rs)
+/// on a keyed limiter, over three keys whose queues come and go (and whose cells sweeps evict):
+/// per key, nobody barges past a waiter under
+/// oldest-first, queued waiters are admitted in arrival order, `QueueFull` comes exactly when the
+/// key's room is spent, a waiter the limit no longer fits fails at once, and no head sleeps while
+/// its permits are free; every waiter ends once time runs on.
+#[tokio::test(start_paused = true)]
+async fn random_keyed_waits_match_a_sequential_model_of_the_queues() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
+    use turnstile::Admission;
+    type Fut = Pin<Box<dyn Future<Output = Result<Admission, AcquireError>> + Send>>;
+    struct Pending {
+        id: usize,
+        key: &'static str,
+        n: u32,
+        fut: Fut,
+        counter: Arc<wakers::Counter>,
+        waker: Waker,
+        seen: usize,
+    }
+    static KEYS: [&str; 3] = ["a", "b", "c"];
+    const MS: Duration = Duration::from_millis(1);
+    let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move |bound: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % bound
+    };
+    let window = Duration::from_millis(10);
+    let algorithm = |kind: u64, limit: u32| match kind {
+        0 => Algorithm::FixedWindow { limit, window },
+        1 => Algorithm::SlidingWindow { limit, window },
+        2 => Algorithm::SlidingCounter { limit, window },
+        _ => Algorithm::TokenBucket {
+            rate: Rate::new(1, MS * 4),
+            burst: limit,
+        },
+    };
+    for order in [QueueOrder::OldestFirst, QueueOrder::NewestFirst] {
+        for round in 0..40 {
+            let kind = round % 4;
+            let limiter: &'static Limiter = Box::leak(Box::new(
+                KeyedLimiter::builder(algorithm(kind, 3))
+                    .max_limit(4)
+                    .clock(TokioClock::new())
+                    .queue_order(order)
+                    .queue_limit(5)
+                    .build()
+                    .unwrap(),
+            ));
+            let mut capacity = 3u32;
+            let mut queue: Vec<Pending> = Vec::new();
+            let mut served: Vec<(&str, usize)> = Vec::new();
+            let mut ids = 0usize;
+            let drain = |queue: &mut Vec<Pending>, served: &mut Vec<(&str, usize)>, cap: u32| loop {
+                let mut any = false;
+                let mut i = 0;
+                while i < queue.len() {
+                    let p = &mut queue[i];
+                    if p.counter.wakes() == p.seen {
+                        i += 1;
+                        continue;
+                    }
+                    any = true;
+                    p.seen = p.counter.wakes();
+                    match poll_with(p.fut.as_mut(), &p.waker.clone()) {
+                        Poll::Pending => i += 1,
+                        Poll::Ready(outcome) => {
+                            let p = queue.remove(i);
+                            match outcome {
+                                Ok(_) => served.push((p.key, p.id)),
+                                Err(AcquireError::InsufficientCapacity { requested, .. }) => {
+                                    assert!(requested > cap, "{requested} fits {cap}")
+                                }
+                                Err(AcquireError::QueueFull { .. }) => {
+                                    assert_eq!(order, QueueOrder::NewestFirst, "evicted")
+                                }
+                                Err(other) => panic!("unexpected {other:?}"),
+                            }
+                        }
+                    }
+                }
+                if !any {
+                    break;
+                }
+            };
+            let room = |queue: &[Pending], key: &str| -> u64 {
+                queue
+                    .iter()
+                    .filter(|p| p.key == key)
+                    .map(|p| u64::from(p.n.max(1)))
+                    .sum()
+            };
+            for _step in 0..40 {
+                let key_ref: &'static &'static str = &KEYS[next(3) as usize];
+                let key = *key_ref;
+                match next(10) {
+                    0..=3 => {
+                        let n = next(5) as u32;
+                        let (counter, waker) = wakers::counting();
+                        let mut fut: Fut = Box::pin(limiter.acquire_n(key_ref, n));
+                        let taken = room(&queue, key);
+                        let was_queued = taken > 0;
+                        match poll_with(fut.as_mut(), &waker) {
+                            Poll::Ready(Ok(_)) => assert!(
+                                !was_queued || order == QueueOrder::NewestFirst,
+                                "a newcomer barged past {key}'s waiters"
+                            ),
+                            Poll::Ready(Err(AcquireError::InsufficientCapacity { .. })) => {
+                                assert!(n > capacity)
+                            }
+                            Poll::Ready(Err(AcquireError::QueueFull { .. })) => {
+                                assert!(n <= capacity);
+                                assert_eq!(order, QueueOrder::OldestFirst);
+                                assert!(taken + u64::from(n.max(1)) > 5);
+                            }
+                            Poll::Ready(Err(other)) => panic!("unexpected {other:?}"),
+                            Poll::Pending => {
+                                assert!(n <= capacity);
+                                if order == QueueOrder::OldestFirst {
+                                    assert!(taken + u64::from(n.max(1)) <= 5);
+                                }
+                                ids += 1;
+                                queue.push(Pending {
+                                    id: ids,
+                                    key,
+                                    n,
+                                    fut,
+                                    counter,
+                                    waker,
+                                    seen: 0,
+                                });
+                            }
+                        }
+                    }
+                    4 if !queue.is_empty() => {
+                        let i = next(queue.len() as u64) as usize;
+                        drop(queue.remove(i));
+                    }
+                    5 => {
+                        let n = next(4) as u32;
+                        let outcome = limiter.try_acquire_n(&key, n);
+                        if order == QueueOrder::OldestFirst && room(&queue, key) > 0 {
+                            assert!(outcome.is_err(), "try_acquire barged past {key}'s waiters");
+                        }
+                    }
+                    6 => {
+                        capacity = 1 + next(4) as u32;
+                        limiter.reconfigure(algorithm(kind, capacity)).unwrap();
+                    }
+                    7 => {
+                        limiter.sweep();
+                    }
+                    _ => tokio::time::advance(MS * (next(12) as u32)).await,
+                }
+                drain(&mut queue, &mut served, capacity);
+                assert!(
+                    queue.iter().all(|p| p.n <= capacity),
+                    "a waiter no longer fits"
+                );
+                for key in KEYS {
+                    let mine: Vec<&Pending> = queue.iter().filter(|p| p.key == key).collect();
+                    let head = match order {
+                        QueueOrder::OldestFirst => mine.first(),
+                        _ => mine.last(),
+                    }
+                    .map(|p| (p.id, p.n.max(1)));
+                    if let Some((id, need)) = head
+                        && limiter.available(&key) >= need
+                    {
+                        tokio::time::advance(MS).await;
+                        drain(&mut queue, &mut served, capacity);
+                        assert!(
+                            queue.iter().all(|p| p.id != id),
+                            "{key}'s head slept with its permits free"
+                        );
+                    }
+                    if order == QueueOrder::OldestFirst {
+                        let ids: Vec<usize> = served
+                            .iter()
+                            .filter(|(k, _)| *k == key)
+                            .map(|(_, id)| *id)
+                            .collect();
+                        let mut sorted = ids.clone();
+                        sorted.sort_unstable();
+                        assert_eq!(ids, sorted, "{key}'s waiters served out of arrival order");
+                    }
+                }
+                let stats = limiter.stats();
+                assert_eq!(stats.waiting, queue.len());
+                assert_eq!(
+                    stats.queued_permits,
+                    queue.iter().map(|p| u64::from(p.n.max(1))).sum::<u64>()
+                );
+            }
+            for _ in 0..(queue.len() * 2 + 2) {
+                tokio::time::advance(window).await;
+                drain(&mut queue, &mut served, capacity);
+            }
+            assert!(queue.is_empty(), "{} waiters never woke", queue.len());
+            assert_eq!(limiter.stats().waiting, 0);
+            assert_eq!(limiter.stats().waiting_keys, 0);
+        }
+    }
+}
+
+/// At the key cap, the head of a new key refused by the shared overflow cell sleeps no later than
+/// when a held key turns idle, as a `try_acquire`'s retry-after says: it then evicts that key and
+/// is served on a cell of its own. Before, the head's attempt (a commit, which reports the
+/// cell's decision inside its outcome) skipped that bound, and the head slept until the shared
+/// cell's own wait ended, here 5 ms later.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn at_the_cap_a_head_refused_by_the_shared_cell_wakes_when_a_held_key_turns_idle() {
+    let ms = Duration::from_millis(1);
+    let window = ms * 10;
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::SlidingWindow { limit: 3, window })
+            .clock(TokioClock::new())
+            .max_keys(2)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    limiter.try_acquire_n(&"c", 3).unwrap(); // both slots, idle at 10 ms
+    limiter.try_acquire_n(&"b", 2).unwrap();
+    tokio::time::advance(ms * 5).await;
+    limiter.try_acquire_n(&"a", 3).unwrap(); // the shared cell, full until 15 ms
+    let told = limiter.try_acquire(&"a").unwrap_err();
+    assert_eq!(told.rejection().unwrap().retry_after(), ms * 5);
+    let (woken, waker) = wakers::counting();
+    let mut head = Box::pin(limiter.acquire(&"a"));
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    tokio::time::advance(ms * 5).await;
+    assert_eq!(woken.wakes(), 1, "the head sleeps until 15 ms");
+    let served = poll_with(head.as_mut(), &waker);
+    assert!(
+        matches!(&served, std::task::Poll::Ready(Ok(a)) if a.at() == window && a.remaining() == 2),
+        "{served:?}: served at 10 ms, on a cell of its own"
+    );
+    assert_eq!(start.elapsed(), window);
+}

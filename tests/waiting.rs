@@ -1364,3 +1364,214 @@ fn a_waker_woken_by_a_keyed_reconfigure_may_read_the_algorithm() {
         },
     );
 }
+
+/// A review probe, kept: random arrivals, cancellations, `try_acquire`s, limit changes and time
+/// steps on a fixed window, checked against a sequential model of the queue. Under oldest-first
+/// nobody barges past a waiter (a newcomer queues, `try_acquire` is refused), queued waiters are
+/// admitted in arrival order, `QueueFull` comes exactly when the room (one for a probe) is spent,
+/// a waiter the limit no longer fits fails at once, and no waiter sleeps while its head's permits
+/// are free (a lost wake-up): every waiter ends once time runs on, or is woken once by a close
+/// and fails with `Closed`; every call ends in exactly one of the statistics' three counts. Futures are polled by hand,
+/// each again only when its waker was woken, as an executor would.
+#[tokio::test(start_paused = true)]
+async fn random_waits_match_a_sequential_model_of_the_queue() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use turnstile::Admission;
+    type Fut = Pin<Box<dyn Future<Output = Result<Admission, AcquireError>> + Send>>;
+    struct Pending {
+        id: usize,
+        n: u32,
+        fut: Fut,
+        counter: Arc<wakers::Counter>,
+        waker: Waker,
+        seen: usize,
+    }
+    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |bound: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % bound
+    };
+    let window = Duration::from_millis(10);
+    let algorithm = |kind: u64, limit: u32| match kind {
+        0 => Algorithm::FixedWindow { limit, window },
+        1 => Algorithm::SlidingWindow { limit, window },
+        2 => Algorithm::SlidingCounter { limit, window },
+        _ => Algorithm::TokenBucket {
+            rate: Rate::new(1, MS * 4),
+            burst: limit,
+        },
+    };
+    for order in [QueueOrder::OldestFirst, QueueOrder::NewestFirst] {
+        for round in 0..200 {
+            let kind = round % 4;
+            let limiter: &'static RateLimiter<TokioClock> = Box::leak(Box::new(
+                RateLimiter::builder(algorithm(kind, 3))
+                    .max_limit(4)
+                    .clock(TokioClock::new())
+                    .queue_order(order)
+                    .queue_limit(6)
+                    .build()
+                    .unwrap(),
+            ));
+            let mut capacity = 3u32;
+            // The model: queued waiters in arrival order, and the order queued ones were served.
+            let mut queue: Vec<Pending> = Vec::new();
+            let mut served: Vec<usize> = Vec::new();
+            let mut ids = 0usize;
+            // Calls made: each ends in exactly one of admitted, rejected, cancelled.
+            let mut calls = 0u64;
+            // Polls every woken waiter until nobody is woken; takes out the finished ones.
+            let drain = |queue: &mut Vec<Pending>, served: &mut Vec<usize>, cap: u32| loop {
+                let mut any = false;
+                let mut i = 0;
+                while i < queue.len() {
+                    let p = &mut queue[i];
+                    if p.counter.wakes() == p.seen {
+                        i += 1;
+                        continue;
+                    }
+                    any = true;
+                    p.seen = p.counter.wakes();
+                    match poll_with(p.fut.as_mut(), &p.waker.clone()) {
+                        Poll::Pending => i += 1,
+                        Poll::Ready(outcome) => {
+                            let p = queue.remove(i);
+                            match outcome {
+                                Ok(_) => served.push(p.id),
+                                Err(AcquireError::InsufficientCapacity { requested, .. }) => {
+                                    assert!(requested > cap, "{requested} fits {cap}")
+                                }
+                                Err(AcquireError::QueueFull { .. }) => {
+                                    assert_eq!(order, QueueOrder::NewestFirst, "evicted")
+                                }
+                                Err(other) => panic!("unexpected {other:?}"),
+                            }
+                        }
+                    }
+                }
+                if !any {
+                    break;
+                }
+            };
+            for _step in 0..40 {
+                match next(10) {
+                    0..=3 => {
+                        let n = next(5) as u32;
+                        calls += 1;
+                        let (counter, waker) = counting();
+                        let mut fut: Fut = Box::pin(limiter.acquire_n(n));
+                        let room: u64 = queue.iter().map(|p| u64::from(p.n.max(1))).sum();
+                        let was_queued = !queue.is_empty();
+                        let outcome = poll_with(fut.as_mut(), &waker);
+                        match outcome {
+                            Poll::Ready(Ok(_)) => {
+                                assert!(
+                                    !was_queued || order == QueueOrder::NewestFirst,
+                                    "a newcomer barged past {} waiters",
+                                    queue.len()
+                                );
+                            }
+                            Poll::Ready(Err(AcquireError::InsufficientCapacity { .. })) => {
+                                assert!(n > capacity)
+                            }
+                            Poll::Ready(Err(AcquireError::QueueFull { .. })) => {
+                                assert!(n <= capacity);
+                                assert_eq!(order, QueueOrder::OldestFirst);
+                                assert!(room + u64::from(n.max(1)) > 6, "room {room}, n {n}");
+                            }
+                            Poll::Ready(Err(other)) => panic!("unexpected {other:?}"),
+                            Poll::Pending => {
+                                assert!(n <= capacity);
+                                if order == QueueOrder::OldestFirst {
+                                    assert!(room + u64::from(n.max(1)) <= 6);
+                                }
+                                ids += 1;
+                                queue.push(Pending {
+                                    id: ids,
+                                    n,
+                                    fut,
+                                    counter,
+                                    waker,
+                                    seen: 0,
+                                });
+                            }
+                        }
+                    }
+                    4 if !queue.is_empty() => {
+                        let i = next(queue.len() as u64) as usize;
+                        drop(queue.remove(i));
+                    }
+                    5 => {
+                        let n = next(4) as u32;
+                        calls += 1;
+                        let outcome = limiter.try_acquire_n(n);
+                        if order == QueueOrder::OldestFirst && !queue.is_empty() {
+                            assert!(outcome.is_err(), "try_acquire barged past waiters");
+                        }
+                    }
+                    6 => {
+                        capacity = 1 + next(4) as u32;
+                        limiter.reconfigure(algorithm(kind, capacity)).unwrap();
+                    }
+                    _ => tokio::time::advance(MS * (next(12) as u32)).await,
+                }
+                drain(&mut queue, &mut served, capacity);
+                // A head whose permits are free is about to take them: its timer is due (within
+                // tokio's millisecond) or it has been woken; never asleep for later.
+                let head = match order {
+                    QueueOrder::OldestFirst => queue.first(),
+                    _ => queue.last(),
+                }
+                .map(|p| (p.id, p.n.max(1)));
+                if let Some((id, need)) = head
+                    && limiter.stats().available >= need
+                {
+                    tokio::time::advance(MS).await;
+                    drain(&mut queue, &mut served, capacity);
+                    assert!(
+                        queue.iter().all(|p| p.id != id),
+                        "a head slept with its permits free"
+                    );
+                }
+                // Too big for the limit in force: failed by the reconfiguration, at once.
+                assert!(
+                    queue.iter().all(|p| p.n <= capacity),
+                    "a waiter no longer fits"
+                );
+                let stats = limiter.stats();
+                assert_eq!(stats.waiting, queue.len());
+                assert_eq!(
+                    stats.queued_permits,
+                    queue.iter().map(|p| u64::from(p.n.max(1))).sum::<u64>()
+                );
+                if order == QueueOrder::OldestFirst {
+                    let mut sorted = served.clone();
+                    sorted.sort_unstable();
+                    assert_eq!(served, sorted, "served out of arrival order");
+                }
+            }
+            if round % 8 == 7 {
+                // A close fails every waiter, each woken once to see it.
+                limiter.close();
+                for p in &mut queue {
+                    assert_eq!(p.counter.wakes(), p.seen + 1, "a waiter not woken by close");
+                    let outcome = poll_with(p.fut.as_mut(), &p.waker.clone());
+                    assert!(matches!(outcome, Poll::Ready(Err(AcquireError::Closed))));
+                }
+                queue.clear();
+            }
+            // Time runs on: everyone still queued is served, in order (no lost wake-up).
+            for _ in 0..(queue.len() * 2 + 2) {
+                tokio::time::advance(window).await;
+                drain(&mut queue, &mut served, capacity);
+            }
+            assert!(queue.is_empty(), "{} waiters never woke", queue.len());
+            let stats = limiter.stats();
+            assert_eq!(stats.waiting, 0);
+            assert_eq!(stats.admitted + stats.rejected + stats.cancelled, calls);
+        }
+    }
+}
