@@ -516,3 +516,64 @@ descriptors:
     let r = rls.decide(&request(&[TRIO])).await.unwrap();
     assert_eq!(summary(&r), (OK, vec![(OK, 2)]));
 }
+
+/// The same requests, in memory (`RlsService::with_clock`) and in Redis: each request's
+/// overall code, and each status's code, in both. Statuses a rejected Redis request leaves
+/// unasked (reported `OK` with no window) are compared by code only, as are all others.
+async fn in_memory_and_in_redis(yaml: &str, requests: &[RateLimitRequest]) {
+    let server = RedisServer::start();
+    let redis = service(&server, yaml).await;
+    let memory = RlsService::with_clock(
+        RlsConfig::from_yaml_str(yaml).unwrap(),
+        turnstile::ManualClock::new(),
+    )
+    .unwrap();
+    for (step, req) in requests.iter().enumerate() {
+        let codes = |r: &RateLimitResponse| {
+            let (overall, statuses) = summary(r);
+            (
+                overall,
+                statuses.into_iter().map(|(c, _)| c).collect::<Vec<_>>(),
+            )
+        };
+        let m = memory.should_rate_limit(req).unwrap();
+        let r = redis.decide(req).await.unwrap();
+        assert_eq!(codes(&r), codes(&m), "step {step}: {req:?}");
+    }
+}
+
+const BUDGET: &str = "
+domain: d
+descriptors:
+  - key: small
+    rate_limit: { unit: year, requests_per_unit: 1 }
+  - key: budget
+    rate_limit: { unit: year, requests_per_unit: 10 }
+  - key: zero
+    rate_limit: { unit: year, requests_per_unit: 0 }
+";
+
+/// A request of descriptors `(entries, hits)`.
+fn costing(descriptors: &[(&[(&str, &str)], u64)]) -> RateLimitRequest {
+    let mut r = request(&descriptors.iter().map(|(e, _)| *e).collect::<Vec<_>>());
+    for (d, (_, hits)) in r.descriptors.iter_mut().zip(descriptors) {
+        d.hits_addend = Some(UInt64Value { value: *hits });
+    }
+    r
+}
+
+const BUDGET_X: &[(&str, &str)] = &[("budget", "x")];
+
+/// One counter named twice, a hit then a check, the hit taking the last of the limit.
+#[tokio::test]
+async fn a_check_after_a_hit_on_the_same_counter_decides_alike() {
+    in_memory_and_in_redis(
+        BUDGET,
+        &[
+            costing(&[(BUDGET_X, 9)]),
+            costing(&[(BUDGET_X, 1), (BUDGET_X, 0)]),
+            costing(&[(BUDGET_X, 0)]),
+        ],
+    )
+    .await;
+}

@@ -181,7 +181,8 @@ impl Clock for UnixClock {
 ///   checks and hits after it are over until the window ends.
 /// - **Checks.** A descriptor `hits_addend` of 0 answers as one hit would, counting nothing:
 ///   over once the count has reached the limit (Envoy's service answers `OK` with 0 left at
-///   exactly the limit, and over only past it).
+///   exactly the limit, and over only past it). Checks are decided before the descriptors
+///   with hits: a check reads the count as it was before the request.
 /// - `shadow_mode: true`: never over the limit; when it would be, its status is `OK` with
 ///   `limit_remaining` 0, as in Envoy.
 /// - The global shadow mode ([`set_global_shadow_mode`](Self::set_global_shadow_mode),
@@ -960,9 +961,17 @@ impl<C: Clock + Clone> RlsService<C> {
 
         let now = self.shared.clock.now();
         let mut rejected = false;
-        let mut outcomes = Vec::with_capacity(applied.len());
-        for (a, d) in applied.iter().zip(&request.descriptors) {
-            let hits = hits_of(request, d);
+        let mut outcomes: Vec<Option<Outcome<C>>> = applied.iter().map(|_| None).collect();
+        // Checks (0 hits) first, as in Redis: a check reads the count as it was before the
+        // request, not after the hits of a descriptor before it on the same counter.
+        let hits: Vec<u64> = (request.descriptors.iter())
+            .map(|d| hits_of(request, d))
+            .collect();
+        let order = (0..hits.len())
+            .filter(|&i| hits[i] == 0)
+            .chain((0..hits.len()).filter(|&i| hits[i] > 0));
+        for i in order {
+            let (a, d, hits) = (&applied[i], &request.descriptors[i], hits[i]);
             let outcome = match a {
                 Applied::Nothing => Outcome::Nothing,
                 Applied::Unlimited(_) => Outcome::Unlimited,
@@ -1007,11 +1016,11 @@ impl<C: Clock + Clone> RlsService<C> {
                     o
                 }
             };
-            outcomes.push(outcome);
+            outcomes[i] = Some(outcome);
         }
 
         let mut statuses = Vec::with_capacity(outcomes.len());
-        for (outcome, a) in outcomes.into_iter().zip(&applied) {
+        for (outcome, a) in outcomes.into_iter().flatten().zip(&applied) {
             let current_limit = match a {
                 Applied::Limit { spec, .. } => Some(spec.proto()),
                 _ => None,
