@@ -107,19 +107,20 @@ async fn shadow_mode_hits_addend_and_limit_zero() {
         let r = rls.decide(&request(&[SHADOW])).await.unwrap();
         assert_eq!(summary(&r), (OK, vec![(OK, expected)]));
     }
-    // Per-descriptor hits that differ: one round trip each, stopping at the first over.
+    // Per-descriptor hits that differ.
     let mut req = request(&[BIG, SMALL]);
     req.descriptors[0].hits_addend = Some(UInt64Value { value: 10 });
     req.descriptors[1].hits_addend = Some(UInt64Value { value: 2 });
     let r = rls.decide(&req).await.unwrap();
     // 2 > the small limit of 1: over without a script, and counted past the limit (as
-    // Envoy's service counts it), the big limit not asked.
-    assert_eq!(summary(&r), (OVER, vec![(OK, 0), (OVER, 0)]));
+    // Envoy's service counts it); the big limit is asked all the same (were it over, its
+    // hits would count) and given back, answering its count before the request.
+    assert_eq!(summary(&r), (OVER, vec![(OK, 100), (OVER, 0)]));
     // So a check of the small limit is over now (as one hit would be), and the request takes
     // nothing from the big one.
     req.descriptors[1].hits_addend = Some(UInt64Value { value: 0 });
     let r = rls.decide(&req).await.unwrap();
-    assert_eq!(summary(&r), (OVER, vec![(OK, 0), (OVER, 0)]));
+    assert_eq!(summary(&r), (OVER, vec![(OK, 100), (OVER, 0)]));
     let r = rls.decide(&request(&[BIG])).await.unwrap();
     assert_eq!(summary(&r), (OK, vec![(OK, 99)]));
 }
@@ -563,6 +564,36 @@ fn costing(descriptors: &[(&[(&str, &str)], u64)]) -> RateLimitRequest {
 }
 
 const BUDGET_X: &[(&str, &str)] = &[("budget", "x")];
+const ZERO: &[(&str, &str)] = &[("zero", "x")];
+
+/// A cost past what is left counts (as Envoy's service counts it) even when another
+/// descriptor of the request is over without a round trip (more hits than its limit, a
+/// limit of 0) or is a check that is over: the budget's checks after it are over, in memory
+/// and in Redis alike.
+#[tokio::test]
+async fn a_cost_past_what_is_left_counts_when_another_descriptor_is_over_first() {
+    for first in [(SMALL, 2), (ZERO, 1), (ZERO, 0)] {
+        in_memory_and_in_redis(
+            BUDGET,
+            &[
+                costing(&[(BUDGET_X, 5)]),
+                costing(&[first, (BUDGET_X, 8)]),
+                costing(&[(BUDGET_X, 0)]),
+            ],
+        )
+        .await;
+    }
+    // The check over: the small limit filled first.
+    in_memory_and_in_redis(
+        BUDGET,
+        &[
+            costing(&[(SMALL, 1), (BUDGET_X, 5)]),
+            costing(&[(SMALL, 0), (BUDGET_X, 8)]),
+            costing(&[(BUDGET_X, 0)]),
+        ],
+    )
+    .await;
+}
 
 /// One counter named twice, a hit then a check, the hit taking the last of the limit.
 #[tokio::test]

@@ -461,11 +461,12 @@ impl RlsService {
     /// a limiter's deny cache already knows that its call rejects, the request is rejected
     /// with no round trip to any slot, and the other descriptors are not asked (`OK`, no
     /// count, no window). Checks (0 hits) take a round trip each, sent together before the
-    /// enforced calls (a check that is over rejects the request before anything is taken);
+    /// enforced calls (so a check reads the count as it was before the request, as in memory);
     /// shadow-mode descriptors (only when the request is admitted) one each, together after
-    /// them. A descriptor over its limit counts its hits past the limit, in the same script
-    /// (one of more hits than its limit, decided without a script, in a round trip of its
-    /// own).
+    /// them. The enforced calls are sent even when a check or a descriptor decided without
+    /// Redis has rejected the request already, and give back what they took. A descriptor
+    /// over its limit counts its hits past the limit, in the same script (one of more hits
+    /// than its limit, decided without a script, in a round trip of its own).
     ///
     /// While Redis does not answer within the limiters' deadline, `policy` decides each
     /// descriptor of the calls it did not answer (on a Cluster, the calls to the node that is
