@@ -608,3 +608,23 @@ async fn a_check_after_a_hit_on_the_same_counter_decides_alike() {
     )
     .await;
 }
+
+/// More hits than `u32::MAX` against a limit of `u32::MAX` are more than the limit: over, in
+/// memory as in Redis (which compares the 64-bit hits with the limit), not taken as
+/// `u32::MAX` hits that fit.
+#[tokio::test]
+async fn more_hits_than_u32_max_are_over_a_limit_of_u32_max() {
+    const HUGE: &str = "
+domain: d
+descriptors:
+  - key: huge
+    rate_limit: { unit: year, requests_per_unit: 4294967295 }
+";
+    let huge: &[(&str, &str)] = &[("huge", "x")];
+    let past = u64::from(u32::MAX) + 1;
+    in_memory_and_in_redis(
+        HUGE,
+        &[costing(&[(huge, past)]), costing(&[(huge, u64::MAX)])],
+    )
+    .await;
+}

@@ -1445,7 +1445,16 @@ fn decide<C: Clock + Clone>(
             remaining => Outcome::Within { remaining, reset },
         };
     }
-    let n = u32::try_from(hits).unwrap_or(u32::MAX);
+    let Ok(n) = u32::try_from(hits) else {
+        // More hits than any limit holds (a limit of `u32::MAX` too, which `u32::MAX` hits
+        // would fit): over, and counted past the limit as below, the charge saturating.
+        let left = limiter.available(&key);
+        if count_over {
+            // Fails only at the key cap, as below: over all the same.
+            let _ = limiter.charge(&key, u32::MAX);
+        }
+        return Outcome::Over { left, reset };
+    };
     match limiter.try_acquire_refundable(&key, n) {
         Ok(taken) => Outcome::Admitted(taken),
         Err(error) => {
