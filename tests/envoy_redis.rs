@@ -628,3 +628,78 @@ descriptors:
     )
     .await;
 }
+
+/// Sequences of requests whose every answer (overall and per descriptor) is the same in
+/// memory and in Redis: several descriptors over at once (each counting its hits), a counter
+/// named twice at one cost and at two, shadow descriptors beside enforced ones, a limit of 0
+/// beside a limit the request fits, and rejections repeated (the deny cache answering them in
+/// Redis).
+#[tokio::test]
+async fn memory_and_redis_answer_alike() {
+    const CONFIG: &str = "
+domain: d
+descriptors:
+  - key: small
+    rate_limit: { unit: year, requests_per_unit: 1 }
+  - key: budget
+    rate_limit: { unit: year, requests_per_unit: 10 }
+  - key: zero
+    rate_limit: { unit: year, requests_per_unit: 0 }
+  - key: shadow
+    shadow_mode: true
+    rate_limit: { unit: year, requests_per_unit: 2 }
+";
+    let (small, budget, zero, shadow): (
+        &[(&str, &str)],
+        &[(&str, &str)],
+        &[(&str, &str)],
+        &[(&str, &str)],
+    ) = (
+        &[("small", "x")],
+        &[("budget", "x")],
+        &[("zero", "x")],
+        &[("shadow", "x")],
+    );
+    let sequences: Vec<Vec<RateLimitRequest>> = vec![
+        // Two over at once, both counting: the budget's check is over after.
+        vec![
+            costing(&[(small, 1), (budget, 5)]),
+            costing(&[(small, 1), (budget, 8)]),
+            costing(&[(budget, 0)]),
+            costing(&[(budget, 1)]),
+        ],
+        // One counter twice: at one cost, then at two costs, the second over.
+        vec![
+            costing(&[(budget, 2), (budget, 2)]),
+            costing(&[(budget, 2), (budget, 5)]),
+            costing(&[(budget, 0)]),
+            costing(&[(budget, 1), (budget, 3)]),
+            costing(&[(budget, 0)]),
+        ],
+        // Shadow beside enforced: never over itself, the request over only by the enforced.
+        vec![
+            costing(&[(shadow, 1), (budget, 4)]),
+            costing(&[(shadow, 3), (budget, 4)]),
+            costing(&[(shadow, 0), (budget, 4)]),
+            costing(&[(shadow, 1), (budget, 0)]),
+        ],
+        // A limit of 0 beside one the request fits, which is given back.
+        vec![
+            costing(&[(zero, 0), (budget, 3)]),
+            costing(&[(zero, 1), (budget, 3)]),
+            costing(&[(budget, 7)]),
+            costing(&[(budget, 0)]),
+        ],
+        // A rejection repeated.
+        vec![
+            costing(&[(small, 1)]),
+            costing(&[(small, 1), (budget, 1)]),
+            costing(&[(small, 1), (budget, 1)]),
+            costing(&[(small, 1), (budget, 1)]),
+            costing(&[(budget, 10)]),
+        ],
+    ];
+    for requests in &sequences {
+        in_memory_and_in_redis(CONFIG, requests).await;
+    }
+}
