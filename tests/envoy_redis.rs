@@ -523,7 +523,11 @@ descriptors:
 /// unasked (reported `OK` with no window) are compared by code only, as are all others.
 async fn in_memory_and_in_redis(yaml: &str, requests: &[RateLimitRequest]) {
     let server = RedisServer::start();
-    let redis = service(&server, yaml).await;
+    in_memory_and_in(&service(&server, yaml).await, yaml, requests).await;
+}
+
+/// [`in_memory_and_in_redis`] with the Redis side `redis`, a service of `yaml`.
+async fn in_memory_and_in(redis: &RlsService, yaml: &str, requests: &[RateLimitRequest]) {
     let memory = RlsService::with_clock(
         RlsConfig::from_yaml_str(yaml).unwrap(),
         turnstile::ManualClock::new(),
@@ -702,4 +706,29 @@ descriptors:
     for requests in &sequences {
         in_memory_and_in_redis(CONFIG, requests).await;
     }
+}
+
+/// On a Cluster, descriptors in different slots: a cost past what is left counts when
+/// another descriptor (in another slot) is over first, and two over at once both count, as
+/// in memory.
+#[tokio::test]
+async fn cluster_counts_over_limit_hits_as_memory_does() {
+    let cluster = RedisCluster::start(3);
+    let rls = cluster_service(&cluster, BUDGET, FailurePolicy::FailClosed).await;
+    // Subjects spread over slots (and nodes): each descriptor its own.
+    let (a, b, c): (&[(&str, &str)], &[(&str, &str)], &[(&str, &str)]) =
+        (&[("budget", "a")], &[("budget", "b")], &[("small", "c")]);
+    in_memory_and_in(
+        &rls,
+        BUDGET,
+        &[
+            costing(&[(a, 5), (b, 5)]),
+            costing(&[(c, 2), (a, 8), (b, 1)]),
+            costing(&[(a, 0)]),
+            costing(&[(b, 4)]),
+            costing(&[(a, 7), (b, 7)]),
+            costing(&[(b, 0)]),
+        ],
+    )
+    .await;
 }
