@@ -227,7 +227,9 @@ impl turnstile::Clock for HookClock {
 /// carry put the ban in a list nothing looks at any more, and the client went unbanned. The
 /// reload is run at each of the rejected request's clock readings in turn, for reloads that
 /// change `[bans]`, make the grouping of addresses coarser or finer, or do two of these in a
-/// row (the ban then passes through the first new list to the second).
+/// row (the ban then passes through the first new list to the second; a grouping made finer
+/// and then `[bans]` changed lost it, the second list not looking up the old group that the
+/// first list's inherited groups received after the second was built).
 #[test]
 fn a_ban_started_under_the_old_list_during_a_reload_is_kept() {
     use turnstile::http::{Outcome, RejectReason, RequestInfo};
@@ -242,12 +244,13 @@ fn a_ban_started_under_the_old_list_during_a_reload_is_kept() {
         .unwrap()
     };
     let start = ("1h", 28);
-    let reloads: [&[(&str, u8)]; 5] = [
+    let reloads: [&[(&str, u8)]; 6] = [
         &[("2h", 28)],
         &[("1h", 24)],
         &[("1h", 32)],
         &[("2h", 28), ("2h", 32)],
         &[("1h", 32), ("1h", 24)],
+        &[("1h", 32), ("2h", 32)],
     ];
     // The layer hands the engine addresses grouped as configured: this one is its group under
     // every grouping here.

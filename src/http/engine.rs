@@ -224,7 +224,7 @@ macro_rules! count_list_rejection {
 /// as coarse or coarser (an address banned under `ipv6_prefix = 128` bans its /64 under 64); and
 /// when it is finer, the old group stays banned as a group, every address in it, until its ban ends
 /// (`unban` of any of them lifts it; a later reload stops looking the group up once its ban has
-/// ended). An unban made while a reload carries the bans over stays done: the reload lifts the ban
+/// ended and no request still decides under a list from before the grouping changed). An unban made while a reload carries the bans over stays done: the reload lifts the ban
 /// again in the new list once that list holds every ban it carries (which also lifts a ban the same
 /// client earned during the reload), as does one made after it while a request still deciding under
 /// the old configuration passes its ban on (the unban lifts it in the old list too). Counts of

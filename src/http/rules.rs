@@ -1544,6 +1544,13 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         let inherited = self.old_bans.as_ref().and_then(|old| {
             let (mut v4, mut v6) = (vec![old.grouping.0], vec![old.grouping.1]);
             if let Some(i) = &old.inherited {
+                // While a list that `old` replaced is in use, a ban started there may yet be
+                // passed on through `old`'s inherited groups to this list (`Bans::pass_on`),
+                // after this reads the bans in force there: every prefix `old` may hold.
+                if old.predecessor().is_some() {
+                    v4.extend_from_slice(&i.v4);
+                    v6.extend_from_slice(&i.v6);
+                }
                 for ((ip, p), _) in i.list.banned() {
                     match ip {
                         IpAddr::V4(_) => v4.push(p),
