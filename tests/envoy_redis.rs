@@ -653,17 +653,10 @@ descriptors:
     shadow_mode: true
     rate_limit: { unit: year, requests_per_unit: 2 }
 ";
-    let (small, budget, zero, shadow): (
-        &[(&str, &str)],
-        &[(&str, &str)],
-        &[(&str, &str)],
-        &[(&str, &str)],
-    ) = (
-        &[("small", "x")],
-        &[("budget", "x")],
-        &[("zero", "x")],
-        &[("shadow", "x")],
-    );
+    let small: &[(&str, &str)] = &[("small", "x")];
+    let budget: &[(&str, &str)] = &[("budget", "x")];
+    let zero: &[(&str, &str)] = &[("zero", "x")];
+    let shadow: &[(&str, &str)] = &[("shadow", "x")];
     let sequences: Vec<Vec<RateLimitRequest>> = vec![
         // Two over at once, both counting: the budget's check is over after.
         vec![
@@ -716,8 +709,9 @@ async fn cluster_counts_over_limit_hits_as_memory_does() {
     let cluster = RedisCluster::start(3);
     let rls = cluster_service(&cluster, BUDGET, FailurePolicy::FailClosed).await;
     // Subjects spread over slots (and nodes): each descriptor its own.
-    let (a, b, c): (&[(&str, &str)], &[(&str, &str)], &[(&str, &str)]) =
-        (&[("budget", "a")], &[("budget", "b")], &[("small", "c")]);
+    let a: &[(&str, &str)] = &[("budget", "a")];
+    let b: &[(&str, &str)] = &[("budget", "b")];
+    let c: &[(&str, &str)] = &[("small", "c")];
     in_memory_and_in(
         &rls,
         BUDGET,
