@@ -153,7 +153,10 @@ fn an_unban_after_a_hand_over_is_not_undone_by_a_pass_on() {
         };
         request.join().unwrap();
         let banned = new.check(&1).is_err();
-        assert!(!(in_new && banned), "the unban lifted the ban, and it is back");
+        assert!(
+            !(in_new && banned),
+            "the unban lifted the ban, and it is back"
+        );
         assert!(banned || in_old || in_new, "the ban was lost with no unban");
     });
 }

@@ -636,8 +636,8 @@ descriptors:
 /// Sequences of requests whose every answer (overall and per descriptor) is the same in
 /// memory and in Redis: several descriptors over at once (each counting its hits), a counter
 /// named twice at one cost and at two, shadow descriptors beside enforced ones, a limit of 0
-/// beside a limit the request fits, and rejections repeated (the deny cache answering them in
-/// Redis).
+/// beside a limit the request fits, rejections repeated (the deny cache answering them in
+/// Redis), and an override over by its cost.
 #[tokio::test]
 async fn memory_and_redis_answer_alike() {
     const CONFIG: &str = "
@@ -696,8 +696,23 @@ descriptors:
             costing(&[(budget, 10)]),
         ],
     ];
-    for requests in &sequences {
-        in_memory_and_in_redis(CONFIG, requests).await;
+    // An override (a limiter of its own) over by its cost, beside the configured limit.
+    let overridden = |hits: u64| {
+        let mut r = costing(&[(budget, hits), (budget, 1)]);
+        r.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 4,
+            unit: Unit::Year as i32,
+        });
+        r
+    };
+    let sequences = sequences.into_iter().chain([vec![
+        overridden(3),
+        overridden(2),
+        overridden(0),
+        overridden(1),
+    ]]);
+    for requests in sequences {
+        in_memory_and_in_redis(CONFIG, &requests).await;
     }
 }
 
