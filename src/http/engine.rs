@@ -224,13 +224,13 @@ macro_rules! count_list_rejection {
 /// as coarse or coarser (an address banned under `ipv6_prefix = 128` bans its /64 under 64); and
 /// when it is finer, the old group stays banned as a group, every address in it, until its ban ends
 /// (`unban` of any of them lifts it; a later reload stops looking the group up once its ban has
-/// ended and no request still decides under a list from before the grouping changed). An unban made while a reload carries the bans over stays done: the reload lifts the ban
-/// again in the new list once that list holds every ban it carries (which also lifts a ban the same
-/// client earned during the reload), as does one made after it while a request still deciding under
-/// the old configuration passes its ban on (the unban lifts it in the old list too). Counts of
-/// rejections towards a ban start over. Bans that do
-/// not fit a smaller `max_entries` are lost, those that end soonest, and the reload says how
-/// many at `warn`. The counters
+/// ended and no request still decides under a list from before the grouping changed). An unban
+/// made while a reload carries the bans over stays done: the reload lifts the ban again in the
+/// new list once that list holds every ban it carries (which also lifts a ban the same client
+/// earned during the reload); so does one made after it while a request still deciding under the
+/// old configuration passes its ban on (the unban lifts it in the old list too). Counts of
+/// rejections towards a ban start over. Bans that do not fit a smaller `max_entries` are lost,
+/// those that end soonest, and the reload says how many at `warn`. The counters
 /// of rules that count by address are not carried over a new grouping: they are keyed by the old
 /// groups, so each client starts from a full limit under its new key (a rule's counts cannot be
 /// split among a group's members, and summing members into a group would need every key visited).
