@@ -98,3 +98,65 @@ fn a_ban_started_during_a_hand_over_reaches_the_new_list() {
         );
     });
 }
+
+/// An operator's unban after a reload's hand-over, racing a ban that a request started in the
+/// old list and passes on, modelled over two real lists: the unban stays done.
+///
+/// Protocol (`Bans::pass_on` and `Bans::lift` in `src/http/rules.rs`, replayed in their order):
+/// the request's pass-on (successor read, then the old list's ban read and placed in the new
+/// list) and the unban (lifted in the old list, then in the new one) each run whole under one
+/// mutex. An unban that lifted the ban in the new list (the carry had copied it) must leave
+/// the client unbanned; and a ban the unban found nowhere started after it, so stays.
+#[test]
+fn an_unban_after_a_hand_over_is_not_undone_by_a_pass_on() {
+    model(|| {
+        let list = || {
+            Arc::new(
+                BanList::<u64>::builder(1, Duration::from_secs(60), Duration::from_secs(60))
+                    .clock(ManualClock::new())
+                    .hasher(Fixed::default())
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let (old, new) = (list(), list());
+        let successor = Arc::new(loom::sync::Mutex::new(
+            None::<Arc<BanList<u64, ManualClock, Fixed>>>,
+        ));
+        let handing_over = Arc::new(loom::sync::Mutex::new(()));
+        let request = {
+            let (old, successor, handing_over) = (
+                Arc::clone(&old),
+                Arc::clone(&successor),
+                Arc::clone(&handing_over),
+            );
+            thread::spawn(move || {
+                assert!(old.fail(&1).unwrap().ban_started);
+                let next = successor.lock().unwrap().clone();
+                if let Some(next) = next {
+                    let _one_at_a_time = handing_over.lock().unwrap();
+                    if let Err(banned) = old.check(&1) {
+                        next.ban(&1, banned.retry_after()).unwrap();
+                    }
+                }
+            })
+        };
+        // The reload: hand over, then carry.
+        *successor.lock().unwrap() = Some(Arc::clone(&new));
+        for (key, left) in old.banned() {
+            new.ban(&key, left).unwrap();
+        }
+        // The unban, after the reload.
+        let (in_old, in_new) = {
+            let _one_at_a_time = handing_over.lock().unwrap();
+            (old.unban(&1), new.unban(&1))
+        };
+        request.join().unwrap();
+        let banned = new.check(&1).is_err();
+        assert!(
+            !(in_new && banned),
+            "the unban lifted the ban, and it is back"
+        );
+        assert!(banned || in_old || in_new, "the ban was lost with no unban");
+    });
+}

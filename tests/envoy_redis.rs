@@ -107,19 +107,20 @@ async fn shadow_mode_hits_addend_and_limit_zero() {
         let r = rls.decide(&request(&[SHADOW])).await.unwrap();
         assert_eq!(summary(&r), (OK, vec![(OK, expected)]));
     }
-    // Per-descriptor hits that differ: one round trip each, stopping at the first over.
+    // Per-descriptor hits that differ.
     let mut req = request(&[BIG, SMALL]);
     req.descriptors[0].hits_addend = Some(UInt64Value { value: 10 });
     req.descriptors[1].hits_addend = Some(UInt64Value { value: 2 });
     let r = rls.decide(&req).await.unwrap();
     // 2 > the small limit of 1: over without a script, and counted past the limit (as
-    // Envoy's service counts it), the big limit not asked.
-    assert_eq!(summary(&r), (OVER, vec![(OK, 0), (OVER, 0)]));
+    // Envoy's service counts it); the big limit is asked all the same (were it over, its
+    // hits would count) and given back, answering its count before the request.
+    assert_eq!(summary(&r), (OVER, vec![(OK, 100), (OVER, 0)]));
     // So a check of the small limit is over now (as one hit would be), and the request takes
     // nothing from the big one.
     req.descriptors[1].hits_addend = Some(UInt64Value { value: 0 });
     let r = rls.decide(&req).await.unwrap();
-    assert_eq!(summary(&r), (OVER, vec![(OK, 0), (OVER, 0)]));
+    assert_eq!(summary(&r), (OVER, vec![(OK, 100), (OVER, 0)]));
     let r = rls.decide(&request(&[BIG])).await.unwrap();
     assert_eq!(summary(&r), (OK, vec![(OK, 99)]));
 }
@@ -515,4 +516,228 @@ descriptors:
     // Nothing was kept: the counter of three admits three.
     let r = rls.decide(&request(&[TRIO])).await.unwrap();
     assert_eq!(summary(&r), (OK, vec![(OK, 2)]));
+}
+
+/// The same requests, in memory (`RlsService::with_clock`) and in Redis: each request's
+/// overall code, and each status's code, in both. Statuses a rejected Redis request leaves
+/// unasked (reported `OK` with no window) are compared by code only, as are all others.
+async fn in_memory_and_in_redis(yaml: &str, requests: &[RateLimitRequest]) {
+    let server = RedisServer::start();
+    in_memory_and_in(&service(&server, yaml).await, yaml, requests).await;
+}
+
+/// [`in_memory_and_in_redis`] with the Redis side `redis`, a service of `yaml`.
+async fn in_memory_and_in(redis: &RlsService, yaml: &str, requests: &[RateLimitRequest]) {
+    let memory = RlsService::with_clock(
+        RlsConfig::from_yaml_str(yaml).unwrap(),
+        turnstile::ManualClock::new(),
+    )
+    .unwrap();
+    for (step, req) in requests.iter().enumerate() {
+        let codes = |r: &RateLimitResponse| {
+            let (overall, statuses) = summary(r);
+            (
+                overall,
+                statuses.into_iter().map(|(c, _)| c).collect::<Vec<_>>(),
+            )
+        };
+        let m = memory.should_rate_limit(req).unwrap();
+        let r = redis.decide(req).await.unwrap();
+        assert_eq!(codes(&r), codes(&m), "step {step}: {req:?}");
+    }
+}
+
+const BUDGET: &str = "
+domain: d
+descriptors:
+  - key: small
+    rate_limit: { unit: year, requests_per_unit: 1 }
+  - key: budget
+    rate_limit: { unit: year, requests_per_unit: 10 }
+  - key: zero
+    rate_limit: { unit: year, requests_per_unit: 0 }
+";
+
+/// A request of descriptors `(entries, hits)`.
+fn costing(descriptors: &[(&[(&str, &str)], u64)]) -> RateLimitRequest {
+    let mut r = request(&descriptors.iter().map(|(e, _)| *e).collect::<Vec<_>>());
+    for (d, (_, hits)) in r.descriptors.iter_mut().zip(descriptors) {
+        d.hits_addend = Some(UInt64Value { value: *hits });
+    }
+    r
+}
+
+const BUDGET_X: &[(&str, &str)] = &[("budget", "x")];
+const ZERO: &[(&str, &str)] = &[("zero", "x")];
+
+/// A cost past what is left counts (as Envoy's service counts it) even when another
+/// descriptor of the request is over without a round trip (more hits than its limit, a
+/// limit of 0) or is a check that is over: the budget's checks after it are over, in memory
+/// and in Redis alike.
+#[tokio::test]
+async fn a_cost_past_what_is_left_counts_when_another_descriptor_is_over_first() {
+    for first in [(SMALL, 2), (ZERO, 1), (ZERO, 0)] {
+        in_memory_and_in_redis(
+            BUDGET,
+            &[
+                costing(&[(BUDGET_X, 5)]),
+                costing(&[first, (BUDGET_X, 8)]),
+                costing(&[(BUDGET_X, 0)]),
+            ],
+        )
+        .await;
+    }
+    // The check over: the small limit filled first.
+    in_memory_and_in_redis(
+        BUDGET,
+        &[
+            costing(&[(SMALL, 1), (BUDGET_X, 5)]),
+            costing(&[(SMALL, 0), (BUDGET_X, 8)]),
+            costing(&[(BUDGET_X, 0)]),
+        ],
+    )
+    .await;
+}
+
+/// One counter named twice, a hit then a check, the hit taking the last of the limit.
+#[tokio::test]
+async fn a_check_after_a_hit_on_the_same_counter_decides_alike() {
+    in_memory_and_in_redis(
+        BUDGET,
+        &[
+            costing(&[(BUDGET_X, 9)]),
+            costing(&[(BUDGET_X, 1), (BUDGET_X, 0)]),
+            costing(&[(BUDGET_X, 0)]),
+        ],
+    )
+    .await;
+}
+
+/// More hits than `u32::MAX` against a limit of `u32::MAX` are more than the limit: over, in
+/// memory as in Redis (which compares the 64-bit hits with the limit), not taken as
+/// `u32::MAX` hits that fit.
+#[tokio::test]
+async fn more_hits_than_u32_max_are_over_a_limit_of_u32_max() {
+    const HUGE: &str = "
+domain: d
+descriptors:
+  - key: huge
+    rate_limit: { unit: year, requests_per_unit: 4294967295 }
+";
+    let huge: &[(&str, &str)] = &[("huge", "x")];
+    let past = u64::from(u32::MAX) + 1;
+    in_memory_and_in_redis(
+        HUGE,
+        &[costing(&[(huge, past)]), costing(&[(huge, u64::MAX)])],
+    )
+    .await;
+}
+
+/// Sequences of requests whose every answer (overall and per descriptor) is the same in
+/// memory and in Redis: several descriptors over at once (each counting its hits), a counter
+/// named twice at one cost and at two, shadow descriptors beside enforced ones, a limit of 0
+/// beside a limit the request fits, rejections repeated (the deny cache answering them in
+/// Redis), and an override over by its cost.
+#[tokio::test]
+async fn memory_and_redis_answer_alike() {
+    const CONFIG: &str = "
+domain: d
+descriptors:
+  - key: small
+    rate_limit: { unit: year, requests_per_unit: 1 }
+  - key: budget
+    rate_limit: { unit: year, requests_per_unit: 10 }
+  - key: zero
+    rate_limit: { unit: year, requests_per_unit: 0 }
+  - key: shadow
+    shadow_mode: true
+    rate_limit: { unit: year, requests_per_unit: 2 }
+";
+    let small: &[(&str, &str)] = &[("small", "x")];
+    let budget: &[(&str, &str)] = &[("budget", "x")];
+    let zero: &[(&str, &str)] = &[("zero", "x")];
+    let shadow: &[(&str, &str)] = &[("shadow", "x")];
+    let sequences: Vec<Vec<RateLimitRequest>> = vec![
+        // Two over at once, both counting: the budget's check is over after.
+        vec![
+            costing(&[(small, 1), (budget, 5)]),
+            costing(&[(small, 1), (budget, 8)]),
+            costing(&[(budget, 0)]),
+            costing(&[(budget, 1)]),
+        ],
+        // One counter twice: at one cost, then at two costs, the second over.
+        vec![
+            costing(&[(budget, 2), (budget, 2)]),
+            costing(&[(budget, 2), (budget, 5)]),
+            costing(&[(budget, 0)]),
+            costing(&[(budget, 1), (budget, 3)]),
+            costing(&[(budget, 0)]),
+        ],
+        // Shadow beside enforced: never over itself, the request over only by the enforced.
+        vec![
+            costing(&[(shadow, 1), (budget, 4)]),
+            costing(&[(shadow, 3), (budget, 4)]),
+            costing(&[(shadow, 0), (budget, 4)]),
+            costing(&[(shadow, 1), (budget, 0)]),
+        ],
+        // A limit of 0 beside one the request fits, which is given back.
+        vec![
+            costing(&[(zero, 0), (budget, 3)]),
+            costing(&[(zero, 1), (budget, 3)]),
+            costing(&[(budget, 7)]),
+            costing(&[(budget, 0)]),
+        ],
+        // A rejection repeated.
+        vec![
+            costing(&[(small, 1)]),
+            costing(&[(small, 1), (budget, 1)]),
+            costing(&[(small, 1), (budget, 1)]),
+            costing(&[(small, 1), (budget, 1)]),
+            costing(&[(budget, 10)]),
+        ],
+    ];
+    // An override (a limiter of its own) over by its cost, beside the configured limit.
+    let overridden = |hits: u64| {
+        let mut r = costing(&[(budget, hits), (budget, 1)]);
+        r.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 4,
+            unit: Unit::Year as i32,
+        });
+        r
+    };
+    let sequences = sequences.into_iter().chain([vec![
+        overridden(3),
+        overridden(2),
+        overridden(0),
+        overridden(1),
+    ]]);
+    for requests in sequences {
+        in_memory_and_in_redis(CONFIG, &requests).await;
+    }
+}
+
+/// On a Cluster, descriptors in different slots: a cost past what is left counts when
+/// another descriptor (in another slot) is over first, and two over at once both count, as
+/// in memory.
+#[tokio::test]
+async fn cluster_counts_over_limit_hits_as_memory_does() {
+    let cluster = RedisCluster::start(3);
+    let rls = cluster_service(&cluster, BUDGET, FailurePolicy::FailClosed).await;
+    // Subjects spread over slots (and nodes): each descriptor its own.
+    let a: &[(&str, &str)] = &[("budget", "a")];
+    let b: &[(&str, &str)] = &[("budget", "b")];
+    let c: &[(&str, &str)] = &[("small", "c")];
+    in_memory_and_in(
+        &rls,
+        BUDGET,
+        &[
+            costing(&[(a, 5), (b, 5)]),
+            costing(&[(c, 2), (a, 8), (b, 1)]),
+            costing(&[(a, 0)]),
+            costing(&[(b, 4)]),
+            costing(&[(a, 7), (b, 7)]),
+            costing(&[(b, 0)]),
+        ],
+    )
+    .await;
 }

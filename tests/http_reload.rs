@@ -227,7 +227,9 @@ impl turnstile::Clock for HookClock {
 /// carry put the ban in a list nothing looks at any more, and the client went unbanned. The
 /// reload is run at each of the rejected request's clock readings in turn, for reloads that
 /// change `[bans]`, make the grouping of addresses coarser or finer, or do two of these in a
-/// row (the ban then passes through the first new list to the second).
+/// row (the ban then passes through the first new list to the second; a grouping made finer
+/// and then `[bans]` changed lost it, the second list not looking up the old group that the
+/// first list's inherited groups received after the second was built).
 #[test]
 fn a_ban_started_under_the_old_list_during_a_reload_is_kept() {
     use turnstile::http::{Outcome, RejectReason, RequestInfo};
@@ -242,12 +244,13 @@ fn a_ban_started_under_the_old_list_during_a_reload_is_kept() {
         .unwrap()
     };
     let start = ("1h", 28);
-    let reloads: [&[(&str, u8)]; 5] = [
+    let reloads: [&[(&str, u8)]; 6] = [
         &[("2h", 28)],
         &[("1h", 24)],
         &[("1h", 32)],
         &[("2h", 28), ("2h", 32)],
         &[("1h", 32), ("1h", 24)],
+        &[("1h", 32), ("2h", 32)],
     ];
     // The layer hands the engine addresses grouped as configured: this one is its group under
     // every grouping here.
@@ -304,5 +307,106 @@ fn a_ban_started_under_the_old_list_during_a_reload_is_kept() {
         lost.is_empty(),
         "bans started by a request with reloads (to these settings) at these of its {reads} \
          clock readings were lost: {lost:?}"
+    );
+}
+
+/// Runs `hook` once, on this thread, when this thread next logs that a client is banned: the
+/// point where a ban has just been written to its list and not yet passed on to the list a
+/// reload replaced it with. Through one global subscriber (this binary installs no other),
+/// whose writer looks at each line it is given.
+fn when_banned(hook: Box<dyn FnOnce()>) {
+    use std::cell::RefCell;
+    use std::sync::Once;
+    thread_local! {
+        static HOOK: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+    struct Sink;
+    impl std::io::Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if String::from_utf8_lossy(bytes).contains("client banned") {
+                // Taken before it runs: the hook may log a ban itself.
+                if let Some(run) = HOOK.with(|h| h.borrow_mut().take()) {
+                    run();
+                }
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(|| Sink)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("this test binary installs no other global subscriber");
+        tracing::callsite::rebuild_interest_cache();
+    });
+    HOOK.with(|h| *h.borrow_mut() = Some(hook));
+}
+
+/// An unban made once a reload has carried a ban over stays done, even when the request that
+/// started the ban under the old list passes it on to the new one after the unban: the ban
+/// written, a reload (changing `[bans]`, or the grouping of addresses coarser or finer)
+/// carries it over and an operator lifts it, and then the request, still deciding under the
+/// old configuration, looks for the list that replaced its own.
+#[test]
+fn a_ban_passed_on_after_an_unban_lifted_it_stays_lifted() {
+    use turnstile::http::{Outcome, RejectReason, RequestInfo};
+    type Limiter = HttpLimiter<turnstile::ManualClock>;
+    let config = |(within, prefix): (&str, u8)| {
+        HttpConfig::from_toml_str(&format!(
+            "[client_ip]\nipv4_prefix = {prefix}\n\
+             [[rules]]\nname = \"r\"\nperiod = \"1h\"\nlimit = 1\n\
+             [bans]\nafter = 1\nwithin = \"{within}\"\nduration = \"1h\"\n"
+        ))
+        .unwrap()
+    };
+    let ip: std::net::IpAddr = "198.51.100.7".parse().unwrap();
+    let mut back = Vec::new();
+    for reload in [("2h", 28), ("1h", 24), ("1h", 32)] {
+        let limiter = Arc::new(
+            Limiter::with_clock(config(("1h", 28)), turnstile::ManualClock::new()).unwrap(),
+        );
+        // The layer hands the engine the address grouped as configured now.
+        let reason = |limiter: &Limiter, prefix: u8| {
+            let group = ipnet::IpNet::new(ip, prefix).unwrap().network();
+            let request = RequestInfo {
+                method: &http::Method::GET,
+                path: "/",
+                client_ip: Some(group),
+                client_id: None,
+            };
+            match limiter.decide(&request).outcome {
+                Outcome::Rejected { reason, .. } => Some(reason),
+                _ => None,
+            }
+        };
+        assert_eq!(reason(&limiter, 28), None);
+        let lifted = Arc::new(AtomicBool::new(false));
+        when_banned({
+            let (limiter, lifted) = (Arc::clone(&limiter), Arc::clone(&lifted));
+            Box::new(move || {
+                limiter.reload(config(reload)).unwrap();
+                // Relaxed: read on this thread, after the request.
+                lifted.store(limiter.unban(ip), Ordering::Relaxed);
+            })
+        });
+        assert_eq!(reason(&limiter, 28), Some(RejectReason::RateLimited));
+        assert!(
+            lifted.load(Ordering::Relaxed),
+            "{reload:?}: the reload carried the ban over, and the unban lifted it"
+        );
+        if reason(&limiter, reload.1) == Some(RejectReason::Banned) {
+            back.push(reload);
+        }
+    }
+    assert!(
+        back.is_empty(),
+        "lifted bans back after reloads to {back:?}"
     );
 }

@@ -151,12 +151,17 @@ impl Remote {
     /// `subjects[i]`, into `answers`: one multi-limiter script per Cluster slot and cost (on a
     /// standalone server, per cost), the scripts in parallel. When one rejects, the others give
     /// back what they took, so that the request costs nothing (see `RlsService::with_redis`).
+    /// `rejected`: another descriptor has rejected the request already (a check, or one decided
+    /// without Redis): the calls are sent all the same, so that the descriptors over their
+    /// limit count their hits (as in memory, where every descriptor is decided), and every call
+    /// that admitted gives back.
     async fn enforce(
         &self,
         group: &[(usize, &RedisLimiter)],
         subjects: &[Vec<u8>],
         hits: &[u64],
         answers: &mut [Answer],
+        rejected: bool,
     ) {
         let cluster = matches!(self.connection, Connection::Cluster(_));
         // The calls, in the order first met: slot (on a Cluster), cost, members (in `group`).
@@ -187,7 +192,7 @@ impl Remote {
                 }
             }
         };
-        if let [(_, h, ks)] = &calls[..] {
+        if let ([(_, h, ks)], false) = (&calls[..], rejected) {
             set(
                 ks,
                 try_acquire_all_held(&members[0], cost(*h), &[], true)
@@ -224,7 +229,7 @@ impl Remote {
         let admitted = |got: &[Option<Result<Admission, TryAcquireError>>]| {
             got.iter().all(|a| matches!(a, Some(Ok(_))))
         };
-        if held.iter().all(|(got, _)| admitted(got)) {
+        if !rejected && held.iter().all(|(got, _)| admitted(got)) {
             for ((_, _, ks), (got, _)) in calls.iter().zip(held) {
                 set(ks, got);
             }
@@ -361,14 +366,15 @@ impl Remote {
         }
 
         // The enforced descriptors: one script per Cluster slot (one in all on a standalone
-        // server) and per cost, in parallel; all or nothing across them by giving back.
-        if !enforced_over(&answers) {
-            let group: Vec<(usize, &RedisLimiter)> = (0..answers.len())
-                .filter(|&i| matches!(answers[i], Answer::NotAsked) && !shadow(i) && hits[i] > 0)
-                .filter_map(|i| limiter(i).map(|l| (i, l)))
-                .collect();
-            self.enforce(&group, &subjects, &hits, &mut answers).await;
-        }
+        // server) and per cost, in parallel; all or nothing across them by giving back. Sent
+        // even when the request is rejected already, so that those over their limit count.
+        let group: Vec<(usize, &RedisLimiter)> = (0..answers.len())
+            .filter(|&i| matches!(answers[i], Answer::NotAsked) && !shadow(i) && hits[i] > 0)
+            .filter_map(|i| limiter(i).map(|l| (i, l)))
+            .collect();
+        let over = enforced_over(&answers);
+        self.enforce(&group, &subjects, &hits, &mut answers, over)
+            .await;
         let rejected = enforced_over(&answers);
 
         // Shadow descriptors of an admitted request.

@@ -181,7 +181,8 @@ impl Clock for UnixClock {
 ///   checks and hits after it are over until the window ends.
 /// - **Checks.** A descriptor `hits_addend` of 0 answers as one hit would, counting nothing:
 ///   over once the count has reached the limit (Envoy's service answers `OK` with 0 left at
-///   exactly the limit, and over only past it).
+///   exactly the limit, and over only past it). Checks are decided before the descriptors
+///   with hits: a check reads the count as it was before the request.
 /// - `shadow_mode: true`: never over the limit; when it would be, its status is `OK` with
 ///   `limit_remaining` 0, as in Envoy.
 /// - The global shadow mode ([`set_global_shadow_mode`](Self::set_global_shadow_mode),
@@ -460,11 +461,12 @@ impl RlsService {
     /// a limiter's deny cache already knows that its call rejects, the request is rejected
     /// with no round trip to any slot, and the other descriptors are not asked (`OK`, no
     /// count, no window). Checks (0 hits) take a round trip each, sent together before the
-    /// enforced calls (a check that is over rejects the request before anything is taken);
+    /// enforced calls (so a check reads the count as it was before the request, as in memory);
     /// shadow-mode descriptors (only when the request is admitted) one each, together after
-    /// them. A descriptor over its limit counts its hits past the limit, in the same script
-    /// (one of more hits than its limit, decided without a script, in a round trip of its
-    /// own).
+    /// them. The enforced calls are sent even when a check or a descriptor decided without
+    /// Redis has rejected the request already, and give back what they took. A descriptor
+    /// over its limit counts its hits past the limit, in the same script (one of more hits
+    /// than its limit, decided without a script, in a round trip of its own).
     ///
     /// While Redis does not answer within the limiters' deadline, `policy` decides each
     /// descriptor of the calls it did not answer (on a Cluster, the calls to the node that is
@@ -960,9 +962,17 @@ impl<C: Clock + Clone> RlsService<C> {
 
         let now = self.shared.clock.now();
         let mut rejected = false;
-        let mut outcomes = Vec::with_capacity(applied.len());
-        for (a, d) in applied.iter().zip(&request.descriptors) {
-            let hits = hits_of(request, d);
+        let mut outcomes: Vec<Option<Outcome<C>>> = applied.iter().map(|_| None).collect();
+        // Checks (0 hits) first, as in Redis: a check reads the count as it was before the
+        // request, not after the hits of a descriptor before it on the same counter.
+        let hits: Vec<u64> = (request.descriptors.iter())
+            .map(|d| hits_of(request, d))
+            .collect();
+        let order = (0..hits.len())
+            .filter(|&i| hits[i] == 0)
+            .chain((0..hits.len()).filter(|&i| hits[i] > 0));
+        for i in order {
+            let (a, d, hits) = (&applied[i], &request.descriptors[i], hits[i]);
             let outcome = match a {
                 Applied::Nothing => Outcome::Nothing,
                 Applied::Unlimited(_) => Outcome::Unlimited,
@@ -1007,11 +1017,11 @@ impl<C: Clock + Clone> RlsService<C> {
                     o
                 }
             };
-            outcomes.push(outcome);
+            outcomes[i] = Some(outcome);
         }
 
         let mut statuses = Vec::with_capacity(outcomes.len());
-        for (outcome, a) in outcomes.into_iter().zip(&applied) {
+        for (outcome, a) in outcomes.into_iter().flatten().zip(&applied) {
             let current_limit = match a {
                 Applied::Limit { spec, .. } => Some(spec.proto()),
                 _ => None,
@@ -1435,7 +1445,16 @@ fn decide<C: Clock + Clone>(
             remaining => Outcome::Within { remaining, reset },
         };
     }
-    let n = u32::try_from(hits).unwrap_or(u32::MAX);
+    let Ok(n) = u32::try_from(hits) else {
+        // More hits than any limit holds (a limit of `u32::MAX` too, which `u32::MAX` hits
+        // would fit): over, and counted past the limit as below, the charge saturating.
+        let left = limiter.available(&key);
+        if count_over {
+            // Fails only at the key cap, as below: over all the same.
+            let _ = limiter.charge(&key, u32::MAX);
+        }
+        return Outcome::Over { left, reset };
+    };
     match limiter.try_acquire_refundable(&key, n) {
         Ok(taken) => Outcome::Admitted(taken),
         Err(error) => {

@@ -181,7 +181,7 @@ pub(crate) fn canonical_net(net: IpNet) -> IpNet {
 
 /// An IPv4-mapped IPv6 address (`::ffff:1.2.3.4`, as dual-stack sockets report IPv4 peers) is
 /// the IPv4 address.
-fn canonical(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),

@@ -224,11 +224,13 @@ macro_rules! count_list_rejection {
 /// as coarse or coarser (an address banned under `ipv6_prefix = 128` bans its /64 under 64); and
 /// when it is finer, the old group stays banned as a group, every address in it, until its ban ends
 /// (`unban` of any of them lifts it; a later reload stops looking the group up once its ban has
-/// ended). An unban made while a reload carries the bans over stays done: the reload lifts the ban
-/// again in the new list once that list holds every ban it carries (which also lifts a ban the same
-/// client earned during the reload). Counts of rejections towards a ban start over. Bans that do
-/// not fit a smaller `max_entries` are lost, those that end soonest, and the reload says how
-/// many at `warn`. The counters
+/// ended and no request still decides under a list from before the grouping changed). An unban
+/// made while a reload carries the bans over stays done: the reload lifts the ban again in the
+/// new list once that list holds every ban it carries (which also lifts a ban the same client
+/// earned during the reload); so does one made after it while a request still deciding under the
+/// old configuration passes its ban on (the unban lifts it in the old list too). Counts of
+/// rejections towards a ban start over. Bans that do not fit a smaller `max_entries` are lost,
+/// those that end soonest, and the reload says how many at `warn`. The counters
 /// of rules that count by address are not carried over a new grouping: they are keyed by the old
 /// groups, so each client starts from a full limit under its new key (a rule's counts cannot be
 /// split among a group's members, and summing members into a group would need every key visited).
@@ -919,20 +921,23 @@ impl Unban {
         let Some(bans) = snapshot.rules.bans.as_ref() else {
             return false;
         };
-        let client = match self {
+        let (client, address) = match self {
             Unban::Ip(ip) => {
                 match client_ip(
                     Some(*ip),
                     &http::HeaderMap::new(),
                     &snapshot.settings.client_ip,
                 ) {
-                    Some(grouped) => BanKey::Ip(grouped),
+                    Some(grouped) => (
+                        BanKey::Ip(grouped),
+                        Some(crate::http::client_ip::canonical(*ip)),
+                    ),
                     None => return false,
                 }
             }
-            Unban::Client(id) => BanKey::Client(id.clone()),
+            Unban::Client(id) => (BanKey::Client(id.clone()), None),
         };
-        bans.unban(&client)
+        bans.lift(&client, address)
     }
 }
 

@@ -14,7 +14,7 @@ use regex::Regex;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// What one rule counts a request under: the parts its `key` and `per_endpoint` name. Built for
@@ -440,6 +440,15 @@ pub(crate) struct Bans<C: Clock> {
     /// it orders the hand-over against the bans of this list (see `pass_on`), and it is taken
     /// only when a ban starts.
     successor: Mutex<Option<Arc<Bans<C>>>>,
+    /// The list this one replaced, while it is in use ([`Bans::hand_over`]): an unban lifts
+    /// the ban there too ([`Bans::lift`]), so that a ban started there and not yet passed on
+    /// is not passed on after the unban. Weak: the old list points at this one.
+    predecessor: Mutex<Option<Weak<Bans<C>>>>,
+    /// One lock for a list and every list that replaced it in turn (each reload's new list
+    /// shares its old one's): a ban passed on ([`Bans::pass_on`]) and an unban ([`Bans::lift`])
+    /// each run whole under it, so that an unban is never followed by a pass-on of the ban it
+    /// lifted. Taken only when a ban starts in a replaced list and when an operator unbans.
+    handing_over: Arc<Mutex<()>>,
 }
 
 /// A ban as any list can place it: a client's, or an address group's (network, prefix length;
@@ -581,13 +590,43 @@ impl<C: Clock> Bans<C> {
     /// over to it for the last time: from here on a ban that starts in this list (a request
     /// that loaded the old configuration and is still deciding under it) is passed on to `new`
     /// by [`pass_on`](Self::pass_on).
-    pub(crate) fn hand_over(&self, new: &Arc<Bans<C>>) {
+    pub(crate) fn hand_over(self: &Arc<Self>, new: &Arc<Bans<C>>) {
+        // Before the successor: a ban that sees the successor, passed on after an unban (both
+        // under `handing_over`), finds that the unban lifted it here too.
+        *crate::sync::lock(&new.predecessor) = Some(Arc::downgrade(self));
         *crate::sync::lock(&self.successor) = Some(Arc::clone(new));
     }
 
     /// The list that replaced this one, if a reload has.
     fn successor(&self) -> Option<Arc<Bans<C>>> {
         crate::sync::lock(&self.successor).clone()
+    }
+
+    /// The list this one replaced, if a reload built it and the old one is still in use.
+    fn predecessor(&self) -> Option<Arc<Bans<C>>> {
+        crate::sync::lock(&self.predecessor)
+            .as_ref()
+            .and_then(Weak::upgrade)
+    }
+
+    /// An operator's unban: [`unban`](Self::unban) here, and in the lists this one replaced
+    /// that are still in use (`address`, the client's own address, grouped under each list's
+    /// grouping; a client known by its id as it is), under `handing_over`. A ban that a
+    /// request started in a replaced list just before a reload carried it over to this one
+    /// would otherwise be passed on ([`pass_on`](Self::pass_on)) after this lifted it here,
+    /// and the client banned again. Whether this list banned the client.
+    pub(crate) fn lift(&self, client: &BanKey, address: Option<IpAddr>) -> bool {
+        let _one_at_a_time = crate::sync::lock(&self.handing_over);
+        let mut before = self.predecessor();
+        while let Some(old) = before {
+            let key = match address {
+                Some(ip) => BanKey::Ip(mask_to(ip, old.prefix_of(ip))),
+                None => client.clone(),
+            };
+            old.unban(&key);
+            before = old.predecessor();
+        }
+        self.unban(client)
     }
 
     /// Passes `client`'s ban, just started in this list, on to the lists that replaced it,
@@ -602,11 +641,15 @@ impl<C: Clock> Bans<C> {
     /// ban; if the reload's lock comes first, this sees the successor and passes the ban on.
     /// Either way the ban reaches the new list; both is harmless, a ban never shortening one in
     /// force. The same holds at every further hop, a ban placed in the successor being written
-    /// before its own successor is looked at. `loom-tests/loom_bans.rs` models it.
+    /// before its own successor is looked at. `loom-tests/loom_bans.rs` models it. Under
+    /// `handing_over`, so that an operator's unban ([`lift`](Self::lift)) comes wholly before
+    /// (and lifted the ban here, so nothing is passed on) or wholly after (and lifts what was).
     fn pass_on(&self, client: &BanKey) {
         let Some(mut next) = self.successor() else {
             return;
         };
+        // An unban is either before this (and lifted the ban here: see `lift`) or after it.
+        let _one_at_a_time = crate::sync::lock(&self.handing_over);
         let Some(left) = self.list.check(client).err().map(|b| b.retry_after()) else {
             // Already lifted (an unban raced this): nothing to pass on.
             return;
@@ -1501,6 +1544,13 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         let inherited = self.old_bans.as_ref().and_then(|old| {
             let (mut v4, mut v6) = (vec![old.grouping.0], vec![old.grouping.1]);
             if let Some(i) = &old.inherited {
+                // While a list that `old` replaced is in use, a ban started there may yet be
+                // passed on through `old`'s inherited groups to this list (`Bans::pass_on`),
+                // after this reads the bans in force there: every prefix `old` may hold.
+                if old.predecessor().is_some() {
+                    v4.extend_from_slice(&i.v4);
+                    v6.extend_from_slice(&i.v6);
+                }
                 for ((ip, p), _) in i.list.banned() {
                     match ip {
                         IpAddr::V4(_) => v4.push(p),
@@ -1534,6 +1584,11 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             inherited,
             warned_full: crate::sync::AtomicU64::new(0),
             successor: Mutex::new(None),
+            predecessor: Mutex::new(None),
+            handing_over: self.old_bans.as_ref().map_or_else(
+                || Arc::new(Mutex::new(())),
+                |old| Arc::clone(&old.handing_over),
+            ),
         });
         if let Some(old) = &self.old_bans {
             bans.carry(old);
