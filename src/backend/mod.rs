@@ -26,7 +26,7 @@ pub(crate) use connection::Connection;
 pub(crate) use multi::try_acquire_all;
 // Envoy's service on a Cluster: one call per slot, given back when another slot rejects.
 #[cfg(feature = "envoy")]
-pub(crate) use multi::{Held, settled, try_acquire_all_held};
+pub(crate) use multi::{Held, Over, settled, try_acquire_all_held};
 
 use crate::chain::{KeyedChain, Taken};
 use crate::decision::{Admission, Rejection};

@@ -15,6 +15,23 @@ use std::ops::Deref;
 use std::sync::LazyLock;
 use std::time::Instant;
 
+/// What a call of [`try_acquire_all_held`] does with a member that rejects, and with the
+/// others: `multi.lua`'s last argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "envoy"), allow(dead_code))]
+pub(crate) enum Over {
+    /// A member that rejects takes nothing (the HTTP layer's rules: a rejection costs nothing).
+    Free,
+    /// A member that rejects counts its `n` all the same, past its limit, in the same script
+    /// (as Envoy's rate limit service counts a descriptor's hits whether or not they fit); the
+    /// members that would have admitted take nothing.
+    Counted,
+    /// As `Counted`, for a call whose decision the caller has rejected already (another
+    /// descriptor is over): the call takes nothing from the members that admit, and is sent
+    /// only so that those over their limit count.
+    CountedOnly,
+}
+
 /// One member's answer from [`try_acquire_all`]: `None` if it was not decided.
 pub(crate) type Answer = Option<Result<Admission, TryAcquireError>>;
 
@@ -195,7 +212,7 @@ pub(crate) async fn try_acquire_all<C>(members: &[(&RedisLimiter<C>, &[u8])], n:
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    try_acquire_all_held(members, n, &[], false).await.0
+    try_acquire_all_held(members, n, &[], Over::Free).await.0
 }
 
 /// [`try_acquire_all`], and what the call took from each member, so that the caller can give
@@ -203,10 +220,8 @@ where
 /// of the decision's other calls, which may take from a key of this call before it decides and
 /// give it back after: a member with such a key keeps its rejection out of the deny cache, as
 /// one with a key this call lists twice does (that retry-after may count hits given back).
-/// `count_over`: a member that rejects counts its `n` all the same, past its limit, in the same
-/// script (as Envoy's rate limit service counts a descriptor's hits whether or not they fit);
-/// the members that would have admitted still take nothing, and a call the deny caches settle
-/// is not sent, so counts nothing.
+/// `over`: what the call does with a member that rejects, and with the others ([`Over`]); a
+/// call the deny caches settle is not sent, so counts nothing.
 ///
 /// # Cancel safety
 ///
@@ -215,7 +230,7 @@ pub(crate) async fn try_acquire_all_held<C>(
     members: &[(&RedisLimiter<C>, &[u8])],
     n: u32,
     elsewhere: &[Vec<u8>],
-    count_over: bool,
+    over: Over,
 ) -> (Vec<Answer>, Held)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -263,8 +278,14 @@ where
                 cmd.arg(plan.kind).arg(plan.params[0]).arg(plan.params[1]);
             }
         }
-        if count_over {
-            cmd.arg(1);
+        match over {
+            Over::Free => {}
+            Over::Counted => {
+                cmd.arg(1);
+            }
+            Over::CountedOnly => {
+                cmd.arg(2);
+            }
         }
     });
     let reply = within(deadline, round_trip)
@@ -560,48 +581,64 @@ mod tests {
         assert_eq!(failures(&b), (1, 0, 1, 0));
     }
 
-    /// `count_over`: a call rejected by one member counts that member's `n` past its limit in
-    /// the same script (Envoy's service counts a descriptor's hits whether or not they fit),
-    /// while the member that would have admitted takes nothing; without it, nothing is counted.
+    /// [`Over`]: a call rejected by one member counts that member's `n` past its limit in the
+    /// same script under `Counted` and `CountedOnly` (Envoy's service counts a descriptor's
+    /// hits whether or not they fit) and not under `Free`, while the member that would have
+    /// admitted takes nothing; under `CountedOnly` a call whose members all admit takes nothing
+    /// either (its caller's decision is rejected already) and answers as rejected.
     #[tokio::test]
-    async fn count_over_counts_the_rejecting_members_past_their_limit_only() {
+    async fn over_counts_the_rejecting_members_past_their_limit_only() {
         let server = RedisServer::start();
         let connection = connect(&server).await;
-        for (count_over, prefix) in [(false, "off"), (true, "on")] {
+        let mut raw = ::redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        // A key's count, read in Redis (the answers say 0 left past the limit, whatever it is).
+        let mut count = |l: &RedisLimiter, subject: &[u8]| -> u32 {
+            ::redis::cmd("HGET")
+                .arg(l.key(subject))
+                .arg("c")
+                .query(&mut raw)
+                .unwrap()
+        };
+        for (over, prefix, counted) in [
+            (Over::Free, "free", 3),
+            (Over::Counted, "counted", 5),
+            (Over::CountedOnly, "only", 5),
+        ] {
             let (big, small) = (
                 limit_3_per_hour(&connection, &format!("{prefix}-big")),
                 limit_3_per_hour(&connection, &format!("{prefix}-small")),
             );
             small.try_acquire_n(b"s", 3).await.unwrap();
+            big.try_acquire(b"b").await.unwrap();
             let members = [(&big, &b"b"[..]), (&small, &b"s"[..])];
-            let (answers, _) = try_acquire_all_held(&members, 2, &[], count_over).await;
+            let (answers, _) = try_acquire_all_held(&members, 2, &[], over).await;
             assert!(matches!(answers[0], Some(Ok(_))), "{answers:?}");
             assert!(matches!(
                 answers[1],
                 Some(Err(TryAcquireError::Rejected(_)))
             ));
             // The member that would have admitted took nothing either way.
-            assert_eq!(
-                big.try_acquire_n(b"b", 3).await.map(|a| a.remaining()),
-                Ok(0)
-            );
-            // The rejecting one's count, read in Redis (its answers say 0 left either way):
-            // 3 + 2 with `count_over`, 3 without.
-            let mut raw = ::redis::Client::open(server.url())
-                .unwrap()
-                .get_connection()
-                .unwrap();
-            let count: u32 = ::redis::cmd("HGET")
-                .arg(small.key(b"s"))
-                .arg("c")
-                .query(&mut raw)
-                .unwrap();
-            assert_eq!(
-                count,
-                if count_over { 5 } else { 3 },
-                "count_over {count_over}"
-            );
+            assert_eq!(count(&big, b"b"), 1, "{over:?}");
+            assert_eq!(count(&small, b"s"), counted, "{over:?}");
         }
+        // Under `CountedOnly`, members that all admit take nothing: the call answers their
+        // state as it stands, as a rejected call does.
+        let (a, b) = (
+            limit_3_per_hour(&connection, "only-a"),
+            limit_3_per_hour(&connection, "only-b"),
+        );
+        let members = [(&a, &b"x"[..]), (&b, &b"y"[..]), (&a, &b"x"[..])];
+        let (answers, _) = try_acquire_all_held(&members, 1, &[], Over::CountedOnly).await;
+        let remaining: Vec<_> = answers
+            .iter()
+            .map(|a| a.as_ref().map(|r| r.as_ref().map(|a| a.remaining()).ok()))
+            .collect();
+        assert_eq!(remaining, [Some(Some(3)), Some(Some(3)), Some(Some(3))]);
+        assert_eq!(a.try_acquire_n(b"x", 3).await.map(|a| a.remaining()), Ok(0));
+        assert_eq!(b.try_acquire_n(b"y", 3).await.map(|a| a.remaining()), Ok(0));
     }
 
     /// One key listed twice in a call (two rules sharing a counter) counts twice, each
@@ -820,7 +857,7 @@ mod tests {
             (&b, &b"y"[..]),
             (&bucket, &b"z"[..]),
         ];
-        let (answers, held) = try_acquire_all_held(&members, 1, &[], false).await;
+        let (answers, held) = try_acquire_all_held(&members, 1, &[], Over::Free).await;
         assert!(
             answers.iter().all(|a| matches!(a, Some(Ok(_)))),
             "{answers:?}"
@@ -850,7 +887,7 @@ mod tests {
         );
         // A rejected call took nothing, and gives back nothing.
         let (_, held) =
-            try_acquire_all_held(&[(&a, &b"x"[..]), (&a, &b"x"[..])], 2, &[], false).await;
+            try_acquire_all_held(&[(&a, &b"x"[..]), (&a, &b"x"[..])], 2, &[], Over::Free).await;
         assert_eq!(
             held.give_back(&[(&a, &b"x"[..]), (&a, &b"x"[..])]).await,
             [true, true]

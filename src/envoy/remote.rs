@@ -8,7 +8,7 @@ use super::service::{
     Applied, Overrides, counter_entries, hits_of, override_applied, resolve, status, window_left,
 };
 pub(crate) use crate::backend::Connection;
-use crate::backend::{Held, settled, try_acquire_all_held};
+use crate::backend::{Held, Over, settled, try_acquire_all_held};
 use crate::redis::cluster_routing::Slot;
 use crate::{Admission, Algorithm, ConfigError, FailurePolicy, TryAcquireError};
 use futures_util::future::join_all;
@@ -153,8 +153,9 @@ impl Remote {
     /// back what they took, so that the request costs nothing (see `RlsService::with_redis`).
     /// `rejected`: another descriptor has rejected the request already (a check, or one decided
     /// without Redis): the calls are sent all the same, so that the descriptors over their
-    /// limit count their hits (as in memory, where every descriptor is decided), and every call
-    /// that admitted gives back.
+    /// limit count their hits (as in memory, where every descriptor is decided), each asking
+    /// its script to take nothing from the members that admit ([`Over::CountedOnly`]): one
+    /// round trip, nothing to give back.
     async fn enforce(
         &self,
         group: &[(usize, &RedisLimiter)],
@@ -192,10 +193,15 @@ impl Remote {
                 }
             }
         };
-        if let ([(_, h, ks)], false) = (&calls[..], rejected) {
+        let over = if rejected {
+            Over::CountedOnly
+        } else {
+            Over::Counted
+        };
+        if let [(_, h, ks)] = &calls[..] {
             set(
                 ks,
-                try_acquire_all_held(&members[0], cost(*h), &[], true)
+                try_acquire_all_held(&members[0], cost(*h), &[], over)
                     .await
                     .0,
             );
@@ -223,13 +229,14 @@ impl Remote {
             })
             .collect();
         let calls_held: Vec<_> = (calls.iter().zip(&members).zip(&elsewhere))
-            .map(|(((_, h, _), m), elsewhere)| try_acquire_all_held(m, cost(*h), elsewhere, true))
+            .map(|(((_, h, _), m), elsewhere)| try_acquire_all_held(m, cost(*h), elsewhere, over))
             .collect();
         let held = join_all(calls_held).await;
         let admitted = |got: &[Option<Result<Admission, TryAcquireError>>]| {
             got.iter().all(|a| matches!(a, Some(Ok(_))))
         };
-        if !rejected && held.iter().all(|(got, _)| admitted(got)) {
+        // Every call admitted, or none took anything (`CountedOnly`): nothing to give back.
+        if rejected || held.iter().all(|(got, _)| admitted(got)) {
             for ((_, _, ks), (got, _)) in calls.iter().zip(held) {
                 set(ks, got);
             }
@@ -367,7 +374,8 @@ impl Remote {
 
         // The enforced descriptors: one script per Cluster slot (one in all on a standalone
         // server) and per cost, in parallel; all or nothing across them by giving back. Sent
-        // even when the request is rejected already, so that those over their limit count.
+        // even when the request is rejected already, so that those over their limit count
+        // (taking nothing from the others: `Over::CountedOnly`).
         let group: Vec<(usize, &RedisLimiter)> = (0..answers.len())
             .filter(|&i| matches!(answers[i], Answer::NotAsked) && !shadow(i) && hits[i] > 0)
             .filter_map(|i| limiter(i).map(|l| (i, l)))

@@ -464,7 +464,8 @@ impl RlsService {
     /// enforced calls (so a check reads the count as it was before the request, as in memory);
     /// shadow-mode descriptors (only when the request is admitted) one each, together after
     /// them. The enforced calls are sent even when a check or a descriptor decided without
-    /// Redis has rejected the request already, and give back what they took. A descriptor
+    /// Redis has rejected the request already, in the same round trip, each script told to take
+    /// nothing from the members that admit (so there is nothing to give back). A descriptor
     /// over its limit counts its hits past the limit, in the same script (one of more hits
     /// than its limit, decided without a script, in a round trip of its own).
     ///

@@ -58,8 +58,10 @@ end
 -- first state), and if the call as a whole rejects, the key is restored from the snapshot and
 -- repaired as its first occurrence read it. Deciding every occurrence on the first state, the
 -- second write overwrote the first and the call counted n where it took 2n.
+-- `refused`: the caller's decision is rejected already, so nothing is committed whatever the
+-- members say (they are decided, and repaired, as for a rejected call).
 -- Returns now, n, whether all admitted, and per member {admitted, t, remaining}.
-local function all_or_nothing()
+local function all_or_nothing(refused)
   local now = now_us()
   local n = tonumber(ARGV[1])
   local repeated = nil
@@ -72,7 +74,7 @@ local function all_or_nothing()
     local admitted, t, left, commit, repair = decide(i, n, now)
     results[i] = {admitted, t, left}
     commits[i], repairs[i] = commit, repair
-    if not admitted then all = false end
+    if refused or not admitted then all = false end
     if repeated and repeated[key] then
       if saved[key] == nil then
         saved[key], first_repair[key] = snapshot(key), repair
