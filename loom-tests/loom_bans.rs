@@ -52,6 +52,19 @@ fn an_unban_is_wholly_before_or_after_a_failure() {
     });
 }
 
+/// A ban list as the hand-over models use it: a ban at the first failure, a fixed hasher.
+type List = BanList<u64, ManualClock, Fixed>;
+
+fn list() -> Arc<List> {
+    Arc::new(
+        BanList::<u64>::builder(1, Duration::from_secs(60), Duration::from_secs(60))
+            .clock(ManualClock::new())
+            .hasher(Fixed::default())
+            .build()
+            .unwrap(),
+    )
+}
+
 /// The hand-over of a reload that replaces a ban list, modelled over two real lists: a ban
 /// that starts in the old list while the reload hands it over reaches the new one.
 ///
@@ -64,19 +77,8 @@ fn an_unban_is_wholly_before_or_after_a_failure() {
 #[test]
 fn a_ban_started_during_a_hand_over_reaches_the_new_list() {
     model(|| {
-        let list = || {
-            Arc::new(
-                BanList::<u64>::builder(1, Duration::from_secs(60), Duration::from_secs(60))
-                    .clock(ManualClock::new())
-                    .hasher(Fixed::default())
-                    .build()
-                    .unwrap(),
-            )
-        };
         let (old, new) = (list(), list());
-        let successor = Arc::new(loom::sync::Mutex::new(
-            None::<Arc<BanList<u64, ManualClock, Fixed>>>,
-        ));
+        let successor = Arc::new(loom::sync::Mutex::new(None::<Arc<List>>));
         let request = {
             let (old, successor) = (Arc::clone(&old), Arc::clone(&successor));
             thread::spawn(move || {
@@ -110,19 +112,8 @@ fn a_ban_started_during_a_hand_over_reaches_the_new_list() {
 #[test]
 fn an_unban_after_a_hand_over_is_not_undone_by_a_pass_on() {
     model(|| {
-        let list = || {
-            Arc::new(
-                BanList::<u64>::builder(1, Duration::from_secs(60), Duration::from_secs(60))
-                    .clock(ManualClock::new())
-                    .hasher(Fixed::default())
-                    .build()
-                    .unwrap(),
-            )
-        };
         let (old, new) = (list(), list());
-        let successor = Arc::new(loom::sync::Mutex::new(
-            None::<Arc<BanList<u64, ManualClock, Fixed>>>,
-        ));
+        let successor = Arc::new(loom::sync::Mutex::new(None::<Arc<List>>));
         let handing_over = Arc::new(loom::sync::Mutex::new(()));
         let request = {
             let (old, successor, handing_over) = (

@@ -664,6 +664,17 @@ descriptors:
     assert_eq!(rls.ask(request).await.unwrap().overall_code(), OVER);
 }
 
+/// A request that only checks the descriptor of `entries` (its own `hits_addend` of 0).
+fn check_of(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
+    let mut check = descriptor(entries);
+    check.hits_addend = Some(UInt64Value { value: 0 });
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![check],
+        hits_addend: 0,
+    }
+}
+
 /// A cost reported after the fact (a check with `hits_addend: 0` before the work, then the
 /// work's cost once known, as for a budget of tokens) counts past the limit when it is more
 /// than what is left, as Envoy's service counts it, and the checks after it are over until the
@@ -679,12 +690,7 @@ descriptors:
 "])
     .await;
     let k: &[(&str, &str)] = &[("tokens", "alice")];
-    let mut check = RateLimitRequest {
-        domain: "d".into(),
-        descriptors: vec![descriptor(k)],
-        hits_addend: 0,
-    };
-    check.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    let check = check_of("d", k);
     let r = rls.call_hits("d", &[k], 900).await;
     assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![100]));
     let r = rls.ask(check.clone()).await.unwrap();
@@ -720,12 +726,7 @@ descriptors:
 "])
     .await;
     let k: &[(&str, &str)] = &[("k", "v")];
-    let mut check = RateLimitRequest {
-        domain: "d".into(),
-        descriptors: vec![descriptor(k)],
-        hits_addend: 0,
-    };
-    check.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    let check = check_of("d", k);
     for left in [2, 1] {
         let r = rls.ask(check.clone()).await.unwrap();
         assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![left]));

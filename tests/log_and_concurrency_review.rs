@@ -124,6 +124,30 @@ fn log_ops(capacity: u32) -> impl proptest::strategy::Strategy<Value = Vec<Op>> 
     )
 }
 
+/// A log of `limit` in `window` ns that may be raised up to `capacity`, on a clock of its own,
+/// and the ticket model it starts equal to.
+fn log_and_model(
+    limit: u32,
+    capacity: u32,
+    window: u64,
+) -> (ManualClock, RateLimiter<ManualClock>, Tickets) {
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::builder(Algorithm::SlidingWindow {
+        limit,
+        window: NS(window),
+    })
+    .clock(clock.clone())
+    .max_limit(capacity)
+    .build()
+    .unwrap();
+    let model = Tickets {
+        limit: u64::from(limit),
+        window,
+        expiries: Vec::new(),
+    };
+    (clock, limiter, model)
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 1000, ..Default::default() })]
 
@@ -135,14 +159,8 @@ proptest::proptest! {
         (limit, extra, window) in (1u32..5, 0u32..3, 1u64..30),
         ops in log_ops(6),
     ) {
-        let clock = ManualClock::new();
         let capacity = limit + extra;
-        let limiter = RateLimiter::builder(Algorithm::SlidingWindow { limit, window: NS(window) })
-            .clock(clock.clone())
-            .max_limit(capacity)
-            .build()
-            .unwrap();
-        let mut model = Tickets { limit: u64::from(limit), window, expiries: Vec::new() };
+        let (clock, limiter, mut model) = log_and_model(limit, capacity, window);
         let mut now = 0;
         for (i, op) in ops.into_iter().enumerate() {
             match op {
@@ -210,14 +228,8 @@ proptest::proptest! {
         (limit, extra, window) in (1u32..5, 0u32..3, 1u64..30),
         ops in refund_ops(6),
     ) {
-        let clock = ManualClock::new();
         let capacity = limit + extra;
-        let limiter = RateLimiter::builder(Algorithm::SlidingWindow { limit, window: NS(window) })
-            .clock(clock.clone())
-            .max_limit(capacity)
-            .build()
-            .unwrap();
-        let mut model = Tickets { limit: u64::from(limit), window, expiries: Vec::new() };
+        let (clock, limiter, mut model) = log_and_model(limit, capacity, window);
         let mut now = 0;
         let mut version = 0;
         let mut shrunk = false;
