@@ -35,7 +35,9 @@
 //!   key's head, wherever the lowering lands between its fast path's check and its enqueue;
 //! - a sweep racing a reconfiguration judges a key under one parameter set, loaded before its
 //!   clock read and re-checked before its CAS: a shrunk window never makes a busy key's count
-//!   look stale (`a_sweep_racing_a_window_shrink_never_evicts_a_busy_key`).
+//!   look stale (`a_sweep_racing_a_window_shrink_never_evicts_a_busy_key`);
+//! - a `close` racing a waiter that joins (or creates) its key's queue fails it: no waiter is
+//!   left in a queue the closing walk missed (`a_waiter_joining_during_close`).
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_keyed`
 #![cfg(turnstile_loom)]
@@ -753,4 +755,66 @@ fn a_sweep_racing_a_window_shrink_never_evicts_a_busy_key() {
         assert_eq!(attempt(&l, 1), None, "the window admitted its limit twice");
         assert_eq!(l.len(), 1);
     });
+}
+
+/// `close` races a waiter joining key 1's queue (`Waits::close`): key 1 is spent until the next
+/// window, which never comes (the clock does not move), so the waiter ends only if the close
+/// fails it. The waiter (an `acquire` polled by hand on the main thread) looks the queue up or
+/// creates it, fences, and reads the closed bit under the queue's mutex as it enqueues; the
+/// closer sets the bit, fences, and walks the queues. Wherever the close lands, the waiter
+/// fails with `Closed` at its first poll or, polled again once the closer is done, at its
+/// second: a waiter still pending then was left in a queue nobody will close. With
+/// `already_queued`, a first waiter sits in key 1's queue before the race: the walk must fail
+/// both. The books balance: one admission, every waiter rejected once, nobody left waiting.
+fn a_waiter_joining_during_close(already_queued: bool) {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    model(move || {
+        let rt = common::paused_runtime();
+        let _entered = rt.enter();
+        let l = limiter(fixed(1), 4);
+        l.try_acquire(&1).unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut first = already_queued.then(|| Box::pin(l.acquire(&1)));
+        if let Some(first) = first.as_mut() {
+            assert!(first.as_mut().poll(&mut cx).is_pending(), "key 1 is spent");
+        }
+        let closer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.close())
+        };
+        let mut waiter = Box::pin(l.acquire(&1));
+        let polled = waiter.as_mut().poll(&mut cx);
+        closer.join().unwrap();
+        let outcome = match polled {
+            Poll::Ready(outcome) => outcome,
+            Poll::Pending => match waiter.as_mut().poll(&mut cx) {
+                Poll::Ready(outcome) => outcome,
+                Poll::Pending => panic!("the waiter was left waiting after the close"),
+            },
+        };
+        assert_eq!(outcome.map(|a| a.at_nanos()), Err(AcquireError::Closed));
+        if let Some(mut first) = first {
+            let Poll::Ready(outcome) = first.as_mut().poll(&mut cx) else {
+                panic!("the queued waiter was left waiting after the close");
+            };
+            assert_eq!(outcome.map(|a| a.at_nanos()), Err(AcquireError::Closed));
+        }
+        drop(waiter);
+        assert_eq!(l.try_acquire(&2), Err(TryAcquireError::Closed));
+        let s = l.stats();
+        let waiters = 1 + u64::from(already_queued);
+        assert_eq!((s.admitted, s.rejected), (1, waiters + 1), "{s:?}");
+        assert_eq!((s.cancelled, s.waiting, s.waiting_keys), (0, 0, 0), "{s:?}");
+    });
+}
+
+#[test]
+fn a_waiter_creating_its_keys_queue_during_close_is_failed() {
+    a_waiter_joining_during_close(false);
+}
+
+#[test]
+fn a_waiter_joining_a_queue_during_close_is_failed_with_the_queued_one() {
+    a_waiter_joining_during_close(true);
 }

@@ -199,12 +199,24 @@ struct Inner<K, C, S> {
 pub(crate) struct Waits<K, S> {
     /// The wait queues of the keys that have waiters (see [`KeyWait`]).
     pub(crate) map: KeyMap<K, Arc<KeyWait>, S>,
-    /// Entries in `map`. Read by every `try_acquire` (zero on the fast path), written only when
-    /// a key gains its first waiter or its queue is retired.
+    /// Entries in `map`, and whether the limiter is closed: read by every `try_acquire` (zero on
+    /// the fast path), written only when a key gains its first waiter or its queue is retired,
+    /// and by [`close`](Self::close).
+    ///
+    /// | bits | holds |
+    /// |---|---|
+    /// | 0..=62 | keys with a queue in `map` (a count: `fetch_add`/`fetch_sub` of 1) |
+    /// | 63 ([`WAITS_CLOSED`]) | the limiter is closed; set once, never cleared |
+    ///
+    /// The closed bit in this word, not a flag beside it, keeps the fast path at one load: a
+    /// closed limiter reads non-zero and takes the slow path, which looks at the bit.
     pub(crate) waiting_keys: CachePadded<AtomicU64>,
     pub(crate) order: QueueOrder,
     pub(crate) queue_limit: u64,
 }
+
+/// [`Waits::waiting_keys`]' closed bit (see its state table).
+const WAITS_CLOSED: u64 = 1 << 63;
 
 /// One key's wait queue: created when the key gets its first waiter, retired and dropped from
 /// the map when its last waiter leaves.
@@ -1298,6 +1310,10 @@ where
     fn capacity_now(&self) -> u32 {
         self.algorithm_limit()
     }
+
+    fn closed(&self) -> bool {
+        self.ctx.waits.is_closed()
+    }
 }
 
 /// Runs `$body` with `$keyed` bound to the store's `Keyed<A, K, S>`, whatever `A` is.
@@ -1773,6 +1789,7 @@ where
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst).
     /// - [`TryAcquireError::TooManyKeys`]: a new key, the cap is reached, nothing is idle, and the
     ///   policy is [`KeyOverflow::Reject`].
+    /// - [`TryAcquireError::Closed`]: the limiter was [closed](Self::close).
     ///
     /// # Examples
     ///
@@ -1822,7 +1839,9 @@ where
     ///
     /// # Errors
     ///
-    /// [`TryAcquireError::TooManyKeys`] as above; never `Rejected` nor `InsufficientCapacity`.
+    /// [`TryAcquireError::TooManyKeys`] as above, and [`TryAcquireError::Closed`] once the
+    /// limiter is [closed](Self::close) (nothing is recorded); never `Rejected` nor
+    /// `InsufficientCapacity`.
     ///
     /// # Examples
     ///
@@ -1848,6 +1867,9 @@ where
     pub fn charge(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
         let (ctx, shard) = (&inner.ctx, self.shard(key));
+        if ctx.waits.is_closed() {
+            return Err(TryAcquireError::Closed);
+        }
         with_store!(&inner.store, s => loop {
             // The key's cell through the path every keyed call takes (`with_cell`); its checks
             // for a new key are for a call of at most the limit, which a charge may exceed.
@@ -1873,11 +1895,14 @@ where
         with_store!(&inner.store, s => s.try_acquire(&inner.ctx, shard, key, n))
     }
 
-    /// `try_acquire` while some key has waiters: no barging past this key's queue under
-    /// oldest-first order.
+    /// `try_acquire` while some key has waiters, or once closed: no barging past this key's
+    /// queue under oldest-first order.
     #[cold]
     #[inline(never)]
     fn try_acquire_queued(&self, key: &K, n: u32) -> Result<Admission, TryAcquireError> {
+        if self.inner.ctx.waits.is_closed() {
+            return Err(TryAcquireError::Closed);
+        }
         if !self.held_back(key) {
             return self.decide(key, n);
         }
@@ -2428,6 +2453,64 @@ where
         self.inner.ctx.waits.queue_limit
     }
 
+    /// Closes the limiter, for every key: each queued waiter fails with
+    /// [`AcquireError::Closed`], and every later `try_acquire`, `acquire`, `charge` or
+    /// [`KeyedChain`](crate::KeyedChain) call on it fails at once (`Closed`). Closing twice is
+    /// harmless. As for a [`RateLimiter`](crate::RateLimiter): a graceful shutdown's way to
+    /// let every task waiting for a key go at once, rather than cancelling each.
+    ///
+    /// What was admitted stays admitted, and the keys' state is kept until evicted (sweeps
+    /// still evict idle keys; [`available`](Self::available), [`stats`](Self::stats) and
+    /// [`reset`](Self::reset) still answer). A refund of an admission made before the close
+    /// still gives its permits back, to a limiter that admits nothing more.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{AcquireError, Algorithm, KeyedLimiter, TryAcquireError};
+    ///
+    /// let limiter = KeyedLimiter::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) })?;
+    /// limiter.try_acquire(&"alice")?;
+    /// let waiter = std::thread::spawn({
+    ///     let limiter = limiter.clone();
+    ///     move || limiter.acquire_blocking(&"alice") // waits about a minute, unless closed
+    /// });
+    /// while limiter.stats().waiting == 0 {
+    ///     std::thread::yield_now();
+    /// }
+    /// limiter.close();
+    /// assert_eq!(waiter.join().unwrap(), Err(AcquireError::Closed));
+    /// assert!(limiter.is_closed());
+    /// assert_eq!(limiter.try_acquire(&"bob"), Err(TryAcquireError::Closed));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn close(&self) {
+        let inner = &*self.inner;
+        // Chain callers sleeping on this limiter fail now rather than when their sleep ends;
+        // told after the closed bit is set, and even if a queued waiter's waker panics.
+        let _watchers = inner.watchers.notify_on_drop();
+        inner.ctx.waits.close();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, KeyedLimiter};
+    ///
+    /// let limiter = KeyedLimiter::<u64>::new(Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) })?;
+    /// assert!(!limiter.is_closed());
+    /// limiter.close();
+    /// assert!(limiter.is_closed());
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.inner.ctx.waits.is_closed()
+    }
+
     /// Validates and tries without queueing when `key` has no waiters. `Pending`: queue up.
     #[inline(always)]
     fn acquire_fast(&self, key: &K, n: u32) -> Poll<Result<Admission, AcquireError>> {
@@ -2445,7 +2528,12 @@ where
     ) -> Poll<Result<T, AcquireError>> {
         let inner = &*self.inner;
         let counters = &inner.ctx.counters;
-        if !inner.ctx.waits.any() || !inner.ctx.waits.has_waiters(key) {
+        let waits = &inner.ctx.waits;
+        if waits.any() && waits.is_closed() {
+            counters.bump(REJECTED);
+            return Poll::Ready(Err(AcquireError::Closed));
+        }
+        if !waits.any() || !waits.has_waiters(key) {
             let error = match attempt() {
                 Ok(admission) => {
                     counters.bump(ADMITTED);
@@ -2530,7 +2618,8 @@ where
     /// `reconfigure` stores the parameters, then reads the map. With a fence on each side,
     /// either its walk finds this queue (and its sweep, under the queue's mutex, fails us if we
     /// joined first), or our enqueue reads the new limit: a request a lowering made too big
-    /// never waits behind the head for good. Only waiters pay it.
+    /// never waits behind the head for good. [`close`](KeyedLimiter::close) is the same pair,
+    /// with the closed bit for the parameters (see `Waits::close`). Only waiters pay it.
     fn wait<'a>(&'a self, wait: &'a KeyWait, n: u32) -> Wait<'a> {
         fence(Ordering::SeqCst);
         let inner = &*self.inner;
@@ -2594,6 +2683,8 @@ where
     ///   [`QueueOrder::NewestFirst`], this waiter was among the oldest failed to make room).
     /// - [`AcquireError::TooManyKeys`] if the key is new, the cap is reached, nothing is idle, and
     ///   the policy is [`KeyOverflow::Reject`].
+    /// - [`AcquireError::Closed`] at once if the limiter is [closed](Self::close), or as soon as
+    ///   it is closed while this call waits.
     ///
     /// # Cancel safety
     ///
@@ -2670,8 +2761,9 @@ where
                 .await;
             drop(exit);
             match outcome {
-                // The queue was retired between our lookup and our enqueue: look again.
-                Err(AcquireError::Closed) => continue,
+                // The queue was retired between our lookup and our enqueue: look again. (Or
+                // the limiter was closed: then we fail, counted by the queue.)
+                Err(AcquireError::Closed) if !self.inner.ctx.waits.is_closed() => continue,
                 outcome => {
                     gave_up.ended(&outcome);
                     return outcome;
@@ -2864,7 +2956,7 @@ where
                 |(admission, committed, _)| self.give_back(key, n, &admission, committed),
                 deadline,
             ) {
-                Err(AcquireError::Closed) => continue,
+                Err(AcquireError::Closed) if !self.inner.ctx.waits.is_closed() => continue,
                 outcome => {
                     gave_up.ended(&outcome);
                     return outcome;
@@ -2922,6 +3014,18 @@ where
     }
 }
 
+impl<K, S> Waits<K, S> {
+    /// Whether [`close`](Self::close) was called. Only worth asking once [`any`](Self::any)
+    /// said yes.
+    #[inline]
+    pub(crate) fn is_closed(&self) -> bool {
+        // Relaxed: a snapshot, as `any`. Where it must not be missed (a waiter joining a queue
+        // that the closing walk does not find), it is read under the queue's mutex after a
+        // fence: see `close`.
+        self.waiting_keys.load(Ordering::Relaxed) & WAITS_CLOSED != 0
+    }
+}
+
 impl<K, S> Waits<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -2942,6 +3046,24 @@ where
         // Relaxed: like an unkeyed limiter's gate, a hint read once; a waiter that arrives just
         // after this load is one the caller may precede.
         self.waiting_keys.load(Ordering::Relaxed) != 0
+    }
+
+    /// Closes every key's queue for good: sets the closed bit, then fails every queued waiter
+    /// with [`AcquireError::Closed`] and wakes it. Later enqueues fail too.
+    ///
+    /// **No waiter left behind.** A waiter looks up (or creates) its key's queue, fences
+    /// (SeqCst, in the limiter's `wait`), then reads the bit under the queue's mutex as it
+    /// enqueues (`Capacity::closed`). We set the bit, fence, then walk the map. Either our walk
+    /// finds its queue (and, under the mutex, fails it if it joined first, or leaves the queue
+    /// closed so that its enqueue fails), or its enqueue reads the bit. The same pair as
+    /// `KeyedLimiter::reconfigure`'s sweep and the capacity read.
+    pub(crate) fn close(&self) {
+        // Relaxed: the fence below orders it before the walk (and a joining waiter's read of
+        // it is ordered by its own fence, see above).
+        self.waiting_keys.fetch_or(WAITS_CLOSED, Ordering::Relaxed);
+        // SeqCst fence: the pair above, with the one in the limiter's `wait`.
+        fence(Ordering::SeqCst);
+        self.map.for_each(|_, wait| wait.queue.close(&wait.gate));
     }
 
     /// Whether `key` has waiters queued now.
@@ -3026,8 +3148,8 @@ where
 
 /// A `try_acquire` failure seen by a waiter (never `Rejected`: a waiter waits instead).
 pub(crate) fn waiting_error(error: TryAcquireError) -> AcquireError {
-    // A keyed limiter is never closed, and a retired cell is retried inside the store: a
-    // rejection here (which a waiter never sees) or `Closed` both say closed.
+    // The store never answers `Closed` (a retired cell is retried inside it): `Closed` is the
+    // limiter's `close`, and a rejection here (which a waiter never sees) says closed too.
     error.wait_or_fail().err().unwrap_or(AcquireError::Closed)
 }
 
@@ -3046,6 +3168,9 @@ where
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, Committed) {
         let inner = &*self.inner;
+        if inner.ctx.waits.any() && inner.ctx.waits.is_closed() {
+            return (Err(TryAcquireError::Closed), Committed::default());
+        }
         if self.held_back(key) {
             // Nothing to refund; `overflow` says who refused it, as for a commit.
             let (refused, overflow) = self.refused_for_waiters(key, n);

@@ -297,7 +297,7 @@ impl WaitQueue {
         let mut evicted = Vec::new();
         let seq = {
             let mut waiters = lock(&self.waiters);
-            if waiters.closed {
+            if waiters.closed || capacity.is_some_and(Capacity::closed) {
                 return Err(AcquireError::Closed);
             }
             let capacity = capacity.map_or(waiters.capacity, Capacity::capacity_now);
@@ -778,6 +778,15 @@ pub(crate) struct Wait<'a> {
 pub(crate) trait Capacity: Sync {
     /// The most permits one call can get now.
     fn capacity_now(&self) -> u32;
+
+    /// Whether the limiter (not only this queue) is closed now: the enqueue then fails with
+    /// [`AcquireError::Closed`], counted, even where a closed queue means "retired, look again"
+    /// ([`Wait::retry_closed`]). Read under the queue's mutex for the same reason as the
+    /// capacity: a keyed limiter's `close` walks the queues it can find, and a queue created
+    /// during the walk is the same fence pair's other side (see `Waits::close` in `keyed.rs`).
+    fn closed(&self) -> bool {
+        false
+    }
 }
 
 impl<'a> Wait<'a> {
@@ -797,7 +806,13 @@ impl<'a> Wait<'a> {
                 wake_all(evicted, Wake::wake);
                 Ok(ticket)
             }
-            Err(AcquireError::Closed) if self.retry_closed => Err(AcquireError::Closed),
+            // A retired queue: the caller looks again, uncounted; unless the limiter is closed
+            // (then the caller fails, and this is its one count).
+            Err(AcquireError::Closed)
+                if self.retry_closed && !self.capacity.is_some_and(Capacity::closed) =>
+            {
+                Err(AcquireError::Closed)
+            }
             Err(error) => {
                 self.counters.bump(REJECTED);
                 Err(error)

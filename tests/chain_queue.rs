@@ -643,6 +643,52 @@ async fn a_member_closed_under_the_queue_ends_every_caller_at_once() {
     assert_eq!((stats.rejected, stats.waiting), (3, 0));
 }
 
+/// The keyed twin: a per-key member closed while chain callers of two keys wait (a head and
+/// one behind it on "a", a head on "b"): every caller ends at once with `Closed`, a later
+/// call fails at once, and no queue is left.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keyed_member_closed_under_the_queues_ends_every_caller_at_once() {
+    let per_key = KeyedLimiter::with_clock(
+        Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 3,
+        },
+        TokioClock::new(),
+    )
+    .unwrap();
+    per_key.try_acquire_n(&"a", 3).unwrap();
+    per_key.try_acquire_n(&"b", 3).unwrap();
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let waiter = |key: &'static str, n: u32| {
+        let chain = chain.clone();
+        tokio::spawn(async move { chain.acquire_n(&key, n).await.map(|_| ()) })
+    };
+    let a = waiter("a", 3);
+    settle().await;
+    let (a2, b) = (waiter("a", 1), waiter("b", 2));
+    settle().await;
+    assert_eq!(chain.stats().waiting, 3);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    per_key.close();
+    settle().await;
+    for task in [a, a2, b] {
+        assert!(task.is_finished(), "a chain caller slept on past the close");
+        assert_eq!(task.await.unwrap(), Err(AcquireError::Closed));
+    }
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    assert_eq!(
+        chain.try_acquire(&"c").unwrap_err(),
+        TryAcquireError::Closed
+    );
+    assert_eq!(chain.acquire(&"c").await.unwrap_err(), AcquireError::Closed);
+    let stats = chain.stats();
+    assert_eq!((stats.rejected, stats.waiting), (5, 0), "{stats:?}");
+}
+
 /// A refund by another chain sharing the member wakes the sleeping head, and the caller after it
 /// is served at once from what is left, at the same instant.
 #[tokio::test(flavor = "current_thread", start_paused = true)]

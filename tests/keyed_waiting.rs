@@ -1142,3 +1142,116 @@ async fn at_the_cap_a_head_refused_by_the_shared_cell_wakes_when_a_held_key_turn
     );
     assert_eq!(start.elapsed(), window);
 }
+
+/// `close` ends every key's waiters at once with `Closed` (three waiters on two keys; the
+/// clock does not move), in either queue order, and every later call fails at once:
+/// `try_acquire`, `acquire`, `acquire_blocking`, `charge`, a refundable one. What the keys
+/// hold stays (`available`), a refund of an admission made before still gives back, and the
+/// books balance: each failed call is one rejection, and
+/// no queue is left.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn close_fails_every_keys_waiters_and_every_later_call() {
+    for order in [QueueOrder::OldestFirst, QueueOrder::NewestFirst] {
+        let limiter: Arc<Limiter> = Arc::new(
+            KeyedLimiter::builder(Algorithm::TokenBucket {
+                rate: Rate::per_second(1),
+                burst: 2,
+            })
+            .clock(TokioClock::new())
+            .queue_order(order)
+            .build()
+            .unwrap(),
+        );
+        limiter.try_acquire_n(&"a", 2).unwrap();
+        limiter.try_acquire_n(&"b", 2).unwrap();
+        let receipt = limiter.try_acquire_refundable(&"d", 1).unwrap();
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (key, n) in [("a", 1), ("a", 2), ("b", 1)] {
+            let limiter = Arc::clone(&limiter);
+            tasks.push(tokio::spawn(async move {
+                limiter.acquire_n(&key, n).await.map(|_| ())
+            }));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(limiter.stats().waiting, 3, "{order:?}");
+        assert!(!limiter.is_closed());
+        limiter.close();
+        limiter.close();
+        assert!(limiter.is_closed());
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), Err(AcquireError::Closed), "{order:?}");
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "{order:?}");
+        assert_eq!(limiter.try_acquire(&"c"), Err(TryAcquireError::Closed));
+        assert_eq!(limiter.acquire(&"c").await, Err(AcquireError::Closed));
+        assert_eq!(limiter.acquire(&"a").await, Err(AcquireError::Closed));
+        assert_eq!(limiter.acquire_blocking(&"c"), Err(AcquireError::Closed));
+        assert_eq!(limiter.charge(&"c", 1), Err(TryAcquireError::Closed));
+        assert_eq!(
+            limiter.try_acquire_refundable(&"c", 1).err(),
+            Some(TryAcquireError::Closed)
+        );
+        assert_eq!(limiter.available(&"a"), 0, "the keys keep their state");
+        assert_eq!(limiter.available(&"c"), 2);
+        assert_eq!(limiter.available(&"d"), 1);
+        assert_eq!(limiter.len(), 3, "no key made for a refused call");
+        receipt.refund();
+        assert_eq!(
+            limiter.available(&"d"),
+            2,
+            "a refund after the close gives back"
+        );
+        let s = limiter.stats();
+        assert_eq!((s.admitted, s.rejected), (3, 3 + 5), "{order:?} {s:?}");
+        assert_eq!((s.waiting, s.waiting_keys, s.cancelled), (0, 0, 0), "{s:?}");
+    }
+}
+
+/// Blocking waiters on real threads racing `close`: each thread waits on a key of its own
+/// (made spent first, its next permit an hour away) or on a key all share, entering its wait
+/// just before, during or after the close. Every one returns `Closed`; one left waiting in a
+/// queue the close missed would wait the hour (the channel's timeout reports it).
+#[test]
+fn blocking_waiters_racing_close_all_end() {
+    use std::sync::mpsc;
+    for round in 0..50u64 {
+        let limiter = Arc::new(
+            KeyedLimiter::<u64>::new(Algorithm::FixedWindow {
+                limit: 1,
+                window: Duration::from_secs(3600),
+            })
+            .unwrap(),
+        );
+        let threads = 6u64;
+        for key in 0..=threads {
+            limiter.try_acquire(&key).unwrap();
+        }
+        let (done, ended) = mpsc::channel();
+        let barrier = Arc::new(std::sync::Barrier::new(threads as usize + 1));
+        for t in 0..threads {
+            let (limiter, done, barrier) =
+                (Arc::clone(&limiter), done.clone(), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                barrier.wait();
+                // Even threads on their own key (whose queue they make), odd ones on key 0.
+                let key = if t % 2 == 0 { t + 1 } else { 0 };
+                done.send(limiter.acquire_blocking(&key)).unwrap();
+            });
+        }
+        barrier.wait();
+        for _ in 0..round % 7 * 50 {
+            std::hint::spin_loop();
+        }
+        limiter.close();
+        for _ in 0..threads {
+            let outcome = ended
+                .recv_timeout(Duration::from_secs(30))
+                .expect("a waiter was left waiting after the close");
+            assert_eq!(outcome, Err(AcquireError::Closed), "round {round}");
+        }
+        let s = limiter.stats();
+        assert_eq!((s.admitted, s.rejected), (threads + 1, threads), "{s:?}");
+        assert_eq!((s.waiting, s.waiting_keys), (0, 0), "{s:?}");
+    }
+}
