@@ -76,10 +76,15 @@ pub enum KeyOverflow {
     /// key can then hold up to its limit on its own permits besides those it still holds from
     /// the shared pool, until those come back.
     ///
-    /// A [`KeyedConcurrencyLimiter`] queues waiters of overflow keys in their own keys' queues;
-    /// under [`QueueOrder::OldestFirst`] a call is not served from the pool while any of them
-    /// waits for it (no barging: `try_acquire` fails, `acquire` queues), and its `available`
-    /// reports the pool's free permits for a key the pool would serve.
+    /// Waiters of overflow keys queue in their own keys' queues. Under
+    /// [`QueueOrder::OldestFirst`] a call is not served from the shared limiter while the head
+    /// of such a queue waits for it (no barging: `try_acquire` fails, `acquire` queues; the
+    /// heads waiting on it are not ordered among themselves). A [`KeyedLimiter`]'s refusal then
+    /// says when the shared limiter could admit those heads' permits and the call's together;
+    /// a [`KeyedConcurrencyLimiter`]'s `available` reports the pool's free permits for a key
+    /// the pool would serve.
+    ///
+    /// [`KeyedLimiter`]: crate::KeyedLimiter
     ///
     /// [`KeyedConcurrencyLimiter`]: crate::KeyedConcurrencyLimiter
     /// [`QueueOrder::OldestFirst`]: crate::QueueOrder::OldestFirst
@@ -192,6 +197,74 @@ struct Inner<K, C, S> {
     /// Chain callers sleeping on this limiter, told of a reconfiguration, a reset, a refund, or
     /// a sweep that evicted keys (see `Inner::sweep`).
     watchers: Watchers,
+    /// The permits of the queues' heads that wait on the shared overflow cell (under
+    /// [`KeyOverflow::Shared`] and [`QueueOrder::OldestFirst`] only; see [`OverflowWait`]):
+    /// while non-zero, a call whose key has no queue and that the shared cell would decide is
+    /// not decided (no barging past those heads: `try_acquire` is refused, `acquire` queues).
+    /// Written only by those heads; read (Relaxed) only on the slow paths, where some key has
+    /// waiters.
+    overflow_heads: CachePadded<AtomicU64>,
+}
+
+/// A waiting call's standing among the heads waiting on the shared overflow cell
+/// ([`Inner::overflow_heads`]), as its head's attempts find it:
+///
+/// | its last attempt | counted in `overflow_heads` | its next attempt |
+/// |---|---|---|
+/// | none yet, or decided on its key's own cell | no (`counted` 0) | if other heads are counted and the shared cell would decide it: counts itself, takes nothing, sleeps until the shared cell could admit theirs and its permits together; else takes |
+/// | refused by the shared cell, or deferred as above | yes (`counted` = its permits) | takes (the counted heads race: they are not ordered among themselves) |
+///
+/// Leaves (uncounts itself) when an attempt is decided on its key's own cell, and when the
+/// call ends, however (served, failed, timed out, its future dropped: the drop). No wake-up is
+/// owed to anyone: every counted head sleeps on its timer, until a time the shared cell gave;
+/// a newcomer refused meanwhile is told when it could be admitted behind them. A head that
+/// gives up leaves the others their timers' times, a later wake than the shared cell's free
+/// permits might allow (never an earlier one).
+struct OverflowWait<'a, K, C, S> {
+    inner: &'a Inner<K, C, S>,
+    /// The permits counted (0: not counted). Relaxed everywhere: only the owning call reads or
+    /// writes it (in its head's attempts and its drop).
+    counted: AtomicU64,
+}
+
+impl<'a, K, C, S> OverflowWait<'a, K, C, S> {
+    fn new(inner: &'a Inner<K, C, S>) -> Self {
+        OverflowWait {
+            inner,
+            counted: AtomicU64::new(0),
+        }
+    }
+
+    fn counted(&self) -> bool {
+        self.counted.load(Ordering::Relaxed) != 0
+    }
+
+    /// Counts `n` permits (at least 1: a probe waits for one) among the shared cell's heads, if
+    /// not counted yet.
+    fn join(&self, n: u32) {
+        if self.counted() || self.inner.ctx.waits.order != QueueOrder::OldestFirst {
+            return;
+        }
+        let n = u64::from(n.max(1));
+        self.counted.store(n, Ordering::Relaxed);
+        // Relaxed: a hint for newcomers (see `Inner::overflow_heads`); nothing is published
+        // with it.
+        self.inner.overflow_heads.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn leave(&self) {
+        let n = self.counted.swap(0, Ordering::Relaxed);
+        if n != 0 {
+            // Relaxed: as in `join`.
+            self.inner.overflow_heads.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<K, C, S> Drop for OverflowWait<'_, K, C, S> {
+    fn drop(&mut self) {
+        self.leave();
+    }
 }
 
 /// The per-key wait queues of a keyed limiter (rate or concurrency): one [`KeyWait`] per key
@@ -1729,6 +1802,7 @@ where
                 algorithm: Mutex::new(self.algorithm),
                 resetting: Mutex::new(()),
                 watchers: Watchers::default(),
+                overflow_heads: CachePadded::new(AtomicU64::new(0)),
                 ctx: Ctx::new(
                     self.clock,
                     self.hasher.clone(),
@@ -1903,10 +1977,50 @@ where
         if self.inner.ctx.waits.is_closed() {
             return Err(TryAcquireError::Closed);
         }
-        if !self.held_back(key) {
-            return self.decide(key, n);
+        if self.held_back(key) {
+            return Err(self.refused_for_waiters(key, n).0);
         }
-        Err(self.refused_for_waiters(key, n).0)
+        if let Some(heads) = self.behind_overflow_heads(key, n) {
+            return Err(self.refused_behind(key, n, heads).0);
+        }
+        self.decide(key, n)
+    }
+
+    /// Whether a call for `key`, which has no queue of its own, must not be decided now: heads
+    /// of other keys wait on the shared overflow cell (under [`KeyOverflow::Shared`], oldest
+    /// first), and that cell would decide this call too. `Some`: what those heads will take
+    /// (see [`OverflowWait`]). Only on the slow paths (some key has waiters).
+    #[inline]
+    fn behind_overflow_heads(&self, key: &K, n: u32) -> Option<Queued> {
+        let inner = &*self.inner;
+        if inner.ctx.overflow != KeyOverflow::Shared
+            || inner.ctx.waits.order != QueueOrder::OldestFirst
+        {
+            return None;
+        }
+        // Relaxed: a hint read once, as `Waits::any`: a head counted just after this load is
+        // one this call may precede (it was not waiting on the cell yet).
+        let heads = inner.overflow_heads.load(Ordering::Relaxed);
+        if heads == 0 {
+            return None;
+        }
+        self.decided_by_overflow(key, n).then_some(Queued {
+            permits: heads,
+            head: 0,
+        })
+    }
+
+    /// Whether the shared overflow cell would decide a call for `n` permits on `key` now (the
+    /// key has no cell, the cap is reached, and no held key is idle yet, as far as the hints
+    /// say: `chain_check`'s view, which writes nothing and counts nothing).
+    #[cold]
+    fn decided_by_overflow(&self, key: &K, n: u32) -> bool {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        let count = CountOverflow::Never;
+        let (_, shared) =
+            with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n, count));
+        shared
     }
 
     /// Whether calls on `key` must not barge: it has waiters, served oldest first. One load
@@ -1922,6 +2036,16 @@ where
     /// reached), as [`chain_decide`](Self::chain_decide) reports a commit's.
     #[cold]
     fn refused_for_waiters(&self, key: &K, n: u32) -> (TryAcquireError, bool) {
+        let queued = self.inner.ctx.waits.queued_on(key);
+        self.refused_behind(key, n, queued)
+    }
+
+    /// [`refused_for_waiters`](Self::refused_for_waiters) behind waiters that will take
+    /// `queued`: the key's own, or the heads waiting on the shared overflow cell (see
+    /// [`behind_overflow_heads`](Self::behind_overflow_heads)), whose state the checks below
+    /// read for a key without a cell at the cap.
+    #[cold]
+    fn refused_behind(&self, key: &K, n: u32, queued: Queued) -> (TryAcquireError, bool) {
         let inner = &*self.inner;
         let shard = self.shard(key);
         // As for an unkeyed limiter (see there): when the key's state could admit what its
@@ -1939,7 +2063,7 @@ where
         let refused = crate::limiter::refused_for_waiters(
             n,
             inner.algorithm_limit(),
-            inner.ctx.waits.queued_on(key),
+            queued,
             // The first check counts the call in `overflowed` if it meets the cap, whatever the
             // shared cell answers (the call is refused either way); the sliding counter's second
             // one, for the same call, does not.
@@ -2529,11 +2653,17 @@ where
         let inner = &*self.inner;
         let counters = &inner.ctx.counters;
         let waits = &inner.ctx.waits;
-        if waits.any() && waits.is_closed() {
+        let any = waits.any();
+        if any && waits.is_closed() {
             counters.bump(REJECTED);
             return Poll::Ready(Err(AcquireError::Closed));
         }
-        if !waits.any() || !waits.has_waiters(key) {
+        if !any || !waits.has_waiters(key) {
+            if any && self.behind_overflow_heads(key, n).is_some() {
+                // Behind the heads waiting on the shared cell: queue up, and the head's first
+                // attempt defers to them (see `take_versioned`).
+                return Poll::Pending;
+            }
             let error = match attempt() {
                 Ok(admission) => {
                     counters.bump(ADMITTED);
@@ -2574,12 +2704,26 @@ where
         key: &K,
         n: u32,
     ) -> Result<(Admission, Committed, u64), TryAcquireError> {
+        self.commit_versioned_where(key, n).0
+    }
+
+    /// [`commit_versioned`](Self::commit_versioned), also saying whether the shared overflow
+    /// cell decided, admission or refusal.
+    fn commit_versioned_where(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> (Result<(Admission, Committed, u64), TryAcquireError>, bool) {
         let inner = &*self.inner;
         let version = self.params_version();
         let shard = self.shard(key);
         let (decision, committed) =
             with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n));
-        decision.map(|admission| (admission, committed, version))
+        let overflow = committed.overflow;
+        (
+            decision.map(|admission| (admission, committed, version)),
+            overflow,
+        )
     }
 
     /// `acquire_n`'s fast path for a receipt (see
@@ -2600,13 +2744,38 @@ where
     /// [`try_acquire_refundable`](Self::try_acquire_refundable) reads it, so that the refund of
     /// an admission the queue made is checked against the version it was made under (or an
     /// earlier one: then it gives nothing back, which is never looser).
-    fn take_versioned(&self, key: &K, n: u32) -> Result<(Admission, Committed, u64), Blocked> {
+    ///
+    /// `me` is the call's standing among the heads waiting on the shared overflow cell (see
+    /// [`OverflowWait`]): a head not counted there defers to those that are, as a newcomer
+    /// does, when the shared cell would decide its call too.
+    fn take_versioned(
+        &self,
+        key: &K,
+        n: u32,
+        me: &OverflowWait<'_, K, C, S>,
+    ) -> Result<(Admission, Committed, u64), Blocked> {
         let inner = &*self.inner;
         inner.ctx.clock.catch_up();
-        match self.commit_versioned(key, n) {
-            Ok(admitted) => Ok(admitted),
-            Err(TryAcquireError::Rejected(r)) => Err(Blocked::Until(r.retry_after_nanos())),
-            Err(error) => Err(Blocked::Fail(waiting_error(error))),
+        let blocked = |error| match error {
+            TryAcquireError::Rejected(r) => Blocked::Until(r.retry_after_nanos()),
+            error => Blocked::Fail(waiting_error(error)),
+        };
+        if !me.counted()
+            && let Some(heads) = self.behind_overflow_heads(key, n)
+        {
+            me.join(n);
+            return Err(blocked(self.refused_behind(key, n, heads).0));
+        }
+        match self.commit_versioned_where(key, n) {
+            (Ok(admitted), _) => Ok(admitted),
+            (Err(error), overflow) => {
+                if matches!(error, TryAcquireError::Rejected(_)) && overflow {
+                    me.join(n);
+                } else {
+                    me.leave();
+                }
+                Err(blocked(error))
+            }
         }
     }
 
@@ -2743,6 +2912,7 @@ where
         // Dropped after the wait (declared before it): chain callers held back by this waiter
         // look again once it has given up (see `Watchers::notify_if_given_up`).
         let gave_up = self.inner.watchers.notify_if_given_up();
+        let overflow_wait = OverflowWait::new(&self.inner);
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let exit = RetireOnExit {
@@ -2754,7 +2924,7 @@ where
             let outcome = self
                 .wait(&wait, n)
                 .run_async(
-                    || self.take_versioned(key, n),
+                    || self.take_versioned(key, n, &overflow_wait),
                     |(admission, committed, _)| self.give_back(key, n, &admission, committed),
                     |cx, nanos| timer.poll(cx, nanos),
                 )
@@ -2944,6 +3114,7 @@ where
     ) -> Result<(Admission, Committed, u64), AcquireError> {
         // As in `receipt_slow`.
         let gave_up = self.inner.watchers.notify_if_given_up();
+        let overflow_wait = OverflowWait::new(&self.inner);
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let _exit = RetireOnExit {
@@ -2952,7 +3123,7 @@ where
                 wait: &wait,
             };
             match self.wait(&wait, n).run_blocking(
-                || self.take_versioned(key, n),
+                || self.take_versioned(key, n, &overflow_wait),
                 |(admission, committed, _)| self.give_back(key, n, &admission, committed),
                 deadline,
             ) {
@@ -3174,6 +3345,16 @@ where
         if self.held_back(key) {
             // Nothing to refund; `overflow` says who refused it, as for a commit.
             let (refused, overflow) = self.refused_for_waiters(key, n);
+            let committed = Committed {
+                overflow,
+                ..Committed::default()
+            };
+            return (Err(refused), committed);
+        }
+        if inner.ctx.waits.any()
+            && let Some(heads) = self.behind_overflow_heads(key, n)
+        {
+            let (refused, overflow) = self.refused_behind(key, n, heads);
             let committed = Committed {
                 overflow,
                 ..Committed::default()

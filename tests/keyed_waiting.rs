@@ -1255,3 +1255,101 @@ fn blocking_waiters_racing_close_all_end() {
         assert_eq!((s.waiting, s.waiting_keys), (0, 0), "{s:?}");
     }
 }
+
+/// Over the key cap under `KeyOverflow::Shared` (one key slot, held by "a" until 2 s): "b"
+/// took one of the shared cell's two tokens at 0, and "c" waits there for two (due at 1 s).
+fn overflow_with_a_head_waiting(
+    order: QueueOrder,
+) -> (Arc<Limiter>, tokio::task::JoinHandle<Duration>) {
+    let limiter: Arc<Limiter> = Arc::new(
+        KeyedLimiter::builder(Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 2,
+        })
+        .clock(TokioClock::new())
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .queue_order(order)
+        .build()
+        .unwrap(),
+    );
+    limiter.try_acquire_n(&"a", 2).unwrap();
+    limiter.try_acquire(&"b").unwrap();
+    let start = Instant::now();
+    let head = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move {
+            limiter.acquire_n(&"c", 2).await.unwrap();
+            start.elapsed()
+        }
+    });
+    (limiter, head)
+}
+
+/// No barging past the heads waiting on the shared overflow cell, oldest first: at 0.5 s the
+/// shared cell has a token and a half, so a newcomer of another key over the cap ("d") would
+/// get one, and the head ("c", waiting for two) would then wait until 2 s. Now the newcomer
+/// is refused (`try_acquire`, a `KeyedChain` over the limiter) or queues behind (`acquire`),
+/// the head is served at 1 s, and the queued newcomer after it. Before, every key's queue was
+/// its own: the newcomers took the shared cell's tokens first.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn newcomers_over_the_key_cap_wait_behind_the_heads_on_the_shared_cell() {
+    let (limiter, head) = overflow_with_a_head_waiting(QueueOrder::OldestFirst);
+    let start = Instant::now();
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().waiting, 1);
+    tokio::time::advance(Duration::from_millis(500)).await;
+    let refused = limiter.try_acquire(&"d").unwrap_err();
+    assert!(
+        matches!(refused, TryAcquireError::Rejected(_)),
+        "a newcomer took the shared cell's token ahead of its head: {refused:?}"
+    );
+    let chain = turnstile::KeyedChain::builder()
+        .per_key(KeyedLimiter::clone(&limiter))
+        .build()
+        .unwrap();
+    assert!(matches!(
+        chain.try_acquire(&"d"),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert!(matches!(
+        limiter.try_acquire_refundable(&"d", 1),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    let newcomer = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move {
+            limiter.acquire(&"e").await.unwrap();
+            start.elapsed()
+        }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(limiter.stats().waiting, 2, "the newcomer queued");
+    assert_eq!(head.await.unwrap(), Duration::from_secs(1));
+    let after = newcomer.await.unwrap();
+    assert!(after >= Duration::from_secs(1), "{after:?}");
+    // Nobody waits on the shared cell any more: a newcomer is decided as before.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(limiter.try_acquire(&"d").is_ok());
+    let s = limiter.stats();
+    assert_eq!((s.waiting, s.waiting_keys), (0, 0), "{s:?}");
+}
+
+/// A head that stops waiting on the shared cell (its future dropped) no longer holds newcomers
+/// back; newest first, nothing does (a newcomer goes before every waiter, as on its own key).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_head_gone_from_the_shared_cell_or_newest_first_holds_no_newcomer_back() {
+    let (limiter, head) = overflow_with_a_head_waiting(QueueOrder::OldestFirst);
+    tokio::task::yield_now().await;
+    head.abort();
+    assert!(head.await.unwrap_err().is_cancelled());
+    assert_eq!(limiter.stats().waiting, 0);
+    tokio::time::advance(Duration::from_millis(500)).await;
+    assert!(limiter.try_acquire(&"d").is_ok());
+
+    let (limiter, head) = overflow_with_a_head_waiting(QueueOrder::NewestFirst);
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_millis(500)).await;
+    assert!(limiter.try_acquire(&"d").is_ok());
+    assert_eq!(head.await.unwrap(), Duration::from_secs(2));
+}
