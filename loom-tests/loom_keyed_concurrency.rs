@@ -32,6 +32,8 @@
 //!   owe each other a wake pay it after unlocking, and that deferred wake is never lost.
 //! - a request that a racing `set_limit` makes too big fails at once, never waiting behind the
 //!   key's head, wherever the change lands between its fast path's check and its enqueue.
+//! - a `close` racing a waiter that creates its key's queue fails it: no waiter is left in a
+//!   queue the closing walk missed (`a_waiter_joining_during_close_is_failed`).
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -44,7 +46,7 @@ use loom::thread;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
-use turnstile::{KeyOverflow, KeyedConcurrencyLimiter, TryPermitError};
+use turnstile::{AcquireError, KeyOverflow, KeyedConcurrencyLimiter, TryPermitError};
 
 /// A hasher with fixed keys, so every loom execution puts a key in the same shard.
 type Fixed = BuildHasherDefault<DefaultHasher>;
@@ -760,5 +762,43 @@ fn lowered_limit_vs_enqueue_of_a_request_it_makes_too_big() {
         drop(head);
         let s = l.stats();
         assert_eq!((s.admitted, s.rejected, s.waiting), (2, 1, 0), "{s:?}");
+    });
+}
+
+/// `close` races a waiter joining key 1's queue (`Waits::close`, the keyed rate limiter's
+/// `a_waiter_joining_during_close` on this limiter's path: its fence is `registered`). Key 1's
+/// one permit is held for the whole model, so the waiter ends only if the close fails it: at
+/// its first poll or, polled again once the closer is done, at its second. Pending then, it
+/// was left in a queue nobody will close. The permit held comes back after the close.
+#[test]
+fn a_waiter_joining_during_close_is_failed() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    model(|| {
+        let l = limiter(1);
+        let held = l.try_acquire_owned(1, 1).unwrap();
+        let closer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.close())
+        };
+        let mut waiter = Box::pin(l.acquire(&1));
+        let mut cx = Context::from_waker(Waker::noop());
+        let polled = waiter.as_mut().poll(&mut cx);
+        closer.join().unwrap();
+        let outcome = match polled {
+            Poll::Ready(outcome) => outcome,
+            Poll::Pending => match waiter.as_mut().poll(&mut cx) {
+                Poll::Ready(outcome) => outcome,
+                Poll::Pending => panic!("the waiter was left waiting after the close"),
+            },
+        };
+        assert_eq!(outcome.map(|p| p.permits()), Err(AcquireError::Closed));
+        drop(waiter);
+        drop(held);
+        assert_eq!(l.available(&1), 1);
+        assert_eq!(l.try_acquire(&2).unwrap_err(), TryPermitError::Closed);
+        let s = l.stats();
+        assert_eq!((s.admitted, s.rejected), (1, 2), "{s:?}");
+        assert_eq!((s.cancelled, s.waiting, s.waiting_keys), (0, 0, 0), "{s:?}");
     });
 }

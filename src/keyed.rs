@@ -3223,7 +3223,8 @@ where
     /// with [`AcquireError::Closed`] and wakes it. Later enqueues fail too.
     ///
     /// **No waiter left behind.** A waiter looks up (or creates) its key's queue, fences
-    /// (SeqCst, in the limiter's `wait`), then reads the bit under the queue's mutex as it
+    /// (SeqCst: `KeyedLimiter`'s `wait`, `registered` in `keyed_concurrency.rs`, the fences
+    /// they make for a reconfiguration), then reads the bit under the queue's mutex as it
     /// enqueues (`Capacity::closed`). We set the bit, fence, then walk the map. Either our walk
     /// finds its queue (and, under the mutex, fails it if it joined first, or leaves the queue
     /// closed so that its enqueue fails), or its enqueue reads the bit. The same pair as

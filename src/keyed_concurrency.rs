@@ -716,6 +716,10 @@ where
     fn capacity_now(&self) -> u32 {
         self.store.algo.current_limit()
     }
+
+    fn closed(&self) -> bool {
+        self.ctx.waits.is_closed()
+    }
 }
 
 impl<K, S> Inner<K, S>
@@ -855,10 +859,13 @@ where
     fn try_decide(&self, key: &K, shard: usize, n: u32) -> Result<Slot, TryPermitError> {
         // No barging past this key's queue under oldest-first order. (`n` above the limit is
         // checked here only when that refuses; otherwise `take` checks it against the same
-        // `config` it decides with, saving the hot path a load.)
-        if self.ctx.waits.any()
-            && self.ctx.waits.order == QueueOrder::OldestFirst
-            && self.ctx.waits.has_waiters(key)
+        // `config` it decides with, saving the hot path a load.) Closed: the same load says
+        // so (see `Waits::waiting_keys`).
+        let any = self.ctx.waits.any();
+        if any && self.ctx.waits.is_closed() {
+            return Err(TryPermitError::Closed);
+        }
+        if any && self.ctx.waits.order == QueueOrder::OldestFirst && self.ctx.waits.has_waiters(key)
         {
             let limit = self.limit();
             if n > limit {
@@ -910,7 +917,9 @@ where
     fn acquire_fast(&self, key: &K, shard: usize, n: u32) -> Result<Option<Slot>, AcquireError> {
         let counters = &self.ctx.counters;
         let limit = self.limit();
-        let error = if n > limit {
+        let error = if self.ctx.waits.any() && self.ctx.waits.is_closed() {
+            AcquireError::Closed
+        } else if n > limit {
             AcquireError::InsufficientCapacity {
                 requested: n,
                 capacity: limit,
@@ -1154,8 +1163,9 @@ where
                 .await;
             drop(exit);
             match outcome {
-                // The queue was retired between our lookup and our enqueue: look again.
-                Err(AcquireError::Closed) => continue,
+                // The queue was retired between our lookup and our enqueue: look again. (Or
+                // the limiter was closed: then we fail, counted by the queue.)
+                Err(AcquireError::Closed) if !self.ctx.waits.is_closed() => continue,
                 outcome => return outcome,
             }
         }
@@ -1203,7 +1213,7 @@ where
                     deadline,
                     || self.pay_head_debts(key, shard, &debts),
                 ) {
-                Err(AcquireError::Closed) => continue,
+                Err(AcquireError::Closed) if !self.ctx.waits.is_closed() => continue,
                 outcome => return outcome,
             }
         }
@@ -1422,6 +1432,7 @@ where
     /// - [`TryPermitError::InsufficientCapacity`]: `n` exceeds the limit.
     /// - [`TryPermitError::TooManyKeys`]: a new key, the cap is reached, no key is idle, and the
     ///   policy is [`KeyOverflow::Reject`].
+    /// - [`TryPermitError::Closed`]: the limiter was [closed](Self::close).
     ///
     /// # Examples
     ///
@@ -1515,6 +1526,8 @@ where
     ///   under [`QueueOrder::NewestFirst`], this waiter was among the oldest failed to make room).
     /// - [`AcquireError::TooManyKeys`] if the key is new, the cap is reached, nothing is idle, and
     ///   the policy is [`KeyOverflow::Reject`].
+    /// - [`AcquireError::Closed`] at once if the limiter is [closed](Self::close), or as soon as
+    ///   it is closed while this call waits.
     ///
     /// # Cancel safety
     ///
@@ -1960,6 +1973,56 @@ where
     /// ```
     pub fn queue_limit(&self) -> u64 {
         self.inner.ctx.waits.queue_limit
+    }
+
+    /// Closes the limiter, for every key: each queued waiter fails with
+    /// [`AcquireError::Closed`], and every later `try_acquire` ([`TryPermitError::Closed`]) or
+    /// `acquire` fails at once. Permits already held stay valid and are returned as usual (as
+    /// for a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter), or tokio's `Semaphore`).
+    /// Closing twice is harmless. A graceful shutdown's way to let every task waiting for a key
+    /// go at once, rather than cancelling each.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::{AcquireError, KeyedConcurrencyLimiter, TryPermitError};
+    ///
+    /// let limiter = KeyedConcurrencyLimiter::new(1)?;
+    /// let held = limiter.try_acquire_owned("alice".to_string(), 1)?;
+    /// let waiter = std::thread::spawn({
+    ///     let limiter = limiter.clone();
+    ///     move || limiter.acquire_blocking(&"alice".to_string()).map(drop)
+    /// });
+    /// while limiter.stats().waiting == 0 {
+    ///     std::thread::yield_now();
+    /// }
+    /// limiter.close();
+    /// assert_eq!(waiter.join().unwrap(), Err(AcquireError::Closed));
+    /// assert!(limiter.is_closed());
+    /// assert_eq!(limiter.try_acquire(&"bob".to_string()).unwrap_err(), TryPermitError::Closed);
+    /// drop(held); // still returned as usual
+    /// assert_eq!(limiter.available(&"alice".to_string()), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn close(&self) {
+        self.inner.ctx.waits.close();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile::KeyedConcurrencyLimiter;
+    ///
+    /// let limiter = KeyedConcurrencyLimiter::<u64>::new(1)?;
+    /// assert!(!limiter.is_closed());
+    /// limiter.close();
+    /// assert!(limiter.is_closed());
+    /// # Ok::<(), turnstile::ConfigError>(())
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.inner.ctx.waits.is_closed()
     }
 
     /// Counts over all keys (the same [`KeyedStats`] as a keyed rate limiter's). `admitted +

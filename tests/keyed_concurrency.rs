@@ -1593,3 +1593,88 @@ fn a_new_key_clone_that_panics_in_the_insert_gives_its_slot_back() {
     assert_eq!(limiter.try_acquire(&Hooked(2)).unwrap().permits(), 1);
     assert_eq!(limiter.len(), 1);
 }
+
+/// `close` ends every key's waiters at once with `Closed`, a waiter on the shared pool among
+/// them (one key slot, held), in either queue order; later calls fail at once, and the permits
+/// held stay valid: dropped after the close, they come back (`available`). The books balance.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn close_fails_every_keys_waiters_and_later_calls_and_held_permits_return() {
+    for order in [QueueOrder::OldestFirst, QueueOrder::NewestFirst] {
+        let limiter = KeyedConcurrencyLimiter::builder(1)
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .queue_order(order)
+            .build()
+            .unwrap();
+        let a = limiter.try_acquire_owned(1u8, 1).unwrap();
+        let pooled = limiter.try_acquire_owned(2u8, 1).unwrap();
+        let waiters = [1u8, 1, 3].map(|key| tokio::spawn(limiter.acquire_owned(key, 1)));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(limiter.stats().waiting, 3, "{order:?}");
+        assert!(!limiter.is_closed());
+        limiter.close();
+        limiter.close();
+        assert!(limiter.is_closed());
+        for waiter in waiters {
+            let outcome = waiter.await.unwrap().map(|p| p.permits());
+            assert_eq!(outcome, Err(AcquireError::Closed), "{order:?}");
+        }
+        assert_eq!(limiter.try_acquire(&4).unwrap_err(), TryPermitError::Closed);
+        assert_eq!(limiter.acquire(&4).await.unwrap_err(), AcquireError::Closed);
+        assert_eq!(
+            limiter.acquire_blocking(&1).unwrap_err(),
+            AcquireError::Closed
+        );
+        assert_eq!(limiter.available(&1), 0);
+        drop((a, pooled));
+        assert_eq!(
+            limiter.available(&1),
+            1,
+            "a held permit comes back after the close"
+        );
+        let s = limiter.stats();
+        assert_eq!((s.admitted, s.rejected), (2, 3 + 3), "{order:?} {s:?}");
+        assert_eq!((s.waiting, s.waiting_keys, s.cancelled), (0, 0, 0), "{s:?}");
+    }
+}
+
+/// Blocking waiters on real threads racing `close`, on keys of their own (whose queues they
+/// make) and on one they share: every one returns `Closed`; one left in a queue the close
+/// missed would wait for good (the channel's timeout reports it).
+#[test]
+fn blocking_waiters_racing_close_all_end() {
+    use std::sync::mpsc;
+    for round in 0..50u64 {
+        let limiter = KeyedConcurrencyLimiter::<u64>::new(1).unwrap();
+        let threads = 6u64;
+        let held: Vec<_> = (0..=threads)
+            .map(|key| limiter.try_acquire_owned(key, 1).unwrap())
+            .collect();
+        let (done, ended) = mpsc::channel();
+        let barrier = Arc::new(std::sync::Barrier::new(threads as usize + 1));
+        for t in 0..threads {
+            let (limiter, done, barrier) = (limiter.clone(), done.clone(), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                barrier.wait();
+                let key = if t % 2 == 0 { t + 1 } else { 0 };
+                done.send(limiter.acquire_blocking(&key).map(|p| p.permits()))
+                    .unwrap();
+            });
+        }
+        barrier.wait();
+        for _ in 0..round % 7 * 50 {
+            std::hint::spin_loop();
+        }
+        limiter.close();
+        for _ in 0..threads {
+            let outcome = ended
+                .recv_timeout(Duration::from_secs(30))
+                .expect("a waiter was left waiting after the close");
+            assert_eq!(outcome, Err(AcquireError::Closed), "round {round}");
+        }
+        drop(held);
+        let s = limiter.stats();
+        assert_eq!((s.admitted, s.rejected), (threads + 1, threads), "{s:?}");
+        assert_eq!((s.waiting, s.waiting_keys), (0, 0), "{s:?}");
+    }
+}
