@@ -557,6 +557,127 @@ fn meet_other_parameters_alike(charges: bool) {
     }
 }
 
+/// The extremes of each algorithm's parameters decide as in memory too: a limit of 2^32 − 1 (the
+/// largest count a window holds, where a charge saturates), a limit of four billion over a
+/// window of one microsecond, and a bucket of 2^32 − 1 permits refilled one per microsecond.
+/// `lua_algorithms_decide_as_the_in_memory_ones` goes up to a limit of 1000.
+#[test]
+fn lua_algorithms_at_the_largest_limits_decide_as_the_in_memory_ones() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let [fixed, _, counter, bucket] = fake_clock_scripts();
+    let [fixed_charge, _, counter_charge, bucket_charge] = fake_clock_charge_scripts();
+    for seed in 1..=2u64 {
+        for charges in [false, true] {
+            for (limit, window_us) in [
+                (u32::MAX, 1_000_000u64),
+                (u32::MAX - 1, 1_000),
+                (4_000_000_000, 1),
+                (u32::MAX, 1 << 20),
+            ] {
+                let window = Duration::from_micros(window_us);
+                let fw = Algorithm::FixedWindow { limit, window };
+                let scripts = (&*fixed, charges.then_some(&*fixed_charge));
+                differential(&mut con, scripts, fw, window_us, limit, true, seed);
+                // The sliding counter needs limit × window ≤ 2^52 (the builder's check).
+                if u128::from(limit) * u128::from(window_us) <= 1 << 52 {
+                    let sc = Algorithm::SlidingCounter { limit, window };
+                    let scripts = (&*counter, charges.then_some(&*counter_charge));
+                    differential(&mut con, scripts, sc, window_us, limit, false, seed);
+                }
+                let interval = (window_us / u64::from(limit)).max(1);
+                let tb = Algorithm::TokenBucket {
+                    rate: Rate::new(1, Duration::from_micros(interval)),
+                    burst: limit,
+                };
+                let scripts = (&*bucket, charges.then_some(&*bucket_charge));
+                differential(&mut con, scripts, tb, interval, limit, true, seed);
+            }
+        }
+    }
+}
+
+/// A key that meets several parameter sets in turn (a limit reconfigured three times, a window
+/// shortened and lengthened back, a window of a microsecond more or less and back) decides as
+/// the in-memory limiter reconfigured at the same instants, charges interleaved or not. The
+/// single changes of `lua_algorithms_meeting_other_parameters_decide_as_reconfigured_in_memory_ones`
+/// leave out a state translated twice, once back to the parameters it was first written under.
+/// The token bucket runs the sequences whose capacity (time per permit × burst) stays the
+/// same: across a change of capacity Redis's debt is rounded up to the microsecond at each
+/// translation, and two translations may part from memory by more than one.
+#[test]
+fn lua_algorithms_meeting_several_parameter_sets_in_turn_decide_as_in_memory() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let [fixed, sliding, counter, bucket] = fake_clock_scripts();
+    let charge_scripts = fake_clock_charge_scripts();
+    let sequences: [&[(u32, u64)]; 5] = [
+        &[(5, 1_000_000), (3, 3_000_000), (5, 1_000_000), (8, 700_000)],
+        &[
+            (2, 3_000_000),
+            (6, 1_000_000),
+            (1, 4_000_000),
+            (6, 2_000_000),
+        ],
+        &[(3, 7), (3, 2), (9, 11), (1, 3)],
+        &[
+            (10, 1_000_000),
+            (10, 999_999),
+            (10, 1_000_001),
+            (10, 1_000_000),
+        ],
+        &[
+            (4, 1_000_000),
+            (2, 1_000_000),
+            (8, 1_000_000),
+            (4, 1_000_000),
+        ],
+    ];
+    let mut buckets = 0;
+    for seed in 1..=3u64 {
+        for charges in [false, true] {
+            let charge = |i: usize| charges.then_some(charge_scripts[i].as_str());
+            for sequence in sequences {
+                let phases = |make: fn(u32, Duration) -> Algorithm| -> Vec<Phase> {
+                    (sequence.iter())
+                        .map(|&(limit, w)| Phase {
+                            algorithm: make(limit, Duration::from_micros(w)),
+                            p1: w,
+                            limit,
+                        })
+                        .collect()
+                };
+                let fw = phases(|limit, window| Algorithm::FixedWindow { limit, window });
+                differential_across(&mut con, &fixed, charge(0), &fw, true, false, seed);
+                let sw = phases(|limit, window| Algorithm::SlidingWindow { limit, window });
+                differential_across(&mut con, &sliding, charge(1), &sw, true, false, seed);
+                let sc = phases(|limit, window| Algorithm::SlidingCounter { limit, window });
+                differential_across(&mut con, &counter, charge(2), &sc, false, false, seed);
+                // A bucket of `limit` refilled one permit per `window / limit` µs.
+                let tb: Vec<Phase> = (sequence.iter())
+                    .map(|&(burst, w)| {
+                        let interval = (w / u64::from(burst)).max(1);
+                        Phase {
+                            algorithm: Algorithm::TokenBucket {
+                                rate: Rate::new(1, Duration::from_micros(interval)),
+                                burst,
+                            },
+                            p1: interval,
+                            limit: burst,
+                        }
+                    })
+                    .collect();
+                let capacity = |p: &Phase| p.p1 * u64::from(p.limit);
+                if tb.iter().all(|p| capacity(p) == capacity(&tb[0])) {
+                    buckets += 1;
+                    differential_across(&mut con, &bucket, charge(3), &tb, true, false, seed);
+                }
+            }
+        }
+    }
+    assert!(buckets > 0, "no sequence kept the bucket's capacity");
+}
+
 const MEMBERS: &str = include_str!("../src/backend/scripts/members.lua");
 const CHAIN: &str = include_str!("../src/backend/scripts/chain.lua");
 const CHAIN_CHARGE: &str = include_str!("../src/backend/scripts/chain_charge.lua");

@@ -1285,8 +1285,10 @@ where
     /// the subject's record (`prefix:{subject}:acq`, a hash of call id → admission, written by
     /// the admission of an `acquire` call's attempt) and answers the recorded admission instead
     /// of taking the permits a second time (while that admission still counts in every limit:
-    /// after its reset, for a chain its shortest limit's, the retry decides afresh, as the first
-    /// permit no longer weighs on that limit; a chain's longer limits are then charged twice,
+    /// after its reset, for a chain its shortest limit's, for an exact sliding window a window
+    /// after the admission (its own permits' expiry, which older permits of a longer window may
+    /// outlive), the retry decides afresh, as the first permit no longer weighs on that limit; a
+    /// chain's longer limits are then charged twice,
     /// rather than the call let through on nothing in the shorter one; and only under the
     /// parameters it was admitted under: after a [`reconfigure`](Self::reconfigure), which may
     /// end the permit's window sooner, the retry decides afresh too). Calls
@@ -2289,5 +2291,55 @@ mod tests {
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
         );
+    }
+
+    /// An exact sliding window's admission replies the reset of the whole log, which outlives
+    /// the admission's own permits when older ones, admitted under a longer window (before a
+    /// reconfiguration, or by a limiter with other parameters), expire later. An `acquire`
+    /// call's record was held until that reset: a retry after the call's permit had expired,
+    /// into a window others had filled since, was answered with the recorded admission, and
+    /// let the call through on nothing (three in a window of two). The record holds the
+    /// admission until its own permits expire: alone, and as a chain's member (whose record
+    /// was held until the shortest of the members' resets, that same reset here).
+    #[tokio::test]
+    async fn a_sliding_window_s_acquire_record_is_held_as_long_as_its_own_permits() {
+        use super::multi::redis_server::RedisServer;
+        let server = RedisServer::start();
+        let (hour, short) = (Duration::from_secs(3600), Duration::from_millis(300));
+        let log = |window| Algorithm::SlidingWindow { limit: 2, window };
+        let hourly = Algorithm::FixedWindow {
+            limit: 100,
+            window: hour,
+        };
+        for chain in [false, true] {
+            let client = ::redis::Client::open(server.url()).unwrap();
+            let connection = ::redis::aio::ConnectionManager::new(client).await.unwrap();
+            let mut builder =
+                RedisLimiter::builder(log(hour), FailurePolicy::Fallback { share: 1.0 });
+            if chain {
+                builder = builder.and_limit(hourly);
+            }
+            let limiter = builder
+                .prefix(if chain { "shc" } else { "sh" })
+                .deny_cache(0)
+                .build(connection)
+                .unwrap();
+            // A permit of the hour, then the log's window shortened.
+            limiter.try_acquire("s").await.unwrap();
+            limiter.reconfigure_limit(0, log(short)).unwrap();
+            // Call 7's attempt admitted (its reply lost, say): its permit counts for 300 ms,
+            // the hour's permit for the hour (the admission's reset).
+            let first = limiter.decide(b"s", 1, Some(7)).await.unwrap();
+            assert!(first.reset_after() > Duration::from_secs(60), "{first:?}");
+            // The call's permit has expired; another caller takes the room it left.
+            std::thread::sleep(short + Duration::from_millis(50));
+            assert!(limiter.try_acquire("s").await.is_ok(), "chain: {chain}");
+            // Call 7's retry: the log holds two live permits, its limit.
+            let retry = limiter.decide(b"s", 1, Some(7)).await;
+            assert!(
+                matches!(retry, Err(TryAcquireError::Rejected(_))),
+                "chain: {chain}: {retry:?}"
+            );
+        }
     }
 }

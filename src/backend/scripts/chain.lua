@@ -13,7 +13,8 @@ for i = 1, #KEYS do
     end
   else
     if t > reset then reset = t end
-    if shortest_reset == nil or t < shortest_reset then shortest_reset = t end
+    local held = results[i][4]
+    if counted_for == nil or held < counted_for then counted_for = held end
     if remaining == nil or left < remaining then remaining = left end
   end
 end

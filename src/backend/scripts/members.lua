@@ -60,7 +60,8 @@ end
 -- second write overwrote the first and the call counted n where it took 2n.
 -- `refused`: the caller's decision is rejected already, so nothing is committed whatever the
 -- members say (they are decided, and repaired, as for a rejected call).
--- Returns now, n, whether all admitted, and per member {admitted, t, remaining}.
+-- Returns now, n, whether all admitted, and per member {admitted, t, remaining, held} (held: how
+-- long an admission's permits count, its `held` or else its reset_after).
 local function all_or_nothing(refused)
   local now = now_us()
   local n = tonumber(ARGV[1])
@@ -71,8 +72,8 @@ local function all_or_nothing(refused)
   local all = true
   for i = 1, #KEYS do
     local key = KEYS[i]
-    local admitted, t, left, commit, repair = decide(i, n, now)
-    results[i] = {admitted, t, left}
+    local admitted, t, left, commit, repair, _, held = decide(i, n, now)
+    results[i] = {admitted, t, left, held or t}
     commits[i], repairs[i] = commit, repair
     if refused or not admitted then all = false end
     if repeated and repeated[key] then

@@ -6,7 +6,8 @@
 -- slot), a hash of call id -> "now:reset_after:remaining:held:params" of the acquire calls Redis
 -- admitted on the subject (held: until when, in µs, the admission counts in every limit: a chain
 -- replies its longest reset_after, and a permit of a shorter limit stops counting at that limit's
--- reset; params: the parameters it was decided under, ARGV after n joined by commas, as a
+-- reset; an exact sliding window replies when its whole log is empty again, and its own permits
+-- stop counting a window after the admission, sooner where older permits expire later; params: the parameters it was decided under, ARGV after n joined by commas, as a
 -- reconfiguration between two attempts can end the window it counts in sooner, at a time the
 -- field cannot know; a field written before both were stored, "now:reset_after:remaining", is
 -- held until its now + reset_after under any parameters); ARGV[#ARGV] is the most calls it holds
@@ -63,7 +64,7 @@ local function once(decide)
       end
     end
     local value = string.format('%d:%d:%d:%d:%s', reply[2], reply[3], reply[4],
-      reply[2] + (shortest_reset or reply[3]), params)
+      reply[2] + (counted_for or reply[3]), params)
     redis.call('HSET', record, id, value)
     -- Extended, never shortened. The record's expiry is PTTL after the clock PTTL read (Redis
     -- 7.0 reads the real clock, Valkey 8 the script's start); TIME read after it is no earlier

@@ -1,6 +1,6 @@
 -- turnstile: what every script starts with. The algorithm files that follow each define one local
 -- function
---   algorithm(key, n, p1, p2, now) -> admitted, t, remaining, commit, repair, charge
+--   algorithm(key, n, p1, p2, now) -> admitted, t, remaining, commit, repair, charge, held
 -- deciding for `n` permits (n = 0: a probe for one permit that takes nothing) at `now` (µs since
 -- the Unix epoch, from Redis's TIME) without writing anything. Admitted: t = reset_after and
 -- remaining after taking n, and `commit()` writes the admission with its TTL. Rejected: t = the
@@ -8,8 +8,10 @@
 -- whenever it does not commit (a commit sets the TTL anyway). `charge(k)` records k permits as
 -- used at `now` without the limit check, whatever the decision was (a charge runner asks for a
 -- probe's, which only reads), and returns reset_after and remaining after it, as an admission
--- would (remaining 0 while in debt); k = 0 only repairs. All values are integers below 2^53,
--- exact in Lua's doubles; replies are integers only.
+-- would (remaining 0 while in debt); k = 0 only repairs. `held` (an admission of n > 0 only):
+-- how long the n permits count, where that is less than reset_after (the exact sliding window's
+-- log may hold older permits that expire later); nil where it is reset_after. All values are
+-- integers below 2^53, exact in Lua's doubles; replies are integers only.
 
 -- The most a window's count holds: a charge saturates here, as the in-memory count does (a
 -- 32-bit field), far below 2^53, so that sums and the retry-after's divisions stay exact.
@@ -48,9 +50,11 @@ local function discard(key)
   unreadable = unreadable + 1
 end
 
--- An admission of several limits (chain.lua) replies with the longest reset_after; it sets this
--- to the shortest, after which the admission no longer counts in every limit (see once.lua).
-local shortest_reset = nil
+-- How long an admission's permits count in every limit (µs from its `now`), which may be less
+-- than the reset_after it replies (see once.lua); nil: that reset_after. Set by `single` to the
+-- algorithm's `held`, and by chain.lua, which replies the longest reset_after, to the shortest
+-- of its members' (each its `held`, or else its reset_after).
+local counted_for = nil
 
 -- `reply` with the count of unreadable keys appended when there were any.
 local function reported(reply)
@@ -89,12 +93,13 @@ end
 local function single(algorithm)
   local now = now_us()
   local n = tonumber(ARGV[1])
-  local admitted, t, remaining, commit, repair =
+  local admitted, t, remaining, commit, repair, _, held =
     algorithm(KEYS[1], n, tonumber(ARGV[2]), tonumber(ARGV[3]), now)
   if not admitted or n == 0 then
     repair()
   else
     commit()
+    counted_for = held
   end
   if not admitted then
     return reported({0, now, t, 0})

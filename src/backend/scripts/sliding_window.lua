@@ -85,11 +85,13 @@ local function sliding_window(key, n, window, limit, now)
   end
   -- An admission is full again when the latest of its own permits and the older ones leaves. A
   -- probe adds none: the log is empty again when the latest member leaves (at once if none).
-  local reset
+  -- The admission's own permits count for `window` only, however long the older ones stay.
+  local reset, held
   if n == 0 then
     reset = math.max(latest - now, 0)
   else
     reset = math.max(window, latest - now)
+    held = window
   end
-  return true, reset, limit - inside - n, commit, repair, charge
+  return true, reset, limit - inside - n, commit, repair, charge, held
 end
