@@ -10,6 +10,10 @@ use turnstile::{AcquireError, KeyOverflow, KeyedConcurrencyLimiter, QueueOrder, 
 
 #[path = "common/wakers.rs"]
 mod wakers;
+
+#[path = "common/close_race.rs"]
+mod close_race;
+use close_race::waiters_racing_close;
 use wakers::{counting, must_panic, panicky, poll_with};
 
 #[test]
@@ -1643,33 +1647,20 @@ async fn close_fails_every_keys_waiters_and_later_calls_and_held_permits_return(
 /// missed would wait for good (the channel's timeout reports it).
 #[test]
 fn blocking_waiters_racing_close_all_end() {
-    use std::sync::mpsc;
     for round in 0..50u64 {
         let limiter = KeyedConcurrencyLimiter::<u64>::new(1).unwrap();
         let threads = 6u64;
         let held: Vec<_> = (0..=threads)
             .map(|key| limiter.try_acquire_owned(key, 1).unwrap())
             .collect();
-        let (done, ended) = mpsc::channel();
-        let barrier = Arc::new(std::sync::Barrier::new(threads as usize + 1));
-        for t in 0..threads {
-            let (limiter, done, barrier) = (limiter.clone(), done.clone(), Arc::clone(&barrier));
-            std::thread::spawn(move || {
-                barrier.wait();
-                let key = if t % 2 == 0 { t + 1 } else { 0 };
-                done.send(limiter.acquire_blocking(&key).map(|p| p.permits()))
-                    .unwrap();
-            });
-        }
-        barrier.wait();
-        for _ in 0..round % 7 * 50 {
-            std::hint::spin_loop();
-        }
-        limiter.close();
-        for _ in 0..threads {
-            let outcome = ended
-                .recv_timeout(Duration::from_secs(30))
-                .expect("a waiter was left waiting after the close");
+        let waiting = limiter.clone();
+        let outcomes = waiters_racing_close(
+            threads,
+            round,
+            move |key| waiting.acquire_blocking(&key).map(|p| p.permits()),
+            || limiter.close(),
+        );
+        for outcome in outcomes {
             assert_eq!(outcome, Err(AcquireError::Closed), "round {round}");
         }
         drop(held);

@@ -13,6 +13,10 @@ use turnstile::{
 
 #[path = "common/wakers.rs"]
 mod wakers;
+
+#[path = "common/close_race.rs"]
+mod close_race;
+use close_race::waiters_racing_close;
 use wakers::{Call, PollThenPanic, must_panic, panicky, poll_with};
 
 #[path = "common/hook_clock.rs"]
@@ -1214,7 +1218,6 @@ async fn close_fails_every_keys_waiters_and_every_later_call() {
 /// queue the close missed would wait the hour (the channel's timeout reports it).
 #[test]
 fn blocking_waiters_racing_close_all_end() {
-    use std::sync::mpsc;
     for round in 0..50u64 {
         let limiter = Arc::new(
             KeyedLimiter::<u64>::new(Algorithm::FixedWindow {
@@ -1227,27 +1230,14 @@ fn blocking_waiters_racing_close_all_end() {
         for key in 0..=threads {
             limiter.try_acquire(&key).unwrap();
         }
-        let (done, ended) = mpsc::channel();
-        let barrier = Arc::new(std::sync::Barrier::new(threads as usize + 1));
-        for t in 0..threads {
-            let (limiter, done, barrier) =
-                (Arc::clone(&limiter), done.clone(), Arc::clone(&barrier));
-            std::thread::spawn(move || {
-                barrier.wait();
-                // Even threads on their own key (whose queue they make), odd ones on key 0.
-                let key = if t % 2 == 0 { t + 1 } else { 0 };
-                done.send(limiter.acquire_blocking(&key)).unwrap();
-            });
-        }
-        barrier.wait();
-        for _ in 0..round % 7 * 50 {
-            std::hint::spin_loop();
-        }
-        limiter.close();
-        for _ in 0..threads {
-            let outcome = ended
-                .recv_timeout(Duration::from_secs(30))
-                .expect("a waiter was left waiting after the close");
+        let waiting = Arc::clone(&limiter);
+        let outcomes = waiters_racing_close(
+            threads,
+            round,
+            move |key| waiting.acquire_blocking(&key),
+            || limiter.close(),
+        );
+        for outcome in outcomes {
             assert_eq!(outcome, Err(AcquireError::Closed), "round {round}");
         }
         let s = limiter.stats();
