@@ -960,6 +960,45 @@ fn regex_and_per_endpoint_rules() {
     assert!(get(&l, "/api/vx/items", "1.1.1.1", None).quotas.is_empty());
 }
 
+/// A regex's `verb:` is optional, as `RuleConfig::endpoint_regex` says: without one the regex
+/// is over the path, for any method, `:` inside it included. They were refused (`"/api/v\d+"
+/// is not an endpoint pattern`, `"/api/(?" is not an HTTP method`).
+#[test]
+fn a_regex_without_a_verb_is_over_the_path_for_any_method() {
+    for endpoint in [
+        "\"re:/api/v[0-9]+/.*\"",
+        "\"/api/(?:v1|v2)/.*\"\nregex = true",
+    ] {
+        let (l, _) = limiter(&format!(
+            "[[rules]]\nendpoint = {endpoint}\nperiod = \"1m\"\nlimit = 0\n"
+        ));
+        for method in [http::Method::GET, http::Method::POST] {
+            let blocked = l.decide(&req(&method, "/API/V1/items", "1.1.1.1", None));
+            assert_eq!(
+                reason(&blocked).map(|r| r.0),
+                Some(RejectReason::Blocked),
+                "{endpoint} {method}"
+            );
+        }
+        assert_eq!(
+            get(&l, "/api/v3x", "1.1.1.1", None).outcome,
+            Outcome::Admitted
+        );
+    }
+    // A verb is still checked where one is written; a glob still needs one.
+    for (doc, expected) in [
+        ("endpoint = \"re:g3t:/x\"", "\"g3t\" is not an HTTP method"),
+        ("endpoint = \"/x\"", "is not an endpoint pattern"),
+    ] {
+        let error =
+            HttpConfig::from_toml_str(&format!("[[rules]]\n{doc}\nperiod = \"1m\"\nlimit = 1\n"))
+                .and_then(HttpLimiter::new)
+                .unwrap_err()
+                .to_string();
+        assert!(error.contains(expected), "{error}");
+    }
+}
+
 /// The sample configuration of AspNetCoreRateLimit's documentation (IP rate limiting), with
 /// its policies section.
 const ASPNET: &str = r#"{

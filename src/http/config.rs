@@ -377,8 +377,10 @@ impl RuleConfig {
     }
 
     /// The requests the rule applies to, as a regular expression over the path, after an
-    /// optional `verb:`. It must match the whole path, case-insensitively (it is anchored at
-    /// both ends): end it with `.*` to match a prefix.
+    /// optional `verb:` (without one, any method; the `verb:` is what precedes the first `:`
+    /// when no `/` does, so `/api/(?:a|b)` is a regex over the path alone). It must match the
+    /// whole path, case-insensitively (it is anchored at both ends): end it with `.*` to match
+    /// a prefix.
     ///
     /// # Examples
     ///
@@ -388,6 +390,9 @@ impl RuleConfig {
     ///
     /// // `/api/v1/users`, `/api/v2/`, ...: every path under a versioned API.
     /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex(r"get:/api/v\d+/.*");
+    /// assert!(rule.regex);
+    /// // Any method.
+    /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex(r"/api/v\d+/.*");
     /// assert!(rule.regex);
     /// ```
     pub fn endpoint_regex(mut self, pattern: impl Into<String>) -> Self {

@@ -171,7 +171,15 @@ impl Endpoint {
                 path: PathMatch::Any,
             });
         }
-        let Some((verb, path)) = rest.split_once(':') else {
+        let split = match rest.split_once(':') {
+            // A regex's `verb:` is optional (`re:/api/(?:a|b)`, `/api/v\d+/.*` with `regex =
+            // true`): without one, for any method. A verb holds no `/`, and a path regex that
+            // can match one holds a `/`, so a `:` after the first `/` is the regex's own.
+            Some((verb, _)) if regex && verb.contains('/') => Some(("*", rest)),
+            None if regex => Some(("*", rest)),
+            split => split,
+        };
+        let Some((verb, path)) = split else {
             return Err(HttpConfigError::invalid(
                 field,
                 format!(
