@@ -1503,8 +1503,6 @@ fn over_long_client_ids_are_no_client_id() {
         r#"
         client_id_max_len = 16
         missing_key = "reject"
-        [whitelist]
-        clients = ["aaaaaaaaaaaaaaaaa"]
         [[rules]]
         name = "per-client"
         endpoint = "*"
@@ -1514,7 +1512,7 @@ fn over_long_client_ids_are_no_client_id() {
         "#,
     );
     let at_bound = "a".repeat(16);
-    let over = "a".repeat(17); // also the whitelisted id: too long to be believed
+    let over = "a".repeat(17);
     assert!(matches!(
         get(&l, "/", "", Some(&at_bound)).outcome,
         Outcome::Admitted
@@ -1532,6 +1530,58 @@ fn over_long_client_ids_are_no_client_id() {
     let zero = HttpConfig::from_toml_str("client_id_max_len = 0").expect("valid toml");
     let error = HttpLimiter::with_clock(zero, ManualClock::new()).unwrap_err();
     assert!(error.to_string().contains("client_id_max_len"), "{error}");
+}
+
+/// A client id of a list or a client rule that no request's id can be (empty, or longer than
+/// `client_id_max_len`, which the engine takes for no client id) is refused at load, naming
+/// the field, as `anonymous_client_id` is. Accepted, it matched no request: a blocklisted
+/// client whose id was over the bound was not blocked, a client rule of limit 0 blocked no
+/// one, and nothing said so.
+#[test]
+fn list_and_client_rule_ids_no_request_can_have_are_refused() {
+    let long = "a".repeat(17);
+    let cases = [
+        (
+            format!("[blocklist]\nclients = [\"ok\", \"{long}\"]\n"),
+            "blocklist.clients[1]",
+        ),
+        (
+            format!("[whitelist]\nclients = [\"{long}\"]\n"),
+            "whitelist.clients[0]",
+        ),
+        (
+            "[whitelist]\nclients = [\"\"]\n".to_owned(),
+            "whitelist.clients[0]",
+        ),
+        (
+            format!("[[whitelist.by_key]]\nkey = \"client\"\nclients = [\"{long}\"]\n"),
+            "whitelist.by_key[0].clients[0]",
+        ),
+        (
+            format!(
+                "[[client_rules]]\nclient_id = \"{long}\"\n[[client_rules.rules]]\nperiod = \"1m\"\nlimit = 0\n"
+            ),
+            "client_rules[0].client_id",
+        ),
+    ];
+    for (doc, field) in cases {
+        let config = HttpConfig::from_toml_str(&format!("client_id_max_len = 16\n{doc}"))
+            .expect("valid toml");
+        let error = HttpLimiter::with_clock(config, ManualClock::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with(&format!("{field}:")) && error.contains("client_id_max_len (16)"),
+            "{doc}: {error}"
+        );
+    }
+    // At the bound, an id is one a request can have.
+    let (l, _clock) = limiter(&format!(
+        "client_id_max_len = 16\n[blocklist]\nclients = [\"{}\"]\n",
+        "a".repeat(16)
+    ));
+    let blocked = get(&l, "/", "1.1.1.1", Some(&"a".repeat(16)));
+    assert_eq!(reason(&blocked).map(|r| r.0), Some(RejectReason::Blocked));
 }
 
 /// Rules written in code are the rules of the same file: the README's configuration, built with

@@ -43,7 +43,8 @@ pub struct HttpConfig {
     /// The longest client id counted (256 bytes by default, at most 4096). A longer one is
     /// treated as no client id (so `missing_key` decides for rules that count by it): every
     /// distinct id is a counter, and without a bound a client could make each one kilobytes.
-    /// An empty one is no client id either.
+    /// An empty one is no client id either. The ids of the client lists and client rules
+    /// must fit (one that does not, which no request could match, is refused at load).
     pub client_id_max_len: usize,
     /// The client id of a request that carries none (and of one whose id is empty or longer
     /// than `client_id_max_len`): `None` by default, so that `missing_key` decides for the

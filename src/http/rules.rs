@@ -1408,6 +1408,49 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             }
             other => other.clone(),
         };
+        // An id the rules never see (empty, or longer than `client_id_max_len`: no client id to
+        // them) in a list or a client rule matches no request: a blocklist entry of one blocked
+        // no one, a client rule of limit 0 let its client through. Refused, as a list's IP
+        // entry inside one client group is.
+        let lists = [
+            ("whitelist.clients", &config.whitelist.clients),
+            ("blocklist.clients", &config.blocklist.clients),
+        ];
+        let listed = lists.into_iter().flat_map(|(list, ids)| {
+            ids.iter()
+                .enumerate()
+                .map(move |(i, id)| (format!("{list}[{i}]"), id))
+        });
+        let by_key = config
+            .whitelist
+            .by_key
+            .iter()
+            .enumerate()
+            .flat_map(|(i, w)| {
+                w.clients
+                    .iter()
+                    .enumerate()
+                    .map(move |(j, id)| (format!("whitelist.by_key[{i}].clients[{j}]"), id))
+            });
+        let ruled = config
+            .client_rules
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (format!("client_rules[{i}].client_id"), &c.client_id));
+        if let Some((field, id)) = listed
+            .chain(by_key)
+            .chain(ruled)
+            .find(|(_, id)| id.is_empty() || id.len() > config.client_id_max_len)
+        {
+            return Err(HttpConfigError::invalid(
+                field,
+                format!(
+                    "{id:?} must be 1 to client_id_max_len ({}) bytes long: a request's id of any \
+                     other length is no client id, so no request would match it",
+                    config.client_id_max_len
+                ),
+            ));
+        }
         let bans = match &config.bans {
             None => None,
             Some(b) => Some(self.bans(b, &config.client_ip)?),
