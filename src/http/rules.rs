@@ -1010,6 +1010,17 @@ fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_
     }
 }
 
+/// Why a client rule's or a list's client `id` is one no request's can be, if it is: empty, or
+/// longer than `max_len` (`client_id_max_len`), which the engine takes for no client id.
+pub(crate) fn unusable_client_id(id: &str, max_len: usize) -> Option<String> {
+    (id.is_empty() || id.len() > max_len).then(|| {
+        format!(
+            "{id:?} must be 1 to client_id_max_len ({max_len}) bytes long: a request's id of any \
+             other length is no client id, so no request would match it"
+        )
+    })
+}
+
 pub(crate) fn parse_period(text: &str, field: &str) -> Result<Duration, HttpConfigError> {
     let d = humantime::parse_duration(text.trim()).map_err(|e| {
         HttpConfigError::invalid(field, format!("{text:?} is not a duration ({e})"))
@@ -1437,19 +1448,10 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             .iter()
             .enumerate()
             .map(|(i, c)| (format!("client_rules[{i}].client_id"), &c.client_id));
-        if let Some((field, id)) = listed
-            .chain(by_key)
-            .chain(ruled)
-            .find(|(_, id)| id.is_empty() || id.len() > config.client_id_max_len)
-        {
-            return Err(HttpConfigError::invalid(
-                field,
-                format!(
-                    "{id:?} must be 1 to client_id_max_len ({}) bytes long: a request's id of any \
-                     other length is no client id, so no request would match it",
-                    config.client_id_max_len
-                ),
-            ));
+        if let Some((field, message)) = listed.chain(by_key).chain(ruled).find_map(|(field, id)| {
+            Some((field, unusable_client_id(id, config.client_id_max_len)?))
+        }) {
+            return Err(HttpConfigError::invalid(field, message));
         }
         let bans = match &config.bans {
             None => None,
