@@ -968,6 +968,28 @@ fn aspnet_duplicate_client_ids_and_bad_content_types_name_the_documents_field() 
         let e = err(doc);
         assert!(e.starts_with(field), "{field}: {e}");
     }
+    // A client id longer than `client_id_max_len` (256), which no request's id can be, is
+    // refused as the compiler refuses it, naming the document's field.
+    let long = "k".repeat(257);
+    for (doc, field) in [
+        (
+            format!(r#"{{"ClientRateLimiting": {{"ClientWhitelist": ["dev", "{long}"]}}}}"#),
+            "ClientRateLimiting.ClientWhitelist[1]",
+        ),
+        (
+            format!(
+                r#"{{"ClientRateLimitPolicies": {{"ClientRules": [
+                    {{"ClientId": "{long}", "Rules": [{{"Endpoint": "*", "Period": "1s", "Limit": 0}}]}}]}}}}"#
+            ),
+            "ClientRateLimitPolicies.ClientRules[0].ClientId",
+        ),
+    ] {
+        let e = err(&doc);
+        assert!(
+            e.starts_with(field) && e.contains("client_id_max_len (256)"),
+            "{field}: {e}"
+        );
+    }
 }
 
 /// An `appsettings.json` with comments (which ASP.NET allows) and a mistake elsewhere: the

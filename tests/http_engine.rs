@@ -960,6 +960,45 @@ fn regex_and_per_endpoint_rules() {
     assert!(get(&l, "/api/vx/items", "1.1.1.1", None).quotas.is_empty());
 }
 
+/// A regex's `verb:` is optional, as `RuleConfig::endpoint_regex` says: without one the regex
+/// is over the path, for any method, `:` inside it included. They were refused (`"/api/v\d+"
+/// is not an endpoint pattern`, `"/api/(?" is not an HTTP method`).
+#[test]
+fn a_regex_without_a_verb_is_over_the_path_for_any_method() {
+    for endpoint in [
+        "\"re:/api/v[0-9]+/.*\"",
+        "\"/api/(?:v1|v2)/.*\"\nregex = true",
+    ] {
+        let (l, _) = limiter(&format!(
+            "[[rules]]\nendpoint = {endpoint}\nperiod = \"1m\"\nlimit = 0\n"
+        ));
+        for method in [http::Method::GET, http::Method::POST] {
+            let blocked = l.decide(&req(&method, "/API/V1/items", "1.1.1.1", None));
+            assert_eq!(
+                reason(&blocked).map(|r| r.0),
+                Some(RejectReason::Blocked),
+                "{endpoint} {method}"
+            );
+        }
+        assert_eq!(
+            get(&l, "/api/v3x", "1.1.1.1", None).outcome,
+            Outcome::Admitted
+        );
+    }
+    // A verb is still checked where one is written; a glob still needs one.
+    for (doc, expected) in [
+        ("endpoint = \"re:g3t:/x\"", "\"g3t\" is not an HTTP method"),
+        ("endpoint = \"/x\"", "is not an endpoint pattern"),
+    ] {
+        let error =
+            HttpConfig::from_toml_str(&format!("[[rules]]\n{doc}\nperiod = \"1m\"\nlimit = 1\n"))
+                .and_then(HttpLimiter::new)
+                .unwrap_err()
+                .to_string();
+        assert!(error.contains(expected), "{error}");
+    }
+}
+
 /// The sample configuration of AspNetCoreRateLimit's documentation (IP rate limiting), with
 /// its policies section.
 const ASPNET: &str = r#"{
@@ -1464,8 +1503,6 @@ fn over_long_client_ids_are_no_client_id() {
         r#"
         client_id_max_len = 16
         missing_key = "reject"
-        [whitelist]
-        clients = ["aaaaaaaaaaaaaaaaa"]
         [[rules]]
         name = "per-client"
         endpoint = "*"
@@ -1475,7 +1512,7 @@ fn over_long_client_ids_are_no_client_id() {
         "#,
     );
     let at_bound = "a".repeat(16);
-    let over = "a".repeat(17); // also the whitelisted id: too long to be believed
+    let over = "a".repeat(17);
     assert!(matches!(
         get(&l, "/", "", Some(&at_bound)).outcome,
         Outcome::Admitted
@@ -1493,6 +1530,58 @@ fn over_long_client_ids_are_no_client_id() {
     let zero = HttpConfig::from_toml_str("client_id_max_len = 0").expect("valid toml");
     let error = HttpLimiter::with_clock(zero, ManualClock::new()).unwrap_err();
     assert!(error.to_string().contains("client_id_max_len"), "{error}");
+}
+
+/// A client id of a list or a client rule that no request's id can be (empty, or longer than
+/// `client_id_max_len`, which the engine takes for no client id) is refused at load, naming
+/// the field, as `anonymous_client_id` is. Accepted, it matched no request: a blocklisted
+/// client whose id was over the bound was not blocked, a client rule of limit 0 blocked no
+/// one, and nothing said so.
+#[test]
+fn list_and_client_rule_ids_no_request_can_have_are_refused() {
+    let long = "a".repeat(17);
+    let cases = [
+        (
+            format!("[blocklist]\nclients = [\"ok\", \"{long}\"]\n"),
+            "blocklist.clients[1]",
+        ),
+        (
+            format!("[whitelist]\nclients = [\"{long}\"]\n"),
+            "whitelist.clients[0]",
+        ),
+        (
+            "[whitelist]\nclients = [\"\"]\n".to_owned(),
+            "whitelist.clients[0]",
+        ),
+        (
+            format!("[[whitelist.by_key]]\nkey = \"client\"\nclients = [\"{long}\"]\n"),
+            "whitelist.by_key[0].clients[0]",
+        ),
+        (
+            format!(
+                "[[client_rules]]\nclient_id = \"{long}\"\n[[client_rules.rules]]\nperiod = \"1m\"\nlimit = 0\n"
+            ),
+            "client_rules[0].client_id",
+        ),
+    ];
+    for (doc, field) in cases {
+        let config = HttpConfig::from_toml_str(&format!("client_id_max_len = 16\n{doc}"))
+            .expect("valid toml");
+        let error = HttpLimiter::with_clock(config, ManualClock::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with(&format!("{field}:")) && error.contains("client_id_max_len (16)"),
+            "{doc}: {error}"
+        );
+    }
+    // At the bound, an id is one a request can have.
+    let (l, _clock) = limiter(&format!(
+        "client_id_max_len = 16\n[blocklist]\nclients = [\"{}\"]\n",
+        "a".repeat(16)
+    ));
+    let blocked = get(&l, "/", "1.1.1.1", Some(&"a".repeat(16)));
+    assert_eq!(reason(&blocked).map(|r| r.0), Some(RejectReason::Blocked));
 }
 
 /// Rules written in code are the rules of the same file: the README's configuration, built with
@@ -2161,4 +2250,288 @@ fn a_full_ban_list_warns_once() {
     });
     assert_eq!(logged.matches("ban list full").count(), 1, "{logged}");
     assert!(logged.contains("bans.max_entries"), "{logged}");
+}
+
+/// The semantics `HttpLimiter` documents, as a model: a rule of the model's configurations.
+#[derive(Debug, Clone)]
+struct ModelRule {
+    /// An index into `MODEL_ENDPOINTS`.
+    endpoint: usize,
+    period_s: u64,
+    limit: u64,
+    /// An index into `MODEL_KEYS`.
+    key: usize,
+    per_endpoint: bool,
+    monitor: bool,
+    /// `sliding_window`, else `fixed_window`.
+    sliding: bool,
+}
+
+const MODEL_ENDPOINTS: [&str; 5] = ["*", "get:/a", "*:/a*", "post:/b", "head:/a"];
+const MODEL_KEYS: [&str; 3] = ["ip", "client", "ip_and_client"];
+
+impl ModelRule {
+    fn matches(&self, method: &str, path: &str) -> bool {
+        match self.endpoint {
+            0 => true,
+            // `get:` matches `HEAD` too.
+            1 => matches!(method, "GET" | "HEAD") && path == "/a",
+            2 => path.starts_with("/a"),
+            3 => method == "POST" && path == "/b",
+            _ => method == "HEAD" && path == "/a",
+        }
+    }
+
+    /// What `select` groups by: period and counter key.
+    fn group(&self) -> (u64, usize, bool) {
+        (self.period_s, self.key, self.per_endpoint)
+    }
+}
+
+fn model_rule() -> impl Strategy<Value = ModelRule> {
+    (
+        (0..5usize, 1..4u64, 0..4u64),
+        (
+            0..3usize,
+            any::<bool>(),
+            prop::bool::weighted(0.2),
+            any::<bool>(),
+        ),
+    )
+        .prop_map(
+            |((endpoint, period_s, limit), (key, per_endpoint, monitor, sliding))| ModelRule {
+                endpoint,
+                period_s,
+                limit,
+                key,
+                per_endpoint,
+                monitor,
+                sliding,
+            },
+        )
+}
+
+fn model_toml(out: &mut String, table: &str, prefix: &str, rules: &[ModelRule]) {
+    for (i, r) in rules.iter().enumerate() {
+        out.push_str(&format!(
+            "[[{table}]]\nname = \"{prefix}{i}\"\nendpoint = \"{}\"\nperiod = \"{}s\"\nlimit = {}\nkey = \"{}\"\nper_endpoint = {}\nmonitor = {}\nalgorithm = \"{}\"\n",
+            MODEL_ENDPOINTS[r.endpoint],
+            r.period_s,
+            r.limit,
+            MODEL_KEYS[r.key],
+            r.per_endpoint,
+            r.monitor,
+            if r.sliding { "sliding_window" } else { "fixed_window" },
+        ));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Every decision is the one `HttpLimiter`'s documented semantics make, computed by a
+    /// model over random rule sets (general, IP and client rules; endpoints, periods, limits
+    /// 0 to 3, the three keys, per-endpoint, monitors, fixed and exact sliding windows), a
+    /// `missing_key`, bans, an endpoint whitelist and a `whitelist.by_key`: the whitelists,
+    /// then bans; specific rules displacing the general ones of their group (period and
+    /// counter key), the lowest limit per group; limit 0 and missing keys before counting; the
+    /// exact sliding windows charged last; a rejection naming the first rule that rejects and
+    /// charging none; the quotas of an admission in the rules' order; every `after`-th
+    /// rate-limit rejection in a window of `within` starting a ban; monitors never deciding.
+    #[test]
+    fn decisions_follow_the_documented_semantics(
+        general in proptest::collection::vec(model_rule(), 0..4),
+        ip_rules in proptest::collection::vec(model_rule(), 0..3),
+        client_rules in proptest::collection::vec(model_rule(), 0..3),
+        allow_missing in any::<bool>(),
+        bans in proptest::option::of((1..4u64, 1..5u64, 1..4u64)),
+        whitelisted_endpoint in any::<bool>(),
+        exempt_key in proptest::option::of(0..3usize),
+        steps in proptest::collection::vec(
+            prop_oneof![
+                4 => (0..3usize, 0..3usize, 0..3usize, 0..3usize).prop_map(Some),
+                1 => Just(None),
+            ],
+            1..40,
+        ),
+    ) {
+        let mut doc = format!(
+            "missing_key = \"{}\"\n",
+            if allow_missing { "allow" } else { "reject" }
+        );
+        if whitelisted_endpoint {
+            doc.push_str("[whitelist]\nendpoints = [\"post:/a*\"]\n");
+        }
+        if let Some(key) = exempt_key {
+            doc.push_str(&format!(
+                "[[whitelist.by_key]]\nkey = \"{}\"\nips = [\"2.2.2.2\"]\nclients = [\"c2\"]\n",
+                MODEL_KEYS[key]
+            ));
+        }
+        if let Some((after, within, duration)) = bans {
+            doc.push_str(&format!(
+                "[bans]\nafter = {after}\nwithin = \"{within}s\"\nduration = \"{duration}s\"\n"
+            ));
+        }
+        model_toml(&mut doc, "rules", "g", &general);
+        if !ip_rules.is_empty() {
+            doc.push_str("[[ip_rules]]\nip = \"1.1.1.0/24\"\n");
+            model_toml(&mut doc, "ip_rules.rules", "i", &ip_rules);
+        }
+        if !client_rules.is_empty() {
+            doc.push_str("[[client_rules]]\nclient_id = \"c1\"\n");
+            model_toml(&mut doc, "client_rules.rules", "c", &client_rules);
+        }
+        let (l, clock) = limiter(&doc);
+        // Every rule with its name; general rules first, then IP rules, then client rules.
+        let rules: Vec<(String, bool, &ModelRule)> = general
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("g{i}"), false, r))
+            .chain(ip_rules.iter().enumerate().map(|(i, r)| (format!("i{i}"), true, r)))
+            .chain(client_rules.iter().enumerate().map(|(i, r)| (format!("c{i}"), true, r)))
+            .collect();
+        // The admissions of each rule and counter key, in seconds.
+        let mut admitted: std::collections::HashMap<(String, String), Vec<u64>> =
+            std::collections::HashMap::new();
+        // Per IP: the ban window, the rejections counted in it, the end of the ban.
+        let mut banned: std::collections::HashMap<&str, (u64, u64, u64)> =
+            std::collections::HashMap::new();
+        let mut now = 0;
+        for step in steps {
+            let Some((m, p, i, c)) = step else {
+                now += 1;
+                clock.advance(Duration::from_secs(1));
+                continue;
+            };
+            let method = ["GET", "POST", "HEAD"][m];
+            let path = ["/a", "/a/x", "/b"][p];
+            let ip = ["1.1.1.1", "2.2.2.2", "1.1.1.9"][i];
+            let client = [None, Some("c1"), Some("c2")][c];
+            let http_method = http::Method::from_bytes(method.as_bytes()).unwrap();
+            let verdict = l.decide(&req(&http_method, path, ip, client));
+            let context = format!("{doc}\nat {now}s: {method} {path} from {ip} {client:?}");
+
+            if whitelisted_endpoint && method == "POST" && path.starts_with("/a") {
+                prop_assert_eq!(verdict.outcome, Outcome::Whitelisted, "{}", context);
+                continue;
+            }
+            if bans.is_some() && banned.get(ip).is_some_and(|b| now < b.2) {
+                let got = reason(&verdict).map(|r| r.0);
+                prop_assert_eq!(got, Some(RejectReason::Banned), "{}", context);
+                continue;
+            }
+            let exempt = exempt_key.filter(|_| ip == "2.2.2.2" || client == Some("c2"));
+            let applies = |r: &ModelRule| r.matches(method, path) && Some(r.key) != exempt;
+            let specific = |is_specific: bool, name: &str| match &name[..1] {
+                "i" => is_specific && ip.starts_with("1.1.1."),
+                "c" => is_specific && client == Some("c1"),
+                _ => false,
+            };
+            let select = |monitor: bool| {
+                let mut out: Vec<usize> = Vec::new();
+                let push = |out: &mut Vec<usize>, e: usize| match out
+                    .iter_mut()
+                    .find(|o| rules[**o].2.group() == rules[e].2.group())
+                {
+                    Some(o) if rules[e].2.limit < rules[*o].2.limit => *o = e,
+                    Some(_) => {}
+                    None => out.push(e),
+                };
+                let candidates = |e: &usize| rules[*e].2.monitor == monitor && applies(rules[*e].2);
+                for e in (0..rules.len()).filter(candidates) {
+                    if specific(rules[e].1, &rules[e].0) {
+                        push(&mut out, e);
+                    }
+                }
+                let specific_groups: Vec<_> = out.iter().map(|&o| rules[o].2.group()).collect();
+                for e in (0..rules.len()).filter(candidates) {
+                    if !rules[e].1 && !specific_groups.contains(&rules[e].2.group()) {
+                        push(&mut out, e);
+                    }
+                }
+                out
+            };
+            let enforced = select(false);
+            if exempt.is_some() && enforced.is_empty() && select(true).is_empty() {
+                prop_assert_eq!(verdict.outcome, Outcome::Whitelisted, "{}", context);
+                continue;
+            }
+            let counter = |r: &ModelRule| {
+                let ip = (r.key != 1).then_some(ip);
+                let client = if r.key == 0 { Some("") } else { client };
+                let endpoint = r.per_endpoint.then(|| {
+                    format!("{}:{path}", if method == "HEAD" { "GET" } else { method })
+                });
+                Some(format!("{:?}|{}|{endpoint:?}", ip, client?))
+            };
+            let live = |admitted: &std::collections::HashMap<(String, String), Vec<u64>>,
+                        name: &str,
+                        r: &ModelRule,
+                        key: &str| {
+                admitted.get(&(name.to_owned(), key.to_owned())).map_or(0, |times| {
+                    times
+                        .iter()
+                        .filter(|&&t| match r.sliding {
+                            true => now - t < r.period_s,
+                            false => t / r.period_s == now / r.period_s,
+                        })
+                        .count() as u64
+                })
+            };
+            // Limit 0 and missing keys first, in the rules' order; then counting.
+            let mut expected = None;
+            let mut plan = Vec::new();
+            for &e in &enforced {
+                let (name, _, r) = &rules[e];
+                match counter(r) {
+                    _ if r.limit == 0 => expected = Some((RejectReason::Blocked, name.clone())),
+                    None if allow_missing => continue,
+                    None => expected = Some((RejectReason::NoKey, name.clone())),
+                    Some(key) => {
+                        plan.push((name.clone(), *r, key));
+                        continue;
+                    }
+                }
+                break;
+            }
+            if expected.is_none() {
+                let exact_first = plan.iter().filter(|p| !p.1.sliding);
+                expected = exact_first
+                    .chain(plan.iter().filter(|p| p.1.sliding))
+                    .find(|(name, r, key)| live(&admitted, name, r, key) >= r.limit)
+                    .map(|(name, _, _)| (RejectReason::RateLimited, name.clone()));
+            }
+            match expected {
+                None => {
+                    let mut quotas = Vec::new();
+                    for (name, r, key) in &plan {
+                        admitted.entry((name.clone(), key.clone())).or_default().push(now);
+                        quotas.push((name.clone(), r.limit - live(&admitted, name, r, key)));
+                    }
+                    let got: Vec<(String, u64)> = verdict
+                        .quotas
+                        .iter()
+                        .map(|q| (q.policy.to_string(), q.remaining))
+                        .collect();
+                    prop_assert_eq!(&verdict.outcome, &Outcome::Admitted, "{}", context);
+                    prop_assert_eq!(got, quotas, "{}", context);
+                }
+                Some((why, rule)) => {
+                    let got = reason(&verdict).map(|r| (r.0, r.1));
+                    prop_assert_eq!(got, Some((why, rule)), "{}", context);
+                    if let (Some((after, within, duration)), RejectReason::RateLimited) = (bans, why) {
+                        let b = banned.entry(ip).or_insert((now / within, 0, 0));
+                        if b.0 != now / within {
+                            *b = (now / within, 0, b.2);
+                        }
+                        b.1 += 1;
+                        if b.1 == after {
+                            *b = (b.0, 0, now + duration);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

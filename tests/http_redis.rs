@@ -1134,3 +1134,124 @@ async fn a_monitor_rule_of_limit_zero_counts_its_would_be_rejections_in_redis() 
         2
     );
 }
+
+/// Counting in Redis answers as counting in memory: random rule sets (general, IP and client
+/// rules; five endpoint patterns; limits 0 to 3; the three keys; per-endpoint; monitors;
+/// exact sliding windows of an hour or two, which nothing ends within the test), a
+/// `missing_key` and bans, and random requests (clients inside and outside the IP range, with
+/// and without client ids, `GET`, `POST`, `HEAD`), decided by an in-memory limiter and by one
+/// counting in Redis: every request is admitted by both with the same quotas, or rejected by
+/// both for the same reason. (Which rule a rejection names, and the quotas it reports, differ
+/// as `BackendConfig` documents: Redis names the longest wait, and a deny cache reports one
+/// rule.)
+#[test]
+fn memory_and_redis_decide_alike() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    type Rule = (usize, u64, u64, usize, bool, bool);
+    fn rules_toml(out: &mut String, table: &str, prefix: &str, rules: &[Rule]) {
+        const ENDPOINTS: [&str; 5] = ["*", "get:/a", "*:/a*", "post:/b", "head:/a"];
+        const KEYS: [&str; 3] = ["ip", "client", "ip_and_client"];
+        for (i, (endpoint, hours, limit, key, per_endpoint, monitor)) in rules.iter().enumerate() {
+            out.push_str(&format!(
+                "[[{table}]]\nname = \"{prefix}{i}\"\nendpoint = \"{}\"\nperiod = \"{hours}h\"\nlimit = {limit}\nkey = \"{}\"\nper_endpoint = {per_endpoint}\nmonitor = {monitor}\nalgorithm = \"sliding_window\"\n",
+                ENDPOINTS[*endpoint], KEYS[*key],
+            ));
+        }
+    }
+    fn summary(verdict: &Verdict) -> String {
+        match &verdict.outcome {
+            Outcome::Rejected { reason, .. } => format!("rejected: {reason:?}"),
+            outcome => {
+                let quotas: Vec<_> = verdict
+                    .quotas
+                    .iter()
+                    .map(|q| (q.policy.to_string(), q.remaining))
+                    .collect();
+                format!("{outcome:?} {quotas:?}")
+            }
+        }
+    }
+
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let rule = || {
+        (
+            0..5usize,
+            1..3u64,
+            0..4u64,
+            0..3usize,
+            any::<bool>(),
+            prop::bool::weighted(0.2),
+        )
+    };
+    let case = (
+        proptest::collection::vec(rule(), 0..4),
+        proptest::collection::vec(rule(), 0..3),
+        proptest::collection::vec(rule(), 0..3),
+        any::<bool>(),
+        proptest::option::of(1..4u64),
+        proptest::collection::vec((0..3usize, 0..3usize, 0..3usize, 0..3usize), 1..30),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &case,
+            |(general, ip_rules, client_rules, allow_missing, bans, requests)| {
+                let mut doc = format!(
+                    "missing_key = \"{}\"\n",
+                    if allow_missing { "allow" } else { "reject" }
+                );
+                if let Some(after) = bans {
+                    doc.push_str(&format!(
+                        "[bans]\nafter = {after}\nwithin = \"1h\"\nduration = \"1h\"\n"
+                    ));
+                }
+                rules_toml(&mut doc, "rules", "g", &general);
+                if !ip_rules.is_empty() {
+                    doc.push_str("[[ip_rules]]\nip = \"1.1.1.0/24\"\n");
+                    rules_toml(&mut doc, "ip_rules.rules", "i", &ip_rules);
+                }
+                if !client_rules.is_empty() {
+                    doc.push_str("[[client_rules]]\nclient_id = \"c1\"\n");
+                    rules_toml(&mut doc, "client_rules.rules", "c", &client_rules);
+                }
+                let memory = HttpLimiter::new(HttpConfig::from_toml_str(&doc).unwrap()).unwrap();
+                let _: () = turnstile::redis::cmd("FLUSHALL")
+                    .query(&mut server.connection())
+                    .unwrap();
+                let redis = runtime
+                    .block_on(HttpLimiter::connect(
+                        // After the document's top-level keys (`missing_key`).
+                        HttpConfig::from_toml_str(&format!(
+                            "{doc}[backend]\nkind = \"redis\"\nurl = \"{}\"\nfailure = \"closed\"\ndeadline = \"2s\"\n",
+                            server.url()
+                        ))
+                        .unwrap(),
+                    ))
+                    .unwrap();
+                for (m, p, i, c) in requests {
+                    let method =
+                        [http::Method::GET, http::Method::POST, http::Method::HEAD][m].clone();
+                    let request = RequestInfo {
+                        method: &method,
+                        path: ["/a", "/a/x", "/b"][p],
+                        client_ip: ["1.1.1.1", "2.2.2.2", "1.1.1.9"][i].parse().ok(),
+                        client_id: [None, Some("c1"), Some("c2")][c],
+                    };
+                    let in_memory = summary(&memory.decide(&request));
+                    let in_redis = summary(&runtime.block_on(redis.decide_async(&request)));
+                    prop_assert_eq!(in_memory, in_redis, "{}\n{:?}", doc, request);
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+}

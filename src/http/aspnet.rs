@@ -6,7 +6,7 @@
 use crate::http::config::{
     ClientRulesConfig, HttpConfig, IpRulesConfig, KeyWhitelistConfig, RuleConfig, RuleKey,
 };
-use crate::http::rules::{Endpoint, parse_net, parse_period};
+use crate::http::rules::{Endpoint, parse_net, parse_period, unusable_client_id};
 use crate::http::{ClientIpConfig, ForwardedHeader, HttpConfigError, ResponseConfig};
 use serde_json::{Map, Value};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -266,14 +266,6 @@ impl<'a> Node<'a> {
         parsed.map(Some).ok_or_else(|| {
             HttpConfigError::invalid(field, format!("expected a number, found {}", shown(value)))
         })
-    }
-
-    fn strings(&self, name: &str) -> Result<Vec<String>, HttpConfigError> {
-        Ok(self
-            .entries(name)?
-            .into_iter()
-            .map(|(_, entry)| entry)
-            .collect())
     }
 
     /// The strings of the list `name`, each with its field (`IpWhitelist[2]`): the index is the
@@ -985,7 +977,13 @@ fn apply_options(
             });
         }
     }
-    whitelist.clients.extend(node.strings("ClientWhitelist")?);
+    for (field, id) in node.entries("ClientWhitelist")? {
+        // As the compiler checks it, naming the document's field.
+        if let Some(message) = unusable_client_id(&id, config.client_id_max_len) {
+            return Err(HttpConfigError::invalid(field, message));
+        }
+        whitelist.clients.push(id);
+    }
     if whitelist != KeyWhitelistConfig::new(section.key) {
         config.whitelist.by_key.push(whitelist);
     }
@@ -1107,6 +1105,9 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
                     policy.field("ClientId"),
                     "must not be empty",
                 ));
+            }
+            if let Some(message) = unusable_client_id(&client_id, config.client_id_max_len) {
+                return Err(HttpConfigError::invalid(policy.field("ClientId"), message));
             }
             // Refused as the compiler refuses it, but naming the document's field (the
             // translated `client_rules[i]` need not have the document's index).

@@ -43,7 +43,8 @@ pub struct HttpConfig {
     /// The longest client id counted (256 bytes by default, at most 4096). A longer one is
     /// treated as no client id (so `missing_key` decides for rules that count by it): every
     /// distinct id is a counter, and without a bound a client could make each one kilobytes.
-    /// An empty one is no client id either.
+    /// An empty one is no client id either. The ids of the client lists and client rules
+    /// must fit (one that does not, which no request could match, is refused at load).
     pub client_id_max_len: usize,
     /// The client id of a request that carries none (and of one whose id is empty or longer
     /// than `client_id_max_len`): `None` by default, so that `missing_key` decides for the
@@ -377,8 +378,10 @@ impl RuleConfig {
     }
 
     /// The requests the rule applies to, as a regular expression over the path, after an
-    /// optional `verb:`. It must match the whole path, case-insensitively (it is anchored at
-    /// both ends): end it with `.*` to match a prefix.
+    /// optional `verb:` (without one, any method; the `verb:` is what precedes the first `:`
+    /// when no `/` does, so `/api/(?:a|b)` is a regex over the path alone). It must match the
+    /// whole path, case-insensitively (it is anchored at both ends): end it with `.*` to match
+    /// a prefix.
     ///
     /// # Examples
     ///
@@ -388,6 +391,9 @@ impl RuleConfig {
     ///
     /// // `/api/v1/users`, `/api/v2/`, ...: every path under a versioned API.
     /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex(r"get:/api/v\d+/.*");
+    /// assert!(rule.regex);
+    /// // Any method.
+    /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex(r"/api/v\d+/.*");
     /// assert!(rule.regex);
     /// ```
     pub fn endpoint_regex(mut self, pattern: impl Into<String>) -> Self {

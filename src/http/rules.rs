@@ -171,7 +171,15 @@ impl Endpoint {
                 path: PathMatch::Any,
             });
         }
-        let Some((verb, path)) = rest.split_once(':') else {
+        let split = match rest.split_once(':') {
+            // A regex's `verb:` is optional (`re:/api/(?:a|b)`, `/api/v\d+/.*` with `regex =
+            // true`): without one, for any method. A verb holds no `/`, and a path regex that
+            // can match one holds a `/`, so a `:` after the first `/` is the regex's own.
+            Some((verb, _)) if regex && verb.contains('/') => Some(("*", rest)),
+            None if regex => Some(("*", rest)),
+            split => split,
+        };
+        let Some((verb, path)) = split else {
             return Err(HttpConfigError::invalid(
                 field,
                 format!(
@@ -1002,6 +1010,17 @@ fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_
     }
 }
 
+/// Why a client rule's or a list's client `id` is one no request's can be, if it is: empty, or
+/// longer than `max_len` (`client_id_max_len`), which the engine takes for no client id.
+pub(crate) fn unusable_client_id(id: &str, max_len: usize) -> Option<String> {
+    (id.is_empty() || id.len() > max_len).then(|| {
+        format!(
+            "{id:?} must be 1 to client_id_max_len ({max_len}) bytes long: a request's id of any \
+             other length is no client id, so no request would match it"
+        )
+    })
+}
+
 pub(crate) fn parse_period(text: &str, field: &str) -> Result<Duration, HttpConfigError> {
     let d = humantime::parse_duration(text.trim()).map_err(|e| {
         HttpConfigError::invalid(field, format!("{text:?} is not a duration ({e})"))
@@ -1400,6 +1419,40 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             }
             other => other.clone(),
         };
+        // An id the rules never see (empty, or longer than `client_id_max_len`: no client id to
+        // them) in a list or a client rule matches no request: a blocklist entry of one blocked
+        // no one, a client rule of limit 0 let its client through. Refused, as a list's IP
+        // entry inside one client group is.
+        let lists = [
+            ("whitelist.clients", &config.whitelist.clients),
+            ("blocklist.clients", &config.blocklist.clients),
+        ];
+        let listed = lists.into_iter().flat_map(|(list, ids)| {
+            ids.iter()
+                .enumerate()
+                .map(move |(i, id)| (format!("{list}[{i}]"), id))
+        });
+        let by_key = config
+            .whitelist
+            .by_key
+            .iter()
+            .enumerate()
+            .flat_map(|(i, w)| {
+                w.clients
+                    .iter()
+                    .enumerate()
+                    .map(move |(j, id)| (format!("whitelist.by_key[{i}].clients[{j}]"), id))
+            });
+        let ruled = config
+            .client_rules
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (format!("client_rules[{i}].client_id"), &c.client_id));
+        if let Some((field, message)) = listed.chain(by_key).chain(ruled).find_map(|(field, id)| {
+            Some((field, unusable_client_id(id, config.client_id_max_len)?))
+        }) {
+            return Err(HttpConfigError::invalid(field, message));
+        }
         let bans = match &config.bans {
             None => None,
             Some(b) => Some(self.bans(b, &config.client_ip)?),
