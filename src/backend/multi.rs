@@ -43,9 +43,10 @@ enum Took {
     /// Nothing: the call was rejected or settled before the round trip, or the member's
     /// failure policy admitted it open.
     Nothing,
-    /// `n` in Redis: in the fixed window ending at this time (µs since the Unix epoch), or
-    /// `None` for another algorithm or a chain, which cannot be given back.
-    Redis(Option<u64>),
+    /// `n` in Redis: in the fixed window ending at the first time (µs since the Unix epoch),
+    /// admitted at the second (the script's `now`: a key created after it is not the one that
+    /// counted the `n`), or `None` for another algorithm or a chain, which cannot be given back.
+    Redis(Option<(u64, u64)>),
     /// `n` from the member's local fallback, while Redis failed.
     Fallback(Taken),
 }
@@ -79,7 +80,11 @@ impl Held {
     /// whether it now holds nothing of the call: `false` for a fixed window whose script
     /// failed or missed the deadline (the charge stays), and for another algorithm or a
     /// chain (only fixed windows are given back). A window that has ended meanwhile is left
-    /// alone and answers `false` as well: its count is gone with it. Counts nothing in
+    /// alone and answers `false` as well: its count is gone with it. So is a key created again
+    /// after the admission in the same window (reset, expired or evicted, then written): it
+    /// counts only what came since, and given the `n` back it admitted `n` past its limit in
+    /// that window; and a key an older version wrote, which does not say when it was created
+    /// (`b` in `fixed_window.lua`). Counts nothing in
     /// [`stats`](RedisLimiter::stats): each member counted the admission its call made, and
     /// keeps it counted as admitted, as a refunded admission stays counted in memory
     /// ([`Refundable::refund`](crate::Refundable::refund), which the in-memory Envoy service
@@ -96,9 +101,10 @@ impl Held {
     {
         let n = self.n;
         let mut given = vec![true; members.len()];
-        // The fixed windows to give back in Redis: their keys, window ends and members.
+        // The fixed windows to give back in Redis: their keys, (window end, admission time)
+        // and members.
         let mut keys = Vec::new();
-        let mut ends = Vec::new();
+        let mut windows = Vec::new();
         let mut whose = Vec::new();
         for (i, (((limiter, subject), config), took)) in
             (members.iter().zip(&self.configs).zip(self.took)).enumerate()
@@ -107,10 +113,10 @@ impl Held {
                 Took::Nothing => {}
                 Took::Fallback(taken) => limiter.inner.give_back(config, subject, n, &taken),
                 Took::Redis(None) => given[i] = false,
-                Took::Redis(Some(end)) => {
+                Took::Redis(Some(window)) => {
                     let suffix = &config.members[0].suffix;
                     keys.push(keys::key(&limiter.inner.prefix, subject, suffix));
-                    ends.push(end);
+                    windows.push(window);
                     whose.push(i);
                     given[i] = false;
                 }
@@ -126,8 +132,8 @@ impl Held {
                 cmd.arg(key);
             }
             cmd.arg(n);
-            for end in &ends {
-                cmd.arg(*end);
+            for (end, at) in &windows {
+                cmd.arg(*end).arg(*at);
             }
         });
         if let Ok(reply) = within(deadline, round_trip).await
@@ -327,11 +333,12 @@ where
                 }
             }
             // Taken only when every member admitted; a lone fixed window's admission ends
-            // with its window, whose end (in µs, as the key keeps it) names what to give back.
+            // with its window, whose end (in µs, as the key keeps it) names what to give back,
+            // and the admission's time (µs) the key that counted it.
             took.push(match admitted {
                 Some((at, reset, _)) if all && worst.is_none() => {
                     let fixed = matches!(&config.members[..], [m] if m.plan.kind == 1);
-                    Took::Redis(fixed.then(|| at.saturating_add(reset) / 1000))
+                    Took::Redis(fixed.then(|| (at.saturating_add(reset) / 1000, at / 1000)))
                 }
                 _ => Took::Nothing,
             });
@@ -893,6 +900,69 @@ mod tests {
             [true, true]
         );
         assert_eq!(remaining(a.try_acquire(b"x").await), Ok(1));
+    }
+
+    /// A give-back goes only to the key that counted the admission. A key reset (DEL) after the
+    /// admission, or discarded as unreadable, and created again in the same window counts the
+    /// new window's permits only: given the old call's `n` back, it admitted `n` more than its
+    /// limit in that window. A key without the creation marker (written before there was one)
+    /// is left alone; one written again since the admission keeps its marker and gives back.
+    #[tokio::test]
+    async fn a_key_created_again_after_the_admission_gets_no_give_back() {
+        let server = RedisServer::start();
+        let connection = connect(&server).await;
+        let mut raw = server.connection();
+        let hour = Duration::from_secs(3600);
+        room_in_window(&mut raw, hour, Duration::from_secs(10));
+        let (a, b) = (
+            limit_3_per_hour(&connection, "ra"),
+            limit_3_per_hour(&connection, "rb"),
+        );
+        let remaining = |answer: Result<Admission, TryAcquireError>| answer.map(|a| a.remaining());
+        let mut count = |l: &RedisLimiter, subject: &[u8]| -> u32 {
+            ::redis::cmd("HGET")
+                .arg(l.key(subject))
+                .arg("c")
+                .query(&mut raw)
+                .unwrap()
+        };
+        // Reset, and discarded as unreadable (then read as no state and written afresh).
+        for (i, subject) in [&b"reset"[..], b"discarded"].into_iter().enumerate() {
+            let members = [(&a, subject), (&b, subject)];
+            let (answers, held) = try_acquire_all_held(&members, 1, &[], Over::Free).await;
+            assert!(answers.iter().all(|a| matches!(a, Some(Ok(_)))));
+            if i == 0 {
+                assert!(a.reset(subject).await.unwrap());
+            } else {
+                let () = ::redis::cmd("HSET")
+                    .arg(a.key(subject))
+                    .arg(&["l", "0"])
+                    .query(&mut server.connection())
+                    .unwrap();
+            }
+            // The new key takes the whole limit in the same window.
+            assert_eq!(remaining(a.try_acquire_n(subject, 3).await), Ok(0));
+            assert_eq!(held.give_back(&members).await, [false, true]);
+            assert_eq!(count(&a, subject), 3, "{subject:?}");
+            assert!(a.try_acquire(subject).await.is_err(), "{subject:?}");
+            assert_eq!(remaining(b.try_acquire_n(subject, 3).await), Ok(0));
+        }
+        // Written again after the admission: still the key that counted it.
+        let members = [(&a, &b"again"[..])];
+        let (_, held) = try_acquire_all_held(&members, 1, &[], Over::Free).await;
+        assert_eq!(remaining(a.try_acquire(b"again").await), Ok(1));
+        assert_eq!(held.give_back(&members).await, [true]);
+        assert_eq!(count(&a, b"again"), 1);
+        // Without the marker (a key an older version wrote): left alone, stricter.
+        let members = [(&a, &b"old"[..])];
+        let (_, held) = try_acquire_all_held(&members, 1, &[], Over::Free).await;
+        let _: u32 = ::redis::cmd("HDEL")
+            .arg(a.key(b"old"))
+            .arg("b")
+            .query(&mut server.connection())
+            .unwrap();
+        assert_eq!(held.give_back(&members).await, [false]);
+        assert_eq!(count(&a, b"old"), 1);
     }
 
     #[test]

@@ -1,5 +1,8 @@
 -- Fixed window. Key: hash {w = the current window's start (µs), l = its length (µs), c =
--- permits admitted in it}. p1 = window (µs), p2 = limit. A key without state starts on the grid
+-- permits admitted in it, b = when the key was created (µs, this script's `now`)}. p1 = window
+-- (µs), p2 = limit. `b` is written with the key's first state only and kept by every later write,
+-- so that give_back.lua can tell the key that counted an admission from one created again since
+-- (after a reset's DEL, an expiry or an eviction, or a discard below) in the same window. A key without state starts on the grid
 -- aligned to the Unix epoch; a key with state keeps its own grid, rebased when the caller's
 -- window differs from the stored length (see `window_grid` in the prelude), so that a limiter
 -- with another window keeps the count as the in-memory `reconfigure` does. A new limit simply
@@ -25,7 +28,11 @@ local function fixed_window(key, n, window, limit, now)
   local need = n
   if need < 1 then need = 1 end
   local function write(count)
-    redis.call('HSET', key, 'w', start, 'l', window, 'c', count)
+    if stored then
+      redis.call('HSET', key, 'w', start, 'l', window, 'c', count)
+    else
+      redis.call('HSET', key, 'w', start, 'l', window, 'c', count, 'b', now)
+    end
     redis.call('PEXPIREAT', key, expires)
   end
   local function repair()
