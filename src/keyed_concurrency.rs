@@ -667,7 +667,9 @@ impl PoolWait {
     }
 }
 
-/// Leaves the pool's waiters when a waiting call ends, however it ends (a future dropped too).
+/// Leaves the pool's waiters when a waiting call ends, however it ends (a future dropped too),
+/// and, unless the call was served, tells the pool's heads of the room its key may leave
+/// ([`Inner::left_key`]). Dropped after the call has left its key's queue.
 struct LeavePool<'a, K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -676,6 +678,10 @@ where
     inner: &'a Inner<K, S>,
     key: &'a K,
     me: PoolWait,
+    /// The call returns permits (`n > 0`): its key, if served on the key's own cell, is busy
+    /// until their release, which announces its room; if served by the pool, the key had no
+    /// cell at that attempt for its waiting to keep.
+    served: bool,
 }
 
 impl<K, S> Drop for LeavePool<'_, K, S>
@@ -685,6 +691,9 @@ where
 {
     fn drop(&mut self) {
         self.inner.leave_pool(&self.me, self.key);
+        if !self.served {
+            self.inner.left_key(self.key);
+        }
     }
 }
 
@@ -1110,6 +1119,25 @@ where
         }
     }
 
+    /// A waiting call for `key` ended unserved (failed, timed out, its future dropped; or a
+    /// probe, `n == 0`, served holding nothing), after it left the key's queue. While it
+    /// waited, a sweep spared the key however idle its cell (`retire_unless` keeps a key with
+    /// waiters), so a release that left the cell idle woke the shared pool's heads
+    /// (`room_freed`) for nothing: their second look found the key kept. Its last waiter
+    /// leaving is room that no release announces: without this, a head blocked on the pool
+    /// slept, with room under the cap, until a pool permit came back. Under
+    /// [`KeyOverflow::Shared`], if nobody else waits for `key` (the last to leave does it),
+    /// this wakes them as such a release does: the same Dekker pair with a head's second look
+    /// (our leaving the queue, which clears its gate, is the store before `room_freed`'s fence;
+    /// the head's look at the key's waiters is the load after its own).
+    #[cold]
+    fn left_key(&self, key: &K) {
+        if self.ctx.overflow != KeyOverflow::Shared || self.ctx.waits.has_waiters(key) {
+            return;
+        }
+        self.room_freed(key, false);
+    }
+
     /// Between a waiter's lookup (or insert) of its key's queue in the queue map and its
     /// enqueue (which loads the limit, see `Wait::capacity`) and first attempt: pairs with the
     /// fence in `set_limit` between its `config` store and its walk of the queue map.
@@ -1127,10 +1155,11 @@ where
     }
 
     async fn acquire_slow(&self, key: &K, shard: usize, n: u32) -> Result<Slot, AcquireError> {
-        let pool = LeavePool {
+        let mut pool = LeavePool {
             inner: self,
             key,
             me: PoolWait::new(),
+            served: false,
         };
         let debts = HeadDebts::new();
         loop {
@@ -1156,7 +1185,10 @@ where
             match outcome {
                 // The queue was retired between our lookup and our enqueue: look again.
                 Err(AcquireError::Closed) => continue,
-                outcome => return outcome,
+                outcome => {
+                    pool.served = n > 0 && outcome.is_ok();
+                    return outcome;
+                }
             }
         }
     }
@@ -1179,10 +1211,11 @@ where
         if let Some(slot) = self.acquire_fast(key, shard, n)? {
             return Ok(slot);
         }
-        let pool = LeavePool {
+        let mut pool = LeavePool {
             inner: self,
             key,
             me: PoolWait::new(),
+            served: false,
         };
         let debts = HeadDebts::new();
         loop {
@@ -1204,7 +1237,10 @@ where
                     || self.pay_head_debts(key, shard, &debts),
                 ) {
                 Err(AcquireError::Closed) => continue,
-                outcome => return outcome,
+                outcome => {
+                    pool.served = n > 0 && outcome.is_ok();
+                    return outcome;
+                }
             }
         }
     }

@@ -881,6 +881,45 @@ fn a_pool_head_is_woken_when_another_key_goes_idle() {
     assert_eq!(limiter.available(&3u8), 0, "served on its own cell");
 }
 
+/// As above, but key 0's release comes while key 0 has a waiter of its own, which keeps the idle
+/// key from eviction: the pool's head, woken by the release, finds key 0 kept and sleeps again.
+/// Then key 0's waiter leaves (its future dropped): that is the room, and the pool's head must
+/// be woken for it. It was not: it slept, with room for its own cell, until the pool's permit
+/// came back (here: never), though a poll would have served it at once.
+#[test]
+fn a_pool_head_is_woken_when_an_idle_keys_last_waiter_leaves() {
+    let limiter = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let own = limiter.try_acquire(&0u8).unwrap(); // the only key slot, busy
+    let _pool = limiter.try_acquire(&2u8).unwrap(); // the pool's one permit, kept out
+    let mut kept = Box::pin(limiter.acquire(&0u8)); // key 0's own waiter
+    assert!(poll_with(kept.as_mut(), Waker::noop()).is_pending());
+    let (wakes, waker) = counting();
+    let mut head = Box::pin(limiter.acquire(&3u8)); // waits for the pool
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    drop(own); // key 0 idle, but kept by its waiter (woken, not yet run)
+    assert!(
+        poll_with(head.as_mut(), &waker).is_pending(),
+        "key 0 is kept while its waiter waits"
+    );
+    let before = wakes.wakes();
+    drop(kept); // key 0's last waiter leaves
+    assert!(
+        wakes.wakes() > before,
+        "the pool's head slept through the room key 0's waiter left"
+    );
+    let std::task::Poll::Ready(Ok(permit)) = poll_with(head.as_mut(), Waker::noop()) else {
+        panic!("key 3 was not served in the room key 0 left");
+    };
+    assert_eq!(limiter.available(&3u8), 0, "served on its own cell");
+    drop(permit);
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+}
+
 /// `available` for a key without a cell tells what a take for it would get: the full limit
 /// while a key slot is free, and at the cap what the overflow policy gives (the shared pool's
 /// free permits, or none under `Reject`). It reported the full limit at the cap before.
