@@ -1632,3 +1632,139 @@ fn a_new_key_clone_that_panics_in_the_insert_gives_its_slot_back() {
     assert_eq!(limiter.try_acquire(&Hooked(2)).unwrap().permits(), 1);
     assert_eq!(limiter.len(), 1);
 }
+
+/// A waiting call polled by hand, its waker's count, and the count at its last poll.
+struct Parked {
+    call: std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<turnstile::OwnedKeyedPermit<u8>, AcquireError>>
+                + Send,
+        >,
+    >,
+    wakes: Arc<wakers::Counter>,
+    waker: Waker,
+    seen: usize,
+}
+
+/// Runs `ops` (each op one random word) against a small limiter, polling waiting calls by hand,
+/// and after every op polls each waiting call that has not been woken since its last poll: it
+/// must still be waiting. One that completes instead could have been served (or failed) with
+/// nobody to wake it: a lost wake-up, however long it then sleeps. Returns the op log of the
+/// first such call.
+fn first_unwoken_completion(
+    config: (u32, usize, KeyOverflow, QueueOrder, u64),
+    ops: &[u64],
+) -> Option<Vec<String>> {
+    use std::task::Poll;
+    let (limit, max_keys, overflow, order, queue_limit) = config;
+    let limiter = KeyedConcurrencyLimiter::<u8>::builder(limit)
+        .max_keys(max_keys)
+        .overflow(overflow)
+        .queue_order(order)
+        .queue_limit(queue_limit)
+        .build()
+        .unwrap();
+    let mut log = Vec::new();
+    let mut parked: Vec<(String, Parked)> = Vec::new();
+    let mut held = Vec::new();
+    for (i, &r) in ops.iter().enumerate() {
+        let (key, n) = ((r % 4) as u8, ((r >> 4) % 3) as u32);
+        match (r >> 8) % 8 {
+            0 | 1 => {
+                let (wakes, waker) = counting();
+                let mut call: Parked = Parked {
+                    call: Box::pin(limiter.acquire_owned(key, n)),
+                    seen: 0,
+                    wakes,
+                    waker,
+                };
+                let name = format!("#{i} acquire({key}, {n})");
+                match poll_with(call.call.as_mut(), &call.waker) {
+                    Poll::Ready(Ok(permit)) => held.push(permit),
+                    Poll::Ready(Err(_)) => {}
+                    Poll::Pending => {
+                        call.seen = call.wakes.wakes();
+                        parked.push((name.clone(), call));
+                    }
+                }
+                log.push(name);
+            }
+            2 => {
+                // The oldest woken call runs.
+                if let Some(at) = parked.iter().position(|(_, c)| c.wakes.wakes() != c.seen) {
+                    let (name, mut call) = parked.remove(at);
+                    call.seen = call.wakes.wakes();
+                    match poll_with(call.call.as_mut(), &call.waker) {
+                        Poll::Ready(Ok(permit)) => held.push(permit),
+                        Poll::Ready(Err(_)) => {}
+                        Poll::Pending => parked.insert(at, (name.clone(), call)),
+                    }
+                    log.push(format!("{name} runs"));
+                }
+            }
+            3 if !parked.is_empty() => {
+                let (name, _) = parked.remove((r >> 16) as usize % parked.len());
+                log.push(format!("{name} dropped"));
+            }
+            4 | 5 if !held.is_empty() => {
+                let permit = held.remove((r >> 16) as usize % held.len());
+                log.push(format!("release {} x{}", permit.key(), permit.permits()));
+            }
+            6 => {
+                if let Ok(permit) = limiter.try_acquire_owned(key, n) {
+                    held.push(permit);
+                }
+                log.push(format!("try({key}, {n})"));
+            }
+            7 if r % 3 == 0 => {
+                let to = 1 + ((r >> 20) % 2) as u32;
+                limiter.set_limit(to).unwrap();
+                log.push(format!("set_limit({to})"));
+            }
+            7 => {
+                limiter.sweep();
+                log.push("sweep".into());
+            }
+            _ => {}
+        }
+        for (name, call) in &mut parked {
+            if call.wakes.wakes() != call.seen {
+                continue;
+            }
+            if poll_with(call.call.as_mut(), &call.waker).is_ready() {
+                log.push(format!("{name} was never woken, yet completes when polled"));
+                return Some(log);
+            }
+            call.seen = call.wakes.wakes();
+        }
+    }
+    None
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 1_000, ..Default::default() })]
+
+    /// No lost wake-up, over random interleavings of waits, runs of woken calls, cancellations,
+    /// releases, `try_acquire`, `set_limit` and sweeps on one or two key slots: a waiting call
+    /// that nobody woke never finds, when polled anyway, that it could complete. (A head of the
+    /// shared pool under `OldestFirst` is left out: it defers to the pool's other waiters by
+    /// design, taking nothing until one of them leaves or a pool permit comes back, though a
+    /// poll of its own would then serve it; see `PoolWait`.) Found a pool head left asleep after
+    /// an idle key's last waiter left (`a_pool_head_is_woken_when_an_idle_keys_last_waiter_leaves`).
+    #[test]
+    fn a_waiting_call_that_could_complete_has_been_woken(
+        limit in 1u32..=2,
+        max_keys in 1usize..=2,
+        config in 0..3u8,
+        queue_limit in 1u64..=4,
+        ops in proptest::collection::vec(proptest::prelude::any::<u64>(), 1..60),
+    ) {
+        let (overflow, order) = match config {
+            0 => (KeyOverflow::Reject, QueueOrder::OldestFirst),
+            1 => (KeyOverflow::Reject, QueueOrder::NewestFirst),
+            _ => (KeyOverflow::Shared, QueueOrder::NewestFirst),
+        };
+        let lost = first_unwoken_completion((limit, max_keys, overflow, order, queue_limit), &ops);
+        proptest::prop_assert!(lost.is_none(), "{}", lost.unwrap_or_default().join("\n"));
+    }
+}
