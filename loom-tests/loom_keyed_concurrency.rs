@@ -24,7 +24,8 @@
 //!   back into a live one;
 //! - a head blocked on the shared overflow pool is not left asleep by a release that leaves
 //!   another key idle (room under the key cap) as it marks the pool, nor by the last waiter of
-//!   an idle key (which kept it from eviction) leaving.
+//!   an idle key (which kept it from eviction) leaving, nor by a sweep that evicts a key while
+//!   the head's search for room skips the shard being swept.
 //! - no barging past the shared pool's waiters (oldest first): a key at the cap with no queue
 //!   is refused while a head waits for the pool, and that head is woken and served; a head
 //!   that defers to another pool waiter is woken when that waiter leaves (served with a permit
@@ -503,6 +504,36 @@ fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves() {
         };
         drop(kept);
         assert_eq!(waiter.join().unwrap(), Ok(1));
+    });
+}
+
+/// Two key slots (key 0 busy, key 1 idle) and the pool's one permit out: key 3 waits for the
+/// pool while a `sweep` runs. A search for room skips a shard being swept (left to its
+/// sweeper), so key 3's looks may miss idle key 1 while the sweep holds its shard; the sweep
+/// then evicts it and gives its slot back. Either key 3's look (after its mark and fence) sees
+/// the slot, or the sweep (after its fence) reads the mark and wakes it: it is always served.
+/// Without the sweep's wake, loom reports key 3 asleep forever.
+#[test]
+fn a_pool_head_is_served_by_the_room_a_racing_sweep_makes() {
+    model(|| {
+        let l = Arc::new(
+            KeyedConcurrencyLimiter::<u64>::builder(1)
+                .hasher(Fixed::default())
+                .max_keys(2)
+                .overflow(KeyOverflow::Shared)
+                .build()
+                .unwrap(),
+        );
+        let _busy = l.try_acquire_owned(0, 1).unwrap();
+        let one = l.try_acquire_owned(1, 1).unwrap();
+        let _pool = l.try_acquire_owned(2, 1).unwrap();
+        drop(one); // key 1 idle
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        assert_eq!(l.acquire_blocking(&3).map(|p| p.permits()), Ok(1));
+        sweeper.join().unwrap();
     });
 }
 

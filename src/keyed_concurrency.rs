@@ -690,7 +690,7 @@ where
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
     fn drop(&mut self) {
-        self.inner.leave_pool(&self.me, self.key);
+        self.inner.leave_pool(&self.me);
         if !self.served {
             self.inner.left_key(self.key);
         }
@@ -829,13 +829,13 @@ where
                     wait.queue.wake_head();
                 }
             }
-            Slot::Overflow => self.wake_pool_heads(key, by_head),
+            Slot::Overflow => self.wake_pool_heads(by_head.then_some(key)),
         }
     }
 
     /// The shared pool's waiters may be in any key's queue: wakes every head (rare: only
     /// overflow keys at the cap wait on the pool), even if one's waker panics (`WakeAll`);
-    /// `key`'s own not when `by_head` (its head owes itself nothing, see `settle`).
+    /// `except`'s own not (a head owes itself nothing, see `settle`).
     ///
     /// **Lock order.** Each wake takes that queue's mutex (`wake_head`), so this never runs
     /// under a queue's mutex: a head's attempt (under its own) defers what it owes to after
@@ -843,10 +843,10 @@ where
     /// guard, after it has left its queue ([`LeavePool`]). Otherwise two heads waking each
     /// other's queue, each holding its own mutex, would deadlock.
     #[cold]
-    fn wake_pool_heads(&self, key: &K, by_head: bool) {
+    fn wake_pool_heads(&self, except: Option<&K>) {
         let mut all = WakeAll::default();
         self.ctx.waits.map.for_each(|k, wait| {
-            if !(by_head && k == key) {
+            if except != Some(k) {
                 all.run(|| wait.queue.wake_head());
             }
         });
@@ -1074,7 +1074,7 @@ where
     /// head marked the pool and permits are free, consumes the mark and wakes every head (the
     /// other side of `join_pool`'s pair). Called by the call's guard, outside its queue's mutex
     /// (it may wake its own queue's next head too).
-    fn leave_pool(&self, me: &PoolWait, key: &K) {
+    fn leave_pool(&self, me: &PoolWait) {
         if me.get() == PoolWait::FRESH {
             return;
         }
@@ -1093,7 +1093,7 @@ where
             && free_of(self.limit(), used(word)) > 0
             && Concurrency::consume_mark(pool)
         {
-            self.wake_pool_heads(key, false);
+            self.wake_pool_heads(None);
         }
     }
 
@@ -1115,7 +1115,33 @@ where
         // makes its key's queue visible to the wake's lookup.
         let pool = &*self.store.overflow;
         if pool.load(Ordering::Acquire) & WAITERS != 0 && Concurrency::consume_mark(pool) {
-            self.wake_pool_heads(key, by_head);
+            self.wake_pool_heads(by_head.then_some(key));
+        }
+    }
+
+    /// After a [`sweep`](KeyedConcurrencyLimiter::sweep), which runs under no queue's mutex.
+    /// A head blocked on the shared pool that looked for room while the sweep held a shard
+    /// skipped that shard (a search leaves a shard being swept to its sweeper, see
+    /// `sweep_shard`), and the room there is then announced by nobody: the keys the sweep
+    /// evicted gave their slots back silently, and a key that turned idle behind its walk was
+    /// announced (`room_freed`) to a head whose look then skipped it. The head slept, with room
+    /// under the cap, until a pool permit came back. So under [`KeyOverflow::Shared`] the sweep,
+    /// once it has released every shard (and given back the slots of the keys it evicted),
+    /// consumes the pool's mark and wakes every head, as `room_freed` does. SeqCst fence: pairs
+    /// with the one a head makes after marking, before its second look (store-then-load on
+    /// both sides): either that look loads our shards released and our slots given back, or
+    /// we read its mark.
+    #[cold]
+    fn swept(&self) {
+        if self.ctx.overflow != KeyOverflow::Shared {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        // Acquire: as in `room_freed`, a head's mark (Release) makes its queue visible to the
+        // wake's lookup.
+        let pool = &*self.store.overflow;
+        if pool.load(Ordering::Acquire) & WAITERS != 0 && Concurrency::consume_mark(pool) {
+            self.wake_pool_heads(None);
         }
     }
 
@@ -1899,7 +1925,9 @@ where
     }
 
     /// Evicts every idle key now (all permits back, nobody waiting); returns how many. Never
-    /// removes a key with a permit out; runs concurrently with every other call.
+    /// removes a key with a permit out; runs concurrently with every other call. Under
+    /// [`KeyOverflow::Shared`] it then wakes the calls waiting for the shared pool, for which
+    /// the keys it evicted are room under the cap.
     ///
     /// # Examples
     ///
@@ -1917,7 +1945,9 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sweep(&self) -> usize {
-        self.inner.store.sweep_all(&self.inner.ctx) as usize
+        let evicted = self.inner.store.sweep_all(&self.inner.ctx) as usize;
+        self.inner.swept();
+        evicted
     }
 
     /// Keys held now.

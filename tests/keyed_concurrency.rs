@@ -920,6 +920,78 @@ fn a_pool_head_is_woken_when_an_idle_keys_last_waiter_leaves() {
     assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
 }
 
+/// A key whose `Hash` runs a hook once (for key 1 only), to run a call in the middle of a sweep:
+/// the sweep hashes an idle key as it asks whether the key has waiters.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct HashHooked(u64);
+
+thread_local! {
+    static ON_HASH: std::cell::Cell<Option<Box<dyn FnOnce()>>> = const { std::cell::Cell::new(None) };
+}
+
+impl std::hash::Hash for HashHooked {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        if self.0 == 1
+            && let Some(hook) = ON_HASH.with(|h| h.take())
+        {
+            hook();
+        }
+        self.0.hash(state);
+    }
+}
+
+/// A head that looks for room under the cap while `sweep` holds the shard of an idle key skips
+/// that shard (it is left to its sweeper); the sweep then evicts the key and gives its slot
+/// back. Two key slots (key 0 busy, key 1 idle) and the pool's one permit out: key 3 asks in the
+/// middle of the sweep's walk of key 1's shard and waits for the pool. The sweep must wake it:
+/// it slept, with a slot free, until the pool's permit came back (here: never).
+#[test]
+fn a_pool_head_that_looked_during_a_sweep_is_woken_by_the_room_it_made() {
+    type Call = wakers::Call<Result<turnstile::OwnedKeyedPermit<HashHooked>, AcquireError>>;
+    let limiter = KeyedConcurrencyLimiter::<HashHooked>::builder(1)
+        .max_keys(2)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _busy = limiter.try_acquire_owned(HashHooked(0), 1).unwrap();
+    let one = limiter.try_acquire_owned(HashHooked(1), 1).unwrap();
+    let _pool = limiter.try_acquire_owned(HashHooked(9), 1).unwrap(); // the pool's one permit
+    drop(one); // key 1 idle
+    // A queue (key 0's), so that the sweep asks whether idle key 1 has waiters, hashing it.
+    let mut queued: Call = Box::pin(limiter.acquire_owned(HashHooked(0), 1));
+    assert!(poll_with(queued.as_mut(), Waker::noop()).is_pending());
+    let (wakes, waker) = counting();
+    let head = Arc::new(std::sync::Mutex::new(None::<Call>));
+    {
+        let (limiter, head, waker) = (limiter.clone(), head.clone(), waker.clone());
+        ON_HASH.with(|h| {
+            h.set(Some(Box::new(move || {
+                let mut call: Call = Box::pin(limiter.acquire_owned(HashHooked(3), 1));
+                assert!(
+                    poll_with(call.as_mut(), &waker).is_pending(),
+                    "no room seen"
+                );
+                *head.lock().unwrap() = Some(call);
+            })))
+        });
+    }
+    assert_eq!(limiter.sweep(), 1, "key 1 evicted");
+    let mut head = head.lock().unwrap().take().expect("the hook ran mid-sweep");
+    assert!(
+        wakes.wakes() > 0,
+        "the pool's head slept through the slot the sweep gave back"
+    );
+    let std::task::Poll::Ready(Ok(permit)) = poll_with(head.as_mut(), &waker) else {
+        panic!("key 3 was not served in the room the sweep made");
+    };
+    assert_eq!(
+        limiter.available(&HashHooked(3)),
+        0,
+        "served on its own cell"
+    );
+    drop(permit);
+}
+
 /// `available` for a key without a cell tells what a take for it would get: the full limit
 /// while a key slot is free, and at the cap what the overflow policy gives (the shared pool's
 /// free permits, or none under `Reject`). It reported the full limit at the cap before.
