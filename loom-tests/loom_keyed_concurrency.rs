@@ -507,6 +507,41 @@ fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves() {
     });
 }
 
+/// As above, with key 0's release racing too: the call that leaves then looks at key 0's cell
+/// (only an idle cell is room worth a wake), and must not read it busy while the head's look
+/// found the key kept by that call.
+#[test]
+fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves_racing_the_release() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    model(|| {
+        let l = Arc::new(
+            KeyedConcurrencyLimiter::<u64>::builder(1)
+                .hasher(Fixed::default())
+                .max_keys(1)
+                .overflow(KeyOverflow::Shared)
+                .build()
+                .unwrap(),
+        );
+        let own = l.try_acquire_owned(0, 1).unwrap();
+        let _pool = l.try_acquire_owned(2, 1).unwrap();
+        let mut kept = Box::pin(l.acquire(&0));
+        assert!(
+            kept.as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_pending()
+        );
+        let releaser = thread::spawn(move || drop(own));
+        let waiter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&3).map(|p| p.permits()))
+        };
+        drop(kept);
+        releaser.join().unwrap();
+        assert_eq!(waiter.join().unwrap(), Ok(1));
+    });
+}
+
 /// Two key slots (key 0 busy, key 1 idle) and the pool's one permit out: key 3 waits for the
 /// pool while a `sweep` runs. A search for room skips a shard being swept (left to its
 /// sweeper), so key 3's looks may miss idle key 1 while the sweep holds its shard; the sweep

@@ -677,6 +677,7 @@ where
 {
     inner: &'a Inner<K, S>,
     key: &'a K,
+    shard: usize,
     me: PoolWait,
     /// The call returns permits (`n > 0`): its key, if served on the key's own cell, is busy
     /// until their release, which announces its room; if served by the pool, the key had no
@@ -692,7 +693,7 @@ where
     fn drop(&mut self) {
         self.inner.leave_pool(&self.me);
         if !self.served {
-            self.inner.left_key(self.key);
+            self.inner.left_key(self.key, self.shard);
         }
     }
 }
@@ -1152,16 +1153,33 @@ where
     /// (`room_freed`) for nothing: their second look found the key kept. Its last waiter
     /// leaving is room that no release announces: without this, a head blocked on the pool
     /// slept, with room under the cap, until a pool permit came back. Under
-    /// [`KeyOverflow::Shared`], if nobody else waits for `key` (the last to leave does it),
-    /// this wakes them as such a release does: the same Dekker pair with a head's second look
-    /// (our leaving the queue, which clears its gate, is the store before `room_freed`'s fence;
-    /// the head's look at the key's waiters is the load after its own).
+    /// [`KeyOverflow::Shared`], if nobody else waits for `key` (the last to leave does it) and
+    /// its cell is idle, this wakes them as such a release does: the same Dekker pair with a
+    /// head's second look (our leaving the queue, which clears its gate, is the store before
+    /// our fence; the head's look at the key's waiters is the load after its own).
     #[cold]
-    fn left_key(&self, key: &K) {
+    fn left_key(&self, key: &K, shard: usize) {
         if self.ctx.overflow != KeyOverflow::Shared || self.ctx.waits.has_waiters(key) {
             return;
         }
-        self.room_freed(key, false);
+        // SeqCst fence: see above. The cell is looked at after it: the release that left it
+        // idle either fenced before us (we see its word) or reads the head's mark itself.
+        fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fence; only the idle word a sweep would evict counts (used,
+        // nothing in use, no mark), so that calls ending on a busy key wake nobody.
+        let idle = self.store.shards[shard]
+            .map
+            .get(key, |cell| {
+                let word = cell.load(Ordering::Relaxed);
+                word != RETIRED && word & USED != 0 && used(word) == 0 && word & WAITERS == 0
+            })
+            .unwrap_or(false);
+        let pool = &*self.store.overflow;
+        // Acquire: as in `room_freed`, a head's mark (Release) makes its queue visible to the
+        // wake's lookup.
+        if idle && pool.load(Ordering::Acquire) & WAITERS != 0 && Concurrency::consume_mark(pool) {
+            self.wake_pool_heads(None);
+        }
     }
 
     /// Between a waiter's lookup (or insert) of its key's queue in the queue map and its
@@ -1184,6 +1202,7 @@ where
         let mut pool = LeavePool {
             inner: self,
             key,
+            shard,
             me: PoolWait::new(),
             served: false,
         };
@@ -1240,6 +1259,7 @@ where
         let mut pool = LeavePool {
             inner: self,
             key,
+            shard,
             me: PoolWait::new(),
             served: false,
         };

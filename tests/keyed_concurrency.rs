@@ -920,6 +920,37 @@ fn a_pool_head_is_woken_when_an_idle_keys_last_waiter_leaves() {
     assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
 }
 
+/// The other side of `a_pool_head_is_woken_when_an_idle_keys_last_waiter_leaves`: a waiter that
+/// leaves a key still busy leaves no room, and wakes nobody. (Every waiter's exit woke every
+/// head of the pool while it was marked: a flood of timeouts on busy keys cost a wake of each
+/// pool head per timeout.)
+#[test]
+fn a_waiter_leaving_a_busy_key_wakes_no_pool_head() {
+    let limiter = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _own = limiter.try_acquire(&0u8).unwrap(); // the only key slot, busy throughout
+    let _pool = limiter.try_acquire(&2u8).unwrap(); // the pool's one permit
+    let (wakes, waker) = counting();
+    let mut head = Box::pin(limiter.acquire(&3u8)); // waits for the pool
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    for _ in 0..3 {
+        let mut left = Box::pin(limiter.acquire(&0u8));
+        assert!(poll_with(left.as_mut(), Waker::noop()).is_pending());
+        drop(left);
+        assert_eq!(
+            limiter
+                .acquire_blocking_timeout(&0u8, 1, Duration::ZERO)
+                .err(),
+            Some(AcquireError::Timeout)
+        );
+    }
+    assert_eq!(wakes.wakes(), 0, "woken with no room anywhere");
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+}
+
 /// A key whose `Hash` runs a hook once (for key 1 only), to run a call in the middle of a sweep:
 /// the sweep hashes an idle key as it asks whether the key has waiters.
 #[derive(Clone, PartialEq, Eq, Debug)]
