@@ -645,6 +645,10 @@ struct PoolWait {
     /// One of the states above. Relaxed everywhere: only the owning call reads or writes it
     /// (in its attempts, under its queue's mutex, and in its drop guard).
     state: AtomicU64,
+    /// 1 once the call is counted in [`KeyedStats::overflowed`], which counts calls, not
+    /// attempts: by its fast path's take (the store counts a take that meets the cap) or by
+    /// the first of its head's attempts that meets it. Relaxed, as `state`.
+    overflowed: AtomicU64,
 }
 
 impl PoolWait {
@@ -652,9 +656,11 @@ impl PoolWait {
     const JOINED: u64 = 1;
     const WAITING: u64 = 2;
 
-    fn new() -> Self {
+    /// `overflowed`: the call's fast path met the cap, and was counted.
+    fn new(overflowed: bool) -> Self {
         PoolWait {
             state: AtomicU64::new(Self::FRESH),
+            overflowed: AtomicU64::new(u64::from(overflowed)),
         }
     }
 
@@ -737,17 +743,22 @@ where
         self.store.algo.current_limit()
     }
 
-    /// Takes `n` permits for `key` ignoring its queue. `Ok(Err(free))`: too few free (or, at the
-    /// cap, heads wait for the shared pool: no barging).
+    /// Takes `n` permits for `key` ignoring its queue, and says from which cell (the shared
+    /// pool's: the call met the cap, and the store counted it as overflowed). `Err(free)`: too
+    /// few free (or, at the cap, heads wait for the shared pool: no barging).
     #[inline(always)]
-    fn decide(&self, key: &K, shard: usize, n: u32) -> Result<Result<Slot, u32>, TryAcquireError> {
+    fn decide(
+        &self,
+        key: &K,
+        shard: usize,
+        n: u32,
+    ) -> Result<(Result<u32, u32>, Slot), TryAcquireError> {
         let owed = Owed::default();
         let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
             self.take(cell, n, None, &owed)
         });
         self.pay(key, shard, &owed, false);
-        let (outcome, slot) = taken?;
-        Ok(outcome.map(|_| slot))
+        taken
     }
 
     /// One take on `cell` inside `with_cell` (the head's, which marks, when `head` is its
@@ -883,8 +894,8 @@ where
             });
         }
         match self.decide(key, shard, n) {
-            Ok(Ok(slot)) => Ok(slot),
-            Ok(Err(available)) => Err(TryPermitError::NoPermits {
+            Ok((Ok(_), slot)) => Ok(slot),
+            Ok((Err(available), _)) => Err(TryPermitError::NoPermits {
                 available,
                 requested: n,
             }),
@@ -916,8 +927,14 @@ where
     }
 
     /// Validates and tries without queueing when `key` has no waiters (newest first: whether or
-    /// not it has). `Ok(None)`: queue up.
-    fn acquire_fast(&self, key: &K, shard: usize, n: u32) -> Result<Option<Slot>, AcquireError> {
+    /// not it has). `Ok(Err(overflowed))`: queue up, the call counted as overflowed already if
+    /// it met the cap.
+    fn acquire_fast(
+        &self,
+        key: &K,
+        shard: usize,
+        n: u32,
+    ) -> Result<Result<Slot, bool>, AcquireError> {
         let counters = &self.ctx.counters;
         let limit = self.limit();
         let error = if n > limit {
@@ -933,14 +950,14 @@ where
             // queued waiter: it takes what is free now, as `try_acquire` does, and queues only
             // if it must wait (queueing first would make a full queue fail its oldest waiter
             // with `QueueFull` to make room for a caller that is then admitted at once).
-            return Ok(None);
+            return Ok(Err(false));
         } else {
             match self.decide(key, shard, n) {
-                Ok(Ok(slot)) => {
+                Ok((Ok(_), slot)) => {
                     counters.bump(ADMITTED);
-                    return Ok(Some(slot));
+                    return Ok(Ok(slot));
                 }
-                Ok(Err(_)) => return Ok(None),
+                Ok((Err(_), slot)) => return Ok(Err(slot == Slot::Overflow)),
                 Err(error) => waiting_error(error),
             }
         };
@@ -974,10 +991,23 @@ where
         let mut looked_again = false;
         loop {
             let owed = Owed::default();
-            let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
-                self.take(cell, n, Some(me), &owed)
-            });
+            // Uncounted: the call is counted once, below, not once per attempt.
+            let taken = self.store.with_cell_counting::<false, _, _>(
+                &self.ctx,
+                shard,
+                key,
+                n,
+                false,
+                |cell| self.take(cell, n, Some(me), &owed),
+            );
             debts.defer(&owed);
+            let met_cap = matches!(
+                taken,
+                Ok((_, Slot::Overflow)) | Err(TryAcquireError::TooManyKeys { .. })
+            );
+            if met_cap && me.overflowed.swap(1, Ordering::Relaxed) == 0 {
+                self.ctx.counters.bump(OVERFLOWED);
+            }
             let blocked = match taken {
                 Ok((Err(_), Slot::Overflow)) if !looked_again => {
                     // SeqCst fence: store-then-load on both sides (we marked the pool, then
@@ -1198,12 +1228,18 @@ where
         fence(Ordering::SeqCst);
     }
 
-    async fn acquire_slow(&self, key: &K, shard: usize, n: u32) -> Result<Slot, AcquireError> {
+    async fn acquire_slow(
+        &self,
+        key: &K,
+        shard: usize,
+        n: u32,
+        overflowed: bool,
+    ) -> Result<Slot, AcquireError> {
         let mut pool = LeavePool {
             inner: self,
             key,
             shard,
-            me: PoolWait::new(),
+            me: PoolWait::new(overflowed),
             served: false,
         };
         let debts = HeadDebts::new();
@@ -1239,11 +1275,12 @@ where
     }
 
     async fn acquire(&self, key: &K, shard: usize, n: u32) -> Result<Slot, AcquireError> {
-        if let Some(slot) = self.acquire_fast(key, shard, n)? {
-            return Ok(slot);
-        }
+        let overflowed = match self.acquire_fast(key, shard, n)? {
+            Ok(slot) => return Ok(slot),
+            Err(overflowed) => overflowed,
+        };
         // Boxed so that the fast path's future stays small.
-        Box::pin(self.acquire_slow(key, shard, n)).await
+        Box::pin(self.acquire_slow(key, shard, n, overflowed)).await
     }
 
     fn blocking(
@@ -1253,14 +1290,15 @@ where
         n: u32,
         deadline: Option<std::time::Instant>,
     ) -> Result<Slot, AcquireError> {
-        if let Some(slot) = self.acquire_fast(key, shard, n)? {
-            return Ok(slot);
-        }
+        let overflowed = match self.acquire_fast(key, shard, n)? {
+            Ok(slot) => return Ok(slot),
+            Err(overflowed) => overflowed,
+        };
         let mut pool = LeavePool {
             inner: self,
             key,
             shard,
-            me: PoolWait::new(),
+            me: PoolWait::new(overflowed),
             served: false,
         };
         let debts = HeadDebts::new();

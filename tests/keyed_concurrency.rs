@@ -951,6 +951,52 @@ fn a_waiter_leaving_a_busy_key_wakes_no_pool_head() {
     assert!(poll_with(head.as_mut(), &waker).is_pending());
 }
 
+/// `stats().overflowed` counts calls for a new key that met the cap, not their attempts: a
+/// waiting call served by the shared pool after two wakes is one call. Each of its head's
+/// attempts (and second looks) counted one: three calls at the cap reported 8.
+#[test]
+fn overflowed_counts_a_waiting_call_once() {
+    for queued_behind in [false, true] {
+        let limiter = KeyedConcurrencyLimiter::builder(2)
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let _own = limiter.try_acquire(&0u8).unwrap(); // the only key slot
+        let one = limiter.try_acquire(&1u8).unwrap(); // the pool, one call at the cap
+        let two = limiter.try_acquire(&2u8).unwrap(); // two calls
+        assert_eq!(limiter.stats().overflowed, 2);
+        // `queued_behind`: key 3 has a waiter already, so the call queues without a fast path.
+        let first = queued_behind.then(|| {
+            let mut first = Box::pin(limiter.acquire_n(&3u8, 2));
+            assert!(poll_with(first.as_mut(), Waker::noop()).is_pending());
+            first
+        });
+        let calls = 3 + u64::from(queued_behind);
+        let (wakes, waker) = counting();
+        let mut call = Box::pin(limiter.acquire_n(&3u8, 1));
+        assert!(poll_with(call.as_mut(), &waker).is_pending());
+        drop(first); // if any: our call is the head now
+        drop(one);
+        assert!(wakes.wakes() > 0);
+        let _served = match poll_with(call.as_mut(), &waker) {
+            std::task::Poll::Ready(served) => served.unwrap(),
+            std::task::Poll::Pending => {
+                drop(two);
+                let std::task::Poll::Ready(served) = poll_with(call.as_mut(), &waker) else {
+                    panic!("the pool is free");
+                };
+                served.unwrap()
+            }
+        };
+        assert_eq!(
+            limiter.stats().overflowed,
+            calls,
+            "queued behind: {queued_behind}"
+        );
+    }
+}
+
 /// A key whose `Hash` runs a hook once (for key 1 only), to run a call in the middle of a sweep:
 /// the sweep hashes an idle key as it asks whether the key has waiters.
 #[derive(Clone, PartialEq, Eq, Debug)]
