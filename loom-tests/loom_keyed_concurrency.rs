@@ -23,7 +23,9 @@
 //! - two releases that both read one head's mark, racing a sweep, never turn the retired word
 //!   back into a live one;
 //! - a head blocked on the shared overflow pool is not left asleep by a release that leaves
-//!   another key idle (room under the key cap) as it marks the pool.
+//!   another key idle (room under the key cap) as it marks the pool, nor by the last waiter of
+//!   an idle key (which kept it from eviction) leaving, nor by a sweep that evicts a key while
+//!   the head's search for room skips the shard being swept.
 //! - no barging past the shared pool's waiters (oldest first): a key at the cap with no queue
 //!   is refused while a head waits for the pool, and that head is woken and served; a head
 //!   that defers to another pool waiter is woken when that waiter leaves (served with a permit
@@ -468,6 +470,107 @@ fn a_pool_head_is_served_by_another_key_going_idle() {
         };
         drop(own);
         assert_eq!(waiter.join().unwrap(), Ok(1));
+    });
+}
+
+/// As above, but key 0's release comes first, while key 0 has a waiter of its own, which keeps
+/// the idle key from eviction; that waiter then leaves (its future dropped) as key 3 blocks on
+/// the pool. Its leaving is the room: either key 3's second look (after its fence) finds key 0
+/// without waiters and evicts it, or the leaving reads key 3's mark on the pool and wakes it.
+/// Without the wake on leaving, loom reports key 3 asleep forever (until a pool release).
+#[test]
+fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    model(|| {
+        let l = Arc::new(
+            KeyedConcurrencyLimiter::<u64>::builder(1)
+                .hasher(Fixed::default())
+                .max_keys(1)
+                .overflow(KeyOverflow::Shared)
+                .build()
+                .unwrap(),
+        );
+        let own = l.try_acquire_owned(0, 1).unwrap();
+        let _pool = l.try_acquire_owned(2, 1).unwrap();
+        let mut kept = Box::pin(l.acquire(&0));
+        assert!(
+            kept.as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_pending()
+        );
+        drop(own); // key 0 idle, kept by its waiter
+        let waiter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&3).map(|p| p.permits()))
+        };
+        drop(kept);
+        assert_eq!(waiter.join().unwrap(), Ok(1));
+    });
+}
+
+/// As above, with key 0's release racing too: the call that leaves then looks at key 0's cell
+/// (only an idle cell is room worth a wake), and must not read it busy while the head's look
+/// found the key kept by that call.
+#[test]
+fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves_racing_the_release() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    model(|| {
+        let l = Arc::new(
+            KeyedConcurrencyLimiter::<u64>::builder(1)
+                .hasher(Fixed::default())
+                .max_keys(1)
+                .overflow(KeyOverflow::Shared)
+                .build()
+                .unwrap(),
+        );
+        let own = l.try_acquire_owned(0, 1).unwrap();
+        let _pool = l.try_acquire_owned(2, 1).unwrap();
+        let mut kept = Box::pin(l.acquire(&0));
+        assert!(
+            kept.as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_pending()
+        );
+        let releaser = thread::spawn(move || drop(own));
+        let waiter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&3).map(|p| p.permits()))
+        };
+        drop(kept);
+        releaser.join().unwrap();
+        assert_eq!(waiter.join().unwrap(), Ok(1));
+    });
+}
+
+/// Two key slots (key 0 busy, key 1 idle) and the pool's one permit out: key 3 waits for the
+/// pool while a `sweep` runs. A search for room skips a shard being swept (left to its
+/// sweeper), so key 3's looks may miss idle key 1 while the sweep holds its shard; the sweep
+/// then evicts it and gives its slot back. Either key 3's look (after its mark and fence) sees
+/// the slot, or the sweep (after its fence) reads the mark and wakes it: it is always served.
+/// Without the sweep's wake, loom reports key 3 asleep forever.
+#[test]
+fn a_pool_head_is_served_by_the_room_a_racing_sweep_makes() {
+    model(|| {
+        let l = Arc::new(
+            KeyedConcurrencyLimiter::<u64>::builder(1)
+                .hasher(Fixed::default())
+                .max_keys(2)
+                .overflow(KeyOverflow::Shared)
+                .build()
+                .unwrap(),
+        );
+        let _busy = l.try_acquire_owned(0, 1).unwrap();
+        let one = l.try_acquire_owned(1, 1).unwrap();
+        let _pool = l.try_acquire_owned(2, 1).unwrap();
+        drop(one); // key 1 idle
+        let sweeper = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.sweep())
+        };
+        assert_eq!(l.acquire_blocking(&3).map(|p| p.permits()), Ok(1));
+        sweeper.join().unwrap();
     });
 }
 

@@ -645,6 +645,10 @@ struct PoolWait {
     /// One of the states above. Relaxed everywhere: only the owning call reads or writes it
     /// (in its attempts, under its queue's mutex, and in its drop guard).
     state: AtomicU64,
+    /// 1 once the call is counted in [`KeyedStats::overflowed`], which counts calls, not
+    /// attempts: by its fast path's take (the store counts a take that meets the cap) or by
+    /// the first of its head's attempts that meets it. Relaxed, as `state`.
+    overflowed: AtomicU64,
 }
 
 impl PoolWait {
@@ -652,9 +656,11 @@ impl PoolWait {
     const JOINED: u64 = 1;
     const WAITING: u64 = 2;
 
-    fn new() -> Self {
+    /// `overflowed`: the call's fast path met the cap, and was counted.
+    fn new(overflowed: bool) -> Self {
         PoolWait {
             state: AtomicU64::new(Self::FRESH),
+            overflowed: AtomicU64::new(u64::from(overflowed)),
         }
     }
 
@@ -667,7 +673,9 @@ impl PoolWait {
     }
 }
 
-/// Leaves the pool's waiters when a waiting call ends, however it ends (a future dropped too).
+/// Leaves the pool's waiters when a waiting call ends, however it ends (a future dropped too),
+/// and, unless the call was served, tells the pool's heads of the room its key may leave
+/// ([`Inner::left_key`]). Dropped after the call has left its key's queue.
 struct LeavePool<'a, K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -675,7 +683,12 @@ where
 {
     inner: &'a Inner<K, S>,
     key: &'a K,
+    shard: usize,
     me: PoolWait,
+    /// The call returns permits (`n > 0`): its key, if served on the key's own cell, is busy
+    /// until their release, which announces its room; if served by the pool, the key had no
+    /// cell at that attempt for its waiting to keep.
+    served: bool,
 }
 
 impl<K, S> Drop for LeavePool<'_, K, S>
@@ -684,7 +697,10 @@ where
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
     fn drop(&mut self) {
-        self.inner.leave_pool(&self.me, self.key);
+        self.inner.leave_pool(&self.me);
+        if !self.served {
+            self.inner.left_key(self.key, self.shard);
+        }
     }
 }
 
@@ -731,17 +747,22 @@ where
         self.store.algo.current_limit()
     }
 
-    /// Takes `n` permits for `key` ignoring its queue. `Ok(Err(free))`: too few free (or, at the
-    /// cap, heads wait for the shared pool: no barging).
+    /// Takes `n` permits for `key` ignoring its queue, and says from which cell (the shared
+    /// pool's: the call met the cap, and the store counted it as overflowed). `Err(free)`: too
+    /// few free (or, at the cap, heads wait for the shared pool: no barging).
     #[inline(always)]
-    fn decide(&self, key: &K, shard: usize, n: u32) -> Result<Result<Slot, u32>, TryAcquireError> {
+    fn decide(
+        &self,
+        key: &K,
+        shard: usize,
+        n: u32,
+    ) -> Result<(Result<u32, u32>, Slot), TryAcquireError> {
         let owed = Owed::default();
         let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
             self.take(cell, n, None, &owed)
         });
         self.pay(key, shard, &owed, false);
-        let (outcome, slot) = taken?;
-        Ok(outcome.map(|_| slot))
+        taken
     }
 
     /// One take on `cell` inside `with_cell` (the head's, which marks, when `head` is its
@@ -824,13 +845,13 @@ where
                     wait.queue.wake_head();
                 }
             }
-            Slot::Overflow => self.wake_pool_heads(key, by_head),
+            Slot::Overflow => self.wake_pool_heads(by_head.then_some(key)),
         }
     }
 
     /// The shared pool's waiters may be in any key's queue: wakes every head (rare: only
     /// overflow keys at the cap wait on the pool), even if one's waker panics (`WakeAll`);
-    /// `key`'s own not when `by_head` (its head owes itself nothing, see `settle`).
+    /// `except`'s own not (a head owes itself nothing, see `settle`).
     ///
     /// **Lock order.** Each wake takes that queue's mutex (`wake_head`), so this never runs
     /// under a queue's mutex: a head's attempt (under its own) defers what it owes to after
@@ -838,10 +859,10 @@ where
     /// guard, after it has left its queue ([`LeavePool`]). Otherwise two heads waking each
     /// other's queue, each holding its own mutex, would deadlock.
     #[cold]
-    fn wake_pool_heads(&self, key: &K, by_head: bool) {
+    fn wake_pool_heads(&self, except: Option<&K>) {
         let mut all = WakeAll::default();
         self.ctx.waits.map.for_each(|k, wait| {
-            if !(by_head && k == key) {
+            if except != Some(k) {
                 all.run(|| wait.queue.wake_head());
             }
         });
@@ -880,8 +901,8 @@ where
             });
         }
         match self.decide(key, shard, n) {
-            Ok(Ok(slot)) => Ok(slot),
-            Ok(Err(available)) => Err(TryPermitError::NoPermits {
+            Ok((Ok(_), slot)) => Ok(slot),
+            Ok((Err(available), _)) => Err(TryPermitError::NoPermits {
                 available,
                 requested: n,
             }),
@@ -913,8 +934,14 @@ where
     }
 
     /// Validates and tries without queueing when `key` has no waiters (newest first: whether or
-    /// not it has). `Ok(None)`: queue up.
-    fn acquire_fast(&self, key: &K, shard: usize, n: u32) -> Result<Option<Slot>, AcquireError> {
+    /// not it has). `Ok(Err(overflowed))`: queue up, the call counted as overflowed already if
+    /// it met the cap.
+    fn acquire_fast(
+        &self,
+        key: &K,
+        shard: usize,
+        n: u32,
+    ) -> Result<Result<Slot, bool>, AcquireError> {
         let counters = &self.ctx.counters;
         let limit = self.limit();
         let error = if self.ctx.waits.any() && self.ctx.waits.is_closed() {
@@ -932,14 +959,14 @@ where
             // queued waiter: it takes what is free now, as `try_acquire` does, and queues only
             // if it must wait (queueing first would make a full queue fail its oldest waiter
             // with `QueueFull` to make room for a caller that is then admitted at once).
-            return Ok(None);
+            return Ok(Err(false));
         } else {
             match self.decide(key, shard, n) {
-                Ok(Ok(slot)) => {
+                Ok((Ok(_), slot)) => {
                     counters.bump(ADMITTED);
-                    return Ok(Some(slot));
+                    return Ok(Ok(slot));
                 }
-                Ok(Err(_)) => return Ok(None),
+                Ok((Err(_), slot)) => return Ok(Err(slot == Slot::Overflow)),
                 Err(error) => waiting_error(error),
             }
         };
@@ -973,10 +1000,23 @@ where
         let mut looked_again = false;
         loop {
             let owed = Owed::default();
-            let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
-                self.take(cell, n, Some(me), &owed)
-            });
+            // Uncounted: the call is counted once, below, not once per attempt.
+            let taken = self.store.with_cell_counting::<false, _, _>(
+                &self.ctx,
+                shard,
+                key,
+                n,
+                false,
+                |cell| self.take(cell, n, Some(me), &owed),
+            );
             debts.defer(&owed);
+            let met_cap = matches!(
+                taken,
+                Ok((_, Slot::Overflow)) | Err(TryAcquireError::TooManyKeys { .. })
+            );
+            if met_cap && me.overflowed.swap(1, Ordering::Relaxed) == 0 {
+                self.ctx.counters.bump(OVERFLOWED);
+            }
             let blocked = match taken {
                 Ok((Err(_), Slot::Overflow)) if !looked_again => {
                     // SeqCst fence: store-then-load on both sides (we marked the pool, then
@@ -1074,7 +1114,7 @@ where
     /// head marked the pool and permits are free, consumes the mark and wakes every head (the
     /// other side of `join_pool`'s pair). Called by the call's guard, outside its queue's mutex
     /// (it may wake its own queue's next head too).
-    fn leave_pool(&self, me: &PoolWait, key: &K) {
+    fn leave_pool(&self, me: &PoolWait) {
         if me.get() == PoolWait::FRESH {
             return;
         }
@@ -1093,7 +1133,7 @@ where
             && free_of(self.limit(), used(word)) > 0
             && Concurrency::consume_mark(pool)
         {
-            self.wake_pool_heads(key, false);
+            self.wake_pool_heads(None);
         }
     }
 
@@ -1115,7 +1155,69 @@ where
         // makes its key's queue visible to the wake's lookup.
         let pool = &*self.store.overflow;
         if pool.load(Ordering::Acquire) & WAITERS != 0 && Concurrency::consume_mark(pool) {
-            self.wake_pool_heads(key, by_head);
+            self.wake_pool_heads(by_head.then_some(key));
+        }
+    }
+
+    /// After a [`sweep`](KeyedConcurrencyLimiter::sweep), which runs under no queue's mutex.
+    /// A head blocked on the shared pool that looked for room while the sweep held a shard
+    /// skipped that shard (a search leaves a shard being swept to its sweeper, see
+    /// `sweep_shard`), and the room there is then announced by nobody: the keys the sweep
+    /// evicted gave their slots back silently, and a key that turned idle behind its walk was
+    /// announced (`room_freed`) to a head whose look then skipped it. The head slept, with room
+    /// under the cap, until a pool permit came back. So under [`KeyOverflow::Shared`] the sweep,
+    /// once it has released every shard (and given back the slots of the keys it evicted),
+    /// consumes the pool's mark and wakes every head, as `room_freed` does. SeqCst fence: pairs
+    /// with the one a head makes after marking, before its second look (store-then-load on
+    /// both sides): either that look loads our shards released and our slots given back, or
+    /// we read its mark.
+    #[cold]
+    fn swept(&self) {
+        if self.ctx.overflow != KeyOverflow::Shared {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        // Acquire: as in `room_freed`, a head's mark (Release) makes its queue visible to the
+        // wake's lookup.
+        let pool = &*self.store.overflow;
+        if pool.load(Ordering::Acquire) & WAITERS != 0 && Concurrency::consume_mark(pool) {
+            self.wake_pool_heads(None);
+        }
+    }
+
+    /// A waiting call for `key` ended unserved (failed, timed out, its future dropped; or a
+    /// probe, `n == 0`, served holding nothing), after it left the key's queue. While it
+    /// waited, a sweep spared the key however idle its cell (`retire_unless` keeps a key with
+    /// waiters), so a release that left the cell idle woke the shared pool's heads
+    /// (`room_freed`) for nothing: their second look found the key kept. Its last waiter
+    /// leaving is room that no release announces: without this, a head blocked on the pool
+    /// slept, with room under the cap, until a pool permit came back. Under
+    /// [`KeyOverflow::Shared`], if nobody else waits for `key` (the last to leave does it) and
+    /// its cell is idle, this wakes them as such a release does: the same Dekker pair with a
+    /// head's second look (our leaving the queue, which clears its gate, is the store before
+    /// our fence; the head's look at the key's waiters is the load after its own).
+    #[cold]
+    fn left_key(&self, key: &K, shard: usize) {
+        if self.ctx.overflow != KeyOverflow::Shared || self.ctx.waits.has_waiters(key) {
+            return;
+        }
+        // SeqCst fence: see above. The cell is looked at after it: the release that left it
+        // idle either fenced before us (we see its word) or reads the head's mark itself.
+        fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fence; only the idle word a sweep would evict counts (used,
+        // nothing in use, no mark), so that calls ending on a busy key wake nobody.
+        let idle = self.store.shards[shard]
+            .map
+            .get(key, |cell| {
+                let word = cell.load(Ordering::Relaxed);
+                word != RETIRED && word & USED != 0 && used(word) == 0 && word & WAITERS == 0
+            })
+            .unwrap_or(false);
+        let pool = &*self.store.overflow;
+        // Acquire: as in `room_freed`, a head's mark (Release) makes its queue visible to the
+        // wake's lookup.
+        if idle && pool.load(Ordering::Acquire) & WAITERS != 0 && Concurrency::consume_mark(pool) {
+            self.wake_pool_heads(None);
         }
     }
 
@@ -1135,11 +1237,19 @@ where
         fence(Ordering::SeqCst);
     }
 
-    async fn acquire_slow(&self, key: &K, shard: usize, n: u32) -> Result<Slot, AcquireError> {
-        let pool = LeavePool {
+    async fn acquire_slow(
+        &self,
+        key: &K,
+        shard: usize,
+        n: u32,
+        overflowed: bool,
+    ) -> Result<Slot, AcquireError> {
+        let mut pool = LeavePool {
             inner: self,
             key,
-            me: PoolWait::new(),
+            shard,
+            me: PoolWait::new(overflowed),
+            served: false,
         };
         let debts = HeadDebts::new();
         loop {
@@ -1166,17 +1276,21 @@ where
                 // The queue was retired between our lookup and our enqueue: look again. (Or
                 // the limiter was closed: then we fail, counted by the queue.)
                 Err(AcquireError::Closed) if !self.ctx.waits.is_closed() => continue,
-                outcome => return outcome,
+                outcome => {
+                    pool.served = n > 0 && outcome.is_ok();
+                    return outcome;
+                }
             }
         }
     }
 
     async fn acquire(&self, key: &K, shard: usize, n: u32) -> Result<Slot, AcquireError> {
-        if let Some(slot) = self.acquire_fast(key, shard, n)? {
-            return Ok(slot);
-        }
+        let overflowed = match self.acquire_fast(key, shard, n)? {
+            Ok(slot) => return Ok(slot),
+            Err(overflowed) => overflowed,
+        };
         // Boxed so that the fast path's future stays small.
-        Box::pin(self.acquire_slow(key, shard, n)).await
+        Box::pin(self.acquire_slow(key, shard, n, overflowed)).await
     }
 
     fn blocking(
@@ -1186,13 +1300,16 @@ where
         n: u32,
         deadline: Option<std::time::Instant>,
     ) -> Result<Slot, AcquireError> {
-        if let Some(slot) = self.acquire_fast(key, shard, n)? {
-            return Ok(slot);
-        }
-        let pool = LeavePool {
+        let overflowed = match self.acquire_fast(key, shard, n)? {
+            Ok(slot) => return Ok(slot),
+            Err(overflowed) => overflowed,
+        };
+        let mut pool = LeavePool {
             inner: self,
             key,
-            me: PoolWait::new(),
+            shard,
+            me: PoolWait::new(overflowed),
+            served: false,
         };
         let debts = HeadDebts::new();
         loop {
@@ -1214,7 +1331,10 @@ where
                     || self.pay_head_debts(key, shard, &debts),
                 ) {
                 Err(AcquireError::Closed) if !self.ctx.waits.is_closed() => continue,
-                outcome => return outcome,
+                outcome => {
+                    pool.served = n > 0 && outcome.is_ok();
+                    return outcome;
+                }
             }
         }
     }
@@ -1876,7 +1996,9 @@ where
     }
 
     /// Evicts every idle key now (all permits back, nobody waiting); returns how many. Never
-    /// removes a key with a permit out; runs concurrently with every other call.
+    /// removes a key with a permit out; runs concurrently with every other call. Under
+    /// [`KeyOverflow::Shared`] it then wakes the calls waiting for the shared pool, for which
+    /// the keys it evicted are room under the cap.
     ///
     /// # Examples
     ///
@@ -1894,7 +2016,9 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sweep(&self) -> usize {
-        self.inner.store.sweep_all(&self.inner.ctx) as usize
+        let evicted = self.inner.store.sweep_all(&self.inner.ctx) as usize;
+        self.inner.swept();
+        evicted
     }
 
     /// Keys held now.

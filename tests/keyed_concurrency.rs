@@ -885,6 +885,194 @@ fn a_pool_head_is_woken_when_another_key_goes_idle() {
     assert_eq!(limiter.available(&3u8), 0, "served on its own cell");
 }
 
+/// As above, but key 0's release comes while key 0 has a waiter of its own, which keeps the idle
+/// key from eviction: the pool's head, woken by the release, finds key 0 kept and sleeps again.
+/// Then key 0's waiter leaves (its future dropped): that is the room, and the pool's head must
+/// be woken for it. It was not: it slept, with room for its own cell, until the pool's permit
+/// came back (here: never), though a poll would have served it at once.
+#[test]
+fn a_pool_head_is_woken_when_an_idle_keys_last_waiter_leaves() {
+    let limiter = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let own = limiter.try_acquire(&0u8).unwrap(); // the only key slot, busy
+    let _pool = limiter.try_acquire(&2u8).unwrap(); // the pool's one permit, kept out
+    let mut kept = Box::pin(limiter.acquire(&0u8)); // key 0's own waiter
+    assert!(poll_with(kept.as_mut(), Waker::noop()).is_pending());
+    let (wakes, waker) = counting();
+    let mut head = Box::pin(limiter.acquire(&3u8)); // waits for the pool
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    drop(own); // key 0 idle, but kept by its waiter (woken, not yet run)
+    assert!(
+        poll_with(head.as_mut(), &waker).is_pending(),
+        "key 0 is kept while its waiter waits"
+    );
+    let before = wakes.wakes();
+    drop(kept); // key 0's last waiter leaves
+    assert!(
+        wakes.wakes() > before,
+        "the pool's head slept through the room key 0's waiter left"
+    );
+    let std::task::Poll::Ready(Ok(permit)) = poll_with(head.as_mut(), Waker::noop()) else {
+        panic!("key 3 was not served in the room key 0 left");
+    };
+    assert_eq!(limiter.available(&3u8), 0, "served on its own cell");
+    drop(permit);
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+}
+
+/// The other side of `a_pool_head_is_woken_when_an_idle_keys_last_waiter_leaves`: a waiter that
+/// leaves a key still busy leaves no room, and wakes nobody. (Every waiter's exit woke every
+/// head of the pool while it was marked: a flood of timeouts on busy keys cost a wake of each
+/// pool head per timeout.)
+#[test]
+fn a_waiter_leaving_a_busy_key_wakes_no_pool_head() {
+    let limiter = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _own = limiter.try_acquire(&0u8).unwrap(); // the only key slot, busy throughout
+    let _pool = limiter.try_acquire(&2u8).unwrap(); // the pool's one permit
+    let (wakes, waker) = counting();
+    let mut head = Box::pin(limiter.acquire(&3u8)); // waits for the pool
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+    for _ in 0..3 {
+        let mut left = Box::pin(limiter.acquire(&0u8));
+        assert!(poll_with(left.as_mut(), Waker::noop()).is_pending());
+        drop(left);
+        assert_eq!(
+            limiter
+                .acquire_blocking_timeout(&0u8, 1, Duration::ZERO)
+                .err(),
+            Some(AcquireError::Timeout)
+        );
+    }
+    assert_eq!(wakes.wakes(), 0, "woken with no room anywhere");
+    assert!(poll_with(head.as_mut(), &waker).is_pending());
+}
+
+/// `stats().overflowed` counts calls for a new key that met the cap, not their attempts: a
+/// waiting call served by the shared pool after two wakes is one call. Each of its head's
+/// attempts (and second looks) counted one: three calls at the cap reported 8.
+#[test]
+fn overflowed_counts_a_waiting_call_once() {
+    for queued_behind in [false, true] {
+        let limiter = KeyedConcurrencyLimiter::builder(2)
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let _own = limiter.try_acquire(&0u8).unwrap(); // the only key slot
+        let one = limiter.try_acquire(&1u8).unwrap(); // the pool, one call at the cap
+        let two = limiter.try_acquire(&2u8).unwrap(); // two calls
+        assert_eq!(limiter.stats().overflowed, 2);
+        // `queued_behind`: key 3 has a waiter already, so the call queues without a fast path.
+        let first = queued_behind.then(|| {
+            let mut first = Box::pin(limiter.acquire_n(&3u8, 2));
+            assert!(poll_with(first.as_mut(), Waker::noop()).is_pending());
+            first
+        });
+        let calls = 3 + u64::from(queued_behind);
+        let (wakes, waker) = counting();
+        let mut call = Box::pin(limiter.acquire_n(&3u8, 1));
+        assert!(poll_with(call.as_mut(), &waker).is_pending());
+        drop(first); // if any: our call is the head now
+        drop(one);
+        assert!(wakes.wakes() > 0);
+        let _served = match poll_with(call.as_mut(), &waker) {
+            std::task::Poll::Ready(served) => served.unwrap(),
+            std::task::Poll::Pending => {
+                drop(two);
+                let std::task::Poll::Ready(served) = poll_with(call.as_mut(), &waker) else {
+                    panic!("the pool is free");
+                };
+                served.unwrap()
+            }
+        };
+        assert_eq!(
+            limiter.stats().overflowed,
+            calls,
+            "queued behind: {queued_behind}"
+        );
+    }
+}
+
+/// A key whose `Hash` runs a hook once (for key 1 only), to run a call in the middle of a sweep:
+/// the sweep hashes an idle key as it asks whether the key has waiters.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct HashHooked(u64);
+
+thread_local! {
+    static ON_HASH: std::cell::Cell<Option<Box<dyn FnOnce()>>> = const { std::cell::Cell::new(None) };
+}
+
+impl std::hash::Hash for HashHooked {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        if self.0 == 1
+            && let Some(hook) = ON_HASH.with(|h| h.take())
+        {
+            hook();
+        }
+        self.0.hash(state);
+    }
+}
+
+/// A head that looks for room under the cap while `sweep` holds the shard of an idle key skips
+/// that shard (it is left to its sweeper); the sweep then evicts the key and gives its slot
+/// back. Two key slots (key 0 busy, key 1 idle) and the pool's one permit out: key 3 asks in the
+/// middle of the sweep's walk of key 1's shard and waits for the pool. The sweep must wake it:
+/// it slept, with a slot free, until the pool's permit came back (here: never).
+#[test]
+fn a_pool_head_that_looked_during_a_sweep_is_woken_by_the_room_it_made() {
+    type Call = wakers::Call<Result<turnstile::OwnedKeyedPermit<HashHooked>, AcquireError>>;
+    let limiter = KeyedConcurrencyLimiter::<HashHooked>::builder(1)
+        .max_keys(2)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _busy = limiter.try_acquire_owned(HashHooked(0), 1).unwrap();
+    let one = limiter.try_acquire_owned(HashHooked(1), 1).unwrap();
+    let _pool = limiter.try_acquire_owned(HashHooked(9), 1).unwrap(); // the pool's one permit
+    drop(one); // key 1 idle
+    // A queue (key 0's), so that the sweep asks whether idle key 1 has waiters, hashing it.
+    let mut queued: Call = Box::pin(limiter.acquire_owned(HashHooked(0), 1));
+    assert!(poll_with(queued.as_mut(), Waker::noop()).is_pending());
+    let (wakes, waker) = counting();
+    let head = Arc::new(std::sync::Mutex::new(None::<Call>));
+    {
+        let (limiter, head, waker) = (limiter.clone(), head.clone(), waker.clone());
+        ON_HASH.with(|h| {
+            h.set(Some(Box::new(move || {
+                let mut call: Call = Box::pin(limiter.acquire_owned(HashHooked(3), 1));
+                assert!(
+                    poll_with(call.as_mut(), &waker).is_pending(),
+                    "no room seen"
+                );
+                *head.lock().unwrap() = Some(call);
+            })))
+        });
+    }
+    assert_eq!(limiter.sweep(), 1, "key 1 evicted");
+    let mut head = head.lock().unwrap().take().expect("the hook ran mid-sweep");
+    assert!(
+        wakes.wakes() > 0,
+        "the pool's head slept through the slot the sweep gave back"
+    );
+    let std::task::Poll::Ready(Ok(permit)) = poll_with(head.as_mut(), &waker) else {
+        panic!("key 3 was not served in the room the sweep made");
+    };
+    assert_eq!(
+        limiter.available(&HashHooked(3)),
+        0,
+        "served on its own cell"
+    );
+    drop(permit);
+}
+
 /// `available` for a key without a cell tells what a take for it would get: the full limit
 /// while a key slot is free, and at the cap what the overflow policy gives (the shared pool's
 /// free permits, or none under `Reject`). It reported the full limit at the cap before.
@@ -1667,5 +1855,175 @@ fn blocking_waiters_racing_close_all_end() {
         let s = limiter.stats();
         assert_eq!((s.admitted, s.rejected), (threads + 1, threads), "{s:?}");
         assert_eq!((s.waiting, s.waiting_keys), (0, 0), "{s:?}");
+    }
+}
+
+/// A waiting call polled by hand, its waker's count, and the count at its last poll.
+struct Parked {
+    call: std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<turnstile::OwnedKeyedPermit<u8>, AcquireError>>
+                + Send,
+        >,
+    >,
+    wakes: Arc<wakers::Counter>,
+    waker: Waker,
+    seen: usize,
+}
+
+type Held = Vec<turnstile::OwnedKeyedPermit<u8>>;
+
+/// Polls the oldest waiting call woken since its last poll, if any.
+fn run_woken(parked: &mut Vec<(String, Parked)>, held: &mut Held, log: &mut Vec<String>) -> bool {
+    use std::task::Poll;
+    let Some(at) = parked.iter().position(|(_, c)| c.wakes.wakes() != c.seen) else {
+        return false;
+    };
+    let (name, mut call) = parked.remove(at);
+    call.seen = call.wakes.wakes();
+    match poll_with(call.call.as_mut(), &call.waker) {
+        Poll::Ready(Ok(permit)) => held.push(permit),
+        Poll::Ready(Err(_)) => {}
+        Poll::Pending => parked.insert(at, (name.clone(), call)),
+    }
+    log.push(format!("{name} runs"));
+    true
+}
+
+/// Runs `ops` (each op one random word) against a small limiter, polling waiting calls by hand.
+/// `spurious`: after every op, polls each waiting call that has not been woken since its last
+/// poll: it must still be waiting. One that completes instead could have been served (or
+/// failed) with nobody to wake it: a lost wake-up, however long it then sleeps. Then, in either
+/// mode, drains: runs the woken calls and releases the permits held, one at a time, until
+/// nothing is held; every waiting call must then have been woken and have ended, none left
+/// asleep for good. Returns the op log of the first failure.
+fn first_unwoken_completion(
+    config: (u32, usize, KeyOverflow, QueueOrder, u64),
+    ops: &[u64],
+    spurious: bool,
+) -> Option<Vec<String>> {
+    use std::task::Poll;
+    let (limit, max_keys, overflow, order, queue_limit) = config;
+    let limiter = KeyedConcurrencyLimiter::<u8>::builder(limit)
+        .max_keys(max_keys)
+        .overflow(overflow)
+        .queue_order(order)
+        .queue_limit(queue_limit)
+        .build()
+        .unwrap();
+    let mut log = Vec::new();
+    let mut parked: Vec<(String, Parked)> = Vec::new();
+    let mut held = Vec::new();
+    for (i, &r) in ops.iter().enumerate() {
+        let (key, n) = ((r % 4) as u8, ((r >> 4) % 3) as u32);
+        match (r >> 8) % 8 {
+            0 | 1 => {
+                let (wakes, waker) = counting();
+                let mut call: Parked = Parked {
+                    call: Box::pin(limiter.acquire_owned(key, n)),
+                    seen: 0,
+                    wakes,
+                    waker,
+                };
+                let name = format!("#{i} acquire({key}, {n})");
+                match poll_with(call.call.as_mut(), &call.waker) {
+                    Poll::Ready(Ok(permit)) => held.push(permit),
+                    Poll::Ready(Err(_)) => {}
+                    Poll::Pending => {
+                        call.seen = call.wakes.wakes();
+                        parked.push((name.clone(), call));
+                    }
+                }
+                log.push(name);
+            }
+            2 => {
+                run_woken(&mut parked, &mut held, &mut log);
+            }
+            3 if !parked.is_empty() => {
+                let (name, _) = parked.remove((r >> 16) as usize % parked.len());
+                log.push(format!("{name} dropped"));
+            }
+            4 | 5 if !held.is_empty() => {
+                let permit = held.remove((r >> 16) as usize % held.len());
+                log.push(format!("release {} x{}", permit.key(), permit.permits()));
+            }
+            6 => {
+                if let Ok(permit) = limiter.try_acquire_owned(key, n) {
+                    held.push(permit);
+                }
+                log.push(format!("try({key}, {n})"));
+            }
+            7 if r % 3 == 0 => {
+                let to = 1 + ((r >> 20) % 2) as u32;
+                limiter.set_limit(to).unwrap();
+                log.push(format!("set_limit({to})"));
+            }
+            7 => {
+                limiter.sweep();
+                log.push("sweep".into());
+            }
+            _ => {}
+        }
+        for (name, call) in parked.iter_mut().filter(|_| spurious) {
+            if call.wakes.wakes() != call.seen {
+                continue;
+            }
+            if poll_with(call.call.as_mut(), &call.waker).is_ready() {
+                log.push(format!("{name} was never woken, yet completes when polled"));
+                return Some(log);
+            }
+            call.seen = call.wakes.wakes();
+        }
+    }
+    log.push("drain".into());
+    loop {
+        while run_woken(&mut parked, &mut held, &mut log) {}
+        let Some(permit) = held.pop() else { break };
+        log.push(format!("release {} x{}", permit.key(), permit.permits()));
+    }
+    if let Some((name, _)) = parked.first() {
+        log.push(format!(
+            "{name} still waits, asleep, with every permit back"
+        ));
+        return Some(log);
+    }
+    let stats = limiter.stats();
+    if (stats.waiting, stats.waiting_keys) != (0, 0) {
+        log.push(format!("queues left behind: {stats:?}"));
+        return Some(log);
+    }
+    None
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 1_000, ..Default::default() })]
+
+    /// No lost wake-up, over random interleavings of waits, runs of woken calls, cancellations,
+    /// releases, `try_acquire`, `set_limit` and sweeps on one or two key slots: a waiting call
+    /// that nobody woke never finds, when polled anyway, that it could complete. (A head of the
+    /// shared pool under `OldestFirst` is left out of that check: it defers to the pool's other
+    /// waiters by design, taking nothing until one of them leaves or a pool permit comes back,
+    /// though a poll of its own would then serve it; see `PoolWait`. It is drained as the
+    /// others: once every permit is back, no call is left waiting.) Found a pool head left
+    /// asleep after an idle key's last waiter left
+    /// (`a_pool_head_is_woken_when_an_idle_keys_last_waiter_leaves`).
+    #[test]
+    fn a_waiting_call_that_could_complete_has_been_woken(
+        limit in 1u32..=2,
+        max_keys in 1usize..=2,
+        config in 0..4u8,
+        queue_limit in 1u64..=4,
+        ops in proptest::collection::vec(proptest::prelude::any::<u64>(), 1..60),
+    ) {
+        let (overflow, order) = match config {
+            0 => (KeyOverflow::Reject, QueueOrder::OldestFirst),
+            1 => (KeyOverflow::Reject, QueueOrder::NewestFirst),
+            2 => (KeyOverflow::Shared, QueueOrder::NewestFirst),
+            _ => (KeyOverflow::Shared, QueueOrder::OldestFirst),
+        };
+        let spurious = config != 3;
+        let config = (limit, max_keys, overflow, order, queue_limit);
+        let lost = first_unwoken_completion(config, &ops, spurious);
+        proptest::prop_assert!(lost.is_none(), "{}", lost.unwrap_or_default().join("\n"));
     }
 }
