@@ -124,7 +124,8 @@ pub struct KeyedStats {
     /// given back, and a panicked future cannot be polled again.
     pub cancelled: u64,
     /// Calls for a new key that found the cap reached and no idle key to evict (served by the
-    /// shared overflow limiter or rejected, per [`KeyOverflow`]). A
+    /// shared overflow limiter or rejected, per [`KeyOverflow`]): a waiting call counts once,
+    /// however many of its attempts meet the cap. A
     /// [`charge`](KeyedLimiter::charge) is not a call counted here, whatever the policy did
     /// with it, as it is not counted anywhere in these statistics.
     pub overflowed: u64,
@@ -220,18 +221,33 @@ struct Inner<K, C, S> {
 /// a newcomer refused meanwhile is told when it could be admitted behind them. A head that
 /// gives up leaves the others their timers' times, a later wake than the shared cell's free
 /// permits might allow (never an earlier one).
+///
+/// It also keeps whether the call has been counted in `overflowed` (a call is counted once,
+/// however many of its attempts meet the key cap).
 struct OverflowWait<'a, K, C, S> {
     inner: &'a Inner<K, C, S>,
     /// The permits counted (0: not counted). Relaxed everywhere: only the owning call reads or
     /// writes it (in its head's attempts and its drop).
     counted: AtomicU64,
+    /// 1 once the call is counted in `overflowed` (by its fast path, or an attempt here).
+    /// Relaxed: the owning call's only.
+    overflowed: AtomicU64,
 }
 
 impl<'a, K, C, S> OverflowWait<'a, K, C, S> {
-    fn new(inner: &'a Inner<K, C, S>) -> Self {
+    /// `overflowed`: the call's fast path counted it in `overflowed` already.
+    fn new(inner: &'a Inner<K, C, S>, overflowed: bool) -> Self {
         OverflowWait {
             inner,
             counted: AtomicU64::new(0),
+            overflowed: AtomicU64::new(u64::from(overflowed)),
+        }
+    }
+
+    /// An attempt met the key cap: counts the call in `overflowed` unless it is already.
+    fn met_cap(&self) {
+        if self.overflowed.swap(1, Ordering::Relaxed) == 0 {
+            self.inner.ctx.counters.bump(OVERFLOWED);
         }
     }
 
@@ -287,6 +303,10 @@ pub(crate) struct Waits<K, S> {
     pub(crate) order: QueueOrder,
     pub(crate) queue_limit: u64,
 }
+
+/// An admission with what a refund of it needs: how it was committed, and the parameters'
+/// version read before it.
+pub(crate) type Receipt = (Admission, Committed, u64);
 
 /// [`Waits::waiting_keys`]' closed bit (see its state table).
 const WAITS_CLOSED: u64 = 1 << 63;
@@ -1226,10 +1246,49 @@ where
         (outcome, false)
     }
 
+    /// [`try_acquire`](Self::try_acquire), also saying whether the call met the key cap (the
+    /// shared overflow cell decided it, or `TooManyKeys`), counted in `overflowed` as ever: a
+    /// waiting call's fast path, which tells its head attempts whether it is counted already.
+    #[inline(always)]
+    fn try_acquire_where<C: Clock>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, bool) {
+        let met_retired = match self.shards[shard]
+            .map
+            .get(key, |cell| self.algo.try_acquire(cell, n, &ctx.clock))
+        {
+            Some(Err(TryAcquireError::Closed)) => true,
+            None => false,
+            Some(outcome) => return (outcome, false),
+        };
+        // The decision comes back inside `Ok` with the slot that made it (as in
+        // `chain_commit`), a refusal bounded as `first_use` bounds one.
+        match self.with_cell_after(ctx, shard, key, n, met_retired, |cell| {
+            match self.algo.try_acquire(cell, n, &ctx.clock) {
+                Err(TryAcquireError::Closed) => Err(TryAcquireError::Closed),
+                decided => Ok(decided),
+            }
+        }) {
+            Ok((decided, Slot::Overflow)) => (sooner_by_room(ctx, decided), true),
+            Ok((decided, Slot::Key)) => (decided, false),
+            Err(error) => {
+                let met_cap = matches!(error, TryAcquireError::TooManyKeys { .. });
+                (Err(error), met_cap)
+            }
+        }
+    }
+
     /// A chain's commit: `try_acquire` on the key, also saying whether the shared overflow cell
     /// decided it, admission or rejection (so that a refund goes to the same cell, and so that
     /// callers can count the decisions made for keys the limiter had no room for).
-    fn chain_commit<C: Clock>(
+    ///
+    /// `COUNTED`: a call at the cap counts in `overflowed` (see `with_cell_counting`); a
+    /// waiting call's head attempts pass false and count the call once themselves.
+    fn chain_commit<const COUNTED: bool, C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
         shard: usize,
@@ -1244,11 +1303,12 @@ where
         // The cell's decision, admission or rejection, comes back as `Ok` with the slot that
         // made it; only a retired cell's `Closed` (which `with_cell` retries) and the errors
         // before any cell decided are `Err`.
-        match self.with_cell(ctx, shard, key, n, |cell| {
-            match self.algo.try_acquire(cell, n, &ctx.clock) {
-                Err(TryAcquireError::Closed) => Err(TryAcquireError::Closed),
-                decided => Ok(decided),
-            }
+        match self.with_cell_counting::<COUNTED, C, _>(ctx, shard, key, n, false, |cell| match self
+            .algo
+            .try_acquire(cell, n, &ctx.clock)
+        {
+            Err(TryAcquireError::Closed) => Err(TryAcquireError::Closed),
+            decided => Ok(decided),
         }) {
             // A refusal by the shared cell comes back inside `Ok`, past `first_use`'s
             // `sooner_by_room` (which bounds only an `Err`): bounded here, so that a head's
@@ -1981,7 +2041,7 @@ where
             return Err(self.refused_for_waiters(key, n).0);
         }
         if let Some(heads) = self.behind_overflow_heads(key, n) {
-            return Err(self.refused_behind(key, n, heads).0);
+            return Err(self.refused_behind(key, n, heads, true).0);
         }
         self.decide(key, n)
     }
@@ -2037,15 +2097,22 @@ where
     #[cold]
     fn refused_for_waiters(&self, key: &K, n: u32) -> (TryAcquireError, bool) {
         let queued = self.inner.ctx.waits.queued_on(key);
-        self.refused_behind(key, n, queued)
+        self.refused_behind(key, n, queued, true)
     }
 
     /// [`refused_for_waiters`](Self::refused_for_waiters) behind waiters that will take
     /// `queued`: the key's own, or the heads waiting on the shared overflow cell (see
     /// [`behind_overflow_heads`](Self::behind_overflow_heads)), whose state the checks below
-    /// read for a key without a cell at the cap.
+    /// read for a key without a cell at the cap. `count`: whether a call that meets the cap is
+    /// counted in `overflowed` here (a waiting call's head counts itself once, elsewhere).
     #[cold]
-    fn refused_behind(&self, key: &K, n: u32, queued: Queued) -> (TryAcquireError, bool) {
+    fn refused_behind(
+        &self,
+        key: &K,
+        n: u32,
+        queued: Queued,
+        count: bool,
+    ) -> (TryAcquireError, bool) {
         let inner = &*self.inner;
         let shard = self.shard(key);
         // As for an unkeyed limiter (see there): when the key's state could admit what its
@@ -2068,7 +2135,7 @@ where
             // shared cell answers (the call is refused either way); the sliding counter's second
             // one, for the same call, does not.
             |want| {
-                let count = match first.replace(false) {
+                let count = match first.replace(false) && count {
                     true => CountOverflow::Always,
                     false => CountOverflow::Never,
                 };
@@ -2636,105 +2703,114 @@ where
     }
 
     /// Validates and tries without queueing when `key` has no waiters. `Pending`: queue up.
+    /// The flag: the call is counted in `overflowed` (see `acquire_fast_with`).
     #[inline(always)]
-    fn acquire_fast(&self, key: &K, n: u32) -> Poll<Result<Admission, AcquireError>> {
-        self.acquire_fast_with(key, n, || self.decide(key, n))
+    fn acquire_fast(&self, key: &K, n: u32) -> (Poll<Result<Admission, AcquireError>>, bool) {
+        let inner = &*self.inner;
+        let shard = self.shard(key);
+        self.acquire_fast_with(
+            key,
+            n,
+            || with_store!(&inner.store, s => s.try_acquire_where(&inner.ctx, shard, key, n)),
+        )
     }
 
     /// [`acquire_fast`](Self::acquire_fast) with `attempt` as the key's decision (for a
     /// receipt, the commit a chain member makes, with what a refund needs).
     #[inline(always)]
+    ///
+    /// `attempt` also says whether it met the key cap (and so counted the call in
+    /// `overflowed`); so does what this returns, for the wait that follows a `Pending`.
     fn acquire_fast_with<T>(
         &self,
         key: &K,
         n: u32,
-        attempt: impl Fn() -> Result<T, TryAcquireError>,
-    ) -> Poll<Result<T, AcquireError>> {
+        attempt: impl Fn() -> (Result<T, TryAcquireError>, bool),
+    ) -> (Poll<Result<T, AcquireError>>, bool) {
         let inner = &*self.inner;
         let counters = &inner.ctx.counters;
         let waits = &inner.ctx.waits;
         let any = waits.any();
         if any && waits.is_closed() {
             counters.bump(REJECTED);
-            return Poll::Ready(Err(AcquireError::Closed));
+            return (Poll::Ready(Err(AcquireError::Closed)), false);
         }
         if !any || !waits.has_waiters(key) {
             if any && self.behind_overflow_heads(key, n).is_some() {
                 // Behind the heads waiting on the shared cell: queue up, and the head's first
                 // attempt defers to them (see `take_versioned`).
-                return Poll::Pending;
+                return (Poll::Pending, false);
             }
-            let error = match attempt() {
+            let (decision, met_cap) = attempt();
+            let error = match decision {
                 Ok(admission) => {
                     counters.bump(ADMITTED);
-                    return Poll::Ready(Ok(admission));
+                    return (Poll::Ready(Ok(admission)), met_cap);
                 }
-                Err(TryAcquireError::Rejected(_)) => return Poll::Pending,
+                Err(TryAcquireError::Rejected(_)) => return (Poll::Pending, met_cap),
                 Err(error) => waiting_error(error),
             };
             counters.bump(REJECTED);
-            return Poll::Ready(Err(error));
+            return (Poll::Ready(Err(error)), met_cap);
         }
         let capacity = inner.algorithm_limit();
         if n > capacity {
             counters.bump(REJECTED);
-            return Poll::Ready(Err(AcquireError::InsufficientCapacity {
-                requested: n,
-                capacity,
-            }));
+            return (
+                Poll::Ready(Err(AcquireError::InsufficientCapacity {
+                    requested: n,
+                    capacity,
+                })),
+                false,
+            );
         }
         if inner.ctx.waits.order == QueueOrder::NewestFirst {
             // Newest first: this caller goes before every queued waiter, so it takes what is
             // free now, as `try_acquire` does, and queues only if it must wait. Queueing first
             // would make a full queue fail its oldest waiter with `QueueFull` to make room for
             // a caller that is then admitted at once. Any refusal: the queue decides.
-            if let Ok(admission) = attempt() {
+            let (decision, met_cap) = attempt();
+            if let Ok(admission) = decision {
                 counters.bump(ADMITTED);
-                return Poll::Ready(Ok(admission));
+                return (Poll::Ready(Ok(admission)), met_cap);
             }
+            return (Poll::Pending, met_cap);
         }
-        Poll::Pending
+        (Poll::Pending, false)
     }
 
     /// A receipt's decision: the commit [`try_acquire_refundable`](Self::try_acquire_refundable)
-    /// makes (a chain member's), with the parameters' version read before it. Ignores the key's
-    /// queue, as `decide` does: the callers check it.
-    fn commit_versioned(
+    /// makes (a chain member's), with the parameters' version read before it, and whether the
+    /// call met the key cap (the shared overflow cell decided it, admission or refusal, or
+    /// `TooManyKeys`), counted in `overflowed` only if `COUNTED`. Ignores the key's queue, as
+    /// `decide` does: the callers check it.
+    fn commit_versioned_where<const COUNTED: bool>(
         &self,
         key: &K,
         n: u32,
-    ) -> Result<(Admission, Committed, u64), TryAcquireError> {
-        self.commit_versioned_where(key, n).0
-    }
-
-    /// [`commit_versioned`](Self::commit_versioned), also saying whether the shared overflow
-    /// cell decided, admission or refusal.
-    fn commit_versioned_where(
-        &self,
-        key: &K,
-        n: u32,
-    ) -> (Result<(Admission, Committed, u64), TryAcquireError>, bool) {
+    ) -> (Result<Receipt, TryAcquireError>, bool) {
         let inner = &*self.inner;
         let version = self.params_version();
         let shard = self.shard(key);
         let (decision, committed) =
-            with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n));
-        let overflow = committed.overflow;
+            with_store!(&inner.store, s => s.chain_commit::<COUNTED, C>(&inner.ctx, shard, key, n));
+        let met_cap =
+            committed.overflow || matches!(decision, Err(TryAcquireError::TooManyKeys { .. }));
         (
             decision.map(|admission| (admission, committed, version)),
-            overflow,
+            met_cap,
         )
     }
 
     /// `acquire_n`'s fast path for a receipt (see
-    /// [`commit_versioned`](Self::commit_versioned)).
+    /// [`commit_versioned_where`](Self::commit_versioned_where)).
     #[inline]
     pub(crate) fn receipt_fast(
         &self,
         key: &K,
         n: u32,
-    ) -> Poll<Result<(Admission, Committed, u64), AcquireError>> {
-        self.acquire_fast_with(key, n, || self.commit_versioned(key, n))
+    ) -> (Poll<Result<Receipt, AcquireError>>, bool) {
+        self.acquire_fast_with(key, n, || self.commit_versioned_where::<true>(key, n))
     }
 
     /// The head waiter's attempt: the key's state, ignoring its queue. It commits as a chain
@@ -2753,7 +2829,7 @@ where
         key: &K,
         n: u32,
         me: &OverflowWait<'_, K, C, S>,
-    ) -> Result<(Admission, Committed, u64), Blocked> {
+    ) -> Result<Receipt, Blocked> {
         let inner = &*self.inner;
         inner.ctx.clock.catch_up();
         let blocked = |error| match error {
@@ -2764,12 +2840,19 @@ where
             && let Some(heads) = self.behind_overflow_heads(key, n)
         {
             me.join(n);
-            return Err(blocked(self.refused_behind(key, n, heads).0));
+            me.met_cap();
+            return Err(blocked(self.refused_behind(key, n, heads, false).0));
         }
-        match self.commit_versioned_where(key, n) {
-            (Ok(admitted), _) => Ok(admitted),
-            (Err(error), overflow) => {
-                if matches!(error, TryAcquireError::Rejected(_)) && overflow {
+        // Uncounted: the call is counted in `overflowed` once, whichever attempt meets the cap.
+        let (decision, met_cap) = self.commit_versioned_where::<false>(key, n);
+        if met_cap {
+            me.met_cap();
+        }
+        match decision {
+            Ok(admitted) => Ok(admitted),
+            Err(error) => {
+                // Refused at the cap: by the shared cell (`TooManyKeys` ends the call).
+                if matches!(error, TryAcquireError::Rejected(_)) && met_cap {
                     me.join(n);
                 } else {
                     me.leave();
@@ -2891,28 +2974,36 @@ where
             limiter: self,
             key,
             n,
+            overflowed: false,
         })
     }
 
     #[cfg(feature = "tokio")]
-    async fn acquire_slow(&self, key: &K, n: u32) -> Result<Admission, AcquireError> {
-        self.receipt_slow(key, n)
+    async fn acquire_slow(
+        &self,
+        key: &K,
+        n: u32,
+        overflowed: bool,
+    ) -> Result<Admission, AcquireError> {
+        self.receipt_slow(key, n, overflowed)
             .await
             .map(|(admission, _, _)| admission)
     }
 
     /// The wait in `key`'s queue: the head's commit, with what a refund needs (for a receipt;
-    /// [`acquire_n`](Self::acquire_n) keeps only the admission).
+    /// [`acquire_n`](Self::acquire_n) keeps only the admission). `overflowed`: the fast path
+    /// counted the call in `overflowed` already.
     #[cfg(feature = "tokio")]
     pub(crate) async fn receipt_slow(
         &self,
         key: &K,
         n: u32,
-    ) -> Result<(Admission, Committed, u64), AcquireError> {
+        overflowed: bool,
+    ) -> Result<Receipt, AcquireError> {
         // Dropped after the wait (declared before it): chain callers held back by this waiter
         // look again once it has given up (see `Watchers::notify_if_given_up`).
         let gave_up = self.inner.watchers.notify_if_given_up();
-        let overflow_wait = OverflowWait::new(&self.inner);
+        let overflow_wait = OverflowWait::new(&self.inner, overflowed);
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let exit = RetireOnExit {
@@ -3084,37 +3175,41 @@ where
         n: u32,
         deadline: Option<std::time::Instant>,
     ) -> Result<Admission, AcquireError> {
-        if let Poll::Ready(outcome) = self.acquire_fast(key, n) {
-            return outcome;
-        }
-        self.blocking_queued(key, n, deadline)
+        let overflowed = match self.acquire_fast(key, n) {
+            (Poll::Ready(outcome), _) => return outcome,
+            (Poll::Pending, overflowed) => overflowed,
+        };
+        self.blocking_queued(key, n, deadline, overflowed)
             .map(|(admission, _, _)| admission)
     }
 
     /// [`blocking`](Self::blocking) for a receipt: the commit, at once or as the head, with
-    /// what a refund needs (see [`commit_versioned`](Self::commit_versioned)).
+    /// what a refund needs (see [`commit_versioned_where`](Self::commit_versioned_where)).
     pub(crate) fn receipt_blocking(
         &self,
         key: &K,
         n: u32,
         deadline: Option<std::time::Instant>,
-    ) -> Result<(Admission, Committed, u64), AcquireError> {
-        if let Poll::Ready(outcome) = self.receipt_fast(key, n) {
-            return outcome;
-        }
-        self.blocking_queued(key, n, deadline)
+    ) -> Result<Receipt, AcquireError> {
+        let overflowed = match self.receipt_fast(key, n) {
+            (Poll::Ready(outcome), _) => return outcome,
+            (Poll::Pending, overflowed) => overflowed,
+        };
+        self.blocking_queued(key, n, deadline, overflowed)
     }
 
-    /// The blocking wait in `key`'s queue, once the fast path said to queue up.
+    /// The blocking wait in `key`'s queue, once the fast path said to queue up (`overflowed`:
+    /// and counted the call in `overflowed`).
     fn blocking_queued(
         &self,
         key: &K,
         n: u32,
         deadline: Option<std::time::Instant>,
-    ) -> Result<(Admission, Committed, u64), AcquireError> {
+        overflowed: bool,
+    ) -> Result<Receipt, AcquireError> {
         // As in `receipt_slow`.
         let gave_up = self.inner.watchers.notify_if_given_up();
-        let overflow_wait = OverflowWait::new(&self.inner);
+        let overflow_wait = OverflowWait::new(&self.inner, overflowed);
         loop {
             let wait = self.inner.ctx.waits.key_wait(key);
             let _exit = RetireOnExit {
@@ -3143,6 +3238,8 @@ struct KeyedAcquire<'a, K, C: Clock, S> {
     limiter: &'a KeyedLimiter<K, C, S>,
     key: &'a K,
     n: u32,
+    /// The fast path counted the call in `overflowed`.
+    overflowed: bool,
 }
 
 #[cfg(feature = "tokio")]
@@ -3155,11 +3252,13 @@ where
 
     #[inline(always)]
     fn fast(&mut self) -> Poll<Result<Admission, AcquireError>> {
-        self.limiter.acquire_fast(self.key, self.n)
+        let (outcome, overflowed) = self.limiter.acquire_fast(self.key, self.n);
+        self.overflowed = overflowed;
+        outcome
     }
 
     fn slow(&mut self) -> crate::queue::SlowWait<'a, Admission> {
-        Box::pin(self.limiter.acquire_slow(self.key, self.n))
+        Box::pin(self.limiter.acquire_slow(self.key, self.n, self.overflowed))
     }
 }
 
@@ -3355,7 +3454,7 @@ where
         if inner.ctx.waits.any()
             && let Some(heads) = self.behind_overflow_heads(key, n)
         {
-            let (refused, overflow) = self.refused_behind(key, n, heads);
+            let (refused, overflow) = self.refused_behind(key, n, heads, true);
             let committed = Committed {
                 overflow,
                 ..Committed::default()
@@ -3364,7 +3463,7 @@ where
         }
         let shard = self.shard(key);
         if COMMIT || n == 0 {
-            with_store!(&inner.store, s => s.chain_commit(&inner.ctx, shard, key, n))
+            with_store!(&inner.store, s => s.chain_commit::<true, C>(&inner.ctx, shard, key, n))
         } else {
             let count = CountOverflow::IfRefused;
             let (outcome, _) =

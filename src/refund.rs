@@ -731,6 +731,7 @@ where
             limiter: self,
             key,
             n,
+            overflowed: false,
         })
     }
 
@@ -857,6 +858,8 @@ struct KeyedRefundableAcquire<'a, K, C: Clock, S> {
     limiter: &'a KeyedLimiter<K, C, S>,
     key: &'a K,
     n: u32,
+    /// The fast path counted the call in the limiter's `overflowed`.
+    overflowed: bool,
 }
 
 #[cfg(all(feature = "keyed", feature = "tokio"))]
@@ -870,15 +873,15 @@ where
     #[inline(always)]
     fn fast(&mut self) -> Poll<Result<KeyedRefundable<K, C, S>, AcquireError>> {
         let (limiter, key, n) = (self.limiter, self.key, self.n);
-        limiter
-            .receipt_fast(key, n)
-            .map(|outcome| outcome.map(|committed| limiter.receipt(key, n, committed)))
+        let (outcome, overflowed) = limiter.receipt_fast(key, n);
+        self.overflowed = overflowed;
+        outcome.map(|outcome| outcome.map(|committed| limiter.receipt(key, n, committed)))
     }
 
     fn slow(&mut self) -> crate::queue::SlowWait<'a, KeyedRefundable<K, C, S>> {
-        let (limiter, key, n) = (self.limiter, self.key, self.n);
+        let (limiter, key, n, overflowed) = (self.limiter, self.key, self.n, self.overflowed);
         Box::pin(async move {
-            let committed = limiter.receipt_slow(key, n).await?;
+            let committed = limiter.receipt_slow(key, n, overflowed).await?;
             Ok(limiter.receipt(key, n, committed))
         })
     }

@@ -1343,3 +1343,24 @@ async fn a_head_gone_from_the_shared_cell_or_newest_first_holds_no_newcomer_back
     assert!(limiter.try_acquire(&"d").is_ok());
     assert_eq!(head.await.unwrap(), Duration::from_secs(2));
 }
+
+/// `stats().overflowed` counts calls, not attempts: a call at the key cap that waits on the
+/// shared cell counts once, however many times its head tries (its fast path's attempt, then
+/// one per wake), and so does one that queues behind it without an attempt of its own. Before,
+/// every head attempt at the cap counted again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_waiting_call_at_the_key_cap_counts_as_overflowed_once() {
+    let (limiter, head) = overflow_with_a_head_waiting(QueueOrder::OldestFirst);
+    tokio::task::yield_now().await;
+    // "b" (the shared cell's first call) and the waiting "c" so far.
+    assert_eq!(limiter.stats().overflowed, 2);
+    let behind = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { limiter.acquire(&"e").await.map(|_| ()) }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(head.await.unwrap(), Duration::from_secs(1));
+    behind.await.unwrap().unwrap();
+    let s = limiter.stats();
+    assert_eq!((s.admitted, s.overflowed), (4, 3), "{s:?}");
+}
