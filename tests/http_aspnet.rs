@@ -1339,3 +1339,54 @@ fn aspnet_rule_without_endpoint_is_refused_not_read_as_every_request() {
         );
     }
 }
+
+/// There a client id has no length limit; here one longer than `client_id_max_len` (256 bytes
+/// by default) is no client id, and a translated request without one is the client `anon`. A
+/// policy or whitelist entry for a longer id (an API key, a token) never applied: the client
+/// blocked by its policy (limit 0) was admitted as `anon`, and the whitelisted one counted as
+/// `anon`. The translation makes room for every client id the document names, up to the
+/// largest `client_id_max_len`, and refuses a longer one naming its field.
+#[test]
+fn aspnet_long_client_ids_the_document_names_are_read() {
+    let blocked = "b".repeat(300);
+    let trusted = "t".repeat(1000);
+    let doc = format!(
+        r#"{{"ClientRateLimiting": {{"ClientWhitelist": ["{trusted}"],
+            "GeneralRules": [{{"Endpoint": "*", "Period": "1m", "Limit": 1}}]}},
+          "ClientRateLimitPolicies": {{"ClientRules": [{{"ClientId": "{blocked}", "Rules": [
+            {{"Endpoint": "*", "Period": "1m", "Limit": 0}}]}}]}}}}"#
+    );
+    let l = limiter(HttpConfig::from_aspnet_json(&doc).unwrap());
+    let get = http::Method::GET;
+    assert!(get_rejected(&l, [1, 1, 1, 1], Some(&blocked)));
+    for _ in 0..3 {
+        assert_eq!(
+            decide_as(&l, &get, "/", [2, 2, 2, 2], Some(&trusted)).outcome,
+            Outcome::Whitelisted
+        );
+    }
+    // Without a client id: `anon`, which the blocked and the whitelisted ids are not.
+    assert!(!get_rejected(&l, [3, 3, 3, 3], None));
+    assert!(get_rejected(&l, [3, 3, 3, 3], None));
+
+    let too_long = "x".repeat(4097);
+    for (doc, field) in [
+        (
+            format!(r#"{{"ClientRateLimiting": {{"ClientWhitelist": ["a", "{too_long}"]}}}}"#),
+            "ClientRateLimiting.ClientWhitelist[1]",
+        ),
+        (
+            format!(r#"{{"IpRateLimiting": {{"ClientWhitelist": ["{too_long}"]}}}}"#),
+            "IpRateLimiting.ClientWhitelist[0]",
+        ),
+        (
+            format!(
+                r#"{{"ClientRateLimitPolicies": {{"ClientRules": [{{"ClientId": "{too_long}", "Rules": []}}]}}}}"#
+            ),
+            "ClientRateLimitPolicies.ClientRules[0].ClientId",
+        ),
+    ] {
+        let e = err(&doc);
+        assert!(e.starts_with(field) && e.contains("4096"), "{e}");
+    }
+}

@@ -268,14 +268,6 @@ impl<'a> Node<'a> {
         })
     }
 
-    fn strings(&self, name: &str) -> Result<Vec<String>, HttpConfigError> {
-        Ok(self
-            .entries(name)?
-            .into_iter()
-            .map(|(_, entry)| entry)
-            .collect())
-    }
-
     /// The strings of the list `name`, each with its field (`IpWhitelist[2]`): the index is the
     /// document's, `null` entries (which are skipped) counted.
     fn entries(&self, name: &str) -> Result<Vec<(String, String)>, HttpConfigError> {
@@ -939,6 +931,27 @@ fn apply_response(response: &mut ResponseConfig, node: &Node<'_>) -> Result<(), 
     Ok(())
 }
 
+/// The largest `client_id_max_len` the compiler accepts.
+const CLIENT_ID_MAX_LEN: usize = 4096;
+
+/// Makes `config.client_id_max_len` long enough for the client id `id` that the document names
+/// at `field` (a policy's `ClientId`, a `ClientWhitelist` entry). There a client id has no
+/// length limit; here a longer one than the limit is no client id (so `anon`), and a policy or
+/// whitelist entry for it would never apply.
+fn fit_client_id(config: &mut HttpConfig, id: &str, field: &str) -> Result<(), HttpConfigError> {
+    if id.len() > CLIENT_ID_MAX_LEN {
+        return Err(HttpConfigError::invalid(
+            field,
+            format!(
+                "a client id of {} bytes is longer than a client id is read here (at most {CLIENT_ID_MAX_LEN})",
+                id.len()
+            ),
+        ));
+    }
+    config.client_id_max_len = config.client_id_max_len.max(id.len());
+    Ok(())
+}
+
 /// Applies one section's options to `config`, and adds its general rules; returns them, with
 /// their `Period` as written.
 fn apply_options(
@@ -985,7 +998,10 @@ fn apply_options(
             });
         }
     }
-    whitelist.clients.extend(node.strings("ClientWhitelist")?);
+    for (field, id) in node.entries("ClientWhitelist")? {
+        fit_client_id(config, &id, &field)?;
+        whitelist.clients.push(id);
+    }
     if whitelist != KeyWhitelistConfig::new(section.key) {
         config.whitelist.by_key.push(whitelist);
     }
@@ -1116,6 +1132,7 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
                     format!("duplicate client id {client_id:?}: give each client one policy"),
                 ));
             }
+            fit_client_id(&mut config, &client_id, &policy.field("ClientId"))?;
             config.client_rules.push(ClientRulesConfig {
                 client_id,
                 rules: kept_general_rules(client_section.rules(&policy, "Rules")?, &client_general),

@@ -1109,7 +1109,10 @@ impl HttpConfig {
     /// policy's clients even when its window is the same (`1m` beside a policy's `60s`), the
     /// lower limit of the two applying. A request without the client id header is the client
     /// `"anon"` (`anonymous_client_id`), as there; and the path is matched and counted without its
-    /// trailing `/` (`trim_trailing_slash`), as there. With `EnableEndpointRateLimiting`, every
+    /// trailing `/` (`trim_trailing_slash`), as there. A client id has no length limit there:
+    /// `client_id_max_len` is raised to the longest id a policy's `ClientId` or a
+    /// `ClientWhitelist` names, so that each is read (one over 4096 bytes is refused naming its
+    /// field). With `EnableEndpointRateLimiting`, every
     /// rule counts each `VERB:path` separately, as there.
     ///
     /// A section's `IpWhitelist`, `ClientWhitelist` and `EndpointWhitelist` exempt requests from
