@@ -236,7 +236,8 @@ pub enum RuleKey {
 pub struct RuleConfig {
     /// The policy name in headers, logs and metrics; default `"{endpoint}-{period}"`.
     pub name: Option<String>,
-    /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex.
+    /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + `verb:` (or
+    /// `*:`) + a regex.
     /// Matched against the request's path without its query, after RFC 3986's normalizations
     /// that change no resource: `/api/%76alues/%31` is `/api/values/1`, while `%2F` stays an
     /// escape, its hex digits upper-cased. A path with such escapes left is also matched as a
@@ -245,7 +246,8 @@ pub struct RuleConfig {
     /// the first form only. A `get:` pattern matches `HEAD` requests too, which axum serves
     /// with the `GET` handler (`head:` matches `HEAD` only).
     pub endpoint: String,
-    /// When `endpoint` (after an optional `verb:`) is a regular expression.
+    /// When `endpoint` (after its `verb:`, or `*:` for any method, which is required) is a
+    /// regular expression.
     pub regex: bool,
     /// A humantime duration: `1s`, `15m`, `12h`, `7d`.
     pub period: String,
@@ -376,19 +378,24 @@ impl RuleConfig {
         self
     }
 
-    /// The requests the rule applies to, as a regular expression over the path, after an
-    /// optional `verb:`. It must match the whole path, case-insensitively (it is anchored at
-    /// both ends): end it with `.*` to match a prefix.
+    /// The requests the rule applies to, as a regular expression over the path, after a
+    /// `verb:` (`*:` for any method), which is required. It must match the whole path,
+    /// case-insensitively (it is anchored at both ends): end it with `.*` to match a prefix.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
-    /// use turnstile::http::RuleConfig;
+    /// use turnstile::http::{HttpConfig, HttpLimiter, RuleConfig};
     ///
     /// // `/api/v1/users`, `/api/v2/`, ...: every path under a versioned API.
     /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex(r"get:/api/v\d+/.*");
     /// assert!(rule.regex);
+    /// // Without its method part the pattern is refused: `*:/api/.*` for any method.
+    /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex("/api/.*");
+    /// assert!(HttpLimiter::new(HttpConfig::default().rule(rule)).is_err());
+    /// let rule = RuleConfig::new(Duration::from_secs(60), 10).endpoint_regex("*:/api/.*");
+    /// assert!(HttpLimiter::new(HttpConfig::default().rule(rule)).is_ok());
     /// ```
     pub fn endpoint_regex(mut self, pattern: impl Into<String>) -> Self {
         self.endpoint = pattern.into();
