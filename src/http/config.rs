@@ -1398,6 +1398,67 @@ mod tests {
         }
     }
 
+    /// Deeply nested documents are refused with a typed error by every loader, never a stack
+    /// overflow (an abort, which no caller can catch): the parsers' recursion limits hold,
+    /// and so does the walk that looks for keys given twice in an AspNetCoreRateLimit document
+    /// (a probe of the review that found nothing, pinned). YAML is nested less deeply here:
+    /// its scanner takes time quadratic in the depth of flow collections.
+    #[test]
+    fn deeply_nested_documents_are_refused_not_overflowing_the_stack() {
+        let nested = |open: &str, close: &str, depth: usize| {
+            format!("{}{}", open.repeat(depth), close.repeat(depth))
+        };
+        let depth = 100_000;
+        for (format, result) in [
+            (
+                "toml",
+                HttpConfig::from_toml_str(&format!("rules = {}\n", nested("[", "]", depth))),
+            ),
+            (
+                "toml",
+                HttpConfig::from_toml_str(&format!("rules = {}\n", nested("{a=", "}", depth))),
+            ),
+            (
+                "json",
+                HttpConfig::from_json_str(&format!("{{\"rules\": {}}}", nested("[", "]", depth))),
+            ),
+            (
+                "json",
+                HttpConfig::from_json_str(&format!(
+                    "{{\"IpRateLimiting\": {}}}",
+                    nested("{\"a\":", "}", depth)
+                )),
+            ),
+            (
+                "json",
+                HttpConfig::from_json_str(&format!(
+                    "{{\"IpRateLimiting\": {} // a comment\n}}",
+                    nested("[", "]", depth)
+                )),
+            ),
+            (
+                "AspNetCoreRateLimit json",
+                HttpConfig::from_aspnet_json(&format!(
+                    "{{\"IpRateLimiting\": {}}}",
+                    nested("{\"a\":", "}", depth)
+                )),
+            ),
+            (
+                "yaml",
+                HttpConfig::from_yaml_str(&format!("rules: {}\n", nested("[", "]", 5_000))),
+            ),
+            (
+                "yaml",
+                HttpConfig::from_yaml_str(&format!("rules: {}\n", nested("{a: ", "}", 5_000))),
+            ),
+        ] {
+            match result {
+                Err(HttpConfigError::Parse { format: f, .. }) => assert_eq!(f, format),
+                other => panic!("{format}: {other:?}"),
+            }
+        }
+    }
+
     /// A native JSON document that does not fit the model is reported with its position, as
     /// the loader's documentation says (and as TOML and YAML are): not a bare "invalid type".
     #[test]
