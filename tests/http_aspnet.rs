@@ -968,9 +968,11 @@ fn aspnet_duplicate_client_ids_and_bad_content_types_name_the_documents_field() 
         let e = err(doc);
         assert!(e.starts_with(field), "{field}: {e}");
     }
-    // A client id longer than `client_id_max_len` (256), which no request's id can be, is
-    // refused as the compiler refuses it, naming the document's field.
-    let long = "k".repeat(257);
+    // A client id longer than the longest a client id is read here (4096 bytes: the document's
+    // shorter ids raise `client_id_max_len` to fit, see `aspnet_long_client_ids_the_document_
+    // names_are_read`), which no request's id could be, is refused naming the document's field;
+    // and so is an empty whitelisted one.
+    let long = "k".repeat(4097);
     for (doc, field) in [
         (
             format!(r#"{{"ClientRateLimiting": {{"ClientWhitelist": ["dev", "{long}"]}}}}"#),
@@ -986,10 +988,15 @@ fn aspnet_duplicate_client_ids_and_bad_content_types_name_the_documents_field() 
     ] {
         let e = err(&doc);
         assert!(
-            e.starts_with(field) && e.contains("client_id_max_len (256)"),
+            e.starts_with(field) && e.contains("(at most 4096)"),
             "{field}: {e}"
         );
     }
+    let e = err(r#"{"ClientRateLimiting": {"ClientWhitelist": ["dev", ""]}}"#);
+    assert!(
+        e.starts_with("ClientRateLimiting.ClientWhitelist[1]"),
+        "{e}"
+    );
 }
 
 /// An `appsettings.json` with comments (which ASP.NET allows) and a mistake elsewhere: the
@@ -1359,5 +1366,56 @@ fn aspnet_rule_without_endpoint_is_refused_not_read_as_every_request() {
             e.starts_with(field) && e.contains("missing"),
             "{field}: {e}"
         );
+    }
+}
+
+/// There a client id has no length limit; here one longer than `client_id_max_len` (256 bytes
+/// by default) is no client id, and a translated request without one is the client `anon`. A
+/// policy or whitelist entry for a longer id (an API key, a token) never applied: the client
+/// blocked by its policy (limit 0) was admitted as `anon`, and the whitelisted one counted as
+/// `anon`. The translation makes room for every client id the document names, up to the
+/// largest `client_id_max_len`, and refuses a longer one naming its field.
+#[test]
+fn aspnet_long_client_ids_the_document_names_are_read() {
+    let blocked = "b".repeat(300);
+    let trusted = "t".repeat(1000);
+    let doc = format!(
+        r#"{{"ClientRateLimiting": {{"ClientWhitelist": ["{trusted}"],
+            "GeneralRules": [{{"Endpoint": "*", "Period": "1m", "Limit": 1}}]}},
+          "ClientRateLimitPolicies": {{"ClientRules": [{{"ClientId": "{blocked}", "Rules": [
+            {{"Endpoint": "*", "Period": "1m", "Limit": 0}}]}}]}}}}"#
+    );
+    let l = limiter(HttpConfig::from_aspnet_json(&doc).unwrap());
+    let get = http::Method::GET;
+    assert!(get_rejected(&l, [1, 1, 1, 1], Some(&blocked)));
+    for _ in 0..3 {
+        assert_eq!(
+            decide_as(&l, &get, "/", [2, 2, 2, 2], Some(&trusted)).outcome,
+            Outcome::Whitelisted
+        );
+    }
+    // Without a client id: `anon`, which the blocked and the whitelisted ids are not.
+    assert!(!get_rejected(&l, [3, 3, 3, 3], None));
+    assert!(get_rejected(&l, [3, 3, 3, 3], None));
+
+    let too_long = "x".repeat(4097);
+    for (doc, field) in [
+        (
+            format!(r#"{{"ClientRateLimiting": {{"ClientWhitelist": ["a", "{too_long}"]}}}}"#),
+            "ClientRateLimiting.ClientWhitelist[1]",
+        ),
+        (
+            format!(r#"{{"IpRateLimiting": {{"ClientWhitelist": ["{too_long}"]}}}}"#),
+            "IpRateLimiting.ClientWhitelist[0]",
+        ),
+        (
+            format!(
+                r#"{{"ClientRateLimitPolicies": {{"ClientRules": [{{"ClientId": "{too_long}", "Rules": []}}]}}}}"#
+            ),
+            "ClientRateLimitPolicies.ClientRules[0].ClientId",
+        ),
+    ] {
+        let e = err(&doc);
+        assert!(e.starts_with(field) && e.contains("4096"), "{e}");
     }
 }

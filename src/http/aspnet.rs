@@ -931,6 +931,27 @@ fn apply_response(response: &mut ResponseConfig, node: &Node<'_>) -> Result<(), 
     Ok(())
 }
 
+/// The largest `client_id_max_len` the compiler accepts.
+const CLIENT_ID_MAX_LEN: usize = 4096;
+
+/// Makes `config.client_id_max_len` long enough for the client id `id` that the document names
+/// at `field` (a policy's `ClientId`, a `ClientWhitelist` entry). There a client id has no
+/// length limit; here a longer one than the limit is no client id (so `anon`), and a policy or
+/// whitelist entry for it would never apply.
+fn fit_client_id(config: &mut HttpConfig, id: &str, field: &str) -> Result<(), HttpConfigError> {
+    if id.len() > CLIENT_ID_MAX_LEN {
+        return Err(HttpConfigError::invalid(
+            field,
+            format!(
+                "a client id of {} bytes is longer than a client id is read here (at most {CLIENT_ID_MAX_LEN})",
+                id.len()
+            ),
+        ));
+    }
+    config.client_id_max_len = config.client_id_max_len.max(id.len());
+    Ok(())
+}
+
 /// Applies one section's options to `config`, and adds its general rules; returns them, with
 /// their `Period` as written.
 fn apply_options(
@@ -978,7 +999,9 @@ fn apply_options(
         }
     }
     for (field, id) in node.entries("ClientWhitelist")? {
-        // As the compiler checks it, naming the document's field.
+        // Read at any length up to the most a client id is read here (`fit_client_id`), then
+        // checked as the compiler checks it (an empty one), naming the document's field.
+        fit_client_id(config, &id, &field)?;
         if let Some(message) = unusable_client_id(&id, config.client_id_max_len) {
             return Err(HttpConfigError::invalid(field, message));
         }
@@ -1106,9 +1129,6 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
                     "must not be empty",
                 ));
             }
-            if let Some(message) = unusable_client_id(&client_id, config.client_id_max_len) {
-                return Err(HttpConfigError::invalid(policy.field("ClientId"), message));
-            }
             // Refused as the compiler refuses it, but naming the document's field (the
             // translated `client_rules[i]` need not have the document's index).
             if config.client_rules.iter().any(|c| c.client_id == client_id) {
@@ -1117,6 +1137,7 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
                     format!("duplicate client id {client_id:?}: give each client one policy"),
                 ));
             }
+            fit_client_id(&mut config, &client_id, &policy.field("ClientId"))?;
             config.client_rules.push(ClientRulesConfig {
                 client_id,
                 rules: kept_general_rules(client_section.rules(&policy, "Rules")?, &client_general),

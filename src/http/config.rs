@@ -237,7 +237,8 @@ pub enum RuleKey {
 pub struct RuleConfig {
     /// The policy name in headers, logs and metrics; default `"{endpoint}-{period}"`.
     pub name: Option<String>,
-    /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex.
+    /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex
+    /// (after an optional `verb:`, see [`endpoint_regex`](Self::endpoint_regex)).
     /// Matched against the request's path without its query, after RFC 3986's normalizations
     /// that change no resource: `/api/%76alues/%31` is `/api/values/1`, while `%2F` stays an
     /// escape, its hex digits upper-cased. A path with such escapes left is also matched as a
@@ -246,7 +247,8 @@ pub struct RuleConfig {
     /// the first form only. A `get:` pattern matches `HEAD` requests too, which axum serves
     /// with the `GET` handler (`head:` matches `HEAD` only).
     pub endpoint: String,
-    /// When `endpoint` (after an optional `verb:`) is a regular expression.
+    /// When `endpoint` (after an optional `verb:`; without one, for any method) is a regular
+    /// expression.
     pub regex: bool,
     /// A humantime duration: `1s`, `15m`, `12h`, `7d`.
     pub period: String,
@@ -1115,7 +1117,10 @@ impl HttpConfig {
     /// policy's clients even when its window is the same (`1m` beside a policy's `60s`), the
     /// lower limit of the two applying. A request without the client id header is the client
     /// `"anon"` (`anonymous_client_id`), as there; and the path is matched and counted without its
-    /// trailing `/` (`trim_trailing_slash`), as there. With `EnableEndpointRateLimiting`, every
+    /// trailing `/` (`trim_trailing_slash`), as there. A client id has no length limit there:
+    /// `client_id_max_len` is raised to the longest id a policy's `ClientId` or a
+    /// `ClientWhitelist` names, so that each is read (one over 4096 bytes is refused naming its
+    /// field). With `EnableEndpointRateLimiting`, every
     /// rule counts each `VERB:path` separately, as there.
     ///
     /// A section's `IpWhitelist`, `ClientWhitelist` and `EndpointWhitelist` exempt requests from
@@ -1391,6 +1396,67 @@ mod tests {
             .collect();
             assert!(errors[0].starts_with(field), "{}", errors[0]);
             assert!(errors.iter().all(|e| *e == errors[0]), "{errors:?}");
+        }
+    }
+
+    /// Deeply nested documents are refused with a typed error by every loader, never a stack
+    /// overflow (an abort, which no caller can catch): the parsers' recursion limits hold,
+    /// and so does the walk that looks for keys given twice in an AspNetCoreRateLimit document
+    /// (a probe of the review that found nothing, pinned). YAML is nested less deeply here:
+    /// its scanner takes time quadratic in the depth of flow collections.
+    #[test]
+    fn deeply_nested_documents_are_refused_not_overflowing_the_stack() {
+        let nested = |open: &str, close: &str, depth: usize| {
+            format!("{}{}", open.repeat(depth), close.repeat(depth))
+        };
+        let depth = 100_000;
+        for (format, result) in [
+            (
+                "toml",
+                HttpConfig::from_toml_str(&format!("rules = {}\n", nested("[", "]", depth))),
+            ),
+            (
+                "toml",
+                HttpConfig::from_toml_str(&format!("rules = {}\n", nested("{a=", "}", depth))),
+            ),
+            (
+                "json",
+                HttpConfig::from_json_str(&format!("{{\"rules\": {}}}", nested("[", "]", depth))),
+            ),
+            (
+                "json",
+                HttpConfig::from_json_str(&format!(
+                    "{{\"IpRateLimiting\": {}}}",
+                    nested("{\"a\":", "}", depth)
+                )),
+            ),
+            (
+                "json",
+                HttpConfig::from_json_str(&format!(
+                    "{{\"IpRateLimiting\": {} // a comment\n}}",
+                    nested("[", "]", depth)
+                )),
+            ),
+            (
+                "AspNetCoreRateLimit json",
+                HttpConfig::from_aspnet_json(&format!(
+                    "{{\"IpRateLimiting\": {}}}",
+                    nested("{\"a\":", "}", depth)
+                )),
+            ),
+            (
+                "yaml",
+                HttpConfig::from_yaml_str(&format!("rules: {}\n", nested("[", "]", 5_000))),
+            ),
+            (
+                "yaml",
+                HttpConfig::from_yaml_str(&format!("rules: {}\n", nested("{a: ", "}", 5_000))),
+            ),
+        ] {
+            match result {
+                Err(HttpConfigError::Parse { format: f, .. }) => assert_eq!(f, format),
+                other => panic!("{format}: {other:?}"),
+            }
         }
     }
 

@@ -127,7 +127,8 @@ impl std::error::Error for ResponseConfigError {}
 impl ResponseConfig {
     /// Checks that the statuses are error statuses (`400..=599`) and the content type is a
     /// header value. At request time an invalid status is replaced by 429 and an invalid content
-    /// type by `application/problem+json`, never a panic.
+    /// type by the body's default (`application/problem+json` for the built-in body,
+    /// `text/plain; charset=utf-8` for a `body` template), never a panic.
     ///
     /// # Errors
     ///
@@ -1850,6 +1851,17 @@ mod probes {
             };
             let response = rejection_response(&verdict, &config).unwrap();
             assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+            assert!(response.headers().get("x-injected").is_none());
+            // A template's body keeps a template's default, as `validate` says.
+            let config = ResponseConfig {
+                body: Some("slow down".into()),
+                ..config
+            };
+            let response = rejection_response(&verdict, &config).unwrap();
+            assert_eq!(
+                response.headers()[CONTENT_TYPE],
+                "text/plain; charset=utf-8"
+            );
             assert!(response.headers().get("x-injected").is_none());
         }
     }
