@@ -2535,3 +2535,42 @@ proptest! {
         }
     }
 }
+
+/// A per-IP and a per-client limit on the same endpoint and period, and a monitor rule
+/// shadowing one, are rules one writes without naming them. Their default names
+/// (`"{endpoint}-{period}"`) collided, and the configuration was refused as a "duplicate rule
+/// name" at `rules[1].name`, a field nobody wrote. The later ones now take the default name
+/// with what tells them apart (`*-1m-client`, `*-1m-ip-monitor`), each counting on its own; the
+/// first keeps its name. The same rule twice is still refused, and says why.
+#[test]
+fn unnamed_rules_that_differ_only_in_key_or_monitor_get_distinct_names() {
+    let toml = "client_id_header = \"x-client\"\n\
+        [[rules]]\nperiod = \"1m\"\nlimit = 2\n\
+        [[rules]]\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\n\
+        [[rules]]\nperiod = \"1m\"\nlimit = 1\nmonitor = true\n";
+    let (l, _clock) = limiter(toml);
+    let first = get(&l, "/", "1.2.3.4", Some("c"));
+    assert_eq!(first.outcome, Outcome::Admitted);
+    let mut policies: Vec<&str> = first.quotas.iter().map(|q| &*q.policy).collect();
+    policies.sort_unstable();
+    assert_eq!(policies, ["*-1m", "*-1m-client"]);
+    // The client's limit (1) is spent; another client on the same IP is not.
+    let second = get(&l, "/", "1.2.3.4", Some("c"));
+    assert_eq!(reason(&second).map(|r| r.1), Some("*-1m-client".to_owned()));
+    assert_eq!(
+        get(&l, "/", "1.2.3.4", Some("d")).outcome,
+        Outcome::Admitted
+    );
+    // The IP's limit (2) is spent now; the monitor rule (`*-1m-ip-monitor`, limit 1) rejects
+    // nothing.
+    assert_eq!(
+        reason(&get(&l, "/", "1.2.3.4", Some("e"))).map(|r| r.1),
+        Some("*-1m".to_owned())
+    );
+    let twice = "[[rules]]\nperiod = \"1m\"\nlimit = 2\n".repeat(3);
+    let e = err(&twice);
+    assert!(
+        e.starts_with("rules[2].name: duplicate rule name \"*-1m\": an earlier rule counts"),
+        "{e}"
+    );
+}

@@ -235,7 +235,9 @@ pub enum RuleKey {
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RuleConfig {
-    /// The policy name in headers, logs and metrics; default `"{endpoint}-{period}"`.
+    /// The policy name in headers, logs and metrics; default `"{endpoint}-{period}"`, followed,
+    /// where an earlier rule of the same list has that name already, by what tells this one
+    /// apart: its key, `-monitor`, `-per_endpoint` (`"*-1m-client"` beside a per-IP `"*-1m"`).
     pub name: Option<String>,
     /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex
     /// (after an optional `verb:`, see [`endpoint_regex`](Self::endpoint_regex)).

@@ -1010,6 +1010,48 @@ fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_
     }
 }
 
+/// `rules` with a name given to each unnamed rule whose default name (`"{endpoint}-{period}"`)
+/// an earlier rule of the list has: the default name followed by what tells the rules apart,
+/// its key (`-ip`, `-client`, `-ip_and_client`), `-monitor` and `-per_endpoint` where set
+/// (`"*-1m-client"` beside a per-IP `"*-1m"`). A per-IP and a per-client limit on the same
+/// endpoint and period, or a monitor rule shadowing an enforced one, are two rules a user
+/// writes without naming them; their default names were refused as duplicates, at a `name`
+/// field nobody wrote. The first rule keeps its default name (and so its counters' identity);
+/// rules that still collide (the same rule twice) are left for the duplicate check.
+fn distinct_default_names(rules: &[RuleConfig]) -> std::borrow::Cow<'_, [RuleConfig]> {
+    let default_name = |r: &RuleConfig| format!("{}-{}", r.endpoint, r.period.trim());
+    let mut taken: HashSet<String> = HashSet::new();
+    let mut renamed: Option<Vec<RuleConfig>> = None;
+    for (i, r) in rules.iter().enumerate() {
+        let name = r.name.clone().unwrap_or_else(|| default_name(r));
+        if r.name.is_none() && taken.contains(&name) {
+            let key = match r.key {
+                RuleKey::Ip => "ip",
+                RuleKey::Client => "client",
+                RuleKey::IpAndClient => "ip_and_client",
+            };
+            let mut distinct = format!("{name}-{key}");
+            if r.monitor {
+                distinct.push_str("-monitor");
+            }
+            if r.per_endpoint {
+                distinct.push_str("-per_endpoint");
+            }
+            if !taken.contains(&distinct) {
+                let list = renamed.get_or_insert_with(|| rules.to_vec());
+                list[i].name = Some(distinct.clone());
+                taken.insert(distinct);
+                continue;
+            }
+        }
+        taken.insert(name);
+    }
+    match renamed {
+        Some(list) => std::borrow::Cow::Owned(list),
+        None => std::borrow::Cow::Borrowed(rules),
+    }
+}
+
 /// Why a client rule's or a list's client `id` is one no request's can be, if it is: empty, or
 /// longer than `max_len` (`client_id_max_len`), which the engine takes for no client id.
 pub(crate) fn unusable_client_id(id: &str, max_len: usize) -> Option<String> {
@@ -1254,15 +1296,23 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         rules: &[RuleConfig],
         field: &str,
     ) -> Result<Vec<Arc<Rule<C>>>, HttpConfigError> {
+        let rules = distinct_default_names(rules);
         let mut names = HashSet::new();
         let mut out = Vec::with_capacity(rules.len());
         for (i, r) in rules.iter().enumerate() {
             let f = format!("{field}[{i}]");
             let rule = self.rule(scope, r, &f)?;
             if !names.insert(rule.name.clone()) {
+                let hint = match r.name {
+                    Some(_) => "",
+                    None => {
+                        ": an earlier rule counts the same (endpoint, period, key, monitor, \
+                         per_endpoint); give one of them a name, or drop one"
+                    }
+                };
                 return Err(HttpConfigError::invalid(
                     format!("{f}.name"),
-                    format!("duplicate rule name {:?}", &*rule.name),
+                    format!("duplicate rule name {:?}{hint}", &*rule.name),
                 ));
             }
             out.push(Arc::new(rule));
