@@ -2574,3 +2574,42 @@ fn unnamed_rules_that_differ_only_in_key_or_monitor_get_distinct_names() {
         "{e}"
     );
 }
+
+/// Two configuration mistakes that loaded without a word: a `[backend]` `failure` or
+/// `deadline` misspelt under `kind = "memory"` (read only once the kind is switched to
+/// "redis", and refused only then), and a JSON document whose top level is a list (serde_json
+/// reads an empty one as every setting at its default: no rule at all).
+#[test]
+fn backend_settings_and_a_list_document_are_checked_even_where_unused() {
+    assert!(
+        err("[backend]\nfailure = \"bogus\"\n")
+            .starts_with("backend.failure: \"bogus\" is not a failure policy"),
+        "{}",
+        err("[backend]\nfailure = \"bogus\"\n")
+    );
+    assert!(err("[backend]\ndeadline = \"5x\"\n").starts_with("backend.deadline:"));
+    assert!(
+        limiter("[backend]\nkind = \"memory\"\nfailure = \"fallback:0.5\"\ndeadline = \"20ms\"\n")
+            .0
+            .decide(&req(&http::Method::GET, "/", "1.2.3.4", None))
+            .outcome
+            .is_admitted()
+    );
+    for loaded in [
+        HttpConfig::from_json_str("[]"),
+        HttpConfig::from_json_str("[{\"rules\": []}]"),
+    ] {
+        let e = loaded.unwrap_err().to_string();
+        assert!(
+            e.contains("json") && e.contains("must be an object of settings"),
+            "{e}"
+        );
+    }
+    // YAML refused it already.
+    assert!(HttpConfig::from_yaml_str("- rules: []\n").is_err());
+    assert!(
+        HttpConfig::from_yaml_str("").is_ok(),
+        "an empty YAML document is the defaults"
+    );
+    assert!(HttpConfig::from_json_str("{}").is_ok());
+}

@@ -1078,6 +1078,9 @@ impl HttpConfig {
             crate::http::aspnet::check_duplicate_keys(text)?;
             return crate::http::aspnet::translate(value);
         }
+        if !value.is_object() {
+            return Err(not_a_map("json"));
+        }
         // From the text, not from `value`: a `Value` has no positions, so its errors would say
         // "invalid type" without saying where.
         serde_json::from_str(text).map_err(|e| HttpConfigError::Parse {
@@ -1260,6 +1263,18 @@ impl HttpConfig {
                 "unknown extension: expected .toml, .json, .yaml or .yml".to_owned(),
             )),
         }
+    }
+}
+
+/// The error for a JSON document whose top level is not an object of settings (a list, say:
+/// serde_json reads an empty list as a configuration with every setting at its default, no
+/// rule, and a longer one as the fields in their order; the YAML and TOML readers refuse it).
+fn not_a_map(format: &'static str) -> HttpConfigError {
+    HttpConfigError::Parse {
+        format,
+        message: "the document must be an object of settings at its top level, not a list or \
+                  a single value"
+            .to_owned(),
     }
 }
 

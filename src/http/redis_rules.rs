@@ -7,8 +7,8 @@ pub(crate) use crate::backend::Connection;
 use crate::backend::try_acquire_all;
 use crate::http::config::{BackendConfig, HttpConfig, RuleConfig, RuleKey};
 use crate::http::rules::{
-    BanKey, Bans, CounterKey, Identity, Metric, Rule, RuleSet, algorithm as rule_algorithm,
-    parse_period,
+    BanKey, Bans, CounterKey, Failure, Identity, Metric, Rule, RuleSet,
+    algorithm as rule_algorithm, parse_failure, parse_period,
 };
 use crate::http::{Check, HttpConfigError, Outcome, QuotaState, Quotas, RejectReason, Verdict};
 use crate::sync::{AtomicU64, Ordering};
@@ -123,27 +123,10 @@ impl RedisSettings {
                 "must be 1 to 200 bytes without '{' or '}'",
             ));
         }
-        let policy = match backend.failure.as_deref().map(str::trim) {
-            None | Some("closed") => FailurePolicy::FailClosed,
-            Some("open") => FailurePolicy::FailOpen,
-            Some("fallback") => FailurePolicy::Fallback { share: 1.0 },
-            Some(other) => {
-                let share = other
-                    .strip_prefix("fallback:")
-                    .and_then(|s| s.trim().parse::<f64>().ok())
-                    .filter(|s| *s > 0.0 && *s <= 1.0);
-                match share {
-                    Some(share) => FailurePolicy::Fallback { share },
-                    None => {
-                        return Err(HttpConfigError::invalid(
-                            "backend.failure",
-                            format!(
-                                "{other:?} is not a failure policy: expected \"open\", \"closed\", \"fallback\" or \"fallback:<share in (0, 1]>\""
-                            ),
-                        ));
-                    }
-                }
-            }
+        let policy = match parse_failure(backend.failure.as_deref())? {
+            Failure::Closed => FailurePolicy::FailClosed,
+            Failure::Open => FailurePolicy::FailOpen,
+            Failure::Fallback(share) => FailurePolicy::Fallback { share },
         };
         let deadline = match &backend.deadline {
             None => Duration::from_millis(50),

@@ -1063,6 +1063,39 @@ pub(crate) fn unusable_client_id(id: &str, max_len: usize) -> Option<String> {
     })
 }
 
+/// `backend.failure` as written, read: the Redis backend's failure policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Failure {
+    /// `"closed"`, the default.
+    Closed,
+    /// `"open"`.
+    Open,
+    /// `"fallback"` (a share of 1) or `"fallback:<share in (0, 1]>"`.
+    Fallback(f64),
+}
+
+/// Reads `backend.failure` (`None`: the default, `"closed"`), naming the field on error.
+pub(crate) fn parse_failure(text: Option<&str>) -> Result<Failure, HttpConfigError> {
+    match text.map(str::trim) {
+        None | Some("closed") => Ok(Failure::Closed),
+        Some("open") => Ok(Failure::Open),
+        Some("fallback") => Ok(Failure::Fallback(1.0)),
+        Some(other) => other
+            .strip_prefix("fallback:")
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|s| *s > 0.0 && *s <= 1.0)
+            .map(Failure::Fallback)
+            .ok_or_else(|| {
+                HttpConfigError::invalid(
+                    "backend.failure",
+                    format!(
+                        "{other:?} is not a failure policy: expected \"open\", \"closed\", \"fallback\" or \"fallback:<share in (0, 1]>\""
+                    ),
+                )
+            }),
+    }
+}
+
 pub(crate) fn parse_period(text: &str, field: &str) -> Result<Duration, HttpConfigError> {
     let d = humantime::parse_duration(text.trim()).map_err(|e| {
         HttpConfigError::invalid(field, format!("{text:?} is not a duration ({e})"))
@@ -1395,7 +1428,15 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
                     "applies only to kind = \"redis\"",
                 ));
             }
-            "memory" => {}
+            "memory" => {
+                // Not used in memory, but a typo there is one still (a configuration switched
+                // to "redis" later would be refused only then): read as kind = "redis" reads
+                // them. (`url` needs the `redis` feature to be read; `cluster` is refused.)
+                parse_failure(config.backend.failure.as_deref())?;
+                if let Some(d) = &config.backend.deadline {
+                    parse_period(d, "backend.deadline")?;
+                }
+            }
             #[cfg(feature = "redis")]
             "redis" => {
                 crate::http::redis_rules::RedisSettings::of(config)?;
