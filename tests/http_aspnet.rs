@@ -1419,3 +1419,29 @@ fn aspnet_long_client_ids_the_document_names_are_read() {
         assert!(e.starts_with(field) && e.contains("4096"), "{e}");
     }
 }
+
+/// turnstile's own settings written beside AspNetCoreRateLimit's sections (to add bans or a
+/// rule to the translation) were ignored, as an `appsettings.json`'s other sections are, and
+/// nothing said so. They are refused, naming the setting; ASP.NET's own other sections are
+/// still ignored.
+#[test]
+fn turnstiles_own_settings_beside_the_aspnet_sections_are_refused() {
+    let section =
+        r#""IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 2}]}"#;
+    for native in [
+        r#""bans": {"after": 3, "within": "1m", "ban_for": "1h"}"#,
+        r#""rules": [{"period": "1s", "limit": 1}]"#,
+        r#""backend": {"kind": "memory"}"#,
+    ] {
+        let e = err(&format!("{{{section}, {native}}}"));
+        let name = native.split('"').nth(1).unwrap();
+        assert!(
+            e.starts_with(name) && e.contains("turnstile's own settings"),
+            "{e}"
+        );
+    }
+    let with_others = format!(
+        r#"{{"Logging": {{"LogLevel": {{"Default": "Information"}}}}, "AllowedHosts": "*", {section}}}"#
+    );
+    assert!(HttpConfig::from_json_str(&with_others).is_ok());
+}

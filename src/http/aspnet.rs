@@ -18,6 +18,31 @@ const SECTIONS: [&str; 4] = [
     "ClientRateLimitPolicies",
 ];
 
+/// The top-level settings of turnstile's own format ([`HttpConfig`]'s fields, as written).
+/// Beside AspNetCoreRateLimit's sections they were ignored, as an `appsettings.json`'s other
+/// sections are (`Logging`, `AllowedHosts`): a `"bans"` or `"rules"` written there to add to the
+/// translation did nothing, and nothing said so. Matched as written (case-sensitively): these
+/// snake_case names are turnstile's, not ASP.NET sections.
+const NATIVE: [&str; 17] = [
+    "client_ip",
+    "client_id_header",
+    "client_id_max_len",
+    "anonymous_client_id",
+    "response",
+    "missing_key",
+    "endpoint_rate_limiting",
+    "trim_trailing_slash",
+    "max_keys_per_rule",
+    "key_overflow",
+    "rules",
+    "ip_rules",
+    "client_rules",
+    "whitelist",
+    "blocklist",
+    "bans",
+    "backend",
+];
+
 /// Whether the document has one of AspNetCoreRateLimit's sections (named in any case, as
 /// ASP.NET's configuration finds them).
 pub(crate) fn is_aspnet(value: &serde_json::Value) -> bool {
@@ -1024,6 +1049,18 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
             format: "AspNetCoreRateLimit json",
             message: format!("none of the sections {SECTIONS:?} is present"),
         });
+    }
+    if let Some(native) = value
+        .as_object()
+        .and_then(|o| o.keys().find(|k| NATIVE.contains(&k.as_str())))
+    {
+        return Err(HttpConfigError::invalid(
+            native.clone(),
+            "is one of turnstile's own settings, which a document with AspNetCoreRateLimit's \
+             sections does not read (it is translated from those): set it on the loaded \
+             HttpConfig (its fields are public), or write the whole configuration in \
+             turnstile's format",
+        ));
     }
     let root = Node::of(&value, String::new())?;
     let options = |name: &str| -> Result<Option<Options<'_>>, HttpConfigError> {

@@ -1098,7 +1098,10 @@ impl HttpConfig {
     /// any case (`"limit"`, `"Limit"` and `"LIMIT"` are one key; a value given twice in one
     /// object, in one case or two, is an error anywhere in the document, as there, and so are two
     /// objects or lists under one key, which ASP.NET merges), and numbers and booleans also from
-    /// their text (`"Limit": "100"`). Fields it does not know are ignored, as there; a value of
+    /// their text (`"Limit": "100"`). Fields it does not know are ignored, as there (the
+    /// document's other sections too), except turnstile's own top-level settings (`"rules"`,
+    /// `"bans"`, ...), which are refused: the document is read only through its translation,
+    /// and they would do nothing (set them on the loaded `HttpConfig`); a value of
     /// the wrong kind, and any value the limiter would refuse (a period, an endpoint pattern, an
     /// IP entry, a header name), is an error naming the document's field
     /// (`IpRateLimiting.GeneralRules[2].Limit`), checked as the document is translated.
