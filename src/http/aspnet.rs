@@ -1192,6 +1192,24 @@ mod tests {
     };
     use std::time::Duration;
 
+    /// `NATIVE` lists every top-level setting of turnstile's format, as serde names them in
+    /// its error for an unknown one: a setting added later is refused beside the sections too.
+    #[test]
+    fn native_lists_every_top_level_setting() {
+        let e = serde_json::from_str::<HttpConfig>(r#"{"not_a_setting": 1}"#)
+            .unwrap_err()
+            .to_string();
+        let (_, expected) = e.split_once("expected one of ").expect(&e);
+        let mut fields: Vec<&str> = expected
+            .split(", ")
+            .map(|f| f.split('`').nth(1).expect(f))
+            .collect();
+        let mut native = super::NATIVE.to_vec();
+        fields.sort_unstable();
+        native.sort_unstable();
+        assert_eq!(fields, native, "{e}");
+    }
+
     /// The body a translated configuration sends for a rejection by a 2-per-second rule with
     /// 700 ms to wait.
     fn rejection_body(config: &HttpConfig) -> (String, String) {
