@@ -2613,3 +2613,17 @@ fn backend_settings_and_a_list_document_are_checked_even_where_unused() {
     );
     assert!(HttpConfig::from_json_str("{}").is_ok());
 }
+
+/// A `per_endpoint` rule counts a method sent in lower case (`get`, an extension method to
+/// `http`, which the rule's pattern matches case-insensitively) as the upper-case one: counted
+/// apart, a client sending both got the endpoint's quota twice.
+#[test]
+fn a_per_endpoint_count_is_one_whatever_the_methods_case() {
+    let (l, _clock) = limiter(
+        "[[rules]]\nendpoint = \"get:/x\"\nperiod = \"1m\"\nlimit = 1\nper_endpoint = true\n",
+    );
+    assert_eq!(get(&l, "/x", "1.2.3.4", None).outcome, Outcome::Admitted);
+    let lower = http::Method::from_bytes(b"get").unwrap();
+    let again = l.decide(&req(&lower, "/x", "1.2.3.4", None));
+    assert_eq!(reason(&again).map(|r| r.1), Some("get:/x-1m".to_owned()));
+}

@@ -72,7 +72,8 @@ macro_rules! count_list_rejection {
 ///    characters and `?` any one; with `regex = true` or a `re:` prefix the path part is a
 ///    regular expression that must match the whole path. A `HEAD` request matches `get:`
 ///    patterns too and counts as `GET` for `per_endpoint`: axum serves it with the `GET`
-///    handler, which a `HEAD` must not reach unlimited. With `endpoint_rate_limiting = false`
+///    handler, which a `HEAD` must not reach unlimited. Likewise a method in lower case (`get`)
+///    counts as the upper-case one, as patterns match it. With `endpoint_rate_limiting = false`
 ///    only `*` rules apply.
 ///    Rules are grouped by period and counter key (`key` and `per_endpoint`): rules that count
 ///    different things never displace each other, so that a client cannot step around a limit
@@ -1063,14 +1064,23 @@ fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<Co
         RuleKey::IpAndClient => (Some(ip?), Some(client?)),
     };
     // `HEAD` counts as the `GET` it is served as (see `Endpoint::matches`): one endpoint, one
-    // counter, rather than a second quota for the same handler.
-    let endpoint = rule.per_endpoint.then(|| {
+    // counter, rather than a second quota for the same handler. A method in another case
+    // (`get`, an extension method to `http`) counts as the upper-case one: patterns match it
+    // case-insensitively, so counted apart it was a second quota for a client that sends it.
+    let upper;
+    let endpoint = if rule.per_endpoint {
         let method = match *request.method {
             http::Method::HEAD => "GET",
+            ref method if method.as_str().bytes().any(|b| b.is_ascii_lowercase()) => {
+                upper = method.as_str().to_ascii_uppercase();
+                upper.as_str()
+            }
             ref method => method.as_str(),
         };
-        (method, request.path)
-    });
+        Some((method, request.path))
+    } else {
+        None
+    };
     Some(CounterKey::parts(ip, client, endpoint))
 }
 
