@@ -2717,10 +2717,10 @@ where
 
     /// [`acquire_fast`](Self::acquire_fast) with `attempt` as the key's decision (for a
     /// receipt, the commit a chain member makes, with what a refund needs).
-    #[inline(always)]
     ///
     /// `attempt` also says whether it met the key cap (and so counted the call in
     /// `overflowed`); so does what this returns, for the wait that follows a `Pending`.
+    #[inline(always)]
     fn acquire_fast_with<T>(
         &self,
         key: &K,
