@@ -102,7 +102,7 @@ pub enum ResponseConfigError {
         /// The configured value.
         status: u16,
     },
-    /// The content type is not a valid header value.
+    /// The content type is not a valid header value, or is blank.
     InvalidContentType(String),
 }
 
@@ -116,7 +116,11 @@ impl fmt::Display for ResponseConfigError {
                 )
             }
             ResponseConfigError::InvalidContentType(value) => {
-                write!(f, "content_type: {value:?} is not a valid header value")
+                write!(
+                    f,
+                    "content_type: {value:?} is not a content type (a header value, not blank; \
+                     leave it out for the body's default)"
+                )
             }
         }
     }
@@ -126,8 +130,8 @@ impl std::error::Error for ResponseConfigError {}
 
 impl ResponseConfig {
     /// Checks that the statuses are error statuses (`400..=599`) and the content type is a
-    /// header value. At request time an invalid status is replaced by 429 and an invalid content
-    /// type by the body's default (`application/problem+json` for the built-in body,
+    /// header value, not blank. At request time an invalid status is replaced by 429 and an
+    /// invalid or blank content type by the body's default (`application/problem+json` for the built-in body,
     /// `text/plain; charset=utf-8` for a `body` template), never a panic.
     ///
     /// # Errors
@@ -154,7 +158,7 @@ impl ResponseConfig {
             }
         }
         if let Some(content_type) = &self.content_type
-            && HeaderValue::from_str(content_type).is_err()
+            && (content_type.trim().is_empty() || HeaderValue::from_str(content_type).is_err())
         {
             return Err(ResponseConfigError::InvalidContentType(
                 content_type.clone(),
@@ -686,9 +690,9 @@ fn problem_json(
 }
 
 /// `content_type` as a header value: the common ones without an allocation, `fallback` when it
-/// is not set or not a valid header value.
+/// is not set, blank, or not a valid header value.
 fn content_type_value(content_type: Option<&str>, fallback: &HeaderValue) -> HeaderValue {
-    let Some(content_type) = content_type else {
+    let Some(content_type) = content_type.filter(|c| !c.trim().is_empty()) else {
         return fallback.clone();
     };
     // A static, not a constant: a constant array is built (and its unused values dropped) at
@@ -1832,6 +1836,8 @@ mod probes {
             "application/json\r\nx-injected: 1",
             "text/plain\u{0}",
             "a\u{7f}",
+            "",
+            "  ",
         ] {
             let config = ResponseConfig {
                 content_type: Some(content_type.into()),
