@@ -726,12 +726,21 @@ impl Clock for ManualClock {
 /// Give a limiter this clock when its `acquire().await` runs under `#[tokio::test(start_paused =
 /// true)]` or `tokio::time::pause()`: waiting heads sleep on tokio's timer, and with this clock the
 /// limiter reads the same time the timer advances. Outside paused time it reads `Instant::now`, at
-/// the same cost as [`MonotonicClock`]. Must be created inside a tokio runtime when time is paused
-/// (its epoch is tokio's "now"). It is for limiters waited on inside tokio: off tokio, waiters
-/// sleep on futures-timer's thread, which knows nothing of paused time, so use the default clock.
+/// about the cost of [`MonotonicClock`] (plus the high-water mark below). Must be created inside
+/// a tokio runtime when time is paused (its epoch is tokio's "now"). It is for limiters waited on
+/// inside tokio: off tokio, waiters sleep on futures-timer's thread, which knows nothing of
+/// paused time, so use the default clock.
 ///
 /// - **Resolution:** 1 ns (the OS clock); paused time moves in the steps tokio takes.
-/// - **Monotonic:** yes (tokio's `Instant` never goes back).
+/// - **Monotonic:** yes, as the [`Clock`] contract requires, even read in several runtimes.
+///   tokio's "now" is the runtime's own: one whose time is paused, and advanced by an hour, is an
+///   hour ahead of real time and of another runtime's. So the clock (and its clones) never
+///   returns less than the latest reading it returned: read after that runtime is gone, it stands
+///   still until the time it reads catches up. (Without it, a limiter kept from one paused test
+///   runtime into another, or out of it, saw its time go back by the hour, and a fixed window
+///   admitted its limit a second time.) That high-water mark is one shared atomic: a read that
+///   finds the time moved on raises it, which costs a contended write where readers on many
+///   cores share a clock in real time.
 ///
 /// **What paused time reads after a wait.** A waiting head sleeps on tokio's timer for exactly
 /// the wait its algorithm reports, but tokio's timer counts whole milliseconds (from the
@@ -757,9 +766,12 @@ impl Clock for ManualClock {
 /// # }
 /// ```
 #[cfg(feature = "tokio")]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TokioClock {
     epoch: tokio::time::Instant,
+    /// The latest reading returned (shared by clones): tokio's "now" depends on the runtime it
+    /// is read in, and one runtime's paused time may be far ahead of another's, or of real time.
+    latest: Arc<AtomicU64>,
 }
 
 #[cfg(feature = "tokio")]
@@ -783,6 +795,7 @@ impl TokioClock {
     pub fn new() -> Self {
         TokioClock {
             epoch: tokio::time::Instant::now(),
+            latest: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -798,7 +811,17 @@ impl Default for TokioClock {
 impl Clock for TokioClock {
     #[inline]
     fn now(&self) -> u64 {
-        saturating_nanos(self.epoch.elapsed())
+        let reading = saturating_nanos(self.epoch.elapsed());
+        // SeqCst (both): a reconfiguration's argument (`Params::changed` in src/sync.rs) places
+        // this crate's atomic clocks' reads in the single order of SeqCst operations. The value
+        // is the whole message otherwise: coherence keeps the high-water mark monotone.
+        let latest = self.latest.load(Ordering::SeqCst);
+        if reading <= latest {
+            return latest;
+        }
+        self.latest
+            .fetch_max(reading, Ordering::SeqCst)
+            .max(reading)
     }
 }
 
