@@ -50,3 +50,32 @@ fn a_tokio_clock_never_goes_back_when_read_in_another_runtime() {
         assert!(limiter.try_acquire().is_ok());
     });
 }
+
+/// At the algorithms' cap on time (2^62 − 1 ns after the epoch; a `ManualClock` advanced by
+/// `Duration::MAX` reads `u64::MAX`), time stands still: an exact sliding window's permits taken
+/// there never expire. Its rejection said to retry in 1 ns, so a waiting head slept 1 ns and
+/// retried for ever: `acquire_blocking_timeout` spun a core until its time limit. The wait now
+/// says "never" as a ban for good does (2^62 ns), and the head sleeps until its time limit.
+#[test]
+fn a_sliding_window_full_at_the_time_cap_says_never_rather_than_one_nanosecond() {
+    let clock = turnstile::ManualClock::new();
+    let window = Duration::from_secs(1);
+    let limiter =
+        RateLimiter::with_clock(Algorithm::SlidingWindow { limit: 3, window }, clock.clone())
+            .unwrap();
+    clock.advance(Duration::MAX);
+    for _ in 0..3 {
+        limiter.try_acquire().unwrap();
+    }
+    let wait = match limiter.try_acquire() {
+        Err(turnstile::TryAcquireError::Rejected(rejection)) => rejection.retry_after(),
+        other => panic!("not a rejection: {other:?}"),
+    };
+    assert!(
+        wait >= Duration::from_nanos(1 << 62),
+        "a permit that never frees: retry after {wait:?}"
+    );
+    // Still true after the clock is pushed on (it cannot move past the cap).
+    clock.advance(Duration::from_secs(3600));
+    assert!(limiter.try_acquire().is_err());
+}
