@@ -79,3 +79,35 @@ fn a_sliding_window_full_at_the_time_cap_says_never_rather_than_one_nanosecond()
     clock.advance(Duration::from_secs(3600));
     assert!(limiter.try_acquire().is_err());
 }
+
+/// A head that must wait for time inside a tokio runtime sleeps on that runtime's timer, which
+/// must be enabled (documented, as for tokio's own `sleep`): without it the `acquire` panics with
+/// tokio's message naming `enable_time`. The panic must not strand the queue: the waiter leaves
+/// it as it unwinds, and the next one is served.
+#[test]
+fn a_wait_in_a_runtime_without_timers_panics_with_tokios_message_and_leaves_the_queue() {
+    let clock = turnstile::ManualClock::new();
+    let window = Duration::from_secs(1);
+    let limiter =
+        RateLimiter::with_clock(Algorithm::FixedWindow { limit: 1, window }, clock.clone())
+            .unwrap();
+    limiter.try_acquire().unwrap();
+    let no_timers = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        no_timers.block_on(limiter.acquire())
+    }))
+    .unwrap_err();
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    assert!(message.contains("enable_time"), "{message}");
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.queued_permits), (0, 0));
+    clock.advance(window);
+    let admission = futures_executor::block_on(limiter.acquire()).unwrap();
+    assert_eq!(admission.at(), window);
+}
