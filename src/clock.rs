@@ -606,6 +606,12 @@ impl Clock for UpkeepClock {
 
 /// A clock that only moves when told to: for tests and simulations. Clones share one time.
 ///
+/// For decisions (`try_acquire`, `check`, refunds), not for waits: a waiting head (`acquire`,
+/// `acquire_blocking`) sleeps on a real timer (tokio's, futures-timer's, or its thread's) for
+/// the wait the limiter reported, and advancing this clock does not wake it, so it wakes a real
+/// wait later (a window's length, say) and then finds the time wherever the test left it. Drive
+/// waits with `TokioClock` (feature `tokio`) under tokio's paused time instead.
+///
 /// # Examples
 ///
 /// ```
