@@ -171,7 +171,12 @@ impl Clock for MonotonicClock {
 /// private one.
 ///
 /// - **Resolution:** the tick. Readings lag real time by at most one tick plus the thread's
-///   scheduling delay; a stalled thread makes time stand still, which only makes limiters stricter.
+///   scheduling delay; a stalled thread makes time stand still. A limit holds in the clock's
+///   time, and so in real time only to within the lag: while time stands still limiters are
+///   stricter, but an admission stamped with a lagging reading ends its window (or refills its
+///   bucket) that much earlier in real time. A sliding window of 1 per 50 ms whose reading lagged
+///   60 ms admitted a call, and another 45 µs later once the reading caught up. Choose
+///   [`MonotonicClock`] where a limit must hold in real time whatever the scheduler does.
 /// - **Idle, it costs nothing:** after two ticks in a row with no read the thread parks until it
 ///   is needed. Meanwhile each read takes `Instant` itself (so it is exact, at `Instant`'s cost),
 ///   and a read that comes within an eighth of a tick of the reading before it wakes the thread.
@@ -271,8 +276,8 @@ const QUIET_TICKS: u32 = 2;
 /// `ASLEEP → READ`. Every move is a compare-and-swap from the word its maker saw, so a thread
 /// going to sleep and a reader marking its read cannot both win. Whatever the race, a reader's
 /// value is a reading some thread published or took itself, never later than real time; the
-/// worst a lost race can do is leave the value a tick stale, which makes limiters stricter,
-/// never looser. The loom model is `loom-tests/loom_upkeep.rs`.
+/// worst a lost race can do is leave the value a tick stale, a lag the clock's resolution
+/// allows anyway (see [`UpkeepClock`]). The loom model is `loom-tests/loom_upkeep.rs`.
 #[derive(Debug)]
 #[doc(hidden)]
 // Public only for the loom model, which reaches it through a re-export under `turnstile_loom`.
