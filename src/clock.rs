@@ -171,7 +171,12 @@ impl Clock for MonotonicClock {
 /// private one.
 ///
 /// - **Resolution:** the tick. Readings lag real time by at most one tick plus the thread's
-///   scheduling delay; a stalled thread makes time stand still, which only makes limiters stricter.
+///   scheduling delay; a stalled thread makes time stand still. A limit holds in the clock's
+///   time, and so in real time only to within the lag: while time stands still limiters are
+///   stricter, but an admission stamped with a lagging reading ends its window (or refills its
+///   bucket) that much earlier in real time. A sliding window of 1 per 50 ms whose reading lagged
+///   60 ms admitted a call, and another 45 µs later once the reading caught up. Choose
+///   [`MonotonicClock`] where a limit must hold in real time whatever the scheduler does.
 /// - **Idle, it costs nothing:** after two ticks in a row with no read the thread parks until it
 ///   is needed. Meanwhile each read takes `Instant` itself (so it is exact, at `Instant`'s cost),
 ///   and a read that comes within an eighth of a tick of the reading before it wakes the thread.
@@ -271,8 +276,8 @@ const QUIET_TICKS: u32 = 2;
 /// `ASLEEP → READ`. Every move is a compare-and-swap from the word its maker saw, so a thread
 /// going to sleep and a reader marking its read cannot both win. Whatever the race, a reader's
 /// value is a reading some thread published or took itself, never later than real time; the
-/// worst a lost race can do is leave the value a tick stale, which makes limiters stricter,
-/// never looser. The loom model is `loom-tests/loom_upkeep.rs`.
+/// worst a lost race can do is leave the value a tick stale, a lag the clock's resolution
+/// allows anyway (see [`UpkeepClock`]). The loom model is `loom-tests/loom_upkeep.rs`.
 #[derive(Debug)]
 #[doc(hidden)]
 // Public only for the loom model, which reaches it through a re-export under `turnstile_loom`.
@@ -606,6 +611,12 @@ impl Clock for UpkeepClock {
 
 /// A clock that only moves when told to: for tests and simulations. Clones share one time.
 ///
+/// For decisions (`try_acquire`, `check`, refunds), not for waits: a waiting head (`acquire`,
+/// `acquire_blocking`) sleeps on a real timer (tokio's, futures-timer's, or its thread's) for
+/// the wait the limiter reported, and advancing this clock does not wake it, so it wakes a real
+/// wait later (a window's length, say) and then finds the time wherever the test left it. Drive
+/// waits with `TokioClock` (feature `tokio`) under tokio's paused time instead.
+///
 /// # Examples
 ///
 /// ```
@@ -726,12 +737,21 @@ impl Clock for ManualClock {
 /// Give a limiter this clock when its `acquire().await` runs under `#[tokio::test(start_paused =
 /// true)]` or `tokio::time::pause()`: waiting heads sleep on tokio's timer, and with this clock the
 /// limiter reads the same time the timer advances. Outside paused time it reads `Instant::now`, at
-/// the same cost as [`MonotonicClock`]. Must be created inside a tokio runtime when time is paused
-/// (its epoch is tokio's "now"). It is for limiters waited on inside tokio: off tokio, waiters
-/// sleep on futures-timer's thread, which knows nothing of paused time, so use the default clock.
+/// about the cost of [`MonotonicClock`] (plus the high-water mark below). Must be created inside
+/// a tokio runtime when time is paused (its epoch is tokio's "now"). It is for limiters waited on
+/// inside tokio: off tokio, waiters sleep on futures-timer's thread, which knows nothing of
+/// paused time, so use the default clock.
 ///
 /// - **Resolution:** 1 ns (the OS clock); paused time moves in the steps tokio takes.
-/// - **Monotonic:** yes (tokio's `Instant` never goes back).
+/// - **Monotonic:** yes, as the [`Clock`] contract requires, even read in several runtimes.
+///   tokio's "now" is the runtime's own: one whose time is paused, and advanced by an hour, is an
+///   hour ahead of real time and of another runtime's. So the clock (and its clones) never
+///   returns less than the latest reading it returned: read after that runtime is gone, it stands
+///   still until the time it reads catches up. (Without it, a limiter kept from one paused test
+///   runtime into another, or out of it, saw its time go back by the hour, and a fixed window
+///   admitted its limit a second time.) That high-water mark is one shared atomic: a read that
+///   finds the time moved on raises it, which costs a contended write where readers on many
+///   cores share a clock in real time.
 ///
 /// **What paused time reads after a wait.** A waiting head sleeps on tokio's timer for exactly
 /// the wait its algorithm reports, but tokio's timer counts whole milliseconds (from the
@@ -757,9 +777,12 @@ impl Clock for ManualClock {
 /// # }
 /// ```
 #[cfg(feature = "tokio")]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TokioClock {
     epoch: tokio::time::Instant,
+    /// The latest reading returned (shared by clones): tokio's "now" depends on the runtime it
+    /// is read in, and one runtime's paused time may be far ahead of another's, or of real time.
+    latest: Arc<AtomicU64>,
 }
 
 #[cfg(feature = "tokio")]
@@ -783,6 +806,7 @@ impl TokioClock {
     pub fn new() -> Self {
         TokioClock {
             epoch: tokio::time::Instant::now(),
+            latest: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -798,7 +822,17 @@ impl Default for TokioClock {
 impl Clock for TokioClock {
     #[inline]
     fn now(&self) -> u64 {
-        saturating_nanos(self.epoch.elapsed())
+        let reading = saturating_nanos(self.epoch.elapsed());
+        // SeqCst (both): a reconfiguration's argument (`Params::changed` in src/sync.rs) places
+        // this crate's atomic clocks' reads in the single order of SeqCst operations. The value
+        // is the whole message otherwise: coherence keeps the high-water mark monotone.
+        let latest = self.latest.load(Ordering::SeqCst);
+        if reading <= latest {
+            return latest;
+        }
+        self.latest
+            .fetch_max(reading, Ordering::SeqCst)
+            .max(reading)
     }
 }
 

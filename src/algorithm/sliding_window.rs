@@ -16,6 +16,18 @@ pub(crate) const MAX_SLIDING_LIMIT: u32 = 1 << 24;
 /// are capped one below it).
 const MAX_TIME: u64 = (1 << 62) - 1;
 
+/// A rejection's wait for a permit that frees at `expiry`, read at `now` (`expiry > now`). A
+/// saturated expiry never frees: its wait is 2^62 ns (about 146 years, past any clock reading),
+/// as a ban for good's, not the 1 ns to the last reading, which a waiting head slept and retried
+/// for ever, spinning (`acquire_blocking` on a core, tokio's timer every millisecond).
+fn wait_until(expiry: u64, now: u64) -> u64 {
+    if expiry >= MAX_TIME {
+        MAX_TIME + 1
+    } else {
+        expiry - now
+    }
+}
+
 /// Bit 63 of a slot word: written by an [overdraw](SlidingWindow::overdraw), which claims
 /// tickets past live ones. A refund never matches such a word (see [`Algo::refund`]): two
 /// overdraws bring a slot back to the parity of a ticket two laps older, and with the same
@@ -884,7 +896,7 @@ impl Charge for SlidingWindow {
                                 .filter_map(|t| self.published(ring, t))
                                 .fold(expiry, u64::max);
                             return Err(TryAcquireError::Rejected(Rejection::new(
-                                latest - now,
+                                wait_until(latest, now),
                                 p.limit,
                             )));
                         }
@@ -909,7 +921,7 @@ impl Charge for SlidingWindow {
                                 // ticket outlives the newest.
                                 if !CHARGE {
                                     return Err(TryAcquireError::Rejected(Rejection::new(
-                                        latest - now,
+                                        wait_until(latest, now),
                                         p.limit,
                                     )));
                                 }
