@@ -504,3 +504,36 @@ fn all_algorithms(limit: u32, window: Duration) -> [Algorithm; 4] {
         },
     ]
 }
+
+/// A probe (`n == 0`) that would have to wait takes one permit's room in the queue, so a full
+/// queue refuses it with `QueueFull { requested: 0 }`. Its message must say that, not that there
+/// is "no room for 0 more permits", which no queue limit can be too small for.
+#[test]
+fn a_probe_refused_by_a_full_queue_says_why() {
+    let limiter = turnstile::ConcurrencyLimiter::builder(1)
+        .queue_limit(0)
+        .build()
+        .unwrap();
+    let _held = limiter.try_acquire().unwrap();
+    let err = limiter.acquire_blocking_n(0).unwrap_err();
+    assert_eq!(
+        err,
+        turnstile::AcquireError::QueueFull {
+            requested: 0,
+            queue_limit: 0
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "the wait queue has no room for a probe, which waits as one permit (its limit is 0)"
+    );
+    // A request for permits keeps its message.
+    assert_eq!(
+        turnstile::AcquireError::QueueFull {
+            requested: 3,
+            queue_limit: 2
+        }
+        .to_string(),
+        "the wait queue has no room for 3 more permits (its limit is 2)"
+    );
+}
