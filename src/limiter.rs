@@ -480,8 +480,11 @@ pub struct Stats {
     /// waiter whose poll panicked in a `Waker` it woke, after it had been served: what it took is
     /// given back, and a panicked future cannot be polled again.
     pub cancelled: u64,
-    /// Permits that could be admitted right now. A snapshot: approximate while other threads are
-    /// acquiring. For a concurrency limiter, the permits not held.
+    /// Permits the algorithm could admit right now. A snapshot: approximate while other threads
+    /// are acquiring. It does not look at the gate: a [closed](RateLimiter::close) limiter still
+    /// counts them, and so does one whose queued waiters hold `try_acquire` back (oldest first,
+    /// behind a head that asks for more), as [`ConcurrencyLimiter::available`](crate::ConcurrencyLimiter::available) does. For a
+    /// concurrency limiter, the permits not held.
     pub available: u32,
     /// Waiters queued now.
     pub waiting: usize,

@@ -537,3 +537,20 @@ fn a_probe_refused_by_a_full_queue_says_why() {
         "the wait queue has no room for 3 more permits (its limit is 2)"
     );
 }
+
+/// `Stats::available` is what the algorithm could admit, whatever the gate: a closed limiter
+/// still counts its free permits (as `ConcurrencyLimiter::available` does), though no call can
+/// take them.
+#[test]
+fn a_closed_limiters_stats_still_count_what_the_algorithm_has_free() {
+    for algorithm in all_algorithms(3, Duration::from_secs(1)) {
+        let (limiter, _clock) = limiter(algorithm);
+        limiter.try_acquire().unwrap();
+        limiter.close();
+        assert_eq!(limiter.stats().available, 2, "{algorithm:?}");
+        assert_eq!(
+            limiter.try_acquire_n(0).unwrap_err(),
+            TryAcquireError::Closed
+        );
+    }
+}
