@@ -494,8 +494,10 @@ pub struct Stats {
 
 /// A rate limiter: one of the four [`Algorithm`]s over one [`Clock`].
 ///
-/// Cloning is cheap and clones share state. `try_acquire` never blocks, never allocates after a
-/// thread's first call, and on rejection writes no shared memory.
+/// Cloning is cheap and clones share state. `try_acquire` never waits for permits, never
+/// allocates after a thread's first call, and on rejection writes no shared memory, but for
+/// one case: while waiters are queued (oldest first), a refusal reads what they wait for under
+/// the queue's mutex (held briefly), to count it in its `retry_after`.
 ///
 /// # Examples
 ///
