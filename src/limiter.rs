@@ -948,8 +948,9 @@ impl<C: Clock> RateLimiterBuilder<C> {
     /// The largest limit a later [`reconfigure`](RateLimiter::reconfigure) may set on an
     /// exact sliding window (default: the limit it is built with). Its ring of timestamps
     /// cannot grow without a lock, so it is allocated once for this many permits (8 bytes
-    /// each, at most 16,777,216); a smaller limit uses part of it. The other algorithms keep
-    /// O(1) state whatever the limit and ignore this.
+    /// each, at most 16,777,216); a smaller limit uses part of it. A `max_limit` below the
+    /// limit it is built with is raised to that limit (the ring holds at least the limit). The
+    /// other algorithms keep O(1) state whatever the limit and ignore this.
     ///
     /// # Examples
     ///

@@ -554,3 +554,31 @@ fn a_closed_limiters_stats_still_count_what_the_algorithm_has_free() {
         );
     }
 }
+
+/// A sliding window's `max_limit` below the limit it is built with is raised to that limit: the
+/// ring always holds the limit, a reconfiguration may go back up to it, and no further.
+#[test]
+fn a_max_limit_below_the_limit_is_raised_to_it() {
+    let window = Duration::from_secs(1);
+    let limiter = RateLimiter::builder(Algorithm::SlidingWindow { limit: 10, window })
+        .clock(ManualClock::new())
+        .max_limit(0)
+        .build()
+        .unwrap();
+    limiter
+        .reconfigure(Algorithm::SlidingWindow { limit: 4, window })
+        .unwrap();
+    limiter
+        .reconfigure(Algorithm::SlidingWindow { limit: 10, window })
+        .unwrap();
+    assert_eq!(
+        limiter
+            .reconfigure(Algorithm::SlidingWindow { limit: 11, window })
+            .unwrap_err(),
+        ConfigError::AboveMaxLimit {
+            limit: 11,
+            max_limit: 10
+        }
+    );
+    assert_eq!(limiter.try_acquire_n(10).unwrap().remaining(), 0);
+}
