@@ -250,7 +250,7 @@ pub enum AcquireError {
     /// order), or the waiter was among the oldest failed to make room for newer ones (newest-first
     /// order).
     QueueFull {
-        /// Permits asked for.
+        /// Permits asked for (0 for a probe, which takes one permit's room).
         requested: u32,
         /// The queue's limit, in permits.
         queue_limit: u64,
@@ -289,6 +289,15 @@ impl fmt::Display for AcquireError {
             } => write!(
                 f,
                 "{requested} permits requested but at most {capacity} can ever be admitted at once"
+            ),
+            // A probe waits for one permit, and takes that much room in the queue.
+            AcquireError::QueueFull {
+                requested: 0,
+                queue_limit,
+            } => write!(
+                f,
+                "the wait queue has no room for a probe, which waits as one permit (its limit is \
+                 {queue_limit})"
             ),
             AcquireError::QueueFull {
                 requested,

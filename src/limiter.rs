@@ -480,8 +480,11 @@ pub struct Stats {
     /// waiter whose poll panicked in a `Waker` it woke, after it had been served: what it took is
     /// given back, and a panicked future cannot be polled again.
     pub cancelled: u64,
-    /// Permits that could be admitted right now. A snapshot: approximate while other threads are
-    /// acquiring. For a concurrency limiter, the permits not held.
+    /// Permits the algorithm could admit right now. A snapshot: approximate while other threads
+    /// are acquiring. It does not look at the gate: a [closed](RateLimiter::close) limiter still
+    /// counts them, and so does one whose queued waiters hold `try_acquire` back (oldest first,
+    /// behind a head that asks for more), as [`ConcurrencyLimiter::available`](crate::ConcurrencyLimiter::available) does. For a
+    /// concurrency limiter, the permits not held.
     pub available: u32,
     /// Waiters queued now.
     pub waiting: usize,
@@ -491,8 +494,10 @@ pub struct Stats {
 
 /// A rate limiter: one of the four [`Algorithm`]s over one [`Clock`].
 ///
-/// Cloning is cheap and clones share state. `try_acquire` never blocks, never allocates after a
-/// thread's first call, and on rejection writes no shared memory.
+/// Cloning is cheap and clones share state. `try_acquire` never waits for permits, never
+/// allocates after a thread's first call, and on rejection writes no shared memory, but for
+/// one case: while waiters are queued (oldest first), a refusal reads what they wait for under
+/// the queue's mutex (held briefly), to count it in its `retry_after`.
 ///
 /// # Examples
 ///
@@ -943,8 +948,9 @@ impl<C: Clock> RateLimiterBuilder<C> {
     /// The largest limit a later [`reconfigure`](RateLimiter::reconfigure) may set on an
     /// exact sliding window (default: the limit it is built with). Its ring of timestamps
     /// cannot grow without a lock, so it is allocated once for this many permits (8 bytes
-    /// each, at most 16,777,216); a smaller limit uses part of it. The other algorithms keep
-    /// O(1) state whatever the limit and ignore this.
+    /// each, at most 16,777,216); a smaller limit uses part of it. A `max_limit` below the
+    /// limit it is built with is raised to that limit (the ring holds at least the limit). The
+    /// other algorithms keep O(1) state whatever the limit and ignore this.
     ///
     /// # Examples
     ///

@@ -504,3 +504,81 @@ fn all_algorithms(limit: u32, window: Duration) -> [Algorithm; 4] {
         },
     ]
 }
+
+/// A probe (`n == 0`) that would have to wait takes one permit's room in the queue, so a full
+/// queue refuses it with `QueueFull { requested: 0 }`. Its message must say that, not that there
+/// is "no room for 0 more permits", which no queue limit can be too small for.
+#[test]
+fn a_probe_refused_by_a_full_queue_says_why() {
+    let limiter = turnstile::ConcurrencyLimiter::builder(1)
+        .queue_limit(0)
+        .build()
+        .unwrap();
+    let _held = limiter.try_acquire().unwrap();
+    let err = limiter.acquire_blocking_n(0).unwrap_err();
+    assert_eq!(
+        err,
+        turnstile::AcquireError::QueueFull {
+            requested: 0,
+            queue_limit: 0
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "the wait queue has no room for a probe, which waits as one permit (its limit is 0)"
+    );
+    // A request for permits keeps its message.
+    assert_eq!(
+        turnstile::AcquireError::QueueFull {
+            requested: 3,
+            queue_limit: 2
+        }
+        .to_string(),
+        "the wait queue has no room for 3 more permits (its limit is 2)"
+    );
+}
+
+/// `Stats::available` is what the algorithm could admit, whatever the gate: a closed limiter
+/// still counts its free permits (as `ConcurrencyLimiter::available` does), though no call can
+/// take them.
+#[test]
+fn a_closed_limiters_stats_still_count_what_the_algorithm_has_free() {
+    for algorithm in all_algorithms(3, Duration::from_secs(1)) {
+        let (limiter, _clock) = limiter(algorithm);
+        limiter.try_acquire().unwrap();
+        limiter.close();
+        assert_eq!(limiter.stats().available, 2, "{algorithm:?}");
+        assert_eq!(
+            limiter.try_acquire_n(0).unwrap_err(),
+            TryAcquireError::Closed
+        );
+    }
+}
+
+/// A sliding window's `max_limit` below the limit it is built with is raised to that limit: the
+/// ring always holds the limit, a reconfiguration may go back up to it, and no further.
+#[test]
+fn a_max_limit_below_the_limit_is_raised_to_it() {
+    let window = Duration::from_secs(1);
+    let limiter = RateLimiter::builder(Algorithm::SlidingWindow { limit: 10, window })
+        .clock(ManualClock::new())
+        .max_limit(0)
+        .build()
+        .unwrap();
+    limiter
+        .reconfigure(Algorithm::SlidingWindow { limit: 4, window })
+        .unwrap();
+    limiter
+        .reconfigure(Algorithm::SlidingWindow { limit: 10, window })
+        .unwrap();
+    assert_eq!(
+        limiter
+            .reconfigure(Algorithm::SlidingWindow { limit: 11, window })
+            .unwrap_err(),
+        ConfigError::AboveMaxLimit {
+            limit: 11,
+            max_limit: 10
+        }
+    );
+    assert_eq!(limiter.try_acquire_n(10).unwrap().remaining(), 0);
+}

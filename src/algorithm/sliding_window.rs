@@ -688,12 +688,6 @@ impl Algo for SlidingWindow {
         words
     }
 
-    /// As a probe's `remaining`, without deciding: after a lowering, while the ring is not
-    /// settled under the current parameters, a live ticket among `[head − reach, head − N)`
-    /// refuses every call ("Lowering" on the type), so none is free; it reported the newest N
-    /// tickets' free permits (limit 2 lowered to 1, ticket 0 live and ticket 1 expired: 1 free,
-    /// where every call was refused). That scan (at most reach − N slots) is paid by each call
-    /// until an admission settles the ring.
     /// At most the limit in any window's length: of `limit + extra` admitted one after another
     /// from `now` on, admission `i + limit` comes at least a window after admission `i`. So the
     /// last comes `⌈extra / limit⌉` windows after the first (at `now` at the earliest), and
@@ -707,6 +701,12 @@ impl Algo for SlidingWindow {
         from_first.max(from_limit)
     }
 
+    /// As a probe's `remaining`, without deciding: after a lowering, while the ring is not
+    /// settled under the current parameters, a live ticket among `[head − reach, head − N)`
+    /// refuses every call ("Lowering" on the type), so none is free; it reported the newest N
+    /// tickets' free permits (limit 2 lowered to 1, ticket 0 live and ticket 1 expired: 1 free,
+    /// where every call was refused). That scan (at most reach − N slots) is paid by each call
+    /// until an admission settles the ring.
     fn available(&self, ring: &Ring, now: u64) -> u32 {
         let now = now.min(MAX_TIME - 1);
         let (p, version) = self.shape();
