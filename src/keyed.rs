@@ -1791,7 +1791,11 @@ impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
     /// The largest limit a later [`reconfigure`](KeyedLimiter::reconfigure) may set on an exact
     /// sliding window (default: the limit it is built with). Every key's ring of timestamps is
     /// allocated for this many permits (8 bytes each, per key), since a ring cannot grow without
-    /// a lock. The other algorithms keep O(1) state per key and ignore this.
+    /// a lock. A `max_limit` below the limit it is built with is raised to that limit (a ring
+    /// holds at least the limit), as [`RateLimiterBuilder::max_limit`] does. The other
+    /// algorithms keep O(1) state per key and ignore this.
+    ///
+    /// [`RateLimiterBuilder::max_limit`]: crate::RateLimiterBuilder::max_limit
     ///
     /// # Examples
     ///
@@ -1800,6 +1804,12 @@ impl<K, C, S> KeyedLimiterBuilder<K, C, S> {
     /// use turnstile::{Algorithm, KeyedLimiter};
     ///
     /// let window = Duration::from_secs(1);
+    /// // Below the limit: raised to it.
+    /// let small = KeyedLimiter::<u64>::builder(Algorithm::SlidingWindow { limit: 2, window })
+    ///     .max_limit(0)
+    ///     .build()?;
+    /// small.reconfigure(Algorithm::SlidingWindow { limit: 2, window })?;
+    /// assert!(small.reconfigure(Algorithm::SlidingWindow { limit: 3, window }).is_err());
     /// let limiter = KeyedLimiter::<u64>::builder(Algorithm::SlidingWindow { limit: 2, window })
     ///     .max_limit(8)
     ///     .build()?;
