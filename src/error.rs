@@ -201,7 +201,8 @@ impl fmt::Display for TryAcquireError {
                 capacity,
             } => write!(
                 f,
-                "{requested} permits requested but at most {capacity} can ever be admitted at once"
+                "{} requested but at most {capacity} can ever be admitted at once",
+                Permits(*requested)
             ),
             TryAcquireError::Closed => f.write_str("the limiter is closed"),
             TryAcquireError::TooManyKeys { max_keys } => write!(
@@ -288,7 +289,8 @@ impl fmt::Display for AcquireError {
                 capacity,
             } => write!(
                 f,
-                "{requested} permits requested but at most {capacity} can ever be admitted at once"
+                "{} requested but at most {capacity} can ever be admitted at once",
+                Permits(*requested)
             ),
             // A probe waits for one permit, and takes that much room in the queue.
             AcquireError::QueueFull {
@@ -304,7 +306,8 @@ impl fmt::Display for AcquireError {
                 queue_limit,
             } => write!(
                 f,
-                "the wait queue has no room for {requested} more permits (its limit is {queue_limit})"
+                "the wait queue has no room for {requested} more {} (its limit is {queue_limit})",
+                if *requested == 1 { "permit" } else { "permits" }
             ),
             AcquireError::Closed => f.write_str("the limiter is closed"),
             AcquireError::TooManyKeys { max_keys } => write!(
@@ -361,6 +364,18 @@ pub enum TryPermitError {
     },
 }
 
+/// `n` permits, in words: "1 permit", "2 permits".
+struct Permits(u32);
+
+impl fmt::Display for Permits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            1 => f.write_str("1 permit"),
+            n => write!(f, "{n} permits"),
+        }
+    }
+}
+
 impl fmt::Display for TryPermitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -369,14 +384,16 @@ impl fmt::Display for TryPermitError {
                 requested,
             } => write!(
                 f,
-                "{requested} permits requested, {available} free (or others are queued first)"
+                "{} requested, {available} free (or others are queued first)",
+                Permits(*requested)
             ),
             TryPermitError::InsufficientCapacity {
                 requested,
                 capacity,
             } => write!(
                 f,
-                "{requested} permits requested but at most {capacity} can ever be held at once"
+                "{} requested but at most {capacity} can ever be held at once",
+                Permits(*requested)
             ),
             TryPermitError::Closed => f.write_str("the limiter is closed"),
             TryPermitError::TooManyKeys { max_keys } => {
@@ -387,3 +404,48 @@ impl fmt::Display for TryPermitError {
 }
 
 impl std::error::Error for TryPermitError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A count of one reads "1 permit", not "1 permits", in every message that counts them.
+    #[test]
+    fn one_permit_is_singular() {
+        let none_free = TryPermitError::NoPermits {
+            available: 0,
+            requested: 1,
+        };
+        assert_eq!(
+            none_free.to_string(),
+            "1 permit requested, 0 free (or others are queued first)"
+        );
+        let two = TryPermitError::NoPermits {
+            available: 1,
+            requested: 2,
+        };
+        assert!(two.to_string().starts_with("2 permits requested"));
+        let closed_gate = TryPermitError::InsufficientCapacity {
+            requested: 1,
+            capacity: 0,
+        };
+        assert!(
+            closed_gate
+                .to_string()
+                .starts_with("1 permit requested but")
+        );
+        let too_big = TryAcquireError::InsufficientCapacity {
+            requested: 1,
+            capacity: 0,
+        };
+        assert!(too_big.to_string().starts_with("1 permit requested but"));
+        let full = AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 0,
+        };
+        assert_eq!(
+            full.to_string(),
+            "the wait queue has no room for 1 more permit (its limit is 0)"
+        );
+    }
+}
