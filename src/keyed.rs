@@ -1265,21 +1265,41 @@ where
             None => false,
             Some(outcome) => return (outcome, false),
         };
-        // The decision comes back inside `Ok` with the slot that made it (as in
-        // `chain_commit`), a refusal bounded as `first_use` bounds one.
-        match self.with_cell_after(ctx, shard, key, n, met_retired, |cell| {
-            match self.algo.try_acquire(cell, n, &ctx.clock) {
-                Err(TryAcquireError::Closed) => Err(TryAcquireError::Closed),
-                decided => Ok(decided),
-            }
-        }) {
-            Ok((decided, Slot::Overflow)) => (sooner_by_room(ctx, decided), true),
-            Ok((decided, Slot::Key)) => (decided, false),
+        match self.decide_in_slot::<true, C>(ctx, shard, key, n, met_retired) {
+            Ok((decided, slot)) => (decided, slot == Slot::Overflow),
             Err(error) => {
                 let met_cap = matches!(error, TryAcquireError::TooManyKeys { .. });
                 (Err(error), met_cap)
             }
         }
+    }
+
+    /// `try_acquire` on the key's cell through `with_cell_counting`, the decision (admission or
+    /// rejection) coming back inside `Ok` with the slot that made it; only a retired cell's
+    /// `Closed` (which `with_cell` retries) and the errors before any cell decided are `Err`.
+    /// A refusal by the shared cell comes back past `first_use`'s `sooner_by_room` (which
+    /// bounds only an `Err`), so it is bounded here: a head's timer (and a receipt's or a
+    /// chain's retry-after) ends no later than when a held key turns idle, as `try_acquire`'s
+    /// does (`at_the_cap_a_head_refused_by_the_shared_cell_wakes_when_a_held_key_turns_idle`).
+    fn decide_in_slot<const COUNTED: bool, C: Clock>(
+        &self,
+        ctx: &Ctx<K, C, S>,
+        shard: usize,
+        key: &K,
+        n: u32,
+        met_retired: bool,
+    ) -> Result<(Result<Admission, TryAcquireError>, Slot), TryAcquireError> {
+        let (decided, slot) =
+            self.with_cell_counting::<COUNTED, C, _>(ctx, shard, key, n, met_retired, |cell| {
+                match self.algo.try_acquire(cell, n, &ctx.clock) {
+                    Err(TryAcquireError::Closed) => Err(TryAcquireError::Closed),
+                    decided => Ok(decided),
+                }
+            })?;
+        Ok(match slot {
+            Slot::Overflow => (sooner_by_room(ctx, decided), slot),
+            Slot::Key => (decided, slot),
+        })
     }
 
     /// A chain's commit: `try_acquire` on the key, also saying whether the shared overflow cell
@@ -1300,23 +1320,8 @@ where
         // on a cell made after it (see `chain_refund`). Read before deciding.
         let resets = ctx.resets.load(Ordering::Acquire);
         let committed = |overflow| Committed { overflow, resets };
-        // The cell's decision, admission or rejection, comes back as `Ok` with the slot that
-        // made it; only a retired cell's `Closed` (which `with_cell` retries) and the errors
-        // before any cell decided are `Err`.
-        match self.with_cell_counting::<COUNTED, C, _>(ctx, shard, key, n, false, |cell| match self
-            .algo
-            .try_acquire(cell, n, &ctx.clock)
-        {
-            Err(TryAcquireError::Closed) => Err(TryAcquireError::Closed),
-            decided => Ok(decided),
-        }) {
-            // A refusal by the shared cell comes back inside `Ok`, past `first_use`'s
-            // `sooner_by_room` (which bounds only an `Err`): bounded here, so that a head's
-            // timer (and a receipt's or a chain's retry-after) ends no later than when a held
-            // key turns idle, as `try_acquire`'s does
-            // (`at_the_cap_a_head_refused_by_the_shared_cell_wakes_when_a_held_key_turns_idle`).
-            Ok((decided, Slot::Overflow)) => (sooner_by_room(ctx, decided), committed(true)),
-            Ok((decided, Slot::Key)) => (decided, committed(false)),
+        match self.decide_in_slot::<COUNTED, C>(ctx, shard, key, n, false) {
+            Ok((decided, slot)) => (decided, committed(slot == Slot::Overflow)),
             Err(error) => (Err(error), committed(false)),
         }
     }
