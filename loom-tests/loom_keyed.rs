@@ -784,15 +784,7 @@ fn a_waiter_joining_during_close(already_queued: bool) {
             thread::spawn(move || l.close())
         };
         let mut waiter = Box::pin(l.acquire(&1));
-        let polled = waiter.as_mut().poll(&mut cx);
-        closer.join().unwrap();
-        let outcome = match polled {
-            Poll::Ready(outcome) => outcome,
-            Poll::Pending => match waiter.as_mut().poll(&mut cx) {
-                Poll::Ready(outcome) => outcome,
-                Poll::Pending => panic!("the waiter was left waiting after the close"),
-            },
-        };
+        let outcome = common::outcome_once_joined(waiter.as_mut(), closer);
         assert_eq!(outcome.map(|a| a.at_nanos()), Err(AcquireError::Closed));
         if let Some(mut first) = first {
             let Poll::Ready(outcome) = first.as_mut().poll(&mut cx) else {

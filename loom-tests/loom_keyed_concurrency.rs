@@ -454,14 +454,7 @@ fn a_woken_head_keeps_its_key_at_the_cap() {
 #[test]
 fn a_pool_head_is_served_by_another_key_going_idle() {
     model(|| {
-        let l = Arc::new(
-            KeyedConcurrencyLimiter::<u64>::builder(1)
-                .hasher(Fixed::default())
-                .max_keys(1)
-                .overflow(KeyOverflow::Shared)
-                .build()
-                .unwrap(),
-        );
+        let l = shared_pool(1, 1);
         let own = l.try_acquire_owned(0, 1).unwrap();
         let _pool = l.try_acquire_owned(2, 1).unwrap();
         let waiter = {
@@ -478,19 +471,14 @@ fn a_pool_head_is_served_by_another_key_going_idle() {
 /// the pool. Its leaving is the room: either key 3's second look (after its fence) finds key 0
 /// without waiters and evicts it, or the leaving reads key 3's mark on the pool and wakes it.
 /// Without the wake on leaving, loom reports key 3 asleep forever (until a pool release).
-#[test]
-fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves() {
+/// `racing_release`: key 0's release runs on a thread of its own, racing too: the call that
+/// leaves then looks at key 0's cell (only an idle cell is room worth a wake), and must not
+/// read it busy while the head's look found the key kept by that call.
+fn a_pool_head_and_an_idle_keys_last_waiter_leaving(racing_release: bool) {
     use std::future::Future;
     use std::task::{Context, Waker};
-    model(|| {
-        let l = Arc::new(
-            KeyedConcurrencyLimiter::<u64>::builder(1)
-                .hasher(Fixed::default())
-                .max_keys(1)
-                .overflow(KeyOverflow::Shared)
-                .build()
-                .unwrap(),
-        );
+    model(move || {
+        let l = shared_pool(1, 1);
         let own = l.try_acquire_owned(0, 1).unwrap();
         let _pool = l.try_acquire_owned(2, 1).unwrap();
         let mut kept = Box::pin(l.acquire(&0));
@@ -499,49 +487,32 @@ fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves() {
                 .poll(&mut Context::from_waker(Waker::noop()))
                 .is_pending()
         );
-        drop(own); // key 0 idle, kept by its waiter
+        let releaser = if racing_release {
+            Some(thread::spawn(move || drop(own)))
+        } else {
+            drop(own); // key 0 idle, kept by its waiter
+            None
+        };
         let waiter = {
             let l = Arc::clone(&l);
             thread::spawn(move || l.acquire_blocking(&3).map(|p| p.permits()))
         };
         drop(kept);
+        if let Some(releaser) = releaser {
+            releaser.join().unwrap();
+        }
         assert_eq!(waiter.join().unwrap(), Ok(1));
     });
 }
 
-/// As above, with key 0's release racing too: the call that leaves then looks at key 0's cell
-/// (only an idle cell is room worth a wake), and must not read it busy while the head's look
-/// found the key kept by that call.
+#[test]
+fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves() {
+    a_pool_head_and_an_idle_keys_last_waiter_leaving(false);
+}
+
 #[test]
 fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves_racing_the_release() {
-    use std::future::Future;
-    use std::task::{Context, Waker};
-    model(|| {
-        let l = Arc::new(
-            KeyedConcurrencyLimiter::<u64>::builder(1)
-                .hasher(Fixed::default())
-                .max_keys(1)
-                .overflow(KeyOverflow::Shared)
-                .build()
-                .unwrap(),
-        );
-        let own = l.try_acquire_owned(0, 1).unwrap();
-        let _pool = l.try_acquire_owned(2, 1).unwrap();
-        let mut kept = Box::pin(l.acquire(&0));
-        assert!(
-            kept.as_mut()
-                .poll(&mut Context::from_waker(Waker::noop()))
-                .is_pending()
-        );
-        let releaser = thread::spawn(move || drop(own));
-        let waiter = {
-            let l = Arc::clone(&l);
-            thread::spawn(move || l.acquire_blocking(&3).map(|p| p.permits()))
-        };
-        drop(kept);
-        releaser.join().unwrap();
-        assert_eq!(waiter.join().unwrap(), Ok(1));
-    });
+    a_pool_head_and_an_idle_keys_last_waiter_leaving(true);
 }
 
 /// Two key slots (key 0 busy, key 1 idle) and the pool's one permit out: key 3 waits for the
@@ -553,14 +524,7 @@ fn a_pool_head_is_served_when_an_idle_keys_last_waiter_leaves_racing_the_release
 #[test]
 fn a_pool_head_is_served_by_the_room_a_racing_sweep_makes() {
     model(|| {
-        let l = Arc::new(
-            KeyedConcurrencyLimiter::<u64>::builder(1)
-                .hasher(Fixed::default())
-                .max_keys(2)
-                .overflow(KeyOverflow::Shared)
-                .build()
-                .unwrap(),
-        );
+        let l = shared_pool(1, 2);
         let _busy = l.try_acquire_owned(0, 1).unwrap();
         let one = l.try_acquire_owned(1, 1).unwrap();
         let _pool = l.try_acquire_owned(2, 1).unwrap();
@@ -584,12 +548,13 @@ impl std::task::Wake for Flag {
     }
 }
 
-/// One key slot (key 0's, busy) and a shared pool of `limit` permits, oldest first.
-fn shared_pool(limit: u32) -> Arc<Limiter> {
+/// `limit` permits per key and for the shared pool (`KeyOverflow::Shared`), `max_keys` key
+/// slots, oldest first.
+fn shared_pool(limit: u32, max_keys: usize) -> Arc<Limiter> {
     Arc::new(
         KeyedConcurrencyLimiter::<u64>::builder(limit)
             .hasher(Fixed::default())
-            .max_keys(1)
+            .max_keys(max_keys)
             .overflow(KeyOverflow::Shared)
             .build()
             .unwrap(),
@@ -605,7 +570,7 @@ fn a_newcomer_at_the_cap_does_not_barge_past_a_pool_head() {
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
     model(|| {
-        let l = shared_pool(1);
+        let l = shared_pool(1, 1);
         let _own = l.try_acquire_owned(0, 1).unwrap();
         let pooled = l.try_acquire_owned(2, 1).unwrap();
         let woken = std::sync::Arc::new(Flag::default());
@@ -645,7 +610,7 @@ fn a_head_deferring_to_a_pool_head_is_woken_when_it_leaves() {
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
     model(|| {
-        let l = shared_pool(2);
+        let l = shared_pool(2, 1);
         let _own = l.try_acquire_owned(0, 1).unwrap();
         let pooled = l.try_acquire_owned(2, 2).unwrap();
         let mut cx = Context::from_waker(Waker::noop());
@@ -674,7 +639,7 @@ fn a_head_deferring_to_a_cancelled_pool_head_is_woken() {
     use std::future::Future;
     use std::task::{Context, Waker};
     model(|| {
-        let l = shared_pool(1);
+        let l = shared_pool(1, 1);
         let _own = l.try_acquire_owned(0, 1).unwrap();
         let pooled = l.try_acquire_owned(2, 1).unwrap();
         let mut head = Box::pin(l.acquire(&3));
@@ -724,7 +689,7 @@ fn poll_head(
 fn two_pool_heads_owing_each_other_a_wake_do_not_deadlock() {
     use std::task::Poll;
     model(|| {
-        let l = shared_pool(2);
+        let l = shared_pool(2, 1);
         let _own = l.try_acquire_owned(0, 1).unwrap();
         let pooled = l.try_acquire_owned(2, 2).unwrap();
         let mut heads: Vec<Head> = vec![
@@ -790,7 +755,7 @@ fn two_pool_heads_owing_each_other_a_wake_do_not_deadlock() {
 fn a_head_owing_a_pool_wake_pays_it_after_its_attempt() {
     use std::task::Poll;
     model_capped(2, || {
-        let l = shared_pool(1);
+        let l = shared_pool(1, 1);
         let _own = l.try_acquire_owned(0, 1).unwrap();
         let pooled = l.try_acquire_owned(2, 1).unwrap();
         let mut head: Head = Box::pin(l.acquire_owned(3, 1));
@@ -875,8 +840,6 @@ fn lowered_limit_vs_enqueue_of_a_request_it_makes_too_big() {
 /// was left in a queue nobody will close. The permit held comes back after the close.
 #[test]
 fn a_waiter_joining_during_close_is_failed() {
-    use std::future::Future;
-    use std::task::{Context, Poll, Waker};
     model(|| {
         let l = limiter(1);
         let held = l.try_acquire_owned(1, 1).unwrap();
@@ -885,16 +848,7 @@ fn a_waiter_joining_during_close_is_failed() {
             thread::spawn(move || l.close())
         };
         let mut waiter = Box::pin(l.acquire(&1));
-        let mut cx = Context::from_waker(Waker::noop());
-        let polled = waiter.as_mut().poll(&mut cx);
-        closer.join().unwrap();
-        let outcome = match polled {
-            Poll::Ready(outcome) => outcome,
-            Poll::Pending => match waiter.as_mut().poll(&mut cx) {
-                Poll::Ready(outcome) => outcome,
-                Poll::Pending => panic!("the waiter was left waiting after the close"),
-            },
-        };
+        let outcome = common::outcome_once_joined(waiter.as_mut(), closer);
         assert_eq!(outcome.map(|p| p.permits()), Err(AcquireError::Closed));
         drop(waiter);
         drop(held);

@@ -40,3 +40,24 @@ pub fn paused_runtime() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// Polls `call` (by hand, with a no-op waker) once, joins `other`, and if the call was pending
+/// polls it once more: its outcome. Panics if it is still pending then: `other` finished
+/// whatever should have ended it (a `close`, say) and it was left waiting.
+#[allow(dead_code)] // Not every model file has such a model.
+pub fn outcome_once_joined<F: std::future::Future + ?Sized>(
+    mut call: std::pin::Pin<&mut F>,
+    other: loom::thread::JoinHandle<()>,
+) -> F::Output {
+    use std::task::{Context, Poll, Waker};
+    let mut cx = Context::from_waker(Waker::noop());
+    let polled = call.as_mut().poll(&mut cx);
+    other.join().unwrap();
+    match polled {
+        Poll::Ready(outcome) => outcome,
+        Poll::Pending => match call.as_mut().poll(&mut cx) {
+            Poll::Ready(outcome) => outcome,
+            Poll::Pending => panic!("the call was left waiting once the other thread was done"),
+        },
+    }
+}
