@@ -119,7 +119,8 @@ impl Admission {
 
     /// Time until the limiter is back to its full capacity if nothing else is admitted: the end of
     /// the window (fixed window), the expiry of this admission (sliding window), or the time the
-    /// bucket is full again (token bucket).
+    /// bucket is full again (token bucket). At least 2^62 ns if no clock reading gets there
+    /// (see [`Rejection::retry_after`]).
     ///
     /// # Examples
     ///
@@ -230,6 +231,11 @@ impl Rejection {
     /// A call refused because others are queued first (no barging, see
     /// [`RateLimiter::try_acquire_n`](crate::RateLimiter::try_acquire_n)) gets a lower bound
     /// instead, which counts the permits the queue will take before it (see there).
+    ///
+    /// A wait no clock reading ends is at least 2^62 ns (about 146 years): a limiter full at the
+    /// end of its time (the token bucket and the exact sliding window cap readings at 2^62 − 1 ns,
+    /// the windows' grid saturates at `u64::MAX` ns: a `ManualClock` advanced by `Duration::MAX`)
+    /// stays full, and says so rather than a few nanoseconds that a waiter would retry for ever.
     ///
     /// # Examples
     ///

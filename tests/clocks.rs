@@ -80,6 +80,104 @@ fn a_sliding_window_full_at_the_time_cap_says_never_rather_than_one_nanosecond()
     assert!(limiter.try_acquire().is_err());
 }
 
+/// The four algorithms at the end of time. The fixed window and the sliding counter locate a
+/// reading on their grid with saturating arithmetic (a `ManualClock` advanced by `Duration::MAX`
+/// reads `u64::MAX`), so the window holding the last reading never ends; the token bucket caps
+/// readings at 2^62 − 1 ns, so a bucket emptied there never refills. A full limiter's rejection
+/// said to retry at the end of that window or at the refill (1 ns for a power-of-two window,
+/// 0.29 s for a window of a second, the time to the cap for the bucket), a wait that never ends:
+/// a waiting head slept it and retried for ever. Every algorithm now says "never" (at least
+/// 2^62 ns) there, for a rejection's `retry_after` and an admission's `reset_after`, and keeps
+/// the exact wait where the clock still gets there.
+#[test]
+fn every_algorithm_full_at_the_end_of_time_says_never() {
+    let never = Duration::from_nanos(1 << 62);
+    let second = Duration::from_secs(1);
+    let power_of_two = Duration::from_nanos(1 << 30);
+    let algorithms = [
+        Algorithm::FixedWindow {
+            limit: 3,
+            window: second,
+        },
+        Algorithm::FixedWindow {
+            limit: 3,
+            window: power_of_two,
+        },
+        Algorithm::SlidingCounter {
+            limit: 3,
+            window: second,
+        },
+        Algorithm::SlidingCounter {
+            limit: 3,
+            window: power_of_two,
+        },
+        Algorithm::SlidingWindow {
+            limit: 3,
+            window: second,
+        },
+        Algorithm::TokenBucket {
+            rate: turnstile::Rate::per_second(1),
+            burst: 3,
+        },
+    ];
+    for algorithm in algorithms {
+        let clock = turnstile::ManualClock::new();
+        let limiter = RateLimiter::with_clock(algorithm, clock.clone()).unwrap();
+        clock.advance(Duration::MAX);
+        let mut resets = Vec::new();
+        for _ in 0..3 {
+            resets.push(limiter.try_acquire().unwrap().reset_after());
+        }
+        let probe = limiter.try_acquire_n(0).map(|a| a.reset_after());
+        let wait = match limiter.try_acquire() {
+            Err(turnstile::TryAcquireError::Rejected(rejection)) => rejection.retry_after(),
+            other => panic!("{algorithm:?}: not a rejection: {other:?}"),
+        };
+        assert!(
+            wait >= never,
+            "{algorithm:?}: a wait that never ends: retry after {wait:?}"
+        );
+        assert!(
+            resets.iter().all(|&reset| reset >= never),
+            "{algorithm:?}: never full again, yet reset after {resets:?}"
+        );
+        if let Ok(reset) = probe {
+            assert!(
+                reset >= never,
+                "{algorithm:?}: a probe's reset after {reset:?}"
+            );
+        }
+        clock.advance(Duration::from_secs(3600));
+        assert!(
+            limiter.try_acquire().is_err(),
+            "{algorithm:?}: admitted past the end"
+        );
+
+        // An hour before the end the clock still gets to the next window or the refill: the
+        // exact wait, not "never".
+        let clock = turnstile::ManualClock::new();
+        let limiter = RateLimiter::with_clock(algorithm, clock.clone()).unwrap();
+        clock.set(Duration::from_nanos((1 << 62) - 3_600_000_000_000));
+        for _ in 0..3 {
+            let reset = limiter.try_acquire().unwrap().reset_after();
+            assert!(
+                reset <= Duration::from_secs(3),
+                "{algorithm:?}: reset after {reset:?}"
+            );
+        }
+        let wait = match limiter.try_acquire() {
+            Err(turnstile::TryAcquireError::Rejected(rejection)) => rejection.retry_after(),
+            other => panic!("{algorithm:?}: not a rejection: {other:?}"),
+        };
+        assert!(
+            wait <= Duration::from_secs(3),
+            "{algorithm:?}: retry after {wait:?} an hour before the end"
+        );
+        clock.advance(wait);
+        limiter.try_acquire().unwrap();
+    }
+}
+
 /// A head that must wait for time inside a tokio runtime sleeps on that runtime's timer, which
 /// must be enabled (documented, as for tokio's own `sleep`): without it the `acquire` panics with
 /// tokio's message naming `enable_time`. The panic must not strand the queue: the waiter leaves

@@ -57,7 +57,7 @@ impl Shape {
     #[inline(always)]
     fn free(&self, word: u64, now: u64) -> (u32, u32, u64, u32) {
         let (window, elapsed) = self.grid.locate(now);
-        let until_reset = self.grid.len() - elapsed;
+        let until_reset = self.grid.wait(now, self.grid.len() - elapsed);
         let id = window_id(window);
         let (wid, count) = unpack(word);
         let used = if wid == id { count } else { 0 };
@@ -200,7 +200,10 @@ impl Algo for FixedWindow {
         let len = p.grid.len();
         let rest = extra.saturating_add(u64::from(at_limit > 0)).max(1);
         let later = rest.div_ceil(u64::from(p.limit.max(1))) - 1;
-        (len - elapsed).saturating_add(later.saturating_mul(len))
+        p.grid.wait(
+            now,
+            (len - elapsed).saturating_add(later.saturating_mul(len)),
+        )
     }
 
     fn available(&self, state: &AtomicU64, now: u64) -> u32 {

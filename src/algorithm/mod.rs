@@ -297,6 +297,14 @@ impl Divisor {
     }
 }
 
+/// The wait an algorithm reports for a time no clock reading reaches: 2^62 ns, about 146 years,
+/// at least. Past the readings an algorithm distinguishes (the token bucket's and the exact
+/// sliding window's are capped at 2^62 − 1 ns, the grid's saturate at `u64::MAX` ns) time stands
+/// still for it, so a wait to a later time is never over; reported as the time to it, it was a
+/// few nanoseconds that a waiting head slept and retried for ever (`acquire_blocking` spinning a
+/// core). A ban for good reads the same.
+pub(crate) const NEVER: u64 = 1 << 62;
+
 /// The window grid of the fixed window and the sliding counter: window number
 /// `base + (now + shift) / window` (wrapping), elapsed `(now + shift) % window`.
 ///
@@ -335,6 +343,17 @@ impl Grid {
     pub(crate) fn locate(&self, now: u64) -> (u64, u64) {
         let (q, elapsed) = self.window.div_rem(now.saturating_add(self.shift));
         (self.base.wrapping_add(q), elapsed)
+    }
+
+    /// `wait` from `now`, or at least [`NEVER`] when the grid never gets there: its time
+    /// (`now + shift`) saturates at `u64::MAX`, so a window whose end lies beyond never ends (a
+    /// clock pushed to `u64::MAX` ns, `ManualClock::advance(Duration::MAX)`).
+    #[inline(always)]
+    pub(crate) fn wait(&self, now: u64, wait: u64) -> u64 {
+        match now.saturating_add(self.shift).checked_add(wait) {
+            Some(_) => wait,
+            None => wait.max(NEVER),
+        }
     }
 
     /// The grid for windows of length `to` from `now` on (see the type's docs). Times before

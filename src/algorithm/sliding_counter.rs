@@ -112,10 +112,11 @@ impl SlidingCounter {
         let (_, elapsed) = p.grid.locate(now);
         let to_end = p.window - elapsed;
         if after < to_end {
-            return to_end;
+            return p.grid.wait(now, to_end);
         }
         let windows = (after - to_end) / p.window + 1;
-        to_end.saturating_add(windows.saturating_mul(p.window))
+        p.grid
+            .wait(now, to_end.saturating_add(windows.saturating_mul(p.window)))
     }
 
     /// The parameters now, and the version they were published under.
@@ -393,8 +394,10 @@ impl Algo for SlidingCounter {
     fn beyond_limit(&self, now: u64, _at_limit: u64, extra: u64) -> u64 {
         let p = self.shape().0;
         let later = extra.max(1).div_ceil(u64::from(p.limit.max(1))) - 1;
-        self.next_window_after(now, 0)
-            .saturating_add(later.saturating_mul(p.window))
+        let wait = self
+            .next_window_after(now, 0)
+            .saturating_add(later.saturating_mul(p.window));
+        p.grid.wait(now, wait)
     }
 
     fn available(&self, words: &Words, now: u64) -> u32 {
@@ -515,7 +518,8 @@ impl Charge for SlidingCounter {
                 let (prev, cur) = self.counts(words, word, id);
                 if !CHARGE && !p.fits(prev, cur, n.max(1), elapsed) {
                     return Err(TryAcquireError::Rejected(Rejection::new(
-                        p.retry_after(prev, cur, n.max(1), elapsed),
+                        p.grid
+                            .wait(now, p.retry_after(prev, cur, n.max(1), elapsed)),
                         p.limit,
                     )));
                 }
@@ -527,9 +531,9 @@ impl Charge for SlidingCounter {
                 };
                 let remaining = |counted: u32| {
                     let reset = if counted > 0 {
-                        p.window.saturating_mul(2) - elapsed
+                        p.grid.wait(now, p.window.saturating_mul(2) - elapsed)
                     } else if prev > 0 {
-                        p.window - elapsed
+                        p.grid.wait(now, p.window - elapsed)
                     } else {
                         0
                     };

@@ -16,15 +16,14 @@ pub(crate) const MAX_SLIDING_LIMIT: u32 = 1 << 24;
 /// are capped one below it).
 const MAX_TIME: u64 = (1 << 62) - 1;
 
-/// A rejection's wait for a permit that frees at `expiry`, read at `now` (`expiry > now`). A
-/// saturated expiry never frees: its wait is 2^62 ns (about 146 years, past any clock reading),
-/// as a ban for good's, not the 1 ns to the last reading, which a waiting head slept and retried
-/// for ever, spinning (`acquire_blocking` on a core, tokio's timer every millisecond).
+/// The wait, read at `now`, for a permit that frees at `expiry` (0 if it has): a rejection's
+/// `retry_after`, an admission's `reset_after`. A saturated expiry never frees: its wait is
+/// [`NEVER`](super::NEVER), not the 1 ns to the last reading.
 fn wait_until(expiry: u64, now: u64) -> u64 {
     if expiry >= MAX_TIME {
-        MAX_TIME + 1
+        super::NEVER
     } else {
-        expiry - now
+        expiry.saturating_sub(now)
     }
 }
 
@@ -366,7 +365,7 @@ impl SlidingWindow {
         }
         Overdraw::Done(Admission::new(
             now,
-            latest.saturating_sub(now),
+            wait_until(latest, now),
             self.remaining(ring, end, now, p),
         ))
     }
@@ -693,12 +692,18 @@ impl Algo for SlidingWindow {
     /// last comes `⌈extra / limit⌉` windows after the first (at `now` at the earliest), and
     /// `⌊extra / limit⌋` windows after the limit-th, which is no earlier than the time the
     /// limit fits at once (`at_limit`: every live ticket must have expired by then).
-    fn beyond_limit(&self, _now: u64, at_limit: u64, extra: u64) -> u64 {
+    fn beyond_limit(&self, now: u64, at_limit: u64, extra: u64) -> u64 {
         let p = self.shape().0;
         let limit = u64::from(p.limit.max(1));
         let from_first = extra.div_ceil(limit).saturating_mul(p.window);
         let from_limit = at_limit.saturating_add((extra / limit).saturating_mul(p.window));
-        from_first.max(from_limit)
+        let wait = from_first.max(from_limit);
+        // Readings stop at `MAX_TIME − 1`: a later time never comes.
+        if now.min(MAX_TIME - 1).saturating_add(wait) >= MAX_TIME {
+            wait.max(super::NEVER)
+        } else {
+            wait
+        }
     }
 
     /// As a probe's `remaining`, without deciding: after a lowering, while the ring is not
@@ -976,7 +981,7 @@ impl Charge for SlidingWindow {
                             head,
                         ));
                     }
-                    let reset = latest.saturating_sub(now);
+                    let reset = wait_until(latest, now);
                     // A check (n > 0) only needs the verdict; `remaining` may store its hint,
                     // and a check writes nothing.
                     let remaining = if n == 0 {
@@ -1024,14 +1029,14 @@ impl Charge for SlidingWindow {
                         let token = first as u32
                             | token_version(version)
                             | if lap & 1 == 1 { TOKEN_PARITY } else { 0 };
-                        let mut reset = p.window;
+                        let mut reset = wait_until(Self::expiry(now, p.window), now);
                         if now < p.outlived_until {
                             // Full again when the latest of the live tickets expires, which may
                             // be an older one ("Shortening"); every ticket below `end − N` has
                             // expired (we or the claims before us checked).
                             let older =
                                 self.latest_published(ring, end.saturating_sub(limit), head);
-                            reset = reset.max(older.saturating_sub(now));
+                            reset = reset.max(wait_until(older, now));
                         }
                         return Ok(Admission::with_token(
                             now,

@@ -59,6 +59,18 @@ const MAX_NOW: u64 = (1 << 62) - 1;
 /// saturates here, at least 2^62 ns (146 years) after any clock reading.
 const MAX_TAT: u64 = EPOCH - 2;
 
+/// `wait` from `now` (a capped reading), or at least [`NEVER`](super::NEVER) when it ends past
+/// [`MAX_NOW`], where time stands still for the bucket: no reading ends it, and the few
+/// nanoseconds to the cap were a wait a head slept and retried for ever.
+#[inline(always)]
+fn wait_from(now: u64, wait: u64) -> u64 {
+    if now.saturating_add(wait) > MAX_NOW {
+        wait.max(super::NEVER)
+    } else {
+        wait
+    }
+}
+
 /// The token bucket's parameters: a snapshot of [`TokenBucket::params`].
 #[derive(Clone, Copy)]
 struct Shape {
@@ -327,8 +339,9 @@ impl Algo for TokenBucket {
     }
 
     /// Exact: the burst once the bucket is full (`at_limit`), then one permit a period each.
-    fn beyond_limit(&self, _now: u64, at_limit: u64, extra: u64) -> u64 {
-        at_limit.saturating_add(extra.saturating_mul(self.shape().0.interval()))
+    fn beyond_limit(&self, now: u64, at_limit: u64, extra: u64) -> u64 {
+        let wait = at_limit.saturating_add(extra.saturating_mul(self.shape().0.interval()));
+        wait_from(now.min(MAX_NOW), wait)
     }
 
     fn available(&self, state: &AtomicU64, now: u64) -> u32 {
@@ -483,13 +496,17 @@ impl Charge for TokenBucket {
                 let ahead = next - now;
                 if !CHARGE && ahead > p.capacity {
                     return Err(TryAcquireError::Rejected(Rejection::new(
-                        ahead - p.capacity,
+                        wait_from(now, ahead - p.capacity),
                         p.burst,
                     )));
                 }
                 if n == 0 || !COMMIT {
                     let full_in = start - now;
-                    return Ok(Admission::new(now, full_in, p.remaining(full_in)));
+                    return Ok(Admission::new(
+                        now,
+                        wait_from(now, full_in),
+                        p.remaining(full_in),
+                    ));
                 }
                 if self.params.changed(version) {
                     // Reconfigured since our snapshot: decide again under the new parameters.
@@ -506,7 +523,7 @@ impl Charge for TokenBucket {
                     Ok(_) => {
                         return Ok(Admission::with_token(
                             now,
-                            ahead,
+                            wait_from(now, ahead),
                             p.remaining(ahead),
                             version as u32,
                         ));
