@@ -387,10 +387,12 @@ async fn the_aspnet_sample_configuration_behaves_through_the_layer() {
             .unwrap(),
     );
     let client = Client::start(&limiter).await;
-    assert_eq!(
-        client.statuses(3, "/api/values", &[]).await,
-        [200, 200, 429]
-    );
+    assert_eq!(client.statuses(2, "/api/values", &[]).await, [200, 200]);
+    // There a rejection carries `Retry-After` (whole seconds) and no `X-Rate-Limit-*`.
+    let rejected = client.get("/api/values", &[]).await;
+    assert_eq!(rejected.status().as_u16(), 429);
+    assert_eq!(rejected.headers()["retry-after"], "1");
+    assert!(rejected.headers().get("x-rate-limit-limit").is_none());
     // The whitelisted endpoint is not limited.
     assert_eq!(client.statuses(3, "/api/license", &[]).await, [200; 3]);
     clock.advance(Duration::from_secs(1));
@@ -400,6 +402,26 @@ async fn the_aspnet_sample_configuration_behaves_through_the_layer() {
     let ratelimit = admitted.headers()["ratelimit"].to_str().unwrap().to_owned();
     assert_eq!(ratelimit.split(", ").count(), 4, "{ratelimit}");
     assert!(ratelimit.contains(";r=97;"), "{ratelimit}");
+    // And its own headers, which its clients read: those of the rule with the longest period,
+    // its window's end as .NET writes a UTC time (`o`: seven decimals).
+    let header = |name| admitted.headers()[name].to_str().unwrap().to_owned();
+    assert_eq!(header("x-rate-limit-limit"), "7d");
+    assert_eq!(header("x-rate-limit-remaining"), "9997");
+    let reset = header("x-rate-limit-reset");
+    let (_, decimals) = reset.split_once('.').expect("decimals");
+    assert_eq!(decimals.len(), 8, "seven decimals and Z: {reset}");
+    assert!(
+        decimals.ends_with('Z') && reset.as_bytes()[10] == b'T',
+        "{reset}"
+    );
+    let reset = humantime::parse_rfc3339_weak(&reset[..reset.len() - 1]).unwrap();
+    let ends_in = reset.duration_since(std::time::SystemTime::now()).unwrap();
+    // The window of 7 days aligned to the clock's epoch, 1 s into it.
+    let week = Duration::from_secs(7 * 86_400);
+    assert!(
+        ends_in <= week - Duration::from_secs(1) && ends_in > week - Duration::from_secs(60),
+        "{ends_in:?}"
+    );
 }
 
 fn arbitrary_header_value() -> impl Strategy<Value = Vec<u8>> {

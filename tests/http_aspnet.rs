@@ -810,6 +810,29 @@ fn aspnet_disable_rate_limit_headers_drops_retry_after() {
     assert_eq!(r.status(), 429);
     assert!(r.headers().get("retry-after").is_none());
     assert!(r.headers().get("ratelimit").is_none());
+    // Nor its own `X-Rate-Limit-*` on admitted responses, which it sends otherwise; also when
+    // the other section gives no response of its own.
+    assert!(!response_config.aspnet_headers);
+    for (doc, sent) in [
+        (
+            r#"{"IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1s", "Limit": 1}]}}"#,
+            true,
+        ),
+        (
+            r#"{"IpRateLimiting": {"DisableRateLimitHeaders": true},
+                "ClientRateLimiting": {"ClientIdHeader": "X-Key"}}"#,
+            false,
+        ),
+        (
+            r#"{"IpRateLimiting": {"RealIpHeader": "X-Ip"},
+                "ClientRateLimiting": {"DisableRateLimitHeaders": true}}"#,
+            false,
+        ),
+    ] {
+        let config = HttpConfig::from_aspnet_json(doc).unwrap();
+        assert_eq!(config.response.aspnet_headers, sent, "{doc}");
+        assert_eq!(config.response.ietf_headers, sent, "{doc}");
+    }
 }
 
 /// There two rules of one section with the same endpoint and period are legal: the most

@@ -951,6 +951,7 @@ fn apply_response(response: &mut ResponseConfig, node: &Node<'_>) -> Result<(), 
         // There `Retry-After` is one of the rate-limit headers, sent only when they are.
         response.ietf_headers = false;
         response.legacy_headers = false;
+        response.aspnet_headers = false;
         response.retry_after_header = false;
     }
     Ok(())
@@ -1100,6 +1101,12 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         anonymous_client_id: Some("anon".to_owned()),
         // There the path is counted and matched without its trailing `/`.
         trim_trailing_slash: true,
+        // Its own `X-Rate-Limit-*` on admitted responses, which its clients may read, unless a
+        // section's `DisableRateLimitHeaders` turns them off (`apply_response`).
+        response: ResponseConfig {
+            aspnet_headers: true,
+            ..ResponseConfig::default()
+        },
         ..HttpConfig::default()
     };
     config.client_ip.headers = vec![ForwardedHeader::Custom("X-Real-IP".to_owned())];

@@ -1162,7 +1162,9 @@ impl HttpConfig {
     /// otherwise, with its `StatusCode`, which is 429 unless given (it wins over `HttpStatusCode`
     /// there; a `null` one leaves `HttpStatusCode`). The period is written in its largest whole
     /// unit (`1d`, `15m`), which is the `Period` as written for the usual ones; a period written
-    /// otherwise (`60s`, `1.5m`, `1w`) is written `1m`, `90s`, `7d`. `DisableRateLimitHeaders`
+    /// otherwise (`60s`, `1.5m`, `1w`) is written `1m`, `90s`, `7d`. Admitted responses carry its
+    /// `X-Rate-Limit-Limit`, `-Remaining` and `-Reset` (`response.aspnet_headers`, of the rule
+    /// with the longest period, as there) beside the IETF headers. `DisableRateLimitHeaders`
     /// leaves out `Retry-After` as well as the quota headers, as there. Every rejection has one
     /// response here, where each section has its own there: the response one section gives is
     /// that of both (the other giving none of `HttpStatusCode`, `QuotaExceededResponse`,

@@ -11,8 +11,9 @@
 //! `grpc-status` only if CORS exposes it, as for every gRPC-Web answer. This is plain HTTP: any
 //! gRPC server behind the layer benefits, with or without the `tonic` feature.
 
+use crate::http::response::QuotaHeaders;
 use crate::http::response::{Rejection, retry_seconds};
-use crate::http::{Outcome, RejectReason, ResponseConfig, Verdict, insert_quota_headers};
+use crate::http::{Outcome, RejectReason, ResponseConfig, Verdict};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use std::fmt::Write as _;
@@ -233,7 +234,8 @@ fn grpc_rejection(
     };
     let mut response = trailers_only(content_type, grpc_code(rejection.reason), &message, retry);
     let headers = response.headers_mut();
-    insert_quota_headers(headers, &verdict.quotas, config);
+    // As a rejection's: without AspNetCoreRateLimit's headers, which it sends on admissions only.
+    QuotaHeaders::of_rejection(config).insert(headers, &verdict.quotas);
     Some(response)
 }
 

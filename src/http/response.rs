@@ -51,6 +51,16 @@ pub struct ResponseConfig {
     pub ietf_headers: bool,
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` as well.
     pub legacy_headers: bool,
+    /// AspNetCoreRateLimit's own quota headers on admitted responses, as it sends them: of the
+    /// matched rules, the one with the longest period gives `X-Rate-Limit-Limit` (that period,
+    /// in its largest whole unit: `1s`, `15m`, `12h`, `7d`), `X-Rate-Limit-Remaining` (requests
+    /// left in its window) and `X-Rate-Limit-Reset` (when its window ends: UTC, ISO 8601 with
+    /// seven decimals as .NET's round-trip format writes it, `2026-11-29T14:03:00.0000000Z`).
+    /// Rejections do not carry them (there they carry `Retry-After` alone). Off by default;
+    /// [`HttpConfig::from_aspnet_json`](crate::http::HttpConfig::from_aspnet_json) turns it on
+    /// unless the document sets `DisableRateLimitHeaders`, so clients that read these headers
+    /// keep working after a migration.
+    pub aspnet_headers: bool,
     /// `Retry-After` on rejections that say when to retry (true by default).
     /// AspNetCoreRateLimit sends it only with its quota headers, so its translation turns it
     /// off with `DisableRateLimitHeaders`.
@@ -73,6 +83,7 @@ impl Default for ResponseConfig {
             body: None,
             ietf_headers: true,
             legacy_headers: false,
+            aspnet_headers: false,
             retry_after_header: true,
             grpc: true,
         }
@@ -514,7 +525,10 @@ fn most_restrictive(quotas: &[QuotaState]) -> Option<&QuotaState> {
 
 /// Adds the quota headers `config` asks for to `headers`: `RateLimit-Policy` and `RateLimit`
 /// (when `ietf_headers`), and `X-RateLimit-Limit`, `-Remaining` and `-Reset` (seconds, rounded
-/// up) of the most restrictive quota (when `legacy_headers`). Nothing when `quotas` is empty.
+/// up) of the most restrictive quota (when `legacy_headers`), and AspNetCoreRateLimit's
+/// `X-Rate-Limit-*` of the longest window (when `aspnet_headers`; for an admitted response, as
+/// there: a rejection built by [`rejection_response`] leaves them out). Nothing when `quotas` is
+/// empty.
 ///
 /// Headers already there (a layer inside this one) are kept: `RateLimit-Policy` and
 /// `RateLimit` lines are appended (lists, so the response lists both layers' policies), and
@@ -556,26 +570,44 @@ const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// Which quota headers responses carry: the two flags of a [`ResponseConfig`], copied so that an
-/// admitted request's response future holds two bools rather than the settings.
+const X_RATE_LIMIT_LIMIT: HeaderName = HeaderName::from_static("x-rate-limit-limit");
+const X_RATE_LIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rate-limit-remaining");
+const X_RATE_LIMIT_RESET: HeaderName = HeaderName::from_static("x-rate-limit-reset");
+
+/// Which quota headers responses carry: the flags of a [`ResponseConfig`], copied so that an
+/// admitted request's response future holds three bools rather than the settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct QuotaHeaders {
     ietf: bool,
     legacy: bool,
+    aspnet: bool,
 }
 
 impl QuotaHeaders {
+    /// The headers of an admitted response.
     pub(crate) fn of(config: &ResponseConfig) -> Self {
         QuotaHeaders {
             ietf: config.ietf_headers,
             legacy: config.legacy_headers,
+            aspnet: config.aspnet_headers,
+        }
+    }
+
+    /// The headers of a rejection: AspNetCoreRateLimit sends its own on admitted responses only.
+    pub(crate) fn of_rejection(config: &ResponseConfig) -> Self {
+        QuotaHeaders {
+            aspnet: false,
+            ..QuotaHeaders::of(config)
         }
     }
 
     /// See [`insert_quota_headers`].
     pub(crate) fn insert(self, headers: &mut HeaderMap, quotas: &[QuotaState]) {
-        if quotas.is_empty() || !(self.ietf || self.legacy) {
+        if quotas.is_empty() || !(self.ietf || self.legacy || self.aspnet) {
             return;
+        }
+        if self.aspnet {
+            insert_aspnet_headers(headers, quotas);
         }
         // One growth for all of them rather than one per insert.
         headers.reserve(usize::from(self.ietf) * 2 + usize::from(self.legacy) * 3);
@@ -616,6 +648,56 @@ impl QuotaHeaders {
             }
         }
     }
+}
+
+/// AspNetCoreRateLimit's `X-Rate-Limit-*` headers for the quota of the longest window (see
+/// [`ResponseConfig::aspnet_headers`]), unless headers already there (a layer inside this one)
+/// are for a window as long or longer: the longest of every layer's, as AspNetCoreRateLimit
+/// picks among its rules.
+fn insert_aspnet_headers(headers: &mut HeaderMap, quotas: &[QuotaState]) {
+    let Some(quota) = quotas.iter().max_by(|a, b| {
+        // Of equal windows, the one with the fewest remaining.
+        a.window.cmp(&b.window).then(b.remaining.cmp(&a.remaining))
+    }) else {
+        return;
+    };
+    let theirs = headers
+        .get(X_RATE_LIMIT_LIMIT)
+        .and_then(|v| humantime::parse_duration(v.to_str().ok()?).ok());
+    if theirs.is_some_and(|theirs| theirs >= quota.window) {
+        return;
+    }
+    let period = compact_period(quota.window);
+    // The period is ASCII digits and a unit (or humantime's words and spaces): a valid value.
+    if let Ok(period) = HeaderValue::from_str(&period) {
+        headers.insert(X_RATE_LIMIT_LIMIT, period);
+    }
+    headers.insert(X_RATE_LIMIT_REMAINING, HeaderValue::from(quota.remaining));
+    let reset = std::time::SystemTime::now().checked_add(quota.reset_after);
+    headers.insert(X_RATE_LIMIT_RESET, dotnet_round_trip(reset));
+}
+
+/// The latest time .NET's `DateTime` holds, 9999-12-31T23:59:59.9999999Z, in seconds since the
+/// Unix epoch (its whole seconds).
+const DOTNET_MAX_SECS: u64 = 253_402_300_799;
+
+/// `at` (UTC) as .NET's round-trip format `o` writes a UTC `DateTime`:
+/// `yyyy-MM-ddTHH:mm:ss.fffffffZ`, seven decimals (its 100 ns ticks, truncated). A time past
+/// `DateTime.MaxValue` (or none: past `SystemTime`'s range) is written as that maximum, a time
+/// before the Unix epoch (a clock set far back) as the epoch.
+fn dotnet_round_trip(at: Option<std::time::SystemTime>) -> HeaderValue {
+    const MAX: &str = "9999-12-31T23:59:59.9999999Z";
+    let since_epoch = match at.map(|at| at.duration_since(std::time::UNIX_EPOCH)) {
+        Some(Ok(d)) if d.as_secs() <= DOTNET_MAX_SECS => d,
+        Some(Err(_)) => Duration::ZERO,
+        _ => return HeaderValue::from_static(MAX),
+    };
+    // humantime writes nine decimals, always: keep seven.
+    let mut text = humantime::format_rfc3339_nanos(std::time::UNIX_EPOCH + since_epoch).to_string();
+    // "…ss.nnnnnnnnnZ": drop the last two digits before the `Z`.
+    let z = text.len() - 1;
+    text.replace_range(z - 2..z, "");
+    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(MAX))
 }
 
 /// Appends `text` to `out` as the inside of a JSON string (RFC 8259): `"`, `\\` and control
@@ -791,7 +873,7 @@ pub fn rejection_response(
     if let Some(secs) = retry_secs.filter(|_| config.retry_after_header) {
         headers.insert(RETRY_AFTER, retry_after_value(secs));
     }
-    QuotaHeaders::of(config).insert(headers, &verdict.quotas);
+    QuotaHeaders::of_rejection(config).insert(headers, &verdict.quotas);
     Some(response)
 }
 
@@ -1212,6 +1294,81 @@ mod tests {
         assert_eq!(headers["x-ratelimit-reset"], "3");
         assert_eq!(headers["x-ratelimit-limit"], "100");
         assert!(headers.get("ratelimit").is_none());
+    }
+
+    #[test]
+    fn aspnet_headers_are_the_longest_windows_on_admissions_only() {
+        let config = ResponseConfig {
+            aspnet_headers: true,
+            ietf_headers: false,
+            ..ResponseConfig::default()
+        };
+        let window = |q: QuotaState, secs| QuotaState {
+            window: Duration::from_secs(secs),
+            ..q
+        };
+        let quotas = [
+            window(quota("a", 1, 1000), 1),
+            window(quota("b", 90, 120_000), 900),
+            window(quota("c", 80, 120_000), 900),
+        ];
+        let mut headers = HeaderMap::new();
+        insert_quota_headers(&mut headers, &quotas, &config);
+        // Of the two 15-minute windows, the one with fewer left.
+        assert_eq!(headers["x-rate-limit-limit"], "15m");
+        assert_eq!(headers["x-rate-limit-remaining"], "80");
+        let reset = headers["x-rate-limit-reset"].to_str().unwrap();
+        let reset = humantime::parse_rfc3339_weak(&reset[..reset.len() - 1]).unwrap();
+        let ends_in = reset.duration_since(std::time::SystemTime::now()).unwrap();
+        assert!(ends_in > Duration::from_secs(110) && ends_in <= Duration::from_secs(120));
+        // A layer outside with a shorter window leaves them; one with a longer window replaces
+        // them, as AspNetCoreRateLimit picks the longest period among its rules.
+        insert_quota_headers(&mut headers, &[window(quota("d", 0, 500), 60)], &config);
+        assert_eq!(headers["x-rate-limit-limit"], "15m");
+        insert_quota_headers(&mut headers, &[window(quota("e", 7, 500), 86_400)], &config);
+        assert_eq!(headers["x-rate-limit-limit"], "1d");
+        assert_eq!(headers["x-rate-limit-remaining"], "7");
+        assert!(headers.get("ratelimit").is_none());
+        // A rejection carries `Retry-After` alone, as there.
+        let verdict = rejected(
+            RejectReason::RateLimited,
+            Some(Duration::from_millis(1500)),
+            vec![window(quota("a", 0, 1500), 1)],
+        );
+        let response = rejection_response(&verdict, &config).unwrap();
+        assert_eq!(response.headers()["retry-after"], "2");
+        assert!(response.headers().get("x-rate-limit-limit").is_none());
+        let grpc = crate::http::grpc_rejection_response(&verdict, &config).unwrap();
+        assert!(grpc.headers().get("x-rate-limit-limit").is_none());
+    }
+
+    #[test]
+    fn dotnet_round_trip_has_seven_decimals_and_stays_in_dotnets_range() {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        let at = |secs, nanos| Some(UNIX_EPOCH + Duration::new(secs, nanos));
+        assert_eq!(
+            dotnet_round_trip(at(1, 123_456_789)),
+            "1970-01-01T00:00:01.1234567Z"
+        );
+        assert_eq!(
+            dotnet_round_trip(at(1_795_957_380, 0)),
+            "2026-11-29T13:03:00.0000000Z"
+        );
+        let max = "9999-12-31T23:59:59.9999999Z";
+        assert_eq!(dotnet_round_trip(None), max);
+        assert_eq!(dotnet_round_trip(at(DOTNET_MAX_SECS, 999_999_999)), max);
+        assert_eq!(
+            dotnet_round_trip(at(DOTNET_MAX_SECS, 0)),
+            "9999-12-31T23:59:59.0000000Z"
+        );
+        assert_eq!(dotnet_round_trip(at(DOTNET_MAX_SECS + 1, 0)), max);
+        assert_eq!(
+            dotnet_round_trip(UNIX_EPOCH.checked_sub(Duration::from_secs(1))),
+            "1970-01-01T00:00:00.0000000Z"
+        );
+        // The longest wait a limiter reports, from now.
+        let far = SystemTime::now().checked_add(Duration::from_nanos(u64::MAX));
+        assert!(dotnet_round_trip(far).to_str().unwrap().starts_with("2"));
     }
 
     #[test]
