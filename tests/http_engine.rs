@@ -1789,6 +1789,35 @@ fn rules_that_never_apply_are_reported_when_loaded() {
     assert_eq!(example, "", "the example has no dead rules");
 }
 
+/// The example app's partner rule does what its comment says: 20 a second for everyone who
+/// sends the id, counted by the id, while per-ip's 2 a second per IP still applies to them (its
+/// comment promised "a larger per-second quota", which a header's id, anyone's to send, must
+/// not grant).
+#[test]
+fn the_example_partner_quota_is_shared_by_the_id_and_per_ip_still_applies() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/axum_server.toml");
+    let config = HttpConfig::from_file(path).unwrap();
+    let l = HttpLimiter::with_clock(config, ManualClock::new()).unwrap();
+    let partner = |ip: &str| get(&l, "/api/values", ip, Some("partner"));
+    for ip in (1..=10).map(|i| format!("10.0.0.{i}")) {
+        for _ in 0..2 {
+            assert_eq!(partner(&ip).outcome, Outcome::Admitted);
+        }
+        // (At the tenth address both rules are spent.)
+        if ip != "10.0.0.10" {
+            let (why, rule, _) = reason(&partner(&ip)).unwrap();
+            assert_eq!((why, rule.as_str()), (RejectReason::RateLimited, "per-ip"));
+        }
+    }
+    // 20 admitted from ten addresses: the id's quota is spent wherever it is sent from.
+    let (why, rule, _) = reason(&partner("10.0.0.11")).unwrap();
+    assert_eq!((why, rule.as_str()), (RejectReason::RateLimited, "partner"));
+    assert_eq!(
+        get(&l, "/api/values", "10.0.0.11", None).outcome,
+        Outcome::Admitted
+    );
+}
+
 /// A whole `appsettings.json`, with the application's other sections beside AspNetCoreRateLimit's,
 /// loads through `from_file` (by its `.json` extension) as the rate-limit sections alone.
 #[test]
