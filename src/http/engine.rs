@@ -197,7 +197,10 @@ macro_rules! count_list_rejection {
 /// Redis backend refuses `queue_limit` when the configuration loads). The count of
 /// `queue_limit` is the rule's, not each client's: it counts the waiting requests of all
 /// clients together (one client can fill it; the others are then rejected at once, as without
-/// a queue), and a reload keeps the count of a rule whose identity is unchanged. Arrival order
+/// a queue), and a reload keeps the count of a rule whose identity is unchanged: one that lowers
+/// `queue_limit` below the requests waiting turns none of them away (each keeps its place and
+/// waits again as above), and no other request starts to wait for the rule until fewer than the
+/// new limit wait. Arrival order
 /// is kept per counter, not across clients (each client's requests are admitted at its own
 /// rate), and the permit a `sliding_window` rule gives back frees only when the admission it
 /// replaced would have expired (see `KeyedLimiter::try_acquire_refundable`).
