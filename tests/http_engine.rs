@@ -1316,6 +1316,33 @@ async fn watch_notices_a_rewrite_that_keeps_the_modification_time_and_length() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The watcher holds its limiter weakly: once the limiter is dropped, the watcher's task ends
+/// at its next poll rather than polling the file for ever; before that, it reloads each change
+/// in turn.
+#[tokio::test(start_paused = true)]
+async fn a_watcher_ends_when_its_limiter_is_dropped() {
+    let dir =
+        std::env::temp_dir().join(format!("turnstile-http-watch-drop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let rule =
+        |limit: u32| format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = {limit}\n");
+    std::fs::write(&path, rule(1)).unwrap();
+    let l = std::sync::Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
+    );
+    let handle = l.watch(&path, Duration::from_secs(1));
+    for (limit, ip) in [(2, "9.9.9.2"), (3, "9.9.9.3")] {
+        std::fs::write(&path, rule(limit)).unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(get(&l, "/", ip, None).quotas[0].limit, u64::from(limit));
+    }
+    drop(l);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(handle.is_finished(), "the watcher outlived its limiter");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[cfg(feature = "metrics")]
 #[path = "common/tally.rs"]
 mod tally;
