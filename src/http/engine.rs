@@ -723,6 +723,14 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// (replaced by a rename, say) is tried again at the next poll; a content that fails to
     /// load is not tried again until it changes.
     ///
+    /// An empty file is not loaded, but tried again at the next poll: a file rewritten in place
+    /// (`std::fs::write`, a shell's `>`) is empty between its truncation and its write, and
+    /// loaded, that would drop every rule with its counters, and the bans: the whole file, read
+    /// at the next poll, would bring the rules back with fresh counters and no client banned. A
+    /// configuration of no rules is written as one (a comment will do). A file written in
+    /// several writes can also be read half-written: write a new file and rename it over the
+    /// old one.
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -753,7 +761,8 @@ impl<C: Clock + Clone> HttpLimiter<C> {
                 let Some(limiter) = limiter.upgrade() else {
                     return;
                 };
-                let Ok(now) = std::fs::read(&path) else {
+                // Empty: being rewritten in place (see above), not a configuration.
+                let Some(now) = std::fs::read(&path).ok().filter(|now| !now.is_empty()) else {
                     continue;
                 };
                 if seen.as_deref() == Some(now.as_slice()) {
