@@ -1316,6 +1316,76 @@ async fn watch_notices_a_rewrite_that_keeps_the_modification_time_and_length() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The watcher holds its limiter weakly: once the limiter is dropped, the watcher's task ends
+/// at its next poll rather than polling the file for ever; before that, it reloads each change
+/// in turn.
+#[tokio::test(start_paused = true)]
+async fn a_watcher_ends_when_its_limiter_is_dropped() {
+    let dir =
+        std::env::temp_dir().join(format!("turnstile-http-watch-drop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let rule =
+        |limit: u32| format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = {limit}\n");
+    std::fs::write(&path, rule(1)).unwrap();
+    let l = std::sync::Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
+    );
+    let handle = l.watch(&path, Duration::from_secs(1));
+    for (limit, ip) in [(2, "9.9.9.2"), (3, "9.9.9.3")] {
+        std::fs::write(&path, rule(limit)).unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(get(&l, "/", ip, None).quotas[0].limit, u64::from(limit));
+    }
+    drop(l);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(handle.is_finished(), "the watcher outlived its limiter");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file rewritten in place (`std::fs::write`, a shell's `>`) is empty between its truncation
+/// and its write: a poll then must not load that as a configuration of no rules, which dropped
+/// every rule's counters and the bans, so that once the whole file was back each client had a
+/// full limit again and no client was banned.
+#[tokio::test(start_paused = true)]
+async fn watch_does_not_load_a_file_caught_empty_while_it_is_rewritten() {
+    let dir =
+        std::env::temp_dir().join(format!("turnstile-http-watch-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let config = "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n\
+                  [bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n";
+    std::fs::write(&path, config).unwrap();
+    let l = std::sync::Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
+    );
+    let handle = l.watch(&path, Duration::from_millis(10));
+    let reason = |ip: &str| match get(&l, "/", ip, None).outcome {
+        Outcome::Rejected { reason, .. } => Some(reason),
+        _ => None,
+    };
+    assert_eq!(reason("9.9.9.1"), None);
+    assert_eq!(reason("9.9.9.2"), None);
+    assert_eq!(
+        reason("9.9.9.2"),
+        Some(RejectReason::RateLimited),
+        "and banned"
+    );
+    // Truncated, polled, then written whole again (the same content).
+    std::fs::write(&path, "").unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    std::fs::write(&path, config).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        reason("9.9.9.1"),
+        Some(RejectReason::RateLimited),
+        "count kept"
+    );
+    assert_eq!(reason("9.9.9.2"), Some(RejectReason::Banned), "ban kept");
+    handle.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[cfg(feature = "metrics")]
 #[path = "common/tally.rs"]
 mod tally;

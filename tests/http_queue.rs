@@ -906,3 +906,126 @@ async fn a_429_behind_a_waiting_request_never_says_retry_now() {
     assert_eq!(headers["x-ratelimit-reset"], "1", "{headers:?}");
     assert_eq!(waiter.await.unwrap().unwrap().status(), 200);
 }
+
+/// A 1-per-second rule named `q` whose requests may wait 5 s, `queue_limit` of them.
+fn queued_rule(limit: u32, queue_limit: u32) -> HttpConfig {
+    HttpConfig::from_toml_str(&format!(
+        "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = {limit}\nqueue_limit = {queue_limit}\n\
+         max_wait = \"5s\"\n"
+    ))
+    .unwrap()
+}
+
+/// A reload that raises the limit three requests of one client wait for admits as many of them
+/// as the new limit has room for at once, and no more: the other two wait for the next window,
+/// which admits both (limit 2).
+#[tokio::test(start_paused = true)]
+async fn a_raised_limit_admits_only_its_new_room_of_the_waiting_requests_at_once() {
+    let limiter = Arc::new(HttpLimiter::with_clock(queued_rule(1, 5), TokioClock::new()).unwrap());
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        waiters.push(waiter(&limiter, from("192.0.2.1")).await);
+    }
+    limiter.reload(queued_rule(2, 5)).unwrap();
+    let mut admitted_at = Vec::new();
+    for task in waiters {
+        let (verdict, at) = task.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        admitted_at.push(at - start);
+    }
+    admitted_at.sort();
+    assert_eq!(admitted_at, [0, 1, 1].map(Duration::from_secs));
+}
+
+/// A reload that removes the rule requests wait for ends their waits at once: no rule applies
+/// to them any more, and they are admitted, none stuck until its `max_wait`.
+#[tokio::test(start_paused = true)]
+async fn a_reload_that_removes_the_rule_admits_its_waiting_requests_at_once() {
+    let limiter = Arc::new(HttpLimiter::with_clock(queued_rule(1, 5), TokioClock::new()).unwrap());
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        waiters.push(waiter(&limiter, from("192.0.2.1")).await);
+    }
+    limiter.reload(HttpConfig::default()).unwrap();
+    for task in waiters {
+        let (verdict, at) = task.await.unwrap();
+        assert_eq!(verdict.outcome, Outcome::Admitted, "{verdict:?}");
+        assert_eq!(at - start, Duration::ZERO);
+    }
+}
+
+/// A reload that takes the queue off a rule rejects the requests waiting for it at once (they
+/// may not wait any more); one that puts it back starts its count of waiting requests from
+/// zero: the one place of `queue_limit = 1` is free.
+#[tokio::test(start_paused = true)]
+async fn a_reload_that_removes_the_queue_rejects_its_waiting_requests_at_once() {
+    let limiter = Arc::new(HttpLimiter::with_clock(queued_rule(1, 5), TokioClock::new()).unwrap());
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        waiters.push(waiter(&limiter, from("192.0.2.1")).await);
+    }
+    let no_queue = "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\n";
+    limiter
+        .reload(HttpConfig::from_toml_str(no_queue).unwrap())
+        .unwrap();
+    for task in waiters {
+        let (verdict, at) = task.await.unwrap();
+        assert!(retry_after(&verdict).is_some(), "{verdict:?}");
+        assert_eq!(at - start, Duration::ZERO);
+    }
+    limiter.reload(queued_rule(1, 1)).unwrap();
+    let (verdict, at) = waiter(&limiter, from("192.0.2.1")).await.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert_eq!(at - start, Duration::from_secs(1));
+}
+
+/// A reload that lowers `queue_limit` below the requests waiting turns none of them away: each
+/// keeps its place, and is admitted in its turn; no other request starts to wait until fewer
+/// than the new limit wait (here, another client's is rejected at once).
+#[tokio::test(start_paused = true)]
+async fn a_lowered_queue_limit_keeps_the_waiting_requests_and_lets_no_other_wait() {
+    let limiter = Arc::new(HttpLimiter::with_clock(queued_rule(1, 3), TokioClock::new()).unwrap());
+    let start = Instant::now();
+    for ip in ["192.0.2.1", "192.0.2.2"] {
+        assert!(decide(&limiter, ip).await.outcome.is_admitted());
+    }
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        waiters.push(waiter(&limiter, from("192.0.2.1")).await);
+    }
+    limiter.reload(queued_rule(1, 1)).unwrap();
+    tokio::task::yield_now().await;
+    let other = decide(&limiter, "192.0.2.2").await;
+    assert_eq!(retry_after(&other), Some(Duration::from_secs(1)));
+    assert_eq!(start.elapsed(), Duration::ZERO, "rejected at once");
+    let mut admitted_at = Vec::new();
+    for task in waiters {
+        let (verdict, at) = task.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        admitted_at.push(at - start);
+    }
+    admitted_at.sort();
+    assert_eq!(admitted_at, [1, 2, 3].map(Duration::from_secs));
+}
+
+/// A waiting request dropped after a reload woke it, before it was decided again, leaves its
+/// place: the one place of `queue_limit = 1` is free for the next.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_dropped_as_a_reload_wakes_it_frees_its_place() {
+    let limiter = Arc::new(HttpLimiter::with_clock(queued_rule(1, 1), TokioClock::new()).unwrap());
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let dropped = waiter(&limiter, from("192.0.2.1")).await;
+    limiter.reload(queued_rule(1, 1)).unwrap();
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    let (verdict, at) = waiter(&limiter, from("192.0.2.1")).await.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert_eq!(at - start, Duration::from_secs(1));
+}

@@ -197,7 +197,10 @@ macro_rules! count_list_rejection {
 /// Redis backend refuses `queue_limit` when the configuration loads). The count of
 /// `queue_limit` is the rule's, not each client's: it counts the waiting requests of all
 /// clients together (one client can fill it; the others are then rejected at once, as without
-/// a queue), and a reload keeps the count of a rule whose identity is unchanged. Arrival order
+/// a queue), and a reload keeps the count of a rule whose identity is unchanged: one that lowers
+/// `queue_limit` below the requests waiting turns none of them away (each keeps its place and
+/// waits again as above), and no other request starts to wait for the rule until fewer than the
+/// new limit wait. Arrival order
 /// is kept per counter, not across clients (each client's requests are admitted at its own
 /// rate), and the permit a `sliding_window` rule gives back frees only when the admission it
 /// replaced would have expired (see `KeyedLimiter::try_acquire_refundable`).
@@ -720,6 +723,14 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// (replaced by a rename, say) is tried again at the next poll; a content that fails to
     /// load is not tried again until it changes.
     ///
+    /// An empty file is not loaded, but tried again at the next poll: a file rewritten in place
+    /// (`std::fs::write`, a shell's `>`) is empty between its truncation and its write, and
+    /// loaded, that would drop every rule with its counters, and the bans: the whole file, read
+    /// at the next poll, would bring the rules back with fresh counters and no client banned. A
+    /// configuration of no rules is written as one (a comment will do). A file written in
+    /// several writes can also be read half-written: write a new file and rename it over the
+    /// old one.
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -750,7 +761,8 @@ impl<C: Clock + Clone> HttpLimiter<C> {
                 let Some(limiter) = limiter.upgrade() else {
                     return;
                 };
-                let Ok(now) = std::fs::read(&path) else {
+                // Empty: being rewritten in place (see above), not a configuration.
+                let Some(now) = std::fs::read(&path).ok().filter(|now| !now.is_empty()) else {
                     continue;
                 };
                 if seen.as_deref() == Some(now.as_slice()) {
