@@ -1123,14 +1123,16 @@ impl<L, W> Core<L, W> {
     }
 
     /// Before a caller queues: `n` above the chain's capacity fails at once, as on the
-    /// caller's own first attempt, rather than once its turn comes.
+    /// caller's own first attempt, rather than once its turn comes. A probe asks for one call,
+    /// as its attempt does (`attempt`): at a capacity of 0 it can never be admitted.
     #[cold]
     fn too_big_to_wait<Q: ?Sized>(&self, n: u32) -> Option<AcquireError>
     where
         L: Member<Q>,
         W: Line<Q>,
     {
-        self.too_big::<Q>(n).and_then(|e| e.wait_or_fail().err())
+        self.too_big::<Q>(n.max(1))
+            .and_then(|e| e.wait_or_fail().err())
     }
 
     fn count<Q: ?Sized>(&self, which: usize)
