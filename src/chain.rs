@@ -2047,7 +2047,9 @@ impl<C: Clock> Chain<C> {
     ///
     /// # Errors
     ///
-    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the smallest capacity.
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the smallest capacity (a
+    ///   probe asks for one call: a chain of capacity 0 never admits it), whether or not others
+    ///   wait.
     /// - [`AcquireError::Closed`] if a member is or gets closed.
     /// - [`AcquireError::QueueFull`] if the caller must wait and the chain's queue has no room
     ///   for `n` permits (a probe counts as one).
