@@ -1123,14 +1123,16 @@ impl<L, W> Core<L, W> {
     }
 
     /// Before a caller queues: `n` above the chain's capacity fails at once, as on the
-    /// caller's own first attempt, rather than once its turn comes.
+    /// caller's own first attempt, rather than once its turn comes. A probe asks for one call,
+    /// as its attempt does (`attempt`): at a capacity of 0 it can never be admitted.
     #[cold]
     fn too_big_to_wait<Q: ?Sized>(&self, n: u32) -> Option<AcquireError>
     where
         L: Member<Q>,
         W: Line<Q>,
     {
-        self.too_big::<Q>(n).and_then(|e| e.wait_or_fail().err())
+        self.too_big::<Q>(n.max(1))
+            .and_then(|e| e.wait_or_fail().err())
     }
 
     fn count<Q: ?Sized>(&self, which: usize)
@@ -2045,7 +2047,9 @@ impl<C: Clock> Chain<C> {
     ///
     /// # Errors
     ///
-    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the smallest capacity.
+    /// - [`AcquireError::InsufficientCapacity`] at once if `n` exceeds the smallest capacity (a
+    ///   probe asks for one call: a chain of capacity 0 never admits it), whether or not others
+    ///   wait.
     /// - [`AcquireError::Closed`] if a member is or gets closed.
     /// - [`AcquireError::QueueFull`] if the caller must wait and the chain's queue has no room
     ///   for `n` permits (a probe counts as one).

@@ -627,6 +627,92 @@ fn a_later_rejection_leaves_earlier_members_unchanged() {
     });
 }
 
+/// A member reconfigured between its commit and the refund that a later member's refusal makes
+/// ends no looser than a twin that never saw the call, for each algorithm whose refund is exact:
+/// the refund is under the parameters of the commit or not at all. A token bucket is the case
+/// that matters: 4 of its 5 tokens taken, then shrunk to a burst of 2 (10 % full stays 10 %), a
+/// refund of the 4 in the new bucket would fill it, where the twin, half full, keeps 1.
+#[test]
+fn a_member_reconfigured_between_its_commit_and_its_refund_ends_no_looser() {
+    let (ten, hundred) = (Duration::from_secs(10), Duration::from_secs(100));
+    let cases = [
+        (
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(10),
+                burst: 10,
+            },
+            Algorithm::TokenBucket {
+                rate: Rate::per_second(1),
+                burst: 2,
+            },
+        ),
+        (
+            Algorithm::FixedWindow {
+                limit: 10,
+                window: ten,
+            },
+            Algorithm::FixedWindow {
+                limit: 5,
+                window: SECOND,
+            },
+        ),
+        (
+            Algorithm::SlidingCounter {
+                limit: 10,
+                window: ten,
+            },
+            Algorithm::SlidingCounter {
+                limit: 5,
+                window: 2 * SECOND,
+            },
+        ),
+    ];
+    for (before, after) in cases {
+        let (clock, twin_clock) = (HookClock::default(), HookClock::default());
+        clock.advance(1_000_000_000_000);
+        twin_clock.advance(1_000_000_000_000);
+        let member = RateLimiter::with_clock(before, clock.clone()).unwrap();
+        let twin = RateLimiter::with_clock(before, twin_clock).unwrap();
+        let last = RateLimiter::with_clock(
+            Algorithm::FixedWindow {
+                limit: 4,
+                window: hundred,
+            },
+            clock.clone(),
+        )
+        .unwrap();
+        member.try_acquire_n(5).unwrap();
+        twin.try_acquire_n(5).unwrap();
+        let chain = Chain::new([member.clone(), last.clone()]).unwrap();
+        let (changed, thief) = (member.clone(), last.clone());
+        // Before the last member's commit reads the clock (after two checks and the first
+        // member's commit).
+        clock.arm(
+            4,
+            Box::new(move || {
+                changed.reconfigure(after).unwrap();
+                thief.try_acquire_n(4).map(drop).unwrap();
+            }),
+        );
+        assert!(chain.try_acquire_n(4).is_err(), "{before:?}");
+        assert!(clock.disarm(), "the race was injected");
+        assert_eq!(
+            chain.stats().refunded,
+            1,
+            "{before:?}: the first member refunded"
+        );
+        twin.reconfigure(after).unwrap();
+        let admits = |limiter: &RateLimiter<HookClock>| {
+            std::iter::from_fn(|| limiter.try_acquire().ok()).count()
+        };
+        let (member_admits, twin_admits) = (admits(&member), admits(&twin));
+        assert!(
+            member_admits <= twin_admits,
+            "{before:?}: {member_admits} admitted after the refund, {twin_admits} without the call"
+        );
+    }
+}
+
 /// The exact sliding window's refund is positional: the refunded ticket frees once the tickets
 /// before it have left the window (and never admits more than the limit in any window).
 #[test]

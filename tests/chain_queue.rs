@@ -1101,3 +1101,71 @@ fn a_blocking_time_limit_of_duration_max_never_passes() {
     chain.acquire_blocking_timeout(1, Duration::MAX).unwrap();
     assert_eq!(chain.stats().admitted, 2);
 }
+
+/// A probe (`acquire_n(0)`) on a chain whose capacity a reconfiguration took to 0 (a limiter
+/// listed twice, down to a limit of 1) can never be admitted: its own attempt says
+/// `InsufficientCapacity`, as `try_acquire_n(0)` does, and so must a probe that finds callers
+/// waiting, at once, async or blocking. It queued behind them instead (pending, or a blocking
+/// probe timed out, with room in the queue), and with the room taken was told `QueueFull`, a
+/// wait it never needed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_probe_at_capacity_0_fails_at_once_behind_waiters() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let window = |limit| Algorithm::FixedWindow {
+        limit,
+        window: Duration::from_secs(1),
+    };
+    for queue_limit in [3, 4] {
+        let twice = RateLimiter::with_clock(window(4), TokioClock::new()).unwrap();
+        let chain = Chain::builder([twice.clone(), twice.clone()])
+            .queue_limit(queue_limit)
+            .build()
+            .unwrap();
+        twice.try_acquire_n(4).unwrap();
+        let (log, start): (Log, _) = (Log::default(), Instant::now());
+        let head = spawn_waiter(&chain, 2, "head", &log, start);
+        settle().await;
+        let behind = spawn_waiter(&chain, 1, "behind", &log, start);
+        settle().await;
+        assert_eq!(chain.stats().waiting, 2);
+        twice.reconfigure(window(1)).unwrap();
+        assert_eq!(chain.capacity(), 0);
+        assert_eq!(
+            chain.try_acquire_n(0).unwrap_err(),
+            TryAcquireError::InsufficientCapacity {
+                requested: 1,
+                capacity: 0
+            }
+        );
+        // Polled once, before the head has run.
+        let mut probe = std::pin::pin!(chain.acquire_n(0));
+        assert_eq!(
+            probe.as_mut().poll(&mut Context::from_waker(Waker::noop())),
+            Poll::Ready(Err(AcquireError::InsufficientCapacity {
+                requested: 1,
+                capacity: 0
+            })),
+            "queue limit {queue_limit}"
+        );
+        // As for a blocking probe (it waited out its time limit behind the head).
+        assert_eq!(
+            chain.acquire_blocking_timeout(0, Duration::from_millis(50)),
+            Err(AcquireError::InsufficientCapacity {
+                requested: 1,
+                capacity: 0
+            }),
+            "queue limit {queue_limit}"
+        );
+        for (waiter, requested) in [(head, 2), (behind, 1)] {
+            assert_eq!(
+                waiter.await.unwrap(),
+                Err(AcquireError::InsufficientCapacity {
+                    requested,
+                    capacity: 0
+                })
+            );
+        }
+        assert!(log.lock().unwrap().is_empty());
+    }
+}
