@@ -229,7 +229,8 @@ macro_rules! count_list_rejection {
 /// made while a reload carries the bans over stays done: the reload lifts the ban again in the
 /// new list once that list holds every ban it carries (which also lifts a ban the same client
 /// earned during the reload); so does one made after it while a request still deciding under the
-/// old configuration passes its ban on (the unban lifts it in the old list too). Counts of
+/// old configuration passes its ban on (the unban lifts it in the old list too, and there the bans
+/// of every address of the group it lifted, when the old grouping was finer). Counts of
 /// rejections towards a ban start over. Bans that do not fit a smaller `max_entries` are lost,
 /// those that end soonest, and the reload says how many at `warn`. The counters
 /// of rules that count by address are not carried over a new grouping: they are keyed by the old

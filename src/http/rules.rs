@@ -623,8 +623,20 @@ impl<C: Clock> Bans<C> {
     /// request started in a replaced list just before a reload carried it over to this one
     /// would otherwise be passed on ([`pass_on`](Self::pass_on)) after this lifted it here,
     /// and the client banned again. Whether this list banned the client.
+    ///
+    /// A ban passed on from a replaced list lands, here, as its group under the coarsest
+    /// grouping of the lists it passes through (each list places a group under its own
+    /// grouping when that is coarser, and keeps it as it is otherwise, see
+    /// [`place`](Self::place)). So in a replaced list that grouped addresses more finely than
+    /// one on the way, the ban of any of its groups inside the client's group under that
+    /// coarsest grouping lands on a group that covers the client: each is lifted there, not only
+    /// the address's own. (Lifting only the address's own group, a ban another member of the
+    /// group started before the unban was passed on after it, and the group banned again.)
+    /// Such a list is walked whole, as it is only while in use after a reload.
     pub(crate) fn lift(&self, client: &BanKey, address: Option<IpAddr>) -> bool {
         let _one_at_a_time = crate::sync::lock(&self.handing_over);
+        // The coarsest grouping from this list back to the one unbanned in.
+        let mut coarsest = address.map(|ip| self.prefix_of(ip));
         let mut before = self.predecessor();
         while let Some(old) = before {
             let key = match address {
@@ -632,6 +644,21 @@ impl<C: Clock> Bans<C> {
                 None => client.clone(),
             };
             old.unban(&key);
+            if let (Some(ip), Some(prefix)) = (address, coarsest.as_mut()) {
+                let own = old.prefix_of(ip);
+                if own > *prefix {
+                    let group = mask_to(ip, *prefix);
+                    for (member, _) in old.list.banned() {
+                        if let BanKey::Ip(other) = member
+                            && other.is_ipv4() == ip.is_ipv4()
+                            && mask_to(other, *prefix) == group
+                        {
+                            old.list.unban(&member);
+                        }
+                    }
+                }
+                *prefix = (*prefix).min(own);
+            }
             before = old.predecessor();
         }
         self.unban(client)
