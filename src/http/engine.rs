@@ -169,7 +169,8 @@ macro_rules! count_list_rejection {
 /// meanwhile for that counter is refused the freed permit: it queues behind them (or is
 /// rejected at once, if it may not wait). Admitted by
 /// the rule, it is decided again as a new request is, from step 0 on (a client banned meanwhile
-/// is rejected as banned; the client it is, its IP and id, as found at its arrival), with that
+/// is rejected as banned; the client it is, its IP and id, as found at its arrival, its IP
+/// grouped for bans as a reload to a coarser grouping groups it), with that
 /// rule's permit already taken (it is not charged twice), and the layer answers it with the
 /// response settings of the configuration it is decided under. If it is not admitted then
 /// (another rule rejects it, a list answers it first), the rule's permit is given back, to the
@@ -1101,14 +1102,6 @@ fn probe_quota<C: Clock>(
     rule.quota(remaining, reset_after)
 }
 
-fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
-    match (request.client_ip, request.client_id) {
-        (Some(ip), _) => Some(BanKey::Ip(ip)),
-        (None, Some(id)) => Some(BanKey::Client(CompactString::from(id))),
-        (None, None) => None,
-    }
-}
-
 /// `path` in the form rules match and per-endpoint counters key on, when it differs: its
 /// percent-encoded unreserved characters (letters, digits, `-`, `.`, `_`, `~`) decoded and the
 /// hex digits of the other escapes upper-cased, RFC 3986's normalizations that change no
@@ -1317,7 +1310,10 @@ fn decide<C: Clock>(
         count_list_rejection!("blocklist");
         return Check::Ready(rejected(RejectReason::Blocked, BLOCKLIST.get(), None));
     }
-    let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
+    let ban = set
+        .bans
+        .as_ref()
+        .and_then(|b| Some((b, b.key_of(request.client_ip, request.client_id)?)));
     if let Some((bans, key)) = &ban
         && let Some(left) = bans.check(key)
     {

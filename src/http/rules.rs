@@ -496,6 +496,23 @@ impl<C: Clock> Bans<C> {
         }
     }
 
+    /// The key a request's client is banned by: its address (`ip`) grouped as this list
+    /// groups addresses, or else its client id.
+    ///
+    /// The layer hands the engine addresses grouped already, under the configuration the
+    /// request arrived under; but a request that waited across a reload to a coarser grouping
+    /// is decided again with its address grouped the old way, which named no key of this list:
+    /// its new group's ban was missed and its rejections counted under a key no other request
+    /// of the group meets. (A finer grouping cannot be undone: the old group is looked up as
+    /// one this list inherited, see [`check`](Self::check).)
+    pub(crate) fn key_of(&self, ip: Option<IpAddr>, client: Option<&str>) -> Option<BanKey> {
+        match (ip, client) {
+            (Some(ip), _) => Some(BanKey::Ip(mask_to(ip, self.prefix_of(ip)))),
+            (None, Some(id)) => Some(BanKey::Client(CompactString::from(id))),
+            (None, None) => None,
+        }
+    }
+
     /// How long `client` stays banned, if it is: the longest of its own ban and, for an
     /// address, the bans a reload carried over for the coarser groups it is in. Adds no key.
     pub(crate) fn check(&self, client: &BanKey) -> Option<Duration> {
