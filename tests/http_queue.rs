@@ -1029,3 +1029,59 @@ async fn a_waiter_dropped_as_a_reload_wakes_it_frees_its_place() {
     assert!(verdict.outcome.is_admitted(), "{verdict:?}");
     assert_eq!(at - start, Duration::from_secs(1));
 }
+
+/// A request that waits across a reload to a coarser grouping of addresses is decided again
+/// as "a new request is, from step 0 on (a client banned meanwhile is rejected as banned)":
+/// its address was grouped at its arrival (198.51.100.16, its /28), and the client's group
+/// under the new grouping (the /24) is banned meanwhile. The ban was looked up under the /28's
+/// address, which the /24 list holds nothing for, and the request was admitted by its rule.
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_across_a_regrouping_meets_its_new_groups_ban() {
+    let config = |prefix: u8| {
+        format!(
+            "[client_ip]\nipv4_prefix = {prefix}\n\
+             [[rules]]\nname = \"q\"\nperiod = \"1h\"\nlimit = 1\nqueue_limit = 1\n\
+             max_wait = \"1h\"\n\
+             [bans]\nafter = 1\nwithin = \"1h\"\nduration = \"1h\"\n"
+        )
+    };
+    let limiter = limiter(&config(28));
+    // What the layer hands the engine under each grouping.
+    assert!(
+        decide(&limiter, "198.51.100.16")
+            .await
+            .outcome
+            .is_admitted()
+    );
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { decide(&limiter, "198.51.100.16").await })
+    };
+    tokio::task::yield_now().await;
+    limiter
+        .reload(HttpConfig::from_toml_str(&config(24)).unwrap())
+        .unwrap();
+    // Another address of the /24 uses its limit and is banned, as the /24, before the waiting
+    // request is decided again.
+    assert!(limiter.decide(&from("198.51.100.0")).outcome.is_admitted());
+    let banning = limiter.decide(&from("198.51.100.0"));
+    assert_eq!(retry_after(&banning), Some(Duration::from_secs(3600)));
+    assert!(matches!(
+        limiter.decide(&from("198.51.100.0")).outcome,
+        Outcome::Rejected {
+            reason: RejectReason::Banned,
+            ..
+        }
+    ));
+    let waited = waiter.await.unwrap();
+    assert!(
+        matches!(
+            waited.outcome,
+            Outcome::Rejected {
+                reason: RejectReason::Banned,
+                ..
+            }
+        ),
+        "the request of a client of the banned /24: {waited:?}"
+    );
+}

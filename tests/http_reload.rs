@@ -410,3 +410,77 @@ fn a_ban_passed_on_after_an_unban_lifted_it_stays_lifted() {
         "lifted bans back after reloads to {back:?}"
     );
 }
+
+/// As above, with the ban started by another address of the group the operator lifts: a
+/// reload makes the grouping coarser (`ipv4_prefix` 28, then 24), a request under the old
+/// configuration bans 198.51.100.23 (its /28, `.16`), the reload carries that over as a ban of
+/// the /24, and the operator unbans 198.51.100.7, which lifts the /24 (any address of a banned
+/// group lifts it). The request then passes its ban on from the old list: the unban lifted
+/// only `.7`'s /28 there (not banned), so the ban of `.16/28` was passed on and the /24 was
+/// banned again, though the ban started before the unban. And through a second reload that
+/// makes the grouping finer again (/32, the /24 inherited as a group): passed on through the
+/// /24 list, the ban lands on the inherited /24, which covers `.7`.
+#[test]
+fn a_ban_of_another_member_of_the_lifted_group_passed_on_after_the_unban_stays_lifted() {
+    use turnstile::http::{Outcome, RejectReason, RequestInfo};
+    type Limiter = HttpLimiter<turnstile::ManualClock>;
+    let config = |prefix: u8| {
+        HttpConfig::from_toml_str(&format!(
+            "[client_ip]\nipv4_prefix = {prefix}\n\
+             [[rules]]\nname = \"r\"\nperiod = \"1h\"\nlimit = 1\n\
+             [bans]\nafter = 1\nwithin = \"1h\"\nduration = \"1h\"\n"
+        ))
+        .unwrap()
+    };
+    let banned: std::net::IpAddr = "198.51.100.23".parse().unwrap();
+    let lifted_ip: std::net::IpAddr = "198.51.100.7".parse().unwrap();
+    // The layer hands the engine the address grouped as configured now.
+    let reason = |limiter: &Limiter, ip: std::net::IpAddr, prefix: u8| {
+        let group = ipnet::IpNet::new(ip, prefix).unwrap().network();
+        let request = RequestInfo {
+            method: &http::Method::GET,
+            path: "/",
+            client_ip: Some(group),
+            client_id: None,
+        };
+        match limiter.decide(&request).outcome {
+            Outcome::Rejected { reason, .. } => Some(reason),
+            _ => None,
+        }
+    };
+    let mut back = Vec::new();
+    for reloads in [&[24][..], &[24, 32]] {
+        let limiter =
+            Arc::new(Limiter::with_clock(config(28), turnstile::ManualClock::new()).unwrap());
+        assert_eq!(reason(&limiter, banned, 28), None);
+        let lifted = Arc::new(AtomicBool::new(false));
+        when_banned({
+            let (limiter, lifted) = (Arc::clone(&limiter), Arc::clone(&lifted));
+            Box::new(move || {
+                for &prefix in reloads {
+                    limiter.reload(config(prefix)).unwrap();
+                }
+                // Relaxed: read on this thread, after the request.
+                lifted.store(limiter.unban(lifted_ip), Ordering::Relaxed);
+            })
+        });
+        assert_eq!(
+            reason(&limiter, banned, 28),
+            Some(RejectReason::RateLimited)
+        );
+        assert!(
+            lifted.load(Ordering::Relaxed),
+            "{reloads:?}: the reloads carried the ban over to the /24, and the unban of another \
+             member lifted it"
+        );
+        // A request of `.7` (under its new key, with its rule's full limit).
+        let last = *reloads.last().unwrap();
+        if reason(&limiter, lifted_ip, last).is_some() {
+            back.push(reloads);
+        }
+    }
+    assert!(
+        back.is_empty(),
+        "lifted bans back after reloads to {back:?}"
+    );
+}

@@ -169,7 +169,8 @@ macro_rules! count_list_rejection {
 /// meanwhile for that counter is refused the freed permit: it queues behind them (or is
 /// rejected at once, if it may not wait). Admitted by
 /// the rule, it is decided again as a new request is, from step 0 on (a client banned meanwhile
-/// is rejected as banned; the client it is, its IP and id, as found at its arrival), with that
+/// is rejected as banned; the client it is, its IP and id, as found at its arrival, its IP
+/// grouped for bans as a reload to a coarser grouping groups it), with that
 /// rule's permit already taken (it is not charged twice), and the layer answers it with the
 /// response settings of the configuration it is decided under. If it is not admitted then
 /// (another rule rejects it, a list answers it first), the rule's permit is given back, to the
@@ -232,7 +233,8 @@ macro_rules! count_list_rejection {
 /// made while a reload carries the bans over stays done: the reload lifts the ban again in the
 /// new list once that list holds every ban it carries (which also lifts a ban the same client
 /// earned during the reload); so does one made after it while a request still deciding under the
-/// old configuration passes its ban on (the unban lifts it in the old list too). Counts of
+/// old configuration passes its ban on (the unban lifts it in the old list too, and there the bans
+/// of every address of the group it lifted, when the old grouping was finer). Counts of
 /// rejections towards a ban start over. Bans that do not fit a smaller `max_entries` are lost,
 /// those that end soonest, and the reload says how many at `warn`. The counters
 /// of rules that count by address are not carried over a new grouping: they are keyed by the old
@@ -1112,14 +1114,6 @@ fn probe_quota<C: Clock>(
     rule.quota(remaining, reset_after)
 }
 
-fn ban_key(request: &RequestInfo<'_>) -> Option<BanKey> {
-    match (request.client_ip, request.client_id) {
-        (Some(ip), _) => Some(BanKey::Ip(ip)),
-        (None, Some(id)) => Some(BanKey::Client(CompactString::from(id))),
-        (None, None) => None,
-    }
-}
-
 /// `path` in the form rules match and per-endpoint counters key on, when it differs: its
 /// percent-encoded unreserved characters (letters, digits, `-`, `.`, `_`, `~`) decoded and the
 /// hex digits of the other escapes upper-cased, RFC 3986's normalizations that change no
@@ -1328,7 +1322,10 @@ fn decide<C: Clock>(
         count_list_rejection!("blocklist");
         return Check::Ready(rejected(RejectReason::Blocked, BLOCKLIST.get(), None));
     }
-    let ban = set.bans.as_ref().and_then(|b| Some((b, ban_key(request)?)));
+    let ban = set
+        .bans
+        .as_ref()
+        .and_then(|b| Some((b, b.key_of(request.client_ip, request.client_id)?)));
     if let Some((bans, key)) = &ban
         && let Some(left) = bans.check(key)
     {

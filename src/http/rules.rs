@@ -496,6 +496,23 @@ impl<C: Clock> Bans<C> {
         }
     }
 
+    /// The key a request's client is banned by: its address (`ip`) grouped as this list
+    /// groups addresses, or else its client id.
+    ///
+    /// The layer hands the engine addresses grouped already, under the configuration the
+    /// request arrived under; but a request that waited across a reload to a coarser grouping
+    /// is decided again with its address grouped the old way, which named no key of this list:
+    /// its new group's ban was missed and its rejections counted under a key no other request
+    /// of the group meets. (A finer grouping cannot be undone: the old group is looked up as
+    /// one this list inherited, see [`check`](Self::check).)
+    pub(crate) fn key_of(&self, ip: Option<IpAddr>, client: Option<&str>) -> Option<BanKey> {
+        match (ip, client) {
+            (Some(ip), _) => Some(BanKey::Ip(mask_to(ip, self.prefix_of(ip)))),
+            (None, Some(id)) => Some(BanKey::Client(CompactString::from(id))),
+            (None, None) => None,
+        }
+    }
+
     /// How long `client` stays banned, if it is: the longest of its own ban and, for an
     /// address, the bans a reload carried over for the coarser groups it is in. Adds no key.
     pub(crate) fn check(&self, client: &BanKey) -> Option<Duration> {
@@ -623,8 +640,20 @@ impl<C: Clock> Bans<C> {
     /// request started in a replaced list just before a reload carried it over to this one
     /// would otherwise be passed on ([`pass_on`](Self::pass_on)) after this lifted it here,
     /// and the client banned again. Whether this list banned the client.
+    ///
+    /// A ban passed on from a replaced list lands, here, as its group under the coarsest
+    /// grouping of the lists it passes through (each list places a group under its own
+    /// grouping when that is coarser, and keeps it as it is otherwise, see
+    /// [`place`](Self::place)). So in a replaced list that grouped addresses more finely than
+    /// one on the way, the ban of any of its groups inside the client's group under that
+    /// coarsest grouping lands on a group that covers the client: each is lifted there, not only
+    /// the address's own. (Lifting only the address's own group, a ban another member of the
+    /// group started before the unban was passed on after it, and the group banned again.)
+    /// Such a list is walked whole, as it is only while in use after a reload.
     pub(crate) fn lift(&self, client: &BanKey, address: Option<IpAddr>) -> bool {
         let _one_at_a_time = crate::sync::lock(&self.handing_over);
+        // The coarsest grouping from this list back to the one unbanned in.
+        let mut coarsest = address.map(|ip| self.prefix_of(ip));
         let mut before = self.predecessor();
         while let Some(old) = before {
             let key = match address {
@@ -632,6 +661,21 @@ impl<C: Clock> Bans<C> {
                 None => client.clone(),
             };
             old.unban(&key);
+            if let (Some(ip), Some(prefix)) = (address, coarsest.as_mut()) {
+                let own = old.prefix_of(ip);
+                if own > *prefix {
+                    let group = mask_to(ip, *prefix);
+                    for (member, _) in old.list.banned() {
+                        if let BanKey::Ip(other) = member
+                            && other.is_ipv4() == ip.is_ipv4()
+                            && mask_to(other, *prefix) == group
+                        {
+                            old.list.unban(&member);
+                        }
+                    }
+                }
+                *prefix = (*prefix).min(own);
+            }
             before = old.predecessor();
         }
         self.unban(client)
