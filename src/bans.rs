@@ -691,7 +691,9 @@ where
     ///
     /// A ban that starts on a key not banned ends exactly `duration` (rounded up) from now; one
     /// that extends a ban in force ends at least `duration` from now and less than one
-    /// resolution later.
+    /// resolution later. Past the clock's last reading the bans tell apart (2^62 − 1 ns after
+    /// its epoch, 146 years; a `ManualClock` advanced by `Duration::MAX`) time stands still for
+    /// them: every ban started there never ends, and reads as at least 2^62 ns.
     ///
     /// # Errors
     ///
