@@ -1033,8 +1033,10 @@ async fn a_waiter_dropped_as_a_reload_wakes_it_frees_its_place() {
 /// A request that waits across a reload to a coarser grouping of addresses is decided again
 /// as "a new request is, from step 0 on (a client banned meanwhile is rejected as banned)":
 /// its address was grouped at its arrival (198.51.100.16, its /28), and the client's group
-/// under the new grouping (the /24) is banned meanwhile. The ban was looked up under the /28's
-/// address, which the /24 list holds nothing for, and the request was admitted by its rule.
+/// under the new grouping (the /24) is banned meanwhile, for longer than the request waits (a
+/// reload that keeps its rule leaves it waiting in its place, and it is decided when its turn
+/// comes). The ban was looked up under the /28's address, which the /24 list holds nothing
+/// for, and the request was admitted by its rule.
 #[tokio::test(start_paused = true)]
 async fn a_request_waiting_across_a_regrouping_meets_its_new_groups_ban() {
     let config = |prefix: u8| {
@@ -1042,7 +1044,7 @@ async fn a_request_waiting_across_a_regrouping_meets_its_new_groups_ban() {
             "[client_ip]\nipv4_prefix = {prefix}\n\
              [[rules]]\nname = \"q\"\nperiod = \"1h\"\nlimit = 1\nqueue_limit = 1\n\
              max_wait = \"1h\"\n\
-             [bans]\nafter = 1\nwithin = \"1h\"\nduration = \"1h\"\n"
+             [bans]\nafter = 1\nwithin = \"1h\"\nduration = \"2h\"\n"
         )
     };
     let limiter = limiter(&config(28));
@@ -1084,4 +1086,75 @@ async fn a_request_waiting_across_a_regrouping_meets_its_new_groups_ban() {
         ),
         "the request of a client of the banned /24: {waited:?}"
     );
+}
+
+/// A reload that keeps the rule requests wait for (same identity, limiter and `max_wait`)
+/// leaves them waiting in their places. Each left its counter's queue and was decided again,
+/// so the oldest re-queued behind the younger one still waiting: a sliding window of 2 a
+/// second with permits taken at 0 and 0.5 s, A waiting from 0.5 s and B from 0.7 s, and the
+/// same configuration reloaded at 0.8 s. A, now second, was told 1.5 s, past its `max_wait`
+/// (1.4 s), and rejected at 0.8 s, while B was admitted at 1 s. Now A is admitted at 1 s and B
+/// at 1.5 s, as without the reload.
+#[tokio::test(start_paused = true)]
+async fn a_reload_that_keeps_the_rule_keeps_its_waiting_requests_in_their_places() {
+    let toml = "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 2\n\
+                algorithm = \"sliding_window\"\nqueue_limit = 5\nmax_wait = \"900ms\"\n";
+    let limiter = limiter(toml);
+    let start = Instant::now();
+    let at = |ms| start + Duration::from_millis(ms);
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    tokio::time::advance(at(500) - Instant::now()).await;
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let a = waiter(&limiter, from("192.0.2.1")).await;
+    tokio::time::advance(at(700) - Instant::now()).await;
+    let b = waiter(&limiter, from("192.0.2.1")).await;
+    tokio::time::advance(at(800) - Instant::now()).await;
+    limiter
+        .reload(HttpConfig::from_toml_str(toml).unwrap())
+        .unwrap();
+    let (verdict, admitted) = a.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "the oldest: {verdict:?}");
+    assert_eq!(admitted - start, Duration::from_secs(1));
+    let (verdict, admitted) = b.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "the younger: {verdict:?}");
+    assert_eq!(admitted - start, Duration::from_millis(1500));
+}
+
+/// A reload that keeps the rule but changes its limit reaches the requests waiting in their
+/// places: lowered, the one waiting is admitted when the lower limit has room; and a reload
+/// that changes `max_wait` decides them again under it: one past the new `max_wait` is
+/// rejected at once.
+#[tokio::test(start_paused = true)]
+async fn a_reload_that_changes_the_rules_limit_or_max_wait_reaches_its_waiting_requests() {
+    let rule = |limit: u32, max_wait: &str| {
+        HttpConfig::from_toml_str(&format!(
+            "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = {limit}\nqueue_limit = 5\n\
+             max_wait = \"{max_wait}\"\n"
+        ))
+        .unwrap()
+    };
+    let limiter = Arc::new(HttpLimiter::with_clock(rule(2, "5s"), TokioClock::new()).unwrap());
+    let start = Instant::now();
+    for _ in 0..2 {
+        assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    }
+    let waiting = waiter(&limiter, from("192.0.2.1")).await;
+    // Raised to 3: room for it at once.
+    limiter.reload(rule(3, "5s")).unwrap();
+    let (verdict, admitted) = waiting.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert_eq!(admitted - start, Duration::ZERO);
+    assert_eq!(verdict.quotas[0].limit, 3);
+    // Lowered to 1 with 3 taken this window: the next waits for the next window.
+    let waiting = waiter(&limiter, from("192.0.2.1")).await;
+    limiter.reload(rule(1, "5s")).unwrap();
+    let (verdict, admitted) = waiting.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert_eq!(admitted - start, Duration::from_secs(1));
+    // A wait of a second, then a `max_wait` of half a second: rejected at once.
+    let waiting = waiter(&limiter, from("192.0.2.1")).await;
+    limiter.reload(rule(1, "500ms")).unwrap();
+    let (verdict, rejected) = waiting.await.unwrap();
+    assert!(retry_after(&verdict).is_some(), "{verdict:?}");
+    assert_eq!(rejected - start, Duration::from_secs(1));
 }

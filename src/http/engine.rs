@@ -181,12 +181,15 @@ macro_rules! count_list_rejection {
 /// waits no more. One whose turn comes when the rule has no room left for its client (its
 /// counter was taken out, see `max_keys_per_rule`) is decided again as a newcomer is:
 /// `key_overflow` answers for that rule, and it may wait for another. A reload while it waits
-/// applies to it, and ends its wait at once, since it may have raised the limit the request
-/// waits for: it is decided under the new rules, and if it waits again, it queues again, after the
-/// requests of its counter still waiting, so that a reload can let a request arriving
-/// meanwhile go first (a rule the reload kept, same identity, keeps its count of waiting
-/// requests and, unless the reload made it a new one as described under "Reload", its
-/// limiter; its headers report the new limit beside the count made under it). It waits again as long as each answer comes in time; when one does
+/// applies to it. One that keeps the rule it waits for, enforced, with its limiter and its
+/// `max_wait` (same identity, and the limiter not made a new one as described under "Reload")
+/// leaves it waiting in its place: the limiter applies a changed limit to its queue itself (a
+/// raised one admits at once as many as it has room for), and the request is decided under the
+/// rules in force when its turn comes (its headers report the new limit beside the count made
+/// under it). Any other reload ends its wait at once: it is decided under the new rules, and if
+/// it waits again, it queues again, after the requests of its counter still waiting, so that
+/// such a reload can let a request arriving meanwhile go first (a rule the reload kept, same
+/// identity, keeps its count of waiting requests). It waits again as long as each answer comes in time; when one does
 /// not, or another rule without a queue rejects it, that rejection is final. Only the final
 /// rejection is logged, counted (`turnstile_http_rejected`) and counted towards a ban; each
 /// wait is counted in `turnstile_http_waited`. A waiting request holds no permit of any rule,
@@ -2068,7 +2071,7 @@ impl OwnedRequest {
 
 /// The decision of a request that waits: waits in the queue of its rule's limiter for its
 /// counter key (`wait`), oldest first, at most what remains of the rule's `max_wait` (less if a
-/// reload comes, `reloaded`); then decides again (under the snapshot in force then, `config`;
+/// reload that does not keep its wait comes, `reloaded`: see [`queued`]); then decides again (under the snapshot in force then, `config`;
 /// `set` is the one it was last decided under, and the one its verdict comes with), counting
 /// the permit the queue gave it as that rule's charge, and so on while the decisions ask it to
 /// wait. Holds no permit while it waits, only its places in the queues, so dropping it
@@ -2090,11 +2093,23 @@ fn wait_and_decide<C: Clock>(
     Box::pin(async move {
         loop {
             {
-                // A reload ends the wait: it may have raised the limit the request waits for.
-                // Registered before the rules are compared, so a reload after the comparison
-                // wakes it, and one before it is seen there (no wait at all).
+                // A reload that does not keep the wait ends it (see `queued`). Registered
+                // before the rules are compared, so a reload after the comparison wakes it, and
+                // one before it is seen there (no wait at all: decided again at once).
                 let mut notified = std::pin::pin!(reloaded.notified());
                 notified.as_mut().enable();
+                // Whether the configuration in force still has the request wait where it
+                // waits: under `set`, or under a reload that kept its rule's limiter and
+                // `max_wait` (the limiter applies a changed limit to its queue itself, and the
+                // request is decided under the rules in force once its turn comes).
+                let keeps = || {
+                    let current = config.load();
+                    Arc::ptr_eq(&current, &set)
+                        || current
+                            .rules
+                            .all_rules()
+                            .any(|rule| waits_alike(rule, &wait.rule))
+                };
                 if Arc::ptr_eq(&config.load(), &set) {
                     patience.held = match &wait.rule.limiter {
                         Some(limiter) => {
@@ -2103,7 +2118,9 @@ fn wait_and_decide<C: Clock>(
                                 .queue
                                 .as_ref()
                                 .map_or(Duration::ZERO, |q| patience.budget(q.max_wait));
-                            queued(limiter, &wait.key, budget, notified, &mut patience.done).await
+                            let done = &mut patience.done;
+                            queued(limiter, &wait.key, budget, &reloaded, notified, keeps, done)
+                                .await
                         }
                         // A rule of limit 0 has no queue (refused at load): never here.
                         None => None,
@@ -2136,13 +2153,31 @@ fn wait_and_decide<C: Clock>(
     })
 }
 
-/// Waits in `limiter`'s queue for `key` for a permit, at most `budget`, unless `notified` (a
-/// reload) comes first: the permit, or `None`, after which the request is decided again. How
-/// the wait ended says whether that decision may make it wait again:
+/// Whether `new`, a rule of a reloaded configuration, has a request wait as `old` had it: the
+/// same rule (identity), still enforced, with the same limiter, so the same queue, and the
+/// same `max_wait`.
+fn waits_alike<C: Clock>(new: &Rule<C>, old: &Rule<C>) -> bool {
+    let same_limiter = match (&new.limiter, &old.limiter) {
+        (Some(new), Some(old)) => new.chain_same(old),
+        _ => false,
+    };
+    let same_wait = match (&new.queue, &old.queue) {
+        (Some(new), Some(old)) => new.max_wait == old.max_wait,
+        _ => false,
+    };
+    same_limiter && same_wait && !new.monitor && new.identity == old.identity
+}
+
+/// Waits in `limiter`'s queue for `key` for a permit, at most `budget`: the permit, or `None`,
+/// after which the request is decided again. A reload (`notified`, then again from `reloaded`)
+/// that `keeps` the wait (see [`waits_alike`]) leaves the request waiting in its place; one
+/// that does not ends the wait. How the wait ended says whether that decision may make it
+/// wait again:
 ///
-/// - a reload: it may (nothing taken); the reload may have raised the limit, or dropped the
-///   rule, and the request is decided under the new rules as if it had just arrived (within
-///   its `max_wait`, counted from its arrival);
+/// - a reload that does not keep the wait: it may (nothing taken); the reload dropped the rule
+///   or its queue, gave it a new limiter or a new `max_wait`, and the request is decided under
+///   the new rules as if it had just arrived (within its `max_wait`, counted from its
+///   arrival);
 /// - `Timeout` (`max_wait` reached): it may not (`done`): the decision's rejection, the 429 the
 ///   request would have had without waiting, is final;
 /// - `QueueFull`, `InsufficientCapacity`, `Closed`, `Unavailable` (the limiter gives the
@@ -2156,21 +2191,35 @@ fn wait_and_decide<C: Clock>(
 ///   (`key_overflow`) and may wait for another rule, or for this one if its counter is back.
 ///
 /// Cancel-safe: dropped, it leaves the key's queue and holds nothing.
-async fn queued<C: Clock>(
+async fn queued<'a, C: Clock>(
     limiter: &crate::KeyedLimiter<CounterKey, C>,
     key: &CounterKey,
     budget: Duration,
-    mut notified: Pin<&mut tokio::sync::futures::Notified<'_>>,
+    reloaded: &'a tokio::sync::Notify,
+    mut notified: Pin<&mut tokio::sync::futures::Notified<'a>>,
+    keeps: impl Fn() -> bool,
     done: &mut bool,
 ) -> Option<Box<Receipt<C>>> {
     let mut acquire = std::pin::pin!(limiter.acquire_refundable_timeout(key, 1, budget));
-    let outcome = std::future::poll_fn(|cx| {
-        if notified.as_mut().poll(cx).is_ready() {
-            return std::task::Poll::Ready(None);
+    let outcome = loop {
+        let outcome = std::future::poll_fn(|cx| {
+            if notified.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(None);
+            }
+            acquire.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        if outcome.is_some() {
+            break outcome;
         }
-        acquire.as_mut().poll(cx).map(Some)
-    })
-    .await;
+        // A reload. Registered for the next one before the configuration is read, so that a
+        // reload after the read wakes us and one before it is read.
+        notified.set(reloaded.notified());
+        notified.as_mut().enable();
+        if !keeps() {
+            break None;
+        }
+    };
     let error = match outcome {
         Some(Ok(receipt)) => return Some(Box::new(receipt)),
         None => return None,
