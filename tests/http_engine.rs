@@ -2061,6 +2061,34 @@ fn a_limit_zero_rule_blocks_requests_without_its_key() {
     assert_eq!(get(&l, "/api", "1.1.1.1", None).outcome, Outcome::Admitted);
 }
 
+/// Under `missing_key = "reject"`, a request that a rule of limit 0 blocks and that lacks the
+/// key of another rule is told it is blocked, whichever rule comes first: the block holds
+/// whatever key it sends. It was told "no key" (400, by `no_key_status`) when the rule it
+/// lacked the key of came first, inviting a retry with a client id that would still be
+/// blocked. Counted as a rejection of the blocking rule alone.
+#[test]
+fn a_block_is_the_answer_before_a_missing_key_whichever_rule_comes_first() {
+    let block =
+        "[[rules]]\nname = \"closed\"\nendpoint = \"*:/admin/*\"\nperiod = \"1s\"\nlimit = 0\n";
+    let per_client =
+        "[[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 100\nkey = \"client\"\n";
+    for toml in [
+        format!("missing_key = \"reject\"\n{per_client}{block}"),
+        format!("missing_key = \"reject\"\n{block}{per_client}"),
+    ] {
+        let (l, _) = limiter(&toml);
+        let v = get(&l, "/admin/users", "1.1.1.1", None);
+        assert_eq!(
+            reason(&v).map(|r| (r.0, r.1)),
+            Some((RejectReason::Blocked, "closed".to_owned())),
+            "{toml}"
+        );
+        // Without the block, the missing key is the answer.
+        let v = get(&l, "/api", "1.1.1.1", None);
+        assert_eq!(reason(&v).map(|r| r.0), Some(RejectReason::NoKey), "{toml}");
+    }
+}
+
 fn limited(v: &Verdict) -> bool {
     matches!(v.outcome, Outcome::Rejected { .. })
 }
@@ -2578,21 +2606,23 @@ proptest! {
                         .count() as u64
                 })
             };
-            // Limit 0 and missing keys first, in the rules' order; then counting.
-            let mut expected = None;
+            // Limit 0 first, then missing keys, each in the rules' order; then counting.
+            let mut expected = enforced
+                .iter()
+                .map(|&e| &rules[e])
+                .find(|(_, _, r)| r.limit == 0)
+                .map(|(name, _, _)| (RejectReason::Blocked, name.clone()));
             let mut plan = Vec::new();
-            for &e in &enforced {
+            for &e in enforced.iter().filter(|_| expected.is_none()) {
                 let (name, _, r) = &rules[e];
                 match counter(r) {
-                    _ if r.limit == 0 => expected = Some((RejectReason::Blocked, name.clone())),
                     None if allow_missing => continue,
-                    None => expected = Some((RejectReason::NoKey, name.clone())),
-                    Some(key) => {
-                        plan.push((name.clone(), *r, key));
-                        continue;
+                    None => {
+                        expected = Some((RejectReason::NoKey, name.clone()));
+                        break;
                     }
+                    Some(key) => plan.push((name.clone(), *r, key)),
                 }
-                break;
             }
             if expected.is_none() {
                 let exact_first = plan.iter().filter(|p| !p.1.sliding);

@@ -88,7 +88,8 @@ macro_rules! count_list_rejection {
 ///    with `per_endpoint`, by `VERB:path` as well. A rule with limit 0 rejects with
 ///    [`RejectReason::Blocked`], whatever key the request has (a block counts nothing). A rule
 ///    whose key the request lacks rejects it with [`RejectReason::NoKey`]
-///    (`missing_key = "reject"`) or is skipped (`"allow"`). Otherwise every enforced rule must
+///    (`missing_key = "reject"`) or is skipped (`"allow"`); a block is the answer when both
+///    apply, whichever rule comes first (a key would not help). Otherwise every enforced rule must
 ///    admit: they are charged one by one, and when one rejects, the ones already charged are
 ///    **refunded** (commit-then-refund, as [`KeyedChain`](crate::KeyedChain) does). The refund
 ///    is exact for every algorithm but the exact sliding window, whose refund is positional
@@ -1404,14 +1405,25 @@ fn decide<C: Clock>(
         });
     }
 
-    // Check limit 0 and missing keys before charging anything.
+    // Check limit 0 and missing keys before charging anything. A block wins over a missing
+    // key whatever the rules' order: it holds whatever key the request has, so the client is
+    // told it is blocked rather than to send a key that would not help.
     let mut plan: SmallVec<[_; 4]> = SmallVec::new();
+    let mut no_key = None;
     for rule in &enforced {
         match planned(set, rule, request) {
             Ok(Some((limiter, key))) => plan.push((rule, limiter, key)),
             Ok(None) => continue,
-            Err(verdict) => return Check::Ready(verdict),
+            Err(Unplanned::Blocked) => {
+                return Check::Ready(unplanned(rule, Unplanned::Blocked, request));
+            }
+            Err(Unplanned::NoKey) => {
+                no_key.get_or_insert(rule);
+            }
         }
+    }
+    if let Some(rule) = no_key {
+        return Check::Ready(unplanned(rule, Unplanned::NoKey, request));
     }
 
     // Selected before counting: with the Redis backend they decide where the request counts.
@@ -1635,32 +1647,53 @@ fn give_back<'r, C: Clock>(
 /// A rule's limiter and the key it counts a request under.
 type Charge<'r, C> = (&'r crate::KeyedLimiter<CounterKey, C>, CounterKey);
 
-/// What charging `rule` for `request` takes: its limiter and the request's counter key. The
-/// rejection when the rule blocks (limit 0), whatever key the request has: a block counts
-/// nothing, so it needs none (a `key = "client"` rule of limit 0 on `*:/admin/*` must not let
-/// requests without a client id through under `missing_key = "allow"`). Otherwise `None` when
-/// the request has no key for the rule and `missing_key` lets it pass uncounted, the rejection
-/// when it has none and `missing_key` rejects.
+/// Why a rule cannot be charged for a request: it blocks (limit 0), or the request has no key
+/// for it and `missing_key` rejects.
+#[derive(Clone, Copy)]
+enum Unplanned {
+    Blocked,
+    NoKey,
+}
+
+/// What charging `rule` for `request` takes: its limiter and the request's counter key.
+/// [`Unplanned::Blocked`] when the rule blocks (limit 0), whatever key the request has: a
+/// block counts nothing, so it needs none (a `key = "client"` rule of limit 0 on `*:/admin/*`
+/// must not let requests without a client id through under `missing_key = "allow"`).
+/// Otherwise `None` when the request has no key for the rule and `missing_key` lets it pass
+/// uncounted, [`Unplanned::NoKey`] when it has none and `missing_key` rejects.
 #[inline]
 fn planned<'r, C: Clock>(
     set: &RuleSet<C>,
     rule: &'r Rule<C>,
     request: &RequestInfo<'_>,
-) -> Result<Option<Charge<'r, C>>, Verdict> {
+) -> Result<Option<Charge<'r, C>>, Unplanned> {
     let Some(limiter) = &rule.limiter else {
-        tracing::debug!(rule = %rule.name, ip = ?request.client_ip, client = ?request.client_id, "request rejected: blocked by a rule with limit 0");
-        rule.counters.increment(Metric::Rejected);
-        return Err(rejected(RejectReason::Blocked, rule.local_name(), None));
+        return Err(Unplanned::Blocked);
     };
     let Some(key) = counter_key(rule, request) else {
         if set.missing_key == MissingKey::Reject {
-            tracing::debug!(rule = %rule.name, "request rejected: no client key");
-            rule.counters.increment(Metric::Rejected);
-            return Err(rejected(RejectReason::NoKey, rule.local_name(), None));
+            return Err(Unplanned::NoKey);
         }
         return Ok(None);
     };
     Ok(Some((limiter, key)))
+}
+
+/// The rejection of `request` by `rule`, which cannot be charged for it (see [`planned`]):
+/// logged and counted.
+#[cold]
+fn unplanned<C: Clock>(rule: &Rule<C>, why: Unplanned, request: &RequestInfo<'_>) -> Verdict {
+    rule.counters.increment(Metric::Rejected);
+    match why {
+        Unplanned::Blocked => {
+            tracing::debug!(rule = %rule.name, ip = ?request.client_ip, client = ?request.client_id, "request rejected: blocked by a rule with limit 0");
+            rejected(RejectReason::Blocked, rule.local_name(), None)
+        }
+        Unplanned::NoKey => {
+            tracing::debug!(rule = %rule.name, "request rejected: no client key");
+            rejected(RejectReason::NoKey, rule.local_name(), None)
+        }
+    }
 }
 
 /// The rejection of a request that waits for `rule` instead: what it would have been, for the
@@ -1769,7 +1802,7 @@ fn decide_one<C: Clock>(
                 quotas: Quotas::new(),
             };
         }
-        Err(verdict) => return verdict,
+        Err(why) => return unplanned(rule, why, request),
     };
     let mut held = patience.as_deref_mut().and_then(|p| p.held.take());
     let receipt = take_held(&mut held, limiter, &key);
