@@ -599,6 +599,25 @@ async fn a_cost_past_what_is_left_counts_when_another_descriptor_is_over_first()
     .await;
 }
 
+/// One counter named at two costs in a request another descriptor rejects first (a limit of
+/// 0, or a check that is over): the second cost meets the first's hits, as in memory, where
+/// every descriptor is decided in turn, so it is over and counts; the first is given back.
+#[tokio::test]
+async fn a_counter_at_two_costs_in_a_request_rejected_first_counts_as_in_memory() {
+    for first in [(ZERO, 1), (SMALL, 0)] {
+        in_memory_and_in_redis(
+            BUDGET,
+            &[
+                costing(&[(SMALL, 1)]),
+                costing(&[first, (BUDGET_X, 4), (BUDGET_X, 8)]),
+                costing(&[(BUDGET_X, 0)]),
+                costing(&[(BUDGET_X, 3)]),
+            ],
+        )
+        .await;
+    }
+}
+
 /// One counter named twice, a hit then a check, the hit taking the last of the limit.
 #[tokio::test]
 async fn a_check_after_a_hit_on_the_same_counter_decides_alike() {

@@ -155,7 +155,8 @@ impl Remote {
     /// without Redis): the calls are sent all the same, so that the descriptors over their
     /// limit count their hits (as in memory, where every descriptor is decided), each asking
     /// its script to take nothing from the members that admit ([`Over::CountedOnly`]): one
-    /// round trip, nothing to give back.
+    /// round trip, nothing to give back. But when a counter is named in two calls, they take
+    /// and give back as for an admission, so that the later call meets the earlier's hits.
     async fn enforce(
         &self,
         group: &[(usize, &RedisLimiter)],
@@ -193,12 +194,13 @@ impl Remote {
                 }
             }
         };
-        let over = if rejected {
-            Over::CountedOnly
-        } else {
-            Over::Counted
-        };
         if let [(_, h, ks)] = &calls[..] {
+            // One script decides a counter named more than once in turn (see members.lua).
+            let over = if rejected {
+                Over::CountedOnly
+            } else {
+                Over::Counted
+            };
             set(
                 ks,
                 try_acquire_all_held(&members[0], cost(*h), &[], over)
@@ -228,6 +230,18 @@ impl Remote {
                     .collect()
             })
             .collect();
+        // A request rejected already takes nothing from the members that admit
+        // (`CountedOnly`), unless a counter is named in two calls (at two costs): there the
+        // later call must meet the earlier one's hits, as in memory, where every descriptor is
+        // decided in turn (4 then 8 hits at 0 of 10: the 8 are over and count), so the calls
+        // take as for an admission and give back below.
+        let shared_counter = (keys.iter().zip(&elsewhere))
+            .any(|(own, others)| own.iter().any(|k| others.contains(k)));
+        let over = if rejected && !shared_counter {
+            Over::CountedOnly
+        } else {
+            Over::Counted
+        };
         let calls_held: Vec<_> = (calls.iter().zip(&members).zip(&elsewhere))
             .map(|(((_, h, _), m), elsewhere)| try_acquire_all_held(m, cost(*h), elsewhere, over))
             .collect();
@@ -235,8 +249,9 @@ impl Remote {
         let admitted = |got: &[Option<Result<Admission, TryAcquireError>>]| {
             got.iter().all(|a| matches!(a, Some(Ok(_))))
         };
-        // Every call admitted, or none took anything (`CountedOnly`): nothing to give back.
-        if rejected || held.iter().all(|(got, _)| admitted(got)) {
+        // Every call admitted (the request not rejected already), or none took anything
+        // (`CountedOnly`): nothing to give back.
+        if over == Over::CountedOnly || (!rejected && held.iter().all(|(got, _)| admitted(got))) {
             for ((_, _, ks), (got, _)) in calls.iter().zip(held) {
                 set(ks, got);
             }

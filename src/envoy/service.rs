@@ -465,7 +465,9 @@ impl RlsService {
     /// shadow-mode descriptors (only when the request is admitted) one each, together after
     /// them. The enforced calls are sent even when a check or a descriptor decided without
     /// Redis has rejected the request already, in the same round trip, each script told to take
-    /// nothing from the members that admit (so there is nothing to give back). A descriptor
+    /// nothing from the members that admit (so there is nothing to give back), unless one
+    /// counter is named at two costs (in two calls): those calls then take and give back, so
+    /// that the later meets the earlier's hits, as in memory. A descriptor
     /// over its limit counts its hits past the limit, in the same script (one of more hits
     /// than its limit, decided without a script, in a round trip of its own).
     ///
