@@ -172,8 +172,11 @@ impl Clock for UnixClock {
 /// - **All or nothing.** When one descriptor is over its limit, the hits the request took from
 ///   the others are given back: a rejected request costs nothing, as a rejection of turnstile's
 ///   HTTP layer costs nothing. Envoy's service charges every descriptor even when one is over
-///   (so a client over one limit also eats into the others); this is the one deliberate
-///   difference.
+///   (so a client over one limit also eats into the others). This is the main deliberate
+///   difference; the others are said where they apply: a check at exactly the limit (below),
+///   a request `limit` override counting apart from the configured limit (Envoy's counter
+///   is named by the entries and the unit only), and, counting in Redis, the failure policy
+///   (see `with_redis`).
 /// - **Over the limit.** A descriptor over its limit counts its hits all the same, past the
 ///   limit, as Envoy's service counts them, and answers `limit_remaining` 0: a cost reported
 ///   after the fact (a check with `hits_addend: 0` before the request, then its cost once
@@ -191,8 +194,10 @@ impl Clock for UnixClock {
 /// - `unlimited: true`: `OK`, no counting, `limit_remaining` `u32::MAX`.
 /// - `requests_per_unit: 0`: every hit is over the limit.
 /// - A request `limit` override counts in a limiter of its own per (domain, requests per unit,
-///   unit), keyed by the entries; overrides with an unknown unit are ignored, as are overrides
-///   beyond [`MAX_OVERRIDE_LIMITS`] distinct ones.
+///   unit), keyed by the entries (in Envoy's service it counts in the counter of the entries
+///   and unit, which the configured limit and other overrides of that unit share); overrides
+///   with an unknown unit are ignored, as are overrides beyond [`MAX_OVERRIDE_LIMITS`]
+///   distinct ones.
 /// - `replaces`: a matched limit (an unlimited one too, as in Envoy) naming others in
 ///   `replaces` makes those not apply to the request.
 /// - An unknown domain, or a descriptor no limit matches: `OK`, no `current_limit`.
