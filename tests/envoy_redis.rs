@@ -243,6 +243,26 @@ async fn a_silent_redis_is_answered_by_the_failure_policy_within_the_deadline() 
     server.resume();
 }
 
+/// A descriptor of more hits than its limit beside one that Redis decides: the charge that
+/// counts the first past its limit goes in the same round as the second's script, so that a
+/// silent Redis holds the request one deadline (50 ms), not one after the other. Real time:
+/// the deadline is what is measured.
+#[tokio::test]
+async fn a_cost_above_its_limit_beside_another_descriptor_waits_one_deadline_on_a_silent_redis() {
+    let server = RedisServer::start();
+    let rls = service(&server, CONFIG).await;
+    server.pause();
+    let mut req = request(&[SMALL, BIG]);
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
+    let started = std::time::Instant::now();
+    let r = rls.decide(&req).await.unwrap();
+    let took = started.elapsed();
+    server.resume();
+    assert_eq!(summary(&r), (OVER, vec![(OVER, 0), (OVER, 0)]));
+    // Two deadlines one after the other take 100 ms at least.
+    assert!(took < Duration::from_millis(95), "{took:?}");
+}
+
 /// Different per-descriptor `hits_addend`s on one server: one script per cost, and a request
 /// that one of them rejects costs nothing in the others either (given back).
 #[tokio::test]

@@ -11,7 +11,7 @@ pub(crate) use crate::backend::Connection;
 use crate::backend::{Held, Over, settled, try_acquire_all_held};
 use crate::redis::cluster_routing::Slot;
 use crate::{Admission, Algorithm, ConfigError, FailurePolicy, TryAcquireError};
-use futures_util::future::join_all;
+use futures_util::future::{join, join_all};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -396,20 +396,12 @@ impl Remote {
             .filter_map(|i| limiter(i).map(|l| (i, l)))
             .collect();
         let over = enforced_over(&answers);
-        self.enforce(&group, &subjects, &hits, &mut answers, over)
-            .await;
-        let rejected = enforced_over(&answers);
-
-        // Shadow descriptors of an admitted request.
-        if !rejected {
-            for (i, answer) in join_all(ask(&answers, &|i| shadow(i))).await {
-                answers[i] = answer;
-            }
-        }
         // Enforced descriptors of more hits than their limit, decided without Redis, count them
         // all the same, past the limit (the scripts count the other rejecting ones): as Envoy's
         // service counts them, so that the checks and hits after them are over until the
-        // window ends. A failed charge leaves the request rejected all the same.
+        // window ends. A failed charge leaves the request rejected all the same. Sent in the
+        // same round as the scripts (after them), whose answers they do not change: a silent
+        // Redis then holds the request one deadline, not two.
         let charges: Vec<_> = (0..answers.len())
             .filter(|&i| matches!(answers[i], Answer::Over(_)) && !shadow(i) && hits[i] > 0)
             .filter_map(|i| limiter(i).map(|l| (i, l)))
@@ -420,8 +412,19 @@ impl Remote {
                 )
             })
             .collect();
-        join_all(charges).await;
+        join(
+            self.enforce(&group, &subjects, &hits, &mut answers, over),
+            join_all(charges),
+        )
+        .await;
+        let rejected = enforced_over(&answers);
 
+        // Shadow descriptors of an admitted request.
+        if !rejected {
+            for (i, answer) in join_all(ask(&answers, &|i| shadow(i))).await {
+                answers[i] = answer;
+            }
+        }
         let statuses = (answers.into_iter().enumerate())
             .map(|(i, answer)| {
                 let (current, unit) = match &applied[i] {

@@ -474,7 +474,10 @@ impl RlsService {
     /// counter is named at two costs (in two calls): those calls then take and give back, so
     /// that the later meets the earlier's hits, as in memory. A descriptor
     /// over its limit counts its hits past the limit, in the same script (one of more hits
-    /// than its limit, decided without a script, in a round trip of its own).
+    /// than its limit, decided without a script, by a charge of its own, sent with the
+    /// enforced calls). A request thus takes up to three rounds, one after the other: its
+    /// checks, its enforced calls, its shadow descriptors; each round waits at most the
+    /// deadline, so a request waits up to three deadlines while Redis is silent or down.
     ///
     /// While Redis does not answer within the limiters' deadline, `policy` decides each
     /// descriptor of the calls it did not answer (on a Cluster, the calls to the node that is
