@@ -2816,3 +2816,35 @@ async fn the_json_endpoint_serves_over_hyper_and_shares_the_grpc_counts() {
     let r = rls.call("rl", &[&[("category", "account")]]).await;
     assert_eq!(codes(&r), (OVER, vec![OVER]));
 }
+
+/// `examples/envoy_rls.yaml` does what its comments say: 10 a second per client IP, each
+/// counted apart; one IP blocked outright; the slow path 2 a minute per client; `/search` in
+/// shadow mode, reported over but never enforced.
+#[test]
+fn the_example_configuration_limits_as_its_comments_say() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/envoy_rls.yaml");
+    let clock = ManualClock::new();
+    let service =
+        RlsService::with_clock(RlsConfig::from_file(path).expect("loads"), clock.clone()).unwrap();
+    let ip = |v: &'static str| [("remote_address", v)];
+    for _ in 0..10 {
+        assert_eq!(codes(&decide(&service, "edge", &ip("10.0.0.1"))).0, OK);
+    }
+    assert_eq!(codes(&decide(&service, "edge", &ip("10.0.0.1"))).0, OVER);
+    assert_eq!(codes(&decide(&service, "edge", &ip("10.0.0.2"))).0, OK);
+    assert_eq!(codes(&decide(&service, "edge", &ip("192.0.2.66"))).0, OVER);
+    let slow = |who: &'static str| [("generic_key", "slowpath"), ("client_id", who)];
+    for expected in [OK, OK, OVER] {
+        assert_eq!(codes(&decide(&service, "edge", &slow("alice"))).0, expected);
+    }
+    assert_eq!(codes(&decide(&service, "edge", &slow("bob"))).0, OK);
+    let search = [("path", "/search")];
+    let _ = decide(&service, "edge", &search);
+    let r = decide(&service, "edge", &search);
+    assert_eq!((codes(&r), remaining(&r)), ((OK, vec![OK]), vec![0]));
+    // A second later the per-second limits start again; the per-minute one does not.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(codes(&decide(&service, "edge", &ip("10.0.0.1"))).0, OK);
+    assert_eq!(codes(&decide(&service, "edge", &ip("192.0.2.66"))).0, OVER);
+    assert_eq!(codes(&decide(&service, "edge", &slow("alice"))).0, OVER);
+}
