@@ -125,6 +125,43 @@ async fn shadow_mode_hits_addend_and_limit_zero() {
     assert_eq!(summary(&r), (OK, vec![(OK, 99)]));
 }
 
+/// A shadow descriptor counts its hits past its limit in Redis as in memory (and as Envoy's
+/// service counts them): a cost past what is left, then a check, then the limit enforced by a
+/// reload that keeps the count. Both a cost decided by a script and one above the limit
+/// itself (decided without one) count.
+#[tokio::test]
+async fn a_shadow_descriptor_counts_its_hits_past_the_limit_in_redis_as_in_memory() {
+    let yaml = |shadow: bool| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: budget\n    shadow_mode: {shadow}\n    rate_limit: {{ unit: year, requests_per_unit: 10 }}\n"
+        )
+    };
+    for (first, past) in [(9, 3), (0, 11)] {
+        let server = RedisServer::start();
+        let rls = service(&server, &yaml(true)).await;
+        let memory = RlsService::with_clock(
+            RlsConfig::from_yaml_str(&yaml(true)).unwrap(),
+            turnstile::ManualClock::new(),
+        )
+        .unwrap();
+        let mut answers = Vec::new();
+        for hits in [first, past, 0] {
+            let req = costing(&[(BUDGET_X, hits)]);
+            let r = rls.decide(&req).await.unwrap();
+            assert_eq!(
+                summary(&r),
+                summary(&memory.should_rate_limit(&req).unwrap())
+            );
+            answers.push(summary(&r));
+        }
+        assert_eq!(answers[2], (OK, vec![(OK, 0)]), "{first} then {past}");
+        rls.reload(RlsConfig::from_yaml_str(&yaml(false)).unwrap())
+            .unwrap();
+        let r = rls.decide(&costing(&[(BUDGET_X, 1)])).await.unwrap();
+        assert_eq!(summary(&r), (OVER, vec![(OVER, 0)]), "{first} then {past}");
+    }
+}
+
 /// Global shadow mode in Redis: decided as without it (the big limit given back), answered `OK`.
 #[tokio::test]
 async fn global_shadow_mode_answers_ok_after_the_same_decision() {

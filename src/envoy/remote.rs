@@ -419,10 +419,38 @@ impl Remote {
         .await;
         let rejected = enforced_over(&answers);
 
-        // Shadow descriptors of an admitted request.
+        // Shadow descriptors of an admitted request (their checks were asked with the others),
+        // each in a script of its own that counts its hits past the limit when it is over
+        // (`Over::Counted`), and those of more hits than their limit by a charge: as enforced
+        // ones count (and as Envoy's service counts them: shadow mode changes only the
+        // answer), so that they measure what enforcing would do.
         if !rejected {
-            for (i, answer) in join_all(ask(&answers, &|i| shadow(i))).await {
-                answers[i] = answer;
+            let subjects = &subjects;
+            let scripts = (0..answers.len())
+                .filter(|&i| matches!(answers[i], Answer::NotAsked) && shadow(i) && hits[i] > 0)
+                .filter_map(|i| limiter(i).map(|l| (i, l)))
+                .map(|(i, l)| {
+                    let n = u32::try_from(hits[i]).unwrap_or(u32::MAX);
+                    async move {
+                        let member = [(l, subjects[i].as_slice())];
+                        let (got, _) = try_acquire_all_held(&member, n, &[], Over::Counted).await;
+                        (i, got.into_iter().next().flatten())
+                    }
+                });
+            let charges = (0..answers.len())
+                .filter(|&i| matches!(answers[i], Answer::Over(_)) && shadow(i) && hits[i] > 0)
+                .filter_map(|i| limiter(i).map(|l| (i, l)))
+                .map(|(i, l)| {
+                    l.charge(
+                        subjects[i].as_slice(),
+                        u32::try_from(hits[i]).unwrap_or(u32::MAX),
+                    )
+                });
+            let (got, _) = join(join_all(scripts), join_all(charges)).await;
+            for (i, got) in got {
+                if let Some(got) = got {
+                    answers[i] = Answer::Got(got);
+                }
             }
         }
         let statuses = (answers.into_iter().enumerate())

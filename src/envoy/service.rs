@@ -187,7 +187,10 @@ impl Clock for UnixClock {
 ///   exactly the limit, and over only past it). Checks are decided before the descriptors
 ///   with hits: a check reads the count as it was before the request.
 /// - `shadow_mode: true`: never over the limit; when it would be, its status is `OK` with
-///   `limit_remaining` 0, as in Envoy.
+///   `limit_remaining` 0, as in Envoy. Its hits count as an enforced descriptor's do, past
+///   the limit too, as Envoy's service counts them, so that it measures what enforcing it
+///   would do; only on an admitted request (on a rejected one it is given back, as all the
+///   others).
 /// - The global shadow mode ([`set_global_shadow_mode`](Self::set_global_shadow_mode),
 ///   envoyproxy/ratelimit's `SHADOW_MODE`): decided and counted as without it, then the
 ///   overall answer is `OK`; the statuses stay as decided.
@@ -1031,6 +1034,30 @@ impl<C: Clock + Clone> RlsService<C> {
             outcomes[i] = Some(outcome);
         }
 
+        // Shadow descriptors over their limit count their hits past it, as enforced ones do
+        // (and as Envoy's service counts them: shadow mode changes only the answer), so that
+        // they measure what enforcing would do; when the request is admitted only, as in Redis,
+        // where a rejected request's shadow descriptors are not asked (their hits within the
+        // limit are given back below, as every other descriptor's).
+        if !rejected {
+            for (i, a) in applied.iter().enumerate() {
+                if let Applied::Limit {
+                    spec,
+                    limiter: Some(limiter),
+                    shared,
+                } = a
+                    && spec.shadow_mode()
+                    && hits[i] > 0
+                    && matches!(outcomes[i], Some(Outcome::Over { .. }))
+                {
+                    let key: Key =
+                        counter_entries(&request.descriptors[i].entries, shared).to_vec();
+                    // Fails only at the key cap: the shadow descriptor is OK all the same.
+                    let _ = limiter.charge(&key, u32::try_from(hits[i]).unwrap_or(u32::MAX));
+                }
+            }
+        }
+
         let mut statuses = Vec::with_capacity(outcomes.len());
         for (outcome, a) in outcomes.into_iter().flatten().zip(&applied) {
             let current_limit = match a {
@@ -1434,7 +1461,8 @@ pub(super) fn window_left(unit: Unit, now: u64) -> Duration {
 
 /// One descriptor's decision: `hits` on the counter of `entries` in `limiter` (`None`: a
 /// limit of 0), in the window of `unit` that holds `now`. Hits over the limit are counted all
-/// the same when `count_over` (an enforced descriptor; a shadow one's are not).
+/// the same when `count_over` (an enforced descriptor; a shadow one's are counted after, once
+/// the request is known to be admitted).
 fn decide<C: Clock + Clone>(
     limiter: Option<&Limiter<C>>,
     entries: &[Entry],
