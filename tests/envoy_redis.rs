@@ -296,8 +296,8 @@ async fn a_cost_above_its_limit_beside_another_descriptor_waits_one_deadline_on_
     let took = started.elapsed();
     server.resume();
     assert_eq!(summary(&r), (OVER, vec![(OVER, 0), (OVER, 0)]));
-    // Two deadlines one after the other take 100 ms at least.
-    assert!(took < Duration::from_millis(95), "{took:?}");
+    // Two deadlines one after the other take 100 ms at least (a timer never fires early).
+    assert!(took < Duration::from_millis(100), "{took:?}");
 }
 
 /// Different per-descriptor `hits_addend`s on one server: one script per cost, and a request
