@@ -2816,3 +2816,71 @@ async fn the_json_endpoint_serves_over_hyper_and_shares_the_grpc_counts() {
     let r = rls.call("rl", &[&[("category", "account")]]).await;
     assert_eq!(codes(&r), (OVER, vec![OVER]));
 }
+
+/// `examples/envoy_rls.yaml` does what its comments say: 10 a second per client IP, each
+/// counted apart; one IP blocked outright; the slow path 2 a minute per client; `/search` in
+/// shadow mode, reported over but never enforced.
+#[test]
+fn the_example_configuration_limits_as_its_comments_say() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/envoy_rls.yaml");
+    let clock = ManualClock::new();
+    let service =
+        RlsService::with_clock(RlsConfig::from_file(path).expect("loads"), clock.clone()).unwrap();
+    let ip = |v: &'static str| [("remote_address", v)];
+    for _ in 0..10 {
+        assert_eq!(codes(&decide(&service, "edge", &ip("10.0.0.1"))).0, OK);
+    }
+    assert_eq!(codes(&decide(&service, "edge", &ip("10.0.0.1"))).0, OVER);
+    assert_eq!(codes(&decide(&service, "edge", &ip("10.0.0.2"))).0, OK);
+    assert_eq!(codes(&decide(&service, "edge", &ip("192.0.2.66"))).0, OVER);
+    let slow = |who: &'static str| [("generic_key", "slowpath"), ("client_id", who)];
+    for expected in [OK, OK, OVER] {
+        assert_eq!(codes(&decide(&service, "edge", &slow("alice"))).0, expected);
+    }
+    assert_eq!(codes(&decide(&service, "edge", &slow("bob"))).0, OK);
+    let search = [("path", "/search")];
+    let _ = decide(&service, "edge", &search);
+    let r = decide(&service, "edge", &search);
+    assert_eq!((codes(&r), remaining(&r)), ((OK, vec![OK]), vec![0]));
+    // A second later the per-second limits start again; the per-minute one does not.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(codes(&decide(&service, "edge", &ip("10.0.0.1"))).0, OK);
+    assert_eq!(codes(&decide(&service, "edge", &ip("192.0.2.66"))).0, OVER);
+    assert_eq!(codes(&decide(&service, "edge", &slow("alice"))).0, OVER);
+}
+
+/// A shadow descriptor counts its hits as an enforced one does, past its limit too, as
+/// Envoy's service counts them (shadow mode changes only the answer), so that it measures what
+/// enforcing would do: after a cost past what was left, a check sees the limit reached, and
+/// the limit, once enforced by a reload (which keeps the count), is over for one more hit.
+/// Before, such a cost counted nothing: the check answered 1 left, and the next hit was
+/// admitted once enforced.
+#[test]
+fn a_shadow_descriptor_counts_its_hits_past_the_limit_as_an_enforced_one_does() {
+    let yaml = |shadow: bool| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: budget\n    shadow_mode: {shadow}\n    rate_limit: {{ unit: hour, requests_per_unit: 10 }}\n"
+        )
+    };
+    let service = RlsService::with_clock(
+        RlsConfig::from_yaml_str(&yaml(true)).unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap();
+    let costing = |hits: u64| {
+        let mut request = check_of("d", &[("budget", "x")]);
+        request.descriptors[0].hits_addend = Some(UInt64Value { value: hits });
+        service.should_rate_limit(&request).unwrap()
+    };
+    let r = costing(9);
+    assert_eq!((codes(&r), remaining(&r)), ((OK, vec![OK]), vec![1]));
+    // Past what is left: OK in shadow mode, and counted (12).
+    let r = costing(3);
+    assert_eq!((codes(&r), remaining(&r)), ((OK, vec![OK]), vec![0]));
+    let r = costing(0);
+    assert_eq!((codes(&r), remaining(&r)), ((OK, vec![OK]), vec![0]));
+    service
+        .reload(RlsConfig::from_yaml_str(&yaml(false)).unwrap())
+        .unwrap();
+    assert_eq!(codes(&costing(1)), (OVER, vec![OVER]));
+}

@@ -125,6 +125,43 @@ async fn shadow_mode_hits_addend_and_limit_zero() {
     assert_eq!(summary(&r), (OK, vec![(OK, 99)]));
 }
 
+/// A shadow descriptor counts its hits past its limit in Redis as in memory (and as Envoy's
+/// service counts them): a cost past what is left, then a check, then the limit enforced by a
+/// reload that keeps the count. Both a cost decided by a script and one above the limit
+/// itself (decided without one) count.
+#[tokio::test]
+async fn a_shadow_descriptor_counts_its_hits_past_the_limit_in_redis_as_in_memory() {
+    let yaml = |shadow: bool| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: budget\n    shadow_mode: {shadow}\n    rate_limit: {{ unit: year, requests_per_unit: 10 }}\n"
+        )
+    };
+    for (first, past) in [(9, 3), (0, 11)] {
+        let server = RedisServer::start();
+        let rls = service(&server, &yaml(true)).await;
+        let memory = RlsService::with_clock(
+            RlsConfig::from_yaml_str(&yaml(true)).unwrap(),
+            turnstile::ManualClock::new(),
+        )
+        .unwrap();
+        let mut answers = Vec::new();
+        for hits in [first, past, 0] {
+            let req = costing(&[(BUDGET_X, hits)]);
+            let r = rls.decide(&req).await.unwrap();
+            assert_eq!(
+                summary(&r),
+                summary(&memory.should_rate_limit(&req).unwrap())
+            );
+            answers.push(summary(&r));
+        }
+        assert_eq!(answers[2], (OK, vec![(OK, 0)]), "{first} then {past}");
+        rls.reload(RlsConfig::from_yaml_str(&yaml(false)).unwrap())
+            .unwrap();
+        let r = rls.decide(&costing(&[(BUDGET_X, 1)])).await.unwrap();
+        assert_eq!(summary(&r), (OVER, vec![(OVER, 0)]), "{first} then {past}");
+    }
+}
+
 /// Global shadow mode in Redis: decided as without it (the big limit given back), answered `OK`.
 #[tokio::test]
 async fn global_shadow_mode_answers_ok_after_the_same_decision() {
@@ -241,6 +278,26 @@ async fn a_silent_redis_is_answered_by_the_failure_policy_within_the_deadline() 
     let r = tokio::time::timeout(Duration::from_secs(5), closed.decide(&big)).await;
     assert_eq!(r.expect("no hang").unwrap().overall_code(), OVER);
     server.resume();
+}
+
+/// A descriptor of more hits than its limit beside one that Redis decides: the charge that
+/// counts the first past its limit goes in the same round as the second's script, so that a
+/// silent Redis holds the request one deadline (50 ms), not one after the other. Real time:
+/// the deadline is what is measured.
+#[tokio::test]
+async fn a_cost_above_its_limit_beside_another_descriptor_waits_one_deadline_on_a_silent_redis() {
+    let server = RedisServer::start();
+    let rls = service(&server, CONFIG).await;
+    server.pause();
+    let mut req = request(&[SMALL, BIG]);
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
+    let started = std::time::Instant::now();
+    let r = rls.decide(&req).await.unwrap();
+    let took = started.elapsed();
+    server.resume();
+    assert_eq!(summary(&r), (OVER, vec![(OVER, 0), (OVER, 0)]));
+    // Two deadlines one after the other take 100 ms at least (a timer never fires early).
+    assert!(took < Duration::from_millis(100), "{took:?}");
 }
 
 /// Different per-descriptor `hits_addend`s on one server: one script per cost, and a request
@@ -597,6 +654,25 @@ async fn a_cost_past_what_is_left_counts_when_another_descriptor_is_over_first()
         ],
     )
     .await;
+}
+
+/// One counter named at two costs in a request another descriptor rejects first (a limit of
+/// 0, or a check that is over): the second cost meets the first's hits, as in memory, where
+/// every descriptor is decided in turn, so it is over and counts; the first is given back.
+#[tokio::test]
+async fn a_counter_at_two_costs_in_a_request_rejected_first_counts_as_in_memory() {
+    for first in [(ZERO, 1), (SMALL, 0)] {
+        in_memory_and_in_redis(
+            BUDGET,
+            &[
+                costing(&[(SMALL, 1)]),
+                costing(&[first, (BUDGET_X, 4), (BUDGET_X, 8)]),
+                costing(&[(BUDGET_X, 0)]),
+                costing(&[(BUDGET_X, 3)]),
+            ],
+        )
+        .await;
+    }
 }
 
 /// One counter named twice, a hit then a check, the hit taking the last of the limit.

@@ -11,7 +11,7 @@ pub(crate) use crate::backend::Connection;
 use crate::backend::{Held, Over, settled, try_acquire_all_held};
 use crate::redis::cluster_routing::Slot;
 use crate::{Admission, Algorithm, ConfigError, FailurePolicy, TryAcquireError};
-use futures_util::future::join_all;
+use futures_util::future::{join, join_all};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -155,7 +155,8 @@ impl Remote {
     /// without Redis): the calls are sent all the same, so that the descriptors over their
     /// limit count their hits (as in memory, where every descriptor is decided), each asking
     /// its script to take nothing from the members that admit ([`Over::CountedOnly`]): one
-    /// round trip, nothing to give back.
+    /// round trip, nothing to give back. But when a counter is named in two calls, they take
+    /// and give back as for an admission, so that the later call meets the earlier's hits.
     async fn enforce(
         &self,
         group: &[(usize, &RedisLimiter)],
@@ -193,12 +194,13 @@ impl Remote {
                 }
             }
         };
-        let over = if rejected {
-            Over::CountedOnly
-        } else {
-            Over::Counted
-        };
         if let [(_, h, ks)] = &calls[..] {
+            // One script decides a counter named more than once in turn (see members.lua).
+            let over = if rejected {
+                Over::CountedOnly
+            } else {
+                Over::Counted
+            };
             set(
                 ks,
                 try_acquire_all_held(&members[0], cost(*h), &[], over)
@@ -228,6 +230,18 @@ impl Remote {
                     .collect()
             })
             .collect();
+        // A request rejected already takes nothing from the members that admit
+        // (`CountedOnly`), unless a counter is named in two calls (at two costs): there the
+        // later call must meet the earlier one's hits, as in memory, where every descriptor is
+        // decided in turn (4 then 8 hits at 0 of 10: the 8 are over and count), so the calls
+        // take as for an admission and give back below.
+        let shared_counter = (keys.iter().zip(&elsewhere))
+            .any(|(own, others)| own.iter().any(|k| others.contains(k)));
+        let over = if rejected && !shared_counter {
+            Over::CountedOnly
+        } else {
+            Over::Counted
+        };
         let calls_held: Vec<_> = (calls.iter().zip(&members).zip(&elsewhere))
             .map(|(((_, h, _), m), elsewhere)| try_acquire_all_held(m, cost(*h), elsewhere, over))
             .collect();
@@ -235,8 +249,9 @@ impl Remote {
         let admitted = |got: &[Option<Result<Admission, TryAcquireError>>]| {
             got.iter().all(|a| matches!(a, Some(Ok(_))))
         };
-        // Every call admitted, or none took anything (`CountedOnly`): nothing to give back.
-        if rejected || held.iter().all(|(got, _)| admitted(got)) {
+        // Every call admitted (the request not rejected already), or none took anything
+        // (`CountedOnly`): nothing to give back.
+        if over == Over::CountedOnly || (!rejected && held.iter().all(|(got, _)| admitted(got))) {
             for ((_, _, ks), (got, _)) in calls.iter().zip(held) {
                 set(ks, got);
             }
@@ -381,20 +396,12 @@ impl Remote {
             .filter_map(|i| limiter(i).map(|l| (i, l)))
             .collect();
         let over = enforced_over(&answers);
-        self.enforce(&group, &subjects, &hits, &mut answers, over)
-            .await;
-        let rejected = enforced_over(&answers);
-
-        // Shadow descriptors of an admitted request.
-        if !rejected {
-            for (i, answer) in join_all(ask(&answers, &|i| shadow(i))).await {
-                answers[i] = answer;
-            }
-        }
         // Enforced descriptors of more hits than their limit, decided without Redis, count them
         // all the same, past the limit (the scripts count the other rejecting ones): as Envoy's
         // service counts them, so that the checks and hits after them are over until the
-        // window ends. A failed charge leaves the request rejected all the same.
+        // window ends. A failed charge leaves the request rejected all the same. Sent in the
+        // same round as the scripts (after them), whose answers they do not change: a silent
+        // Redis then holds the request one deadline, not two.
         let charges: Vec<_> = (0..answers.len())
             .filter(|&i| matches!(answers[i], Answer::Over(_)) && !shadow(i) && hits[i] > 0)
             .filter_map(|i| limiter(i).map(|l| (i, l)))
@@ -405,8 +412,47 @@ impl Remote {
                 )
             })
             .collect();
-        join_all(charges).await;
+        join(
+            self.enforce(&group, &subjects, &hits, &mut answers, over),
+            join_all(charges),
+        )
+        .await;
+        let rejected = enforced_over(&answers);
 
+        // Shadow descriptors of an admitted request (their checks were asked with the others),
+        // each in a script of its own that counts its hits past the limit when it is over
+        // (`Over::Counted`), and those of more hits than their limit by a charge: as enforced
+        // ones count (and as Envoy's service counts them: shadow mode changes only the
+        // answer), so that they measure what enforcing would do.
+        if !rejected {
+            let subjects = &subjects;
+            let scripts = (0..answers.len())
+                .filter(|&i| matches!(answers[i], Answer::NotAsked) && shadow(i) && hits[i] > 0)
+                .filter_map(|i| limiter(i).map(|l| (i, l)))
+                .map(|(i, l)| {
+                    let n = u32::try_from(hits[i]).unwrap_or(u32::MAX);
+                    async move {
+                        let member = [(l, subjects[i].as_slice())];
+                        let (got, _) = try_acquire_all_held(&member, n, &[], Over::Counted).await;
+                        (i, got.into_iter().next().flatten())
+                    }
+                });
+            let charges = (0..answers.len())
+                .filter(|&i| matches!(answers[i], Answer::Over(_)) && shadow(i) && hits[i] > 0)
+                .filter_map(|i| limiter(i).map(|l| (i, l)))
+                .map(|(i, l)| {
+                    l.charge(
+                        subjects[i].as_slice(),
+                        u32::try_from(hits[i]).unwrap_or(u32::MAX),
+                    )
+                });
+            let (got, _) = join(join_all(scripts), join_all(charges)).await;
+            for (i, got) in got {
+                if let Some(got) = got {
+                    answers[i] = Answer::Got(got);
+                }
+            }
+        }
         let statuses = (answers.into_iter().enumerate())
             .map(|(i, answer)| {
                 let (current, unit) = match &applied[i] {

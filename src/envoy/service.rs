@@ -172,8 +172,11 @@ impl Clock for UnixClock {
 /// - **All or nothing.** When one descriptor is over its limit, the hits the request took from
 ///   the others are given back: a rejected request costs nothing, as a rejection of turnstile's
 ///   HTTP layer costs nothing. Envoy's service charges every descriptor even when one is over
-///   (so a client over one limit also eats into the others); this is the one deliberate
-///   difference.
+///   (so a client over one limit also eats into the others). This is the main deliberate
+///   difference; the others are said where they apply: a check at exactly the limit (below),
+///   a request `limit` override counting apart from the configured limit (Envoy's counter
+///   is named by the entries and the unit only), and, counting in Redis, the failure policy
+///   (see `with_redis`).
 /// - **Over the limit.** A descriptor over its limit counts its hits all the same, past the
 ///   limit, as Envoy's service counts them, and answers `limit_remaining` 0: a cost reported
 ///   after the fact (a check with `hits_addend: 0` before the request, then its cost once
@@ -184,15 +187,20 @@ impl Clock for UnixClock {
 ///   exactly the limit, and over only past it). Checks are decided before the descriptors
 ///   with hits: a check reads the count as it was before the request.
 /// - `shadow_mode: true`: never over the limit; when it would be, its status is `OK` with
-///   `limit_remaining` 0, as in Envoy.
+///   `limit_remaining` 0, as in Envoy. Its hits count as an enforced descriptor's do, past
+///   the limit too, as Envoy's service counts them, so that it measures what enforcing it
+///   would do; only on an admitted request (on a rejected one it is given back, as all the
+///   others).
 /// - The global shadow mode ([`set_global_shadow_mode`](Self::set_global_shadow_mode),
 ///   envoyproxy/ratelimit's `SHADOW_MODE`): decided and counted as without it, then the
 ///   overall answer is `OK`; the statuses stay as decided.
 /// - `unlimited: true`: `OK`, no counting, `limit_remaining` `u32::MAX`.
 /// - `requests_per_unit: 0`: every hit is over the limit.
 /// - A request `limit` override counts in a limiter of its own per (domain, requests per unit,
-///   unit), keyed by the entries; overrides with an unknown unit are ignored, as are overrides
-///   beyond [`MAX_OVERRIDE_LIMITS`] distinct ones.
+///   unit), keyed by the entries (in Envoy's service it counts in the counter of the entries
+///   and unit, which the configured limit and other overrides of that unit share); overrides
+///   with an unknown unit are ignored, as are overrides beyond [`MAX_OVERRIDE_LIMITS`]
+///   distinct ones.
 /// - `replaces`: a matched limit (an unlimited one too, as in Envoy) naming others in
 ///   `replaces` makes those not apply to the request.
 /// - An unknown domain, or a descriptor no limit matches: `OK`, no `current_limit`.
@@ -465,9 +473,14 @@ impl RlsService {
     /// shadow-mode descriptors (only when the request is admitted) one each, together after
     /// them. The enforced calls are sent even when a check or a descriptor decided without
     /// Redis has rejected the request already, in the same round trip, each script told to take
-    /// nothing from the members that admit (so there is nothing to give back). A descriptor
+    /// nothing from the members that admit (so there is nothing to give back), unless one
+    /// counter is named at two costs (in two calls): those calls then take and give back, so
+    /// that the later meets the earlier's hits, as in memory. A descriptor
     /// over its limit counts its hits past the limit, in the same script (one of more hits
-    /// than its limit, decided without a script, in a round trip of its own).
+    /// than its limit, decided without a script, by a charge of its own, sent with the
+    /// enforced calls). A request thus takes up to three rounds, one after the other: its
+    /// checks, its enforced calls, its shadow descriptors; each round waits at most the
+    /// deadline, so a request waits up to three deadlines while Redis is silent or down.
     ///
     /// While Redis does not answer within the limiters' deadline, `policy` decides each
     /// descriptor of the calls it did not answer (on a Cluster, the calls to the node that is
@@ -1021,6 +1034,30 @@ impl<C: Clock + Clone> RlsService<C> {
             outcomes[i] = Some(outcome);
         }
 
+        // Shadow descriptors over their limit count their hits past it, as enforced ones do
+        // (and as Envoy's service counts them: shadow mode changes only the answer), so that
+        // they measure what enforcing would do; when the request is admitted only, as in Redis,
+        // where a rejected request's shadow descriptors are not asked (their hits within the
+        // limit are given back below, as every other descriptor's).
+        if !rejected {
+            for (i, a) in applied.iter().enumerate() {
+                if let Applied::Limit {
+                    spec,
+                    limiter: Some(limiter),
+                    shared,
+                } = a
+                    && spec.shadow_mode()
+                    && hits[i] > 0
+                    && matches!(outcomes[i], Some(Outcome::Over { .. }))
+                {
+                    let key: Key =
+                        counter_entries(&request.descriptors[i].entries, shared).to_vec();
+                    // Fails only at the key cap: the shadow descriptor is OK all the same.
+                    let _ = limiter.charge(&key, u32::try_from(hits[i]).unwrap_or(u32::MAX));
+                }
+            }
+        }
+
         let mut statuses = Vec::with_capacity(outcomes.len());
         for (outcome, a) in outcomes.into_iter().flatten().zip(&applied) {
             let current_limit = match a {
@@ -1424,7 +1461,8 @@ pub(super) fn window_left(unit: Unit, now: u64) -> Duration {
 
 /// One descriptor's decision: `hits` on the counter of `entries` in `limiter` (`None`: a
 /// limit of 0), in the window of `unit` that holds `now`. Hits over the limit are counted all
-/// the same when `count_over` (an enforced descriptor; a shadow one's are not).
+/// the same when `count_over` (an enforced descriptor; a shadow one's are counted after, once
+/// the request is known to be admitted).
 fn decide<C: Clock + Clone>(
     limiter: Option<&Limiter<C>>,
     entries: &[Entry],
