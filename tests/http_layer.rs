@@ -1189,3 +1189,134 @@ async fn concurrency_permit_is_held_while_a_one_frame_body_downloads() {
     // The server took the last piece (and dropped the body) before it could send it.
     assert_eq!(limiter.available(), 1, "given back once the body is taken");
 }
+
+/// Waits (real time: the server's tasks run on their own) until `limiter` has `want` permits
+/// free, and fails if it does not within two seconds.
+async fn available_soon(limiter: &ConcurrencyLimiter, want: u32) {
+    for _ in 0..1000 {
+        if limiter.available() == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(limiter.available(), want);
+}
+
+/// Reads a response's head from `stream`, up to its blank line.
+async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(stream.read_u8().await.unwrap());
+    }
+    String::from_utf8(head).unwrap()
+}
+
+/// Probes of a real server that found nothing, pinned: the permit goes back after a HEAD of a
+/// large body (whose body the server never sends), and when the client goes away mid-download
+/// or while the handler still runs (the server drops the body, or the response future).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_permit_goes_back_after_head_and_when_the_client_leaves() {
+    use tokio::io::AsyncWriteExt;
+    const LEN: usize = 64 << 20;
+    let gate = Arc::new(Semaphore::new(0));
+    let (entered_tx, mut entered) = mpsc::unbounded_channel::<()>();
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = layer.limiter().clone();
+    let slow = move || {
+        let gate = Arc::clone(&gate);
+        let entered_tx = entered_tx.clone();
+        async move {
+            let _ = entered_tx.send(());
+            gate.acquire().await.unwrap().forget();
+            "done"
+        }
+    };
+    let base = serve(
+        Router::new()
+            .route("/whole", get(|| async { vec![b'x'; LEN] }))
+            .route("/slow", get(slow))
+            .route_layer(layer),
+    )
+    .await;
+    let addr = base.strip_prefix("http://").unwrap().to_owned();
+
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(b"HEAD /whole HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains(&format!("content-length: {LEN}")), "{head}");
+    available_soon(&limiter, 1).await;
+
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(b"GET /whole HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_head(&mut stream).await.starts_with("HTTP/1.1 200"));
+    assert_eq!(limiter.available(), 0, "held while the body downloads");
+    drop(stream);
+    available_soon(&limiter, 1).await;
+
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    entered.recv().await.unwrap();
+    assert_eq!(limiter.available(), 0, "held while the handler runs");
+    drop(stream);
+    available_soon(&limiter, 1).await;
+}
+
+/// A probe that found nothing, pinned: as `ConcurrencyLayer`'s documentation says, an
+/// upgraded connection counts until its 101 response's empty body ends, not while the
+/// upgraded stream is served; and the layer's body wrapper leaves the upgrade working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_layer_lets_an_upgrade_through_and_frees_its_permit() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+    let limiter = layer.limiter().clone();
+    // Answers 101 and echoes four bytes on the upgraded connection.
+    let upgrade = |mut request: axum::extract::Request| async move {
+        let on_upgrade = request
+            .extensions_mut()
+            .remove::<hyper::upgrade::OnUpgrade>()
+            .expect("an upgradable connection");
+        tokio::spawn(async move {
+            let upgraded = on_upgrade.await.expect("upgraded");
+            let mut io = hyper_util::rt::TokioIo::new(upgraded);
+            let mut buf = [0u8; 4];
+            io.read_exact(&mut buf).await.unwrap();
+            io.write_all(&buf).await.unwrap();
+        });
+        http::Response::builder()
+            .status(101)
+            .header("connection", "upgrade")
+            .header("upgrade", "echo")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let base = serve(Router::new().route("/up", get(upgrade)).route_layer(layer)).await;
+    let addr = base.strip_prefix("http://").unwrap().to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(b"GET /up HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n")
+        .await
+        .unwrap();
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    available_soon(&limiter, 1).await;
+    stream.write_all(b"ping").await.unwrap();
+    let mut echoed = [0u8; 4];
+    stream.read_exact(&mut echoed).await.unwrap();
+    assert_eq!(&echoed, b"ping");
+    assert_eq!(
+        limiter.available(),
+        1,
+        "the upgraded stream holds no permit"
+    );
+}

@@ -774,3 +774,209 @@ async fn admitted_responses_get_the_quota_headers_beside_the_handlers_own() {
     let error = response.into_body().collect().await.unwrap_err();
     assert_eq!(error, "the handler's body failed");
 }
+
+/// The requests in flight as the handler and its body see them: counted from the handler's
+/// start until its body ends (or is dropped), the span the concurrency permit must cover.
+#[derive(Clone, Default)]
+struct InFlight {
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    max: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl InFlight {
+    /// One more in flight, until the guard is dropped.
+    fn enter(&self) -> InFlightGuard {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.max.fetch_max(now, SeqCst);
+        InFlightGuard(self.clone())
+    }
+}
+
+struct InFlightGuard(InFlight);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A body of `left` one-byte frames, each after a pending poll, that leaves the count of
+/// requests in flight at its end (or when dropped before it).
+struct Streamed {
+    guard: Option<InFlightGuard>,
+    left: u32,
+    pending: bool,
+}
+
+impl Body for Streamed {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            self.guard = None;
+            return Poll::Ready(None);
+        }
+        self.pending = !self.pending;
+        if self.pending {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.left -= 1;
+        Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(b"x")))))
+    }
+}
+
+/// A handler counted in `flight`: it yields once, then answers with a [`Streamed`] body.
+fn counted(
+    flight: InFlight,
+) -> impl Service<
+    http::Request<()>,
+    Response = http::Response<Streamed>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<http::Response<Streamed>, Infallible>> + Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |_: http::Request<()>| {
+        let flight = flight.clone();
+        async move {
+            let guard = flight.enter();
+            tokio::task::yield_now().await;
+            Ok(http::Response::new(Streamed {
+                guard: Some(guard),
+                left: 3,
+                pending: false,
+            }))
+        }
+    })
+}
+
+/// A probe that found nothing, pinned: hundreds of requests at once through one layer on a
+/// multi-thread runtime never have more handlers and bodies in flight than the cap, whether
+/// the extra ones are rejected or wait (when every one is served); every permit comes back and
+/// nobody is left queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrency_cap_holds_for_many_requests_on_many_threads() {
+    use std::sync::atomic::Ordering::SeqCst;
+    for wait in [None, Some(Duration::from_secs(600))] {
+        let mut layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(3).unwrap());
+        if let Some(timeout) = wait {
+            layer = layer.wait(timeout);
+        }
+        let limiter = layer.limiter().clone();
+        let flight = InFlight::default();
+        let service = layer.layer(counted(flight.clone()));
+        let tasks: Vec<_> = (0..300)
+            .map(|_| {
+                let mut service = service.clone();
+                tokio::spawn(async move {
+                    std::future::poll_fn(|cx| service.poll_ready(cx))
+                        .await
+                        .unwrap();
+                    let response = service.call(http::Request::new(())).await.unwrap();
+                    let status = response.status();
+                    response.into_body().collect().await.unwrap();
+                    status
+                })
+            })
+            .collect();
+        let mut served = 0;
+        for task in tasks {
+            if task.await.unwrap() == 200 {
+                served += 1;
+            }
+        }
+        assert!(
+            flight.max.load(SeqCst) <= 3,
+            "wait {wait:?}: {flight_max}",
+            flight_max = flight.max.load(SeqCst)
+        );
+        assert!(served >= 3, "wait {wait:?}: {served}");
+        if wait.is_some() {
+            assert_eq!(served, 300);
+        }
+        assert_eq!(limiter.available(), 3, "wait {wait:?}");
+        assert_eq!(limiter.stats().waiting, 0, "wait {wait:?}");
+    }
+}
+
+/// A probe that found nothing, pinned: waiters that time out, callers that give up at every
+/// stage (queued, granted, in the handler, mid-body) and limit changes meanwhile, on a
+/// multi-thread runtime, leave every permit back and nobody queued, and never more in flight
+/// than the highest limit set. Real time, in microseconds: only invariants are asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrency_permits_come_back_when_callers_give_up_at_any_stage() {
+    use std::sync::atomic::Ordering::SeqCst;
+    for round in 0..10u64 {
+        let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(2).unwrap())
+            .wait(Duration::from_micros(500 + round * 100));
+        let limiter = layer.limiter().clone();
+        let flight = InFlight::default();
+        let service = layer.layer(counted(flight.clone()));
+        let changer = tokio::spawn({
+            let limiter = limiter.clone();
+            async move {
+                for i in 0..50u32 {
+                    limiter.set_limit(1 + i % 4).unwrap();
+                    tokio::task::yield_now().await;
+                }
+                limiter.set_limit(2).unwrap();
+            }
+        });
+        let tasks: Vec<_> = (0..200u64)
+            .map(|i| {
+                let mut service = service.clone();
+                tokio::spawn(async move {
+                    std::future::poll_fn(|cx| service.poll_ready(cx))
+                        .await
+                        .unwrap();
+                    let call = async {
+                        let response = service.call(http::Request::new(())).await.unwrap();
+                        response.into_body().collect().await.unwrap();
+                    };
+                    let _ = tokio::time::timeout(Duration::from_micros(50 * (i % 20)), call).await;
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        changer.await.unwrap();
+        assert!(
+            flight.max.load(SeqCst) <= 4,
+            "round {round}: {}",
+            flight.max.load(SeqCst)
+        );
+        assert_eq!(flight.now.load(SeqCst), 0, "round {round}");
+        assert_eq!(limiter.available(), 2, "round {round}");
+        assert_eq!(limiter.stats().waiting, 0, "round {round}");
+    }
+}
+
+/// A probe that found nothing, pinned: an inner future that panics (a handler's bug) gives the
+/// permit back as its task unwinds, waiting or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_permit_goes_back_when_the_handler_panics() {
+    for wait in [None, Some(Duration::from_secs(1))] {
+        let mut layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+        if let Some(timeout) = wait {
+            layer = layer.wait(timeout);
+        }
+        let limiter = layer.limiter().clone();
+        let mut service = layer.layer(tower::service_fn(|request: http::Request<()>| async move {
+            tokio::task::yield_now().await;
+            assert!(request.uri().path() != "/", "the handler panics");
+            Ok::<_, Infallible>(http::Response::new(String::new()))
+        }));
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        let future = service.call(http::Request::new(()));
+        assert!(tokio::spawn(future).await.unwrap_err().is_panic());
+        assert_eq!(limiter.available(), 1, "wait {wait:?}");
+    }
+}

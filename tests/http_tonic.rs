@@ -221,3 +221,49 @@ async fn concurrency_rejection_is_resource_exhausted() {
         .await
         .expect("the permit is back: served");
 }
+
+/// A probe that found nothing, pinned: a server-streaming call (Health/Watch, which streams
+/// until the client lets go) holds the concurrency permit for as long as its stream runs over
+/// HTTP/2, so another call meanwhile is `RESOURCE_EXHAUSTED`; the client dropping the stream
+/// (a reset of the HTTP/2 stream) gives the permit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_permit_is_held_through_a_server_stream_until_the_client_drops_it() {
+    let layer = turnstile::http::ConcurrencyLayer::new(
+        turnstile::ConcurrencyLimiter::new(1).expect("limit 1"),
+    );
+    let limiter = layer.limiter().clone();
+    let (listener, addr) = bind().await;
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let router = Server::builder().layer(layer).add_service(health);
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .expect("server");
+    });
+    let mut client = client(addr).await;
+    let mut stream = client
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("a watch")
+        .into_inner();
+    let first = stream.message().await.expect("a message").expect("one");
+    assert_eq!(first.status, 1);
+    assert_eq!(limiter.available(), 0, "held while the stream runs");
+    let status = check(&mut client).await.expect_err("no permit: rejected");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    drop(stream);
+    // The server hears of the reset on its own tasks: real time, bounded.
+    for _ in 0..1000 {
+        if limiter.available() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(limiter.available(), 1, "given back when the client lets go");
+    check(&mut client)
+        .await
+        .expect("the permit is back: served");
+}
