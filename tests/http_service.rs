@@ -263,6 +263,51 @@ async fn concurrency_wait_times_out_into_a_rejection() {
     assert_eq!(limiter.available(), 1);
 }
 
+/// `wait` sets a timer only for a request that must wait: on a runtime without its time driver
+/// (or off tokio, under `futures::executor::block_on`) a request that finds a permit free is
+/// served. tokio's `timeout`, used before, looked the time driver up for every request and
+/// panicked ("A Tokio 1.x context was found, but timers are disabled"). Off tokio, a request
+/// that must wait times out on the crate's helper-thread timer.
+#[test]
+fn concurrency_wait_sets_no_timer_for_a_request_that_finds_a_permit() {
+    let layer =
+        ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(Duration::from_millis(20));
+    let limiter = layer.limiter().clone();
+    let no_timers = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(ok_service());
+    let response = no_timers.block_on(async {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        service.call(empty_request(false)).await.unwrap()
+    });
+    assert_eq!(response.status(), 200);
+    drop(response);
+    assert_eq!(limiter.available(), 1);
+    // Off tokio: served at once, and a wait times out into the rejection.
+    let response = futures_executor::block_on(async {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        service.call(empty_request(false)).await.unwrap()
+    });
+    assert_eq!(response.status(), 200);
+    drop(response);
+    let held = limiter.try_acquire_owned(1).unwrap();
+    let response = futures_executor::block_on(async {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        service.call(empty_request(false)).await.unwrap()
+    });
+    assert_eq!(response.status(), 503);
+    assert_eq!(limiter.stats().waiting, 0);
+    drop(held);
+    assert_eq!(limiter.available(), 1);
+}
+
 /// A waiter dropped after the permit was handed to it (its client gone) gives it back.
 #[tokio::test(start_paused = true)]
 async fn concurrency_waiter_dropped_after_the_grant_gives_the_permit_back() {

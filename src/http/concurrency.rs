@@ -173,9 +173,10 @@ impl ConcurrencyLayer {
     /// A waiting request holds nothing of the wrapped service's: what its `poll_ready` reserved
     /// (a `Buffer` slot, say) is given back when the request starts to wait, and the service is
     /// made ready again once the permit is granted. The timeout bounds the wait for the permit
-    /// only. It runs on tokio's timer, so the runtime serving the requests needs its time
-    /// driver (`enable_time` or `enable_all`, which `#[tokio::main]` turns on): tokio panics
-    /// on a timer without one.
+    /// only, and is set only for a request that finds no permit free. It runs on tokio's timer
+    /// inside a tokio runtime, which then needs its time driver (`enable_time` or
+    /// `enable_all`, which `#[tokio::main]` turns on: tokio panics on a timer without one), and
+    /// on a helper thread on other executors. A `timeout` too long for an `Instant` never ends.
     ///
     /// # Examples
     ///
@@ -197,7 +198,9 @@ impl ConcurrencyLayer {
     /// [`RateLimitLayer::on_rejection`](crate::http::RateLimitLayer::on_rejection) does for
     /// rate limits: it gets the request's parts and the response the layer would send (the
     /// status, `Retry-After` and a short text body, or the gRPC status of a gRPC request), and
-    /// returns the response to send.
+    /// returns the response to send. Leave a gRPC request's answer (the one carrying
+    /// `grpc-status`) as it is: a gRPC client reads that status, and a body or another
+    /// `content-type` makes it report a protocol error instead of `RESOURCE_EXHAUSTED`.
     ///
     /// # Examples
     ///
@@ -206,6 +209,9 @@ impl ConcurrencyLayer {
     ///
     /// let layer = ConcurrencyLayer::new(turnstile::ConcurrencyLimiter::new(8)?).on_rejection(
     ///     |_request, mut response| {
+    ///         if response.headers().contains_key("grpc-status") {
+    ///             return response;
+    ///         }
     ///         *response.body_mut() = r#"{"error":"busy, retry shortly"}"#.into();
     ///         response.headers_mut().insert("content-type", "application/json".parse().unwrap());
     ///         response
@@ -406,7 +412,10 @@ where
                 let mut service = self.inner.clone();
                 Box::pin(async move {
                     let acquire = layer.limiter.acquire_owned(1);
-                    let permit = match tokio::time::timeout(timeout, acquire).await {
+                    // The crate's timer: none is set for a request that finds a permit free
+                    // (tokio's `timeout` looked the time driver up for every request, and a
+                    // runtime without one panicked even when no request had to wait).
+                    let permit = match crate::timer::timeout(timeout, acquire).await {
                         Ok(Ok(permit)) => permit,
                         // Timed out, or the limiter is closed.
                         Ok(Err(_)) | Err(_) => {

@@ -370,7 +370,10 @@ impl<P: LayerPolicy> RateLimitLayer<P> {
     /// the response to send, that one changed or another. For the answers a template cannot
     /// give: an HTML page for browsers, an API's own error envelope, a header of your own, or a
     /// log line with what the request carries. It runs for every rejection, immediate or after
-    /// a pending decision, on the task serving the request; keep it quick.
+    /// a pending decision, on the task serving the request; keep it quick. Leave a gRPC
+    /// request's answer (the one carrying `grpc-status`) as it is: a gRPC client reads that
+    /// status, and a body or another `content-type` makes it report a protocol error instead of
+    /// `RESOURCE_EXHAUSTED`.
     ///
     /// # Examples
     ///
