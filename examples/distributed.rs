@@ -8,9 +8,11 @@
 //! The parent starts three copies of itself. Each runs eight tasks that call `try_acquire` on one
 //! subject for three seconds against a sliding window of 100 permits per second, and prints the
 //! times Redis assigned to its admissions. The parent merges them and prints, per process, what it
-//! got, and the busiest one-second interval on Redis's clock: never more than 100.
+//! got, and the busiest one-second interval on Redis's clock: never more than 100. A process
+//! that fails (Redis unreachable, or failing during the run) fails the example, which otherwise
+//! checked the admissions of the processes that did run, down to none at all.
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use turnstile::redis::{Client, aio::ConnectionManager};
 use turnstile::{Algorithm, FailurePolicy, RedisLimiter, TryAcquireError};
@@ -20,32 +22,44 @@ const WINDOW: Duration = Duration::from_secs(1);
 const PROCESSES: usize = 3;
 const RUN: Duration = Duration::from_secs(3);
 
+/// The redis-server this example started: killed when dropped, on every way out of `main`.
+struct OwnServer(Child);
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("worker") {
         return worker(&args[2]);
     }
     // A server of our own unless one is given.
-    let (url, mut own) = match std::env::var("REDIS_URL") {
+    let (url, _own) = match std::env::var("REDIS_URL") {
         Ok(url) => (url, None),
         Err(_) => {
             let port = std::net::TcpListener::bind("127.0.0.1:0")?
                 .local_addr()?
                 .port();
-            let child = Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
-                .stdout(Stdio::null())
-                .spawn()
-                .map_err(|e| {
-                    format!("cannot start redis-server ({e}); install it or set REDIS_URL")
-                })?;
+            let child = OwnServer(
+                Command::new("redis-server")
+                    .args([
+                        "--port",
+                        &port.to_string(),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ])
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .map_err(|e| {
+                        format!("cannot start redis-server ({e}); install it or set REDIS_URL")
+                    })?,
+            );
             let url = format!("redis://127.0.0.1:{port}/");
             let client = Client::open(url.as_str())?;
             let started = Instant::now();
@@ -74,14 +88,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect::<Result<_, _>>()?;
     let mut all = Vec::new();
+    let mut failed = 0;
     for (i, worker) in workers.into_iter().enumerate() {
         let output = worker.wait_with_output()?;
+        if !output.status.success() {
+            // The others are waited for all the same, before the server goes.
+            println!("process {i}: failed ({})", output.status);
+            failed += 1;
+            continue;
+        }
         let times: Vec<u64> = String::from_utf8(output.stdout)?
             .lines()
             .filter_map(|l| l.parse().ok())
             .collect();
         println!("process {i}: {} admitted", times.len());
         all.extend(times);
+    }
+    if failed > 0 {
+        return Err(format!("{failed} of {PROCESSES} processes failed: see their errors").into());
     }
     all.sort_unstable();
     // The busiest interval of one window: for each admission, how many lie in [t, t + window).
@@ -98,17 +122,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "total {} admitted in {RUN:?} by {PROCESSES} processes; busiest {WINDOW:?} on Redis's clock: {busiest} (limit {LIMIT})",
         all.len()
     );
-    if let Some(child) = own.as_mut() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
     if busiest > LIMIT as usize {
         return Err("the limit was exceeded".into());
     }
     Ok(())
 }
 
-/// One process: eight tasks on one subject; prints the Redis time (ns) of each admission.
+/// One process: eight tasks on one subject; prints the Redis time (ns) of each admission. Fails
+/// if a decision does (the limiter fails closed when Redis does): its admissions would be
+/// missing from the count.
 fn worker(url: &str) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -140,15 +162,15 @@ fn worker(url: &str) -> Result<(), Box<dyn std::error::Error>> {
                                 )
                                 .await
                             }
-                            Err(e) => eprintln!("{e}"),
+                            Err(e) => return Err(e),
                         }
                     }
-                    times
+                    Ok(times)
                 })
             })
             .collect();
         for task in tasks {
-            for t in task.await? {
+            for t in task.await?? {
                 println!("{t}");
             }
         }

@@ -1255,3 +1255,37 @@ fn memory_and_redis_decide_alike() {
         )
         .unwrap();
 }
+
+/// A `[backend] deadline` is how long Redis may take, also past half a second: the connection
+/// `HttpLimiter::connect` makes must not give up sooner. redis-rs's `ConnectionManager` ends a
+/// request after 500 ms by default; with a deadline of 2 s, a server that answers after 800 ms
+/// (paused, then resumed) had the request failed closed at 500 ms (its script then ran all the
+/// same). (Real time is what is under test.)
+#[tokio::test]
+async fn a_deadline_longer_than_half_a_second_waits_for_redis_that_long() {
+    let server = RedisServer::start();
+    let limiter = HttpLimiter::connect(config_with_deadline(
+        &server.url(),
+        "closed",
+        "2s",
+        TWO_PER_MINUTE,
+    ))
+    .await
+    .unwrap();
+    assert!(
+        get(&limiter, "/", "192.0.2.120")
+            .await
+            .outcome
+            .is_admitted()
+    );
+    server.pause();
+    let started = std::time::Instant::now();
+    let (verdict, ()) = tokio::join!(get(&limiter, "/", "192.0.2.120"), async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        server.resume();
+    });
+    let took = started.elapsed();
+    assert_eq!(verdict.outcome, Outcome::Admitted, "after {took:?}");
+    assert_eq!(verdict.quotas[0].remaining, 0);
+    assert!(took >= Duration::from_millis(790), "{took:?}");
+}

@@ -789,6 +789,11 @@ impl RedisLimiterBuilder {
     /// How long one decision may take, round trip included (default 50 ms). Past it the
     /// [`FailurePolicy`] decides and the decision is not retried.
     ///
+    /// A shorter response timeout of the connection's own ends a decision sooner (as an error):
+    /// redis-rs's [`ConnectionManager`] has one of 500 ms unless its
+    /// `ConnectionManagerConfig::set_response_timeout` says otherwise. For a longer deadline,
+    /// build the connection without it (`set_response_timeout(None)`).
+    ///
     /// # Examples
     ///
     /// ```

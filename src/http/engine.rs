@@ -381,8 +381,9 @@ impl HttpLimiter {
 impl HttpLimiter {
     /// Builds a limiter whose rules count in Redis (`[backend] kind = "redis"`, features `http`
     /// and `redis`): connects to `backend.url` with a
-    /// [`ConnectionManager`](crate::redis::aio::ConnectionManager) (which reconnects by itself),
-    /// then compiles as [`with_connection`](HttpLimiter::with_connection). A configuration with
+    /// [`ConnectionManager`](crate::redis::aio::ConnectionManager) (which reconnects by itself;
+    /// without a response timeout of its own, so that `backend.deadline` alone bounds a
+    /// decision), then compiles as [`with_connection`](HttpLimiter::with_connection). A configuration with
     /// the memory backend is compiled as by [`new`](HttpLimiter::new).
     ///
     /// # Errors
@@ -434,8 +435,13 @@ impl HttpLimiter {
             Connection::Cluster(client.get_async_connection().await.map_err(backend_error)?)
         } else {
             let client = crate::redis::Client::open(redis.url.as_str()).map_err(backend_error)?;
+            // No response timeout of the connection's own: each decision has the rules'
+            // `backend.deadline`, which a reload may change. redis-rs's default (500 ms) failed
+            // every decision at 500 ms under a longer deadline.
+            let unbounded =
+                crate::redis::aio::ConnectionManagerConfig::new().set_response_timeout(None);
             Connection::Standalone(
-                crate::redis::aio::ConnectionManager::new(client)
+                crate::redis::aio::ConnectionManager::new_with_config(client, unbounded)
                     .await
                     .map_err(backend_error)?,
             )
@@ -447,7 +453,10 @@ impl HttpLimiter {
     /// `backend.url`; the URL is only compared on reload). Connects nothing and sends nothing.
     ///
     /// Every process that uses the same Redis and `backend.prefix` shares the limits. See the
-    /// module's semantics for what is atomic.
+    /// module's semantics for what is atomic. A response timeout of the connection's own
+    /// shorter than `backend.deadline` ends decisions sooner: build a `ConnectionManager`
+    /// with `ConnectionManagerConfig::set_response_timeout(None)` (its default is 500 ms), as
+    /// [`connect`](HttpLimiter::connect) does.
     ///
     /// # Errors
     ///
