@@ -42,12 +42,31 @@ pub struct RedisServer {
     extra: Vec<&'static str>,
 }
 
-/// A port nobody listens on right now (the OS picks it; the server binds it a moment later).
+/// A port nobody listens on right now (the server binds it a moment later), never handed out
+/// before in this process.
+///
+/// Not the OS's pick (`bind(0)`): that is the next ephemeral port, which the OS hands out again
+/// once it is free, and a test kills its server to see Redis gone. Another test starting its
+/// server meanwhile could then get that very port, and the first test's client reconnected to
+/// it: a "Redis down" test saw a stranger's Redis answer (`the_fallback_follows_a_reconfiguration`
+/// failed so once, admitted by the other server). Ports come from 10000–31999, below Linux's
+/// ephemeral range (so no connection's own port takes one either), each at most once per
+/// process, from an offset of the process id (cargo runs test binaries one at a time).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free TCP port on 127.0.0.1")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FIRST: u32 = 10_000;
+    const COUNT: u32 = 22_000;
+    let offset = std::process::id().wrapping_mul(7_919) % COUNT;
+    for _ in 0..COUNT {
+        // Relaxed: a counter; each number is handed out once whatever the order.
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (FIRST + (offset + n) % COUNT) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free TCP port on 127.0.0.1 in {FIRST}..{}", FIRST + COUNT)
 }
 
 /// Whether a server on `port` answers PING with PONG.
