@@ -365,6 +365,39 @@ async fn redis_down_fallback_counts_in_memory() {
     assert!(get(&limiter, "/", "192.0.2.33").await.outcome.is_admitted());
 }
 
+/// Redis gone and `fallback`: each rule's fallback counts at most `max_keys_per_rule` clients in
+/// this process, as the rule does in memory. It was built with the default cap (1,048,576)
+/// whatever the configuration said, so an outage let memory grow a thousand times past a cap of
+/// 1,000 (8 GB for a `sliding_window` rule of limit 1,000). A new client meeting a fallback full
+/// of active ones is rejected as `TooManyKeys` (it was reported `Unavailable`, had it come to
+/// that); a reload that changes the cap gives the rule a new fallback under it.
+#[tokio::test]
+async fn a_rules_fallback_counts_at_most_max_keys_per_rule_clients() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    let config = |max_keys: u32| {
+        HttpConfig::from_toml_str(&format!(
+            "max_keys_per_rule = {max_keys}\n[backend]\nkind = \"redis\"\nurl = \"{url}\"\n\
+             failure = \"fallback\"\ndeadline = \"200ms\"\n{TWO_PER_MINUTE}"
+        ))
+        .unwrap()
+    };
+    let limiter = HttpLimiter::connect(config(2)).await.unwrap();
+    server.kill();
+    for ip in ["192.0.2.40", "192.0.2.41"] {
+        assert!(get(&limiter, "/", ip).await.outcome.is_admitted(), "{ip}");
+    }
+    let verdict = get(&limiter, "/", "192.0.2.42").await;
+    assert_eq!(
+        rejection(&verdict).map(|r| (r.0, r.1)),
+        Some((RejectReason::TooManyKeys, "per-ip"))
+    );
+    // The clients it counts still count there.
+    assert!(get(&limiter, "/", "192.0.2.40").await.outcome.is_admitted());
+    limiter.reload(config(3)).unwrap();
+    assert!(get(&limiter, "/", "192.0.2.42").await.outcome.is_admitted());
+}
+
 #[tokio::test]
 async fn the_layer_answers_429_with_retry_after() {
     let server = RedisServer::start();

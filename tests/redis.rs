@@ -746,6 +746,47 @@ async fn timed<T>(deadline: Duration, f: impl std::future::Future<Output = T>) -
     out
 }
 
+/// `fallback_max_keys` bounds the subjects the local fallback counts while Redis is away: at
+/// the cap with every subject active, a new one gets `TooManyKeys`; the ones counted go on being
+/// decided there, and a reconfiguration keeps the cap.
+#[tokio::test]
+async fn the_fallback_counts_at_most_fallback_max_keys_subjects() {
+    let mut server = RedisServer::start();
+    let deadline = Duration::from_millis(100);
+    let fw = Algorithm::FixedWindow {
+        limit: 4,
+        window: Duration::from_secs(60),
+    };
+    let limiter = RedisLimiter::builder(fw, FailurePolicy::Fallback { share: 0.5 })
+        .prefix(PREFIX)
+        .deadline(deadline)
+        .fallback_max_keys(2)
+        .build(manager(&server).await)
+        .unwrap();
+    server.kill();
+    for subject in ["a", "b"] {
+        timed(deadline, limiter.try_acquire(subject)).await.unwrap();
+    }
+    assert!(matches!(
+        timed(deadline, limiter.try_acquire("c")).await,
+        Err(TryAcquireError::TooManyKeys { .. })
+    ));
+    timed(deadline, limiter.try_acquire("a")).await.unwrap();
+    limiter
+        .reconfigure(Algorithm::FixedWindow {
+            limit: 6,
+            window: Duration::from_secs(60),
+        })
+        .unwrap();
+    assert!(matches!(
+        timed(deadline, limiter.try_acquire("c")).await,
+        Err(TryAcquireError::TooManyKeys { .. })
+    ));
+    // a's two still count under the new share of 3.
+    timed(deadline, limiter.try_acquire("a")).await.unwrap();
+    rejection(timed(deadline, limiter.try_acquire("a")).await);
+}
+
 #[tokio::test]
 async fn failure_policies_with_the_server_killed_then_back() {
     let mut server = RedisServer::start();

@@ -287,7 +287,9 @@ pub enum FailurePolicy {
     /// permit per period stretched in proportion: a quarter of 1 per minute is 1 per 4
     /// minutes). `share` must be in (0, 1]; with P processes, 1/P keeps the global total near
     /// the limit.
-    /// The admission's `at` is then on the local limiter's clock, not Redis's. A call for more
+    /// The admission's `at` is then on the local limiter's clock, not Redis's. The local
+    /// limiter counts at most
+    /// [`fallback_max_keys`](RedisLimiterBuilder::fallback_max_keys) subjects. A call for more
     /// permits than the local share can ever admit gets [`TryAcquireError::Unavailable`] (not
     /// `InsufficientCapacity`: Redis admits it once it is back).
     Fallback {
@@ -448,6 +450,8 @@ struct Inner<C> {
     policy: FailurePolicy,
     /// The deny cache's capacity, for the fresh cache of each reconfiguration.
     deny_cache: usize,
+    /// The most subjects the local fallback counts, for a reconfiguration's fresh limiters.
+    fallback_keys: usize,
     /// The parameters in force. Every call takes one snapshot ([`Inner::config`]) and decides
     /// under it alone; [`RedisLimiter::reconfigure_all`] replaces it whole. An `ArcSwap`, not a
     /// mutex: a call the deny cache rejects reads it without writing a line other threads read
@@ -525,6 +529,7 @@ pub struct RedisLimiterBuilder {
     prefix: String,
     deadline: Duration,
     deny_cache: usize,
+    fallback_keys: usize,
 }
 
 /// The local fallback: the same limits at a share, per subject bytes (a chain of one for a plain
@@ -737,6 +742,7 @@ impl RedisLimiter<ConnectionManager> {
             prefix: "turnstile".to_owned(),
             deadline: DEFAULT_DEADLINE,
             deny_cache: DEFAULT_DENY_CACHE,
+            fallback_keys: crate::DEFAULT_MAX_KEYS,
         }
     }
 }
@@ -829,12 +835,35 @@ impl RedisLimiterBuilder {
         self
     }
 
+    /// The most subjects the local fallback of [`FailurePolicy::Fallback`] counts at once
+    /// (default 1,048,576, as a [`KeyedLimiter`]'s): its memory while Redis is away, when every
+    /// subject seen meanwhile is counted in this process. Idle subjects are evicted to make
+    /// room; a new subject meeting a fallback full of active ones gets
+    /// [`TryAcquireError::TooManyKeys`]. Not used under the other policies; never 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, ConfigError, FailurePolicy, RedisLimiter};
+    ///
+    /// let fw = Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) };
+    /// let policy = FailurePolicy::Fallback { share: 0.5 };
+    /// assert!(RedisLimiter::builder(fw, policy).fallback_max_keys(10_000).check().is_ok());
+    /// let err = RedisLimiter::builder(fw, policy).fallback_max_keys(0).check();
+    /// assert_eq!(err, Err(ConfigError::Zero { what: "fallback max_keys" }));
+    /// ```
+    pub fn fallback_max_keys(mut self, subjects: usize) -> Self {
+        self.fallback_keys = subjects;
+        self
+    }
+
     /// Validates the configuration without a connection: what [`build`](Self::build) checks.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for a zero or out-of-range parameter, a bad prefix, a zero deadline, or a
-    /// fallback share outside (0, 1].
+    /// [`ConfigError`] for a zero or out-of-range parameter, a bad prefix, a zero deadline, a
+    /// fallback share outside (0, 1], or a `fallback_max_keys` of 0.
     ///
     /// # Examples
     ///
@@ -851,10 +880,20 @@ impl RedisLimiterBuilder {
     }
 
     fn validate(&self) -> Result<Config, ConfigError> {
-        let config = Config::new(&self.algorithms, self.policy, self.deny_cache)?;
+        let config = Config::new(
+            &self.algorithms,
+            self.policy,
+            self.deny_cache,
+            self.fallback_keys,
+        )?;
         keys::check_prefix(&self.prefix)?;
         if self.deadline.is_zero() {
             return Err(ConfigError::Zero { what: "deadline" });
+        }
+        if self.fallback_keys == 0 {
+            return Err(ConfigError::Zero {
+                what: "fallback max_keys",
+            });
         }
         Ok(config)
     }
@@ -898,6 +937,7 @@ impl RedisLimiterBuilder {
                 deadline: self.deadline,
                 policy: self.policy,
                 deny_cache: self.deny_cache,
+                fallback_keys: self.fallback_keys,
                 config: ArcSwap::from_pointee(config),
                 reconfiguring: Mutex::new(()),
                 counters: Default::default(),
@@ -908,12 +948,13 @@ impl RedisLimiterBuilder {
 
 impl Config {
     /// The parameters of `algorithms` (one per limit, in order), each checked as the builder
-    /// checks it, with a fallback at `policy`'s share and an empty deny cache of `deny_cache`
-    /// subjects.
+    /// checks it, with a fallback at `policy`'s share counting at most `fallback_keys`
+    /// subjects, and an empty deny cache of `deny_cache` subjects.
     fn new(
         algorithms: &[Algorithm],
         policy: FailurePolicy,
         deny_cache: usize,
+        fallback_keys: usize,
     ) -> Result<Config, ConfigError> {
         let chain = algorithms.len() > 1;
         let members = algorithms
@@ -943,7 +984,11 @@ impl Config {
                 }
                 let mut local = KeyedChain::builder();
                 for &algorithm in algorithms {
-                    local = local.per_key(KeyedLimiter::new(share_of(algorithm, share))?);
+                    local = local.per_key(
+                        KeyedLimiter::builder(share_of(algorithm, share))
+                            .max_keys(fallback_keys)
+                            .build()?,
+                    );
                 }
                 Some(local.build()?)
             }
@@ -1020,7 +1065,7 @@ where
     ///   [`FailurePolicy::FailClosed`], or [`FailurePolicy::Fallback`] with `n` above the local
     ///   share.
     /// - [`TryAcquireError::TooManyKeys`]: under [`FailurePolicy::Fallback`], the local limiter
-    ///   is full of keys.
+    ///   is full of keys ([`fallback_max_keys`](RedisLimiterBuilder::fallback_max_keys)).
     ///
     /// # Cancel safety
     ///
@@ -1704,7 +1749,12 @@ impl<C> RedisLimiter<C> {
                 });
             }
         }
-        let mut config = Config::new(&algorithms, inner.policy, inner.deny_cache)?;
+        let mut config = Config::new(
+            &algorithms,
+            inner.policy,
+            inner.deny_cache,
+            inner.fallback_keys,
+        )?;
         // Checked whole: from here on nothing fails, and the fallback's counts carry over.
         if let (FailurePolicy::Fallback { share }, Some(old), Some(fresh)) =
             (inner.policy, &current.fallback, config.fallback.take())

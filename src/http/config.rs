@@ -71,8 +71,11 @@ pub struct HttpConfig {
     /// `sliding_counter`, whose clients cost the same at any limit). A key is evicted once it
     /// is idle (its counts back to a fresh client's), to make room for a new one; a rule full
     /// of active keys answers a new client as `key_overflow` says. Rules counted in Redis keep their keys there and are not
-    /// bounded by it. Changing it (or `key_overflow`) in a reload starts every rule's counts
-    /// afresh.
+    /// bounded by it, but under `[backend] failure = "fallback"` each rule's fallback counts at
+    /// most this many clients in this process while Redis is away (a new client meeting a
+    /// fallback full of active ones is rejected, [`RejectReason::TooManyKeys`](crate::http::RejectReason::TooManyKeys),
+    /// whatever `key_overflow` says). Changing it (or `key_overflow`) in a reload starts every
+    /// rule's counts afresh (in Redis, its fallback's).
     pub max_keys_per_rule: usize,
     /// What a new client gets from a rule that already counts `max_keys_per_rule` active keys.
     pub key_overflow: KeyOverflowPolicy,
@@ -721,7 +724,7 @@ impl BanConfig {
 /// changes a rule's limit keeps its counters in Redis, and so does a reload that leaves the rule
 /// alone. Changing anything in the identity starts the rule from fresh keys (the old ones expire
 /// by their TTL). A rule whose keys a reload keeps also keeps its `RedisLimiter` (deny cache,
-/// fallback counts), unless the reload changed `failure` or `deadline`; see
+/// fallback counts), unless the reload changed `failure`, `deadline` or `max_keys_per_rule`; see
 /// [`HttpLimiter`](crate::http::HttpLimiter)'s "Reload".
 ///
 /// # All or nothing, and what is not atomic
@@ -759,7 +762,9 @@ impl BanConfig {
 ///
 /// When Redis fails or misses the `[backend] deadline`, the `[backend] failure` policy decides
 /// for each enforced rule: `open` admits, `closed` rejects with [`RejectReason::Unavailable`](crate::http::RejectReason::Unavailable),
-/// `fallback` counts in a local in-memory limiter (`FailurePolicy::Fallback`). The request is
+/// `fallback` counts in a local in-memory limiter (`FailurePolicy::Fallback`, holding at most
+/// `max_keys_per_rule` clients per rule: a new client meeting one full of active clients is
+/// rejected with [`RejectReason::TooManyKeys`](crate::http::RejectReason::TooManyKeys)). The request is
 /// admitted only if every rule's policy admits; a rejection names the first rule whose policy
 /// made it unavailable (`closed`), else the rule that asks to wait longest (`fallback`), and
 /// reports every rule as its policy answered. With several rules the local limiters are still

@@ -212,14 +212,16 @@ pub(crate) struct RedisBackend {
 
 /// Gives every rule of a freshly compiled `set` its limiter in Redis: the limiter of the rule of
 /// `old` (the configuration a reload replaces) that counted on the same keys under the same
-/// failure policy and deadline, reconfigured if its limit changed, or else a new one.
+/// failure policy, deadline and `max_keys_per_rule` (its fallback's cap), reconfigured if its
+/// limit changed, or else a new one.
 ///
 /// Kept, a rule keeps what its limiter holds in this process besides the counts in Redis: its
 /// deny cache, its [`stats`](RedisLimiter::stats) (and the reported share of them), and under
 /// `fallback` the local counts that decide while Redis is away, which a new limiter would start
 /// empty: every client would get its share afresh on each reload during an outage. A rule
-/// whose prefix changed counts on other keys, so it starts afresh; one whose failure policy or
-/// deadline changed too, since both are fixed when a `RedisLimiter` is built. Nothing is
+/// whose prefix changed counts on other keys, so it starts afresh; one whose failure policy,
+/// deadline or fallback cap changed too, since all three are fixed when a `RedisLimiter` is
+/// built. Nothing is
 /// reconfigured unless every rule got its limiter, so that a reload refused here changes no
 /// kept limiter.
 pub(crate) fn attach<C: Clock>(
@@ -266,6 +268,9 @@ pub(crate) fn attach<C: Clock>(
                 continue; // limit 0: blocks, counts nothing
             };
             let algorithm = local.algorithm();
+            // Under `failure = "fallback"` the rule counts in this process while Redis is
+            // away: bounded as the rule is in memory.
+            let fallback_keys = local.max_keys();
             let occurrence = seen.entry(rule.identity.clone()).or_insert(0);
             let mut canonical = rule.identity.canonical();
             if *occurrence > 0 {
@@ -277,9 +282,11 @@ pub(crate) fn attach<C: Clock>(
             for byte in &digest[..8] {
                 let _ = write!(prefix, "{byte:02x}");
             }
-            let same = kept
-                .remove(prefix.as_str())
-                .filter(|r| r.policy == settings.policy && r.deadline == settings.deadline);
+            let same = kept.remove(prefix.as_str()).filter(|r| {
+                r.policy == settings.policy
+                    && r.deadline == settings.deadline
+                    && r.fallback_keys == fallback_keys
+            });
             if let Some(remote) = same {
                 if remote.limiter.algorithm() != algorithm {
                     pending.push((Arc::clone(remote), algorithm, Arc::clone(&name)));
@@ -290,6 +297,7 @@ pub(crate) fn attach<C: Clock>(
             let remote = RedisLimiter::builder(algorithm, settings.policy)
                 .prefix(prefix.clone())
                 .deadline(settings.deadline)
+                .fallback_max_keys(fallback_keys)
                 .build(backend.connection.clone())
                 .map_err(|e| {
                     HttpConfigError::invalid(
@@ -303,6 +311,7 @@ pub(crate) fn attach<C: Clock>(
                 prefix,
                 policy: settings.policy,
                 deadline: settings.deadline,
+                fallback_keys,
             }));
         }
     }
@@ -338,10 +347,12 @@ impl Remote {
 pub(crate) struct Remote {
     limiter: RedisLimiter<Connection>,
     reported: AtomicU64,
-    /// The limiter's key prefix, policy and deadline, which a reload compares.
+    /// The limiter's key prefix, policy, deadline and the most clients its fallback counts
+    /// (the rule's `max_keys_per_rule`), which a reload compares.
     prefix: String,
     policy: FailurePolicy,
     deadline: Duration,
+    fallback_keys: usize,
 }
 
 /// One rule to count for a request.
@@ -474,6 +485,8 @@ fn reject<C: Clock>(
     let rule = &step.rule;
     let (reason, retry_after) = match error {
         TryAcquireError::Rejected(r) => (RejectReason::RateLimited, Some(r.retry_after())),
+        // The fallback of `failure = "fallback"`, full of active clients.
+        TryAcquireError::TooManyKeys { .. } => (RejectReason::TooManyKeys, None),
         _ => (RejectReason::Unavailable, None),
     };
     tracing::debug!(rule = %rule.name, key = ?step.key, error = %error, "request rejected (Redis)");
