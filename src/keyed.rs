@@ -149,7 +149,8 @@ pub struct KeyedStats {
 /// - **Lock-free hits.** A call for a key already present is one lookup in a lock-free map
 ///   (papaya) plus the algorithm's compare-and-swap on the key's own state, stored inline in the
 ///   map entry. It takes no lock, allocates nothing, and when it is rejected it writes no shared
-///   memory at all.
+///   memory at all, unless the key has waiters queued oldest first: then the refusal reads what
+///   they wait for under the key's queue mutex (held briefly), to count it in its `retry_after`.
 /// - **Idle eviction that never loses an admission.** A key whose state admits exactly what a
 ///   fresh one would is *retired* (a compare-and-swap from the very state judged idle to a
 ///   sentinel, which fails if any admission landed in between) and then removed. A call that finds

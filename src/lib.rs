@@ -51,7 +51,9 @@
 //! - **Exactness** under any thread interleaving, on the times the limiter assigns (each
 //!   [`Admission::at`]): proven for small cases by loom models (`loom-tests/`) and audited on real
 //!   threads (`tests/stress.rs`).
-//! - **Denials are free**: a rejected `try_acquire` writes no shared memory.
+//! - **Denials are free**: a rejected `try_acquire` writes no shared memory (but for one cold
+//!   case: while waiters are queued oldest first, a refusal briefly takes the queue's mutex to
+//!   count what they wait for in its `retry_after`).
 //! - **Waiting is fair and cancel-safe**: waiters are served in [`QueueOrder`]; dropping a waiting
 //!   future consumes nothing and passes the turn on.
 //! - **Waiting runs on any executor** (feature `tokio`, on by default): a waiter that must sleep
