@@ -66,7 +66,10 @@ fn free_port() -> u16 {
             return port;
         }
     }
-    panic!("no free TCP port on 127.0.0.1 in {FIRST}..{}", FIRST + COUNT)
+    panic!(
+        "no free TCP port on 127.0.0.1 in {FIRST}..{}",
+        FIRST + COUNT
+    )
 }
 
 /// Whether a server on `port` answers PING with PONG.
