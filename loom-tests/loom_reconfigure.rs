@@ -7,7 +7,10 @@
 //!   version again, and retries unless both are the same even number. `snapshots_are_never_torn`
 //!   observes the snapshot through a probe's `remaining` and `reset_after`, which come from two
 //!   different words (the limit and the window grid): a torn read would pair one set's limit
-//!   with the other's window.
+//!   with the other's window. A writer whose clock panics between the two abandons the
+//!   replacement, republishing the words it found:
+//!   `a_reconfiguration_whose_clock_panics_leaves_the_old_parameters` (a reader spun for good on
+//!   the odd version before).
 //! - **Deciding under one set, re-checking before the CAS**: a call re-checks the version just
 //!   before its CAS and decides again if it moved. A call that loads a cell word written under
 //!   newer parameters sees their version by coherence (the writer loaded them with Acquire before
@@ -344,5 +347,47 @@ fn keyed_queue_served_receipt_races_reconfigure() {
         taken.refund();
         let _ = l.try_acquire(&1);
         assert!(l.try_acquire(&1).is_err(), "two permits under a limit of 1");
+    });
+}
+
+loom::thread_local! {
+    /// Whether `FailingClock` panics when read on this model thread.
+    static CLOCK_FAILS: std::cell::Cell<bool> = std::cell::Cell::new(false);
+}
+
+/// A manual clock whose readings panic on a model thread that asked for it (the caller's own
+/// `Clock`, which may fail).
+#[derive(Clone, Default)]
+struct FailingClock(ManualClock);
+
+impl Clock for FailingClock {
+    fn now(&self) -> u64 {
+        if CLOCK_FAILS.with(|fails| fails.get()) {
+            panic!("the clock failed");
+        }
+        self.0.now()
+    }
+}
+
+/// A reconfiguration whose clock panics between closing the old parameters and publishing the
+/// new ones (`Params::begin` … `Writing::finish`) abandons the replacement as it unwinds: a call
+/// racing it is decided under the old parameters (it never spins on an odd version for good:
+/// loom would report the spin), and so is every later call.
+#[test]
+fn a_reconfiguration_whose_clock_panics_leaves_the_old_parameters() {
+    model(|| {
+        let l = RateLimiter::with_clock(fixed(1, 10), FailingClock::default()).unwrap();
+        let racer = {
+            let l = l.clone();
+            thread::spawn(move || l.try_acquire_n(0).unwrap().remaining())
+        };
+        CLOCK_FAILS.with(|fails| fails.set(true));
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.reconfigure(fixed(3, 10))));
+        CLOCK_FAILS.with(|fails| fails.set(false));
+        assert!(outcome.is_err());
+        assert_eq!(racer.join().unwrap(), 1);
+        assert_eq!(l.try_acquire_n(0).unwrap().remaining(), 1);
+        // (Not `algorithm()`: under loom its mutex, poisoned by the panic, panics when locked.)
     });
 }

@@ -574,6 +574,12 @@ impl ConcurrencyLimiter {
     /// Blocks the calling thread until `n` permits can be held, in the same queue as the async
     /// waiters. The thread sleeps on a futex (atomic-wait) until a release or a promotion wakes it.
     ///
+    /// For threads, not async tasks: on a thread that runs tasks (a tokio worker, a `block_on`)
+    /// it stalls them while it waits, and it waits for good (or until
+    /// [`acquire_blocking_timeout`](Self::acquire_blocking_timeout)'s limit) for permits that
+    /// a task of that thread holds, as on a current-thread runtime. Async code awaits
+    /// [`acquire_n`](Self::acquire_n) instead.
+    ///
     /// # Errors
     ///
     /// As [`acquire_n`](Self::acquire_n).

@@ -3126,6 +3126,11 @@ where
     #[cfg_attr(not(feature = "tokio"), doc = "`acquire_n`")]
     /// (async and blocking waiters share it).
     ///
+    /// For threads, not async tasks, as
+    /// [`RateLimiter::acquire_blocking_n`](crate::RateLimiter::acquire_blocking_n) is: it
+    /// stalls the tasks of the thread it blocks, and its head parks for real time, whatever the
+    /// limiter's clock.
+    ///
     /// # Errors
     ///
     /// As

@@ -1602,6 +1602,12 @@ impl<C: Clock> RateLimiter<C> {
     /// The head waiter parks the thread for exactly the time the algorithm says its permits free;
     /// the others wait, without polling, to be woken as the head.
     ///
+    /// For threads, not async tasks: on a thread that runs tasks (a tokio worker, a `block_on`)
+    /// it stalls them for the whole wait. The head parks for real time, whatever the limiter's
+    /// clock: advancing a [`ManualClock`](crate::ManualClock), or tokio's paused time for a
+    /// `TokioClock`, does not wake it (it wakes when that much real time has passed, and reads
+    /// the clock wherever it is then).
+    ///
     /// # Errors
     ///
     /// As

@@ -185,8 +185,8 @@ impl Signal {
 ///
 /// **Reader** ([`load`](Self::load)): version (Acquire), every word (Relaxed), `fence(Acquire)`,
 /// version again (Relaxed); the snapshot is used only if both versions are the same even number.
-/// **Writer** ([`begin`](Self::begin), the writer's clock read, then
-/// [`finish`](Self::finish); serialised by its caller's mutex): version + 1 (SeqCst),
+/// **Writer** ([`begin`](Self::begin), the writer's clock read, then [`Writing::finish`];
+/// serialised by its caller's mutex): version + 1 (SeqCst),
 /// `fence(SeqCst)` (a release fence, and more: see `begin`), the words (Relaxed), version + 2
 /// (Release).
 ///
@@ -264,33 +264,69 @@ impl<const N: usize> Params<N> {
     /// Starts a replacement: the version turns odd, so that a decision under the current words
     /// that has not made its re-check yet ([`changed`](Self::changed)) decides again under the
     /// next ones, and [`load`](Self::load) waits for them. A writer whose new words depend on
-    /// the time reads its clock after this, then calls [`finish`](Self::finish): every decision
+    /// the time reads its clock after this, then calls [`Writing::finish`]: every decision
     /// that still commits under the old words found them unchanged at its re-check, so it read
     /// its clock before the writer did, and its word says nothing about a later time that the
     /// new words could read differently. (Reading the clock first and publishing after left a
     /// window as long as the writer could be descheduled in between, in which a decision under
     /// the old words at a later time committed a word the new ones misread: a fixed window's
     /// next window read as stale, a fresh limit handed out twice at one instant.)
-    pub(crate) fn begin(&self) {
+    ///
+    /// The clock is the caller's code and may panic: a [`Writing`] dropped unfinished (by that
+    /// unwind) publishes the words it found, so the version is even again and the old
+    /// parameters stay in force. Left odd, every later [`load`](Self::load) would spin for good
+    /// waiting for a writer that is gone.
+    pub(crate) fn begin(&self) -> Writing<'_, N> {
         let version = self.version.load(Ordering::Relaxed);
         // SeqCst: in the single order of SeqCst operations before the writer's clock read; see
         // `changed` for the other half of the argument.
         self.version.store(version + 1, Ordering::SeqCst);
         // SeqCst fence: keeps a clock that is no atomic (the OS clock) from being read before
         // the odd version is visible, a store then a load needing a full fence; and orders the
-        // odd version before every word store in `finish`, for any reader whose acquire fence
+        // odd version before every word store in `publish`, for any reader whose acquire fence
         // follows a load of one of them (see the type's docs).
         fence(Ordering::SeqCst);
+        Writing {
+            params: self,
+            finished: false,
+        }
     }
 
-    /// Ends the replacement [`begin`](Self::begin) started: the words, then the even version.
-    pub(crate) fn finish(&self, words: [u64; N]) {
+    /// Ends a replacement: the words, then the even version.
+    fn publish(&self, words: [u64; N]) {
         let version = self.version.load(Ordering::Relaxed);
         for (word, value) in self.words.iter().zip(words) {
             word.store(value, Ordering::Relaxed);
         }
         // Release: a reader that loads this version (Acquire) sees every word stored above.
         self.version.store(version + 1, Ordering::Release);
+    }
+}
+
+/// A replacement of [`Params`]' words that [`Params::begin`] started: [`finish`](Self::finish)
+/// publishes the new words; dropped unfinished (a panic between the two), it publishes the
+/// words as they were (the writer's steps with unchanged words: readers see the old parameters).
+#[must_use = "the replacement ends when it is finished"]
+pub(crate) struct Writing<'a, const N: usize> {
+    params: &'a Params<N>,
+    finished: bool,
+}
+
+impl<const N: usize> Writing<'_, N> {
+    /// Publishes `words`: the words, then the even version.
+    pub(crate) fn finish(mut self, words: [u64; N]) {
+        self.finished = true;
+        self.params.publish(words);
+    }
+}
+
+impl<const N: usize> Drop for Writing<'_, N> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Under the writer's mutex still (the unwind drops this first): the words are the
+            // last ones published.
+            self.params.publish(self.params.current());
+        }
     }
 }
 

@@ -1099,3 +1099,64 @@ fn a_centuries_long_sliding_counter_answers_without_overflow() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A reconfiguration reads the clock between closing the old parameters and publishing the new
+/// ones (`Params::begin` … `finish`), and a `Clock` is the caller's code, which may panic. The
+/// panic left the parameters' version odd ("being replaced") for good: every later decision on
+/// the limiter (a `try_acquire`, another key's, the next `reconfigure`'s readers) spun forever
+/// waiting for a writer that was gone. Now the replacement is abandoned as the panic unwinds:
+/// the old parameters stay in force, and the limiter answers as before.
+#[test]
+fn a_clock_that_panics_in_a_reconfiguration_leaves_the_old_parameters_in_force() {
+    use common::hook_clock::HookClock;
+    use std::sync::mpsc;
+    for (algorithm, to) in [
+        (fixed(2, 10 * S), fixed(3, 10 * S)),
+        (counter(2, 10 * S), counter(3, 20 * S)),
+        (sliding(2, 10 * S), sliding(1, 5 * S)),
+        (bucket(2, 10 * S, 2), bucket(3, 10 * S, 3)),
+    ] {
+        let clock = HookClock::default();
+        let limiter = RateLimiter::with_clock(algorithm, clock.clone()).unwrap();
+        let keyed = KeyedLimiter::<u8, HookClock>::with_clock(algorithm, clock.clone()).unwrap();
+        limiter.try_acquire().unwrap();
+        keyed.try_acquire(&1).unwrap();
+        for reconfigure in [
+            &(|| limiter.reconfigure(to)) as &(dyn Fn() -> Result<(), ConfigError> + Sync),
+            &|| keyed.reconfigure(to),
+        ] {
+            clock.arm(1, Box::new(|| panic!("the clock failed")));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(reconfigure));
+            assert!(outcome.is_err(), "{algorithm:?}: the clock was not read");
+            assert!(clock.disarm());
+        }
+        // On a thread of its own, so that a hang fails the test instead of stalling it.
+        let (done, answers) = mpsc::channel();
+        let (l, k) = (limiter.clone(), keyed.clone());
+        std::thread::spawn(move || {
+            let answer = (
+                l.try_acquire().is_ok(),
+                l.try_acquire().is_ok(),
+                k.try_acquire(&1).is_ok(),
+                k.try_acquire(&1).is_ok(),
+                k.try_acquire(&2).is_ok(),
+                l.algorithm(),
+                k.algorithm(),
+            );
+            let _ = done.send(answer);
+        });
+        let answer = answers
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{algorithm:?}: the limiter hangs after the panic"));
+        // The old parameters: one more admitted, then rejected, per key.
+        assert_eq!(
+            answer,
+            (true, false, true, false, true, algorithm, algorithm),
+            "{algorithm:?}"
+        );
+        // A later reconfiguration goes through, and applies.
+        limiter.reconfigure(to).unwrap();
+        keyed.reconfigure(to).unwrap();
+        assert_eq!((limiter.algorithm(), keyed.algorithm()), (to, to));
+    }
+}

@@ -848,6 +848,55 @@ fn blocking_timeout_on_a_concurrency_limiter_leaves_the_queue() {
     assert!(limiter.try_acquire().is_ok());
 }
 
+/// A blocked head whose time limit passes hands its turn on: the waiter behind it, which the
+/// free permits fit (but not the head's), is served then, without waiting for a release. Real
+/// time is what is under test (the head's deadline).
+#[test]
+fn a_blocking_head_that_times_out_lets_the_next_waiter_in() {
+    let limiter = ConcurrencyLimiter::new(3).unwrap();
+    let held = limiter.try_acquire_n(2).unwrap();
+    let queued = |n| {
+        while limiter.stats().waiting < n {
+            std::thread::yield_now();
+        }
+    };
+    std::thread::scope(|s| {
+        let head = s.spawn(|| {
+            let start = std::time::Instant::now();
+            let outcome = limiter
+                .acquire_blocking_timeout(2, 50 * MS)
+                .map(|p| p.permits());
+            (outcome, start.elapsed())
+        });
+        queued(1);
+        // A time limit only so that a lost hand-over fails instead of hanging (at its limit the
+        // waiter looks again, finds itself the head, and is served: hence the time check).
+        let behind = s.spawn(|| {
+            let outcome = limiter
+                .acquire_blocking_timeout(1, Duration::from_secs(10))
+                .map(|p| p.permits());
+            (outcome, std::time::Instant::now())
+        });
+        queued(2);
+        let (outcome, waited) = head.join().unwrap();
+        assert_eq!(outcome, Err(AcquireError::Timeout));
+        assert!(waited >= 50 * MS, "woke early: {waited:?}");
+        let left = std::time::Instant::now();
+        // Served by the head's leaving alone (`held` is still held), at once.
+        let (outcome, served) = behind.join().unwrap();
+        assert_eq!(outcome, Ok(1));
+        let late = served.saturating_duration_since(left);
+        assert!(
+            late < Duration::from_secs(5),
+            "served {late:?} after the head left"
+        );
+    });
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.cancelled, stats.available), (0, 1, 1));
+    drop(held);
+    assert_eq!(limiter.available(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_and_blocking_waiters_share_one_queue() {
     let limiter = ConcurrencyLimiter::new(2).unwrap();

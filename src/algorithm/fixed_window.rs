@@ -272,14 +272,14 @@ impl Algo for FixedWindow {
         // word is of a window the rebased grid reads as it does (`Params::begin`), and every
         // call that loads the new ones reads its clock later, so it never locates a time before
         // `now` on the new grid.
-        self.params.begin();
+        let writing = self.params.begin();
         let now = clock.now();
         let grid = if target.grid.len() == from.grid.len() {
             from.grid
         } else {
             from.grid.rebase(target.grid.len(), now)
         };
-        self.params.finish(
+        writing.finish(
             Shape {
                 limit: target.limit,
                 grid,

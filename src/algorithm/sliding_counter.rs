@@ -469,14 +469,14 @@ impl Algo for SlidingCounter {
         let (from, target) = (self.shape().0, to.shape().0);
         // The clock read between closing the old parameters and publishing the new ones, as in
         // the fixed window's `reconfigure`.
-        self.params.begin();
+        let writing = self.params.begin();
         let now = clock.now();
         let grid = if target.window == from.window {
             from.grid
         } else {
             from.grid.rebase(target.window, now)
         };
-        self.params.finish(Shape::words(target.limit, grid));
+        writing.finish(Shape::words(target.limit, grid));
         Ok(())
     }
 

@@ -805,14 +805,14 @@ impl Algo for SlidingWindow {
         // The old parameters are closed before the clock is read (`Params::begin`): every call
         // that commits under them read its clock before `now`, so its admission expires by
         // `now + window`.
-        self.params.begin();
+        let writing = self.params.begin();
         let now = clock.now().min(MAX_TIME - 1);
         let outlived_until = if target.window < window {
             outlived_until.max(Self::expiry(now, window))
         } else {
             outlived_until
         };
-        self.params.finish([
+        writing.finish([
             pack_limits(target.limit, reach),
             target.window,
             outlived_until,

@@ -405,7 +405,7 @@ impl Algo for TokenBucket {
         // bucket drained after the switch time came out of the clamp full again); every call
         // that loads the new ones reads its clock later, so none decides at a time before the
         // switch under them.
-        self.params.begin();
+        let writing = self.params.begin();
         let now = clock.now().min(MAX_NOW);
         let p = Shape {
             epoch: from.epoch ^ EPOCH,
@@ -413,7 +413,7 @@ impl Algo for TokenBucket {
             switched_at: now,
             ..target
         };
-        self.params.finish(p.to_words());
+        writing.finish(p.to_words());
         cells(&|cell| {
             // Acquire: as in `try_acquire`, for the word we translate.
             let mut word = cell.load(Ordering::Acquire);
