@@ -880,6 +880,11 @@ impl RedisLimiterBuilder {
     }
 
     fn validate(&self) -> Result<Config, ConfigError> {
+        if self.fallback_keys == 0 {
+            return Err(ConfigError::Zero {
+                what: "fallback max_keys",
+            });
+        }
         let config = Config::new(
             &self.algorithms,
             self.policy,
@@ -889,11 +894,6 @@ impl RedisLimiterBuilder {
         keys::check_prefix(&self.prefix)?;
         if self.deadline.is_zero() {
             return Err(ConfigError::Zero { what: "deadline" });
-        }
-        if self.fallback_keys == 0 {
-            return Err(ConfigError::Zero {
-                what: "fallback max_keys",
-            });
         }
         Ok(config)
     }
