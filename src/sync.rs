@@ -217,25 +217,41 @@ impl<const N: usize> Params<N> {
     /// A consistent snapshot of the words and the version it was published under.
     #[inline(always)]
     pub(crate) fn load(&self) -> ([u64; N], u64) {
-        loop {
-            // Acquire: pairs with the writer's final Release store, so its words are visible.
-            let before = self.version.load(Ordering::Acquire);
-            let words = std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed));
-            // Acquire fence: if any word load above read a store made after a writer's release
-            // fence, the version load below sees that writer's odd version (or later).
-            fence(Ordering::Acquire);
-            let after = self.version.load(Ordering::Relaxed);
-            if before == after && before & 1 == 0 {
-                return (words, before);
-            }
-            Self::wait();
+        match self.try_load() {
+            Some(snapshot) => snapshot,
+            None => self.load_contended(),
         }
     }
 
+    /// One attempt of [`load`](Self::load): the snapshot, or `None` while a writer is between
+    /// `begin` and its publication (or published during the attempt).
+    #[inline(always)]
+    fn try_load(&self) -> Option<([u64; N], u64)> {
+        // Acquire: pairs with the writer's final Release store, so its words are visible.
+        let before = self.version.load(Ordering::Acquire);
+        let words = std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed));
+        // Acquire fence: if any word load above read a store made after a writer's release
+        // fence, the version load below sees that writer's odd version (or later).
+        fence(Ordering::Acquire);
+        let after = self.version.load(Ordering::Relaxed);
+        (before == after && before & 1 == 0).then_some((words, before))
+    }
+
+    /// [`load`](Self::load) while a writer is at work: tries again with one backoff across the
+    /// attempts, so that it spins a little, then yields the thread to the writer. (A fresh
+    /// backoff per attempt never got past its first spin: readers busy-spun for as long as a
+    /// writer stayed descheduled between `begin` and its publication, which a reconfiguration
+    /// on a loaded machine can be, its clock read included.)
     #[cold]
     #[inline(never)]
-    fn wait() {
-        Spin::new().snooze();
+    fn load_contended(&self) -> ([u64; N], u64) {
+        let spin = Spin::new();
+        loop {
+            spin.snooze();
+            if let Some(snapshot) = self.try_load() {
+                return snapshot;
+            }
+        }
     }
 
     /// Whether a writer has started since the snapshot of `version` was taken. Callers read
