@@ -398,6 +398,39 @@ async fn a_rules_fallback_counts_at_most_max_keys_per_rule_clients() {
     assert!(get(&limiter, "/", "192.0.2.42").await.outcome.is_admitted());
 }
 
+/// An admitted request's monitor rules are counted in Redis at once: with Redis silent
+/// (paused) and `failure = "open"`, one enforced rule and three monitor rules take two
+/// deadlines (the enforced rules', then the monitors' together), not four, as when each monitor
+/// waited out its deadline after the one before. Real time: the deadline is what is measured.
+#[tokio::test]
+async fn monitor_rules_wait_out_one_deadline_together_when_redis_is_silent() {
+    let server = RedisServer::start();
+    let mut rules = String::from(TWO_PER_MINUTE);
+    // Of different periods: of rules of one period and key only the lowest limit applies.
+    for hours in [1, 2, 3] {
+        rules.push_str(&format!(
+            "[[rules]]\nname = \"m{hours}\"\nperiod = \"{hours}h\"\nlimit = 100\n\
+             monitor = true\nalgorithm = \"sliding_window\"\n"
+        ));
+    }
+    let limiter =
+        HttpLimiter::connect(config_with_deadline(&server.url(), "open", "300ms", &rules))
+            .await
+            .unwrap();
+    // Warm: the scripts are loaded, so that the paused server's silence is the only wait.
+    assert!(get(&limiter, "/", "192.0.2.50").await.outcome.is_admitted());
+    server.pause();
+    let started = std::time::Instant::now();
+    let verdict = get(&limiter, "/", "192.0.2.50").await;
+    let took = started.elapsed();
+    server.resume();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert!(
+        took >= Duration::from_millis(600) && took < Duration::from_millis(1_000),
+        "two deadlines of 300 ms, not four: {took:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_layer_answers_429_with_retry_after() {
     let server = RedisServer::start();

@@ -755,8 +755,10 @@ impl BanConfig {
 /// it rejects the request, the request is rejected by that rule with no round trip, and only
 /// that rule is reported.
 ///
-/// Monitor rules are counted after the enforced ones, one script each, and only for admitted
-/// requests: they never reject, and nothing ties them to the enforced rules' decision.
+/// Monitor rules are counted after the enforced ones, one script each, all at once, and only for
+/// admitted requests: they never reject, and nothing ties them to the enforced rules' decision.
+/// With Redis silent, an admitted request so waits at most two deadlines, its enforced rules'
+/// and its monitor rules'.
 ///
 /// # Failures
 ///

@@ -396,7 +396,10 @@ pub(crate) fn count<C: Clock>(
             }
             quotas
         };
-        for (rule, key) in &monitors {
+        // The monitor rules' scripts at once, not one after the other: with Redis silent, each
+        // waits out its deadline, and in turn they held an admitted request back for one
+        // deadline per monitor rule.
+        let monitored = monitors.iter().map(|(rule, key)| async move {
             let would_reject = match (rule.remote.as_deref(), key) {
                 (Some(limiter), Some(key)) => {
                     let result = limiter.limiter.try_acquire(&key.subject()).await;
@@ -411,7 +414,8 @@ pub(crate) fn count<C: Clock>(
                 tracing::debug!(rule = %rule.name, key = ?key, "monitor rule would reject");
                 rule.counters.increment(Metric::ShadowRejected);
             }
-        }
+        });
+        futures_util::future::join_all(monitored).await;
         // Every enforced step admitted and reported a quota.
         for (step, _, _) in &steps {
             step.rule.counters.increment(Metric::Admitted);
