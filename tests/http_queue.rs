@@ -916,6 +916,32 @@ fn queued_rule(limit: u32, queue_limit: u32) -> HttpConfig {
     .unwrap()
 }
 
+/// Three requests of 192.0.2.1 waiting for their rule (see [`waiter`]).
+async fn three_waiters(
+    limiter: &Arc<HttpLimiter<TokioClock>>,
+) -> Vec<tokio::task::JoinHandle<(Verdict, Instant)>> {
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        waiters.push(waiter(limiter, from("192.0.2.1")).await);
+    }
+    waiters
+}
+
+/// When each of `waiters` was admitted, from `start`, earliest first; each must be.
+async fn admitted_after(
+    waiters: Vec<tokio::task::JoinHandle<(Verdict, Instant)>>,
+    start: Instant,
+) -> Vec<Duration> {
+    let mut admitted_at = Vec::new();
+    for task in waiters {
+        let (verdict, at) = task.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        admitted_at.push(at - start);
+    }
+    admitted_at.sort();
+    admitted_at
+}
+
 /// A reload that raises the limit three requests of one client wait for admits as many of them
 /// as the new limit has room for at once, and no more: the other two wait for the next window,
 /// which admits both (limit 2).
@@ -924,19 +950,12 @@ async fn a_raised_limit_admits_only_its_new_room_of_the_waiting_requests_at_once
     let limiter = Arc::new(HttpLimiter::with_clock(queued_rule(1, 5), TokioClock::new()).unwrap());
     let start = Instant::now();
     assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
-    let mut waiters = Vec::new();
-    for _ in 0..3 {
-        waiters.push(waiter(&limiter, from("192.0.2.1")).await);
-    }
+    let waiters = three_waiters(&limiter).await;
     limiter.reload(queued_rule(2, 5)).unwrap();
-    let mut admitted_at = Vec::new();
-    for task in waiters {
-        let (verdict, at) = task.await.unwrap();
-        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
-        admitted_at.push(at - start);
-    }
-    admitted_at.sort();
-    assert_eq!(admitted_at, [0, 1, 1].map(Duration::from_secs));
+    assert_eq!(
+        admitted_after(waiters, start).await,
+        [0, 1, 1].map(Duration::from_secs)
+    );
 }
 
 /// A reload that removes the rule requests wait for ends their waits at once: no rule applies
@@ -946,10 +965,7 @@ async fn a_reload_that_removes_the_rule_admits_its_waiting_requests_at_once() {
     let limiter = Arc::new(HttpLimiter::with_clock(queued_rule(1, 5), TokioClock::new()).unwrap());
     let start = Instant::now();
     assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
-    let mut waiters = Vec::new();
-    for _ in 0..3 {
-        waiters.push(waiter(&limiter, from("192.0.2.1")).await);
-    }
+    let waiters = three_waiters(&limiter).await;
     limiter.reload(HttpConfig::default()).unwrap();
     for task in waiters {
         let (verdict, at) = task.await.unwrap();
@@ -966,10 +982,7 @@ async fn a_reload_that_removes_the_queue_rejects_its_waiting_requests_at_once() 
     let limiter = Arc::new(HttpLimiter::with_clock(queued_rule(1, 5), TokioClock::new()).unwrap());
     let start = Instant::now();
     assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
-    let mut waiters = Vec::new();
-    for _ in 0..3 {
-        waiters.push(waiter(&limiter, from("192.0.2.1")).await);
-    }
+    let waiters = three_waiters(&limiter).await;
     let no_queue = "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\n";
     limiter
         .reload(HttpConfig::from_toml_str(no_queue).unwrap())
@@ -995,23 +1008,16 @@ async fn a_lowered_queue_limit_keeps_the_waiting_requests_and_lets_no_other_wait
     for ip in ["192.0.2.1", "192.0.2.2"] {
         assert!(decide(&limiter, ip).await.outcome.is_admitted());
     }
-    let mut waiters = Vec::new();
-    for _ in 0..3 {
-        waiters.push(waiter(&limiter, from("192.0.2.1")).await);
-    }
+    let waiters = three_waiters(&limiter).await;
     limiter.reload(queued_rule(1, 1)).unwrap();
     tokio::task::yield_now().await;
     let other = decide(&limiter, "192.0.2.2").await;
     assert_eq!(retry_after(&other), Some(Duration::from_secs(1)));
     assert_eq!(start.elapsed(), Duration::ZERO, "rejected at once");
-    let mut admitted_at = Vec::new();
-    for task in waiters {
-        let (verdict, at) = task.await.unwrap();
-        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
-        admitted_at.push(at - start);
-    }
-    admitted_at.sort();
-    assert_eq!(admitted_at, [1, 2, 3].map(Duration::from_secs));
+    assert_eq!(
+        admitted_after(waiters, start).await,
+        [1, 2, 3].map(Duration::from_secs)
+    );
 }
 
 /// A waiting request dropped after a reload woke it, before it was decided again, leaves its
