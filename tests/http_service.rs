@@ -533,10 +533,7 @@ impl Service<http::Request<String>> for Scripted {
 async fn concurrency_permit_goes_back_on_every_early_end() {
     use std::sync::atomic::Ordering::SeqCst;
     for wait in [None, Some(Duration::from_secs(1))] {
-        let mut layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
-        if let Some(timeout) = wait {
-            layer = layer.wait(timeout);
-        }
+        let layer = concurrency_layer(1, wait);
         let limiter = layer.limiter().clone();
         let inner = Scripted::default();
         let mut service = layer.layer(inner.clone());
@@ -900,6 +897,15 @@ fn counted(
     })
 }
 
+/// A concurrency layer of `limit` permits that waits up to `wait` for one, or rejects at once.
+fn concurrency_layer(limit: u32, wait: Option<Duration>) -> ConcurrencyLayer {
+    let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(limit).unwrap());
+    match wait {
+        Some(timeout) => layer.wait(timeout),
+        None => layer,
+    }
+}
+
 /// A probe that found nothing, pinned: hundreds of requests at once through one layer on a
 /// multi-thread runtime never have more handlers and bodies in flight than the cap, whether
 /// the extra ones are rejected or wait (when every one is served); every permit comes back and
@@ -908,10 +914,7 @@ fn counted(
 async fn concurrency_cap_holds_for_many_requests_on_many_threads() {
     use std::sync::atomic::Ordering::SeqCst;
     for wait in [None, Some(Duration::from_secs(600))] {
-        let mut layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(3).unwrap());
-        if let Some(timeout) = wait {
-            layer = layer.wait(timeout);
-        }
+        let layer = concurrency_layer(3, wait);
         let limiter = layer.limiter().clone();
         let flight = InFlight::default();
         let service = layer.layer(counted(flight.clone()));
@@ -1007,10 +1010,7 @@ async fn concurrency_permits_come_back_when_callers_give_up_at_any_stage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_permit_goes_back_when_the_handler_panics() {
     for wait in [None, Some(Duration::from_secs(1))] {
-        let mut layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
-        if let Some(timeout) = wait {
-            layer = layer.wait(timeout);
-        }
+        let layer = concurrency_layer(1, wait);
         let limiter = layer.limiter().clone();
         let mut service = layer.layer(tower::service_fn(|request: http::Request<()>| async move {
             tokio::task::yield_now().await;
