@@ -233,6 +233,18 @@ fn empty_request(grpc: bool) -> http::Request<String> {
     request
 }
 
+/// `service` polled ready, then called with `request`: its response.
+async fn ready_call<S>(service: &mut S, request: http::Request<String>) -> S::Response
+where
+    S: Service<http::Request<String>>,
+    S::Error: std::fmt::Debug,
+{
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    service.call(request).await.unwrap()
+}
+
 /// `wait`'s timeout: a request still queued then is rejected (gRPC status for gRPC), leaves the
 /// queue, and takes no permit.
 #[tokio::test(start_paused = true)]
@@ -277,31 +289,16 @@ fn concurrency_wait_sets_no_timer_for_a_request_that_finds_a_permit() {
         .build()
         .unwrap();
     let mut service = layer.layer(ok_service());
-    let response = no_timers.block_on(async {
-        std::future::poll_fn(|cx| service.poll_ready(cx))
-            .await
-            .unwrap();
-        service.call(empty_request(false)).await.unwrap()
-    });
+    let response = no_timers.block_on(ready_call(&mut service, empty_request(false)));
     assert_eq!(response.status(), 200);
     drop(response);
     assert_eq!(limiter.available(), 1);
     // Off tokio: served at once, and a wait times out into the rejection.
-    let response = futures_executor::block_on(async {
-        std::future::poll_fn(|cx| service.poll_ready(cx))
-            .await
-            .unwrap();
-        service.call(empty_request(false)).await.unwrap()
-    });
+    let response = futures_executor::block_on(ready_call(&mut service, empty_request(false)));
     assert_eq!(response.status(), 200);
     drop(response);
     let held = limiter.try_acquire_owned(1).unwrap();
-    let response = futures_executor::block_on(async {
-        std::future::poll_fn(|cx| service.poll_ready(cx))
-            .await
-            .unwrap();
-        service.call(empty_request(false)).await.unwrap()
-    });
+    let response = futures_executor::block_on(ready_call(&mut service, empty_request(false)));
     assert_eq!(response.status(), 503);
     assert_eq!(limiter.stats().waiting, 0);
     drop(held);
