@@ -349,6 +349,26 @@ fn when_banned(hook: Box<dyn FnOnce()>) {
     HOOK.with(|h| *h.borrow_mut() = Some(hook));
 }
 
+/// Why `limiter` rejects a GET of `/` from `ip`, grouped by `prefix` as the layer hands the
+/// engine the address grouped as configured now; `None` if it admits it.
+fn reason_grouped(
+    limiter: &HttpLimiter<turnstile::ManualClock>,
+    ip: std::net::IpAddr,
+    prefix: u8,
+) -> Option<turnstile::http::RejectReason> {
+    let group = ipnet::IpNet::new(ip, prefix).unwrap().network();
+    let request = turnstile::http::RequestInfo {
+        method: &http::Method::GET,
+        path: "/",
+        client_ip: Some(group),
+        client_id: None,
+    };
+    match limiter.decide(&request).outcome {
+        turnstile::http::Outcome::Rejected { reason, .. } => Some(reason),
+        _ => None,
+    }
+}
+
 /// An unban made once a reload has carried a ban over stays done, even when the request that
 /// started the ban under the old list passes it on to the new one after the unban: the ban
 /// written, a reload (changing `[bans]`, or the grouping of addresses coarser or finer)
@@ -356,7 +376,7 @@ fn when_banned(hook: Box<dyn FnOnce()>) {
 /// old configuration, looks for the list that replaced its own.
 #[test]
 fn a_ban_passed_on_after_an_unban_lifted_it_stays_lifted() {
-    use turnstile::http::{Outcome, RejectReason, RequestInfo};
+    use turnstile::http::RejectReason;
     type Limiter = HttpLimiter<turnstile::ManualClock>;
     let config = |(within, prefix): (&str, u8)| {
         HttpConfig::from_toml_str(&format!(
@@ -372,20 +392,7 @@ fn a_ban_passed_on_after_an_unban_lifted_it_stays_lifted() {
         let limiter = Arc::new(
             Limiter::with_clock(config(("1h", 28)), turnstile::ManualClock::new()).unwrap(),
         );
-        // The layer hands the engine the address grouped as configured now.
-        let reason = |limiter: &Limiter, prefix: u8| {
-            let group = ipnet::IpNet::new(ip, prefix).unwrap().network();
-            let request = RequestInfo {
-                method: &http::Method::GET,
-                path: "/",
-                client_ip: Some(group),
-                client_id: None,
-            };
-            match limiter.decide(&request).outcome {
-                Outcome::Rejected { reason, .. } => Some(reason),
-                _ => None,
-            }
-        };
+        let reason = |limiter: &Limiter, prefix: u8| reason_grouped(limiter, ip, prefix);
         assert_eq!(reason(&limiter, 28), None);
         let lifted = Arc::new(AtomicBool::new(false));
         when_banned({
@@ -422,7 +429,7 @@ fn a_ban_passed_on_after_an_unban_lifted_it_stays_lifted() {
 /// /24 list, the ban lands on the inherited /24, which covers `.7`.
 #[test]
 fn a_ban_of_another_member_of_the_lifted_group_passed_on_after_the_unban_stays_lifted() {
-    use turnstile::http::{Outcome, RejectReason, RequestInfo};
+    use turnstile::http::RejectReason;
     type Limiter = HttpLimiter<turnstile::ManualClock>;
     let config = |prefix: u8| {
         HttpConfig::from_toml_str(&format!(
@@ -434,20 +441,7 @@ fn a_ban_of_another_member_of_the_lifted_group_passed_on_after_the_unban_stays_l
     };
     let banned: std::net::IpAddr = "198.51.100.23".parse().unwrap();
     let lifted_ip: std::net::IpAddr = "198.51.100.7".parse().unwrap();
-    // The layer hands the engine the address grouped as configured now.
-    let reason = |limiter: &Limiter, ip: std::net::IpAddr, prefix: u8| {
-        let group = ipnet::IpNet::new(ip, prefix).unwrap().network();
-        let request = RequestInfo {
-            method: &http::Method::GET,
-            path: "/",
-            client_ip: Some(group),
-            client_id: None,
-        };
-        match limiter.decide(&request).outcome {
-            Outcome::Rejected { reason, .. } => Some(reason),
-            _ => None,
-        }
-    };
+    let reason = reason_grouped;
     let mut back = Vec::new();
     for reloads in [&[24][..], &[24, 32]] {
         let limiter =
