@@ -1316,6 +1316,34 @@ async fn watch_notices_a_rewrite_that_keeps_the_modification_time_and_length() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The watcher compares the file with the configuration in force, not with the file as it was
+/// when `watch` was called: an edit made after the limiter was built from the file and before
+/// it was watched is loaded by the first poll. The watcher remembered the file's content at the
+/// call, so that edit was never loaded (until the next one).
+#[tokio::test(start_paused = true)]
+async fn watch_loads_an_edit_made_before_it_was_called() {
+    let dir =
+        std::env::temp_dir().join(format!("turnstile-http-watch-late-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let rule =
+        |limit: u32| format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = {limit}\n");
+    std::fs::write(&path, rule(1)).unwrap();
+    let l = std::sync::Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
+    );
+    std::fs::write(&path, rule(2)).unwrap();
+    let handle = l.watch(&path, Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        get(&l, "/", "9.9.9.1", None).quotas[0].limit,
+        2,
+        "the edit made before watch() was not loaded"
+    );
+    handle.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The watcher holds its limiter weakly: once the limiter is dropped, the watcher's task ends
 /// at its next poll rather than polling the file for ever; before that, it reloads each change
 /// in turn.

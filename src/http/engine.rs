@@ -283,7 +283,9 @@ pub struct HttpLimiter<C: Clock + Clone = MonotonicClock> {
     /// Wakes the requests that wait for a rule after a reload, which may have raised the limit
     /// they wait for (or removed their rule): each decides again at once.
     reloaded: Arc<tokio::sync::Notify>,
-    reload_lock: Mutex<()>,
+    /// The configuration in force, locked for the whole of a reload: reloads are done one at
+    /// a time, and [`watch`](Self::watch) compares a file with it.
+    in_force: Mutex<HttpConfig>,
     /// The unbans asked for while a reload carries the bans over to a new list, to be done
     /// again on the new list once it has (see [`reload`](Self::reload)); `None` while no
     /// reload runs. An unban takes this lock for its whole lifting, so that the reload's last
@@ -563,7 +565,7 @@ impl HttpLimiter {
             clock,
             config: Arc::new(ArcSwap::from_pointee(Snapshot { rules, settings })),
             reloaded: Arc::new(tokio::sync::Notify::new()),
-            reload_lock: Mutex::new(()),
+            in_force: Mutex::new(config),
             unbans_in_reload: Mutex::new(None),
             backend: Some(backend),
         })
@@ -599,7 +601,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
             clock,
             config: Arc::new(ArcSwap::from_pointee(Snapshot { rules, settings })),
             reloaded: Arc::new(tokio::sync::Notify::new()),
-            reload_lock: Mutex::new(()),
+            in_force: Mutex::new(config),
             unbans_in_reload: Mutex::new(None),
             #[cfg(feature = "redis")]
             backend: None,
@@ -627,10 +629,32 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// # Ok::<(), turnstile::http::HttpConfigError>(())
     /// ```
     pub fn reload(&self, config: HttpConfig) -> Result<(), HttpConfigError> {
-        let _guard = self
-            .reload_lock
+        let mut in_force = self
+            .in_force
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.reload_locked(&mut in_force, config)
+    }
+
+    /// [`reload`](Self::reload), unless `config` is the configuration in force: true if it
+    /// reloaded.
+    fn reload_if_changed(&self, config: HttpConfig) -> Result<bool, HttpConfigError> {
+        let mut in_force = self
+            .in_force
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *in_force == config {
+            return Ok(false);
+        }
+        self.reload_locked(&mut in_force, config).map(|()| true)
+    }
+
+    /// The reload, `in_force` locked by the caller; on success `config` is put there.
+    fn reload_locked(
+        &self,
+        in_force: &mut HttpConfig,
+        config: HttpConfig,
+    ) -> Result<(), HttpConfigError> {
         let settings = settings_of(&config)?;
         // The backend is checked before compiling: compiling changes the limits of the live
         // limiters it keeps (once the whole configuration has compiled), so a reload refused
@@ -704,6 +728,7 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         // After the store: a waiting request that misses this (it was deciding) finds the new
         // rules when it compares them with its own before sleeping (`wait_and_decide`).
         self.reloaded.notify_waiters();
+        *in_force = config;
         Ok(())
     }
 
@@ -731,10 +756,14 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     /// (with `tracing`, at error level) and keeping the old configuration. Needs a tokio
     /// runtime; abort the handle to stop.
     ///
-    /// The content, not the modification time: two writes within the file system's
-    /// timestamp resolution (a second on some) leave the time as it was, and an edit of one
-    /// digit the length. The bytes compared are the bytes reloaded, so a write landing between
-    /// a poll and its reload is not taken for the one reloaded. A file that cannot be read
+    /// A content is compared with the content last read, not the modification time: two
+    /// writes within the file system's timestamp resolution (a second on some) leave the time
+    /// as it was, and an edit of one digit the length. The bytes compared are the bytes
+    /// reloaded, so a write landing between a poll and its reload is not taken for the one
+    /// reloaded. A new content is parsed and reloaded only if it says something else than the
+    /// configuration in force (an edited comment reloads nothing). The first poll, at once,
+    /// reads the file as new: an edit made between building the limiter and calling `watch`
+    /// is loaded then. A file that cannot be read
     /// (replaced by a rename, say) is tried again at the next poll; a content that fails to
     /// load is not tried again until it changes.
     ///
@@ -766,9 +795,11 @@ impl<C: Clock + Clone> HttpLimiter<C> {
         let path = path.into();
         let limiter = Arc::downgrade(self);
         let interval = interval.max(Duration::from_millis(1));
-        // The content last loaded (or found unloadable): a configuration file is small, and
-        // kept whole it is compared exactly, with no hash to collide.
-        let mut seen: Option<Vec<u8>> = std::fs::read(&path).ok();
+        // The content last read (loaded, found unloadable, or found to say what is in force):
+        // a configuration file is small, and kept whole it is compared exactly, with no hash to
+        // collide. None at first: the first poll compares the file with the configuration in
+        // force, which it may already be at odds with.
+        let mut seen: Option<Vec<u8>> = None;
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             loop {
@@ -784,12 +815,13 @@ impl<C: Clock + Clone> HttpLimiter<C> {
                     continue;
                 }
                 let result = HttpConfig::from_file_bytes(&path, &now)
-                    .and_then(|config| limiter.reload(config));
+                    .and_then(|config| limiter.reload_if_changed(config));
                 seen = Some(now);
                 match result {
-                    Ok(()) => {
+                    Ok(true) => {
                         tracing::info!(path = %path.display(), "rate-limit configuration reloaded")
                     }
+                    Ok(false) => {}
                     Err(e) => {
                         tracing::error!(path = %path.display(), error = %e, "rate-limit configuration not reloaded; keeping the old one")
                     }
