@@ -675,6 +675,30 @@ async fn a_counter_at_two_costs_in_a_request_rejected_first_counts_as_in_memory(
     }
 }
 
+/// One counter named twice, first at a cost above its whole limit: the second's hits meet
+/// the first's, which count past the limit, so it is over too, as in memory and in Envoy's
+/// service (11 then 3 of 10: both over). In Redis the first was charged beside the second's
+/// script, which decided at 0 of 10 and admitted it. A check reads the count as it was before
+/// the request wherever it is named (documented on `RlsService`), and hits named before the
+/// cost above the limit are decided at that count.
+#[tokio::test]
+async fn a_cost_above_the_limit_then_another_on_the_same_counter_are_both_over() {
+    let y: &[(&str, &str)] = &[("budget", "y")];
+    let z: &[(&str, &str)] = &[("budget", "z")];
+    in_memory_and_in_redis(
+        BUDGET,
+        &[
+            costing(&[(BUDGET_X, 11), (BUDGET_X, 3)]),
+            costing(&[(BUDGET_X, 0)]),
+            costing(&[(y, 11), (y, 0)]),
+            costing(&[(z, 1), (z, 11)]),
+            costing(&[(z, 0), (z, 11)]),
+            costing(&[(z, 0)]),
+        ],
+    )
+    .await;
+}
+
 /// One counter named twice, a hit then a check, the hit taking the last of the limit.
 #[tokio::test]
 async fn a_check_after_a_hit_on_the_same_counter_decides_alike() {

@@ -352,6 +352,27 @@ impl Remote {
             } => Some(l),
             _ => None,
         };
+        // Hits on a counter named after a cost above its whole limit meet that cost, which
+        // counts past the limit (below): over, as in memory, where the descriptors with hits
+        // are decided in turn, and as in Envoy's service (11 then 3 hits of 10: both over).
+        // Asked of Redis, the later one was decided beside the charge, at the count before it.
+        // (A check reads the count as it was before the request, wherever it is named.)
+        let mut charged_above: Vec<Vec<u8>> = Vec::new();
+        for i in 0..answers.len() {
+            let (Some(l), Applied::Limit { spec, .. }) = (limiter(i), &applied[i]) else {
+                continue;
+            };
+            if shadow(i) {
+                continue;
+            }
+            let key = l.key(subjects[i].as_slice());
+            if matches!(answers[i], Answer::NotAsked) && hits[i] > 0 && charged_above.contains(&key)
+            {
+                answers[i] = Answer::Over(window_left(spec.unit(), now));
+            } else if hits[i] > u64::from(l.capacity()) {
+                charged_above.push(key);
+            }
+        }
 
         // One round trip per descriptor `which` picks among those not yet asked, all in flight
         // at once: a check (0 hits) answers as one hit would, over once the count has reached
@@ -400,23 +421,32 @@ impl Remote {
         // all the same, past the limit (the scripts count the other rejecting ones): as Envoy's
         // service counts them, so that the checks and hits after them are over until the
         // window ends. A failed charge leaves the request rejected all the same. Sent in the
-        // same round as the scripts (after them), whose answers they do not change: a silent
-        // Redis then holds the request one deadline, not two.
-        let charges: Vec<_> = (0..answers.len())
+        // same round as the scripts, whose answers they do not change: a silent Redis then
+        // holds the request one deadline, not two. But a charge on a counter a script counts
+        // too (named before it: hits named after it are over, above) goes after the scripts,
+        // which decide at the count before it, as in memory (1 then 11 hits of 10: OK, then
+        // over); in the same round, the two raced, and the 1 could meet the 11.
+        let in_scripts: Vec<Vec<u8>> = (group.iter())
+            .map(|&(i, l)| l.key(subjects[i].as_slice()))
+            .collect();
+        let (after, beside): (Vec<_>, Vec<_>) = (0..answers.len())
             .filter(|&i| matches!(answers[i], Answer::Over(_)) && !shadow(i) && hits[i] > 0)
             .filter_map(|i| limiter(i).map(|l| (i, l)))
             .map(|(i, l)| {
-                l.charge(
-                    subjects[i].as_slice(),
-                    u32::try_from(hits[i]).unwrap_or(u32::MAX),
+                let subject = subjects[i].as_slice();
+                let late = in_scripts.contains(&l.key(subject));
+                (
+                    late,
+                    l.charge(subject, u32::try_from(hits[i]).unwrap_or(u32::MAX)),
                 )
             })
-            .collect();
+            .partition(|(late, _)| *late);
         join(
             self.enforce(&group, &subjects, &hits, &mut answers, over),
-            join_all(charges),
+            join_all(beside.into_iter().map(|(_, charge)| charge)),
         )
         .await;
+        join_all(after.into_iter().map(|(_, charge)| charge)).await;
         let rejected = enforced_over(&answers);
 
         // Shadow descriptors of an admitted request (their checks were asked with the others),

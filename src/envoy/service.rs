@@ -478,9 +478,12 @@ impl RlsService {
     /// that the later meets the earlier's hits, as in memory. A descriptor
     /// over its limit counts its hits past the limit, in the same script (one of more hits
     /// than its limit, decided without a script, by a charge of its own, sent with the
-    /// enforced calls). A request thus takes up to three rounds, one after the other: its
-    /// checks, its enforced calls, its shadow descriptors; each round waits at most the
-    /// deadline, so a request waits up to three deadlines while Redis is silent or down.
+    /// enforced calls; hits named after it on its counter are over and charged too). A request
+    /// thus takes up to three rounds, one after the other: its checks, its enforced calls, its
+    /// shadow descriptors; each round waits at most the deadline, so a request waits up to
+    /// three deadlines while Redis is silent or down. One more when a counter is named with
+    /// hits and then with more hits than its limit: that charge waits for the enforced calls,
+    /// which decide the first at the count before it, as in memory.
     ///
     /// While Redis does not answer within the limiters' deadline, `policy` decides each
     /// descriptor of the calls it did not answer (on a Cluster, the calls to the node that is
