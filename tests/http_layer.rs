@@ -223,6 +223,24 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
+/// A `GET` route whose handler says it has entered (on the receiver), then waits for a permit
+/// of `gate` (taken for good) and answers "done": a request held inside the layer until the
+/// test lets it go.
+fn gated(gate: &Arc<Semaphore>) -> (axum::routing::MethodRouter, mpsc::UnboundedReceiver<()>) {
+    let (entered_tx, entered) = mpsc::unbounded_channel::<()>();
+    let gate = Arc::clone(gate);
+    let handler = move || {
+        let gate = Arc::clone(&gate);
+        let entered_tx = entered_tx.clone();
+        async move {
+            let _ = entered_tx.send(());
+            gate.acquire().await.unwrap().forget();
+            "done"
+        }
+    };
+    (get(handler), entered)
+}
+
 fn settings() -> Arc<ArcSwap<LayerSettings>> {
     Arc::new(ArcSwap::from_pointee(LayerSettings::default()))
 }
@@ -426,24 +444,12 @@ async fn trusted_proxy_headers_and_settings_swap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_layer_rejects_the_extra_request_and_admits_after_one_finishes() {
     let gate = Arc::new(Semaphore::new(0));
-    let (entered_tx, mut entered) = mpsc::unbounded_channel::<()>();
+    let (slow, mut entered) = gated(&gate);
     let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
     let limiter = layer.limiter().clone();
-    let handler = {
-        let gate = Arc::clone(&gate);
-        move || {
-            let gate = Arc::clone(&gate);
-            let entered_tx = entered_tx.clone();
-            async move {
-                let _ = entered_tx.send(());
-                gate.acquire().await.unwrap().forget();
-                "done"
-            }
-        }
-    };
     let base = serve(
         Router::new()
-            .route("/slow", get(handler))
+            .route("/slow", slow)
             .route_layer(layer)
             .route("/free", get(|| async { "free" })),
     )
@@ -491,28 +497,11 @@ async fn concurrency_layer_rejects_the_extra_request_and_admits_after_one_finish
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_layer_can_wait_in_the_queue() {
     let gate = Arc::new(Semaphore::new(0));
-    let (entered_tx, mut entered) = mpsc::unbounded_channel::<()>();
+    let (slow, mut entered) = gated(&gate);
     let layer =
         ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(Duration::from_secs(30));
     let limiter = layer.limiter().clone();
-    let handler = {
-        let gate = Arc::clone(&gate);
-        move || {
-            let gate = Arc::clone(&gate);
-            let entered_tx = entered_tx.clone();
-            async move {
-                let _ = entered_tx.send(());
-                gate.acquire().await.unwrap().forget();
-                "done"
-            }
-        }
-    };
-    let base = serve(
-        Router::new()
-            .route("/slow", get(handler))
-            .route_layer(layer),
-    )
-    .await;
+    let base = serve(Router::new().route("/slow", slow).route_layer(layer)).await;
     let client = client();
     let spawn = |client: reqwest::Client| {
         let url = format!("{base}/slow");
@@ -1220,22 +1209,13 @@ async fn concurrency_permit_goes_back_after_head_and_when_the_client_leaves() {
     use tokio::io::AsyncWriteExt;
     const LEN: usize = 64 << 20;
     let gate = Arc::new(Semaphore::new(0));
-    let (entered_tx, mut entered) = mpsc::unbounded_channel::<()>();
+    let (slow, mut entered) = gated(&gate);
     let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
     let limiter = layer.limiter().clone();
-    let slow = move || {
-        let gate = Arc::clone(&gate);
-        let entered_tx = entered_tx.clone();
-        async move {
-            let _ = entered_tx.send(());
-            gate.acquire().await.unwrap().forget();
-            "done"
-        }
-    };
     let base = serve(
         Router::new()
             .route("/whole", get(|| async { vec![b'x'; LEN] }))
-            .route("/slow", get(slow))
+            .route("/slow", slow)
             .route_layer(layer),
     )
     .await;
