@@ -167,6 +167,75 @@ async fn pending_decision_takes_the_concurrency_limit_permit_only_once_admitted(
     assert_eq!(response.status(), 429);
 }
 
+/// Decides the requests in turn with the verdicts it is given.
+struct Turns(Mutex<VecDeque<Verdict>>);
+
+impl Policy for Turns {
+    fn check(&self, _: &RequestInfo<'_>) -> Check {
+        Check::Ready(self.0.lock().unwrap().pop_front().expect("a verdict"))
+    }
+}
+
+/// A rejection does not wait for the inner service to be ready: with a `ConcurrencyLimit` at
+/// its cap inside, the layer is ready and the rejected request is answered at once, where it
+/// waited (the layer's `poll_ready` was the inner one's) until the request holding the permit
+/// was done, so that a flood of rejected requests queued behind the overloaded service instead
+/// of being shed. An admitted request then waits for the permit in its response future, and
+/// keeps its place: served once the permit frees, before a request polled ready after it.
+#[tokio::test]
+async fn a_rejection_does_not_wait_for_the_inner_service_to_be_ready() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let slow = {
+        let gate = Arc::clone(&gate);
+        tower::service_fn(move |_: http::Request<String>| {
+            let gate = Arc::clone(&gate);
+            async move {
+                gate.acquire().await.unwrap().forget();
+                Ok::<_, Infallible>(http::Response::new(String::from("served")))
+            }
+        })
+    };
+    let limited = tower::limit::ConcurrencyLimit::new(slow, 1);
+    let turns = [admitted("a"), rejected(), admitted("a")];
+    let mut service = RateLimitLayer::new(Turns(Mutex::new(turns.into()))).layer(limited.clone());
+    assert!(service.poll_ready(&mut noop()).is_ready());
+    let mut holding = Box::pin(service.call(http::Request::new(String::new())));
+    assert!(
+        holding.as_mut().poll(&mut noop()).is_pending(),
+        "holds the permit"
+    );
+
+    assert!(
+        service.poll_ready(&mut noop()).is_ready(),
+        "ready for a decision while the inner service is at its cap"
+    );
+    let mut refused = Box::pin(service.call(http::Request::new(String::new())));
+    match refused.as_mut().poll(&mut noop()) {
+        Poll::Ready(Ok(response)) => assert_eq!(response.status(), 429),
+        _ => panic!("the rejection waited for the inner service"),
+    }
+
+    // Admitted while the permit is held: waits for it, ahead of a later comer.
+    assert!(service.poll_ready(&mut noop()).is_ready());
+    let mut waiting = Box::pin(service.call(http::Request::new(String::new())));
+    assert!(waiting.as_mut().poll(&mut noop()).is_pending());
+    let mut later = limited;
+    assert!(later.poll_ready(&mut noop()).is_pending());
+    gate.add_permits(2);
+    let served = std::future::poll_fn(|cx| holding.as_mut().poll(cx)).await;
+    assert_eq!(served.unwrap().status(), 200);
+    assert!(
+        later.poll_ready(&mut noop()).is_pending(),
+        "the freed permit went to the admitted request, which asked first"
+    );
+    let response = std::future::poll_fn(|cx| waiting.as_mut().poll(cx))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["ratelimit-policy"], "\"a\";q=10;w=1");
+    assert!(later.poll_ready(&mut noop()).is_ready());
+}
+
 /// A body with trailers (gRPC's): passed through `RateLimitBody`, which ends after them.
 struct WithTrailers {
     frames: VecDeque<http_body::Frame<Bytes>>,

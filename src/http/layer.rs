@@ -176,13 +176,21 @@ impl<P: Policy> LayerPolicy for P {}
 /// tonic's bodies, `http_body_util`'s `Full`, `BoxBody` and `UnsyncBoxBody`, `String`, and
 /// [`RateLimitBody`](crate::http::RateLimitBody) of anything (map another body type into it).
 ///
-/// Readiness follows tower's rule: the service polled ready serves the request. A request
-/// rejected at once releases what that service reserved (it is dropped, a clone takes its
-/// place), so rejected requests never hold an inner `Buffer` slot or concurrency permit. When
-/// the policy answers [`Check::Pending`] (a remote backend, a request waiting for its rule's
-/// queue), the reservation is given back the same way and the response future takes a clone,
-/// polled ready only once the decision admits: a waiting request holds nothing of the inner
-/// service's. Errors of the inner service pass through unchanged.
+/// **Readiness.** The service is ready whenever the inner service has not failed: a request
+/// is decided whether the inner service is ready or not, so that rejections are answered at
+/// once when it is not (an inner `Buffer` full, a `ConcurrencyLimit` at its cap), which is
+/// when shedding load matters. The inner service polled ready serves an admitted request, as
+/// tower asks; one it was not ready for is taken over by the response future, which polls it
+/// until it is ready and then calls it (so the request keeps the place its readiness had,
+/// in a semaphore's queue say), a clone taking its place in the service. A request rejected at
+/// once releases what the inner service reserved (it is dropped, a clone takes its place), so
+/// rejected requests never hold an inner `Buffer` slot or concurrency permit. When the policy
+/// answers [`Check::Pending`] (a remote backend, a request waiting for its rule's queue), the
+/// reservation is given back the same way and the response future takes a clone, polled
+/// ready only once the decision admits: a waiting request holds nothing of the inner
+/// service's. An admitted request is thus counted by its rules before it waits for the inner
+/// service (as it is before its handler runs); dropped while it waits, it stays counted.
+/// Errors of the inner service pass through unchanged.
 ///
 /// With tonic, enable the `tonic` feature and put the layer on the server:
 /// `Server::builder().layer(limiter.layer())`. A
@@ -423,6 +431,7 @@ impl<S, P: LayerPolicy> tower::Layer<S> for RateLimitLayer<P> {
     fn layer(&self, inner: S) -> Self::Service {
         RateLimitService {
             inner,
+            inner_ready: false,
             layer: self.clone(),
         }
     }
@@ -449,6 +458,9 @@ impl<S, P: LayerPolicy> tower::Layer<S> for RateLimitLayer<P> {
 /// ```
 pub struct RateLimitService<S, P: LayerPolicy> {
     inner: S,
+    /// Whether `inner` answered ready to the last `poll_ready`, which answers ready either way
+    /// (see "Readiness" on [`RateLimitLayer`]); the next `call` uses it up.
+    inner_ready: bool,
     layer: RateLimitLayer<P>,
 }
 
@@ -456,6 +468,8 @@ impl<S: Clone, P: LayerPolicy> Clone for RateLimitService<S, P> {
     fn clone(&self) -> Self {
         RateLimitService {
             inner: self.inner.clone(),
+            // A clone has not been polled ready, as a `Buffer`'s clone has no slot.
+            inner_ready: false,
             layer: self.layer.clone(),
         }
     }
@@ -496,11 +510,23 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S, http::Request<B>>;
 
+    /// Ready unless the inner service failed: a request is decided at once, whether the inner
+    /// service is ready or not, so that a rejection does not wait behind a full `Buffer` or a
+    /// `ConcurrencyLimit` at its cap; an admitted request the inner service was not ready for
+    /// waits for it in its response future (see "Readiness" on [`RateLimitLayer`]).
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(Ok(())) => self.inner_ready = true,
+            Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+            // Still asked: `inner` goes on with its reservation (its place in a semaphore's
+            // queue), which an admitted request takes over in `call`.
+            Poll::Pending => self.inner_ready = false,
+        }
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let inner_ready = std::mem::replace(&mut self.inner_ready, false);
         let shared = &*self.layer.shared;
         // One load for what the request is decided and answered under (an `HttpLimiter`'s
         // rules and settings together). A guard, not an `Arc`: no reference count to bump (and
@@ -553,13 +579,28 @@ where
             Decision::Ready(verdict) => match rejection(&verdict, &request, &settings.response) {
                 // The inner future goes straight into its own field of the returned future
                 // (inside the state enum it was copied twice more on every request).
-                None => ResponseFuture {
+                None if inner_ready => ResponseFuture {
                     inner: Some(self.inner.call(request)),
                     state: State::Admitted {
                         quotas: verdict.quotas,
                         headers: QuotaHeaders::of(&settings.response),
+                        readying: None,
                     },
                 },
+                // Admitted, the inner service not ready: the future takes it over, with the
+                // readiness it is waiting for, and a clone takes its place here.
+                None => {
+                    let fresh = self.inner.clone();
+                    let service = std::mem::replace(&mut self.inner, fresh);
+                    ResponseFuture {
+                        inner: None,
+                        state: State::Admitted {
+                            quotas: verdict.quotas,
+                            headers: QuotaHeaders::of(&settings.response),
+                            readying: Some(Box::new((service, request))),
+                        },
+                    }
+                }
                 Some(response) => {
                     // Not served: give back what `poll_ready` reserved (a `Buffer` slot, a
                     // concurrency permit) instead of holding it while the connection idles,
@@ -655,10 +696,13 @@ enum State<S, R> {
         // `None` once the decision came.
         waiting: Option<Box<Waiting<S, R>>>,
     },
-    /// Admitted: the inner future runs; its response gets these quotas' headers.
+    /// Admitted: the inner future runs; its response gets these quotas' headers. Before it,
+    /// when the inner service was not ready: the service, polled until it is, and the
+    /// request it is then called with (`None` once called).
     Admitted {
         quotas: Quotas,
         headers: QuotaHeaders,
+        readying: Option<Box<(S, R)>>,
     },
     /// Rejected: this response, once.
     Rejected {
@@ -668,15 +712,16 @@ enum State<S, R> {
 
 pin_project! {
     /// The response future of [`RateLimitService`]: waits for a pending decision, then for the
-    /// inner service.
+    /// inner service to be ready, then for its response.
     ///
     /// # Cancel safety
     ///
     /// Dropping it drops the pending decision (a remote backend may already have counted the
     /// request; a request waiting for its rule's queue leaves it, having taken nothing) with
-    /// the clone of the inner service that waits for it, which gives back what its
-    /// `poll_ready` reserved, if it got that far (a `Buffer` slot, a concurrency permit);
-    /// later, it drops the inner service's future.
+    /// the inner service that waits for it, which gives back what its `poll_ready` reserved,
+    /// if it got that far (a `Buffer` slot, a concurrency permit); an admitted request waiting
+    /// for the inner service to be ready stays counted. Later, it drops the inner service's
+    /// future.
     ///
     /// # Examples
     ///
@@ -771,6 +816,7 @@ where
                     State::Admitted {
                         quotas: verdict.quotas,
                         headers: QuotaHeaders::of(&settings.response),
+                        readying: None,
                     }
                 }
                 Some(response) => State::Rejected {
@@ -779,7 +825,25 @@ where
             };
         }
         match this.state {
-            State::Admitted { quotas, headers } => {
+            State::Admitted {
+                quotas,
+                headers,
+                readying,
+            } => {
+                if let Some(ready) = readying {
+                    match ready.0.poll_ready(cx) {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(error)) => {
+                            *readying = None;
+                            return Poll::Ready(Err(error));
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                    if let Some(ready) = readying.take() {
+                        let (mut service, request) = *ready;
+                        this.inner.set(Some(service.call(request)));
+                    }
+                }
                 let Some(future) = this.inner.as_mut().as_pin_mut() else {
                     return Poll::Pending;
                 };
