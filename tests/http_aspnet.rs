@@ -330,6 +330,46 @@ fn aspnet_period_timespan_and_quota_response_status_are_theirs() {
     );
 }
 
+/// `PeriodTimespan` is bound by .NET's `TimeSpan.Parse`, which also reads its general format,
+/// `d:hh:mm:ss[.fffffff]` (`1:00:00:00` is one day; `TimeSpan.ToString("g")` writes a span of
+/// days so). Such a document was refused as "not a .NET TimeSpan"; the hours of that form are
+/// still at most 23.
+#[test]
+fn aspnet_period_timespan_reads_the_days_colon_form() {
+    let doc = r#"{"IpRateLimiting": {"GeneralRules": [
+        {"Endpoint": "*", "Period": "1d", "PeriodTimespan": "1:00:00:00", "Limit": 1},
+        {"Endpoint": "*", "Period": "2d", "PeriodTimespan": "2:03:04:05.5", "Limit": 1}]}}"#;
+    let config = HttpConfig::from_json_str(doc).expect("loads");
+    let windows: Vec<Duration> = limiter(config)
+        .decide(&RequestInfo {
+            method: &http::Method::GET,
+            path: "/",
+            client_ip: Some([1, 1, 1, 1].into()),
+            client_id: None,
+        })
+        .quotas
+        .iter()
+        .map(|q| q.window)
+        .collect();
+    assert_eq!(
+        windows,
+        [
+            Duration::from_secs(86_400),
+            Duration::from_millis(((2 * 24 + 3) * 3_600 + 4 * 60 + 5) * 1_000 + 500)
+        ]
+    );
+    for bad in ["1:24:00:00", "1.02:03:04:05", "1:2:3:4:5", ":01:00:00"] {
+        let e = err(&format!(
+            r#"{{"IpRateLimiting": {{"GeneralRules": [
+                {{"Endpoint": "*", "Period": "1d", "PeriodTimespan": "{bad}", "Limit": 1}}]}}}}"#
+        ));
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[0].PeriodTimespan:"),
+            "{bad}: {e}"
+        );
+    }
+}
+
 /// AspNetCoreRateLimit counts `1mo` as 30 days and `1y` as 365; humantime has no `mo` (the
 /// document failed to load) and makes a year 365.25 days.
 #[test]

@@ -701,7 +701,9 @@ impl Section<'_> {
                 let window = timespan(&text).ok_or_else(|| {
                     HttpConfigError::invalid(
                         &field,
-                        format!("{text:?} is not a .NET TimeSpan (`[d.]hh:mm[:ss[.fffffff]]`)"),
+                        format!(
+                            "{text:?} is not a .NET TimeSpan (`[d.]hh:mm[:ss[.fffffff]]` or `d:hh:mm:ss`)"
+                        ),
                     )
                 })?;
                 let period = humantime::format_duration(window).to_string();
@@ -766,8 +768,9 @@ impl Section<'_> {
     }
 }
 
-/// A .NET `TimeSpan` as ASP.NET's configuration binder reads it: `[-][d.]hh:mm[:ss[.fffffff]]`,
-/// or a whole number of days. `None` for anything else, or a negative or zero span.
+/// A .NET `TimeSpan` as ASP.NET's configuration binder reads it (`TimeSpan.Parse`):
+/// `[-][d.]hh:mm[:ss[.fffffff]]`, `d:hh:mm:ss[.fffffff]` (its general format, `"g"`), or a whole
+/// number of days. `None` for anything else, or a negative or zero span.
 fn timespan(text: &str) -> Option<std::time::Duration> {
     let text = text.trim();
     let number = |s: &str| -> Option<u64> {
@@ -780,6 +783,12 @@ fn timespan(text: &str) -> Option<std::time::Duration> {
         Some(_) => match text.split_once('.') {
             // `d.hh:mm...`: the dot before the first colon separates the days.
             Some((d, rest)) if !d.contains(':') => (number(d)?, Some(rest)),
+            // `d:hh:mm:ss`: four parts, the first the days (`1:00:00:00` is a day there, and
+            // `hh` is at most 23, so no four-part span is anything else).
+            _ if text.matches(':').count() == 3 => {
+                let (d, rest) = text.split_once(':')?;
+                (number(d)?, Some(rest))
+            }
             _ => (0, Some(text)),
         },
     };

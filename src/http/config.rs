@@ -1147,7 +1147,8 @@ impl HttpConfig {
     ///
     /// Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
     /// 365, as there; a fraction, `1.5m`, is read as there too); other text is read as a humantime
-    /// duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]`) is its
+    /// duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]` or
+    /// `d:hh:mm:ss[.fffffff]`) is its
     /// window when given, as there. A `Limit` of zero or less blocks every request its rule
     /// applies to, as there (`-1` becomes `limit = 0`); a fraction, or more than 4294967295, is
     /// refused naming the field. A rule without an `Endpoint` is refused: there it applies to no
