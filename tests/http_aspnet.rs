@@ -370,8 +370,8 @@ fn aspnet_period_timespan_reads_the_days_colon_form() {
     }
 }
 
-/// AspNetCoreRateLimit counts `1mo` as 30 days and `1y` as 365; humantime has no `mo` (the
-/// document failed to load) and makes a year 365.25 days.
+/// `1mo` is 30 days and `1y` 365 (AspNetCoreRateLimit knows neither unit, only `s`, `m`, `h`
+/// and `d`); humantime has no `mo` (the document failed to load) and makes a year 365.25 days.
 #[test]
 fn aspnet_month_and_year_periods_are_theirs() {
     let doc = r#"{"IpRateLimiting": {"GeneralRules": [

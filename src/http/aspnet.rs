@@ -462,10 +462,11 @@ fn too_long(text: &str, field: &str) -> HttpConfigError {
     )
 }
 
-/// An AspNetCoreRateLimit period as a humantime one, checked: `{n}mo` is `n` times 30 days
-/// and `{n}y` `n` times 365 days there (humantime's months and years are longer), and the
-/// number may have a fraction (`1.5m`, which is `double.Parse` there); other text is left for
-/// humantime to read. The error names `field`, the document's.
+/// An AspNetCoreRateLimit period as a humantime one, checked. There a period is a number and
+/// one of `s`, `m`, `h`, `d` (the number may have a fraction: `1.5m`, `double.Parse`); any other
+/// unit throws on every request its rule applies to. Here `w` is read too, `{n}mo` as `n` times
+/// 30 days and `{n}y` as `n` times 365 days (humantime's months and years are longer), and
+/// other text is left for humantime to read. The error names `field`, the document's.
 fn period(text: &str, field: &str) -> Result<String, HttpConfigError> {
     let trimmed = text.trim();
     let digits = trimmed

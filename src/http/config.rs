@@ -1145,9 +1145,10 @@ impl HttpConfig {
     /// (a range not aligned to one becomes several; an IP policy is then one entry per range, with
     /// the same rules).
     ///
-    /// Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
-    /// 365, as there; a fraction, `1.5m`, is read as there too); other text is read as a humantime
-    /// duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]` or
+    /// Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`; a fraction, `1.5m`, is read
+    /// as there too). Other units are read here where there they fail every request their rule
+    /// applies to (it knows only `s`, `m`, `h` and `d`): `1w` is 7 days, `1mo` 30 days and `1y`
+    /// 365, and any other text is read as a humantime duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]` or
     /// `d:hh:mm:ss[.fffffff]`) is its
     /// window when given, as there. A `Limit` of zero or less blocks every request its rule
     /// applies to, as there (`-1` becomes `limit = 0`); a fraction, or more than 4294967295, is
