@@ -778,7 +778,9 @@ fn aspnet_fractional_periods_out_of_range_are_refused_not_wrapped() {
 }
 
 /// There `IpWhitelist` entries and `IpRules[].Ip` are IP ranges: `first-last` and
-/// `address/mask` too. A range that is not one CIDR range becomes the few that cover it.
+/// `address/mask` too. A range that is not one CIDR range becomes the few that cover it. Spaces
+/// anywhere in an entry are removed there (`IpAddressRange`): `10.0.0.0 / 8` was refused here
+/// as "not an IP address or CIDR range".
 #[test]
 fn aspnet_ip_ranges_load_as_cidr_ranges() {
     for (entry, nets) in [
@@ -791,6 +793,12 @@ fn aspnet_ip_ranges_load_as_cidr_ranges() {
         ("0.0.0.0-255.255.255.255", &["0.0.0.0/0"]),
         ("2001:db8::-2001:db8::ffff", &["2001:db8::/112"]),
         ("10.0.0.7", &["10.0.0.7/32"]),
+        // Every space is removed there before the range is read.
+        ("10.0.0.0 / 8", &["10.0.0.0/8"]),
+        (" 10.0.0.1 - 10.0.0.2 ", &["10.0.0.1/32", "10.0.0.2/32"]),
+        ("192.168.0.0 / 255.255.255.0", &["192.168.0.0/24"]),
+        // Its README's `IpWhitelist` example: a CIDR range with host bits, masked there.
+        ("::1 /10", &["::/10"]),
     ] {
         let doc = format!(
             r#"{{"IpRateLimiting": {{"IpWhitelist": ["{entry}"],

@@ -522,15 +522,17 @@ fn period(text: &str, field: &str) -> Result<String, HttpConfigError> {
 /// The CIDR ranges that cover an `IpWhitelist` entry or an `IpRules[].Ip` there: an address, a
 /// CIDR range, `first-last` (the fewest CIDR ranges that cover it exactly, several when it is
 /// not aligned) or `address/mask` (`192.168.0.0/255.255.255.0`), the forms of
-/// AspNetCoreRateLimit's IP ranges. Each is checked as the lists' entries are (whole client
-/// groups of `client_ip`); errors name `field`, the document's.
+/// AspNetCoreRateLimit's IP ranges, read as there with every space removed first
+/// (`10.0.0.0 / 8`, `10.0.0.1 - 10.0.0.6`). Each is checked as the lists' entries are (whole
+/// client groups of `client_ip`); errors name `field`, the document's.
 fn ip_nets(
     text: &str,
     field: &str,
     client_ip: &ClientIpConfig,
 ) -> Result<Vec<String>, HttpConfigError> {
-    let text = text.trim();
-    let invalid = |why: &str| HttpConfigError::invalid(field, format!("{text:?} {why}"));
+    let written = text.trim();
+    let text = &written.replace(' ', "");
+    let invalid = |why: &str| HttpConfigError::invalid(field, format!("{written:?} {why}"));
     let nets = if let Some((first, last)) = text.split_once('-') {
         match (
             first.trim().parse::<IpAddr>(),
