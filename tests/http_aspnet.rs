@@ -261,6 +261,60 @@ fn aspnet_regex_method_alternatives_become_a_rule_each() {
     }
 }
 
+/// There a regex pattern is anchored as `^` + pattern + `$`, so a `|` outside any group splits
+/// the whole `verb:path` expression and the anchors bind to its ends only: `get:/api/a|get:/api/b`
+/// limits GET /api/b (and every path starting with `/api/a`), `get|post:/x` every GET. Split at
+/// its first `:`, it was read as GET and the path `/api/a|get:/api/b`: GET /api/b went
+/// unlimited. Refused now, naming the field; grouped alternatives still load.
+#[test]
+fn aspnet_regex_alternation_of_the_whole_pattern_is_refused() {
+    let doc = |endpoint: &str| {
+        format!(
+            r#"{{"IpRateLimiting": {{"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true,
+            "EndpointWhitelist": ["get:/health"],
+            "GeneralRules": [{{"Endpoint": "*", "Period": "1h", "Limit": 100}},
+                             {{"Endpoint": "{endpoint}", "Period": "1m", "Limit": 1}}]}}}}"#
+        )
+    };
+    for endpoint in [
+        "get:/api/a|get:/api/b",
+        "get|post:/x",
+        "^get:/a$|^post:/b$",
+        "get:/api/(a|b)|post:/c",
+        r"get:/api/\\(a|b\\)",
+    ] {
+        let e = err(&doc(endpoint));
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[1].Endpoint:") && e.contains("`|`"),
+            "{endpoint}: {e}"
+        );
+    }
+    // The whitelist is read the same way.
+    let e = err(&doc("*").replace("get:/health", "get:/health|get:/ready"));
+    assert!(e.starts_with("IpRateLimiting.EndpointWhitelist[0]:"), "{e}");
+    // A `|` inside a group, a class or escaped is no alternation of the whole pattern.
+    for (endpoint, path) in [
+        ("get:/api/(a|b)", "/api/b"),
+        ("(get|post):/api/b", "/api/b"),
+        ("get:/api/[|]b", "/api/|b"),
+        ("get:/api/[]|]b", "/api/|b"),
+        (r"get:/api/a\\|b", "/api/a|b"),
+    ] {
+        let l = limiter(
+            HttpConfig::from_json_str(&doc(endpoint)).unwrap_or_else(|e| panic!("{endpoint}: {e}")),
+        );
+        let get = http::Method::GET;
+        assert!(
+            !rejected(&decide(&l, &get, path, [1, 1, 1, 1])),
+            "{endpoint}"
+        );
+        assert!(
+            rejected(&decide(&l, &get, path, [1, 1, 1, 1])),
+            "{endpoint}"
+        );
+    }
+}
+
 /// There, wildcard patterns match the whole `VERB:path` (AspNetCoreRateLimit 4 and 5):
 /// `*:/api/values` is not `/api/values/1`, which `*:/api/values*` is.
 #[test]

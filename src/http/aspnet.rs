@@ -405,18 +405,31 @@ fn regex_endpoint(
         }
     }
     let named = |pattern: String, regex| vec![(trimmed.to_owned(), pattern, regex)];
-    match body {
-        "*" => return Ok(named("*".to_owned(), false)),
-        // Every request, but not a `*` rule: those alone apply without endpoint rate limiting.
-        ".+" | ".*" => return Ok(named("*:.*".to_owned(), true)),
-        _ => {}
-    }
     let cannot = |why: String| {
         HttpConfigError::invalid(
             field,
             format!("{pattern:?} (EnableRegexRuleMatching) cannot be translated: {why}"),
         )
     };
+    // There the anchors are written around the whole text (`^` + pattern + `$`), so they bind
+    // to the first and the last alternative only: `get:/a|get:/b` is every `verb:path` that
+    // starts with `get:/a` or ends with `get:/b`, and `get|post:/x` every GET. Split at the
+    // first `:` it became one method and a path alternation (`get` and `/a|get:/b`), GET /a
+    // alone, and the rule limited none of the other requests it limits there.
+    if top_level_alternation(body) {
+        return Err(cannot(
+            "a `|` outside any group: there the pattern's anchors bind to its first and last \
+             alternatives only; group the alternatives (`(get|post):/api/(a|b)`), or write one \
+             rule per alternative"
+                .into(),
+        ));
+    }
+    match body {
+        "*" => return Ok(named("*".to_owned(), false)),
+        // Every request, but not a `*` rule: those alone apply without endpoint rate limiting.
+        ".+" | ".*" => return Ok(named("*:.*".to_owned(), true)),
+        _ => {}
+    }
     // The method part ends at the first `:` before which the text is a whole regex (the `:` of
     // a `(?:get|post)` group is inside it).
     let split = body
@@ -451,6 +464,38 @@ fn regex_endpoint(
         )));
     }
     Ok(matched)
+}
+
+/// Whether the regular expression `pattern` has a `|` outside every group and character class:
+/// an alternation of the whole pattern. A `\`-escaped character is no operator; a class may
+/// nest classes (`[a-z&&[^x]]`, `[[:alpha:]]`), and a `]` first in one (after its `^`) is one
+/// of its characters.
+fn top_level_alternation(pattern: &str) -> bool {
+    let bytes = pattern.as_bytes();
+    let (mut groups, mut classes) = (0usize, 0usize);
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 1,
+            b'[' => {
+                classes += 1;
+                if bytes.get(i + 1) == Some(&b'^') {
+                    i += 1;
+                }
+                if bytes.get(i + 1) == Some(&b']') {
+                    i += 1;
+                }
+            }
+            b']' if classes > 0 => classes -= 1,
+            _ if classes > 0 => {}
+            b'(' => groups += 1,
+            b')' => groups = groups.saturating_sub(1),
+            b'|' if groups == 0 => return true,
+            _ => {}
+        }
+        i += 1;
+    }
+    false
 }
 
 /// The error for a window longer than a limiter counts (more than u64::MAX nanoseconds), naming
