@@ -340,6 +340,39 @@ fn aspnet_wildcards_match_the_whole_path() {
     assert!(names("/api/ab/x").is_empty());
 }
 
+/// A wildcard may start the path part there (`*:*/health` is every path that ends in
+/// `/health`, the `*` matching its leading `/` too). Such a pattern was refused here ("must
+/// start with '/'"), so a document with one did not load; a path part that starts with
+/// neither `/` nor a wildcard, which no request matches there, still is.
+#[test]
+fn aspnet_a_wildcard_may_start_the_path() {
+    let ip = [1, 1, 1, 1];
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "GeneralRules": [
+        {"Endpoint": "*:*/health", "Period": "1m", "Limit": 1},
+        {"Endpoint": "get:?api/items", "Period": "1h", "Limit": 1}]}}"#;
+    let l = limiter(HttpConfig::from_json_str(doc).expect("loads"));
+    let get = http::Method::GET;
+    let names = |path: &str| -> Vec<String> {
+        decide(&l, &get, path, ip)
+            .quotas
+            .iter()
+            .map(|q| q.policy.to_string())
+            .collect()
+    };
+    assert_eq!(names("/health"), ["*:*/health-1m"]);
+    assert_eq!(names("/api/v2/health"), ["*:*/health-1m"]);
+    assert!(names("/healthz").is_empty());
+    assert_eq!(names("/api/items"), ["get:?api/items-1h"]);
+    let e = err(
+        r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "GeneralRules": [
+        {"Endpoint": "get:api/items", "Period": "1m", "Limit": 1}]}}"#,
+    );
+    assert!(
+        e.starts_with("IpRateLimiting.GeneralRules[0].Endpoint:"),
+        "{e}"
+    );
+}
+
 /// A rule's `PeriodTimespan` (a .NET `TimeSpan`) is its window there, whatever `Period` says;
 /// and a `QuotaExceededResponse` without a `StatusCode` answers 429 (its default there), over
 /// `HttpStatusCode`.

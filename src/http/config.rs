@@ -242,7 +242,8 @@ pub struct RuleConfig {
     /// where an earlier rule of the same list has that name already, by what tells this one
     /// apart: its key, `-monitor`, `-per_endpoint` (`"*-1m-client"` beside a per-IP `"*-1m"`).
     pub name: Option<String>,
-    /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex
+    /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path, which may start with
+    /// one: `*:*/health`), or `re:` + a regex
     /// (after an optional `verb:`, see [`endpoint_regex`](Self::endpoint_regex)).
     /// Matched against the request's path without its query, after RFC 3986's normalizations
     /// that change no resource: `/api/%76alues/%31` is `/api/values/1`, while `%2F` stays an
