@@ -1314,9 +1314,9 @@ fn aspnet_list_errors_after_a_null_entry_name_the_right_index() {
     assert_eq!(config.whitelist.by_key[0].clients, ["c"]);
 }
 
-/// Each section's middleware reads its own `RealIpHeader` and `ClientIdHeader` there: the IP
-/// rules count the address the IP section's header gives, the client rules the id the client
-/// section's header gives. Here one of each is read, and the section translated last won: a
+/// There both middlewares read the IP section's `RealIpHeader` and the client section's
+/// `ClientIdHeader`: the IP rules count the address the IP section's header gives, the client
+/// rules the id the client section's header gives. Here the section translated last won: a
 /// `RealIpHeader` of the client section (which counts no address) replaced the IP section's,
 /// and the IP rules counted a header their section does not read.
 #[test]

@@ -1195,9 +1195,9 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
     if let Some(o) = &client {
         client_general = apply_options(&mut config, o, &client_section)?;
     }
-    // Each middleware reads its own headers there. One of each is read here: the client id the
-    // client section's header gives (applied last), and the address the IP section's gives,
-    // which are what their rules count by.
+    // One of each is read here, as there (where both middlewares share one resolver of each):
+    // the client id the client section's header gives (applied last), and the address the IP
+    // section's gives.
     if let Some(h) = ip
         .as_ref()
         .map(|o| header_name(&o.node, "RealIpHeader"))

@@ -1160,10 +1160,13 @@ impl HttpConfig {
     ///
     /// `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
     /// `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
-    /// As there, it is `X-Real-IP` and the client id header `X-ClientId` unless a section names
-    /// them. When both sections name one, the IP section's `RealIpHeader` and the client
-    /// section's `ClientIdHeader` are read, those their rules count by (there each section reads
-    /// its own, also for its whitelists).
+    /// It is `X-Real-IP` and the client id header `X-ClientId` unless a section names them. There
+    /// both middlewares read one header of each, for their rules and their whitelists alike: the
+    /// IP section's `RealIpHeader` and the client section's `ClientIdHeader`, the defaults when
+    /// that section names none (the other section's are never read). Here too the IP
+    /// section's `RealIpHeader` and the client section's `ClientIdHeader` win when both
+    /// sections name one; a header only the other section names is read here, where there it
+    /// is not.
     ///
     /// `EnableEndpointRateLimiting` is each section's own: a section that leaves it off keeps only
     /// its `*` rules (the others never apply there) while the other section's endpoint rules do.
