@@ -261,6 +261,60 @@ fn aspnet_regex_method_alternatives_become_a_rule_each() {
     }
 }
 
+/// There a regex pattern is anchored as `^` + pattern + `$`, so a `|` outside any group splits
+/// the whole `verb:path` expression and the anchors bind to its ends only: `get:/api/a|get:/api/b`
+/// limits GET /api/b (and every path starting with `/api/a`), `get|post:/x` every GET. Split at
+/// its first `:`, it was read as GET and the path `/api/a|get:/api/b`: GET /api/b went
+/// unlimited. Refused now, naming the field; grouped alternatives still load.
+#[test]
+fn aspnet_regex_alternation_of_the_whole_pattern_is_refused() {
+    let doc = |endpoint: &str| {
+        format!(
+            r#"{{"IpRateLimiting": {{"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true,
+            "EndpointWhitelist": ["get:/health"],
+            "GeneralRules": [{{"Endpoint": "*", "Period": "1h", "Limit": 100}},
+                             {{"Endpoint": "{endpoint}", "Period": "1m", "Limit": 1}}]}}}}"#
+        )
+    };
+    for endpoint in [
+        "get:/api/a|get:/api/b",
+        "get|post:/x",
+        "^get:/a$|^post:/b$",
+        "get:/api/(a|b)|post:/c",
+        r"get:/api/\\(a|b\\)",
+    ] {
+        let e = err(&doc(endpoint));
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[1].Endpoint:") && e.contains("`|`"),
+            "{endpoint}: {e}"
+        );
+    }
+    // The whitelist is read the same way.
+    let e = err(&doc("*").replace("get:/health", "get:/health|get:/ready"));
+    assert!(e.starts_with("IpRateLimiting.EndpointWhitelist[0]:"), "{e}");
+    // A `|` inside a group, a class or escaped is no alternation of the whole pattern.
+    for (endpoint, path) in [
+        ("get:/api/(a|b)", "/api/b"),
+        ("(get|post):/api/b", "/api/b"),
+        ("get:/api/[|]b", "/api/|b"),
+        ("get:/api/[]|]b", "/api/|b"),
+        (r"get:/api/a\\|b", "/api/a|b"),
+    ] {
+        let l = limiter(
+            HttpConfig::from_json_str(&doc(endpoint)).unwrap_or_else(|e| panic!("{endpoint}: {e}")),
+        );
+        let get = http::Method::GET;
+        assert!(
+            !rejected(&decide(&l, &get, path, [1, 1, 1, 1])),
+            "{endpoint}"
+        );
+        assert!(
+            rejected(&decide(&l, &get, path, [1, 1, 1, 1])),
+            "{endpoint}"
+        );
+    }
+}
+
 /// There, wildcard patterns match the whole `VERB:path` (AspNetCoreRateLimit 4 and 5):
 /// `*:/api/values` is not `/api/values/1`, which `*:/api/values*` is.
 #[test]
@@ -284,6 +338,39 @@ fn aspnet_wildcards_match_the_whole_path() {
     assert_eq!(names("/API/Items/7"), ["get:/api/items*-1h"]);
     assert_eq!(names("/api/a/x"), ["*:/api/?/x-1d"]);
     assert!(names("/api/ab/x").is_empty());
+}
+
+/// A wildcard may start the path part there (`*:*/health` is every path that ends in
+/// `/health`, the `*` matching its leading `/` too). Such a pattern was refused here ("must
+/// start with '/'"), so a document with one did not load; a path part that starts with
+/// neither `/` nor a wildcard, which no request matches there, still is.
+#[test]
+fn aspnet_a_wildcard_may_start_the_path() {
+    let ip = [1, 1, 1, 1];
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "GeneralRules": [
+        {"Endpoint": "*:*/health", "Period": "1m", "Limit": 1},
+        {"Endpoint": "get:?api/items", "Period": "1h", "Limit": 1}]}}"#;
+    let l = limiter(HttpConfig::from_json_str(doc).expect("loads"));
+    let get = http::Method::GET;
+    let names = |path: &str| -> Vec<String> {
+        decide(&l, &get, path, ip)
+            .quotas
+            .iter()
+            .map(|q| q.policy.to_string())
+            .collect()
+    };
+    assert_eq!(names("/health"), ["*:*/health-1m"]);
+    assert_eq!(names("/api/v2/health"), ["*:*/health-1m"]);
+    assert!(names("/healthz").is_empty());
+    assert_eq!(names("/api/items"), ["get:?api/items-1h"]);
+    let e = err(
+        r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "GeneralRules": [
+        {"Endpoint": "get:api/items", "Period": "1m", "Limit": 1}]}}"#,
+    );
+    assert!(
+        e.starts_with("IpRateLimiting.GeneralRules[0].Endpoint:"),
+        "{e}"
+    );
 }
 
 /// A rule's `PeriodTimespan` (a .NET `TimeSpan`) is its window there, whatever `Period` says;
@@ -330,8 +417,48 @@ fn aspnet_period_timespan_and_quota_response_status_are_theirs() {
     );
 }
 
-/// AspNetCoreRateLimit counts `1mo` as 30 days and `1y` as 365; humantime has no `mo` (the
-/// document failed to load) and makes a year 365.25 days.
+/// `PeriodTimespan` is bound by .NET's `TimeSpan.Parse`, which also reads its general format,
+/// `d:hh:mm:ss[.fffffff]` (`1:00:00:00` is one day; `TimeSpan.ToString("g")` writes a span of
+/// days so). Such a document was refused as "not a .NET TimeSpan"; the hours of that form are
+/// still at most 23.
+#[test]
+fn aspnet_period_timespan_reads_the_days_colon_form() {
+    let doc = r#"{"IpRateLimiting": {"GeneralRules": [
+        {"Endpoint": "*", "Period": "1d", "PeriodTimespan": "1:00:00:00", "Limit": 1},
+        {"Endpoint": "*", "Period": "2d", "PeriodTimespan": "2:03:04:05.5", "Limit": 1}]}}"#;
+    let config = HttpConfig::from_json_str(doc).expect("loads");
+    let windows: Vec<Duration> = limiter(config)
+        .decide(&RequestInfo {
+            method: &http::Method::GET,
+            path: "/",
+            client_ip: Some([1, 1, 1, 1].into()),
+            client_id: None,
+        })
+        .quotas
+        .iter()
+        .map(|q| q.window)
+        .collect();
+    assert_eq!(
+        windows,
+        [
+            Duration::from_secs(86_400),
+            Duration::from_millis(((2 * 24 + 3) * 3_600 + 4 * 60 + 5) * 1_000 + 500)
+        ]
+    );
+    for bad in ["1:24:00:00", "1.02:03:04:05", "1:2:3:4:5", ":01:00:00"] {
+        let e = err(&format!(
+            r#"{{"IpRateLimiting": {{"GeneralRules": [
+                {{"Endpoint": "*", "Period": "1d", "PeriodTimespan": "{bad}", "Limit": 1}}]}}}}"#
+        ));
+        assert!(
+            e.starts_with("IpRateLimiting.GeneralRules[0].PeriodTimespan:"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+/// `1mo` is 30 days and `1y` 365 (AspNetCoreRateLimit knows neither unit, only `s`, `m`, `h`
+/// and `d`); humantime has no `mo` (the document failed to load) and makes a year 365.25 days.
 #[test]
 fn aspnet_month_and_year_periods_are_theirs() {
     let doc = r#"{"IpRateLimiting": {"GeneralRules": [
@@ -738,7 +865,9 @@ fn aspnet_fractional_periods_out_of_range_are_refused_not_wrapped() {
 }
 
 /// There `IpWhitelist` entries and `IpRules[].Ip` are IP ranges: `first-last` and
-/// `address/mask` too. A range that is not one CIDR range becomes the few that cover it.
+/// `address/mask` too. A range that is not one CIDR range becomes the few that cover it. Spaces
+/// anywhere in an entry are removed there (`IpAddressRange`): `10.0.0.0 / 8` was refused here
+/// as "not an IP address or CIDR range".
 #[test]
 fn aspnet_ip_ranges_load_as_cidr_ranges() {
     for (entry, nets) in [
@@ -751,6 +880,12 @@ fn aspnet_ip_ranges_load_as_cidr_ranges() {
         ("0.0.0.0-255.255.255.255", &["0.0.0.0/0"]),
         ("2001:db8::-2001:db8::ffff", &["2001:db8::/112"]),
         ("10.0.0.7", &["10.0.0.7/32"]),
+        // Every space is removed there before the range is read.
+        ("10.0.0.0 / 8", &["10.0.0.0/8"]),
+        (" 10.0.0.1 - 10.0.0.2 ", &["10.0.0.1/32", "10.0.0.2/32"]),
+        ("192.168.0.0 / 255.255.255.0", &["192.168.0.0/24"]),
+        // Its README's `IpWhitelist` example: a CIDR range with host bits, masked there.
+        ("::1 /10", &["::/10"]),
     ] {
         let doc = format!(
             r#"{{"IpRateLimiting": {{"IpWhitelist": ["{entry}"],
@@ -1179,9 +1314,9 @@ fn aspnet_list_errors_after_a_null_entry_name_the_right_index() {
     assert_eq!(config.whitelist.by_key[0].clients, ["c"]);
 }
 
-/// Each section's middleware reads its own `RealIpHeader` and `ClientIdHeader` there: the IP
-/// rules count the address the IP section's header gives, the client rules the id the client
-/// section's header gives. Here one of each is read, and the section translated last won: a
+/// There both middlewares read the IP section's `RealIpHeader` and the client section's
+/// `ClientIdHeader`: the IP rules count the address the IP section's header gives, the client
+/// rules the id the client section's header gives. Here the section translated last won: a
 /// `RealIpHeader` of the client section (which counts no address) replaced the IP section's,
 /// and the IP rules counted a header their section does not read.
 #[test]

@@ -405,18 +405,31 @@ fn regex_endpoint(
         }
     }
     let named = |pattern: String, regex| vec![(trimmed.to_owned(), pattern, regex)];
-    match body {
-        "*" => return Ok(named("*".to_owned(), false)),
-        // Every request, but not a `*` rule: those alone apply without endpoint rate limiting.
-        ".+" | ".*" => return Ok(named("*:.*".to_owned(), true)),
-        _ => {}
-    }
     let cannot = |why: String| {
         HttpConfigError::invalid(
             field,
             format!("{pattern:?} (EnableRegexRuleMatching) cannot be translated: {why}"),
         )
     };
+    // There the anchors are written around the whole text (`^` + pattern + `$`), so they bind
+    // to the first and the last alternative only: `get:/a|get:/b` is every `verb:path` that
+    // starts with `get:/a` or ends with `get:/b`, and `get|post:/x` every GET. Split at the
+    // first `:` it became one method and a path alternation (`get` and `/a|get:/b`), GET /a
+    // alone, and the rule limited none of the other requests it limits there.
+    if top_level_alternation(body) {
+        return Err(cannot(
+            "a `|` outside any group: there the pattern's anchors bind to its first and last \
+             alternatives only; group the alternatives (`(get|post):/api/(a|b)`), or write one \
+             rule per alternative"
+                .into(),
+        ));
+    }
+    match body {
+        "*" => return Ok(named("*".to_owned(), false)),
+        // Every request, but not a `*` rule: those alone apply without endpoint rate limiting.
+        ".+" | ".*" => return Ok(named("*:.*".to_owned(), true)),
+        _ => {}
+    }
     // The method part ends at the first `:` before which the text is a whole regex (the `:` of
     // a `(?:get|post)` group is inside it).
     let split = body
@@ -453,6 +466,38 @@ fn regex_endpoint(
     Ok(matched)
 }
 
+/// Whether the regular expression `pattern` has a `|` outside every group and character class:
+/// an alternation of the whole pattern. A `\`-escaped character is no operator; a class may
+/// nest classes (`[a-z&&[^x]]`, `[[:alpha:]]`), and a `]` first in one (after its `^`) is one
+/// of its characters.
+fn top_level_alternation(pattern: &str) -> bool {
+    let bytes = pattern.as_bytes();
+    let (mut groups, mut classes) = (0usize, 0usize);
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 1,
+            b'[' => {
+                classes += 1;
+                if bytes.get(i + 1) == Some(&b'^') {
+                    i += 1;
+                }
+                if bytes.get(i + 1) == Some(&b']') {
+                    i += 1;
+                }
+            }
+            b']' if classes > 0 => classes -= 1,
+            _ if classes > 0 => {}
+            b'(' => groups += 1,
+            b')' => groups = groups.saturating_sub(1),
+            b'|' if groups == 0 => return true,
+            _ => {}
+        }
+        i += 1;
+    }
+    false
+}
+
 /// The error for a window longer than a limiter counts (more than u64::MAX nanoseconds), naming
 /// `field` and the text it was written as.
 fn too_long(text: &str, field: &str) -> HttpConfigError {
@@ -462,10 +507,11 @@ fn too_long(text: &str, field: &str) -> HttpConfigError {
     )
 }
 
-/// An AspNetCoreRateLimit period as a humantime one, checked: `{n}mo` is `n` times 30 days
-/// and `{n}y` `n` times 365 days there (humantime's months and years are longer), and the
-/// number may have a fraction (`1.5m`, which is `double.Parse` there); other text is left for
-/// humantime to read. The error names `field`, the document's.
+/// An AspNetCoreRateLimit period as a humantime one, checked. There a period is a number and
+/// one of `s`, `m`, `h`, `d` (the number may have a fraction: `1.5m`, `double.Parse`); any other
+/// unit throws on every request its rule applies to. Here `w` is read too, `{n}mo` as `n` times
+/// 30 days and `{n}y` as `n` times 365 days (humantime's months and years are longer), and
+/// other text is left for humantime to read. The error names `field`, the document's.
 fn period(text: &str, field: &str) -> Result<String, HttpConfigError> {
     let trimmed = text.trim();
     let digits = trimmed
@@ -521,15 +567,17 @@ fn period(text: &str, field: &str) -> Result<String, HttpConfigError> {
 /// The CIDR ranges that cover an `IpWhitelist` entry or an `IpRules[].Ip` there: an address, a
 /// CIDR range, `first-last` (the fewest CIDR ranges that cover it exactly, several when it is
 /// not aligned) or `address/mask` (`192.168.0.0/255.255.255.0`), the forms of
-/// AspNetCoreRateLimit's IP ranges. Each is checked as the lists' entries are (whole client
-/// groups of `client_ip`); errors name `field`, the document's.
+/// AspNetCoreRateLimit's IP ranges, read as there with every space removed first
+/// (`10.0.0.0 / 8`, `10.0.0.1 - 10.0.0.6`). Each is checked as the lists' entries are (whole
+/// client groups of `client_ip`); errors name `field`, the document's.
 fn ip_nets(
     text: &str,
     field: &str,
     client_ip: &ClientIpConfig,
 ) -> Result<Vec<String>, HttpConfigError> {
-    let text = text.trim();
-    let invalid = |why: &str| HttpConfigError::invalid(field, format!("{text:?} {why}"));
+    let written = text.trim();
+    let text = &written.replace(' ', "");
+    let invalid = |why: &str| HttpConfigError::invalid(field, format!("{written:?} {why}"));
     let nets = if let Some((first, last)) = text.split_once('-') {
         match (
             first.trim().parse::<IpAddr>(),
@@ -701,7 +749,9 @@ impl Section<'_> {
                 let window = timespan(&text).ok_or_else(|| {
                     HttpConfigError::invalid(
                         &field,
-                        format!("{text:?} is not a .NET TimeSpan (`[d.]hh:mm[:ss[.fffffff]]`)"),
+                        format!(
+                            "{text:?} is not a .NET TimeSpan (`[d.]hh:mm[:ss[.fffffff]]` or `d:hh:mm:ss`)"
+                        ),
                     )
                 })?;
                 let period = humantime::format_duration(window).to_string();
@@ -766,8 +816,9 @@ impl Section<'_> {
     }
 }
 
-/// A .NET `TimeSpan` as ASP.NET's configuration binder reads it: `[-][d.]hh:mm[:ss[.fffffff]]`,
-/// or a whole number of days. `None` for anything else, or a negative or zero span.
+/// A .NET `TimeSpan` as ASP.NET's configuration binder reads it (`TimeSpan.Parse`):
+/// `[-][d.]hh:mm[:ss[.fffffff]]`, `d:hh:mm:ss[.fffffff]` (its general format, `"g"`), or a whole
+/// number of days. `None` for anything else, or a negative or zero span.
 fn timespan(text: &str) -> Option<std::time::Duration> {
     let text = text.trim();
     let number = |s: &str| -> Option<u64> {
@@ -780,6 +831,12 @@ fn timespan(text: &str) -> Option<std::time::Duration> {
         Some(_) => match text.split_once('.') {
             // `d.hh:mm...`: the dot before the first colon separates the days.
             Some((d, rest)) if !d.contains(':') => (number(d)?, Some(rest)),
+            // `d:hh:mm:ss`: four parts, the first the days (`1:00:00:00` is a day there, and
+            // `hh` is at most 23, so no four-part span is anything else).
+            _ if text.matches(':').count() == 3 => {
+                let (d, rest) = text.split_once(':')?;
+                (number(d)?, Some(rest))
+            }
             _ => (0, Some(text)),
         },
     };
@@ -1138,9 +1195,9 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
     if let Some(o) = &client {
         client_general = apply_options(&mut config, o, &client_section)?;
     }
-    // Each middleware reads its own headers there. One of each is read here: the client id the
-    // client section's header gives (applied last), and the address the IP section's gives,
-    // which are what their rules count by.
+    // One of each is read here, as there (where both middlewares share one resolver of each):
+    // the client id the client section's header gives (applied last), and the address the IP
+    // section's gives.
     if let Some(h) = ip
         .as_ref()
         .map(|o| header_name(&o.node, "RealIpHeader"))

@@ -242,7 +242,8 @@ pub struct RuleConfig {
     /// where an earlier rule of the same list has that name already, by what tells this one
     /// apart: its key, `-monitor`, `-per_endpoint` (`"*-1m-client"` beside a per-IP `"*-1m"`).
     pub name: Option<String>,
-    /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path), or `re:` + a regex
+    /// `*`, `*:/path`, `verb:/path` (`*` and `?` wildcards in the path, which may start with
+    /// one: `*:*/health`), or `re:` + a regex
     /// (after an optional `verb:`, see [`endpoint_regex`](Self::endpoint_regex)).
     /// Matched against the request's path without its query, after RFC 3986's normalizations
     /// that change no resource: `/api/%76alues/%31` is `/api/values/1`, while `%2F` stays an
@@ -1120,7 +1121,9 @@ impl HttpConfig {
     /// expressions over `verb:path`, anchored and case-insensitive there; each becomes a regex rule
     /// here (`verb:` a method name, or `.+` for any), and a method part that is itself a regex
     /// (`((post)|(put)):/api/values`, as its documentation writes) becomes one rule per method it
-    /// matches; one matching no method is an error naming it.
+    /// matches; one matching no method is an error naming it. A `|` outside any group
+    /// (`get:/a|get:/b`) is refused: there the anchors bind to its first and last alternatives
+    /// only, which no rule here reads alike.
     ///
     /// `IpRateLimiting` general rules count by IP, `ClientRateLimiting` ones by client id (named
     /// `client:{endpoint}-{period}` so that both sections can be used at once). The two sections
@@ -1145,9 +1148,11 @@ impl HttpConfig {
     /// (a range not aligned to one becomes several; an IP policy is then one entry per range, with
     /// the same rules).
     ///
-    /// Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`, `1w`; `1mo` is 30 days and `1y`
-    /// 365, as there; a fraction, `1.5m`, is read as there too); other text is read as a humantime
-    /// duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]`) is its
+    /// Periods are AspNetCoreRateLimit's (`1s`, `15m`, `12h`, `7d`; a fraction, `1.5m`, is read
+    /// as there too). Other units are read here where there they fail every request their rule
+    /// applies to (it knows only `s`, `m`, `h` and `d`): `1w` is 7 days, `1mo` 30 days and `1y`
+    /// 365, and any other text is read as a humantime duration. A rule's `PeriodTimespan` (a .NET `TimeSpan`, `[d.]hh:mm[:ss[.fffffff]]` or
+    /// `d:hh:mm:ss[.fffffff]`) is its
     /// window when given, as there. A `Limit` of zero or less blocks every request its rule
     /// applies to, as there (`-1` becomes `limit = 0`); a fraction, or more than 4294967295, is
     /// refused naming the field. A rule without an `Endpoint` is refused: there it applies to no
@@ -1155,10 +1160,13 @@ impl HttpConfig {
     ///
     /// `RealIpHeader` becomes the only forwarding header read; it is read only from the peers in
     /// `client_ip.trusted_proxies`, which AspNetCoreRateLimit has no notion of (set it yourself).
-    /// As there, it is `X-Real-IP` and the client id header `X-ClientId` unless a section names
-    /// them. When both sections name one, the IP section's `RealIpHeader` and the client
-    /// section's `ClientIdHeader` are read, those their rules count by (there each section reads
-    /// its own, also for its whitelists).
+    /// It is `X-Real-IP` and the client id header `X-ClientId` unless a section names them. There
+    /// both middlewares read one header of each, for their rules and their whitelists alike: the
+    /// IP section's `RealIpHeader` and the client section's `ClientIdHeader`, the defaults when
+    /// that section names none (the other section's are never read). Here too the IP
+    /// section's `RealIpHeader` and the client section's `ClientIdHeader` win when both
+    /// sections name one; a header only the other section names is read here, where there it
+    /// is not.
     ///
     /// `EnableEndpointRateLimiting` is each section's own: a section that leaves it off keeps only
     /// its `*` rules (the others never apply there) while the other section's endpoint rules do.

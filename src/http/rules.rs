@@ -210,12 +210,16 @@ impl Endpoint {
             PathMatch::Regex(re, path.into())
         } else if path == "*" {
             PathMatch::Any
-        } else if path.starts_with('/') {
+        } else if path.starts_with(['/', '*', '?']) {
+            // A path starts with `/`, which a wildcard matches too: `*:*/health` is every path
+            // ending in `/health`, as AspNetCoreRateLimit matches it.
             PathMatch::Glob(path.to_owned())
         } else {
             return Err(HttpConfigError::invalid(
                 field,
-                format!("the path of {pattern:?} must start with '/' or be \"*\""),
+                format!(
+                    "the path of {pattern:?} must start with '/' or a wildcard ('*', '?'), or be \"*\""
+                ),
             ));
         };
         Ok(Endpoint { method, path })
