@@ -394,6 +394,13 @@ fn encoded_unreserved_characters_match_as_themselves() {
         !blocked(&rule, "/a/b"),
         "a rule for the escaped form is that form's"
     );
+    // A pattern written with an escaped unreserved character is that character too: it
+    // matched no path, whose escape is decoded before matching.
+    let rule = blocking("get:/api/%7Euser/%31*");
+    for path in ["/api/~user/1", "/api/%7euser/%31", "/api/~user/10"] {
+        assert!(blocked(&rule, path), "{path}");
+    }
+    assert!(!blocked(&rule, "/api/~user/2"));
     // Broken escapes are kept as they are, and decide like any other path.
     let rule = blocking("get:/a%*");
     for path in ["/a%", "/a%4", "/a%zz", "/a%C3%A9"] {

@@ -247,7 +247,9 @@ pub struct RuleConfig {
     /// (after an optional `verb:`, see [`endpoint_regex`](Self::endpoint_regex)).
     /// Matched against the request's path without its query, after RFC 3986's normalizations
     /// that change no resource: `/api/%76alues/%31` is `/api/values/1`, while `%2F` stays an
-    /// escape, its hex digits upper-cased. A path with such escapes left is also matched as a
+    /// escape, its hex digits upper-cased; a wildcard pattern is normalized alike
+    /// (`get:/%7Euser` is `get:/~user`; a regex is matched as written, against the normalized
+    /// path). A path with such escapes left is also matched as a
     /// handler reads it (axum's `Path` decodes them: `/files/a%2Fb` gives `/files/{*path}`
     /// the `a/b` of `/files/a/b`), so escaping steps around no rule; whitelist endpoints match
     /// the first form only. A `get:` pattern matches `HEAD` requests too, which axum serves

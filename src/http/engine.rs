@@ -1168,7 +1168,7 @@ fn probe_quota<C: Clock>(
 /// per-endpoint counter, by encoding a character. Escapes of reserved characters (`%2F`) stay
 /// escaped: decoded, they would change the path's segments, and the whitelists match this form
 /// only. The rules also match the form a handler reads ([`decoded_path`]).
-fn normalized_path(path: &str) -> Option<String> {
+pub(crate) fn normalized_path(path: &str) -> Option<String> {
     let bytes = path.as_bytes();
     if !bytes.contains(&b'%') {
         return None;

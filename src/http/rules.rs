@@ -212,8 +212,12 @@ impl Endpoint {
             PathMatch::Any
         } else if path.starts_with(['/', '*', '?']) {
             // A path starts with `/`, which a wildcard matches too: `*:*/health` is every path
-            // ending in `/health`, as AspNetCoreRateLimit matches it.
-            PathMatch::Glob(path.to_owned())
+            // ending in `/health`, as AspNetCoreRateLimit matches it. Normalized as the paths
+            // it is matched with are: a pattern written with an escaped letter (`/%7Euser`,
+            // `/values/%31`) matched no path, whose escape was decoded (`/~user`).
+            PathMatch::Glob(
+                crate::http::engine::normalized_path(path).unwrap_or_else(|| path.to_owned()),
+            )
         } else {
             return Err(HttpConfigError::invalid(
                 field,
