@@ -914,6 +914,7 @@ fn validation_errors_name_the_field() {
         ("[[rules]]\nperiod = \"1s\"\nlimit = 1\nendpoint = \"re:get:/a(\"\n".to_owned(), "rules[0].endpoint: \"/a(\" is not a valid regex"),
         ("client_id_header = \"bad header\"\n".to_owned(), "client_id_header: \"bad header\" is not a valid header name"),
         ("[[ip_rules]]\nip = \"1.2.3\"\n".to_owned(), "ip_rules[0].ip: \"1.2.3\" is not an IP address"),
+        ("[client_ip]\ntrusted_proxies = [\"10.0.0.1\"]\nheaders = []\n".to_owned(), "client_ip.headers: empty, so the address a trusted proxy forwards is never read"),
         ("[whitelist]\nips = [\"ok\"]\n".to_owned(), "whitelist.ips[0]:"),
         ("[bans]\nafter = 0\n".to_owned(), "bans.after:"),
         ("[backend]\nkind = \"etcd\"\n".to_owned(), "backend.kind: \"etcd\" is not a backend"),

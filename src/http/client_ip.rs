@@ -51,7 +51,8 @@ pub struct ClientIpConfig {
     pub trusted_proxies: Vec<IpNet>,
     /// The headers read from a trusted peer, in order of preference: the first one present in
     /// the request decides. Default: `X-Forwarded-For` only, the header that nginx, HAProxy,
-    /// Envoy, Traefik, Caddy and the cloud load balancers append to.
+    /// Envoy, Traefik, Caddy and the cloud load balancers append to. Empty only while no proxy
+    /// is trusted (refused otherwise: every client behind a proxy would count as the proxy).
     ///
     /// List only headers that your trusted proxies write (set or append to). A header they pass
     /// on untouched is written by the client: behind a proxy that appends to `X-Forwarded-For`
@@ -119,7 +120,8 @@ impl ClientIpConfig {
     ///
     /// # Errors
     ///
-    /// A message naming the field that is out of range.
+    /// A message naming the field that is wrong: a prefix out of range, a header that is no
+    /// header name, or no header at all while proxies are trusted.
     ///
     /// # Examples
     ///
@@ -133,6 +135,10 @@ impl ClientIpConfig {
     /// config.ipv6_prefix = 64;
     /// config.headers = vec![turnstile::http::ForwardedHeader::Custom("X Real IP".into())];
     /// assert!(config.validate().unwrap_err().starts_with("headers[0]"));
+    /// config.headers = Vec::new(); // no proxy trusted: the peer is the client
+    /// assert!(config.validate().is_ok());
+    /// config.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+    /// assert!(config.validate().unwrap_err().starts_with("headers: empty"));
     /// ```
     pub fn validate(&self) -> Result<(), String> {
         if self.ipv4_prefix > 32 {
@@ -152,6 +158,13 @@ impl ClientIpConfig {
             {
                 return Err(format!("headers[{i}]: {name:?} is not a valid header name"));
             }
+        }
+        // Likewise with no header to read: the proxies' trust would do nothing.
+        if self.headers.is_empty() && !self.trusted_proxies.is_empty() {
+            return Err(
+                "headers: empty, so the address a trusted proxy forwards is never read and every                  client behind it counts as the proxy: name the header it writes (for example                  x-forwarded-for), or trust no proxy"
+                    .to_owned(),
+            );
         }
         Ok(())
     }
