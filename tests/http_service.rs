@@ -167,6 +167,28 @@ async fn pending_decision_takes_the_concurrency_limit_permit_only_once_admitted(
     assert_eq!(response.status(), 429);
 }
 
+/// A service that answers "served" once it has taken a permit of `gate` (for good): a request
+/// held inside until the test lets it go.
+fn gated(
+    gate: &Arc<tokio::sync::Semaphore>,
+) -> impl Service<
+    http::Request<String>,
+    Response = http::Response<String>,
+    Error = Infallible,
+    Future: Send,
+> + Clone
++ Send
++ 'static {
+    let gate = Arc::clone(gate);
+    tower::service_fn(move |_: http::Request<String>| {
+        let gate = Arc::clone(&gate);
+        async move {
+            gate.acquire().await.unwrap().forget();
+            Ok::<_, Infallible>(http::Response::new(String::from("served")))
+        }
+    })
+}
+
 /// Decides the requests in turn with the verdicts it is given.
 struct Turns(Mutex<VecDeque<Verdict>>);
 
@@ -185,17 +207,7 @@ impl Policy for Turns {
 #[tokio::test]
 async fn a_rejection_does_not_wait_for_the_inner_service_to_be_ready() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let slow = {
-        let gate = Arc::clone(&gate);
-        tower::service_fn(move |_: http::Request<String>| {
-            let gate = Arc::clone(&gate);
-            async move {
-                gate.acquire().await.unwrap().forget();
-                Ok::<_, Infallible>(http::Response::new(String::from("served")))
-            }
-        })
-    };
-    let limited = tower::limit::ConcurrencyLimit::new(slow, 1);
+    let limited = tower::limit::ConcurrencyLimit::new(gated(&gate), 1);
     let turns = [admitted("a"), rejected(), admitted("a")];
     let mut service = RateLimitLayer::new(Turns(Mutex::new(turns.into()))).layer(limited.clone());
     assert!(service.poll_ready(&mut noop()).is_ready());
@@ -234,6 +246,49 @@ async fn a_rejection_does_not_wait_for_the_inner_service_to_be_ready() {
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["ratelimit-policy"], "\"a\";q=10;w=1");
     assert!(later.poll_ready(&mut noop()).is_ready());
+}
+
+/// The same for the concurrency layer: over its cap, a request is rejected at once while the
+/// inner service is not ready (it waited, its `poll_ready` being the inner one's); under the
+/// cap, one the inner service is not ready for holds its permit and is served once the inner
+/// service is ready.
+#[tokio::test]
+async fn a_concurrency_rejection_does_not_wait_for_the_inner_service_to_be_ready() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let limited = tower::limit::ConcurrencyLimit::new(gated(&gate), 1);
+    let limiter = ConcurrencyLimiter::new(2).unwrap();
+    let mut service = ConcurrencyLayer::new(limiter.clone()).layer(limited);
+    assert!(service.poll_ready(&mut noop()).is_ready());
+    let mut holding = service.call(http::Request::new(String::new()));
+    assert!(
+        holding.as_mut().poll(&mut noop()).is_pending(),
+        "holds both permits"
+    );
+
+    // Under the cap: admitted, it waits for the inner permit with its own.
+    assert!(
+        service.poll_ready(&mut noop()).is_ready(),
+        "ready while the inner service is at its cap"
+    );
+    let mut waiting = service.call(http::Request::new(String::new()));
+    assert!(waiting.as_mut().poll(&mut noop()).is_pending());
+    assert_eq!(limiter.available(), 0);
+
+    // Over the cap: rejected at once.
+    assert!(service.poll_ready(&mut noop()).is_ready());
+    let mut refused = service.call(http::Request::new(String::new()));
+    match refused.as_mut().poll(&mut noop()) {
+        Poll::Ready(Ok(response)) => assert_eq!(response.status(), 503),
+        _ => panic!("the rejection waited for the inner service"),
+    }
+
+    gate.add_permits(2);
+    for future in [holding, waiting] {
+        let response = future.await.unwrap();
+        assert_eq!(response.status(), 200);
+        drop(response);
+    }
+    assert_eq!(limiter.available(), 2);
 }
 
 /// A body with trailers (gRPC's): passed through `RateLimitBody`, which ends after them.

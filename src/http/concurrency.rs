@@ -32,6 +32,11 @@ use std::time::Duration;
 /// limit and is rejected after that. Cloning the layer shares the limiter, so one cap can
 /// cover several routes.
 ///
+/// The service is ready whenever the wrapped service has not failed: a request over the cap
+/// is rejected at once even while the wrapped service is not ready (an inner `Buffer` full),
+/// and an admitted request the wrapped service was not ready for waits for it holding its
+/// permit (the order of tower's `ConcurrencyLimit`: the permit, then the inner service).
+///
 /// A gRPC request (`content-type: application/grpc...`) is rejected with a gRPC status instead
 /// (trailers-only: HTTP 200, `grpc-status: 8` `RESOURCE_EXHAUSTED`, `retry-after`), which gRPC
 /// clients report as such rather than as a transport error; [`grpc`](Self::grpc) turns that off.
@@ -296,6 +301,7 @@ impl<S> tower::Layer<S> for ConcurrencyLayer {
     fn layer(&self, inner: S) -> Self::Service {
         ConcurrencyService {
             inner,
+            inner_ready: false,
             layer: self.clone(),
         }
     }
@@ -316,10 +322,24 @@ impl<S> tower::Layer<S> for ConcurrencyLayer {
 /// let _service: ConcurrencyService<_> = layer.layer(inner);
 /// # Ok::<(), turnstile::ConfigError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ConcurrencyService<S> {
     inner: S,
+    /// Whether `inner` answered ready to the last `poll_ready`, which answers ready either way
+    /// (as [`RateLimitLayer`](crate::http::RateLimitLayer)'s); the next `call` uses it up.
+    inner_ready: bool,
     layer: ConcurrencyLayer,
+}
+
+impl<S: Clone> Clone for ConcurrencyService<S> {
+    fn clone(&self) -> Self {
+        ConcurrencyService {
+            inner: self.inner.clone(),
+            // A clone has not been polled ready, as a `Buffer`'s clone has no slot.
+            inner_ready: false,
+            layer: self.layer.clone(),
+        }
+    }
 }
 
 /// The response future of [`ConcurrencyService`].
@@ -372,14 +392,24 @@ where
     type Error = S::Error;
     type Future = ConcurrencyFuture<Self::Response, S::Error>;
 
+    /// Ready unless the inner service failed: a request over the cap is rejected at once,
+    /// whether the inner service is ready or not; an admitted request the inner service was
+    /// not ready for waits for it, its permit held, in its response future.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(Ok(())) => self.inner_ready = true,
+            Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+            // `inner` goes on with its reservation, which the request takes over in `call`.
+            Poll::Pending => self.inner_ready = false,
+        }
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        // The service polled ready leaves with this call (its reservation, a `Buffer` slot or
-        // a concurrency permit of the inner service's, is this request's), and a clone takes
-        // its place.
+        let inner_ready = std::mem::replace(&mut self.inner_ready, false);
+        // The service polled leaves with this call (its reservation, a `Buffer` slot or a
+        // concurrency permit of the inner service's, or its place in the queue for one, is
+        // this request's), and a clone takes its place.
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
@@ -399,8 +429,15 @@ where
                         return Box::pin(async move { Ok(response) });
                     }
                 };
-                let future = ready.call(request);
-                Box::pin(async move { Ok(with_permit(future.await?, permit)) })
+                if inner_ready {
+                    let future = ready.call(request);
+                    return Box::pin(async move { Ok(with_permit(future.await?, permit)) });
+                }
+                // The permit, then the inner service: the order of tower's `ConcurrencyLimit`.
+                Box::pin(async move {
+                    std::future::poll_fn(|cx| ready.poll_ready(cx)).await?;
+                    Ok(with_permit(ready.call(request).await?, permit))
+                })
             }
             Some(timeout) => {
                 // A request waiting in the queue holds nothing of the inner service's: the
