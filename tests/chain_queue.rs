@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use turnstile::{
-    AcquireError, Algorithm, Chain, KeyedChain, KeyedLimiter, ManualClock, Rate, RateLimiter,
-    TokioClock, TryAcquireError,
+    AcquireError, Algorithm, Chain, Clock, KeyedChain, KeyedLimiter, ManualClock, Rate,
+    RateLimiter, TokioClock, TryAcquireError,
 };
 
 /// One permit a second, bursts of 3, drained at the start: 3 permits take 3 s, 1 takes 1 s.
@@ -201,7 +201,7 @@ async fn keyed_chain_waiters_queue_per_key() {
 #[test]
 fn blocking_and_async_callers_share_one_queue() {
     for blocking_first in [true, false] {
-        let clock = ManualClock::new();
+        let clock = Counting::default();
         let window = Duration::from_millis(100);
         let member =
             RateLimiter::with_clock(Algorithm::FixedWindow { limit: 2, window }, clock.clone())
@@ -227,7 +227,7 @@ fn blocking_and_async_callers_share_one_queue() {
         };
         // The first asks for 2 (the next window), the second for the 1 that is free now.
         let first = run(blocking_first, 2);
-        wait_until(|| chain.stats().waiting == 1);
+        clock.wait_for_the_head(&chain);
         let second = run(!blocking_first, 1);
         wait_until(|| chain.stats().waiting == 2);
         assert!(
@@ -235,12 +235,41 @@ fn blocking_and_async_callers_share_one_queue() {
             "the second passed the first"
         );
         assert_eq!(member.stats().available, 1);
-        clock.advance(window);
+        clock.clock.advance(window);
         first.join().unwrap();
-        clock.advance(window);
+        clock.clock.advance(window);
         second.join().unwrap();
         assert_eq!(*order.lock().unwrap(), [blocking_first, !blocking_first]);
         assert_eq!(chain.stats().waiting, 0);
+    }
+}
+
+/// A [`ManualClock`] that counts its readings. A chain caller reads the clock only to attempt,
+/// and once counted as waiting, only while it holds the turn: a reading after it is counted
+/// says that it is the head. Counted as waiting, it may not have taken its turn yet (it takes
+/// its room, then its turn), and a caller started then could take the turn before it.
+#[derive(Clone, Default)]
+struct Counting {
+    clock: ManualClock,
+    reads: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Clock for Counting {
+    fn now(&self) -> u64 {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.clock.now()
+    }
+}
+
+impl Counting {
+    /// Waits until the only caller of `chain` (on another thread, real time) waits as its head:
+    /// counted as waiting, then reading the clock (a head that is refused parks for the wait
+    /// the member reported, in real time, and attempts again after it).
+    fn wait_for_the_head<C: Clock + Clone>(&self, chain: &Chain<C>) {
+        wait_until(|| chain.stats().waiting == 1);
+        let counted = self.reads.load(std::sync::atomic::Ordering::Relaxed);
+        wait_until(|| self.reads.load(std::sync::atomic::Ordering::Relaxed) > counted);
     }
 }
 
@@ -590,7 +619,7 @@ async fn a_head_whose_handover_panics_gives_its_permits_back() {
 fn a_blocking_head_whose_handover_panics_gives_its_permits_back() {
     use std::future::Future;
     use std::task::{Context, Waker};
-    let clock = ManualClock::new();
+    let clock = Counting::default();
     let window = Duration::from_millis(50);
     let member =
         RateLimiter::with_clock(Algorithm::FixedWindow { limit: 1, window }, clock.clone())
@@ -601,7 +630,7 @@ fn a_blocking_head_whose_handover_panics_gives_its_permits_back() {
         let chain = chain.clone();
         move || chain.acquire_blocking()
     });
-    wait_until(|| chain.stats().waiting == 1);
+    clock.wait_for_the_head(&chain);
     let mut next = Box::pin(chain.acquire());
     let panicky = Waker::from(Arc::new(Panicky));
     assert!(
@@ -609,7 +638,7 @@ fn a_blocking_head_whose_handover_panics_gives_its_permits_back() {
             .poll(&mut Context::from_waker(&panicky))
             .is_pending()
     );
-    clock.advance(window);
+    clock.clock.advance(window);
     assert!(head.join().is_err());
     let stats = chain.stats();
     assert_eq!((stats.admitted, stats.cancelled, stats.waiting), (0, 1, 1));
