@@ -683,18 +683,17 @@ const CHAIN: &str = include_str!("../src/backend/scripts/chain.lua");
 const CHAIN_CHARGE: &str = include_str!("../src/backend/scripts/chain_charge.lua");
 
 /// The shipped chain script on a clock the test controls: `now` (µs) is the last ARGV, and
-/// expiries are dropped (see `NO_EXPIRY`).
+/// keys expire on that clock as Redis would expire them (see `FAKE_EXPIRY`), so that a member
+/// key whose TTL ends before its state stops counting decides unlike memory.
 fn fake_clock_chain_script() -> String {
     fake_clock_members_script(CHAIN)
 }
 
-/// The members' runner and `reply` (chain.lua or chain_charge.lua) on the test's clock.
+/// The members' runner and `reply` (chain.lua or chain_charge.lua) on the test's clock, the
+/// last ARGV, with expiries on that clock (`FAKE_EXPIRY`, reading its time there).
 fn fake_clock_members_script(reply: &str) -> String {
-    format!(
-        "{PRELUDE}
-local function now_us() return tonumber(ARGV[#ARGV]) end
-{NO_EXPIRY}{FIXED}{SLIDING}{COUNTER}{BUCKET}{MEMBERS}{reply}"
-    )
+    let expiry = FAKE_EXPIRY.replace("ARGV[4]", "ARGV[#ARGV]");
+    format!("{expiry}{PRELUDE}{FIXED}{SLIDING}{COUNTER}{BUCKET}{MEMBERS}{reply}")
 }
 
 /// A chain decides as the in-memory `Chain` of the same members: all or nothing, the smallest
