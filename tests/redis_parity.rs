@@ -683,18 +683,17 @@ const CHAIN: &str = include_str!("../src/backend/scripts/chain.lua");
 const CHAIN_CHARGE: &str = include_str!("../src/backend/scripts/chain_charge.lua");
 
 /// The shipped chain script on a clock the test controls: `now` (µs) is the last ARGV, and
-/// expiries are dropped (see `NO_EXPIRY`).
+/// keys expire on that clock as Redis would expire them (see `FAKE_EXPIRY`), so that a member
+/// key whose TTL ends before its state stops counting decides unlike memory.
 fn fake_clock_chain_script() -> String {
     fake_clock_members_script(CHAIN)
 }
 
-/// The members' runner and `reply` (chain.lua or chain_charge.lua) on the test's clock.
+/// The members' runner and `reply` (chain.lua or chain_charge.lua) on the test's clock, the
+/// last ARGV, with expiries on that clock (`FAKE_EXPIRY`, reading its time there).
 fn fake_clock_members_script(reply: &str) -> String {
-    format!(
-        "{PRELUDE}
-local function now_us() return tonumber(ARGV[#ARGV]) end
-{NO_EXPIRY}{FIXED}{SLIDING}{COUNTER}{BUCKET}{MEMBERS}{reply}"
-    )
+    let expiry = FAKE_EXPIRY.replace("ARGV[4]", "ARGV[#ARGV]");
+    format!("{expiry}{PRELUDE}{FIXED}{SLIDING}{COUNTER}{BUCKET}{MEMBERS}{reply}")
 }
 
 /// A chain decides as the in-memory `Chain` of the same members: all or nothing, the smallest
@@ -1077,6 +1076,77 @@ fn a_rebased_fixed_window_outlives_the_epoch_window_its_permits_fall_in() {
                 assert_eq!(reply[2] as u64 * 1000, r.retry_after_nanos(), "{context}");
             }
             Err(e) => panic!("{e:?}; {context}"),
+        }
+    }
+}
+
+/// The keys' expiries lose no state that still counts: the shipped runners (`single`,
+/// `charge_one`) on the test's clock with Redis's expiry rule on that clock too (`FAKE_EXPIRY`),
+/// so that a key is deleted between two calls exactly when Redis would delete it, decide and
+/// charge as the in-memory limiters over the random sequences of `differential_across`, windows
+/// of a few milliseconds (where a key's expiry is rounded up to the millisecond) to seconds,
+/// and limits changed on existing keys. The other parity tests drop every expiry; a TTL too
+/// short for its state (a window's count, the log's latest permit, a bucket's arrival time, a
+/// counter's previous window) would admit here what memory rejects. (A window length changed
+/// on a key is left out: a key that expired after it is fresh on the epoch-aligned grid, where
+/// memory keeps its rebased one.)
+#[test]
+fn keys_expire_no_sooner_than_their_state_stops_counting() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let script = |file: &str, function: &str, runner: &str| {
+        format!("{FAKE_EXPIRY}{PRELUDE}{file}\nreturn {runner}({function})\n")
+    };
+    let files = [
+        (FIXED, "fixed_window"),
+        (SLIDING, "sliding_window"),
+        (COUNTER, "sliding_counter"),
+        (BUCKET, "token_bucket"),
+    ];
+    // (limit, window µs) before and after: the same, or another limit.
+    let sequences = [
+        ((1u32, 1_000_000u64), (1u32, 1_000_000u64)),
+        ((5, 1_000_000), (5, 1_000_000)),
+        ((7, 3_000_000), (7, 3_000_000)),
+        ((3, 1_000), (3, 1_000)),
+        ((4, 3_000), (4, 3_000)),
+        ((1000, 2_000_000), (1000, 2_000_000)),
+        ((5, 1_000_000), (2, 1_000_000)),
+        ((3, 1_000_000), (7, 1_000_000)),
+    ];
+    for seed in 1..=3u64 {
+        for charges in [false, true] {
+            for ((l1, w1), (l2, w2)) in sequences {
+                for (i, (file, function)) in files.iter().enumerate() {
+                    let decide = script(file, function, "single");
+                    let charge = script(file, function, "charge_one");
+                    let phase = |limit: u32, w: u64| -> Phase {
+                        let window = Duration::from_micros(w);
+                        let (algorithm, p1) = match i {
+                            0 => (Algorithm::FixedWindow { limit, window }, w),
+                            1 => (Algorithm::SlidingWindow { limit, window }, w),
+                            2 => (Algorithm::SlidingCounter { limit, window }, w),
+                            _ => {
+                                // A bucket of `limit` refilled one permit per `w / limit` µs:
+                                // the same capacity (to the µs) before and after here.
+                                let interval = (w / u64::from(limit)).max(1);
+                                let rate = Rate::new(1, Duration::from_micros(interval));
+                                (Algorithm::TokenBucket { rate, burst: limit }, interval)
+                            }
+                        };
+                        Phase {
+                            algorithm,
+                            p1,
+                            limit,
+                        }
+                    };
+                    let phases = [phase(l1, w1), phase(l2, w2)];
+                    let charge = charges.then_some(charge.as_str());
+                    // The sliding counter's retry-after is rounded up to the µs (see
+                    // `differential`).
+                    differential_across(&mut con, &decide, charge, &phases, i != 2, false, seed);
+                }
+            }
         }
     }
 }
