@@ -47,9 +47,13 @@ use std::time::{Duration, Instant};
 /// The exact sliding window keeps one sorted-set member per permit admitted in the last window:
 /// up to `limit` members per subject. Measured with `MEMORY USAGE` (BENCHMARKS.md): about 37 bytes
 /// per permit while the set keeps Redis's compact encoding (up to 128 members), about 130 bytes
-/// per permit beyond, so a subject at this limit costs about 13 MB. For large limits use
+/// per permit beyond, so a subject at this limit costs about 13 MB. It costs time as well: one
+/// call of `n` permits adds `n` members in one script, which takes time in proportion to `n`
+/// and blocks the server meanwhile; a call of many thousands can outlast the deadline, and its
+/// caller then gets the failure policy's answer while the script goes on to take the permits
+/// (the default deadline is 50 ms). For large limits use
 /// [`Algorithm::SlidingCounter`] or [`Algorithm::TokenBucket`], which cost one small key whatever
-/// the limit.
+/// the limit and the same time whatever `n`.
 ///
 /// # Examples
 ///
