@@ -2052,9 +2052,10 @@ fn shared_pool_blocking_waiters_through_limit_flips_are_never_stranded() {
             .build()
             .unwrap();
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let calls = Arc::new(AtomicU64::new(0));
         let workers: Vec<_> = (0..4)
             .map(|t| {
-                let (limiter, done) = (limiter.clone(), done.clone());
+                let (limiter, done, calls) = (limiter.clone(), done.clone(), calls.clone());
                 std::thread::spawn(move || {
                     let mut i = t;
                     let mut served = 0u32;
@@ -2067,6 +2068,7 @@ fn shared_pool_blocking_waiters_through_limit_flips_are_never_stranded() {
                         } else {
                             Duration::from_secs(5)
                         };
+                        calls.fetch_add(1, Ordering::Relaxed);
                         let started = std::time::Instant::now();
                         match limiter.acquire_blocking_timeout(&key, n, wait) {
                             Ok(permit) => {
@@ -2101,6 +2103,11 @@ fn shared_pool_blocking_waiters_through_limit_flips_are_never_stranded() {
         let stats = limiter.stats();
         assert!(stats.overflowed > 0, "{order:?}: the pool was never met");
         assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+        assert_eq!(
+            stats.admitted + stats.rejected + stats.cancelled,
+            calls.load(Ordering::Relaxed),
+            "{order:?}: {stats:?}"
+        );
         limiter.sweep();
         assert!(limiter.is_empty(), "{order:?}: {} keys left", limiter.len());
         assert_eq!(limiter.available(&99), limiter.limit(), "{order:?}: pool");
@@ -2199,8 +2206,67 @@ fn shared_pool_async_waiters_cancelled_through_limit_flips_are_never_stranded() 
         let stats = limiter.stats();
         assert!(stats.overflowed > 0, "{order:?}: the pool was never met");
         assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+        // Every call was polled at least once (`select!` is biased to the acquisition).
+        assert_eq!(
+            stats.admitted + stats.rejected + stats.cancelled,
+            6 * 400,
+            "{order:?}: {stats:?}"
+        );
         limiter.sweep();
         assert!(limiter.is_empty(), "{order:?}: {} keys left", limiter.len());
         assert_eq!(limiter.available(&99), limiter.limit(), "{order:?}: pool");
     }
+}
+
+/// The limiter is never reported closed unless `close` was called. The count of keys with a
+/// wait queue shares its word with the closed bit (bit 63), and a queue was counted only after
+/// its insert into the queue map: a waiter of the same key that found the new queue, timed out
+/// and retired it in between took the count from 0 to `u64::MAX`, closed bit set, until the
+/// inserter's increment. Meanwhile every `try_acquire` of any key failed `Closed`, and so did
+/// any waiter that met the closed bit (it takes a retired queue's `Closed` as final then).
+#[test]
+fn waiters_creating_and_retiring_queues_never_make_the_limiter_look_closed() {
+    let limiter = KeyedConcurrencyLimiter::<u32>::new(1).unwrap();
+    let held = limiter.try_acquire(&0).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let closed_seen = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    // Key 0 is held throughout: each call queues and gives up at once, so the
+                    // key's queue is created and retired over and over by racing waiters.
+                    match limiter.acquire_blocking_timeout(&0, 1, Duration::ZERO) {
+                        Err(AcquireError::Timeout) => {}
+                        Err(AcquireError::Closed) => {
+                            closed_seen.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            });
+        }
+        s.spawn(|| {
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_millis(300) {
+                match limiter.try_acquire(&1) {
+                    Ok(permit) => drop(permit),
+                    Err(TryPermitError::Closed) => {
+                        closed_seen.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+    });
+    drop(held);
+    assert!(!limiter.is_closed());
+    assert_eq!(
+        closed_seen.load(Ordering::Relaxed),
+        0,
+        "calls failed Closed"
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
 }
