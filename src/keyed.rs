@@ -295,7 +295,7 @@ pub(crate) struct Waits<K, S> {
     ///
     /// | bits | holds |
     /// |---|---|
-    /// | 0..=62 | keys with a queue in `map` (a count: `fetch_add`/`fetch_sub` of 1) |
+    /// | 0..=62 | keys with a queue in `map`, counted just before the insert (a count: `fetch_add`/`fetch_sub` of 1; never below zero, see [`key_wait`](Self::key_wait)) |
     /// | 63 ([`WAITS_CLOSED`]) | the limiter is closed; set once, never cleared |
     ///
     /// The closed bit in this word, not a flag beside it, keeps the fast path at one load: a
