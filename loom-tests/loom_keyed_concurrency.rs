@@ -36,6 +36,9 @@
 //!   key's head, wherever the change lands between its fast path's check and its enqueue.
 //! - a `close` racing a waiter that creates its key's queue fails it: no waiter is left in a
 //!   queue the closing walk missed (`a_waiter_joining_during_close_is_failed`).
+//! - a key's queue retired by a waiter that found it just after its creator inserted it never
+//!   makes the limiter look closed (the count of queues shares a word with the closed bit)
+//!   (`a_queue_retired_as_it_is_created_never_closes_the_limiter`).
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -857,5 +860,37 @@ fn a_waiter_joining_during_close_is_failed() {
         let s = l.stats();
         assert_eq!((s.admitted, s.rejected), (1, 2), "{s:?}");
         assert_eq!((s.cancelled, s.waiting, s.waiting_keys), (0, 0, 0), "{s:?}");
+    });
+}
+
+/// Key 1 is held; two callers each wait for it with no time to spare (a zero timeout: they
+/// queue, give up at once and retire the key's queue if they leave it empty). The one that
+/// finds the queue the other has just inserted may retire it, and uncount it, before its
+/// creator has counted it: counted after the insert, the count went from 0 to `u64::MAX` and
+/// set the closed bit it shares a word with, so `is_closed` said true and every call failed
+/// `Closed` until the creator's increment. Counted before the insert, never.
+#[test]
+fn a_queue_retired_as_it_is_created_never_closes_the_limiter() {
+    model(|| {
+        let l = limiter(1);
+        let held = l.try_acquire_owned(1, 1).unwrap();
+        let other = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || {
+                l.acquire_blocking_timeout(&1, 1, std::time::Duration::ZERO)
+                    .map(|p| p.permits())
+            })
+        };
+        let mine = l
+            .acquire_blocking_timeout(&1, 1, std::time::Duration::ZERO)
+            .map(|p| p.permits());
+        assert_eq!(mine, Err(AcquireError::Timeout));
+        assert!(!l.is_closed(), "a limiter nobody closed says closed");
+        drop(l.try_acquire(&2).expect("a free key refused"));
+        assert_eq!(other.join().unwrap(), Err(AcquireError::Timeout));
+        drop(held);
+        let s = l.stats();
+        assert_eq!((s.waiting, s.waiting_keys), (0, 0), "{s:?}");
+        assert!(!l.is_closed());
     });
 }

@@ -295,7 +295,7 @@ pub(crate) struct Waits<K, S> {
     ///
     /// | bits | holds |
     /// |---|---|
-    /// | 0..=62 | keys with a queue in `map` (a count: `fetch_add`/`fetch_sub` of 1) |
+    /// | 0..=62 | keys with a queue in `map`, counted just before the insert (a count: `fetch_add`/`fetch_sub` of 1; never below zero, see [`key_wait`](Self::key_wait)) |
     /// | 63 ([`WAITS_CLOSED`]) | the limiter is closed; set once, never cleared |
     ///
     /// The closed bit in this word, not a flag beside it, keeps the fast path at one load: a
@@ -3391,10 +3391,20 @@ where
             gate: AtomicU64::new(0),
             queue: WaitQueue::new(self.order, self.queue_limit),
         });
+        // Counted before the insert (and uncounted if another call inserted first): once the
+        // queue is in the map, a waiter of the same key can find it, give up and retire it,
+        // uncounting it. Counted after the insert, that decrement could come first and take the
+        // count from 0 to `u64::MAX`, setting the closed bit it shares a word with: until our
+        // increment, every call of every key failed `Closed`
+        // (`waiters_creating_and_retiring_queues_never_make_the_limiter_look_closed`).
+        // Relaxed: the retirer found the queue through the map, which our increment, sequenced
+        // before the insert, happens before; so the increment precedes its decrement in the
+        // count's modification order (coherence), and the count never goes below zero.
+        self.waiting_keys.fetch_add(1, Ordering::Relaxed);
         let (wait, inserted) = self.map.insert_then(key.clone(), fresh, Arc::clone);
-        if inserted {
-            // Relaxed: a count; the map insert is what waiters synchronise through.
-            self.waiting_keys.fetch_add(1, Ordering::Relaxed);
+        if !inserted {
+            // Relaxed: our own increment just above, sequenced before.
+            self.waiting_keys.fetch_sub(1, Ordering::Relaxed);
         }
         wait
     }

@@ -2035,3 +2035,238 @@ proptest::proptest! {
         proptest::prop_assert!(lost.is_none(), "{}", lost.unwrap_or_default().join("\n"));
     }
 }
+
+/// Probe: blocking waiters at a cap of 2 keys for 5 under `Shared` (so most wait on the shared
+/// pool, some on cells of their own, and keys churn through sweeps), in both queue orders,
+/// through limit flips and short timeouts: no waiter is stranded (a 5 s wait that times out is
+/// a lost wake-up), and every permit and queue is back at the end.
+/// `blocking_waiters_at_the_cap_through_limit_flips_are_never_stranded` never meets the pool.
+#[test]
+fn shared_pool_blocking_waiters_through_limit_flips_are_never_stranded() {
+    const KEYS: usize = 5;
+    for order in [QueueOrder::OldestFirst, QueueOrder::NewestFirst] {
+        let limiter = KeyedConcurrencyLimiter::<usize>::builder(1)
+            .max_keys(2)
+            .overflow(KeyOverflow::Shared)
+            .queue_order(order)
+            .build()
+            .unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let calls = Arc::new(AtomicU64::new(0));
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let (limiter, done, calls) = (limiter.clone(), done.clone(), calls.clone());
+                std::thread::spawn(move || {
+                    let mut i = t;
+                    let mut served = 0u32;
+                    while !done.load(Ordering::Relaxed) {
+                        i += 1;
+                        let key = i % KEYS;
+                        let n = 1 + (i % 2) as u32;
+                        let wait = if i % 3 == 0 {
+                            Duration::from_micros(50)
+                        } else {
+                            Duration::from_secs(5)
+                        };
+                        calls.fetch_add(1, Ordering::Relaxed);
+                        let started = std::time::Instant::now();
+                        match limiter.acquire_blocking_timeout(&key, n, wait) {
+                            Ok(permit) => {
+                                served += 1;
+                                std::thread::yield_now();
+                                drop(permit);
+                            }
+                            Err(AcquireError::Timeout) => assert!(
+                                started.elapsed() < Duration::from_secs(4),
+                                "{order:?} key {key}: a waiter stranded"
+                            ),
+                            Err(AcquireError::InsufficientCapacity { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                        if i % 31 == 0 {
+                            limiter.sweep();
+                        }
+                    }
+                    served
+                })
+            })
+            .collect();
+        for flip in 0..400u32 {
+            limiter
+                .set_limit(if flip % 2 == 0 { 3 } else { 1 })
+                .unwrap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        done.store(true, Ordering::Relaxed);
+        let served: u32 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert!(served > 0);
+        let stats = limiter.stats();
+        assert!(stats.overflowed > 0, "{order:?}: the pool was never met");
+        assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+        assert_eq!(
+            stats.admitted + stats.rejected + stats.cancelled,
+            calls.load(Ordering::Relaxed),
+            "{order:?}: {stats:?}"
+        );
+        limiter.sweep();
+        assert!(limiter.is_empty(), "{order:?}: {} keys left", limiter.len());
+        assert_eq!(limiter.available(&99), limiter.limit(), "{order:?}: pool");
+    }
+}
+
+/// Probe: as `shared_pool_blocking_waiters_through_limit_flips_are_never_stranded`, with async
+/// waiters on a multi-thread runtime, a quarter of them dropped after one poll and a quarter
+/// timing out at once, while another thread flips the limit and sweeps.
+#[test]
+fn shared_pool_async_waiters_cancelled_through_limit_flips_are_never_stranded() {
+    const KEYS: u32 = 5;
+    for order in [QueueOrder::OldestFirst, QueueOrder::NewestFirst] {
+        let limiter = KeyedConcurrencyLimiter::<u32>::builder(1)
+            .max_keys(2)
+            .overflow(KeyOverflow::Shared)
+            .queue_order(order)
+            .build()
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flipper = {
+            let (limiter, done) = (limiter.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut flip = 0u32;
+                while !done.load(Ordering::Relaxed) {
+                    flip += 1;
+                    limiter
+                        .set_limit(if flip.is_multiple_of(2) { 3 } else { 1 })
+                        .unwrap();
+                    if flip.is_multiple_of(7) {
+                        limiter.sweep();
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            })
+        };
+        let served: u32 = runtime.block_on(async {
+            let tasks: Vec<_> = (0..6u32)
+                .map(|t| {
+                    let limiter = limiter.clone();
+                    tokio::spawn(async move {
+                        let mut served = 0;
+                        for i in 0..400u32 {
+                            let key = (t * 3 + i) % KEYS;
+                            let n = 1 + i % 2;
+                            let started = std::time::Instant::now();
+                            let outcome = match i % 4 {
+                                0 => {
+                                    limiter
+                                        .acquire_timeout(&key, n, Duration::from_micros(40))
+                                        .await
+                                }
+                                1 => tokio::select! {
+                                    biased;
+                                    p = limiter.acquire_n(&key, n) => p,
+                                    () = tokio::task::yield_now() => Err(AcquireError::Timeout),
+                                },
+                                _ => {
+                                    limiter
+                                        .acquire_timeout(&key, n, Duration::from_secs(5))
+                                        .await
+                                }
+                            };
+                            match outcome {
+                                Ok(permit) => {
+                                    served += 1;
+                                    tokio::task::yield_now().await;
+                                    drop(permit);
+                                }
+                                Err(AcquireError::Timeout) => assert!(
+                                    started.elapsed() < Duration::from_secs(4),
+                                    "{order:?} key {key}: a waiter stranded"
+                                ),
+                                Err(AcquireError::InsufficientCapacity { .. }) => {}
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                        served
+                    })
+                })
+                .collect();
+            let mut served = 0;
+            for t in tasks {
+                served += t.await.unwrap();
+            }
+            served
+        });
+        done.store(true, Ordering::Relaxed);
+        flipper.join().unwrap();
+        assert!(served > 0);
+        let stats = limiter.stats();
+        assert!(stats.overflowed > 0, "{order:?}: the pool was never met");
+        assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+        // Every call was polled at least once (`select!` is biased to the acquisition).
+        assert_eq!(
+            stats.admitted + stats.rejected + stats.cancelled,
+            6 * 400,
+            "{order:?}: {stats:?}"
+        );
+        limiter.sweep();
+        assert!(limiter.is_empty(), "{order:?}: {} keys left", limiter.len());
+        assert_eq!(limiter.available(&99), limiter.limit(), "{order:?}: pool");
+    }
+}
+
+/// The limiter is never reported closed unless `close` was called. The count of keys with a
+/// wait queue shares its word with the closed bit (bit 63), and a queue was counted only after
+/// its insert into the queue map: a waiter of the same key that found the new queue, timed out
+/// and retired it in between took the count from 0 to `u64::MAX`, closed bit set, until the
+/// inserter's increment. Meanwhile every `try_acquire` of any key failed `Closed`, and so did
+/// any waiter that met the closed bit (it takes a retired queue's `Closed` as final then).
+#[test]
+fn waiters_creating_and_retiring_queues_never_make_the_limiter_look_closed() {
+    let limiter = KeyedConcurrencyLimiter::<u32>::new(1).unwrap();
+    let held = limiter.try_acquire(&0).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let closed_seen = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    // Key 0 is held throughout: each call queues and gives up at once, so the
+                    // key's queue is created and retired over and over by racing waiters.
+                    match limiter.acquire_blocking_timeout(&0, 1, Duration::ZERO) {
+                        Err(AcquireError::Timeout) => {}
+                        Err(AcquireError::Closed) => {
+                            closed_seen.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            });
+        }
+        s.spawn(|| {
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_millis(300) {
+                match limiter.try_acquire(&1) {
+                    Ok(permit) => drop(permit),
+                    Err(TryPermitError::Closed) => {
+                        closed_seen.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+    });
+    drop(held);
+    assert!(!limiter.is_closed());
+    assert_eq!(
+        closed_seen.load(Ordering::Relaxed),
+        0,
+        "calls failed Closed"
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
+}

@@ -1739,3 +1739,66 @@ fn long_random_runs_match_a_reference_model() {
         check_against_model(&steps);
     }
 }
+
+/// Every key hashing alike (one shard, one hash): a hold is named by its entry's id, never by
+/// the hash, so keys that collide keep separate doormen, including pooled ones reused while
+/// another colliding key is held, and releases reach the right key.
+#[test]
+fn colliding_keys_keep_separate_locks() {
+    #[derive(Default, Clone)]
+    struct Same;
+    impl std::hash::BuildHasher for Same {
+        type Hasher = Constant;
+        fn build_hasher(&self) -> Constant {
+            Constant
+        }
+    }
+    struct Constant;
+    impl std::hash::Hasher for Constant {
+        fn finish(&self) -> u64 {
+            0x1234_5678_9abc_def0
+        }
+        fn write(&mut self, _: &[u8]) {}
+    }
+    let locks: KeyLocks<u32, Same> = KeyLocks::builder()
+        .hasher(Same)
+        .pool_per_shard(1)
+        .build()
+        .unwrap();
+    let one = locks.try_write(&1).unwrap();
+    let two = locks.try_write(&2).unwrap();
+    assert_eq!(locks.try_read(&1).unwrap_err(), TryLockError::WriteLocked);
+    drop(one); // key 1's doorman goes to the pool while key 2 is held
+    let three = locks.try_read(&3).unwrap(); // reuses it
+    assert!(locks.try_write(&1).is_ok());
+    assert_eq!(locks.try_read(&2).unwrap_err(), TryLockError::WriteLocked);
+    assert_eq!(
+        locks.try_write(&3).unwrap_err(),
+        TryLockError::ReadLocked { readers: 1 }
+    );
+    drop(two);
+    assert!(locks.try_write(&2).is_ok());
+    assert_eq!(
+        locks.try_write(&3).unwrap_err(),
+        TryLockError::ReadLocked { readers: 1 }
+    );
+    drop(three);
+    // Blocking waiters on colliding keys are granted by their own key's release only.
+    let held = locks.try_write(&1).unwrap();
+    let other = locks.try_write(&2).unwrap();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| locks.write_blocking(&2).downgrade());
+        while locks.waiters(&2) == 0 {
+            std::thread::yield_now();
+        }
+        drop(held);
+        assert_eq!(
+            locks.waiters(&2),
+            1,
+            "key 1's release granted key 2's waiter"
+        );
+        drop(other);
+        drop(waiter.join().unwrap());
+    });
+    assert!(locks.is_empty());
+}
