@@ -1094,6 +1094,63 @@ async fn newest_first_acquire_that_fits_now_does_not_evict_a_queued_waiter() {
 // Calls that fail or serve several waiters at once wake them all, even when one `Waker` panics:
 // each of them already has its outcome and sees it only when polled again.
 
+/// No thundering herd, counted: a release wakes the head alone, and a served head wakes the next
+/// waiter alone, which looks and sleeps again when nothing is free for it (the one spurious
+/// wake-up the head-acts design costs: ARCHITECTURE.md, "Waiting"). Nobody further back is
+/// ever woken, and a release while the promoted waiter has yet to look wakes nobody (it will
+/// look anyway).
+#[test]
+fn a_release_wakes_the_head_alone_and_a_served_head_the_next_alone() {
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let mut waiters: Vec<_> = (0..5)
+        .map(|_| {
+            let (woken, waker) = counting();
+            let mut call = Box::pin(limiter.acquire());
+            assert!(poll_with(call.as_mut(), &waker).is_pending());
+            (woken, waker, call)
+        })
+        .collect();
+    let wakes = |waiters: &[(Arc<wakers::Counter>, Waker, _)]| -> Vec<usize> {
+        waiters.iter().map(|(woken, _, _)| woken.wakes()).collect()
+    };
+    drop(held);
+    assert_eq!(
+        wakes(&waiters),
+        [1, 0, 0, 0, 0],
+        "a release wakes the head alone"
+    );
+    let (_, waker, call) = &mut waiters[0];
+    let Poll::Ready(Ok(permit)) = poll_with(call.as_mut(), waker) else {
+        panic!("the woken head takes the permit");
+    };
+    assert_eq!(wakes(&waiters), [1, 1, 0, 0, 0], "the next head alone");
+    let (_, waker, call) = &mut waiters[1];
+    assert!(poll_with(call.as_mut(), waker).is_pending(), "nothing free");
+    assert_eq!(wakes(&waiters), [1, 1, 0, 0, 0]);
+    drop(permit);
+    assert_eq!(
+        wakes(&waiters),
+        [1, 2, 0, 0, 0],
+        "the release wakes the new head"
+    );
+    let (_, waker, call) = &mut waiters[1];
+    let Poll::Ready(Ok(permit)) = poll_with(call.as_mut(), waker) else {
+        panic!("the new head takes the permit");
+    };
+    assert_eq!(wakes(&waiters), [1, 2, 1, 0, 0]);
+    // Released before the promoted waiter looks: it finds the permit free, nobody else woken.
+    drop(permit);
+    assert_eq!(wakes(&waiters), [1, 2, 1, 0, 0]);
+    let (_, waker, call) = &mut waiters[2];
+    assert!(matches!(
+        poll_with(call.as_mut(), waker),
+        Poll::Ready(Ok(_))
+    ));
+    assert_eq!(wakes(&waiters), [1, 2, 1, 1, 0]);
+    assert_eq!(limiter.stats().waiting, 2);
+}
+
 #[test]
 fn close_wakes_every_waiter_even_if_a_waker_panics() {
     let limiter = ConcurrencyLimiter::new(1).unwrap();
