@@ -3434,6 +3434,7 @@ where
             permits: n,
             retry_closed: true,
             capacity: Some(capacity),
+            room: None,
         }
     }
 }

@@ -1094,61 +1094,86 @@ async fn newest_first_acquire_that_fits_now_does_not_evict_a_queued_waiter() {
 // Calls that fail or serve several waiters at once wake them all, even when one `Waker` panics:
 // each of them already has its outcome and sees it only when polled again.
 
-/// No thundering herd, counted: a release wakes the head alone, and a served head wakes the next
-/// waiter alone, which looks and sleeps again when nothing is free for it (the one spurious
-/// wake-up the head-acts design costs: ARCHITECTURE.md, "Waiting"). Nobody further back is
-/// ever woken, and a release while the promoted waiter has yet to look wakes nobody (it will
-/// look anyway).
+/// One wake per freed slot, counted: a release wakes the head alone, and a served head wakes
+/// the next waiter only if that one's permits are free (it stays registered otherwise, for the
+/// release that frees them). Nobody is woken to look, find nothing and sleep again, and nobody
+/// further back is woken at all.
 #[test]
-fn a_release_wakes_the_head_alone_and_a_served_head_the_next_alone() {
+fn each_freed_slot_wakes_one_waiter_and_only_when_its_permits_are_free() {
+    type Waiting<'a> = (
+        Arc<wakers::Counter>,
+        Waker,
+        std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<turnstile::Permit<'a>, AcquireError>>
+                    + Send
+                    + 'a,
+            >,
+        >,
+    );
+    fn queue(limiter: &ConcurrencyLimiter, waiters: usize) -> Vec<Waiting<'_>> {
+        (0..waiters)
+            .map(|_| {
+                let (woken, waker) = counting();
+                let mut call: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
+                    Box::pin(limiter.acquire());
+                assert!(poll_with(call.as_mut(), &waker).is_pending());
+                (woken, waker, call)
+            })
+            .collect()
+    }
+    fn wakes(waiters: &[Waiting<'_>]) -> Vec<usize> {
+        waiters.iter().map(|(woken, _, _)| woken.wakes()).collect()
+    }
+    fn serve<'a>(waiters: &mut [Waiting<'a>], i: usize) -> turnstile::Permit<'a> {
+        let (_, waker, call) = &mut waiters[i];
+        match poll_with(call.as_mut(), waker) {
+            Poll::Ready(Ok(permit)) => permit,
+            other => panic!("waiter {i}: {other:?}"),
+        }
+    }
+
+    // One permit: each release serves one waiter, with one wake-up.
     let limiter = ConcurrencyLimiter::new(1).unwrap();
     let held = limiter.try_acquire().unwrap();
-    let mut waiters: Vec<_> = (0..5)
-        .map(|_| {
-            let (woken, waker) = counting();
-            let mut call = Box::pin(limiter.acquire());
-            assert!(poll_with(call.as_mut(), &waker).is_pending());
-            (woken, waker, call)
-        })
-        .collect();
-    let wakes = |waiters: &[(Arc<wakers::Counter>, Waker, _)]| -> Vec<usize> {
-        waiters.iter().map(|(woken, _, _)| woken.wakes()).collect()
-    };
+    let mut waiters = queue(&limiter, 4);
     drop(held);
     assert_eq!(
         wakes(&waiters),
-        [1, 0, 0, 0, 0],
+        [1, 0, 0, 0],
         "a release wakes the head alone"
     );
-    let (_, waker, call) = &mut waiters[0];
-    let Poll::Ready(Ok(permit)) = poll_with(call.as_mut(), waker) else {
-        panic!("the woken head takes the permit");
-    };
-    assert_eq!(wakes(&waiters), [1, 1, 0, 0, 0], "the next head alone");
-    let (_, waker, call) = &mut waiters[1];
-    assert!(poll_with(call.as_mut(), waker).is_pending(), "nothing free");
-    assert_eq!(wakes(&waiters), [1, 1, 0, 0, 0]);
-    drop(permit);
+    let permit = serve(&mut waiters, 0);
     assert_eq!(
         wakes(&waiters),
-        [1, 2, 0, 0, 0],
-        "the release wakes the new head"
+        [1, 0, 0, 0],
+        "nothing is free for the next head"
     );
-    let (_, waker, call) = &mut waiters[1];
-    let Poll::Ready(Ok(permit)) = poll_with(call.as_mut(), waker) else {
-        panic!("the new head takes the permit");
-    };
-    assert_eq!(wakes(&waiters), [1, 2, 1, 0, 0]);
-    // Released before the promoted waiter looks: it finds the permit free, nobody else woken.
     drop(permit);
-    assert_eq!(wakes(&waiters), [1, 2, 1, 0, 0]);
-    let (_, waker, call) = &mut waiters[2];
-    assert!(matches!(
-        poll_with(call.as_mut(), waker),
-        Poll::Ready(Ok(_))
-    ));
-    assert_eq!(wakes(&waiters), [1, 2, 1, 1, 0]);
+    assert_eq!(wakes(&waiters), [1, 1, 0, 0], "the release wakes it");
+    let permit = serve(&mut waiters, 1);
+    drop(permit);
+    assert_eq!(wakes(&waiters), [1, 1, 1, 0]);
     assert_eq!(limiter.stats().waiting, 2);
+    drop(waiters);
+
+    // Two permits freed at once: the served head passes the second one on, with one wake-up.
+    let limiter = ConcurrencyLimiter::new(2).unwrap();
+    let held = limiter.try_acquire_n(2).unwrap();
+    let mut waiters = queue(&limiter, 3);
+    drop(held);
+    assert_eq!(wakes(&waiters), [1, 0, 0]);
+    let first = serve(&mut waiters, 0);
+    assert_eq!(
+        wakes(&waiters),
+        [1, 1, 0],
+        "a permit is free for the next head"
+    );
+    let second = serve(&mut waiters, 1);
+    assert_eq!(wakes(&waiters), [1, 1, 0], "none for the third");
+    drop(first);
+    assert_eq!(wakes(&waiters), [1, 1, 1]);
+    drop((second, waiters));
 }
 
 #[test]
