@@ -259,6 +259,37 @@ fn head_short_of_permits_is_woken_by_each_release() {
     });
 }
 
+/// Limit 2, both permits held by the main thread; two async waiters of one permit queued by
+/// hand. A served head wakes the next head only if a permit is free for it then (`Room`): here
+/// the head is served (in its own thread) on the main thread's release while a third thread
+/// releases the other permit. Either the served head sees that release and wakes the next, or
+/// the release comes after its look, sees `WAITERS` and wakes the next head itself: the next
+/// head (the main thread, asleep in `block_on`) must be served, never left asleep with a permit
+/// free.
+#[test]
+fn served_head_leaves_the_next_asleep_vs_release() {
+    model(|| {
+        let l = ConcurrencyLimiter::new(2).unwrap();
+        let first = l.try_acquire_owned(1).unwrap();
+        let second = l.try_acquire_owned(1).unwrap();
+        let mut head = Box::pin(l.acquire_owned(1));
+        let mut next = Box::pin(l.acquire_owned(1));
+        assert!(poll_once(head.as_mut()).is_pending());
+        assert!(poll_once(next.as_mut()).is_pending());
+        let served = thread::spawn(move || block_on(head).expect("a release is coming"));
+        let releaser = thread::spawn(move || drop(second));
+        drop(first);
+        let mine = block_on(next).expect("the other release is coming");
+        let theirs = served.join().unwrap();
+        releaser.join().unwrap();
+        assert_eq!(l.available(), 0, "permit duplicated");
+        drop((mine, theirs));
+        let s = l.stats();
+        assert_eq!((s.admitted, s.rejected, s.cancelled), (4, 0, 0), "{s:?}");
+        assert_idle(&l, 4);
+    });
+}
+
 /// Enqueue vs grant: an async waiter queued first (head) is driven by `block_on` in one thread
 /// and, once served, releases; a blocking waiter enqueues concurrently (behind it, or into an
 /// empty queue after the head left and cleared `WAITERS`); the main thread releases the original

@@ -3,8 +3,8 @@
 use crate::error::{AcquireError, ConfigError, TryPermitError};
 use crate::limiter::Stats;
 use crate::queue::{
-    Acquire, Blocked, CLOSED, DEFAULT_QUEUE_LIMIT, Phases, QueueOrder, SlowWait, WAITERS, Wait,
-    WaitQueue, no_timer,
+    Acquire, Blocked, CLOSED, DEFAULT_QUEUE_LIMIT, Phases, QueueOrder, Room, SlowWait, WAITERS,
+    Wait, WaitQueue, no_timer,
 };
 use crate::sync::{ADMITTED, Arc, AtomicU64, CANCELLED, Counters, Mutex, Ordering, REJECTED, lock};
 use crossbeam_utils::CachePadded;
@@ -229,6 +229,7 @@ impl Inner {
             permits: n,
             retry_closed: false,
             capacity: None,
+            room: Some(self),
         }
     }
 
@@ -266,6 +267,18 @@ impl Inner {
         if before & WAITERS != 0 {
             self.queue.wake_head();
         }
+    }
+}
+
+/// A served head wakes the next head only if its permits are free: every release wakes the head
+/// of the moment when `WAITERS` is set, and a raise's sweep wakes it too (see [`Room`]).
+impl Room for Inner {
+    fn free_for(&self, permits: u32) -> bool {
+        // Relaxed: a hint, read under the queue's mutex. A release this load misses comes later
+        // in the word's modification order, while `WAITERS` is set (it changes only under that
+        // mutex, and the next head is queued), so that release wakes the head itself. A limit
+        // read stale is one whose raise has yet to sweep, which wakes the head after us.
+        free(self.limit(), used(self.word.load(Ordering::Relaxed))) >= permits.max(1)
     }
 }
 
@@ -432,8 +445,9 @@ impl ConcurrencyLimiter {
     ///
     /// If nobody is queued and the permits are free, this returns at the first poll. Otherwise the
     /// caller joins the queue; the head is woken by the release that may let it proceed, and the
-    /// next waiter when the head leaves. `n == 0` waits until a permit is free and holds nothing.
-    /// Runtime-agnostic: needs no timer.
+    /// next waiter when the head leaves (a served head wakes it only if its permits are free;
+    /// otherwise the release that frees them does). `n == 0` waits until a permit is free and
+    /// holds nothing. Runtime-agnostic: needs no timer.
     ///
     /// # Errors
     ///

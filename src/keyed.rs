@@ -3444,6 +3444,7 @@ where
             permits: n,
             retry_closed: true,
             capacity: Some(capacity),
+            room: None,
         }
     }
 }

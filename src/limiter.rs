@@ -701,6 +701,7 @@ impl<C: Clock> Inner<C> {
             permits: n,
             retry_closed: false,
             capacity: None,
+            room: None,
         }
     }
 }

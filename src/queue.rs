@@ -14,7 +14,9 @@
 //!   until a release wakes it.
 //!
 //! When the head leaves (served, cancelled, or failed) the next head is woken: one event wakes one
-//! waiter. Permits are never handed to a waiter that is not running: the head takes them in the
+//! waiter. A concurrency limiter's served head wakes it only if its permits are free then (see
+//! [`Room`]); otherwise the release that frees them wakes it, so a freed permit costs one wake.
+//! Permits are never handed to a waiter that is not running: the head takes them in the
 //! same critical section in which it learns it got them, and returns them to its caller without an
 //! await in between. That is what makes cancellation trivially safe: dropping a waiter removes its
 //! entry and, if it was the head, wakes the next one. Nothing else can have been given to it.
@@ -347,16 +349,20 @@ impl WaitQueue {
     /// The waiter `seq` looks at its place: if it is the head it runs `take`; otherwise (or if
     /// `take` is blocked) it registers `who` to be woken. A head that leaves also returns the
     /// next head, for the caller to wake once it has secured the outcome (see [`Ticket::turn`]).
+    ///
+    /// `room`, if given, is asked under the mutex whether the next head's permits are free once
+    /// a served head has taken its own; if not, the next head is left asleep (see [`Room`]).
     fn turn<T>(
         &self,
         gate: &AtomicU64,
         seq: u64,
         who: Registration<'_>,
         take: impl FnOnce() -> Result<T, Blocked>,
+        room: Option<&dyn Room>,
     ) -> (Turn<T>, Wake) {
         let mut next = Wake::Nobody;
         let mut waiters = lock(&self.waiters);
-        let (turn, stale) = self.turn_locked(&mut waiters, gate, seq, who, take, &mut next);
+        let (turn, stale) = self.turn_locked(&mut waiters, gate, seq, who, take, room, &mut next);
         drop(waiters);
         // Only now: a registration replaced or left behind may run user code as it is dropped
         // (see `Wake::register`).
@@ -366,6 +372,9 @@ impl WaitQueue {
 
     /// [`turn`](Self::turn) under the queue's mutex; also returns the registration it replaced
     /// or that the leaving waiter left, to be dropped after unlocking.
+    // Each argument is a distinct part of one look (the queue, the gate, the waiter, its
+    // registration, its attempt, the next head's room, and where the next head's wake goes).
+    #[allow(clippy::too_many_arguments)]
     fn turn_locked<T>(
         &self,
         waiters: &mut Waiters,
@@ -373,6 +382,7 @@ impl WaitQueue {
         seq: u64,
         who: Registration<'_>,
         take: impl FnOnce() -> Result<T, Blocked>,
+        room: Option<&dyn Room>,
         next: &mut Wake,
     ) -> (Turn<T>, Wake) {
         if let Some(error) = waiters.failed.remove(&seq) {
@@ -388,11 +398,11 @@ impl WaitQueue {
         }
         match take() {
             Ok(value) => {
-                let stale = self.leave(waiters, gate, seq, next);
+                let stale = self.leave(waiters, gate, seq, next, room);
                 (Turn::Done(Ok(value)), stale.unwrap_or(Wake::Nobody))
             }
             Err(Blocked::Fail(error)) => {
-                let stale = self.leave(waiters, gate, seq, next);
+                let stale = self.leave(waiters, gate, seq, next, None);
                 (Turn::Done(Err(error)), stale.unwrap_or(Wake::Nobody))
             }
             Err(blocked) => {
@@ -409,12 +419,16 @@ impl WaitQueue {
     /// `next` to be woken after unlocking) or clears `WAITERS` when nobody is left. Returns the
     /// waiter's own registration if it was queued, for the caller to drop after unlocking (see
     /// `Wake::register`); `None` if it was not.
+    ///
+    /// With `room`, the next head is woken only if its permits are free now; otherwise its
+    /// registration stays in place for the release that frees them (see [`Room`]).
     fn leave(
         &self,
         waiters: &mut Waiters,
         gate: &AtomicU64,
         seq: u64,
         next: &mut Wake,
+        room: Option<&dyn Room>,
     ) -> Option<Wake> {
         let was_head = self.head(waiters) == Some(seq);
         let me = waiters.live.remove(&seq)?;
@@ -425,6 +439,7 @@ impl WaitQueue {
         } else if was_head
             && let Some(head) = self.head(waiters)
             && let Some(h) = waiters.live.get_mut(&head)
+            && room.is_none_or(|room| room.free_for(h.permits))
         {
             *next = std::mem::replace(&mut h.wake, Wake::Nobody);
         }
@@ -443,7 +458,7 @@ impl WaitQueue {
             if let Some(error) = waiters.failed.remove(&seq) {
                 (Some(Left::Failed(error)), None)
             } else {
-                let stale = self.leave(&mut waiters, gate, seq, &mut next);
+                let stale = self.leave(&mut waiters, gate, seq, &mut next, None);
                 (stale.as_ref().map(|_| Left::Cancelled), stale)
             }
         };
@@ -618,6 +633,8 @@ struct Ticket<'a> {
     queue: &'a WaitQueue,
     gate: &'a AtomicU64,
     counters: &'a Counters,
+    /// See [`Wait::room`].
+    room: Option<&'a dyn Room>,
     seq: u64,
     queued: bool,
 }
@@ -643,7 +660,7 @@ impl Ticket<'_> {
         give_back: &mut G,
         after: &mut A,
     ) -> Turn<T> {
-        let (turn, next) = self.queue.turn(self.gate, self.seq, who, take);
+        let (turn, next) = self.queue.turn(self.gate, self.seq, who, take, self.room);
         let Turn::Done(outcome) = turn else {
             // Still queued: should `after` panic, the unwind drops the ticket, which leaves the
             // queue and wakes the next head if we were it.
@@ -772,6 +789,24 @@ pub(crate) struct Wait<'a> {
     /// keyed limiters' fence pair (`registered` in `keyed_concurrency.rs`, `KeyedLimiter`'s
     /// `reconfigure`): either the walk finds the queue, or the read sees the new capacity.
     pub(crate) capacity: Option<&'a dyn Capacity>,
+    /// Whether a head's permits are free now, for a limiter whose every freeing of permits
+    /// wakes the head (a concurrency limiter's release): a served head then wakes the next head
+    /// only if its permits are free, instead of waking it to look, find nothing and sleep again.
+    /// `None`: the next head is always woken (a rate limiter's must arm its own timer).
+    pub(crate) room: Option<&'a dyn Room>,
+}
+
+/// A limiter whose every freeing of permits wakes the queue's head (see [`Wait::room`]).
+///
+/// Why a served head may leave the next head asleep: that head stays registered, and every
+/// later freeing wakes the head of the moment under the queue's mutex (a release that saw
+/// `WAITERS`, which stays set while anyone is queued; a raise's sweep). `free_for` runs under
+/// the mutex, after the served head's take; a release it does not see comes after its read in
+/// the permit word's modification order, so it sees `WAITERS` and wakes the head once the mutex
+/// is free (`loom_waiters::served_head_leaves_the_next_asleep_vs_release`).
+pub(crate) trait Room: Sync {
+    /// Whether a waiter for `permits` (a probe: one) could take them now.
+    fn free_for(&self, permits: u32) -> bool;
 }
 
 /// A limiter whose capacity an enqueue reads under the queue's mutex: see [`Wait::capacity`].
@@ -797,6 +832,7 @@ impl<'a> Wait<'a> {
                     queue: self.queue,
                     gate: self.gate,
                     counters: self.counters,
+                    room: self.room,
                     seq,
                     queued: true,
                 };

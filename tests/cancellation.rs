@@ -14,7 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use turnstile::{Algorithm, ConcurrencyLimiter, MonotonicClock, Rate, RateLimiter, TokioClock};
+use turnstile::{
+    AcquireError, Admission, Algorithm, ConcurrencyLimiter, MonotonicClock, Rate, RateLimiter,
+    TokioClock,
+};
+
+mod common;
 
 #[path = "common/wakers.rs"]
 mod wakers;
@@ -262,13 +267,181 @@ fn rate_limiter_waiters_cancelled_at_random_never_over_admit() {
     }
 }
 
+/// What the callers were told, tallied as the statistics count it.
+#[derive(Default, Debug, PartialEq, Eq, Clone, Copy)]
+struct Told {
+    admitted: u64,
+    rejected: u64,
+    cancelled: u64,
+    /// Of `rejected`: waiters a lowering failed as too big.
+    swept: u64,
+}
+
+impl Told {
+    fn add(&mut self, other: Told) {
+        self.admitted += other.admitted;
+        self.rejected += other.rejected;
+        self.cancelled += other.cancelled;
+        self.swept += other.swept;
+    }
+}
+
+/// A review probe, kept: blocking and async waiters of one exact sliding window, each giving up
+/// after a random time limit, while `try_acquire` callers keep trying and a reconfiguration
+/// flips the limit between 3 and 5 under them (real threads, a real clock). Nothing is admitted
+/// beyond the larger limit in any window; a request that fits both limits is never told it can
+/// never fit (only 4 or 5 permits fail with `InsufficientCapacity`, when a lowering sweeps them);
+/// the queue ends empty; and each caller's answer is what the statistics count: admitted,
+/// rejected (refused, too big) or cancelled (`Timeout`).
+#[test]
+fn blocking_and_async_rate_waiters_that_give_up_under_limit_flips_never_over_admit() {
+    const HIGH: u32 = 5;
+    const LOW: u32 = 3;
+    const CALLS: u64 = 1_500;
+    let window = Duration::from_millis(3);
+    let sliding = |limit| Algorithm::SlidingWindow { limit, window };
+    let limiter = RateLimiter::builder(sliding(HIGH))
+        .clock(MonotonicClock::new())
+        .max_limit(HIGH)
+        .build()
+        .unwrap();
+    // One waiting call: tallies its answer, and returns its admission.
+    fn tally(
+        n: u32,
+        outcome: Result<Admission, AcquireError>,
+        told: &mut Told,
+    ) -> Option<Admission> {
+        match outcome {
+            Ok(admission) => {
+                told.admitted += 1;
+                return Some(admission);
+            }
+            Err(AcquireError::Timeout) => told.cancelled += 1,
+            Err(AcquireError::InsufficientCapacity { requested, .. }) => {
+                assert!(
+                    requested > LOW,
+                    "{n} permits fit either limit, told they never will"
+                );
+                told.rejected += 1;
+                told.swept += 1;
+            }
+            Err(other) => panic!("{n} permits: {other:?}"),
+        }
+        None
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (mut admissions, told) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut flips = 0u32;
+            while !done.load(Ordering::Relaxed) {
+                let to = if flips.is_multiple_of(2) { LOW } else { HIGH };
+                limiter.reconfigure(sliding(to)).unwrap();
+                flips += 1;
+                std::thread::sleep(Duration::from_micros(700));
+            }
+        });
+        let trier = s.spawn(|| {
+            let (mut mine, mut told) = (Vec::new(), Told::default());
+            let mut rng = Rng::new(5);
+            while !done.load(Ordering::Relaxed) {
+                let n = rng.below(u64::from(LOW) + 1) as u32;
+                match limiter.try_acquire_n(n) {
+                    Ok(a) => {
+                        told.admitted += 1;
+                        mine.push((a.at_nanos(), u64::from(n)));
+                    }
+                    Err(_) => told.rejected += 1,
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            (mine, told)
+        });
+        let blockers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let limiter = &limiter;
+                s.spawn(move || {
+                    let (mut mine, mut told) = (Vec::new(), Told::default());
+                    let mut rng = Rng::new(100 + t);
+                    for _ in 0..CALLS {
+                        let n = rng.below(u64::from(HIGH) + 1) as u32;
+                        let limit = Duration::from_micros(rng.below(3_000));
+                        let outcome = limiter.acquire_blocking_timeout(n, limit);
+                        if let Some(a) = tally(n, outcome, &mut told) {
+                            mine.push((a.at_nanos(), u64::from(n)));
+                        }
+                    }
+                    (mine, told)
+                })
+            })
+            .collect();
+        let tasks: Vec<_> = runtime.block_on(async {
+            let tasks: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let limiter = limiter.clone();
+                    tokio::spawn(async move {
+                        let (mut mine, mut told) = (Vec::new(), Told::default());
+                        let mut rng = Rng::new(t);
+                        for _ in 0..CALLS {
+                            let n = rng.below(u64::from(HIGH) + 1) as u32;
+                            let limit = Duration::from_micros(rng.below(3_000));
+                            let outcome = limiter.acquire_timeout(n, limit).await;
+                            if let Some(a) = tally(n, outcome, &mut told) {
+                                mine.push((a.at_nanos(), u64::from(n)));
+                            }
+                        }
+                        (mine, told)
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for task in tasks {
+                all.push(task.await.unwrap());
+            }
+            all
+        });
+        let mut all = tasks;
+        all.extend(blockers.into_iter().map(|b| b.join().unwrap()));
+        done.store(true, Ordering::Relaxed);
+        all.push(trier.join().unwrap());
+        let mut admissions = Vec::new();
+        let mut told = Told::default();
+        for (mine, t) in all {
+            admissions.extend(mine);
+            told.add(t);
+        }
+        (admissions, told)
+    });
+    admissions.sort_unstable();
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.waiting, stats.queued_permits),
+        (0, 0),
+        "queue not empty"
+    );
+    assert_eq!(
+        (stats.admitted, stats.rejected, stats.cancelled),
+        (told.admitted, told.rejected, told.cancelled),
+        "the statistics count other answers than the callers were given"
+    );
+    assert!(told.admitted > 500 && told.cancelled > 500, "{told:?}");
+    assert!(told.swept > 0, "no lowering ever swept a waiter: {told:?}");
+    assert_eq!(common::sliding_violations(&admissions, HIGH, window), 0);
+}
+
 // A `Waker` may panic in `wake`. A served head wakes the next head in the same poll in which it
 // takes its permits; if that wake panics, the unwind must not carry the permits away with it.
 
 #[test]
 fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_permit() {
-    let limiter = ConcurrencyLimiter::new(1).unwrap();
-    let held = limiter.try_acquire().unwrap();
+    // Two permits freed at once, so that the served head has one to pass on: it wakes the next
+    // head only if a permit is free for it.
+    let limiter = ConcurrencyLimiter::new(2).unwrap();
+    let held = limiter.try_acquire_n(2).unwrap();
     let mut head = Box::pin(limiter.acquire());
     let mut next = Box::pin(limiter.acquire());
     assert!(poll_with(head.as_mut(), Waker::noop()).is_pending());
@@ -281,7 +454,7 @@ fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_permit
     drop((head, next));
     assert_eq!(
         limiter.available(),
-        1,
+        2,
         "the permit went down with the panic"
     );
     let stats = limiter.stats();
@@ -292,8 +465,9 @@ fn a_panicking_waker_of_the_next_waiter_does_not_cost_the_served_head_its_permit
 
 #[test]
 fn a_panicking_waker_of_the_next_blocking_waiter_does_not_cost_the_served_head_its_permit() {
-    let limiter = ConcurrencyLimiter::new(1).unwrap();
-    let held = limiter.try_acquire().unwrap();
+    // As above: two permits freed, one for the next head.
+    let limiter = ConcurrencyLimiter::new(2).unwrap();
+    let held = limiter.try_acquire_n(2).unwrap();
     let mut next = Box::pin(limiter.acquire());
     std::thread::scope(|scope| {
         let head = scope.spawn(|| limiter.acquire_blocking().map(drop));
@@ -306,7 +480,7 @@ fn a_panicking_waker_of_the_next_blocking_waiter_does_not_cost_the_served_head_i
         assert!(head.join().is_err());
     });
     drop(next);
-    assert_eq!(limiter.available(), 1);
+    assert_eq!(limiter.available(), 2);
     assert_eq!(limiter.stats().waiting, 0);
 }
 

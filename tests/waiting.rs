@@ -1094,6 +1094,88 @@ async fn newest_first_acquire_that_fits_now_does_not_evict_a_queued_waiter() {
 // Calls that fail or serve several waiters at once wake them all, even when one `Waker` panics:
 // each of them already has its outcome and sees it only when polled again.
 
+/// One wake per freed slot, counted: a release wakes the head alone, and a served head wakes
+/// the next waiter only if that one's permits are free (it stays registered otherwise, for the
+/// release that frees them). Nobody is woken to look, find nothing and sleep again, and nobody
+/// further back is woken at all.
+#[test]
+fn each_freed_slot_wakes_one_waiter_and_only_when_its_permits_are_free() {
+    type Waiting<'a> = (
+        Arc<wakers::Counter>,
+        Waker,
+        std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<turnstile::Permit<'a>, AcquireError>>
+                    + Send
+                    + 'a,
+            >,
+        >,
+    );
+    fn queue(limiter: &ConcurrencyLimiter, waiters: usize) -> Vec<Waiting<'_>> {
+        (0..waiters)
+            .map(|_| {
+                let (woken, waker) = counting();
+                let mut call: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
+                    Box::pin(limiter.acquire());
+                assert!(poll_with(call.as_mut(), &waker).is_pending());
+                (woken, waker, call)
+            })
+            .collect()
+    }
+    fn wakes(waiters: &[Waiting<'_>]) -> Vec<usize> {
+        waiters.iter().map(|(woken, _, _)| woken.wakes()).collect()
+    }
+    fn serve<'a>(waiters: &mut [Waiting<'a>], i: usize) -> turnstile::Permit<'a> {
+        let (_, waker, call) = &mut waiters[i];
+        match poll_with(call.as_mut(), waker) {
+            Poll::Ready(Ok(permit)) => permit,
+            other => panic!("waiter {i}: {other:?}"),
+        }
+    }
+
+    // One permit: each release serves one waiter, with one wake-up.
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let mut waiters = queue(&limiter, 4);
+    drop(held);
+    assert_eq!(
+        wakes(&waiters),
+        [1, 0, 0, 0],
+        "a release wakes the head alone"
+    );
+    let permit = serve(&mut waiters, 0);
+    assert_eq!(
+        wakes(&waiters),
+        [1, 0, 0, 0],
+        "nothing is free for the next head"
+    );
+    drop(permit);
+    assert_eq!(wakes(&waiters), [1, 1, 0, 0], "the release wakes it");
+    let permit = serve(&mut waiters, 1);
+    drop(permit);
+    assert_eq!(wakes(&waiters), [1, 1, 1, 0]);
+    assert_eq!(limiter.stats().waiting, 2);
+    drop(waiters);
+
+    // Two permits freed at once: the served head passes the second one on, with one wake-up.
+    let limiter = ConcurrencyLimiter::new(2).unwrap();
+    let held = limiter.try_acquire_n(2).unwrap();
+    let mut waiters = queue(&limiter, 3);
+    drop(held);
+    assert_eq!(wakes(&waiters), [1, 0, 0]);
+    let first = serve(&mut waiters, 0);
+    assert_eq!(
+        wakes(&waiters),
+        [1, 1, 0],
+        "a permit is free for the next head"
+    );
+    let second = serve(&mut waiters, 1);
+    assert_eq!(wakes(&waiters), [1, 1, 0], "none for the third");
+    drop(first);
+    assert_eq!(wakes(&waiters), [1, 1, 1]);
+    drop((second, waiters));
+}
+
 #[test]
 fn close_wakes_every_waiter_even_if_a_waker_panics() {
     let limiter = ConcurrencyLimiter::new(1).unwrap();
