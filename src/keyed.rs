@@ -505,10 +505,13 @@ fn sooner_by_room<K, C: Clock, S, R>(
 /// by resizes while it grows are freed promptly: right after inserting 1M keys, about 9 bytes
 /// per key of them still awaited reclamation without it, at most about 2 with it (BENCHMARKS.md).
 const FLUSH_EVERY: u64 = 256;
-/// Below this many keys a shard is swept only when the cap demands it.
+/// A sweep of a shard is due once the inserts since its last one reach half its keys, or half
+/// this many in a shard of fewer: a small shard is swept every `MIN_SWEEP / 2` inserts rather
+/// than at every other one. (Not "never below this many keys": it is swept all the same.)
 const MIN_SWEEP: u64 = 64;
-/// A shard is at most this many keys when the cap is reached (more shards for larger caps), so
-/// that one sweep, the most eviction work a call can do per shard, stays short.
+/// A shard holds about this many keys at most, on average, when the cap is reached (more shards
+/// for larger caps, up to 4,096 shards: beyond a cap of 4,096 × this, shards grow), so that one
+/// sweep, the most eviction work a call can do per shard, stays short.
 pub(crate) const SHARD_KEYS: usize = 4096;
 
 impl<K, V, S: BuildHasher + Clone> Shard<K, V, S>
