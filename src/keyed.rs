@@ -3405,10 +3405,18 @@ where
             gate: AtomicU64::new(0),
             queue: WaitQueue::new(self.order, self.queue_limit),
         });
+        // Counted before the insert, and uncounted if another queue was there first: counted
+        // after it, a waiter that found our queue in the map could retire it and uncount it
+        // first, taking the count below zero, where it reads as the closed bit (63): until our
+        // increment, every call on every key failed `Closed`, and a waiter failed `Closed` took
+        // it for the limiter's close and gave up. Relaxed: a count; our insert (a Release in
+        // the map) orders this increment before the decrement of whoever finds the queue there
+        // and retires it (write-write coherence), so the count never goes below zero.
+        self.waiting_keys.fetch_add(1, Ordering::Relaxed);
         let (wait, inserted) = self.map.insert_then(key.clone(), fresh, Arc::clone);
-        if inserted {
-            // Relaxed: a count; the map insert is what waiters synchronise through.
-            self.waiting_keys.fetch_add(1, Ordering::Relaxed);
+        if !inserted {
+            // Relaxed: as above; ours was never in the map, so nobody else uncounts it.
+            self.waiting_keys.fetch_sub(1, Ordering::Relaxed);
         }
         wait
     }
