@@ -38,6 +38,9 @@
 //!   look stale (`a_sweep_racing_a_window_shrink_never_evicts_a_busy_key`);
 //! - a `close` racing a waiter that joins (or creates) its key's queue fails it: no waiter is
 //!   left in a queue the closing walk missed (`a_waiter_joining_during_close`).
+//! - a queue created by one waiter and retired at once by another (who found it, was refused
+//!   and left) never takes the count of queues below zero, where it reads as the closed bit
+//!   (`creating_and_retiring_a_queue_never_reads_as_closed`).
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_keyed`
 #![cfg(turnstile_loom)]
@@ -272,6 +275,37 @@ fn waiters_race_with_queue_retirement() {
         // The key is served normally afterwards.
         l.clock().advance(Duration::from_nanos(W));
         assert!(attempt(&l, 1).is_some());
+    });
+}
+
+/// The count of keys with a queue shares its word with the closed bit (63). A waiter that
+/// creates its key's queue counted it only after inserting it, so another waiter that found
+/// the queue, failed (`QueueFull`) and retired it could uncount it first: the count went below
+/// zero, and the word read as closed until the creator's increment; meanwhile every call on
+/// the open limiter failed `Closed`. Two such waiters on an exhausted key: the one that
+/// returns here looks at once, and must never see the limiter closed.
+#[test]
+fn creating_and_retiring_a_queue_never_reads_as_closed() {
+    model(|| {
+        let l = Arc::new(
+            KeyedLimiter::<u64>::builder(fixed(1))
+                .clock(ManualClock::new())
+                .hasher(Fixed::default())
+                .max_keys(4)
+                .queue_limit(0)
+                .build()
+                .unwrap(),
+        );
+        assert!(attempt(&l, 1).is_some());
+        let waiter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&1).map(|_| ()))
+        };
+        let mine = l.acquire_blocking(&1).map(|_| ());
+        assert!(!l.is_closed(), "the open limiter read as closed");
+        assert_ne!(mine, Err(AcquireError::Closed));
+        assert_ne!(waiter.join().unwrap(), Err(AcquireError::Closed));
+        assert_eq!(l.stats().waiting_keys, 0, "a queue was left behind");
     });
 }
 

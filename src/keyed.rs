@@ -505,10 +505,13 @@ fn sooner_by_room<K, C: Clock, S, R>(
 /// by resizes while it grows are freed promptly: right after inserting 1M keys, about 9 bytes
 /// per key of them still awaited reclamation without it, at most about 2 with it (BENCHMARKS.md).
 const FLUSH_EVERY: u64 = 256;
-/// Below this many keys a shard is swept only when the cap demands it.
+/// A sweep of a shard is due once the inserts since its last one reach half its keys, or half
+/// this many in a shard of fewer: a small shard is swept every `MIN_SWEEP / 2` inserts rather
+/// than at every other one. (Not "never below this many keys": it is swept all the same.)
 const MIN_SWEEP: u64 = 64;
-/// A shard is at most this many keys when the cap is reached (more shards for larger caps), so
-/// that one sweep, the most eviction work a call can do per shard, stays short.
+/// A shard holds about this many keys at most, on average, when the cap is reached (more shards
+/// for larger caps, up to 4,096 shards: beyond a cap of 4,096 × this, shards grow), so that one
+/// sweep, the most eviction work a call can do per shard, stays short.
 pub(crate) const SHARD_KEYS: usize = 4096;
 
 impl<K, V, S: BuildHasher + Clone> Shard<K, V, S>
@@ -601,7 +604,8 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     }
 
     /// A key's cell of `shard` may have just turned idle at a moment no clock predicts (a
-    /// keyed concurrency limiter's last permit came back): lowers the shard's and the limiter's
+    /// keyed concurrency limiter's last permit came back, a rate limiter's admission was
+    /// refunded): lowers the shard's and the limiter's
     /// sweep hints so that sweeps and the search for room at the cap look at it again. A load
     /// first, so that the common case (hints already 0) writes nothing shared.
     pub(crate) fn idle_hint<Q, V>(&self, shard: &Shard<Q, V, S>) {
@@ -1353,7 +1357,7 @@ where
             return;
         }
         let shard = &self.shards[shard];
-        let fresh_again = shard.map.get(key, |cell| {
+        let refunded = shard.map.get(key, |cell| {
             // Relaxed: read after the lookup that found `cell`. If `cell` was made after a
             // reset retired the key's old one, that reset's first increment happens before
             // this load (through the retirement's Release and the map), so by coherence it
@@ -1366,12 +1370,22 @@ where
                 // never-used word, which they take for one whose inserter is about to use it,
                 // so nothing would ever evict the key: it would hold a slot of the cap for
                 // good. Take it back as its inserter would (see `take_back`).
-                return A::unused(cell).then_some(cell as *const A::Cell);
+                return Some(A::unused(cell).then_some(cell as *const A::Cell));
             }
             None
         });
-        if let Some(Some(cell)) = fresh_again {
-            self.take_back(ctx, shard, key, cell);
+        // `Some`: refunded, and the cell if that left it fresh.
+        match refunded.flatten() {
+            Some(Some(cell)) => {
+                self.take_back(ctx, shard, key, cell);
+            }
+            // The key may be idle now, sooner than the sweep hints say (its only admission in
+            // the window given back): without lowering them, a search for room at the cap that
+            // had found every key busy kept refusing new keys (`TooManyKeys`, or the shared
+            // cell) until the time it had computed, and sweeps skipped the shard until then,
+            // as after a keyed concurrency limiter's release, which lowers them alike.
+            Some(None) => ctx.idle_hint(shard),
+            None => {}
         }
     }
 

@@ -490,10 +490,6 @@ impl Algo for Concurrency {
         }
     }
 
-    fn retire<C: Clock>(&self, cell: &AtomicU64, clock: &C) -> Result<(), u64> {
-        self.retire_unless(cell, clock, || false)
-    }
-
     fn retire_unless<C: Clock>(
         &self,
         cell: &AtomicU64,

@@ -2771,8 +2771,9 @@ fn a_blocked_keyed_chain_caller_at_the_key_cap_is_admitted_at_once_when_a_sweep_
 }
 
 /// A keyed chain whose every attempt refunds: `cap`, at its one key and with its shared
-/// overflow cell spent, passes the check for a new key ("a" has a waiter, so the search for
-/// room, which cannot evict it, leaves the hint at now) and rejects it in the commit, after
+/// overflow cell spent, passes the check for a new key ("a" is idle but has a waiter, so the
+/// search for room, which cannot evict it, leaves the hint at now; a busy key would leave it
+/// at the time it turns idle, and the check would refuse) and rejects it in the commit, after
 /// `first` took its permit, which the chain then gives back. That refund tells the chain's
 /// watchers; its own caller must not take it for a change it missed and try again at once, for
 /// ever. Returns the chain and the runtime that holds `cap`'s waiter.
@@ -2806,6 +2807,8 @@ fn refunding_chain() -> (
         });
         tokio::task::yield_now().await;
     });
+    // "a" idle, its waiter asleep (its runtime is not run again).
+    cap.clock().advance(hour);
     // At the cap: "a" cannot be evicted (it has a waiter); the overflow cell admits "b".
     cap.try_acquire(&"b").unwrap();
     let chain = KeyedChain::builder()

@@ -1364,3 +1364,130 @@ async fn a_waiting_call_at_the_key_cap_counts_as_overflowed_once() {
     let s = limiter.stats();
     assert_eq!((s.admitted, s.overflowed), (4, 3), "{s:?}");
 }
+
+/// A still clock that counts its readings.
+#[derive(Clone, Default)]
+struct CountingClock(Arc<std::sync::atomic::AtomicU64>);
+
+impl turnstile::Clock for CountingClock {
+    fn now(&self) -> u64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        0
+    }
+}
+
+/// At the key cap with every key busy, a search for room that finds nothing raises the hint so
+/// that the next new keys are refused at once until a key can turn idle. A busy key with a
+/// waiter was reported as "look again now" rather than busy until its window ends, so every
+/// new key's call walked every key of every such shard again (1.2 ms per call with 20,000 such
+/// keys). Counted here in clock readings: a walk reads the clock at least once per key.
+#[tokio::test]
+async fn at_the_cap_busy_keys_with_waiters_cost_new_keys_one_search_in_all() {
+    let clock = CountingClock::default();
+    let keys = 64u64;
+    let limiter = Arc::new(
+        KeyedLimiter::builder(Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(3600),
+        })
+        .clock(clock.clone())
+        .max_keys(keys as usize)
+        .build()
+        .unwrap(),
+    );
+    for key in 0..keys {
+        limiter.try_acquire(&key).unwrap();
+    }
+    let waiters: Vec<_> = (0..keys)
+        .map(|key| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { limiter.acquire(&key).await })
+        })
+        .collect();
+    while limiter.stats().waiting < keys as usize {
+        tokio::task::yield_now().await;
+    }
+    let before = clock.0.load(std::sync::atomic::Ordering::Relaxed);
+    for key in keys..keys + 10 {
+        assert_eq!(
+            limiter.try_acquire(&key),
+            Err(TryAcquireError::TooManyKeys { max_keys: 64 })
+        );
+    }
+    let reads = clock.0.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!(
+        reads < 2 * keys,
+        "{reads} clock readings for 10 new keys at the cap: a walk of every key per call"
+    );
+    for waiter in waiters {
+        waiter.abort();
+    }
+}
+
+/// The count of keys with a queue shares its word with the closed bit (63). A waiter that
+/// creates its key's queue counted it only after inserting it into the map, so another waiter
+/// that found the queue there, failed (`QueueFull`, the queue limit being 0) and retired it
+/// could uncount it first: the count went below zero and the word read as closed until the
+/// creator's increment. Meanwhile every call on every key of the open limiter failed `Closed`
+/// (8,552 times in 80 ms here), and a waiter whose queue was retired under it took `Closed`
+/// for the limiter's close and gave up with it. Real threads, counting what they see.
+#[test]
+fn queues_made_and_retired_at_once_never_make_the_limiter_read_as_closed() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let limiter = Arc::new(
+        KeyedLimiter::builder(Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(3600),
+        })
+        .clock(turnstile::ManualClock::new())
+        .queue_limit(0)
+        .build()
+        .unwrap(),
+    );
+    for key in 0..8u64 {
+        limiter.try_acquire(&key).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let closed = Arc::new(AtomicU64::new(0));
+    let mut threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let (limiter, stop, closed) = (limiter.clone(), stop.clone(), closed.clone());
+            std::thread::spawn(move || {
+                for i in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    // Each waiter makes its key's queue, or finds another's, and retires it.
+                    if limiter.acquire_blocking(&((i + t) % 8)) == Err(AcquireError::Closed) {
+                        closed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    {
+        let (limiter, stop, closed) = (limiter.clone(), stop.clone(), closed.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if limiter.try_acquire(&1_000) == Err(TryAcquireError::Closed) {
+                    closed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(2) && closed.load(Ordering::Relaxed) == 0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(
+        closed.load(Ordering::Relaxed),
+        0,
+        "calls on the open limiter failed Closed"
+    );
+    assert!(!limiter.is_closed());
+    assert_eq!(limiter.stats().waiting_keys, 0);
+}

@@ -221,7 +221,12 @@ impl Algo for FixedWindow {
     /// earlier reading in the window before the current one, the key's count in the current
     /// window reads as stale, and the key was evicted with the whole limit taken (a fresh cell
     /// then admitted it again in that window).
-    fn retire<C: Clock>(&self, state: &AtomicU64, clock: &C) -> Result<(), u64> {
+    fn retire_unless<C: Clock>(
+        &self,
+        state: &AtomicU64,
+        clock: &C,
+        waited: impl FnOnce() -> bool,
+    ) -> Result<(), u64> {
         let (p, version) = self.shape();
         // Acquire: as in `try_acquire`, so our clock read is no earlier than the last admission's.
         let word = state.load(Ordering::Acquire);
@@ -242,6 +247,10 @@ impl Algo for FixedWindow {
         if self.params.changed(version) {
             // Reconfigured since our snapshot: idle under the old grid at `now` says nothing
             // about the new one. Look again (as `try_acquire` decides again).
+            return Err(now);
+        }
+        if waited() {
+            // Idle, but its key has waiters queued: not evicted (see `Algo::retire_unless`).
             return Err(now);
         }
         // Release on success: publishes our clock reading to whoever sees RETIRED and re-creates

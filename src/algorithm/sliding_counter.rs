@@ -418,7 +418,12 @@ impl Algo for SlidingCounter {
     /// version re-checked before the CAS (as the fixed window's `retire`: parameters loaded
     /// after the clock read could be those of a reconfiguration that read its clock later, whose
     /// rebased grid placed our reading before the current window and read its counts as stale).
-    fn retire<C: Clock>(&self, words: &Words, clock: &C) -> Result<(), u64> {
+    fn retire_unless<C: Clock>(
+        &self,
+        words: &Words,
+        clock: &C,
+        waited: impl FnOnce() -> bool,
+    ) -> Result<(), u64> {
         let (p, version) = self.shape();
         // Acquire: as in `try_acquire`.
         let word = words.current.load(Ordering::Acquire);
@@ -446,6 +451,10 @@ impl Algo for SlidingCounter {
         }
         if self.params.changed(version) {
             // Reconfigured since our snapshot: look again under the new parameters.
+            return Err(now);
+        }
+        if waited() {
+            // Idle, but its key has waiters queued: not evicted (see `Algo::retire_unless`).
             return Err(now);
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.

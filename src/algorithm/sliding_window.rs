@@ -734,7 +734,12 @@ impl Algo for SlidingWindow {
         }
     }
 
-    fn retire<C: Clock>(&self, ring: &Ring, clock: &C) -> Result<(), u64> {
+    fn retire_unless<C: Clock>(
+        &self,
+        ring: &Ring,
+        clock: &C,
+        waited: impl FnOnce() -> bool,
+    ) -> Result<(), u64> {
         // Acquire: as in `try_acquire`: the newest ticket's slot write, and our clock read, come
         // after its claimer's clock read.
         let head = ring.head.load(Ordering::Acquire);
@@ -772,6 +777,10 @@ impl Algo for SlidingWindow {
         }
         if let Some(expiry) = busy_until {
             return Err(expiry);
+        }
+        if waited() {
+            // Idle, but its key has waiters queued: not evicted (see `Algo::retire_unless`).
+            return Err(now);
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: busy.
         ring.head

@@ -356,7 +356,12 @@ impl Algo for TokenBucket {
         }
     }
 
-    fn retire<C: Clock>(&self, state: &AtomicU64, clock: &C) -> Result<(), u64> {
+    fn retire_unless<C: Clock>(
+        &self,
+        state: &AtomicU64,
+        clock: &C,
+        waited: impl FnOnce() -> bool,
+    ) -> Result<(), u64> {
         // Acquire: as in `try_acquire`.
         let word = state.load(Ordering::Acquire);
         let now = clock.now().min(MAX_NOW);
@@ -375,6 +380,10 @@ impl Algo for TokenBucket {
             // The bucket is full again (as fresh as a new one) at `tat`, under either epoch's
             // reading of the word (a translated debt is no longer than the new capacity).
             return Err(tat);
+        }
+        if waited() {
+            // Idle, but its key has waiters queued: not evicted (see `Algo::retire_unless`).
+            return Err(now);
         }
         // Release on success: as in the fixed window's `retire`. Relaxed on failure: an admission
         // landed, so the bucket is busy; we report `now` and look again later.
