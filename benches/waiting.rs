@@ -20,6 +20,7 @@
 //! | `rate_try_acquire_in_poll/{token_bucket,fixed_window}` | control: `try_acquire()` inside an `async` block polled the same way |
 //! | `rate_acquire_timeout_poll/{token_bucket,fixed_window}` | `RateLimiter::acquire_timeout(1, 1 s)` polled once the same way: no timer is made for a call admitted at its first poll |
 //! | `block_on/...` | the same calls inside a tokio current-thread `block_on` per iteration, both sides |
+//! | `handover_4_tasks/{turnstile,tokio_semaphore}` | 4 tasks on a current-thread runtime taking turns at one permit, 256 `acquire().await`s each, holding it across a `yield_now`: the time for all 1,024 hand-overs through the queue (each freed permit goes to a waiter) |
 //!
 //! The no-op poll measures the fast path itself: no executor, no task, no wake-up. It is what an
 //! `.await` on a free limiter costs inside any async fn. `block_on/...` rows add a runtime's
@@ -1130,9 +1131,68 @@ fn load_test() {
     write_output("waiting-load", "load", &json(&results), &table);
 }
 
+/// Tasks taking turns at one permit: every release hands it to a queued waiter, so each round
+/// is a trip through the queue (the release's wake, the woken task's poll), beside tokio's
+/// `Semaphore`, whose release hands the permit over itself.
+fn bench_handover(c: &mut Criterion) {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 256;
+    let mut g = c.benchmark_group("waiting");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    g.bench_function("handover_4_tasks/turnstile", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let limiter = ConcurrencyLimiter::new(1).expect("valid");
+                let tasks: Vec<_> = (0..TASKS)
+                    .map(|_| {
+                        let limiter = limiter.clone();
+                        tokio::spawn(async move {
+                            for _ in 0..ROUNDS {
+                                let permit = limiter.acquire().await.expect("never closed");
+                                tokio::task::yield_now().await;
+                                drop(permit);
+                            }
+                        })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await.expect("no panic");
+                }
+                assert_eq!(limiter.stats().admitted, (TASKS * ROUNDS) as u64);
+            })
+        })
+    });
+    g.bench_function("handover_4_tasks/tokio_semaphore", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let semaphore = Arc::new(tokio::sync::Semaphore::new(1));
+                let tasks: Vec<_> = (0..TASKS)
+                    .map(|_| {
+                        let semaphore = Arc::clone(&semaphore);
+                        tokio::spawn(async move {
+                            for _ in 0..ROUNDS {
+                                let permit = semaphore.acquire().await.expect("never closed");
+                                tokio::task::yield_now().await;
+                                drop(permit);
+                            }
+                        })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await.expect("no panic");
+                }
+                assert_eq!(semaphore.available_permits(), 1);
+            })
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_concurrency, bench_rate, bench_block_on
+    targets = bench_concurrency, bench_rate, bench_block_on, bench_handover
 }
 criterion_main!(benches, paired_ratios, load_test);
