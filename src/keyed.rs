@@ -604,8 +604,7 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     }
 
     /// A key's cell of `shard` may have just turned idle at a moment no clock predicts (a
-    /// keyed concurrency limiter's last permit came back, a rate limiter's admission was
-    /// refunded): lowers the shard's and the limiter's
+    /// keyed concurrency limiter's last permit came back): lowers the shard's and the limiter's
     /// sweep hints so that sweeps and the search for room at the cap look at it again. A load
     /// first, so that the common case (hints already 0) writes nothing shared.
     pub(crate) fn idle_hint<Q, V>(&self, shard: &Shard<Q, V, S>) {
@@ -1357,7 +1356,7 @@ where
             return;
         }
         let shard = &self.shards[shard];
-        let refunded = shard.map.get(key, |cell| {
+        let fresh_again = shard.map.get(key, |cell| {
             // Relaxed: read after the lookup that found `cell`. If `cell` was made after a
             // reset retired the key's old one, that reset's first increment happens before
             // this load (through the retirement's Release and the map), so by coherence it
@@ -1370,22 +1369,12 @@ where
                 // never-used word, which they take for one whose inserter is about to use it,
                 // so nothing would ever evict the key: it would hold a slot of the cap for
                 // good. Take it back as its inserter would (see `take_back`).
-                return Some(A::unused(cell).then_some(cell as *const A::Cell));
+                return A::unused(cell).then_some(cell as *const A::Cell);
             }
             None
         });
-        // `Some`: refunded, and the cell if that left it fresh.
-        match refunded.flatten() {
-            Some(Some(cell)) => {
-                self.take_back(ctx, shard, key, cell);
-            }
-            // The key may be idle now, sooner than the sweep hints say (its only admission in
-            // the window given back): without lowering them, a search for room at the cap that
-            // had found every key busy kept refusing new keys (`TooManyKeys`, or the shared
-            // cell) until the time it had computed, and sweeps skipped the shard until then,
-            // as after a keyed concurrency limiter's release, which lowers them alike.
-            Some(None) => ctx.idle_hint(shard),
-            None => {}
+        if let Some(Some(cell)) = fresh_again {
+            self.take_back(ctx, shard, key, cell);
         }
     }
 
