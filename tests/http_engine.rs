@@ -1226,12 +1226,31 @@ proptest! {
     }
 }
 
+/// A fresh directory of this process for the watch test `name`, and the path of its
+/// `limits.toml`.
+fn watch_dir(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("turnstile-http-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    (dir, path)
+}
+
+/// A limiter built from the file at `path` on a manual clock, shared, as `watch` wants it.
+fn limiter_from_file(path: &std::path::Path) -> std::sync::Arc<HttpLimiter<ManualClock>> {
+    std::sync::Arc::new(
+        HttpLimiter::with_clock(HttpConfig::from_file(path).unwrap(), ManualClock::new()).unwrap(),
+    )
+}
+
+/// One per-IP rule of `limit` requests a second, as a configuration file says it.
+fn per_ip_per_second(limit: u32) -> String {
+    format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = {limit}\n")
+}
+
 /// On paused time: the watcher's polls and the test's waits are timer ticks, not real sleeps.
 #[tokio::test(start_paused = true)]
 async fn watch_reloads_on_change_and_keeps_old_config_on_error() {
-    let dir = std::env::temp_dir().join(format!("turnstile-http-watch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("limits.toml");
+    let (dir, path) = watch_dir("watch");
     std::fs::write(&path, PER_IP).unwrap();
     let clock = ManualClock::new();
     let l = std::sync::Arc::new(
@@ -1278,26 +1297,15 @@ async fn watch_reloads_on_change_and_keeps_old_config_on_error() {
 /// which is what it reloads. It compared modification times only, and kept the first write.
 #[tokio::test(start_paused = true)]
 async fn watch_notices_a_rewrite_that_keeps_the_modification_time_and_length() {
-    let dir = std::env::temp_dir().join(format!(
-        "turnstile-http-watch-same-mtime-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("limits.toml");
+    let (dir, path) = watch_dir("watch-same-mtime");
     let write = |limit: u32| {
-        std::fs::write(
-            &path,
-            format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = {limit}\n"),
-        )
-        .unwrap();
+        std::fs::write(&path, per_ip_per_second(limit)).unwrap();
         let file = std::fs::File::options().write(true).open(&path).unwrap();
         file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000))
             .unwrap();
     };
     write(1);
-    let l = std::sync::Arc::new(
-        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
-    );
+    let l = limiter_from_file(&path);
     let handle = l.watch(&path, Duration::from_millis(10));
     let limit = |ip: &str| get(&l, "/", ip, None).quotas[0].limit;
     // Paused time: each sleep lets the watcher poll a few times.
@@ -1323,17 +1331,10 @@ async fn watch_notices_a_rewrite_that_keeps_the_modification_time_and_length() {
 /// call, so that edit was never loaded (until the next one).
 #[tokio::test(start_paused = true)]
 async fn watch_loads_an_edit_made_before_it_was_called() {
-    let dir =
-        std::env::temp_dir().join(format!("turnstile-http-watch-late-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("limits.toml");
-    let rule =
-        |limit: u32| format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = {limit}\n");
-    std::fs::write(&path, rule(1)).unwrap();
-    let l = std::sync::Arc::new(
-        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
-    );
-    std::fs::write(&path, rule(2)).unwrap();
+    let (dir, path) = watch_dir("watch-late");
+    std::fs::write(&path, per_ip_per_second(1)).unwrap();
+    let l = limiter_from_file(&path);
+    std::fs::write(&path, per_ip_per_second(2)).unwrap();
     let handle = l.watch(&path, Duration::from_secs(60));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(
@@ -1350,19 +1351,12 @@ async fn watch_loads_an_edit_made_before_it_was_called() {
 /// in turn.
 #[tokio::test(start_paused = true)]
 async fn a_watcher_ends_when_its_limiter_is_dropped() {
-    let dir =
-        std::env::temp_dir().join(format!("turnstile-http-watch-drop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("limits.toml");
-    let rule =
-        |limit: u32| format!("[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = {limit}\n");
-    std::fs::write(&path, rule(1)).unwrap();
-    let l = std::sync::Arc::new(
-        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
-    );
+    let (dir, path) = watch_dir("watch-drop");
+    std::fs::write(&path, per_ip_per_second(1)).unwrap();
+    let l = limiter_from_file(&path);
     let handle = l.watch(&path, Duration::from_secs(1));
     for (limit, ip) in [(2, "9.9.9.2"), (3, "9.9.9.3")] {
-        std::fs::write(&path, rule(limit)).unwrap();
+        std::fs::write(&path, per_ip_per_second(limit)).unwrap();
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(get(&l, "/", ip, None).quotas[0].limit, u64::from(limit));
     }
@@ -1378,16 +1372,11 @@ async fn a_watcher_ends_when_its_limiter_is_dropped() {
 /// full limit again and no client was banned.
 #[tokio::test(start_paused = true)]
 async fn watch_does_not_load_a_file_caught_empty_while_it_is_rewritten() {
-    let dir =
-        std::env::temp_dir().join(format!("turnstile-http-watch-empty-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("limits.toml");
+    let (dir, path) = watch_dir("watch-empty");
     let config = "[[rules]]\nname = \"per-ip\"\nperiod = \"1m\"\nlimit = 1\n\
                   [bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n";
     std::fs::write(&path, config).unwrap();
-    let l = std::sync::Arc::new(
-        HttpLimiter::with_clock(HttpConfig::from_file(&path).unwrap(), ManualClock::new()).unwrap(),
-    );
+    let l = limiter_from_file(&path);
     let handle = l.watch(&path, Duration::from_millis(10));
     let reason = |ip: &str| match get(&l, "/", ip, None).outcome {
         Outcome::Rejected { reason, .. } => Some(reason),
