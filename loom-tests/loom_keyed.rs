@@ -235,6 +235,22 @@ fn two_new_keys_race_for_the_last_slot() {
     });
 }
 
+/// A limiter of one permit per window with a queue limit of 0, its key 1 exhausted: a waiter
+/// on key 1 creates or finds its queue, is refused (`QueueFull`) and retires it.
+fn exhausted_without_a_queue() -> Arc<Limiter> {
+    let l = Arc::new(
+        KeyedLimiter::<u64>::builder(fixed(1))
+            .clock(ManualClock::new())
+            .hasher(Fixed::default())
+            .max_keys(4)
+            .queue_limit(0)
+            .build()
+            .unwrap(),
+    );
+    assert!(attempt(&l, 1).is_some());
+    l
+}
+
 /// Per-key waiting: a key's queue is created by its first waiter and retired by whichever waiter
 /// leaves it empty, possibly while another is about to join it (which must then find it closed,
 /// drop it from the map and make a new one, never wait in a queue nobody can find). Two blocking
@@ -244,16 +260,7 @@ fn two_new_keys_race_for_the_last_slot() {
 #[test]
 fn waiters_race_with_queue_retirement() {
     model(|| {
-        let l = Arc::new(
-            KeyedLimiter::<u64>::builder(fixed(1))
-                .clock(ManualClock::new())
-                .hasher(Fixed::default())
-                .max_keys(4)
-                .queue_limit(0)
-                .build()
-                .unwrap(),
-        );
-        assert!(attempt(&l, 1).is_some());
+        let l = exhausted_without_a_queue();
         let waiter = {
             let l = Arc::clone(&l);
             thread::spawn(move || l.acquire_blocking(&1).map(|_| ()))
@@ -287,16 +294,7 @@ fn waiters_race_with_queue_retirement() {
 #[test]
 fn creating_and_retiring_a_queue_never_reads_as_closed() {
     model(|| {
-        let l = Arc::new(
-            KeyedLimiter::<u64>::builder(fixed(1))
-                .clock(ManualClock::new())
-                .hasher(Fixed::default())
-                .max_keys(4)
-                .queue_limit(0)
-                .build()
-                .unwrap(),
-        );
-        assert!(attempt(&l, 1).is_some());
+        let l = exhausted_without_a_queue();
         let waiter = {
             let l = Arc::clone(&l);
             thread::spawn(move || l.acquire_blocking(&1).map(|_| ()))

@@ -1166,11 +1166,8 @@ async fn concurrency_permit_is_held_while_a_one_frame_body_downloads() {
         .write_all(b"GET /whole HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        head.push(stream.read_u8().await.unwrap());
-    }
-    assert!(head.starts_with(b"HTTP/1.1 200"));
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     // 64 MiB cannot all be in the server's and the sockets' buffers: the body has not ended.
     assert_eq!(limiter.available(), 0, "held while the body downloads");
     let mut body = vec![0; LEN];

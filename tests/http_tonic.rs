@@ -21,19 +21,27 @@ use turnstile::http::HttpLimiter;
 mod http_rules;
 use http_rules::{PER_IP, limiter};
 
+/// Serves tonic-health's Health service behind `$layer` on 127.0.0.1:0 and evaluates to a
+/// client connected to it (a macro: tonic's layer bounds are long to spell out in a function).
+macro_rules! serve_behind {
+    ($layer:expr) => {{
+        let (listener, addr) = bind().await;
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let router = Server::builder().layer($layer).add_service(health);
+        tokio::spawn(async move {
+            router
+                .serve_with_incoming(TcpIncoming::from(listener))
+                .await
+                .expect("server");
+        });
+        client(addr).await
+    }};
+}
+
 /// Serves tonic-health's Health service behind the limiter's layer on 127.0.0.1:0 and returns
 /// a client connected to it.
 async fn start(limiter: &Arc<HttpLimiter<ManualClock>>) -> HealthClient<Channel> {
-    let (listener, addr) = bind().await;
-    let (_reporter, health) = tonic_health::server::health_reporter();
-    let router = Server::builder().layer(limiter.layer()).add_service(health);
-    tokio::spawn(async move {
-        router
-            .serve_with_incoming(TcpIncoming::from(listener))
-            .await
-            .expect("server");
-    });
-    client(addr).await
+    serve_behind!(limiter.layer())
 }
 
 async fn bind() -> (tokio::net::TcpListener, SocketAddr) {
@@ -195,16 +203,7 @@ async fn concurrency_rejection_is_resource_exhausted() {
         turnstile::ConcurrencyLimiter::new(1).expect("limit 1"),
     )
     .retry_after(Duration::from_millis(1_500));
-    let (listener, addr) = bind().await;
-    let (_reporter, health) = tonic_health::server::health_reporter();
-    let router = Server::builder().layer(layer.clone()).add_service(health);
-    tokio::spawn(async move {
-        router
-            .serve_with_incoming(TcpIncoming::from(listener))
-            .await
-            .expect("server");
-    });
-    let mut client = client(addr).await;
+    let mut client = serve_behind!(layer.clone());
 
     check(&mut client).await.expect("a free permit: served");
     let held = layer
@@ -232,16 +231,7 @@ async fn concurrency_permit_is_held_through_a_server_stream_until_the_client_dro
         turnstile::ConcurrencyLimiter::new(1).expect("limit 1"),
     );
     let limiter = layer.limiter().clone();
-    let (listener, addr) = bind().await;
-    let (_reporter, health) = tonic_health::server::health_reporter();
-    let router = Server::builder().layer(layer).add_service(health);
-    tokio::spawn(async move {
-        router
-            .serve_with_incoming(TcpIncoming::from(listener))
-            .await
-            .expect("server");
-    });
-    let mut client = client(addr).await;
+    let mut client = serve_behind!(layer);
     let mut stream = client
         .watch(HealthCheckRequest {
             service: String::new(),
