@@ -286,7 +286,7 @@ pub struct FailOutcome {
 /// assert!(logins.check(&"alice").is_ok());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct BanList<K, C: Clock = DefaultClock, S = foldhash::fast::RandomState> {
+pub struct BanList<K, C: Clock = DefaultClock, S = crate::sync::RandomHasher> {
     inner: Arc<Inner<K, C, S>>,
 }
 
@@ -356,7 +356,7 @@ where
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct BanListBuilder<K, C = DefaultClock, S = foldhash::fast::RandomState> {
+pub struct BanListBuilder<K, C = DefaultClock, S = crate::sync::RandomHasher> {
     after: u32,
     within: Duration,
     duration: Duration,
@@ -416,7 +416,7 @@ where
             within,
             duration,
             clock: DefaultClock::default(),
-            hasher: foldhash::fast::RandomState::default(),
+            hasher: crate::sync::RandomHasher::default(),
             max_keys: DEFAULT_MAX_KEYS,
             _key: std::marker::PhantomData,
         }

@@ -2540,7 +2540,7 @@ where
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[cfg(feature = "keyed")]
-pub struct KeyedChain<K, C: Clock = DefaultClock, S = foldhash::fast::RandomState> {
+pub struct KeyedChain<K, C: Clock = DefaultClock, S = crate::sync::RandomHasher> {
     core: Arc<Core<Link<K, C, S>, KeyedLine<K>>>,
 }
 
@@ -2585,7 +2585,7 @@ impl<K, C: Clock, S> fmt::Debug for KeyedChain<K, C, S> {
 /// ```
 #[cfg(feature = "keyed")]
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct KeyedChainBuilder<K, C: Clock = DefaultClock, S = foldhash::fast::RandomState> {
+pub struct KeyedChainBuilder<K, C: Clock = DefaultClock, S = crate::sync::RandomHasher> {
     per_key: Vec<KeyedLimiter<K, C, S>>,
     global: Vec<RateLimiter<C>>,
     queue_limit: u64,

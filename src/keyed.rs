@@ -183,7 +183,7 @@ pub struct KeyedStats {
 /// assert_eq!(per_ip.len(), 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct KeyedLimiter<K, C: Clock = DefaultClock, S = foldhash::fast::RandomState> {
+pub struct KeyedLimiter<K, C: Clock = DefaultClock, S = crate::sync::RandomHasher> {
     inner: Arc<Inner<K, C, S>>,
 }
 
@@ -1551,7 +1551,7 @@ impl<K, C: Clock, S> fmt::Debug for KeyedLimiter<K, C, S> {
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct KeyedLimiterBuilder<K, C = DefaultClock, S = foldhash::fast::RandomState> {
+pub struct KeyedLimiterBuilder<K, C = DefaultClock, S = crate::sync::RandomHasher> {
     algorithm: Algorithm,
     clock: C,
     hasher: S,
@@ -1608,7 +1608,7 @@ where
         KeyedLimiterBuilder {
             algorithm,
             clock: DefaultClock::new(),
-            hasher: foldhash::fast::RandomState::default(),
+            hasher: crate::sync::RandomHasher::default(),
             max_keys: DEFAULT_MAX_KEYS,
             overflow: KeyOverflow::Reject,
             order: QueueOrder::OldestFirst,

@@ -612,7 +612,7 @@ impl Clock for NoClock {
 /// # drop(b);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct KeyedConcurrencyLimiter<K, S = foldhash::fast::RandomState> {
+pub struct KeyedConcurrencyLimiter<K, S = crate::sync::RandomHasher> {
     inner: Arc<Inner<K, S>>,
 }
 
@@ -1468,7 +1468,7 @@ where
     pub fn builder(limit: u32) -> KeyedConcurrencyLimiterBuilder<K> {
         KeyedConcurrencyLimiterBuilder {
             limit,
-            hasher: foldhash::fast::RandomState::default(),
+            hasher: crate::sync::RandomHasher::default(),
             max_keys: DEFAULT_MAX_KEYS,
             overflow: KeyOverflow::Reject,
             order: QueueOrder::OldestFirst,
@@ -2206,7 +2206,7 @@ where
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct KeyedConcurrencyLimiterBuilder<K, S = foldhash::fast::RandomState> {
+pub struct KeyedConcurrencyLimiterBuilder<K, S = crate::sync::RandomHasher> {
     limit: u32,
     hasher: S,
     max_keys: usize,
@@ -2384,7 +2384,7 @@ where
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "the permits are released as soon as the permit is dropped"]
-pub struct KeyedPermit<'a, K, S = foldhash::fast::RandomState>
+pub struct KeyedPermit<'a, K, S = crate::sync::RandomHasher>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync + 'static,
@@ -2472,7 +2472,7 @@ where
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "the permits are released as soon as the permit is dropped"]
-pub struct OwnedKeyedPermit<K, S = foldhash::fast::RandomState>
+pub struct OwnedKeyedPermit<K, S = crate::sync::RandomHasher>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync + 'static,

@@ -89,7 +89,6 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as Slot;
 use std::borrow::Borrow;
 use std::collections::VecDeque;
-use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash};
@@ -865,7 +864,7 @@ where
 /// - **Cancel-safe.** Dropping a waiting future frees its place, hands on whatever it was granted
 ///   in the meantime, and never leaves a doorman referenced.
 /// - **Hash-flooding resistant** by default: keys are hashed with std's randomly keyed SipHash
-///   ([`RandomState`]); another hasher can be chosen with [`KeyLocksBuilder::hasher`].
+///   ([`RandomState`](std::collections::hash_map::RandomState)); another hasher can be chosen with [`KeyLocksBuilder::hasher`].
 /// - Runtime-agnostic: no timer, no background task. Async and blocking callers share one queue.
 /// - **Not re-entrant**, as tokio's `RwLock`: a task that holds a key's read lock and asks for
 ///   it again waits behind any writer queued in between, which waits for the first read lock:
@@ -895,7 +894,7 @@ where
 /// assert_eq!(locks.len(), 0); // the map holds only keys in use
 /// # }
 /// ```
-pub struct KeyLocks<K, S = RandomState> {
+pub struct KeyLocks<K, S = crate::sync::RandomSipHasher> {
     inner: Arc<Inner<K, S>>,
 }
 
@@ -926,7 +925,7 @@ impl<K: Hash + Eq> Default for KeyLocks<K> {
 
 impl<K: Hash + Eq> KeyLocks<K> {
     /// Keyed locks with the default shard count, [`DEFAULT_POOL_PER_SHARD`] and std's
-    /// [`RandomState`] hasher.
+    /// [`RandomState`](std::collections::hash_map::RandomState) hasher.
     ///
     /// # Examples
     ///
@@ -938,7 +937,11 @@ impl<K: Hash + Eq> KeyLocks<K> {
     /// assert!(locks.is_empty());
     /// ```
     pub fn new() -> Self {
-        assemble(RandomState::new(), default_shards(), DEFAULT_POOL_PER_SHARD)
+        assemble(
+            crate::sync::RandomSipHasher::default(),
+            default_shards(),
+            DEFAULT_POOL_PER_SHARD,
+        )
     }
 }
 
@@ -1543,7 +1546,7 @@ impl<K, S> Drop for OwnedHeld<K, S> {
 /// # Ok::<(), turnstile::TryLockError>(())
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct ReadGuard<'a, K, S = RandomState> {
+pub struct ReadGuard<'a, K, S = crate::sync::RandomSipHasher> {
     #[expect(dead_code, reason = "held for its Drop, which releases the lock")]
     held: Held<'a, K, S>,
 }
@@ -1563,7 +1566,7 @@ pub struct ReadGuard<'a, K, S = RandomState> {
 /// # Ok::<(), turnstile::TryLockError>(())
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct WriteGuard<'a, K, S = RandomState> {
+pub struct WriteGuard<'a, K, S = crate::sync::RandomSipHasher> {
     held: Held<'a, K, S>,
 }
 
@@ -1581,7 +1584,7 @@ pub struct WriteGuard<'a, K, S = RandomState> {
 /// # Ok::<(), turnstile::TryLockError>(())
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct OwnedReadGuard<K, S = RandomState> {
+pub struct OwnedReadGuard<K, S = crate::sync::RandomSipHasher> {
     #[expect(dead_code, reason = "held for its Drop, which releases the lock")]
     held: OwnedHeld<K, S>,
 }
@@ -1601,7 +1604,7 @@ pub struct OwnedReadGuard<K, S = RandomState> {
 /// # Ok::<(), turnstile::TryLockError>(())
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct OwnedWriteGuard<K, S = RandomState> {
+pub struct OwnedWriteGuard<K, S = crate::sync::RandomSipHasher> {
     held: OwnedHeld<K, S>,
 }
 
@@ -1697,7 +1700,7 @@ impl<K, S> fmt::Debug for OwnedWriteGuard<K, S> {
 /// assert_eq!(locks.shards(), 16);
 /// # Ok::<(), turnstile::ConfigError>(())
 /// ```
-pub struct KeyLocksBuilder<K, S = RandomState> {
+pub struct KeyLocksBuilder<K, S = crate::sync::RandomSipHasher> {
     shards: Option<usize>,
     pool_per_shard: usize,
     hasher: S,
@@ -1718,7 +1721,7 @@ impl<K> KeyLocksBuilder<K> {
         KeyLocksBuilder {
             shards: None,
             pool_per_shard: DEFAULT_POOL_PER_SHARD,
-            hasher: RandomState::new(),
+            hasher: crate::sync::RandomSipHasher::default(),
             keys: PhantomData,
         }
     }
@@ -1762,7 +1765,7 @@ impl<K, S> KeyLocksBuilder<K, S> {
     }
 
     /// The hasher for keys; one instance is shared by every lookup. Keep a randomly keyed one
-    /// (the default, std's [`RandomState`]) if keys can be chosen by an attacker: with a fixed
+    /// (the default, std's [`RandomState`](std::collections::hash_map::RandomState)) if keys can be chosen by an attacker: with a fixed
     /// hash function, keys chosen to collide make every lookup in their shard linear.
     ///
     /// The hash must spread over all 64 bits: the shard is chosen by bits 32 and up (the low bits

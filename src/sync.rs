@@ -17,6 +17,31 @@ pub(crate) use loom::sync::atomic::{AtomicU64, Ordering, fence};
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
+/// The hasher a keyed structure (limiter, chain, ban list, concurrency limiter) uses unless its
+/// builder is given another: foldhash, randomly seeded per structure, since clients often choose
+/// the keys.
+///
+/// Under loom a fixed seed instead. Loom replays the choices of earlier executions by their
+/// position (the n-th atomic access reads the store it chose before), so every execution of a
+/// model must take the same steps up to its new choice. A random seed put a key in another shard
+/// from one execution to the next, so the replayed choices landed on another shard's atomics: loom
+/// explored interleavings that do not exist and missed ones that do, or failed its own internal
+/// assertion (two stores with one modification order, loom's `match_load_to_stores`).
+#[cfg(not(turnstile_loom))]
+pub(crate) type RandomHasher = foldhash::fast::RandomState;
+/// See the normal build's alias: a fixed seed so that loom's executions are deterministic.
+#[cfg(turnstile_loom)]
+pub(crate) type RandomHasher = foldhash::fast::FixedState;
+
+/// The hasher of [`KeyLocks`](crate::KeyLocks) unless its builder is given another: std's
+/// SipHash, randomly keyed per structure. Under loom a fixed key, as for [`RandomHasher`].
+#[cfg(not(turnstile_loom))]
+pub(crate) type RandomSipHasher = std::collections::hash_map::RandomState;
+/// See the normal build's alias: fixed keys so that loom's executions are deterministic.
+#[cfg(turnstile_loom)]
+pub(crate) type RandomSipHasher =
+    std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+
 /// Locks `mutex`, ignoring poisoning: every critical section in this crate leaves its data
 /// consistent before anything in it can panic, so a poisoned lock holds valid data.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

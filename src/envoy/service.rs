@@ -83,7 +83,7 @@ pub const DEFAULT_NEAR_LIMIT_RATIO: f32 = 0.8;
 
 /// A descriptor's counters: its entries, as the request sent them.
 type Key = Vec<Entry>;
-type Hasher = foldhash::fast::RandomState;
+type Hasher = crate::sync::RandomHasher;
 type Limiter<C> = KeyedLimiter<Key, C, Hasher>;
 
 /// The clock an [`RlsService`] uses unless told otherwise: [`DefaultClock`] read as nanoseconds

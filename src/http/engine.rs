@@ -2002,7 +2002,7 @@ struct Patience<C: Clock> {
 }
 
 /// A permit of a rule's limiter that can be given back.
-type Receipt<C> = crate::KeyedRefundable<CounterKey, C, foldhash::fast::RandomState>;
+type Receipt<C> = crate::KeyedRefundable<CounterKey, C, crate::sync::RandomHasher>;
 
 /// What a request waits for: a permit of `rule`'s limiter for `key`.
 struct Wait<C: Clock> {
