@@ -27,6 +27,9 @@
 //!   one spare slot above the cap), and the count never exceeds the cap + 1;
 //! - a search for room at the cap that overwrites a sweep's closing `room_at` reads the shard
 //!   hint that sweep left, so a key turning idle later is found (not "never");
+//! - a refund that leaves a key idle, racing a new key's search for room at the cap, leaves
+//!   room: once it is done a new key gets the slot at once, wherever the search's look at the
+//!   key lands (`a_refund_racing_a_search_for_room_at_the_cap_leaves_room`);
 //! - a new key's first admission that fails on its fresh cell (the limit lowered after the
 //!   store's check) leaves no cell behind, and never takes back a cell someone else has used;
 //! - racing reconfigurations sweep the key queues in the order of their changes, so no waiter
@@ -58,7 +61,8 @@ use turnstile::{AcquireError, Algorithm, KeyedLimiter, ManualClock, Rate, TryAcq
 /// Window length (and GCRA emission interval) in nanoseconds.
 const W: u64 = 10;
 
-/// A hasher with fixed keys, so every loom execution puts a key in the same shard.
+/// A hasher with fixed keys, so every loom execution puts a key in the same shard. (The default
+/// hasher is fixed under loom too, see `sync::RandomHasher`; this one says so here.)
 type Fixed = BuildHasherDefault<DefaultHasher>;
 type Limiter = KeyedLimiter<u64, ManualClock, Fixed>;
 
@@ -522,6 +526,36 @@ fn a_search_for_room_after_a_sweep_keeps_its_hint() {
             attempt(&l, 3).is_some(),
             "key 1 is idle at W: a new key gets its slot"
         );
+    });
+}
+
+/// A refund that leaves a key idle races a new key's search for room at the cap (one slot, held
+/// by that key, busy until `W` before the refund): the search may find the key busy and raise
+/// `room_at` to `W`, after or before the refund. Either way, once the refund is done a new key
+/// gets the slot at once, at time 0: the refund lowers the hints (`Ctx::idle_hint`), and a
+/// search that overwrites the lowering reads the shard's hint the refund left.
+#[test]
+fn a_refund_racing_a_search_for_room_at_the_cap_leaves_room() {
+    model(|| {
+        let l = limiter(fixed(1), 1);
+        let receipt = l.try_acquire_refundable(&1, 1).unwrap();
+        let refunder = thread::spawn(move || receipt.refund());
+        let newcomer = l.try_acquire(&2).map(|_| ());
+        refunder.join().unwrap();
+        assert!(
+            matches!(
+                newcomer,
+                Ok(()) | Err(TryAcquireError::TooManyKeys { max_keys: 1 })
+            ),
+            "{newcomer:?}"
+        );
+        if newcomer.is_err() {
+            assert!(
+                attempt(&l, 3).is_some(),
+                "key 1 is idle: a new key gets its slot"
+            );
+        }
+        assert_eq!(l.len(), 1);
     });
 }
 

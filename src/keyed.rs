@@ -606,7 +606,10 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     /// A key's cell of `shard` may have just turned idle at a moment no clock predicts (a
     /// keyed concurrency limiter's last permit came back): lowers the shard's and the limiter's
     /// sweep hints so that sweeps and the search for room at the cap look at it again. A load
-    /// first, so that the common case (hints already 0) writes nothing shared.
+    /// first, so that the common case (hints already 0) writes nothing shared. (A load can read
+    /// a hint from before a racing sweep's opening swap while that sweep's look at the cell
+    /// missed the release: the hint is then left stale, which `sweep_all` is for. A refund,
+    /// rarer, pays for exactness: [`refunded_idle`](Self::refunded_idle).)
     pub(crate) fn idle_hint<Q, V>(&self, shard: &Shard<Q, V, S>) {
         // Relaxed: a hint. Release on the RMW: as an insert's (see `first_use`), pairs with the
         // Acquire swap that starts a sweep, so a sweep that reads our 0 sees the idle cell.
@@ -618,6 +621,30 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
         if self.room_at.load(Ordering::Relaxed) != 0 {
             self.room_at.fetch_min(0, Ordering::Release);
         }
+    }
+
+    /// A refund left a key's cell of `shard` idle, sooner than the hints say (its only
+    /// admission of the window given back): lowers the shard's and the limiter's sweep hints to
+    /// 0, so that a new key at the cap gets the slot at once rather than when the last search
+    /// for room computed, and sweeps look at the shard again.
+    ///
+    /// Read-modify-writes, not `idle_hint`'s load first: the refund's write to the cell, then a
+    /// load of a hint, against a search's swap of that hint, then its look at the cell, is
+    /// store-then-load on both sides, and both could miss the other (the search's look finds
+    /// the key busy, the load reads the hint from before the swap and skips the lowering: the
+    /// search's "busy until" stood, and new keys were refused until then, as the loom model
+    /// `a_refund_racing_a_search_for_room_at_the_cap_leaves_room` found). An RMW is ordered
+    /// with the search's RMWs on the same word: before its swap, and the swap reads our value
+    /// or a later one of its release sequence (Acquire: it then sees the refunded cell);
+    /// after, and the search's final `fetch_update` of `room_at` reads our 0 or comes before
+    /// our lowering of it.
+    pub(crate) fn refunded_idle<Q, V>(&self, shard: &Shard<Q, V, S>) {
+        // Release: as an insert's lowering (see `first_use`): a sweep whose opening swap reads
+        // our 0 (or a later RMW's value) sees the refunded cell.
+        shard.not_before.fetch_min(0, Ordering::Release);
+        // Release: after the shard's lowering, for the search whose opening swap reads it (see
+        // `room_at`).
+        self.room_at.fetch_min(0, Ordering::Release);
     }
 
     fn release_keys(&self, n: u64) {
@@ -638,6 +665,16 @@ impl<K, C: Clock, S> Drop for SlotOnUnwind<'_, K, C, S> {
     fn drop(&mut self) {
         self.ctx.release_keys(1);
     }
+}
+
+/// What a refund left of a key's cell (`Keyed::chain_refund`).
+enum Refunded<Cell> {
+    /// Exactly fresh, as if never used: taken back as its inserter would (`take_back`).
+    Fresh(*const Cell),
+    /// Idle: the sweep hints are lowered (`Ctx::refunded_idle`).
+    Idle,
+    /// Still busy, or nothing refunded (a reset came between).
+    Busy,
 }
 
 /// Whether `Keyed::chain_check` counts a call that meets the key cap in `overflowed`.
@@ -1356,7 +1393,7 @@ where
             return;
         }
         let shard = &self.shards[shard];
-        let fresh_again = shard.map.get(key, |cell| {
+        let refunded = shard.map.get(key, |cell| {
             // Relaxed: read after the lookup that found `cell`. If `cell` was made after a
             // reset retired the key's old one, that reset's first increment happens before
             // this load (through the retirement's Release and the map), so by coherence it
@@ -1369,12 +1406,27 @@ where
                 // never-used word, which they take for one whose inserter is about to use it,
                 // so nothing would ever evict the key: it would hold a slot of the cap for
                 // good. Take it back as its inserter would (see `take_back`).
-                return A::unused(cell).then_some(cell as *const A::Cell);
+                if A::unused(cell) {
+                    return Refunded::Fresh(cell as *const A::Cell);
+                }
+                // Idle now (it admits all a fresh cell would), sooner than the sweep hints
+                // may say: its only admission of the window given back. (A snapshot: a call
+                // admitted meanwhile only makes the lowering below a wasted look.)
+                if self.algo.available(cell, ctx.clock.now()) >= self.algo.limit() {
+                    return Refunded::Idle;
+                }
             }
-            None
+            Refunded::Busy
         });
-        if let Some(Some(cell)) = fresh_again {
-            self.take_back(ctx, shard, key, cell);
+        match refunded {
+            Some(Refunded::Fresh(cell)) => {
+                self.take_back(ctx, shard, key, cell);
+            }
+            // Without lowering the hints, a search for room at the cap that had found every key
+            // busy kept refusing new keys (`TooManyKeys`, or the shared cell) until the time it
+            // had computed, and sweeps skipped the shard until then.
+            Some(Refunded::Idle) => ctx.refunded_idle(shard),
+            Some(Refunded::Busy) | None => {}
         }
     }
 

@@ -983,3 +983,39 @@ fn a_counter_key_refunded_to_its_previous_window_frees_its_slot_when_that_window
         "key 1 is idle from 2 s on, and its slot free"
     );
 }
+
+/// At the key cap a search for room that finds every key busy makes new keys be refused at
+/// once until the earliest time a key it saw turns idle. A refund makes a key idle sooner
+/// than that (its only admission given back): the next new key must get its slot, as it would
+/// after any other change no clock predicts (a keyed concurrency limiter's release, a
+/// reconfiguration).
+#[test]
+fn a_key_made_idle_by_a_refund_makes_room_at_the_cap_at_once() {
+    for algorithm in all_algorithms(1) {
+        let clock = ManualClock::new();
+        // Mid-window: no state is left as fresh as a new cell by the refund.
+        clock.set(SEC + SEC / 2);
+        let limiter = KeyedLimiter::<u64, _>::builder(algorithm)
+            .clock(clock.clone())
+            .max_keys(1)
+            .build()
+            .unwrap();
+        let taken = limiter.try_acquire_refundable(&1, 1).unwrap();
+        assert_eq!(
+            limiter.try_acquire(&2),
+            Err(TryAcquireError::TooManyKeys { max_keys: 1 }),
+            "{algorithm:?}"
+        );
+        taken.refund();
+        assert_eq!(
+            limiter.available(&1),
+            1,
+            "{algorithm:?}: the refund was exact"
+        );
+        assert!(
+            limiter.try_acquire(&2).is_ok(),
+            "{algorithm:?}: key 1 is idle, yet a new key is refused at the cap"
+        );
+        assert_eq!(limiter.len(), 1, "{algorithm:?}");
+    }
+}
