@@ -78,7 +78,8 @@ impl Held {
     /// key (which must share a slot on a Cluster, as the call's did) through the first
     /// member's connection, within the smallest deadline of the members. Answers per member
     /// whether it now holds nothing of the call: `false` for a fixed window whose script
-    /// failed or missed the deadline (the charge stays), and for another algorithm or a
+    /// failed or missed the deadline (the charge stays, unless a script that missed it runs
+    /// late and gives it back after all), and for another algorithm or a
     /// chain (only fixed windows are given back). A window that has ended meanwhile is left
     /// alone and answers `false` as well: its count is gone with it. So is a key created again
     /// after the admission in the same window (reset, expired or evicted, then written): it
@@ -418,7 +419,7 @@ fn fail_all<C>(
     for (limiter, _) in members {
         limiter.inner.count_failure(failure);
     }
-    if over == Over::CountedOnly {
+    if over == Over::CountedOnly && n > 0 {
         // Every member decided for `n` in turn (a subject listed twice meets what its earlier
         // occurrence took, as in the script), then every fallback's take given back; an
         // admission answers the state as it stands then (a probe), as the script answers a
