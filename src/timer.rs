@@ -34,7 +34,7 @@ impl Sleep {
         if tokio::runtime::Handle::try_current().is_ok() {
             Sleep(Kind::Tokio(Box::pin(tokio::time::sleep(after))))
         } else {
-            Sleep(Kind::Thread(futures_timer::Delay::new(after)))
+            Sleep(Kind::Thread(futures_timer::Delay::new(held(after))))
         }
     }
 
@@ -60,13 +60,24 @@ impl Sleep {
                 let now = tokio::time::Instant::now();
                 // As tokio's `sleep` does for a deadline past what an `Instant` holds: about 30
                 // years, which no wait of this crate outlives.
-                let deadline = now
-                    .checked_add(after)
-                    .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
+                let deadline = now.checked_add(after).unwrap_or_else(|| now + FAR_FUTURE);
                 sleep.as_mut().reset(deadline);
             }
-            Kind::Thread(delay) => delay.reset(after),
+            Kind::Thread(delay) => delay.reset(held(after)),
         }
+    }
+}
+
+/// About 30 years: how far tokio's `sleep` puts a deadline past what an `Instant` holds, and
+/// what no wait of this crate outlives.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// `after`, or [`FAR_FUTURE`] if it is past what an `Instant` holds: futures-timer before 3.0.4
+/// (which Cargo.toml's `"3"` admits) adds it to `Instant::now()` unchecked, and panics.
+fn held(after: Duration) -> Duration {
+    match std::time::Instant::now().checked_add(after) {
+        Some(_) => after,
+        None => FAR_FUTURE,
     }
 }
 
@@ -145,6 +156,23 @@ mod tests {
         assert_eq!(ready.unwrap(), 7);
         assert!(Sleep::new_or_never(Duration::MAX).is_none());
         assert!(Sleep::new_or_never(Duration::from_secs(1)).is_some());
+    }
+
+    /// Off tokio, a sleep (or a reset) past what an `Instant` holds (a sweeper's `every` of
+    /// `Duration::MAX`) is a sleep of about 30 years, as on tokio, whatever futures-timer does
+    /// with it: its releases before 3.0.4 (which Cargo.toml's `"3"` admits) add it to
+    /// `Instant::now()` and panic on the overflow.
+    #[test]
+    fn off_tokio_a_sleep_past_what_an_instant_holds_does_not_panic() {
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let mut sleep = Sleep::new(Duration::MAX);
+        assert!(!is_tokio(&sleep));
+        assert!(Pin::new(&mut sleep).poll(&mut cx).is_pending());
+        sleep.reset(Duration::MAX);
+        assert!(Pin::new(&mut sleep).poll(&mut cx).is_pending());
+        sleep.reset(Duration::from_millis(1));
+        futures_executor::block_on(&mut sleep);
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -775,3 +775,42 @@ fn extreme_clocks_windows_and_caps_neither_panic_nor_misjudge() {
     assert_eq!((again.failures, again.banned_for), (2, Some(5 * SEC)));
     assert_eq!(bans.ban(&1, 7 * SEC), Ok(7 * SEC));
 }
+
+/// A ban is charged in chunks of at most `u32::MAX` milliseconds (about 49.7 days): lengths
+/// at, just past and several times that boundary, and one with a part of a millisecond, end
+/// exactly their whole milliseconds later, and an extension across chunks ends at least its
+/// length and less than a millisecond later. A ban with 1 ns left is not lengthened by 1 ns,
+/// and extended by 2 ns it gains one whole millisecond. (Probes that found nothing, pinned.)
+#[test]
+fn bans_of_more_than_u32_max_milliseconds_are_exact_across_charges() {
+    let (bans, clock) = list(1, 60 * SEC, 60 * SEC);
+    let ms = Duration::from_millis(1);
+    for (k, d) in [
+        (1u64, ms * u32::MAX),
+        (2, ms * u32::MAX + ms),
+        (3, ms * u32::MAX + Duration::from_nanos(500_000)),
+        (4, ms * u32::MAX * 3 + ms * 7),
+    ] {
+        let left = bans.ban(&k, d).unwrap();
+        let want = Duration::from_nanos(d.as_nanos().div_ceil(1_000_000) as u64 * 1_000_000);
+        assert_eq!(left, want, "{k}");
+        assert_eq!(retry(&bans, k), Some(want));
+    }
+    clock.advance(Duration::from_nanos(123));
+    let left = bans.ban(&1, ms * u32::MAX * 2).unwrap();
+    assert!(
+        left >= ms * u32::MAX * 2 && left < ms * u32::MAX * 2 + ms,
+        "{left:?}"
+    );
+    // Extension of a key whose ban has sub-ms left, by exactly the rest.
+    let (bans, clock) = list(1, 60 * SEC, 60 * SEC);
+    bans.ban(&9, SEC).unwrap();
+    clock.advance(Duration::from_nanos(999_999_999));
+    assert_eq!(retry(&bans, 9), Some(NS));
+    assert_eq!(bans.ban(&9, NS).unwrap(), NS);
+    assert_eq!(bans.stats().bans, 1);
+    let l = bans.ban(&9, 2 * NS).unwrap();
+    assert_eq!(l, NS + ms);
+    clock.advance(NS + ms);
+    assert_eq!(retry(&bans, 9), None);
+}

@@ -841,3 +841,39 @@ async fn cluster_counts_over_limit_hits_as_memory_does() {
     )
     .await;
 }
+
+/// Redis down under `Fallback`: a request rejected before its scripts (here by a limit of 0)
+/// sends them as `CountedOnly`, which takes nothing from the descriptors within their limits.
+/// Their fallbacks were charged all the same, as for an admission, and nothing gave it back:
+/// two such requests spent a limit of 2, and the next request within it was over.
+#[tokio::test]
+async fn redis_down_a_request_rejected_early_spends_no_fallback() {
+    const BLOCK_CONFIG: &str = "
+domain: d
+descriptors:
+  - key: zero
+    rate_limit: { unit: year, requests_per_unit: 0 }
+  - key: two
+    rate_limit: { unit: year, requests_per_unit: 2 }
+";
+    const ZERO: &[(&str, &str)] = &[("zero", "x")];
+    const TWO: &[(&str, &str)] = &[("two", "x")];
+    let mut server = RedisServer::start();
+    let connection = ConnectionManager::new(Client::open(server.url()).unwrap())
+        .await
+        .unwrap();
+    let rls = RlsService::with_redis(
+        RlsConfig::from_yaml_str(BLOCK_CONFIG).unwrap(),
+        connection,
+        "rls",
+        FailurePolicy::Fallback { share: 1.0 },
+    )
+    .unwrap();
+    server.kill();
+    for _ in 0..3 {
+        let r = rls.decide(&request(&[ZERO, TWO])).await.unwrap();
+        assert_eq!(r.overall_code(), OVER);
+    }
+    let r = rls.decide(&request(&[TWO])).await.unwrap();
+    assert_eq!(summary(&r), (OK, vec![(OK, 1)]));
+}

@@ -78,7 +78,8 @@ impl Held {
     /// key (which must share a slot on a Cluster, as the call's did) through the first
     /// member's connection, within the smallest deadline of the members. Answers per member
     /// whether it now holds nothing of the call: `false` for a fixed window whose script
-    /// failed or missed the deadline (the charge stays), and for another algorithm or a
+    /// failed or missed the deadline (the charge stays, unless a script that missed it runs
+    /// late and gives it back after all), and for another algorithm or a
     /// chain (only fixed windows are given back). A window that has ended meanwhile is left
     /// alone and answers `false` as well: its count is gone with it. So is a key created again
     /// after the admission in the same window (reset, expired or evicted, then written): it
@@ -227,7 +228,10 @@ where
 /// give it back after: a member with such a key keeps its rejection out of the deny cache, as
 /// one with a key this call lists twice does (that retry-after may count hits given back).
 /// `over`: what the call does with a member that rejects, and with the others ([`Over`]); a
-/// call the deny caches settle is not sent, so counts nothing.
+/// call the deny caches settle is not sent, so counts nothing. When Redis fails, `over` asks
+/// nothing more of the failure policies (no fallback counts past its limit), but a
+/// `CountedOnly` call takes nothing from the fallbacks either: each member answers its own
+/// verdict, and what a fallback took to decide it is given back before the call returns.
 ///
 /// # Cancel safety
 ///
@@ -300,7 +304,7 @@ where
     let (all, decisions) = match reply {
         Ok(reply) => reply,
         Err(failure) => {
-            let (answers, took) = fail_all(members, &configs, failure, n);
+            let (answers, took) = fail_all(members, &configs, failure, n, over);
             let held = Held { n, configs, took };
             return (answers, held);
         }
@@ -401,15 +405,45 @@ fn split(reply: &[i64], keys: usize) -> Result<(bool, Vec<Decision>), Failure> {
 }
 
 /// Redis gave no decision: each member's failure policy answers (see [`try_acquire_all`]);
-/// and what each member took, from its fallback, when all admitted.
+/// and what each member took, from its fallback, when all admitted. Under
+/// [`Over::CountedOnly`] nothing is taken (the caller's decision is rejected already, and it
+/// gives nothing back): each member answers its own verdict for `n`, an admission as its
+/// state stands.
 fn fail_all<C>(
     members: &[(&RedisLimiter<C>, &[u8])],
     configs: &[Arc<Config>],
     failure: Failure,
     n: u32,
+    over: Over,
 ) -> (Vec<Answer>, Vec<Took>) {
     for (limiter, _) in members {
         limiter.inner.count_failure(failure);
+    }
+    if over == Over::CountedOnly && n > 0 {
+        // Every member decided for `n` in turn (a subject listed twice meets what its earlier
+        // occurrence took, as in the script), then every fallback's take given back; an
+        // admission answers the state as it stands then (a probe), as the script answers a
+        // member that would have admitted.
+        let decided: Vec<_> = (members.iter().zip(configs))
+            .map(|((limiter, subject), config)| limiter.inner.policy_taken(config, subject, n))
+            .collect();
+        for (((limiter, subject), config), (_, _, taken)) in
+            members.iter().zip(configs).zip(&decided)
+        {
+            if let Some(taken) = taken {
+                limiter.inner.give_back(config, subject, n, taken);
+            }
+        }
+        return (members.iter().zip(configs).zip(decided))
+            .map(|(((limiter, subject), config), (answer, counter, taken))| {
+                let answer = match taken {
+                    Some(_) => limiter.inner.policy(config, subject, 0).0,
+                    None => answer,
+                };
+                limiter.inner.count(counter);
+                (Some(answer), Took::Nothing)
+            })
+            .unzip();
     }
     // Charge the members one after the other, giving back what the earlier ones took if a
     // later one rejects: all or nothing however concurrent calls in this process race for the
@@ -963,6 +997,65 @@ mod tests {
             .unwrap();
         assert_eq!(held.give_back(&members).await, [false]);
         assert_eq!(count(&a, b"old"), 1);
+    }
+
+    /// Redis down, `Fallback`: a `CountedOnly` call (its caller's decision is rejected
+    /// already, as the Envoy service sends one for a request another descriptor rejected)
+    /// takes nothing from the members that admit, as in Redis, and gives nothing to give back;
+    /// each member answers its own verdict. Before, the members' fallbacks were charged as for
+    /// an admission and nobody gave it back: every rejected request spent the other
+    /// descriptors' local share, so that requests within their limits were refused after.
+    #[tokio::test]
+    async fn redis_down_a_counted_only_call_takes_nothing_from_the_fallbacks() {
+        let mut server = RedisServer::start();
+        let connection = connect(&server).await;
+        let build = |prefix: &str| {
+            let window = Algorithm::FixedWindow {
+                limit: 3,
+                window: Duration::from_secs(3600),
+            };
+            RedisLimiter::builder(window, FailurePolicy::Fallback { share: 1.0 })
+                .prefix(prefix)
+                .deadline(Duration::from_millis(200))
+                .build(connection.clone())
+                .unwrap()
+        };
+        let (a, b) = (build("fa"), build("fb"));
+        server.kill();
+        // b's fallback holds 1 of its 3 after this.
+        b.try_acquire_n(b"y", 2).await.unwrap();
+        let members = [(&a, &b"x"[..]), (&b, &b"y"[..])];
+        for _ in 0..3 {
+            let (answers, held) = try_acquire_all_held(&members, 2, &[], Over::CountedOnly).await;
+            assert!(matches!(answers[0], Some(Ok(_))), "{answers:?}");
+            assert!(
+                matches!(answers[1], Some(Err(TryAcquireError::Rejected(_)))),
+                "{answers:?}"
+            );
+            assert!(held.took.iter().all(|t| matches!(t, Took::Nothing)));
+        }
+        // Both fallbacks as they were: a's 3, b's 1.
+        assert_eq!(a.try_acquire_n(b"x", 3).await.map(|a| a.remaining()), Ok(0));
+        assert_eq!(b.try_acquire(b"y").await.map(|a| a.remaining()), Ok(0));
+        // Members that all admit take nothing either.
+        let members = [(&a, &b"x2"[..]), (&b, &b"y2"[..])];
+        for _ in 0..2 {
+            let (answers, _) = try_acquire_all_held(&members, 3, &[], Over::CountedOnly).await;
+            assert!(
+                answers.iter().all(|a| matches!(a, Some(Ok(_)))),
+                "{answers:?}"
+            );
+        }
+        assert_eq!(
+            a.try_acquire_n(b"x2", 3).await.map(|a| a.remaining()),
+            Ok(0)
+        );
+        assert_eq!(
+            b.try_acquire_n(b"y2", 3).await.map(|a| a.remaining()),
+            Ok(0)
+        );
+        // One fallback decision per member and call, as for any call Redis failed.
+        assert_eq!(a.stats().fallbacks, 7);
     }
 
     #[test]
