@@ -252,8 +252,9 @@ pub struct FailOutcome {
 /// - **Bans** last the configured duration, or any duration given to [`ban`](Self::ban). A
 ///   ban never shortens a ban in force: the key stays banned until the later of the two ends.
 ///   Lengths are whole [`BAN_RESOLUTION`]s (rounded up), and a ban's end saturates at 2^63 − 2
-///   ns after the clock's epoch, beyond the last reading a clock gives (2^62 − 1 ns, about 146
-///   years): a longer ban never ends.
+///   ns after the clock's epoch, beyond the last reading the default clock gives (2^62 − 1 ns,
+///   about 146 years): a longer ban never ends on it (a [`ManualClock`](crate::ManualClock)
+///   advanced past that point sees it end).
 /// - **Checks** are one lookup in a lock-free map, take no lock, write nothing and never add a
 ///   key; a ban's `retry_after` is exact.
 /// - **Memory** is bounded: each of the two tables (failures, bans) holds at most
@@ -883,8 +884,9 @@ where
     /// futures-timer's thread elsewhere. Each sleep of `every` starts when the sweep before it
     /// ends.
     ///
-    /// It holds only a weak reference, so it does not keep the list alive, and the tables'
-    /// sweep flags keep it from sweeping a shard that a call is already sweeping.
+    /// It holds only a weak reference, so it does not keep the list alive (it ends when it
+    /// next wakes after the list is dropped, within `every`), and the tables' sweep flags keep
+    /// it from sweeping a shard that a call is already sweeping.
     ///
     /// # Cancel safety
     ///
@@ -907,7 +909,7 @@ where
     /// tokio::time::sleep(Duration::from_secs(6)).await;
     /// assert!(bans.is_empty());
     /// drop(bans);
-    /// sweeper.await?; // ends once the list is gone
+    /// sweeper.await?; // ends when it next wakes: the list is gone
     /// # Ok(())
     /// # }
     /// ```

@@ -2386,8 +2386,9 @@ where
     /// futures-timer's thread elsewhere. A sweep runs on the task that polls it; each sleep of
     /// `every` starts when the sweep before it ends.
     ///
-    /// It holds only a weak reference, so it does not keep the limiter alive, and the shards'
-    /// sweep flags keep it from sweeping a shard that a call is already sweeping.
+    /// It holds only a weak reference, so it does not keep the limiter alive (it ends when it
+    /// next wakes after the limiter is dropped, within `every`), and the shards' sweep flags
+    /// keep it from sweeping a shard that a call is already sweeping.
     ///
     /// # Cancel safety
     ///
@@ -2411,7 +2412,7 @@ where
     /// tokio::time::sleep(Duration::from_secs(6)).await;
     /// assert!(limiter.is_empty());
     /// drop(limiter);
-    /// sweeper.await?; // ends once the limiter is gone
+    /// sweeper.await?; // ends when it next wakes: the limiter is gone
     /// # Ok(())
     /// # }
     /// ```
