@@ -39,6 +39,9 @@
 //! - a key's queue retired by a waiter that found it just after its creator inserted it never
 //!   makes the limiter look closed (the count of queues shares a word with the closed bit)
 //!   (`a_queue_retired_as_it_is_created_never_closes_the_limiter`).
+//! - a release that leaves a key idle, racing a new key's search for room at the cap (which may
+//!   skip the key's shard on a sweep's "never"), leaves room: once it is done a new key gets the
+//!   slot (`a_release_racing_a_search_*`).
 //!
 //! Run: `RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p turnstile-loom-tests --test loom_keyed_concurrency`
 #![cfg(turnstile_loom)]
@@ -892,5 +895,47 @@ fn a_queue_retired_as_it_is_created_never_closes_the_limiter() {
         let s = l.stats();
         assert_eq!((s.waiting, s.waiting_keys), (0, 0), "{s:?}");
         assert!(!l.is_closed());
+    });
+}
+
+/// A release that leaves a key idle races a new key's search for room at the cap (one slot,
+/// held by that key): once the release is done, a new key gets the slot at once, wherever the
+/// search's look at the key landed (the search may find it busy and say "never"). Fails
+/// without either fence of the pair (the release's in `key_idled`, the sweep's after its swap).
+#[test]
+fn a_release_racing_a_search_for_room_at_the_cap_leaves_room() {
+    release_racing_a_search(false);
+}
+
+/// As above, with the key's shard already marked "never" by a sweep that found the key busy:
+/// the search may skip the shard on its hint, so either it reads the release's lowering or
+/// the release reads its swap of `room_at` (the fences in `make_room` and `Ctx::idle_hint`).
+#[test]
+fn a_release_racing_a_search_that_skips_the_shard_leaves_room() {
+    release_racing_a_search(true);
+}
+
+fn release_racing_a_search(swept_first: bool) {
+    model(move || {
+        let l = Arc::new(
+            KeyedConcurrencyLimiter::<u64>::builder(1)
+                .hasher(Fixed::default())
+                .max_keys(1)
+                .build()
+                .unwrap(),
+        );
+        let held = l.try_acquire_owned(1, 1).unwrap();
+        if swept_first {
+            assert_eq!(l.sweep(), 0, "key 1 is busy");
+        }
+        let releaser = thread::spawn(move || drop(held));
+        let newcomer = l.try_acquire(&2).map(drop);
+        releaser.join().unwrap();
+        if newcomer.is_err() {
+            assert!(
+                l.try_acquire(&3).is_ok(),
+                "key 1 is idle: a new key gets its slot"
+            );
+        }
     });
 }

@@ -603,21 +603,31 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
             .is_ok()
     }
 
-    /// A key's cell of `shard` may have just turned idle at a moment no clock predicts (a
-    /// keyed concurrency limiter's last permit came back): lowers the shard's and the limiter's
+    /// A key's cell of `shard` has just turned idle at a moment no clock predicts (a keyed
+    /// concurrency limiter's last permit came back): lowers the shard's and the limiter's
     /// sweep hints so that sweeps and the search for room at the cap look at it again. A load
-    /// first, so that the common case (hints already 0) writes nothing shared. (A load can read
-    /// a hint from before a racing sweep's opening swap while that sweep's look at the cell
-    /// missed the release: the hint is then left stale, which `sweep_all` is for. A refund,
-    /// rarer, pays for exactness: [`refunded_idle`](Self::refunded_idle).)
+    /// first, so that the common case (hints already 0) writes nothing shared.
+    ///
+    /// The caller has made a SeqCst fence since its write that left the cell idle: its pair is
+    /// the fence after a sweep's opening swap of the shard's hint (`sweep_shard`), so either
+    /// that sweep's look at the cell sees it idle, or our load sees the swap and lowers it
+    /// (see `KeyedConcurrencyLimiter::key_idled`). A refund, which has no fence to share, uses
+    /// read-modify-writes instead ([`refunded_idle`](Self::refunded_idle)).
     pub(crate) fn idle_hint<Q, V>(&self, shard: &Shard<Q, V, S>) {
-        // Relaxed: a hint. Release on the RMW: as an insert's (see `first_use`), pairs with the
-        // Acquire swap that starts a sweep, so a sweep that reads our 0 sees the idle cell.
+        // Relaxed: ordered by the caller's fence. Release on the RMW: as an insert's (see
+        // `first_use`), pairs with the Acquire swap that starts a sweep, so a sweep that reads
+        // our 0 sees the idle cell.
         if shard.not_before.load(Ordering::Relaxed) != 0 {
             shard.not_before.fetch_min(0, Ordering::Release);
+            // SeqCst fence: our lowering of the shard's hint, then our load of `room_at`,
+            // against a search's swap of `room_at`, then its load of the shard's hint (to skip
+            // the shard, `sweep_shard`; the fence after the swap in `make_room`), is
+            // store-then-load on both sides: either the search reads our lowering (and looks
+            // at the shard), or we read its swap (and lower `room_at` below its result).
+            fence(Ordering::SeqCst);
         }
-        // Relaxed load: a hint; see `room_at`. Release on the RMW: after the shard's lowering
-        // above, for the search that overwrites it (see `room_at`).
+        // Relaxed load: a hint; see `room_at` and the fences above. Release on the RMW: after
+        // the shard's lowering above, for the search that overwrites it (see `room_at`).
         if self.room_at.load(Ordering::Relaxed) != 0 {
             self.room_at.fetch_min(0, Ordering::Release);
         }
@@ -1042,6 +1052,11 @@ where
         // `room_at` is rebuilt from the shard hints seen, and any hint lowered meanwhile
         // lowers it too.
         ctx.room_at.swap(SEARCHING, Ordering::AcqRel);
+        // SeqCst fence: our swap, then our loads of the shard hints, against a release's
+        // lowering of a shard hint, then its load of `room_at` (`Ctx::idle_hint`'s fence), is
+        // store-then-load on both sides: either we read its lowering, or it reads our swap and
+        // lowers `room_at` below what we find.
+        fence(Ordering::SeqCst);
         // Relaxed: only spreads the work; any value is a valid starting point.
         let start = ctx.cursor.fetch_add(1, Ordering::Relaxed) as usize;
         let others = (0..self.shards.len()).map(|i| &self.shards[(start + i) & ctx.shard_mask]);
@@ -1125,6 +1140,11 @@ where
         // minimum lost such an insert: the loom model `sweep_vs_acquire_on_an_idle_key` found a
         // shard left at "never" with an idle key in it.)
         shard.not_before.swap(u64::MAX, Ordering::AcqRel);
+        // SeqCst fence: our swap of the hint, then our look at the cells, against a keyed
+        // concurrency release's write that leaves a cell idle, then its load of the hint
+        // (`Ctx::idle_hint`, after its own fence), is store-then-load on both sides: either we
+        // see the cell idle, or the release sees our swap and lowers the hint after us.
+        fence(Ordering::SeqCst);
         let mut next = u64::MAX;
         let mut evicted = 0;
         // One walk that retires each idle cell and removes its entry in place (no second lookup
@@ -1185,8 +1205,10 @@ where
         evicted
     }
 
-    /// Sweeps every shard, ignoring the hints that let a sweep skip a shard (for cells whose
-    /// idleness no clock predicts, a hint can be left stale by a release racing a sweep).
+    /// Sweeps every shard, ignoring the hints that let a sweep skip a shard: for a keyed
+    /// concurrency limiter's `sweep`, which promises every idle key evicted now. (Its cells
+    /// turn idle at no clock time, with a release that lowers the hints, fenced against a
+    /// racing sweep: see `KeyedConcurrencyLimiter::key_idled`.)
     pub(crate) fn sweep_all<C: Clock>(&self, ctx: &Ctx<K, C, S>) -> u64 {
         self.forget_hints(ctx);
         self.sweep(ctx)

@@ -10,8 +10,8 @@ use crate::clock::Clock;
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
 use crate::keyed::{
-    Ctx, DEFAULT_MAX_KEYS, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Slot, Unused, Waits,
-    shard_count, waiting_error,
+    Ctx, DEFAULT_MAX_KEYS, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Shard, Slot, Unused,
+    Waits, shard_count, waiting_error,
 };
 use crate::queue::{Blocked, Capacity, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Woken, no_timer};
 use crate::sync::{
@@ -835,8 +835,7 @@ where
     #[cold]
     fn settle(&self, key: &K, shard: usize, slot: Slot, undone: Undone, by_head: bool) {
         if slot == Slot::Key && undone.idle {
-            self.ctx.idle_hint(&self.store.shards[shard]);
-            self.room_freed(key, by_head);
+            self.key_idled(key, &self.store.shards[shard], by_head);
         }
         if !undone.wake {
             return;
@@ -1140,20 +1139,39 @@ where
         }
     }
 
+    /// A release (or a stale admission given back) left `key`'s cell of `shard` idle: lowers
+    /// the sweep hints (`Ctx::idle_hint`) and announces the room (`room_freed`).
+    ///
+    /// SeqCst fence first: our write that left the cell idle, then our loads of the hints (and
+    /// of the pool's mark), against a sweep's or a search's swap of a hint, then its look at
+    /// the cell (the fences after those swaps, in `Keyed::sweep_shard` and `make_room`), is
+    /// store-then-load on both sides. Without fences both could miss the other: the search
+    /// found the key busy and left its shard and `room_at` at "never" (no clock time says when
+    /// a permit comes back), our loads read the hints from before its swaps and lowered
+    /// nothing, and at the cap every new key was refused until another release or a `sweep`
+    /// (loom: `a_release_racing_a_search_for_room_at_the_cap_leaves_room`). With them, either
+    /// the look sees the idle cell, or our loads see the swaps and lower them. The same fence
+    /// is `room_freed`'s pair with a pool head's second look.
+    #[inline]
+    fn key_idled<V>(&self, key: &K, shard: &Shard<K, V, S>, by_head: bool) {
+        fence(Ordering::SeqCst);
+        self.ctx.idle_hint(shard);
+        self.room_freed(key, by_head);
+    }
+
     /// A release (or a stale admission given back) left `key` idle: under
     /// [`KeyOverflow::Shared`], that is room under the key cap for a head blocked on the shared
     /// pool, which is woken only by releases that consume the pool's mark. Consumes that mark
     /// and wakes every head, as a pool release does (a head still short marks again). Without
-    /// the shared pool, nothing: nobody waits for room.
+    /// the shared pool, nothing: nobody waits for room. Called after `key_idled`'s fence, which
+    /// pairs with the one in `take_head` after a head marks the pool (our release made the key
+    /// idle before it; the load below comes after it): either we read the head's mark, or its
+    /// second look finds the key idle.
     #[inline]
     fn room_freed(&self, key: &K, by_head: bool) {
         if self.ctx.overflow != KeyOverflow::Shared {
             return;
         }
-        // SeqCst fence: pairs with the one in `take_head` after a head marks the pool (our
-        // release made the key idle before it; the load below comes after it): either we read
-        // the head's mark, or its second look finds the key idle.
-        fence(Ordering::SeqCst);
         // Acquire: as the `fetch_sub` in `give_back`, reading a head's mark (its Release CAS)
         // makes its key's queue visible to the wake's lookup.
         let pool = &*self.store.overflow;
@@ -1363,8 +1381,7 @@ where
         // The idle hint inline (most releases of a lightly used key bring it to idle; the hint
         // is one load when already lowered), the rare wake out of line.
         if slot == Slot::Key && undone.idle {
-            self.ctx.idle_hint(shard_ref);
-            self.room_freed(key, false);
+            self.key_idled(key, shard_ref, false);
         }
         if undone.wake {
             self.settle(
