@@ -123,9 +123,9 @@ macro_rules! count_list_rejection {
 /// The [`Verdict`] carries the quota of every enforced matching rule that counted (policy = the
 /// rule's name, by default `"{endpoint}-{period}"`).
 ///
-/// On a rejection the [`Verdict`] carries the same quotas: the rejecting rule's with remaining
-/// 0 and reset after its `retry_after`; the others (refunded or never charged) as a probe,
-/// which writes nothing, sees them.
+/// On a rejection the [`Verdict`] carries the same quotas: the rejecting rule's, and the named
+/// rule's when that is another (step 5), with remaining 0 and reset after their `retry_after`;
+/// the others (refunded or never charged) as a probe, which writes nothing, sees them.
 ///
 /// # Observability
 ///
