@@ -1549,6 +1549,40 @@ mod metrics_counters {
         }
     }
 
+    /// A monitor rule's full key table is counted as an enforced rule's is: every request of a
+    /// client it has no room for, whatever `key_overflow` does with it. It was not: under
+    /// `"allow"` a full monitor rule stopped counting new clients with no metric at all (its
+    /// shadow rejections undercounted, silently), under `"shared"` the newcomers' counter went
+    /// unseen, and under `"reject"` only a shadow rejection said anything.
+    #[test]
+    fn a_monitor_rules_key_overflow_is_counted() {
+        for (policy, shadow_rejected) in [("reject", 2), ("shared", 1), ("allow", 0)] {
+            let tally = Tally::default();
+            let counts = tally.0.clone();
+            let (l, _) = limiter(&format!(
+                "max_keys_per_rule = 1\nkey_overflow = \"{policy}\"\n[[rules]]\nname = \"shadow\"\n\
+                 period = \"1m\"\nlimit = 1\nmonitor = true\n"
+            ));
+            metrics::with_local_recorder(&tally, || {
+                for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+                    assert_eq!(
+                        get(&l, "/", ip, None).outcome,
+                        Outcome::Admitted,
+                        "{policy}"
+                    );
+                }
+            });
+            let counts = counts.lock().unwrap();
+            let n = |k: &str| counts.get(k).copied().unwrap_or(0);
+            assert_eq!(n("turnstile_http_key_overflow{shadow}"), 2, "{policy}");
+            assert_eq!(
+                n("turnstile_http_shadow_rejected{shadow}"),
+                shadow_rejected,
+                "{policy}"
+            );
+        }
+    }
+
     /// A rejection the full ban list cannot count is counted by its rule, and the clients the
     /// list does track are still banned on time.
     #[test]

@@ -1673,13 +1673,24 @@ fn decide<C: Clock>(
         let would_reject = match (&rule.limiter, &key) {
             (None, _) => true,
             (Some(_), None) => continue,
-            (Some(l), Some(key)) => match l.try_acquire(key) {
-                Ok(_) => false,
-                Err(TryAcquireError::TooManyKeys { .. }) => {
-                    set.key_overflow != KeyOverflowPolicy::Allow
+            (Some(l), Some(key)) => {
+                // Taken as an enforced rule's last member is (never refunded), so that the
+                // overflow is seen: a client the rule has no room for is counted as for an
+                // enforced rule, whatever `key_overflow` does with it (under `"allow"` a full
+                // monitor rule counts no new client, and this is all that says so).
+                let (decided, committed) = l.chain_decide::<true>(key, 1);
+                let full = matches!(decided, Err(TryAcquireError::TooManyKeys { .. }));
+                if committed.overflow || full {
+                    rule.counters.increment(Metric::KeyOverflow);
                 }
-                Err(_) => true,
-            },
+                match decided {
+                    Ok(_) => false,
+                    Err(TryAcquireError::TooManyKeys { .. }) => {
+                        set.key_overflow != KeyOverflowPolicy::Allow
+                    }
+                    Err(_) => true,
+                }
+            }
         };
         if would_reject {
             tracing::debug!(rule = %rule.name, key = ?key, "monitor rule would reject");
