@@ -1207,9 +1207,10 @@ async fn a_monitor_rule_of_limit_zero_counts_its_would_be_rejections_in_redis() 
 /// `missing_key` and bans, and random requests (clients inside and outside the IP range, with
 /// and without client ids, `GET`, `POST`, `HEAD`), decided by an in-memory limiter and by one
 /// counting in Redis: every request is admitted by both with the same quotas, or rejected by
-/// both for the same reason. (Which rule a rejection names, and the quotas it reports, differ
-/// as `BackendConfig` documents: Redis names the longest wait, and a deny cache reports one
-/// rule.)
+/// both for the same reason. (Which rule a rejection names, and the quotas it reports, may
+/// differ: both name the longest wait, but of equal waits memory names the first rule charged
+/// that rejects and Redis the first listed, and a deny cache names the first rule it denies and
+/// reports that one alone, as `BackendConfig` documents.)
 #[test]
 fn memory_and_redis_decide_alike() {
     use proptest::prelude::*;
