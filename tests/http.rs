@@ -740,3 +740,86 @@ async fn a_rule_matches_the_path_as_a_file_server_resolves_it() {
     let codes: Vec<u16> = got.iter().map(|(status, _)| *status).collect();
     assert_eq!(codes, [200, 429, 429], "{got:?}");
 }
+
+/// Probes of odd requests through a real server that found nothing, pinned: a 60 KB path with
+/// broken escapes is decided and counted like any other; a rejected `HEAD` on a kept-alive
+/// connection is answered with its head alone (its `content-length` the body a `GET` would
+/// get), so the request pipelined after it is read as the next request; and an app served
+/// without `ConnectInfo` has no client IP, which a per-IP rule under `missing_key = "reject"`
+/// answers 400, not a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_requests_are_answered_as_requests() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn exchange(base: &str, request: &[u8]) -> String {
+        let addr = base.strip_prefix("http://").unwrap();
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        String::from_utf8(answer).unwrap()
+    }
+    let one_per_minute = "missing_key = \"reject\"\n[[rules]]\nname = \"per-ip\"\n\
+                          endpoint = \"*\"\nperiod = \"1m\"\nlimit = 1\n";
+
+    let (counted, _clock) = limiter(one_per_minute);
+    let base = serve(app(&counted)).await;
+    let long = format!("/api/values/%ZZ%FF%2F%00{}", "a".repeat(60_000));
+    let answer = exchange(
+        &base,
+        format!("GET {long} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(
+        answer.contains("ratelimit: \"per-ip\";r=0;t=60"),
+        "{answer}"
+    );
+    let answer = exchange(
+        &base,
+        b"HEAD /api/values HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET /api/values HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let (head, get) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(head.contains("retry-after: 60"), "{answer}");
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        get.starts_with("HTTP/1.1 429"),
+        "nothing between the two: {answer}"
+    );
+    let (_, body) = get.split_once("\r\n\r\n").unwrap();
+    assert_eq!(
+        body.len(),
+        length,
+        "the GET's body is the one the HEAD announced"
+    );
+
+    let (unknown, _clock) = limiter(one_per_minute);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = app(&unknown);
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            axum::ServiceExt::<axum::extract::Request>::into_make_service(app),
+        )
+        .await
+        .unwrap();
+    });
+    let answer = exchange(
+        &base,
+        b"GET /api/values HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("client key unknown by rule per-ip"),
+        "{answer}"
+    );
+}

@@ -310,7 +310,9 @@ fn reload_keeps_unchanged_counters_and_applies_new_limit() {
     let e = l.reload(HttpConfig::from_toml_str(half_bad).unwrap());
     let e = e.unwrap_err().to_string();
     assert!(e.starts_with("rules[1].period: window is too large"), "{e}");
-    assert_eq!(reason(&get(&l, "/", "1.1.1.1", None)).unwrap().1, "a");
+    // (Rule a, at its limit of 3 still, refuses; at 100 it would not.)
+    let v = get(&l, "/", "1.1.1.1", None);
+    assert_eq!((v.quotas[0].limit, v.quotas[0].remaining), (3, 0));
     // a bad reload keeps the old configuration
     assert!(
         l.reload(HttpConfig::from_toml_str("[[rules]]\nperiod = \"x\"\nlimit = 1\n").unwrap())
@@ -351,6 +353,56 @@ fn rejected_request_is_not_charged_against_other_rules() {
         v.quotas[0].remaining, 8,
         "the five rejections were refunded on `long`"
     );
+}
+
+/// A request that two rules would reject is told to wait for the one that asks to wait longest,
+/// not for the first rule charged: with a per-second and a per-minute rule both exhausted, the
+/// rejection said "retry after 1 s" (the per-second rule's), and the client that waited as told
+/// met the per-minute rule's 59 s, one more rejection (counted towards a ban) for nothing. The
+/// Redis backend names the longest wait likewise. A rule that would admit changes nothing.
+#[test]
+fn a_rejection_waits_for_the_longest_of_the_rules_that_would_refuse() {
+    let (l, clock) = limiter(
+        "[[rules]]\nname = \"short\"\nperiod = \"1s\"\nlimit = 1\n\
+         [[rules]]\nname = \"long\"\nperiod = \"1m\"\nlimit = 2\n\
+         [[rules]]\nname = \"day\"\nperiod = \"1d\"\nlimit = 100\n",
+    );
+    let quotas = |v: &Verdict| -> Vec<(String, u64, Duration)> {
+        v.quotas
+            .iter()
+            .map(|q| (q.policy.to_string(), q.remaining, q.reset_after))
+            .collect()
+    };
+    clock.advance(Duration::from_millis(200));
+    assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
+    // Only the per-second rule refuses: it is named, with its own wait.
+    let v = get(&l, "/", "1.1.1.1", None);
+    assert_eq!(
+        reason(&v).unwrap(),
+        (
+            RejectReason::RateLimited,
+            "short".to_owned(),
+            Some(Duration::from_millis(800))
+        )
+    );
+    clock.advance(Duration::from_millis(800));
+    assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
+    // Both the per-second and the per-minute rule refuse: the per-minute one is named.
+    let v = get(&l, "/", "1.1.1.1", None);
+    let (why, rule, retry_after) = reason(&v).unwrap();
+    assert_eq!((why, rule.as_str()), (RejectReason::RateLimited, "long"));
+    assert_eq!(retry_after, Some(Duration::from_secs(59)));
+    assert_eq!(
+        quotas(&v),
+        [
+            ("short".to_owned(), 0, Duration::from_secs(1)),
+            ("long".to_owned(), 0, Duration::from_secs(59)),
+            ("day".to_owned(), 98, Duration::from_secs(86_399)),
+        ]
+    );
+    // Waiting as told is enough.
+    clock.advance(retry_after.unwrap());
+    assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
 }
 
 #[test]
@@ -1497,6 +1549,40 @@ mod metrics_counters {
         }
     }
 
+    /// A monitor rule's full key table is counted as an enforced rule's is: every request of a
+    /// client it has no room for, whatever `key_overflow` does with it. It was not: under
+    /// `"allow"` a full monitor rule stopped counting new clients with no metric at all (its
+    /// shadow rejections undercounted, silently), under `"shared"` the newcomers' counter went
+    /// unseen, and under `"reject"` only a shadow rejection said anything.
+    #[test]
+    fn a_monitor_rules_key_overflow_is_counted() {
+        for (policy, shadow_rejected) in [("reject", 2), ("shared", 1), ("allow", 0)] {
+            let tally = Tally::default();
+            let counts = tally.0.clone();
+            let (l, _) = limiter(&format!(
+                "max_keys_per_rule = 1\nkey_overflow = \"{policy}\"\n[[rules]]\nname = \"shadow\"\n\
+                 period = \"1m\"\nlimit = 1\nmonitor = true\n"
+            ));
+            metrics::with_local_recorder(&tally, || {
+                for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+                    assert_eq!(
+                        get(&l, "/", ip, None).outcome,
+                        Outcome::Admitted,
+                        "{policy}"
+                    );
+                }
+            });
+            let counts = counts.lock().unwrap();
+            let n = |k: &str| counts.get(k).copied().unwrap_or(0);
+            assert_eq!(n("turnstile_http_key_overflow{shadow}"), 2, "{policy}");
+            assert_eq!(
+                n("turnstile_http_shadow_rejected{shadow}"),
+                shadow_rejected,
+                "{policy}"
+            );
+        }
+    }
+
     /// A rejection the full ban list cannot count is counted by its rule, and the clients the
     /// list does track are still banned on time.
     #[test]
@@ -2480,8 +2566,8 @@ proptest! {
     /// `missing_key`, bans, an endpoint whitelist and a `whitelist.by_key`: the whitelists,
     /// then bans; specific rules displacing the general ones of their group (period and
     /// counter key), the lowest limit per group; limit 0 and missing keys before counting; the
-    /// exact sliding windows charged last; a rejection naming the first rule that rejects and
-    /// charging none; the quotas of an admission in the rules' order; every `after`-th
+    /// exact sliding windows charged last; a rejection naming the first rule that rejects, or
+    /// another that would reject for longer, and charging none; the quotas of an admission in the rules' order; every `after`-th
     /// rate-limit rejection in a window of `within` starting a ban; monitors never deciding.
     #[test]
     fn decisions_follow_the_documented_semantics(
@@ -2643,11 +2729,31 @@ proptest! {
                 }
             }
             if expected.is_none() {
+                let exhausted =
+                    |(name, r, key): &&(String, &ModelRule, String)| live(&admitted, name, r, key) >= r.limit;
+                // How long until the rule admits the client again.
+                let wait = |(name, r, key): &(String, &ModelRule, String)| match r.sliding {
+                    true => admitted[&(name.clone(), key.clone())]
+                        .iter()
+                        .find(|&&t| now - t < r.period_s)
+                        .map_or(0, |&oldest| oldest + r.period_s - now),
+                    false => r.period_s - now % r.period_s,
+                };
                 let exact_first = plan.iter().filter(|p| !p.1.sliding);
-                expected = exact_first
+                // The first rule charged that rejects, unless another would reject for
+                // longer: then the first of those in the rules' order with the longest wait.
+                let first = exact_first
                     .chain(plan.iter().filter(|p| p.1.sliding))
-                    .find(|(name, r, key)| live(&admitted, name, r, key) >= r.limit)
-                    .map(|(name, _, _)| (RejectReason::RateLimited, name.clone()));
+                    .find(exhausted);
+                expected = first.map(|first| {
+                    let mut named = first;
+                    for other in plan.iter().filter(exhausted) {
+                        if wait(other) > wait(named) {
+                            named = other;
+                        }
+                    }
+                    (RejectReason::RateLimited, named.0.clone())
+                });
             }
             match expected {
                 None => {

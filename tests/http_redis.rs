@@ -681,6 +681,44 @@ fn quota_of<'a>(verdict: &'a Verdict, policy: &str) -> &'a turnstile::http::Quot
         .unwrap_or_else(|| panic!("no quota {policy} in {verdict:?}"))
 }
 
+/// Rules whose deny caches both refuse a request name the one that asks to wait longest, as
+/// Redis does when it decides: the deny caches answered with the first rule listed, so after a
+/// rejection that said "retry in an hour" (Redis), every request within the next ten seconds
+/// was told "retry in 10 s" (the short rule's cache), and one that waited as told met the long
+/// rule's hour.
+#[tokio::test]
+async fn deny_caches_name_the_longest_wait_of_the_rules_they_refuse() {
+    let server = RedisServer::start();
+    let rules = rule("short", "ip", 1, "10s") + &rule("long", "ip", 1, "1h");
+    let limiter = HttpLimiter::connect(config(&server.url(), "closed", &rules))
+        .await
+        .unwrap();
+    let mut con = server.connection();
+    let ip = "192.0.2.90";
+    assert!(get(&limiter, "/", ip).await.outcome.is_admitted());
+    let sent = calls(&mut con, "evalsha");
+    for attempt in 0..3 {
+        let verdict = get(&limiter, "/", ip).await;
+        let (reason, rule, retry_after) = rejection(&verdict).expect("both rules allow 1");
+        assert_eq!(
+            (reason, rule),
+            (RejectReason::RateLimited, "long"),
+            "{attempt}"
+        );
+        assert!(
+            retry_after.unwrap() > Duration::from_secs(59 * 60),
+            "{attempt}: {retry_after:?}"
+        );
+        assert_eq!(quota_of(&verdict, "long").remaining, 0);
+        assert_eq!(quota_of(&verdict, "short").remaining, 0);
+    }
+    assert_eq!(
+        calls(&mut con, "evalsha") - sent,
+        1,
+        "the deny caches answered twice"
+    );
+}
+
 /// Two rules counting different subjects (per IP, per client): a request one rejects is not
 /// charged to the other, and each request is one script for both.
 #[tokio::test]
@@ -1207,9 +1245,10 @@ async fn a_monitor_rule_of_limit_zero_counts_its_would_be_rejections_in_redis() 
 /// `missing_key` and bans, and random requests (clients inside and outside the IP range, with
 /// and without client ids, `GET`, `POST`, `HEAD`), decided by an in-memory limiter and by one
 /// counting in Redis: every request is admitted by both with the same quotas, or rejected by
-/// both for the same reason. (Which rule a rejection names, and the quotas it reports, differ
-/// as `BackendConfig` documents: Redis names the longest wait, and a deny cache reports one
-/// rule.)
+/// both for the same reason. (Which rule a rejection names, and the quotas it reports, may
+/// differ: both name the longest wait, but of equal waits memory names the first rule charged
+/// that rejects and Redis the first listed, and a deny cache names the first rule it denies and
+/// reports that one alone, as `BackendConfig` documents.)
 #[test]
 fn memory_and_redis_decide_alike() {
     use proptest::prelude::*;

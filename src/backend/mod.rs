@@ -22,11 +22,14 @@ mod multi;
 
 #[cfg(any(feature = "http", feature = "envoy"))]
 pub(crate) use connection::Connection;
+// The HTTP rules' deny caches, each asked before one script decides them all.
+#[cfg(any(feature = "http", feature = "envoy"))]
+pub(crate) use multi::settled;
 #[cfg(feature = "http")]
 pub(crate) use multi::try_acquire_all;
 // Envoy's service on a Cluster: one call per slot, given back when another slot rejects.
 #[cfg(feature = "envoy")]
-pub(crate) use multi::{Held, Over, settled, try_acquire_all_held};
+pub(crate) use multi::{Held, Over, try_acquire_all_held};
 
 use crate::chain::{KeyedChain, Taken};
 use crate::decision::{Admission, Rejection};

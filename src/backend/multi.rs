@@ -153,7 +153,7 @@ impl Held {
 /// `None`) if a member's deny cache denies its subject (counted as denied locally) or `n`
 /// exceeds a member's capacity; `None` if the call must ask Redis. For a caller making several
 /// calls of one decision, so that it sends none when one is settled.
-#[cfg_attr(not(feature = "envoy"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "envoy", feature = "http")), allow(dead_code))]
 pub(crate) fn settled<C>(members: &[(&RedisLimiter<C>, &[u8])], n: u32) -> Option<Vec<Answer>> {
     let loaded: Vec<_> = members.iter().map(|(l, _)| l.inner.config.load()).collect();
     settle(members, &loaded, n, Instant::now())

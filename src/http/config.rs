@@ -754,9 +754,9 @@ impl BanConfig {
 /// An admitted request reports every rule's quota (remaining after it, reset-after). A rejected
 /// one names the rule that asks to wait longest (its retry-after covers every rule that
 /// rejected) and reports every rule: the rejecting ones with remaining 0 and reset after their
-/// retry-after, the others as they stand, untouched. When a rule's deny cache already knows that
-/// it rejects the request, the request is rejected by that rule with no round trip, and only
-/// that rule is reported.
+/// retry-after, the others as they stand, untouched. When rules' deny caches already know that
+/// they reject the request, the request is rejected with no round trip, by the one of those
+/// rules that asks to wait longest, and only those rules are reported.
 ///
 /// Monitor rules are counted after the enforced ones, one script each, all at once, and only for
 /// admitted requests: they never reject, and nothing ties them to the enforced rules' decision.

@@ -96,11 +96,13 @@ macro_rules! count_list_rejection {
 ///    (the permit is freed, its ticket's place in the ring is not until it expires), so rules
 ///    are charged as a chain commits its members: the exact sliding windows last, and of
 ///    several of them one that would reject now first. A rejected request is thus not charged
-///    against the other rules. The rejection names the rule and carries its exact
-///    `retry_after`; quotas are reported in the rules' order. This holds within one
-///    `HttpLimiter`: two layers stacked on one route (one on the router, one on the route)
-///    decide one after the other, so a request the inner one rejects stays charged in the
-///    outer one. Rules that must admit all-or-nothing belong in one configuration.
+///    against the other rules. The rejection names the rule that rejected it, or, when other
+///    rules would reject it too (each probed, nothing written), the one of them that asks to
+///    wait longest, as the Redis backend does: its exact `retry_after` covers every rule seen
+///    refusing, so a client that waits as told is not turned away by another. Quotas are
+///    reported in the rules' order. This holds within one `HttpLimiter`: two layers stacked
+///    on one route (one on the router, one on the route) decide one after the other, so a
+///    request the inner one rejects stays charged in the outer one. Rules that must admit all-or-nothing belong in one configuration.
 ///    A rule counts at most `max_keys_per_rule` clients in memory, evicting idle ones to make
 ///    room; a new client meeting a rule full of active ones is rejected with
 ///    [`RejectReason::TooManyKeys`] (`key_overflow = "reject"`), counted with the others the rule
@@ -121,9 +123,9 @@ macro_rules! count_list_rejection {
 /// The [`Verdict`] carries the quota of every enforced matching rule that counted (policy = the
 /// rule's name, by default `"{endpoint}-{period}"`).
 ///
-/// On a rejection the [`Verdict`] carries the same quotas: the rejecting rule's with remaining
-/// 0 and reset after its `retry_after`; the others (refunded or never charged) as a probe,
-/// which writes nothing, sees them.
+/// On a rejection the [`Verdict`] carries the same quotas: the rejecting rule's, and the named
+/// rule's when that is another (step 5), with remaining 0 and reset after their `retry_after`;
+/// the others (refunded or never charged) as a probe, which writes nothing, sees them.
 ///
 /// # Observability
 ///
@@ -1144,19 +1146,22 @@ fn counter_key<C: Clock>(rule: &Rule<C>, request: &RequestInfo<'_>) -> Option<Co
 }
 
 /// The quota of a rule that was not charged: the permits available now, and the reset a probe
-/// (it writes nothing) reports.
+/// (it writes nothing) reports; with the probe's rate-limit rejection, when the rule would
+/// reject the request too.
 fn probe_quota<C: Clock>(
     rule: &Rule<C>,
     limiter: &crate::KeyedLimiter<CounterKey, C>,
     key: &CounterKey,
-) -> QuotaState {
+) -> (QuotaState, Option<TryAcquireError>) {
     let remaining = u64::from(limiter.available(key));
-    let reset_after = match limiter.chain_decide::<false>(key, 1) {
-        (Ok(a), _) => a.reset_after(),
-        (Err(TryAcquireError::Rejected(r)), _) => r.retry_after(),
-        (Err(_), _) => rule.period,
+    let (reset_after, refused) = match limiter.chain_decide::<false>(key, 1) {
+        (Ok(a), _) => (a.reset_after(), None),
+        (Err(TryAcquireError::Rejected(r)), _) => {
+            (r.retry_after(), Some(TryAcquireError::Rejected(r)))
+        }
+        (Err(_), _) => (rule.period, None),
     };
-    rule.quota(remaining, reset_after)
+    (rule.quota(remaining, reset_after), refused)
 }
 
 /// `path` in the form rules match and per-endpoint counters key on, when it differs: its
@@ -1602,25 +1607,61 @@ fn decide<C: Clock>(
                 {
                     return Check::Ready(would_reject(rule, &error));
                 }
-                let (reason, retry_after) = rejected_by(rule, key, &error, overflow, ban.as_ref());
+                let own_retry = match &error {
+                    TryAcquireError::Rejected(r) => Some(r.retry_after()),
+                    _ => None,
+                };
+                // The quotas, in the rules' order; and of the other rules that would reject
+                // the request for its rate as well (probed, not charged), the one that asks to
+                // wait longest, if longer than the rule that rejected it: a client that waits
+                // as the rejection says must not be turned away by a rule this decision saw
+                // would still refuse it (two rules of 1 s and 1 m both exhausted said "retry
+                // after 1 s", and the retry met the other's 59 s). The Redis backend names the
+                // same rule (`BackendConfig`, "a rejected one names the rule that asks to wait
+                // longest").
+                let mut quotas = Quotas::with_capacity(plan.len());
+                // The rule's index in `plan`, its quota's in `quotas`, its rejection, its wait.
+                let mut longest: Option<(usize, usize, TryAcquireError, Duration)> = None;
+                for (other, (other_rule, other_limiter, other_key)) in plan.iter().enumerate() {
+                    if uncounted.contains(&other) {
+                        continue;
+                    }
+                    if other == index {
+                        quotas.push(rule.quota(0, own_retry.unwrap_or(rule.period)));
+                        continue;
+                    }
+                    let (quota, refused) = probe_quota(other_rule, other_limiter, other_key);
+                    quotas.push(quota);
+                    let wait = longest.as_ref().map(|l| l.3).or(own_retry);
+                    if let (Some(wait), Some(TryAcquireError::Rejected(r))) = (wait, &refused)
+                        && r.retry_after() > wait
+                    {
+                        let retry = r.retry_after();
+                        let at = quotas.len() - 1;
+                        longest = refused.map(|refused| (other, at, refused, retry));
+                    }
+                }
+                // The bookkeeping is the named rule's; whether the rejection counts towards a
+                // ban is the rejecting rule's answer (its own counter, or the shared overflow
+                // counter that bans no one). The named rule reports nothing left, as the rule
+                // that rejected does (a probe counts the permits free, which requests waiting
+                // for them may hold back).
+                let (named, named_key, named_error) = match longest {
+                    Some((other, at, refused, _)) => {
+                        quotas[at].remaining = 0;
+                        (*plan[other].0, &plan[other].2, refused)
+                    }
+                    None => (**rule, key, error),
+                };
+                let (reason, retry_after) =
+                    rejected_by(named, named_key, &named_error, overflow, ban.as_ref());
                 return Check::Ready(Verdict {
                     outcome: Outcome::Rejected {
                         reason,
-                        rule: rule.local_name(),
+                        rule: named.local_name(),
                         retry_after,
                     },
-                    quotas: plan
-                        .iter()
-                        .enumerate()
-                        .filter(|(other, _)| !uncounted.contains(other))
-                        .map(|(_, (other, other_limiter, other_key))| {
-                            if Arc::ptr_eq(other, rule) {
-                                rule.quota(0, retry_after.unwrap_or(rule.period))
-                            } else {
-                                probe_quota(other, other_limiter, other_key)
-                            }
-                        })
-                        .collect(),
+                    quotas,
                 });
             }
         }
@@ -1632,13 +1673,24 @@ fn decide<C: Clock>(
         let would_reject = match (&rule.limiter, &key) {
             (None, _) => true,
             (Some(_), None) => continue,
-            (Some(l), Some(key)) => match l.try_acquire(key) {
-                Ok(_) => false,
-                Err(TryAcquireError::TooManyKeys { .. }) => {
-                    set.key_overflow != KeyOverflowPolicy::Allow
+            (Some(l), Some(key)) => {
+                // Taken as an enforced rule's last member is (never refunded), so that the
+                // overflow is seen: a client the rule has no room for is counted as for an
+                // enforced rule, whatever `key_overflow` does with it (under `"allow"` a full
+                // monitor rule counts no new client, and this is all that says so).
+                let (decided, committed) = l.chain_decide::<true>(key, 1);
+                let full = matches!(decided, Err(TryAcquireError::TooManyKeys { .. }));
+                if committed.overflow || full {
+                    rule.counters.increment(Metric::KeyOverflow);
                 }
-                Err(_) => true,
-            },
+                match decided {
+                    Ok(_) => false,
+                    Err(TryAcquireError::TooManyKeys { .. }) => {
+                        set.key_overflow != KeyOverflowPolicy::Allow
+                    }
+                    Err(_) => true,
+                }
+            }
         };
         if would_reject {
             tracing::debug!(rule = %rule.name, key = ?key, "monitor rule would reject");

@@ -4,7 +4,7 @@
 //! the crate read them.
 
 pub(crate) use crate::backend::Connection;
-use crate::backend::try_acquire_all;
+use crate::backend::{settled, try_acquire_all};
 use crate::http::config::{BackendConfig, HttpConfig, RuleConfig, RuleKey};
 use crate::http::rules::{
     BanKey, Bans, CounterKey, Failure, Identity, Metric, Rule, RuleSet,
@@ -437,7 +437,21 @@ async fn count_all<C: Clock>(
         .iter()
         .map(|(_, remote, subject)| (&remote.limiter, subject.as_bytes()))
         .collect();
-    let mut answers = try_acquire_all(&members, 1).await;
+    // Every rule's deny cache first, not only until one denies (as the script's call would
+    // settle it): of the rules known to refuse, the one that asks to wait longest is named,
+    // as when Redis decides. The first denying rule listed named a short wait while another
+    // rule's cache knew of a longer one, and a client that waited as told was refused again.
+    let denied: Vec<_> = members
+        .iter()
+        .map(|member| {
+            settled(std::slice::from_ref(member), 1).and_then(|answers| answers.into_iter().next())
+        })
+        .collect();
+    let mut answers = if denied.iter().any(Option::is_some) {
+        denied.into_iter().map(Option::flatten).collect()
+    } else {
+        try_acquire_all(&members, 1).await
+    };
     let mut quotas = Quotas::with_capacity(steps.len());
     for ((step, remote, _), answer) in steps.iter().zip(&answers) {
         remote.report(&step.rule);
