@@ -102,7 +102,8 @@ macro_rules! count_list_rejection {
 ///    refusing, so a client that waits as told is not turned away by another. Quotas are
 ///    reported in the rules' order. This holds within one `HttpLimiter`: two layers stacked
 ///    on one route (one on the router, one on the route) decide one after the other, so a
-///    request the inner one rejects stays charged in the outer one. Rules that must admit all-or-nothing belong in one configuration.
+///    request the inner one rejects stays charged in the outer one. Rules that must admit
+///    all-or-nothing belong in one configuration.
 ///    A rule counts at most `max_keys_per_rule` clients in memory, evicting idle ones to make
 ///    room; a new client meeting a rule full of active ones is rejected with
 ///    [`RejectReason::TooManyKeys`] (`key_overflow = "reject"`), counted with the others the rule
