@@ -1140,18 +1140,18 @@ where
     }
 
     /// A release (or a stale admission given back) left `key`'s cell of `shard` idle: lowers
-    /// the sweep hints (`Ctx::idle_hint`) and announces the room (`room_freed`).
+    /// the sweep hints (`Ctx::idle_hint`) and announces the room (`room_freed`, with a fence
+    /// of its own after the lowering, which a pool head's second look must see).
     ///
-    /// SeqCst fence first: our write that left the cell idle, then our loads of the hints (and
-    /// of the pool's mark), against a sweep's or a search's swap of a hint, then its look at
+    /// SeqCst fence first: our write that left the cell idle, then our loads of the hints,
+    /// against a sweep's or a search's swap of a hint, then its look at
     /// the cell (the fences after those swaps, in `Keyed::sweep_shard` and `make_room`), is
     /// store-then-load on both sides. Without fences both could miss the other: the search
     /// found the key busy and left its shard and `room_at` at "never" (no clock time says when
     /// a permit comes back), our loads read the hints from before its swaps and lowered
     /// nothing, and at the cap every new key was refused until another release or a `sweep`
     /// (loom: `a_release_racing_a_search_for_room_at_the_cap_leaves_room`). With them, either
-    /// the look sees the idle cell, or our loads see the swaps and lower them. The same fence
-    /// is `room_freed`'s pair with a pool head's second look.
+    /// the look sees the idle cell, or our loads see the swaps and lower them.
     #[inline]
     fn key_idled<V>(&self, key: &K, shard: &Shard<K, V, S>, by_head: bool) {
         fence(Ordering::SeqCst);
@@ -1163,15 +1163,19 @@ where
     /// [`KeyOverflow::Shared`], that is room under the key cap for a head blocked on the shared
     /// pool, which is woken only by releases that consume the pool's mark. Consumes that mark
     /// and wakes every head, as a pool release does (a head still short marks again). Without
-    /// the shared pool, nothing: nobody waits for room. Called after `key_idled`'s fence, which
-    /// pairs with the one in `take_head` after a head marks the pool (our release made the key
-    /// idle before it; the load below comes after it): either we read the head's mark, or its
-    /// second look finds the key idle.
+    /// the shared pool, nothing: nobody waits for room.
     #[inline]
     fn room_freed(&self, key: &K, by_head: bool) {
         if self.ctx.overflow != KeyOverflow::Shared {
             return;
         }
+        // SeqCst fence: pairs with the one in `take_head` after a head marks the pool (our
+        // release made the key idle and lowered the sweep hints before it; the load below
+        // comes after it): either we read the head's mark, or its second look finds the key
+        // idle. Not `key_idled`'s fence, which comes before the hints' lowering: the head's
+        // look skips a shard whose hint still says "never" (loom:
+        // `a_pool_head_is_served_by_another_key_going_idle` deadlocks with that one alone).
+        fence(Ordering::SeqCst);
         // Acquire: as the `fetch_sub` in `give_back`, reading a head's mark (its Release CAS)
         // makes its key's queue visible to the wake's lookup.
         let pool = &*self.store.overflow;
