@@ -14,6 +14,7 @@
 //! | `keyed_admit_2t/{1k,1m}_keys` | the same while a second thread runs the same loop on another key sequence; time of one thread per call |
 //! | `keyed_reject_1t/…`, `keyed_reject_2t/…` | the same with every key's budget spent at setup: every call is rejected |
 //! | `…/turnstile/fixed_window (swept)` | admit runs again after one `sweep()` that evicts nothing (the state a limiter with a periodic sweeper settles in) |
+//! | `keyed_concurrency_{1t,2t}/1k_keys` | `KeyedConcurrencyLimiter::try_acquire` and the permit's drop on a key already present (every release leaves its key idle); turnstile only, for comparisons across trees |
 //! | `keyed_sweep/1m_keys` | one `sweep()` over 1,000,000 keys, all idle (evicts all) or all busy (evicts none); governor's `retain_recent()` beside it |
 //!
 //! and, before the timings, the heap bytes per key of each of turnstile's four algorithms and of
@@ -640,6 +641,33 @@ fn memory() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// keyed concurrency: a permit taken and given back
+// ---------------------------------------------------------------------------------------------
+
+/// `KeyedConcurrencyLimiter<u64>` (limit 4, the default cap) with keys `0..1,000` present: one
+/// `try_acquire` and the permit's drop per call, on the key sequence. Every release leaves its
+/// key idle, the path that lowers the sweep hints (a load of each, and the SeqCst fence that
+/// orders them against a racing sweep: see `KeyedConcurrencyLimiter::key_idled`).
+fn bench_keyed_concurrency(c: &mut Criterion) {
+    let (n, label) = SIZES[0];
+    let keys = key_sequence(n, SEQ_LEN, SEED_MAIN);
+    let other = key_sequence(n, SEQ_LEN, SEED_OTHER);
+    let limiter = turnstile::KeyedConcurrencyLimiter::<u64>::new(4).expect("limit 4 is valid");
+    for k in 0..n {
+        drop(limiter.try_acquire(&k).expect("a key's first permit"));
+    }
+    let id = "turnstile/acquire_release";
+    bench_calls(c, "keyed_concurrency", label, id, &keys, &other, |k| {
+        drop(
+            limiter
+                .try_acquire(&k)
+                .expect("never more than 2 permits out"),
+        );
+    });
+    assert_eq!(limiter.len() as u64, n, "{id}: a key was added or evicted");
+}
+
+// ---------------------------------------------------------------------------------------------
 
 criterion_group! {
     name = calls;
@@ -647,7 +675,7 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(25);
-    targets = bench_existing_keys
+    targets = bench_existing_keys, bench_keyed_concurrency
 }
 
 criterion_group! {

@@ -900,8 +900,8 @@ fn a_queue_retired_as_it_is_created_never_closes_the_limiter() {
 
 /// A release that leaves a key idle races a new key's search for room at the cap (one slot,
 /// held by that key): once the release is done, a new key gets the slot at once, wherever the
-/// search's look at the key landed (the search may find it busy and say "never"). Fails
-/// without either fence of the pair (the release's in `key_idled`, the sweep's after its swap).
+/// search's look at the key landed (the search may find it busy and say "never"). Fails if the
+/// sweep's look at a busy cell is a load instead of a read-modify-write (`busy_until_a_release`).
 #[test]
 fn a_release_racing_a_search_for_room_at_the_cap_leaves_room() {
     release_racing_a_search(false);

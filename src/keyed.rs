@@ -608,13 +608,14 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     /// sweep hints so that sweeps and the search for room at the cap look at it again. A load
     /// first, so that the common case (hints already 0) writes nothing shared.
     ///
-    /// The caller has made a SeqCst fence since its write that left the cell idle: its pair is
-    /// the fence after a sweep's opening swap of the shard's hint (`sweep_shard`), so either
-    /// that sweep's look at the cell sees it idle, or our load sees the swap and lowers it
-    /// (see `KeyedConcurrencyLimiter::key_idled`). A refund, which has no fence to share, uses
-    /// read-modify-writes instead ([`refunded_idle`](Self::refunded_idle)).
+    /// The caller's write that left the cell idle is a read-modify-write (AcqRel), and a sweep
+    /// that found the cell busy confirmed it with one (`keyed_concurrency`'s
+    /// `busy_until_a_release`): so either that sweep saw the cell idle, or our loads see its
+    /// swaps of the hints and lower them. A refund, whose write is no such RMW on a word a
+    /// sweep confirms, lowers with read-modify-writes instead
+    /// ([`refunded_idle`](Self::refunded_idle)).
     pub(crate) fn idle_hint<Q, V>(&self, shard: &Shard<Q, V, S>) {
-        // Relaxed: ordered by the caller's fence. Release on the RMW: as an insert's (see
+        // Relaxed: ordered by the caller's RMW (see above). Release on the RMW: as an insert's (see
         // `first_use`), pairs with the Acquire swap that starts a sweep, so a sweep that reads
         // our 0 sees the idle cell.
         if shard.not_before.load(Ordering::Relaxed) != 0 {
@@ -1140,11 +1141,6 @@ where
         // minimum lost such an insert: the loom model `sweep_vs_acquire_on_an_idle_key` found a
         // shard left at "never" with an idle key in it.)
         shard.not_before.swap(u64::MAX, Ordering::AcqRel);
-        // SeqCst fence: our swap of the hint, then our look at the cells, against a keyed
-        // concurrency release's write that leaves a cell idle, then its load of the hint
-        // (`Ctx::idle_hint`, after its own fence), is store-then-load on both sides: either we
-        // see the cell idle, or the release sees our swap and lowers the hint after us.
-        fence(Ordering::SeqCst);
         let mut next = u64::MAX;
         let mut evicted = 0;
         // One walk that retires each idle cell and removes its entry in place (no second lookup
@@ -1207,7 +1203,7 @@ where
 
     /// Sweeps every shard, ignoring the hints that let a sweep skip a shard: for a keyed
     /// concurrency limiter's `sweep`, which promises every idle key evicted now. (Its cells
-    /// turn idle at no clock time, with a release that lowers the hints, fenced against a
+    /// turn idle at no clock time, with a release that lowers the hints, ordered against a
     /// racing sweep: see `KeyedConcurrencyLimiter::key_idled`.)
     pub(crate) fn sweep_all<C: Clock>(&self, ctx: &Ctx<K, C, S>) -> u64 {
         self.forget_hints(ctx);

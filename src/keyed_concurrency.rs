@@ -169,6 +169,31 @@ impl HeadDebts {
     }
 }
 
+/// A sweep's answer for a cell it found busy (permits out, or a head marked): `u64::MAX`, "idle
+/// only after a release" (no clock time says when), confirmed by a read-modify-write that
+/// changes nothing; or 0, "look again at once", if that RMW finds the cell idle after all.
+///
+/// An RMW, not the load that judged it: a release that leaves the cell idle writes it (its
+/// AcqRel `fetch_sub`), then loads the sweep hints to lower them (`Ctx::idle_hint`), and the
+/// sweep swapped the shard's hint (and a search `room_at`) before looking at the cell. With a
+/// load on our side that is store-then-load on both, and both could miss the other: we said
+/// "never" for a key that had just turned idle, the release read the hints from before our
+/// swaps and lowered nothing, and at the cap every new key was refused until another release
+/// or a `sweep()` (loom: `a_release_racing_a_search_for_room_at_the_cap_leaves_room`). RMWs on
+/// one word are ordered: if the release's comes after ours, it reads ours (Release) with its
+/// Acquire, so our swaps happen before its loads of the hints, which it then lowers; if
+/// before, we read the cell idle. The cost falls on sweeps (one RMW per busy key), not on
+/// releases, which keep a load of each hint and no fence while the hints are 0.
+fn busy_until_a_release(cell: &AtomicU64) -> u64 {
+    // AcqRel: Release for the release that reads this (above); Acquire as the sweep's load.
+    let word = cell.fetch_or(0, Ordering::AcqRel);
+    if word != RETIRED && word & USED != 0 && (used(word) != 0 || word & WAITERS != 0) {
+        u64::MAX
+    } else {
+        0
+    }
+}
+
 /// The concurrency "algorithm": a cell is one permit word; the limit, shared by every key, lives
 /// in one `config` word beside the cells.
 ///
@@ -513,7 +538,7 @@ impl Algo for Concurrency {
         if used(word) != 0 || word & WAITERS != 0 {
             // Permits out or a head blocked: idle only after a release, which lowers the hints
             // (`Ctx::idle_hint`); no clock time says when.
-            return Err(u64::MAX);
+            return Err(busy_until_a_release(cell));
         }
         if waited() {
             // A waiter (a head a release just woke) is about to take from this cell. When it
@@ -524,10 +549,11 @@ impl Algo for Concurrency {
         // AcqRel on success. Acquire: the last releases happen before us. Release: whoever sees
         // RETIRED (an Acquire load in `take`) and re-creates the key then happens after them
         // too, so the semaphore's happens-before survives eviction. Relaxed on failure: a take
-        // landed, or a mark was consumed since our load (the tag moved); we only report "busy".
+        // landed, or a mark was consumed since our load (the tag moved); we report "busy" as
+        // a read-modify-write sees it.
         cell.compare_exchange(word, RETIRED, Ordering::AcqRel, Ordering::Relaxed)
             .map(drop)
-            .map_err(|_| u64::MAX)
+            .map_err(|_| busy_until_a_release(cell))
     }
 
     fn retired(cell: &AtomicU64) -> bool {
@@ -1140,21 +1166,12 @@ where
     }
 
     /// A release (or a stale admission given back) left `key`'s cell of `shard` idle: lowers
-    /// the sweep hints (`Ctx::idle_hint`) and announces the room (`room_freed`, with a fence
-    /// of its own after the lowering, which a pool head's second look must see).
-    ///
-    /// SeqCst fence first: our write that left the cell idle, then our loads of the hints,
-    /// against a sweep's or a search's swap of a hint, then its look at
-    /// the cell (the fences after those swaps, in `Keyed::sweep_shard` and `make_room`), is
-    /// store-then-load on both sides. Without fences both could miss the other: the search
-    /// found the key busy and left its shard and `room_at` at "never" (no clock time says when
-    /// a permit comes back), our loads read the hints from before its swaps and lowered
-    /// nothing, and at the cap every new key was refused until another release or a `sweep`
-    /// (loom: `a_release_racing_a_search_for_room_at_the_cap_leaves_room`). With them, either
-    /// the look sees the idle cell, or our loads see the swaps and lower them.
+    /// the sweep hints (`Ctx::idle_hint`) and announces the room (`room_freed`). A sweep racing
+    /// the release either sees the cell idle or has its "never" lowered by it: the sweep
+    /// confirms a busy cell with a read-modify-write that the release's own RMW on the word is
+    /// ordered with (`busy_until_a_release`), so this path needs no fence while the hints are 0.
     #[inline]
     fn key_idled<V>(&self, key: &K, shard: &Shard<K, V, S>, by_head: bool) {
-        fence(Ordering::SeqCst);
         self.ctx.idle_hint(shard);
         self.room_freed(key, by_head);
     }
@@ -1172,9 +1189,9 @@ where
         // SeqCst fence: pairs with the one in `take_head` after a head marks the pool (our
         // release made the key idle and lowered the sweep hints before it; the load below
         // comes after it): either we read the head's mark, or its second look finds the key
-        // idle. Not `key_idled`'s fence, which comes before the hints' lowering: the head's
-        // look skips a shard whose hint still says "never" (loom:
-        // `a_pool_head_is_served_by_another_key_going_idle` deadlocks with that one alone).
+        // idle. After the hints' lowering, not before it: the head's look skips a shard whose
+        // hint still says "never" (loom: `a_pool_head_is_served_by_another_key_going_idle`
+        // deadlocks with a fence before the lowering instead).
         fence(Ordering::SeqCst);
         // Acquire: as the `fetch_sub` in `give_back`, reading a head's mark (its Release CAS)
         // makes its key's queue visible to the wake's lookup.
