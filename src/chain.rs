@@ -2841,7 +2841,8 @@ where
     ///
     /// - [`TryAcquireError::TooManyKeys`]: a per-key member could not take the new key, as
     ///   above.
-    /// - [`TryAcquireError::Closed`]: a global member is closed (it recorded nothing).
+    /// - [`TryAcquireError::Closed`]: a member is closed, global or per key (it recorded
+    ///   nothing).
     ///
     /// If several members fail, the first in member order (per-key members first) is reported.
     /// Never `Rejected` nor `InsufficientCapacity`.

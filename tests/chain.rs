@@ -1872,6 +1872,41 @@ fn a_closed_member_records_nothing_and_the_others_are_charged() {
     }
 }
 
+/// The same on a keyed chain, for a closed per-key member as for a closed global one: it records
+/// nothing, the call reports `Closed`, and every other member (per key and global) is charged.
+#[test]
+fn a_closed_keyed_chain_member_records_nothing_and_the_others_are_charged() {
+    let fixed = Algorithm::FixedWindow {
+        limit: 10,
+        window: SECOND,
+    };
+    for closed in 0..3 {
+        let clock = ManualClock::new();
+        let per_key = [keyed(fixed, &clock), keyed(fixed, &clock)];
+        let global = manual(fixed, &clock);
+        let chain = KeyedChain::builder()
+            .per_key(per_key[0].clone())
+            .per_key(per_key[1].clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        match closed {
+            2 => global.close(),
+            i => per_key[i].close(),
+        }
+        assert_eq!(chain.charge(&"k", 4), Err(TryAcquireError::Closed));
+        let left = [
+            per_key[0].available(&"k"),
+            per_key[1].available(&"k"),
+            global.stats().available,
+        ];
+        for (i, left) in left.into_iter().enumerate() {
+            let expected = if i == closed { 10 } else { 6 };
+            assert_eq!(left, expected, "member {i}, member {closed} closed");
+        }
+    }
+}
+
 /// A new key at a per-key member's key cap: under `Reject` that member records nothing and the
 /// charge fails with `TooManyKeys`, under `Shared` the overflow cell is charged; the other
 /// members (per key and global) are charged either way.
