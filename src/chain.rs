@@ -49,6 +49,8 @@ use crate::keyed::KeyedLimiter;
 use crate::keyed_concurrency::KeyedConcurrencyLimiter;
 use crate::limiter::RateLimiter;
 use crate::queue::DEFAULT_QUEUE_LIMIT;
+#[cfg(feature = "keyed")]
+use crate::sync::OVERFLOWED;
 use crate::sync::Signal;
 use crate::sync::{ADMITTED, Arc, CANCELLED, Counters, REFUNDED, REJECTED, WakeAll};
 use crate::watchers::{Watcher, Watchers};
@@ -539,11 +541,14 @@ impl<K> KeyedLine<K> {
 trait Member<Q: ?Sized> {
     /// Without `COMMIT`: would the member admit `n.max(1)` permits now (`n == 0`: its own probe)?
     /// Writes nothing. With it: takes them, and says what a refund needs ([`Committed`]).
+    /// Counts nothing in a keyed member's `overflowed`; the last value says whether the
+    /// decision met a per-key member's key cap, for the chain to count the call there once
+    /// ([`AtCap`]).
     fn decide<const COMMIT: bool>(
         &self,
         key: &Q,
         n: u32,
-    ) -> (Result<Admission, TryAcquireError>, Committed);
+    ) -> (Result<Admission, TryAcquireError>, Committed, bool);
     fn refund(&self, key: &Q, n: u32, admission: &Admission, committed: Committed);
     /// The parameters' version now: read by a chain receipt before its attempt, so that each
     /// member's commit is made under that version or a later one.
@@ -580,6 +585,8 @@ trait Member<Q: ?Sized> {
     fn beyond_limit(&self, at_limit: u64, extra: u64) -> u64;
     /// Counts one finished chain call on the member: `ADMITTED`, `REJECTED` or `CANCELLED`.
     fn count(&self, which: usize);
+    /// Counts the chain call in a per-key member's `overflowed` (nothing on other members).
+    fn count_overflow(&self);
     fn catch_up(&self);
     /// The chain callers sleeping on this member (see [`crate::watchers`]).
     fn watchers(&self) -> &Watchers;
@@ -591,8 +598,8 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
         &self,
         _: &Q,
         n: u32,
-    ) -> (Result<Admission, TryAcquireError>, Committed) {
-        (self.chain_decide::<COMMIT>(n), Committed::default())
+    ) -> (Result<Admission, TryAcquireError>, Committed, bool) {
+        (self.chain_decide::<COMMIT>(n), Committed::default(), false)
     }
     fn refund(&self, _: &Q, n: u32, admission: &Admission, _: Committed) {
         self.chain_refund(n, admission);
@@ -627,6 +634,7 @@ impl<C: Clock, Q: ?Sized> Member<Q> for RateLimiter<C> {
     fn count(&self, which: usize) {
         self.chain_count(which);
     }
+    fn count_overflow(&self) {}
     fn catch_up(&self) {
         self.chain_catch_up();
     }
@@ -688,6 +696,37 @@ impl<'a> Slots<'a> {
 struct Refunded {
     members: usize,
     overflow: bool,
+}
+
+/// The members whose key cap a chain call has met so far, over all its attempts: a per-key
+/// member's decision (a check, a commit, a refusal behind waiters) that its shared overflow cell
+/// made, admission or refusal, or that the cap refused (`TooManyKeys`). Each such member counts
+/// the call once in its `overflowed`, at the first of them, as a keyed limiter counts its own
+/// waiting call once however many of its attempts meet the cap; a chain call is counted once on
+/// every member, and so once there too. The members decide without counting it themselves
+/// ([`Member::decide`]): a waiting call was counted at every attempt, and a call whose check the
+/// shared cell admitted but another member refused, never. Allocated at the first member that
+/// meets its cap (only at a key cap).
+#[derive(Default)]
+struct AtCap(Option<Box<[bool]>>);
+
+impl AtCap {
+    /// Member `i` of `members` met its cap: whether for the first time in this call.
+    fn first(&mut self, i: usize, members: usize) -> bool {
+        let met = self
+            .0
+            .get_or_insert_with(|| vec![false; members].into_boxed_slice());
+        !std::mem::replace(&mut met[i], true)
+    }
+}
+
+/// What a waiting call keeps across its attempts ([`Core::attempt_waiting`]).
+#[derive(Default)]
+struct Tally {
+    /// Whether the call's outcome is counted.
+    counted: bool,
+    /// The members whose key cap it has met.
+    at_cap: AtCap,
 }
 
 /// What [`KeyedChain::try_acquire_n_taken`] took from each member, to give back.
@@ -792,17 +831,45 @@ impl<L, W> Core<L, W> {
     /// asks whether one more call fits, k permits (the verdict, or the rejection with its
     /// retry-after), and then the limiter's own probe, for the `remaining` and `reset_after`
     /// that a check of k permits does not give.
-    fn check<Q: ?Sized>(&self, i: usize, key: &Q, n: u32) -> Result<Admission, TryAcquireError>
+    fn check<Q: ?Sized>(
+        &self,
+        i: usize,
+        key: &Q,
+        n: u32,
+        at_cap: &mut AtCap,
+    ) -> Result<Admission, TryAcquireError>
+    where
+        L: Member<Q>,
+        W: Line<Q>,
+    {
+        let times = self.times[i];
+        if n == 0 && times > 1 {
+            self.decide::<false, Q>(i, key, times, at_cap).0?;
+        }
+        self.decide::<false, Q>(i, key, self.checked(i, n), at_cap)
+            .0
+    }
+
+    /// Member `i`'s decision ([`Member::decide`]), counting the call in its `overflowed` if it
+    /// is the first of the call's decisions to meet its key cap ([`AtCap`]).
+    #[inline]
+    fn decide<const COMMIT: bool, Q: ?Sized>(
+        &self,
+        i: usize,
+        key: &Q,
+        n: u32,
+        at_cap: &mut AtCap,
+    ) -> (Result<Admission, TryAcquireError>, Committed)
     where
         L: Member<Q>,
         W: Line<Q>,
     {
         let member = &self.members[i];
-        let times = self.times[i];
-        if n == 0 && times > 1 {
-            member.decide::<false>(key, times).0?;
+        let (decision, committed, met_cap) = member.decide::<COMMIT>(key, n);
+        if met_cap && at_cap.first(i, self.members.len()) {
+            member.count_overflow();
         }
-        member.decide::<false>(key, self.checked(i, n)).0
+        (decision, committed)
     }
 
     /// Member `i`'s admission as the chain reports it: `remaining` in calls of the chain, each
@@ -840,6 +907,7 @@ impl<L, W> Core<L, W> {
         n: u32,
         mut slots: Slots<'_>,
         refunded: &mut Refunded,
+        at_cap: &mut AtCap,
     ) -> Result<Admission, TryAcquireError>
     where
         L: Member<Q>,
@@ -859,7 +927,7 @@ impl<L, W> Core<L, W> {
         let mut probed = None;
         let mut rejected = None;
         for i in 0..self.members.len() {
-            match self.check(i, key, n) {
+            match self.check(i, key, n, at_cap) {
                 Ok(a) => {
                     probed = Some(combine(probed, self.share(i, a)));
                     if let Some(each) = slots.admissions.as_deref_mut() {
@@ -880,7 +948,7 @@ impl<L, W> Core<L, W> {
             return Ok(probed.expect("a chain has members"));
         }
         // Pass 2: commit in `order`, refunding on the way back if a later member rejects.
-        let (failed, error, overflow) = match self.commit(key, n, 0, &mut slots) {
+        let (failed, error, overflow) = match self.commit(key, n, 0, &mut slots, at_cap) {
             Ok(admission) => return Ok(admission),
             Err(failure) => failure,
         };
@@ -903,7 +971,7 @@ impl<L, W> Core<L, W> {
             let decision = if i == failed {
                 Err(error)
             } else {
-                self.check(i, key, n)
+                self.check(i, key, n, at_cap)
             };
             match decision {
                 Ok(_) => {}
@@ -924,6 +992,7 @@ impl<L, W> Core<L, W> {
         n: u32,
         pos: usize,
         slots: &mut Slots<'_>,
+        at_cap: &mut AtCap,
     ) -> Result<Admission, (usize, TryAcquireError, bool)>
     where
         L: Member<Q>,
@@ -931,12 +1000,12 @@ impl<L, W> Core<L, W> {
     {
         let i = self.order[pos];
         let member = &self.members[i];
-        let admission = match member.decide::<true>(key, n) {
+        let admission = match self.decide::<true, Q>(i, key, n, at_cap) {
             (Ok(a), flag) => (a, flag),
             (Err(e), _) => return Err((i, e, false)),
         };
         let rest = if pos + 1 < self.order.len() {
-            match self.commit(key, n, pos + 1, slots) {
+            match self.commit(key, n, pos + 1, slots, at_cap) {
                 Ok(rest) => Some(rest),
                 Err((failed, error, overflow)) => {
                     member.refund(key, n, &admission.0, admission.1);
@@ -1039,7 +1108,7 @@ impl<L, W> Core<L, W> {
             return Err(self.refused(key, n));
         }
         let mut refunded = Refunded::default();
-        let outcome = self.attempt(key, n, slots, &mut refunded);
+        let outcome = self.attempt(key, n, slots, &mut refunded, &mut AtCap::default());
         self.count(if outcome.is_ok() { ADMITTED } else { REJECTED });
         self.wake_refunded(key, refunded, None);
         outcome
@@ -1066,14 +1135,14 @@ impl<L, W> Core<L, W> {
     {
         let error = self
             .too_big::<Q>(n)
-            .unwrap_or_else(|| self.behind_the_queue(key, n));
+            .unwrap_or_else(|| self.behind_the_queue(key, n, &mut AtCap::default()));
         self.count(REJECTED);
         error
     }
 
     /// [`refused`](Self::refused)'s rejection of a call for `n` that fits the chain.
     #[cold]
-    fn behind_the_queue<Q: ?Sized>(&self, key: &Q, n: u32) -> TryAcquireError
+    fn behind_the_queue<Q: ?Sized>(&self, key: &Q, n: u32, at_cap: &mut AtCap) -> TryAcquireError
     where
         L: Member<Q>,
         W: Line<Q>,
@@ -1096,7 +1165,7 @@ impl<L, W> Core<L, W> {
                     _ => 0,
                 }
             };
-            match self.check(i, key, want) {
+            match self.check(i, key, want, at_cap) {
                 Ok(_) => {
                     let bound = beyond(0);
                     if bound > 0 {
@@ -1112,7 +1181,8 @@ impl<L, W> Core<L, W> {
                 // A member reconfigured below it meanwhile: the members' probe, as a call that
                 // starts now would meet them.
                 Err(_) => {
-                    return match self.attempt(key, 0, Slots::default(), &mut Refunded::default()) {
+                    let mut refunded = Refunded::default();
+                    return match self.attempt(key, 0, Slots::default(), &mut refunded, at_cap) {
                         Err(error) => error,
                         Ok(_) => TryAcquireError::Rejected(Rejection::new(0, capacity)),
                     };
@@ -1218,8 +1288,9 @@ impl<L, W> Core<L, W> {
     /// [`MIN_BACKOFF`]) and how far the attempt's own refunds moved the members' epoch sum
     /// ([`epochs`](Self::epochs)).
     ///
-    /// `counted` is set once the call's outcome is counted, before the refunded members are
+    /// `tally.counted` is set once the call's outcome is counted, before the refunded members are
     /// woken: a `Waker` that panics then must not have the call counted again as cancelled.
+    /// `tally.at_cap` keeps the members whose key cap an attempt met, counted once ([`AtCap`]).
     /// `who`, the caller's watcher once it has one, is not told of its own refunds: they are no
     /// change it missed, and each attempt on a chain whose commit keeps failing after its check
     /// passed (a member at its key cap whose search for room cannot evict, or a racing caller)
@@ -1236,7 +1307,7 @@ impl<L, W> Core<L, W> {
         key: &Q,
         n: u32,
         mut slots: Slots<'_>,
-        counted: &mut bool,
+        tally: &mut Tally,
         who: Option<&Watcher>,
         turn: &mut Option<Held<'_>>,
     ) -> Result<Result<Admission, AcquireError>, (std::time::Duration, u64)>
@@ -1245,7 +1316,7 @@ impl<L, W> Core<L, W> {
         W: Line<Q>,
     {
         let mut refunded = Refunded::default();
-        let error = match self.attempt(key, n, slots.reborrow(), &mut refunded) {
+        let error = match self.attempt(key, n, slots.reborrow(), &mut refunded, &mut tally.at_cap) {
             // Admitted: nothing was refunded.
             Ok(admission) => {
                 if let Some(turn) = turn.take() {
@@ -1253,7 +1324,7 @@ impl<L, W> Core<L, W> {
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(turn)));
                     if let Err(panic) = handed_over {
                         self.count(CANCELLED);
-                        *counted = true;
+                        tally.counted = true;
                         if let (Some(admissions), Some(flags), true) =
                             (slots.admissions, slots.flags, n > 0)
                         {
@@ -1263,7 +1334,7 @@ impl<L, W> Core<L, W> {
                     }
                 }
                 self.count(ADMITTED);
-                *counted = true;
+                tally.counted = true;
                 return Ok(Ok(admission));
             }
             Err(e) => match e.wait_or_fail() {
@@ -1282,7 +1353,7 @@ impl<L, W> Core<L, W> {
             },
         };
         self.count(REJECTED);
-        *counted = true;
+        tally.counted = true;
         self.wake_refunded(key, refunded, who);
         Ok(Err(error))
     }
@@ -1356,19 +1427,20 @@ impl<L, W> Core<L, W> {
             W: Line<Q>,
         {
             core: &'a Core<L, W>,
-            done: bool,
+            /// Whether the call is counted, and the members whose key cap it has met.
+            tally: Tally,
             _key: std::marker::PhantomData<fn(&Q)>,
         }
         impl<L: Member<Q>, W: Line<Q>, Q: ?Sized> Drop for Finish<'_, L, W, Q> {
             fn drop(&mut self) {
-                if !self.done {
+                if !self.tally.counted {
                     self.core.count(CANCELLED);
                 }
             }
         }
         let mut finish = Finish {
             core: self,
-            done: false,
+            tally: Tally::default(),
             _key: std::marker::PhantomData,
         };
         // Registered with every member after the first attempt that must wait, until the call
@@ -1377,14 +1449,14 @@ impl<L, W> Core<L, W> {
         // The first attempt's wait, if it was made and failed.
         let mut first = None;
         if !self.line.busy(key) {
-            match self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, None, &mut None)
+            match self.attempt_waiting(key, n, slots.reborrow(), &mut finish.tally, None, &mut None)
             {
                 Ok(outcome) => return outcome,
                 Err(wait) => first = Some(wait),
             }
         } else if let Some(error) = self.too_big_to_wait::<Q>(n) {
             self.count(REJECTED);
-            finish.done = true;
+            finish.tally.counted = true;
             return Err(error);
         }
         // Dropped after the turn (locals drop in reverse order): the room is held while the
@@ -1393,7 +1465,7 @@ impl<L, W> Core<L, W> {
             Ok(room) => room,
             Err(error) => {
                 self.count(REJECTED);
-                finish.done = true;
+                finish.tally.counted = true;
                 return Err(error);
             }
         };
@@ -1409,7 +1481,7 @@ impl<L, W> Core<L, W> {
                 }
                 Err(error) => {
                     self.count(REJECTED);
-                    finish.done = true;
+                    finish.tally.counted = true;
                     return Err(error);
                 }
             },
@@ -1428,7 +1500,8 @@ impl<L, W> Core<L, W> {
             let attempt = match first.take() {
                 Some(wait) => Err(wait),
                 None => {
-                    self.attempt_waiting(key, n, slots.reborrow(), &mut finish.done, who, &mut turn)
+                    let tally = &mut finish.tally;
+                    self.attempt_waiting(key, n, slots.reborrow(), tally, who, &mut turn)
                 }
             };
             match attempt {
@@ -1470,9 +1543,10 @@ impl<L, W> Core<L, W> {
         // The queue as in `acquire`, with the thread's signal (created on this thread, which it
         // wakes).
         let mut seen = self.epochs::<Q>();
+        let mut tally = Tally::default();
         let mut first = None;
         if !self.line.busy(key) {
-            match self.attempt_waiting(key, n, slots.reborrow(), &mut false, None, &mut None) {
+            match self.attempt_waiting(key, n, slots.reborrow(), &mut tally, None, &mut None) {
                 Ok(outcome) => return outcome,
                 Err(wait) => first = Some(wait),
             }
@@ -1519,7 +1593,7 @@ impl<L, W> Core<L, W> {
             let who = signal.as_ref().map(|(_, who)| who);
             let attempt = match first.take() {
                 Some(wait) => Err(wait),
-                None => self.attempt_waiting(key, n, slots.reborrow(), &mut false, who, &mut turn),
+                None => self.attempt_waiting(key, n, slots.reborrow(), &mut tally, who, &mut turn),
             };
             let (wait, own) = match attempt {
                 Ok(outcome) => return outcome,
@@ -1597,7 +1671,9 @@ const MIN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1);
 /// Every call ends in exactly one of `admitted`, `rejected` or `cancelled`. A chain call is
 /// also counted once on every member (as admitted, rejected or cancelled; keyed members, which
 /// count no cancellations, as rejected), so a member's statistics cover the calls it was asked
-/// about, whether it was the one that refused or not. Charges ([`Chain::charge`],
+/// about, whether it was the one that refused or not; and once in a per-key member's
+/// `overflowed` if it met that member's key cap (the shared overflow cell decided for it, even
+/// at the check, or `TooManyKeys`), however many of its attempts met it. Charges ([`Chain::charge`],
 /// `KeyedChain::charge`) are not calls: like a limiter's own charges, they are counted nowhere.
 ///
 /// # Examples
@@ -2399,10 +2475,10 @@ where
         &self,
         key: &K,
         n: u32,
-    ) -> (Result<Admission, TryAcquireError>, Committed) {
+    ) -> (Result<Admission, TryAcquireError>, Committed, bool) {
         match self {
-            Link::PerKey(l) => l.chain_decide::<COMMIT>(key, n),
-            Link::Global(l) => (l.chain_decide::<COMMIT>(n), Committed::default()),
+            Link::PerKey(l) => l.chain_decide_uncounted::<COMMIT>(key, n),
+            Link::Global(l) => (l.chain_decide::<COMMIT>(n), Committed::default(), false),
         }
     }
     fn refund(&self, key: &K, n: u32, admission: &Admission, committed: Committed) {
@@ -2481,6 +2557,11 @@ where
             // Keyed statistics count no cancellations: a given-up wait ended without permits.
             Link::PerKey(l) => l.chain_count(if which == CANCELLED { REJECTED } else { which }),
             Link::Global(l) => l.chain_count(which),
+        }
+    }
+    fn count_overflow(&self) {
+        if let Link::PerKey(l) = self {
+            l.chain_count(OVERFLOWED);
         }
     }
     fn catch_up(&self) {
@@ -2841,7 +2922,8 @@ where
     ///
     /// - [`TryAcquireError::TooManyKeys`]: a per-key member could not take the new key, as
     ///   above.
-    /// - [`TryAcquireError::Closed`]: a global member is closed (it recorded nothing).
+    /// - [`TryAcquireError::Closed`]: a member is closed, global or per key (it recorded
+    ///   nothing).
     ///
     /// If several members fail, the first in member order (per-key members first) is reported.
     /// Never `Rejected` nor `InsufficientCapacity`.

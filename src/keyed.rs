@@ -691,8 +691,9 @@ enum Refunded<Cell> {
 /// Whether `Keyed::chain_check` counts a call that meets the key cap in `overflowed`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum CountOverflow {
-    /// When the check refuses it: the call ends there. An admission is counted by the commit
-    /// that follows (a chain's check).
+    /// When the check refuses it: the call ends there. An admission is left to the commit that
+    /// may follow. (A chain's checks count nothing, `Never`: the chain counts its call once,
+    /// see `KeyedLimiter::chain_decide_uncounted`.)
     IfRefused,
     /// Whatever the check answers: the call is refused anyway (held back by the key's
     /// waiters, see `KeyedLimiter::refused_for_waiters`).
@@ -3537,44 +3538,87 @@ where
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
     /// Without `COMMIT`: would `key` admit `n.max(1)` permits (`n == 0`: the member's own probe)?
-    /// With it: takes them. Counts nothing. The flag says the shared overflow cell decided.
-    /// Like `try_acquire`, refuses while `key` has waiters served oldest first (no barging).
+    /// With it: takes them. Counts nothing but a call that meets the key cap, in `overflowed`
+    /// (a commit's or a probe's decision at the cap, a check's refusal there: the call ends on
+    /// it). The flag says the shared overflow cell decided. Like `try_acquire`, refuses while
+    /// `key` has waiters served oldest first (no barging).
     pub(crate) fn chain_decide<const COMMIT: bool>(
         &self,
         key: &K,
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, Committed) {
+        let (decision, committed, _) = self.chain_decide_counting::<COMMIT, true>(key, n);
+        (decision, committed)
+    }
+
+    /// [`chain_decide`](Self::chain_decide) for a chain, which counts a call in `overflowed`
+    /// itself, once per call however many of its decisions meet the cap (its attempts, its
+    /// check and its commit): counts nothing here, and also says whether this decision met the
+    /// key cap (the shared overflow cell decided it, admission or refusal, even in a check,
+    /// or `TooManyKeys`).
+    pub(crate) fn chain_decide_uncounted<const COMMIT: bool>(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, Committed, bool) {
+        self.chain_decide_counting::<COMMIT, false>(key, n)
+    }
+
+    /// [`chain_decide`](Self::chain_decide), counting a call that meets the cap in
+    /// `overflowed` as it says if `COUNTED`, and nothing otherwise; and whether the call met
+    /// the cap (see [`chain_decide_uncounted`](Self::chain_decide_uncounted)).
+    fn chain_decide_counting<const COMMIT: bool, const COUNTED: bool>(
+        &self,
+        key: &K,
+        n: u32,
+    ) -> (Result<Admission, TryAcquireError>, Committed, bool) {
+        let met_cap = |decision: &Result<Admission, TryAcquireError>, overflow: bool| {
+            overflow || matches!(decision, Err(TryAcquireError::TooManyKeys { .. }))
+        };
         let inner = &*self.inner;
         if inner.ctx.waits.any() && inner.ctx.waits.is_closed() {
-            return (Err(TryAcquireError::Closed), Committed::default());
+            return (Err(TryAcquireError::Closed), Committed::default(), false);
         }
         if self.held_back(key) {
             // Nothing to refund; `overflow` says who refused it, as for a commit.
-            let (refused, overflow) = self.refused_for_waiters(key, n);
+            let queued = inner.ctx.waits.queued_on(key);
+            let (refused, overflow) = self.refused_behind(key, n, queued, COUNTED);
             let committed = Committed {
                 overflow,
                 ..Committed::default()
             };
-            return (Err(refused), committed);
+            let refused = Err(refused);
+            let met = met_cap(&refused, overflow);
+            return (refused, committed, met);
         }
         if inner.ctx.waits.any()
             && let Some(heads) = self.behind_overflow_heads(key, n)
         {
-            let (refused, overflow) = self.refused_behind(key, n, heads, true);
+            let (refused, overflow) = self.refused_behind(key, n, heads, COUNTED);
             let committed = Committed {
                 overflow,
                 ..Committed::default()
             };
-            return (Err(refused), committed);
+            let refused = Err(refused);
+            let met = met_cap(&refused, overflow);
+            return (refused, committed, met);
         }
         let shard = self.shard(key);
         if COMMIT || n == 0 {
-            with_store!(&inner.store, s => s.chain_commit::<true, C>(&inner.ctx, shard, key, n))
+            let (decision, committed) = with_store!(
+                &inner.store, s => s.chain_commit::<COUNTED, C>(&inner.ctx, shard, key, n)
+            );
+            let met = met_cap(&decision, committed.overflow);
+            (decision, committed, met)
         } else {
-            let count = CountOverflow::IfRefused;
-            let (outcome, _) =
+            let count = match COUNTED {
+                true => CountOverflow::IfRefused,
+                false => CountOverflow::Never,
+            };
+            let (outcome, shared) =
                 with_store!(&inner.store, s => s.chain_check(&inner.ctx, shard, key, n, count));
-            (outcome, Committed::default())
+            let met = met_cap(&outcome, shared);
+            (outcome, Committed::default(), met)
         }
     }
 

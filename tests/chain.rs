@@ -1872,6 +1872,41 @@ fn a_closed_member_records_nothing_and_the_others_are_charged() {
     }
 }
 
+/// The same on a keyed chain, for a closed per-key member as for a closed global one: it records
+/// nothing, the call reports `Closed`, and every other member (per key and global) is charged.
+#[test]
+fn a_closed_keyed_chain_member_records_nothing_and_the_others_are_charged() {
+    let fixed = Algorithm::FixedWindow {
+        limit: 10,
+        window: SECOND,
+    };
+    for closed in 0..3 {
+        let clock = ManualClock::new();
+        let per_key = [keyed(fixed, &clock), keyed(fixed, &clock)];
+        let global = manual(fixed, &clock);
+        let chain = KeyedChain::builder()
+            .per_key(per_key[0].clone())
+            .per_key(per_key[1].clone())
+            .global(global.clone())
+            .build()
+            .unwrap();
+        match closed {
+            2 => global.close(),
+            i => per_key[i].close(),
+        }
+        assert_eq!(chain.charge(&"k", 4), Err(TryAcquireError::Closed));
+        let left = [
+            per_key[0].available(&"k"),
+            per_key[1].available(&"k"),
+            global.stats().available,
+        ];
+        for (i, left) in left.into_iter().enumerate() {
+            let expected = if i == closed { 10 } else { 6 };
+            assert_eq!(left, expected, "member {i}, member {closed} closed");
+        }
+    }
+}
+
 /// A new key at a per-key member's key cap: under `Reject` that member records nothing and the
 /// charge fails with `TooManyKeys`, under `Shared` the overflow cell is charged; the other
 /// members (per key and global) are charged either way.
@@ -2660,18 +2695,25 @@ fn a_blocked_chain_caller_fails_at_once_when_a_member_closes() {
     waiter.join().unwrap();
 }
 
+/// `d` in nanoseconds, for a `HookClock`.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap()
+}
+
 /// A keyed chain whose per-key member, a token bucket of 1 an hour capped at one key under
 /// `KeyOverflow::Shared`, holds "a" (spent at 0, idle at 1 h) and whose shared overflow cell
 /// "b" spent at 30 min (free again at 1.5 h). The clock reads 30 min: a call for a new key is
 /// decided on the spent overflow cell (the search for room at "b"'s call found "a" busy until
-/// 1 h) and must wait an hour. Also returns the member's `overflowed` count so far.
+/// 1 h) and must wait an hour. Also returns the member's `overflowed` count so far. The clock
+/// is a `HookClock`, so that a test can tell whether the caller attempted again (it reads the
+/// clock to decide).
 fn chain_at_the_key_cap() -> (
-    ManualClock,
-    KeyedLimiter<&'static str, ManualClock>,
-    KeyedChain<&'static str, ManualClock>,
+    HookClock,
+    KeyedLimiter<&'static str, HookClock>,
+    KeyedChain<&'static str, HookClock>,
     u64,
 ) {
-    let clock = ManualClock::new();
+    let clock = HookClock::default();
     let per_key = KeyedLimiter::builder(Algorithm::TokenBucket {
         rate: Rate::new(1, HOUR),
         burst: 1,
@@ -2682,7 +2724,7 @@ fn chain_at_the_key_cap() -> (
     .build()
     .unwrap();
     per_key.try_acquire(&"a").unwrap();
-    clock.advance(HOUR / 2);
+    clock.advance(nanos(HOUR / 2));
     per_key.try_acquire(&"b").unwrap();
     let overflowed = per_key.stats().overflowed;
     assert_eq!(overflowed, 1, "\"b\" was decided on the overflow cell");
@@ -2712,13 +2754,14 @@ async fn a_sleeping_keyed_chain_caller_at_the_key_cap_is_admitted_at_once_when_a
         "decided on the overflow cell"
     );
     assert_eq!(per_key.sweep(), 0);
+    // Its next attempt would read the clock.
+    clock.arm(1, Box::new(|| ()));
     tokio::time::sleep(SECOND).await;
-    assert_eq!(
-        per_key.stats().overflowed,
-        waits,
+    assert!(
+        !clock.disarm(),
         "a sweep that evicted nothing woke the caller"
     );
-    clock.advance(HOUR / 2);
+    clock.advance(nanos(HOUR / 2));
     assert_eq!(per_key.sweep(), 1);
     let outcome = tokio::time::timeout(SECOND, waiter)
         .await
@@ -2727,6 +2770,88 @@ async fn a_sleeping_keyed_chain_caller_at_the_key_cap_is_admitted_at_once_when_a
     // On a cell of its own (the overflow cell is still spent, and was not asked again).
     assert_eq!((per_key.len(), per_key.available(&"c")), (1, 0));
     assert_eq!(per_key.stats().overflowed, waits);
+}
+
+/// A waiting chain call is counted once in the per-key member's `overflowed`, however many of
+/// its attempts meet the key cap, as the member's own waiting call is (and as the chain call is
+/// counted once in the member's other statistics). Each attempt counted it: six for this call,
+/// woken five times by a reconfiguration and admitted on a cell of its own at last.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_waiting_keyed_chain_call_counts_once_in_overflowed() {
+    let (clock, per_key, chain, overflowed) = chain_at_the_key_cap();
+    let waiter = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.acquire(&"c").await }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(per_key.stats().overflowed, overflowed + 1);
+    let algorithm = per_key.algorithm();
+    for _ in 0..5 {
+        per_key.reconfigure(algorithm).unwrap();
+        // Woken, it attempts again (reading the clock) and meets the cap again.
+        clock.arm(1, Box::new(|| ()));
+        tokio::time::sleep(SECOND).await;
+        assert!(
+            clock.disarm(),
+            "the reconfiguration did not wake the caller"
+        );
+    }
+    assert_eq!(per_key.stats().overflowed, overflowed + 1);
+    clock.advance(nanos(HOUR / 2));
+    assert_eq!(per_key.sweep(), 1);
+    let outcome = tokio::time::timeout(SECOND, waiter).await.unwrap();
+    assert!(outcome.unwrap().is_ok());
+    assert_eq!(per_key.stats().overflowed, overflowed + 1);
+    let stats = per_key.stats();
+    assert_eq!(
+        stats.admitted + stats.rejected,
+        3,
+        "\"a\", \"b\" and the chain call"
+    );
+}
+
+/// A chain call for a new key at a per-key member's cap, which the shared overflow cell admits
+/// at the check but another member refuses, is counted in `overflowed`: it met the cap as much
+/// as a call the cell refuses, or one the commit then admits there (each counted once). It was
+/// not counted: the check left the count to a commit that never came.
+#[test]
+fn a_keyed_chain_call_at_the_cap_refused_by_another_member_counts_in_overflowed() {
+    use turnstile::KeyOverflow;
+    let clock = ManualClock::new();
+    let minute = Duration::from_secs(60);
+    let per_key = KeyedLimiter::builder(Algorithm::FixedWindow {
+        limit: 5,
+        window: minute,
+    })
+    .clock(clock.clone())
+    .max_keys(1)
+    .overflow(KeyOverflow::Shared)
+    .build()
+    .unwrap();
+    let global = manual(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: minute,
+        },
+        &clock,
+    );
+    let chain = KeyedChain::builder()
+        .per_key(per_key.clone())
+        .global(global.clone())
+        .build()
+        .unwrap();
+    per_key.try_acquire(&"own").unwrap(); // the only key slot, busy for the window
+    per_key.try_acquire(&"x").unwrap(); // searched for room, found none: the shared cell
+    assert_eq!(per_key.stats().overflowed, 1);
+    chain.try_acquire(&"y").unwrap(); // the shared cell admits (check and commit), once
+    assert_eq!(per_key.stats().overflowed, 2);
+    // The shared cell would admit "z" too; the global member has nothing left.
+    assert!(matches!(
+        chain.try_acquire(&"z"),
+        Err(TryAcquireError::Rejected(_))
+    ));
+    assert_eq!(per_key.stats().overflowed, 3);
+    assert_eq!(per_key.stats().rejected, 1);
 }
 
 /// The same with the limiter's own periodic sweeper (`run_sweeper`) doing the sweep.
@@ -2739,7 +2864,7 @@ async fn a_sleeping_keyed_chain_caller_at_the_key_cap_is_admitted_when_the_sweep
     });
     tokio::spawn(per_key.run_sweeper(SECOND));
     tokio::task::yield_now().await;
-    clock.advance(HOUR / 2);
+    clock.advance(nanos(HOUR / 2));
     let outcome = tokio::time::timeout(3 * SECOND, waiter)
         .await
         .expect("the chain caller slept on past the sweeper's eviction");
@@ -2760,7 +2885,7 @@ fn a_blocked_keyed_chain_caller_at_the_key_cap_is_admitted_at_once_when_a_sweep_
     while per_key.stats().overflowed == overflowed {
         std::thread::yield_now();
     }
-    clock.advance(HOUR / 2);
+    clock.advance(nanos(HOUR / 2));
     assert_eq!(per_key.sweep(), 1);
     let outcome = outcome
         .recv_timeout(Duration::from_secs(30))

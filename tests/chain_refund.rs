@@ -886,3 +886,168 @@ proptest! {
         prop_assert_eq!(common::violations(of(second), &kept(&on_b)), 0, "second member");
     }
 }
+
+#[derive(Debug, Clone)]
+enum KeyedOp {
+    /// A plain `try_acquire_n` of the keyed chain for key `.0`.
+    Take(u8, u32),
+    /// A `try_acquire_refundable` of the keyed chain, its receipt kept.
+    Receipt(u8, u32),
+    /// The per-key member's own receipt for key `.0`.
+    Own(u8, u32),
+    /// A plain `try_acquire_n` on the global member, beside the chain.
+    Global(u32),
+    /// Refunds the outstanding receipt at this index (modulo their number), whatever its age.
+    Refund(usize),
+    /// Moves the clock on, by milliseconds (windows are 10 s).
+    Advance(u64),
+    /// A sweep of the per-key member (evicts its idle keys).
+    Sweep,
+    /// A reset of one key of the per-key member (it voids every outstanding keyed refund).
+    Reset(u8),
+    /// Reconfigures the per-key member (or the global one) to its own parameters.
+    Reconfigure(bool),
+}
+
+fn keyed_op(limit: u32) -> impl Strategy<Value = KeyedOp> {
+    prop_oneof![
+        2 => (0u8..3, 1..=limit).prop_map(|(k, n)| KeyedOp::Take(k, n)),
+        4 => (0u8..3, 1..=limit).prop_map(|(k, n)| KeyedOp::Receipt(k, n)),
+        2 => (0u8..3, 1..=limit).prop_map(|(k, n)| KeyedOp::Own(k, n)),
+        1 => (1..=limit).prop_map(KeyedOp::Global),
+        4 => any::<usize>().prop_map(KeyedOp::Refund),
+        2 => (0u64..3_000).prop_map(KeyedOp::Advance),
+        1 => (3_000u64..25_000).prop_map(KeyedOp::Advance),
+        1 => Just(KeyedOp::Sweep),
+        1 => (0u8..3).prop_map(KeyedOp::Reset),
+        1 => any::<bool>().prop_map(KeyedOp::Reconfigure),
+    ]
+}
+
+/// Records a keyed chain's admission of `n` for `key` at `now`: one entry per listing of the
+/// per-key member, one on the global member. Returns where, for a receipt's refund.
+fn record(
+    on_key: &mut [Vec<Entry>; 3],
+    on_global: &mut Vec<Entry>,
+    listed: usize,
+    key: u8,
+    (now, n): (u64, u32),
+) -> (Vec<(u8, usize)>, Vec<usize>) {
+    let on = &mut on_key[usize::from(key)];
+    let at_key = (0..listed)
+        .map(|_| {
+            on.push(Some((now, u64::from(n))));
+            (key, on.len() - 1)
+        })
+        .collect();
+    on_global.push(Some((now, u64::from(n))));
+    (at_key, vec![on_global.len() - 1])
+}
+
+/// An outstanding receipt's refund, and the audit entries it takes back: per key on the
+/// per-key member (one per listing), and on the global member.
+type KeyedHeld = (Box<dyn FnOnce()>, Vec<(u8, usize)>, Vec<usize>);
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+
+    /// `chain_refunds_keep_what_stays_admitted_exact` for a keyed chain: a per-key member
+    /// (listed once or twice) and a global one, with chain calls plain and refundable on three
+    /// keys, the per-key member's own receipts and plain calls on the global member beside
+    /// them, refunds at any age, clock advances, sweeps that evict idle keys (a refund then
+    /// finds the key's cell made again, or none), resets of a key (which void the per-key
+    /// member's outstanding refunds) and reconfigurations of either member. The admissions each
+    /// member keeps satisfy the algorithm's exactness audit: per key on the per-key member (its
+    /// admissions before a reset of the key audited apart, since the reset forgets them), and
+    /// over every call on the global member.
+    #[test]
+    fn keyed_chain_refunds_keep_what_stays_admitted_exact(
+        kind in 0u8..4,
+        (first, second) in (1u32..=4, 1u32..=6),
+        twice in any::<bool>(),
+        ops in proptest::collection::vec(keyed_op(4), 1..120),
+    ) {
+        let of = |limit| match kind {
+            0 => fixed(limit),
+            1 => counter(limit),
+            2 => Algorithm::TokenBucket { rate: Rate::new(limit, 10 * SECOND), burst: limit },
+            _ => sliding(limit),
+        };
+        let clock = ManualClock::new();
+        let per_key: KeyedLimiter<u8, ManualClock> =
+            KeyedLimiter::with_clock(of(first), clock.clone()).unwrap();
+        let global = manual(of(second), &clock);
+        let listed = if twice { 2 } else { 1 };
+        let mut builder = KeyedChain::builder().per_key(per_key.clone());
+        if twice {
+            builder = builder.per_key(per_key.clone());
+        }
+        let chain = builder.global(global.clone()).build().unwrap();
+        // Per key, then the global member: (time, permits) of every admission, None once
+        // refunded; a key's admissions before a reset are moved to `forgotten`.
+        let mut on_key: [Vec<Entry>; 3] = Default::default();
+        let mut on_global: Vec<Entry> = Vec::new();
+        let mut forgotten: Vec<Vec<Entry>> = Vec::new();
+        let mut held: Vec<KeyedHeld> = Vec::new();
+        for op in &ops {
+            let now = clock.elapsed().as_nanos() as u64;
+            match *op {
+                KeyedOp::Take(key, n) => {
+                    if chain.try_acquire_n(&key, n).is_ok() {
+                        record(&mut on_key, &mut on_global, listed, key, (now, n));
+                    }
+                }
+                KeyedOp::Receipt(key, n) => {
+                    if let Ok(r) = chain.try_acquire_refundable(&key, n) {
+                        let (at_key, at_global) =
+                            record(&mut on_key, &mut on_global, listed, key, (now, n));
+                        held.push((Box::new(move || r.refund()), at_key, at_global));
+                    }
+                }
+                KeyedOp::Own(key, n) => {
+                    if let Ok(r) = per_key.try_acquire_refundable(&key, n) {
+                        let on = &mut on_key[usize::from(key)];
+                        on.push(Some((now, u64::from(n))));
+                        held.push((Box::new(move || r.refund()), vec![(key, on.len() - 1)], vec![]));
+                    }
+                }
+                KeyedOp::Global(n) => {
+                    if global.try_acquire_n(n).is_ok() {
+                        on_global.push(Some((now, u64::from(n))));
+                    }
+                }
+                KeyedOp::Refund(i) if !held.is_empty() => {
+                    let (refund, at_key, at_global) = held.swap_remove(i % held.len());
+                    refund();
+                    at_key.into_iter().for_each(|(k, i)| on_key[usize::from(k)][i] = None);
+                    at_global.into_iter().for_each(|i| on_global[i] = None);
+                }
+                KeyedOp::Refund(_) => {}
+                KeyedOp::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+                KeyedOp::Sweep => {
+                    per_key.sweep();
+                }
+                KeyedOp::Reset(key) => {
+                    per_key.reset(&key);
+                    let on = &mut on_key[usize::from(key)];
+                    forgotten.push(std::mem::replace(on, vec![None; on.len()]));
+                }
+                KeyedOp::Reconfigure(which) => {
+                    if which {
+                        per_key.reconfigure(of(first)).unwrap();
+                    } else {
+                        global.reconfigure(of(second)).unwrap();
+                    }
+                }
+            }
+        }
+        let kept = |on: &[Entry]| on.iter().flatten().copied().collect::<Vec<_>>();
+        for (key, on) in on_key.iter().enumerate() {
+            prop_assert_eq!(common::violations(of(first), &kept(on)), 0, "key {}", key);
+        }
+        for on in &forgotten {
+            prop_assert_eq!(common::violations(of(first), &kept(on)), 0, "before a reset");
+        }
+        prop_assert_eq!(common::violations(of(second), &kept(&on_global)), 0, "global member");
+    }
+}
