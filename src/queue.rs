@@ -734,7 +734,83 @@ impl Drop for Ticket<'_> {
             && let Some(left) = self.queue.cancel(self.gate, self.seq)
         {
             self.counters.bump(left.counter());
+            #[cfg(feature = "tokio")]
+            if let Left::Failed(error) = left {
+                timed_out::failed(error);
+            }
         }
+    }
+}
+
+/// An `acquire` with a time limit (every limiter's `acquire_timeout`).
+///
+/// `future` is polled first, as [`crate::timer::timeout`] does. When the time passes it is
+/// dropped, and the call answers [`AcquireError::Timeout`], counted cancelled by the waiter's
+/// ticket, unless the queue had failed that waiter already (a `close`, an eviction or a lowered
+/// limit that landed after its last look, on another thread): the ticket then counts the call
+/// rejected, as the queue decided, and the call answers that failure, as
+/// [`Wait::run_blocking`] does at its deadline. Answering `Timeout` there told the caller one
+/// thing and `stats()` another (`an_acquire_timeout_failed_as_its_time_passes_answers_what_stats_count`).
+#[cfg(feature = "tokio")]
+pub(crate) async fn timeout<T>(
+    after: std::time::Duration,
+    future: impl Future<Output = Result<T, AcquireError>>,
+) -> Result<T, AcquireError> {
+    let mut future = std::pin::pin!(Some(future));
+    let polled = crate::timer::timeout(
+        after,
+        std::future::poll_fn(|cx| match future.as_mut().as_pin_mut() {
+            Some(future) => future.poll(cx),
+            // Not polled again once dropped (below), nor once ready (`timer::timeout` returns).
+            None => Poll::Ready(Err(AcquireError::Timeout)),
+        }),
+    )
+    .await;
+    match polled {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            Err(timed_out::drop_and_learn(|| future.set(None)).unwrap_or(AcquireError::Timeout))
+        }
+    }
+}
+
+/// How a timed-out `acquire` learns what its dropped waiter was counted as (see [`timeout`]):
+/// the ticket's `Drop` runs inside `future.set(None)`, on this thread, and leaves the failure
+/// in a thread-local slot that only [`drop_and_learn`](timed_out::drop_and_learn) opens.
+#[cfg(feature = "tokio")]
+mod timed_out {
+    use crate::error::AcquireError;
+    use std::cell::Cell;
+
+    std::thread_local! {
+        /// `Some` while a timed-out acquire is being dropped on this thread: the first failure a
+        /// ticket dropped in it had been given by its queue.
+        static SLOT: Cell<Option<Option<AcquireError>>> = const { Cell::new(None) };
+    }
+
+    /// A ticket the queue had failed is dropped with `error` (counted rejected).
+    pub(super) fn failed(error: AcquireError) {
+        SLOT.with(|slot| {
+            if let Some(None) = slot.get() {
+                slot.set(Some(Some(error)));
+            }
+        });
+    }
+
+    /// Runs `drop` and returns the first failure of a ticket dropped in it.
+    pub(super) fn drop_and_learn(drop: impl FnOnce()) -> Option<AcquireError> {
+        /// Puts back the slot of an enclosing call, even if `drop` unwinds.
+        struct Restore(Option<Option<AcquireError>>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                SLOT.with(|slot| slot.set(self.0));
+            }
+        }
+        let restore = Restore(SLOT.with(|slot| slot.replace(Some(None))));
+        drop();
+        let learnt = SLOT.with(Cell::get).flatten();
+        std::mem::drop(restore);
+        learnt
     }
 }
 

@@ -848,6 +848,99 @@ fn blocking_timeout_on_a_concurrency_limiter_leaves_the_queue() {
     assert!(limiter.try_acquire().is_ok());
 }
 
+/// A waker that closes its limiter when its last clone is dropped: a `close` that lands inside
+/// a poll of an `acquire_timeout`, after the waiter's look and before the time limit is checked
+/// (as a `close` on another thread can land at that moment).
+struct CloseOnDrop(Box<dyn Fn() + Send + Sync>);
+
+impl std::task::Wake for CloseOnDrop {
+    fn wake(self: Arc<Self>) {}
+}
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+/// An async `acquire_timeout` whose time limit passes just as the queue fails the waiter (a
+/// `close` here) answers that failure, as `stats` counts it (rejected), not `Timeout` (which is
+/// counted cancelled), as the blocking `acquire_blocking_timeout` does. The close lands in the
+/// poll that finds the time up, after the waiter's look: the waiter's replaced waker closes the
+/// limiter when the queue (or a timer) drops it.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_timeout_failed_as_its_time_passes_answers_what_stats_count() {
+    async fn check<T: std::fmt::Debug>(
+        call: impl std::future::Future<Output = Result<T, AcquireError>>,
+        close: Box<dyn Fn() + Send + Sync>,
+        stats: impl Fn() -> (u64, u64),
+    ) {
+        let mut call = Box::pin(call);
+        let closer = Waker::from(Arc::new(CloseOnDrop(close)));
+        assert!(poll_with(call.as_mut(), &closer).is_pending());
+        drop(closer); // the queue and the timers hold the only clones
+        tokio::time::advance(10 * MS).await;
+        let outcome = poll_with(call.as_mut(), Waker::noop());
+        let (rejected, cancelled) = stats();
+        match outcome {
+            Poll::Ready(Err(AcquireError::Closed)) => assert_eq!((rejected, cancelled), (1, 0)),
+            Poll::Ready(Err(AcquireError::Timeout)) => assert_eq!(
+                (rejected, cancelled),
+                (0, 1),
+                "answered Timeout, counted rejected"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    let permits = ConcurrencyLimiter::new(1).unwrap();
+    let _held = permits.try_acquire().unwrap();
+    let closing = permits.clone();
+    check(
+        permits.acquire_timeout(1, 10 * MS),
+        Box::new(move || closing.close()),
+        || (permits.stats().rejected, permits.stats().cancelled),
+    )
+    .await;
+
+    let rate = bucket(Rate::per_second(1), 1);
+    rate.try_acquire().unwrap();
+    let closing = rate.clone();
+    check(
+        rate.acquire_timeout(1, 10 * MS),
+        Box::new(move || closing.close()),
+        || (rate.stats().rejected, rate.stats().cancelled),
+    )
+    .await;
+
+    #[cfg(feature = "keyed")]
+    {
+        let keyed = turnstile::KeyedConcurrencyLimiter::<&str>::new(1).unwrap();
+        let _held = keyed.try_acquire(&"k").unwrap();
+        let closing = keyed.clone();
+        check(
+            keyed.acquire_timeout(&"k", 1, 10 * MS),
+            Box::new(move || closing.close()),
+            || (keyed.stats().rejected, keyed.stats().cancelled),
+        )
+        .await;
+
+        let algorithm = Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 1,
+        };
+        let keyed = KeyedLimiter::with_clock(algorithm, TokioClock::new()).unwrap();
+        keyed.try_acquire(&"k").unwrap();
+        let closing = keyed.clone();
+        check(
+            keyed.acquire_timeout(&"k", 1, 10 * MS),
+            Box::new(move || closing.close()),
+            || (keyed.stats().rejected, keyed.stats().cancelled),
+        )
+        .await;
+    }
+}
+
 /// A blocked head whose time limit passes hands its turn on: the waiter behind it, which the
 /// free permits fit (but not the head's), is served then, without waiting for a release. Real
 /// time is what is under test (the head's deadline).
