@@ -14,12 +14,14 @@
 //!   until a release wakes it.
 //!
 //! When the head leaves (served, cancelled, or failed) the next head is woken: one event wakes one
-//! waiter. A concurrency limiter's served head wakes it only if its permits are free then (see
-//! [`Room`]); otherwise the release that frees them wakes it, so a freed permit costs one wake.
+//! waiter. A concurrency limiter's served or cancelled head wakes it only if its permits are free
+//! then (see [`Room`]); otherwise the release that frees them wakes it, so a freed permit costs
+//! one wake.
 //! Permits are never handed to a waiter that is not running: the head takes them in the
 //! same critical section in which it learns it got them, and returns them to its caller without an
 //! await in between. That is what makes cancellation trivially safe: dropping a waiter removes its
-//! entry and, if it was the head, wakes the next one. Nothing else can have been given to it.
+//! entry and, if it was the head, wakes the next one (a concurrency limiter's, if its permits are
+//! free). Nothing else can have been given to it.
 //!
 //! A `Waker` may panic. A served head wakes the next head before its poll returns, so it holds
 //! what it took in a guard until that wake is over, and an unwind gives it back to the limiter
@@ -451,14 +453,20 @@ impl WaitQueue {
     /// failed it (closed, evicted, or too big after a reconfiguration) and it gave up before it
     /// looked, since that failure was the limiter's decision, not a wait given up; `None` if it
     /// was neither (nothing to count).
-    fn cancel(&self, gate: &AtomicU64, seq: u64) -> Option<Left> {
+    ///
+    /// With `room`, a cancelled head wakes the next head only if its permits are free, as a
+    /// served head does (see [`Room`]): a waiter that leaves holds nothing (permits are taken
+    /// only in a poll that returns them), so its leaving frees nothing, and a release whose wake
+    /// it took without looking has freed its permits already, which `free_for` sees (the
+    /// release's `fetch_sub` comes before its wake's lock of the mutex, and so before ours).
+    fn cancel(&self, gate: &AtomicU64, seq: u64, room: Option<&dyn Room>) -> Option<Left> {
         let mut next = Wake::Nobody;
         let (counted, stale) = {
             let mut waiters = lock(&self.waiters);
             if let Some(error) = waiters.failed.remove(&seq) {
                 (Some(Left::Failed(error)), None)
             } else {
-                let stale = self.leave(&mut waiters, gate, seq, &mut next, None);
+                let stale = self.leave(&mut waiters, gate, seq, &mut next, room);
                 (stale.as_ref().map(|_| Left::Cancelled), stale)
             }
         };
@@ -715,7 +723,7 @@ impl Ticket<'_> {
     /// statistics agree.
     fn time_out(&mut self) -> AcquireError {
         self.queued = false;
-        match self.queue.cancel(self.gate, self.seq) {
+        match self.queue.cancel(self.gate, self.seq, self.room) {
             Some(left) => {
                 self.counters.bump(left.counter());
                 match left {
@@ -731,7 +739,7 @@ impl Ticket<'_> {
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if self.queued
-            && let Some(left) = self.queue.cancel(self.gate, self.seq)
+            && let Some(left) = self.queue.cancel(self.gate, self.seq, self.room)
         {
             self.counters.bump(left.counter());
             #[cfg(feature = "tokio")]
@@ -866,20 +874,22 @@ pub(crate) struct Wait<'a> {
     /// `reconfigure`): either the walk finds the queue, or the read sees the new capacity.
     pub(crate) capacity: Option<&'a dyn Capacity>,
     /// Whether a head's permits are free now, for a limiter whose every freeing of permits
-    /// wakes the head (a concurrency limiter's release): a served head then wakes the next head
-    /// only if its permits are free, instead of waking it to look, find nothing and sleep again.
+    /// wakes the head (a concurrency limiter's release): a served or cancelled head then wakes
+    /// the next head only if its permits are free, instead of waking it to look, find nothing
+    /// and sleep again.
     /// `None`: the next head is always woken (a rate limiter's must arm its own timer).
     pub(crate) room: Option<&'a dyn Room>,
 }
 
 /// A limiter whose every freeing of permits wakes the queue's head (see [`Wait::room`]).
 ///
-/// Why a served head may leave the next head asleep: that head stays registered, and every
-/// later freeing wakes the head of the moment under the queue's mutex (a release that saw
-/// `WAITERS`, which stays set while anyone is queued; a raise's sweep). `free_for` runs under
+/// Why a served or cancelled head may leave the next head asleep: that head stays registered,
+/// and every later freeing wakes the head of the moment under the queue's mutex (a release that
+/// saw `WAITERS`, which stays set while anyone is queued; a raise's sweep). `free_for` runs under
 /// the mutex, after the served head's take; a release it does not see comes after its read in
 /// the permit word's modification order, so it sees `WAITERS` and wakes the head once the mutex
-/// is free (`loom_waiters::served_head_leaves_the_next_asleep_vs_release`).
+/// is free (`loom_waiters::served_head_leaves_the_next_asleep_vs_release`, and
+/// `cancelled_head_leaves_the_next_asleep_vs_release` for a head that leaves unserved).
 pub(crate) trait Room: Sync {
     /// Whether a waiter for `permits` (a probe: one) could take them now.
     fn free_for(&self, permits: u32) -> bool;

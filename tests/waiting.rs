@@ -1269,6 +1269,77 @@ fn each_freed_slot_wakes_one_waiter_and_only_when_its_permits_are_free() {
     drop((second, waiters));
 }
 
+/// The same rule when the head leaves without being served: a cancelled head (its future
+/// dropped, or a blocking head past its deadline) wakes the next head only if that one's
+/// permits are free, and then once; otherwise the release that frees them wakes it. A release
+/// whose wake the cancelled head took without looking has freed its permits: the next head is
+/// woken for them.
+#[test]
+fn a_cancelled_head_wakes_the_next_only_when_its_permits_are_free() {
+    type Call<'a> = std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<turnstile::Permit<'a>, AcquireError>>
+                + Send
+                + 'a,
+        >,
+    >;
+    fn queued(limiter: &ConcurrencyLimiter, n: u32) -> (Arc<wakers::Counter>, Waker, Call<'_>) {
+        let (woken, waker) = counting();
+        let mut call: Call<'_> = Box::pin(limiter.acquire_n(n));
+        assert!(poll_with(call.as_mut(), &waker).is_pending());
+        (woken, waker, call)
+    }
+
+    // Nothing free: the next head stays asleep until the release.
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let (head_woken, _, head) = queued(&limiter, 1);
+    let (next_woken, next_waker, mut next) = queued(&limiter, 1);
+    drop(head);
+    assert_eq!(
+        next_woken.wakes(),
+        0,
+        "woken with nothing free, to look and sleep again"
+    );
+    drop(held);
+    assert_eq!((head_woken.wakes(), next_woken.wakes()), (0, 1));
+    assert!(matches!(
+        poll_with(next.as_mut(), &next_waker),
+        Poll::Ready(Ok(_))
+    ));
+
+    // The head woken by a release, then dropped before it looks: the next head gets the wake.
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let (head_woken, _, head) = queued(&limiter, 1);
+    let (next_woken, next_waker, mut next) = queued(&limiter, 1);
+    drop(held);
+    assert_eq!((head_woken.wakes(), next_woken.wakes()), (1, 0));
+    drop(head);
+    assert_eq!(next_woken.wakes(), 1, "the freed permit's wake was lost");
+    assert!(matches!(
+        poll_with(next.as_mut(), &next_waker),
+        Poll::Ready(Ok(_))
+    ));
+
+    // A head too big for what is free, cancelled: the next head, which fits, is woken at once.
+    let limiter = ConcurrencyLimiter::new(3).unwrap();
+    let held = limiter.try_acquire_n(2).unwrap();
+    let (_, _, head) = queued(&limiter, 2);
+    let (next_woken, next_waker, mut next) = queued(&limiter, 1);
+    let (last_woken, _, last) = queued(&limiter, 1);
+    drop(head);
+    assert_eq!((next_woken.wakes(), last_woken.wakes()), (1, 0));
+    let permit = match poll_with(next.as_mut(), &next_waker) {
+        Poll::Ready(Ok(permit)) => permit,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(last_woken.wakes(), 0, "nothing is free for the last");
+    drop((permit, held, last));
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.cancelled, stats.available), (0, 2, 3));
+}
+
 #[test]
 fn close_wakes_every_waiter_even_if_a_waker_panics() {
     let limiter = ConcurrencyLimiter::new(1).unwrap();
