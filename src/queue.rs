@@ -805,7 +805,9 @@ mod timed_out {
         });
     }
 
-    /// Runs `drop` and returns the first failure of a ticket dropped in it.
+    /// Runs `drop` and returns the first failure of a ticket dropped in it. A timed-out
+    /// acquire holds one ticket; only a failed ticket of another call, dropped first by user
+    /// code that this drop runs (the `Drop` of a `Waker` it lets go), would be taken for it.
     pub(super) fn drop_and_learn(drop: impl FnOnce()) -> Option<AcquireError> {
         /// Puts back the slot of an enclosing call, even if `drop` unwinds.
         struct Restore(Option<Option<AcquireError>>);
