@@ -7,9 +7,10 @@
 //! queue sets `WAITERS` under the mutex when the first waiter arrives and clears it when the last
 //! one leaves. A release is one `fetch_sub` (Release) on the permit word; if the value it replaced
 //! had `WAITERS`, it takes the mutex and wakes the head. A head that leaves (served, cancelled,
-//! failed) wakes the next head. Permits are never handed to a waiter that is not running, so a
-//! dropped waiter holds nothing and cancelling is "remove my entry; if I was the head, wake the
-//! next". `close` sets `CLOSED`, fails every waiter and wakes them; later enqueues fail at once.
+//! failed) wakes the next head (a served or cancelled one only if the next head's permits are
+//! free then: otherwise the release that frees them does). Permits are never handed to a waiter
+//! that is not running, so a dropped waiter holds nothing and cancelling is "remove my entry; if
+//! I was the head, wake the next". `close` sets `CLOSED`, fails every waiter and wakes them; later enqueues fail at once.
 //! Under loom a blocking waiter sleeps on a `Mutex` + `Condvar` (so a lost wake-up is a deadlock
 //! that loom reports), and a wait for time just yields.
 //!
@@ -286,6 +287,37 @@ fn served_head_leaves_the_next_asleep_vs_release() {
         drop((mine, theirs));
         let s = l.stats();
         assert_eq!((s.admitted, s.rejected, s.cancelled), (4, 0, 0), "{s:?}");
+        assert_idle(&l, 4);
+    });
+}
+
+/// The same rule for a head that leaves unserved: limit 2, both permits held by the main thread;
+/// a head of two permits and a next head of one queued by hand. The head is dropped (cancelled)
+/// in one thread while another releases one permit: a cancelled head wakes the next head only if
+/// its permit is free then (`Room`). Either the cancel sees the release and wakes the next head,
+/// or the release comes after its look, sees `WAITERS` and wakes the next head itself (or it
+/// came first and spent its wake on the head, whose cancel then sees its permit free): the next
+/// head (the main thread, asleep in `block_on`) must be served, never left asleep with a permit
+/// free.
+#[test]
+fn cancelled_head_leaves_the_next_asleep_vs_release() {
+    model(|| {
+        let l = ConcurrencyLimiter::new(2).unwrap();
+        let first = l.try_acquire_owned(1).unwrap();
+        let second = l.try_acquire_owned(1).unwrap();
+        let mut head = Box::pin(l.acquire_owned(2));
+        let mut next = Box::pin(l.acquire_owned(1));
+        assert!(poll_once(head.as_mut()).is_pending());
+        assert!(poll_once(next.as_mut()).is_pending());
+        let canceller = thread::spawn(move || drop(head));
+        let releaser = thread::spawn(move || drop(second));
+        let mine = block_on(next).expect("a release is coming");
+        canceller.join().unwrap();
+        releaser.join().unwrap();
+        assert_eq!(l.available(), 0, "permit duplicated");
+        drop((mine, first));
+        let s = l.stats();
+        assert_eq!((s.admitted, s.rejected, s.cancelled), (3, 0, 1), "{s:?}");
         assert_idle(&l, 4);
     });
 }

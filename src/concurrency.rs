@@ -557,10 +557,7 @@ impl ConcurrencyLimiter {
         n: u32,
         timeout: Duration,
     ) -> Result<Permit<'_>, AcquireError> {
-        match crate::timer::timeout(timeout, self.acquire_n(n)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(AcquireError::Timeout),
-        }
+        crate::queue::timeout(timeout, self.acquire_n(n)).await
     }
 
     /// Blocks the calling thread until one permit is free. See

@@ -1794,10 +1794,7 @@ where
         n: u32,
         timeout: std::time::Duration,
     ) -> Result<KeyedPermit<'_, K, S>, AcquireError> {
-        match crate::timer::timeout(timeout, self.acquire_n(key, n)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(AcquireError::Timeout),
-        }
+        crate::queue::timeout(timeout, self.acquire_n(key, n)).await
     }
 
     /// Blocks the calling thread until one permit for `key` is free. See

@@ -1562,10 +1562,7 @@ impl<C: Clock> RateLimiter<C> {
         n: u32,
         timeout: Duration,
     ) -> Result<Admission, AcquireError> {
-        match crate::timer::timeout(timeout, self.acquire_n(n)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(AcquireError::Timeout),
-        }
+        crate::queue::timeout(timeout, self.acquire_n(n)).await
     }
 
     /// Blocks the calling thread until one permit is admitted. See

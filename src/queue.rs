@@ -14,12 +14,14 @@
 //!   until a release wakes it.
 //!
 //! When the head leaves (served, cancelled, or failed) the next head is woken: one event wakes one
-//! waiter. A concurrency limiter's served head wakes it only if its permits are free then (see
-//! [`Room`]); otherwise the release that frees them wakes it, so a freed permit costs one wake.
+//! waiter. A concurrency limiter's served or cancelled head wakes it only if its permits are free
+//! then (see [`Room`]); otherwise the release that frees them wakes it, so a freed permit costs
+//! one wake.
 //! Permits are never handed to a waiter that is not running: the head takes them in the
 //! same critical section in which it learns it got them, and returns them to its caller without an
 //! await in between. That is what makes cancellation trivially safe: dropping a waiter removes its
-//! entry and, if it was the head, wakes the next one. Nothing else can have been given to it.
+//! entry and, if it was the head, wakes the next one (a concurrency limiter's, if its permits are
+//! free). Nothing else can have been given to it.
 //!
 //! A `Waker` may panic. A served head wakes the next head before its poll returns, so it holds
 //! what it took in a guard until that wake is over, and an unwind gives it back to the limiter
@@ -451,14 +453,20 @@ impl WaitQueue {
     /// failed it (closed, evicted, or too big after a reconfiguration) and it gave up before it
     /// looked, since that failure was the limiter's decision, not a wait given up; `None` if it
     /// was neither (nothing to count).
-    fn cancel(&self, gate: &AtomicU64, seq: u64) -> Option<Left> {
+    ///
+    /// With `room`, a cancelled head wakes the next head only if its permits are free, as a
+    /// served head does (see [`Room`]): a waiter that leaves holds nothing (permits are taken
+    /// only in a poll that returns them), so its leaving frees nothing, and a release whose wake
+    /// it took without looking has freed its permits already, which `free_for` sees (the
+    /// release's `fetch_sub` comes before its wake's lock of the mutex, and so before ours).
+    fn cancel(&self, gate: &AtomicU64, seq: u64, room: Option<&dyn Room>) -> Option<Left> {
         let mut next = Wake::Nobody;
         let (counted, stale) = {
             let mut waiters = lock(&self.waiters);
             if let Some(error) = waiters.failed.remove(&seq) {
                 (Some(Left::Failed(error)), None)
             } else {
-                let stale = self.leave(&mut waiters, gate, seq, &mut next, None);
+                let stale = self.leave(&mut waiters, gate, seq, &mut next, room);
                 (stale.as_ref().map(|_| Left::Cancelled), stale)
             }
         };
@@ -715,7 +723,7 @@ impl Ticket<'_> {
     /// statistics agree.
     fn time_out(&mut self) -> AcquireError {
         self.queued = false;
-        match self.queue.cancel(self.gate, self.seq) {
+        match self.queue.cancel(self.gate, self.seq, self.room) {
             Some(left) => {
                 self.counters.bump(left.counter());
                 match left {
@@ -731,10 +739,88 @@ impl Ticket<'_> {
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if self.queued
-            && let Some(left) = self.queue.cancel(self.gate, self.seq)
+            && let Some(left) = self.queue.cancel(self.gate, self.seq, self.room)
         {
             self.counters.bump(left.counter());
+            #[cfg(feature = "tokio")]
+            if let Left::Failed(error) = left {
+                timed_out::failed(error);
+            }
         }
+    }
+}
+
+/// An `acquire` with a time limit (every limiter's `acquire_timeout`).
+///
+/// `future` is polled first, as [`crate::timer::timeout`] does. When the time passes it is
+/// dropped, and the call answers [`AcquireError::Timeout`], counted cancelled by the waiter's
+/// ticket, unless the queue had failed that waiter already (a `close`, an eviction or a lowered
+/// limit that landed after its last look, on another thread): the ticket then counts the call
+/// rejected, as the queue decided, and the call answers that failure, as
+/// [`Wait::run_blocking`] does at its deadline. Answering `Timeout` there told the caller one
+/// thing and `stats()` another (`an_acquire_timeout_failed_as_its_time_passes_answers_what_stats_count`).
+#[cfg(feature = "tokio")]
+pub(crate) async fn timeout<T>(
+    after: std::time::Duration,
+    future: impl Future<Output = Result<T, AcquireError>>,
+) -> Result<T, AcquireError> {
+    let mut future = std::pin::pin!(Some(future));
+    let polled = crate::timer::timeout(
+        after,
+        std::future::poll_fn(|cx| match future.as_mut().as_pin_mut() {
+            Some(future) => future.poll(cx),
+            // Not polled again once dropped (below), nor once ready (`timer::timeout` returns).
+            None => Poll::Ready(Err(AcquireError::Timeout)),
+        }),
+    )
+    .await;
+    match polled {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            Err(timed_out::drop_and_learn(|| future.set(None)).unwrap_or(AcquireError::Timeout))
+        }
+    }
+}
+
+/// How a timed-out `acquire` learns what its dropped waiter was counted as (see [`timeout`]):
+/// the ticket's `Drop` runs inside `future.set(None)`, on this thread, and leaves the failure
+/// in a thread-local slot that only [`drop_and_learn`](timed_out::drop_and_learn) opens.
+#[cfg(feature = "tokio")]
+mod timed_out {
+    use crate::error::AcquireError;
+    use std::cell::Cell;
+
+    std::thread_local! {
+        /// `Some` while a timed-out acquire is being dropped on this thread: the first failure a
+        /// ticket dropped in it had been given by its queue.
+        static SLOT: Cell<Option<Option<AcquireError>>> = const { Cell::new(None) };
+    }
+
+    /// A ticket the queue had failed is dropped with `error` (counted rejected).
+    pub(super) fn failed(error: AcquireError) {
+        SLOT.with(|slot| {
+            if let Some(None) = slot.get() {
+                slot.set(Some(Some(error)));
+            }
+        });
+    }
+
+    /// Runs `drop` and returns the first failure of a ticket dropped in it. A timed-out
+    /// acquire holds one ticket; only a failed ticket of another call, dropped first by user
+    /// code that this drop runs (the `Drop` of a `Waker` it lets go), would be taken for it.
+    pub(super) fn drop_and_learn(drop: impl FnOnce()) -> Option<AcquireError> {
+        /// Puts back the slot of an enclosing call, even if `drop` unwinds.
+        struct Restore(Option<Option<AcquireError>>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                SLOT.with(|slot| slot.set(self.0));
+            }
+        }
+        let restore = Restore(SLOT.with(|slot| slot.replace(Some(None))));
+        drop();
+        let learnt = SLOT.with(Cell::get).flatten();
+        std::mem::drop(restore);
+        learnt
     }
 }
 
@@ -790,20 +876,22 @@ pub(crate) struct Wait<'a> {
     /// `reconfigure`): either the walk finds the queue, or the read sees the new capacity.
     pub(crate) capacity: Option<&'a dyn Capacity>,
     /// Whether a head's permits are free now, for a limiter whose every freeing of permits
-    /// wakes the head (a concurrency limiter's release): a served head then wakes the next head
-    /// only if its permits are free, instead of waking it to look, find nothing and sleep again.
+    /// wakes the head (a concurrency limiter's release): a served or cancelled head then wakes
+    /// the next head only if its permits are free, instead of waking it to look, find nothing
+    /// and sleep again.
     /// `None`: the next head is always woken (a rate limiter's must arm its own timer).
     pub(crate) room: Option<&'a dyn Room>,
 }
 
 /// A limiter whose every freeing of permits wakes the queue's head (see [`Wait::room`]).
 ///
-/// Why a served head may leave the next head asleep: that head stays registered, and every
-/// later freeing wakes the head of the moment under the queue's mutex (a release that saw
-/// `WAITERS`, which stays set while anyone is queued; a raise's sweep). `free_for` runs under
+/// Why a served or cancelled head may leave the next head asleep: that head stays registered,
+/// and every later freeing wakes the head of the moment under the queue's mutex (a release that
+/// saw `WAITERS`, which stays set while anyone is queued; a raise's sweep). `free_for` runs under
 /// the mutex, after the served head's take; a release it does not see comes after its read in
 /// the permit word's modification order, so it sees `WAITERS` and wakes the head once the mutex
-/// is free (`loom_waiters::served_head_leaves_the_next_asleep_vs_release`).
+/// is free (`loom_waiters::served_head_leaves_the_next_asleep_vs_release`, and
+/// `cancelled_head_leaves_the_next_asleep_vs_release` for a head that leaves unserved).
 pub(crate) trait Room: Sync {
     /// Whether a waiter for `permits` (a probe: one) could take them now.
     fn free_for(&self, permits: u32) -> bool;

@@ -331,10 +331,7 @@ impl<C: Clock> RateLimiter<C> {
         n: u32,
         timeout: Duration,
     ) -> Result<Refundable<C>, AcquireError> {
-        match crate::timer::timeout(timeout, self.acquire_refundable(n)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(AcquireError::Timeout),
-        }
+        crate::queue::timeout(timeout, self.acquire_refundable(n)).await
     }
 
     /// [`acquire_blocking_n`](Self::acquire_blocking_n), with a receipt that can give the
@@ -774,10 +771,7 @@ where
         n: u32,
         timeout: Duration,
     ) -> Result<KeyedRefundable<K, C, S>, AcquireError> {
-        match crate::timer::timeout(timeout, self.acquire_refundable(key, n)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(AcquireError::Timeout),
-        }
+        crate::queue::timeout(timeout, self.acquire_refundable(key, n)).await
     }
 
     /// [`acquire_blocking_n`](Self::acquire_blocking_n), with a receipt that can give the

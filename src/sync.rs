@@ -27,18 +27,18 @@ pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 /// from one execution to the next, so the replayed choices landed on another shard's atomics: loom
 /// explored interleavings that do not exist and missed ones that do, or failed its own internal
 /// assertion (two stores with one modification order, loom's `match_load_to_stores`).
-#[cfg(not(turnstile_loom))]
+#[cfg(all(feature = "keyed", not(turnstile_loom)))]
 pub(crate) type RandomHasher = foldhash::fast::RandomState;
 /// See the normal build's alias: a fixed seed so that loom's executions are deterministic.
-#[cfg(turnstile_loom)]
+#[cfg(all(feature = "keyed", turnstile_loom))]
 pub(crate) type RandomHasher = foldhash::fast::FixedState;
 
 /// The hasher of [`KeyLocks`](crate::KeyLocks) unless its builder is given another: std's
 /// SipHash, randomly keyed per structure. Under loom a fixed key, as for [`RandomHasher`].
-#[cfg(not(turnstile_loom))]
+#[cfg(all(feature = "keyed", not(turnstile_loom)))]
 pub(crate) type RandomSipHasher = std::collections::hash_map::RandomState;
 /// See the normal build's alias: fixed keys so that loom's executions are deterministic.
-#[cfg(turnstile_loom)]
+#[cfg(all(feature = "keyed", turnstile_loom))]
 pub(crate) type RandomSipHasher =
     std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
 

@@ -848,6 +848,99 @@ fn blocking_timeout_on_a_concurrency_limiter_leaves_the_queue() {
     assert!(limiter.try_acquire().is_ok());
 }
 
+/// A waker that closes its limiter when its last clone is dropped: a `close` that lands inside
+/// a poll of an `acquire_timeout`, after the waiter's look and before the time limit is checked
+/// (as a `close` on another thread can land at that moment).
+struct CloseOnDrop(Box<dyn Fn() + Send + Sync>);
+
+impl std::task::Wake for CloseOnDrop {
+    fn wake(self: Arc<Self>) {}
+}
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+/// An async `acquire_timeout` whose time limit passes just as the queue fails the waiter (a
+/// `close` here) answers that failure, as `stats` counts it (rejected), not `Timeout` (which is
+/// counted cancelled), as the blocking `acquire_blocking_timeout` does. The close lands in the
+/// poll that finds the time up, after the waiter's look: the waiter's replaced waker closes the
+/// limiter when the queue (or a timer) drops it.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_timeout_failed_as_its_time_passes_answers_what_stats_count() {
+    async fn check<T: std::fmt::Debug>(
+        call: impl std::future::Future<Output = Result<T, AcquireError>>,
+        close: Box<dyn Fn() + Send + Sync>,
+        stats: impl Fn() -> (u64, u64),
+    ) {
+        let mut call = Box::pin(call);
+        let closer = Waker::from(Arc::new(CloseOnDrop(close)));
+        assert!(poll_with(call.as_mut(), &closer).is_pending());
+        drop(closer); // the queue and the timers hold the only clones
+        tokio::time::advance(10 * MS).await;
+        let outcome = poll_with(call.as_mut(), Waker::noop());
+        let (rejected, cancelled) = stats();
+        match outcome {
+            Poll::Ready(Err(AcquireError::Closed)) => assert_eq!((rejected, cancelled), (1, 0)),
+            Poll::Ready(Err(AcquireError::Timeout)) => assert_eq!(
+                (rejected, cancelled),
+                (0, 1),
+                "answered Timeout, counted rejected"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    let permits = ConcurrencyLimiter::new(1).unwrap();
+    let _held = permits.try_acquire().unwrap();
+    let closing = permits.clone();
+    check(
+        permits.acquire_timeout(1, 10 * MS),
+        Box::new(move || closing.close()),
+        || (permits.stats().rejected, permits.stats().cancelled),
+    )
+    .await;
+
+    let rate = bucket(Rate::per_second(1), 1);
+    rate.try_acquire().unwrap();
+    let closing = rate.clone();
+    check(
+        rate.acquire_timeout(1, 10 * MS),
+        Box::new(move || closing.close()),
+        || (rate.stats().rejected, rate.stats().cancelled),
+    )
+    .await;
+
+    #[cfg(feature = "keyed")]
+    {
+        let keyed = turnstile::KeyedConcurrencyLimiter::<&str>::new(1).unwrap();
+        let _held = keyed.try_acquire(&"k").unwrap();
+        let closing = keyed.clone();
+        check(
+            keyed.acquire_timeout(&"k", 1, 10 * MS),
+            Box::new(move || closing.close()),
+            || (keyed.stats().rejected, keyed.stats().cancelled),
+        )
+        .await;
+
+        let algorithm = Algorithm::TokenBucket {
+            rate: Rate::per_second(1),
+            burst: 1,
+        };
+        let keyed = KeyedLimiter::with_clock(algorithm, TokioClock::new()).unwrap();
+        keyed.try_acquire(&"k").unwrap();
+        let closing = keyed.clone();
+        check(
+            keyed.acquire_timeout(&"k", 1, 10 * MS),
+            Box::new(move || closing.close()),
+            || (keyed.stats().rejected, keyed.stats().cancelled),
+        )
+        .await;
+    }
+}
+
 /// A blocked head whose time limit passes hands its turn on: the waiter behind it, which the
 /// free permits fit (but not the head's), is served then, without waiting for a release. Real
 /// time is what is under test (the head's deadline).
@@ -1174,6 +1267,77 @@ fn each_freed_slot_wakes_one_waiter_and_only_when_its_permits_are_free() {
     drop(first);
     assert_eq!(wakes(&waiters), [1, 1, 1]);
     drop((second, waiters));
+}
+
+/// The same rule when the head leaves without being served: a cancelled head (its future
+/// dropped, or a blocking head past its deadline) wakes the next head only if that one's
+/// permits are free, and then once; otherwise the release that frees them wakes it. A release
+/// whose wake the cancelled head took without looking has freed its permits: the next head is
+/// woken for them.
+#[test]
+fn a_cancelled_head_wakes_the_next_only_when_its_permits_are_free() {
+    type Call<'a> = std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<turnstile::Permit<'a>, AcquireError>>
+                + Send
+                + 'a,
+        >,
+    >;
+    fn queued(limiter: &ConcurrencyLimiter, n: u32) -> (Arc<wakers::Counter>, Waker, Call<'_>) {
+        let (woken, waker) = counting();
+        let mut call: Call<'_> = Box::pin(limiter.acquire_n(n));
+        assert!(poll_with(call.as_mut(), &waker).is_pending());
+        (woken, waker, call)
+    }
+
+    // Nothing free: the next head stays asleep until the release.
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let (head_woken, _, head) = queued(&limiter, 1);
+    let (next_woken, next_waker, mut next) = queued(&limiter, 1);
+    drop(head);
+    assert_eq!(
+        next_woken.wakes(),
+        0,
+        "woken with nothing free, to look and sleep again"
+    );
+    drop(held);
+    assert_eq!((head_woken.wakes(), next_woken.wakes()), (0, 1));
+    assert!(matches!(
+        poll_with(next.as_mut(), &next_waker),
+        Poll::Ready(Ok(_))
+    ));
+
+    // The head woken by a release, then dropped before it looks: the next head gets the wake.
+    let limiter = ConcurrencyLimiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let (head_woken, _, head) = queued(&limiter, 1);
+    let (next_woken, next_waker, mut next) = queued(&limiter, 1);
+    drop(held);
+    assert_eq!((head_woken.wakes(), next_woken.wakes()), (1, 0));
+    drop(head);
+    assert_eq!(next_woken.wakes(), 1, "the freed permit's wake was lost");
+    assert!(matches!(
+        poll_with(next.as_mut(), &next_waker),
+        Poll::Ready(Ok(_))
+    ));
+
+    // A head too big for what is free, cancelled: the next head, which fits, is woken at once.
+    let limiter = ConcurrencyLimiter::new(3).unwrap();
+    let held = limiter.try_acquire_n(2).unwrap();
+    let (_, _, head) = queued(&limiter, 2);
+    let (next_woken, next_waker, mut next) = queued(&limiter, 1);
+    let (last_woken, _, last) = queued(&limiter, 1);
+    drop(head);
+    assert_eq!((next_woken.wakes(), last_woken.wakes()), (1, 0));
+    let permit = match poll_with(next.as_mut(), &next_waker) {
+        Poll::Ready(Ok(permit)) => permit,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(last_woken.wakes(), 0, "nothing is free for the last");
+    drop((permit, held, last));
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.cancelled, stats.available), (0, 2, 3));
 }
 
 #[test]
