@@ -2419,6 +2419,44 @@ mod tests {
             .unwrap()
     }
 
+    /// A rejection's quotas probe the other rules, and a probe is no call of theirs: a rule at
+    /// its key cap, probed for a client it does not hold, reports a fresh client's quota and
+    /// counts nothing in its `overflowed` (a probe of an absent key takes no slot, so it meets
+    /// no cap; a review suspected it counted, and this pins that it does not).
+    #[test]
+    fn a_quota_probe_at_the_key_cap_is_not_counted_as_an_overflow() {
+        // Rule "a" counts client ids, one request each; rule "b" counts IPs and holds one.
+        let limiter = manual(
+            "max_keys_per_rule = 1\n\
+             [[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 1\nkey = \"client\"\n\
+             [[rules]]\nname = \"b\"\nperiod = \"1s\"\nlimit = 5\nkey = \"ip\"\n",
+        );
+        let request = |ip: &str| RequestInfo {
+            client_id: Some("mobile"),
+            ..from_ip(ip)
+        };
+        assert!(limiter.decide(&request("10.0.0.1")).outcome.is_admitted());
+        // Refused by "a" (its client's one request is spent); "b", full with 10.0.0.1, is
+        // probed for its quota and has no room for 10.0.0.2.
+        let verdict = limiter.decide(&request("10.0.0.2"));
+        assert!(
+            matches!(&verdict.outcome, Outcome::Rejected { rule, .. } if &**rule == "a"),
+            "{verdict:?}"
+        );
+        let snapshot = limiter.config.load_full();
+        let overflowed = |name: &str| {
+            let rule = snapshot
+                .rules
+                .all_rules()
+                .find(|r| &*r.name == name)
+                .unwrap();
+            rule.limiter.as_ref().unwrap().stats().overflowed
+        };
+        assert_eq!((overflowed("a"), overflowed("b")), (0, 0));
+        // The probe saw a fresh client's quota, without taking a slot.
+        assert_eq!(verdict.quotas[1].remaining, 5);
+    }
+
     /// The path is normalized only for rule sets that look at it: a whitelisted endpoint, a
     /// rule limited to some endpoints (while endpoint rate limiting is on), a per-endpoint
     /// counter; monitor rules count. Global rules alone never look.
