@@ -615,9 +615,9 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
     /// sweep confirms, lowers with read-modify-writes instead
     /// ([`refunded_idle`](Self::refunded_idle)).
     pub(crate) fn idle_hint<Q, V>(&self, shard: &Shard<Q, V, S>) {
-        // Relaxed: ordered by the caller's RMW (see above). Release on the RMW: as an insert's (see
-        // `first_use`), pairs with the Acquire swap that starts a sweep, so a sweep that reads
-        // our 0 sees the idle cell.
+        // Relaxed: ordered by the caller's RMW (see above). Release on the RMW: as an
+        // insert's (see `first_use`), pairs with the Acquire swap that starts a sweep, so a
+        // sweep that reads our 0 sees the idle cell.
         if shard.not_before.load(Ordering::Relaxed) != 0 {
             shard.not_before.fetch_min(0, Ordering::Release);
             // SeqCst fence: our lowering of the shard's hint, then our load of `room_at`,
