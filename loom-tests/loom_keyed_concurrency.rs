@@ -78,6 +78,17 @@ fn limiter(limit: u32) -> Arc<Limiter> {
     )
 }
 
+/// A limiter of one permit per key that holds one key (`max_keys(1)`).
+fn one_key_slot() -> Arc<Limiter> {
+    Arc::new(
+        KeyedConcurrencyLimiter::<u64>::builder(1)
+            .hasher(Fixed::default())
+            .max_keys(1)
+            .build()
+            .unwrap(),
+    )
+}
+
 /// A key holds two permits; one is released while a sweep runs. The key always has a permit
 /// out, so the sweep evicts nothing, and the release lands on the key's one cell.
 #[test]
@@ -424,13 +435,7 @@ fn a_woken_head_keeps_its_key_at_the_cap() {
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
     model_bounded(2, || {
-        let l = Arc::new(
-            KeyedConcurrencyLimiter::<u64>::builder(1)
-                .hasher(Fixed::default())
-                .max_keys(1)
-                .build()
-                .unwrap(),
-        );
+        let l = one_key_slot();
         let held = l.try_acquire_owned(1, 1).unwrap();
         let mut head = Box::pin(l.acquire(&1));
         let mut cx = Context::from_waker(Waker::noop());
@@ -917,13 +922,7 @@ fn a_release_racing_a_search_that_skips_the_shard_leaves_room() {
 
 fn release_racing_a_search(swept_first: bool) {
     model(move || {
-        let l = Arc::new(
-            KeyedConcurrencyLimiter::<u64>::builder(1)
-                .hasher(Fixed::default())
-                .max_keys(1)
-                .build()
-                .unwrap(),
-        );
+        let l = one_key_slot();
         let held = l.try_acquire_owned(1, 1).unwrap();
         if swept_first {
             assert_eq!(l.sweep(), 0, "key 1 is busy");
