@@ -794,6 +794,19 @@ enum Held {
     Own(turnstile::Refundable<ManualClock>, usize),
 }
 
+/// The proptests' algorithm number `kind` (0 to 3) with `limit`.
+fn of_kind(kind: u8, limit: u32) -> Algorithm {
+    match kind {
+        0 => fixed(limit),
+        1 => counter(limit),
+        2 => Algorithm::TokenBucket {
+            rate: Rate::new(limit, 10 * SECOND),
+            burst: limit,
+        },
+        _ => sliding(limit),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
 
@@ -810,12 +823,7 @@ proptest! {
         twice in any::<bool>(),
         ops in proptest::collection::vec(chain_op(4), 1..100),
     ) {
-        let of = |limit| match kind {
-            0 => fixed(limit),
-            1 => counter(limit),
-            2 => Algorithm::TokenBucket { rate: Rate::new(limit, 10 * SECOND), burst: limit },
-            _ => sliding(limit),
-        };
+        let of = |limit| of_kind(kind, limit);
         let clock = ManualClock::new();
         let (a, b) = (manual(of(first), &clock), manual(of(second), &clock));
         let listed = if twice { 2 } else { 1 };
@@ -967,12 +975,7 @@ proptest! {
         twice in any::<bool>(),
         ops in proptest::collection::vec(keyed_op(4), 1..120),
     ) {
-        let of = |limit| match kind {
-            0 => fixed(limit),
-            1 => counter(limit),
-            2 => Algorithm::TokenBucket { rate: Rate::new(limit, 10 * SECOND), burst: limit },
-            _ => sliding(limit),
-        };
+        let of = |limit| of_kind(kind, limit);
         let clock = ManualClock::new();
         let per_key: KeyedLimiter<u8, ManualClock> =
             KeyedLimiter::with_clock(of(first), clock.clone()).unwrap();
