@@ -713,6 +713,58 @@ async fn a_check_after_a_hit_on_the_same_counter_decides_alike() {
     .await;
 }
 
+/// One counter named at two costs, each occurrence decided in the request's order (as in
+/// memory, and in Envoy's service, which counts them in order), not grouped by cost: the
+/// answers (`limit_remaining` too, when admitted) and the counts left are the same in memory
+/// and in Redis. Grouped by cost, the occurrences of cost 1 (in one script, sent first) were decided
+/// before the one of cost 10 between them: `[1, 10, 1]` answered the last `OK` (memory: over,
+/// counted past the limit); `[5, 1]` beside a cost of 1 reported 4 then 9 left (memory: 5 then
+/// 4); and a cost of 1 in a script that another descriptor rejected took nothing, so that the
+/// cost of 10 after it was admitted (memory: over, meeting the 1).
+#[tokio::test]
+async fn a_counter_named_at_two_costs_is_decided_in_the_request_s_order() {
+    let y: &[(&str, &str)] = &[("budget", "y")];
+    let z: &[(&str, &str)] = &[("budget", "z")];
+    let sequences = [
+        vec![
+            costing(&[(BUDGET_X, 1), (BUDGET_X, 10), (BUDGET_X, 1)]),
+            costing(&[(BUDGET_X, 0)]),
+        ],
+        vec![
+            costing(&[(BUDGET_X, 1), (y, 5), (y, 1)]),
+            costing(&[(y, 0)]),
+        ],
+        vec![
+            costing(&[(SMALL, 1)]),
+            costing(&[(z, 1), (SMALL, 1), (z, 10)]),
+            costing(&[(z, 0)]),
+        ],
+    ];
+    // The codes; and what is left, on an admitted request (a descriptor given back answers its
+    // count before the request in Redis, after the others' in memory: see `with_redis`).
+    let answers = |r: &RateLimitResponse| {
+        let admitted = r.overall_code() == OK;
+        let statuses: Vec<_> = (r.statuses.iter())
+            .map(|s| (s.code(), admitted.then_some(s.limit_remaining)))
+            .collect();
+        (r.overall_code(), statuses)
+    };
+    for requests in sequences {
+        let server = RedisServer::start();
+        let redis = service(&server, BUDGET).await;
+        let memory = RlsService::with_clock(
+            RlsConfig::from_yaml_str(BUDGET).unwrap(),
+            turnstile::ManualClock::new(),
+        )
+        .unwrap();
+        for (step, req) in requests.iter().enumerate() {
+            let m = memory.should_rate_limit(req).unwrap();
+            let r = redis.decide(req).await.unwrap();
+            assert_eq!(answers(&r), answers(&m), "step {step}: {req:?}");
+        }
+    }
+}
+
 /// More hits than `u32::MAX` against a limit of `u32::MAX` are more than the limit: over, in
 /// memory as in Redis (which compares the 64-bit hits with the limit), not taken as
 /// `u32::MAX` hits that fit.

@@ -450,7 +450,9 @@ impl RlsService {
     /// decided by one script per *call*, the calls sent together (their round trips in
     /// flight at once): on a standalone server one call for all of them (one per distinct
     /// cost when per-descriptor `hits_addend`s differ); on a Cluster
-    /// ([`with_redis_cluster`](RlsService::with_redis_cluster)) one per slot and cost. Each
+    /// ([`with_redis_cluster`](RlsService::with_redis_cluster)) one per slot and cost. A
+    /// counter named at two costs or more has a call per occurrence, sent in the request's
+    /// order, so that each occurrence meets the hits of those before it, as in memory. Each
     /// script decides its descriptors all or nothing. When every call admits, the request is
     /// admitted; when one rejects, the calls that admitted give their hits back (one more
     /// round trip each, in parallel), so that a rejected request costs nothing, as in memory.
