@@ -207,9 +207,9 @@ impl Clock for UnixClock {
 /// - A request with an empty domain or no descriptors: the gRPC status `INVALID_ARGUMENT`.
 /// - Statuses: `current_limit` (requests per unit, unit, name), `limit_remaining` and
 ///   `duration_until_reset` (the time left in the window in whole seconds, rounded up, as
-///   Envoy's service answers it). On `OVER_LIMIT`,
-///   `limit_remaining` is what is left, which the rejected hits did not take: 0 unless the
-///   request asked for more hits than were left (Envoy, having counted them, reports 0).
+///   Envoy's service answers it). On `OVER_LIMIT`, `limit_remaining` is 0, as in Envoy's
+///   service: the hits over the limit are counted (above), so nothing is left, even when the
+///   request asked for more hits than were left (100 left, 500 asked: over, 0 left).
 /// - A new counter when its limit already holds its most keys
 ///   ([`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS)) and none is idle: `OVER_LIMIT`, nothing
 ///   counted (fail closed).
