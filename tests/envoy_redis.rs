@@ -765,6 +765,44 @@ async fn a_counter_named_at_two_costs_is_decided_in_the_request_s_order() {
     }
 }
 
+/// A shadow counter named twice in an admitted request, the first occurrence over its limit:
+/// the second meets the hits the first counted past the limit, as Envoy's service counts them
+/// in order, in memory and in Redis alike. Before, memory counted a shadow descriptor's hits
+/// over the limit only after every descriptor was decided (`[3, 1]` at 1 of 3: the 1 answered
+/// 1 left); and Redis asked the 1 of `[11, 1]` (11 above the limit, charged beside it) at the
+/// count before the charge (2 left; memory too, then).
+#[tokio::test]
+async fn a_shadow_counter_named_twice_meets_the_hits_its_first_occurrence_counted() {
+    const SHADOWED: &str = "
+domain: d
+descriptors:
+  - key: shadow
+    shadow_mode: true
+    rate_limit: { unit: year, requests_per_unit: 3 }
+";
+    let x: &[(&str, &str)] = &[("shadow", "x")];
+    let y: &[(&str, &str)] = &[("shadow", "y")];
+    let steps = [
+        (costing(&[(x, 1)]), vec![(OK, 2)]),
+        (costing(&[(x, 3), (x, 1)]), vec![(OK, 0), (OK, 0)]),
+        (costing(&[(y, 11), (y, 1)]), vec![(OK, 0), (OK, 0)]),
+        (costing(&[(x, 0), (y, 0)]), vec![(OK, 0), (OK, 0)]),
+    ];
+    let server = RedisServer::start();
+    let redis = service(&server, SHADOWED).await;
+    let memory = RlsService::with_clock(
+        RlsConfig::from_yaml_str(SHADOWED).unwrap(),
+        turnstile::ManualClock::new(),
+    )
+    .unwrap();
+    for (step, (req, expected)) in steps.iter().enumerate() {
+        let m = memory.should_rate_limit(req).unwrap();
+        assert_eq!(summary(&m), (OK, expected.clone()), "memory, step {step}");
+        let r = redis.decide(req).await.unwrap();
+        assert_eq!(summary(&r), (OK, expected.clone()), "Redis, step {step}");
+    }
+}
+
 /// More hits than `u32::MAX` against a limit of `u32::MAX` are more than the limit: over, in
 /// memory as in Redis (which compares the 64-bit hits with the limit), not taken as
 /// `u32::MAX` hits that fit.

@@ -384,15 +384,15 @@ impl Remote {
         // counts past the limit (below): over, as in memory, where the descriptors with hits
         // are decided in turn, and as in Envoy's service (11 then 3 hits of 10: both over).
         // Asked of Redis, the later one was decided beside the charge, at the count before it.
+        // Shadow descriptors too (their charges are sent beside their scripts, on an admitted
+        // request): the later one answered what the count left before the charge (`[11, 1]` of
+        // a limit of 3: 2 left, where memory and Envoy's service answer 0 left).
         // (A check reads the count as it was before the request, wherever it is named.)
         let mut charged_above: Vec<Vec<u8>> = Vec::new();
         for i in 0..answers.len() {
             let (Some(l), Applied::Limit { spec, .. }) = (limiter(i), &applied[i]) else {
                 continue;
             };
-            if shadow(i) {
-                continue;
-            }
             let key = l.key(subjects[i].as_slice());
             if matches!(answers[i], Answer::NotAsked) && hits[i] > 0 && charged_above.contains(&key)
             {
