@@ -713,6 +713,96 @@ async fn a_check_after_a_hit_on_the_same_counter_decides_alike() {
     .await;
 }
 
+/// One counter named at two costs, each occurrence decided in the request's order (as in
+/// memory, and in Envoy's service, which counts them in order), not grouped by cost: the
+/// answers (`limit_remaining` too, when admitted) and the counts left are the same in memory
+/// and in Redis. Grouped by cost, the occurrences of cost 1 (in one script, sent first) were decided
+/// before the one of cost 10 between them: `[1, 10, 1]` answered the last `OK` (memory: over,
+/// counted past the limit); `[5, 1]` beside a cost of 1 reported 4 then 9 left (memory: 5 then
+/// 4); and a cost of 1 in a script that another descriptor rejected took nothing, so that the
+/// cost of 10 after it was admitted (memory: over, meeting the 1).
+#[tokio::test]
+async fn a_counter_named_at_two_costs_is_decided_in_the_request_s_order() {
+    let y: &[(&str, &str)] = &[("budget", "y")];
+    let z: &[(&str, &str)] = &[("budget", "z")];
+    let sequences = [
+        vec![
+            costing(&[(BUDGET_X, 1), (BUDGET_X, 10), (BUDGET_X, 1)]),
+            costing(&[(BUDGET_X, 0)]),
+        ],
+        vec![
+            costing(&[(BUDGET_X, 1), (y, 5), (y, 1)]),
+            costing(&[(y, 0)]),
+        ],
+        vec![
+            costing(&[(SMALL, 1)]),
+            costing(&[(z, 1), (SMALL, 1), (z, 10)]),
+            costing(&[(z, 0)]),
+        ],
+    ];
+    // The codes; and what is left, on an admitted request (a descriptor given back answers its
+    // count before the request in Redis, after the others' in memory: see `with_redis`).
+    let answers = |r: &RateLimitResponse| {
+        let admitted = r.overall_code() == OK;
+        let statuses: Vec<_> = (r.statuses.iter())
+            .map(|s| (s.code(), admitted.then_some(s.limit_remaining)))
+            .collect();
+        (r.overall_code(), statuses)
+    };
+    for requests in sequences {
+        let server = RedisServer::start();
+        let redis = service(&server, BUDGET).await;
+        let memory = RlsService::with_clock(
+            RlsConfig::from_yaml_str(BUDGET).unwrap(),
+            turnstile::ManualClock::new(),
+        )
+        .unwrap();
+        for (step, req) in requests.iter().enumerate() {
+            let m = memory.should_rate_limit(req).unwrap();
+            let r = redis.decide(req).await.unwrap();
+            assert_eq!(answers(&r), answers(&m), "step {step}: {req:?}");
+        }
+    }
+}
+
+/// A shadow counter named twice in an admitted request, the first occurrence over its limit:
+/// the second meets the hits the first counted past the limit, as Envoy's service counts them
+/// in order, in memory and in Redis alike. Before, memory counted a shadow descriptor's hits
+/// over the limit only after every descriptor was decided (`[3, 1]` at 1 of 3: the 1 answered
+/// 1 left); and Redis asked the 1 of `[11, 1]` (11 above the limit, charged beside it) at the
+/// count before the charge (2 left; memory too, then).
+#[tokio::test]
+async fn a_shadow_counter_named_twice_meets_the_hits_its_first_occurrence_counted() {
+    const SHADOWED: &str = "
+domain: d
+descriptors:
+  - key: shadow
+    shadow_mode: true
+    rate_limit: { unit: year, requests_per_unit: 3 }
+";
+    let x: &[(&str, &str)] = &[("shadow", "x")];
+    let y: &[(&str, &str)] = &[("shadow", "y")];
+    let steps = [
+        (costing(&[(x, 1)]), vec![(OK, 2)]),
+        (costing(&[(x, 3), (x, 1)]), vec![(OK, 0), (OK, 0)]),
+        (costing(&[(y, 11), (y, 1)]), vec![(OK, 0), (OK, 0)]),
+        (costing(&[(x, 0), (y, 0)]), vec![(OK, 0), (OK, 0)]),
+    ];
+    let server = RedisServer::start();
+    let redis = service(&server, SHADOWED).await;
+    let memory = RlsService::with_clock(
+        RlsConfig::from_yaml_str(SHADOWED).unwrap(),
+        turnstile::ManualClock::new(),
+    )
+    .unwrap();
+    for (step, (req, expected)) in steps.iter().enumerate() {
+        let m = memory.should_rate_limit(req).unwrap();
+        assert_eq!(summary(&m), (OK, expected.clone()), "memory, step {step}");
+        let r = redis.decide(req).await.unwrap();
+        assert_eq!(summary(&r), (OK, expected.clone()), "Redis, step {step}");
+    }
+}
+
 /// More hits than `u32::MAX` against a limit of `u32::MAX` are more than the limit: over, in
 /// memory as in Redis (which compares the 64-bit hits with the limit), not taken as
 /// `u32::MAX` hits that fit.

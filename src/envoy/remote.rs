@@ -149,7 +149,8 @@ impl Remote {
 
     /// Decides the enforced descriptors `group` (index, limiter), each costing `hits[i]` on
     /// `subjects[i]`, into `answers`: one multi-limiter script per Cluster slot and cost (on a
-    /// standalone server, per cost), the scripts in parallel. When one rejects, the others give
+    /// standalone server, per cost), and one per occurrence of a counter named at two costs
+    /// or more, the scripts in parallel. When one rejects, the others give
     /// back what they took, so that the request costs nothing (see `RlsService::with_redis`).
     /// `rejected`: another descriptor has rejected the request already (a check, or one decided
     /// without Redis): the calls are sent all the same, so that the descriptors over their
@@ -166,16 +167,43 @@ impl Remote {
         rejected: bool,
     ) {
         let cluster = matches!(self.connection, Connection::Cluster(_));
-        // The calls, in the order first met: slot (on a Cluster), cost, members (in `group`).
+        // A counter named at two costs or more: each of its occurrences is a call of its own,
+        // the calls sent in the request's order (one connection to the counter's node keeps
+        // them in that order), so that each occurrence meets the hits of those named before
+        // it, as in memory and in Envoy's service, which decide and count them in order.
+        // Grouped by cost, an occurrence named later at an earlier call's cost was decided
+        // before the ones between (`[1, 10, 1]`: the last admitted; `[5, 1]` after a cost of
+        // 1: 4 left, then 9), and one in a call another member rejected took nothing, so
+        // that a later cost did not meet it. Alone, no other member decides its call.
+        let key = |k: usize| group[k].1.key(subjects[group[k].0].as_slice());
+        let mut costs: HashMap<Vec<u8>, u64> = HashMap::new();
+        let mut alone: Vec<Vec<u8>> = Vec::new();
+        for (k, &(i, _)) in group.iter().enumerate() {
+            let key = key(k);
+            match costs.get(&key) {
+                Some(&h) if h != hits[i] => alone.push(key),
+                Some(_) => {}
+                None => {
+                    costs.insert(key, hits[i]);
+                }
+            }
+        }
+        // The calls, in the order first met: slot (on a Cluster), cost, members (in `group`),
+        // and whether the call is one occurrence's alone (closed to any other member).
         let mut calls: Vec<(Option<Slot>, u64, Vec<usize>)> = Vec::new();
-        for (k, &(i, l)) in group.iter().enumerate() {
-            let slot = cluster.then(|| Slot::for_key(l.key(subjects[i].as_slice())));
-            match calls
-                .iter_mut()
-                .find(|(s, h, _)| *s == slot && *h == hits[i])
-            {
-                Some((_, _, ks)) => ks.push(k),
-                None => calls.push((slot, hits[i], vec![k])),
+        let mut closed: Vec<bool> = Vec::new();
+        for (k, &(i, _)) in group.iter().enumerate() {
+            let key = key(k);
+            let slot = cluster.then(|| Slot::for_key(&key));
+            let own = alone.contains(&key);
+            let open = (calls.iter_mut().zip(&closed))
+                .find(|((s, h, _), closed)| !own && !**closed && *s == slot && *h == hits[i]);
+            match open {
+                Some(((_, _, ks), _)) => ks.push(k),
+                None => {
+                    calls.push((slot, hits[i], vec![k]));
+                    closed.push(own);
+                }
             }
         }
         // At most the limit's capacity, a u32 (checked before).
@@ -356,15 +384,15 @@ impl Remote {
         // counts past the limit (below): over, as in memory, where the descriptors with hits
         // are decided in turn, and as in Envoy's service (11 then 3 hits of 10: both over).
         // Asked of Redis, the later one was decided beside the charge, at the count before it.
+        // Shadow descriptors too (their charges are sent beside their scripts, on an admitted
+        // request): the later one answered what the count left before the charge (`[11, 1]` of
+        // a limit of 3: 2 left, where memory and Envoy's service answer 0 left).
         // (A check reads the count as it was before the request, wherever it is named.)
         let mut charged_above: Vec<Vec<u8>> = Vec::new();
         for i in 0..answers.len() {
             let (Some(l), Applied::Limit { spec, .. }) = (limiter(i), &applied[i]) else {
                 continue;
             };
-            if shadow(i) {
-                continue;
-            }
             let key = l.key(subjects[i].as_slice());
             if matches!(answers[i], Answer::NotAsked) && hits[i] > 0 && charged_above.contains(&key)
             {

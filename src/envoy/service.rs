@@ -207,9 +207,9 @@ impl Clock for UnixClock {
 /// - A request with an empty domain or no descriptors: the gRPC status `INVALID_ARGUMENT`.
 /// - Statuses: `current_limit` (requests per unit, unit, name), `limit_remaining` and
 ///   `duration_until_reset` (the time left in the window in whole seconds, rounded up, as
-///   Envoy's service answers it). On `OVER_LIMIT`,
-///   `limit_remaining` is what is left, which the rejected hits did not take: 0 unless the
-///   request asked for more hits than were left (Envoy, having counted them, reports 0).
+///   Envoy's service answers it). On `OVER_LIMIT`, `limit_remaining` is 0, as in Envoy's
+///   service: the hits over the limit are counted (above), so nothing is left, even when the
+///   request asked for more hits than were left (100 left, 500 asked: over, 0 left).
 /// - A new counter when its limit already holds its most keys
 ///   ([`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS)) and none is idle: `OVER_LIMIT`, nothing
 ///   counted (fail closed).
@@ -450,7 +450,9 @@ impl RlsService {
     /// decided by one script per *call*, the calls sent together (their round trips in
     /// flight at once): on a standalone server one call for all of them (one per distinct
     /// cost when per-descriptor `hits_addend`s differ); on a Cluster
-    /// ([`with_redis_cluster`](RlsService::with_redis_cluster)) one per slot and cost. Each
+    /// ([`with_redis_cluster`](RlsService::with_redis_cluster)) one per slot and cost. A
+    /// counter named at two costs or more has a call per occurrence, sent in the request's
+    /// order, so that each occurrence meets the hits of those before it, as in memory. Each
     /// script decides its descriptors all or nothing. When every call admits, the request is
     /// admitted; when one rejects, the calls that admitted give their hits back (one more
     /// round trip each, in parallel), so that a rejected request costs nothing, as in memory.
@@ -985,9 +987,21 @@ impl<C: Clock + Clone> RlsService<C> {
         let hits: Vec<u64> = (request.descriptors.iter())
             .map(|d| hits_of(request, d))
             .collect();
-        let order = (0..hits.len())
+        // Shadow descriptors with hits last, once the request's fate is known: on an admitted
+        // one, each counts its hits past the limit when it is over, as an enforced one does (and
+        // as Envoy's service counts them: shadow mode changes only the answer), so that it
+        // measures what enforcing it would do, and a shadow counter named twice meets, the
+        // second time, the hits the first counted (as in Redis and in Envoy's service, which
+        // count in order). On a rejected request (in Redis its shadow descriptors are not
+        // asked) nothing of theirs is counted: those within the limit are given back below,
+        // as every other descriptor's hits.
+        let shadow =
+            |i: usize| matches!(&applied[i], Applied::Limit { spec, .. } if spec.shadow_mode());
+        let order: Vec<usize> = (0..hits.len())
             .filter(|&i| hits[i] == 0)
-            .chain((0..hits.len()).filter(|&i| hits[i] > 0));
+            .chain((0..hits.len()).filter(|&i| hits[i] > 0 && !shadow(i)))
+            .chain((0..hits.len()).filter(|&i| hits[i] > 0 && shadow(i)))
+            .collect();
         for i in order {
             let (a, d, hits) = (&applied[i], &request.descriptors[i], hits[i]);
             let outcome = match a {
@@ -999,12 +1013,13 @@ impl<C: Clock + Clone> RlsService<C> {
                     shared,
                 } => {
                     let entries = counter_entries(&d.entries, shared);
+                    // Decided after every enforced descriptor (`order`): `rejected` is final.
                     let o = decide(
                         limiter.as_ref(),
                         &entries,
                         hits,
                         (spec.unit(), now),
-                        !spec.shadow_mode(),
+                        !spec.shadow_mode() || !rejected,
                     );
                     if matches!(o, Outcome::Over { .. }) && !spec.shadow_mode() {
                         rejected = true;
@@ -1035,30 +1050,6 @@ impl<C: Clock + Clone> RlsService<C> {
                 }
             };
             outcomes[i] = Some(outcome);
-        }
-
-        // Shadow descriptors over their limit count their hits past it, as enforced ones do
-        // (and as Envoy's service counts them: shadow mode changes only the answer), so that
-        // they measure what enforcing would do; when the request is admitted only, as in Redis,
-        // where a rejected request's shadow descriptors are not asked (their hits within the
-        // limit are given back below, as every other descriptor's).
-        if !rejected {
-            for (i, a) in applied.iter().enumerate() {
-                if let Applied::Limit {
-                    spec,
-                    limiter: Some(limiter),
-                    shared,
-                } = a
-                    && spec.shadow_mode()
-                    && hits[i] > 0
-                    && matches!(outcomes[i], Some(Outcome::Over { .. }))
-                {
-                    let key: Key =
-                        counter_entries(&request.descriptors[i].entries, shared).to_vec();
-                    // Fails only at the key cap: the shadow descriptor is OK all the same.
-                    let _ = limiter.charge(&key, u32::try_from(hits[i]).unwrap_or(u32::MAX));
-                }
-            }
         }
 
         let mut statuses = Vec::with_capacity(outcomes.len());
@@ -1464,8 +1455,8 @@ pub(super) fn window_left(unit: Unit, now: u64) -> Duration {
 
 /// One descriptor's decision: `hits` on the counter of `entries` in `limiter` (`None`: a
 /// limit of 0), in the window of `unit` that holds `now`. Hits over the limit are counted all
-/// the same when `count_over` (an enforced descriptor; a shadow one's are counted after, once
-/// the request is known to be admitted).
+/// the same when `count_over` (an enforced descriptor, or a shadow one of a request known to be
+/// admitted).
 fn decide<C: Clock + Clone>(
     limiter: Option<&Limiter<C>>,
     entries: &[Entry],
