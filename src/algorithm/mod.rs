@@ -460,7 +460,8 @@ pub(crate) fn pack(window: u32, count: u32) -> u64 {
 /// window 0 writes it so that [`Algo::retire`], which never retires a fresh word (its inserter is
 /// about to admit), can still retire the key once idle; otherwise a key whose only admission was
 /// given back in window 0 would stay in a keyed limiter's map, and count against its cap, for
-/// good.
+/// good. (The sliding counter's window 0 can also weigh the window before it, once ids have
+/// wrapped: its refund writes `(ID_MASK, prev)` instead, see `SlidingCounter::refund`.)
 #[inline]
 pub(crate) fn not_fresh(word: u64) -> u64 {
     if word == pack(0, 0) {
