@@ -495,6 +495,42 @@ fn refund_races_clock_sliding_counter() {
     refund_races_clock(counter(1), WINDOW + WINDOW / 2);
 }
 
+/// The sliding counter (limit 2) in window 2^31, whose 31-bit id wraps to 0, with a permit in
+/// the window before it (id 2^31 − 1), which still weighs in full: the chain's refund empties
+/// window 0 and must keep that weight (it writes `(ID_MASK, prev)`, `prev` read from
+/// `previous`), while the racer's direct call races the refund. Then the main thread asks for
+/// two permits, which the estimate never has room for, and takes what is left one by one:
+/// never above the estimate, and one permit in window 2^31 in all. (With the refund writing
+/// `(ID_MASK, 0)`, the two were admitted whenever the racer's call came before the refund.)
+#[test]
+fn refund_of_a_wrapped_window_zero_races_admission_sliding_counter() {
+    model(|| {
+        let clock = ManualClock::new();
+        let [a, b] = members(&clock, counter(2), fixed(1));
+        let chain = Chain::new([a.clone(), b.clone()]).unwrap();
+        let mut kept = [Kept::new(), Kept::new()];
+        clock.set(Duration::from_nanos(((1 << 31) - 1) * WINDOW));
+        assert!(direct(&a, 1, &mut kept[0]));
+        clock.set(Duration::from_nanos((1 << 31) * WINDOW));
+        let racer = {
+            let (a, b) = (a.clone(), b.clone());
+            thread::spawn(move || {
+                let mut kept = [Kept::new(), Kept::new()];
+                direct(&b, 1, &mut kept[1]);
+                direct(&a, 1, &mut kept[0]);
+                kept
+            })
+        };
+        chain_call(&chain, 1, &mut kept);
+        merge(&mut kept, racer.join().unwrap());
+        direct(&a, 2, &mut kept[0]);
+        while direct(&a, 1, &mut kept[0]) {}
+        audit(counter(2), &kept[0]);
+        audit(fixed(1), &kept[1]);
+        assert_eq!(permits(&kept[0]), 2, "one before the wrap, one after");
+    });
+}
+
 /// A chain charge racing a chain call's refund on the same word. The racer takes the second
 /// member's only permit, then charges the chain 1 (`Chain::charge`: the first member, then the
 /// second); the main thread's chain call commits the first member and, having lost the second,

@@ -253,10 +253,12 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 /// Like [`ops`], for larger limits and windows.
-/// Drives a sliding counter and [`RebasedCounter`] through `ops`: every call's outcome equal.
+/// Drives a sliding counter and [`RebasedCounter`] through `ops` from the start of window
+/// `first`: every call's outcome equal.
 fn counter_matches_the_rebased_model(
     limit: u32,
     window: u64,
+    first: u64,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
@@ -265,10 +267,13 @@ fn counter_matches_the_rebased_model(
         window: NS(window),
     };
     let limiter = RateLimiter::with_clock(algorithm(limit, window), clock.clone()).unwrap();
+    // From the start of window `first` (2^31 − 2: the 31-bit window ids wrap two windows on).
+    let offset = window * first;
+    clock.set(NS(offset));
     let mut model = RebasedCounter {
         limit: limit.into(),
         window,
-        start: 0,
+        start: offset,
         cur: 0,
         prev: 0,
     };
@@ -319,23 +324,28 @@ proptest! {
     #[test]
     fn sliding_counter_matches_the_rebased_model_wide((limit, window, ops) in (1u32..300, 1u64..5000)
         .prop_flat_map(|(l, w)| (Just(l), Just(w), wide_ops(l, w)))) {
-        counter_matches_the_rebased_model(limit, window, &ops)?;
+        counter_matches_the_rebased_model(limit, window, 0, &ops)?;
     }
 
     /// The sliding counter across reconfigurations: verdicts, remaining, reset_after and
-    /// retry_after equal the rebased model's.
+    /// retry_after equal the rebased model's, from time 0 or from two windows before the
+    /// 31-bit window ids wrap (the grid rebased across the wrap).
     #[test]
-    fn sliding_counter_matches_the_rebased_model(limit in 1u32..6, window in 1u64..30, ops in ops()) {
-        counter_matches_the_rebased_model(limit, window, &ops)?;
+    fn sliding_counter_matches_the_rebased_model(limit in 1u32..6, window in 1u64..30,
+        first in prop_oneof![Just(0u64), Just((1 << 31) - 2)], ops in ops()) {
+        counter_matches_the_rebased_model(limit, window, first, &ops)?;
     }
 
-    /// The fixed window across reconfigurations, `reset_after` included (probes too).
+    /// The fixed window across reconfigurations, `reset_after` included (probes too), from time
+    /// 0 or from two windows before the 31-bit window ids wrap.
     #[test]
-    fn fixed_window_reset_after_matches_the_rebased_model(limit in 1u32..6, window in 1u64..30, ops in ops()) {
+    fn fixed_window_reset_after_matches_the_rebased_model(limit in 1u32..6, window in 1u64..30,
+        first in prop_oneof![Just(0u64), Just((1 << 31) - 2)], ops in ops()) {
         let clock = ManualClock::new();
         let algorithm = |limit, window| Algorithm::FixedWindow { limit, window: NS(window) };
         let limiter = RateLimiter::with_clock(algorithm(limit, window), clock.clone()).unwrap();
-        let mut model = RebasedFixed { limit: limit.into(), window, start: 0, count: 0 };
+        clock.set(NS(window * first));
+        let mut model = RebasedFixed { limit: limit.into(), window, start: window * first, count: 0 };
         for (i, op) in ops.iter().enumerate() {
             match *op {
                 Op::Acquire { advance, n } => {

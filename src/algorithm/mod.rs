@@ -460,7 +460,8 @@ pub(crate) fn pack(window: u32, count: u32) -> u64 {
 /// window 0 writes it so that [`Algo::retire`], which never retires a fresh word (its inserter is
 /// about to admit), can still retire the key once idle; otherwise a key whose only admission was
 /// given back in window 0 would stay in a keyed limiter's map, and count against its cap, for
-/// good.
+/// good. (The sliding counter's window 0 can also weigh the window before it, once ids have
+/// wrapped: its refund writes `(ID_MASK, prev)` instead, see `SlidingCounter::refund`.)
 #[inline]
 pub(crate) fn not_fresh(word: u64) -> u64 {
     if word == pack(0, 0) {
@@ -575,13 +576,15 @@ mod tests {
     /// (held admissions, refunded later, are never on the twin). `exact(at, now)` says whether a
     /// refund at clock `now` of an admission at `at` is exact for this algorithm (see each
     /// `refund`); while every refund so far was and nothing is held, the two cells must agree on
-    /// every decision and on `available`.
+    /// every decision and on `available`. The clock starts at `start`.
     fn refunds_are_never_looser<A: Charge>(
         algo: A,
+        start: u64,
         steps: &[Step],
         exact: impl Fn(u64, u64) -> bool,
     ) {
         let clock = ManualClock::new();
+        clock.set(Duration::from_nanos(start));
         let (cell, twin) = (algo.cell(), algo.cell());
         let mut held: Vec<(u32, Admission)> = Vec::new();
         let mut exact_so_far = true;
@@ -639,10 +642,12 @@ mod tests {
     fn refunds_across_reconfigurations<A: Charge>(
         make: impl Fn(u32, u64) -> A,
         start: (u32, u64),
+        at: u64,
         steps: &[(Step, Option<(u32, u64)>)],
     ) {
         let algo = make(start.0, start.1);
         let clock = ManualClock::new();
+        clock.set(Duration::from_nanos(at));
         let (cell, twin) = (algo.cell(), algo.cell());
         let mut held: Vec<(u32, Admission)> = Vec::new();
         for (step, change) in steps {
@@ -704,24 +709,24 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
 
         #[test]
-        fn fixed_window_refunds_across_reconfigurations((limit, window, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps_with_changes(l, w)))) {
+        fn fixed_window_refunds_across_reconfigurations((limit, window, at, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), start(w), steps_with_changes(l, w)))) {
             let make = |l, w| FixedWindow::new(l, Duration::from_nanos(w)).unwrap();
-            refunds_across_reconfigurations(make, (limit, window), &steps);
+            refunds_across_reconfigurations(make, (limit, window), at, &steps);
         }
 
         #[test]
-        fn sliding_counter_refunds_across_reconfigurations((limit, window, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps_with_changes(l, w)))) {
+        fn sliding_counter_refunds_across_reconfigurations((limit, window, at, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), start(w), steps_with_changes(l, w)))) {
             let make = |l, w| SlidingCounter::new(l, Duration::from_nanos(w)).unwrap();
-            refunds_across_reconfigurations(make, (limit, window), &steps);
+            refunds_across_reconfigurations(make, (limit, window), at, &steps);
         }
 
         #[test]
-        fn token_bucket_refunds_across_reconfigurations((burst, period, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(b, t)| (Just(b), Just(t), steps_with_changes(b, t)))) {
+        fn token_bucket_refunds_across_reconfigurations((burst, period, at, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(b, t)| (Just(b), Just(t), start(t), steps_with_changes(b, t)))) {
             let make = |b, t| TokenBucket::new(Rate::new(1, Duration::from_nanos(t)), b).unwrap();
-            refunds_across_reconfigurations(make, (burst, period), &steps);
+            refunds_across_reconfigurations(make, (burst, period), at, &steps);
         }
     }
 
@@ -733,10 +738,12 @@ mod tests {
     fn retire_says_when<A: Charge>(
         make: impl Fn(u32, u64) -> A,
         start: (u32, u64),
+        at: u64,
         steps: &[(Step, Option<(u32, u64)>)],
     ) {
         let algo = make(start.0, start.1);
         let clock = ManualClock::new();
+        clock.set(Duration::from_nanos(at));
         let cell = algo.cell();
         let mut held: Vec<(u32, Admission)> = Vec::new();
         for (step, change) in steps {
@@ -791,34 +798,34 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
         #[test]
-        fn fixed_window_retire_says_when((limit, window, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps_with_changes(l, w)))) {
+        fn fixed_window_retire_says_when((limit, window, at, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), start(w), steps_with_changes(l, w)))) {
             let make = |l, w| FixedWindow::new(l, Duration::from_nanos(w)).unwrap();
-            retire_says_when(make, (limit, window), &steps);
+            retire_says_when(make, (limit, window), at, &steps);
         }
 
         #[test]
-        fn sliding_counter_retire_says_when((limit, window, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps_with_changes(l, w)))) {
+        fn sliding_counter_retire_says_when((limit, window, at, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), start(w), steps_with_changes(l, w)))) {
             let make = |l, w| SlidingCounter::new(l, Duration::from_nanos(w)).unwrap();
-            retire_says_when(make, (limit, window), &steps);
+            retire_says_when(make, (limit, window), at, &steps);
         }
 
         #[test]
-        fn sliding_window_retire_says_when((limit, window, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps_with_changes(l, w)))) {
+        fn sliding_window_retire_says_when((limit, window, at, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), start(w), steps_with_changes(l, w)))) {
             // A ring of 5 slots, so that every limit the changes pick (1..6) fits.
             let make = |l, w| {
                 SlidingWindow::new(l, Duration::from_nanos(w)).unwrap().with_capacity(5).unwrap()
             };
-            retire_says_when(make, (limit, window), &steps);
+            retire_says_when(make, (limit, window), at, &steps);
         }
 
         #[test]
-        fn token_bucket_retire_says_when((burst, period, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(b, t)| (Just(b), Just(t), steps_with_changes(b, t)))) {
+        fn token_bucket_retire_says_when((burst, period, at, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(b, t)| (Just(b), Just(t), start(t), steps_with_changes(b, t)))) {
             let make = |b, t| TokenBucket::new(Rate::new(1, Duration::from_nanos(t)), b).unwrap();
-            retire_says_when(make, (burst, period), &steps);
+            retire_says_when(make, (burst, period), at, &steps);
         }
     }
 
@@ -849,37 +856,48 @@ mod tests {
         }
     }
 
+    /// Where the refund and retirement properties start the clock: at 0, a few windows of `window`
+    /// before the 31-bit window ids wrap (window 2^31 has id 0 again, and the window before it
+    /// still weighs on a sliding counter), or anywhere up to 2^40 ns.
+    fn start(window: u64) -> impl Strategy<Value = u64> {
+        prop_oneof![
+            1 => Just(0u64),
+            3 => (0u64..3).prop_map(move |k| window * ((1 << 31) - 2 + k)),
+            1 => 0u64..1 << 40,
+        ]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
         #[test]
-        fn fixed_window_refunds((limit, window, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps(l, w)))) {
+        fn fixed_window_refunds((limit, window, start, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), start(w), steps(l, w)))) {
             let algo = FixedWindow::new(limit, Duration::from_nanos(window)).unwrap();
-            refunds_are_never_looser(algo, &steps, |_, _| true);
+            refunds_are_never_looser(algo, start, &steps, |_, _| true);
         }
 
         #[test]
-        fn sliding_counter_refunds((limit, window, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps(l, w)))) {
+        fn sliding_counter_refunds((limit, window, start, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), start(w), steps(l, w)))) {
             let algo = SlidingCounter::new(limit, Duration::from_nanos(window)).unwrap();
             // Exact while `current` has not rolled over, which it cannot have in the same window.
-            refunds_are_never_looser(algo, &steps, |at, now| at / window == now / window);
+            refunds_are_never_looser(algo, start, &steps, |at, now| at / window == now / window);
         }
 
         #[test]
-        fn token_bucket_refunds((burst, permits, period, steps) in (1u32..6, 1u32..4, 1u64..40)
-            .prop_flat_map(|(b, p, t)| (Just(b), Just(p), Just(t), steps(b, t)))) {
+        fn token_bucket_refunds((burst, permits, period, start, steps) in (1u32..6, 1u32..4, 1u64..40)
+            .prop_flat_map(|(b, p, t)| (Just(b), Just(p), Just(t), start(t), steps(b, t)))) {
             let algo = TokenBucket::new(Rate::new(permits, Duration::from_nanos(period)), burst).unwrap();
-            refunds_are_never_looser(algo, &steps, |at, now| at == now);
+            refunds_are_never_looser(algo, start, &steps, |at, now| at == now);
         }
 
         #[test]
-        fn sliding_window_refunds((limit, window, steps) in (1u32..6, 1u64..30)
-            .prop_flat_map(|(l, w)| (Just(l), Just(w), steps(l, w)))) {
+        fn sliding_window_refunds((limit, window, start, steps) in (1u32..6, 1u64..30)
+            .prop_flat_map(|(l, w)| (Just(l), Just(w), start(w), steps(l, w)))) {
             let algo = SlidingWindow::new(limit, Duration::from_nanos(window)).unwrap();
             // Positional: never looser, exact only until the first refund.
-            refunds_are_never_looser(algo, &steps, |_, _| false);
+            refunds_are_never_looser(algo, start, &steps, |_, _| false);
         }
     }
 

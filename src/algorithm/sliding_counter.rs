@@ -340,14 +340,24 @@ impl Algo for SlidingCounter {
             {
                 return;
             }
+            let mut left = pack(id, count.saturating_sub(n));
+            if left == pack(0, 0) {
+                // Never the fresh word (see `not_fresh`), so that `retire` can still retire the
+                // key: `(ID_MASK, prev)` instead, with window 0's `prev` as a reader of `(0, 0)`
+                // finds it in `previous` (our `word` was loaded with Acquire, as `counts`
+                // needs). It reads as `(0, 0)` does in window 0 (prev, 0) and in window 1 (0, 0),
+                // the only ones a refund runs in, and as nothing from window 2 on. Ids wrap, so
+                // window 0 comes round every 2^31 windows, where the window before it can weigh:
+                // `(ID_MASK, 0)` dropped that weight, and the limiter admitted what a twin
+                // without the refunded admission refused
+                // (`a_refund_that_empties_a_wrapped_window_zero_keeps_the_previous_weight`).
+                left = pack(ID_MASK, self.counts(words, left, 0).0);
+            }
             // Release on success: publishes our clock reading like an admission does (a reader
             // that loads our word decides at a time no earlier). Acquire on failure: as above.
-            // Never the fresh word `(0, 0)` (see `not_fresh`): `(ID_MASK, 0)` instead, which reads
-            // as (0, 0) counts in windows 0 and 1, the only ones a refund runs in, and in every
-            // later one, so that `retire` can still retire the key.
             match words.current.compare_exchange_weak(
                 word,
-                super::not_fresh(pack(id, count.saturating_sub(n))),
+                left,
                 Ordering::Release,
                 Ordering::Acquire,
             ) {
@@ -596,8 +606,8 @@ impl Charge for SlidingCounter {
 }
 
 /// A never-used cell has the fresh `(0, 0)` in `current` (an admission writes its count there,
-/// and a refund that empties window 0 writes `(ID_MASK, 0)`); `retire` judges and CASes the same
-/// word.
+/// and a refund that empties window 0 writes `(ID_MASK, prev)`); `retire` judges and CASes the
+/// same word.
 #[cfg(feature = "keyed")]
 impl crate::keyed::Unused for SlidingCounter {
     fn unused(words: &Words) -> bool {
@@ -676,6 +686,42 @@ mod tests {
         assert_eq!(algo.retire(&words, &clock), Err(20));
         clock.set(Duration::from_nanos(20));
         assert_eq!(algo.retire(&words, &clock), Ok(()));
+    }
+
+    /// Window ids wrap after 2^31 windows, so window id 0 comes round again, and then the
+    /// window before it (id `ID_MASK`) can still weigh on it. A refund that empties such a
+    /// window must keep that weight. Writing `(ID_MASK, 0)` in place of the fresh word (see
+    /// `not_fresh`) read as "the previous window admitted nothing" until the next admission
+    /// found the weight again in `previous`: limit 2, windows of 10 ns, one permit in window
+    /// 2^31 − 1, one in window 2^31 (id 0) given back; a call for two permits in window 2^31 was
+    /// then admitted (three permits against an estimate of two; a twin that never saw the
+    /// refunded admission refuses it), `available` said 2, and `retire` retired the cell (a
+    /// keyed sweep evicted the key, and its fresh cell admitted two).
+    #[test]
+    fn a_refund_that_empties_a_wrapped_window_zero_keeps_the_previous_weight() {
+        let algo = SlidingCounter::new(2, Duration::from_nanos(10)).unwrap();
+        let (words, twin) = (algo.cell(), algo.cell());
+        let clock = ManualClock::new();
+        clock.set(Duration::from_nanos(10 * u64::from(ID_MASK)));
+        algo.try_acquire(&words, 1, &clock).unwrap();
+        algo.try_acquire(&twin, 1, &clock).unwrap();
+        clock.set(Duration::from_nanos(10 << 31));
+        let given_back = algo.try_acquire(&words, 1, &clock).unwrap();
+        algo.refund(&words, 1, &given_back, &clock);
+        assert!(algo.try_acquire(&twin, 2, &clock).is_err());
+        assert!(
+            algo.try_acquire(&words, 2, &clock).is_err(),
+            "looser than a twin without the refunded admission"
+        );
+        assert_eq!(
+            algo.available(&words, clock.now()),
+            1,
+            "the previous window's weight"
+        );
+        // Busy (for a sweep) until window 2^31 ends, where that weight is gone.
+        assert_eq!(algo.retire(&words, &clock), Err(10 * ((1 << 31) + 1)));
+        algo.try_acquire(&words, 1, &clock).unwrap();
+        assert!(algo.try_acquire(&words, 1, &clock).is_err());
     }
 
     /// A roller whose check of `current` fails publishes nothing and must not try its CAS.
