@@ -63,8 +63,9 @@ pub struct HttpConfig {
     /// `/`). False by default: a router may serve the two paths differently. AspNetCoreRateLimit
     /// trims it, and its translation sets this.
     pub trim_trailing_slash: bool,
-    /// The most clients (keys) each rule counts in memory: 1,048,576 by default, at about 67
-    /// bytes each (BENCHMARKS.md; a key of several parts longer than 24 bytes adds its text),
+    /// The most clients (keys) each rule counts in memory: 1,048,576 by default, at about 60
+    /// bytes each, 66–69 as glibc holds them (BENCHMARKS.md, "Memory per client"; a key of
+    /// several parts longer than 24 bytes adds its text),
     /// so a full rule holds about 70 MB. A `sliding_window` rule's client also holds a ring of
     /// 8 bytes per permit of its `limit`: with `limit = 100` a full rule holds about 900 MB, and
     /// with a limit in the millions each client costs megabytes (lower this cap, or use
@@ -195,7 +196,7 @@ pub enum RuleAlgorithm {
     #[default]
     FixedWindow,
     /// Exact sliding log: `limit` in any interval of `period`. Each client counted holds 8 bytes
-    /// per permit of `limit` (at most 16,777,216), beside the ~67 bytes every rule's client costs.
+    /// per permit of `limit` (at most 16,777,216), beside the ~60 bytes every rule's client costs.
     SlidingWindow,
     /// Approximate sliding window with O(1) memory.
     SlidingCounter,
