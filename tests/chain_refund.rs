@@ -7,43 +7,14 @@
 
 mod common;
 
+use common::algorithms::{SECOND, bucket, counter, fixed, of_kind, sliding};
+
 use proptest::prelude::*;
 use std::time::Duration;
 use turnstile::{
-    AcquireError, Algorithm, Chain, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock, Rate,
+    AcquireError, Algorithm, Chain, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock,
     RateLimiter, TokioClock, TryAcquireError,
 };
-
-const SECOND: Duration = Duration::from_secs(1);
-
-fn fixed(limit: u32) -> Algorithm {
-    Algorithm::FixedWindow {
-        limit,
-        window: 10 * SECOND,
-    }
-}
-
-fn counter(limit: u32) -> Algorithm {
-    Algorithm::SlidingCounter {
-        limit,
-        window: 10 * SECOND,
-    }
-}
-
-/// One token a second: a bucket refills within a second, far sooner than a window.
-fn bucket(burst: u32) -> Algorithm {
-    Algorithm::TokenBucket {
-        rate: Rate::new(1, SECOND),
-        burst,
-    }
-}
-
-fn sliding(limit: u32) -> Algorithm {
-    Algorithm::SlidingWindow {
-        limit,
-        window: 10 * SECOND,
-    }
-}
 
 /// Every algorithm at `limit`.
 fn every(limit: u32) -> [Algorithm; 4] {
@@ -792,19 +763,6 @@ enum Held {
         Vec<usize>,
     ),
     Own(turnstile::Refundable<ManualClock>, usize),
-}
-
-/// The proptests' algorithm number `kind` (0 to 3) with `limit`.
-fn of_kind(kind: u8, limit: u32) -> Algorithm {
-    match kind {
-        0 => fixed(limit),
-        1 => counter(limit),
-        2 => Algorithm::TokenBucket {
-            rate: Rate::new(limit, 10 * SECOND),
-            burst: limit,
-        },
-        _ => sliding(limit),
-    }
 }
 
 proptest! {

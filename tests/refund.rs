@@ -5,42 +5,14 @@
 
 mod common;
 
+use common::algorithms::{SECOND, bucket, counter, fixed, of_kind, sliding};
+
 use proptest::prelude::*;
 use std::time::Duration;
 use turnstile::{
     Admission, Algorithm, Chain, KeyOverflow, KeyedLimiter, ManualClock, Rate, RateLimiter,
     TryAcquireError,
 };
-
-const SECOND: Duration = Duration::from_secs(1);
-
-fn fixed(limit: u32) -> Algorithm {
-    Algorithm::FixedWindow {
-        limit,
-        window: 10 * SECOND,
-    }
-}
-
-fn counter(limit: u32) -> Algorithm {
-    Algorithm::SlidingCounter {
-        limit,
-        window: 10 * SECOND,
-    }
-}
-
-fn bucket(burst: u32) -> Algorithm {
-    Algorithm::TokenBucket {
-        rate: Rate::new(1, SECOND),
-        burst,
-    }
-}
-
-fn sliding(limit: u32) -> Algorithm {
-    Algorithm::SlidingWindow {
-        limit,
-        window: 10 * SECOND,
-    }
-}
 
 fn limiter(algorithm: Algorithm) -> (RateLimiter<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
@@ -592,18 +564,6 @@ impl Audit {
     }
 }
 
-fn algorithm_of(kind: u8, limit: u32) -> Algorithm {
-    match kind {
-        0 => fixed(limit),
-        1 => counter(limit),
-        2 => Algorithm::TokenBucket {
-            rate: Rate::new(limit, 10 * SECOND),
-            burst: limit,
-        },
-        _ => sliding(limit),
-    }
-}
-
 /// Runs `ops` on an unkeyed limiter (sweeps and resets skipped) and returns the audit.
 fn run_unkeyed(algorithm: Algorithm, max_limit: Option<u32>, ops: &[Op]) -> Audit {
     let clock = ManualClock::new();
@@ -741,7 +701,7 @@ proptest! {
             proptest::collection::vec(op_charging(l, charges), 1..120)
         }),
     ) {
-        let algorithm = algorithm_of(kind, limit);
+        let algorithm = of_kind(kind, limit);
         let max_limit = (wider && kind == 3).then_some(8);
         let audit = if keyed {
             run_keyed(algorithm, max_limit, &ops)
@@ -1162,7 +1122,7 @@ proptest! {
         limit in 1u32..=4,
         ops in proptest::collection::vec(key_op(4), 1..120),
     ) {
-        let algorithm = algorithm_of(kind, limit);
+        let algorithm = of_kind(kind, limit);
         let clock = ManualClock::new();
         let l = KeyedLimiter::builder(algorithm)
             .clock(clock.clone())
@@ -1339,7 +1299,7 @@ proptest! {
         limit in 1u32..=4,
         ops in proptest::collection::vec(key_op(4), 1..120),
     ) {
-        let algorithm = algorithm_of(kind, limit);
+        let algorithm = of_kind(kind, limit);
         let clock = ManualClock::new();
         let l = KeyedLimiter::builder(algorithm)
             .clock(clock.clone())

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses the checks it needs
 
+pub mod algorithms;
 pub mod hook_clock;
 pub mod models;
 
