@@ -182,21 +182,25 @@ async fn decide_never_waits() {
     assert_eq!(retry_after(&verdict), Some(Duration::from_secs(1)));
 }
 
-/// All-or-nothing across rules still: a request that waited for one rule and is then
-/// rejected by another (that has no queue) is rejected, and charged to neither.
+/// A request admitted after its wait is decided by every rule again: `minute` had room for
+/// the third request when it began to wait for `second`, and none when its turn came (the
+/// second request, ahead of it, took it); it is rejected then, with the minute's retry-after,
+/// and `second`'s permit is given back.
 #[tokio::test(start_paused = true)]
 async fn after_its_wait_a_request_meets_every_rule_again() {
     let limiter = limiter(
         "[[rules]]\nname = \"second\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 4\n\
+         max_wait = \"5s\"\n\
          [[rules]]\nname = \"minute\"\nperiod = \"1m\"\nlimit = 2\n",
     );
     let start = Instant::now();
     assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
-    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
-    assert_eq!(start.elapsed(), Duration::from_secs(1));
-    // The minute's 2 are used: the third waits for `second` (a second), then `minute`
-    // rejects it with the minute's retry-after, which no queue covers.
-    let third = decide(&limiter, "192.0.2.1").await;
+    let second = waiter(&limiter, from("192.0.2.1")).await;
+    let third = waiter(&limiter, from("192.0.2.1")).await;
+    let (verdict, at) = second.await.unwrap();
+    assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+    assert_eq!(at - start, Duration::from_secs(1));
+    let (third, at) = third.await.unwrap();
     match &third.outcome {
         Outcome::Rejected {
             reason: RejectReason::RateLimited,
@@ -208,7 +212,7 @@ async fn after_its_wait_a_request_meets_every_rule_again() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(at - start, Duration::from_secs(2));
     // `second` was refunded: its window (the one at 2 s) still has its permit.
     let quota = third
         .quotas
@@ -216,6 +220,58 @@ async fn after_its_wait_a_request_meets_every_rule_again() {
         .find(|q| &*q.policy == "second")
         .unwrap();
     assert_eq!(quota.remaining, 1);
+}
+
+/// A request that a rule with a queue rejects is not made to wait when another of its rules,
+/// without a queue, would still refuse it when the wait's `max_wait` has passed: it is
+/// rejected at once, naming that rule, as when that rule comes first, and holds no place in
+/// the queue, which every client's requests share. (It waited a second in `per-ip`'s one
+/// place, which another client's request then found taken and was rejected at once, and was
+/// rejected all the same.)
+#[tokio::test(start_paused = true)]
+async fn a_request_another_rule_refuses_past_the_wait_is_rejected_at_once() {
+    let per_ip = "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\n\
+                  queue_limit = 1\nmax_wait = \"5s\"\n";
+    let per_client = "[[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 1\n\
+                      key = \"client\"\n";
+    for config in [
+        format!("{per_ip}{per_client}"),
+        format!("{per_client}{per_ip}"),
+    ] {
+        let limiter = limiter(&config);
+        let start = Instant::now();
+        let a = with_client("192.0.2.1", Some("a"));
+        assert!(limiter.decide_async(&a).await.outcome.is_admitted());
+        let refused = waiter(&limiter, a).await;
+        let other = waiter(&limiter, with_client("192.0.2.1", Some("b"))).await;
+        let (verdict, at) = refused.await.unwrap();
+        assert_eq!(at, start, "{config}: rejected at once");
+        match &verdict.outcome {
+            Outcome::Rejected { rule, .. } => assert_eq!(&**rule, "per-client", "{config}"),
+            other => panic!("{config}: {other:?}"),
+        }
+        assert_eq!(retry_after(&verdict), Some(Duration::from_secs(60)));
+        let (verdict, at) = other.await.unwrap();
+        assert!(verdict.outcome.is_admitted(), "{config}: {verdict:?}");
+        assert_eq!(at - start, Duration::from_secs(1), "{config}: waited");
+    }
+}
+
+/// Another rule's refusal that ends within the wait does not stop it: `per-ip` (2 s) and
+/// `burst` (1 s) both refuse the second request; it waits for `per-ip`, and `burst` admits it
+/// when its turn comes.
+#[tokio::test(start_paused = true)]
+async fn a_request_another_rule_refuses_only_for_part_of_the_wait_waits() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"per-ip\"\nperiod = \"2s\"\nlimit = 1\nqueue_limit = 1\n\
+         max_wait = \"5s\"\n\
+         [[rules]]\nname = \"burst\"\nperiod = \"1s\"\nlimit = 1\n",
+    );
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let second = decide(&limiter, "192.0.2.1").await;
+    assert!(second.outcome.is_admitted(), "{second:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
 }
 
 /// Through the layer: the waiting request's response comes when it is admitted, with its
@@ -732,22 +788,25 @@ async fn a_newcomer_does_not_overtake_a_waiting_request() {
     );
 }
 
-/// A request its waiting rule admits and another rule then rejects is charged to neither: the
-/// waiting rule's permit goes to the next request waiting for it, at once.
+/// A waiting request that another rule rejects when its turn comes gives its permit to the
+/// next request waiting for the same counter, at once. Client "a" has room in `per-client`
+/// when its second request begins to wait for `per-ip`; a request of "a" from another address
+/// takes that room meanwhile.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_another_rule_rejects_leaves_its_permit_to_the_next() {
     let limiter = limiter(
         "[[rules]]\nname = \"per-ip\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 3\n\
          max_wait = \"5s\"\n\
-         [[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 1\nkey = \"client\"\n",
+         [[rules]]\nname = \"per-client\"\nperiod = \"1m\"\nlimit = 2\nkey = \"client\"\n",
     );
     let start = Instant::now();
     let a = with_client("192.0.2.1", Some("a"));
     assert!(limiter.decide_async(&a).await.outcome.is_admitted());
-    // Client "a" has used its minute; its next request waits for `per-ip` first.
     let refused = waiter(&limiter, a).await;
     tokio::time::advance(Duration::from_millis(10)).await;
     let next = waiter(&limiter, with_client("192.0.2.1", Some("b"))).await;
+    let elsewhere = with_client("192.0.2.2", Some("a"));
+    assert!(limiter.decide_async(&elsewhere).await.outcome.is_admitted());
     let (verdict, at) = refused.await.unwrap();
     match &verdict.outcome {
         Outcome::Rejected { rule, .. } => assert_eq!(&**rule, "per-client"),

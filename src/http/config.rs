@@ -279,7 +279,8 @@ pub struct RuleConfig {
     /// for its rate, while fewer than `queue_limit` wait for the rule, waits in the rule's queue
     /// for its client's counter, at most `max_wait` from its arrival, and once the rule admits
     /// it is decided again (every rule, all-or-nothing, as a new request is); if its answer
-    /// cannot come within `max_wait`, or the queue is full, it is rejected at once. Waiting
+    /// cannot come within `max_wait`, or the queue is full, or another of its rules would still
+    /// refuse it after `max_wait` and it cannot wait for that one, it is rejected at once. Waiting
     /// requests hold nothing: a rejection charged no rule. One client's waiting requests are
     /// served in arrival order (see [`HttpLimiter`]'s "Waiting"), the count is of all clients
     /// together, and waiting uses tokio's timer. Memory backend only; not on a monitor rule or

@@ -166,12 +166,15 @@ macro_rules! count_list_rejection {
 /// (ASP.NET Core's `QueueLimit`, oldest first). A request that such a rule rejects for its rate
 /// (step 5, the client's own counter) waits, if fewer than `queue_limit` requests wait for the
 /// rule and the rejection's retry-after ends within the rule's `max_wait` (default: its period)
-/// of the request's arrival. It waits in the queue of the rule's limiter for its counter key
-/// (one client's, or one client's per endpoint): the requests waiting for one counter are
-/// admitted by the rule **in arrival order**, the head when a permit frees (on tokio's timer:
-/// the runtime needs its time driver, `enable_time` or `enable_all`), and a request arriving
-/// meanwhile for that counter is refused the freed permit: it queues behind them (or is
-/// rejected at once, if it may not wait). Admitted by
+/// of the request's arrival, unless another of the request's rules that it could not wait for
+/// (no queue, or its answer past its own `max_wait`) would still refuse it when that
+/// `max_wait` has passed (probed, not charged): such a wait could only end in that rule's
+/// rejection, which is answered at once, as when that rule comes first. It waits in the queue
+/// of the rule's limiter for its counter key (one client's, or one client's per endpoint): the
+/// requests waiting for one counter are admitted by the rule **in arrival order**, the head
+/// when a permit frees (on tokio's timer: the runtime needs its time driver, `enable_time` or
+/// `enable_all`), and a request arriving meanwhile for that counter is refused the freed
+/// permit: it queues behind them (or is rejected at once, if it may not wait). Admitted by
 /// the rule, it is decided again as a new request is, from step 0 on (a client banned meanwhile
 /// is rejected as banned; the client it is, its IP and id, as found at its arrival, its IP
 /// grouped for bans as a reload to a coarser grouping groups it), with that
@@ -1604,6 +1607,7 @@ fn decide<C: Clock>(
                     receipt.refund();
                 }
                 if let Some(patience) = patience.as_deref_mut()
+                    && !refused_past_the_wait(rule, &plan, &order[step + 1..], patience)
                     && patience.waits_for(rule, key, &error, overflow)
                 {
                     return Check::Ready(would_reject(rule, &error));
@@ -1712,6 +1716,47 @@ fn decide<C: Clock>(
         quotas: quota_of.into_iter().flatten().collect(),
     })
 }
+
+/// Whether a wait for `rule` would end in a rejection whenever it ended: a rule of `later` (the
+/// request's rules not decided yet, in `plan`), probed, not charged, would still refuse the
+/// request when all that remains of `rule`'s `max_wait` has passed, and the request could not
+/// wait for that one (it has no queue, or its answer comes after its own `max_wait`). Such a
+/// request is rejected at once, as it is when that rule comes first: waiting, it held a place
+/// in `rule`'s queue, which counts the requests of every client (a client over a 1-minute
+/// limit could keep the 1-second rule's queue full, and other clients were rejected at once
+/// rather than wait), and then was rejected all the same. Probed only when `rule` has a queue.
+#[cold]
+fn refused_past_the_wait<C: Clock>(
+    rule: &Rule<C>,
+    plan: &[Planned<'_, '_, C>],
+    later: &[usize],
+    patience: &Patience<C>,
+) -> bool {
+    let Some(queue) = &rule.queue else {
+        return false;
+    };
+    let budget = patience.budget(queue.max_wait);
+    later.iter().any(|&index| {
+        let (other, limiter, key) = &plan[index];
+        let (Err(TryAcquireError::Rejected(refused)), _) = limiter.chain_decide::<false>(key, 1)
+        else {
+            return false;
+        };
+        let retry = refused.retry_after();
+        retry > budget
+            && other
+                .queue
+                .as_ref()
+                .is_none_or(|q| retry > patience.budget(q.max_wait))
+    })
+}
+
+/// A rule of a request's plan (`decide`): the rule, its limiter, the request's counter key.
+type Planned<'a, 'r, C> = (
+    &'a &'r Arc<Rule<C>>,
+    &'r crate::KeyedLimiter<CounterKey, C>,
+    CounterKey,
+);
 
 /// Gives back the charges of the rules that admitted a request a later rule rejected, as
 /// [`KeyedChain`](crate::KeyedChain) does: each permit goes back to its key, and the head of
