@@ -31,9 +31,10 @@ pub struct Admission {
     reset_after: u64,
     remaining: u32,
     /// What a [`Chain`](crate::Chain) needs to give this admission back, beyond `at`: for the
-    /// exact sliding window, the ring slot of the first ticket (bits 0..24) and its lap parity
-    /// (bit 31); for the other algorithms, the version of the parameters it was decided under
-    /// (a refund after a reconfiguration gives nothing back). It sits in what would otherwise be padding, so the
+    /// exact sliding window, the ring slot of the first ticket (bits 0..24), 7 bits of the
+    /// parameters' version it was decided under (bits 24..31) and its lap parity (bit 31); for
+    /// the other algorithms, the version of the parameters it was decided under (a refund after
+    /// a reconfiguration gives nothing back). It sits in what would otherwise be padding, so the
     /// admission stays 24 bytes. Not part of equality or `Debug`: it names no property of the
     /// admission a caller can observe.
     token: u32,
