@@ -1802,3 +1802,47 @@ fn colliding_keys_keep_separate_locks() {
     });
     assert!(locks.is_empty());
 }
+
+/// The map's memory follows the keys in use: after 100,000 keys were held at once (about 11 MB of
+/// table) and released, the shard's table has shrunk back to its small floor (a table of at most
+/// 64 entries is kept) and the pooled doormen hold no queue buffer. `len() == 0` alone would pass
+/// with the peak's table still allocated.
+#[test]
+fn a_hundred_thousand_keys_give_back_their_table_memory() {
+    let locks: KeyLocks<u64> = KeyLocks::builder().shards(1).build().unwrap();
+    let before = heap::live();
+    let guards: Vec<_> = (0..100_000).map(|k| locks.try_read(&k).unwrap()).collect();
+    let peak = heap::live() - before;
+    drop(guards);
+    let kept = heap::live() - before;
+    assert!(
+        peak > 4_000_000,
+        "the peak ({peak} bytes) did not hold the keys"
+    );
+    assert!(
+        kept < 16 * 1024,
+        "{kept} bytes still allocated after 100,000 keys left (peak {peak})"
+    );
+    assert_quiescent(&locks, &0);
+}
+
+/// A waiting future polled again with another waker (moved to another task or runtime) is woken
+/// through the new one, once, and the old one is not woken: a grant sent to the old waker would
+/// be a lost wake-up for the task now polling it.
+#[test]
+fn a_waiter_polled_with_a_new_waker_is_woken_through_it() {
+    let locks: KeyLocks<u8> = KeyLocks::builder().shards(1).build().unwrap();
+    let held = locks.try_write(&0).unwrap();
+    let (old, old_waker) = counting();
+    let (new, new_waker) = counting();
+    let mut reading = Box::pin(locks.read(&0));
+    assert!(poll_with(reading.as_mut(), &old_waker).is_pending());
+    assert!(poll_with(reading.as_mut(), &new_waker).is_pending());
+    drop(held);
+    assert_eq!((old.wakes(), new.wakes()), (0, 1));
+    let Poll::Ready(guard) = poll_with(reading.as_mut(), &new_waker) else {
+        panic!("the reader was not granted by the release");
+    };
+    drop((guard, reading));
+    assert_quiescent(&locks, &0);
+}
