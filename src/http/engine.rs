@@ -1607,7 +1607,9 @@ fn decide<C: Clock>(
                     receipt.refund();
                 }
                 if let Some(patience) = patience.as_deref_mut()
-                    && !refused_past_the_wait(rule, &plan, &order[step + 1..], patience)
+                    && !(matches!(error, TryAcquireError::Rejected(_))
+                        && !overflow
+                        && refused_past_the_wait(rule, &plan, &order[step + 1..], patience))
                     && patience.waits_for(rule, key, &error, overflow)
                 {
                     return Check::Ready(would_reject(rule, &error));
@@ -1724,7 +1726,9 @@ fn decide<C: Clock>(
 /// request is rejected at once, as it is when that rule comes first: waiting, it held a place
 /// in `rule`'s queue, which counts the requests of every client (a client over a 1-minute
 /// limit could keep the 1-second rule's queue full, and other clients were rejected at once
-/// rather than wait), and then was rejected all the same. Probed only when `rule` has a queue.
+/// rather than wait), and then was rejected all the same. Probed only when the request could
+/// wait for `rule` otherwise (a rate-limit rejection of its own counter by a rule with a queue,
+/// the request not past waiting).
 #[cold]
 fn refused_past_the_wait<C: Clock>(
     rule: &Rule<C>,
@@ -1732,7 +1736,7 @@ fn refused_past_the_wait<C: Clock>(
     later: &[usize],
     patience: &Patience<C>,
 ) -> bool {
-    let Some(queue) = &rule.queue else {
+    let (Some(queue), false) = (&rule.queue, patience.done) else {
         return false;
     };
     let budget = patience.budget(queue.max_wait);
