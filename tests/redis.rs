@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use turnstile::redis::{self, Commands, aio::ConnectionManager};
 use turnstile::{
-    AcquireError, Admission, Algorithm, ConfigError, FailurePolicy, REDIS_ACQUIRE_RECORDS, Rate,
-    RedisLimiter, Rejection, TryAcquireError,
+    AcquireError, Admission, Algorithm, ConfigError, FailurePolicy, REDIS_ACQUIRE_RECORDS,
+    REDIS_MAX_SLIDING_LIMIT, Rate, RedisLimiter, Rejection, TryAcquireError,
 };
 
 const PREFIX: &str = "t";
@@ -554,6 +554,93 @@ async fn long_subjects_are_hashed_into_the_tag() {
             "{key}"
         );
     }
+}
+
+/// Subjects are bytes, whatever they hold: spaces, braces (the hash tag's delimiters), NUL,
+/// CR LF, bytes that are no UTF-8, one of a megabyte. Each counts on its own for every
+/// algorithm (two subjects whose tags Redis cuts alike, `a}b` and `a}c`, too), and every key
+/// they leave has a TTL.
+#[tokio::test]
+async fn subjects_of_any_bytes_count_apart() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    let subjects: Vec<Vec<u8>> = [
+        &b""[..],
+        b" ",
+        b"a b",
+        b"{",
+        b"}",
+        b"{}",
+        b"}{",
+        b"a}b",
+        b"a}c",
+        b"\0",
+        b"\r\n",
+        &[0xff; 64],
+        &[0xff; 65],
+    ]
+    .iter()
+    .map(|s| s.to_vec())
+    .chain([vec![b'{'; 1 << 20]])
+    .collect();
+    for algorithm in common::all_algorithms(2, hour) {
+        let limiter = RedisLimiter::builder(algorithm, FailurePolicy::FailClosed)
+            .prefix(PREFIX)
+            .deny_cache(0)
+            // The megabyte's SHA-256, unoptimised in a debug build, is part of the decision.
+            .deadline(Duration::from_secs(5))
+            .build(manager(&server).await)
+            .unwrap();
+        for subject in &subjects {
+            let what = format!("{algorithm:?}, {:?}", &subject[..subject.len().min(8)]);
+            let first = limiter.try_acquire(subject).await;
+            assert_eq!(first.map(|a| a.remaining()), Ok(1), "{what}");
+            let second = limiter.try_acquire(subject).await;
+            assert_eq!(second.map(|a| a.remaining()), Ok(0), "{what}");
+            rejection(limiter.try_acquire(subject).await);
+        }
+        assert_eq!(limiter.stats().errors, 0, "{algorithm:?}");
+        for subject in &subjects {
+            let ttl: i64 = con.pttl(limiter.key(subject)).unwrap();
+            assert!(ttl > 0, "{algorithm:?}: {ttl}");
+        }
+    }
+}
+
+/// An exact sliding window at its largest limit, [`REDIS_MAX_SLIDING_LIMIT`]: one call for the
+/// whole limit is admitted (its members added in batches, within Lua's stack), a charge of
+/// 2^32 − 1 after it keeps exactly `limit` members, and the next call is rejected until the
+/// first of them expires.
+#[tokio::test]
+async fn a_sliding_window_at_its_largest_limit_takes_and_charges_it_whole() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let limit = REDIS_MAX_SLIDING_LIMIT;
+    let window = Duration::from_secs(60);
+    let limiter = RedisLimiter::builder(
+        Algorithm::SlidingWindow { limit, window },
+        FailurePolicy::FailClosed,
+    )
+    .prefix(PREFIX)
+    // 100,000 members take a debug build's test run some 100 ms.
+    .deadline(Duration::from_secs(20))
+    .build(manager(&server).await)
+    .unwrap();
+    let key = limiter.key("s");
+    let taken = limiter.try_acquire_n("s", limit).await.unwrap();
+    assert_eq!((taken.remaining(), taken.reset_after()), (0, window));
+    let members: u64 = con.zcard(&key).unwrap();
+    assert_eq!(members, u64::from(limit));
+    let charged = limiter.charge("s", u32::MAX).await.unwrap();
+    assert_eq!(charged.remaining(), 0);
+    let members: u64 = con.zcard(&key).unwrap();
+    assert_eq!(members, u64::from(limit));
+    let r = rejection(limiter.try_acquire("s").await);
+    assert!(r.retry_after() <= window, "{r:?}");
+    assert_eq!(r.limit(), limit);
+    assert_eq!(assert_all_keys_expire(&mut con).len(), 1);
 }
 
 #[tokio::test]

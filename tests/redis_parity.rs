@@ -597,6 +597,81 @@ fn lua_algorithms_at_the_largest_limits_decide_as_the_in_memory_ones() {
     }
 }
 
+/// The other parity tests use a few chosen parameter sets; here they are drawn at random, so
+/// that windows (and times per permit) of any whole number of microseconds, not just round or
+/// small ones, from 1 µs to about a year (2^45 µs), and limits from 1 to 1000, decide and charge
+/// as in memory: one parameter set on a key, or two or three met in turn on the same key.
+#[test]
+fn lua_algorithms_at_random_parameters_decide_as_the_in_memory_ones() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let [fixed, sliding, counter, bucket] = fake_clock_scripts();
+    let charge_scripts = fake_clock_charge_scripts();
+    let mut rng = Rng(0x0005_EED0_FA11_0DD5);
+    let limits = [1u32, 2, 3, 5, 17, 100, 1000];
+    for round in 0..60u64 {
+        // Log-uniform: as many short windows as long ones. Several sets on one key have windows
+        // of 1 to 12 times one unit, so that a time on a boundary of all of them (where the
+        // Lua windows, aligned to the epoch, and the in-memory ones, to the clock's zero,
+        // coincide) is near today's.
+        let bits = 1 + rng.below(if round % 2 == 0 { 45 } else { 26 });
+        let unit = 1 + rng.below(1 << bits);
+        let sets: Vec<(u32, u64)> = (0..if round % 2 == 0 { 1 } else { 2 + round % 4 / 2 })
+            .map(|_| {
+                let limit = limits[rng.below(limits.len() as u64) as usize];
+                let times = if round % 2 == 0 { 1 } else { 1 + rng.below(12) };
+                (limit, unit * times)
+            })
+            .collect();
+        let charges = round % 8 < 4;
+        let charge = |i: usize| charges.then_some(charge_scripts[i].as_str());
+        let seed = 1_000 + round;
+        let phases = |make: fn(u32, Duration) -> Algorithm| -> Vec<Phase> {
+            (sets.iter())
+                .map(|&(limit, w)| Phase {
+                    algorithm: make(limit, Duration::from_micros(w)),
+                    p1: w,
+                    limit,
+                })
+                .collect()
+        };
+        let fw = phases(|limit, window| Algorithm::FixedWindow { limit, window });
+        differential_across(&mut con, &fixed, charge(0), &fw, true, false, seed);
+        let sw = phases(|limit, window| Algorithm::SlidingWindow { limit, window });
+        differential_across(&mut con, &sliding, charge(1), &sw, true, false, seed);
+        let sc = phases(|limit, window| Algorithm::SlidingCounter { limit, window });
+        // The sliding counter needs limit × window ≤ 2^52 (the builder's check).
+        if sc
+            .iter()
+            .all(|p| u128::from(p.limit) * u128::from(p.p1) <= 1 << 52)
+        {
+            differential_across(&mut con, &counter, charge(2), &sc, false, false, seed);
+        }
+        // A bucket of `limit` refilled one permit per `window / limit` µs. Across one change of
+        // capacity Redis's times may be a microsecond later than memory's (see
+        // `lua_algorithms_meeting_other_parameters_decide_as_reconfigured_in_memory_ones`);
+        // across two, more: those are left out.
+        let tb: Vec<Phase> = (sets.iter())
+            .map(|&(burst, w)| {
+                let interval = (w / u64::from(burst)).max(1);
+                let rate = Rate::new(1, Duration::from_micros(interval));
+                Phase {
+                    algorithm: Algorithm::TokenBucket { rate, burst },
+                    p1: interval,
+                    limit: burst,
+                }
+            })
+            .collect();
+        let capacity = |p: &Phase| p.p1 * u64::from(p.limit);
+        let changes = tb.windows(2).filter(|w| capacity(&w[0]) != capacity(&w[1]));
+        match changes.count() {
+            0 => differential_across(&mut con, &bucket, charge(3), &tb, true, false, seed),
+            1 => differential_across(&mut con, &bucket, charge(3), &tb, false, true, seed),
+            _ => {}
+        }
+    }
+}
+
 /// A key that meets several parameter sets in turn (a limit reconfigured three times, a window
 /// shortened and lengthened back, a window of a microsecond more or less and back) decides as
 /// the in-memory limiter reconfigured at the same instants, charges interleaved or not. The

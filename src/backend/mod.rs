@@ -372,8 +372,9 @@ const REPAIRED: usize = 8;
 ///   replaced by `sha256:` and their SHA-256 in hex, and so are the empty subject and those
 ///   starting with `}` (they would leave the tag empty). Every key carries a TTL: it disappears
 ///   once its state is indistinguishable from a fresh key's. What a key holds: the fixed window a
-///   hash of the current window's start, its length and its count (the sliding counter also the
-///   previous window's count); the exact sliding window a sorted set of one member per permit,
+///   hash of the current window's start, its length, its count and when the key was created
+///   (Redis's µs); the sliding counter a hash of the window's start, length and count and the
+///   previous window's count; the exact sliding window a sorted set of one member per permit,
 ///   scored by its expiry; the token bucket a string `"<TAT>:<capacity>"` (µs). A key holding
 ///   anything else (another type, a window of length 0, a negative count, a time past 2^53 µs) is
 ///   read as no state and deleted, and counted in [`RedisStats::repaired`]: the call decides as for
@@ -411,7 +412,12 @@ const REPAIRED: usize = 8;
 /// call decides under its own limiter's parameters,
 /// translating the state it finds; nothing is handed out afresh by the switch either way. The
 /// exact sliding window counts its live permits, where the in-memory ring decides by position
-/// after a shorter window (stricter there); every other answer matches.
+/// after a shorter window (stricter there); every other answer matches. Only keys of the same
+/// name are met, and a key is named by its limit's kind and place (`:fw` for a lone fixed
+/// window, `:c0.fw` for the first limit of a chain): a redeploy that changes a limit's
+/// algorithm, or turns a lone limit into a chain (or back), meets none of the old keys, and
+/// those limits start afresh for every subject; one that reorders a chain's limits meets at
+/// each place what the limit there before wrote.
 ///
 /// `Clone` is cheap and shares everything. The connection type `C` is any redis-rs async
 /// connection that is `Clone` (each decision clones it): [`ConnectionManager`] for a standalone
