@@ -334,3 +334,79 @@ async fn a_grpc_rejection_is_one_headers_frame_that_ends_the_stream() {
     assert_eq!(headers["grpc-status"], "8");
     assert!(ended, "trailers-only: {headers:?}");
 }
+
+/// A service (at `/big.Big/...`) answering every call with one 64 MiB data frame.
+#[derive(Clone)]
+struct Big;
+
+impl tonic::server::NamedService for Big {
+    const NAME: &'static str = "big.Big";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Big {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+        let body = http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; BIG]));
+        std::future::ready(Ok(http::Response::new(tonic::body::Body::new(body))))
+    }
+}
+
+const BIG: usize = 64 << 20;
+
+/// A probe that found nothing, pinned: over HTTP/2 too, a response of one large frame holds
+/// the concurrency permit while the client has not read it (hyper takes the layer's 64 KiB
+/// pieces as the flow-control window allows, and the client's window stops at a few MiB), and
+/// gives it back once the client has read it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_permit_is_held_while_an_h2_client_has_not_read_a_large_body() {
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceExt};
+    let layer = turnstile::http::ConcurrencyLayer::new(
+        turnstile::ConcurrencyLimiter::new(1).expect("limit 1"),
+    );
+    let limiter = layer.limiter().clone();
+    let (listener, addr) = bind().await;
+    let router = Server::builder().layer(layer).add_service(Big);
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .expect("server");
+    });
+    let mut channel = connect(addr).await;
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/big.Big/Get"))
+        .body(tonic::body::Body::empty())
+        .expect("a request");
+    let response = channel
+        .ready()
+        .await
+        .expect("a connection")
+        .call(request)
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), 200);
+    // The server goes on sending on its own tasks: give it time to fill every window.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(limiter.available(), 0, "held while the client has not read");
+    let body = response.into_body().collect().await.expect("the body");
+    assert_eq!(body.to_bytes().len(), BIG);
+    for _ in 0..1000 {
+        if limiter.available() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(limiter.available(), 1, "given back once it is all read");
+}
