@@ -429,6 +429,31 @@ fn concurrency_wait_sets_no_timer_for_a_request_that_finds_a_permit() {
     assert_eq!(limiter.available(), 1);
 }
 
+/// With `wait`, a request that finds a permit free is served by the service polled ready, as
+/// without `wait`: it keeps the slot its `poll_ready` reserved in the inner service (tower's
+/// rule). It gave the slot back in `call` and asked for it again, behind a caller that asked
+/// for it later. Only a request that has to wait for a permit gives its reservation back.
+#[tokio::test]
+async fn concurrency_wait_keeps_the_inner_reservation_of_a_request_that_need_not_wait() {
+    let inner = tower::limit::ConcurrencyLimit::new(ok_service(), 1);
+    // Another caller of the inner service, which has one slot.
+    let mut other = inner.clone();
+    let mut service = concurrency_layer(2, Some(Duration::from_secs(10))).layer(inner);
+    let mut cx = noop();
+    // The layer's service is polled ready first: the slot is its.
+    assert!(service.poll_ready(&mut cx).is_ready());
+    // The other caller asks after it, and waits.
+    assert!(other.poll_ready(&mut cx).is_pending());
+    let mut future = service.call(http::Request::new(String::new()));
+    match future.as_mut().poll(&mut cx) {
+        Poll::Ready(Ok(response)) => assert_eq!(response.status(), 200),
+        Poll::Ready(Err(error)) => match error {},
+        Poll::Pending => panic!("a permit was free, and the request lost its slot"),
+    }
+    // The inner call done, the slot passes on.
+    assert!(other.poll_ready(&mut cx).is_ready());
+}
+
 /// A waiter dropped after the permit was handed to it (its client gone) gives it back.
 #[tokio::test(start_paused = true)]
 async fn concurrency_waiter_dropped_after_the_grant_gives_the_permit_back() {
