@@ -526,6 +526,20 @@ impl ConcurrencyLimiter {
         })
     }
 
+    /// [`acquire_owned`](Self::acquire_owned)'s first step alone: the permit when it is free
+    /// and nobody is queued before the caller, the error when the acquire would fail at once,
+    /// `Pending` when it would queue (nothing is queued then, and nothing counted: the
+    /// `acquire_owned` that follows counts it). For `ConcurrencyLayer::wait`, whose request
+    /// keeps what the inner service reserved for it unless it has to wait.
+    #[cfg(feature = "http")]
+    pub(crate) fn acquire_owned_now(&self, n: u32) -> Poll<Result<OwnedPermit, AcquireError>> {
+        Owned {
+            limiter: self.clone(),
+            n,
+        }
+        .fast()
+    }
+
     /// [`acquire_n`](Self::acquire_n) with a time limit; on timeout nothing is held.
     ///
     /// # Errors

@@ -1297,3 +1297,44 @@ async fn concurrency_layer_lets_an_upgrade_through_and_frees_its_permit() {
         "the upgraded stream holds no permit"
     );
 }
+
+/// Waits (real time) until `limiter` has `want` requests queued, and fails if it does not
+/// within two seconds.
+async fn waiting_soon(limiter: &ConcurrencyLimiter, want: usize) {
+    for _ in 0..1000 {
+        if limiter.stats().waiting == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(limiter.stats().waiting, want);
+}
+
+/// A probe of a real server that found nothing, pinned: a request waiting in the layer's queue
+/// (`wait`) whose client goes away leaves the queue then, not when its wait times out, and
+/// takes no permit: the server drops its response future, which is cancel-safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_leaves_leaves_the_queue() {
+    use tokio::io::AsyncWriteExt;
+    let layer =
+        ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).wait(Duration::from_secs(600));
+    let limiter = layer.limiter().clone();
+    let base = serve(
+        Router::new()
+            .route("/", get(|| async { "hi" }))
+            .route_layer(layer),
+    )
+    .await;
+    let addr = base.strip_prefix("http://").unwrap().to_owned();
+    let held = limiter.try_acquire_owned(1).unwrap();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    waiting_soon(&limiter, 1).await;
+    drop(stream);
+    waiting_soon(&limiter, 0).await;
+    drop(held);
+    assert_eq!(limiter.available(), 1);
+}

@@ -429,6 +429,31 @@ fn concurrency_wait_sets_no_timer_for_a_request_that_finds_a_permit() {
     assert_eq!(limiter.available(), 1);
 }
 
+/// With `wait`, a request that finds a permit free is served by the service polled ready, as
+/// without `wait`: it keeps the slot its `poll_ready` reserved in the inner service (tower's
+/// rule). It gave the slot back in `call` and asked for it again, behind a caller that asked
+/// for it later. Only a request that has to wait for a permit gives its reservation back.
+#[tokio::test]
+async fn concurrency_wait_keeps_the_inner_reservation_of_a_request_that_need_not_wait() {
+    let inner = tower::limit::ConcurrencyLimit::new(ok_service(), 1);
+    // Another caller of the inner service, which has one slot.
+    let mut other = inner.clone();
+    let mut service = concurrency_layer(2, Some(Duration::from_secs(10))).layer(inner);
+    let mut cx = noop();
+    // The layer's service is polled ready first: the slot is its.
+    assert!(service.poll_ready(&mut cx).is_ready());
+    // The other caller asks after it, and waits.
+    assert!(other.poll_ready(&mut cx).is_pending());
+    let mut future = service.call(http::Request::new(String::new()));
+    match future.as_mut().poll(&mut cx) {
+        Poll::Ready(Ok(response)) => assert_eq!(response.status(), 200),
+        Poll::Ready(Err(error)) => match error {},
+        Poll::Pending => panic!("a permit was free, and the request lost its slot"),
+    }
+    // The inner call done, the slot passes on.
+    assert!(other.poll_ready(&mut cx).is_ready());
+}
+
 /// A waiter dropped after the permit was handed to it (its client gone) gives it back.
 #[tokio::test(start_paused = true)]
 async fn concurrency_waiter_dropped_after_the_grant_gives_the_permit_back() {
@@ -573,6 +598,89 @@ async fn concurrency_body_passes_a_large_frame_in_pieces() {
     assert_eq!(received, payload);
     assert!(body.frame().await.is_none());
     assert_eq!(limiter.available(), 1);
+}
+
+/// A body of data frames and optional trailers that knows its exact length, as `Full` or a
+/// `Vec` does (hyper writes that length as `Content-Length`).
+struct ExactFrames {
+    frames: VecDeque<http_body::Frame<Bytes>>,
+}
+
+impl Body for ExactFrames {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.frames.pop_front().map(Ok))
+    }
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        let data = self.frames.iter().filter_map(http_body::Frame::data_ref);
+        http_body::SizeHint::with_exact(data.map(|d| d.len() as u64).sum())
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// A probe that found nothing, pinned: whatever the data frames (none, empty, small, several
+    /// times 64 KiB) and trailers, the body holding a permit passes the same bytes in pieces of
+    /// at most 64 KiB, its size hint stays exact (what is left, so a `Content-Length` taken at
+    /// any point is right), it never says it ended before a frame, and the permit goes back
+    /// exactly at its end.
+    #[test]
+    fn concurrency_body_pieces_keep_an_exact_size_and_every_byte(
+        sizes in proptest::collection::vec(0usize..200_000, 0..5),
+        trailers in proptest::bool::ANY,
+    ) {
+        let mut frames = VecDeque::new();
+        let mut sent = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            let data: Vec<u8> = (0..len).map(|j| (i * 7 + j) as u8).collect();
+            sent.extend_from_slice(&data);
+            frames.push_back(http_body::Frame::data(Bytes::from(data)));
+        }
+        if trailers {
+            frames.push_back(http_body::Frame::trailers(http::HeaderMap::new()));
+        }
+        let layer = ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap());
+        let limiter = layer.limiter().clone();
+        let frames = Arc::new(Mutex::new(Some(frames)));
+        let mut service = layer.layer(tower::service_fn(move |_: http::Request<()>| {
+            let frames = frames.lock().unwrap().take().expect("one call");
+            std::future::ready(Ok::<_, Infallible>(http::Response::new(ExactFrames { frames })))
+        }));
+        let mut cx = noop();
+        proptest::prop_assert!(service.poll_ready(&mut cx).is_ready());
+        let Poll::Ready(Ok(response)) = service.call(http::Request::new(())).as_mut().poll(&mut cx)
+        else {
+            panic!("an immediate response");
+        };
+        let mut body = std::pin::pin!(response.into_body());
+        let mut received = Vec::new();
+        loop {
+            proptest::prop_assert_eq!(limiter.available(), 0, "held until the end");
+            proptest::prop_assert_eq!(
+                body.size_hint().exact(),
+                Some((sent.len() - received.len()) as u64)
+            );
+            let ended = body.is_end_stream();
+            let Poll::Ready(frame) = body.as_mut().poll_frame(&mut cx) else {
+                panic!("the frames are all there");
+            };
+            let Some(frame) = frame else { break };
+            proptest::prop_assert!(!ended, "a frame after the end");
+            if let Some(data) = frame.unwrap().data_ref() {
+                proptest::prop_assert!(data.len() <= 64 * 1024, "{}", data.len());
+                received.extend_from_slice(data);
+            }
+        }
+        proptest::prop_assert_eq!(received, sent);
+        proptest::prop_assert_eq!(limiter.available(), 1);
+    }
 }
 
 /// The concurrency layer's rejection status is an error status: a 101 would tell the client

@@ -53,12 +53,15 @@ async fn bind() -> (tokio::net::TcpListener, SocketAddr) {
 }
 
 async fn client(addr: SocketAddr) -> HealthClient<Channel> {
-    let channel = Channel::from_shared(format!("http://{addr}"))
+    HealthClient::new(connect(addr).await)
+}
+
+async fn connect(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
         .expect("valid uri")
         .connect()
         .await
-        .expect("connect");
-    HealthClient::new(channel)
+        .expect("connect")
 }
 
 /// One Health/Check call for the server's overall status (`""`, serving by default).
@@ -256,4 +259,154 @@ async fn concurrency_permit_is_held_through_a_server_stream_until_the_client_dro
     check(&mut client)
         .await
         .expect("the permit is back: served");
+}
+
+/// One raw Health/Check call on `channel` (an empty `HealthCheckRequest`, framed by hand):
+/// the response's head, and whether the stream had ended with it.
+async fn raw_check(channel: &mut Channel, addr: SocketAddr) -> (http::HeaderMap, bool) {
+    use http_body::Body as _;
+    use tower::{Service, ServiceExt};
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        // A message of 0 bytes: not compressed, length 0.
+        .body(tonic::body::Body::new(http_body_util::Full::new(
+            bytes::Bytes::from_static(&[0, 0, 0, 0, 0]),
+        )))
+        .expect("a request");
+    let response = channel
+        .ready()
+        .await
+        .expect("a connection")
+        .call(request)
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), 200);
+    (response.headers().clone(), response.body().is_end_stream())
+}
+
+/// A probe that found nothing, pinned: a rejection is trailers-only on the wire, one HEADERS
+/// frame that ends the stream (gRPC's "Trailers-Only": grpc-go takes the status from a first
+/// HEADERS frame only when it carries END_STREAM, and otherwise waits for trailers), from the
+/// concurrency layer and from the rate layer alike, in front of tonic's server. tonic's own
+/// client reads the status either way, so the calls are raw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_rejection_is_one_headers_frame_that_ends_the_stream() {
+    // The concurrency layer, its only permit held.
+    let layer = turnstile::http::ConcurrencyLayer::new(
+        turnstile::ConcurrencyLimiter::new(1).expect("limit 1"),
+    );
+    let _held = layer.limiter().try_acquire_owned(1).expect("the permit");
+    let (listener, addr) = bind().await;
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let router = Server::builder().layer(layer).add_service(health);
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .expect("server");
+    });
+    let mut channel = connect(addr).await;
+    let (headers, ended) = raw_check(&mut channel, addr).await;
+    assert_eq!(headers["grpc-status"], "8");
+    assert!(ended, "trailers-only: {headers:?}");
+
+    // The rate layer: two calls served (with a body and trailers), the third rejected.
+    let (limiter, _clock) = limiter(PER_IP);
+    let (listener, addr) = bind().await;
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let router = Server::builder().layer(limiter.layer()).add_service(health);
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .expect("server");
+    });
+    let mut channel = connect(addr).await;
+    for _ in 0..2 {
+        let (headers, ended) = raw_check(&mut channel, addr).await;
+        assert!(headers.get("grpc-status").is_none(), "{headers:?}");
+        assert!(!ended, "served: a message and trailers follow");
+    }
+    let (headers, ended) = raw_check(&mut channel, addr).await;
+    assert_eq!(headers["grpc-status"], "8");
+    assert!(ended, "trailers-only: {headers:?}");
+}
+
+/// A service (at `/big.Big/...`) answering every call with one 64 MiB data frame.
+#[derive(Clone)]
+struct Big;
+
+impl tonic::server::NamedService for Big {
+    const NAME: &'static str = "big.Big";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Big {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+        let body = http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; BIG]));
+        std::future::ready(Ok(http::Response::new(tonic::body::Body::new(body))))
+    }
+}
+
+const BIG: usize = 64 << 20;
+
+/// A probe that found nothing, pinned: over HTTP/2 too, a response of one large frame holds
+/// the concurrency permit while the client has not read it (hyper takes the layer's 64 KiB
+/// pieces as the flow-control window allows, and the client's window stops at a few MiB), and
+/// gives it back once the client has read it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_permit_is_held_while_an_h2_client_has_not_read_a_large_body() {
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceExt};
+    let layer = turnstile::http::ConcurrencyLayer::new(
+        turnstile::ConcurrencyLimiter::new(1).expect("limit 1"),
+    );
+    let limiter = layer.limiter().clone();
+    let (listener, addr) = bind().await;
+    let router = Server::builder().layer(layer).add_service(Big);
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .expect("server");
+    });
+    let mut channel = connect(addr).await;
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/big.Big/Get"))
+        .body(tonic::body::Body::empty())
+        .expect("a request");
+    let response = channel
+        .ready()
+        .await
+        .expect("a connection")
+        .call(request)
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), 200);
+    // The server goes on sending on its own tasks: give it time to fill every window.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(limiter.available(), 0, "held while the client has not read");
+    let body = response.into_body().collect().await.expect("the body");
+    assert_eq!(body.to_bytes().len(), BIG);
+    for _ in 0..1000 {
+        if limiter.available() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(limiter.available(), 1, "given back once it is all read");
 }

@@ -148,10 +148,11 @@ where
                 }
                 match body.poll_frame(cx) {
                     // Holding a permit: a large data frame goes on in pieces, so that the
-                    // server takes it as the client reads it (hyper polls for the next frame
-                    // only when its write buffer has room, h2 only when the flow-control window
-                    // has) and the permit stays taken until little more than the server's
-                    // buffers is left to send. Whole, it would be taken at once with the
+                    // server takes it as the client reads it (hyper's HTTP/1 polls for the next
+                    // frame only when its write buffer has room; over h2, hyper 1.12 polls one
+                    // frame ahead and sends it when the flow-control window has room) and the
+                    // permit stays taken until little more than the server's buffers is left
+                    // to send. Whole, it would be taken at once with the
                     // headers, and a download of any size would count as in flight for no time.
                     Poll::Ready(Some(Ok(frame))) if permit.is_some() => match frame.into_data() {
                         Ok(data) => {

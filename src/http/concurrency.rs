@@ -175,13 +175,15 @@ impl ConcurrencyLayer {
 
     /// Waits up to `timeout` in the limiter's queue for a permit instead of rejecting at once.
     ///
-    /// A waiting request holds nothing of the wrapped service's: what its `poll_ready` reserved
-    /// (a `Buffer` slot, say) is given back when the request starts to wait, and the service is
-    /// made ready again once the permit is granted. The timeout bounds the wait for the permit
-    /// only, and is set only for a request that finds no permit free. It runs on tokio's timer
-    /// inside a tokio runtime, which then needs its time driver (`enable_time` or
-    /// `enable_all`, which `#[tokio::main]` turns on: tokio panics on a timer without one), and
-    /// on a helper thread on other executors. A `timeout` too long for an `Instant` never ends.
+    /// A request that finds a permit free takes it at once, as without `wait`, and is served by
+    /// the wrapped service as it was polled ready. A waiting request holds nothing of the
+    /// wrapped service's: what its `poll_ready` reserved (a `Buffer` slot, say) is given back
+    /// when the request starts to wait, and the service is made ready again once the permit is
+    /// granted. The timeout bounds the wait for the permit only, and is set only for a request
+    /// that finds no permit free. It runs on tokio's timer inside a tokio runtime, which then
+    /// needs its time driver (`enable_time` or `enable_all`, which `#[tokio::main]` turns on:
+    /// tokio panics on a timer without one), and on a helper thread on other executors. A
+    /// `timeout` too long for an `Instant` never ends.
     ///
     /// # Examples
     ///
@@ -365,8 +367,8 @@ impl<S: Clone> Clone for ConcurrencyService<S> {
 /// ));
 /// let future: ConcurrencyFuture<http::Response<RateLimitBody<&str>>, Infallible> =
 ///     service.ready().await?.call(http::Request::new(()));
-/// // Without `wait`, `call` takes the permit (with `wait`, the future queues for it when first
-/// // polled); it is held until the response body is done.
+/// // `call` takes a free permit (with `wait`, a request that finds none queues for it when its
+/// // future is first polled); it is held until the response body is done.
 /// let response = future.await?;
 /// assert_eq!(response.status(), 200);
 /// assert_eq!(limiter.available(), 0);
@@ -418,53 +420,76 @@ where
         } else {
             None
         };
-        match layer.wait {
-            None => {
-                let permit = match layer.limiter.try_acquire_owned(1) {
-                    Ok(permit) => permit,
-                    // `ready` is dropped here: a rejected request gives the reservation back
-                    // at once.
-                    Err(_) => {
-                        let response = layer.rejection(request, grpc);
-                        return Box::pin(async move { Ok(response) });
-                    }
-                };
-                if inner_ready {
-                    let future = ready.call(request);
-                    return Box::pin(async move { Ok(with_permit(future.await?, permit)) });
+        let permit = match layer.wait {
+            None => layer.limiter.try_acquire_owned(1).ok(),
+            // With `wait` too, a permit free is taken now: a request that finds one never
+            // waits, so it keeps what `poll_ready` reserved for it and is served by the service
+            // polled ready (tower's rule), as without `wait`. Only one that has to queue gives
+            // that back.
+            Some(timeout) => match layer.limiter.acquire_owned_now(1) {
+                // Granted, or failed at once (a closed limiter).
+                Poll::Ready(outcome) => outcome.ok(),
+                Poll::Pending => {
+                    return queue(ready, self.inner.clone(), layer, timeout, request, grpc);
                 }
-                // The permit, then the inner service: the order of tower's `ConcurrencyLimit`.
-                Box::pin(async move {
-                    std::future::poll_fn(|cx| ready.poll_ready(cx)).await?;
-                    Ok(with_permit(ready.call(request).await?, permit))
-                })
-            }
-            Some(timeout) => {
-                // A request waiting in the queue holds nothing of the inner service's: the
-                // reservation goes back now, and an unreserved clone is made ready once the
-                // permit is ours (the order of tower's `ConcurrencyLimit`: the permit, then the
-                // inner service). Holding it would let a queue of waiters keep the slots of an
-                // inner `Buffer` while doing nothing, shutting out the others that share it.
-                drop(ready);
-                let mut service = self.inner.clone();
-                Box::pin(async move {
-                    let acquire = layer.limiter.acquire_owned(1);
-                    // The crate's timer: none is set for a request that finds a permit free
-                    // (tokio's `timeout` looked the time driver up for every request, and a
-                    // runtime without one panicked even when no request had to wait).
-                    let permit = match crate::timer::timeout(timeout, acquire).await {
-                        Ok(Ok(permit)) => permit,
-                        // Timed out, or the limiter is closed.
-                        Ok(Err(_)) | Err(_) => {
-                            return Ok(layer.rejection(request, grpc));
-                        }
-                    };
-                    std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
-                    Ok(with_permit(service.call(request).await?, permit))
-                })
-            }
+            },
+        };
+        let Some(permit) = permit else {
+            // `ready` is dropped here: a rejected request gives the reservation back at once.
+            let response = layer.rejection(request, grpc);
+            return Box::pin(async move { Ok(response) });
+        };
+        if inner_ready {
+            let future = ready.call(request);
+            return Box::pin(async move { Ok(with_permit(future.await?, permit)) });
         }
+        // The permit, then the inner service: the order of tower's `ConcurrencyLimit`.
+        Box::pin(async move {
+            std::future::poll_fn(|cx| ready.poll_ready(cx)).await?;
+            Ok(with_permit(ready.call(request).await?, permit))
+        })
     }
+}
+
+/// The response future of a request that has to queue for a permit (see
+/// [`ConcurrencyLayer::wait`]): it waits up to `timeout`, then readies `service` (a clone that
+/// holds no reservation) and calls it, or answers the rejection.
+fn queue<S, B, ResBody>(
+    ready: S,
+    mut service: S,
+    layer: ConcurrencyLayer,
+    timeout: Duration,
+    request: http::Request<B>,
+    grpc: Option<&'static str>,
+) -> ConcurrencyFuture<http::Response<RateLimitBody<ResBody>>, S::Error>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    ResBody: Send + 'static,
+{
+    // A request waiting in the queue holds nothing of the inner service's: the reservation goes
+    // back now, and an unreserved clone is made ready once the permit is ours (the order of
+    // tower's `ConcurrencyLimit`: the permit, then the inner service). Holding it would let a
+    // queue of waiters keep the slots of an inner `Buffer` while doing nothing, shutting out
+    // the others that share it.
+    drop(ready);
+    Box::pin(async move {
+        let acquire = layer.limiter.acquire_owned(1);
+        // The crate's timer: none is set for a request whose permit comes at the first poll
+        // (tokio's `timeout` looked the time driver up for every request, and a runtime
+        // without one panicked even when no request had to wait).
+        let permit = match crate::timer::timeout(timeout, acquire).await {
+            Ok(Ok(permit)) => permit,
+            // Timed out, or the limiter is closed.
+            Ok(Err(_)) | Err(_) => {
+                return Ok(layer.rejection(request, grpc));
+            }
+        };
+        std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+        Ok(with_permit(service.call(request).await?, permit))
+    })
 }
 
 fn with_permit<B>(
