@@ -700,6 +700,7 @@ async fn concurrency_rejection_status_is_an_error_status() {
         (http::StatusCode::OK, "503 Service Unavailable"),
         (http::StatusCode::NOT_MODIFIED, "503 Service Unavailable"),
         (http::StatusCode::TOO_MANY_REQUESTS, "429 Too Many Requests"),
+        (http::StatusCode::from_u16(499).unwrap(), "499 <none>"),
     ] {
         let layer =
             ConcurrencyLayer::new(ConcurrencyLimiter::new(1).unwrap()).rejection_status(status);
@@ -720,6 +721,12 @@ async fn concurrency_rejection_status_is_an_error_status() {
         let status_line = out.lines().next().unwrap();
         assert_eq!(status_line, format!("HTTP/1.1 {sent}"), "{status}");
         assert!(out.contains("retry-after: 1"), "{status}: {out}");
+        // The body is the status's reason phrase, or says what happened when it has none.
+        let sent_status = http::StatusCode::from_bytes(&sent.as_bytes()[..3]).unwrap();
+        let body = sent_status
+            .canonical_reason()
+            .unwrap_or("concurrency limit reached");
+        assert!(out.ends_with(&format!("\r\n\r\n{body}")), "{status}: {out}");
         server.abort();
     }
 }

@@ -283,7 +283,9 @@ impl ConcurrencyLayer {
         let mut response = http::Response::new(Bytes::from_static(
             self.status
                 .canonical_reason()
-                .unwrap_or("Unavailable")
+                // A status without a reason phrase (499, say): what happened, in the gRPC
+                // rejection's words, not "Unavailable", which a 4xx is not.
+                .unwrap_or("concurrency limit reached")
                 .as_bytes(),
         ));
         *response.status_mut() = self.status;
