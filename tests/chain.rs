@@ -2689,7 +2689,7 @@ fn a_blocked_chain_caller_fails_at_once_when_a_member_closes() {
     });
     // The caller has made its attempt and is in the chain's queue, so that the close is what
     // must wake it.
-    while chain.stats().waiting == 0 {
+    while chain.stats().waiting == 0 && !waiter.is_finished() {
         std::thread::yield_now();
     }
     full.close();

@@ -254,7 +254,7 @@ fn a_blocked_thread_is_woken_by_a_release_and_timeouts_leave() {
         std::thread::spawn(move || limiter.acquire_blocking_n(&1u32, 2).map(|p| p.permits()))
     };
     // Queued before the release, so that the release is what must wake it.
-    while limiter.stats().waiting == 0 {
+    while limiter.stats().waiting == 0 && !waiter.is_finished() {
         std::thread::yield_now();
     }
     drop(held);
@@ -1476,7 +1476,7 @@ fn a_zero_permit_probe_at_the_cap_answers_as_a_take_of_one() {
         std::thread::spawn(move || shared.acquire_blocking_n(&3, 0).map(|p| p.permits()))
     };
     // Queued before the pool's permit comes back, so that its return is what must wake it.
-    while shared.stats().waiting == 0 {
+    while shared.stats().waiting == 0 && !waiter.is_finished() {
         std::thread::yield_now();
     }
     drop(b);
