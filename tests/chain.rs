@@ -2681,12 +2681,17 @@ fn a_blocked_keyed_chain_caller_is_admitted_at_once_when_the_keys_waiter_gives_u
 fn a_blocked_chain_caller_fails_at_once_when_a_member_closes() {
     let (_open, full, chain) = hour_members();
     let (done, outcome) = std::sync::mpsc::channel();
-    let waiter = std::thread::spawn(move || {
-        let _ = done.send(chain.acquire_blocking());
+    let waiter = std::thread::spawn({
+        let chain = chain.clone();
+        move || {
+            let _ = done.send(chain.acquire_blocking());
+        }
     });
-    // Give the caller time to make its attempt and block; the close may also come first, which
-    // the caller must see as well.
-    std::thread::sleep(Duration::from_millis(50));
+    // The caller has made its attempt and is in the chain's queue, so that the close is what
+    // must wake it.
+    while chain.stats().waiting == 0 && !waiter.is_finished() {
+        std::thread::yield_now();
+    }
     full.close();
     let outcome = outcome
         .recv_timeout(Duration::from_secs(30))

@@ -418,6 +418,10 @@ fn a_blocked_chain_caller_is_admitted_when_a_receipt_is_refunded() {
         let start = std::time::Instant::now();
         let got = std::thread::scope(|s| {
             let waiter = s.spawn(|| chain.acquire_blocking_refundable(1));
+            // Queued before the refund, so that the refund is what must admit it.
+            while chain.stats().waiting == 0 && !waiter.is_finished() {
+                std::thread::yield_now();
+            }
             taken.refund();
             waiter.join().unwrap()
         })
@@ -439,6 +443,9 @@ fn a_blocked_chain_caller_is_admitted_when_a_receipt_is_refunded() {
         let start = std::time::Instant::now();
         let got = std::thread::scope(|s| {
             let waiter = s.spawn(|| chain.acquire_blocking_refundable(&"k", 1));
+            while chain.stats().waiting == 0 && !waiter.is_finished() {
+                std::thread::yield_now();
+            }
             taken.refund();
             waiter.join().unwrap()
         })

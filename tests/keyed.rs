@@ -755,7 +755,10 @@ fn a_key_evicted_by_a_sweep_gets_its_slot_back_before_the_walk_ends() {
         );
     }
     // C finds no room: A and B are held again by the calls the hook made.
-    let _ = limiter.try_acquire(&c);
+    assert_eq!(
+        limiter.try_acquire(&c).map(|_| ()),
+        Err(TryAcquireError::TooManyKeys { max_keys: 2 })
+    );
     let outcomes = outcomes.lock().unwrap().clone();
     assert_eq!(outcomes, [Ok(()), Ok(())], "A and B were idle and held");
     assert_eq!(limiter.len(), 2);

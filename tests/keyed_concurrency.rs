@@ -253,7 +253,10 @@ fn a_blocked_thread_is_woken_by_a_release_and_timeouts_leave() {
         let limiter = limiter.clone();
         std::thread::spawn(move || limiter.acquire_blocking_n(&1u32, 2).map(|p| p.permits()))
     };
-    std::thread::sleep(Duration::from_millis(20));
+    // Queued before the release, so that the release is what must wake it.
+    while limiter.stats().waiting == 0 && !waiter.is_finished() {
+        std::thread::yield_now();
+    }
     drop(held);
     assert_eq!(waiter.join().unwrap().unwrap(), 2);
     let stats = limiter.stats();
@@ -1472,7 +1475,10 @@ fn a_zero_permit_probe_at_the_cap_answers_as_a_take_of_one() {
         let shared = shared.clone();
         std::thread::spawn(move || shared.acquire_blocking_n(&3, 0).map(|p| p.permits()))
     };
-    std::thread::sleep(Duration::from_millis(20));
+    // Queued before the pool's permit comes back, so that its return is what must wake it.
+    while shared.stats().waiting == 0 && !waiter.is_finished() {
+        std::thread::yield_now();
+    }
     drop(b);
     assert_eq!(waiter.join().unwrap(), Ok(0));
     assert_eq!(shared.available(&3), 1, "a probe holds nothing");

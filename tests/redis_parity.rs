@@ -273,6 +273,8 @@ fn differential_across(
         let kind = if charge.is_some() { "charge" } else { "take" };
         history.push((t, kind, n, reply.clone()));
         let context = || format!("{phases:?}, seed {seed}, step {step}: {history:?}");
+        // Every reply carries the script's `now` (the comparisons below take its other fields).
+        assert_eq!(reply[1], (base + t) as i64, "now; {}", context());
         if let Some(log) = &mut log {
             if charge.is_some() {
                 log.charge(&reply, t, n, p1, limit, &context());
@@ -856,6 +858,9 @@ fn chain_alike(charges: bool) {
             }
             cmd.arg(base + t);
             let reply: Vec<i64> = cmd.query(&mut con).unwrap();
+            // Every reply carries the script's `now` (the comparisons below take its other
+            // fields).
+            assert_eq!(reply[1], (base + t) as i64, "now; {members:?}, step {step}");
             let expected = if charge {
                 // Every member charged; what is left is the tightest's, and the slowest's reset.
                 let each: Vec<Admission> = memory

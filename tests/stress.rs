@@ -169,44 +169,32 @@ fn token_bucket_conforms_monotonic_clock() {
 
 // The default 1 ms upkeep clock: many admissions share one timestamp.
 
+/// The process-wide upkeep clock, which must have its thread (without one it reads the OS clock
+/// itself, and these audits would not share timestamps).
+fn shared_upkeep() -> UpkeepClock {
+    let clock = UpkeepClock::new();
+    assert!(!clock.interval().is_zero(), "no upkeep thread could start");
+    clock
+}
+
 #[test]
 fn fixed_window_never_over_admits_upkeep_clock() {
-    audit_fixed(
-        UpkeepClock::new(),
-        500,
-        Duration::from_millis(2),
-        Pace::Flat,
-    );
+    audit_fixed(shared_upkeep(), 500, Duration::from_millis(2), Pace::Flat);
 }
 
 #[test]
 fn sliding_window_never_over_admits_upkeep_clock() {
-    audit_sliding(
-        UpkeepClock::new(),
-        500,
-        Duration::from_millis(2),
-        Pace::Flat,
-    );
+    audit_sliding(shared_upkeep(), 500, Duration::from_millis(2), Pace::Flat);
 }
 
 #[test]
 fn sliding_counter_respects_its_estimate_upkeep_clock() {
-    audit_counter(
-        UpkeepClock::new(),
-        500,
-        Duration::from_millis(2),
-        Pace::Flat,
-    );
+    audit_counter(shared_upkeep(), 500, Duration::from_millis(2), Pace::Flat);
 }
 
 #[test]
 fn token_bucket_conforms_upkeep_clock() {
-    audit_bucket(
-        UpkeepClock::new(),
-        Rate::per_second(250_000),
-        500,
-        Pace::Flat,
-    );
+    audit_bucket(shared_upkeep(), Rate::per_second(250_000), 500, Pace::Flat);
 }
 
 // The upkeep clock in bursts: before each, every thread idles for 4 ms, long enough for the

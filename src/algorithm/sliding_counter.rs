@@ -634,6 +634,13 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
 
+    /// The docs' "three words whatever the limit": a counter's state is its three 64-bit words,
+    /// with nothing sized by the limit.
+    #[test]
+    fn a_counters_state_is_three_words() {
+        assert_eq!(std::mem::size_of::<Words>(), 3 * 8);
+    }
+
     /// The refund excursion of `publish_previous`'s docs, replayed step by step: roller R (in
     /// window 1) publishes (0, 2); a refund takes `current` to (0, 1); roller S publishes (0, 1);
     /// an admission still in window 0 takes `current` back to (0, 2); R's roll-over CAS from
