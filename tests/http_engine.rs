@@ -2860,11 +2860,12 @@ fn backend_settings_and_a_list_document_are_checked_even_where_unused() {
     }
     // YAML refused it already.
     assert!(HttpConfig::from_yaml_str("- rules: []\n").is_err());
-    assert!(
-        HttpConfig::from_yaml_str("").is_ok(),
+    assert_eq!(
+        HttpConfig::from_yaml_str("").unwrap(),
+        HttpConfig::default(),
         "an empty YAML document is the defaults"
     );
-    assert!(HttpConfig::from_json_str("{}").is_ok());
+    assert_eq!(HttpConfig::from_json_str("{}").unwrap(), HttpConfig::default());
 }
 
 /// A `per_endpoint` rule counts a method sent in lower case (`get`, an extension method to
