@@ -3669,13 +3669,38 @@ where
     /// cap). Waking only `key`'s left them asleep until their timers (a whole window, two for
     /// the sliding counter) with the permits free. A head whose key has a cell of its own looks
     /// again and sleeps on.
+    ///
+    /// A refund that left `key`'s own cell idle, or took it back, at the key cap under
+    /// [`KeyOverflow::Shared`] wakes every queue's head too, as a [`reset`](Self::reset) does:
+    /// the key's slot can now be had, and a head of a key past the cap waiting on the shared
+    /// cell slept until that cell's `retry_after` (or the time the last search for room had
+    /// computed), while a newcomer took the slot at once.
     pub(crate) fn chain_wake(&self, key: &K, overflow: bool, except: Option<&Watcher>) {
         let _watchers = self.inner.watchers.notify_on_drop_except(except);
-        if overflow {
+        if overflow || self.refund_freed_room(key) {
             self.wake_every_head();
         } else if let Some(wait) = self.inner.ctx.waits.map.get(key, Arc::clone) {
             wait.queue.wake_head();
         }
+    }
+
+    /// Whether a refund on `key`'s own cell (just made) may have freed room under the key cap
+    /// for heads of other keys waiting on the shared overflow cell (see
+    /// [`chain_wake`](Self::chain_wake)): under [`KeyOverflow::Shared`], with some key waiting
+    /// and the cap reached (or left by one key, the refunded one taken back), `key` has no
+    /// waiters (which keep its cell from eviction) and its cell is gone or idle. A snapshot:
+    /// a wrong guess costs a wasted look by each head, or a head asleep until its timer, as
+    /// before.
+    fn refund_freed_room(&self, key: &K) -> bool {
+        let ctx = &self.inner.ctx;
+        ctx.overflow == KeyOverflow::Shared
+            && ctx.waits.any()
+            // Relaxed: a snapshot of a count, as `available` reads it.
+            && ctx.keys.load(Ordering::Relaxed) + 1 >= ctx.max_keys as u64
+            && !ctx.waits.has_waiters(key)
+            && self
+                .held_available(key)
+                .is_none_or(|free| free >= self.inner.algorithm_limit())
     }
 
     /// Wakes the head of every key's queue: the shared overflow cell got permits back, and its
