@@ -311,6 +311,43 @@ fn creating_and_retiring_a_queue_never_reads_as_closed() {
     });
 }
 
+/// A waiter that finds its key's queue retired (by the other waiter, refused `QueueFull` as in
+/// `waiters_race_with_queue_retirement`) is not counted and looks its key up again; a waiter the
+/// closed limiter fails is counted rejected. The waiter told the two apart by reading the
+/// closed bit again after its enqueue had read it clear: a `close` landing between the two
+/// reads made it return `Closed` counted nowhere, and `stats()` lost the call. Whatever the
+/// interleaving, each waiter fails (`QueueFull` or `Closed`) and is counted once.
+#[test]
+fn a_close_racing_a_queues_retirement_counts_every_waiter_once() {
+    model(|| {
+        let l = exhausted_without_a_queue();
+        let waiter = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.acquire_blocking(&1).map(|_| ()))
+        };
+        let closer = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.close())
+        };
+        let mine = l.acquire_blocking(&1).map(|_| ());
+        let theirs = waiter.join().unwrap();
+        closer.join().unwrap();
+        let full = Err(AcquireError::QueueFull {
+            requested: 1,
+            queue_limit: 0,
+        });
+        for outcome in [mine, theirs] {
+            assert!(
+                outcome == full || outcome == Err(AcquireError::Closed),
+                "{outcome:?}"
+            );
+        }
+        let s = l.stats();
+        assert_eq!((s.admitted, s.rejected, s.cancelled), (1, 2, 0), "{s:?}");
+        assert_eq!((s.waiting, s.waiting_keys), (0, 0), "{s:?}");
+    });
+}
+
 /// A key's first two callers race with a clock advance and a sweep: the cell one of them creates
 /// may be evicted while the other is still on its way in. Whatever the interleaving, no window
 /// admits more than its limit. (The first design admitted a new key's first call on a private

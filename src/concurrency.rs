@@ -227,7 +227,7 @@ impl Inner {
             gate: &self.word,
             counters: &self.counters,
             permits: n,
-            retry_closed: false,
+            retry_closed: None,
             capacity: None,
             room: Some(self),
         }

@@ -2963,10 +2963,13 @@ where
     /// joined first), or our enqueue reads the new limit: a request a lowering made too big
     /// never waits behind the head for good. [`close`](KeyedLimiter::close) is the same pair,
     /// with the closed bit for the parameters (see `Waits::close`). Only waiters pay it.
-    fn wait<'a>(&'a self, wait: &'a KeyWait, n: u32) -> Wait<'a> {
+    fn wait<'a>(&'a self, wait: &'a KeyWait, n: u32, retry: &'a AtomicU64) -> Wait<'a> {
         fence(Ordering::SeqCst);
         let inner = &*self.inner;
-        inner.ctx.waits.wait(wait, &inner.ctx.counters, n, inner)
+        inner
+            .ctx
+            .waits
+            .wait(wait, &inner.ctx.counters, n, inner, retry)
     }
 
     /// Waits until one permit for `key` is admitted. See [`acquire_n`](Self::acquire_n).
@@ -3103,8 +3106,10 @@ where
                 wait: &wait,
             };
             let mut timer = crate::queue::Timer::default();
+            // Set if the queue was retired before we joined it (see `Waits::wait`).
+            let retry = AtomicU64::new(0);
             let outcome = self
-                .wait(&wait, n)
+                .wait(&wait, n, &retry)
                 .run_async(
                     || self.take_versioned(key, n, &overflow_wait),
                     |(admission, committed, _)| self.give_back(key, n, &admission, committed),
@@ -3113,9 +3118,10 @@ where
                 .await;
             drop(exit);
             match outcome {
-                // The queue was retired between our lookup and our enqueue: look again. (Or
-                // the limiter was closed: then we fail, counted by the queue.)
-                Err(AcquireError::Closed) if !self.inner.ctx.waits.is_closed() => continue,
+                // The queue was retired between our lookup and our enqueue: look again. (Any
+                // other `Closed` is the limiter's, counted by the queue: we fail.) Relaxed: our
+                // own flag.
+                Err(AcquireError::Closed) if retry.load(Ordering::Relaxed) != 0 => continue,
                 outcome => {
                     gave_up.ended(&outcome);
                     return outcome;
@@ -3310,12 +3316,15 @@ where
                 key,
                 wait: &wait,
             };
-            match self.wait(&wait, n).run_blocking(
+            // As in `receipt_slow`.
+            let retry = AtomicU64::new(0);
+            match self.wait(&wait, n, &retry).run_blocking(
                 || self.take_versioned(key, n, &overflow_wait),
                 |(admission, committed, _)| self.give_back(key, n, &admission, committed),
                 deadline,
             ) {
-                Err(AcquireError::Closed) if !self.inner.ctx.waits.is_closed() => continue,
+                // Relaxed: our own flag.
+                Err(AcquireError::Closed) if retry.load(Ordering::Relaxed) != 0 => continue,
                 outcome => {
                     gave_up.ended(&outcome);
                     return outcome;
@@ -3502,19 +3511,25 @@ where
     /// and it may be created, or joined, just after (see `Wait::capacity`). The caller fences
     /// between its lookup of `wait` and this enqueue, pairing with the fence its sweeper makes
     /// between storing the new limit and walking the map.
+    ///
+    /// `retry`: set to 1 if the enqueue found `wait` retired while the limiter is open, uncounted
+    /// (see `Wait::retry_closed`): the caller then looks its key up again. A caller that read
+    /// the limiter's closed bit itself instead could read it set by a `close` landing just
+    /// after, and return that uncounted `Closed`.
     pub(crate) fn wait<'a>(
         &self,
         wait: &'a KeyWait,
         counters: &'a Counters,
         n: u32,
         capacity: &'a dyn Capacity,
+        retry: &'a AtomicU64,
     ) -> Wait<'a> {
         Wait {
             queue: &wait.queue,
             gate: &wait.gate,
             counters,
             permits: n,
-            retry_closed: true,
+            retry_closed: Some(retry),
             capacity: Some(capacity),
             room: None,
         }
@@ -3669,13 +3684,38 @@ where
     /// cap). Waking only `key`'s left them asleep until their timers (a whole window, two for
     /// the sliding counter) with the permits free. A head whose key has a cell of its own looks
     /// again and sleeps on.
+    ///
+    /// A refund that left `key`'s own cell idle, or took it back, at the key cap under
+    /// [`KeyOverflow::Shared`] wakes every queue's head too, as a [`reset`](Self::reset) does:
+    /// the key's slot can now be had, and a head of a key past the cap waiting on the shared
+    /// cell slept until that cell's `retry_after` (or the time the last search for room had
+    /// computed), while a newcomer took the slot at once.
     pub(crate) fn chain_wake(&self, key: &K, overflow: bool, except: Option<&Watcher>) {
         let _watchers = self.inner.watchers.notify_on_drop_except(except);
-        if overflow {
+        if overflow || self.refund_freed_room(key) {
             self.wake_every_head();
         } else if let Some(wait) = self.inner.ctx.waits.map.get(key, Arc::clone) {
             wait.queue.wake_head();
         }
+    }
+
+    /// Whether a refund on `key`'s own cell (just made) may have freed room under the key cap
+    /// for heads of other keys waiting on the shared overflow cell (see
+    /// [`chain_wake`](Self::chain_wake)): under [`KeyOverflow::Shared`], with some key waiting
+    /// and the cap reached (or left by one key, the refunded one taken back), `key` has no
+    /// waiters (which keep its cell from eviction) and its cell is gone or idle. A snapshot:
+    /// a wrong guess costs a wasted look by each head, or a head asleep until its timer, as
+    /// before.
+    fn refund_freed_room(&self, key: &K) -> bool {
+        let ctx = &self.inner.ctx;
+        ctx.overflow == KeyOverflow::Shared
+            && ctx.waits.any()
+            // Relaxed: a snapshot of a count, as `available` reads it.
+            && ctx.keys.load(Ordering::Relaxed) + 1 >= ctx.max_keys as u64
+            && !ctx.waits.has_waiters(key)
+            && self
+                .held_available(key)
+                .is_none_or(|free| free >= self.inner.algorithm_limit())
     }
 
     /// Wakes the head of every key's queue: the shared overflow cell got permits back, and its

@@ -1302,10 +1302,12 @@ where
                 key,
                 wait: &wait,
             };
+            // Set if the queue was retired before we joined it (see `Waits::wait`).
+            let retry = AtomicU64::new(0);
             let outcome = self
                 .ctx
                 .waits
-                .wait(&wait, &self.ctx.counters, n, self)
+                .wait(&wait, &self.ctx.counters, n, self, &retry)
                 .run_async_then(
                     || self.take_head(key, shard, n, &pool.me, &debts),
                     |slot| self.release(key, shard, n, slot),
@@ -1315,9 +1317,10 @@ where
                 .await;
             drop(exit);
             match outcome {
-                // The queue was retired between our lookup and our enqueue: look again. (Or
-                // the limiter was closed: then we fail, counted by the queue.)
-                Err(AcquireError::Closed) if !self.ctx.waits.is_closed() => continue,
+                // The queue was retired between our lookup and our enqueue: look again. (Any
+                // other `Closed` is the limiter's, counted by the queue: we fail.) Relaxed: our
+                // own flag.
+                Err(AcquireError::Closed) if retry.load(Ordering::Relaxed) != 0 => continue,
                 outcome => {
                     pool.served = n > 0 && outcome.is_ok();
                     return outcome;
@@ -1362,17 +1365,20 @@ where
                 key,
                 wait: &wait,
             };
+            // As in `acquire_slow`.
+            let retry = AtomicU64::new(0);
             match self
                 .ctx
                 .waits
-                .wait(&wait, &self.ctx.counters, n, self)
+                .wait(&wait, &self.ctx.counters, n, self, &retry)
                 .run_blocking_then(
                     || self.take_head(key, shard, n, &pool.me, &debts),
                     |slot| self.release(key, shard, n, slot),
                     deadline,
                     || self.pay_head_debts(key, shard, &debts),
                 ) {
-                Err(AcquireError::Closed) if !self.ctx.waits.is_closed() => continue,
+                // Relaxed: our own flag.
+                Err(AcquireError::Closed) if retry.load(Ordering::Relaxed) != 0 => continue,
                 outcome => {
                     pool.served = n > 0 && outcome.is_ok();
                     return outcome;

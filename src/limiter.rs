@@ -699,7 +699,7 @@ impl<C: Clock> Inner<C> {
             gate: &self.gate,
             counters: &self.counters,
             permits: n,
-            retry_closed: false,
+            retry_closed: None,
             capacity: None,
             room: None,
         }

@@ -858,9 +858,15 @@ pub(crate) struct Wait<'a> {
     pub(crate) gate: &'a AtomicU64,
     pub(crate) counters: &'a Counters,
     pub(crate) permits: u32,
-    /// A closed queue is a retired one that the caller will replace and retry (a keyed limiter's
-    /// per-key queue): an enqueue that fails with `Closed` is then not counted as a rejection.
-    pub(crate) retry_closed: bool,
+    /// `Some` for a queue that its caller replaces and retries when it finds it closed (a keyed
+    /// limiter's per-key queue, closed by its retirement): an enqueue that fails with `Closed`
+    /// while the limiter is open is then not counted as a rejection, and sets this flag to 1,
+    /// which tells the caller to look its key up again. The caller must go by the flag, not
+    /// by a read of the limiter's closed bit of its own: a `close` that landed between our read
+    /// and its read made it return `Closed` uncounted, and `stats()` lost the call (the loom
+    /// model `a_close_racing_a_queues_retirement_counts_every_waiter_once`). Only the owning
+    /// call reads or writes it.
+    pub(crate) retry_closed: Option<&'a AtomicU64>,
     /// The limiter's capacity now, for a queue that no sweep bounds (a keyed limiter's: a key's
     /// queue may be created after the sweep of a lowering): the enqueue reads it under the
     /// queue's mutex and fails with [`AcquireError::InsufficientCapacity`] if `permits` is
@@ -930,11 +936,15 @@ impl<'a> Wait<'a> {
                 wake_all(evicted, Wake::wake);
                 Ok(ticket)
             }
-            // A retired queue: the caller looks again, uncounted; unless the limiter is closed
-            // (then the caller fails, and this is its one count).
+            // A retired queue: the caller looks again, uncounted, told by the flag; unless the
+            // limiter is closed (then the caller fails, and this is its one count).
             Err(AcquireError::Closed)
-                if self.retry_closed && !self.capacity.is_some_and(Capacity::closed) =>
+                if self.retry_closed.is_some() && !self.capacity.is_some_and(Capacity::closed) =>
             {
+                if let Some(retry) = self.retry_closed {
+                    // Relaxed: the owning call's own flag (see `Wait::retry_closed`).
+                    retry.store(1, Ordering::Relaxed);
+                }
                 Err(AcquireError::Closed)
             }
             Err(error) => {

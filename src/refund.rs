@@ -544,7 +544,9 @@ where
     /// Gives the permits back to the key (or to the shared overflow cell, if that admitted
     /// them), as far as that leaves it no looser than if they had never been taken (see
     /// [`KeyedLimiter::try_acquire_refundable`]), and wakes the head of the key's queue (of
-    /// every key's queue for the overflow cell, whose waiters wait in their own keys'). Nothing
+    /// every key's queue for the overflow cell, whose waiters wait in their own keys', and
+    /// under [`KeyOverflow::Shared`](crate::KeyOverflow::Shared) when the refund leaves the key
+    /// idle at the key cap: its slot can then go to a key waiting on that cell). Nothing
     /// is given back after a [`reset`](KeyedLimiter::reset) (the key's cell may be a new one
     /// that never held the admission; the limiter counts resets, not resets per key, so a reset
     /// of *any* key, even one that held nothing, counts; but a refund to the shared overflow

@@ -1491,3 +1491,47 @@ fn queues_made_and_retired_at_once_never_make_the_limiter_read_as_closed() {
     assert!(!limiter.is_closed());
     assert_eq!(limiter.stats().waiting_keys, 0);
 }
+
+/// A review probe, kept: a key's head whose timer has woken it, dropped before it looks again
+/// (a `select!` that picked another branch), hands its turn to the next waiter of the key at
+/// once: the next one sleeps with no timer of its own (it is behind), so nothing else would
+/// wake it, and its permit is free.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_head_woken_by_its_timer_and_dropped_unlooked_wakes_the_next_waiter() {
+    let limiter = Arc::new(
+        KeyedLimiter::with_clock(
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: Duration::from_secs(10),
+            },
+            TokioClock::new(),
+        )
+        .unwrap(),
+    );
+    limiter.try_acquire(&"k").unwrap();
+    let (head_woken, head_waker) = wakers::counting();
+    let (next_woken, next_waker) = wakers::counting();
+    let mut head = Box::pin(limiter.acquire(&"k"));
+    let mut next = Box::pin(limiter.acquire(&"k"));
+    assert!(poll_with(head.as_mut(), &head_waker).is_pending());
+    assert!(poll_with(next.as_mut(), &next_waker).is_pending());
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!((head_woken.wakes(), next_woken.wakes()), (1, 0));
+    drop(head);
+    assert_eq!(
+        next_woken.wakes(),
+        1,
+        "the next waiter sleeps with the permit free"
+    );
+    let served = poll_with(next.as_mut(), &next_waker);
+    assert!(
+        matches!(&served, std::task::Poll::Ready(Ok(a)) if a.at() == Duration::from_secs(10)),
+        "{served:?}"
+    );
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.admitted, stats.cancelled, stats.waiting_keys),
+        (2, 1, 0),
+        "{stats:?}"
+    );
+}

@@ -292,6 +292,46 @@ async fn an_overflow_refund_wakes_the_waiters_of_other_overflow_keys() {
     }
 }
 
+/// A refund that leaves a key's own cell idle (its only admission given back) frees that key's
+/// slot under the key cap, as a reset does: a waiter of a key past the cap, waiting on the full
+/// shared overflow cell, is woken and served at once on a cell of its own. Before, only the
+/// refunded key's queue was woken: the waiter slept out the shared cell's `retry_after` (a
+/// window) while a newcomer's `try_acquire` took the slot at once.
+#[tokio::test(start_paused = true)]
+async fn a_refund_that_frees_room_under_the_key_cap_wakes_an_overflow_keys_waiter() {
+    for algorithm in [fixed(1), counter(1), bucket(1)] {
+        let l = KeyedLimiter::builder(algorithm)
+            .clock(turnstile::TokioClock::new())
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        // Mid-window: the refund leaves the cell idle, not as fresh as a new one.
+        tokio::time::advance(SECOND / 2).await;
+        let taken = l.try_acquire_refundable(&"own", 1).unwrap(); // the only key slot
+        l.try_acquire(&"a").unwrap(); // the shared cell, full
+        let waiter = {
+            let l = l.clone();
+            tokio::spawn(async move { l.acquire(&"b").await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(l.stats().waiting, 1, "{algorithm:?}");
+        let start = tokio::time::Instant::now();
+        taken.refund();
+        waiter.await.unwrap().unwrap();
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "{algorithm:?}: the overflow key's waiter slept with a key slot free"
+        );
+        assert_eq!(
+            l.available(&"b"),
+            0,
+            "{algorithm:?}: served on a cell of its own"
+        );
+    }
+}
+
 /// A waiter queued on the limiter is woken by the refund, without waiting for its timer.
 #[tokio::test(start_paused = true)]
 async fn a_refund_wakes_the_waiter_it_frees_a_permit_for() {
