@@ -2865,7 +2865,10 @@ fn backend_settings_and_a_list_document_are_checked_even_where_unused() {
         HttpConfig::default(),
         "an empty YAML document is the defaults"
     );
-    assert_eq!(HttpConfig::from_json_str("{}").unwrap(), HttpConfig::default());
+    assert_eq!(
+        HttpConfig::from_json_str("{}").unwrap(),
+        HttpConfig::default()
+    );
 }
 
 /// A `per_endpoint` rule counts a method sent in lower case (`get`, an extension method to
