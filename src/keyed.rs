@@ -690,13 +690,14 @@ enum Refunded<Cell> {
 
 /// Whether `Keyed::chain_check` counts a call that meets the key cap in `overflowed`.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum CountOverflow {
+pub(crate) enum CountOverflow {
     /// When the check refuses it: the call ends there. An admission is left to the commit that
     /// may follow. (A chain's checks count nothing, `Never`: the chain counts its call once,
     /// see `KeyedLimiter::chain_decide_uncounted`.)
     IfRefused,
     /// Whatever the check answers: the call is refused anyway (held back by the key's
-    /// waiters, see `KeyedLimiter::refused_for_waiters`).
+    /// waiters, see `KeyedLimiter::refused_for_waiters`, and the keyed concurrency limiter's
+    /// `try_decide`).
     Always,
     /// Never: a further check for a call already counted.
     Never,
@@ -1250,7 +1251,7 @@ where
     /// `count`: whether an answer at the cap counts the call in `overflowed` (see
     /// [`CountOverflow`]). Also says whether the shared overflow cell decided, as
     /// [`chain_commit`](Self::chain_commit) does.
-    fn chain_check<C: Clock>(
+    pub(crate) fn chain_check<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
         shard: usize,

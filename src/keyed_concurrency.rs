@@ -10,8 +10,8 @@ use crate::clock::Clock;
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
 use crate::keyed::{
-    Ctx, DEFAULT_MAX_KEYS, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Shard, Slot, Unused,
-    Waits, shard_count, waiting_error,
+    CountOverflow, Ctx, DEFAULT_MAX_KEYS, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Shard,
+    Slot, Unused, Waits, shard_count, waiting_error,
 };
 use crate::queue::{Blocked, Capacity, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Woken, no_timer};
 use crate::sync::{
@@ -923,6 +923,11 @@ where
                     capacity: limit,
                 });
             }
+            // A call that meets the key cap is counted in `overflowed` though its waiters refuse
+            // it first, as a `KeyedLimiter` counts it (`refused_for_waiters`): a key without a
+            // cell at the cap, no held key idle as far as the hints say. The check writes
+            // nothing else and creates no key.
+            let _ = (self.store).chain_check(&self.ctx, shard, key, n, CountOverflow::Always);
             return Err(TryPermitError::NoPermits {
                 available: self.available(key, shard),
                 requested: n,

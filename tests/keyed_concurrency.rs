@@ -1009,6 +1009,36 @@ fn overflowed_counts_a_waiting_call_once() {
     }
 }
 
+/// A `try_acquire` for a key without a cell at the cap, refused because the key's own waiters
+/// (waiting on the shared pool) go first, is a call that met the cap: counted in `overflowed`,
+/// as a `KeyedLimiter` counts it (`a_held_back_call_at_the_key_cap_counts_as_overflowed_once`
+/// in keyed_waiting.rs) and as the same call refused by the pool itself is. It was refused
+/// before reaching the store, and counted nowhere. A held-back call for a key with a cell of its
+/// own met no cap: not counted.
+#[test]
+fn a_try_acquire_held_back_by_its_keys_pool_waiter_counts_as_overflowed() {
+    let limiter = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _own = limiter.try_acquire(&0u8).unwrap(); // the only key slot
+    let _pooled = limiter.try_acquire(&1u8).unwrap(); // the pool's only permit
+    let mut pool_waiter = Box::pin(limiter.acquire(&1u8));
+    assert!(poll_with(pool_waiter.as_mut(), Waker::noop()).is_pending());
+    let mut own_waiter = Box::pin(limiter.acquire(&0u8));
+    assert!(poll_with(own_waiter.as_mut(), Waker::noop()).is_pending());
+    let before = limiter.stats();
+    assert_eq!((before.overflowed, before.waiting), (2, 2));
+    assert!(matches!(
+        limiter.try_acquire(&1u8),
+        Err(TryPermitError::NoPermits { available: 0, .. })
+    ));
+    assert_eq!(limiter.stats().overflowed, 3, "held back at the cap");
+    assert!(limiter.try_acquire(&0u8).is_err());
+    assert_eq!(limiter.stats().overflowed, 3, "held back on its own cell");
+}
+
 /// A key whose `Hash` runs a hook once (for key 1 only), to run a call in the middle of a sweep:
 /// the sweep hashes an idle key as it asks whether the key has waiters.
 #[derive(Clone, PartialEq, Eq, Debug)]
