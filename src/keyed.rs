@@ -1204,7 +1204,8 @@ where
     }
 
     /// Sweeps every shard, ignoring the hints that let a sweep skip a shard: for a keyed
-    /// concurrency limiter's `sweep`, which promises every idle key evicted now. (Its cells
+    /// concurrency limiter's `sweep`, which promises every idle key evicted now (but in a shard
+    /// another thread is sweeping, which `sweep_shard` leaves to that thread). (Its cells
     /// turn idle at no clock time, with a release that lowers the hints, ordered against a
     /// racing sweep: see `KeyedConcurrencyLimiter::key_idled`.)
     pub(crate) fn sweep_all<C: Clock>(&self, ctx: &Ctx<K, C, S>) -> u64 {

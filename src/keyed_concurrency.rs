@@ -2039,7 +2039,10 @@ where
     }
 
     /// Evicts every idle key now (all permits back, nobody waiting); returns how many. Never
-    /// removes a key with a permit out; runs concurrently with every other call. Under
+    /// removes a key with a permit out; runs concurrently with every other call. A shard that
+    /// another call is sweeping at that moment (a search for room at the cap, the sweep an
+    /// insert pays for, another `sweep`) is skipped and left to that sweep, whose walk may have
+    /// passed a key before it turned idle: such a key stays until a later sweep or search. Under
     /// [`KeyOverflow::Shared`] it then wakes the calls waiting for the shared pool, for which
     /// the keys it evicted are room under the cap.
     ///
