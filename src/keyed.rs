@@ -688,6 +688,23 @@ enum Refunded<Cell> {
     Busy,
 }
 
+std::thread_local! {
+    /// Keys evicted by the sweeps this thread ran, in any limiter (see [`evicted_here`]).
+    static EVICTED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Keys evicted so far by the sweeps run on this thread (wrapping): a call that reads it before
+/// and after its decision learns whether the sweeps it ran on its way (a search for room at the
+/// cap, the sweep an insert pays for) evicted any, without a load of shared memory. A keyed
+/// concurrency limiter's waiters for its shared pool need to hear of that room (see
+/// `KeyedConcurrencyLimiter`'s `room_freed`). Under loom, model threads may share one OS
+/// thread, and so this count: a call then also sees others' evictions, which costs it a look
+/// for nothing, never a miss of its own.
+#[inline(always)]
+pub(crate) fn evicted_here() -> u64 {
+    EVICTED_HERE.with(std::cell::Cell::get)
+}
+
 /// Whether `Keyed::chain_check` counts a call that meets the key cap in `overflowed`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CountOverflow {
@@ -1110,6 +1127,7 @@ where
             // Relaxed: counts only.
             shard.len.fetch_sub(n, Ordering::Relaxed);
             ctx.evicted.fetch_add(n, Ordering::Relaxed);
+            EVICTED_HERE.with(|here| here.set(here.get().wrapping_add(n)));
         }
     }
 
