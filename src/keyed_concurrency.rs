@@ -852,7 +852,12 @@ where
                 self.settle(key, shard, slot, undone.get(), by_head);
             }
         }
-        if owed.room.get() {
+        // Only while a slot is free: a search that evicted one key and took its slot made no
+        // room for anyone (under a flood of new keys at the cap, that is every call), and waking
+        // every head for it would send each on a search of its own. Relaxed: a slot taken since
+        // our evictions is none the heads could have had; one given back after this load is
+        // announced by whoever gives it back (a release that leaves a key idle, an eviction).
+        if owed.room.get() && self.ctx.keys.load(Ordering::Relaxed) < self.ctx.max_keys as u64 {
             self.room_freed(key, by_head);
         }
     }
