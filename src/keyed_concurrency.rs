@@ -857,8 +857,11 @@ where
         // every head for it would send each on a search of its own. Relaxed: a slot taken since
         // our evictions is none the heads could have had; one given back after this load is
         // announced by whoever gives it back (a release that leaves a key idle, an eviction).
+        // Every head, a head's own queue's too (`by_head` is not passed on): a head whose
+        // search's evictions went to other calls may have marked the pool in this very attempt,
+        // and the mark we consume may be its own, which nobody would then read for it.
         if owed.room.get() && self.ctx.keys.load(Ordering::Relaxed) < self.ctx.max_keys as u64 {
-            self.room_freed(key, by_head);
+            self.room_freed(key, false);
         }
     }
 
