@@ -25,7 +25,9 @@
 //! - a head blocked on the shared overflow pool is not left asleep by a release that leaves
 //!   another key idle (room under the key cap) as it marks the pool, nor by the last waiter of
 //!   an idle key (which kept it from eviction) leaving, nor by a sweep that evicts a key while
-//!   the head's search for room skips the shard being swept.
+//!   the head's search for room skips the shard being swept, nor by another key's search for
+//!   room at the cap that evicts more keys than it takes slots
+//!   (`a_pool_head_is_served_by_the_room_another_keys_search_leaves_over`).
 //! - no barging past the shared pool's waiters (oldest first): a key at the cap with no queue
 //!   is refused while a head waits for the pool, and that head is woken and served; a head
 //!   that defers to another pool waiter is woken when that waiter leaves (served with a permit
@@ -546,6 +548,48 @@ fn a_pool_head_is_served_by_the_room_a_racing_sweep_makes() {
         };
         assert_eq!(l.acquire_blocking(&3).map(|p| p.permits()), Ok(1));
         sweeper.join().unwrap();
+    });
+}
+
+/// The shard (of the two under loom) that the store puts `key` in: the high half of its hash.
+fn shard_of(key: u64) -> u64 {
+    use std::hash::BuildHasher;
+    (Fixed::default().hash_one(key) >> 32) & 1
+}
+
+/// Three key slots (key 0 busy, keys `a` and `b` idle, in one shard) and the pool's one permit
+/// out: key `t`, new, takes a permit while key `h` waits for the pool. `t`'s search for room
+/// evicts both idle keys of the shard it walks and takes one slot; the other is room for `h`,
+/// whose looks skip the shard while the search holds it (left to its sweeper). Either `h`'s
+/// look (after its mark and fence) reserves the slot, or the search's call (after its fence)
+/// reads the mark and wakes it: it is always served. Without that wake, loom reports `h` asleep
+/// forever (the pool's permit is never released).
+#[test]
+fn a_pool_head_is_served_by_the_room_another_keys_search_leaves_over() {
+    let same: Vec<u64> = (10..)
+        .filter(|&k| shard_of(k) == shard_of(10))
+        .take(4)
+        .collect();
+    let (a, b, t, h) = (same[0], same[1], same[2], same[3]);
+    model(move || {
+        let l = shared_pool(1, 3);
+        let _busy = l.try_acquire_owned(0, 1).unwrap();
+        let idle = (
+            l.try_acquire_owned(a, 1).unwrap(),
+            l.try_acquire_owned(b, 1).unwrap(),
+        );
+        let _pool = l.try_acquire_owned(2, 1).unwrap();
+        drop(idle);
+        // The search's call keeps what it took until `h` is served (handed back through the
+        // join): its release would leave `t` idle, which is room announced anyway.
+        let searcher = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.try_acquire_owned(t, 1).ok())
+        };
+        assert_eq!(l.acquire_blocking(&h).map(|p| p.permits()), Ok(1));
+        // Served, or refused by the pool if its search skipped the shard `h`'s was walking and
+        // found no slot yet: a `try_acquire` does not wait.
+        drop(searcher.join().unwrap());
     });
 }
 

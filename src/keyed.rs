@@ -688,15 +688,33 @@ enum Refunded<Cell> {
     Busy,
 }
 
+std::thread_local! {
+    /// Keys evicted by the sweeps this thread ran, in any limiter (see [`evicted_here`]).
+    static EVICTED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Keys evicted so far by the sweeps run on this thread (wrapping): a call that reads it before
+/// and after its decision learns whether the sweeps it ran on its way (a search for room at the
+/// cap, the sweep an insert pays for) evicted any, without a load of shared memory. A keyed
+/// concurrency limiter's waiters for its shared pool need to hear of that room (see
+/// `KeyedConcurrencyLimiter`'s `room_freed`). Under loom, model threads may share one OS
+/// thread, and so this count: a call then also sees others' evictions, which costs it a look
+/// for nothing, never a miss of its own.
+#[inline(always)]
+pub(crate) fn evicted_here() -> u64 {
+    EVICTED_HERE.with(std::cell::Cell::get)
+}
+
 /// Whether `Keyed::chain_check` counts a call that meets the key cap in `overflowed`.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum CountOverflow {
+pub(crate) enum CountOverflow {
     /// When the check refuses it: the call ends there. An admission is left to the commit that
     /// may follow. (A chain's checks count nothing, `Never`: the chain counts its call once,
     /// see `KeyedLimiter::chain_decide_uncounted`.)
     IfRefused,
     /// Whatever the check answers: the call is refused anyway (held back by the key's
-    /// waiters, see `KeyedLimiter::refused_for_waiters`).
+    /// waiters, see `KeyedLimiter::refused_for_waiters`, and the keyed concurrency limiter's
+    /// `try_decide`).
     Always,
     /// Never: a further check for a call already counted.
     Never,
@@ -1109,6 +1127,7 @@ where
             // Relaxed: counts only.
             shard.len.fetch_sub(n, Ordering::Relaxed);
             ctx.evicted.fetch_add(n, Ordering::Relaxed);
+            EVICTED_HERE.with(|here| here.set(here.get().wrapping_add(n)));
         }
     }
 
@@ -1203,7 +1222,8 @@ where
     }
 
     /// Sweeps every shard, ignoring the hints that let a sweep skip a shard: for a keyed
-    /// concurrency limiter's `sweep`, which promises every idle key evicted now. (Its cells
+    /// concurrency limiter's `sweep`, which promises every idle key evicted now (but in a shard
+    /// another thread is sweeping, which `sweep_shard` leaves to that thread). (Its cells
     /// turn idle at no clock time, with a release that lowers the hints, ordered against a
     /// racing sweep: see `KeyedConcurrencyLimiter::key_idled`.)
     pub(crate) fn sweep_all<C: Clock>(&self, ctx: &Ctx<K, C, S>) -> u64 {
@@ -1250,7 +1270,7 @@ where
     /// `count`: whether an answer at the cap counts the call in `overflowed` (see
     /// [`CountOverflow`]). Also says whether the shared overflow cell decided, as
     /// [`chain_commit`](Self::chain_commit) does.
-    fn chain_check<C: Clock>(
+    pub(crate) fn chain_check<C: Clock>(
         &self,
         ctx: &Ctx<K, C, S>,
         shard: usize,

@@ -10,8 +10,8 @@ use crate::clock::Clock;
 use crate::decision::{Admission, Rejection};
 use crate::error::{AcquireError, ConfigError, TryAcquireError, TryPermitError};
 use crate::keyed::{
-    Ctx, DEFAULT_MAX_KEYS, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Shard, Slot, Unused,
-    Waits, shard_count, waiting_error,
+    CountOverflow, Ctx, DEFAULT_MAX_KEYS, KeyOverflow, Keyed, KeyedStats, RetireOnExit, Shard,
+    Slot, Unused, Waits, evicted_here, shard_count, waiting_error,
 };
 use crate::queue::{Blocked, Capacity, DEFAULT_QUEUE_LIMIT, QueueOrder, WAITERS, Woken, no_timer};
 use crate::sync::{
@@ -94,10 +94,15 @@ pub(crate) type Taken = (Result<Result<u32, u32>, TryAcquireError>, Undone);
 /// cell (the old one was retired once the give-back left it idle), on the shared pool, or in an
 /// error. So the take closure records them here, and the caller pays them after `with_cell`
 /// returns, whatever it returned.
+///
+/// `room`: the sweeps the call ran on its way (a search for room at the cap, the sweep an
+/// insert pays for) evicted keys, and gave their slots back; one may be left over once the call
+/// has taken its own (see [`Inner::room_made`]).
 #[derive(Default)]
 struct Owed {
     key: Cell<Undone>,
     pool: Cell<Undone>,
+    room: Cell<bool>,
 }
 
 /// The debts ([`Owed`]) of a waiting call's head attempts, kept until the attempt has released
@@ -123,6 +128,7 @@ impl HeadDebts {
     const KEY_IDLE: u64 = 2;
     const POOL_WAKE: u64 = 4;
     const POOL_IDLE: u64 = 8;
+    const ROOM: u64 = 16;
 
     fn new() -> Self {
         HeadDebts {
@@ -138,6 +144,7 @@ impl HeadDebts {
             (key.idle, Self::KEY_IDLE),
             (pool.wake, Self::POOL_WAKE),
             (pool.idle, Self::POOL_IDLE),
+            (owed.room.get(), Self::ROOM),
         ]
         .iter()
         .filter(|(owes, _)| *owes)
@@ -165,6 +172,7 @@ impl HeadDebts {
             wake: has(Self::POOL_WAKE),
             idle: has(Self::POOL_IDLE),
         });
+        owed.room.set(has(Self::ROOM));
         owed
     }
 }
@@ -787,9 +795,11 @@ where
         n: u32,
     ) -> Result<(Result<u32, u32>, Slot), TryAcquireError> {
         let owed = Owed::default();
+        let evicted = self.evicted_here();
         let taken = self.store.with_cell(&self.ctx, shard, key, n, |cell| {
             self.take(cell, n, None, &owed)
         });
+        self.room_made(evicted, &owed);
         self.pay(key, shard, &owed, false);
         taken
     }
@@ -841,6 +851,48 @@ where
             if undone.get() != Undone::default() {
                 self.settle(key, shard, slot, undone.get(), by_head);
             }
+        }
+        // Only while a slot is free: a search that evicted one key and took its slot made no
+        // room for anyone (under a flood of new keys at the cap, that is every call), and waking
+        // every head for it would send each on a search of its own. Relaxed: a slot taken since
+        // our evictions is none the heads could have had; one given back after this load is
+        // announced by whoever gives it back (a release that leaves a key idle, an eviction).
+        // Every head, a head's own queue's too (`by_head` is not passed on): a head whose
+        // search's evictions went to other calls may have marked the pool in this very attempt,
+        // and the mark we consume may be its own, which nobody would then read for it.
+        if owed.room.get() && self.ctx.keys.load(Ordering::Relaxed) < self.ctx.max_keys as u64 {
+            self.room_freed(key, false);
+        }
+    }
+
+    /// [`evicted_here`] under [`KeyOverflow::Shared`] (0 otherwise: nobody waits for room),
+    /// read before a call's decision for [`room_made`](Self::room_made).
+    #[inline(always)]
+    fn evicted_here(&self) -> u64 {
+        if self.ctx.overflow == KeyOverflow::Shared {
+            evicted_here()
+        } else {
+            0
+        }
+    }
+
+    /// Records in `owed` whether the sweeps of the decision just made evicted keys (`before`:
+    /// [`evicted_here`](Self::evicted_here) before it), which the call then announces as
+    /// `room_freed` does once it holds no queue's mutex ([`pay`](Self::pay)).
+    ///
+    /// A search for room at the cap evicts every idle key of each shard it walks, and takes one
+    /// slot; the sweep an insert pays for takes none. The slots left over are room for a head
+    /// waiting on the shared pool, and nobody else tells it: its own looks skip a shard that
+    /// another call is sweeping (left to that sweeper), and a search that found nothing leaves
+    /// `room_at` at "never" for the next. It slept, with a slot free, until a pool permit came
+    /// back (`a_pool_head_is_woken_by_the_room_another_keys_search_leaves_over`). The same pair
+    /// as a release that leaves a key idle: our slots given back, then `room_freed`'s fence and
+    /// load of the pool's mark, against the head's mark, fence and second look, whose
+    /// reservation of a slot reads the key count.
+    #[inline(always)]
+    fn room_made(&self, before: u64, owed: &Owed) {
+        if self.evicted_here() != before {
+            owed.room.set(true);
         }
     }
 
@@ -923,6 +975,11 @@ where
                     capacity: limit,
                 });
             }
+            // A call that meets the key cap is counted in `overflowed` though its waiters refuse
+            // it first, as a `KeyedLimiter` counts it (`refused_for_waiters`): a key without a
+            // cell at the cap, no held key idle as far as the hints say. The check writes
+            // nothing else and creates no key.
+            let _ = (self.store).chain_check(&self.ctx, shard, key, n, CountOverflow::Always);
             return Err(TryPermitError::NoPermits {
                 available: self.available(key, shard),
                 requested: n,
@@ -1028,6 +1085,7 @@ where
         let mut looked_again = false;
         loop {
             let owed = Owed::default();
+            let evicted = self.evicted_here();
             // Uncounted: the call is counted once, below, not once per attempt.
             let taken = self.store.with_cell_counting::<false, _, _>(
                 &self.ctx,
@@ -1037,6 +1095,7 @@ where
                 false,
                 |cell| self.take(cell, n, Some(me), &owed),
             );
+            self.room_made(evicted, &owed);
             debts.defer(&owed);
             let met_cap = matches!(
                 taken,
@@ -1176,11 +1235,12 @@ where
         self.room_freed(key, by_head);
     }
 
-    /// A release (or a stale admission given back) left `key` idle: under
-    /// [`KeyOverflow::Shared`], that is room under the key cap for a head blocked on the shared
-    /// pool, which is woken only by releases that consume the pool's mark. Consumes that mark
-    /// and wakes every head, as a pool release does (a head still short marks again). Without
-    /// the shared pool, nothing: nobody waits for room.
+    /// A release (or a stale admission given back) left `key` idle, or the sweeps of a call for
+    /// `key` evicted keys ([`room_made`](Self::room_made)): under [`KeyOverflow::Shared`],
+    /// that is room under the key cap for a head blocked on the shared pool, which is woken
+    /// only by releases that consume the pool's mark. Consumes that mark and wakes every head,
+    /// as a pool release does (a head still short marks again). Without the shared pool,
+    /// nothing: nobody waits for room.
     #[inline]
     fn room_freed(&self, key: &K, by_head: bool) {
         if self.ctx.overflow != KeyOverflow::Shared {
@@ -2040,7 +2100,10 @@ where
     }
 
     /// Evicts every idle key now (all permits back, nobody waiting); returns how many. Never
-    /// removes a key with a permit out; runs concurrently with every other call. Under
+    /// removes a key with a permit out; runs concurrently with every other call. A shard that
+    /// another call is sweeping at that moment (a search for room at the cap, the sweep an
+    /// insert pays for, another `sweep`) is skipped and left to that sweep, whose walk may have
+    /// passed a key before it turned idle: such a key stays until a later sweep or search. Under
     /// [`KeyOverflow::Shared`] it then wakes the calls waiting for the shared pool, for which
     /// the keys it evicted are room under the cap.
     ///

@@ -1012,6 +1012,36 @@ fn overflowed_counts_a_waiting_call_once() {
     }
 }
 
+/// A `try_acquire` for a key without a cell at the cap, refused because the key's own waiters
+/// (waiting on the shared pool) go first, is a call that met the cap: counted in `overflowed`,
+/// as a `KeyedLimiter` counts it (`a_held_back_call_at_the_key_cap_counts_as_overflowed_once`
+/// in keyed_waiting.rs) and as the same call refused by the pool itself is. It was refused
+/// before reaching the store, and counted nowhere. A held-back call for a key with a cell of its
+/// own met no cap: not counted.
+#[test]
+fn a_try_acquire_held_back_by_its_keys_pool_waiter_counts_as_overflowed() {
+    let limiter = KeyedConcurrencyLimiter::builder(1)
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _own = limiter.try_acquire(&0u8).unwrap(); // the only key slot
+    let _pooled = limiter.try_acquire(&1u8).unwrap(); // the pool's only permit
+    let mut pool_waiter = Box::pin(limiter.acquire(&1u8));
+    assert!(poll_with(pool_waiter.as_mut(), Waker::noop()).is_pending());
+    let mut own_waiter = Box::pin(limiter.acquire(&0u8));
+    assert!(poll_with(own_waiter.as_mut(), Waker::noop()).is_pending());
+    let before = limiter.stats();
+    assert_eq!((before.overflowed, before.waiting), (2, 2));
+    assert!(matches!(
+        limiter.try_acquire(&1u8),
+        Err(TryPermitError::NoPermits { available: 0, .. })
+    ));
+    assert_eq!(limiter.stats().overflowed, 3, "held back at the cap");
+    assert!(limiter.try_acquire(&0u8).is_err());
+    assert_eq!(limiter.stats().overflowed, 3, "held back on its own cell");
+}
+
 /// A key whose `Hash` runs a hook once (for key 1 only), to run a call in the middle of a sweep:
 /// the sweep hashes an idle key as it asks whether the key has waiters.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -1081,6 +1111,110 @@ fn a_pool_head_that_looked_during_a_sweep_is_woken_by_the_room_it_made() {
         0,
         "served on its own cell"
     );
+    drop(permit);
+}
+
+/// A key (0 and up, below 8) whose `Hash` writes its number as the hash, so that with
+/// [`SameShard`] every such key lands in the same shard; keys 1 and 2 run `ON_HASH`'s hook the
+/// first time either is hashed (a sweep hashes an idle key as it asks whether it has waiters).
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct Shard0(u64);
+
+impl std::hash::Hash for Shard0 {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        if (1..=2).contains(&self.0)
+            && let Some(hook) = ON_HASH.with(|h| h.take())
+        {
+            hook();
+        }
+        state.write_u64(self.0);
+    }
+}
+
+/// Hashes a `u64` to itself: the shard (the high half of the hash) is 0 for every small key.
+#[derive(Default, Clone)]
+struct SameShard(u64);
+
+impl std::hash::Hasher for SameShard {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl std::hash::BuildHasher for SameShard {
+    type Hasher = SameShard;
+    fn build_hasher(&self) -> SameShard {
+        SameShard(0)
+    }
+}
+
+/// A new key's search for room at the cap evicts every idle key of the shard it walks, and
+/// takes one slot: the others are room for a head waiting on the shared pool, whose own looks
+/// skipped that shard while the search held it (a search leaves a shard being swept to its
+/// sweeper). Three key slots (key 0 busy, keys 1 and 2 idle, one shard) and the pool's one
+/// permit out: key 5 asks while key 4's search walks the shard, and waits for the pool. The
+/// search evicts keys 1 and 2 and takes one slot; the other is free. The search must wake key
+/// 5's head, as `sweep` does: it slept, with a slot free, until a pool permit came back (here:
+/// never).
+#[test]
+fn a_pool_head_is_woken_by_the_room_another_keys_search_leaves_over() {
+    type Call = wakers::Call<Result<turnstile::OwnedKeyedPermit<Shard0, SameShard>, AcquireError>>;
+    let limiter = KeyedConcurrencyLimiter::<Shard0>::builder(1)
+        .hasher(SameShard::default())
+        .max_keys(3)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap();
+    let _busy = limiter.try_acquire_owned(Shard0(0), 1).unwrap();
+    let one = limiter.try_acquire_owned(Shard0(1), 1).unwrap();
+    let two = limiter.try_acquire_owned(Shard0(2), 1).unwrap();
+    let _pool = limiter.try_acquire_owned(Shard0(7), 1).unwrap(); // the pool's one permit
+    drop((one, two)); // keys 1 and 2 idle
+    // A queue (busy key 0's), so that the search asks whether idle keys have waiters.
+    let mut queued: Call = Box::pin(limiter.acquire_owned(Shard0(0), 1));
+    assert!(poll_with(queued.as_mut(), Waker::noop()).is_pending());
+    let (wakes, waker) = counting();
+    let head = Arc::new(std::sync::Mutex::new(None::<Call>));
+    {
+        let (limiter, head, waker) = (limiter.clone(), head.clone(), waker.clone());
+        ON_HASH.with(|h| {
+            h.set(Some(Box::new(move || {
+                let mut call: Call = Box::pin(limiter.acquire_owned(Shard0(5), 1));
+                assert!(
+                    poll_with(call.as_mut(), &waker).is_pending(),
+                    "no room seen"
+                );
+                *head.lock().unwrap() = Some(call);
+            })))
+        });
+    }
+    let _four = limiter.try_acquire_owned(Shard0(4), 1).unwrap();
+    let mut head = head
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the hook ran mid-search");
+    assert_eq!(
+        (limiter.len(), limiter.stats().evicted),
+        (2, 2),
+        "a slot is free"
+    );
+    assert!(
+        wakes.wakes() > 0,
+        "the pool's head slept through the slot the search left over"
+    );
+    let std::task::Poll::Ready(Ok(permit)) = poll_with(head.as_mut(), &waker) else {
+        panic!("key 5 was not served in the room the search left");
+    };
+    assert_eq!(limiter.available(&Shard0(5)), 0, "served on its own cell");
     drop(permit);
 }
 
