@@ -652,38 +652,31 @@ fn bench_keyed_concurrency(c: &mut Criterion) {
     let (n, label) = SIZES[0];
     let keys = key_sequence(n, SEQ_LEN, SEED_MAIN);
     let other = key_sequence(n, SEQ_LEN, SEED_OTHER);
-    let limiter = turnstile::KeyedConcurrencyLimiter::<u64>::new(4).expect("limit 4 is valid");
-    for k in 0..n {
-        drop(limiter.try_acquire(&k).expect("a key's first permit"));
+    // The default policy, and the shared overflow pool, whose calls also note the evictions
+    // their sweeps make (for the pool's waiters), below the cap as here.
+    for (overflow, id) in [
+        (turnstile::KeyOverflow::Reject, "turnstile/acquire_release"),
+        (
+            turnstile::KeyOverflow::Shared,
+            "turnstile/acquire_release_shared",
+        ),
+    ] {
+        let limiter = turnstile::KeyedConcurrencyLimiter::<u64>::builder(4)
+            .overflow(overflow)
+            .build()
+            .expect("limit 4 is valid");
+        for k in 0..n {
+            drop(limiter.try_acquire(&k).expect("a key's first permit"));
+        }
+        bench_calls(c, "keyed_concurrency", label, id, &keys, &other, |k| {
+            drop(
+                limiter
+                    .try_acquire(&k)
+                    .expect("never more than 2 permits out"),
+            );
+        });
+        assert_eq!(limiter.len() as u64, n, "{id}: a key was added or evicted");
     }
-    let id = "turnstile/acquire_release";
-    bench_calls(c, "keyed_concurrency", label, id, &keys, &other, |k| {
-        drop(
-            limiter
-                .try_acquire(&k)
-                .expect("never more than 2 permits out"),
-        );
-    });
-    assert_eq!(limiter.len() as u64, n, "{id}: a key was added or evicted");
-
-    // The same under the shared overflow pool, whose calls also note the evictions their sweeps
-    // make (for the pool's waiters), below the cap as here.
-    let limiter = turnstile::KeyedConcurrencyLimiter::<u64>::builder(4)
-        .overflow(turnstile::KeyOverflow::Shared)
-        .build()
-        .expect("limit 4 is valid");
-    for k in 0..n {
-        drop(limiter.try_acquire(&k).expect("a key's first permit"));
-    }
-    let id = "turnstile/acquire_release_shared";
-    bench_calls(c, "keyed_concurrency", label, id, &keys, &other, |k| {
-        drop(
-            limiter
-                .try_acquire(&k)
-                .expect("never more than 2 permits out"),
-        );
-    });
-    assert_eq!(limiter.len() as u64, n, "{id}: a key was added or evicted");
 }
 
 // ---------------------------------------------------------------------------------------------

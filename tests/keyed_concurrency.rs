@@ -1062,6 +1062,36 @@ impl std::hash::Hash for HashHooked {
     }
 }
 
+/// An owned acquire's future, as the hooks below keep it.
+type HeadCall<K, S> = wakers::Call<Result<turnstile::OwnedKeyedPermit<K, S>, AcquireError>>;
+
+/// Sets `ON_HASH` to start an acquire of one permit for `key` the next time a hooked key is
+/// hashed (in the middle of a sweep's or a search's walk), polled once with `waker`: it must
+/// wait (it saw no room). The call is then in the slot returned.
+fn head_when_hashed<K, S>(
+    limiter: &KeyedConcurrencyLimiter<K, S>,
+    key: K,
+    waker: &Waker,
+) -> Arc<std::sync::Mutex<Option<HeadCall<K, S>>>>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    S: std::hash::BuildHasher + Clone + Send + Sync + 'static,
+{
+    let head = Arc::new(std::sync::Mutex::new(None));
+    let (limiter, slot, waker) = (limiter.clone(), head.clone(), waker.clone());
+    ON_HASH.with(|h| {
+        h.set(Some(Box::new(move || {
+            let mut call: HeadCall<K, S> = Box::pin(limiter.acquire_owned(key, 1));
+            assert!(
+                poll_with(call.as_mut(), &waker).is_pending(),
+                "no room seen"
+            );
+            *slot.lock().unwrap() = Some(call);
+        })))
+    });
+    head
+}
+
 /// A head that looks for room under the cap while `sweep` holds the shard of an idle key skips
 /// that shard (it is left to its sweeper); the sweep then evicts the key and gives its slot
 /// back. Two key slots (key 0 busy, key 1 idle) and the pool's one permit out: key 3 asks in the
@@ -1083,20 +1113,7 @@ fn a_pool_head_that_looked_during_a_sweep_is_woken_by_the_room_it_made() {
     let mut queued: Call = Box::pin(limiter.acquire_owned(HashHooked(0), 1));
     assert!(poll_with(queued.as_mut(), Waker::noop()).is_pending());
     let (wakes, waker) = counting();
-    let head = Arc::new(std::sync::Mutex::new(None::<Call>));
-    {
-        let (limiter, head, waker) = (limiter.clone(), head.clone(), waker.clone());
-        ON_HASH.with(|h| {
-            h.set(Some(Box::new(move || {
-                let mut call: Call = Box::pin(limiter.acquire_owned(HashHooked(3), 1));
-                assert!(
-                    poll_with(call.as_mut(), &waker).is_pending(),
-                    "no room seen"
-                );
-                *head.lock().unwrap() = Some(call);
-            })))
-        });
-    }
+    let head = head_when_hashed(&limiter, HashHooked(3), &waker);
     assert_eq!(limiter.sweep(), 1, "key 1 evicted");
     let mut head = head.lock().unwrap().take().expect("the hook ran mid-sweep");
     assert!(
@@ -1166,7 +1183,7 @@ impl std::hash::BuildHasher for SameShard {
 /// never).
 #[test]
 fn a_pool_head_is_woken_by_the_room_another_keys_search_leaves_over() {
-    type Call = wakers::Call<Result<turnstile::OwnedKeyedPermit<Shard0, SameShard>, AcquireError>>;
+    type Call = HeadCall<Shard0, SameShard>;
     let limiter = KeyedConcurrencyLimiter::<Shard0>::builder(1)
         .hasher(SameShard::default())
         .max_keys(3)
@@ -1182,20 +1199,7 @@ fn a_pool_head_is_woken_by_the_room_another_keys_search_leaves_over() {
     let mut queued: Call = Box::pin(limiter.acquire_owned(Shard0(0), 1));
     assert!(poll_with(queued.as_mut(), Waker::noop()).is_pending());
     let (wakes, waker) = counting();
-    let head = Arc::new(std::sync::Mutex::new(None::<Call>));
-    {
-        let (limiter, head, waker) = (limiter.clone(), head.clone(), waker.clone());
-        ON_HASH.with(|h| {
-            h.set(Some(Box::new(move || {
-                let mut call: Call = Box::pin(limiter.acquire_owned(Shard0(5), 1));
-                assert!(
-                    poll_with(call.as_mut(), &waker).is_pending(),
-                    "no room seen"
-                );
-                *head.lock().unwrap() = Some(call);
-            })))
-        });
-    }
+    let head = head_when_hashed(&limiter, Shard0(5), &waker);
     let _four = limiter.try_acquire_owned(Shard0(4), 1).unwrap();
     let mut head = head
         .lock()
