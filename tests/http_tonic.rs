@@ -265,7 +265,6 @@ async fn concurrency_permit_is_held_through_a_server_stream_until_the_client_dro
 /// the response's head, and whether the stream had ended with it.
 async fn raw_check(channel: &mut Channel, addr: SocketAddr) -> (http::HeaderMap, bool) {
     use http_body::Body as _;
-    use tower::{Service, ServiceExt};
     let request = http::Request::builder()
         .method("POST")
         .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
@@ -276,6 +275,17 @@ async fn raw_check(channel: &mut Channel, addr: SocketAddr) -> (http::HeaderMap,
             bytes::Bytes::from_static(&[0, 0, 0, 0, 0]),
         )))
         .expect("a request");
+    let response = call_raw(channel, request).await;
+    (response.headers().clone(), response.body().is_end_stream())
+}
+
+/// Sends `request` on `channel` as it is (no tonic client in between) and returns the
+/// response, which must be HTTP 200, as every gRPC answer is.
+async fn call_raw(
+    channel: &mut Channel,
+    request: http::Request<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    use tower::{Service, ServiceExt};
     let response = channel
         .ready()
         .await
@@ -284,7 +294,7 @@ async fn raw_check(channel: &mut Channel, addr: SocketAddr) -> (http::HeaderMap,
         .await
         .expect("a response");
     assert_eq!(response.status(), 200);
-    (response.headers().clone(), response.body().is_end_stream())
+    response
 }
 
 /// A probe that found nothing, pinned: a rejection is trailers-only on the wire, one HEADERS
@@ -370,7 +380,6 @@ const BIG: usize = 64 << 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_permit_is_held_while_an_h2_client_has_not_read_a_large_body() {
     use http_body_util::BodyExt;
-    use tower::{Service, ServiceExt};
     let layer = turnstile::http::ConcurrencyLayer::new(
         turnstile::ConcurrencyLimiter::new(1).expect("limit 1"),
     );
@@ -389,14 +398,7 @@ async fn concurrency_permit_is_held_while_an_h2_client_has_not_read_a_large_body
         .uri(format!("http://{addr}/big.Big/Get"))
         .body(tonic::body::Body::empty())
         .expect("a request");
-    let response = channel
-        .ready()
-        .await
-        .expect("a connection")
-        .call(request)
-        .await
-        .expect("a response");
-    assert_eq!(response.status(), 200);
+    let response = call_raw(&mut channel, request).await;
     // The server goes on sending on its own tasks: give it time to fill every window.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(limiter.available(), 0, "held while the client has not read");

@@ -188,6 +188,18 @@ struct Phase {
     limit: u32,
 }
 
+/// The phases of a windowed algorithm (`make` builds it from a limit and a window) over `sets`
+/// of (limit, window in µs): the script's `p1` is the window.
+fn window_phases(sets: &[(u32, u64)], make: fn(u32, Duration) -> Algorithm) -> Vec<Phase> {
+    (sets.iter())
+        .map(|&(limit, w)| Phase {
+            algorithm: make(limit, Duration::from_micros(w)),
+            p1: w,
+            limit,
+        })
+        .collect()
+}
+
 /// [`differential`] over several parameter sets in turn, 400 calls in all: at each change the
 /// in-memory limiter is reconfigured and the script gets the new parameters on the same key (a
 /// limiter with other parameters meeting existing state), at the same instant, so that both
@@ -628,15 +640,7 @@ fn lua_algorithms_at_random_parameters_decide_as_the_in_memory_ones() {
         let charges = round % 8 < 4;
         let charge = |i: usize| charges.then_some(charge_scripts[i].as_str());
         let seed = 1_000 + round;
-        let phases = |make: fn(u32, Duration) -> Algorithm| -> Vec<Phase> {
-            (sets.iter())
-                .map(|&(limit, w)| Phase {
-                    algorithm: make(limit, Duration::from_micros(w)),
-                    p1: w,
-                    limit,
-                })
-                .collect()
-        };
+        let phases = |make| window_phases(&sets, make);
         let fw = phases(|limit, window| Algorithm::FixedWindow { limit, window });
         differential_across(&mut con, &fixed, charge(0), &fw, true, false, seed);
         let sw = phases(|limit, window| Algorithm::SlidingWindow { limit, window });
@@ -715,15 +719,7 @@ fn lua_algorithms_meeting_several_parameter_sets_in_turn_decide_as_in_memory() {
         for charges in [false, true] {
             let charge = |i: usize| charges.then_some(charge_scripts[i].as_str());
             for sequence in sequences {
-                let phases = |make: fn(u32, Duration) -> Algorithm| -> Vec<Phase> {
-                    (sequence.iter())
-                        .map(|&(limit, w)| Phase {
-                            algorithm: make(limit, Duration::from_micros(w)),
-                            p1: w,
-                            limit,
-                        })
-                        .collect()
-                };
+                let phases = |make| window_phases(sequence, make);
                 let fw = phases(|limit, window| Algorithm::FixedWindow { limit, window });
                 differential_across(&mut con, &fixed, charge(0), &fw, true, false, seed);
                 let sw = phases(|limit, window| Algorithm::SlidingWindow { limit, window });

@@ -267,29 +267,43 @@ fn a_reset_leaves_a_refund_to_the_overflow_cell_whole() {
 #[tokio::test(start_paused = true)]
 async fn an_overflow_refund_wakes_the_waiters_of_other_overflow_keys() {
     for algorithm in [fixed(1), counter(1), bucket(1), sliding(1)] {
-        let l = KeyedLimiter::builder(algorithm)
-            .clock(turnstile::TokioClock::new())
-            .max_keys(1)
-            .overflow(KeyOverflow::Shared)
-            .build()
-            .unwrap();
+        let l = one_key_slot_shared(algorithm);
         l.try_acquire(&"own").unwrap(); // holds the only key slot, busy
         let taken = l.try_acquire_refundable(&"a", 1).unwrap(); // on the overflow cell
-        let waiter = {
-            let l = l.clone();
-            tokio::spawn(async move { l.acquire(&"b").await.map(drop) })
-        };
-        tokio::task::yield_now().await;
-        assert_eq!(l.stats().waiting, 1, "{algorithm:?}");
-        let start = tokio::time::Instant::now();
-        taken.refund();
-        waiter.await.unwrap().unwrap();
-        assert_eq!(
-            start.elapsed(),
-            Duration::ZERO,
-            "{algorithm:?}: the overflow key's waiter slept out its timer"
-        );
+        let why = format!("{algorithm:?}: the overflow key's waiter slept out its timer");
+        refund_serves_b_at_once(&l, taken, &why).await;
     }
+}
+
+/// A keyed limiter on tokio's clock with one key slot and the shared overflow cell.
+fn one_key_slot_shared(algorithm: Algorithm) -> KeyedLimiter<&'static str, turnstile::TokioClock> {
+    KeyedLimiter::builder(algorithm)
+        .clock(turnstile::TokioClock::new())
+        .max_keys(1)
+        .overflow(KeyOverflow::Shared)
+        .build()
+        .unwrap()
+}
+
+/// Queues a waiter for key "b" on `l`, refunds `taken`, and asserts that the waiter is served
+/// at once (`why` says what it would have slept through).
+async fn refund_serves_b_at_once<S>(
+    l: &KeyedLimiter<&'static str, turnstile::TokioClock, S>,
+    taken: turnstile::KeyedRefundable<&'static str, turnstile::TokioClock, S>,
+    why: &str,
+) where
+    S: std::hash::BuildHasher + Clone + Send + Sync + 'static,
+{
+    let waiter = {
+        let l = l.clone();
+        tokio::spawn(async move { l.acquire(&"b").await.map(drop) })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(l.stats().waiting, 1, "{why}");
+    let start = tokio::time::Instant::now();
+    taken.refund();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "{why}");
 }
 
 /// A refund that leaves a key's own cell idle (its only admission given back) frees that key's
@@ -300,30 +314,13 @@ async fn an_overflow_refund_wakes_the_waiters_of_other_overflow_keys() {
 #[tokio::test(start_paused = true)]
 async fn a_refund_that_frees_room_under_the_key_cap_wakes_an_overflow_keys_waiter() {
     for algorithm in [fixed(1), counter(1), bucket(1)] {
-        let l = KeyedLimiter::builder(algorithm)
-            .clock(turnstile::TokioClock::new())
-            .max_keys(1)
-            .overflow(KeyOverflow::Shared)
-            .build()
-            .unwrap();
+        let l = one_key_slot_shared(algorithm);
         // Mid-window: the refund leaves the cell idle, not as fresh as a new one.
         tokio::time::advance(SECOND / 2).await;
         let taken = l.try_acquire_refundable(&"own", 1).unwrap(); // the only key slot
         l.try_acquire(&"a").unwrap(); // the shared cell, full
-        let waiter = {
-            let l = l.clone();
-            tokio::spawn(async move { l.acquire(&"b").await.map(drop) })
-        };
-        tokio::task::yield_now().await;
-        assert_eq!(l.stats().waiting, 1, "{algorithm:?}");
-        let start = tokio::time::Instant::now();
-        taken.refund();
-        waiter.await.unwrap().unwrap();
-        assert_eq!(
-            start.elapsed(),
-            Duration::ZERO,
-            "{algorithm:?}: the overflow key's waiter slept with a key slot free"
-        );
+        let why = format!("{algorithm:?}: the overflow key's waiter slept with a key slot free");
+        refund_serves_b_at_once(&l, taken, &why).await;
         assert_eq!(
             l.available(&"b"),
             0,
