@@ -50,10 +50,21 @@ pub fn poll_with<F: Future + ?Sized>(fut: Pin<&mut F>, waker: &Waker) -> Poll<F:
     fut.poll(&mut Context::from_waker(waker))
 }
 
-/// Runs `f`, which must panic (a panicking waker inside it); the panic is caught here.
+/// Runs `f`, which must panic through one of this module's panicking wakers; the panic is
+/// caught here. Any other panic (a failed assertion inside `f` or inside a waker, a panic of the
+/// limiter itself) is not what the caller meant to provoke, and fails the test.
 pub fn must_panic(f: impl FnOnce()) {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    assert!(outcome.is_err(), "expected the panicking waker to panic");
+    let payload = outcome.expect_err("expected the panicking waker to panic");
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("<a panic without a message>");
+    assert!(
+        message.starts_with("this waker panics"),
+        "expected the panicking waker's panic, got: {message}"
+    );
 }
 
 /// A call polled by hand, boxed.
