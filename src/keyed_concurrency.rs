@@ -220,7 +220,7 @@ fn busy_until_a_release(cell: &AtomicU64) -> u64 {
 /// | operation | effect |
 /// |---|---|
 /// | take `n` | load `config` (c1), load word, in use + n ≤ limit(c1): CAS in use + n, then load `config` (c2); c2 ≠ c1: give the permits back (`fetch_sub`, a release whose wake and idle hint the caller owes whatever the take ends in) and decide again |
-/// | head's take (under its queue's mutex) | as take, clearing `WAITERS` (on a key's cell; the shared pool's mark is left to the next release, as other keys' heads may have set it), or set `WAITERS` if short (on the shared pool by a CAS even when it is set, so that the mark a release reads is this head's too) |
+/// | head's take (under its queue's mutex) | as take, clearing `WAITERS` (on a key's cell; the shared pool's mark is left to the next release, as other keys' heads may have set it), or set `WAITERS` if short (by a CAS even when it is set, so that the mark a release reads is this head's too: on the pool it may be another key's head's, on a key's cell a departed head's) |
 /// | release of `n` | `fetch_sub(n)`; if `WAITERS` was set, consume it (a CAS loop: clear it and bump the wake tag, unless another release did or the word is retired) and, if this release consumed it, wake the key's head |
 /// | release leaving a key idle, under `Shared` | then a SeqCst fence and a load of the pool's word; if `WAITERS`, consume the pool's mark as above and wake every head (room under the cap); the pool head's side: mark, SeqCst fence, look once more |
 /// | a head at the cap joins the pool's waiters (oldest first; `Inner::join_pool`) | count it, `fetch_or(WAITERS)` (Release, even if set), SeqCst fence, load the count; a call without a queue takes nothing from the pool while the count is non-zero |
@@ -340,17 +340,18 @@ impl Concurrency {
                     } else {
                         next
                     }
-                } else if word & WAITERS != 0 && !shared {
-                    // Already marked: the next release wakes this queue's head.
-                    return (Ok(Err(available)), undone);
                 } else {
-                    // On the shared pool, marked again even if another key's head marked it:
-                    // the CAS (a Release RMW writing the same word) puts our mark in the word's
-                    // order, so a release that reads it also sees our queue in the queue map
-                    // (the mark it consumed would otherwise be that other head's, which tells
-                    // nothing of our queue, and under newest-first nothing else writes the
-                    // pool for us: `join_pool` is oldest-first's); or, if the release came
-                    // first, our second look, after this RMW, sees its permits.
+                    // Marked again even if the word is marked already: the CAS (a Release RMW
+                    // writing the same word) puts our mark in the word's order, so a release
+                    // that reads it also sees our queue in the queue map; or, if the release
+                    // came first, our CAS fails and the next look sees its permits. A mark we
+                    // found may be another head's: on the shared pool another key's, and on a
+                    // key's cell a departed head's, whose queue may have been retired from the
+                    // map since and ours made anew. A release synchronising only with that
+                    // head's CAS could look the key up without seeing our queue's insertion
+                    // (on a weakly ordered CPU; x86 orders the writes anyway). Under
+                    // newest-first nothing else writes the pool for us (`join_pool` is
+                    // oldest-first's). Only a short head's attempt comes here.
                     word | WAITERS
                 };
                 // SeqCst on success: in the total order with `set_limit`'s store and our
