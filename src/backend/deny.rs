@@ -132,6 +132,13 @@ impl DenyCache {
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| crate::sync::lock(s).len()).sum()
     }
+
+    /// The bytes of the subjects held as keys now.
+    #[cfg(test)]
+    pub(crate) fn key_bytes(&self) -> usize {
+        let bytes = |s: &Shard| crate::sync::lock(s).keys().map(|k| k.len()).sum::<usize>();
+        self.shards.iter().map(bytes).sum()
+    }
 }
 
 #[cfg(test)]

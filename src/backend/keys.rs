@@ -9,6 +9,7 @@
 
 use crate::error::ConfigError;
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 /// Subjects up to this many bytes are used in key names as they are; longer ones are hashed.
@@ -41,7 +42,40 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The key of `subject` for one algorithm: `prefix:{subject}:suffix`, the subject hashed if long.
+/// A subject as Redis key names and this process's local state (the deny cache, the fallback
+/// limiter) hold it: the subject itself when it is at most [`MAX_SUBJECT_LEN`] bytes (and would
+/// not leave the hash tag empty), otherwise `sha256:` and the subject's SHA-256 in hex (71
+/// bytes). So the local state of a subject takes at most 71 bytes of key whatever the subject's
+/// length (a deny cache of 10,000 subjects of 64 KB each would otherwise hold 640 MB of keys),
+/// and the digest is computed once per call, not once per key name. Two subjects share a tag
+/// only if their SHA-256 digests are equal, in which case Redis holds one state for both anyway.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Tag<'a>(Cow<'a, [u8]>);
+
+impl<'a> Tag<'a> {
+    /// `subject`'s tag: borrowed when kept as is, the digest otherwise.
+    pub(crate) fn of(subject: &'a [u8]) -> Self {
+        let empty_tag = subject.first().is_none_or(|&b| b == b'}');
+        if subject.len() <= MAX_SUBJECT_LEN && !empty_tag {
+            return Tag(Cow::Borrowed(subject));
+        }
+        let digest = Sha256::digest(subject);
+        let mut hex = String::with_capacity(71);
+        hex.push_str("sha256:");
+        for byte in digest {
+            // Writing to a String cannot fail.
+            let _ = write!(hex, "{byte:02x}");
+        }
+        Tag(Cow::Owned(hex.into_bytes()))
+    }
+
+    /// The tag's bytes: what sits between the braces of the subject's key names.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The key of a subject (by its [`Tag`]) for one algorithm: `prefix:{tag}:suffix`.
 ///
 /// Injective for subjects of at most [`MAX_SUBJECT_LEN`] bytes, across prefixes and suffixes
 /// too: a prefix holds no brace ([`check_prefix`]), so it is what precedes the key's first `{`
@@ -51,23 +85,12 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
 /// cut short, but identically for every key of that subject, which is all the tag is for. Only an
 /// empty tag would not be: Redis then hashes the whole key, suffix included, so such subjects
 /// are hashed, and their tag is the digest.)
-pub(crate) fn key(prefix: &str, subject: &[u8], suffix: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(prefix.len() + subject.len().min(71) + suffix.len() + 4);
+pub(crate) fn key(prefix: &str, tag: &Tag<'_>, suffix: &str) -> Vec<u8> {
+    let tag = tag.bytes();
+    let mut key = Vec::with_capacity(prefix.len() + tag.len() + suffix.len() + 4);
     key.extend_from_slice(prefix.as_bytes());
     key.extend_from_slice(b":{");
-    let empty_tag = subject.first().is_none_or(|&b| b == b'}');
-    if subject.len() <= MAX_SUBJECT_LEN && !empty_tag {
-        key.extend_from_slice(subject);
-    } else {
-        let digest = Sha256::digest(subject);
-        let mut hex = String::with_capacity(71);
-        hex.push_str("sha256:");
-        for byte in digest {
-            // Writing to a String cannot fail.
-            let _ = write!(hex, "{byte:02x}");
-        }
-        key.extend_from_slice(hex.as_bytes());
-    }
+    key.extend_from_slice(tag);
     key.extend_from_slice(b"}:");
     key.extend_from_slice(suffix.as_bytes());
     key
@@ -79,14 +102,17 @@ mod tests {
 
     #[test]
     fn short_subjects_are_kept_long_ones_hashed() {
-        assert_eq!(key("rl", b"alice", "tb"), b"rl:{alice}:tb".to_vec());
+        assert_eq!(
+            key("rl", &Tag::of(b"alice"), "tb"),
+            b"rl:{alice}:tb".to_vec()
+        );
         let long = vec![b'x'; MAX_SUBJECT_LEN + 1];
-        let hashed = String::from_utf8(key("rl", &long, "tb")).unwrap();
+        let hashed = String::from_utf8(key("rl", &Tag::of(&long), "tb")).unwrap();
         assert!(hashed.starts_with("rl:{sha256:"));
         assert_eq!(hashed.len(), "rl:{}:tb".len() + 71);
         let edge = vec![b'x'; MAX_SUBJECT_LEN];
         assert_eq!(
-            key("rl", &edge, "tb").len(),
+            key("rl", &Tag::of(&edge), "tb").len(),
             "rl:{}:tb".len() + MAX_SUBJECT_LEN
         );
     }
@@ -100,7 +126,7 @@ mod tests {
         for subject in [&b""[..], b"}", b"}x", b"a}b", b"{", b"alice"] {
             let slots: Vec<Slot> = ["c0.fw", "c1.tb", "c2.sw", "sc"]
                 .iter()
-                .map(|suffix| Slot::for_key(key("rl", subject, suffix)))
+                .map(|suffix| Slot::for_key(key("rl", &Tag::of(subject), suffix)))
                 .collect();
             assert!(
                 slots.iter().all(|s| *s == slots[0]),
@@ -109,8 +135,11 @@ mod tests {
             );
         }
         // Still injective: such a subject's hashed name is no literal subject's name.
-        assert_ne!(key("rl", b"", "fw"), key("rl", b"}", "fw"));
-        assert!(key("rl", b"", "fw").starts_with(b"rl:{sha256:"));
+        assert_ne!(
+            key("rl", &Tag::of(b""), "fw"),
+            key("rl", &Tag::of(b"}"), "fw")
+        );
+        assert!(key("rl", &Tag::of(b""), "fw").starts_with(b"rl:{sha256:"));
     }
 
     /// A prefix that extends another (`a`, `a:b`) never meets its keys: the brace marks where
@@ -122,7 +151,7 @@ mod tests {
         for prefix in ["a", "a:b", "a:b:x", "a:"] {
             for subject in subjects {
                 for suffix in ["fw", "sw", "sc", "tb", "c0.fw", "c1.tb", "c10.fw"] {
-                    let key = key(prefix, subject, suffix);
+                    let key = key(prefix, &Tag::of(subject), suffix);
                     assert_eq!(
                         seen.insert(key.clone(), (prefix, subject, suffix)),
                         None,
@@ -132,8 +161,8 @@ mod tests {
                 }
             }
         }
-        assert_eq!(key("a", b"b:x", "fw"), b"a:{b:x}:fw".to_vec());
-        assert_eq!(key("a:b", b"x", "fw"), b"a:b:{x}:fw".to_vec());
+        assert_eq!(key("a", &Tag::of(b"b:x"), "fw"), b"a:{b:x}:fw".to_vec());
+        assert_eq!(key("a:b", &Tag::of(b"x"), "fw"), b"a:b:{x}:fw".to_vec());
     }
 
     #[test]

@@ -41,6 +41,7 @@ use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{ErrorKind, RedisError, ServerErrorKind};
 use arc_swap::ArcSwap;
 use deny::DenyCache;
+use keys::Tag;
 use std::fmt;
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -545,7 +546,7 @@ pub struct RedisLimiterBuilder {
     fallback_keys: usize,
 }
 
-/// The local fallback: the same limits at a share, per subject bytes (a chain of one for a plain
+/// The local fallback: the same limits at a share, per subject tag (a chain of one for a plain
 /// limiter).
 type Local = KeyedChain<Box<[u8]>>;
 
@@ -828,7 +829,8 @@ impl RedisLimiterBuilder {
         self
     }
 
-    /// The most subjects the local deny cache holds (default 10,000); 0 turns it off.
+    /// The most subjects the local deny cache holds (default 10,000); 0 turns it off. A subject
+    /// longer than 64 bytes is held by its SHA-256 (71 bytes), as in its Redis key names.
     ///
     /// The cache saves a round trip per rejected call, but it is per process: a
     /// [`reset`](RedisLimiter::reset) elsewhere reaches this process only once the cached
@@ -1100,7 +1102,7 @@ where
     where
         K: AsRef<[u8]> + ?Sized,
     {
-        self.decide(subject.as_ref(), n, None).await
+        self.decide(&Tag::of(subject.as_ref()), n, None).await
     }
 
     /// One decision for `n` permits, as [`try_acquire_n`](Self::try_acquire_n); an attempt of
@@ -1108,7 +1110,7 @@ where
     /// already admitted from its record instead of charging it again.
     async fn decide(
         &self,
-        subject: &[u8],
+        subject: &Tag<'_>,
         n: u32,
         call: Option<u64>,
     ) -> Result<Admission, TryAcquireError> {
@@ -1206,17 +1208,17 @@ where
     {
         let inner = &*self.inner;
         let config = inner.config();
-        let subject = subject.as_ref();
+        let subject = Tag::of(subject.as_ref());
         let reply = tokio::time::timeout(
             inner.deadline,
-            inner.eval(&config, config.charge, subject, n),
+            inner.eval(&config, config.charge, &subject, n),
         )
         .await;
         let failed = |error: RedisError| {
             // The local limiter decides for the subject while Redis is away: it must see the
             // usage too. Recorded only once Redis has failed, as its decisions are made.
             if let Some(local) = &config.fallback {
-                let key: Box<[u8]> = subject.into();
+                let key: Box<[u8]> = subject.bytes().into();
                 for member in local.per_key() {
                     // Only a full key map refuses (a charge is never rejected): the error
                     // returned says that Redis did not record it either way.
@@ -1286,19 +1288,19 @@ where
     {
         let inner = &*self.inner;
         let config = inner.config();
-        let subject = subject.as_ref();
-        config.deny.forget(subject);
+        let subject = Tag::of(subject.as_ref());
+        config.deny.forget(subject.bytes());
         if let Some(local) = &config.fallback {
-            let key: Box<[u8]> = subject.into();
+            let key: Box<[u8]> = subject.bytes().into();
             for member in local.per_key() {
                 member.reset(&key);
             }
         }
         let mut connection = inner.connection.clone();
         let mut delete = ::redis::cmd("DEL");
-        delete.arg(self.keys(subject));
+        delete.arg(self.tagged_keys(&subject));
         if inner.records() {
-            delete.arg(record(&inner.prefix, subject));
+            delete.arg(record(&inner.prefix, &subject));
         }
         let deleted = delete.query_async::<u64>(&mut connection);
         match tokio::time::timeout(inner.deadline, deleted).await {
@@ -1399,9 +1401,9 @@ where
     where
         K: AsRef<[u8]> + ?Sized,
     {
-        let subject = subject.as_ref();
+        let subject = Tag::of(subject.as_ref());
         let call = self.inner.records().then(call_id);
-        crate::clock::retry_rejections(None, || self.decide(subject, n, call)).await
+        crate::clock::retry_rejections(None, || self.decide(&subject, n, call)).await
     }
 
     /// [`acquire_n`](Self::acquire_n) within a time limit: the wait ends with
@@ -1446,9 +1448,9 @@ where
     where
         K: AsRef<[u8]> + ?Sized,
     {
-        let subject = subject.as_ref();
+        let subject = Tag::of(subject.as_ref());
         let call = self.inner.records().then(call_id);
-        crate::clock::retry_rejections(Some(timeout), || self.decide(subject, n, call)).await
+        crate::clock::retry_rejections(Some(timeout), || self.decide(&subject, n, call)).await
     }
 }
 
@@ -1540,7 +1542,7 @@ impl<C> RedisLimiter<C> {
     pub fn key<K: AsRef<[u8]> + ?Sized>(&self, subject: &K) -> Vec<u8> {
         keys::key(
             &self.inner.prefix,
-            subject.as_ref(),
+            &Tag::of(subject.as_ref()),
             &self.inner.config().members[0].suffix,
         )
     }
@@ -1557,11 +1559,16 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn keys<K: AsRef<[u8]> + ?Sized>(&self, subject: &K) -> Vec<Vec<u8>> {
+        self.tagged_keys(&Tag::of(subject.as_ref()))
+    }
+
+    /// [`keys`](Self::keys) of a subject's tag.
+    fn tagged_keys(&self, tag: &Tag<'_>) -> Vec<Vec<u8>> {
         self.inner
             .config()
             .members
             .iter()
-            .map(|m| keys::key(&self.inner.prefix, subject.as_ref(), &m.suffix))
+            .map(|m| keys::key(&self.inner.prefix, tag, &m.suffix))
             .collect()
     }
 
@@ -1821,7 +1828,7 @@ impl<C> Inner<C> {
     fn before(
         &self,
         config: &Config,
-        subject: &[u8],
+        subject: &Tag<'_>,
         n: u32,
         sent: Instant,
     ) -> Result<(), TryAcquireError> {
@@ -1831,7 +1838,7 @@ impl<C> Inner<C> {
                 capacity: config.capacity,
             });
         }
-        if let Some((left, limit)) = config.deny.check(subject, n, sent) {
+        if let Some((left, limit)) = config.deny.check(subject.bytes(), n, sent) {
             self.count(DENIED_LOCALLY);
             return Err(TryAcquireError::Rejected(Rejection::new(left, limit)));
         }
@@ -1845,7 +1852,7 @@ impl<C> Inner<C> {
     fn rejected(
         &self,
         config: &Config,
-        subject: &[u8],
+        subject: &Tag<'_>,
         n: u32,
         sent: Instant,
         retry_after: u64,
@@ -1860,7 +1867,9 @@ impl<C> Inner<C> {
         if n > 0 && remember {
             let until = sent.checked_add(Duration::from_nanos(retry_after));
             if let Some(until) = until {
-                config.deny.deny(subject, n, limit, until, Instant::now());
+                config
+                    .deny
+                    .deny(subject.bytes(), n, limit, until, Instant::now());
             }
         }
         TryAcquireError::Rejected(Rejection::new(retry_after, limit))
@@ -1871,7 +1880,7 @@ impl<C> Inner<C> {
         &self,
         config: &Config,
         failure: Failure,
-        subject: &[u8],
+        subject: &Tag<'_>,
         n: u32,
     ) -> Result<Admission, TryAcquireError> {
         self.count_failure(failure);
@@ -1908,12 +1917,12 @@ impl<C> Inner<C> {
     fn policy_taken(
         &self,
         config: &Config,
-        subject: &[u8],
+        subject: &Tag<'_>,
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, usize, Option<Taken>) {
         match (self.policy, &config.fallback) {
             (FailurePolicy::Fallback { .. }, Some(local)) => {
-                let key: Box<[u8]> = subject.into();
+                let key: Box<[u8]> = subject.bytes().into();
                 match local.try_acquire_n_taken(&key, n) {
                     Ok((admission, taken)) => (Ok(admission), FALLBACKS, Some(taken)),
                     Err(error) => (Err(unavailable_if_too_big(error)), FALLBACKS, None),
@@ -1927,9 +1936,9 @@ impl<C> Inner<C> {
     }
 
     /// Gives back to the fallback limiter what [`policy_taken`](Self::policy_taken) took.
-    fn give_back(&self, config: &Config, subject: &[u8], n: u32, taken: &Taken) {
+    fn give_back(&self, config: &Config, subject: &Tag<'_>, n: u32, taken: &Taken) {
         if let Some(local) = &config.fallback {
-            let key: Box<[u8]> = subject.into();
+            let key: Box<[u8]> = subject.bytes().into();
             local.give_back(&key, n, taken);
         }
     }
@@ -1951,12 +1960,12 @@ impl<C> Inner<C> {
     fn policy(
         &self,
         config: &Config,
-        subject: &[u8],
+        subject: &Tag<'_>,
         n: u32,
     ) -> (Result<Admission, TryAcquireError>, usize) {
         match (self.policy, &config.fallback) {
             (FailurePolicy::Fallback { .. }, Some(local)) => {
-                let key: Box<[u8]> = subject.into();
+                let key: Box<[u8]> = subject.bytes().into();
                 let answer = local.try_acquire_n(&key, n).map_err(unavailable_if_too_big);
                 (answer, FALLBACKS)
             }
@@ -1981,7 +1990,7 @@ where
         &self,
         config: &Config,
         script: &Lua,
-        subject: &[u8],
+        subject: &Tag<'_>,
         n: u32,
     ) -> Result<Vec<i64>, RedisError> {
         self.eval_call(config, script, subject, n, None).await
@@ -1994,7 +2003,7 @@ where
         &self,
         config: &Config,
         script: &Lua,
-        subject: &[u8],
+        subject: &Tag<'_>,
         n: u32,
         call: Option<u64>,
     ) -> Result<Vec<i64>, RedisError> {
@@ -2025,7 +2034,7 @@ where
 /// The key of `subject`'s record of the `acquire` calls Redis admitted for it (see `once` in
 /// `scripts/once.lua`): `prefix:{subject}:acq`, in the subject's hash tag (so its Cluster slot),
 /// a hash of at most [`REDIS_ACQUIRE_RECORDS`] call ids.
-fn record(prefix: &str, subject: &[u8]) -> Vec<u8> {
+fn record(prefix: &str, subject: &Tag<'_>) -> Vec<u8> {
     keys::key(prefix, subject, "acq")
 }
 
@@ -2209,6 +2218,54 @@ mod tests {
         assert!(matches!(parse(&[0, 5, 7, 2]), Ok(Err((7_000, 2)))));
     }
 
+    /// The deny cache and the fallback hold a subject by its tag: a long subject costs them at
+    /// most 71 bytes of key (`sha256:` and the digest in hex), not its own length (10,000
+    /// subjects of 64 KB in the deny cache held 640 MB), and is still told apart from another
+    /// long subject.
+    #[tokio::test]
+    async fn a_long_subject_costs_the_local_state_its_tag_only() {
+        use super::multi::redis_server::RedisServer;
+        let server = RedisServer::start();
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let connection = ::redis::aio::ConnectionManager::new(client).await.unwrap();
+        let limiter = RedisLimiter::builder(
+            Algorithm::FixedWindow {
+                limit: 1,
+                window: Duration::from_secs(3600),
+            },
+            FailurePolicy::Fallback { share: 1.0 },
+        )
+        .prefix("long")
+        .build(connection)
+        .unwrap();
+        let long = vec![b'x'; 64 * 1024];
+        let mut other = long.clone();
+        *other.last_mut().unwrap() = b'y';
+        limiter.try_acquire(&long).await.unwrap();
+        assert!(limiter.try_acquire(&long).await.is_err(), "Redis rejects");
+        let config = limiter.inner.config();
+        assert_eq!(config.deny.len(), 1);
+        assert_eq!(config.deny.key_bytes(), 71, "the tag, not the subject");
+        assert!(limiter.try_acquire(&long).await.is_err());
+        assert_eq!(limiter.stats().denied_locally, 1, "denied by its tag");
+        limiter.try_acquire(&other).await.unwrap();
+        // Redis away: the fallback decides, keyed by the tag too.
+        let fallback = config.fallback.as_ref().unwrap();
+        let tag: Box<[u8]> = Tag::of(&other).bytes().into();
+        for member in fallback.per_key() {
+            assert!(member.try_acquire_n(&tag, 0).is_ok());
+        }
+        drop(server);
+        assert!(
+            limiter.try_acquire(&other).await.is_ok(),
+            "the fallback's own count"
+        );
+        assert_eq!(limiter.stats().fallbacks, 1);
+        for member in fallback.per_key() {
+            assert!(member.try_acquire(&tag).is_err(), "counted under the tag");
+        }
+    }
+
     /// A field of an `acquire` record outlives its admission when a later admission (another
     /// call's) extends the record's TTL. A retry of that call, finding the field after the
     /// admission's reset, must not answer it: its permit no longer counts, so answering it
@@ -2237,20 +2294,20 @@ mod tests {
         let now = redis_now(&mut raw);
         let at = now - 20_000_000;
         let () = ::redis::cmd("HSET")
-            .arg(record("st", b"s"))
+            .arg(record("st", &Tag::of(b"s")))
             .arg(format!("{:016x}", 7))
             .arg(format!("{at}:10000000:0"))
             .query(&mut raw)
             .unwrap();
         let () = ::redis::cmd("PEXPIRE")
-            .arg(record("st", b"s"))
+            .arg(record("st", &Tag::of(b"s")))
             .arg(3_600_000)
             .query(&mut raw)
             .unwrap();
         // This window's one permit, taken by another caller.
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: the window is full.
-        let retry = limiter.decide(b"s", 1, Some(7)).await;
+        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
@@ -2289,7 +2346,7 @@ mod tests {
         .unwrap();
         // Call 7's attempt admitted (its reply lost, say): a permit in this second's window and
         // one in the hour's, which counts it still after this second.
-        let first = limiter.decide(b"s", 1, Some(7)).await.unwrap();
+        let first = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await.unwrap();
         assert!(first.reset_after() > Duration::from_secs(30), "{first:?}");
         // The next second's window (Redis's clock is the real one), whose one permit another
         // caller takes.
@@ -2297,7 +2354,7 @@ mod tests {
         std::thread::sleep(Duration::from_micros(left) + Duration::from_millis(5));
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: this window is full.
-        let retry = limiter.decide(b"s", 1, Some(7)).await;
+        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
@@ -2330,7 +2387,7 @@ mod tests {
         .build(connection)
         .unwrap();
         // Call 7's attempt admitted (its reply lost, say).
-        let first = limiter.decide(b"s", 1, Some(7)).await.unwrap();
+        let first = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await.unwrap();
         assert!(first.reset_after() > Duration::from_secs(30), "{first:?}");
         limiter
             .reconfigure(Algorithm::FixedWindow {
@@ -2354,7 +2411,7 @@ mod tests {
         // The next window's one permit, taken by another caller.
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: this window is full.
-        let retry = limiter.decide(b"s", 1, Some(7)).await;
+        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
@@ -2397,13 +2454,13 @@ mod tests {
             limiter.reconfigure_limit(0, log(short)).unwrap();
             // Call 7's attempt admitted (its reply lost, say): its permit counts for 300 ms,
             // the hour's permit for the hour (the admission's reset).
-            let first = limiter.decide(b"s", 1, Some(7)).await.unwrap();
+            let first = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await.unwrap();
             assert!(first.reset_after() > Duration::from_secs(60), "{first:?}");
             // The call's permit has expired; another caller takes the room it left.
             std::thread::sleep(short + Duration::from_millis(50));
             assert!(limiter.try_acquire("s").await.is_ok(), "chain: {chain}");
             // Call 7's retry: the log holds two live permits, its limit.
-            let retry = limiter.decide(b"s", 1, Some(7)).await;
+            let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
             assert!(
                 matches!(retry, Err(TryAcquireError::Rejected(_))),
                 "chain: {chain}: {retry:?}"

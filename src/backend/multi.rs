@@ -3,6 +3,7 @@
 //! members lie in several Cluster slots (one call per slot): [`settled`] and
 //! [`try_acquire_all_held`], whose [`Held`] gives back what an admitted call took.
 
+use super::keys::Tag;
 use super::{
     ADMITTED, Config, Failure, Lua, MULTI, REJECTED, RedisLimiter, keys, parse, run, within,
 };
@@ -112,11 +113,15 @@ impl Held {
         {
             match took {
                 Took::Nothing => {}
-                Took::Fallback(taken) => limiter.inner.give_back(config, subject, n, &taken),
+                Took::Fallback(taken) => {
+                    limiter
+                        .inner
+                        .give_back(config, &Tag::of(subject), n, &taken);
+                }
                 Took::Redis(None) => given[i] = false,
                 Took::Redis(Some(window)) => {
                     let suffix = &config.members[0].suffix;
-                    keys.push(keys::key(&limiter.inner.prefix, subject, suffix));
+                    keys.push(keys::key(&limiter.inner.prefix, &Tag::of(subject), suffix));
                     windows.push(window);
                     whose.push(i);
                     given[i] = false;
@@ -156,12 +161,19 @@ impl Held {
 #[cfg_attr(not(any(feature = "envoy", feature = "http")), allow(dead_code))]
 pub(crate) fn settled<C>(members: &[(&RedisLimiter<C>, &[u8])], n: u32) -> Option<Vec<Answer>> {
     let loaded: Vec<_> = members.iter().map(|(l, _)| l.inner.config.load()).collect();
-    settle(members, &loaded, n, Instant::now())
+    settle(&tagged(members), &loaded, n, Instant::now())
+}
+
+/// `members` with their subjects' tags, each computed once for the whole call.
+fn tagged<'a, C>(
+    members: &[(&'a RedisLimiter<C>, &'a [u8])],
+) -> Vec<(&'a RedisLimiter<C>, Tag<'a>)> {
+    members.iter().map(|&(l, s)| (l, Tag::of(s))).collect()
 }
 
 /// [`settled`], under the parameters `loaded` (one per member) at `sent`.
 fn settle<C, G>(
-    members: &[(&RedisLimiter<C>, &[u8])],
+    members: &[(&RedisLimiter<C>, Tag<'_>)],
     loaded: &[G],
     n: u32,
     sent: Instant,
@@ -245,9 +257,10 @@ pub(crate) async fn try_acquire_all_held<C>(
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let Some((first, _)) = members.first() else {
+    let Some(&(first, _)) = members.first() else {
         return (Vec::new(), Held::nothing());
     };
+    let members = &tagged(members)[..];
     // Each limiter's parameters in force now: the whole call decides under these snapshots,
     // borrowed (as `RedisLimiter::decide` borrows its one) until the deny caches have had
     // their say, so that a call they reject writes no reference count other threads read.
@@ -375,7 +388,7 @@ where
 /// counted by the first member's limiter, the one whose connection sent the script (the count
 /// does not say whose keys they were).
 fn repaired<'r, C>(
-    members: &[(&RedisLimiter<C>, &[u8])],
+    members: &[(&RedisLimiter<C>, Tag<'_>)],
     reply: &'r [i64],
     keys: usize,
 ) -> &'r [i64] {
@@ -410,7 +423,7 @@ fn split(reply: &[i64], keys: usize) -> Result<(bool, Vec<Decision>), Failure> {
 /// gives nothing back): each member answers its own verdict for `n`, an admission as its
 /// state stands.
 fn fail_all<C>(
-    members: &[(&RedisLimiter<C>, &[u8])],
+    members: &[(&RedisLimiter<C>, Tag<'_>)],
     configs: &[Arc<Config>],
     failure: Failure,
     n: u32,
