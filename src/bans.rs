@@ -91,7 +91,8 @@ const FULL: usize = 3;
 #[non_exhaustive]
 pub struct BanStats {
     /// Failures counted by [`fail`](BanList::fail): not those beyond `u32::MAX` in one window
-    /// of a key, nor those refused as [`BanListFull`] before they were counted.
+    /// of a key, nor those refused as [`BanListFull`] (a failure whose ban a full table could
+    /// not record is given back, not counted).
     pub failures: u64,
     /// Bans started or lengthened: failures whose [`FailOutcome::ban_started`] is true (also
     /// when a ban in force that ends later was kept), and [`ban`](BanList::ban) calls that
@@ -101,8 +102,7 @@ pub struct BanStats {
     /// [`check`](BanList::check) calls answered [`Banned`]: the attempts a caller refused.
     pub refused: u64,
     /// [`BanListFull`] errors returned by [`fail`](BanList::fail) and [`ban`](BanList::ban):
-    /// failures or bans not recorded for want of room (a failure counted whose ban was not
-    /// recorded counts in `failures` too).
+    /// failures or bans not recorded for want of room.
     pub full: u64,
     /// Keys with failures held now, including those of a window that has passed and not yet
     /// been evicted.
@@ -635,7 +635,8 @@ where
     /// # Errors
     ///
     /// [`BanListFull`]: `key` is new to a table at its cap with nothing idle, so the failure
-    /// was not counted, or the ban it started was not recorded.
+    /// was not counted; or the ban it was due to start could not be recorded, and the failure
+    /// is not counted either (the key's next failure is that `after`-th one again).
     ///
     /// # Examples
     ///
@@ -659,24 +660,43 @@ where
         // From the count to the ban: an `unban` in between would forget this failure and then
         // see its ban start after it (see `Inner::banning`).
         let _one_at_a_time = self.stripe(key);
-        let counted = match self.inner.failures.try_acquire(key) {
-            Ok(admission) => {
-                self.inner.counters.bump(FAILURES);
-                Some(u32::MAX - admission.remaining())
-            }
+        // Committed with what a refund needs: a failure whose ban is not recorded is given back.
+        let (decision, committed) = self.inner.failures.chain_decide::<true>(key, 1);
+        let counted = match decision {
+            Ok(admission) => Some((admission, u32::MAX - admission.remaining())),
             // `u32::MAX` failures in this window already: no more are counted.
             Err(TryAcquireError::Rejected(_)) => None,
             Err(_) => return Err(self.full()),
         };
-        let due = starts_ban(counted, self.inner.after);
-        let failures = counted.unwrap_or(u32::MAX);
+        let due = starts_ban(counted.map(|(_, n)| n), self.inner.after);
+        let failures = counted.map_or(u32::MAX, |(_, n)| n);
         let banned_for = if due {
-            let (left, _) = self.extend_locked(key, self.inner.duration)?;
-            self.inner.counters.bump(BANS);
-            Some(left)
+            match self.extend_locked(key, self.inner.duration) {
+                Ok((left, _)) => {
+                    self.inner.counters.bump(BANS);
+                    Some(left)
+                }
+                Err(full) => {
+                    // Neither the failure nor its ban recorded: kept, the failure left the key
+                    // one past its `after`-th, and its next `after - 1` failures banned nobody
+                    // (`a_ban_the_full_table_refused_is_started_by_the_next_failure`). Given back,
+                    // the next failure is this `after`-th again. (A `forgive` or `unban` of any
+                    // key that lands between the count and the refund makes the refund give
+                    // nothing back, as for every keyed refund: the count then stays as it was.)
+                    if let Some((admission, _)) = counted {
+                        self.inner
+                            .failures
+                            .chain_refund(key, 1, &admission, committed);
+                    }
+                    return Err(full);
+                }
+            }
         } else {
             self.left(key)
         };
+        if counted.is_some() {
+            self.inner.counters.bump(FAILURES);
+        }
         Ok(FailOutcome {
             failures,
             ban_started: due,

@@ -223,8 +223,8 @@ fn at_the_cap_a_new_key_is_neither_banned_nor_a_ban_lost() {
     assert!(bans.fail(&"b").unwrap().ban_started);
     assert!(bans.check(&"b").is_err());
     assert!(bans.check(&"a").is_ok());
-    // While "b"'s ban is in force, "a"'s failure is counted (its window passed) but its ban is
-    // refused: the caller learns it was not recorded.
+    // While "b"'s ban is in force, "a"'s failure (its window passed) is due to ban it, but the
+    // ban is refused: the caller learns that neither was recorded.
     clock.advance(60 * SEC);
     assert_eq!(bans.fail(&"a"), Err(BanListFull { max_keys: 1 }));
     assert!(bans.check(&"b").is_err(), "b's ban is kept");
@@ -813,4 +813,33 @@ fn bans_of_more_than_u32_max_milliseconds_are_exact_across_charges() {
     assert_eq!(l, NS + ms);
     clock.advance(NS + ms);
     assert_eq!(retry(&bans, 9), None);
+}
+
+/// A failure that should start a ban the full bans table could not record is not counted
+/// either: the key's next failure, once the table has room, is that `after`-th failure again
+/// and bans it. Counting it left the key one past the `after`-th failure, and with a
+/// count not a multiple of `after` it went on failing unbanned (`after - 1` more times) with
+/// `after` failures or more in the window.
+#[test]
+fn a_ban_the_full_table_refused_is_started_by_the_next_failure() {
+    let clock = ManualClock::new();
+    let bans = BanList::builder(2, 60 * SEC, 600 * SEC)
+        .clock(clock.clone())
+        .max_keys(2)
+        .build()
+        .unwrap();
+    bans.ban(&"b", 600 * SEC).unwrap();
+    bans.ban(&"c", 600 * SEC).unwrap();
+    assert!(!bans.fail(&"a").unwrap().ban_started);
+    // The second failure is due to ban "a", but the bans table is full of bans in force.
+    assert_eq!(bans.fail(&"a"), Err(BanListFull { max_keys: 2 }));
+    assert!(bans.check(&"a").is_ok());
+    assert_eq!(bans.failures(&"a"), 1, "the refused failure is not counted");
+    assert_eq!(bans.stats().failures, 1);
+    // Room again: the next failure is the second of the window, and bans.
+    assert!(bans.unban(&"b"));
+    clock.advance(SEC);
+    let next = bans.fail(&"a").unwrap();
+    assert_eq!((next.failures, next.ban_started), (2, true));
+    assert_eq!(bans.check(&"a").unwrap_err().retry_after(), 600 * SEC);
 }

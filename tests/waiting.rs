@@ -1870,3 +1870,58 @@ async fn random_waits_match_a_sequential_model_of_the_queue() {
         }
     }
 }
+
+/// Real threads, since the parking is what is under test: `close` wakes every blocking waiter
+/// of a rate limiter at once, however it sleeps: the head parked for its hour-long retry-after
+/// (a timed park), a waiter behind it on the futex (an untimed wait), one behind it with a
+/// deadline (a timed park). Each answers `Closed`, counted rejected once, and none waits out
+/// its time.
+#[test]
+fn close_wakes_blocking_waiters_parked_for_time_on_the_futex_or_until_a_deadline() {
+    let limiter = RateLimiter::with_clock(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(3600),
+        },
+        turnstile::MonotonicClock::new(),
+    )
+    .unwrap();
+    limiter.try_acquire().unwrap();
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let waiters: Vec<_> = (0..3)
+            .map(|i| {
+                let limiter = &limiter;
+                let waiter = s.spawn(move || match i {
+                    2 => limiter.acquire_blocking_timeout(1, Duration::from_secs(3600)),
+                    _ => limiter.acquire_blocking(),
+                });
+                // Queued in this order: the first is the head.
+                while limiter.stats().waiting < i + 1 {
+                    std::thread::yield_now();
+                }
+                waiter
+            })
+            .collect();
+        // Let them all reach their park.
+        std::thread::sleep(20 * MS);
+        limiter.close();
+        for waiter in waiters {
+            assert_eq!(waiter.join().unwrap().unwrap_err(), AcquireError::Closed);
+        }
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "a waiter slept on"
+    );
+    let stats = limiter.stats();
+    assert_eq!(
+        (
+            stats.admitted,
+            stats.rejected,
+            stats.cancelled,
+            stats.waiting
+        ),
+        (1, 3, 0, 0)
+    );
+}
