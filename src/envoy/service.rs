@@ -176,7 +176,10 @@ impl Clock for UnixClock {
 ///   difference; the others are said where they apply: a check at exactly the limit (below),
 ///   a request `limit` override counting apart from the configured limit (Envoy's counter
 ///   is named by the entries and the unit only), and, counting in Redis, the failure policy
-///   (see `with_redis`).
+///   (see `with_redis`). A descriptor given back answers `OK` with its counter's
+///   `limit_remaining` once every descriptor has given back (the hits another descriptor
+///   counted past the limit on the same counter stay counted, below); in Redis, with the
+///   count before the request (see `with_redis`).
 /// - **Over the limit.** A descriptor over its limit counts its hits all the same, past the
 ///   limit, as Envoy's service counts them, and answers `limit_remaining` 0: a cost reported
 ///   after the fact (a check with `hits_addend: 0` before the request, then its cost once
