@@ -1733,6 +1733,36 @@ async fn one_counter_named_twice_in_a_request_counts_twice_and_is_refunded_once_
     assert_eq!((codes(&r).0, remaining(&r)), (OK, vec![0]));
 }
 
+/// A rejected request gives every descriptor's hits back before any status reads its counter:
+/// a counter named twice reports, both times, the count as it was before the request (the
+/// first occurrence read 8 of 10, the second's 2 hits still held, before they were given back).
+#[test]
+fn a_counter_named_twice_in_a_rejected_request_reports_its_count_after_all_is_given_back() {
+    let service = RlsService::with_clock(
+        RlsConfig::from_yaml_str(
+            "domain: d\ndescriptors:\n  - key: budget\n    rate_limit: { unit: hour, requests_per_unit: 10 }\n  - key: zero\n    rate_limit: { unit: hour, requests_per_unit: 0 }\n",
+        )
+        .unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap();
+    let budget: &[(&str, &str)] = &[("budget", "x")];
+    let zero: &[(&str, &str)] = &[("zero", "x")];
+    let mut request = RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![descriptor(budget), descriptor(budget), descriptor(zero)],
+        hits_addend: 0,
+    };
+    request.descriptors[1].hits_addend = Some(UInt64Value { value: 2 });
+    let r = service.should_rate_limit(&request).unwrap();
+    assert_eq!(codes(&r), (OVER, vec![OK, OK, OVER]));
+    assert_eq!(remaining(&r), [10, 10, 0]);
+    // Nothing stayed counted.
+    let mut check = request.clone();
+    check.descriptors.truncate(1);
+    assert_eq!(remaining(&service.should_rate_limit(&check).unwrap()), [9]);
+}
+
 #[tokio::test]
 async fn a_request_that_is_not_a_rate_limit_request_gets_a_grpc_error() {
     use http_body_util::{BodyExt, Full};

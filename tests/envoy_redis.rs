@@ -967,3 +967,131 @@ descriptors:
     let r = rls.decide(&request(&[TWO])).await.unwrap();
     assert_eq!(summary(&r), (OK, vec![(OK, 1)]));
 }
+
+/// Seeded random requests (1 to 4 descriptors each: limits of 1, 10 and 0, a shadow limit,
+/// an unlimited one, none, a nested pair whose default limit `replaces` the valued one, a
+/// `share_threshold` wildcard; costs of 0, 1 to 12, 4 and `u64::MAX`; request-level
+/// `hits_addend`; overrides), in memory and in Redis: the same overall code and the same
+/// status codes, but for the descriptors Redis leaves unasked (`OK` with no window, as
+/// `with_redis` says); on an admitted request, the same `limit_remaining` too. (On a rejected
+/// one, Redis answers a descriptor given back with the count before the request, memory with
+/// the count after it.)
+#[tokio::test]
+async fn random_requests_decide_alike_in_memory_and_in_redis() {
+    let server = RedisServer::start();
+    random_requests_alike(&service(&server, RANDOM_CONFIG).await).await;
+}
+
+/// As [`random_requests_decide_alike_in_memory_and_in_redis`], on a Cluster of three: the
+/// descriptors of a request in different slots, decided by a script per slot.
+#[tokio::test]
+async fn random_requests_decide_alike_in_memory_and_in_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let rls = cluster_service(&cluster, RANDOM_CONFIG, FailurePolicy::FailClosed).await;
+    random_requests_alike(&rls).await;
+}
+
+const RANDOM_CONFIG: &str = "
+domain: d
+descriptors:
+  - key: small
+    rate_limit: { unit: year, requests_per_unit: 1 }
+  - key: budget
+    rate_limit: { unit: year, requests_per_unit: 10 }
+  - key: zero
+    rate_limit: { unit: year, requests_per_unit: 0 }
+  - key: shadow
+    shadow_mode: true
+    rate_limit: { unit: year, requests_per_unit: 3 }
+  - key: free
+    rate_limit: { unlimited: true }
+  - key: n
+    descriptors:
+      - key: m
+        value: a
+        rate_limit: { unit: year, requests_per_unit: 2, name: na }
+      - key: m
+        rate_limit: { unit: year, requests_per_unit: 5, replaces: [ { name: na } ] }
+  - key: w
+    value: p*
+    share_threshold: true
+    rate_limit: { unit: year, requests_per_unit: 4 }
+";
+
+/// The requests of [`random_requests_decide_alike_in_memory_and_in_redis`], decided by `redis`
+/// (a service of [`RANDOM_CONFIG`]) and in memory.
+async fn random_requests_alike(redis: &RlsService) {
+    let memory = RlsService::with_clock(
+        RlsConfig::from_yaml_str(RANDOM_CONFIG).unwrap(),
+        turnstile::ManualClock::new(),
+    )
+    .unwrap();
+    // Redis loads each script at its first use, a round trip more: made before the requests
+    // compared, on counters of their own, so that a loaded machine does not take those past
+    // the 50 ms deadline (the failure policy would answer them).
+    let warm: &[(&str, &str)] = &[("small", "warm")];
+    let warm_budget: &[(&str, &str)] = &[("budget", "warm")];
+    let warm_shadow: &[(&str, &str)] = &[("shadow", "warm")];
+    for hits in [0, 1, 2] {
+        let mut req = request(&[warm, warm_budget, warm_budget, warm_shadow]);
+        for d in &mut req.descriptors[..2] {
+            // 0: checks; 2: more than `small`'s limit (a charge of its own).
+            d.hits_addend = Some(UInt64Value { value: hits });
+        }
+        redis.decide(&req).await.unwrap();
+    }
+    // xorshift64: the same requests every run.
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut below = |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let keys = [
+        "small", "budget", "zero", "shadow", "free", "none", "n", "w",
+    ];
+    for sequence in 0..200 {
+        // Each sequence on counters of its own.
+        let value = format!("s{sequence}");
+        for step in 0..6 {
+            let mut req = request(&[]);
+            req.hits_addend = below(3) as u32;
+            for _ in 0..=below(4) {
+                let mut d = match keys[below(keys.len() as u64) as usize] {
+                    "n" => descriptor(&[("n", &value), ("m", ["a", "b"][below(2) as usize])]),
+                    "w" => descriptor(&[("w", &format!("p{value}{}", below(2)))]),
+                    key => descriptor(&[(key, &value)]),
+                };
+                d.hits_addend = match below(6) {
+                    0 => Some(0),
+                    1 => Some(1 + below(12)),
+                    2 => Some([4, u64::MAX][usize::from(below(4) == 0)]),
+                    _ => None,
+                }
+                .map(|value| UInt64Value { value });
+                if below(10) == 0 {
+                    d.limit = Some(RateLimitOverride {
+                        requests_per_unit: below(4) as u32,
+                        unit: Unit::Year as i32,
+                    });
+                }
+                req.descriptors.push(d);
+            }
+            let m = memory.should_rate_limit(&req).unwrap();
+            let r = redis.decide(&req).await.unwrap();
+            let at = format!("sequence {sequence}, step {step}: {req:?}\n{m:?}\n{r:?}");
+            assert_eq!(m.overall_code(), r.overall_code(), "{at}");
+            let admitted = r.overall_code() == OK;
+            for (ms, rs) in m.statuses.iter().zip(&r.statuses) {
+                let unasked = rs.current_limit.is_some() && rs.duration_until_reset.is_none();
+                if !unasked {
+                    assert_eq!(ms.code(), rs.code(), "{at}");
+                    if admitted {
+                        assert_eq!(ms.limit_remaining, rs.limit_remaining, "{at}");
+                    }
+                }
+            }
+        }
+    }
+}

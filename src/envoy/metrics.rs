@@ -33,7 +33,9 @@ pub(super) fn tally(d: Decision) -> [u64; 5] {
     let after = d.before.saturating_add(d.hits);
     let (mut over, mut near_hits, mut within, mut shadow) = (0, 0, 0, 0);
     if d.over {
-        if d.before >= limit {
+        // Past the limit before these hits, or over without reaching it (a new counter
+        // refused at the key cap, fail closed): every hit is over.
+        if d.before >= limit || after <= limit {
             over = d.hits;
         } else {
             // Only the hits past the limit are over; those between the near threshold and the
@@ -192,5 +194,9 @@ mod tests {
         assert_eq!(d(10, 9, 3, true, true), [3, 2, 1, 0, 2]);
         // Limit 0: every hit over.
         assert_eq!(d(0, 0, 4, true, false), [4, 4, 0, 0, 0]);
+        // Over without reaching the limit (a new counter refused at the key cap, its count
+        // read as empty): every hit over, none near (not 2 near-limit hits for 1 hit).
+        assert_eq!(d(10, 0, 1, true, false), [1, 1, 0, 0, 0]);
+        assert_eq!(d(10, 9, 1, true, true), [1, 1, 0, 0, 1]);
     }
 }

@@ -176,7 +176,10 @@ impl Clock for UnixClock {
 ///   difference; the others are said where they apply: a check at exactly the limit (below),
 ///   a request `limit` override counting apart from the configured limit (Envoy's counter
 ///   is named by the entries and the unit only), and, counting in Redis, the failure policy
-///   (see `with_redis`).
+///   (see `with_redis`). A descriptor given back answers `OK` with its counter's
+///   `limit_remaining` once every descriptor has given back (the hits another descriptor
+///   counted past the limit on the same counter stay counted, below); in Redis, with the
+///   count before the request (see `with_redis`).
 /// - **Over the limit.** A descriptor over its limit counts its hits all the same, past the
 ///   limit, as Envoy's service counts them, and answers `limit_remaining` 0: a cost reported
 ///   after the fact (a check with `hits_addend: 0` before the request, then its cost once
@@ -1052,6 +1055,21 @@ impl<C: Clock + Clone> RlsService<C> {
             outcomes[i] = Some(outcome);
         }
 
+        if rejected {
+            // All or nothing: every admitted descriptor's hits given back before any status
+            // reads its counter, so that a counter named twice reads the count with both
+            // occurrences given back, not the first with the second's hits still held.
+            for outcome in outcomes.iter_mut().flatten() {
+                *outcome = match std::mem::replace(outcome, Outcome::Nothing) {
+                    Outcome::Admitted(taken) => {
+                        let (admission, key) = (taken.admission(), taken.key().clone());
+                        taken.refund();
+                        Outcome::GivenBack { admission, key }
+                    }
+                    other => other,
+                };
+            }
+        }
         let mut statuses = Vec::with_capacity(outcomes.len());
         for (outcome, a) in outcomes.into_iter().flatten().zip(&applied) {
             let current_limit = match a {
@@ -1064,30 +1082,26 @@ impl<C: Clock + Clone> RlsService<C> {
                 Outcome::Unlimited => status(Code::Ok, None, u32::MAX, None),
                 Outcome::Admitted(taken) => {
                     let admission = taken.admission();
-                    if rejected {
-                        // All or nothing: give this descriptor's hits back.
-                        let key = taken.key().clone();
-                        taken.refund();
-                        let remaining = match a {
-                            Applied::Limit {
-                                limiter: Some(l), ..
-                            } => l.available(&key),
-                            _ => admission.remaining(),
-                        };
-                        status(
-                            Code::Ok,
-                            current_limit,
-                            remaining,
-                            Some(admission.reset_after()),
-                        )
-                    } else {
-                        status(
-                            Code::Ok,
-                            current_limit,
-                            admission.remaining(),
-                            Some(admission.reset_after()),
-                        )
-                    }
+                    status(
+                        Code::Ok,
+                        current_limit,
+                        admission.remaining(),
+                        Some(admission.reset_after()),
+                    )
+                }
+                Outcome::GivenBack { admission, key } => {
+                    let remaining = match a {
+                        Applied::Limit {
+                            limiter: Some(l), ..
+                        } => l.available(&key),
+                        _ => admission.remaining(),
+                    };
+                    status(
+                        Code::Ok,
+                        current_limit,
+                        remaining,
+                        Some(admission.reset_after()),
+                    )
                 }
                 Outcome::Within { remaining, reset } => {
                     status(Code::Ok, current_limit, remaining, Some(reset))
@@ -1430,6 +1444,12 @@ enum Outcome<C: Clock + Clone> {
     Nothing,
     Unlimited,
     Admitted(KeyedRefundable<Key, C, Hasher>),
+    /// Admitted, then given back (another descriptor rejected the request): the admission,
+    /// and the counter's key, read once every descriptor has given back.
+    GivenBack {
+        admission: crate::Admission,
+        key: Key,
+    },
     /// Under the limit without taking anything (a check with 0 hits).
     Within {
         remaining: u32,
