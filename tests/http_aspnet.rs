@@ -1282,6 +1282,47 @@ fn aspnet_policy_of_the_same_window_written_otherwise_keeps_the_general_rule() {
     assert!(get_rejected(&l, [10, 0, 0, 1], None));
 }
 
+/// A general rule gives way there only to a policy rule of its own `Period` text that matches
+/// the request. A policy with rules of that window written two ways (`1m` for one endpoint,
+/// `60s` for every one) cannot be read alike here, where the general rule gives way to any
+/// rule of its window: the policy's address got 50 requests a minute on every other endpoint,
+/// where AspNetCoreRateLimit holds it to the general 2 (its `60s` rule does not replace the
+/// general `1m`). Refused, naming the policy's rules; written alike, it loads.
+#[test]
+fn aspnet_policy_rules_of_the_general_rules_window_written_two_ways_are_refused() {
+    let doc = |other: &str| {
+        format!(
+            r#"{{
+      "IpRateLimiting": {{"EnableEndpointRateLimiting": true,
+        "GeneralRules": [{{"Endpoint": "*", "Period": "1m", "Limit": 2}}]}},
+      "IpRateLimitPolicies": {{"IpRules": [{{"Ip": "10.0.0.1", "Rules": [
+        {{"Endpoint": "get:/api/a", "Period": "1m", "Limit": 100}},
+        {{"Endpoint": "*", "Period": "{other}", "Limit": 50}}]}}]}}
+    }}"#
+        )
+    };
+    let e = err(&doc("60s"));
+    assert!(
+        e.starts_with("IpRateLimitPolicies.IpRules[0].Rules: rules of one window written as \"1m\" and as \"60s\""),
+        "{e}"
+    );
+    let l = limiter(HttpConfig::from_aspnet_json(&doc("1m")).unwrap());
+    for _ in 0..50 {
+        assert!(!rejected(&decide(
+            &l,
+            &http::Method::GET,
+            "/api/b",
+            [10, 0, 0, 1]
+        )));
+    }
+    assert!(rejected(&decide(
+        &l,
+        &http::Method::GET,
+        "/api/b",
+        [10, 0, 0, 1]
+    )));
+}
+
 /// A `null` entry of a list is skipped (as ASP.NET's binder leaves it out), but the entries
 /// after it keep their index in the document: an error in `IpWhitelist[2]` named
 /// `IpWhitelist[1]`, the entry before it, which is valid.

@@ -928,11 +928,37 @@ fn template_of_dotnet_format(format: &str) -> String {
 /// the policy as well: it then competes with the policy's rules of its window, and the lower
 /// limit applies, which is what both applying comes to (in a section every rule counts the
 /// same requests, all of them or each `VERB:path`'s).
+///
+/// A general rule whose text the policy has too gives way there only to a policy rule of that
+/// text that matches the request; here it gives way to any policy rule of its window that
+/// matches. The two agree unless the policy has rules of that window written otherwise as well
+/// (`1m` and `60s`): a request that only one of those matches is held to the general rule
+/// there and not here (or, were it given to the policy, held to it here where a `1m` rule
+/// replaces it there). That is refused, naming the policy's `rules_field`.
 fn kept_general_rules(
     policy: Vec<(RuleConfig, String)>,
     general: &[(RuleConfig, String)],
-) -> Vec<RuleConfig> {
+    rules_field: &str,
+) -> Result<Vec<RuleConfig>, HttpConfigError> {
     let window = |rule: &RuleConfig| parse_period(&rule.period, "").ok();
+    for (g, text) in general {
+        let same_text = policy.iter().any(|(_, t)| t == text);
+        let other_text = policy
+            .iter()
+            .find(|(p, t)| t != text && window(p) == window(g));
+        if let (true, Some((_, other))) = (same_text, other_text) {
+            return Err(HttpConfigError::invalid(
+                rules_field,
+                format!(
+                    "rules of one window written as {text:?} and as {other:?} beside the general \
+                     rule {:?}: there that rule gives way only to a policy rule written {text:?} \
+                     that matches the request, which rules here cannot express; write the \
+                     policy's periods of one window alike",
+                    g.name.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+    }
     let kept: Vec<RuleConfig> = general
         .iter()
         .filter(|(g, text)| {
@@ -941,7 +967,7 @@ fn kept_general_rules(
         })
         .map(|(g, _)| g.clone())
         .collect();
-    policy.into_iter().map(|(p, _)| p).chain(kept).collect()
+    Ok(policy.into_iter().map(|(p, _)| p).chain(kept).collect())
 }
 
 /// The keys of a section that make its rejections' response.
@@ -1210,7 +1236,11 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         for policy in p.objects("IpRules")? {
             let ip = policy.string("Ip")?.unwrap_or_default();
             let nets = ip_nets(&ip, &policy.field("Ip"), &config.client_ip)?;
-            let rules = kept_general_rules(ip_section.rules(&policy, "Rules")?, &ip_general);
+            let rules = kept_general_rules(
+                ip_section.rules(&policy, "Rules")?,
+                &ip_general,
+                &policy.field("Rules"),
+            )?;
             // A range that is several CIDR ranges is one entry each, with the same rules: each
             // client is in one of them, and counted by that one's rules alone.
             for ip in nets {
@@ -1241,7 +1271,11 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
             fit_client_id(&mut config, &client_id, &policy.field("ClientId"))?;
             config.client_rules.push(ClientRulesConfig {
                 client_id,
-                rules: kept_general_rules(client_section.rules(&policy, "Rules")?, &client_general),
+                rules: kept_general_rules(
+                    client_section.rules(&policy, "Rules")?,
+                    &client_general,
+                    &policy.field("Rules"),
+                )?,
             });
         }
     }
