@@ -261,6 +261,37 @@ fn aspnet_regex_method_alternatives_become_a_rule_each() {
     }
 }
 
+/// There a regex pattern is matched against `*:path` as well as `verb:path`, the first for the
+/// rules of any method: a method part that matches `*` (`(get|\*)`, `.`) limits every method.
+/// `(get|\*)` was read as the methods it names, GET alone, and POST went unlimited; `.` names
+/// none, and was refused.
+#[test]
+fn aspnet_regex_method_part_matching_a_star_is_every_method() {
+    let ip = [1, 1, 1, 1];
+    for endpoint in [r"(get|\\*):/api/values", ".:/api/values"] {
+        let doc = format!(
+            r#"{{"IpRateLimiting": {{"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true,
+            "GeneralRules": [{{"Endpoint": "{endpoint}", "Period": "1h", "Limit": 1}}]}}}}"#
+        );
+        let l = limiter(HttpConfig::from_json_str(&doc).unwrap());
+        for method in [http::Method::POST, http::Method::GET, http::Method::DELETE] {
+            assert!(
+                !rejected(&decide(&l, &method, "/api/values", ip)),
+                "{endpoint}: {method}"
+            );
+            assert!(
+                rejected(&decide(&l, &method, "/api/values", ip)),
+                "{endpoint}: {method}"
+            );
+        }
+        assert!(
+            decide(&l, &http::Method::POST, "/api/other", ip)
+                .quotas
+                .is_empty()
+        );
+    }
+}
+
 /// There a regex pattern is anchored as `^` + pattern + `$`, so a `|` outside any group splits
 /// the whole `verb:path` expression and the anchors bind to its ends only: `get:/api/a|get:/api/b`
 /// limits GET /api/b (and every path starting with `/api/a`), `get|post:/x` every GET. Split at

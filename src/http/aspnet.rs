@@ -389,7 +389,8 @@ const METHODS: [&str; 9] = [
 /// that ends a valid regex is the method part: a method name, `.+`, `.*` or `*` for any, or a
 /// regex over methods (`((post)|(put))`, as AspNetCoreRateLimit's documentation writes it),
 /// which becomes one pattern per method it matches (named `{method}:{path}`, the method in
-/// lower case). The rest is the regex over the path (anchored and case-insensitive here too).
+/// lower case), unless it matches `*` (`(get|\*)`, `.`), which there matches every method, as
+/// `.+` does. The rest is the regex over the path (anchored and case-insensitive here too).
 /// `.+` alone matches every request.
 fn regex_endpoint(
     pattern: &str,
@@ -450,6 +451,12 @@ fn regex_endpoint(
     }
     let methods = regex::Regex::new(&format!("(?i)^(?:{verb})$"))
         .map_err(|e| cannot(format!("the method part {verb:?} is not a regex: {e}")))?;
+    // There the pattern is also matched against `*:path`, for the rules of any method: a method
+    // part that matches `*` (`(get|\*)`, `.`) matches every request to its path, whatever its
+    // method. Read as the methods it names, `(get|\*)` limited GET alone.
+    if methods.is_match("*") {
+        return Ok(named(format!("*:{path}"), true));
+    }
     let matched: Vec<_> = METHODS
         .iter()
         .filter(|m| methods.is_match(m))
