@@ -261,10 +261,11 @@ fn aspnet_regex_method_alternatives_become_a_rule_each() {
     }
 }
 
-/// There a regex pattern is matched against `*:path` as well as `verb:path`, the first for the
-/// rules of any method: a method part that matches `*` (`(get|\*)`, `.`) limits every method.
-/// `(get|\*)` was read as the methods it names, GET alone, and POST went unlimited; `.` names
-/// none, and was refused.
+/// There a general rule's regex is matched against `*:path` as well as `verb:path`, the first
+/// for the rules of any method: a method part that matches `*` (`(get|\*)`, `.`) limits every
+/// method. `(get|\*)` was read as the methods it names, GET alone, and POST went unlimited;
+/// `.` names none, and was refused. A policy's rules are matched against `.+:path` instead
+/// (the text): there `(get|\.\+)` is every method and `(get|\*)` GET alone.
 #[test]
 fn aspnet_regex_method_part_matching_a_star_is_every_method() {
     let ip = [1, 1, 1, 1];
@@ -290,6 +291,17 @@ fn aspnet_regex_method_part_matching_a_star_is_every_method() {
                 .is_empty()
         );
     }
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true},
+        "IpRateLimitPolicies": {"IpRules": [{"Ip": "1.1.1.1", "Rules": [
+          {"Endpoint": "(get|\\.\\+):/api/a", "Period": "1h", "Limit": 1},
+          {"Endpoint": "(get|\\*):/api/b", "Period": "1h", "Limit": 1}]}]}}"#;
+    let l = limiter(HttpConfig::from_json_str(doc).unwrap());
+    let delete = http::Method::DELETE;
+    assert!(!rejected(&decide(&l, &delete, "/api/a", ip)));
+    assert!(rejected(&decide(&l, &delete, "/api/a", ip)));
+    assert!(decide(&l, &delete, "/api/b", ip).quotas.is_empty());
+    assert!(!rejected(&decide(&l, &http::Method::GET, "/api/b", ip)));
+    assert!(rejected(&decide(&l, &http::Method::GET, "/api/b", ip)));
 }
 
 /// There a regex pattern is anchored as `^` + pattern + `$`, so a `|` outside any group splits

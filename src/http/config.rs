@@ -1125,8 +1125,9 @@ impl HttpConfig {
     /// expressions over `verb:path`, anchored and case-insensitive there; each becomes a regex rule
     /// here (`verb:` a method name, or `.+` for any), and a method part that is itself a regex
     /// (`((post)|(put)):/api/values`, as its documentation writes) becomes one rule per method it
-    /// matches (one that matches `*`, such as `(get|\*)`, is for every method: there the
-    /// pattern is also matched against `*:path`); one matching no method is an error naming it. A `|` outside any group
+    /// matches (one that matches what it matches there in place of the method for any method
+    /// is for every method: `*` for general rules, as in `(get|\*)`, and the text `.+` for a
+    /// policy's rules and `EndpointWhitelist`); one matching no method is an error naming it. A `|` outside any group
     /// (`get:/a|get:/b`) is refused: there the anchors bind to its first and last alternatives
     /// only, which no rule here reads alike.
     ///
