@@ -2933,3 +2933,23 @@ fn an_unnamed_rule_keeps_its_counts_when_a_sibling_is_added_before_it_or_swapped
         .unwrap();
     assert_eq!(client.remaining, 1, "client c's second request of 3");
 }
+
+/// A reload that writes an unnamed rule's period otherwise (`60s`, then `1m`) keeps its count,
+/// as one that rewrites its pattern does: the rule did not change. Its identity took the
+/// period as written, so the count started afresh.
+#[test]
+fn reload_keeps_counters_of_an_unnamed_rule_whose_period_is_written_differently() {
+    let config = |period: &str| {
+        HttpConfig::from_toml_str(&format!("[[rules]]\nperiod = \"{period}\"\nlimit = 2\n"))
+            .unwrap()
+    };
+    let l = HttpLimiter::with_clock(config("60s"), ManualClock::new()).unwrap();
+    assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
+    for period in ["1m", " 1m ", "60000ms"] {
+        l.reload(config(period)).unwrap();
+    }
+    let v = get(&l, "/", "1.1.1.1", None);
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(v.quotas[0].remaining, 0, "the count of 1 was kept");
+    assert!(reason(&get(&l, "/", "1.1.1.1", None)).is_some());
+}

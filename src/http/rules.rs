@@ -5,6 +5,7 @@ use crate::http::client_ip::{canonical_net, mask_to};
 use crate::http::config::{
     BanConfig, HttpConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
 };
+use crate::http::response::compact_period;
 use crate::http::{ClientIpConfig, HttpConfigError};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::{Algorithm, BanList, Clock, KeyOverflow, KeyedLimiter, Rate};
@@ -1300,8 +1301,11 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             // started it afresh. What the suffix tells apart is in the identity already
             // (`key`, `per_endpoint`), but for `monitor`: two rules that differ only there
             // are two rules of one identity, told apart by their order.
+            // The period likewise as it reads (`60s` is `1m`), in its largest whole unit: the
+            // usual spellings (`1s`, `15m`, `12h`, `7d`) are their own, as the names of the
+            // Redis keys derived from the identity have always been.
             name: if unnamed {
-                format!("{}-{}", endpoint.identity_text(), r.period.trim())
+                format!("{}-{}", endpoint.identity_text(), compact_period(period))
             } else {
                 name.clone()
             },
@@ -2022,6 +2026,28 @@ mod tests {
         let get = http::Method::GET;
         assert!(endpoint.matches(&get, "/a") && endpoint.matches(&get, "/B"));
         assert!(!endpoint.matches(&get, "/a/x") && !endpoint.matches(&get, "/x/b"));
+    }
+
+    /// The usual spellings of a period are their own identity text (the names of Redis keys
+    /// derived from an unnamed rule's identity stay), and every spelling of one period is one.
+    #[test]
+    fn a_period_reads_as_its_usual_spelling() {
+        for usual in [
+            "1s", "30s", "90s", "15m", "1h", "12h", "1d", "7d", "500ms", "10us",
+        ] {
+            let period = parse_period(usual, "period").unwrap();
+            assert_eq!(compact_period(period), usual);
+        }
+        for (written, read) in [
+            ("60s", "1m"),
+            ("24h", "1d"),
+            ("1w", "7d"),
+            ("1h 30m", "90m"),
+        ] {
+            let period = parse_period(written, "period").unwrap();
+            assert_eq!(compact_period(period), read, "{written}");
+        }
+        assert_eq!(compact_period(Duration::from_nanos(1_500)), "1us 500ns");
     }
 
     #[test]
