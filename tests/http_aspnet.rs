@@ -1349,6 +1349,21 @@ fn aspnet_policy_rules_of_the_general_rules_window_written_two_ways_are_refused(
         e.starts_with("IpRateLimitPolicies.IpRules[0].Rules: rules of one window written as \"1m\" and as \"60s\""),
         "{e}"
     );
+    // A policy rule of the general rule's text, in another window (its `PeriodTimespan`):
+    // there the general rule gives way to it, and the address has 100 per 5 minutes; here it
+    // was held to the general 2 a minute as well.
+    let timespan = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 2}]},
+      "IpRateLimitPolicies": {"IpRules": [{"Ip": "10.0.0.1", "Rules": [
+        {"Endpoint": "*", "Period": "1m", "PeriodTimespan": "00:05:00", "Limit": 100}]}]}
+    }"#;
+    let e = err(timespan);
+    assert!(
+        e.starts_with(
+            "IpRateLimitPolicies.IpRules[0].Rules: a rule written \"1m\" of another window"
+        ),
+        "{e}"
+    );
     let l = limiter(HttpConfig::from_aspnet_json(&doc("1m")).unwrap());
     for _ in 0..50 {
         assert!(!rejected(&decide(

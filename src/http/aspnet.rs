@@ -960,7 +960,9 @@ fn template_of_dotnet_format(format: &str) -> String {
 /// matches. The two agree unless the policy has rules of that window written otherwise as well
 /// (`1m` and `60s`): a request that only one of those matches is held to the general rule
 /// there and not here (or, were it given to the policy, held to it here where a `1m` rule
-/// replaces it there). That is refused, naming the policy's `rules_field`.
+/// replaces it there). That is refused, naming the policy's `rules_field`; so is a policy rule
+/// of the general rule's text but another window (its `PeriodTimespan`), which the general rule
+/// gives way to there and, in another window, does not here.
 fn kept_general_rules(
     policy: Vec<(RuleConfig, String)>,
     general: &[(RuleConfig, String)],
@@ -980,6 +982,20 @@ fn kept_general_rules(
                      rule {:?}: there that rule gives way only to a policy rule written {text:?} \
                      that matches the request, which rules here cannot express; write the \
                      policy's periods of one window alike",
+                    g.name.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+        if policy
+            .iter()
+            .any(|(p, t)| t == text && window(p) != window(g))
+        {
+            return Err(HttpConfigError::invalid(
+                rules_field,
+                format!(
+                    "a rule written {text:?} of another window (its PeriodTimespan) than the \
+                     general rule {:?}: there that rule gives way to it, here only to rules of \
+                     its own window; give the two the same window, or another Period",
                     g.name.as_deref().unwrap_or_default()
                 ),
             ));

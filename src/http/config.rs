@@ -1142,7 +1142,8 @@ impl HttpConfig {
     /// lower limit of the two applying. A policy that has rules of a general rule's window
     /// written both as its text and otherwise (`1m` and `60s`) is refused, naming its `Rules`:
     /// there the general rule gives way only to a matching rule of its text, which rules here
-    /// cannot express. A request without the client id header is the client
+    /// cannot express; so is a policy rule of a general rule's text in another window (its
+    /// `PeriodTimespan`). A request without the client id header is the client
     /// `"anon"` (`anonymous_client_id`), as there; and the path is matched and counted without its
     /// trailing `/` (`trim_trailing_slash`), as there. A client id has no length limit there:
     /// `client_id_max_len` is raised to the longest id a policy's `ClientId` or a
