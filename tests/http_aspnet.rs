@@ -261,6 +261,49 @@ fn aspnet_regex_method_alternatives_become_a_rule_each() {
     }
 }
 
+/// There a general rule's regex is matched against `*:path` as well as `verb:path`, the first
+/// for the rules of any method: a method part that matches `*` (`(get|\*)`, `.`) limits every
+/// method. `(get|\*)` was read as the methods it names, GET alone, and POST went unlimited;
+/// `.` names none, and was refused. A policy's rules are matched against `.+:path` instead
+/// (the text): there `(get|\.\+)` is every method and `(get|\*)` GET alone.
+#[test]
+fn aspnet_regex_method_part_matching_a_star_is_every_method() {
+    let ip = [1, 1, 1, 1];
+    for endpoint in [r"(get|\\*):/api/values", ".:/api/values"] {
+        let doc = format!(
+            r#"{{"IpRateLimiting": {{"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true,
+            "GeneralRules": [{{"Endpoint": "{endpoint}", "Period": "1h", "Limit": 1}}]}}}}"#
+        );
+        let l = limiter(HttpConfig::from_json_str(&doc).unwrap());
+        for method in [http::Method::POST, http::Method::GET, http::Method::DELETE] {
+            assert!(
+                !rejected(&decide(&l, &method, "/api/values", ip)),
+                "{endpoint}: {method}"
+            );
+            assert!(
+                rejected(&decide(&l, &method, "/api/values", ip)),
+                "{endpoint}: {method}"
+            );
+        }
+        assert!(
+            decide(&l, &http::Method::POST, "/api/other", ip)
+                .quotas
+                .is_empty()
+        );
+    }
+    let doc = r#"{"IpRateLimiting": {"EnableEndpointRateLimiting": true, "EnableRegexRuleMatching": true},
+        "IpRateLimitPolicies": {"IpRules": [{"Ip": "1.1.1.1", "Rules": [
+          {"Endpoint": "(get|\\.\\+):/api/a", "Period": "1h", "Limit": 1},
+          {"Endpoint": "(get|\\*):/api/b", "Period": "1h", "Limit": 1}]}]}}"#;
+    let l = limiter(HttpConfig::from_json_str(doc).unwrap());
+    let delete = http::Method::DELETE;
+    assert!(!rejected(&decide(&l, &delete, "/api/a", ip)));
+    assert!(rejected(&decide(&l, &delete, "/api/a", ip)));
+    assert!(decide(&l, &delete, "/api/b", ip).quotas.is_empty());
+    assert!(!rejected(&decide(&l, &http::Method::GET, "/api/b", ip)));
+    assert!(rejected(&decide(&l, &http::Method::GET, "/api/b", ip)));
+}
+
 /// There a regex pattern is anchored as `^` + pattern + `$`, so a `|` outside any group splits
 /// the whole `verb:path` expression and the anchors bind to its ends only: `get:/api/a|get:/api/b`
 /// limits GET /api/b (and every path starting with `/api/a`), `get|post:/x` every GET. Split at
@@ -1280,6 +1323,62 @@ fn aspnet_policy_of_the_same_window_written_otherwise_keeps_the_general_rule() {
         assert!(!get_rejected(&l, [10, 0, 0, 1], None));
     }
     assert!(get_rejected(&l, [10, 0, 0, 1], None));
+}
+
+/// A general rule gives way there only to a policy rule of its own `Period` text that matches
+/// the request. A policy with rules of that window written two ways (`1m` for one endpoint,
+/// `60s` for every one) cannot be read alike here, where the general rule gives way to any
+/// rule of its window: the policy's address got 50 requests a minute on every other endpoint,
+/// where AspNetCoreRateLimit holds it to the general 2 (its `60s` rule does not replace the
+/// general `1m`). Refused, naming the policy's rules; written alike, it loads.
+#[test]
+fn aspnet_policy_rules_of_the_general_rules_window_written_two_ways_are_refused() {
+    let doc = |other: &str| {
+        format!(
+            r#"{{
+      "IpRateLimiting": {{"EnableEndpointRateLimiting": true,
+        "GeneralRules": [{{"Endpoint": "*", "Period": "1m", "Limit": 2}}]}},
+      "IpRateLimitPolicies": {{"IpRules": [{{"Ip": "10.0.0.1", "Rules": [
+        {{"Endpoint": "get:/api/a", "Period": "1m", "Limit": 100}},
+        {{"Endpoint": "*", "Period": "{other}", "Limit": 50}}]}}]}}
+    }}"#
+        )
+    };
+    let e = err(&doc("60s"));
+    assert!(
+        e.starts_with("IpRateLimitPolicies.IpRules[0].Rules: rules of one window written as \"1m\" and as \"60s\""),
+        "{e}"
+    );
+    // A policy rule of the general rule's text, in another window (its `PeriodTimespan`):
+    // there the general rule gives way to it, and the address has 100 per 5 minutes; here it
+    // was held to the general 2 a minute as well.
+    let timespan = r#"{
+      "IpRateLimiting": {"GeneralRules": [{"Endpoint": "*", "Period": "1m", "Limit": 2}]},
+      "IpRateLimitPolicies": {"IpRules": [{"Ip": "10.0.0.1", "Rules": [
+        {"Endpoint": "*", "Period": "1m", "PeriodTimespan": "00:05:00", "Limit": 100}]}]}
+    }"#;
+    let e = err(timespan);
+    assert!(
+        e.starts_with(
+            "IpRateLimitPolicies.IpRules[0].Rules: a rule written \"1m\" of another window"
+        ),
+        "{e}"
+    );
+    let l = limiter(HttpConfig::from_aspnet_json(&doc("1m")).unwrap());
+    for _ in 0..50 {
+        assert!(!rejected(&decide(
+            &l,
+            &http::Method::GET,
+            "/api/b",
+            [10, 0, 0, 1]
+        )));
+    }
+    assert!(rejected(&decide(
+        &l,
+        &http::Method::GET,
+        "/api/b",
+        [10, 0, 0, 1]
+    )));
 }
 
 /// A `null` entry of a list is skipped (as ASP.NET's binder leaves it out), but the entries

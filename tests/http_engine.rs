@@ -2884,3 +2884,72 @@ fn a_per_endpoint_count_is_one_whatever_the_methods_case() {
     let again = l.decide(&req(&lower, "/x", "1.2.3.4", None));
     assert_eq!(reason(&again).map(|r| r.1), Some("get:/x-1m".to_owned()));
 }
+
+/// An unnamed rule keeps its counts across a reload that adds, before it, an unnamed rule of
+/// the same endpoint and period counting by another key, or that swaps the two: the rule did
+/// not change. Its identity followed the name it was given to tell it from an earlier rule
+/// (`*-1m-ip` once a per-client `*-1m` came first), so either reload started it afresh.
+#[test]
+fn an_unnamed_rule_keeps_its_counts_when_a_sibling_is_added_before_it_or_swapped() {
+    let per_ip = "[[rules]]\nperiod = \"1m\"\nlimit = 2\n";
+    let per_client = "[[rules]]\nperiod = \"1m\"\nlimit = 3\nkey = \"client\"\n";
+    let config = |rules: &[&str]| {
+        HttpConfig::from_toml_str(&format!(
+            "client_id_header = \"x-client\"\n{}",
+            rules.concat()
+        ))
+        .unwrap()
+    };
+    let l = HttpLimiter::with_clock(config(&[per_ip]), ManualClock::new()).unwrap();
+    assert_eq!(
+        get(&l, "/", "1.2.3.4", Some("c")).outcome,
+        Outcome::Admitted
+    );
+    // A per-client rule added first: the per-IP rule is now named `*-1m-ip`, and counted on.
+    l.reload(config(&[per_client, per_ip])).unwrap();
+    assert_eq!(
+        get(&l, "/", "1.2.3.4", Some("c")).outcome,
+        Outcome::Admitted
+    );
+    let v = get(&l, "/", "1.2.3.4", Some("d"));
+    assert_eq!(
+        reason(&v).map(|r| r.1),
+        Some("*-1m-ip".to_owned()),
+        "the IP's third request in the minute"
+    );
+    // Swapped back: each rule keeps its count (the IP's 2 of 2, client c's 1 of 3; a rejected
+    // request is charged to no rule).
+    l.reload(config(&[per_ip, per_client])).unwrap();
+    assert_eq!(
+        reason(&get(&l, "/", "1.2.3.4", Some("c"))).map(|r| r.1),
+        Some("*-1m".to_owned())
+    );
+    let v = get(&l, "/", "5.6.7.8", Some("c"));
+    assert_eq!(v.outcome, Outcome::Admitted);
+    let client = v
+        .quotas
+        .iter()
+        .find(|q| &*q.policy == "*-1m-client")
+        .unwrap();
+    assert_eq!(client.remaining, 1, "client c's second request of 3");
+}
+
+/// A reload that writes an unnamed rule's period otherwise (`60s`, then `1m`) keeps its count,
+/// as one that rewrites its pattern does: the rule did not change. Its identity took the
+/// period as written, so the count started afresh.
+#[test]
+fn reload_keeps_counters_of_an_unnamed_rule_whose_period_is_written_differently() {
+    let config = |period: &str| {
+        HttpConfig::from_toml_str(&format!("[[rules]]\nperiod = \"{period}\"\nlimit = 2\n"))
+            .unwrap()
+    };
+    let l = HttpLimiter::with_clock(config("60s"), ManualClock::new()).unwrap();
+    assert_eq!(get(&l, "/", "1.1.1.1", None).outcome, Outcome::Admitted);
+    for period in ["1m", " 1m ", "60000ms"] {
+        l.reload(config(period)).unwrap();
+    }
+    let v = get(&l, "/", "1.1.1.1", None);
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(v.quotas[0].remaining, 0, "the count of 1 was kept");
+    assert!(reason(&get(&l, "/", "1.1.1.1", None)).is_some());
+}

@@ -383,16 +383,26 @@ const METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
 ];
 
+/// What AspNetCoreRateLimit puts in place of the method to match a `GeneralRules` pattern for
+/// any method (`*:path`).
+const GENERAL_ANY: &str = "*";
+/// What it puts there for a policy's rules and an `EndpointWhitelist` entry, with
+/// `EnableRegexRuleMatching` (`.+:path`, the text).
+const REGEX_ANY: &str = ".+";
+
 /// A pattern of a section with `EnableRegexRuleMatching`, as this crate's endpoint patterns:
 /// `(name, pattern, regex)` each. There it is a regex matched, anchored and case-insensitively,
-/// against `verb:path` (and against `*:path` for "any method"); here the part before the `:`
-/// that ends a valid regex is the method part: a method name, `.+`, `.*` or `*` for any, or a
-/// regex over methods (`((post)|(put))`, as AspNetCoreRateLimit's documentation writes it),
-/// which becomes one pattern per method it matches (named `{method}:{path}`, the method in
-/// lower case). The rest is the regex over the path (anchored and case-insensitive here too).
-/// `.+` alone matches every request.
+/// against `verb:path` and against `{any}:path` for "any method" (`any` is [`GENERAL_ANY`] or
+/// [`REGEX_ANY`], as text); here the part before the `:` that ends a valid regex is the method
+/// part: a method name, `.+`, `.*` or `*` for any, or a regex over methods (`((post)|(put))`,
+/// as AspNetCoreRateLimit's documentation writes it), which becomes one pattern per method it
+/// matches (named `{method}:{path}`, the method in lower case), unless it matches `any`
+/// (`(get|\*)` in general rules), which there matches every method, as `.+` does. The rest is
+/// the regex over the path (anchored and case-insensitive here too). `.+` alone matches every
+/// request.
 fn regex_endpoint(
     pattern: &str,
+    any: &str,
     field: &str,
 ) -> Result<Vec<(String, String, bool)>, HttpConfigError> {
     let trimmed = pattern.trim();
@@ -450,6 +460,13 @@ fn regex_endpoint(
     }
     let methods = regex::Regex::new(&format!("(?i)^(?:{verb})$"))
         .map_err(|e| cannot(format!("the method part {verb:?} is not a regex: {e}")))?;
+    // There the pattern is also matched against `{any}:path`, for the rules of any method: a
+    // method part that matches `any` (`(get|\*)` or `.` in general rules) matches every request
+    // to its path, whatever its method. Read as the methods it names, `(get|\*)` limited GET
+    // alone.
+    if methods.is_match(any) {
+        return Ok(named(format!("*:{path}"), true));
+    }
     let matched: Vec<_> = METHODS
         .iter()
         .filter(|m| methods.is_match(m))
@@ -692,10 +709,14 @@ impl Section<'_> {
     /// there, and only the lower limit can apply (the lowest limit per period is taken): the
     /// other is left out here, where the two would share a name. Each with its `Period` as
     /// written, which policies compare (see [`kept_general_rules`]).
+    ///
+    /// `any`: what the list's patterns are matched with in place of the method, for any method
+    /// (see [`regex_endpoint`]).
     fn rules(
         &self,
         node: &Node<'_>,
         name: &str,
+        any: &str,
     ) -> Result<Vec<(RuleConfig, String)>, HttpConfigError> {
         let rules = node.objects(name)?;
         let mut out: Vec<(RuleConfig, String)> = Vec::with_capacity(rules.len());
@@ -703,7 +724,7 @@ impl Section<'_> {
             let period_text = r.string("Period")?.unwrap_or_default();
             let endpoint = r.string("Endpoint")?;
             // Checked even when left out: a mistake in the document is reported wherever it is.
-            let rules = self.rule(&r, endpoint.clone().unwrap_or_else(|| "*".to_owned()))?;
+            let rules = self.rule(&r, endpoint.clone().unwrap_or_else(|| "*".to_owned()), any)?;
             // There a rule without a pattern applies to no request (it is no `*` rule, and a
             // missing pattern matches nothing); read as `*` it would limit every request.
             if endpoint.is_none() {
@@ -739,7 +760,12 @@ impl Section<'_> {
 
     /// The rules of one AspNetCoreRateLimit rule: one, or one per method of a regex's method
     /// part (see [`regex_endpoint`]).
-    fn rule(&self, r: &Node<'_>, endpoint: String) -> Result<Vec<RuleConfig>, HttpConfigError> {
+    fn rule(
+        &self,
+        r: &Node<'_>,
+        endpoint: String,
+        any: &str,
+    ) -> Result<Vec<RuleConfig>, HttpConfigError> {
         let period_text = r.string("Period")?.unwrap_or_default();
         // A `PeriodTimespan` given is the window there (the period text is then only a name).
         // The window, and the field and text it was read from, for the check below.
@@ -791,7 +817,7 @@ impl Section<'_> {
         }
         let monitor = r.bool("MonitorMode")?;
         let patterns = if self.regex {
-            regex_endpoint(&endpoint, &r.field("Endpoint"))?
+            regex_endpoint(&endpoint, any, &r.field("Endpoint"))?
         } else {
             let pattern = endpoint.trim().to_owned();
             vec![(endpoint, pattern, false)]
@@ -928,11 +954,53 @@ fn template_of_dotnet_format(format: &str) -> String {
 /// the policy as well: it then competes with the policy's rules of its window, and the lower
 /// limit applies, which is what both applying comes to (in a section every rule counts the
 /// same requests, all of them or each `VERB:path`'s).
+///
+/// A general rule whose text the policy has too gives way there only to a policy rule of that
+/// text that matches the request; here it gives way to any policy rule of its window that
+/// matches. The two agree unless the policy has rules of that window written otherwise as well
+/// (`1m` and `60s`): a request that only one of those matches is held to the general rule
+/// there and not here (or, were it given to the policy, held to it here where a `1m` rule
+/// replaces it there). That is refused, naming the policy's `rules_field`; so is a policy rule
+/// of the general rule's text but another window (its `PeriodTimespan`), which the general rule
+/// gives way to there and, in another window, does not here.
 fn kept_general_rules(
     policy: Vec<(RuleConfig, String)>,
     general: &[(RuleConfig, String)],
-) -> Vec<RuleConfig> {
+    rules_field: &str,
+) -> Result<Vec<RuleConfig>, HttpConfigError> {
     let window = |rule: &RuleConfig| parse_period(&rule.period, "").ok();
+    for (g, text) in general {
+        let same_text = policy.iter().any(|(_, t)| t == text);
+        let other_text = policy
+            .iter()
+            .find(|(p, t)| t != text && window(p) == window(g));
+        if let (true, Some((_, other))) = (same_text, other_text) {
+            return Err(HttpConfigError::invalid(
+                rules_field,
+                format!(
+                    "rules of one window written as {text:?} and as {other:?} beside the general \
+                     rule {:?}: there that rule gives way only to a policy rule written {text:?} \
+                     that matches the request, which rules here cannot express; write the \
+                     policy's periods of one window alike",
+                    g.name.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+        if policy
+            .iter()
+            .any(|(p, t)| t == text && window(p) != window(g))
+        {
+            return Err(HttpConfigError::invalid(
+                rules_field,
+                format!(
+                    "a rule written {text:?} of another window (its PeriodTimespan) than the \
+                     general rule {:?}: there that rule gives way to it, here only to rules of \
+                     its own window; give the two the same window, or another Period",
+                    g.name.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+    }
     let kept: Vec<RuleConfig> = general
         .iter()
         .filter(|(g, text)| {
@@ -941,7 +1009,7 @@ fn kept_general_rules(
         })
         .map(|(g, _)| g.clone())
         .collect();
-    policy.into_iter().map(|(p, _)| p).chain(kept).collect()
+    Ok(policy.into_iter().map(|(p, _)| p).chain(kept).collect())
 }
 
 /// The keys of a section that make its rejections' response.
@@ -1073,7 +1141,7 @@ fn apply_options(
             whitelist.endpoints.push(endpoint);
             continue;
         }
-        for (_, pattern, regex) in regex_endpoint(&endpoint, &field)? {
+        for (_, pattern, regex) in regex_endpoint(&endpoint, REGEX_ANY, &field)? {
             Endpoint::parse(&pattern, regex, &field)?;
             whitelist.endpoints.push(match regex {
                 true => format!("re:{pattern}"),
@@ -1093,7 +1161,7 @@ fn apply_options(
     if whitelist != KeyWhitelistConfig::new(section.key) {
         config.whitelist.by_key.push(whitelist);
     }
-    let rules = section.rules(node, "GeneralRules")?;
+    let rules = section.rules(node, "GeneralRules", GENERAL_ANY)?;
     config
         .rules
         .extend(rules.iter().map(|(rule, _)| rule.clone()));
@@ -1210,7 +1278,11 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
         for policy in p.objects("IpRules")? {
             let ip = policy.string("Ip")?.unwrap_or_default();
             let nets = ip_nets(&ip, &policy.field("Ip"), &config.client_ip)?;
-            let rules = kept_general_rules(ip_section.rules(&policy, "Rules")?, &ip_general);
+            let rules = kept_general_rules(
+                ip_section.rules(&policy, "Rules", REGEX_ANY)?,
+                &ip_general,
+                &policy.field("Rules"),
+            )?;
             // A range that is several CIDR ranges is one entry each, with the same rules: each
             // client is in one of them, and counted by that one's rules alone.
             for ip in nets {
@@ -1241,7 +1313,11 @@ pub(crate) fn translate(value: serde_json::Value) -> Result<HttpConfig, HttpConf
             fit_client_id(&mut config, &client_id, &policy.field("ClientId"))?;
             config.client_rules.push(ClientRulesConfig {
                 client_id,
-                rules: kept_general_rules(client_section.rules(&policy, "Rules")?, &client_general),
+                rules: kept_general_rules(
+                    client_section.rules(&policy, "Rules", REGEX_ANY)?,
+                    &client_general,
+                    &policy.field("Rules"),
+                )?,
             });
         }
     }

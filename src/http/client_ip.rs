@@ -162,7 +162,9 @@ impl ClientIpConfig {
         // Likewise with no header to read: the proxies' trust would do nothing.
         if self.headers.is_empty() && !self.trusted_proxies.is_empty() {
             return Err(
-                "headers: empty, so the address a trusted proxy forwards is never read and every                  client behind it counts as the proxy: name the header it writes (for example                  x-forwarded-for), or trust no proxy"
+                "headers: empty, so the address a trusted proxy forwards is never read and every \
+                 client behind it counts as the proxy: name the header it writes (for example \
+                 x-forwarded-for), or trust no proxy"
                     .to_owned(),
             );
         }
@@ -783,6 +785,18 @@ mod tests {
             ..ClientIpConfig::default()
         };
         assert!(config.validate().unwrap_err().contains("ipv4_prefix"));
+        // The message of a trusted proxy without a header reads as one sentence (it had runs
+        // of spaces where its source lines were joined).
+        let config = ClientIpConfig {
+            trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()],
+            headers: Vec::new(),
+            ..ClientIpConfig::default()
+        };
+        let message = config.validate().unwrap_err();
+        assert!(
+            message.contains("never read and every client behind it") && !message.contains("  "),
+            "{message}"
+        );
     }
 
     #[test]

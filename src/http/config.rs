@@ -1125,7 +1125,9 @@ impl HttpConfig {
     /// expressions over `verb:path`, anchored and case-insensitive there; each becomes a regex rule
     /// here (`verb:` a method name, or `.+` for any), and a method part that is itself a regex
     /// (`((post)|(put)):/api/values`, as its documentation writes) becomes one rule per method it
-    /// matches; one matching no method is an error naming it. A `|` outside any group
+    /// matches (one that matches what it matches there in place of the method for any method
+    /// is for every method: `*` for general rules, as in `(get|\*)`, and the text `.+` for a
+    /// policy's rules and `EndpointWhitelist`); one matching no method is an error naming it. A `|` outside any group
     /// (`get:/a|get:/b`) is refused: there the anchors bind to its first and last alternatives
     /// only, which no rule here reads alike.
     ///
@@ -1137,7 +1139,11 @@ impl HttpConfig {
     /// applying: the other is left out. A policy's rule replaces the general rules whose `Period`
     /// is the same text, as there: a general rule of another text stays in force for the
     /// policy's clients even when its window is the same (`1m` beside a policy's `60s`), the
-    /// lower limit of the two applying. A request without the client id header is the client
+    /// lower limit of the two applying. A policy that has rules of a general rule's window
+    /// written both as its text and otherwise (`1m` and `60s`) is refused, naming its `Rules`:
+    /// there the general rule gives way only to a matching rule of its text, which rules here
+    /// cannot express; so is a policy rule of a general rule's text in another window (its
+    /// `PeriodTimespan`). A request without the client id header is the client
     /// `"anon"` (`anonymous_client_id`), as there; and the path is matched and counted without its
     /// trailing `/` (`trim_trailing_slash`), as there. A client id has no length limit there:
     /// `client_id_max_len` is raised to the longest id a policy's `ClientId` or a

@@ -230,7 +230,7 @@ macro_rules! count_list_rejection {
 /// (each client may then make the new limit's requests at once, whatever it made in the last
 /// period), and every rule starts with fresh counters when `max_keys_per_rule` or
 /// `key_overflow` changed (a limiter's key cap is fixed when it is built). A pattern or IP range is compared as it reads, not as it is written (`GET:/API/*`
-/// is `get:/api/*`). Bans are kept when `[bans]` and the grouping of addresses
+/// is `get:/api/*`), and so is the period in an unnamed rule's default name (`60s` is `1m`). Bans are kept when `[bans]` and the grouping of addresses
 /// (`client_ip.ipv4_prefix`, `ipv6_prefix`) did not change (periods compared as they read: `1m` is
 /// `60s`). A reload that changes either builds a new ban list and carries every ban in force over
 /// to it for what is left of it, rounded up to a whole millisecond (not cut to, nor lengthened to,

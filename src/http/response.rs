@@ -1034,7 +1034,7 @@ impl JsonPosition {
 /// `window` in its largest whole unit among `d`, `h`, `m`, `s` and `ms` (`1d`, `15m`, `90s`),
 /// the way periods are written in configurations (and in AspNetCoreRateLimit's messages),
 /// rather than humantime's `1day`. A window of no whole milliseconds is written by humantime.
-fn compact_period(window: Duration) -> String {
+pub(crate) fn compact_period(window: Duration) -> String {
     let millis = window.as_millis();
     if !window.subsec_nanos().is_multiple_of(1_000_000) || millis == 0 {
         return humantime::format_duration(window).to_string();

@@ -5,6 +5,7 @@ use crate::http::client_ip::{canonical_net, mask_to};
 use crate::http::config::{
     BanConfig, HttpConfig, KeyOverflowPolicy, MissingKey, RuleAlgorithm, RuleConfig, RuleKey,
 };
+use crate::http::response::compact_period;
 use crate::http::{ClientIpConfig, HttpConfigError};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::{Algorithm, BanList, Clock, KeyOverflow, KeyedLimiter, Rate};
@@ -1068,8 +1069,9 @@ fn warn_dead_rules<C: Clock>(rules: &[Arc<Rule<C>>], field: &str, endpoint_rate_
 /// (`"*-1m-client"` beside a per-IP `"*-1m"`). A per-IP and a per-client limit on the same
 /// endpoint and period, or a monitor rule shadowing an enforced one, are two rules a user
 /// writes without naming them; their default names were refused as duplicates, at a `name`
-/// field nobody wrote. The first rule keeps its default name (and so its counters' identity);
-/// rules that still collide (the same rule twice) are left for the duplicate check.
+/// field nobody wrote. The first rule keeps its default name; rules that still collide (the
+/// same rule twice) are left for the duplicate check. The name given is not the rule's
+/// identity, which depends on no other rule (see [`Compiler::rule`]).
 fn distinct_default_names(rules: &[RuleConfig]) -> std::borrow::Cow<'_, [RuleConfig]> {
     let default_name = |r: &RuleConfig| format!("{}-{}", r.endpoint, r.period.trim());
     let mut taken: HashSet<String> = HashSet::new();
@@ -1262,7 +1264,15 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         }
     }
 
-    fn rule(&self, scope: &str, r: &RuleConfig, field: &str) -> Result<Rule<C>, HttpConfigError> {
+    /// `unnamed`: the rule was written without a name (it may have been given one by
+    /// [`distinct_default_names`]).
+    fn rule(
+        &self,
+        scope: &str,
+        r: &RuleConfig,
+        unnamed: bool,
+        field: &str,
+    ) -> Result<Rule<C>, HttpConfigError> {
         let period = parse_period(&r.period, &format!("{field}.period"))?;
         let limit = u32::try_from(r.limit).map_err(|_| {
             HttpConfigError::invalid(
@@ -1285,10 +1295,19 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
             scope: scope.to_owned(),
             // An unnamed rule's name is its pattern as written; its identity takes the pattern
             // as it reads, like `endpoint` below (the same text when the pattern is written in
-            // lower case, as usual: Redis keys named after it stay).
-            name: match &r.name {
-                Some(_) => name.clone(),
-                None => format!("{}-{}", endpoint.identity_text(), r.period.trim()),
+            // lower case, as usual: Redis keys named after it stay). Without the suffix that
+            // tells it from an earlier unnamed rule (`*-1m-client`), which depends on the
+            // rules before it: a reload that added such a rule before it, or swapped the two,
+            // started it afresh. What the suffix tells apart is in the identity already
+            // (`key`, `per_endpoint`), but for `monitor`: two rules that differ only there
+            // are two rules of one identity, told apart by their order.
+            // The period likewise as it reads (`60s` is `1m`), in its largest whole unit: the
+            // usual spellings (`1s`, `15m`, `12h`, `7d`) are their own, as the names of the
+            // Redis keys derived from the identity have always been.
+            name: if unnamed {
+                format!("{}-{}", endpoint.identity_text(), compact_period(period))
+            } else {
+                name.clone()
             },
             endpoint: endpoint.identity_text(),
             regex: endpoint.is_regex(),
@@ -1381,12 +1400,12 @@ impl<'a, C: Clock + Clone> Compiler<'a, C> {
         rules: &[RuleConfig],
         field: &str,
     ) -> Result<Vec<Arc<Rule<C>>>, HttpConfigError> {
-        let rules = distinct_default_names(rules);
+        let named = distinct_default_names(rules);
         let mut names = HashSet::new();
-        let mut out = Vec::with_capacity(rules.len());
-        for (i, r) in rules.iter().enumerate() {
+        let mut out = Vec::with_capacity(named.len());
+        for (i, (r, written)) in named.iter().zip(rules).enumerate() {
             let f = format!("{field}[{i}]");
-            let rule = self.rule(scope, r, &f)?;
+            let rule = self.rule(scope, r, written.name.is_none(), &f)?;
             if !names.insert(rule.name.clone()) {
                 let hint = match r.name {
                     Some(_) => "",
@@ -2007,6 +2026,28 @@ mod tests {
         let get = http::Method::GET;
         assert!(endpoint.matches(&get, "/a") && endpoint.matches(&get, "/B"));
         assert!(!endpoint.matches(&get, "/a/x") && !endpoint.matches(&get, "/x/b"));
+    }
+
+    /// The usual spellings of a period are their own identity text (the names of Redis keys
+    /// derived from an unnamed rule's identity stay), and every spelling of one period is one.
+    #[test]
+    fn a_period_reads_as_its_usual_spelling() {
+        for usual in [
+            "1s", "30s", "90s", "15m", "1h", "12h", "1d", "7d", "500ms", "10us",
+        ] {
+            let period = parse_period(usual, "period").unwrap();
+            assert_eq!(compact_period(period), usual);
+        }
+        for (written, read) in [
+            ("60s", "1m"),
+            ("24h", "1d"),
+            ("1w", "7d"),
+            ("1h 30m", "90m"),
+        ] {
+            let period = parse_period(written, "period").unwrap();
+            assert_eq!(compact_period(period), read, "{written}");
+        }
+        assert_eq!(compact_period(Duration::from_nanos(1_500)), "1us 500ns");
     }
 
     #[test]
