@@ -407,8 +407,10 @@ impl Outcome {
 pub struct Verdict {
     /// Admit or reject.
     pub outcome: Outcome,
-    /// The quota of every enforced rule that matched, for the `RateLimit*` headers. Empty when
-    /// no rule matched or the request was whitelisted.
+    /// The quota of every enforced rule that counted the request (on a rejection, as
+    /// [`HttpLimiter`] describes), for the `RateLimit*` headers. Empty when none did: no rule
+    /// matched, the request was whitelisted, only monitor rules matched, or it was rejected
+    /// before any rule counted it (the blocklist, a ban, a rule of limit 0, a missing key).
     pub quotas: Quotas,
 }
 

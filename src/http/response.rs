@@ -47,7 +47,9 @@ pub struct ResponseConfig {
     /// a blocklisted client, `{limit}` without a quota) is empty, or `null` outside a string
     /// of a JSON template (`"retry_after": {retry_after}` stays JSON).
     pub body: Option<String>,
-    /// `RateLimit` and `RateLimit-Policy` on every response that matched a rule.
+    /// `RateLimit` and `RateLimit-Policy` on every response whose verdict reports a quota (see
+    /// [`Verdict::quotas`]); monitor rules, the blocklist, bans, a rule of limit 0 and a rule
+    /// the request has no key for report none.
     pub ietf_headers: bool,
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` as well.
     pub legacy_headers: bool,
