@@ -431,6 +431,38 @@ async fn monitor_rules_wait_out_one_deadline_together_when_redis_is_silent() {
     );
 }
 
+/// Through the layer, a request Redis could not decide under `failure = "closed"` is answered
+/// 503 (`unavailable_status`), not the 429 that tells a client it sent too much, and with no
+/// `Retry-After`: nobody knows when Redis comes back.
+#[tokio::test]
+async fn the_layer_answers_503_while_redis_is_down_under_a_closed_policy() {
+    let mut server = RedisServer::start();
+    let limiter = std::sync::Arc::new(
+        HttpLimiter::connect(config(&server.url(), "closed", TWO_PER_MINUTE))
+            .await
+            .unwrap(),
+    );
+    let layer: RateLimitLayer<HttpLimiter> = limiter.layer();
+    let mut service = layer.layer(tower::service_fn(|_: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+    }));
+    let mut call = async || {
+        let mut request = http::Request::get("/").body(String::new()).unwrap();
+        request
+            .extensions_mut()
+            .insert(PeerAddr("192.0.2.41:5000".parse().unwrap()));
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        service.call(request).await.unwrap()
+    };
+    assert_eq!(call().await.status(), 200);
+    server.kill();
+    let response = call().await;
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().get("retry-after").is_none());
+}
+
 #[tokio::test]
 async fn the_layer_answers_429_with_retry_after() {
     let server = RedisServer::start();

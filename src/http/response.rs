@@ -31,6 +31,11 @@ pub struct ResponseConfig {
     /// The status when the client's key cannot be determined and such requests are rejected
     /// (400 by default; `400..=599`).
     pub no_key_status: u16,
+    /// The status when the counting backend (Redis) failed and its failure policy rejects
+    /// ([`RejectReason::Unavailable`](crate::http::RejectReason::Unavailable); 503 by default,
+    /// `400..=599`): the client did not exceed anything, and a 429 would tell it, and the
+    /// dashboards counting 429s, that it had.
+    pub unavailable_status: u16,
     /// The rejection body's content type. `None` (the default): `application/problem+json`
     /// for the built-in problem+json body, `text/plain; charset=utf-8` for a `body` template
     /// (set it when the template is JSON or HTML).
@@ -81,6 +86,7 @@ impl Default for ResponseConfig {
         ResponseConfig {
             status: 429,
             no_key_status: 400,
+            unavailable_status: 503,
             content_type: None,
             body: None,
             ietf_headers: true,
@@ -110,7 +116,7 @@ pub enum ResponseConfigError {
     /// 3xx would tell the client, and any proxy, something else than "not served" (`101`
     /// switches protocols, `204` and `304` must carry no body).
     InvalidStatus {
-        /// The field: `status` or `no_key_status`.
+        /// The field: `status`, `no_key_status` or `unavailable_status`.
         field: &'static str,
         /// The configured value.
         status: u16,
@@ -165,6 +171,7 @@ impl ResponseConfig {
         for (field, status) in [
             ("status", self.status),
             ("no_key_status", self.no_key_status),
+            ("unavailable_status", self.unavailable_status),
         ] {
             if !is_error_status(status) {
                 return Err(ResponseConfigError::InvalidStatus { field, status });
@@ -802,7 +809,7 @@ fn content_type_value(content_type: Option<&str>, fallback: &HeaderValue) -> Hea
 }
 
 /// The response to a rejected request: the configured status (`no_key_status` for
-/// [`RejectReason::NoKey`]), `Retry-After` when the verdict says when to retry, the quota
+/// [`RejectReason::NoKey`], `unavailable_status` for [`RejectReason::Unavailable`]), `Retry-After` when the verdict says when to retry, the quota
 /// headers, and the body (a problem+json document, or the configured template). `None` when the
 /// verdict admits the request.
 ///
@@ -830,10 +837,10 @@ pub fn rejection_response(
 ) -> Option<http::Response<Bytes>> {
     let rejection = Rejection::of(verdict)?;
     let (reason, rule, retry_secs) = (&rejection.reason, rejection.rule, rejection.retry_secs);
-    let configured = if *reason == RejectReason::NoKey {
-        config.no_key_status
-    } else {
-        config.status
+    let configured = match reason {
+        RejectReason::NoKey => config.no_key_status,
+        RejectReason::Unavailable => config.unavailable_status,
+        _ => config.status,
     };
     let status = if is_error_status(configured) {
         StatusCode::from_u16(configured).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
@@ -1521,6 +1528,26 @@ mod tests {
         }
     }
 
+    /// A backend that failed under a rejecting policy is the service's trouble, not the
+    /// client's excess: 503 by default (not the 429 of `status`), configurable, with no
+    /// `Retry-After` (nobody knows when the backend comes back).
+    #[test]
+    fn an_unavailable_backend_is_answered_with_its_own_status() {
+        let verdict = rejected(RejectReason::Unavailable, None, Vec::new());
+        let response = rejection_response(&verdict, &ResponseConfig::default()).unwrap();
+        assert_eq!(response.status(), 503);
+        assert!(response.headers().get("retry-after").is_none());
+        let config = ResponseConfig {
+            status: 420,
+            unavailable_status: 500,
+            ..ResponseConfig::default()
+        };
+        assert!(config.validate().is_ok());
+        assert_eq!(rejection_response(&verdict, &config).unwrap().status(), 500);
+        let limited = rejected(RejectReason::RateLimited, None, Vec::new());
+        assert_eq!(rejection_response(&limited, &config).unwrap().status(), 420);
+    }
+
     #[test]
     fn no_key_status_and_invalid_fallback() {
         let verdict = rejected(RejectReason::NoKey, None, Vec::new());
@@ -1960,20 +1987,28 @@ mod probes {
     }
 
     /// Every status outside `400..=599` is refused by validation and answered 429 if a
-    /// configuration was never validated, for `no_key_status` as for `status`; a content type
+    /// configuration was never validated, for `no_key_status` and `unavailable_status` as for
+    /// `status`; a content type
     /// that is no header value (a line break, a control) is refused and answered as the
     /// default.
     #[test]
     fn statuses_and_content_types_that_cannot_be_sent() {
         for status in [0, 1, 99, 100, 399, 600, 999, 1000, u16::MAX] {
-            for field in ["status", "no_key_status"] {
+            for field in ["status", "no_key_status", "unavailable_status"] {
                 let mut config = ResponseConfig::default();
-                let reason = if field == "status" {
-                    config.status = status;
-                    RejectReason::RateLimited
-                } else {
-                    config.no_key_status = status;
-                    RejectReason::NoKey
+                let reason = match field {
+                    "status" => {
+                        config.status = status;
+                        RejectReason::RateLimited
+                    }
+                    "no_key_status" => {
+                        config.no_key_status = status;
+                        RejectReason::NoKey
+                    }
+                    _ => {
+                        config.unavailable_status = status;
+                        RejectReason::Unavailable
+                    }
                 };
                 assert_eq!(
                     config.validate(),
