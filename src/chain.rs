@@ -2602,11 +2602,11 @@ where
 /// found no key it could evict yet, the check answers a new key as the commit would
 /// ([`TooManyKeys`](TryAcquireError::TooManyKeys), or the shared overflow limiter's decision),
 /// so that a flood of new keys is refused without touching the other members. Until such a
-/// search has failed, a new key's check passes there, and a commit that then finds no room is
-/// refused after the members before it admitted, which give their permits back (counted in
-/// [`ChainStats::refunded`]) with no other call in flight. Refunds find the
-/// key's cell again by its key; a cell evicted meanwhile no longer held anything of the refunded
-/// admission, and its replacement is left alone.
+/// search has failed, a new key's check passes there, and a commit that then finds no room and
+/// is refused (`TooManyKeys`, or by the shared overflow limiter) comes after the members before
+/// it admitted, which give their permits back (counted in [`ChainStats::refunded`]) with no
+/// other call in flight. Refunds find the key's cell again by its key; a cell evicted meanwhile
+/// no longer held anything of the refunded admission, and its replacement is left alone.
 ///
 /// Cloning is cheap and clones share state.
 ///
