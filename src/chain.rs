@@ -10,7 +10,11 @@
 //!    back (`Algo::refund`), and the call is rejected.
 //!
 //! Sequentially the commit never fails after a successful check (every algorithm only gets more
-//! permissive as time passes with nothing admitted), so refunds happen only when calls race.
+//! permissive as time passes with nothing admitted), so refunds happen only when calls race, or
+//! in a `KeyedChain` at a per-key member's key cap with no idle key to evict: its check lets a
+//! new key through until a search for room has failed (a check creates no key and searches for
+//! none), and its commit then refuses it (`TooManyKeys`, or the shared overflow cell's refusal)
+//! after the members before it admitted.
 //! Refunds are exact for the fixed window, the sliding counter (before its window rolls over)
 //! and the token bucket (when the clock has not moved since the admission), and conservative
 //! otherwise; the exact sliding window's refund is positional (a refunded permit comes back once
@@ -1704,11 +1708,17 @@ pub struct ChainStats {
     pub rejected: u64,
     /// `acquire` futures dropped before they got their permits, and timeouts.
     pub cancelled: u64,
-    /// Attempts that passed the check pass but lost a race in the commit pass, so that members
-    /// which had already admitted were given their permits back. A `try_acquire` so refused is
-    /// also counted in `rejected`; a waiting call counts each of its attempts that lost such a
-    /// race and goes on waiting, so it may end admitted (or cancelled) after any number of
-    /// them: `refunded` is not a part of `rejected`.
+    /// Attempts that passed the check pass but were refused in the commit pass, so that members
+    /// which had already admitted were given their permits back: a race lost to another
+    /// caller, or, in a
+    #[cfg_attr(feature = "keyed", doc = "[`KeyedChain`],")]
+    #[cfg_attr(not(feature = "keyed"), doc = "`KeyedChain`,")]
+    /// a new key at a per-key member's key cap with no idle key to evict, which the member's
+    /// check lets through until a search for room has failed and its commit then refuses (no
+    /// other call in flight needed). A `try_acquire` so refused is also counted in `rejected`;
+    /// a waiting call counts each of its attempts so refused that goes on waiting, so it may
+    /// end admitted (or cancelled) after any number of them: `refunded` is not a part of
+    /// `rejected`.
     pub refunded: u64,
     /// Chain callers waiting now in the chain's queue (for a
     #[cfg_attr(feature = "keyed", doc = "[`KeyedChain`],")]
@@ -2583,17 +2593,20 @@ where
 ///
 /// For example 10 per second and 1,000 per hour per user, plus 5,000 per second for the whole
 /// service. The semantics are [`Chain`]'s (check every member, then commit, refunding on a lost
-/// race; the combined admission and the largest `retry_after`); the per-key members are
-/// [`KeyedLimiter`]s on the same key type, the global ones [`RateLimiter`]s, all on one clock
-/// type. Build one with [`KeyedChain::builder`].
+/// race or at a key cap, below; the combined admission and the largest `retry_after`); the
+/// per-key members are [`KeyedLimiter`]s on the same key type, the global ones
+/// [`RateLimiter`]s, all on one clock type. Build one with [`KeyedChain::builder`].
 ///
 /// A check creates no key; a key is created by its first commit, as with the keyed limiter's
 /// own `try_acquire`. At a per-key member's key cap, once that member has searched for room and
 /// found no key it could evict yet, the check answers a new key as the commit would
 /// ([`TooManyKeys`](TryAcquireError::TooManyKeys), or the shared overflow limiter's decision),
-/// so that a flood of new keys is refused without touching the other members. Refunds find the
-/// key's cell again by its key; a cell evicted meanwhile no longer held anything of the refunded
-/// admission, and its replacement is left alone.
+/// so that a flood of new keys is refused without touching the other members. Until such a
+/// search has failed, a new key's check passes there, and a commit that then finds no room and
+/// is refused (`TooManyKeys`, or by the shared overflow limiter) comes after the members before
+/// it admitted, which give their permits back (counted in [`ChainStats::refunded`]) with no
+/// other call in flight. Refunds find the key's cell again by its key; a cell evicted meanwhile
+/// no longer held anything of the refunded admission, and its replacement is left alone.
 ///
 /// Cloning is cheap and clones share state.
 ///

@@ -1,5 +1,6 @@
 //! What an `Admission` and a `Rejection` say, checked against the limiter itself by replay: after
-//! random admissions, probes, charges and reconfigurations (same algorithm), the last
+//! random admissions, probes, charges, reconfigurations (same algorithm) and refunds of receipts
+//! at any age (a refund changes the state every later answer reads), the last
 //! admission's `remaining` is what `stats().available` reports, its `reset_after` is exactly when
 //! the whole capacity fits again (and not a nanosecond sooner), and a rejection's `retry_after`
 //! is exactly when the refused call fits. Each check replays the steps on a fresh limiter, so it
@@ -19,6 +20,10 @@ enum Step {
     Charge(u64, u32),
     /// Reconfigure to this limit (or burst) and window (or period).
     Change(u32, u64),
+    /// Advance the clock, then `try_acquire_refundable`, the receipt kept.
+    Hold(u64, u32),
+    /// Advance the clock, then refund a kept receipt (this one of them, modulo how many).
+    Refund(u64, usize),
 }
 
 /// Which parameters a `Change` moves.
@@ -73,6 +78,7 @@ fn replay(
         .build()
         .unwrap();
     let mut last = None;
+    let mut held = Vec::new();
     for step in steps {
         last = match *step {
             Step::Take(advance, n) => {
@@ -82,6 +88,20 @@ fn replay(
             Step::Charge(advance, n) => {
                 clock.advance(NS(advance));
                 limiter.charge(n).ok()
+            }
+            Step::Hold(advance, n) => {
+                clock.advance(NS(advance));
+                let receipt = limiter.try_acquire_refundable(n).ok();
+                let admission = receipt.as_ref().map(|r| r.admission());
+                held.extend(receipt);
+                admission
+            }
+            Step::Refund(advance, which) => {
+                clock.advance(NS(advance));
+                if !held.is_empty() {
+                    held.swap_remove(which % held.len()).refund();
+                }
+                None
             }
             Step::Change(to, nanos) => {
                 limiter
@@ -163,6 +183,8 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
             4 => (0u64..30, 0u32..6).prop_map(|(a, n)| Step::Take(a, n)),
             1 => (0u64..30, 0u32..12).prop_map(|(a, n)| Step::Charge(a, n)),
             1 => (1u32..5, 1u64..20).prop_map(|(to, w)| Step::Change(to, w)),
+            2 => (0u64..30, 0u32..6).prop_map(|(a, n)| Step::Hold(a, n)),
+            2 => (0u64..10, any::<usize>()).prop_map(|(a, w)| Step::Refund(a, w)),
         ],
         1..30,
     )

@@ -15,6 +15,9 @@
 //!   lands between another call's check and commit and makes it refund.
 //! - scenarios: 10 per second and 1,000 per hour per key plus a global limit; the largest
 //!   retry-after; a later member's rejection leaves earlier members' `available()` unchanged.
+//! - proptest by replay: a chain rejection's `retry_after` is exact (admitted then, refused a
+//!   nanosecond earlier) after chain calls, receipts refunded at any age, calls on single
+//!   members, chain charges and reconfigurations of members of every algorithm.
 //! - a stress audit on real threads: a chain of two members raced by direct calls on each
 //!   member, every member's contract checked on its own admission times.
 //! - charges: debt per pair of algorithms and the chain's exact retry-after, `charge(0)`, a closed
@@ -580,6 +583,132 @@ fn the_largest_retry_after_is_reported() {
         // After the minute member's window, the bucket's 10 s have long passed too.
         clock.advance(r.retry_after());
         chain.try_acquire().unwrap();
+    }
+}
+
+/// A step of [`a_chain_rejections_retry_after_is_exact`], each after advancing the clock.
+#[derive(Debug, Clone, Copy)]
+enum Replayed {
+    /// The chain's `try_acquire_n`.
+    Take(u64, u32),
+    /// The chain's `try_acquire_refundable`, the receipt kept.
+    Hold(u64, u32),
+    /// Refund a kept receipt (this one of them, modulo how many).
+    Refund(u64, usize),
+    /// A member's own `try_acquire_n`.
+    Direct(u64, usize, u32),
+    /// The chain's `charge`.
+    Charge(u64, u32),
+    /// Reconfigure a member to this limit (burst) and window (period); an exact sliding
+    /// window's limit only (a limit lowered with a shortened window can leave its retry_after
+    /// short, as documented on its "Lowering").
+    Change(usize, u32, u64),
+}
+
+/// Members of `specs` (a ring of 5 for the sliding window, so that its limit can move) on one
+/// manual clock, in a chain that lists member `twice` a second time; then `steps` replayed.
+fn replay_chain(
+    specs: &[(u8, u32, u64)],
+    twice: Option<usize>,
+    steps: &[Replayed],
+) -> (Chain<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let members: Vec<_> = specs
+        .iter()
+        .map(|&(kind, limit, w)| {
+            let builder = RateLimiter::builder(algorithm(kind, limit, w));
+            builder.clock(clock.clone()).max_limit(5).build().unwrap()
+        })
+        .collect();
+    let mut listed = members.clone();
+    listed.extend(twice.map(|i| members[i % members.len()].clone()));
+    let chain = Chain::new(listed).unwrap();
+    let mut held = Vec::new();
+    let advance = |nanos| clock.advance(Duration::from_nanos(nanos));
+    for step in steps {
+        match *step {
+            Replayed::Take(a, n) => {
+                advance(a);
+                let _ = chain.try_acquire_n(n);
+            }
+            Replayed::Hold(a, n) => {
+                advance(a);
+                held.extend(chain.try_acquire_refundable(n).ok());
+            }
+            Replayed::Refund(a, which) => {
+                advance(a);
+                if !held.is_empty() {
+                    held.swap_remove(which % held.len()).refund();
+                }
+            }
+            Replayed::Direct(a, m, n) => {
+                advance(a);
+                let _ = members[m % members.len()].try_acquire_n(n);
+            }
+            Replayed::Charge(a, n) => {
+                advance(a);
+                let _ = chain.charge(n);
+            }
+            Replayed::Change(m, to, w) => {
+                let (kind, _, window) = specs[m % specs.len()];
+                let window = if kind == 3 { window } else { w };
+                let to = algorithm(kind, to, window);
+                members[m % members.len()].reconfigure(to).unwrap();
+            }
+        }
+    }
+    (chain, clock)
+}
+
+fn replayed() -> impl Strategy<Value = Vec<Replayed>> {
+    let step = prop_oneof![
+        4 => (0u64..30, 0u32..6).prop_map(|(a, n)| Replayed::Take(a, n)),
+        2 => (0u64..30, 0u32..6).prop_map(|(a, n)| Replayed::Hold(a, n)),
+        2 => (0u64..10, any::<usize>()).prop_map(|(a, w)| Replayed::Refund(a, w)),
+        2 => (0u64..30, 0usize..3, 0u32..6).prop_map(|(a, m, n)| Replayed::Direct(a, m, n)),
+        1 => (0u64..30, 0u32..12).prop_map(|(a, n)| Replayed::Charge(a, n)),
+        1 => (0usize..3, 1u32..6, 1u64..20).prop_map(|(m, to, w)| Replayed::Change(m, to, w)),
+    ];
+    prop::collection::vec(step, 1..30)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    /// After random chain calls, receipts refunded at any age, calls on single members, chain
+    /// charges and reconfigurations of the members (of every algorithm, one of them possibly
+    /// listed twice), a chain rejection's `retry_after` is exact, as the chain's docs say of a
+    /// rejection with nothing else admitted meanwhile: the call is admitted then, and refused a
+    /// nanosecond earlier (each on a replay of the same steps).
+    #[test]
+    fn a_chain_rejections_retry_after_is_exact(
+        specs in prop::collection::vec((0u8..4, 1u32..6, 1u64..20), 1..=3),
+        twice in prop::option::of(0usize..3),
+        steps in replayed(),
+        (advance, n) in (0u64..10, 0u32..6),
+    ) {
+        // The call, made again until a rejection (`filled` admissions first).
+        let after = |filled: usize, extra: u64| {
+            let (chain, clock) = replay_chain(&specs, twice, &steps);
+            clock.advance(Duration::from_nanos(advance));
+            for _ in 0..filled {
+                chain.try_acquire_n(n).unwrap();
+            }
+            clock.advance(Duration::from_nanos(extra));
+            chain.try_acquire_n(n)
+        };
+        let (chain, clock) = replay_chain(&specs, twice, &steps);
+        clock.advance(Duration::from_nanos(advance));
+        let Some((filled, r)) = (0..8).find_map(|filled| match chain.try_acquire_n(n) {
+            Err(TryAcquireError::Rejected(r)) => Some((filled, r)),
+            _ => None,
+        }) else {
+            return Ok(());
+        };
+        let retry = r.retry_after_nanos();
+        prop_assert!(retry > 0);
+        prop_assert!(after(filled, retry).is_ok(), "refused at retry_after {}", retry);
+        prop_assert!(after(filled, retry - 1).is_err(), "admitted before retry_after {}", retry);
     }
 }
 
