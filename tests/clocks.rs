@@ -212,3 +212,54 @@ fn a_wait_in_a_runtime_without_timers_panics_with_tokios_message_and_leaves_the_
     let admission = futures_executor::block_on(limiter.acquire()).unwrap();
     assert_eq!(admission.at(), window);
 }
+
+/// A clock that goes back breaks the `Clock` contract, but it is the user's: the limiters it
+/// drives answer, reconfigure and sweep without a panic (debug builds checked `now - elapsed`
+/// on a grid rebased at a later time, in `Grid::rebase` and the sliding counter's sweep).
+#[test]
+fn a_clock_that_goes_back_makes_nothing_panic() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    #[derive(Clone)]
+    struct Settable(Arc<AtomicU64>);
+    impl Clock for Settable {
+        fn now(&self) -> u64 {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+    let secs = |s: u64| Duration::from_secs(s).as_nanos() as u64;
+    for window in [
+        |w| Algorithm::FixedWindow {
+            limit: 2,
+            window: Duration::from_secs(w),
+        },
+        |w| Algorithm::SlidingCounter {
+            limit: 2,
+            window: Duration::from_secs(w),
+        },
+        |w| Algorithm::SlidingWindow {
+            limit: 2,
+            window: Duration::from_secs(w),
+        },
+        |w| Algorithm::TokenBucket {
+            rate: turnstile::Rate::new(2, Duration::from_secs(w)),
+            burst: 2,
+        },
+    ] {
+        let time = Arc::new(AtomicU64::new(secs(15)));
+        let limiter =
+            turnstile::KeyedLimiter::with_clock(window(10), Settable(time.clone())).unwrap();
+        limiter.try_acquire(&1u32).unwrap();
+        // Rebased at 15 s onto a 7 s grid (shifted by 4 s), then the clock goes back to 0.
+        limiter.reconfigure(window(7)).unwrap();
+        limiter.try_acquire(&1u32).unwrap();
+        time.store(0, Ordering::SeqCst);
+        let _ = limiter.try_acquire(&1u32);
+        limiter.sweep();
+        limiter.reconfigure(window(3)).unwrap();
+        let _ = limiter.try_acquire(&2u32);
+        limiter.sweep();
+        time.store(secs(60), Ordering::SeqCst);
+        assert!(limiter.try_acquire(&1u32).is_ok(), "{:?}", window(3));
+    }
+}

@@ -368,7 +368,10 @@ impl Grid {
     /// clock reading, and every caller that loads them reads its clock afterwards.
     pub(crate) fn rebase(&self, to: u64, now: u64) -> Self {
         let (number, elapsed) = self.locate(now);
-        let start = now - elapsed;
+        // Saturating: `elapsed ≤ now` for a clock that keeps the `Clock` contract (the grid's
+        // windows start at 0 or later), but a user's clock that went back behind an earlier
+        // rebase would make this underflow (a panic in debug builds).
+        let start = now.saturating_sub(elapsed);
         let end = if elapsed < to {
             // Young enough for the new length: keep the start.
             start.saturating_add(to)

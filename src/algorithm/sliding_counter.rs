@@ -456,7 +456,8 @@ impl Algo for SlidingCounter {
             // sweeping, and at its cap from admitting a new key, for a window too long).
             let (wid, count) = unpack(word);
             let ahead = if wid == id && count > 0 { 2 } else { 1 };
-            let start = now - elapsed;
+            // Saturating: as in `Grid::rebase`, for a clock that went back against its contract.
+            let start = now.saturating_sub(elapsed);
             return Err(start.saturating_add(p.window.saturating_mul(ahead)));
         }
         if self.params.changed(version) {
