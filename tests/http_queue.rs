@@ -259,19 +259,32 @@ async fn a_request_another_rule_refuses_past_the_wait_is_rejected_at_once() {
 
 /// Another rule's refusal that ends within the wait does not stop it: `per-ip` (2 s) and
 /// `burst` (1 s) both refuse the second request; it waits for `per-ip`, and `burst` admits it
-/// when its turn comes.
+/// when its turn comes. In either order of the rules: with `burst`, which has no queue, charged
+/// first (listed first, or `per-ip` a sliding window, which is charged last), its refusal was
+/// answered at once (a 429 with 1 s), where the other order waited.
 #[tokio::test(start_paused = true)]
 async fn a_request_another_rule_refuses_only_for_part_of_the_wait_waits() {
-    let limiter = limiter(
-        "[[rules]]\nname = \"per-ip\"\nperiod = \"2s\"\nlimit = 1\nqueue_limit = 1\n\
-         max_wait = \"5s\"\n\
-         [[rules]]\nname = \"burst\"\nperiod = \"1s\"\nlimit = 1\n",
-    );
-    let start = Instant::now();
-    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
-    let second = decide(&limiter, "192.0.2.1").await;
-    assert!(second.outcome.is_admitted(), "{second:?}");
-    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    let per_ip = "[[rules]]\nname = \"per-ip\"\nperiod = \"2s\"\nlimit = 1\nqueue_limit = 1\n\
+                  max_wait = \"5s\"\n";
+    let burst = "[[rules]]\nname = \"burst\"\nperiod = \"1s\"\nlimit = 1\n";
+    // A sliding window is charged after the other rules, whatever their order.
+    let sliding = "algorithm = \"sliding_window\"\n";
+    for config in [
+        format!("{per_ip}{burst}"),
+        format!("{burst}{per_ip}"),
+        format!("{per_ip}{sliding}{burst}"),
+    ] {
+        let limiter = limiter(&config);
+        let start = Instant::now();
+        assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+        let second = decide(&limiter, "192.0.2.1").await;
+        assert!(second.outcome.is_admitted(), "{config}: {second:?}");
+        assert_eq!(start.elapsed(), Duration::from_secs(2), "{config}");
+        // Charged once by each rule: both are spent until their windows end.
+        for quota in &second.quotas {
+            assert_eq!(quota.remaining, 0, "{config}: {second:?}");
+        }
+    }
 }
 
 /// Through the layer: the waiting request's response comes when it is admitted, with its
