@@ -839,6 +839,41 @@ async fn a_waiter_another_rule_rejects_leaves_its_permit_to_the_next() {
     );
 }
 
+/// A waiting request dropped after its rule's permit came, before its task ran again to take
+/// it, holds nothing of any rule: the permit of `a` is the next request's at once, and `b`,
+/// charged by neither the dropped request nor its wait, counts the first and the next only.
+/// So for every algorithm; and a decision never polled decides nothing.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_dropped_between_its_permit_and_its_next_poll_holds_nothing() {
+    let noop = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(noop);
+    // When each algorithm frees the permit: a sliding counter weighs the last window in.
+    for (algorithm, frees) in [
+        ("fixed_window", 1),
+        ("sliding_window", 1),
+        ("sliding_counter", 2),
+        ("token_bucket", 1),
+    ] {
+        let limiter = limiter(&format!(
+            "[[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 2\n\
+             max_wait = \"5s\"\nalgorithm = \"{algorithm}\"\n\
+             [[rules]]\nname = \"b\"\nperiod = \"1m\"\nlimit = 10\n"
+        ));
+        let request = from("192.0.2.1");
+        drop(limiter.decide_async(&request));
+        assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+        let mut waiting = Box::pin(limiter.decide_async(&request));
+        assert!(waiting.as_mut().poll(&mut cx).is_pending(), "{algorithm}");
+        // The permit frees (the waiter's timer runs), and the waiter is dropped unpolled.
+        tokio::time::advance(Duration::from_secs(frees) + Duration::from_millis(100)).await;
+        drop(waiting);
+        let next = limiter.decide(&request);
+        assert!(next.outcome.is_admitted(), "{algorithm}: {next:?}");
+        let b = next.quotas.iter().find(|q| &*q.policy == "b").unwrap();
+        assert_eq!(b.remaining, 8, "{algorithm}: {next:?}");
+    }
+}
+
 /// A waiting request dropped frees its place in its client's queue: the request behind it is
 /// admitted when the first would have been.
 #[tokio::test(start_paused = true)]

@@ -874,9 +874,10 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     ///
     /// Dropping the future before it completes may leave some of the request's rules charged
     /// in Redis (a request already sent may still run there), as for `RedisLimiter::try_acquire`
-    /// (feature `redis`). With the memory backend the decision is made before the first poll,
-    /// unless the request waits for a rule's queue: dropped while it waits, it leaves the queue
-    /// and has taken nothing.
+    /// (feature `redis`). With the memory backend the decision is made in the first poll (a
+    /// future dropped before it is polled decides nothing and charges nothing), unless the
+    /// request waits for a rule's queue: dropped while it waits, it leaves the queue and has
+    /// taken nothing, also when its permit has come and its task has not run yet.
     ///
     /// # Examples
     ///
