@@ -129,6 +129,45 @@ async fn a_wait_beyond_max_wait_is_rejected_at_once() {
     );
 }
 
+/// A client banned while one of its requests waits is rejected as banned when the request's turn
+/// comes ("decided again as a new request is, from step 0 on"), and the request charges no
+/// rule: the permit of `a` its wait got is given back (after an unban the client has it at
+/// once, in the same window), and `b` counts the first request only.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_of_a_client_banned_meanwhile_is_rejected_as_banned_uncharged() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\nmax_wait = \"5s\"\n\
+         [[rules]]\nname = \"b\"\nperiod = \"1m\"\nlimit = 10\n\
+         [bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n",
+    );
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let waiting = waiter(&limiter, from("192.0.2.1")).await;
+    // The queue is full: this one is rejected at once (told to come back after the waiting
+    // request's turn), and that rejection bans the client.
+    assert_eq!(
+        retry_after(&decide(&limiter, "192.0.2.1").await),
+        Some(Duration::from_secs(2))
+    );
+    let (verdict, at) = waiting.await.unwrap();
+    assert!(
+        matches!(
+            verdict.outcome,
+            Outcome::Rejected {
+                reason: RejectReason::Banned,
+                ..
+            }
+        ),
+        "{verdict:?}"
+    );
+    assert_eq!(at - start, Duration::from_secs(1), "when its turn came");
+    assert!(limiter.unban("192.0.2.1".parse().unwrap()));
+    let next = limiter.decide(&from("192.0.2.1"));
+    assert!(next.outcome.is_admitted(), "{next:?}");
+    let b = next.quotas.iter().find(|q| &*q.policy == "b").unwrap();
+    assert_eq!(b.remaining, 8, "{next:?}");
+}
+
 /// `max_wait` defaults to the rule's period: a fixed window's next window is always within it.
 #[tokio::test(start_paused = true)]
 async fn max_wait_defaults_to_the_period() {
