@@ -129,6 +129,45 @@ async fn a_wait_beyond_max_wait_is_rejected_at_once() {
     );
 }
 
+/// A client banned while one of its requests waits is rejected as banned when the request's turn
+/// comes ("decided again as a new request is, from step 0 on"), and the request charges no
+/// rule: the permit of `a` its wait got is given back (after an unban the client has it at
+/// once, in the same window), and `b` counts the first request only.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_of_a_client_banned_meanwhile_is_rejected_as_banned_uncharged() {
+    let limiter = limiter(
+        "[[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 1\nmax_wait = \"5s\"\n\
+         [[rules]]\nname = \"b\"\nperiod = \"1m\"\nlimit = 10\n\
+         [bans]\nafter = 1\nwithin = \"1m\"\nduration = \"1h\"\n",
+    );
+    let start = Instant::now();
+    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+    let waiting = waiter(&limiter, from("192.0.2.1")).await;
+    // The queue is full: this one is rejected at once (told to come back after the waiting
+    // request's turn), and that rejection bans the client.
+    assert_eq!(
+        retry_after(&decide(&limiter, "192.0.2.1").await),
+        Some(Duration::from_secs(2))
+    );
+    let (verdict, at) = waiting.await.unwrap();
+    assert!(
+        matches!(
+            verdict.outcome,
+            Outcome::Rejected {
+                reason: RejectReason::Banned,
+                ..
+            }
+        ),
+        "{verdict:?}"
+    );
+    assert_eq!(at - start, Duration::from_secs(1), "when its turn came");
+    assert!(limiter.unban("192.0.2.1".parse().unwrap()));
+    let next = limiter.decide(&from("192.0.2.1"));
+    assert!(next.outcome.is_admitted(), "{next:?}");
+    let b = next.quotas.iter().find(|q| &*q.policy == "b").unwrap();
+    assert_eq!(b.remaining, 8, "{next:?}");
+}
+
 /// `max_wait` defaults to the rule's period: a fixed window's next window is always within it.
 #[tokio::test(start_paused = true)]
 async fn max_wait_defaults_to_the_period() {
@@ -259,19 +298,32 @@ async fn a_request_another_rule_refuses_past_the_wait_is_rejected_at_once() {
 
 /// Another rule's refusal that ends within the wait does not stop it: `per-ip` (2 s) and
 /// `burst` (1 s) both refuse the second request; it waits for `per-ip`, and `burst` admits it
-/// when its turn comes.
+/// when its turn comes. In either order of the rules: with `burst`, which has no queue, charged
+/// first (listed first, or `per-ip` a sliding window, which is charged last), its refusal was
+/// answered at once (a 429 with 1 s), where the other order waited.
 #[tokio::test(start_paused = true)]
 async fn a_request_another_rule_refuses_only_for_part_of_the_wait_waits() {
-    let limiter = limiter(
-        "[[rules]]\nname = \"per-ip\"\nperiod = \"2s\"\nlimit = 1\nqueue_limit = 1\n\
-         max_wait = \"5s\"\n\
-         [[rules]]\nname = \"burst\"\nperiod = \"1s\"\nlimit = 1\n",
-    );
-    let start = Instant::now();
-    assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
-    let second = decide(&limiter, "192.0.2.1").await;
-    assert!(second.outcome.is_admitted(), "{second:?}");
-    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    let per_ip = "[[rules]]\nname = \"per-ip\"\nperiod = \"2s\"\nlimit = 1\nqueue_limit = 1\n\
+                  max_wait = \"5s\"\n";
+    let burst = "[[rules]]\nname = \"burst\"\nperiod = \"1s\"\nlimit = 1\n";
+    // A sliding window is charged after the other rules, whatever their order.
+    let sliding = "algorithm = \"sliding_window\"\n";
+    for config in [
+        format!("{per_ip}{burst}"),
+        format!("{burst}{per_ip}"),
+        format!("{per_ip}{sliding}{burst}"),
+    ] {
+        let limiter = limiter(&config);
+        let start = Instant::now();
+        assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+        let second = decide(&limiter, "192.0.2.1").await;
+        assert!(second.outcome.is_admitted(), "{config}: {second:?}");
+        assert_eq!(start.elapsed(), Duration::from_secs(2), "{config}");
+        // Charged once by each rule: both are spent until their windows end.
+        for quota in &second.quotas {
+            assert_eq!(quota.remaining, 0, "{config}: {second:?}");
+        }
+    }
 }
 
 /// Through the layer: the waiting request's response comes when it is admitted, with its
@@ -824,6 +876,41 @@ async fn a_waiter_another_rule_rejects_leaves_its_permit_to_the_next() {
         Duration::from_secs(1),
         "per-ip's permit given back to it"
     );
+}
+
+/// A waiting request dropped after its rule's permit came, before its task ran again to take
+/// it, holds nothing of any rule: the permit of `a` is the next request's at once, and `b`,
+/// charged by neither the dropped request nor its wait, counts the first and the next only.
+/// So for every algorithm; and a decision never polled decides nothing.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_dropped_between_its_permit_and_its_next_poll_holds_nothing() {
+    let noop = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(noop);
+    // When each algorithm frees the permit: a sliding counter weighs the last window in.
+    for (algorithm, frees) in [
+        ("fixed_window", 1),
+        ("sliding_window", 1),
+        ("sliding_counter", 2),
+        ("token_bucket", 1),
+    ] {
+        let limiter = limiter(&format!(
+            "[[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 1\nqueue_limit = 2\n\
+             max_wait = \"5s\"\nalgorithm = \"{algorithm}\"\n\
+             [[rules]]\nname = \"b\"\nperiod = \"1m\"\nlimit = 10\n"
+        ));
+        let request = from("192.0.2.1");
+        drop(limiter.decide_async(&request));
+        assert!(decide(&limiter, "192.0.2.1").await.outcome.is_admitted());
+        let mut waiting = Box::pin(limiter.decide_async(&request));
+        assert!(waiting.as_mut().poll(&mut cx).is_pending(), "{algorithm}");
+        // The permit frees (the waiter's timer runs), and the waiter is dropped unpolled.
+        tokio::time::advance(Duration::from_secs(frees) + Duration::from_millis(100)).await;
+        drop(waiting);
+        let next = limiter.decide(&request);
+        assert!(next.outcome.is_admitted(), "{algorithm}: {next:?}");
+        let b = next.quotas.iter().find(|q| &*q.policy == "b").unwrap();
+        assert_eq!(b.remaining, 8, "{algorithm}: {next:?}");
+    }
 }
 
 /// A waiting request dropped frees its place in its client's queue: the request behind it is

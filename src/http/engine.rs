@@ -169,7 +169,10 @@ macro_rules! count_list_rejection {
 /// of the request's arrival, unless another of the request's rules that it could not wait for
 /// (no queue, or its answer past its own `max_wait`) would still refuse it when that
 /// `max_wait` has passed (probed, not charged): such a wait could only end in that rule's
-/// rejection, which is answered at once, as when that rule comes first. It waits in the queue
+/// rejection, which is answered at once. The order the rules are charged in changes none of
+/// this: a rule without a queue that refuses the request before the rule with a queue is
+/// reached (probed then) makes it wait all the same when its refusal ends within the wait,
+/// and rejects it at once when not. It waits in the queue
 /// of the rule's limiter for its counter key (one client's, or one client's per endpoint): the
 /// requests waiting for one counter are admitted by the rule **in arrival order**, the head
 /// when a permit frees (on tokio's timer: the runtime needs its time driver, `enable_time` or
@@ -871,9 +874,10 @@ impl<C: Clock + Clone> HttpLimiter<C> {
     ///
     /// Dropping the future before it completes may leave some of the request's rules charged
     /// in Redis (a request already sent may still run there), as for `RedisLimiter::try_acquire`
-    /// (feature `redis`). With the memory backend the decision is made before the first poll,
-    /// unless the request waits for a rule's queue: dropped while it waits, it leaves the queue
-    /// and has taken nothing.
+    /// (feature `redis`). With the memory backend the decision is made in the first poll (a
+    /// future dropped before it is polled decides nothing and charges nothing), unless the
+    /// request waits for a rule's queue: dropped while it waits, it leaves the queue and has
+    /// taken nothing, also when its permit has come and its task has not run yet.
     ///
     /// # Examples
     ///
@@ -1614,6 +1618,15 @@ fn decide<C: Clock>(
                 {
                     return Check::Ready(would_reject(rule, &error));
                 }
+                // A rule it cannot wait for refused it for its rate: it may wait for a rule
+                // not reached yet that refuses it too, as when that rule is charged first.
+                if let Some(patience) = patience.as_deref_mut()
+                    && matches!(error, TryAcquireError::Rejected(_))
+                    && !overflow
+                    && let Some(waits) = waits_for_a_later_rule(&plan, &order[step..], patience)
+                {
+                    return Check::Ready(waits);
+                }
                 let own_retry = match &error {
                     TryAcquireError::Rejected(r) => Some(r.retry_after()),
                     _ => None,
@@ -1753,6 +1766,54 @@ fn refused_past_the_wait<C: Clock>(
                 .as_ref()
                 .is_none_or(|q| retry > patience.budget(q.max_wait))
     })
+}
+
+/// The wait, if any, for a rule of `rest[1..]` (the request's rules not charged yet, in
+/// `plan`) after `rest[0]` refused the request for its rate, its own counter, and the request
+/// could not wait for that one: the first of them with a queue that refuses the request too
+/// (probed, not charged) and that it would wait for had it been charged first (see
+/// [`Patience::waits_for`] and [`refused_past_the_wait`], which then weighs `rest[0]` as a rule
+/// after it). Recorded in `patience`; the rejection it would have been, counted nowhere, is
+/// returned. Without this, a rule without a queue charged before the one with a queue answered
+/// a refusal that ends within the wait at once, where the other order waited and admitted.
+/// Only before the request's first wait: once it has waited, a rule without a queue that
+/// rejects it gives the final answer (see "Waiting" on [`HttpLimiter`]).
+#[cold]
+fn waits_for_a_later_rule<C: Clock>(
+    plan: &[Planned<'_, '_, C>],
+    rest: &[usize],
+    patience: &mut Patience<C>,
+) -> Option<Verdict> {
+    // A place held in a queue: the request has waited.
+    if patience.done || patience.slot.is_some() {
+        return None;
+    }
+    for (at, &index) in rest.iter().enumerate().skip(1) {
+        let (rule, limiter, key) = &plan[index];
+        if rule.queue.is_none() {
+            continue;
+        }
+        let (Err(error @ TryAcquireError::Rejected(_)), committed) =
+            limiter.chain_decide::<false>(key, 1)
+        else {
+            continue;
+        };
+        if committed.overflow {
+            continue;
+        }
+        let others: SmallVec<[usize; 4]> = rest
+            .iter()
+            .enumerate()
+            .filter(|&(other, _)| other != at)
+            .map(|(_, &index)| index)
+            .collect();
+        if !refused_past_the_wait(rule, plan, &others, patience)
+            && patience.waits_for(rule, key, &error, false)
+        {
+            return Some(would_reject(rule, &error));
+        }
+    }
+    None
 }
 
 /// A rule of a request's plan (`decide`): the rule, its limiter, the request's counter key.
