@@ -2216,7 +2216,7 @@ impl<C: Clock> Patience<C> {
         }
         if !self.slot.as_ref().is_some_and(|s| s.is_for(rule)) {
             let Some(slot) = WaitSlot::enter(rule) else {
-                tracing::debug!(rule = %rule.name, "rule's queue full: request rejected at once");
+                tracing::debug!(rule = %rule.name, "rule's queue full: the request may not wait for it");
                 return false;
             };
             rule.counters.increment(Metric::Waited);
