@@ -667,13 +667,19 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
 }
 
 /// A key slot reserved under the cap by a call that has yet to insert its key: dropped (only by
-/// an unwind out of the key's `Clone`, see `Keyed::first_use`), it gives the slot back.
+/// an unwind out of the key's `Clone`, `Hash` or `Eq`, see `Keyed::first_use`), it gives the
+/// slot back, and the count in its shard's `len` once that is taken.
 struct SlotOnUnwind<'a, K, C: Clock, S> {
     ctx: &'a Ctx<K, C, S>,
+    len: Option<&'a AtomicU64>,
 }
 
 impl<K, C: Clock, S> Drop for SlotOnUnwind<'_, K, C, S> {
     fn drop(&mut self) {
+        if let Some(len) = self.len {
+            // Relaxed: bookkeeping, as where it was counted (`first_use`).
+            len.fetch_sub(1, Ordering::Relaxed);
+        }
         self.ctx.release_keys(1);
     }
 }
@@ -944,19 +950,20 @@ where
         // retires a cell that has not admitted yet (`Algo::retire`), so the inserter is not
         // starved by one looping beside it.
         // The map's copy of the key, made now that the slot is ours (a call refused at the cap
-        // clones nothing). Should the key's `Clone` panic, the slot goes back as it unwinds:
-        // kept, each such panic took a slot of the cap for good.
-        let owned = {
-            let slot = SlotOnUnwind { ctx };
-            let owned = key.clone();
-            std::mem::forget(slot);
-            owned
-        };
+        // clones nothing). Should the key's `Clone` panic, or its `Hash` or `Eq` inside the
+        // map's insert (which then inserts nothing), the slot and the count in `len` go back as
+        // it unwinds: kept, each such panic took a slot of the cap for good.
+        let mut slot = SlotOnUnwind { ctx, len: None };
+        let owned = key.clone();
         // Relaxed: bookkeeping for when to sweep; no decision about admissions depends on it.
         // Counted before the insert so that a concurrent removal never takes `len` below zero.
         let len = shard.len.fetch_add(1, Ordering::Relaxed) + 1;
+        slot.len = Some(&shard.len);
         let ((outcome, unused), inserted) =
             shard.map.insert_then(owned, self.algo.cell(), |cell| {
+                // The map has placed the key (ours inserted, or another's found): from here the
+                // books are kept below, whatever happened.
+                std::mem::forget(slot);
                 let outcome = op(cell);
                 // Whether the call left the cell unused (it failed, or it was a chain's decided
                 // rejection), and which cell that is. One load of the word just decided on; for

@@ -1022,3 +1022,102 @@ fn a_key_made_idle_by_a_refund_makes_room_at_the_cap_at_once() {
         assert_eq!(limiter.len(), 1, "{algorithm:?}");
     }
 }
+
+/// A key whose `Eq` panics on the `n`th comparison after being armed (`PANIC_ON_EQ`), hashed
+/// to one constant so that every pair of keys is compared.
+#[derive(Clone, Debug)]
+struct TouchyEq(u64);
+
+impl std::hash::Hash for TouchyEq {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+thread_local! {
+    static PANIC_ON_EQ: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+impl PartialEq for TouchyEq {
+    fn eq(&self, other: &Self) -> bool {
+        let countdown = PANIC_ON_EQ.with(|c| c.get());
+        if countdown > 0 {
+            PANIC_ON_EQ.with(|c| c.set(countdown - 1));
+            if countdown == 1 {
+                panic!("TouchyEq panicked");
+            }
+        }
+        self.0 == other.0
+    }
+}
+
+impl Eq for TouchyEq {}
+
+#[derive(Default)]
+struct Constant;
+
+impl std::hash::Hasher for Constant {
+    fn finish(&self) -> u64 {
+        0
+    }
+    fn write(&mut self, _: &[u8]) {}
+}
+
+/// A key's `Eq` that panics anywhere in a call for a new key (its lookups, the insert that
+/// compares it with the keys beside it) takes no slot of the cap and leaves no count behind:
+/// the panic unwinds out of the call, and the key can be admitted later. (A panic inside the
+/// map's insert, after the slot was reserved, kept the slot for good: at `max_keys(2)` with one
+/// busy key held, the new key was then refused `TooManyKeys`.)
+#[test]
+fn a_key_whose_eq_panics_during_its_insert_takes_no_slot() {
+    type Hasher = std::hash::BuildHasherDefault<Constant>;
+    for algorithm in all_algorithms(3) {
+        let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(algorithm)
+            .clock(ManualClock::new())
+            .hasher(Hasher::default())
+            .max_keys(2)
+            .build()
+            .unwrap();
+        limiter.try_acquire(&TouchyEq(1)).unwrap();
+        // Panic at every comparison a call for key 2 makes, one after another, until a call
+        // makes none that panics.
+        let mut panics = 0;
+        for nth in 1.. {
+            PANIC_ON_EQ.with(|c| c.set(nth));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                limiter.try_acquire(&TouchyEq(2))
+            }));
+            PANIC_ON_EQ.with(|c| c.set(0));
+            match outcome {
+                Err(_) => {
+                    panics += 1;
+                    assert_eq!(
+                        limiter.len(),
+                        1,
+                        "{algorithm:?}: comparison {nth} kept a slot"
+                    );
+                }
+                Ok(decided) => {
+                    assert!(
+                        decided.is_ok(),
+                        "{algorithm:?}: {decided:?} after {panics} panics"
+                    );
+                    break;
+                }
+            }
+        }
+        assert!(
+            panics >= 3,
+            "{algorithm:?}: only {panics} comparisons panicked"
+        );
+        assert_eq!(limiter.len(), 2, "{algorithm:?}");
+        // Both keys are held, and a third is refused as the cap says.
+        assert!(matches!(
+            limiter.try_acquire(&TouchyEq(3)),
+            Err(TryAcquireError::TooManyKeys { max_keys: 2 })
+        ));
+        limiter.clock().advance(Duration::from_secs(5));
+        assert_eq!(limiter.sweep(), 2, "{algorithm:?}");
+        assert_eq!(limiter.len(), 0, "{algorithm:?}");
+    }
+}
