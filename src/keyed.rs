@@ -684,6 +684,18 @@ impl<K, C: Clock, S> Drop for SlotOnUnwind<'_, K, C, S> {
     }
 }
 
+/// Ends a [`KeyedLimiter::reset`] when dropped: takes `Ctx::resets` back to even, however the
+/// reset ends (see there).
+struct ResetEnds<'a>(&'a AtomicU64);
+
+impl Drop for ResetEnds<'_> {
+    fn drop(&mut self) {
+        // Release: back to even, after the retirement; pairs with a chain commit's Acquire
+        // load, so that a commit that reads this value decides on a cell made after it.
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
 /// What a refund left of a key's cell (`Keyed::chain_refund`).
 enum Refunded<Cell> {
     /// Exactly fresh, as if never used: taken back as its inserter would (`take_back`).
@@ -2366,11 +2378,11 @@ where
             // (`algorithm::retire_word`): whoever meets the retired cell, and anyone who then
             // finds the key's new cell in the map, sees this increment (see `chain_refund`).
             ctx.resets.fetch_add(1, Ordering::Relaxed);
-            let forgot = with_store!(&inner.store, s => s.reset(ctx, shard, key));
-            // Release: back to even, after the retirement; pairs with a chain commit's Acquire
-            // load, so that a commit that reads this value decides on a cell made after it.
-            ctx.resets.fetch_add(1, Ordering::Release);
-            forgot
+            // Back to even when this ends, even by an unwind out of the key's `Hash` or `Eq`
+            // in the lookups: left odd, the count said a reset was running for good, and every
+            // later refund on the limiter was dropped. Dropped before the mutex guard.
+            let _ends = ResetEnds(&ctx.resets);
+            with_store!(&inner.store, s => s.reset(ctx, shard, key))
         };
         if forgot {
             // Chain callers too (told of every key's reset: they look again, and a caller of

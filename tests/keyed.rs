@@ -1121,3 +1121,37 @@ fn a_key_whose_eq_panics_during_its_insert_takes_no_slot() {
         assert_eq!(limiter.len(), 0, "{algorithm:?}");
     }
 }
+
+/// A reset whose key's `Eq` panics (in the lookup of the key to forget) leaves no reset
+/// "running" behind it: a refund made after it still gives its permit back. (The count of
+/// resets was left odd, as if a reset never ended, so every refund on the limiter was dropped
+/// from then on, for every key.)
+#[test]
+fn a_reset_whose_key_panics_leaves_later_refunds_whole() {
+    type Hasher = std::hash::BuildHasherDefault<Constant>;
+    for algorithm in all_algorithms(1) {
+        let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(algorithm)
+            .clock(ManualClock::new())
+            .hasher(Hasher::default())
+            .build()
+            .unwrap();
+        limiter.try_acquire(&TouchyEq(1)).unwrap();
+        PANIC_ON_EQ.with(|c| c.set(1));
+        let reset =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| limiter.reset(&TouchyEq(2))));
+        PANIC_ON_EQ.with(|c| c.set(0));
+        assert!(
+            reset.is_err(),
+            "{algorithm:?}: the comparison did not panic"
+        );
+        let taken = limiter.try_acquire_refundable(&TouchyEq(3), 1).unwrap();
+        taken.refund();
+        assert!(
+            limiter.try_acquire(&TouchyEq(3)).is_ok(),
+            "{algorithm:?}: the refund was dropped"
+        );
+        // Resets still work.
+        assert!(limiter.reset(&TouchyEq(1)));
+        assert!(limiter.try_acquire(&TouchyEq(1)).is_ok());
+    }
+}
