@@ -696,6 +696,51 @@ impl Drop for ResetEnds<'_> {
     }
 }
 
+/// Counts `n` keys evicted: by the sweep that retired their cells, which is exactly one per
+/// cell (retirement is a compare-and-swap, and final), whoever then removes the dead entry.
+/// Their slots under the cap were given back one by one as they were retired (see
+/// `Keyed::sweep_shard`); these are the counts nothing decides on.
+fn removed<K, V, C: Clock, S>(ctx: &Ctx<K, C, S>, shard: &Shard<K, V, S>, n: u64) {
+    if n > 0 {
+        // Relaxed: counts only.
+        shard.len.fetch_sub(n, Ordering::Relaxed);
+        ctx.evicted.fetch_add(n, Ordering::Relaxed);
+        EVICTED_HERE.with(|here| here.set(here.get().wrapping_add(n)));
+    }
+}
+
+/// A sweep of one shard under way (`Keyed::sweep_shard`), which holds the shard's `sweeping`
+/// flag: dropped, it clears the flag, however the sweep ends. A sweep can unwind mid-walk, out
+/// of a key's `Hash` or `Eq` where it asks whether an idle key has waiters; the flag then
+/// stayed set, and every later sweep and search for room skipped the shard for good (its idle
+/// keys kept their slots, and at the cap new keys were refused though they were there to
+/// evict). Such an unwind also lowers the shard's hint and `room_at` to 0 (the walk had raised
+/// the hint to "never", and the keys it did not reach may be idle) and counts the keys it
+/// evicted.
+struct Sweeping<'a, K, V, C: Clock, S> {
+    ctx: &'a Ctx<K, C, S>,
+    shard: &'a Shard<K, V, S>,
+    /// Keys this sweep has evicted so far.
+    evicted: std::cell::Cell<u64>,
+    /// Set once the sweep has kept its books (hints and counts) itself.
+    finished: bool,
+}
+
+impl<K, V, C: Clock, S> Drop for Sweeping<'_, K, V, C, S> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Release, both: as `Keyed::forget_hints`'s lowering (a sweep or search whose
+            // opening swap reads our 0 sees what was done before it).
+            self.shard.not_before.fetch_min(0, Ordering::Release);
+            self.ctx.room_at.fetch_min(0, Ordering::Release);
+            removed(self.ctx, self.shard, self.evicted.get());
+        }
+        // Release: pairs with the Acquire that starts the next sweep of this shard, so our
+        // bookkeeping is visible to it.
+        self.shard.sweeping.store(0, Ordering::Release);
+    }
+}
+
 /// What a refund left of a key's cell (`Keyed::chain_refund`).
 enum Refunded<Cell> {
     /// Exactly fresh, as if never used: taken back as its inserter would (`take_back`).
@@ -1137,19 +1182,6 @@ where
         shard.map.remove_if(key, A::retired);
     }
 
-    /// Counts `n` keys evicted: by the sweep that retired their cells, which is exactly one per
-    /// cell (retirement is a compare-and-swap, and final), whoever then removes the dead entry.
-    /// Their slots under the cap were given back one by one as they were retired (see
-    /// `sweep_shard`); these are the counts nothing decides on.
-    fn removed<C: Clock>(ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>, n: u64) {
-        if n > 0 {
-            // Relaxed: counts only.
-            shard.len.fetch_sub(n, Ordering::Relaxed);
-            ctx.evicted.fetch_add(n, Ordering::Relaxed);
-            EVICTED_HERE.with(|here| here.set(here.get().wrapping_add(n)));
-        }
-    }
-
     /// Retires and removes every idle key of `shard`; returns how many. Skips the shard if
     /// another thread is sweeping it or if nothing in it can be idle yet. `search`: a sweep of
     /// a search for room (`make_room`), which rebuilds `room_at` from the shard hints itself.
@@ -1173,6 +1205,12 @@ where
         {
             return 0;
         }
+        let mut sweeping = Sweeping {
+            ctx,
+            shard,
+            evicted: std::cell::Cell::new(0),
+            finished: false,
+        };
         shard.inserted.store(0, Ordering::Relaxed);
         // AcqRel: Acquire pairs with the Release store of an insert (see `first_use`). From here
         // the hint is rebuilt: this sweep lowers it to the earliest time a key it saw turns idle,
@@ -1181,7 +1219,7 @@ where
         // shard left at "never" with an idle key in it.)
         shard.not_before.swap(u64::MAX, Ordering::AcqRel);
         let mut next = u64::MAX;
-        let mut evicted = 0;
+        let evicted = &sweeping.evicted;
         // One walk that retires each idle cell and removes its entry in place (no second lookup
         // per key). A cell found retired already (by an earlier walk of a table that a resize
         // then replaced) is only removed.
@@ -1215,7 +1253,7 @@ where
                     // the map therefore no longer counts against the cap; it is removed right
                     // below, so at most one per sweeping thread is ever in that state.
                     ctx.release_keys(1);
-                    evicted += 1;
+                    evicted.set(evicted.get() + 1);
                     false
                 }
                 Err(idle_at) => {
@@ -1234,9 +1272,10 @@ where
             // swap overwrites this (see `room_at`).
             ctx.room_at.fetch_min(next, Ordering::Release);
         }
-        Self::removed(ctx, shard, evicted);
-        // Release: pairs with the Acquire above.
-        shard.sweeping.store(0, Ordering::Release);
+        let evicted = evicted.get();
+        removed(ctx, shard, evicted);
+        // The flag is cleared as `sweeping` drops (Release: pairs with the Acquire above).
+        sweeping.finished = true;
         evicted
     }
 

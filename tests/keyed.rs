@@ -1155,3 +1155,41 @@ fn a_reset_whose_key_panics_leaves_later_refunds_whole() {
         assert!(limiter.try_acquire(&TouchyEq(1)).is_ok());
     }
 }
+
+/// A sweep that unwinds (a key's `Eq` panicking where the sweep asks whether an idle key has
+/// waiters) leaves its shard to later sweeps: they evict its idle keys, and a new key at the cap
+/// gets the room. (The shard's "being swept" flag stayed set, so every later sweep and search
+/// for room skipped the shard for good: its idle keys held their slots, and new keys were
+/// refused `TooManyKeys` though idle keys were there to evict.)
+#[cfg(feature = "tokio")]
+#[test]
+fn a_sweep_that_unwinds_leaves_its_shard_to_later_sweeps() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    type Hasher = std::hash::BuildHasherDefault<Constant>;
+    let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(Algorithm::FixedWindow {
+        limit: 1,
+        window: SEC,
+    })
+    .clock(ManualClock::new())
+    .hasher(Hasher::default())
+    .max_keys(2)
+    .build()
+    .unwrap();
+    // Key 1 exhausted, with a waiter (so a sweep asks about waiters); key 2 admitted.
+    limiter.try_acquire(&TouchyEq(1)).unwrap();
+    let mut waiter = Box::pin(limiter.acquire(&TouchyEq(1)));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(waiter.as_mut().poll(&mut cx).is_pending());
+    limiter.try_acquire(&TouchyEq(2)).unwrap();
+    limiter.clock().advance(2 * SEC);
+    PANIC_ON_EQ.with(|c| c.set(1));
+    let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| limiter.sweep()));
+    PANIC_ON_EQ.with(|c| c.set(0));
+    assert!(swept.is_err(), "the comparison did not panic");
+    // Key 2 is idle and evicted now; key 1 has its waiter, and stays.
+    assert_eq!(limiter.sweep(), 1);
+    assert_eq!(limiter.len(), 1);
+    assert!(limiter.try_acquire(&TouchyEq(3)).is_ok());
+    assert!(waiter.as_mut().poll(&mut cx).is_ready());
+}
