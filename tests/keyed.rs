@@ -1193,3 +1193,69 @@ fn a_sweep_that_unwinds_leaves_its_shard_to_later_sweeps() {
     assert!(limiter.try_acquire(&TouchyEq(3)).is_ok());
     assert!(waiter.as_mut().poll(&mut cx).is_ready());
 }
+
+/// Decisions across a reconfiguration, with keys evicted under the new parameters, match one
+/// unkeyed limiter per key reconfigured alike: a key's state is kept through the change (a
+/// shorter window's admissions that outlive it, a token bucket's debt translated to the new
+/// epoch), and a key is evicted only once a fresh state would decide as its own would.
+#[test]
+fn decisions_across_a_reconfiguration_and_evictions_match_an_unkeyed_limiter() {
+    let window = |limit, window| {
+        [
+            Algorithm::FixedWindow { limit, window },
+            Algorithm::SlidingWindow { limit, window },
+            Algorithm::SlidingCounter { limit, window },
+        ]
+    };
+    let bucket = |per_second, burst| Algorithm::TokenBucket {
+        rate: Rate::per_second(per_second),
+        burst,
+    };
+    let mut pairs: Vec<(Algorithm, Algorithm)> = Vec::new();
+    for (from, to) in window(3, SEC).into_iter().zip(window(2, SEC / 3)) {
+        pairs.push((from, to));
+    }
+    for (from, to) in window(3, SEC).into_iter().zip(window(5, 3 * SEC)) {
+        pairs.push((from, to));
+    }
+    pairs.push((bucket(3, 3), bucket(1, 2)));
+    pairs.push((bucket(3, 3), bucket(10, 6)));
+    for (from, to) in pairs {
+        let mut evicted = 0;
+        for (before_ms, step_ms) in [(0, 111), (300, 7), (950, 333), (950, 1000)] {
+            let clock = ManualClock::new();
+            // Room for the larger limit in an exact sliding window's rings.
+            let keyed = KeyedLimiter::builder(from)
+                .clock(clock.clone())
+                .max_limit(5)
+                .build()
+                .unwrap();
+            let single = turnstile::RateLimiter::builder(from)
+                .clock(clock.clone())
+                .max_limit(5)
+                .build()
+                .unwrap();
+            clock.advance(Duration::from_millis(before_ms));
+            for _ in 0..3 {
+                assert_eq!(keyed.try_acquire(&1), single.try_acquire());
+            }
+            clock.advance(Duration::from_millis(step_ms));
+            keyed.reconfigure(to).unwrap();
+            single.reconfigure(to).unwrap();
+            for i in 0..100 {
+                clock.advance(Duration::from_millis(step_ms));
+                keyed.sweep();
+                // New keys, whose inserts sweep too.
+                keyed.try_acquire(&(100 + i)).unwrap();
+                let n = 1 + (i % 2) as u32;
+                assert_eq!(
+                    keyed.try_acquire_n(&1, n),
+                    single.try_acquire_n(n),
+                    "{from:?} -> {to:?}, {before_ms} ms then steps of {step_ms} ms, step {i}"
+                );
+            }
+            evicted += keyed.stats().evicted;
+        }
+        assert!(evicted > 0, "{to:?}: nothing was evicted");
+    }
+}
