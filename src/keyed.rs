@@ -1539,12 +1539,14 @@ where
         // The slot first, as a sweep gives it back (see `sweep_shard`): a caller of the key
         // that meets the retired cell needs a fresh one.
         ctx.release_keys(1);
+        // Relaxed: bookkeeping, as in `removed`. Counted before the removal, whose lookup runs
+        // the key's `Hash` and `Eq`: should they panic, the key is forgotten all the same (a
+        // sweep, or a caller that meets it, removes the dead entry without counting it).
+        shard.len.fetch_sub(1, Ordering::Relaxed);
+        ctx.forgotten.fetch_add(1, Ordering::Relaxed);
         // The dead entry goes now, unless a caller that met it first removed it already (and
         // inserted a fresh cell, which `remove_if` leaves alone).
         shard.map.remove_if(key, A::retired);
-        // Relaxed: bookkeeping, as in `removed`.
-        shard.len.fetch_sub(1, Ordering::Relaxed);
-        ctx.forgotten.fetch_add(1, Ordering::Relaxed);
         true
     }
 

@@ -1259,3 +1259,59 @@ fn decisions_across_a_reconfiguration_and_evictions_match_an_unkeyed_limiter() {
         assert!(evicted > 0, "{to:?}: nothing was evicted");
     }
 }
+
+/// A reset that unwinds out of its key's `Eq` after it has forgotten the key's state (in the
+/// removal of the dead entry) still counts the key as reset, and no sweep counts it as evicted.
+/// (The counts came after the removal, so such a key was forgotten and counted nowhere.)
+#[test]
+fn a_reset_that_unwinds_after_forgetting_still_counts_the_key() {
+    type Hasher = std::hash::BuildHasherDefault<Constant>;
+    for algorithm in all_algorithms(1) {
+        let mut forgotten_by_an_unwind = 0;
+        for nth in 1.. {
+            let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(algorithm)
+                .clock(ManualClock::new())
+                .hasher(Hasher::default())
+                .build()
+                .unwrap();
+            limiter.try_acquire(&TouchyEq(1)).unwrap();
+            PANIC_ON_EQ.with(|c| c.set(nth));
+            let reset = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                limiter.reset(&TouchyEq(1))
+            }));
+            PANIC_ON_EQ.with(|c| c.set(0));
+            let forgot = match reset {
+                Ok(forgot) => {
+                    assert!(forgot, "{algorithm:?}");
+                    break;
+                }
+                // Limit 1, taken: the state was forgotten if the key has its permit back.
+                Err(_) => limiter.available(&TouchyEq(1)) == 1,
+            };
+            forgotten_by_an_unwind += u32::from(forgot);
+            let stats = limiter.stats();
+            assert_eq!(
+                stats.reset,
+                u64::from(forgot),
+                "{algorithm:?}, comparison {nth}"
+            );
+            assert_eq!(
+                stats.keys,
+                usize::from(!forgot),
+                "{algorithm:?}, comparison {nth}"
+            );
+            limiter.clock().advance(Duration::from_secs(5));
+            limiter.sweep();
+            assert_eq!(
+                limiter.stats().evicted,
+                u64::from(!forgot),
+                "{algorithm:?}, comparison {nth}"
+            );
+            assert!(limiter.is_empty(), "{algorithm:?}");
+        }
+        assert!(
+            forgotten_by_an_unwind > 0,
+            "{algorithm:?}: no unwind after forgetting"
+        );
+    }
+}
