@@ -667,14 +667,77 @@ impl<K, C: Clock, S> Ctx<K, C, S> {
 }
 
 /// A key slot reserved under the cap by a call that has yet to insert its key: dropped (only by
-/// an unwind out of the key's `Clone`, see `Keyed::first_use`), it gives the slot back.
+/// an unwind out of the key's `Clone`, `Hash` or `Eq`, see `Keyed::first_use`), it gives the
+/// slot back, and the count in its shard's `len` once that is taken.
 struct SlotOnUnwind<'a, K, C: Clock, S> {
     ctx: &'a Ctx<K, C, S>,
+    len: Option<&'a AtomicU64>,
 }
 
 impl<K, C: Clock, S> Drop for SlotOnUnwind<'_, K, C, S> {
     fn drop(&mut self) {
+        if let Some(len) = self.len {
+            // Relaxed: bookkeeping, as where it was counted (`first_use`).
+            len.fetch_sub(1, Ordering::Relaxed);
+        }
         self.ctx.release_keys(1);
+    }
+}
+
+/// Ends a [`KeyedLimiter::reset`] when dropped: takes `Ctx::resets` back to even, however the
+/// reset ends (see there).
+struct ResetEnds<'a>(&'a AtomicU64);
+
+impl Drop for ResetEnds<'_> {
+    fn drop(&mut self) {
+        // Release: back to even, after the retirement; pairs with a chain commit's Acquire
+        // load, so that a commit that reads this value decides on a cell made after it.
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Counts `n` keys evicted: by the sweep that retired their cells, which is exactly one per
+/// cell (retirement is a compare-and-swap, and final), whoever then removes the dead entry.
+/// Their slots under the cap were given back one by one as they were retired (see
+/// `Keyed::sweep_shard`); these are the counts nothing decides on.
+fn removed<K, V, C: Clock, S>(ctx: &Ctx<K, C, S>, shard: &Shard<K, V, S>, n: u64) {
+    if n > 0 {
+        // Relaxed: counts only.
+        shard.len.fetch_sub(n, Ordering::Relaxed);
+        ctx.evicted.fetch_add(n, Ordering::Relaxed);
+        EVICTED_HERE.with(|here| here.set(here.get().wrapping_add(n)));
+    }
+}
+
+/// A sweep of one shard under way (`Keyed::sweep_shard`), which holds the shard's `sweeping`
+/// flag: dropped, it clears the flag, however the sweep ends. A sweep can unwind mid-walk, out
+/// of a key's `Hash` or `Eq` where it asks whether an idle key has waiters; the flag then
+/// stayed set, and every later sweep and search for room skipped the shard for good (its idle
+/// keys kept their slots, and at the cap new keys were refused though they were there to
+/// evict). Such an unwind also lowers the shard's hint and `room_at` to 0 (the walk had raised
+/// the hint to "never", and the keys it did not reach may be idle) and counts the keys it
+/// evicted.
+struct Sweeping<'a, K, V, C: Clock, S> {
+    ctx: &'a Ctx<K, C, S>,
+    shard: &'a Shard<K, V, S>,
+    /// Keys this sweep has evicted so far.
+    evicted: std::cell::Cell<u64>,
+    /// Set once the sweep has kept its books (hints and counts) itself.
+    finished: bool,
+}
+
+impl<K, V, C: Clock, S> Drop for Sweeping<'_, K, V, C, S> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Release, both: as `Keyed::forget_hints`'s lowering (a sweep or search whose
+            // opening swap reads our 0 sees what was done before it).
+            self.shard.not_before.fetch_min(0, Ordering::Release);
+            self.ctx.room_at.fetch_min(0, Ordering::Release);
+            removed(self.ctx, self.shard, self.evicted.get());
+        }
+        // Release: pairs with the Acquire that starts the next sweep of this shard, so our
+        // bookkeeping is visible to it.
+        self.shard.sweeping.store(0, Ordering::Release);
     }
 }
 
@@ -944,19 +1007,20 @@ where
         // retires a cell that has not admitted yet (`Algo::retire`), so the inserter is not
         // starved by one looping beside it.
         // The map's copy of the key, made now that the slot is ours (a call refused at the cap
-        // clones nothing). Should the key's `Clone` panic, the slot goes back as it unwinds:
-        // kept, each such panic took a slot of the cap for good.
-        let owned = {
-            let slot = SlotOnUnwind { ctx };
-            let owned = key.clone();
-            std::mem::forget(slot);
-            owned
-        };
+        // clones nothing). Should the key's `Clone` panic, or its `Hash` or `Eq` inside the
+        // map's insert (which then inserts nothing), the slot and the count in `len` go back as
+        // it unwinds: kept, each such panic took a slot of the cap for good.
+        let mut slot = SlotOnUnwind { ctx, len: None };
+        let owned = key.clone();
         // Relaxed: bookkeeping for when to sweep; no decision about admissions depends on it.
         // Counted before the insert so that a concurrent removal never takes `len` below zero.
         let len = shard.len.fetch_add(1, Ordering::Relaxed) + 1;
+        slot.len = Some(&shard.len);
         let ((outcome, unused), inserted) =
             shard.map.insert_then(owned, self.algo.cell(), |cell| {
+                // The map has placed the key (ours inserted, or another's found): from here the
+                // books are kept below, whatever happened.
+                std::mem::forget(slot);
                 let outcome = op(cell);
                 // Whether the call left the cell unused (it failed, or it was a chain's decided
                 // rejection), and which cell that is. One load of the word just decided on; for
@@ -1118,19 +1182,6 @@ where
         shard.map.remove_if(key, A::retired);
     }
 
-    /// Counts `n` keys evicted: by the sweep that retired their cells, which is exactly one per
-    /// cell (retirement is a compare-and-swap, and final), whoever then removes the dead entry.
-    /// Their slots under the cap were given back one by one as they were retired (see
-    /// `sweep_shard`); these are the counts nothing decides on.
-    fn removed<C: Clock>(ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>, n: u64) {
-        if n > 0 {
-            // Relaxed: counts only.
-            shard.len.fetch_sub(n, Ordering::Relaxed);
-            ctx.evicted.fetch_add(n, Ordering::Relaxed);
-            EVICTED_HERE.with(|here| here.set(here.get().wrapping_add(n)));
-        }
-    }
-
     /// Retires and removes every idle key of `shard`; returns how many. Skips the shard if
     /// another thread is sweeping it or if nothing in it can be idle yet. `search`: a sweep of
     /// a search for room (`make_room`), which rebuilds `room_at` from the shard hints itself.
@@ -1154,6 +1205,12 @@ where
         {
             return 0;
         }
+        let mut sweeping = Sweeping {
+            ctx,
+            shard,
+            evicted: std::cell::Cell::new(0),
+            finished: false,
+        };
         shard.inserted.store(0, Ordering::Relaxed);
         // AcqRel: Acquire pairs with the Release store of an insert (see `first_use`). From here
         // the hint is rebuilt: this sweep lowers it to the earliest time a key it saw turns idle,
@@ -1162,7 +1219,7 @@ where
         // shard left at "never" with an idle key in it.)
         shard.not_before.swap(u64::MAX, Ordering::AcqRel);
         let mut next = u64::MAX;
-        let mut evicted = 0;
+        let evicted = &sweeping.evicted;
         // One walk that retires each idle cell and removes its entry in place (no second lookup
         // per key). A cell found retired already (by an earlier walk of a table that a resize
         // then replaced) is only removed.
@@ -1196,7 +1253,7 @@ where
                     // the map therefore no longer counts against the cap; it is removed right
                     // below, so at most one per sweeping thread is ever in that state.
                     ctx.release_keys(1);
-                    evicted += 1;
+                    evicted.set(evicted.get() + 1);
                     false
                 }
                 Err(idle_at) => {
@@ -1215,9 +1272,10 @@ where
             // swap overwrites this (see `room_at`).
             ctx.room_at.fetch_min(next, Ordering::Release);
         }
-        Self::removed(ctx, shard, evicted);
-        // Release: pairs with the Acquire above.
-        shard.sweeping.store(0, Ordering::Release);
+        let evicted = evicted.get();
+        removed(ctx, shard, evicted);
+        // The flag is cleared as `sweeping` drops (Release: pairs with the Acquire above).
+        sweeping.finished = true;
         evicted
     }
 
@@ -1481,12 +1539,14 @@ where
         // The slot first, as a sweep gives it back (see `sweep_shard`): a caller of the key
         // that meets the retired cell needs a fresh one.
         ctx.release_keys(1);
+        // Relaxed: bookkeeping, as in `removed`. Counted before the removal, whose lookup runs
+        // the key's `Hash` and `Eq`: should they panic, the key is forgotten all the same (a
+        // sweep, or a caller that meets it, removes the dead entry without counting it).
+        shard.len.fetch_sub(1, Ordering::Relaxed);
+        ctx.forgotten.fetch_add(1, Ordering::Relaxed);
         // The dead entry goes now, unless a caller that met it first removed it already (and
         // inserted a fresh cell, which `remove_if` leaves alone).
         shard.map.remove_if(key, A::retired);
-        // Relaxed: bookkeeping, as in `removed`.
-        shard.len.fetch_sub(1, Ordering::Relaxed);
-        ctx.forgotten.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -2359,11 +2419,11 @@ where
             // (`algorithm::retire_word`): whoever meets the retired cell, and anyone who then
             // finds the key's new cell in the map, sees this increment (see `chain_refund`).
             ctx.resets.fetch_add(1, Ordering::Relaxed);
-            let forgot = with_store!(&inner.store, s => s.reset(ctx, shard, key));
-            // Release: back to even, after the retirement; pairs with a chain commit's Acquire
-            // load, so that a commit that reads this value decides on a cell made after it.
-            ctx.resets.fetch_add(1, Ordering::Release);
-            forgot
+            // Back to even when this ends, even by an unwind out of the key's `Hash` or `Eq`
+            // in the lookups: left odd, the count said a reset was running for good, and every
+            // later refund on the limiter was dropped. Dropped before the mutex guard.
+            let _ends = ResetEnds(&ctx.resets);
+            with_store!(&inner.store, s => s.reset(ctx, shard, key))
         };
         if forgot {
             // Chain callers too (told of every key's reset: they look again, and a caller of

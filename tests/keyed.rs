@@ -1022,3 +1022,296 @@ fn a_key_made_idle_by_a_refund_makes_room_at_the_cap_at_once() {
         assert_eq!(limiter.len(), 1, "{algorithm:?}");
     }
 }
+
+/// A key whose `Eq` panics on the `n`th comparison after being armed (`PANIC_ON_EQ`), hashed
+/// to one constant so that every pair of keys is compared.
+#[derive(Clone, Debug)]
+struct TouchyEq(u64);
+
+impl std::hash::Hash for TouchyEq {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+thread_local! {
+    static PANIC_ON_EQ: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+impl PartialEq for TouchyEq {
+    fn eq(&self, other: &Self) -> bool {
+        let countdown = PANIC_ON_EQ.with(|c| c.get());
+        if countdown > 0 {
+            PANIC_ON_EQ.with(|c| c.set(countdown - 1));
+            if countdown == 1 {
+                panic!("TouchyEq panicked");
+            }
+        }
+        self.0 == other.0
+    }
+}
+
+impl Eq for TouchyEq {}
+
+#[derive(Default)]
+struct Constant;
+
+impl std::hash::Hasher for Constant {
+    fn finish(&self) -> u64 {
+        0
+    }
+    fn write(&mut self, _: &[u8]) {}
+}
+
+/// A key's `Eq` that panics anywhere in a call for a new key (its lookups, the insert that
+/// compares it with the keys beside it) takes no slot of the cap and leaves no count behind:
+/// the panic unwinds out of the call, and the key can be admitted later. (A panic inside the
+/// map's insert, after the slot was reserved, kept the slot for good: at `max_keys(2)` with one
+/// busy key held, the new key was then refused `TooManyKeys`.)
+#[test]
+fn a_key_whose_eq_panics_during_its_insert_takes_no_slot() {
+    type Hasher = std::hash::BuildHasherDefault<Constant>;
+    for algorithm in all_algorithms(3) {
+        let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(algorithm)
+            .clock(ManualClock::new())
+            .hasher(Hasher::default())
+            .max_keys(2)
+            .build()
+            .unwrap();
+        limiter.try_acquire(&TouchyEq(1)).unwrap();
+        // Panic at every comparison a call for key 2 makes, one after another, until a call
+        // makes none that panics.
+        let mut panics = 0;
+        for nth in 1.. {
+            PANIC_ON_EQ.with(|c| c.set(nth));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                limiter.try_acquire(&TouchyEq(2))
+            }));
+            PANIC_ON_EQ.with(|c| c.set(0));
+            match outcome {
+                Err(_) => {
+                    panics += 1;
+                    assert_eq!(
+                        limiter.len(),
+                        1,
+                        "{algorithm:?}: comparison {nth} kept a slot"
+                    );
+                }
+                Ok(decided) => {
+                    assert!(
+                        decided.is_ok(),
+                        "{algorithm:?}: {decided:?} after {panics} panics"
+                    );
+                    break;
+                }
+            }
+        }
+        assert!(
+            panics >= 3,
+            "{algorithm:?}: only {panics} comparisons panicked"
+        );
+        assert_eq!(limiter.len(), 2, "{algorithm:?}");
+        // Both keys are held, and a third is refused as the cap says.
+        assert!(matches!(
+            limiter.try_acquire(&TouchyEq(3)),
+            Err(TryAcquireError::TooManyKeys { max_keys: 2 })
+        ));
+        limiter.clock().advance(Duration::from_secs(5));
+        assert_eq!(limiter.sweep(), 2, "{algorithm:?}");
+        assert_eq!(limiter.len(), 0, "{algorithm:?}");
+    }
+}
+
+/// A reset whose key's `Eq` panics (in the lookup of the key to forget) leaves no reset
+/// "running" behind it: a refund made after it still gives its permit back. (The count of
+/// resets was left odd, as if a reset never ended, so every refund on the limiter was dropped
+/// from then on, for every key.)
+#[test]
+fn a_reset_whose_key_panics_leaves_later_refunds_whole() {
+    type Hasher = std::hash::BuildHasherDefault<Constant>;
+    for algorithm in all_algorithms(1) {
+        let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(algorithm)
+            .clock(ManualClock::new())
+            .hasher(Hasher::default())
+            .build()
+            .unwrap();
+        limiter.try_acquire(&TouchyEq(1)).unwrap();
+        PANIC_ON_EQ.with(|c| c.set(1));
+        let reset =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| limiter.reset(&TouchyEq(2))));
+        PANIC_ON_EQ.with(|c| c.set(0));
+        assert!(
+            reset.is_err(),
+            "{algorithm:?}: the comparison did not panic"
+        );
+        let taken = limiter.try_acquire_refundable(&TouchyEq(3), 1).unwrap();
+        taken.refund();
+        assert!(
+            limiter.try_acquire(&TouchyEq(3)).is_ok(),
+            "{algorithm:?}: the refund was dropped"
+        );
+        // Resets still work.
+        assert!(limiter.reset(&TouchyEq(1)));
+        assert!(limiter.try_acquire(&TouchyEq(1)).is_ok());
+    }
+}
+
+/// A sweep that unwinds (a key's `Eq` panicking where the sweep asks whether an idle key has
+/// waiters) leaves its shard to later sweeps: they evict its idle keys, and a new key at the cap
+/// gets the room. (The shard's "being swept" flag stayed set, so every later sweep and search
+/// for room skipped the shard for good: its idle keys held their slots, and new keys were
+/// refused `TooManyKeys` though idle keys were there to evict.)
+#[cfg(feature = "tokio")]
+#[test]
+fn a_sweep_that_unwinds_leaves_its_shard_to_later_sweeps() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    type Hasher = std::hash::BuildHasherDefault<Constant>;
+    let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(Algorithm::FixedWindow {
+        limit: 1,
+        window: SEC,
+    })
+    .clock(ManualClock::new())
+    .hasher(Hasher::default())
+    .max_keys(2)
+    .build()
+    .unwrap();
+    // Key 1 exhausted, with a waiter (so a sweep asks about waiters); key 2 admitted.
+    limiter.try_acquire(&TouchyEq(1)).unwrap();
+    let mut waiter = Box::pin(limiter.acquire(&TouchyEq(1)));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(waiter.as_mut().poll(&mut cx).is_pending());
+    limiter.try_acquire(&TouchyEq(2)).unwrap();
+    limiter.clock().advance(2 * SEC);
+    PANIC_ON_EQ.with(|c| c.set(1));
+    let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| limiter.sweep()));
+    PANIC_ON_EQ.with(|c| c.set(0));
+    assert!(swept.is_err(), "the comparison did not panic");
+    // Key 2 is idle and evicted now; key 1 has its waiter, and stays.
+    assert_eq!(limiter.sweep(), 1);
+    assert_eq!(limiter.len(), 1);
+    assert!(limiter.try_acquire(&TouchyEq(3)).is_ok());
+    assert!(waiter.as_mut().poll(&mut cx).is_ready());
+}
+
+/// Decisions across a reconfiguration, with keys evicted under the new parameters, match one
+/// unkeyed limiter per key reconfigured alike: a key's state is kept through the change (a
+/// shorter window's admissions that outlive it, a token bucket's debt translated to the new
+/// epoch), and a key is evicted only once a fresh state would decide as its own would.
+#[test]
+fn decisions_across_a_reconfiguration_and_evictions_match_an_unkeyed_limiter() {
+    let window = |limit, window| {
+        [
+            Algorithm::FixedWindow { limit, window },
+            Algorithm::SlidingWindow { limit, window },
+            Algorithm::SlidingCounter { limit, window },
+        ]
+    };
+    let bucket = |per_second, burst| Algorithm::TokenBucket {
+        rate: Rate::per_second(per_second),
+        burst,
+    };
+    let mut pairs: Vec<(Algorithm, Algorithm)> = Vec::new();
+    for (from, to) in window(3, SEC).into_iter().zip(window(2, SEC / 3)) {
+        pairs.push((from, to));
+    }
+    for (from, to) in window(3, SEC).into_iter().zip(window(5, 3 * SEC)) {
+        pairs.push((from, to));
+    }
+    pairs.push((bucket(3, 3), bucket(1, 2)));
+    pairs.push((bucket(3, 3), bucket(10, 6)));
+    for (from, to) in pairs {
+        let mut evicted = 0;
+        for (before_ms, step_ms) in [(0, 111), (300, 7), (950, 333), (950, 1000)] {
+            let clock = ManualClock::new();
+            // Room for the larger limit in an exact sliding window's rings.
+            let keyed = KeyedLimiter::builder(from)
+                .clock(clock.clone())
+                .max_limit(5)
+                .build()
+                .unwrap();
+            let single = turnstile::RateLimiter::builder(from)
+                .clock(clock.clone())
+                .max_limit(5)
+                .build()
+                .unwrap();
+            clock.advance(Duration::from_millis(before_ms));
+            for _ in 0..3 {
+                assert_eq!(keyed.try_acquire(&1), single.try_acquire());
+            }
+            clock.advance(Duration::from_millis(step_ms));
+            keyed.reconfigure(to).unwrap();
+            single.reconfigure(to).unwrap();
+            for i in 0..100 {
+                clock.advance(Duration::from_millis(step_ms));
+                keyed.sweep();
+                // New keys, whose inserts sweep too.
+                keyed.try_acquire(&(100 + i)).unwrap();
+                let n = 1 + (i % 2) as u32;
+                assert_eq!(
+                    keyed.try_acquire_n(&1, n),
+                    single.try_acquire_n(n),
+                    "{from:?} -> {to:?}, {before_ms} ms then steps of {step_ms} ms, step {i}"
+                );
+            }
+            evicted += keyed.stats().evicted;
+        }
+        assert!(evicted > 0, "{to:?}: nothing was evicted");
+    }
+}
+
+/// A reset that unwinds out of its key's `Eq` after it has forgotten the key's state (in the
+/// removal of the dead entry) still counts the key as reset, and no sweep counts it as evicted.
+/// (The counts came after the removal, so such a key was forgotten and counted nowhere.)
+#[test]
+fn a_reset_that_unwinds_after_forgetting_still_counts_the_key() {
+    type Hasher = std::hash::BuildHasherDefault<Constant>;
+    for algorithm in all_algorithms(1) {
+        let mut forgotten_by_an_unwind = 0;
+        for nth in 1.. {
+            let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(algorithm)
+                .clock(ManualClock::new())
+                .hasher(Hasher::default())
+                .build()
+                .unwrap();
+            limiter.try_acquire(&TouchyEq(1)).unwrap();
+            PANIC_ON_EQ.with(|c| c.set(nth));
+            let reset = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                limiter.reset(&TouchyEq(1))
+            }));
+            PANIC_ON_EQ.with(|c| c.set(0));
+            let forgot = match reset {
+                Ok(forgot) => {
+                    assert!(forgot, "{algorithm:?}");
+                    break;
+                }
+                // Limit 1, taken: the state was forgotten if the key has its permit back.
+                Err(_) => limiter.available(&TouchyEq(1)) == 1,
+            };
+            forgotten_by_an_unwind += u32::from(forgot);
+            let stats = limiter.stats();
+            assert_eq!(
+                stats.reset,
+                u64::from(forgot),
+                "{algorithm:?}, comparison {nth}"
+            );
+            assert_eq!(
+                stats.keys,
+                usize::from(!forgot),
+                "{algorithm:?}, comparison {nth}"
+            );
+            limiter.clock().advance(Duration::from_secs(5));
+            limiter.sweep();
+            assert_eq!(
+                limiter.stats().evicted,
+                u64::from(!forgot),
+                "{algorithm:?}, comparison {nth}"
+            );
+            assert!(limiter.is_empty(), "{algorithm:?}");
+        }
+        assert!(
+            forgotten_by_an_unwind > 0,
+            "{algorithm:?}: no unwind after forgetting"
+        );
+    }
+}
