@@ -16,7 +16,7 @@ use turnstile::http::{HttpConfig, HttpLimiter};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Rejections (debug), bans and reload failures (warn) are tracing events.
+    // Rejections (debug), bans and reloads (info) and reload failures (error) are tracing events.
     tracing_subscriber::fmt()
         .with_max_level(tracing::Level::INFO)
         .init();
