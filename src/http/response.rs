@@ -32,7 +32,7 @@ pub struct ResponseConfig {
     /// (400 by default; `400..=599`).
     pub no_key_status: u16,
     /// The status when the counting backend (Redis) failed and its failure policy rejects
-    /// ([`RejectReason::Unavailable`](crate::http::RejectReason::Unavailable); 503 by default,
+    /// ([`RejectReason::Unavailable`]; 503 by default,
     /// `400..=599`): the client did not exceed anything, and a 429 would tell it, and the
     /// dashboards counting 429s, that it had.
     pub unavailable_status: u16,
