@@ -32,9 +32,8 @@ pub struct ResponseConfig {
     /// (400 by default; `400..=599`).
     pub no_key_status: u16,
     /// The status when the counting backend (Redis) failed and its failure policy rejects
-    /// ([`RejectReason::Unavailable`]; 503 by default,
-    /// `400..=599`): the client did not exceed anything, and a 429 would tell it, and the
-    /// dashboards counting 429s, that it had.
+    /// ([`RejectReason::Unavailable`]; 503 by default, `400..=599`): the client did not exceed
+    /// anything, and a 429 would tell it, and the dashboards counting 429s, that it had.
     pub unavailable_status: u16,
     /// The rejection body's content type. `None` (the default): `application/problem+json`
     /// for the built-in problem+json body, `text/plain; charset=utf-8` for a `body` template
