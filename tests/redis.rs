@@ -2837,6 +2837,81 @@ async fn concurrent_acquires_retrying_after_a_timeout_are_each_charged_once() {
     assert_all_keys_expire(&mut con);
 }
 
+/// An `acquire` whose attempt timed out and then admitted late in Redis must find that
+/// admission on its retry even when this process's deny cache meanwhile holds a rejection of
+/// the subject that the late permit caused (another caller's, by the hour the permit filled):
+/// Redis answers the call's recorded admission, so a cached rejection is stricter than Redis.
+/// The retry was rejected locally until the hour's end, and charged again after it.
+#[tokio::test]
+async fn an_acquire_retrying_after_a_timeout_finds_its_admission_past_the_deny_cache() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(40));
+    let deadline = Duration::from_millis(50);
+    let period = Duration::from_secs(2);
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::new(1, period),
+            burst: 1,
+        },
+        FailurePolicy::Fallback { share: 1.0 },
+    )
+    .and_limit(Algorithm::FixedWindow {
+        limit: 2,
+        window: hour,
+    })
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .build(manager(&server).await)
+    .unwrap();
+    // Every script cached, so that a late `EVALSHA` runs.
+    limiter.acquire("warm").await.unwrap();
+    limiter.try_acquire("warm too").await.unwrap();
+    // Redis: the bucket emptied, the hour's first permit taken.
+    limiter.try_acquire("s").await.unwrap();
+    let emptied = tokio::time::Instant::now();
+    // The local bucket emptied later, by a decision that timed out (its script, run late,
+    // found Redis's bucket empty and took nothing).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    server.pause();
+    timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    server.resume();
+    // Redis's bucket full again, the local one still empty for about a second: the acquire's
+    // attempt times out, the local bucket rejects it, and the attempt admits late in Redis,
+    // taking the hour's last permit (recorded under the call's id).
+    tokio::time::sleep_until(emptied + period + Duration::from_millis(100)).await;
+    server.pause();
+    let record = [PREFIX, ":{s}:acq"].concat();
+    let other = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.resume();
+        let mut raw = server.connection();
+        while !raw.exists::<_, bool>(&record).unwrap() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Another caller: the hour is full; Redis rejects it until the hour's end, and the
+        // deny cache keeps that.
+        let rejected = rejection(limiter.try_acquire("s").await);
+        assert!(
+            rejected.retry_after() > Duration::from_secs(10),
+            "{rejected:?}"
+        );
+        assert_eq!(limiter.denied_subjects(), 1);
+    };
+    let (admission, ()) = tokio::join!(
+        limiter.acquire_timeout("s", 1, Duration::from_secs(5)),
+        other
+    );
+    assert!(
+        admission.is_ok(),
+        "the late admission answered: {admission:?}"
+    );
+    let hourly = limiter.keys("s").remove(1);
+    assert_eq!(field(&mut con, &hourly, "c"), 2, "the call charged once");
+    assert_all_keys_expire(&mut con);
+}
+
 /// Every algorithm's `acquire` script: distinct calls are each charged (only a call's own
 /// retry finds its field in the subject's record), and the records expire with the state; a
 /// reset deletes both. Only a limiter with a fallback writes records: under the other policies

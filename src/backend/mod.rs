@@ -1107,17 +1107,19 @@ where
 
     /// One decision for `n` permits, as [`try_acquire_n`](Self::try_acquire_n); an attempt of
     /// the `acquire` call `call` runs the parameters' `once` script, which answers a call
-    /// already admitted from its record instead of charging it again.
+    /// already admitted from its record instead of charging it again, and skips the deny cache
+    /// once an earlier attempt of the call got no reply (see [`Call`]).
     async fn decide(
         &self,
         subject: &Tag<'_>,
         n: u32,
-        call: Option<u64>,
+        call: Option<&Call>,
     ) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
         let loaded = inner.config.load();
         let sent = Instant::now();
-        inner.before(&loaded, subject, n, sent)?;
+        let deny = !call.is_some_and(Call::unanswered);
+        inner.before(&loaded, subject, n, sent, deny)?;
         // Past the deny cache: the round trip and its answer use this snapshot.
         let config = arc_swap::Guard::into_inner(loaded);
         let script = if call.is_some() {
@@ -1127,7 +1129,7 @@ where
         };
         let reply = within(
             inner.deadline,
-            inner.eval_call(&config, script, subject, n, call),
+            inner.eval_call(&config, script, subject, n, call.map(|c| c.id)),
         )
         .await
         .and_then(|reply| parse(inner.repaired(&reply, 4)));
@@ -1139,7 +1141,12 @@ where
             Ok(Err((retry_after, member))) => {
                 Err(inner.rejected(&config, subject, n, sent, retry_after, member, true))
             }
-            Err(failure) => inner.fail(&config, failure, subject, n),
+            Err(failure) => {
+                if let Some(call) = call {
+                    call.unanswered.store(1, Ordering::Relaxed);
+                }
+                inner.fail(&config, failure, subject, n)
+            }
         }
     }
 
@@ -1349,7 +1356,9 @@ where
     /// share is spent), the call waits and tries again, and that attempt finds the call's id in
     /// the subject's record (`prefix:{subject}:acq`, a hash of call id → admission, written by
     /// the admission of an `acquire` call's attempt) and answers the recorded admission instead
-    /// of taking the permits a second time (while that admission still counts in every limit:
+    /// of taking the permits a second time (the attempts after one that got no reply skip the
+    /// deny cache, whose rejection of the subject, cached since, may be one the late admission
+    /// caused: Redis answers the record; while that admission still counts in every limit:
     /// after its reset, for a chain its shortest limit's, for an exact sliding window a window
     /// after the admission (its own permits' expiry, which older permits of a longer window may
     /// outlive), the retry decides afresh, as the first permit no longer weighs on that limit; a
@@ -1402,8 +1411,8 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let subject = Tag::of(subject.as_ref());
-        let call = self.inner.records().then(call_id);
-        crate::clock::retry_rejections(None, || self.decide(&subject, n, call)).await
+        let call = self.inner.records().then(|| Call::new(call_id()));
+        crate::clock::retry_rejections(None, || self.decide(&subject, n, call.as_ref())).await
     }
 
     /// [`acquire_n`](Self::acquire_n) within a time limit: the wait ends with
@@ -1449,8 +1458,9 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let subject = Tag::of(subject.as_ref());
-        let call = self.inner.records().then(call_id);
-        crate::clock::retry_rejections(Some(timeout), || self.decide(&subject, n, call)).await
+        let call = self.inner.records().then(|| Call::new(call_id()));
+        crate::clock::retry_rejections(Some(timeout), || self.decide(&subject, n, call.as_ref()))
+            .await
     }
 }
 
@@ -1823,20 +1833,25 @@ impl<C> Inner<C> {
         self.config.load_full()
     }
 
-    /// What is settled before any round trip: `n` must fit the capacity, and `subject` must not
-    /// be denied for `n` at `sent` by the deny cache (counted as denied locally).
+    /// What is settled before any round trip: `n` must fit the capacity, and (if `deny`)
+    /// `subject` must not be denied for `n` at `sent` by the deny cache (counted as denied
+    /// locally).
     fn before(
         &self,
         config: &Config,
         subject: &Tag<'_>,
         n: u32,
         sent: Instant,
+        deny: bool,
     ) -> Result<(), TryAcquireError> {
         if n > config.capacity {
             return Err(TryAcquireError::InsufficientCapacity {
                 requested: n,
                 capacity: config.capacity,
             });
+        }
+        if !deny {
+            return Ok(());
         }
         if let Some((left, limit)) = config.deny.check(subject.bytes(), n, sent) {
             self.count(DENIED_LOCALLY);
@@ -2036,6 +2051,35 @@ where
 /// a hash of at most [`REDIS_ACQUIRE_RECORDS`] call ids.
 fn record(prefix: &str, subject: &Tag<'_>) -> Vec<u8> {
     keys::key(prefix, subject, "acq")
+}
+
+/// The attempts of one `acquire` call that keeps a record ([`FailurePolicy::Fallback`]): its
+/// id, and whether an attempt of it got no reply.
+struct Call {
+    /// The id every attempt carries ([`call_id`]).
+    id: u64,
+    /// 1 once an attempt got no reply (it missed the deadline, or its connection failed): Redis
+    /// may have run it and admitted the call, and then answers the call's next attempts from
+    /// its record. Those attempts skip the deny cache: a rejection of the subject cached since
+    /// (another caller's, on the permits the late admission took) is stricter than Redis for
+    /// this call, and held it back until that rejection's end, past which its admission no
+    /// longer counted and the retry was charged again. Relaxed: the attempts run one after the
+    /// other in the call's task, which orders the store before the next attempt's load.
+    unanswered: AtomicU64,
+}
+
+impl Call {
+    fn new(id: u64) -> Self {
+        Call {
+            id,
+            unanswered: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether an earlier attempt got no reply.
+    fn unanswered(&self) -> bool {
+        self.unanswered.load(Ordering::Relaxed) != 0
+    }
 }
 
 /// A fresh id for one `acquire` call, carried by each of its attempts: random, so that calls
@@ -2307,7 +2351,7 @@ mod tests {
         // This window's one permit, taken by another caller.
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: the window is full.
-        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
+        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(&Call::new(7))).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
@@ -2346,7 +2390,10 @@ mod tests {
         .unwrap();
         // Call 7's attempt admitted (its reply lost, say): a permit in this second's window and
         // one in the hour's, which counts it still after this second.
-        let first = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await.unwrap();
+        let first = limiter
+            .decide(&Tag::of(b"s"), 1, Some(&Call::new(7)))
+            .await
+            .unwrap();
         assert!(first.reset_after() > Duration::from_secs(30), "{first:?}");
         // The next second's window (Redis's clock is the real one), whose one permit another
         // caller takes.
@@ -2354,7 +2401,7 @@ mod tests {
         std::thread::sleep(Duration::from_micros(left) + Duration::from_millis(5));
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: this window is full.
-        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
+        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(&Call::new(7))).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
@@ -2387,7 +2434,10 @@ mod tests {
         .build(connection)
         .unwrap();
         // Call 7's attempt admitted (its reply lost, say).
-        let first = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await.unwrap();
+        let first = limiter
+            .decide(&Tag::of(b"s"), 1, Some(&Call::new(7)))
+            .await
+            .unwrap();
         assert!(first.reset_after() > Duration::from_secs(30), "{first:?}");
         limiter
             .reconfigure(Algorithm::FixedWindow {
@@ -2411,7 +2461,7 @@ mod tests {
         // The next window's one permit, taken by another caller.
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: this window is full.
-        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
+        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(&Call::new(7))).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
@@ -2454,13 +2504,16 @@ mod tests {
             limiter.reconfigure_limit(0, log(short)).unwrap();
             // Call 7's attempt admitted (its reply lost, say): its permit counts for 300 ms,
             // the hour's permit for the hour (the admission's reset).
-            let first = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await.unwrap();
+            let first = limiter
+                .decide(&Tag::of(b"s"), 1, Some(&Call::new(7)))
+                .await
+                .unwrap();
             assert!(first.reset_after() > Duration::from_secs(60), "{first:?}");
             // The call's permit has expired; another caller takes the room it left.
             std::thread::sleep(short + Duration::from_millis(50));
             assert!(limiter.try_acquire("s").await.is_ok(), "chain: {chain}");
             // Call 7's retry: the log holds two live permits, its limit.
-            let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
+            let retry = limiter.decide(&Tag::of(b"s"), 1, Some(&Call::new(7))).await;
             assert!(
                 matches!(retry, Err(TryAcquireError::Rejected(_))),
                 "chain: {chain}: {retry:?}"
