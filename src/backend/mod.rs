@@ -1073,7 +1073,8 @@ where
     /// # Errors
     ///
     /// - [`TryAcquireError::Rejected`]: not enough permits; the exact retry-after, from Redis's
-    ///   clock (or from the deny cache, without a round trip).
+    ///   clock (or from the deny cache, without a round trip; or, under
+    ///   [`FailurePolicy::Fallback`] while Redis fails, from the local fallback, on its clock).
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst); nothing is
     ///   sent.
     /// - [`TryAcquireError::Unavailable`]: Redis failed or missed the deadline and the policy is
