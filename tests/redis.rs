@@ -941,6 +941,54 @@ async fn failure_policies_with_the_server_killed_then_back() {
     assert_all_keys_expire(&mut server.connection());
 }
 
+/// Redis away, back, then away again within one window: the fallback keeps what it admitted
+/// during the first outage (nothing resets it when Redis answers again), so the subject gets at
+/// most the limit in Redis plus its share in the fallback over the window, not its share again
+/// with each outage.
+#[tokio::test]
+async fn a_fallback_spent_in_one_outage_stays_spent_in_the_next() {
+    let mut server = RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut server.connection(), hour, Duration::from_secs(60));
+    let deadline = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 4,
+            window: hour,
+        },
+        FailurePolicy::Fallback { share: 0.5 },
+    )
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .deny_cache(0)
+    .build(manager(&server).await)
+    .unwrap();
+    let mut admitted = 0;
+    let mut take = async |limiter: &RedisLimiter, times: u32| {
+        for _ in 0..times {
+            if timed(deadline, limiter.try_acquire("x")).await.is_ok() {
+                admitted += 1;
+            }
+        }
+    };
+    server.kill();
+    take(&limiter, 4).await;
+    server.restart();
+    // Until Redis answers again (a probe Redis admits counts as admitted).
+    let started = Instant::now();
+    while limiter.stats().admitted == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no recovery");
+        let _ = limiter.try_acquire_n("y", 0).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    take(&limiter, 6).await;
+    server.kill();
+    take(&limiter, 4).await;
+    assert_eq!(admitted, 4 + 2, "the limit in Redis and the share once");
+    let s = limiter.stats();
+    assert_eq!((s.admitted, s.rejected), (1 + 4, 2), "{s:?}");
+}
+
 #[tokio::test]
 async fn a_black_hole_times_out_within_the_deadline_and_recovers() {
     let server = RedisServer::start();
