@@ -386,7 +386,9 @@ const REPAIRED: usize = 8;
 ///   waiting is charged once all the same: see [`acquire_n`](Self::acquire_n)). Service returns
 ///   to Redis on the next call that succeeds: there is no circuit breaker to reset.
 /// - **Deny cache**: after Redis rejects a subject with a retry-after t, calls for it asking as
-///   many permits are rejected in-process until t, without a round trip. Never stricter
+///   many permits are rejected in-process until t, without a round trip (but for the attempts
+///   of an [`acquire`](Self::acquire_n) call after one that got no reply, which Redis may
+///   have admitted late: they ask Redis). Never stricter
 ///   than Redis's answer at the time: t is counted from when the rejected request was sent. But
 ///   the cache is this process's own: when the subject's state changes by other means (a
 ///   [`reset`](Self::reset) from another process, a `DEL`), this process keeps rejecting it
@@ -1357,16 +1359,16 @@ where
     /// share is spent), the call waits and tries again, and that attempt finds the call's id in
     /// the subject's record (`prefix:{subject}:acq`, a hash of call id → admission, written by
     /// the admission of an `acquire` call's attempt) and answers the recorded admission instead
-    /// of taking the permits a second time (the attempts after one that got no reply skip the
-    /// deny cache, whose rejection of the subject, cached since, may be one the late admission
-    /// caused: Redis answers the record; while that admission still counts in every limit:
+    /// of taking the permits a second time (while that admission still counts in every limit:
     /// after its reset, for a chain its shortest limit's, for an exact sliding window a window
     /// after the admission (its own permits' expiry, which older permits of a longer window may
     /// outlive), the retry decides afresh, as the first permit no longer weighs on that limit; a
     /// chain's longer limits are then charged twice,
     /// rather than the call let through on nothing in the shorter one; and only under the
     /// parameters it was admitted under: after a [`reconfigure`](Self::reconfigure), which may
-    /// end the permit's window sooner, the retry decides afresh too). Calls
+    /// end the permit's window sooner, the retry decides afresh too). The attempts after one
+    /// that got no reply skip the deny cache: a rejection of the subject cached since may be
+    /// one the late admission caused, where Redis answers the record. Calls
     /// racing on one subject each have their own field, so each is charged once however their
     /// attempts interleave, unless
     /// [`REDIS_ACQUIRE_RECORDS`] or more other `acquire` calls were admitted on the subject
