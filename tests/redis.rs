@@ -2403,6 +2403,39 @@ async fn a_raised_limit_admits_at_once_even_a_subject_denied_locally() {
     assert_all_keys_expire(&mut con);
 }
 
+/// A decision in flight under the old parameters when the limit is raised is rejected under
+/// them, and that rejection is not cached where the new parameters' calls look: the next call,
+/// under the raised limit, goes to Redis and is admitted.
+#[tokio::test]
+async fn a_rejection_under_the_old_limit_arriving_after_a_raise_is_not_cached() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    let limit = |limit| Algorithm::FixedWindow {
+        limit,
+        window: hour,
+    };
+    let limiter = cached(&server, limit(2)).await;
+    limiter.try_acquire_n("d", 2).await.unwrap();
+    server.pause();
+    let raise = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        limiter.reconfigure(limit(4)).unwrap();
+        server.resume();
+    };
+    let (late, ()) = tokio::join!(limiter.try_acquire("d"), raise);
+    assert_eq!(rejection(late).limit(), 2, "decided under the old limit");
+    assert_eq!(limiter.denied_subjects(), 0);
+    assert_eq!(limiter.try_acquire("d").await.unwrap().remaining(), 1);
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.admitted, stats.rejected, stats.denied_locally),
+        (2, 1, 0)
+    );
+    assert_all_keys_expire(&mut con);
+}
+
 /// A lowered limit judges the counts kept under it at once (as in memory): above it, nothing
 /// is admitted until the window ends; raised again, what is left is there. A token bucket
 /// stays as full as it was.
