@@ -941,6 +941,54 @@ async fn failure_policies_with_the_server_killed_then_back() {
     assert_all_keys_expire(&mut server.connection());
 }
 
+/// Redis away, back, then away again within one window: the fallback keeps what it admitted
+/// during the first outage (nothing resets it when Redis answers again), so the subject gets at
+/// most the limit in Redis plus its share in the fallback over the window, not its share again
+/// with each outage.
+#[tokio::test]
+async fn a_fallback_spent_in_one_outage_stays_spent_in_the_next() {
+    let mut server = RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut server.connection(), hour, Duration::from_secs(60));
+    let deadline = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(
+        Algorithm::FixedWindow {
+            limit: 4,
+            window: hour,
+        },
+        FailurePolicy::Fallback { share: 0.5 },
+    )
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .deny_cache(0)
+    .build(manager(&server).await)
+    .unwrap();
+    let mut admitted = 0;
+    let mut take = async |limiter: &RedisLimiter, times: u32| {
+        for _ in 0..times {
+            if timed(deadline, limiter.try_acquire("x")).await.is_ok() {
+                admitted += 1;
+            }
+        }
+    };
+    server.kill();
+    take(&limiter, 4).await;
+    server.restart();
+    // Until Redis answers again (a probe Redis admits counts as admitted).
+    let started = Instant::now();
+    while limiter.stats().admitted == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no recovery");
+        let _ = limiter.try_acquire_n("y", 0).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    take(&limiter, 6).await;
+    server.kill();
+    take(&limiter, 4).await;
+    assert_eq!(admitted, 4 + 2, "the limit in Redis and the share once");
+    let s = limiter.stats();
+    assert_eq!((s.admitted, s.rejected), (1 + 4, 2), "{s:?}");
+}
+
 #[tokio::test]
 async fn a_black_hole_times_out_within_the_deadline_and_recovers() {
     let server = RedisServer::start();
@@ -2355,6 +2403,39 @@ async fn a_raised_limit_admits_at_once_even_a_subject_denied_locally() {
     assert_all_keys_expire(&mut con);
 }
 
+/// A decision in flight under the old parameters when the limit is raised is rejected under
+/// them, and that rejection is not cached where the new parameters' calls look: the next call,
+/// under the raised limit, goes to Redis and is admitted.
+#[tokio::test]
+async fn a_rejection_under_the_old_limit_arriving_after_a_raise_is_not_cached() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(30));
+    let limit = |limit| Algorithm::FixedWindow {
+        limit,
+        window: hour,
+    };
+    let limiter = cached(&server, limit(2)).await;
+    limiter.try_acquire_n("d", 2).await.unwrap();
+    server.pause();
+    let raise = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        limiter.reconfigure(limit(4)).unwrap();
+        server.resume();
+    };
+    let (late, ()) = tokio::join!(limiter.try_acquire("d"), raise);
+    assert_eq!(rejection(late).limit(), 2, "decided under the old limit");
+    assert_eq!(limiter.denied_subjects(), 0);
+    assert_eq!(limiter.try_acquire("d").await.unwrap().remaining(), 1);
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.admitted, stats.rejected, stats.denied_locally),
+        (2, 1, 0)
+    );
+    assert_all_keys_expire(&mut con);
+}
+
 /// A lowered limit judges the counts kept under it at once (as in memory): above it, nothing
 /// is admitted until the window ends; raised again, what is left is there. A token bucket
 /// stays as full as it was.
@@ -2834,6 +2915,81 @@ async fn concurrent_acquires_retrying_after_a_timeout_are_each_charged_once() {
             .count();
         assert_eq!(at_expiry, answers as u64, "{admission:?}");
     }
+    assert_all_keys_expire(&mut con);
+}
+
+/// An `acquire` whose attempt timed out and then admitted late in Redis must find that
+/// admission on its retry even when this process's deny cache meanwhile holds a rejection of
+/// the subject that the late permit caused (another caller's, by the hour the permit filled):
+/// Redis answers the call's recorded admission, so a cached rejection is stricter than Redis.
+/// The retry was rejected locally until the hour's end, and charged again after it.
+#[tokio::test]
+async fn an_acquire_retrying_after_a_timeout_finds_its_admission_past_the_deny_cache() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let hour = Duration::from_secs(3600);
+    room_in_window(&mut con, hour, Duration::from_secs(40));
+    let deadline = Duration::from_millis(50);
+    let period = Duration::from_secs(2);
+    let limiter = RedisLimiter::builder(
+        Algorithm::TokenBucket {
+            rate: Rate::new(1, period),
+            burst: 1,
+        },
+        FailurePolicy::Fallback { share: 1.0 },
+    )
+    .and_limit(Algorithm::FixedWindow {
+        limit: 2,
+        window: hour,
+    })
+    .prefix(PREFIX)
+    .deadline(deadline)
+    .build(manager(&server).await)
+    .unwrap();
+    // Every script cached, so that a late `EVALSHA` runs.
+    limiter.acquire("warm").await.unwrap();
+    limiter.try_acquire("warm too").await.unwrap();
+    // Redis: the bucket emptied, the hour's first permit taken.
+    limiter.try_acquire("s").await.unwrap();
+    let emptied = tokio::time::Instant::now();
+    // The local bucket emptied later, by a decision that timed out (its script, run late,
+    // found Redis's bucket empty and took nothing).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    server.pause();
+    timed(deadline, limiter.try_acquire("s")).await.unwrap();
+    server.resume();
+    // Redis's bucket full again, the local one still empty for about a second: the acquire's
+    // attempt times out, the local bucket rejects it, and the attempt admits late in Redis,
+    // taking the hour's last permit (recorded under the call's id).
+    tokio::time::sleep_until(emptied + period + Duration::from_millis(100)).await;
+    server.pause();
+    let record = [PREFIX, ":{s}:acq"].concat();
+    let other = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.resume();
+        let mut raw = server.connection();
+        while !raw.exists::<_, bool>(&record).unwrap() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Another caller: the hour is full; Redis rejects it until the hour's end, and the
+        // deny cache keeps that.
+        let rejected = rejection(limiter.try_acquire("s").await);
+        assert!(
+            rejected.retry_after() > Duration::from_secs(10),
+            "{rejected:?}"
+        );
+        assert_eq!(limiter.denied_subjects(), 1);
+    };
+    let (admission, ()) = tokio::join!(
+        limiter.acquire_timeout("s", 1, Duration::from_secs(5)),
+        other
+    );
+    assert!(
+        admission.is_ok(),
+        "the late admission answered: {admission:?}"
+    );
+    let hourly = limiter.keys("s").remove(1);
+    assert_eq!(field(&mut con, &hourly, "c"), 2, "the call charged once");
     assert_all_keys_expire(&mut con);
 }
 

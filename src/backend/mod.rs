@@ -386,7 +386,9 @@ const REPAIRED: usize = 8;
 ///   waiting is charged once all the same: see [`acquire_n`](Self::acquire_n)). Service returns
 ///   to Redis on the next call that succeeds: there is no circuit breaker to reset.
 /// - **Deny cache**: after Redis rejects a subject with a retry-after t, calls for it asking as
-///   many permits are rejected in-process until t, without a round trip. Never stricter
+///   many permits are rejected in-process until t, without a round trip (but for the attempts
+///   of an [`acquire`](Self::acquire_n) call after one that got no reply, which Redis may
+///   have admitted late: they ask Redis). Never stricter
 ///   than Redis's answer at the time: t is counted from when the rejected request was sent. But
 ///   the cache is this process's own: when the subject's state changes by other means (a
 ///   [`reset`](Self::reset) from another process, a `DEL`), this process keeps rejecting it
@@ -1073,7 +1075,8 @@ where
     /// # Errors
     ///
     /// - [`TryAcquireError::Rejected`]: not enough permits; the exact retry-after, from Redis's
-    ///   clock (or from the deny cache, without a round trip).
+    ///   clock (or from the deny cache, without a round trip; or, under
+    ///   [`FailurePolicy::Fallback`] while Redis fails, from the local fallback, on its clock).
     /// - [`TryAcquireError::InsufficientCapacity`]: `n` exceeds the limit (or burst); nothing is
     ///   sent.
     /// - [`TryAcquireError::Unavailable`]: Redis failed or missed the deadline and the policy is
@@ -1107,17 +1110,19 @@ where
 
     /// One decision for `n` permits, as [`try_acquire_n`](Self::try_acquire_n); an attempt of
     /// the `acquire` call `call` runs the parameters' `once` script, which answers a call
-    /// already admitted from its record instead of charging it again.
+    /// already admitted from its record instead of charging it again, and skips the deny cache
+    /// once an earlier attempt of the call got no reply (see [`Call`]).
     async fn decide(
         &self,
         subject: &Tag<'_>,
         n: u32,
-        call: Option<u64>,
+        call: Option<&Call>,
     ) -> Result<Admission, TryAcquireError> {
         let inner = &*self.inner;
         let loaded = inner.config.load();
         let sent = Instant::now();
-        inner.before(&loaded, subject, n, sent)?;
+        let deny = !call.is_some_and(Call::unanswered);
+        inner.before(&loaded, subject, n, sent, deny)?;
         // Past the deny cache: the round trip and its answer use this snapshot.
         let config = arc_swap::Guard::into_inner(loaded);
         let script = if call.is_some() {
@@ -1127,7 +1132,7 @@ where
         };
         let reply = within(
             inner.deadline,
-            inner.eval_call(&config, script, subject, n, call),
+            inner.eval_call(&config, script, subject, n, call.map(|c| c.id)),
         )
         .await
         .and_then(|reply| parse(inner.repaired(&reply, 4)));
@@ -1139,7 +1144,12 @@ where
             Ok(Err((retry_after, member))) => {
                 Err(inner.rejected(&config, subject, n, sent, retry_after, member, true))
             }
-            Err(failure) => inner.fail(&config, failure, subject, n),
+            Err(failure) => {
+                if let Some(call) = call {
+                    call.unanswered.store(1, Ordering::Relaxed);
+                }
+                inner.fail(&config, failure, subject, n)
+            }
         }
     }
 
@@ -1356,7 +1366,9 @@ where
     /// chain's longer limits are then charged twice,
     /// rather than the call let through on nothing in the shorter one; and only under the
     /// parameters it was admitted under: after a [`reconfigure`](Self::reconfigure), which may
-    /// end the permit's window sooner, the retry decides afresh too). Calls
+    /// end the permit's window sooner, the retry decides afresh too). The attempts after one
+    /// that got no reply skip the deny cache: a rejection of the subject cached since may be
+    /// one the late admission caused, where Redis answers the record. Calls
     /// racing on one subject each have their own field, so each is charged once however their
     /// attempts interleave, unless
     /// [`REDIS_ACQUIRE_RECORDS`] or more other `acquire` calls were admitted on the subject
@@ -1402,8 +1414,8 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let subject = Tag::of(subject.as_ref());
-        let call = self.inner.records().then(call_id);
-        crate::clock::retry_rejections(None, || self.decide(&subject, n, call)).await
+        let call = self.inner.records().then(|| Call::new(call_id()));
+        crate::clock::retry_rejections(None, || self.decide(&subject, n, call.as_ref())).await
     }
 
     /// [`acquire_n`](Self::acquire_n) within a time limit: the wait ends with
@@ -1449,8 +1461,9 @@ where
         K: AsRef<[u8]> + ?Sized,
     {
         let subject = Tag::of(subject.as_ref());
-        let call = self.inner.records().then(call_id);
-        crate::clock::retry_rejections(Some(timeout), || self.decide(&subject, n, call)).await
+        let call = self.inner.records().then(|| Call::new(call_id()));
+        crate::clock::retry_rejections(Some(timeout), || self.decide(&subject, n, call.as_ref()))
+            .await
     }
 }
 
@@ -1823,20 +1836,25 @@ impl<C> Inner<C> {
         self.config.load_full()
     }
 
-    /// What is settled before any round trip: `n` must fit the capacity, and `subject` must not
-    /// be denied for `n` at `sent` by the deny cache (counted as denied locally).
+    /// What is settled before any round trip: `n` must fit the capacity, and (if `deny`)
+    /// `subject` must not be denied for `n` at `sent` by the deny cache (counted as denied
+    /// locally).
     fn before(
         &self,
         config: &Config,
         subject: &Tag<'_>,
         n: u32,
         sent: Instant,
+        deny: bool,
     ) -> Result<(), TryAcquireError> {
         if n > config.capacity {
             return Err(TryAcquireError::InsufficientCapacity {
                 requested: n,
                 capacity: config.capacity,
             });
+        }
+        if !deny {
+            return Ok(());
         }
         if let Some((left, limit)) = config.deny.check(subject.bytes(), n, sent) {
             self.count(DENIED_LOCALLY);
@@ -2036,6 +2054,35 @@ where
 /// a hash of at most [`REDIS_ACQUIRE_RECORDS`] call ids.
 fn record(prefix: &str, subject: &Tag<'_>) -> Vec<u8> {
     keys::key(prefix, subject, "acq")
+}
+
+/// The attempts of one `acquire` call that keeps a record ([`FailurePolicy::Fallback`]): its
+/// id, and whether an attempt of it got no reply.
+struct Call {
+    /// The id every attempt carries ([`call_id`]).
+    id: u64,
+    /// 1 once an attempt got no reply (it missed the deadline, or its connection failed): Redis
+    /// may have run it and admitted the call, and then answers the call's next attempts from
+    /// its record. Those attempts skip the deny cache: a rejection of the subject cached since
+    /// (another caller's, on the permits the late admission took) is stricter than Redis for
+    /// this call, and held it back until that rejection's end, past which its admission no
+    /// longer counted and the retry was charged again. Relaxed: the attempts run one after the
+    /// other in the call's task, which orders the store before the next attempt's load.
+    unanswered: AtomicU64,
+}
+
+impl Call {
+    fn new(id: u64) -> Self {
+        Call {
+            id,
+            unanswered: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether an earlier attempt got no reply.
+    fn unanswered(&self) -> bool {
+        self.unanswered.load(Ordering::Relaxed) != 0
+    }
 }
 
 /// A fresh id for one `acquire` call, carried by each of its attempts: random, so that calls
@@ -2307,7 +2354,7 @@ mod tests {
         // This window's one permit, taken by another caller.
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: the window is full.
-        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
+        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(&Call::new(7))).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
@@ -2346,7 +2393,10 @@ mod tests {
         .unwrap();
         // Call 7's attempt admitted (its reply lost, say): a permit in this second's window and
         // one in the hour's, which counts it still after this second.
-        let first = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await.unwrap();
+        let first = limiter
+            .decide(&Tag::of(b"s"), 1, Some(&Call::new(7)))
+            .await
+            .unwrap();
         assert!(first.reset_after() > Duration::from_secs(30), "{first:?}");
         // The next second's window (Redis's clock is the real one), whose one permit another
         // caller takes.
@@ -2354,7 +2404,7 @@ mod tests {
         std::thread::sleep(Duration::from_micros(left) + Duration::from_millis(5));
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: this window is full.
-        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
+        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(&Call::new(7))).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
@@ -2387,7 +2437,10 @@ mod tests {
         .build(connection)
         .unwrap();
         // Call 7's attempt admitted (its reply lost, say).
-        let first = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await.unwrap();
+        let first = limiter
+            .decide(&Tag::of(b"s"), 1, Some(&Call::new(7)))
+            .await
+            .unwrap();
         assert!(first.reset_after() > Duration::from_secs(30), "{first:?}");
         limiter
             .reconfigure(Algorithm::FixedWindow {
@@ -2411,7 +2464,7 @@ mod tests {
         // The next window's one permit, taken by another caller.
         assert!(limiter.try_acquire("s").await.is_ok());
         // Call 7's retry: this window is full.
-        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
+        let retry = limiter.decide(&Tag::of(b"s"), 1, Some(&Call::new(7))).await;
         assert!(
             matches!(retry, Err(TryAcquireError::Rejected(_))),
             "{retry:?}"
@@ -2454,13 +2507,16 @@ mod tests {
             limiter.reconfigure_limit(0, log(short)).unwrap();
             // Call 7's attempt admitted (its reply lost, say): its permit counts for 300 ms,
             // the hour's permit for the hour (the admission's reset).
-            let first = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await.unwrap();
+            let first = limiter
+                .decide(&Tag::of(b"s"), 1, Some(&Call::new(7)))
+                .await
+                .unwrap();
             assert!(first.reset_after() > Duration::from_secs(60), "{first:?}");
             // The call's permit has expired; another caller takes the room it left.
             std::thread::sleep(short + Duration::from_millis(50));
             assert!(limiter.try_acquire("s").await.is_ok(), "chain: {chain}");
             // Call 7's retry: the log holds two live permits, its limit.
-            let retry = limiter.decide(&Tag::of(b"s"), 1, Some(7)).await;
+            let retry = limiter.decide(&Tag::of(b"s"), 1, Some(&Call::new(7))).await;
             assert!(
                 matches!(retry, Err(TryAcquireError::Rejected(_))),
                 "chain: {chain}: {retry:?}"

@@ -182,7 +182,7 @@ where
     G: Deref<Target = Arc<Config>>,
 {
     for (i, ((limiter, subject), config)) in members.iter().zip(loaded).enumerate() {
-        if let Err(error) = limiter.inner.before(config, subject, n, sent) {
+        if let Err(error) = limiter.inner.before(config, subject, n, sent, true) {
             let mut answers: Vec<Answer> = members.iter().map(|_| None).collect();
             answers[i] = Some(Err(error));
             return Some(answers);
