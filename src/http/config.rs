@@ -802,7 +802,13 @@ pub struct BackendConfig {
     /// The server is a Redis Cluster (`false` by default). A request's rules are decided in
     /// one script, so their keys must share a slot: every enforced rule must then count by the
     /// same `key` with the same `per_endpoint`, which makes a request's keys differ only in the
-    /// rule, outside their hash tag.
+    /// rule, outside their hash tag. [`HttpLimiter::connect`](crate::http::HttpLimiter::connect)
+    /// keeps redis-rs's Cluster client as it comes, which sends a request again after a
+    /// connection error or a redirection (up to 16 times): a script whose reply was lost with
+    /// its connection may then run twice and charge the request twice (stricter, never looser).
+    /// Where that matters, build the connection with `ClusterClient::builder(..).retries(0)` and
+    /// pass it to [`HttpLimiter::with_cluster_connection`](crate::http::HttpLimiter::with_cluster_connection);
+    /// a redirection (resharding, a failover) then fails its decision over to `failure`.
     pub cluster: bool,
     /// The key prefix in Redis (default `turnstile`).
     pub prefix: Option<String>,
