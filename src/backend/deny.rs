@@ -4,7 +4,10 @@
 //! Bounded: at most `capacity` entries across up to 16 shards (each shard holds at most its share,
 //! and the shares add up to `capacity`).
 //! A full shard first drops its expired entries; if none has expired, the new entry is not cached
-//! (the call still got Redis's answer; only the shortcut is lost).
+//! (the call still got Redis's answer; only the shortcut is lost). A shard knows when its first
+//! entry expires at the earliest, so a full shard whose entries all hold is not scanned again for
+//! every rejection that finds it full (under a flood of new subjects, each scan of a large
+//! cache's shard would cost its whole share under the shard's lock).
 //!
 //! **Never stricter than Redis.** An entry ends at `sent + retry_after`, where `sent` is when the
 //! rejected request left this process: Redis decided after that, so its "not before" time is no
@@ -28,8 +31,17 @@ struct Entry {
     limit: u32,
 }
 
-/// One shard: subject → entry.
-type Shard = Mutex<HashMap<Box<[u8]>, Entry>>;
+/// One shard's entries: subject → entry.
+#[derive(Default)]
+struct Entries {
+    map: HashMap<Box<[u8]>, Entry>,
+    /// No entry expires before this (a lower bound: entries dropped since may have ended
+    /// later); `None` when nothing was held since the last scan.
+    earliest: Option<Instant>,
+}
+
+/// One shard.
+type Shard = Mutex<Entries>;
 
 pub(crate) struct DenyCache {
     shards: Box<[Shard]>,
@@ -43,7 +55,9 @@ impl DenyCache {
         // Never more shards than entries, so that every shard's share is at least one.
         let shards = capacity.min(SHARDS);
         DenyCache {
-            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..shards)
+                .map(|_| Mutex::new(Entries::default()))
+                .collect(),
             capacity,
             hasher: RandomState::new(),
         }
@@ -63,10 +77,10 @@ impl DenyCache {
     /// If `subject` is denied for `permits` at `now`, the time left and the limit that denied it.
     pub(crate) fn check(&self, subject: &[u8], permits: u32, now: Instant) -> Option<(u64, u32)> {
         let (shard, _) = self.shard(subject)?;
-        let mut map = crate::sync::lock(shard);
-        let entry = map.get(subject)?;
+        let mut entries = crate::sync::lock(shard);
+        let entry = entries.map.get(subject)?;
         if entry.until <= now {
-            map.remove(subject);
+            entries.map.remove(subject);
             return None;
         }
         if permits.max(1) != entry.permits {
@@ -92,7 +106,8 @@ impl DenyCache {
             return;
         }
         let permits = permits.max(1);
-        let mut map = crate::sync::lock(shard);
+        let mut entries = crate::sync::lock(shard);
+        let Entries { map, earliest } = &mut *entries;
         if let Some(entry) = map.get_mut(subject) {
             // The latest rejection wins; for the same permits, the later deadline (both hold),
             // with the limit that gave it.
@@ -102,15 +117,22 @@ impl DenyCache {
                     permits,
                     limit,
                 };
+                *earliest = Some(earliest.map_or(until, |e| e.min(until)));
             }
             return;
         }
         if map.len() >= share {
+            if earliest.is_some_and(|e| e > now) {
+                // Every entry holds still: nothing to drop, and no room.
+                return;
+            }
             map.retain(|_, e| e.until > now);
+            *earliest = map.values().map(|e| e.until).min();
             if map.len() >= share {
                 return;
             }
         }
+        *earliest = Some(earliest.map_or(until, |e| e.min(until)));
         map.insert(
             subject.into(),
             Entry {
@@ -124,19 +146,25 @@ impl DenyCache {
     /// Drops `subject`'s entry, if any (its state was reset).
     pub(crate) fn forget(&self, subject: &[u8]) {
         if let Some((shard, _)) = self.shard(subject) {
-            crate::sync::lock(shard).remove(subject);
+            crate::sync::lock(shard).map.remove(subject);
         }
     }
 
     /// Entries held now, expired or not.
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| crate::sync::lock(s).len()).sum()
+        self.shards
+            .iter()
+            .map(|s| crate::sync::lock(s).map.len())
+            .sum()
     }
 
     /// The bytes of the subjects held as keys now.
     #[cfg(test)]
     pub(crate) fn key_bytes(&self) -> usize {
-        let bytes = |s: &Shard| crate::sync::lock(s).keys().map(|k| k.len()).sum::<usize>();
+        let bytes = |s: &Shard| {
+            let entries = crate::sync::lock(s);
+            entries.map.keys().map(|k| k.len()).sum::<usize>()
+        };
         self.shards.iter().map(bytes).sum()
     }
 }
@@ -147,7 +175,7 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn denies_until_the_deadline_and_only_as_many_permits_or_more() {
+    fn denies_until_the_deadline_and_only_as_many_permits() {
         let cache = DenyCache::new(64);
         let now = Instant::now();
         cache.deny(b"a", 3, 7, now + Duration::from_millis(100), now);
@@ -178,6 +206,31 @@ mod tests {
         let off = DenyCache::new(0);
         off.deny(b"a", 1, 1, now + Duration::from_secs(1), now);
         assert_eq!(off.check(b"a", 1, now), None);
+    }
+
+    /// A full shard skips its scan while its earliest entry holds, and drops what expired once
+    /// one may have: by the earliest deadline it has held, including one an update shortened.
+    #[test]
+    fn a_full_shard_makes_room_once_its_earliest_entry_expires() {
+        let cache = DenyCache::new(1);
+        let t = Instant::now();
+        let at = |ms| t + Duration::from_millis(ms);
+        cache.deny(b"a", 1, 1, at(10), t);
+        cache.deny(b"b", 1, 1, at(20), at(5));
+        assert_eq!(cache.check(b"b", 1, at(5)), None, "full: b not cached");
+        cache.deny(b"b", 1, 1, at(20), at(10));
+        assert!(
+            cache.check(b"b", 1, at(10)).is_some(),
+            "a expired: b cached"
+        );
+        // An update for other permits shortens b's entry: the shard's earliest follows it.
+        cache.deny(b"b", 2, 1, at(12), at(11));
+        cache.deny(b"c", 1, 1, at(30), at(12));
+        assert!(
+            cache.check(b"c", 1, at(12)).is_some(),
+            "b expired: c cached"
+        );
+        assert_eq!(cache.len(), 1);
     }
 
     #[test]
