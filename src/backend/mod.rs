@@ -858,6 +858,12 @@ impl RedisLimiterBuilder {
     /// room; a new subject meeting a fallback full of active ones gets
     /// [`TryAcquireError::TooManyKeys`]. Not used under the other policies; never 0.
     ///
+    /// A subject costs the fallback what a [`KeyedLimiter`] key of its algorithm costs: tens of
+    /// bytes, but for an exact sliding window also 8 bytes per permit of its share of the limit
+    /// (its ring of timestamps). At the default cap, a 10,000-permit sliding window at share 1.0
+    /// could so take about 84 GB while Redis is away: lower the cap, or the share, for large
+    /// sliding windows.
+    ///
     /// # Examples
     ///
     /// ```
