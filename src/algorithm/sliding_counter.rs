@@ -665,7 +665,8 @@ mod tests {
         assert_eq!(unpack(words.previous[0].load(Ordering::Relaxed)), (0, 2));
         // An admission with a window-0 clock reading takes `current` back to (0, 2) ...
         algo.try_acquire(&words, 1, &clock).unwrap();
-        // ... so R's roll-over CAS succeeds, and window 1 finds prev = 2.
+        // ... so R's roll-over CAS succeeds, and window 1 finds prev = 2. (Orderings as the
+        // roll-over's own; one thread here, so they only mirror it.)
         words
             .current
             .compare_exchange(r_word, pack(1, 1), Ordering::Release, Ordering::Relaxed)

@@ -615,6 +615,7 @@ mod tests {
         // The racing call: loads the fresh word and decides to take the whole burst (tat 32)
         // under the old parameters, re-checking them before the reconfiguration publishes.
         let (p, _) = algo.shape();
+        // Orderings as a decision's load and CAS (one thread here: they only mirror them).
         let seen = cell.load(Ordering::Acquire);
         let next = 2 * p.interval();
         algo.reconfigure(&bucket(16).unwrap(), &clock, &|each| each(&cell))
