@@ -191,12 +191,16 @@ macro_rules! count_list_rejection {
 /// waits no more. One whose turn comes when the rule has no room left for its client (its
 /// counter was taken out, see `max_keys_per_rule`) is decided again as a newcomer is:
 /// `key_overflow` answers for that rule, and it may wait for another. A reload while it waits
-/// applies to it. One that keeps the rule it waits for, enforced, with its limiter and its
-/// `max_wait` (same identity, and the limiter not made a new one as described under "Reload")
-/// leaves it waiting in its place: the limiter applies a changed limit to its queue itself (a
-/// raised one admits at once as many as it has room for), and the request is decided under the
-/// rules in force when its turn comes (its headers report the new limit beside the count made
-/// under it). Any other reload ends its wait at once: it is decided under the new rules, and if
+/// applies to its next decision. One that keeps the rule it waits for, enforced, with its
+/// limiter and its `max_wait` (same identity, and the limiter not made a new one as described
+/// under "Reload") leaves it waiting in its place, even if the new rules no longer hold the
+/// request back (they whitelist its client, or select another rule of the group for it: it is
+/// not woken for that): the limiter applies a changed limit
+/// to its queue itself (a raised one admits at once as many as it has room for), and the
+/// request is decided under the rules in force when its turn comes (its headers report the new
+/// limit beside the count made under it). Any other reload ends its wait at once: it is
+/// decided under the new rules (a permit the wait got as the reload came is given back, or,
+/// when the reload made the rule a monitor, counted as the monitor's charge), and if
 /// it waits again, it queues again, after the requests of its counter still waiting, so that
 /// such a reload can let a request arriving meanwhile go first (a rule the reload kept, same
 /// identity, keeps its count of waiting requests). It waits again as long as each answer comes in time; when one does
@@ -1690,6 +1694,18 @@ fn decide<C: Clock>(
         // A monitor of limit 0 would block whatever key the request has, as an enforced one
         // does (`planned`).
         let key = counter_key(rule, request);
+        // The permit the request waited for in this rule's queue, the rule made a monitor by a
+        // reload as the permit came: that permit is its charge (kept, not given back). Charged
+        // again, the monitor met the request's own permit held and counted a rejection the
+        // request never earned (at limit 1, always).
+        if let (Some(l), Some(key)) = (&rule.limiter, &key)
+            && let Some(receipt) = take_held(&mut held, l, key)
+        {
+            if receipt.overflowed() {
+                rule.counters.increment(Metric::KeyOverflow);
+            }
+            continue;
+        }
         let would_reject = match (&rule.limiter, &key) {
             (None, _) => true,
             (Some(_), None) => continue,
@@ -3273,5 +3289,71 @@ mod tests {
         let (verdict, at) = waiter.await.unwrap();
         assert!(verdict.outcome.is_admitted(), "{verdict:?}");
         assert_eq!(at - start, Duration::from_secs(60));
+    }
+
+    /// A reload that makes the rule a request waits for a monitor rule, at the instant the
+    /// rule's queue gives the request its permit (the permit taken, the reload swapped in
+    /// before the request is decided again: another thread's reload), has the request decided
+    /// under the monitor with that permit as the monitor's charge: counted once, and no
+    /// would-be rejection. The monitor was charged again while the permit was still held, and
+    /// at limit 1 always counted a rejection (`turnstile_http_shadow_rejected`) that the
+    /// request did not earn, then gave the permit back, leaving the request uncounted. The
+    /// race is replayed by hand: the permit the queue would give, then the reload, then the
+    /// decision the waiting request makes.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_permit_that_comes_as_its_rule_becomes_a_monitor_is_the_monitors_charge() {
+        let tally = tally::Tally::default();
+        let counts = tally.0.clone();
+        let rule = "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"ip\"\n";
+        let limiter = manual(&format!("{rule}queue_limit = 1\n"));
+        let snapshot = limiter.config.load_full();
+        let q = snapshot
+            .rules
+            .all_rules()
+            .find(|r| &*r.name == "q")
+            .unwrap();
+        let key = counter_key(q, &from_ip("10.0.0.1")).unwrap();
+        let permit = q
+            .limiter
+            .as_ref()
+            .unwrap()
+            .try_acquire_refundable(&key, 1)
+            .unwrap();
+        limiter
+            .reload(HttpConfig::from_toml_str(&format!("{rule}monitor = true\n")).unwrap())
+            .unwrap();
+        let reloaded = limiter.config.load_full();
+        let monitor = reloaded
+            .rules
+            .all_rules()
+            .find(|r| &*r.name == "q")
+            .unwrap();
+        let monitor_limiter = monitor.limiter.as_ref().unwrap();
+        assert!(
+            permit.is_from(monitor_limiter),
+            "the reload keeps the rule's limiter"
+        );
+        let mut patience = Patience::new();
+        patience.held = Some(Box::new(permit));
+        let verdict = metrics::with_local_recorder(&tally, || {
+            match decide(&reloaded.rules, &from_ip("10.0.0.1"), Some(&mut patience)) {
+                Check::Ready(verdict) => verdict,
+                Check::Pending(_) => panic!("counted in memory"),
+            }
+        });
+        assert!(verdict.outcome.is_admitted(), "{verdict:?}");
+        assert!(patience.wait.is_none(), "nothing to wait for");
+        let n = |k: &str| counts.lock().unwrap().get(k).copied().unwrap_or(0);
+        assert_eq!(
+            n("turnstile_http_shadow_rejected{q}"),
+            0,
+            "no false rejection"
+        );
+        assert_eq!(
+            monitor_limiter.available(&key),
+            0,
+            "the request is counted by the monitor, once"
+        );
     }
 }
