@@ -326,6 +326,47 @@ async fn a_request_another_rule_refuses_only_for_part_of_the_wait_waits() {
     }
 }
 
+/// A request that a rule with a queue refuses for its rate and a rule full of other clients
+/// (`max_keys_per_rule`, `key_overflow = "reject"`) refuses for its key cap is decided the same
+/// whichever of the two is charged first: it waits for the rule with a queue (the key cap is
+/// not foreseen: a probe of a client the full rule does not hold sees no cap), then meets the
+/// full rule when its turn comes, and is refused by it then. With the full rule charged first,
+/// it was refused at once (`TooManyKeys`); with the other first, after 1 s.
+#[tokio::test(start_paused = true)]
+async fn a_request_a_full_rule_refuses_is_decided_alike_in_either_order() {
+    let q = "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"client\"\n\
+             queue_limit = 1\nmax_wait = \"5s\"\n";
+    let by_ip = "[[rules]]\nname = \"by-ip\"\nperiod = \"1m\"\nlimit = 100\nkey = \"ip\"\n";
+    for rules in [format!("{q}{by_ip}"), format!("{by_ip}{q}")] {
+        let config = format!("max_keys_per_rule = 1\n{rules}");
+        let limiter = limiter(&config);
+        let start = Instant::now();
+        let first = limiter
+            .decide_async(&with_client("10.0.0.1", Some("x")))
+            .await;
+        assert!(first.outcome.is_admitted(), "{config}: {first:?}");
+        // q has spent x's one request for 1 s; by-ip, holding 10.0.0.1, has no room for
+        // 10.0.0.2.
+        let second = limiter
+            .decide_async(&with_client("10.0.0.2", Some("x")))
+            .await;
+        assert!(
+            matches!(
+                &second.outcome,
+                Outcome::Rejected { reason: RejectReason::TooManyKeys, rule, .. } if &**rule == "by-ip"
+            ),
+            "{config}: {second:?}"
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "{config}");
+        // Charged to no rule: x's next request is admitted at once.
+        let third = limiter
+            .decide_async(&with_client("10.0.0.1", Some("x")))
+            .await;
+        assert!(third.outcome.is_admitted(), "{config}: {third:?}");
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "{config}");
+    }
+}
+
 /// Through the layer: the waiting request's response comes when it is admitted, with its
 /// headers.
 #[tokio::test(start_paused = true)]

@@ -172,7 +172,13 @@ macro_rules! count_list_rejection {
 /// rejection, which is answered at once. The order the rules are charged in changes none of
 /// this: a rule without a queue that refuses the request before the rule with a queue is
 /// reached (probed then) makes it wait all the same when its refusal ends within the wait,
-/// and rejects it at once when not. It waits in the queue
+/// and rejects it at once when not. Nor does it for a rule full of other clients: one that
+/// refuses the request with `TooManyKeys` (`key_overflow = "reject"`), before or after the rule
+/// with a queue, lets it wait all the same (room may be made by the time its turn comes: the
+/// cap is not foreseen), and its refusal, if the rule still has no room for the client then, is
+/// the final answer; under `"shared"`, the shared counter's refusal is weighed as a rule's rate
+/// refusal is, as far as a probe of the rule sees it (a probe of a client the rule does not
+/// hold sees a fresh counter, unless a recent search for room found none). It waits in the queue
 /// of the rule's limiter for its counter key (one client's, or one client's per endpoint): the
 /// requests waiting for one counter are admitted by the rule **in arrival order**, the head
 /// when a permit frees (on tokio's timer: the runtime needs its time driver, `enable_time` or
@@ -1622,11 +1628,18 @@ fn decide<C: Clock>(
                 {
                     return Check::Ready(would_reject(rule, &error));
                 }
-                // A rule it cannot wait for refused it for its rate: it may wait for a rule
-                // not reached yet that refuses it too, as when that rule is charged first.
+                // A rule it cannot wait for refused it: it may wait for a rule not reached yet
+                // that refuses it too, as when that rule is charged first. Also when the
+                // refusal is the key cap's (`TooManyKeys`, or the shared overflow counter's):
+                // charged first, that rule weighs this one by a probe, which never takes a
+                // `TooManyKeys` for a refusal to wait out and sees the shared counter only as
+                // a search for room left it; it waits then, and meets the cap when its turn
+                // comes, as here (`refused_past_the_wait` weighs this rule the same way).
                 if let Some(patience) = patience.as_deref_mut()
-                    && matches!(error, TryAcquireError::Rejected(_))
-                    && !overflow
+                    && matches!(
+                        error,
+                        TryAcquireError::Rejected(_) | TryAcquireError::TooManyKeys { .. }
+                    )
                     && let Some(waits) = waits_for_a_later_rule(&plan, &order[step..], patience)
                 {
                     return Check::Ready(waits);
@@ -1785,8 +1798,8 @@ fn refused_past_the_wait<C: Clock>(
 }
 
 /// The wait, if any, for a rule of `rest[1..]` (the request's rules not charged yet, in
-/// `plan`) after `rest[0]` refused the request for its rate, its own counter, and the request
-/// could not wait for that one: the first of them with a queue that refuses the request too
+/// `plan`) after `rest[0]` refused the request (for its rate, or for the rule's key cap:
+/// `TooManyKeys` or the shared overflow counter), and the request could not wait for that one: the first of them with a queue that refuses the request too
 /// (probed, not charged) and that it would wait for had it been charged first (see
 /// [`Patience::waits_for`] and [`refused_past_the_wait`], which then weighs `rest[0]` as a rule
 /// after it). Recorded in `patience`; the rejection it would have been, counted nowhere, is
