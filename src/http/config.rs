@@ -135,7 +135,9 @@ impl Default for HttpConfig {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Reject with [`RejectReason::NoKey`](crate::http::RejectReason::NoKey).
+    /// Reject with [`RejectReason::NoKey`](crate::http::RejectReason::NoKey). Enforced rules
+    /// only: a monitor rule rejects nothing, and skips a request without its key (no would-be
+    /// rejection counted).
     #[default]
     Reject,
     /// Skip the rule.

@@ -111,7 +111,9 @@ macro_rules! count_list_rejection {
 ///    (`"allow"`).
 /// 6. **Monitor rules** are charged only for requests the enforced rules admit; a would-be
 ///    rejection is logged (debug) and counted (`turnstile_http_shadow_rejected`), never enforced,
-///    and reported in no header.
+///    and reported in no header. A monitor rule whose key the request lacks counts nothing for
+///    it, whatever `missing_key` says (`"reject"` counts no would-be rejection); one of limit 0
+///    counts a would-be block whatever key the request has.
 /// 7. **Bans** (a [`BanList`](crate::BanList) of clients) count rate-limit rejections
 ///    ([`RejectReason::RateLimited`], but not those of a full rule's shared counter) per client
 ///    in fixed windows of `bans.within` aligned to the clock; every `after`-th starts a ban of
