@@ -367,6 +367,45 @@ async fn a_request_a_full_rule_refuses_is_decided_alike_in_either_order() {
     }
 }
 
+/// A rule with a queue that a request would meet only on the rule's shared overflow counter
+/// (`key_overflow = "shared"`, the rule full of other clients) is not waited for when another
+/// rule, charged first, refuses the request for its rate: a refusal by the shared counter is
+/// not one of the client's own counter, which alone a request waits for, as when the rule
+/// with the queue is charged first (rejected at once then). The probe of that rule took the
+/// shared counter's refusal for the client's own, and the request waited for a counter the
+/// rule does not hold for it, then was admitted 1 s later.
+#[tokio::test(start_paused = true)]
+async fn a_later_rule_refusing_on_its_shared_counter_is_not_waited_for() {
+    let by_ip = "[[rules]]\nname = \"by-ip\"\nperiod = \"1s\"\nlimit = 1\nkey = \"ip\"\n";
+    let q = "[[rules]]\nname = \"q\"\nperiod = \"1s\"\nlimit = 1\nkey = \"client\"\n\
+             queue_limit = 5\nmax_wait = \"5s\"\n";
+    for rules in [format!("{by_ip}{q}"), format!("{q}{by_ip}")] {
+        let config = format!("max_keys_per_rule = 1\nkey_overflow = \"shared\"\n{rules}");
+        let limiter = limiter(&config);
+        let start = Instant::now();
+        // Each rule holds its one client (10.0.0.1, "a"), and its shared counter counts the
+        // next (10.0.0.2, "b"): both spent for 1 s.
+        for (ip, client) in [("10.0.0.1", "a"), ("10.0.0.2", "b")] {
+            let verdict = limiter.decide_async(&with_client(ip, Some(client))).await;
+            assert!(verdict.outcome.is_admitted(), "{config}: {verdict:?}");
+        }
+        // by-ip refuses 10.0.0.1's counter for its rate; q has no room for "c", and its
+        // shared counter is spent.
+        let verdict = limiter
+            .decide_async(&with_client("10.0.0.1", Some("c")))
+            .await;
+        assert!(
+            matches!(verdict.outcome, Outcome::Rejected { .. }),
+            "{config}: {verdict:?}"
+        );
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "{config}: rejected at once"
+        );
+    }
+}
+
 /// Through the layer: the waiting request's response comes when it is admitted, with its
 /// headers.
 #[tokio::test(start_paused = true)]

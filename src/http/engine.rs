@@ -1824,14 +1824,17 @@ fn waits_for_a_later_rule<C: Clock>(
         if rule.queue.is_none() {
             continue;
         }
-        let (Err(error @ TryAcquireError::Rejected(_)), committed) =
-            limiter.chain_decide::<false>(key, 1)
+        // A refusal by the rule's shared overflow counter (the rule full of other clients) is
+        // none of the client's own counter: not waited for, as when the rule is charged first
+        // (`Patience::waits_for`). Told by the probe's third value (it met the key cap): its
+        // `Committed` is always empty, so that read took the shared counter's refusal for the
+        // client's own, and the request waited in the queue of a counter the rule does not
+        // hold for it. Uncounted too: a probe is no call of the rule's.
+        let (Err(error @ TryAcquireError::Rejected(_)), _, false) =
+            limiter.chain_decide_uncounted::<false>(key, 1)
         else {
             continue;
         };
-        if committed.overflow {
-            continue;
-        }
         let others: SmallVec<[usize; 4]> = rest
             .iter()
             .enumerate()
