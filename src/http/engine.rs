@@ -1174,12 +1174,15 @@ fn probe_quota<C: Clock>(
     key: &CounterKey,
 ) -> (QuotaState, Option<TryAcquireError>) {
     let remaining = u64::from(limiter.available(key));
-    let (reset_after, refused) = match limiter.chain_decide::<false>(key, 1) {
-        (Ok(a), _) => (a.reset_after(), None),
-        (Err(TryAcquireError::Rejected(r)), _) => {
+    // Uncounted: a probe is no call of the rule's, and one of a client the rule does not hold
+    // meets the key cap after a search for room failed (until room may be found), which
+    // `chain_decide` counts in the limiter's `overflowed`.
+    let (reset_after, refused) = match limiter.chain_decide_uncounted::<false>(key, 1) {
+        (Ok(a), _, _) => (a.reset_after(), None),
+        (Err(TryAcquireError::Rejected(r)), _, _) => {
             (r.retry_after(), Some(TryAcquireError::Rejected(r)))
         }
-        (Err(_), _) => (rule.period, None),
+        (Err(_), _, _) => (rule.period, None),
     };
     (rule.quota(remaining, reset_after), refused)
 }
@@ -1561,7 +1564,7 @@ fn decide<C: Clock>(
                 false
                     if several
                         && matches!(
-                            limiter.chain_decide::<false>(key, 1).0,
+                            limiter.chain_decide_uncounted::<false>(key, 1).0,
                             Err(TryAcquireError::Rejected(_))
                         ) =>
                 {
@@ -1786,7 +1789,9 @@ fn refused_past_the_wait<C: Clock>(
     let budget = patience.budget(queue.max_wait);
     later.iter().any(|&index| {
         let (other, limiter, key) = &plan[index];
-        let (Err(TryAcquireError::Rejected(refused)), _) = limiter.chain_decide::<false>(key, 1)
+        // Uncounted, as a quota's probe (`probe_quota`).
+        let (Err(TryAcquireError::Rejected(refused)), _, _) =
+            limiter.chain_decide_uncounted::<false>(key, 1)
         else {
             return false;
         };
@@ -2599,6 +2604,47 @@ mod tests {
         assert_eq!((overflowed("a"), overflowed("b")), (0, 0));
         // The probe saw a fresh client's quota, without taking a slot.
         assert_eq!(verdict.quotas[1].remaining, 5);
+    }
+
+    /// Nor when a search for room at the cap has just failed, which has probes of a client the
+    /// rule does not hold meet the cap (until room may be found): the probe of a rejection's
+    /// quotas counted an overflow in the probed rule's `overflowed`, one no call made.
+    #[test]
+    fn a_quota_probe_after_a_failed_search_for_room_is_not_counted_as_an_overflow() {
+        // Rule "a" counts client ids, two requests each; rule "b" counts IPs and holds one.
+        let limiter = manual(
+            "max_keys_per_rule = 1\n\
+             [[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 2\nkey = \"client\"\n\
+             [[rules]]\nname = \"b\"\nperiod = \"1s\"\nlimit = 5\nkey = \"ip\"\n",
+        );
+        let request = |ip: &str| RequestInfo {
+            client_id: Some("mobile"),
+            ..from_ip(ip)
+        };
+        assert!(limiter.decide(&request("10.0.0.1")).outcome.is_admitted());
+        // "b" has no room for 10.0.0.3 (one overflow), and "a" is refunded.
+        let verdict = limiter.decide(&request("10.0.0.3"));
+        assert!(
+            matches!(&verdict.outcome, Outcome::Rejected { rule, .. } if &**rule == "b"),
+            "{verdict:?}"
+        );
+        assert!(limiter.decide(&request("10.0.0.1")).outcome.is_admitted());
+        // Refused by "a"; "b" is probed for 10.0.0.2's quota.
+        let verdict = limiter.decide(&request("10.0.0.2"));
+        assert!(
+            matches!(&verdict.outcome, Outcome::Rejected { rule, .. } if &**rule == "a"),
+            "{verdict:?}"
+        );
+        let snapshot = limiter.config.load_full();
+        let overflowed = |name: &str| {
+            let rule = snapshot
+                .rules
+                .all_rules()
+                .find(|r| &*r.name == name)
+                .unwrap();
+            rule.limiter.as_ref().unwrap().stats().overflowed
+        };
+        assert_eq!((overflowed("a"), overflowed("b")), (0, 1));
     }
 
     /// The path is normalized only for rule sets that look at it: a whitelisted endpoint, a
