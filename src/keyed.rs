@@ -684,6 +684,19 @@ impl<K, C: Clock, S> Drop for SlotOnUnwind<'_, K, C, S> {
     }
 }
 
+/// A key's queue counted in [`Waits::waiting_keys`] by a call that has yet to insert it:
+/// dropped (only by an unwind out of the key's `Clone`, `Hash` or `Eq`, see
+/// [`Waits::key_wait`]), it takes the count back.
+struct UncountOnUnwind<'a>(&'a AtomicU64);
+
+impl Drop for UncountOnUnwind<'_> {
+    fn drop(&mut self) {
+        // Relaxed: our own increment, sequenced before; nothing was inserted, so nobody found
+        // the queue to retire it and uncount it.
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Ends a [`KeyedLimiter::reset`] when dropped: takes `Ctx::resets` back to even, however the
 /// reset ends (see there).
 struct ResetEnds<'a>(&'a AtomicU64);
@@ -3562,7 +3575,15 @@ where
         // before the insert, happens before; so the increment precedes its decrement in the
         // count's modification order (coherence), and the count never goes below zero.
         self.waiting_keys.fetch_add(1, Ordering::Relaxed);
-        let (wait, inserted) = self.map.insert_then(key.clone(), fresh, Arc::clone);
+        // Should the key's `Clone` panic, or its `Hash` or `Eq` inside the map's insert (which
+        // then inserts nothing), the count is taken back as the panic unwinds: kept, it stayed
+        // one high for good, and every `try_acquire` of every key paid the waiters' lookup.
+        let uncount = UncountOnUnwind(&self.waiting_keys);
+        let (wait, inserted) = self.map.insert_then(key.clone(), fresh, |wait| {
+            // The map has placed the key (ours inserted, or another's found): counted right.
+            std::mem::forget(uncount);
+            Arc::clone(wait)
+        });
         if !inserted {
             // Relaxed: our own increment just above, sequenced before.
             self.waiting_keys.fetch_sub(1, Ordering::Relaxed);

@@ -2414,3 +2414,65 @@ fn waiters_creating_and_retiring_queues_never_make_the_limiter_look_closed() {
     let stats = limiter.stats();
     assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
 }
+
+thread_local! {
+    static HASHES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts on this thread the hashes the limiter makes (each lookup of a key in a map is one).
+#[derive(Clone, Default)]
+struct CountingHasher;
+
+impl std::hash::BuildHasher for CountingHasher {
+    type Hasher = std::collections::hash_map::DefaultHasher;
+    fn build_hasher(&self) -> Self::Hasher {
+        HASHES.with(|h| h.set(h.get() + 1));
+        std::collections::hash_map::DefaultHasher::new()
+    }
+}
+
+/// A key's `Clone` that panics as its first waiter makes the key's queue (the queue map keeps a
+/// clone of the key) leaves no key counted as waiting: the count was made before the clone and
+/// stayed one high for good, so that every later `try_acquire` of every key looked its key up
+/// among the queues (one more hash) though nobody ever waited again.
+#[test]
+fn a_first_waiters_key_clone_that_panics_leaves_no_waiting_key_counted() {
+    let limiter = KeyedConcurrencyLimiter::<Hooked, _>::builder(1)
+        .hasher(CountingHasher)
+        .build()
+        .unwrap();
+    let held = limiter.try_acquire(&Hooked(1)).unwrap();
+    // A waiter that comes and goes, so that the queue map has a table (a lookup in a map that
+    // never had one hashes nothing).
+    {
+        let mut waiter = std::pin::pin!(limiter.acquire(&Hooked(1)));
+        let (_, waker) = counting();
+        assert!(poll_with(waiter.as_mut(), &waker).is_pending());
+        assert_eq!(limiter.stats().waiting_keys, 1);
+    }
+    assert_eq!(limiter.stats().waiting_keys, 0);
+    let hashes = || HASHES.with(|h| h.get());
+    let refused = || {
+        let before = hashes();
+        assert!(matches!(
+            limiter.try_acquire(&Hooked(1)),
+            Err(TryPermitError::NoPermits { .. })
+        ));
+        hashes() - before
+    };
+    let per_call = refused();
+    // The key's cell exists and its permit is out: the waiter's first clone is its queue's.
+    ON_CLONE.with(|h| h.set(Some(Box::new(|| panic!("Clone panics")))));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.acquire_blocking(&Hooked(1));
+    }));
+    assert!(outcome.is_err(), "the hook did not run");
+    assert_eq!(limiter.stats().waiting_keys, 0);
+    assert_eq!(
+        refused(),
+        per_call,
+        "a try_acquire looked for waiters that nobody has"
+    );
+    drop(held);
+    assert_eq!(limiter.try_acquire(&Hooked(1)).unwrap().permits(), 1);
+}
