@@ -2476,3 +2476,82 @@ fn a_first_waiters_key_clone_that_panics_leaves_no_waiting_key_counted() {
     drop(held);
     assert_eq!(limiter.try_acquire(&Hooked(1)).unwrap().permits(), 1);
 }
+
+thread_local! {
+    static PANIC_ON_EQ: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// A key whose `Clone` runs `ON_CLONE`'s hook (as [`Hooked`]'s) and whose `Eq` panics on the
+/// `n`th comparison once `PANIC_ON_EQ` is set to `n`.
+#[derive(Debug)]
+struct Fragile(u64);
+
+impl std::hash::Hash for Fragile {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        if let Some(hook) = ON_CLONE.with(|h| h.take()) {
+            hook();
+        }
+        Fragile(self.0)
+    }
+}
+
+impl PartialEq for Fragile {
+    fn eq(&self, other: &Self) -> bool {
+        let countdown = PANIC_ON_EQ.with(|c| c.get());
+        if countdown > 0 {
+            PANIC_ON_EQ.with(|c| c.set(countdown - 1));
+            if countdown == 1 {
+                panic!("Fragile's Eq panicked");
+            }
+        }
+        self.0 == other.0
+    }
+}
+
+impl Eq for Fragile {}
+
+/// A new key's first take failed by a lowered limit (`set_limit` between the store's check of
+/// `n` and the take on the fresh cell), and the key's `Eq` panicking in what follows: the
+/// never-used cell must not keep the key's slot of the cap. The inserter looked its cell up
+/// again to take it back, and a panic in that lookup left the cell in the map unretired, where
+/// no sweep ever evicts a never-used cell: at `max_keys(1)` every other key was refused
+/// `TooManyKeys` for good.
+#[test]
+fn a_first_take_failed_by_a_lowered_limit_and_a_panicking_eq_keeps_no_slot() {
+    let limiter = KeyedConcurrencyLimiter::<Fragile>::builder(2)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let lower = limiter.clone();
+    ON_CLONE.with(|h| {
+        h.set(Some(Box::new(move || {
+            lower.set_limit(1).unwrap();
+            // The first comparison from here on panics (the shard is empty: the insert makes
+            // none).
+            PANIC_ON_EQ.with(|c| c.set(1));
+        })))
+    });
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.try_acquire_n(&Fragile(1), 2);
+    }));
+    PANIC_ON_EQ.with(|c| c.set(0));
+    assert!(outcome.is_err(), "Eq did not panic");
+    assert!(
+        ON_CLONE.with(|h| h.take()).is_none(),
+        "the hook did not run"
+    );
+    assert_eq!(limiter.len(), 0, "the never-used cell kept its slot");
+    assert_eq!(limiter.try_acquire(&Fragile(2)).unwrap().permits(), 1);
+    assert_eq!(limiter.len(), 1);
+    assert_eq!(limiter.sweep(), 1);
+    assert_eq!(limiter.stats().evicted, 1, "the take-back is no eviction");
+    // Key 1 starts afresh.
+    assert_eq!(limiter.try_acquire(&Fragile(1)).unwrap().permits(), 1);
+    assert_eq!(limiter.len(), 1);
+}
