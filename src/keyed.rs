@@ -684,6 +684,19 @@ impl<K, C: Clock, S> Drop for SlotOnUnwind<'_, K, C, S> {
     }
 }
 
+/// A key's queue counted in [`Waits::waiting_keys`] by a call that has yet to insert it:
+/// dropped (only by an unwind out of the key's `Clone`, `Hash` or `Eq`, see
+/// [`Waits::key_wait`]), it takes the count back.
+struct UncountOnUnwind<'a>(&'a AtomicU64);
+
+impl Drop for UncountOnUnwind<'_> {
+    fn drop(&mut self) {
+        // Relaxed: our own increment, sequenced before; nothing was inserted, so nobody found
+        // the queue to retire it and uncount it.
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Ends a [`KeyedLimiter::reset`] when dropped: takes `Ctx::resets` back to even, however the
 /// reset ends (see there).
 struct ResetEnds<'a>(&'a AtomicU64);
@@ -742,9 +755,10 @@ impl<K, V, C: Clock, S> Drop for Sweeping<'_, K, V, C, S> {
 }
 
 /// What a refund left of a key's cell (`Keyed::chain_refund`).
-enum Refunded<Cell> {
-    /// Exactly fresh, as if never used: taken back as its inserter would (`take_back`).
-    Fresh(*const Cell),
+enum Refunded {
+    /// Exactly fresh, as if never used: retired as its inserter would, inside the lookup
+    /// (`Keyed::retire_unused`), and now owed `Keyed::taken_back`.
+    Fresh,
     /// Idle: the sweep hints are lowered (`Ctx::refunded_idle`).
     Idle,
     /// Still busy, or nothing refunded (a reset came between).
@@ -1016,16 +1030,20 @@ where
         // Counted before the insert so that a concurrent removal never takes `len` below zero.
         let len = shard.len.fetch_add(1, Ordering::Relaxed) + 1;
         slot.len = Some(&shard.len);
-        let ((outcome, unused), inserted) =
-            shard.map.insert_then(owned, self.algo.cell(), |cell| {
+        let fresh = self.algo.cell();
+        let ((outcome, taken_back), inserted) =
+            shard.map.insert_then(owned, fresh, |cell, ours| {
                 // The map has placed the key (ours inserted, or another's found): from here the
                 // books are kept below, whatever happened.
                 std::mem::forget(slot);
                 let outcome = op(cell);
-                // Whether the call left the cell unused (it failed, or it was a chain's decided
-                // rejection), and which cell that is. One load of the word just decided on; for
-                // algorithms that cannot tell, nothing.
-                (outcome, A::unused(cell).then_some(cell as *const A::Cell))
+                // If the call left our cell unused (it failed, or it was a chain's decided
+                // rejection), it is retired here, on the cell just decided on, not after a
+                // second lookup of the key: a key whose `Hash` or `Eq` panicked in that
+                // lookup left the cell in the map unretired, holding a slot of the cap for
+                // good. One load of the word; for algorithms that cannot tell, nothing.
+                // (Another's cell, if still unused, is its inserter's to take back.)
+                (outcome, ours && Self::retire_unused(cell))
             });
         let outcome = outcome.map(|r| (r, Slot::Key));
         if !inserted {
@@ -1036,9 +1054,8 @@ where
             ctx.release_keys(1);
             return outcome;
         }
-        if let Some(ours) = unused
-            && self.take_back(ctx, shard, key, ours)
-        {
+        if taken_back {
+            self.taken_back(ctx, shard, key);
             return outcome;
         }
         // Release: pairs with the Acquire swap that starts a sweep: if that swap reads our 0, the
@@ -1065,49 +1082,39 @@ where
         outcome
     }
 
-    /// Our call inserted `ours` for `key` and admitted nothing on it (a limit lowered below `n`
-    /// after `first_use`'s check, or a chain's rejection): retires it if still nobody has used
-    /// it, removes it, and gives back its key reservation and its count in `shard.len`, so that
-    /// the key is as if never inserted. A cell another caller has used meanwhile is kept (the
-    /// CAS from the fresh word fails), as is a cell that is no longer `ours` (ours was used,
-    /// then evicted). True if taken back; the caller then skips the new key's bookkeeping.
+    /// Retires `cell`, which our call inserted for a key (or a refund left exactly fresh), if
+    /// it has still admitted nothing (a limit lowered below `n` after `first_use`'s check, a
+    /// chain's rejection, a refund of its only admission): true if this call retired it, and
+    /// then owes [`taken_back`](Self::taken_back). A cell another caller has used meanwhile is
+    /// kept (the CAS from the fresh word fails).
     ///
     /// Without this, nothing would remove the cell: sweeps never retire a never-used cell (see
-    /// [`Algo::retire`]), so the key would count against `max_keys` for good. For the same
-    /// reason a refund that leaves a cell's word fresh again takes it back too (see
-    /// `chain_refund`); the CAS from the fresh word decides between the two, and whichever
-    /// retires the cell keeps the books for it.
+    /// [`Algo::retire`]), so the key would count against `max_keys` for good. Called inside
+    /// the map's closure that holds the cell, so that no lookup of the key (its `Hash` and
+    /// `Eq`, which may panic) comes between the decision and the retirement. The inserter and a
+    /// refund that leaves the word fresh again (`chain_refund`) may both try; the CAS from the
+    /// fresh word decides, and whichever retires the cell keeps the books for it.
+    #[inline]
+    fn retire_unused(cell: &A::Cell) -> bool {
+        A::unused(cell) && A::retire_unused(cell)
+    }
+
+    /// Keeps the books for a cell of `key` that [`retire_unused`](Self::retire_unused) retired:
+    /// gives back its key reservation and its count in `shard.len`, then removes the dead entry,
+    /// so that the key is as if never inserted. The books first: the removal looks the key up
+    /// (its `Hash` and `Eq` may panic), and a retired entry left behind is harmless (a sweep or
+    /// the key's next caller removes it), a slot kept is not.
     #[cold]
     #[inline(never)]
-    fn take_back<C: Clock>(
-        &self,
-        ctx: &Ctx<K, C, S>,
-        shard: &Shard<K, A::Cell, S>,
-        key: &K,
-        ours: *const A::Cell,
-    ) -> bool {
-        // By address: our entry is not moved or freed while it is in the map. Should ours have
-        // been used, evicted and its memory reused by another fresh cell of this key, retiring
-        // that one only makes its inserter retry on a fresh cell, and the reservation given back
-        // below is then that cell's (ours was given back by the sweep that evicted it).
-        let retired = shard
-            .map
-            .get(key, |cell| {
-                std::ptr::eq(cell, ours) && A::retire_unused(cell)
-            })
-            .unwrap_or(false);
-        if !retired {
-            return false;
-        }
-        // The slot first, before the removal: a caller of this key that met the retired cell
-        // needs a fresh one, and with the slot still taken it was refused at the cap.
+    fn taken_back<C: Clock>(&self, ctx: &Ctx<K, C, S>, shard: &Shard<K, A::Cell, S>, key: &K) {
+        // The slot before the removal: a caller of this key that met the retired cell needs a
+        // fresh one, and with the slot still taken it was refused at the cap.
         ctx.release_keys(1);
-        // The dead entry goes now; a caller that met it first may have removed it already (and
-        // inserted a fresh cell, which `remove_if` leaves alone: it is not retired).
-        shard.map.remove_if(key, A::retired);
         // Relaxed: bookkeeping, as in `first_use`. Not an eviction: the key never held anything.
         shard.len.fetch_sub(1, Ordering::Relaxed);
-        true
+        // A caller that met the dead entry first may have removed it already (and inserted a
+        // fresh cell, which `remove_if` leaves alone: it is not retired).
+        shard.map.remove_if(key, A::retired);
     }
 
     /// At the cap: looks for an idle key to evict, this key's shard first, then every other
@@ -1229,13 +1236,13 @@ where
         };
         shard.map.retain(touch, |key, cell| {
             if A::unused(cell) {
-                // Never used: its inserter is about to use it, or to take it back (`take_back`),
-                // and `retire` would refuse it. Looked at first, so that a RETIRED met below is
+                // Never used: its inserter is about to use it, or to take it back
+                // (`retire_unused`), and `retire` would refuse it. Looked at first, so that a RETIRED met below is
                 // never the inserter's: only a never-used word is taken back, a word seen used
                 // never becomes one again, and so a cell this sweep did not see unused here was
                 // retired, if at all, by a sweep (which counted it). Otherwise `retire`, loading
                 // the RETIRED of a take-back that landed after the check just below, would
-                // answer Ok and count as an eviction the key `take_back` gives back itself.
+                // answer Ok and count as an eviction the key a take-back gives back itself.
                 next = next.min(ctx.clock.now());
                 return true;
             }
@@ -1502,9 +1509,10 @@ where
                 // given back at clock time 0 takes its word back to 0). Sweeps skip a
                 // never-used word, which they take for one whose inserter is about to use it,
                 // so nothing would ever evict the key: it would hold a slot of the cap for
-                // good. Take it back as its inserter would (see `take_back`).
-                if A::unused(cell) {
-                    return Refunded::Fresh(cell as *const A::Cell);
+                // good. Take it back as its inserter would (see `retire_unused`): here, on the
+                // cell found, with no second lookup of the key that could panic in between.
+                if Self::retire_unused(cell) {
+                    return Refunded::Fresh;
                 }
                 // Idle now (it admits all a fresh cell would), sooner than the sweep hints
                 // may say: its only admission of the window given back. (A snapshot: a call
@@ -1516,9 +1524,7 @@ where
             Refunded::Busy
         });
         match refunded {
-            Some(Refunded::Fresh(cell)) => {
-                self.take_back(ctx, shard, key, cell);
-            }
+            Some(Refunded::Fresh) => self.taken_back(ctx, shard, key),
             // Without lowering the hints, a search for room at the cap that had found every key
             // busy kept refusing new keys (`TooManyKeys`, or the shared cell) until the time it
             // had computed, and sweeps skipped the shard until then.
@@ -3562,7 +3568,15 @@ where
         // before the insert, happens before; so the increment precedes its decrement in the
         // count's modification order (coherence), and the count never goes below zero.
         self.waiting_keys.fetch_add(1, Ordering::Relaxed);
-        let (wait, inserted) = self.map.insert_then(key.clone(), fresh, Arc::clone);
+        // Should the key's `Clone` panic, or its `Hash` or `Eq` inside the map's insert (which
+        // then inserts nothing), the count is taken back as the panic unwinds: kept, it stayed
+        // one high for good, and every `try_acquire` of every key paid the waiters' lookup.
+        let uncount = UncountOnUnwind(&self.waiting_keys);
+        let (wait, inserted) = self.map.insert_then(key.clone(), fresh, |wait, _| {
+            // The map has placed the key (ours inserted, or another's found): counted right.
+            std::mem::forget(uncount);
+            Arc::clone(wait)
+        });
         if !inserted {
             // Relaxed: our own increment just above, sequenced before.
             self.waiting_keys.fetch_sub(1, Ordering::Relaxed);

@@ -858,11 +858,11 @@ where
         // every head for it would send each on a search of its own. Relaxed: a slot taken since
         // our evictions is none the heads could have had; one given back after this load is
         // announced by whoever gives it back (a release that leaves a key idle, an eviction).
-        // Every head, a head's own queue's too (`by_head` is not passed on): a head whose
-        // search's evictions went to other calls may have marked the pool in this very attempt,
-        // and the mark we consume may be its own, which nobody would then read for it.
+        // Every head, a head's own queue's too (see `room_freed`): a head whose search's
+        // evictions went to other calls may have marked the pool in this very attempt, and the
+        // mark we consume may be its own, which nobody would then read for it.
         if owed.room.get() && self.ctx.keys.load(Ordering::Relaxed) < self.ctx.max_keys as u64 {
-            self.room_freed(key, false);
+            self.room_freed();
         }
     }
 
@@ -910,11 +910,12 @@ where
     /// `key`'s head, paid once it released its queue's mutex ([`HeadDebts`]). A mark on the key's
     /// own cell can only have been that head's, and its own queue needs no wake: the head took
     /// (clearing its mark), marked again (the next release wakes it), or left (and the queue
-    /// woke its next head).
+    /// woke its next head). The room a key going idle makes is announced to every head, its
+    /// own included (see [`room_freed`](Self::room_freed)).
     #[cold]
     fn settle(&self, key: &K, shard: usize, slot: Slot, undone: Undone, by_head: bool) {
         if slot == Slot::Key && undone.idle {
-            self.key_idled(key, &self.store.shards[shard], by_head);
+            self.key_idled(&self.store.shards[shard]);
         }
         if !undone.wake {
             return;
@@ -1231,9 +1232,9 @@ where
     /// confirms a busy cell with a read-modify-write that the release's own RMW on the word is
     /// ordered with (`busy_until_a_release`), so this path needs no fence while the hints are 0.
     #[inline]
-    fn key_idled<V>(&self, key: &K, shard: &Shard<K, V, S>, by_head: bool) {
+    fn key_idled<V>(&self, shard: &Shard<K, V, S>) {
         self.ctx.idle_hint(shard);
-        self.room_freed(key, by_head);
+        self.room_freed();
     }
 
     /// A release (or a stale admission given back) left `key` idle, or the sweeps of a call for
@@ -1242,8 +1243,17 @@ where
     /// only by releases that consume the pool's mark. Consumes that mark and wakes every head,
     /// as a pool release does (a head still short marks again). Without the shared pool,
     /// nothing: nobody waits for room.
+    ///
+    /// Every head, `key`'s own too, also when a head's attempt owes this (paid once it has
+    /// released its queue's mutex, see [`HeadDebts`]): the attempt may have given back a stale
+    /// admission that left its key's cell idle, then (that cell retired by a sweep, the key
+    /// slot taken by others) blocked on the pool and marked it, and the mark we consume may be
+    /// its own. Sparing its queue left it asleep with nothing to read a mark for it: even the
+    /// pool's permits coming back woke nobody
+    /// (`a_heads_debt_for_its_key_going_idle_wakes_its_own_head_too`). A spurious re-look at
+    /// worst.
     #[inline]
-    fn room_freed(&self, key: &K, by_head: bool) {
+    fn room_freed(&self) {
         if self.ctx.overflow != KeyOverflow::Shared {
             return;
         }
@@ -1258,7 +1268,7 @@ where
         // makes its key's queue visible to the wake's lookup.
         let pool = &*self.store.overflow;
         if pool.load(Ordering::Acquire) & WAITERS != 0 && Concurrency::consume_mark(pool) {
-            self.wake_pool_heads(by_head.then_some(key));
+            self.wake_pool_heads(None);
         }
     }
 
@@ -1469,7 +1479,7 @@ where
         // The idle hint inline (most releases of a lightly used key bring it to idle; the hint
         // is one load when already lowered), the rare wake out of line.
         if slot == Slot::Key && undone.idle {
-            self.key_idled(key, shard_ref, false);
+            self.key_idled(shard_ref);
         }
         if undone.wake {
             self.settle(
@@ -2670,6 +2680,65 @@ where
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+
+    /// Counts its wakes.
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            // Relaxed: a count read by the test's thread, which made the wakes itself.
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A head's attempt whose stale admission, given back after a `set_limit`, left its key's
+    /// cell idle, and which then ended blocked on the shared pool (the old cell retired by a
+    /// sweep, the key slot and the spare taken by others), owes the room announcement
+    /// (`room_freed`), paid after its turn. That consumes the pool's mark, which may be the
+    /// head's own, made later in the same attempt: the wake skipped the head's own queue, and
+    /// nothing read a mark for it again. The race itself needs a `set_limit` between a take's
+    /// CAS and its second `config` load, a sweep and two other callers; the state it leaves is
+    /// built here (the head marked the pool, the debt recorded) and the debt paid as the
+    /// queue's turn pays it. Before: the head was never woken, even once the pool's permit
+    /// came back (no mark was left for that release to read).
+    #[test]
+    fn a_heads_debt_for_its_key_going_idle_wakes_its_own_head_too() {
+        let limiter = KeyedConcurrencyLimiter::<u64>::builder(1)
+            .max_keys(1)
+            .overflow(KeyOverflow::Shared)
+            .build()
+            .unwrap();
+        let _held = limiter.try_acquire(&1).unwrap(); // the one key slot, busy
+        let pooled = limiter.try_acquire(&3).unwrap(); // the pool's one permit
+        assert!(pooled.slot == Slot::Overflow);
+        let wakes = Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(Arc::clone(&wakes));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut head = std::pin::pin!(limiter.acquire(&2));
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+        let pool = &*limiter.inner.store.overflow;
+        // Relaxed: this thread made every write.
+        assert_ne!(pool.load(Ordering::Relaxed) & WAITERS, 0, "the head marked");
+        let owed = Owed::default();
+        owed.key.set(Undone {
+            wake: false,
+            idle: true,
+        });
+        let debts = HeadDebts::new();
+        debts.defer(&owed);
+        let shard = limiter.inner.ctx.shard(&2);
+        limiter.inner.pay_head_debts(&2, shard, &debts);
+        drop(pooled);
+        // Relaxed: as in `Wakes`.
+        assert!(
+            wakes.0.load(Ordering::Relaxed) > 0,
+            "the head was never woken, the pool's permit free"
+        );
+        let std::task::Poll::Ready(Ok(permit)) = head.as_mut().poll(&mut cx) else {
+            panic!("the pool's permit is free");
+        };
+        assert_eq!(permit.permits(), 1);
+    }
 
     #[test]
     fn cell_retires_only_when_idle_and_never_equals_retired() {

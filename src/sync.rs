@@ -580,14 +580,19 @@ where
     }
 
     /// Inserts `value` under `key` unless the key is present, then runs `f` on the value now
-    /// there (ours or the one found); the flag says whether ours was inserted.
-    pub(crate) fn insert_then<R>(&self, key: K, value: V, f: impl FnOnce(&V) -> R) -> (R, bool) {
+    /// there (ours or the one found) and whether ours was inserted; the flag says that too.
+    pub(crate) fn insert_then<R>(
+        &self,
+        key: K,
+        value: V,
+        f: impl FnOnce(&V, bool) -> R,
+    ) -> (R, bool) {
         #[cfg(not(turnstile_loom))]
         {
             let guard = self.map.guard();
             match self.map.try_insert(key, value, &guard) {
-                Ok(ours) => (f(ours), true),
-                Err(occupied) => (f(occupied.current), false),
+                Ok(ours) => (f(ours, true), true),
+                Err(occupied) => (f(occupied.current, false), false),
             }
         }
         #[cfg(turnstile_loom)]
@@ -603,7 +608,7 @@ where
                     }
                 }
             };
-            (f(&value), inserted)
+            (f(&value, inserted), inserted)
         }
     }
 

@@ -2414,3 +2414,144 @@ fn waiters_creating_and_retiring_queues_never_make_the_limiter_look_closed() {
     let stats = limiter.stats();
     assert_eq!((stats.waiting, stats.waiting_keys), (0, 0));
 }
+
+thread_local! {
+    static HASHES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts on this thread the hashes the limiter makes (each lookup of a key in a map is one).
+#[derive(Clone, Default)]
+struct CountingHasher;
+
+impl std::hash::BuildHasher for CountingHasher {
+    type Hasher = std::collections::hash_map::DefaultHasher;
+    fn build_hasher(&self) -> Self::Hasher {
+        HASHES.with(|h| h.set(h.get() + 1));
+        std::collections::hash_map::DefaultHasher::new()
+    }
+}
+
+/// A key's `Clone` that panics as its first waiter makes the key's queue (the queue map keeps a
+/// clone of the key) leaves no key counted as waiting: the count was made before the clone and
+/// stayed one high for good, so that every later `try_acquire` of every key looked its key up
+/// among the queues (one more hash) though nobody ever waited again.
+#[test]
+fn a_first_waiters_key_clone_that_panics_leaves_no_waiting_key_counted() {
+    let limiter = KeyedConcurrencyLimiter::<Hooked, _>::builder(1)
+        .hasher(CountingHasher)
+        .build()
+        .unwrap();
+    let held = limiter.try_acquire(&Hooked(1)).unwrap();
+    // A waiter that comes and goes, so that the queue map has a table (a lookup in a map that
+    // never had one hashes nothing).
+    {
+        let mut waiter = std::pin::pin!(limiter.acquire(&Hooked(1)));
+        let (_, waker) = counting();
+        assert!(poll_with(waiter.as_mut(), &waker).is_pending());
+        assert_eq!(limiter.stats().waiting_keys, 1);
+    }
+    assert_eq!(limiter.stats().waiting_keys, 0);
+    let hashes = || HASHES.with(|h| h.get());
+    let refused = || {
+        let before = hashes();
+        assert!(matches!(
+            limiter.try_acquire(&Hooked(1)),
+            Err(TryPermitError::NoPermits { .. })
+        ));
+        hashes() - before
+    };
+    let per_call = refused();
+    // The key's cell exists and its permit is out: the waiter's first clone is its queue's.
+    ON_CLONE.with(|h| h.set(Some(Box::new(|| panic!("Clone panics")))));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.acquire_blocking(&Hooked(1));
+    }));
+    assert!(outcome.is_err(), "the hook did not run");
+    assert_eq!(limiter.stats().waiting_keys, 0);
+    assert_eq!(
+        refused(),
+        per_call,
+        "a try_acquire looked for waiters that nobody has"
+    );
+    drop(held);
+    assert_eq!(limiter.try_acquire(&Hooked(1)).unwrap().permits(), 1);
+}
+
+thread_local! {
+    static PANIC_ON_EQ: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// A key whose `Clone` runs `ON_CLONE`'s hook (as [`Hooked`]'s) and whose `Eq` panics on the
+/// `n`th comparison once `PANIC_ON_EQ` is set to `n`.
+#[derive(Debug)]
+struct Fragile(u64);
+
+impl std::hash::Hash for Fragile {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        if let Some(hook) = ON_CLONE.with(|h| h.take()) {
+            hook();
+        }
+        Fragile(self.0)
+    }
+}
+
+impl PartialEq for Fragile {
+    fn eq(&self, other: &Self) -> bool {
+        let countdown = PANIC_ON_EQ.with(|c| c.get());
+        if countdown > 0 {
+            PANIC_ON_EQ.with(|c| c.set(countdown - 1));
+            if countdown == 1 {
+                panic!("Fragile's Eq panicked");
+            }
+        }
+        self.0 == other.0
+    }
+}
+
+impl Eq for Fragile {}
+
+/// A new key's first take failed by a lowered limit (`set_limit` between the store's check of
+/// `n` and the take on the fresh cell), and the key's `Eq` panicking in what follows: the
+/// never-used cell must not keep the key's slot of the cap. The inserter looked its cell up
+/// again to take it back, and a panic in that lookup left the cell in the map unretired, where
+/// no sweep ever evicts a never-used cell: at `max_keys(1)` every other key was refused
+/// `TooManyKeys` for good.
+#[test]
+fn a_first_take_failed_by_a_lowered_limit_and_a_panicking_eq_keeps_no_slot() {
+    let limiter = KeyedConcurrencyLimiter::<Fragile>::builder(2)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let lower = limiter.clone();
+    ON_CLONE.with(|h| {
+        h.set(Some(Box::new(move || {
+            lower.set_limit(1).unwrap();
+            // The first comparison from here on panics (the shard is empty: the insert makes
+            // none).
+            PANIC_ON_EQ.with(|c| c.set(1));
+        })))
+    });
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = limiter.try_acquire_n(&Fragile(1), 2);
+    }));
+    PANIC_ON_EQ.with(|c| c.set(0));
+    assert!(outcome.is_err(), "Eq did not panic");
+    assert!(
+        ON_CLONE.with(|h| h.take()).is_none(),
+        "the hook did not run"
+    );
+    assert_eq!(limiter.len(), 0, "the never-used cell kept its slot");
+    assert_eq!(limiter.try_acquire(&Fragile(2)).unwrap().permits(), 1);
+    assert_eq!(limiter.len(), 1);
+    assert_eq!(limiter.sweep(), 1);
+    assert_eq!(limiter.stats().evicted, 1, "the take-back is no eviction");
+    // Key 1 starts afresh.
+    assert_eq!(limiter.try_acquire(&Fragile(1)).unwrap().permits(), 1);
+    assert_eq!(limiter.len(), 1);
+}
