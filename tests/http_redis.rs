@@ -16,7 +16,7 @@ mod redis_server;
 use redis_server::RedisServer;
 use std::net::IpAddr;
 use std::time::Duration;
-use tower::{Layer, Service};
+use tower::Layer;
 use turnstile::http::{
     Check, HttpConfig, HttpConfigError, HttpLimiter, Outcome, PeerAddr, RateLimitLayer,
     RejectReason, RequestInfo, Verdict,
@@ -431,6 +431,22 @@ async fn monitor_rules_wait_out_one_deadline_together_when_redis_is_silent() {
     );
 }
 
+/// `GET /` from `peer` through `service`, once it is ready.
+async fn get_from<S>(service: &mut S, peer: &str) -> S::Response
+where
+    S: tower::Service<http::Request<String>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut request = http::Request::get("/").body(String::new()).unwrap();
+    request
+        .extensions_mut()
+        .insert(PeerAddr(peer.parse().unwrap()));
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    service.call(request).await.unwrap()
+}
+
 /// Through the layer, a request Redis could not decide under `failure = "closed"` is answered
 /// 503 (`unavailable_status`), not the 429 that tells a client it sent too much, and with no
 /// `Retry-After`: nobody knows when Redis comes back.
@@ -446,19 +462,10 @@ async fn the_layer_answers_503_while_redis_is_down_under_a_closed_policy() {
     let mut service = layer.layer(tower::service_fn(|_: http::Request<String>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
     }));
-    let mut call = async || {
-        let mut request = http::Request::get("/").body(String::new()).unwrap();
-        request
-            .extensions_mut()
-            .insert(PeerAddr("192.0.2.41:5000".parse().unwrap()));
-        std::future::poll_fn(|cx| service.poll_ready(cx))
-            .await
-            .unwrap();
-        service.call(request).await.unwrap()
-    };
-    assert_eq!(call().await.status(), 200);
+    let peer = "192.0.2.41:5000";
+    assert_eq!(get_from(&mut service, peer).await.status(), 200);
     server.kill();
-    let response = call().await;
+    let response = get_from(&mut service, peer).await;
     assert_eq!(response.status(), 503);
     assert!(response.headers().get("retry-after").is_none());
 }
@@ -478,14 +485,7 @@ async fn the_layer_answers_429_with_retry_after() {
     let mut statuses = Vec::new();
     let mut last = None;
     for _ in 0..3 {
-        let mut request = http::Request::get("/").body(String::new()).unwrap();
-        request
-            .extensions_mut()
-            .insert(PeerAddr("192.0.2.40:5000".parse().unwrap()));
-        std::future::poll_fn(|cx| service.poll_ready(cx))
-            .await
-            .unwrap();
-        let response = service.call(request).await.unwrap();
+        let response = get_from(&mut service, "192.0.2.40:5000").await;
         statuses.push(response.status().as_u16());
         last = Some(response);
     }

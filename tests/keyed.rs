@@ -11,8 +11,8 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use turnstile::{
-    Algorithm, Clock, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock, MonotonicClock, Rate,
-    TryAcquireError,
+    Algorithm, Clock, DEFAULT_MAX_KEYS, KeyOverflow, KeyedChain, KeyedLimiter, ManualClock,
+    MonotonicClock, Rate, TryAcquireError,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -1063,6 +1063,20 @@ impl std::hash::Hasher for Constant {
     fn write(&mut self, _: &[u8]) {}
 }
 
+/// A limiter of `TouchyEq` keys that all hash alike (so that lookups compare them), on a
+/// manual clock, holding at most `max_keys` keys.
+fn touchy(
+    algorithm: Algorithm,
+    max_keys: usize,
+) -> KeyedLimiter<TouchyEq, ManualClock, std::hash::BuildHasherDefault<Constant>> {
+    KeyedLimiter::builder(algorithm)
+        .clock(ManualClock::new())
+        .hasher(std::hash::BuildHasherDefault::<Constant>::default())
+        .max_keys(max_keys)
+        .build()
+        .unwrap()
+}
+
 /// A key's `Eq` that panics anywhere in a call for a new key (its lookups, the insert that
 /// compares it with the keys beside it) takes no slot of the cap and leaves no count behind:
 /// the panic unwinds out of the call, and the key can be admitted later. (A panic inside the
@@ -1070,14 +1084,8 @@ impl std::hash::Hasher for Constant {
 /// busy key held, the new key was then refused `TooManyKeys`.)
 #[test]
 fn a_key_whose_eq_panics_during_its_insert_takes_no_slot() {
-    type Hasher = std::hash::BuildHasherDefault<Constant>;
     for algorithm in all_algorithms(3) {
-        let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(algorithm)
-            .clock(ManualClock::new())
-            .hasher(Hasher::default())
-            .max_keys(2)
-            .build()
-            .unwrap();
+        let limiter = touchy(algorithm, 2);
         limiter.try_acquire(&TouchyEq(1)).unwrap();
         // Panic at every comparison a call for key 2 makes, one after another, until a call
         // makes none that panics.
@@ -1128,13 +1136,8 @@ fn a_key_whose_eq_panics_during_its_insert_takes_no_slot() {
 /// from then on, for every key.)
 #[test]
 fn a_reset_whose_key_panics_leaves_later_refunds_whole() {
-    type Hasher = std::hash::BuildHasherDefault<Constant>;
     for algorithm in all_algorithms(1) {
-        let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(algorithm)
-            .clock(ManualClock::new())
-            .hasher(Hasher::default())
-            .build()
-            .unwrap();
+        let limiter = touchy(algorithm, DEFAULT_MAX_KEYS);
         limiter.try_acquire(&TouchyEq(1)).unwrap();
         PANIC_ON_EQ.with(|c| c.set(1));
         let reset =
@@ -1166,16 +1169,13 @@ fn a_reset_whose_key_panics_leaves_later_refunds_whole() {
 fn a_sweep_that_unwinds_leaves_its_shard_to_later_sweeps() {
     use std::future::Future;
     use std::task::{Context, Waker};
-    type Hasher = std::hash::BuildHasherDefault<Constant>;
-    let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(Algorithm::FixedWindow {
-        limit: 1,
-        window: SEC,
-    })
-    .clock(ManualClock::new())
-    .hasher(Hasher::default())
-    .max_keys(2)
-    .build()
-    .unwrap();
+    let limiter = touchy(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window: SEC,
+        },
+        2,
+    );
     // Key 1 exhausted, with a waiter (so a sweep asks about waiters); key 2 admitted.
     limiter.try_acquire(&TouchyEq(1)).unwrap();
     let mut waiter = Box::pin(limiter.acquire(&TouchyEq(1)));
@@ -1265,15 +1265,10 @@ fn decisions_across_a_reconfiguration_and_evictions_match_an_unkeyed_limiter() {
 /// (The counts came after the removal, so such a key was forgotten and counted nowhere.)
 #[test]
 fn a_reset_that_unwinds_after_forgetting_still_counts_the_key() {
-    type Hasher = std::hash::BuildHasherDefault<Constant>;
     for algorithm in all_algorithms(1) {
         let mut forgotten_by_an_unwind = 0;
         for nth in 1.. {
-            let limiter = KeyedLimiter::<TouchyEq, _, _>::builder(algorithm)
-                .clock(ManualClock::new())
-                .hasher(Hasher::default())
-                .build()
-                .unwrap();
+            let limiter = touchy(algorithm, DEFAULT_MAX_KEYS);
             limiter.try_acquire(&TouchyEq(1)).unwrap();
             PANIC_ON_EQ.with(|c| c.set(nth));
             let reset = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

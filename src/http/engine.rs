@@ -2568,40 +2568,61 @@ mod tests {
             .unwrap()
     }
 
-    /// A rejection's quotas probe the other rules, and a probe is no call of theirs: a rule at
-    /// its key cap, probed for a client it does not hold, reports a fresh client's quota and
-    /// counts nothing in its `overflowed` (a probe of an absent key takes no slot, so it meets
-    /// no cap; a review suspected it counted, and this pins that it does not).
-    #[test]
-    fn a_quota_probe_at_the_key_cap_is_not_counted_as_an_overflow() {
-        // Rule "a" counts client ids, one request each; rule "b" counts IPs and holds one.
-        let limiter = manual(
+    /// Rule "a" counting client ids, `a_limit` requests each, and rule "b" counting IPs, 5
+    /// requests each, holding one IP (`max_keys_per_rule = 1`): for the quota probes below.
+    fn client_and_ip_rules(a_limit: u32) -> HttpLimiter<ManualClock> {
+        manual(&format!(
             "max_keys_per_rule = 1\n\
-             [[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 1\nkey = \"client\"\n\
+             [[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = {a_limit}\nkey = \"client\"\n\
              [[rules]]\nname = \"b\"\nperiod = \"1s\"\nlimit = 5\nkey = \"ip\"\n",
-        );
-        let request = |ip: &str| RequestInfo {
+        ))
+    }
+
+    /// A request of the client "mobile" from `ip`.
+    fn mobile(ip: &str) -> RequestInfo<'_> {
+        RequestInfo {
             client_id: Some("mobile"),
             ..from_ip(ip)
-        };
-        assert!(limiter.decide(&request("10.0.0.1")).outcome.is_admitted());
-        // Refused by "a" (its client's one request is spent); "b", full with 10.0.0.1, is
-        // probed for its quota and has no room for 10.0.0.2.
-        let verdict = limiter.decide(&request("10.0.0.2"));
+        }
+    }
+
+    /// Asserts that `verdict` is a rejection by the rule `name`.
+    fn assert_rejected_by(verdict: &Verdict, name: &str) {
         assert!(
-            matches!(&verdict.outcome, Outcome::Rejected { rule, .. } if &**rule == "a"),
+            matches!(&verdict.outcome, Outcome::Rejected { rule, .. } if &**rule == name),
             "{verdict:?}"
         );
+    }
+
+    /// The `overflowed` count of the limiter of each rule named in `names`.
+    fn overflowed<const N: usize>(
+        limiter: &HttpLimiter<ManualClock>,
+        names: [&str; N],
+    ) -> [u64; N] {
         let snapshot = limiter.config.load_full();
-        let overflowed = |name: &str| {
+        names.map(|name| {
             let rule = snapshot
                 .rules
                 .all_rules()
                 .find(|r| &*r.name == name)
                 .unwrap();
             rule.limiter.as_ref().unwrap().stats().overflowed
-        };
-        assert_eq!((overflowed("a"), overflowed("b")), (0, 0));
+        })
+    }
+
+    /// A rejection's quotas probe the other rules, and a probe is no call of theirs: a rule at
+    /// its key cap, probed for a client it does not hold, reports a fresh client's quota and
+    /// counts nothing in its `overflowed` (a probe of an absent key takes no slot, so it meets
+    /// no cap; a review suspected it counted, and this pins that it does not).
+    #[test]
+    fn a_quota_probe_at_the_key_cap_is_not_counted_as_an_overflow() {
+        let limiter = client_and_ip_rules(1);
+        assert!(limiter.decide(&mobile("10.0.0.1")).outcome.is_admitted());
+        // Refused by "a" (its client's one request is spent); "b", full with 10.0.0.1, is
+        // probed for its quota and has no room for 10.0.0.2.
+        let verdict = limiter.decide(&mobile("10.0.0.2"));
+        assert_rejected_by(&verdict, "a");
+        assert_eq!(overflowed(&limiter, ["a", "b"]), [0, 0]);
         // The probe saw a fresh client's quota, without taking a slot.
         assert_eq!(verdict.quotas[1].remaining, 5);
     }
@@ -2611,40 +2632,14 @@ mod tests {
     /// quotas counted an overflow in the probed rule's `overflowed`, one no call made.
     #[test]
     fn a_quota_probe_after_a_failed_search_for_room_is_not_counted_as_an_overflow() {
-        // Rule "a" counts client ids, two requests each; rule "b" counts IPs and holds one.
-        let limiter = manual(
-            "max_keys_per_rule = 1\n\
-             [[rules]]\nname = \"a\"\nperiod = \"1s\"\nlimit = 2\nkey = \"client\"\n\
-             [[rules]]\nname = \"b\"\nperiod = \"1s\"\nlimit = 5\nkey = \"ip\"\n",
-        );
-        let request = |ip: &str| RequestInfo {
-            client_id: Some("mobile"),
-            ..from_ip(ip)
-        };
-        assert!(limiter.decide(&request("10.0.0.1")).outcome.is_admitted());
+        let limiter = client_and_ip_rules(2);
+        assert!(limiter.decide(&mobile("10.0.0.1")).outcome.is_admitted());
         // "b" has no room for 10.0.0.3 (one overflow), and "a" is refunded.
-        let verdict = limiter.decide(&request("10.0.0.3"));
-        assert!(
-            matches!(&verdict.outcome, Outcome::Rejected { rule, .. } if &**rule == "b"),
-            "{verdict:?}"
-        );
-        assert!(limiter.decide(&request("10.0.0.1")).outcome.is_admitted());
+        assert_rejected_by(&limiter.decide(&mobile("10.0.0.3")), "b");
+        assert!(limiter.decide(&mobile("10.0.0.1")).outcome.is_admitted());
         // Refused by "a"; "b" is probed for 10.0.0.2's quota.
-        let verdict = limiter.decide(&request("10.0.0.2"));
-        assert!(
-            matches!(&verdict.outcome, Outcome::Rejected { rule, .. } if &**rule == "a"),
-            "{verdict:?}"
-        );
-        let snapshot = limiter.config.load_full();
-        let overflowed = |name: &str| {
-            let rule = snapshot
-                .rules
-                .all_rules()
-                .find(|r| &*r.name == name)
-                .unwrap();
-            rule.limiter.as_ref().unwrap().stats().overflowed
-        };
-        assert_eq!((overflowed("a"), overflowed("b")), (0, 1));
+        assert_rejected_by(&limiter.decide(&mobile("10.0.0.2")), "a");
+        assert_eq!(overflowed(&limiter, ["a", "b"]), [0, 1]);
     }
 
     /// The path is normalized only for rule sets that look at it: a whitelisted endpoint, a
