@@ -1157,7 +1157,11 @@ impl HttpConfig {
     /// `client_id_max_len` is raised to the longest id a policy's `ClientId` or a
     /// `ClientWhitelist` names, so that each is read (one over 4096 bytes is refused naming its
     /// field). With `EnableEndpointRateLimiting`, every
-    /// rule counts each `VERB:path` separately, as there.
+    /// rule counts each `VERB:path` separately, as there. A rule's `MonitorMode` is its
+    /// `monitor`; where AspNetCoreRateLimit lets a monitor rule take part in the choice of the
+    /// lowest limit of its period (so that an enforced rule of that period may stop applying),
+    /// monitor rules are chosen apart here, and the enforced rule stays in force: stricter,
+    /// never looser.
     ///
     /// A section's `IpWhitelist`, `ClientWhitelist` and `EndpointWhitelist` exempt requests from
     /// that section's rules only (a `whitelist.by_key` entry for its key). IP entries there and in
