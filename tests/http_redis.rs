@@ -447,21 +447,33 @@ where
     service.call(request).await.unwrap()
 }
 
+/// A service answering "ok" behind the layer of a limiter counting in the Redis at `url` (two
+/// requests a minute per IP, failing closed).
+async fn ok_behind_the_layer(
+    url: String,
+) -> impl tower::Service<
+    http::Request<String>,
+    Response = http::Response<impl Sized>,
+    Error = impl std::fmt::Debug,
+> {
+    let limiter = std::sync::Arc::new(
+        HttpLimiter::connect(config(&url, "closed", TWO_PER_MINUTE))
+            .await
+            .unwrap(),
+    );
+    let layer: RateLimitLayer<HttpLimiter> = limiter.layer();
+    layer.layer(tower::service_fn(|_: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+    }))
+}
+
 /// Through the layer, a request Redis could not decide under `failure = "closed"` is answered
 /// 503 (`unavailable_status`), not the 429 that tells a client it sent too much, and with no
 /// `Retry-After`: nobody knows when Redis comes back.
 #[tokio::test]
 async fn the_layer_answers_503_while_redis_is_down_under_a_closed_policy() {
     let mut server = RedisServer::start();
-    let limiter = std::sync::Arc::new(
-        HttpLimiter::connect(config(&server.url(), "closed", TWO_PER_MINUTE))
-            .await
-            .unwrap(),
-    );
-    let layer: RateLimitLayer<HttpLimiter> = limiter.layer();
-    let mut service = layer.layer(tower::service_fn(|_: http::Request<String>| async {
-        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
-    }));
+    let mut service = ok_behind_the_layer(server.url()).await;
     let peer = "192.0.2.41:5000";
     assert_eq!(get_from(&mut service, peer).await.status(), 200);
     server.kill();
@@ -473,15 +485,7 @@ async fn the_layer_answers_503_while_redis_is_down_under_a_closed_policy() {
 #[tokio::test]
 async fn the_layer_answers_429_with_retry_after() {
     let server = RedisServer::start();
-    let limiter = std::sync::Arc::new(
-        HttpLimiter::connect(config(&server.url(), "closed", TWO_PER_MINUTE))
-            .await
-            .unwrap(),
-    );
-    let layer: RateLimitLayer<HttpLimiter> = limiter.layer();
-    let mut service = layer.layer(tower::service_fn(|_: http::Request<String>| async {
-        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
-    }));
+    let mut service = ok_behind_the_layer(server.url()).await;
     let mut statuses = Vec::new();
     let mut last = None;
     for _ in 0..3 {
